@@ -1,0 +1,226 @@
+// distlock/client.hpp — connect to a lock service and take leases on names.
+//
+// A `Client` is one connection set to one backend, chosen by URL:
+//   redis://[user:password@]host:port[/db][?prefix=P&timeout=DUR]   one Redis server
+//   redlock://[user:password@]h1:p1,h2:p2,h3:p3[?prefix=P&timeout=DUR]  N independent masters
+//   etcd://[user:password@]h1:p1[,h2:p2...][?prefix=P]               etcd v3
+//   zk://[user:password@]h1:p1[,h2:p2...][/chroot]                    ZooKeeper
+//   file:///absolute/dir                                              this host only (kernel locks)
+// With an empty URL: $DISTLOCK_URL, else file:// in the host-local default directory
+// ($XDG_RUNTIME_DIR/distlock, else /tmp/distlock-<uid>).
+//
+// Every lock is a lease: the client's single background renewer extends all of
+// its held leases in batches every `renew_interval`; if a renewal does not succeed
+// before the local deadline (last successful renewal's send time + ttl - margin),
+// the lease is declared lost, its stop token fires and `owns()` turns false.
+//
+// Thread-safety: `Client` is a cheap, copyable handle; all members may be called
+// from any thread concurrently. A `Lease` is move-only and belongs to one thread
+// at a time; `Mutex` is shared by threads like a std::mutex.
+//
+// Example:
+//   auto client = distlock::connect("redis://127.0.0.1:6379");
+//   {
+//     distlock::Lease lease = client.acquire("orders/42");      // waits until held
+//     std::stop_token stop = lease.stop_token();                 // fires on loss
+//     write_order(lease.token(), stop);                          // pass the fencing token on
+//   }                                                            // released here
+//   distlock::Mutex m = client.mutex("nightly-report");
+//   if (std::unique_lock lk(m, std::try_to_lock); lk) run_report();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "distlock/error.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock {
+
+namespace detail {
+class Engine;
+struct HeldLock;
+}  // namespace detail
+
+/// A held lease on one name. Move-only RAII: the destructor releases it
+/// (noexcept; a failed release is logged and counted, never thrown).
+class Lease {
+ public:
+  Lease() noexcept = default;
+  Lease(Lease&&) noexcept;
+  Lease& operator=(Lease&&) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease();
+
+  /// True while the lease is held and its conservative local deadline has not passed.
+  bool owns() const noexcept;
+  explicit operator bool() const noexcept { return owns(); }
+
+  /// The lock's name as given to acquire().
+  const std::string& name() const noexcept;
+
+  /// The fencing token: strictly increasing per lock name across all holders and
+  /// client restarts. Throws `errc::not_supported` where the backend has none
+  /// (Redlock); check `has_token()` first.
+  std::uint64_t token() const;
+  bool has_token() const noexcept;
+
+  /// Fires when the lease is lost (renewal refused, deadline passed, session gone).
+  /// Not fired by an orderly release.
+  std::stop_token stop_token() const noexcept;
+
+  /// Runs `fn` once when the lease is lost (at once if it already is). Runs on the
+  /// client's renewer thread (or the caller's); keep it short and non-blocking.
+  void on_lost(std::function<void()> fn);
+
+  /// Time left until the local deadline (zero when lost or released).
+  Millis remaining() const noexcept;
+
+  /// Releases now. Throws `errc::lost` if the lease had been lost (nothing on the
+  /// server is touched then), `errc::backend_unavailable` if the server could not
+  /// be reached (the lease then expires by its TTL).
+  void release();
+  void release(std::error_code& ec) noexcept;
+
+ private:
+  friend class detail::Engine;
+  friend class Mutex;
+  friend class Client;
+  Lease(std::shared_ptr<detail::Engine> engine, std::shared_ptr<detail::HeldLock> held) noexcept;
+  std::shared_ptr<detail::Engine> engine_;
+  std::shared_ptr<detail::HeldLock> held_;
+};
+
+/// What a backend can tell about a lock (`Client::status`).
+struct LockInfo {
+  bool held = false;
+  std::optional<std::uint64_t> token;   ///< current (last issued) fencing token, if known
+  std::optional<Millis> ttl_remaining;  ///< server-side time to expiry, if known
+  std::optional<std::string> holder;    ///< holder's owner id, if known
+  std::optional<std::uint64_t> waiters; ///< number of waiting clients, if known
+};
+
+/// Relaxed counters (for metrics; each read is a snapshot).
+struct ClientStats {
+  std::uint64_t acquired = 0;
+  std::uint64_t released = 0;
+  std::uint64_t release_failures = 0;
+  std::uint64_t renew_round_trips = 0;
+  std::uint64_t renewed_leases = 0;
+  std::uint64_t lost = 0;
+  std::uint64_t brain_splits = 0;  ///< a renewal found another owner while we thought we held it
+};
+
+class Mutex;
+
+/// A connection to one lock service. Copies share the same connections, renewer
+/// and owner identity (128 random bits from the OS, plus the calling thread).
+class Client {
+ public:
+  /// Acquires `name`, waiting up to `opts.wait` (forever if unset).
+  /// Throws `std::system_error`: errc::timeout, errc::busy (wait of 0),
+  /// errc::invalid_argument, errc::backend_unavailable, errc::auth_failed, ...
+  Lease acquire(std::string_view name, const LockOptions& opts);
+  Lease acquire(std::string_view name);  ///< with the client's lock_defaults
+  Lease acquire(std::string_view name, const LockOptions& opts, std::error_code& ec) noexcept;
+
+  /// One attempt; an empty optional when somebody else holds it.
+  std::optional<Lease> try_acquire(std::string_view name, const LockOptions& opts);
+  std::optional<Lease> try_acquire(std::string_view name);
+
+  /// A standard Lockable/TimedLockable mutex over `name` (reentrant per thread).
+  Mutex mutex(std::string_view name, const LockOptions& opts);
+  Mutex mutex(std::string_view name);
+
+  /// What the backend knows about `name` (held, token, ttl, holder, waiters).
+  LockInfo status(std::string_view name);
+  LockInfo status(std::string_view name, std::error_code& ec) noexcept;
+
+  /// Whether this backend issues fencing tokens.
+  bool has_fencing() const noexcept;
+  /// The backend URL with any password masked.
+  std::string url() const;
+  /// The scheme ("redis", "file", ...).
+  std::string scheme() const;
+  /// This client's owner id prefix (hex of 128 random bits).
+  std::string id() const;
+  ClientStats stats() const noexcept;
+
+  /// Renews every held lease now (what the background renewer does each tick).
+  /// Returns the number of leases renewed. Mostly for tests and benchmarks.
+  std::size_t renew_now();
+
+  /// Access for tools built on the engine (ids, CLI); not needed by users.
+  const std::shared_ptr<detail::Engine>& engine() const noexcept { return engine_; }
+
+ private:
+  friend Client connect(std::string_view url, const ClientOptions& opts);
+  friend Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
+  friend Client connect_with_engine(std::shared_ptr<detail::Engine>);
+  explicit Client(std::shared_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
+  std::shared_ptr<detail::Engine> engine_;
+};
+
+/// Connects to the backend named by `url` (see the table above). Throws
+/// `std::system_error` with errc::invalid_url (naming the offending part),
+/// errc::backend_unavailable or errc::auth_failed.
+Client connect(std::string_view url = {}, const ClientOptions& opts = {});
+Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
+
+/// The URL `connect("")` would use: $DISTLOCK_URL, else the host-local default.
+std::string default_url();
+
+/// Wraps an engine made by hand (tests with a fake backend).
+Client connect_with_engine(std::shared_ptr<detail::Engine> engine);
+
+/// A standard Lockable + TimedLockable mutex over one lock name, reentrant per
+/// thread: the thread that holds it may lock it again; it is released when the
+/// hold count returns to zero. `unlock()` from a thread that does not hold it
+/// throws `errc::not_owner`. Works with std::unique_lock, std::scoped_lock,
+/// std::lock_guard and try_lock_for/try_lock_until like std::recursive_timed_mutex.
+///
+/// Example:
+///   distlock::Mutex m = client.mutex("cron/cleanup", opts);
+///   std::unique_lock lk(m, std::chrono::seconds(5));   // try_lock_for
+///   if (lk) { cleanup(m.token()); }
+class Mutex {
+ public:
+  Mutex(Client client, std::string name, LockOptions opts);
+
+  void lock();
+  bool try_lock();
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
+    return try_lock_for_ms(std::chrono::ceil<Millis>(d));
+  }
+  template <class ClockT, class Duration>
+  bool try_lock_until(const std::chrono::time_point<ClockT, Duration>& tp) {
+    return try_lock_for(tp - ClockT::now());
+  }
+  void unlock();
+  void unlock(std::error_code& ec) noexcept;
+
+  /// For the calling thread's current hold: fencing token, loss signal, validity.
+  std::uint64_t token() const;
+  std::stop_token stop_token() const;
+  bool owns() const noexcept;
+  /// The calling thread's hold count (0 when it does not hold the lock).
+  int hold_count() const noexcept;
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  bool try_lock_for_ms(Millis d);
+  Client client_;
+  std::string name_;
+  LockOptions opts_;
+};
+
+}  // namespace distlock

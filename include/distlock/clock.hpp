@@ -1,0 +1,33 @@
+// distlock/clock.hpp — the steady clock the lock engine reads, made injectable.
+//
+// Every deadline in distlock (lease validity, wait deadlines, renewal ticks) is
+// taken on a monotonic clock, never on wall time. Production code uses
+// `system_steady_clock()`; tests inject a manual clock to move time by hand.
+//
+// Thread-safety: implementations must be safe to call from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+namespace distlock {
+
+class Clock {
+ public:
+  using time_point = std::chrono::steady_clock::time_point;
+  using duration = std::chrono::steady_clock::duration;
+
+  virtual ~Clock() = default;
+  virtual time_point now() const = 0;
+  /// Blocks on `cv` (with `lock` held on entry and exit) until notified or until
+  /// `deadline` on this clock. Spurious returns are allowed; callers loop.
+  virtual void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                          time_point deadline) = 0;
+};
+
+/// The process-wide std::chrono::steady_clock.
+std::shared_ptr<Clock> system_steady_clock();
+
+}  // namespace distlock

@@ -1,0 +1,8 @@
+// distlock/distlock.hpp — the whole public API in one include.
+#pragma once
+
+#include "distlock/client.hpp"
+#include "distlock/clock.hpp"
+#include "distlock/error.hpp"
+#include "distlock/options.hpp"
+#include "distlock/version.hpp"

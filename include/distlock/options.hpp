@@ -1,0 +1,78 @@
+// distlock/options.hpp — settings for clients and locks, as std::chrono durations.
+//
+// Each field documents its default and its preconditions; `validate()` checks the
+// relations between them (for example the safety margin must be below ttl/3, so a
+// holder always gives up before the server can hand the lock to somebody else).
+//
+// Thread-safety: plain value types.
+//
+// Example:
+//   distlock::LockOptions opts;
+//   opts.ttl = std::chrono::seconds(10);        // lease length on the server
+//   opts.wait = std::chrono::seconds(2);        // acquire() gives up after 2 s
+//   auto guard = client.acquire("reports/nightly", opts);
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "distlock/clock.hpp"
+
+namespace distlock {
+
+using Millis = std::chrono::milliseconds;
+
+/// Per-lock settings.
+struct LockOptions {
+  /// Lease length on the server. Default 30 s. Must be >= 100 ms (min_ttl).
+  Millis ttl{std::chrono::seconds(30)};
+
+  /// How long acquire()/lock() waits for a busy lock. Default: no limit
+  /// (std::nullopt). Zero means one attempt. `try_lock_for` ignores this field.
+  std::optional<Millis> wait{};
+
+  /// The holder declares the lock lost at
+  /// `send time of the last successful renewal + ttl - safety_margin`, on the steady
+  /// clock, i.e. before the server could let another owner in. Default: ttl/10
+  /// capped at 2 s (computed when 0). Must be < ttl/3.
+  Millis safety_margin{0};
+
+  /// How often the client's renewer extends this lease. Default ttl/3 (when 0).
+  /// Must be > 0 and <= ttl/2.
+  Millis renew_interval{0};
+
+  static constexpr Millis min_ttl{100};
+
+  /// Fills in defaults (margin, interval) and checks every relation. Returns an
+  /// `errc::invalid_argument` error naming the offending field, or {}.
+  std::error_code validate_and_fill() noexcept;
+};
+
+/// Log severity for `ClientOptions::logger`.
+enum class LogLevel { debug, info, warning, error };
+
+/// Per-client settings.
+struct ClientOptions {
+  /// Time to establish a connection to a server. Default 2 s. A `timeout=` query
+  /// parameter in the URL overrides it (and `command_timeout`).
+  Millis connect_timeout{std::chrono::seconds(2)};
+  /// Time one request may take before the server counts as unavailable. Default 2 s.
+  Millis command_timeout{std::chrono::seconds(2)};
+  /// Defaults for locks made by this client (`Client::mutex(name)` without options).
+  LockOptions lock_defaults{};
+  /// Where diagnostics go. Default: warnings and errors to stderr; set
+  /// DISTLOCK_LOG=debug|info|warning|error|off to change the threshold.
+  std::function<void(LogLevel, std::string_view)> logger{};
+  /// The clock for every deadline. Default: std::chrono::steady_clock. Tests inject one.
+  std::shared_ptr<Clock> clock{};
+  /// Whether the client runs its background renewer thread. Tests of the engine
+  /// turn it off and call the renewer's tick by hand. Default true.
+  bool background_renewal{true};
+};
+
+}  // namespace distlock

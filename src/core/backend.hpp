@@ -1,0 +1,125 @@
+// The backend adapter interface: the few primitives a lock service must offer.
+// Everything else (reentrancy, renewal scheduling, local deadlines, loss signals,
+// waiting with deadlines) lives once in the engine (engine.hpp).
+//
+// A backend is one folder under src/ with a factory registered in
+// src/core/registry.cpp. All calls may come from several threads at once (user
+// threads acquire/release, the renewer renews); a backend synchronises itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "core/url.hpp"
+#include "distlock/client.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock::detail {
+
+struct Capabilities {
+  bool fencing = true;        ///< issues strictly increasing tokens per name
+  bool needs_renewal = true;  ///< leases expire unless renewed (false: held until released, e.g. kernel locks)
+};
+
+struct AcquireRequest {
+  std::string_view name;   ///< validated by the engine: non-empty, <= 4096 bytes, no NUL
+  std::string_view owner;  ///< unique per client and thread: "<32 hex client id>:<thread seq>"
+  Millis ttl{};
+  /// Queue-based backends (etcd, ZooKeeper): when busy, keep this owner's place in
+  /// the queue because the caller will wait; the engine calls cancel_acquire() if it
+  /// gives up. Other backends ignore it.
+  bool keep_queued = false;
+};
+
+struct AcquireResult {
+  bool acquired = false;
+  std::uint64_t token = 0;  ///< fencing token when acquired and Capabilities::fencing
+  /// When acquired: how long the lease is valid counted from the moment the request
+  /// was sent (usually ttl; Redlock subtracts clock drift).
+  Millis validity{0};
+  /// When busy: the current holder's remaining lease, if the backend knows it.
+  std::optional<Millis> holder_ttl{};
+};
+
+struct RenewItem {
+  std::string_view name;
+  std::string_view owner;
+  std::uint64_t token = 0;
+  Millis ttl{};
+};
+
+enum class RenewStatus {
+  renewed,    ///< extended by ttl from the send time
+  not_owner,  ///< the server says somebody else (or nobody) holds it: lost
+  failed,     ///< unknown (I/O error); the engine retries until the local deadline
+};
+
+enum class ReleaseStatus {
+  released,
+  not_owner,  ///< nothing of ours was there (expired, or taken by another owner); nothing deleted
+};
+
+/// Implemented by the engine; backends call it from any thread, never while
+/// holding a lock the engine could need to call back into the backend.
+class ChangeListener {
+ public:
+  virtual ~ChangeListener() = default;
+  /// A lock of this name may have become free (release notification, watch event).
+  virtual void on_change(std::string_view name) noexcept = 0;
+  /// Every lease of this client is gone (etcd lease revoked, ZooKeeper session expired).
+  virtual void on_session_lost() noexcept = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Capabilities capabilities() const noexcept = 0;
+
+  /// Called once, before any other call. The engine outlives every callback: a
+  /// backend stops its notification threads in its destructor.
+  virtual void set_listener(ChangeListener* listener) = 0;
+
+  /// One atomic attempt. Busy is {acquired=false}, not an error. Errors:
+  /// backend_unavailable, auth_failed, protocol_error, invalid_argument.
+  virtual AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) = 0;
+
+  /// Gives up a place kept by keep_queued (queue-based backends). Never throws.
+  virtual void cancel_acquire(std::string_view /*name*/, std::string_view /*owner*/) noexcept {}
+
+  /// Renews many leases in as few round trips as possible; writes one status per
+  /// item into `out` (same size as items). `ec` set means every item is `failed`.
+  virtual void renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
+                     std::error_code& ec) = 0;
+
+  /// Releases if `owner` holds it (owner-checked, never a blind delete).
+  virtual ReleaseStatus release(std::string_view name, std::string_view owner,
+                                std::uint64_t token, std::error_code& ec) = 0;
+
+  /// Starts delivering on_change(name); returns once notifications are live so a
+  /// release after it returns cannot be missed. Calls are counted by the engine:
+  /// one watch per name at a time, undone by unwatch.
+  virtual void watch(std::string_view name, std::error_code& ec) = 0;
+  virtual void unwatch(std::string_view name) noexcept = 0;
+
+  virtual LockInfo status(std::string_view name, std::error_code& ec) = 0;
+
+  /// URL with the password masked, for messages.
+  virtual std::string url() const = 0;
+};
+
+/// Makes a backend for a parsed URL; registered per scheme in registry.cpp.
+using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts,
+                                                    std::error_code& ec, std::string& why);
+
+/// The factory for `scheme`, or nullptr.
+BackendFactory find_backend(std::string_view scheme);
+/// Schemes compiled in, comma-separated (for error messages).
+std::string known_schemes();
+
+}  // namespace distlock::detail

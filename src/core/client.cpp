@@ -1,0 +1,332 @@
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "core/backend.hpp"
+#include "core/engine.hpp"
+#include "core/url.hpp"
+#include "distlock/client.hpp"
+
+namespace distlock {
+
+using detail::Engine;
+using detail::HeldLock;
+
+// ---- LockOptions -----------------------------------------------------------
+
+std::error_code LockOptions::validate_and_fill() noexcept {
+  if (ttl < min_ttl) return make_error_code(errc::invalid_argument);
+  if (safety_margin.count() < 0 || renew_interval.count() < 0) return make_error_code(errc::invalid_argument);
+  if (safety_margin.count() == 0) safety_margin = std::min<Millis>(ttl / 10, std::chrono::seconds(2));
+  if (renew_interval.count() == 0) renew_interval = ttl / 3;
+  if (safety_margin >= ttl / 3) return make_error_code(errc::invalid_argument);
+  if (renew_interval > ttl / 2 || renew_interval.count() <= 0) return make_error_code(errc::invalid_argument);
+  return {};
+}
+
+namespace {
+
+std::string describe_options_error(const LockOptions& o) {
+  if (o.ttl < LockOptions::min_ttl) {
+    return "lock ttl " + std::to_string(o.ttl.count()) + "ms is below the minimum of " +
+           std::to_string(LockOptions::min_ttl.count()) + "ms";
+  }
+  if (o.safety_margin.count() < 0) return "safety_margin is negative";
+  if (o.renew_interval.count() < 0) return "renew_interval is negative";
+  if (o.safety_margin.count() != 0 && o.safety_margin >= o.ttl / 3) {
+    return "safety_margin " + std::to_string(o.safety_margin.count()) + "ms must be below ttl/3 (" +
+           std::to_string((o.ttl / 3).count()) + "ms)";
+  }
+  if (o.renew_interval > o.ttl / 2) {
+    return "renew_interval " + std::to_string(o.renew_interval.count()) + "ms must be at most ttl/2 (" +
+           std::to_string((o.ttl / 2).count()) + "ms)";
+  }
+  return "invalid lock options";
+}
+
+[[noreturn]] void throw_acquire_error(std::error_code ec, std::string_view name, const LockOptions& o) {
+  std::string why;
+  if (ec == errc::invalid_argument) {
+    if (Engine::check_name(name, why)) throw_error(ec, why);
+    throw_error(ec, describe_options_error(o));
+  }
+  throw_error(ec, "lock \"" + std::string(name.substr(0, 200)) + "\"");
+}
+
+}  // namespace
+
+// ---- Lease -----------------------------------------------------------------
+
+Lease::Lease(std::shared_ptr<Engine> engine, std::shared_ptr<HeldLock> held) noexcept
+    : engine_(std::move(engine)), held_(std::move(held)) {}
+
+Lease::Lease(Lease&& o) noexcept : engine_(std::move(o.engine_)), held_(std::move(o.held_)) {}
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    std::error_code ec;
+    release(ec);
+    engine_ = std::move(o.engine_);
+    held_ = std::move(o.held_);
+  }
+  return *this;
+}
+
+Lease::~Lease() {
+  std::error_code ec;
+  release(ec);
+}
+
+bool Lease::owns() const noexcept { return held_ && !held_->released && held_->owns(); }
+
+const std::string& Lease::name() const noexcept {
+  static const std::string empty;
+  return held_ ? held_->name : empty;
+}
+
+std::uint64_t Lease::token() const {
+  if (!held_) throw_error(make_error_code(errc::not_owner), "empty lease has no token");
+  if (!held_->has_token) {
+    throw_error(make_error_code(errc::not_supported),
+                "backend " + engine_->backend().url() + " issues no fencing tokens");
+  }
+  return held_->token;
+}
+
+bool Lease::has_token() const noexcept { return held_ && held_->has_token; }
+
+std::stop_token Lease::stop_token() const noexcept {
+  return held_ ? held_->stop.get_token() : std::stop_token{};
+}
+
+void Lease::on_lost(std::function<void()> fn) {
+  if (!held_) throw_error(make_error_code(errc::not_owner), "empty lease");
+  engine_->add_loss_callback(held_, std::move(fn));
+}
+
+Millis Lease::remaining() const noexcept {
+  if (!owns()) return Millis(0);
+  const auto d = held_->deadline();
+  if (d == Clock::time_point::max()) return Millis::max();
+  return std::chrono::duration_cast<Millis>(d - held_->clock->now());
+}
+
+void Lease::release() {
+  std::error_code ec;
+  const std::string name = held_ ? held_->name : std::string();
+  release(ec);
+  if (ec) throw_error(ec, "release of lock \"" + name + "\"");
+}
+
+void Lease::release(std::error_code& ec) noexcept {
+  ec.clear();
+  if (!held_) return;
+  auto held = std::move(held_);
+  auto engine = std::move(engine_);
+  engine->release(held, ec);
+}
+
+// ---- Client ----------------------------------------------------------------
+
+Lease Client::acquire(std::string_view name, const LockOptions& opts) {
+  std::error_code ec;
+  auto held = engine_->acquire(name, opts, opts.wait, ec);
+  if (ec) throw_acquire_error(ec, name, opts);
+  return Lease(engine_, std::move(held));
+}
+
+Lease Client::acquire(std::string_view name) { return acquire(name, engine_->options().lock_defaults); }
+
+Lease Client::acquire(std::string_view name, const LockOptions& opts, std::error_code& ec) noexcept {
+  try {
+    auto held = engine_->acquire(name, opts, opts.wait, ec);
+    if (ec) return {};
+    return Lease(engine_, std::move(held));
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  return {};
+}
+
+std::optional<Lease> Client::try_acquire(std::string_view name, const LockOptions& opts) {
+  std::error_code ec;
+  auto held = engine_->acquire(name, opts, Millis(0), ec);
+  if (ec == errc::busy) return std::nullopt;
+  if (ec) throw_acquire_error(ec, name, opts);
+  return Lease(engine_, std::move(held));
+}
+
+std::optional<Lease> Client::try_acquire(std::string_view name) {
+  return try_acquire(name, engine_->options().lock_defaults);
+}
+
+Mutex Client::mutex(std::string_view name, const LockOptions& opts) {
+  return Mutex(*this, std::string(name), opts);
+}
+Mutex Client::mutex(std::string_view name) { return mutex(name, engine_->options().lock_defaults); }
+
+LockInfo Client::status(std::string_view name) {
+  std::error_code ec;
+  LockInfo info = status(name, ec);
+  if (ec) {
+    std::string why;
+    if (Engine::check_name(name, why)) throw_error(ec, why);
+    throw_error(ec, "status of lock \"" + std::string(name.substr(0, 200)) + "\"");
+  }
+  return info;
+}
+
+LockInfo Client::status(std::string_view name, std::error_code& ec) noexcept {
+  try {
+    return engine_->status(name, ec);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  return {};
+}
+
+bool Client::has_fencing() const noexcept { return engine_->capabilities().fencing; }
+std::string Client::url() const { return engine_->backend().url(); }
+std::string Client::scheme() const {
+  const std::string u = url();
+  return u.substr(0, u.find("://"));
+}
+std::string Client::id() const { return engine_->client_id(); }
+ClientStats Client::stats() const noexcept { return engine_->stats(); }
+std::size_t Client::renew_now() { return engine_->renew_all(); }
+
+std::string default_url() {
+  if (const char* env = std::getenv("DISTLOCK_URL"); env && *env) return env;
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg && *xdg == '/') {
+    return std::string("file://") + xdg + "/distlock";
+  }
+  return "file:///tmp/distlock-" + std::to_string(::getuid());
+}
+
+Client connect(std::string_view url_text, const ClientOptions& in_opts, std::error_code& ec) noexcept {
+  try {
+    return connect(url_text, in_opts);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  return Client(nullptr);
+}
+
+Client connect(std::string_view url_text, const ClientOptions& in_opts) {
+  const std::string text = url_text.empty() ? default_url() : std::string(url_text);
+  detail::Url url;
+  std::string why;
+  if (auto ec = detail::parse_url(text, url, why)) throw_error(ec, why);
+  const detail::BackendFactory factory = detail::find_backend(url.scheme);
+  if (!factory) {
+    throw_error(make_error_code(errc::invalid_url),
+                "unknown scheme \"" + url.scheme + "\" in URL \"" + url.redacted() +
+                    "\" (known: " + detail::known_schemes() + ")");
+  }
+  ClientOptions opts = in_opts;
+  if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
+  if (auto ec = opts.lock_defaults.validate_and_fill()) {
+    throw_error(ec, "lock_defaults: " + describe_options_error(in_opts.lock_defaults));
+  }
+  std::error_code ec;
+  std::unique_ptr<detail::Backend> backend = factory(url, opts, ec, why);
+  if (ec || !backend) {
+    if (!ec) ec = make_error_code(errc::protocol_error);
+    throw_error(ec, why.empty() ? url.redacted() : why);
+  }
+  return Client(Engine::create(std::move(backend), std::move(opts)));
+}
+
+Client connect_with_engine(std::shared_ptr<detail::Engine> engine) { return Client(std::move(engine)); }
+
+// ---- Mutex -----------------------------------------------------------------
+
+Mutex::Mutex(Client client, std::string name, LockOptions opts)
+    : client_(std::move(client)), name_(std::move(name)), opts_(opts) {}
+
+void Mutex::lock() {
+  std::error_code ec;
+  auto held = client_.engine()->acquire(name_, opts_, std::nullopt, ec);
+  if (ec) throw_acquire_error(ec, name_, opts_);
+}
+
+bool Mutex::try_lock() {
+  std::error_code ec;
+  auto held = client_.engine()->acquire(name_, opts_, Millis(0), ec);
+  if (ec == errc::busy) return false;
+  if (ec) throw_acquire_error(ec, name_, opts_);
+  return true;
+}
+
+bool Mutex::try_lock_for_ms(Millis d) {
+  std::error_code ec;
+  auto held = client_.engine()->acquire(name_, opts_, std::max(d, Millis(0)), ec);
+  if (ec == errc::busy || ec == errc::timeout) return false;
+  if (ec) throw_acquire_error(ec, name_, opts_);
+  return true;
+}
+
+void Mutex::unlock(std::error_code& ec) noexcept {
+  ec.clear();
+  std::shared_ptr<HeldLock> held;
+  try {
+    held = client_.engine()->held_by_this_thread(name_);
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+    return;
+  }
+  if (!held) {
+    ec = make_error_code(errc::not_owner);
+    return;
+  }
+  client_.engine()->release(held, ec);
+}
+
+void Mutex::unlock() {
+  std::error_code ec;
+  unlock(ec);
+  // Lockable::unlock must not throw for conditions the caller cannot prevent: a
+  // lost lease was already signalled through its stop token and is counted; an
+  // unreachable server lets the lease expire by its TTL. Unlocking a mutex this
+  // thread does not hold is a programming error and is reported.
+  if (ec == errc::not_owner) throw_error(ec, "unlock of lock \"" + name_ + "\" by a thread that does not hold it");
+}
+
+std::uint64_t Mutex::token() const {
+  auto held = client_.engine()->held_by_this_thread(name_);
+  if (!held) throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
+  if (!held->has_token) throw_error(make_error_code(errc::not_supported), "backend issues no fencing tokens");
+  return held->token;
+}
+
+std::stop_token Mutex::stop_token() const {
+  auto held = client_.engine()->held_by_this_thread(name_);
+  if (!held) throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
+  return held->stop.get_token();
+}
+
+bool Mutex::owns() const noexcept {
+  try {
+    auto held = client_.engine()->held_by_this_thread(name_);
+    return held && held->owns();
+  } catch (...) {
+    return false;
+  }
+}
+
+int Mutex::hold_count() const noexcept {
+  try {
+    auto held = client_.engine()->held_by_this_thread(name_);
+    return held ? held->hold_count.load() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // namespace distlock

@@ -1,0 +1,471 @@
+#include "core/engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+
+#include "core/owner_id.hpp"
+
+namespace distlock::detail {
+
+namespace {
+
+std::string held_key(std::string_view name, std::string_view owner) {
+  std::string key;
+  key.reserve(name.size() + owner.size() + 1);
+  key.append(name);
+  key.push_back('\0');
+  key.append(owner);
+  return key;
+}
+
+constexpr Clock::time_point kNever = Clock::time_point::max();
+
+// Re-check interval while waiting when no notification arrives: capped by the
+// holder's remaining TTL (a lost notification cannot stall a waiter longer than
+// the lease it waits for), jittered so waiters do not re-check in lockstep.
+Millis recheck_delay(std::optional<Millis> holder_ttl, Millis ttl) {
+  Millis cap = holder_ttl.value_or(ttl);
+  cap = std::clamp(cap, Millis(5), Millis(std::chrono::seconds(5)));
+  thread_local std::minstd_rand rng{std::random_device{}()};
+  std::uniform_int_distribution<std::int64_t> jitter(0, std::max<std::int64_t>(1, cap.count() / 10));
+  return cap + Millis(jitter(rng));
+}
+
+}  // namespace
+
+bool HeldLock::owns() const noexcept {
+  return !lost.load(std::memory_order_acquire) && clock->now() < deadline();
+}
+
+std::string owner_for_this_thread(const std::string& client_id) {
+  static std::atomic<std::uint64_t> next_thread_seq{1};
+  thread_local const std::uint64_t seq = next_thread_seq.fetch_add(1, std::memory_order_relaxed);
+  return client_id + ":" + std::to_string(seq);
+}
+
+std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientOptions opts) {
+  std::shared_ptr<Engine> engine(new Engine(std::move(backend), std::move(opts)));
+  engine->backend_->set_listener(engine.get());
+  if (engine->opts_.background_renewal && engine->caps_.needs_renewal) engine->start_renewer();
+  return engine;
+}
+
+Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
+    : backend_(std::move(backend)),
+      opts_(std::move(opts)),
+      caps_(backend_->capabilities()),
+      clock_(opts_.clock ? opts_.clock : system_steady_clock()),
+      client_id_(random_client_id()),
+      log_(opts_.logger) {}
+
+Engine::~Engine() {
+  if (renewer_.joinable()) {
+    renewer_.request_stop();
+    {
+      std::lock_guard lk(mu_);
+      renewer_cv_.notify_all();
+    }
+    renewer_.join();
+  }
+  // Leases still held when the last Client handle goes away are released (best
+  // effort), so a process that forgets a guard does not block others for a TTL.
+  std::vector<std::shared_ptr<HeldLock>> left;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [k, h] : held_) left.push_back(h);
+    held_.clear();
+  }
+  for (auto& h : left) {
+    if (h->lost.load()) continue;
+    std::error_code ec;
+    backend_->release(h->name, h->owner, h->token, ec);
+  }
+  // The backend (and its notification threads) goes before the engine's members.
+  backend_.reset();
+}
+
+std::error_code Engine::check_name(std::string_view name, std::string& why) {
+  if (name.empty()) {
+    why = "lock name is empty";
+    return make_error_code(errc::invalid_argument);
+  }
+  if (name.size() > 4096) {
+    why = "lock name is " + std::to_string(name.size()) + " bytes long; the limit is 4096";
+    return make_error_code(errc::invalid_argument);
+  }
+  if (name.find('\0') != std::string_view::npos) {
+    why = "lock name contains a NUL byte";
+    return make_error_code(errc::invalid_argument);
+  }
+  return {};
+}
+
+std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name, bool& first) {
+  std::lock_guard lk(mu_);
+  auto& slot = waits_[name];
+  if (!slot) slot = std::make_shared<WaitSlot>();
+  first = slot->waiters++ == 0;
+  return slot;
+}
+
+void Engine::leave_wait(const std::string& name) {
+  bool last = false;
+  {
+    std::lock_guard lk(mu_);
+    auto it = waits_.find(name);
+    if (it != waits_.end() && --it->second->waiters == 0) {
+      waits_.erase(it);
+      last = true;
+    }
+  }
+  if (last) backend_->unwatch(name);
+}
+
+std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& in_opts,
+                                          std::optional<Millis> wait, std::error_code& ec) {
+  ec.clear();
+  std::string why;
+  if ((ec = check_name(name, why))) {
+    log_.log(LogLevel::debug, "acquire rejected: {}", why);
+    return nullptr;
+  }
+  LockOptions opts = in_opts;
+  if ((ec = opts.validate_and_fill())) return nullptr;
+  if (wait && wait->count() < 0) wait = Millis(0);
+
+  const std::string owner = owner_for_this_thread(client_id_);
+  const std::string key = held_key(name, owner);
+
+  {  // Reentry by the same thread: no round trip.
+    std::lock_guard lk(mu_);
+    auto it = held_.find(key);
+    if (it != held_.end() && !it->second->lost.load() && it->second->owns()) {
+      ++it->second->hold_count;
+      return it->second;
+    }
+  }
+
+  const Clock::time_point start = clock_->now();
+  const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
+  const bool may_wait = !wait || wait->count() > 0;
+
+  AcquireRequest req{name, owner, opts.ttl, may_wait};
+  std::shared_ptr<WaitSlot> slot;
+  bool watching = false;
+  const std::string name_str(name);
+
+  auto finish_wait = [&] {
+    if (slot) {
+      leave_wait(name_str);
+      slot.reset();
+    }
+  };
+
+  AcquireResult res;
+  Clock::time_point sent{};
+  for (;;) {
+    std::uint64_t generation = 0;
+    if (slot) {
+      std::lock_guard lk(mu_);
+      generation = slot->generation;
+    }
+    sent = clock_->now();
+    res = backend_->try_acquire(req, ec);
+    if (ec) break;
+    if (res.acquired) break;
+    const Clock::time_point now = clock_->now();
+    if (!may_wait || now >= wait_deadline) {
+      ec = make_error_code(may_wait ? errc::timeout : errc::busy);
+      break;
+    }
+    if (!slot) {
+      // Subscribe, then try again before sleeping: a release between the first
+      // attempt and the subscription must not be missed.
+      bool first = false;
+      slot = join_wait(name_str, first);
+      if (first) {
+        backend_->watch(name, ec);
+        if (ec) break;
+      }
+      watching = true;
+      continue;
+    }
+    const Clock::time_point recheck =
+        std::min(wait_deadline, now + recheck_delay(res.holder_ttl, opts.ttl));
+    std::unique_lock lk(mu_);
+    while (slot->generation == generation && clock_->now() < recheck) {
+      clock_->wait_until(slot->cv, lk, recheck);
+    }
+  }
+  (void)watching;
+  finish_wait();
+
+  if (ec || !res.acquired) {
+    if (may_wait) backend_->cancel_acquire(name, owner);
+    if (!ec) ec = make_error_code(errc::protocol_error);
+    return nullptr;
+  }
+
+  auto held = std::make_shared<HeldLock>();
+  held->name = name_str;
+  held->owner = owner;
+  held->token = res.token;
+  held->has_token = caps_.fencing;
+  held->opts = opts;
+  held->clock = clock_;
+  held->hold_count = 1;
+  if (caps_.needs_renewal) {
+    const Millis validity = res.validity.count() > 0 ? res.validity : opts.ttl;
+    held->set_deadline(sent + validity - opts.safety_margin);
+    held->next_renew = sent + opts.renew_interval;
+  } else {
+    held->set_deadline(kNever);
+    held->next_renew = kNever;
+  }
+  n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lk(mu_);
+    held_[key] = held;
+    renewer_cv_.notify_all();
+  }
+  return held;
+}
+
+std::shared_ptr<HeldLock> Engine::held_by_this_thread(std::string_view name) const {
+  const std::string key = held_key(name, owner_for_this_thread(client_id_));
+  std::lock_guard lk(mu_);
+  auto it = held_.find(key);
+  return it == held_.end() ? nullptr : it->second;
+}
+
+void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept {
+  ec.clear();
+  if (!held) {
+    ec = make_error_code(errc::not_owner);
+    return;
+  }
+  {
+    std::lock_guard lk(mu_);
+    if (held->released) {
+      ec = make_error_code(errc::not_owner);
+      return;
+    }
+    if (--held->hold_count > 0) return;
+    held->released = true;
+    auto it = held_.find(held_key(held->name, held->owner));
+    if (it != held_.end() && it->second == held) held_.erase(it);
+  }
+  if (held->lost.load(std::memory_order_acquire)) {
+    ec = make_error_code(errc::lost);
+    return;
+  }
+  const bool expired = caps_.needs_renewal && clock_->now() >= held->deadline();
+  ReleaseStatus st = ReleaseStatus::released;
+  try {
+    st = backend_->release(held->name, held->owner, held->token, ec);
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  if (ec) {
+    n_release_failures_.fetch_add(1, std::memory_order_relaxed);
+    log_.log(LogLevel::warning, "release of lock \"{}\" failed ({}); it will expire by its TTL",
+             held->name, ec.message());
+    return;
+  }
+  if (st == ReleaseStatus::not_owner) {
+    held->lost.store(true, std::memory_order_release);
+    ec = make_error_code(errc::lost);
+    if (!expired) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
+    log_.log(LogLevel::warning, "lock \"{}\" was no longer ours at release", held->name);
+    return;
+  }
+  n_released_.fetch_add(1, std::memory_order_relaxed);
+  on_change(held->name);  // wake this client's own waiters without a server hop
+}
+
+void Engine::on_change(std::string_view name) noexcept {
+  std::lock_guard lk(mu_);
+  auto it = waits_.find(name);
+  if (it == waits_.end()) return;
+  ++it->second->generation;
+  it->second->cv.notify_all();
+}
+
+void Engine::on_session_lost() noexcept {
+  std::vector<std::shared_ptr<HeldLock>> all;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [k, h] : held_) all.push_back(h);
+  }
+  for (auto& h : all) declare_lost(h, "session lost");
+}
+
+void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, const char* why) noexcept {
+  if (held->lost.exchange(true, std::memory_order_acq_rel)) return;
+  n_lost_.fetch_add(1, std::memory_order_relaxed);
+  log_.log(LogLevel::warning, "lock \"{}\" lost: {}", held->name, why);
+  fire_loss(held);
+}
+
+void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
+  held->stop.request_stop();
+  std::vector<std::function<void()>> cbs;
+  {
+    std::lock_guard lk(held->callbacks_mu);
+    held->callbacks_fired = true;
+    cbs.swap(held->callbacks);
+  }
+  for (auto& cb : cbs) {
+    try {
+      cb();
+    } catch (...) {
+      log_.log(LogLevel::error, "loss callback of lock \"{}\" threw", held->name);
+    }
+  }
+}
+
+void Engine::add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn) {
+  {
+    std::lock_guard lk(held->callbacks_mu);
+    if (!held->callbacks_fired) {
+      held->callbacks.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+std::size_t Engine::tick() {
+  const Clock::time_point now = clock_->now();
+  std::vector<std::shared_ptr<HeldLock>> expired, due;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [k, h] : held_) {
+      if (h->lost.load()) continue;
+      // The local deadline is checked before anything else: a holder resumed
+      // after a pause must see its loss before it renews or acts.
+      if (now >= h->deadline()) {
+        expired.push_back(h);
+        continue;
+      }
+      // Batch: renew everything due within a quarter interval, so leases taken
+      // at different moments converge onto the same round trips.
+      if (!h->renew_in_flight && h->next_renew <= now + h->opts.renew_interval / 4) {
+        h->renew_in_flight = true;
+        due.push_back(h);
+      }
+    }
+  }
+  for (auto& h : expired) declare_lost(h, "local deadline passed without a successful renewal");
+  if (due.empty()) return 0;
+  return renew_items(std::move(due));
+}
+
+std::size_t Engine::renew_all() {
+  std::vector<std::shared_ptr<HeldLock>> due;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [k, h] : held_) {
+      if (h->lost.load() || h->renew_in_flight || !caps_.needs_renewal) continue;
+      h->renew_in_flight = true;
+      due.push_back(h);
+    }
+  }
+  if (due.empty()) return 0;
+  return renew_items(std::move(due));
+}
+
+std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
+  std::vector<RenewItem> items;
+  items.reserve(due.size());
+  for (auto& h : due) items.push_back(RenewItem{h->name, h->owner, h->token, h->opts.ttl});
+  std::vector<RenewStatus> out(items.size(), RenewStatus::failed);
+  std::error_code ec;
+  const Clock::time_point sent = clock_->now();
+  try {
+    backend_->renew(items, out, ec);
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  if (ec) std::fill(out.begin(), out.end(), RenewStatus::failed);
+  n_renew_round_trips_.fetch_add(1, std::memory_order_relaxed);
+
+  std::size_t renewed = 0;
+  std::vector<std::shared_ptr<HeldLock>> refused;
+  {
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < due.size(); ++i) {
+      auto& h = due[i];
+      h->renew_in_flight = false;
+      if (h->released || h->lost.load()) continue;
+      switch (out[i]) {
+        case RenewStatus::renewed: {
+          const Clock::time_point d = sent + h->opts.ttl - h->opts.safety_margin;
+          if (d > h->deadline()) h->set_deadline(d);
+          h->next_renew = sent + h->opts.renew_interval;
+          ++renewed;
+          break;
+        }
+        case RenewStatus::not_owner:
+          refused.push_back(h);
+          break;
+        case RenewStatus::failed:
+          // Retry soon, but never in a tight loop.
+          h->next_renew = clock_->now() + std::max(Millis(10), h->opts.renew_interval / 4);
+          break;
+      }
+    }
+  }
+  n_renewed_.fetch_add(renewed, std::memory_order_relaxed);
+  if (ec) log_.log(LogLevel::warning, "renewal of {} lease(s) failed: {}", due.size(), ec.message());
+  for (auto& h : refused) {
+    if (clock_->now() < h->deadline()) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
+    declare_lost(h, "the server says another owner (or nobody) holds it");
+  }
+  return renewed;
+}
+
+void Engine::start_renewer() {
+  renewer_ = std::jthread([this](std::stop_token st) { renewer_main(st); });
+}
+
+void Engine::renewer_main(std::stop_token st) {
+  while (!st.stop_requested()) {
+    tick();
+    std::unique_lock lk(mu_);
+    Clock::time_point wake = clock_->now() + std::chrono::seconds(1);
+    for (auto& [k, h] : held_) {
+      if (h->lost.load()) continue;
+      wake = std::min(wake, h->deadline());
+      if (!h->renew_in_flight) wake = std::min(wake, h->next_renew - h->opts.renew_interval / 4);
+    }
+    if (st.stop_requested()) break;
+    clock_->wait_until(renewer_cv_, lk, wake);
+  }
+}
+
+LockInfo Engine::status(std::string_view name, std::error_code& ec) {
+  std::string why;
+  if ((ec = check_name(name, why))) return {};
+  return backend_->status(name, ec);
+}
+
+ClientStats Engine::stats() const noexcept {
+  ClientStats s;
+  s.acquired = n_acquired_.load(std::memory_order_relaxed);
+  s.released = n_released_.load(std::memory_order_relaxed);
+  s.release_failures = n_release_failures_.load(std::memory_order_relaxed);
+  s.renew_round_trips = n_renew_round_trips_.load(std::memory_order_relaxed);
+  s.renewed_leases = n_renewed_.load(std::memory_order_relaxed);
+  s.lost = n_lost_.load(std::memory_order_relaxed);
+  s.brain_splits = n_brain_splits_.load(std::memory_order_relaxed);
+  return s;
+}
+
+std::size_t Engine::held_count() const {
+  std::lock_guard lk(mu_);
+  return held_.size();
+}
+
+}  // namespace distlock::detail

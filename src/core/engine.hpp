@@ -1,0 +1,138 @@
+// The lock engine: written once, used by every backend. It owns the acquire loop
+// (wait for a change notification, re-check capped by the holder's remaining TTL),
+// reentrancy per owner thread, the client's single renewer (batched renewals), the
+// conservative local deadline and the loss signal.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/log.hpp"
+#include "distlock/client.hpp"
+#include "distlock/clock.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock::detail {
+
+struct HeldLock {
+  std::string name;
+  std::string owner;
+  std::uint64_t token = 0;
+  bool has_token = false;
+  LockOptions opts;
+  std::shared_ptr<Clock> clock;
+
+  // Guarded by Engine::mu_.
+  std::atomic<int> hold_count{0};
+  bool released = false;
+  Clock::time_point next_renew{};
+  bool renew_in_flight = false;
+
+  // Read without the engine's mutex (owns(), remaining()).
+  std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
+  std::atomic<bool> lost{false};
+  std::stop_source stop;
+
+  std::mutex callbacks_mu;
+  std::vector<std::function<void()>> callbacks;  // guarded by callbacks_mu
+  bool callbacks_fired = false;                  // guarded by callbacks_mu
+
+  Clock::time_point deadline() const noexcept {
+    return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
+  }
+  void set_deadline(Clock::time_point tp) noexcept {
+    deadline_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
+  }
+  bool owns() const noexcept;
+};
+
+/// The owner id of the calling thread within a client: "<client id>:<thread seq>".
+std::string owner_for_this_thread(const std::string& client_id);
+
+class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
+ public:
+  /// Creates an engine over `backend` and starts its renewer (if enabled).
+  static std::shared_ptr<Engine> create(std::unique_ptr<Backend> backend, ClientOptions opts);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Acquires (or re-enters) `name` for the calling thread. `wait`: nullopt = forever,
+  /// 0 = one attempt. Busy with wait 0 → errc::busy; wait ran out → errc::timeout.
+  std::shared_ptr<HeldLock> acquire(std::string_view name, const LockOptions& opts,
+                                    std::optional<Millis> wait, std::error_code& ec);
+  /// Drops one hold; at zero releases on the server.
+  void release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept;
+  /// The calling thread's hold of `name`, or nullptr.
+  std::shared_ptr<HeldLock> held_by_this_thread(std::string_view name) const;
+
+  /// Runs one renewer pass at the clock's now(): declares leases past their local
+  /// deadline lost, renews those due (in one backend batch). Returns leases renewed.
+  std::size_t tick();
+  /// Renews every held lease now regardless of schedule.
+  std::size_t renew_all();
+
+  void on_change(std::string_view name) noexcept override;
+  void on_session_lost() noexcept override;
+
+  void add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+
+  LockInfo status(std::string_view name, std::error_code& ec);
+  Backend& backend() noexcept { return *backend_; }
+  const Capabilities& capabilities() const noexcept { return caps_; }
+  const std::string& client_id() const noexcept { return client_id_; }
+  const ClientOptions& options() const noexcept { return opts_; }
+  const std::shared_ptr<Clock>& clock() const noexcept { return clock_; }
+  Logger& logger() noexcept { return log_; }
+  ClientStats stats() const noexcept;
+  std::size_t held_count() const;
+
+  /// Validates a lock name; errc::invalid_argument naming the problem.
+  static std::error_code check_name(std::string_view name, std::string& why);
+
+ private:
+  Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
+  void start_renewer();
+  void renewer_main(std::stop_token st);
+  std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
+  void declare_lost(const std::shared_ptr<HeldLock>& held, const char* why) noexcept;
+  void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+
+  struct WaitSlot {
+    std::uint64_t generation = 0;
+    int waiters = 0;
+    std::condition_variable cv;
+  };
+  std::shared_ptr<WaitSlot> join_wait(const std::string& name, bool& first);
+  void leave_wait(const std::string& name);
+
+  std::unique_ptr<Backend> backend_;
+  ClientOptions opts_;
+  Capabilities caps_;
+  std::shared_ptr<Clock> clock_;
+  std::string client_id_;
+  Logger log_;
+
+  mutable std::mutex mu_;
+  // Key: name + '\0' + owner. Guarded by mu_.
+  std::map<std::string, std::shared_ptr<HeldLock>> held_;
+  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_;
+  std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
+
+  std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0},
+      n_renew_round_trips_{0}, n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
+
+  std::jthread renewer_;
+};
+
+}  // namespace distlock::detail

@@ -1,0 +1,69 @@
+// One registration line per backend. A backend folder that is built defines
+// DISTLOCK_WITH_<NAME> (see src/CMakeLists.txt) and declares its factory in its
+// own header.
+#include <array>
+
+#include "core/backend.hpp"
+
+#ifdef DISTLOCK_WITH_FILE
+#include "file/file_backend.hpp"
+#endif
+#ifdef DISTLOCK_WITH_REDIS
+#include "redis/redis_backend.hpp"
+#endif
+#ifdef DISTLOCK_WITH_REDLOCK
+#include "redlock/redlock_backend.hpp"
+#endif
+#ifdef DISTLOCK_WITH_ETCD
+#include "etcd/etcd_backend.hpp"
+#endif
+#ifdef DISTLOCK_WITH_ZK
+#include "zk/zk_backend.hpp"
+#endif
+#include "fake/memory_backend.hpp"
+
+namespace distlock::detail {
+
+namespace {
+struct Entry {
+  std::string_view scheme;
+  BackendFactory factory;
+};
+
+constexpr Entry kBackends[] = {
+#ifdef DISTLOCK_WITH_FILE
+    {"file", &make_file_backend},
+#endif
+#ifdef DISTLOCK_WITH_REDIS
+    {"redis", &make_redis_backend},
+#endif
+#ifdef DISTLOCK_WITH_REDLOCK
+    {"redlock", &make_redlock_backend},
+#endif
+#ifdef DISTLOCK_WITH_ETCD
+    {"etcd", &make_etcd_backend},
+#endif
+#ifdef DISTLOCK_WITH_ZK
+    {"zk", &make_zk_backend},
+#endif
+    {"memory", &make_memory_backend},
+};
+}  // namespace
+
+BackendFactory find_backend(std::string_view scheme) {
+  for (const auto& e : kBackends) {
+    if (e.scheme == scheme) return e.factory;
+  }
+  return nullptr;
+}
+
+std::string known_schemes() {
+  std::string out;
+  for (const auto& e : kBackends) {
+    if (!out.empty()) out += ", ";
+    out += e.scheme;
+  }
+  return out;
+}
+
+}  // namespace distlock::detail

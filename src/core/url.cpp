@@ -1,0 +1,191 @@
+#include "core/url.hpp"
+
+#include <cctype>
+#include <charconv>
+
+#include "distlock/error.hpp"
+
+namespace distlock::detail {
+
+namespace {
+
+std::error_code bad(std::string& why, std::string msg) {
+  why = std::move(msg);
+  return make_error_code(errc::invalid_url);
+}
+
+int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool percent_decode(std::string_view in, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%') {
+      const int hi = i + 1 < in.size() ? hexval(in[i + 1]) : -1;
+      const int lo = i + 2 < in.size() ? hexval(in[i + 2]) : -1;
+      if (hi < 0 || lo < 0) return false;
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else {
+      out.push_back(in[i]);
+    }
+  }
+  return true;
+}
+
+std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+}  // namespace
+
+std::string Url::redacted() const {
+  if (!has_userinfo || password.empty()) return original;
+  // Replace the password part of the original text.
+  const auto scheme_end = original.find("://");
+  const auto at = original.find('@', scheme_end == std::string::npos ? 0 : scheme_end + 3);
+  if (scheme_end == std::string::npos || at == std::string::npos) return original;
+  const auto colon = original.find(':', scheme_end + 3);
+  if (colon == std::string::npos || colon > at) return original;
+  return original.substr(0, colon + 1) + "***" + original.substr(at);
+}
+
+std::string Url::query_or(const std::string& key, std::string fallback) const {
+  auto it = query.find(key);
+  return it == query.end() ? std::move(fallback) : it->second;
+}
+
+std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
+  out = Url{};
+  out.original = std::string(text);
+  const std::string whole = quoted(text);
+  const auto sep = text.find("://");
+  if (sep == std::string_view::npos || sep == 0) {
+    return bad(why, "URL " + whole + " has no scheme (expected scheme://..., e.g. redis://127.0.0.1:6379)");
+  }
+  for (char c : text.substr(0, sep)) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') {
+      return bad(why, "scheme " + quoted(text.substr(0, sep)) + " in URL " + whole + " is malformed");
+    }
+    out.scheme.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  std::string_view rest = text.substr(sep + 3);
+
+  // Query.
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    std::string_view qs = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+    while (!qs.empty()) {
+      const auto amp = qs.find('&');
+      std::string_view kv = qs.substr(0, amp);
+      qs = amp == std::string_view::npos ? std::string_view{} : qs.substr(amp + 1);
+      if (kv.empty()) continue;
+      const auto eq = kv.find('=');
+      std::string k, v;
+      if (!percent_decode(kv.substr(0, eq), k) ||
+          (eq != std::string_view::npos && !percent_decode(kv.substr(eq + 1), v))) {
+        return bad(why, "query parameter " + quoted(kv) + " in URL " + whole + " has a bad %-escape");
+      }
+      if (k.empty()) return bad(why, "query parameter " + quoted(kv) + " in URL " + whole + " has no name");
+      out.query[k] = v;
+    }
+  }
+
+  // Authority and path.
+  std::string_view authority = rest;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    authority = rest.substr(0, slash);
+    if (!percent_decode(rest.substr(slash), out.path)) {
+      return bad(why, "path " + quoted(rest.substr(slash)) + " in URL " + whole + " has a bad %-escape");
+    }
+  }
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) {
+    std::string_view ui = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    out.has_userinfo = true;
+    const auto colon = ui.find(':');
+    if (!percent_decode(ui.substr(0, colon), out.user) ||
+        (colon != std::string_view::npos && !percent_decode(ui.substr(colon + 1), out.password))) {
+      return bad(why, "user info in URL " + out.redacted() + " has a bad %-escape");
+    }
+  }
+  while (!authority.empty()) {
+    const auto comma = authority.find(',');
+    std::string_view hp = authority.substr(0, comma);
+    authority = comma == std::string_view::npos ? std::string_view{} : authority.substr(comma + 1);
+    if (hp.empty()) return bad(why, "empty host in host list of URL " + whole);
+    Url::Host h;
+    std::string_view port_text;
+    if (hp.front() == '[') {
+      const auto close = hp.find(']');
+      if (close == std::string_view::npos) return bad(why, "IPv6 host " + quoted(hp) + " in URL " + whole + " lacks ']'");
+      h.host = std::string(hp.substr(1, close - 1));
+      std::string_view after = hp.substr(close + 1);
+      if (!after.empty()) {
+        if (after.front() != ':') return bad(why, "garbage " + quoted(after) + " after host in URL " + whole);
+        port_text = after.substr(1);
+      }
+    } else {
+      const auto colon = hp.rfind(':');
+      h.host = std::string(hp.substr(0, colon));
+      if (colon != std::string_view::npos) port_text = hp.substr(colon + 1);
+      if (colon != std::string_view::npos && hp.substr(0, colon).find(':') != std::string_view::npos) {
+        return bad(why, "host " + quoted(hp) + " in URL " + whole + " has several ':' (write IPv6 as [addr]:port)");
+      }
+    }
+    if (h.host.empty()) return bad(why, "empty host name in " + quoted(hp) + " of URL " + whole);
+    for (char c : h.host) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
+        return bad(why, "host " + quoted(h.host) + " in URL " + whole + " contains " + quoted(std::string(1, c)));
+      }
+    }
+    if (!port_text.empty() || (hp.back() == ':')) {
+      unsigned v = 0;
+      auto [p, e] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
+      if (port_text.empty() || e != std::errc{} || p != port_text.data() + port_text.size()) {
+        return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is not a number");
+      }
+      if (v == 0 || v > 65535) return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is out of range 1-65535");
+      h.port = static_cast<std::uint16_t>(v);
+    }
+    out.hosts.push_back(std::move(h));
+  }
+  return {};
+}
+
+bool parse_duration(std::string_view text, Millis& out) {
+  if (text.empty()) return false;
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0) return false;
+  long long v = 0;
+  auto [p, e] = std::from_chars(text.data(), text.data() + i, v);
+  if (e != std::errc{}) return false;
+  const std::string_view unit = text.substr(i);
+  long long mult = 0;
+  if (unit.empty() || unit == "ms") mult = 1;
+  else if (unit == "s") mult = 1000;
+  else if (unit == "m") mult = 60'000;
+  else if (unit == "h") mult = 3'600'000;
+  else return false;
+  if (v > (1LL << 40) / mult) return false;
+  out = Millis(v * mult);
+  return true;
+}
+
+std::error_code apply_common_query(const Url& url, ClientOptions& opts, std::string& why) {
+  if (auto it = url.query.find("timeout"); it != url.query.end()) {
+    Millis d{};
+    if (!parse_duration(it->second, d) || d.count() <= 0) {
+      return bad(why, "timeout " + quoted(it->second) + " in URL " + url.redacted() +
+                          " is not a positive duration like 500ms or 2s");
+    }
+    opts.connect_timeout = d;
+    opts.command_timeout = d;
+  }
+  return {};
+}
+
+}  // namespace distlock::detail

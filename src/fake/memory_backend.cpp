@@ -1,0 +1,204 @@
+#include "fake/memory_backend.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+namespace distlock::detail {
+
+class MemoryBackend final : public Backend {
+ public:
+  MemoryBackend(std::shared_ptr<MemoryStore> store, std::shared_ptr<Clock> clock, std::string url)
+      : store_(std::move(store)), clock_(std::move(clock)), url_(std::move(url)) {
+    std::lock_guard lk(store_->mu_);
+    store_->backends_.push_back(this);
+  }
+  ~MemoryBackend() override {
+    {
+      std::lock_guard lk(store_->mu_);
+      auto& v = store_->backends_;
+      v.erase(std::remove(v.begin(), v.end(), this), v.end());
+    }
+    // A release in another client may still be notifying us outside the store lock.
+    while (notifying_.load() != 0) std::this_thread::yield();
+  }
+
+  Capabilities capabilities() const noexcept override {
+    return {store_->fencing_, store_->needs_renewal_};
+  }
+  void set_listener(ChangeListener* l) override { listener_ = l; }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    ++store_->n_try_;
+    if (store_->take_failure(ec)) return {};
+    const auto now = clock_->now();
+    const std::string name(req.name);
+    auto it = store_->locks_.find(name);
+    if (it != store_->locks_.end() && it->second.expires <= now && store_->needs_renewal_) {
+      store_->locks_.erase(it);
+      it = store_->locks_.end();
+    }
+    if (it != store_->locks_.end() && it->second.owner != req.owner) {
+      AcquireResult r;
+      if (store_->needs_renewal_) {
+        r.holder_ttl = std::chrono::duration_cast<Millis>(it->second.expires - now);
+      }
+      return r;
+    }
+    auto& e = store_->locks_[name];
+    if (e.owner != req.owner) e.token = ++store_->fences_[name];
+    e.owner = std::string(req.owner);
+    e.expires = now + req.ttl;
+    return AcquireResult{true, e.token, req.ttl, std::nullopt};
+  }
+
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    ++store_->n_renew_;
+    store_->last_batch_ = items.size();
+    if (store_->take_failure(ec)) return;
+    const auto now = clock_->now();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      auto it = store_->locks_.find(std::string(items[i].name));
+      if (it == store_->locks_.end() || it->second.owner != items[i].owner || it->second.expires <= now) {
+        out[i] = RenewStatus::not_owner;
+        continue;
+      }
+      it->second.expires = now + items[i].ttl;
+      out[i] = RenewStatus::renewed;
+    }
+  }
+
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t,
+                        std::error_code& ec) override {
+    std::vector<MemoryBackend*> notify;
+    {
+      std::lock_guard lk(store_->mu_);
+      ++store_->n_release_;
+      if (store_->take_failure(ec)) return ReleaseStatus::released;
+      auto it = store_->locks_.find(std::string(name));
+      if (it == store_->locks_.end() || it->second.owner != owner ||
+          (store_->needs_renewal_ && it->second.expires <= clock_->now())) {
+        return ReleaseStatus::not_owner;
+      }
+      store_->locks_.erase(it);
+      notify = store_->backends_;
+      for (auto* b : notify) b->notifying_.fetch_add(1);
+    }
+    for (auto* b : notify) {
+      if (b->listener_ && b->watching(name)) b->listener_->on_change(name);
+      b->notifying_.fetch_sub(1);
+    }
+    return ReleaseStatus::released;
+  }
+
+  void watch(std::string_view name, std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    if (store_->take_failure(ec)) return;
+    std::lock_guard wl(watch_mu_);
+    ++watched_[std::string(name)];
+  }
+  void unwatch(std::string_view name) noexcept override {
+    std::lock_guard wl(watch_mu_);
+    auto it = watched_.find(std::string(name));
+    if (it != watched_.end() && --it->second == 0) watched_.erase(it);
+  }
+
+  LockInfo status(std::string_view name, std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    if (store_->take_failure(ec)) return {};
+    LockInfo info;
+    auto f = store_->fences_.find(std::string(name));
+    if (f != store_->fences_.end()) info.token = f->second;
+    auto it = store_->locks_.find(std::string(name));
+    const auto now = clock_->now();
+    if (it != store_->locks_.end() && (!store_->needs_renewal_ || it->second.expires > now)) {
+      info.held = true;
+      info.holder = it->second.owner;
+      info.ttl_remaining = std::chrono::duration_cast<Millis>(it->second.expires - now);
+    }
+    return info;
+  }
+
+  std::string url() const override { return url_; }
+
+  bool watching(std::string_view name) {
+    std::lock_guard wl(watch_mu_);
+    return watched_.count(std::string(name)) > 0;
+  }
+  std::atomic<int> notifying_{0};
+
+ private:
+  std::shared_ptr<MemoryStore> store_;
+  std::shared_ptr<Clock> clock_;
+  std::string url_;
+  ChangeListener* listener_ = nullptr;
+  std::mutex watch_mu_;
+  std::map<std::string, int> watched_;
+};
+
+std::shared_ptr<MemoryStore> MemoryStore::named(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<MemoryStore>> stores;
+  std::lock_guard lk(mu);
+  auto& w = stores[name];
+  auto s = w.lock();
+  if (!s) {
+    s = std::make_shared<MemoryStore>();
+    w = s;
+  }
+  return s;
+}
+
+bool MemoryStore::take_failure(std::error_code& ec) {
+  if (fail_calls_ <= 0) return false;
+  --fail_calls_;
+  ec = make_error_code(fail_code_);
+  return true;
+}
+
+void MemoryStore::fail_next(int calls, errc code) {
+  std::lock_guard lk(mu_);
+  fail_calls_ = calls;
+  fail_code_ = code;
+}
+void MemoryStore::steal(const std::string& lock, const std::string& new_owner) {
+  std::lock_guard lk(mu_);
+  auto& e = locks_[lock];
+  e.owner = new_owner;
+  e.expires = Clock::time_point::max();
+  e.token = ++fences_[lock];
+}
+void MemoryStore::drop(const std::string& lock) {
+  std::lock_guard lk(mu_);
+  locks_.erase(lock);
+}
+int MemoryStore::try_acquire_calls() const { std::lock_guard lk(mu_); return n_try_; }
+int MemoryStore::renew_calls() const { std::lock_guard lk(mu_); return n_renew_; }
+int MemoryStore::release_calls() const { std::lock_guard lk(mu_); return n_release_; }
+std::size_t MemoryStore::last_renew_batch() const { std::lock_guard lk(mu_); return last_batch_; }
+bool MemoryStore::held(const std::string& lock, Clock::time_point now) const {
+  std::lock_guard lk(mu_);
+  auto it = locks_.find(lock);
+  return it != locks_.end() && (!needs_renewal_ || it->second.expires > now);
+}
+std::string MemoryStore::holder(const std::string& lock) const {
+  std::lock_guard lk(mu_);
+  auto it = locks_.find(lock);
+  return it == locks_.end() ? std::string() : it->second.owner;
+}
+
+std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts,
+                                             std::error_code& ec, std::string& why) {
+  if (!url.hosts.empty() && url.hosts.size() != 1) {
+    ec = make_error_code(errc::invalid_url);
+    why = "memory:// takes one store name, e.g. memory://test";
+    return nullptr;
+  }
+  const std::string name = url.hosts.empty() ? std::string("default") : url.hosts[0].host;
+  auto clock = opts.clock ? opts.clock : system_steady_clock();
+  return std::make_unique<MemoryBackend>(MemoryStore::named(name), clock, url.redacted());
+}
+
+}  // namespace distlock::detail

@@ -1,0 +1,63 @@
+// memory://NAME — an in-process backend for tests and examples. Every client
+// connected to the same NAME in one process shares one store, so several clients
+// can contend. Leases expire by the client's injected clock. The store can inject
+// faults (fail the next calls, steal or expire a lock) and counts calls, so the
+// engine can be tested without servers.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/backend.hpp"
+
+namespace distlock::detail {
+
+class MemoryStore {
+ public:
+  struct Entry {
+    std::string owner;
+    Clock::time_point expires{};
+    std::uint64_t token = 0;
+  };
+
+  /// The shared store for memory://name (created on first use).
+  static std::shared_ptr<MemoryStore> named(const std::string& name);
+
+  // Fault injection.
+  void fail_next(int calls, errc code = errc::backend_unavailable);
+  void steal(const std::string& lock, const std::string& new_owner);
+  void drop(const std::string& lock);  ///< deletes the lock silently (no notification)
+  void set_fencing(bool on) { fencing_ = on; }
+  void set_needs_renewal(bool on) { needs_renewal_ = on; }
+
+  // Observation.
+  int try_acquire_calls() const;
+  int renew_calls() const;
+  int release_calls() const;
+  std::size_t last_renew_batch() const;
+  bool held(const std::string& lock, Clock::time_point now) const;
+  std::string holder(const std::string& lock) const;
+
+ private:
+  friend class MemoryBackend;
+  bool take_failure(std::error_code& ec);
+
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> locks_;
+  std::map<std::string, std::uint64_t> fences_;
+  std::map<std::string, int> watchers_;
+  std::vector<class MemoryBackend*> backends_;
+  int fail_calls_ = 0;
+  errc fail_code_ = errc::backend_unavailable;
+  int n_try_ = 0, n_renew_ = 0, n_release_ = 0;
+  std::size_t last_batch_ = 0;
+  bool fencing_ = true;
+  bool needs_renewal_ = true;
+};
+
+std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts,
+                                             std::error_code& ec, std::string& why);
+
+}  // namespace distlock::detail

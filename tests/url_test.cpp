@@ -1,0 +1,2 @@
+#include <gtest/gtest.h>
+TEST(Url, Placeholder) { EXPECT_TRUE(true); }
