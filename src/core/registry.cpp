@@ -1,6 +1,6 @@
-// One registration line per backend. A backend folder that is built defines
-// DISTLOCK_WITH_<NAME> (see src/CMakeLists.txt) and declares its factory in its
-// own header.
+// One registration line per backend. A component folder that is built defines
+// DISTLOCK_WITH_<NAME> (see src/CMakeLists.txt); a backend declares its factory
+// in its own header.
 #include <array>
 
 #include "core/backend.hpp"
