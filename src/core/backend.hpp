@@ -40,7 +40,9 @@ struct AcquireResult {
   bool acquired = false;
   std::uint64_t token = 0;  ///< fencing token when acquired and Capabilities::fencing
   /// When acquired: how long the lease is valid counted from the moment the request
-  /// was sent (usually ttl; Redlock subtracts clock drift).
+  /// was sent (usually ttl; Redlock subtracts clock drift; a session-based backend
+  /// gives its session timeout). The engine uses the same validity after each
+  /// successful renewal. 0 means ttl.
   Millis validity{0};
   /// When busy: the current holder's remaining lease, if the backend knows it.
   std::optional<Millis> holder_ttl{};
@@ -73,6 +75,8 @@ class ChangeListener {
   virtual void on_change(std::string_view name) noexcept = 0;
   /// Every lease of this client is gone (etcd lease revoked, ZooKeeper session expired).
   virtual void on_session_lost() noexcept = 0;
+  /// One lease is gone (its session ended, its node was deleted from outside).
+  virtual void on_lease_lost(std::string_view name, std::string_view owner) noexcept = 0;
 };
 
 class Backend {

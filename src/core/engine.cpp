@@ -215,9 +215,9 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   held->opts = opts;
   held->clock = clock_;
   held->hold_count = 1;
+  held->validity = res.validity.count() > 0 ? res.validity : opts.ttl;
   if (caps_.needs_renewal) {
-    const Millis validity = res.validity.count() > 0 ? res.validity : opts.ttl;
-    held->set_deadline(sent + validity - opts.safety_margin);
+    held->set_deadline(sent + held->validity - opts.safety_margin);
     held->next_renew = sent + opts.renew_interval;
   } else {
     held->set_deadline(kNever);
@@ -299,6 +299,17 @@ void Engine::on_session_lost() noexcept {
     for (auto& [k, h] : held_) all.push_back(h);
   }
   for (auto& h : all) declare_lost(h, "session lost");
+}
+
+void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexcept {
+  std::shared_ptr<HeldLock> held;
+  {
+    std::lock_guard lk(mu_);
+    auto it = held_.find(held_key(name, owner));
+    if (it == held_.end()) return;
+    held = it->second;
+  }
+  declare_lost(held, "the server ended its lease");
 }
 
 void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, const char* why) noexcept {
@@ -401,7 +412,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
       if (h->released || h->lost.load()) continue;
       switch (out[i]) {
         case RenewStatus::renewed: {
-          const Clock::time_point d = sent + h->opts.ttl - h->opts.safety_margin;
+          const Clock::time_point d = sent + h->validity - h->opts.safety_margin;
           if (d > h->deadline()) h->set_deadline(d);
           h->next_renew = sent + h->opts.renew_interval;
           ++renewed;

@@ -30,6 +30,7 @@ struct HeldLock {
   std::uint64_t token = 0;
   bool has_token = false;
   LockOptions opts;
+  Millis validity{};  // lease validity from a request's send time (see AcquireResult)
   std::shared_ptr<Clock> clock;
 
   // Guarded by Engine::mu_.
@@ -84,6 +85,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
   void on_change(std::string_view name) noexcept override;
   void on_session_lost() noexcept override;
+  void on_lease_lost(std::string_view name, std::string_view owner) noexcept override;
 
   void add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
 
