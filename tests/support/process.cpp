@@ -62,7 +62,9 @@ Process Process::spawn(const std::vector<std::string>& argv, const std::string& 
   return p;
 }
 
-Process::Process(Process&& o) noexcept : pid_(o.pid_), reaped_(o.reaped_), status_(o.status_) { o.pid_ = -1; }
+Process::Process(Process&& o) noexcept : pid_(o.pid_), reaped_(o.reaped_), status_(o.status_) {
+  o.pid_ = -1;
+}
 
 Process& Process::operator=(Process&& o) noexcept {
   if (this != &o) {

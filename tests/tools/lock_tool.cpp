@@ -1,0 +1,226 @@
+// lock_tool — a small process the fault and load tests start against any backend.
+//
+//   lock_tool hold   --url URL --name NAME [--ttl MS] [--wait MS] [--hold-ms MS] [--exit-on-lost]
+//   lock_tool hammer --url URL --name NAME --log FILE [--threads T] [--iters N] [--ttl MS]
+//                    [--hold-us US] [--counter FILE]
+//
+// hold: acquires NAME and prints "acquired <token>" ("acquired none" without fencing),
+// then holds it for --hold-ms (0: until SIGTERM/SIGINT). When the lease is lost it prints
+// "lost" (and exits 76 with --exit-on-lost). SIGUSR1 prints "owns 1" or "owns 0".
+// On SIGTERM/SIGINT, or when the hold time is over, it releases, prints "released" and
+// exits 0 (76 if the release found the lease lost). Not acquired: 75; unavailable: 69.
+//
+// hammer: T threads each take NAME N times. Every critical section appends one record
+// "pid tid token start_ns end_ns" (CLOCK_MONOTONIC, comparable across processes of one
+// host) to FILE with a single O_APPEND write. With --counter, each section also does a
+// read-modify-write of a counter file, so overlapping sections lose increments.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_report{false};
+
+void on_signal(int sig) {
+  if (sig == SIGUSR1) {
+    g_report = true;
+  } else {
+    g_stop = true;
+  }
+}
+
+std::int64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+void say(const std::string& line) {
+  std::string l = line + "\n";
+  (void)!::write(1, l.data(), l.size());
+}
+
+struct Args {
+  std::string mode, url, name, log, counter;
+  long ttl_ms = 2000, wait_ms = -1, hold_ms = 0, hold_us = 0;
+  int threads = 4, iters = 50;
+  bool exit_on_lost = false;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr, "lock_tool: %s\n", why);
+  std::exit(64);
+}
+
+Args parse(int argc, char** argv) {
+  if (argc < 2) usage("missing mode (hold|hammer)");
+  Args a;
+  a.mode = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + k).c_str());
+      return argv[++i];
+    };
+    if (k == "--url")
+      a.url = val();
+    else if (k == "--name")
+      a.name = val();
+    else if (k == "--log")
+      a.log = val();
+    else if (k == "--counter")
+      a.counter = val();
+    else if (k == "--ttl")
+      a.ttl_ms = std::stol(val());
+    else if (k == "--wait")
+      a.wait_ms = std::stol(val());
+    else if (k == "--hold-ms")
+      a.hold_ms = std::stol(val());
+    else if (k == "--hold-us")
+      a.hold_us = std::stol(val());
+    else if (k == "--threads")
+      a.threads = std::stoi(val());
+    else if (k == "--iters")
+      a.iters = std::stoi(val());
+    else if (k == "--exit-on-lost")
+      a.exit_on_lost = true;
+    else
+      usage(("unknown flag " + k).c_str());
+  }
+  if (a.name.empty()) usage("--name is required");
+  return a;
+}
+
+int exit_code_for(const std::error_code& ec) {
+  if (ec == distlock::errc::busy || ec == distlock::errc::timeout) return 75;
+  if (ec == distlock::errc::lost) return 76;
+  if (ec == distlock::errc::invalid_argument || ec == distlock::errc::invalid_url) return 64;
+  return 69;
+}
+
+int hold(const Args& a) {
+  distlock::LockOptions opts;
+  opts.ttl = distlock::Millis(a.ttl_ms);
+  if (a.wait_ms >= 0) opts.wait = distlock::Millis(a.wait_ms);
+  std::error_code ec;
+  distlock::Client client = distlock::connect(a.url, {}, ec);
+  if (ec) {
+    say("error " + ec.message());
+    return exit_code_for(ec);
+  }
+  distlock::Lease lease = client.acquire(a.name, opts, ec);
+  if (ec) {
+    say("error " + ec.message());
+    return exit_code_for(ec);
+  }
+  say("acquired " + (lease.has_token() ? std::to_string(lease.token()) : std::string("none")));
+  std::atomic<bool> lost{false};
+  lease.on_lost([&] {
+    lost = true;
+    say("lost");
+    if (a.exit_on_lost) std::_Exit(76);
+  });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(a.hold_ms);
+  while (!g_stop && (a.hold_ms == 0 || std::chrono::steady_clock::now() < end)) {
+    if (g_report.exchange(false)) say(std::string("owns ") + (lease.owns() ? "1" : "0"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  lease.release(ec);
+  if (ec) {
+    say("release-error " + ec.message());
+    return exit_code_for(ec);
+  }
+  say("released");
+  return lost ? 76 : 0;
+}
+
+int hammer(const Args& a) {
+  if (a.log.empty()) usage("--log is required for hammer");
+  const int log_fd = ::open(a.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (log_fd < 0) usage("cannot open --log file");
+  distlock::Client client = distlock::connect(a.url);
+  distlock::LockOptions opts;
+  opts.ttl = distlock::Millis(a.ttl_ms);
+  opts.wait = std::chrono::seconds(60);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < a.threads; ++t) {
+    threads.emplace_back([&] {
+      const long tid = ::syscall(SYS_gettid);
+      for (int i = 0; i < a.iters && !g_stop; ++i) {
+        std::error_code ec;
+        distlock::Lease lease = client.acquire(a.name, opts, ec);
+        if (ec) {
+          std::fprintf(stderr, "lock_tool: acquire failed: %s\n", ec.message().c_str());
+          ++failures;
+          continue;
+        }
+        const std::int64_t start = mono_ns();
+        if (!a.counter.empty()) {
+          // Read-modify-write without any other synchronisation than the lock.
+          long value = 0;
+          if (FILE* f = std::fopen(a.counter.c_str(), "r")) {
+            if (std::fscanf(f, "%ld", &value) != 1) value = 0;
+            std::fclose(f);
+          }
+          if (a.hold_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(a.hold_us));
+          if (FILE* f = std::fopen(a.counter.c_str(), "w")) {
+            std::fprintf(f, "%ld\n", value + 1);
+            std::fclose(f);
+          }
+        } else if (a.hold_us > 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(a.hold_us));
+        }
+        const std::int64_t end = mono_ns();
+        const bool still_owned = lease.owns();
+        const std::string token = lease.has_token() ? std::to_string(lease.token()) : std::string("-");
+        std::string rec = std::to_string(::getpid()) + " " + std::to_string(tid) + " " + token + " " +
+                          std::to_string(start) + " " + std::to_string(end) + " " +
+                          (still_owned ? "1" : "0") + "\n";
+        (void)!::write(log_fd, rec.data(), rec.size());
+        lease.release(ec);
+        if (ec) {
+          std::fprintf(stderr, "lock_tool: release failed: %s\n", ec.message().c_str());
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ::close(log_fd);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  const Args a = parse(argc, argv);
+  try {
+    if (a.mode == "hold") return hold(a);
+    if (a.mode == "hammer") return hammer(a);
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "lock_tool: %s\n", e.what());
+    return exit_code_for(e.code());
+  }
+  usage("unknown mode");
+}
