@@ -102,10 +102,10 @@ class Lease {
 /// What a backend can tell about a lock (`Client::status`).
 struct LockInfo {
   bool held = false;
-  std::optional<std::uint64_t> token;   ///< current (last issued) fencing token, if known
-  std::optional<Millis> ttl_remaining;  ///< server-side time to expiry, if known
-  std::optional<std::string> holder;    ///< holder's owner id, if known
-  std::optional<std::uint64_t> waiters; ///< number of waiting clients, if known
+  std::optional<std::uint64_t> token;    ///< current (last issued) fencing token, if known
+  std::optional<Millis> ttl_remaining;   ///< server-side time to expiry, if known
+  std::optional<std::string> holder;     ///< holder's owner id, if known
+  std::optional<std::uint64_t> waiters;  ///< number of waiting clients, if known
 };
 
 /// Relaxed counters (for metrics; each read is a snapshot).

@@ -20,18 +20,18 @@ namespace distlock {
 
 /// distlock's error codes. Values are stable (they appear in logs and JSON).
 enum class errc : int {
-  busy = 1,                 ///< held by another owner and the caller asked for one attempt only
-  timeout = 2,              ///< the wait deadline passed before the lock was acquired
-  lost = 3,                 ///< the lock was held but its lease ran out or the server dropped it
-  not_owner = 4,            ///< unlock/renew by someone who does not hold the lock
-  backend_unavailable = 5,  ///< the server cannot be reached (retrying later may work)
-  auth_failed = 6,          ///< the server rejected the credentials (retrying will not help)
-  invalid_argument = 7,     ///< a name, duration or option is malformed or out of range
-  invalid_url = 8,          ///< the backend URL is malformed or names an unknown scheme
-  quorum_unavailable = 9,   ///< fewer than a quorum of independent servers answered (Redlock)
-  protocol_error = 10,      ///< the server answered something distlock did not expect
-  not_supported = 11,       ///< the backend cannot do this (e.g. a fencing token on Redlock)
-  exhausted = 12,           ///< a finite resource ran out (worker ids, a day's id counter)
+  busy = 1,                    ///< held by another owner and the caller asked for one attempt only
+  timeout = 2,                 ///< the wait deadline passed before the lock was acquired
+  lost = 3,                    ///< the lock was held but its lease ran out or the server dropped it
+  not_owner = 4,               ///< unlock/renew by someone who does not hold the lock
+  backend_unavailable = 5,     ///< the server cannot be reached (retrying later may work)
+  auth_failed = 6,             ///< the server rejected the credentials (retrying will not help)
+  invalid_argument = 7,        ///< a name, duration or option is malformed or out of range
+  invalid_url = 8,             ///< the backend URL is malformed or names an unknown scheme
+  quorum_unavailable = 9,      ///< fewer than a quorum of independent servers answered (Redlock)
+  protocol_error = 10,         ///< the server answered something distlock did not expect
+  not_supported = 11,          ///< the backend cannot do this (e.g. a fencing token on Redlock)
+  exhausted = 12,              ///< a finite resource ran out (worker ids, a day's id counter)
   clock_moved_backwards = 13,  ///< the wall clock went back further than tolerated (id generators)
 };
 

@@ -22,8 +22,9 @@
 namespace distlock::detail {
 
 struct Capabilities {
-  bool fencing = true;        ///< issues strictly increasing tokens per name
-  bool needs_renewal = true;  ///< leases expire unless renewed (false: held until released, e.g. kernel locks)
+  bool fencing = true;  ///< issues strictly increasing tokens per name
+  bool needs_renewal =
+      true;  ///< leases expire unless renewed (false: held until released, e.g. kernel locks)
 };
 
 struct AcquireRequest {
@@ -98,12 +99,11 @@ class Backend {
 
   /// Renews many leases in as few round trips as possible; writes one status per
   /// item into `out` (same size as items). `ec` set means every item is `failed`.
-  virtual void renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
-                     std::error_code& ec) = 0;
+  virtual void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) = 0;
 
   /// Releases if `owner` holds it (owner-checked, never a blind delete).
-  virtual ReleaseStatus release(std::string_view name, std::string_view owner,
-                                std::uint64_t token, std::error_code& ec) = 0;
+  virtual ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                std::error_code& ec) = 0;
 
   /// Starts delivering on_change(name); returns once notifications are live so a
   /// release after it returns cannot be missed. Calls are counted by the engine:

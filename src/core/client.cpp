@@ -1,3 +1,5 @@
+#include "distlock/client.hpp"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -5,7 +7,6 @@
 #include "core/backend.hpp"
 #include "core/engine.hpp"
 #include "core/url.hpp"
-#include "distlock/client.hpp"
 
 namespace distlock {
 
@@ -77,7 +78,9 @@ Lease::~Lease() {
   release(ec);
 }
 
-bool Lease::owns() const noexcept { return held_ && !held_->released && held_->owns(); }
+bool Lease::owns() const noexcept {
+  return held_ && !held_->released && held_->owns();
+}
 
 const std::string& Lease::name() const noexcept {
   static const std::string empty;
@@ -93,7 +96,9 @@ std::uint64_t Lease::token() const {
   return held_->token;
 }
 
-bool Lease::has_token() const noexcept { return held_ && held_->has_token; }
+bool Lease::has_token() const noexcept {
+  return held_ && held_->has_token;
+}
 
 std::stop_token Lease::stop_token() const noexcept {
   return held_ ? held_->stop.get_token() : std::stop_token{};
@@ -135,7 +140,9 @@ Lease Client::acquire(std::string_view name, const LockOptions& opts) {
   return Lease(engine_, std::move(held));
 }
 
-Lease Client::acquire(std::string_view name) { return acquire(name, engine_->options().lock_defaults); }
+Lease Client::acquire(std::string_view name) {
+  return acquire(name, engine_->options().lock_defaults);
+}
 
 Lease Client::acquire(std::string_view name, const LockOptions& opts, std::error_code& ec) noexcept {
   try {
@@ -165,7 +172,9 @@ std::optional<Lease> Client::try_acquire(std::string_view name) {
 Mutex Client::mutex(std::string_view name, const LockOptions& opts) {
   return Mutex(*this, std::string(name), opts);
 }
-Mutex Client::mutex(std::string_view name) { return mutex(name, engine_->options().lock_defaults); }
+Mutex Client::mutex(std::string_view name) {
+  return mutex(name, engine_->options().lock_defaults);
+}
 
 LockInfo Client::status(std::string_view name) {
   std::error_code ec;
@@ -189,15 +198,25 @@ LockInfo Client::status(std::string_view name, std::error_code& ec) noexcept {
   return {};
 }
 
-bool Client::has_fencing() const noexcept { return engine_->capabilities().fencing; }
-std::string Client::url() const { return engine_->backend().url(); }
+bool Client::has_fencing() const noexcept {
+  return engine_->capabilities().fencing;
+}
+std::string Client::url() const {
+  return engine_->backend().url();
+}
 std::string Client::scheme() const {
   const std::string u = url();
   return u.substr(0, u.find("://"));
 }
-std::string Client::id() const { return engine_->client_id(); }
-ClientStats Client::stats() const noexcept { return engine_->stats(); }
-std::size_t Client::renew_now() { return engine_->renew_all(); }
+std::string Client::id() const {
+  return engine_->client_id();
+}
+ClientStats Client::stats() const noexcept {
+  return engine_->stats();
+}
+std::size_t Client::renew_now() {
+  return engine_->renew_all();
+}
 
 std::string default_url() {
   if (const char* env = std::getenv("DISTLOCK_URL"); env && *env) return env;
@@ -225,9 +244,9 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   if (auto ec = detail::parse_url(text, url, why)) throw_error(ec, why);
   const detail::BackendFactory factory = detail::find_backend(url.scheme);
   if (!factory) {
-    throw_error(make_error_code(errc::invalid_url),
-                "unknown scheme \"" + url.scheme + "\" in URL \"" + url.redacted() +
-                    "\" (known: " + detail::known_schemes() + ")");
+    throw_error(make_error_code(errc::invalid_url), "unknown scheme \"" + url.scheme + "\" in URL \"" +
+                                                        url.redacted() +
+                                                        "\" (known: " + detail::known_schemes() + ")");
   }
   ClientOptions opts = in_opts;
   if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
@@ -243,7 +262,9 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   return Client(Engine::create(std::move(backend), std::move(opts)));
 }
 
-Client connect_with_engine(std::shared_ptr<detail::Engine> engine) { return Client(std::move(engine)); }
+Client connect_with_engine(std::shared_ptr<detail::Engine> engine) {
+  return Client(std::move(engine));
+}
 
 // ---- Mutex -----------------------------------------------------------------
 
@@ -295,19 +316,22 @@ void Mutex::unlock() {
   // lost lease was already signalled through its stop token and is counted; an
   // unreachable server lets the lease expire by its TTL. Unlocking a mutex this
   // thread does not hold is a programming error and is reported.
-  if (ec == errc::not_owner) throw_error(ec, "unlock of lock \"" + name_ + "\" by a thread that does not hold it");
+  if (ec == errc::not_owner)
+    throw_error(ec, "unlock of lock \"" + name_ + "\" by a thread that does not hold it");
 }
 
 std::uint64_t Mutex::token() const {
   auto held = client_.engine()->held_by_this_thread(name_);
-  if (!held) throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
+  if (!held)
+    throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
   if (!held->has_token) throw_error(make_error_code(errc::not_supported), "backend issues no fencing tokens");
   return held->token;
 }
 
 std::stop_token Mutex::stop_token() const {
   auto held = client_.engine()->held_by_this_thread(name_);
-  if (!held) throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
+  if (!held)
+    throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
   return held->stop.get_token();
 }
 

@@ -191,8 +191,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       watching = true;
       continue;
     }
-    const Clock::time_point recheck =
-        std::min(wait_deadline, now + recheck_delay(res.holder_ttl, opts.ttl));
+    const Clock::time_point recheck = std::min(wait_deadline, now + recheck_delay(res.holder_ttl, opts.ttl));
     std::unique_lock lk(mu_);
     while (slot->generation == generation && clock_->now() < recheck) {
       clock_->wait_until(slot->cv, lk, recheck);
@@ -269,8 +268,8 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
   }
   if (ec) {
     n_release_failures_.fetch_add(1, std::memory_order_relaxed);
-    log_.log(LogLevel::warning, "release of lock \"{}\" failed ({}); it will expire by its TTL",
-             held->name, ec.message());
+    log_.log(LogLevel::warning, "release of lock \"{}\" failed ({}); it will expire by its TTL", held->name,
+             ec.message());
     return;
   }
   if (st == ReleaseStatus::not_owner) {
@@ -418,9 +417,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
           ++renewed;
           break;
         }
-        case RenewStatus::not_owner:
-          refused.push_back(h);
-          break;
+        case RenewStatus::not_owner: refused.push_back(h); break;
         case RenewStatus::failed:
           // Retry soon, but never in a tight loop.
           h->next_renew = clock_->now() + std::max(Millis(10), h->opts.renew_interval / 4);

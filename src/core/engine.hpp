@@ -131,8 +131,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_;
   std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
 
-  std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0},
-      n_renew_round_trips_{0}, n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
+  std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
+      n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
 
   std::jthread renewer_;
 };

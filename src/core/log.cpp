@@ -38,8 +38,7 @@ void Logger::write(LogLevel level, std::string_view msg) noexcept {
     }
     return;
   }
-  std::fprintf(stderr, "distlock %s: %.*s\n", level_name(level), static_cast<int>(msg.size()),
-               msg.data());
+  std::fprintf(stderr, "distlock %s: %.*s\n", level_name(level), static_cast<int>(msg.size()), msg.data());
 }
 
 }  // namespace distlock::detail

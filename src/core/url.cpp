@@ -37,7 +37,9 @@ bool percent_decode(std::string_view in, std::string& out) {
   return true;
 }
 
-std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
+std::string quoted(std::string_view s) {
+  return "\"" + std::string(s) + "\"";
+}
 
 }  // namespace
 
@@ -120,7 +122,8 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
     std::string_view port_text;
     if (hp.front() == '[') {
       const auto close = hp.find(']');
-      if (close == std::string_view::npos) return bad(why, "IPv6 host " + quoted(hp) + " in URL " + whole + " lacks ']'");
+      if (close == std::string_view::npos)
+        return bad(why, "IPv6 host " + quoted(hp) + " in URL " + whole + " lacks ']'");
       h.host = std::string(hp.substr(1, close - 1));
       std::string_view after = hp.substr(close + 1);
       if (!after.empty()) {
@@ -132,13 +135,15 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
       h.host = std::string(hp.substr(0, colon));
       if (colon != std::string_view::npos) port_text = hp.substr(colon + 1);
       if (colon != std::string_view::npos && hp.substr(0, colon).find(':') != std::string_view::npos) {
-        return bad(why, "host " + quoted(hp) + " in URL " + whole + " has several ':' (write IPv6 as [addr]:port)");
+        return bad(
+            why, "host " + quoted(hp) + " in URL " + whole + " has several ':' (write IPv6 as [addr]:port)");
       }
     }
     if (h.host.empty()) return bad(why, "empty host name in " + quoted(hp) + " of URL " + whole);
     for (char c : h.host) {
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
-        return bad(why, "host " + quoted(h.host) + " in URL " + whole + " contains " + quoted(std::string(1, c)));
+        return bad(why,
+                   "host " + quoted(h.host) + " in URL " + whole + " contains " + quoted(std::string(1, c)));
       }
     }
     if (!port_text.empty() || (hp.back() == ':')) {
@@ -147,7 +152,8 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
       if (port_text.empty() || e != std::errc{} || p != port_text.data() + port_text.size()) {
         return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is not a number");
       }
-      if (v == 0 || v > 65535) return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is out of range 1-65535");
+      if (v == 0 || v > 65535)
+        return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is out of range 1-65535");
       h.port = static_cast<std::uint16_t>(v);
     }
     out.hosts.push_back(std::move(h));
@@ -165,11 +171,16 @@ bool parse_duration(std::string_view text, Millis& out) {
   if (e != std::errc{}) return false;
   const std::string_view unit = text.substr(i);
   long long mult = 0;
-  if (unit.empty() || unit == "ms") mult = 1;
-  else if (unit == "s") mult = 1000;
-  else if (unit == "m") mult = 60'000;
-  else if (unit == "h") mult = 3'600'000;
-  else return false;
+  if (unit.empty() || unit == "ms")
+    mult = 1;
+  else if (unit == "s")
+    mult = 1000;
+  else if (unit == "m")
+    mult = 60'000;
+  else if (unit == "h")
+    mult = 3'600'000;
+  else
+    return false;
   if (v > (1LL << 40) / mult) return false;
   out = Millis(v * mult);
   return true;

@@ -14,7 +14,7 @@ namespace distlock::detail {
 
 struct Url {
   struct Host {
-    std::string host;     // without brackets for IPv6 literals
+    std::string host;        // without brackets for IPv6 literals
     std::uint16_t port = 0;  // 0 when absent
   };
 
@@ -23,7 +23,7 @@ struct Url {
   std::string password;  // percent-decoded
   bool has_userinfo = false;
   std::vector<Host> hosts;
-  std::string path;  // percent-decoded, starts with '/' or is empty
+  std::string path;                          // percent-decoded, starts with '/' or is empty
   std::map<std::string, std::string> query;  // percent-decoded
   std::string original;
 

@@ -23,9 +23,7 @@ class MemoryBackend final : public Backend {
     while (notifying_.load() != 0) std::this_thread::yield();
   }
 
-  Capabilities capabilities() const noexcept override {
-    return {store_->fencing_, store_->needs_renewal_};
-  }
+  Capabilities capabilities() const noexcept override { return {store_->fencing_, store_->needs_renewal_}; }
   void set_listener(ChangeListener* l) override { listener_ = l; }
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
@@ -174,10 +172,22 @@ void MemoryStore::drop(const std::string& lock) {
   std::lock_guard lk(mu_);
   locks_.erase(lock);
 }
-int MemoryStore::try_acquire_calls() const { std::lock_guard lk(mu_); return n_try_; }
-int MemoryStore::renew_calls() const { std::lock_guard lk(mu_); return n_renew_; }
-int MemoryStore::release_calls() const { std::lock_guard lk(mu_); return n_release_; }
-std::size_t MemoryStore::last_renew_batch() const { std::lock_guard lk(mu_); return last_batch_; }
+int MemoryStore::try_acquire_calls() const {
+  std::lock_guard lk(mu_);
+  return n_try_;
+}
+int MemoryStore::renew_calls() const {
+  std::lock_guard lk(mu_);
+  return n_renew_;
+}
+int MemoryStore::release_calls() const {
+  std::lock_guard lk(mu_);
+  return n_release_;
+}
+std::size_t MemoryStore::last_renew_batch() const {
+  std::lock_guard lk(mu_);
+  return last_batch_;
+}
 bool MemoryStore::held(const std::string& lock, Clock::time_point now) const {
   std::lock_guard lk(mu_);
   auto it = locks_.find(lock);
@@ -189,8 +199,8 @@ std::string MemoryStore::holder(const std::string& lock) const {
   return it == locks_.end() ? std::string() : it->second.owner;
 }
 
-std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts,
-                                             std::error_code& ec, std::string& why) {
+std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                             std::string& why) {
   if (!url.hosts.empty() && url.hosts.size() != 1) {
     ec = make_error_code(errc::invalid_url);
     why = "memory:// takes one store name, e.g. memory://test";

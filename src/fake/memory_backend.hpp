@@ -57,7 +57,7 @@ class MemoryStore {
   bool needs_renewal_ = true;
 };
 
-std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts,
-                                             std::error_code& ec, std::string& why);
+std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                             std::string& why);
 
 }  // namespace distlock::detail
