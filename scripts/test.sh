@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds distlock and runs the whole test suite on a fresh Debian 12 machine:
+#   1. a -Werror build and every test (unit, Redis, Redlock, etcd, ZooKeeper, file, CLI, ids,
+#      examples) against real servers the tests start themselves on loopback;
+#   2. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. the engine's unit tests under ThreadSanitizer;
+#   4. an install into a temporary prefix and a consumer built with find_package and pkg-config.
+# Usage: ./scripts/test.sh [quick]   (quick: step 1 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/bootstrap.sh
+
+jobs=2
+ctest_args=(--output-on-failure --no-tests=error -j2 --timeout 600)
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "build (-Werror) and test"
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTLOCK_WERROR=ON >/dev/null
+cmake --build build/release -j"$jobs"
+ctest --test-dir build/release "${ctest_args[@]}"
+
+if [ "${1:-}" = quick ]; then exit 0; fi
+
+step "AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON \
+  -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON >/dev/null
+cmake --build build/asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/asan "${ctest_args[@]}"
+
+step "ThreadSanitizer (engine)"
+cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
+  -DDISTLOCK_COMPONENTS="" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build build/tsan -j"$jobs" --target engine_test
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" -R '^(Engine|RealTime|Url|Connect|ErrorCategory)\.'
+
+if [ -x scripts/install_test.sh ]; then
+  step "install and consumer"
+  ./scripts/install_test.sh build/release
+fi
+step "all tests passed"
