@@ -226,7 +226,12 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   {
     std::lock_guard lk(mu_);
     held_[key] = held;
-    renewer_cv_.notify_all();
+    // Wake the renewer only if this lease needs it earlier than it planned to wake:
+    // an uncontended acquire should not cost a context switch.
+    if (caps_.needs_renewal &&
+        std::min(held->deadline(), held->next_renew - opts.renew_interval / 4) < renewer_wake_) {
+      renewer_cv_.notify_all();
+    }
   }
   return held;
 }
@@ -449,7 +454,9 @@ void Engine::renewer_main(std::stop_token st) {
       if (!h->renew_in_flight) wake = std::min(wake, h->next_renew - h->opts.renew_interval / 4);
     }
     if (st.stop_requested()) break;
+    renewer_wake_ = wake;
     clock_->wait_until(renewer_cv_, lk, wake);
+    renewer_wake_ = Clock::time_point::min();
   }
 }
 

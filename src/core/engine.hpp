@@ -130,6 +130,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::map<std::string, std::shared_ptr<HeldLock>> held_;
   std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_;
   std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
+  // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
+  Clock::time_point renewer_wake_ = Clock::time_point::min();
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
