@@ -1,0 +1,293 @@
+// redis/connection.hpp — RAII hiredis connections shared by every Redis-based part
+// of distlock (the redis:// backend, Redlock, fenced writes, id generators).
+//
+// What is here:
+//   * `ConnectionOptions`  where and how to connect (host, port, ACL user/password,
+//                          db, connect and command timeouts as std::chrono durations);
+//   * `Connection`         one blocking hiredis context: connect + AUTH + SELECT,
+//                          binary-safe argv commands, pipelining, error mapping,
+//                          lazy reconnect after an I/O error;
+//   * `ConnectionPool`     a few connections checked out by threads (grows on demand,
+//                          keeps a bounded number idle, discards broken ones, so a
+//                          restarted server is reconnected transparently);
+//   * `Script`             a Lua script run with EVALSHA, loaded with SCRIPT LOAD on
+//                          first use and again whenever a server answers NOSCRIPT.
+//
+// Errors are `std::error_code`s in distlock::category():
+//   backend_unavailable  refused / timed out / connection broken (names host:port),
+//                        and server replies LOADING, BUSY, MASTERDOWN, TRYAGAIN, READONLY;
+//   auth_failed          WRONGPASS / NOAUTH / NOPERM / invalid password (names the server);
+//   protocol_error       any other error reply, or a reply of an unexpected type.
+// Each failing call also leaves a message naming the server and the problem in
+// `Connection::last_error()` (callers put it into their `why`).
+//
+// Thread-safety: a `Connection` belongs to one thread at a time (hiredis contexts
+// are not thread-safe). `ConnectionPool` and `Script` are safe to share between
+// threads; a connection checked out of the pool is exclusively the caller's until
+// the handle is destroyed.
+//
+// Example:
+//   ConnectionOptions o;
+//   o.host = "127.0.0.1"; o.port = 6379; o.password = "s3cret";
+//   ConnectionPool pool(o);
+//   std::error_code ec;
+//   auto conn = pool.checkout(ec);                         // PooledConnection
+//   if (ec) throw_error(ec, pool.last_error());
+//   Reply r = conn->command({"SET", key, value, "PX", "5000", "NX"}, ec);
+//
+//   static const Script kIncr("return redis.call('INCR', KEYS[1])");
+//   Reply n = kIncr.run(*conn, {key}, {}, ec);              // EVALSHA, NOSCRIPT handled
+//
+//   conn->append({"PING"});                                 // pipelining
+//   conn->append({"GET", key});
+//   std::vector<Reply> both = conn->read_replies(2, ec);
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "core/url.hpp"
+#include "distlock/error.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock::detail::redis {
+
+/// Where and how to connect to one Redis server.
+struct ConnectionOptions {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 6379;
+  /// ACL user name. Empty: `AUTH <password>` (the "default" user) when a password is set.
+  std::string user;
+  /// Empty: no AUTH is sent.
+  std::string password;
+  /// Logical database selected after connecting (SELECT), 0..(databases-1). 0 sends no SELECT.
+  int db = 0;
+  /// Time to establish the TCP connection. Default 2 s.
+  Millis connect_timeout{std::chrono::seconds(2)};
+  /// Time one command (send + reply) may take. Default 2 s.
+  Millis command_timeout{std::chrono::seconds(2)};
+
+  /// "redis 127.0.0.1:6379" — the prefix of every message about this server.
+  std::string describe() const;
+};
+
+/// Builds options for `url.hosts[host_index]` (default port 6379) with the URL's
+/// user/password and the client's timeouts. The db comes from the URL path "/N"
+/// (see parse_db_path); a bad path sets invalid_url naming it.
+ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const ClientOptions& client,
+                                   std::error_code& ec, std::string& why);
+
+/// Parses the "/N" database path of a redis URL ("" or "/" → 0). invalid_url naming
+/// the path when it is not a number in 0..9999.
+std::error_code parse_db_path(const Url& url, int& db, std::string& why);
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+/// One reply (with its nested elements), freed by freeReplyObject.
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct ContextDeleter {
+  void operator()(redisContext* c) const noexcept { redisFree(c); }
+};
+using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
+
+/// A list of binary-safe arguments; views must outlive the call.
+using Argv = std::vector<std::string_view>;
+
+// ---- reply helpers ----------------------------------------------------------
+
+/// The reply's string payload (string, status, error or verbatim), else empty.
+std::string_view reply_str(const redisReply* r) noexcept;
+/// True for an error reply whose text starts with `prefix` (e.g. "NOSCRIPT").
+bool is_error(const redisReply* r, std::string_view prefix = {}) noexcept;
+/// Maps an error reply to a distlock code (see the banner). Non-error → {}.
+std::error_code error_code_of(const redisReply* r) noexcept;
+
+/// One blocking connection to one server. Move-only; reconnects lazily: after an
+/// I/O error or timeout the context is dropped (the stream may be out of sync)
+/// and the next call connects again (AUTH and SELECT included).
+class Connection {
+ public:
+  explicit Connection(ConnectionOptions opts);
+  Connection(Connection&&) noexcept = default;
+  Connection& operator=(Connection&&) noexcept = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection() = default;
+
+  /// Connects now if not connected (TCP, timeouts, AUTH, SELECT). On failure the
+  /// connection stays closed: backend_unavailable naming host:port, or auth_failed
+  /// naming the server.
+  void connect(std::error_code& ec);
+  bool connected() const noexcept { return ctx_ != nullptr; }
+  /// Closes the socket; the next call reconnects.
+  void close() noexcept;
+
+  /// Sends one command and reads its reply (connecting first if needed).
+  /// `ec` is set on a transport failure (reply is null) and on an error reply
+  /// (the reply is returned so the caller can read its text).
+  Reply command(std::span<const std::string_view> argv, std::error_code& ec);
+  Reply command(std::initializer_list<std::string_view> argv, std::error_code& ec) {
+    return command(std::span<const std::string_view>(argv.begin(), argv.size()), ec);
+  }
+
+  /// Pipelining: append() buffers commands locally (nothing is sent); read_reply()
+  /// flushes the buffer and reads the next reply in order; read_replies(n) reads n.
+  /// Unlike command(), error replies are returned without setting `ec` (each reply
+  /// of a pipeline is judged by the caller); `ec` means the transport failed and
+  /// the connection was dropped (later replies of the batch are gone).
+  /// append() connects first if needed; a failed connect is reported by the read.
+  void append(std::span<const std::string_view> argv);
+  void append(std::initializer_list<std::string_view> argv) {
+    append(std::span<const std::string_view>(argv.begin(), argv.size()));
+  }
+  Reply read_reply(std::error_code& ec);
+  std::vector<Reply> read_replies(std::size_t n, std::error_code& ec);
+  /// Replies still expected for appended commands.
+  std::size_t pending() const noexcept { return pending_; }
+
+  /// Message for the last failure: "redis 127.0.0.1:6379: connection refused".
+  const std::string& last_error() const noexcept { return last_error_; }
+  const ConnectionOptions& options() const noexcept { return opts_; }
+  /// Counts round trips (a command, or one flushed pipeline) since construction.
+  std::uint64_t round_trips() const noexcept { return round_trips_; }
+
+  /// True when the idle socket is readable (EOF or unsolicited data): the server
+  /// closed it or restarted. Cheap (poll with zero timeout). Used by the pool.
+  bool looks_broken() const noexcept;
+
+  /// The raw context for special uses (pub/sub, fd polling); may be null.
+  redisContext* raw() noexcept { return ctx_.get(); }
+
+ private:
+  void fail_io(std::error_code& ec, std::string_view during);
+  std::error_code fail_reply(const redisReply* r);
+
+  ConnectionOptions opts_;
+  ContextPtr ctx_;
+  std::size_t pending_ = 0;
+  bool pending_connect_failed_ = false;
+  std::error_code pending_ec_;
+  std::uint64_t round_trips_ = 0;
+  std::string last_error_;
+};
+
+/// Connects a fresh context with the options' timeouts, AUTH and SELECT. Used by
+/// Connection, and by code that needs its own context (a pub/sub subscriber).
+ContextPtr open_context(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
+
+class ConnectionPool;
+
+/// A connection checked out of a pool; returned to it on destruction unless it
+/// broke (then it is discarded and the pool opens a new one next time).
+class PooledConnection {
+ public:
+  PooledConnection() noexcept = default;
+  PooledConnection(PooledConnection&&) noexcept;
+  PooledConnection& operator=(PooledConnection&&) noexcept;
+  PooledConnection(const PooledConnection&) = delete;
+  PooledConnection& operator=(const PooledConnection&) = delete;
+  ~PooledConnection();
+
+  Connection& operator*() const noexcept { return *conn_; }
+  Connection* operator->() const noexcept { return conn_.get(); }
+  explicit operator bool() const noexcept { return conn_ != nullptr; }
+
+ private:
+  friend class ConnectionPool;
+  PooledConnection(ConnectionPool* pool, std::unique_ptr<Connection> conn) noexcept
+      : pool_(pool), conn_(std::move(conn)) {}
+  ConnectionPool* pool_ = nullptr;
+  std::unique_ptr<Connection> conn_;
+};
+
+/// Connections to one server shared by threads: checkout() hands out an idle
+/// connection (or opens a new one: the pool grows lazily, without a hard limit,
+/// since every caller holds at most one), and keeps at most `max_idle` idle ones.
+/// A connection that broke or whose socket shows EOF is discarded, so the first
+/// call after a server restart goes out on a fresh connection.
+/// Must outlive every PooledConnection it handed out.
+class ConnectionPool {
+ public:
+  explicit ConnectionPool(ConnectionOptions opts, std::size_t max_idle = 4);
+  ConnectionPool(const ConnectionPool&) = delete;
+  ConnectionPool& operator=(const ConnectionPool&) = delete;
+  ~ConnectionPool();
+
+  /// An open connection, or an empty handle with ec (backend_unavailable or
+  /// auth_failed); then last_error() says why.
+  PooledConnection checkout(std::error_code& ec);
+  /// Message of the last failed checkout (thread-safe copy).
+  std::string last_error() const;
+  const ConnectionOptions& options() const noexcept { return opts_; }
+  /// Idle connections now held (for tests).
+  std::size_t idle() const;
+
+ private:
+  friend class PooledConnection;
+  void give_back(std::unique_ptr<Connection> conn) noexcept;
+
+  const ConnectionOptions opts_;
+  const std::size_t max_idle_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Connection>> idle_;  // guarded by mu_
+  std::string last_error_;                         // guarded by mu_
+};
+
+/// A Lua script called with EVALSHA. The SHA1 comes from SCRIPT LOAD the first
+/// time the script runs anywhere; on NOSCRIPT (a restarted or flushed server) it is
+/// loaded on that connection and the call is retried once. Safe to share (e.g. a
+/// function-local static).
+class Script {
+ public:
+  explicit Script(std::string source);
+  Script(const Script&) = delete;
+  Script& operator=(const Script&) = delete;
+
+  /// EVALSHA with `keys` and `args` (binary-safe). Same ec rules as Connection::command.
+  Reply run(Connection& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
+            std::error_code& ec) const;
+  Reply run(Connection& conn, std::initializer_list<std::string_view> keys,
+            std::initializer_list<std::string_view> args, std::error_code& ec) const {
+    return run(conn, std::span<const std::string_view>(keys.begin(), keys.size()),
+               std::span<const std::string_view>(args.begin(), args.size()), ec);
+  }
+
+  /// One call of a pipelined batch.
+  struct Call {
+    std::span<const std::string_view> keys;
+    std::span<const std::string_view> args;
+  };
+  /// Runs every call in one pipeline (one round trip; a second one only for the
+  /// calls that met NOSCRIPT). Returns one reply per call, in order; error replies
+  /// are returned as such, `ec` only reports a transport failure.
+  std::vector<Reply> run_pipelined(Connection& conn, std::span<const Call> calls, std::error_code& ec) const;
+
+  /// Loads the script on this connection (SCRIPT LOAD) and remembers its SHA1.
+  void load(Connection& conn, std::error_code& ec) const;
+  /// The SHA1 once loaded, else empty.
+  std::string sha() const;
+  const std::string& source() const noexcept { return source_; }
+
+ private:
+  Argv evalsha_argv(const std::string& sha, std::span<const std::string_view> keys,
+                    std::span<const std::string_view> args, std::string& numkeys) const;
+  std::string ensure_sha(Connection& conn, std::error_code& ec) const;
+
+  const std::string source_;
+  mutable std::mutex mu_;
+  mutable std::string sha_;  // guarded by mu_
+};
+
+}  // namespace distlock::detail::redis

@@ -1,0 +1,28 @@
+// The single-Redis backend: redis://[user:password@]host[:port][/db][?prefix=P&timeout=DUR]
+//
+// Locks are Redis hashes `<prefix>:{<name>}` (one field per owner holding its hold
+// count, plus the fencing token), with a never-expiring fence counter
+// `<prefix>:{<name>}:fence` and a release channel `<prefix>:{<name>}:released`;
+// the three share the hash tag `{<name>}`. Acquire, release and renew are Lua
+// scripts run with EVALSHA. Waiters listen on one pub/sub connection per client.
+// See docs/redis.md for the layout, the scripts and the guarantees.
+//
+// Thread-safety: the backend is called from many threads at once (the engine's
+// contract); it synchronises itself (a connection pool and a subscriber thread).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <system_error>
+
+#include "core/backend.hpp"
+
+namespace distlock::detail {
+
+/// Parses the URL, connects (fails fast with auth_failed / backend_unavailable) and
+/// returns the backend; on error returns nullptr with `ec` and a `why` naming the
+/// problem (the offending URL part, or the server and its answer).
+std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                            std::string& why);
+
+}  // namespace distlock::detail
