@@ -1,0 +1,531 @@
+// The host-local backend (file:///dir) against real files, threads and processes:
+// acquire/release, tokens across clients and processes, contention between threads
+// of one client, waiting by notification, SIGKILLed and SIGSTOPped holders, a 4 x 16
+// thread hammer, bad URLs, odd names, and that another owner's lock is never touched.
+#include "file/file_backend.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/cs_log.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::detail::lock_file_name;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+namespace fs = std::filesystem;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::uint64_t le64(const std::string& s, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  return v;
+}
+
+long long ms_since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - t).count();
+}
+
+struct FileBackend : ::testing::Test {
+  TempDir tmp{"distlock-file"};
+  fs::path dir = tmp.path() / "locks" / "nested";  // created by the backend (mkdir -p)
+  std::mutex log_mu;
+  std::vector<std::string> logs;
+
+  // recheck=5s: the engine's fallback re-check is slow, so anything prompt is a notification.
+  std::string url(const std::string& query = "recheck=5s") const {
+    return "file://" + dir.string() + (query.empty() ? "" : "?" + query);
+  }
+  distlock::Client client(const std::string& query = "recheck=5s") {
+    distlock::ClientOptions o;
+    o.logger = [this](distlock::LogLevel, std::string_view msg) {
+      std::lock_guard lk(log_mu);
+      logs.emplace_back(msg);
+    };
+    return distlock::connect(url(query), o);
+  }
+  bool logged(const std::string& needle) {
+    std::lock_guard lk(log_mu);
+    for (const auto& l : logs) {
+      if (l.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  }
+  fs::path file_of(const std::string& name) const { return dir / lock_file_name(name); }
+  std::string out_file(const std::string& tag) const { return (tmp.path() / (tag + ".out")).string(); }
+
+  static distlock::LockOptions wait_for(Millis w) {
+    distlock::LockOptions o;
+    o.wait = w;
+    return o;
+  }
+};
+
+// Expects `fn` to throw std::system_error with `code` and a message containing `part`.
+template <class Fn>
+void expect_error(Fn&& fn, errc code, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected " << distlock::make_error_code(code).message() << " naming " << part;
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::make_error_code(code)) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+        << "message \"" << e.what() << "\" lacks \"" << part << "\"";
+  }
+}
+
+TEST_F(FileBackend, AcquireReleaseStatusAndFileLayout) {
+  auto c = client();
+  EXPECT_TRUE(c.has_fencing());
+  EXPECT_EQ(c.scheme(), "file");
+  EXPECT_TRUE(fs::is_directory(dir));
+  EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all);  // created 0700
+
+  distlock::LockInfo before = c.status("orders/42");
+  EXPECT_FALSE(before.held);
+  EXPECT_EQ(before.token.value_or(99), 0u);
+  {
+    distlock::Lease lease = c.acquire("orders/42");
+    ASSERT_TRUE(lease.owns());
+    EXPECT_EQ(lease.token(), 1u);
+    EXPECT_EQ(lease.remaining(), Millis::max());  // no TTL on this backend
+
+    distlock::LockInfo info = c.status("orders/42");
+    EXPECT_TRUE(info.held);
+    EXPECT_EQ(info.token, 1u);
+    ASSERT_TRUE(info.holder.has_value());
+    EXPECT_EQ(info.holder->rfind(c.id() + ":", 0), 0u) << *info.holder;
+    EXPECT_NE(info.holder->find("(pid " + std::to_string(::getpid()) + ")"), std::string::npos)
+        << *info.holder;
+    EXPECT_FALSE(info.ttl_remaining.has_value());
+
+    // The record inside the file: magic, token, pid, owner id, the full name.
+    const std::string bytes = slurp(file_of("orders/42"));
+    ASSERT_GE(bytes.size(), 40u);
+    EXPECT_EQ(bytes.substr(0, 8), std::string("DLOCKF1\n"));
+    EXPECT_EQ(le64(bytes, 8), 1u);
+    EXPECT_EQ(le64(bytes, 16), static_cast<std::uint64_t>(::getpid()));
+    EXPECT_NE(bytes.find(c.id()), std::string::npos);
+    EXPECT_EQ(bytes.substr(bytes.size() - 9), "orders/42");
+    EXPECT_EQ(fs::status(file_of("orders/42")).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  distlock::LockInfo after = c.status("orders/42");
+  EXPECT_FALSE(after.held);
+  EXPECT_EQ(after.token, 1u);
+  EXPECT_FALSE(after.holder.has_value());
+  EXPECT_TRUE(fs::exists(file_of("orders/42")));  // kept: it carries the token counter
+
+  distlock::Lease again = c.acquire("orders/42");
+  EXPECT_EQ(again.token(), 2u);
+  EXPECT_EQ(c.stats().acquired, 2u);
+  EXPECT_EQ(c.stats().released, 1u);
+}
+
+TEST_F(FileBackend, TokensIncreaseAcrossClientsAndProcesses) {
+  std::uint64_t last = 0;
+  for (int round = 0; round < 3; ++round) {  // a new client object each round: a "restart"
+    auto c = client();
+    distlock::Lease lease = c.acquire("t");
+    EXPECT_GT(lease.token(), last);
+    last = lease.token();
+  }
+  for (int round = 0; round < 3; ++round) {  // new processes
+    const std::string out = out_file("hold" + std::to_string(round));
+    Process p = distlock::testing::spawn_holder(url(), "t", out, 2000, /*hold_ms=*/1);
+    ASSERT_NE(p.wait_for(20s), -1) << "lock_tool did not finish";
+    const long long token = distlock::testing::acquired_token(out);
+    ASSERT_GT(token, 0) << distlock::testing::read_file(out);
+    EXPECT_GT(static_cast<std::uint64_t>(token), last);
+    last = static_cast<std::uint64_t>(token);
+  }
+  auto c = client();
+  EXPECT_EQ(c.acquire("t").token(), last + 1);
+}
+
+TEST_F(FileBackend, TwoThreadsOfOneClientContend) {
+  auto c = client();
+  distlock::Lease first = c.acquire("shared");
+  std::atomic<bool> released{false};
+  std::promise<std::uint64_t> second_token;
+  std::thread other([&] {
+    // Another thread is another owner: one attempt fails, a wait blocks.
+    EXPECT_FALSE(c.try_acquire("shared").has_value());
+    distlock::Lease lease = c.acquire("shared", wait_for(20s));
+    EXPECT_TRUE(released.load()) << "second thread acquired while the first still held the lock";
+    second_token.set_value(lease.token());
+  });
+  std::this_thread::sleep_for(300ms);
+  auto fut = second_token.get_future();
+  EXPECT_EQ(fut.wait_for(0s), std::future_status::timeout);
+  released = true;
+  const std::uint64_t t1 = first.token();
+  first.release();
+  ASSERT_EQ(fut.wait_for(10s), std::future_status::ready);
+  EXPECT_GT(fut.get(), t1);
+  other.join();
+}
+
+TEST_F(FileBackend, ReentrantPerThread) {
+  auto c = client();
+  distlock::Mutex m = c.mutex("re");
+  m.lock();
+  const std::uint64_t token = m.token();
+  m.lock();  // same thread: re-entry, no second file lock (which would deadlock on our own OFD)
+  EXPECT_EQ(m.hold_count(), 2);
+  EXPECT_EQ(m.token(), token);
+  m.unlock();
+  EXPECT_TRUE(c.status("re").held);
+  std::thread([&] { EXPECT_FALSE(c.try_acquire("re").has_value()); }).join();
+  m.unlock();
+  EXPECT_FALSE(c.status("re").held);
+  EXPECT_EQ(m.hold_count(), 0);
+}
+
+TEST_F(FileBackend, WaiterWakesByNotificationFromAnotherClient) {
+  auto holder = client();
+  auto waiter = client();  // its own backend: woken by inotify, not by the engine's local shortcut
+  for (int round = 0; round < 3; ++round) {
+    distlock::Lease held = holder.acquire("n");
+    std::promise<void> acquired;
+    std::thread t([&] {
+      distlock::Lease lease = waiter.acquire("n", wait_for(30s));
+      acquired.set_value();
+    });
+    std::this_thread::sleep_for(200ms);  // the waiter is asleep by now
+    const auto released_at = SteadyClock::now();
+    held.release();
+    ASSERT_EQ(acquired.get_future().wait_for(20s), std::future_status::ready);
+    const long long took = ms_since(released_at);
+    t.join();
+    // The fallback re-check is 5 s away; a notification takes milliseconds. 2 s of slack for a busy machine.
+    EXPECT_LT(took, 2000) << "round " << round << ": waiter took " << took << " ms after the release";
+  }
+}
+
+TEST_F(FileBackend, WaiterWakesWhenHolderProcessReleases) {
+  const std::string out = out_file("holder");
+  Process p = distlock::testing::spawn_holder(url(), "x", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
+  auto c = client();
+  std::promise<std::uint64_t> token;
+  std::thread t([&] { token.set_value(c.acquire("x", wait_for(30s)).token()); });
+  std::this_thread::sleep_for(300ms);
+  auto fut = token.get_future();
+  EXPECT_EQ(fut.wait_for(0s), std::future_status::timeout);
+  const auto asked = SteadyClock::now();
+  p.signal(SIGTERM);  // lock_tool releases and exits
+  ASSERT_EQ(fut.wait_for(20s), std::future_status::ready);
+  EXPECT_LT(ms_since(asked), 2000);
+  EXPECT_GT(fut.get(), static_cast<std::uint64_t>(distlock::testing::acquired_token(out)));
+  t.join();
+  EXPECT_TRUE(distlock::testing::wait_for_text(out, "released", 10s));
+}
+
+TEST_F(FileBackend, HolderKilledFreesTheLockAtOnce) {
+  const std::string out = out_file("holder");
+  Process p = distlock::testing::spawn_holder(url(), "k", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
+  const long long holder_token = distlock::testing::acquired_token(out);
+  auto c = client();
+  EXPECT_FALSE(c.try_acquire("k").has_value());
+  EXPECT_TRUE(c.status("k").held);
+
+  std::promise<std::uint64_t> token;
+  std::thread t([&] { token.set_value(c.acquire("k", wait_for(30s)).token()); });
+  std::this_thread::sleep_for(300ms);
+  auto fut = token.get_future();
+  ASSERT_EQ(fut.wait_for(0s), std::future_status::timeout);
+  const auto killed_at = SteadyClock::now();
+  p.signal(SIGKILL);
+  ASSERT_EQ(fut.wait_for(20s), std::future_status::ready);
+  const long long took = ms_since(killed_at);
+  t.join();
+  // No TTL to wait out: the kernel drops the dead holder's lock when its descriptor closes.
+  EXPECT_LT(took, 1000) << "waiter took " << took << " ms after SIGKILL";
+  EXPECT_EQ(fut.get(), static_cast<std::uint64_t>(holder_token) + 1);
+}
+
+TEST_F(FileBackend, StoppedHolderKeepsTheLock) {
+  const std::string out = out_file("holder");
+  Process p = distlock::testing::spawn_holder(url(), "s", out, /*ttl_ms=*/200);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
+  const long long holder_token = distlock::testing::acquired_token(out);
+  p.signal(SIGSTOP);
+  auto c = client("recheck=100ms");
+  // Far past the holder's 200 ms "ttl": there is no lease expiry on this backend.
+  std::error_code ec;
+  distlock::Lease lease = c.acquire("s", wait_for(1500ms), ec);
+  EXPECT_EQ(ec, errc::timeout);
+  distlock::LockInfo info = c.status("s");
+  EXPECT_TRUE(info.held);
+  ASSERT_TRUE(info.holder.has_value());
+  EXPECT_NE(info.holder->find("(pid " + std::to_string(p.pid()) + ")"), std::string::npos) << *info.holder;
+
+  p.signal(SIGCONT);
+  p.signal(SIGUSR1);
+  EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
+  p.signal(SIGTERM);
+  EXPECT_TRUE(distlock::testing::wait_for_text(out, "released", 10s)) << distlock::testing::read_file(out);
+  EXPECT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos);
+  distlock::Lease next = c.acquire("s", wait_for(10s));
+  EXPECT_EQ(next.token(), static_cast<std::uint64_t>(holder_token) + 1);
+}
+
+TEST_F(FileBackend, SixteenThreadsTimesFourProcessesNeverOverlap) {
+  constexpr int kProcesses = 4, kThreads = 16, kIters = 12;
+  const std::string log = (tmp.path() / "cs.log").string();
+  const std::string counter = (tmp.path() / "counter").string();
+  std::vector<Process> procs;
+  for (int i = 0; i < kProcesses; ++i) {
+    procs.push_back(Process::spawn({distlock::testing::lock_tool_path(), "hammer", "--url", url(""), "--name",
+                                    "hot", "--log", log, "--threads", std::to_string(kThreads), "--iters",
+                                    std::to_string(kIters), "--hold-us", "100", "--counter", counter},
+                                   out_file("hammer" + std::to_string(i))));
+  }
+  for (int i = 0; i < kProcesses; ++i) {
+    const int status = procs[i].wait_for(150s);
+    ASSERT_NE(status, -1) << "hammer " << i << " did not finish";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "hammer " << i << ": " << distlock::testing::read_file(out_file("hammer" + std::to_string(i)));
+  }
+  const auto sections = distlock::testing::read_sections(log);
+  constexpr int kTotal = kProcesses * kThreads * kIters;
+  ASSERT_EQ(sections.size(), static_cast<std::size_t>(kTotal));
+  EXPECT_TRUE(distlock::testing::no_overlap(sections));
+  EXPECT_TRUE(distlock::testing::tokens_increase(sections));
+  // Every acquisition issues the next token, in section order: 1, 2, ..., kTotal.
+  for (std::size_t i = 0; i < sections.size(); ++i) {
+    ASSERT_EQ(sections[i].token, i + 1) << "section " << i;
+    EXPECT_TRUE(sections[i].owned_at_end);
+  }
+  EXPECT_EQ(distlock::testing::read_counter(counter), kTotal);
+  std::set<long> pids;
+  for (const auto& s : sections) pids.insert(s.pid);
+  EXPECT_EQ(pids.size(), static_cast<std::size_t>(kProcesses));
+}
+
+TEST_F(FileBackend, MalformedUrlsNameTheirPart) {
+  const std::string d = dir.string();
+  expect_error([&] { distlock::connect("file://somehost" + d); }, errc::invalid_url, "host \"somehost\"");
+  expect_error([&] { distlock::connect("file://relative/dir"); }, errc::invalid_url, "relative");
+  expect_error([&] { distlock::connect("file://"); }, errc::invalid_url, "no directory");
+  expect_error([&] { distlock::connect("file://user@" + d); }, errc::invalid_url, "user info");
+  expect_error([&] { distlock::connect("file:" + d); }, errc::invalid_url, "no scheme");
+  expect_error([&] { distlock::connect("file://" + d + "?colour=blue"); }, errc::invalid_url, "\"colour\"");
+  expect_error([&] { distlock::connect("file://" + d + "?recheck=soon"); }, errc::invalid_url,
+               "recheck \"soon\"");
+  expect_error([&] { distlock::connect("file://" + d + "?recheck=0"); }, errc::invalid_url, "recheck \"0\"");
+  expect_error([&] { distlock::connect("file://" + d + "?sync=maybe"); }, errc::invalid_url,
+               "sync \"maybe\"");
+  EXPECT_FALSE(fs::exists(dir)) << "a rejected URL must not create its directory";
+  // Accepted forms: trailing slash, "..", known keys.
+  auto c = distlock::connect("file://" + (tmp.path() / "a" / ".." / "b").string() + "/?sync=true&timeout=1s");
+  EXPECT_EQ(c.acquire("x").token(), 1u);
+  EXPECT_TRUE(fs::exists(tmp.path() / "b" / lock_file_name("x")));
+}
+
+TEST_F(FileBackend, DirectoryProblemsAreClearErrors) {
+  const fs::path plain = tmp.path() / "plain-file";
+  std::ofstream(plain) << "not a directory";
+  expect_error([&] { distlock::connect("file://" + plain.string()); }, errc::invalid_url,
+               "is not a directory");
+  expect_error([&] { distlock::connect("file://" + (plain / "sub").string()); }, errc::invalid_url,
+               "not a directory");
+  // Cannot be created (no such parent in /proc, even for root).
+  expect_error([&] { distlock::connect("file:///proc/distlock-no-such-dir/locks"); },
+               errc::backend_unavailable, "cannot create lock directory");
+  if (::geteuid() == 0) {
+    // Root may write everywhere except on pseudo file systems: sysfs refuses new files.
+    expect_error([&] { distlock::connect("file:///sys/kernel"); }, errc::backend_unavailable,
+                 "is not writable");
+    // A world-writable directory owned by somebody else is refused.
+    const fs::path foreign = tmp.path() / "foreign";
+    fs::create_directory(foreign);
+    ASSERT_EQ(::chown(foreign.c_str(), 65534, 65534), 0);
+    fs::permissions(foreign, fs::perms::all);
+    expect_error([&] { distlock::connect("file://" + foreign.string()); }, errc::backend_unavailable,
+                 "writable by every user");
+  } else {
+    const fs::path ro = tmp.path() / "read-only";
+    fs::create_directory(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    expect_error([&] { distlock::connect("file://" + ro.string()); }, errc::backend_unavailable,
+                 "is not writable");
+    fs::permissions(ro, fs::perms::owner_all);
+    expect_error([&] { distlock::connect("file:///tmp"); }, errc::backend_unavailable,
+                 "writable by every user");
+  }
+}
+
+TEST_F(FileBackend, OddNamesWork) {
+  auto c = client();
+  const std::vector<std::string> names = {"line\r\nbreak",
+                                          "with spaces",
+                                          "a/b/../c",
+                                          "..",
+                                          ".",
+                                          "/",
+                                          "%41",
+                                          "A",
+                                          "\xc3\xbc-utf8",
+                                          "\x01\x7f\xff binary",
+                                          ".hidden",
+                                          "x.lock",
+                                          std::string(4096, 'n'),
+                                          std::string(4095, 'n') + "m",
+                                          std::string(1000, '/')};
+  std::vector<distlock::Lease> leases;
+  for (const auto& n : names) {
+    distlock::Lease l = c.acquire(n, wait_for(0ms));  // all distinct files: none is busy
+    EXPECT_EQ(l.token(), 1u) << "name of " << n.size() << " bytes";
+    leases.push_back(std::move(l));
+  }
+  for (const auto& n : names) EXPECT_TRUE(c.status(n).held) << "name of " << n.size() << " bytes";
+  leases.clear();
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_TRUE(e.is_regular_file()) << e.path();
+    EXPECT_LE(e.path().filename().string().size(), 255u);
+    EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, names.size());
+  // Long names are hashed; the full name stays inside the file for status and checks.
+  EXPECT_EQ(lock_file_name(std::string(4096, 'n')).size(), 64u + 6u);
+  EXPECT_NE(slurp(file_of(std::string(4096, 'n'))).find(std::string(4096, 'n')), std::string::npos);
+  EXPECT_EQ(lock_file_name("a b/c"), "a%20b%2Fc.lock");
+  EXPECT_EQ(lock_file_name(".."), "%2E..lock");
+  // Empty and NUL names are refused by the engine before any file is made.
+  expect_error([&] { c.acquire(""); }, errc::invalid_argument, "empty");
+  expect_error([&] { c.acquire(std::string("a\0b", 3)); }, errc::invalid_argument, "NUL");
+}
+
+TEST_F(FileBackend, UnlockWhenNotHeldIsNotOwner) {
+  auto c = client();
+  distlock::Mutex m = c.mutex("u");
+  std::error_code ec;
+  m.unlock(ec);
+  EXPECT_EQ(ec, errc::not_owner);
+  m.lock();
+  std::thread([&] {
+    std::error_code other;
+    c.mutex("u").unlock(other);  // another thread is another owner
+    EXPECT_EQ(other, errc::not_owner);
+    try {
+      c.mutex("u").unlock();
+      ADD_FAILURE() << "unlock by a non-owner thread did not throw";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::not_owner);
+    }
+  }).join();
+  EXPECT_TRUE(m.owns());
+  EXPECT_TRUE(c.status("u").held);
+  m.unlock();
+  EXPECT_FALSE(c.status("u").held);
+}
+
+TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
+  const std::string out = out_file("holder");
+  Process p = distlock::testing::spawn_holder(url(), "theirs", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
+  const std::string before = slurp(file_of("theirs"));
+  {
+    auto c = client();
+    EXPECT_FALSE(c.try_acquire("theirs").has_value());
+    std::error_code ec;
+    c.mutex("theirs").unlock(ec);
+    EXPECT_EQ(ec, errc::not_owner);
+    distlock::Lease none = c.acquire("theirs", wait_for(200ms), ec);
+    EXPECT_EQ(ec, errc::timeout);
+    EXPECT_TRUE(c.status("theirs").held);
+  }  // our client goes away too: nothing of theirs is released
+  EXPECT_EQ(slurp(file_of("theirs")), before);
+  p.signal(SIGUSR1);
+  EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
+  auto c = client();
+  EXPECT_TRUE(c.status("theirs").held);
+}
+
+TEST_F(FileBackend, RemovedLockFileIsALoss) {
+  auto c = client();
+  distlock::Lease lease = c.acquire("gone");
+  std::atomic<bool> callback{false};
+  lease.on_lost([&] { callback = true; });
+  fs::remove(file_of("gone"));
+  const auto start = SteadyClock::now();
+  while (!lease.stop_token().stop_requested() && ms_since(start) < 5000) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(lease.stop_token().stop_requested()) << "no loss signal after the lock file was removed";
+  EXPECT_TRUE(callback.load());
+  EXPECT_FALSE(lease.owns());
+  // Somebody else can now take a fresh file (its counter restarts: see the docs).
+  auto other = client();
+  EXPECT_TRUE(other.try_acquire("gone").has_value());
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_EQ(c.stats().lost, 1u);
+}
+
+TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
+  auto c = client();
+  (void)c.status("x");  // the directory exists now
+  std::ofstream(file_of("damaged"), std::ios::binary) << "somebody else's data";
+  const std::string before = slurp(file_of("damaged"));
+  expect_error([&] { c.acquire("damaged"); }, errc::protocol_error, "damaged");
+  EXPECT_TRUE(logged(lock_file_name("damaged"))) << "the log should name the file";
+  EXPECT_TRUE(logged("not a distlock lock file"));
+  EXPECT_EQ(slurp(file_of("damaged")), before);
+  std::error_code ec;
+  (void)c.status("damaged", ec);
+  EXPECT_EQ(ec, errc::protocol_error);
+  // A record of another name (as a hash collision would leave) is refused too.
+  c.acquire("right").release();
+  fs::copy_file(file_of("right"), file_of("wrong"));
+  expect_error([&] { c.acquire("wrong"); }, errc::protocol_error, "wrong");
+  EXPECT_TRUE(logged("belongs to another lock name"));
+}
+
+TEST_F(FileBackend, DefaultUrlUsesTheRuntimeDirectory) {
+  ::unsetenv("DISTLOCK_URL");
+  ASSERT_EQ(::setenv("XDG_RUNTIME_DIR", tmp.path().c_str(), 1), 0);
+  EXPECT_EQ(distlock::default_url(), "file://" + tmp.path().string() + "/distlock");
+  auto c = distlock::connect("");
+  EXPECT_EQ(c.url(), "file://" + tmp.path().string() + "/distlock");
+  EXPECT_EQ(c.acquire("d").token(), 1u);
+  EXPECT_TRUE(fs::exists(tmp.path() / "distlock" / lock_file_name("d")));
+  ::unsetenv("XDG_RUNTIME_DIR");
+  EXPECT_EQ(distlock::default_url(), "file:///tmp/distlock-" + std::to_string(::getuid()));
+}
+
+}  // namespace
