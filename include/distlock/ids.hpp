@@ -1,0 +1,257 @@
+// distlock/ids.hpp — globally unique, increasing ids: three generators and their decoders.
+//
+// Three schemes, each a class with a thread-safe `next()`:
+//
+//   RedisDailyGenerator  the seed layout, 64 bits:
+//                          | 0 | 31 bits: seconds since epoch | 32 bits: per-day counter |
+//                        the counter is INCR (or INCRBY n, see `reserve`) on the Redis key
+//                        `icr:<prefix>:<yyyy:MM:dd>` (UTC date). Unique across every process
+//                        that talks to the same Redis; ~one round trip per `reserve` ids.
+//   SnowflakeGenerator   64 bits: | 0 | 41 bits: ms since epoch | 10 bits: worker | 12 bits: seq |
+//                        the worker id is LEASED through any distlock backend (the lock
+//                        `idgen:<prefix>:worker:<n>`), so two live generators never share one.
+//                        No round trip per id: up to 4096 ids per millisecond per worker.
+//   Uuid7Generator       RFC 9562 UUIDv7: 48 bits of Unix ms, a 12-bit counter in rand_a
+//                        (monotonic within a generator), 62 random bits from the OS CSPRNG.
+//                        No coordination at all.
+//
+// Every generator reads an injectable `WallClock` (milliseconds of UTC wall time). The lock
+// engine's `distlock::Clock` is steady and cannot be used here: ids carry calendar time.
+//
+// Ids from one generator strictly increase (a 64-bit id numerically; a UUID by its bytes,
+// which is also its text order). Across generators they are unique but only roughly ordered.
+//
+// Errors are `std::system_error` in `distlock::category()`:
+//   errc::exhausted               a day's counter reached 2^32, all 1024 worker ids are leased,
+//                                 or the timestamp field is full (year 2090 with the default epoch)
+//   errc::lost                    the snowflake worker lease was lost; call `relet()`
+//   errc::clock_moved_backwards   the wall clock went back further than `max_backward`
+//   errc::backend_unavailable, errc::auth_failed, errc::invalid_url, errc::invalid_argument
+//
+// Thread-safety: every generator may be shared by any number of threads (`next()` takes an
+// internal mutex). The decoders are pure functions.
+//
+// Example:
+//   auto client = distlock::connect("redis://127.0.0.1:6379");
+//   distlock::ids::SnowflakeGenerator orders(client, {.prefix = "orders"});
+//   std::uint64_t id = orders.next();                  // no round trip; <= 4096 ids per ms
+//   auto parts = distlock::ids::decode_snowflake(id);  // {unix_ms, worker, sequence}
+//
+//   distlock::ids::RedisDailyGenerator daily("redis://127.0.0.1:6379", {.prefix = "order", .reserve = 1000});
+//   std::uint64_t seed_style = daily.next();           // one INCRBY per 1000 ids
+//
+//   distlock::ids::Uuid7Generator uuids;
+//   std::string text = uuids.next().to_string();       // "01937c5e-...-7..."
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <compare>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "distlock/client.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock::ids {
+
+/// 2022-06-12T00:00:00Z, the seed document's epoch, in seconds since the Unix epoch.
+inline constexpr std::int64_t kDefaultEpochSeconds = 1654992000;
+
+// ---- wall clock -------------------------------------------------------------------------
+
+/// UTC wall time in milliseconds, injectable for tests (a clock that jumps back, a frozen
+/// millisecond). Implementations must be safe to call from any thread.
+class WallClock {
+ public:
+  virtual ~WallClock() = default;
+  /// Milliseconds since 1970-01-01T00:00:00Z.
+  virtual std::int64_t now_ms() const = 0;
+  /// Blocks until `now_ms()` is probably >= `target_ms`. May return early; callers loop.
+  virtual void sleep_until_ms(std::int64_t target_ms) const = 0;
+};
+
+/// std::chrono::system_clock (CLOCK_REALTIME), process-wide.
+std::shared_ptr<WallClock> system_wall_clock();
+
+// ---- redis-daily ------------------------------------------------------------------------
+
+struct RedisDailyOptions {
+  /// Key namespace: the counter key is `icr:<prefix>:<yyyy:MM:dd>`. Default "id". Must be
+  /// non-empty, at most 256 bytes, without NUL, CR or LF.
+  std::string prefix = "id";
+  /// Epoch of the 31-bit seconds field. Default 2022-06-12T00:00:00Z; ids run out 2^31 s
+  /// (68 years) later. Must be in [0, now].
+  std::int64_t epoch_seconds = kDefaultEpochSeconds;
+  /// Ids taken from Redis per round trip: 1 means one INCR per id; n > 1 means one
+  /// INCRBY n, then n ids handed out locally (unused ones of a reservation are skipped
+  /// forever, never reissued). Default 1. Must be in [1, 2^20].
+  std::uint32_t reserve = 1;
+  /// Default: system_wall_clock().
+  std::shared_ptr<WallClock> clock{};
+  /// Connect / per-command timeouts (a `timeout=` in the URL overrides both). Default 2 s.
+  Millis connect_timeout{std::chrono::seconds(2)};
+  Millis command_timeout{std::chrono::seconds(2)};
+};
+
+/// The two fields of a redis-daily id.
+struct RedisDailyParts {
+  std::int64_t unix_seconds = 0;  ///< when it was issued (UTC seconds since 1970)
+  std::uint32_t counter = 0;      ///< the day counter's value (1 for the day's first id)
+  auto operator<=>(const RedisDailyParts&) const = default;
+};
+
+/// Splits a redis-daily id. Throws errc::invalid_argument if the sign bit is set.
+RedisDailyParts decode_redis_daily(std::uint64_t id, std::int64_t epoch_seconds = kDefaultEpochSeconds);
+/// The inverse of decode (exposed for tests and tools). Throws errc::invalid_argument if the
+/// time is before the epoch or beyond the 31-bit field.
+std::uint64_t encode_redis_daily(RedisDailyParts parts, std::int64_t epoch_seconds = kDefaultEpochSeconds);
+/// The counter key for a UTC day: "icr:<prefix>:<yyyy:MM:dd>".
+std::string redis_daily_key(std::string_view prefix, std::int64_t unix_seconds);
+
+/// The seed document's generator over one Redis server.
+class RedisDailyGenerator {
+ public:
+  /// Connects to `redis_url` (redis://[user:password@]host:port[/db][?timeout=DUR]).
+  /// Throws errc::invalid_url, errc::invalid_argument, errc::backend_unavailable,
+  /// errc::auth_failed. Reconnects by itself after a server restart.
+  explicit RedisDailyGenerator(std::string_view redis_url, RedisDailyOptions opts = {});
+  ~RedisDailyGenerator();
+  RedisDailyGenerator(const RedisDailyGenerator&) = delete;
+  RedisDailyGenerator& operator=(const RedisDailyGenerator&) = delete;
+
+  /// The next id. Throws errc::exhausted when today's counter reached 2^32 (never a
+  /// wrapped id), errc::backend_unavailable when Redis cannot be reached.
+  std::uint64_t next();
+  std::uint64_t next(std::error_code& ec) noexcept;
+
+  /// Round trips to Redis so far (for tests and benchmarks).
+  std::uint64_t round_trips() const noexcept;
+  const RedisDailyOptions& options() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- snowflake --------------------------------------------------------------------------
+
+inline constexpr unsigned kSnowflakeWorkers = 1024;        ///< 10 bits
+inline constexpr unsigned kSnowflakeSequencePerMs = 4096;  ///< 12 bits
+
+struct SnowflakeOptions {
+  /// Worker-id locks are named `idgen:<prefix>:worker:<n>`. Default "default". Generators
+  /// with different prefixes have independent worker-id spaces (and may collide with each
+  /// other's ids: use one prefix per id space).
+  std::string prefix = "default";
+  /// Epoch of the 41-bit millisecond field (69 years). Default 2022-06-12T00:00:00Z.
+  std::int64_t epoch_ms = kDefaultEpochSeconds * 1000;
+  /// A wall clock that went back by at most this much is waited out; further back is
+  /// errc::clock_moved_backwards (no id is issued). Default 5 ms. Must be in [0, 10 s].
+  Millis max_backward{5};
+  /// Lease settings for the worker-id lock (ttl, safety margin, renew interval); `wait` is
+  /// ignored (one attempt per worker id). Default: 30 s ttl, renewed every 10 s.
+  LockOptions lease{};
+  /// Default: system_wall_clock().
+  std::shared_ptr<WallClock> clock{};
+};
+
+/// The three fields of a snowflake id.
+struct SnowflakeParts {
+  std::int64_t unix_ms = 0;
+  unsigned worker = 0;
+  unsigned sequence = 0;
+  auto operator<=>(const SnowflakeParts&) const = default;
+};
+
+/// Splits a snowflake id. Throws errc::invalid_argument if the sign bit is set.
+SnowflakeParts decode_snowflake(std::uint64_t id, std::int64_t epoch_ms = kDefaultEpochSeconds * 1000);
+
+/// Snowflake ids with a worker id leased through a distlock backend.
+class SnowflakeGenerator {
+ public:
+  /// Leases the first free worker id: try_acquire of `idgen:<prefix>:worker:<n>` for
+  /// n = 0..1023. Throws errc::exhausted (all 1024 leased), errc::invalid_argument, or the
+  /// backend's error (errc::backend_unavailable, ...).
+  explicit SnowflakeGenerator(Client client, SnowflakeOptions opts = {});
+  ~SnowflakeGenerator();
+  SnowflakeGenerator(const SnowflakeGenerator&) = delete;
+  SnowflakeGenerator& operator=(const SnowflakeGenerator&) = delete;
+
+  /// The next id. Throws errc::lost once the worker lease is lost (until `relet()`),
+  /// errc::clock_moved_backwards, errc::exhausted (timestamp field full). Waits for the
+  /// next millisecond when 4096 ids were issued in this one.
+  std::uint64_t next();
+  std::uint64_t next(std::error_code& ec) noexcept;
+
+  /// Leases a worker id again after a loss (the first free one; possibly another number).
+  /// Ids keep increasing across the change. Same errors as the constructor.
+  void relet();
+
+  /// The leased worker id (the last one, if the lease was lost).
+  unsigned worker_id() const;
+  /// True while the worker lease is held and within its local deadline.
+  bool leased() const;
+  /// Fires when the current worker lease is lost.
+  std::stop_token stop_token() const;
+  const SnowflakeOptions& options() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- uuid7 ------------------------------------------------------------------------------
+
+/// A 128-bit UUID, compared by its bytes (for UUIDv7 that is time order).
+struct Uuid {
+  std::array<std::uint8_t, 16> bytes{};
+
+  /// Canonical 8-4-4-4-12 lower-case text.
+  std::string to_string() const;
+  /// Parses the canonical form (either case). Throws errc::invalid_argument naming the problem.
+  static Uuid parse(std::string_view text);
+
+  unsigned version() const noexcept { return bytes[6] >> 4; }
+  /// The variant field's top two bits (0b10 for RFC 9562 UUIDs).
+  unsigned variant_bits() const noexcept { return bytes[8] >> 6; }
+  /// UUIDv7: the 48-bit Unix millisecond timestamp.
+  std::int64_t unix_ms() const noexcept;
+  /// UUIDv7: the 12-bit rand_a field (this library's per-millisecond counter).
+  unsigned rand_a() const noexcept { return (static_cast<unsigned>(bytes[6] & 0x0f) << 8) | bytes[7]; }
+
+  auto operator<=>(const Uuid&) const = default;
+};
+
+struct Uuid7Options {
+  /// Default: system_wall_clock().
+  std::shared_ptr<WallClock> clock{};
+};
+
+/// RFC 9562 UUIDv7 with the "fixed-length dedicated counter" method (section 6.2, method 1):
+/// rand_a is a 12-bit counter that starts at a random value below 2048 in each new
+/// millisecond and is incremented within one; when it overflows the timestamp is advanced by
+/// one millisecond ahead of the clock, and a clock that goes back is ignored (the
+/// generator's timestamp never decreases), so ids from one generator strictly increase.
+/// rand_b (62 bits) comes from getrandom(2).
+class Uuid7Generator {
+ public:
+  explicit Uuid7Generator(Uuid7Options opts = {});
+  ~Uuid7Generator();
+  Uuid7Generator(const Uuid7Generator&) = delete;
+  Uuid7Generator& operator=(const Uuid7Generator&) = delete;
+
+  Uuid next();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace distlock::ids
