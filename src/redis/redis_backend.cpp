@@ -1,14 +1,374 @@
-// Interim: the connection layer lands first so Redlock, fencing and ids can build
-// on it; the lock scripts follow in the next commit.
 #include "redis/redis_backend.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+
+#include "core/log.hpp"
+#include "redis/connection.hpp"
+#include "redis/subscriber.hpp"
 
 namespace distlock::detail {
 
-std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&, std::error_code& ec,
+namespace {
+
+using redis::Connection;
+using redis::ConnectionOptions;
+using redis::ConnectionPool;
+using redis::Reply;
+using redis::Script;
+
+// Keys renewed by one EVALSHA: large enough that 10,000 leases need 10 calls (sent
+// as one pipeline), small enough that one call blocks the server only briefly.
+constexpr std::size_t kRenewChunk = 1000;
+
+// The hash field holding the lock's fencing token. Owner ids are "<hex>:<digits>",
+// so no owner can be called this.
+constexpr std::string_view kTokenField = "@token";
+
+// KEYS[1] lock hash, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl (ms).
+// Returns {1, token} when acquired (or re-entered by the same owner: its hold count
+// goes up, the token stays), {0, pttl} when another owner holds it.
+const Script& acquire_script() {
+  static const Script s(R"lua(
+local lock, fence, owner, ttl = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+if redis.call('EXISTS', lock) == 0 then
+  local token = redis.call('INCR', fence)
+  redis.call('HSET', lock, owner, 1, '@token', token)
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, token}
+end
+if redis.call('HEXISTS', lock, owner) == 1 then
+  redis.call('HINCRBY', lock, owner, 1)
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, redis.call('HGET', lock, '@token')}
+end
+return {0, redis.call('PTTL', lock)}
+)lua");
+  return s;
+}
+
+// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] release channel.
+// Returns -1 when the owner holds nothing (expired or someone else's: nothing is
+// touched), else the owner's remaining hold count; at 0 the hash is deleted and the
+// release is published (the fence counter stays).
+const Script& release_script() {
+  static const Script s(R"lua(
+local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
+if redis.call('HEXISTS', lock, owner) == 0 then
+  return -1
+end
+local left = redis.call('HINCRBY', lock, owner, -1)
+if left > 0 then
+  return left
+end
+redis.call('DEL', lock)
+redis.call('PUBLISH', channel, 'released')
+return 0
+)lua");
+  return s;
+}
+
+// KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
+// Returns one status per key: 1 renewed, 0 not held by that owner any more.
+const Script& renew_script() {
+  static const Script s(R"lua(
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+)lua");
+  return s;
+}
+
+bool to_u64(const redisReply* r, std::uint64_t& out) {
+  if (r == nullptr) return false;
+  if (r->type == REDIS_REPLY_INTEGER) {
+    if (r->integer < 0) return false;
+    out = static_cast<std::uint64_t>(r->integer);
+    return true;
+  }
+  const std::string_view s = redis::reply_str(r);
+  if (r->type != REDIS_REPLY_STRING || s.empty()) return false;
+  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return e == std::errc{} && p == s.data() + s.size();
+}
+
+bool prefix_ok(std::string_view prefix) {
+  return !prefix.empty() && prefix.size() <= 256 && prefix.find_first_of("{}") == std::string_view::npos;
+}
+
+class RedisBackend final : public Backend {
+ public:
+  RedisBackend(ConnectionOptions conn, std::string prefix, std::string url, const ClientOptions& opts)
+      : conn_opts_(conn),
+        prefix_(std::move(prefix)),
+        url_(std::move(url)),
+        log_(opts.logger),
+        pool_(conn, 8),
+        subscriber_(conn, [this](std::string_view channel) { on_channel(channel); }) {}
+
+  ~RedisBackend() override = default;  // the subscriber (declared last) stops its thread first
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  // Connects once so a bad password or a down server fails at connect().
+  std::error_code connect_now(std::string& why) {
+    std::error_code ec;
+    auto conn = pool_.checkout(ec);
+    if (ec) why = pool_.last_error();
+    return ec;
+  }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+    ec.clear();
+    auto conn = checkout(ec);
+    if (ec) return {};
+    const std::string lock = lock_key(req.name);
+    const std::string fence = lock + ":fence";
+    const std::string ttl = std::to_string(req.ttl.count());
+    Reply r = acquire_script().run(*conn, {lock, fence}, {req.owner, ttl}, ec);
+    if (ec) {
+      failed(*conn, "acquire");
+      return {};
+    }
+    std::uint64_t flag = 0;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || !to_u64(r->element[0], flag)) {
+      ec = make_error_code(errc::protocol_error);
+      log_.log(LogLevel::warning, "{}: unexpected reply to the acquire script", conn_opts_.describe());
+      return {};
+    }
+    ok();
+    AcquireResult res;
+    if (flag == 1) {
+      res.acquired = true;
+      if (!to_u64(r->element[1], res.token)) {
+        ec = make_error_code(errc::protocol_error);
+        return {};
+      }
+      res.validity = req.ttl;
+      return res;
+    }
+    const redisReply* pttl = r->element[1];
+    if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) res.holder_ttl = Millis(pttl->integer);
+    return res;
+  }
+
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    ec.clear();
+    std::fill(out.begin(), out.end(), RenewStatus::failed);
+    if (items.empty()) return;
+    auto conn = checkout(ec);
+    if (ec) return;
+    // Keys and arguments live here; the calls hold views into them.
+    std::vector<std::string> keys, ttls;
+    keys.reserve(items.size());
+    ttls.reserve(items.size());
+    for (const auto& it : items) {
+      keys.push_back(lock_key(it.name));
+      ttls.push_back(std::to_string(it.ttl.count()));
+    }
+    std::vector<std::string_view> key_views(keys.begin(), keys.end());
+    std::vector<std::string_view> arg_views;
+    arg_views.reserve(2 * items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      arg_views.push_back(items[i].owner);
+      arg_views.push_back(ttls[i]);
+    }
+    std::vector<Script::Call> calls;
+    for (std::size_t at = 0; at < items.size(); at += kRenewChunk) {
+      const std::size_t n = std::min(kRenewChunk, items.size() - at);
+      calls.push_back({std::span(key_views).subspan(at, n), std::span(arg_views).subspan(2 * at, 2 * n)});
+    }
+    std::vector<Reply> replies = renew_script().run_pipelined(*conn, calls, ec);
+    if (ec) {
+      failed(*conn, "renew");
+      return;
+    }
+    ok();
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      const redisReply* r = replies[c].get();
+      const std::size_t at = c * kRenewChunk;
+      if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != calls[c].keys.size()) {
+        log_.log(LogLevel::warning, "{}: renew script answered {}", conn_opts_.describe(),
+                 r && r->type == REDIS_REPLY_ERROR ? redis::reply_str(r)
+                                                   : std::string_view("an unexpected reply"));
+        continue;  // those items stay `failed`: retried until their local deadline
+      }
+      for (std::size_t i = 0; i < r->elements; ++i) {
+        const redisReply* e = r->element[i];
+        out[at + i] =
+            e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed : RenewStatus::not_owner;
+      }
+    }
+  }
+
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                        std::error_code& ec) override {
+    ec.clear();
+    auto conn = checkout(ec);
+    if (ec) return ReleaseStatus::released;
+    const std::string lock = lock_key(name);
+    const std::string channel = lock + ":released";
+    Reply r = release_script().run(*conn, {lock}, {owner, channel}, ec);
+    if (ec) {
+      failed(*conn, "release");
+      return ReleaseStatus::released;
+    }
+    ok();
+    if (r->type != REDIS_REPLY_INTEGER) {
+      ec = make_error_code(errc::protocol_error);
+      return ReleaseStatus::released;
+    }
+    return r->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
+  }
+
+  void watch(std::string_view name, std::error_code& ec) override {
+    subscriber_.watch(lock_key(name) + ":released", ec);
+    if (ec) {
+      log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, subscriber_.last_error());
+    }
+  }
+
+  void unwatch(std::string_view name) noexcept override {
+    try {
+      subscriber_.unwatch(lock_key(name) + ":released");
+    } catch (...) {  // out of memory building the channel name: the watch stays, harmless
+    }
+  }
+
+  LockInfo status(std::string_view name, std::error_code& ec) override {
+    ec.clear();
+    auto conn = checkout(ec);
+    if (ec) return {};
+    const std::string lock = lock_key(name);
+    const std::string fence = lock + ":fence";
+    const std::string channel = lock + ":released";
+    conn->append({"HGETALL", lock});
+    conn->append({"PTTL", lock});
+    conn->append({"GET", fence});
+    conn->append({"PUBSUB", "NUMSUB", channel});
+    std::vector<Reply> r = conn->read_replies(4, ec);
+    if (ec) {
+      failed(*conn, "status");
+      return {};
+    }
+    for (const auto& one : r) {
+      if (redis::is_error(one.get())) {
+        ec = redis::error_code_of(one.get());
+        log_.log(LogLevel::warning, "{}: status of \"{}\": {}", conn_opts_.describe(), name,
+                 redis::reply_str(one.get()));
+        return {};
+      }
+    }
+    ok();
+    LockInfo info;
+    const redisReply* hash = r[0].get();
+    for (std::size_t i = 0; i + 1 < hash->elements; i += 2) {
+      const std::string_view field = redis::reply_str(hash->element[i]);
+      if (field == kTokenField) continue;
+      info.held = true;
+      info.holder = std::string(field);
+    }
+    if (info.held && r[1]->type == REDIS_REPLY_INTEGER && r[1]->integer >= 0) {
+      info.ttl_remaining = Millis(r[1]->integer);
+    }
+    std::uint64_t token = 0;
+    if (to_u64(r[2].get(), token)) info.token = token;
+    const redisReply* numsub = r[3].get();
+    if (numsub->type == REDIS_REPLY_ARRAY && numsub->elements == 2 &&
+        numsub->element[1]->type == REDIS_REPLY_INTEGER) {
+      info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, numsub->element[1]->integer));
+    }
+    return info;
+  }
+
+  std::string url() const override { return url_; }
+
+ private:
+  std::string lock_key(std::string_view name) const {
+    std::string k;
+    k.reserve(prefix_.size() + name.size() + 4);
+    k.append(prefix_).append(":{").append(name).append("}");
+    return k;
+  }
+
+  // "<prefix>:{<name>}:released" → name.
+  void on_channel(std::string_view channel) {
+    constexpr std::string_view kTail = "}:released";
+    const std::size_t head = prefix_.size() + 2;
+    if (channel.size() < head + kTail.size()) return;
+    ChangeListener* l = listener_.load();
+    if (l) l->on_change(channel.substr(head, channel.size() - head - kTail.size()));
+  }
+
+  redis::PooledConnection checkout(std::error_code& ec) {
+    auto conn = pool_.checkout(ec);
+    if (ec) report(pool_.last_error());
+    return conn;
+  }
+
+  void failed(const Connection& conn, const char* what) {
+    report(std::string(what) + ": " + conn.last_error());
+  }
+
+  // One warning when the server becomes unreachable, one note when it is back,
+  // rather than a line per failed call during an outage.
+  void report(const std::string& why) {
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  }
+  void ok() {
+    if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", conn_opts_.describe());
+  }
+
+  const ConnectionOptions conn_opts_;
+  const std::string prefix_;
+  const std::string url_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+  std::atomic<bool> failing_{false};
+  ConnectionPool pool_;
+  redis::Subscriber subscriber_;  // last: destroyed first, its thread calls on_channel
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                             std::string& why) {
-  ec = make_error_code(errc::not_supported);
-  why = "redis:// backend (" + url.redacted() + ") is not finished yet";
-  return nullptr;
+  ec.clear();
+  const std::string shown = "\"" + url.redacted() + "\"";
+  auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
+    ec = make_error_code(errc::invalid_url);
+    why = std::move(msg);
+    return nullptr;
+  };
+  if (url.hosts.empty()) return bad("URL " + shown + " names no host (expected redis://host:port)");
+  if (url.hosts.size() > 1) {
+    return bad("URL " + shown + " names " + std::to_string(url.hosts.size()) +
+               " hosts; redis:// takes one server (for several independent masters use redlock://)");
+  }
+  for (const auto& [key, value] : url.query) {
+    if (key != "prefix" && key != "timeout") {
+      return bad("unknown query parameter \"" + key + "\" in URL " + shown + " (known: prefix, timeout)");
+    }
+  }
+  const std::string prefix = url.query_or("prefix", "distlock");
+  if (!prefix_ok(prefix)) {
+    return bad("prefix \"" + prefix + "\" in URL " + shown +
+               " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
+  }
+  ConnectionOptions conn = redis::options_from_url(url, 0, opts, ec, why);
+  if (ec) return nullptr;
+  auto backend = std::make_unique<RedisBackend>(conn, prefix, url.redacted(), opts);
+  if ((ec = backend->connect_now(why))) return nullptr;
+  return backend;
 }
 
 }  // namespace distlock::detail

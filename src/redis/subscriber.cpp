@@ -1,0 +1,281 @@
+#include "redis/subscriber.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace distlock::detail::redis {
+
+namespace {
+
+constexpr Millis kFirstBackoff{50};
+constexpr Millis kMaxBackoff{1000};
+
+std::string_view element_str(const redisReply* r, std::size_t i) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || i >= r->elements) return {};
+  return reply_str(r->element[i]);
+}
+
+}  // namespace
+
+Subscriber::Subscriber(ConnectionOptions opts, Callback on_message)
+    : opts_(std::move(opts)), on_message_(std::move(on_message)) {
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0)
+    throw std::system_error(errno, std::generic_category(), "eventfd for the Redis subscriber");
+}
+
+Subscriber::~Subscriber() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+  ::close(wake_fd_);
+}
+
+void Subscriber::wake() noexcept {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+}
+
+std::string Subscriber::last_error() const {
+  std::lock_guard lk(mu_);
+  return last_error_;
+}
+
+std::uint64_t Subscriber::connects() const {
+  std::lock_guard lk(mu_);
+  return connects_;
+}
+
+void Subscriber::watch(std::string_view channel, std::error_code& ec) {
+  ec.clear();
+  std::unique_lock lk(mu_);
+  if (!thread_started_) {
+    thread_ = std::thread([this] { run(); });
+    thread_started_ = true;
+  }
+  auto it = channels_.find(channel);
+  if (it == channels_.end()) it = channels_.emplace(std::string(channel), Channel{}).first;
+  ++it->second.watchers;
+  if (it->second.live()) return;
+  const std::uint64_t failures_at_start = failures_;
+  if (!connected_) retry_now_ = true;
+  wake();
+  const auto deadline = std::chrono::steady_clock::now() + opts_.connect_timeout + opts_.command_timeout;
+  for (;;) {
+    it = channels_.find(channel);  // the entry stays while watchers > 0
+    if (it != channels_.end() && it->second.live()) return;
+    if (stop_) break;
+    if (failures_ != failures_at_start) break;
+    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+      it = channels_.find(channel);
+      if (it != channels_.end() && it->second.live()) return;
+      last_error_ = opts_.describe() + ": no SUBSCRIBE confirmation within " +
+                    std::to_string((opts_.connect_timeout + opts_.command_timeout).count()) + " ms" +
+                    (last_error_.empty() ? std::string() : " (last error: " + last_error_ + ")");
+      ec = make_error_code(errc::backend_unavailable);
+      return;
+    }
+  }
+  ec = last_ec_ ? last_ec_ : make_error_code(errc::backend_unavailable);
+}
+
+void Subscriber::unwatch(std::string_view channel) noexcept {
+  {
+    std::lock_guard lk(mu_);
+    auto it = channels_.find(channel);
+    if (it == channels_.end() || it->second.watchers == 0) return;
+    if (--it->second.watchers > 0) return;
+  }
+  wake();  // the thread sends UNSUBSCRIBE
+}
+
+void Subscriber::notify(std::vector<std::string> channels) {
+  for (const auto& ch : channels) {
+    try {
+      on_message_(ch);
+    } catch (...) {  // a listener must not kill the subscriber thread
+    }
+  }
+}
+
+bool Subscriber::connect_once() {
+  std::error_code ec;
+  std::string why;
+  ContextPtr ctx = open_context(opts_, ec, why);
+  if (!ctx) {
+    std::lock_guard lk(mu_);
+    ++failures_;
+    last_error_ = "subscriber: " + why;
+    last_ec_ = ec;
+    cv_.notify_all();
+    return false;
+  }
+  redisEnableKeepAlive(ctx.get());
+  ctx_ = std::move(ctx);
+  std::lock_guard lk(mu_);
+  connected_ = true;
+  const bool reconnect = ++connects_ > 1;
+  for (auto& [name, c] : channels_) {
+    c.sent = false;
+    c.sent_seq = c.confirmed_seq = 0;
+    c.resubscribed = reconnect && c.watchers > 0;
+  }
+  return true;
+}
+
+void Subscriber::disconnect(const std::string& why) {
+  ctx_.reset();
+  std::vector<std::string> watched;
+  {
+    std::lock_guard lk(mu_);
+    connected_ = false;
+    last_error_ = "subscriber: " + why;
+    last_ec_ = make_error_code(errc::backend_unavailable);
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      auto& c = it->second;
+      c.sent = false;
+      c.sent_seq = c.confirmed_seq = 0;
+      if (c.watchers > 0) {
+        watched.push_back(it->first);
+        ++it;
+      } else {
+        it = channels_.erase(it);
+      }
+    }
+    cv_.notify_all();
+  }
+  // Waiters re-check now: they see the outage (or a lock freed meanwhile).
+  notify(std::move(watched));
+}
+
+bool Subscriber::flush_changes() {
+  std::vector<std::pair<bool, std::string>> ops;  // {subscribe?, channel}
+  {
+    std::lock_guard lk(mu_);
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      auto& c = it->second;
+      if (c.watchers > 0 && !c.sent) {
+        c.sent = true;
+        ++c.sent_seq;
+        ops.emplace_back(true, it->first);
+      } else if (c.watchers == 0 && c.sent) {
+        c.sent = false;
+        ops.emplace_back(false, it->first);
+      } else if (c.watchers == 0 && !c.sent && c.confirmed_seq == c.sent_seq) {
+        // Nothing of it is in flight any more (unsubscribe confirmations are not
+        // matched: a late one is harmless since live() needs a fresh SUBSCRIBE).
+        it = channels_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+  }
+  if (ops.empty()) return true;
+  for (const auto& [subscribe, ch] : ops) {
+    const char* argv[] = {subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", ch.data()};
+    const std::size_t lens[] = {subscribe ? 9u : 11u, ch.size()};
+    if (redisAppendCommandArgv(ctx_.get(), 2, argv, lens) != REDIS_OK) return false;
+  }
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(ctx_.get(), &done) != REDIS_OK) return false;
+  }
+  return true;
+}
+
+void Subscriber::handle_reply(redisReply* r) {
+  const std::string_view kind = element_str(r, 0);
+  const std::string_view ch = element_str(r, 1);
+  std::vector<std::string> to_notify;
+  {
+    std::lock_guard lk(mu_);
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) return;
+    auto& c = it->second;
+    if (kind == "message") {
+      if (c.watchers > 0) to_notify.emplace_back(ch);
+    } else if (kind == "subscribe") {
+      if (c.confirmed_seq < c.sent_seq) ++c.confirmed_seq;
+      if (c.live()) {
+        cv_.notify_all();
+        if (c.resubscribed) {
+          c.resubscribed = false;
+          if (c.watchers > 0) to_notify.emplace_back(ch);
+        }
+      }
+    }
+  }
+  notify(std::move(to_notify));
+}
+
+bool Subscriber::read_available() {
+  if (redisBufferRead(ctx_.get()) != REDIS_OK) return false;
+  for (;;) {
+    void* raw = nullptr;
+    if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) return false;
+    if (raw == nullptr) return true;
+    Reply reply(static_cast<redisReply*>(raw));
+    handle_reply(reply.get());
+  }
+}
+
+void Subscriber::run() {
+  Millis backoff = kFirstBackoff;
+  auto next_attempt = std::chrono::steady_clock::now();
+  for (;;) {
+    bool wanted = false;
+    bool retry_now = false;
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) break;
+      for (const auto& [name, c] : channels_) wanted = wanted || c.watchers > 0;
+      retry_now = std::exchange(retry_now_, false);
+    }
+    if (!ctx_ && wanted && (retry_now || std::chrono::steady_clock::now() >= next_attempt)) {
+      if (connect_once()) {
+        backoff = kFirstBackoff;
+      } else {
+        next_attempt = std::chrono::steady_clock::now() + backoff;
+        backoff = std::min(backoff * 2, kMaxBackoff);
+      }
+    }
+    if (ctx_ && !flush_changes()) {
+      disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + ctx_->errstr);
+      continue;
+    }
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ctx_ ? ctx_->fd : -1, POLLIN, 0}};
+    int timeout_ms = -1;
+    if (!ctx_ && wanted) {
+      const auto left = std::chrono::duration_cast<Millis>(next_attempt - std::chrono::steady_clock::now());
+      timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+    }
+    const int n = ::poll(fds, ctx_ ? 2 : 1, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      // Should not happen; avoid a hot loop.
+      std::this_thread::sleep_for(Millis(10));
+      continue;
+    }
+    if (fds[0].revents & POLLIN) {
+      std::uint64_t v = 0;
+      [[maybe_unused]] const auto r = ::read(wake_fd_, &v, sizeof v);
+    }
+    if (ctx_ && fds[1].revents != 0 && !read_available()) {
+      std::string why = ctx_->err == REDIS_ERR_EOF ? std::string("the server closed the connection")
+                                                   : std::string(ctx_->errstr);
+      disconnect(opts_.describe() + ": " + why);
+    }
+  }
+  ctx_.reset();
+}
+
+}  // namespace distlock::detail::redis

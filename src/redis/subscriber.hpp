@@ -1,0 +1,100 @@
+// redis/subscriber.hpp — one pub/sub connection and its thread, shared by every
+// wait of a client.
+//
+// `watch(channel)` subscribes and returns only once the server confirmed the
+// subscription, so a PUBLISH after it returns cannot be missed. Watches are
+// counted per channel; the last `unwatch` unsubscribes. Every message calls
+// `on_message(channel)` on the subscriber thread. When the connection breaks
+// (server killed or restarted) every watched channel gets `on_message` at once
+// (waiters re-check and see the outage); the thread then reconnects with backoff,
+// subscribes again and calls `on_message` for every channel once more, because a
+// release may have happened while nobody listened.
+//
+// Thread-safety: watch/unwatch may be called from any thread. Callbacks run on the
+// subscriber thread without any internal lock held, so they may call watch/unwatch.
+// The destructor stops the thread promptly (it sleeps in poll() on the socket and
+// an eventfd) and must not be called from a callback.
+//
+// Example:
+//   Subscriber sub(conn_opts, [&](std::string_view ch) { wake_waiters_of(ch); });
+//   std::error_code ec;
+//   sub.watch("distlock:{job}:released", ec);   // live when it returns
+//   ...
+//   sub.unwatch("distlock:{job}:released");
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+
+#include "redis/connection.hpp"
+
+namespace distlock::detail::redis {
+
+class Subscriber {
+ public:
+  using Callback = std::function<void(std::string_view channel)>;
+
+  Subscriber(ConnectionOptions opts, Callback on_message);
+  ~Subscriber();
+  Subscriber(const Subscriber&) = delete;
+  Subscriber& operator=(const Subscriber&) = delete;
+
+  /// Subscribes (counted) and waits for the confirmation, at most connect_timeout +
+  /// command_timeout. On failure (`ec` = backend_unavailable or auth_failed, see
+  /// last_error()) the watch still counts: the caller undoes it with unwatch(), and
+  /// meanwhile the thread keeps trying to subscribe.
+  void watch(std::string_view channel, std::error_code& ec);
+  void unwatch(std::string_view channel) noexcept;
+
+  /// Why the subscriber connection last failed ("" if it never did).
+  std::string last_error() const;
+  /// Number of times the connection was (re)established (for tests).
+  std::uint64_t connects() const;
+
+ private:
+  struct Channel {
+    int watchers = 0;
+    bool sent = false;                // SUBSCRIBE sent on the current connection (and not undone)
+    std::uint64_t sent_seq = 0;       // SUBSCRIBEs sent on the current connection
+    std::uint64_t confirmed_seq = 0;  // their confirmations received
+    bool live() const { return sent && confirmed_seq == sent_seq; }
+    bool resubscribed = false;  // sent by a reconnect: tell the listener once confirmed
+  };
+
+  void run();
+  void wake() noexcept;
+  bool connect_once();
+  void disconnect(const std::string& why);
+  bool flush_changes();
+  bool read_available();
+  void handle_reply(redisReply* r);
+  void notify(std::vector<std::string> channels);
+
+  const ConnectionOptions opts_;
+  const Callback on_message_;
+  int wake_fd_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;                            // watchers wait for live()
+  std::map<std::string, Channel, std::less<>> channels_;  // guarded by mu_
+  bool connected_ = false;                                // guarded by mu_
+  std::uint64_t failures_ = 0;                            // guarded by mu_; bumped per failed connect
+  std::uint64_t connects_ = 0;                            // guarded by mu_
+  std::string last_error_;                                // guarded by mu_
+  std::error_code last_ec_;                               // guarded by mu_
+  bool retry_now_ = false;       // guarded by mu_; a new watch skips the reconnect backoff
+  bool stop_ = false;            // guarded by mu_
+  bool thread_started_ = false;  // guarded by mu_
+
+  ContextPtr ctx_;  // subscriber thread only
+  std::thread thread_;
+};
+
+}  // namespace distlock::detail::redis

@@ -1,0 +1,429 @@
+// redis:// against a real redis-server started by each test: key layout, fencing
+// tokens, reentrancy, pub/sub wake-ups, deadlines, renewal (10,000 leases in a few
+// round trips) and bad input with its distinct errors.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::RedisServer;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+std::string str(const distlock::testing::RedisReplyPtr& r) {
+  return r && r->str ? std::string(r->str, r->len) : std::string();
+}
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+class RedisBackend : public ::testing::Test {
+ protected:
+  RedisServer server_;
+  distlock::Client connect(const std::string& suffix = {}, distlock::ClientOptions o = {}) {
+    return distlock::connect(server_.url(suffix), o);
+  }
+};
+
+TEST_F(RedisBackend, KeyLayoutAndRelease) {
+  auto client = connect();
+  std::uint64_t token = 0;
+  {
+    auto lease = client.acquire("job", ttl_of(10s));
+    token = lease.token();
+    EXPECT_EQ(token, 1u);
+    // One hash per lock: the owner's hold count and the token; the fence counter beside it.
+    auto fields = server_.command({"HGETALL", "distlock:{job}"});
+    ASSERT_EQ(fields->type, REDIS_REPLY_ARRAY);
+    ASSERT_EQ(fields->elements, 4u);
+    EXPECT_EQ(str(server_.command({"HGET", "distlock:{job}", "@token"})), "1");
+    const auto holder = client.status("job").holder;
+    ASSERT_TRUE(holder.has_value());
+    EXPECT_EQ(holder->substr(0, client.id().size()), client.id());
+    EXPECT_EQ(str(server_.command({"HGET", "distlock:{job}", *holder})), "1");
+    const long long pttl = server_.command({"PTTL", "distlock:{job}"})->integer;
+    EXPECT_GT(pttl, 0);
+    EXPECT_LE(pttl, 10000);
+    EXPECT_EQ(str(server_.command({"GET", "distlock:{job}:fence"})), "1");
+  }
+  EXPECT_EQ(server_.command({"EXISTS", "distlock:{job}"})->integer, 0);
+  EXPECT_EQ(server_.command({"PTTL", "distlock:{job}:fence"})->integer, -1);
+  EXPECT_EQ(client.stats().released, 1u);
+}
+
+TEST_F(RedisBackend, PrefixAndDatabaseFromTheUrl) {
+  auto client = connect("/2?prefix=app");
+  auto lease = client.acquire("k", ttl_of(5s));
+  EXPECT_EQ(server_.command({"EXISTS", "app:{k}"})->integer, 0);  // db 0
+  auto in_db2 = server_.command(
+      {"EVAL", "redis.call('SELECT', 2) return redis.call('EXISTS', KEYS[1])", "1", "app:{k}"});
+  EXPECT_EQ(in_db2->integer, 1);
+}
+
+TEST_F(RedisBackend, TokensIncreaseAcrossClientsAndRestarts) {
+  std::uint64_t last = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto a = connect();  // a new client each round: a restarted process
+    auto b = connect();
+    std::uint64_t ta = 0, tb = 0;
+    {
+      auto lease = a.acquire("counter", ttl_of(5s));
+      ta = lease.token();
+    }
+    {
+      auto lease = b.acquire("counter", ttl_of(5s));
+      tb = lease.token();
+    }
+    EXPECT_GT(ta, last);
+    EXPECT_GT(tb, ta);
+    last = tb;
+  }
+  EXPECT_EQ(last, 6u);
+}
+
+TEST_F(RedisBackend, FenceCounterOutlivesAnExpiredLock) {
+  distlock::ClientOptions no_renewal;
+  no_renewal.background_renewal = false;  // let the lease expire on the server
+  auto client = connect({}, no_renewal);
+  auto lease = client.acquire("expiring", ttl_of(200ms));
+  const std::uint64_t first = lease.token();
+  const auto end = Clock::now() + 5s;
+  while (server_.command({"EXISTS", "distlock:{expiring}"})->integer == 1 && Clock::now() < end) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(server_.command({"EXISTS", "distlock:{expiring}"})->integer, 0);
+  EXPECT_EQ(server_.command({"PTTL", "distlock:{expiring}:fence"})->integer, -1);
+  EXPECT_EQ(str(server_.command({"GET", "distlock:{expiring}:fence"})), std::to_string(first));
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);  // the lease had expired: nothing is deleted
+
+  auto other = connect();
+  auto next = other.acquire("expiring", ttl_of(5s));
+  EXPECT_EQ(next.token(), first + 1);
+}
+
+TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndCountsInTheHash) {
+  auto client = connect();
+  auto m = client.mutex("re", ttl_of(5s));
+  m.lock();
+  m.lock();
+  EXPECT_EQ(m.hold_count(), 2);
+  const std::string owner = *client.status("re").holder;
+  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", owner})), "1");  // one server acquisition
+  m.unlock();
+  EXPECT_EQ(server_.command({"EXISTS", "distlock:{re}"})->integer, 1);
+  m.unlock();
+  EXPECT_EQ(server_.command({"EXISTS", "distlock:{re}"})->integer, 0);
+
+  // The scripts themselves count re-acquisitions by the same owner (Redisson style).
+  auto& backend = client.engine()->backend();
+  std::error_code ec;
+  const distlock::detail::AcquireRequest req{"re", "owner-x:1", Millis(5000)};
+  auto first = backend.try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  auto second = backend.try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_TRUE(first.acquired && second.acquired);
+  EXPECT_EQ(first.token, second.token);
+  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "2");
+  EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::released);
+  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "1");
+  EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::released);
+  EXPECT_EQ(server_.command({"EXISTS", "distlock:{re}"})->integer, 0);
+  EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_FALSE(ec);
+}
+
+TEST_F(RedisBackend, WaiterIsWokenByThePublishNotByExpiry) {
+  auto holder_client = connect();
+  auto waiter_client = connect();
+  auto lease = holder_client.acquire("handoff", ttl_of(30s));
+  const std::uint64_t held_token = lease.token();
+  auto waiter = std::async(std::launch::async, [&] {
+    auto l = waiter_client.acquire("handoff", ttl_of(30s, Millis(20000)));
+    return std::make_pair(l.token(), Clock::now());
+  });
+  // The waiter is subscribed to the release channel (PUBSUB NUMSUB counts it).
+  const auto end = Clock::now() + 5s;
+  while (holder_client.status("handoff").waiters.value_or(0) < 1 && Clock::now() < end) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(holder_client.status("handoff").waiters.value_or(0), 1u);
+  std::this_thread::sleep_for(200ms);
+  const auto released_at = Clock::now();
+  lease.release();
+  auto [token, acquired_at] = waiter.get();
+  EXPECT_EQ(token, held_token + 1);
+  // 30 s TTL and a re-check capped at 5 s: only the notification explains this.
+  EXPECT_LT(std::chrono::duration_cast<Millis>(acquired_at - released_at), Millis(3000));
+}
+
+TEST_F(RedisBackend, TryLockForHonoursItsDeadline) {
+  auto a = connect();
+  auto b = connect();
+  auto lease = a.acquire("busy", ttl_of(30s));
+  auto m = b.mutex("busy", ttl_of(30s));
+  const auto start = Clock::now();
+  EXPECT_FALSE(m.try_lock_for(400ms));
+  const Millis took = since(start);
+  EXPECT_GE(took, Millis(400));
+  EXPECT_LT(took, Millis(2000));
+  EXPECT_FALSE(m.try_lock());
+  std::error_code ec;
+  b.acquire("busy", ttl_of(30s, Millis(0)), ec);
+  EXPECT_EQ(ec, errc::busy);
+  b.acquire("busy", ttl_of(30s, Millis(150)), ec);
+  EXPECT_EQ(ec, errc::timeout);
+  EXPECT_TRUE(lease.owns());
+}
+
+TEST_F(RedisBackend, RenewalKeepsAShortLeaseAlive) {
+  auto client = connect();
+  auto lease = client.acquire("short", ttl_of(1s));
+  const auto end = Clock::now() + 3s;
+  while (Clock::now() < end) {
+    ASSERT_TRUE(lease.owns());
+    ASSERT_GT(server_.command({"PTTL", "distlock:{short}"})->integer, 0);
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_FALSE(lease.stop_token().stop_requested());
+  EXPECT_GE(client.stats().renewed_leases, 5u);
+  EXPECT_EQ(client.stats().lost, 0u);
+  lease.release();
+}
+
+TEST_F(RedisBackend, RenewsTenThousandLeasesInFewRoundTrips) {
+  distlock::ClientOptions manual;
+  manual.background_renewal = false;
+  auto client = connect({}, manual);
+  constexpr int kLeases = 10000;
+  std::vector<distlock::Lease> leases;
+  leases.reserve(kLeases);
+  for (int i = 0; i < kLeases; ++i)
+    leases.push_back(client.acquire("bulk/" + std::to_string(i), ttl_of(20s)));
+  // A first pass loads the renew script on this server (a NOSCRIPT retry would
+  // double the count when an earlier test in this process used another server).
+  EXPECT_EQ(client.renew_now(), static_cast<std::size_t>(kLeases));
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_LT(server_.command({"PTTL", "distlock:{bulk/0}"})->integer, 19000);
+
+  const long long evalsha_before = server_.command_calls("evalsha");
+  const auto trips_before = client.stats().renew_round_trips;
+  EXPECT_EQ(client.renew_now(), static_cast<std::size_t>(kLeases));
+  const long long evalsha_calls = server_.command_calls("evalsha") - evalsha_before;
+  EXPECT_LE(evalsha_calls, 100);
+  EXPECT_EQ(evalsha_calls, 10);                                    // 1000 keys per script call...
+  EXPECT_EQ(client.stats().renew_round_trips - trips_before, 1u);  // ...sent as one pipeline
+  EXPECT_GT(server_.command({"PTTL", "distlock:{bulk/0}"})->integer, 19000);
+  EXPECT_GT(server_.command({"PTTL", "distlock:{bulk/9999}"})->integer, 19000);
+  for (auto& l : leases) EXPECT_TRUE(l.owns());
+}
+
+TEST_F(RedisBackend, RenewalThatFindsAnotherOwnerMarksTheLeaseLost) {
+  auto client = connect();
+  auto lease = client.acquire("stolen", ttl_of(3s));
+  std::atomic<bool> called{false};
+  lease.on_lost([&] { called = true; });
+  // Somebody deletes the lock behind our back and another owner takes it.
+  server_.command({"DEL", "distlock:{stolen}"});
+  auto other = connect();
+  auto theirs = other.acquire("stolen", ttl_of(30s));
+  EXPECT_EQ(client.renew_now(), 0u);
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  EXPECT_TRUE(called.load());
+  EXPECT_FALSE(lease.owns());
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(theirs.owns());
+  EXPECT_EQ(other.status("stolen").holder->substr(0, other.id().size()), other.id());
+}
+
+// ---- names -------------------------------------------------------------------
+
+TEST_F(RedisBackend, OddNamesAreBinarySafe) {
+  auto client = connect();
+  const std::vector<std::string> names{"with space", "cr\r\nlf",         "{braces}",
+                                       "}{",         "tab\tand\x01\xff", std::string(4096, 'n')};
+  for (const auto& name : names) {
+    SCOPED_TRACE(name.substr(0, 20));
+    std::uint64_t token = 0;
+    {
+      auto lease = client.acquire(name, ttl_of(5s));
+      token = lease.token();
+      const std::string key = "distlock:{" + name + "}";
+      EXPECT_EQ(server_.command(std::vector<std::string>{"EXISTS", key})->integer, 1);
+      EXPECT_EQ(str(server_.command(std::vector<std::string>{"GET", key + ":fence"})), std::to_string(token));
+      auto info = client.status(name);
+      EXPECT_TRUE(info.held);
+      EXPECT_EQ(info.token, token);
+    }
+    EXPECT_FALSE(client.status(name).held);
+  }
+}
+
+// ---- bad input: each a distinct error, nothing of the other owner touched ----
+
+class RedisBadInput : public RedisBackend {
+ protected:
+  void SetUp() override {
+    other_ = std::make_unique<distlock::Client>(connect());
+    theirs_ = other_->acquire("victim", ttl_of(30s));
+    holder_ = *other_->status("victim").holder;
+  }
+  void TearDown() override {
+    // After every bad call the other owner's lock is exactly as it was.
+    EXPECT_TRUE(theirs_.owns());
+    EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", holder_})), "1");
+    EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", "@token"})), std::to_string(theirs_.token()));
+    EXPECT_GT(server_.command({"PTTL", "distlock:{victim}"})->integer, 20000);
+    theirs_.release();
+  }
+  std::unique_ptr<distlock::Client> other_;
+  distlock::Lease theirs_;
+  std::string holder_;
+};
+
+TEST_F(RedisBadInput, NamesRejectedByTheEngine) {
+  auto client = connect();
+  std::error_code ec;
+  client.acquire("", ttl_of(5s), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  client.acquire(std::string("nul\0inside", 10), ttl_of(5s), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  client.acquire(std::string(4097, 'x'), ttl_of(5s), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  try {
+    client.acquire("");
+    ADD_FAILURE() << "empty name accepted";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+  }
+}
+
+TEST_F(RedisBadInput, TtlZeroAndBelowMinimum) {
+  auto client = connect();
+  std::error_code ec;
+  client.acquire("victim", ttl_of(0ms), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  client.acquire("victim", ttl_of(Millis(-5)), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  client.acquire("victim", ttl_of(LockOptions::min_ttl - Millis(1)), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
+TEST_F(RedisBadInput, UnlockWhenNotHeldAndFromAnotherThread) {
+  auto client = connect();
+  auto m = client.mutex("victim", ttl_of(5s));
+  std::error_code ec;
+  m.unlock(ec);
+  EXPECT_EQ(ec, errc::not_owner);
+  EXPECT_THROW(m.unlock(), std::system_error);
+
+  auto mine = client.mutex("mine", ttl_of(5s));
+  mine.lock();
+  std::thread([&] {
+    std::error_code tec;
+    mine.unlock(tec);
+    EXPECT_EQ(tec, errc::not_owner);
+  }).join();
+  EXPECT_EQ(mine.hold_count(), 1);
+  EXPECT_EQ(server_.command({"EXISTS", "distlock:{mine}"})->integer, 1);
+  mine.unlock();
+
+  // A raw release by an owner that holds nothing deletes nothing.
+  EXPECT_EQ(client.engine()->backend().release("victim", "not-the-owner:1", 0, ec),
+            distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_FALSE(ec);
+}
+
+TEST_F(RedisBadInput, MalformedUrlsNameTheBadPart) {
+  const std::string hp = "127.0.0.1:" + std::to_string(server_.port());
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"redis://" + hp + ",127.0.0.1:1", "redlock://"},
+      {"redis://" + hp + "/abc", "\"/abc\""},
+      {"redis://" + hp + "/-1", "\"/-1\""},
+      {"redis://" + hp + "?colour=red", "\"colour\""},
+      {"redis://" + hp + "?prefix=a{b", "prefix \"a{b\""},
+      {"redis://" + hp + "?prefix=", "prefix \"\""},
+      {"redis://" + hp + "?timeout=soon", "timeout \"soon\""},
+      {"redis://127.0.0.1:99999", "99999"},
+      {"redis://alice@" + hp, "user \"alice\""},
+      {"redis://", "no host"},
+      {"redis:/" + hp, "no scheme"},
+  };
+  for (const auto& [url, part] : cases) {
+    SCOPED_TRACE(url);
+    try {
+      distlock::connect(url);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_url) << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(RedisBadInput, ServerDownAtConnectNamesHostAndPort) {
+  const std::uint16_t port = distlock::testing::free_port();
+  const auto start = Clock::now();
+  try {
+    distlock::connect("redis://127.0.0.1:" + std::to_string(port) + "?timeout=500ms");
+    ADD_FAILURE() << "connected to nothing";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::backend_unavailable);
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(since(start), Millis(3000));
+}
+
+class RedisWithPassword : public ::testing::Test {
+ protected:
+  RedisServer server_{{.password = "s3cret", .acl_user = "app", .acl_password = "apppw"}};
+};
+
+TEST_F(RedisWithPassword, WrongOrMissingPasswordIsAuthFailed) {
+  const std::string hp = "127.0.0.1:" + std::to_string(server_.port());
+  for (const std::string& url : {"redis://:wrong@" + hp, "redis://" + hp, "redis://app:wrong@" + hp}) {
+    SCOPED_TRACE(url);
+    try {
+      distlock::connect(url);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
+      EXPECT_NE(std::string(e.what()).find(hp), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("wrong"), std::string::npos) << "password leaked: " << e.what();
+    }
+  }
+  // Correct credentials, both forms; the URL shown never carries the password.
+  auto by_password = distlock::connect(server_.url());
+  EXPECT_EQ(by_password.url().find("s3cret"), std::string::npos);
+  auto by_acl = distlock::connect("redis://app:apppw@" + hp);
+  auto lease = by_acl.acquire("acl", ttl_of(5s));
+  EXPECT_EQ(lease.token(), 1u);
+  // The waiter's subscriber authenticates too.
+  auto m = by_password.mutex("acl", ttl_of(5s));
+  EXPECT_FALSE(m.try_lock_for(300ms));
+}
+
+}  // namespace

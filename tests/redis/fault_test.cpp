@@ -1,0 +1,195 @@
+// redis:// under faults with real processes: a holder SIGKILLed or SIGSTOPped past
+// its TTL, redis-server killed and restarted (also in the middle of a wait), and
+// 4 processes x 16 threads hammering one name with a shared critical-section log.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <future>
+#include <sstream>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+#include "support/cs_log.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::Process;
+using distlock::testing::RedisServer;
+using distlock::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+// The holder's own lines (its stderr, with the library's log lines, shares the file).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("distlock ", 0) != 0) out.push_back(l);
+  }
+  return out;
+}
+
+TEST(RedisFaults, KilledHolderIsReplacedWithinTtlPlusOneSecond) {
+  RedisServer server;
+  TempDir dir;
+  const std::string out = (dir.path() / "holder.out").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "crash", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 10s)) << distlock::testing::read_file(out);
+  const long long holder_token = distlock::testing::acquired_token(out);
+
+  auto client = distlock::connect(server.url());
+  holder.signal(SIGKILL);
+  ASSERT_NE(holder.wait_for(5s), -1);
+  const auto killed_at = Clock::now();
+  auto lease = client.acquire("crash", ttl_of(5s, Millis(10000)));
+  EXPECT_LE(since(killed_at), Millis(2000 + 1000));
+  EXPECT_GT(static_cast<long long>(lease.token()), holder_token);
+}
+
+TEST(RedisFaults, PausedHolderLosesTheLockAndSaysSoFirst) {
+  RedisServer server;
+  TempDir dir;
+  const std::string out = (dir.path() / "holder.out").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "paused", out, 1000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 10s)) << distlock::testing::read_file(out);
+  const long long holder_token = distlock::testing::acquired_token(out);
+
+  holder.signal(SIGSTOP);
+  auto client = distlock::connect(server.url());
+  auto lease = client.acquire("paused", ttl_of(30s, Millis(10000)));  // after the TTL ran out
+  EXPECT_GT(static_cast<long long>(lease.token()), holder_token);
+  const std::string mine = *client.status("paused").holder;
+
+  holder.signal(SIGCONT);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "lost", 5s)) << distlock::testing::read_file(out);
+  holder.signal(SIGUSR1);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns", 5s)) << distlock::testing::read_file(out);
+  holder.signal(SIGTERM);
+  const int status = holder.wait_for(10s);
+  ASSERT_NE(status, -1);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 76);  // its release found the lease lost
+
+  // Its first word after resuming was the loss; it never claimed to own the lock.
+  const auto lines = lines_of(distlock::testing::read_file(out));
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("acquired", 0), 0u);
+  EXPECT_EQ(lines[1], "lost");
+  EXPECT_EQ(lines[2], "owns 0");
+  // The new owner's lock was not touched by the stale holder's release.
+  EXPECT_TRUE(lease.owns());
+  EXPECT_EQ(*client.status("paused").holder, mine);
+  EXPECT_EQ(*client.status("paused").token, lease.token());
+}
+
+TEST(RedisFaults, ServerRestartIsReportedThenClientsGoOn) {
+  RedisServer server({.appendonly = true});  // tokens survive a restart only with persistence
+  auto client = distlock::connect(server.url("?timeout=500ms"));
+  std::uint64_t before = 0;
+  {
+    auto lease = client.acquire("restart", ttl_of(5s));
+    before = lease.token();
+  }
+  server.kill();
+  std::error_code ec;
+  client.acquire("restart", ttl_of(5s, Millis(0)), ec);
+  EXPECT_EQ(ec, errc::backend_unavailable);
+  client.status("restart", ec);
+  EXPECT_EQ(ec, errc::backend_unavailable);
+
+  server.restart();
+  auto lease = client.acquire("restart", ttl_of(5s, Millis(5000)), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_GT(lease.token(), before);
+  lease.release();
+}
+
+TEST(RedisFaults, ServerKilledMidWaitThenWaitersResubscribe) {
+  RedisServer server({.appendonly = true});
+  auto holder = distlock::connect(server.url("?timeout=500ms"));
+  auto waiter = distlock::connect(server.url("?timeout=500ms"));
+  auto lease = holder.acquire("mid", ttl_of(30s));
+
+  auto waiting = std::async(std::launch::async, [&] {
+    std::error_code ec;
+    waiter.acquire("mid", ttl_of(30s, Millis(20000)), ec);
+    return std::make_pair(ec, Clock::now());
+  });
+  const auto end = Clock::now() + 5s;
+  while (holder.status("mid").waiters.value_or(0) < 1 && Clock::now() < end)
+    std::this_thread::sleep_for(10ms);
+  const auto killed_at = Clock::now();
+  server.kill();
+  auto [ec, returned_at] = waiting.get();
+  EXPECT_EQ(ec, errc::backend_unavailable);
+  // Reported when the subscriber connection broke, not at the 20 s wait deadline.
+  EXPECT_LT(std::chrono::duration_cast<Millis>(returned_at - killed_at), Millis(5000));
+
+  server.restart();  // the AOF brings the held lock back; the holder's renewer carries on
+  auto again = std::async(std::launch::async, [&] {
+    std::error_code ec2;
+    auto l = waiter.acquire("mid", ttl_of(30s, Millis(20000)), ec2);
+    return std::make_pair(ec2, Clock::now());
+  });
+  const auto end2 = Clock::now() + 10s;
+  while (holder.status("mid").waiters.value_or(0) < 1 && Clock::now() < end2)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(holder.status("mid").waiters.value_or(0), 1u);
+  std::this_thread::sleep_for(100ms);
+  const auto released_at = Clock::now();
+  std::error_code rec;
+  lease.release(rec);
+  EXPECT_FALSE(rec) << rec.message();
+  auto [ec2, got_at] = again.get();
+  EXPECT_FALSE(ec2) << ec2.message();
+  EXPECT_LT(std::chrono::duration_cast<Millis>(got_at - released_at), Millis(3000));
+}
+
+TEST(RedisFaults, SixteenThreadsTimesFourProcessesNeverOverlap) {
+  RedisServer server;
+  TempDir dir;
+  const std::string log = (dir.path() / "cs.log").string();
+  const std::string counter = (dir.path() / "counter").string();
+  constexpr int kProcesses = 4, kThreads = 16, kIters = 10;
+  std::vector<Process> procs;
+  for (int p = 0; p < kProcesses; ++p) {
+    procs.push_back(
+        Process::spawn({distlock::testing::lock_tool_path(), "hammer", "--url", server.url(), "--name", "hot",
+                        "--log", log, "--counter", counter, "--threads", std::to_string(kThreads), "--iters",
+                        std::to_string(kIters), "--ttl", "5000", "--hold-us", "200"},
+                       (dir.path() / ("p" + std::to_string(p) + ".err")).string()));
+  }
+  for (int p = 0; p < kProcesses; ++p) {
+    const int status = procs[p].wait_for(100s);
+    ASSERT_NE(status, -1) << "hammer process " << p << " did not finish";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << distlock::testing::read_file((dir.path() / ("p" + std::to_string(p) + ".err")).string());
+  }
+  const auto sections = distlock::testing::read_sections(log);
+  ASSERT_EQ(sections.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
+  EXPECT_TRUE(distlock::testing::no_overlap(sections));
+  EXPECT_TRUE(distlock::testing::tokens_increase(sections));
+  EXPECT_EQ(distlock::testing::read_counter(counter), kProcesses * kThreads * kIters);
+  for (const auto& s : sections) EXPECT_TRUE(s.owned_at_end);
+}
+
+}  // namespace
