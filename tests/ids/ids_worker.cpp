@@ -1,0 +1,111 @@
+// ids_worker: one process of the multi-process uniqueness test. Makes ONE generator
+// (scheme, url, prefix), announces it is ready, waits for the go file (so all workers
+// hold their worker leases at the same time), then T threads take N ids each from the
+// shared generator and each thread writes its ids, in the order received, to
+// <out>.t<i>.bin (8 bytes per 64-bit id, native order; 16 bytes per UUID).
+// Snowflake workers also write their worker id to <out>.worker.
+// Exit 0 on success, 1 with a message on stderr otherwise.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "distlock/ids.hpp"
+
+namespace {
+
+bool wait_for_file(const std::string& path, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!std::filesystem::exists(path)) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ids uniqueness worker (test tool)"};
+  std::string scheme, url, prefix = "uniq", out, go_file;
+  int threads = 4, count = 1000;
+  std::uint32_t reserve = 1;
+  app.add_option("--scheme", scheme)->required()->check(CLI::IsMember({"redis-daily", "snowflake", "uuid7"}));
+  app.add_option("--url", url);
+  app.add_option("--prefix", prefix);
+  app.add_option("--threads", threads)->check(CLI::Range(1, 64));
+  app.add_option("--count", count)->check(CLI::Range(1, 10'000'000));
+  app.add_option("--reserve", reserve);
+  app.add_option("--out", out)->required();
+  app.add_option("--go", go_file);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::optional<distlock::ids::RedisDailyGenerator> daily;
+    std::optional<distlock::ids::SnowflakeGenerator> snowflake;
+    std::optional<distlock::ids::Uuid7Generator> uuid7;
+    if (scheme == "redis-daily") {
+      daily.emplace(url, distlock::ids::RedisDailyOptions{.prefix = prefix, .reserve = reserve});
+    } else if (scheme == "snowflake") {
+      snowflake.emplace(distlock::connect(url), distlock::ids::SnowflakeOptions{.prefix = prefix});
+      write_text(out + ".worker", std::to_string(snowflake->worker_id()));
+    } else {
+      uuid7.emplace();
+    }
+    write_text(out + ".ready", "ready");
+    if (!go_file.empty() && !wait_for_file(go_file, std::chrono::seconds(60))) {
+      std::cerr << "ids_worker: no go file " << go_file << " within 60 s\n";
+      return 1;
+    }
+
+    std::vector<std::string> errors(static_cast<std::size_t>(threads));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        try {
+          std::vector<char> bytes;
+          bytes.reserve(static_cast<std::size_t>(count) * 16);
+          for (int i = 0; i < count; ++i) {
+            if (uuid7) {
+              const distlock::ids::Uuid u = uuid7->next();
+              bytes.insert(bytes.end(), u.bytes.begin(), u.bytes.end());
+              continue;
+            }
+            const std::uint64_t id = daily ? daily->next() : snowflake->next();
+            const char* p = reinterpret_cast<const char*>(&id);
+            bytes.insert(bytes.end(), p, p + sizeof id);
+          }
+          std::ofstream f(out + ".t" + std::to_string(t) + ".bin", std::ios::binary);
+          f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+          if (!f) errors[static_cast<std::size_t>(t)] = "write failed";
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(t)] = e.what();
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    for (const auto& e : errors) {
+      if (!e.empty()) {
+        std::cerr << "ids_worker: " << e << "\n";
+        return 1;
+      }
+    }
+    if (snowflake && !snowflake->leased()) {
+      std::cerr << "ids_worker: worker lease lost during the run\n";
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "ids_worker: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
