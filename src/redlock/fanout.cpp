@@ -1,0 +1,381 @@
+#include "redlock/fanout.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <ctime>
+
+namespace distlock::detail::redlock {
+
+namespace {
+
+// A connection whose unanswered requests pile up (a master paused for long) is
+// closed rather than queueing without bound.
+constexpr std::size_t kMaxStaleReplies = 64;
+// After a failed connection attempt, lanes fail fast for this long instead of
+// reconnecting on every fan-out.
+constexpr Millis kReconnectBackoff{100};
+
+bool starts_with(const redisReply* r, std::string_view prefix) {
+  return r->type == REDIS_REPLY_ERROR && std::string_view(r->str, r->len).substr(0, prefix.size()) == prefix;
+}
+
+// hiredis writes with write(2): a master that closed its socket would raise
+// SIGPIPE and kill the process. Rather than change the process-wide disposition
+// (the application's business), SIGPIPE is blocked in this thread for one
+// fan-out and a SIGPIPE it raised is consumed.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() noexcept {
+    sigset_t pending;
+    sigemptyset(&pending);
+    ::sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGPIPE);
+    blocked_ = ::pthread_sigmask(SIG_BLOCK, &block, &old_) == 0;
+  }
+  ~SigpipeGuard() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      sigset_t pending;
+      sigemptyset(&pending);
+      ::sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        sigset_t only;
+        sigemptyset(&only);
+        sigaddset(&only, SIGPIPE);
+        const timespec zero{0, 0};
+        while (::sigtimedwait(&only, nullptr, &zero) == -1 && errno == EINTR) {
+        }
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_{};
+  bool blocked_ = false;
+  bool was_pending_ = false;
+};
+
+}  // namespace
+
+Command script_command(const Script& script, std::span<const std::string> keys,
+                       std::span<const std::string> args) {
+  Command c;
+  c.script = &script;
+  c.argv.reserve(3 + keys.size() + args.size());
+  c.argv.emplace_back("EVALSHA");
+  c.argv.emplace_back(script.sha1);
+  c.argv.push_back(std::to_string(keys.size()));
+  c.argv.insert(c.argv.end(), keys.begin(), keys.end());
+  c.argv.insert(c.argv.end(), args.begin(), args.end());
+  return c;
+}
+
+std::string reply_text(const redisReply* r) {
+  if (!r) return "(no reply)";
+  switch (r->type) {
+    case REDIS_REPLY_ERROR:
+    case REDIS_REPLY_STATUS:
+    case REDIS_REPLY_STRING: return std::string(r->str, r->len);
+    case REDIS_REPLY_INTEGER: return std::to_string(r->integer);
+    case REDIS_REPLY_NIL: return "(nil)";
+    case REDIS_REPLY_ARRAY: return fmt::format("(array of {})", r->elements);
+    default: return fmt::format("(reply type {})", r->type);
+  }
+}
+
+bool is_auth_error(const redisReply* r) {
+  return r && (starts_with(r, "NOAUTH") || starts_with(r, "WRONGPASS") ||
+               starts_with(r, "ERR invalid password") || starts_with(r, "ERR AUTH"));
+}
+
+// ---- Master -----------------------------------------------------------------
+
+Master::Master(std::string host, std::uint16_t port, std::string user, std::string password)
+    : host_(std::move(host)), port_(port), user_(std::move(user)), password_(std::move(password)) {
+  label_ = host_.find(':') != std::string::npos ? fmt::format("[{}]:{}", host_, port_)
+                                                : fmt::format("{}:{}", host_, port_);
+}
+
+ContextPtr Master::open(std::string& why) {
+  {
+    std::lock_guard lk(mu_);
+    if (SteadyClock::now() < retry_after_) {
+      why = last_error_;
+      return nullptr;
+    }
+  }
+  ContextPtr ctx(redisConnectNonBlock(host_.c_str(), port_));
+  if (!ctx) {
+    why = fmt::format("{}: cannot allocate a connection", label_);
+    connect_failed(why);
+    return nullptr;
+  }
+  if (ctx->err) {
+    why = fmt::format("{}: {}", label_, ctx->errstr);
+    connect_failed(why);
+    return nullptr;
+  }
+  return ctx;
+}
+
+void Master::connect_failed(const std::string& why) {
+  std::lock_guard lk(mu_);
+  retry_after_ = SteadyClock::now() + kReconnectBackoff;
+  last_error_ = why;
+}
+
+// ---- Link -------------------------------------------------------------------
+
+void Link::begin(std::span<const Command> cmds) {
+  cmds_ = cmds;
+  expect_.clear();
+  replies_.clear();
+  replies_.resize(cmds.size());
+  failed_ = false;
+  status_ = NodeStatus::ok;
+  error_.clear();
+  if (cmds.empty()) return;
+  if (!ctx_) {
+    std::string why;
+    ctx_ = master_->open(why);
+    if (!ctx_) {
+      failed_ = true;
+      status_ = NodeStatus::unreachable;
+      error_ = std::move(why);
+      return;
+    }
+    fresh_ = true;
+    if (!master_->password().empty()) {
+      std::vector<std::string> auth{"AUTH"};
+      if (!master_->user().empty()) auth.push_back(master_->user());
+      auth.push_back(master_->password());
+      append(auth);
+      expect_.push_back({Kind::auth, 0, false});
+    }
+  }
+  for (std::size_t i = 0; i < cmds.size(); ++i) {
+    append(cmds[i].argv);
+    expect_.push_back({Kind::command, i, false});
+  }
+  // Send now: every master gets its request before the lane waits for any reply.
+  // On a connection still being set up this writes nothing (EAGAIN) and poll()
+  // reports when it can.
+  write();
+}
+
+void Link::append(const std::vector<std::string>& argv) {
+  std::vector<const char*> ptrs;
+  std::vector<std::size_t> lens;
+  ptrs.reserve(argv.size());
+  lens.reserve(argv.size());
+  for (const auto& a : argv) {
+    ptrs.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  redisAppendCommandArgv(ctx_.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data());
+  need_write_ = true;
+}
+
+short Link::events() const noexcept {
+  if (finished() || !ctx_) return 0;
+  return static_cast<short>(POLLIN | (need_write_ ? POLLOUT : 0));
+}
+
+void Link::write() {
+  if (!ctx_ || !need_write_) return;
+  int done = 0;
+  if (redisBufferWrite(ctx_.get(), &done) == REDIS_ERR) {
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), ctx_->errstr));
+    return;
+  }
+  need_write_ = done == 0;
+}
+
+void Link::handle(short revents) {
+  if (!ctx_) return;
+  if ((revents & POLLOUT) != 0) {
+    write();
+    if (failed_) return;
+  }
+  if ((revents & (POLLIN | POLLHUP | POLLERR)) != 0) read();
+}
+
+void Link::read() {
+  if (redisBufferRead(ctx_.get()) == REDIS_ERR) {
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), ctx_->errstr));
+    return;
+  }
+  for (;;) {
+    void* raw = nullptr;
+    if (redisGetReplyFromReader(ctx_.get(), &raw) == REDIS_ERR) {
+      fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), ctx_->errstr));
+      return;
+    }
+    if (!raw) return;
+    ReplyPtr reply(static_cast<redisReply*>(raw));
+    fresh_ = false;
+    if (stale_ > 0) {  // the late answer to a request given up on
+      --stale_;
+      continue;
+    }
+    if (expect_.empty()) {
+      fail(NodeStatus::unreachable,
+           fmt::format("{}: unexpected reply {}", master_->label(), reply_text(reply.get())));
+      return;
+    }
+    const Expect e = expect_.front();
+    expect_.pop_front();
+    if (e.kind == Kind::auth || is_auth_error(reply.get())) {
+      if (reply->type == REDIS_REPLY_ERROR) {
+        fail(NodeStatus::auth_failed,
+             fmt::format("{} rejected the credentials: {}", master_->label(), reply_text(reply.get())));
+        return;
+      }
+      if (e.kind == Kind::auth) continue;
+    }
+    const Command& cmd = cmds_[e.index];
+    if (cmd.script && !e.retried && starts_with(reply.get(), "NOSCRIPT")) {
+      // The master does not have the script cached (restarted, or SCRIPT FLUSH):
+      // send the body once; EVAL caches it for the next EVALSHA.
+      std::vector<std::string> argv;
+      argv.reserve(cmd.argv.size());
+      argv.emplace_back("EVAL");
+      argv.emplace_back(cmd.script->body);
+      argv.insert(argv.end(), cmd.argv.begin() + 2, cmd.argv.end());
+      append(argv);
+      expect_.push_back({Kind::command, e.index, true});
+      write();
+      if (failed_) return;
+      continue;
+    }
+    replies_[e.index] = std::move(reply);
+  }
+}
+
+void Link::fail(NodeStatus status, std::string why) {
+  failed_ = true;
+  status_ = status;
+  error_ = std::move(why);
+  if (fresh_) master_->connect_failed(error_);
+  drop();
+}
+
+void Link::drop() noexcept {
+  ctx_.reset();
+  stale_ = 0;
+  need_write_ = false;
+  fresh_ = true;
+  expect_.clear();
+}
+
+NodeReply Link::finish(Millis timeout) {
+  NodeReply out;
+  if (failed_) {
+    out.status = status_;
+    out.error = std::move(error_);
+  } else if (!expect_.empty()) {
+    out.status = NodeStatus::timeout;
+    out.error = fmt::format("{} did not answer within {} ms", master_->label(), timeout.count());
+    // Keep the connection: the late replies are skipped when they come, and what
+    // is sent next on it runs after the unanswered request.
+    stale_ += expect_.size();
+    expect_.clear();
+    if (stale_ > kMaxStaleReplies) drop();
+  } else {
+    out.status = NodeStatus::ok;
+    out.replies = std::move(replies_);
+  }
+  cmds_ = {};
+  replies_.clear();
+  return out;
+}
+
+// ---- Lane -------------------------------------------------------------------
+
+Lane::Lane(const std::vector<std::shared_ptr<Master>>& masters) : masters_(masters) {
+  links_.reserve(masters_.size());
+  for (auto& m : masters_) links_.emplace_back(*m);
+}
+
+std::vector<NodeReply> Lane::run(const std::vector<std::vector<Command>>& per_node, Millis timeout) {
+  const SigpipeGuard no_sigpipe;
+  const auto deadline = SteadyClock::now() + timeout;
+  for (std::size_t i = 0; i < links_.size(); ++i) {
+    links_[i].begin(i < per_node.size() ? std::span<const Command>(per_node[i]) : std::span<const Command>());
+  }
+  return collect(deadline, timeout);
+}
+
+std::vector<NodeReply> Lane::run_all(std::span<const Command> cmds, Millis timeout) {
+  const SigpipeGuard no_sigpipe;
+  const auto deadline = SteadyClock::now() + timeout;
+  for (auto& link : links_) link.begin(cmds);
+  return collect(deadline, timeout);
+}
+
+std::vector<NodeReply> Lane::collect(SteadyClock::time_point deadline, Millis timeout) {
+  std::vector<pollfd> fds;
+  std::vector<std::size_t> which;
+  fds.reserve(links_.size());
+  which.reserve(links_.size());
+  for (;;) {
+    fds.clear();
+    which.clear();
+    for (std::size_t i = 0; i < links_.size(); ++i) {
+      const short ev = links_[i].events();
+      if (ev == 0) continue;
+      fds.push_back({links_[i].fd(), ev, 0});
+      which.push_back(i);
+    }
+    if (fds.empty()) break;
+    const auto now = SteadyClock::now();
+    if (now >= deadline) break;
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+    timespec ts{static_cast<std::time_t>(left.count() / 1'000'000'000),
+                static_cast<long>(left.count() % 1'000'000'000)};
+    const int n = ppoll(fds.data(), fds.size(), &ts, nullptr);
+    if (n < 0 && errno != EINTR) break;
+    if (n <= 0) continue;
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents != 0) links_[which[k]].handle(fds[k].revents);
+    }
+  }
+  std::vector<NodeReply> out;
+  out.reserve(links_.size());
+  for (auto& l : links_) out.push_back(l.finish(timeout));
+  return out;
+}
+
+// ---- LanePool ---------------------------------------------------------------
+
+LanePool::LanePool(std::vector<std::shared_ptr<Master>> masters, std::size_t max_idle)
+    : masters_(std::move(masters)), max_idle_(max_idle) {}
+
+std::unique_ptr<Lane> LanePool::take() {
+  {
+    std::lock_guard lk(mu_);
+    if (!idle_.empty()) {
+      auto lane = std::move(idle_.back());
+      idle_.pop_back();
+      return lane;
+    }
+  }
+  return std::make_unique<Lane>(masters_);
+}
+
+void LanePool::give(std::unique_ptr<Lane> lane) {
+  if (!lane) return;
+  std::lock_guard lk(mu_);
+  if (idle_.size() < max_idle_) idle_.push_back(std::move(lane));
+}
+
+}  // namespace distlock::detail::redlock

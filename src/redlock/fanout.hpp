@@ -1,0 +1,194 @@
+// Concurrent fan-out to N independent Redis masters over non-blocking hiredis
+// connections driven by one poll() loop: every master's request is written
+// first, then the replies are collected as they arrive, each master bounded by
+// the same per-node deadline. Latency is that of the slowest answering master
+// (capped by the timeout), not the sum over masters.
+//
+// A `Lane` is one connection per master, used by one fan-out at a time; a
+// `LanePool` hands lanes to concurrent callers. A request a master did not answer
+// in time stays in that connection's pipeline: its late reply is discarded when it
+// arrives, and anything sent afterwards on the same connection (the clean-up
+// release) is executed after it, in order.
+//
+// Thread-safety: `Master` and `LanePool` are thread-safe; a `Lane` is used by one
+// thread at a time (take it from the pool).
+//
+// Example:
+//   auto masters = make_masters(url);        // shared by every lane
+//   LanePool pool(masters);
+//   auto lane = pool.take();
+//   std::vector<std::vector<Command>> cmds(masters.size(), {Command{{"PING"}}});
+//   auto replies = lane->run(cmds, std::chrono::milliseconds(50));
+//   pool.give(std::move(lane));
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distlock/options.hpp"
+
+namespace distlock::detail::redlock {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct ContextDeleter {
+  void operator()(redisContext* c) const noexcept { redisFree(c); }
+};
+using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
+
+/// A Lua script called by EVALSHA; `sha1` must be the SHA-1 of `body` (a test
+/// checks it against SCRIPT LOAD).
+struct Script {
+  std::string_view body;
+  std::string_view sha1;
+};
+
+/// One command for one master, binary-safe. With `script` set, `argv` is
+/// {"EVALSHA", sha1, numkeys, keys..., args...}; a NOSCRIPT reply makes the link
+/// resend it once as EVAL with the body (which also caches it on the server).
+struct Command {
+  std::vector<std::string> argv;
+  const Script* script = nullptr;
+};
+
+/// Makes the EVALSHA command for `script` over `keys` and `args`.
+Command script_command(const Script& script, std::span<const std::string> keys,
+                       std::span<const std::string> args);
+
+enum class NodeStatus {
+  ok,           ///< every command got a reply (which may itself be an error reply)
+  timeout,      ///< no complete answer within the deadline
+  unreachable,  ///< could not connect, or the connection broke
+  auth_failed,  ///< the master rejected the credentials
+};
+
+struct NodeReply {
+  NodeStatus status = NodeStatus::unreachable;
+  std::string error;              ///< why, when status != ok
+  std::vector<ReplyPtr> replies;  ///< one per command, in order, when ok
+};
+
+/// One master, shared by all lanes: its address, credentials and reconnect backoff.
+class Master {
+ public:
+  Master(std::string host, std::uint16_t port, std::string user, std::string password);
+
+  const std::string& host() const noexcept { return host_; }
+  std::uint16_t port() const noexcept { return port_; }
+  const std::string& label() const noexcept { return label_; }  ///< "host:port"
+  const std::string& user() const noexcept { return user_; }
+  const std::string& password() const noexcept { return password_; }
+
+  /// Opens a non-blocking connection (the TCP handshake may still be in progress).
+  /// Returns nullptr with `why` set if connecting failed at once or the master is
+  /// in its reconnect backoff after a recent failure.
+  ContextPtr open(std::string& why);
+  /// Records a failed connection attempt: no new connection for a short backoff.
+  void connect_failed(const std::string& why);
+
+ private:
+  std::string host_;
+  std::uint16_t port_;
+  std::string user_, password_;
+  std::string label_;
+  std::mutex mu_;
+  SteadyClock::time_point retry_after_{};  // guarded by mu_
+  std::string last_error_;                 // guarded by mu_
+};
+
+/// One connection to one master inside a lane; drives one request at a time.
+class Link {
+ public:
+  explicit Link(Master& master) : master_(&master) {}
+
+  /// Starts a request: connects if needed, queues AUTH on a new connection, queues
+  /// `cmds` and writes what it can at once.
+  void begin(std::span<const Command> cmds);
+  bool finished() const noexcept { return failed_ || expect_.empty(); }
+  /// The fd and poll events wanted while unfinished.
+  int fd() const noexcept { return ctx_ ? ctx_->fd : -1; }
+  short events() const noexcept;
+  void handle(short revents);
+  /// Ends the request (a timeout if unfinished) and hands over the result.
+  NodeReply finish(Millis timeout);
+
+ private:
+  enum class Kind { auth, command };
+  struct Expect {
+    Kind kind;
+    std::size_t index;
+    bool retried;
+  };
+  void append(const std::vector<std::string>& argv);
+  void write();
+  void read();
+  void fail(NodeStatus status, std::string why);
+  void drop() noexcept;
+
+  Master* master_;
+  ContextPtr ctx_;
+  bool need_write_ = false;
+  bool fresh_ = true;      // no reply yet on this connection: a failure counts as a failed connect
+  std::size_t stale_ = 0;  // replies still owed for requests given up on; discarded on arrival
+  // Current request.
+  std::span<const Command> cmds_;
+  std::deque<Expect> expect_;
+  std::vector<ReplyPtr> replies_;
+  bool failed_ = false;
+  NodeStatus status_ = NodeStatus::ok;
+  std::string error_;
+};
+
+/// One connection per master; one fan-out at a time.
+class Lane {
+ public:
+  explicit Lane(const std::vector<std::shared_ptr<Master>>& masters);
+
+  /// Sends `per_node[i]` to master i (an empty list skips it), all before waiting
+  /// for any reply, then collects until every master answered or `timeout` passed.
+  std::vector<NodeReply> run(const std::vector<std::vector<Command>>& per_node, Millis timeout);
+  /// The same commands to every master.
+  std::vector<NodeReply> run_all(std::span<const Command> cmds, Millis timeout);
+  std::size_t size() const noexcept { return links_.size(); }
+
+ private:
+  std::vector<NodeReply> collect(SteadyClock::time_point deadline, Millis timeout);
+  std::vector<std::shared_ptr<Master>> masters_;  // keeps the masters alive
+  std::vector<Link> links_;
+};
+
+/// Lanes for concurrent callers; keeps a few idle ones connected.
+class LanePool {
+ public:
+  explicit LanePool(std::vector<std::shared_ptr<Master>> masters, std::size_t max_idle = 16);
+  std::unique_ptr<Lane> take();
+  void give(std::unique_ptr<Lane> lane);
+  const std::vector<std::shared_ptr<Master>>& masters() const noexcept { return masters_; }
+
+ private:
+  std::vector<std::shared_ptr<Master>> masters_;
+  std::size_t max_idle_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Lane>> idle_;  // guarded by mu_
+};
+
+/// Text of an error or status reply, or a short description of another reply.
+std::string reply_text(const redisReply* r);
+/// True for an error reply meaning "bad credentials" or "authentication required".
+bool is_auth_error(const redisReply* r);
+
+}  // namespace distlock::detail::redlock

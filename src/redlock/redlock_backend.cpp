@@ -1,0 +1,440 @@
+#include "redlock/redlock_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "core/log.hpp"
+#include "redlock/fanout.hpp"
+#include "redlock/quorum.hpp"
+#include "redlock/scripts.hpp"
+#include "redlock/subscriber.hpp"
+
+namespace distlock::detail {
+
+namespace redlock {
+
+namespace {
+
+std::error_code bad_url(std::string& why, std::string msg) {
+  why = std::move(msg);
+  return make_error_code(errc::invalid_url);
+}
+
+// Renewals are batched over many keys; a few hundred keys per script call keeps
+// each call short on the master.
+constexpr std::size_t kRenewChunk = 512;
+// Default per-node timeout for requests that carry no TTL (release, status, watch).
+constexpr Millis kDefaultNodeTimeout{50};
+
+// Returns one lane to the pool when the fan-out is over.
+class LaneLease {
+ public:
+  explicit LaneLease(LanePool& pool) : pool_(pool), lane_(pool.take()) {}
+  ~LaneLease() { pool_.give(std::move(lane_)); }
+  LaneLease(const LaneLease&) = delete;
+  LaneLease& operator=(const LaneLease&) = delete;
+  Lane* operator->() const noexcept { return lane_.get(); }
+
+ private:
+  LanePool& pool_;
+  std::unique_ptr<Lane> lane_;
+};
+
+bool integer_at(const redisReply* r, std::size_t i, long long& out) {
+  if (!r || r->type != REDIS_REPLY_ARRAY || i >= r->elements || r->element[i]->type != REDIS_REPLY_INTEGER) {
+    return false;
+  }
+  out = r->element[i]->integer;
+  return true;
+}
+
+// Why masters failed, for messages: "h:p: Connection refused; h2:p2 did not answer within 50 ms".
+std::string failures(const std::vector<NodeReply>& replies, const std::vector<std::string>& extra) {
+  std::string out;
+  for (const auto& r : replies) {
+    if (r.status == NodeStatus::ok) continue;
+    if (!out.empty()) out += "; ";
+    out += r.error;
+  }
+  for (const auto& e : extra) {
+    if (!out.empty()) out += "; ";
+    out += e;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::error_code parse_config(const Url& url, Config& out, std::string& why) {
+  out = Config{};
+  const std::string shown = url.redacted();
+  if (url.hosts.size() < 3) {
+    return bad_url(
+        why, fmt::format("redlock:// needs at least 3 independent masters for a majority; \"{}\" names {} "
+                         "(use redis:// for a single server)",
+                         shown, url.hosts.size()));
+  }
+  std::set<std::pair<std::string, std::uint16_t>> seen;
+  for (auto h : url.hosts) {
+    if (h.port == 0) h.port = 6379;
+    if (!seen.emplace(h.host, h.port).second) {
+      return bad_url(
+          why, fmt::format("master {}:{} appears twice in \"{}\"; the masters must be independent servers",
+                           h.host, h.port, shown));
+    }
+    out.masters.push_back(h);
+  }
+  if (!url.path.empty() && url.path != "/") {
+    return bad_url(why, fmt::format("redlock:// takes no database path; \"{}\" has \"{}\"", shown, url.path));
+  }
+  if (url.has_userinfo) {
+    if (url.password.empty() && !url.user.empty()) {
+      return bad_url(
+          why, fmt::format("user \"{}\" in \"{}\" has no password (write user:password@)", url.user, shown));
+    }
+    out.user = url.user;
+    out.password = url.password;
+  }
+  for (const auto& [k, v] : url.query) {
+    if (k == "prefix") {
+      out.prefix = v;
+    } else if (k == "timeout") {
+      Millis d{};
+      if (!parse_duration(v, d) || d.count() <= 0) {
+        return bad_url(why, fmt::format("timeout \"{}\" in \"{}\" is not a positive duration like 50ms or 1s",
+                                        v, shown));
+      }
+      out.node_timeout = d;
+    } else {
+      return bad_url(
+          why,
+          fmt::format("unknown parameter \"{}\" in \"{}\"; redlock:// accepts prefix and timeout", k, shown));
+    }
+  }
+  return {};
+}
+
+std::string lock_key(const Config& cfg, std::string_view name) {
+  std::string k;
+  k.reserve(cfg.prefix.size() + 5 + name.size());
+  k.append(cfg.prefix).append("lock:").append(name);
+  return k;
+}
+
+std::string release_channel(const Config& cfg, std::string_view name) {
+  std::string k;
+  k.reserve(cfg.prefix.size() + 9 + name.size());
+  k.append(cfg.prefix).append("released:").append(name);
+  return k;
+}
+
+namespace {
+
+class RedlockBackend final : public Backend {
+ public:
+  RedlockBackend(Config cfg, std::vector<std::shared_ptr<Master>> masters, const ClientOptions& opts,
+                 std::string url)
+      : cfg_(std::move(cfg)),
+        masters_(masters),
+        quorum_(quorum_of(masters.size())),
+        pool_(std::move(masters)),
+        log_(opts.logger),
+        url_(std::move(url)),
+        channel_prefix_(release_channel(cfg_, "")) {}
+
+  ~RedlockBackend() override {
+    // The subscriber's thread calls the listener: stop it first.
+    std::lock_guard lk(sub_mu_);
+    sub_.reset();
+  }
+
+  // Connects to every master at once; fails unless a quorum answers.
+  std::error_code connect(Millis timeout, std::string& why) {
+    const Command ping{{"PING"}, nullptr};
+    LaneLease lane(pool_);
+    auto replies = lane->run_all(std::span(&ping, 1), timeout);
+    std::size_t answered = 0;
+    for (const auto& r : replies) {
+      if (r.status == NodeStatus::auth_failed) {
+        why = r.error;
+        return make_error_code(errc::auth_failed);
+      }
+      if (r.status == NodeStatus::ok) ++answered;
+    }
+    if (answered < quorum_) {
+      why = fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
+                        masters_.size(), quorum_, failures(replies, {}));
+      return make_error_code(errc::quorum_unavailable);
+    }
+    if (answered < masters_.size()) {
+      log_.log(LogLevel::warning, "redlock: {} of {} masters answered; going on with a quorum: {}", answered,
+               masters_.size(), failures(replies, {}));
+    }
+    return {};
+  }
+
+  Capabilities capabilities() const noexcept override { return {false, true}; }
+
+  void set_listener(ChangeListener* listener) override { listener_ = listener; }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+    ec.clear();
+    const std::string key = lock_key(cfg_, req.name);
+    const std::array<std::string, 1> keys{key};
+    const std::array<std::string, 2> args{std::string(req.owner), std::to_string(req.ttl.count())};
+    const Command cmd = script_command(kAcquireScript, keys, args);
+    const Millis timeout = node_timeout(req.ttl);
+
+    LaneLease lane(pool_);
+    const auto start = SteadyClock::now();
+    std::vector<NodeReply> replies = lane->run_all(std::span(&cmd, 1), timeout);
+    const auto elapsed = std::chrono::duration_cast<Millis>(SteadyClock::now() - start);
+
+    AcquireTally tally;
+    tally.nodes = replies.size();
+    std::vector<bool> definitely_not_ours(replies.size(), false);
+    std::vector<std::string> bad_replies;
+    std::size_t auth_failed = 0;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      const NodeReply& r = replies[i];
+      if (r.status == NodeStatus::auth_failed) ++auth_failed;
+      if (r.status != NodeStatus::ok) continue;
+      long long flag = 0, pttl = 0;
+      const redisReply* reply = r.replies[0].get();
+      if (!integer_at(reply, 0, flag) || !integer_at(reply, 1, pttl)) {
+        // An error reply (e.g. WRONGTYPE, OOM, READONLY): no vote, nothing set.
+        bad_replies.push_back(fmt::format("{} answered {}", masters_[i]->label(), reply_text(reply)));
+        definitely_not_ours[i] = true;
+        continue;
+      }
+      if (flag == 1) {
+        ++tally.acquired;
+      } else {
+        ++tally.busy;
+        definitely_not_ours[i] = true;
+        if (pttl >= 0) tally.max_busy_ttl = std::max(tally.max_busy_ttl.value_or(Millis(0)), Millis(pttl));
+      }
+    }
+    const AcquireDecision d = decide_acquire(tally, req.ttl, elapsed);
+    if (d.verdict == AcquireVerdict::acquired) return AcquireResult{true, 0, d.validity, std::nullopt};
+
+    // Not acquired: release on every master that may hold our key (those that
+    // took it and those whose answer is unknown), so no minority keys linger.
+    // Sent on the same connections, so it runs after a late acquisition. It is
+    // sent as EVAL with the body, not EVALSHA: on a master that answers late, a
+    // NOSCRIPT reply would come too late to retry and the key would linger.
+    const Command release{{"EVAL", std::string(kReleaseScript.body), "2", key,
+                           release_channel(cfg_, req.name), std::string(req.owner)},
+                          nullptr};
+    std::vector<std::vector<Command>> per_node(replies.size());
+    bool any = false;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      if (definitely_not_ours[i]) continue;
+      per_node[i].push_back(release);
+      any = true;
+    }
+    if (any) lane->run(per_node, timeout);
+
+    if (d.verdict == AcquireVerdict::quorum_unavailable) {
+      const bool credentials = auth_failed > 0 && tally.answered() + auth_failed >= quorum_;
+      ec = make_error_code(credentials ? errc::auth_failed : errc::quorum_unavailable);
+      log_.log(LogLevel::warning, "redlock: lock \"{}\": only {} of {} masters answered (a quorum is {}): {}",
+               req.name.substr(0, 200), tally.answered(), replies.size(), quorum_,
+               failures(replies, bad_replies));
+      return {};
+    }
+    AcquireResult busy;
+    busy.holder_ttl = d.holder_ttl;
+    return busy;
+  }
+
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    ec.clear();
+    if (items.empty()) return;
+    std::vector<Command> cmds;
+    Millis min_ttl = items[0].ttl;
+    for (std::size_t begin = 0; begin < items.size(); begin += kRenewChunk) {
+      const std::size_t end = std::min(items.size(), begin + kRenewChunk);
+      std::vector<std::string> keys, args;
+      keys.reserve(end - begin);
+      args.reserve(2 * (end - begin));
+      for (std::size_t i = begin; i < end; ++i) {
+        keys.push_back(lock_key(cfg_, items[i].name));
+        args.emplace_back(items[i].owner);
+        args.push_back(std::to_string(items[i].ttl.count()));
+        min_ttl = std::min(min_ttl, items[i].ttl);
+      }
+      cmds.push_back(script_command(kRenewScript, keys, args));
+    }
+    // A large batch may take a while on a master; the reply only has to come
+    // back well before the local deadline (ttl - margin after the send time).
+    const Millis timeout = std::max(node_timeout(min_ttl), min_ttl / 20);
+    LaneLease lane(pool_);
+    std::vector<NodeReply> replies = lane->run_all(cmds, timeout);
+
+    std::vector<std::size_t> renewed(items.size(), 0), refused(items.size(), 0);
+    std::size_t answered = 0;
+    for (const NodeReply& r : replies) {
+      if (r.status != NodeStatus::ok) continue;
+      ++answered;
+      for (std::size_t c = 0; c < r.replies.size(); ++c) {
+        const redisReply* reply = r.replies[c].get();
+        const std::size_t base = c * kRenewChunk;
+        for (std::size_t j = 0; base + j < items.size() && j < kRenewChunk; ++j) {
+          long long v = 0;
+          if (!integer_at(reply, j, v)) break;  // an error reply: unknown for this chunk
+          ++(v == 1 ? renewed : refused)[base + j];
+        }
+      }
+    }
+    bool any_known = false;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      out[i] = decide_renew(replies.size(), renewed[i], refused[i]);
+      any_known = any_known || out[i] != RenewStatus::failed;
+    }
+    if (answered < quorum_ && !any_known) {
+      ec = make_error_code(errc::quorum_unavailable);
+      log_.log(LogLevel::warning, "redlock: renewal: only {} of {} masters answered (a quorum is {}): {}",
+               answered, replies.size(), quorum_, failures(replies, {}));
+    }
+  }
+
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                        std::error_code& ec) override {
+    ec.clear();
+    const std::array<std::string, 2> keys{lock_key(cfg_, name), release_channel(cfg_, name)};
+    const std::array<std::string, 1> args{std::string(owner)};
+    const Command cmd = script_command(kReleaseScript, keys, args);
+    LaneLease lane(pool_);
+    std::vector<NodeReply> replies =
+        lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+    std::size_t deleted = 0, refused = 0;
+    for (const NodeReply& r : replies) {
+      if (r.status != NodeStatus::ok || r.replies[0]->type != REDIS_REPLY_INTEGER) continue;
+      ++(r.replies[0]->integer == 1 ? deleted : refused);
+    }
+    switch (decide_release(replies.size(), deleted, refused)) {
+      case ReleaseVerdict::released: return ReleaseStatus::released;
+      case ReleaseVerdict::not_owner: return ReleaseStatus::not_owner;
+      case ReleaseVerdict::quorum_unavailable:
+        ec = make_error_code(errc::quorum_unavailable);
+        log_.log(LogLevel::warning, "redlock: release of \"{}\": only {} of {} masters answered: {}",
+                 name.substr(0, 200), deleted + refused, replies.size(), failures(replies, {}));
+        return ReleaseStatus::released;
+    }
+    return ReleaseStatus::released;
+  }
+
+  void watch(std::string_view name, std::error_code& ec) override {
+    ec.clear();
+    Subscriber* sub = nullptr;
+    {
+      std::lock_guard lk(sub_mu_);
+      if (!sub_) {
+        sub_ = std::make_unique<Subscriber>(
+            masters_, [this](std::string_view channel) { on_message(channel); },
+            cfg_.node_timeout.value_or(Millis(100)), log_);
+      }
+      sub = sub_.get();
+    }
+    // Returns once every reachable master confirmed; a release published after
+    // that reaches us. An unreachable master is covered by the engine's re-check.
+    sub->subscribe(release_channel(cfg_, name));
+  }
+
+  void unwatch(std::string_view name) noexcept override {
+    std::lock_guard lk(sub_mu_);
+    if (!sub_) return;
+    try {
+      sub_->unsubscribe(release_channel(cfg_, name));
+    } catch (...) {
+    }
+  }
+
+  LockInfo status(std::string_view name, std::error_code& ec) override {
+    ec.clear();
+    const std::array<std::string, 1> keys{lock_key(cfg_, name)};
+    const Command cmd = script_command(kStatusScript, keys, {});
+    LaneLease lane(pool_);
+    std::vector<NodeReply> replies =
+        lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+    struct Seen {
+      std::size_t count = 0;
+      long long min_pttl = -1;
+    };
+    std::map<std::string, Seen> owners;
+    std::size_t answered = 0;
+    for (const NodeReply& r : replies) {
+      if (r.status != NodeStatus::ok) continue;
+      const redisReply* reply = r.replies[0].get();
+      long long pttl = 0;
+      if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 || !integer_at(reply, 1, pttl)) continue;
+      ++answered;
+      const redisReply* holder = reply->element[0];
+      if (holder->type != REDIS_REPLY_STRING) continue;
+      Seen& s = owners[std::string(holder->str, holder->len)];
+      ++s.count;
+      if (pttl >= 0) s.min_pttl = s.min_pttl < 0 ? pttl : std::min(s.min_pttl, pttl);
+    }
+    if (answered < quorum_) {
+      ec = make_error_code(errc::quorum_unavailable);
+      return {};
+    }
+    LockInfo info;
+    for (const auto& [owner, s] : owners) {
+      if (s.count < quorum_) continue;
+      info.held = true;
+      info.holder = owner;
+      if (s.min_pttl >= 0) info.ttl_remaining = Millis(s.min_pttl);
+    }
+    return info;
+  }
+
+  std::string url() const override { return url_; }
+
+ private:
+  Millis node_timeout(Millis ttl) const noexcept {
+    return cfg_.node_timeout.value_or(default_node_timeout(ttl));
+  }
+
+  void on_message(std::string_view channel) {
+    if (!listener_ || channel.substr(0, channel_prefix_.size()) != channel_prefix_) return;
+    listener_->on_change(channel.substr(channel_prefix_.size()));
+  }
+
+  Config cfg_;
+  std::vector<std::shared_ptr<Master>> masters_;
+  std::size_t quorum_;
+  LanePool pool_;
+  Logger log_;
+  std::string url_;
+  std::string channel_prefix_;
+  ChangeListener* listener_ = nullptr;
+
+  std::mutex sub_mu_;
+  std::unique_ptr<Subscriber> sub_;  // guarded by sub_mu_; made by the first watch()
+};
+
+}  // namespace
+
+}  // namespace redlock
+
+std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                              std::string& why) {
+  redlock::Config cfg;
+  if ((ec = redlock::parse_config(url, cfg, why))) return nullptr;
+  std::vector<std::shared_ptr<redlock::Master>> masters;
+  for (const auto& h : cfg.masters) {
+    masters.push_back(std::make_shared<redlock::Master>(h.host, h.port, cfg.user, cfg.password));
+  }
+  auto backend = std::make_unique<redlock::RedlockBackend>(cfg, std::move(masters), opts, url.redacted());
+  if ((ec = backend->connect(opts.connect_timeout, why))) return nullptr;
+  return backend;
+}
+
+}  // namespace distlock::detail

@@ -1,0 +1,299 @@
+// Redlock under faults with real processes: masters killed, paused, slowed and
+// restarted; holders SIGKILLed and SIGSTOPped; 16 threads x 4 processes.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+#include "masters.hpp"
+#include "support/cs_log.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+namespace distlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Masters;
+using Clock = std::chrono::steady_clock;
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+// Keys the test client's owner left on master i.
+std::size_t keys_of(Masters& m, std::size_t i, const Client& c) {
+  std::size_t n = 0;
+  for (const auto& k : m.keys(i)) {
+    if (m.get(i, k).rfind(c.id() + ":", 0) == 0) ++n;
+  }
+  return n;
+}
+
+// 16 threads x 4 processes on one name: critical sections never overlap, and a
+// read-modify-write counter protected only by the lock loses no increment.
+void hammer(std::size_t masters) {
+  Masters m(masters);
+  testing::TempDir dir("redlock-hammer");
+  const std::string log = (dir.path() / "cs.log").string();
+  const std::string counter = (dir.path() / "counter").string();
+  // A per-master timeout of 1 s: 64 contenders and the masters share 2 cores
+  // here, and a starved master must not turn into a spurious quorum failure.
+  const std::string url = m.url("timeout=1s");
+  constexpr int kProcesses = 4, kThreads = 16, kIters = 6;
+  std::vector<testing::Process> procs;
+  for (int p = 0; p < kProcesses; ++p) {
+    procs.push_back(
+        testing::Process::spawn({testing::lock_tool_path(), "hammer", "--url", url, "--name", "hot", "--log",
+                                 log, "--counter", counter, "--threads", std::to_string(kThreads), "--iters",
+                                 std::to_string(kIters), "--ttl", "5000", "--hold-us", "200"},
+                                (dir.path() / ("p" + std::to_string(p) + ".out")).string()));
+  }
+  for (int p = 0; p < kProcesses; ++p) {
+    const int status = procs[p].wait_for(120s);
+    ASSERT_NE(status, -1) << "hammer process " << p << " did not finish";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "process " << p << ": "
+        << testing::read_file((dir.path() / ("p" + std::to_string(p) + ".out")).string());
+  }
+  const auto sections = testing::read_sections(log);
+  EXPECT_EQ(sections.size(), std::size_t{kProcesses * kThreads * kIters});
+  EXPECT_TRUE(testing::no_overlap(sections));
+  for (const auto& s : sections) EXPECT_TRUE(s.owned_at_end);
+  EXPECT_EQ(testing::read_counter(counter), kProcesses * kThreads * kIters);
+  for (std::size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(m.keys(i).empty()) << "master " << i;
+}
+
+TEST(RedlockFault, SixteenThreadsTimesFourProcessesNeverOverlapOnThreeMasters) {
+  hammer(3);
+}
+TEST(RedlockFault, SixteenThreadsTimesFourProcessesNeverOverlapOnFiveMasters) {
+  hammer(5);
+}
+
+TEST(RedlockFault, OneOfThreeMastersKilledLockingGoesOn) {
+  Masters m(3);
+  auto a = connect(m.url());
+  auto b = connect(m.url());
+  m[1].kill();
+  auto lease = a.acquire("job");
+  EXPECT_TRUE(lease.owns());
+  EXPECT_FALSE(b.try_acquire("job").has_value());
+  EXPECT_EQ(a.renew_now(), 1u);  // two of three renew: still a quorum
+  lease.release();
+  EXPECT_TRUE(b.try_acquire("job").has_value());
+  // A client connecting while one master is down works too.
+  auto c = connect(m.url());
+  EXPECT_TRUE(c.try_acquire("other").has_value());
+}
+
+TEST(RedlockFault, TwoOfThreeKilledAcquisitionFailsWithQuorumUnavailableInTime) {
+  Masters m(3);
+  auto client = connect(m.url());
+  m[0].kill();
+  m[2].kill();
+  LockOptions opts;
+  opts.wait = 2s;
+  std::error_code ec;
+  const auto t0 = Clock::now();
+  auto lease = client.acquire("job", opts, ec);
+  EXPECT_EQ(ec, errc::quorum_unavailable) << ec.message();
+  EXPECT_LT(since(t0), 2s);
+  EXPECT_FALSE(lease.owns());
+  auto mutex = client.mutex("job");
+  try {
+    mutex.lock();
+    ADD_FAILURE() << "lock() succeeded without a quorum";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::quorum_unavailable);
+  }
+  // The one reachable master kept nothing.
+  EXPECT_TRUE(m.keys(1).empty());
+  // A new client cannot connect without a quorum, and says how many answered.
+  try {
+    connect(m.url());
+    ADD_FAILURE() << "connected without a quorum";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::quorum_unavailable);
+    EXPECT_NE(std::string(e.what()).find("only 1 of 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RedlockFault, RestartedMastersLockingResumes) {
+  Masters m(3);
+  auto client = connect(m.url());
+  { auto l = client.acquire("job"); }
+  m[0].kill();
+  m[1].kill();
+  std::error_code ec;
+  LockOptions once;
+  once.wait = Millis(0);
+  auto failed = client.acquire("job", once, ec);
+  EXPECT_EQ(ec, errc::quorum_unavailable);
+  m[0].restart();
+  m[1].restart();
+  // Reconnection happens on the next fan-outs (after a short backoff).
+  const auto t0 = Clock::now();
+  Lease lease;
+  while (!lease.owns() && since(t0) < 5s) {
+    lease = client.acquire("job", once, ec);
+    if (!lease.owns()) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(lease.owns()) << ec.message();
+  EXPECT_EQ(keys_of(m, 0, client), 1u);
+  EXPECT_EQ(keys_of(m, 1, client), 1u);
+}
+
+TEST(RedlockFault, FailedAcquisitionLeavesNoKeysOnTheMinority) {
+  Masters m(3);
+  auto client = connect(m.url("timeout=200ms"));
+  // Busy: another owner holds masters 1 and 2; master 0 is free and is taken,
+  // then released when the quorum is not reached.
+  for (std::size_t i = 1; i < 3; ++i)
+    m[i].command({"SET", "distlock:redlock:lock:contended", "other", "PX", "60000"});
+  EXPECT_FALSE(client.try_acquire("contended").has_value());
+  EXPECT_TRUE(m.keys(0).empty());
+  EXPECT_EQ(m.get(1, "distlock:redlock:lock:contended"), "other");
+
+  // Unreachable: masters 1 and 2 are paused; master 0 takes the key and the two
+  // paused ones queue the request unanswered. The clean-up release goes to all
+  // three on the same connections, so once they resume each runs the acquire and
+  // then the release: no key remains anywhere.
+  m[1].pause();
+  m[2].pause();
+  std::error_code ec;
+  LockOptions once;
+  once.wait = Millis(0);
+  (void)client.acquire("paused", once, ec);
+  EXPECT_EQ(ec, errc::quorum_unavailable);
+  EXPECT_TRUE(m.keys(0).empty());
+  m[1].resume();
+  m[2].resume();
+  const auto t0 = Clock::now();
+  while (since(t0) < 3s && (!m.keys(1, "*paused").empty() || !m.keys(2, "*paused").empty())) {
+    std::this_thread::sleep_for(20ms);
+  }
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(m.keys(i, "*paused").empty()) << "master " << i;
+  // And the client works normally afterwards (late replies were skipped).
+  auto lease = client.try_acquire("paused");
+  ASSERT_TRUE(lease.has_value());
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(keys_of(m, i, client), 1u) << "master " << i;
+}
+
+TEST(RedlockFault, PausedMasterCostsOnePerNodeTimeout) {
+  Masters m(5);
+  constexpr auto kTimeout = 400ms;
+  auto client = connect(m.url("timeout=400ms"));
+  { auto warm = client.acquire("warm"); }
+  m[1].pause();
+  m[3].pause();
+  const auto t0 = Clock::now();
+  auto lease = client.acquire("slow");
+  const auto took = since(t0);
+  EXPECT_TRUE(lease.owns());
+  // Concurrent fan-out: one timeout plus a round trip, not one per slow master
+  // (asked one after another, two paused masters would cost 800 ms).
+  EXPECT_GE(took, kTimeout - 50ms);
+  EXPECT_LT(took, 2 * kTimeout - 50ms) << "took " << took.count() << " ms";
+  lease.release();
+  m[1].resume();
+  m[3].resume();
+}
+
+TEST(RedlockFault, MasterBusyInDebugSleepDoesNotStallAcquire) {
+  Masters m(3);
+  auto client = connect(m.url("timeout=100ms"));
+  { auto warm = client.acquire("warm"); }
+  auto sleeper = std::async(std::launch::async, [&] { m[2].command({"DEBUG", "SLEEP", "1.5"}); });
+  std::this_thread::sleep_for(100ms);  // the master is inside DEBUG SLEEP
+  const auto t0 = Clock::now();
+  auto lease = client.acquire("slow");
+  EXPECT_LT(since(t0), 1s);
+  EXPECT_TRUE(lease.owns());
+  sleeper.get();
+}
+
+TEST(RedlockFault, HolderKilledLockFreeWithinTtlPlusOneSecond) {
+  Masters m(3);
+  testing::TempDir dir("redlock-kill");
+  const std::string out = (dir.path() / "holder.out").string();
+  constexpr auto kTtl = 1500ms;
+  auto holder = testing::spawn_holder(m.url(), "crash", out, kTtl.count());
+  ASSERT_TRUE(testing::wait_for_text(out, "acquired none", 10s)) << testing::read_file(out);
+  auto client = connect(m.url());
+  EXPECT_FALSE(client.try_acquire("crash").has_value());
+  holder.signal(SIGKILL);
+  const auto killed = Clock::now();
+  LockOptions opts;
+  opts.wait = 10s;
+  auto lease = client.acquire("crash", opts);
+  EXPECT_TRUE(lease.owns());
+  EXPECT_LT(since(killed), kTtl + 1s);
+}
+
+TEST(RedlockFault, HolderPausedPastItsTtlSeesTheLossOnResume) {
+  Masters m(3);
+  testing::TempDir dir("redlock-pause");
+  const std::string out = (dir.path() / "holder.out").string();
+  auto holder = testing::spawn_holder(m.url(), "stall", out, 1000);
+  ASSERT_TRUE(testing::wait_for_text(out, "acquired none", 10s)) << testing::read_file(out);
+  holder.signal(SIGSTOP);
+  auto client = connect(m.url());
+  LockOptions opts;
+  opts.wait = 5s;
+  const auto t0 = Clock::now();
+  auto lease = client.acquire("stall", opts);  // the holder's lease expires on the masters
+  EXPECT_TRUE(lease.owns());
+  EXPECT_LT(since(t0), 3s);
+  holder.signal(SIGCONT);
+  EXPECT_TRUE(testing::wait_for_text(out, "lost", 5s)) << testing::read_file(out);
+  holder.signal(SIGTERM);
+  const int status = holder.wait_for(10s);
+  ASSERT_NE(status, -1);
+  EXPECT_EQ(WEXITSTATUS(status), 76) << testing::read_file(out);  // release reported "lost"
+  // The resumed holder touched nothing of the new owner's.
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(keys_of(m, i, client), 1u) << "master " << i;
+}
+
+TEST(RedlockFault, RenewalWithoutAQuorumEndsInLossAtTheLocalDeadline) {
+  Masters m(3);
+  auto client = connect(m.url());
+  LockOptions opts;
+  opts.ttl = 600ms;
+  auto lease = client.acquire("fragile", opts);
+  m[0].kill();
+  m[1].kill();
+  const auto t0 = Clock::now();
+  while (!lease.stop_token().stop_requested() && since(t0) < 3s) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  EXPECT_LT(since(t0), 600ms + 500ms);
+  EXPECT_FALSE(lease.owns());
+}
+
+TEST(RedlockFault, WaiterNotifiedAfterItsSubscriptionMasterRestarted) {
+  Masters m(3);
+  auto holder = connect(m.url());
+  auto waiter = connect(m.url());
+  LockOptions opts;
+  opts.ttl = 30s;
+  auto lease = holder.acquire("sub", opts);
+  auto got = std::async(std::launch::async, [&] {
+    LockOptions w = opts;
+    w.wait = 20s;
+    return waiter.acquire("sub", w).owns();
+  });
+  std::this_thread::sleep_for(300ms);
+  m[0].restart();  // its subscription connection breaks and is re-established
+  std::this_thread::sleep_for(500ms);
+  const auto released = Clock::now();
+  lease.release();
+  ASSERT_EQ(got.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(got.get());
+  EXPECT_LT(since(released), 2s);
+}
+
+}  // namespace
+}  // namespace distlock
