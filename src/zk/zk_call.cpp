@@ -1,0 +1,142 @@
+#include "zk/zk_call.hpp"
+
+#include <cstring>
+
+namespace distlock::detail::zk {
+
+namespace {
+
+// The C client carries `const void* data` to the completion: a heap copy of the
+// shared_ptr, released by the completion (or at once when submission fails).
+const void* hand_over(const ReplyPtr& r) {
+  return new ReplyPtr(r);
+}
+
+ReplyPtr take_back(const void* data) {
+  auto* holder = static_cast<const ReplyPtr*>(data);
+  ReplyPtr r = *holder;
+  delete holder;
+  return r;
+}
+
+void complete(Reply& r, int rc) {
+  std::lock_guard lk(r.mu);
+  r.rc = rc;
+  r.done = true;
+  r.cv.notify_all();
+}
+
+// Submission refused by the client (bad state, bad arguments): no completion will run.
+ReplyPtr refused(const void* data, int rc) {
+  ReplyPtr r = take_back(data);
+  complete(*r, rc);
+  return r;
+}
+
+void ignore_void(int, const void*) {}
+
+void on_void(int rc, const void* data) {
+  ReplyPtr r = take_back(data);
+  complete(*r, rc);
+}
+
+void on_stat(int rc, const Stat* stat, const void* data) {
+  ReplyPtr r = take_back(data);
+  if (rc == ZOK && stat != nullptr) r->stat = *stat;
+  complete(*r, rc);
+}
+
+void on_strings(int rc, const String_vector* v, const void* data) {
+  ReplyPtr r = take_back(data);
+  if (rc == ZOK && v != nullptr) {
+    r->children.reserve(static_cast<std::size_t>(v->count));
+    for (int i = 0; i < v->count; ++i) r->children.emplace_back(v->data[i]);
+  }
+  complete(*r, rc);
+}
+
+void on_string_stat(int rc, const char* value, const Stat* stat, const void* data) {
+  ReplyPtr r = take_back(data);
+  if (rc == ZOK) {
+    if (value != nullptr) r->value = value;
+    if (stat != nullptr) r->stat = *stat;
+  }
+  bool undo = false;
+  {
+    std::lock_guard lk(r->mu);
+    r->rc = rc;
+    r->done = true;
+    undo = rc == ZOK && r->abandoned && r->undo_if_abandoned && !r->value.empty();
+    r->cv.notify_all();
+  }
+  // Nobody waits for this node any more: it would sit in the queue (or hold the lock)
+  // until the session ends. Delete it; an async call is allowed on this thread.
+  if (undo) zoo_adelete(r->zh, r->value.c_str(), -1, &ignore_void, nullptr);
+}
+
+}  // namespace
+
+ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view data, const ACL_vector* acl,
+                       int mode) {
+  auto r = std::make_shared<Reply>();
+  r->zh = zh;
+  r->undo_if_abandoned = true;
+  const void* d = hand_over(r);
+  const int rc = zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, mode,
+                              &on_string_stat, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_adelete(zh, path.c_str(), version, &on_void, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher, void* watcher_ctx) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = watcher != nullptr ? zoo_awexists(zh, path.c_str(), watcher, watcher_ctx, &on_stat, d)
+                                    : zoo_aexists(zh, path.c_str(), 0, &on_stat, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_children(zhandle_t* zh, const std::string& path) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_aget_children(zh, path.c_str(), 0, &on_strings, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc =
+      zoo_add_auth(zh, "digest", credentials.data(), static_cast<int>(credentials.size()), &on_void, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+int await(const ReplyPtr& reply, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lk(reply->mu);
+  if (!reply->cv.wait_until(lk, deadline, [&] { return reply->done; })) {
+    reply->abandoned = true;
+    return kTimedOut;
+  }
+  return reply->rc;
+}
+
+bool is_transient(int rc) noexcept {
+  return rc == kTimedOut || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
+         rc == ZINVALIDSTATE || rc == ZCLOSING || rc == ZSESSIONMOVED || rc == ZTHROTTLEDOP ||
+         rc == ZNOTREADONLY;
+}
+
+std::string describe(int rc) {
+  if (rc == kTimedOut) return "no answer before the command timeout";
+  const char* text = zerror(rc);
+  return std::string(text != nullptr ? text : "unknown error") + " (ZooKeeper code " + std::to_string(rc) +
+         ")";
+}
+
+}  // namespace distlock::detail::zk

@@ -1,0 +1,78 @@
+// Thin RAII and request layer over ZooKeeper's threaded C client (libzookeeper_mt).
+//
+// Every request is asynchronous: `submit_*` hands the C client a heap reference to a
+// `Reply` and returns it; `await` waits for the answer up to a deadline. A reply that
+// arrives after the waiter gave up is still received (the C client owns a reference
+// until its completion runs), and an abandoned create is undone by its completion, so
+// a timed-out create never leaves an orphan node behind while the session lives.
+// Pipelining is free: submit several requests, then await them (one round trip).
+//
+// Thread-safety: submit_* may be called from any thread, including the C client's
+// completion thread (they never block); await must not be called on that thread.
+//
+// Example:
+//   zk::Handle zh(zookeeper_init2(...));
+//   auto created = zk::submit_create(zh.get(), "/distlock/x/g-lock-", owner, acl, ZOO_EPHEMERAL_SEQUENTIAL);
+//   auto listed = zk::submit_children(zh.get(), "/distlock/x");   // same round trip
+//   if (zk::await(created, deadline) == ZOK) use(created->value, created->stat.czxid);
+#pragma once
+
+#include <zookeeper/zookeeper.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace distlock::detail::zk {
+
+/// Closes a session (its ephemeral nodes go at once) and joins the client's threads.
+struct HandleCloser {
+  void operator()(zhandle_t* zh) const noexcept {
+    if (zh != nullptr) zookeeper_close(zh);
+  }
+};
+using Handle = std::unique_ptr<zhandle_t, HandleCloser>;
+
+/// "No answer before the deadline": not a ZooKeeper code (those are > -200).
+inline constexpr int kTimedOut = -10000;
+
+/// One request's outcome, shared by the waiting thread and the completion thread.
+struct Reply {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // guarded by mu
+  bool abandoned = false;  // guarded by mu: the waiter stopped waiting
+  int rc = ZOK;
+  Stat stat{};
+  std::string value;                  // create: the created path
+  std::vector<std::string> children;  // get_children
+  zhandle_t* zh = nullptr;            // create: to undo a create nobody waits for any more
+  bool undo_if_abandoned = false;
+};
+using ReplyPtr = std::shared_ptr<Reply>;
+
+ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view data, const ACL_vector* acl,
+                       int mode);
+ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version);
+/// exists; with a non-null `watcher`, also leaves a one-shot watch on `path`.
+ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher = nullptr,
+                       void* watcher_ctx = nullptr);
+ReplyPtr submit_children(zhandle_t* zh, const std::string& path);
+/// Adds digest credentials "user:password" to the session (re-sent on reconnect).
+ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials);
+
+/// Waits until the reply arrives or `deadline` passes; returns its rc or kTimedOut (the
+/// reply is then marked abandoned).
+int await(const ReplyPtr& reply, std::chrono::steady_clock::time_point deadline);
+
+/// True for the codes after which the request may or may not have been applied, or
+/// the connection/session is not usable right now (retrying later may work).
+bool is_transient(int rc) noexcept;
+/// "ZNOAUTH (not authenticated)" style text for messages.
+std::string describe(int rc);
+
+}  // namespace distlock::detail::zk

@@ -1,0 +1,59 @@
+// ZooKeeper paths of the lock recipe, kept free of I/O so they can be unit-tested.
+//
+// Layout (below the URL's chroot):
+//   /distlock                                   persistent root
+//   /distlock/<encoded name>                    container node, one per lock name
+//   /distlock/<encoded name>/<guid>-lock-<seq>  ephemeral sequential, one per holder/waiter
+// <guid> is "<encoded owner>.<attempt>": the owner id (client id and thread) plus a per-attempt
+// number, so a create whose answer was lost can be found again (and only that create).
+//
+// Thread-safety: pure functions.
+//
+// Example:
+//   encode_component("orders/42")            == "orders%2F42"
+//   parse_lock_node("ab%3A1.7-lock-0000000003") -> {guid "ab%3A1.7", seq 3}
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace distlock::detail::zk {
+
+inline constexpr std::string_view kRoot = "/distlock";
+inline constexpr std::string_view kLockMarker = "-lock-";
+
+/// Encodes arbitrary bytes as one valid ZooKeeper path component: [A-Za-z0-9_-] stay,
+/// every other byte becomes %XX (so '/', '.', control bytes and non-UTF-8 are safe and
+/// distinct names never collide).
+std::string encode_component(std::string_view raw);
+/// Inverse of encode_component; nullopt when `enc` is not a valid encoding.
+std::optional<std::string> decode_component(std::string_view enc);
+
+/// "/distlock/<encoded name>".
+std::string lock_dir(std::string_view name);
+/// The guid of one acquisition attempt of `owner`.
+std::string make_guid(std::string_view owner, std::uint64_t attempt);
+/// The owner encoded in a guid (nullopt if malformed).
+std::optional<std::string> owner_of_guid(std::string_view guid);
+
+struct LockNode {
+  std::string node;  ///< the child's name
+  std::string guid;
+  std::uint64_t seq = 0;
+};
+
+/// Parses "<guid>-lock-<seq>"; nullopt for a child that is not one of our lock nodes.
+std::optional<LockNode> parse_lock_node(std::string_view node);
+/// Our lock nodes among `children`, in queue order (ascending sequence number).
+std::vector<LockNode> queue_order(const std::vector<std::string>& children);
+/// The lock name of a watched path "/distlock/<encoded name>/<node>" (nullopt otherwise).
+std::optional<std::string> name_of_node_path(std::string_view path);
+
+/// Checks a chroot from the URL ("" or "/" = none): absolute, no empty, "." or ".."
+/// components, no trailing '/'. Returns an explanation, or "" when valid.
+std::string chroot_problem(std::string_view chroot);
+
+}  // namespace distlock::detail::zk

@@ -1,0 +1,377 @@
+// zk:// against a real ZooKeeper server started by this binary (one per process:
+// CTest runs each TEST in its own process, and a standalone server starts in ~1 s).
+#include "zk/zk_backend.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "zk/zk_names.hpp"
+#include "zk/zk_server.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+ZkServer& shared_server() {
+  static ZkServer server;
+  return server;
+}
+
+ClientOptions quiet_options() {
+  ClientOptions o;
+  o.logger = [](LogLevel, std::string_view) {};
+  return o;
+}
+
+Client connect_zk(const std::string& suffix = "?session_timeout=4s") {
+  return connect(shared_server().url(suffix), quiet_options());
+}
+
+detail::ZkStats stats_of(const Client& c) {
+  auto st = detail::zk_stats(c.engine()->backend());
+  EXPECT_TRUE(st.has_value());
+  return st.value_or(detail::ZkStats{});
+}
+
+LockOptions ttl(Millis t) {
+  LockOptions o;
+  o.ttl = t;
+  return o;
+}
+
+// Waits until `pred` holds (true) or `timeout` passes (false).
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+std::string queue_dir(const std::string& name) {
+  return detail::zk::lock_dir(name);
+}
+
+TEST(ZkBackend, AcquireReleaseTokenIsTheNodesCzxid) {
+  Client client = connect_zk();
+  RawZk raw(shared_server().hostport());
+  Lease lease = client.acquire("orders/42", ttl(4s));
+  ASSERT_TRUE(lease.owns());
+  const auto nodes = raw.children(queue_dir("orders/42"));
+  ASSERT_EQ(nodes.size(), 1u);
+  Stat st{};
+  ASSERT_EQ(raw.exists(queue_dir("orders/42") + "/" + nodes[0], &st), ZOK);
+  EXPECT_EQ(lease.token(), static_cast<std::uint64_t>(st.czxid));
+  EXPECT_NE(st.ephemeralOwner, 0) << "lock node must be ephemeral";
+  EXPECT_EQ(st.ephemeralOwner, stats_of(client).session_id);
+  EXPECT_NE(nodes[0].find("-lock-"), std::string::npos) << nodes[0];
+
+  const LockInfo info = client.status("orders/42");
+  EXPECT_TRUE(info.held);
+  EXPECT_EQ(info.token, lease.token());
+  EXPECT_EQ(info.waiters, 0u);
+  ASSERT_TRUE(info.holder.has_value());
+  EXPECT_EQ(info.holder->rfind(client.id(), 0), 0u) << *info.holder;
+  EXPECT_FALSE(info.ttl_remaining.has_value());
+
+  lease.release();
+  EXPECT_TRUE(raw.children(queue_dir("orders/42")).empty());
+  EXPECT_FALSE(client.status("orders/42").held);
+}
+
+TEST(ZkBackend, NegotiatedSessionTimeoutIsTheValidity) {
+  Client client = connect_zk("?session_timeout=3s");
+  EXPECT_EQ(stats_of(client).session_timeout_ms, 3000);
+  Lease lease = client.acquire("validity", ttl(3s));
+  // deadline = send time + 3 s session - 300 ms margin
+  EXPECT_GT(lease.remaining(), 2000ms);
+  EXPECT_LE(lease.remaining(), 2700ms);
+  EXPECT_EQ(client.renew_now(), 1u);
+  EXPECT_TRUE(lease.owns());
+}
+
+TEST(ZkBackend, TokensStrictlyIncreaseAcrossHoldersAndClients) {
+  Client a = connect_zk();
+  Client b = connect_zk();
+  std::uint64_t last = 0;
+  for (int i = 0; i < 10; ++i) {
+    Client& c = (i % 2 == 0) ? a : b;
+    Lease lease = c.acquire("tokens", ttl(4s));
+    EXPECT_GT(lease.token(), last);
+    last = lease.token();
+  }
+}
+
+TEST(ZkBackend, ReentrantPerThreadAndBusyForOthers) {
+  Client a = connect_zk();
+  Client b = connect_zk();
+  Mutex m = a.mutex("reentrant", ttl(4s));
+  m.lock();
+  m.lock();
+  EXPECT_EQ(m.hold_count(), 2);
+  EXPECT_FALSE(b.try_acquire("reentrant", ttl(4s)).has_value());
+  std::thread other([&] { EXPECT_FALSE(m.try_lock()); });  // another thread of the same client
+  other.join();
+  m.unlock();
+  EXPECT_FALSE(b.try_acquire("reentrant", ttl(4s)).has_value());
+  m.unlock();
+  EXPECT_TRUE(b.try_acquire("reentrant", ttl(4s)).has_value());
+  EXPECT_THROW(m.unlock(), std::system_error);
+}
+
+TEST(ZkBackend, BusyTryAcquireLeavesNoNodeBehind) {
+  Client a = connect_zk();
+  Client b = connect_zk();
+  RawZk raw(shared_server().hostport());
+  Lease lease = a.acquire("busy", ttl(4s));
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(b.try_acquire("busy", ttl(4s)).has_value());
+  // try_lock_for queues (keep_queued) and must dequeue when it gives up.
+  Mutex m = b.mutex("busy", ttl(4s));
+  EXPECT_FALSE(m.try_lock_for(200ms));
+  EXPECT_EQ(raw.children(queue_dir("busy")).size(), 1u);
+  EXPECT_EQ(a.status("busy").waiters, 0u);
+}
+
+TEST(ZkBackend, OddNamesAreSafeAndDistinct) {
+  Client client = connect_zk();
+  RawZk raw(shared_server().hostport());
+  const std::vector<std::string> names = {"a/b",
+                                          "a%2Fb",
+                                          ".",
+                                          "..",
+                                          "x\r\ny",
+                                          "with spaces",
+                                          std::string("\xff\xfe\x01", 3),
+                                          "zookeeper",
+                                          std::string(4096, 'n'),
+                                          "/leading",
+                                          "trailing/"};
+  std::vector<Lease> held;
+  for (const auto& n : names) {
+    std::error_code ec;
+    held.push_back(client.acquire(n, ttl(4s), ec));
+    ASSERT_FALSE(ec) << "name of " << n.size() << " bytes: " << ec.message();
+    EXPECT_TRUE(held.back().owns());
+  }
+  // All held at once: every name maps to its own directory.
+  EXPECT_EQ(raw.children("/distlock").size() >= names.size(), true);
+  for (const auto& n : names) EXPECT_TRUE(client.status(n).held) << n.size();
+  held.clear();
+  for (const auto& n : names) EXPECT_FALSE(client.status(n).held) << n.size();
+  std::error_code ec;
+  client.acquire("", ttl(4s), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
+TEST(ZkBackend, FifoOrderOfWaiters) {
+  constexpr int kWaiters = 8;
+  Client holder_client = connect_zk();
+  Lease holder = holder_client.acquire("fifo", ttl(4s));
+  std::vector<Client> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(connect_zk());
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      LockOptions o = ttl(4s);
+      o.wait = 30s;
+      std::error_code ec;
+      Lease l = clients[i].acquire("fifo", o, ec);
+      ASSERT_FALSE(ec) << ec.message();
+      std::lock_guard lk(mu);
+      order.push_back(i);
+    });
+    // The next waiter starts only once this one is in the queue.
+    ASSERT_TRUE(eventually(
+        [&] { return holder_client.status("fifo").waiters == static_cast<unsigned>(i + 1); }, 10s));
+  }
+  holder.release();
+  for (auto& t : threads) t.join();
+  std::vector<int> expected(kWaiters);
+  for (int i = 0; i < kWaiters; ++i) expected[i] = i;
+  EXPECT_EQ(order, expected);
+}
+
+TEST(ZkBackend, OneReleaseWakesExactlyOneWaiter) {
+  constexpr int kWaiters = 16;
+  Client holder_client = connect_zk("?session_timeout=10s");
+  Lease holder = holder_client.acquire("herd", ttl(10s));
+  std::vector<Client> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(connect_zk("?session_timeout=10s"));
+  std::atomic<int> acquired{0};
+  std::atomic<bool> let_go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      LockOptions o = ttl(10s);
+      o.wait = 60s;
+      std::error_code ec;
+      Lease l = clients[i].acquire("herd", o, ec);
+      ASSERT_FALSE(ec) << ec.message();
+      ++acquired;
+      while (!let_go) std::this_thread::sleep_for(5ms);
+    });
+    ASSERT_TRUE(eventually(
+        [&] { return holder_client.status("herd").waiters == static_cast<unsigned>(i + 1); }, 10s));
+  }
+  auto total_events = [&] {
+    std::uint64_t n = 0;
+    for (auto& c : clients) n += stats_of(c).watch_events;
+    return n;
+  };
+  ASSERT_EQ(total_events(), 0u);
+  holder.release();
+  ASSERT_TRUE(eventually([&] { return acquired.load() == 1; }, 10s));
+  std::this_thread::sleep_for(500ms);  // give a herd time to show up
+  EXPECT_EQ(acquired.load(), 1);
+  EXPECT_EQ(total_events(), 1u) << "a release must notify exactly one waiter";
+  int woken = 0;
+  for (auto& c : clients) woken += stats_of(c).watch_events > 0 ? 1 : 0;
+  EXPECT_EQ(woken, 1);
+  let_go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(acquired.load(), kWaiters);
+  // Each of the 16 hand-overs after the first woke exactly one client.
+  EXPECT_EQ(total_events(), static_cast<std::uint64_t>(kWaiters));
+}
+
+TEST(ZkBackend, ExpiredSessionLosesItsLocksAndANewSessionServesNewOnes) {
+  Client client = connect_zk("?session_timeout=2s");
+  Client other = connect_zk("?session_timeout=2s");
+  Lease lease = client.acquire("expiry", ttl(2s));
+  const std::uint64_t first_token = lease.token();
+  std::atomic<bool> callback{false};
+  lease.on_lost([&] { callback = true; });
+  const detail::ZkStats before = stats_of(client);
+  {
+    // Attaching to the session and closing it ends the session on the server.
+    clientid_t id{};
+    id.client_id = before.session_id;
+    std::memcpy(id.passwd, before.session_password.data(), sizeof id.passwd);
+    RawZk thief(shared_server().hostport(), id);
+  }
+  ASSERT_TRUE(eventually([&] { return lease.stop_token().stop_requested(); }, 10s));
+  EXPECT_TRUE(callback.load());
+  EXPECT_FALSE(lease.owns());
+  // Another client can take it now, with a larger token.
+  Lease next = other.acquire("expiry", ttl(2s));
+  const std::uint64_t next_token = next.token();
+  EXPECT_GT(next_token, first_token);
+  next.release();
+  // The expired client opened a new session and locks again.
+  Lease again = client.acquire("expiry", ttl(2s));
+  EXPECT_GT(again.token(), next_token);
+  EXPECT_EQ(stats_of(client).sessions, 2u);
+  EXPECT_NE(stats_of(client).session_id, before.session_id);
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(again.owns()) << "releasing the lost lease must not touch the new one";
+}
+
+TEST(ZkBackend, NodeDeletedFromOutsideIsALoss) {
+  Client client = connect_zk();
+  RawZk raw(shared_server().hostport());
+  Lease lease = client.acquire("deleted", ttl(4s));
+  const auto nodes = raw.children(queue_dir("deleted"));
+  ASSERT_EQ(nodes.size(), 1u);
+  ASSERT_EQ(raw.remove(queue_dir("deleted") + "/" + nodes[0]), ZOK);
+  client.renew_now();
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+}
+
+TEST(ZkBackend, ChrootKeepsNodesUnderIt) {
+  RawZk raw(shared_server().hostport());
+  ASSERT_EQ(raw.create("/tenant-a"), ZOK);
+  Client client = connect_zk("/tenant-a?session_timeout=4s");
+  Lease lease = client.acquire("job", ttl(4s));
+  EXPECT_EQ(raw.children("/tenant-a" + queue_dir("job")).size(), 1u);
+  EXPECT_TRUE(raw.children(queue_dir("job")).empty());
+}
+
+TEST(ZkBackend, MissingChrootIsAClearError) {
+  std::error_code ec;
+  try {
+    connect(shared_server().url("/no/such/chroot"), quiet_options());
+    FAIL() << "connect must fail";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("chroot \"/no/such/chroot\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ZkBackend, WrongPasswordCannotJoinOrDisturbAnotherUsersLock) {
+  const std::string hp = shared_server().hostport();
+  Client alice = connect("zk://alice:right@" + hp + "?session_timeout=4s", quiet_options());
+  std::vector<std::string> messages;
+  std::mutex mu;
+  ClientOptions mallory_opts;
+  mallory_opts.logger = [&](LogLevel, std::string_view m) {
+    std::lock_guard lk(mu);
+    messages.emplace_back(m);
+  };
+  Client mallory = connect("zk://alice:wrong@" + hp + "?session_timeout=4s", mallory_opts);
+  Lease lease = alice.acquire("vault", ttl(4s));
+
+  std::error_code ec;
+  mallory.acquire(
+      "vault",
+      [] {
+        LockOptions o;
+        o.ttl = 4s;
+        o.wait = 0ms;
+        return o;
+      }(),
+      ec);
+  EXPECT_EQ(ec, errc::busy) << "a one-shot attempt only reads the queue: " << ec.message();
+  LockOptions waiting = ttl(4s);
+  waiting.wait = 2s;
+  mallory.acquire("vault", waiting, ec);
+  EXPECT_EQ(ec, errc::auth_failed) << ec.message();
+  {
+    std::lock_guard lk(mu);
+    const bool named = std::any_of(messages.begin(), messages.end(), [](const std::string& m) {
+      return m.find("wrong user or password") != std::string::npos && m.find("vault") != std::string::npos;
+    });
+    EXPECT_TRUE(named) << "the log must name the lock and the credential problem";
+  }
+  // Reading is allowed to everybody: status works.
+  EXPECT_TRUE(mallory.status("vault").held);
+  // An unauthenticated raw client cannot delete alice's node either.
+  RawZk raw(hp);
+  const auto nodes = raw.children(queue_dir("vault"));
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(raw.remove(queue_dir("vault") + "/" + nodes[0]), ZNOAUTH);
+  EXPECT_TRUE(lease.owns());
+  lease.release();
+  // The same credentials from another client work.
+  Client alice2 = connect("zk://alice:right@" + hp + "?session_timeout=4s", quiet_options());
+  EXPECT_TRUE(alice2.try_acquire("vault", ttl(4s)).has_value());
+}
+
+TEST(ZkBackend, TtlFarAboveTheSessionTimeoutIsRejected) {
+  Client client = connect_zk("?session_timeout=2s");
+  std::error_code ec;
+  client.acquire("long-ttl", ttl(60s), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
+}  // namespace
+}  // namespace distlock::testing

@@ -1,0 +1,130 @@
+// Test support: real ZooKeeper servers (Debian's `zookeeper` package, Java) started by
+// the test itself on free loopback ports in temporary directories, stopped by pid; a
+// standalone server or an N-server ensemble; fault helpers (kill, pause, resume,
+// restart) and a raw C-client handle for assertions that bypass the code under test.
+//
+// A missing java binary or ZooKeeper jar is a test failure with a clear message
+// (never a skip): the constructors call ADD_FAILURE and throw std::runtime_error.
+//
+// Thread-safety: a server or ensemble is driven from one thread; RawZk is one session
+// usable from one thread.
+//
+// Example:
+//   distlock::testing::ZkServer zk;                      // standalone, ~1 s to start
+//   auto client = distlock::connect(zk.url("?session_timeout=2s"));
+//   distlock::testing::RawZk raw(zk.hostport());
+//   EXPECT_TRUE(raw.children("/distlock/job").empty());
+//   zk.pause(); zk.resume();                              // SIGSTOP / SIGCONT
+#pragma once
+
+#ifndef THREADED
+#define THREADED
+#endif
+#include <zookeeper/zookeeper.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/process.hpp"
+
+namespace distlock::testing {
+
+struct ZkServerOptions {
+  int tick_ms = 200;  ///< session expiry is checked every tick
+  int min_session_ms = 400;
+  int max_session_ms = 60'000;
+};
+
+/// One ZooKeeper server process (standalone, or member `id` of an ensemble).
+class ZkServer {
+ public:
+  /// A standalone server; waits until it serves clients.
+  explicit ZkServer(ZkServerOptions opts = {});
+  ~ZkServer();
+  ZkServer(const ZkServer&) = delete;
+  ZkServer& operator=(const ZkServer&) = delete;
+
+  std::uint16_t port() const { return client_port_; }
+  std::string hostport() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  /// "zk://127.0.0.1:<port><suffix>", e.g. suffix "/chroot?session_timeout=2s".
+  std::string url(const std::string& suffix = {}) const { return "zk://" + hostport() + suffix; }
+  pid_t pid() const { return process_.pid(); }
+
+  void kill();    ///< SIGKILL and reap
+  void pause();   ///< SIGSTOP
+  void resume();  ///< SIGCONT
+  void start();   ///< (re)starts the process with the same port and data directory
+  /// True once the server answers "srvr" with a mode (leader/follower/standalone).
+  bool wait_serving(std::chrono::milliseconds timeout);
+  /// "leader", "follower", "standalone" or "" (not serving).
+  std::string mode() const;
+
+ private:
+  friend class ZkEnsemble;
+  ZkServer(ZkServerOptions opts, int id, std::vector<std::uint16_t> quorum_ports,
+           std::vector<std::uint16_t> election_ports, std::vector<std::uint16_t> client_ports);
+  void write_config();
+
+  ZkServerOptions opts_;
+  int id_ = 0;  // 0: standalone
+  std::vector<std::uint16_t> quorum_ports_, election_ports_, client_ports_;
+  std::uint16_t client_port_ = 0;
+  TempDir dir_;
+  Process process_;
+};
+
+/// N servers forming one ensemble.
+class ZkEnsemble {
+ public:
+  explicit ZkEnsemble(int servers, ZkServerOptions opts = {});
+  ZkServer& server(int i) { return *servers_.at(static_cast<std::size_t>(i)); }
+  int size() const { return static_cast<int>(servers_.size()); }
+  /// "127.0.0.1:p1,127.0.0.1:p2,..."
+  std::string hostports() const;
+  std::string url(const std::string& suffix = {}) const { return "zk://" + hostports() + suffix; }
+  /// Index of the current leader, or -1.
+  int leader() const;
+
+ private:
+  std::vector<std::unique_ptr<ZkServer>> servers_;
+};
+
+/// The java binary and class path to run ZooKeeper, or a reason why they are missing.
+struct ZkInstall {
+  std::string java;
+  std::string classpath;
+  std::string problem;  ///< empty when usable
+};
+ZkInstall find_zookeeper();
+
+/// Sends a four-letter command ("srvr", "ruok", ...) and returns the answer ("" on failure).
+std::string four_letter(std::uint16_t port, const std::string& cmd);
+
+/// A raw C-client session for assertions that must not go through distlock.
+class RawZk {
+ public:
+  /// Connects (waits up to 10 s); `credentials` "user:password" adds digest auth.
+  explicit RawZk(const std::string& hostport, const std::string& credentials = {});
+  /// Attaches to an existing session (id + password) — closing it expires that session.
+  RawZk(const std::string& hostport, const clientid_t& session);
+  ~RawZk();
+  RawZk(const RawZk&) = delete;
+  RawZk& operator=(const RawZk&) = delete;
+
+  bool connected() const;
+  /// Children of `path` (empty if it does not exist).
+  std::vector<std::string> children(const std::string& path);
+  /// ZOK, ZNONODE, ZNOAUTH, ...
+  int create(const std::string& path, int mode = ZOO_PERSISTENT);
+  int remove(const std::string& path, int version = -1);
+  int exists(const std::string& path, Stat* stat = nullptr);
+
+ private:
+  void wait_connected();
+  zhandle_t* zh_ = nullptr;
+};
+
+}  // namespace distlock::testing
