@@ -72,7 +72,9 @@ std::string errno_text(int err) {
 //     24     8  wall-clock time of that acquisition, ms since the Unix epoch (LE u64)
 //     32     4  owner id length (LE u32)
 //     36     4  lock name length (LE u32)
-//     40     -  owner id bytes, then lock name bytes
+//     40     -  lock name bytes, then owner id bytes
+// The name comes first: it is the same on every write, so a write cut short (the
+// holder killed in the middle of a long record) can only garble the owner id.
 // Written only while holding the lock, in one pwrite at offset 0. An empty file is a
 // lock that was never taken (token 0).
 constexpr std::array<char, 8> kMagic = {'D', 'L', 'O', 'C', 'K', 'F', '1', '\n'};
@@ -106,8 +108,8 @@ std::string encode_record(const Record& r) {
   put_le(out, 24, r.acquired_unix_ms, 8);
   put_le(out, 32, r.owner.size(), 4);
   put_le(out, 36, r.name.size(), 4);
-  out += r.owner;
   out += r.name;
+  out += r.owner;
   return out;
 }
 
@@ -143,8 +145,8 @@ std::error_code read_record(int fd, Record& r, std::string& why) {
   r.token = get_le(buf, 8, 8);
   r.pid = static_cast<std::int64_t>(get_le(buf, 16, 8));
   r.acquired_unix_ms = get_le(buf, 24, 8);
-  r.owner = buf.substr(kHeaderSize, owner_len);
-  r.name = buf.substr(kHeaderSize + owner_len, name_len);
+  r.name = buf.substr(kHeaderSize, name_len);
+  r.owner = buf.substr(kHeaderSize + name_len, owner_len);
   return {};
 }
 
@@ -288,6 +290,7 @@ class FileBackend final : public Backend {
             "lock file " + path_of(fname) + " belongs to another lock name \"" + printable(rec.name) + "\"",
             0);
       }
+      const bool first_use = !rec.present;
       rec.present = true;
       rec.token += 1;
       rec.pid = ::getpid();
@@ -303,8 +306,12 @@ class FileBackend final : public Backend {
         return fail(ec, errc::backend_unavailable, "cannot write the fencing token to " + path_of(fname),
                     n < 0 ? errno : ENOSPC);
       }
-      if (settings_.sync && ::fdatasync(fd.get()) != 0) {
-        return fail(ec, errc::backend_unavailable, "cannot sync " + path_of(fname), errno);
+      if (settings_.sync) {
+        // The token must not go back after a power loss: sync the file, and the
+        // directory entry of a file this acquisition may have created.
+        if (::fdatasync(fd.get()) != 0 || (first_use && ::fsync(dir_fd_.get()) != 0)) {
+          return fail(ec, errc::backend_unavailable, "cannot sync " + path_of(fname), errno);
+        }
       }
 
       HeldFile held;

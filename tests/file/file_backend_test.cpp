@@ -136,7 +136,8 @@ TEST_F(FileBackend, AcquireReleaseStatusAndFileLayout) {
     EXPECT_EQ(le64(bytes, 8), 1u);
     EXPECT_EQ(le64(bytes, 16), static_cast<std::uint64_t>(::getpid()));
     EXPECT_NE(bytes.find(c.id()), std::string::npos);
-    EXPECT_EQ(bytes.substr(bytes.size() - 9), "orders/42");
+    EXPECT_EQ(bytes.substr(40, 9), "orders/42");
+    EXPECT_EQ(bytes.substr(49).rfind(c.id() + ":", 0), 0u);
     EXPECT_EQ(fs::status(file_of("orders/42")).permissions() & fs::perms::all,
               fs::perms::owner_read | fs::perms::owner_write);
   }
