@@ -323,6 +323,28 @@ void Connection::append(std::span<const std::string_view> argv) {
   }
 }
 
+void Connection::flush(std::error_code& ec) {
+  ec.clear();
+  if (pending_connect_failed_ || !ctx_) {
+    if (pending_ != 0) ec = pending_ec_ ? pending_ec_ : make_error_code(errc::backend_unavailable);
+    return;
+  }
+  if (sdslen(ctx_->obuf) == 0) return;
+  SigpipeGuard no_sigpipe;
+  ++round_trips_;  // the replies of this batch are read without another flush
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(ctx_.get(), &done) != REDIS_OK) {
+      const std::size_t lost = pending_;
+      fail_io(ec, "sending a pipeline");
+      pending_ = lost;
+      pending_connect_failed_ = pending_ != 0;
+      pending_ec_ = ec;
+      return;
+    }
+  }
+}
+
 Reply Connection::read_reply(std::error_code& ec) {
   ec.clear();
   if (pending_ == 0) {

@@ -152,6 +152,11 @@ class Connection {
   void append(std::initializer_list<std::string_view> argv) {
     append(std::span<const std::string_view>(argv.begin(), argv.size()));
   }
+  /// Sends the appended commands now without waiting for replies, so a caller
+  /// talking to several servers (Redlock) can send to all of them first and then
+  /// read: the latency is the slowest server's, not the sum. read_reply() flushes
+  /// too; this is only needed for that fan-out.
+  void flush(std::error_code& ec);
   Reply read_reply(std::error_code& ec);
   std::vector<Reply> read_replies(std::size_t n, std::error_code& ec);
   /// Replies still expected for appended commands.

@@ -137,6 +137,16 @@ TEST(RedisConnection, PipelineIsOneRoundTripAndKeepsOrder) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(replies[i]->integer, i);
   EXPECT_TRUE(is_error(replies[100].get()));  // error replies come back as replies
   EXPECT_EQ(conn.pending(), 0u);
+
+  // flush() sends without reading (fan-out to several servers); reads then just read.
+  conn.append({"SET", "f", "1"});
+  conn.append({"GET", "f"});
+  conn.flush(ec);
+  ASSERT_FALSE(ec);
+  replies = conn.read_replies(2, ec);
+  ASSERT_FALSE(ec);
+  EXPECT_EQ(reply_str(replies[1].get()), "1");
+  EXPECT_EQ(conn.round_trips() - before, 2u);
 }
 
 TEST(RedisConnection, CommandTimeoutDropsTheConnectionAndNextCallReconnects) {

@@ -1,0 +1,139 @@
+// redis::Subscriber against a real redis-server: confirmation before watch()
+// returns, counted watches, delivery, reconnect with resubscription, prompt stop.
+#include "redis/subscriber.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "support/redis_server.hpp"
+
+namespace distlock::detail::redis {
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::testing::RedisServer;
+using Clock = std::chrono::steady_clock;
+
+struct Seen {
+  std::mutex mu;
+  std::vector<std::string> channels;
+  void add(std::string_view ch) {
+    std::lock_guard lk(mu);
+    channels.emplace_back(ch);
+  }
+  std::size_t count(const std::string& ch) {
+    std::lock_guard lk(mu);
+    return static_cast<std::size_t>(std::count(channels.begin(), channels.end(), ch));
+  }
+  bool wait_for(const std::string& ch, std::size_t n, std::chrono::milliseconds timeout) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      if (count(ch) >= n) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return count(ch) >= n;
+  }
+};
+
+ConnectionOptions opts_for(const RedisServer& s) {
+  ConnectionOptions o;
+  o.port = s.port();
+  o.connect_timeout = 500ms;
+  o.command_timeout = 500ms;
+  return o;
+}
+
+long long numsub(const RedisServer& s, const std::string& ch) {
+  auto r = s.command({"PUBSUB", "NUMSUB", ch});
+  return r->element[1]->integer;
+}
+
+TEST(RedisSubscriber, WatchIsLiveWhenItReturnsAndCounted) {
+  RedisServer server;
+  Seen seen;
+  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  std::error_code ec;
+  sub.watch("ch1", ec);
+  ASSERT_FALSE(ec) << sub.last_error();
+  // Subscribed on the server before watch() returned: the publish reaches one client.
+  EXPECT_EQ(server.command({"PUBLISH", "ch1", "x"})->integer, 1);
+  EXPECT_TRUE(seen.wait_for("ch1", 1, 5s));
+
+  sub.watch("ch1", ec);  // a second watch of the same channel
+  ASSERT_FALSE(ec);
+  sub.unwatch("ch1");
+  EXPECT_EQ(numsub(server, "ch1"), 1);  // still one watch left
+  sub.unwatch("ch1");
+  const auto end = Clock::now() + 5s;
+  while (numsub(server, "ch1") != 0 && Clock::now() < end) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(numsub(server, "ch1"), 0);
+  EXPECT_EQ(server.command({"PUBLISH", "ch1", "x"})->integer, 0);
+
+  // Watch, unwatch, watch in quick succession ends subscribed.
+  for (int i = 0; i < 20; ++i) {
+    sub.watch("ch2", ec);
+    ASSERT_FALSE(ec);
+    EXPECT_EQ(server.command({"PUBLISH", "ch2", "x"})->integer, 1) << i;
+    sub.unwatch("ch2");
+  }
+}
+
+TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
+  RedisServer server;
+  Seen seen;
+  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  std::error_code ec;
+  sub.watch("a", ec);
+  ASSERT_FALSE(ec);
+  sub.watch("b", ec);
+  ASSERT_FALSE(ec);
+  server.kill();
+  // The broken connection wakes both watchers at once.
+  EXPECT_TRUE(seen.wait_for("a", 1, 5s));
+  EXPECT_TRUE(seen.wait_for("b", 1, 5s));
+
+  // While the server is down a new watch fails clearly.
+  sub.watch("c", ec);
+  EXPECT_EQ(ec, errc::backend_unavailable);
+  EXPECT_NE(sub.last_error().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos)
+      << sub.last_error();
+  sub.unwatch("c");
+
+  server.restart();
+  // Resubscribed by itself; each watcher is woken once more after the resubscription.
+  EXPECT_TRUE(seen.wait_for("a", 2, 10s));
+  EXPECT_TRUE(seen.wait_for("b", 2, 10s));
+  EXPECT_EQ(numsub(server, "a"), 1);
+  EXPECT_EQ(server.command({"PUBLISH", "b", "x"})->integer, 1);
+  EXPECT_TRUE(seen.wait_for("b", 3, 5s));
+  EXPECT_GE(sub.connects(), 2u);
+}
+
+TEST(RedisSubscriber, StopsPromptly) {
+  RedisServer server;
+  auto sub = std::make_unique<Subscriber>(opts_for(server), [](std::string_view) {});
+  std::error_code ec;
+  sub->watch("idle", ec);
+  ASSERT_FALSE(ec);
+  const auto start = Clock::now();
+  sub.reset();
+  EXPECT_LT(Clock::now() - start, 1s);
+
+  // Also while it is waiting to reconnect to a dead server.
+  auto down = std::make_unique<Subscriber>(opts_for(server), [](std::string_view) {});
+  down->watch("x", ec);
+  ASSERT_FALSE(ec);
+  server.kill();
+  std::this_thread::sleep_for(200ms);
+  const auto start2 = Clock::now();
+  down.reset();
+  EXPECT_LT(Clock::now() - start2, 1s);
+}
+
+}  // namespace
+}  // namespace distlock::detail::redis
