@@ -456,9 +456,12 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     entries_.erase(key);
   };
   // A transient failure: wait (bounded) for the connection to come back; a new session
-  // means our nodes are gone, so start over in it.
+  // means our nodes are gone, so start over in it. A request that got no answer within
+  // the command timeout ends the attempt: the server counts as unavailable, and
+  // retrying on a connection the client still believes alive would only pile up
+  // requests behind the silent one.
   auto recover = [&](int rc, const char* what) -> bool {
-    s = usable_session(budget_end);
+    s = rc == zk::kTimedOut ? nullptr : usable_session(budget_end);
     if (!s) {
       delete_or_orphan(current_session(), e);
       forget();

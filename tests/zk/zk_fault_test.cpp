@@ -1,0 +1,221 @@
+// zk:// under load and faults with real processes: many processes hammering one name,
+// a holder SIGKILLed or SIGSTOPped past its session, the server paused while a create
+// is in flight, and a 3-server ensemble losing its leader during contention.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "support/cs_log.hpp"
+#include "support/lock_tool.hpp"
+#include "zk/zk_backend.hpp"
+#include "zk/zk_names.hpp"
+#include "zk/zk_server.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+ZkServer& shared_server() {
+  static ZkServer server;
+  return server;
+}
+
+ClientOptions quiet_options() {
+  ClientOptions o;
+  o.logger = [](LogLevel, std::string_view) {};
+  return o;
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+std::int64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::vector<Process> start_hammers(const std::string& url, const std::string& name, const TempDir& dir,
+                                   int processes, int threads, int iters, long hold_us) {
+  std::vector<Process> out;
+  for (int p = 0; p < processes; ++p) {
+    out.push_back(Process::spawn(
+        {lock_tool_path(), "hammer", "--url", url, "--name", name, "--log", (dir.path() / "cs.log").string(),
+         "--counter", (dir.path() / "counter").string(), "--threads", std::to_string(threads), "--iters",
+         std::to_string(iters), "--ttl", "4000", "--hold-us", std::to_string(hold_us)},
+        (dir.path() / ("hammer" + std::to_string(p) + ".out")).string()));
+  }
+  return out;
+}
+
+TEST(ZkFault, SixteenThreadsTimesFourProcessesNeverOverlap) {
+  constexpr int kProcesses = 4, kThreads = 16, kIters = 8;
+  TempDir dir("distlock-zk-hammer");
+  auto hammers = start_hammers(shared_server().url("?session_timeout=4s"), "hammer", dir, kProcesses,
+                               kThreads, kIters, 200);
+  for (auto& h : hammers) {
+    const int status = h.wait_for(90s);
+    ASSERT_NE(status, -1) << "hammer did not finish within 90 s";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "hammer failed: " << read_file((dir.path() / "hammer0.out").string());
+  }
+  const auto sections = read_sections((dir.path() / "cs.log").string());
+  EXPECT_EQ(sections.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
+  EXPECT_TRUE(no_overlap(sections));
+  EXPECT_TRUE(tokens_increase(sections));
+  EXPECT_EQ(read_counter((dir.path() / "counter").string()), kProcesses * kThreads * kIters)
+      << "an increment was lost: two sections overlapped";
+  // Every section's node was removed: nothing left in the queue.
+  RawZk raw(shared_server().hostport());
+  EXPECT_TRUE(raw.children(detail::zk::lock_dir("hammer")).empty());
+}
+
+TEST(ZkFault, KilledHolderIsReplacedAfterTheSessionTimeout) {
+  TempDir dir("distlock-zk-kill");
+  const std::string url = shared_server().url("?session_timeout=2s");
+  const std::string first = (dir.path() / "first.out").string(),
+                    second = (dir.path() / "second.out").string();
+  Process holder = spawn_holder(url, "killed", first, 2000);
+  ASSERT_TRUE(wait_for_text(first, "acquired", 20s)) << read_file(first);
+  Process waiter = spawn_holder(url, "killed", second, 2000);
+  Client observer = connect(shared_server().url(), quiet_options());
+  ASSERT_TRUE(eventually([&] { return observer.status("killed").waiters == 1u; }, 20s));
+  const auto killed_at = std::chrono::steady_clock::now();
+  holder.signal(SIGKILL);
+  ASSERT_TRUE(wait_for_text(second, "acquired", 10s)) << read_file(second);
+  const auto took = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_LE(took, 2s + 1s) << "next holder must get the lock within the session timeout + 1 s";
+  EXPECT_GT(acquired_token(second), acquired_token(first));
+  waiter.stop();
+}
+
+TEST(ZkFault, HolderPausedPastItsSessionLosesTheLockOnResume) {
+  TempDir dir("distlock-zk-pause");
+  const std::string url = shared_server().url("?session_timeout=2s");
+  const std::string first = (dir.path() / "first.out").string(),
+                    second = (dir.path() / "second.out").string();
+  Process holder = spawn_holder(url, "paused", first, 2000);
+  ASSERT_TRUE(wait_for_text(first, "acquired", 20s)) << read_file(first);
+  Process waiter = spawn_holder(url, "paused", second, 2000);
+  Client observer = connect(shared_server().url(), quiet_options());
+  ASSERT_TRUE(eventually([&] { return observer.status("paused").waiters == 1u; }, 20s));
+  holder.signal(SIGSTOP);
+  ASSERT_TRUE(wait_for_text(second, "acquired", 2s + 2s)) << read_file(second);
+  EXPECT_GT(acquired_token(second), acquired_token(first));
+  holder.signal(SIGCONT);
+  EXPECT_TRUE(wait_for_text(first, "lost", 5s)) << read_file(first);
+  holder.signal(SIGUSR1);
+  EXPECT_TRUE(wait_for_text(first, "owns 0", 5s)) << read_file(first);
+  holder.signal(SIGTERM);
+  const int status = holder.wait_for(10s);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 76) << read_file(first);
+  // The resumed holder's release touched nothing: the waiter still holds it.
+  const LockInfo info = observer.status("paused");
+  EXPECT_TRUE(info.held);
+  EXPECT_EQ(info.token, static_cast<std::uint64_t>(acquired_token(second)));
+  waiter.stop();
+}
+
+// The create is sent, the server stops answering; the client gives up. Once the server
+// is back, the node that create made must not stay in the queue (it would block
+// everybody until the session ends).
+void expect_no_orphan_after_pause(std::chrono::milliseconds pause, const std::string& suffix) {
+  ZkServer& zk = shared_server();
+  Client client = connect(zk.url(suffix), quiet_options());
+  // Another client holds the lock, so the directory exists and a stray node of ours
+  // would sit in the queue behind it.
+  Client holder_client = connect(zk.url(suffix), quiet_options());
+  LockOptions o;
+  o.ttl = 2s;
+  o.wait = 2s;
+  Lease holder = holder_client.acquire("orphan", o);
+  zk.pause();
+  std::error_code ec;
+  const auto started = std::chrono::steady_clock::now();
+  {
+    Lease lease = client.acquire("orphan", o, ec);
+    EXPECT_TRUE(ec == errc::backend_unavailable || ec == errc::timeout) << ec.message();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s) << "acquire must not hang on a silent server";
+  std::this_thread::sleep_until(started + pause);
+  zk.resume();
+  RawZk raw(zk.hostport());
+  const std::string dir = detail::zk::lock_dir("orphan");
+  // Only the holder's node may remain.
+  EXPECT_TRUE(eventually([&] { return raw.children(dir).size() == 1; }, 10s))
+      << raw.children(dir).size() - 1 << " node(s) left behind";
+  ASSERT_TRUE(holder.owns()) << "the holder's session must survive the pause";
+  holder.release();
+  EXPECT_TRUE(raw.children(dir).empty());
+  const auto st = detail::zk_stats(client.engine()->backend()).value();
+  std::printf("after a %lld ms pause: sessions %llu, orphans removed by guid %llu\n",
+              static_cast<long long>(pause.count()), static_cast<unsigned long long>(st.sessions),
+              static_cast<unsigned long long>(st.orphans_removed));
+  // And the lock works normally afterwards.
+  o.wait = 10s;
+  Lease lease = client.acquire("orphan", o, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(raw.children(dir).size(), 1u);
+  lease.release();
+  EXPECT_TRUE(raw.children(dir).empty());
+}
+
+TEST(ZkFault, ServerPausedDuringCreateLeavesNoOrphan) {
+  // Short pause: the requests stay queued on the connection and land after the resume.
+  expect_no_orphan_after_pause(1500ms, "?session_timeout=6s&timeout=300ms");
+}
+
+TEST(ZkFault, ConnectionDroppedDuringCreateLeavesNoOrphan) {
+  // Longer than 2/3 of the session timeout: the client drops the connection (the
+  // create's outcome is unknown), reconnects after the resume and cleans up by guid.
+  expect_no_orphan_after_pause(5000ms, "?session_timeout=6s&timeout=300ms");
+}
+
+TEST(ZkFault, EnsembleLeaderKilledDuringContention) {
+  ZkEnsemble ensemble(3);
+  const int leader = ensemble.leader();
+  ASSERT_GE(leader, 0) << "no leader elected";
+  TempDir dir("distlock-zk-ensemble");
+  // Generous timeouts: on a loaded 2-core machine an election takes seconds.
+  auto hammers =
+      start_hammers(ensemble.url("?session_timeout=8s&timeout=5s"), "ensemble", dir, 2, 4, 60, 2000);
+  const std::string log = (dir.path() / "cs.log").string();
+  ASSERT_TRUE(eventually([&] { return read_sections(log).size() >= 40; }, 60s))
+      << "no progress before the kill";
+  const std::int64_t killed_at = mono_ns();
+  ensemble.server(leader).kill();
+  for (auto& h : hammers) {
+    const int status = h.wait_for(120s);
+    ASSERT_NE(status, -1) << "hammer did not finish within 120 s after the leader was killed";
+    // A hammer counts acquisitions that failed during the election (exit 1); it must
+    // not crash.
+    EXPECT_TRUE(WIFEXITED(status)) << "hammer crashed";
+  }
+  const auto sections = read_sections(log);
+  EXPECT_TRUE(no_overlap(sections));
+  EXPECT_TRUE(tokens_increase(sections));
+  EXPECT_EQ(read_counter((dir.path() / "counter").string()), static_cast<long>(sections.size()));
+  std::size_t after = 0;
+  for (const auto& s : sections) after += s.start_ns > killed_at ? 1 : 0;
+  EXPECT_GT(after, 0u) << "locking must go on after the leader died";
+  std::printf("ensemble: %zu sections, %zu after the leader was killed, new leader %d\n", sections.size(),
+              after, ensemble.leader());
+}
+
+}  // namespace
+}  // namespace distlock::testing
