@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -250,7 +251,7 @@ class FileBackend final : public Backend {
   }
 
   Capabilities capabilities() const noexcept override { return {true, false}; }
-  void set_listener(ChangeListener* l) override { listener_ = l; }
+  void set_listener(ChangeListener* l) override { listener_.store(l, std::memory_order_release); }
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     ec.clear();
@@ -640,14 +641,15 @@ class FileBackend final : public Backend {
   }
 
   void deliver(Actions& actions) {
-    if (!listener_) return;
+    ChangeListener* listener = listener_.load(std::memory_order_acquire);
+    if (!listener) return;
     std::sort(actions.changed.begin(), actions.changed.end());
     actions.changed.erase(std::unique(actions.changed.begin(), actions.changed.end()), actions.changed.end());
-    for (const auto& name : actions.changed) listener_->on_change(name);
+    for (const auto& name : actions.changed) listener->on_change(name);
     for (const auto& [name, owner] : actions.lost) {
       log_.log(LogLevel::warning, "file backend: the lock file of \"{}\" was removed or replaced while held",
                printable(name));
-      listener_->on_lease_lost(name, owner);
+      listener->on_lease_lost(name, owner);
     }
   }
 
@@ -657,7 +659,7 @@ class FileBackend final : public Backend {
   const mode_t file_mode_;
   const std::string url_;
   Logger log_;
-  ChangeListener* listener_ = nullptr;
+  std::atomic<ChangeListener*> listener_{nullptr};  // set once, before any watch
 
   Fd inotify_fd_;
   Fd wake_fd_;
