@@ -1,0 +1,86 @@
+// The `distlock` command-line tool: one function per subcommand, the exit codes
+// that users' scripts rely on, and the small helpers every subcommand shares.
+//
+// Each `add_*_command(app, exit_code)` registers a CLI11 subcommand whose callback
+// does the work and stores the process exit status in `exit_code`; main() returns
+// it. Errors from distlock are `std::system_error` in `distlock::category()`; a
+// callback may let them escape and main() maps them with `exit_code_for()`.
+//
+// Thread-safety: these run on the main thread of the `distlock` process only.
+//
+// Example (what main.cpp does):
+//   CLI::App app{"distributed locks from the shell", "distlock"};
+//   int exit_code = 0;
+//   distlock::cli::add_run_command(app, exit_code);
+//   distlock::cli::add_status_command(app, exit_code);
+//   app.parse(argc, argv);
+//   return exit_code;
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "distlock/options.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace distlock::cli {
+
+/// Exit statuses (sysexits.h values where one fits). Part of the tool's contract.
+namespace exit_status {
+inline constexpr int ok = 0;
+inline constexpr int status_free = 3;       ///< `distlock status`: nobody holds the lock
+inline constexpr int usage = 64;            ///< EX_USAGE: bad flag, malformed URL, name or duration
+inline constexpr int unavailable = 69;      ///< EX_UNAVAILABLE: backend unreachable, auth failed, no quorum
+inline constexpr int software = 70;         ///< EX_SOFTWARE: an internal error distlock did not expect
+inline constexpr int not_acquired = 75;     ///< EX_TEMPFAIL: busy with --no-wait, or --wait ran out
+inline constexpr int lost = 76;             ///< the lock was lost while the command ran
+inline constexpr int cannot_execute = 126;  ///< the command exists but could not be executed
+inline constexpr int not_found = 127;       ///< the command was not found
+}  // namespace exit_status
+
+/// `distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] NAME -- COMMAND [ARGS…]`.
+/// `command_after_dashes` holds what followed the first `--` on the command line
+/// (main() splits it off before CLI11 parses, so the command's own flags are never
+/// taken for ours).
+void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::string>& command_after_dashes);
+
+/// `distlock status [--url URL] [--json] NAME`.
+void add_status_command(CLI::App& app, int& exit_code);
+
+/// `distlock id ...`: defined in cmd_id.cpp (the ids component), compiled only when
+/// present (DISTLOCK_CLI_HAS_ID).
+void add_id_command(CLI::App& app, int& exit_code);
+
+/// `distlock bench ...`: the bench driver as a subcommand (DISTLOCK_CLI_HAS_BENCH).
+void add_bench_command(CLI::App& app, int& exit_code);
+
+/// The exit status for an error: invalid_url/invalid_argument → 64;
+/// backend_unavailable/auth_failed/quorum_unavailable/protocol_error → 69;
+/// busy/timeout → 75; lost → 76; anything else → 70.
+int exit_code_for(const std::error_code& ec) noexcept;
+
+/// Writes the one line `distlock: <message>` to stderr.
+void print_error(std::string_view message) noexcept;
+
+/// Parses a duration written `250ms`, `10s`, `2m`, `1h` (a bare number is
+/// milliseconds). Throws std::system_error(errc::invalid_argument) naming `flag`
+/// and the text when malformed.
+Millis parse_duration_flag(std::string_view flag, std::string_view text);
+
+/// Formats a duration for people: "250ms", "10s", "1.5s", "2m".
+std::string format_duration(Millis d);
+
+/// Client options for the tool: the library's diagnostics stay silent unless
+/// DISTLOCK_LOG asks for them (the tool reports each error once, itself); the last
+/// warning is kept so a loss can be explained by its cause.
+ClientOptions tool_client_options();
+/// The last warning the library logged (empty if none), e.g. why a lease was lost.
+std::string last_library_warning();
+
+}  // namespace distlock::cli

@@ -1,0 +1,118 @@
+// Helpers shared by the subcommands: exit-status mapping, one-line errors,
+// durations, and the library logger the tool installs.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "cli/commands.hpp"
+#include "core/url.hpp"
+#include "distlock/error.hpp"
+
+namespace distlock::cli {
+
+int exit_code_for(const std::error_code& ec) noexcept {
+  if (ec.category() != distlock::category()) return exit_status::software;
+  switch (static_cast<errc>(ec.value())) {
+    case errc::invalid_url:
+    case errc::invalid_argument: return exit_status::usage;
+    case errc::backend_unavailable:
+    case errc::auth_failed:
+    case errc::quorum_unavailable:
+    case errc::protocol_error: return exit_status::unavailable;
+    case errc::busy:
+    case errc::timeout: return exit_status::not_acquired;
+    case errc::lost: return exit_status::lost;
+    default: return exit_status::software;
+  }
+}
+
+void print_error(std::string_view message) noexcept {
+  // One write per line, so lines from concurrent runners sharing a log do not interleave.
+  std::string line;
+  try {
+    line.reserve(message.size() + 12);
+    line.append("distlock: ").append(message);
+    // Keep the promise of one line even if a message carries a newline.
+    for (char& c : line) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    line.push_back('\n');
+  } catch (...) {
+    return;
+  }
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+Millis parse_duration_flag(std::string_view flag, std::string_view text) {
+  Millis out{};
+  if (!detail::parse_duration(text, out)) {
+    throw_error(make_error_code(errc::invalid_argument),
+                std::string(flag) + " \"" + std::string(text) +
+                    "\" is not a duration (write it like 250ms, 10s, 2m or 1h)");
+  }
+  return out;
+}
+
+std::string format_duration(Millis d) {
+  const auto ms = d.count();
+  if (ms % 60'000 == 0 && ms >= 60'000) return std::to_string(ms / 60'000) + "m";
+  if (ms % 1000 == 0 && ms >= 1000) return std::to_string(ms / 1000) + "s";
+  if (ms < 1000) return std::to_string(ms) + "ms";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3gs", static_cast<double>(ms) / 1000.0);
+  return buf;
+}
+
+namespace {
+
+std::mutex g_warning_mu;
+std::string g_last_warning;  // guarded by g_warning_mu
+
+// DISTLOCK_LOG=debug|info|warning|error turns the library's diagnostics on
+// (written as "distlock <level>: ..."); by default the tool prints only its own errors.
+int log_threshold_from_env() {
+  const char* v = std::getenv("DISTLOCK_LOG");
+  if (!v) return 100;
+  if (!std::strcmp(v, "debug")) return static_cast<int>(LogLevel::debug);
+  if (!std::strcmp(v, "info")) return static_cast<int>(LogLevel::info);
+  if (!std::strcmp(v, "warning")) return static_cast<int>(LogLevel::warning);
+  if (!std::strcmp(v, "error")) return static_cast<int>(LogLevel::error);
+  return 100;
+}
+
+const char* level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::debug: return "debug";
+    case LogLevel::info: return "info";
+    case LogLevel::warning: return "warning";
+    case LogLevel::error: return "error";
+  }
+  return "?";
+}
+
+}  // namespace
+
+ClientOptions tool_client_options() {
+  ClientOptions opts;
+  const int threshold = log_threshold_from_env();
+  opts.logger = [threshold](LogLevel level, std::string_view msg) {
+    if (level >= LogLevel::warning) {
+      std::lock_guard lk(g_warning_mu);
+      g_last_warning.assign(msg);
+    }
+    if (static_cast<int>(level) >= threshold) {
+      std::fprintf(stderr, "distlock %s: %.*s\n", level_name(level), static_cast<int>(msg.size()),
+                   msg.data());
+    }
+  };
+  return opts;
+}
+
+std::string last_library_warning() {
+  std::lock_guard lk(g_warning_mu);
+  return g_last_warning;
+}
+
+}  // namespace distlock::cli

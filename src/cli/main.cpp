@@ -1,0 +1,208 @@
+// distlock — the command-line tool: run a command under a lock, inspect a lock,
+// and (when built) benchmark a backend or generate ids. See docs/cli.md.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "distlock/error.hpp"
+#include "distlock/version.hpp"
+
+#ifdef DISTLOCK_CLI_HAS_BENCH
+#include "bench_driver.hpp"
+#endif
+
+namespace distlock::cli {
+
+#ifdef DISTLOCK_CLI_HAS_BENCH
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto config = std::make_shared<BenchConfig>();
+  CLI::App* bench =
+      app.add_subcommand("bench", "Measure lock latency and throughput (one JSON line per workload)");
+  add_bench_options(*bench, *config);
+  bench->callback([config, &exit_code] { exit_code = run_bench(*config); });
+}
+#endif
+
+namespace {
+
+/// Man-page layout for --help: the synopsis first (for `run` and `status` the
+/// documented contract), then the description, arguments, options and the footer's
+/// EXIT STATUS / ENVIRONMENT / EXAMPLES sections; option texts wrapped to fit.
+class Formatter final : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    if (mode == CLI::AppFormatMode::Sub) return CLI::Formatter::make_help(app, std::move(name), mode);
+    std::string out = make_usage(app, name);
+    out += "\n" + make_description(app);
+    out += make_positionals(app);
+    out += make_groups(app, mode);
+    out += make_subcommands(app, mode);
+    out += "\n" + make_footer(app);
+    return out;
+  }
+
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    if (app->get_name() == "run") {
+      return "Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] NAME -- "
+             "COMMAND [ARGS...]\n";
+    }
+    if (app->get_name() == "status") return "Usage: distlock status [--url URL] [--json] NAME\n";
+    return CLI::Formatter::make_usage(app, std::move(name));
+  }
+
+  // The subcommand list shows a one-line summary, not the whole manual text.
+  std::string make_subcommand(const CLI::App* sub) const override {
+    std::string summary = sub->get_description();
+    if (sub->get_name() == "run") summary = "Run a command while holding a lock (the cron single-runner)";
+    if (sub->get_name() == "status") summary = "Show whether a lock is held, its token, TTL, holder, waiters";
+    summary = summary.substr(0, summary.find('\n'));
+    return "  " + pad(sub->get_name()) + summary + "\n";
+  }
+
+  std::string make_option_desc(const CLI::Option* opt) const override { return wrap(opt->get_description()); }
+
+ private:
+  static constexpr std::size_t kColumn = 30;
+  static constexpr std::size_t kWidth = 66;  // of the description column
+
+  static std::string pad(const std::string& s) {
+    return s.size() + 2 >= kColumn ? s + "\n" + std::string(kColumn, ' ')
+                                   : s + std::string(kColumn - 2 - s.size(), ' ');
+  }
+
+  // CLI11 indents whatever follows a '\n' in a description to its column.
+  static std::string wrap(const std::string& text) {
+    std::string out, line;
+    std::size_t start = 0;
+    while (start < text.size()) {
+      std::size_t end = text.find(' ', start);
+      if (end == std::string::npos) end = text.size();
+      const std::string word = text.substr(start, end - start);
+      if (!line.empty() && line.size() + 1 + word.size() > kWidth) {
+        out += line + "\n";
+        line.clear();
+      }
+      line += (line.empty() ? "" : " ") + word;
+      start = end + 1;
+    }
+    return out + line;
+  }
+};
+
+constexpr const char* kDescription =
+    "distlock - distributed locks from the shell.\n"
+    "Run a job on exactly one machine at a time, stop it if it loses the lock, and inspect locks.\n"
+    "Durations are written 250ms, 10s, 2m or 1h. Lock services are named by URL:\n"
+    "  redis://[user:password@]host:port[/db][?prefix=P&timeout=DUR]   one Redis server\n"
+    "  file:///absolute/dir                                             this host only (kernel locks)\n"
+    "  (and redlock://, etcd://, zk:// where built in)";
+
+constexpr const char* kFooter =
+    "EXIT STATUS (all subcommands)\n"
+    "  64 usage error, malformed URL or duration;  69 lock service unreachable or authentication failed;\n"
+    "  75 lock not acquired;  76 lock lost.  `run` otherwise exits with its command's status, `status`\n"
+    "  with 0 (held) or 3 (free).\n"
+    "\n"
+    "ENVIRONMENT\n"
+    "  DISTLOCK_URL  default lock service (else file:// in $XDG_RUNTIME_DIR/distlock or "
+    "/tmp/distlock-<uid>)\n"
+    "  DISTLOCK_LOG  debug|info|warning|error: show the library's diagnostics\n"
+    "\n"
+    "Run 'distlock SUBCOMMAND --help' for each subcommand's manual.";
+
+/// The message of an error for the one stderr line. A usage error's text already
+/// says what is wrong, so the generic ": invalid argument" suffix is dropped.
+std::string describe(const std::system_error& e) {
+  std::string what = e.what();
+  if (e.code() == distlock::errc::invalid_argument) {
+    const std::string suffix = ": " + e.code().message();
+    if (what.size() > suffix.size() && what.ends_with(suffix)) what.resize(what.size() - suffix.size());
+  }
+  return what;
+}
+
+/// Index of the subcommand word (the first argument that is not a flag), or argc.
+int subcommand_index(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] != '-') return i;
+  }
+  return argc;
+}
+
+}  // namespace
+
+}  // namespace distlock::cli
+
+int main(int argc, char** argv) {
+  using namespace distlock::cli;
+
+  // `run` takes everything after the first "--" as the command, verbatim: those
+  // words are split off before CLI11 sees them, so the command's own flags (or
+  // its own "--") are never taken for ours.
+  std::vector<char*> args(argv, argv + argc);
+  std::vector<std::string> command_after_dashes;
+  const int sub = subcommand_index(argc, argv);
+  std::string sub_name = sub < argc ? argv[sub] : "";
+  if (sub_name == "run") {
+    for (int i = sub + 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--") == 0) {
+        command_after_dashes.assign(argv + i + 1, argv + argc);
+        args.resize(static_cast<std::size_t>(i));
+        break;
+      }
+    }
+  }
+
+  CLI::App app(kDescription, "distlock");
+  app.formatter(std::make_shared<Formatter>());
+  app.footer(kFooter);
+  app.set_version_flag("--version", std::string("distlock ") + distlock::kVersion);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  int exit_code = exit_status::ok;
+  add_run_command(app, exit_code, command_after_dashes);
+  add_status_command(app, exit_code);
+#ifdef DISTLOCK_CLI_HAS_BENCH
+  add_bench_command(app, exit_code);
+#endif
+#ifdef DISTLOCK_CLI_HAS_ID
+  add_id_command(app, exit_code);
+#endif
+
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string known;
+    bool is_known = false;
+    for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + s->get_name();
+      is_known = is_known || s->get_name() == sub_name;
+    }
+    if (!sub_name.empty() && !is_known) {
+      print_error("unknown subcommand \"" + sub_name + "\" (known: " + known + "; see 'distlock --help')");
+    } else {
+      print_error(std::string(e.what()) + " (see 'distlock" + (is_known ? " " + sub_name : "") + " --help')");
+    }
+    return exit_status::usage;
+  } catch (const std::system_error& e) {
+    print_error(describe(e));
+    return exit_code_for(e.code());
+  } catch (const std::exception& e) {
+    print_error(std::string("internal error: ") + e.what());
+    return exit_status::software;
+  }
+  return exit_code;
+}

@@ -1,0 +1,410 @@
+// Black-box tests of the `distlock` binary on file:// and on a real redis-server
+// the test starts itself: mutual exclusion of concurrent runners with increasing
+// tokens, --no-wait/--wait, loss after SIGSTOP past the TTL (TERM, then KILL after
+// the grace), runner SIGKILLed, signal forwarding, exit statuses, usage errors,
+// unreachable servers and `status`.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/cli_harness.hpp"
+#include "support/cs_log.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+/// Lines of `text` (without the trailing newline of each).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+/// The runner's stderr is exactly one line starting "distlock: " that contains `needle`.
+::testing::AssertionResult one_error_line(const std::string& err, const std::string& needle) {
+  const auto lines = lines_of(err);
+  if (lines.size() != 1 || err.back() != '\n') {
+    return ::testing::AssertionFailure() << "expected one line on stderr, got:\n" << err;
+  }
+  if (!lines[0].starts_with("distlock: ")) {
+    return ::testing::AssertionFailure() << "stderr line lacks the \"distlock: \" prefix: " << lines[0];
+  }
+  if (lines[0].find(needle) == std::string::npos) {
+    return ::testing::AssertionFailure() << "stderr line does not mention \"" << needle << "\": " << lines[0];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class CliTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (redis()) {
+      redis_ = std::make_unique<RedisServer>();
+      url_ = redis_->url();
+    } else {
+      url_ = "file://" + (dir_.path() / "locks").string();
+    }
+  }
+  bool redis() const { return GetParam() == "redis"; }
+  fs::path path(const std::string& name) const { return dir_.path() / name; }
+  /// `distlock run --url URL <flags...> NAME -- sh -c SCRIPT`
+  std::vector<std::string> run_sh(const std::string& name, const std::string& script,
+                                  std::vector<std::string> flags = {}) const {
+    std::vector<std::string> args{"run", "--url", url_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {name, "--", "sh", "-c", script});
+    return args;
+  }
+
+  TempDir dir_{"distlock-cli"};
+  std::unique_ptr<RedisServer> redis_;
+  std::string url_;
+};
+
+// 8 runners on one name; each command records its critical section (start, end,
+// $DISTLOCK_TOKEN) as one line in the cs_log format: pid tid token start_ns end_ns owned.
+TEST_P(CliTest, ConcurrentRunnersNeverOverlapAndTokensIncrease) {
+  const fs::path log = path("sections.log");
+  const std::string script =
+      "s=$(date +%s%N); sleep 0.05; e=$(date +%s%N); echo \"$$ 0 $DISTLOCK_TOKEN $s $e 1\" >> " +
+      log.string();
+  std::vector<Cli> runners;
+  for (int i = 0; i < 8; ++i)
+    runners.push_back(Cli::start(run_sh("cs", script, {"--ttl", "5s"}), dir_.path()));
+  for (auto& r : runners) {
+    ASSERT_EQ(r.wait(60s), 0) << r.err();
+    EXPECT_EQ(r.err(), "");
+  }
+  const auto sections = read_sections(log.string());
+  ASSERT_EQ(sections.size(), 8u) << slurp(log);
+  EXPECT_TRUE(no_overlap(sections));
+  EXPECT_TRUE(tokens_increase(sections));
+}
+
+TEST_P(CliTest, ChildEnvironmentNamesLockTokenAndUrl) {
+  Cli r = Cli::run(run_sh("env-lock", "echo \"$DISTLOCK_NAME|${DISTLOCK_TOKEN-absent}|$DISTLOCK_URL\""),
+                   dir_.path(), 20s, {"DISTLOCK_TOKEN=999999", "DISTLOCK_NAME=outer"});
+  ASSERT_EQ(r.code(), 0) << r.err();
+  const auto fields = lines_of(r.out());
+  ASSERT_EQ(fields.size(), 1u) << r.out();
+  const std::string expected_prefix = "env-lock|";
+  EXPECT_TRUE(fields[0].starts_with(expected_prefix)) << fields[0];
+  const std::string token =
+      fields[0].substr(expected_prefix.size(), fields[0].rfind('|') - expected_prefix.size());
+  EXPECT_NE(token, "absent");
+  EXPECT_NE(token, "999999") << "an outer runner's token leaked into the command";
+  EXPECT_GT(std::stoull(token), 0u);
+  EXPECT_EQ(fields[0].substr(fields[0].rfind('|') + 1), url_);
+}
+
+TEST_P(CliTest, CommandSeesOnlyStandardDescriptors) {
+  // The runner's sockets and lock files must not leak into the command; a
+  // descriptor the runner inherited (here 7) is passed on as flock(1) does.
+  Cli r = Cli::run(
+      {"run", "--url", url_, "fds", "--", "sh", "-c",
+       "exec 7>/dev/null; exec " DISTLOCK_CLI_PATH " run --url " + url_ + " fds-inner -- ls /proc/self/fd"},
+      dir_.path());
+  ASSERT_EQ(r.code(), 0) << r.err();
+  auto fds = lines_of(r.out());
+  std::sort(fds.begin(), fds.end());
+  // 0 1 2, the inherited 7, and the descriptor ls opened on /proc/self/fd itself.
+  ASSERT_EQ(fds.size(), 5u) << r.out();
+  EXPECT_EQ(fds[0], "0");
+  EXPECT_EQ(fds[1], "1");
+  EXPECT_EQ(fds[2], "2");
+  EXPECT_NE(std::find(fds.begin(), fds.end(), "7"), fds.end()) << r.out();
+}
+
+TEST_P(CliTest, NoWaitWhileHeldExits75AtOnceAndWaitGivesUpAfterItsDeadline) {
+  const fs::path ready = path("holder.ready");
+  Cli holder = Cli::start(run_sh("busy", "echo up > " + ready.string() + "; exec sleep 60"), dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
+
+  Cli no_wait = Cli::run({"run", "--url", url_, "--no-wait", "busy", "--", "true"}, dir_.path());
+  EXPECT_EQ(no_wait.code(), 75);
+  EXPECT_LT(no_wait.elapsed(), 5s);
+  EXPECT_TRUE(one_error_line(no_wait.err(), "held by another owner"));
+
+  Cli wait1 = Cli::run({"run", "--url", url_, "--wait", "1s", "busy", "--", "true"}, dir_.path());
+  EXPECT_EQ(wait1.code(), 75);
+  EXPECT_GE(wait1.elapsed(), 900ms);
+  EXPECT_LT(wait1.elapsed(), 8s);
+  EXPECT_TRUE(one_error_line(wait1.err(), "not acquired within --wait 1s"));
+
+  // The holder's command ends by the forwarded SIGTERM: 128+15.
+  holder.signal(SIGTERM);
+  EXPECT_EQ(holder.wait(20s), 143) << holder.err();
+  EXPECT_EQ(holder.err(), "");
+  // Released: the next attempt gets it at once.
+  Cli after = Cli::run({"run", "--url", url_, "--no-wait", "busy", "--", "true"}, dir_.path());
+  EXPECT_EQ(after.code(), 0) << after.err();
+}
+
+TEST_P(CliTest, ExitStatusesPassThrough) {
+  EXPECT_EQ(Cli::run(run_sh("st", "exit 0"), dir_.path()).code(), 0);
+  EXPECT_EQ(Cli::run(run_sh("st", "exit 3"), dir_.path()).code(), 3);
+  EXPECT_EQ(Cli::run(run_sh("st", "exit 42"), dir_.path()).code(), 42);
+  EXPECT_EQ(Cli::run(run_sh("st", "kill -USR1 $$"), dir_.path()).code(), 128 + SIGUSR1);
+  EXPECT_EQ(Cli::run(run_sh("st", "kill -KILL $$"), dir_.path()).code(), 128 + SIGKILL);
+  Cli missing = Cli::run({"run", "--url", url_, "st", "--", "/nonexistent/program"}, dir_.path());
+  EXPECT_EQ(missing.code(), 127);
+  EXPECT_TRUE(one_error_line(missing.err(), "/nonexistent/program"));
+  // Not executable: 126. And the lock was released after each of these.
+  const fs::path plain = path("not-executable");
+  { std::ofstream(plain) << "echo should not run\n"; }
+  fs::permissions(plain, fs::perms::owner_read | fs::perms::owner_write);
+  Cli not_exec = Cli::run({"run", "--url", url_, "st", "--", plain.string()}, dir_.path());
+  EXPECT_EQ(not_exec.code(), 126);
+  EXPECT_TRUE(one_error_line(not_exec.err(), "cannot run"));
+  EXPECT_EQ(Cli::run({"run", "--url", url_, "--no-wait", "st", "--", "true"}, dir_.path()).code(), 0);
+}
+
+TEST_P(CliTest, SignalsAreForwardedToTheCommand) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    const std::string sig_name = sig == SIGINT ? "INT" : sig == SIGTERM ? "TERM" : "HUP";
+    const fs::path ready = path("fwd-" + sig_name + ".ready");
+    const fs::path got = path("fwd-" + sig_name + ".got");
+    const std::string script = "trap 'echo " + sig_name + " > " + got.string() + "; exit 7' " + sig_name +
+                               "; echo up > " + ready.string() + "; while :; do sleep 0.05; done";
+    Cli r = Cli::start(run_sh("fwd", script), dir_.path());
+    ASSERT_TRUE(wait_for_file(ready, 20s)) << r.err();
+    r.signal(sig);
+    EXPECT_EQ(r.wait(20s), 7) << sig_name << ": " << r.err();
+    EXPECT_EQ(slurp(got), sig_name + "\n");
+    // (The shell may report its killed `sleep`; the runner itself says nothing.)
+    EXPECT_EQ(r.err().find("distlock:"), std::string::npos) << r.err();
+  }
+}
+
+TEST_P(CliTest, RunnerKilledTakesItsCommandAlongAndFreesTheLock) {
+  const fs::path pid_file = path("victim.pid");
+  Cli r = Cli::start(run_sh("victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", {"--ttl", "2s"}),
+                     dir_.path());
+  ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
+  const pid_t child = std::stoi(slurp(pid_file));
+  ASSERT_TRUE(process_alive(child));
+  r.signal(SIGKILL);
+  ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
+  const auto killed_at = r.ended_at();
+  const auto child_deadline = std::chrono::steady_clock::now() + 5s;
+  while (process_alive(child) && std::chrono::steady_clock::now() < child_deadline)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_FALSE(process_alive(child)) << "the command outlived its runner";
+
+  if (redis()) {
+    // Free once the 2 s TTL runs out: within ttl + 1 s of the kill.
+    Cli next = Cli::run({"run", "--url", url_, "--wait", "10s", "victim", "--", "true"}, dir_.path());
+    EXPECT_EQ(next.code(), 0) << next.err();
+    EXPECT_LT(next.ended_at() - killed_at, 3s + 500ms);
+  } else {
+    // The kernel dropped the lock with the runner's descriptors: free at once.
+    Cli next = Cli::run({"run", "--url", url_, "--no-wait", "victim", "--", "true"}, dir_.path());
+    EXPECT_EQ(next.code(), 0) << next.err();
+  }
+}
+
+TEST_P(CliTest, StatusReportsHeldAndFree) {
+  const fs::path ready = path("status.ready");
+  Cli holder = Cli::start(run_sh("inspect", "echo $DISTLOCK_TOKEN > " + ready.string() + "; exec sleep 60"),
+                          dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
+  const std::string token = lines_of(slurp(ready)).at(0);
+
+  Cli text = Cli::run({"status", "--url", url_, "inspect"}, dir_.path());
+  EXPECT_EQ(text.code(), 0) << text.err();
+  EXPECT_NE(text.out().find("held:    yes\n"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("token:   " + token + "\n"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("waiters: "), std::string::npos) << text.out();
+
+  Cli json = Cli::run({"status", "--url", url_, "--json", "inspect"}, dir_.path());
+  EXPECT_EQ(json.code(), 0) << json.err();
+  const auto j = nlohmann::json::parse(json.out());
+  EXPECT_EQ(j.at("name"), "inspect");
+  EXPECT_EQ(j.at("held"), true);
+  EXPECT_EQ(j.at("token").get<std::uint64_t>(), std::stoull(token));
+  EXPECT_TRUE(j.contains("ttl_ms") && j.contains("holder") && j.contains("waiters")) << json.out();
+  if (redis()) {
+    EXPECT_GT(j.at("ttl_ms").get<long>(), 0);
+    EXPECT_LE(j.at("ttl_ms").get<long>(), 30000);
+    EXPECT_TRUE(j.at("holder").is_string());
+  }
+
+  holder.signal(SIGTERM);
+  ASSERT_EQ(holder.wait(20s), 143);
+  Cli free_text = Cli::run({"status", "--url", url_, "inspect"}, dir_.path());
+  EXPECT_EQ(free_text.code(), 3) << free_text.err();
+  EXPECT_NE(free_text.out().find("held:    no\n"), std::string::npos) << free_text.out();
+  Cli free_json = Cli::run({"status", "--url", url_, "--json", "inspect"}, dir_.path());
+  EXPECT_EQ(free_json.code(), 3);
+  EXPECT_EQ(nlohmann::json::parse(free_json.out()).at("held"), false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CliTest, ::testing::Values("file", "redis"),
+                         [](const auto& param_info) { return param_info.param; });
+
+// A runner SIGSTOPped past its TTL loses the lock to another runner (larger token).
+// On SIGCONT it must see the loss from its local deadline before anything else —
+// even with a SIGTERM pending for it — send SIGTERM to its command, SIGKILL after
+// --grace (the command traps TERM) and exit 76.
+TEST(CliRedis, RunnerStoppedPastItsTtlKillsItsCommandAndExits76) {
+  TempDir dir("distlock-cli");
+  RedisServer redis;
+  const fs::path a_ready = dir.path() / "a.ready", b_ready = dir.path() / "b.ready";
+  Cli a = Cli::start(
+      {"run", "--url", redis.url(), "--ttl", "2s", "--grace", "1s", "paused", "--", "sh", "-c",
+       "exec 2>/dev/null; trap 'echo TERM >> " + (dir.path() / "a.term").string() +
+           "' TERM; echo \"$$ $DISTLOCK_TOKEN\" > " + a_ready.string() + "; while :; do sleep 0.05; done"},
+      dir.path());
+  ASSERT_TRUE(wait_for_file(a_ready, 20s)) << a.err();
+  const auto a_fields = lines_of(slurp(a_ready)).at(0);
+  const pid_t a_child = std::stoi(a_fields.substr(0, a_fields.find(' ')));
+  const std::uint64_t a_token = std::stoull(a_fields.substr(a_fields.find(' ') + 1));
+
+  a.signal(SIGSTOP);
+  Cli b = Cli::start({"run", "--url", redis.url(), "--wait", "20s", "paused", "--", "sh", "-c",
+                      "echo $DISTLOCK_TOKEN > " + b_ready.string() + "; sleep 2"},
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(b_ready, 20s)) << b.err();
+  const std::uint64_t b_token = std::stoull(slurp(b_ready));
+  EXPECT_GT(b_token, a_token);
+
+  a.signal(SIGTERM);  // pending while stopped: must not be acted on before the loss
+  const auto resumed = std::chrono::steady_clock::now();
+  a.signal(SIGCONT);
+  EXPECT_EQ(a.wait(20s), 76) << a.err();
+  EXPECT_TRUE(one_error_line(a.err(), "lost"));
+  EXPECT_NE(a.err().find("SIGKILL"), std::string::npos) << a.err();
+  // SIGKILL came only after the grace.
+  EXPECT_GE(a.ended_at() - resumed, 900ms);
+  EXPECT_FALSE(process_alive(a_child));
+  EXPECT_NE(slurp(dir.path() / "a.term").find("TERM"), std::string::npos) << "the command never got SIGTERM";
+
+  // The new holder was not disturbed and releases normally.
+  EXPECT_EQ(b.wait(20s), 0) << b.err();
+}
+
+// A runner that loses the lock while its (well-behaved) command runs stops it with
+// SIGTERM alone when the command exits within the grace.
+TEST(CliRedis, LossTerminatesCommandWithinGrace) {
+  TempDir dir("distlock-cli");
+  RedisServer redis;
+  const fs::path ready = dir.path() / "ready";
+  Cli a = Cli::start({"run", "--url", redis.url(), "--ttl", "1s", "--grace", "500ms", "dropped", "--", "sh",
+                      "-c", "echo up > " + ready.string() + "; exec sleep 60"},
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
+  a.signal(SIGSTOP);
+  // Let the lease expire on the server, then have somebody else take the lock.
+  std::this_thread::sleep_for(1500ms);
+  Cli b = Cli::run({"run", "--url", redis.url(), "--no-wait", "dropped", "--", "true"}, dir.path());
+  EXPECT_EQ(b.code(), 0) << b.err();
+  a.signal(SIGCONT);
+  EXPECT_EQ(a.wait(20s), 76) << a.err();
+  EXPECT_TRUE(one_error_line(a.err(), "SIGTERM"));
+  EXPECT_EQ(a.err().find("SIGKILL"), std::string::npos) << a.err();
+}
+
+TEST(CliUsage, BadFlagsUrlsAndDurationsExit64WithOneClearLine) {
+  TempDir dir("distlock-cli");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {{"run", "--url", url, "--ttl", "abc", "job", "--", "true"}, "--ttl \"abc\""},
+      {{"run", "--url", url, "--ttl", "10", "job", "--", "true"}, "below the minimum"},
+      {{"run", "--url", url, "--wait", "5parsecs", "job", "--", "true"}, "--wait \"5parsecs\""},
+      {{"run", "--url", url, "--grace", "1x", "job", "--", "true"}, "--grace \"1x\""},
+      {{"run", "--url", url, "--grace", "10s", "--ttl", "5s", "job", "--", "true"}, "shorter than --ttl"},
+      {{"run", "--url", url, "--wait", "1s", "--no-wait", "job", "--", "true"}, "--no-wait"},
+      {{"run", "--url", url, "--bogus", "job", "--", "true"}, "--bogus"},
+      {{"run", "--url", url, "job"}, "no command"},
+      {{"run", "--url", url, "job", "--"}, "no command"},
+      {{"run", "--url", url, "", "--", "true"}, "lock name is empty"},
+      {{"run", "--url", url, "--", "true"}, "NAME"},
+      {{"run", "--url", "nope", "job", "--", "true"}, "nope"},
+      {{"run", "--url", "redis://127.0.0.1:99999", "job", "--", "true"}, "99999"},
+      {{"run", "--url", "gopher://127.0.0.1:70", "job", "--", "true"}, "gopher"},
+      {{"run", "--url", "redis://127.0.0.1:6379?timeout=soon", "job", "--", "true"}, "soon"},
+      {{"status", "--url", url}, "NAME"},
+      {{"status", "--url", "file://relative/dir", "job"}, "file://relative/dir"},
+      {{"status", "--bogus", "job"}, "--bogus"},
+      {{"frobnicate"}, "frobnicate"},
+      {{}, "subcommand"},
+  };
+  for (const auto& c : cases) {
+    Cli r = Cli::run(c.args, dir.path());
+    std::string joined;
+    for (const auto& a : c.args) joined += " " + a;
+    EXPECT_EQ(r.code(), 64) << "distlock" << joined << "\n" << r.err();
+    EXPECT_TRUE(one_error_line(r.err(), c.mentions)) << "distlock" << joined;
+    EXPECT_EQ(r.out(), "") << "distlock" << joined;
+  }
+}
+
+TEST(CliUsage, HelpAndVersion) {
+  TempDir dir("distlock-cli");
+  Cli help = Cli::run({"--help"}, dir.path());
+  EXPECT_EQ(help.code(), 0);
+  EXPECT_NE(help.out().find("run"), std::string::npos);
+  EXPECT_NE(help.out().find("status"), std::string::npos);
+  Cli run_help = Cli::run({"run", "--help"}, dir.path());
+  EXPECT_EQ(run_help.code(), 0);
+  EXPECT_NE(run_help.out().find("Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] "
+                                "[--grace DUR] NAME -- COMMAND"),
+            std::string::npos)
+      << run_help.out();
+  for (const char* section :
+       {"EXIT STATUS", "ENVIRONMENT", "EXAMPLES", "DISTLOCK_TOKEN", "76", "75", "69", "64"}) {
+    EXPECT_NE(run_help.out().find(section), std::string::npos) << section;
+  }
+  Cli status_help = Cli::run({"status", "--help"}, dir.path());
+  EXPECT_EQ(status_help.code(), 0);
+  EXPECT_NE(status_help.out().find("Usage: distlock status [--url URL] [--json] NAME"), std::string::npos);
+  Cli version = Cli::run({"--version"}, dir.path());
+  EXPECT_EQ(version.code(), 0);
+  EXPECT_TRUE(version.out().starts_with("distlock ")) << version.out();
+}
+
+TEST(CliUnreachable, RunAndStatusExit69WithOneLine) {
+  TempDir dir("distlock-cli");
+  const std::string url = "redis://127.0.0.1:" + std::to_string(free_port()) + "?timeout=500ms";
+  Cli run = Cli::run({"run", "--url", url, "job", "--", "true"}, dir.path());
+  EXPECT_EQ(run.code(), 69);
+  EXPECT_TRUE(one_error_line(run.err(), "127.0.0.1"));
+  Cli status = Cli::run({"status", "--url", url, "job"}, dir.path());
+  EXPECT_EQ(status.code(), 69);
+  EXPECT_TRUE(one_error_line(status.err(), "127.0.0.1"));
+  EXPECT_EQ(status.out(), "");
+  // The URL also comes from $DISTLOCK_URL.
+  Cli env = Cli::run({"run", "job", "--", "true"}, dir.path(), 20s, {"DISTLOCK_URL=" + url});
+  EXPECT_EQ(env.code(), 69);
+}
+
+TEST(CliRedis, WrongPasswordExits69) {
+  TempDir dir("distlock-cli");
+  RedisServer redis({.password = "right"});
+  const std::string url = "redis://:wrong@127.0.0.1:" + std::to_string(redis.port());
+  Cli run = Cli::run({"run", "--url", url, "job", "--", "true"}, dir.path());
+  EXPECT_EQ(run.code(), 69);
+  EXPECT_EQ(lines_of(run.err()).size(), 1u) << run.err();
+  EXPECT_EQ(run.err().find("wrong"), std::string::npos) << "password printed: " << run.err();
+}
+
+}  // namespace
+}  // namespace distlock::testing
