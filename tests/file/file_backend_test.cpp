@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -232,6 +233,37 @@ TEST_F(FileBackend, WaiterWakesByNotificationFromAnotherClient) {
     // The fallback re-check is 5 s away; a notification takes milliseconds. 2 s of slack for a busy machine.
     EXPECT_LT(took, 2000) << "round " << round << ": waiter took " << took << " ms after the release";
   }
+}
+
+TEST_F(FileBackend, WaitersDoNotWakeEachOther) {
+  // Every failed attempt closes the lock file, which posts a close event to every
+  // other waiter. Those must not wake waiters into new attempts (and new events):
+  // 8 clients waiting 2 s with a 100 ms fallback re-check stay nearly idle.
+  auto holder = client();
+  distlock::Lease held = holder.acquire("herd");
+  std::vector<distlock::Client> waiters;
+  for (int i = 0; i < 8; ++i) waiters.push_back(client("recheck=100ms"));
+  auto cpu_seconds = [] {
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  };
+  const double cpu_before = cpu_seconds();
+  std::vector<std::thread> threads;
+  std::atomic<int> timeouts{0};
+  for (auto& w : waiters) {
+    threads.emplace_back([&] {
+      std::error_code ec;
+      distlock::Lease l = w.acquire("herd", wait_for(2s), ec);
+      if (ec == errc::timeout) ++timeouts;
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double cpu = cpu_seconds() - cpu_before;
+  EXPECT_EQ(timeouts.load(), 8);
+  // A wake-up loop would burn the whole 2 s on each core; 20 re-checks per waiter cost milliseconds.
+  EXPECT_LT(cpu, 0.5) << "waiting used " << cpu << " s of CPU";
 }
 
 TEST_F(FileBackend, WaiterWakesWhenHolderProcessReleases) {
