@@ -2,9 +2,10 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <signal.h>
+#include <sys/socket.h>
 
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 
 namespace distlock::detail::redlock {
@@ -22,49 +23,41 @@ bool starts_with(const redisReply* r, std::string_view prefix) {
   return r->type == REDIS_REPLY_ERROR && std::string_view(r->str, r->len).substr(0, prefix.size()) == prefix;
 }
 
-// hiredis writes with write(2): a master that closed its socket would raise
-// SIGPIPE and kill the process. Rather than change the process-wide disposition
-// (the application's business), SIGPIPE is blocked in this thread for one
-// fan-out and a SIGPIPE it raised is consumed.
-class SigpipeGuard {
- public:
-  SigpipeGuard() noexcept {
-    sigset_t pending;
-    sigemptyset(&pending);
-    ::sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    sigset_t block;
-    sigemptyset(&block);
-    sigaddset(&block, SIGPIPE);
-    blocked_ = ::pthread_sigmask(SIG_BLOCK, &block, &old_) == 0;
-  }
-  ~SigpipeGuard() {
-    if (!blocked_) return;
-    if (!was_pending_) {
-      sigset_t pending;
-      sigemptyset(&pending);
-      ::sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        sigset_t only;
-        sigemptyset(&only);
-        sigaddset(&only, SIGPIPE);
-        const timespec zero{0, 0};
-        while (::sigtimedwait(&only, nullptr, &zero) == -1 && errno == EINTR) {
-        }
-      }
-    }
-    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
- private:
-  sigset_t old_{};
-  bool blocked_ = false;
-  bool was_pending_ = false;
-};
-
 }  // namespace
+
+void OutBuffer::append(const std::vector<std::string>& argv) {
+  std::vector<const char*> ptrs;
+  std::vector<std::size_t> lens;
+  ptrs.reserve(argv.size());
+  lens.reserve(argv.size());
+  for (const auto& a : argv) {
+    ptrs.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  char* cmd = nullptr;
+  const int len = redisFormatCommandArgv(&cmd, static_cast<int>(argv.size()), ptrs.data(), lens.data());
+  if (len < 0 || !cmd) throw std::bad_alloc();
+  if (empty()) clear();
+  buf_.append(cmd, static_cast<std::size_t>(len));
+  redisFreeCommand(cmd);
+}
+
+bool OutBuffer::flush(int fd, std::string& why) {
+  while (pos_ < buf_.size()) {
+    const ssize_t n = ::send(fd, buf_.data() + pos_, buf_.size() - pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      pos_ += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    // Still connecting, or the socket buffer is full: poll() says when to go on.
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+    why = std::strerror(errno);
+    return false;
+  }
+  clear();
+  return true;
+}
 
 Command script_command(const Script& script, std::span<const std::string> keys,
                        std::span<const std::string> args) {
@@ -172,32 +165,15 @@ void Link::begin(std::span<const Command> cmds) {
   write();
 }
 
-void Link::append(const std::vector<std::string>& argv) {
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
-  ptrs.reserve(argv.size());
-  lens.reserve(argv.size());
-  for (const auto& a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  redisAppendCommandArgv(ctx_.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data());
-  need_write_ = true;
-}
-
 short Link::events() const noexcept {
   if (finished() || !ctx_) return 0;
-  return static_cast<short>(POLLIN | (need_write_ ? POLLOUT : 0));
+  return static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT));
 }
 
 void Link::write() {
-  if (!ctx_ || !need_write_) return;
-  int done = 0;
-  if (redisBufferWrite(ctx_.get(), &done) == REDIS_ERR) {
-    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), ctx_->errstr));
-    return;
-  }
-  need_write_ = done == 0;
+  if (!ctx_ || out_.empty()) return;
+  std::string why;
+  if (!out_.flush(ctx_->fd, why)) fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), why));
 }
 
 void Link::handle(short revents) {
@@ -272,7 +248,7 @@ void Link::fail(NodeStatus status, std::string why) {
 void Link::drop() noexcept {
   ctx_.reset();
   stale_ = 0;
-  need_write_ = false;
+  out_.clear();
   fresh_ = true;
   expect_.clear();
 }
@@ -307,7 +283,6 @@ Lane::Lane(const std::vector<std::shared_ptr<Master>>& masters) : masters_(maste
 }
 
 std::vector<NodeReply> Lane::run(const std::vector<std::vector<Command>>& per_node, Millis timeout) {
-  const SigpipeGuard no_sigpipe;
   const auto deadline = SteadyClock::now() + timeout;
   for (std::size_t i = 0; i < links_.size(); ++i) {
     links_[i].begin(i < per_node.size() ? std::span<const Command>(per_node[i]) : std::span<const Command>());
@@ -316,7 +291,6 @@ std::vector<NodeReply> Lane::run(const std::vector<std::vector<Command>>& per_no
 }
 
 std::vector<NodeReply> Lane::run_all(std::span<const Command> cmds, Millis timeout) {
-  const SigpipeGuard no_sigpipe;
   const auto deadline = SteadyClock::now() + timeout;
   for (auto& link : links_) link.begin(cmds);
   return collect(deadline, timeout);
@@ -337,17 +311,21 @@ std::vector<NodeReply> Lane::collect(SteadyClock::time_point deadline, Millis ti
       which.push_back(i);
     }
     if (fds.empty()) break;
-    const auto now = SteadyClock::now();
-    if (now >= deadline) break;
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+    // Past the deadline, one last look without waiting: if this thread was
+    // descheduled, answers that arrived in time are already in the sockets and
+    // must not be counted as timeouts.
+    const auto left =
+        std::max(std::chrono::nanoseconds(0),
+                 std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - SteadyClock::now()));
+    const bool last_look = left.count() == 0;
     timespec ts{static_cast<std::time_t>(left.count() / 1'000'000'000),
                 static_cast<long>(left.count() % 1'000'000'000)};
     const int n = ppoll(fds.data(), fds.size(), &ts, nullptr);
     if (n < 0 && errno != EINTR) break;
-    if (n <= 0) continue;
-    for (std::size_t k = 0; k < fds.size(); ++k) {
+    for (std::size_t k = 0; n > 0 && k < fds.size(); ++k) {
       if (fds[k].revents != 0) links_[which[k]].handle(fds[k].revents);
     }
+    if (last_look) break;
   }
   std::vector<NodeReply> out;
   out.reserve(links_.size());

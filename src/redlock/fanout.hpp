@@ -65,6 +65,25 @@ struct Command {
   const Script* script = nullptr;
 };
 
+/// Commands formatted by hiredis, written by us with send(MSG_NOSIGNAL): a master
+/// that closed its socket then gives EPIPE instead of a SIGPIPE that would kill
+/// the process (hiredis itself uses write(2)), without touching signal masks.
+class OutBuffer {
+ public:
+  void append(const std::vector<std::string>& argv);
+  bool empty() const noexcept { return pos_ == buf_.size(); }
+  /// Writes what the socket takes now. False with `why` set on a socket error.
+  bool flush(int fd, std::string& why);
+  void clear() noexcept {
+    buf_.clear();
+    pos_ = 0;
+  }
+
+ private:
+  std::string buf_;
+  std::size_t pos_ = 0;
+};
+
 /// Makes the EVALSHA command for `script` over `keys` and `args`.
 Command script_command(const Script& script, std::span<const std::string> keys,
                        std::span<const std::string> args);
@@ -133,7 +152,7 @@ class Link {
     std::size_t index;
     bool retried;
   };
-  void append(const std::vector<std::string>& argv);
+  void append(const std::vector<std::string>& argv) { out_.append(argv); }
   void write();
   void read();
   void fail(NodeStatus status, std::string why);
@@ -141,7 +160,7 @@ class Link {
 
   Master* master_;
   ContextPtr ctx_;
-  bool need_write_ = false;
+  OutBuffer out_;
   bool fresh_ = true;      // no reply yet on this connection: a failure counts as a failed connect
   std::size_t stale_ = 0;  // replies still owed for requests given up on; discarded on arrival
   // Current request.

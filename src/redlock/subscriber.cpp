@@ -1,7 +1,6 @@
 #include "redlock/subscriber.hpp"
 
 #include <poll.h>
-#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -72,14 +71,7 @@ void Subscriber::confirm(const std::shared_ptr<Pending>& p) {
 }
 
 void Subscriber::send(Node& node, const std::vector<std::string>& argv) {
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
-  for (const auto& a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  redisAppendCommandArgv(node.ctx.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data());
-  node.need_write = true;
+  node.out.append(argv);
 }
 
 void Subscriber::connect(Node& node, const std::set<std::string>& channels) {
@@ -109,13 +101,9 @@ void Subscriber::connect(Node& node, const std::set<std::string>& channels) {
 }
 
 void Subscriber::write(Node& node) {
-  if (!node.ctx || !node.need_write) return;
-  int done = 0;
-  if (redisBufferWrite(node.ctx.get(), &done) == REDIS_ERR) {
-    fail(node, node.ctx->errstr);
-    return;
-  }
-  node.need_write = done == 0;
+  if (!node.ctx || node.out.empty()) return;
+  std::string why;
+  if (!node.out.flush(node.ctx->fd, why)) fail(node, why);
 }
 
 void Subscriber::fail(Node& node, const std::string& why) {
@@ -124,7 +112,7 @@ void Subscriber::fail(Node& node, const std::string& why) {
   node.expect.clear();
   node.next_expect = 0;
   node.ctx.reset();
-  node.need_write = false;
+  node.out.clear();
   node.retry_at = SteadyClock::now() + kResubscribeBackoff;
 }
 
@@ -176,12 +164,6 @@ void Subscriber::read(Node& node, std::vector<std::string>& fire) {
 }
 
 void Subscriber::run(std::stop_token stop) {
-  // This thread only talks to masters: a write to a closed socket must not kill
-  // the process (hiredis uses write(2)); the error is handled as a broken link.
-  sigset_t block;
-  sigemptyset(&block);
-  sigaddset(&block, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &block, nullptr);
   std::vector<pollfd> fds;
   std::vector<std::string> fire;
   while (!stop.stop_requested()) {
@@ -225,7 +207,7 @@ void Subscriber::run(std::stop_token stop) {
     auto next_retry = SteadyClock::now() + std::chrono::seconds(1);
     for (auto& node : nodes_) {
       if (node.ctx) {
-        fds.push_back({node.ctx->fd, static_cast<short>(POLLIN | (node.need_write ? POLLOUT : 0)), 0});
+        fds.push_back({node.ctx->fd, static_cast<short>(POLLIN | (node.out.empty() ? 0 : POLLOUT)), 0});
       } else {
         next_retry = std::min(next_retry, node.retry_at);
       }

@@ -63,7 +63,7 @@ class Subscriber {
   struct Node {
     std::shared_ptr<Master> master;
     ContextPtr ctx;
-    bool need_write = false;
+    OutBuffer out;
     std::vector<Entry> expect;  // in order
     std::size_t next_expect = 0;
     SteadyClock::time_point retry_at{};

@@ -213,6 +213,26 @@ TEST(Redlock, ScriptCacheFlushIsRecoveredByEval) {
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(m.keys(i).empty());
 }
 
+TEST(Redlock, LeftoverKeyOfTheSameOwnerIsRetakenWithAFreshTtl) {
+  Masters m(3);
+  auto client = connect(m.url());
+  std::string me;
+  {
+    auto lease = client.acquire("mine");
+    me = *client.status("mine").holder;
+  }
+  // As if an earlier lease of this very thread had been lost locally while its
+  // keys lived on: SET NX finds our own id, and the script re-takes the key.
+  for (std::size_t i = 0; i < m.size(); ++i) m[i].command({"SET", kKeyPrefix + "mine", me, "PX", "5000"});
+  LockOptions opts;
+  opts.ttl = 60s;
+  auto lease = client.try_acquire("mine", opts);
+  ASSERT_TRUE(lease.has_value());
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    EXPECT_GT(m[i].command({"PTTL", kKeyPrefix + "mine"})->integer, 50000) << "master " << i;
+  }
+}
+
 TEST(Redlock, OddNamesAreBinarySafe) {
   Masters m(3);
   auto client = connect(m.url());
