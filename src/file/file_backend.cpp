@@ -61,7 +61,7 @@ std::string in_quotes(std::string_view s) {
   return "\"" + std::string(s) + "\"";
 }
 std::string errno_text(int err) {
-  return std::strerror(err);
+  return std::error_code(err, std::system_category()).message();
 }
 
 // ---- The lock file's record -------------------------------------------------
@@ -525,7 +525,7 @@ class FileBackend final : public Backend {
   };
 
   void notifier_main() {
-    alignas(struct inotify_event) std::array<char, 16 * 1024> buf{};
+    alignas(struct inotify_event) std::array<char, 16384> buf{};
     for (;;) {
       int timeout_ms = -1;
       {

@@ -242,6 +242,7 @@ TEST_F(FileBackend, WaitersDoNotWakeEachOther) {
   auto holder = client();
   distlock::Lease held = holder.acquire("herd");
   std::vector<distlock::Client> waiters;
+  waiters.reserve(8);
   for (int i = 0; i < 8; ++i) waiters.push_back(client("recheck=100ms"));
   auto cpu_seconds = [] {
     rusage ru{};
@@ -251,6 +252,7 @@ TEST_F(FileBackend, WaitersDoNotWakeEachOther) {
   };
   const double cpu_before = cpu_seconds();
   std::vector<std::thread> threads;
+  threads.reserve(waiters.size());
   std::atomic<int> timeouts{0};
   for (auto& w : waiters) {
     threads.emplace_back([&] {
@@ -340,6 +342,7 @@ TEST_F(FileBackend, SixteenThreadsTimesFourProcessesNeverOverlap) {
   const std::string log = (tmp.path() / "cs.log").string();
   const std::string counter = (tmp.path() / "counter").string();
   std::vector<Process> procs;
+  procs.reserve(kProcesses);
   for (int i = 0; i < kProcesses; ++i) {
     procs.push_back(Process::spawn({distlock::testing::lock_tool_path(), "hammer", "--url", url(""), "--name",
                                     "hot", "--log", log, "--threads", std::to_string(kThreads), "--iters",
