@@ -4,6 +4,9 @@
 // shared generator and each thread writes its ids, in the order received, to
 // <out>.t<i>.bin (8 bytes per 64-bit id, native order; 16 bytes per UUID).
 // Snowflake workers also write their worker id to <out>.worker.
+// Stream mode (--stream-ms D, snowflake only): one thread takes an id every --pause-us
+// for D ms and writes them to <out>.t0.bin; if the worker lease is lost it writes
+// <out>.lost and exits 3 (the fault tests pause or kill it meanwhile).
 // Exit 0 on success, 1 with a message on stderr otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   std::string scheme, url, prefix = "uniq", out, go_file;
   int threads = 4, count = 1000;
   std::uint32_t reserve = 1;
+  long ttl_ms = 0, stream_ms = 0, pause_us = 1000;
   app.add_option("--scheme", scheme)->required()->check(CLI::IsMember({"redis-daily", "snowflake", "uuid7"}));
   app.add_option("--url", url);
   app.add_option("--prefix", prefix);
@@ -47,6 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("--reserve", reserve);
   app.add_option("--out", out)->required();
   app.add_option("--go", go_file);
+  app.add_option("--ttl-ms", ttl_ms, "snowflake worker lease ttl (default: the library's)");
+  app.add_option("--stream-ms", stream_ms);
+  app.add_option("--pause-us", pause_us);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -56,7 +63,9 @@ int main(int argc, char** argv) {
     if (scheme == "redis-daily") {
       daily.emplace(url, distlock::ids::RedisDailyOptions{.prefix = prefix, .reserve = reserve});
     } else if (scheme == "snowflake") {
-      snowflake.emplace(distlock::connect(url), distlock::ids::SnowflakeOptions{.prefix = prefix});
+      distlock::ids::SnowflakeOptions o{.prefix = prefix};
+      if (ttl_ms > 0) o.lease.ttl = std::chrono::milliseconds(ttl_ms);
+      snowflake.emplace(distlock::connect(url), o);
       write_text(out + ".worker", std::to_string(snowflake->worker_id()));
     } else {
       uuid7.emplace();
@@ -65,6 +74,36 @@ int main(int argc, char** argv) {
     if (!go_file.empty() && !wait_for_file(go_file, std::chrono::seconds(60))) {
       std::cerr << "ids_worker: no go file " << go_file << " within 60 s\n";
       return 1;
+    }
+
+    if (stream_ms > 0) {
+      if (!snowflake) {
+        std::cerr << "ids_worker: --stream-ms needs --scheme snowflake\n";
+        return 1;
+      }
+      std::vector<std::uint64_t> ids;
+      int status = 0;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(stream_ms);
+      while (std::chrono::steady_clock::now() < end) {
+        std::error_code ec;
+        const std::uint64_t id = snowflake->next(ec);
+        if (ec == distlock::errc::lost) {
+          write_text(out + ".lost", ec.message());
+          status = 3;
+          break;
+        }
+        if (ec) {
+          std::cerr << "ids_worker: " << ec.message() << "\n";
+          status = 1;
+          break;
+        }
+        ids.push_back(id);
+        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      }
+      std::ofstream f(out + ".t0.bin", std::ios::binary);
+      f.write(reinterpret_cast<const char*>(ids.data()),
+              static_cast<std::streamsize>(ids.size() * sizeof(std::uint64_t)));
+      return status;
     }
 
     std::vector<std::string> errors(static_cast<std::size_t>(threads));
