@@ -106,7 +106,7 @@ bool prefix_ok(std::string_view prefix) {
 
 class RedisBackend final : public Backend {
  public:
-  RedisBackend(ConnectionOptions conn, std::string prefix, std::string url, const ClientOptions& opts)
+  RedisBackend(const ConnectionOptions& conn, std::string prefix, std::string url, const ClientOptions& opts)
       : conn_opts_(conn),
         prefix_(std::move(prefix)),
         url_(std::move(url)),

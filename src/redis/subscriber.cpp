@@ -99,7 +99,7 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
   wake();  // the thread sends UNSUBSCRIBE
 }
 
-void Subscriber::notify(std::vector<std::string> channels) {
+void Subscriber::notify(const std::vector<std::string>& channels) {
   for (const auto& ch : channels) {
     try {
       on_message_(ch);
@@ -155,7 +155,7 @@ void Subscriber::disconnect(const std::string& why) {
     cv_.notify_all();
   }
   // Waiters re-check now: they see the outage (or a lock freed meanwhile).
-  notify(std::move(watched));
+  notify(watched);
 }
 
 bool Subscriber::flush_changes() {
@@ -215,7 +215,7 @@ void Subscriber::handle_reply(redisReply* r) {
       }
     }
   }
-  notify(std::move(to_notify));
+  notify(to_notify);
 }
 
 bool Subscriber::read_available() {

@@ -75,7 +75,7 @@ class Subscriber {
   bool flush_changes();
   bool read_available();
   void handle_reply(redisReply* r);
-  void notify(std::vector<std::string> channels);
+  void notify(const std::vector<std::string>& channels);
 
   const ConnectionOptions opts_;
   const Callback on_message_;
