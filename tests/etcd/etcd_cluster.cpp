@@ -1,0 +1,226 @@
+#include "etcd_cluster.hpp"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace distlock::testing {
+
+using namespace std::chrono_literals;
+
+CommandResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
+  CommandResult r;
+  int fds[2];
+  if (::pipe(fds) != 0) return r;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ::kill(pid, SIGKILL);
+      r.output += "\n[timed out]";
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    r.output.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+namespace {
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+EtcdCluster::EtcdCluster(int members) : dir_("distlock-etcd") {
+  for (const char* program : {"etcd", "etcdctl"}) {
+    if (!have_program(program)) {
+      ADD_FAILURE() << program << " not found in PATH: install etcd-server and etcd-client "
+                    << "(scripts/bootstrap.sh); the etcd tests need a real server";
+      throw std::runtime_error(std::string(program) + " missing");
+    }
+  }
+  std::set<std::uint16_t> used;
+  auto port = [&] {
+    for (;;) {
+      const auto p = free_port();
+      if (used.insert(p).second) return p;
+    }
+  };
+  members_.resize(static_cast<std::size_t>(members));
+  for (int i = 0; i < members; ++i) {
+    auto& m = members_[static_cast<std::size_t>(i)];
+    m.name = "m" + std::to_string(i);
+    m.client_port = port();
+    m.peer_port = port();
+    if (!initial_cluster_.empty()) initial_cluster_ += ",";
+    initial_cluster_ += m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+  }
+  for (int i = 0; i < members; ++i) start(i, true);
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  for (int i = 0; i < members; ++i) {
+    if (!wait_port_open(members_[static_cast<std::size_t>(i)].client_port, 20s)) break;
+  }
+  CommandResult health;
+  while (std::chrono::steady_clock::now() < end) {
+    health = etcdctl({"endpoint", "health"});
+    if (health.exit_code == 0 && leader() >= 0) return;
+    std::this_thread::sleep_for(100ms);
+  }
+  std::string logs;
+  for (int i = 0; i < members; ++i)
+    logs += "\n--- " + members_[static_cast<std::size_t>(i)].name + ":\n" + log(i);
+  ADD_FAILURE() << "etcd cluster of " << members << " did not become healthy: " << health.output << logs;
+  throw std::runtime_error("etcd did not start");
+}
+
+EtcdCluster::~EtcdCluster() {
+  for (auto& m : members_) {
+    if (m.up) m.proc.signal(SIGCONT);
+    m.proc.stop(2000ms);
+  }
+}
+
+void EtcdCluster::start(int member, bool initial) {
+  auto& m = members_[static_cast<std::size_t>(member)];
+  const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+  const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+  std::vector<std::string> argv{
+      "etcd", "--name", m.name, "--data-dir", (dir_.path() / m.name).string(), "--listen-client-urls", client,
+      "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+      "--initial-cluster", initial_cluster_, "--initial-cluster-token", "distlock-test",
+      "--initial-cluster-state", initial ? "new" : "existing",
+      // Fast elections keep leader-change tests short.
+      "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"};
+  m.proc = Process::spawn(argv, (dir_.path() / (m.name + ".log")).string());
+  m.up = true;
+}
+
+std::string EtcdCluster::url(const std::string& suffix) const {
+  return "etcd://" + endpoints() + suffix;
+}
+
+std::string EtcdCluster::endpoint(int member) const {
+  return "127.0.0.1:" + std::to_string(members_[static_cast<std::size_t>(member)].client_port);
+}
+
+std::string EtcdCluster::endpoints() const {
+  std::string out;
+  for (int i = 0; i < size(); ++i) {
+    if (!out.empty()) out += ",";
+    out += endpoint(i);
+  }
+  return out;
+}
+
+CommandResult EtcdCluster::etcdctl(const std::vector<std::string>& args, const std::string& user) const {
+  std::string live;
+  for (int i = 0; i < size(); ++i) {
+    if (!members_[static_cast<std::size_t>(i)].up) continue;
+    if (!live.empty()) live += ",";
+    live += endpoint(i);
+  }
+  std::vector<std::string> argv{"etcdctl", "--endpoints=" + live, "--dial-timeout=2s",
+                                "--command-timeout=5s"};
+  if (!user.empty()) argv.push_back("--user=" + user);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, 15s);
+}
+
+std::string EtcdCluster::etcdctl_ok(const std::vector<std::string>& args, const std::string& user) const {
+  auto r = etcdctl(args, user);
+  if (r.exit_code != 0) {
+    std::string cmd;
+    for (const auto& a : args) cmd += " " + a;
+    ADD_FAILURE() << "etcdctl" << cmd << " failed (" << r.exit_code << "): " << r.output;
+  }
+  return r.output;
+}
+
+int EtcdCluster::leader() const {
+  for (int i = 0; i < size(); ++i) {
+    if (!members_[static_cast<std::size_t>(i)].up) continue;
+    auto r = run_command({"etcdctl", "--endpoints=" + endpoint(i), "--dial-timeout=1s",
+                          "--command-timeout=2s", "endpoint", "status", "-w", "json"},
+                         5s);
+    if (r.exit_code != 0) continue;
+    try {
+      const auto j = nlohmann::json::parse(r.output);
+      const auto& st = j.at(0).at("Status");
+      if (st.at("leader").get<std::uint64_t>() == 0) continue;
+      if (st.at("header").at("member_id").get<std::uint64_t>() == st.at("leader").get<std::uint64_t>())
+        return i;
+    } catch (const std::exception&) {
+    }
+  }
+  return -1;
+}
+
+void EtcdCluster::kill(int member) {
+  auto& m = members_[static_cast<std::size_t>(member)];
+  m.proc.signal(SIGKILL);
+  m.proc.wait_for(5s);
+  m.up = false;
+}
+
+void EtcdCluster::pause(int member) {
+  members_[static_cast<std::size_t>(member)].proc.signal(SIGSTOP);
+}
+void EtcdCluster::resume(int member) {
+  members_[static_cast<std::size_t>(member)].proc.signal(SIGCONT);
+}
+
+void EtcdCluster::restart(int member) {
+  start(member, false);
+  wait_port_open(members_[static_cast<std::size_t>(member)].client_port, 20s);
+}
+
+std::int64_t EtcdCluster::revision(const std::string& user) const {
+  auto r = etcdctl({"get", "distlock-test-revision-probe", "-w", "json"}, user);
+  try {
+    return nlohmann::json::parse(r.output).at("header").at("revision").get<std::int64_t>();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "cannot read the etcd revision: " << e.what() << ": " << r.output;
+    return -1;
+  }
+}
+
+std::string EtcdCluster::log(int member) const {
+  return slurp(dir_.path() / (members_[static_cast<std::size_t>(member)].name + ".log"));
+}
+
+}  // namespace distlock::testing

@@ -1,0 +1,502 @@
+// The etcd backend against real etcd processes (one member, and clusters of three)
+// that each test starts on free loopback ports.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <mutex>
+#include <regex>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "etcd_cluster.hpp"
+#include "support/cs_log.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Steady = std::chrono::steady_clock;
+
+struct KeyInfo {
+  std::string key;
+  std::int64_t create_rev = 0;
+  std::int64_t lease = 0;
+  std::string value;
+};
+
+// Keys under `prefix`, read with etcdctl (not through the code under test).
+std::vector<KeyInfo> keys_under(const EtcdCluster& etcd, const std::string& prefix,
+                                const std::string& user = "") {
+  const std::string out = etcd.etcdctl_ok({"get", "--prefix", prefix, "-w", "fields"}, user);
+  std::vector<KeyInfo> keys;
+  std::istringstream in(out);
+  std::string line;
+  std::smatch m;
+  static const std::regex field("^\"(\\w+)\" : (.*)$");
+  while (std::getline(in, line)) {
+    if (!std::regex_match(line, m, field)) continue;
+    const std::string name = m[1], value = m[2];
+    auto unquote = [](const std::string& v) { return v.size() >= 2 ? v.substr(1, v.size() - 2) : v; };
+    if (name == "Key") {
+      keys.push_back({unquote(value)});
+    } else if (keys.empty()) {
+      continue;
+    } else if (name == "CreateRevision") {
+      keys.back().create_rev = std::stoll(value);
+    } else if (name == "Lease") {
+      keys.back().lease = std::stoll(value);
+    } else if (name == "Value") {
+      keys.back().value = unquote(value);
+    }
+  }
+  return keys;
+}
+
+std::string hex(std::int64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// A write to `resource` that applies only while the lock key created at `token`
+// still exists: how a resource kept in etcd fences a stale holder.
+bool guarded_write(const EtcdCluster& etcd, const std::string& lock_key, std::uint64_t token,
+                   const std::string& resource, const std::string& value) {
+  const std::string script = "create(\"" + lock_key + "\") = \"" + std::to_string(token) + "\"\n\nput " +
+                             resource + " " + value + "\n\n\n";
+  std::string endpoints = etcd.endpoints();
+  const auto r = run_command(
+      {"sh", "-c", "printf '%s' \"$0\" | etcdctl --endpoints=" + endpoints + " txn", script}, 15s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.output.find("SUCCESS") != std::string::npos;
+}
+
+LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+TEST(EtcdBackend, TokenIsTheCreateRevisionOfOurKeyAndStatusDescribesIt) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url());
+  std::uint64_t first = 0;
+  {
+    Lease lease = client.acquire("job", ttl_opts(5s));
+    ASSERT_TRUE(lease.owns());
+    first = lease.token();
+    const auto keys = keys_under(etcd, "distlock/job/");
+    ASSERT_EQ(keys.size(), 1u);
+    EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), first);
+    EXPECT_EQ(keys[0].key.rfind("distlock/job/" + hex(keys[0].lease) + "-", 0), 0u) << keys[0].key;
+    EXPECT_EQ(keys[0].value.rfind(client.id() + ":", 0), 0u) << keys[0].value;
+
+    const LockInfo info = client.status("job");
+    EXPECT_TRUE(info.held);
+    EXPECT_EQ(info.token, first);
+    EXPECT_EQ(info.holder, keys[0].value);
+    EXPECT_EQ(info.waiters, 0u);
+    ASSERT_TRUE(info.ttl_remaining.has_value());
+    EXPECT_GT(info.ttl_remaining->count(), 0);
+    EXPECT_LE(*info.ttl_remaining, Millis(5s));
+
+    // Reentry by the same thread: same token, no second key.
+    Lease again = client.acquire("job", ttl_opts(5s));
+    EXPECT_EQ(again.token(), first);
+    EXPECT_EQ(keys_under(etcd, "distlock/job/").size(), 1u);
+  }
+  EXPECT_TRUE(keys_under(etcd, "distlock/job/").empty());
+  EXPECT_FALSE(client.status("job").held);
+  Lease next = client.acquire("job", ttl_opts(5s));
+  EXPECT_GT(next.token(), first);
+}
+
+TEST(EtcdBackend, UncontendedAcquireAndReleaseCostExactlyTwoWrites) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url());
+  client.acquire("warm", ttl_opts(10s)).release();  // the session lease is granted once
+  const std::int64_t before = etcd.revision();
+  constexpr int kRounds = 20;
+  for (int i = 0; i < kRounds; ++i) client.acquire("counted", ttl_opts(10s)).release();
+  const std::int64_t after = etcd.revision();
+  EXPECT_EQ(after - before, 2 * kRounds) << "revision went from " << before << " to " << after;
+}
+
+TEST(EtcdBackend, OneSessionLeasePerClientAndTtl) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url("?prefix=s"));
+  Lease a = client.acquire("a", ttl_opts(6s));
+  Lease b = client.acquire("b", ttl_opts(6s));
+  Lease c = client.acquire("c", ttl_opts(9s));
+  const auto ka = keys_under(etcd, "s/a/"), kb = keys_under(etcd, "s/b/"), kc = keys_under(etcd, "s/c/");
+  ASSERT_EQ(ka.size(), 1u);
+  ASSERT_EQ(kb.size(), 1u);
+  ASSERT_EQ(kc.size(), 1u);
+  EXPECT_EQ(ka[0].lease, kb[0].lease);
+  EXPECT_NE(ka[0].lease, kc[0].lease);
+  const std::string ttl = etcd.etcdctl_ok({"lease", "timetolive", hex(kc[0].lease)});
+  EXPECT_NE(ttl.find("granted with TTL(9s)"), std::string::npos) << ttl;
+  // One keepalive per session renews every lock.
+  EXPECT_EQ(client.renew_now(), 3u);
+  EXPECT_TRUE(a.owns() && b.owns() && c.owns());
+}
+
+TEST(EtcdBackend, NamesAreOpaqueBytesAndDoNotShareQueues) {
+  EtcdCluster etcd(1);
+  Client one = connect(etcd.url());
+  Client two = connect(etcd.url());
+  Lease a = one.acquire("a", ttl_opts(5s));
+  // "a/b" lives under its own encoded prefix, not inside the queue of "a".
+  auto ab = two.try_acquire("a/b", ttl_opts(5s));
+  ASSERT_TRUE(ab.has_value());
+  auto pct = two.try_acquire("a%2Fb", ttl_opts(5s));
+  ASSERT_TRUE(pct.has_value());
+  EXPECT_EQ(keys_under(etcd, "distlock/a/").size(), 1u);
+  EXPECT_EQ(one.status("a").waiters, 0u);
+  for (const std::string& name : {std::string("with space"), std::string("cr\r\nlf"), std::string(4096, 'x'),
+                                  std::string("\xff\xfe binary")}) {
+    Lease l = two.acquire(name, ttl_opts(5s));
+    EXPECT_TRUE(l.owns());
+    EXPECT_TRUE(one.status(name).held);
+    EXPECT_FALSE(one.try_acquire(name, ttl_opts(5s)).has_value());
+  }
+}
+
+TEST(EtcdBackend, TryLockWhenBusyLeavesNoKeyBehind) {
+  EtcdCluster etcd(1);
+  Client holder = connect(etcd.url());
+  Client other = connect(etcd.url());
+  Lease held = holder.acquire("busy", ttl_opts(5s));
+  EXPECT_FALSE(other.try_acquire("busy", ttl_opts(5s)).has_value());
+  EXPECT_EQ(keys_under(etcd, "distlock/busy/").size(), 1u);
+  // A timed wait that runs out takes its queued key away too.
+  Mutex m = other.mutex("busy", ttl_opts(5s));
+  const auto t0 = Steady::now();
+  EXPECT_FALSE(m.try_lock_for(300ms));
+  EXPECT_LT(Steady::now() - t0, 2s);
+  EXPECT_EQ(keys_under(etcd, "distlock/busy/").size(), 1u);
+  EXPECT_EQ(holder.status("busy").waiters, 0u);
+  // Unlock of a lock this thread does not hold.
+  std::error_code ec;
+  m.unlock(ec);
+  EXPECT_EQ(ec, errc::not_owner);
+}
+
+TEST(EtcdBackend, WaitersAcquireInTheOrderTheyQueued) {
+  EtcdCluster etcd(1);
+  Client holder = connect(etcd.url());
+  std::vector<Client> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(connect(etcd.url()));
+  Lease held = holder.acquire("fifo", ttl_opts(10s));
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::uint64_t> tokens;
+  std::vector<std::thread> waiters;
+  constexpr int kWaiters = 6;  // two threads per client: in-client and cross-client queueing
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      Lease l = clients[static_cast<std::size_t>(i % 3)].acquire("fifo", ttl_opts(10s, 30s));
+      std::lock_guard lk(mu);
+      order.push_back(i);
+      tokens.push_back(l.token());
+    });
+    // The next waiter starts only once this one's key is queued.
+    const auto end = Steady::now() + 10s;
+    while (holder.status("fifo").waiters != static_cast<std::uint64_t>(i + 1) && Steady::now() < end) {
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(holder.status("fifo").waiters, static_cast<std::uint64_t>(i + 1));
+  }
+  held.release();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_GT(tokens[i], tokens[i - 1]);
+}
+
+void hammer(const EtcdCluster& etcd, int processes, int threads, int iters) {
+  TempDir dir("distlock-etcd-hammer");
+  const std::string log = (dir.path() / "cs.log").string();
+  const std::string counter = (dir.path() / "counter").string();
+  std::vector<Process> procs;
+  for (int p = 0; p < processes; ++p) {
+    procs.push_back(Process::spawn(
+        {lock_tool_path(), "hammer", "--url", etcd.url(), "--name", "hammered", "--log", log, "--counter",
+         counter, "--threads", std::to_string(threads), "--iters", std::to_string(iters), "--ttl", "5000"},
+        (dir.path() / ("p" + std::to_string(p) + ".out")).string()));
+  }
+  for (int p = 0; p < processes; ++p) {
+    const int st = procs[static_cast<std::size_t>(p)].wait_for(150s);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "hammer process " << p << " status " << st << ": "
+        << read_file((dir.path() / ("p" + std::to_string(p) + ".out")).string());
+  }
+  const auto sections = read_sections(log);
+  EXPECT_EQ(sections.size(), static_cast<std::size_t>(processes * threads * iters));
+  EXPECT_TRUE(no_overlap(sections));
+  EXPECT_TRUE(tokens_increase(sections));
+  EXPECT_EQ(read_counter(counter), processes * threads * iters);
+  for (const auto& s : sections) EXPECT_TRUE(s.owned_at_end);
+}
+
+TEST(EtcdBackend, SixteenThreadsTimesFourProcessesNeverOverlap) {
+  EtcdCluster etcd(1);
+  hammer(etcd, 4, 16, 6);
+}
+
+TEST(EtcdCluster3, SixteenThreadsTimesFourProcessesNeverOverlap) {
+  EtcdCluster etcd(3);
+  hammer(etcd, 4, 16, 4);
+}
+
+TEST(EtcdBackend, KilledHolderIsReplacedWithinTtlPlusOneSecond) {
+  EtcdCluster etcd(1);
+  TempDir dir("distlock-etcd-kill");
+  const std::string out = (dir.path() / "holder.out").string();
+  Process holder = spawn_holder(etcd.url(), "victim", out, 2000);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 10s)) << read_file(out);
+  const auto first = acquired_token(out);
+  Client client = connect(etcd.url());
+  holder.signal(SIGKILL);
+  const auto killed = Steady::now();
+  Lease lease = client.acquire("victim", ttl_opts(2s, 10s));
+  const auto took = Steady::now() - killed;
+  EXPECT_LE(took, 3s) << "took " << std::chrono::duration_cast<Millis>(took).count() << " ms";
+  EXPECT_GT(lease.token(), static_cast<std::uint64_t>(first));
+}
+
+TEST(EtcdBackend, PausedHolderLosesAndItsGuardedWriteIsRejected) {
+  EtcdCluster etcd(1);
+  TempDir dir("distlock-etcd-pause");
+  const std::string out = (dir.path() / "holder.out").string();
+  Process holder = spawn_holder(etcd.url(), "paused", out, 2000);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 10s)) << read_file(out);
+  const auto stale_token = static_cast<std::uint64_t>(acquired_token(out));
+  const auto keys = keys_under(etcd, "distlock/paused/");
+  ASSERT_EQ(keys.size(), 1u);
+  const std::string stale_key = keys[0].key;
+  EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), stale_token);
+  EXPECT_TRUE(guarded_write(etcd, stale_key, stale_token, "resource", "before-pause"));
+
+  holder.signal(SIGSTOP);
+  Client client = connect(etcd.url());
+  Lease lease = client.acquire("paused", ttl_opts(2s, 15s));
+  EXPECT_GT(lease.token(), stale_token);
+  holder.signal(SIGCONT);
+  EXPECT_TRUE(wait_for_text(out, "lost", 5s)) << read_file(out);
+  // The stale holder's write is fenced off; the new holder's goes through.
+  EXPECT_FALSE(guarded_write(etcd, stale_key, stale_token, "resource", "stale"));
+  const auto now_keys = keys_under(etcd, "distlock/paused/");
+  ASSERT_EQ(now_keys.size(), 1u);
+  EXPECT_TRUE(guarded_write(etcd, now_keys[0].key, lease.token(), "resource", "fresh"));
+  EXPECT_NE(etcd.etcdctl_ok({"get", "resource", "--print-value-only"}).find("fresh"), std::string::npos);
+  holder.signal(SIGTERM);
+  holder.wait_for(5s);
+}
+
+TEST(EtcdBackend, LeaseRevokedFromOutsideFiresTheStopSignal) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url());
+  Lease lease = client.acquire("revoked", ttl_opts(3s));
+  std::atomic<bool> called{false};
+  lease.on_lost([&] { called = true; });
+  const auto keys = keys_under(etcd, "distlock/revoked/");
+  ASSERT_EQ(keys.size(), 1u);
+  etcd.etcdctl_ok({"lease", "revoke", hex(keys[0].lease)});
+  const auto end = Steady::now() + 4s;
+  while (!lease.stop_token().stop_requested() && Steady::now() < end) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  EXPECT_TRUE(called.load());
+  EXPECT_FALSE(lease.owns());
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  // A new session serves the next acquisition.
+  Lease next = client.acquire("revoked", ttl_opts(3s));
+  const auto now_keys = keys_under(etcd, "distlock/revoked/");
+  ASSERT_EQ(now_keys.size(), 1u);
+  EXPECT_NE(now_keys[0].lease, keys[0].lease);
+}
+
+TEST(EtcdBackend, WaiterWhoseKeyVanishedQueuesAgainInsteadOfBelievingItOwns) {
+  EtcdCluster etcd(1);
+  Client holder = connect(etcd.url());
+  Client waiter = connect(etcd.url());
+  Lease held = holder.acquire("jepsen", ttl_opts(4s));
+  std::atomic<std::uint64_t> got{0};
+  Lease waited;
+  std::thread t([&] {
+    waited = waiter.acquire("jepsen", ttl_opts(4s, 20s));
+    got = waited.token();
+  });
+  const auto end = Steady::now() + 10s;
+  while (holder.status("jepsen").waiters != 1u && Steady::now() < end) std::this_thread::sleep_for(5ms);
+  auto keys = keys_under(etcd, "distlock/jepsen/");
+  ASSERT_EQ(keys.size(), 2u);
+  const auto waiter_lease = keys[1].lease;
+  etcd.etcdctl_ok({"lease", "revoke", hex(waiter_lease)});
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(got.load(), 0u) << "the waiter must not own the lock while the holder holds it";
+  const std::uint64_t held_token = held.token();
+  held.release();
+  t.join();
+  EXPECT_GT(got.load(), held_token);
+  keys = keys_under(etcd, "distlock/jepsen/");
+  ASSERT_EQ(keys.size(), 1u);
+  EXPECT_NE(keys[0].lease, waiter_lease);
+  EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), got.load());
+}
+
+TEST(EtcdCluster3, LeaderKilledDuringContentionKeepsMutualExclusion) {
+  EtcdCluster etcd(3);
+  std::vector<Client> clients;
+  ClientOptions copts;
+  copts.command_timeout = 3s;
+  for (int i = 0; i < 3; ++i) clients.push_back(connect(etcd.url(), copts));
+  std::atomic<int> inside{0}, overlaps{0}, acquired_after_kill{0}, errors{0};
+  std::atomic<bool> killed{false}, stop{false};
+  std::mutex token_mu;
+  std::uint64_t last_token = 0;
+  int token_regressions = 0;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      for (int n = 0; n < 400 && !stop; ++n) {
+        std::error_code ec;
+        Lease l = clients[static_cast<std::size_t>(i % 3)].acquire("leader", ttl_opts(5s, 20s), ec);
+        if (ec) {
+          ++errors;
+          std::this_thread::sleep_for(50ms);
+          continue;
+        }
+        // A lease whose acquisition outlasted its validity (the answer came back
+        // after the election) is not a critical section.
+        if (!l.owns()) continue;
+        if (inside.fetch_add(1) != 0) ++overlaps;
+        {
+          std::lock_guard lk(token_mu);
+          if (l.token() <= last_token) ++token_regressions;
+          last_token = l.token();
+        }
+        std::this_thread::sleep_for(1ms);
+        inside.fetch_sub(1);
+        if (killed) ++acquired_after_kill;
+        l.release(ec);
+      }
+    });
+  }
+  std::this_thread::sleep_for(1500ms);
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  etcd.kill(leader);
+  killed = true;
+  const auto end = Steady::now() + 20s;
+  while (acquired_after_kill < 30 && Steady::now() < end) std::this_thread::sleep_for(50ms);
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(token_regressions, 0);
+  EXPECT_GE(acquired_after_kill.load(), 30) << "errors: " << errors.load();
+  EXPECT_GE(etcd.leader(), 0);
+}
+
+TEST(EtcdBackend, ClientGoesOnAfterTheServerRestarts) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url("?timeout=1s"));
+  const auto first = client.acquire("restart", ttl_opts(3s)).token();
+  etcd.kill(0);
+  std::error_code ec;
+  client.acquire("restart", ttl_opts(3s, 0ms), ec);
+  EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
+  etcd.restart(0);
+  const auto restarted = Steady::now();
+  Lease l;
+  const auto end = Steady::now() + 15s;
+  do {
+    l = client.acquire("restart", ttl_opts(3s, 5s), ec);
+  } while (ec && Steady::now() < end);
+  ASSERT_FALSE(ec) << ec.message() << "\n" << etcd.log(0);
+  EXPECT_GT(l.token(), first);
+  EXPECT_LT(Steady::now() - restarted, 10s);
+}
+
+template <class Fn>
+std::system_error connect_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::system_error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected an error";
+  return std::system_error(std::error_code{});
+}
+
+TEST(EtcdBackend, BadUrlsAndUnreachableEndpointsGiveClearErrors) {
+  const auto p1 = free_port(), p2 = free_port();
+  const std::string dead = "etcd://127.0.0.1:" + std::to_string(p1) + ",127.0.0.1:" + std::to_string(p2);
+  auto e = connect_error([&] { connect(dead + "?timeout=300ms"); });
+  EXPECT_EQ(e.code(), errc::backend_unavailable);
+  EXPECT_NE(std::string(e.what()).find(std::to_string(p2)), std::string::npos) << e.what();
+
+  struct Case {
+    std::string url;
+    errc code;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {"etcd://", errc::invalid_url, "etcd://"},
+      {"etcd://127.0.0.1:99999", errc::invalid_url, "99999"},
+      {"etcd://127.0.0.1:2379/some/path", errc::invalid_url, "path"},
+      {"etcd://127.0.0.1:2379?colour=red", errc::invalid_url, "colour"},
+      {"etcd://127.0.0.1:2379?tls=maybe", errc::invalid_url, "maybe"},
+      {"etcd://127.0.0.1:2379?cacert=/nonexistent/ca.pem", errc::invalid_argument, "/nonexistent/ca.pem"},
+      {"etcd://127.0.0.1:2379?tls=1&cert=/nonexistent/c.pem&key=/nonexistent/k.pem", errc::invalid_argument,
+       "/nonexistent/c.pem"},
+      {"etcd://127.0.0.1:2379?cert=/etc/hostname", errc::invalid_argument, "key="},
+  };
+  for (const auto& c : cases) {
+    auto err = connect_error([&] { connect(c.url); });
+    EXPECT_EQ(err.code(), c.code) << c.url << ": " << err.what();
+    EXPECT_NE(std::string(err.what()).find(c.mentions), std::string::npos) << c.url << ": " << err.what();
+  }
+}
+
+TEST(EtcdBackend, AuthenticationWithUserAndPassword) {
+  EtcdCluster etcd(1);
+  etcd.etcdctl_ok({"user", "add", "root:rootpw"});
+  etcd.etcdctl_ok({"user", "add", "locker:s3cret"});
+  etcd.etcdctl_ok({"role", "add", "lockers"});
+  etcd.etcdctl_ok({"role", "grant-permission", "lockers", "--prefix=true", "readwrite", "distlock/"});
+  etcd.etcdctl_ok({"user", "grant-role", "locker", "lockers"});
+  etcd.etcdctl_ok({"auth", "enable"});
+  const std::string base = etcd.endpoints();
+
+  auto wrong = connect_error([&] { connect("etcd://locker:wrong@" + base); });
+  EXPECT_EQ(wrong.code(), errc::auth_failed) << wrong.what();
+  EXPECT_NE(std::string(wrong.what()).find("locker"), std::string::npos) << wrong.what();
+  EXPECT_EQ(std::string(wrong.what()).find("wrong"), std::string::npos)
+      << "password leaked: " << wrong.what();
+
+  auto none = connect_error([&] { connect("etcd://" + base); });
+  EXPECT_EQ(none.code(), errc::auth_failed) << none.what();
+
+  Client client = connect("etcd://locker:s3cret@" + base);
+  EXPECT_EQ(client.url().find("s3cret"), std::string::npos);
+  Client other = connect("etcd://locker:s3cret@" + base);
+  Lease l = client.acquire("secured", ttl_opts(3s));
+  EXPECT_FALSE(other.try_acquire("secured", ttl_opts(3s)).has_value());
+  EXPECT_EQ(client.status("secured").token, l.token());
+  l.release();
+  EXPECT_TRUE(other.try_acquire("secured", ttl_opts(3s)).has_value());
+
+  // A prefix the user may not use.
+  auto denied = connect_error([&] { connect("etcd://locker:s3cret@" + base + "?prefix=forbidden"); });
+  EXPECT_EQ(denied.code(), errc::auth_failed) << denied.what();
+}
+
+}  // namespace
+}  // namespace distlock::testing
