@@ -229,7 +229,10 @@ TEST_F(RedisBackend, RenewsTenThousandLeasesInFewRoundTrips) {
 
   const long long evalsha_before = server_.command_calls("evalsha");
   const auto trips_before = client.stats().renew_round_trips;
+  const auto renew_start = Clock::now();
   EXPECT_EQ(client.renew_now(), static_cast<std::size_t>(kLeases));
+  // Reported, not asserted (docs/redis.md quotes it).
+  RecordProperty("renew_10000_ms", static_cast<int>(since(renew_start).count()));
   const long long evalsha_calls = server_.command_calls("evalsha") - evalsha_before;
   EXPECT_LE(evalsha_calls, 100);
   EXPECT_EQ(evalsha_calls, 10);                                    // 1000 keys per script call...
