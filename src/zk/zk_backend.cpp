@@ -455,6 +455,17 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     std::lock_guard lk(mu_);
     entries_.erase(key);
   };
+  // Ours: the lease counts from the send time of the request that showed it.
+  auto owned = [&](SteadyTime sent) {
+    e.held = true;
+    e.valid_until = sent + session_timeout();
+    store();
+    AcquireResult res;
+    res.acquired = true;
+    res.token = static_cast<std::uint64_t>(e.czxid);
+    res.validity = session_timeout();
+    return res;
+  };
   // A transient failure: wait (bounded) for the connection to come back; a new session
   // means our nodes are gone, so start over in it. A request that got no answer within
   // the command timeout ends the attempt: the server counts as unavailable, and
@@ -497,11 +508,12 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     }
     if (e.node.empty() && !e.uncertain) {
       e.guid = zk::make_guid(req.owner, attempts_.fetch_add(1));
-      // Create and list in one round trip: the server answers a session's requests
-      // in order, so the listing already contains the new node.
-      created = zk::submit_create(zh, dir + "/" + e.guid + std::string(zk::kLockMarker), req.owner,
-                                  node_acl(), ZOO_EPHEMERAL_SEQUENTIAL);
-      listed = zk::submit_children(zh, dir);
+      // Create our node and touch the directory in one transaction: the directory's
+      // Stat tells whether anybody else is queued (uncontended: one round trip, no
+      // listing), and its mzxid is the transaction's zxid, i.e. our node's czxid.
+      created = zk::submit_create_and_touch(zh, dir + "/" + e.guid + std::string(zk::kLockMarker), req.owner,
+                                            node_acl(), ZOO_EPHEMERAL_SEQUENTIAL, dir);
+      listed.reset();
       const int rc = zk::await(created, deadline);
       if (rc == ZNONODE) {
         int dir_rc = ZOK;
@@ -533,8 +545,11 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
         return {};
       }
       e.node = created->value.substr(created->value.rfind('/') + 1);
-      e.czxid = created->stat.czxid;
-      e.version = created->stat.version;
+      e.czxid = created->stat.mzxid;  // the directory's Stat: same transaction, same zxid
+      e.version = 0;                  // a new node
+      if (created->stat.numChildren == 1) {
+        return owned(sent);
+      }
     }
 
     if (!listed || e.uncertain) {
@@ -579,14 +594,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
       continue;
     }
     if (me == queue.begin()) {
-      e.held = true;
-      e.valid_until = sent + session_timeout();
-      store();
-      AcquireResult res;
-      res.acquired = true;
-      res.token = static_cast<std::uint64_t>(e.czxid);
-      res.validity = session_timeout();
-      return res;
+      return owned(sent);
     }
     if (!req.keep_queued) {
       delete_or_orphan(s, e);

@@ -74,7 +74,40 @@ void on_string_stat(int rc, const char* value, const Stat* stat, const void* dat
   if (undo) zoo_adelete(r->zh, r->value.c_str(), -1, &ignore_void, nullptr);
 }
 
+void on_multi(int rc, const void* data) {
+  ReplyPtr r = take_back(data);
+  if (rc == ZOK) {
+    r->value = r->path_buffer.data();
+    r->stat = r->parent_stat;
+  }
+  bool undo = false;
+  {
+    std::lock_guard lk(r->mu);
+    r->rc = rc;
+    r->done = true;
+    undo = rc == ZOK && r->abandoned && r->undo_if_abandoned && !r->value.empty();
+    r->cv.notify_all();
+  }
+  if (undo) zoo_adelete(r->zh, r->value.c_str(), -1, &ignore_void, nullptr);
+}
+
 }  // namespace
+
+ReplyPtr submit_create_and_touch(zhandle_t* zh, const std::string& path, std::string_view data,
+                                 const ACL_vector* acl, int mode, const std::string& parent) {
+  auto r = std::make_shared<Reply>();
+  r->zh = zh;
+  r->undo_if_abandoned = true;
+  // Room for the path, the sequence suffix and a chroot prefix.
+  r->path_buffer.assign(path.size() + 4096, '\0');
+  zoo_op_t ops[2];
+  zoo_create_op_init(&ops[0], path.c_str(), data.data(), static_cast<int>(data.size()), acl, mode,
+                     r->path_buffer.data(), static_cast<int>(r->path_buffer.size()));
+  zoo_set_op_init(&ops[1], parent.c_str(), nullptr, -1, -1, &r->parent_stat);
+  const void* d = hand_over(r);
+  const int rc = zoo_amulti(zh, 2, ops, r->results, &on_multi, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
 
 ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view data, const ACL_vector* acl,
                        int mode) {

@@ -52,11 +52,21 @@ struct Reply {
   std::vector<std::string> children;  // get_children
   zhandle_t* zh = nullptr;            // create: to undo a create nobody waits for any more
   bool undo_if_abandoned = false;
+  // create_and_touch: buffers the C client fills when the answer arrives.
+  std::vector<char> path_buffer;
+  Stat parent_stat{};
+  zoo_op_result_t results[2]{};
 };
 using ReplyPtr = std::shared_ptr<Reply>;
 
 ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view data, const ACL_vector* acl,
                        int mode);
+/// One transaction: create `path` and touch (setData) its parent `parent`. On ZOK,
+/// `value` is the created path and `stat` the parent's Stat after the transaction:
+/// `numChildren` says whether anybody else is there, and `mzxid` is the transaction's
+/// zxid, i.e. the new node's czxid. Saves the separate listing when uncontended.
+ReplyPtr submit_create_and_touch(zhandle_t* zh, const std::string& path, std::string_view data,
+                                 const ACL_vector* acl, int mode, const std::string& parent);
 ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version);
 /// exists; with a non-null `watcher`, also leaves a one-shot watch on `path`.
 ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher = nullptr,
