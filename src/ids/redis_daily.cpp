@@ -36,6 +36,10 @@ struct RedisDailyGenerator::Impl {
   std::int64_t range_day = -1;     // UTC day (days since 1970) the reserved range belongs to
   std::uint64_t range_next = 0;    // next counter value to hand out
   std::uint64_t range_end = 0;     // one past the last reserved value (<= 2^32)
+  // Set when the day counter went back (Redis lost data: a restart without persistence,
+  // a failover): ids of this second may carry the values now handed out again, so the
+  // next id uses a later second. -1 when not set.
+  std::int64_t reset_at_second = -1;
   std::atomic<std::uint64_t> round_trips{0};
 
   Impl(RedisDailyOptions o, redis::ConnectionOptions co) : opts(std::move(o)), conn(std::move(co)) {}
@@ -76,6 +80,9 @@ struct RedisDailyGenerator::Impl {
           key, first, kCounterLimit - 1, opts.prefix);
       return make_error_code(errc::exhausted);
     }
+    if (day == range_day && static_cast<std::uint64_t>(first) < range_next) {
+      reset_at_second = last_seconds;
+    }
     range_day = day;
     range_next = static_cast<std::uint64_t>(first);
     range_end = std::min<std::uint64_t>(static_cast<std::uint64_t>(last) + 1, kCounterLimit);
@@ -84,11 +91,23 @@ struct RedisDailyGenerator::Impl {
 
   std::error_code next(std::uint64_t& id, std::string& why) {
     std::lock_guard lk(mu);
+    return next_locked(id, why);
+  }
+
+  std::error_code next_locked(std::uint64_t& id, std::string& why) {
     // The timestamp never goes back within a generator (ids keep increasing). That is
     // safe for uniqueness: a counter value is unique within its day's key, and the
     // timestamp used always lies in the day whose key the value came from.
     const std::int64_t now = floor_div(clock->now_ms(), 1000);
-    const std::int64_t seconds = std::max(now, last_seconds);
+    std::int64_t floor_seconds = last_seconds;
+    if (reset_at_second >= 0) {
+      // After Redis lost data the counter values are handed out again: move to a later
+      // second than any id issued before (running up to one second ahead of the clock
+      // rather than blocking), where none of the old values were used.
+      floor_seconds = std::max(floor_seconds, reset_at_second + 1);
+      reset_at_second = -1;
+    }
+    const std::int64_t seconds = std::max(now, floor_seconds);
     const std::int64_t field = seconds - opts.epoch_seconds;
     if (field < 0) {
       why = fmt::format("the wall clock ({} s) is before the redis-daily epoch ({} s)", seconds,
@@ -105,6 +124,7 @@ struct RedisDailyGenerator::Impl {
       // A new day discards what is left of the old day's range: its values belong to
       // the old day's key and would collide with the new day's counter.
       if (auto ec = reserve(redis_daily_key(opts.prefix, seconds), day, why)) return ec;
+      if (reset_at_second >= 0) return next_locked(id, why);  // the counter went back
     }
     last_seconds = seconds;
     id = static_cast<std::uint64_t>(field) << 32 | range_next++;

@@ -211,11 +211,14 @@ TEST_F(RedisDaily, SharedByThreadsUniqueAndIncreasingPerThread) {
 TEST_F(RedisDaily, ReconnectsAfterServerRestart) {
   RedisDailyGenerator gen(redis.url(), opts());
   const std::uint64_t before = gen.next();
-  redis.restart();  // no persistence: the counter starts over, the seconds field does not
-  clock->advance(1000);
+  redis.restart();  // no persistence: the day counter starts over at 1
+  // Still in the same second: counter 1 of this second was issued already, so the
+  // generator moves to the next second (ahead of the clock) rather than repeat it.
   const std::uint64_t after = gen.next();
   EXPECT_GT(after, before);
-  EXPECT_EQ(decode_redis_daily(after).counter, 1u);
+  EXPECT_EQ(clock->sleeps(), 0);
+  EXPECT_EQ(decode_redis_daily(after), (distlock::ids::RedisDailyParts{kT / 1000 + 1, 1}));
+  EXPECT_EQ(decode_redis_daily(gen.next()), (distlock::ids::RedisDailyParts{kT / 1000 + 1, 2}));
 }
 
 TEST_F(RedisDaily, ServerDownIsBackendUnavailable) {
