@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -194,11 +195,18 @@ bool same_inode(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-// Events of one watched lock file: closes (a holder released or died; also every
-// opener that did not lock), and anything that could mean the file is gone.
-constexpr std::uint32_t kWatchMask =
-    IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF | IN_DONT_FOLLOW;
+// Watches on lock files. A held (or recently held) file is watched for anything
+// that could mean it is gone, so a removal is reported as a loss; a file somebody
+// waits for also for closes (a holder released or died; also every opener that did
+// not lock). Held files are not watched for closes: our own release would wake the
+// notifier thread on every cycle.
+constexpr std::uint32_t kGoneWatch = IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF | IN_DONT_FOLLOW;
+constexpr std::uint32_t kWaitWatch = kGoneWatch | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE;
 constexpr std::uint32_t kGoneMask = IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF | IN_IGNORED;
+// Watches of files nobody holds or waits for any more are kept (up to this many per
+// client, least recently used dropped first), so taking the same lock again costs
+// no inotify call.
+constexpr std::size_t kMaxIdleWatches = 1024;
 
 // The kernel posts the close event of a dying holder's descriptor a moment before it
 // drops that descriptor's locks (fsnotify_close precedes locks_remove_file in
@@ -421,11 +429,14 @@ class FileBackend final : public Backend {
   };
 
   struct FileWatch {
-    std::string name;  // the lock name, for on_change
-    int wd = -1;       // inotify watch descriptor, -1 when none
-    Fd check_fd;       // read-only descriptor for F_OFD_GETLK while anyone waits
+    std::string name;        // the lock name, for on_change
+    int wd = -1;             // inotify watch descriptor, -1 when none
+    Fd check_fd;             // read-only descriptor for F_OFD_GETLK while anyone waits
+    std::uint32_t mask = 0;  // events the watch asks for
     int wait_refs = 0;
     int hold_refs = 0;
+    bool idle = false;  // nobody holds or waits: the entry is in idle_ at idle_pos
+    std::list<std::string>::iterator idle_pos;
     std::size_t confirm_stage = 0;  // index into kConfirmDelays of the pending look
     std::optional<SteadyClock::time_point> confirm_at;
   };
@@ -473,26 +484,42 @@ class FileBackend final : public Backend {
     return same_inode(ours, at_path);
   }
 
-  // Caller holds mu_.
-  void add_watch_ref(const std::string& fname, std::string_view name, bool wait) {
-    FileWatch& w = watches_[fname];
-    if (w.name.empty()) w.name = std::string(name);
-    (wait ? w.wait_refs : w.hold_refs) += 1;
-    if (wait && !w.check_fd) {
-      w.check_fd =
-          Fd(::openat(dir_fd_.get(), fname.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, file_mode_));
-    }
-    if (w.wd < 0 && inotify_fd_) {
-      w.wd = ::inotify_add_watch(inotify_fd_.get(), path_of(fname).c_str(), kWatchMask);
-      if (w.wd >= 0) {
-        by_wd_[w.wd] = fname;
-      } else if (!warned_watch_limit_) {
+  // Caller holds mu_. Points the file's watch at `mask` (no call when it already is).
+  void set_watch_mask(const std::string& fname, FileWatch& w, std::uint32_t mask) {
+    if (!inotify_fd_ || (w.wd >= 0 && w.mask == mask)) return;
+    const int wd = ::inotify_add_watch(inotify_fd_.get(), path_of(fname).c_str(), mask);
+    if (wd < 0) {
+      if (!warned_watch_limit_) {
         warned_watch_limit_ = true;
         log_.log(LogLevel::warning,
                  "file backend {}: cannot watch {} ({}); waiters fall back to re-checking every {} ms", url_,
                  path_of(fname), errno_text(errno), settings_.recheck.count());
       }
+      return;
     }
+    if (w.wd >= 0 && wd != w.wd) {  // the path names another inode now: watch that one only
+      ::inotify_rm_watch(inotify_fd_.get(), w.wd);
+      by_wd_.erase(w.wd);
+    }
+    w.wd = wd;
+    w.mask = mask;
+    by_wd_[wd] = fname;
+  }
+
+  // Caller holds mu_.
+  void add_watch_ref(const std::string& fname, std::string_view name, bool wait) {
+    FileWatch& w = watches_[fname];
+    if (w.idle) {
+      idle_.erase(w.idle_pos);
+      w.idle = false;
+    }
+    if (w.wait_refs == 0 && w.hold_refs == 0) w.name = std::string(name);
+    (wait ? w.wait_refs : w.hold_refs) += 1;
+    if (wait && !w.check_fd) {
+      w.check_fd =
+          Fd(::openat(dir_fd_.get(), fname.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, file_mode_));
+    }
+    set_watch_mask(fname, w, w.wait_refs > 0 ? kWaitWatch : kGoneWatch);
   }
 
   // Caller holds mu_.
@@ -507,13 +534,23 @@ class FileBackend final : public Backend {
       // see the lock state unchanged and stay asleep.
       w.check_fd.reset();
       w.confirm_at.reset();
+      if (w.wd >= 0) set_watch_mask(fname, w, kGoneWatch);
     }
-    if (w.wait_refs == 0 && w.hold_refs == 0) {
-      if (w.wd >= 0) {
-        ::inotify_rm_watch(inotify_fd_.get(), w.wd);
-        by_wd_.erase(w.wd);
-      }
+    if (w.wait_refs > 0 || w.hold_refs > 0) return;
+    if (w.wd < 0) {
       watches_.erase(it);
+      return;
+    }
+    w.idle = true;
+    w.idle_pos = idle_.insert(idle_.end(), fname);
+    if (idle_.size() > kMaxIdleWatches) {
+      auto oldest = watches_.find(idle_.front());
+      idle_.pop_front();
+      if (oldest != watches_.end()) {
+        ::inotify_rm_watch(inotify_fd_.get(), oldest->second.wd);
+        by_wd_.erase(oldest->second.wd);
+        watches_.erase(oldest);
+      }
     }
   }
 
@@ -588,6 +625,12 @@ class FileBackend final : public Backend {
     if (ev.mask & IN_IGNORED) {  // the kernel dropped the watch (file freed)
       by_wd_.erase(it);
       w->second.wd = -1;
+      w->second.mask = 0;
+      if (w->second.idle) {
+        idle_.erase(w->second.idle_pos);
+        watches_.erase(w);
+        return;
+      }
     }
     on_file_event(fname, w->second, ev.mask, actions);
   }
@@ -668,6 +711,7 @@ class FileBackend final : public Backend {
   std::map<std::string, HeldFile, std::less<>> held_;  // key: name '\0' owner; guarded by mu_
   std::map<std::string, FileWatch> watches_;           // key: file name; guarded by mu_
   std::map<int, std::string> by_wd_;                   // wd -> file name; guarded by mu_
+  std::list<std::string> idle_;                        // idle watches, oldest first; guarded by mu_
   bool warned_watch_limit_ = false;                    // guarded by mu_
 
   std::thread notifier_;  // last member: started after everything it uses

@@ -515,6 +515,8 @@ TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
 
 TEST_F(FileBackend, RemovedLockFileIsALoss) {
   auto c = client();
+  // Held before: the client keeps idle watches of recently held files and reuses them.
+  c.acquire("gone").release();
   distlock::Lease lease = c.acquire("gone");
   std::atomic<bool> callback{false};
   lease.on_lost([&] { callback = true; });
@@ -531,6 +533,19 @@ TEST_F(FileBackend, RemovedLockFileIsALoss) {
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(c.stats().lost, 1u);
+}
+
+TEST_F(FileBackend, RemovalIsALossAfterManyOtherLocks) {
+  // More names than the client keeps idle watches for (1024): the oldest are
+  // dropped, and a lock taken again is watched again.
+  auto c = client();
+  c.acquire("first").release();
+  for (int i = 0; i < 1100; ++i) c.acquire("k" + std::to_string(i)).release();
+  distlock::Lease lease = c.acquire("first");
+  fs::remove(file_of("first"));
+  const auto start = SteadyClock::now();
+  while (!lease.stop_token().stop_requested() && ms_since(start) < 5000) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(lease.stop_token().stop_requested()) << "no loss signal after the lock file was removed";
 }
 
 TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
