@@ -17,7 +17,10 @@
 //   backend_unavailable  refused / timed out / connection broken (names host:port),
 //                        and server replies LOADING, BUSY, MASTERDOWN, TRYAGAIN, READONLY;
 //   auth_failed          WRONGPASS / NOAUTH / NOPERM / invalid password (names the server);
+//   invalid_url          the server refused the SELECT of the configured database;
 //   protocol_error       any other error reply, or a reply of an unexpected type.
+// hiredis 0.14 (Debian 12) has no redisConnectWithOptions: the connect timeout goes
+// to redisConnectWithTimeout, the command timeout to redisSetTimeout.
 // Each failing call also leaves a message naming the server and the problem in
 // `Connection::last_error()` (callers put it into their `why`).
 //
