@@ -233,13 +233,15 @@ class FileBackend final : public Backend {
         url_(std::move(url)),
         log_(opts.logger) {
     inotify_fd_ = Fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    int err = errno;
     wake_fd_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_fd_) err = errno;
     if (!inotify_fd_ || !wake_fd_) {
       // Without inotify (e.g. fs.inotify.max_user_instances reached) waiters still
       // progress through the engine's fallback re-check every `recheck`.
       log_.log(LogLevel::warning,
                "file backend {}: inotify unavailable ({}); waiters fall back to re-checking every {} ms",
-               url_, errno_text(errno), settings_.recheck.count());
+               url_, errno_text(err), settings_.recheck.count());
       inotify_fd_.reset();
       return;
     }
@@ -268,7 +270,10 @@ class FileBackend final : public Backend {
     // would leave us locking an orphan: re-open and try again a few times.
     for (int attempt = 0; attempt < 4; ++attempt) {
       Fd fd(::openat(dir_fd_.get(), fname.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, file_mode_));
-      if (!fd) return fail(ec, errc::backend_unavailable, "cannot open lock file " + path_of(fname), errno);
+      if (!fd) {
+        const int err = errno;
+        return fail(ec, errc::backend_unavailable, "cannot open lock file " + path_of(fname), err);
+      }
       struct flock fl = whole_file(F_WRLCK);
       if (::fcntl(fd.get(), F_OFD_SETLK, &fl) != 0) {
         if (errno == EAGAIN || errno == EACCES) {
@@ -276,7 +281,8 @@ class FileBackend final : public Backend {
           busy.holder_ttl = settings_.recheck;  // no TTL here: bounds the engine's fallback re-check
           return busy;
         }
-        return fail(ec, errc::backend_unavailable, "cannot lock " + path_of(fname), errno);
+        const int err = errno;
+        return fail(ec, errc::backend_unavailable, "cannot lock " + path_of(fname), err);
       }
       struct stat ours {
       }, at_path{};
@@ -319,7 +325,8 @@ class FileBackend final : public Backend {
         // The token must not go back after a power loss: sync the file, and the
         // directory entry of a file this acquisition may have created.
         if (::fdatasync(fd.get()) != 0 || (first_use && ::fsync(dir_fd_.get()) != 0)) {
-          return fail(ec, errc::backend_unavailable, "cannot sync " + path_of(fname), errno);
+          const int err = errno;
+          return fail(ec, errc::backend_unavailable, "cannot sync " + path_of(fname), err);
         }
       }
 
@@ -397,7 +404,8 @@ class FileBackend final : public Backend {
         info.token = 0;  // never taken here
         return info;
       }
-      fail(ec, errc::backend_unavailable, "cannot open lock file " + path_of(fname), errno);
+      const int err = errno;
+      fail(ec, errc::backend_unavailable, "cannot open lock file " + path_of(fname), err);
       return {};
     }
     info.held = locked_by_someone(fd.get());
@@ -489,11 +497,12 @@ class FileBackend final : public Backend {
     if (!inotify_fd_ || (w.wd >= 0 && w.mask == mask)) return;
     const int wd = ::inotify_add_watch(inotify_fd_.get(), path_of(fname).c_str(), mask);
     if (wd < 0) {
+      const int err = errno;
       if (!warned_watch_limit_) {
         warned_watch_limit_ = true;
         log_.log(LogLevel::warning,
                  "file backend {}: cannot watch {} ({}); waiters fall back to re-checking every {} ms", url_,
-                 path_of(fname), errno_text(errno), settings_.recheck.count());
+                 path_of(fname), errno_text(err), settings_.recheck.count());
       }
       return;
     }
@@ -827,8 +836,8 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
   }
   struct stat st {};
   if (::fstat(dir_fd.get(), &st) != 0) {
-    return reject(
-        unavailable(why, "cannot stat lock directory " + in_quotes(dir) + ": " + errno_text(errno)));
+    const int err = errno;
+    return reject(unavailable(why, "cannot stat lock directory " + in_quotes(dir) + ": " + errno_text(err)));
   }
   if (st.st_uid != ::geteuid() && (st.st_mode & S_IWOTH)) {
     return reject(
@@ -842,8 +851,9 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
   Fd probe_fd(
       ::openat(dir_fd.get(), probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!probe_fd) {
+    const int err = errno;
     return reject(
-        unavailable(why, "lock directory " + in_quotes(dir) + " is not writable: " + errno_text(errno)));
+        unavailable(why, "lock directory " + in_quotes(dir) + " is not writable: " + errno_text(err)));
   }
   probe_fd.reset();
   ::unlinkat(dir_fd.get(), probe.c_str(), 0);
