@@ -1,0 +1,315 @@
+// The workloads of distlock-bench (see bench_driver.hpp).
+#include "bench/bench_driver.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+
+namespace distlock::bench {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using SteadyClock = std::chrono::steady_clock;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count();
+}
+
+void spin_for_us(long us) {
+  if (us <= 0) return;
+  const std::int64_t end = now_ns() + us * 1000;
+  while (now_ns() < end) {
+  }
+}
+
+/// Latency samples in nanoseconds, merged from threads.
+class Samples {
+ public:
+  void add(std::vector<std::int64_t>&& v) {
+    std::lock_guard lk(mu_);
+    all_.insert(all_.end(), v.begin(), v.end());
+  }
+  /// Percentile in microseconds (nearest rank).
+  double us(double p) {
+    std::lock_guard lk(mu_);
+    if (all_.empty()) return 0;
+    std::sort(all_.begin(), all_.end());
+    auto idx = static_cast<std::size_t>(p * static_cast<double>(all_.size()));
+    idx = std::min(idx, all_.size() - 1);
+    return static_cast<double>(all_[idx]) / 1000.0;
+  }
+  std::size_t size() {
+    std::lock_guard lk(mu_);
+    return all_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::int64_t> all_;
+};
+
+double round1(double v) {
+  return static_cast<double>(static_cast<long long>(v * 10 + 0.5)) / 10;
+}
+
+json line(const std::string& workload, const BenchConfig& cfg, const std::string& url, int clients, long ops,
+          double seconds, Samples& s) {
+  return json{{"workload", workload},
+              {"url", url},
+              {"clients", clients},
+              {"ops", ops},
+              {"ops_per_s", round1(seconds > 0 ? static_cast<double>(ops) / seconds : 0)},
+              {"p50_us", round1(s.us(0.50))},
+              {"p99_us", round1(s.us(0.99))},
+              {"p999_us", round1(s.us(0.999))},
+              {"hold_us", cfg.hold_us}};
+}
+
+LockOptions lock_options(const BenchConfig& cfg) {
+  LockOptions o;
+  o.ttl = Millis(cfg.ttl_ms);
+  return o;
+}
+
+json uncontended(const BenchConfig& cfg, const std::string& url) {
+  Client client = connect(url);
+  const LockOptions opts = lock_options(cfg);
+  const std::string key = "bench/uncontended";
+  for (long i = 0; i < cfg.warmup; ++i) client.acquire(key, opts).release();
+  std::vector<std::int64_t> lat;
+  lat.reserve(static_cast<std::size_t>(cfg.ops));
+  const std::int64_t t0 = now_ns();
+  for (long i = 0; i < cfg.ops; ++i) {
+    const std::int64_t a = now_ns();
+    Lease lease = client.acquire(key, opts);
+    spin_for_us(cfg.hold_us);
+    lease.release();
+    lat.push_back(now_ns() - a);
+  }
+  const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  Samples s;
+  s.add(std::move(lat));
+  return line("uncontended", cfg, client.url(), 1, cfg.ops, seconds, s);
+}
+
+// Handoff: a holder stamps the time just before release(); the next holder (another
+// client) takes the difference as soon as its acquire() returns. After releasing, a
+// client lets another one take the lock (or 20 ms pass) before competing again, so
+// the figure is a handoff to a waiter, not the releaser re-taking its own lock.
+json contended(const BenchConfig& cfg, const std::string& url) {
+  const int n = std::max(2, cfg.clients);
+  std::vector<Client> clients;
+  for (int i = 0; i < n; ++i) clients.push_back(connect(url));
+  const LockOptions opts = lock_options(cfg);
+  const std::string key = "bench/contended";
+  const long total = cfg.warmup + cfg.ops;
+  std::atomic<long> taken{0};
+  std::atomic<int> holder{-1};
+  std::atomic<int> last_releaser{-1};
+  std::atomic<std::int64_t> released_at{0};
+  std::atomic<long> self_reacquired{0};
+  Samples handoffs;
+  std::atomic<bool> failed{false};
+  std::string error;
+  std::mutex error_mu;
+
+  const std::int64_t t0 = now_ns();
+  std::vector<std::thread> threads;
+  for (int me = 0; me < n; ++me) {
+    threads.emplace_back([&, me] {
+      std::vector<std::int64_t> mine;
+      try {
+        for (;;) {
+          Lease lease = clients[static_cast<std::size_t>(me)].acquire(key, opts);
+          const std::int64_t got = now_ns();
+          holder.store(me);
+          const long k = taken.fetch_add(1);
+          if (k >= total) break;  // lease released by its destructor
+          const int prev = last_releaser.load();
+          if (k >= cfg.warmup) {
+            if (prev >= 0 && prev != me) {
+              mine.push_back(got - released_at.load());
+            } else {
+              ++self_reacquired;
+            }
+          }
+          spin_for_us(cfg.hold_us);
+          last_releaser.store(me);
+          released_at.store(now_ns());
+          lease.release();
+          const std::int64_t polite_until = now_ns() + 20'000'000;
+          while (holder.load() == me && now_ns() < polite_until && taken.load() < total) {
+            std::this_thread::yield();
+          }
+        }
+      } catch (const std::exception& e) {
+        failed = true;
+        std::lock_guard lk(error_mu);
+        error = e.what();
+        taken.store(total);
+      }
+      handoffs.add(std::move(mine));
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failed) throw std::runtime_error(error);
+  const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  json j = line("contended", cfg, clients[0].url(), n, cfg.ops, seconds, handoffs);
+  j["handoffs"] = handoffs.size();
+  j["self_reacquired"] = self_reacquired.load();
+  return j;
+}
+
+json many_keys(const BenchConfig& cfg, const std::string& url) {
+  const int n = std::max(1, cfg.clients);
+  const int keys = std::max(1, cfg.keys);
+  std::vector<Client> clients;
+  for (int i = 0; i < n; ++i) clients.push_back(connect(url));
+  const LockOptions opts = lock_options(cfg);
+  Samples s;
+  std::atomic<bool> failed{false};
+  std::string error;
+  std::mutex error_mu;
+  const std::int64_t t0 = now_ns();
+  std::vector<std::thread> threads;
+  for (int me = 0; me < n; ++me) {
+    threads.emplace_back([&, me] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(me) * 7919 + 1);
+      std::uniform_int_distribution<int> pick(0, keys - 1);
+      const long mine = cfg.ops / n + (me < cfg.ops % n ? 1 : 0);
+      const long warm = cfg.warmup / n;
+      std::vector<std::int64_t> lat;
+      lat.reserve(static_cast<std::size_t>(mine));
+      try {
+        for (long i = 0; i < warm + mine; ++i) {
+          const std::string key = "bench/many/" + std::to_string(pick(rng));
+          const std::int64_t a = now_ns();
+          Lease lease = clients[static_cast<std::size_t>(me)].acquire(key, opts);
+          spin_for_us(cfg.hold_us);
+          lease.release();
+          if (i >= warm) lat.push_back(now_ns() - a);
+        }
+      } catch (const std::exception& e) {
+        failed = true;
+        std::lock_guard lk(error_mu);
+        error = e.what();
+      }
+      s.add(std::move(lat));
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failed) throw std::runtime_error(error);
+  const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  json j = line("many-keys", cfg, clients[0].url(), n, cfg.ops, seconds, s);
+  j["keys"] = keys;
+  return j;
+}
+
+json renew(const BenchConfig& cfg, const std::string& url) {
+  Client client = connect(url);
+  const LockOptions opts = lock_options(cfg);
+  const int leases = std::max(1, cfg.keys);
+  std::vector<Lease> held;
+  held.reserve(static_cast<std::size_t>(leases));
+  for (int i = 0; i < leases; ++i) held.push_back(client.acquire("bench/renew/" + std::to_string(i), opts));
+  client.renew_now();  // warm-up (script loading)
+
+  const ClientStats before = client.stats();
+  std::vector<std::int64_t> lat;
+  std::size_t renewed = 0;
+  const std::int64_t t0 = now_ns();
+  for (int r = 0; r < std::max(1, cfg.rounds); ++r) {
+    const std::int64_t a = now_ns();
+    renewed += client.renew_now();
+    lat.push_back(now_ns() - a);
+  }
+  const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  const ClientStats after = client.stats();
+  const int rounds = std::max(1, cfg.rounds);
+  Samples s;
+  s.add(std::move(lat));
+  json j = line("renew", cfg, client.url(), 1, rounds, seconds, s);
+  j["leases"] = leases;
+  j["renewed_per_call"] = static_cast<double>(renewed) / rounds;
+  j["round_trips_per_call"] =
+      static_cast<double>(after.renew_round_trips - before.renew_round_trips) / rounds;
+  j["leases_per_s"] = round1(seconds > 0 ? static_cast<double>(renewed) / seconds : 0);
+  for (auto& l : held) {
+    std::error_code ec;
+    l.release(ec);
+  }
+  return j;
+}
+
+std::vector<std::string> expand(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  for (const auto& w : in) {
+    std::stringstream ss(w);
+    for (std::string part; std::getline(ss, part, ',');) {
+      if (part == "all") {
+        for (const char* a : {"uncontended", "contended", "many-keys", "renew"}) out.emplace_back(a);
+      } else if (!part.empty()) {
+        out.push_back(part);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_bench_options(CLI::App& app, BenchConfig& cfg) {
+  app.add_option("--url", cfg.url, "backend URL (default: $DISTLOCK_URL, else the host-local file:// dir)");
+  app.add_option("--workload", cfg.workloads,
+                 "uncontended, contended, many-keys, renew or all (repeatable, or a,b)")
+      ->delimiter(',');
+  app.add_option("--clients", cfg.clients, "concurrent clients (contended, many-keys)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--keys", cfg.keys, "keys (many-keys) or leases held (renew)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--ops", cfg.ops, "measured operations per workload")->check(CLI::Range(1L, 100000000L));
+  app.add_option("--hold-us", cfg.hold_us, "microseconds each holder keeps the lock")
+      ->check(CLI::Range(0L, 10000000L));
+  app.add_option("--ttl-ms", cfg.ttl_ms, "lease TTL in milliseconds")->check(CLI::Range(100L, 3600000L));
+  app.add_option("--rounds", cfg.rounds, "renew_now() calls measured (renew)")->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", cfg.warmup, "unmeasured operations first")->check(CLI::Range(0L, 100000000L));
+}
+
+int run_bench(const BenchConfig& cfg) {
+  const std::string url = cfg.url.empty() ? default_url() : cfg.url;
+  const std::vector<std::string> workloads = expand(cfg.workloads);
+  for (const auto& w : workloads) {
+    if (w != "uncontended" && w != "contended" && w != "many-keys" && w != "renew") {
+      std::cerr << "distlock-bench: unknown workload \"" << w
+                << "\" (known: uncontended, contended, many-keys, renew, all)\n";
+      return 2;
+    }
+  }
+  int rc = 0;
+  for (const auto& w : workloads) {
+    try {
+      json j;
+      if (w == "uncontended") j = uncontended(cfg, url);
+      if (w == "contended") j = contended(cfg, url);
+      if (w == "many-keys") j = many_keys(cfg, url);
+      if (w == "renew") j = renew(cfg, url);
+      std::cout << j.dump() << std::endl;
+    } catch (const std::exception& e) {
+      std::cerr << "distlock-bench: workload " << w << " on " << url << " failed: " << e.what() << "\n";
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+}  // namespace distlock::bench

@@ -1,0 +1,61 @@
+// bench/bench_driver.hpp — the workloads of distlock-bench, reusable by other front ends
+// (the `distlock bench` subcommand offers the same flags through add_bench_options).
+//
+// Each workload runs against one backend URL and prints one JSON line to stdout:
+//   {"workload":…,"url":…,"clients":…,"ops":…,"ops_per_s":…,"p50_us":…,"p99_us":…,"p999_us":…}
+// (plus a few workload-specific fields). Workloads:
+//   uncontended  one client, one key: latency of acquire + release
+//   contended    --clients clients, one key: the handoff, from the moment a holder calls
+//                release() to the moment the next holder's acquire() returns (steady clock,
+//                taken in the threads of one process, so the timestamps are comparable)
+//   many-keys    --clients clients over --keys keys picked at random: acquire + release
+//   renew        one client holds --keys leases; latency of Client::renew_now() and the
+//                round trips it took (Client::stats().renew_round_trips) per call
+// Measurements only: nothing here asserts a time.
+//
+// Thread-safety: run_bench starts and joins its own threads; call it from one thread.
+//
+// Example:
+//   CLI::App app{"bench"};
+//   distlock::bench::BenchConfig cfg;
+//   distlock::bench::add_bench_options(app, cfg);
+//   CLI11_PARSE(app, argc, argv);
+//   return distlock::bench::run_bench(cfg);
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+namespace distlock::bench {
+
+struct BenchConfig {
+  /// Backend URL; empty: $DISTLOCK_URL, else the host-local default.
+  std::string url;
+  /// Workloads to run, in order: uncontended, contended, many-keys, renew, or all.
+  /// Several may be given (--workload a --workload b, or a,b).
+  std::vector<std::string> workloads{"uncontended"};
+  /// Concurrent clients (one distlock::Client and one thread each). Default 4.
+  int clients = 4;
+  /// Keys for many-keys; leases held for renew. Default 1000.
+  int keys = 1000;
+  /// Operations (acquire + release, or handoffs) per workload, over all clients. Default 5000.
+  long ops = 5000;
+  /// Time each holder keeps the lock before releasing, in microseconds (busy wait). Default 0.
+  long hold_us = 0;
+  /// Lease TTL. Default 30 s (the library default).
+  long ttl_ms = 30000;
+  /// renew: calls of renew_now() measured. Default 5.
+  int rounds = 5;
+  /// Unmeasured operations first (connections, script loading). Default 100.
+  long warmup = 100;
+};
+
+/// Adds --url, --workload, --clients, --keys, --ops, --hold-us, --ttl-ms, --rounds, --warmup.
+void add_bench_options(CLI::App& app, BenchConfig& cfg);
+
+/// Runs the workloads; one JSON line each on stdout, errors on stderr. Returns 0, or
+/// 1 when a workload failed (its error is printed), 2 for an unknown workload.
+int run_bench(const BenchConfig& cfg);
+
+}  // namespace distlock::bench

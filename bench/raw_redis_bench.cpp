@@ -1,0 +1,137 @@
+// distlock-bench-raw-redis — the raw hiredis baseline distlock-bench is compared with.
+//
+//   distlock-bench-raw-redis --host 127.0.0.1 --port 6379 [--ops N] [--warmup N]
+//
+// Prints two JSON lines in distlock-bench's shape:
+//   raw-lock  the minimal correct Redis lock: SET key owner NX PX ttl, then EVALSHA of a
+//             compare-and-delete script (2 round trips per op, no fencing, no reentrancy,
+//             no renewal, no waiting);
+//   raw-ping  one PING: one network round trip.
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct ContextDeleter {
+  void operator()(redisContext* c) const noexcept { redisFree(c); }
+};
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using Context = std::unique_ptr<redisContext, ContextDeleter>;
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Reply command(redisContext* c, const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  for (const auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  Reply r(
+      static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+  if (!r) throw std::runtime_error(std::string("redis: ") + c->errstr);
+  if (r->type == REDIS_REPLY_ERROR) throw std::runtime_error("redis error: " + std::string(r->str, r->len));
+  return r;
+}
+
+json line(const std::string& workload, const std::string& url, long ops, double seconds,
+          std::vector<std::int64_t>& lat) {
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double p) {
+    if (lat.empty()) return 0.0;
+    const auto idx = std::min(static_cast<std::size_t>(p * static_cast<double>(lat.size())), lat.size() - 1);
+    return static_cast<double>(static_cast<long long>(static_cast<double>(lat[idx]) / 100.0 + 0.5)) / 10.0;
+  };
+  return json{{"workload", workload},
+              {"url", url},
+              {"clients", 1},
+              {"ops", ops},
+              {"ops_per_s", seconds > 0 ? static_cast<double>(static_cast<long long>(ops / seconds)) : 0.0},
+              {"p50_us", pct(0.50)},
+              {"p99_us", pct(0.99)},
+              {"p999_us", pct(0.999)}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"distlock-bench-raw-redis: raw hiredis lock and PING baselines"};
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  long ops = 5000, warmup = 100;
+  app.add_option("--host", host, "Redis host");
+  app.add_option("--port", port, "Redis port")->check(CLI::Range(1, 65535));
+  app.add_option("--ops", ops, "measured operations per workload")->check(CLI::Range(1L, 100000000L));
+  app.add_option("--warmup", warmup, "unmeasured operations first")->check(CLI::Range(0L, 100000000L));
+  CLI11_PARSE(app, argc, argv);
+  const std::string url = "redis://" + host + ":" + std::to_string(port);
+
+  try {
+    timeval tv{2, 0};
+    Context c(redisConnectWithTimeout(host.c_str(), port, tv));
+    if (!c || c->err) {
+      std::cerr << "distlock-bench-raw-redis: cannot connect to " << url << ": "
+                << (c ? c->errstr : "out of memory") << "\n";
+      return 1;
+    }
+    redisSetTimeout(c.get(), tv);
+    const std::string unlock =
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+    const Reply sha_reply = command(c.get(), {"SCRIPT", "LOAD", unlock});
+    const std::string sha(sha_reply->str, sha_reply->len);
+    const std::string key = "bench-raw:lock", owner = "raw-owner-0123456789abcdef";
+
+    auto lock_op = [&] {
+      const Reply set = command(c.get(), {"SET", key, owner, "NX", "PX", "30000"});
+      if (set->type != REDIS_REPLY_STATUS) throw std::runtime_error("raw lock: SET NX found the key held");
+      const Reply del = command(c.get(), {"EVALSHA", sha, "1", key, owner});
+      if (del->type != REDIS_REPLY_INTEGER || del->integer != 1)
+        throw std::runtime_error("raw unlock failed");
+    };
+    for (long i = 0; i < warmup; ++i) lock_op();
+    std::vector<std::int64_t> lat;
+    lat.reserve(static_cast<std::size_t>(ops));
+    std::int64_t t0 = now_ns();
+    for (long i = 0; i < ops; ++i) {
+      const std::int64_t a = now_ns();
+      lock_op();
+      lat.push_back(now_ns() - a);
+    }
+    std::cout << line("raw-lock", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
+              << std::endl;
+
+    for (long i = 0; i < warmup; ++i) command(c.get(), {"PING"});
+    lat.clear();
+    t0 = now_ns();
+    for (long i = 0; i < ops; ++i) {
+      const std::int64_t a = now_ns();
+      command(c.get(), {"PING"});
+      lat.push_back(now_ns() - a);
+    }
+    std::cout << line("raw-ping", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
+              << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "distlock-bench-raw-redis: " << e.what() << "\n";
+    return 1;
+  }
+}

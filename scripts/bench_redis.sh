@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Benchmarks distlock on Redis beside a raw hiredis baseline, in the same run and with
+# the same CPU pinning, and prints the ratios the design targets:
+#   uncontended p50        vs the raw SET NX PX + EVALSHA compare-and-delete lock (<= 1.15x)
+#   contended handoff p50  vs one raw round trip (PING)                           (<= 4x)
+#   renewal of 10,000 held leases: round trips per renewer tick                   (<= 100)
+# It starts its own redis-server on a free loopback port (stopped by pid on exit),
+# pins the server to one CPU and the clients to another with taskset, and prints the
+# JSON lines of every workload, then the ratios. Measurements only: nothing fails on
+# a slow figure.
+#
+# Usage: ./scripts/bench_redis.sh [BUILD_DIR]   (default build-bench; configured and
+#        built in Release if distlock-bench is missing there)
+# Env:   OPS (default 20000), CLIENTS (4), SERVER_CPU (0), CLIENT_CPU (1), OUT (file for the JSON lines)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${1:-build-bench}
+ops=${OPS:-20000}
+clients=${CLIENTS:-4}
+server_cpu=${SERVER_CPU:-0}
+client_cpu=${CLIENT_CPU:-1}
+out=${OUT:-$(mktemp /tmp/distlock-bench.XXXXXX.jsonl)}
+
+for tool in redis-server redis-cli taskset python3; do
+  command -v "$tool" >/dev/null || { echo "bench_redis.sh: $tool is missing (run ./scripts/bootstrap.sh)" >&2; exit 1; }
+done
+
+if [ ! -x "$build/bench/distlock-bench" ] || [ ! -x "$build/bench/distlock-bench-raw-redis" ]; then
+  echo "bench_redis.sh: building distlock-bench in $build (Release)" >&2
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTLOCK_BUILD_TESTS=OFF -DDISTLOCK_BUILD_TOOLS=OFF \
+    -DDISTLOCK_COMPONENTS="file;redis" >/dev/null
+  cmake --build "$build" -j2 --target distlock-bench distlock-bench-raw-redis >/dev/null
+fi
+bench="$build/bench/distlock-bench"
+raw="$build/bench/distlock-bench-raw-redis"
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dir=$(mktemp -d /tmp/distlock-bench-redis.XXXXXX)
+redis_pid=""
+cleanup() {
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT INT TERM
+
+taskset -c "$server_cpu" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$dir" --logfile "$dir/redis.log" &
+redis_pid=$!
+for _ in $(seq 1 100); do
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.05
+done
+redis-cli -p "$port" ping >/dev/null || { echo "bench_redis.sh: redis-server did not start" >&2; cat "$dir/redis.log" >&2; exit 1; }
+
+url="redis://127.0.0.1:$port"
+evalsha_calls() { redis-cli -p "$port" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p'; }
+run() { taskset -c "$client_cpu" "$@" | tee -a "$out"; }
+
+echo "# redis-server pid $redis_pid on CPU $server_cpu, clients on CPU $client_cpu, $url" >&2
+: >"$out"
+run "$raw" --port "$port" --ops "$ops"
+run "$bench" --url "$url" --workload uncontended --ops "$ops"
+run "$bench" --url "$url" --workload contended --clients "$clients" --ops "$((ops / 4))"
+run "$bench" --url "$url" --workload many-keys --clients "$clients" --keys 1000 --ops "$ops"
+before=$(evalsha_calls)
+run "$bench" --url "$url" --workload renew --keys 10000 --rounds 5 --warmup 0
+after=$(evalsha_calls)
+# The renew workload makes 10,000 acquires and 10,000 releases (one EVALSHA each) around
+# 6 renew ticks (1 warm-up): what is left is the renewer's calls per tick, server side.
+renew_evalsha=$(( (after - before - 20000) / 6 ))
+
+python3 - "$out" "$renew_evalsha" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if line.startswith("{"):
+        j = json.loads(line)
+        rows.setdefault(j["workload"], j)
+renew_evalsha = int(sys.argv[2])
+raw_lock, ping = rows["raw-lock"], rows["raw-ping"]
+unc, con, ren = rows["uncontended"], rows["contended"], rows["renew"]
+def verdict(ok): return "meets target" if ok else "MISSES target"
+r1 = unc["p50_us"] / raw_lock["p50_us"]
+r2 = con["p50_us"] / ping["p50_us"]
+r3 = ren["round_trips_per_call"]
+print()
+print(f"uncontended p50 {unc['p50_us']} us / raw lock p50 {raw_lock['p50_us']} us = {r1:.2f}x  (target <= 1.15x: {verdict(r1 <= 1.15)})")
+print(f"contended handoff p50 {con['p50_us']} us / raw round trip p50 {ping['p50_us']} us = {r2:.2f}x  (target <= 4x: {verdict(r2 <= 4)})")
+print(f"renew {ren['leases']} leases: {r3:g} round trips per tick ({renew_evalsha} EVALSHA calls per tick on the server, pipelined), "
+      f"p50 {ren['p50_us']} us per tick  (target <= 100: {verdict(r3 <= 100)})")
+PY
+echo "# JSON lines in $out" >&2
