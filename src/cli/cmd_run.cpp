@@ -155,6 +155,9 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals,
     } catch (const std::exception& e) {
       result->ec = make_error_code(errc::protocol_error);
       result->what = e.what();
+    } catch (...) {
+      result->ec = make_error_code(errc::protocol_error);
+      result->what = "unexpected error while acquiring lock \"" + name + "\"";
     }
     wake->notify();
   });

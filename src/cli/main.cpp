@@ -14,18 +14,23 @@
 #include "distlock/version.hpp"
 
 #ifdef DISTLOCK_CLI_HAS_BENCH
-#include "bench_driver.hpp"
+#include "bench/bench_driver.hpp"
 #endif
 
 namespace distlock::cli {
 
 #ifdef DISTLOCK_CLI_HAS_BENCH
 void add_bench_command(CLI::App& app, int& exit_code) {
-  auto config = std::make_shared<BenchConfig>();
-  CLI::App* bench =
+  auto config = std::make_shared<bench::BenchConfig>();
+  CLI::App* sub =
       app.add_subcommand("bench", "Measure lock latency and throughput (one JSON line per workload)");
-  add_bench_options(*bench, *config);
-  bench->callback([config, &exit_code] { exit_code = run_bench(*config); });
+  sub->description(
+      "The bench driver as a subcommand (same flags and JSON lines as distlock-bench): one JSON line per\n"
+      "workload on standard output: "
+      "{\"workload\",\"url\",\"clients\",\"ops\",\"ops_per_s\",\"p50_us\",\"p99_us\",\n"
+      "\"p999_us\"}. Workloads: uncontended, contended (handoff latency), many-keys, renew, all.");
+  bench::add_bench_options(*sub, *config);
+  sub->callback([config, &exit_code] { exit_code = bench::run_bench(*config); });
 }
 #endif
 
@@ -61,6 +66,10 @@ class Formatter final : public CLI::Formatter {
     std::string summary = sub->get_description();
     if (sub->get_name() == "run") summary = "Run a command while holding a lock (the cron single-runner)";
     if (sub->get_name() == "status") summary = "Show whether a lock is held, its token, TTL, holder, waiters";
+    if (sub->get_name() == "bench")
+      summary = "Measure lock latency and throughput (one JSON line per workload)";
+    if (sub->get_name() == "id")
+      summary = "Print or decode globally unique ids (snowflake, redis-daily, uuid7)";
     summary = summary.substr(0, summary.find('\n'));
     return "  " + pad(sub->get_name()) + summary + "\n";
   }

@@ -408,3 +408,26 @@ TEST(CliRedis, WrongPasswordExits69) {
 
 }  // namespace
 }  // namespace distlock::testing
+
+#ifdef DISTLOCK_CLI_TEST_BENCH
+namespace distlock::testing {
+namespace {
+TEST(CliBench, PrintsOneJsonLinePerWorkload) {
+  TempDir dir("distlock-cli");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  Cli r = Cli::run({"bench", "--url", url, "--workload", "uncontended,contended", "--clients", "2", "--ops",
+                    "40", "--warmup", "4"},
+                   dir.path(), 60s);
+  ASSERT_EQ(r.code(), 0) << r.err();
+  const auto out = lines_of(r.out());
+  ASSERT_EQ(out.size(), 2u) << r.out();
+  const auto first = nlohmann::json::parse(out[0]);
+  const auto second = nlohmann::json::parse(out[1]);
+  EXPECT_EQ(first.at("workload"), "uncontended");
+  EXPECT_EQ(second.at("workload"), "contended");
+  EXPECT_EQ(first.at("url"), url);
+  EXPECT_GT(first.at("ops_per_s").get<double>(), 0.0);
+}
+}  // namespace
+}  // namespace distlock::testing
+#endif
