@@ -187,7 +187,8 @@ TEST_F(RedisBackend, TryLockForHonoursItsDeadline) {
   EXPECT_FALSE(m.try_lock_for(400ms));
   const Millis took = since(start);
   EXPECT_GE(took, Millis(400));
-  EXPECT_LT(took, Millis(2000));
+  // Generous: the 2-core CI machine is often overloaded (only the order of magnitude matters).
+  EXPECT_LT(took, Millis(3000)) << "try_lock_for(400ms) took " << took.count() << " ms";
   EXPECT_FALSE(m.try_lock());
   std::error_code ec;
   b.acquire("busy", ttl_of(30s, Millis(0)), ec);
