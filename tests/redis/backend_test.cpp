@@ -174,8 +174,9 @@ TEST_F(RedisBackend, WaiterIsWokenByThePublishNotByExpiry) {
   lease.release();
   auto [token, acquired_at] = waiter.get();
   EXPECT_EQ(token, held_token + 1);
-  // 30 s TTL and a re-check capped at 5 s: only the notification explains this.
-  EXPECT_LT(std::chrono::duration_cast<Millis>(acquired_at - released_at), Millis(3000));
+  // 30 s TTL and a re-check capped at 5 s (started before the release): only the
+  // notification explains a hand-off within 4 s.
+  EXPECT_LT(std::chrono::duration_cast<Millis>(acquired_at - released_at), Millis(4000));
 }
 
 TEST_F(RedisBackend, TryLockForHonoursItsDeadline) {
