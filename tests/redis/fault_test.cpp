@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <sstream>
@@ -162,6 +163,36 @@ TEST(RedisFaults, ServerKilledMidWaitThenWaitersResubscribe) {
   auto [ec2, got_at] = again.get();
   EXPECT_FALSE(ec2) << ec2.message();
   EXPECT_LT(std::chrono::duration_cast<Millis>(got_at - released_at), Millis(4000));
+}
+
+TEST(RedisFaults, ServerPausedPastTheTtlHolderGivesUpBeforeTheServerExpiresIt) {
+  RedisServer server;
+  auto client = distlock::connect(server.url("?timeout=200ms"));
+  auto lease = client.acquire("frozen", ttl_of(1000ms));
+  const std::uint64_t token = lease.token();
+  std::atomic<bool> lost{false};
+  lease.on_lost([&] { lost = true; });
+  server.pause();
+  const auto paused_at = Clock::now();
+  // The last successful renewal was sent before the pause, so the local deadline
+  // (its send time + 1000 ms - 100 ms margin) is at most 900 ms after the pause, and
+  // the server cannot expire the key before 1000 ms after that renewal: by then the
+  // holder must already say it does not own the lock.
+  std::this_thread::sleep_until(paused_at + 1000ms);
+  EXPECT_FALSE(lease.owns());
+  // The stop signal follows once the renewer's blocked call times out (200 ms here).
+  while (!lease.stop_token().stop_requested() && since(paused_at) < 5s) std::this_thread::sleep_for(5ms);
+  RecordProperty("stop_signal_after_pause_ms", static_cast<int>(since(paused_at).count()));
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  EXPECT_TRUE(lost.load());
+  server.resume();
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);  // a lost lease deletes nothing on the server
+
+  auto other = distlock::connect(server.url());
+  auto next = other.acquire("frozen", ttl_of(5s, Millis(5000)));
+  EXPECT_GT(next.token(), token);
 }
 
 TEST(RedisFaults, SixteenThreadsTimesFourProcessesNeverOverlap) {
