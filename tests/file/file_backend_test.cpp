@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/url.hpp"
 #include "distlock/distlock.hpp"
 #include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
@@ -565,6 +566,47 @@ TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
   fs::copy_file(file_of("right"), file_of("wrong"));
   expect_error([&] { c.acquire("wrong"); }, errc::protocol_error, "wrong");
   EXPECT_TRUE(logged("belongs to another lock name"));
+}
+
+TEST_F(FileBackend, BackendChecksOwnerTokenAndInode) {
+  // The adapter directly: renew and release are owner-, token- and inode-checked.
+  distlock::detail::Url u;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url(url(), u, why)) << why;
+  std::error_code ec;
+  auto backend = distlock::detail::make_file_backend(u, {}, ec, why);
+  ASSERT_TRUE(backend) << why;
+  EXPECT_TRUE(backend->capabilities().fencing);
+  EXPECT_FALSE(backend->capabilities().needs_renewal);
+  const distlock::detail::AcquireRequest req{"b", "owner-1", Millis(1000)};
+  auto got = backend->try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_TRUE(got.acquired);
+  const distlock::detail::AcquireRequest other{"b", "owner-2", Millis(1000)};
+  auto busy = backend->try_acquire(other, ec);
+  EXPECT_FALSE(ec);
+  EXPECT_FALSE(busy.acquired);
+  EXPECT_TRUE(busy.holder_ttl.has_value());  // the re-check hint
+
+  const std::vector<distlock::detail::RenewItem> items = {{"b", "owner-1", got.token, Millis(1000)},
+                                                          {"b", "owner-2", got.token, Millis(1000)},
+                                                          {"b", "owner-1", got.token + 1, Millis(1000)}};
+  std::vector<distlock::detail::RenewStatus> out(items.size(), distlock::detail::RenewStatus::failed);
+  backend->renew(items, out, ec);
+  EXPECT_EQ(out[0], distlock::detail::RenewStatus::renewed);
+  EXPECT_EQ(out[1], distlock::detail::RenewStatus::not_owner);
+  EXPECT_EQ(out[2], distlock::detail::RenewStatus::not_owner);
+
+  EXPECT_EQ(backend->release("b", "owner-2", got.token, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_EQ(backend->release("b", "owner-1", got.token + 1, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_TRUE(backend->status("b", ec).held);  // neither touched the lock
+
+  fs::remove(file_of("b"));
+  backend->renew(std::span(items).first(1), std::span(out).first(1), ec);
+  EXPECT_EQ(out[0], distlock::detail::RenewStatus::not_owner);  // the file is gone: lost
+  EXPECT_EQ(backend->release("b", "owner-1", got.token, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_FALSE(ec);
+  EXPECT_EQ(backend->release("b", "owner-1", got.token, ec), distlock::detail::ReleaseStatus::not_owner);
 }
 
 TEST_F(FileBackend, DefaultUrlUsesTheRuntimeDirectory) {
