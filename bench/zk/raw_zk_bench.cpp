@@ -17,7 +17,8 @@
 namespace {
 
 std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -57,8 +58,8 @@ int main(int argc, char** argv) {
   for (long i = -warmup; i < ops; ++i) {
     const std::int64_t a = now_ns();
     Stat st{};
-    int rc = zoo_create2(zh, "/rawbench/lock-", nullptr, -1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL, path,
-                         sizeof path, &st);
+    int rc = zoo_create2(zh, "/rawbench/lock-", nullptr, -1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL,
+                         path, sizeof path, &st);
     if (rc == ZOK) rc = zoo_delete(zh, path, st.version);
     if (rc != ZOK) {
       std::fprintf(stderr, "raw-zk: %s\n", zerror(rc));
