@@ -66,7 +66,7 @@ std::string slurp(const std::filesystem::path& p) {
 }
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members) : dir_("distlock-etcd") {
+EtcdCluster::EtcdCluster(int members, bool tls) : dir_("distlock-etcd"), tls_(tls) {
   for (const char* program : {"etcd", "etcdctl"}) {
     if (!have_program(program)) {
       ADD_FAILURE() << program << " not found in PATH: install etcd-server and etcd-client "
@@ -74,6 +74,7 @@ EtcdCluster::EtcdCluster(int members) : dir_("distlock-etcd") {
       throw std::runtime_error(std::string(program) + " missing");
     }
   }
+  if (tls_) make_certificates();
   std::set<std::uint16_t> used;
   auto port = [&] {
     for (;;) {
@@ -117,7 +118,8 @@ EtcdCluster::~EtcdCluster() {
 
 void EtcdCluster::start(int member, bool initial) {
   auto& m = members_[static_cast<std::size_t>(member)];
-  const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+  const std::string client =
+      (tls_ ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(m.client_port);
   const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
   std::vector<std::string> argv{
       "etcd", "--name", m.name, "--data-dir", (dir_.path() / m.name).string(), "--listen-client-urls", client,
@@ -126,6 +128,13 @@ void EtcdCluster::start(int member, bool initial) {
       "--initial-cluster-state", initial ? "new" : "existing",
       // Fast elections keep leader-change tests short.
       "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"};
+  if (tls_) {
+    for (const std::string& a : {"--cert-file=" + (dir_.path() / "server.pem").string(),
+                                 "--key-file=" + (dir_.path() / "server.key").string(),
+                                 "--trusted-ca-file=" + ca_file(), std::string("--client-cert-auth")}) {
+      argv.push_back(a);
+    }
+  }
   m.proc = Process::spawn(argv, (dir_.path() / (m.name + ".log")).string());
   m.up = true;
 }
@@ -157,6 +166,11 @@ CommandResult EtcdCluster::etcdctl(const std::vector<std::string>& args, const s
   std::vector<std::string> argv{"etcdctl", "--endpoints=" + live, "--dial-timeout=2s",
                                 "--command-timeout=5s"};
   if (!user.empty()) argv.push_back("--user=" + user);
+  if (tls_) {
+    argv.push_back("--cacert=" + ca_file());
+    argv.push_back("--cert=" + client_cert_file());
+    argv.push_back("--key=" + client_key_file());
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   return run_command(argv, 15s);
 }
@@ -174,9 +188,15 @@ std::string EtcdCluster::etcdctl_ok(const std::vector<std::string>& args, const 
 int EtcdCluster::leader() const {
   for (int i = 0; i < size(); ++i) {
     if (!members_[static_cast<std::size_t>(i)].up) continue;
-    auto r = run_command({"etcdctl", "--endpoints=" + endpoint(i), "--dial-timeout=1s",
-                          "--command-timeout=2s", "endpoint", "status", "-w", "json"},
-                         5s);
+    std::vector<std::string> argv{"etcdctl", "--endpoints=" + endpoint(i), "--dial-timeout=1s",
+                                  "--command-timeout=2s"};
+    if (tls_) {
+      argv.push_back("--cacert=" + ca_file());
+      argv.push_back("--cert=" + client_cert_file());
+      argv.push_back("--key=" + client_key_file());
+    }
+    for (const char* a : {"endpoint", "status", "-w", "json"}) argv.emplace_back(a);
+    auto r = run_command(argv, 5s);
     if (r.exit_code != 0) continue;
     try {
       const auto j = nlohmann::json::parse(r.output);
@@ -216,6 +236,35 @@ std::int64_t EtcdCluster::revision(const std::string& user) const {
   } catch (const std::exception& e) {
     ADD_FAILURE() << "cannot read the etcd revision: " << e.what() << ": " << r.output;
     return -1;
+  }
+}
+
+// A throw-away CA, a server certificate for 127.0.0.1 and a client certificate.
+void EtcdCluster::make_certificates() {
+  if (!have_program("openssl")) {
+    ADD_FAILURE() << "openssl not found in PATH: the TLS test makes its certificates with it";
+    throw std::runtime_error("openssl missing");
+  }
+  const std::string d = dir_.path().string() + "/";
+  const std::vector<std::vector<std::string>> steps = {
+      {"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d + "ca.key", "-out",
+       d + "ca.pem", "-days", "2", "-subj", "/CN=distlock-test-ca"},
+      {"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d + "server.key", "-out",
+       d + "server.csr", "-subj", "/CN=127.0.0.1"},
+      {"sh", "-c", "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > " + d + "server.ext"},
+      {"openssl", "x509", "-req", "-in", d + "server.csr", "-CA", d + "ca.pem", "-CAkey", d + "ca.key",
+       "-CAcreateserial", "-out", d + "server.pem", "-days", "2", "-extfile", d + "server.ext"},
+      {"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d + "client.key", "-out",
+       d + "client.csr", "-subj", "/CN=distlock-client"},
+      {"openssl", "x509", "-req", "-in", d + "client.csr", "-CA", d + "ca.pem", "-CAkey", d + "ca.key",
+       "-CAcreateserial", "-out", d + "client.pem", "-days", "2"},
+  };
+  for (const auto& step : steps) {
+    const auto r = run_command(step, 60s);
+    if (r.exit_code != 0) {
+      ADD_FAILURE() << step[0] << " " << step[1] << " failed: " << r.output;
+      throw std::runtime_error("certificate generation failed");
+    }
   }
 }
 

@@ -36,7 +36,9 @@ class EtcdCluster {
   /// Starts `members` etcd processes forming one cluster and waits until it has a
   /// leader. Throws std::runtime_error (after ADD_FAILURE) when a binary is missing
   /// or the cluster does not come up; the message includes the member logs.
-  explicit EtcdCluster(int members = 1);
+  /// With `tls`, clients must speak TLS and present a certificate signed by the
+  /// test CA (ca_file(), client_cert_file(), client_key_file(); made with openssl).
+  explicit EtcdCluster(int members = 1, bool tls = false);
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -66,6 +68,10 @@ class EtcdCluster {
   std::int64_t revision(const std::string& user = "") const;
   std::string log(int member) const;
 
+  std::string ca_file() const { return (dir_.path() / "ca.pem").string(); }
+  std::string client_cert_file() const { return (dir_.path() / "client.pem").string(); }
+  std::string client_key_file() const { return (dir_.path() / "client.key").string(); }
+
  private:
   struct Member {
     std::string name;
@@ -75,7 +81,9 @@ class EtcdCluster {
     bool up = false;
   };
   void start(int member, bool initial);
+  void make_certificates();
   TempDir dir_;
+  bool tls_ = false;
   std::vector<Member> members_;
   std::string initial_cluster_;
 };

@@ -425,6 +425,27 @@ TEST(EtcdBackend, ClientGoesOnAfterTheServerRestarts) {
 }
 
 template <class Fn>
+std::system_error connect_error(Fn&& fn);
+
+TEST(EtcdBackend, MutualTlsWithCaClientCertificateAndKey) {
+  EtcdCluster etcd(1, /*tls=*/true);
+  const std::string base = "etcd://" + etcd.endpoints() + "?cacert=" + etcd.ca_file();
+  Client client = connect(base + "&cert=" + etcd.client_cert_file() + "&key=" + etcd.client_key_file());
+  Lease lease = client.acquire("tls", ttl_opts(3s));
+  const auto keys = keys_under(etcd, "distlock/tls/");
+  ASSERT_EQ(keys.size(), 1u);
+  EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), lease.token());
+  lease.release();
+  // The server demands a client certificate; plain text does not reach it either.
+  ClientOptions quick;
+  quick.connect_timeout = 500ms;
+  quick.command_timeout = 500ms;
+  EXPECT_EQ(connect_error([&] { connect(base, quick); }).code(), errc::backend_unavailable);
+  EXPECT_EQ(connect_error([&] { connect("etcd://" + etcd.endpoints(), quick); }).code(),
+            errc::backend_unavailable);
+}
+
+template <class Fn>
 std::system_error connect_error(Fn&& fn) {
   try {
     fn();
