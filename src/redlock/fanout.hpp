@@ -193,7 +193,7 @@ class Lane {
 /// Lanes for concurrent callers; keeps a few idle ones connected.
 class LanePool {
  public:
-  explicit LanePool(std::vector<std::shared_ptr<Master>> masters, std::size_t max_idle = 16);
+  explicit LanePool(std::vector<std::shared_ptr<Master>> masters, std::size_t max_idle = 64);
   std::unique_ptr<Lane> take();
   void give(std::unique_ptr<Lane> lane);
   const std::vector<std::shared_ptr<Master>>& masters() const noexcept { return masters_; }

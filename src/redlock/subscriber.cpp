@@ -95,7 +95,8 @@ void Subscriber::connect(Node& node, const std::set<std::string>& channels) {
     std::vector<std::string> argv{"SUBSCRIBE"};
     argv.insert(argv.end(), channels.begin(), channels.end());
     send(node, argv);
-    for (std::size_t i = 0; i < channels.size(); ++i) node.expect.push_back({false, nullptr});
+    for (std::size_t i = 0; i < channels.size(); ++i)
+      node.expect.push_back({false, nullptr, node.ever_connected});
   }
   write(node);
 }
@@ -149,9 +150,10 @@ void Subscriber::read(Node& node, std::vector<std::string>& fire) {
     }
     if (entry.auth) continue;
     if (kind == "subscribe") {
+      node.ever_connected = true;
       if (entry.pending) {
         confirm(entry.pending);
-      } else {
+      } else if (entry.recheck) {
         // Re-subscribed after a reconnect: a release may have gone unseen.
         fire.emplace_back(element(reply.get(), 1));
       }

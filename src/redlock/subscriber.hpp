@@ -58,7 +58,8 @@ class Subscriber {
   };
   struct Entry {  // one expected reply on a subscriber connection
     bool auth;
-    std::shared_ptr<Pending> pending;  // null: a re-subscription after reconnect
+    std::shared_ptr<Pending> pending;  // null: subscribed by (re)connecting
+    bool recheck = false;              // a re-subscription after a reconnect: report the channel
   };
   struct Node {
     std::shared_ptr<Master> master;
@@ -67,6 +68,7 @@ class Subscriber {
     std::vector<Entry> expect;  // in order
     std::size_t next_expect = 0;
     SteadyClock::time_point retry_at{};
+    bool ever_connected = false;
   };
 
   void run(std::stop_token stop);
