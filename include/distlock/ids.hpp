@@ -49,7 +49,6 @@
 #include <compare>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
