@@ -102,6 +102,17 @@ TEST(ZkBackend, NegotiatedSessionTimeoutIsTheValidity) {
   EXPECT_TRUE(lease.owns());
 }
 
+TEST(ZkBackend, SessionTimeoutDefaultsToTheLockTtl) {
+  ClientOptions o = quiet_options();
+  o.lock_defaults.ttl = 5s;
+  Client client = connect(shared_server().url(), o);
+  EXPECT_EQ(stats_of(client).session_timeout_ms, 5000);
+  // The server clamps to its bounds (maxSessionTimeout 60 s in the test server).
+  o.lock_defaults.ttl = std::chrono::minutes(5);
+  Client clamped = connect(shared_server().url(), o);
+  EXPECT_EQ(stats_of(clamped).session_timeout_ms, 60000);
+}
+
 TEST(ZkBackend, TokensStrictlyIncreaseAcrossHoldersAndClients) {
   Client a = connect_zk();
   Client b = connect_zk();
