@@ -5,9 +5,9 @@
 // <out>.t<i>.bin (8 bytes per 64-bit id, native order; 16 bytes per UUID).
 // Snowflake workers also write their worker id to <out>.worker.
 // Stream mode (--stream-ms D, snowflake only): one thread takes an id every --pause-us
-// for D ms and writes them to <out>.t0.bin; if the worker lease is lost it writes
-// <out>.lost and exits 3 (the fault tests pause or kill it meanwhile).
-// Exit 0 on success, 1 with a message on stderr otherwise.
+// for D ms (creating <out>.issuing after the first) and writes them to <out>.t0.bin; if the worker lease is
+// lost it writes <out>.lost and exits 3 (the fault tests pause or kill it meanwhile). Exit 0 on success, 1
+// with a message on stderr otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
           break;
         }
         ids.push_back(id);
+        if (ids.size() == 1) write_text(out + ".issuing", "issuing");
         std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
       }
       std::ofstream f(out + ".t0.bin", std::ios::binary);

@@ -60,6 +60,20 @@ bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
   return true;
 }
 
+// True once /proc says `pid` is stopped (state T).
+bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
 std::int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -72,10 +86,11 @@ TEST(SnowflakeFault, PausedPastTtlLosesTheWorkerIdAndIssuesNothingAfterResume) {
   const std::string a_out = (dir.path() / "a").string(), b_out = (dir.path() / "b").string();
 
   Process a = stream_worker(redis.url(), a_out, 20'000);
-  ASSERT_TRUE(wait_for_file(a_out + ".worker", 10s)) << first_line(a_out + ".log");
+  ASSERT_TRUE(wait_for_file(a_out + ".issuing", 10s)) << first_line(a_out + ".log");
   EXPECT_EQ(first_line(a_out + ".worker"), "0");
-  std::this_thread::sleep_for(300ms);  // a issues ids for a while
+  std::this_thread::sleep_for(200ms);  // a issues ids for a while
   a.signal(SIGSTOP);
+  ASSERT_TRUE(wait_stopped(a.pid(), 5s));  // kill() returns before the stop takes effect
   const std::int64_t stopped_at = wall_ms();
   std::this_thread::sleep_for(std::chrono::milliseconds(kTtlMs + 1000));  // the lease expires on the server
 
