@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <iostream>
 #include <mutex>
@@ -25,11 +26,10 @@ std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count();
 }
 
-void spin_for_us(long us) {
-  if (us <= 0) return;
-  const std::int64_t end = now_ns() + us * 1000;
-  while (now_ns() < end) {
-  }
+// The holder sleeps rather than spins: with the clients pinned to one CPU, a spinning
+// holder would keep the other clients' threads (waiters, subscribers) off the CPU.
+void hold_for_us(long us) {
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
 /// Latency samples in nanoseconds, merged from threads.
@@ -92,7 +92,7 @@ json uncontended(const BenchConfig& cfg, const std::string& url) {
   for (long i = 0; i < cfg.ops; ++i) {
     const std::int64_t a = now_ns();
     Lease lease = client.acquire(key, opts);
-    spin_for_us(cfg.hold_us);
+    hold_for_us(cfg.hold_us);
     lease.release();
     lat.push_back(now_ns() - a);
   }
@@ -115,6 +115,8 @@ json contended(const BenchConfig& cfg, const std::string& url) {
   const long total = cfg.warmup + cfg.ops;
   std::atomic<long> taken{0};
   std::atomic<int> holder{-1};
+  std::mutex holder_mu;
+  std::condition_variable holder_changed;  // a releaser sleeps on it until another client holds
   std::atomic<int> last_releaser{-1};
   std::atomic<std::int64_t> released_at{0};
   std::atomic<long> self_reacquired{0};
@@ -132,7 +134,11 @@ json contended(const BenchConfig& cfg, const std::string& url) {
         for (;;) {
           Lease lease = clients[static_cast<std::size_t>(me)].acquire(key, opts);
           const std::int64_t got = now_ns();
-          holder.store(me);
+          {
+            std::lock_guard lk(holder_mu);
+            holder.store(me);
+          }
+          holder_changed.notify_all();
           const long k = taken.fetch_add(1);
           if (k >= total) break;  // lease released by its destructor
           const int prev = last_releaser.load();
@@ -143,20 +149,21 @@ json contended(const BenchConfig& cfg, const std::string& url) {
               ++self_reacquired;
             }
           }
-          spin_for_us(cfg.hold_us);
+          hold_for_us(cfg.hold_us);
           last_releaser.store(me);
           released_at.store(now_ns());
           lease.release();
-          const std::int64_t polite_until = now_ns() + 20'000'000;
-          while (holder.load() == me && now_ns() < polite_until && taken.load() < total) {
-            std::this_thread::yield();
-          }
+          // Sleep (not spin: the CPU is shared) until another client holds the lock.
+          std::unique_lock lk(holder_mu);
+          holder_changed.wait_for(lk, std::chrono::milliseconds(20),
+                                  [&] { return holder.load() != me || taken.load() >= total; });
         }
       } catch (const std::exception& e) {
         failed = true;
         std::lock_guard lk(error_mu);
         error = e.what();
         taken.store(total);
+        holder_changed.notify_all();
       }
       handoffs.add(std::move(mine));
     });
@@ -195,7 +202,7 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
           const std::string key = "bench/many/" + std::to_string(pick(rng));
           const std::int64_t a = now_ns();
           Lease lease = clients[static_cast<std::size_t>(me)].acquire(key, opts);
-          spin_for_us(cfg.hold_us);
+          hold_for_us(cfg.hold_us);
           lease.release();
           if (i >= warm) lat.push_back(now_ns() - a);
         }

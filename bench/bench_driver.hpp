@@ -41,7 +41,7 @@ struct BenchConfig {
   int keys = 1000;
   /// Operations (acquire + release, or handoffs) per workload, over all clients. Default 5000.
   long ops = 5000;
-  /// Time each holder keeps the lock before releasing, in microseconds (busy wait). Default 0.
+  /// Time each holder keeps the lock before releasing, in microseconds (sleeping). Default 0.
   long hold_us = 0;
   /// Lease TTL. Default 30 s (the library default).
   long ttl_ms = 30000;

@@ -4,7 +4,11 @@
 # (started here on a free loopback port, pinned to CPU 0), clients pinned to CPU 1.
 # Prints one JSON line per implementation, then one line with the ratios.
 #
-#   bench/etcd/run.sh [--ops N] [--warmup N] [--build-dir DIR]
+#   bench/etcd/run.sh [--ops N] [--warmup N] [--rounds R] [--build-dir DIR]
+#
+# distlock and the Go mutex run R times, alternating, so drift in the machine's
+# load hits both alike; the summary line compares the medians of their p50s.
+# The npm client (about 30x slower) runs once.
 #
 # Installs what it needs and is missing: golang-go (apt-get; the etcd Go sources
 # come from golang-etcd-server-dev, built offline in GOPATH mode) and `etcd3`
@@ -16,13 +20,15 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 ops=2000
 warmup=200
+rounds=3
 build="$root/build-bench-etcd"
 while [ $# -gt 0 ]; do
   case "$1" in
     --ops) ops="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
     --build-dir) build="$2"; shift 2 ;;
-    *) echo "usage: $0 [--ops N] [--warmup N] [--build-dir DIR]" >&2; exit 64 ;;
+    *) echo "usage: $0 [--ops N] [--warmup N] [--rounds R] [--build-dir DIR]" >&2; exit 64 ;;
   esac
 done
 
@@ -83,15 +89,21 @@ done
 endpoint="127.0.0.1:$port"
 pin=(taskset -c "$client_cpu")
 
-ours="$("${pin[@]}" "$build/bench/distlock-bench" --url "etcd://$endpoint" --workload uncontended \
-  --ops "$ops" --warmup "$warmup" --ttl-ms 30000)"
-echo "$ours"
-if [ -n "$go_bin" ]; then
-  go_line="$("${pin[@]}" "$go_bin" --endpoints "$endpoint" --ops "$ops" --warmup "$warmup" --ttl 30)"
-else
-  go_line="{\"workload\":\"uncontended\",\"impl\":\"go-concurrency-mutex\",\"error\":\"$go_error\"}"
-fi
-echo "$go_line"
+ours_lines=()
+go_lines=()
+for _ in $(seq "$rounds"); do
+  line="$("${pin[@]}" "$build/bench/distlock-bench" --url "etcd://$endpoint" --workload uncontended \
+    --ops "$ops" --warmup "$warmup" --ttl-ms 30000)"
+  echo "$line"
+  ours_lines+=("$line")
+  if [ -n "$go_bin" ]; then
+    line="$("${pin[@]}" "$go_bin" --endpoints "$endpoint" --ops "$ops" --warmup "$warmup" --ttl 30)"
+  else
+    line="{\"workload\":\"uncontended\",\"impl\":\"go-concurrency-mutex\",\"error\":\"$go_error\"}"
+  fi
+  echo "$line"
+  go_lines+=("$line")
+done
 if [ -z "$node_error" ]; then
   node_line="$(NODE_PATH="$tmp/node/node_modules" "${pin[@]}" node "$here/etcd3_lock.js" --endpoints "$endpoint" \
     --ops "$ops" --warmup "$warmup" --ttl 30)"
@@ -100,13 +112,17 @@ else
 fi
 echo "$node_line"
 
-python3 - "$ours" "$go_line" "$node_line" <<'PY'
-import json, sys
-ours, go, node = (json.loads(a) for a in sys.argv[1:4])
-out = {"workload": "uncontended", "distlock_p50_us": ours["p50_us"]}
-for name, other in (("go_concurrency_mutex", go), ("npm_etcd3_lock", node)):
-    if "p50_us" in other:
-        out[name + "_p50_us"] = other["p50_us"]
-        out["ratio_vs_" + name] = round(ours["p50_us"] / other["p50_us"], 3)
+python3 - "$node_line" "${#ours_lines[@]}" "${ours_lines[@]}" "${go_lines[@]}" <<'PY'
+import json, statistics, sys
+node = json.loads(sys.argv[1])
+n = int(sys.argv[2])
+ours = [json.loads(a) for a in sys.argv[3:3 + n]]
+go = [json.loads(a) for a in sys.argv[3 + n:3 + 2 * n]]
+med = lambda rows: statistics.median(r["p50_us"] for r in rows) if all("p50_us" in r for r in rows) else None
+out = {"workload": "uncontended", "rounds": n, "distlock_p50_us": med(ours)}
+for name, value in (("go_concurrency_mutex", med(go)), ("npm_etcd3_lock", node.get("p50_us"))):
+    if value:
+        out[name + "_p50_us"] = value
+        out["ratio_vs_" + name] = round(out["distlock_p50_us"] / value, 3)
 print(json.dumps(out))
 PY

@@ -9,7 +9,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 bench=${1:-$here/../../build/bench/redlock/redlock_bench}
-ops=${2:-5000}
+ops=${2:-6000}
 client_cpu=${CLIENT_CPU:-0}
 server_cpu=${SERVER_CPU:-1}
 
