@@ -266,7 +266,6 @@ class EtcdBackend final : public Backend {
   std::vector<std::shared_ptr<WatchStream>> retired_;  // broken streams to join; watch_mu_
   std::map<std::int64_t, std::string> watches_;        // watch id → entry key; watch_mu_
   std::int64_t next_watch_id_ = 1;                     // watch_mu_
-  SteadyClock::time_point last_break_{};               // watch_mu_
   bool stopping_ = false;                              // watch_mu_
 };
 
@@ -851,7 +850,6 @@ void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
     }
     if (stream_ == stream) transport_.advance(transport_.current());
     for (auto& [id, k] : watches_) ids.push_back(id);
-    last_break_ = SteadyClock::now();
   }
   log_.log(LogLevel::info, "etcd watch stream ended ({}); waiters re-check", st.error_message());
   if (etcd::Transport::invalid_token(st) && transport_.has_auth()) {
