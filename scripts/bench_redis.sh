@@ -58,6 +58,7 @@ evalsha_calls() { redis-cli -p "$port" info commandstats | sed -n 's/^cmdstat_ev
 run() { taskset -c "$client_cpu" "$@" | tee -a "$out"; }
 
 echo "# redis-server pid $redis_pid on CPU $server_cpu, clients on CPU $client_cpu, $url" >&2
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs; figures are only meaningful on a quiet machine)" >&2
 : >"$out"
 run "$raw" --port "$port" --ops "$ops"
 run "$bench" --url "$url" --workload uncontended --ops "$ops"
@@ -91,4 +92,5 @@ print(f"contended handoff p50 {con['p50_us']} us / raw round trip p50 {ping['p50
 print(f"renew {ren['leases']} leases: {r3:g} round trips per tick ({renew_evalsha} EVALSHA calls per tick on the server, pipelined), "
       f"p50 {ren['p50_us']} us per tick  (target <= 100: {verdict(r3 <= 100)})")
 PY
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "# JSON lines in $out" >&2
