@@ -334,6 +334,23 @@ TEST_F(RealTime, BackgroundRenewerKeepsShortLeasesAlive) {
   EXPECT_TRUE(store->held("bg", distlock::system_steady_clock()->now()));
 }
 
+TEST_F(RealTime, StopSignalIsOnTimeWhileARenewalHangs) {
+  auto a = client();
+  distlock::LockOptions o;
+  o.ttl = 300ms;  // margin 30 ms, renewal every 100 ms
+  auto lease = a.acquire("hung", o);
+  const auto acquired = std::chrono::steady_clock::now();
+  store->set_renew_delay(3s);  // the first renewal (at ~100 ms) blocks until ~3.1 s
+  std::stop_token st = lease.stop_token();
+  while (!st.stop_requested() && std::chrono::steady_clock::now() - acquired < 2500ms) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(st.stop_requested())
+      << "the watchdog must fire at the local deadline, not after the hung renewal";
+  EXPECT_FALSE(lease.owns());
+  store->set_renew_delay(0ms);
+}
+
 TEST_F(RealTime, ManyThreadsNeverOverlap) {
   auto a = client();
   auto b = client();

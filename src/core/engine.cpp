@@ -60,13 +60,15 @@ Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
       log_(opts_.logger) {}
 
 Engine::~Engine() {
-  if (renewer_.joinable()) {
-    renewer_.request_stop();
+  for (std::jthread* t : {&renewer_, &watchdog_}) {
+    if (!t->joinable()) continue;
+    t->request_stop();
     {
       std::lock_guard lk(mu_);
       renewer_cv_.notify_all();
+      watchdog_cv_.notify_all();
     }
-    renewer_.join();
+    t->join();
   }
   // Leases still held when the last Client handle goes away are released (best
   // effort), so a process that forgets a guard does not block others for a TTL.
@@ -228,10 +230,10 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     held_[key] = held;
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
-    if (caps_.needs_renewal &&
-        std::min(held->deadline(), held->next_renew - opts.renew_interval / 4) < renewer_wake_) {
+    if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
       renewer_cv_.notify_all();
     }
+    if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
   }
   return held;
 }
@@ -351,19 +353,35 @@ void Engine::add_loss_callback(const std::shared_ptr<HeldLock>& held, std::funct
   fn();
 }
 
-std::size_t Engine::tick() {
+Clock::time_point Engine::declare_expired() {
   const Clock::time_point now = clock_->now();
-  std::vector<std::shared_ptr<HeldLock>> expired, due;
+  Clock::time_point next = Clock::time_point::max();
+  std::vector<std::shared_ptr<HeldLock>> expired;
   {
     std::lock_guard lk(mu_);
     for (auto& [k, h] : held_) {
       if (h->lost.load()) continue;
-      // The local deadline is checked before anything else: a holder resumed
-      // after a pause must see its loss before it renews or acts.
       if (now >= h->deadline()) {
         expired.push_back(h);
-        continue;
+      } else {
+        next = std::min(next, h->deadline());
       }
+    }
+  }
+  for (auto& h : expired) declare_lost(h, "local deadline passed without a successful renewal");
+  return next;
+}
+
+std::size_t Engine::tick() {
+  // The local deadline is checked before anything else: a holder resumed after a
+  // pause must see its loss before it renews or acts.
+  declare_expired();
+  const Clock::time_point now = clock_->now();
+  std::vector<std::shared_ptr<HeldLock>> due;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [k, h] : held_) {
+      if (h->lost.load() || now >= h->deadline()) continue;
       // Batch: renew everything due within a quarter interval, so leases taken
       // at different moments converge onto the same round trips.
       if (!h->renew_in_flight && h->next_renew <= now + h->opts.renew_interval / 4) {
@@ -372,7 +390,6 @@ std::size_t Engine::tick() {
       }
     }
   }
-  for (auto& h : expired) declare_lost(h, "local deadline passed without a successful renewal");
   if (due.empty()) return 0;
   return renew_items(std::move(due));
 }
@@ -441,6 +458,21 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
 
 void Engine::start_renewer() {
   renewer_ = std::jthread([this](std::stop_token st) { renewer_main(st); });
+  watchdog_ = std::jthread([this](std::stop_token st) { watchdog_main(st); });
+}
+
+// The watchdog declares losses at the local deadline on its own thread, so a
+// renewal blocked on a hung server (up to the command timeout) cannot delay the
+// stop signal.
+void Engine::watchdog_main(std::stop_token st) {
+  while (!st.stop_requested()) {
+    const Clock::time_point next = declare_expired();
+    std::unique_lock lk(mu_);
+    if (st.stop_requested()) break;
+    watchdog_wake_ = std::min(next, clock_->now() + std::chrono::seconds(1));
+    clock_->wait_until(watchdog_cv_, lk, watchdog_wake_);
+    watchdog_wake_ = Clock::time_point::min();
+  }
 }
 
 void Engine::renewer_main(std::stop_token st) {
@@ -449,9 +481,8 @@ void Engine::renewer_main(std::stop_token st) {
     std::unique_lock lk(mu_);
     Clock::time_point wake = clock_->now() + std::chrono::seconds(1);
     for (auto& [k, h] : held_) {
-      if (h->lost.load()) continue;
-      wake = std::min(wake, h->deadline());
-      if (!h->renew_in_flight) wake = std::min(wake, h->next_renew - h->opts.renew_interval / 4);
+      if (h->lost.load() || h->renew_in_flight) continue;
+      wake = std::min(wake, h->next_renew - h->opts.renew_interval / 4);
     }
     if (st.stop_requested()) break;
     renewer_wake_ = wake;

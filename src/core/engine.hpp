@@ -106,6 +106,9 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
   void start_renewer();
   void renewer_main(std::stop_token st);
+  void watchdog_main(std::stop_token st);
+  /// Declares every lease past its local deadline lost; returns the next deadline.
+  Clock::time_point declare_expired();
   std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
   void declare_lost(const std::shared_ptr<HeldLock>& held, const char* why) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
@@ -132,11 +135,14 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
   // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
   Clock::time_point renewer_wake_ = Clock::time_point::min();
+  std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
+  Clock::time_point watchdog_wake_ = Clock::time_point::min();  // guarded by mu_
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
 
   std::jthread renewer_;
+  std::jthread watchdog_;
 };
 
 }  // namespace distlock::detail

@@ -52,6 +52,9 @@ class MemoryBackend final : public Backend {
   }
 
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    if (const long d = store_->renew_delay_ms_.load(); d > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(d));
+    }
     std::lock_guard lk(store_->mu_);
     ++store_->n_renew_;
     store_->last_batch_ = items.size();

@@ -5,6 +5,8 @@
 // engine can be tested without servers.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +33,8 @@ class MemoryStore {
   void drop(const std::string& lock);  ///< deletes the lock silently (no notification)
   void set_fencing(bool on) { fencing_ = on; }
   void set_needs_renewal(bool on) { needs_renewal_ = on; }
+  /// Makes every renew() call block this long first (a hung server), in real time.
+  void set_renew_delay(std::chrono::milliseconds d) { renew_delay_ms_ = d.count(); }
 
   // Observation.
   int try_acquire_calls() const;
@@ -55,6 +59,7 @@ class MemoryStore {
   std::size_t last_batch_ = 0;
   bool fencing_ = true;
   bool needs_renewal_ = true;
+  std::atomic<long> renew_delay_ms_{0};
 };
 
 std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
