@@ -326,7 +326,7 @@ int run_locked(const RunSettings& s) {
   lease.release(ec);
   if (ec == errc::lost) {
     print_error("lock \"" + s.name + "\" was found lost when the command ended (status " +
-                std::to_string(status) + "): " + loss_cause(lease));
+                std::to_string(status) + "): the server no longer held it for this runner");
     return exit_status::lost;
   }
   if (ec) {

@@ -286,7 +286,7 @@ TEST(CliRedis, RunnerStoppedPastItsTtlKillsItsCommandAndExits76) {
   const auto resumed = std::chrono::steady_clock::now();
   a.signal(SIGCONT);
   EXPECT_EQ(a.wait(20s), 76) << a.err();
-  EXPECT_TRUE(one_error_line(a.err(), "lost"));
+  EXPECT_TRUE(one_error_line(a.err(), "lost while the command ran"));
   EXPECT_NE(a.err().find("SIGKILL"), std::string::npos) << a.err();
   // SIGKILL came only after the grace.
   EXPECT_GE(a.ended_at() - resumed, 900ms);
@@ -316,6 +316,41 @@ TEST(CliRedis, LossTerminatesCommandWithinGrace) {
   EXPECT_EQ(a.wait(20s), 76) << a.err();
   EXPECT_TRUE(one_error_line(a.err(), "SIGTERM"));
   EXPECT_EQ(a.err().find("SIGKILL"), std::string::npos) << a.err();
+}
+
+// Process groups: from a script (no terminal) the command leads its own group, so
+// signals reach a whole shell pipeline; under a terminal, where the runner is in the
+// foreground, it stays in the terminal's group (job control, Ctrl-C as usual).
+TEST(CliProcessGroup, OwnGroupWithoutTerminalTerminalGroupWithOne) {
+  TempDir dir("distlock-cli");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  const std::string report = "read -r a b c d e f < /proc/$$/stat; echo \"pid=$$ pgrp=$e\"";
+  auto parse = [](const std::string& text) {
+    const auto p = text.find("pid="), g = text.find(" pgrp=");
+    if (p == std::string::npos || g == std::string::npos) return std::pair<long, long>{-1, -2};
+    return std::pair<long, long>{std::stol(text.substr(p + 4)), std::stol(text.substr(g + 6))};
+  };
+  Cli plain = Cli::run({"run", "--url", url, "pg", "--", "sh", "-c", report}, dir.path());
+  ASSERT_EQ(plain.code(), 0) << plain.err();
+  const auto [pid1, pgrp1] = parse(plain.out());
+  EXPECT_EQ(pid1, pgrp1) << plain.out();
+
+  ASSERT_TRUE(have_program("script")) << "script(1) from util-linux is needed to run under a terminal";
+  // script(1) gives the runner a pseudo-terminal with the runner in its foreground.
+  const std::string inner =
+      std::string(DISTLOCK_CLI_PATH) + " run --url " + url + " pg -- sh -c '" + report + "'";
+  Process terminal = Process::spawn({"script", "-qec", inner, (dir.path() / "typescript").string()},
+                                    (dir.path() / "tty.out").string());
+  ASSERT_TRUE(wait_for_file(dir.path() / "tty.out", 20s));
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (slurp(dir.path() / "tty.out").find("pgrp=") == std::string::npos &&
+         std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(10ms);
+  }
+  const auto [pid2, pgrp2] = parse(slurp(dir.path() / "tty.out"));
+  ASSERT_GT(pid2, 0) << slurp(dir.path() / "tty.out");
+  EXPECT_EQ(terminal.wait_for(20s), 0);
+  EXPECT_NE(pid2, pgrp2) << "under a terminal the command should stay in the runner's group";
 }
 
 TEST(CliUsage, BadFlagsUrlsAndDurationsExit64WithOneClearLine) {
