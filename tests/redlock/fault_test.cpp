@@ -122,6 +122,20 @@ TEST(RedlockFault, TwoOfThreeKilledAcquisitionFailsWithQuorumUnavailableInTime) 
   }
 }
 
+TEST(RedlockFault, ProcessWithoutAQuorumExitsWithTheUnavailableStatus) {
+  Masters m(3);
+  m[0].kill();
+  m[1].kill();
+  testing::TempDir dir("redlock-noquorum");
+  const std::string out = (dir.path() / "holder.out").string();
+  auto holder = testing::spawn_holder(m.url(), "job", out, 1000, 0, {"--wait", "2000"});
+  const int status = holder.wait_for(10s);
+  ASSERT_NE(status, -1) << "the process hung without a quorum";
+  EXPECT_EQ(WEXITSTATUS(status), 69) << testing::read_file(out);  // EX_UNAVAILABLE, as the CLI
+  EXPECT_NE(testing::read_file(out).find("fewer than a quorum"), std::string::npos)
+      << testing::read_file(out);
+}
+
 TEST(RedlockFault, RestartedMastersLockingResumes) {
   Masters m(3);
   auto client = connect(m.url());
