@@ -13,6 +13,8 @@
 // At the end it checks the books — sold + left = stock, no buyer recorded twice,
 // nothing sold beyond the stock — prints a summary and, as its last line, one JSON
 // object; it exits 1 on any violation or failed purchase, 2 on bad arguments.
+// `--no-lock` runs the same sale with neither lock nor fence (read the stock, write
+// stock - 1): the checks then catch the overselling and lost updates the lock prevents.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -55,7 +57,8 @@ struct Config {
   int processes = 2;
   int threads = 8;
   long ttl_ms = 10000;
-  int worker = -1;  // >= 0: this process is worker N (internal)
+  bool no_lock = false;  // --no-lock: the same sale without lock or fence, to watch it break
+  int worker = -1;       // >= 0: this process is worker N (internal)
 };
 
 enum class Outcome { sold, sold_out, stale };
@@ -69,6 +72,9 @@ class Store {
   virtual long read_stock() = 0;
   /// Under the lock: decrement the stock if positive and record the buyer, fenced by `token`.
   virtual Outcome buy(std::uint64_t token, const std::string& buyer) = 0;
+  /// --no-lock: write stock `seen - 1` and record the buyer, unfenced, as code that
+  /// trusts an earlier read would.
+  virtual void unsafe_buy(long seen, const std::string& buyer) = 0;
   virtual std::vector<std::string> buyers() = 0;
   virtual std::string describe() const = 0;
 };
@@ -93,6 +99,10 @@ class RedisStore final : public Store {
     const distlock::ScriptResult r =
         fence_.eval("return redis.call('RPUSH', KEYS[1], ARGV[1])", {buyers_key_}, {buyer}, token);
     return r.applied() ? Outcome::sold : Outcome::stale;
+  }
+  void unsafe_buy(long seen, const std::string& buyer) override {
+    fence_.command({"SET", stock_key_, std::to_string(seen - 1)});
+    fence_.command({"RPUSH", buyers_key_, buyer});
   }
   std::vector<std::string> buyers() override {
     std::vector<std::string> out;
@@ -138,6 +148,10 @@ class FileStore final : public Store {
       out = Outcome::sold;
     });
     return r.applied() ? out : Outcome::stale;
+  }
+  void unsafe_buy(long seen, const std::string& buyer) override {
+    write_stock(seen - 1);
+    append_line(buyers_, buyer);
   }
   std::vector<std::string> buyers() override {
     std::vector<std::string> out;
@@ -190,6 +204,11 @@ class MemoryStore final : public Store {
       out = Outcome::sold;
     });
     return r.applied() ? out : Outcome::stale;
+  }
+  void unsafe_buy(long seen, const std::string& buyer) override {
+    std::lock_guard lk(mu_);
+    stock_ = seen - 1;
+    buyers_.push_back(buyer);
   }
   std::vector<std::string> buyers() override {
     std::lock_guard lk(mu_);
@@ -258,6 +277,19 @@ WorkerReport run_purchases(const Config& cfg, Store& store, int process_index) {
         const std::string buyer =
             "p" + std::to_string(process_index) + "-t" + std::to_string(t) + "-r" + std::to_string(i);
         try {
+          if (cfg.no_lock) {
+            const long seen = store.read_stock();
+            if (seen <= 0) {
+              ++local.sold_out;
+              continue;
+            }
+            // The time a real service spends between its read and its write.
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            store.unsafe_buy(seen, buyer);
+            ++local.sold;
+            local.waits_us.push_back(0);
+            continue;
+          }
           const auto t0 = Clock::now();
           distlock::Lease lease = client.acquire(cfg.name, opts);
           local.waits_us.push_back(
@@ -334,6 +366,7 @@ Child spawn_worker(const Config& cfg, int index) {
     args.push_back("--data-dir");
     args.push_back(cfg.data_dir);
   }
+  if (cfg.no_lock) args.push_back("--no-lock");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -439,7 +472,8 @@ int run_sale(const Config& cfg) {
 
   const double rps = seconds > 0 ? static_cast<double>(cfg.requests) / seconds : 0;
   const double p50 = percentile(total.waits_us, 0.50), p99 = percentile(total.waits_us, 0.99);
-  std::cout << "seckill on " << cfg.url << " (stock in " << store->describe() << ")\n"
+  std::cout << "seckill on " << cfg.url << (cfg.no_lock ? " WITHOUT the lock (--no-lock)" : "")
+            << " (stock in " << store->describe() << ")\n"
             << "  " << cfg.requests << " requests from " << cfg.processes << " processes x " << cfg.threads
             << " threads in " << seconds << " s (" << static_cast<long>(rps) << " requests/s)\n"
             << "  sold " << sold << " of " << cfg.stock << ", left " << left << ", sold out for "
@@ -476,6 +510,9 @@ int main(int argc, char** argv) {
   app.add_option("--name", cfg.name, "lock name, also the prefix of the stock keys/files");
   app.add_option("--ttl-ms", cfg.ttl_ms, "lease TTL in milliseconds")->check(CLI::Range(100L, 3600000L));
   app.add_option("--data-dir", cfg.data_dir, "directory for the stock files (non-Redis backends)");
+  app.add_flag("--no-lock", cfg.no_lock,
+               "run the sale WITHOUT the lock and the fence (reads then writes): shows the overselling the "
+               "lock prevents; exits 1");
   app.add_option("--worker", cfg.worker, "internal: run as worker process N")->group("");
   CLI11_PARSE(app, argc, argv);
 

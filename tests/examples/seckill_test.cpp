@@ -131,3 +131,31 @@ TEST(Seckill, RedisDownIsAFailureNotASale) {
 }
 
 }  // namespace
+
+namespace {
+
+// The checks are real: the same sale without the lock (read, then write stock - 1)
+// oversells or loses updates, and seckill says so and exits 1.
+TEST(Seckill, WithoutTheLockTheChecksCatchOverselling) {
+  TempDir dir;
+  const std::string url = "file://" + dir.path().string();
+  SaleRun r = run_seckill({"--url", url, "--no-lock"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  ASSERT_TRUE(r.summary.is_object()) << r.output;
+  const long sold = r.summary.at("sold"), left = r.summary.at("stock_left"),
+             oversold = r.summary.at("oversold");
+  EXPECT_TRUE(oversold > 0 || sold + left != 300) << r.output;
+  EXPECT_NE(r.output.find("VIOLATION"), std::string::npos) << r.output;
+}
+
+TEST(Seckill, WithoutTheLockOnRedisToo) {
+  distlock::testing::RedisServer redis;
+  SaleRun r = run_seckill({"--url", redis.url(), "--no-lock"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  ASSERT_TRUE(r.summary.is_object()) << r.output;
+  const long sold = r.summary.at("sold"), left = r.summary.at("stock_left"),
+             oversold = r.summary.at("oversold");
+  EXPECT_TRUE(oversold > 0 || sold + left != 300) << r.output;
+}
+
+}  // namespace
