@@ -5,7 +5,7 @@
 
 #include <atomic>
 #include <mutex>
-#include <regex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -35,11 +35,12 @@ std::vector<KeyInfo> keys_under(const EtcdCluster& etcd, const std::string& pref
   std::vector<KeyInfo> keys;
   std::istringstream in(out);
   std::string line;
-  std::smatch m;
-  static const std::regex field("^\"(\\w+)\" : (.*)$");
+  // Lines look like: "Key" : "distlock/job/694d...-1"   or   "CreateRevision" : 5
   while (std::getline(in, line)) {
-    if (!std::regex_match(line, m, field)) continue;
-    const std::string name = m[1], value = m[2];
+    const auto sep = line.find("\" : ");
+    if (line.empty() || line[0] != '"' || sep == std::string::npos) continue;
+    const std::string name = line.substr(1, sep - 1);
+    const std::string value = line.substr(sep + 4);
     auto unquote = [](const std::string& v) { return v.size() >= 2 ? v.substr(1, v.size() - 2) : v; };
     if (name == "Key") {
       keys.push_back({unquote(value)});
