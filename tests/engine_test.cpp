@@ -303,6 +303,11 @@ TEST_F(RealTime, WaiterWakesOnReleaseNotOnExpiry) {
   waiter.join();
   EXPECT_TRUE(got);
   EXPECT_LT(std::chrono::steady_clock::now() - released, 5s) << "woken by the release notification";
+  // The subscription outlives its last waiter for a while (re-subscribing would cost
+  // round trips on the next hand-off), and is dropped by the sweep.
+  EXPECT_EQ(b.engine()->idle_watches(), 1u);
+  b.engine()->sweep_idle_watches(true);
+  EXPECT_EQ(b.engine()->idle_watches(), 0u);
 }
 
 TEST_F(RealTime, TryLockForHonoursItsDeadline) {

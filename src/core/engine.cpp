@@ -107,21 +107,62 @@ std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name, boo
   std::lock_guard lk(mu_);
   auto& slot = waits_[name];
   if (!slot) slot = std::make_shared<WaitSlot>();
-  first = slot->waiters++ == 0;
+  if (slot->waiters++ == 0 && slot->watched) --idle_watches_;
+  first = !slot->watched && !slot->watch_pending;
+  if (first) slot->watch_pending = true;
   return slot;
 }
 
+void Engine::watch_done(const std::string& name, const std::shared_ptr<WaitSlot>& slot, bool ok) {
+  std::lock_guard lk(mu_);
+  slot->watch_pending = false;
+  slot->watched = ok;
+  (void)name;
+}
+
 void Engine::leave_wait(const std::string& name) {
-  bool last = false;
+  bool unwatch_now = false;
   {
     std::lock_guard lk(mu_);
     auto it = waits_.find(name);
-    if (it != waits_.end() && --it->second->waiters == 0) {
+    if (it == waits_.end() || --it->second->waiters > 0) return;
+    WaitSlot& slot = *it->second;
+    if (slot.watch_pending) return;  // the subscribing waiter finishes the bookkeeping
+    if (!slot.watched) {
       waits_.erase(it);
-      last = true;
+      return;
+    }
+    // Keep the subscription for a while: under contention the same name is
+    // waited for again at once, and re-subscribing costs round trips on the
+    // hand-off path. Idle subscriptions are bounded in number and age.
+    if (idle_watches_ >= kMaxIdleWatches) {
+      waits_.erase(it);
+      unwatch_now = true;
+    } else {
+      slot.idle_since = clock_->now();
+      ++idle_watches_;
     }
   }
-  if (last) backend_->unwatch(name);
+  if (unwatch_now) backend_->unwatch(name);
+}
+
+void Engine::sweep_idle_watches(bool all) noexcept {
+  std::vector<std::string> gone;
+  {
+    std::lock_guard lk(mu_);
+    const Clock::time_point cutoff = clock_->now() - kIdleWatchKeep;
+    for (auto it = waits_.begin(); it != waits_.end();) {
+      const WaitSlot& slot = *it->second;
+      if (slot.waiters == 0 && slot.watched && (all || slot.idle_since <= cutoff)) {
+        gone.push_back(it->first);
+        --idle_watches_;
+        it = waits_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& name : gone) backend_->unwatch(name);
 }
 
 std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& in_opts,
@@ -188,6 +229,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       slot = join_wait(name_str, first);
       if (first) {
         backend_->watch(name, ec);
+        watch_done(name_str, slot, !ec);
         if (ec) break;
       }
       watching = true;
@@ -467,6 +509,7 @@ void Engine::start_renewer() {
 void Engine::watchdog_main(std::stop_token st) {
   while (!st.stop_requested()) {
     const Clock::time_point next = declare_expired();
+    sweep_idle_watches(false);
     std::unique_lock lk(mu_);
     if (st.stop_requested()) break;
     watchdog_wake_ = std::min(next, clock_->now() + std::chrono::seconds(1));
@@ -507,6 +550,11 @@ ClientStats Engine::stats() const noexcept {
   s.lost = n_lost_.load(std::memory_order_relaxed);
   s.brain_splits = n_brain_splits_.load(std::memory_order_relaxed);
   return s;
+}
+
+std::size_t Engine::idle_watches() const {
+  std::lock_guard lk(mu_);
+  return static_cast<std::size_t>(idle_watches_);
 }
 
 std::size_t Engine::held_count() const {

@@ -116,11 +116,24 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   struct WaitSlot {
     std::uint64_t generation = 0;
     int waiters = 0;
+    bool watch_pending = false;  // the first waiter is subscribing
+    bool watched = false;        // the backend delivers on_change for this name
+    Clock::time_point idle_since{};
     std::condition_variable cv;
   };
   std::shared_ptr<WaitSlot> join_wait(const std::string& name, bool& first);
   void leave_wait(const std::string& name);
+  void watch_done(const std::string& name, const std::shared_ptr<WaitSlot>& slot, bool ok);
 
+ public:
+  /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
+  void sweep_idle_watches(bool all) noexcept;
+  /// Subscriptions kept after their last waiter left (tests).
+  std::size_t idle_watches() const;
+  static constexpr std::chrono::seconds kIdleWatchKeep{10};
+  static constexpr int kMaxIdleWatches = 256;
+
+ private:
   std::unique_ptr<Backend> backend_;
   ClientOptions opts_;
   Capabilities caps_;
@@ -132,6 +145,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // Key: name + '\0' + owner. Guarded by mu_.
   std::map<std::string, std::shared_ptr<HeldLock>> held_;
   std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_;
+  int idle_watches_ = 0;                // slots with no waiter kept subscribed; guarded by mu_
   std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
   // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
   Clock::time_point renewer_wake_ = Clock::time_point::min();
