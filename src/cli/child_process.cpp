@@ -208,7 +208,8 @@ Child spawn_child(const ChildSpec& spec) {
       sigemptyset(&dfl.sa_mask);
       ::sigaction(SIGPIPE, &dfl, nullptr);
     }
-    ::sigprocmask(SIG_SETMASK, &spec.signal_mask, nullptr);
+    // After fork the child has a single thread, so the process mask is its own.
+    ::sigprocmask(SIG_SETMASK, &spec.signal_mask, nullptr);  // NOLINT(concurrency-mt-unsafe)
     ::execvpe(argv[0], argv.data(), envp.data());
     write_errno_and_exit(report, errno);
   }

@@ -264,7 +264,7 @@ int run_locked(const RunSettings& s) {
   } catch (const ExecError& e) {
     std::error_code ignored;
     lease.release(ignored);
-    print_error("cannot run \"" + s.command.front() + "\": " + std::strerror(e.error));
+    print_error("cannot run \"" + s.command.front() + "\": " + std::generic_category().message(e.error));
     return e.error == ENOENT ? exit_status::not_found : exit_status::cannot_execute;
   }
 

@@ -73,7 +73,7 @@ std::string g_last_warning;  // guarded by g_warning_mu
 // DISTLOCK_LOG=debug|info|warning|error turns the library's diagnostics on
 // (written as "distlock <level>: ..."); by default the tool prints only its own errors.
 int log_threshold_from_env() {
-  const char* v = std::getenv("DISTLOCK_LOG");
+  const char* v = std::getenv("DISTLOCK_LOG");  // NOLINT(concurrency-mt-unsafe): nothing calls setenv
   if (!v) return 100;
   if (!std::strcmp(v, "debug")) return static_cast<int>(LogLevel::debug);
   if (!std::strcmp(v, "info")) return static_cast<int>(LogLevel::info);
