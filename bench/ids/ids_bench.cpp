@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "distlock/ids.hpp"
@@ -136,6 +137,16 @@ int main(int argc, char** argv) {
       distlock::ids::SnowflakeGenerator gen(distlock::connect(lock_url), {.prefix = "bench"});
       print({"snowflake", "leased worker via " + lock_url.substr(0, lock_url.find(':')), snowflake_ids,
              timed(snowflake_ids, [&] { return gen.next(); })});
+      // next_batch: one lock and one clock reading per millisecond's run of ids.
+      std::vector<std::uint64_t> batch(4096);
+      std::size_t used = batch.size();
+      print({"snowflake", "next_batch(4096)", snowflake_ids, timed(snowflake_ids, [&] {
+               if (used == batch.size()) {
+                 gen.next_batch(batch);
+                 used = 0;
+               }
+               return batch[used++];
+             })});
     }
     if (!tmp.empty()) std::filesystem::remove_all(tmp);
 

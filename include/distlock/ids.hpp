@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -188,6 +189,12 @@ class SnowflakeGenerator {
   /// next millisecond when 4096 ids were issued in this one.
   std::uint64_t next();
   std::uint64_t next(std::error_code& ec) noexcept;
+
+  /// Fills `out` with consecutive ids (the same as `out.size()` calls of `next()`, in
+  /// order) under one lock and one clock reading per millisecond used: for bulk inserts.
+  /// Same errors as `next()`; on an error some of `out` may have been filled and those
+  /// ids are simply never used.
+  void next_batch(std::span<std::uint64_t> out);
 
   /// Leases a worker id again after a loss (the first free one; possibly another number).
   /// Ids keep increasing across the change. Same errors as the constructor.

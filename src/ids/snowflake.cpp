@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/engine.hpp"
@@ -76,9 +77,14 @@ struct SnowflakeGenerator::Impl {
                             kSnowflakeWorkers, opts.prefix, kSnowflakeWorkers - 1, client.url()));
   }
 
-  std::error_code next(std::uint64_t& id, std::string& why) {
+  // Fills out[0..n) with consecutive ids. Each id's timestamp is the clock reading
+  // taken for it or for the ids of its millisecond issued in the same call (one read
+  // serves up to 4096 ids when n > 1). On error nothing more is filled; ids already
+  // written were issued (their sequence numbers are never reused).
+  std::error_code fill(std::uint64_t* out, std::size_t n, std::string& why) {
     std::unique_lock lk(mu);
-    for (;;) {
+    std::size_t filled = 0;
+    while (filled < n) {
       if (lost || lease_stop.stop_requested()) {
         lost = true;
         why = fmt::format("the lease on snowflake worker id {} ({}) was lost; no ids until relet()", worker,
@@ -132,10 +138,15 @@ struct SnowflakeGenerator::Impl {
         last_ms = now;
         sequence = 0;
       }
-      id = static_cast<std::uint64_t>(last_ms) << (kSequenceBits + kWorkerBits) |
-           static_cast<std::uint64_t>(worker) << kSequenceBits | sequence;
-      return {};
+      // `sequence` is the first of this run; take as many more of this millisecond as wanted.
+      const std::uint64_t base = static_cast<std::uint64_t>(last_ms) << (kSequenceBits + kWorkerBits) |
+                                 static_cast<std::uint64_t>(worker) << kSequenceBits;
+      const std::size_t run = std::min<std::size_t>(n - filled, kMaxSequence - sequence + 1);
+      for (std::size_t i = 0; i < run; ++i) out[filled + i] = base | (sequence + i);
+      sequence += static_cast<unsigned>(run - 1);
+      filled += run;
     }
+    return {};
   }
 };
 
@@ -165,15 +176,20 @@ SnowflakeGenerator::~SnowflakeGenerator() = default;
 std::uint64_t SnowflakeGenerator::next() {
   std::uint64_t id = 0;
   std::string why;
-  if (const std::error_code ec = impl_->next(id, why)) throw_error(ec, why);
+  if (const std::error_code ec = impl_->fill(&id, 1, why)) throw_error(ec, why);
   return id;
+}
+
+void SnowflakeGenerator::next_batch(std::span<std::uint64_t> out) {
+  std::string why;
+  if (const std::error_code ec = impl_->fill(out.data(), out.size(), why)) throw_error(ec, why);
 }
 
 std::uint64_t SnowflakeGenerator::next(std::error_code& ec) noexcept {
   std::uint64_t id = 0;
   std::string why;
   try {
-    ec = impl_->next(id, why);
+    ec = impl_->fill(&id, 1, why);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {

@@ -201,6 +201,29 @@ TEST(Snowflake, SequenceExhaustedWaitsForTheNextMillisecond) {
   EXPECT_EQ(distlock::ids::decode_snowflake(id), (distlock::ids::SnowflakeParts{kT + 1, 0, 0}));
 }
 
+TEST(Snowflake, BatchIsTheSameAsRepeatedNext) {
+  auto clock = std::make_shared<ManualWallClock>(kT);
+  auto client = distlock::connect(memory_url());
+  SnowflakeGenerator gen(client, sf_opts(clock));
+  const std::uint64_t first = gen.next();  // kT, sequence 0
+  std::vector<std::uint64_t> batch(10'000);
+  gen.next_batch(batch);
+  // 4095 more in kT, then 4096 in kT + 1, then the rest in kT + 2 (two waits).
+  EXPECT_EQ(distlock::ids::decode_snowflake(batch[0]), (distlock::ids::SnowflakeParts{kT, 0, 1}));
+  EXPECT_EQ(distlock::ids::decode_snowflake(batch[4094]), (distlock::ids::SnowflakeParts{kT, 0, 4095}));
+  EXPECT_EQ(distlock::ids::decode_snowflake(batch[4095]), (distlock::ids::SnowflakeParts{kT + 1, 0, 0}));
+  EXPECT_EQ(distlock::ids::decode_snowflake(batch[9999]), (distlock::ids::SnowflakeParts{kT + 2, 0, 1808}));
+  EXPECT_EQ(clock->sleeps(), 2);
+  EXPECT_GT(batch[0], first);
+  EXPECT_EQ(std::adjacent_find(batch.begin(), batch.end(), [](auto a, auto b) { return b <= a; }),
+            batch.end());
+  EXPECT_EQ(distlock::ids::decode_snowflake(gen.next()), (distlock::ids::SnowflakeParts{kT + 2, 0, 1809}));
+
+  distlock::detail::MemoryStore::named(client.url().substr(9))->steal("idgen:t:worker:0", "intruder:1");
+  client.renew_now();
+  EXPECT_EQ(code_of([&] { gen.next_batch(batch); }), errc::lost);
+}
+
 TEST(Snowflake, SmallClockRollbackIsWaitedOut) {
   auto clock = std::make_shared<ManualWallClock>(kT);
   auto client = distlock::connect(memory_url());
