@@ -177,7 +177,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals,
 }
 
 std::string not_acquired_message(const RunSettings& s, const std::error_code& ec, const std::string& what) {
-  if (ec == errc::busy) return "lock \"" + s.name + "\" is held by another owner (--no-wait: one attempt)";
+  if (ec == errc::busy) return "lock \"" + s.name + "\" is held by another owner (one attempt, not waiting)";
   if (ec == errc::timeout) {
     return "lock \"" + s.name + "\" was not acquired within --wait " + format_duration(*s.lock.wait) +
            ": another owner holds it";
