@@ -117,6 +117,12 @@ class Backend {
   virtual std::string url() const = 0;
 };
 
+/// A backend that fails a call may leave a sentence for the error the caller sees
+/// ("only 1 of 3 masters answered: ..."); it is per thread and taken by the next
+/// exception the client throws for that call.
+void set_error_detail(std::string detail) noexcept;
+std::string take_error_detail() noexcept;
+
 /// Makes a backend for a parsed URL; registered per scheme in registry.cpp.
 using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts,
                                                     std::error_code& ec, std::string& why);

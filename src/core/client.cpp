@@ -51,7 +51,9 @@ std::string describe_options_error(const LockOptions& o) {
     if (Engine::check_name(name, why)) throw_error(ec, why);
     throw_error(ec, describe_options_error(o));
   }
-  throw_error(ec, "lock \"" + std::string(name.substr(0, 200)) + "\"");
+  std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
+  if (std::string detail = detail::take_error_detail(); !detail.empty()) what += ": " + detail;
+  throw_error(ec, what);
 }
 
 }  // namespace

@@ -168,6 +168,7 @@ void Engine::sweep_idle_watches(bool all) noexcept {
 std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& in_opts,
                                           std::optional<Millis> wait, std::error_code& ec) {
   ec.clear();
+  take_error_detail();  // a detail left by an earlier call must not name this one's cause
   std::string why;
   if ((ec = check_name(name, why))) {
     log_.log(LogLevel::debug, "acquire rejected: {}", why);

@@ -50,6 +50,20 @@ constexpr Entry kBackends[] = {
 };
 }  // namespace
 
+namespace {
+thread_local std::string t_error_detail;
+}  // namespace
+
+void set_error_detail(std::string detail) noexcept {
+  t_error_detail = std::move(detail);
+}
+
+std::string take_error_detail() noexcept {
+  std::string out;
+  out.swap(t_error_detail);
+  return out;
+}
+
 BackendFactory find_backend(std::string_view scheme) {
   for (const auto& e : kBackends) {
     if (e.scheme == scheme) return e.factory;

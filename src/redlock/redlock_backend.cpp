@@ -274,9 +274,11 @@ class RedlockBackend final : public Backend {
     if (d.verdict == AcquireVerdict::quorum_unavailable) {
       const bool credentials = auth_failed > 0 && tally.answered() + auth_failed >= quorum_;
       ec = make_error_code(credentials ? errc::auth_failed : errc::quorum_unavailable);
-      log_.log(LogLevel::warning, "redlock: lock \"{}\": only {} of {} masters answered (a quorum is {}): {}",
-               req.name.substr(0, 200), tally.answered(), replies.size(), quorum_,
-               failures(replies, bad_replies));
+      std::string detail =
+          fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", tally.answered(),
+                      replies.size(), quorum_, failures(replies, bad_replies));
+      log_.log(LogLevel::warning, "redlock: lock \"{}\": {}", req.name.substr(0, 200), detail);
+      set_error_detail(std::move(detail));
       return {};
     }
     AcquireResult busy;
