@@ -4,5 +4,7 @@
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/error.hpp"
+#include "distlock/fencing.hpp"
+#include "distlock/ids.hpp"
 #include "distlock/options.hpp"
 #include "distlock/version.hpp"
