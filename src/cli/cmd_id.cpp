@@ -125,16 +125,10 @@ void generate(const IdFlags& f) {
 }
 
 int exit_status_for_id(const std::error_code& ec) {
-  if (ec.category() != distlock::category()) return exit_status::software;
-  switch (static_cast<errc>(ec.value())) {
-    case errc::invalid_url:
-    case errc::invalid_argument: return exit_status::usage;
-    case errc::backend_unavailable:
-    case errc::auth_failed:
-    case errc::quorum_unavailable:
-    case errc::protocol_error: return exit_status::unavailable;
-    default: return exit_status::software;
-  }
+  // `id` knows only usage, unavailable and everything else (lost worker lease,
+  // exhausted counter, clock rollback): the lock statuses 75/76 do not apply.
+  const int status = exit_code_for(ec);
+  return status == exit_status::usage || status == exit_status::unavailable ? status : exit_status::software;
 }
 
 int run_id(const IdFlags& f) {
