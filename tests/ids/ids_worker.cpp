@@ -10,6 +10,7 @@
 // with a message on stderr otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -31,8 +32,12 @@ bool wait_for_file(const std::string& path, std::chrono::seconds timeout) {
   return true;
 }
 
+// Written to a temporary name and renamed, so a test that sees the file also sees its
+// content (it polls for existence and then reads).
 void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text << "\n";
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text << "\n";
+  std::rename(tmp.c_str(), path.c_str());
 }
 
 }  // namespace
