@@ -32,7 +32,7 @@ step "ThreadSanitizer (engine)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
   -DDISTLOCK_COMPONENTS="" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build/tsan -j"$jobs" --target engine_test
-TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" -R '^(Engine|RealTime|Url|Connect|ErrorCategory)\.'
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" -R '^(Engine|RealTime|EngineSafety|RealTimeSafety|Clock|Url|Connect|ErrorCategory)\.'
 
 if [ -x scripts/install_test.sh ]; then
   step "install and consumer"

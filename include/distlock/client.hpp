@@ -199,11 +199,20 @@ class Mutex {
   bool try_lock();
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
-    return try_lock_for_ms(std::chrono::ceil<Millis>(d));
+    // Compared in floating point so that any duration type (hours::max() too)
+    // saturates instead of overflowing on the way to milliseconds.
+    const double ms = std::chrono::duration<double, std::milli>(d).count();
+    if (!(ms > 0)) return try_lock_for_ms(Millis(0));
+    if (ms >= static_cast<double>(LockOptions::max_wait.count())) return try_lock_for_ms(std::nullopt);
+    return try_lock_for_ms(std::chrono::ceil<Millis>(std::chrono::duration<double, std::milli>(ms)));
   }
   template <class ClockT, class Duration>
   bool try_lock_until(const std::chrono::time_point<ClockT, Duration>& tp) {
-    return try_lock_for(tp - ClockT::now());
+    const auto now = ClockT::now();
+    if (tp <= now) return try_lock_for_ms(Millis(0));
+    // tp > now: the difference is positive; taken in floating point, it cannot overflow.
+    return try_lock_for(std::chrono::duration<double, std::milli>(tp.time_since_epoch()) -
+                        std::chrono::duration<double, std::milli>(now.time_since_epoch()));
   }
   void unlock();
   void unlock(std::error_code& ec) noexcept;
@@ -217,7 +226,7 @@ class Mutex {
   const std::string& name() const noexcept { return name_; }
 
  private:
-  bool try_lock_for_ms(Millis d);
+  bool try_lock_for_ms(std::optional<Millis> d);  // nullopt: no limit
   Client client_;
   std::string name_;
   LockOptions opts_;

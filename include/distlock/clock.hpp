@@ -1,7 +1,8 @@
 // distlock/clock.hpp — the steady clock the lock engine reads, made injectable.
 //
 // Every deadline in distlock (lease validity, wait deadlines, renewal ticks) is
-// taken on a monotonic clock, never on wall time. Production code uses
+// taken on a monotonic clock that also counts host suspend (CLOCK_BOOTTIME), never
+// on wall time. Production code uses
 // `system_steady_clock()`; tests inject a manual clock to move time by hand.
 //
 // Thread-safety: implementations must be safe to call from any thread.
@@ -27,7 +28,9 @@ class Clock {
                           time_point deadline) = 0;
 };
 
-/// The process-wide std::chrono::steady_clock.
+/// The process-wide monotonic clock for lease deadlines: CLOCK_BOOTTIME (monotonic,
+/// and counting through host suspend), in std::chrono::steady_clock's time_point
+/// type. Do not compare its readings with std::chrono::steady_clock::now().
 std::shared_ptr<Clock> system_steady_clock();
 
 }  // namespace distlock

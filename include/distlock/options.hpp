@@ -29,11 +29,14 @@ using Millis = std::chrono::milliseconds;
 
 /// Per-lock settings.
 struct LockOptions {
-  /// Lease length on the server. Default 30 s. Must be >= 100 ms (min_ttl).
+  /// Lease length on the server. Default 30 s. Must be >= 100 ms (min_ttl) and
+  /// <= 366 days (max_ttl): the lease is renewed while held, so the TTL only bounds
+  /// how long a crashed holder blocks others.
   Millis ttl{std::chrono::seconds(30)};
 
   /// How long acquire()/lock() waits for a busy lock. Default: no limit
-  /// (std::nullopt). Zero means one attempt. `try_lock_for` ignores this field.
+  /// (std::nullopt). Zero means one attempt; a negative wait is zero; a wait of
+  /// max_wait (100 years) or more is no limit. `try_lock_for` ignores this field.
   std::optional<Millis> wait{};
 
   /// The holder declares the lock lost at
@@ -47,6 +50,8 @@ struct LockOptions {
   Millis renew_interval{0};
 
   static constexpr Millis min_ttl{100};
+  static constexpr Millis max_ttl{std::chrono::hours(24 * 366)};
+  static constexpr Millis max_wait{std::chrono::hours(24 * 365 * 100)};
 
   /// Fills in defaults (margin, interval) and checks every relation. Returns an
   /// `errc::invalid_argument` error naming the offending field, or {}.
@@ -59,7 +64,8 @@ enum class LogLevel { debug, info, warning, error };
 /// Per-client settings.
 struct ClientOptions {
   /// Time to establish a connection to a server. Default 2 s. A `timeout=` query
-  /// parameter in the URL overrides it (and `command_timeout`).
+  /// parameter in the URL overrides it (and `command_timeout`). Both must be in
+  /// (0, 1 h].
   Millis connect_timeout{std::chrono::seconds(2)};
   /// Time one request may take before the server counts as unavailable. Default 2 s.
   Millis command_timeout{std::chrono::seconds(2)};

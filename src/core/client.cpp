@@ -16,7 +16,7 @@ using detail::HeldLock;
 // ---- LockOptions -----------------------------------------------------------
 
 std::error_code LockOptions::validate_and_fill() noexcept {
-  if (ttl < min_ttl) return make_error_code(errc::invalid_argument);
+  if (ttl < min_ttl || ttl > max_ttl) return make_error_code(errc::invalid_argument);
   if (safety_margin.count() < 0 || renew_interval.count() < 0) return make_error_code(errc::invalid_argument);
   if (safety_margin.count() == 0) safety_margin = std::min<Millis>(ttl / 10, std::chrono::seconds(2));
   if (renew_interval.count() == 0) renew_interval = ttl / 3;
@@ -31,6 +31,10 @@ std::string describe_options_error(const LockOptions& o) {
   if (o.ttl < LockOptions::min_ttl) {
     return "lock ttl " + std::to_string(o.ttl.count()) + "ms is below the minimum of " +
            std::to_string(LockOptions::min_ttl.count()) + "ms";
+  }
+  if (o.ttl > LockOptions::max_ttl) {
+    return "lock ttl " + std::to_string(o.ttl.count()) + "ms is above the maximum of " +
+           std::to_string(LockOptions::max_ttl.count()) + "ms (366 days)";
   }
   if (o.safety_margin.count() < 0) return "safety_margin is negative";
   if (o.renew_interval.count() < 0) return "renew_interval is negative";
@@ -252,6 +256,13 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   }
   ClientOptions opts = in_opts;
   if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
+  for (auto [field, value] : {std::pair{"connect_timeout", opts.connect_timeout},
+                              std::pair{"command_timeout", opts.command_timeout}}) {
+    if (value.count() <= 0 || value > std::chrono::hours(1)) {
+      throw_error(make_error_code(errc::invalid_argument),
+                  std::string(field) + " " + std::to_string(value.count()) + "ms is out of range (0, 1 h]");
+    }
+  }
   if (auto ec = opts.lock_defaults.validate_and_fill()) {
     throw_error(ec, "lock_defaults: " + describe_options_error(in_opts.lock_defaults));
   }
@@ -287,9 +298,10 @@ bool Mutex::try_lock() {
   return true;
 }
 
-bool Mutex::try_lock_for_ms(Millis d) {
+bool Mutex::try_lock_for_ms(std::optional<Millis> d) {
   std::error_code ec;
-  auto held = client_.engine()->acquire(name_, opts_, std::max(d, Millis(0)), ec);
+  if (d) d = std::max(*d, Millis(0));
+  auto held = client_.engine()->acquire(name_, opts_, d, ec);
   if (ec == errc::busy || ec == errc::timeout) return false;
   if (ec) throw_acquire_error(ec, name_, opts_);
   return true;

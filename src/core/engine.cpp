@@ -35,7 +35,7 @@ Millis recheck_delay(std::optional<Millis> holder_ttl, Millis ttl) {
 }  // namespace
 
 bool HeldLock::owns() const noexcept {
-  return !lost.load(std::memory_order_acquire) && clock->now() < deadline();
+  return !lost.load(std::memory_order_acquire) && fork_gen == fork_generation() && clock->now() < deadline();
 }
 
 std::string owner_for_this_thread(const std::string& client_id) {
@@ -44,8 +44,36 @@ std::string owner_for_this_thread(const std::string& client_id) {
   return client_id + ":" + std::to_string(seq);
 }
 
+std::string_view thread_owner_of(std::string_view owner) noexcept {
+  const auto dot = owner.rfind('.');
+  return dot == std::string_view::npos ? owner : owner.substr(0, dot);
+}
+
+namespace {
+// What a forked child inherits of its parent's engines is kept, untouched, for the
+// life of the child: their threads do not exist there (joining would hang), their
+// condition variables may count the parent's waiters (destroying them would hang),
+// and their backends' sockets are still the parent's (closing a session or
+// releasing from the child would act for the parent).
+void keep_forked_engine(Engine* engine) noexcept {
+  static std::mutex mu;
+  static auto* kept = new std::vector<Engine*>;  // never destroyed, never read
+  std::lock_guard lk(mu);
+  try {
+    kept->push_back(engine);
+  } catch (...) {
+  }
+}
+}  // namespace
+
 std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientOptions opts) {
-  std::shared_ptr<Engine> engine(new Engine(std::move(backend), std::move(opts)));
+  std::shared_ptr<Engine> engine(new Engine(std::move(backend), std::move(opts)), [](Engine* e) {
+    if (e->forked()) {
+      keep_forked_engine(e);
+    } else {
+      delete e;
+    }
+  });
   engine->backend_->set_listener(engine.get());
   if (engine->opts_.background_renewal && engine->caps_.needs_renewal) engine->start_renewer();
   return engine;
@@ -57,6 +85,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
       caps_(backend_->capabilities()),
       clock_(opts_.clock ? opts_.clock : system_steady_clock()),
       client_id_(random_client_id()),
+      fork_gen_(fork_generation()),
       log_(opts_.logger) {}
 
 Engine::~Engine() {
@@ -103,21 +132,52 @@ std::error_code Engine::check_name(std::string_view name, std::string& why) {
   return {};
 }
 
-std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name, bool& first) {
+std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name) {
   std::lock_guard lk(mu_);
   auto& slot = waits_[name];
   if (!slot) slot = std::make_shared<WaitSlot>();
   if (slot->waiters++ == 0 && slot->watched) --idle_watches_;
-  first = !slot->watched && !slot->watch_pending;
-  if (first) slot->watch_pending = true;
   return slot;
 }
 
-void Engine::watch_done(const std::string& name, const std::shared_ptr<WaitSlot>& slot, bool ok) {
-  std::lock_guard lk(mu_);
-  slot->watch_pending = false;
-  slot->watched = ok;
-  (void)name;
+bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot,
+                            Clock::time_point until) {
+  {
+    std::unique_lock lk(mu_);
+    // Another waiter of this name is subscribing: wait for it, so that the
+    // re-check that follows happens with notifications live (a release in
+    // between is then either seen by the re-check or notified).
+    while (slot->watch_pending && clock_->now() < until) clock_->wait_until(slot->cv, lk, until);
+    if (slot->watched) return true;
+    if (slot->watch_pending || clock_->now() < slot->watch_retry_at) return false;
+    slot->watch_pending = true;
+  }
+  std::error_code ec;
+  try {
+    backend_->watch(name, ec);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  {
+    std::lock_guard lk(mu_);
+    slot->watch_pending = false;
+    slot->watched = !ec;
+    if (ec) slot->watch_retry_at = clock_->now() + kWatchRetry;
+    slot->cv.notify_all();
+  }
+  if (ec) {
+    // Degraded, not failed: the waiter re-checks on a short bounded period until a
+    // later subscription succeeds. Said once per client at warning level.
+    const LogLevel level = warned_watch_failure_.exchange(true) ? LogLevel::debug : LogLevel::warning;
+    const std::string detail = take_error_detail();
+    log_.log(
+        level,
+        "cannot watch lock \"{}\" for releases: {}{}; waiting by re-checks every {} ms until a watch works",
+        name, ec.message(), detail.empty() ? std::string() : " (" + detail + ")", kDegradedRecheck.count());
+  }
+  return !ec;
 }
 
 void Engine::leave_wait(const std::string& name) {
@@ -127,7 +187,7 @@ void Engine::leave_wait(const std::string& name) {
     auto it = waits_.find(name);
     if (it == waits_.end() || --it->second->waiters > 0) return;
     WaitSlot& slot = *it->second;
-    if (slot.watch_pending) return;  // the subscribing waiter finishes the bookkeeping
+    if (slot.watch_pending) return;  // the subscribing waiter is still inside ensure_watched
     if (!slot.watched) {
       waits_.erase(it);
       return;
@@ -165,10 +225,18 @@ void Engine::sweep_idle_watches(bool all) noexcept {
   for (const auto& name : gone) backend_->unwatch(name);
 }
 
+bool Engine::forked() const noexcept {
+  return fork_generation() != fork_gen_;
+}
+
 std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& in_opts,
                                           std::optional<Millis> wait, std::error_code& ec) {
   ec.clear();
   take_error_detail();  // a detail left by an earlier call must not name this one's cause
+  if (forked()) {
+    ec = make_error_code(errc::forked);
+    return nullptr;
+  }
   std::string why;
   if ((ec = check_name(name, why))) {
     log_.log(LogLevel::debug, "acquire rejected: {}", why);
@@ -177,9 +245,11 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   LockOptions opts = in_opts;
   if ((ec = opts.validate_and_fill())) return nullptr;
   if (wait && wait->count() < 0) wait = Millis(0);
+  // A wait too long to add to a clock reading is a wait without limit.
+  if (wait && *wait >= LockOptions::max_wait) wait.reset();
 
-  const std::string owner = owner_for_this_thread(client_id_);
-  const std::string key = held_key(name, owner);
+  const std::string thread_owner = owner_for_this_thread(client_id_);
+  const std::string key = held_key(name, thread_owner);
 
   {  // Reentry by the same thread: no round trip.
     std::lock_guard lk(mu_);
@@ -190,24 +260,68 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     }
   }
 
+  // Every acquisition is a new owner on the server: see HeldLock::owner.
+  std::string owner = thread_owner;
+  owner.push_back('.');
+  owner.append(std::to_string(next_acquisition_.fetch_add(1, std::memory_order_relaxed)));
+
+  std::shared_ptr<HeldLock> held;
+  try {
+    held = acquire_loop(name, opts, wait, owner, ec);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  if (ec || !held) {
+    if (!ec) ec = make_error_code(errc::protocol_error);
+    return nullptr;
+  }
+  n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lk(mu_);
+    held_[key] = held;
+    // Wake the renewer only if this lease needs it earlier than it planned to wake:
+    // an uncontended acquire should not cost a context switch.
+    if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
+      renewer_cv_.notify_all();
+    }
+    if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
+  }
+  return held;
+}
+
+// The acquire loop proper. Whatever way it ends (acquired, busy, timeout, an error
+// or an exception from the backend), it leaves no wait slot joined and no queued
+// place on the server behind.
+std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const LockOptions& opts,
+                                               std::optional<Millis> wait, const std::string& owner,
+                                               std::error_code& ec) {
   const Clock::time_point start = clock_->now();
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
 
   AcquireRequest req{name, owner, opts.ttl, may_wait};
-  std::shared_ptr<WaitSlot> slot;
-  bool watching = false;
   const std::string name_str(name);
+  std::shared_ptr<WaitSlot> slot;
+  bool acquired = false;
 
-  auto finish_wait = [&] {
-    if (slot) {
-      leave_wait(name_str);
-      slot.reset();
+  struct Cleanup {
+    Engine* engine;
+    const std::string& name;
+    std::string_view owner;
+    std::shared_ptr<WaitSlot>& slot;
+    bool may_wait;
+    bool& acquired;
+    ~Cleanup() {
+      if (slot) engine->leave_wait(name);
+      if (may_wait && !acquired) engine->backend_->cancel_acquire(name, owner);
     }
-  };
+  } cleanup{this, name_str, owner, slot, may_wait, acquired};
 
   AcquireResult res;
   Clock::time_point sent{};
+  bool watched = false;
   for (;;) {
     std::uint64_t generation = 0;
     if (slot) {
@@ -216,44 +330,38 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     }
     sent = clock_->now();
     res = backend_->try_acquire(req, ec);
-    if (ec) break;
+    if (ec) return nullptr;
     if (res.acquired) break;
-    const Clock::time_point now = clock_->now();
+    Clock::time_point now = clock_->now();
     if (!may_wait || now >= wait_deadline) {
       ec = make_error_code(may_wait ? errc::timeout : errc::busy);
-      break;
+      return nullptr;
     }
-    if (!slot) {
-      // Subscribe, then try again before sleeping: a release between the first
-      // attempt and the subscription must not be missed.
-      bool first = false;
-      slot = join_wait(name_str, first);
-      if (first) {
-        backend_->watch(name, ec);
-        watch_done(name_str, slot, !ec);
-        if (ec) break;
-      }
-      watching = true;
-      continue;
+    if (!slot) slot = join_wait(name_str);
+    if (!watched) {
+      // Subscribe (or wait for the waiter that is subscribing), then try again
+      // before sleeping: a release between the attempt and the subscription must
+      // not be missed.
+      watched = ensure_watched(name, slot, wait_deadline);
+      if (watched) continue;
+      now = clock_->now();
     }
-    const Clock::time_point recheck = std::min(wait_deadline, now + recheck_delay(res.holder_ttl, opts.ttl));
+    Millis delay = recheck_delay(res.holder_ttl, opts.ttl);
+    if (!watched) delay = std::min(delay, kDegradedRecheck);
+    const Clock::time_point recheck = std::min(wait_deadline, now + delay);
     std::unique_lock lk(mu_);
     while (slot->generation == generation && clock_->now() < recheck) {
       clock_->wait_until(slot->cv, lk, recheck);
     }
+    // A subscription dropped by sweep or failure shows as !watched next round.
+    if (!slot->watched) watched = false;
   }
-  (void)watching;
-  finish_wait();
-
-  if (ec || !res.acquired) {
-    if (may_wait) backend_->cancel_acquire(name, owner);
-    if (!ec) ec = make_error_code(errc::protocol_error);
-    return nullptr;
-  }
+  acquired = true;
 
   auto held = std::make_shared<HeldLock>();
   held->name = name_str;
   held->owner = owner;
+  held->fork_gen = fork_gen_;
   held->token = res.token;
   held->has_token = caps_.fencing;
   held->opts = opts;
@@ -266,17 +374,6 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   } else {
     held->set_deadline(kNever);
     held->next_renew = kNever;
-  }
-  n_acquired_.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard lk(mu_);
-    held_[key] = held;
-    // Wake the renewer only if this lease needs it earlier than it planned to wake:
-    // an uncontended acquire should not cost a context switch.
-    if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
-      renewer_cv_.notify_all();
-    }
-    if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
   }
   return held;
 }
@@ -294,6 +391,10 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     ec = make_error_code(errc::not_owner);
     return;
   }
+  if (forked()) {
+    ec = make_error_code(errc::forked);  // the parent's lease: not ours to release
+    return;
+  }
   {
     std::lock_guard lk(mu_);
     if (held->released) {
@@ -302,7 +403,7 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     }
     if (--held->hold_count > 0) return;
     held->released = true;
-    auto it = held_.find(held_key(held->name, held->owner));
+    auto it = held_.find(held_key(held->name, thread_owner_of(held->owner)));
     if (it != held_.end() && it->second == held) held_.erase(it);
   }
   if (held->lost.load(std::memory_order_acquire)) {
@@ -354,8 +455,8 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
   std::shared_ptr<HeldLock> held;
   {
     std::lock_guard lk(mu_);
-    auto it = held_.find(held_key(name, owner));
-    if (it == held_.end()) return;
+    auto it = held_.find(held_key(name, thread_owner_of(owner)));
+    if (it == held_.end() || it->second->owner != owner) return;
     held = it->second;
   }
   declare_lost(held, "the server ended its lease");
@@ -416,6 +517,7 @@ Clock::time_point Engine::declare_expired() {
 }
 
 std::size_t Engine::tick() {
+  if (forked()) return 0;
   // The local deadline is checked before anything else: a holder resumed after a
   // pause must see its loss before it renews or acts.
   declare_expired();
@@ -438,6 +540,7 @@ std::size_t Engine::tick() {
 }
 
 std::size_t Engine::renew_all() {
+  if (forked()) return 0;
   std::vector<std::shared_ptr<HeldLock>> due;
   {
     std::lock_guard lk(mu_);
@@ -536,6 +639,10 @@ void Engine::renewer_main(std::stop_token st) {
 }
 
 LockInfo Engine::status(std::string_view name, std::error_code& ec) {
+  if (forked()) {
+    ec = make_error_code(errc::forked);
+    return {};
+  }
   std::string why;
   if ((ec = check_name(name, why))) return {};
   return backend_->status(name, ec);

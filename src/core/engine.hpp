@@ -26,7 +26,11 @@ namespace distlock::detail {
 
 struct HeldLock {
   std::string name;
+  /// Unique per acquisition: "<client id>:<thread seq>.<acquisition seq>". A later
+  /// acquisition by the same thread is another owner on the server, so a late
+  /// release, renewal or clean-up of this one can never touch that one.
   std::string owner;
+  std::uint64_t fork_gen = 0;  // fork_generation() when acquired; a child never owns it
   std::uint64_t token = 0;
   bool has_token = false;
   LockOptions opts;
@@ -58,7 +62,10 @@ struct HeldLock {
 };
 
 /// The owner id of the calling thread within a client: "<client id>:<thread seq>".
+/// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
 std::string owner_for_this_thread(const std::string& client_id);
+/// The thread part of an acquisition owner (everything before the last '.').
+std::string_view thread_owner_of(std::string_view owner) noexcept;
 
 class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
  public:
@@ -102,6 +109,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Validates a lock name; errc::invalid_argument naming the problem.
   static std::error_code check_name(std::string_view name, std::string& why);
 
+  /// True in a child process forked after this engine was made: every call then
+  /// fails with errc::forked and nothing inherited (connections, leases) is touched.
+  bool forked() const noexcept;
+
  private:
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
   void start_renewer();
@@ -116,14 +127,21 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   struct WaitSlot {
     std::uint64_t generation = 0;
     int waiters = 0;
-    bool watch_pending = false;  // the first waiter is subscribing
-    bool watched = false;        // the backend delivers on_change for this name
+    bool watch_pending = false;          // a waiter is subscribing; the others wait for it to finish
+    bool watched = false;                // the backend delivers on_change for this name
+    Clock::time_point watch_retry_at{};  // after a failed watch: when a waiter may try again
     Clock::time_point idle_since{};
     std::condition_variable cv;
   };
-  std::shared_ptr<WaitSlot> join_wait(const std::string& name, bool& first);
+  std::shared_ptr<WaitSlot> join_wait(const std::string& name);
   void leave_wait(const std::string& name);
-  void watch_done(const std::string& name, const std::shared_ptr<WaitSlot>& slot, bool ok);
+  /// Makes sure `name` is watched before the caller re-checks: subscribes if nobody
+  /// is, or waits (up to `until`) for the waiter that is subscribing. Returns whether
+  /// notifications are live; false means the caller falls back to bounded re-checks.
+  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
+  std::shared_ptr<HeldLock> acquire_loop(std::string_view name, const LockOptions& opts,
+                                         std::optional<Millis> wait, const std::string& owner,
+                                         std::error_code& ec);
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
@@ -132,6 +150,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::size_t idle_watches() const;
   static constexpr std::chrono::seconds kIdleWatchKeep{10};
   static constexpr int kMaxIdleWatches = 256;
+  /// After a failed watch: how soon a waiter of that name may subscribe again.
+  static constexpr Millis kWatchRetry{1000};
+  /// Re-check period of a waiter whose name cannot be watched (degraded mode).
+  static constexpr Millis kDegradedRecheck{250};
 
  private:
   std::unique_ptr<Backend> backend_;
@@ -139,7 +161,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Capabilities caps_;
   std::shared_ptr<Clock> clock_;
   std::string client_id_;
+  std::uint64_t fork_gen_;  // fork_generation() when made
   Logger log_;
+  std::atomic<std::uint64_t> next_acquisition_{1};
+  std::atomic<bool> warned_watch_failure_{false};
 
   mutable std::mutex mu_;
   // Key: name + '\0' + owner. Guarded by mu_.

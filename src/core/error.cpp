@@ -22,6 +22,9 @@ class Category final : public std::error_category {
       case errc::not_supported: return "not supported by this backend";
       case errc::exhausted: return "resource exhausted";
       case errc::clock_moved_backwards: return "clock moved backwards";
+      case errc::forked:
+        return "client used in a child process after fork(); connect anew in the child (its connections, "
+               "identity and leases belong to the parent)";
     }
     return "unknown distlock error " + std::to_string(value);
   }

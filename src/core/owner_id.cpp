@@ -1,7 +1,9 @@
 #include "core/owner_id.hpp"
 
+#include <pthread.h>
 #include <sys/random.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <system_error>
@@ -32,6 +34,20 @@ std::string random_client_id() {
     out.push_back(kHex[b & 0xf]);
   }
   return out;
+}
+
+namespace {
+std::atomic<std::uint64_t> g_fork_generation{0};
+void on_fork_child() noexcept {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+// Installed at load time, so a fork() before the first client exists is counted too.
+const bool g_fork_handler_installed = [] { return ::pthread_atfork(nullptr, nullptr, on_fork_child) == 0; }();
+}  // namespace
+
+std::uint64_t fork_generation() noexcept {
+  (void)g_fork_handler_installed;
+  return g_fork_generation.load(std::memory_order_relaxed);
 }
 
 }  // namespace distlock::detail

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 
 namespace distlock::detail {
@@ -29,6 +30,10 @@ class MemoryBackend final : public Backend {
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     std::lock_guard lk(store_->mu_);
     ++store_->n_try_;
+    if (store_->throw_acquires_ > 0 && store_->throw_after_-- <= 0) {
+      --store_->throw_acquires_;
+      throw std::runtime_error("memory://: injected exception in try_acquire");
+    }
     if (store_->take_failure(ec)) return {};
     const auto now = clock_->now();
     const std::string name(req.name);
@@ -96,14 +101,27 @@ class MemoryBackend final : public Backend {
 
   void watch(std::string_view name, std::error_code& ec) override {
     std::lock_guard lk(store_->mu_);
+    if (store_->fail_watches_ > 0) {
+      --store_->fail_watches_;
+      ec = make_error_code(store_->fail_watch_code_);
+      return;
+    }
     if (store_->take_failure(ec)) return;
     std::lock_guard wl(watch_mu_);
     ++watched_[std::string(name)];
+    ++store_->live_watches_;
   }
   void unwatch(std::string_view name) noexcept override {
+    std::lock_guard lk(store_->mu_);
     std::lock_guard wl(watch_mu_);
     auto it = watched_.find(std::string(name));
-    if (it != watched_.end() && --it->second == 0) watched_.erase(it);
+    if (it == watched_.end()) return;
+    --store_->live_watches_;
+    if (--it->second == 0) watched_.erase(it);
+  }
+  void cancel_acquire(std::string_view, std::string_view) noexcept override {
+    std::lock_guard lk(store_->mu_);
+    ++store_->n_cancel_;
   }
 
   LockInfo status(std::string_view name, std::error_code& ec) override {
@@ -163,6 +181,24 @@ void MemoryStore::fail_next(int calls, errc code) {
   std::lock_guard lk(mu_);
   fail_calls_ = calls;
   fail_code_ = code;
+}
+void MemoryStore::fail_next_watches(int calls, errc code) {
+  std::lock_guard lk(mu_);
+  fail_watches_ = calls;
+  fail_watch_code_ = code;
+}
+void MemoryStore::throw_next_acquires(int calls, int after) {
+  std::lock_guard lk(mu_);
+  throw_acquires_ = calls;
+  throw_after_ = after;
+}
+int MemoryStore::live_watches() const {
+  std::lock_guard lk(mu_);
+  return live_watches_;
+}
+int MemoryStore::cancel_calls() const {
+  std::lock_guard lk(mu_);
+  return n_cancel_;
 }
 void MemoryStore::steal(const std::string& lock, const std::string& new_owner) {
   std::lock_guard lk(mu_);

@@ -35,6 +35,11 @@ class MemoryStore {
   void set_needs_renewal(bool on) { needs_renewal_ = on; }
   /// Makes every renew() call block this long first (a hung server), in real time.
   void set_renew_delay(std::chrono::milliseconds d) { renew_delay_ms_ = d.count(); }
+  /// Makes the next `calls` watch() calls fail with `code` (a subscriber that cannot connect).
+  void fail_next_watches(int calls, errc code = errc::backend_unavailable);
+  /// Makes `calls` try_acquire() calls, after the next `after` ones, throw
+  /// std::runtime_error (a backend bug).
+  void throw_next_acquires(int calls, int after = 0);
 
   // Observation.
   int try_acquire_calls() const;
@@ -43,6 +48,9 @@ class MemoryStore {
   std::size_t last_renew_batch() const;
   bool held(const std::string& lock, Clock::time_point now) const;
   std::string holder(const std::string& lock) const;
+  /// Names watched right now, over every client of this store (watch minus unwatch).
+  int live_watches() const;
+  int cancel_calls() const;
 
  private:
   friend class MemoryBackend;
@@ -55,7 +63,9 @@ class MemoryStore {
   std::vector<class MemoryBackend*> backends_;
   int fail_calls_ = 0;
   errc fail_code_ = errc::backend_unavailable;
-  int n_try_ = 0, n_renew_ = 0, n_release_ = 0;
+  int n_try_ = 0, n_renew_ = 0, n_release_ = 0, n_cancel_ = 0, live_watches_ = 0;
+  int fail_watches_ = 0, throw_acquires_ = 0, throw_after_ = 0;
+  errc fail_watch_code_ = errc::backend_unavailable;
   std::size_t last_batch_ = 0;
   bool fencing_ = true;
   bool needs_renewal_ = true;

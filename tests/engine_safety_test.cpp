@@ -1,0 +1,256 @@
+// Engine safety properties against the in-process memory backend: a new owner on
+// the server for every acquisition, a forked child that can neither use nor
+// release its parent's leases, durations that never overflow, waiters that keep
+// waiting when they cannot subscribe and clean up whatever way they end.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "fake/memory_backend.hpp"
+#include "support/manual_clock.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::detail::MemoryStore;
+using distlock::testing::ManualClock;
+
+namespace {
+
+int g_seq = 0;
+
+distlock::LockOptions ttl(Millis t) {
+  distlock::LockOptions o;
+  o.ttl = t;
+  return o;
+}
+
+struct EngineSafety : ::testing::Test {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::string store_name = "safety-" + std::to_string(++g_seq);
+  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
+  distlock::Client client() {
+    distlock::ClientOptions o;
+    o.clock = clock;
+    o.background_renewal = false;
+    o.logger = [](distlock::LogLevel, std::string_view) {};
+    return distlock::connect("memory://" + store_name, o);
+  }
+};
+
+struct RealTimeSafety : ::testing::Test {
+  std::string store_name = "safety-rt-" + std::to_string(++g_seq);
+  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
+  distlock::Client client() {
+    distlock::ClientOptions o;
+    o.logger = [](distlock::LogLevel, std::string_view) {};
+    return distlock::connect("memory://" + store_name, o);
+  }
+};
+
+// ---- owner identity ----------------------------------------------------------------
+
+TEST_F(EngineSafety, EveryAcquisitionIsANewOwnerOnTheServer) {
+  auto c = client();
+  std::string first;
+  {
+    auto lease = c.acquire("u", ttl(3s));
+    first = store->holder("u");
+  }
+  auto lease = c.acquire("u", ttl(3s));
+  const std::string second = store->holder("u");
+  EXPECT_NE(first, second) << "a later acquisition by the same thread must be another owner";
+  EXPECT_EQ(distlock::detail::thread_owner_of(first), distlock::detail::thread_owner_of(second));
+  EXPECT_EQ(first.rfind(c.id() + ":", 0), 0u) << first;
+}
+
+TEST_F(EngineSafety, ReacquireAfterALocalLossWaitsForTheOldRecordAndGetsANewToken) {
+  auto c = client();
+  auto lease = c.acquire("r", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
+  const std::uint64_t old_token = lease.token();
+  clock->advance(2800ms);
+  c.engine()->tick();
+  ASSERT_FALSE(lease.owns());
+  ASSERT_TRUE(store->held("r", clock->now())) << "the server record outlives the local deadline";
+  // The old record is not ours any more: re-entering it would hand one token to two
+  // acquisitions and let a late release of the old one free the new one.
+  EXPECT_FALSE(c.try_acquire("r", ttl(3s)).has_value());
+  clock->advance(300ms);
+  auto again = c.try_acquire("r", ttl(3s));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_GT(again->token(), old_token);
+}
+
+// ---- durations ---------------------------------------------------------------------
+
+TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {
+  auto c = client();
+  for (Millis t :
+       {Millis(std::chrono::hours(24 * 365 * 1000)), Millis::max(), Millis(std::chrono::hours(24 * 367))}) {
+    try {
+      c.acquire("d", ttl(t));
+      ADD_FAILURE() << "accepted ttl " << t.count() << " ms";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("maximum"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(store->try_acquire_calls(), 0) << "a refused call leaves no state on the server";
+  auto lease = c.acquire("d", ttl(std::chrono::hours(24 * 366)));  // the maximum itself is fine
+  EXPECT_TRUE(lease.owns());
+  EXPECT_GT(lease.remaining(), Millis(std::chrono::hours(24 * 365)));
+
+  distlock::ClientOptions bad;
+  bad.command_timeout = 0ms;
+  std::error_code ec;
+  distlock::connect("memory://" + store_name, bad, ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
+TEST_F(RealTimeSafety, HugeWaitsMeanNoLimitNotZero) {
+  auto a = client();
+  auto b = client();
+  auto held = a.acquire("w", ttl(30s));
+  std::atomic<int> done{0};
+  std::atomic<bool> mutex_got{false}, lease_got{false};
+  std::thread by_mutex([&] {
+    distlock::Mutex m = b.mutex("w", ttl(30s));
+    mutex_got = m.try_lock_for(std::chrono::hours::max());
+    if (mutex_got) m.unlock();
+    ++done;
+  });
+  std::thread by_lease([&] {
+    auto o = ttl(30s);
+    o.wait = Millis(std::chrono::hours(24 * 365 * 300));
+    std::error_code ec;
+    auto lease = b.acquire("w", o, ec);
+    lease_got = !ec && lease.owns();
+    ++done;
+  });
+  // Neither may give up: before the fix both returned at once. 300 ms of the
+  // process's own time with nobody finishing is evidence enough; the release then
+  // lets both through one after the other.
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < 300ms) {
+    ASSERT_EQ(done.load(), 0) << "a wait of hours::max() or 300 years gave up at once";
+    std::this_thread::sleep_for(10ms);
+  }
+  held.release();
+  by_mutex.join();
+  by_lease.join();
+  EXPECT_TRUE(mutex_got);
+  EXPECT_TRUE(lease_got);
+}
+
+// ---- waiting -----------------------------------------------------------------------
+
+TEST_F(RealTimeSafety, WaiterThatCannotWatchStillWaitsAndLeavesNothingSubscribed) {
+  auto a = client();
+  auto b = client();
+  auto held = a.acquire("nw", ttl(30s));
+  store->fail_next_watches(1000);  // e.g. the subscriber cannot connect (maxclients)
+  std::error_code ec;
+  std::atomic<bool> got{false};
+  std::thread waiter([&] {
+    auto o = ttl(30s);
+    o.wait = 20s;
+    auto lease = b.acquire("nw", o, ec);
+    got = !ec && lease.owns();
+  });
+  std::this_thread::sleep_for(100ms);
+  held.release();
+  waiter.join();
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(got) << "a failed watch degrades to bounded re-checks, it does not fail the wait";
+  EXPECT_EQ(store->live_watches(), 0);
+  EXPECT_EQ(b.engine()->idle_watches(), 0u);
+  store->fail_next_watches(0);
+}
+
+TEST_F(EngineSafety, ExceptionFromTheBackendWhileWaitingLeavesNoWaiterOrQueuedPlace) {
+  auto a = client();
+  auto b = client();
+  auto held = a.acquire("ex", ttl(30s));
+  store->throw_next_acquires(1, /*after=*/1);  // the re-check after subscribing throws
+  auto o = ttl(30s);
+  o.wait = 5s;
+  try {
+    b.acquire("ex", o);
+    ADD_FAILURE() << "acquired a held lock";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::protocol_error) << e.what();
+  }
+  EXPECT_EQ(store->cancel_calls(), 1) << "the queued place is given up";
+  EXPECT_EQ(b.engine()->idle_watches(), 1u) << "the waiter left its slot (kept subscribed, idle)";
+  b.engine()->sweep_idle_watches(true);
+  EXPECT_EQ(store->live_watches(), 0);
+}
+
+// ---- clock -------------------------------------------------------------------------
+
+TEST(Clock, LeaseDeadlinesCountHostSuspend) {
+  // The lease clock reads CLOCK_BOOTTIME, which keeps counting while the host is
+  // suspended (as the server's TTL does); CLOCK_MONOTONIC would not.
+  timespec before{}, after{};
+  ::clock_gettime(CLOCK_BOOTTIME, &before);
+  const auto now = distlock::system_steady_clock()->now().time_since_epoch();
+  ::clock_gettime(CLOCK_BOOTTIME, &after);
+  const auto b = std::chrono::seconds(before.tv_sec) + std::chrono::nanoseconds(before.tv_nsec);
+  const auto a = std::chrono::seconds(after.tv_sec) + std::chrono::nanoseconds(after.tv_nsec);
+  EXPECT_LE(b, now);
+  EXPECT_LE(now, a);
+}
+
+// ---- fork --------------------------------------------------------------------------
+
+// Runs `child` in a forked process and returns its exit status (-1 on a hang of 20 s).
+template <class F>
+int run_in_child(F child) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(child());
+  for (int i = 0; i < 2000; ++i) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+    std::this_thread::sleep_for(10ms);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+TEST_F(RealTimeSafety, ForkedChildIsRefusedAndNeverTouchesItsParentsLeases) {
+  auto c = client();  // background renewer and watchdog threads running
+  auto lease = c.acquire("f", ttl(3s));
+  const std::string holder = store->holder("f");
+  const int status = run_in_child([&]() -> int {
+    if (lease.owns()) return 1;  // the parent's lease is not the child's
+    std::error_code ec;
+    c.acquire("other", ttl(3s), ec);
+    if (ec != errc::forked) return 2;
+    try {
+      c.try_acquire("other", ttl(3s));
+      return 3;
+    } catch (const std::system_error& e) {
+      if (e.code() != errc::forked) return 4;
+    }
+    c.status("f", ec);
+    if (ec != errc::forked) return 5;
+    lease.release(ec);
+    if (ec != errc::forked) return 6;
+    // Destroying the child's copy of the client must neither hang on the parent's
+    // threads nor release anything.
+    { distlock::Client gone = std::move(c); }
+    return 0;
+  });
+  EXPECT_EQ(status, 0) << "1 owns, 2-5 not refused, 6 released, -1 hung";
+  EXPECT_TRUE(lease.owns());
+  EXPECT_EQ(store->holder("f"), holder);
+}
+
+}  // namespace
