@@ -20,6 +20,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/cs_log.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #ifdef DISTLOCK_TEST_REDIS
@@ -56,6 +57,10 @@ class Target {
   /// Lock records, queue entries, sessions/leases and subscriptions left on the
   /// server, described one per string. Called after every client is gone.
   virtual std::vector<std::string> leftovers() = 0;
+  /// The servers' client ports, and the URL that reaches them at other host:ports
+  /// (fault proxies). Empty for host-local backends.
+  virtual std::vector<std::uint16_t> ports() { return {}; }
+  virtual std::string url_via(const std::string& /*hosts*/) { return {}; }
 };
 
 #ifdef DISTLOCK_TEST_REDIS
@@ -80,6 +85,8 @@ class RedisTarget final : public Target {
  public:
   std::string url() override { return server_.url(); }
   std::vector<std::string> leftovers() override { return redis_keys(server_, true); }
+  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
+  std::string url_via(const std::string& hosts) override { return "redis://" + hosts; }
 
  private:
   distlock::testing::RedisServer server_;
@@ -99,6 +106,12 @@ class RedlockTarget final : public Target {
     return u;
   }
   bool fencing() const override { return false; }
+  std::vector<std::uint16_t> ports() override {
+    std::vector<std::uint16_t> out;
+    for (auto& m : masters_) out.push_back(m->port());
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override { return "redlock://" + hosts; }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     for (auto& m : masters_) {
@@ -117,6 +130,12 @@ class EtcdTarget final : public Target {
  public:
   explicit EtcdTarget(int members) : cluster_(members) {}
   std::string url() override { return cluster_.url(); }
+  std::vector<std::uint16_t> ports() override {
+    std::vector<std::uint16_t> out;
+    for (int i = 0; i < cluster_.size(); ++i) out.push_back(cluster_.client_port(i));
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override { return "etcd://" + hosts; }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     const std::string keys = cluster_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
@@ -148,9 +167,16 @@ class ZkTarget final : public Target {
   }
   std::string url() override {
     // The session is the lease: its timeout is the TTL the tests use.
-    const std::string q = "?session_timeout=2s";
-    return single_ ? single_->url(q) : ensemble_->url(q);
+    return single_ ? single_->url(kQuery) : ensemble_->url(kQuery);
   }
+  std::vector<std::uint16_t> ports() override {
+    if (single_) return {single_->port()};
+    std::vector<std::uint16_t> out;
+    for (int i = 0; i < ensemble_->size(); ++i) out.push_back(ensemble_->server(i).port());
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override { return "zk://" + hosts + kQuery; }
+  static constexpr const char* kQuery = "?session_timeout=2s";
   std::vector<std::string> leftovers() override {
     distlock::testing::RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
     std::vector<std::string> out;
@@ -186,9 +212,8 @@ void PrintTo(const Kind& k, std::ostream* os) {
   *os << k.label;
 }
 
-std::vector<Kind> kinds() {
+std::vector<Kind> networked_kinds() {
   std::vector<Kind> k;
-  k.push_back({"file", [] { return std::make_unique<FileTarget>(); }});
 #ifdef DISTLOCK_TEST_REDIS
   k.push_back({"redis", [] { return std::make_unique<RedisTarget>(); }});
 #endif
@@ -203,6 +228,12 @@ std::vector<Kind> kinds() {
   k.push_back({"zk1", [] { return std::make_unique<ZkTarget>(1); }});
   k.push_back({"zk3", [] { return std::make_unique<ZkTarget>(3); }});
 #endif
+  return k;
+}
+
+std::vector<Kind> kinds() {
+  std::vector<Kind> k = networked_kinds();
+  k.insert(k.begin(), Kind{"file", [] { return std::make_unique<FileTarget>(); }});
   return k;
 }
 
@@ -479,6 +510,76 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
   }
   expect_nothing_left();
 }
+
+// ---- network faults, through a proxy between one client and its servers ----------
+
+using NetworkFaults = Conformance;
+
+TEST_P(NetworkFaults, HolderPartitionedPastItsTtlStopsBeforeTheNextHolderStarts) {
+  distlock::testing::FaultProxyGroup net(target_->ports());
+  {
+    auto cut = distlock::connect(target_->url_via(net.hosts()), quiet());
+    auto other = client();
+    auto lease = cut.acquire("partitioned", opts());
+    std::atomic<std::int64_t> lost_at{0};
+    lease.on_lost([&] { lost_at = Steady::now().time_since_epoch().count(); });
+    net.freeze_all();  // sockets stay open: every renewal hangs
+    auto next = other.acquire("partitioned", opts(30000ms));
+    const auto next_at = Steady::now().time_since_epoch().count();
+    // The partitioned holder gave up (stop token, callback) before the server could
+    // let the next holder in: its local deadline is ahead of the server's expiry by
+    // the safety margin, whatever the load (both times are read in this process).
+    ASSERT_NE(lost_at.load(), 0) << "the next holder got the lock before the partitioned one was told";
+    EXPECT_LT(lost_at.load(), next_at);
+    EXPECT_TRUE(lease.stop_token().stop_requested());
+    EXPECT_FALSE(lease.owns());
+    if (target_->fencing()) {
+      EXPECT_GT(next.token(), lease.token());
+    }
+    net.pass_all();
+    std::error_code ec;
+    lease.release(ec);
+    EXPECT_EQ(ec, errc::lost);
+    EXPECT_TRUE(next.owns()) << "the partitioned holder's release touched the next holder's lock";
+    EXPECT_TRUE(other.status("partitioned").held);
+  }
+  expect_nothing_left();
+}
+
+TEST_P(NetworkFaults, WaiterWhoseConnectionDiesGetsAnErrorNeverTheLock) {
+  distlock::testing::FaultProxyGroup net(target_->ports());
+  {
+    auto holder = client();
+    auto lease = holder.acquire("cutwaiter", opts());
+    auto waiter = distlock::connect(target_->url_via(net.hosts()), quiet());
+    std::error_code ec;
+    std::atomic<bool> done{false};
+    bool got = false;
+    std::thread t([&] {
+      auto l = waiter.acquire("cutwaiter", opts(8000ms), ec);
+      got = l.owns();
+      done = true;
+    });
+    std::this_thread::sleep_for(300ms);  // let it queue; the assertion does not depend on it
+    net.drop_all();                      // its connections die and cannot come back
+    std::this_thread::sleep_for(200ms);
+    lease.release();  // the lock is free now, but the waiter cannot reach it
+    t.join();
+    EXPECT_FALSE(got) << "a waiter without a connection reported the lock as acquired";
+    EXPECT_TRUE(ec == errc::backend_unavailable || ec == errc::quorum_unavailable || ec == errc::timeout ||
+                ec == errc::lost)
+        << ec.message();
+    net.pass_all();
+    // Whatever it queued is gone (its session/lease ends): another client gets it.
+    auto third = client();
+    auto l3 = third.acquire("cutwaiter", opts(10000ms));
+    EXPECT_TRUE(l3.owns());
+  }
+  expect_nothing_left();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, NetworkFaults, ::testing::ValuesIn(networked_kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(kinds()),
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });

@@ -1,0 +1,309 @@
+#include "support/fault_proxy.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace distlock::testing {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Mode { pass, freeze, delay, drop };
+
+struct Chunk {
+  Clock::time_point ready;
+  std::string bytes;
+  std::size_t sent = 0;
+};
+
+struct Direction {
+  std::deque<Chunk> queue;
+  std::size_t queued_bytes = 0;
+};
+
+struct Pair {
+  int client = -1;
+  int upstream = -1;
+  Direction to_upstream, to_client;
+  bool dead = false;
+};
+
+void set_nonblocking(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int connect_loopback(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  set_nonblocking(fd);
+  return fd;
+}
+
+constexpr std::size_t kMaxQueued = 1 << 20;  // stop reading a side whose queue is this full
+
+}  // namespace
+
+struct FaultProxy::Impl {
+  std::uint16_t upstream_port = 0;
+  std::uint16_t port = 0;
+  int listen_fd = -1;
+  int wake_fd = -1;
+  std::atomic<bool> stop{false};
+  std::atomic<int> accepted{0};
+
+  std::mutex mu;  // guards the settings below
+  Mode mode = Mode::pass;
+  std::chrono::milliseconds latency{0}, jitter{0};
+
+  std::vector<Pair> pairs;  // owned by the forwarding thread
+  std::minstd_rand rng{12345};
+  std::thread thread;
+
+  void wake() {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_fd, &one, sizeof one);
+  }
+
+  void set(Mode m, std::chrono::milliseconds lat = {}, std::chrono::milliseconds jit = {}) {
+    {
+      std::lock_guard lk(mu);
+      mode = m;
+      latency = lat;
+      jitter = jit;
+    }
+    wake();
+  }
+
+  static void close_pair(Pair& p) {
+    if (p.client >= 0) ::close(p.client);
+    if (p.upstream >= 0) ::close(p.upstream);
+    p.client = p.upstream = -1;
+    p.dead = true;
+  }
+
+  // Reads what `from` has into `dir`, each chunk due at now + latency (+ jitter).
+  bool read_side(int from, Direction& dir, Mode m, std::chrono::milliseconds lat,
+                 std::chrono::milliseconds jit) {
+    char buf[65536];
+    const ssize_t n = ::read(from, buf, sizeof buf);
+    if (n == 0) return false;
+    if (n < 0) return errno == EAGAIN || errno == EINTR;
+    Chunk c;
+    c.ready = Clock::now();
+    if (m == Mode::delay) {
+      c.ready += lat;
+      if (jit.count() > 0)
+        c.ready += std::chrono::milliseconds(rng() % static_cast<unsigned>(jit.count() + 1));
+      // A stream keeps its order: never due before the chunk ahead of it.
+      if (!dir.queue.empty()) c.ready = std::max(c.ready, dir.queue.back().ready);
+    }
+    c.bytes.assign(buf, static_cast<std::size_t>(n));
+    dir.queued_bytes += c.bytes.size();
+    dir.queue.push_back(std::move(c));
+    return true;
+  }
+
+  // Writes every due chunk of `dir` to `to`; false when the peer is gone.
+  static bool write_side(int to, Direction& dir, Clock::time_point now) {
+    while (!dir.queue.empty() && dir.queue.front().ready <= now) {
+      Chunk& c = dir.queue.front();
+      const ssize_t n = ::send(to, c.bytes.data() + c.sent, c.bytes.size() - c.sent, MSG_NOSIGNAL);
+      if (n < 0) return errno == EAGAIN || errno == EINTR;
+      c.sent += static_cast<std::size_t>(n);
+      if (c.sent < c.bytes.size()) return true;
+      dir.queued_bytes -= c.bytes.size();
+      dir.queue.pop_front();
+    }
+    return true;
+  }
+
+  void run() {
+    while (!stop.load()) {
+      Mode m;
+      std::chrono::milliseconds lat, jit;
+      {
+        std::lock_guard lk(mu);
+        m = mode;
+        lat = latency;
+        jit = jitter;
+      }
+      if (m == Mode::drop) {
+        for (auto& p : pairs) close_pair(p);
+      }
+      pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Pair& p) { return p.dead; }),
+                  pairs.end());
+
+      const auto now = Clock::now();
+      if (m != Mode::freeze) {
+        for (auto& p : pairs) {
+          if (!write_side(p.upstream, p.to_upstream, now) || !write_side(p.client, p.to_client, now))
+            close_pair(p);
+        }
+      }
+
+      std::vector<pollfd> fds;
+      fds.push_back({wake_fd, POLLIN, 0});
+      fds.push_back({listen_fd, POLLIN, 0});
+      Clock::time_point next_due = now + std::chrono::milliseconds(100);
+      for (auto& p : pairs) {
+        short cin = 0, uin = 0;
+        if (m != Mode::freeze) {
+          if (p.to_upstream.queued_bytes < kMaxQueued) cin = POLLIN;
+          if (p.to_client.queued_bytes < kMaxQueued) uin = POLLIN;
+          for (Direction* d : {&p.to_upstream, &p.to_client}) {
+            if (!d->queue.empty()) next_due = std::min(next_due, d->queue.front().ready);
+          }
+          if (!p.to_upstream.queue.empty() && p.to_upstream.queue.front().ready <= now) uin |= POLLOUT;
+          if (!p.to_client.queue.empty() && p.to_client.queue.front().ready <= now) cin |= POLLOUT;
+        }
+        fds.push_back({p.client, cin, 0});
+        fds.push_back({p.upstream, uin, 0});
+      }
+      const auto wait_ms = std::max<long>(
+          0,
+          static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(next_due - now).count()));
+      ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(wait_ms, 100)));
+      if (fds[0].revents & POLLIN) {
+        std::uint64_t v;
+        (void)!::read(wake_fd, &v, sizeof v);
+      }
+      if (fds[1].revents & POLLIN) {
+        const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) {
+          accepted.fetch_add(1);
+          if (m == Mode::drop) {
+            ::close(c);
+          } else {
+            const int u = connect_loopback(upstream_port);
+            if (u < 0) {
+              ::close(c);
+            } else {
+              set_nonblocking(c);
+              Pair p;
+              p.client = c;
+              p.upstream = u;
+              pairs.push_back(std::move(p));
+            }
+          }
+        }
+      }
+      if (m == Mode::freeze || m == Mode::drop) continue;
+      // The fds vector was built before accept: pairs[i] is at 2 + 2i.
+      for (std::size_t i = 0; i + 2 < fds.size() && i / 2 < pairs.size(); i += 2) {
+        Pair& p = pairs[i / 2];
+        if (p.dead) continue;
+        const pollfd& cf = fds[2 + i];
+        const pollfd& uf = fds[3 + i];
+        bool ok = true;
+        if (cf.revents & (POLLIN | POLLHUP | POLLERR))
+          ok = read_side(p.client, p.to_upstream, m, lat, jit) && ok;
+        if (uf.revents & (POLLIN | POLLHUP | POLLERR))
+          ok = read_side(p.upstream, p.to_client, m, lat, jit) && ok;
+        if (!ok) {
+          // One side closed: deliver what is due, then close both.
+          write_side(p.upstream, p.to_upstream, Clock::now());
+          write_side(p.client, p.to_client, Clock::now());
+          close_pair(p);
+        }
+      }
+    }
+    for (auto& p : pairs) close_pair(p);
+  }
+};
+
+FaultProxy::FaultProxy(std::uint16_t upstream_port) : impl_(std::make_unique<Impl>()) {
+  impl_->upstream_port = upstream_port;
+  impl_->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(impl_->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(impl_->listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(impl_->listen_fd, 128) != 0) {
+    throw std::runtime_error("fault proxy: cannot listen on 127.0.0.1");
+  }
+  socklen_t len = sizeof a;
+  ::getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+  impl_->port = ntohs(a.sin_port);
+  set_nonblocking(impl_->listen_fd);
+  impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+FaultProxy::~FaultProxy() {
+  impl_->stop = true;
+  impl_->wake();
+  impl_->thread.join();
+  ::close(impl_->listen_fd);
+  ::close(impl_->wake_fd);
+}
+
+std::uint16_t FaultProxy::port() const {
+  return impl_->port;
+}
+void FaultProxy::pass() {
+  impl_->set(Mode::pass);
+}
+void FaultProxy::freeze() {
+  impl_->set(Mode::freeze);
+}
+void FaultProxy::delay(std::chrono::milliseconds latency, std::chrono::milliseconds jitter) {
+  impl_->set(Mode::delay, latency, jitter);
+}
+void FaultProxy::drop() {
+  impl_->set(Mode::drop);
+}
+int FaultProxy::accepted() const {
+  return impl_->accepted.load();
+}
+
+FaultProxyGroup::FaultProxyGroup(const std::vector<std::uint16_t>& upstream_ports) {
+  for (auto p : upstream_ports) proxies_.push_back(std::make_unique<FaultProxy>(p));
+}
+std::string FaultProxyGroup::hosts() const {
+  std::string out;
+  for (std::size_t i = 0; i < proxies_.size(); ++i) {
+    if (i) out += ",";
+    out += "127.0.0.1:" + std::to_string(proxies_[i]->port());
+  }
+  return out;
+}
+void FaultProxyGroup::pass_all() {
+  for (auto& p : proxies_) p->pass();
+}
+void FaultProxyGroup::freeze_all() {
+  for (auto& p : proxies_) p->freeze();
+}
+void FaultProxyGroup::drop_all() {
+  for (auto& p : proxies_) p->drop();
+}
+
+}  // namespace distlock::testing
