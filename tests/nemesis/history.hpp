@@ -1,0 +1,215 @@
+// The history a nemesis run records, and the checker that judges it.
+//
+// Every worker thread appends one line per event to a shared file with a single
+// O_APPEND write; times are CLOCK_MONOTONIC nanoseconds, comparable across the
+// processes of one host:
+//
+//   A pid tid seq token t_ret        acquire returned (token 0 on a backend without fencing)
+//   O pid tid seq t                  owns() was true when read at t (read before the call)
+//   W pid tid seq token t status     a fenced write attempt: applied | stale | error
+//   L pid tid seq t                  the stop token fired (the loss was signalled) at t
+//   E pid tid seq t status stopped   release returned: ok | lost | error; stopped = stop token fired
+//   X pid tid err t                  acquire failed with error code `err` (timeouts are normal)
+//
+// A section is one acquisition (pid, tid, seq). Its belief interval runs from A's
+// t_ret to its last O. Soundness of the exclusion check: owns() is true at t only if
+// t < local deadline < the server's expiry of that lease <= the moment the server
+// grants the lock to anybody else < that holder's t_ret. So two belief intervals can
+// overlap only if mutual exclusion (or the clock assumption) was broken, however the
+// processes were paused, partitioned or killed.
+//
+// Violations:
+//   overlap      two belief intervals of different sections overlap
+//   token        a token repeats, or tokens of sections with a belief go backwards in
+//                acquisition order (fencing backends)
+//   stale-write  a write was applied with a token below one applied before it
+//   silent-loss  a section's release said lost, but its stop token never fired
+//   incomplete   (reported by the driver) an operation or process that never finished
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace distlock::nemesis {
+
+struct Section {
+  long pid = 0, tid = 0, seq = 0;
+  std::uint64_t token = 0;
+  std::int64_t acquired = -1;   // A
+  std::int64_t last_true = -1;  // last O
+  std::int64_t lost_at = -1;    // L
+  std::string release;          // E status ("" if the process died first)
+  bool stopped = false;         // E: the stop token had fired
+};
+
+struct Write {
+  long pid = 0, tid = 0, seq = 0;
+  std::uint64_t token = 0;
+  std::int64_t t = 0;
+  std::string status;
+};
+
+struct History {
+  std::vector<Section> sections;
+  std::vector<Write> writes;
+  std::vector<std::string> lines;  // raw, for printing slices
+  long acquire_errors = 0;
+};
+
+inline History parse_history(const std::string& path) {
+  History h;
+  std::map<std::tuple<long, long, long>, std::size_t> index;
+  auto section = [&](long pid, long tid, long seq) -> Section& {
+    auto key = std::make_tuple(pid, tid, seq);
+    auto it = index.find(key);
+    if (it == index.end()) {
+      Section s;
+      s.pid = pid;
+      s.tid = tid;
+      s.seq = seq;
+      h.sections.push_back(s);
+      it = index.emplace(key, h.sections.size() - 1).first;
+    }
+    return h.sections[it->second];
+  };
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string kind;
+    long pid = 0, tid = 0, seq = 0;
+    if (!(ls >> kind)) continue;
+    h.lines.push_back(line);
+    if (kind == "X") {
+      ++h.acquire_errors;
+      continue;
+    }
+    if (!(ls >> pid >> tid >> seq)) continue;
+    Section& s = section(pid, tid, seq);
+    if (kind == "A") {
+      ls >> s.token >> s.acquired;
+    } else if (kind == "O") {
+      std::int64_t t = 0;
+      ls >> t;
+      s.last_true = std::max(s.last_true, t);
+    } else if (kind == "L") {
+      ls >> s.lost_at;
+    } else if (kind == "E") {
+      std::int64_t t = 0;
+      int stopped = 0;
+      ls >> t >> s.release >> stopped;
+      s.stopped = stopped != 0;
+    } else if (kind == "W") {
+      Write w;
+      w.pid = pid;
+      w.tid = tid;
+      w.seq = seq;
+      ls >> w.token >> w.t >> w.status;
+      h.writes.push_back(w);
+    }
+  }
+  return h;
+}
+
+struct Violation {
+  std::string kind;
+  std::string what;
+  std::int64_t at = 0;  // a time near the violation, for the slice
+};
+
+inline std::string describe(const Section& s) {
+  std::ostringstream o;
+  o << "section pid " << s.pid << " tid " << s.tid << " seq " << s.seq << " token " << s.token << " belief ["
+    << s.acquired << ", " << s.last_true << "]";
+  return o.str();
+}
+
+inline std::vector<Violation> check_history(const History& h, bool fencing) {
+  std::vector<Violation> out;
+  // Sections that believed they held the lock at least once.
+  std::vector<const Section*> believed;
+  for (const auto& s : h.sections) {
+    if (s.acquired >= 0 && s.last_true >= s.acquired) believed.push_back(&s);
+  }
+  std::sort(believed.begin(), believed.end(),
+            [](const Section* a, const Section* b) { return a->acquired < b->acquired; });
+  // overlap: in start order, each interval must start after every earlier one ended.
+  std::int64_t max_end = -1;
+  const Section* max_sec = nullptr;
+  for (const Section* s : believed) {
+    if (max_sec != nullptr && s->acquired < max_end) {
+      out.push_back({"overlap", describe(*max_sec) + " overlaps " + describe(*s), s->acquired});
+    }
+    if (s->last_true > max_end) {
+      max_end = s->last_true;
+      max_sec = s;
+    }
+  }
+  if (fencing) {
+    std::map<std::uint64_t, const Section*> by_token;
+    for (const auto& s : h.sections) {
+      if (s.acquired < 0) continue;
+      auto [it, fresh] = by_token.emplace(s.token, &s);
+      if (!fresh)
+        out.push_back(
+            {"token", "token repeated: " + describe(*it->second) + " and " + describe(s), s.acquired});
+    }
+    for (std::size_t i = 1; i < believed.size(); ++i) {
+      if (believed[i]->token <= believed[i - 1]->token) {
+        out.push_back(
+            {"token",
+             "token went backwards: " + describe(*believed[i - 1]) + " then " + describe(*believed[i]),
+             believed[i]->acquired});
+      }
+    }
+    std::vector<Write> applied;
+    for (const auto& w : h.writes) {
+      if (w.status == "applied") applied.push_back(w);
+    }
+    std::sort(applied.begin(), applied.end(), [](const Write& a, const Write& b) { return a.t < b.t; });
+    std::uint64_t highest = 0;
+    for (const auto& w : applied) {
+      if (w.token < highest) {
+        out.push_back({"stale-write",
+                       "write with token " + std::to_string(w.token) + " applied after token " +
+                           std::to_string(highest) + " (pid " + std::to_string(w.pid) + ")",
+                       w.t});
+      }
+      highest = std::max(highest, w.token);
+    }
+  }
+  for (const auto& s : h.sections) {
+    if (s.release == "lost" && !s.stopped) {
+      out.push_back(
+          {"silent-loss", "release said lost but the stop token never fired: " + describe(s), s.acquired});
+    }
+  }
+  return out;
+}
+
+/// The history lines within `window` ns of `at` (times are the last field of A/O/W/L/E/X lines).
+inline std::string slice(const History& h, std::int64_t at, std::int64_t window) {
+  std::string out;
+  for (const auto& l : h.lines) {
+    std::istringstream ls(l);
+    std::vector<std::string> f;
+    std::string x;
+    while (ls >> x) f.push_back(x);
+    std::int64_t t = -1;
+    // The time is the field after pid tid seq [token]: find the largest number-looking field.
+    for (const auto& v : f) {
+      if (v.size() > 12 && std::all_of(v.begin(), v.end(), ::isdigit))
+        t = std::max<std::int64_t>(t, std::stoll(v));
+    }
+    if (t >= at - window && t <= at + window) out += "  " + l + "\n";
+  }
+  return out;
+}
+
+}  // namespace distlock::nemesis
