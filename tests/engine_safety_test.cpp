@@ -87,6 +87,20 @@ TEST_F(EngineSafety, ReacquireAfterALocalLossWaitsForTheOldRecordAndGetsANewToke
   EXPECT_GT(again->token(), old_token);
 }
 
+TEST_F(EngineSafety, ALossFoundAtReleaseIsSignalledNotOnlyReturned) {
+  auto c = client();
+  auto lease = c.acquire("gone", ttl(3s));
+  std::stop_token st = lease.stop_token();
+  bool called = false;
+  lease.on_lost([&] { called = true; });
+  store->drop("gone");  // e.g. a server restarted without persistence
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(st.stop_requested()) << "the stop token must fire for every loss";
+  EXPECT_TRUE(called);
+}
+
 // ---- durations ---------------------------------------------------------------------
 
 TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {

@@ -424,10 +424,11 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     return;
   }
   if (st == ReleaseStatus::not_owner) {
-    held->lost.store(true, std::memory_order_release);
-    ec = make_error_code(errc::lost);
+    // Lost while the holder still believed it held it: signal it like any other
+    // loss (stop token, callbacks), so no loss is only ever seen as an error code.
     if (!expired) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
-    log_.log(LogLevel::warning, "lock \"{}\" was no longer ours at release", held->name);
+    declare_lost(held, "the server no longer had it at release");
+    ec = make_error_code(errc::lost);
     return;
   }
   n_released_.fetch_add(1, std::memory_order_relaxed);

@@ -213,7 +213,7 @@ TEST(Redlock, ScriptCacheFlushIsRecoveredByEval) {
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(m.keys(i).empty());
 }
 
-TEST(Redlock, LeftoverKeyOfTheSameOwnerIsRetakenWithAFreshTtl) {
+TEST(Redlock, LeftoverKeyOfAnEarlierAcquisitionIsNeverRetaken) {
   Masters m(3);
   auto client = connect(m.url());
   std::string me;
@@ -221,13 +221,18 @@ TEST(Redlock, LeftoverKeyOfTheSameOwnerIsRetakenWithAFreshTtl) {
     auto lease = client.acquire("mine");
     me = *client.status("mine").holder;
   }
-  // As if an earlier lease of this very thread had been lost locally while its
-  // keys lived on: SET NX finds our own id, and the script re-takes the key.
-  for (std::size_t i = 0; i < m.size(); ++i) m[i].command({"SET", kKeyPrefix + "mine", me, "PX", "5000"});
+  // As if an earlier lease of this very thread had been lost locally while its keys
+  // lived on: every acquisition is a new owner, so the leftover is somebody else's
+  // until it expires; re-taking it would let the old lease's late release delete
+  // the new one's keys.
+  for (std::size_t i = 0; i < m.size(); ++i) m[i].command({"SET", kKeyPrefix + "mine", me, "PX", "1500"});
   LockOptions opts;
   opts.ttl = 60s;
-  auto lease = client.try_acquire("mine", opts);
-  ASSERT_TRUE(lease.has_value());
+  EXPECT_FALSE(client.try_acquire("mine", opts).has_value());
+  opts.wait = 10s;
+  auto lease = client.acquire("mine", opts);  // after the leftover expired
+  EXPECT_TRUE(lease.owns());
+  EXPECT_NE(*client.status("mine").holder, me);
   for (std::size_t i = 0; i < m.size(); ++i) {
     EXPECT_GT(m[i].command({"PTTL", kKeyPrefix + "mine"})->integer, 50000) << "master " << i;
   }
