@@ -443,6 +443,41 @@ TEST(EtcdBackend, KeyDeletedFromOutsideIsLostWithinOneRenewInterval) {
   EXPECT_TRUE(b.owns());
 }
 
+// Txn requests etcd has served so far (its Prometheus endpoint on the client port).
+long long served_txns(const EtcdCluster& etcd) {
+  const auto r = run_command({"curl", "-s", "http://" + etcd.endpoint(0) + "/metrics"}, 10s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  std::string line;
+  long long total = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("grpc_server_handled_total{", 0) == 0 &&
+        line.find("grpc_method=\"Txn\"") != std::string::npos) {
+      total += std::stoll(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return total;
+}
+
+// The key check of a renewal is batched: 200 held locks cost two Txns (128 keys
+// each at most, etcd's default --max-txn-ops), not 200.
+TEST(EtcdBackend, RenewalChecksEveryHeldKeyInBatchedTxns) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url());
+  std::vector<Lease> leases;
+  for (int i = 0; i < 200; ++i) leases.push_back(client.acquire("many" + std::to_string(i), ttl_opts(30s)));
+  const long long before = served_txns(etcd);
+  EXPECT_EQ(client.renew_now(), 200u);
+  const long long txns = served_txns(etcd) - before;
+  EXPECT_GE(txns, 2);
+  EXPECT_LE(txns, 3) << "one Txn per lock?";  // a background renewal may overlap by one
+  std::printf("renewal of 200 locks: %lld Txn(s)\n", txns);
+  etcd.etcdctl_ok({"del", "distlock/many7/", "--prefix"});
+  EXPECT_EQ(client.renew_now(), 199u);
+  EXPECT_TRUE(leases[7].stop_token().stop_requested());
+  EXPECT_TRUE(leases[8].owns());
+}
+
 // etcd's largest lease TTL is 9,000,000,000 s. A longer TTL (up to Millis::max(),
 // where `ttl + 999` used to overflow) is refused with invalid_argument naming the
 // limit, and nothing is created on the server.
