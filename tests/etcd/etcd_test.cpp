@@ -500,6 +500,15 @@ TEST(EtcdBackend, TtlBeyondEtcdsLimitIsRefusedAndLeavesNothing) {
   EXPECT_EQ(etcd.revision(), before);
   const std::string leases = etcd.etcdctl_ok({"lease", "list"});
   EXPECT_NE(leases.find("found 0 leases"), std::string::npos) << leases;
+  // The limit itself is accepted.
+  Lease at_limit = client.acquire("huge", ttl_opts(Millis(9'000'000'000'000)));
+  EXPECT_TRUE(at_limit.owns());
+  const auto keys = keys_under(etcd, "distlock/huge/");
+  ASSERT_EQ(keys.size(), 1u);
+  const std::string ttl = etcd.etcdctl_ok({"lease", "timetolive", hex(keys[0].lease)});
+  EXPECT_NE(ttl.find("granted with TTL(9000000000s)"), std::string::npos) << ttl;
+  at_limit.release();
+  EXPECT_TRUE(keys_under(etcd, "distlock/huge/").empty());
 }
 
 TEST(EtcdCluster3, LeaderKilledDuringContentionKeepsMutualExclusion) {
