@@ -673,7 +673,10 @@ ReleaseStatus EtcdBackend::release(std::string_view name, std::string_view owner
   {
     std::lock_guard lk(mu_);
     auto it = entries_.find(entry_key(name, owner));
-    if (it == entries_.end() || !it->second->held || !it->second->session->alive)
+    // A token that is not the entry's belongs to an earlier hold of the same owner
+    // id: the entry (a later hold) is not touched.
+    if (it == entries_.end() || !it->second->held || !it->second->session->alive ||
+        it->second->create_rev != static_cast<std::int64_t>(token))
       return ReleaseStatus::not_owner;
     entry = it->second;
   }
@@ -722,7 +725,10 @@ void EtcdBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus>
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (!item_session[i]) continue;
       auto it = entries_.find(entry_key(items[i].name, items[i].owner));
-      if (!item_session[i]->alive || it == entries_.end() || !it->second->held) {
+      // A token that is not the entry's is an earlier hold of the same owner id:
+      // not ours any more, and the entry (a later hold) is left alone.
+      if (!item_session[i]->alive || it == entries_.end() || !it->second->held ||
+          it->second->create_rev != static_cast<std::int64_t>(items[i].token)) {
         out[i] = RenewStatus::not_owner;
         item_session[i].reset();
         continue;
