@@ -53,6 +53,10 @@ std::string describe_options_error(const LockOptions& o) {
   std::string why;
   if (ec == errc::invalid_argument) {
     if (Engine::check_name(name, why)) throw_error(ec, why);
+    // A limit of the backend (e.g. etcd's largest lease TTL) explains itself.
+    if (std::string detail = detail::take_error_detail(); !detail.empty()) {
+      throw_error(ec, "lock \"" + std::string(name.substr(0, 200)) + "\": " + detail);
+    }
     throw_error(ec, describe_options_error(o));
   }
   std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";

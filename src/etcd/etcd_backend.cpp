@@ -59,11 +59,16 @@ std::string hex(std::int64_t v) {
   return fmt::format("{:x}", static_cast<std::uint64_t>(v));
 }
 
-// The thread part of an owner id "<client hex>:<thread seq>": the lease already
-// identifies the client.
-std::string thread_part(std::string_view owner) {
-  const auto colon = owner.rfind(':');
-  return encode_name(colon == std::string_view::npos ? owner : owner.substr(colon + 1));
+// etcd's largest lease TTL (lease.MaxLeaseTTL): LeaseGrant refuses anything longer.
+constexpr std::int64_t kMaxLeaseTtlS = 9'000'000'000;
+// etcd's default --max-txn-ops: renewal reads at most this many keys per Txn.
+constexpr std::size_t kMaxTxnOps = 128;
+
+// A lock TTL in whole seconds, rounded up, without overflow; 0 when beyond etcd's limit.
+std::int64_t ttl_seconds(Millis ttl) {
+  const std::int64_t ms = std::max<std::int64_t>(ttl.count(), 1);
+  const std::int64_t s = ms / 1000 + (ms % 1000 != 0 ? 1 : 0);
+  return s > kMaxLeaseTtlS ? 0 : s;
 }
 
 std::string entry_key(std::string_view name, std::string_view owner) {
@@ -256,6 +261,7 @@ class EtcdBackend final : public Backend {
   std::map<std::int64_t, std::shared_ptr<Session>> sessions_;           // by requested TTL s; guarded by mu_
   std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;  // name\0owner; guarded by mu_
   std::vector<std::pair<std::string, std::int64_t>> orphans_;           // keys whose delete failed; mu_
+  std::uint64_t next_key_seq_ = 1;  // makes every queue key unique; guarded by mu_
   std::condition_variable_any keeper_cv_;
   std::uint64_t keeper_generation_ = 0;  // bumped when a session is added; guarded by mu_
   std::jthread keeper_;
@@ -394,7 +400,14 @@ void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const ch
 
 AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
   ec.clear();
-  const std::int64_t ttl_s = std::max<std::int64_t>(1, (req.ttl.count() + 999) / 1000);
+  const std::int64_t ttl_s = ttl_seconds(req.ttl);
+  if (ttl_s == 0) {
+    // Refused before anything is sent: no lease, no key.
+    ec = make_error_code(errc::invalid_argument);
+    set_error_detail("ttl " + std::to_string(req.ttl.count()) +
+                     "ms is beyond etcd's maximum lease TTL of 9000000000s");
+    return {};
+  }
   const std::string ekey = entry_key(req.name, req.owner);
 
   for (int attempt = 0; attempt < 4; ++attempt) {
@@ -427,26 +440,32 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
       entry->name = std::string(req.name);
       entry->owner = std::string(req.owner);
       entry->lock_prefix = lock_prefix(req.name);
-      entry->key = entry->lock_prefix + hex(session->lease) + "-" + thread_part(req.owner);
       entry->session = session;
-      std::int64_t stale_rev = 0;
+      std::vector<std::pair<std::string, std::int64_t>> stale;
       {
         std::lock_guard lk(mu_);
-        // Our key of a lost hold may still be waiting for deletion; it must go
-        // first, or the Txn below would find it and hand out its old token.
-        auto o = std::find_if(orphans_.begin(), orphans_.end(),
-                              [&](const auto& p) { return p.first == entry->key; });
-        if (o != orphans_.end()) {
-          stale_rev = o->second;
-          orphans_.erase(o);
+        // A key of its own per acquisition attempt, never used before by this
+        // client (and the lease names the client): an existing key is never
+        // adopted, so a token is never handed out twice.
+        entry->key =
+            entry->lock_prefix + hex(session->lease) + "-" + hex(static_cast<std::int64_t>(next_key_seq_++));
+        // Our keys of this lock whose delete failed would queue ahead of the new
+        // key: try them now rather than wait for the keeper.
+        for (auto o = orphans_.begin(); o != orphans_.end();) {
+          if (o->first.starts_with(entry->lock_prefix)) {
+            stale.push_back(std::move(*o));
+            o = orphans_.erase(o);
+          } else {
+            ++o;
+          }
         }
       }
-      if (stale_rev != 0) {
-        delete_key(entry->key, stale_rev, ec);
-        if (ec) {
+      for (auto& [key, rev] : stale) {
+        std::error_code dec;
+        delete_key(key, rev, dec);
+        if (dec) {
           std::lock_guard lk(mu_);
-          orphans_.emplace_back(entry->key, stale_rev);
-          return {};
+          orphans_.emplace_back(key, rev);
         }
       }
       std::lock_guard lk(mu_);
@@ -520,9 +539,12 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
                  entry->name);
       }
     } else {
+      // The key exists: only this entry can have created it (an earlier call of
+      // the same acquisition, or a retried Txn that was applied), under our lease.
       const auto& mine = resp.responses(0).response_range();
-      if (mine.kvs_size() != 1) {
+      if (mine.kvs_size() != 1 || mine.kvs(0).lease() != session->lease) {
         ec = make_error_code(errc::protocol_error);
+        log_.log(LogLevel::warning, "etcd: queue key of lock \"{}\" exists but is not ours", entry->name);
         return {};
       }
       my_rev = mine.kvs(0).create_revision();
@@ -651,7 +673,10 @@ ReleaseStatus EtcdBackend::release(std::string_view name, std::string_view owner
   {
     std::lock_guard lk(mu_);
     auto it = entries_.find(entry_key(name, owner));
-    if (it == entries_.end() || !it->second->held || !it->second->session->alive)
+    // A token that is not the entry's belongs to an earlier hold of the same owner
+    // id: the entry (a later hold) is not touched.
+    if (it == entries_.end() || !it->second->held || !it->second->session->alive ||
+        it->second->create_rev != static_cast<std::int64_t>(token))
       return ReleaseStatus::not_owner;
     entry = it->second;
   }
@@ -688,13 +713,75 @@ void EtcdBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus>
   if (sessions.empty()) return;
   const auto sent = SteadyClock::now();
   if ((ec = keepalive(sessions))) return;
+
+  // The lease alone does not prove the hold: the key may have been deleted from
+  // outside (etcdctl del) while the lease lives. Read every held key, up to
+  // kMaxTxnOps per Txn (one round trip for a usual batch), and compare its
+  // create_revision with the token: a missing or re-created key is a loss.
+  std::vector<std::size_t> check;
+  std::vector<std::shared_ptr<Entry>> entry_of(items.size());
+  {
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (!item_session[i]) continue;
+      auto it = entries_.find(entry_key(items[i].name, items[i].owner));
+      // A token that is not the entry's is an earlier hold of the same owner id:
+      // not ours any more, and the entry (a later hold) is left alone.
+      if (!item_session[i]->alive || it == entries_.end() || !it->second->held ||
+          it->second->create_rev != static_cast<std::int64_t>(items[i].token)) {
+        out[i] = RenewStatus::not_owner;
+        item_session[i].reset();
+        continue;
+      }
+      entry_of[i] = it->second;
+      check.push_back(i);
+    }
+  }
+  std::vector<std::size_t> gone;
+  for (std::size_t from = 0; from < check.size(); from += kMaxTxnOps) {
+    const std::size_t to = std::min(check.size(), from + kMaxTxnOps);
+    etcdserverpb::TxnRequest txn;
+    for (std::size_t j = from; j < to; ++j) {
+      RangeRequest* r = txn.add_success()->mutable_request_range();
+      r->set_key(entry_of[check[j]]->key);
+      r->set_keys_only(true);
+    }
+    etcdserverpb::TxnResponse resp;
+    const grpc::Status st = transport_.call(
+        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); });
+    if (!st.ok()) {
+      set_error(st, ec, "renewal key check Txn");
+      return;
+    }
+    if (resp.responses_size() != static_cast<int>(to - from)) {
+      ec = make_error_code(errc::protocol_error);
+      return;
+    }
+    for (std::size_t j = from; j < to; ++j) {
+      const std::size_t i = check[j];
+      const auto& r = resp.responses(static_cast<int>(j - from)).response_range();
+      const bool ours = r.kvs_size() == 1 &&
+                        r.kvs(0).create_revision() == static_cast<std::int64_t>(items[i].token) &&
+                        r.kvs(0).lease() == entry_of[i]->session->lease;
+      if (!ours) gone.push_back(i);
+    }
+  }
   std::lock_guard lk(mu_);
+  for (const std::size_t i : gone) {
+    out[i] = RenewStatus::not_owner;
+    item_session[i].reset();
+    // Nothing to delete: the key that backed this hold is gone (a key found there
+    // now belongs to someone else).
+    auto it = entries_.find(entry_key(items[i].name, items[i].owner));
+    if (it != entries_.end() && it->second == entry_of[i]) entries_.erase(it);
+    log_.log(LogLevel::warning, "etcd: the key of held lock \"{}\" was deleted from outside: lost",
+             items[i].name);
+  }
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!item_session[i]) continue;
     out[i] = item_session[i]->alive ? RenewStatus::renewed : RenewStatus::not_owner;
     if (out[i] != RenewStatus::renewed) continue;
-    auto it = entries_.find(entry_key(items[i].name, items[i].owner));
-    if (it != entries_.end()) it->second->renewed_at = sent;
+    entry_of[i]->renewed_at = sent;
   }
 }
 

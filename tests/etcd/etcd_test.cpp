@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -350,6 +351,164 @@ TEST(EtcdBackend, WaiterWhoseKeyVanishedQueuesAgainInsteadOfBelievingItOwns) {
   ASSERT_EQ(keys.size(), 1u);
   EXPECT_NE(keys[0].lease, waiter_lease);
   EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), got.load());
+}
+
+// Waits (bounded) until `pred` holds; returns whether it did.
+template <class Pred>
+bool eventually(Pred&& pred, std::chrono::milliseconds limit) {
+  const auto end = Steady::now() + limit;
+  while (!pred()) {
+    if (Steady::now() >= end) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+// A release that times out (etcd stopped) leaves the key behind for the client to
+// delete later. A new acquisition by the same thread must queue under a new key
+// (never adopt the old one: its token would repeat), and the later clean-up of the
+// old key must never free a lock that is held again.
+TEST(EtcdBackend, ReacquireAfterATimedOutReleaseNeverAdoptsTheOldKey) {
+  EtcdCluster etcd(1);
+  ClientOptions quick;
+  quick.command_timeout = 700ms;
+  Client client = connect(etcd.url(), quick);
+  Client other = connect(etcd.url());
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::string name = "orphan" + std::to_string(round);
+    const std::string prefix = "distlock/" + name + "/";
+    Lease first = client.acquire(name, ttl_opts(10s));
+    const std::uint64_t first_token = first.token();
+    const auto first_keys = keys_under(etcd, prefix);
+    ASSERT_EQ(first_keys.size(), 1u);
+    etcd.pause(0);
+    std::error_code ec;
+    first.release(ec);
+    // Give the client's clean-up a chance to be in flight when etcd comes back.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 * round));
+    etcd.resume(0);
+    EXPECT_TRUE(ec) << "release answered while etcd was stopped";
+    Lease again = client.acquire(name, ttl_opts(10s, 20s));
+    EXPECT_NE(again.token(), first_token) << "the re-acquire adopted the key of the failed release";
+    // The old key goes (it never outlives the client's session); the new one stays.
+    ASSERT_TRUE(eventually([&] { return keys_under(etcd, prefix).size() == 1; }, 10s))
+        << keys_under(etcd, prefix).size() << " keys";
+    std::this_thread::sleep_for(1500ms);  // past the clean-up's retry interval
+    const auto keys = keys_under(etcd, prefix);
+    ASSERT_EQ(keys.size(), 1u);
+    EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), again.token());
+    EXPECT_NE(keys[0].key, first_keys[0].key) << "a queue key was used by two acquisitions";
+    EXPECT_TRUE(again.owns());
+    EXPECT_FALSE(again.stop_token().stop_requested());
+    EXPECT_FALSE(other.try_acquire(name, ttl_opts(10s)).has_value())
+        << "a second client acquired while the first still owns";
+    again.release();
+  }
+}
+
+// `etcdctl del --prefix` of a held lock: the holder's renewal sees its key gone and
+// declares the loss; a client that acquires afterwards never overlaps a holder that
+// still believes it owns.
+TEST(EtcdBackend, KeyDeletedFromOutsideIsLostWithinOneRenewInterval) {
+  EtcdCluster etcd(1);
+  Client holder = connect(etcd.url());
+  Client other = connect(etcd.url());
+  LockOptions o = ttl_opts(9s);
+  o.renew_interval = 1s;
+  Lease a = holder.acquire("deleted", o);
+  Lease b = holder.acquire("kept", o);  // renewed in the same batch, must stay held
+  std::atomic<bool> called{false};
+  a.on_lost([&] { called = true; });
+  ASSERT_EQ(keys_under(etcd, "distlock/deleted/").size(), 1u);
+  etcd.etcdctl_ok({"del", "--prefix", "distlock/deleted/"});
+  const auto deleted = Steady::now();
+  const bool fired = eventually([&] { return a.stop_token().stop_requested(); }, 8s);
+  const auto took = std::chrono::duration_cast<Millis>(Steady::now() - deleted);
+  ASSERT_TRUE(fired) << "no stop signal " << took.count() << " ms after the key was deleted";
+  // One renew interval (1 s) plus generous slack for a busy machine; far below the 9 s TTL.
+  EXPECT_LT(took, 4s) << took.count() << " ms";
+  std::printf("loss signalled %lld ms after the external delete\n", static_cast<long long>(took.count()));
+  EXPECT_TRUE(called.load());
+  EXPECT_FALSE(a.owns());
+  Lease next = other.acquire("deleted", ttl_opts(9s, 5s));
+  EXPECT_FALSE(a.owns()) << "two owners";
+  EXPECT_GT(next.token(), a.token());
+  std::error_code ec;
+  a.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(b.owns());
+  EXPECT_FALSE(b.stop_token().stop_requested());
+  EXPECT_EQ(holder.renew_now(), 1u);
+  EXPECT_TRUE(b.owns());
+}
+
+// Txn requests etcd has served so far (its Prometheus endpoint on the client port).
+long long served_txns(const EtcdCluster& etcd) {
+  const auto r = run_command({"curl", "-s", "http://" + etcd.endpoint(0) + "/metrics"}, 10s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  std::string line;
+  long long total = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("grpc_server_handled_total{", 0) == 0 &&
+        line.find("grpc_method=\"Txn\"") != std::string::npos) {
+      total += std::stoll(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return total;
+}
+
+// The key check of a renewal is batched: 200 held locks cost two Txns (128 keys
+// each at most, etcd's default --max-txn-ops), not 200.
+TEST(EtcdBackend, RenewalChecksEveryHeldKeyInBatchedTxns) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url());
+  std::vector<Lease> leases;
+  for (int i = 0; i < 200; ++i) leases.push_back(client.acquire("many" + std::to_string(i), ttl_opts(30s)));
+  const long long before = served_txns(etcd);
+  EXPECT_EQ(client.renew_now(), 200u);
+  const long long txns = served_txns(etcd) - before;
+  EXPECT_GE(txns, 2);
+  EXPECT_LE(txns, 3) << "one Txn per lock?";  // a background renewal may overlap by one
+  std::printf("renewal of 200 locks: %lld Txn(s)\n", txns);
+  etcd.etcdctl_ok({"del", "distlock/many7/", "--prefix"});
+  EXPECT_EQ(client.renew_now(), 199u);
+  EXPECT_TRUE(leases[7].stop_token().stop_requested());
+  EXPECT_TRUE(leases[8].owns());
+}
+
+// etcd's largest lease TTL is 9,000,000,000 s. A longer TTL (up to Millis::max(),
+// where `ttl + 999` used to overflow) is refused with invalid_argument naming the
+// limit, and nothing is created on the server.
+TEST(EtcdBackend, TtlBeyondEtcdsLimitIsRefusedAndLeavesNothing) {
+  EtcdCluster etcd(1);
+  Client client = connect(etcd.url());
+  const std::int64_t before = etcd.revision();
+  for (const Millis ttl : {Millis::max(), Millis(9'000'000'000'001), Millis(9'000'000'001'000),
+                           Millis(std::numeric_limits<std::int64_t>::max() - 500)}) {
+    SCOPED_TRACE(std::to_string(ttl.count()) + " ms");
+    try {
+      client.acquire("huge", ttl_opts(ttl));
+      ADD_FAILURE() << "acquired with an out-of-range TTL";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("9000000000"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(keys_under(etcd, "distlock/").empty());
+  EXPECT_EQ(etcd.revision(), before);
+  const std::string leases = etcd.etcdctl_ok({"lease", "list"});
+  EXPECT_NE(leases.find("found 0 leases"), std::string::npos) << leases;
+  // The limit itself is accepted.
+  Lease at_limit = client.acquire("huge", ttl_opts(Millis(9'000'000'000'000)));
+  EXPECT_TRUE(at_limit.owns());
+  const auto keys = keys_under(etcd, "distlock/huge/");
+  ASSERT_EQ(keys.size(), 1u);
+  const std::string ttl = etcd.etcdctl_ok({"lease", "timetolive", hex(keys[0].lease)});
+  EXPECT_NE(ttl.find("granted with TTL(9000000000s)"), std::string::npos) << ttl;
+  at_limit.release();
+  EXPECT_TRUE(keys_under(etcd, "distlock/huge/").empty());
 }
 
 TEST(EtcdCluster3, LeaderKilledDuringContentionKeepsMutualExclusion) {
