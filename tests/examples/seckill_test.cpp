@@ -112,7 +112,7 @@ TEST(Seckill, RedisDownIsAFailureNotASale) {
 // it. Each layout runs several times: the race must be caught on every run, not now and
 // then (docs/design.md, "The flash-sale example", has the argument).
 
-constexpr int kRuns = 3;
+constexpr int kRuns = 2;
 
 void expect_every_broken_run_caught(const std::vector<std::string>& base, const std::vector<Layout>& ls) {
   for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
