@@ -50,7 +50,7 @@ echo "==== seckill on redis://127.0.0.1:$port (redis-server pid $redis_pid, star
 "$seckill" --url "redis://127.0.0.1:$port" "$@"
 
 echo
-echo "==== the same sale with a WRONG lock (--lock-per-buyer: each purchase locks its own name) ===="
+echo "==== the same sale with a WRONG lock (--lock-per-buyer: each buyer locks its own name) ===="
 echo "==== expected: overselling caught, exit status 1 ===="
 set +e
 env -u DISTLOCK_URL "$seckill" --lock-per-buyer --stock 100 --requests 200

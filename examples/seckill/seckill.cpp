@@ -31,8 +31,8 @@
 // last line, one JSON object; it exits 1 on any violation or failed purchase, 2 on bad
 // arguments. Two deliberately broken modes show that the checks catch a broken lock:
 //   --no-lock         no lock at all (and no fence);
-//   --lock-per-buyer  a wrong lock: each purchase locks its own name, so nobody excludes
-//                     anybody (unfenced: tokens of different names are not comparable).
+//   --lock-per-buyer  a wrong lock: each buyer (thread) locks its own name, so nobody
+//                     excludes anybody (unfenced: tokens of different names are not comparable).
 // Both oversell and exit 1 whenever at least two buyers run.
 #include <fcntl.h>
 #include <spawn.h>
@@ -93,7 +93,7 @@ struct Config {
   long think_us = 2000;  // the pause between reading the stock and writing it back
   bool no_fence = false;
   bool no_lock = false;         // --no-lock: no lock, no fence
-  bool lock_per_buyer = false;  // --lock-per-buyer: each purchase locks its own name
+  bool lock_per_buyer = false;  // --lock-per-buyer: each buyer (thread) locks its own name
   int worker = -1;              // >= 0: this process is worker N (internal)
 
   Mode mode() const { return no_lock ? Mode::no_lock : lock_per_buyer ? Mode::lock_per_buyer : Mode::locked; }
@@ -309,6 +309,8 @@ WorkerReport run_purchases(const Config& cfg, Store& store, int process_index,
     const long mine = cfg.requests / slots + (slot < cfg.requests % slots ? 1 : 0);
     threads.emplace_back([&, t, mine] {
       WorkerReport local;
+      const std::string per_buyer_name =
+          cfg.name + "-buyer-p" + std::to_string(process_index) + "-t" + std::to_string(t);
       at_gate.count_down();
       gate.wait();
       for (long i = 0; i < mine; ++i) {
@@ -319,8 +321,8 @@ WorkerReport run_purchases(const Config& cfg, Store& store, int process_index,
           if (mode != Mode::no_lock) {
             const auto t0 = Clock::now();
             // --lock-per-buyer: a lock that excludes nobody, as code that builds the lock
-            // name from the wrong thing would take.
-            lease = client.acquire(mode == Mode::locked ? cfg.name : cfg.name + "-buyer-" + buyer, opts);
+            // name from the wrong thing (here: the buyer) would take.
+            lease = client.acquire(mode == Mode::locked ? cfg.name : per_buyer_name, opts);
             local.waits_us.push_back(
                 std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
           }
@@ -652,9 +654,10 @@ int main(int argc, char** argv) {
       app.add_flag("--no-lock", cfg.no_lock,
                    "run the sale WITHOUT the lock (and without the fence): shows the overselling the "
                    "lock prevents; exits 1");
-  auto* per_buyer = app.add_flag("--lock-per-buyer", cfg.lock_per_buyer,
-                                 "a deliberately WRONG lock: each purchase locks its own name (unfenced); "
-                                 "oversells; exits 1");
+  auto* per_buyer =
+      app.add_flag("--lock-per-buyer", cfg.lock_per_buyer,
+                   "a deliberately WRONG lock: each buyer (thread) locks its own name (unfenced); "
+                   "oversells; exits 1");
   no_lock->excludes(per_buyer);
   app.add_option("--worker", cfg.worker, "internal: run as worker process N")->group("");
   try {
