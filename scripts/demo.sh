@@ -3,8 +3,10 @@
 # 8 threads competing for 300 items under one distributed lock, every stock write fenced
 # by the lock's token — first on the embedded default backend (host-local file:// locks,
 # no server), then on a local redis-server this script starts on a free port and stops
-# on exit. Installs missing Debian packages first (scripts/bootstrap.sh), builds in
-# Release into build-demo/. Exits non-zero if either sale oversells or fails.
+# on exit; then once more with a deliberately wrong lock (--lock-per-buyer), which must be
+# caught (exit 1). Installs missing Debian packages first (scripts/bootstrap.sh), builds in
+# Release into build-demo/. Exits non-zero if a correct sale oversells or fails, or if the
+# wrong lock goes unnoticed.
 # Usage: ./scripts/demo.sh [extra seckill flags, e.g. --stock 1000 --requests 2000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,5 +48,18 @@ fi
 echo
 echo "==== seckill on redis://127.0.0.1:$port (redis-server pid $redis_pid, started by this script) ===="
 "$seckill" --url "redis://127.0.0.1:$port" "$@"
+
 echo
-echo "demo: both sales sold exactly the stock, with no oversold item and no duplicate buyer"
+echo "==== the same sale with a WRONG lock (--lock-per-buyer: each buyer locks its own name) ===="
+echo "==== expected: overselling caught, exit status 1 ===="
+set +e
+env -u DISTLOCK_URL "$seckill" --lock-per-buyer --stock 100 --requests 200
+status=$?
+set -e
+if [ "$status" -ne 1 ]; then
+  echo "demo: the broken lock was NOT caught (exit status $status)" >&2
+  exit 1
+fi
+echo
+echo "demo: both sales sold exactly the stock, with no oversold item and no duplicate buyer;"
+echo "demo: the wrong lock oversold and was caught"

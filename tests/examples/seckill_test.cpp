@@ -2,60 +2,35 @@
 // redis-server, checked through the JSON summary it prints as its last line and
 // through the store itself.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <chrono>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "support/lock_tool.hpp"
-#include "support/process.hpp"
+#include "examples/seckill_run.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::testing::Process;
+using distlock::testing::expect_balanced_sale;
+using distlock::testing::expect_caught;
+using distlock::testing::Layout;
+using distlock::testing::layouts;
+using distlock::testing::run_seckill;
+using distlock::testing::SaleRun;
 using distlock::testing::TempDir;
-
-struct SaleRun {
-  int exit_code = -1;
-  std::string output;
-  nlohmann::json summary;  // the last line, parsed (null if it is not JSON)
-};
-
-SaleRun run_seckill(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-  TempDir dir("distlock-seckill-out");
-  const std::string out = (dir.path() / "out").string();
-  std::vector<std::string> argv{DISTLOCK_SECKILL_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::spawn(argv, out, env);
-  const int status = p.wait_for(180s);
-  SaleRun r;
-  r.output = distlock::testing::read_file(out);
-  EXPECT_NE(status, -1) << "seckill did not finish in time:\n" << r.output;
-  if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  std::string text = r.output;
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  const std::string last = text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
-  r.summary = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-  return r;
-}
+using distlock::testing::with_layout;
 
 void expect_clean_sale(const SaleRun& r, const std::string& url, long sold, long left) {
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_TRUE(r.summary.is_object()) << "last line is not a JSON object:\n" << r.output;
-  EXPECT_EQ(r.summary.at("url"), url);
-  EXPECT_EQ(r.summary.at("sold"), sold) << r.output;
-  EXPECT_EQ(r.summary.at("stock_left"), left) << r.output;
-  EXPECT_EQ(r.summary.at("oversold"), 0) << r.output;
-  EXPECT_EQ(r.summary.at("duplicate_buyers"), 0) << r.output;
+  expect_balanced_sale(r, url, sold, left);
+  if (!r.summary.is_object()) return;
   EXPECT_GT(r.summary.at("requests_per_s").get<double>(), 0.0);
   EXPECT_GE(r.summary.at("wait_p99_us").get<double>(), r.summary.at("wait_p50_us").get<double>());
-  for (const char* key : {"url", "sold", "stock_left", "oversold", "duplicate_buyers", "requests_per_s",
-                          "wait_p50_us", "wait_p99_us"}) {
+  for (const char* key :
+       {"url", "sold", "stock_left", "oversold", "duplicate_buyers", "requests_per_s", "wait_p50_us",
+        "wait_p99_us", "mode", "fenced", "fence_rejected", "stock", "requests", "processes", "threads",
+        "think_us", "sold_out_requests", "errors", "ok"}) {
     EXPECT_TRUE(r.summary.contains(key)) << key;
   }
   // The human summary comes first.
@@ -130,32 +105,96 @@ TEST(Seckill, RedisDownIsAFailureNotASale) {
   EXPECT_NE(r.output.find(std::to_string(port)), std::string::npos) << r.output;
 }
 
-}  // namespace
+// ---- a broken lock is caught, every run, with any number of buyers ----------------
+//
+// The purchase is read -> think -> write with nothing but the lock between the read and
+// the write, so two buyers not excluded by the lock read the same stock and both sell
+// it. Each layout runs several times: the race must be caught on every run, not now and
+// then (docs/design.md, "The flash-sale example", has the argument).
 
-namespace {
+constexpr int kRuns = 2;
 
-// The checks are real: the same sale without the lock (read, then write stock - 1)
-// oversells or loses updates, and seckill says so and exits 1.
-TEST(Seckill, WithoutTheLockTheChecksCatchOverselling) {
-  TempDir dir;
-  const std::string url = "file://" + dir.path().string();
-  SaleRun r = run_seckill({"--url", url, "--no-lock"});
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  ASSERT_TRUE(r.summary.is_object()) << r.output;
-  const long sold = r.summary.at("sold"), left = r.summary.at("stock_left"),
-             oversold = r.summary.at("oversold");
-  EXPECT_TRUE(oversold > 0 || sold + left != 300) << r.output;
-  EXPECT_NE(r.output.find("VIOLATION"), std::string::npos) << r.output;
+void expect_every_broken_run_caught(const std::vector<std::string>& base, const std::vector<Layout>& ls) {
+  for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
+    for (const Layout& l : ls) {
+      for (int run = 0; run < kRuns; ++run) {
+        SCOPED_TRACE("--" + mode + " --processes " + std::to_string(l.processes) + " --threads " +
+                     std::to_string(l.threads) + ", run " + std::to_string(run + 1));
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--" + mode, "--stock", "40", "--requests", "80"});
+        expect_caught(run_seckill(with_layout(args, l)), mode);
+      }
+    }
+  }
 }
 
-TEST(Seckill, WithoutTheLockOnRedisToo) {
+void expect_every_locked_run_balanced(const std::vector<std::string>& base, const std::string& url,
+                                      const std::vector<Layout>& ls) {
+  for (const bool fence : {true, false}) {
+    for (const Layout& l : ls) {
+      SCOPED_TRACE(std::string(fence ? "fenced" : "--no-fence") + " --processes " +
+                   std::to_string(l.processes) + " --threads " + std::to_string(l.threads));
+      std::vector<std::string> args = base;
+      args.insert(args.end(), {"--stock", "40", "--requests", "80"});
+      if (!fence) args.push_back("--no-fence");
+      SaleRun r = run_seckill(with_layout(args, l));
+      expect_balanced_sale(r, url, 40, 0);
+      if (r.summary.is_object()) {
+        EXPECT_EQ(r.summary.at("fenced"), fence) << r.output;
+      }
+    }
+  }
+}
+
+TEST(Seckill, BrokenLockIsCaughtEveryRunOnTheFileBackend) {
+  TempDir dir;
+  const std::string url = "file://" + dir.path().string();
+  expect_every_broken_run_caught({"--url", url}, layouts());
+  // And with the defaults (2 processes x 8 threads, 300 items, 500 requests).
+  for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
+    expect_caught(run_seckill({"--url", url, "--" + mode}), mode);
+  }
+}
+
+TEST(Seckill, BrokenLockIsCaughtEveryRunOnRedis) {
   distlock::testing::RedisServer redis;
-  SaleRun r = run_seckill({"--url", redis.url(), "--no-lock"});
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  ASSERT_TRUE(r.summary.is_object()) << r.output;
-  const long sold = r.summary.at("sold"), left = r.summary.at("stock_left"),
-             oversold = r.summary.at("oversold");
-  EXPECT_TRUE(oversold > 0 || sold + left != 300) << r.output;
+  expect_every_broken_run_caught({"--url", redis.url()}, layouts());
+  for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
+    expect_caught(run_seckill({"--url", redis.url(), "--" + mode}), mode);
+  }
+}
+
+TEST(Seckill, BrokenLockIsCaughtEveryRunInProcessMemory) {
+  expect_every_broken_run_caught({"--url", "memory://seckill-broken"}, {{1, 2}, {1, 8}});
+}
+
+TEST(Seckill, TheLockAloneKeepsTheBooksWithTheSameLayoutsOnTheFileBackend) {
+  TempDir dir;
+  const std::string url = "file://" + dir.path().string();
+  expect_every_locked_run_balanced({"--url", url}, url, layouts());
+}
+
+TEST(Seckill, TheLockAloneKeepsTheBooksWithTheSameLayoutsOnRedis) {
+  distlock::testing::RedisServer redis;
+  expect_every_locked_run_balanced({"--url", redis.url()}, redis.url(), layouts());
+  // Unfenced writes leave no fence behind; fenced ones do (checked in DefaultsOnRedis).
+  EXPECT_EQ(redis.command({"EXISTS", "{seckill}:stock:distlock-fence"})->integer, 0);
+}
+
+TEST(Seckill, TheLockAloneKeepsTheBooksInProcessMemory) {
+  expect_every_locked_run_balanced({"--url", "memory://seckill-ok"}, "memory://seckill-ok", {{1, 2}, {1, 8}});
+}
+
+TEST(Seckill, BrokenModesNeedTwoBuyers) {
+  TempDir dir;
+  const std::string url = "file://" + dir.path().string();
+  for (const std::string mode : {"--no-lock", "--lock-per-buyer"}) {
+    SaleRun one = run_seckill({"--url", url, mode, "--processes", "1", "--threads", "1"});
+    EXPECT_EQ(one.exit_code, 2) << one.output;
+    EXPECT_NE(one.output.find(">= 2"), std::string::npos) << one.output;
+  }
+  SaleRun both = run_seckill({"--url", url, "--no-lock", "--lock-per-buyer"});
+  EXPECT_EQ(both.exit_code, 2) << both.output;
 }
 
 }  // namespace

@@ -1,0 +1,94 @@
+// Test support for the seckill example: run the program as a user would and read the
+// JSON summary it prints as its last line.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+namespace distlock::testing {
+
+struct SaleRun {
+  int exit_code = -1;
+  std::string output;
+  nlohmann::json summary;  // the last line, parsed (discarded if it is not JSON)
+};
+
+inline SaleRun run_seckill(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  TempDir dir("distlock-seckill-out");
+  const std::string out = (dir.path() / "out").string();
+  std::vector<std::string> argv{DISTLOCK_SECKILL_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p = Process::spawn(argv, out, env);
+  const int status = p.wait_for(std::chrono::seconds(180));
+  SaleRun r;
+  r.output = read_file(out);
+  EXPECT_NE(status, -1) << "seckill did not finish in time:\n" << r.output;
+  if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  std::string text = r.output;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  const std::string last = text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+  r.summary = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+  return r;
+}
+
+/// A correct sale: exit 0, the books balance, `sold` sold and `left` left.
+inline void expect_balanced_sale(const SaleRun& r, const std::string& url, long sold, long left) {
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.summary.is_object()) << "last line is not a JSON object:\n" << r.output;
+  EXPECT_EQ(r.summary.at("url"), url);
+  EXPECT_EQ(r.summary.at("mode"), "lock") << r.output;
+  EXPECT_EQ(r.summary.at("sold"), sold) << r.output;
+  EXPECT_EQ(r.summary.at("stock_left"), left) << r.output;
+  EXPECT_EQ(r.summary.at("oversold"), 0) << r.output;
+  EXPECT_EQ(r.summary.at("duplicate_buyers"), 0) << r.output;
+  EXPECT_EQ(r.summary.at("fence_rejected"), 0) << r.output;
+  EXPECT_EQ(r.summary.at("errors"), 0) << r.output;
+  EXPECT_EQ(r.summary.at("ok"), true) << r.output;
+  EXPECT_EQ(r.summary.at("sold").get<long>() + r.summary.at("stock_left").get<long>(),
+            r.summary.at("stock").get<long>())
+      << r.output;
+  EXPECT_NE(r.output.find("OK: no overselling"), std::string::npos) << r.output;
+}
+
+/// A broken sale (--no-lock, --lock-per-buyer): caught — exit 1, items sold that the
+/// stock never had (sold + left > stock), reported as a violation.
+inline void expect_caught(const SaleRun& r, const std::string& mode) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  ASSERT_TRUE(r.summary.is_object()) << "last line is not a JSON object:\n" << r.output;
+  EXPECT_EQ(r.summary.at("mode"), mode) << r.output;
+  EXPECT_EQ(r.summary.at("fenced"), false) << r.output;
+  EXPECT_EQ(r.summary.at("errors"), 0) << r.output;
+  EXPECT_EQ(r.summary.at("ok"), false) << r.output;
+  const long oversold = r.summary.at("oversold"), sold = r.summary.at("sold"),
+             left = r.summary.at("stock_left"), stock = r.summary.at("stock");
+  EXPECT_GT(oversold, 0) << r.output;
+  EXPECT_EQ(oversold, sold + left - stock) << r.output;
+  EXPECT_NE(r.output.find("VIOLATION: oversold by"), std::string::npos) << r.output;
+}
+
+/// The buyer layouts every broken mode must be caught with: two processes of one thread,
+/// one process of several threads, several of several.
+struct Layout {
+  int processes;
+  int threads;
+};
+inline const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> l{{2, 1}, {1, 2}, {1, 8}, {2, 4}};
+  return l;
+}
+
+inline std::vector<std::string> with_layout(std::vector<std::string> args, Layout l) {
+  args.insert(args.end(),
+              {"--processes", std::to_string(l.processes), "--threads", std::to_string(l.threads)});
+  return args;
+}
+
+}  // namespace distlock::testing
