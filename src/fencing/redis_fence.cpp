@@ -45,10 +45,15 @@ redis.call('SET', KEYS[1], ARGV[2])
 return {1, ARGV[1]}
 )lua";
 
-// KEYS: data, fence. ARGV: token, field, value.
+// KEYS: data, fence. ARGV: token, field, value. The key's type is checked before
+// the fence moves (HSET on a string fails, and a script is not rolled back).
 constexpr std::string_view kHset = R"lua(
 local ok, seen = distlock_fence_check(KEYS[2], ARGV[1])
 if not ok then return {0, seen} end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a hash')
+end
 distlock_fence_record(KEYS[2], ARGV[1], seen)
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 return {1, ARGV[1]}

@@ -213,6 +213,16 @@ TEST_F(RedisFenceTest, DecrementValidatesLikeRedisBeforeMovingTheFence) {
   }
 }
 
+TEST_F(RedisFenceTest, HsetOnANonHashFailsBeforeTheFenceMoves) {
+  RedisFence fence(server_->url());
+  server_->command({"SET", "doc", "a string"});
+  std::error_code ec;
+  fence.hset("doc", "f", "v", 3, ec);
+  EXPECT_EQ(ec, distlock::errc::protocol_error);
+  EXPECT_EQ(get("doc"), "a string");
+  EXPECT_EQ(get("doc:distlock-fence"), "<nil>");
+}
+
 // Redis does not roll back a script: what a fenced eval body wrote before an error
 // stays, and so does the fence (a newer token did write). The error says so.
 TEST_F(RedisFenceTest, ABodyFailingHalfWayKeepsItsWritesAndTheFenceAndSaysSo) {
