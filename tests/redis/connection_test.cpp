@@ -76,10 +76,10 @@ TEST(RedisConnection, WrongPasswordIsAuthFailedNamingTheServer) {
 // clients reached": unavailable, not bad credentials.
 TEST(RedisConnection, AFullServerIsUnavailableNotAnAuthFailure) {
   RedisServer server({.password = "right"});
-  server.command({"CONFIG", "SET", "maxclients", "1"});
   Connection first(opts_for(server, "right"));
   std::error_code ec;
-  first.connect(ec);
+  // Below the connections already open: those stay, every new one is refused.
+  first.command({"CONFIG", "SET", "maxclients", "1"}, ec);
   ASSERT_FALSE(ec) << first.last_error();
   Connection second(opts_for(server, "right"));
   second.connect(ec);
