@@ -54,8 +54,7 @@ class CliTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (redis()) {
-      redis_ = std::make_unique<RedisServer>(
-          distlock::testing::RedisServerOptions{.appendonly = true, .appendfsync = "everysec"});
+      redis_ = std::make_unique<RedisServer>();
       url_ = redis_->url();
     } else {
       url_ = "file://" + (dir_.path() / "locks").string();
