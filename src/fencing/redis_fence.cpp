@@ -45,31 +45,46 @@ redis.call('SET', KEYS[1], ARGV[2])
 return {1, ARGV[1]}
 )lua";
 
-// KEYS: data, fence. ARGV: token, field, value.
+// KEYS: data, fence. ARGV: token, field, value. The key's type is checked before
+// the fence moves (HSET on a string fails, and a script is not rolled back).
 constexpr std::string_view kHset = R"lua(
 local ok, seen = distlock_fence_check(KEYS[2], ARGV[1])
 if not ok then return {0, seen} end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a hash')
+end
 distlock_fence_record(KEYS[2], ARGV[1], seen)
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 return {1, ARGV[1]}
 )lua";
 
 // KEYS: data, fence. ARGV: token. Returns {1, token, decremented 0|1, value}.
-// The value is validated before the fence is recorded, so a bad value changes nothing.
+// Every check comes before any write: the fence, then the value exactly as DECR
+// parses it (Redis's string2ll: "0", or an optional '-' and digits without a
+// leading zero, within int64 — Lua's tonumber would accept "007", "+5", "1e3" or
+// 2^63, which DECR then refuses after the fence had moved). Only then the fence
+// is recorded and the value decremented. The value travels back as a decimal
+// string (exact beyond 2^53, where Lua numbers are not).
 constexpr std::string_view kDecrement = R"lua(
 local ok, seen = distlock_fence_check(KEYS[2], ARGV[1])
 if not ok then return {0, seen} end
 local raw = redis.call('GET', KEYS[1])
-local n = 0
+local positive = false
 if raw then
-  n = tonumber(raw)
-  if n == nil or n ~= math.floor(n) or not string.match(raw, '^-?%d+$') then
-    return redis.error_reply('value of ' .. KEYS[1] .. ' is not an integer')
+  local neg, digits = string.match(raw, '^(%-?)([1-9]%d*)$')
+  if raw ~= '0' and (digits == nil or #digits > 19 or
+      (#digits == 19 and digits > (neg == '-' and '9223372036854775808' or '9223372036854775807'))) then
+    return redis.error_reply('value of ' .. KEYS[1] .. ' is not an integer (or out of range)')
   end
+  positive = digits ~= nil and neg == ''
 end
 distlock_fence_record(KEYS[2], ARGV[1], seen)
-if n > 0 then return {1, ARGV[1], 1, redis.call('DECR', KEYS[1])} end
-return {1, ARGV[1], 0, n}
+if positive then
+  redis.call('DECR', KEYS[1])
+  return {1, ARGV[1], 1, redis.call('GET', KEYS[1])}
+end
+return {1, ARGV[1], 0, raw or '0'}
 )lua";
 
 // The user's body becomes a local function with its own KEYS and ARGV (without the
@@ -168,21 +183,22 @@ struct RedisFence::Impl {
   }
 
   [[noreturn]] void fail(std::error_code ec, const r::Connection& conn, const redisReply* rep,
-                         std::string_view what) {
+                         std::string_view what, std::string_view note = {}) {
     std::string msg = std::string(what) + " on " + url + ": ";
-    msg +=
-        rep != nullptr && rep->type == REDIS_REPLY_ERROR ? std::string(r::reply_str(rep)) : conn.last_error();
+    const bool server_error = rep != nullptr && rep->type == REDIS_REPLY_ERROR;
+    msg += server_error ? std::string(r::reply_str(rep)) : conn.last_error();
+    if (server_error) msg += note;  // a transport failure says nothing about the script's progress
     throw_error(ec, msg);
   }
 
   /// Runs `script` with the user keys plus fence key and args plus token; returns
   /// the reply, whose first two elements have been checked.
   r::Reply run(const r::Script& script, std::vector<std::string_view> keys,
-               std::vector<std::string_view> args, std::string_view what) {
+               std::vector<std::string_view> args, std::string_view what, std::string_view note = {}) {
     auto conn = checkout();
     std::error_code ec;
     r::Reply rep = script.run(*conn, keys, args, ec);
-    if (ec) fail(ec, *conn, rep.get(), what);
+    if (ec) fail(ec, *conn, rep.get(), what, note);
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
         rep->element[0]->type != REDIS_REPLY_INTEGER) {
       throw_error(make_error_code(errc::protocol_error),
@@ -267,13 +283,18 @@ DecrementResult RedisFence::decrement_if_positive(std::string_view key, std::uin
   DecrementResult res;
   static_cast<FenceResult&>(res) = impl_->head(rep.get(), "fenced decrement");
   if (res.applied()) {
-    if (rep->elements < 4 || rep->element[2]->type != REDIS_REPLY_INTEGER ||
-        rep->element[3]->type != REDIS_REPLY_INTEGER) {
+    std::int64_t value = 0;
+    const std::string_view text = rep->elements >= 4 && rep->element[3]->type == REDIS_REPLY_STRING
+                                      ? r::reply_str(rep->element[3])
+                                      : "";
+    const auto [end, perr] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (rep->elements < 4 || rep->element[2]->type != REDIS_REPLY_INTEGER || text.empty() ||
+        perr != std::errc() || end != text.data() + text.size()) {
       throw_error(make_error_code(errc::protocol_error),
                   "fenced decrement: unexpected reply on " + impl_->url);
     }
     res.decremented = rep->element[2]->integer == 1;
-    res.value = rep->element[3]->integer;
+    res.value = value;
   }
   return res;
 }
@@ -291,7 +312,9 @@ ScriptResult RedisFence::eval(std::string_view body, const std::vector<std::stri
   k.push_back(fence);
   a.push_back(tok);
   auto script = impl_->script_for(body);
-  r::Reply rep = impl_->run(*script, std::move(k), std::move(a), "fenced eval");
+  r::Reply rep = impl_->run(*script, std::move(k), std::move(a), "fenced eval",
+                            " (a script is not rolled back: if the token passed the fence check, the fence "
+                            "records it and whatever the body wrote before the error stays)");
   ScriptResult res;
   static_cast<FenceResult&>(res) = impl_->head(rep.get(), "fenced eval");
   if (res.applied() && rep->elements >= 3) res.reply = to_value(rep->element[2]);

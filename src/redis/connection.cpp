@@ -148,7 +148,8 @@ std::error_code error_code_of(const redisReply* r) noexcept {
   for (std::string_view p : {"NOAUTH", "WRONGPASS", "NOPERM", "ERR invalid password", "ERR AUTH"}) {
     if (starts_with(s, p)) return make_error_code(errc::auth_failed);
   }
-  for (std::string_view p : {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "READONLY", "CLUSTERDOWN"}) {
+  for (std::string_view p : {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "READONLY", "CLUSTERDOWN",
+                             "ERR max number of clients"}) {
     if (starts_with(s, p)) return make_error_code(errc::backend_unavailable);
   }
   return make_error_code(errc::protocol_error);
@@ -198,6 +199,11 @@ ContextPtr open_context(const ConnectionOptions& opts, std::error_code& ec, std:
     argv.push_back(opts.password);
     Reply r = run(argv, "AUTH");
     if (!r) return nullptr;
+    if (is_error(r.get(), "ERR max number of clients")) {  // a full server, not bad credentials
+      ec = make_error_code(errc::backend_unavailable);
+      why = opts.describe() + " refused the connection: " + std::string(reply_str(r.get()));
+      return nullptr;
+    }
     if (r->type == REDIS_REPLY_ERROR) {
       ec = make_error_code(errc::auth_failed);
       why = opts.describe() + " rejected the credentials" +

@@ -15,7 +15,8 @@
 //
 // Errors are `std::error_code`s in distlock::category():
 //   backend_unavailable  refused / timed out / connection broken (names host:port),
-//                        and server replies LOADING, BUSY, MASTERDOWN, TRYAGAIN, READONLY;
+//                        and server replies LOADING, BUSY, MASTERDOWN, TRYAGAIN, READONLY,
+//                        "ERR max number of clients reached" (also when it answers AUTH);
 //   auth_failed          WRONGPASS / NOAUTH / NOPERM / invalid password (names the server);
 //   invalid_url          the server refused the SELECT of the configured database;
 //   protocol_error       any other error reply, or a reply of an unexpected type.

@@ -27,23 +27,37 @@ constexpr std::size_t kRenewChunk = 1000;
 constexpr std::string_view kTokenField = "@token";
 
 // KEYS[1] lock hash, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl (ms).
-// Returns {1, token} when acquired (or re-entered by the same owner: its hold count
-// goes up, the token stays), {0, pttl} when another owner holds it.
+// Returns {1, token} when acquired, {0, pttl} when the lock exists — whoever holds
+// it, this owner included: an owner already in the hash is a second acquisition
+// under the same id (a retried or duplicated request, a forked process), and
+// handing it the held token would give two acquisitions one token. It waits like
+// any other contender.
+//
+// The token is max(counter + 1, server TIME in microseconds), written back to the
+// counter. A counter lost to a restart without AOF, an eviction or a DEL restarts
+// from the clock, above every token issued before as long as the server's clock
+// reads later than it did when the highest of them was issued (docs/redis.md).
+// INCR comes first: a non-integer or overflowing counter fails before anything is
+// written. Tokens leave the script as the counter's decimal string, exact over
+// the whole int64 range (Lua numbers are doubles).
 const Script& acquire_script() {
   static const Script s(R"lua(
 local lock, fence, owner, ttl = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-if redis.call('EXISTS', lock) == 0 then
-  local token = redis.call('INCR', fence)
-  redis.call('HSET', lock, owner, 1, '@token', token)
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, token}
+if redis.call('EXISTS', lock) == 1 then
+  return {0, redis.call('PTTL', lock)}
 end
-if redis.call('HEXISTS', lock, owner) == 1 then
-  redis.call('HINCRBY', lock, owner, 1)
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, redis.call('HGET', lock, '@token')}
+if redis.replicate_commands then redis.replicate_commands() end
+local counted = redis.call('INCR', fence)
+local t = redis.call('TIME')
+local usec = t[2]
+local now = t[1] .. string.rep('0', 6 - #usec) .. usec
+if counted < tonumber(now) then
+  redis.call('SET', fence, now)
 end
-return {0, redis.call('PTTL', lock)}
+local token = redis.call('GET', fence)
+redis.call('HSET', lock, owner, 1, '@token', token)
+redis.call('PEXPIRE', lock, ttl)
+return {1, token}
 )lua");
   return s;
 }
@@ -119,12 +133,17 @@ class RedisBackend final : public Backend {
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
-  // Connects once so a bad password or a down server fails at connect().
+  // Connects once so a bad password or a down server fails at connect(), and
+  // checks the server's persistence and eviction settings (one warning per client).
   std::error_code connect_now(std::string& why) {
     std::error_code ec;
     auto conn = pool_.checkout(ec);
-    if (ec) why = pool_.last_error();
-    return ec;
+    if (ec) {
+      why = pool_.last_error();
+      return ec;
+    }
+    check_config(*conn);
+    return {};
   }
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
@@ -230,10 +249,14 @@ class RedisBackend final : public Backend {
     return r->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
   }
 
+  // A failed watch leaves nothing counted or subscribed (the subscriber undoes it)
+  // and hands the cause to the caller's error.
   void watch(std::string_view name, std::error_code& ec) override {
-    subscriber_.watch(lock_key(name) + ":released", ec);
+    std::string why;
+    subscriber_.watch(lock_key(name) + ":released", ec, why);
     if (ec) {
-      log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, subscriber_.last_error());
+      log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, why);
+      set_error_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
     }
   }
 
@@ -307,6 +330,55 @@ class RedisBackend final : public Backend {
     if (channel.size() < head + kTail.size()) return;
     ChangeListener* l = listener_.load();
     if (l) l->on_change(channel.substr(head, channel.size() - head - kTail.size()));
+  }
+
+  // CONFIG GET appendonly / maxmemory / maxmemory-policy. A server that loses
+  // writes on a restart or evicts keys breaks guarantees the scripts alone cannot
+  // keep; say so once, with the consequence. CONFIG may be renamed or denied by
+  // an ACL (managed services do): then only a debug line, never a failure.
+  void check_config(Connection& conn) {
+    conn.append({"CONFIG", "GET", "appendonly"});
+    conn.append({"CONFIG", "GET", "maxmemory"});
+    conn.append({"CONFIG", "GET", "maxmemory-policy"});
+    std::error_code ec;
+    std::vector<Reply> r = conn.read_replies(3, ec);
+    auto value = [&](std::size_t i) -> std::string_view {
+      const redisReply* x = r[i].get();
+      if (x == nullptr || x->type != REDIS_REPLY_ARRAY || x->elements != 2) return {};
+      return redis::reply_str(x->element[1]);
+    };
+    if (!ec) {
+      for (const auto& one : r) {
+        if (!redis::is_error(one.get())) continue;
+        log_.log(LogLevel::debug,
+                 "{}: CONFIG GET is not available ({}): appendonly and maxmemory-policy not checked",
+                 conn_opts_.describe(), redis::reply_str(one.get()));
+        return;
+      }
+    }
+    if (ec || value(0).empty() || value(2).empty()) {
+      log_.log(LogLevel::debug,
+               "{}: CONFIG GET gave no answer ({}): appendonly and maxmemory-policy not checked",
+               conn_opts_.describe(), ec ? conn.last_error() : std::string("unexpected reply"));
+      return;
+    }
+    if (value(0) != "yes") {
+      log_.log(LogLevel::warning,
+               "{} runs with appendonly no: a restart loses (or restores stale) locks, so a second client "
+               "can acquire a lock whose holder has not noticed yet; fencing tokens then continue from the "
+               "server clock and stay increasing only if that clock did not step back (docs/redis.md)",
+               conn_opts_.describe());
+    }
+    const std::string_view policy = value(2);
+    if (policy != "noeviction" && value(1) != "0") {
+      const bool all = policy.substr(0, 7) == "allkeys";
+      log_.log(LogLevel::warning,
+               "{} runs with maxmemory {} and maxmemory-policy {}: under memory pressure it may evict held "
+               "locks{} (a second client then acquires while the holder has not noticed yet); use "
+               "noeviction (docs/redis.md)",
+               conn_opts_.describe(), value(1), policy,
+               all ? " and fence counters (tokens then continue from the server clock)" : "");
+    }
   }
 
   redis::PooledConnection checkout(std::error_code& ec) {

@@ -56,8 +56,9 @@ std::uint64_t Subscriber::connects() const {
   return connects_;
 }
 
-void Subscriber::watch(std::string_view channel, std::error_code& ec) {
+void Subscriber::watch(std::string_view channel, std::error_code& ec, std::string& why) {
   ec.clear();
+  why.clear();
   std::unique_lock lk(mu_);
   if (!thread_started_) {
     thread_ = std::thread([this] { run(); });
@@ -67,26 +68,45 @@ void Subscriber::watch(std::string_view channel, std::error_code& ec) {
   if (it == channels_.end()) it = channels_.emplace(std::string(channel), Channel{}).first;
   ++it->second.watchers;
   if (it->second.live()) return;
+  it->second.refused = false;  // ask the server again
+  const std::uint64_t refusals_at_start = it->second.refusals;
   const std::uint64_t failures_at_start = failures_;
   if (!connected_) retry_now_ = true;
   wake();
   const auto deadline = std::chrono::steady_clock::now() + opts_.connect_timeout + opts_.command_timeout;
   for (;;) {
     it = channels_.find(channel);  // the entry stays while watchers > 0
-    if (it != channels_.end() && it->second.live()) return;
-    if (stop_) break;
-    if (failures_ != failures_at_start) break;
+    if (it->second.live()) return;
+    if (stop_) {
+      why = opts_.describe() + ": the subscriber is shutting down";
+      ec = make_error_code(errc::backend_unavailable);
+      break;
+    }
+    if (it->second.refusals != refusals_at_start) {
+      why = it->second.refusal;
+      ec = it->second.refusal_ec;
+      break;
+    }
+    if (failures_ != failures_at_start) {
+      why = last_error_;
+      ec = last_ec_ ? last_ec_ : make_error_code(errc::backend_unavailable);
+      break;
+    }
     if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
       it = channels_.find(channel);
-      if (it != channels_.end() && it->second.live()) return;
-      last_error_ = opts_.describe() + ": no SUBSCRIBE confirmation within " +
-                    std::to_string((opts_.connect_timeout + opts_.command_timeout).count()) + " ms" +
-                    (last_error_.empty() ? std::string() : " (last error: " + last_error_ + ")");
+      if (it->second.live()) return;
+      if (it->second.refusals != refusals_at_start || failures_ != failures_at_start) continue;
+      why = opts_.describe() + ": no SUBSCRIBE confirmation within " +
+            std::to_string((opts_.connect_timeout + opts_.command_timeout).count()) + " ms" +
+            (last_error_.empty() ? std::string() : " (last error: " + last_error_ + ")");
       ec = make_error_code(errc::backend_unavailable);
-      return;
+      break;
     }
   }
-  ec = last_ec_ ? last_ec_ : make_error_code(errc::backend_unavailable);
+  // Undo this watch: nothing of a failed watch stays counted, so the thread neither
+  // keeps the channel subscribed nor keeps reconnecting for it.
+  last_error_ = why;
+  if (--it->second.watchers == 0) wake();  // the thread unsubscribes or forgets it
 }
 
 void Subscriber::unwatch(std::string_view channel) noexcept {
@@ -125,9 +145,11 @@ bool Subscriber::connect_once() {
   std::lock_guard lk(mu_);
   connected_ = true;
   const bool reconnect = ++connects_ > 1;
+  inflight_.clear();
   for (auto& [name, c] : channels_) {
     c.sent = false;
     c.sent_seq = c.confirmed_seq = 0;
+    c.refused = false;
     c.resubscribed = reconnect && c.watchers > 0;
   }
   return true;
@@ -135,6 +157,7 @@ bool Subscriber::connect_once() {
 
 void Subscriber::disconnect(const std::string& why) {
   ctx_.reset();
+  inflight_.clear();
   std::vector<std::string> watched;
   {
     std::lock_guard lk(mu_);
@@ -164,7 +187,7 @@ bool Subscriber::flush_changes() {
     std::lock_guard lk(mu_);
     for (auto it = channels_.begin(); it != channels_.end();) {
       auto& c = it->second;
-      if (c.watchers > 0 && !c.sent) {
+      if (c.watchers > 0 && !c.sent && !c.refused) {
         c.sent = true;
         ++c.sent_seq;
         ops.emplace_back(true, it->first);
@@ -181,10 +204,11 @@ bool Subscriber::flush_changes() {
     }
   }
   if (ops.empty()) return true;
-  for (const auto& [subscribe, ch] : ops) {
+  for (auto& [subscribe, ch] : ops) {
     const char* argv[] = {subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", ch.data()};
     const std::size_t lens[] = {subscribe ? 9u : 11u, ch.size()};
     if (redisAppendCommandArgv(ctx_.get(), 2, argv, lens) != REDIS_OK) return false;
+    inflight_.emplace_back(subscribe, std::move(ch));
   }
   int done = 0;
   while (!done) {
@@ -194,8 +218,13 @@ bool Subscriber::flush_changes() {
 }
 
 void Subscriber::handle_reply(redisReply* r) {
+  if (r != nullptr && r->type == REDIS_REPLY_ERROR) {
+    handle_error(r);
+    return;
+  }
   const std::string_view kind = element_str(r, 0);
   const std::string_view ch = element_str(r, 1);
+  if ((kind == "subscribe" || kind == "unsubscribe") && !inflight_.empty()) inflight_.pop_front();
   std::vector<std::string> to_notify;
   {
     std::lock_guard lk(mu_);
@@ -214,6 +243,41 @@ void Subscriber::handle_reply(redisReply* r) {
         }
       }
     }
+  }
+  notify(to_notify);
+}
+
+// An error reply answers the oldest command in flight (replies keep the order of
+// the commands). A refused SUBSCRIBE fails the watches waiting for it with the
+// server's answer and is not sent again until the next watch or reconnect; a
+// channel already watched is told at once, so its waiters re-check rather than
+// wait for a message that cannot come.
+void Subscriber::handle_error(redisReply* r) {
+  const std::string text(reply_str(r));
+  if (inflight_.empty()) {  // e.g. "max number of clients reached" before any command
+    std::lock_guard lk(mu_);
+    last_error_ = "subscriber: " + opts_.describe() + ": " + text;
+    return;
+  }
+  auto [subscribe, channel] = std::move(inflight_.front());
+  inflight_.pop_front();
+  std::vector<std::string> to_notify;
+  {
+    std::lock_guard lk(mu_);
+    auto it = channels_.find(channel);
+    if (it == channels_.end()) return;
+    auto& c = it->second;
+    if (!subscribe) return;                               // a refused UNSUBSCRIBE: not subscribed either way
+    if (c.confirmed_seq < c.sent_seq) ++c.confirmed_seq;  // answered
+    c.sent = false;
+    c.refused = true;
+    ++c.refusals;
+    c.refusal = opts_.describe() + " refused SUBSCRIBE " + channel + ": " + text;
+    const std::error_code mapped = error_code_of(r);
+    c.refusal_ec = mapped == errc::auth_failed ? mapped : make_error_code(errc::backend_unavailable);
+    last_error_ = c.refusal;
+    cv_.notify_all();
+    if (c.watchers > 0) to_notify.push_back(channel);
   }
   notify(to_notify);
 }

@@ -18,13 +18,16 @@
 // Example:
 //   Subscriber sub(conn_opts, [&](std::string_view ch) { wake_waiters_of(ch); });
 //   std::error_code ec;
-//   sub.watch("distlock:{job}:released", ec);   // live when it returns
+//   std::string why;
+//   sub.watch("distlock:{job}:released", ec, why);   // live when it returns
+//   if (ec) { /* nothing stays subscribed; `why` names the server's answer */ }
 //   ...
 //   sub.unwatch("distlock:{job}:released");
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -47,10 +50,17 @@ class Subscriber {
   Subscriber& operator=(const Subscriber&) = delete;
 
   /// Subscribes (counted) and waits for the confirmation, at most connect_timeout +
-  /// command_timeout. On failure (`ec` = backend_unavailable or auth_failed, see
-  /// last_error()) the watch still counts: the caller undoes it with unwatch(), and
-  /// meanwhile the thread keeps trying to subscribe.
-  void watch(std::string_view channel, std::error_code& ec);
+  /// command_timeout. On failure the watch does not count and nothing of it stays
+  /// (no retry, no subscription; an unwatch() for it is a harmless no-op): `ec` is
+  /// backend_unavailable (no connection, "max number of clients reached", no
+  /// confirmation in time) or auth_failed (credentials, or the server refused the
+  /// SUBSCRIBE, e.g. NOPERM for the channel), and `why` (or last_error()) names the
+  /// server and its answer.
+  void watch(std::string_view channel, std::error_code& ec, std::string& why);
+  void watch(std::string_view channel, std::error_code& ec) {
+    std::string why;
+    watch(channel, ec, why);
+  }
   void unwatch(std::string_view channel) noexcept;
 
   /// Why the subscriber connection last failed ("" if it never did).
@@ -66,6 +76,12 @@ class Subscriber {
     std::uint64_t confirmed_seq = 0;  // their confirmations received
     bool live() const { return sent && confirmed_seq == sent_seq; }
     bool resubscribed = false;  // sent by a reconnect: tell the listener once confirmed
+    // The server refused the last SUBSCRIBE: not sent again until a new watch or a
+    // reconnect. `refusals` counts them so a waiting watch() sees its own.
+    bool refused = false;
+    std::uint64_t refusals = 0;
+    std::string refusal;
+    std::error_code refusal_ec;
   };
 
   void run();
@@ -75,6 +91,7 @@ class Subscriber {
   bool flush_changes();
   bool read_available();
   void handle_reply(redisReply* r);
+  void handle_error(redisReply* r);
   void notify(const std::vector<std::string>& channels);
 
   const ConnectionOptions opts_;
@@ -94,6 +111,10 @@ class Subscriber {
   bool thread_started_ = false;  // guarded by mu_
 
   ContextPtr ctx_;  // subscriber thread only
+  // Commands sent on ctx_ and not answered yet, in order: {subscribe?, channel}.
+  // Replies come back in that order, so an error reply (which names no channel)
+  // belongs to the front. Subscriber thread only.
+  std::deque<std::pair<bool, std::string>> inflight_;
   std::thread thread_;
 };
 

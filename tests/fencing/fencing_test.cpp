@@ -155,6 +155,102 @@ TEST_F(RedisFenceTest, DecrementOfANonIntegerIsAProtocolErrorAndRecordsNothing) 
   }
 }
 
+// Values Lua's tonumber accepts but DECR refuses (leading zeros, beyond int64, a
+// sign on zero...) must fail before the fence moves; for every value Redis's own
+// DECR is the judge, run on a scratch copy.
+TEST_F(RedisFenceTest, DecrementValidatesLikeRedisBeforeMovingTheFence) {
+  RedisFence fence(server_->url());
+  const std::vector<std::string> values{"007",
+                                        "9223372036854775808",
+                                        "9223372036854775807",
+                                        "-0",
+                                        "+5",
+                                        " 5",
+                                        "5 ",
+                                        "1e3",
+                                        "0x10",
+                                        "",
+                                        "-007",
+                                        "-9223372036854775809",
+                                        "-9223372036854775808",
+                                        "0",
+                                        "-5",
+                                        "5",
+                                        "9007199254740994",
+                                        "1.0"};
+  std::uint64_t token = 1;
+  for (const auto& v : values) {
+    SCOPED_TRACE("value \"" + v + "\"");
+    server_->command({"DEL", "stock", "stock:distlock-fence", "scratch"});
+    server_->command({"SET", "stock", v});
+    server_->command({"SET", "scratch", v});
+    auto redis_decr = server_->command({"DECR", "scratch"});
+    // DECR parses first; INT64_MIN parses but cannot go lower ("would overflow").
+    const bool redis_accepts_integer =
+        redis_decr->type == REDIS_REPLY_INTEGER ||
+        std::string(redis_decr->str ? redis_decr->str : "").find("overflow") != std::string::npos;
+    std::error_code ec;
+    const auto r = fence.decrement_if_positive("stock", ++token, ec);
+    if (!redis_accepts_integer) {
+      EXPECT_EQ(ec, distlock::errc::protocol_error);
+      EXPECT_EQ(get("stock"), v);
+      EXPECT_EQ(get("stock:distlock-fence"), "<nil>") << "the fence moved for a value DECR refuses";
+      continue;
+    }
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_TRUE(r.applied());
+    EXPECT_EQ(get("stock:distlock-fence"), std::to_string(token));
+    const long long n = std::stoll(v);
+    if (n > 0) {
+      EXPECT_TRUE(r.decremented);
+      EXPECT_EQ(r.value, redis_decr->integer);  // exact, even beyond 2^53
+      EXPECT_EQ(get("stock"), std::to_string(redis_decr->integer));
+    } else {
+      EXPECT_FALSE(r.decremented);
+      EXPECT_EQ(r.value, n);
+      EXPECT_EQ(get("stock"), v);
+    }
+  }
+}
+
+TEST_F(RedisFenceTest, HsetOnANonHashFailsBeforeTheFenceMoves) {
+  RedisFence fence(server_->url());
+  server_->command({"SET", "doc", "a string"});
+  std::error_code ec;
+  fence.hset("doc", "f", "v", 3, ec);
+  EXPECT_EQ(ec, distlock::errc::protocol_error);
+  EXPECT_EQ(get("doc"), "a string");
+  EXPECT_EQ(get("doc:distlock-fence"), "<nil>");
+}
+
+// Redis does not roll back a script: what a fenced eval body wrote before an error
+// stays, and so does the fence (a newer token did write). The error says so.
+TEST_F(RedisFenceTest, ABodyFailingHalfWayKeepsItsWritesAndTheFenceAndSaysSo) {
+  RedisFence fence(server_->url());
+  server_->command({"SET", "counter", "not a number"});
+  std::error_code ec;
+  fence.eval("redis.call('SET', KEYS[1], 'partial') return redis.call('INCR', KEYS[2])", {"doc", "counter"},
+             {}, 5, ec);
+  EXPECT_EQ(ec, distlock::errc::protocol_error);
+  EXPECT_EQ(get("doc"), "partial");
+  EXPECT_EQ(get("doc:distlock-fence"), "5");
+  try {
+    fence.eval("redis.call('SET', KEYS[1], 'partial') return redis.call('INCR', KEYS[2])", {"doc", "counter"},
+               {}, 6);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not rolled back"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ERR value is not an integer"), std::string::npos) << e.what();
+  }
+  // A body that checks first and fails before writing leaves everything as it was.
+  fence.eval(
+      "if redis.call('GET', KEYS[2]) ~= '1' then return redis.error_reply('counter is not 1') end "
+      "redis.call('SET', KEYS[1], 'written')",
+      {"doc", "counter"}, {}, 7, ec);
+  EXPECT_EQ(ec, distlock::errc::protocol_error);
+  EXPECT_EQ(get("doc"), "partial");
+}
+
 TEST_F(RedisFenceTest, GuardedScriptBody) {
   RedisFence fence(server_->url());
   const std::string body =

@@ -50,12 +50,12 @@ TEST_F(RedisBackend, KeyLayoutAndRelease) {
   {
     auto lease = client.acquire("job", ttl_of(10s));
     token = lease.token();
-    EXPECT_EQ(token, 1u);
+    EXPECT_GT(token, 0u);
     // One hash per lock: the owner's hold count and the token; the fence counter beside it.
     auto fields = server_.command({"HGETALL", "distlock:{job}"});
     ASSERT_EQ(fields->type, REDIS_REPLY_ARRAY);
     ASSERT_EQ(fields->elements, 4u);
-    EXPECT_EQ(str(server_.command({"HGET", "distlock:{job}", "@token"})), "1");
+    EXPECT_EQ(str(server_.command({"HGET", "distlock:{job}", "@token"})), std::to_string(token));
     const auto holder = client.status("job").holder;
     ASSERT_TRUE(holder.has_value());
     EXPECT_EQ(holder->substr(0, client.id().size()), client.id());
@@ -63,7 +63,7 @@ TEST_F(RedisBackend, KeyLayoutAndRelease) {
     const long long pttl = server_.command({"PTTL", "distlock:{job}"})->integer;
     EXPECT_GT(pttl, 0);
     EXPECT_LE(pttl, 10000);
-    EXPECT_EQ(str(server_.command({"GET", "distlock:{job}:fence"})), "1");
+    EXPECT_EQ(str(server_.command({"GET", "distlock:{job}:fence"})), std::to_string(token));
   }
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{job}"})->integer, 0);
   EXPECT_EQ(server_.command({"PTTL", "distlock:{job}:fence"})->integer, -1);
@@ -97,7 +97,6 @@ TEST_F(RedisBackend, TokensIncreaseAcrossClientsAndRestarts) {
     EXPECT_GT(tb, ta);
     last = tb;
   }
-  EXPECT_EQ(last, 6u);
 }
 
 TEST_F(RedisBackend, FenceCounterOutlivesAnExpiredLock) {
@@ -119,10 +118,10 @@ TEST_F(RedisBackend, FenceCounterOutlivesAnExpiredLock) {
 
   auto other = connect();
   auto next = other.acquire("expiring", ttl_of(5s));
-  EXPECT_EQ(next.token(), first + 1);
+  EXPECT_GT(next.token(), first);
 }
 
-TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndCountsInTheHash) {
+TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndTheServerDoesNotReenter) {
   auto client = connect();
   auto m = client.mutex("re", ttl_of(5s));
   m.lock();
@@ -135,7 +134,8 @@ TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndCountsInTheHash) {
   m.unlock();
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{re}"})->integer, 0);
 
-  // The scripts themselves count re-acquisitions by the same owner (Redisson style).
+  // The server does not re-enter: a second acquisition under an owner id already
+  // in the hash is busy (RedisOwners.AnOwnerAlreadyInTheHashIsBusyNotHandedTheSameToken).
   auto& backend = client.engine()->backend();
   std::error_code ec;
   const distlock::detail::AcquireRequest req{"re", "owner-x:1", Millis(5000)};
@@ -143,9 +143,11 @@ TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndCountsInTheHash) {
   ASSERT_FALSE(ec);
   auto second = backend.try_acquire(req, ec);
   ASSERT_FALSE(ec);
-  ASSERT_TRUE(first.acquired && second.acquired);
-  EXPECT_EQ(first.token, second.token);
-  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "2");
+  ASSERT_TRUE(first.acquired);
+  EXPECT_FALSE(second.acquired);
+  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "1");
+  // A hold count above 1 (written by an older version) still counts down.
+  server_.command({"HSET", "distlock:{re}", "owner-x:1", "2"});
   EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::released);
   EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "1");
   EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::released);
@@ -173,7 +175,7 @@ TEST_F(RedisBackend, WaiterIsWokenByThePublishNotByExpiry) {
   const auto released_at = Clock::now();
   lease.release();
   auto [token, acquired_at] = waiter.get();
-  EXPECT_EQ(token, held_token + 1);
+  EXPECT_GT(token, held_token);
   // 30 s TTL and a re-check capped at 5 s (started before the release): only the
   // notification explains a hand-off within 4 s.
   EXPECT_LT(std::chrono::duration_cast<Millis>(acquired_at - released_at), Millis(4000));
@@ -425,7 +427,7 @@ TEST_F(RedisWithPassword, WrongOrMissingPasswordIsAuthFailed) {
   EXPECT_EQ(by_password.url().find("s3cret"), std::string::npos);
   auto by_acl = distlock::connect("redis://app:apppw@" + hp);
   auto lease = by_acl.acquire("acl", ttl_of(5s));
-  EXPECT_EQ(lease.token(), 1u);
+  EXPECT_GT(lease.token(), 0u);
   // The waiter's subscriber authenticates too.
   auto m = by_password.mutex("acl", ttl_of(5s));
   EXPECT_FALSE(m.try_lock_for(300ms));

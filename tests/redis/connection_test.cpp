@@ -72,6 +72,23 @@ TEST(RedisConnection, WrongPasswordIsAuthFailedNamingTheServer) {
   EXPECT_FALSE(ec) << good.last_error();
 }
 
+// A full server answers the first command (AUTH or PING) with "max number of
+// clients reached": unavailable, not bad credentials.
+TEST(RedisConnection, AFullServerIsUnavailableNotAnAuthFailure) {
+  RedisServer server({.password = "right"});
+  Connection first(opts_for(server, "right"));
+  std::error_code ec;
+  // Below the connections already open: those stay, every new one is refused.
+  first.command({"CONFIG", "SET", "maxclients", "1"}, ec);
+  ASSERT_FALSE(ec) << first.last_error();
+  Connection second(opts_for(server, "right"));
+  second.connect(ec);
+  EXPECT_EQ(ec, errc::backend_unavailable) << second.last_error();
+  EXPECT_NE(second.last_error().find("max number of clients"), std::string::npos) << second.last_error();
+  first.command({"CONFIG", "SET", "maxclients", "100"}, ec);
+  EXPECT_FALSE(ec) << first.last_error();
+}
+
 TEST(RedisConnection, AclUserAndPassword) {
   RedisServer server({.password = "admin", .acl_user = "alice", .acl_password = "alicepw"});
   ConnectionOptions o = opts_for(server, "alicepw");

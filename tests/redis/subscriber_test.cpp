@@ -135,5 +135,41 @@ TEST(RedisSubscriber, StopsPromptly) {
   EXPECT_LT(Clock::now() - start2, 1s);
 }
 
+TEST(RedisSubscriber, ARefusedSubscribeFailsAtOnceWithTheServersReasonAndIsNotRetried) {
+  // An ACL user without channel permissions (Redis 7 gives new users none): the
+  // connection and AUTH succeed, every SUBSCRIBE is answered with NOPERM.
+  RedisServer server({.extra_args = {"--user", "nochan", "on", ">pw", "~*", "+@all"}});
+  Seen seen;
+  ConnectionOptions o = opts_for(server);
+  o.user = "nochan";
+  o.password = "pw";
+  Subscriber sub(o, [&](std::string_view ch) { seen.add(ch); });
+  std::error_code ec;
+  const auto start = Clock::now();
+  sub.watch("denied", ec);
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(ec, errc::auth_failed) << sub.last_error();
+  EXPECT_NE(sub.last_error().find("NOPERM"), std::string::npos) << sub.last_error();
+  EXPECT_NE(sub.last_error().find("denied"), std::string::npos) << sub.last_error();
+  EXPECT_LT(took, 900ms);  // the answer, not the 1 s confirmation timeout
+  // The failed watch does not count: nothing is sent again.
+  auto subscribes = [&]() -> long long {  // SUBSCRIBEs refused by the ACL
+    auto r = server.command({"INFO", "commandstats"});
+    const std::string info(r->str, r->len);
+    const auto line = info.find("cmdstat_subscribe:");
+    if (line == std::string::npos) return 0;
+    const auto at = info.find("rejected_calls=", line);
+    return at == std::string::npos ? -1 : std::stoll(info.substr(at + 15));
+  };
+  const long long sent = subscribes();
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(subscribes(), sent);
+  EXPECT_EQ(numsub(server, "denied"), 0);
+  // A later watch asks again (and is refused again).
+  sub.watch("denied", ec);
+  EXPECT_EQ(ec, errc::auth_failed);
+  EXPECT_EQ(subscribes(), sent + 1);
+}
+
 }  // namespace
 }  // namespace distlock::detail::redis

@@ -1,0 +1,248 @@
+// redis:// safety regressions against a real redis-server: fencing tokens never
+// repeat (restart from an RDB snapshot, lost counter), the connect-time warning
+// about persistence and eviction, an owner already in the hash never gets a token
+// as a fresh acquisition, and a failed watch leaves nothing subscribed and says why.
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::RedisServer;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl) {
+  LockOptions o;
+  o.ttl = ttl;
+  return o;
+}
+
+// One acquisition, released at once: its token.
+std::uint64_t issue(distlock::Client& c, const std::string& name) {
+  auto lease = c.acquire(name, ttl_of(5s));
+  return lease.token();
+}
+
+// The server's TIME in microseconds.
+std::uint64_t server_micros(const RedisServer& s) {
+  auto r = s.command({"TIME"});
+  return std::stoull(std::string(r->element[0]->str, r->element[0]->len)) * 1000000u +
+         std::stoull(std::string(r->element[1]->str, r->element[1]->len));
+}
+
+TEST(RedisTokens, NeverRepeatAfterARestartFromAnRdbSnapshot) {
+  RedisServer server;  // appendonly no: only the explicit SAVE below persists anything
+  std::vector<std::uint64_t> tokens;
+  {
+    auto client = distlock::connect(server.url());
+    for (int i = 0; i < 3; ++i) tokens.push_back(issue(client, "rdb"));
+    ASSERT_EQ(server.command({"SAVE"})->type, REDIS_REPLY_STATUS);
+    for (int i = 0; i < 3; ++i) tokens.push_back(issue(client, "rdb"));
+  }
+  server.kill();  // SIGKILL: the last three tokens exist only in memory
+  server.restart();
+  auto client = distlock::connect(server.url());
+  for (int i = 0; i < 3; ++i) tokens.push_back(issue(client, "rdb"));
+  for (std::size_t i = 1; i < tokens.size(); ++i) {
+    EXPECT_GT(tokens[i], tokens[i - 1]) << "token " << i << " of 9";
+  }
+}
+
+TEST(RedisTokens, NeverRepeatAfterTheCounterIsLost) {
+  RedisServer server;
+  auto client = distlock::connect(server.url());
+  const std::uint64_t before = issue(client, "evicted");
+  // What an eviction (allkeys-* policies), a FLUSHALL or an operator's DEL does.
+  server.command({"DEL", "distlock:{evicted}:fence"});
+  const std::uint64_t after = issue(client, "evicted");
+  EXPECT_GT(after, before);
+}
+
+TEST(RedisTokens, AreAtLeastTheServerClockInMicroseconds) {
+  RedisServer server;
+  auto client = distlock::connect(server.url());
+  const std::uint64_t t0 = server_micros(server);
+  const std::uint64_t a = issue(client, "clock");
+  const std::uint64_t b = issue(client, "clock");
+  const std::uint64_t t1 = server_micros(server);
+  EXPECT_GE(a, t0);
+  EXPECT_GT(b, a);
+  EXPECT_LE(b, t1);  // one script takes more than 1 us: the counter does not run ahead of TIME
+}
+
+// ---- the connect-time check of persistence and eviction -----------------------
+
+struct Captured {
+  std::mutex mu;
+  std::vector<std::pair<distlock::LogLevel, std::string>> lines;
+  distlock::ClientOptions options() {
+    distlock::ClientOptions o;
+    o.logger = [this](distlock::LogLevel l, std::string_view m) {
+      std::lock_guard lk(mu);
+      lines.emplace_back(l, std::string(m));
+    };
+    return o;
+  }
+  int count(distlock::LogLevel level, std::string_view part) {
+    std::lock_guard lk(mu);
+    int n = 0;
+    for (const auto& [l, m] : lines) n += l == level && m.find(part) != std::string::npos;
+    return n;
+  }
+};
+
+TEST(RedisConfigCheck, AppendonlyNoIsWarnedOncePerClient) {
+  RedisServer server;  // appendonly no, maxmemory 0
+  Captured log;
+  auto client = distlock::connect(server.url(), log.options());
+  for (int i = 0; i < 3; ++i) issue(client, "warned");
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly no"), 1);
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "maxmemory-policy"), 0);
+}
+
+TEST(RedisConfigCheck, AnEvictingPolicyIsWarnedOncePerClient) {
+  RedisServer server(
+      {.appendonly = true, .extra_args = {"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}});
+  Captured log;
+  auto client = distlock::connect(server.url(), log.options());
+  issue(client, "warned");
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "maxmemory-policy allkeys-lru"), 1);
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly"), 0);
+}
+
+TEST(RedisConfigCheck, ADurableNonEvictingServerIsNotWarned) {
+  RedisServer server({.appendonly = true});
+  Captured log;
+  auto client = distlock::connect(server.url(), log.options());
+  issue(client, "quiet");
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly"), 0);
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "maxmemory"), 0);
+}
+
+TEST(RedisConfigCheck, ConfigDeniedIsADebugLineNotAFailure) {
+  RedisServer server({.password = "pw", .acl_user = "app", .acl_password = "apppw"});
+  server.command({"ACL", "SETUSER", "app", "-config"});
+  Captured log;
+  auto client =
+      distlock::connect("redis://app:apppw@127.0.0.1:" + std::to_string(server.port()), log.options());
+  issue(client, "no-config");
+  EXPECT_EQ(log.count(distlock::LogLevel::debug, "CONFIG"), 1);
+  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly"), 0);
+}
+
+// ---- an owner already present is not a fresh acquisition -----------------------
+
+TEST(RedisOwners, AnOwnerAlreadyInTheHashIsBusyNotHandedTheSameToken) {
+  RedisServer server;
+  auto client = distlock::connect(server.url());
+  auto& backend = client.engine()->backend();
+  std::error_code ec;
+  const distlock::detail::AcquireRequest req{"dup", "0123456789abcdef0123456789abcdef:1", Millis(5000)};
+  const auto first = backend.try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_TRUE(first.acquired);
+  const auto second = backend.try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  EXPECT_FALSE(second.acquired) << "second acquisition by the same owner got token " << second.token
+                                << " (first: " << first.token << ")";
+  ASSERT_TRUE(second.holder_ttl.has_value());
+  EXPECT_GT(second.holder_ttl->count(), 0);
+  // One server hold, released by one release; nothing else changed.
+  auto count = server.command({"HGET", "distlock:{dup}", std::string(req.owner)});
+  EXPECT_EQ(std::string(count->str, count->len), "1");
+  EXPECT_EQ(backend.release("dup", req.owner, first.token, ec), distlock::detail::ReleaseStatus::released);
+  EXPECT_EQ(server.command({"EXISTS", "distlock:{dup}"})->integer, 0);
+  const auto third = backend.try_acquire(req, ec);
+  ASSERT_TRUE(third.acquired);
+  EXPECT_GT(third.token, first.token);
+  backend.release("dup", req.owner, third.token, ec);
+}
+
+// ---- a failed watch ------------------------------------------------------------
+
+// A connection of its own, opened before the server is full.
+class Admin {
+ public:
+  explicit Admin(std::uint16_t port) : c_(redisConnect("127.0.0.1", port)) {
+    if (c_ == nullptr || c_->err) throw std::runtime_error("admin connection failed");
+  }
+  ~Admin() { redisFree(c_); }
+  distlock::testing::RedisReplyPtr cmd(std::vector<std::string> argv) {
+    std::vector<const char*> p;
+    std::vector<std::size_t> l;
+    for (const auto& a : argv) {
+      p.push_back(a.data());
+      l.push_back(a.size());
+    }
+    return distlock::testing::RedisReplyPtr(
+        static_cast<redisReply*>(redisCommandArgv(c_, static_cast<int>(p.size()), p.data(), l.data())));
+  }
+  long long info_field(const std::string& section, const std::string& field) {
+    auto r = cmd({"INFO", section});
+    const std::string text(r->str, r->len);
+    const auto at = text.find(field + ":");
+    return at == std::string::npos ? -1 : std::stoll(text.substr(at + field.size() + 1));
+  }
+  long long numsub(const std::string& channel) {
+    return cmd({"PUBSUB", "NUMSUB", channel})->element[1]->integer;
+  }
+
+ private:
+  redisContext* c_;
+};
+
+TEST(RedisWatch, AFailedWatchLeavesNothingBehindAndSaysWhy) {
+  RedisServer server;
+  Admin admin(server.port());
+  auto client = distlock::connect(server.url("?timeout=500ms"));
+  auto& backend = client.engine()->backend();
+  const std::string channel = "distlock:{full}:released";
+  // A limit below the connections already open (the admin's, the client's pool):
+  // those stay, the subscriber's new connection is refused with "max number of
+  // clients reached".
+  ASSERT_EQ(admin.cmd({"CONFIG", "SET", "maxclients", "1"})->type, REDIS_REPLY_STATUS);
+
+  distlock::detail::take_error_detail();
+  std::error_code ec;
+  const auto start = Clock::now();
+  backend.watch("full", ec);
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
+  const std::string why = distlock::detail::take_error_detail();
+  EXPECT_NE(why.find("max number of clients"), std::string::npos) << why;
+  EXPECT_LT(took, Millis(3000)) << "watch took " << took.count() << " ms";
+
+  // Nothing is left wanting a subscription: no more connection attempts. The
+  // subscriber's reconnect backoff is at most 1 s, so a leftover watch shows up as
+  // several rejected connections within 3 s.
+  const long long rejected = admin.info_field("stats", "rejected_connections");
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(admin.info_field("stats", "rejected_connections"), rejected);
+
+  // With room again, nothing is subscribed, and a new watch works and is undone.
+  admin.cmd({"CONFIG", "SET", "maxclients", "10000"});
+  EXPECT_EQ(admin.numsub(channel), 0);
+  backend.watch("full", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(admin.numsub(channel), 1);
+  backend.unwatch("full");
+  const auto end = Clock::now() + 5s;
+  while (admin.numsub(channel) != 0 && Clock::now() < end) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(admin.numsub(channel), 0);
+}
+
+}  // namespace
