@@ -33,6 +33,7 @@ enum class errc : int {
   not_supported = 11,          ///< the backend cannot do this (e.g. a fencing token on Redlock)
   exhausted = 12,              ///< a finite resource ran out (worker ids, a day's id counter)
   clock_moved_backwards = 13,  ///< the wall clock went back further than tolerated (id generators)
+  forked = 14,                 ///< used in a child after fork(): the child must make its own
 };
 
 /// The category every distlock error code belongs to. Its name() is "distlock".

@@ -22,6 +22,7 @@ class Category final : public std::error_category {
       case errc::not_supported: return "not supported by this backend";
       case errc::exhausted: return "resource exhausted";
       case errc::clock_moved_backwards: return "clock moved backwards";
+      case errc::forked: return "used after fork() in the child process";
     }
     return "unknown distlock error " + std::to_string(value);
   }
