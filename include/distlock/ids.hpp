@@ -155,6 +155,12 @@ struct SnowflakeOptions {
   /// A wall clock that went back by at most this much is waited out; further back is
   /// errc::clock_moved_backwards (no id is issued). Default 5 ms. Must be in [0, 10 s].
   Millis max_backward{5};
+  /// How far ahead of the clock the worker mark reserves time (see docs/ids.md): the
+  /// generator writes "ids up to now + mark_ahead may be issued" beside its worker lock,
+  /// renews that every mark_ahead / 2 while issuing (one round trip, under the internal
+  /// mutex), and stops at the reserved time if it cannot. A later holder of the worker id
+  /// starts above the mark. Default 1 s. Must be in [10 ms, 60 s].
+  Millis mark_ahead{1000};
   /// Lease settings for the worker-id lock (ttl, safety margin, renew interval); `wait` is
   /// ignored (one attempt per worker id). Default: 30 s ttl, renewed every 10 s.
   LockOptions lease{};

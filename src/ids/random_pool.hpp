@@ -9,6 +9,11 @@
 
 namespace distlock::ids::detail {
 
+/// Counts fork()s in this process's ancestry as seen from it: a child sees a different
+/// value than its parent had (a pthread_atfork child handler, registered by the first
+/// call; call it when an object that must not cross a fork is made). One relaxed load.
+std::uint64_t fork_generation();
+
 class RandomPool {
  public:
   /// Copies `n` (<= 64) fresh random bytes into `out`. Not thread-safe: one pool per owner

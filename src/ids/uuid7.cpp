@@ -21,6 +21,8 @@ void on_fork_in_child() noexcept {
   g_fork_generation.fetch_add(1, std::memory_order_relaxed);
 }
 
+}  // namespace
+
 std::uint64_t fork_generation() {
   static const bool registered = [] {
     ::pthread_atfork(nullptr, nullptr, &on_fork_in_child);
@@ -29,8 +31,6 @@ std::uint64_t fork_generation() {
   (void)registered;
   return g_fork_generation.load(std::memory_order_relaxed);
 }
-
-}  // namespace
 
 void RandomPool::fill(std::uint8_t* out, std::size_t n) {
   const std::uint64_t generation = fork_generation();
