@@ -172,7 +172,7 @@ struct SnowflakeGenerator::Impl {
   }
 
   // Makes sure id (ts, seq) is covered by the worker mark; `now` is the clock reading
-  // (ms since the epoch) and ts <= now + ahead. Extends the mark to now + ahead once it
+  // (ms since the epoch) and ts <= now. Extends the mark to now + ahead once it
   // is less than ahead / 2 in front of the clock.
   std::error_code cover(std::int64_t ts, unsigned seq, std::int64_t now, std::string& why) {
     if (!marks) return {};
@@ -257,6 +257,15 @@ struct SnowflakeGenerator::Impl {
             worker, last_ms + opts.epoch_ms, last_ms - now, floor_limit());
         return make_error_code(errc::clock_moved_backwards);
       }
+      if (last_ms > now) {
+        // A predecessor's mark is ahead of this host's clock (it reserved time ahead and
+        // stopped, or the store lost its record): ids carry the time they are made, so
+        // wait for the clock (at most mark_ahead + max_backward).
+        lk.unlock();
+        clock->sleep_until_ms(last_ms + opts.epoch_ms);
+        lk.lock();
+        continue;
+      }
       std::int64_t ts = 0;
       unsigned seq = 0;
       if (now > last_ms) {
@@ -264,19 +273,9 @@ struct SnowflakeGenerator::Impl {
       } else if (sequence < kMaxSequence) {
         ts = last_ms;
         seq = sequence + 1;
-      } else if (last_ms > now) {
-        ts = last_ms + 1;  // above a predecessor's mark, ahead of the clock: keep going
-      } else {             // 4096 ids in this millisecond: wait for the next
+      } else {  // 4096 ids in this millisecond: wait for the next
         lk.unlock();
         clock->sleep_until_ms(last_ms + 1 + opts.epoch_ms);
-        lk.lock();
-        continue;
-      }
-      if (ts - now > ahead()) {
-        // Above a predecessor's mark and more than mark_ahead ahead of the clock: a mark
-        // cannot reserve that far yet; wait (at most max_backward + 1 ms).
-        lk.unlock();
-        clock->sleep_until_ms(ts - ahead() + opts.epoch_ms);
         lk.lock();
         continue;
       }
