@@ -9,7 +9,9 @@
 //                        that talks to the same Redis; ~one round trip per `reserve` ids.
 //   SnowflakeGenerator   64 bits: | 0 | 41 bits: ms since epoch | 10 bits: worker | 12 bits: seq |
 //                        the worker id is LEASED through any distlock backend (the lock
-//                        `idgen:<prefix>:worker:<n>`), so two live generators never share one.
+//                        `idgen:<prefix>:worker:<n>`), so two live generators never share one,
+//                        and a MARK beside it (redis://, file://, memory://) makes each new
+//                        holder start above every id its predecessor could issue.
 //                        No round trip per id: up to 4096 ids per millisecond per worker.
 //   Uuid7Generator       RFC 9562 UUIDv7: 48 bits of Unix ms, a 12-bit counter in rand_a
 //                        (monotonic within a generator), 62 random bits from the OS CSPRNG.
@@ -24,7 +26,9 @@
 // Errors are `std::system_error` in `distlock::category()`:
 //   errc::exhausted               a day's counter reached 2^32, all 1024 worker ids are leased,
 //                                 or the timestamp field is full (year 2090 with the default epoch)
-//   errc::lost                    the snowflake worker lease was lost; call `relet()`
+//   errc::lost                    the snowflake worker lease was lost, or its mark was taken
+//                                 over by another holder; call `relet()`
+//   errc::forked                  used in a child after fork(): make a new generator there
 //   errc::clock_moved_backwards   the wall clock went back further than `max_backward`
 //   errc::backend_unavailable, errc::auth_failed, errc::invalid_url, errc::invalid_argument
 //
