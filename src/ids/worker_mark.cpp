@@ -6,8 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
