@@ -9,7 +9,9 @@
 //                        that talks to the same Redis; ~one round trip per `reserve` ids.
 //   SnowflakeGenerator   64 bits: | 0 | 41 bits: ms since epoch | 10 bits: worker | 12 bits: seq |
 //                        the worker id is LEASED through any distlock backend (the lock
-//                        `idgen:<prefix>:worker:<n>`), so two live generators never share one.
+//                        `idgen:<prefix>:worker:<n>`), so two live generators never share one,
+//                        and a MARK beside it (redis://, file://, memory://) makes each new
+//                        holder start above every id its predecessor could issue.
 //                        No round trip per id: up to 4096 ids per millisecond per worker.
 //   Uuid7Generator       RFC 9562 UUIDv7: 48 bits of Unix ms, a 12-bit counter in rand_a
 //                        (monotonic within a generator), 62 random bits from the OS CSPRNG.
@@ -24,7 +26,9 @@
 // Errors are `std::system_error` in `distlock::category()`:
 //   errc::exhausted               a day's counter reached 2^32, all 1024 worker ids are leased,
 //                                 or the timestamp field is full (year 2090 with the default epoch)
-//   errc::lost                    the snowflake worker lease was lost; call `relet()`
+//   errc::lost                    the snowflake worker lease was lost, or its mark was taken
+//                                 over by another holder; call `relet()`
+//   errc::forked                  used in a child after fork(): make a new generator there
 //   errc::clock_moved_backwards   the wall clock went back further than `max_backward`
 //   errc::backend_unavailable, errc::auth_failed, errc::invalid_url, errc::invalid_argument
 //
@@ -155,6 +159,12 @@ struct SnowflakeOptions {
   /// A wall clock that went back by at most this much is waited out; further back is
   /// errc::clock_moved_backwards (no id is issued). Default 5 ms. Must be in [0, 10 s].
   Millis max_backward{5};
+  /// How far ahead of the clock the worker mark reserves time (see docs/ids.md): the
+  /// generator writes "ids up to now + mark_ahead may be issued" beside its worker lock,
+  /// renews that every mark_ahead / 2 while issuing (one round trip, under the internal
+  /// mutex), and stops at the reserved time if it cannot. A later holder of the worker id
+  /// starts above the mark. Default 1 s. Must be in [10 ms, 60 s].
+  Millis mark_ahead{1000};
   /// Lease settings for the worker-id lock (ttl, safety margin, renew interval); `wait` is
   /// ignored (one attempt per worker id). Default: 30 s ttl, renewed every 10 s.
   LockOptions lease{};

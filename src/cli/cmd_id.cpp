@@ -1,14 +1,16 @@
 // `distlock id`: print globally unique ids (redis-daily, snowflake, uuid7) or decode one.
 //
 //   distlock id [--url URL] [--scheme redis-daily|snowflake|uuid7] [--prefix P] [-n COUNT]
-//               [--epoch SECONDS] [--decode ID]
+//               [--epoch SECONDS] [--local-only] [--decode ID]
 //
-// Exit 0 ok; 64 usage (bad flag, URL, or an ID that does not parse); 69 lock service
-// or Redis unreachable / authentication failed; 70 anything else (all worker ids
-// leased, a day's counter exhausted, the clock moved backwards).
+// Exit 0 ok; 64 usage (bad flag, URL, an ID that does not parse, snowflake on a host-local
+// URL without --local-only); 69 lock service or Redis unreachable / authentication failed;
+// 74 writing the ids failed; 70 anything else (all worker ids leased, a day's counter
+// exhausted, the clock moved backwards). Ids issued before an error are printed first.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -31,7 +33,11 @@ struct IdFlags {
   long long count = 1;
   std::int64_t epoch_seconds = ids::kDefaultEpochSeconds;
   std::optional<std::string> decode;
+  bool local_only = false;
 };
+
+// EX_IOERR: the ids could not be written (a full disk, a closed pipe reader).
+constexpr int kExitIoError = 74;
 
 // Largest reservation the tool asks Redis for at once: a single call printing n ids
 // takes min(n, this) per round trip, so nearly no counter values are left unused.
@@ -85,21 +91,43 @@ std::string decode_line(const IdFlags& f) {
                      u.rand_a());
 }
 
+// Writes `buf` to stdout and flushes; throws std::system_error (generic category) on a
+// write error.
+void write_out(const std::string& buf) {
+  errno = 0;
+  const bool ok = std::fwrite(buf.data(), 1, buf.size(), stdout) == buf.size() && std::fflush(stdout) == 0;
+  if (!ok || std::ferror(stdout)) {
+    throw std::system_error(std::error_code(errno != 0 ? errno : EIO, std::generic_category()),
+                            "writing ids to standard output");
+  }
+}
+
 // Prints `count` lines made by `next`, buffered (a million ids is one write per 64 KiB).
+// When `next` fails, the ids already made are printed before the error propagates: they
+// were issued and will never be issued again.
 template <class Next>
 void print_ids(long long count, Next&& next) {
   std::string buf;
   buf.reserve(1 << 16);
-  for (long long i = 0; i < count; ++i) {
-    buf += next();
-    buf.push_back('\n');
-    if (buf.size() > (1 << 16) - 64) {
-      std::fwrite(buf.data(), 1, buf.size(), stdout);
-      buf.clear();
+  try {
+    for (long long i = 0; i < count; ++i) {
+      buf += next();
+      buf.push_back('\n');
+      if (buf.size() > (1 << 16) - 64) {
+        write_out(buf);
+        buf.clear();
+      }
     }
+  } catch (const std::system_error& e) {
+    if (e.code().category() != std::generic_category()) {
+      try {
+        write_out(buf);
+      } catch (const std::system_error&) {  // the generator's error is the one to report
+      }
+    }
+    throw;
   }
-  std::fwrite(buf.data(), 1, buf.size(), stdout);
-  std::fflush(stdout);
+  write_out(buf);
 }
 
 void generate(const IdFlags& f) {
@@ -112,7 +140,17 @@ void generate(const IdFlags& f) {
     ids::SnowflakeOptions o;
     if (f.prefix) o.prefix = *f.prefix;
     o.epoch_ms = f.epoch_seconds * 1000;
-    ids::SnowflakeGenerator gen(connect(f.url, tool_client_options()), o);
+    Client client = connect(f.url, tool_client_options());
+    const std::string scheme = client.scheme();
+    if ((scheme == "file" || scheme == "memory") && !f.local_only) {
+      usage_error(fmt::format(
+          "snowflake ids over the host-local lock service {} are unique on this host only: every host would "
+          "lease worker id 0 and issue the same ids. Use --url with a lock service all hosts share "
+          "(redis://, etcd://, zk://, redlock://), --scheme uuid7, or --local-only if these ids never leave "
+          "this host",
+          client.url()));
+    }
+    ids::SnowflakeGenerator gen(client, o);
     print_ids(f.count, [&] { return std::to_string(gen.next()); });
     return;
   }
@@ -143,6 +181,7 @@ int run_id(const IdFlags& f) {
     return exit_status::ok;
   } catch (const std::system_error& e) {
     print_error(e.what());
+    if (e.code().category() == std::generic_category()) return kExitIoError;
     return exit_status_for_id(e.code());
   }
 }
@@ -156,10 +195,24 @@ constexpr const char* kIdFooter =
     "  uuid7        RFC 9562 UUIDv7, canonical text; needs no service.\n"
     "  Ids print in decimal, one per line, increasing.\n"
     "\n"
+    "GUARANTEES AND ASSUMPTIONS (docs/ids.md)\n"
+    "  snowflake    No id repeats while the hosts sharing --prefix use one lock service and their\n"
+    "               clocks agree within 1 s: a worker id's next holder starts above a mark (the\n"
+    "               last id, or up to 1 s reserved ahead) kept beside the worker lock on redis://\n"
+    "               and file://; a holder whose mark was taken over stops. etcd://, zk://, redlock://\n"
+    "               keep no mark: the next holder only waits out 5 ms. file:// is one host only:\n"
+    "               refused unless --local-only. Redis should persist (appendonly yes).\n"
+    "  redis-daily  Needs one Redis for every generator of --prefix. Without persistence a lost\n"
+    "               day counter is detected by its epoch key (the recreated counter's values are\n"
+    "               used from the next second); a failover to a replica that missed writes is not\n"
+    "               detected: run Redis with appendonly yes / appendfsync always.\n"
+    "  A generator used in a forked child fails (it would repeat the parent's ids).\n"
+    "\n"
     "EXIT STATUS\n"
-    "  0 ok;  64 usage error, malformed URL or undecodable ID;  69 service unreachable or\n"
-    "  authentication failed;  70 other failure (all 1024 worker ids leased, the day's counter\n"
-    "  exhausted, the clock moved backwards)\n"
+    "  0 ok;  64 usage error, malformed URL, undecodable ID, or snowflake on file:// without\n"
+    "  --local-only;  69 service unreachable or authentication failed;  74 the ids could not be\n"
+    "  written;  70 other failure (all 1024 worker ids leased, the day's counter exhausted, the\n"
+    "  clock moved backwards). Ids issued before a failure are printed before it.\n"
     "\n"
     "EXAMPLES\n"
     "  distlock id --url redis://127.0.0.1:6379 --scheme redis-daily --prefix order -n 5\n"
@@ -194,6 +247,8 @@ void add_id_command(CLI::App& app, int& exit_code) {
                  "Epoch of the time field, in Unix seconds (default 1654992000 = 2022-06-12T00:00:00Z)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4'000'000'000}))
       ->option_text("SECONDS");
+  id->add_flag("--local-only", flags->local_only,
+               "Allow snowflake over a host-local URL (file://): ids are then unique on this host only");
   id->add_option("--decode", flags->decode, "Print the fields of ID (of --scheme) instead of making ids")
       ->option_text("ID");
   id->callback([flags, &exit_code] { exit_code = run_id(*flags); });

@@ -276,7 +276,9 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
     if (!ec) ec = make_error_code(errc::protocol_error);
     throw_error(ec, why.empty() ? url.redacted() : why);
   }
-  return Client(Engine::create(std::move(backend), std::move(opts)));
+  auto engine = Engine::create(std::move(backend), std::move(opts));
+  engine->set_source_url(text);
+  return Client(std::move(engine));
 }
 
 Client connect_with_engine(std::shared_ptr<detail::Engine> engine) {

@@ -100,6 +100,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Backend& backend() noexcept { return *backend_; }
   const Capabilities& capabilities() const noexcept { return caps_; }
   const std::string& client_id() const noexcept { return client_id_; }
+  /// The URL text `connect()` was given (with any password: never print it). Empty for
+  /// engines made by hand. Tools that keep records beside the locks (ids) read it.
+  const std::string& source_url() const noexcept { return source_url_; }
+  void set_source_url(std::string url) { source_url_ = std::move(url); }
   const ClientOptions& options() const noexcept { return opts_; }
   const std::shared_ptr<Clock>& clock() const noexcept { return clock_; }
   Logger& logger() noexcept { return log_; }
@@ -157,6 +161,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
  private:
   std::unique_ptr<Backend> backend_;
+  std::string source_url_;
   ClientOptions opts_;
   Capabilities caps_;
   std::shared_ptr<Clock> clock_;

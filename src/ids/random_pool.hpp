@@ -9,6 +9,11 @@
 
 namespace distlock::ids::detail {
 
+/// Counts fork()s in this process's ancestry as seen from it: a child sees a different
+/// value than its parent had (the library's one pthread_atfork handler,
+/// core/owner_id.hpp). One relaxed load.
+std::uint64_t fork_generation();
+
 class RandomPool {
  public:
   /// Copies `n` (<= 64) fresh random bytes into `out`. Not thread-safe: one pool per owner

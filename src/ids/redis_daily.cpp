@@ -1,12 +1,16 @@
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 
 #include "core/url.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "ids/random_pool.hpp"
 #include "ids/time_math.hpp"
 #include "redis/connection.hpp"
 
@@ -21,6 +25,39 @@ using detail::kSecondsPerDay;
 constexpr std::int64_t kMaxSecondsField = detail::kMaxRedisDailySeconds;
 constexpr std::uint64_t kCounterLimit = std::uint64_t{1} << 32;  // first value that does not fit
 constexpr std::uint32_t kMaxReserve = 1u << 20;
+// A value of a reserved range is handed out in second s only if Redis confirmed the
+// range's epoch (the day counter was not lost) at a clock reading in second s; values of
+// an epoch are used only from its creation second + kEpochDelaySeconds on. So a counter
+// recreated after data loss never hands out a value in a second in which a range of the
+// lost counter may still be in use. kValidateMs: the confirmation accepted for a second
+// held ahead of a clock that went back.
+constexpr std::int64_t kValidateMs = 1000;
+constexpr std::int64_t kEpochDelaySeconds = 1;
+
+// INCRBY the day counter and read (creating it with the counter) its epoch key:
+// "<creation unix ms>:<random hex>". Returns {last value, epoch}.
+const redis::Script kReserveScript(R"lua(
+local v = redis.call('INCRBY', KEYS[1], ARGV[1])
+local e = redis.call('GET', KEYS[2])
+if not e then
+  e = ARGV[2]
+  redis.call('SET', KEYS[2], e)
+end
+return {v, e}
+)lua");
+
+std::string epoch_key(const std::string& counter_key) {
+  return counter_key + ":epoch";
+}
+
+// The creation time (unix ms) written at the head of an epoch value, or -1.
+std::int64_t epoch_created_ms(std::string_view epoch) {
+  std::int64_t ms = -1;
+  const auto colon = epoch.find(':');
+  if (colon == std::string_view::npos) return -1;
+  if (std::from_chars(epoch.data(), epoch.data() + colon, ms).ec != std::errc()) return -1;
+  return ms;
+}
 
 }  // namespace
 
@@ -40,6 +77,13 @@ struct RedisDailyGenerator::Impl {
   // a failover): ids of this second may carry the values now handed out again, so the
   // next id uses a later second. -1 when not set.
   std::int64_t reset_at_second = -1;
+  std::string range_key;              // the counter key the range came from
+  std::string range_epoch;            // its epoch key's value when the range was reserved
+  std::int64_t range_min_second = 0;  // values of that epoch are used from this second on
+  std::int64_t validated_ms = 0;      // wall clock read before Redis last confirmed range_epoch
+  std::uint64_t fork_gen = 0;         // detail::fork_generation() at creation
+  pid_t pid = 0;
+  detail::RandomPool pool;
   std::atomic<std::uint64_t> round_trips{0};
 
   Impl(RedisDailyOptions o, redis::ConnectionOptions co) : opts(std::move(o)), conn(std::move(co)) {}
@@ -47,13 +91,22 @@ struct RedisDailyGenerator::Impl {
   // Takes `opts.reserve` counter values of `key` from Redis: [range_next, range_end).
   std::error_code reserve(const std::string& key, std::int64_t day, std::string& why) {
     const std::string amount = std::to_string(opts.reserve);
+    const std::string ekey = epoch_key(key);
+    std::uint8_t rnd[8];
+    pool.fill(rnd, sizeof rnd);
+    std::uint64_t r64 = 0;
+    std::memcpy(&r64, rnd, sizeof r64);
     std::error_code ec;
     redis::Reply reply;
+    std::int64_t sent_ms = 0;
     // One retry: the first command after a server restart meets the dead socket;
     // the connection then reconnects. A repeated INCRBY only skips values.
     for (int attempt = 0; attempt < 2; ++attempt) {
       round_trips.fetch_add(1, std::memory_order_relaxed);
-      reply = opts.reserve == 1 ? conn.command({"INCR", key}, ec) : conn.command({"INCRBY", key, amount}, ec);
+      sent_ms = clock->now_ms();
+      const std::string fresh_epoch = fmt::format("{}:{:016x}", sent_ms, r64);
+      ec.clear();
+      reply = kReserveScript.run(conn, {key, ekey}, {amount, fresh_epoch}, ec);
       if (ec != errc::backend_unavailable) break;
     }
     if (ec) {
@@ -62,11 +115,15 @@ struct RedisDailyGenerator::Impl {
                   : conn.last_error();
       return ec;
     }
-    if (!reply || reply->type != REDIS_REPLY_INTEGER) {
-      why = fmt::format("{}: INCRBY {} did not answer an integer", conn.options().describe(), key);
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_INTEGER ||
+        epoch_created_ms(redis::reply_str(reply->element[1])) < 0) {
+      why = fmt::format("{}: INCRBY {} (with its epoch {}) answered something unexpected",
+                        conn.options().describe(), key, ekey);
       return make_error_code(errc::protocol_error);
     }
-    const long long last = reply->integer;
+    const long long last = reply->element[0]->integer;
+    const std::string_view epoch = redis::reply_str(reply->element[1]);
     const long long first = last - static_cast<long long>(opts.reserve) + 1;
     if (first < 1) {
       why = fmt::format("{}: day counter {} holds {} after INCRBY {} (it was set below zero by someone)",
@@ -84,30 +141,82 @@ struct RedisDailyGenerator::Impl {
       reset_at_second = last_seconds;
     }
     range_day = day;
+    range_key = key;
+    range_epoch.assign(epoch);
+    range_min_second = floor_div(epoch_created_ms(epoch), 1000) + kEpochDelaySeconds;
+    validated_ms = sent_ms;
     range_next = static_cast<std::uint64_t>(first);
     range_end = std::min<std::uint64_t>(static_cast<std::uint64_t>(last) + 1, kCounterLimit);
     return {};
   }
 
   std::error_code next(std::uint64_t& id, std::string& why) {
+    if (detail::fork_generation() != fork_gen) {
+      why = fmt::format(
+          "this redis-daily generator was made in process {}; after fork() the child ({}) must make its own "
+          "generator, or it would hand out values of the parent's reserved range",
+          pid, ::getpid());
+      return make_error_code(errc::forked);
+    }
     std::lock_guard lk(mu);
-    return next_locked(id, why);
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      bool again = false;
+      if (auto ec = next_locked(id, again, why)) return ec;
+      if (!again) return {};
+    }
+    why = fmt::format(
+        "{}: the day counter under prefix \"{}\" kept changing (lost or recreated) while reserving",
+        conn.options().describe(), opts.prefix);
+    return make_error_code(errc::protocol_error);
   }
 
-  std::error_code next_locked(std::uint64_t& id, std::string& why) {
+  // Confirms that the range's counter was not lost since it was reserved (its epoch key
+  // still holds the same value). False: the range is dropped.
+  std::error_code validate(bool& valid, std::string& why) {
+    const std::string ekey = epoch_key(range_key);
+    std::error_code ec;
+    redis::Reply reply;
+    std::int64_t sent_ms = 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      round_trips.fetch_add(1, std::memory_order_relaxed);
+      sent_ms = clock->now_ms();
+      ec.clear();
+      reply = conn.command({"GET", ekey}, ec);
+      if (ec != errc::backend_unavailable) break;
+    }
+    if (ec) {
+      why = reply ? fmt::format("{}: GET {} failed: {}", conn.options().describe(), ekey,
+                                redis::reply_str(reply.get()))
+                  : conn.last_error();
+      return ec;
+    }
+    valid = reply && reply->type == REDIS_REPLY_STRING && redis::reply_str(reply.get()) == range_epoch;
+    if (valid) {
+      validated_ms = sent_ms;
+    } else {
+      // The counter was lost (a restart without persistence, a flush, an eviction) and
+      // perhaps recreated: what is left of the range may be handed out by others.
+      range_next = range_end;
+      reset_at_second = last_seconds;
+    }
+    return {};
+  }
+
+  std::error_code next_locked(std::uint64_t& id, bool& again, std::string& why) {
     // The timestamp never goes back within a generator (ids keep increasing). That is
     // safe for uniqueness: a counter value is unique within its day's key, and the
     // timestamp used always lies in the day whose key the value came from.
-    const std::int64_t now = floor_div(clock->now_ms(), 1000);
+    const std::int64_t now_ms = clock->now_ms();
+    const std::int64_t now = floor_div(now_ms, 1000);
     std::int64_t floor_seconds = last_seconds;
     if (reset_at_second >= 0) {
       // After Redis lost data the counter values are handed out again: move to a later
       // second than any id issued before (running up to one second ahead of the clock
       // rather than blocking), where none of the old values were used.
       floor_seconds = std::max(floor_seconds, reset_at_second + 1);
-      reset_at_second = -1;
     }
-    const std::int64_t seconds = std::max(now, floor_seconds);
+    const bool have_range = range_next < range_end;
+    const std::int64_t seconds = std::max({now, floor_seconds, have_range ? range_min_second : now});
     const std::int64_t field = seconds - opts.epoch_seconds;
     if (field < 0) {
       why = fmt::format("the wall clock ({} s) is before the redis-daily epoch ({} s)", seconds,
@@ -120,12 +229,36 @@ struct RedisDailyGenerator::Impl {
       return make_error_code(errc::exhausted);
     }
     const std::int64_t day = floor_div(seconds, kSecondsPerDay);
-    if (day != range_day || range_next >= range_end) {
+    if (day != range_day || !have_range) {
       // A new day discards what is left of the old day's range: its values belong to
       // the old day's key and would collide with the new day's counter.
       if (auto ec = reserve(redis_daily_key(opts.prefix, seconds), day, why)) return ec;
-      if (reset_at_second >= 0) return next_locked(id, why);  // the counter went back
+      again = true;  // the second may change (a young epoch, a counter that went back)
+      return {};
     }
+    if (range_min_second > now) {
+      // The counter's epoch was created in this second (the day's first reservation,
+      // or a counter recreated after Redis lost it): a range of the lost counter may be
+      // in use in this second elsewhere. Its values are used from the next second on,
+      // confirmed in that second: wait for it (at most 1 s).
+      const std::int64_t target = range_min_second * 1000;
+      for (int i = 0; i < 100'000 && clock->now_ms() < target; ++i) clock->sleep_until_ms(target);
+      again = true;
+      return {};
+    }
+    // Redis must have confirmed the range's epoch in the second the value is used in (a
+    // lost counter is recreated with an epoch whose values are used only in a later
+    // second). A second held ahead of a clock that went back is accepted with a
+    // confirmation less than kValidateMs old.
+    const bool confirmed = seconds > now ? (now_ms >= validated_ms && now_ms - validated_ms < kValidateMs)
+                                         : floor_div(validated_ms, 1000) >= seconds;
+    if (!confirmed) {
+      bool valid = false;
+      if (auto ec = validate(valid, why)) return ec;
+      again = true;  // dropped, or confirmed at a new clock reading: decide again
+      return {};
+    }
+    reset_at_second = -1;
     last_seconds = seconds;
     id = static_cast<std::uint64_t>(field) << 32 | range_next++;
     return {};
@@ -183,6 +316,8 @@ RedisDailyGenerator::RedisDailyGenerator(std::string_view redis_url, RedisDailyO
   redis::ConnectionOptions co = connection_options(redis_url, opts);
   impl_ = std::make_unique<Impl>(std::move(opts), std::move(co));
   impl_->clock = std::move(clock);
+  impl_->fork_gen = detail::fork_generation();
+  impl_->pid = ::getpid();
   std::error_code ec;
   impl_->conn.connect(ec);
   if (ec) throw_error(ec, impl_->conn.last_error());

@@ -13,24 +13,9 @@ namespace distlock::ids {
 
 namespace detail {
 
-namespace {
-
-std::atomic<std::uint64_t> g_fork_generation{1};
-
-void on_fork_in_child() noexcept {
-  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
-}
-
 std::uint64_t fork_generation() {
-  static const bool registered = [] {
-    ::pthread_atfork(nullptr, nullptr, &on_fork_in_child);
-    return true;
-  }();
-  (void)registered;
-  return g_fork_generation.load(std::memory_order_relaxed);
+  return distlock::detail::fork_generation();  // one pthread_atfork counter for the library
 }
-
-}  // namespace
 
 void RandomPool::fill(std::uint8_t* out, std::size_t n) {
   const std::uint64_t generation = fork_generation();

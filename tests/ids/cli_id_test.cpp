@@ -2,8 +2,13 @@
 // decodes them back, and exits 64 / 69 / 70 with one clear line on bad input,
 // an unreachable server, or all worker ids leased.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -41,7 +46,7 @@ void expect_strictly_increasing(const std::vector<std::uint64_t>& v) {
 TEST(CliId, SnowflakeOverFilePrintsIncreasingIdsThatDecode) {
   TempDir dir("distlock-cli-id");
   const std::string url = "file://" + (dir.path() / "locks").string();
-  Cli c = Cli::run({"id", "--url", url, "-n", "5000"}, dir.path());
+  Cli c = Cli::run({"id", "--url", url, "--local-only", "-n", "5000"}, dir.path());
   ASSERT_EQ(c.code(), 0) << c.err();
   const auto ids = numbers_of(c.out());
   ASSERT_EQ(ids.size(), 5000u);
@@ -58,7 +63,8 @@ TEST(CliId, ConcurrentSnowflakeRunsNeverCollide) {
   TempDir dir("distlock-cli-id");
   const std::string url = "file://" + (dir.path() / "locks").string();
   std::vector<Cli> runs;
-  for (int i = 0; i < 4; ++i) runs.push_back(Cli::start({"id", "--url", url, "-n", "50000"}, dir.path()));
+  for (int i = 0; i < 4; ++i)
+    runs.push_back(Cli::start({"id", "--url", url, "--local-only", "-n", "50000"}, dir.path()));
   std::vector<std::uint64_t> all;
   for (auto& r : runs) {
     ASSERT_EQ(r.wait(60s), 0) << r.err();
@@ -149,10 +155,86 @@ TEST(CliId, AllWorkerIdsLeasedExits70) {
   for (unsigned n = 0; n < distlock::ids::kSnowflakeWorkers; ++n) {
     held.push_back(hog.acquire("idgen:default:worker:" + std::to_string(n)));
   }
-  Cli c = Cli::run({"id", "--url", url}, dir.path());
+  Cli c = Cli::run({"id", "--url", url, "--local-only"}, dir.path());
   EXPECT_EQ(c.code(), 70) << c.err();
   EXPECT_NE(c.err().find("all 1024 snowflake worker ids are leased"), std::string::npos) << c.err();
   EXPECT_EQ(c.out(), "");
+}
+
+// Short runs one after another and side by side (a shell loop calling `distlock id -n 3`):
+// each run takes a worker id another run has just released; no id may repeat.
+TEST(CliId, ShortRunsReusingWorkerIdsNeverRepeat) {
+  TempDir dir("distlock-cli-id");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  std::set<std::uint64_t> seen;
+  std::size_t printed = 0;
+  for (int round = 0; round < 40; ++round) {
+    std::vector<Cli> runs;
+    for (int i = 0; i < 4; ++i)
+      runs.push_back(Cli::start({"id", "--url", url, "--local-only", "-n", "3"}, dir.path()));
+    for (auto& r : runs) {
+      ASSERT_EQ(r.wait(30s), 0) << r.err();
+      for (auto id : numbers_of(r.out())) {
+        seen.insert(id);
+        ++printed;
+      }
+    }
+  }
+  EXPECT_EQ(printed, 480u);
+  EXPECT_EQ(seen.size(), printed) << (printed - seen.size()) << " ids printed twice";
+}
+
+// Snowflake over a host-local URL (file://, the default without $DISTLOCK_URL) would give
+// every host worker 0: refused with a usage error unless --local-only says the ids never
+// leave this host.
+TEST(CliId, SnowflakeOnAHostLocalUrlIsRefusedWithoutLocalOnly) {
+  TempDir dir("distlock-cli-id");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  Cli c = Cli::run({"id", "--url", url, "-n", "3"}, dir.path());
+  EXPECT_EQ(c.code(), 64) << c.err();
+  EXPECT_NE(c.err().find("--local-only"), std::string::npos) << c.err();
+  EXPECT_EQ(c.out(), "");
+  Cli d = Cli::run({"id", "--url", url, "-n", "3", "--local-only"}, dir.path());
+  EXPECT_EQ(d.code(), 0) << d.err();
+  EXPECT_EQ(lines_of(d.out()).size(), 3u);
+}
+
+// A write error (a full disk) is a failure, not a silent success.
+TEST(CliId, WriteErrorExitsNonZero) {
+  TempDir dir("distlock-cli-id");
+  const std::string err = (dir.path() / "err").string();
+  const std::string snowflake = " id --url file://" + (dir.path() / "locks").string() + " --local-only";
+  for (const std::string& args : {std::string(" id --scheme uuid7"), snowflake}) {
+    const std::string cmd = std::string(DISTLOCK_CLI_PATH) + args + " -n 5 >/dev/full 2>" + err;
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << args;
+    EXPECT_EQ(WEXITSTATUS(status), 74)
+        << args << ": ids written to /dev/full reported " << WEXITSTATUS(status);
+    std::ifstream in(err);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("No space left on device"), std::string::npos) << args << ": " << text;
+  }
+}
+
+// The day counter runs out after 5 ids: those 5 are printed, then the error.
+TEST(CliId, IdsIssuedBeforeTheCounterRunsOutAreStillPrinted) {
+  TempDir dir("distlock-cli-id");
+  RedisServer redis;
+  const auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  for (std::int64_t t : {now, now + 5}) {  // today's key (and tomorrow's, near midnight)
+    const std::string key = distlock::ids::redis_daily_key("full", t);
+    redis.command({"SET", key, "4294967290"});
+    redis.command({"SET", key + ":epoch", "1:established"});
+  }
+  Cli c = Cli::run({"id", "--url", redis.url(), "--scheme", "redis-daily", "--prefix", "full", "-n", "10"},
+                   dir.path());
+  EXPECT_EQ(c.code(), 70) << c.err();
+  EXPECT_NE(c.err().find("reached"), std::string::npos) << c.err();
+  const auto ids = numbers_of(c.out());
+  ASSERT_EQ(ids.size(), 5u) << c.out();
+  EXPECT_EQ(distlock::ids::decode_redis_daily(ids.back()).counter, 0xffffffffu);
 }
 
 }  // namespace
