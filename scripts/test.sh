@@ -3,7 +3,7 @@
 #   1. a -Werror build and every test (unit, Redis, Redlock, etcd, ZooKeeper, file, CLI, ids,
 #      examples) against real servers the tests start themselves on loopback;
 #   2. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
-#   3. the engine's unit tests under ThreadSanitizer;
+#   3. the engine's unit tests and the file and redis backends' tests under ThreadSanitizer;
 #   4. an install into a temporary prefix and a consumer built with find_package and pkg-config.
 # Usage: ./scripts/test.sh [quick]   (quick: step 1 only)
 set -euo pipefail
@@ -38,11 +38,13 @@ cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan "${ctest_args[@]}"
 
-step "ThreadSanitizer (engine)"
+step "ThreadSanitizer (engine, file and redis backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
-  -DDISTLOCK_COMPONENTS="" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build/tsan -j"$jobs" --target engine_test
-TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" -R '^(Engine|RealTime|EngineSafety|RealTimeSafety|Clock|Url|Connect|ErrorCategory)\.'
+  -DDISTLOCK_COMPONENTS="file;redis" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build build/tsan -j"$jobs" --target engine_test fork_test file_backend_test redis_connection_test \
+  redis_backend_test redis_fault_test
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
+  -R '^(Engine|RealTime|EngineSafety|RealTimeSafety|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis)[A-Za-z]*\.'
 
 if [ -x scripts/install_test.sh ]; then
   step "install and consumer"
