@@ -12,9 +12,6 @@ namespace distlock::detail::redlock {
 
 namespace {
 
-// A connection whose unanswered requests pile up (a master paused for long) is
-// closed rather than queueing without bound.
-constexpr std::size_t kMaxStaleReplies = 64;
 // After a failed connection attempt, lanes fail fast for this long instead of
 // reconnecting on every fan-out.
 constexpr Millis kReconnectBackoff{100};
@@ -128,7 +125,7 @@ void Master::connect_failed(const std::string& why) {
 
 // ---- Link -------------------------------------------------------------------
 
-void Link::begin(std::span<const Command> cmds) {
+void Link::begin(std::span<const Command> cmds, Pending pending) {
   cmds_ = cmds;
   expect_.clear();
   replies_.clear();
@@ -137,6 +134,24 @@ void Link::begin(std::span<const Command> cmds) {
   status_ = NodeStatus::ok;
   error_.clear();
   if (cmds.empty()) return;
+  if (unanswered_) {
+    if (pending == Pending::queue_behind && ctx_) {
+      // Best effort: what the socket takes now is run by the master after the
+      // unanswered request; the rest is dropped with the connection.
+      for (const auto& c : cmds) append(c.argv);
+      std::string ignored;
+      (void)out_.flush(ctx_->fd, ignored);
+      drop();
+      failed_ = true;
+      status_ = NodeStatus::timeout;
+      error_ = fmt::format(
+          "{} had not answered an earlier request; this one was queued behind it and the "
+          "connection closed",
+          master_->label());
+      return;
+    }
+    drop();
+  }
   if (!ctx_) {
     std::string why;
     ctx_ = master_->open(why);
@@ -199,10 +214,6 @@ void Link::read() {
     if (!raw) return;
     ReplyPtr reply(static_cast<redisReply*>(raw));
     fresh_ = false;
-    if (stale_ > 0) {  // the late answer to a request given up on
-      --stale_;
-      continue;
-    }
     if (expect_.empty()) {
       fail(NodeStatus::unreachable,
            fmt::format("{}: unexpected reply {}", master_->label(), reply_text(reply.get())));
@@ -247,7 +258,7 @@ void Link::fail(NodeStatus status, std::string why) {
 
 void Link::drop() noexcept {
   ctx_.reset();
-  stale_ = 0;
+  unanswered_ = false;
   out_.clear();
   fresh_ = true;
   expect_.clear();
@@ -261,11 +272,14 @@ NodeReply Link::finish(Millis timeout) {
   } else if (!expect_.empty()) {
     out.status = NodeStatus::timeout;
     out.error = fmt::format("{} did not answer within {} ms", master_->label(), timeout.count());
-    // Keep the connection: the late replies are skipped when they come, and what
-    // is sent next on it runs after the unanswered request.
-    stale_ += expect_.size();
+    // Never read this connection again: a late reply could be taken for the
+    // answer to a later request. It stays open only until the next request on
+    // this link, which closes it (after queueing a clean-up behind the
+    // unanswered request, with Pending::queue_behind).
+    // Bytes not yet written stay queued: a clean-up appended behind them must
+    // not cut a command in half.
+    unanswered_ = true;
     expect_.clear();
-    if (stale_ > kMaxStaleReplies) drop();
   } else {
     out.status = NodeStatus::ok;
     out.replies = std::move(replies_);
@@ -282,10 +296,12 @@ Lane::Lane(const std::vector<std::shared_ptr<Master>>& masters) : masters_(maste
   for (auto& m : masters_) links_.emplace_back(*m);
 }
 
-std::vector<NodeReply> Lane::run(const std::vector<std::vector<Command>>& per_node, Millis timeout) {
+std::vector<NodeReply> Lane::run(const std::vector<std::vector<Command>>& per_node, Millis timeout,
+                                 Pending pending) {
   const auto deadline = SteadyClock::now() + timeout;
   for (std::size_t i = 0; i < links_.size(); ++i) {
-    links_[i].begin(i < per_node.size() ? std::span<const Command>(per_node[i]) : std::span<const Command>());
+    links_[i].begin(i < per_node.size() ? std::span<const Command>(per_node[i]) : std::span<const Command>(),
+                    pending);
   }
   return collect(deadline, timeout);
 }

@@ -5,10 +5,14 @@
 // (capped by the timeout), not the sum over masters.
 //
 // A `Lane` is one connection per master, used by one fan-out at a time; a
-// `LanePool` hands lanes to concurrent callers. A request a master did not answer
-// in time stays in that connection's pipeline: its late reply is discarded when it
-// arrives, and anything sent afterwards on the same connection (the clean-up
-// release) is executed after it, in order.
+// `LanePool` hands lanes to concurrent callers. A connection on which a master did
+// not answer in time is never read again: its late replies could otherwise be
+// taken for the answers to a later request. It is closed and the next request
+// to that master opens a new connection, except for a clean-up sent with
+// `Pending::queue_behind` (the release after a failed acquisition): that one is
+// written behind the unanswered request on the same connection, so the master
+// runs it after the late acquisition, and the connection is closed right after,
+// without waiting for any reply.
 //
 // Thread-safety: `Master` and `LanePool` are thread-safe; a `Lane` is used by one
 // thread at a time (take it from the pool).
@@ -88,6 +92,13 @@ class OutBuffer {
 Command script_command(const Script& script, std::span<const std::string> keys,
                        std::span<const std::string> args);
 
+/// What a request does on a master whose connection still carries a request
+/// that timed out.
+enum class Pending {
+  reconnect,     ///< close that connection, send on a new one and read the answer
+  queue_behind,  ///< write behind the unanswered request, then close; no answer (status timeout)
+};
+
 enum class NodeStatus {
   ok,           ///< every command got a reply (which may itself be an error reply)
   timeout,      ///< no complete answer within the deadline
@@ -136,7 +147,7 @@ class Link {
 
   /// Starts a request: connects if needed, queues AUTH on a new connection, queues
   /// `cmds` and writes what it can at once.
-  void begin(std::span<const Command> cmds);
+  void begin(std::span<const Command> cmds, Pending pending = Pending::reconnect);
   bool finished() const noexcept { return failed_ || expect_.empty(); }
   /// The fd and poll events wanted while unfinished.
   int fd() const noexcept { return ctx_ ? ctx_->fd : -1; }
@@ -161,8 +172,8 @@ class Link {
   Master* master_;
   ContextPtr ctx_;
   OutBuffer out_;
-  bool fresh_ = true;      // no reply yet on this connection: a failure counts as a failed connect
-  std::size_t stale_ = 0;  // replies still owed for requests given up on; discarded on arrival
+  bool fresh_ = true;        // no reply yet on this connection: a failure counts as a failed connect
+  bool unanswered_ = false;  // a request timed out on this connection: never read it again
   // Current request.
   std::span<const Command> cmds_;
   std::deque<Expect> expect_;
@@ -179,7 +190,8 @@ class Lane {
 
   /// Sends `per_node[i]` to master i (an empty list skips it), all before waiting
   /// for any reply, then collects until every master answered or `timeout` passed.
-  std::vector<NodeReply> run(const std::vector<std::vector<Command>>& per_node, Millis timeout);
+  std::vector<NodeReply> run(const std::vector<std::vector<Command>>& per_node, Millis timeout,
+                             Pending pending = Pending::reconnect);
   /// The same commands to every master.
   std::vector<NodeReply> run_all(std::span<const Command> cmds, Millis timeout);
   std::size_t size() const noexcept { return links_.size(); }

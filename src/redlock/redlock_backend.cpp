@@ -6,7 +6,10 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
+#include <thread>
+#include <unordered_map>
 
 #include "core/log.hpp"
 #include "redlock/fanout.hpp"
@@ -30,6 +33,15 @@ std::error_code bad_url(std::string& why, std::string msg) {
 constexpr std::size_t kRenewChunk = 512;
 // Default per-node timeout for requests that carry no TTL (release, status, watch).
 constexpr Millis kDefaultNodeTimeout{50};
+// Split-vote backoff: the first window is the attempt's own duration (at least
+// kMinBackoff) and doubles with each consecutive split vote of the same caller,
+// up to min(ttl / 4, kMaxBackoff).
+constexpr Millis kMinBackoff{2};
+constexpr Millis kMaxBackoff{1000};
+constexpr int kMaxBackoffDoublings = 10;
+// Entries of callers that never finish (they always end in acquired or
+// cancel_acquire) cannot pile up beyond this.
+constexpr std::size_t kMaxBackoffEntries = 4096;
 
 // Returns one lane to the pool when the fan-out is over.
 class LaneLease {
@@ -203,6 +215,9 @@ class RedlockBackend final : public Backend {
     std::vector<bool> definitely_not_ours(replies.size(), false);
     std::vector<std::string> bad_replies;
     std::size_t auth_failed = 0;
+    // How many masters each other owner holds: a split vote is a busy verdict
+    // in which no other owner holds a quorum either.
+    std::map<std::string, std::size_t, std::less<>> holders;
     auto vote_busy = [&](std::size_t i, long long pttl) {
       ++tally.busy;
       definitely_not_ours[i] = true;
@@ -223,6 +238,7 @@ class RedlockBackend final : public Backend {
         ++tally.acquired;
       } else if (set->type == REDIS_REPLY_STRING && std::string_view(set->str, set->len) != owner) {
         vote_busy(i, pttl->type == REDIS_REPLY_INTEGER ? pttl->integer : -1);
+        ++holders[std::string(set->str, set->len)];
       } else {
         const std::array<std::string, 1> keys{key};
         const std::array<std::string, 2> args{owner, ttl_ms};
@@ -236,7 +252,10 @@ class RedlockBackend final : public Backend {
         if (slow[i].empty()) continue;
         const NodeReply& r = more[i];
         if (r.status == NodeStatus::auth_failed) ++auth_failed;
-        if (r.status != NodeStatus::ok) continue;
+        if (r.status != NodeStatus::ok) {
+          bad_replies.push_back(r.error);  // so a quorum failure names this master too
+          continue;
+        }
         long long flag = 0, pttl = 0;
         const redisReply* reply = r.replies[0].get();
         if (!integer_at(reply, 0, flag) || !integer_at(reply, 1, pttl)) {
@@ -247,12 +266,17 @@ class RedlockBackend final : public Backend {
           ++tally.acquired;
         } else {
           vote_busy(i, pttl);
+          ++holders["\n(unknown)"];  // the script does not say who holds it
         }
       }
     }
     const auto elapsed = std::chrono::duration_cast<Millis>(SteadyClock::now() - start);
     const AcquireDecision d = decide_acquire(tally, req.ttl, elapsed);
-    if (d.verdict == AcquireVerdict::acquired) return AcquireResult{true, 0, d.validity, std::nullopt};
+    const std::string backoff_key = std::string(req.name) + '\0' + owner;
+    if (d.verdict == AcquireVerdict::acquired) {
+      forget_backoff(backoff_key);
+      return AcquireResult{true, 0, d.validity, std::nullopt};
+    }
 
     // Not acquired: release on every master that may hold our key (those that
     // took it and those whose answer is unknown), so no minority keys linger.
@@ -269,7 +293,10 @@ class RedlockBackend final : public Backend {
       per_node[i].push_back(release);
       any = true;
     }
-    if (any) lane->run(per_node, timeout);
+    // A master that did not answer has the acquisition still pending on its
+    // connection: the release is queued behind it there (so it runs after it)
+    // and that connection is closed; the others answer on their own connection.
+    if (any) lane->run(per_node, timeout, Pending::queue_behind);
 
     if (d.verdict == AcquireVerdict::quorum_unavailable) {
       const bool credentials = auth_failed > 0 && tally.answered() + auth_failed >= quorum_;
@@ -281,9 +308,25 @@ class RedlockBackend final : public Backend {
       set_error_detail(std::move(detail));
       return {};
     }
+    std::size_t top_holder = 0;
+    for (const auto& [who, n] : holders) top_holder = std::max(top_holder, n);
+    if (d.verdict == AcquireVerdict::busy && top_holder < quorum_ && req.keep_queued) {
+      // Split vote: nobody took a quorum. Contenders woken together by the same
+      // release would collide again at once; a random delay, growing with this
+      // caller's consecutive split votes, spreads them out (Redlock's "retry
+      // after a random delay").
+      split_vote_backoff(backoff_key, elapsed, req.ttl);
+    }
     AcquireResult busy;
     busy.holder_ttl = d.holder_ttl;
     return busy;
+  }
+
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    try {
+      forget_backoff(std::string(name) + '\0' + std::string(owner));
+    } catch (...) {
+    }
   }
 
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
@@ -431,6 +474,29 @@ class RedlockBackend final : public Backend {
   std::string url() const override { return url_; }
 
  private:
+  void forget_backoff(const std::string& key) {
+    std::lock_guard lk(backoff_mu_);
+    split_votes_.erase(key);
+  }
+
+  // Sleeps a uniformly random time in [0, window]: window = max(elapsed,
+  // kMinBackoff) * 2^(consecutive split votes - 1), at most min(ttl / 4, kMaxBackoff).
+  void split_vote_backoff(const std::string& key, Millis elapsed, Millis ttl) {
+    int votes = 0;
+    {
+      std::lock_guard lk(backoff_mu_);
+      if (split_votes_.size() >= kMaxBackoffEntries && !split_votes_.contains(key)) split_votes_.clear();
+      votes = std::min(++split_votes_[key], kMaxBackoffDoublings + 1);
+    }
+    const Millis cap = std::max(Millis(1), std::min(ttl / 4, kMaxBackoff));
+    Millis window = std::max(elapsed, kMinBackoff);
+    for (int i = 1; i < votes && window < cap; ++i) window *= 2;
+    window = std::min(window, cap);
+    thread_local std::minstd_rand rng{std::random_device{}()};
+    std::uniform_int_distribution<std::int64_t> pick(0, window.count());
+    std::this_thread::sleep_for(Millis(pick(rng)));
+  }
+
   Millis node_timeout(Millis ttl) const noexcept {
     return cfg_.node_timeout.value_or(default_node_timeout(ttl));
   }
@@ -451,6 +517,9 @@ class RedlockBackend final : public Backend {
 
   std::mutex sub_mu_;
   std::unique_ptr<Subscriber> sub_;  // guarded by sub_mu_; made by the first watch()
+
+  std::mutex backoff_mu_;
+  std::unordered_map<std::string, int> split_votes_;  // guarded by backoff_mu_; name\0owner -> count
 };
 
 }  // namespace

@@ -3,12 +3,17 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "distlock/distlock.hpp"
 #include "masters.hpp"
+#include "redlock/fanout.hpp"
 #include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -72,6 +77,60 @@ TEST(RedlockFault, SixteenThreadsTimesFourProcessesNeverOverlapOnThreeMasters) {
 }
 TEST(RedlockFault, SixteenThreadsTimesFourProcessesNeverOverlapOnFiveMasters) {
   hammer(5);
+}
+
+// Progress under contention: 64 contenders (4 clients x 16 threads) on one name
+// over 5 masters. Split votes (no contender takes a quorum) end in randomized
+// backoff, so every acquisition completes; each one is timed on this process's
+// steady clock and must finish within a bound far above the work queued ahead of
+// it (64 x 6 short critical sections), yet far below the wait limit, so a
+// livelock shows as a failed bound, not as a hang.
+TEST(RedlockFault, SixtyFourContendersOnFiveMastersEachAcquireWithinABound) {
+  Masters m(5);
+  const std::string url = m.url("timeout=1s");
+  constexpr int kClients = 4, kThreads = 16, kIters = 6;
+  constexpr auto kBound = 15s;
+  std::vector<Client> clients;
+  for (int c = 0; c < kClients; ++c) clients.push_back(connect(url));
+  std::atomic<int> inside{0}, overlaps{0}, acquired{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  Millis slowest{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, c] {
+        LockOptions opts;
+        opts.ttl = 5s;
+        opts.wait = 120s;
+        for (int i = 0; i < kIters; ++i) {
+          const auto t0 = Clock::now();
+          std::error_code ec;
+          auto lease = clients[c].acquire("crowd", opts, ec);
+          const Millis took = since(t0);
+          {
+            std::lock_guard lk(mu);
+            slowest = std::max(slowest, took);
+            if (!lease.owns()) failures.push_back(ec.message());
+          }
+          if (!lease.owns()) continue;
+          if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+          std::this_thread::sleep_for(200us);
+          inside.fetch_sub(1);
+          ++acquired;
+          lease.release();
+        }
+      });
+    }
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
+  EXPECT_EQ(acquired.load(), kClients * kThreads * kIters);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_LT(slowest, kBound) << "slowest acquisition took " << slowest.count() << " ms";
+  std::printf("slowest of %d acquisitions: %lld ms\n", kClients * kThreads * kIters,
+              static_cast<long long>(slowest.count()));
+  for (std::size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(m.keys(i).empty()) << "master " << i;
 }
 
 TEST(RedlockFault, OneOfThreeMastersKilledLockingGoesOn) {
@@ -229,6 +288,54 @@ TEST(RedlockFault, MasterBusyInDebugSleepDoesNotStallAcquire) {
   EXPECT_LT(since(t0), 1s);
   EXPECT_TRUE(lease.owns());
   sleeper.get();
+}
+
+// A master that did not answer in time: its connection is closed, never used
+// again with the request still pending (whose late reply could otherwise be taken
+// for the answer to a later request). The next request to it goes on a new
+// connection and gets its own answer.
+TEST(RedlockFault, TimedOutConnectionIsDiscardedNotReused) {
+  Masters m(3);
+  std::vector<std::shared_ptr<detail::redlock::Master>> masters;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    masters.push_back(std::make_shared<detail::redlock::Master>("127.0.0.1", m[i].port(), "", ""));
+  }
+  detail::redlock::Lane lane(masters);
+  const std::array<detail::redlock::Command, 1> client_id{
+      detail::redlock::Command{{"CLIENT", "ID"}, nullptr}};
+  auto id_of = [](const detail::redlock::NodeReply& r) {
+    return r.status == detail::redlock::NodeStatus::ok && r.replies[0]->type == REDIS_REPLY_INTEGER
+               ? r.replies[0]->integer
+               : -1;
+  };
+  auto first = lane.run_all(client_id, 2s);
+  const long long old_id = id_of(first[0]);
+  ASSERT_GE(old_id, 0) << first[0].error;
+
+  m[0].pause();
+  const std::array<detail::redlock::Command, 1> echo{detail::redlock::Command{{"ECHO", "late"}, nullptr}};
+  auto timed_out = lane.run_all(echo, 200ms);
+  EXPECT_EQ(timed_out[0].status, detail::redlock::NodeStatus::timeout);
+  EXPECT_EQ(timed_out[1].status, detail::redlock::NodeStatus::ok);
+  m[0].resume();
+
+  auto again = lane.run_all(client_id, 2s);
+  ASSERT_EQ(again[0].status, detail::redlock::NodeStatus::ok) << again[0].error;
+  const long long new_id = id_of(again[0]);
+  EXPECT_GE(new_id, 0) << detail::redlock::reply_text(again[0].replies[0].get());
+  EXPECT_NE(new_id, old_id) << "the connection with the unanswered ECHO was used again";
+  // The old connection is gone from the master (bounded poll: the master notices
+  // the close once it runs again).
+  const std::string old_tag = "id=" + std::to_string(old_id) + " ";
+  const auto t0 = Clock::now();
+  bool gone = false;
+  while (!gone && since(t0) < 5s) {
+    auto list = m[0].command({"CLIENT", "LIST"});
+    ASSERT_TRUE(list && list->str != nullptr);
+    gone = std::string(list->str, list->len).find(old_tag) == std::string::npos;
+    if (!gone) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(gone) << "connection " << old_id << " still open on the master";
 }
 
 TEST(RedlockFault, HolderKilledLockFreeWithinTtlPlusOneSecond) {
