@@ -2,15 +2,20 @@
 //
 // The runner's life in four steps:
 //   1. Validate every flag before touching the network (usage errors exit 64).
-//   2. Block SIGINT/SIGTERM/SIGHUP/SIGCHLD (every thread started later inherits the
-//      mask, so the signals only ever arrive through one signalfd), then connect and
-//      acquire on a worker thread while the main thread still answers a signal by
-//      dying of it, as a program blocked in a wait is expected to.
-//   3. Start the command (see child_process.hpp: parent-death signal, clean fds).
+//   2. Block every catchable terminating signal, SIGCHLD and SIGTTOU (every thread
+//      started later inherits the mask, so the signals only ever arrive through one
+//      signalfd), then connect and acquire on a worker thread while the main thread
+//      still answers a signal by dying of it, as a program blocked in a wait is
+//      expected to.
+//   3. Start the job's watchdog (it leads the job's group and kills it if the runner
+//      dies), become a child subreaper, start the command in the watchdog's group
+//      (the terminal's foreground group when the runner had it).
 //   4. Wait in poll() on the signalfd and on an eventfd the engine's loss callback
-//      bumps, with a timeout that ends at the lease's local deadline. Every wake-up
-//      looks at Lease::owns() FIRST: a runner that was stopped (SIGSTOP) past its TTL
-//      learns of the loss before it forwards a signal or reaps and releases.
+//      bumps, with a timeout that ends at `deadline - grace`, then at the deadline.
+//      Every wake-up looks at the lease FIRST: a runner that was stopped (SIGSTOP)
+//      past its TTL learns of the loss before it forwards a signal or reaps and
+//      releases. No renewal with --grace left: SIGTERM to the whole job; deadline
+//      passed or loss signalled: SIGKILL to the whole job. Done when no child is left.
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -424,31 +429,34 @@ int run_locked(const RunSettings& s) {
 }
 
 constexpr const char* kRunDescription =
-    "Acquire the lock NAME, run COMMAND while holding it, release it when COMMAND exits, and exit with\n"
-    "COMMAND's status (128+N if it died of signal N). Meant for jobs deployed on many machines that must\n"
-    "run on exactly one at a time, and must stop if they lose the lock.\n"
+    "Acquire the lock NAME, run COMMAND while holding it, release it when every process of the job has\n"
+    "exited, and exit with COMMAND's status (128+N if it died of signal N). Meant for jobs deployed on many\n"
+    "machines that must run on exactly one at a time, and must stop if they lose the lock.\n"
     "\n"
     "COMMAND runs with DISTLOCK_NAME, DISTLOCK_TOKEN (the fencing token, a decimal number that increases\n"
     "with every acquisition of NAME; absent only where the backend has none) and DISTLOCK_URL in its\n"
-    "environment. The lease is renewed while it runs. SIGINT, SIGTERM and SIGHUP are forwarded to it.\n"
-    "It is killed (SIGKILL) if the runner itself dies, even of SIGKILL, so it never runs unprotected.\n"
-    "If the lock is lost while COMMAND runs, COMMAND gets SIGTERM at once and SIGKILL after --grace,\n"
-    "and distlock exits 76.";
+    "environment. The lease is renewed while it runs. Every signal that would end the runner (INT, TERM,\n"
+    "HUP, QUIT, USR1, USR2, ALRM, PWR, real-time ...) is forwarded to the whole job instead.\n"
+    "If no renewal succeeds, the whole job gets SIGTERM --grace before the lease's local deadline and\n"
+    "SIGKILL at it (before the server can pass the lock on); a loss the runner is told about (lock taken\n"
+    "over, file:// lock file removed) kills it at once. The job is reaped, then distlock exits 76.\n"
+    "If the runner dies, even of SIGKILL, a watchdog process kills the job's whole process group.";
 
 constexpr const char* kRunFooter =
     "EXIT STATUS\n"
     "  COMMAND's status  COMMAND ran under the lock (128+N if it died of signal N)\n"
-    "  64   usage error: bad flag, malformed URL, name or duration, --grace not below --ttl\n"
+    "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl\n"
     "  69   the lock service is unreachable or rejected the credentials\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
-    "  76   the lock was lost while COMMAND ran (COMMAND was stopped)\n"
+    "  76   the lock was lost (or about to be) while the job ran; the job was stopped and reaped\n"
     "  126  COMMAND could not be executed;  127  COMMAND was not found\n"
     "  Every error is one line on standard error that names its cause.\n"
     "\n"
-    "PROCESS GROUP\n"
-    "  Run from cron, a script or a service, COMMAND leads its own process group and signals (forwarded\n"
-    "  ones, and SIGTERM/SIGKILL on loss) go to the whole group, so a shell script's subprocesses stop\n"
-    "  too. In an interactive terminal COMMAND stays in the terminal's foreground group instead.\n"
+    "THE JOB\n"
+    "  COMMAND runs in a process group of its own; the runner is a child subreaper and holds the lock\n"
+    "  until every process of the job (also those that left the group) has exited, unless --leader-only.\n"
+    "  Under a terminal the job's group is the terminal's foreground group (Ctrl-C reaches the whole\n"
+    "  job). A job stopped by SIGTSTP/SIGTTIN/SIGTTOU is sent SIGTERM (SIGKILL after --grace).\n"
     "\n"
     "ENVIRONMENT\n"
     "  DISTLOCK_URL  the lock service when --url is not given (default: file:// in\n"
@@ -483,9 +491,10 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
   auto* no_wait = run->add_flag("--no-wait", flags->no_wait, "Try once; exit 75 at once if the lock is held");
   flags->wait_option->excludes(no_wait);
   flags->grace_option =
-      run->add_option("--grace", flags->grace,
-                      "After a loss, time between SIGTERM and SIGKILL to COMMAND; must be shorter than --ttl "
-                      "(default 5s, or half of a --ttl shorter than 10s)")
+      run->add_option(
+             "--grace", flags->grace,
+             "With no renewal, the job gets SIGTERM when DUR is left before the lease's local deadline "
+             "and SIGKILL at it; must be below ttl - margin - renew interval (default 5s, or ttl/4)")
           ->option_text("DUR");
   run->add_flag("--leader-only", flags->leader_only,
                 "Release the lock when COMMAND's first process exits, leaving any process it started "
