@@ -7,6 +7,7 @@
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -99,7 +100,7 @@ UniqueFd::~UniqueFd() {
 
 // ---- SignalFd ---------------------------------------------------------------
 
-SignalFd::SignalFd(std::initializer_list<int> signals) {
+SignalFd::SignalFd(const std::vector<int>& signals) {
   sigset_t set;
   sigemptyset(&set);
   for (int s : signals) sigaddset(&set, s);
@@ -145,32 +146,135 @@ void Wakeup::drain() const noexcept {
 
 // ---- Child ------------------------------------------------------------------
 
-void Child::signal(int sig) const noexcept {
+void Child::signal_job(int sig) const noexcept {
   if (pid_ <= 0) return;
-  if (own_group_ && ::kill(-pid_, sig) == 0) return;
-  ::kill(pid_, sig);  // not a group leader (any more): the child alone
+  ::kill(-group_, sig);
+  std::vector<pid_t> children;
+  try {
+    children = child_pids();
+  } catch (...) {
+    children.clear();
+  }
+  if (children.empty()) ::kill(pid_, sig);  // no /proc children list: the first process at least
+  for (pid_t c : children) ::kill(c, sig);
+  if (sig == SIGTERM) signal_job(SIGCONT);
 }
 
-bool Child::group_alive() const noexcept {
-  if (pid_ <= 0 || !own_group_) return false;
-  return ::kill(-pid_, 0) == 0 || errno == EPERM;
-}
-
-std::optional<int> Child::try_reap() noexcept {
-  int status = 0;
-  for (;;) {
-    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) return status;
+std::vector<ChildEvent> reap_children(bool& no_children) noexcept {
+  std::vector<ChildEvent> out;
+  no_children = false;
+  for (int i = 0; i < 4096; ++i) {  // bounded: one round of state changes
+    int status = 0;
+    const pid_t r = ::waitpid(-1, &status, WNOHANG | WUNTRACED);
+    if (r > 0) {
+      try {
+        out.push_back({r, status});
+      } catch (...) {
+      }
+      continue;
+    }
     if (r < 0 && errno == EINTR) continue;
-    return std::nullopt;
+    if (r < 0 && errno == ECHILD) no_children = true;
+    break;
   }
+  return out;
 }
 
-int Child::reap_blocking() noexcept {
-  int status = 0;
-  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+std::vector<pid_t> child_pids() {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const int fd = ::open((task.path() / "children").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    long v = 0;
+    bool in = false;
+    for (char c : text) {
+      if (c >= '0' && c <= '9') {
+        v = v * 10 + (c - '0');
+        in = true;
+      } else if (in) {
+        out.push_back(static_cast<pid_t>(v));
+        v = 0;
+        in = false;
+      }
+    }
+    if (in) out.push_back(static_cast<pid_t>(v));
   }
-  return status;
+  return out;
+}
+
+// ---- Watchdog ---------------------------------------------------------------
+
+Watchdog Watchdog::start() {
+  int cmd[2], report[2];
+  if (::pipe2(cmd, O_CLOEXEC) != 0) throw_errno("pipe2");
+  UniqueFd cmd_read(cmd[0]), cmd_write(cmd[1]);
+  if (::pipe2(report, O_CLOEXEC) != 0) throw_errno("pipe2");
+  UniqueFd report_read(report[0]), report_write(report[1]);
+
+  const pid_t middle = ::fork();
+  if (middle < 0) throw_errno("fork");
+  if (middle == 0) {
+    const pid_t dog = ::fork();
+    if (dog != 0) ::_exit(dog < 0 ? 1 : 0);  // the watchdog is nobody's child but init's
+    ::setpgid(0, 0);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sig == SIGKILL || sig == SIGSTOP) continue;
+      struct sigaction ign {};
+      ign.sa_handler = SIG_IGN;
+      sigemptyset(&ign.sa_mask);
+      ::sigaction(sig, &ign, nullptr);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // NOLINT(concurrency-mt-unsafe): single thread after fork
+    const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd = 0; fd <= 2; ++fd) {
+      if (null_fd >= 0) ::dup2(null_fd, fd);
+    }
+    const pid_t self = ::getpid();
+    ssize_t ignored = ::write(report_write.get(), &self, sizeof self);
+    (void)ignored;
+    close_runner_fds({}, cmd_read.get());  // the runner's sockets, lock files and this pipe's write end
+    for (;;) {
+      char c = 0;
+      const ssize_t n = ::read(cmd_read.get(), &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 1 && c == 'd') ::_exit(0);  // disarmed
+      if (n == 1) continue;
+      break;  // end-of-file: the runner is gone
+    }
+    ::kill(-self, SIGKILL);  // the whole job, and this process last
+    ::_exit(0);
+  }
+  int status = 0;
+  while (::waitpid(middle, &status, 0) < 0 && errno == EINTR) {
+  }
+  report_write = UniqueFd();
+  cmd_read = UniqueFd();
+  pid_t dog = -1;
+  ssize_t n = 0;
+  do {
+    n = ::read(report_read.get(), &dog, sizeof dog);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof dog) || dog <= 0) {
+    throw std::system_error(ECHILD, std::generic_category(), "cannot start the job's watchdog process");
+  }
+  Watchdog w;
+  w.pid_ = dog;
+  w.pipe_ = std::move(cmd_write);
+  return w;
+}
+
+void Watchdog::disarm() noexcept {
+  const char d = 'd';
+  ssize_t ignored = ::write(pipe_.get(), &d, 1);
+  (void)ignored;
+  pipe_ = UniqueFd();
 }
 
 Child spawn_child(const ChildSpec& spec) {
@@ -195,7 +299,11 @@ Child spawn_child(const ChildSpec& spec) {
   if (pid < 0) throw_errno("fork");
   if (pid == 0) {
     const int report = exec_result_write.get();
-    if (spec.own_process_group) ::setpgid(0, 0);
+    if (::setpgid(0, spec.process_group) != 0) write_errno_and_exit(report, errno);
+    if (spec.terminal_fd >= 0) {
+      // SIGTTOU is blocked (the runner's mask): a background group may take the terminal.
+      ::tcsetpgrp(spec.terminal_fd, spec.process_group != 0 ? spec.process_group : ::getpid());
+    }
     // The command must never outlive its runner: it would run unprotected.
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) write_errno_and_exit(report, errno);
     // The runner may have died before prctl took effect: then our parent is
@@ -214,17 +322,23 @@ Child spawn_child(const ChildSpec& spec) {
     write_errno_and_exit(report, errno);
   }
 
-  // Both sides set the group, so a signal sent to it right after fork cannot miss.
-  if (spec.own_process_group) ::setpgid(pid, pid);
+  // Both sides set the group (and the terminal's foreground), so a signal sent to
+  // it right after fork cannot miss, and the command never reads the terminal
+  // from a background group.
+  const pid_t group = spec.process_group != 0 ? spec.process_group : pid;
+  ::setpgid(pid, group);
+  if (spec.terminal_fd >= 0) ::tcsetpgrp(spec.terminal_fd, group);
   exec_result_write = UniqueFd();
   int child_errno = 0;
   ssize_t n = 0;
   do {
     n = ::read(exec_result_read.get(), &child_errno, sizeof child_errno);
   } while (n < 0 && errno == EINTR);
-  Child child(pid, spec.own_process_group);
+  Child child(pid, group);
   if (n == static_cast<ssize_t>(sizeof child_errno)) {
-    child.reap_blocking();
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
     throw ExecError{child_errno};
   }
   return child;

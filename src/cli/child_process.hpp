@@ -1,8 +1,9 @@
 // The child process of `distlock run` and the descriptors its runner waits on.
 //
-// `spawn_child` forks and execs the command so that it can never run unprotected:
-// the child asks the kernel for SIGKILL when the runner dies (PR_SET_PDEATHSIG,
-// checked against a race with getppid), gets back the signal mask and SIGPIPE
+// `spawn_child` forks and execs the command in the job's process group: the child
+// asks the kernel for SIGKILL when the runner dies (PR_SET_PDEATHSIG, checked
+// against a race with getppid; it reaches this first process only, the rest of the
+// job is the Watchdog's), gets back the signal mask and SIGPIPE
 // disposition the runner started with, and loses every descriptor the runner
 // opened itself (backend sockets, lock files) while keeping the ones the runner
 // inherited (so `distlock run x -- cmd 3>file` works as with flock(1)).
@@ -13,15 +14,16 @@
 //
 // Example:
 //   SignalFd signals({SIGINT, SIGTERM, SIGHUP, SIGCHLD});   // blocks them first
-//   ChildSpec spec{.argv = {"sh", "-c", "echo $DISTLOCK_TOKEN"}, .env = env};
+//   Watchdog dog = Watchdog::start();                        // leads the job's group
+//   ChildSpec spec{.argv = {"sh", "-c", "echo $DISTLOCK_TOKEN"}, .env = env,
+//                  .process_group = dog.group()};
 //   Child child = spawn_child(spec);                          // throws on exec failure
-//   ... poll(signals.fd()) ... child.try_reap() ...
+//   ... poll(signals.fd()) ... reap_children() ... child.signal_job(SIGTERM) ...
 #pragma once
 
 #include <signal.h>
 #include <sys/types.h>
 
-#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,7 +57,7 @@ class UniqueFd {
 /// replace the exit status the runner is about to return.
 class SignalFd {
  public:
-  explicit SignalFd(std::initializer_list<int> signals);
+  explicit SignalFd(const std::vector<int>& signals);
   ~SignalFd() = default;
   SignalFd(const SignalFd&) = delete;
   SignalFd& operator=(const SignalFd&) = delete;
@@ -91,10 +93,11 @@ class Wakeup {
 struct ChildSpec {
   std::vector<std::string> argv;  ///< argv[0] is searched in PATH
   std::vector<std::string> env;   ///< the complete environment, "KEY=value"
-  /// Put the child in its own process group and signal the whole group (so a shell
-  /// script's subprocesses stop too). Off for an interactive terminal job, where
-  /// the child must stay in the terminal's foreground group.
-  bool own_process_group = true;
+  /// The process group the child joins (the Watchdog's); 0: a new one it leads.
+  pid_t process_group = 0;
+  /// A terminal whose foreground process group becomes the child's group (the
+  /// runner was in the foreground: Ctrl-C and job control go to the job), or -1.
+  int terminal_fd = -1;
   sigset_t signal_mask{};          ///< mask to restore in the child
   bool reset_sigpipe = false;      ///< restore SIGPIPE to SIG_DFL in the child
   std::vector<int> inherited_fds;  ///< sorted; every other descriptor >2 is closed in the child
@@ -108,22 +111,51 @@ struct ExecError {
 class Child {
  public:
   Child() = default;
-  Child(pid_t pid, bool own_group) noexcept : pid_(pid), own_group_(own_group) {}
+  Child(pid_t pid, pid_t group) noexcept : pid_(pid), group_(group) {}
   pid_t pid() const noexcept { return pid_; }
-  bool own_process_group() const noexcept { return own_group_; }
+  pid_t group() const noexcept { return group_; }
 
-  /// Sends `sig` to the child's process group (own-group mode) or to the child.
-  void signal(int sig) const noexcept;
-  /// True while any process of the child's group (own-group mode) is alive.
-  bool group_alive() const noexcept;
-  /// Reaps the child if it has exited; returns its wait status.
-  std::optional<int> try_reap() noexcept;
-  /// Blocks until the child exits; returns its wait status.
-  int reap_blocking() noexcept;
+  /// Sends `sig` to the whole job: its process group and every process the runner
+  /// is the parent of (orphans it adopted as a child subreaper, even those that
+  /// left the group). SIGTERM is followed by SIGCONT, so a stopped job acts on it.
+  void signal_job(int sig) const noexcept;
 
  private:
   pid_t pid_ = -1;
-  bool own_group_ = false;
+  pid_t group_ = -1;
+};
+
+/// One change of state of a child of the runner (waitpid(-1, WNOHANG|WUNTRACED)).
+struct ChildEvent {
+  pid_t pid = 0;
+  int status = 0;  ///< wait status: exited, killed or stopped
+};
+/// Reaps every child that changed state. `no_children` is set when the runner has
+/// no child left at all (ECHILD): with PR_SET_CHILD_SUBREAPER that means no
+/// process of the job is left.
+std::vector<ChildEvent> reap_children(bool& no_children) noexcept;
+
+/// The pids of the runner's children now (/proc/self/task/*/children).
+std::vector<pid_t> child_pids();
+
+/// A tiny process that leads the job's process group and kills that group with
+/// SIGKILL when the runner dies (its pipe from the runner reaches end-of-file), so
+/// no process of the job outlives a runner killed even by SIGKILL. It is not a
+/// child of the runner (started through an intermediate process before the runner
+/// becomes a subreaper), ignores every signal but SIGKILL/SIGSTOP, and holds the
+/// group's id so it cannot be reused while the job runs. Started while other
+/// threads run: between fork and _exit only async-signal-safe calls are made.
+class Watchdog {
+ public:
+  static Watchdog start();
+  pid_t group() const noexcept { return pid_; }
+  /// The runner leaves on purpose with processes of the job still running
+  /// (--leader-only): the watchdog exits without killing anybody.
+  void disarm() noexcept;
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd pipe_;  // write end; closed by the runner's death
 };
 
 /// Forks and execs. Returns once the exec succeeded; throws ExecError otherwise

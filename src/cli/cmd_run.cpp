@@ -2,17 +2,24 @@
 //
 // The runner's life in four steps:
 //   1. Validate every flag before touching the network (usage errors exit 64).
-//   2. Block SIGINT/SIGTERM/SIGHUP/SIGCHLD (every thread started later inherits the
-//      mask, so the signals only ever arrive through one signalfd), then connect and
-//      acquire on a worker thread while the main thread still answers a signal by
-//      dying of it, as a program blocked in a wait is expected to.
-//   3. Start the command (see child_process.hpp: parent-death signal, clean fds).
+//   2. Block every catchable terminating signal, SIGCHLD and SIGTTOU (every thread
+//      started later inherits the mask, so the signals only ever arrive through one
+//      signalfd), then connect and acquire on a worker thread while the main thread
+//      still answers a signal by dying of it, as a program blocked in a wait is
+//      expected to.
+//   3. Start the job's watchdog (it leads the job's group and kills it if the runner
+//      dies), become a child subreaper, start the command in the watchdog's group
+//      (the terminal's foreground group when the runner had it).
 //   4. Wait in poll() on the signalfd and on an eventfd the engine's loss callback
-//      bumps, with a timeout that ends at the lease's local deadline. Every wake-up
-//      looks at Lease::owns() FIRST: a runner that was stopped (SIGSTOP) past its TTL
-//      learns of the loss before it forwards a signal or reaps and releases.
+//      bumps, with a timeout that ends at `deadline - grace`, then at the deadline.
+//      Every wake-up looks at the lease FIRST: a runner that was stopped (SIGSTOP)
+//      past its TTL learns of the loss before it forwards a signal or reaps and
+//      releases. No renewal with --grace left: SIGTERM to the whole job; deadline
+//      passed or loss signalled: SIGKILL to the whole job. Done when no child is left.
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -48,6 +55,7 @@ struct RunFlags {
   bool no_wait = false;
   std::string grace;
   CLI::Option* grace_option = nullptr;
+  bool leader_only = false;
   std::string name;
   std::vector<std::string> command;  // when given without "--"
   CLI::Option* wait_option = nullptr;
@@ -58,6 +66,7 @@ struct RunSettings {
   std::string name;
   LockOptions lock;
   Millis grace{};
+  bool leader_only = false;
   std::vector<std::string> command;
 };
 
@@ -90,18 +99,24 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   } else if (flags.wait_option && flags.wait_option->count() > 0) {
     s.lock.wait = parse_duration_flag("--wait", flags.wait);
   }  // else: wait until acquired
+  LockOptions filled = s.lock;
+  if (filled.validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
+  // The whole job gets SIGTERM when the lease has --grace left before its local
+  // deadline with no renewal since, and SIGKILL at the deadline. The grace must
+  // leave room for one renewal interval, or a merely late renewal would stop it.
+  const Millis grace_limit = filled.ttl - filled.safety_margin - filled.renew_interval;
   if (flags.grace_option && flags.grace_option->count() > 0) {
     s.grace = parse_duration_flag("--grace", flags.grace);
   } else {
-    // The 5 s default gives way to a shorter --ttl (half of it), so a short lease
-    // does not need an explicit --grace; an explicit one must be shorter than --ttl.
-    s.grace = std::min<Millis>(kDefaultGrace, s.lock.ttl / 2);
+    s.grace = std::min<Millis>(kDefaultGrace, s.lock.ttl / 4);
   }
-  if (s.grace >= s.lock.ttl) {
-    usage_error("--grace " + format_duration(s.grace) + " must be shorter than --ttl " +
-                format_duration(s.lock.ttl) +
-                " (a command that lost its lock must be stopped before the lease could pass on)");
+  if (s.grace >= grace_limit) {
+    usage_error("--grace " + format_duration(s.grace) + " is too long for --ttl " +
+                format_duration(s.lock.ttl) + ": it must be shorter than " + format_duration(grace_limit) +
+                " (ttl minus safety margin minus renewal interval), since the command is stopped --grace "
+                "before the lease's local deadline");
   }
+  s.leader_only = flags.leader_only;
   if (auto ec = LockOptions(s.lock).validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
   s.url = flags.url.empty() ? default_url() : flags.url;
   return s;
@@ -122,8 +137,24 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   ::_exit(128 + sig);
 }
 
+/// Every signal whose default action ends the runner and that a process can
+/// catch: blocked from the start and read through the signalfd, so none of them can
+/// end the runner (and free the lock) while its job runs; forwarded to the job.
+std::vector<int> terminating_signals() {
+  std::vector<int> v = {SIGINT,    SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1,   SIGUSR2, SIGALRM,
+                        SIGVTALRM, SIGPROF, SIGPOLL, SIGPWR,  SIGSTKFLT, SIGXCPU, SIGXFSZ};
+  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) v.push_back(s);
+  return v;
+}
+
 bool is_terminating(int sig) {
-  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
+  return sig != SIGCHLD && sig != SIGTTOU;
+}
+
+/// The job-control stops that mean a job waits for the terminal or the user: it
+/// would hold the lock while stopped, and nothing would end it.
+bool is_terminal_stop(int sig) {
+  return sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
 }
 
 int poll_for(const SignalFd& signals, const Wakeup& wake, int timeout_ms) {
@@ -202,12 +233,19 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
   return env;
 }
 
-/// In an interactive terminal job the command stays in our process group (so the
-/// terminal's Ctrl-C and job control reach it as usual); otherwise (cron, scripts,
-/// services) it leads its own group and every signal goes to the whole group, so a
-/// shell script's subprocesses stop with it.
-bool interactive_foreground() {
-  return ::isatty(STDIN_FILENO) && ::tcgetpgrp(STDIN_FILENO) == ::getpgrp();
+/// The terminal whose foreground process group the runner is in (standard input,
+/// output or error), or -1. The job's group is made that terminal's foreground for
+/// the job's life, as a shell does, so Ctrl-C and job control reach the whole job.
+int foreground_terminal() {
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::isatty(fd) && ::tcgetpgrp(fd) == ::getpgrp()) return fd;
+  }
+  return -1;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
 std::string loss_cause(const Lease& lease) {
@@ -225,7 +263,10 @@ int poll_timeout_until(SteadyClock::time_point deadline) {
 
 int run_locked(const RunSettings& s) {
   const std::vector<int> inherited_fds = open_fds();
-  SignalFd signals({SIGINT, SIGTERM, SIGHUP, SIGCHLD});
+  std::vector<int> blocked = terminating_signals();
+  blocked.push_back(SIGCHLD);
+  blocked.push_back(SIGTTOU);  // so the runner may hand the terminal on and take it back
+  SignalFd signals(blocked);
   // A write to a server that closed its socket must not kill the runner; the
   // command gets SIGPIPE back if the runner's own parent had left it default.
   struct sigaction ignore_pipe {};
@@ -251,79 +292,129 @@ int run_locked(const RunSettings& s) {
     return exit_status::lost;
   }
 
+  // The watchdog leads the job's group and kills it if the runner dies; it is
+  // started before the runner becomes a subreaper, so it is not the runner's child.
+  Watchdog watchdog = Watchdog::start();
+  if (!s.leader_only) ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  const int terminal = foreground_terminal();
   ChildSpec spec;
   spec.argv = s.command;
   spec.env = child_environment(s, lease);
-  spec.own_process_group = !interactive_foreground();
+  spec.process_group = watchdog.group();
+  spec.terminal_fd = terminal;
   spec.signal_mask = signals.previous_mask();
   spec.reset_sigpipe = previous_pipe.sa_handler == SIG_DFL;
   spec.inherited_fds = inherited_fds;
+  auto take_back_terminal = [terminal] {
+    if (terminal >= 0) ::tcsetpgrp(terminal, ::getpgrp());
+  };
   Child child;
   try {
     child = spawn_child(spec);
   } catch (const ExecError& e) {
+    take_back_terminal();
     std::error_code ignored;
     lease.release(ignored);
     print_error("cannot run \"" + s.command.front() + "\": " + std::generic_category().message(e.error));
     return e.error == ENOENT ? exit_status::not_found : exit_status::cannot_execute;
   }
 
-  std::optional<int> child_status;
-  bool lost = false;
-  bool killed = false;
+  std::optional<int> leader_status;
+  bool no_children = false;
+  bool lost = false;     // the lease is gone: the job got SIGKILL
+  bool at_risk = false;  // --grace before the local deadline, no renewal: SIGTERM
+  int stopped_by = 0;    // the job stopped for the terminal: SIGTERM, SIGKILL after --grace
+  SteadyClock::time_point stop_kill_at{};
+  bool stop_killed = false;
   std::string cause;
-  SteadyClock::time_point kill_at{};
   for (;;) {
-    // 1. The lease first, on every wake-up.
+    // 1. The lease first, on every wake-up. Its deadline comes before the server
+    //    can pass the lock on (by the safety margin), so the job is dead by then.
     if (!lost && !lease.owns()) {
       lost = true;
       cause = loss_cause(lease);
-      child.signal(SIGTERM);
-      kill_at = SteadyClock::now() + s.grace;
+      child.signal_job(SIGKILL);
+    } else if (!lost && !at_risk && lease.remaining() <= s.grace) {
+      at_risk = true;
+      child.signal_job(SIGTERM);
     }
-    // 2. Signals: forward the terminating ones; SIGCHLD only wakes us to reap.
+    // 2. Signals: forward the terminating ones to the whole job.
     wake->drain();
     for (const auto& d : signals.drain()) {
-      if (!is_terminating(d.signal) || child_status) continue;
-      // A terminal's Ctrl-C already reached a command in our own process group.
-      if (d.from_kernel && !child.own_process_group()) continue;
-      child.signal(d.signal);
+      if (!is_terminating(d.signal)) continue;
+      // The kernel's SIGXCPU/SIGXFSZ are about the runner's own limits.
+      if (d.from_kernel && (d.signal == SIGXCPU || d.signal == SIGXFSZ)) continue;
+      child.signal_job(d.signal);
     }
-    // 3. The command.
-    if (!child_status) child_status = child.try_reap();
+    // 3. Reap every child (the command, and orphans of the job adopted as a
+    //    subreaper); notice a job stopped for the terminal.
+    bool reaped = false;
+    for (const auto& ev : reap_children(no_children)) {
+      if (WIFSTOPPED(ev.status)) {
+        if (is_terminal_stop(WSTOPSIG(ev.status)) && stopped_by == 0 && !lost) {
+          stopped_by = WSTOPSIG(ev.status);
+          stop_kill_at = SteadyClock::now() + s.grace;
+          child.signal_job(SIGTERM);
+        }
+        continue;
+      }
+      if (WIFCONTINUED(ev.status)) continue;
+      reaped = true;
+      if (ev.pid == child.pid()) leader_status = ev.status;
+    }
+    // Orphans of killed processes are adopted without a signal: kill them too.
+    if (lost && reaped && !no_children) child.signal_job(SIGKILL);
+    if (stopped_by != 0 && !stop_killed && SteadyClock::now() >= stop_kill_at) {
+      stop_killed = true;
+      child.signal_job(SIGKILL);
+    }
+    if (leader_status && (no_children || s.leader_only)) break;
+
+    int timeout = -1;
     if (!lost) {
-      if (child_status) break;
       const Millis left = lease.remaining();
-      const int timeout =
-          left == Millis::max() ? -1 : static_cast<int>(std::clamp<long long>(left.count() + 1, 1, INT_MAX));
-      poll_for(signals, *wake, timeout);
-      continue;
+      if (left != Millis::max()) {
+        const Millis until = at_risk ? left : left - s.grace;
+        timeout = static_cast<int>(std::clamp<long long>(until.count() + 1, 1, INT_MAX));
+      }
+    } else {
+      timeout = 20;  // an adopted orphan may appear without a SIGCHLD: look again
     }
-    // Lost: SIGTERM was sent; SIGKILL (to the whole group) once the grace is over.
-    // Done when the command is reaped and nothing of its group is left running.
-    if (child_status && (killed || !child.group_alive())) break;
-    if (!killed && SteadyClock::now() >= kill_at) {
-      child.signal(SIGKILL);
-      killed = true;
-      continue;
+    if (stopped_by != 0 && !stop_killed) {
+      const int t = poll_timeout_until(stop_kill_at);
+      timeout = timeout < 0 ? t : std::min(timeout, t);
     }
-    int timeout = killed ? -1 : poll_timeout_until(kill_at);
-    // Leader gone but some of its group still running: no SIGCHLD will tell us
-    // when they finish, so look again shortly (bounded by the grace).
-    if (child_status && !killed) timeout = std::min(timeout, 20);
     poll_for(signals, *wake, timeout);
   }
+  take_back_terminal();
+  if (s.leader_only && !lost) watchdog.disarm();
 
   if (lost) {
-    std::string how = "sent SIGTERM to the command (pid " + std::to_string(child.pid()) + ")";
-    if (killed) how += " and SIGKILL after the " + format_duration(s.grace) + " grace";
-    print_error("lock \"" + s.name + "\" lost while the command ran: " + cause + "; " + how);
+    print_error("lock \"" + s.name + "\" lost while the command ran: " + cause +
+                "; sent SIGKILL to the command's processes (group " + std::to_string(child.group()) + ")");
+    return exit_status::lost;
+  }
+  if (at_risk) {
+    std::error_code ignored;
+    if (lease.owns()) lease.release(ignored);
+    print_error("lock \"" + s.name + "\" was about to be lost: no renewal succeeded and only --grace " +
+                format_duration(s.grace) + " was left before its local deadline; sent SIGTERM to the " +
+                "command's processes (group " + std::to_string(child.group()) + "), which ended before it");
     return exit_status::lost;
   }
 
-  const int status = exit_status_of(*child_status);
+  const int status = exit_status_of(*leader_status);
   std::error_code ec;
   lease.release(ec);
+  if (stopped_by != 0) {
+    print_error(
+        "the command was stopped by " + signal_name(stopped_by) +
+        " (it waited for the terminal while holding lock \"" + s.name + "\"); sent it SIGTERM" +
+        (stop_killed ? " and SIGKILL after the " + format_duration(s.grace) + " grace" : std::string()) +
+        "; lock released");
+    return status;
+  }
   if (ec == errc::lost) {
     print_error("lock \"" + s.name + "\" was found lost when the command ended (status " +
                 std::to_string(status) + "): the server no longer held it for this runner");
@@ -338,31 +429,34 @@ int run_locked(const RunSettings& s) {
 }
 
 constexpr const char* kRunDescription =
-    "Acquire the lock NAME, run COMMAND while holding it, release it when COMMAND exits, and exit with\n"
-    "COMMAND's status (128+N if it died of signal N). Meant for jobs deployed on many machines that must\n"
-    "run on exactly one at a time, and must stop if they lose the lock.\n"
+    "Acquire the lock NAME, run COMMAND while holding it, release it when every process of the job has\n"
+    "exited, and exit with COMMAND's status (128+N if it died of signal N). Meant for jobs deployed on many\n"
+    "machines that must run on exactly one at a time, and must stop if they lose the lock.\n"
     "\n"
     "COMMAND runs with DISTLOCK_NAME, DISTLOCK_TOKEN (the fencing token, a decimal number that increases\n"
     "with every acquisition of NAME; absent only where the backend has none) and DISTLOCK_URL in its\n"
-    "environment. The lease is renewed while it runs. SIGINT, SIGTERM and SIGHUP are forwarded to it.\n"
-    "It is killed (SIGKILL) if the runner itself dies, even of SIGKILL, so it never runs unprotected.\n"
-    "If the lock is lost while COMMAND runs, COMMAND gets SIGTERM at once and SIGKILL after --grace,\n"
-    "and distlock exits 76.";
+    "environment. The lease is renewed while it runs. Every signal that would end the runner (INT, TERM,\n"
+    "HUP, QUIT, USR1, USR2, ALRM, PWR, real-time ...) is forwarded to the whole job instead.\n"
+    "If no renewal succeeds, the whole job gets SIGTERM --grace before the lease's local deadline and\n"
+    "SIGKILL at it (before the server can pass the lock on); a loss the runner is told about (lock taken\n"
+    "over, file:// lock file removed) kills it at once. The job is reaped, then distlock exits 76.\n"
+    "If the runner dies, even of SIGKILL, a watchdog process kills the job's whole process group.";
 
 constexpr const char* kRunFooter =
     "EXIT STATUS\n"
     "  COMMAND's status  COMMAND ran under the lock (128+N if it died of signal N)\n"
-    "  64   usage error: bad flag, malformed URL, name or duration, --grace not below --ttl\n"
+    "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl\n"
     "  69   the lock service is unreachable or rejected the credentials\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
-    "  76   the lock was lost while COMMAND ran (COMMAND was stopped)\n"
+    "  76   the lock was lost (or about to be) while the job ran; the job was stopped and reaped\n"
     "  126  COMMAND could not be executed;  127  COMMAND was not found\n"
     "  Every error is one line on standard error that names its cause.\n"
     "\n"
-    "PROCESS GROUP\n"
-    "  Run from cron, a script or a service, COMMAND leads its own process group and signals (forwarded\n"
-    "  ones, and SIGTERM/SIGKILL on loss) go to the whole group, so a shell script's subprocesses stop\n"
-    "  too. In an interactive terminal COMMAND stays in the terminal's foreground group instead.\n"
+    "THE JOB\n"
+    "  COMMAND runs in a process group of its own; the runner is a child subreaper and holds the lock\n"
+    "  until every process of the job (also those that left the group) has exited, unless --leader-only.\n"
+    "  Under a terminal the job's group is the terminal's foreground group (Ctrl-C reaches the whole\n"
+    "  job). A job stopped by SIGTSTP/SIGTTIN/SIGTTOU is sent SIGTERM (SIGKILL after --grace).\n"
     "\n"
     "ENVIRONMENT\n"
     "  DISTLOCK_URL  the lock service when --url is not given (default: file:// in\n"
@@ -397,10 +491,15 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
   auto* no_wait = run->add_flag("--no-wait", flags->no_wait, "Try once; exit 75 at once if the lock is held");
   flags->wait_option->excludes(no_wait);
   flags->grace_option =
-      run->add_option("--grace", flags->grace,
-                      "After a loss, time between SIGTERM and SIGKILL to COMMAND; must be shorter than --ttl "
-                      "(default 5s, or half of a --ttl shorter than 10s)")
+      run->add_option(
+             "--grace", flags->grace,
+             "With no renewal, the job gets SIGTERM when DUR is left before the lease's local deadline "
+             "and SIGKILL at it; must be below ttl - margin - renew interval (default 5s, or ttl/4)")
           ->option_text("DUR");
+  run->add_flag("--leader-only", flags->leader_only,
+                "Release the lock when COMMAND's first process exits, leaving any process it started "
+                "running unprotected (for commands that start daemons). Default: hold the lock until every "
+                "process of the job has exited");
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");

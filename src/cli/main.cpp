@@ -54,7 +54,8 @@ class Formatter final : public CLI::Formatter {
 
   std::string make_usage(const CLI::App* app, std::string name) const override {
     if (app->get_name() == "run") {
-      return "Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] NAME -- "
+      return "Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] "
+             "[--leader-only] NAME -- "
              "COMMAND [ARGS...]\n";
     }
     if (app->get_name() == "status") return "Usage: distlock status [--url URL] [--json] NAME\n";

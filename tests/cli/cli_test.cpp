@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -175,8 +176,12 @@ TEST_P(CliTest, ExitStatusesPassThrough) {
 }
 
 TEST_P(CliTest, SignalsAreForwardedToTheCommand) {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-    const std::string sig_name = sig == SIGINT ? "INT" : sig == SIGTERM ? "TERM" : "HUP";
+  // Every signal that would end the runner by default reaches the command instead:
+  // a runner killed by USR1 would free the lock while its command still ran.
+  const std::vector<std::pair<int, std::string>> signals = {
+      {SIGINT, "INT"},   {SIGTERM, "TERM"}, {SIGHUP, "HUP"},   {SIGUSR1, "USR1"},
+      {SIGUSR2, "USR2"}, {SIGQUIT, "QUIT"}, {SIGALRM, "ALRM"}, {SIGPWR, "PWR"}};
+  for (const auto& [sig, sig_name] : signals) {
     const fs::path ready = path("fwd-" + sig_name + ".ready");
     const fs::path got = path("fwd-" + sig_name + ".got");
     const std::string script = "trap 'echo " + sig_name + " > " + got.string() + "; exit 7' " + sig_name +
@@ -222,6 +227,57 @@ TEST_P(CliTest, RunnerKilledTakesItsCommandAlongAndFreesTheLock) {
   EXPECT_EQ(next.code(), 0) << next.err();
 }
 
+// `sh -c '(work) & exit 0'`: the lock is held until the backgrounded work has
+// exited too, not only the command's first process; --leader-only releases it
+// when the first process exits and leaves the rest running.
+TEST_P(CliTest, BackgroundedWorkKeepsTheLockUntilItExits) {
+  const fs::path ready = path("bg.ready"), go = path("bg.go"), done = path("bg.done");
+  const std::string script = "(while [ ! -e " + go.string() + " ]; do sleep 0.02; done; echo done > " +
+                             done.string() + ") & echo up > " + ready.string() + "; exit 0";
+  Cli a = Cli::start(run_sh("bg", script), dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
+  Cli b = Cli::run({"run", "--url", url_, "--no-wait", "bg", "--", "true"}, dir_.path());
+  EXPECT_EQ(b.code(), 75) << "a second runner got the lock while the first job's work still ran";
+  EXPECT_TRUE(a.running()) << "the runner exited (" << a.code() << ") while its job's work still ran";
+  { std::ofstream(go) << "go\n"; }
+  EXPECT_EQ(a.wait(20s), 0) << a.err();
+  EXPECT_EQ(slurp(done), "done\n") << "the runner exited before the backgrounded work finished";
+  EXPECT_EQ(a.err(), "");
+}
+
+TEST_P(CliTest, LeaderOnlyReleasesWhenTheFirstProcessExits) {
+  const fs::path ready = path("lo.ready"), go = path("lo.go"), done = path("lo.done");
+  const std::string script = "(while [ ! -e " + go.string() + " ]; do sleep 0.02; done; echo done > " +
+                             done.string() + ") & echo up > " + ready.string() + "; exit 0";
+  Cli a = Cli::run(run_sh("lo", script, {"--leader-only"}), dir_.path());
+  EXPECT_EQ(a.code(), 0) << a.err();
+  ASSERT_TRUE(wait_for_file(ready, 1s));
+  Cli b = Cli::run({"run", "--url", url_, "--no-wait", "lo", "--", "true"}, dir_.path());
+  EXPECT_EQ(b.code(), 0) << b.err();
+  // The daemon-like rest was left running, not killed with the runner.
+  { std::ofstream(go) << "go\n"; }
+  EXPECT_TRUE(wait_for_file(done, 20s)) << "the backgrounded work was killed";
+}
+
+// The runner SIGKILLed: every process of its job dies with it, not only the first
+// one (a parent-death signal reaches only that one).
+TEST_P(CliTest, RunnerKilledTakesTheWholeJobAlong) {
+  const fs::path pid_file = path("tree.pid");
+  Cli r = Cli::start(run_sh("tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", {"--ttl", "2s"}),
+                     dir_.path());
+  ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
+  const pid_t worker = std::stoi(slurp(pid_file));
+  ASSERT_TRUE(process_alive(worker));
+  r.signal(SIGKILL);
+  ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (process_alive(worker) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  const bool survived = process_alive(worker);
+  if (survived) ::kill(worker, SIGKILL);
+  EXPECT_FALSE(survived) << "the job's backgrounded process outlived its SIGKILLed runner";
+}
+
 TEST_P(CliTest, StatusReportsHeldAndFree) {
   const fs::path ready = path("status.ready");
   Cli holder = Cli::start(run_sh("inspect", "echo $DISTLOCK_TOKEN > " + ready.string() + "; exec sleep 60"),
@@ -263,8 +319,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, CliTest, ::testing::Values("file", "redis"),
 
 // A runner SIGSTOPped past its TTL loses the lock to another runner (larger token).
 // On SIGCONT it must see the loss from its local deadline before anything else —
-// even with a SIGTERM pending for it — send SIGTERM to its command, SIGKILL after
-// --grace (the command traps TERM) and exit 76.
+// even with a SIGTERM pending for it. The lock is already somebody else's then, so
+// there is no grace left to give: the whole job gets SIGKILL at once, and the
+// runner exits 76.
 TEST(CliRedis, RunnerStoppedPastItsTtlKillsItsCommandAndExits76) {
   TempDir dir("distlock-cli");
   RedisServer redis;
@@ -288,23 +345,22 @@ TEST(CliRedis, RunnerStoppedPastItsTtlKillsItsCommandAndExits76) {
   EXPECT_GT(b_token, a_token);
 
   a.signal(SIGTERM);  // pending while stopped: must not be acted on before the loss
-  const auto resumed = std::chrono::steady_clock::now();
   a.signal(SIGCONT);
   EXPECT_EQ(a.wait(20s), 76) << a.err();
   EXPECT_TRUE(one_error_line(a.err(), "lost while the command ran"));
   EXPECT_NE(a.err().find("SIGKILL"), std::string::npos) << a.err();
-  // SIGKILL came only after the grace.
-  EXPECT_GE(a.ended_at() - resumed, 900ms);
   EXPECT_FALSE(process_alive(a_child));
-  EXPECT_NE(slurp(dir.path() / "a.term").find("TERM"), std::string::npos) << "the command never got SIGTERM";
+  // No SIGTERM (and so no trap) first: a grace after the loss would be unprotected time.
+  EXPECT_EQ(slurp(dir.path() / "a.term"), "") << "the command got SIGTERM after the lock was gone";
 
   // The new holder was not disturbed and releases normally.
   EXPECT_EQ(b.wait(20s), 0) << b.err();
 }
 
-// A runner that loses the lock while its (well-behaved) command runs stops it with
-// SIGTERM alone when the command exits within the grace.
-TEST(CliRedis, LossTerminatesCommandWithinGrace) {
+// The server frozen: no renewal succeeds. With --grace left before the local
+// deadline the whole job gets SIGTERM; a well-behaved command exits within it, so
+// no SIGKILL is needed, and the runner exits 76 without touching the server.
+TEST(CliRedis, RenewalsFailingTerminateTheCommandWithinGraceBeforeTheDeadline) {
   TempDir dir("distlock-cli");
   RedisServer redis;
   const fs::path ready = dir.path() / "ready";
@@ -312,33 +368,94 @@ TEST(CliRedis, LossTerminatesCommandWithinGrace) {
                       "-c", "echo up > " + ready.string() + "; exec sleep 60"},
                      dir.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
-  a.signal(SIGSTOP);
-  // Let the lease expire on the server, then have somebody else take the lock.
-  std::this_thread::sleep_for(1500ms);
-  Cli b = Cli::run({"run", "--url", redis.url(), "--no-wait", "dropped", "--", "true"}, dir.path());
-  EXPECT_EQ(b.code(), 0) << b.err();
-  a.signal(SIGCONT);
-  EXPECT_EQ(a.wait(20s), 76) << a.err();
+  redis.pause();
+  const int code = a.wait(20s);
+  redis.resume();
+  EXPECT_EQ(code, 76) << a.err();
   EXPECT_TRUE(one_error_line(a.err(), "SIGTERM"));
   EXPECT_EQ(a.err().find("SIGKILL"), std::string::npos) << a.err();
 }
 
-// Process groups: from a script (no terminal) the command leads its own group, so
-// signals reach a whole shell pipeline; under a terminal, where the runner is in the
-// foreground, it stays in the terminal's group (job control, Ctrl-C as usual).
-TEST(CliProcessGroup, OwnGroupWithoutTerminalTerminalGroupWithOne) {
+// Issue: the job outlived the lock. The holder's connection frozen (a proxy stops
+// moving bytes; the server itself still answers others): the server hands the lock
+// on once the TTL has run out after the last renewal it saw, and the next holder's
+// job starts. The first job ignores SIGTERM and writes a wall-clock timestamp every
+// 10 ms; all of its writes must come before the next job's first one.
+TEST(CliRedis, JobIsDeadBeforeTheServerCanHandTheLockOn) {
+  TempDir dir("distlock-cli");
+  RedisServer redis;
+  FreezableProxy proxy(redis.port());
+  const fs::path a_log = dir.path() / "a.log", b_log = dir.path() / "b.log";
+  const std::string a_url = "redis://127.0.0.1:" + std::to_string(proxy.port());
+  Cli a = Cli::start({"run", "--url", a_url, "--ttl", "5s", "frozen", "--", "sh", "-c",
+                      "trap '' TERM; while :; do date +%s%N >> " + a_log.string() + "; sleep 0.01; done"},
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(a_log, 20s)) << a.err();
+  proxy.freeze();
+  Cli b = Cli::start({"run", "--url", redis.url(), "--wait", "30s", "frozen", "--", "sh", "-c",
+                      "date +%s%N >> " + b_log.string()},
+                     dir.path());
+  EXPECT_EQ(b.wait(40s), 0) << b.err();
+  const int a_code = a.wait(20s);
+  proxy.thaw();
+  EXPECT_EQ(a_code, 76) << a.err();
+  const auto a_lines = lines_of(slurp(a_log));
+  const auto b_lines = lines_of(slurp(b_log));
+  ASSERT_FALSE(a_lines.empty());
+  ASSERT_EQ(b_lines.size(), 1u) << slurp(b_log);
+  long long a_last = 0;
+  for (const auto& l : a_lines) {
+    if (!l.empty()) a_last = std::max(a_last, std::stoll(l));
+  }
+  const long long b_first = std::stoll(b_lines[0]);
+  std::cout << "[ measured ] the first job's last write came " << (b_first - a_last) / 1000000
+            << " ms before the next job's first\n";
+  EXPECT_LT(a_last, b_first) << "the first job wrote " << (a_last - b_first) / 1000000
+                             << " ms after the next holder's job had started";
+}
+
+// file://: a lock file removed from outside is a loss the next holder can act on at
+// once (no TTL to wait out), so the whole job gets SIGKILL at once, not a grace.
+TEST(CliFile, LockFileRemovedKillsTheJobAtOnce) {
+  TempDir dir("distlock-cli");
+  const fs::path locks = dir.path() / "locks", ready = dir.path() / "ready";
+  const std::string url = "file://" + locks.string();
+  Cli a = Cli::start({"run", "--url", url, "--ttl", "60s", "--grace", "10s", "removed", "--", "sh", "-c",
+                      "trap '' TERM; echo $$ > " + ready.string() + "; while :; do sleep 0.05; done"},
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
+  const pid_t job = std::stoi(slurp(ready));
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(locks)) {
+    if (e.is_regular_file()) removed += fs::remove(e.path()) ? 1 : 0;
+  }
+  ASSERT_GE(removed, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.wait(20s), 76) << a.err();
+  // Far below the 10 s grace that would have been given before (generous for a busy machine).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_FALSE(process_alive(job));
+  EXPECT_NE(a.err().find("SIGKILL"), std::string::npos) << a.err();
+}
+
+// Process groups: the command always leads a group of its own (so a loss or a
+// forwarded signal reaches the whole job, never the runner's caller). Under a
+// terminal whose foreground the runner is in, that group becomes the terminal's
+// foreground group for the job's life (Ctrl-C and job control reach the whole job).
+TEST(CliProcessGroup, OwnGroupAndUnderATerminalTheForegroundGroup) {
   TempDir dir("distlock-cli");
   const std::string url = "file://" + (dir.path() / "locks").string();
-  const std::string report = "read -r a b c d e f < /proc/$$/stat; echo \"pid=$$ pgrp=$e\"";
-  auto parse = [](const std::string& text) {
-    const auto p = text.find("pid="), g = text.find(" pgrp=");
-    if (p == std::string::npos || g == std::string::npos) return std::pair<long, long>{-1, -2};
-    return std::pair<long, long>{std::stol(text.substr(p + 4)), std::stol(text.substr(g + 6))};
+  // Fields 5 and 8 of /proc/PID/stat: process group and terminal foreground group.
+  const std::string report = "read -r a b c d e f g h i < /proc/$$/stat; echo \"pid=$$ pgrp=$e tpgid=$h\"";
+  auto field = [](const std::string& text, const std::string& key) {
+    const auto p = text.find(key + "=");
+    return p == std::string::npos ? -100L : std::stol(text.substr(p + key.size() + 1));
   };
   Cli plain = Cli::run({"run", "--url", url, "pg", "--", "sh", "-c", report}, dir.path());
   ASSERT_EQ(plain.code(), 0) << plain.err();
-  const auto [pid1, pgrp1] = parse(plain.out());
-  EXPECT_EQ(pid1, pgrp1) << plain.out();
+  // A group of its own (led by the job's watchdog), not the runner's.
+  EXPECT_GT(field(plain.out(), "pgrp"), 0) << plain.out();
+  EXPECT_NE(field(plain.out(), "pgrp"), plain.pid()) << plain.out();
 
   ASSERT_TRUE(have_program("script")) << "script(1) from util-linux is needed to run under a terminal";
   // script(1) gives the runner a pseudo-terminal with the runner in its foreground.
@@ -348,14 +465,39 @@ TEST(CliProcessGroup, OwnGroupWithoutTerminalTerminalGroupWithOne) {
                                     (dir.path() / "tty.out").string());
   ASSERT_TRUE(wait_for_file(dir.path() / "tty.out", 20s));
   const auto end = std::chrono::steady_clock::now() + 20s;
-  while (slurp(dir.path() / "tty.out").find("pgrp=") == std::string::npos &&
+  while (slurp(dir.path() / "tty.out").find("tpgid=") == std::string::npos &&
          std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_for(10ms);
   }
-  const auto [pid2, pgrp2] = parse(slurp(dir.path() / "tty.out"));
-  ASSERT_GT(pid2, 0) << slurp(dir.path() / "tty.out");
   EXPECT_EQ(terminal.wait_for(20s), 0);
-  EXPECT_NE(pid2, pgrp2) << "under a terminal the command should stay in the runner's group";
+  const std::string out = slurp(dir.path() / "tty.out");
+  ASSERT_GT(field(out, "pid"), 0) << out;
+  EXPECT_EQ(field(out, "pgrp"), field(out, "tpgid"))
+      << "the job's group is not the terminal's foreground: " << out;
+  EXPECT_NE(field(out, "pid"), field(out, "pgrp")) << "the job's group is led by its watchdog: " << out;
+}
+
+// A runner started in the background of a terminal (job control on): its command
+// reads the terminal, is stopped by SIGTTIN and would hold the lock forever. The
+// runner sees the stop, ends the job (SIGTERM with SIGCONT) and releases the lock.
+TEST(CliProcessGroup, JobStoppedForTerminalInputIsEndedAndTheLockReleased) {
+  TempDir dir("distlock-cli");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  ASSERT_TRUE(have_program("script")) << "script(1) from util-linux is needed to run under a terminal";
+  const fs::path rc = dir.path() / "rc", err = dir.path() / "err";
+  // `set -m`: the shell puts the background runner in a group of its own, not the
+  // terminal's foreground.
+  const std::string inner = "sh -c 'set -m; " + std::string(DISTLOCK_CLI_PATH) + " run --url " + url +
+                            " ttin -- sh -c \"read x < /dev/tty\" 2>" + err.string() +
+                            " & wait $!; echo $? > " + rc.string() + "'";
+  Process terminal = Process::spawn({"script", "-qec", inner, (dir.path() / "typescript").string()},
+                                    (dir.path() / "tty.out").string());
+  ASSERT_TRUE(wait_for_file(rc, 20s)) << "the runner hung with its job stopped by SIGTTIN";
+  EXPECT_EQ(slurp(rc), "143\n") << slurp(err);
+  EXPECT_TRUE(one_error_line(slurp(err), "SIGTTIN")) << slurp(err);
+  Cli next = Cli::run({"run", "--url", url, "--no-wait", "ttin", "--", "true"}, dir.path());
+  EXPECT_EQ(next.code(), 0) << next.err();
+  EXPECT_EQ(terminal.wait_for(20s), 0);
 }
 
 TEST(CliUsage, BadFlagsUrlsAndDurationsExit64WithOneClearLine) {
@@ -370,7 +512,7 @@ TEST(CliUsage, BadFlagsUrlsAndDurationsExit64WithOneClearLine) {
       {{"run", "--url", url, "--ttl", "10", "job", "--", "true"}, "below the minimum"},
       {{"run", "--url", url, "--wait", "5parsecs", "job", "--", "true"}, "--wait \"5parsecs\""},
       {{"run", "--url", url, "--grace", "1x", "job", "--", "true"}, "--grace \"1x\""},
-      {{"run", "--url", url, "--grace", "10s", "--ttl", "5s", "job", "--", "true"}, "shorter than --ttl"},
+      {{"run", "--url", url, "--grace", "10s", "--ttl", "5s", "job", "--", "true"}, "too long for --ttl"},
       {{"run", "--url", url, "--wait", "1s", "--no-wait", "job", "--", "true"}, "--no-wait"},
       {{"run", "--url", url, "--bogus", "job", "--", "true"}, "--bogus"},
       {{"run", "--url", url, "job"}, "no command"},
@@ -406,7 +548,7 @@ TEST(CliUsage, HelpAndVersion) {
   Cli run_help = Cli::run({"run", "--help"}, dir.path());
   EXPECT_EQ(run_help.code(), 0);
   EXPECT_NE(run_help.out().find("Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] "
-                                "[--grace DUR] NAME -- COMMAND"),
+                                "[--grace DUR] [--leader-only] NAME -- COMMAND"),
             std::string::npos)
       << run_help.out();
   for (const char* section :
