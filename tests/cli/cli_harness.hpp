@@ -9,13 +9,9 @@
 //   EXPECT_EQ(runner.err(), "");
 #pragma once
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,104 +56,6 @@ inline bool process_alive(pid_t pid) {
   const auto close = line.rfind(')');
   return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
-
-/// A TCP proxy on 127.0.0.1 in front of one upstream port, for one client whose
-/// network can be frozen: after freeze() no byte moves in either direction (the
-/// connections stay open, as behind a hung switch) until thaw(). One thread.
-class FreezableProxy {
- public:
-  explicit FreezableProxy(std::uint16_t upstream) : upstream_(upstream) {
-    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_, 16) != 0 || ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      throw std::runtime_error("proxy: cannot listen on 127.0.0.1");
-    }
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] { loop(); });
-  }
-  ~FreezableProxy() {
-    stop_ = true;
-    thread_.join();
-    for (auto& [c, u] : pairs_) {
-      ::close(c);
-      ::close(u);
-    }
-    ::close(listen_);
-  }
-  FreezableProxy(const FreezableProxy&) = delete;
-  FreezableProxy& operator=(const FreezableProxy&) = delete;
-
-  std::uint16_t port() const { return port_; }
-  void freeze() { frozen_ = true; }
-  void thaw() { frozen_ = false; }
-
- private:
-  static bool pump(int from, int to) {
-    char buf[16384];
-    const ssize_t n = ::read(from, buf, sizeof buf);
-    if (n <= 0) return false;
-    for (ssize_t off = 0; off < n;) {
-      const ssize_t w = ::write(to, buf + off, static_cast<size_t>(n - off));
-      if (w <= 0) return false;
-      off += w;
-    }
-    return true;
-  }
-  void loop() {
-    while (!stop_) {
-      std::vector<pollfd> fds{{listen_, POLLIN, 0}};
-      if (!frozen_) {
-        for (auto& [c, u] : pairs_) {
-          fds.push_back({c, POLLIN, 0});
-          fds.push_back({u, POLLIN, 0});
-        }
-      }
-      if (::poll(fds.data(), fds.size(), 10) <= 0) continue;
-      if (fds[0].revents & POLLIN) {
-        const int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
-        const int u = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = htons(upstream_);
-        if (c >= 0 && u >= 0 && ::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-          pairs_.emplace_back(c, u);
-        } else {
-          if (c >= 0) ::close(c);
-          if (u >= 0) ::close(u);
-        }
-        continue;  // the pollfd list no longer matches the pairs
-      }
-      for (std::size_t i = 0; i < pairs_.size();) {
-        const auto& p = fds[1 + 2 * i];
-        const auto& q = fds[2 + 2 * i];
-        bool ok = true;
-        if (p.revents) ok = pump(pairs_[i].first, pairs_[i].second);
-        if (ok && q.revents) ok = pump(pairs_[i].second, pairs_[i].first);
-        if (ok) {
-          ++i;
-          continue;
-        }
-        ::close(pairs_[i].first);
-        ::close(pairs_[i].second);
-        pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(i));
-        break;  // indices shifted: poll again
-      }
-    }
-  }
-
-  std::uint16_t upstream_;
-  std::uint16_t port_ = 0;
-  int listen_ = -1;
-  std::atomic<bool> stop_{false}, frozen_{false};
-  std::vector<std::pair<int, int>> pairs_;
-  std::thread thread_;
-};
 
 class Cli {
  public:

@@ -19,6 +19,7 @@
 #include "cli/cli_harness.hpp"
 #include "distlock/client.hpp"
 #include "support/cs_log.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -384,7 +385,7 @@ TEST(CliRedis, RenewalsFailingTerminateTheCommandWithinGraceBeforeTheDeadline) {
 TEST(CliRedis, JobIsDeadBeforeTheServerCanHandTheLockOn) {
   TempDir dir("distlock-cli");
   RedisServer redis;
-  FreezableProxy proxy(redis.port());
+  distlock::testing::FaultProxy proxy(redis.port());
   const fs::path a_log = dir.path() / "a.log", b_log = dir.path() / "b.log";
   const std::string a_url = "redis://127.0.0.1:" + std::to_string(proxy.port());
   Cli a = Cli::start({"run", "--url", a_url, "--ttl", "5s", "frozen", "--", "sh", "-c",
@@ -397,7 +398,7 @@ TEST(CliRedis, JobIsDeadBeforeTheServerCanHandTheLockOn) {
                      dir.path());
   EXPECT_EQ(b.wait(40s), 0) << b.err();
   const int a_code = a.wait(20s);
-  proxy.thaw();
+  proxy.pass();
   EXPECT_EQ(a_code, 76) << a.err();
   const auto a_lines = lines_of(slurp(a_log));
   const auto b_lines = lines_of(slurp(b_log));
