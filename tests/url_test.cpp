@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "distlock/distlock.hpp"
 
 using distlock::errc;
@@ -58,6 +61,134 @@ TEST(Url, MalformedUrlsNameTheOffendingPart) {
     std::string why;
     EXPECT_EQ(parse_url(c.url, u, why), errc::invalid_url) << c.url;
     EXPECT_NE(why.find(c.needle), std::string::npos) << c.url << " -> " << why;
+  }
+}
+
+// Every error path of the parser, each URL carrying a recognisable password (plain,
+// percent-encoded, or containing the characters the parser splits at): no fragment of
+// the password may appear in the message. "hunter2" is the password; "hun" and "er2"
+// catch any part of it, encoded ("hun%74er2") or not.
+TEST(Url, NoParseErrorMessageContainsThePassword) {
+  const char* cases[] = {
+      "u:hunter2@h:1",                 // no scheme
+      "://u:hunter2@h",                // empty scheme
+      "re dis://u:hunter2@h",          // malformed scheme
+      "redis://u:hunter2@h?x=%zz",     // bad %-escape in the query
+      "redis://u:hunter2@h?=x",        // query parameter without a name
+      "redis://u:hun?ter2@h",          // '?' in the password: the rest parses as a query
+      "redis://u:hun?ter2%zz@h",       // ... with a bad escape in that "query"
+      "redis://u:hunter2@h/%zz",       // bad %-escape in the path
+      "redis://u:hun/ter2%zz@h",       // '/' in the password: the rest parses as a path
+      "redis://u:hun/ter2@h",          // ... and the user info as the host "u:hun"
+      "redis://u:hunter2%zz@h",        // bad %-escape in the password
+      "redis://u:hun%74er2%g@h",       // encoded password, bad escape at its end
+      "redis://u%zz:hunter2@h",        // bad %-escape in the user
+      "redis://:hun%74er2%@h",         // truncated escape
+      "redlock://u:hunter2@a:1,,b:2",  // empty host in the list
+      "redis://u:hunter2@[::1:6379",   // IPv6 without ']'
+      "redis://u:hunter2@[::1]x",      // garbage after the IPv6 host
+      "redis://u:hunter2@h:1:2",       // several ':'
+      "redis://u:hunter2@:6379",       // empty host name
+      "redis://u:hunter2@h%zz/0",      // bad character in the host
+      "redis://u:hunter2@h:abc",       // port not a number
+      "redis://u:hunter2@h:",          // empty port
+      "redis://u:hunter2@h:99999",     // port out of range
+      "redis://:hunter2@p@h:99999",    // '@' in the password (the last '@' ends it)
+      "redis://:hun@ter2@h:0",         // '@' in the middle of the password
+      "redis://:hun:ter2@h:abc",       // ':' in the password
+      "redis://u:hun,ter2@h:abc",      // ',' in the password
+      "redis://u:hun[ter2@h:abc",      // '[' in the password
+  };
+  for (const char* text : cases) {
+    Url u;
+    std::string why;
+    EXPECT_EQ(parse_url(text, u, why), errc::invalid_url) << text;
+    EXPECT_FALSE(why.empty()) << text;
+    EXPECT_EQ(why.find("hun"), std::string::npos) << text << " -> " << why;
+    EXPECT_EQ(why.find("er2"), std::string::npos) << text << " -> " << why;
+  }
+}
+
+TEST(Url, RedactedMasksExactlyWhatTheParserTookAsThePassword) {
+  struct Case {
+    const char* url;
+    const char* password;
+    const char* shown;
+  } cases[] = {
+      {"redis://:p@ss@h", "p@ss", "redis://:***@h"},
+      {"redis://u:a@b@c@h:1/0", "a@b@c", "redis://u:***@h:1/0"},
+      {"redis://u:p%40ss@h", "p@ss", "redis://u:***@h"},
+      {"redis://u:pw@h/0?prefix=a@b", "pw", "redis://u:***@h/0?prefix=a@b"},
+      {"redis://u:pa:ss@h", "pa:ss", "redis://u:***@h"},
+      {"redis://u@x:pw@h", "pw", "redis://u@x:***@h"},
+      {"redis://h:1", "", "redis://h:1"},
+      {"redis://u:@h", "", "redis://u:@h"},
+  };
+  for (const auto& c : cases) {
+    Url u;
+    std::string why;
+    ASSERT_FALSE(parse_url(c.url, u, why)) << c.url << ": " << why;
+    EXPECT_EQ(u.password, c.password) << c.url;
+    EXPECT_EQ(u.redacted(), c.shown) << c.url;
+  }
+  // User info without ':' is shown masked: some users write redis://PASSWORD@host.
+  Url u;
+  std::string why;
+  ASSERT_FALSE(parse_url("redis://s3cret@h", u, why)) << why;
+  EXPECT_EQ(u.redacted(), "redis://***@h");
+}
+
+TEST(Url, PasswordCanBeReplacedOrRemoved) {
+  using distlock::detail::url_with_password;
+  using distlock::detail::url_without_password;
+  std::string out, why;
+  ASSERT_FALSE(url_with_password("redis://h:1/0", "p@ss:/?#%w", out, why)) << why;
+  Url u;
+  ASSERT_FALSE(parse_url(out, u, why)) << why;
+  EXPECT_EQ(u.password, "p@ss:/?#%w");
+  EXPECT_EQ(u.user, "");
+  EXPECT_EQ(u.path, "/0");
+  ASSERT_FALSE(url_with_password("redis://bob:old@h:1", "new", out, why)) << why;
+  EXPECT_EQ(out, "redis://bob:new@h:1");
+  ASSERT_FALSE(url_with_password("redis://bob@h:1", "new", out, why)) << why;
+  EXPECT_EQ(out, "redis://bob:new@h:1");
+  // A URL that does not parse is refused without quoting the password.
+  EXPECT_EQ(url_with_password("redis://u:hunter2@h:x", "new", out, why), errc::invalid_url);
+  EXPECT_EQ(why.find("hunter2"), std::string::npos) << why;
+
+  ASSERT_FALSE(url_without_password("redis://bob:p@ss@h:1/0?prefix=a@b", out, why)) << why;
+  EXPECT_EQ(out, "redis://bob@h:1/0?prefix=a@b");
+  ASSERT_FALSE(url_without_password("redis://:p%40ss@h", out, why)) << why;
+  EXPECT_EQ(out, "redis://h");
+  ASSERT_FALSE(url_without_password("file:///tmp/x", out, why)) << why;
+  EXPECT_EQ(out, "file:///tmp/x");
+}
+
+TEST(Connect, NoErrorOrLogLineContainsThePassword) {
+  std::vector<std::string> lines;
+  distlock::ClientOptions opts;
+  opts.logger = [&lines](distlock::LogLevel, std::string_view m) { lines.emplace_back(m); };
+  const char* cases[] = {
+      "mongo://u:hunter2@h:1",              // unknown scheme
+      "memory://u:hunter2@x?timeout=soon",  // bad common query value
+      "memory://u:hun%74er2@x?timeout=0",   // ... with an encoded password
+      "file://u:hunter2@/tmp/x",            // user info where none is allowed
+      "redis://:hunter2@h:1:2",             // parse error
+      "redis://:hun?ter2@h",                // password split by '?'
+  };
+  for (const char* text : cases) {
+    try {
+      distlock::connect(text, opts);
+      ADD_FAILURE() << text;
+    } catch (const std::system_error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find("hun"), std::string::npos) << text << " -> " << what;
+      EXPECT_EQ(what.find("er2"), std::string::npos) << text << " -> " << what;
+    }
+  }
+  for (const auto& l : lines) {
+    EXPECT_EQ(l.find("hun"), std::string::npos) << l;
+    EXPECT_EQ(l.find("er2"), std::string::npos) << l;
   }
 }
 

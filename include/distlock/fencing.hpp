@@ -177,7 +177,10 @@ class RedisFence {
 /// same fence file.
 class FileFence {
  public:
-  /// The fence file is created (mode 0644) on first use; its directory must exist.
+  /// The fence file is created (mode 0600) on first use; its directory must exist. It
+  /// must be a regular file owned by the caller or root and is never reached through a
+  /// symbolic link; otherwise apply() and highest_token() throw backend_unavailable
+  /// naming the file and the problem.
   explicit FileFence(std::filesystem::path fence_file);
 
   /// Runs `write` if `token` passes the fence (the lock is held while it runs; an

@@ -229,7 +229,7 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
   }
   env.push_back("DISTLOCK_NAME=" + s.name);
   if (lease.has_token()) env.push_back("DISTLOCK_TOKEN=" + std::to_string(lease.token()));
-  env.push_back("DISTLOCK_URL=" + s.url);
+  env.push_back("DISTLOCK_URL=" + child_url(s.url));
   return env;
 }
 

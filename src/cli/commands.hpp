@@ -76,6 +76,29 @@ Millis parse_duration_flag(std::string_view flag, std::string_view text);
 /// Formats a duration for people: "250ms", "10s", "1.5s", "2m".
 std::string format_duration(Millis d);
 
+/// Where the tool takes the lock service's password from, besides the URL: the
+/// `--password-file FILE` option (wins) or the DISTLOCK_PASSWORD environment variable
+/// (redis-cli's REDISCLI_AUTH habit), so it need not appear on the command line where
+/// `ps` shows it. Set by main()'s option wiring before a subcommand runs.
+struct PasswordSettings {
+  std::string file;                ///< --password-file; empty when not given
+  bool pass_url_password = false;  ///< `run --pass-url-password`: the child's DISTLOCK_URL keeps it
+};
+PasswordSettings& password_settings();
+
+/// The URL a subcommand connects to: `url` (the default URL when empty) with the
+/// password of --password-file or $DISTLOCK_PASSWORD put in (percent-encoded; it replaces
+/// one written in the URL). Returns `url` unchanged when neither is given, or when the
+/// scheme takes no password (file://, memory://) and only $DISTLOCK_PASSWORD is set.
+/// Throws std::system_error: invalid_argument naming the file (never its content) when it
+/// cannot be read or is empty, or when --password-file is given for a scheme without
+/// passwords; invalid_url (masked) when the URL does not parse.
+std::string url_with_password_from_settings(const std::string& url);
+
+/// The URL `distlock run` puts in its command's DISTLOCK_URL: `url` without its password,
+/// unless --pass-url-password was given.
+std::string child_url(const std::string& url);
+
 /// Client options for the tool: the library's diagnostics stay silent unless
 /// DISTLOCK_LOG asks for them (the tool reports each error once, itself); the last
 /// warning is kept so a loss can be explained by its cause.

@@ -3,10 +3,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 
 #include "cli/commands.hpp"
 #include "core/url.hpp"
+#include "distlock/client.hpp"
 #include "distlock/error.hpp"
 
 namespace distlock::cli {
@@ -93,6 +96,71 @@ const char* level_name(LogLevel level) {
 }
 
 }  // namespace
+
+PasswordSettings& password_settings() {
+  static PasswordSettings settings;  // main thread only (see commands.hpp)
+  return settings;
+}
+
+namespace {
+
+std::string read_password_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw_error(make_error_code(errc::invalid_argument),
+                "--password-file \"" + path + "\" cannot be read: " + std::strerror(errno));
+  }
+  constexpr std::size_t kMax = 64 * 1024;
+  std::string pw;
+  pw.reserve(256);
+  for (std::istreambuf_iterator<char> it(in), end; it != end && pw.size() <= kMax; ++it) pw.push_back(*it);
+  if (pw.size() > kMax) {
+    throw_error(make_error_code(errc::invalid_argument),
+                "--password-file \"" + path + "\" is longer than 64 KiB: is it the right file?");
+  }
+  // One trailing line end (as `echo` or an editor leaves it) is not part of the password.
+  if (pw.ends_with('\n')) pw.pop_back();
+  if (pw.ends_with('\r')) pw.pop_back();
+  if (pw.empty()) {
+    throw_error(make_error_code(errc::invalid_argument), "--password-file \"" + path + "\" is empty");
+  }
+  return pw;
+}
+
+bool scheme_takes_password(const std::string& scheme) {
+  return scheme != "file" && scheme != "memory";
+}
+
+}  // namespace
+
+std::string url_with_password_from_settings(const std::string& url_flag) {
+  const PasswordSettings& ps = password_settings();
+  const char* env = std::getenv("DISTLOCK_PASSWORD");  // NOLINT(concurrency-mt-unsafe): nothing calls setenv
+  const bool from_env = env != nullptr && *env != '\0';
+  if (ps.file.empty() && !from_env) return url_flag;
+  const std::string url = url_flag.empty() ? default_url() : url_flag;
+  detail::Url parsed;
+  std::string why;
+  if (auto ec = detail::parse_url(url, parsed, why)) throw_error(ec, why);
+  if (!scheme_takes_password(parsed.scheme)) {
+    if (!ps.file.empty()) {
+      throw_error(make_error_code(errc::invalid_argument),
+                  "--password-file is given but " + parsed.scheme + ":// URLs take no password");
+    }
+    return url_flag;  // DISTLOCK_PASSWORD is for the schemes that have one
+  }
+  const std::string password = ps.file.empty() ? std::string(env) : read_password_file(ps.file);
+  std::string out;
+  if (auto ec = detail::url_with_password(url, password, out, why)) throw_error(ec, why);
+  return out;
+}
+
+std::string child_url(const std::string& url) {
+  if (password_settings().pass_url_password) return url;
+  std::string out, why;
+  if (detail::url_without_password(url, out, why)) return detail::redact_url_text(url);
+  return out;
+}
 
 ClientOptions tool_client_options() {
   ClientOptions opts;

@@ -123,6 +123,8 @@ constexpr const char* kFooter =
     "  DISTLOCK_URL  default lock service (else file:// in $XDG_RUNTIME_DIR/distlock or "
     "/tmp/distlock-<uid>)\n"
     "  DISTLOCK_LOG  debug|info|warning|error: show the library's diagnostics\n"
+    "  DISTLOCK_PASSWORD  the lock service's password, instead of writing it in the URL where ps shows\n"
+    "                it (--password-file FILE wins over it; not used for file://)\n"
     "\n"
     "Run 'distlock SUBCOMMAND --help' for each subcommand's manual.";
 
@@ -185,6 +187,36 @@ int main(int argc, char** argv) {
 #ifdef DISTLOCK_CLI_HAS_ID
   add_id_command(app, exit_code);
 #endif
+
+  // The lock service's password without the command line: --password-file on every
+  // subcommand that takes --url, or $DISTLOCK_PASSWORD. Put into the URL after parsing,
+  // before the subcommand runs.
+  PasswordSettings& password = password_settings();
+  for (CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (s->get_option_no_throw("--url") == nullptr) continue;
+    s->add_option("--password-file", password.file,
+                  "Read the lock service's password from FILE (its first line; a trailing newline is "
+                  "dropped) instead of writing it in the URL, where ps shows it. Wins over "
+                  "$DISTLOCK_PASSWORD and over a password in the URL")
+        ->option_text("FILE");
+    if (s->get_name() == "run") {
+      s->add_flag("--pass-url-password", password.pass_url_password,
+                  "Give the command the password in its DISTLOCK_URL (by default DISTLOCK_URL carries no "
+                  "password)");
+    }
+  }
+  app.parse_complete_callback([&app] {
+    for (CLI::App* s : app.get_subcommands()) {
+      CLI::Option* url = s->get_option_no_throw("--url");
+      if (url == nullptr) continue;
+      const std::string given = url->count() > 0 ? url->as<std::string>() : std::string();
+      std::string with = url_with_password_from_settings(given);
+      if (with == given) continue;
+      url->clear();
+      url->add_result(std::move(with));
+      url->run_callback();
+    }
+  });
 
   try {
     app.parse(static_cast<int>(args.size()), args.data());

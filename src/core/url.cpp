@@ -47,17 +47,74 @@ std::string quoted(std::string_view s) {
   return out;
 }
 
+/// The part of a URL's text that could be a password whatever the parse makes of it:
+/// from the first ':' after the authority's start to the last '@' (from the authority's
+/// start when there is no ':' before that '@'). Empty (begin == end) when there is no '@'.
+struct Mask {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+std::size_t authority_start(std::string_view text) {
+  const auto sep = text.find("://");
+  if (sep == std::string_view::npos || sep == 0) return 0;
+  for (char c : text.substr(0, sep)) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') return 0;
+  }
+  return sep + 3;
+}
+
+Mask secret_mask(std::string_view text) {
+  const std::size_t start = authority_start(text);
+  const auto at = text.rfind('@');
+  if (at == std::string_view::npos || at < start) return {};
+  const auto colon = text.find(':', start);
+  if (colon != std::string_view::npos && colon < at) return {colon + 1, at};
+  return {start, at};
+}
+
+/// `part` (a view into `text`) with whatever lies inside `m` replaced by "***".
+std::string masked(std::string_view text, Mask m, std::string_view part) {
+  const auto from = static_cast<std::size_t>(part.data() - text.data());
+  const auto to = from + part.size();
+  if (m.begin == m.end || to <= m.begin || from >= m.end) return std::string(part);
+  std::string out;
+  if (from < m.begin) out.append(text.substr(from, m.begin - from));
+  out.append("***");
+  if (to > m.end) out.append(text.substr(m.end, to - m.end));
+  return out;
+}
+
+void percent_encode(std::string_view in, std::string& out) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (unsigned char c : in) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xf]);
+    }
+  }
+}
+
 }  // namespace
 
+std::string redact_url_text(std::string_view text) {
+  return masked(text, secret_mask(text), text);
+}
+
 std::string Url::redacted() const {
-  if (!has_userinfo || password.empty()) return original;
-  // Replace the password part of the original text.
-  const auto scheme_end = original.find("://");
-  const auto at = original.find('@', scheme_end == std::string::npos ? 0 : scheme_end + 3);
-  if (scheme_end == std::string::npos || at == std::string::npos) return original;
-  const auto colon = original.find(':', scheme_end + 3);
-  if (colon == std::string::npos || colon > at) return original;
-  return original.substr(0, colon + 1) + "***" + original.substr(at);
+  if (!has_userinfo) return redact_url_text(original);  // masks an '@' the parser did not take
+  const std::string_view text(original);
+  if (password_begin == std::string::npos) {  // "user@": perhaps a password written as a user
+    return original.substr(0, userinfo_begin) + "***" + original.substr(userinfo_end);
+  }
+  if (password_begin == userinfo_end) return original;  // "user:@": nothing to hide
+  std::string out(text.substr(0, password_begin));
+  out.append("***");
+  out.append(text.substr(userinfo_end));
+  return out;
 }
 
 std::string Url::query_or(const std::string& key, std::string fallback) const {
@@ -68,14 +125,18 @@ std::string Url::query_or(const std::string& key, std::string fallback) const {
 std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
   out = Url{};
   out.original = std::string(text);
-  const std::string whole = quoted(text);
+  // Every message quotes the URL and its parts through `show`, which masks whatever
+  // could be the password, so no error path can print it.
+  const Mask mask = secret_mask(text);
+  auto show = [&](std::string_view part) { return quoted(masked(text, mask, part)); };
+  const std::string whole = show(text);
   const auto sep = text.find("://");
   if (sep == std::string_view::npos || sep == 0) {
     return bad(why, "URL " + whole + " has no scheme (expected scheme://..., e.g. redis://127.0.0.1:6379)");
   }
   for (char c : text.substr(0, sep)) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') {
-      return bad(why, "scheme " + quoted(text.substr(0, sep)) + " in URL " + whole + " is malformed");
+      return bad(why, "scheme " + show(text.substr(0, sep)) + " in URL " + whole + " is malformed");
     }
     out.scheme.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   }
@@ -94,9 +155,9 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
       std::string k, v;
       if (!percent_decode(kv.substr(0, eq), k) ||
           (eq != std::string_view::npos && !percent_decode(kv.substr(eq + 1), v))) {
-        return bad(why, "query parameter " + quoted(kv) + " in URL " + whole + " has a bad %-escape");
+        return bad(why, "query parameter " + show(kv) + " in URL " + whole + " has a bad %-escape");
       }
-      if (k.empty()) return bad(why, "query parameter " + quoted(kv) + " in URL " + whole + " has no name");
+      if (k.empty()) return bad(why, "query parameter " + show(kv) + " in URL " + whole + " has no name");
       out.query[k] = v;
     }
   }
@@ -106,17 +167,21 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
   if (auto slash = rest.find('/'); slash != std::string_view::npos) {
     authority = rest.substr(0, slash);
     if (!percent_decode(rest.substr(slash), out.path)) {
-      return bad(why, "path " + quoted(rest.substr(slash)) + " in URL " + whole + " has a bad %-escape");
+      return bad(why, "path " + show(rest.substr(slash)) + " in URL " + whole + " has a bad %-escape");
     }
   }
   if (auto at = authority.rfind('@'); at != std::string_view::npos) {
     std::string_view ui = authority.substr(0, at);
     authority = authority.substr(at + 1);
     out.has_userinfo = true;
+    out.userinfo_begin = sep + 3;
+    out.userinfo_end = out.userinfo_begin + at;
     const auto colon = ui.find(':');
+    if (colon != std::string_view::npos) out.password_begin = out.userinfo_begin + colon + 1;
     if (!percent_decode(ui.substr(0, colon), out.user) ||
         (colon != std::string_view::npos && !percent_decode(ui.substr(colon + 1), out.password))) {
-      return bad(why, "user info in URL " + out.redacted() + " has a bad %-escape");
+      out.password.clear();
+      return bad(why, "user info in URL " + whole + " has a bad %-escape");
     }
   }
   while (!authority.empty()) {
@@ -125,44 +190,79 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
     authority = comma == std::string_view::npos ? std::string_view{} : authority.substr(comma + 1);
     if (hp.empty()) return bad(why, "empty host in host list of URL " + whole);
     Url::Host h;
+    std::string_view host_text;
     std::string_view port_text;
     if (hp.front() == '[') {
       const auto close = hp.find(']');
       if (close == std::string_view::npos)
-        return bad(why, "IPv6 host " + quoted(hp) + " in URL " + whole + " lacks ']'");
-      h.host = std::string(hp.substr(1, close - 1));
+        return bad(why, "IPv6 host " + show(hp) + " in URL " + whole + " lacks ']'");
+      host_text = hp.substr(1, close - 1);
       std::string_view after = hp.substr(close + 1);
       if (!after.empty()) {
-        if (after.front() != ':') return bad(why, "garbage " + quoted(after) + " after host in URL " + whole);
+        if (after.front() != ':') return bad(why, "garbage " + show(after) + " after host in URL " + whole);
         port_text = after.substr(1);
       }
     } else {
       const auto colon = hp.rfind(':');
-      h.host = std::string(hp.substr(0, colon));
+      host_text = hp.substr(0, colon);
       if (colon != std::string_view::npos) port_text = hp.substr(colon + 1);
       if (colon != std::string_view::npos && hp.substr(0, colon).find(':') != std::string_view::npos) {
-        return bad(
-            why, "host " + quoted(hp) + " in URL " + whole + " has several ':' (write IPv6 as [addr]:port)");
-      }
-    }
-    if (h.host.empty()) return bad(why, "empty host name in " + quoted(hp) + " of URL " + whole);
-    for (char c : h.host) {
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
         return bad(why,
-                   "host " + quoted(h.host) + " in URL " + whole + " contains " + quoted(std::string(1, c)));
+                   "host " + show(hp) + " in URL " + whole + " has several ':' (write IPv6 as [addr]:port)");
       }
     }
+    if (host_text.empty()) return bad(why, "empty host name in " + show(hp) + " of URL " + whole);
+    for (std::size_t i = 0; i < host_text.size(); ++i) {
+      const char c = host_text[i];
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
+        return bad(why, "host " + show(host_text) + " in URL " + whole + " contains " +
+                            show(host_text.substr(i, 1)));
+      }
+    }
+    h.host = std::string(host_text);
     if (!port_text.empty() || (hp.back() == ':')) {
       unsigned v = 0;
       auto [p, e] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
       if (port_text.empty() || e != std::errc{} || p != port_text.data() + port_text.size()) {
-        return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is not a number");
+        return bad(why, "port " + show(port_text) + " in URL " + whole + " is not a number");
       }
       if (v == 0 || v > 65535)
-        return bad(why, "port " + quoted(port_text) + " in URL " + whole + " is out of range 1-65535");
+        return bad(why, "port " + show(port_text) + " in URL " + whole + " is out of range 1-65535");
       h.port = static_cast<std::uint16_t>(v);
     }
     out.hosts.push_back(std::move(h));
+  }
+  return {};
+}
+
+std::error_code url_with_password(std::string_view text, std::string_view password, std::string& out,
+                                  std::string& why) {
+  Url url;
+  if (auto ec = parse_url(text, url, why)) return ec;
+  std::string encoded(1, ':');
+  percent_encode(password, encoded);
+  const std::string& o = url.original;
+  if (!url.has_userinfo) {
+    const std::size_t at = authority_start(o);
+    out = o.substr(0, at) + encoded + "@" + o.substr(at);
+  } else {
+    const std::size_t user_end =
+        url.password_begin == std::string::npos ? url.userinfo_end : url.password_begin - 1;
+    out = o.substr(0, user_end) + encoded + o.substr(url.userinfo_end);
+  }
+  return {};
+}
+
+std::error_code url_without_password(std::string_view text, std::string& out, std::string& why) {
+  Url url;
+  if (auto ec = parse_url(text, url, why)) return ec;
+  const std::string& o = url.original;
+  if (!url.has_userinfo || url.password_begin == std::string::npos) {
+    out = o;
+  } else if (url.user.empty() && url.password_begin == url.userinfo_begin + 1) {
+    out = o.substr(0, url.userinfo_begin) + o.substr(url.userinfo_end + 1);  // ":pw@" goes whole
+  } else {
+    out = o.substr(0, url.password_begin - 1) + o.substr(url.userinfo_end);
   }
   return {};
 }

@@ -26,15 +26,39 @@ struct Url {
   std::string path;                          // percent-decoded, starts with '/' or is empty
   std::map<std::string, std::string> query;  // percent-decoded
   std::string original;
+  // Where the parser found the user info in `original` (npos when absent): it starts at
+  // `userinfo_begin`, its ':' is at `password_begin - 1` (npos: no ':'), its '@' at `userinfo_end`.
+  std::size_t userinfo_begin = std::string::npos;
+  std::size_t password_begin = std::string::npos;
+  std::size_t userinfo_end = std::string::npos;
 
-  /// The URL with the password replaced by "***".
+  /// The URL for messages, logs and status output: the password replaced by "***"
+  /// (exactly the text the parser took as the password, however many '@' it holds);
+  /// user info without ':' masked whole (people write redis://PASSWORD@host); and a URL
+  /// with an '@' after its authority but no user info (a password holding '/' or '?')
+  /// masked from the authority to its last '@'. Never contains the password.
   std::string redacted() const;
   std::string query_or(const std::string& key, std::string fallback) const;
 };
 
 /// Parses `text`. On failure returns errc::invalid_url and sets `why` to a message
 /// naming the offending part (e.g. "port \"99999\" in \"redis://h:99999\" is out of range").
+/// `why` never contains the password: the URL and every part of it it quotes are masked
+/// from the first ':' after "://" to the last '@' (a superset of any password the text
+/// could hold, even when it does not parse).
 std::error_code parse_url(std::string_view text, Url& out, std::string& why);
+
+/// The text of a URL that may not parse, masked for a message as parse_url's errors are.
+std::string redact_url_text(std::string_view text);
+
+/// `text` with its password set to `password` (percent-encoded; the user, if any, is
+/// kept). invalid_url (with a masked `why`) if `text` does not parse.
+std::error_code url_with_password(std::string_view text, std::string_view password, std::string& out,
+                                  std::string& why);
+
+/// `text` without its password (and without an '@' left with no user). The rest of the
+/// text is unchanged. invalid_url (with a masked `why`) if `text` does not parse.
+std::error_code url_without_password(std::string_view text, std::string& out, std::string& why);
 
 /// Parses a duration "250ms", "10s", "2m", "1h", "1500" (milliseconds). False if malformed.
 bool parse_duration(std::string_view text, Millis& out);

@@ -9,6 +9,7 @@
 // the kernel when the descriptor is closed, including when the process dies.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,11 +30,43 @@ constexpr std::size_t kTokenWidth = 20;  // digits of UINT64_MAX
               std::string("fence file ") + p.string() + ": " + what + ": " + std::strerror(err));
 }
 
+/// Opens the fence file without following a symbolic link (O_NOFOLLOW) and without
+/// blocking on a FIFO (O_NONBLOCK; no effect on regular files), then checks that it is
+/// a regular file owned by the caller or root: another user's file could be unlocked
+/// or rewritten by that user, and a link could point the fence at any other file.
+/// Returns the descriptor, or -1 with errno set when the file does not exist or cannot
+/// be opened; throws backend_unavailable naming the file when it is not trustworthy.
+int open_fence_file(const std::filesystem::path& p, int flags) {
+  const int fd = ::open(p.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  if (fd < 0) {
+    if (errno == ELOOP) {
+      throw_error(make_error_code(errc::backend_unavailable),
+                  "fence file " + p.string() + " is a symbolic link: not followed (use the real path)");
+    }
+    return -1;
+  }
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd, &st) != 0) {
+    problem = std::string("cannot be examined: ") + std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    problem = "is not a regular file";
+  } else if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    problem = "is owned by uid " + std::to_string(st.st_uid) + " (not by you, uid " +
+              std::to_string(::geteuid()) + ", nor by root): that user could unlock or rewrite it";
+  }
+  if (!problem.empty()) {
+    ::close(fd);
+    throw_error(make_error_code(errc::backend_unavailable), "fence file " + p.string() + " " + problem);
+  }
+  return fd;
+}
+
 /// An open fence file, exclusively locked for the object's lifetime.
 class LockedFenceFile {
  public:
   explicit LockedFenceFile(const std::filesystem::path& p) : path_(p) {
-    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = open_fence_file(p, O_RDWR | O_CREAT);
     if (fd_ < 0) throw_io(p, "cannot open", errno);
     struct flock fl {};
     fl.l_type = F_WRLCK;
@@ -116,7 +149,7 @@ FenceResult FileFence::apply(std::uint64_t token, const std::function<void()>& w
 }
 
 std::uint64_t FileFence::highest_token() const {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_fence_file(path_, O_RDONLY);
   if (fd < 0) {
     if (errno == ENOENT) return 0;
     throw_io(path_, "cannot open", errno);

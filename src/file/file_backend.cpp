@@ -12,8 +12,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -195,6 +197,38 @@ bool same_inode(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+std::string mode_text(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+/// Like ssh's StrictModes: what makes a file or directory untrustworthy for locks, or
+/// "" when nothing does. It must be owned by us or root; a lock file must be a regular
+/// file; a directory must not be writable by its group or by every user, except a
+/// directory *above* the lock directory with the sticky bit (like /tmp), where others
+/// may create but not remove or rename our entries.
+std::string trust_problem(const struct stat& st, bool directory, bool sticky_ok) {
+  std::string problem;
+  auto add = [&problem](const std::string& p) { problem += (problem.empty() ? "" : " and ") + p; };
+  if (directory ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    add(directory ? "is not a directory" : "is not a regular file");
+  }
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    add("is owned by uid " + std::to_string(st.st_uid) + " (not by you, uid " + std::to_string(me) +
+        ", nor by root)");
+  }
+  if (directory && !(sticky_ok && (st.st_mode & S_ISVTX))) {
+    if (st.st_mode & S_IWOTH) {
+      add("is writable by every user (mode " + mode_text(st.st_mode) + ")");
+    } else if (st.st_mode & S_IWGRP) {
+      add("is writable by its group (mode " + mode_text(st.st_mode) + ")");
+    }
+  }
+  return problem;
+}
+
 // Watches on lock files. A held (or recently held) file is watched for anything
 // that could mean it is gone, so a removal is reported as a loss; a file somebody
 // waits for also for closes (a holder released or died; also every opener that did
@@ -274,6 +308,9 @@ class FileBackend final : public Backend {
         const int err = errno;
         return fail(ec, errc::backend_unavailable, "cannot open lock file " + path_of(fname), err);
       }
+      if (std::string problem = untrusted(fd.get(), fname); !problem.empty()) {
+        return fail(ec, errc::backend_unavailable, problem, 0);
+      }
       struct flock fl = whole_file(F_WRLCK);
       if (::fcntl(fd.get(), F_OFD_SETLK, &fl) != 0) {
         if (errno == EAGAIN || errno == EACCES) {
@@ -304,6 +341,15 @@ class FileBackend final : public Backend {
             ec, errc::protocol_error,
             "lock file " + path_of(fname) + " belongs to another lock name \"" + printable(rec.name) + "\"",
             0);
+      }
+      if (rec.token == std::numeric_limits<std::uint64_t>::max()) {
+        // The next token would wrap to 0, below every token issued before: never.
+        return fail(ec, errc::exhausted,
+                    "lock file " + path_of(fname) + " of lock \"" + printable(req.name) +
+                        "\" holds the largest fencing token (" + std::to_string(rec.token) +
+                        "), so no greater one can be issued (a forged or damaged record?); the file is kept "
+                        "as it is",
+                    0);
       }
       const bool first_use = !rec.present;
       rec.present = true;
@@ -408,6 +454,10 @@ class FileBackend final : public Backend {
       fail(ec, errc::backend_unavailable, "cannot open lock file " + path_of(fname), err);
       return {};
     }
+    if (std::string problem = untrusted(fd.get(), fname); !problem.empty()) {
+      fail(ec, errc::backend_unavailable, problem, 0);
+      return {};
+    }
     info.held = locked_by_someone(fd.get());
     // Read without the lock: a holder may be writing its record right now, so a
     // damaged read is retried before it counts as corruption.
@@ -477,6 +527,17 @@ class FileBackend final : public Backend {
     return out;
   }
 
+  /// "" when the open lock file may be used, else a message naming it and its problem.
+  std::string untrusted(int fd, const std::string& fname) const {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return "cannot stat lock file " + path_of(fname) + ": " + errno_text(errno);
+    std::string problem = trust_problem(st, /*directory=*/false, /*sticky_ok=*/false);
+    if (problem.empty()) return problem;
+    return "lock file " + path_of(fname) + " " + problem +
+           ": another user could unlock it or forge its token; it is not used (remove it, or chown it to "
+           "yourself, when no process uses it)";
+  }
+
   AcquireResult fail(std::error_code& ec, errc code, const std::string& what, int err) {
     ec = make_error_code(code);
     log_.log(LogLevel::error, "file backend: {}{}{}", what, err ? ": " : "", err ? errno_text(err) : "");
@@ -527,6 +588,8 @@ class FileBackend final : public Backend {
     if (wait && !w.check_fd) {
       w.check_fd =
           Fd(::openat(dir_fd_.get(), fname.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, file_mode_));
+      // An untrusted file is never looked at; the waiter's own attempts report it.
+      if (w.check_fd && !untrusted(w.check_fd.get(), fname).empty()) w.check_fd.reset();
     }
     set_watch_mask(fname, w, w.wait_refs > 0 ? kWaitWatch : kGoneWatch);
   }
@@ -726,6 +789,10 @@ class FileBackend final : public Backend {
   std::thread notifier_;  // last member: started after everything it uses
 };
 
+constexpr const char* kTrustAdvice =
+    ": another user could remove, replace or forge its lock files and tokens; use a directory that only "
+    "you (or root) own and can write, e.g. chmod 700";
+
 std::error_code url_error(std::string& why, std::string msg) {
   why = std::move(msg);
   return make_error_code(errc::invalid_url);
@@ -839,11 +906,32 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
     const int err = errno;
     return reject(unavailable(why, "cannot stat lock directory " + in_quotes(dir) + ": " + errno_text(err)));
   }
-  if (st.st_uid != ::geteuid() && (st.st_mode & S_IWOTH)) {
-    return reject(
-        unavailable(why, "lock directory " + in_quotes(dir) + " is writable by every user and owned by uid " +
-                             std::to_string(st.st_uid) +
-                             ": anyone could remove or forge lock files; use a directory of your own"));
+  // Like ssh's StrictModes: the lock directory and every directory above it must be
+  // ours or root's, and nobody else may write them (above it, the sticky bit of /tmp
+  // is enough). Otherwise another local user could remove, replace or forge lock files
+  // and tokens, e.g. by creating /tmp/distlock-<uid> before us.
+  if (std::string problem = trust_problem(st, /*directory=*/true, /*sticky_ok=*/false); !problem.empty()) {
+    return reject(unavailable(why, "lock directory " + in_quotes(dir) + " " + problem + kTrustAdvice));
+  }
+  {
+    std::error_code fs_ec;
+    const std::filesystem::path real = std::filesystem::canonical(dir, fs_ec);
+    if (fs_ec) {
+      return reject(
+          unavailable(why, "cannot resolve lock directory " + in_quotes(dir) + ": " + fs_ec.message()));
+    }
+    for (std::filesystem::path p = real.parent_path(); !p.empty(); p = p.parent_path()) {
+      struct stat up {};
+      if (::stat(p.c_str(), &up) != 0) {
+        const int err = errno;
+        return reject(unavailable(why, "cannot stat " + in_quotes(p.string()) + ": " + errno_text(err)));
+      }
+      if (std::string problem = trust_problem(up, /*directory=*/true, /*sticky_ok=*/true); !problem.empty()) {
+        return reject(unavailable(why, "directory " + in_quotes(p.string()) + " " + problem +
+                                           ", above lock directory " + in_quotes(dir) + kTrustAdvice));
+      }
+      if (p == p.root_path()) break;
+    }
   }
   // Probe that we can create files here (access() says yes to root on read-only
   // pseudo file systems; a real create does not lie).
@@ -860,10 +948,9 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
 
   long name_max = ::fpathconf(dir_fd.get(), _PC_NAME_MAX);
   if (name_max <= 0 || name_max > 255) name_max = 255;
-  // Lock files follow the directory's group: a group-writable (shared) directory
-  // gets group-writable lock files, otherwise only the owner may open them (a
-  // reader could otherwise take a read lock and block writers).
-  const mode_t file_mode = (st.st_mode & S_IWGRP) ? 0660 : 0600;
+  // Only the owner may open lock files (a reader could otherwise take a read lock and
+  // block writers).
+  const mode_t file_mode = 0600;
   return std::make_unique<FileBackend>(std::move(settings), std::move(dir_fd),
                                        static_cast<std::size_t>(name_max), file_mode, shown, opts);
 }

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -587,6 +589,67 @@ TEST(CliRedis, WrongPasswordExits69) {
   EXPECT_EQ(run.code(), 69);
   EXPECT_EQ(lines_of(run.err()).size(), 1u) << run.err();
   EXPECT_EQ(run.err().find("wrong"), std::string::npos) << "password printed: " << run.err();
+}
+
+// The password can come from $DISTLOCK_PASSWORD or --password-file instead of the
+// command line (where ps shows it); the command's DISTLOCK_URL carries no password
+// unless --pass-url-password asks for it; no error line ever shows it.
+TEST(CliRedis, PasswordFromEnvironmentOrFileAndNotInTheChildUrl) {
+  TempDir dir("distlock-cli");
+  RedisServer redis({.password = "S3cretPw"});
+  const std::string bare = "redis://127.0.0.1:" + std::to_string(redis.port());
+  const std::string with_pw = "redis://:S3cretPw@127.0.0.1:" + std::to_string(redis.port());
+  const std::string out = (dir.path() / "child-url").string();
+  const std::vector<std::string> print_url = {"--", "sh", "-c", "printf %s \"$DISTLOCK_URL\" > " + out};
+  auto args = [&](std::vector<std::string> head) {
+    head.insert(head.end(), print_url.begin(), print_url.end());
+    return head;
+  };
+  auto child_url = [&] {
+    std::ifstream in(out);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+
+  Cli env = Cli::run(args({"run", "--url", bare, "job"}), dir.path(), 20s, {"DISTLOCK_PASSWORD=S3cretPw"});
+  EXPECT_EQ(env.code(), 0) << env.err();
+  EXPECT_EQ(child_url(), bare);
+
+  const std::string pw_file = (dir.path() / "pw").string();
+  std::ofstream(pw_file) << "S3cretPw\n";
+  Cli file = Cli::run(args({"run", "--url", bare, "--password-file", pw_file, "job"}), dir.path());
+  EXPECT_EQ(file.code(), 0) << file.err();
+  EXPECT_EQ(child_url(), bare);
+  Cli status = Cli::run({"status", "--password-file", pw_file, "--url", bare, "job"}, dir.path());
+  EXPECT_EQ(status.code(), 3) << status.err();
+  EXPECT_EQ(status.out().find("S3cret"), std::string::npos) << status.out();
+
+  // Written in the URL: the child still gets none, unless asked.
+  Cli in_url = Cli::run(args({"run", "--url", with_pw, "job"}), dir.path());
+  EXPECT_EQ(in_url.code(), 0) << in_url.err();
+  EXPECT_EQ(child_url(), bare);
+  Cli asked = Cli::run(args({"run", "--url", bare, "--pass-url-password", "job"}), dir.path(), 20s,
+                       {"DISTLOCK_PASSWORD=S3cretPw"});
+  EXPECT_EQ(asked.code(), 0) << asked.err();
+  EXPECT_EQ(child_url(), with_pw);
+
+  // A wrong password from the environment: 69, and never printed.
+  Cli wrong =
+      Cli::run({"run", "--url", bare, "job", "--", "true"}, dir.path(), 20s, {"DISTLOCK_PASSWORD=Wr0ngPw"});
+  EXPECT_EQ(wrong.code(), 69);
+  EXPECT_EQ(wrong.err().find("Wr0ng"), std::string::npos) << wrong.err();
+  // A missing password file: 64, naming the file.
+  Cli missing = Cli::run({"status", "--password-file", pw_file + ".nope", "--url", bare, "job"}, dir.path());
+  EXPECT_EQ(missing.code(), 64);
+  EXPECT_TRUE(one_error_line(missing.err(), "pw.nope"));
+  // file:// takes no password: $DISTLOCK_PASSWORD is ignored there, --password-file refused.
+  const std::string local = "file://" + (dir.path() / "locks").string();
+  Cli local_env =
+      Cli::run({"run", "--url", local, "job", "--", "true"}, dir.path(), 20s, {"DISTLOCK_PASSWORD=S3cretPw"});
+  EXPECT_EQ(local_env.code(), 0) << local_env.err();
+  Cli local_file =
+      Cli::run({"run", "--url", local, "--password-file", pw_file, "job", "--", "true"}, dir.path());
+  EXPECT_EQ(local_file.code(), 64);
+  EXPECT_TRUE(one_error_line(local_file.err(), "take no password"));
 }
 
 }  // namespace

@@ -4,12 +4,16 @@
 #include "distlock/fencing.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -495,6 +499,62 @@ TEST(FileFence, ConcurrentProcessesNeverApplyAStaleTokenAfterANewerOne) {
 }
 
 // ---- FenceGuard -----------------------------------------------------------------
+
+// FileFence never follows a symbolic link (somebody could point the fence at another
+// file, which it would create or overwrite), and uses only a regular file that the
+// caller or root owns (another user's file could be unlocked or forged by that user).
+TEST(FileFence, SymlinksAndUntrustedFilesAreRefused) {
+  distlock::testing::TempDir dir;
+  auto expect_refused = [](const std::function<void()>& fn, const std::string& part) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one naming " << part;
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), distlock::errc::backend_unavailable) << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  // A link to an existing file: the file is neither read as a fence nor written.
+  const auto victim = dir.path() / "victim";
+  std::ofstream(victim) << "7\n";
+  std::filesystem::create_symlink(victim, dir.path() / "link.fence");
+  distlock::FileFence link(dir.path() / "link.fence");
+  bool wrote = false;
+  expect_refused([&] { link.apply(9, [&] { wrote = true; }); }, "link.fence");
+  EXPECT_FALSE(wrote);
+  expect_refused([&] { (void)link.highest_token(); }, "link.fence");
+  std::ifstream in(victim);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "7\n");
+  // A dangling link: its target is not created.
+  std::filesystem::create_symlink(dir.path() / "created-through-link", dir.path() / "dangling.fence");
+  expect_refused([&] { distlock::FileFence(dir.path() / "dangling.fence").apply(1, [] {}); },
+                 "dangling.fence");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "created-through-link"));
+  // Not a regular file (a FIFO).
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo.fence").c_str(), 0600), 0);
+  expect_refused([&] { distlock::FileFence(dir.path() / "fifo.fence").apply(1, [] {}); },
+                 "not a regular file");
+  expect_refused([&] { (void)distlock::FileFence(dir.path() / "fifo.fence").highest_token(); },
+                 "not a regular file");
+  // Owned by another user (nobody): refused; back to root: used.
+  if (::geteuid() == 0) {
+    const auto theirs = dir.path() / "theirs.fence";
+    distlock::FileFence fence(theirs);
+    fence.apply(3, [] {});
+    ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+    expect_refused([&] { fence.apply(4, [] {}); }, "owned by uid 65534");
+    expect_refused([&] { (void)fence.highest_token(); }, "owned by uid 65534");
+    ASSERT_EQ(::chown(theirs.c_str(), 0, 0), 0);
+    EXPECT_EQ(fence.apply(4, [] {}).status, FenceStatus::applied);
+  }
+  // A new fence file is created readable and writable by its owner only (a reader could
+  // hold a read lock and block every writer).
+  distlock::FileFence fresh(dir.path() / "fresh.fence");
+  fresh.apply(1, [] {});
+  EXPECT_EQ(std::filesystem::status(dir.path() / "fresh.fence").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
 
 TEST(FenceGuard, AdmitIsAnAtomicMaximum) {
   distlock::FenceGuard g;

@@ -425,6 +425,100 @@ TEST_F(FileBackend, DirectoryProblemsAreClearErrors) {
   }
 }
 
+// Like ssh's StrictModes: a lock directory (or a directory above it) that another user
+// owns, or that its group or every user may write, lets somebody else remove, replace or
+// forge lock files and tokens. Each is refused at connect, naming the path and the problem.
+TEST_F(FileBackend, DirectoryOthersCanWriteOrOwnIsRefused) {
+  const fs::path base = tmp.path() / "strict";
+  fs::create_directory(base);
+  fs::permissions(base, fs::perms::owner_all, fs::perm_options::replace);
+  const fs::path d = base / "locks";
+  fs::create_directory(d);
+  fs::permissions(d, fs::perms::owner_all, fs::perm_options::replace);
+  distlock::connect("file://" + d.string());  // 0700, ours: accepted
+
+  fs::permissions(d, fs::perms::all, fs::perm_options::replace);  // 0777
+  expect_error([&] { distlock::connect("file://" + d.string()); }, errc::backend_unavailable,
+               "\"" + d.string() + "\" is writable by every user");
+  fs::permissions(d, fs::perms::owner_all | fs::perms::group_all, fs::perm_options::replace);  // 0770
+  expect_error([&] { distlock::connect("file://" + d.string()); }, errc::backend_unavailable,
+               "\"" + d.string() + "\" is writable by its group");
+  fs::permissions(d, fs::perms::all | fs::perms::sticky_bit, fs::perm_options::replace);  // 1777
+  expect_error([&] { distlock::connect("file://" + d.string()); }, errc::backend_unavailable,
+               "writable by every user");
+  fs::permissions(d, fs::perms::owner_all, fs::perm_options::replace);
+
+  // A parent others may write without the sticky bit could rename the lock directory away.
+  fs::permissions(base, fs::perms::all, fs::perm_options::replace);
+  expect_error([&] { distlock::connect("file://" + d.string()); }, errc::backend_unavailable,
+               "\"" + base.string() + "\" is writable by every user");
+  fs::permissions(base, fs::perms::all | fs::perms::sticky_bit, fs::perm_options::replace);  // like /tmp
+  distlock::connect("file://" + d.string());
+  fs::permissions(base, fs::perms::owner_all, fs::perm_options::replace);
+
+  if (::geteuid() == 0) {
+    // Owned by another user (nobody), even with mode 0755: refused.
+    ASSERT_EQ(::chown(d.c_str(), 65534, 65534), 0);
+    fs::permissions(d,
+                    fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                        fs::perms::others_read | fs::perms::others_exec,
+                    fs::perm_options::replace);
+    expect_error([&] { distlock::connect("file://" + d.string()); }, errc::backend_unavailable,
+                 "\"" + d.string() + "\" is owned by uid 65534");
+    ASSERT_EQ(::chown(d.c_str(), 0, 0), 0);
+    distlock::connect("file://" + d.string());
+    // A parent owned by another user: refused too.
+    ASSERT_EQ(::chown(base.c_str(), 65534, 65534), 0);
+    expect_error([&] { distlock::connect("file://" + d.string()); }, errc::backend_unavailable,
+                 "\"" + base.string() + "\" is owned by uid 65534");
+    ASSERT_EQ(::chown(base.c_str(), 0, 0), 0);
+  }
+}
+
+// A lock file another user owns (planted before us) is never used: it could be opened
+// and unlocked, or its token forged, by that user.
+TEST_F(FileBackend, LockFileNotOwnedByCallerOrRootIsRefused) {
+  auto c = client();
+  c.acquire("planted").release();
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(file_of("planted").c_str(), 65534, 65534), 0);
+    expect_error([&] { c.acquire("planted", wait_for(0ms)); }, errc::backend_unavailable, "planted");
+    EXPECT_TRUE(logged(file_of("planted").string() + " is owned by uid 65534"))
+        << "the log names file and owner";
+    std::error_code ec;
+    (void)c.status("planted", ec);
+    EXPECT_EQ(ec, errc::backend_unavailable);
+    ASSERT_EQ(::chown(file_of("planted").c_str(), 0, 0), 0);
+    EXPECT_EQ(c.acquire("planted").token(), 2u);
+  }
+  // Not a regular file (a directory at the lock file's path): refused, named.
+  fs::create_directory(file_of("a-dir"));
+  expect_error([&] { c.acquire("a-dir", wait_for(0ms)); }, errc::backend_unavailable, "a-dir");
+  // A symbolic link is never followed.
+  fs::create_symlink(tmp.path() / "elsewhere", file_of("linked"));
+  expect_error([&] { c.acquire("linked", wait_for(0ms)); }, errc::backend_unavailable, "linked");
+  EXPECT_FALSE(fs::exists(tmp.path() / "elsewhere"));
+}
+
+// A forged record holding the largest token: the next token would wrap to 0, below
+// every token issued before. Refused (exhausted), the file kept as it is.
+TEST_F(FileBackend, TokenAtItsMaximumIsRefusedNeverWrapped) {
+  auto c = client();
+  c.acquire("forged").release();
+  std::string rec = slurp(file_of("forged"));
+  ASSERT_GE(rec.size(), 16u);
+  for (int i = 0; i < 8; ++i) rec[8 + i] = '\xff';  // token 2^64-1
+  std::ofstream(file_of("forged"), std::ios::binary | std::ios::trunc) << rec;
+  expect_error([&] { c.acquire("forged", wait_for(0ms)); }, errc::exhausted, "forged");
+  EXPECT_TRUE(logged(file_of("forged").string())) << "the log names the file";
+  EXPECT_EQ(le64(slurp(file_of("forged")), 8), ~std::uint64_t{0});
+  EXPECT_FALSE(c.status("forged").held);
+  // One below the maximum is still issued.
+  rec[8] = '\xfe';
+  std::ofstream(file_of("forged"), std::ios::binary | std::ios::trunc) << rec;
+  EXPECT_EQ(c.acquire("forged").token(), ~std::uint64_t{0});
+}
+
 TEST_F(FileBackend, OddNamesWork) {
   auto c = client();
   const std::vector<std::string> names = {"line\r\nbreak",
