@@ -120,8 +120,9 @@ ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const
   if ((ec = parse_db_path(url, o.db, why))) return o;
   if (!o.user.empty() && o.password.empty()) {
     ec = make_error_code(errc::invalid_url);
-    why = "user \"" + o.user + "\" in URL \"" + url.redacted() +
-          "\" has no password (write user:password@, or :password@ for the default user)";
+    // The user part is not quoted: people write a bare password there (redis://PASSWORD@h).
+    why = "URL \"" + url.redacted() +
+          "\" names a user but no password (write user:password@, or :password@ for the default user)";
   }
   return o;
 }

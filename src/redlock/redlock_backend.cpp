@@ -107,7 +107,8 @@ std::error_code parse_config(const Url& url, Config& out, std::string& why) {
   if (url.has_userinfo) {
     if (url.password.empty() && !url.user.empty()) {
       return bad_url(
-          why, fmt::format("user \"{}\" in \"{}\" has no password (write user:password@)", url.user, shown));
+          // The user part is not quoted: people write a bare password there.
+          why, fmt::format("\"{}\" names a user but no password (write user:password@)", shown));
     }
     out.user = url.user;
     out.password = url.password;

@@ -253,3 +253,19 @@ TEST(RedisScript, LoadsOnceAndReloadsAfterNoscript) {
 
 }  // namespace
 }  // namespace distlock::detail::redis
+
+namespace {
+// A bare password written where the user goes (redis://PASSWORD@host) is refused
+// without being echoed.
+TEST(RedisConnectionUrl, ABarePasswordInTheUserPartIsNeverEchoed) {
+  std::error_code ec;
+  try {
+    distlock::connect("redis://hunter2@127.0.0.1:1");
+    ADD_FAILURE() << "accepted a user without a password";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::invalid_url);
+    EXPECT_EQ(std::string(e.what()).find("hunter2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no password"), std::string::npos) << e.what();
+  }
+}
+}  // namespace

@@ -143,7 +143,9 @@ TEST(RedlockUrl, RejectsEachProblemByName) {
   EXPECT_NE(parse_error("redlock://a:1,b:2,c:3?quorum=1").find("unknown parameter \"quorum\""),
             std::string::npos);
   EXPECT_NE(parse_error("redlock://a:1,b:2,c:3/2").find("no database path"), std::string::npos);
-  EXPECT_NE(parse_error("redlock://bob@a:1,b:2,c:3").find("has no password"), std::string::npos);
+  EXPECT_NE(parse_error("redlock://bob@a:1,b:2,c:3").find("no password"), std::string::npos);
+  // A bare password written where the user goes is never echoed.
+  EXPECT_EQ(parse_error("redlock://hunter2@a:1,b:2,c:3").find("hunter2"), std::string::npos);
   // The password never appears in a message.
   EXPECT_EQ(parse_error("redlock://bob:hunter2@a:1,b:2").find("hunter2"), std::string::npos);
 }
