@@ -194,6 +194,7 @@ class ZkBackend final : public Backend {
     st.watch_events = watch_events_.load();
     st.sessions = sessions_.load();
     st.orphans_removed = orphans_removed_.load();
+    st.renew_syncs = renew_syncs_.load();
     st.session_timeout_ms = negotiated_ms_.load();
     std::lock_guard lk(mu_);
     if (session_ && session_->zh) {
@@ -262,7 +263,7 @@ class ZkBackend final : public Backend {
   std::atomic<std::uint64_t> attempts_{0};
   std::atomic<std::uint64_t> next_generation_{1};
   std::atomic<int> negotiated_ms_{0};
-  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0};
+  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;            // session state changes and keeper work
@@ -653,7 +654,12 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
       return;
     }
   }
-  // One round trip: an exists per lease, all in flight at once.
+  // One round trip from here: a sync, then an exists per lease, all in flight at once.
+  // The sync makes the server we are connected to catch up with the leader before it
+  // answers the reads behind it (per-session FIFO), so a lagging or partitioned
+  // follower cannot confirm a node the leader has already deleted: it either answers
+  // with the leader's state or not at all (failed: the local deadline decides).
+  zk::ReplyPtr synced;
   std::vector<zk::ReplyPtr> replies(items.size());
   std::vector<std::string> keys(items.size());
   const SteadyTime sent = SteadyClock::now();
@@ -672,6 +678,11 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
         paths[i] = zk::lock_dir(items[i].name) + "/" + it->second.node;
       }
     }
+    // The path of a sync only names the server's tree; "/" (the chroot) always exists.
+    if (std::any_of(paths.begin(), paths.end(), [](const std::string& p) { return !p.empty(); })) {
+      synced = zk::submit_sync(s->zh.get(), "/");
+      renew_syncs_.fetch_add(1);
+    }
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (!paths[i].empty()) replies[i] = zk::submit_exists(s->zh.get(), paths[i]);
     }
@@ -679,9 +690,16 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
   const SteadyTime deadline = sent + cfg_.command_timeout;
   const clientid_t* id = zoo_client_id(s->zh.get());
   const std::int64_t session_id = id != nullptr ? id->client_id : 0;
+  const int sync_rc = synced ? zk::await(synced, deadline) : ZOK;
   std::vector<int> codes(items.size(), ZOK);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (replies[i]) codes[i] = zk::await(replies[i], deadline);
+    if (!replies[i]) continue;
+    codes[i] = zk::await(replies[i], deadline);
+    // Without a completed sync the answer may be a follower's stale view: unknown.
+    if (sync_rc != ZOK) codes[i] = zk::kTimedOut;
+  }
+  if (sync_rc != ZOK) {
+    log_.log(LogLevel::debug, "zk: renewal sync with the leader failed: {}", zk::describe(sync_rc));
   }
   std::lock_guard lk(mu_);
   for (std::size_t i = 0; i < items.size(); ++i) {
