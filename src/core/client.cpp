@@ -47,12 +47,15 @@ std::string describe_options_error(const LockOptions& o) {
 
 [[noreturn]] void throw_acquire_error(std::error_code ec, std::string_view name, const LockOptions& o) {
   std::string why;
+  std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
+  std::string detail = detail::take_error_detail();
   if (ec == errc::invalid_argument) {
     if (Engine::check_name(name, why)) throw_error(ec, why);
+    // A backend's own limit (e.g. a zk:// ttl above what its session allows) says why.
+    if (!detail.empty()) throw_error(ec, what + ": " + detail);
     throw_error(ec, describe_options_error(o));
   }
-  std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
-  if (std::string detail = detail::take_error_detail(); !detail.empty()) what += ": " + detail;
+  if (!detail.empty()) what += ": " + detail;
   throw_error(ec, what);
 }
 

@@ -108,7 +108,8 @@ class ZkBackend final : public Backend {
     std::string chroot;
     std::string credentials;  // "user:password" or empty
     std::string redacted_url;
-    Millis session_timeout{};
+    Millis session_timeout{};  // requested
+    bool session_timeout_from_url = false;
     Millis connect_timeout{};
     Millis command_timeout{};
   };
@@ -420,10 +421,21 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
   // The lease lives as long as the session; the engine renews every ttl/3 (at most
   // ttl/2) and must do so well within the session timeout.
   if (session_timeout().count() > 0 && req.ttl > 2 * session_timeout()) {
-    log_.log(LogLevel::warning,
-             "zk: lock \"{}\" asks for ttl {}ms but the ZooKeeper session timeout is {}ms; use a ttl of at "
-             "most twice the session timeout, or session_timeout= in the URL",
-             name, req.ttl.count(), session_timeout().count());
+    std::string why =
+        "ttl " + std::to_string(req.ttl.count()) + "ms is more than twice the ZooKeeper session timeout " +
+        std::to_string(session_timeout().count()) + "ms (" +
+        (cfg_.session_timeout_from_url ? "session_timeout="
+                                       : "requested from the client's lock_defaults.ttl: ") +
+        std::to_string(cfg_.session_timeout.count()) + "ms, negotiated by the server " + cfg_.redacted_url +
+        " as " + std::to_string(session_timeout().count()) +
+        "ms); a zk:// lease lasts as long as its session, so it could not be renewed in time. Use a ttl "
+        "of at most " +
+        std::to_string((2 * session_timeout()).count()) +
+        "ms, or ask for a longer session with "
+        "session_timeout= in the URL (the server grants between its minSessionTimeout and "
+        "maxSessionTimeout, by default 2 and 20 times its tickTime)";
+    log_.log(LogLevel::warning, "zk: lock \"{}\": {}", name, why);
+    set_error_detail(std::move(why));
     ec = make_error_code(errc::invalid_argument);
     return {};
   }
@@ -957,6 +969,7 @@ std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& op
                        "\" is not a positive duration like 10s");
       }
       cfg.session_timeout = d;
+      cfg.session_timeout_from_url = true;
       continue;
     }
     return bad_url("unknown query parameter \"" + k + "\" in URL \"" + shown +
