@@ -75,14 +75,50 @@ json line(const std::string& workload, const BenchConfig& cfg, const std::string
               {"hold_us", cfg.hold_us}};
 }
 
+// --ttl-ms, else 30 s; on a zk:// URL that sets session_timeout, that session timeout
+// (a zk:// lease lasts as long as its session, and a ttl above twice the session is refused).
+Millis bench_ttl(const BenchConfig& cfg, const std::string& url) {
+  if (cfg.ttl_ms > 0) return Millis(cfg.ttl_ms);
+  if (url.starts_with("zk://")) {
+    const auto q = url.find("session_timeout=");
+    if (q != std::string::npos) {
+      const auto end = url.find('&', q);
+      const std::string v = url.substr(q + 16, end == std::string::npos ? std::string::npos : end - q - 16);
+      // 250ms, 10s, 2m or a bare number of milliseconds (the URL's own syntax).
+      std::size_t used = 0;
+      long long n = 0;
+      try {
+        n = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      const std::string unit = v.substr(used);
+      const long long scale = unit.empty() || unit == "ms" ? 1 : unit == "s" ? 1000 : unit == "m" ? 60000 : 0;
+      if (used > 0 && scale > 0 && n > 0 && n <= 3600000 / scale) {
+        const Millis d(n * scale);
+        if (d >= LockOptions::min_ttl) return d;
+      }
+    }
+  }
+  return std::chrono::seconds(30);
+}
+
 LockOptions lock_options(const BenchConfig& cfg) {
   LockOptions o;
   o.ttl = Millis(cfg.ttl_ms);
   return o;
 }
 
+// The client for a workload; on zk:// its session is sized to the lease TTL (unless the
+// URL sets session_timeout), so the default TTL is one the session can honour.
+Client connect(const std::string& url, const BenchConfig& cfg) {
+  ClientOptions o;
+  o.lock_defaults.ttl = Millis(cfg.ttl_ms);
+  return distlock::connect(url, o);
+}
+
 json uncontended(const BenchConfig& cfg, const std::string& url) {
-  Client client = connect(url);
+  Client client = connect(url, cfg);
   const LockOptions opts = lock_options(cfg);
   const std::string key = "bench/uncontended";
   for (long i = 0; i < cfg.warmup; ++i) client.acquire(key, opts).release();
@@ -109,7 +145,7 @@ json uncontended(const BenchConfig& cfg, const std::string& url) {
 json contended(const BenchConfig& cfg, const std::string& url) {
   const int n = std::max(2, cfg.clients);
   std::vector<Client> clients;
-  for (int i = 0; i < n; ++i) clients.push_back(connect(url));
+  for (int i = 0; i < n; ++i) clients.push_back(connect(url, cfg));
   const LockOptions opts = lock_options(cfg);
   const std::string key = "bench/contended";
   const long total = cfg.warmup + cfg.ops;
@@ -181,7 +217,7 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
   const int n = std::max(1, cfg.clients);
   const int keys = std::max(1, cfg.keys);
   std::vector<Client> clients;
-  for (int i = 0; i < n; ++i) clients.push_back(connect(url));
+  for (int i = 0; i < n; ++i) clients.push_back(connect(url, cfg));
   const LockOptions opts = lock_options(cfg);
   Samples s;
   std::atomic<bool> failed{false};
@@ -223,7 +259,7 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
 }
 
 json renew(const BenchConfig& cfg, const std::string& url) {
-  Client client = connect(url);
+  Client client = connect(url, cfg);
   const LockOptions opts = lock_options(cfg);
   const int leases = std::max(1, cfg.keys);
   std::vector<Lease> held;
@@ -287,13 +323,17 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
   app.add_option("--ops", cfg.ops, "measured operations per workload")->check(CLI::Range(1L, 100000000L));
   app.add_option("--hold-us", cfg.hold_us, "microseconds each holder keeps the lock")
       ->check(CLI::Range(0L, 10000000L));
-  app.add_option("--ttl-ms", cfg.ttl_ms, "lease TTL in milliseconds")->check(CLI::Range(100L, 3600000L));
+  app.add_option("--ttl-ms", cfg.ttl_ms,
+                 "lease TTL in milliseconds (default 30000, or the session_timeout of a zk:// URL)")
+      ->check(CLI::Range(100L, 3600000L));
   app.add_option("--rounds", cfg.rounds, "renew_now() calls measured (renew)")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", cfg.warmup, "unmeasured operations first")->check(CLI::Range(0L, 100000000L));
 }
 
-int run_bench(const BenchConfig& cfg) {
-  const std::string url = cfg.url.empty() ? default_url() : cfg.url;
+int run_bench(const BenchConfig& in) {
+  const std::string url = in.url.empty() ? default_url() : in.url;
+  BenchConfig cfg = in;
+  cfg.ttl_ms = bench_ttl(in, url).count();
   const std::vector<std::string> workloads = expand(cfg.workloads);
   for (const auto& w : workloads) {
     if (w != "uncontended" && w != "contended" && w != "many-keys" && w != "renew") {

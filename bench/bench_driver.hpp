@@ -43,8 +43,9 @@ struct BenchConfig {
   long ops = 5000;
   /// Time each holder keeps the lock before releasing, in microseconds (sleeping). Default 0.
   long hold_us = 0;
-  /// Lease TTL. Default 30 s (the library default).
-  long ttl_ms = 30000;
+  /// Lease TTL; 0: 30 s (the library default), or the session_timeout of a zk:// URL.
+  /// On zk:// the session is sized to it unless the URL sets session_timeout.
+  long ttl_ms = 0;
   /// renew: calls of renew_now() measured. Default 5.
   int rounds = 5;
   /// Unmeasured operations first (connections, script loading). Default 100.

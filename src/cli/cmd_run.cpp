@@ -177,7 +177,11 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals,
   auto result = std::make_shared<Acquisition>();
   std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock] {
     try {
-      Client client = connect(url, tool_client_options());
+      ClientOptions options = tool_client_options();
+      // zk://: the session (whose timeout is the lease's real length: a killed runner
+      // frees the lock when it ends) is sized to --ttl unless the URL sets session_timeout.
+      options.lock_defaults.ttl = lock.ttl;
+      Client client = connect(url, options);
       result->client = client;
       result->lease.emplace(client.acquire(name, lock));
     } catch (const std::system_error& e) {

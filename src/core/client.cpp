@@ -51,16 +51,16 @@ std::string describe_options_error(const LockOptions& o) {
 
 [[noreturn]] void throw_acquire_error(std::error_code ec, std::string_view name, const LockOptions& o) {
   std::string why;
+  std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
+  std::string detail = detail::take_error_detail();
   if (ec == errc::invalid_argument) {
     if (Engine::check_name(name, why)) throw_error(ec, why);
-    // A limit of the backend (e.g. etcd's largest lease TTL) explains itself.
-    if (std::string detail = detail::take_error_detail(); !detail.empty()) {
-      throw_error(ec, "lock \"" + std::string(name.substr(0, 200)) + "\": " + detail);
-    }
+    // A limit of the backend (etcd's largest lease TTL, a zk:// ttl above what its
+    // session allows) explains itself.
+    if (!detail.empty()) throw_error(ec, what + ": " + detail);
     throw_error(ec, describe_options_error(o));
   }
-  std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
-  if (std::string detail = detail::take_error_detail(); !detail.empty()) what += ": " + detail;
+  if (!detail.empty()) what += ": " + detail;
   throw_error(ec, what);
 }
 

@@ -108,7 +108,8 @@ class ZkBackend final : public Backend {
     std::string chroot;
     std::string credentials;  // "user:password" or empty
     std::string redacted_url;
-    Millis session_timeout{};
+    Millis session_timeout{};  // requested
+    bool session_timeout_from_url = false;
     Millis connect_timeout{};
     Millis command_timeout{};
   };
@@ -194,6 +195,7 @@ class ZkBackend final : public Backend {
     st.watch_events = watch_events_.load();
     st.sessions = sessions_.load();
     st.orphans_removed = orphans_removed_.load();
+    st.renew_syncs = renew_syncs_.load();
     st.session_timeout_ms = negotiated_ms_.load();
     std::lock_guard lk(mu_);
     if (session_ && session_->zh) {
@@ -262,7 +264,7 @@ class ZkBackend final : public Backend {
   std::atomic<std::uint64_t> attempts_{0};
   std::atomic<std::uint64_t> next_generation_{1};
   std::atomic<int> negotiated_ms_{0};
-  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0};
+  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;            // session state changes and keeper work
@@ -419,10 +421,21 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
   // The lease lives as long as the session; the engine renews every ttl/3 (at most
   // ttl/2) and must do so well within the session timeout.
   if (session_timeout().count() > 0 && req.ttl > 2 * session_timeout()) {
-    log_.log(LogLevel::warning,
-             "zk: lock \"{}\" asks for ttl {}ms but the ZooKeeper session timeout is {}ms; use a ttl of at "
-             "most twice the session timeout, or session_timeout= in the URL",
-             name, req.ttl.count(), session_timeout().count());
+    std::string why =
+        "ttl " + std::to_string(req.ttl.count()) + "ms is more than twice the ZooKeeper session timeout " +
+        std::to_string(session_timeout().count()) + "ms (" +
+        (cfg_.session_timeout_from_url ? "session_timeout="
+                                       : "requested from the client's lock_defaults.ttl: ") +
+        std::to_string(cfg_.session_timeout.count()) + "ms, negotiated by the server " + cfg_.redacted_url +
+        " as " + std::to_string(session_timeout().count()) +
+        "ms); a zk:// lease lasts as long as its session, so it could not be renewed in time. Use a ttl "
+        "of at most " +
+        std::to_string((2 * session_timeout()).count()) +
+        "ms, or ask for a longer session with "
+        "session_timeout= in the URL (the server grants between its minSessionTimeout and "
+        "maxSessionTimeout, by default 2 and 20 times its tickTime)";
+    log_.log(LogLevel::warning, "zk: lock \"{}\": {}", name, why);
+    set_error_detail(std::move(why));
     ec = make_error_code(errc::invalid_argument);
     return {};
   }
@@ -653,7 +666,12 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
       return;
     }
   }
-  // One round trip: an exists per lease, all in flight at once.
+  // One round trip from here: a sync, then an exists per lease, all in flight at once.
+  // The sync makes the server we are connected to catch up with the leader before it
+  // answers the reads behind it (per-session FIFO), so a lagging or partitioned
+  // follower cannot confirm a node the leader has already deleted: it either answers
+  // with the leader's state or not at all (failed: the local deadline decides).
+  zk::ReplyPtr synced;
   std::vector<zk::ReplyPtr> replies(items.size());
   std::vector<std::string> keys(items.size());
   const SteadyTime sent = SteadyClock::now();
@@ -672,6 +690,11 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
         paths[i] = zk::lock_dir(items[i].name) + "/" + it->second.node;
       }
     }
+    // The path of a sync only names the server's tree; "/" (the chroot) always exists.
+    if (std::any_of(paths.begin(), paths.end(), [](const std::string& p) { return !p.empty(); })) {
+      synced = zk::submit_sync(s->zh.get(), "/");
+      renew_syncs_.fetch_add(1);
+    }
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (!paths[i].empty()) replies[i] = zk::submit_exists(s->zh.get(), paths[i]);
     }
@@ -679,9 +702,16 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
   const SteadyTime deadline = sent + cfg_.command_timeout;
   const clientid_t* id = zoo_client_id(s->zh.get());
   const std::int64_t session_id = id != nullptr ? id->client_id : 0;
+  const int sync_rc = synced ? zk::await(synced, deadline) : ZOK;
   std::vector<int> codes(items.size(), ZOK);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (replies[i]) codes[i] = zk::await(replies[i], deadline);
+    if (!replies[i]) continue;
+    codes[i] = zk::await(replies[i], deadline);
+    // Without a completed sync the answer may be a follower's stale view: unknown.
+    if (sync_rc != ZOK) codes[i] = zk::kTimedOut;
+  }
+  if (sync_rc != ZOK) {
+    log_.log(LogLevel::debug, "zk: renewal sync with the leader failed: {}", zk::describe(sync_rc));
   }
   std::lock_guard lk(mu_);
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -939,6 +969,7 @@ std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& op
                        "\" is not a positive duration like 10s");
       }
       cfg.session_timeout = d;
+      cfg.session_timeout_from_url = true;
       continue;
     }
     return bad_url("unknown query parameter \"" + k + "\" in URL \"" + shown +

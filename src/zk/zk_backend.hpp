@@ -48,6 +48,7 @@ struct ZkStats {
   std::uint64_t watch_events = 0;       ///< predecessor-gone notifications received (herd check)
   std::uint64_t sessions = 0;           ///< sessions opened (1 + one per expiry)
   std::uint64_t orphans_removed = 0;    ///< nodes of abandoned attempts deleted after the fact
+  std::uint64_t renew_syncs = 0;        ///< syncs with the leader sent by renewals (one per batch)
   std::int64_t session_id = 0;          ///< the current session's id
   std::int64_t session_timeout_ms = 0;  ///< negotiated with the server
   /// The current session's password (16 bytes): lets a test attach to the session and

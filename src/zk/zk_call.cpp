@@ -55,6 +55,11 @@ void on_strings(int rc, const String_vector* v, const void* data) {
   complete(*r, rc);
 }
 
+void on_string(int rc, const char*, const void* data) {
+  ReplyPtr r = take_back(data);
+  complete(*r, rc);
+}
+
 void on_string_stat(int rc, const char* value, const Stat* stat, const void* data) {
   ReplyPtr r = take_back(data);
   if (rc == ZOK) {
@@ -139,6 +144,13 @@ ReplyPtr submit_children(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
   const void* d = hand_over(r);
   const int rc = zoo_aget_children(zh, path.c_str(), 0, &on_strings, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_sync(zhandle_t* zh, const std::string& path) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_async(zh, path.c_str(), &on_string, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 

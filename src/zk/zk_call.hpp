@@ -72,6 +72,12 @@ ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version);
 ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher = nullptr,
                        void* watcher_ctx = nullptr);
 ReplyPtr submit_children(zhandle_t* zh, const std::string& path);
+/// sync: the server this session is connected to catches up with the leader (a
+/// follower asks the leader and applies everything committed before the answer).
+/// Requests submitted after it on the same session are answered only after it
+/// completes (per-session FIFO), so an `exists` pipelined behind a sync reads state at
+/// least as new as the leader's at the time of the sync.
+ReplyPtr submit_sync(zhandle_t* zh, const std::string& path);
 /// Adds digest credentials "user:password" to the session (re-sent on reconnect).
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials);
 

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -259,22 +261,67 @@ TEST(ZkBackend, OneReleaseWakesExactlyOneWaiter) {
   EXPECT_EQ(total_events(), static_cast<std::uint64_t>(kWaiters));
 }
 
+// Ends `client`'s session on the server the way Curator's KillSession does: a second
+// connection attaches to the session (id + password) and closes it. The server drops
+// whichever connection attached last, so the client may take its session back before
+// the close request arrives; then the close does nothing and the session (and the
+// lease) legitimately live on. So the close is repeated until `node`, an ephemeral
+// node of the session, is gone. Returns the steady time just before the last check that
+// saw the node still there: the session ended after it.
+std::chrono::steady_clock::time_point end_session(const Client& client, RawZk& observer,
+                                                  const std::string& node, int& attempts) {
+  const detail::ZkStats st = stats_of(client);
+  clientid_t id{};
+  id.client_id = st.session_id;
+  std::memcpy(id.passwd, st.session_password.data(), sizeof id.passwd);
+  for (attempts = 1; attempts <= 20; ++attempts) {
+    const auto alive_at = std::chrono::steady_clock::now();
+    if (observer.exists(node) != ZOK) {
+      ADD_FAILURE() << "lock node " << node << " vanished before the session was closed";
+      return alive_at;
+    }
+    { RawZk thief(shared_server().hostport(), id); }
+    if (eventually([&] { return observer.exists(node) == ZNONODE; }, 5s)) return alive_at;
+  }
+  ADD_FAILURE() << "the session survived 20 attempts to close it";
+  return std::chrono::steady_clock::now();
+}
+
 TEST(ZkBackend, ExpiredSessionLosesItsLocksAndANewSessionServesNewOnes) {
   Client client = connect_zk("?session_timeout=2s");
   Client other = connect_zk("?session_timeout=2s");
-  Lease lease = client.acquire("expiry", ttl(2s));
+  LockOptions opts = ttl(2s);
+  ASSERT_FALSE(opts.validate_and_fill());
+  Lease lease = client.acquire("expiry", opts);
   const std::uint64_t first_token = lease.token();
   std::atomic<bool> callback{false};
   lease.on_lost([&] { callback = true; });
+  // When the stop token fires, on the process's own clock.
+  std::atomic<std::chrono::steady_clock::rep> stopped_at{0};
+  std::stop_callback on_stop(
+      lease.stop_token(), [&] { stopped_at = std::chrono::steady_clock::now().time_since_epoch().count(); });
   const detail::ZkStats before = stats_of(client);
-  {
-    // Attaching to the session and closing it ends the session on the server.
-    clientid_t id{};
-    id.client_id = before.session_id;
-    std::memcpy(id.passwd, before.session_password.data(), sizeof id.passwd);
-    RawZk thief(shared_server().hostport(), id);
-  }
-  ASSERT_TRUE(eventually([&] { return lease.stop_token().stop_requested(); }, 10s));
+  const Millis session(before.session_timeout_ms);
+  RawZk observer(shared_server().hostport());
+  const auto nodes = observer.children(queue_dir("expiry"));
+  ASSERT_EQ(nodes.size(), 1u);
+  int attempts = 0;
+  const auto alive_at = end_session(client, observer, queue_dir("expiry") + "/" + nodes[0], attempts);
+  // The guarantee: a lease whose session is gone is lost within the session timeout
+  // plus one renewal interval of the session's end (the last confirmation was sent
+  // before the end, so the local deadline, send time + session - margin, comes before
+  // end + session; a renewal after the end is refused at once). Slack for a loaded machine: 2 s.
+  const Millis bound = session + opts.renew_interval;
+  ASSERT_TRUE(eventually([&] { return lease.stop_token().stop_requested(); }, bound + 10s))
+      << "the stop token did not fire " << (bound + 10s).count() << " ms after the session was closed";
+  const auto lost_after = std::chrono::duration_cast<Millis>(
+      std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(stopped_at.load())) -
+      alive_at);
+  std::printf(
+      "session closed after %d attempt(s); stop token fired %lld ms after the session was last seen "
+      "alive (bound %lld ms + 2000 ms slack)\n",
+      attempts, static_cast<long long>(lost_after.count()), static_cast<long long>(bound.count()));
+  EXPECT_LE(lost_after, bound + 2s);
   EXPECT_TRUE(callback.load());
   EXPECT_FALSE(lease.owns());
   // Another client can take it now, with a larger token.

@@ -189,6 +189,51 @@ TEST(ZkFault, ConnectionDroppedDuringCreateLeavesNoOrphan) {
   expect_no_orphan_after_pause(5000ms, "?session_timeout=6s&timeout=300ms");
 }
 
+// Renewal confirms against the leader's state (a sync before the reads), so a client
+// connected to a follower that lags behind, or is cut off from, the leader cannot have
+// its lease confirmed by the follower's stale copy of the tree.
+TEST(ZkFault, RenewalThroughAFollowerConfirmsWithTheLeader) {
+  ZkEnsemble ensemble(3);
+  const int leader = ensemble.leader();
+  ASSERT_GE(leader, 0) << "no leader elected";
+  const int follower = (leader + 1) % ensemble.size();
+  ClientOptions o = quiet_options();
+  o.background_renewal = false;  // only renew_now() renews: each call is one observed renewal
+  // The client knows only the follower.
+  Client client = connect(ensemble.server(follower).url("?session_timeout=8s&timeout=1500ms"), o);
+  LockOptions lo;
+  lo.ttl = 8s;
+  RawZk on_leader(ensemble.server(leader).hostport());
+
+  // A node deleted through the leader is a loss at the very next renewal through the follower.
+  Lease deleted = client.acquire("follower/deleted", lo);
+  const std::string dir = detail::zk::lock_dir("follower/deleted");
+  const auto nodes = on_leader.children(dir);
+  ASSERT_EQ(nodes.size(), 1u);
+  ASSERT_EQ(on_leader.remove(dir + "/" + nodes[0]), ZOK);
+  EXPECT_EQ(client.renew_now(), 0u);
+  EXPECT_TRUE(deleted.stop_token().stop_requested()) << "the deletion must be seen at once";
+
+  // With the leader silent, the follower still answers reads from its own copy (until
+  // syncLimit, 2 s here, passes): a renewal must not take that as a confirmation.
+  Lease held = client.acquire("follower/held", lo);
+  ASSERT_EQ(client.renew_now(), 1u) << "healthy ensemble: the renewal confirms";
+  const auto syncs_before = detail::zk_stats(client.engine()->backend()).value().renew_syncs;
+  ensemble.server(leader).pause();
+  const auto paused_at = std::chrono::steady_clock::now();
+  const std::size_t renewed = client.renew_now();
+  const auto renew_took = std::chrono::steady_clock::now() - paused_at;
+  ensemble.server(leader).resume();
+  EXPECT_EQ(renewed, 0u) << "a follower cut off from its leader confirmed the lease";
+  EXPECT_GT(detail::zk_stats(client.engine()->backend()).value().renew_syncs, syncs_before);
+  std::printf(
+      "renewal through a follower with the leader paused: %zu renewed, %lld ms\n", renewed,
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(renew_took).count()));
+  // Back to normal once the leader answers again (the lease may have expired meanwhile
+  // only if the ensemble took longer than the session to recover).
+  EXPECT_TRUE(eventually([&] { return client.renew_now() == 1 || !held.owns(); }, 30s));
+}
+
 TEST(ZkFault, EnsembleLeaderKilledDuringContention) {
   ZkEnsemble ensemble(3);
   const int leader = ensemble.leader();
