@@ -101,6 +101,18 @@ TEST_F(EngineSafety, ALossFoundAtReleaseIsSignalledNotOnlyReturned) {
   EXPECT_TRUE(called);
 }
 
+TEST_F(EngineSafety, ALeaseGrantedLessThanItsTtlIsRenewedOnTheGrantsSchedule) {
+  auto c = client();
+  store->set_max_validity(600ms);            // e.g. a ZooKeeper session shorter than the TTL
+  auto lease = c.acquire("short", ttl(3s));  // renew_interval 1 s by default: too late
+  for (int i = 0; i < 20; ++i) {             // 2 s in 100 ms steps, the renewer ticking each step
+    clock->advance(100ms);
+    c.engine()->tick();
+    ASSERT_TRUE(lease.owns()) << "lost after " << (i + 1) * 100 << " ms: renewed after the grant's deadline";
+  }
+  EXPECT_TRUE(store->held("short", clock->now()));
+}
+
 // ---- durations ---------------------------------------------------------------------
 
 TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {

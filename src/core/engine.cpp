@@ -283,7 +283,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     held_[key] = held;
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
-    if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
+    if (caps_.needs_renewal && held->next_renew - held->opts.renew_interval / 4 < renewer_wake_) {
       renewer_cv_.notify_all();
     }
     if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
@@ -368,9 +368,12 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const Lock
   held->clock = clock_;
   held->hold_count = 1;
   held->validity = res.validity.count() > 0 ? res.validity : opts.ttl;
+  // A backend may grant less than the TTL (a ZooKeeper session shorter than it,
+  // Redlock's drift): renew on the validity's schedule, never after its deadline.
+  held->opts.renew_interval = std::max(Millis(1), std::min(opts.renew_interval, held->validity / 3));
   if (caps_.needs_renewal) {
     held->set_deadline(sent + held->validity - opts.safety_margin);
-    held->next_renew = sent + opts.renew_interval;
+    held->next_renew = sent + held->opts.renew_interval;
   } else {
     held->set_deadline(kNever);
     held->next_renew = kNever;

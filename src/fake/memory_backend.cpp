@@ -52,8 +52,10 @@ class MemoryBackend final : public Backend {
     auto& e = store_->locks_[name];
     if (e.owner != req.owner) e.token = ++store_->fences_[name];
     e.owner = std::string(req.owner);
-    e.expires = now + req.ttl;
-    return AcquireResult{true, e.token, req.ttl, std::nullopt};
+    const long cap = store_->max_validity_ms_.load();
+    const Millis validity = cap > 0 ? std::min(req.ttl, Millis(cap)) : req.ttl;
+    e.expires = now + validity;
+    return AcquireResult{true, e.token, validity, std::nullopt};
   }
 
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
@@ -71,7 +73,8 @@ class MemoryBackend final : public Backend {
         out[i] = RenewStatus::not_owner;
         continue;
       }
-      it->second.expires = now + items[i].ttl;
+      const long cap = store_->max_validity_ms_.load();
+      it->second.expires = now + (cap > 0 ? std::min(items[i].ttl, Millis(cap)) : items[i].ttl);
       out[i] = RenewStatus::renewed;
     }
   }

@@ -35,6 +35,9 @@ class MemoryStore {
   void set_needs_renewal(bool on) { needs_renewal_ = on; }
   /// Makes every renew() call block this long first (a hung server), in real time.
   void set_renew_delay(std::chrono::milliseconds d) { renew_delay_ms_ = d.count(); }
+  /// Grants at most `v` of validity per acquire/renew (0: the requested TTL), like a
+  /// ZooKeeper session shorter than the TTL.
+  void set_max_validity(std::chrono::milliseconds v) { max_validity_ms_ = v.count(); }
   /// Makes the next `calls` watch() calls fail with `code` (a subscriber that cannot connect).
   void fail_next_watches(int calls, errc code = errc::backend_unavailable);
   /// Makes `calls` try_acquire() calls, after the next `after` ones, throw
@@ -70,6 +73,7 @@ class MemoryStore {
   bool fencing_ = true;
   bool needs_renewal_ = true;
   std::atomic<long> renew_delay_ms_{0};
+  std::atomic<long> max_validity_ms_{0};
 };
 
 std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
