@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <random>
+#include <utility>
 
 #include "core/owner_id.hpp"
 
@@ -251,6 +252,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   const std::string thread_owner = owner_for_this_thread(client_id_);
   const std::string key = held_key(name, thread_owner);
 
+  std::shared_ptr<HeldLock> expired;
   {  // Reentry by the same thread: no round trip.
     std::lock_guard lk(mu_);
     auto it = held_.find(key);
@@ -258,7 +260,12 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       ++it->second->hold_count;
       return it->second;
     }
+    // Past its local deadline but not yet declared (the watchdog has not run): the
+    // new acquisition below will replace it in held_, where the watchdog would never
+    // see it again, so its loss is signalled here.
+    if (it != held_.end() && !it->second->released && !it->second->lost.load()) expired = it->second;
   }
+  if (expired) declare_lost(expired, "local deadline passed without a successful renewal");
 
   // Every acquisition is a new owner on the server: see HeldLock::owner.
   std::string owner = thread_owner;
@@ -266,8 +273,9 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   owner.append(std::to_string(next_acquisition_.fetch_add(1, std::memory_order_relaxed)));
 
   std::shared_ptr<HeldLock> held;
+  std::uint64_t epoch_at_send = 0;
   try {
-    held = acquire_loop(name, opts, wait, owner, ec);
+    held = acquire_loop(name, opts, wait, owner, epoch_at_send, ec);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
@@ -278,16 +286,33 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     return nullptr;
   }
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  bool session_gone = false;
   {
     std::lock_guard lk(mu_);
-    held_[key] = held;
+    auto& entry = held_[key];
+    // A lost hold of this thread not yet unlocked (nested re-lock after a loss):
+    // kept so that the outer unlock finds it again once this one is released.
+    if (entry && !entry->released) held->displaced = entry;
+    entry = held;
+    // on_session_lost bumps the epoch and collects held_ under mu_: a session lost
+    // after this grant was sent but before this insertion missed this lease.
+    session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
     if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
       renewer_cv_.notify_all();
     }
-    if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
+    if (caps_.needs_renewal) {
+      // Awake (wake == min): its last scan may predate this lease; it rescans
+      // before sleeping. Asleep: wake it if this deadline comes first.
+      if (watchdog_wake_ == Clock::time_point::min()) {
+        watchdog_rescan_ = true;
+      } else if (held->deadline() < watchdog_wake_) {
+        watchdog_cv_.notify_all();
+      }
+    }
   }
+  if (session_gone) declare_lost(held, "session lost while the lock was being granted");
   return held;
 }
 
@@ -296,7 +321,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
 // place on the server behind.
 std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const LockOptions& opts,
                                                std::optional<Millis> wait, const std::string& owner,
-                                               std::error_code& ec) {
+                                               std::uint64_t& epoch_at_send, std::error_code& ec) {
   const Clock::time_point start = clock_->now();
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
@@ -328,6 +353,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const Lock
       std::lock_guard lk(mu_);
       generation = slot->generation;
     }
+    epoch_at_send = session_epoch_.load(std::memory_order_acquire);
     sent = clock_->now();
     res = backend_->try_acquire(req, ec);
     if (ec) return nullptr;
@@ -404,7 +430,14 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     if (--held->hold_count > 0) return;
     held->released = true;
     auto it = held_.find(held_key(held->name, thread_owner_of(held->owner)));
-    if (it != held_.end() && it->second == held) held_.erase(it);
+    if (it != held_.end() && it->second == held) {
+      if (held->displaced && !held->displaced->released) {
+        it->second = held->displaced;  // the outer, lost hold this one replaced
+      } else {
+        held_.erase(it);
+      }
+    }
+    held->displaced.reset();
   }
   if (held->lost.load(std::memory_order_acquire)) {
     ec = make_error_code(errc::lost);
@@ -447,6 +480,7 @@ void Engine::on_session_lost() noexcept {
   std::vector<std::shared_ptr<HeldLock>> all;
   {
     std::lock_guard lk(mu_);
+    session_epoch_.fetch_add(1, std::memory_order_acq_rel);
     for (auto& [k, h] : held_) all.push_back(h);
   }
   for (auto& h : all) declare_lost(h, "session lost");
@@ -617,6 +651,7 @@ void Engine::watchdog_main(std::stop_token st) {
     sweep_idle_watches(false);
     std::unique_lock lk(mu_);
     if (st.stop_requested()) break;
+    if (std::exchange(watchdog_rescan_, false)) continue;  // a lease came after the scan
     watchdog_wake_ = std::min(next, clock_->now() + std::chrono::seconds(1));
     clock_->wait_until(watchdog_cv_, lk, watchdog_wake_);
     watchdog_wake_ = Clock::time_point::min();
