@@ -140,6 +140,7 @@ class SessionLossOnGrant final : public distlock::detail::Backend {
   SessionLossOnGrant(std::unique_ptr<Backend> inner, std::shared_ptr<MemoryStore> store)
       : inner_(std::move(inner)), store_(std::move(store)) {}
   std::atomic<bool> lose_next_grant{false};
+  std::atomic<bool> lose_lease_of_next_grant{false};
 
   distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
   void set_listener(distlock::detail::ChangeListener* l) override {
@@ -152,6 +153,10 @@ class SessionLossOnGrant final : public distlock::detail::Backend {
     if (r.acquired && lose_next_grant.exchange(false)) {
       store_->drop(std::string(req.name));  // the session's keys go with it
       listener_->on_session_lost();         // reported by the keep-alive thread
+    }
+    if (r.acquired && lose_lease_of_next_grant.exchange(false)) {
+      store_->drop(std::string(req.name));            // its node deleted, its session ended
+      listener_->on_lease_lost(req.name, req.owner);  // reported by the session thread
     }
     return r;
   }
@@ -196,6 +201,38 @@ TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
   ASSERT_TRUE(rival.has_value());
   EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
   EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+}
+
+// The same for one lease: the backend reports the lease of this very acquisition
+// lost (etcd: its session's lease ended; ZooKeeper: its node is gone) between the
+// grant and the engine recording it.
+TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
+  std::error_code ec;
+  auto opts = options();
+  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
+  ASSERT_FALSE(ec) << why;
+  auto backend = std::make_unique<SessionLossOnGrant>(std::move(inner), store);
+  SessionLossOnGrant* raw = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  auto other = client();
+
+  auto kept = c.acquire("kept", ttl(3s));  // another lease of the client is not touched
+  raw->lose_lease_of_next_grant = true;
+  auto lease = c.acquire("l", ttl(3s));
+  auto rival = other.try_acquire("l", ttl(3s));
+  ASSERT_TRUE(rival.has_value());
+  EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
+  EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+  EXPECT_TRUE(kept.owns());
+  EXPECT_FALSE(kept.stop_token().stop_requested());
+  // A later acquisition is not affected.
+  rival.reset();
+  lease = c.acquire("l", ttl(3s));
+  EXPECT_TRUE(lease.owns());
+  EXPECT_FALSE(lease.stop_token().stop_requested());
 }
 
 }  // namespace

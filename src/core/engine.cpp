@@ -272,6 +272,10 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   owner.push_back('.');
   owner.append(std::to_string(next_acquisition_.fetch_add(1, std::memory_order_relaxed)));
 
+  {
+    std::lock_guard lk(mu_);
+    inflight_.emplace(owner, false);
+  }
   std::shared_ptr<HeldLock> held;
   std::uint64_t epoch_at_send = 0;
   try {
@@ -283,10 +287,12 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   }
   if (ec || !held) {
     if (!ec) ec = make_error_code(errc::protocol_error);
+    std::lock_guard lk(mu_);
+    inflight_.erase(owner);
     return nullptr;
   }
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
-  bool session_gone = false;
+  bool session_gone = false, lease_gone = false;
   {
     std::lock_guard lk(mu_);
     auto& entry = held_[key];
@@ -297,6 +303,11 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     // on_session_lost bumps the epoch and collects held_ under mu_: a session lost
     // after this grant was sent but before this insertion missed this lease.
     session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
+    // Likewise a loss of this very lease reported before it was recorded.
+    if (auto f = inflight_.find(owner); f != inflight_.end()) {
+      lease_gone = f->second;
+      inflight_.erase(f);
+    }
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
     if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
@@ -313,6 +324,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     }
   }
   if (session_gone) declare_lost(held, "session lost while the lock was being granted");
+  if (lease_gone) declare_lost(held, "the server ended its lease while it was being granted");
   return held;
 }
 
@@ -491,7 +503,11 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
   {
     std::lock_guard lk(mu_);
     auto it = held_.find(held_key(name, thread_owner_of(owner)));
-    if (it == held_.end() || it->second->owner != owner) return;
+    if (it == held_.end() || it->second->owner != owner) {
+      // Not recorded yet: an acquisition of this owner may be under way.
+      if (auto f = inflight_.find(owner); f != inflight_.end()) f->second = true;
+      return;
+    }
     held = it->second;
   }
   declare_lost(held, "the server ended its lease");
