@@ -235,4 +235,35 @@ TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
   EXPECT_FALSE(lease.stop_token().stop_requested());
 }
 
+// A Lease "belongs to one thread at a time" and may be moved to another. After the
+// acquiring thread has handed its lease to a worker, an acquire of the same name by
+// the acquiring thread must wait for the worker, not re-enter the worker's hold (two
+// threads would then run the critical section at once).
+TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
+  auto c = client();
+  distlock::Lease lease = c.acquire("moved", ttl(3s));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool worker_has_it = false, done = false;
+  std::thread worker([&, l = std::move(lease)]() mutable {
+    std::unique_lock lk(mu);
+    worker_has_it = l.owns();
+    cv.notify_all();
+    cv.wait_for(lk, 10s, [&] { return done; });
+  });
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 10s, [&] { return worker_has_it; }));
+  }
+  auto again = c.try_acquire("moved", ttl(3s));
+  const bool both = again.has_value() && again->owns();
+  {
+    std::lock_guard lk(mu);
+    done = true;
+    cv.notify_all();
+  }
+  worker.join();
+  EXPECT_FALSE(both) << "the first thread re-entered the lease the worker holds: two threads hold the lock";
+}
+
 }  // namespace
