@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -264,6 +265,48 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
   }
   worker.join();
   EXPECT_FALSE(both) << "the first thread re-entered the lease the worker holds: two threads hold the lock";
+}
+
+// A loss callback that keeps a copy of its Client (to take the lock again, say) can
+// hold the last reference to the engine: when the application has dropped its own
+// handles while the callback ran, the engine is destroyed on the renewer thread that
+// ran the callback. That must not join the renewer from itself (std::terminate) nor
+// free the engine under the running thread.
+[[noreturn]] void last_client_copy_in_a_loss_callback() {
+  auto store = MemoryStore::named("review-rt-last-ref");
+  std::weak_ptr<distlock::detail::Engine> weak;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_callback = false, dropped = false;
+  {
+    distlock::ClientOptions o;
+    o.logger = [](distlock::LogLevel, std::string_view) {};
+    auto c = distlock::connect("memory://review-rt-last-ref", o);
+    weak = c.engine();
+    auto lease = c.acquire("cb", ttl(300ms));
+    lease.on_lost([c, &mu, &cv, &in_callback, &dropped] {  // on the renewer thread
+      std::unique_lock lk(mu);
+      in_callback = true;
+      cv.notify_all();
+      cv.wait_for(lk, 5s, [&] { return dropped; });
+    });
+    store->drop("cb");  // the next renewal finds it gone: lost
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, 5s, [&] { return in_callback; })) std::_Exit(2);
+  }  // the lease and the application's Client go here
+  {
+    std::lock_guard lk(mu);
+    dropped = true;
+    cv.notify_all();
+  }
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (!weak.expired() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+  std::_Exit(weak.expired() ? 0 : 3);
+}
+
+TEST(EngineReviewRealTime, LossCallbackHoldingTheLastClientCopyDoesNotCrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(last_client_copy_in_a_loss_callback(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -51,6 +51,10 @@ std::string_view thread_owner_of(std::string_view owner) noexcept {
 }
 
 namespace {
+// > 0 while this thread runs loss callbacks (and drops them): user code that may
+// hold the last handle to the engine.
+thread_local int t_in_loss_callbacks = 0;
+
 // What a forked child inherits of its parent's engines is kept, untouched, for the
 // life of the child: their threads do not exist there (joining would hang), their
 // condition variables may count the parent's waiters (destroying them would hang),
@@ -71,6 +75,15 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
   std::shared_ptr<Engine> engine(new Engine(std::move(backend), std::move(opts)), [](Engine* e) {
     if (e->forked()) {
       keep_forked_engine(e);
+    } else if (t_in_loss_callbacks > 0 || e->on_own_thread()) {
+      // The last handle went on a thread the destructor must join (a loss callback
+      // that kept a Client copy, run by the renewer, the watchdog or a backend's
+      // notifier): finish on a thread of its own, which can join them.
+      try {
+        std::thread([e] { delete e; }).detach();
+      } catch (...) {
+        keep_forked_engine(e);  // no thread to be had: keep it rather than crash
+      }
     } else {
       delete e;
     }
@@ -520,8 +533,18 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, const char* why
   fire_loss(held);
 }
 
+bool Engine::on_own_thread() const noexcept {
+  const auto self = std::this_thread::get_id();
+  return (renewer_.joinable() && renewer_.get_id() == self) ||
+         (watchdog_.joinable() && watchdog_.get_id() == self);
+}
+
 void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
   held->stop.request_stop();
+  ++t_in_loss_callbacks;
+  struct Leave {
+    ~Leave() { --t_in_loss_callbacks; }
+  } leave;  // declared before cbs: the callbacks are destroyed while still counted
   std::vector<std::function<void()>> cbs;
   {
     std::lock_guard lk(held->callbacks_mu);

@@ -116,6 +116,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// True in a child process forked after this engine was made: every call then
   /// fails with errc::forked and nothing inherited (connections, leases) is touched.
   bool forked() const noexcept;
+  /// True on the engine's renewer or watchdog thread.
+  bool on_own_thread() const noexcept;
 
  private:
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
