@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <random>
+#include <utility>
 
 #include "core/owner_id.hpp"
 
@@ -50,6 +51,10 @@ std::string_view thread_owner_of(std::string_view owner) noexcept {
 }
 
 namespace {
+// > 0 while this thread runs loss callbacks (and drops them): user code that may
+// hold the last handle to the engine.
+thread_local int t_in_loss_callbacks = 0;
+
 // What a forked child inherits of its parent's engines is kept, untouched, for the
 // life of the child: their threads do not exist there (joining would hang), their
 // condition variables may count the parent's waiters (destroying them would hang),
@@ -70,6 +75,15 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
   std::shared_ptr<Engine> engine(new Engine(std::move(backend), std::move(opts)), [](Engine* e) {
     if (e->forked()) {
       keep_forked_engine(e);
+    } else if (t_in_loss_callbacks > 0 || e->on_own_thread()) {
+      // The last handle went on a thread the destructor must join (a loss callback
+      // that kept a Client copy, run by the renewer, the watchdog or a backend's
+      // notifier): finish on a thread of its own, which can join them.
+      try {
+        std::thread([e] { delete e; }).detach();
+      } catch (...) {
+        keep_forked_engine(e);  // no thread to be had: keep it rather than crash
+      }
     } else {
       delete e;
     }
@@ -251,6 +265,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   const std::string thread_owner = owner_for_this_thread(client_id_);
   const std::string key = held_key(name, thread_owner);
 
+  std::shared_ptr<HeldLock> expired;
   {  // Reentry by the same thread: no round trip.
     std::lock_guard lk(mu_);
     auto it = held_.find(key);
@@ -258,16 +273,26 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       ++it->second->hold_count;
       return it->second;
     }
+    // Past its local deadline but not yet declared (the watchdog has not run): the
+    // new acquisition below will replace it in held_, where the watchdog would never
+    // see it again, so its loss is signalled here.
+    if (it != held_.end() && !it->second->released && !it->second->lost.load()) expired = it->second;
   }
+  if (expired) declare_lost(expired, "local deadline passed without a successful renewal");
 
   // Every acquisition is a new owner on the server: see HeldLock::owner.
   std::string owner = thread_owner;
   owner.push_back('.');
   owner.append(std::to_string(next_acquisition_.fetch_add(1, std::memory_order_relaxed)));
 
+  {
+    std::lock_guard lk(mu_);
+    inflight_.emplace(owner, false);
+  }
   std::shared_ptr<HeldLock> held;
+  std::uint64_t epoch_at_send = 0;
   try {
-    held = acquire_loop(name, opts, wait, owner, ec);
+    held = acquire_loop(name, opts, wait, owner, epoch_at_send, ec);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
@@ -275,19 +300,44 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   }
   if (ec || !held) {
     if (!ec) ec = make_error_code(errc::protocol_error);
+    std::lock_guard lk(mu_);
+    inflight_.erase(owner);
     return nullptr;
   }
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  bool session_gone = false, lease_gone = false;
   {
     std::lock_guard lk(mu_);
-    held_[key] = held;
+    auto& entry = held_[key];
+    // A lost hold of this thread not yet unlocked (nested re-lock after a loss):
+    // kept so that the outer unlock finds it again once this one is released.
+    if (entry && !entry->released) held->displaced = entry;
+    entry = held;
+    // on_session_lost bumps the epoch and collects held_ under mu_: a session lost
+    // after this grant was sent but before this insertion missed this lease.
+    session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
+    // Likewise a loss of this very lease reported before it was recorded.
+    if (auto f = inflight_.find(owner); f != inflight_.end()) {
+      lease_gone = f->second;
+      inflight_.erase(f);
+    }
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
     if (caps_.needs_renewal && held->next_renew - held->opts.renew_interval / 4 < renewer_wake_) {
       renewer_cv_.notify_all();
     }
-    if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
+    if (caps_.needs_renewal) {
+      // Awake (wake == min): its last scan may predate this lease; it rescans
+      // before sleeping. Asleep: wake it if this deadline comes first.
+      if (watchdog_wake_ == Clock::time_point::min()) {
+        watchdog_rescan_ = true;
+      } else if (held->deadline() < watchdog_wake_) {
+        watchdog_cv_.notify_all();
+      }
+    }
   }
+  if (session_gone) declare_lost(held, "session lost while the lock was being granted");
+  if (lease_gone) declare_lost(held, "the server ended its lease while it was being granted");
   return held;
 }
 
@@ -296,7 +346,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
 // place on the server behind.
 std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const LockOptions& opts,
                                                std::optional<Millis> wait, const std::string& owner,
-                                               std::error_code& ec) {
+                                               std::uint64_t& epoch_at_send, std::error_code& ec) {
   const Clock::time_point start = clock_->now();
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
@@ -328,6 +378,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const Lock
       std::lock_guard lk(mu_);
       generation = slot->generation;
     }
+    epoch_at_send = session_epoch_.load(std::memory_order_acquire);
     sent = clock_->now();
     res = backend_->try_acquire(req, ec);
     if (ec) return nullptr;
@@ -407,7 +458,14 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     if (--held->hold_count > 0) return;
     held->released = true;
     auto it = held_.find(held_key(held->name, thread_owner_of(held->owner)));
-    if (it != held_.end() && it->second == held) held_.erase(it);
+    if (it != held_.end() && it->second == held) {
+      if (held->displaced && !held->displaced->released) {
+        it->second = held->displaced;  // the outer, lost hold this one replaced
+      } else {
+        held_.erase(it);
+      }
+    }
+    held->displaced.reset();
   }
   if (held->lost.load(std::memory_order_acquire)) {
     ec = make_error_code(errc::lost);
@@ -450,6 +508,7 @@ void Engine::on_session_lost() noexcept {
   std::vector<std::shared_ptr<HeldLock>> all;
   {
     std::lock_guard lk(mu_);
+    session_epoch_.fetch_add(1, std::memory_order_acq_rel);
     for (auto& [k, h] : held_) all.push_back(h);
   }
   for (auto& h : all) declare_lost(h, "session lost");
@@ -460,7 +519,11 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
   {
     std::lock_guard lk(mu_);
     auto it = held_.find(held_key(name, thread_owner_of(owner)));
-    if (it == held_.end() || it->second->owner != owner) return;
+    if (it == held_.end() || it->second->owner != owner) {
+      // Not recorded yet: an acquisition of this owner may be under way.
+      if (auto f = inflight_.find(owner); f != inflight_.end()) f->second = true;
+      return;
+    }
     held = it->second;
   }
   declare_lost(held, "the server ended its lease");
@@ -473,8 +536,18 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, const char* why
   fire_loss(held);
 }
 
+bool Engine::on_own_thread() const noexcept {
+  const auto self = std::this_thread::get_id();
+  return (renewer_.joinable() && renewer_.get_id() == self) ||
+         (watchdog_.joinable() && watchdog_.get_id() == self);
+}
+
 void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
   held->stop.request_stop();
+  ++t_in_loss_callbacks;
+  struct Leave {
+    ~Leave() { --t_in_loss_callbacks; }
+  } leave;  // declared before cbs: the callbacks are destroyed while still counted
   std::vector<std::function<void()>> cbs;
   {
     std::lock_guard lk(held->callbacks_mu);
@@ -620,6 +693,7 @@ void Engine::watchdog_main(std::stop_token st) {
     sweep_idle_watches(false);
     std::unique_lock lk(mu_);
     if (st.stop_requested()) break;
+    if (std::exchange(watchdog_rescan_, false)) continue;  // a lease came after the scan
     watchdog_wake_ = std::min(next, clock_->now() + std::chrono::seconds(1));
     clock_->wait_until(watchdog_cv_, lk, watchdog_wake_);
     watchdog_wake_ = Clock::time_point::min();

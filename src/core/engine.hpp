@@ -42,6 +42,10 @@ struct HeldLock {
   bool released = false;
   Clock::time_point next_renew{};
   bool renew_in_flight = false;
+  // A lost hold of the same thread and name that this acquisition replaced in the
+  // engine's map before the thread unlocked it (a nested re-lock after a loss); put
+  // back when this one is released so the outer unlock still finds it.
+  std::shared_ptr<HeldLock> displaced;
 
   // Read without the engine's mutex (owns(), remaining()).
   std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
@@ -116,6 +120,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// True in a child process forked after this engine was made: every call then
   /// fails with errc::forked and nothing inherited (connections, leases) is touched.
   bool forked() const noexcept;
+  /// True on the engine's renewer or watchdog thread.
+  bool on_own_thread() const noexcept;
 
  private:
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
@@ -145,7 +151,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
   std::shared_ptr<HeldLock> acquire_loop(std::string_view name, const LockOptions& opts,
                                          std::optional<Millis> wait, const std::string& owner,
-                                         std::error_code& ec);
+                                         std::uint64_t& epoch_at_send, std::error_code& ec);
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
@@ -181,6 +187,15 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Clock::time_point renewer_wake_ = Clock::time_point::min();
   std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
   Clock::time_point watchdog_wake_ = Clock::time_point::min();  // guarded by mu_
+  // A lease was added while the watchdog was awake (its scan may predate it): scan
+  // again before sleeping. Guarded by mu_.
+  bool watchdog_rescan_ = false;
+  // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
+  // belong to the session that ended.
+  std::atomic<std::uint64_t> session_epoch_{0};
+  // Owners of acquisitions under way (not yet in held_) → whether on_lease_lost has
+  // reported that very lease lost meanwhile. Guarded by mu_.
+  std::map<std::string, bool, std::less<>> inflight_;
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};

@@ -260,7 +260,9 @@ class EtcdBackend final : public Backend {
   std::mutex mu_;
   std::map<std::int64_t, std::shared_ptr<Session>> sessions_;           // by requested TTL s; guarded by mu_
   std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;  // name\0owner; guarded by mu_
-  std::vector<std::pair<std::string, std::int64_t>> orphans_;           // keys whose delete failed; mu_
+  // Keys to delete: (key, create_revision), 0 when the revision is unknown (a Txn
+  // that may have created the key had no answer). Guarded by mu_.
+  std::vector<std::pair<std::string, std::int64_t>> orphans_;
   std::uint64_t next_key_seq_ = 1;  // makes every queue key unique; guarded by mu_
   std::condition_variable_any keeper_cv_;
   std::uint64_t keeper_generation_ = 0;  // bumped when a session is added; guarded by mu_
@@ -521,12 +523,20 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
       lose_session(session, "etcd refused a put: lease not found");
       continue;
     }
-    if (!st.ok()) {
-      set_error(st, ec, "acquire Txn");
-      return {};
-    }
-    if (resp.responses_size() != 2) {
-      ec = make_error_code(errc::protocol_error);
+    if (!st.ok() || resp.responses_size() != 2) {
+      if (!st.ok()) {
+        set_error(st, ec, "acquire Txn");
+      } else {
+        ec = make_error_code(errc::protocol_error);
+      }
+      if (known_rev == 0) {
+        // The Txn may have created our key (applied, its answer lost or late): a
+        // key that would queue ahead of everybody for as long as this client keeps
+        // the session alive. This acquisition is over: the key goes.
+        forget_entry(entry);
+        std::lock_guard lk(mu_);
+        orphans_.emplace_back(entry->key, 0);  // the keeper deletes it within a second
+      }
       return {};
     }
     std::int64_t my_rev = 0;
@@ -613,11 +623,16 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
 
 bool EtcdBackend::delete_key(const std::string& key, std::int64_t create_rev, std::error_code& ec) {
   etcdserverpb::TxnRequest txn;
-  Compare* cmp = txn.add_compare();
-  cmp->set_result(Compare::EQUAL);
-  cmp->set_target(Compare::CREATE);
-  cmp->set_key(key);
-  cmp->set_create_revision(create_rev);
+  // create_rev 0: the key's revision is unknown (its creating Txn had no answer).
+  // The key is ours alone (session lease + a sequence never reused), so it is
+  // deleted as it is.
+  if (create_rev != 0) {
+    Compare* cmp = txn.add_compare();
+    cmp->set_result(Compare::EQUAL);
+    cmp->set_target(Compare::CREATE);
+    cmp->set_key(key);
+    cmp->set_create_revision(create_rev);
+  }
   txn.add_success()->mutable_request_delete_range()->set_key(key);
   etcdserverpb::TxnResponse resp;
   etcd::CallInfo info;

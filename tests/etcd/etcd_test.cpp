@@ -13,6 +13,7 @@
 #include "distlock/distlock.hpp"
 #include "etcd_cluster.hpp"
 #include "support/cs_log.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -677,6 +678,56 @@ TEST(EtcdBackend, AuthenticationWithUserAndPassword) {
   // A prefix the user may not use.
   auto denied = connect_error([&] { connect("etcd://locker:s3cret@" + base + "?prefix=forbidden"); });
   EXPECT_EQ(denied.code(), errc::auth_failed) << denied.what();
+}
+
+// An acquire whose Txn reached etcd and was applied, but whose answer came after the
+// command timeout, fails: it must leave no key behind. Such a key queues ahead of
+// everybody and lives as long as this client keeps its session alive, so no other
+// client could ever take the lock.
+TEST(EtcdBackend, AnAcquireThatTimedOutAfterItsTxnWasAppliedLeavesNoKey) {
+  EtcdCluster etcd(1);
+  FaultProxy proxy(etcd.client_port(0));
+  ClientOptions quick;
+  quick.command_timeout = 500ms;
+  Client client = connect("etcd://127.0.0.1:" + std::to_string(proxy.port()), quick);
+  Client other = connect(etcd.url());
+  // Make the session first (a lock of the same TTL), while the network is fast. Its
+  // TTL (10 s) outlasts the slow spell, so the session (and any key on it) lives on.
+  Lease warm = client.acquire("warm", ttl_opts(10s));
+  for (const bool may_wait : {false, true}) {
+    SCOPED_TRACE(may_wait ? "acquire with a wait" : "try_acquire");
+    const std::string name = may_wait ? "late-wait" : "late-try";
+    const std::int64_t before = etcd.revision();
+    proxy.delay(1500ms);  // requests arrive after the client has given up on them
+    std::error_code ec;
+    if (may_wait) {
+      Lease l = client.acquire(name, ttl_opts(10s, 20s), ec);
+    } else {
+      try {
+        (void)client.try_acquire(name, ttl_opts(10s));
+        ec = {};
+      } catch (const std::system_error& e) {
+        ec = e.code();
+      }
+    }
+    ASSERT_TRUE(ec) << "the acquire answered within the timeout";
+    // Let the late Txn reach etcd and apply (switching the proxy back now would
+    // deliver it together with the client's cancellation).
+    ASSERT_TRUE(eventually([&] { return etcd.revision() > before; }, 10s)) << "the late Txn never applied";
+    proxy.pass();
+    // The other client gets the lock once the late Txn's key is cleaned up.
+    std::optional<Lease> got;
+    const bool acquired = eventually(
+        [&] {
+          got = other.try_acquire(name, ttl_opts(10s));
+          return got.has_value();
+        },
+        15s);
+    EXPECT_TRUE(acquired) << "a key of the failed acquire blocks the lock: "
+                          << keys_under(etcd, "distlock/" + name + "/").size() << " key(s) under it";
+    got.reset();
+  }
+  EXPECT_TRUE(warm.owns());
 }
 
 }  // namespace

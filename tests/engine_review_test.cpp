@@ -1,0 +1,312 @@
+// Adversarial engine tests: re-entry after a loss, a lease taken while the watchdog
+// is busy, a session lost while an acquisition is being granted.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "core/engine.hpp"
+#include "core/url.hpp"
+#include "distlock/distlock.hpp"
+#include "fake/memory_backend.hpp"
+#include "support/manual_clock.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::detail::MemoryStore;
+using distlock::testing::ManualClock;
+
+namespace {
+
+int g_seq = 0;
+
+distlock::LockOptions ttl(Millis t) {
+  distlock::LockOptions o;
+  o.ttl = t;
+  return o;
+}
+
+struct EngineReview : ::testing::Test {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::string store_name = "review-" + std::to_string(++g_seq);
+  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
+  distlock::ClientOptions options() {
+    distlock::ClientOptions o;
+    o.clock = clock;
+    o.background_renewal = false;
+    o.logger = [](distlock::LogLevel, std::string_view) {};
+    return o;
+  }
+  distlock::Client client() { return distlock::connect("memory://" + store_name, options()); }
+};
+
+// A thread that holds a Mutex whose lease was lost and locks it again (a nested
+// lock_guard) gets a new acquisition; unwinding both guards must not throw (a throw
+// from a lock_guard's destructor terminates the process).
+TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
+  auto c = client();
+  distlock::Mutex m = c.mutex("nested", ttl(3s));
+  m.lock();
+  std::stop_token outer = m.stop_token();
+  clock->advance(3100ms);  // past the local deadline and the server's expiry
+  c.engine()->tick();
+  ASSERT_TRUE(outer.stop_requested());
+  m.lock();  // the outer hold is lost: this is a new acquisition
+  EXPECT_TRUE(m.owns());
+  m.unlock();  // inner: releases the new acquisition
+  EXPECT_FALSE(store->held("nested", clock->now()));
+  std::error_code ec;
+  m.unlock(ec);  // outer: the lost hold
+  EXPECT_NE(ec, make_error_code(errc::not_owner)) << "the outer unlock found no hold: " << ec.message();
+  EXPECT_EQ(m.hold_count(), 0);
+  EXPECT_EQ(c.engine()->held_count(), 0u);
+}
+
+// The same thread re-acquires a name whose hold has passed its local deadline before
+// the watchdog declared it: the old hold must still be signalled as lost.
+TEST_F(EngineReview, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled) {
+  auto c = client();
+  distlock::Mutex m = c.mutex("replaced", ttl(3s));
+  m.lock();
+  std::stop_token outer = m.stop_token();
+  std::atomic<int> callbacks{0};
+  c.engine()->add_loss_callback(c.engine()->held_by_this_thread("replaced"), [&] { ++callbacks; });
+  clock->advance(3100ms);  // no tick: the loss has not been declared yet
+  m.lock();                // new acquisition (the server record has expired)
+  c.engine()->tick();
+  EXPECT_TRUE(outer.stop_requested()) << "the replaced hold's loss was never signalled";
+  EXPECT_EQ(callbacks.load(), 1);
+  m.unlock();
+  std::error_code ec;
+  m.unlock(ec);
+  EXPECT_NE(ec, make_error_code(errc::not_owner)) << ec.message();
+  EXPECT_TRUE(outer.stop_requested());
+}
+
+// A lease acquired while the watchdog is between its scan and its sleep (here: running
+// the loss callback of another lease, with the renewer stuck on a hung server) must
+// still get its stop signal at its own local deadline, not after the watchdog's 1 s
+// fallback period.
+TEST(EngineReviewRealTime, LeaseTakenWhileTheWatchdogIsBusyIsStillWatched) {
+  auto store = MemoryStore::named("review-rt-watchdog");
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  auto c = distlock::connect("memory://review-rt-watchdog", o);
+  store->set_renew_delay(4s);  // the renewer hangs on its first renewal
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_callback = false, second_taken = false;
+  auto first = c.acquire("w0", ttl(300ms));
+  first.on_lost([&] {  // runs on the watchdog thread
+    std::unique_lock lk(mu);
+    in_callback = true;
+    cv.notify_all();
+    cv.wait_for(lk, 5s, [&] { return second_taken; });
+  });
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 5s, [&] { return in_callback; })) << "first lease never lost";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto second = c.acquire("w1", ttl(100ms));  // local deadline 90 ms from now
+  {
+    std::lock_guard lk(mu);
+    second_taken = true;
+    cv.notify_all();
+  }
+  std::stop_token st = second.stop_token();
+  while (!st.stop_requested() && std::chrono::steady_clock::now() - t0 < 3s) std::this_thread::sleep_for(2ms);
+  const auto fired_after = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
+  ASSERT_TRUE(st.stop_requested());
+  std::printf("stop signal %lld ms after the acquire (local deadline 90 ms)\n",
+              static_cast<long long>(fired_after.count()));
+  // The server lets the lease go 100 ms after the acquire was sent; the watchdog's
+  // fallback wake is 1 s. 700 ms of slack for a loaded machine.
+  EXPECT_LT(fired_after, 800ms) << "stop signal came " << fired_after.count()
+                                << " ms after the acquire; the local deadline was 90 ms";
+  store->set_renew_delay(0ms);
+}
+
+// A backend whose session ends while it is granting an acquisition (the grant is
+// answered, then the session's keep-alive reports the lease gone): the server has
+// forgotten the lock, so the lease the engine hands out must be signalled lost.
+class SessionLossOnGrant final : public distlock::detail::Backend {
+ public:
+  SessionLossOnGrant(std::unique_ptr<Backend> inner, std::shared_ptr<MemoryStore> store)
+      : inner_(std::move(inner)), store_(std::move(store)) {}
+  std::atomic<bool> lose_next_grant{false};
+  std::atomic<bool> lose_lease_of_next_grant{false};
+
+  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
+  void set_listener(distlock::detail::ChangeListener* l) override {
+    listener_ = l;
+    inner_->set_listener(l);
+  }
+  distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
+                                              std::error_code& ec) override {
+    auto r = inner_->try_acquire(req, ec);
+    if (r.acquired && lose_next_grant.exchange(false)) {
+      store_->drop(std::string(req.name));  // the session's keys go with it
+      listener_->on_session_lost();         // reported by the keep-alive thread
+    }
+    if (r.acquired && lose_lease_of_next_grant.exchange(false)) {
+      store_->drop(std::string(req.name));            // its node deleted, its session ended
+      listener_->on_lease_lost(req.name, req.owner);  // reported by the session thread
+    }
+    return r;
+  }
+  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
+             std::error_code& ec) override {
+    inner_->renew(items, out, ec);
+  }
+  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                          std::error_code& ec) override {
+    return inner_->release(name, owner, token, ec);
+  }
+  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
+  void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
+  distlock::LockInfo status(std::string_view name, std::error_code& ec) override {
+    return inner_->status(name, ec);
+  }
+  std::string url() const override { return inner_->url(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::shared_ptr<MemoryStore> store_;
+  distlock::detail::ChangeListener* listener_ = nullptr;
+};
+
+TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
+  std::error_code ec;
+  auto opts = options();
+  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
+  ASSERT_FALSE(ec) << why;
+  auto backend = std::make_unique<SessionLossOnGrant>(std::move(inner), store);
+  SessionLossOnGrant* raw = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  auto other = client();
+
+  raw->lose_next_grant = true;
+  auto lease = c.acquire("s", ttl(3s));
+  // The server no longer has it: another client can take it right now.
+  auto rival = other.try_acquire("s", ttl(3s));
+  ASSERT_TRUE(rival.has_value());
+  EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
+  EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+}
+
+// The same for one lease: the backend reports the lease of this very acquisition
+// lost (etcd: its session's lease ended; ZooKeeper: its node is gone) between the
+// grant and the engine recording it.
+TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
+  std::error_code ec;
+  auto opts = options();
+  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
+  ASSERT_FALSE(ec) << why;
+  auto backend = std::make_unique<SessionLossOnGrant>(std::move(inner), store);
+  SessionLossOnGrant* raw = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  auto other = client();
+
+  auto kept = c.acquire("kept", ttl(3s));  // another lease of the client is not touched
+  raw->lose_lease_of_next_grant = true;
+  auto lease = c.acquire("l", ttl(3s));
+  auto rival = other.try_acquire("l", ttl(3s));
+  ASSERT_TRUE(rival.has_value());
+  EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
+  EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+  EXPECT_TRUE(kept.owns());
+  EXPECT_FALSE(kept.stop_token().stop_requested());
+  // A later acquisition is not affected.
+  rival.reset();
+  lease = c.acquire("l", ttl(3s));
+  EXPECT_TRUE(lease.owns());
+  EXPECT_FALSE(lease.stop_token().stop_requested());
+}
+
+// A Lease "belongs to one thread at a time" and may be moved to another. After the
+// acquiring thread has handed its lease to a worker, an acquire of the same name by
+// the acquiring thread must wait for the worker, not re-enter the worker's hold (two
+// threads would then run the critical section at once).
+TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
+  auto c = client();
+  distlock::Lease lease = c.acquire("moved", ttl(3s));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool worker_has_it = false, done = false;
+  std::thread worker([&, l = std::move(lease)]() mutable {
+    std::unique_lock lk(mu);
+    worker_has_it = l.owns();
+    cv.notify_all();
+    cv.wait_for(lk, 10s, [&] { return done; });
+  });
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 10s, [&] { return worker_has_it; }));
+  }
+  auto again = c.try_acquire("moved", ttl(3s));
+  const bool both = again.has_value() && again->owns();
+  {
+    std::lock_guard lk(mu);
+    done = true;
+    cv.notify_all();
+  }
+  worker.join();
+  EXPECT_FALSE(both) << "the first thread re-entered the lease the worker holds: two threads hold the lock";
+}
+
+// A loss callback that keeps a copy of its Client (to take the lock again, say) can
+// hold the last reference to the engine: when the application has dropped its own
+// handles while the callback ran, the engine is destroyed on the renewer thread that
+// ran the callback. That must not join the renewer from itself (std::terminate) nor
+// free the engine under the running thread.
+[[noreturn]] void last_client_copy_in_a_loss_callback() {
+  auto store = MemoryStore::named("review-rt-last-ref");
+  std::weak_ptr<distlock::detail::Engine> weak;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_callback = false, dropped = false;
+  {
+    distlock::ClientOptions o;
+    o.logger = [](distlock::LogLevel, std::string_view) {};
+    auto c = distlock::connect("memory://review-rt-last-ref", o);
+    weak = c.engine();
+    auto lease = c.acquire("cb", ttl(300ms));
+    lease.on_lost([c, &mu, &cv, &in_callback, &dropped] {  // on the renewer thread
+      std::unique_lock lk(mu);
+      in_callback = true;
+      cv.notify_all();
+      cv.wait_for(lk, 5s, [&] { return dropped; });
+    });
+    store->drop("cb");  // the next renewal finds it gone: lost
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, 5s, [&] { return in_callback; })) std::_Exit(2);
+  }  // the lease and the application's Client go here
+  {
+    std::lock_guard lk(mu);
+    dropped = true;
+    cv.notify_all();
+  }
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (!weak.expired() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+  std::_Exit(weak.expired() ? 0 : 3);
+}
+
+TEST(EngineReviewRealTime, LossCallbackHoldingTheLastClientCopyDoesNotCrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(last_client_copy_in_a_loss_callback(), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
