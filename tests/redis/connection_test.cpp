@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "distlock/client.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
