@@ -125,7 +125,10 @@ class Mutex;
 /// and owner identity (128 random bits from the OS, plus the calling thread).
 class Client {
  public:
-  /// Acquires `name`, waiting up to `opts.wait` (forever if unset).
+  /// Acquires `name`, waiting up to `opts.wait` (forever if unset). A Lease is not
+  /// reentrant (it may be moved to another thread): acquiring a name this client
+  /// already holds through a Lease waits for that Lease, like std::timed_mutex.
+  /// Reentrancy per thread is `Mutex`'s.
   /// Throws `std::system_error`: errc::timeout, errc::busy (wait of 0),
   /// errc::invalid_argument, errc::backend_unavailable, errc::auth_failed, ...
   Lease acquire(std::string_view name, const LockOptions& opts);

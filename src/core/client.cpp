@@ -292,13 +292,13 @@ Mutex::Mutex(Client client, std::string name, LockOptions opts)
 
 void Mutex::lock() {
   std::error_code ec;
-  auto held = client_.engine()->acquire(name_, opts_, std::nullopt, ec);
+  auto held = client_.engine()->acquire(name_, opts_, std::nullopt, ec, Engine::Reentry::by_thread);
   if (ec) throw_acquire_error(ec, name_, opts_);
 }
 
 bool Mutex::try_lock() {
   std::error_code ec;
-  auto held = client_.engine()->acquire(name_, opts_, Millis(0), ec);
+  auto held = client_.engine()->acquire(name_, opts_, Millis(0), ec, Engine::Reentry::by_thread);
   if (ec == errc::busy) return false;
   if (ec) throw_acquire_error(ec, name_, opts_);
   return true;
@@ -307,7 +307,7 @@ bool Mutex::try_lock() {
 bool Mutex::try_lock_for_ms(std::optional<Millis> d) {
   std::error_code ec;
   if (d) d = std::max(*d, Millis(0));
-  auto held = client_.engine()->acquire(name_, opts_, d, ec);
+  auto held = client_.engine()->acquire(name_, opts_, d, ec, Engine::Reentry::by_thread);
   if (ec == errc::busy || ec == errc::timeout) return false;
   if (ec) throw_acquire_error(ec, name_, opts_);
   return true;

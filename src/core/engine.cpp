@@ -244,7 +244,7 @@ bool Engine::forked() const noexcept {
 }
 
 std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& in_opts,
-                                          std::optional<Millis> wait, std::error_code& ec) {
+                                          std::optional<Millis> wait, std::error_code& ec, Reentry reentry) {
   ec.clear();
   take_error_detail();  // a detail left by an earlier call must not name this one's cause
   if (forked()) {
@@ -269,14 +269,17 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   {  // Reentry by the same thread: no round trip.
     std::lock_guard lk(mu_);
     auto it = held_.find(key);
-    if (it != held_.end() && !it->second->lost.load() && it->second->owns()) {
+    if (it != held_.end() && !it->second->lost.load() && it->second->owns() && it->second->reentrant &&
+        reentry == Reentry::by_thread) {
       ++it->second->hold_count;
       return it->second;
     }
     // Past its local deadline but not yet declared (the watchdog has not run): the
     // new acquisition below will replace it in held_, where the watchdog would never
     // see it again, so its loss is signalled here.
-    if (it != held_.end() && !it->second->released && !it->second->lost.load()) expired = it->second;
+    if (it != held_.end() && !it->second->released && !it->second->lost.load() && !it->second->owns()) {
+      expired = it->second;
+    }
   }
   if (expired) declare_lost(expired, "local deadline passed without a successful renewal");
 
@@ -304,6 +307,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     inflight_.erase(owner);
     return nullptr;
   }
+  held->reentrant = reentry == Reentry::by_thread;
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
   bool session_gone = false, lease_gone = false;
   {

@@ -31,6 +31,7 @@ struct HeldLock {
   /// release, renewal or clean-up of this one can never touch that one.
   std::string owner;
   std::uint64_t fork_gen = 0;  // fork_generation() when acquired; a child never owns it
+  bool reentrant = false;      // taken by a Mutex: its thread may re-enter it
   std::uint64_t token = 0;
   bool has_token = false;
   LockOptions opts;
@@ -79,10 +80,21 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// Acquires (or re-enters) `name` for the calling thread. `wait`: nullopt = forever,
-  /// 0 = one attempt. Busy with wait 0 → errc::busy; wait ran out → errc::timeout.
+  /// How an acquisition treats a hold the calling thread already has on the name.
+  enum class Reentry {
+    /// Mutex: re-enters a Mutex hold of this thread (hold count + 1, no round trip).
+    by_thread,
+    /// Lease: never re-enters. A Lease can be moved to another thread, so "this
+    /// thread holds it" is not known; the acquisition asks the server (and waits for
+    /// an earlier Lease of its own, like std::timed_mutex).
+    never,
+  };
+
+  /// Acquires `name` for the calling thread. `wait`: nullopt = forever, 0 = one
+  /// attempt. Busy with wait 0 → errc::busy; wait ran out → errc::timeout.
   std::shared_ptr<HeldLock> acquire(std::string_view name, const LockOptions& opts,
-                                    std::optional<Millis> wait, std::error_code& ec);
+                                    std::optional<Millis> wait, std::error_code& ec,
+                                    Reentry reentry = Reentry::never);
   /// Drops one hold; at zero releases on the server.
   void release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept;
   /// The calling thread's hold of `name`, or nullptr.
