@@ -101,6 +101,20 @@ TEST_F(EngineSafety, ALossFoundAtReleaseIsSignalledNotOnlyReturned) {
   EXPECT_TRUE(called);
 }
 
+TEST_F(EngineSafety, ALeasePastItsLocalDeadlineIsNeverRenewedBackToLife) {
+  auto c = client();
+  auto lease = c.acquire("late", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
+  std::stop_token st = lease.stop_token();
+  clock->advance(2800ms);
+  ASSERT_FALSE(lease.owns()) << "the local deadline has passed";
+  ASSERT_TRUE(store->held("late", clock->now())) << "the server record outlives the local deadline";
+  // A renewal that completes after the deadline (a late reply, or renew_now() before
+  // the watchdog ran) must not undo a loss the holder may already have acted on.
+  c.renew_now();
+  EXPECT_FALSE(lease.owns()) << "owns() turned false at the deadline and must stay false";
+  EXPECT_TRUE(st.stop_requested()) << "a lease whose owns() turned false must be signalled lost";
+}
+
 // ---- durations ---------------------------------------------------------------------
 
 TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {

@@ -542,6 +542,8 @@ std::size_t Engine::tick() {
 
 std::size_t Engine::renew_all() {
   if (forked()) return 0;
+  // As in tick(): a lease past its local deadline is lost, never renewed back to life.
+  declare_expired();
   std::vector<std::shared_ptr<HeldLock>> due;
   {
     std::lock_guard lk(mu_);
@@ -571,8 +573,9 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   n_renew_round_trips_.fetch_add(1, std::memory_order_relaxed);
 
   std::size_t renewed = 0;
-  std::vector<std::shared_ptr<HeldLock>> refused;
+  std::vector<std::shared_ptr<HeldLock>> refused, late;
   {
+    const Clock::time_point replied = clock_->now();
     std::lock_guard lk(mu_);
     for (std::size_t i = 0; i < due.size(); ++i) {
       auto& h = due[i];
@@ -580,6 +583,13 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
       if (h->released || h->lost.load()) continue;
       switch (out[i]) {
         case RenewStatus::renewed: {
+          // The reply came after the local deadline: owns() has already answered
+          // false, and the holder may have acted on it. A loss once seen stays a
+          // loss, and is signalled (the server record expires by its TTL).
+          if (replied >= h->deadline()) {
+            late.push_back(h);
+            break;
+          }
           const Clock::time_point d = sent + h->validity - h->opts.safety_margin;
           if (d > h->deadline()) h->set_deadline(d);
           h->next_renew = sent + h->opts.renew_interval;
@@ -600,6 +610,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
     if (clock_->now() < h->deadline()) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
     declare_lost(h, "the server says another owner (or nobody) holds it");
   }
+  for (auto& h : late) declare_lost(h, "local deadline passed before the renewal's reply arrived");
   return renewed;
 }
 
