@@ -115,6 +115,22 @@ TEST_F(EngineSafety, ALeasePastItsLocalDeadlineIsNeverRenewedBackToLife) {
   EXPECT_TRUE(st.stop_requested()) << "a lease whose owns() turned false must be signalled lost";
 }
 
+TEST_F(EngineSafety, ALeaseReplacedByTheSameThreadsNextAcquisitionIsStillSignalledLost) {
+  auto c = client();
+  auto first = c.acquire("again", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
+  std::stop_token st = first.stop_token();
+  bool called = false;
+  first.on_lost([&] { called = true; });
+  clock->advance(3100ms);  // no tick ran: nothing has declared the loss yet
+  ASSERT_FALSE(first.owns());
+  auto second = c.try_acquire("again", ttl(3s));  // the server record expired: a new owner
+  ASSERT_TRUE(second.has_value());
+  c.engine()->tick();
+  EXPECT_TRUE(st.stop_requested()) << "the first lease's loss must be signalled, not forgotten";
+  EXPECT_TRUE(called);
+  EXPECT_TRUE(second->owns());
+}
+
 // ---- durations ---------------------------------------------------------------------
 
 TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {

@@ -278,9 +278,15 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     return nullptr;
   }
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  // This thread's earlier lease of the name, if still listed, no longer owned it
+  // (re-entry above refused it): past its local deadline, its loss not yet declared.
+  // Once replaced here the watchdog would never see it: declare it now.
+  std::shared_ptr<HeldLock> replaced;
   {
     std::lock_guard lk(mu_);
-    held_[key] = held;
+    std::shared_ptr<HeldLock>& slot = held_[key];
+    if (slot && slot != held && !slot->lost.load()) replaced = slot;
+    slot = held;
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
     if (caps_.needs_renewal && held->next_renew - opts.renew_interval / 4 < renewer_wake_) {
@@ -288,6 +294,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     }
     if (caps_.needs_renewal && held->deadline() < watchdog_wake_) watchdog_cv_.notify_all();
   }
+  if (replaced) declare_lost(replaced, "local deadline passed without a successful renewal");
   return held;
 }
 
