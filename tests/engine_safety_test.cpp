@@ -113,6 +113,36 @@ TEST_F(EngineSafety, ALeaseGrantedLessThanItsTtlIsRenewedOnTheGrantsSchedule) {
   EXPECT_TRUE(store->held("short", clock->now()));
 }
 
+TEST_F(EngineSafety, ALeasePastItsLocalDeadlineIsNeverRenewedBackToLife) {
+  auto c = client();
+  auto lease = c.acquire("late", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
+  std::stop_token st = lease.stop_token();
+  clock->advance(2800ms);
+  ASSERT_FALSE(lease.owns()) << "the local deadline has passed";
+  ASSERT_TRUE(store->held("late", clock->now())) << "the server record outlives the local deadline";
+  // A renewal that completes after the deadline (a late reply, or renew_now() before
+  // the watchdog ran) must not undo a loss the holder may already have acted on.
+  c.renew_now();
+  EXPECT_FALSE(lease.owns()) << "owns() turned false at the deadline and must stay false";
+  EXPECT_TRUE(st.stop_requested()) << "a lease whose owns() turned false must be signalled lost";
+}
+
+TEST_F(EngineSafety, ALeaseReplacedByTheSameThreadsNextAcquisitionIsStillSignalledLost) {
+  auto c = client();
+  auto first = c.acquire("again", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
+  std::stop_token st = first.stop_token();
+  bool called = false;
+  first.on_lost([&] { called = true; });
+  clock->advance(3100ms);  // no tick ran: nothing has declared the loss yet
+  ASSERT_FALSE(first.owns());
+  auto second = c.try_acquire("again", ttl(3s));  // the server record expired: a new owner
+  ASSERT_TRUE(second.has_value());
+  c.engine()->tick();
+  EXPECT_TRUE(st.stop_requested()) << "the first lease's loss must be signalled, not forgotten";
+  EXPECT_TRUE(called);
+  EXPECT_TRUE(second->owns());
+}
+
 // ---- durations ---------------------------------------------------------------------
 
 TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {

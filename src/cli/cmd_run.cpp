@@ -148,7 +148,15 @@ std::vector<int> terminating_signals() {
 }
 
 bool is_terminating(int sig) {
-  return sig != SIGCHLD && sig != SIGTTOU;
+  return sig != SIGCHLD && sig != SIGTTOU && sig != SIGTSTP && sig != SIGTTIN;
+}
+
+/// The catchable stops. Unlike SIGSTOP they must not pause the runner while its job
+/// runs: a paused runner renews nothing, and its job would run on past the hand-over.
+/// They are forwarded to the job instead (which is then ended like any job stopped
+/// for the terminal); before the job exists they stop the runner as usual.
+bool is_catchable_stop(int sig) {
+  return sig == SIGTSTP || sig == SIGTTIN;
 }
 
 /// The job-control stops that mean a job waits for the terminal or the user: it
@@ -199,6 +207,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals,
   for (;;) {
     poll_for(signals, *wake, -1);
     for (const auto& d : signals.drain()) {
+      if (is_catchable_stop(d.signal)) ::kill(::getpid(), SIGSTOP);  // Ctrl-Z while waiting
       if (is_terminating(d.signal)) {
         worker.detach();
         die_of_signal(d.signal);
@@ -270,6 +279,8 @@ int run_locked(const RunSettings& s) {
   std::vector<int> blocked = terminating_signals();
   blocked.push_back(SIGCHLD);
   blocked.push_back(SIGTTOU);  // so the runner may hand the terminal on and take it back
+  blocked.push_back(SIGTSTP);  // stops go to the job: a stopped runner would not renew
+  blocked.push_back(SIGTTIN);
   SignalFd signals(blocked);
   // A write to a server that closed its socket must not kill the runner; the
   // command gets SIGPIPE back if the runner's own parent had left it default.
@@ -346,7 +357,7 @@ int run_locked(const RunSettings& s) {
     // 2. Signals: forward the terminating ones to the whole job.
     wake->drain();
     for (const auto& d : signals.drain()) {
-      if (!is_terminating(d.signal)) continue;
+      if (!is_terminating(d.signal) && !is_catchable_stop(d.signal)) continue;
       // The kernel's SIGXCPU/SIGXFSZ are about the runner's own limits.
       if (d.from_kernel && (d.signal == SIGXCPU || d.signal == SIGXFSZ)) continue;
       child.signal_job(d.signal);

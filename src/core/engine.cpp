@@ -310,9 +310,14 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   held->reentrant = reentry == Reentry::by_thread;
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
   bool session_gone = false, lease_gone = false;
+  // This thread's earlier hold of the name, if still listed and not yet declared
+  // lost, is past its local deadline (re-entry above refused it). Once replaced here
+  // the watchdog would never see it: its loss is declared below.
+  std::shared_ptr<HeldLock> replaced;
   {
     std::lock_guard lk(mu_);
     auto& entry = held_[key];
+    if (entry && entry != held && !entry->released && !entry->lost.load()) replaced = entry;
     // A lost hold of this thread not yet unlocked (nested re-lock after a loss):
     // kept so that the outer unlock finds it again once this one is released.
     if (entry && !entry->released) held->displaced = entry;
@@ -340,6 +345,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       }
     }
   }
+  if (replaced) declare_lost(replaced, "local deadline passed without a successful renewal");
   if (session_gone) declare_lost(held, "session lost while the lock was being granted");
   if (lease_gone) declare_lost(held, "the server ended its lease while it was being granted");
   return held;
@@ -622,6 +628,8 @@ std::size_t Engine::tick() {
 
 std::size_t Engine::renew_all() {
   if (forked()) return 0;
+  // As in tick(): a lease past its local deadline is lost, never renewed back to life.
+  declare_expired();
   std::vector<std::shared_ptr<HeldLock>> due;
   {
     std::lock_guard lk(mu_);
@@ -651,8 +659,9 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   n_renew_round_trips_.fetch_add(1, std::memory_order_relaxed);
 
   std::size_t renewed = 0;
-  std::vector<std::shared_ptr<HeldLock>> refused;
+  std::vector<std::shared_ptr<HeldLock>> refused, late;
   {
+    const Clock::time_point replied = clock_->now();
     std::lock_guard lk(mu_);
     for (std::size_t i = 0; i < due.size(); ++i) {
       auto& h = due[i];
@@ -660,6 +669,13 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
       if (h->released || h->lost.load()) continue;
       switch (out[i]) {
         case RenewStatus::renewed: {
+          // The reply came after the local deadline: owns() has already answered
+          // false, and the holder may have acted on it. A loss once seen stays a
+          // loss, and is signalled (the server record expires by its TTL).
+          if (replied >= h->deadline()) {
+            late.push_back(h);
+            break;
+          }
           const Clock::time_point d = sent + h->validity - h->opts.safety_margin;
           if (d > h->deadline()) h->set_deadline(d);
           h->next_renew = sent + h->opts.renew_interval;
@@ -680,6 +696,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
     if (clock_->now() < h->deadline()) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
     declare_lost(h, "the server says another owner (or nobody) holds it");
   }
+  for (auto& h : late) declare_lost(h, "local deadline passed before the renewal's reply arrived");
   return renewed;
 }
 

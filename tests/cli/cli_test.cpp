@@ -417,6 +417,42 @@ TEST(CliRedis, JobIsDeadBeforeTheServerCanHandTheLockOn) {
                              << " ms after the next holder's job had started";
 }
 
+// SIGTSTP and SIGTTIN are catchable: unlike SIGSTOP they must not pause the runner
+// (a paused runner renews nothing while its job runs on past the hand-over). They go
+// to the job like every other signal; a job stopped for them is ended (SIGTERM,
+// SIGKILL after --grace) and the lock released. The job ignores SIGTERM and writes a
+// wall-clock timestamp every 10 ms; all of its writes must come before the next
+// holder's job's first one.
+TEST(CliRedis, StopSignalsSentToTheRunnerNeverLeaveItsJobRunningUnprotected) {
+  TempDir dir("distlock-cli");
+  RedisServer redis;
+  const fs::path a_log = dir.path() / "a.log", b_log = dir.path() / "b.log";
+  Cli a = Cli::start({"run", "--url", redis.url(), "--ttl", "2s", "tstp", "--", "sh", "-c",
+                      "trap '' TERM; while :; do date +%s%N >> " + a_log.string() + "; sleep 0.01; done"},
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(a_log, 20s)) << a.err();
+  a.signal(SIGTSTP);
+  Cli b = Cli::start({"run", "--url", redis.url(), "--wait", "30s", "tstp", "--", "sh", "-c",
+                      "date +%s%N >> " + b_log.string()},
+                     dir.path());
+  EXPECT_EQ(b.wait(40s), 0) << b.err();
+  a.signal(SIGCONT);  // a runner that did stop must end now (it finds its lease gone)
+  const int a_code = a.wait(20s);
+  EXPECT_NE(a_code, 0) << a.err();
+  const auto a_lines = lines_of(slurp(a_log));
+  const auto b_lines = lines_of(slurp(b_log));
+  ASSERT_FALSE(a_lines.empty());
+  ASSERT_EQ(b_lines.size(), 1u) << slurp(b_log);
+  long long a_last = 0;
+  for (const auto& l : a_lines) {
+    if (!l.empty()) a_last = std::max(a_last, std::stoll(l));
+  }
+  const long long b_first = std::stoll(b_lines[0]);
+  EXPECT_LT(a_last, b_first) << "the first job wrote " << (a_last - b_first) / 1000000
+                             << " ms after the next holder's job had started (runner exit " << a_code << ": "
+                             << a.err() << ")";
+}
+
 // file://: a lock file removed from outside is a loss the next holder can act on at
 // once (no TTL to wait out), so the whole job gets SIGKILL at once, not a grace.
 TEST(CliFile, LockFileRemovedKillsTheJobAtOnce) {

@@ -375,7 +375,7 @@ TEST_F(RedisBadInput, MalformedUrlsNameTheBadPart) {
       {"redis://" + hp + "?prefix=", "prefix \"\""},
       {"redis://" + hp + "?timeout=soon", "timeout \"soon\""},
       {"redis://127.0.0.1:99999", "99999"},
-      {"redis://alice@" + hp, "user \"alice\""},
+      {"redis://alice@" + hp, "names a user but no password"},
       {"redis://", "no host"},
       {"redis:/" + hp, "no scheme"},
   };
