@@ -221,57 +221,6 @@ TEST(EtcdBackend, WaitersAcquireInTheOrderTheyQueued) {
   for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_GT(tokens[i], tokens[i - 1]);
 }
 
-void hammer(const EtcdCluster& etcd, int processes, int threads, int iters) {
-  TempDir dir("distlock-etcd-hammer");
-  const std::string log = (dir.path() / "cs.log").string();
-  const std::string counter = (dir.path() / "counter").string();
-  std::vector<Process> procs;
-  for (int p = 0; p < processes; ++p) {
-    procs.push_back(Process::spawn(
-        {lock_tool_path(), "hammer", "--url", etcd.url(), "--name", "hammered", "--log", log, "--counter",
-         counter, "--threads", std::to_string(threads), "--iters", std::to_string(iters), "--ttl", "5000"},
-        (dir.path() / ("p" + std::to_string(p) + ".out")).string()));
-  }
-  for (int p = 0; p < processes; ++p) {
-    const int st = procs[static_cast<std::size_t>(p)].wait_for(150s);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
-        << "hammer process " << p << " status " << st << ": "
-        << read_file((dir.path() / ("p" + std::to_string(p) + ".out")).string());
-  }
-  const auto sections = read_sections(log);
-  EXPECT_EQ(sections.size(), static_cast<std::size_t>(processes * threads * iters));
-  EXPECT_TRUE(no_overlap(sections));
-  EXPECT_TRUE(tokens_increase(sections));
-  EXPECT_EQ(read_counter(counter), processes * threads * iters);
-  for (const auto& s : sections) EXPECT_TRUE(s.owned_at_end);
-}
-
-TEST(EtcdBackend, SixteenThreadsTimesFourProcessesNeverOverlap) {
-  EtcdCluster etcd(1);
-  hammer(etcd, 4, 16, 6);
-}
-
-TEST(EtcdCluster3, SixteenThreadsTimesFourProcessesNeverOverlap) {
-  EtcdCluster etcd(3);
-  hammer(etcd, 4, 16, 4);
-}
-
-TEST(EtcdBackend, KilledHolderIsReplacedWithinTtlPlusOneSecond) {
-  EtcdCluster etcd(1);
-  TempDir dir("distlock-etcd-kill");
-  const std::string out = (dir.path() / "holder.out").string();
-  Process holder = spawn_holder(etcd.url(), "victim", out, 2000);
-  ASSERT_TRUE(wait_for_text(out, "acquired", 10s)) << read_file(out);
-  const auto first = acquired_token(out);
-  Client client = connect(etcd.url());
-  holder.signal(SIGKILL);
-  const auto killed = Steady::now();
-  Lease lease = client.acquire("victim", ttl_opts(2s, 10s));
-  const auto took = Steady::now() - killed;
-  EXPECT_LE(took, 3s) << "took " << std::chrono::duration_cast<Millis>(took).count() << " ms";
-  EXPECT_GT(lease.token(), static_cast<std::uint64_t>(first));
-}
-
 TEST(EtcdBackend, PausedHolderLosesAndItsGuardedWriteIsRejected) {
   EtcdCluster etcd(1);
   TempDir dir("distlock-etcd-pause");

@@ -49,23 +49,6 @@ std::vector<std::string> lines_of(const std::string& text) {
   return out;
 }
 
-TEST(RedisFaults, KilledHolderIsReplacedWithinTtlPlusOneSecond) {
-  RedisServer server;
-  TempDir dir;
-  const std::string out = (dir.path() / "holder.out").string();
-  Process holder = distlock::testing::spawn_holder(server.url(), "crash", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 10s)) << distlock::testing::read_file(out);
-  const long long holder_token = distlock::testing::acquired_token(out);
-
-  auto client = distlock::connect(server.url());
-  holder.signal(SIGKILL);
-  ASSERT_NE(holder.wait_for(5s), -1);
-  const auto killed_at = Clock::now();
-  auto lease = client.acquire("crash", ttl_of(5s, Millis(10000)));
-  EXPECT_LE(since(killed_at), Millis(2000 + 1000));
-  EXPECT_GT(static_cast<long long>(lease.token()), holder_token);
-}
-
 TEST(RedisFaults, PausedHolderLosesTheLockAndSaysSoFirst) {
   RedisServer server;
   TempDir dir;
@@ -193,34 +176,6 @@ TEST(RedisFaults, ServerPausedPastTheTtlHolderGivesUpBeforeTheServerExpiresIt) {
   auto other = distlock::connect(server.url());
   auto next = other.acquire("frozen", ttl_of(5s, Millis(5000)));
   EXPECT_GT(next.token(), token);
-}
-
-TEST(RedisFaults, SixteenThreadsTimesFourProcessesNeverOverlap) {
-  RedisServer server;
-  TempDir dir;
-  const std::string log = (dir.path() / "cs.log").string();
-  const std::string counter = (dir.path() / "counter").string();
-  constexpr int kProcesses = 4, kThreads = 16, kIters = 10;
-  std::vector<Process> procs;
-  for (int p = 0; p < kProcesses; ++p) {
-    procs.push_back(
-        Process::spawn({distlock::testing::lock_tool_path(), "hammer", "--url", server.url(), "--name", "hot",
-                        "--log", log, "--counter", counter, "--threads", std::to_string(kThreads), "--iters",
-                        std::to_string(kIters), "--ttl", "5000", "--hold-us", "200"},
-                       (dir.path() / ("p" + std::to_string(p) + ".err")).string()));
-  }
-  for (int p = 0; p < kProcesses; ++p) {
-    const int status = procs[p].wait_for(100s);
-    ASSERT_NE(status, -1) << "hammer process " << p << " did not finish";
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << distlock::testing::read_file((dir.path() / ("p" + std::to_string(p) + ".err")).string());
-  }
-  const auto sections = distlock::testing::read_sections(log);
-  ASSERT_EQ(sections.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
-  EXPECT_TRUE(distlock::testing::no_overlap(sections));
-  EXPECT_TRUE(distlock::testing::tokens_increase(sections));
-  EXPECT_EQ(distlock::testing::read_counter(counter), kProcesses * kThreads * kIters);
-  for (const auto& s : sections) EXPECT_TRUE(s.owned_at_end);
 }
 
 }  // namespace

@@ -72,9 +72,6 @@ void hammer(std::size_t masters) {
   for (std::size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(m.keys(i).empty()) << "master " << i;
 }
 
-TEST(RedlockFault, SixteenThreadsTimesFourProcessesNeverOverlapOnThreeMasters) {
-  hammer(3);
-}
 TEST(RedlockFault, SixteenThreadsTimesFourProcessesNeverOverlapOnFiveMasters) {
   hammer(5);
 }
@@ -336,24 +333,6 @@ TEST(RedlockFault, TimedOutConnectionIsDiscardedNotReused) {
     if (!gone) std::this_thread::sleep_for(20ms);
   }
   EXPECT_TRUE(gone) << "connection " << old_id << " still open on the master";
-}
-
-TEST(RedlockFault, HolderKilledLockFreeWithinTtlPlusOneSecond) {
-  Masters m(3);
-  testing::TempDir dir("redlock-kill");
-  const std::string out = (dir.path() / "holder.out").string();
-  constexpr auto kTtl = 1500ms;
-  auto holder = testing::spawn_holder(m.url(), "crash", out, kTtl.count());
-  ASSERT_TRUE(testing::wait_for_text(out, "acquired none", 10s)) << testing::read_file(out);
-  auto client = connect(m.url());
-  EXPECT_FALSE(client.try_acquire("crash").has_value());
-  holder.signal(SIGKILL);
-  const auto killed = Clock::now();
-  LockOptions opts;
-  opts.wait = 10s;
-  auto lease = client.acquire("crash", opts);
-  EXPECT_TRUE(lease.owns());
-  EXPECT_LT(since(killed), kTtl + 1s);
 }
 
 TEST(RedlockFault, HolderPausedPastItsTtlSeesTheLossOnResume) {

@@ -63,28 +63,6 @@ std::vector<Process> start_hammers(const std::string& url, const std::string& na
   return out;
 }
 
-TEST(ZkFault, SixteenThreadsTimesFourProcessesNeverOverlap) {
-  constexpr int kProcesses = 4, kThreads = 16, kIters = 8;
-  TempDir dir("distlock-zk-hammer");
-  auto hammers = start_hammers(shared_server().url("?session_timeout=4s"), "hammer", dir, kProcesses,
-                               kThreads, kIters, 200);
-  for (auto& h : hammers) {
-    const int status = h.wait_for(90s);
-    ASSERT_NE(status, -1) << "hammer did not finish within 90 s";
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "hammer failed: " << read_file((dir.path() / "hammer0.out").string());
-  }
-  const auto sections = read_sections((dir.path() / "cs.log").string());
-  EXPECT_EQ(sections.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
-  EXPECT_TRUE(no_overlap(sections));
-  EXPECT_TRUE(tokens_increase(sections));
-  EXPECT_EQ(read_counter((dir.path() / "counter").string()), kProcesses * kThreads * kIters)
-      << "an increment was lost: two sections overlapped";
-  // Every section's node was removed: nothing left in the queue.
-  RawZk raw(shared_server().hostport());
-  EXPECT_TRUE(raw.children(detail::zk::lock_dir("hammer")).empty());
-}
-
 TEST(ZkFault, KilledHolderIsReplacedAfterTheSessionTimeout) {
   TempDir dir("distlock-zk-kill");
   const std::string url = shared_server().url("?session_timeout=2s");
