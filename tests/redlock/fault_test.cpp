@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "masters.hpp"
 #include "redlock/fanout.hpp"
 #include "support/cs_log.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -272,6 +274,58 @@ TEST(RedlockFault, PausedMasterCostsOnePerNodeTimeout) {
   lease.release();
   m[1].resume();
   m[3].resume();
+}
+
+// One master slow for one client only (a fault proxy delays that client's traffic to
+// it): its votes arrive late or not at all, its late SETs land after the lock moved on.
+// Two clients hand the lock back and forth; their belief intervals (acquire returned
+// .. last owns() true, on this process's clock) never overlap, and every key the slow
+// master kept expires by its TTL.
+TEST(RedlockFault, OneMasterSlowForOneClientNeverBreaksExclusion) {
+  Masters m(3);
+  distlock::testing::FaultProxy slow(m[0].port());
+  slow.delay(150ms, 150ms);
+  const std::string via = "redlock://127.0.0.1:" + std::to_string(slow.port()) +
+                          ",127.0.0.1:" + std::to_string(m[1].port()) +
+                          ",127.0.0.1:" + std::to_string(m[2].port());
+  auto a = connect(via);
+  auto b = connect(m.url());
+  std::mutex mu;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> beliefs;
+  std::atomic<int> acquired{0};
+  auto work = [&](distlock::Client& c) {
+    for (int i = 0; i < 15; ++i) {
+      distlock::LockOptions o;
+      o.ttl = 1000ms;
+      o.wait = 20s;
+      std::error_code ec;
+      auto lease = c.acquire("slow-master", o, ec);
+      if (ec) continue;
+      const auto start = Clock::now();
+      std::this_thread::sleep_for(5ms);
+      const auto last = Clock::now();
+      if (lease.owns()) {
+        ++acquired;
+        std::lock_guard lk(mu);
+        beliefs.emplace_back(start, last);
+      }
+    }
+  };
+  std::thread ta([&] { work(a); });
+  std::thread tb([&] { work(b); });
+  ta.join();
+  tb.join();
+  EXPECT_GE(acquired.load(), 20) << "little progress with one slow master of three";
+  std::sort(beliefs.begin(), beliefs.end());
+  for (std::size_t i = 1; i < beliefs.size(); ++i) {
+    EXPECT_GE(beliefs[i].first, beliefs[i - 1].second) << "two holders at once (interval " << i << ")";
+  }
+  slow.pass();
+  const auto until = Clock::now() + 5s;
+  while (Clock::now() < until && !(m.keys(0).empty() && m.keys(1).empty() && m.keys(2).empty())) {
+    std::this_thread::sleep_for(20ms);
+  }
+  for (std::size_t i = 0; i < m.size(); ++i) EXPECT_TRUE(m.keys(i).empty()) << "master " << i;
 }
 
 TEST(RedlockFault, MasterBusyInDebugSleepDoesNotStallAcquire) {
