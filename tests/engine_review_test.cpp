@@ -15,36 +15,18 @@
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/manual_clock.hpp"
+#include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
 using distlock::Millis;
 using distlock::detail::MemoryStore;
 using distlock::testing::ManualClock;
+using distlock::testing::ttl;
 
 namespace {
 
-int g_seq = 0;
-
-distlock::LockOptions ttl(Millis t) {
-  distlock::LockOptions o;
-  o.ttl = t;
-  return o;
-}
-
-struct EngineReview : ::testing::Test {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::string store_name = "review-" + std::to_string(++g_seq);
-  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
-  distlock::ClientOptions options() {
-    distlock::ClientOptions o;
-    o.clock = clock;
-    o.background_renewal = false;
-    o.logger = [](distlock::LogLevel, std::string_view) {};
-    return o;
-  }
-  distlock::Client client() { return distlock::connect("memory://" + store_name, options()); }
-};
+struct EngineReview : distlock::testing::ManualMemoryTest {};
 
 // A thread that holds a Mutex whose lease was lost and locks it again (a nested
 // lock_guard) gets a new acquisition; unwinding both guards must not throw (a throw

@@ -14,45 +14,19 @@
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/manual_clock.hpp"
+#include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
 using distlock::Millis;
 using distlock::detail::MemoryStore;
 using distlock::testing::ManualClock;
+using distlock::testing::ttl;
 
 namespace {
 
-int g_seq = 0;
-
-distlock::LockOptions ttl(Millis t) {
-  distlock::LockOptions o;
-  o.ttl = t;
-  return o;
-}
-
-struct EngineSafety : ::testing::Test {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::string store_name = "safety-" + std::to_string(++g_seq);
-  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
-  distlock::Client client() {
-    distlock::ClientOptions o;
-    o.clock = clock;
-    o.background_renewal = false;
-    o.logger = [](distlock::LogLevel, std::string_view) {};
-    return distlock::connect("memory://" + store_name, o);
-  }
-};
-
-struct RealTimeSafety : ::testing::Test {
-  std::string store_name = "safety-rt-" + std::to_string(++g_seq);
-  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
-  distlock::Client client() {
-    distlock::ClientOptions o;
-    o.logger = [](distlock::LogLevel, std::string_view) {};
-    return distlock::connect("memory://" + store_name, o);
-  }
-};
+struct EngineSafety : distlock::testing::ManualMemoryTest {};
+struct RealTimeSafety : distlock::testing::RealTimeMemoryTest {};
 
 // ---- owner identity ----------------------------------------------------------------
 
