@@ -342,6 +342,7 @@ int run_locked(const RunSettings& s) {
   int stopped_by = 0;    // the job stopped for the terminal: SIGTERM, SIGKILL after --grace
   SteadyClock::time_point stop_kill_at{};
   bool stop_killed = false;
+  bool stop_forwarded = false;  // the stop was a SIGTSTP/SIGTTIN sent to the runner
   std::string cause;
   for (;;) {
     // 1. The lease first, on every wake-up. Its deadline comes before the server
@@ -361,6 +362,16 @@ int run_locked(const RunSettings& s) {
       // The kernel's SIGXCPU/SIGXFSZ are about the runner's own limits.
       if (d.from_kernel && (d.signal == SIGXCPU || d.signal == SIGXFSZ)) continue;
       child.signal_job(d.signal);
+      // A forwarded stop is not waited for: the process that stops may be one the
+      // runner never hears of (not its child: a shell's command stopped between
+      // vfork() and exec leaves the shell waiting for it, never stopped itself).
+      // The job is ended as one stopped for the terminal.
+      if (is_catchable_stop(d.signal) && stopped_by == 0 && !lost) {
+        stopped_by = d.signal;
+        stop_forwarded = true;
+        stop_kill_at = SteadyClock::now() + s.grace;
+        child.signal_job(SIGTERM);  // with SIGCONT: whatever did stop runs on to its end
+      }
     }
     // 3. Reap every child (the command, and orphans of the job adopted as a
     //    subreaper); notice a job stopped for the terminal.
@@ -424,8 +435,12 @@ int run_locked(const RunSettings& s) {
   lease.release(ec);
   if (stopped_by != 0) {
     print_error(
-        "the command was stopped by " + signal_name(stopped_by) +
-        " (it waited for the terminal while holding lock \"" + s.name + "\"); sent it SIGTERM" +
+        (stop_forwarded
+             ? "the runner was sent " + signal_name(stopped_by) +
+                   ", forwarded to the command (a stopped command would hold lock \"" + s.name +
+                   "\" for ever); sent it SIGTERM"
+             : "the command was stopped by " + signal_name(stopped_by) +
+                   " (it waited for the terminal while holding lock \"" + s.name + "\"); sent it SIGTERM") +
         (stop_killed ? " and SIGKILL after the " + format_duration(s.grace) + " grace" : std::string()) +
         "; lock released");
     return status;
@@ -471,7 +486,8 @@ constexpr const char* kRunFooter =
     "  COMMAND runs in a process group of its own; the runner is a child subreaper and holds the lock\n"
     "  until every process of the job (also those that left the group) has exited, unless --leader-only.\n"
     "  Under a terminal the job's group is the terminal's foreground group (Ctrl-C reaches the whole\n"
-    "  job). A job stopped by SIGTSTP/SIGTTIN/SIGTTOU is sent SIGTERM (SIGKILL after --grace).\n"
+    "  job). A job stopped by SIGTSTP/SIGTTIN/SIGTTOU is sent SIGTERM (SIGKILL after --grace); so is a\n"
+    "  job the runner forwards a SIGTSTP/SIGTTIN to (a stopped job would hold the lock for ever).\n"
     "\n"
     "ENVIRONMENT\n"
     "  DISTLOCK_URL  the lock service when --url is not given (default: file:// in\n"

@@ -453,6 +453,33 @@ TEST(CliRedis, StopSignalsSentToTheRunnerNeverLeaveItsJobRunningUnprotected) {
                              << a.err() << ")";
 }
 
+// A forwarded SIGTSTP may stop a process of the job that is not the runner's child
+// while the runner's child does not stop (dash runs a command through vfork(): a stop
+// that reaches the new process before its exec leaves it stopped and the shell
+// waiting in vfork() for ever, in state D, not T). Here the shell catches SIGTSTP
+// (so it never stops) and waits for its stopped `sleep`: no stop of the runner's
+// child is ever reported, yet the job is stuck while holding the lock. The forwarded
+// stop itself must end the job (SIGTERM with SIGCONT, SIGKILL after --grace).
+TEST(CliFile, ForwardedStopEndsTheJobEvenIfOnlyAGrandchildStops) {
+  TempDir dir("distlock-cli");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  const fs::path ready = dir.path() / "ready";
+  Cli a = Cli::start(
+      {"run", "--url", url, "--ttl", "4s", "--grace", "500ms", "gc-stop", "--", "sh", "-c",
+       "trap '' TERM; trap ':' TSTP; echo $$ > " + ready.string() + "; while :; do sleep 0.05; done"},
+      dir.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
+  const pid_t shell = std::stoi(slurp(ready));
+  a.signal(SIGTSTP);
+  const int code = a.wait(20s);
+  EXPECT_NE(code, -1) << "the runner kept the lock with its job stuck behind a stopped grandchild";
+  EXPECT_NE(code, 0) << a.err();
+  EXPECT_TRUE(one_error_line(a.err(), "SIGTSTP")) << a.err();
+  EXPECT_FALSE(process_alive(shell));
+  Cli next = Cli::run({"run", "--url", url, "--no-wait", "gc-stop", "--", "true"}, dir.path());
+  EXPECT_EQ(next.code(), 0) << next.err();
+}
+
 // file://: a lock file removed from outside is a loss the next holder can act on at
 // once (no TTL to wait out), so the whole job gets SIGKILL at once, not a grace.
 TEST(CliFile, LockFileRemovedKillsTheJobAtOnce) {
