@@ -379,6 +379,28 @@ TEST(CliRedis, RenewalsFailingTerminateTheCommandWithinGraceBeforeTheDeadline) {
   EXPECT_EQ(a.err().find("SIGKILL"), std::string::npos) << a.err();
 }
 
+// Two jobs each wrote `date +%s%N` lines to their log: every line of the first
+// must come before the second job's single line (the lock never covered both).
+::testing::AssertionResult first_job_ended_before_the_next_began(const fs::path& a_log,
+                                                                 const fs::path& b_log) {
+  const auto a_lines = lines_of(slurp(a_log));
+  const auto b_lines = lines_of(slurp(b_log));
+  if (a_lines.empty()) return ::testing::AssertionFailure() << "the first job wrote nothing";
+  if (b_lines.size() != 1u) return ::testing::AssertionFailure() << "the next job wrote: " << slurp(b_log);
+  long long a_last = 0;
+  for (const auto& l : a_lines) {
+    if (!l.empty()) a_last = std::max(a_last, std::stoll(l));
+  }
+  const long long b_first = std::stoll(b_lines[0]);
+  if (a_last >= b_first) {
+    return ::testing::AssertionFailure() << "the first job wrote " << (a_last - b_first) / 1000000
+                                         << " ms after the next holder's job had started";
+  }
+  std::cout << "[ measured ] the first job's last write came " << (b_first - a_last) / 1000000
+            << " ms before the next job's first\n";
+  return ::testing::AssertionSuccess();
+}
+
 // Issue: the job outlived the lock. The holder's connection frozen (a proxy stops
 // moving bytes; the server itself still answers others): the server hands the lock
 // on once the TTL has run out after the last renewal it saw, and the next holder's
@@ -402,19 +424,7 @@ TEST(CliRedis, JobIsDeadBeforeTheServerCanHandTheLockOn) {
   const int a_code = a.wait(20s);
   proxy.pass();
   EXPECT_EQ(a_code, 76) << a.err();
-  const auto a_lines = lines_of(slurp(a_log));
-  const auto b_lines = lines_of(slurp(b_log));
-  ASSERT_FALSE(a_lines.empty());
-  ASSERT_EQ(b_lines.size(), 1u) << slurp(b_log);
-  long long a_last = 0;
-  for (const auto& l : a_lines) {
-    if (!l.empty()) a_last = std::max(a_last, std::stoll(l));
-  }
-  const long long b_first = std::stoll(b_lines[0]);
-  std::cout << "[ measured ] the first job's last write came " << (b_first - a_last) / 1000000
-            << " ms before the next job's first\n";
-  EXPECT_LT(a_last, b_first) << "the first job wrote " << (a_last - b_first) / 1000000
-                             << " ms after the next holder's job had started";
+  EXPECT_TRUE(first_job_ended_before_the_next_began(a_log, b_log));
 }
 
 // SIGTSTP and SIGTTIN are catchable: unlike SIGSTOP they must not pause the runner
@@ -439,18 +449,8 @@ TEST(CliRedis, StopSignalsSentToTheRunnerNeverLeaveItsJobRunningUnprotected) {
   a.signal(SIGCONT);  // a runner that did stop must end now (it finds its lease gone)
   const int a_code = a.wait(20s);
   EXPECT_NE(a_code, 0) << a.err();
-  const auto a_lines = lines_of(slurp(a_log));
-  const auto b_lines = lines_of(slurp(b_log));
-  ASSERT_FALSE(a_lines.empty());
-  ASSERT_EQ(b_lines.size(), 1u) << slurp(b_log);
-  long long a_last = 0;
-  for (const auto& l : a_lines) {
-    if (!l.empty()) a_last = std::max(a_last, std::stoll(l));
-  }
-  const long long b_first = std::stoll(b_lines[0]);
-  EXPECT_LT(a_last, b_first) << "the first job wrote " << (a_last - b_first) / 1000000
-                             << " ms after the next holder's job had started (runner exit " << a_code << ": "
-                             << a.err() << ")";
+  EXPECT_TRUE(first_job_ended_before_the_next_began(a_log, b_log))
+      << "runner exit " << a_code << ": " << a.err();
 }
 
 // A forwarded SIGTSTP may stop a process of the job that is not the runner's child
