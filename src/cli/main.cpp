@@ -1,6 +1,7 @@
 // distlock — the command-line tool: run a command under a lock, inspect a lock,
 // and (when built) benchmark a backend or generate ids. See docs/cli.md.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "core/url.hpp"
 #include "distlock/error.hpp"
 #include "distlock/version.hpp"
 
@@ -140,6 +142,25 @@ std::string describe(const std::system_error& e) {
 }
 
 /// Index of the subcommand word (the first argument that is not a flag), or argc.
+// A password written in a URL argument is overwritten in the process's own argument
+// memory (what ps and /proc/<pid>/cmdline show) once the arguments have been copied:
+// a `run` lives as long as its job, and any user of the host can read its command line.
+// It is visible between exec and this call, which is why $DISTLOCK_PASSWORD and
+// --password-file exist. Only distlock's own arguments (before "--") are touched.
+void hide_url_passwords(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* text = argv[i];
+    if (text[0] == '-' && text[1] == '-') {
+      char* eq = std::strchr(text, '=');
+      if (eq == nullptr) continue;
+      text = eq + 1;
+    }
+    if (std::strstr(text, "://") == nullptr) continue;
+    const auto [begin, end] = detail::url_secret_range(text);
+    std::fill(text + begin, text + end, '*');
+  }
+}
+
 int subcommand_index(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (argv[i][0] != '-') return i;
@@ -170,6 +191,12 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+  // CLI11 parses copies, so the originals can be scrubbed before any of it runs.
+  std::vector<std::string> owned_args(args.begin(), args.end());
+  hide_url_passwords(static_cast<int>(args.size()), args.data());
+  args.clear();
+  for (std::string& a : owned_args) args.push_back(a.data());
 
   CLI::App app(kDescription, "distlock");
   app.formatter(std::make_shared<Formatter>());

@@ -100,6 +100,11 @@ void percent_encode(std::string_view in, std::string& out) {
 
 }  // namespace
 
+std::pair<std::size_t, std::size_t> url_secret_range(std::string_view text) {
+  const Mask m = secret_mask(text);
+  return {m.begin, m.end};
+}
+
 std::string redact_url_text(std::string_view text) {
   return masked(text, secret_mask(text), text);
 }

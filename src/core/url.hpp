@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "distlock/options.hpp"
@@ -50,6 +51,10 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why);
 
 /// The text of a URL that may not parse, masked for a message as parse_url's errors are.
 std::string redact_url_text(std::string_view text);
+
+/// Where redact_url_text would mask: [first, second) of `text`, empty when there is
+/// nothing that could be a password.
+std::pair<std::size_t, std::size_t> url_secret_range(std::string_view text);
 
 /// `text` with its password set to `password` (percent-encoded; the user, if any, is
 /// kept). invalid_url (with a masked `why`) if `text` does not parse.
