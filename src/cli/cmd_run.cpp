@@ -233,9 +233,10 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string_view kv(*e);
-    // An outer runner's variables must not leak into this lock's command.
+    // An outer runner's variables must not leak into this lock's command, nor the
+    // runner's password (the job gets it only in DISTLOCK_URL, with --pass-url-password).
     if (kv.starts_with("DISTLOCK_NAME=") || kv.starts_with("DISTLOCK_TOKEN=") ||
-        kv.starts_with("DISTLOCK_URL=")) {
+        kv.starts_with("DISTLOCK_URL=") || kv.starts_with("DISTLOCK_PASSWORD=")) {
       continue;
     }
     env.emplace_back(kv);

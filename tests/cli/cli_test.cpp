@@ -715,6 +715,22 @@ TEST(CliRedis, PasswordFromEnvironmentOrFileAndNotInTheChildUrl) {
   EXPECT_TRUE(one_error_line(local_file.err(), "take no password"));
 }
 
+// $DISTLOCK_PASSWORD is the runner's, not the job's: the job's environment carries
+// the password only when --pass-url-password asks for it, and then in DISTLOCK_URL
+// (PasswordFromEnvironmentOrFileAndNotInTheChildUrl).
+TEST(CliRedis, PasswordVariableIsNotPassedToTheJob) {
+  TempDir dir("distlock-cli");
+  RedisServer redis({.password = "S3cretPw"});
+  const std::string bare = "redis://127.0.0.1:" + std::to_string(redis.port());
+  const std::string out = (dir.path() / "child-env").string();
+  const std::vector<std::string> job = {"--", "sh", "-c", "printf '[%s]' \"$DISTLOCK_PASSWORD\" > " + out};
+  std::vector<std::string> args = {"run", "--url", bare, "job"};
+  args.insert(args.end(), job.begin(), job.end());
+  Cli run = Cli::run(args, dir.path(), 20s, {"DISTLOCK_PASSWORD=S3cretPw"});
+  ASSERT_EQ(run.code(), 0) << run.err();
+  EXPECT_EQ(slurp(out), "[]") << "the job was given the password";
+}
+
 // A password written in --url is overwritten in the runner's own argument memory
 // as soon as the arguments are parsed, so ps and /proc/<pid>/cmdline of a long
 // job's runner do not show it; the job's own arguments are left as they were.
