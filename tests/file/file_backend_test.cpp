@@ -20,14 +20,12 @@
 #include <fstream>
 #include <future>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
-#include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
