@@ -161,33 +161,6 @@ TEST(EtcdBackend, NamesAreOpaqueBytesAndDoNotShareQueues) {
   ASSERT_TRUE(pct.has_value());
   EXPECT_EQ(keys_under(etcd, "distlock/a/").size(), 1u);
   EXPECT_EQ(one.status("a").waiters, 0u);
-  for (const std::string& name : {std::string("with space"), std::string("cr\r\nlf"), std::string(4096, 'x'),
-                                  std::string("\xff\xfe binary")}) {
-    Lease l = two.acquire(name, ttl_opts(5s));
-    EXPECT_TRUE(l.owns());
-    EXPECT_TRUE(one.status(name).held);
-    EXPECT_FALSE(one.try_acquire(name, ttl_opts(5s)).has_value());
-  }
-}
-
-TEST(EtcdBackend, TryLockWhenBusyLeavesNoKeyBehind) {
-  EtcdCluster etcd(1);
-  Client holder = connect(etcd.url());
-  Client other = connect(etcd.url());
-  Lease held = holder.acquire("busy", ttl_opts(5s));
-  EXPECT_FALSE(other.try_acquire("busy", ttl_opts(5s)).has_value());
-  EXPECT_EQ(keys_under(etcd, "distlock/busy/").size(), 1u);
-  // A timed wait that runs out takes its queued key away too.
-  Mutex m = other.mutex("busy", ttl_opts(5s));
-  const auto t0 = Steady::now();
-  EXPECT_FALSE(m.try_lock_for(300ms));
-  EXPECT_LT(Steady::now() - t0, 2s);
-  EXPECT_EQ(keys_under(etcd, "distlock/busy/").size(), 1u);
-  EXPECT_EQ(holder.status("busy").waiters, 0u);
-  // Unlock of a lock this thread does not hold.
-  std::error_code ec;
-  m.unlock(ec);
-  EXPECT_EQ(ec, errc::not_owner);
 }
 
 TEST(EtcdBackend, WaitersAcquireInTheOrderTheyQueued) {

@@ -22,21 +22,14 @@
 #include <vector>
 
 #include "nemesis/history.hpp"
+#include "support/backend_targets.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
-#ifdef DISTLOCK_TEST_REDIS
-#include "support/redis_server.hpp"
-#endif
-#ifdef DISTLOCK_TEST_ETCD
-#include "etcd/etcd_cluster.hpp"
-#endif
-#ifdef DISTLOCK_TEST_ZK
-#include "zk/zk_server.hpp"
-#endif
 
 using namespace std::chrono_literals;
 using distlock::testing::FaultProxyGroup;
+using distlock::testing::Kind;
 using distlock::testing::Process;
 using distlock::testing::TempDir;
 using Steady = std::chrono::steady_clock;
@@ -52,123 +45,15 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-// The servers of one backend and the faults that can hit them.
-struct Servers {
-  virtual ~Servers() = default;
-  virtual std::vector<std::uint16_t> ports() = 0;  // empty: host-local, no network faults
-  virtual std::string url_via(const std::string& hosts) = 0;
-  virtual bool fencing() const { return true; }
-  virtual int members() { return static_cast<int>(ports().size()); }
-  virtual void pause(int member) = 0;
-  virtual void resume(int member) = 0;
-  virtual void kill_and_restart(int member) = 0;
-};
-
-#ifdef DISTLOCK_TEST_REDIS
-struct RedisServers : Servers {
-  explicit RedisServers(int n) {
-    for (int i = 0; i < n; ++i) {
-      // appendfsync always: a restarted server keeps its lock keys and fence counters,
-      // the persistence the Redis and Redlock backends document as required.
-      servers.push_back(std::make_unique<distlock::testing::RedisServer>(
-          distlock::testing::RedisServerOptions{.appendonly = true}));
-    }
+std::vector<Kind> nemesis_kinds() {
+  std::vector<Kind> out;
+  for (auto& k : distlock::testing::kinds()) {
+    if (k.in_nemesis) out.push_back(std::move(k));
   }
-  std::vector<std::uint16_t> ports() override {
-    std::vector<std::uint16_t> p;
-    for (auto& s : servers) p.push_back(s->port());
-    return p;
-  }
-  std::string url_via(const std::string& hosts) override {
-    return (servers.size() == 1 ? "redis://" : "redlock://") + hosts;
-  }
-  bool fencing() const override { return servers.size() == 1; }
-  void pause(int m) override { servers[m]->pause(); }
-  void resume(int m) override { servers[m]->resume(); }
-  void kill_and_restart(int m) override {
-    servers[m]->kill();
-    servers[m]->restart();
-  }
-  std::vector<std::unique_ptr<distlock::testing::RedisServer>> servers;
-};
-#endif
-
-#ifdef DISTLOCK_TEST_ETCD
-struct EtcdServers : Servers {
-  EtcdServers() : cluster(3) {}
-  std::vector<std::uint16_t> ports() override {
-    std::vector<std::uint16_t> p;
-    for (int i = 0; i < cluster.size(); ++i) p.push_back(cluster.client_port(i));
-    return p;
-  }
-  std::string url_via(const std::string& hosts) override { return "etcd://" + hosts; }
-  void pause(int m) override { cluster.pause(m); }
-  void resume(int m) override { cluster.resume(m); }
-  void kill_and_restart(int m) override {
-    cluster.kill(m);
-    cluster.restart(m);
-  }
-  distlock::testing::EtcdCluster cluster;
-};
-#endif
-
-#ifdef DISTLOCK_TEST_ZK
-struct ZkServers : Servers {
-  ZkServers() : ensemble(3) {}
-  std::vector<std::uint16_t> ports() override {
-    std::vector<std::uint16_t> p;
-    for (int i = 0; i < ensemble.size(); ++i) p.push_back(ensemble.server(i).port());
-    return p;
-  }
-  std::string url_via(const std::string& hosts) override { return "zk://" + hosts + "?session_timeout=2s"; }
-  void pause(int m) override { ensemble.server(m).pause(); }
-  void resume(int m) override { ensemble.server(m).resume(); }
-  void kill_and_restart(int m) override {
-    ensemble.server(m).kill();
-    ensemble.server(m).start();
-  }
-  distlock::testing::ZkEnsemble ensemble;
-};
-#endif
-
-struct FileServers : Servers {
-  std::vector<std::uint16_t> ports() override { return {}; }
-  std::string url_via(const std::string&) override { return "file://" + dir.path().string(); }
-  int members() override { return 0; }
-  void pause(int) override {}
-  void resume(int) override {}
-  void kill_and_restart(int) override {}
-  TempDir dir{"distlock-nemesis-file"};
-};
-
-struct Backend {
-  std::string label;
-  std::function<std::unique_ptr<Servers>()> make;
-};
-
-void PrintTo(const Backend& b, std::ostream* os) {
-  *os << b.label;
+  return out;
 }
 
-std::vector<Backend> backends() {
-  std::vector<Backend> b;
-  b.push_back({"file", [] { return std::make_unique<FileServers>(); }});
-#ifdef DISTLOCK_TEST_REDIS
-  b.push_back({"redis", [] { return std::make_unique<RedisServers>(1); }});
-#endif
-#ifdef DISTLOCK_TEST_REDLOCK
-  b.push_back({"redlock3", [] { return std::make_unique<RedisServers>(3); }});
-#endif
-#ifdef DISTLOCK_TEST_ETCD
-  b.push_back({"etcd3", [] { return std::make_unique<EtcdServers>(); }});
-#endif
-#ifdef DISTLOCK_TEST_ZK
-  b.push_back({"zk3", [] { return std::make_unique<ZkServers>(); }});
-#endif
-  return b;
-}
-
-class Nemesis : public ::testing::TestWithParam<Backend> {};
+class Nemesis : public ::testing::TestWithParam<Kind> {};
 
 TEST_P(Nemesis, HistoryHasNoViolations) {
   const int seconds = env_int("DISTLOCK_NEMESIS_SECONDS", 20);
@@ -177,7 +62,9 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   std::printf("nemesis %s: seed %u, %d s (replay: DISTLOCK_NEMESIS_SEED=%u)\n", GetParam().label.c_str(),
               seed, seconds, seed);
   std::mt19937 rng(seed);
-  auto servers = GetParam().make();
+  // Durable servers (Redis: appendfsync always) keep locks and fence counters across a
+  // kill and restart; Redlock keeps its default per-master timeout.
+  auto servers = GetParam().make({.durable = true, .redlock_query = ""});
   TempDir dir("distlock-nemesis");
   const std::string history = (dir.path() / "history").string();
   const std::string fence = (dir.path() / "fence").string();
@@ -304,8 +191,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Nemesis, ::testing::ValuesIn(backends()),
-                         [](const ::testing::TestParamInfo<Backend>& p) { return p.param.label; });
+INSTANTIATE_TEST_SUITE_P(Backends, Nemesis, ::testing::ValuesIn(nemesis_kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 // The checker must be able to fail: hand-made histories with each violation.
 class HistoryChecker : public ::testing::Test {

@@ -389,30 +389,6 @@ TEST(RedlockFault, TimedOutConnectionIsDiscardedNotReused) {
   EXPECT_TRUE(gone) << "connection " << old_id << " still open on the master";
 }
 
-TEST(RedlockFault, HolderPausedPastItsTtlSeesTheLossOnResume) {
-  Masters m(3);
-  testing::TempDir dir("redlock-pause");
-  const std::string out = (dir.path() / "holder.out").string();
-  auto holder = testing::spawn_holder(m.url(), "stall", out, 1000);
-  ASSERT_TRUE(testing::wait_for_text(out, "acquired none", 10s)) << testing::read_file(out);
-  holder.signal(SIGSTOP);
-  auto client = connect(m.url());
-  LockOptions opts;
-  opts.wait = 5s;
-  const auto t0 = Clock::now();
-  auto lease = client.acquire("stall", opts);  // the holder's lease expires on the masters
-  EXPECT_TRUE(lease.owns());
-  EXPECT_LT(since(t0), 3s);
-  holder.signal(SIGCONT);
-  EXPECT_TRUE(testing::wait_for_text(out, "lost", 5s)) << testing::read_file(out);
-  holder.signal(SIGTERM);
-  const int status = holder.wait_for(10s);
-  ASSERT_NE(status, -1);
-  EXPECT_EQ(WEXITSTATUS(status), 76) << testing::read_file(out);  // release reported "lost"
-  // The resumed holder touched nothing of the new owner's.
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(keys_of(m, i, client), 1u) << "master " << i;
-}
-
 TEST(RedlockFault, RenewalWithoutAQuorumEndsInLossAtTheLocalDeadline) {
   Masters m(3);
   auto client = connect(m.url());

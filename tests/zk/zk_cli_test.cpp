@@ -14,26 +14,12 @@
 #include "support/process.hpp"
 #include "zk/zk_names.hpp"
 #include "zk/zk_server.hpp"
+#include "zk/zk_test_util.hpp"
 
 namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-ZkServer& shared_server() {
-  static ZkServer server;
-  return server;
-}
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
 
 TEST(ZkCli, RunSizesTheSessionToItsTtlSoAKilledRunnerFreesTheLockAfterIt) {
   TempDir dir("distlock-zk-cli");

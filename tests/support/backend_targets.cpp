@@ -1,0 +1,211 @@
+#include "support/backend_targets.hpp"
+
+#include "support/process.hpp"
+#ifdef DISTLOCK_TEST_REDIS
+#include "support/redis_server.hpp"
+#endif
+#ifdef DISTLOCK_TEST_ETCD
+#include "etcd/etcd_cluster.hpp"
+#endif
+#ifdef DISTLOCK_TEST_ZK
+#include "zk/zk_server.hpp"
+#endif
+
+namespace distlock::testing {
+namespace {
+
+#ifdef DISTLOCK_TEST_REDIS
+std::vector<std::string> redis_keys(const RedisServer& s, bool with_channels) {
+  std::vector<std::string> out;
+  auto keys = s.command({"KEYS", "*"});
+  for (std::size_t i = 0; keys && i < keys->elements; ++i) {
+    std::string k(keys->element[i]->str, keys->element[i]->len);
+    // The fence counter outlives every holder by design: tokens never go back.
+    if (k.size() < 6 || k.compare(k.size() - 6, 6, ":fence") != 0) out.push_back("key " + k);
+  }
+  if (with_channels) {
+    auto ch = s.command({"PUBSUB", "CHANNELS", "*"});
+    for (std::size_t i = 0; ch && i < ch->elements; ++i) {
+      out.push_back("channel " + std::string(ch->element[i]->str, ch->element[i]->len));
+    }
+  }
+  return out;
+}
+
+RedisServerOptions redis_options(const TargetOptions& o) {
+  RedisServerOptions r;
+  r.appendonly = o.durable;
+  return r;
+}
+
+// redis:// (one server) or redlock:// (several masters).
+class RedisTarget final : public Target {
+ public:
+  RedisTarget(int servers, const TargetOptions& o) : query_(servers > 1 ? o.redlock_query : "") {
+    for (int i = 0; i < servers; ++i) servers_.push_back(std::make_unique<RedisServer>(redis_options(o)));
+  }
+  std::string url() override {
+    std::string hosts;
+    for (std::size_t i = 0; i < servers_.size(); ++i) {
+      if (i) hosts += ",";
+      hosts += "127.0.0.1:" + std::to_string(servers_[i]->port());
+    }
+    return url_via(hosts);
+  }
+  bool fencing() const override { return servers_.size() == 1; }
+  std::vector<std::uint16_t> ports() override {
+    std::vector<std::uint16_t> out;
+    for (auto& s : servers_) out.push_back(s->port());
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override {
+    return (servers_.size() == 1 ? "redis://" : "redlock://") + hosts + query_;
+  }
+  std::vector<std::string> leftovers() override {
+    if (servers_.size() == 1) return redis_keys(*servers_[0], true);
+    std::vector<std::string> out;
+    for (auto& s : servers_) {
+      for (auto& k : redis_keys(*s, true)) out.push_back(std::to_string(s->port()) + ": " + k);
+    }
+    return out;
+  }
+  int members() override { return static_cast<int>(servers_.size()); }
+  void pause(int m) override { servers_[m]->pause(); }
+  void resume(int m) override { servers_[m]->resume(); }
+  void kill_and_restart(int m) override {
+    servers_[m]->kill();
+    servers_[m]->restart();
+  }
+
+ private:
+  std::string query_;
+  std::vector<std::unique_ptr<RedisServer>> servers_;
+};
+#endif
+
+#ifdef DISTLOCK_TEST_ETCD
+class EtcdTarget final : public Target {
+ public:
+  explicit EtcdTarget(int members) : cluster_(members) {}
+  std::string url() override { return cluster_.url(); }
+  std::vector<std::uint16_t> ports() override {
+    std::vector<std::uint16_t> out;
+    for (int i = 0; i < cluster_.size(); ++i) out.push_back(cluster_.client_port(i));
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override { return "etcd://" + hosts; }
+  std::vector<std::string> leftovers() override {
+    std::vector<std::string> out;
+    const std::string keys = cluster_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
+    for (std::size_t pos = 0; pos < keys.size();) {
+      std::size_t nl = keys.find('\n', pos);
+      if (nl == std::string::npos) nl = keys.size();
+      if (nl > pos) out.push_back("key " + keys.substr(pos, nl - pos));
+      pos = nl + 1;
+    }
+    const std::string leases = cluster_.etcdctl_ok({"lease", "list"});
+    if (leases.find("found 0 leases") == std::string::npos) out.push_back("leases: " + leases);
+    return out;
+  }
+  int members() override { return cluster_.size(); }
+  void pause(int m) override { cluster_.pause(m); }
+  void resume(int m) override { cluster_.resume(m); }
+  void kill_and_restart(int m) override {
+    cluster_.kill(m);
+    cluster_.restart(m);
+  }
+
+ private:
+  EtcdCluster cluster_;
+};
+#endif
+
+#ifdef DISTLOCK_TEST_ZK
+class ZkTarget final : public Target {
+ public:
+  explicit ZkTarget(int servers) {
+    if (servers == 1) {
+      single_ = std::make_unique<ZkServer>();
+    } else {
+      ensemble_ = std::make_unique<ZkEnsemble>(servers);
+    }
+  }
+  // The session is the lease: its timeout is the TTL the tests use.
+  static constexpr const char* kQuery = "?session_timeout=2s";
+  std::string url() override { return single_ ? single_->url(kQuery) : ensemble_->url(kQuery); }
+  std::vector<std::uint16_t> ports() override {
+    std::vector<std::uint16_t> out;
+    for (int i = 0; i < members(); ++i) out.push_back(server(i).port());
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override { return "zk://" + hosts + kQuery; }
+  std::vector<std::string> leftovers() override {
+    RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
+    std::vector<std::string> out;
+    for (const auto& dir : raw.children("/distlock")) {
+      for (const auto& node : raw.children("/distlock/" + dir))
+        out.push_back("node /distlock/" + dir + "/" + node);
+    }
+    return out;
+  }
+  int members() override { return single_ ? 1 : ensemble_->size(); }
+  void pause(int m) override { server(m).pause(); }
+  void resume(int m) override { server(m).resume(); }
+  void kill_and_restart(int m) override {
+    server(m).kill();
+    server(m).start();
+  }
+
+ private:
+  ZkServer& server(int m) { return single_ ? *single_ : ensemble_->server(m); }
+  std::unique_ptr<ZkServer> single_;
+  std::unique_ptr<ZkEnsemble> ensemble_;
+};
+#endif
+
+class FileTarget final : public Target {
+ public:
+  std::string url() override { return "file://" + dir_.path().string(); }
+  bool dense_tokens() const override { return true; }
+  bool expires() const override { return false; }
+  std::vector<std::string> leftovers() override { return {}; }  // lock files stay; kernel locks die with fds
+
+ private:
+  TempDir dir_{"distlock-target-file"};
+};
+
+}  // namespace
+
+void PrintTo(const Kind& k, std::ostream* os) {
+  *os << k.label;
+}
+
+std::vector<Kind> kinds() {
+  std::vector<Kind> k;
+  k.push_back({"file", [](const TargetOptions&) { return std::make_unique<FileTarget>(); }, false});
+#ifdef DISTLOCK_TEST_REDIS
+  k.push_back({"redis", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(1, o); }});
+#endif
+#ifdef DISTLOCK_TEST_REDLOCK
+  k.push_back({"redlock3", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(3, o); }});
+#endif
+#ifdef DISTLOCK_TEST_ETCD
+  k.push_back({"etcd1", [](const TargetOptions&) { return std::make_unique<EtcdTarget>(1); }, true, false});
+  k.push_back({"etcd3", [](const TargetOptions&) { return std::make_unique<EtcdTarget>(3); }});
+#endif
+#ifdef DISTLOCK_TEST_ZK
+  k.push_back({"zk1", [](const TargetOptions&) { return std::make_unique<ZkTarget>(1); }, true, false});
+  k.push_back({"zk3", [](const TargetOptions&) { return std::make_unique<ZkTarget>(3); }});
+#endif
+  return k;
+}
+
+std::vector<Kind> networked_kinds() {
+  std::vector<Kind> out;
+  for (auto& k : kinds()) {
+    if (k.networked) out.push_back(std::move(k));
+  }
+  return out;
+}
+
+}  // namespace distlock::testing

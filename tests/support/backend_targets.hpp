@@ -1,0 +1,75 @@
+// The backends a cross-backend test runs against, each started by the test itself:
+// one redis-server, three Redlock masters, etcd as one member or a 3-member cluster,
+// ZooKeeper standalone or a 3-server ensemble, a file:// directory. Used by the
+// conformance suite (tests/conformance) and the nemesis run (tests/nemesis).
+//
+// A new backend adds one Target class in backend_targets.cpp and one push_back in
+// kinds() there.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace distlock::testing {
+
+/// How the servers of a target are started.
+struct TargetOptions {
+  /// Servers keep their data across kill_and_restart() (Redis: appendonly with
+  /// appendfsync always, the persistence the Redis and Redlock backends require).
+  bool durable = false;
+  /// Query appended to redlock:// URLs. The default per-master timeout of 1 s keeps
+  /// 64 contenders on 2 shared cores (slower still under sanitizers) from turning a
+  /// starved master into a spurious quorum failure.
+  std::string redlock_query = "?timeout=1s";
+};
+
+/// One backend under test: its URL, what can be read on its servers without going
+/// through distlock, and the faults its servers can be put through.
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual std::string url() = 0;
+  /// Tokens are fencing tokens (strictly increasing per name).
+  virtual bool fencing() const { return true; }
+  /// Tokens are dense: each acquisition of a name issues the previous token + 1.
+  virtual bool dense_tokens() const { return false; }
+  /// Leases expire when their holder stops renewing (false: host-local kernel locks,
+  /// held by a paused process until it dies).
+  virtual bool expires() const { return true; }
+  /// Lock records, queue entries, sessions/leases and subscriptions left on the
+  /// servers, described one per string ("key ...", "node ...", "channel ...",
+  /// "leases: ..."). Empty once every client is gone.
+  virtual std::vector<std::string> leftovers() = 0;
+  /// The servers' client ports (empty for host-local backends), and the URL that
+  /// reaches them at other host:ports (fault proxies); host-local: url().
+  virtual std::vector<std::uint16_t> ports() { return {}; }
+  virtual std::string url_via(const std::string& /*hosts*/) { return url(); }
+  /// Servers that can be paused or killed: member indexes 0 .. members()-1.
+  virtual int members() { return 0; }
+  virtual void pause(int /*member*/) {}
+  virtual void resume(int /*member*/) {}
+  virtual void kill_and_restart(int /*member*/) {}
+};
+
+struct Kind {
+  std::string label;
+  std::function<std::unique_ptr<Target>(const TargetOptions&)> make;
+  /// Reached over TCP (fault proxies can stand in between); false: host-local.
+  bool networked = true;
+  /// Run by the nemesis (the single-member forms of a cluster are left to its
+  /// 3-member form there).
+  bool in_nemesis = true;
+};
+
+void PrintTo(const Kind& k, std::ostream* os);
+
+/// Every backend of this build, file first.
+std::vector<Kind> kinds();
+/// Those of kinds() reached over TCP (fault proxies can stand in between).
+std::vector<Kind> networked_kinds();
+
+}  // namespace distlock::testing

@@ -1,0 +1,38 @@
+// Helpers shared by the zk:// test binaries: one ZooKeeper server per test process,
+// a client without log output, and a bounded wait for a condition.
+#pragma once
+
+#include <chrono>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+#include "zk/zk_server.hpp"
+
+namespace distlock::testing {
+
+/// The standalone server of this test process, started on first use (~1 s).
+inline ZkServer& shared_server() {
+  static ZkServer server;
+  return server;
+}
+
+/// Client options that drop the library's log lines.
+inline ClientOptions quiet_options() {
+  ClientOptions o;
+  o.logger = [](LogLevel, std::string_view) {};
+  return o;
+}
+
+/// Polls `pred` every 10 ms until it holds (true) or `timeout` passes on this
+/// process's steady clock (false).
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+}  // namespace distlock::testing
