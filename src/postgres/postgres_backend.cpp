@@ -218,7 +218,9 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
   // Every lease on this connection ends with it; the server ends it after this much idleness.
   const std::string options =
       "-c idle_session_timeout=" + std::to_string(idle_timeout.count()) +
-      " -c idle_in_transaction_session_timeout=" + std::to_string(idle_timeout.count());
+      " -c idle_in_transaction_session_timeout=" + std::to_string(idle_timeout.count()) +
+      // A token row lost to a crash would let tokens repeat.
+      " -c synchronous_commit=on";
   std::vector<const char*> keys{"host", "connect_timeout", "application_name", "options", "client_encoding"};
   std::vector<const char*> vals{cfg.host.c_str(), connect_s.c_str(), role, options.c_str(), "UTF8"};
   auto add = [&](const char* k, const std::string& v) {
@@ -270,8 +272,14 @@ struct Session {
   explicit Session(Millis t) : ttl(t) {}
   const Millis ttl;
   std::mutex mu;
-  Conn conn;                                                         // guarded by mu
-  std::map<std::int64_t, std::pair<std::string, std::string>> held;  // key → (name, owner); guarded by mu
+  Conn conn;  // guarded by mu
+  struct Held {
+    std::string name, owner;
+    // Send time of its last acquire/renewal + ttl: the engine's local deadline for
+    // it lies before this, so past it the holder knows the lease is lost.
+    Clock::time_point valid_until;
+  };
+  std::map<std::int64_t, Held> held;  // by advisory key; guarded by mu
 };
 
 using Lost = std::vector<std::pair<std::string, std::string>>;  // (name, owner)
@@ -325,6 +333,7 @@ class PostgresBackend final : public Backend {
     AcquireResult res;
     {
       std::lock_guard lk(s.mu);
+      expire_stale(s);
       if (s.held.count(key)) {
         // This session holds the key already (another owner of this client, or a
         // name with the same hash): advisory locks re-enter within a session, so
@@ -335,8 +344,10 @@ class PostgresBackend final : public Backend {
       const std::vector<std::string> params{to_hex(req.name), std::to_string(key), std::string(req.owner),
                                             std::to_string(req.ttl.count())};
       Exec e;
+      Clock::time_point sent{};
       for (int attempt = 0; attempt < 2; ++attempt) {
         if (!ensure_connected(s, lost, ec)) break;
+        sent = Clock::now();
         e = run(s.conn.get(), kAcquireSql, params, cfg_.command_timeout);
         if (!e.io_failed) break;
         // The session is gone: every lease on it went with it. An idle session the
@@ -366,7 +377,7 @@ class PostgresBackend final : public Backend {
           if (er != std::errc{} || PQgetisnull(r, 0, 1)) {
             ec = make_error_code(errc::protocol_error);
           } else {
-            s.held[key] = {std::string(req.name), std::string(req.owner)};
+            s.held[key] = {std::string(req.name), std::string(req.owner), sent + s.ttl};
             res.acquired = true;
             res.token = token;
             // The server ends the session no earlier than ttl after it finished this
@@ -401,6 +412,7 @@ class PostgresBackend final : public Backend {
     Lost lost;
     for (auto& [s, idx] : by_session) {
       std::lock_guard lk(s->mu);
+      expire_stale(*s);
       if (!s->conn) {
         for (auto i : idx) out[i] = RenewStatus::not_owner;
         continue;
@@ -411,6 +423,7 @@ class PostgresBackend final : public Backend {
         arr += to_hex(items[idx[j]].name);
       }
       arr += "}";
+      const Clock::time_point sent = Clock::now();
       Exec e = run(s->conn.get(), kRenewSql, {arr}, cfg_.command_timeout);
       if (e.io_failed) {
         // The session is gone or cannot be trusted: its advisory locks end with it
@@ -432,7 +445,10 @@ class PostgresBackend final : public Backend {
       for (auto i : idx) {
         const bool mine = rows.count({to_hex(items[i].name), std::string(items[i].owner)}) > 0;
         out[i] = mine ? RenewStatus::renewed : RenewStatus::not_owner;
-        if (!mine) {
+        if (mine) {
+          auto h = s->held.find(postgres_lock_key(items[i].name));
+          if (h != s->held.end()) h->second.valid_until = sent + s->ttl;
+        } else {
           // The row names someone else: the advisory lock is ours but the record is
           // not; give the lock up so the record's owner is the only holder.
           const std::int64_t key = postgres_lock_key(items[i].name);
@@ -455,8 +471,9 @@ class PostgresBackend final : public Backend {
     ReleaseStatus st = ReleaseStatus::released;
     {
       std::lock_guard lk(s->mu);
+      expire_stale(*s);
       auto it = s->held.find(key);
-      if (it == s->held.end() || it->second.second != owner || !s->conn) return ReleaseStatus::not_owner;
+      if (it == s->held.end() || it->second.owner != owner || !s->conn) return ReleaseStatus::not_owner;
       Exec e = run(s->conn.get(), kReleaseSql,
                    {to_hex(name), std::string(owner), std::to_string(key), key_payload(key)},
                    cfg_.command_timeout);
@@ -577,7 +594,7 @@ class PostgresBackend final : public Backend {
     for (Session* s : all) {
       std::lock_guard lk(s->mu);
       auto it = s->held.find(key);
-      if (it != s->held.end() && it->second.first == name && it->second.second == owner) return s;
+      if (it != s->held.end() && it->second.name == name && it->second.owner == owner) return s;
     }
     return nullptr;
   }
@@ -596,9 +613,28 @@ class PostgresBackend final : public Backend {
     return true;
   }
 
+  // With s.mu held: gives up the advisory locks of leases not renewed for their TTL.
+  // The engine has declared them lost (its local deadline came first) and does not
+  // release lost leases; while other leases keep this session busy, the server would
+  // otherwise keep them locked. Clears their rows and wakes their waiters.
+  void expire_stale(Session& s) {
+    if (!s.conn) return;
+    const auto now = Clock::now();
+    for (auto it = s.held.begin(); it != s.held.end();) {
+      if (now < it->second.valid_until) {
+        ++it;
+        continue;
+      }
+      run(s.conn.get(), kReleaseSql,
+          {to_hex(it->second.name), it->second.owner, std::to_string(it->first), key_payload(it->first)},
+          cfg_.command_timeout);
+      it = s.held.erase(it);
+    }
+  }
+
   // With s.mu held: closes the session; every lease it carried is lost.
   void drop(Session& s, Lost& lost) {
-    for (auto& [key, h] : s.held) lost.push_back(h);
+    for (auto& [key, h] : s.held) lost.emplace_back(h.name, h.owner);
     s.held.clear();
     s.conn.reset();
   }

@@ -32,6 +32,9 @@
 #ifdef DISTLOCK_TEST_ZK
 #include "zk/zk_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_POSTGRES
+#include "conformance/postgres_target.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -231,6 +234,9 @@ std::vector<Kind> networked_kinds() {
 #ifdef DISTLOCK_TEST_ZK
   k.push_back({"zk1", [] { return std::make_unique<ZkTarget>(1); }});
   k.push_back({"zk3", [] { return std::make_unique<ZkTarget>(3); }});
+#endif
+#ifdef DISTLOCK_TEST_POSTGRES
+  k.push_back({"postgres", [] { return std::make_unique<distlock::testing::PostgresTarget<Target>>(); }});
 #endif
   return k;
 }

@@ -283,6 +283,25 @@ TEST(Postgres, ServerKilledWhileHeldSignalsTheLossAndTokensStillIncreaseAfterRes
   EXPECT_TRUE(again1.owns()) << "the old lease's release touched the new one";
 }
 
+// A lease the engine declared lost on its own (renewals failing with an SQL error
+// until its local deadline) while its session stays busy with another lease: the
+// engine never releases a lost lease, so the backend gives the advisory lock up
+// itself once its TTL has passed; otherwise the busy session would keep it for ever.
+TEST(Postgres, ALeaseLostLocallyIsGivenUpWhileItsSessionStaysBusy) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  auto lost = a.acquire("zombie", ttl_of(1000ms));
+  server.query("ALTER TABLE distlock_locks RENAME TO distlock_locks_away");  // renewals now fail
+  ASSERT_TRUE(eventually([&] { return lost.stop_token().stop_requested(); }, 10000ms));
+  server.query("ALTER TABLE distlock_locks_away RENAME TO distlock_locks");
+  auto busy = a.acquire("keeps-the-session-busy", ttl_of(1000ms, 5000ms));
+  std::error_code ec;
+  auto next = b.acquire("zombie", ttl_of(1000ms, 8000ms), ec);
+  EXPECT_FALSE(ec) << ec.message() << ": the lost lease's advisory lock was never given up";
+  EXPECT_TRUE(busy.owns()) << "the busy session was not renewed meanwhile";
+}
+
 // Leases of different TTLs live on different sessions, each ended after its own TTL.
 TEST(Postgres, EachTtlHasItsOwnSessionTimeout) {
   PostgresServer server;

@@ -1,9 +1,11 @@
 #include "support/postgres_server.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,28 +65,30 @@ PostgresServer::PostgresServer() {
     }
     if (::chown(d.c_str(), pw->pw_uid, pw->pw_gid) != 0) throw std::runtime_error("chown " + d + " failed");
   }
-  // initdb once per test process (seconds under load); each server copies it.
-  static std::mutex template_mu;
-  static std::unique_ptr<TempDir> template_dir;
-  static std::string template_error;
+  // initdb once (seconds under load) into a template shared by every test process
+  // of this user (CTest runs each test as its own process); each server copies it.
+  // Built in a temporary directory and renamed into place, under an flock.
+  const std::string tmpl = (std::filesystem::temp_directory_path() /
+                            ("distlock-pg-template-" + std::to_string(::geteuid()) + "-" +
+                             std::filesystem::path(bin_).parent_path().filename().string()))
+                               .string();
   {
-    std::lock_guard lk(template_mu);
-    if (!template_dir && template_error.empty()) {
-      auto t = std::make_unique<TempDir>("distlock-pg-template");
-      const std::string td = t->path().string();
-      if (as_postgres_) {
-        const passwd* pw = ::getpwnam("postgres");
-        if (::chown(td.c_str(), pw->pw_uid, pw->pw_gid) != 0)
-          throw std::runtime_error("chown " + td + " failed");
-      }
+    const int lock_fd = ::open((tmpl + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd >= 0) ::flock(lock_fd, LOCK_EX);
+    std::string error;
+    if (!std::filesystem::exists(tmpl + "/data/PG_VERSION")) {
+      TempDir t("distlock-pg-initdb");
+      const std::string td = t.path().string();
       {
         std::ofstream pwfile(td + "/pw");
         pwfile << kPassword << "\n";
       }
       if (as_postgres_) {
         const passwd* pw = ::getpwnam("postgres");
-        if (::chown((td + "/pw").c_str(), pw->pw_uid, pw->pw_gid) != 0)
-          throw std::runtime_error("chown failed");
+        if (::chown(td.c_str(), pw->pw_uid, pw->pw_gid) != 0 ||
+            ::chown((td + "/pw").c_str(), pw->pw_uid, pw->pw_gid) != 0) {
+          error = "chown " + td + " failed";
+        }
       }
       std::vector<std::string> argv{bin_ + "/initdb",
                                     "-D",
@@ -100,18 +104,20 @@ PostgresServer::PostgresServer() {
       if (as_postgres_) {
         argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
       }
-      template_error = run_to_end(argv, td + "/initdb.log");
-      if (template_error.empty()) template_dir = std::move(t);
+      if (error.empty()) error = run_to_end(argv, td + "/initdb.log");
+      if (error.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(tmpl, ec);
+        std::filesystem::create_directory(tmpl, ec);
+        std::filesystem::rename(td + "/data", tmpl + "/data", ec);
+        if (ec) error = "cannot move the initdb template to " + tmpl + ": " + ec.message();
+      }
     }
-    if (!template_error.empty()) {
-      ADD_FAILURE() << template_error;
-      throw std::runtime_error(template_error);
-    }
-    const std::string copied =
-        run_to_end({"cp", "-a", (template_dir->path() / "data").string(), d + "/data"}, d + "/cp.log");
-    if (!copied.empty()) {
-      ADD_FAILURE() << copied;
-      throw std::runtime_error(copied);
+    if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
+    if (lock_fd >= 0) ::close(lock_fd);
+    if (!error.empty()) {
+      ADD_FAILURE() << error;
+      throw std::runtime_error(error);
     }
   }
   std::string failures;
