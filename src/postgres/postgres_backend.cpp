@@ -65,11 +65,14 @@ constexpr const char* kAcquireSql =
 
 // $1 name (hex), $2 owner, $3 key, $4 notification payload. The row is cleared only
 // for this owner on this session; the advisory lock is this session's (the caller
-// checked it holds it); the notification is sent at commit.
+// checked it holds it); the notification is sent at commit. The commit need not
+// wait for the WAL flush: the token is not touched, and a cleared owner lost to a
+// crash names a session that the crash ended (status checks pg_locks for it).
 constexpr const char* kReleaseSql =
     "WITH r AS (UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE name = decode($1, 'hex')"
     " AND owner = $2 AND pid = pg_backend_pid() RETURNING 1)"
-    " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4)";
+    " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
+    " set_config('synchronous_commit', 'off', true)";
 
 // $1 text[] of hex names: the rows this session holds among them (and their owners).
 constexpr const char* kRenewSql =
