@@ -34,6 +34,9 @@
 #ifdef DISTLOCK_TEST_ZK
 #include "zk/zk_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_POSTGRES
+#include "nemesis/postgres_servers.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using distlock::testing::FaultProxyGroup;
@@ -164,6 +167,9 @@ std::vector<Backend> backends() {
 #endif
 #ifdef DISTLOCK_TEST_ZK
   b.push_back({"zk3", [] { return std::make_unique<ZkServers>(); }});
+#endif
+#ifdef DISTLOCK_TEST_POSTGRES
+  b.push_back({"postgres", [] { return std::make_unique<distlock::testing::PostgresServers<Servers>>(); }});
 #endif
   return b;
 }

@@ -187,6 +187,7 @@ std::string PostgresServer::url_with_password(const std::string& password) const
 void PostgresServer::kill() {
   if (pid_ <= 0) return;
   ::kill(-pid_, SIGKILL);
+  ::kill(-pid_, SIGCONT);
   process_.signal(SIGKILL);
   process_.wait_for(std::chrono::seconds(10));
   // Backends of a killed postmaster are in its group and die with it; wait until
@@ -197,7 +198,16 @@ void PostgresServer::kill() {
   pid_ = -1;
 }
 
+void PostgresServer::pause() {
+  if (pid_ > 0) ::kill(-pid_, SIGSTOP);
+}
+
+void PostgresServer::resume() {
+  if (pid_ > 0) ::kill(-pid_, SIGCONT);
+}
+
 void PostgresServer::stop() {
+  resume();
   if (pid_ <= 0) return;
   process_.signal(SIGINT);  // fast shutdown: disconnects clients, checkpoints
   if (process_.wait_for(std::chrono::seconds(10)) != -1) {

@@ -44,6 +44,9 @@ class PostgresServer {
   pid_t pid() const { return pid_; }
   /// SIGKILL to the postmaster and every backend (a crash), reaped.
   void kill();
+  /// SIGSTOP / SIGCONT to the postmaster and every backend: the server hangs with its sockets open.
+  void pause();
+  void resume();
   /// Fast shutdown (SIGINT), SIGKILL after 10 s.
   void stop();
   /// Starts again on the same port and data directory; waits until it accepts.
