@@ -49,8 +49,6 @@ using pg::pq_message;
 using pg::Result;
 using pg::run;
 
-constexpr const char* kChannel = "distlock_released";
-
 // Created once per database (under a transaction-level advisory lock of the
 // two-int key space, which never meets the bigint keys of lock names).
 constexpr const char* kSetupSql =
