@@ -113,7 +113,7 @@ constexpr const char* kDescription =
     "Durations are written 250ms, 10s, 2m or 1h. Lock services are named by URL:\n"
     "  redis://[user:password@]host:port[/db][?prefix=P&timeout=DUR]   one Redis server\n"
     "  file:///absolute/dir                                             this host only (kernel locks)\n"
-    "  (and redlock://, etcd://, zk:// where built in)";
+    "  (and redlock://, etcd://, zk://, postgres:// where built in)";
 
 constexpr const char* kFooter =
     "EXIT STATUS (all subcommands)\n"

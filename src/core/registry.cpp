@@ -20,6 +20,9 @@
 #ifdef DISTLOCK_WITH_ZK
 #include "zk/zk_backend.hpp"
 #endif
+#ifdef DISTLOCK_WITH_POSTGRES
+#include "postgres/postgres_backend.hpp"
+#endif
 #include "fake/memory_backend.hpp"
 
 namespace distlock::detail {
@@ -45,6 +48,10 @@ constexpr Entry kBackends[] = {
 #endif
 #ifdef DISTLOCK_WITH_ZK
     {"zk", &make_zk_backend},
+#endif
+#ifdef DISTLOCK_WITH_POSTGRES
+    {"postgres", &make_postgres_backend},
+    {"postgresql", &make_postgres_backend},
 #endif
     {"memory", &make_memory_backend},
 };

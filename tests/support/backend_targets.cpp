@@ -10,6 +10,9 @@
 #ifdef DISTLOCK_TEST_ZK
 #include "zk/zk_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_POSTGRES
+#include "support/postgres_server.hpp"
+#endif
 
 namespace distlock::testing {
 namespace {
@@ -163,6 +166,49 @@ class ZkTarget final : public Target {
 };
 #endif
 
+#ifdef DISTLOCK_TEST_POSTGRES
+// One PostgreSQL server. Left on it after every client is gone: advisory locks, lock
+// rows still naming an owner, and sessions of distlock clients (lease sessions and
+// LISTEN connections). The token rows stay by design: tokens never go back.
+class PostgresTarget final : public Target {
+ public:
+  std::string url() override { return server_.url(); }
+  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
+  std::string url_via(const std::string& hosts) override {
+    return std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword + "@" +
+           hosts + "/postgres";
+  }
+  std::vector<std::string> leftovers() override {
+    std::vector<std::string> out;
+    for (const auto& r :
+         server_.query("SELECT pid, classid, objid FROM pg_locks WHERE locktype = 'advisory'")) {
+      out.push_back("advisory lock " + r[1] + "/" + r[2] + " of backend " + r[0]);
+    }
+    if (server_.query("SELECT to_regclass('distlock_locks') IS NOT NULL")[0][0] == "t") {
+      for (const auto& r : server_.query("SELECT encode(substr(name, 1, 40), 'escape'), owner FROM "
+                                         "distlock_locks WHERE owner IS NOT NULL")) {
+        out.push_back("row " + r[0] + " owned by " + r[1]);
+      }
+    }
+    for (const auto& r : server_.query(
+             "SELECT application_name, pid FROM pg_stat_activity WHERE application_name LIKE 'distlock%'")) {
+      out.push_back("session " + r[0] + " (backend " + r[1] + ")");
+    }
+    return out;
+  }
+  int members() override { return 1; }
+  void pause(int) override { server_.pause(); }
+  void resume(int) override { server_.resume(); }
+  void kill_and_restart(int) override {
+    server_.kill();
+    server_.restart();
+  }
+
+ private:
+  PostgresServer server_;
+};
+#endif
+
 class FileTarget final : public Target {
  public:
   std::string url() override { return "file://" + dir_.path().string(); }
@@ -196,6 +242,9 @@ std::vector<Kind> kinds() {
 #ifdef DISTLOCK_TEST_ZK
   k.push_back({"zk1", [](const TargetOptions&) { return std::make_unique<ZkTarget>(1); }, true, false});
   k.push_back({"zk3", [](const TargetOptions&) { return std::make_unique<ZkTarget>(3); }});
+#endif
+#ifdef DISTLOCK_TEST_POSTGRES
+  k.push_back({"postgres", [](const TargetOptions&) { return std::make_unique<PostgresTarget>(); }});
 #endif
   return k;
 }

@@ -1,0 +1,163 @@
+#include "postgres/pg_conn.hpp"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+
+#include "distlock/error.hpp"
+
+namespace distlock::detail::pg {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void discard_notice(void*, const char*) {}
+
+}  // namespace
+
+// libpq's message without the trailing newline and its "FATAL:  " prefixes kept.
+std::string pq_message(const PGconn* c) {
+  std::string m = c ? PQerrorMessage(c) : "out of memory";
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  for (std::size_t p; (p = m.find('\n')) != std::string::npos;) m.replace(p, 1, "; ");
+  return m;
+}
+
+namespace {
+bool is_auth_failure(const std::string& msg, const PGconn* c) {
+  return (c && PQconnectionNeedsPassword(c)) || msg.find("authentication failed") != std::string::npos ||
+         msg.find("password") != std::string::npos || msg.find("no pg_hba.conf entry") != std::string::npos ||
+         msg.find("permission denied") != std::string::npos;
+}
+}  // namespace
+
+// One statement with text parameters, bounded by `timeout`: libpq's synchronous
+// calls would wait for ever on a frozen peer.
+Exec run(PGconn* c, const char* sql, const std::vector<std::string>& params, Millis timeout) {
+  Exec out;
+  std::vector<const char*> values;
+  values.reserve(params.size());
+  for (const auto& p : params) values.push_back(p.c_str());
+  const auto deadline = Clock::now() + timeout;
+  auto wait = [&](short events) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd pfd{PQsocket(c), events, 0};
+    int n;
+    do {
+      n = ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000 * 3600)));
+    } while (n < 0 && errno == EINTR);
+    return n > 0;
+  };
+  auto io_fail = [&](std::string why) {
+    out.io_failed = true;
+    out.error = std::move(why);
+    out.res.reset();
+    return std::move(out);
+  };
+  if (PQstatus(c) != CONNECTION_OK) return io_fail("connection lost: " + pq_message(c));
+  if (!PQsendQueryParams(c, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr,
+                         0)) {
+    return io_fail(pq_message(c));
+  }
+  for (;;) {
+    const int f = PQflush(c);
+    if (f == 0) break;
+    if (f < 0) return io_fail(pq_message(c));
+    if (!wait(POLLOUT | POLLIN)) return io_fail("no answer within " + std::to_string(timeout.count()) + "ms");
+    if (!PQconsumeInput(c)) return io_fail(pq_message(c));
+  }
+  for (;;) {
+    while (PQisBusy(c)) {
+      if (!wait(POLLIN)) return io_fail("no answer within " + std::to_string(timeout.count()) + "ms");
+      if (!PQconsumeInput(c)) return io_fail(pq_message(c));
+    }
+    Result r(PQgetResult(c));
+    if (!r) break;
+    const ExecStatusType st = PQresultStatus(r.get());
+    if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
+      if (out.error.empty()) {
+        std::string m = PQresultErrorMessage(r.get());
+        while (!m.empty() && m.back() == '\n') m.pop_back();
+        out.error = m;
+        const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+        out.sqlstate = state ? state : "";
+      }
+    } else if (!out.res) {
+      out.res = std::move(r);
+    }
+  }
+  if (PQstatus(c) != CONNECTION_OK)
+    return io_fail("connection lost: " + (out.error.empty() ? pq_message(c) : out.error));
+  return out;
+}
+
+std::error_code code_of(const Exec& e) {
+  if (e.io_failed) return make_error_code(errc::backend_unavailable);
+  if (e.sqlstate.rfind("28", 0) == 0 || e.sqlstate == "42501") return make_error_code(errc::auth_failed);
+  if (e.sqlstate.rfind("08", 0) == 0 || e.sqlstate.rfind("57", 0) == 0 || e.sqlstate.rfind("53", 0) == 0) {
+    return make_error_code(errc::backend_unavailable);
+  }
+  return make_error_code(errc::protocol_error);
+}
+
+// Opens a connection; idle_session_timeout (ms) when > 0. On failure returns null,
+// `ec` (auth_failed / backend_unavailable / invalid_argument) and `why`.
+Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_code& ec, std::string& why) {
+  const std::string connect_s =
+      std::to_string(std::max<long long>(1, (cfg.connect_timeout.count() + 999) / 1000));
+  // Every lease on this connection ends with it; the server ends it after this much idleness.
+  const std::string options =
+      "-c idle_session_timeout=" + std::to_string(idle_timeout.count()) +
+      " -c idle_in_transaction_session_timeout=" + std::to_string(idle_timeout.count()) +
+      // A token row lost to a crash would let tokens repeat.
+      " -c synchronous_commit=on";
+  std::vector<const char*> keys{"host", "connect_timeout", "application_name", "options", "client_encoding"};
+  std::vector<const char*> vals{cfg.host.c_str(), connect_s.c_str(), role, options.c_str(), "UTF8"};
+  auto add = [&](const char* k, const std::string& v) {
+    if (v.empty()) return;
+    keys.push_back(k);
+    vals.push_back(v.c_str());
+  };
+  add("port", cfg.port);
+  add("user", cfg.user);
+  add("password", cfg.password);
+  add("dbname", cfg.dbname);
+  add("sslmode", cfg.sslmode);
+  keys.push_back(nullptr);
+  vals.push_back(nullptr);
+  Conn c(PQconnectdbParams(keys.data(), vals.data(), 0));
+  if (c && PQstatus(c.get()) == CONNECTION_OK) {
+    PQsetNoticeProcessor(c.get(), &discard_notice, nullptr);
+    if (PQserverVersion(c.get()) < 140000) {
+      ec = make_error_code(errc::backend_unavailable);
+      why = cfg.shown + ": PostgreSQL " + std::to_string(PQserverVersion(c.get()) / 10000) +
+            " has no idle_session_timeout; postgres:// needs PostgreSQL 14 or later";
+      return nullptr;
+    }
+    ec.clear();
+    return c;
+  }
+  const std::string msg = pq_message(c.get());
+  if (is_auth_failure(msg, c.get())) {
+    ec = make_error_code(errc::auth_failed);
+    why = cfg.shown + ": the server refused the credentials of user \"" + cfg.user + "\": " + msg;
+  } else if (msg.find("does not exist") != std::string::npos) {
+    ec = make_error_code(errc::invalid_argument);
+    why = cfg.shown + ": " + msg;
+  } else {
+    ec = make_error_code(errc::backend_unavailable);
+    why = cfg.shown + ": cannot connect: " + msg;
+  }
+  // libpq never puts the password into its messages; make sure of it.
+  if (!cfg.password.empty()) {
+    for (std::size_t p; (p = why.find(cfg.password)) != std::string::npos;)
+      why.replace(p, cfg.password.size(), "***");
+  }
+  return nullptr;
+}
+
+}  // namespace distlock::detail::pg

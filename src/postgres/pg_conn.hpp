@@ -1,0 +1,58 @@
+// libpq plumbing for the postgres:// backend: connections opened with the lease's
+// session timeout, and statements bounded by a timeout (libpq's synchronous calls
+// would wait for ever on a frozen peer). Error mapping to the distlock category.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "distlock/options.hpp"
+
+namespace distlock::detail::pg {
+
+struct ResultDeleter {
+  void operator()(PGresult* r) const noexcept { PQclear(r); }
+};
+using Result = std::unique_ptr<PGresult, ResultDeleter>;
+
+struct ConnDeleter {
+  void operator()(PGconn* c) const noexcept { PQfinish(c); }
+};
+using Conn = std::unique_ptr<PGconn, ConnDeleter>;
+
+struct Config {
+  std::string host, port, user, password, dbname, sslmode;
+  std::string shown;  // the URL, password masked
+  Millis connect_timeout{}, command_timeout{};
+};
+
+// What a statement did: ok with a result, an SQL error (the connection is fine) or
+// a connection failure (the session is gone or cannot be trusted any more).
+struct Exec {
+  Result res;
+  bool io_failed = false;
+  std::string error;
+  std::string sqlstate;
+  bool ok() const { return res != nullptr && error.empty(); }
+};
+
+/// libpq's last message on one line.
+std::string pq_message(const PGconn* c);
+
+/// One statement with text parameters, bounded by `timeout`.
+Exec run(PGconn* c, const char* sql, const std::vector<std::string>& params, Millis timeout);
+
+/// backend_unavailable (connection), auth_failed (SQLSTATE 28xxx, 42501), backend_unavailable
+/// (08xxx, 57xxx, 53xxx), else protocol_error.
+std::error_code code_of(const Exec& e);
+
+/// Opens a connection named `role` (application_name) whose server session ends after
+/// `idle_timeout` without a statement (0: never). On failure returns null, `ec`
+/// (auth_failed / backend_unavailable / invalid_argument) and `why` (password masked).
+Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_code& ec, std::string& why);
+
+}  // namespace distlock::detail::pg

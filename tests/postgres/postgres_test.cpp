@@ -1,0 +1,322 @@
+// postgres:// against a real PostgreSQL started by each test: what is specific to
+// this backend (its URL, its errors, session leases, LISTEN/NOTIFY waiting, tokens
+// across a server restart, the SQL fenced write). The contract every backend shares
+// is in tests/conformance.
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+#include "support/lock_tool.hpp"
+#include "support/postgres_server.hpp"
+#include "support/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::PostgresServer;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+distlock::ClientOptions quiet() {
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  return o;
+}
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+bool eventually(const std::function<bool()>& cond, Millis limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+int exit_code(Process& p, Millis limit) {
+  const int status = p.wait_for(limit);
+  if (status == -1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The error a connect() to `url` throws (success is a failure of the test).
+std::system_error connect_error(const std::string& url) {
+  try {
+    auto c = distlock::connect(url, quiet());
+    ADD_FAILURE() << "connect succeeded";
+  } catch (const std::system_error& e) {
+    return e;
+  }
+  return std::system_error(make_error_code(errc::protocol_error));
+}
+
+// ---- the SQL fenced write (docs/postgres.md, "Fenced writes") --------------------
+// UPDATE … SET …, fence = $token WHERE id = … AND fence < $token, in the caller's own
+// transaction: 1 row means the write went through under the newest token, 0 that a
+// newer holder has written already (or the row does not exist).
+struct Pg {
+  explicit Pg(const PostgresServer& s) {
+    const std::string port = std::to_string(s.port());
+    const char* keys[] = {"host", "port", "user", "password", "dbname", nullptr};
+    const char* vals[] = {"127.0.0.1", port.c_str(), PostgresServer::kUser, PostgresServer::kPassword,
+                          "postgres",  nullptr};
+    c = PQconnectdbParams(keys, vals, 0);
+    EXPECT_EQ(PQstatus(c), CONNECTION_OK) << PQerrorMessage(c);
+  }
+  ~Pg() { PQfinish(c); }
+  // Rows the fenced update touched, or -1 on an error.
+  int fenced_update(long long id, const std::string& value, std::uint64_t token) {
+    const std::string ids = std::to_string(id), tok = std::to_string(token);
+    const char* params[] = {value.c_str(), tok.c_str(), ids.c_str()};
+    PGresult* r = PQexecParams(
+        c, "UPDATE jobs SET value = $1, fence = $2::bigint WHERE id = $3::bigint AND fence < $2::bigint", 3,
+        nullptr, params, nullptr, nullptr, 0);
+    const int n = PQresultStatus(r) == PGRES_COMMAND_OK ? std::atoi(PQcmdTuples(r)) : -1;
+    if (n < 0) ADD_FAILURE() << PQresultErrorMessage(r);
+    PQclear(r);
+    return n;
+  }
+  PGconn* c;
+};
+
+TEST(Postgres, AcquireReleaseTokensAndStatus) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  auto lease = a.acquire("job", ttl_of(2000ms));
+  EXPECT_TRUE(lease.has_token());
+  const auto st = b.status("job");
+  EXPECT_TRUE(st.held);
+  ASSERT_TRUE(st.token.has_value());
+  EXPECT_EQ(*st.token, lease.token());
+  ASSERT_TRUE(st.holder.has_value());
+  EXPECT_FALSE(b.try_acquire("job", ttl_of(2000ms)).has_value());
+  // The server shows one advisory lock and a row naming the holder.
+  EXPECT_EQ(server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0], "1");
+  EXPECT_EQ(server.query("SELECT owner FROM distlock_locks WHERE name = 'job'::bytea")[0][0], *st.holder);
+  const std::uint64_t first = lease.token();
+  lease.release();
+  EXPECT_FALSE(b.status("job").held);
+  EXPECT_EQ(server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0], "0");
+  auto again = b.acquire("job", ttl_of(2000ms, 1000ms));
+  EXPECT_GT(again.token(), first);
+}
+
+TEST(Postgres, WrongPasswordIsAuthFailedAndTheMessageHidesThePassword) {
+  PostgresServer server;
+  const std::string pw = "not-the-Password-42";
+  const auto e = connect_error(server.url_with_password(pw));
+  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
+  const std::string what = e.what();
+  EXPECT_EQ(what.find(pw), std::string::npos) << what;
+  EXPECT_EQ(what.find(PostgresServer::kPassword), std::string::npos) << what;
+  EXPECT_NE(what.find("distlock"), std::string::npos) << "the message names the user: " << what;
+  EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << what;
+}
+
+TEST(Postgres, ServerDownIsBackendUnavailable) {
+  const std::uint16_t port = distlock::testing::free_port();
+  const auto e = connect_error("postgres://u:pw@127.0.0.1:" + std::to_string(port) + "/db");
+  EXPECT_EQ(e.code(), errc::backend_unavailable) << e.what();
+  EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+  EXPECT_EQ(std::string(e.what()).find(":pw@"), std::string::npos) << e.what();
+}
+
+TEST(Postgres, MalformedUrlsNameTheProblem) {
+  struct Case {
+    std::string url, needle;
+  };
+  const std::vector<Case> cases{
+      {"postgres://u:pw@h1:5432,h2:5432/db", "one server"},
+      {"postgres://u:pw@127.0.0.1:5432/db?table=x", "unknown query parameter \"table\""},
+      {"postgres://u:pw@127.0.0.1:5432/db?sslmode=always", "sslmode \"always\""},
+      {"postgres://u:pw@127.0.0.1:5432/a/b", "contains '/'"},
+      {"postgres://u:pw@127.0.0.1:99999/db", "99999"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.url);
+    const auto e = connect_error(c.url);
+    EXPECT_EQ(e.code(), errc::invalid_url) << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("pw@"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Postgres, UnlockWhenNotHeldIsNotOwnerAndTouchesNothing) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  distlock::Mutex m = b.mutex("free", ttl_of(2000ms));
+  std::error_code ec;
+  m.unlock(ec);
+  EXPECT_EQ(ec, errc::not_owner);
+  auto lease = a.acquire("free", ttl_of(2000ms));
+  m.unlock(ec);
+  EXPECT_EQ(ec, errc::not_owner);
+  EXPECT_TRUE(lease.owns());
+  EXPECT_TRUE(b.status("free").held);
+  EXPECT_EQ(server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0], "1");
+}
+
+// Waiting is by LISTEN/NOTIFY: with the holder's TTL at 30 s, a waiter that only
+// re-checked would look again after ≥ 5 s (the engine's re-check cap); the release's
+// NOTIFY wakes it at once.
+TEST(Postgres, AWaiterIsWokenByTheReleaseNotification) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  auto lease = a.acquire("notified", ttl_of(30000ms));
+  std::atomic<bool> waiting{false};
+  Clock::time_point started;
+  Millis took{};
+  std::thread t([&] {
+    started = Clock::now();
+    waiting = true;
+    auto l = b.acquire("notified", ttl_of(30000ms, 20000ms));
+    took = since(started);
+    EXPECT_TRUE(l.owns());
+  });
+  ASSERT_TRUE(eventually([&] { return waiting.load(); }, 5000ms));
+  std::this_thread::sleep_for(300ms);  // let it wait; the bound below does not depend on it
+  lease.release();
+  t.join();
+  RecordProperty("wait_ms", static_cast<int>(took.count()));
+  EXPECT_LT(took, 4500ms) << "the waiter was not woken by the release (it re-checked on its timer)";
+}
+
+// A session whose leases are all released is still ended by the server after its
+// TTL of idleness; the next acquire opens a new session instead of failing.
+TEST(Postgres, AnIdleSessionEndedByTheServerIsReopened) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  a.acquire("idle", ttl_of(1000ms)).release();
+  const std::string count_sessions =
+      "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'distlock-lease'";
+  ASSERT_TRUE(eventually([&] { return server.query(count_sessions)[0][0] == "0"; }, 10000ms))
+      << "the idle session was not ended by idle_session_timeout";
+  auto lease = a.acquire("idle", ttl_of(1000ms, 0ms));
+  EXPECT_TRUE(lease.owns());
+}
+
+// A holder stopped (its TCP connection open) past its TTL: the server ends its
+// session, the next holder gets a newer token, the stopped one's fenced write is
+// rejected, and on resume its first look says lost.
+TEST(Postgres, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) {
+  PostgresServer server;
+  server.query("CREATE TABLE jobs (id bigint PRIMARY KEY, value text, fence bigint NOT NULL DEFAULT 0)");
+  server.query("INSERT INTO jobs VALUES (1, 'initial', 0)");
+  TempDir dir;
+  const std::string out = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "fenced", out, 1000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  const long long old_token = distlock::testing::acquired_token(out);
+  ASSERT_GT(old_token, 0);
+  Pg pg(server);
+  EXPECT_EQ(pg.fenced_update(1, "old holder", static_cast<std::uint64_t>(old_token)), 1);
+  holder.signal(SIGSTOP);
+  const auto stopped = Clock::now();
+  auto c = distlock::connect(server.url(), quiet());
+  auto lease = c.acquire("fenced", ttl_of(1000ms, 30000ms));
+  // The server frees it no earlier than the TTL after the holder's last statement.
+  RecordProperty("freed_after_stop_ms", static_cast<int>(since(stopped).count()));
+  EXPECT_GT(lease.token(), static_cast<std::uint64_t>(old_token));
+  EXPECT_EQ(pg.fenced_update(1, "new holder", lease.token()), 1);
+  EXPECT_EQ(pg.fenced_update(1, "stale", static_cast<std::uint64_t>(old_token)), 0)
+      << "a stale write went through";
+  EXPECT_EQ(server.query("SELECT value FROM jobs WHERE id = 1")[0][0], "new holder");
+  holder.signal(SIGCONT);
+  holder.signal(SIGUSR1);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
+  EXPECT_EQ(distlock::testing::read_file(out).find("owns 1"), std::string::npos);
+  holder.signal(SIGTERM);
+  EXPECT_EQ(exit_code(holder, 10s), 76);
+  EXPECT_TRUE(lease.owns());
+  EXPECT_TRUE(c.status("fenced").held);
+}
+
+// The server killed while locks are held: every lease on the dead session is
+// signalled lost (stop token) within the TTL, and after the restart tokens continue
+// above every token issued before (the row is durable).
+TEST(Postgres, ServerKilledWhileHeldSignalsTheLossAndTokensStillIncreaseAfterRestart) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto one = a.acquire("crash1", ttl_of(1500ms));
+  auto two = a.acquire("crash2", ttl_of(1500ms));
+  const std::uint64_t t1 = one.token(), t2 = two.token();
+  server.kill();
+  const auto killed = Clock::now();
+  ASSERT_TRUE(eventually(
+      [&] { return one.stop_token().stop_requested() && two.stop_token().stop_requested(); }, 10000ms));
+  RecordProperty("loss_signalled_after_ms", static_cast<int>(since(killed).count()));
+  EXPECT_FALSE(one.owns());
+  EXPECT_FALSE(two.owns());
+  server.restart();
+  auto again1 = a.acquire("crash1", ttl_of(1500ms, 10000ms));
+  auto again2 = a.acquire("crash2", ttl_of(1500ms, 10000ms));
+  EXPECT_GT(again1.token(), t1);
+  EXPECT_GT(again2.token(), t2);
+  std::error_code ec;
+  one.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(again1.owns()) << "the old lease's release touched the new one";
+}
+
+// A lease the engine declared lost on its own (renewals failing with an SQL error
+// until its local deadline) while its session stays busy with another lease: the
+// engine never releases a lost lease, so the backend gives the advisory lock up
+// itself once its TTL has passed; otherwise the busy session would keep it for ever.
+TEST(Postgres, ALeaseLostLocallyIsGivenUpWhileItsSessionStaysBusy) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  auto lost = a.acquire("zombie", ttl_of(1000ms));
+  server.query("ALTER TABLE distlock_locks RENAME TO distlock_locks_away");  // renewals now fail
+  ASSERT_TRUE(eventually([&] { return lost.stop_token().stop_requested(); }, 10000ms));
+  server.query("ALTER TABLE distlock_locks_away RENAME TO distlock_locks");
+  auto busy = a.acquire("keeps-the-session-busy", ttl_of(1000ms, 5000ms));
+  std::error_code ec;
+  auto next = b.acquire("zombie", ttl_of(1000ms, 8000ms), ec);
+  EXPECT_FALSE(ec) << ec.message() << ": the lost lease's advisory lock was never given up";
+  EXPECT_TRUE(busy.owns()) << "the busy session was not renewed meanwhile";
+}
+
+// Leases of different TTLs live on different sessions, each ended after its own TTL.
+TEST(Postgres, EachTtlHasItsOwnSessionTimeout) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto short_lease = a.acquire("short", ttl_of(500ms));
+  auto long_lease = a.acquire("long", ttl_of(5000ms));
+  const auto rows = server.query(
+      "SELECT d.ttl_ms, count(DISTINCT d.pid) FROM distlock_locks d WHERE d.owner IS NOT NULL GROUP BY "
+      "d.ttl_ms "
+      "ORDER BY 1");
+  ASSERT_EQ(rows.size(), 2u);
+  const auto pids = server.query("SELECT count(DISTINCT pid) FROM distlock_locks WHERE owner IS NOT NULL");
+  EXPECT_EQ(pids[0][0], "2");
+  EXPECT_TRUE(short_lease.owns());
+  EXPECT_TRUE(long_lease.owns());
+}
+
+}  // namespace

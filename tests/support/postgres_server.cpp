@@ -1,0 +1,269 @@
+#include "support/postgres_server.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace distlock::testing {
+
+namespace {
+
+std::string run_to_end(const std::vector<std::string>& argv, const std::string& log) {
+  Process p = Process::spawn(argv, log);
+  const int st = p.wait_for(std::chrono::seconds(120));
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return "\"" + argv[0] + " ... " + argv.back() + "\" failed (status " + std::to_string(st) + "):\n" +
+           ss.str();
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string postgres_bin_dir() {
+  for (const char* v : {"17", "16", "15", "14"}) {
+    const std::string d = std::string("/usr/lib/postgresql/") + v + "/bin";
+    if (::access((d + "/postgres").c_str(), X_OK) == 0 && ::access((d + "/initdb").c_str(), X_OK) == 0)
+      return d;
+  }
+  return {};
+}
+
+PostgresServer::PostgresServer() {
+  bin_ = postgres_bin_dir();
+  if (bin_.empty()) {
+    const std::string msg =
+        "PostgreSQL (initdb, postgres >= 14 under /usr/lib/postgresql/<version>/bin) is not installed; it is "
+        "required for the postgres:// tests: run scripts/bootstrap.sh or apt-get install postgresql";
+    ADD_FAILURE() << msg;
+    throw std::runtime_error(msg);
+  }
+  as_postgres_ = ::geteuid() == 0;
+  const std::string d = dir_.path().string();
+  if (as_postgres_) {
+    const passwd* pw = ::getpwnam("postgres");
+    if (pw == nullptr) {
+      const std::string msg = "running as root, but there is no \"postgres\" user to run the server as";
+      ADD_FAILURE() << msg;
+      throw std::runtime_error(msg);
+    }
+    if (::chown(d.c_str(), pw->pw_uid, pw->pw_gid) != 0) throw std::runtime_error("chown " + d + " failed");
+  }
+  // initdb once (seconds under load) into a template shared by every test process
+  // of this user (CTest runs each test as its own process); each server copies it.
+  // Built in a temporary directory and renamed into place, under an flock.
+  const std::string tmpl = (std::filesystem::temp_directory_path() /
+                            ("distlock-pg-template-" + std::to_string(::geteuid()) + "-" +
+                             std::filesystem::path(bin_).parent_path().filename().string()))
+                               .string();
+  {
+    const int lock_fd = ::open((tmpl + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd >= 0) ::flock(lock_fd, LOCK_EX);
+    std::string error;
+    if (!std::filesystem::exists(tmpl + "/data/PG_VERSION")) {
+      TempDir t("distlock-pg-initdb");
+      const std::string td = t.path().string();
+      {
+        std::ofstream pwfile(td + "/pw");
+        pwfile << kPassword << "\n";
+      }
+      if (as_postgres_) {
+        const passwd* pw = ::getpwnam("postgres");
+        if (::chown(td.c_str(), pw->pw_uid, pw->pw_gid) != 0 ||
+            ::chown((td + "/pw").c_str(), pw->pw_uid, pw->pw_gid) != 0) {
+          error = "chown " + td + " failed";
+        }
+      }
+      std::vector<std::string> argv{bin_ + "/initdb",
+                                    "-D",
+                                    td + "/data",
+                                    "-U",
+                                    kUser,
+                                    "--auth=scram-sha-256",
+                                    "--pwfile=" + td + "/pw",
+                                    "-E",
+                                    "UTF8",
+                                    "--no-sync",
+                                    "--no-instructions"};
+      if (as_postgres_) {
+        argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
+      }
+      if (error.empty()) error = run_to_end(argv, td + "/initdb.log");
+      if (error.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(tmpl, ec);
+        std::filesystem::create_directory(tmpl, ec);
+        std::filesystem::rename(td + "/data", tmpl + "/data", ec);
+        if (ec) error = "cannot move the initdb template to " + tmpl + ": " + ec.message();
+      }
+    }
+    if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
+    if (lock_fd >= 0) ::close(lock_fd);
+    if (!error.empty()) {
+      ADD_FAILURE() << error;
+      throw std::runtime_error(error);
+    }
+  }
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    port_ = free_port();
+    start();
+    if (wait_ready(std::chrono::seconds(30))) return;
+    failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
+    kill();
+  }
+  const std::string msg = "postgres did not start; its log:\n" + failures;
+  ADD_FAILURE() << msg;
+  throw std::runtime_error(msg);
+}
+
+PostgresServer::~PostgresServer() {
+  stop();
+}
+
+void PostgresServer::start() {
+  const std::string d = dir_.path().string();
+  std::vector<std::string> argv{bin_ + "/postgres",
+                                "-D",
+                                d + "/data",
+                                "-p",
+                                std::to_string(port_),
+                                "-k",
+                                d,
+                                "-c",
+                                "listen_addresses=127.0.0.1",
+                                "-c",
+                                "fsync=off",
+                                "-c",
+                                "max_connections=300",
+                                "-c",
+                                "shared_buffers=16MB",
+                                "-c",
+                                "logging_collector=off"};
+  if (as_postgres_)
+    argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
+  process_ = Process::spawn(argv, d + "/server.log");
+  pid_ = process_.pid();
+}
+
+bool PostgresServer::wait_ready(std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  const std::string port = std::to_string(port_);
+  const char* keys[] = {"host", "port", "user", "dbname", "connect_timeout", nullptr};
+  const char* vals[] = {"127.0.0.1", port.c_str(), kUser, "postgres", "2", nullptr};
+  while (std::chrono::steady_clock::now() < end) {
+    if (PQpingParams(keys, vals, 0) == PQPING_OK) return true;
+    if (!process_.running()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string PostgresServer::url(const std::string& suffix) const {
+  return url_with_password(kPassword) + suffix;
+}
+
+std::string PostgresServer::url_with_password(const std::string& password) const {
+  return std::string("postgres://") + kUser + ":" + password + "@127.0.0.1:" + std::to_string(port_) +
+         "/postgres";
+}
+
+void PostgresServer::kill() {
+  if (pid_ <= 0) return;
+  ::kill(-pid_, SIGKILL);
+  ::kill(-pid_, SIGCONT);
+  process_.signal(SIGKILL);
+  process_.wait_for(std::chrono::seconds(10));
+  // Backends of a killed postmaster are in its group and die with it; wait until
+  // none is left so a restart finds the port and shared memory free.
+  for (int i = 0; i < 500 && ::kill(-pid_, 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pid_ = -1;
+}
+
+void PostgresServer::pause() {
+  if (pid_ > 0) ::kill(-pid_, SIGSTOP);
+}
+
+void PostgresServer::resume() {
+  if (pid_ > 0) ::kill(-pid_, SIGCONT);
+}
+
+void PostgresServer::stop() {
+  resume();
+  if (pid_ <= 0) return;
+  process_.signal(SIGINT);  // fast shutdown: disconnects clients, checkpoints
+  if (process_.wait_for(std::chrono::seconds(10)) != -1) {
+    pid_ = -1;
+    return;
+  }
+  kill();
+}
+
+void PostgresServer::restart() {
+  stop();
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    start();
+    if (wait_ready(std::chrono::seconds(30))) return;
+    failures += log() + "\n";
+    kill();
+  }
+  throw std::runtime_error("postgres did not restart on port " + std::to_string(port_) + ":\n" + failures);
+}
+
+std::vector<std::vector<std::string>> PostgresServer::query(const std::string& sql) const {
+  const std::string port = std::to_string(port_);
+  const char* keys[] = {"host", "port", "user", "password", "dbname", "connect_timeout", nullptr};
+  const char* vals[] = {"127.0.0.1", port.c_str(), kUser, kPassword, "postgres", "5", nullptr};
+  PGconn* c = PQconnectdbParams(keys, vals, 0);
+  if (PQstatus(c) != CONNECTION_OK) {
+    const std::string m = PQerrorMessage(c);
+    PQfinish(c);
+    throw std::runtime_error("cannot connect to the test postgres: " + m);
+  }
+  PGresult* r = PQexec(c, sql.c_str());
+  const ExecStatusType st = PQresultStatus(r);
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+    const std::string m = PQresultErrorMessage(r);
+    PQclear(r);
+    PQfinish(c);
+    throw std::runtime_error(sql + ": " + m);
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    std::vector<std::string> row;
+    for (int j = 0; j < PQnfields(r); ++j)
+      row.push_back(PQgetisnull(r, i, j) ? "<null>" : PQgetvalue(r, i, j));
+    rows.push_back(std::move(row));
+  }
+  PQclear(r);
+  PQfinish(c);
+  return rows;
+}
+
+std::string PostgresServer::log() const {
+  std::ifstream in(dir_.path() / "server.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace distlock::testing

@@ -1,0 +1,73 @@
+// Test support: a real PostgreSQL server (initdb + postgres from Debian's
+// /usr/lib/postgresql/<version>/bin) started by the test itself in a temporary
+// directory, listening on a free loopback port, with password (SCRAM) auth for the
+// superuser "distlock". Stopped by pid (the postmaster leads its own process group,
+// so kill() takes its backends along, like a crash).
+//
+// PostgreSQL refuses to run as root: when the test runs as root, initdb and postgres
+// run as the "postgres" system user (setpriv, which execs without forking, so the
+// pid is the postmaster's) and the directory is chowned to it.
+//
+// A missing server binary is a test failure with a clear message (never a skip).
+// fsync is off: the faults here are process kills, not power cuts, and the page
+// cache keeps every committed write across them.
+//
+// Thread-safety: one PostgresServer per test, driven from one thread; query() opens
+// its own connection per call.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "support/process.hpp"
+
+namespace distlock::testing {
+
+class PostgresServer {
+ public:
+  static constexpr const char* kUser = "distlock";
+  static constexpr const char* kPassword = "s3cret-pg";
+
+  PostgresServer();
+  ~PostgresServer();
+  PostgresServer(const PostgresServer&) = delete;
+  PostgresServer& operator=(const PostgresServer&) = delete;
+
+  /// postgres://distlock:<password>@127.0.0.1:<port>/postgres[suffix]
+  std::string url(const std::string& suffix = {}) const;
+  /// The same with another password.
+  std::string url_with_password(const std::string& password) const;
+  std::uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  /// SIGKILL to the postmaster and every backend (a crash), reaped.
+  void kill();
+  /// SIGSTOP / SIGCONT to the postmaster and every backend: the server hangs with its sockets open.
+  void pause();
+  void resume();
+  /// Fast shutdown (SIGINT), SIGKILL after 10 s.
+  void stop();
+  /// Starts again on the same port and data directory; waits until it accepts.
+  void restart();
+  /// One statement on a fresh superuser connection; rows of text values (NULL as "<null>").
+  /// Throws std::runtime_error on any failure.
+  std::vector<std::vector<std::string>> query(const std::string& sql) const;
+  std::string log() const;
+
+ private:
+  void start();
+  bool wait_ready(std::chrono::milliseconds timeout);
+  std::string bin_;
+  TempDir dir_{"distlock-pg"};
+  std::uint16_t port_ = 0;
+  Process process_;
+  pid_t pid_ = -1;
+  bool as_postgres_ = false;
+};
+
+/// The directory holding initdb and postgres, or empty.
+std::string postgres_bin_dir();
+
+}  // namespace distlock::testing
