@@ -24,6 +24,7 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #ifdef DISTLOCK_TEST_REDIS
+#include "sentinel_target.hpp"
 #include "support/redis_server.hpp"
 #endif
 #ifdef DISTLOCK_TEST_ETCD
@@ -238,6 +239,9 @@ std::vector<Kind> networked_kinds() {
 std::vector<Kind> kinds() {
   std::vector<Kind> k = networked_kinds();
   k.insert(k.begin(), Kind{"file", [] { return std::make_unique<FileTarget>(); }});
+#ifdef DISTLOCK_TEST_REDIS
+  k.push_back({"sentinel", [] { return std::make_unique<distlock::testing::SentinelTarget<Target>>(); }});
+#endif
   return k;
 }
 
