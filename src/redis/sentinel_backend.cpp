@@ -370,6 +370,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
       if (stop_.load()) return;
       if (n > 0 && fds[1].revents != 0) {
         if (redisBufferRead(ctx) != REDIS_OK) return;
+        std::optional<Address> announced;
         bool switched = false;
         for (;;) {
           void* raw = nullptr;
@@ -379,14 +380,16 @@ class SentinelBackend final : public Backend, private ChangeListener {
           // {"message", "+switch-master", "<name> <old-ip> <old-port> <new-ip> <new-port>"}
           if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
               redis::reply_str(r->element[0]) == "message") {
-            const std::string_view text = redis::reply_str(r->element[2]);
-            if (text.substr(0, master_name_.size() + 1) == master_name_ + " ") switched = true;
+            const std::string text(redis::reply_str(r->element[2]));
+            if (text.compare(0, master_name_.size() + 1, master_name_ + " ") != 0) continue;
+            switched = true;
+            announced = announced_master(text);
           }
         }
         if (switched) {
           log_.log(LogLevel::info, "{}: sentinel announced +switch-master for \"{}\"", settings_.url,
                    master_name_);
-          rediscover(current().second, true);
+          if (!announced || !follow(*announced)) rediscover(current().second, true);
         }
       }
       if (Steady::now() >= next_check) {
@@ -397,6 +400,38 @@ class SentinelBackend final : public Backend, private ChangeListener {
   }
 
   void recheck() { rediscover(current().second, true); }
+
+  // "<name> <old-ip> <old-port> <new-ip> <new-port>" → the new master's address.
+  std::optional<Address> announced_master(const std::string& text) const {
+    std::vector<std::string> parts;
+    std::size_t at = master_name_.size() + 1;
+    while (at < text.size()) {
+      const std::size_t sp = text.find(' ', at);
+      parts.push_back(text.substr(at, sp == std::string::npos ? std::string::npos : sp - at));
+      if (sp == std::string::npos) break;
+      at = sp + 1;
+    }
+    Address a;
+    if (parts.size() != 4 || !parse_port(parts[3], a.port)) return std::nullopt;
+    a.host = parts[2];
+    return a;
+  }
+
+  // Switches to the master a +switch-master message names, once ROLE confirms it
+  // (the sentinel that sent it has switched; the first one asked may not have yet).
+  bool follow(const Address& a) {
+    std::lock_guard lk(discover_mu_);
+    if (a == current_addr()) return true;
+    std::string why;
+    if (!is_master(a, why)) {
+      log_.log(LogLevel::info, "{}: announced master {} is not a master yet: {}", settings_.url, a.text(),
+               why);
+      return false;
+    }
+    std::error_code ec;
+    last_discovery_ = Steady::now();
+    return switch_to(a, ec, why);
+  }
 
   void wait_wake(Millis d) {
     pollfd p{wake_fd_, POLLIN, 0};
