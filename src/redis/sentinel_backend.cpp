@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -126,19 +127,42 @@ class SentinelBackend final : public Backend, private ChangeListener {
   }
 
   // Watches are counted here too, so a switch can subscribe them on the new master.
+  // The count and the backend are read together under watch_mu_, which a switch holds
+  // while it copies the counts to the new master and swaps it in: a watch counted
+  // before the swap is made there by the switch, one after it on the new master. The
+  // subscription itself runs without the lock (a hung master must not hold up a switch).
   void watch(std::string_view name, std::error_code& ec) override {
-    std::lock_guard wl(watch_mu_);
-    current().first->watch(name, ec);
-    if (!ec) ++watches_[std::string(name)];
+    std::shared_ptr<Backend> b;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard wl(watch_mu_);
+      ++watches_[std::string(name)];
+      std::tie(b, generation) = current();
+    }
+    b->watch(name, ec);
+    if (!ec) return;
+    std::shared_ptr<Backend> now;
+    {
+      std::lock_guard wl(watch_mu_);
+      auto it = watches_.find(name);
+      if (it != watches_.end() && --it->second == 0) watches_.erase(it);
+      auto [cur, gen] = current();
+      if (gen != generation) now = std::move(cur);
+    }
+    if (now) now->unwatch(name);  // a switch meanwhile subscribed it there for this watch
   }
 
   void unwatch(std::string_view name) noexcept override {
     try {
-      std::lock_guard wl(watch_mu_);
-      auto it = watches_.find(name);
-      if (it == watches_.end()) return;
-      if (--it->second == 0) watches_.erase(it);
-      current().first->unwatch(name);
+      std::shared_ptr<Backend> b;
+      {
+        std::lock_guard wl(watch_mu_);
+        auto it = watches_.find(name);
+        if (it == watches_.end()) return;
+        if (--it->second == 0) watches_.erase(it);
+        b = current().first;
+      }
+      b->unwatch(name);
     } catch (...) {  // out of memory: the subscription stays, harmless
     }
   }

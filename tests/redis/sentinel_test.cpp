@@ -153,6 +153,49 @@ TEST(SentinelFailover, HolderWhoseLockTheNewMasterLacksGetsItsStopToken) {
   EXPECT_TRUE(other.status("unreplicated").held);
 }
 
+// A manual failover (SENTINEL FAILOVER) with the old master alive: the holder's lease
+// was replicated and survives (its renewals move to the new master), and a waiter is
+// woken by the release on the new master — its subscription moved with the switch —
+// rather than by the 5 s fallback re-check.
+TEST(SentinelFailover, LeaseSurvivesAManualFailoverAndTheWaiterIsWokenOnTheNewMaster) {
+  RedisSentinelGroup group;
+  auto holder = distlock::connect(group.url("?wait=2"), quiet());  // on both replicas before it returns
+  auto waiter = distlock::connect(group.url(), quiet());
+  auto lease = holder.acquire("manual", ttl_of(30s));
+  std::atomic<std::int64_t> got_at{0};
+  std::atomic<int> errors{0};
+  std::thread t([&] {
+    for (int i = 0; i < 100 && got_at.load() == 0; ++i) {
+      std::error_code ec;
+      auto l = waiter.acquire("manual", ttl_of(30s, 60000ms), ec);
+      if (!ec) {
+        got_at = Steady::now().time_since_epoch().count();
+        return;
+      }
+      ++errors;
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  std::this_thread::sleep_for(300ms);  // let the waiter subscribe (not asserted on)
+  const auto old_port = group.master_port();
+  auto r = group.sentinel_command(0, {"SENTINEL", "FAILOVER", "mymaster"});
+  ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS) << (r ? std::string(r->str, r->len) : "no reply");
+  group.wait_failover(old_port, 60s);
+  // Both clients follow; the holder's renewal on the new master finds its lease.
+  ASSERT_TRUE(eventually([&] { return holder.status("manual").held; }, 10000ms));
+  holder.renew_now();
+  EXPECT_TRUE(lease.owns()) << "a lease acknowledged by both replicas was lost in a manual failover";
+  EXPECT_EQ(got_at.load(), 0) << "the waiter got a lock that was held";
+  const auto released_at = Steady::now().time_since_epoch().count();
+  lease.release();
+  ASSERT_TRUE(eventually([&] { return got_at.load() != 0; }, 20000ms)) << "the waiter was never woken";
+  t.join();
+  const auto woken_ms = std::chrono::duration_cast<Millis>(Steady::duration(got_at.load() - released_at));
+  std::printf("waiter acquired %lld ms after the release on the new master (%d errors while waiting)\n",
+              static_cast<long long>(woken_ms.count()), errors.load());
+  EXPECT_LT(woken_ms, 2500ms) << "woken by the fallback re-check, not by the release on the new master";
+}
+
 // wait=1 with replication stalled: an acquisition no replica acknowledges is not
 // reported (quorum_unavailable) and nothing of it stays on the master; a renewal no
 // replica acknowledges counts as failed, so the lease is lost at its local deadline.
