@@ -9,7 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc golang-etcd-server-dev
   libzookeeper-mt-dev libssl-dev libcurator-recipes-java python3-kazoo
-  redis-server redis-tools etcd-server etcd-client zookeeper default-jre-headless
+  redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
   clang-format clang-tidy util-linux procps iproute2 python3
 )
@@ -35,7 +35,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian's packaged servers may start themselves; tests start their own on free ports.
-for svc in redis-server etcd zookeeper postgresql; do
+for svc in redis-server redis-sentinel etcd zookeeper postgresql; do
   if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
     $SUDO systemctl stop "$svc" || true
   fi

@@ -10,6 +10,7 @@
 #endif
 #ifdef DISTLOCK_WITH_REDIS
 #include "redis/redis_backend.hpp"
+#include "redis/sentinel_backend.hpp"
 #endif
 #ifdef DISTLOCK_WITH_REDLOCK
 #include "redlock/redlock_backend.hpp"
@@ -38,7 +39,7 @@ constexpr Entry kBackends[] = {
     {"file", &make_file_backend},
 #endif
 #ifdef DISTLOCK_WITH_REDIS
-    {"redis", &make_redis_backend},
+    {"redis", &make_redis_backend},     {"redis+sentinel", &make_sentinel_backend},
 #endif
 #ifdef DISTLOCK_WITH_REDLOCK
     {"redlock", &make_redlock_backend},

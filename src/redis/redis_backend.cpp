@@ -115,15 +115,18 @@ bool to_u64(const redisReply* r, std::uint64_t& out) {
 }
 
 bool prefix_ok(std::string_view prefix) {
-  return !prefix.empty() && prefix.size() <= 256 && prefix.find_first_of("{}") == std::string_view::npos;
+  return redis_prefix_ok(prefix);
 }
 
 class RedisBackend final : public Backend {
  public:
-  RedisBackend(const ConnectionOptions& conn, std::string prefix, std::string url, const ClientOptions& opts)
+  RedisBackend(const ConnectionOptions& conn, std::string prefix, std::string url, const ClientOptions& opts,
+               int wait_replicas = 0, Millis wait_timeout = Millis(0))
       : conn_opts_(conn),
         prefix_(std::move(prefix)),
         url_(std::move(url)),
+        wait_replicas_(wait_replicas),
+        wait_timeout_(wait_timeout),
         log_(opts.logger),
         pool_(conn, 8),
         subscriber_(conn, [this](std::string_view channel) { on_channel(channel); }) {}
@@ -173,6 +176,7 @@ class RedisBackend final : public Backend {
         return {};
       }
       res.validity = req.ttl;
+      if (wait_replicas_ > 0 && !replicated_acquire(*conn, req, lock, ec)) return {};
       return res;
     }
     const redisReply* pttl = r->element[1];
@@ -212,6 +216,9 @@ class RedisBackend final : public Backend {
       return;
     }
     ok();
+    // With wait=N a renewal that fewer than N replicas acknowledged counts as failed
+    // (retried until the local deadline): a failover could lose its extension.
+    const bool unreplicated = wait_replicas_ > 0 && !replicated(*conn, "renewal");
     for (std::size_t c = 0; c < calls.size(); ++c) {
       const redisReply* r = replies[c].get();
       const std::size_t at = c * kRenewChunk;
@@ -223,8 +230,9 @@ class RedisBackend final : public Backend {
       }
       for (std::size_t i = 0; i < r->elements; ++i) {
         const redisReply* e = r->element[i];
-        out[at + i] =
-            e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed : RenewStatus::not_owner;
+        out[at + i] = e->type == REDIS_REPLY_INTEGER && e->integer == 1
+                          ? (unreplicated ? RenewStatus::failed : RenewStatus::renewed)
+                          : RenewStatus::not_owner;
       }
     }
   }
@@ -381,6 +389,61 @@ class RedisBackend final : public Backend {
     }
   }
 
+  // WAIT wait_replicas_ wait_timeout_ after a write on `conn`. False (with a warning
+  // naming the count) when fewer replicas acknowledged it or WAIT failed.
+  bool replicated(Connection& conn, const char* what, long long* acked_out = nullptr) {
+    const std::string n = std::to_string(wait_replicas_);
+    const std::string ms = std::to_string(wait_timeout_.count());
+    std::error_code ec;
+    Reply r = conn.command({"WAIT", n, ms}, ec);
+    long long acked = -1;
+    if (!ec && r && r->type == REDIS_REPLY_INTEGER) acked = r->integer;
+    if (acked_out) *acked_out = acked;
+    if (acked >= wait_replicas_) return true;
+    if (acked < 0) {
+      log_.log(LogLevel::warning, "{}: WAIT after the {} failed: {}", conn_opts_.describe(), what,
+               ec ? conn.last_error() : std::string("unexpected reply"));
+    } else {
+      log_.log(LogLevel::warning, "{}: only {} of {} replicas acknowledged the {} within {} ms (wait={})",
+               conn_opts_.describe(), acked, wait_replicas_, what, wait_timeout_.count(), wait_replicas_);
+    }
+    return false;
+  }
+
+  // An acquisition fewer than wait_replicas_ replicas acknowledged is not reported:
+  // it is released again (on this connection if it still works, else on another)
+  // and the call fails with quorum_unavailable (backend_unavailable when WAIT itself
+  // failed), so a failover right after it cannot leave a holder whose lock the new
+  // master never saw.
+  bool replicated_acquire(Connection& conn, const AcquireRequest& req, const std::string& lock,
+                          std::error_code& ec) {
+    long long acked = -1;
+    if (replicated(conn, "acquisition", &acked)) return true;
+    const std::string channel = lock + ":released";
+    std::error_code rec;
+    if (conn.connected()) {
+      release_script().run(conn, {lock}, {req.owner, channel}, rec);
+    } else {
+      auto other = pool_.checkout(rec);
+      if (!rec) release_script().run(*other, {lock}, {req.owner, channel}, rec);
+    }
+    const std::string released =
+        rec ? "could not be released (" + std::string(rec.message()) + "); it expires after its TTL"
+            : "was released again";
+    if (acked < 0) {
+      ec = make_error_code(errc::backend_unavailable);
+      set_error_detail(conn_opts_.describe() + ": WAIT after acquiring \"" + std::string(req.name) +
+                       "\" failed; the lock " + released);
+    } else {
+      ec = make_error_code(errc::quorum_unavailable);
+      set_error_detail(conn_opts_.describe() + ": only " + std::to_string(acked) + " of " +
+                       std::to_string(wait_replicas_) + " replicas acknowledged acquiring \"" +
+                       std::string(req.name) + "\" within " + std::to_string(wait_timeout_.count()) +
+                       " ms (wait=" + std::to_string(wait_replicas_) + "); the lock " + released);
+    }
+    return false;
+  }
+
   redis::PooledConnection checkout(std::error_code& ec) {
     auto conn = pool_.checkout(ec);
     if (ec) report(pool_.last_error());
@@ -403,6 +466,8 @@ class RedisBackend final : public Backend {
   const ConnectionOptions conn_opts_;
   const std::string prefix_;
   const std::string url_;
+  const int wait_replicas_;
+  const Millis wait_timeout_;
   Logger log_;
   std::atomic<ChangeListener*> listener_{nullptr};
   std::atomic<bool> failing_{false};
@@ -411,6 +476,20 @@ class RedisBackend final : public Backend {
 };
 
 }  // namespace
+
+bool redis_prefix_ok(std::string_view prefix) {
+  return !prefix.empty() && prefix.size() <= 256 && prefix.find_first_of("{}") == std::string_view::npos;
+}
+
+std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& conn,
+                                                const RedisSettings& settings, const ClientOptions& opts,
+                                                std::error_code& ec, std::string& why) {
+  ec.clear();
+  auto backend = std::make_unique<RedisBackend>(conn, settings.prefix, settings.url, opts,
+                                                settings.wait_replicas, settings.wait_timeout);
+  if ((ec = backend->connect_now(why))) return nullptr;
+  return backend;
+}
 
 std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                             std::string& why) {

@@ -13,9 +13,11 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include "core/backend.hpp"
+#include "redis/connection.hpp"
 
 namespace distlock::detail {
 
@@ -24,5 +26,26 @@ namespace distlock::detail {
 /// problem (the offending URL part, or the server and its answer).
 std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                             std::string& why);
+
+/// What a redis:// backend is built from once its URL is parsed (used by layers that
+/// find the server themselves, such as redis+sentinel://).
+struct RedisSettings {
+  std::string prefix = "distlock";  ///< validated with redis_prefix_ok()
+  std::string url;                  ///< for messages, password masked
+  /// After each acquire and renew, `WAIT wait_replicas wait_timeout`: an acquisition
+  /// that fewer replicas acknowledge is released and fails with quorum_unavailable; a
+  /// renewal that fewer acknowledge counts as failed. 0: no WAIT.
+  int wait_replicas = 0;
+  Millis wait_timeout{0};  ///< > 0 when wait_replicas > 0, below the command timeout
+};
+
+/// True when `prefix` is usable as a key prefix (1-256 bytes, no '{' or '}').
+bool redis_prefix_ok(std::string_view prefix);
+
+/// A redis:// backend for the server in `conn`: connects at once (auth_failed,
+/// backend_unavailable with `why` naming the server).
+std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& conn,
+                                                const RedisSettings& settings, const ClientOptions& opts,
+                                                std::error_code& ec, std::string& why);
 
 }  // namespace distlock::detail

@@ -2,6 +2,7 @@
 
 #include "support/process.hpp"
 #ifdef DISTLOCK_TEST_REDIS
+#include "support/redis_sentinel.hpp"
 #include "support/redis_server.hpp"
 #endif
 #ifdef DISTLOCK_TEST_ETCD
@@ -83,6 +84,28 @@ class RedisTarget final : public Target {
  private:
   std::string query_;
   std::vector<std::unique_ptr<RedisServer>> servers_;
+};
+#endif
+
+#ifdef DISTLOCK_TEST_REDIS
+// redis+sentinel://: 1 master, 2 replicas, 3 sentinels, reached through the sentinels'
+// URL. Not networked: the client reaches the master at the address the sentinels
+// name, which a proxy in front of the sentinels does not cover.
+class SentinelTarget final : public Target {
+ public:
+  std::string url() override { return group_.url(); }
+  // Keys (but fence counters) and channels on the current master; the sentinels'
+  // own hello channel is theirs, not ours.
+  std::vector<std::string> leftovers() override {
+    std::vector<std::string> out;
+    for (auto& l : redis_keys(group_.master(), true)) {
+      if (l != "channel __sentinel__:hello") out.push_back(std::move(l));
+    }
+    return out;
+  }
+
+ private:
+  RedisSentinelGroup group_;
 };
 #endif
 
@@ -231,6 +254,8 @@ std::vector<Kind> kinds() {
   k.push_back({"file", [](const TargetOptions&) { return std::make_unique<FileTarget>(); }, false});
 #ifdef DISTLOCK_TEST_REDIS
   k.push_back({"redis", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(1, o); }});
+  k.push_back(
+      {"sentinel", [](const TargetOptions&) { return std::make_unique<SentinelTarget>(); }, false, false});
 #endif
 #ifdef DISTLOCK_TEST_REDLOCK
   k.push_back({"redlock3", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(3, o); }});

@@ -1,0 +1,589 @@
+#include "redis/sentinel_backend.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+#include "redis/connection.hpp"
+#include "redis/redis_backend.hpp"
+
+namespace distlock::detail {
+
+namespace {
+
+using redis::Connection;
+using redis::ConnectionOptions;
+using redis::Reply;
+using Steady = std::chrono::steady_clock;
+
+constexpr std::uint16_t kSentinelPort = 26379;
+// The monitor asks a sentinel for the master this often even without a
+// +switch-master message (one may be missed while it changes sentinels).
+constexpr Millis kRecheckEvery{1000};
+// A call that fails re-discovers at most this often (many threads fail at once).
+constexpr Millis kMinRediscover{100};
+// The monitor waits this long before subscribing again after losing a sentinel.
+constexpr Millis kResubscribeDelay{200};
+constexpr int kMaxWait = 100;
+
+struct Address {
+  std::string host;
+  std::uint16_t port = 0;
+  bool operator==(const Address&) const = default;
+  std::string text() const { return host + ":" + std::to_string(port); }
+};
+
+bool parse_port(std::string_view s, std::uint16_t& out) {
+  unsigned v = 0;
+  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (e != std::errc{} || p != s.data() + s.size() || v == 0 || v > 65535) return false;
+  out = static_cast<std::uint16_t>(v);
+  return true;
+}
+
+// A sentinel without a password answers AUTH with this; it is then asked without.
+bool no_password_configured(std::string_view why) {
+  return why.find("without any password configured") != std::string_view::npos ||
+         why.find("no password is set") != std::string_view::npos;
+}
+
+class SentinelBackend final : public Backend, private ChangeListener {
+ public:
+  SentinelBackend(std::vector<ConnectionOptions> sentinels, std::string master_name, ConnectionOptions master,
+                  RedisSettings settings, const ClientOptions& opts)
+      : sentinel_opts_(std::move(sentinels)),
+        master_name_(std::move(master_name)),
+        master_tpl_(std::move(master)),
+        settings_(std::move(settings)),
+        client_opts_(opts),
+        log_(opts.logger) {
+    for (const auto& o : sentinel_opts_) sentinel_conns_.emplace_back(o);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0)
+      throw std::system_error(errno, std::generic_category(), "eventfd for the sentinel monitor");
+  }
+
+  ~SentinelBackend() override {
+    stop_.store(true);
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+    if (monitor_.joinable()) monitor_.join();
+    ::close(wake_fd_);
+    std::lock_guard lk(mu_);
+    current_.reset();  // stops its subscriber while every member is alive
+  }
+
+  // Finds the master and connects to it; then starts the monitor.
+  std::error_code start(std::string& why) {
+    std::error_code ec;
+    {
+      std::lock_guard lk(discover_mu_);
+      bool unknown_everywhere = false;
+      auto addr = discover(why, unknown_everywhere);
+      if (!addr) {
+        return make_error_code(unknown_everywhere ? errc::invalid_argument : errc::backend_unavailable);
+      }
+      if (!switch_to(*addr, ec, why)) return ec;
+      last_discovery_ = Steady::now();
+    }
+    monitor_ = std::thread([this] { monitor(); });
+    return {};
+  }
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.try_acquire(req, e); });
+  }
+
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    call(ec, [&](Backend& b, std::error_code& e) {
+      b.renew(items, out, e);
+      return 0;
+    });
+  }
+
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.release(name, owner, token, e); });
+  }
+
+  LockInfo status(std::string_view name, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.status(name, e); });
+  }
+
+  // Watches are counted here too, so a switch can subscribe them on the new master.
+  // The count and the backend are read together under watch_mu_, which a switch holds
+  // while it copies the counts to the new master and swaps it in: a watch counted
+  // before the swap is made there by the switch, one after it on the new master. The
+  // subscription itself runs without the lock (a hung master must not hold up a switch).
+  void watch(std::string_view name, std::error_code& ec) override {
+    std::shared_ptr<Backend> b;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard wl(watch_mu_);
+      ++watches_[std::string(name)];
+      std::tie(b, generation) = current();
+    }
+    b->watch(name, ec);
+    if (!ec) return;
+    std::shared_ptr<Backend> now;
+    {
+      std::lock_guard wl(watch_mu_);
+      auto it = watches_.find(name);
+      if (it != watches_.end() && --it->second == 0) watches_.erase(it);
+      auto [cur, gen] = current();
+      if (gen != generation) now = std::move(cur);
+    }
+    if (now) now->unwatch(name);  // a switch meanwhile subscribed it there for this watch
+  }
+
+  void unwatch(std::string_view name) noexcept override {
+    try {
+      std::shared_ptr<Backend> b;
+      {
+        std::lock_guard wl(watch_mu_);
+        auto it = watches_.find(name);
+        if (it == watches_.end()) return;
+        if (--it->second == 0) watches_.erase(it);
+        b = current().first;
+      }
+      b->unwatch(name);
+    } catch (...) {  // out of memory: the subscription stays, harmless
+    }
+  }
+
+  std::string url() const override { return settings_.url; }
+
+ private:
+  // ChangeListener of the inner backends: forwarded to the engine.
+  void on_change(std::string_view name) noexcept override {
+    if (auto* l = listener_.load()) l->on_change(name);
+  }
+  void on_session_lost() noexcept override {
+    if (auto* l = listener_.load()) l->on_session_lost();
+  }
+  void on_lease_lost(std::string_view name, std::string_view owner) noexcept override {
+    if (auto* l = listener_.load()) l->on_lease_lost(name, owner);
+  }
+
+  std::pair<std::shared_ptr<Backend>, std::uint64_t> current() const {
+    std::lock_guard lk(mu_);
+    return {current_, generation_};
+  }
+
+  // Runs `f` on the current master; when it fails with backend_unavailable and the
+  // sentinels name another master, runs it once more there (every operation is
+  // owner-checked, so a repeat cannot act for somebody else).
+  template <class F>
+  std::invoke_result_t<F&, Backend&, std::error_code&> call(std::error_code& ec, F&& f) {
+    auto [backend, generation] = current();
+    auto result = f(*backend, ec);
+    if (ec != errc::backend_unavailable) return result;
+    if (!rediscover(generation, false)) return result;
+    take_error_detail();
+    ec.clear();
+    return f(*current().first, ec);
+  }
+
+  // True when the master changed since `generation` (by this call or another).
+  bool rediscover(std::uint64_t generation, bool forced) {
+    std::lock_guard lk(discover_mu_);
+    if (current().second != generation) return true;
+    const auto now = Steady::now();
+    if (!forced && now - last_discovery_ < kMinRediscover) return false;
+    last_discovery_ = now;
+    std::string why;
+    bool unknown = false;
+    auto addr = discover(why, unknown);
+    if (!addr) {
+      // Once per outage at warning level: the monitor retries several times a second.
+      log_.log(std::exchange(no_master_, true) ? LogLevel::debug : LogLevel::warning,
+               "{}: no master found: {}", settings_.url, why);
+      return false;
+    }
+    if (std::exchange(no_master_, false)) {
+      log_.log(LogLevel::info, "{}: the sentinels name master {} again", settings_.url, addr->text());
+    }
+    if (*addr == current_addr()) return false;
+    std::error_code ec;
+    return switch_to(*addr, ec, why);
+  }
+
+  Address current_addr() const {
+    std::lock_guard lk(mu_);
+    return current_addr_;
+  }
+
+  std::string describe_sentinel(std::size_t i) const {
+    return "sentinel " + sentinel_opts_[i].host + ":" + std::to_string(sentinel_opts_[i].port);
+  }
+
+  // One command to sentinel i (discover_mu_ held). A sentinel that has no password
+  // and refuses AUTH is asked again without credentials from then on.
+  Reply sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv, std::error_code& ec,
+                         std::string& why) {
+    Reply r = sentinel_conns_[i].command(argv, ec);
+    if (ec == errc::auth_failed && no_password_configured(sentinel_conns_[i].last_error())) {
+      sentinel_opts_[i].user.clear();
+      sentinel_opts_[i].password.clear();
+      sentinel_conns_[i] = Connection(sentinel_opts_[i]);
+      r = sentinel_conns_[i].command(argv, ec);
+    }
+    if (ec) why = "sentinel " + sentinel_conns_[i].last_error();
+    return r;
+  }
+
+  // Asks the sentinels in order; the first address that a sentinel names and that
+  // answers ROLE as a master wins (the current master is not asked again). Every
+  // failure is collected into `why`. discover_mu_ held.
+  std::optional<Address> discover(std::string& why, bool& unknown_everywhere) {
+    std::vector<std::string> notes;
+    std::size_t unknown = 0, answered = 0;
+    const Address now = current_addr();
+    for (std::size_t i = 0; i < sentinel_conns_.size(); ++i) {
+      std::error_code ec;
+      std::string err;
+      Reply r = sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", master_name_}, ec, err);
+      if (ec) {
+        notes.push_back(err.empty() ? describe_sentinel(i) + ": " + ec.message() : err);
+        continue;
+      }
+      ++answered;
+      if (r->type == REDIS_REPLY_NIL) {
+        ++unknown;
+        notes.push_back(describe_sentinel(i) + " does not monitor a master named \"" + master_name_ + "\"");
+        continue;
+      }
+      Address a;
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+          !parse_port(redis::reply_str(r->element[1]), a.port)) {
+        notes.push_back(describe_sentinel(i) + " answered get-master-addr-by-name unexpectedly");
+        continue;
+      }
+      a.host = std::string(redis::reply_str(r->element[0]));
+      if (a == now) return a;
+      std::string role_why;
+      if (is_master(a, role_why)) return a;
+      notes.push_back(describe_sentinel(i) + " names " + a.text() + " as master, but " + role_why);
+    }
+    unknown_everywhere = answered > 0 && unknown == answered;
+    why.clear();
+    for (const auto& n : notes) why += (why.empty() ? "" : "; ") + n;
+    return std::nullopt;
+  }
+
+  bool is_master(const Address& a, std::string& why) {
+    ConnectionOptions o = master_tpl_;
+    o.host = a.host;
+    o.port = a.port;
+    Connection c(o);
+    std::error_code ec;
+    Reply r = c.command({"ROLE"}, ec);
+    if (ec) {
+      why = c.last_error();
+      return false;
+    }
+    const std::string_view role = r->type == REDIS_REPLY_ARRAY && r->elements > 0
+                                      ? redis::reply_str(r->element[0])
+                                      : std::string_view();
+    if (role == "master") return true;
+    why = "it answers ROLE with \"" + std::string(role) + "\"";
+    return false;
+  }
+
+  // Makes a redis:// backend for `a`, subscribes the watched names on it, swaps it
+  // in and wakes every waiter (a release may have happened while nobody listened on
+  // the new master). discover_mu_ held.
+  bool switch_to(const Address& a, std::error_code& ec, std::string& why) {
+    ConnectionOptions o = master_tpl_;
+    o.host = a.host;
+    o.port = a.port;
+    auto made = make_redis_backend_for(o, settings_, client_opts_, ec, why);
+    if (!made) {
+      log_.log(LogLevel::warning, "{}: cannot use master {}: {}", settings_.url, a.text(), why);
+      return false;
+    }
+    std::shared_ptr<Backend> fresh(std::move(made));
+    fresh->set_listener(this);
+    std::vector<std::string> names;
+    std::shared_ptr<Backend> old;
+    Address was;
+    {
+      std::lock_guard wl(watch_mu_);
+      for (const auto& [name, count] : watches_) {
+        std::error_code wec;
+        for (int k = 0; k < count && !wec; ++k) fresh->watch(name, wec);
+        if (wec)
+          log_.log(LogLevel::warning, "{}: cannot watch \"{}\" on the new master {}", settings_.url, name,
+                   a.text());
+        names.push_back(name);
+      }
+      std::lock_guard lk(mu_);
+      old = std::move(current_);
+      current_ = fresh;
+      was = current_addr_;
+      current_addr_ = a;
+      ++generation_;
+    }
+    if (old) {
+      log_.log(LogLevel::warning,
+               "{}: master of \"{}\" moved from {} to {}; leases the new master lacks are lost",
+               settings_.url, master_name_, was.text(), a.text());
+    }
+    old.reset();  // its subscriber stops (unless a call still uses it)
+    for (const auto& n : names) on_change(n);
+    return true;
+  }
+
+  // Subscribes to +switch-master on one sentinel after another; re-discovers on each
+  // message for this master and every kRecheckEvery.
+  void monitor() {
+    std::size_t next = 0;
+    while (!stop_.load()) {
+      const std::size_t i = next;
+      next = (next + 1) % sentinel_opts_.size();
+      ConnectionOptions o;
+      {
+        std::lock_guard lk(discover_mu_);
+        o = sentinel_opts_[i];
+      }
+      std::error_code ec;
+      std::string why;
+      redis::ContextPtr ctx = redis::open_context(o, ec, why);
+      if (ctx) {
+        const char* argv[] = {"SUBSCRIBE", "+switch-master"};
+        const std::size_t lens[] = {9, 14};
+        if (redisAppendCommandArgv(ctx.get(), 2, argv, lens) == REDIS_OK) {
+          int done = 0;
+          while (!done && redisBufferWrite(ctx.get(), &done) == REDIS_OK) {
+          }
+          if (done) listen(ctx.get());
+        }
+      }
+      if (stop_.load()) break;
+      recheck();
+      wait_wake(kResubscribeDelay);
+    }
+  }
+
+  // Reads messages until the connection fails or the backend stops.
+  void listen(redisContext* ctx) {
+    recheck();  // a switch between discovery and this subscription
+    auto next_check = Steady::now() + kRecheckEvery;
+    while (!stop_.load()) {
+      const auto left = std::chrono::duration_cast<Millis>(next_check - Steady::now()).count();
+      pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ctx->fd, POLLIN, 0}};
+      const int n = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left)));
+      if (n < 0 && errno != EINTR) return;
+      if (fds[0].revents & POLLIN) drain_wake();
+      if (stop_.load()) return;
+      if (n > 0 && fds[1].revents != 0) {
+        if (redisBufferRead(ctx) != REDIS_OK) return;
+        std::optional<Address> announced;
+        bool switched = false;
+        for (;;) {
+          void* raw = nullptr;
+          if (redisGetReplyFromReader(ctx, &raw) != REDIS_OK) return;
+          if (raw == nullptr) break;
+          Reply r(static_cast<redisReply*>(raw));
+          // {"message", "+switch-master", "<name> <old-ip> <old-port> <new-ip> <new-port>"}
+          if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+              redis::reply_str(r->element[0]) == "message") {
+            const std::string text(redis::reply_str(r->element[2]));
+            if (text.compare(0, master_name_.size() + 1, master_name_ + " ") != 0) continue;
+            switched = true;
+            announced = announced_master(text);
+          }
+        }
+        if (switched) {
+          log_.log(LogLevel::info, "{}: sentinel announced +switch-master for \"{}\"", settings_.url,
+                   master_name_);
+          if (!announced || !follow(*announced)) rediscover(current().second, true);
+        }
+      }
+      if (Steady::now() >= next_check) {
+        recheck();
+        next_check = Steady::now() + kRecheckEvery;
+      }
+    }
+  }
+
+  void recheck() { rediscover(current().second, true); }
+
+  // "<name> <old-ip> <old-port> <new-ip> <new-port>" → the new master's address.
+  std::optional<Address> announced_master(const std::string& text) const {
+    std::vector<std::string> parts;
+    std::size_t at = master_name_.size() + 1;
+    while (at < text.size()) {
+      const std::size_t sp = text.find(' ', at);
+      parts.push_back(text.substr(at, sp == std::string::npos ? std::string::npos : sp - at));
+      if (sp == std::string::npos) break;
+      at = sp + 1;
+    }
+    Address a;
+    if (parts.size() != 4 || !parse_port(parts[3], a.port)) return std::nullopt;
+    a.host = parts[2];
+    return a;
+  }
+
+  // Switches to the master a +switch-master message names, once ROLE confirms it
+  // (the sentinel that sent it has switched; the first one asked may not have yet).
+  bool follow(const Address& a) {
+    std::lock_guard lk(discover_mu_);
+    if (a == current_addr()) return true;
+    std::string why;
+    if (!is_master(a, why)) {
+      log_.log(LogLevel::info, "{}: announced master {} is not a master yet: {}", settings_.url, a.text(),
+               why);
+      return false;
+    }
+    std::error_code ec;
+    last_discovery_ = Steady::now();
+    return switch_to(a, ec, why);
+  }
+
+  void wait_wake(Millis d) {
+    pollfd p{wake_fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(d.count())) > 0) drain_wake();
+  }
+
+  void drain_wake() {
+    std::uint64_t v = 0;
+    [[maybe_unused]] const auto r = ::read(wake_fd_, &v, sizeof v);
+  }
+
+  std::vector<ConnectionOptions> sentinel_opts_;  // guarded by discover_mu_
+  const std::string master_name_;
+  const ConnectionOptions master_tpl_;
+  const RedisSettings settings_;
+  const ClientOptions client_opts_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+
+  std::mutex discover_mu_;                  // serialises discovery and switches
+  std::vector<Connection> sentinel_conns_;  // guarded by discover_mu_
+  Steady::time_point last_discovery_{};     // guarded by discover_mu_
+  bool no_master_ = false;                  // guarded by discover_mu_
+
+  std::mutex watch_mu_;                              // taken before mu_
+  std::map<std::string, int, std::less<>> watches_;  // guarded by watch_mu_
+
+  mutable std::mutex mu_;
+  std::shared_ptr<Backend> current_;  // guarded by mu_
+  Address current_addr_;              // guarded by mu_
+  std::uint64_t generation_ = 0;      // guarded by mu_
+
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread monitor_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                               std::string& why) {
+  ec.clear();
+  const std::string shown = "\"" + url.redacted() + "\"";
+  auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
+    ec = make_error_code(errc::invalid_url);
+    why = std::move(msg);
+    return nullptr;
+  };
+  if (url.hosts.empty()) {
+    return bad("URL " + shown +
+               " names no sentinel (expected redis+sentinel://host:26379[,host:26379...]/master-name)");
+  }
+  std::string name = url.path.empty() ? std::string() : url.path.substr(1);
+  if (name.empty()) {
+    return bad("URL " + shown +
+               " names no master (expected the master's name after the sentinels: "
+               "redis+sentinel://host:26379,.../mymaster)");
+  }
+  for (char c : name) {
+    if (c == '/' || std::isspace(static_cast<unsigned char>(c)) ||
+        std::iscntrl(static_cast<unsigned char>(c))) {
+      return bad("master name \"" + name + "\" in URL " + shown +
+                 " contains '/', a space or a control character");
+    }
+  }
+  for (const auto& [key, value] : url.query) {
+    if (key != "prefix" && key != "timeout" && key != "wait" && key != "wait_timeout") {
+      return bad("unknown query parameter \"" + key + "\" in URL " + shown +
+                 " (known: prefix, timeout, wait, wait_timeout)");
+    }
+  }
+  RedisSettings settings;
+  settings.url = url.redacted();
+  settings.prefix = url.query_or("prefix", "distlock");
+  if (!redis_prefix_ok(settings.prefix)) {
+    return bad("prefix \"" + settings.prefix + "\" in URL " + shown +
+               " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
+  }
+  if (auto it = url.query.find("wait"); it != url.query.end()) {
+    unsigned v = 0;
+    const std::string& t = it->second;
+    auto [p, e] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (t.empty() || e != std::errc{} || p != t.data() + t.size() || v > kMaxWait) {
+      return bad("wait \"" + t + "\" in URL " + shown + " is not a number of replicas in 0-" +
+                 std::to_string(kMaxWait));
+    }
+    settings.wait_replicas = static_cast<int>(v);
+  }
+  if (auto it = url.query.find("wait_timeout"); it != url.query.end()) {
+    if (settings.wait_replicas == 0) {
+      return bad("wait_timeout in URL " + shown + " needs wait=N (the number of replicas to wait for)");
+    }
+    Millis d{};
+    if (!parse_duration(it->second, d) || d.count() <= 0) {
+      return bad("wait_timeout \"" + it->second + "\" in URL " + shown +
+                 " is not a positive duration like 200ms or 1s");
+    }
+    if (d >= opts.command_timeout) {
+      return bad("wait_timeout \"" + it->second + "\" in URL " + shown +
+                 " must be shorter than the command timeout (" +
+                 std::to_string(opts.command_timeout.count()) + " ms; raise it with timeout=)");
+    }
+    settings.wait_timeout = d;
+  } else if (settings.wait_replicas > 0) {
+    settings.wait_timeout = std::min(Millis(1000), opts.command_timeout / 2);
+  }
+  if (!url.user.empty() && url.password.empty()) {
+    return bad("URL " + shown +
+               " names a user but no password (write user:password@, or :password@ for the default user)");
+  }
+  ConnectionOptions master;
+  master.user = url.user;
+  master.password = url.password;
+  master.connect_timeout = opts.connect_timeout;
+  master.command_timeout = opts.command_timeout;
+  std::vector<ConnectionOptions> sentinels;
+  for (const auto& h : url.hosts) {
+    ConnectionOptions s = master;
+    s.host = h.host;
+    s.port = h.port != 0 ? h.port : kSentinelPort;
+    sentinels.push_back(std::move(s));
+  }
+  auto backend = std::make_unique<SentinelBackend>(std::move(sentinels), name, master, settings, opts);
+  if ((ec = backend->start(why))) {
+    why = "URL " + shown + ": " + why;
+    return nullptr;
+  }
+  return backend;
+}
+
+}  // namespace distlock::detail
