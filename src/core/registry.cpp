@@ -11,6 +11,9 @@
 #ifdef DISTLOCK_WITH_REDIS
 #include "redis/redis_backend.hpp"
 #endif
+#ifdef DISTLOCK_WITH_REDISCLUSTER
+#include "rediscluster/cluster_backend.hpp"
+#endif
 #ifdef DISTLOCK_WITH_REDLOCK
 #include "redlock/redlock_backend.hpp"
 #endif
@@ -36,6 +39,9 @@ constexpr Entry kBackends[] = {
 #endif
 #ifdef DISTLOCK_WITH_REDIS
     {"redis", &make_redis_backend},
+#endif
+#ifdef DISTLOCK_WITH_REDISCLUSTER
+    {"redis+cluster", &make_redis_cluster_backend},
 #endif
 #ifdef DISTLOCK_WITH_REDLOCK
     {"redlock", &make_redlock_backend},
