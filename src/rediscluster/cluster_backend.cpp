@@ -187,8 +187,14 @@ struct Node {
 class ClusterBackend final : public Backend {
  public:
   ClusterBackend(const ConnectionOptions& base, std::vector<std::pair<std::string, std::uint16_t>> seeds,
-                 std::string prefix, std::string url, const ClientOptions& opts)
-      : base_(base), prefix_(std::move(prefix)), url_(std::move(url)), log_(opts.logger), slots_(kSlots) {
+                 std::map<std::string, std::pair<std::string, std::uint16_t>> nat, std::string prefix,
+                 std::string url, const ClientOptions& opts)
+      : base_(base),
+        nat_(std::move(nat)),
+        prefix_(std::move(prefix)),
+        url_(std::move(url)),
+        log_(opts.logger),
+        slots_(kSlots) {
     for (auto& [host, port] : seeds) seeds_.push_back(node_at(host, port));
     mover_ = std::thread([this] { run_mover(); });
   }
@@ -593,7 +599,14 @@ class ClusterBackend final : public Backend {
     std::lock_guard lk(map_mu_);
     return node_at_locked(host, port);
   }
-  Node* node_at_locked(const std::string& host, std::uint16_t port) {
+  // `host:port` as the cluster announces it, translated by the URL's nat map.
+  Node* node_at_locked(const std::string& announced_host, std::uint16_t announced_port) {
+    std::string host = announced_host;
+    std::uint16_t port = announced_port;
+    if (auto it = nat_.find(announced_host + ":" + std::to_string(announced_port)); it != nat_.end()) {
+      host = it->second.first;
+      port = it->second.second;
+    }
     const std::string addr = host + "|" + std::to_string(port);
     auto it = nodes_.find(addr);
     if (it != nodes_.end()) return it->second.get();
@@ -836,6 +849,7 @@ class ClusterBackend final : public Backend {
   }
 
   const ConnectionOptions base_;
+  const std::map<std::string, std::pair<std::string, std::uint16_t>> nat_;  // "host:port" announced → reached
   const std::string prefix_;
   const std::string url_;
   Logger log_;
@@ -877,8 +891,32 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
     return bad("URL " + shown + " names no cluster node (expected redis+cluster://host:port[,host:port...])");
   }
   for (const auto& [key, value] : url.query) {
-    if (key != "prefix" && key != "timeout") {
-      return bad("unknown query parameter \"" + key + "\" in URL " + shown + " (known: prefix, timeout)");
+    if (key != "prefix" && key != "timeout" && key != "nat") {
+      return bad("unknown query parameter \"" + key + "\" in URL " + shown +
+                 " (known: prefix, timeout, nat)");
+    }
+  }
+  // nat=ANNOUNCED_HOST:PORT=REACHABLE_HOST:PORT[,...]: nodes that announce addresses
+  // this client cannot reach directly (port forwarding, containers, proxies).
+  std::map<std::string, std::pair<std::string, std::uint16_t>> nat;
+  if (auto it = url.query.find("nat"); it != url.query.end()) {
+    std::string_view rest = it->second;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const std::string_view pair = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      const auto eq = pair.find('=');
+      Url from, to;
+      std::string ignored;
+      if (eq == std::string_view::npos ||
+          parse_url("redis://" + std::string(pair.substr(0, eq)), from, ignored) ||
+          parse_url("redis://" + std::string(pair.substr(eq + 1)), to, ignored) || from.hosts.size() != 1 ||
+          to.hosts.size() != 1 || from.hosts[0].port == 0 || to.hosts[0].port == 0) {
+        return bad("nat entry \"" + std::string(pair) + "\" in URL " + shown +
+                   " is not ANNOUNCED_HOST:PORT=REACHABLE_HOST:PORT");
+      }
+      nat[from.hosts[0].host + ":" + std::to_string(from.hosts[0].port)] = {to.hosts[0].host,
+                                                                            to.hosts[0].port};
     }
   }
   if (!url.path.empty() && url.path != "/" && url.path != "/0") {
@@ -895,7 +933,8 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
   base.db = 0;
   std::vector<std::pair<std::string, std::uint16_t>> seeds;
   for (const auto& h : url.hosts) seeds.emplace_back(h.host, h.port != 0 ? h.port : 6379);
-  auto backend = std::make_unique<ClusterBackend>(base, std::move(seeds), prefix, url.redacted(), opts);
+  auto backend =
+      std::make_unique<ClusterBackend>(base, std::move(seeds), std::move(nat), prefix, url.redacted(), opts);
   if ((ec = backend->connect_now(why))) return nullptr;
   return backend;
 }

@@ -1,5 +1,5 @@
 // The Redis Cluster backend:
-//   redis+cluster://[user:password@]h1:p1[,h2:p2...][?prefix=P&timeout=DUR]
+//   redis+cluster://[user:password@]h1:p1[,h2:p2...][?prefix=P&timeout=DUR&nat=A:P=B:Q,...]
 //
 // The same lock layout and Lua scripts as redis:// (src/redis/redis_backend.cpp),
 // routed per name to the master serving the name's hash slot: the lock hash, its

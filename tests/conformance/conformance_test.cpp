@@ -26,6 +26,9 @@
 #ifdef DISTLOCK_TEST_REDIS
 #include "support/redis_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+#include "cluster_target.hpp"
+#endif
 #ifdef DISTLOCK_TEST_ETCD
 #include "etcd/etcd_cluster.hpp"
 #endif
@@ -223,6 +226,9 @@ std::vector<Kind> networked_kinds() {
 #endif
 #ifdef DISTLOCK_TEST_REDLOCK
   k.push_back({"redlock3", [] { return std::make_unique<RedlockTarget>(); }});
+#endif
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+  k.push_back({"rediscluster3", [] { return std::make_unique<distlock::testing::RedisClusterTarget<Target>>(); }});
 #endif
 #ifdef DISTLOCK_TEST_ETCD
   k.push_back({"etcd1", [] { return std::make_unique<EtcdTarget>(1); }});
