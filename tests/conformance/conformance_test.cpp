@@ -228,7 +228,8 @@ std::vector<Kind> networked_kinds() {
   k.push_back({"redlock3", [] { return std::make_unique<RedlockTarget>(); }});
 #endif
 #ifdef DISTLOCK_TEST_REDISCLUSTER
-  k.push_back({"rediscluster3", [] { return std::make_unique<distlock::testing::RedisClusterTarget<Target>>(); }});
+  k.push_back(
+      {"rediscluster3", [] { return std::make_unique<distlock::testing::RedisClusterTarget<Target>>(); }});
 #endif
 #ifdef DISTLOCK_TEST_ETCD
   k.push_back({"etcd1", [] { return std::make_unique<EtcdTarget>(1); }});

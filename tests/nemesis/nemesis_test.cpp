@@ -28,6 +28,9 @@
 #ifdef DISTLOCK_TEST_REDIS
 #include "support/redis_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+#include "conformance/cluster_target.hpp"
+#endif
 #ifdef DISTLOCK_TEST_ETCD
 #include "etcd/etcd_cluster.hpp"
 #endif
@@ -158,6 +161,10 @@ std::vector<Backend> backends() {
 #endif
 #ifdef DISTLOCK_TEST_REDLOCK
   b.push_back({"redlock3", [] { return std::make_unique<RedisServers>(3); }});
+#endif
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+  b.push_back(
+      {"rediscluster3", [] { return std::make_unique<distlock::testing::RedisClusterServers<Servers>>(); }});
 #endif
 #ifdef DISTLOCK_TEST_ETCD
   b.push_back({"etcd3", [] { return std::make_unique<EtcdServers>(); }});

@@ -28,11 +28,23 @@ void expect_ok(const RedisReplyPtr& r, const std::string& what) {
 
 }  // namespace
 
-RedisCluster::RedisCluster(int masters) {
+RedisCluster::RedisCluster(int masters, bool appendonly) {
   for (int i = 0; i < masters; ++i) {
     RedisServerOptions o;
-    o.extra_args = {"--cluster-enabled",      "yes",  "--cluster-config-file",           "nodes.conf",
-                    "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"};
+    o.appendonly = appendonly;
+    // The cluster bus listens on a port of its own (by default port + 10000, which
+    // does not exist above 55535 and may be taken).
+    bus_ports_.push_back(free_port());
+    o.extra_args = {"--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    std::to_string(bus_ports_.back()),
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-require-full-coverage",
+                    "no"};
     nodes_.push_back(std::make_unique<RedisServer>(o));
     dead_.push_back(false);
   }
@@ -45,7 +57,8 @@ RedisCluster::RedisCluster(int masters) {
               "CLUSTER ADDSLOTSRANGE");
   }
   for (int i = 1; i < masters; ++i) {
-    expect_ok(nodes_[0]->command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[i]->port())}),
+    expect_ok(nodes_[0]->command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[i]->port()),
+                                  std::to_string(bus_ports_[i])}),
               "CLUSTER MEET");
   }
   wait_ok("the cluster did not form");
@@ -157,6 +170,12 @@ void RedisCluster::move_slot(std::uint16_t slot, int from, int to) {
 void RedisCluster::kill(int i) {
   nodes_.at(i)->kill();
   dead_.at(i) = true;
+}
+
+void RedisCluster::restart(int i) {
+  nodes_.at(i)->restart();
+  dead_.at(i) = false;
+  wait_ok("node " + std::to_string(i) + " did not rejoin");
 }
 
 std::vector<std::string> RedisCluster::leftovers(bool skip_fences) const {

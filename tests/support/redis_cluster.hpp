@@ -32,7 +32,8 @@ namespace distlock::testing {
 
 class RedisCluster {
  public:
-  explicit RedisCluster(int masters = 3);
+  /// `appendonly`: appendonly yes / appendfsync always, so restart() keeps the keys.
+  explicit RedisCluster(int masters = 3, bool appendonly = false);
   RedisCluster(const RedisCluster&) = delete;
   RedisCluster& operator=(const RedisCluster&) = delete;
 
@@ -57,6 +58,9 @@ class RedisCluster {
 
   /// SIGKILL of node `i` (its slots are then served by nobody).
   void kill(int i);
+  /// Starts node `i` again on its port and directory (its nodes.conf brings back its
+  /// id and slots) and waits until every node says cluster_state:ok again.
+  void restart(int i);
   /// Keys (fence counters excluded when asked) and shard channels on every live node,
   /// one "port: key k" / "port: channel c" per entry.
   std::vector<std::string> leftovers(bool skip_fences = true) const;
@@ -66,6 +70,7 @@ class RedisCluster {
 
   std::vector<std::unique_ptr<RedisServer>> nodes_;
   std::vector<std::string> ids_;
+  std::vector<std::uint16_t> bus_ports_;
   std::vector<bool> dead_;
 };
 
