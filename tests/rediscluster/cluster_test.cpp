@@ -116,6 +116,10 @@ TEST(RedisClusterUrl, ErrorsNameTheProblem) {
   EXPECT_EQ(ec, errc::invalid_url);
   EXPECT_NE(msg.find("prefix"), std::string::npos) << msg;
 
+  msg = message_of([] { distlock::connect("redis+cluster://127.0.0.1:1?nat=127.0.0.1:7000", quiet()); }, ec);
+  EXPECT_EQ(ec, errc::invalid_url);
+  EXPECT_NE(msg.find("nat entry \"127.0.0.1:7000\""), std::string::npos) << msg;
+
   const auto port = std::to_string(distlock::testing::free_port());
   msg = message_of([&] { distlock::connect("redis+cluster://:secretpw@127.0.0.1:" + port, quiet()); }, ec);
   EXPECT_EQ(ec, errc::backend_unavailable);
