@@ -570,7 +570,7 @@ class ClusterBackend final : public Backend {
       if (starts_with(text, "TRYAGAIN")) {  // keys of one slot split by a migration in progress
         last = node->opts.describe() + " answered " + text;
         ec.clear();
-        std::this_thread::sleep_for(Millis(5 * (i + 1)));
+        std::this_thread::sleep_for(std::min(Millis(10) * (1 << i), Millis(320)));
         continue;
       }
       if (starts_with(text, "CLUSTERDOWN")) refresh_after_failure();

@@ -304,6 +304,54 @@ TEST(RedisCluster, ReshardingAHeldLockKeepsOneHolderAndWakesTheWaiterOnTheNewNod
       << (left.empty() ? "" : left.front());
 }
 
+// During a migration. While the lock is still on the source and its fence counter
+// already on the target, a contender's acquire (both keys) meets TRYAGAIN and fails
+// after a bounded number of attempts with an error saying so; the holder renews and
+// releases on the source. Once both keys are on the importing node, status, a busy
+// acquire and the release follow ASK there. A free lock cannot be acquired until
+// the slot is assigned (Redis refuses multi-key commands with a missing key in a
+// slot being migrated: TRYAGAIN on both nodes); then MOVED leads to the new owner.
+TEST(RedisCluster, AcquireDuringAMigrationFollowsAskAndASplitSlotIsABoundedError) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(0, "migrating");
+  const auto k = keys_of("distlock", name);
+  auto holder = distlock::connect(cluster.url(), quiet());
+  auto contender = distlock::connect(cluster.url(), quiet());
+  contender.acquire(name, opts(5000ms)).release();  // the fence counter exists
+  auto lease = holder.acquire(name, opts(3000ms));
+  cluster.begin_move(k.slot, 0, 1);
+  const std::string port1 = std::to_string(cluster.node(1).port());
+  auto moved = cluster.node(0).command({"MIGRATE", "127.0.0.1", port1, "", "0", "5000", "KEYS", k.fence});
+  ASSERT_TRUE(moved && moved->type == REDIS_REPLY_STATUS) << (moved && moved->str ? moved->str : "no reply");
+
+  std::error_code ec;
+  auto started = Steady::now();
+  std::string msg = message_of([&] { contender.try_acquire(name, opts(5000ms)); }, ec);
+  auto took = std::chrono::duration_cast<Millis>(Steady::now() - started);
+  EXPECT_EQ(ec, errc::backend_unavailable) << msg;
+  EXPECT_NE(msg.find("TRYAGAIN"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("after 6 attempts"), std::string::npos) << msg;
+  EXPECT_LT(took, 10000ms);  // bounded: 6 attempts with pauses of 10..320 ms, plus round trips
+  EXPECT_TRUE(lease.owns());
+
+  cluster.migrate_keys(k.slot, 0, 1);        // the lock follows: both keys on node 1, slot still node 0's
+  EXPECT_TRUE(contender.status(name).held);  // ASK, ASKING before each command
+  EXPECT_FALSE(contender.try_acquire(name, opts(5000ms)).has_value());  // ASK: busy, not an error
+  const auto holder_token = lease.token();
+  lease.release();  // ASK
+  EXPECT_EQ(pttl_asking(cluster.node(1), k.lock), -2) << "the release did not reach the importing node";
+  msg = message_of([&] { contender.try_acquire(name, opts(5000ms)); }, ec);
+  EXPECT_EQ(ec, errc::backend_unavailable) << msg;
+  EXPECT_NE(msg.find("TRYAGAIN"), std::string::npos) << msg;
+
+  cluster.finish_move(k.slot, 0, 1);
+  auto next = contender.try_acquire(name, opts(5000ms));  // MOVED
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(next->token(), holder_token);
+  EXPECT_EQ(integer(cluster.node(1).command({"EXISTS", k.lock})), 1);
+  next->release();
+}
+
 // A killed master: the locks it held are lost with a stop token within ttl + slack;
 // the locks on the other masters keep being renewed and new ones are granted there.
 TEST(RedisCluster, AKilledMasterLosesItsLocksAndOnlyThose) {
