@@ -12,6 +12,9 @@
 #include "redis/redis_backend.hpp"
 #include "redis/sentinel_backend.hpp"
 #endif
+#ifdef DISTLOCK_WITH_REDISCLUSTER
+#include "rediscluster/cluster_backend.hpp"
+#endif
 #ifdef DISTLOCK_WITH_REDLOCK
 #include "redlock/redlock_backend.hpp"
 #endif
@@ -40,6 +43,9 @@ constexpr Entry kBackends[] = {
 #endif
 #ifdef DISTLOCK_WITH_REDIS
     {"redis", &make_redis_backend},     {"redis+sentinel", &make_sentinel_backend},
+#endif
+#ifdef DISTLOCK_WITH_REDISCLUSTER
+    {"redis+cluster", &make_redis_cluster_backend},
 #endif
 #ifdef DISTLOCK_WITH_REDLOCK
     {"redlock", &make_redlock_backend},

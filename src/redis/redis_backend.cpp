@@ -522,4 +522,15 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
   return backend;
 }
 
+// The scripts above, for the Redis Cluster backend (src/rediscluster): the same
+// layout and the same rules per name, routed to the node serving the name's slot.
+namespace redis {
+const Script& lock_acquire_script() {
+  return acquire_script();
+}
+const Script& lock_renew_script() {
+  return renew_script();
+}
+}  // namespace redis
+
 }  // namespace distlock::detail

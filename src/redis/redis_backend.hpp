@@ -47,5 +47,13 @@ bool redis_prefix_ok(std::string_view prefix);
 std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& conn,
                                                 const RedisSettings& settings, const ClientOptions& opts,
                                                 std::error_code& ec, std::string& why);
+namespace redis {
+class Script;
+/// The acquire script (KEYS lock, fence; ARGV owner, ttl → {1, token} | {0, pttl}) and
+/// the batched renew script (KEYS locks; ARGV owner, ttl per key → 1 | 0 per key),
+/// shared with the Redis Cluster backend.
+const Script& lock_acquire_script();
+const Script& lock_renew_script();
+}  // namespace redis
 
 }  // namespace distlock::detail

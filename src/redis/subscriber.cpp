@@ -24,7 +24,10 @@ std::string_view element_str(const redisReply* r, std::size_t i) {
 }  // namespace
 
 Subscriber::Subscriber(ConnectionOptions opts, Callback on_message)
-    : opts_(std::move(opts)), on_message_(std::move(on_message)) {
+    : Subscriber(std::move(opts), std::move(on_message), Callback{}) {}
+
+Subscriber::Subscriber(ConnectionOptions opts, Callback on_message, Callback on_dropped)
+    : opts_(std::move(opts)), on_message_(std::move(on_message)), on_dropped_(std::move(on_dropped)) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0)
     throw std::system_error(errno, std::generic_category(), "eventfd for the Redis subscriber");
@@ -119,6 +122,16 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
   wake();  // the thread sends UNSUBSCRIBE
 }
 
+void Subscriber::dropped(const std::vector<std::string>& channels) {
+  for (const auto& ch : channels) {
+    try {
+      if (on_dropped_) on_dropped_(ch);
+    } catch (...) {  // a listener must not kill the subscriber thread
+    }
+  }
+  notify(channels);
+}
+
 void Subscriber::notify(const std::vector<std::string>& channels) {
   for (const auto& ch : channels) {
     try {
@@ -204,9 +217,12 @@ bool Subscriber::flush_changes() {
     }
   }
   if (ops.empty()) return true;
+  const bool sharded = static_cast<bool>(on_dropped_);
   for (auto& [subscribe, ch] : ops) {
-    const char* argv[] = {subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", ch.data()};
-    const std::size_t lens[] = {subscribe ? 9u : 11u, ch.size()};
+    const std::string_view cmd =
+        subscribe ? (sharded ? "SSUBSCRIBE" : "SUBSCRIBE") : (sharded ? "SUNSUBSCRIBE" : "UNSUBSCRIBE");
+    const char* argv[] = {cmd.data(), ch.data()};
+    const std::size_t lens[] = {cmd.size(), ch.size()};
     if (redisAppendCommandArgv(ctx_.get(), 2, argv, lens) != REDIS_OK) return false;
     inflight_.emplace_back(subscribe, std::move(ch));
   }
@@ -222,10 +238,30 @@ void Subscriber::handle_reply(redisReply* r) {
     handle_error(r);
     return;
   }
-  const std::string_view kind = element_str(r, 0);
+  std::string_view kind = element_str(r, 0);
   const std::string_view ch = element_str(r, 1);
-  if ((kind == "subscribe" || kind == "unsubscribe") && !inflight_.empty()) inflight_.pop_front();
+  if (on_dropped_ && !kind.empty() && kind.front() == 's') kind.remove_prefix(1);  // ssubscribe, smessage...
+  // In sharded mode the server unsubscribes a channel whose slot moved away on its
+  // own: an "sunsubscribe" that does not answer our oldest command in flight.
+  const bool unasked = on_dropped_ && kind == "unsubscribe" &&
+                       (inflight_.empty() || inflight_.front().first || inflight_.front().second != ch);
+  if ((kind == "subscribe" || kind == "unsubscribe") && !inflight_.empty() && !unasked) inflight_.pop_front();
   std::vector<std::string> to_notify;
+  if (unasked) {
+    {
+      std::lock_guard lk(mu_);
+      auto it = channels_.find(ch);
+      if (it == channels_.end() || !it->second.sent) return;
+      auto& c = it->second;
+      c.sent = false;
+      c.refused = true;  // not sent to this node again until a new watch or a reconnect
+      c.refusal = opts_.describe() + " dropped the subscription to " + std::string(ch) +
+                  " (its slot moved to another node)";
+      if (c.watchers > 0) to_notify.emplace_back(ch);
+    }
+    dropped(to_notify);
+    return;
+  }
   {
     std::lock_guard lk(mu_);
     auto it = channels_.find(ch);
@@ -272,14 +308,19 @@ void Subscriber::handle_error(redisReply* r) {
     c.sent = false;
     c.refused = true;
     ++c.refusals;
-    c.refusal = opts_.describe() + " refused SUBSCRIBE " + channel + ": " + text;
+    c.refusal =
+        opts_.describe() + " refused " + (on_dropped_ ? "SSUBSCRIBE " : "SUBSCRIBE ") + channel + ": " + text;
     const std::error_code mapped = error_code_of(r);
     c.refusal_ec = mapped == errc::auth_failed ? mapped : make_error_code(errc::backend_unavailable);
     last_error_ = c.refusal;
     cv_.notify_all();
     if (c.watchers > 0) to_notify.push_back(channel);
   }
-  notify(to_notify);
+  if (on_dropped_) {
+    dropped(to_notify);  // e.g. MOVED: the owner may watch it on another node
+  } else {
+    notify(to_notify);
+  }
 }
 
 bool Subscriber::read_available() {

@@ -23,6 +23,14 @@
 //   if (ec) { /* nothing stays subscribed; `why` names the server's answer */ }
 //   ...
 //   sub.unwatch("distlock:{job}:released");
+//
+// Sharded mode (Redis Cluster, `Subscriber(opts, on_message, on_dropped)`): the same
+// with SSUBSCRIBE / SUNSUBSCRIBE / smessage. A node that stops serving a channel's
+// slot (resharding, failover) unsubscribes it on its own (an `sunsubscribe` nobody
+// asked for); the channel is then not subscribed again on this connection and
+// `on_dropped(channel)` (then `on_message(channel)`) is called, so the owner can
+// watch it on the slot's new node. A refused SSUBSCRIBE (MOVED after a reconnect)
+// is reported the same way.
 #pragma once
 
 #include <condition_variable>
@@ -45,6 +53,8 @@ class Subscriber {
   using Callback = std::function<void(std::string_view channel)>;
 
   Subscriber(ConnectionOptions opts, Callback on_message);
+  /// Sharded pub/sub (Redis Cluster); see the banner for `on_dropped`.
+  Subscriber(ConnectionOptions opts, Callback on_message, Callback on_dropped);
   ~Subscriber();
   Subscriber(const Subscriber&) = delete;
   Subscriber& operator=(const Subscriber&) = delete;
@@ -94,8 +104,11 @@ class Subscriber {
   void handle_error(redisReply* r);
   void notify(const std::vector<std::string>& channels);
 
+  void dropped(const std::vector<std::string>& channels);
+
   const ConnectionOptions opts_;
   const Callback on_message_;
+  const Callback on_dropped_;  // set: sharded mode
   int wake_fd_ = -1;
 
   mutable std::mutex mu_;

@@ -5,6 +5,9 @@
 #include "support/redis_sentinel.hpp"
 #include "support/redis_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+#include "support/redis_cluster.hpp"
+#endif
 #ifdef DISTLOCK_TEST_ETCD
 #include "etcd/etcd_cluster.hpp"
 #endif
@@ -106,6 +109,47 @@ class SentinelTarget final : public Target {
 
  private:
   RedisSentinelGroup group_;
+};
+#endif
+
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+// redis+cluster://: 3 masters (appendonly when durable, so a killed and restarted
+// master comes back with its locks and fence counters). Leftovers: keys (fence
+// counters excepted) and channels, plain and sharded, on every node. Through fault
+// proxies the URL names the proxies and maps every node's announced address to its
+// proxy (`nat=`), so the slot map and the redirections lead through them too.
+class RedisClusterTarget final : public Target {
+ public:
+  explicit RedisClusterTarget(const TargetOptions& o) : cluster_(3, o.durable) {}
+  std::string url() override { return cluster_.url(); }
+  std::vector<std::string> leftovers() override { return cluster_.leftovers(); }
+  std::vector<std::uint16_t> ports() override {
+    std::vector<std::uint16_t> out;
+    for (int i = 0; i < cluster_.size(); ++i) out.push_back(cluster_.node(i).port());
+    return out;
+  }
+  std::string url_via(const std::string& hosts) override {
+    if (hosts.empty()) return url();
+    std::string nat;
+    std::size_t at = 0;
+    for (auto port : ports()) {
+      const auto comma = hosts.find(',', at);
+      if (!nat.empty()) nat += ",";
+      nat += "127.0.0.1:" + std::to_string(port) + "=" + hosts.substr(at, comma - at);
+      at = comma == std::string::npos ? hosts.size() : comma + 1;
+    }
+    return "redis+cluster://" + hosts + "?nat=" + nat;
+  }
+  int members() override { return cluster_.size(); }
+  void pause(int m) override { cluster_.node(m).pause(); }
+  void resume(int m) override { cluster_.node(m).resume(); }
+  void kill_and_restart(int m) override {
+    cluster_.kill(m);
+    cluster_.restart(m);
+  }
+
+ private:
+  RedisCluster cluster_;
 };
 #endif
 
@@ -256,6 +300,10 @@ std::vector<Kind> kinds() {
   k.push_back({"redis", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(1, o); }});
   k.push_back(
       {"sentinel", [](const TargetOptions&) { return std::make_unique<SentinelTarget>(); }, false, false});
+#endif
+#ifdef DISTLOCK_TEST_REDISCLUSTER
+  k.push_back(
+      {"rediscluster3", [](const TargetOptions& o) { return std::make_unique<RedisClusterTarget>(o); }});
 #endif
 #ifdef DISTLOCK_TEST_REDLOCK
   k.push_back({"redlock3", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(3, o); }});

@@ -1,0 +1,942 @@
+#include "rediscluster/cluster_backend.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/log.hpp"
+#include "redis/connection.hpp"
+#include "redis/redis_backend.hpp"
+#include "redis/subscriber.hpp"
+
+namespace distlock::detail {
+
+namespace rediscluster {
+
+namespace {
+
+std::uint16_t crc16(std::string_view s) noexcept {  // CRC16-CCITT (XMODEM), as Redis Cluster
+  std::uint16_t crc = 0;
+  for (unsigned char c : s) {
+    crc = static_cast<std::uint16_t>(crc ^ (static_cast<std::uint16_t>(c) << 8));
+    for (int i = 0; i < 8; ++i) {
+      crc = (crc & 0x8000) != 0 ? static_cast<std::uint16_t>((crc << 1) ^ 0x1021)
+                                : static_cast<std::uint16_t>(crc << 1);
+    }
+  }
+  return crc;
+}
+
+std::uint64_t fnv1a(std::string_view s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::uint16_t key_slot(std::string_view key) noexcept {
+  const auto open = key.find('{');
+  if (open != std::string_view::npos) {
+    const auto close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
+  }
+  return static_cast<std::uint16_t>(crc16(key) & 16383);
+}
+
+// A name without braces keeps redis://'s layout: "<prefix>:{<name>}", ":fence",
+// ":released" (its hash tag is the name). A name holding '{' or '}' would end the
+// tag early or leave it empty (then each key hashes whole, into different slots):
+// its tag is '#' and 16 hex digits of a hash of the name, and the name follows the
+// tag whole, after a kind letter, so two names never share a key even when their
+// hashes collide (they then only share a slot).
+NameKeys keys_of(std::string_view prefix, std::string_view name) {
+  NameKeys k;
+  if (name.find_first_of("{}") == std::string_view::npos) {
+    k.lock.append(prefix).append(":{").append(name).append("}");
+    k.fence = k.lock + ":fence";
+    k.channel = k.lock + ":released";
+  } else {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string tag = "#";
+    const std::uint64_t h = fnv1a(name);
+    for (int i = 60; i >= 0; i -= 4) tag.push_back(kHex[(h >> i) & 0xf]);
+    const std::string head = std::string(prefix) + ":{" + tag + "}:";
+    k.lock = head + "l:" + std::string(name);
+    k.fence = head + "f:" + std::string(name);
+    k.channel = head + "r:" + std::string(name);
+  }
+  k.slot = key_slot(k.lock);
+  return k;
+}
+
+}  // namespace rediscluster
+
+namespace {
+
+using redis::Connection;
+using redis::ConnectionOptions;
+using redis::ConnectionPool;
+using redis::Reply;
+using redis::Script;
+using rediscluster::NameKeys;
+
+constexpr std::size_t kSlots = 16384;
+// Redirections (MOVED, ASK, TRYAGAIN) followed for one call before giving up: a
+// slot moves at most once or twice during one call; more means a map in flux.
+constexpr int kMaxAttempts = 6;
+constexpr std::size_t kRenewChunk = 1000;
+// A node that could not be reached triggers a map refresh at most this often.
+constexpr Millis kRefreshOnFailureEvery{500};
+
+// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] release channel. As redis://'s release
+// script, published on the slot's shard channel (SPUBLISH).
+const Script& release_script() {
+  static const Script s(R"lua(
+local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
+if redis.call('HEXISTS', lock, owner) == 0 then
+  return -1
+end
+local left = redis.call('HINCRBY', lock, owner, -1)
+if left > 0 then
+  return left
+end
+redis.call('DEL', lock)
+redis.call('SPUBLISH', channel, 'released')
+return 0
+)lua");
+  return s;
+}
+
+bool to_u64(const redisReply* r, std::uint64_t& out) {
+  if (r == nullptr) return false;
+  if (r->type == REDIS_REPLY_INTEGER) {
+    if (r->integer < 0) return false;
+    out = static_cast<std::uint64_t>(r->integer);
+    return true;
+  }
+  const std::string_view s = redis::reply_str(r);
+  if (r->type != REDIS_REPLY_STRING || s.empty()) return false;
+  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return e == std::errc{} && p == s.data() + s.size();
+}
+
+bool starts_with(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 :6381" (an empty host: the answering node's).
+struct Redirect {
+  std::uint16_t slot = 0;
+  std::string host;
+  std::uint16_t port = 0;
+};
+bool parse_redirect(std::string_view text, std::string_view default_host, Redirect& out) {
+  const auto sp1 = text.find(' ');
+  if (sp1 == std::string_view::npos) return false;
+  const auto sp2 = text.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos) return false;
+  std::string_view slot = text.substr(sp1 + 1, sp2 - sp1 - 1);
+  std::string_view addr = text.substr(sp2 + 1);
+  if (auto end = addr.find_first_of(" \r\n"); end != std::string_view::npos) addr = addr.substr(0, end);
+  const auto colon = addr.rfind(':');
+  if (colon == std::string_view::npos) return false;
+  unsigned s = 0, p = 0;
+  auto r1 = std::from_chars(slot.data(), slot.data() + slot.size(), s);
+  const std::string_view port = addr.substr(colon + 1);
+  auto r2 = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (r1.ec != std::errc{} || r2.ec != std::errc{} || s >= kSlots || p == 0 || p > 65535) return false;
+  out.slot = static_cast<std::uint16_t>(s);
+  out.host = colon == 0 ? std::string(default_host) : std::string(addr.substr(0, colon));
+  if (!out.host.empty() && out.host.front() == '[' && out.host.back() == ']') {
+    out.host = out.host.substr(1, out.host.size() - 2);
+  }
+  out.port = static_cast<std::uint16_t>(p);
+  return true;
+}
+
+// A redirect named inside a longer message (a refused SSUBSCRIBE's text).
+bool find_redirect(std::string_view text, std::string_view default_host, Redirect& out, bool& ask) {
+  for (std::string_view kind : {"MOVED ", "ASK "}) {
+    const auto at = text.find(std::string(": ") + std::string(kind));
+    if (at != std::string_view::npos) {
+      ask = kind == "ASK ";
+      return parse_redirect(text.substr(at + 2), default_host, out);
+    }
+  }
+  return false;
+}
+
+struct Node {
+  explicit Node(const ConnectionOptions& o) : opts(o), pool(o, 8) {}
+  const ConnectionOptions opts;
+  ConnectionPool pool;
+  std::unique_ptr<redis::Subscriber> sub;  // created on first watch; guarded by the backend's map_mu_
+};
+
+class ClusterBackend final : public Backend {
+ public:
+  ClusterBackend(const ConnectionOptions& base, std::vector<std::pair<std::string, std::uint16_t>> seeds,
+                 std::map<std::string, std::pair<std::string, std::uint16_t>> nat, std::string prefix,
+                 std::string url, const ClientOptions& opts)
+      : base_(base),
+        nat_(std::move(nat)),
+        prefix_(std::move(prefix)),
+        url_(std::move(url)),
+        log_(opts.logger),
+        slots_(kSlots) {
+    for (auto& [host, port] : seeds) seeds_.push_back(node_at(host, port));
+    mover_ = std::thread([this] { run_mover(); });
+  }
+
+  ~ClusterBackend() override {
+    {
+      std::lock_guard lk(move_mu_);
+      stop_ = true;
+    }
+    move_cv_.notify_all();
+    mover_.join();
+    // Subscriber threads call back into this object: stop them before anything goes.
+    std::vector<std::unique_ptr<redis::Subscriber>> subs;
+    {
+      std::lock_guard lk(map_mu_);
+      for (auto& [addr, node] : nodes_) subs.push_back(std::move(node->sub));
+    }
+    subs.clear();
+  }
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  // Reads the slot map from the first seed that answers.
+  std::error_code connect_now(std::string& why) {
+    std::error_code ec;
+    if (refresh_map(map_version(), ec, why)) return {};
+    return ec ? ec : make_error_code(errc::backend_unavailable);
+  }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+    ec.clear();
+    const NameKeys k = rediscluster::keys_of(prefix_, req.name);
+    const std::string ttl = std::to_string(req.ttl.count());
+    Reply r;
+    const redisReply* d = route(
+        k.slot, "acquire",
+        [&](Connection& c, bool, std::error_code& e) {
+          r = redis::lock_acquire_script().run(c, {k.lock, k.fence}, {req.owner, ttl}, e);
+          return r.get();
+        },
+        ec);
+    if (d == nullptr || ec) return {};
+    std::uint64_t flag = 0;
+    if (d->type != REDIS_REPLY_ARRAY || d->elements != 2 || !to_u64(d->element[0], flag)) {
+      ec = make_error_code(errc::protocol_error);
+      set_error_detail("unexpected reply to the acquire script");
+      return {};
+    }
+    AcquireResult res;
+    if (flag == 1) {
+      res.acquired = true;
+      if (!to_u64(d->element[1], res.token)) {
+        ec = make_error_code(errc::protocol_error);
+        return {};
+      }
+      res.validity = req.ttl;
+      return res;
+    }
+    const redisReply* pttl = d->element[1];
+    if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) res.holder_ttl = Millis(pttl->integer);
+    return res;
+  }
+
+  // One pipeline per node (EVALSHA per slot: a script's keys must share a slot),
+  // nodes one after the other. Items redirected (the slot moved since the map was
+  // read) are retried through route() after the map is refreshed.
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    ec.clear();
+    std::fill(out.begin(), out.end(), RenewStatus::failed);
+    if (items.empty()) return;
+    std::vector<NameKeys> keys;
+    std::vector<std::string> ttls;
+    keys.reserve(items.size());
+    ttls.reserve(items.size());
+    for (const auto& it : items) {
+      keys.push_back(rediscluster::keys_of(prefix_, it.name));
+      ttls.push_back(std::to_string(it.ttl.count()));
+    }
+    std::map<Node*, std::vector<std::size_t>> by_node;
+    std::vector<std::size_t> unrouted;
+    {
+      std::lock_guard lk(map_mu_);
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        Node* n = slots_[keys[i].slot];
+        if (n) {
+          by_node[n].push_back(i);
+        } else {
+          unrouted.push_back(i);
+        }
+      }
+    }
+    std::vector<std::size_t> retry = unrouted;
+    std::size_t answered = 0;
+    for (auto& [node, idx] : by_node) {
+      std::stable_sort(idx.begin(), idx.end(),
+                       [&](std::size_t a, std::size_t b) { return keys[a].slot < keys[b].slot; });
+      std::vector<std::string_view> key_views, arg_views;
+      key_views.reserve(idx.size());
+      arg_views.reserve(2 * idx.size());
+      for (std::size_t i : idx) {
+        key_views.push_back(keys[i].lock);
+        arg_views.push_back(items[i].owner);
+        arg_views.push_back(ttls[i]);
+      }
+      std::vector<Script::Call> calls;
+      std::vector<std::size_t> call_at;  // first position in idx of each call
+      for (std::size_t at = 0; at < idx.size();) {
+        std::size_t end = at + 1;
+        while (end < idx.size() && end - at < kRenewChunk && keys[idx[end]].slot == keys[idx[at]].slot) ++end;
+        calls.push_back({std::span(key_views).subspan(at, end - at),
+                         std::span(arg_views).subspan(2 * at, 2 * (end - at))});
+        call_at.push_back(at);
+        at = end;
+      }
+      std::error_code nec;
+      auto conn = node->pool.checkout(nec);
+      if (nec) {
+        report(node->pool.last_error());
+        refresh_after_failure();
+        continue;
+      }
+      std::vector<Reply> replies = redis::lock_renew_script().run_pipelined(*conn, calls, nec);
+      if (nec) {
+        report("renew: " + conn->last_error());
+        refresh_after_failure();
+        continue;
+      }
+      ++answered;
+      ok();
+      for (std::size_t c = 0; c < calls.size(); ++c) {
+        const redisReply* r = replies[c].get();
+        const std::size_t at = call_at[c];
+        if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == calls[c].keys.size()) {
+          for (std::size_t j = 0; j < r->elements; ++j) {
+            const redisReply* e = r->element[j];
+            out[idx[at + j]] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed
+                                                                                 : RenewStatus::not_owner;
+          }
+          continue;
+        }
+        const std::string_view text = redis::reply_str(r);
+        if (starts_with(text, "MOVED ") || starts_with(text, "ASK ") || starts_with(text, "TRYAGAIN")) {
+          for (std::size_t j = 0; j < calls[c].keys.size(); ++j) retry.push_back(idx[at + j]);
+          if (starts_with(text, "MOVED ")) learn_redirect(text, node->opts.host);
+        } else {
+          log_.log(LogLevel::warning, "{}: renew script answered {}", node->opts.describe(),
+                   r && r->type == REDIS_REPLY_ERROR ? text : std::string_view("an unexpected reply"));
+        }
+      }
+    }
+    // Redirected or unrouted items: one routed call each (rare: a slot moved).
+    for (std::size_t i : retry) {
+      std::error_code rec;
+      Reply r;
+      const std::string_view key = keys[i].lock;
+      const std::string_view args[] = {items[i].owner, ttls[i]};
+      const redisReply* d = route(
+          keys[i].slot, "renew",
+          [&](Connection& c, bool, std::error_code& e) {
+            r = redis::lock_renew_script().run(c, std::span(&key, 1), std::span(args), e);
+            return r.get();
+          },
+          rec);
+      if (d == nullptr || rec) continue;
+      ++answered;
+      if (d->type == REDIS_REPLY_ARRAY && d->elements == 1) {
+        const redisReply* e = d->element[0];
+        out[i] =
+            e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed : RenewStatus::not_owner;
+      }
+    }
+    take_error_detail();  // per-item failures are retried by the engine, not reported
+    if (answered == 0) ec = make_error_code(errc::backend_unavailable);
+  }
+
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                        std::error_code& ec) override {
+    ec.clear();
+    const NameKeys k = rediscluster::keys_of(prefix_, name);
+    Reply r;
+    const redisReply* d = route(
+        k.slot, "release",
+        [&](Connection& c, bool, std::error_code& e) {
+          r = release_script().run(c, {k.lock}, {owner, k.channel}, e);
+          return r.get();
+        },
+        ec);
+    if (d == nullptr || ec) return ReleaseStatus::released;
+    if (d->type != REDIS_REPLY_INTEGER) {
+      ec = make_error_code(errc::protocol_error);
+      return ReleaseStatus::released;
+    }
+    return d->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
+  }
+
+  void watch(std::string_view name, std::error_code& ec) override {
+    ec.clear();
+    const NameKeys k = rediscluster::keys_of(prefix_, name);
+    std::lock_guard w(watch_mu_);
+    {
+      std::lock_guard lk(names_mu_);
+      channel_names_[k.channel] = std::string(name);
+    }
+    std::string why;
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      Node* node = node_for(k.slot, ec, why);
+      if (node == nullptr) break;
+      redis::Subscriber& sub = subscriber_of(*node);
+      sub.watch(k.channel, ec, why);
+      if (!ec) {
+        watched_[std::string(name)] = Watch{node, k.channel};
+        return;
+      }
+      Redirect to;
+      bool ask = false;
+      if (!find_redirect(why, node->opts.host, to, ask)) break;
+      if (!ask) learn_redirect_to(to);
+      std::string ignored;
+      std::error_code ignored_ec;
+      refresh_map(map_version(), ignored_ec, ignored);
+      if (ask) std::this_thread::sleep_for(Millis(10 * (attempt + 1)));  // the slot is being moved
+    }
+    {
+      std::lock_guard lk(names_mu_);
+      channel_names_.erase(k.channel);
+    }
+    if (!ec) ec = make_error_code(errc::backend_unavailable);
+    log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, why);
+    set_error_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
+  }
+
+  void unwatch(std::string_view name) noexcept override {
+    try {
+      std::lock_guard w(watch_mu_);
+      auto it = watched_.find(name);
+      if (it == watched_.end()) return;
+      subscriber_of(*it->second.node).unwatch(it->second.channel);
+      {
+        std::lock_guard lk(names_mu_);
+        channel_names_.erase(it->second.channel);
+      }
+      watched_.erase(it);
+    } catch (...) {  // out of memory: the subscription stays, harmless
+    }
+  }
+
+  LockInfo status(std::string_view name, std::error_code& ec) override {
+    ec.clear();
+    const NameKeys k = rediscluster::keys_of(prefix_, name);
+    std::vector<Reply> r;
+    const redisReply* d = route(
+        k.slot, "status",
+        [&](Connection& c, bool asking, std::error_code& e) -> const redisReply* {
+          // ASKING holds for one command: repeat it before each (route sent the first).
+          c.append({"HGETALL", k.lock});
+          if (asking) c.append({"ASKING"});
+          c.append({"PTTL", k.lock});
+          if (asking) c.append({"ASKING"});
+          c.append({"GET", k.fence});
+          c.append({"PUBSUB", "SHARDNUMSUB", k.channel});
+          std::vector<Reply> all = c.read_replies(asking ? 6 : 4, e);
+          if (e) return nullptr;
+          r.clear();
+          for (std::size_t i = 0; i < all.size(); ++i) {
+            if (asking && (i == 1 || i == 3)) continue;
+            r.push_back(std::move(all[i]));
+          }
+          for (auto& one : r) {
+            if (redis::is_error(one.get())) {
+              e = redis::error_code_of(one.get());
+              return one.get();
+            }
+          }
+          return r[0].get();
+        },
+        ec);
+    if (d == nullptr || ec) return {};
+    LockInfo info;
+    const redisReply* hash = r[0].get();
+    for (std::size_t i = 0; i + 1 < hash->elements; i += 2) {
+      const std::string_view field = redis::reply_str(hash->element[i]);
+      if (field == "@token") continue;
+      info.held = true;
+      info.holder = std::string(field);
+    }
+    if (info.held && r[1]->type == REDIS_REPLY_INTEGER && r[1]->integer >= 0) {
+      info.ttl_remaining = Millis(r[1]->integer);
+    }
+    std::uint64_t token = 0;
+    if (to_u64(r[2].get(), token)) info.token = token;
+    const redisReply* numsub = r[3].get();
+    if (numsub->type == REDIS_REPLY_ARRAY && numsub->elements == 2 &&
+        numsub->element[1]->type == REDIS_REPLY_INTEGER) {
+      info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, numsub->element[1]->integer));
+    }
+    return info;
+  }
+
+  std::string url() const override { return url_; }
+
+ private:
+  struct Watch {
+    Node* node = nullptr;
+    std::string channel;
+  };
+  using Attempt = std::function<const redisReply*(Connection&, bool asking, std::error_code&)>;
+
+  // Runs `attempt` on the node serving `slot`, following MOVED (map updated, then
+  // refreshed), ASK (ASKING on the named node, once per ASK) and TRYAGAIN (a short
+  // pause) at most kMaxAttempts times. Returns the attempt's reply (an error reply
+  // other than a redirection is returned with `ec` as the attempt set it), or
+  // nullptr with `ec` and an error detail naming the node and the cause.
+  const redisReply* route(std::uint16_t slot, const char* what, const Attempt& attempt, std::error_code& ec) {
+    ec.clear();
+    Node* ask_node = nullptr;
+    std::string last;
+    for (int i = 0; i < kMaxAttempts; ++i) {
+      std::string why;
+      Node* node = ask_node;
+      if (node == nullptr) node = node_for(slot, ec, why);
+      if (node == nullptr) {
+        set_error_detail(why);
+        return nullptr;
+      }
+      const bool asking = ask_node != nullptr;
+      ask_node = nullptr;
+      auto conn = node->pool.checkout(ec);
+      if (ec) {
+        const std::string err = node->pool.last_error();
+        report(err);
+        set_error_detail(err);
+        refresh_after_failure();
+        return nullptr;
+      }
+      if (asking) {
+        conn->command({"ASKING"}, ec);
+        if (ec) {
+          failed(*conn, what);
+          return nullptr;
+        }
+      }
+      const redisReply* r = attempt(*conn, asking, ec);
+      if (r == nullptr) {
+        if (!ec) ec = make_error_code(errc::protocol_error);
+        failed(*conn, what);
+        refresh_after_failure();
+        return nullptr;
+      }
+      if (r->type != REDIS_REPLY_ERROR) {
+        ok();
+        return r;
+      }
+      const std::string text(redis::reply_str(r));
+      if (starts_with(text, "MOVED ")) {
+        last = node->opts.describe() + " answered " + text;
+        learn_redirect(text, node->opts.host);
+        std::string ignored;
+        std::error_code ignored_ec;
+        refresh_map(map_version(), ignored_ec, ignored);
+        ec.clear();
+        continue;
+      }
+      if (starts_with(text, "ASK ")) {
+        last = node->opts.describe() + " answered " + text;
+        Redirect to;
+        if (parse_redirect(text, node->opts.host, to)) {
+          ask_node = node_at(to.host, to.port);
+          ec.clear();
+          continue;
+        }
+      }
+      if (starts_with(text, "TRYAGAIN")) {  // keys of one slot split by a migration in progress
+        last = node->opts.describe() + " answered " + text;
+        ec.clear();
+        std::this_thread::sleep_for(std::min(Millis(10) * (1 << i), Millis(320)));
+        continue;
+      }
+      if (starts_with(text, "CLUSTERDOWN")) refresh_after_failure();
+      ok();
+      const std::string msg = node->opts.describe() + ": " + what + ": " + text;
+      log_.log(LogLevel::warning, "{}", msg);
+      set_error_detail(msg);
+      if (!ec) ec = redis::error_code_of(r);
+      return r;
+    }
+    ec = make_error_code(errc::backend_unavailable);
+    const std::string msg = std::string(what) + ": slot " + std::to_string(slot) +
+                            " was still redirected after " + std::to_string(kMaxAttempts) +
+                            " attempts (last: " + last + ")";
+    log_.log(LogLevel::warning, "{}", msg);
+    set_error_detail(msg);
+    return nullptr;
+  }
+
+  std::uint64_t map_version() const {
+    std::lock_guard lk(map_mu_);
+    return map_version_;
+  }
+
+  Node* node_at(const std::string& host, std::uint16_t port) {
+    std::lock_guard lk(map_mu_);
+    return node_at_locked(host, port);
+  }
+  // `host:port` as the cluster announces it, translated by the URL's nat map.
+  Node* node_at_locked(const std::string& announced_host, std::uint16_t announced_port) {
+    std::string host = announced_host;
+    std::uint16_t port = announced_port;
+    if (auto it = nat_.find(announced_host + ":" + std::to_string(announced_port)); it != nat_.end()) {
+      host = it->second.first;
+      port = it->second.second;
+    }
+    const std::string addr = host + "|" + std::to_string(port);
+    auto it = nodes_.find(addr);
+    if (it != nodes_.end()) return it->second.get();
+    ConnectionOptions o = base_;
+    o.host = host;
+    o.port = port;
+    return nodes_.emplace(addr, std::make_unique<Node>(o)).first->second.get();
+  }
+
+  // The node serving `slot`; reads the map again once when none does.
+  Node* node_for(std::uint16_t slot, std::error_code& ec, std::string& why) {
+    std::uint64_t version = 0;
+    {
+      std::lock_guard lk(map_mu_);
+      if (slots_[slot] != nullptr) return slots_[slot];
+      version = map_version_;
+    }
+    if (refresh_map(version, ec, why)) {
+      std::lock_guard lk(map_mu_);
+      if (slots_[slot] != nullptr) return slots_[slot];
+    }
+    if (!ec) {
+      ec = make_error_code(errc::backend_unavailable);
+      why = "slot " + std::to_string(slot) + " is served by no node of the cluster " + url_;
+    }
+    return nullptr;
+  }
+
+  void learn_redirect(std::string_view text, std::string_view host) {
+    Redirect to;
+    if (parse_redirect(text, host, to)) learn_redirect_to(to);
+  }
+  void learn_redirect_to(const Redirect& to) {
+    std::lock_guard lk(map_mu_);
+    slots_[to.slot] = node_at_locked(to.host, to.port);
+  }
+
+  void refresh_after_failure() {
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lk(map_mu_);
+      if (now - last_failure_refresh_ < kRefreshOnFailureEvery) return;
+      last_failure_refresh_ = now;
+    }
+    std::string ignored;
+    std::error_code ignored_ec;
+    refresh_map(map_version(), ignored_ec, ignored);
+  }
+
+  // CLUSTER SLOTS from the first known node that answers (the nodes of the current
+  // map first, then the URL's seeds). Skipped when another thread refreshed since
+  // `seen_version`. False with ec/why when no node answered.
+  bool refresh_map(std::uint64_t seen_version, std::error_code& ec, std::string& why) {
+    std::lock_guard refresh(refresh_mu_);
+    std::vector<Node*> order;
+    {
+      std::lock_guard lk(map_mu_);
+      if (map_version_ != seen_version) return true;
+      for (Node* n : slots_) {
+        if (n != nullptr && std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
+      }
+      for (auto& [addr, n] : nodes_) {
+        if (std::find(order.begin(), order.end(), n.get()) == order.end()) order.push_back(n.get());
+      }
+    }
+    std::string errors;
+    std::error_code first_ec;
+    for (Node* n : order) {
+      std::error_code nec;
+      std::string nwhy;
+      if (load_map_from(*n, nec, nwhy)) {
+        ec.clear();
+        return true;
+      }
+      if (!first_ec || nec == errc::auth_failed || nec == errc::protocol_error) first_ec = nec;
+      if (!errors.empty()) errors += "; ";
+      errors += nwhy;
+    }
+    ec = first_ec ? first_ec : make_error_code(errc::backend_unavailable);
+    why = "no node of the cluster " + url_ + " gave its slot map: " + errors;
+    return false;
+  }
+
+  bool load_map_from(Node& node, std::error_code& ec, std::string& why) {
+    auto conn = node.pool.checkout(ec);
+    if (ec) {
+      why = node.pool.last_error();
+      return false;
+    }
+    Reply r = conn->command({"CLUSTER", "SLOTS"}, ec);
+    if (!r) {
+      why = conn->last_error();
+      return false;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+      const std::string_view text = redis::reply_str(r.get());
+      if (text.find("cluster support disabled") != std::string_view::npos) {
+        ec = make_error_code(errc::protocol_error);
+        why = node.opts.describe() + " is not a cluster node (" + std::string(text) +
+              "): use redis:// for a single server";
+      } else {
+        if (ec != errc::auth_failed) ec = make_error_code(errc::protocol_error);
+        why = node.opts.describe() + ": CLUSTER SLOTS: " + std::string(text);
+      }
+      return false;
+    }
+    ec.clear();
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+      ec = make_error_code(errc::backend_unavailable);
+      why = node.opts.describe() + " serves no slots yet (CLUSTER SLOTS is empty: the cluster is not set up)";
+      return false;
+    }
+    std::vector<std::tuple<std::size_t, std::size_t, std::string, std::uint16_t>> ranges;
+    for (std::size_t i = 0; i < r->elements; ++i) {
+      const redisReply* e = r->element[i];
+      if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
+          e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
+          e->element[2]->elements < 2 || e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+        ec = make_error_code(errc::protocol_error);
+        why = node.opts.describe() + ": unexpected CLUSTER SLOTS reply";
+        return false;
+      }
+      const long long from = e->element[0]->integer, to = e->element[1]->integer;
+      const long long port = e->element[2]->element[1]->integer;
+      std::string host(redis::reply_str(e->element[2]->element[0]));
+      if (host.empty() || host == "?") host = node.opts.host;
+      if (from < 0 || to < from || to >= static_cast<long long>(kSlots) || port <= 0 || port > 65535) {
+        ec = make_error_code(errc::protocol_error);
+        why = node.opts.describe() + ": CLUSTER SLOTS names an impossible range or port";
+        return false;
+      }
+      ranges.emplace_back(from, to, host, static_cast<std::uint16_t>(port));
+    }
+    std::lock_guard lk(map_mu_);
+    std::fill(slots_.begin(), slots_.end(), nullptr);
+    for (auto& [from, to, host, port] : ranges) {
+      Node* n = node_at_locked(host, port);
+      for (std::size_t s = from; s <= to; ++s) slots_[s] = n;
+    }
+    ++map_version_;
+    return true;
+  }
+
+  redis::Subscriber& subscriber_of(Node& node) {
+    std::lock_guard lk(map_mu_);
+    if (!node.sub) {
+      Node* n = &node;
+      node.sub = std::make_unique<redis::Subscriber>(
+          node.opts, [this](std::string_view channel) { on_channel(channel); },
+          [this, n](std::string_view channel) { on_dropped(n, channel); });
+    }
+    return *node.sub;
+  }
+
+  void on_channel(std::string_view channel) {
+    std::string name;
+    {
+      std::lock_guard lk(names_mu_);
+      auto it = channel_names_.find(channel);
+      if (it == channel_names_.end()) return;
+      name = it->second;
+    }
+    ChangeListener* l = listener_.load();
+    if (l) l->on_change(name);
+  }
+
+  // On a subscriber thread: hand the move to the mover (watch() blocks on
+  // confirmations, which a subscriber thread must not wait for).
+  void on_dropped(Node* node, std::string_view channel) {
+    {
+      std::lock_guard lk(move_mu_);
+      moves_.emplace_back(node, std::string(channel));
+    }
+    move_cv_.notify_all();
+  }
+
+  // Watches a dropped channel again on the node now serving its slot, then tells
+  // the waiters to re-check (a release may have come while nobody listened).
+  void run_mover() {
+    Millis backoff{20};
+    for (;;) {
+      std::pair<Node*, std::string> item;
+      {
+        std::unique_lock lk(move_mu_);
+        move_cv_.wait(lk, [&] { return stop_ || !moves_.empty(); });
+        if (stop_) return;
+        item = std::move(moves_.front());
+        moves_.pop_front();
+      }
+      std::string name;
+      bool again = false;
+      {
+        std::lock_guard w(watch_mu_);
+        {
+          std::lock_guard lk(names_mu_);
+          auto it = channel_names_.find(item.second);
+          if (it != channel_names_.end()) name = it->second;
+        }
+        auto wit = name.empty() ? watched_.end() : watched_.find(name);
+        if (wit == watched_.end() || wit->second.node != item.first) continue;  // unwatched or moved already
+        std::error_code ec;
+        std::string why;
+        refresh_map(map_version(), ec, why);
+        const NameKeys k = rediscluster::keys_of(prefix_, name);
+        Node* to = node_for(k.slot, ec, why);
+        if (to != nullptr) subscriber_of(*to).watch(k.channel, ec, why);
+        if (to != nullptr && !ec) {
+          subscriber_of(*item.first).unwatch(k.channel);
+          wit->second.node = to;
+          backoff = Millis(20);
+        } else {
+          log_.log(LogLevel::debug, "watching \"{}\" on the node now serving its slot failed: {}", name, why);
+          Redirect r;
+          bool ask = false;
+          if (find_redirect(why, item.first->opts.host, r, ask) && !ask) learn_redirect_to(r);
+          again = true;
+        }
+      }
+      ChangeListener* l = listener_.load();
+      if (l) l->on_change(name);
+      if (again) {
+        std::unique_lock lk(move_mu_);
+        moves_.push_back(std::move(item));
+        move_cv_.wait_for(lk, backoff, [&] { return stop_; });
+        backoff = std::min(backoff * 2, Millis(1000));
+      }
+    }
+  }
+
+  void failed(const Connection& conn, const char* what) {
+    const std::string msg = std::string(what) + ": " + conn.last_error();
+    report(msg);
+    set_error_detail(msg);
+  }
+  void report(const std::string& why) {
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  }
+  void ok() {
+    if (failing_.exchange(false)) log_.log(LogLevel::info, "the cluster {} answers again", url_);
+  }
+
+  const ConnectionOptions base_;
+  const std::map<std::string, std::pair<std::string, std::uint16_t>> nat_;  // "host:port" announced → reached
+  const std::string prefix_;
+  const std::string url_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+  std::atomic<bool> failing_{false};
+
+  std::mutex refresh_mu_;  // one CLUSTER SLOTS at a time
+  mutable std::mutex map_mu_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_;            // guarded by map_mu_; never removed
+  std::vector<Node*> slots_;                                      // guarded by map_mu_
+  std::uint64_t map_version_ = 0;                                 // guarded by map_mu_
+  std::chrono::steady_clock::time_point last_failure_refresh_{};  // guarded by map_mu_
+  std::vector<Node*> seeds_;
+
+  std::mutex watch_mu_;                                // serialises watch, unwatch and moves
+  std::map<std::string, Watch, std::less<>> watched_;  // guarded by watch_mu_
+  std::mutex names_mu_;
+  std::map<std::string, std::string, std::less<>> channel_names_;  // guarded by names_mu_
+
+  std::mutex move_mu_;
+  std::condition_variable move_cv_;
+  std::deque<std::pair<Node*, std::string>> moves_;  // guarded by move_mu_
+  bool stop_ = false;                                // guarded by move_mu_
+  std::thread mover_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const ClientOptions& opts,
+                                                    std::error_code& ec, std::string& why) {
+  ec.clear();
+  const std::string shown = "\"" + url.redacted() + "\"";
+  auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
+    ec = make_error_code(errc::invalid_url);
+    why = std::move(msg);
+    return nullptr;
+  };
+  if (url.hosts.empty()) {
+    return bad("URL " + shown + " names no cluster node (expected redis+cluster://host:port[,host:port...])");
+  }
+  for (const auto& [key, value] : url.query) {
+    if (key != "prefix" && key != "timeout" && key != "nat") {
+      return bad("unknown query parameter \"" + key + "\" in URL " + shown +
+                 " (known: prefix, timeout, nat)");
+    }
+  }
+  // nat=ANNOUNCED_HOST:PORT=REACHABLE_HOST:PORT[,...]: nodes that announce addresses
+  // this client cannot reach directly (port forwarding, containers, proxies).
+  std::map<std::string, std::pair<std::string, std::uint16_t>> nat;
+  if (auto it = url.query.find("nat"); it != url.query.end()) {
+    std::string_view rest = it->second;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const std::string_view pair = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      const auto eq = pair.find('=');
+      Url from, to;
+      std::string ignored;
+      if (eq == std::string_view::npos ||
+          parse_url("redis://" + std::string(pair.substr(0, eq)), from, ignored) ||
+          parse_url("redis://" + std::string(pair.substr(eq + 1)), to, ignored) || from.hosts.size() != 1 ||
+          to.hosts.size() != 1 || from.hosts[0].port == 0 || to.hosts[0].port == 0) {
+        return bad("nat entry \"" + std::string(pair) + "\" in URL " + shown +
+                   " is not ANNOUNCED_HOST:PORT=REACHABLE_HOST:PORT");
+      }
+      nat[from.hosts[0].host + ":" + std::to_string(from.hosts[0].port)] = {to.hosts[0].host,
+                                                                            to.hosts[0].port};
+    }
+  }
+  if (!url.path.empty() && url.path != "/" && url.path != "/0") {
+    return bad("URL " + shown + " selects database \"" + url.path +
+               "\"; a Redis Cluster has only database 0 (drop the path)");
+  }
+  const std::string prefix = url.query_or("prefix", "distlock");
+  if (prefix.empty() || prefix.size() > 256 || prefix.find_first_of("{}") != std::string::npos) {
+    return bad("prefix \"" + prefix + "\" in URL " + shown +
+               " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
+  }
+  ConnectionOptions base = redis::options_from_url(url, 0, opts, ec, why);
+  if (ec) return nullptr;
+  base.db = 0;
+  std::vector<std::pair<std::string, std::uint16_t>> seeds;
+  for (const auto& h : url.hosts) seeds.emplace_back(h.host, h.port != 0 ? h.port : 6379);
+  auto backend =
+      std::make_unique<ClusterBackend>(base, std::move(seeds), std::move(nat), prefix, url.redacted(), opts);
+  if ((ec = backend->connect_now(why))) return nullptr;
+  return backend;
+}
+
+}  // namespace distlock::detail

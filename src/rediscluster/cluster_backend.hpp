@@ -1,0 +1,48 @@
+// The Redis Cluster backend:
+//   redis+cluster://[user:password@]h1:p1[,h2:p2...][?prefix=P&timeout=DUR&nat=A:P=B:Q,...]
+//
+// The same lock layout and Lua scripts as redis:// (src/redis/redis_backend.cpp),
+// routed per name to the master serving the name's hash slot: the lock hash, its
+// fence counter and its release channel share one hash tag, so they live in one
+// slot (names containing '{' or '}' get a tag derived from a hash of the name).
+// The slot map comes from CLUSTER SLOTS on any reachable node (the URL's nodes are
+// only seeds); MOVED refreshes it and retries, ASK retries once on the importing
+// node after ASKING, TRYAGAIN retries after a short pause, all bounded. Waiters use
+// sharded pub/sub (SSUBSCRIBE on the slot's node, one subscriber connection per
+// node), moved to the new node when a slot moves. Renewal sends one pipeline per
+// node per batch. See docs/redis-cluster.md.
+//
+// Thread-safety: like every backend, called from many threads at once; it
+// synchronises itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "core/backend.hpp"
+
+namespace distlock::detail {
+
+/// Parses the URL, reads the slot map from the first seed that answers and returns
+/// the backend; on error nullptr with `ec` and a `why` naming the problem.
+std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const ClientOptions& opts,
+                                                    std::error_code& ec, std::string& why);
+
+namespace rediscluster {
+/// The hash slot of a key (CRC16 of its hash tag, or of the whole key), 0..16383.
+std::uint16_t key_slot(std::string_view key) noexcept;
+/// The key layout of one name: lock hash, fence counter, release channel; all three
+/// in one slot for every name (also names holding '{' or '}').
+struct NameKeys {
+  std::string lock;
+  std::string fence;
+  std::string channel;
+  std::uint16_t slot = 0;
+};
+NameKeys keys_of(std::string_view prefix, std::string_view name);
+}  // namespace rediscluster
+
+}  // namespace distlock::detail
