@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc golang-etcd-server-dev
   libzookeeper-mt-dev libssl-dev libcurator-recipes-java python3-kazoo
   redis-server redis-tools etcd-server etcd-client zookeeper default-jre-headless
-  clang-format clang-tidy util-linux procps iproute2 python3
+  clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client
 )
 
 missing=()

@@ -524,7 +524,7 @@ constexpr const char* kRunFooter =
     "EXIT STATUS\n"
     "  COMMAND's status  COMMAND ran under the lock (128+N if it died of signal N)\n"
     "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl\n"
-    "  69   the lock service is unreachable or rejected the credentials\n"
+    "  69   the lock service is unreachable or rejected the credentials, or --metrics-port cannot be bound\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
     "  76   the lock was lost (or about to be) while the job ran; the job was stopped and reaped\n"
     "  126  COMMAND could not be executed;  127  COMMAND was not found\n"
