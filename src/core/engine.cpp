@@ -253,11 +253,10 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   ec.clear();
   take_error_detail();  // a detail left by an earlier call must not name this one's cause
   if (forked()) {
-    ec = make_error_code(errc::forked);
-    count_acquire_failure(name, ec);
+    ec = make_error_code(errc::forked);  // not counted: the counters are the parent's
     return nullptr;
   }
-  const Clock::time_point called = metrics_ ? clock_->now() : Clock::time_point{};
+  const Clock::time_point called = clock_->now();  // the wait counts from here
   std::string why;
   if ((ec = check_name(name, why))) {
     log_.log(LogLevel::debug, "acquire rejected: {}", why);
@@ -307,7 +306,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   std::shared_ptr<HeldLock> held;
   std::uint64_t epoch_at_send = 0;
   try {
-    held = acquire_loop(name, opts, wait, owner, epoch_at_send, ec);
+    held = acquire_loop(name, opts, wait, owner, called, epoch_at_send, ec);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
@@ -378,8 +377,8 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
 // place on the server behind.
 std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const LockOptions& opts,
                                                std::optional<Millis> wait, const std::string& owner,
-                                               std::uint64_t& epoch_at_send, std::error_code& ec) {
-  const Clock::time_point start = clock_->now();
+                                               Clock::time_point start, std::uint64_t& epoch_at_send,
+                                               std::error_code& ec) {
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
 
@@ -499,13 +498,15 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     }
     held->displaced.reset();
   }
-  end_hold(*held);
+  // One clock read serves the hold time and the expiry check.
+  const Clock::time_point now = held->metrics || caps_.needs_renewal ? clock_->now() : Clock::time_point{};
+  end_hold(*held, now);
   if (held->lost.load(std::memory_order_acquire)) {
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
     return;
   }
-  const bool expired = caps_.needs_renewal && clock_->now() >= held->deadline();
+  const bool expired = caps_.needs_renewal && now >= held->deadline();
   ReleaseStatus st = ReleaseStatus::released;
   try {
     st = backend_->release(held->name, held->owner, held->token, ec);
@@ -572,7 +573,7 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   n_lost_.fetch_add(1, std::memory_order_relaxed);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
-    end_hold(*held);
+    end_hold(*held, clock_->now());
   }
   log_.log(LogLevel::warning, "lock \"{}\" lost: {}", held->name, why);
   fire_loss(held);
@@ -801,9 +802,9 @@ ClientStats Engine::stats() const noexcept {
   return s;
 }
 
-void Engine::end_hold(HeldLock& held) noexcept {
+void Engine::end_hold(HeldLock& held, Clock::time_point now) noexcept {
   if (held.metrics && !held.hold_observed.exchange(true, std::memory_order_acq_rel)) {
-    metrics_->hold_ended(held.metrics, clock_->now() - held.granted_at);
+    metrics_->hold_ended(held.metrics, now - held.granted_at);
   }
 }
 

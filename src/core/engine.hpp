@@ -153,8 +153,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Clock::time_point declare_expired();
   std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
   void declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason, const char* why) noexcept;
-  /// Metrics: counts the hold time of `held` if not counted yet.
-  void end_hold(HeldLock& held) noexcept;
+  /// Metrics: counts the hold time of `held`, ended at `now`, if not counted yet.
+  void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
 
@@ -175,7 +175,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
   std::shared_ptr<HeldLock> acquire_loop(std::string_view name, const LockOptions& opts,
                                          std::optional<Millis> wait, const std::string& owner,
-                                         std::uint64_t& epoch_at_send, std::error_code& ec);
+                                         Clock::time_point start, std::uint64_t& epoch_at_send,
+                                         std::error_code& ec);
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
