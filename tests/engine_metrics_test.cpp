@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -223,6 +224,60 @@ TEST_F(Metrics, EveryLossReasonTheEngineTellsApartIsCountedOnce) {
     if (k.starts_with("distlock_losses_total{")) total += v;
   }
   EXPECT_EQ(total, 6) << "every loss the engine signalled, counted once";
+}
+
+/// A backend whose renewals succeed but take `delay` of the test's clock: the reply
+/// comes after the lease's local deadline when the delay is long enough.
+class SlowRenewBackend final : public detail::Backend {
+ public:
+  SlowRenewBackend(std::shared_ptr<ManualClock> clock, Clock::duration delay)
+      : clock_(std::move(clock)), delay_(delay) {}
+  detail::Capabilities capabilities() const noexcept override { return {}; }
+  void set_listener(detail::ChangeListener*) override {}
+  detail::AcquireResult try_acquire(const detail::AcquireRequest&, std::error_code& ec) override {
+    ec.clear();
+    return {true, ++token_, Millis(0), std::nullopt};
+  }
+  void renew(std::span<const detail::RenewItem> items, std::span<detail::RenewStatus> out,
+             std::error_code& ec) override {
+    ec.clear();
+    clock_->advance(delay_);
+    for (std::size_t i = 0; i < items.size(); ++i) out[i] = detail::RenewStatus::renewed;
+  }
+  detail::ReleaseStatus release(std::string_view, std::string_view, std::uint64_t,
+                                std::error_code& ec) override {
+    ec.clear();
+    return detail::ReleaseStatus::released;
+  }
+  void watch(std::string_view, std::error_code& ec) override { ec.clear(); }
+  void unwatch(std::string_view) noexcept override {}
+  LockInfo status(std::string_view, std::error_code& ec) override {
+    ec.clear();
+    return {};
+  }
+  std::string url() const override { return "memory://slow-renew"; }
+
+ private:
+  std::shared_ptr<ManualClock> clock_;
+  Clock::duration delay_;
+  std::uint64_t token_ = 0;
+};
+
+TEST_F(Metrics, ARenewalAnsweredAfterTheLocalDeadlineIsALateLossAndItsRoundTripIsTimed) {
+  Client c = connect_with_engine(
+      detail::Engine::create(std::make_unique<SlowRenewBackend>(clock, 600ms), options()));
+  Lease l = c.acquire("slow/1", ttl(1s));  // local deadline 900 ms, renewal due at 333 ms
+  clock->advance(400ms);
+  c.engine()->tick();  // sent at 400 ms, answered "renewed" at 1000 ms: past the deadline
+  EXPECT_TRUE(l.stop_token().stop_requested());
+  EXPECT_EQ(renewals(c, "slow", "ok"), 1) << "the server did renew";
+  EXPECT_EQ(losses(c, "slow", "renewal_late"), 1);
+  EXPECT_EQ(losses(c, "slow", "local_deadline"), 0);
+  EXPECT_EQ(value(c.metrics(), "distlock_renewal_round_trip_seconds_bucket", "", "le=\"0.5\""), 0);
+  EXPECT_EQ(value(c.metrics(), "distlock_renewal_round_trip_seconds_bucket", "", "le=\"1\""), 1);
+  EXPECT_EQ(value(c.metrics(), "distlock_renewal_round_trip_seconds_sum", ""), 0.6);
+  // The hold ended at the loss: 1 s after the grant.
+  EXPECT_EQ(value(c.metrics(), "distlock_hold_seconds_sum", "slow"), 1);
 }
 
 TEST_F(Metrics, PrefixLabelsFollowTheRuleAndAreCappedPerClient) {
