@@ -189,6 +189,7 @@ struct Acquisition {
   std::optional<Lease> lease;
   std::error_code ec;
   std::string what;
+  std::function<void(const Client&)> on_connected;  // called once connected (--metrics-port)
 };
 
 /// Connects and acquires on a worker thread; the main thread keeps answering
@@ -196,29 +197,29 @@ struct Acquisition {
 Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const std::shared_ptr<Wakeup>& wake,
                                 std::function<void(const Client&)> on_connected) {
   auto result = std::make_shared<Acquisition>();
-  std::thread worker(
-      [result, wake, url = s.url, name = s.name, lock = s.lock, on_connected = std::move(on_connected)] {
-        try {
-          ClientOptions options = tool_client_options();
-          // zk://: the session (whose timeout is the lease's real length: a killed runner
-          // frees the lock when it ends) is sized to --ttl unless the URL sets session_timeout.
-          options.lock_defaults.ttl = lock.ttl;
-          Client client = connect(url, options);
-          result->client = client;
-          if (on_connected) on_connected(client);
-          result->lease.emplace(client.acquire(name, lock));
-        } catch (const std::system_error& e) {
-          result->ec = e.code();
-          result->what = e.what();
-        } catch (const std::exception& e) {
-          result->ec = make_error_code(errc::protocol_error);
-          result->what = e.what();
-        } catch (...) {
-          result->ec = make_error_code(errc::protocol_error);
-          result->what = "unexpected error while acquiring lock \"" + name + "\"";
-        }
-        wake->notify();
-      });
+  result->on_connected = std::move(on_connected);
+  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock] {
+    try {
+      ClientOptions options = tool_client_options();
+      // zk://: the session (whose timeout is the lease's real length: a killed runner
+      // frees the lock when it ends) is sized to --ttl unless the URL sets session_timeout.
+      options.lock_defaults.ttl = lock.ttl;
+      Client client = connect(url, options);
+      result->client = client;
+      if (result->on_connected) result->on_connected(client);
+      result->lease.emplace(client.acquire(name, lock));
+    } catch (const std::system_error& e) {
+      result->ec = e.code();
+      result->what = e.what();
+    } catch (const std::exception& e) {
+      result->ec = make_error_code(errc::protocol_error);
+      result->what = e.what();
+    } catch (...) {
+      result->ec = make_error_code(errc::protocol_error);
+      result->what = "unexpected error while acquiring lock \"" + name + "\"";
+    }
+    wake->notify();
+  });
   for (;;) {
     poll_for(signals, *wake, -1);
     for (const auto& d : signals.drain()) {
