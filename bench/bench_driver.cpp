@@ -72,7 +72,8 @@ json line(const std::string& workload, const BenchConfig& cfg, const std::string
               {"p50_us", round1(s.us(0.50))},
               {"p99_us", round1(s.us(0.99))},
               {"p999_us", round1(s.us(0.999))},
-              {"hold_us", cfg.hold_us}};
+              {"hold_us", cfg.hold_us},
+              {"metrics", !cfg.no_metrics}};
 }
 
 // --ttl-ms, else 30 s; on a zk:// URL that sets session_timeout, that session timeout
@@ -114,6 +115,7 @@ LockOptions lock_options(const BenchConfig& cfg) {
 Client connect(const std::string& url, const BenchConfig& cfg) {
   ClientOptions o;
   o.lock_defaults.ttl = Millis(cfg.ttl_ms);
+  o.metrics = !cfg.no_metrics;
   return distlock::connect(url, o);
 }
 
@@ -328,6 +330,7 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
       ->check(CLI::Range(100L, 3600000L));
   app.add_option("--rounds", cfg.rounds, "renew_now() calls measured (renew)")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", cfg.warmup, "unmeasured operations first")->check(CLI::Range(0L, 100000000L));
+  app.add_flag("--no-metrics", cfg.no_metrics, "clients keep no metrics (to measure what they cost)");
 }
 
 int run_bench(const BenchConfig& in) {

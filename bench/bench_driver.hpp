@@ -50,9 +50,12 @@ struct BenchConfig {
   int rounds = 5;
   /// Unmeasured operations first (connections, script loading). Default 100.
   long warmup = 100;
+  /// Clients keep no metrics (ClientOptions::metrics = false): to measure their cost.
+  bool no_metrics = false;
 };
 
-/// Adds --url, --workload, --clients, --keys, --ops, --hold-us, --ttl-ms, --rounds, --warmup.
+/// Adds --url, --workload, --clients, --keys, --ops, --hold-us, --ttl-ms, --rounds, --warmup,
+/// --no-metrics.
 void add_bench_options(CLI::App& app, BenchConfig& cfg);
 
 /// Runs the workloads; one JSON line each on stdout, errors on stderr. Returns 0, or

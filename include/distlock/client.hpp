@@ -157,6 +157,31 @@ class Client {
   std::string id() const;
   ClientStats stats() const noexcept;
 
+  /// This client's metrics in the Prometheus text exposition format, version 0.0.4
+  /// (serve it with Content-Type `text/plain; version=0.0.4`): acquisitions by result
+  /// (ok, busy, timeout, error), acquire wait and hold time histograms, renewals by
+  /// answer (ok, not_owner, failed), the renewal round-trip histogram, losses by
+  /// reason, releases by result and the leases held now. Every series is labelled
+  /// `backend` (the URL scheme) and, except the round trips and the gauge, `prefix`:
+  /// the lock name with leading '/' and ':' skipped, up to the next '/' or ':'. The
+  /// first 32 distinct prefixes a client sees get their own series; later ones, and
+  /// any prefix that is longer than 64 bytes, holds a byte outside [A-Za-z0-9_.-] or
+  /// is empty, count under prefix="other". docs/metrics.md lists every family.
+  /// Counters are kept per client (copies share them) and start at zero; empty when
+  /// ClientOptions::metrics is false.
+  ///
+  /// Thread-safety: may be called from any thread while other threads acquire,
+  /// release and renew; each counter is read atomically, so a scrape is a snapshot
+  /// per counter (a histogram's _count always equals its +Inf bucket).
+  ///
+  /// Example:
+  ///   auto client = distlock::connect("redis://127.0.0.1:6379");
+  ///   { auto lease = client.acquire("orders/42"); }
+  ///   std::string text = client.metrics();
+  ///   // distlock_acquisitions_total{backend="redis",prefix="orders",result="ok"} 1
+  ///   // distlock_releases_total{backend="redis",prefix="orders",result="ok"} 1
+  std::string metrics() const;
+
   /// Renews every held lease now (what the background renewer does each tick).
   /// Returns the number of leases renewed. Mostly for tests and benchmarks.
   std::size_t renew_now();

@@ -27,7 +27,9 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -35,6 +37,7 @@
 
 #include "cli/child_process.hpp"
 #include "cli/commands.hpp"
+#include "cli/metrics_http.hpp"
 #include "core/engine.hpp"
 #include "distlock/client.hpp"
 
@@ -59,6 +62,9 @@ struct RunFlags {
   std::string name;
   std::vector<std::string> command;  // when given without "--"
   CLI::Option* wait_option = nullptr;
+  int metrics_port = -1;
+  std::string metrics_addr = "127.0.0.1";
+  CLI::Option* metrics_addr_option = nullptr;
 };
 
 struct RunSettings {
@@ -68,6 +74,8 @@ struct RunSettings {
   Millis grace{};
   bool leader_only = false;
   std::vector<std::string> command;
+  int metrics_port = -1;  // -1: no metrics endpoint
+  std::string metrics_addr;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -117,6 +125,11 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
                 "before the lease's local deadline");
   }
   s.leader_only = flags.leader_only;
+  if (flags.metrics_addr_option && flags.metrics_addr_option->count() > 0 && flags.metrics_port < 0) {
+    usage_error("--metrics-addr needs --metrics-port");
+  }
+  s.metrics_port = flags.metrics_port;
+  s.metrics_addr = flags.metrics_addr;
   if (auto ec = LockOptions(s.lock).validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
   s.url = flags.url.empty() ? default_url() : flags.url;
   return s;
@@ -176,13 +189,15 @@ struct Acquisition {
   std::optional<Lease> lease;
   std::error_code ec;
   std::string what;
+  std::function<void(const Client&)> on_connected;  // called once connected (--metrics-port)
 };
 
 /// Connects and acquires on a worker thread; the main thread keeps answering
 /// signals meanwhile (a terminating signal ends the runner: nothing is held yet).
-Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals,
-                                const std::shared_ptr<Wakeup>& wake) {
+Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const std::shared_ptr<Wakeup>& wake,
+                                std::function<void(const Client&)> on_connected) {
   auto result = std::make_shared<Acquisition>();
+  result->on_connected = std::move(on_connected);
   std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock] {
     try {
       ClientOptions options = tool_client_options();
@@ -191,6 +206,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals,
       options.lock_defaults.ttl = lock.ttl;
       Client client = connect(url, options);
       result->client = client;
+      if (result->on_connected) result->on_connected(client);
       result->lease.emplace(client.acquire(name, lock));
     } catch (const std::system_error& e) {
       result->ec = e.code();
@@ -229,14 +245,16 @@ std::string not_acquired_message(const RunSettings& s, const std::error_code& ec
   return what;
 }
 
-std::vector<std::string> child_environment(const RunSettings& s, const Lease& lease) {
+std::vector<std::string> child_environment(const RunSettings& s, const Lease& lease,
+                                           const std::string& metrics_addr) {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string_view kv(*e);
     // An outer runner's variables must not leak into this lock's command, nor the
     // runner's password (the job gets it only in DISTLOCK_URL, with --pass-url-password).
     if (kv.starts_with("DISTLOCK_NAME=") || kv.starts_with("DISTLOCK_TOKEN=") ||
-        kv.starts_with("DISTLOCK_URL=") || kv.starts_with("DISTLOCK_PASSWORD=")) {
+        kv.starts_with("DISTLOCK_URL=") || kv.starts_with("DISTLOCK_PASSWORD=") ||
+        kv.starts_with("DISTLOCK_METRICS_ADDR=")) {
       continue;
     }
     env.emplace_back(kv);
@@ -244,6 +262,7 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
   env.push_back("DISTLOCK_NAME=" + s.name);
   if (lease.has_token()) env.push_back("DISTLOCK_TOKEN=" + std::to_string(lease.token()));
   env.push_back("DISTLOCK_URL=" + child_url(s.url));
+  if (!metrics_addr.empty()) env.push_back("DISTLOCK_METRICS_ADDR=" + metrics_addr);
   return env;
 }
 
@@ -270,6 +289,23 @@ std::string loss_cause(const Lease& lease) {
   return "its local deadline passed without a successful renewal (runner paused or server unreachable)";
 }
 
+/// What the metrics endpoint serves: the client's metrics once it is connected.
+class MetricsSource {
+ public:
+  void set(const Client& c) {
+    std::lock_guard lk(mu_);
+    client_ = c;
+  }
+  std::string text() const {
+    std::lock_guard lk(mu_);
+    return client_ ? client_->metrics() : std::string();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::optional<Client> client_;
+};
+
 int poll_timeout_until(SteadyClock::time_point deadline) {
   const auto left = std::chrono::ceil<Millis>(deadline - SteadyClock::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
@@ -291,8 +327,22 @@ int run_locked(const RunSettings& s) {
   sigemptyset(&ignore_pipe.sa_mask);
   ::sigaction(SIGPIPE, &ignore_pipe, &previous_pipe);
 
+  // Started after the signals are blocked: its thread inherits the mask.
+  std::unique_ptr<MetricsServer> metrics;
+  std::function<void(const Client&)> on_connected;
+  if (s.metrics_port >= 0) {
+    auto source = std::make_shared<MetricsSource>();
+    try {
+      metrics = MetricsServer::start(s.metrics_addr, s.metrics_port, [source] { return source->text(); });
+    } catch (const std::system_error& e) {
+      print_error(e.what());
+      return exit_code_for(e.code());
+    }
+    on_connected = [source](const Client& c) { source->set(c); };
+  }
+
   auto wake = std::make_shared<Wakeup>();
-  Acquisition acq = connect_and_acquire(s, signals, wake);
+  Acquisition acq = connect_and_acquire(s, signals, wake, std::move(on_connected));
   if (acq.ec) {
     print_error(not_acquired_message(s, acq.ec, acq.what));
     return exit_code_for(acq.ec);
@@ -316,7 +366,7 @@ int run_locked(const RunSettings& s) {
   const int terminal = foreground_terminal();
   ChildSpec spec;
   spec.argv = s.command;
-  spec.env = child_environment(s, lease);
+  spec.env = child_environment(s, lease, metrics ? metrics->address() : std::string());
   spec.process_group = watchdog.group();
   spec.terminal_fd = terminal;
   spec.signal_mask = signals.previous_mask();
@@ -477,7 +527,7 @@ constexpr const char* kRunFooter =
     "EXIT STATUS\n"
     "  COMMAND's status  COMMAND ran under the lock (128+N if it died of signal N)\n"
     "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl\n"
-    "  69   the lock service is unreachable or rejected the credentials\n"
+    "  69   the lock service is unreachable or rejected the credentials, or --metrics-port cannot be bound\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
     "  76   the lock was lost (or about to be) while the job ran; the job was stopped and reaped\n"
     "  126  COMMAND could not be executed;  127  COMMAND was not found\n"
@@ -532,6 +582,16 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
                 "Release the lock when COMMAND's first process exits, leaving any process it started "
                 "running unprotected (for commands that start daemons). Default: hold the lock until every "
                 "process of the job has exited");
+  run->add_option("--metrics-port", flags->metrics_port,
+                  "Serve this runner's metrics in the Prometheus text format at http://ADDR:PORT/metrics "
+                  "while it waits and runs (0: any free port; the command gets it in "
+                  "$DISTLOCK_METRICS_ADDR). See docs/metrics.md")
+      ->option_text("PORT")
+      ->check(CLI::Range(0, 65535));
+  flags->metrics_addr_option =
+      run->add_option("--metrics-addr", flags->metrics_addr,
+                      "Numeric address the metrics endpoint binds (default 127.0.0.1; e.g. ::1, 0.0.0.0)")
+          ->option_text("ADDR");
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");

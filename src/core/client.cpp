@@ -224,6 +224,9 @@ std::string Client::id() const {
 ClientStats Client::stats() const noexcept {
   return engine_->stats();
 }
+std::string Client::metrics() const {
+  return engine_->metrics_text();
+}
 std::size_t Client::renew_now() {
   return engine_->renew_all();
 }

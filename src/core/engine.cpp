@@ -100,7 +100,12 @@ Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
       clock_(opts_.clock ? opts_.clock : system_steady_clock()),
       client_id_(random_client_id()),
       fork_gen_(fork_generation()),
-      log_(opts_.logger) {}
+      log_(opts_.logger) {
+  if (opts_.metrics) {
+    const std::string url = backend_->url();
+    metrics_ = std::make_unique<Metrics>(url.substr(0, url.find("://")));
+  }
+}
 
 Engine::~Engine() {
   for (std::jthread* t : {&renewer_, &watchdog_}) {
@@ -248,16 +253,21 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   ec.clear();
   take_error_detail();  // a detail left by an earlier call must not name this one's cause
   if (forked()) {
-    ec = make_error_code(errc::forked);
+    ec = make_error_code(errc::forked);  // not counted: the counters are the parent's
     return nullptr;
   }
+  const Clock::time_point called = clock_->now();  // the wait counts from here
   std::string why;
   if ((ec = check_name(name, why))) {
     log_.log(LogLevel::debug, "acquire rejected: {}", why);
+    count_acquire_failure(name, ec);
     return nullptr;
   }
   LockOptions opts = in_opts;
-  if ((ec = opts.validate_and_fill())) return nullptr;
+  if ((ec = opts.validate_and_fill())) {
+    count_acquire_failure(name, ec);
+    return nullptr;
+  }
   if (wait && wait->count() < 0) wait = Millis(0);
   // A wait too long to add to a clock reading is a wait without limit.
   if (wait && *wait >= LockOptions::max_wait) wait.reset();
@@ -281,7 +291,8 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       expired = it->second;
     }
   }
-  if (expired) declare_lost(expired, "local deadline passed without a successful renewal");
+  if (expired)
+    declare_lost(expired, LossReason::local_deadline, "local deadline passed without a successful renewal");
 
   // Every acquisition is a new owner on the server: see HeldLock::owner.
   std::string owner = thread_owner;
@@ -295,7 +306,7 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   std::shared_ptr<HeldLock> held;
   std::uint64_t epoch_at_send = 0;
   try {
-    held = acquire_loop(name, opts, wait, owner, epoch_at_send, ec);
+    held = acquire_loop(name, opts, wait, owner, called, epoch_at_send, ec);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
@@ -303,12 +314,18 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   }
   if (ec || !held) {
     if (!ec) ec = make_error_code(errc::protocol_error);
+    count_acquire_failure(name, ec);
     std::lock_guard lk(mu_);
     inflight_.erase(owner);
     return nullptr;
   }
   held->reentrant = reentry == Reentry::by_thread;
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_) {  // before the lease is published: a loss from now on finds its series
+    held->metrics = metrics_->series_for(name);
+    held->granted_at = clock_->now();
+    metrics_->acquired(held->metrics, held->granted_at - called);
+  }
   bool session_gone = false, lease_gone = false;
   // This thread's earlier hold of the name, if still listed and not yet declared
   // lost, is past its local deadline (re-entry above refused it). Once replaced here
@@ -345,9 +362,13 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
       }
     }
   }
-  if (replaced) declare_lost(replaced, "local deadline passed without a successful renewal");
-  if (session_gone) declare_lost(held, "session lost while the lock was being granted");
-  if (lease_gone) declare_lost(held, "the server ended its lease while it was being granted");
+  if (replaced)
+    declare_lost(replaced, LossReason::local_deadline, "local deadline passed without a successful renewal");
+  if (session_gone)
+    declare_lost(held, LossReason::session_lost, "session lost while the lock was being granted");
+  if (lease_gone) {
+    declare_lost(held, LossReason::lease_ended, "the server ended its lease while it was being granted");
+  }
   return held;
 }
 
@@ -356,8 +377,8 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
 // place on the server behind.
 std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const LockOptions& opts,
                                                std::optional<Millis> wait, const std::string& owner,
-                                               std::uint64_t& epoch_at_send, std::error_code& ec) {
-  const Clock::time_point start = clock_->now();
+                                               Clock::time_point start, std::uint64_t& epoch_at_send,
+                                               std::error_code& ec) {
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
 
@@ -477,11 +498,15 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     }
     held->displaced.reset();
   }
+  // One clock read serves the hold time and the expiry check.
+  const Clock::time_point now = held->metrics || caps_.needs_renewal ? clock_->now() : Clock::time_point{};
+  end_hold(*held, now);
   if (held->lost.load(std::memory_order_acquire)) {
+    if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
     return;
   }
-  const bool expired = caps_.needs_renewal && clock_->now() >= held->deadline();
+  const bool expired = caps_.needs_renewal && now >= held->deadline();
   ReleaseStatus st = ReleaseStatus::released;
   try {
     st = backend_->release(held->name, held->owner, held->token, ec);
@@ -490,6 +515,7 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
   }
   if (ec) {
     n_release_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::error);
     log_.log(LogLevel::warning, "release of lock \"{}\" failed ({}); it will expire by its TTL", held->name,
              ec.message());
     return;
@@ -498,11 +524,13 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     // Lost while the holder still believed it held it: signal it like any other
     // loss (stop token, callbacks), so no loss is only ever seen as an error code.
     if (!expired) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
-    declare_lost(held, "the server no longer had it at release");
+    declare_lost(held, LossReason::gone_at_release, "the server no longer had it at release");
+    if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
     return;
   }
   n_released_.fetch_add(1, std::memory_order_relaxed);
+  if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::ok);
   on_change(held->name);  // wake this client's own waiters without a server hop
 }
 
@@ -521,7 +549,7 @@ void Engine::on_session_lost() noexcept {
     session_epoch_.fetch_add(1, std::memory_order_acq_rel);
     for (auto& [k, h] : held_) all.push_back(h);
   }
-  for (auto& h : all) declare_lost(h, "session lost");
+  for (auto& h : all) declare_lost(h, LossReason::session_lost, "session lost");
 }
 
 void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexcept {
@@ -536,12 +564,17 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
     }
     held = it->second;
   }
-  declare_lost(held, "the server ended its lease");
+  declare_lost(held, LossReason::lease_ended, "the server ended its lease");
 }
 
-void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, const char* why) noexcept {
+void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason,
+                          const char* why) noexcept {
   if (held->lost.exchange(true, std::memory_order_acq_rel)) return;
   n_lost_.fetch_add(1, std::memory_order_relaxed);
+  if (held->metrics) {
+    metrics_->loss(held->metrics, reason);
+    end_hold(*held, clock_->now());
+  }
   log_.log(LogLevel::warning, "lock \"{}\" lost: {}", held->name, why);
   fire_loss(held);
 }
@@ -599,7 +632,9 @@ Clock::time_point Engine::declare_expired() {
       }
     }
   }
-  for (auto& h : expired) declare_lost(h, "local deadline passed without a successful renewal");
+  for (auto& h : expired) {
+    declare_lost(h, LossReason::local_deadline, "local deadline passed without a successful renewal");
+  }
   return next;
 }
 
@@ -657,11 +692,17 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   }
   if (ec) std::fill(out.begin(), out.end(), RenewStatus::failed);
   n_renew_round_trips_.fetch_add(1, std::memory_order_relaxed);
+  const Clock::time_point replied = clock_->now();
+  if (metrics_) {
+    metrics_->renewal_round_trip(replied - sent);
+    for (std::size_t i = 0; i < due.size(); ++i) {
+      if (due[i]->metrics) metrics_->renewal(due[i]->metrics, out[i]);
+    }
+  }
 
   std::size_t renewed = 0;
   std::vector<std::shared_ptr<HeldLock>> refused, late;
   {
-    const Clock::time_point replied = clock_->now();
     std::lock_guard lk(mu_);
     for (std::size_t i = 0; i < due.size(); ++i) {
       auto& h = due[i];
@@ -694,9 +735,11 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   if (ec) log_.log(LogLevel::warning, "renewal of {} lease(s) failed: {}", due.size(), ec.message());
   for (auto& h : refused) {
     if (clock_->now() < h->deadline()) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
-    declare_lost(h, "the server says another owner (or nobody) holds it");
+    declare_lost(h, LossReason::renewal_refused, "the server says another owner (or nobody) holds it");
   }
-  for (auto& h : late) declare_lost(h, "local deadline passed before the renewal's reply arrived");
+  for (auto& h : late) {
+    declare_lost(h, LossReason::renewal_late, "local deadline passed before the renewal's reply arrived");
+  }
   return renewed;
 }
 
@@ -757,6 +800,24 @@ ClientStats Engine::stats() const noexcept {
   s.lost = n_lost_.load(std::memory_order_relaxed);
   s.brain_splits = n_brain_splits_.load(std::memory_order_relaxed);
   return s;
+}
+
+void Engine::end_hold(HeldLock& held, Clock::time_point now) noexcept {
+  if (held.metrics && !held.hold_observed.exchange(true, std::memory_order_acq_rel)) {
+    metrics_->hold_ended(held.metrics, now - held.granted_at);
+  }
+}
+
+void Engine::count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept {
+  if (!metrics_) return;
+  const AcquireOutcome outcome = ec == errc::busy      ? AcquireOutcome::busy
+                                 : ec == errc::timeout ? AcquireOutcome::timeout
+                                                       : AcquireOutcome::error;
+  metrics_->acquire_failed(metrics_->series_for(name), outcome);
+}
+
+std::string Engine::metrics_text() const {
+  return metrics_ ? metrics_->text(held_count()) : std::string();
 }
 
 std::size_t Engine::idle_watches() const {

@@ -18,6 +18,7 @@
 
 #include "core/backend.hpp"
 #include "core/log.hpp"
+#include "core/metrics.hpp"
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
@@ -47,6 +48,11 @@ struct HeldLock {
   // engine's map before the thread unlocked it (a nested re-lock after a loss); put
   // back when this one is released so the outer unlock still finds it.
   std::shared_ptr<HeldLock> displaced;
+
+  // Metrics (null when the client keeps none): set before the lease is published.
+  MetricsSeries* metrics = nullptr;
+  Clock::time_point granted_at{};
+  std::atomic<bool> hold_observed{false};  // its hold time is counted once (release or loss)
 
   // Read without the engine's mutex (owns(), remaining()).
   std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
@@ -125,6 +131,9 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Logger& logger() noexcept { return log_; }
   ClientStats stats() const noexcept;
   std::size_t held_count() const;
+  /// Prometheus text exposition of this client's metrics (core/metrics.hpp); empty
+  /// when ClientOptions::metrics is false.
+  std::string metrics_text() const;
 
   /// Validates a lock name; errc::invalid_argument naming the problem.
   static std::error_code check_name(std::string_view name, std::string& why);
@@ -143,7 +152,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Declares every lease past its local deadline lost; returns the next deadline.
   Clock::time_point declare_expired();
   std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
-  void declare_lost(const std::shared_ptr<HeldLock>& held, const char* why) noexcept;
+  void declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason, const char* why) noexcept;
+  /// Metrics: counts the hold time of `held`, ended at `now`, if not counted yet.
+  void end_hold(HeldLock& held, Clock::time_point now) noexcept;
+  void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
 
   struct WaitSlot {
@@ -163,7 +175,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
   std::shared_ptr<HeldLock> acquire_loop(std::string_view name, const LockOptions& opts,
                                          std::optional<Millis> wait, const std::string& owner,
-                                         std::uint64_t& epoch_at_send, std::error_code& ec);
+                                         Clock::time_point start, std::uint64_t& epoch_at_send,
+                                         std::error_code& ec);
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
@@ -186,6 +199,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::string client_id_;
   std::uint64_t fork_gen_;  // fork_generation() when made
   Logger log_;
+  std::unique_ptr<Metrics> metrics_;  // null when ClientOptions::metrics is false
   std::atomic<std::uint64_t> next_acquisition_{1};
   std::atomic<bool> warned_watch_failure_{false};
 
