@@ -163,10 +163,13 @@ void EtcdCluster::start(int member, bool initial) {
 // attached to an isolated follower. So the proxy does not read the request at all:
 // it asks the kernel which member process holds the other end of the accepted
 // loopback socket (dialer_pid). Every peer connection, whatever it carries, gets its
-// sender. Policy for a connection whose dialer is not found (a member that just
-// exited): kUnclassified, which isolate() cuts at the isolated member's proxy and
-// lets through at the others; unclassified_peer_connections() counts them so a test
-// can show the policy never decided anything.
+// sender. A connection whose dialer closed it before the proxy accepted it (a dial
+// that timed out while the proxy was busy) has no process left: class kDialerGone,
+// which isolate() freezes at every proxy (it may come from the isolated member, and
+// nothing live waits on it). Policy for a connection still open whose dialer is not
+// found (not expected): kUnclassified, which isolate() cuts at the isolated member's
+// proxy and lets through at the others; unclassified_peer_connections() counts them
+// so a test can show that this policy never decided anything.
 int EtcdCluster::member_of_dialer(int accepted_fd) const {
   std::vector<pid_t> pids;
   {
@@ -177,7 +180,7 @@ int EtcdCluster::member_of_dialer(int accepted_fd) const {
   for (std::size_t i = 0; i < pids.size(); ++i) {
     if (pid > 0 && pids[i] == pid) return static_cast<int>(i);
   }
-  return FaultProxy::kUnclassified;
+  return dialer_closed(accepted_fd) ? kDialerGone : FaultProxy::kUnclassified;
 }
 
 void EtcdCluster::isolate(int member) {
@@ -192,6 +195,7 @@ void EtcdCluster::isolate(int member) {
     } else {
       proxy->freeze_class(member);
     }
+    proxy->freeze_class(kDialerGone);
   }
 }
 

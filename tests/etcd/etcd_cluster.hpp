@@ -102,6 +102,7 @@ class EtcdCluster {
     std::unique_ptr<FaultProxy> peer_proxy;  // with peer_proxies: at the advertised peer URL
   };
   int member_of_dialer(int accepted_fd) const;
+  static constexpr int kDialerGone = -2;  // a peer connection closed by its dialer before it was accepted
   void start(int member, bool initial);
   void make_certificates();
   TempDir dir_;

@@ -406,7 +406,9 @@ int port_of(const std::string& addr) {
 
 }  // namespace
 
-pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates) {
+namespace {
+
+pid_t dialer_pid_once(int accepted_fd, const std::vector<pid_t>& candidates) {
   sockaddr_in local{}, peer{};
   socklen_t len = sizeof local;
   if (::getsockname(accepted_fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return -1;
@@ -438,6 +440,27 @@ pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates) {
     }
   }
   return -1;
+}
+
+}  // namespace
+
+pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates) {
+  // /proc/net/tcp is generated in pieces while sockets come and go: a reader can miss
+  // a row. A second or third look finds it.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const pid_t pid = dialer_pid_once(accepted_fd, candidates);
+    if (pid > 0) return pid;
+    if (dialer_closed(accepted_fd)) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+bool dialer_closed(int accepted_fd) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(accepted_fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
+  return info.tcpi_state != TCP_ESTABLISHED;
 }
 
 FaultProxyGroup::FaultProxyGroup(const std::vector<std::uint16_t>& upstream_ports) {

@@ -93,6 +93,9 @@ class FaultProxy {
 /// loopback TCP connection accepted by this process (found through /proc/net/tcp and
 /// /proc/<pid>/fd); -1 when none of them does. Linux only.
 pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates);
+/// True when the dialer of `accepted_fd` has already closed its end (or the socket is
+/// not an established TCP connection): no process holds that end any more.
+bool dialer_closed(int accepted_fd);
 
 /// One proxy per server, for partitioning one group of clients from some servers.
 class FaultProxyGroup {
