@@ -66,7 +66,9 @@ std::string slurp(const std::filesystem::path& p) {
 }
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members, bool tls) : dir_("distlock-etcd"), tls_(tls) {
+EtcdCluster::EtcdCluster(int members, bool tls) : EtcdCluster(members, EtcdClusterOptions{tls, false}) {}
+
+EtcdCluster::EtcdCluster(int members, EtcdClusterOptions opts) : dir_("distlock-etcd"), tls_(opts.tls) {
   for (const char* program : {"etcd", "etcdctl"}) {
     if (!have_program(program)) {
       ADD_FAILURE() << program << " not found in PATH: install etcd-server and etcd-client "
@@ -83,13 +85,20 @@ EtcdCluster::EtcdCluster(int members, bool tls) : dir_("distlock-etcd"), tls_(tl
     }
   };
   members_.resize(static_cast<std::size_t>(members));
+  pids_.assign(static_cast<std::size_t>(members), -1);
   for (int i = 0; i < members; ++i) {
     auto& m = members_[static_cast<std::size_t>(i)];
     m.name = "m" + std::to_string(i);
     m.client_port = port();
     m.peer_port = port();
+    std::uint16_t advertised = m.peer_port;
+    if (opts.peer_proxies) {
+      m.peer_proxy = std::make_unique<FaultProxy>(m.peer_port);
+      m.peer_proxy->set_classifier([this](int fd) { return member_of_dialer(fd); });
+      advertised = m.peer_proxy->port();
+    }
     if (!initial_cluster_.empty()) initial_cluster_ += ",";
-    initial_cluster_ += m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+    initial_cluster_ += m.name + "=http://127.0.0.1:" + std::to_string(advertised);
   }
   for (int i = 0; i < members; ++i) start(i, true);
   const auto end = std::chrono::steady_clock::now() + 30s;
@@ -114,6 +123,7 @@ EtcdCluster::~EtcdCluster() {
     if (m.up) m.proc.signal(SIGCONT);
     m.proc.stop(2000ms);
   }
+  for (auto& m : members_) m.peer_proxy.reset();
 }
 
 void EtcdCluster::start(int member, bool initial) {
@@ -121,10 +131,14 @@ void EtcdCluster::start(int member, bool initial) {
   const std::string client =
       (tls_ ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(m.client_port);
   const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+  // With peer proxies the member listens on its own peer port but tells the others
+  // (and the initial cluster lists) its proxy: every peer dials through it.
+  const std::string advertised_peer =
+      m.peer_proxy ? "http://127.0.0.1:" + std::to_string(m.peer_proxy->port()) : peer;
   std::vector<std::string> argv{
       "etcd", "--name", m.name, "--data-dir", (dir_.path() / m.name).string(), "--listen-client-urls", client,
-      "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-      "--initial-cluster", initial_cluster_, "--initial-cluster-token", "distlock-test",
+      "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
+      advertised_peer, "--initial-cluster", initial_cluster_, "--initial-cluster-token", "distlock-test",
       "--initial-cluster-state", initial ? "new" : "existing",
       // Fast elections keep leader-change tests short.
       "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"};
@@ -137,6 +151,66 @@ void EtcdCluster::start(int member, bool initial) {
   }
   m.proc = Process::spawn(argv, (dir_.path() / (m.name + ".log")).string());
   m.up = true;
+  std::lock_guard lk(pids_mu_);
+  pids_[static_cast<std::size_t>(member)] = m.proc.pid();
+}
+
+// Which member opened a peer connection. etcd's rafthttp requests do name their
+// sender (header X-Server-From, and the stream path /raft/stream/<type>/<sender id>
+// in etcd 3.4), but not every peer request does: the /version and /members probes
+// and a follower's forwarded lease renewals (/leases, /leases/internal) carry no
+// sender, and the renewals are exactly the traffic that must be cut for a client
+// attached to an isolated follower. So the proxy does not read the request at all:
+// it asks the kernel which member process holds the other end of the accepted
+// loopback socket (dialer_pid). Every peer connection, whatever it carries, gets its
+// sender. A connection whose dialer closed it before the proxy accepted it (a dial
+// that timed out while the proxy was busy) has no process left: class kDialerGone,
+// which isolate() freezes at every proxy (it may come from the isolated member, and
+// nothing live waits on it). Policy for a connection still open whose dialer is not
+// found (not expected): kUnclassified, which isolate() cuts at the isolated member's
+// proxy and lets through at the others; unclassified_peer_connections() counts them
+// so a test can show that this policy never decided anything.
+int EtcdCluster::member_of_dialer(int accepted_fd) const {
+  std::vector<pid_t> pids;
+  {
+    std::lock_guard lk(pids_mu_);
+    pids = pids_;
+  }
+  const pid_t pid = dialer_pid(accepted_fd, pids);
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    if (pid > 0 && pids[i] == pid) return static_cast<int>(i);
+  }
+  return dialer_closed(accepted_fd) ? kDialerGone : FaultProxy::kUnclassified;
+}
+
+void EtcdCluster::isolate(int member) {
+  for (int j = 0; j < size(); ++j) {
+    auto& proxy = members_[static_cast<std::size_t>(j)].peer_proxy;
+    if (!proxy) throw std::logic_error("EtcdCluster::isolate needs peer_proxies");
+    if (j == member) {
+      for (int k = 0; k < size(); ++k) {
+        if (k != member) proxy->freeze_class(k);
+      }
+      proxy->freeze_class(FaultProxy::kUnclassified);
+    } else {
+      proxy->freeze_class(member);
+    }
+    proxy->freeze_class(kDialerGone);
+  }
+}
+
+void EtcdCluster::heal() {
+  for (auto& m : members_) {
+    if (m.peer_proxy) m.peer_proxy->pass_all_classes();
+  }
+}
+
+int EtcdCluster::unclassified_peer_connections() const {
+  int n = 0;
+  for (const auto& m : members_) {
+    if (m.peer_proxy) n += m.peer_proxy->unclassified();
+  }
+  return n;
 }
 
 std::string EtcdCluster::url(const std::string& suffix) const {

@@ -17,9 +17,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -31,6 +34,13 @@ struct CommandResult {
 };
 CommandResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds timeout);
 
+struct EtcdClusterOptions {
+  bool tls = false;
+  /// Members reach each other's peer port only through fault proxies (one per member,
+  /// at the member's advertised peer URL), so that isolate() can cut one member off.
+  bool peer_proxies = false;
+};
+
 class EtcdCluster {
  public:
   /// Starts `members` etcd processes forming one cluster and waits until it has a
@@ -39,6 +49,7 @@ class EtcdCluster {
   /// With `tls`, clients must speak TLS and present a certificate signed by the
   /// test CA (ca_file(), client_cert_file(), client_key_file(); made with openssl).
   explicit EtcdCluster(int members = 1, bool tls = false);
+  EtcdCluster(int members, EtcdClusterOptions opts);
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -68,6 +79,15 @@ class EtcdCluster {
   std::int64_t revision(const std::string& user = "") const;
   std::string log(int member) const;
 
+  /// With peer_proxies: cuts every peer connection between `member` and the other
+  /// members, both ways (frozen: sockets stay open, nothing flows), until heal().
+  /// Its client port stays reachable. Connections are told apart by the process
+  /// that opened them (dialer_pid); see etcd_cluster.cpp for the policy.
+  void isolate(int member);
+  void heal();
+  /// Peer connections whose dialer could not be identified (expected: none).
+  int unclassified_peer_connections() const;
+
   std::string ca_file() const { return (dir_.path() / "ca.pem").string(); }
   std::string client_cert_file() const { return (dir_.path() / "client.pem").string(); }
   std::string client_key_file() const { return (dir_.path() / "client.key").string(); }
@@ -79,13 +99,18 @@ class EtcdCluster {
     std::uint16_t peer_port = 0;
     Process proc;
     bool up = false;
+    std::unique_ptr<FaultProxy> peer_proxy;  // with peer_proxies: at the advertised peer URL
   };
+  int member_of_dialer(int accepted_fd) const;
+  static constexpr int kDialerGone = -2;  // a peer connection closed by its dialer before it was accepted
   void start(int member, bool initial);
   void make_certificates();
   TempDir dir_;
   bool tls_ = false;
   std::vector<Member> members_;
   std::string initial_cluster_;
+  mutable std::mutex pids_mu_;  // the proxies' threads read the member pids
+  std::vector<pid_t> pids_;
 };
 
 }  // namespace distlock::testing

@@ -11,9 +11,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -42,7 +47,13 @@ struct Pair {
   int upstream = -1;
   Direction to_upstream, to_client;
   bool dead = false;
+  int cls = 0;
+  Clock::time_point connect_until{};  // while upstream < 0: keep trying to connect until then
+  FaultProxy::HeadRewriter rewrite;   // set while the dialer's first bytes are held back
+  std::string head;
 };
+
+constexpr std::size_t kMaxHead = 64 * 1024;  // a head this long is forwarded unedited
 
 void set_nonblocking(int fd) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -70,6 +81,8 @@ constexpr std::size_t kMaxQueued = 1 << 20;  // stop reading a side whose queue 
 }  // namespace
 
 struct FaultProxy::Impl {
+  using Classifier = FaultProxy::Classifier;
+  using HeadRewriter = FaultProxy::HeadRewriter;
   std::uint16_t upstream_port = 0;
   std::uint16_t port = 0;
   int listen_fd = -1;
@@ -80,6 +93,11 @@ struct FaultProxy::Impl {
   std::mutex mu;  // guards the settings below
   Mode mode = Mode::pass;
   std::chrono::milliseconds latency{0}, jitter{0};
+  std::map<int, Mode> class_modes;  // freeze or drop, overriding `mode` for one class
+  Classifier classifier;
+  HeadRewriter rewriter;
+  std::chrono::milliseconds upstream_retry{0};
+  std::atomic<int> unclassified{0};
 
   std::vector<Pair> pairs;  // owned by the forwarding thread
   std::minstd_rand rng{12345};
@@ -108,12 +126,21 @@ struct FaultProxy::Impl {
   }
 
   // Reads what `from` has into `dir`, each chunk due at now + latency (+ jitter).
+  // With `p`, the bytes are the dialer's and held in p->head until p->rewrite lets them go.
   bool read_side(int from, Direction& dir, Mode m, std::chrono::milliseconds lat,
-                 std::chrono::milliseconds jit) {
+                 std::chrono::milliseconds jit, Pair* p = nullptr) {
     char buf[65536];
     const ssize_t n = ::read(from, buf, sizeof buf);
     if (n == 0) return false;
     if (n < 0) return errno == EAGAIN || errno == EINTR;
+    std::string bytes(buf, static_cast<std::size_t>(n));
+    if (p != nullptr && p->rewrite) {
+      p->head += bytes;
+      if (!p->rewrite(p->head) && p->head.size() < kMaxHead) return true;
+      p->rewrite = nullptr;
+      bytes = std::move(p->head);
+      p->head.clear();
+    }
     Chunk c;
     c.ready = Clock::now();
     if (m == Mode::delay) {
@@ -123,7 +150,7 @@ struct FaultProxy::Impl {
       // A stream keeps its order: never due before the chunk ahead of it.
       if (!dir.queue.empty()) c.ready = std::max(c.ready, dir.queue.back().ready);
     }
-    c.bytes.assign(buf, static_cast<std::size_t>(n));
+    c.bytes = std::move(bytes);
     dir.queued_bytes += c.bytes.size();
     dir.queue.push_back(std::move(c));
     return true;
@@ -143,37 +170,94 @@ struct FaultProxy::Impl {
     return true;
   }
 
+  void accept_one(Mode m) {
+    const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    accepted.fetch_add(1);
+    Classifier classify;
+    HeadRewriter rewrite;
+    std::chrono::milliseconds retry{0};
+    {
+      std::lock_guard lk(mu);
+      classify = classifier;
+      rewrite = rewriter;
+      retry = upstream_retry;
+    }
+    int cls = 0;
+    if (classify) {
+      cls = classify(c);
+      if (cls == kUnclassified) unclassified.fetch_add(1);
+    }
+    Mode cm = m;
+    if (m != Mode::drop) {
+      std::lock_guard lk(mu);
+      const auto it = class_modes.find(cls);
+      if (it != class_modes.end()) cm = it->second;
+    }
+    if (cm == Mode::drop) {
+      ::close(c);
+      return;
+    }
+    const int u = connect_loopback(upstream_port);
+    if (u < 0 && retry.count() == 0) {
+      ::close(c);
+      return;
+    }
+    set_nonblocking(c);
+    Pair p;
+    p.client = c;
+    p.upstream = u;
+    p.connect_until = Clock::now() + retry;
+    p.cls = cls;
+    p.rewrite = std::move(rewrite);
+    pairs.push_back(std::move(p));
+  }
+
   void run() {
     while (!stop.load()) {
       Mode m;
       std::chrono::milliseconds lat, jit;
+      std::map<int, Mode> overrides;
       {
         std::lock_guard lk(mu);
         m = mode;
         lat = latency;
         jit = jitter;
+        overrides = class_modes;
       }
-      if (m == Mode::drop) {
-        for (auto& p : pairs) close_pair(p);
+      // A class override (freeze, drop) wins over the proxy-wide mode, except drop.
+      auto mode_of = [&](int cls) {
+        if (m == Mode::drop) return m;
+        const auto it = overrides.find(cls);
+        return it == overrides.end() ? m : it->second;
+      };
+      for (auto& p : pairs) {
+        if (mode_of(p.cls) == Mode::drop) close_pair(p);
       }
       pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Pair& p) { return p.dead; }),
                   pairs.end());
 
       const auto now = Clock::now();
-      if (m != Mode::freeze) {
-        for (auto& p : pairs) {
-          if (!write_side(p.upstream, p.to_upstream, now) || !write_side(p.client, p.to_client, now))
-            close_pair(p);
-        }
+      bool connecting = false;
+      for (auto& p : pairs) {
+        if (p.upstream >= 0) continue;
+        p.upstream = connect_loopback(upstream_port);
+        if (p.upstream < 0 && now >= p.connect_until) close_pair(p);
+        connecting = connecting || (!p.dead && p.upstream < 0);
+      }
+      for (auto& p : pairs) {
+        if (p.dead || p.upstream < 0 || mode_of(p.cls) == Mode::freeze) continue;
+        if (!write_side(p.upstream, p.to_upstream, now) || !write_side(p.client, p.to_client, now))
+          close_pair(p);
       }
 
       std::vector<pollfd> fds;
       fds.push_back({wake_fd, POLLIN, 0});
       fds.push_back({listen_fd, POLLIN, 0});
-      Clock::time_point next_due = now + std::chrono::milliseconds(100);
+      Clock::time_point next_due = now + std::chrono::milliseconds(connecting ? 20 : 100);
       for (auto& p : pairs) {
         short cin = 0, uin = 0;
-        if (m != Mode::freeze) {
+        if (!p.dead && p.upstream >= 0 && mode_of(p.cls) != Mode::freeze) {
           if (p.to_upstream.queued_bytes < kMaxQueued) cin = POLLIN;
           if (p.to_client.queued_bytes < kMaxQueued) uin = POLLIN;
           for (Direction* d : {&p.to_upstream, &p.to_client}) {
@@ -182,8 +266,8 @@ struct FaultProxy::Impl {
           if (!p.to_upstream.queue.empty() && p.to_upstream.queue.front().ready <= now) uin |= POLLOUT;
           if (!p.to_client.queue.empty() && p.to_client.queue.front().ready <= now) cin |= POLLOUT;
         }
-        fds.push_back({p.client, cin, 0});
-        fds.push_back({p.upstream, uin, 0});
+        fds.push_back({p.dead ? -1 : p.client, cin, 0});
+        fds.push_back({p.dead ? -1 : p.upstream, uin, 0});
       }
       const auto wait_ms = std::max<long>(
           0,
@@ -193,38 +277,21 @@ struct FaultProxy::Impl {
         std::uint64_t v;
         (void)!::read(wake_fd, &v, sizeof v);
       }
-      if (fds[1].revents & POLLIN) {
-        const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0) {
-          accepted.fetch_add(1);
-          if (m == Mode::drop) {
-            ::close(c);
-          } else {
-            const int u = connect_loopback(upstream_port);
-            if (u < 0) {
-              ::close(c);
-            } else {
-              set_nonblocking(c);
-              Pair p;
-              p.client = c;
-              p.upstream = u;
-              pairs.push_back(std::move(p));
-            }
-          }
-        }
-      }
-      if (m == Mode::freeze || m == Mode::drop) continue;
+      const std::size_t polled = pairs.size();
+      if (fds[1].revents & POLLIN) accept_one(m);
       // The fds vector was built before accept: pairs[i] is at 2 + 2i.
-      for (std::size_t i = 0; i + 2 < fds.size() && i / 2 < pairs.size(); i += 2) {
-        Pair& p = pairs[i / 2];
-        if (p.dead) continue;
-        const pollfd& cf = fds[2 + i];
-        const pollfd& uf = fds[3 + i];
+      for (std::size_t i = 0; i < polled; ++i) {
+        Pair& p = pairs[i];
+        if (p.dead || p.upstream < 0) continue;
+        const Mode pm = mode_of(p.cls);
+        if (pm == Mode::freeze || pm == Mode::drop) continue;
+        const pollfd& cf = fds[2 + 2 * i];
+        const pollfd& uf = fds[3 + 2 * i];
         bool ok = true;
         if (cf.revents & (POLLIN | POLLHUP | POLLERR))
-          ok = read_side(p.client, p.to_upstream, m, lat, jit) && ok;
+          ok = read_side(p.client, p.to_upstream, pm, lat, jit, &p) && ok;
         if (uf.revents & (POLLIN | POLLHUP | POLLERR))
-          ok = read_side(p.upstream, p.to_client, m, lat, jit) && ok;
+          ok = read_side(p.upstream, p.to_client, pm, lat, jit) && ok;
         if (!ok) {
           // One side closed: deliver what is due, then close both.
           write_side(p.upstream, p.to_upstream, Clock::now());
@@ -283,6 +350,117 @@ void FaultProxy::drop() {
 }
 int FaultProxy::accepted() const {
   return impl_->accepted.load();
+}
+void FaultProxy::set_classifier(Classifier classify) {
+  std::lock_guard lk(impl_->mu);
+  impl_->classifier = std::move(classify);
+}
+void FaultProxy::set_upstream_retry(std::chrono::milliseconds retry) {
+  std::lock_guard lk(impl_->mu);
+  impl_->upstream_retry = retry;
+}
+void FaultProxy::set_head_rewriter(HeadRewriter rewrite) {
+  std::lock_guard lk(impl_->mu);
+  impl_->rewriter = std::move(rewrite);
+}
+void FaultProxy::freeze_class(int cls) {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->class_modes[cls] = Mode::freeze;
+  }
+  impl_->wake();
+}
+void FaultProxy::drop_class(int cls) {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->class_modes[cls] = Mode::drop;
+  }
+  impl_->wake();
+}
+void FaultProxy::pass_class(int cls) {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->class_modes.erase(cls);
+  }
+  impl_->wake();
+}
+void FaultProxy::pass_all_classes() {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->class_modes.clear();
+  }
+  impl_->wake();
+}
+int FaultProxy::unclassified() const {
+  return impl_->unclassified.load();
+}
+
+namespace {
+
+// "0100007F:1F90" -> 0x1F90 (the port of a /proc/net/tcp address column).
+int port_of(const std::string& addr) {
+  const auto colon = addr.rfind(':');
+  if (colon == std::string::npos) return -1;
+  return static_cast<int>(std::strtol(addr.c_str() + colon + 1, nullptr, 16));
+}
+
+}  // namespace
+
+namespace {
+
+pid_t dialer_pid_once(int accepted_fd, const std::vector<pid_t>& candidates) {
+  sockaddr_in local{}, peer{};
+  socklen_t len = sizeof local;
+  if (::getsockname(accepted_fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return -1;
+  len = sizeof peer;
+  if (::getpeername(accepted_fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) return -1;
+  // The dialer's socket has local port = our peer's port and remote port = our port.
+  const int their_port = ntohs(peer.sin_port), our_port = ntohs(local.sin_port);
+  std::string inode;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (inode.empty() && std::getline(in, line)) {
+      std::istringstream row(line);
+      std::string sl, laddr, raddr, st, queues, timer, retr, uid, timeout, ino;
+      row >> sl >> laddr >> raddr >> st >> queues >> timer >> retr >> uid >> timeout >> ino;
+      if (port_of(laddr) == their_port && port_of(raddr) == our_port && ino != "0") inode = ino;
+    }
+    if (!inode.empty()) break;
+  }
+  if (inode.empty()) return -1;
+  const std::string target = "socket:[" + inode + "]";
+  for (pid_t pid : candidates) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end;
+         !ec && it != end; it.increment(ec)) {
+      std::error_code lec;
+      if (std::filesystem::read_symlink(it->path(), lec).string() == target) return pid;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates) {
+  // /proc/net/tcp is generated in pieces while sockets come and go: a reader can miss
+  // a row. A second or third look finds it.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const pid_t pid = dialer_pid_once(accepted_fd, candidates);
+    if (pid > 0) return pid;
+    if (dialer_closed(accepted_fd)) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return -1;
+}
+
+bool dialer_closed(int accepted_fd) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(accepted_fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
+  return info.tcpi_state != TCP_ESTABLISHED;
 }
 
 FaultProxyGroup::FaultProxyGroup(const std::vector<std::uint16_t>& upstream_ports) {

@@ -10,6 +10,13 @@
 // A partition of a set of clients from a set of servers is one proxy per (client
 // group, server) pair, each frozen or dropped; see FaultProxyGroup.
 //
+// When one listening port is shared by several dialers (etcd members all dial the one
+// advertised peer URL of a member), a classifier names each accepted connection's
+// class once (e.g. which process opened it: dialer_pid()), and freeze_class /
+// drop_class / pass_class override the proxy's mode for the connections of one
+// class only. A head rewriter may edit the first bytes a dialer sends (a handshake
+// that announces the dialer's own address) before they are forwarded.
+//
 // Thread-safety: the proxy forwards on its own thread; every member may be called
 // from any thread. Bounded: the forwarding thread stops in the destructor.
 //
@@ -20,9 +27,13 @@
 //   proxy.pass();     // and flow again
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace distlock::testing {
@@ -45,10 +56,46 @@ class FaultProxy {
   /// Connections accepted so far (for assertions that a client did reconnect).
   int accepted() const;
 
+  /// Names the class of each connection accepted from now on, called once on the
+  /// proxy's thread with the accepted socket (not yet read from). kUnclassified
+  /// when it cannot tell.
+  static constexpr int kUnclassified = -1;
+  using Classifier = std::function<int(int accepted_fd)>;
+  void set_classifier(Classifier classify);
+  /// Overrides the proxy-wide mode for the connections of one class (existing and
+  /// new ones); pass_class(c) forwards them again.
+  void freeze_class(int cls);
+  void drop_class(int cls);
+  void pass_class(int cls);
+  void pass_all_classes();
+  /// Connections the classifier returned kUnclassified for, so far.
+  int unclassified() const;
+
+  /// Given the bytes a new connection's dialer sent so far, returns false to wait for
+  /// more, or true once `head` (possibly edited) may be forwarded. Applies to
+  /// connections accepted from now on.
+  using HeadRewriter = std::function<bool(std::string& head)>;
+  void set_head_rewriter(HeadRewriter rewrite);
+
+  /// By default a connection whose upstream refuses is closed at once. With a retry
+  /// the proxy keeps the accepted connection (forwarding nothing) and tries the
+  /// upstream again until `retry` has passed, as a dialer that meets "connection
+  /// refused" would retry: a server that binds its port a moment after a peer dials
+  /// it (a new ZooKeeper leader's quorum port) is then reached, not seen as gone.
+  void set_upstream_retry(std::chrono::milliseconds retry);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// The pid among `candidates` whose process holds the other end of `accepted_fd`, a
+/// loopback TCP connection accepted by this process (found through /proc/net/tcp and
+/// /proc/<pid>/fd); -1 when none of them does. Linux only.
+pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates);
+/// True when the dialer of `accepted_fd` has already closed its end (or the socket is
+/// not an established TCP connection): no process holds that end any more.
+bool dialer_closed(int accepted_fd);
 
 /// One proxy per server, for partitioning one group of clients from some servers.
 class FaultProxyGroup {

@@ -172,6 +172,43 @@ void ZkServer::resume() {
   process_.signal(SIGCONT);
 }
 
+namespace {
+
+std::uint64_t read_be(const std::string& s, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int k = 0; k < bytes; ++k)
+    v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(k)]);
+  return v;
+}
+
+// ZooKeeper 3.8's election handshake (QuorumCnxManager): the dialer first sends
+// int64 protocol version (negative), int64 its server id, int32 n and n bytes of its
+// own election address(es) "host:port[|host:port]". When the dialer has the lower id
+// the receiver closes that connection and dials back *that announced address*, which
+// is the dialer's real election port, not a proxy: a partition made of per-pair
+// proxies alone would leak election traffic through those dial-backs. This rewrites
+// the announced address to the proxy the receiver uses to reach the dialer.
+// (An old-style first message, a non-negative server id alone, carries no address.)
+FaultProxy::HeadRewriter announce_as(const std::string& address) {
+  return [address](std::string& head) {
+    if (head.size() < 8) return false;
+    if (static_cast<std::int64_t>(read_be(head, 0, 8)) >= 0) return true;
+    if (head.size() < 20) return false;
+    const std::uint64_t n = read_be(head, 16, 4);
+    if (n > 4096) return true;  // not a handshake we know: leave it alone
+    if (head.size() < 20 + n) return false;
+    std::string out = head.substr(0, 16);
+    const auto len = static_cast<std::uint32_t>(address.size());
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((len >> shift) & 0xff));
+    out += address;
+    out += head.substr(20 + n);
+    head = std::move(out);
+    return true;
+  };
+}
+
+}  // namespace
+
 ZkEnsemble::ZkEnsemble(int servers, ZkServerOptions opts) {
   std::vector<std::uint16_t> quorum, election, client;
   for (int i = 0; i < servers; ++i) {
@@ -179,8 +216,45 @@ ZkEnsemble::ZkEnsemble(int servers, ZkServerOptions opts) {
     election.push_back(free_port());
     client.push_back(free_port());
   }
-  for (int i = 1; i <= servers; ++i) {
-    servers_.push_back(std::unique_ptr<ZkServer>(new ZkServer(opts, i, quorum, election, client)));
+  const auto n = static_cast<std::size_t>(servers);
+  if (opts.peer_proxies) {
+    proxies_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      proxies_[i].resize(n);
+      for (std::size_t j = 0; j < n; ++j) {
+        if (i == j) continue;
+        proxies_[i][j].quorum = std::make_unique<FaultProxy>(quorum[j]);
+        proxies_[i][j].election = std::make_unique<FaultProxy>(election[j]);
+        // A follower dials a newly elected leader's quorum port maybe before the
+        // leader binds it: refused, it retries; through a proxy it would see the
+        // accepted connection closed instead and go back to electing (a 10 s
+        // detour, initLimit). The proxy retries for it.
+        for (auto* p : {proxies_[i][j].quorum.get(), proxies_[i][j].election.get()})
+          p->set_upstream_retry(std::chrono::milliseconds(5000));
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (i == j) continue;
+        // j dials i back through proxies_[j][i].
+        proxies_[i][j].election->set_head_rewriter(
+            announce_as("127.0.0.1:" + std::to_string(proxies_[j][i].election->port())));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    // Each server's own zoo.cfg: its own ports as they are (it listens there), every
+    // other server at the proxy this server dials it through.
+    std::vector<std::uint16_t> q = quorum, e = election;
+    if (opts.peer_proxies) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (j == i) continue;
+        q[j] = proxies_[i][j].quorum->port();
+        e[j] = proxies_[i][j].election->port();
+      }
+    }
+    servers_.push_back(std::unique_ptr<ZkServer>(
+        new ZkServer(opts, static_cast<int>(i) + 1, std::move(q), std::move(e), client)));
   }
   for (auto& s : servers_) s->start();
   for (auto& s : servers_) {
@@ -198,6 +272,27 @@ std::string ZkEnsemble::hostports() const {
     out += s->hostport();
   }
   return out;
+}
+
+void ZkEnsemble::isolate(int i) {
+  if (proxies_.empty()) throw std::logic_error("ZkEnsemble::isolate needs peer_proxies");
+  const auto me = static_cast<std::size_t>(i);
+  for (std::size_t j = 0; j < proxies_.size(); ++j) {
+    if (j == me) continue;
+    for (auto* pp : {&proxies_[me][j], &proxies_[j][me]}) {
+      pp->quorum->freeze();
+      pp->election->freeze();
+    }
+  }
+}
+
+void ZkEnsemble::heal() {
+  for (auto& row : proxies_) {
+    for (auto& pp : row) {
+      if (pp.quorum) pp.quorum->pass();
+      if (pp.election) pp.election->pass();
+    }
+  }
 }
 
 int ZkEnsemble::leader() const {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -36,6 +37,9 @@ struct ZkServerOptions {
   int tick_ms = 200;  ///< session expiry is checked every tick
   int min_session_ms = 400;
   int max_session_ms = 60'000;
+  /// Ensemble only: servers reach each other's quorum and election ports only through
+  /// fault proxies, one per ordered pair (i -> j), so that isolate() can cut a server off.
+  bool peer_proxies = false;
 };
 
 /// One ZooKeeper server process (standalone, or member `id` of an ensemble).
@@ -88,7 +92,18 @@ class ZkEnsemble {
   /// Index of the current leader, or -1.
   int leader() const;
 
+  /// With peer_proxies: freezes every quorum and election connection between server
+  /// `i` and the others, both ways, until heal(). Its client port stays reachable.
+  void isolate(int i);
+  void heal();
+
  private:
+  struct PairProxies {
+    std::unique_ptr<FaultProxy> quorum, election;
+  };
+  // [i][j]: what server i dials to reach server j (empty when i == j). Declared
+  // before servers_ so that the servers stop first.
+  std::vector<std::vector<PairProxies>> proxies_;
   std::vector<std::unique_ptr<ZkServer>> servers_;
 };
 
