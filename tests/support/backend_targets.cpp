@@ -298,8 +298,11 @@ std::vector<Kind> kinds() {
   k.push_back({"file", [](const TargetOptions&) { return std::make_unique<FileTarget>(); }, false});
 #ifdef DISTLOCK_TEST_REDIS
   k.push_back({"redis", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(1, o); }});
+  // In the nemesis with holder faults only (pause, kill): a master failover loses
+  // acknowledged writes by design (asynchronous replication), which the checker would
+  // rightly call an overlap; failovers are measured in SentinelMeasured instead.
   k.push_back(
-      {"sentinel", [](const TargetOptions&) { return std::make_unique<SentinelTarget>(); }, false, false});
+      {"sentinel", [](const TargetOptions&) { return std::make_unique<SentinelTarget>(); }, false, true});
 #endif
 #ifdef DISTLOCK_TEST_REDISCLUSTER
   k.push_back(
