@@ -1,0 +1,166 @@
+// postgres:// under adversarial review: a lease is a session-level advisory lock,
+// and the server frees it the moment the session ends. These tests end the session
+// early (the connection cut under a live holder, a server restart) and check that
+// nobody else gets the lock while the holder still believes it holds it; plus the
+// release of such a lease and the TTL range the session timeout can express.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+#include "support/fault_proxy.hpp"
+#include "support/postgres_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::FaultProxy;
+using distlock::testing::PostgresServer;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+distlock::ClientOptions quiet() {
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  return o;
+}
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+std::string url_via(const FaultProxy& proxy) {
+  return std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword +
+         "@127.0.0.1:" + std::to_string(proxy.port()) + "/postgres";
+}
+
+// Polls try_acquire (one attempt each, bounded in count and time) until it gets the
+// lock; returns it, or nullopt when `limit` passed.
+std::optional<distlock::Lease> poll_acquire(distlock::Client& c, const std::string& name, Millis ttl,
+                                            Millis limit) {
+  const auto end = Clock::now() + limit;
+  for (int i = 0; i < 100000 && Clock::now() < end; ++i) {
+    std::error_code ec;
+    auto l = c.acquire(name, ttl_of(ttl, 0ms), ec);
+    if (!ec) return l;
+    std::this_thread::sleep_for(20ms);
+  }
+  return std::nullopt;
+}
+
+// The holder's connection is cut (the proxy closes both sides, as a dying router or
+// a reset would) while the holder lives. The server ends the session at once and
+// frees the advisory lock; the holder learns nothing until its next renewal (a third
+// of its TTL later) and owns() stays true until then. Another client that gets the
+// lock meanwhile is a second holder. Contract 1 requires that nobody else gets the
+// lock before the first holder's local deadline (or that the holder stops first).
+TEST(PostgresReview, AConnectionCutUnderALiveHolderLetsNobodyElseInWhileItStillOwns) {
+  PostgresServer server;
+  FaultProxy proxy(server.port());
+  auto a = distlock::connect(url_via(proxy), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  const Millis ttl = 60000ms;  // first renewal 20 s after the acquire
+  const auto acquired_at = Clock::now();
+  auto held = a.acquire("cut", ttl_of(ttl));
+  ASSERT_TRUE(held.owns());
+  proxy.drop();
+  // Well inside the holder's first renewal interval (20 s) and its TTL (60 s).
+  auto other = poll_acquire(b, "cut", ttl, 8000ms);
+  const bool first_still_owns = held.owns();
+  const Millis when = since(acquired_at);
+  RecordProperty("second_acquired_after_ms", static_cast<int>(when.count()));
+  if (other) {
+    EXPECT_FALSE(first_still_owns) << "two holders of \"cut\": another client acquired it (token "
+                                   << other->token() << ") " << when.count()
+                                   << " ms after the first holder's acquire, while the first holder "
+                                      "(its connection cut, its TTL 60 s) still owns it (token "
+                                   << held.token() << ")";
+  }
+}
+
+// The server restarted (fast shutdown, started again) while a lock is held: the
+// restart ended the holder's session, so the lock is free at once on the restarted
+// server, while the holder (whose next renewal is a third of its TTL away) still
+// owns it. Tokens do increase; exclusion does not hold.
+TEST(PostgresReview, AServerRestartLetsNobodyElseInWhileTheHolderStillOwns) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  const Millis ttl = 60000ms;  // first renewal 20 s after the acquire
+  const auto acquired_at = Clock::now();
+  auto held = a.acquire("restarted", ttl_of(ttl));
+  ASSERT_TRUE(held.owns());
+  server.stop();
+  server.restart();
+  auto other = poll_acquire(b, "restarted", ttl, 10000ms);
+  const bool first_still_owns = held.owns();
+  const Millis when = since(acquired_at);
+  RecordProperty("second_acquired_after_ms", static_cast<int>(when.count()));
+  if (other) {
+    EXPECT_GT(other->token(), held.token());
+    EXPECT_FALSE(first_still_owns) << "two holders of \"restarted\": another client acquired it (token "
+                                   << other->token() << ") " << when.count()
+                                   << " ms after the first holder's acquire, while the first holder "
+                                      "(TTL 60 s, its session ended by the restart) still owns it (token "
+                                   << held.token() << ")";
+  }
+}
+
+// The release of a lease whose session the server has already ended (connection
+// cut): the lock is lost (another client may hold it by now), so the release must
+// say lost (contract 2), not a transient error that says "it will expire by its TTL".
+TEST(PostgresReview, ReleaseAfterTheSessionEndedReportsLost) {
+  PostgresServer server;
+  FaultProxy proxy(server.port());
+  auto a = distlock::connect(url_via(proxy), quiet());
+  auto held = a.acquire("cut-release", ttl_of(60000ms));
+  proxy.drop();
+  // The server has ended the session: the advisory lock is gone.
+  const auto end = Clock::now() + 10s;
+  while (Clock::now() < end &&
+         server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0] != "0") {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0], "0");
+  std::error_code ec;
+  held.release(ec);
+  EXPECT_EQ(ec, errc::lost) << "release of a lease whose session the server ended said: " << ec.message();
+  EXPECT_TRUE(held.stop_token().stop_requested()) << "the lost lease was never signalled lost";
+}
+
+// A TTL the engine accepts (<= 366 days) but that idle_session_timeout cannot hold
+// (its limit is INT_MAX ms, about 24.8 days): the error must be invalid_argument and
+// name the limit, not backend_unavailable "cannot connect" (the server is fine).
+TEST(PostgresReview, ATtlBeyondTheSessionTimeoutRangeIsInvalidArgumentNamingTheLimit) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  std::error_code ec;
+  std::string what;
+  try {
+    auto l = a.acquire("long-ttl", ttl_of(Millis(std::chrono::hours(24 * 25)), 0ms));
+    ADD_FAILURE() << "a 25-day TTL was granted";
+  } catch (const std::system_error& e) {
+    ec = e.code();
+    what = e.what();
+  }
+  EXPECT_EQ(ec, errc::invalid_argument) << what;
+  EXPECT_NE(what.find("idle_session_timeout"), std::string::npos) << what;
+  // The server was reachable all along: a short TTL works on the same client.
+  std::error_code ec2;
+  auto ok = a.acquire("short-ttl", ttl_of(2000ms, 0ms), ec2);
+  EXPECT_FALSE(ec2) << ec2.message();
+}
+
+}  // namespace
