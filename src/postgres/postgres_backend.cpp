@@ -10,7 +10,9 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -330,6 +332,15 @@ class PostgresBackend final : public Backend {
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     ec.clear();
+    if (req.ttl.count() > std::numeric_limits<std::int32_t>::max()) {
+      // idle_session_timeout is an int of milliseconds: the server would refuse the
+      // session's startup options, which is no connection problem.
+      ec = make_error_code(errc::invalid_argument);
+      set_error_detail("TTL " + std::to_string(req.ttl.count()) + "ms of \"" + printable(req.name) +
+                       "\" exceeds what postgres:// can hold: the lease is the session's "
+                       "idle_session_timeout, at most 2147483647ms (about 24.8 days)");
+      return {};
+    }
     Session& s = session(req.ttl);
     const std::int64_t key = postgres_lock_key(req.name);
     Lost lost;
