@@ -492,11 +492,13 @@ class PostgresBackend final : public Backend {
                    {to_hex(name), std::string(owner), std::to_string(key), key_payload(key)},
                    cfg_.command_timeout);
       if (e.io_failed) {
-        // The session ends with the connection; the server frees the lock then.
+        // The session ends with the connection (or has ended already: the server
+        // freed the lock when it did, perhaps long before this release, and somebody
+        // else may hold it by now). Either way this lease is lost, not released.
         failure("release \"" + printable(name) + "\"", e.error);
         s->held.erase(key);
         drop(*s, lost);
-        ec = make_error_code(errc::backend_unavailable);
+        st = ReleaseStatus::not_owner;
       } else if (!e.ok()) {
         failure("release \"" + printable(name) + "\"", e.error);
         ec = code_of(e);
