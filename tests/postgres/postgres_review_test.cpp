@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -162,6 +164,50 @@ TEST(PostgresReview, ATtlBeyondTheSessionTimeoutRangeIsInvalidArgumentNamingTheL
   std::error_code ec2;
   auto ok = a.acquire("short-ttl", ttl_of(2000ms, 0ms), ec2);
   EXPECT_FALSE(ec2) << ec2.message();
+}
+
+}  // namespace
+
+namespace {
+
+// A 4096-byte name (the engine's limit) that does not compress: every backend takes
+// it as a lock name, and postgres:// must too (or refuse it as invalid_argument at
+// once); the name's row must not be beyond what the table's index can hold.
+TEST(PostgresReview, ALongIncompressibleNameWithinTheEngineLimitCanBeLocked) {
+  PostgresServer server;
+  auto log = std::make_shared<std::string>();
+  auto log_mu = std::make_shared<std::mutex>();
+  distlock::ClientOptions co;
+  co.logger = [log, log_mu](distlock::LogLevel, std::string_view m) {
+    std::lock_guard lk(*log_mu);
+    *log += std::string(m.substr(m.size() > 300 ? m.size() - 300 : 0)) + "\n";
+  };
+  auto a = distlock::connect(server.url(), co);
+  std::string name;
+  std::uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < 4096; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    name.push_back(static_cast<char>('!' + x % 90));
+  }
+  std::error_code ec;
+  std::string what;
+  try {
+    auto l = a.acquire(name, ttl_of(2000ms, 0ms));
+    EXPECT_TRUE(l.owns());
+    EXPECT_GT(l.token(), 0u);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+    what = e.what();
+  }
+  {
+    std::lock_guard lk(*log_mu);
+    EXPECT_FALSE(ec) << what.substr(what.size() > 200 ? what.size() - 200 : 0) << "\nclient log (tails):\n"
+                     << *log;
+  }
+  // Nothing is left held after a failure.
+  EXPECT_EQ(server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0], ec ? "0" : "1");
 }
 
 }  // namespace
