@@ -4,13 +4,16 @@
 // nobody else gets the lock while the holder still believes it holds it; plus the
 // release of such a lease and the TTL range the session timeout can express.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "support/fault_proxy.hpp"
@@ -208,6 +211,74 @@ TEST(PostgresReview, ALongIncompressibleNameWithinTheEngineLimitCanBeLocked) {
   }
   // Nothing is left held after a failure.
   EXPECT_EQ(server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0], ec ? "0" : "1");
+}
+
+}  // namespace
+
+namespace {
+
+// A renewal batch is checked against the session's bookkeeping (find_holder) for
+// every item first, then each session's SELECT runs in turn. While the batch waits
+// on an earlier session (here: that session's server process is stopped), the holder
+// of "race" releases it and the same client acquires it again (a new owner on the
+// same session). When the batch reaches that session, the old owner's item finds
+// the row naming the new owner, and the "row names someone else" branch erases the
+// NEW owner's entry and runs pg_advisory_unlock on the session: the new lease's lock
+// is gone on the server while it owns() it. Contract 4 (never delete another
+// owner's lock) and 1 (another client gets it: two holders).
+TEST(PostgresReview, ARenewalInFlightAcrossAReleaseAndReacquireNeverUnlocksTheNewLease) {
+  PostgresServer server;
+  // renew() walks a client's sessions in the map order of their addresses: the race
+  // shows only when the "race" session comes after a stopped one. Each attempt is a
+  // new client (new sessions, new addresses); the assertions hold in every attempt.
+  int attempts_blocked = 0;
+  for (int attempt = 0; attempt < 6 && !HasFailure(); ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    const std::string race = "race" + std::to_string(attempt);
+    auto a = distlock::connect(server.url(), quiet());
+    auto b = distlock::connect(server.url(), quiet());
+    std::vector<distlock::Lease> pads;
+    for (int i = 0; i < 4; ++i) {
+      pads.push_back(
+          a.acquire("pad" + std::to_string(attempt) + "-" + std::to_string(i), ttl_of(Millis(60000 + i))));
+    }
+    auto old_lease = a.acquire(race, ttl_of(61000ms));
+    std::vector<pid_t> pad_pids;
+    for (const auto& row :
+         server.query("SELECT DISTINCT d.pid FROM distlock_locks d WHERE d.owner IS NOT NULL"
+                      " AND d.name LIKE 'pad" +
+                      std::to_string(attempt) + "-%'::bytea")) {
+      pad_pids.push_back(static_cast<pid_t>(std::stol(row[0])));
+    }
+    ASSERT_EQ(pad_pids.size(), 4u);
+    for (pid_t p : pad_pids) ASSERT_EQ(::kill(p, SIGSTOP), 0);
+    std::atomic<bool> renew_done{false};
+    std::thread renewer([&] {
+      a.renew_now();  // blocks in the first stopped padding session's SELECT
+      renew_done = true;
+    });
+    std::this_thread::sleep_for(300ms);  // let it get there; the assertions do not depend on it
+    if (!renew_done.load()) ++attempts_blocked;
+    old_lease.release();
+    std::error_code ec;
+    auto new_lease = a.acquire(race, ttl_of(61000ms, 0ms), ec);
+    for (pid_t p : pad_pids) ::kill(p, SIGCONT);
+    renewer.join();
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_TRUE(new_lease.owns());
+    const auto rows = server.query(
+        "SELECT count(*) FROM pg_locks l JOIN distlock_locks d ON d.pid = l.pid WHERE l.locktype = 'advisory'"
+        " AND l.granted AND d.name = '" +
+        race + "'::bytea");
+    EXPECT_EQ(rows[0][0], "1") << "the session of the new lease of \"" << race
+                               << "\" no longer holds its advisory lock";
+    auto other = b.acquire(race, ttl_of(61000ms, 0ms), ec);
+    const bool still_owns = new_lease.owns();
+    EXPECT_TRUE(ec == errc::busy || !still_owns)
+        << "two holders of \"" << race << "\": another client acquired it (token " << (ec ? 0 : other.token())
+        << ") while the same-client re-acquisition (token " << new_lease.token() << ") owns it";
+  }
+  RecordProperty("attempts_with_the_renewal_blocked", attempts_blocked);
 }
 
 }  // namespace
