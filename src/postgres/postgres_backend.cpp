@@ -431,6 +431,16 @@ class PostgresBackend final : public Backend {
         for (auto i : idx) out[i] = RenewStatus::not_owner;
         continue;
       }
+      // find_holder() looked before this lock: a lease released meanwhile (its key
+      // perhaps held again by a new owner on this session) is not ours to touch.
+      std::erase_if(idx, [&](std::size_t i) {
+        auto h = s->held.find(postgres_lock_key(items[i].name));
+        const bool current =
+            h != s->held.end() && h->second.name == items[i].name && h->second.owner == items[i].owner;
+        if (!current) out[i] = RenewStatus::not_owner;
+        return !current;
+      });
+      if (idx.empty()) continue;
       std::string arr = "{";
       for (std::size_t j = 0; j < idx.size(); ++j) {
         if (j) arr += ",";
