@@ -4,6 +4,7 @@
 // nobody else gets the lock while the holder still believes it holds it; plus the
 // release of such a lease and the TTL range the session timeout can express.
 #include <gtest/gtest.h>
+#include <libpq-fe.h>
 #include <signal.h>
 
 #include <atomic>
@@ -279,6 +280,43 @@ TEST(PostgresReview, ARenewalInFlightAcrossAReleaseAndReacquireNeverUnlocksTheNe
         << ") while the same-client re-acquisition (token " << new_lease.token() << ") owns it";
   }
   RecordProperty("attempts_with_the_renewal_blocked", attempts_blocked);
+}
+
+}  // namespace
+
+namespace {
+
+// Any server process that crashes (here: an unrelated session's backend, SIGKILLed as
+// the OOM killer would) makes the postmaster end every session and reinitialise:
+// every advisory lock of every client is free a moment later, while their holders
+// (next renewal a third of the TTL away) still own them.
+TEST(PostgresReview, AnUnrelatedBackendCrashLetsNobodyElseInWhileTheHolderStillOwns) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  const auto acquired_at = Clock::now();
+  auto held = a.acquire("crash-elsewhere", ttl_of(60000ms));  // first renewal 20 s later
+  const std::string port = std::to_string(server.port());
+  const char* keys[] = {"host", "port", "user", "password", "dbname", nullptr};
+  const char* vals[] = {"127.0.0.1", port.c_str(), PostgresServer::kUser, PostgresServer::kPassword,
+                        "postgres",  nullptr};
+  PGconn* unrelated = PQconnectdbParams(keys, vals, 0);
+  ASSERT_EQ(PQstatus(unrelated), CONNECTION_OK) << PQerrorMessage(unrelated);
+  const pid_t victim = PQbackendPID(unrelated);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto other = poll_acquire(b, "crash-elsewhere", 60000ms, 15000ms);
+  const bool first_still_owns = held.owns();
+  const Millis when = since(acquired_at);
+  PQfinish(unrelated);
+  RecordProperty("second_acquired_after_ms", static_cast<int>(when.count()));
+  if (other) {
+    EXPECT_FALSE(first_still_owns)
+        << "two holders of \"crash-elsewhere\": another client acquired it (token " << other->token() << ") "
+        << when.count()
+        << " ms after the first holder's acquire, while the first holder (TTL 60 s) "
+           "still owns it (token "
+        << held.token() << ")";
+  }
 }
 
 }  // namespace
