@@ -9,7 +9,9 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -168,6 +170,15 @@ class PostgresBackend final : public Backend {
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     ec.clear();
+    if (req.ttl.count() > std::numeric_limits<std::int32_t>::max()) {
+      // idle_session_timeout is an int of milliseconds: the server would refuse the
+      // session's startup options, which is no connection problem.
+      ec = make_error_code(errc::invalid_argument);
+      set_error_detail("TTL " + std::to_string(req.ttl.count()) + "ms of \"" + printable(req.name) +
+                       "\" exceeds what postgres:// can hold: the lease is the session's "
+                       "idle_session_timeout, at most 2147483647ms (about 24.8 days)");
+      return {};
+    }
     Session& s = session(req.ttl);
     const std::int64_t key = postgres_lock_key(req.name);
     Lost lost;
@@ -258,6 +269,16 @@ class PostgresBackend final : public Backend {
         for (auto i : idx) out[i] = RenewStatus::not_owner;
         continue;
       }
+      // find_holder() looked before this lock: a lease released meanwhile (its key
+      // perhaps held again by a new owner on this session) is not ours to touch.
+      std::erase_if(idx, [&](std::size_t i) {
+        auto h = s->held.find(postgres_lock_key(items[i].name));
+        const bool current =
+            h != s->held.end() && h->second.name == items[i].name && h->second.owner == items[i].owner;
+        if (!current) out[i] = RenewStatus::not_owner;
+        return !current;
+      });
+      if (idx.empty()) continue;
       std::string arr = "{";
       for (std::size_t j = 0; j < idx.size(); ++j) {
         if (j) arr += ",";
@@ -319,11 +340,13 @@ class PostgresBackend final : public Backend {
                    {to_hex(name), std::string(owner), std::to_string(key), key_payload(key)},
                    cfg_.command_timeout);
       if (e.io_failed) {
-        // The session ends with the connection; the server frees the lock then.
+        // The session ends with the connection (or has ended already: the server
+        // freed the lock when it did, perhaps long before this release, and somebody
+        // else may hold it by now). Either way this lease is lost, not released.
         failure("release \"" + printable(name) + "\"", e.error);
         s->held.erase(key);
         drop(*s, lost);
-        ec = make_error_code(errc::backend_unavailable);
+        st = ReleaseStatus::not_owner;
       } else if (!e.ok()) {
         failure("release \"" + printable(name) + "\"", e.error);
         ec = code_of(e);
