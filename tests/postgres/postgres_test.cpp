@@ -359,6 +359,22 @@ TEST(Postgres, AWaiterGetsALockWhoseSessionWasCutOnlyAfterTheHoldersDeadlineAndI
   EXPECT_FALSE(done.load()) << "the waiter got the lock while its holder was alive";
   const auto cut = Clock::now();
   proxy.drop();
+  {
+    // Before the holder's first renewal (2 s after its acquire) it cannot know of the
+    // cut: a third client polling now must not get the lock while the holder owns it.
+    auto c = distlock::connect(server.url(), quiet());
+    for (int i = 0; i < 1000 && since(cut) < 1200ms; ++i) {
+      std::error_code busy;
+      auto l = c.acquire("cut-wait", ttl_of(ttl, 0ms), busy);
+      if (!busy) {
+        EXPECT_FALSE(held.owns()) << "two holders of \"cut-wait\": a poller got it (token " << l.token()
+                                  << ") " << since(cut).count()
+                                  << " ms after the cut while the first holder owns it";
+        break;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
   waiter.join();
   ASSERT_FALSE(ec) << ec.message();
   const Millis took = std::chrono::duration_cast<Millis>(granted_at - cut);
