@@ -9,7 +9,9 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -50,47 +52,87 @@ using pg::Result;
 using pg::run;
 
 // Created once per database (under a transaction-level advisory lock of the
-// two-int key space, which never meets the bigint keys of lock names).
+// two-int key space, which never meets the bigint keys of lock names, so that many
+// clients starting at once create or migrate it once). The primary key is the
+// name's SHA-256 (a B-tree entry holds at most about 2.7 kB; a name may have 4096
+// bytes); the name itself is stored, unindexed, and compared. A table of an older
+// layout (name as primary key, no seen_at) is migrated in place, its tokens kept.
+// The fast path (the table is there in this layout) needs no CREATE privilege.
 constexpr const char* kSetupSql =
     "BEGIN; SELECT pg_advisory_xact_lock(1684632419, 1);"
-    "CREATE TABLE IF NOT EXISTS distlock_locks (name bytea PRIMARY KEY, token bigint NOT NULL,"
-    " owner text, pid integer, ttl_ms bigint); COMMIT";
+    "DO $distlock$ DECLARE pk name; BEGIN"
+    " IF to_regclass('distlock_locks') IS NULL THEN"
+    "  CREATE TABLE distlock_locks (digest bytea PRIMARY KEY, name bytea NOT NULL, token bigint NOT NULL,"
+    "   owner text, pid integer, ttl_ms bigint, seen_at timestamptz);"
+    " ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'distlock_locks'::regclass"
+    "   AND attname = 'seen_at' AND NOT attisdropped) THEN"
+    "  ALTER TABLE distlock_locks ADD COLUMN digest bytea, ADD COLUMN seen_at timestamptz;"
+    "  UPDATE distlock_locks SET digest = sha256(name),"
+    "   seen_at = CASE WHEN owner IS NOT NULL THEN clock_timestamp() END;"
+    "  SELECT conname INTO pk FROM pg_constraint WHERE conrelid = 'distlock_locks'::regclass AND contype = "
+    "'p';"
+    "  IF pk IS NOT NULL THEN EXECUTE format('ALTER TABLE distlock_locks DROP CONSTRAINT %I', pk); END IF;"
+    "  ALTER TABLE distlock_locks ALTER COLUMN digest SET NOT NULL, ADD PRIMARY KEY (digest);"
+    " END IF; END $distlock$; COMMIT";
 
 // $1 name (hex), $2 key, $3 owner, $4 ttl ms. One statement, one transaction: the
 // advisory lock and, only if it was granted, the row (next token, owner, this
-// session's pid). When busy, the third column is the holder's TTL (the row as it
-// was before this statement: a CTE's writes are invisible to the outer query).
+// session's pid, seen_at = now). A row that still names an owner although the
+// advisory lock was free belongs to a holder whose session ended without a release
+// (connection cut, server restart or crash, killed client): that holder may still
+// believe it holds the lock until its local deadline, which lies before its row's
+// seen_at (its last acquire/renewal, stamped while the statement ran, after it was
+// sent) + its TTL. Until then the row is not taken over: the advisory lock is given
+// back in the same statement and the answer is busy with the time left. A digest
+// collision (same digest, another name) is busy too, never a shared row.
+// Columns: granted, token, holder TTL or time left (ms) when busy, (unlock result).
+// The CTE o reads the row as it was before this statement.
 constexpr const char* kAcquireSql =
     "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock($2::bigint) AS got),"
-    " u AS (INSERT INTO distlock_locks AS d (name, token, owner, pid, ttl_ms)"
-    " SELECT decode($1, 'hex'), 1, $3, pg_backend_pid(), $4::bigint FROM g WHERE g.got"
-    " ON CONFLICT (name) DO UPDATE SET token = d.token + 1, owner = EXCLUDED.owner, pid = EXCLUDED.pid,"
-    " ttl_ms = EXCLUDED.ttl_ms RETURNING d.token)"
-    " SELECT g.got, (SELECT token FROM u), (SELECT ttl_ms FROM distlock_locks WHERE name = decode($1, 'hex'))"
-    " FROM g";
+    " u AS (INSERT INTO distlock_locks AS d (digest, name, token, owner, pid, ttl_ms, seen_at)"
+    " SELECT sha256(decode($1, 'hex')), decode($1, 'hex'), 1, $3, pg_backend_pid(), $4::bigint,"
+    " clock_timestamp() FROM g WHERE g.got"
+    " ON CONFLICT (digest) DO UPDATE SET token = d.token + 1, owner = EXCLUDED.owner, pid = EXCLUDED.pid,"
+    " ttl_ms = EXCLUDED.ttl_ms, seen_at = EXCLUDED.seen_at WHERE d.name = EXCLUDED.name AND (d.owner IS NULL"
+    " OR clock_timestamp() >= d.seen_at + d.ttl_ms * interval '1 millisecond') RETURNING d.token),"
+    " o AS (SELECT owner, ttl_ms, seen_at FROM distlock_locks WHERE digest = sha256(decode($1, 'hex')))"
+    " SELECT (SELECT token FROM u) IS NOT NULL, (SELECT token FROM u),"
+    " (SELECT CASE WHEN o.owner IS NULL OR o.seen_at IS NULL THEN o.ttl_ms ELSE greatest(10, ceil(1000 *"
+    " extract(epoch FROM o.seen_at + o.ttl_ms * interval '1 millisecond' - clock_timestamp())))::bigint END"
+    " FROM o),"
+    " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END FROM g";
 
 // $1 name (hex), $2 owner, $3 key, $4 notification payload. The row is cleared only
 // for this owner on this session; the advisory lock is this session's (the caller
 // checked it holds it); the notification is sent at commit. The commit need not
 // wait for the WAL flush: the token is not touched, and a cleared owner lost to a
-// crash names a session that the crash ended (status checks pg_locks for it).
+// crash makes the next acquirer wait out the released lease's TTL (spurious busy).
 constexpr const char* kReleaseSql =
-    "WITH r AS (UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE name = decode($1, 'hex')"
-    " AND owner = $2 AND pid = pg_backend_pid() RETURNING 1)"
+    "WITH r AS (UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE digest = sha256(decode($1, 'hex'))"
+    " AND name = decode($1, 'hex') AND owner = $2 AND pid = pg_backend_pid() RETURNING 1)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true)";
 
-// $1 text[] of hex names: the rows this session holds among them (and their owners).
+// $1 text[] of hex names: the rows this session holds among them (and their owners),
+// stamped seen_at = now, committed (synchronous_commit = on) before the answer: a
+// renewal that succeeded is on disk, so a restarted server still knows how long its
+// holder may believe it holds the lock.
 constexpr const char* kRenewSql =
-    "SELECT encode(name, 'hex'), owner FROM distlock_locks WHERE pid = pg_backend_pid()"
-    " AND name IN (SELECT decode(x, 'hex') FROM unnest($1::text[]) AS x)";
+    "UPDATE distlock_locks SET seen_at = clock_timestamp() WHERE pid = pg_backend_pid()"
+    " AND digest IN (SELECT sha256(decode(x, 'hex')) FROM unnest($1::text[]) AS x)"
+    " RETURNING encode(name, 'hex'), owner";
 
 // $1 name (hex), $2 high 32 bits of the key, $3 low 32 bits (pg_locks shows a bigint
-// key as classid/objid with objsubid 1).
+// key as classid/objid with objsubid 1). Columns: token, owner, ttl ms, whether the
+// owner's session holds the advisory lock, ms left of an orphaned lease (> 0: its
+// session ended without a release and its holder may still believe it holds it).
 constexpr const char* kStatusSql =
     "SELECT d.token, d.owner, d.ttl_ms, EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
     " AND l.granted AND l.pid = d.pid AND l.objsubid = 1 AND l.classid = $2::bigint::oid"
-    " AND l.objid = $3::bigint::oid) FROM distlock_locks d WHERE d.name = decode($1, 'hex')";
+    " AND l.objid = $3::bigint::oid),"
+    " coalesce(ceil(1000 * extract(epoch FROM d.seen_at + d.ttl_ms * interval '1 millisecond'"
+    " - clock_timestamp())), 0)::bigint"
+    " FROM distlock_locks d WHERE d.digest = sha256(decode($1, 'hex')) AND d.name = decode($1, 'hex')";
 
 std::string to_hex(std::string_view bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -168,13 +210,22 @@ class PostgresBackend final : public Backend {
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     ec.clear();
+    if (req.ttl.count() > std::numeric_limits<std::int32_t>::max()) {
+      // idle_session_timeout is an int of milliseconds: the server would refuse the
+      // session's startup options, which is no connection problem.
+      ec = make_error_code(errc::invalid_argument);
+      set_error_detail("TTL " + std::to_string(req.ttl.count()) + "ms of \"" + printable(req.name) +
+                       "\" exceeds what postgres:// can hold: the lease is the session's "
+                       "idle_session_timeout, at most 2147483647ms (about 24.8 days)");
+      return {};
+    }
     Session& s = session(req.ttl);
     const std::int64_t key = postgres_lock_key(req.name);
     Lost lost;
     AcquireResult res;
     {
       std::lock_guard lk(s.mu);
-      expire_stale(s);
+      expire_stale(s, lost);
       if (s.held.count(key)) {
         // This session holds the key already (another owner of this client, or a
         // name with the same hash): advisory locks re-enter within a session, so
@@ -209,7 +260,7 @@ class PostgresBackend final : public Backend {
       } else if (!ec) {
         ok();
         PGresult* r = e.res.get();
-        if (PQntuples(r) != 1 || PQnfields(r) != 3) {
+        if (PQntuples(r) != 1 || PQnfields(r) != 4) {
           ec = make_error_code(errc::protocol_error);
         } else if (std::string_view(PQgetvalue(r, 0, 0)) == "t") {
           std::uint64_t token = 0;
@@ -253,11 +304,21 @@ class PostgresBackend final : public Backend {
     Lost lost;
     for (auto& [s, idx] : by_session) {
       std::lock_guard lk(s->mu);
-      expire_stale(*s);
+      expire_stale(*s, lost);
       if (!s->conn) {
         for (auto i : idx) out[i] = RenewStatus::not_owner;
         continue;
       }
+      // find_holder() looked before this lock: a lease released meanwhile (its key
+      // perhaps held again by a new owner on this session) is not ours to touch.
+      std::erase_if(idx, [&](std::size_t i) {
+        auto h = s->held.find(postgres_lock_key(items[i].name));
+        const bool current =
+            h != s->held.end() && h->second.name == items[i].name && h->second.owner == items[i].owner;
+        if (!current) out[i] = RenewStatus::not_owner;
+        return !current;
+      });
+      if (idx.empty()) continue;
       std::string arr = "{";
       for (std::size_t j = 0; j < idx.size(); ++j) {
         if (j) arr += ",";
@@ -312,18 +373,20 @@ class PostgresBackend final : public Backend {
     ReleaseStatus st = ReleaseStatus::released;
     {
       std::lock_guard lk(s->mu);
-      expire_stale(*s);
+      expire_stale(*s, lost);
       auto it = s->held.find(key);
       if (it == s->held.end() || it->second.owner != owner || !s->conn) return ReleaseStatus::not_owner;
       Exec e = run(s->conn.get(), kReleaseSql,
                    {to_hex(name), std::string(owner), std::to_string(key), key_payload(key)},
                    cfg_.command_timeout);
       if (e.io_failed) {
-        // The session ends with the connection; the server frees the lock then.
+        // The session ends with the connection (or has ended already: the server
+        // freed the lock when it did, perhaps long before this release, and somebody
+        // else may hold it by now). Either way this lease is lost, not released.
         failure("release \"" + printable(name) + "\"", e.error);
         s->held.erase(key);
         drop(*s, lost);
-        ec = make_error_code(errc::backend_unavailable);
+        st = ReleaseStatus::not_owner;
       } else if (!e.ok()) {
         failure("release \"" + printable(name) + "\"", e.error);
         ec = code_of(e);
@@ -396,11 +459,16 @@ class PostgresBackend final : public Backend {
       PGresult* r = e.res.get();
       if (PQntuples(r) == 1) {
         info.token = std::strtoull(PQgetvalue(r, 0, 0), nullptr, 10);
-        info.held = !PQgetisnull(r, 0, 1) && std::string_view(PQgetvalue(r, 0, 3)) == "t";
+        const bool session_holds = std::string_view(PQgetvalue(r, 0, 3)) == "t";
+        const long long orphan_left = std::strtoll(PQgetvalue(r, 0, 4), nullptr, 10);
+        // Held: the owner's session holds the advisory lock, or it ended without a
+        // release less than its TTL after its last renewal (nobody else gets it yet).
+        info.held = !PQgetisnull(r, 0, 1) && (session_holds || orphan_left > 0);
         if (info.held) {
           info.holder = std::string(PQgetvalue(r, 0, 1));
           // A session lease: the holder's TTL is the most it has left.
-          info.ttl_remaining = Millis(std::strtoll(PQgetvalue(r, 0, 2), nullptr, 10));
+          info.ttl_remaining =
+              session_holds ? Millis(std::strtoll(PQgetvalue(r, 0, 2), nullptr, 10)) : Millis(orphan_left);
         }
       }
       return info;
@@ -457,8 +525,11 @@ class PostgresBackend final : public Backend {
   // With s.mu held: gives up the advisory locks of leases not renewed for their TTL.
   // The engine has declared them lost (its local deadline came first) and does not
   // release lost leases; while other leases keep this session busy, the server would
-  // otherwise keep them locked. Clears their rows and wakes their waiters.
-  void expire_stale(Session& s) {
+  // otherwise keep them locked. Clears their rows and wakes their waiters. A release
+  // that fails with an SQL error keeps the entry (the session still holds the lock)
+  // and is retried at the next statement on the session; one that fails on the
+  // connection ends the session (and its advisory locks) with its other leases.
+  void expire_stale(Session& s, Lost& lost) {
     if (!s.conn) return;
     const auto now = Clock::now();
     for (auto it = s.held.begin(); it != s.held.end();) {
@@ -466,9 +537,23 @@ class PostgresBackend final : public Backend {
         ++it;
         continue;
       }
-      run(s.conn.get(), kReleaseSql,
-          {to_hex(it->second.name), it->second.owner, std::to_string(it->first), key_payload(it->first)},
-          cfg_.command_timeout);
+      Exec e =
+          run(s.conn.get(), kReleaseSql,
+              {to_hex(it->second.name), it->second.owner, std::to_string(it->first), key_payload(it->first)},
+              cfg_.command_timeout);
+      if (e.io_failed) {
+        failure("give up the expired lease of \"" + printable(it->second.name) + "\"", e.error);
+        s.held.erase(it);
+        drop(s, lost);
+        return;
+      }
+      if (!e.ok()) {
+        log_.log(LogLevel::warning,
+                 "{}: cannot give up the expired lease of \"{}\" (retried at the next statement): {}",
+                 cfg_.shown, printable(it->second.name), e.error);
+        ++it;
+        continue;
+      }
       it = s.held.erase(it);
     }
   }
@@ -621,6 +706,13 @@ std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptio
   }
   std::string db = url.path;
   if (!db.empty() && db[0] == '/') db.erase(0, 1);
+  if (db.empty()) {
+    // libpq would pick the user's name: clients naming different users would then
+    // lock in different databases and never exclude each other.
+    return bad("URL " + shown +
+               " names no database (expected postgres://host:port/database): advisory locks and the "
+               "lock table are per database, so every client of a lock must name the same one");
+  }
   if (db.find('/') != std::string::npos) {
     return bad("database \"" + db + "\" in URL " + shown +
                " contains '/' (expected postgres://host:port/database)");

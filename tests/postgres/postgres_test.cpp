@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "distlock/distlock.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
@@ -24,6 +25,7 @@ using namespace std::chrono_literals;
 using distlock::errc;
 using distlock::LockOptions;
 using distlock::Millis;
+using distlock::testing::FaultProxy;
 using distlock::testing::PostgresServer;
 using distlock::testing::Process;
 using distlock::testing::TempDir;
@@ -154,6 +156,8 @@ TEST(Postgres, MalformedUrlsNameTheProblem) {
       {"postgres://u:pw@127.0.0.1:5432/db?sslmode=always", "sslmode \"always\""},
       {"postgres://u:pw@127.0.0.1:5432/a/b", "contains '/'"},
       {"postgres://u:pw@127.0.0.1:99999/db", "99999"},
+      {"postgres://u:pw@127.0.0.1:5432", "names no database"},
+      {"postgres://u:pw@127.0.0.1:5432/", "names no database"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.url);
@@ -317,6 +321,104 @@ TEST(Postgres, EachTtlHasItsOwnSessionTimeout) {
   EXPECT_EQ(pids[0][0], "2");
   EXPECT_TRUE(short_lease.owns());
   EXPECT_TRUE(long_lease.owns());
+}
+
+}  // namespace
+
+namespace {
+
+// A session that ends without a release (here: its connection cut under a live
+// holder) frees the advisory lock at once, but its holder believes it holds the lock
+// until its local deadline (last acquire/renewal + TTL − margin). A waiter gets the
+// lock only once that holder no longer owns it, and then in time: no later than the
+// holder's TTL after the cut + 1 s (the busy answer names the time left, so the
+// waiter re-checks when it ends, not at the engine's 5 s fallback).
+TEST(Postgres, AWaiterGetsALockWhoseSessionWasCutOnlyAfterTheHoldersDeadlineAndInTime) {
+  PostgresServer server;
+  FaultProxy proxy(server.port());
+  auto a =
+      distlock::connect(std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword +
+                            "@127.0.0.1:" + std::to_string(proxy.port()) + "/postgres",
+                        quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  const Millis ttl = 6000ms;  // above the engine's 5 s re-check cap
+  auto held = a.acquire("cut-wait", ttl_of(ttl));
+  ASSERT_TRUE(held.owns());
+  std::error_code ec;
+  distlock::Lease got;
+  std::atomic<bool> done{false};
+  bool first_owned_at_grant = true;
+  Clock::time_point granted_at{};
+  std::thread waiter([&] {
+    got = b.acquire("cut-wait", ttl_of(ttl, 30000ms), ec);
+    first_owned_at_grant = held.owns();
+    granted_at = Clock::now();
+    done = true;
+  });
+  std::this_thread::sleep_for(300ms);  // let it wait; the assertions do not depend on it
+  EXPECT_FALSE(done.load()) << "the waiter got the lock while its holder was alive";
+  const auto cut = Clock::now();
+  proxy.drop();
+  {
+    // Before the holder's first renewal (2 s after its acquire) it cannot know of the
+    // cut: a third client polling now must not get the lock while the holder owns it.
+    auto c = distlock::connect(server.url(), quiet());
+    for (int i = 0; i < 1000 && since(cut) < 1200ms; ++i) {
+      std::error_code busy;
+      auto l = c.acquire("cut-wait", ttl_of(ttl, 0ms), busy);
+      if (!busy) {
+        EXPECT_FALSE(held.owns()) << "two holders of \"cut-wait\": a poller got it (token " << l.token()
+                                  << ") " << since(cut).count()
+                                  << " ms after the cut while the first holder owns it";
+        break;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  waiter.join();
+  ASSERT_FALSE(ec) << ec.message();
+  const Millis took = std::chrono::duration_cast<Millis>(granted_at - cut);
+  RecordProperty("granted_after_cut_ms", static_cast<int>(took.count()));
+  EXPECT_FALSE(first_owned_at_grant) << "two holders of \"cut-wait\": the waiter got it " << took.count()
+                                     << " ms after the cut while the first holder still owned it";
+  EXPECT_LT(took, ttl + 1000ms) << "the waiter was not woken when the cut lease's time ran out";
+  EXPECT_GT(got.token(), held.token());
+}
+
+// A table of the older layout (the name as primary key, no seen_at) is migrated in
+// place when a client connects: its tokens keep increasing, and a name too long for
+// a B-tree entry can be locked afterwards. A second client finds it migrated.
+TEST(Postgres, ATableOfTheOlderLayoutIsMigratedAndItsTokensKept) {
+  PostgresServer server;
+  server.query(
+      "CREATE TABLE distlock_locks (name bytea PRIMARY KEY, token bigint NOT NULL, owner text, pid integer,"
+      " ttl_ms bigint)");
+  server.query("INSERT INTO distlock_locks VALUES ('old'::bytea, 41, NULL, NULL, 2000)");
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  {
+    auto l = a.acquire("old", ttl_of(2000ms, 0ms));
+    EXPECT_EQ(l.token(), 42u);
+  }
+  {
+    auto l = b.acquire("old", ttl_of(2000ms, 0ms));
+    EXPECT_EQ(l.token(), 43u);
+  }
+  // 4000 bytes that do not compress: past a B-tree entry's limit had it been the key.
+  std::string long_name;
+  std::uint64_t x = 0x2545f4914f6cdd1dULL;
+  for (int i = 0; i < 4000; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    long_name.push_back(static_cast<char>('!' + x % 90));
+  }
+  auto l = b.acquire(long_name, ttl_of(2000ms, 0ms));
+  EXPECT_EQ(l.token(), 1u);
+  EXPECT_EQ(server.query("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+                         " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'distlock_locks'::regclass"
+                         " AND i.indisprimary")[0][0],
+            "digest");
 }
 
 }  // namespace
