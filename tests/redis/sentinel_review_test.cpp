@@ -5,6 +5,7 @@
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -258,6 +259,75 @@ TEST(SentinelReview, AStaleSentinelDoesNotPullAClientBackToTheOldMaster) {
 // every acquisition there (this mitigation holds).
 TEST(SentinelReview, WithWaitAStaleSentinelCannotGrantALockOnTheOldMaster) {
   const std::string both = pulled_back("&wait=1&wait_timeout=200ms");
+  EXPECT_TRUE(both.empty()) << both;
+}
+
+// The same with real sentinels only: sentinel 0 and the master are paused together
+// (a host or a rack that stalls), sentinels 1 and 2 fail over; then both resume.
+// Sentinel 0 names the old master until the others' hello messages reach it (about
+// 2 s); the old master answers ROLE "master" until it is demoted (longer). A client
+// that lists sentinel 0 first must not be granted a lock held on the new master.
+TEST(SentinelReview, APausedSentinelResumingStaleDoesNotGiveTwoHolders) {
+  RedisSentinelGroup group;
+  const std::uint16_t old_port = group.master_port();
+  auto& old_master = group.node_at_port(old_port);
+  auto c2 = distlock::connect(group.url(), quiet());
+  ASSERT_EQ(::kill(group.sentinel_pid(0), SIGSTOP), 0);
+  old_master.pause();
+  std::uint16_t new_port = 0;
+  {
+    // wait_failover asks every sentinel; the paused one would not answer.
+    const auto end = Steady::now() + 60s;
+    while (Steady::now() < end && new_port == 0) {
+      for (std::size_t i = 1; i < 3; ++i) {
+        try {
+          auto r = group.sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", "mymaster"});
+          if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+            const auto p = static_cast<std::uint16_t>(std::stoi(r->element[1]->str));
+            if (p != old_port) new_port = p;
+          }
+        } catch (const std::exception&) {
+        }
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_NE(new_port, 0) << "no failover";
+  auto& new_master = group.node_at_port(new_port);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = new_master.command({"ROLE"});
+        return r && r->type == REDIS_REPLY_ARRAY && std::string(r->element[0]->str) == "master";
+      },
+      30s));
+  auto c1 = distlock::connect(group.url("?timeout=500ms"), quiet());
+  int probe = 0;
+  ASSERT_TRUE(eventually([&] { return lands_on(c1, new_master, probe); }, 30s));
+  auto held = c2.acquire("job", ttl_of(30s, 20s));
+  ASSERT_TRUE(key_exists(new_master, "distlock:{job}"));
+  ::kill(group.sentinel_pid(0), SIGCONT);
+  old_master.resume();
+  std::string both;
+  eventually(
+      [&] {
+        std::optional<distlock::Lease> l;
+        try {
+          l = c1.try_acquire("job", ttl_of(30s));
+        } catch (const std::system_error&) {
+          return false;
+        }
+        if (!l || !l->owns()) return false;
+        if (held.owns()) {
+          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
+                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
+                 std::to_string(held.token()) + "); key on the old master at port " +
+                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
+        }
+        std::error_code ec;
+        l->release(ec);
+        return true;
+      },
+      6s);
   EXPECT_TRUE(both.empty()) << both;
 }
 
