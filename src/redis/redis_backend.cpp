@@ -226,6 +226,14 @@ class RedisBackend final : public Backend {
         log_.log(LogLevel::warning, "{}: renew script answered {}", conn_opts_.describe(),
                  r && r->type == REDIS_REPLY_ERROR ? redis::reply_str(r)
                                                    : std::string_view("an unexpected reply"));
+        // READONLY (a demoted master), LOADING, MASTERDOWN...: the call fails with
+        // backend_unavailable, so a layer that finds the master (redis+sentinel://)
+        // looks for the new one now. No item of this call counts as renewed.
+        if (redis::error_code_of(r) == errc::backend_unavailable) {
+          ec = make_error_code(errc::backend_unavailable);
+          std::fill(out.begin(), out.end(), RenewStatus::failed);
+          return;
+        }
         continue;  // those items stay `failed`: retried until their local deadline
       }
       for (std::size_t i = 0; i < r->elements; ++i) {

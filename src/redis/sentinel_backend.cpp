@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <charconv>
@@ -92,11 +93,13 @@ class SentinelBackend final : public Backend, private ChangeListener {
     {
       std::lock_guard lk(discover_mu_);
       bool unknown_everywhere = false;
-      auto addr = discover(why, unknown_everywhere);
+      long long epoch = -1;
+      auto addr = discover(why, unknown_everywhere, epoch);
       if (!addr) {
         return make_error_code(unknown_everywhere ? errc::invalid_argument : errc::backend_unavailable);
       }
       if (!switch_to(*addr, ec, why)) return ec;
+      current_epoch_ = epoch;
       last_discovery_ = Steady::now();
     }
     monitor_ = std::thread([this] { monitor(); });
@@ -209,7 +212,8 @@ class SentinelBackend final : public Backend, private ChangeListener {
     last_discovery_ = now;
     std::string why;
     bool unknown = false;
-    auto addr = discover(why, unknown);
+    long long epoch = -1;
+    auto addr = discover(why, unknown, epoch);
     if (!addr) {
       // Once per outage at warning level: the monitor retries several times a second.
       log_.log(std::exchange(no_master_, true) ? LogLevel::debug : LogLevel::warning,
@@ -219,9 +223,14 @@ class SentinelBackend final : public Backend, private ChangeListener {
     if (std::exchange(no_master_, false)) {
       log_.log(LogLevel::info, "{}: the sentinels name master {} again", settings_.url, addr->text());
     }
-    if (*addr == current_addr()) return false;
+    if (*addr == current_addr()) {
+      current_epoch_ = epoch;  // also when the sentinels' epochs restarted (re-monitored)
+      return false;
+    }
     std::error_code ec;
-    return switch_to(*addr, ec, why);
+    if (!switch_to(*addr, ec, why)) return false;
+    current_epoch_ = epoch;
+    return true;
   }
 
   Address current_addr() const {
@@ -248,17 +257,71 @@ class SentinelBackend final : public Backend, private ChangeListener {
     return r;
   }
 
-  // Asks the sentinels in order; the first address that a sentinel names and that
-  // answers ROLE as a master wins (the current master is not asked again). Every
-  // failure is collected into `why`. discover_mu_ held.
-  std::optional<Address> discover(std::string& why, bool& unknown_everywhere) {
+  // The config-epoch sentinel i reports for the master (`SENTINEL MASTER <name>`,
+  // field config-epoch), or -1 when it gives none (an error, an unexpected reply).
+  // Sets `ec` only when the sentinel did not answer at all. discover_mu_ held.
+  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why) {
+    Reply r = sentinel_command(i, {"SENTINEL", "MASTER", master_name_}, ec, why);
+    if (ec) {
+      // An error reply (no such master, an ACL without SENTINEL MASTER) is an answer
+      // without an epoch; no answer or a refused password is not an answer.
+      const bool answered = ec != errc::backend_unavailable &&
+                            (ec != errc::auth_failed || why.find("NOPERM") != std::string::npos);
+      if (answered) ec.clear();
+      return -1;
+    }
+    if (r->type != REDIS_REPLY_ARRAY) return -1;  // RESP2: a flat list of field, value
+    for (std::size_t k = 0; k + 1 < r->elements; k += 2) {
+      if (redis::reply_str(r->element[k]) != "config-epoch") continue;
+      const redisReply* v = r->element[k + 1];
+      if (v->type == REDIS_REPLY_INTEGER) return v->integer >= 0 ? v->integer : -1;
+      long long e = -1;
+      const std::string_view t = redis::reply_str(v);
+      auto [q, err] = std::from_chars(t.data(), t.data() + t.size(), e);
+      return err == std::errc{} && q == t.data() + t.size() && e >= 0 ? e : -1;
+    }
+    return -1;
+  }
+
+  // Asks every sentinel for the master and chooses by this rule:
+  //
+  //  1. Only the addresses named with the highest config-epoch any sentinel reports
+  //     are candidates (`SENTINEL MASTER <name>`, asked before the address so that a
+  //     switch in between can only under-rate the new address). A config-epoch is
+  //     created by a failover whose leader a majority of the sentinels elected, and
+  //     the sentinels themselves converge on the configuration with the highest
+  //     epoch; a sentinel cut off from the others (or paused and not yet reached by
+  //     their hello messages) still reports the older epoch and the old master.
+  //     Sentinels that report no epoch count below every reported one.
+  //  2. Among the candidates, the one most sentinels name first.
+  //  3. The client moves to an address other than its current master only when that
+  //     address comes with a newer epoch than the one the current master was chosen
+  //     under, or a majority of the sentinels in the URL name it. One stale sentinel
+  //     never moves it (an old master that resumes answers ROLE "master" until the
+  //     sentinels demote it: moving there would grant a lock held on the real master).
+  //  4. Whatever is chosen, the current master included, must answer ROLE "master".
+  //
+  // A client that takes the first sentinel's answer and checks ROLE (the Sentinel
+  // client guidelines; redis-py's discover_master also takes the first acceptable
+  // answer) can be held on a hung old master or pulled back to a resumed one by such
+  // a sentinel; the rule above costs one more command per sentinel and asking all.
+  // `epoch` is the chosen address's epoch (-1: none reported). Every failure is
+  // collected into `why`. discover_mu_ held.
+  std::optional<Address> discover(std::string& why, bool& unknown_everywhere, long long& epoch) {
+    struct Answer {
+      Address addr;
+      long long epoch = -1;
+      std::size_t sentinel = 0;
+    };
     std::vector<std::string> notes;
+    std::vector<Answer> answers;
     std::size_t unknown = 0, answered = 0;
-    const Address now = current_addr();
     for (std::size_t i = 0; i < sentinel_conns_.size(); ++i) {
       std::error_code ec;
       std::string err;
-      Reply r = sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", master_name_}, ec, err);
+      const long long e = config_epoch(i, ec, err);
+      Reply r;
+      if (!ec) r = sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", master_name_}, ec, err);
       if (ec) {
         notes.push_back(err.empty() ? describe_sentinel(i) + ": " + ec.message() : err);
         continue;
@@ -276,12 +339,52 @@ class SentinelBackend final : public Backend, private ChangeListener {
         continue;
       }
       a.host = std::string(redis::reply_str(r->element[0]));
-      if (a == now) return a;
-      std::string role_why;
-      if (is_master(a, role_why)) return a;
-      notes.push_back(describe_sentinel(i) + " names " + a.text() + " as master, but " + role_why);
+      answers.push_back({std::move(a), e, i});
     }
     unknown_everywhere = answered > 0 && unknown == answered;
+    long long top = -1;
+    for (const auto& x : answers) top = std::max(top, x.epoch);
+    std::vector<std::pair<Address, std::size_t>> candidates;  // address, sentinels naming it
+    for (const auto& x : answers) {
+      if (x.epoch != top) {
+        notes.push_back(describe_sentinel(x.sentinel) + " names " + x.addr.text() +
+                        (x.epoch < 0 ? std::string(" without a config-epoch")
+                                     : " with config-epoch " + std::to_string(x.epoch)) +
+                        ", older than " + std::to_string(top));
+        continue;
+      }
+      auto it = std::find_if(candidates.begin(), candidates.end(),
+                             [&](const auto& c) { return c.first == x.addr; });
+      if (it == candidates.end()) {
+        candidates.emplace_back(x.addr, 1);
+      } else {
+        ++it->second;
+      }
+    }
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const auto& l, const auto& r) { return l.second > r.second; });
+    const Address now = current_addr();
+    const bool have_current = now.port != 0;
+    for (const auto& [a, count] : candidates) {
+      if (have_current && !(a == now)) {
+        const bool newer = top >= 0 && top > current_epoch_;
+        const bool majority = 2 * count > sentinel_conns_.size();
+        if (!newer && !majority) {
+          notes.push_back(std::to_string(count) + " of " + std::to_string(sentinel_conns_.size()) +
+                          " sentinels name " + a.text() + " with config-epoch " + std::to_string(top) +
+                          ", not newer than the current master's " + std::to_string(current_epoch_) +
+                          " and not a majority: staying on " + now.text());
+          continue;
+        }
+      }
+      std::string role_why;
+      if (is_master(a, role_why)) {
+        epoch = top;
+        return a;
+      }
+      notes.push_back(std::to_string(count) + " sentinel(s) name " + a.text() + " as master, but " +
+                      role_why);
+    }
     why.clear();
     for (const auto& n : notes) why += (why.empty() ? "" : "; ") + n;
     return std::nullopt;
@@ -394,7 +497,6 @@ class SentinelBackend final : public Backend, private ChangeListener {
       if (stop_.load()) return;
       if (n > 0 && fds[1].revents != 0) {
         if (redisBufferRead(ctx) != REDIS_OK) return;
-        std::optional<Address> announced;
         bool switched = false;
         for (;;) {
           void* raw = nullptr;
@@ -407,14 +509,12 @@ class SentinelBackend final : public Backend, private ChangeListener {
             const std::string text(redis::reply_str(r->element[2]));
             if (text.compare(0, master_name_.size() + 1, master_name_ + " ") != 0) continue;
             switched = true;
-            announced = announced_master(text);
+            log_.log(LogLevel::info, "{}: a sentinel announced +switch-master {}", settings_.url, text);
           }
         }
-        if (switched) {
-          log_.log(LogLevel::info, "{}: sentinel announced +switch-master for \"{}\"", settings_.url,
-                   master_name_);
-          if (!announced || !follow(*announced)) rediscover(current().second, true);
-        }
+        // One sentinel's message is not enough to move (discover()): it makes the
+        // client ask them all now.
+        if (switched) rediscover(current().second, true);
       }
       if (Steady::now() >= next_check) {
         recheck();
@@ -424,38 +524,6 @@ class SentinelBackend final : public Backend, private ChangeListener {
   }
 
   void recheck() { rediscover(current().second, true); }
-
-  // "<name> <old-ip> <old-port> <new-ip> <new-port>" → the new master's address.
-  std::optional<Address> announced_master(const std::string& text) const {
-    std::vector<std::string> parts;
-    std::size_t at = master_name_.size() + 1;
-    while (at < text.size()) {
-      const std::size_t sp = text.find(' ', at);
-      parts.push_back(text.substr(at, sp == std::string::npos ? std::string::npos : sp - at));
-      if (sp == std::string::npos) break;
-      at = sp + 1;
-    }
-    Address a;
-    if (parts.size() != 4 || !parse_port(parts[3], a.port)) return std::nullopt;
-    a.host = parts[2];
-    return a;
-  }
-
-  // Switches to the master a +switch-master message names, once ROLE confirms it
-  // (the sentinel that sent it has switched; the first one asked may not have yet).
-  bool follow(const Address& a) {
-    std::lock_guard lk(discover_mu_);
-    if (a == current_addr()) return true;
-    std::string why;
-    if (!is_master(a, why)) {
-      log_.log(LogLevel::info, "{}: announced master {} is not a master yet: {}", settings_.url, a.text(),
-               why);
-      return false;
-    }
-    std::error_code ec;
-    last_discovery_ = Steady::now();
-    return switch_to(a, ec, why);
-  }
 
   void wait_wake(Millis d) {
     pollfd p{wake_fd_, POLLIN, 0};
@@ -479,6 +547,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   std::vector<Connection> sentinel_conns_;  // guarded by discover_mu_
   Steady::time_point last_discovery_{};     // guarded by discover_mu_
   bool no_master_ = false;                  // guarded by discover_mu_
+  long long current_epoch_ = -1;            // the current master's config-epoch, guarded by discover_mu_
 
   std::mutex watch_mu_;                              // taken before mu_
   std::map<std::string, int, std::less<>> watches_;  // guarded by watch_mu_

@@ -3,11 +3,13 @@
 //                    [?prefix=P&timeout=DUR&wait=N&wait_timeout=DUR]
 //
 // A layer over the redis:// backend (redis_backend.hpp), not a second Redis stack:
-// it asks the sentinels, in the order given, for the master of <master-name>
-// (SENTINEL get-master-addr-by-name), checks with ROLE that the node it names is a
-// master, and runs a redis:// backend against it. It follows a failover: a monitor
-// thread subscribes to +switch-master on a sentinel (and asks again every second in
-// case a message was missed), and any call that fails with backend_unavailable
+// it asks every sentinel for the master of <master-name> (SENTINEL
+// get-master-addr-by-name) and its config-epoch (SENTINEL MASTER), takes the address
+// named with the highest epoch, moves away from its current master only on a newer
+// epoch or a majority of the sentinels, checks with ROLE that the node is a master,
+// and runs a redis:// backend against it. It follows a failover: a monitor thread
+// subscribes to +switch-master on a sentinel (a message makes it ask them all; it
+// also asks every second in case a message was missed), and any call that fails with backend_unavailable
 // (connection lost, READONLY from a demoted master) re-discovers the master; when
 // it moved, the call is retried once on the new master. Leases do not move: the new
 // master has a lease only if replication carried it there, so a holder whose lock

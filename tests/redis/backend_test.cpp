@@ -5,10 +5,12 @@
 
 #include <chrono>
 #include <future>
+#include <span>
 #include <thread>
 
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
+#include "redis/redis_backend.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -224,6 +226,57 @@ TEST_F(RedisBackend, RenewalThatFindsAnotherOwnerMarksTheLeaseLost) {
   EXPECT_EQ(ec, errc::lost);
   EXPECT_TRUE(theirs.owns());
   EXPECT_EQ(other.status("stolen").holder->substr(0, other.id().size()), other.id());
+}
+
+// A master demoted to a replica (a failover; its data now comes from the new master)
+// answers the renewal with READONLY. The call must fail with backend_unavailable, so
+// that redis+sentinel:// looks for the new master at once rather than at its next
+// periodic check, and no item may count as renewed.
+TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
+  namespace d = distlock::detail;
+  d::redis::ConnectionOptions o;
+  o.host = "127.0.0.1";
+  o.port = server_.port();
+  std::error_code ec;
+  std::string why;
+  auto backend = d::make_redis_backend_for(o, d::RedisSettings{}, distlock::ClientOptions{}, ec, why);
+  ASSERT_TRUE(backend) << why;
+  const std::string owner = "0123456789abcdef0123456789abcdef:1";
+  d::AcquireRequest req;
+  req.name = "demoted";
+  req.owner = owner;
+  req.ttl = 30s;
+  ASSERT_TRUE(backend->try_acquire(req, ec).acquired) << ec.message();
+  // A second server takes the data (replica), is promoted, and the first one becomes its replica.
+  RedisServer promoted;
+  const std::string here = std::to_string(server_.port());
+  const std::string there = std::to_string(promoted.port());
+  promoted.command({"REPLICAOF", "127.0.0.1", here});
+  auto synced = [](RedisServer& s, const char* what) {
+    const auto end = Clock::now() + 30s;
+    while (Clock::now() < end) {
+      const std::string info = str(s.command({"INFO", "replication"}));
+      if (info.find(what) != std::string::npos) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(synced(promoted, "master_link_status:up")) << str(promoted.command({"INFO", "replication"}));
+  const auto end = Clock::now() + 30s;
+  while (Clock::now() < end && promoted.command({"EXISTS", "distlock:{demoted}"})->integer != 1) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(promoted.command({"EXISTS", "distlock:{demoted}"})->integer, 1);
+  promoted.command({"REPLICAOF", "NO", "ONE"});
+  server_.command({"REPLICAOF", "127.0.0.1", there});
+  ASSERT_TRUE(synced(server_, "master_link_status:up")) << str(server_.command({"INFO", "replication"}));
+  ASSERT_EQ(server_.command({"EXISTS", "distlock:{demoted}"})->integer, 1);
+
+  const d::RenewItem item{"demoted", owner, 0, 30s};
+  d::RenewStatus out = d::RenewStatus::renewed;
+  backend->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
+  EXPECT_EQ(out, d::RenewStatus::failed);
 }
 
 // ---- names -------------------------------------------------------------------

@@ -55,6 +55,8 @@ class RedisSentinelGroup {
   /// redis+sentinel://[:password@]127.0.0.1:s1,127.0.0.1:s2,.../<master>[suffix]
   std::string url(std::string_view suffix = {}) const;
   std::vector<std::uint16_t> sentinel_ports() const;
+  /// The pid of sentinel i (for SIGSTOP/SIGCONT by a test).
+  pid_t sentinel_pid(std::size_t i) const { return sentinels_.at(i).process.pid(); }
 
   /// The data nodes: index 0 started as master, then the replicas.
   std::size_t nodes() const { return nodes_.size(); }
