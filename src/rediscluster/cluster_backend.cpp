@@ -7,8 +7,10 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/log.hpp"
@@ -177,11 +179,35 @@ bool find_redirect(std::string_view text, std::string_view default_host, Redirec
   return false;
 }
 
+// One node's renewal pipeline, run by the node's renewal worker. It owns copies of
+// its keys and arguments: the caller may stop waiting and return before it ran.
+// The worker writes replies/ec/error, then sets `done` under the backend's work_mu_;
+// the caller reads them after it saw `done`.
+struct RenewJob {
+  std::vector<std::string> keys;
+  std::vector<std::string> args;        // owner, ttl per key
+  std::vector<std::size_t> call_sizes;  // keys per EVALSHA, in order
+  std::vector<Reply> replies;           // one per call
+  std::error_code ec;                   // the node could not be reached or the transport failed
+  std::string error;
+  bool done = false;       // guarded by work_mu_
+  bool abandoned = false;  // guarded by work_mu_: the caller stopped waiting
+};
+
 struct Node {
   explicit Node(const ConnectionOptions& o) : opts(o), pool(o, 8) {}
   const ConnectionOptions opts;
   ConnectionPool pool;
   std::unique_ptr<redis::Subscriber> sub;  // created on first watch; guarded by the backend's map_mu_
+  std::atomic<bool> failing{false};        // its last call failed (logged once per outage)
+  std::atomic<bool> config_checked{false};
+  // The renewal worker, started on the node's first renewal; guarded by work_mu_.
+  std::thread worker;
+  std::condition_variable work_cv;
+  std::deque<std::shared_ptr<RenewJob>> jobs;
+  // A pipeline outlived its caller's wait and the worker has not come back from it
+  // (a hung node): written under work_mu_, read also without it.
+  std::atomic<bool> renewal_stuck{false};
 };
 
 class ClusterBackend final : public Backend {
@@ -208,11 +234,24 @@ class ClusterBackend final : public Backend {
     mover_.join();
     // Subscriber threads call back into this object: stop them before anything goes.
     std::vector<std::unique_ptr<redis::Subscriber>> subs;
+    std::vector<Node*> all;
     {
       std::lock_guard lk(map_mu_);
-      for (auto& [addr, node] : nodes_) subs.push_back(std::move(node->sub));
+      for (auto& [addr, node] : nodes_) {
+        subs.push_back(std::move(node->sub));
+        all.push_back(node.get());
+      }
     }
     subs.clear();
+    // Renewal workers: one still reading a hung node returns within the command timeout.
+    {
+      std::lock_guard lk(work_mu_);
+      work_stop_ = true;
+      for (Node* n : all) n->work_cv.notify_all();
+    }
+    for (Node* n : all) {
+      if (n->worker.joinable()) n->worker.join();
+    }
   }
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
@@ -260,12 +299,19 @@ class ClusterBackend final : public Backend {
   }
 
   // One pipeline per node (EVALSHA per slot: a script's keys must share a slot),
-  // nodes one after the other. Items redirected (the slot moved since the map was
-  // read) are retried through route() after the map is refreshed.
+  // all nodes at once: each node's pipeline is sent and read by that node's renewal
+  // worker, and the call waits for the answers at most renew_budget() (a quarter of
+  // the shortest TTL in the batch, at most the command timeout). A node that has
+  // not answered by then leaves its items `failed` and the others' statuses are
+  // returned at once; while its pipeline is still in flight it gets no new one (its
+  // items fail at once). Items redirected (the slot moved since the map was read) are
+  // retried through route() within the same budget. The slot map is never read
+  // here: an unreachable node asks the mover thread for a refresh.
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
     ec.clear();
     std::fill(out.begin(), out.end(), RenewStatus::failed);
     if (items.empty()) return;
+    const auto deadline = std::chrono::steady_clock::now() + renew_budget(items);
     std::vector<NameKeys> keys;
     std::vector<std::string> ttls;
     keys.reserve(items.size());
@@ -275,7 +321,7 @@ class ClusterBackend final : public Backend {
       ttls.push_back(std::to_string(it.ttl.count()));
     }
     std::map<Node*, std::vector<std::size_t>> by_node;
-    std::vector<std::size_t> unrouted;
+    std::vector<std::size_t> retry;  // unrouted, then redirected items
     {
       std::lock_guard lk(map_mu_);
       for (std::size_t i = 0; i < items.size(); ++i) {
@@ -283,71 +329,112 @@ class ClusterBackend final : public Backend {
         if (n) {
           by_node[n].push_back(i);
         } else {
-          unrouted.push_back(i);
+          retry.push_back(i);
         }
       }
     }
-    std::vector<std::size_t> retry = unrouted;
-    std::size_t answered = 0;
+    struct Sent {
+      Node* node;
+      std::vector<std::size_t> idx;      // item indexes, in pipeline order
+      std::vector<std::size_t> call_at;  // first position in idx of each call
+      std::shared_ptr<RenewJob> job;
+    };
+    std::vector<Sent> sent;
+    sent.reserve(by_node.size());
     for (auto& [node, idx] : by_node) {
       std::stable_sort(idx.begin(), idx.end(),
                        [&](std::size_t a, std::size_t b) { return keys[a].slot < keys[b].slot; });
-      std::vector<std::string_view> key_views, arg_views;
-      key_views.reserve(idx.size());
-      arg_views.reserve(2 * idx.size());
+      auto job = std::make_shared<RenewJob>();
+      job->keys.reserve(idx.size());
+      job->args.reserve(2 * idx.size());
       for (std::size_t i : idx) {
-        key_views.push_back(keys[i].lock);
-        arg_views.push_back(items[i].owner);
-        arg_views.push_back(ttls[i]);
+        job->keys.push_back(keys[i].lock);
+        job->args.emplace_back(items[i].owner);
+        job->args.push_back(ttls[i]);
       }
-      std::vector<Script::Call> calls;
-      std::vector<std::size_t> call_at;  // first position in idx of each call
+      std::vector<std::size_t> call_at;
       for (std::size_t at = 0; at < idx.size();) {
         std::size_t end = at + 1;
         while (end < idx.size() && end - at < kRenewChunk && keys[idx[end]].slot == keys[idx[at]].slot) ++end;
-        calls.push_back({std::span(key_views).subspan(at, end - at),
-                         std::span(arg_views).subspan(2 * at, 2 * (end - at))});
+        job->call_sizes.push_back(end - at);
         call_at.push_back(at);
         at = end;
       }
-      std::error_code nec;
-      auto conn = node->pool.checkout(nec);
-      if (nec) {
-        report(node->pool.last_error());
-        refresh_after_failure();
-        continue;
+      sent.push_back({node, std::move(idx), std::move(call_at), std::move(job)});
+    }
+    // Hand each node its pipeline, then wait for all of them, up to the deadline.
+    std::vector<Node*> stuck, late;
+    {
+      std::unique_lock lk(work_mu_);
+      for (auto& s : sent) {
+        if (s.node->renewal_stuck.load()) {  // its previous pipeline is still unanswered
+          stuck.push_back(s.node);
+          s.job.reset();
+          continue;
+        }
+        if (!s.node->worker.joinable()) {
+          Node* n = s.node;
+          n->worker = std::thread([this, n] { run_renewal_worker(*n); });
+        }
+        s.node->jobs.push_back(s.job);
+        s.node->work_cv.notify_one();
       }
-      std::vector<Reply> replies = redis::lock_renew_script().run_pipelined(*conn, calls, nec);
-      if (nec) {
-        report("renew: " + conn->last_error());
-        refresh_after_failure();
+      done_cv_.wait_until(lk, deadline, [&] {
+        return std::all_of(sent.begin(), sent.end(), [](const Sent& s) { return !s.job || s.job->done; });
+      });
+      for (auto& s : sent) {
+        if (!s.job || s.job->done) continue;
+        s.job->abandoned = true;  // the worker skips it if it has not started yet
+        s.node->renewal_stuck.store(true);
+        late.push_back(s.node);
+        s.job.reset();
+      }
+    }
+    const auto budget_ms = std::chrono::duration_cast<Millis>(renew_budget(items)).count();
+    for (Node* n : stuck) {
+      report(*n, "renew: " + n->opts.describe() + " has not answered an earlier renewal yet");
+    }
+    for (Node* n : late) {
+      report(*n,
+             "renew: " + n->opts.describe() + " did not answer within " + std::to_string(budget_ms) + " ms");
+    }
+    if (!stuck.empty() || !late.empty()) request_refresh();
+    std::size_t answered = 0;
+    for (auto& s : sent) {
+      if (!s.job) continue;
+      RenewJob& job = *s.job;
+      if (job.ec) {
+        report(*s.node, "renew: " + job.error);
+        request_refresh();
         continue;
       }
       ++answered;
-      ok();
-      for (std::size_t c = 0; c < calls.size(); ++c) {
-        const redisReply* r = replies[c].get();
-        const std::size_t at = call_at[c];
-        if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == calls[c].keys.size()) {
+      ok(*s.node);
+      for (std::size_t c = 0; c < job.call_sizes.size(); ++c) {
+        const redisReply* r = c < job.replies.size() ? job.replies[c].get() : nullptr;
+        const std::size_t at = s.call_at[c];
+        if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == job.call_sizes[c]) {
           for (std::size_t j = 0; j < r->elements; ++j) {
             const redisReply* e = r->element[j];
-            out[idx[at + j]] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed
-                                                                                 : RenewStatus::not_owner;
+            out[s.idx[at + j]] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed
+                                                                                   : RenewStatus::not_owner;
           }
           continue;
         }
         const std::string_view text = redis::reply_str(r);
         if (starts_with(text, "MOVED ") || starts_with(text, "ASK ") || starts_with(text, "TRYAGAIN")) {
-          for (std::size_t j = 0; j < calls[c].keys.size(); ++j) retry.push_back(idx[at + j]);
-          if (starts_with(text, "MOVED ")) learn_redirect(text, node->opts.host);
+          for (std::size_t j = 0; j < job.call_sizes[c]; ++j) retry.push_back(s.idx[at + j]);
+          if (starts_with(text, "MOVED ")) learn_redirect(text, s.node->opts.host);
         } else {
-          log_.log(LogLevel::warning, "{}: renew script answered {}", node->opts.describe(),
+          log_.log(LogLevel::warning, "{}: renew script answered {}", s.node->opts.describe(),
                    r && r->type == REDIS_REPLY_ERROR ? text : std::string_view("an unexpected reply"));
         }
       }
     }
-    // Redirected or unrouted items: one routed call each (rare: a slot moved).
+    // Redirected or unrouted items: one routed call each (rare: a slot moved), while
+    // the budget lasts; the rest stay `failed` (the engine retries them soon).
     for (std::size_t i : retry) {
+      if (std::chrono::steady_clock::now() >= deadline) break;
       std::error_code rec;
       Reply r;
       const std::string_view key = keys[i].lock;
@@ -525,7 +612,7 @@ class ClusterBackend final : public Backend {
       auto conn = node->pool.checkout(ec);
       if (ec) {
         const std::string err = node->pool.last_error();
-        report(err);
+        report(*node, err);
         set_error_detail(err);
         refresh_after_failure();
         return nullptr;
@@ -533,19 +620,19 @@ class ClusterBackend final : public Backend {
       if (asking) {
         conn->command({"ASKING"}, ec);
         if (ec) {
-          failed(*conn, what);
+          failed(*node, *conn, what);
           return nullptr;
         }
       }
       const redisReply* r = attempt(*conn, asking, ec);
       if (r == nullptr) {
         if (!ec) ec = make_error_code(errc::protocol_error);
-        failed(*conn, what);
+        failed(*node, *conn, what);
         refresh_after_failure();
         return nullptr;
       }
       if (r->type != REDIS_REPLY_ERROR) {
-        ok();
+        ok(*node);
         return r;
       }
       const std::string text(redis::reply_str(r));
@@ -574,7 +661,7 @@ class ClusterBackend final : public Backend {
         continue;
       }
       if (starts_with(text, "CLUSTERDOWN")) refresh_after_failure();
-      ok();
+      ok(*node);
       const std::string msg = node->opts.describe() + ": " + what + ": " + text;
       log_.log(LogLevel::warning, "{}", msg);
       set_error_detail(msg);
@@ -656,6 +743,22 @@ class ClusterBackend final : public Backend {
     refresh_map(map_version(), ignored_ec, ignored);
   }
 
+  // As refresh_after_failure(), but on the mover thread: the caller (a renewal)
+  // does not wait for CLUSTER SLOTS.
+  void request_refresh() {
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lk(map_mu_);
+      if (now - last_failure_refresh_ < kRefreshOnFailureEvery) return;
+      last_failure_refresh_ = now;
+    }
+    {
+      std::lock_guard lk(move_mu_);
+      refresh_wanted_ = true;
+    }
+    move_cv_.notify_all();
+  }
+
   // CLUSTER SLOTS from the first known node that answers (the nodes of the current
   // map first, then the URL's seeds). Skipped when another thread refreshed since
   // `seen_version`. False with ec/why when no node answered.
@@ -672,6 +775,8 @@ class ClusterBackend final : public Backend {
         if (std::find(order.begin(), order.end(), n.get()) == order.end()) order.push_back(n.get());
       }
     }
+    // A node known to hang (a renewal pipeline still unanswered) last.
+    std::stable_partition(order.begin(), order.end(), [](const Node* n) { return !n->renewal_stuck.load(); });
     std::string errors;
     std::error_code first_ec;
     for (Node* n : order) {
@@ -740,14 +845,97 @@ class ClusterBackend final : public Backend {
       }
       ranges.emplace_back(from, to, host, static_cast<std::uint16_t>(port));
     }
-    std::lock_guard lk(map_mu_);
-    std::fill(slots_.begin(), slots_.end(), nullptr);
-    for (auto& [from, to, host, port] : ranges) {
-      Node* n = node_at_locked(host, port);
-      for (std::size_t s = from; s <= to; ++s) slots_[s] = n;
+    {
+      std::lock_guard lk(map_mu_);
+      std::fill(slots_.begin(), slots_.end(), nullptr);
+      for (auto& [from, to, host, port] : ranges) {
+        Node* n = node_at_locked(host, port);
+        for (std::size_t s = from; s <= to; ++s) slots_[s] = n;
+      }
+      ++map_version_;
     }
-    ++map_version_;
+    {
+      std::lock_guard lk(move_mu_);
+      check_wanted_ = true;  // masters new in the map get their configuration checked
+    }
+    move_cv_.notify_all();
     return true;
+  }
+
+  // Runs check_config() on every master of the map not checked yet (on the mover).
+  void check_new_masters() {
+    std::vector<Node*> masters;
+    {
+      std::lock_guard lk(map_mu_);
+      for (Node* n : slots_) {
+        if (n != nullptr && !n->config_checked.load() &&
+            std::find(masters.begin(), masters.end(), n) == masters.end()) {
+          masters.push_back(n);
+        }
+      }
+    }
+    for (Node* n : masters) check_config(*n);
+  }
+
+  // CONFIG GET appendonly / maxmemory / maxmemory-policy on one master, as redis://
+  // does at connect: a master that loses writes on a restart or evicts keys breaks
+  // guarantees the scripts alone cannot keep; say so once per node, with the
+  // consequence. CONFIG renamed or denied by an ACL: a debug line, never a failure.
+  // An unreachable node is checked again after the next map refresh.
+  void check_config(Node& node) {
+    std::error_code ec;
+    auto conn = node.pool.checkout(ec);
+    if (ec) return;
+    node.config_checked.store(true);
+    conn->append({"CONFIG", "GET", "appendonly"});
+    conn->append({"CONFIG", "GET", "maxmemory"});
+    conn->append({"CONFIG", "GET", "maxmemory-policy"});
+    std::vector<Reply> r = conn->read_replies(3, ec);
+    auto value = [&](std::size_t i) -> std::string_view {
+      const redisReply* x = r[i].get();
+      if (x == nullptr || x->type != REDIS_REPLY_ARRAY || x->elements != 2) return {};
+      return redis::reply_str(x->element[1]);
+    };
+    const std::string who = node.opts.describe();
+    if (!ec) {
+      for (const auto& one : r) {
+        if (!redis::is_error(one.get())) continue;
+        log_.log(LogLevel::debug,
+                 "{}: CONFIG GET is not available ({}): appendonly and maxmemory-policy not checked", who,
+                 redis::reply_str(one.get()));
+        return;
+      }
+    }
+    if (ec || value(0).empty() || value(2).empty()) {
+      log_.log(LogLevel::debug,
+               "{}: CONFIG GET gave no answer ({}): appendonly and maxmemory-policy not checked", who,
+               ec ? conn->last_error() : std::string("unexpected reply"));
+      return;
+    }
+    bool fine = true;
+    if (value(0) != "yes") {
+      fine = false;
+      log_.log(LogLevel::warning,
+               "{} runs with appendonly no: a restart loses (or restores stale) the locks of its slots, so a "
+               "second client can acquire a lock whose holder has not noticed yet; fencing tokens then "
+               "continue from the server clock and stay increasing only if that clock did not step back "
+               "(docs/redis-cluster.md)",
+               who);
+    }
+    const std::string_view policy = value(2);
+    if (policy != "noeviction" && value(1) != "0") {
+      fine = false;
+      const bool all = policy.substr(0, 7) == "allkeys";
+      log_.log(LogLevel::warning,
+               "{} runs with maxmemory {} and maxmemory-policy {}: under memory pressure it may evict held "
+               "locks{} (a second client then acquires while the holder has not noticed yet); use "
+               "noeviction (docs/redis-cluster.md)",
+               who, value(1), policy,
+               all ? " and fence counters (tokens then continue from the server clock)" : "");
+    }
+    if (fine)
+      log_.log(LogLevel::debug, "{}: appendonly yes, maxmemory-policy {}: configuration checked", who,
+               policy);
   }
 
   redis::Subscriber& subscriber_of(Node& node) {
@@ -789,13 +977,25 @@ class ClusterBackend final : public Backend {
     Millis backoff{20};
     for (;;) {
       std::pair<Node*, std::string> item;
+      bool refresh = false, check = false;
       {
         std::unique_lock lk(move_mu_);
-        move_cv_.wait(lk, [&] { return stop_ || !moves_.empty(); });
+        move_cv_.wait(lk, [&] { return stop_ || !moves_.empty() || refresh_wanted_ || check_wanted_; });
         if (stop_) return;
-        item = std::move(moves_.front());
-        moves_.pop_front();
+        refresh = std::exchange(refresh_wanted_, false);
+        check = std::exchange(check_wanted_, false);
+        if (!moves_.empty()) {
+          item = std::move(moves_.front());
+          moves_.pop_front();
+        }
       }
+      if (refresh) {
+        std::error_code ignored_ec;
+        std::string ignored;
+        refresh_map(map_version(), ignored_ec, ignored);
+      }
+      if (check) check_new_masters();
+      if (item.first == nullptr) continue;
       std::string name;
       bool again = false;
       {
@@ -836,16 +1036,74 @@ class ClusterBackend final : public Backend {
     }
   }
 
-  void failed(const Connection& conn, const char* what) {
+  void failed(Node& node, const Connection& conn, const char* what) {
     const std::string msg = std::string(what) + ": " + conn.last_error();
-    report(msg);
+    report(node, msg);
     set_error_detail(msg);
   }
-  void report(const std::string& why) {
-    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  // One warning per node and outage, one info line when it answers again.
+  void report(Node& node, const std::string& why) {
+    if (!node.failing.exchange(true)) log_.log(LogLevel::warning, "{}", why);
   }
-  void ok() {
-    if (failing_.exchange(false)) log_.log(LogLevel::info, "the cluster {} answers again", url_);
+  void ok(Node& node) {
+    if (node.failing.exchange(false)) log_.log(LogLevel::info, "{} answers again", node.opts.describe());
+  }
+
+  // A quarter of the shortest TTL of the batch, at most the command timeout: the
+  // engine renews a lease at least a quarter of its TTL before its local deadline
+  // (renew_interval <= ttl/2, safety_margin < ttl/3, renewed up to a quarter
+  // interval early), so the answers of the nodes that answered arrive in time.
+  Millis renew_budget(std::span<const RenewItem> items) const {
+    Millis shortest = items.front().ttl;
+    for (const auto& it : items) shortest = std::min(shortest, it.ttl);
+    return std::max(Millis(1), std::min(base_.command_timeout, shortest / 4));
+  }
+
+  // The loop of a node's renewal worker: runs the node's pipelines one after the
+  // other; a pipeline whose caller already stopped waiting is not sent.
+  void run_renewal_worker(Node& node) {
+    for (;;) {
+      std::shared_ptr<RenewJob> job;
+      {
+        std::unique_lock lk(work_mu_);
+        node.renewal_stuck.store(false);  // back: free for the next pipeline
+        node.work_cv.wait(lk, [&] { return work_stop_ || !node.jobs.empty(); });
+        if (work_stop_) return;
+        job = std::move(node.jobs.front());
+        node.jobs.pop_front();
+        if (job->abandoned) continue;
+      }
+      try {
+        run_renewal(node, *job);
+      } catch (...) {  // out of memory
+        job->ec = make_error_code(errc::protocol_error);
+        job->error = node.opts.describe() + ": renewal failed (out of memory)";
+      }
+      {
+        std::lock_guard lk(work_mu_);
+        job->done = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  static void run_renewal(Node& node, RenewJob& job) {
+    auto conn = node.pool.checkout(job.ec);
+    if (job.ec) {
+      job.error = node.pool.last_error();
+      return;
+    }
+    const std::vector<std::string_view> key_views(job.keys.begin(), job.keys.end());
+    const std::vector<std::string_view> arg_views(job.args.begin(), job.args.end());
+    std::vector<Script::Call> calls;
+    calls.reserve(job.call_sizes.size());
+    std::size_t at = 0;
+    for (std::size_t n : job.call_sizes) {
+      calls.push_back({std::span(key_views).subspan(at, n), std::span(arg_views).subspan(2 * at, 2 * n)});
+      at += n;
+    }
+    job.replies = redis::lock_renew_script().run_pipelined(*conn, calls, job.ec);
+    if (job.ec) job.error = conn->last_error();
   }
 
   const ConnectionOptions base_;
@@ -854,7 +1112,6 @@ class ClusterBackend final : public Backend {
   const std::string url_;
   Logger log_;
   std::atomic<ChangeListener*> listener_{nullptr};
-  std::atomic<bool> failing_{false};
 
   std::mutex refresh_mu_;  // one CLUSTER SLOTS at a time
   mutable std::mutex map_mu_;
@@ -869,9 +1126,15 @@ class ClusterBackend final : public Backend {
   std::mutex names_mu_;
   std::map<std::string, std::string, std::less<>> channel_names_;  // guarded by names_mu_
 
+  std::mutex work_mu_;               // renewal jobs of every node
+  std::condition_variable done_cv_;  // a renewal job is done
+  bool work_stop_ = false;           // guarded by work_mu_
+
   std::mutex move_mu_;
   std::condition_variable move_cv_;
   std::deque<std::pair<Node*, std::string>> moves_;  // guarded by move_mu_
+  bool refresh_wanted_ = false;                      // guarded by move_mu_: read the slot map
+  bool check_wanted_ = false;                        // guarded by move_mu_: check new nodes' config
   bool stop_ = false;                                // guarded by move_mu_
   std::thread mover_;
 };

@@ -5,9 +5,11 @@
 // conformance suite (tests/conformance/cluster_target.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -427,6 +429,118 @@ TEST(RedisCluster, RenewalIsBatchedPerNodeAndKeepsManyLocks) {
     EXPECT_EQ(cluster.node(i).command_calls("evalsha") - before[i], 10) << "node " << i;
   }
   for (std::size_t i = 0; i < names.size(); ++i) backend->release(names[i], owners[i], items[i].token, ec);
+}
+
+// A hung master (SIGSTOP) costs a renewal batch at most a quarter of the shortest
+// TTL, not the command timeout (10 s here): the other nodes' items come back
+// renewed, the hung node's `failed`. While its pipeline is still unanswered the next
+// batch does not wait for it at all; once it answers again its items renew again.
+TEST(RedisCluster, ARenewalWithAHungMasterIsBoundedAndRenewsTheOtherNodes) {
+  RedisCluster cluster(3);
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url(cluster.url(), url, why)) << why;
+  std::error_code ec;
+  distlock::ClientOptions o = quiet();
+  o.command_timeout = 10000ms;
+  auto backend = distlock::detail::find_backend("redis+cluster")(url, o, ec, why);
+  ASSERT_TRUE(backend) << why;
+  const Millis ttl = 8000ms;  // budget: 2 s
+  using distlock::detail::RenewStatus;
+  std::vector<std::string> names, owners;
+  std::vector<distlock::detail::RenewItem> items;
+  for (int i = 0; i < 3; ++i) {
+    names.push_back(cluster.name_on(i, "hung"));
+    owners.push_back("0123456789abcdef0123456789abcdef:" + std::to_string(i));
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto r = backend->try_acquire({names[i], owners[i], ttl}, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_TRUE(r.acquired) << names[i];
+    items.push_back({names[i], owners[i], r.token, ttl});
+  }
+  std::vector<RenewStatus> out(items.size());
+  auto renew_once = [&] {
+    std::fill(out.begin(), out.end(), RenewStatus::failed);
+    const auto t0 = Steady::now();
+    backend->renew(items, out, ec);
+    return std::chrono::duration_cast<Millis>(Steady::now() - t0);
+  };
+  cluster.node(0).pause();
+  const Millis first = renew_once();
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(out[0], RenewStatus::failed);
+  EXPECT_EQ(out[1], RenewStatus::renewed);
+  EXPECT_EQ(out[2], RenewStatus::renewed);
+  EXPECT_GE(first, 1900ms) << "the batch did not wait its budget for the hung node";
+  EXPECT_LT(first, 5000ms) << "the batch waited for the hung node's command timeout";
+  const Millis second = renew_once();
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(out[0], RenewStatus::failed);
+  EXPECT_EQ(out[1], RenewStatus::renewed);
+  EXPECT_EQ(out[2], RenewStatus::renewed);
+  EXPECT_LT(second, 1000ms) << "the batch waited again for a node whose earlier pipeline is unanswered";
+  cluster.node(0).resume();
+  EXPECT_TRUE(eventually(
+      [&] {
+        renew_once();
+        return !ec &&
+               std::all_of(out.begin(), out.end(), [](RenewStatus s) { return s == RenewStatus::renewed; });
+      },
+      15000ms))
+      << "the node that hung did not renew again after it came back";
+  for (std::size_t i = 0; i < names.size(); ++i) backend->release(names[i], owners[i], items[i].token, ec);
+  RecordProperty("first_batch_ms", static_cast<int>(first.count()));
+  RecordProperty("second_batch_ms", static_cast<int>(second.count()));
+}
+
+// As redis:// does at connect, every master's configuration is checked, once per
+// node and client: a master without AOF gets a warning naming it and the
+// consequence; with appendonly yes (and no maxmemory) no warning, a debug line.
+TEST(RedisCluster, EveryMasterGetsTheServerConfigurationCheck) {
+  for (const bool aof : {false, true}) {
+    SCOPED_TRACE(aof ? "appendonly yes" : "appendonly no");
+    RedisCluster cluster(3, aof);
+    std::mutex mu;
+    std::vector<std::pair<distlock::LogLevel, std::string>> lines;
+    distlock::ClientOptions o;
+    o.logger = [&](distlock::LogLevel level, std::string_view msg) {
+      std::lock_guard lk(mu);
+      lines.emplace_back(level, std::string(msg));
+    };
+    auto c = distlock::connect(cluster.url(), o);
+    auto count = [&](int node, distlock::LogLevel level, std::string_view what) {
+      const std::string port = ":" + std::to_string(cluster.node(node).port());
+      std::lock_guard lk(mu);
+      return std::count_if(lines.begin(), lines.end(), [&](const auto& l) {
+        return l.first == level && l.second.find(port) != std::string::npos &&
+               l.second.find(what) != std::string::npos;
+      });
+    };
+    for (int i = 0; i < 3; ++i) {
+      if (!aof) {
+        EXPECT_TRUE(
+            eventually([&] { return count(i, distlock::LogLevel::warning, "appendonly no") > 0; }, 10000ms))
+            << "no warning for node " << i;
+      } else {
+        EXPECT_TRUE(eventually(
+            [&] { return count(i, distlock::LogLevel::debug, "configuration checked") > 0; }, 10000ms))
+            << "node " << i << " not checked";
+      }
+    }
+    // A lock on every node (more map reads may come) and still one check per node.
+    for (int i = 0; i < 3; ++i) c.acquire(cluster.name_on(i, "cfg"), opts(5000ms)).release();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(count(i, distlock::LogLevel::warning, "appendonly no"), aof ? 0 : 1) << "node " << i;
+      EXPECT_EQ(count(i, distlock::LogLevel::debug, "configuration checked"), aof ? 1 : 0) << "node " << i;
+    }
+    std::lock_guard lk(mu);
+    for (const auto& [level, msg] : lines) {
+      if (aof) {
+        EXPECT_NE(level, distlock::LogLevel::warning) << msg;
+      }
+    }
+  }
 }
 
 }  // namespace
