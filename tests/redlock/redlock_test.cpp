@@ -204,10 +204,16 @@ TEST(Redlock, LeftoverKeyOfAnEarlierAcquisitionIsNeverRetaken) {
   opts.wait = 10s;
   auto lease = client.acquire("mine", opts);  // after the leftover expired
   EXPECT_TRUE(lease.owns());
-  EXPECT_NE(*client.status("mine").holder, me);
+  const std::string now = *client.status("mine").holder;
+  EXPECT_NE(now, me);
+  // A quorum took the new key (a master slower than the per-master timeout, as under
+  // load, may have none); no master still has the leftover's owner.
+  std::size_t fresh = 0;
   for (std::size_t i = 0; i < m.size(); ++i) {
-    EXPECT_GT(m[i].command({"PTTL", kKeyPrefix + "mine"})->integer, 50000) << "master " << i;
+    if (m[i].command({"PTTL", kKeyPrefix + "mine"})->integer > 50000) ++fresh;
+    EXPECT_NE(m.get(i, kKeyPrefix + "mine"), me) << "master " << i;
   }
+  EXPECT_GE(fresh, m.size() / 2 + 1);
 }
 
 TEST(Redlock, OddNamesAreBinarySafe) {
