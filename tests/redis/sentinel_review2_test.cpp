@@ -1,0 +1,227 @@
+// Second adversarial review of redis+sentinel:// discovery (discover() in
+// src/redis/sentinel_backend.cpp). The sentinels here are scripted: each speaks RESP
+// on a loopback port and answers `SENTINEL MASTER <name>` with a chosen config-epoch
+// and `SENTINEL get-master-addr-by-name` with a chosen address, so that the choice
+// rule can be put in states a real group passes through only briefly (the failover's
+// leader is the only sentinel that knows the new epoch until its hello messages reach
+// the others). The masters are real redis-servers (tests/support/redis_server.hpp).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::RedisServer;
+using Steady = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl) {
+  LockOptions o;
+  o.ttl = ttl;
+  return o;
+}
+
+distlock::ClientOptions quiet() {
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  return o;
+}
+
+bool eventually(const std::function<bool()>& cond, Millis limit) {
+  const auto end = Steady::now() + limit;
+  while (Steady::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return cond();
+}
+
+bool key_exists(RedisServer& node, const std::string& key) {
+  auto r = node.command({"EXISTS", key});
+  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
+// A scripted sentinel for master "mymaster": config-epoch `epoch`, address
+// 127.0.0.1:`port`. SUBSCRIBE is confirmed and never followed by a message. The
+// destructor stops it (listening socket closed, connections closed, threads joined):
+// from then on it refuses connections, as a sentinel that is down or cut off.
+class ScriptedSentinel {
+ public:
+  ScriptedSentinel(long long epoch, std::uint16_t port) : epoch_(epoch), names_port_(port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0) {
+      throw std::runtime_error("scripted sentinel: cannot listen on loopback");
+    }
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    accepter_ = std::thread([this] { accept_loop(); });
+  }
+  ~ScriptedSentinel() { stop(); }
+  void stop() {
+    if (stop_.exchange(true)) return;
+    accepter_.join();
+    ::close(fd_);
+    std::lock_guard lk(mu_);
+    for (auto& t : conns_) t.join();
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      std::lock_guard lk(mu_);
+      conns_.emplace_back([this, c] { serve(c); });
+    }
+  }
+  void serve(int c) {
+    redisReader* reader = redisReaderCreate();
+    char buf[4096];
+    while (!stop_) {
+      pollfd p{c, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = ::read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      redisReaderFeed(reader, buf, static_cast<size_t>(n));
+      void* raw = nullptr;
+      while (redisReaderGetReply(reader, &raw) == REDIS_OK && raw != nullptr) {
+        auto* r = static_cast<redisReply*>(raw);
+        std::string out = answer(r);
+        freeReplyObject(r);
+        raw = nullptr;
+        if (::write(c, out.data(), out.size()) < 0) break;
+      }
+    }
+    redisReaderFree(reader);
+    ::close(c);
+  }
+  std::string answer(const redisReply* r) const {
+    auto arg = [&](std::size_t i) {
+      std::string s = r->type == REDIS_REPLY_ARRAY && i < r->elements
+                          ? std::string(r->element[i]->str, r->element[i]->len)
+                          : std::string();
+      return s;
+    };
+    auto upper = [](std::string s) {
+      for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      return s;
+    };
+    auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; };
+    const std::string cmd = upper(arg(0));
+    if (cmd == "SENTINEL" && upper(arg(1)) == "MASTER") {
+      // RESP2: a flat list of field, value (a real sentinel sends some 40 of them).
+      return "*8\r\n" + bulk("name") + bulk("mymaster") + bulk("ip") + bulk("127.0.0.1") + bulk("port") +
+             bulk(std::to_string(names_port_)) + bulk("config-epoch") + bulk(std::to_string(epoch_));
+    }
+    if (cmd == "SENTINEL" && upper(arg(1)) == "GET-MASTER-ADDR-BY-NAME") {
+      return "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(names_port_));
+    }
+    if (cmd == "SUBSCRIBE") return "*3\r\n" + bulk("subscribe") + bulk(arg(1)) + ":1\r\n";
+    if (cmd == "PING") return "+PONG\r\n";
+    return "-ERR unknown command\r\n";
+  }
+
+  const long long epoch_;
+  const std::uint16_t names_port_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<std::thread> conns_;
+  std::thread accepter_;
+};
+
+// A failover has just made `fresh` the master under config-epoch 5; its leader (the
+// first sentinel) knows, the two others have not yet received its hello messages and
+// still name the old master `old` under epoch 4 (as real sentinels do for a moment
+// after every failover, or for as long as they are cut off from the leader). `old`
+// still answers ROLE "master" (it is demoted only once the sentinels reach it). Both
+// clients start on `fresh` (the highest epoch wins). Then the leader stops answering
+// client 1. By the documented rule "the sentinels converge on the configuration with
+// the highest epoch", `fresh` is and stays the master; but two of three sentinels now
+// name `old`, a majority, and the client moves there although it was chosen under a
+// newer epoch — and is granted a lock that client 2 holds on `fresh`.
+TEST(SentinelReview2, AMajorityNamingAnOlderEpochDoesNotMoveTheClientBackToTheOldMaster) {
+  RedisServer old_master, fresh_master;
+  ScriptedSentinel leader(5, fresh_master.port());
+  ScriptedSentinel lagging1(4, old_master.port());
+  ScriptedSentinel lagging2(4, old_master.port());
+  const std::string url = "redis+sentinel://127.0.0.1:" + std::to_string(leader.port()) +
+                          ",127.0.0.1:" + std::to_string(lagging1.port()) +
+                          ",127.0.0.1:" + std::to_string(lagging2.port()) + "/mymaster?timeout=500ms";
+  auto c1 = distlock::connect(url, quiet());
+  auto c2 = distlock::connect(url, quiet());
+  auto held = c2.acquire("job", ttl_of(30s));
+  ASSERT_TRUE(held.owns());
+  ASSERT_TRUE(key_exists(fresh_master, "distlock:{job}")) << "client 2 did not start on the epoch-5 master";
+  {
+    auto probe = c1.try_acquire("probe", ttl_of(5s));
+    ASSERT_TRUE(probe && probe->owns());
+    ASSERT_TRUE(key_exists(fresh_master, "distlock:{probe}"))
+        << "client 1 did not start on the epoch-5 master";
+    std::error_code ec;
+    probe->release(ec);
+  }
+
+  leader.stop();  // the only sentinel that knows epoch 5 no longer answers
+
+  // Client 1 re-discovers at least once a second. For 4 s, it must not be granted
+  // "job" while client 2 holds it.
+  std::string both;
+  const auto since = Steady::now();
+  eventually(
+      [&] {
+        std::optional<distlock::Lease> l;
+        try {
+          l = c1.try_acquire("job", ttl_of(30s));
+        } catch (const std::system_error&) {
+          return false;
+        }
+        if (!l || !l->owns()) return false;
+        if (held.owns()) {
+          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) + ") " +
+                 std::to_string(std::chrono::duration_cast<Millis>(Steady::now() - since).count()) +
+                 " ms after the epoch-5 leader stopped answering, while client 2 holds it on the epoch-5 " +
+                 "master at port " + std::to_string(fresh_master.port()) + " (token " +
+                 std::to_string(held.token()) + "); key on the epoch-4 master at port " +
+                 std::to_string(old_master.port()) + ": " +
+                 (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
+        }
+        std::error_code ec;
+        l->release(ec);
+        return true;
+      },
+      4s);
+  EXPECT_TRUE(both.empty()) << both;
+}
+
+}  // namespace
