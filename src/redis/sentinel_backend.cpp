@@ -376,6 +376,19 @@ class SentinelBackend final : public Backend, private ChangeListener {
                           " and not a majority: staying on " + now.text());
           continue;
         }
+        // A majority naming an older epoch than the current master's has not heard of
+        // the failover that chose it yet (the leader's hello has not reached them):
+        // while the current master still answers as master, following them would pull
+        // this client back to the old master while others hold locks on the new one.
+        const bool older = top >= 0 && current_epoch_ >= 0 && top < current_epoch_;
+        std::string current_why;
+        if (older && is_master(now, current_why)) {
+          notes.push_back(std::to_string(count) + " of " + std::to_string(sentinel_conns_.size()) +
+                          " sentinels name " + a.text() + " with config-epoch " + std::to_string(top) +
+                          ", older than the current master's " + std::to_string(current_epoch_) +
+                          ", which still answers as master: staying on " + now.text());
+          continue;
+        }
       }
       std::string role_why;
       if (is_master(a, role_why)) {
