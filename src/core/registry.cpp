@@ -42,7 +42,8 @@ constexpr Entry kBackends[] = {
     {"file", &make_file_backend},
 #endif
 #ifdef DISTLOCK_WITH_REDIS
-    {"redis", &make_redis_backend},     {"redis+sentinel", &make_sentinel_backend},
+    {"redis", &make_redis_backend},
+    {"redis+sentinel", &make_sentinel_backend},
 #endif
 #ifdef DISTLOCK_WITH_REDISCLUSTER
     {"redis+cluster", &make_redis_cluster_backend},
