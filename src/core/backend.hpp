@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "core/url.hpp"
 #include "distlock/client.hpp"
@@ -60,6 +61,26 @@ enum class RenewStatus {
   renewed,    ///< extended by ttl from the send time
   not_owner,  ///< the server says somebody else (or nobody) holds it: lost
   failed,     ///< unknown (I/O error); the engine retries until the local deadline
+};
+
+/// How put_record treats an existing record.
+enum class PutMode {
+  always,     ///< overwrite
+  if_absent,  ///< keep an existing record (the returned value is then the existing one)
+};
+
+/// Records: small values kept beside the locks, for the primitives built on them
+/// (a semaphore's permit count, an election's proclaimed value, a job's last
+/// once-per slot). A record key is validated by the caller like a lock name
+/// (non-empty, <= 4096 bytes, no NUL) and lives in a namespace of its own: a
+/// record and a lock of the same name never collide, and a record never expires.
+/// Values are any bytes, at most kMaxRecordValue.
+inline constexpr std::size_t kMaxRecordValue = 64 * 1024;
+
+/// One held lock, as listed by Backend::list_held.
+struct ListedLock {
+  std::string name;
+  LockInfo info;  ///< what status(name) would say (held is true); fields the backend cannot tell stay empty
 };
 
 enum class ReleaseStatus {
@@ -112,6 +133,35 @@ class Backend {
   virtual void unwatch(std::string_view name) noexcept = 0;
 
   virtual LockInfo status(std::string_view name, std::error_code& ec) = 0;
+
+  /// Stores `value` under record `key` (see PutMode) and returns the value stored
+  /// after the call. One atomic step on the server: two callers with if_absent get
+  /// the same answer. Errors as try_acquire; errc::not_supported if the backend
+  /// keeps no records.
+  virtual std::string put_record(std::string_view /*key*/, std::string_view /*value*/, PutMode /*mode*/,
+                                 std::error_code& ec) {
+    ec = make_error_code(errc::not_supported);
+    return {};
+  }
+  /// The record under `key`, or nullopt when there is none.
+  virtual std::optional<std::string> get_record(std::string_view /*key*/, std::error_code& ec) {
+    ec = make_error_code(errc::not_supported);
+    return std::nullopt;
+  }
+  /// Deletes the record; returns whether there was one.
+  virtual bool erase_record(std::string_view /*key*/, std::error_code& ec) {
+    ec = make_error_code(errc::not_supported);
+    return false;
+  }
+  /// Locks held now whose name starts with `prefix` (empty: all), sorted by name, at
+  /// most `limit` of them (`truncated` set when there were more). For `distlock list`:
+  /// may cost a scan of the server's keys; never on a hot path.
+  virtual std::vector<ListedLock> list_held(std::string_view /*prefix*/, std::size_t /*limit*/,
+                                            bool& truncated, std::error_code& ec) {
+    truncated = false;
+    ec = make_error_code(errc::not_supported);
+    return {};
+  }
 
   /// URL with the password masked, for messages.
   virtual std::string url() const = 0;

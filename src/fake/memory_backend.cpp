@@ -143,6 +143,53 @@ class MemoryBackend final : public Backend {
     return info;
   }
 
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    if (store_->take_failure(ec)) return {};
+    auto [it, inserted] = store_->records_.try_emplace(std::string(key), value);
+    if (!inserted && mode == PutMode::always) it->second = std::string(value);
+    return it->second;
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    if (store_->take_failure(ec)) return std::nullopt;
+    auto it = store_->records_.find(std::string(key));
+    if (it == store_->records_.end()) return std::nullopt;
+    return it->second;
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    std::lock_guard lk(store_->mu_);
+    if (store_->take_failure(ec)) return false;
+    return store_->records_.erase(std::string(key)) > 0;
+  }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    truncated = false;
+    std::lock_guard lk(store_->mu_);
+    if (store_->take_failure(ec)) return {};
+    std::vector<ListedLock> out;
+    const auto now = clock_->now();
+    for (auto it = store_->locks_.lower_bound(std::string(prefix));
+         it != store_->locks_.end() && it->first.starts_with(prefix); ++it) {
+      if (store_->needs_renewal_ && it->second.expires <= now) continue;
+      if (out.size() == limit) {
+        truncated = true;
+        break;
+      }
+      ListedLock l;
+      l.name = it->first;
+      l.info.held = true;
+      l.info.holder = it->second.owner;
+      l.info.token = store_->fences_[it->first];
+      if (store_->needs_renewal_) {
+        l.info.ttl_remaining = std::chrono::duration_cast<Millis>(it->second.expires - now);
+      }
+      out.push_back(std::move(l));
+    }
+    return out;
+  }
+
   std::string url() const override { return url_; }
 
   bool watching(std::string_view name) {

@@ -62,6 +62,7 @@ class MemoryStore {
   mutable std::mutex mu_;
   std::map<std::string, Entry> locks_;
   std::map<std::string, std::uint64_t> fences_;
+  std::map<std::string, std::string> records_;
   std::map<std::string, int> watchers_;
   std::vector<class MemoryBackend*> backends_;
   int fail_calls_ = 0;
