@@ -3,7 +3,9 @@
 // their own). Observed with a raw C-client session, not only through the code under test.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <thread>
@@ -62,17 +64,20 @@ std::vector<std::string> names(const std::vector<detail::ListedLock>& l) {
   return n;
 }
 
-// A chroot of its own, so listings see only this test's locks.
+// A chroot of its own (unique per process and call), so each test starts from nothing
+// even when the tests of this binary share one server (a plain run, --gtest_repeat).
 std::string fresh_chroot(const std::string& name) {
+  static std::atomic<int> counter{0};
+  const std::string path = "/" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   RawZk raw(shared_server().hostport());
-  const int rc = raw.create("/" + name);
-  EXPECT_TRUE(rc == ZOK || rc == ZNODEEXISTS) << rc;
-  return "/" + name;
+  EXPECT_EQ(raw.create(path), ZOK) << path;
+  return path;
 }
 
 TEST(ZkRecords, PutIfAbsentRaceGivesBothClientsTheSameAnswer) {
-  Client one = connect_zk();
-  Client two = connect_zk();
+  const std::string chroot = fresh_chroot("race");
+  Client one = connect_zk(chroot + "?session_timeout=4s");
+  Client two = connect_zk(chroot + "?session_timeout=4s");
   constexpr int kRounds = 40;
   std::vector<std::string> got_one(kRounds), got_two(kRounds);
   std::barrier sync(2);
@@ -100,7 +105,8 @@ TEST(ZkRecords, PutIfAbsentRaceGivesBothClientsTheSameAnswer) {
 }
 
 TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
-  Client c = connect_zk();
+  const std::string chroot = fresh_chroot("always");
+  Client c = connect_zk(chroot + "?session_timeout=4s");
   auto& b = backend_of(c);
   std::error_code ec;
   bool found = true;
@@ -115,7 +121,7 @@ TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
   // A persistent node in the records directory, not an ephemeral one.
   RawZk raw(shared_server().hostport());
   Stat st{};
-  ASSERT_EQ(raw.exists("/distlock/.records/cfg", &st), ZOK);
+  ASSERT_EQ(raw.exists(chroot + "/distlock/.records/cfg", &st), ZOK);
   EXPECT_EQ(st.ephemeralOwner, 0);
   EXPECT_EQ(st.dataLength, 1);
   EXPECT_TRUE(b.erase_record("cfg", ec));
@@ -128,7 +134,8 @@ TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
 }
 
 TEST(ZkRecords, BinaryValuesUpTo64KiBAndNoMore) {
-  Client c = connect_zk();
+  const std::string chroot = fresh_chroot("binary");
+  Client c = connect_zk(chroot + "?session_timeout=4s");
   auto& b = backend_of(c);
   std::string big(detail::kMaxRecordValue, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 % 256);
@@ -206,9 +213,10 @@ TEST(ZkRecords, AnotherUserReadsButCannotChangeRecords) {
 }
 
 TEST(ZkRecords, RecordsOutliveTheirWritersSessionClosedOrKilled) {
-  Client reader = connect_zk();
+  const std::string chroot = fresh_chroot("outlive");
+  Client reader = connect_zk(chroot + "?session_timeout=4s");
   {
-    Client writer = connect_zk();
+    Client writer = connect_zk(chroot + "?session_timeout=4s");
     Lease held = writer.acquire("writer-lock", ttl_opts(4s));
     std::error_code ec;
     backend_of(writer).put_record("closed", "v1", PutMode::always, ec);
@@ -222,9 +230,9 @@ TEST(ZkRecords, RecordsOutliveTheirWritersSessionClosedOrKilled) {
   // A writer SIGKILLed while holding a lock: its session expires on the server.
   TempDir dir("distlock-zk-records");
   const std::string out = (dir.path() / "tool.out").string();
-  Process tool = Process::spawn(
-      {DISTLOCK_RECORD_TOOL, shared_server().url("?session_timeout=2s"), "killed", "v2", "tool-lock", "2000"},
-      out);
+  Process tool = Process::spawn({DISTLOCK_RECORD_TOOL, shared_server().url(chroot + "?session_timeout=2s"),
+                                 "killed", "v2", "tool-lock", "2000"},
+                                out);
   ASSERT_TRUE(wait_for_text(out, "ready", 20s)) << read_file(out);
   ASSERT_TRUE(reader.status("tool-lock").held);
   tool.signal(SIGKILL);
