@@ -399,5 +399,31 @@ TEST(EtcdRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
   EXPECT_EQ(names(tail), std::vector<std::string>(expected.end() - 11, expected.end() - 1));
 }
 
+TEST(EtcdRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
+  EtcdCluster etcd(1);
+  Client c = connect(etcd.url(), quiet());
+  auto& b = backend_of(c);
+  // The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) and their records.
+  const std::string sem = "pool\x1fsem\x1f";
+  Lease p0 = c.acquire(sem + "0", ttl_opts(4s));
+  Lease p2 = c.acquire(sem + "2", ttl_opts(4s));
+  Lease plain = c.acquire("pool", ttl_opts(4s));
+  Lease other = c.acquire("pool/x", ttl_opts(4s));
+  std::error_code ec;
+  EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
+  EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");
+  bool truncated = true;
+  const auto permits = list_ok(b, sem, 100, truncated);
+  EXPECT_EQ(names(permits), (std::vector<std::string>{sem + "0", sem + "2"}));
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(permits.size(), 2u);
+  EXPECT_EQ(permits[1].info.token, p2.token());
+  // Byte order: 0x1f sorts before '/'.
+  EXPECT_EQ(names(list_ok(b, "pool", 100, truncated)),
+            (std::vector<std::string>{"pool", sem + "0", sem + "2", "pool/x"}));
+  bool found = false;
+  EXPECT_EQ(get_ok(b, "pool\x1fsem", found), "3");
+}
+
 }  // namespace
 }  // namespace distlock::testing
