@@ -10,7 +10,8 @@
 // node after ASKING, TRYAGAIN retries after a short pause, all bounded. Waiters use
 // sharded pub/sub (SSUBSCRIBE on the slot's node, one subscriber connection per
 // node), moved to the new node when a slot moves. Renewal sends one pipeline per
-// node per batch. See docs/redis-cluster.md.
+// node per batch. Records are single keys in their key's slot (record_key());
+// list_held scans every master. See docs/redis-cluster.md.
 //
 // Thread-safety: like every backend, called from many threads at once; it
 // synchronises itself.
@@ -43,6 +44,8 @@ struct NameKeys {
   std::uint16_t slot = 0;
 };
 NameKeys keys_of(std::string_view prefix, std::string_view name);
+/// The key of a record (never a key of a lock, see keys_of); its slot is key_slot() of it.
+std::string record_key(std::string_view prefix, std::string_view key);
 }  // namespace rediscluster
 
 }  // namespace distlock::detail
