@@ -329,7 +329,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
 
   {
     std::lock_guard lk(mu_);
-    inflight_.emplace(owner, false);
+    inflight_.emplace(owner, InflightLosses{});
   }
   std::shared_ptr<HeldLock> held;
   std::uint64_t epoch_at_send = 0;
@@ -375,7 +375,9 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
     // Likewise a loss of this very lease reported before it was recorded.
     if (auto f = inflight_.find(owner); f != inflight_.end()) {
-      lease_gone = f->second;
+      const auto& lost = f->second;
+      lease_gone =
+          lost.all || std::find(lost.names.begin(), lost.names.end(), held->name) != lost.names.end();
       inflight_.erase(f);
     }
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
@@ -753,7 +755,13 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
     auto it = held_.find(held_key(name, thread_owner_of(owner)));
     if (it == held_.end() || it->second->owner != owner) {
       // Not recorded yet: an acquisition of this owner may be under way.
-      if (auto f = inflight_.find(owner); f != inflight_.end()) f->second = true;
+      if (auto f = inflight_.find(owner); f != inflight_.end()) {
+        try {
+          f->second.names.emplace_back(name);
+        } catch (...) {
+          f->second.all = true;  // cannot tell which: take it for the one won
+        }
+      }
       return;
     }
     held = it->second;

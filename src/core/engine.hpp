@@ -283,9 +283,15 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
   // belong to the session that ended.
   std::atomic<std::uint64_t> session_epoch_{0};
-  // Owners of acquisitions under way (not yet in held_) → whether on_lease_lost has
-  // reported that very lease lost meanwhile. Guarded by mu_.
-  std::map<std::string, bool, std::less<>> inflight_;
+  // Owners of acquisitions under way (not yet in held_) → the names on_lease_lost has
+  // reported lost for that owner meanwhile (an acquisition of several names may lose a
+  // queued place on one and win another; only the name won counts). `all` when a name
+  // could not be recorded. Guarded by mu_.
+  struct InflightLosses {
+    std::vector<std::string> names;
+    bool all = false;
+  };
+  std::map<std::string, InflightLosses, std::less<>> inflight_;
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
