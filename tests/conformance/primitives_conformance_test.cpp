@@ -266,6 +266,17 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
   EXPECT_LE(most, kPermits) << "more holders than permits at one instant";
   EXPECT_GE(most, 2) << "the contenders never held permits at the same time";
   EXPECT_TRUE(exclusive_per_slot(valid, target_->fencing()));
+  if (valid.size() < all.size() + 2) {
+    // A section that lost its permit (a renewal too late on a loaded machine) left its
+    // lease to expire on the server, where some backends keep the expired record
+    // (postgres: the row) until the next holder takes it over: take each permit once.
+    auto c = client();
+    for (int i = 0; i < kPermits; ++i) {
+      std::error_code ec;
+      c.acquire(distlock::Semaphore(c, "sem", kPermits, opts()).permit_lock_name(i), opts(4 * kTtl), ec);
+      EXPECT_FALSE(ec) << ec.message();
+    }
+  }
   erase_record(distlock::Semaphore::definition_key("sem"));
   expect_nothing_left();
 }
@@ -386,6 +397,19 @@ TEST_P(Primitives, ReadersShareAWriterIsExclusive) {
     }
   }
   RecordProperty("max_concurrent_readers", max_concurrent(reads));
+  RecordProperty("sections_not_owned_at_end", static_cast<int>(all.size() - valid.size()));
+  if (valid.size() < all.size()) {
+    // As in the semaphore scenario: take over what a lost hold left to expire.
+    auto c = client();
+    distlock::SharedMutex defined(c, "rwh", opts(), 8);
+    std::error_code ec;
+    c.acquire(distlock::SharedMutex::intent_lock_name("rwh"), opts(4 * kTtl), ec);
+    EXPECT_FALSE(ec) << ec.message();
+    for (int i = 0; i < 8; ++i) {
+      c.acquire(distlock::SharedMutex::slot_lock_name("rwh", i), opts(4 * kTtl), ec);
+      EXPECT_FALSE(ec) << ec.message();
+    }
+  }
   erase_record(distlock::SharedMutex::definition_key("rw"));
   erase_record(distlock::SharedMutex::definition_key("rwh"));
   expect_nothing_left();

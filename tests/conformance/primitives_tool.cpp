@@ -201,7 +201,7 @@ int rw_hammer(const Args& a) {
           if (write) {
             std::unique_lock lk(rw);
             start = mono_ns();
-            if (rw.owns()) token = std::to_string(rw.token());
+            if (rw.owns() && client.has_fencing()) token = std::to_string(rw.token());
             hold_for(a.hold_us);
             owned = rw.owns();
             end = mono_ns();
