@@ -16,6 +16,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -239,8 +240,10 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
   stopped_s.end = mono_ns();  // a stopped process acts on nothing
   stopped.signal(SIGSTOP);
   exit_code(killed, 10s);
+  std::int64_t resumed_ns = 0;
   if (target_->expires()) {
     std::this_thread::sleep_for(kTtl + 500ms);  // its lease runs out while it is stopped
+    resumed_ns = mono_ns();
     stopped.signal(SIGCONT);
     EXPECT_TRUE(distlock::testing::wait_for_text(stopped_out, "lost", 20s))
         << "the resumed holder did not see its loss: " << distlock::testing::read_file(stopped_out);
@@ -257,6 +260,15 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
   std::vector<Section> all = read_sections(log);
   ASSERT_EQ(all.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
   std::vector<Section> valid = owned_only(all);
+  for (const auto& s : all) {
+    // Sections that lost their permit: where and when (for the record; not a failure).
+    if (s.owned) continue;
+    std::cerr << "section without its permit at its end: permit " << s.slot
+              << " (stopped holder's: " << stopped_s.slot << ", killed holder's: " << killed_s.slot << "), "
+              << (s.end - s.start) / 1000000 << " ms long, ended "
+              << (resumed_ns ? (s.end - resumed_ns) / 1000000 : 0)
+              << " ms after the stopped holder resumed\n";
+  }
   valid.push_back(killed_s);
   valid.push_back(stopped_s);
   std::sort(valid.begin(), valid.end(), [](const Section& a, const Section& b) { return a.start < b.start; });
