@@ -120,6 +120,7 @@ struct ClientStats {
 };
 
 class Mutex;
+class Election;
 
 /// A connection to one lock service. Copies share the same connections, renewer
 /// and owner identity (128 random bits from the OS, plus the calling thread).
@@ -142,6 +143,11 @@ class Client {
   /// A standard Lockable/TimedLockable mutex over `name` (reentrant per thread).
   Mutex mutex(std::string_view name, const LockOptions& opts);
   Mutex mutex(std::string_view name);
+
+  /// A leader election over `name` (distlock/election.hpp); `opts` are the
+  /// leadership lease's options.
+  Election election(std::string_view name, const LockOptions& opts);
+  Election election(std::string_view name);
 
   /// What the backend knows about `name` (held, token, ttl, holder, waiters).
   LockInfo status(std::string_view name);

@@ -3,8 +3,10 @@
 
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
+#include "distlock/election.hpp"
 #include "distlock/error.hpp"
 #include "distlock/fencing.hpp"
 #include "distlock/ids.hpp"
 #include "distlock/options.hpp"
 #include "distlock/version.hpp"
+#include "distlock/with_lock.hpp"

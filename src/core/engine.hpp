@@ -79,6 +79,8 @@ std::string owner_for_this_thread(const std::string& client_id);
 std::string_view thread_owner_of(std::string_view owner) noexcept;
 
 class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
+  struct WaitSlot;
+
  public:
   /// Creates an engine over `backend` and starts its renewer (if enabled).
   static std::shared_ptr<Engine> create(std::unique_ptr<Backend> backend, ClientOptions opts);
@@ -138,6 +140,34 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Validates a lock name; errc::invalid_argument naming the problem.
   static std::error_code check_name(std::string_view name, std::string& why);
 
+  /// Waiting for changes of one lock name without acquiring it (observers, e.g.
+  /// Election::observe), through the same per-name watch the acquire loop uses.
+  /// Holds a place in the name's wait slot for its lifetime. Use:
+  ///   gen = w.generation();  read the state;  if not what you want:
+  ///   if (!watched) { watched = w.ensure_watched(deadline); if (watched) continue; }
+  ///   w.wait(gen, min(deadline, now + re-check cap));
+  /// so a change between the read and the wait is never missed.
+  class ChangeWaiter {
+   public:
+    ChangeWaiter(std::shared_ptr<Engine> engine, std::string name);
+    ~ChangeWaiter();
+    ChangeWaiter(const ChangeWaiter&) = delete;
+    ChangeWaiter& operator=(const ChangeWaiter&) = delete;
+    /// Count of change notifications seen so far; take it before reading the state.
+    std::uint64_t generation() const;
+    /// Subscribes (or waits up to `until` for the waiter subscribing); false: degraded.
+    bool ensure_watched(Clock::time_point until);
+    /// Blocks until the count differs from `gen` or `until` passes on the engine's clock.
+    void wait(std::uint64_t gen, Clock::time_point until);
+    /// Whether the subscription is still live (a sweep or failure may drop it).
+    bool watched() const;
+
+   private:
+    std::shared_ptr<Engine> engine_;
+    std::string name_;
+    std::shared_ptr<WaitSlot> slot_;
+  };
+
   /// True in a child process forked after this engine was made: every call then
   /// fails with errc::forked and nothing inherited (connections, leases) is touched.
   bool forked() const noexcept;
@@ -158,7 +188,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
 
-  struct WaitSlot {
+  struct WaitSlot {  // declared at the top of the class
     std::uint64_t generation = 0;
     int waiters = 0;
     bool watch_pending = false;          // a waiter is subscribing; the others wait for it to finish
