@@ -1,7 +1,7 @@
 // Leader election on the engine (include/distlock/election.hpp): the leader holds
 // the lock `<name>\x1felect`, its term is that lock's token, its value is the record
 // `<name>\x1felect` = "<term>\n<value>". Observers wait by the engine's per-name
-// watch (engine.hpp, Engine::ChangeWaiter) on the election lock and on the bell.
+// watch (engine.hpp, Engine::NameWatch) on the election lock and on the bell.
 #include "distlock/election.hpp"
 
 #include <algorithm>
@@ -214,14 +214,15 @@ std::optional<Leader> Election::observe(std::optional<std::uint64_t> after_term,
   const TP deadline = wait ? clock->now() + *wait : TP::max();
   const Millis grace = 2 * engine->options().command_timeout;
 
-  Engine::ChangeWaiter lock_w(engine, lock_name_);
-  Engine::ChangeWaiter bell_w(engine, bell_name_);
-  bool lock_watched = lock_w.ensure_watched(deadline);
-  bool bell_watched = bell_w.ensure_watched(deadline);
+  Engine::NameWatch lock_w(engine, lock_name_);
+  Engine::NameWatch bell_w(engine, bell_name_);
 
   std::optional<std::uint64_t> pending_term;  // a new leader whose value is not written yet
   TP pending_since{};
   for (;;) {
+    // Subscribed first, then the state read: a change after the read is notified.
+    const bool lock_live = lock_w.arm(deadline);
+    const bool bell_live = bell_w.arm(deadline);
     const std::uint64_t lock_gen = lock_w.generation();
     const std::uint64_t bell_gen = bell_w.generation();
     std::error_code ec;
@@ -246,15 +247,8 @@ std::optional<Leader> Election::observe(std::optional<std::uint64_t> after_term,
       cap = clamp_cap(l->ttl_remaining.value_or(opts_.ttl));
     }
     if (now >= deadline) return std::nullopt;
-    Engine::ChangeWaiter& w = on_bell ? bell_w : lock_w;
-    bool& watched = on_bell ? bell_watched : lock_watched;
-    if (watched && !w.watched()) watched = false;  // dropped: subscribe again
-    if (!watched) {
-      watched = w.ensure_watched(deadline);
-      if (watched) continue;  // notifications live now: read again before sleeping
-      cap = std::min(cap, Engine::kDegradedRecheck);
-    }
-    w.wait(on_bell ? bell_gen : lock_gen, std::min(deadline, now + cap));
+    if (!(on_bell ? bell_live : lock_live)) cap = std::min(cap, Engine::kDegradedRecheck);
+    (on_bell ? bell_w : lock_w).wait(on_bell ? bell_gen : lock_gen, std::min(deadline, now + cap));
   }
 }
 

@@ -225,34 +225,30 @@ void Engine::leave_wait(const std::string& name) {
   if (unwatch_now) backend_->unwatch(name);
 }
 
-Engine::ChangeWaiter::ChangeWaiter(std::shared_ptr<Engine> engine, std::string name)
+Engine::NameWatch::NameWatch(std::shared_ptr<Engine> engine, std::string name)
     : engine_(std::move(engine)), name_(std::move(name)) {
   slot_ = engine_->join_wait(name_);
 }
 
-Engine::ChangeWaiter::~ChangeWaiter() {
+Engine::NameWatch::~NameWatch() {
   engine_->leave_wait(name_);
 }
 
-std::uint64_t Engine::ChangeWaiter::generation() const {
+bool Engine::NameWatch::arm(Clock::time_point until) {
+  return engine_->ensure_watched(name_, slot_, until);
+}
+
+std::uint64_t Engine::NameWatch::generation() const {
   std::lock_guard lk(engine_->mu_);
   return slot_->generation;
 }
 
-bool Engine::ChangeWaiter::ensure_watched(Clock::time_point until) {
-  return engine_->ensure_watched(name_, slot_, until);
-}
-
-bool Engine::ChangeWaiter::watched() const {
-  std::lock_guard lk(engine_->mu_);
-  return slot_->watched;
-}
-
-void Engine::ChangeWaiter::wait(std::uint64_t gen, Clock::time_point until) {
+bool Engine::NameWatch::wait(std::uint64_t seen, Clock::time_point until) {
   std::unique_lock lk(engine_->mu_);
-  while (slot_->generation == gen && engine_->clock_->now() < until) {
+  while (slot_->generation == seen && engine_->clock_->now() < until) {
     engine_->clock_->wait_until(slot_->cv, lk, until);
   }
+  return slot_->generation != seen;
 }
 
 void Engine::sweep_idle_watches(bool all) noexcept {

@@ -140,27 +140,30 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Validates a lock name; errc::invalid_argument naming the problem.
   static std::error_code check_name(std::string_view name, std::string& why);
 
-  /// Waiting for changes of one lock name without acquiring it (observers, e.g.
-  /// Election::observe), through the same per-name watch the acquire loop uses.
-  /// Holds a place in the name's wait slot for its lifetime. Use:
-  ///   gen = w.generation();  read the state;  if not what you want:
-  ///   if (!watched) { watched = w.ensure_watched(deadline); if (watched) continue; }
-  ///   w.wait(gen, min(deadline, now + re-check cap));
-  /// so a change between the read and the wait is never missed.
-  class ChangeWaiter {
+  /// Waiting for a change of one name without acquiring it (an election observer
+  /// waiting for the leader to change), through the per-name watch the acquire loop
+  /// uses. Pattern, which misses no change:
+  ///   NameWatch w(engine, name);
+  ///   for (;;) {
+  ///     const bool live = w.arm(deadline);   // subscribe first
+  ///     const auto seen = w.generation();    // then read the state
+  ///     if (state is what we want) break;
+  ///     w.wait(seen, min(deadline, now + (live ? cap : Engine::kDegradedRecheck)));
+  ///   }
+  /// Not thread-safe (one waiting thread); the destructor leaves the wait slot.
+  class NameWatch {
    public:
-    ChangeWaiter(std::shared_ptr<Engine> engine, std::string name);
-    ~ChangeWaiter();
-    ChangeWaiter(const ChangeWaiter&) = delete;
-    ChangeWaiter& operator=(const ChangeWaiter&) = delete;
-    /// Count of change notifications seen so far; take it before reading the state.
+    NameWatch(std::shared_ptr<Engine> engine, std::string name);
+    ~NameWatch();
+    NameWatch(const NameWatch&) = delete;
+    NameWatch& operator=(const NameWatch&) = delete;
+    /// Makes sure change notifications for the name are live; false means they are
+    /// not (the caller re-checks every kDegradedRecheck).
+    bool arm(Clock::time_point until);
+    /// Bumped by every change notification of the name.
     std::uint64_t generation() const;
-    /// Subscribes (or waits up to `until` for the waiter subscribing); false: degraded.
-    bool ensure_watched(Clock::time_point until);
-    /// Blocks until the count differs from `gen` or `until` passes on the engine's clock.
-    void wait(std::uint64_t gen, Clock::time_point until);
-    /// Whether the subscription is still live (a sweep or failure may drop it).
-    bool watched() const;
+    /// Waits until generation() != seen or `until`; true when it changed.
+    bool wait(std::uint64_t seen, Clock::time_point until);
 
    private:
     std::shared_ptr<Engine> engine_;
