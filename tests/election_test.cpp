@@ -127,6 +127,15 @@ TEST_F(Election, OneLeaderAtATimeTermsStrictlyIncreaseAndLeaderShowsTheValue) {
   distlock::Lease lb = eb.campaign("host-b", ec);
   EXPECT_EQ(ec, errc::busy) << "a second campaigner must not lead while the first does";
   EXPECT_FALSE(lb.owns());
+  try {
+    eb.campaign("host-b");
+    ADD_FAILURE() << "expected errc::busy";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::busy);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("election \"svc\""), std::string::npos) << what;
+    EXPECT_EQ(what.find('\x1f'), std::string::npos) << "the separator is written \\x1f in messages: " << what;
+  }
 
   auto l = eb.leader();
   ASSERT_TRUE(l.has_value());

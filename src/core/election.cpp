@@ -20,8 +20,16 @@ constexpr char kSep = '\x1f';
 // Room for the "<term>\n" header (20 digits + newline) within a record.
 constexpr std::size_t kMaxValue = detail::kMaxRecordValue - 32;
 
+// For messages: at most 200 bytes, the derived-name separator written as \x1f.
 std::string printable(std::string_view name) {
-  std::string out(name.substr(0, 200));
+  std::string out;
+  for (char c : name.substr(0, 200)) {
+    if (c == kSep) {
+      out += "\\x1f";
+    } else {
+      out.push_back(c);
+    }
+  }
   return out;
 }
 
@@ -106,8 +114,8 @@ Lease Election::campaign(std::string_view value) {
   try {
     lease = client_.acquire(lock_name_, opts_);
   } catch (const std::system_error& e) {
-    throw std::system_error(
-        e.code(), "election \"" + printable(name_) + "\": campaign: " + std::string(e.what()).substr(0, 400));
+    throw std::system_error(e.code(), "election \"" + printable(name_) + "\": campaign: " +
+                                          printable(std::string_view(e.what()).substr(0, 200)));
   }
   const std::uint64_t term = lease.has_token() ? lease.token() : 0;
   std::error_code ec;
