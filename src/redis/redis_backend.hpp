@@ -5,6 +5,8 @@
 // `<prefix>:{<name>}:fence` and a release channel `<prefix>:{<name>}:released`;
 // the three share the hash tag `{<name>}`. Acquire, release and renew are Lua
 // scripts run with EVALSHA. Waiters listen on one pub/sub connection per client.
+// Records are never-expiring strings `<prefix>:{<key>}:record`; list_held scans with
+// SCAN MATCH (redis/records.hpp).
 // See docs/redis.md for the layout, the scripts and the guarantees.
 //
 // Thread-safety: the backend is called from many threads at once (the engine's

@@ -10,7 +10,8 @@
 // node after ASKING, TRYAGAIN retries after a short pause, all bounded. Waiters use
 // sharded pub/sub (SSUBSCRIBE on the slot's node, one subscriber connection per
 // node), moved to the new node when a slot moves. Renewal sends one pipeline per
-// node per batch. See docs/redis-cluster.md.
+// node per batch. Records are single keys in their key's slot (record_key());
+// list_held scans every master. See docs/redis-cluster.md.
 //
 // Thread-safety: like every backend, called from many threads at once; it
 // synchronises itself.

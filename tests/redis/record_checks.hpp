@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <barrier>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -77,19 +77,28 @@ inline void check_put_get_erase(rec::Backend& b, const std::string& key = "rec/b
 /// Two clients putting if_absent at the same moment, `rounds` times on fresh keys:
 /// both get the same answer, one of the two values, and the record holds it.
 inline void check_if_absent_race(rec::Backend& one, rec::Backend& two, int rounds = 100) {
-  std::barrier sync(2);
+  // Both threads spin until the other arrived, so their requests leave within
+  // microseconds of each other (a blocking barrier wakes one of them a scheduler
+  // latency later, and the calls then never overlap). Each spin is bounded in time.
+  std::atomic<int> arrived{0};
+  std::atomic<bool> gave_up{false};
   std::vector<std::string> a(rounds), b(rounds);
   std::vector<std::error_code> ea(rounds), eb(rounds);
   auto run = [&](rec::Backend& be, std::vector<std::string>& out, std::vector<std::error_code>& errs,
                  const std::string& mine) {
     for (int i = 0; i < rounds; ++i) {
-      sync.arrive_and_wait();
+      arrived.fetch_add(1);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (arrived.load() < 2 * (i + 1) && !gave_up.load()) {
+        if (std::chrono::steady_clock::now() > end) gave_up = true;
+      }
       out[i] = be.put_record("race/" + std::to_string(i), mine, rec::PutMode::if_absent, errs[i]);
     }
   };
   std::thread t([&] { run(two, b, eb, "from two"); });
   run(one, a, ea, "from one");
   t.join();
+  ASSERT_FALSE(gave_up.load()) << "a racing thread did not arrive within 10 s";
   int first_won = 0;
   for (int i = 0; i < rounds; ++i) {
     SCOPED_TRACE(i);
@@ -278,8 +287,12 @@ inline void check_many(rec::Backend& b, int n = 1500) {
         << ec.message();
   }
   bool truncated = true;
+  const auto start = std::chrono::steady_clock::now();
   auto all = b.list_held("many/", 100000, truncated, ec);
+  const auto took = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(ec) << ec.message();
+  std::cout << "[ measured ] list_held of " << n << " locks: "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
   EXPECT_FALSE(truncated);
   EXPECT_EQ(names_of(all), names);
   const int half = n / 2;
