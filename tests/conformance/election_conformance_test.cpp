@@ -9,12 +9,14 @@
 //   - every observer sees the same sequence of leaders: exactly the leaders' terms, in
 //     order, each once, with the value that leader proclaimed.
 // Pacing: a leader resigns only once every observer has reported its term (the
-// campaigner reads the observers' files) and it led for at least 300 ms, and the test kills or stops a leader
-// only after every observer has reported it, so no observer can miss a leader; what the test proves is that
-// they see them once, in order, all the same. A SIGKILLed leader's section ends when the test sent SIGKILL
-// (it cannot act after it is dead; the window between kill() and its death is microseconds). redlock:// has
-// no terms: there, exclusivity only (observe() is errc::not_supported, checked too); file:// locks do not
-// expire, so the SIGSTOP step is skipped there.
+// campaigner reads the observers' files) and it led for at least 300 ms, and not while
+// the test's file `hold` exists (the test creates it, then picks the leader of the
+// moment to kill or stop, so that leader is still leading when the signal lands); the test kills or stops a
+// leader only after every observer has reported it, so no observer can miss a leader; what the test proves is
+// that they see them once, in order, all the same. A SIGKILLed leader's section ends when the test sent
+// SIGKILL (it cannot act after it is dead; the window between kill() and its death is microseconds).
+// redlock:// has no terms: there, exclusivity only (observe() is errc::not_supported, checked too); file://
+// locks do not expire, so the SIGSTOP step is skipped there.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -190,13 +192,18 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
     return diag;
   };
 
+  // While the file `hold` exists no leader resigns (it may still lose its lease), so
+  // the leader the test picks is still leading when it is killed or stopped.
+  const auto hold = dir.path() / "hold";
   // 1. Two leaderships, then SIGKILL the current leader (reported by every observer).
   Leadership victim;
-  ASSERT_TRUE(eventually([&] { return read_log(log).size() >= 2 && current_reported(victim); }, 60s))
-      << describe();
+  ASSERT_TRUE(eventually([&] { return read_log(log).size() >= 2; }, 60s)) << describe();
+  { std::ofstream(hold) << "x"; }
+  ASSERT_TRUE(eventually([&] { return current_reported(victim); }, 60s)) << describe();
   std::int64_t killed_at = mono_ns();
   campaigners.at(victim.pid).signal(SIGKILL);
   campaigners.at(victim.pid).wait_for(10s);
+  std::filesystem::remove(hold);
   killed_pid = victim.pid;
   const std::string killed_term = victim.term;
 
@@ -205,6 +212,7 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
   long stopped_pid = 0;
   if (target_->expires()) {
     Leadership paused;
+    { std::ofstream(hold) << "x"; }
     ASSERT_TRUE(eventually([&] { return current_reported(paused); }, 60s)) << describe();
     stopped_pid = paused.pid;
     campaigners.at(stopped_pid).signal(SIGSTOP);
@@ -212,6 +220,7 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
     EXPECT_TRUE(eventually([&] { return read_log(log).size() > before; }, kTtl + 15s))
         << "no new leader while the old one was stopped past its TTL\n"
         << describe();
+    std::filesystem::remove(hold);
     campaigners.at(stopped_pid).signal(SIGCONT);
   }
 

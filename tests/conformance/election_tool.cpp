@@ -8,7 +8,8 @@
 // campaign: until FILE --stop exists, campaigns (value "<pid>-<round>"); once leader
 // appends "S <pid> <term|-> <start_ns>" to --log, then keeps leading until every one
 // of the K observers has reported its term (a line "T <term> " in DIR/obs-<i>) and at
-// least --hold-ms passed (so the test can act on a leader), or the lease is lost; then appends
+// least --hold-ms passed and no file DIR/hold exists (the test creates it to act on
+// the leader of the moment), or the lease is lost; then appends
 // "E <pid> <term|-> <start_ns> <last_owned_ns> <owned 0|1>" and resigns. last_owned_ns
 // is a CLOCK_MONOTONIC reading taken just BEFORE a check of lease.owns() that said
 // true: the leader acted as leader only up to then. Each line is one O_APPEND write.
@@ -145,7 +146,10 @@ int campaign(const Args& a) {
       const std::int64_t t = mono_ns();
       if (!lease.owns()) break;
       last_owned = t;
-      if (std::chrono::steady_clock::now() >= hold_end && observed_by_all(a, term)) break;
+      if (std::chrono::steady_clock::now() >= hold_end && observed_by_all(a, term) &&
+          !exists(a.obs_dir + "/hold")) {
+        break;
+      }
       std::this_thread::sleep_for(5ms);
     }
     const bool owned = lease.owns();
