@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -245,6 +246,19 @@ TEST_F(Election, ObserversSeeEachLeaderOnceInTermOrderWokenByNotification) {
     }
     finished = true;
   });
+  // Ends the observer on every way out of the test (a failed ASSERT too).
+  auto stop_observer = [&] {
+    done = true;
+    for (int i = 0; i < 1000 && !finished; ++i) {  // ends the observer's current 60 s wait
+      clock->advance(61s);
+      std::this_thread::sleep_for(2ms);
+    }
+    if (observer.joinable()) observer.join();
+  };
+  struct Guard {
+    std::function<void()> f;
+    ~Guard() { f(); }
+  } guard{stop_observer};
   auto seen_count = [&] {
     std::lock_guard lk(mu);
     return seen.size();
@@ -274,12 +288,7 @@ TEST_F(Election, ObserversSeeEachLeaderOnceInTermOrderWokenByNotification) {
   const int reads_for_two_changes = counter->status_calls.load() - reads_before;
   EXPECT_LE(reads_for_two_changes, 12) << "a few reads per change, not a polling loop";
 
-  done = true;
-  for (int i = 0; i < 1000 && !finished; ++i) {  // ends the observer's current 60 s wait
-    clock->advance(61s);
-    std::this_thread::sleep_for(2ms);
-  }
-  observer.join();
+  stop_observer();
   ASSERT_EQ(seen.size(), 3u);
   EXPECT_EQ(seen[0].value, "a");
   EXPECT_EQ(seen[1].value, "b");
