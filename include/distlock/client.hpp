@@ -123,6 +123,7 @@ struct ClientStats {
 class Mutex;
 class Semaphore;
 class SharedMutex;
+class Election;
 
 /// A connection to one lock service. Copies share the same connections, renewer
 /// and owner identity (128 random bits from the OS, plus the calling thread).
@@ -156,6 +157,10 @@ class Client {
   /// SharedTimedLockable, so std::shared_lock and std::unique_lock work.
   SharedMutex shared_mutex(std::string_view name, const LockOptions& opts);
   SharedMutex shared_mutex(std::string_view name);
+  /// A leader election over `name` (distlock/election.hpp); `opts` are the
+  /// leadership lease's options.
+  Election election(std::string_view name, const LockOptions& opts);
+  Election election(std::string_view name);
 
   /// What the backend knows about `name` (held, token, ttl, holder, waiters).
   LockInfo status(std::string_view name);

@@ -3,6 +3,7 @@
 
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
+#include "distlock/election.hpp"
 #include "distlock/error.hpp"
 #include "distlock/fencing.hpp"
 #include "distlock/ids.hpp"
@@ -10,3 +11,4 @@
 #include "distlock/semaphore.hpp"
 #include "distlock/shared_mutex.hpp"
 #include "distlock/version.hpp"
+#include "distlock/with_lock.hpp"

@@ -65,6 +65,7 @@ struct RunFlags {
   int metrics_port = -1;
   std::string metrics_addr = "127.0.0.1";
   CLI::Option* metrics_addr_option = nullptr;
+  bool wait_given = false, grace_given = false;  // set without CLI11 (run_under_lease)
 };
 
 struct RunSettings {
@@ -76,6 +77,10 @@ struct RunSettings {
   std::vector<std::string> command;
   int metrics_port = -1;  // -1: no metrics endpoint
   std::string metrics_addr;
+  // How the lease is taken (default: Client::acquire(name, lock)) and what the command
+  // gets in its environment besides DISTLOCK_NAME/TOKEN/URL (run_under_lease).
+  std::function<Lease(Client&, const std::string&, const LockOptions&)> acquire;
+  std::vector<std::string> env;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -104,7 +109,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   }
   if (flags.no_wait) {
     s.lock.wait = Millis(0);
-  } else if (flags.wait_option && flags.wait_option->count() > 0) {
+  } else if (flags.wait_given || (flags.wait_option && flags.wait_option->count() > 0)) {
     s.lock.wait = parse_duration_flag("--wait", flags.wait);
   }  // else: wait until acquired
   LockOptions filled = s.lock;
@@ -113,7 +118,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   // deadline with no renewal since, and SIGKILL at the deadline. The grace must
   // leave room for one renewal interval, or a merely late renewal would stop it.
   const Millis grace_limit = filled.ttl - filled.safety_margin - filled.renew_interval;
-  if (flags.grace_option && flags.grace_option->count() > 0) {
+  if (flags.grace_given || (flags.grace_option && flags.grace_option->count() > 0)) {
     s.grace = parse_duration_flag("--grace", flags.grace);
   } else {
     s.grace = std::min<Millis>(kDefaultGrace, s.lock.ttl / 4);
@@ -198,7 +203,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
                                 std::function<void(const Client&)> on_connected) {
   auto result = std::make_shared<Acquisition>();
   result->on_connected = std::move(on_connected);
-  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock] {
+  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock, acquire = s.acquire] {
     try {
       ClientOptions options = tool_client_options();
       // zk://: the session (whose timeout is the lease's real length: a killed runner
@@ -207,7 +212,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
       Client client = connect(url, options);
       result->client = client;
       if (result->on_connected) result->on_connected(client);
-      result->lease.emplace(client.acquire(name, lock));
+      result->lease.emplace(acquire ? acquire(client, name, lock) : client.acquire(name, lock));
     } catch (const std::system_error& e) {
       result->ec = e.code();
       result->what = e.what();
@@ -263,6 +268,7 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
   if (lease.has_token()) env.push_back("DISTLOCK_TOKEN=" + std::to_string(lease.token()));
   env.push_back("DISTLOCK_URL=" + child_url(s.url));
   if (!metrics_addr.empty()) env.push_back("DISTLOCK_METRICS_ADDR=" + metrics_addr);
+  env.insert(env.end(), s.env.begin(), s.env.end());
   return env;
 }
 
@@ -551,6 +557,23 @@ constexpr const char* kRunFooter =
     "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n";
 
 }  // namespace
+
+int run_under_lease(const LeaseRun& r) {
+  RunFlags flags;
+  flags.url = r.url;
+  flags.ttl = r.ttl;
+  flags.wait = r.wait;
+  flags.wait_given = !r.wait.empty();
+  flags.no_wait = r.no_wait;
+  flags.grace = r.grace;
+  flags.grace_given = !r.grace.empty();
+  flags.name = r.name;
+  flags.command = r.command;
+  RunSettings settings = validate(flags, r.after_dashes);
+  settings.acquire = r.acquire;
+  settings.env = r.env;
+  return run_locked(settings);
+}
 
 void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::string>& command_after_dashes) {
   auto flags = std::make_shared<RunFlags>();

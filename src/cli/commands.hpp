@@ -23,6 +23,7 @@
 #include <system_error>
 #include <vector>
 
+#include "distlock/client.hpp"
 #include "distlock/options.hpp"
 
 namespace CLI {
@@ -49,6 +50,26 @@ inline constexpr int not_found = 127;       ///< the command was not found
 /// (main() splits it off before CLI11 parses, so the command's own flags are never
 /// taken for ours).
 void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::string>& command_after_dashes);
+
+/// `distlock run`'s runner for other subcommands (`distlock elect`): the flags as
+/// `run` takes them (validated the same way; empty wait/grace: not given), the lease
+/// taken by `acquire`, `env` added to the command's environment. The command runs and
+/// is stopped on loss of that lease exactly as under `run`; returns the exit status.
+struct LeaseRun {
+  std::string url, ttl = "30s", wait, grace, name;
+  bool no_wait = false;
+  std::vector<std::string> command, after_dashes;
+  std::function<Lease(Client&, const std::string& name, const LockOptions&)> acquire;
+  std::vector<std::string> env;
+};
+int run_under_lease(const LeaseRun& r);
+
+/// `distlock elect [--url URL] [--value V] [--ttl DUR] [--wait DUR | --no-wait] NAME -- COMMAND [ARGS…]`
+/// (cmd_elect.cpp): runs COMMAND while leader of the election NAME.
+void add_elect_command(CLI::App& app, int& exit_code, const std::vector<std::string>& command_after_dashes);
+
+/// `distlock leader [--url URL] [--json] [--watch] [--timeout DUR] NAME` (cmd_elect.cpp).
+void add_leader_command(CLI::App& app, int& exit_code);
 
 /// `distlock status [--url URL] [--json] NAME`.
 void add_status_command(CLI::App& app, int& exit_code);

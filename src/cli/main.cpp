@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> command_after_dashes;
   const int sub = subcommand_index(argc, argv);
   std::string sub_name = sub < argc ? argv[sub] : "";
-  if (sub_name == "run") {
+  if (sub_name == "run" || sub_name == "elect") {
     for (int i = sub + 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--") == 0) {
         command_after_dashes.assign(argv + i + 1, argv + argc);
@@ -208,6 +208,8 @@ int main(int argc, char** argv) {
   int exit_code = exit_status::ok;
   add_run_command(app, exit_code, command_after_dashes);
   add_status_command(app, exit_code);
+  add_elect_command(app, exit_code, command_after_dashes);
+  add_leader_command(app, exit_code);
 #ifdef DISTLOCK_CLI_HAS_BENCH
   add_bench_command(app, exit_code);
 #endif
@@ -226,7 +228,7 @@ int main(int argc, char** argv) {
                   "dropped) instead of writing it in the URL, where ps shows it. Wins over "
                   "$DISTLOCK_PASSWORD and over a password in the URL")
         ->option_text("FILE");
-    if (s->get_name() == "run") {
+    if (s->get_name() == "run" || s->get_name() == "elect") {
       s->add_flag("--pass-url-password", password.pass_url_password,
                   "Give the command the password in its DISTLOCK_URL (by default DISTLOCK_URL carries no "
                   "password)");

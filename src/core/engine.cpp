@@ -225,6 +225,32 @@ void Engine::leave_wait(const std::string& name) {
   if (unwatch_now) backend_->unwatch(name);
 }
 
+Engine::NameWatch::NameWatch(std::shared_ptr<Engine> engine, std::string name)
+    : engine_(std::move(engine)), name_(std::move(name)) {
+  slot_ = engine_->join_wait(name_);
+}
+
+Engine::NameWatch::~NameWatch() {
+  engine_->leave_wait(name_);
+}
+
+bool Engine::NameWatch::arm(Clock::time_point until) {
+  return engine_->ensure_watched(name_, slot_, until);
+}
+
+std::uint64_t Engine::NameWatch::generation() const {
+  std::lock_guard lk(engine_->mu_);
+  return slot_->generation;
+}
+
+bool Engine::NameWatch::wait(std::uint64_t seen, Clock::time_point until) {
+  std::unique_lock lk(engine_->mu_);
+  while (slot_->generation == seen && engine_->clock_->now() < until) {
+    engine_->clock_->wait_until(slot_->cv, lk, until);
+  }
+  return slot_->generation != seen;
+}
+
 void Engine::sweep_idle_watches(bool all) noexcept {
   std::vector<std::string> gone;
   {
@@ -587,33 +613,6 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
     held->next_renew = kNever;
   }
   return held;
-}
-
-Engine::NameWatch::NameWatch(std::shared_ptr<Engine> engine, std::string name)
-    : engine_(std::move(engine)), name_(std::move(name)) {
-  slot_ = engine_->join_wait(name_);
-}
-
-Engine::NameWatch::~NameWatch() {
-  engine_->leave_wait(name_);
-}
-
-bool Engine::NameWatch::arm(Clock::time_point until) {
-  return engine_->ensure_watched(name_, std::static_pointer_cast<WaitSlot>(slot_), until);
-}
-
-std::uint64_t Engine::NameWatch::generation() const {
-  std::lock_guard lk(engine_->mu_);
-  return static_cast<WaitSlot*>(slot_.get())->generation;
-}
-
-bool Engine::NameWatch::wait(std::uint64_t seen, Clock::time_point until) {
-  auto* slot = static_cast<WaitSlot*>(slot_.get());
-  std::unique_lock lk(engine_->mu_);
-  while (slot->generation == seen && engine_->clock_->now() < until) {
-    engine_->clock_->wait_until(slot->cv, lk, until);
-  }
-  return slot->generation != seen;
 }
 
 bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, std::error_code& ec) {

@@ -82,6 +82,8 @@ std::string owner_for_this_thread(const std::string& client_id);
 std::string_view thread_owner_of(std::string_view owner) noexcept;
 
 class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
+  struct WaitSlot;
+
  public:
   /// Creates an engine over `backend` and starts its renewer (if enabled).
   static std::shared_ptr<Engine> create(std::unique_ptr<Backend> backend, ClientOptions opts);
@@ -127,37 +129,6 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// `ec` set on errors (then false).
   bool wait_free(std::string_view name, std::optional<Millis> wait, std::error_code& ec);
 
-  /// Waiting for a change of one name without acquiring it (a reader waiting for the
-  /// writer-intent lock, an election observer waiting for the leader to change).
-  /// Pattern, which misses no change:
-  ///   NameWatch w(engine, name);
-  ///   for (;;) {
-  ///     const bool live = w.arm(deadline);   // subscribe first
-  ///     const auto seen = w.generation();    // then read the state
-  ///     if (state is what we want) break;
-  ///     w.wait(seen, min(deadline, now + (live ? cap : Engine::kDegradedRecheck)));
-  ///   }
-  /// Not thread-safe (one waiting thread); the destructor leaves the wait slot.
-  class NameWatch {
-   public:
-    NameWatch(std::shared_ptr<Engine> engine, std::string name);
-    ~NameWatch();
-    NameWatch(const NameWatch&) = delete;
-    NameWatch& operator=(const NameWatch&) = delete;
-    /// Makes sure change notifications for the name are live; false means they are
-    /// not (the caller re-checks every kDegradedRecheck).
-    bool arm(Clock::time_point until);
-    /// Bumped by every change notification of the name.
-    std::uint64_t generation() const;
-    /// Waits until generation() != seen or `until`; true when it changed.
-    bool wait(std::uint64_t seen, Clock::time_point until);
-
-   private:
-    std::shared_ptr<Engine> engine_;
-    std::string name_;
-    std::shared_ptr<void> slot_;  // Engine::WaitSlot
-  };
-
   /// Drops one hold; at zero releases on the server.
   void release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept;
   /// The calling thread's hold of `name`, or nullptr.
@@ -195,6 +166,37 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Validates a lock name; errc::invalid_argument naming the problem.
   static std::error_code check_name(std::string_view name, std::string& why);
 
+  /// Waiting for a change of one name without acquiring it (a reader waiting for the
+  /// writer-intent lock, an election observer waiting for the leader to change), through the per-name watch the acquire loop
+  /// uses. Pattern, which misses no change:
+  ///   NameWatch w(engine, name);
+  ///   for (;;) {
+  ///     const bool live = w.arm(deadline);   // subscribe first
+  ///     const auto seen = w.generation();    // then read the state
+  ///     if (state is what we want) break;
+  ///     w.wait(seen, min(deadline, now + (live ? cap : Engine::kDegradedRecheck)));
+  ///   }
+  /// Not thread-safe (one waiting thread); the destructor leaves the wait slot.
+  class NameWatch {
+   public:
+    NameWatch(std::shared_ptr<Engine> engine, std::string name);
+    ~NameWatch();
+    NameWatch(const NameWatch&) = delete;
+    NameWatch& operator=(const NameWatch&) = delete;
+    /// Makes sure change notifications for the name are live; false means they are
+    /// not (the caller re-checks every kDegradedRecheck).
+    bool arm(Clock::time_point until);
+    /// Bumped by every change notification of the name.
+    std::uint64_t generation() const;
+    /// Waits until generation() != seen or `until`; true when it changed.
+    bool wait(std::uint64_t seen, Clock::time_point until);
+
+   private:
+    std::shared_ptr<Engine> engine_;
+    std::string name_;
+    std::shared_ptr<WaitSlot> slot_;
+  };
+
   /// True in a child process forked after this engine was made: every call then
   /// fails with errc::forked and nothing inherited (connections, leases) is touched.
   bool forked() const noexcept;
@@ -215,7 +217,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
 
-  struct WaitSlot {
+  struct WaitSlot {  // declared at the top of the class
     std::uint64_t generation = 0;
     int waiters = 0;
     bool watch_pending = false;          // a waiter is subscribing; the others wait for it to finish

@@ -1,0 +1,293 @@
+// Leader election over every backend the build has (distlock/election.hpp): four
+// campaigner processes and three observer processes (tests/conformance/election_tool.cpp)
+// on one election, while the test SIGKILLs one leader and SIGSTOPs another past its TTL.
+//
+// Checked:
+//   - exactly one leader at any time: the leaders' sections [start, last moment
+//     lease.owns() said true] never overlap (CLOCK_MONOTONIC, one host), and terms
+//     strictly increase from section to section (backends with tokens);
+//   - every observer sees the same sequence of leaders: exactly the leaders' terms, in
+//     order, each once, with the value that leader proclaimed.
+// Pacing: a leader resigns only once every observer has reported its term (the
+// campaigner reads the observers' files) and it led for at least 300 ms, and not while
+// the test's file `hold` exists (the test creates it, then picks the leader of the
+// moment to kill or stop, so that leader is still leading when the signal lands); the test kills or stops a
+// leader only after every observer has reported it, so no observer can miss a leader; what the test proves is
+// that they see them once, in order, all the same. A SIGKILLed leader's section ends when the test sent
+// SIGKILL (it cannot act after it is dead; the window between kill() and its death is microseconds).
+// redlock:// has no terms: there, exclusivity only (observe() is errc::not_supported, checked too); file://
+// locks do not expire, so the SIGSTOP step is skipped there.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/backend_targets.hpp"
+#include "support/cs_log.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using distlock::Millis;
+using distlock::testing::Kind;
+using distlock::testing::Process;
+using distlock::testing::Section;
+using distlock::testing::TempDir;
+
+namespace {
+
+constexpr Millis kTtl = 2000ms;
+constexpr int kCampaigners = 4;
+constexpr int kObservers = 3;
+constexpr std::size_t kLeaders = 7;  // leaderships to see before stopping
+
+std::int64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+bool eventually(const std::function<bool()>& cond, Millis limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+struct Leadership {
+  long pid = 0;
+  std::string term;
+  std::int64_t start = 0, end = 0;
+  bool ended = false, owned = true;
+};
+
+// The campaigners' log: one Leadership per S line, completed by its E line.
+std::vector<Leadership> read_log(const std::filesystem::path& log) {
+  std::vector<Leadership> out;
+  for (const auto& line : lines_of(slurp(log))) {
+    std::istringstream ls(line);
+    std::string kind, term;
+    long pid = 0;
+    std::int64_t start = 0;
+    if (!(ls >> kind >> pid >> term >> start)) continue;
+    if (kind == "S") {
+      out.push_back({pid, term, start, 0, false, true});
+    } else if (kind == "E") {
+      std::int64_t end = 0;
+      int owned = 1;
+      ls >> end >> owned;
+      for (auto& l : out) {
+        if (l.pid == pid && l.term == term && l.start == start) {
+          l.end = end;
+          l.ended = true;
+          l.owned = owned != 0;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Terms reported by an observer, in order.
+std::vector<std::string> observed_terms(const std::filesystem::path& file) {
+  std::vector<std::string> out;
+  for (const auto& line : lines_of(slurp(file))) {
+    std::istringstream ls(line);
+    std::string t, term;
+    if (ls >> t >> term && t == "T") out.push_back(term);
+  }
+  return out;
+}
+
+class ElectionConformance : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override { target_ = GetParam().make({}); }
+  std::unique_ptr<distlock::testing::Target> target_;
+};
+
+TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) {
+  TempDir dir("distlock-elect-conf");
+  const auto log = dir.path() / "leaders.log";
+  const auto stop = dir.path() / "stop", obs_stop = dir.path() / "obs-stop";
+  const int observers = target_->fencing() ? kObservers : 0;
+  const std::string url = target_->url();
+
+  if (!target_->fencing()) {
+    auto c = distlock::connect(url);
+    try {
+      c.election("elect-conf").observe(std::nullopt, 0ms);
+      ADD_FAILURE() << "observe without fencing tokens must be refused";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), distlock::errc::not_supported) << e.what();
+    }
+  }
+
+  std::vector<Process> obs;
+  for (int i = 0; i < observers; ++i) {
+    obs.push_back(
+        Process::spawn({DISTLOCK_ELECTION_TOOL_PATH, "observe", "--url", url, "--name", "elect-conf", "--out",
+                        (dir.path() / ("obs-" + std::to_string(i))).string(), "--stop", obs_stop.string()},
+                       (dir.path() / ("obs-" + std::to_string(i) + ".err")).string()));
+  }
+  std::map<long, Process> campaigners;
+  for (int i = 0; i < kCampaigners; ++i) {
+    Process p = Process::spawn(
+        {DISTLOCK_ELECTION_TOOL_PATH, "campaign", "--url", url, "--name", "elect-conf", "--log", log.string(),
+         "--stop", stop.string(), "--ttl", std::to_string(kTtl.count()), "--obs-dir", dir.path().string(),
+         "--observers", std::to_string(observers), "--hold-ms", "300"},
+        (dir.path() / ("camp-" + std::to_string(i) + ".err")).string());
+    const long pid = p.pid();
+    campaigners.emplace(pid, std::move(p));
+  }
+
+  auto observed_by_all = [&](const std::string& term) {
+    for (int i = 0; i < observers; ++i) {
+      const auto seen = observed_terms(dir.path() / ("obs-" + std::to_string(i)));
+      if (std::find(seen.begin(), seen.end(), term) == seen.end()) return false;
+    }
+    return true;
+  };
+  // The current leader (an S line without its E) once every observer reported it.
+  long killed_pid = 0;  // its leadership stays open in the log
+  auto current_reported = [&](Leadership& out) {
+    for (const auto& l : read_log(log)) {
+      if (!l.ended && l.pid != killed_pid && observed_by_all(l.term)) {
+        out = l;
+        return true;
+      }
+    }
+    return false;
+  };
+  std::string diag;
+  auto describe = [&] {
+    diag = "log:\n" + slurp(log);
+    for (int i = 0; i < observers; ++i)
+      diag += "obs-" + std::to_string(i) + ":\n" + slurp(dir.path() / ("obs-" + std::to_string(i)));
+    return diag;
+  };
+
+  // While the file `hold` exists no leader resigns (it may still lose its lease), so
+  // the leader the test picks is still leading when it is killed or stopped.
+  const auto hold = dir.path() / "hold";
+  // 1. Two leaderships, then SIGKILL the current leader (reported by every observer).
+  Leadership victim;
+  ASSERT_TRUE(eventually([&] { return read_log(log).size() >= 2; }, 60s)) << describe();
+  { std::ofstream(hold) << "x"; }
+  ASSERT_TRUE(eventually([&] { return current_reported(victim); }, 60s)) << describe();
+  std::int64_t killed_at = mono_ns();
+  campaigners.at(victim.pid).signal(SIGKILL);
+  campaigners.at(victim.pid).wait_for(10s);
+  std::filesystem::remove(hold);
+  killed_pid = victim.pid;
+  const std::string killed_term = victim.term;
+
+  // 2. The next leader, SIGSTOPped past its TTL until a newer leader starts (not on
+  //    host-local locks, which a stopped process keeps).
+  long stopped_pid = 0;
+  if (target_->expires()) {
+    Leadership paused;
+    { std::ofstream(hold) << "x"; }
+    ASSERT_TRUE(eventually([&] { return current_reported(paused); }, 60s)) << describe();
+    stopped_pid = paused.pid;
+    campaigners.at(stopped_pid).signal(SIGSTOP);
+    const std::size_t before = read_log(log).size();
+    EXPECT_TRUE(eventually([&] { return read_log(log).size() > before; }, kTtl + 15s))
+        << "no new leader while the old one was stopped past its TTL\n"
+        << describe();
+    std::filesystem::remove(hold);
+    campaigners.at(stopped_pid).signal(SIGCONT);
+  }
+
+  // 3. More leaderships, then stop; the last leader still waits for the observers.
+  ASSERT_TRUE(eventually([&] { return read_log(log).size() >= kLeaders; }, 120s)) << describe();
+  { std::ofstream(stop) << "x"; }
+  for (auto& [pid, p] : campaigners) {
+    if (pid == killed_pid) continue;
+    const int st = p.wait_for(90s);
+    EXPECT_NE(st, -1) << "campaigner " << pid << " did not stop\n" << describe();
+  }
+  { std::ofstream(obs_stop) << "x"; }
+  for (auto& p : obs) EXPECT_NE(p.wait_for(30s), -1) << "observer did not stop";
+
+  // Exactly one leader at any time.
+  std::vector<Leadership> leaders = read_log(log);
+  std::vector<Section> sections;
+  for (auto& l : leaders) {
+    if (!l.ended) {
+      ASSERT_EQ(l.pid, killed_pid) << "a leadership without its end line that was not killed\n" << describe();
+      ASSERT_EQ(l.term, killed_term);
+      l.end = killed_at;
+    }
+    Section s;
+    s.pid = l.pid;
+    s.has_token = l.term != "-";
+    if (s.has_token) s.token = std::stoull(l.term);
+    s.start_ns = l.start;
+    s.end_ns = l.end;
+    s.owned_at_end = l.owned;
+    sections.push_back(s);
+  }
+  std::sort(sections.begin(), sections.end(),
+            [](const Section& a, const Section& b) { return a.start_ns < b.start_ns; });
+  EXPECT_GE(sections.size(), kLeaders);
+  EXPECT_TRUE(distlock::testing::no_overlap(sections)) << describe();
+  if (target_->fencing()) {
+    EXPECT_TRUE(distlock::testing::tokens_increase(sections)) << describe();
+  }
+  if (stopped_pid != 0) {
+    bool stopped_saw_loss = false;
+    for (const auto& l : leaders) stopped_saw_loss |= l.pid == stopped_pid && !l.owned;
+    EXPECT_TRUE(stopped_saw_loss) << "the leader stopped past its TTL did not see its loss\n" << describe();
+  }
+
+  // Every observer saw exactly the leaders, in order, once each, with their values.
+  if (observers > 0) {
+    std::vector<std::string> expected;
+    for (const auto& s : sections) expected.push_back(std::to_string(s.token));
+    for (int i = 0; i < observers; ++i) {
+      const auto file = dir.path() / ("obs-" + std::to_string(i));
+      EXPECT_EQ(observed_terms(file), expected) << "observer " << i << "\n" << describe();
+      for (const auto& line : lines_of(slurp(file))) {
+        std::istringstream ls(line);
+        std::string t, term, value;
+        ls >> t >> term >> value;
+        // value "<pid>-<round>": the value of the leader holding that term.
+        bool matches = false;
+        for (const auto& l : leaders)
+          matches |= l.term == term && value.rfind(std::to_string(l.pid) + "-", 0) == 0;
+        EXPECT_TRUE(matches) << "observer " << i << " reported " << line;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ElectionConformance, ::testing::ValuesIn(distlock::testing::kinds()),
+                         [](const auto& param_info) { return param_info.param.label; });
+
+}  // namespace
