@@ -26,133 +26,15 @@
 
 #include "core/log.hpp"
 #include "core/owner_id.hpp"
+#include "file/file_common.hpp"
+#include "file/file_records.hpp"
 
 namespace distlock::detail {
 
 namespace {
 
+using namespace file_io;
 using SteadyClock = std::chrono::steady_clock;
-
-/// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-std::string in_quotes(std::string_view s) {
-  return "\"" + std::string(s) + "\"";
-}
-std::string errno_text(int err) {
-  return std::error_code(err, std::system_category()).message();
-}
-
-// ---- The lock file's record -------------------------------------------------
-//
-// Offset  Size  Field
-//      0     8  magic "DLOCKF1\n"
-//      8     8  fencing token last issued (little-endian u64)
-//     16     8  pid of the holder that issued it (little-endian i64)
-//     24     8  wall-clock time of that acquisition, ms since the Unix epoch (LE u64)
-//     32     4  owner id length (LE u32)
-//     36     4  lock name length (LE u32)
-//     40     -  lock name bytes, then owner id bytes
-// The name comes first: it is the same on every write, so a write cut short (the
-// holder killed in the middle of a long record) can only garble the owner id.
-// Written only while holding the lock, in one pwrite at offset 0. An empty file is a
-// lock that was never taken (token 0).
-constexpr std::array<char, 8> kMagic = {'D', 'L', 'O', 'C', 'K', 'F', '1', '\n'};
-constexpr std::size_t kHeaderSize = 40;
-constexpr std::size_t kMaxRecordSize = kHeaderSize + 4096 + 1024;
-
-struct Record {
-  bool present = false;  // false: empty file, no token issued yet
-  std::uint64_t token = 0;
-  std::int64_t pid = 0;
-  std::uint64_t acquired_unix_ms = 0;
-  std::string owner;
-  std::string name;
-};
-
-void put_le(std::string& out, std::size_t at, std::uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-std::uint64_t get_le(std::string_view in, std::size_t at, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i)
-    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-  return v;
-}
-
-std::string encode_record(const Record& r) {
-  std::string out(kHeaderSize, '\0');
-  std::memcpy(out.data(), kMagic.data(), kMagic.size());
-  put_le(out, 8, r.token, 8);
-  put_le(out, 16, static_cast<std::uint64_t>(r.pid), 8);
-  put_le(out, 24, r.acquired_unix_ms, 8);
-  put_le(out, 32, r.owner.size(), 4);
-  put_le(out, 36, r.name.size(), 4);
-  out += r.name;
-  out += r.owner;
-  return out;
-}
-
-/// Reads the record of an open lock file. An empty file gives present=false.
-/// Anything else that does not parse is errc::protocol_error with `why` set.
-std::error_code read_record(int fd, Record& r, std::string& why) {
-  r = Record{};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    why = "fstat failed: " + errno_text(errno);
-    return make_error_code(errc::backend_unavailable);
-  }
-  if (st.st_size == 0) return {};
-  const auto size = static_cast<std::size_t>(std::min<off_t>(st.st_size, kMaxRecordSize));
-  std::string buf(size, '\0');
-  const ssize_t n = ::pread(fd, buf.data(), size, 0);
-  if (n < 0) {
-    why = "read failed: " + errno_text(errno);
-    return make_error_code(errc::backend_unavailable);
-  }
-  buf.resize(static_cast<std::size_t>(n));
-  if (buf.size() < kHeaderSize || std::memcmp(buf.data(), kMagic.data(), kMagic.size()) != 0) {
-    why = "it is not a distlock lock file (no \"DLOCKF1\" header)";
-    return make_error_code(errc::protocol_error);
-  }
-  const std::size_t owner_len = get_le(buf, 32, 4);
-  const std::size_t name_len = get_le(buf, 36, 4);
-  if (owner_len > 1024 || name_len > 4096 || kHeaderSize + owner_len + name_len > buf.size()) {
-    why = "its header is damaged (lengths beyond the end of the file)";
-    return make_error_code(errc::protocol_error);
-  }
-  r.present = true;
-  r.token = get_le(buf, 8, 8);
-  r.pid = static_cast<std::int64_t>(get_le(buf, 16, 8));
-  r.acquired_unix_ms = get_le(buf, 24, 8);
-  r.name = buf.substr(kHeaderSize, name_len);
-  r.owner = buf.substr(kHeaderSize + name_len, owner_len);
-  return {};
-}
 
 std::string sha256_hex(std::string_view data) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
@@ -173,60 +55,6 @@ bool is_unreserved(unsigned char c, bool first) {
   if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) return true;
   if (c == '_' || c == '-') return true;
   return c == '.' && !first;  // a leading '.' would make a hidden file
-}
-
-// Whole-file OFD lock requests.
-struct flock whole_file(short type) {
-  struct flock fl {};
-  fl.l_type = type;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = 0;
-  fl.l_len = 0;  // to the end of the file, however long it grows
-  fl.l_pid = 0;  // must be 0 for OFD locks
-  return fl;
-}
-
-/// True when somebody (any other open file description) holds a lock on the file.
-bool locked_by_someone(int fd) {
-  struct flock fl = whole_file(F_WRLCK);
-  if (::fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;  // unknown: say held, the caller re-checks
-  return fl.l_type != F_UNLCK;
-}
-
-bool same_inode(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
-
-std::string mode_text(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
-
-/// Like ssh's StrictModes: what makes a file or directory untrustworthy for locks, or
-/// "" when nothing does. It must be owned by us or root; a lock file must be a regular
-/// file; a directory must not be writable by its group or by every user, except a
-/// directory *above* the lock directory with the sticky bit (like /tmp), where others
-/// may create but not remove or rename our entries.
-std::string trust_problem(const struct stat& st, bool directory, bool sticky_ok) {
-  std::string problem;
-  auto add = [&problem](const std::string& p) { problem += (problem.empty() ? "" : " and ") + p; };
-  if (directory ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
-    add(directory ? "is not a directory" : "is not a regular file");
-  }
-  const uid_t me = ::geteuid();
-  if (st.st_uid != me && st.st_uid != 0) {
-    add("is owned by uid " + std::to_string(st.st_uid) + " (not by you, uid " + std::to_string(me) +
-        ", nor by root)");
-  }
-  if (directory && !(sticky_ok && (st.st_mode & S_ISVTX))) {
-    if (st.st_mode & S_IWOTH) {
-      add("is writable by every user (mode " + mode_text(st.st_mode) + ")");
-    } else if (st.st_mode & S_IWGRP) {
-      add("is writable by its group (mode " + mode_text(st.st_mode) + ")");
-    }
-  }
-  return problem;
 }
 
 // Watches on lock files. A held (or recently held) file is watched for anything
@@ -265,7 +93,8 @@ class FileBackend final : public Backend {
         name_max_(name_max),
         file_mode_(file_mode),
         url_(std::move(url)),
-        log_(opts.logger) {
+        log_(opts.logger),
+        records_(dir_fd_.get(), settings_.dir, name_max_, log_) {
     inotify_fd_ = Fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
     int err = errno;
     wake_fd_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -471,9 +300,21 @@ class FileBackend final : public Backend {
       log_.log(LogLevel::error, "file backend: lock file {}: {}", path_of(fname), why);
       return {};
     }
-    info.token = rec.token;
-    if (info.held && rec.present) info.holder = rec.owner + " (pid " + std::to_string(rec.pid) + ")";
-    return info;
+    return lock_info_of(info.held, rec);
+  }
+
+  // Records and listing: file_records.cpp.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return records_.put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return records_.get(key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return records_.list_held(prefix, limit, truncated, ec);
   }
 
   std::string url() const override { return url_; }
@@ -508,23 +349,6 @@ class FileBackend final : public Backend {
 
   std::string path_of(const std::string& fname) const {
     return settings_.dir == "/" ? "/" + fname : settings_.dir + "/" + fname;
-  }
-
-  /// The name for messages: control bytes escaped, long names cut.
-  static std::string printable(std::string_view name) {
-    std::string out;
-    for (unsigned char c : name.substr(0, 200)) {
-      if (c < 0x20 || c == 0x7f) {
-        static constexpr char kHex[] = "0123456789abcdef";
-        out += "\\x";
-        out.push_back(kHex[c >> 4]);
-        out.push_back(kHex[c & 0xf]);
-      } else {
-        out.push_back(static_cast<char>(c));
-      }
-    }
-    if (name.size() > 200) out += "...";
-    return out;
   }
 
   /// "" when the open lock file may be used, else a message naming it and its problem.
@@ -774,6 +598,7 @@ class FileBackend final : public Backend {
   const mode_t file_mode_;
   const std::string url_;
   Logger log_;
+  FileRecords records_;
   std::atomic<ChangeListener*> listener_{nullptr};  // set once, before any watch
 
   Fd inotify_fd_;

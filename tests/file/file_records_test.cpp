@@ -1,0 +1,415 @@
+// Records and the listing of held locks on the host-local backend (file:///dir),
+// through the backend adapter: put (always / if_absent, raced by two processes),
+// get, erase, binary values and the 64 KiB bound, a record and a lock of one name
+// side by side, records surviving a writer killed mid-write, and list_held with its
+// prefix, limit and truncation, leaving out released locks and killed holders.
+#include "file/file_records.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/url.hpp"
+#include "file/file_backend.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::detail::AcquireRequest;
+using distlock::detail::Backend;
+using distlock::detail::kMaxRecordValue;
+using distlock::detail::lock_file_name;
+using distlock::detail::PutMode;
+using distlock::detail::record_file_name;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct FileRecords : ::testing::Test {
+  TempDir tmp{"distlock-records"};
+  fs::path dir = tmp.path() / "locks";
+
+  std::string url() const { return "file://" + dir.string() + "?recheck=5s"; }
+
+  std::unique_ptr<Backend> backend() const {
+    distlock::detail::Url u;
+    std::string why;
+    EXPECT_FALSE(distlock::detail::parse_url(url(), u, why)) << why;
+    std::error_code ec;
+    auto b = distlock::detail::make_file_backend(u, {}, ec, why);
+    EXPECT_TRUE(b) << why;
+    return b;
+  }
+
+  static std::string put(Backend& b, std::string_view key, std::string_view value, PutMode mode) {
+    std::error_code ec;
+    std::string stored = b.put_record(key, value, mode, ec);
+    EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+    return stored;
+  }
+  static std::optional<std::string> get(Backend& b, std::string_view key) {
+    std::error_code ec;
+    auto v = b.get_record(key, ec);
+    EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+    return v;
+  }
+  static std::vector<std::string> names(Backend& b, std::string_view prefix, std::size_t limit,
+                                        bool& truncated) {
+    std::error_code ec;
+    auto listed = b.list_held(prefix, limit, truncated, ec);
+    EXPECT_FALSE(ec) << ec.message();
+    std::vector<std::string> out;
+    for (const auto& l : listed) out.push_back(l.name);
+    return out;
+  }
+};
+
+std::string all_bytes() {
+  std::string v;
+  for (int i = 0; i < 256; ++i) v.push_back(static_cast<char>(i));
+  v += std::string("\0\r\n\0", 4);
+  return v;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_F(FileRecords, PutGetEraseAndBinaryValues) {
+  auto b = backend();
+  EXPECT_EQ(get(*b, "cfg"), std::nullopt);  // no record directory yet: none, no error
+  std::error_code ec;
+  EXPECT_FALSE(b->erase_record("cfg", ec));
+  EXPECT_FALSE(ec);
+
+  EXPECT_EQ(put(*b, "cfg", "one", PutMode::always), "one");
+  EXPECT_EQ(get(*b, "cfg"), "one");
+  EXPECT_EQ(put(*b, "cfg", "two", PutMode::always), "two");  // always overwrites
+  EXPECT_EQ(get(*b, "cfg"), "two");
+  EXPECT_EQ(put(*b, "cfg", "three", PutMode::if_absent), "two");  // if_absent keeps and returns it
+  EXPECT_EQ(get(*b, "cfg"), "two");
+
+  const std::string bin = all_bytes();
+  EXPECT_EQ(put(*b, "cfg", bin, PutMode::always), bin);
+  EXPECT_EQ(get(*b, "cfg"), bin);
+  EXPECT_EQ(put(*b, "empty", "", PutMode::if_absent), "");
+  EXPECT_EQ(get(*b, "empty"), std::string());  // an empty value is a record, not "none"
+
+  EXPECT_TRUE(b->erase_record("cfg", ec));
+  EXPECT_FALSE(ec);
+  EXPECT_FALSE(b->erase_record("cfg", ec));
+  EXPECT_EQ(get(*b, "cfg"), std::nullopt);
+  EXPECT_EQ(put(*b, "cfg", "after", PutMode::if_absent), "after");  // absent again after erase
+
+  // Another client (a fresh backend) reads what this one wrote.
+  auto other = backend();
+  EXPECT_EQ(get(*other, "cfg"), "after");
+  // Nothing is left behind but the record files.
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir / "records")) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"cfg.rec", "empty.rec"}));
+  EXPECT_EQ(fs::status(dir / "records").permissions() & fs::perms::all, fs::perms::owner_all);
+}
+
+TEST_F(FileRecords, ValueSizeBoundIs64KiB) {
+  auto b = backend();
+  std::string big(kMaxRecordValue, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 7);
+  EXPECT_EQ(put(*b, "big", big, PutMode::always), big);
+  EXPECT_EQ(get(*b, "big"), big);
+
+  for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
+    std::error_code ec;
+    distlock::detail::take_error_detail();
+    b->put_record("big", big + "x", mode, ec);
+    EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
+    const std::string detail = distlock::detail::take_error_detail();
+    EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
+  }
+  EXPECT_EQ(get(*b, "big"), big);  // untouched
+}
+
+TEST_F(FileRecords, RecordAndLockOfOneNameCoexist) {
+  auto b = backend();
+  std::error_code ec;
+  const AcquireRequest req{"shared-name", "owner-1", Millis(1000)};
+  auto got = b->try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_TRUE(got.acquired);
+  const std::string lock_bytes = slurp(dir / lock_file_name("shared-name"));
+
+  EXPECT_EQ(put(*b, "shared-name", "value", PutMode::if_absent), "value");
+  EXPECT_EQ(slurp(dir / lock_file_name("shared-name")), lock_bytes);  // the lock file is untouched
+  auto st = b->status("shared-name", ec);
+  EXPECT_TRUE(st.held);
+  EXPECT_EQ(st.token, got.token);
+
+  EXPECT_EQ(b->release("shared-name", "owner-1", got.token, ec), distlock::detail::ReleaseStatus::released);
+  EXPECT_EQ(get(*b, "shared-name"), "value");  // a record outlives any lock: it never expires
+  EXPECT_TRUE(b->erase_record("shared-name", ec));
+  auto again = b->try_acquire(req, ec);  // erasing the record left the lock's token counter alone
+  ASSERT_TRUE(again.acquired);
+  EXPECT_EQ(again.token, got.token + 1);
+  b->release("shared-name", "owner-1", again.token, ec);
+}
+
+TEST_F(FileRecords, OddAndLongKeys) {
+  auto b = backend();
+  const std::vector<std::string> keys = {"a/b",
+                                         "line\r\nbreak",
+                                         ".hidden",
+                                         "..",
+                                         std::string("x\x1fsem"),
+                                         std::string(4096, 'k'),
+                                         std::string(300, '/')};
+  for (const auto& k : keys) EXPECT_EQ(put(*b, k, "v:" + k, PutMode::always), "v:" + k);
+  for (const auto& k : keys) EXPECT_EQ(get(*b, k), "v:" + k);
+  for (const auto& e : fs::directory_iterator(dir / "records")) {
+    const std::string f = e.path().filename();
+    EXPECT_TRUE(e.is_regular_file()) << f;
+    EXPECT_LE(f.size(), 255u) << f;
+    EXPECT_NE(f[0], '.') << f;  // no temporary file left, nothing hidden
+  }
+  EXPECT_EQ(record_file_name(std::string(4096, 'k')).substr(64), ".hrec");
+  EXPECT_EQ(record_file_name("a/b"), "a%2Fb.rec");
+  // The lock directory itself got no lock files from records.
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "records");
+}
+
+// Two processes race put(if_absent) on one key, released together by a pipe: both get
+// the same answer, the value of one of them, and that is what is stored.
+TEST_F(FileRecords, IfAbsentRaceBetweenTwoProcessesAgrees) {
+  const fs::path outdir = tmp.path() / "out";
+  fs::create_directories(outdir);
+  const fs::path probe_dir = dir;
+  backend().reset();  // creates the directory; no thread is left running at fork time
+  constexpr int kRounds = 25;
+  for (int round = 0; round < kRounds; ++round) {
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    std::vector<pid_t> kids;
+    for (int i = 0; i < 2; ++i) {
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        ::close(go[1]);
+        distlock::detail::Url u;
+        std::string why;
+        std::error_code ec;
+        if (distlock::detail::parse_url(url(), u, why)) ::_exit(2);
+        auto b = distlock::detail::make_file_backend(u, {}, ec, why);
+        if (!b) ::_exit(3);
+        char c;
+        (void)!::read(go[0], &c, 1);  // EOF when the parent closes its end: both start together
+        const std::string mine = "proc" + std::to_string(i) + "-round" + std::to_string(round);
+        const std::string got = b->put_record("race-" + std::to_string(round), mine, PutMode::if_absent, ec);
+        if (ec) ::_exit(4);
+        std::ofstream(outdir / (std::to_string(round) + "-" + std::to_string(i)), std::ios::binary) << got;
+        ::_exit(0);
+      }
+      kids.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);
+    for (pid_t pid : kids) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    }
+    const std::string a = slurp(outdir / (std::to_string(round) + "-0"));
+    const std::string c = slurp(outdir / (std::to_string(round) + "-1"));
+    EXPECT_EQ(a, c) << "round " << round;
+    EXPECT_TRUE(a == "proc0-round" + std::to_string(round) || a == "proc1-round" + std::to_string(round))
+        << a;
+    auto b = backend();
+    EXPECT_EQ(get(*b, "race-" + std::to_string(round)), a);
+  }
+  for (const auto& e : fs::directory_iterator(probe_dir / "records")) {
+    EXPECT_NE(e.path().filename().string()[0], '.') << "temporary file left: " << e.path();
+  }
+}
+
+// A writer SIGKILLed while it overwrites a record again and again leaves a whole
+// value: the old one or the new one, never a mix or a cut.
+TEST_F(FileRecords, RecordSurvivesWriterKilledMidWrite) {
+  const std::string va(kMaxRecordValue, 'a');
+  const std::string vb(40000, 'b');
+  const fs::path marker = tmp.path() / "started";
+  backend().reset();
+  for (int round = 0; round < 40; ++round) {
+    fs::remove(marker);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      distlock::detail::Url u;
+      std::string why;
+      std::error_code ec;
+      if (distlock::detail::parse_url(url(), u, why)) ::_exit(2);
+      auto b = distlock::detail::make_file_backend(u, {}, ec, why);
+      if (!b) ::_exit(3);
+      for (long n = 0; n < 1'000'000; ++n) {
+        b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);
+        if (ec) ::_exit(4);
+        if (n == 3) std::ofstream(marker) << "x";
+      }
+      ::_exit(0);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!fs::exists(marker) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(fs::exists(marker)) << "the writer never wrote";
+    std::this_thread::sleep_for(std::chrono::microseconds(round * 97));  // a different moment each round
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended by itself: " << status;
+    auto b = backend();
+    auto v = get(*b, "survivor");
+    ASSERT_TRUE(v.has_value());
+    EXPECT_TRUE(*v == va || *v == vb) << "a torn value of " << v->size() << " bytes";
+    EXPECT_EQ(put(*b, "survivor", "next", PutMode::if_absent), *v);  // still a record for if_absent
+  }
+}
+
+TEST_F(FileRecords, ListHeldPrefixLimitTruncated) {
+  auto b = backend();
+  std::error_code ec;
+  const std::string long_name = "job/" + std::string(300, 'z');  // a hashed lock file name
+  std::vector<std::pair<std::string, std::uint64_t>> held;
+  for (const std::string n : {"job/c", "job/a", "other", "job/b", long_name.c_str(), "jobs", "job/\r\n"}) {
+    auto r = b->try_acquire(AcquireRequest{n, "owner-" + n.substr(0, 8), Millis(1000)}, ec);
+    ASSERT_TRUE(r.acquired) << n;
+    held.emplace_back(n, r.token);
+  }
+  ASSERT_EQ(lock_file_name(long_name).substr(64), ".hlock");
+  // Released locks and records are never listed.
+  auto gone = b->try_acquire(AcquireRequest{"job/released", "o", Millis(1000)}, ec);
+  ASSERT_TRUE(gone.acquired);
+  b->release("job/released", "o", gone.token, ec);
+  put(*b, "job/record-only", "v", PutMode::always);
+  // A file in the directory that is not a lock file is skipped.
+  std::ofstream(dir / "notes.txt") << "hello";
+
+  bool truncated = true;
+  EXPECT_EQ(names(*b, "job/", 100, truncated),
+            (std::vector<std::string>{"job/\r\n", "job/a", "job/b", "job/c", long_name}));
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(*b, "job/", 2, truncated), (std::vector<std::string>{"job/\r\n", "job/a"}));
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(names(*b, "job/", 5, truncated).size(), 5u);
+  EXPECT_FALSE(truncated);  // exactly the limit: nothing more
+  EXPECT_EQ(names(*b, "", 100, truncated),
+            (std::vector<std::string>{"job/\r\n", "job/a", "job/b", "job/c", long_name, "jobs", "other"}));
+  EXPECT_EQ(names(*b, "nothing", 100, truncated), std::vector<std::string>{});
+  EXPECT_EQ(names(*b, "", 0, truncated), std::vector<std::string>{});
+  EXPECT_TRUE(truncated);
+
+  // Each entry says what status() says.
+  auto listed = b->list_held("", 100, truncated, ec);
+  ASSERT_FALSE(ec);
+  for (const auto& l : listed) {
+    const auto st = b->status(l.name, ec);
+    EXPECT_TRUE(l.info.held);
+    EXPECT_EQ(l.info.held, st.held) << l.name;
+    EXPECT_EQ(l.info.token, st.token) << l.name;
+    EXPECT_EQ(l.info.holder, st.holder) << l.name;
+    ASSERT_TRUE(l.info.holder.has_value());
+    EXPECT_NE(l.info.holder->find("(pid " + std::to_string(::getpid()) + ")"), std::string::npos);
+  }
+  for (const auto& [n, token] : held)
+    EXPECT_TRUE(b->release(n, "owner-" + n.substr(0, 8), token, ec) ==
+                distlock::detail::ReleaseStatus::released);
+  EXPECT_EQ(names(*b, "", 100, truncated), std::vector<std::string>{});
+  EXPECT_FALSE(truncated);
+}
+
+TEST_F(FileRecords, ListHeldShowsAnotherProcessAndDropsItWhenKilled) {
+  auto b = backend();
+  const std::string out = (tmp.path() / "holder.out").string();
+  Process p = distlock::testing::spawn_holder(url(), "svc/worker", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  bool truncated = false;
+  std::error_code ec;
+  auto listed = b->list_held("svc/", 10, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].name, "svc/worker");
+  ASSERT_TRUE(listed[0].info.holder.has_value());
+  EXPECT_NE(listed[0].info.holder->find("(pid " + std::to_string(p.pid()) + ")"), std::string::npos)
+      << *listed[0].info.holder;
+  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), distlock::testing::acquired_token(out));
+  // Listing took nothing from the holder: it still holds, and a try by us is refused.
+  auto busy = b->try_acquire(AcquireRequest{"svc/worker", "me", Millis(1000)}, ec);
+  EXPECT_FALSE(busy.acquired);
+
+  p.signal(SIGKILL);
+  ASSERT_NE(p.wait_for(30s), -1);  // reaped: the kernel has dropped its lock
+  EXPECT_EQ(names(*b, "svc/", 10, truncated), std::vector<std::string>{});
+}
+
+TEST_F(FileRecords, DamagedOrForeignRecordFilesAreProtocolErrors) {
+  auto b = backend();
+  put(*b, "right", "value", PutMode::always);
+  fs::copy_file(dir / "records" / record_file_name("right"), dir / "records" / record_file_name("wrong"));
+  std::error_code ec;
+  b->get_record("wrong", ec);
+  EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+  EXPECT_NE(distlock::detail::take_error_detail().find("belongs to another key \"right\""),
+            std::string::npos);
+  b->put_record("wrong", "x", PutMode::if_absent, ec);  // if_absent reads the existing one: refused too
+  EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+
+  std::ofstream(dir / "records" / record_file_name("junk"), std::ios::binary) << "not a record";
+  b->get_record("junk", ec);
+  EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+  EXPECT_NE(distlock::detail::take_error_detail().find("DLRECF1"), std::string::npos);
+  EXPECT_EQ(slurp(dir / "records" / record_file_name("junk")), "not a record");  // kept as it was
+}
+
+TEST_F(FileRecords, RecordDirectoryOthersCanWriteIsRefused) {
+  auto b = backend();
+  put(*b, "k", "v", PutMode::always);
+  fs::permissions(dir / "records", fs::perms::group_write, fs::perm_options::add);
+  std::error_code ec;
+  b->get_record("k", ec);
+  EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable));
+  EXPECT_NE(distlock::detail::take_error_detail().find("writable by its group"), std::string::npos);
+  b->put_record("k", "w", PutMode::always, ec);
+  EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable));
+}
+
+TEST(FileRecordNames, LockFileNamesDecode) {
+  using distlock::detail::lock_name_of_file;
+  for (const std::string n : {"a", "orders/42", "..", ".x", "line\r\n", "caf\xc3\xa9", "%41", "x.lock"}) {
+    EXPECT_EQ(lock_name_of_file(lock_file_name(n)), n) << n;
+  }
+  EXPECT_EQ(lock_name_of_file("a%41.lock"), std::nullopt);  // not canonical: lock_file_name("aA") is aA.lock
+  EXPECT_EQ(lock_name_of_file("%2.lock"), std::nullopt);
+  EXPECT_EQ(lock_name_of_file("%zz.lock"), std::nullopt);
+  EXPECT_EQ(lock_name_of_file(".lock"), std::nullopt);
+  EXPECT_EQ(lock_name_of_file("a.hlock"), std::nullopt);
+  EXPECT_EQ(lock_name_of_file("notes.txt"), std::nullopt);
+  EXPECT_EQ(lock_name_of_file(lock_file_name(std::string(300, 'q'))), std::nullopt);  // hashed
+}
+
+}  // namespace
