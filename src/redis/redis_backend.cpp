@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <set>
 
 #include "core/log.hpp"
 #include "redis/connection.hpp"
+#include "redis/records.hpp"
 #include "redis/subscriber.hpp"
 
 namespace distlock::detail {
@@ -329,6 +331,83 @@ class RedisBackend final : public Backend {
     return info;
   }
 
+  // Records are plain strings `<prefix>:{<key>}:record` without expiry (see lock_key()).
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    ec.clear();
+    if (!redis::record_value_fits(key, value, ec)) return {};
+    auto conn = checkout_detailed(ec);
+    if (ec) return {};
+    const std::string k = record_key(key);
+    Reply r = mode == PutMode::always ? conn->command({"SET", k, value}, ec)
+                                      : redis::put_if_absent_script().run(*conn, {k}, {value}, ec);
+    if (!answered(*conn, r, "put record", ec)) return {};
+    if (!replicated_record(*conn, key, ec)) return {};
+    if (mode == PutMode::always) return std::string(value);
+    if (r->type != REDIS_REPLY_STRING) return unexpected("put record", ec), std::string();
+    return std::string(redis::reply_str(r.get()));
+  }
+
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    ec.clear();
+    auto conn = checkout_detailed(ec);
+    if (ec) return std::nullopt;
+    Reply r = conn->command({"GET", record_key(key)}, ec);
+    if (!answered(*conn, r, "get record", ec)) return std::nullopt;
+    if (r->type == REDIS_REPLY_NIL) return std::nullopt;
+    if (r->type != REDIS_REPLY_STRING) return unexpected("get record", ec), std::nullopt;
+    return std::string(redis::reply_str(r.get()));
+  }
+
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    ec.clear();
+    auto conn = checkout_detailed(ec);
+    if (ec) return false;
+    Reply r = conn->command({"DEL", record_key(key)}, ec);
+    if (!answered(*conn, r, "erase record", ec)) return false;
+    if (!replicated_record(*conn, key, ec)) return false;
+    if (r->type != REDIS_REPLY_INTEGER) return unexpected("erase record", ec), false;
+    return r->integer > 0;
+  }
+
+  // SCAN MATCH `<prefix>:{<escaped prefix>*}` (only lock hashes end in '}'), then the
+  // status of the candidates in name order, kListChunk per pipeline.
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    ec.clear();
+    truncated = false;
+    auto conn = checkout_detailed(ec);
+    if (ec) return {};
+    const std::string head = prefix_ + ":{";
+    std::set<std::string> names;
+    std::string why;
+    redis::scan_keys(
+        *conn, redis::glob_escape(head) + redis::glob_escape(prefix) + "*}",
+        [&](std::string_view key) {
+          if (key.size() < head.size() + 2 || key.substr(0, head.size()) != head || key.back() != '}') return;
+          const std::string_view name = key.substr(head.size(), key.size() - head.size() - 1);
+          if (name.substr(0, prefix.size()) == prefix) names.emplace(name);
+        },
+        ec, why);
+    if (ec) return listing_failed(*conn, why, ec), std::vector<ListedLock>{};
+    auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos,
+                         std::error_code& e) {
+      for (const auto& name : chunk) {
+        const std::string lock = lock_key(name);
+        redis::append_status(*conn, lock, lock + ":fence", lock + ":released", false);
+      }
+      std::vector<Reply> r = conn->read_replies(4 * chunk.size(), e);
+      if (e) return listing_failed(*conn, conn->last_error(), e);
+      for (std::size_t i = 0; i < chunk.size(); ++i) {
+        infos.push_back(redis::parse_status(std::span<const Reply>(r).subspan(4 * i, 4), e, why));
+        if (e) return listing_failed(*conn, conn_opts_.describe() + ": " + why, e);
+      }
+    };
+    auto out = redis::held_in_order(names, limit, truncated, status_of, ec);
+    if (!ec) ok();
+    return out;
+  }
+
   std::string url() const override { return url_; }
 
  private:
@@ -337,6 +416,59 @@ class RedisBackend final : public Backend {
     k.reserve(prefix_.size() + name.size() + 4);
     k.append(prefix_).append(":{").append(name).append("}");
     return k;
+  }
+
+  // "<prefix>:{<key>}:record": a lock key ends in '}', its counter in ":fence", so no
+  // record shares a key with a lock of any name.
+  std::string record_key(std::string_view key) const { return lock_key(key) + ":record"; }
+
+  // After a record command: false with ec (and an error detail naming the server)
+  // when the transport failed or the server answered with an error.
+  bool answered(const Connection& conn, const Reply& r, const char* what, std::error_code& ec) {
+    if (!ec) {
+      ok();
+      return true;
+    }
+    const std::string why =
+        r ? conn_opts_.describe() + ": " + what + ": " + std::string(redis::reply_str(r.get()))
+          : std::string(what) + ": " + conn.last_error();
+    if (r) {
+      log_.log(LogLevel::warning, "{}", why);
+    } else {
+      report(why);
+    }
+    set_error_detail(why);
+    return false;
+  }
+
+  // With wait=N a record write that fewer than N replicas acknowledged fails with
+  // quorum_unavailable (backend_unavailable when WAIT itself failed): it is on the
+  // master, and a failover before it reaches a replica may lose it.
+  bool replicated_record(Connection& conn, std::string_view key, std::error_code& ec) {
+    if (wait_replicas_ <= 0) return true;
+    long long acked = -1;
+    if (replicated(conn, "record write", &acked)) return true;
+    ec = make_error_code(acked < 0 ? errc::backend_unavailable : errc::quorum_unavailable);
+    set_error_detail(conn_opts_.describe() + ": record \"" + std::string(key.substr(0, 200)) +
+                     "\" was written on the master but " +
+                     (acked < 0
+                          ? std::string("WAIT failed")
+                          : "only " + std::to_string(acked) + " of " + std::to_string(wait_replicas_) +
+                                " replicas acknowledged it within " + std::to_string(wait_timeout_.count()) +
+                                " ms (wait=" + std::to_string(wait_replicas_) + ")") +
+                     "; a failover may lose it");
+    return false;
+  }
+
+  void unexpected(const char* what, std::error_code& ec) {
+    ec = make_error_code(errc::protocol_error);
+    set_error_detail(conn_opts_.describe() + ": unexpected reply to " + what);
+  }
+
+  void listing_failed(const Connection& conn, const std::string& why, std::error_code& ec) {
+    if (!conn.connected()) report("list: " + why);
+    set_error_detail("list: " + why);
+    if (!ec) ec = make_error_code(errc::protocol_error);
   }
 
   // "<prefix>:{<name>}:released" → name.
@@ -455,6 +587,14 @@ class RedisBackend final : public Backend {
   redis::PooledConnection checkout(std::error_code& ec) {
     auto conn = pool_.checkout(ec);
     if (ec) report(pool_.last_error());
+    return conn;
+  }
+
+  // As checkout(), and a failure leaves an error detail naming the server (records
+  // and listing are called by layers that report it).
+  redis::PooledConnection checkout_detailed(std::error_code& ec) {
+    auto conn = checkout(ec);
+    if (ec) set_error_detail(pool_.last_error());
     return conn;
   }
 

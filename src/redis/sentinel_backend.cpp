@@ -129,6 +129,27 @@ class SentinelBackend final : public Backend, private ChangeListener {
     return call(ec, [&](Backend& b, std::error_code& e) { return b.status(name, e); });
   }
 
+  // Records and listing go to the current master like every lock call (a put that
+  // met a demoted master is repeated once on the new one: `always` and `if_absent`
+  // are idempotent there, see docs/sentinel.md).
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.put_record(key, value, mode, e); });
+  }
+
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.get_record(key, e); });
+  }
+
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.erase_record(key, e); });
+  }
+
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.list_held(prefix, limit, truncated, e); });
+  }
+
   // Watches are counted here too, so a switch can subscribe them on the new master.
   // The count and the backend are read together under watch_mu_, which a switch holds
   // while it copies the counts to the new master and swaps it in: a watch counted

@@ -9,12 +9,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/log.hpp"
 #include "redis/connection.hpp"
+#include "redis/records.hpp"
 #include "redis/redis_backend.hpp"
 #include "redis/subscriber.hpp"
 
@@ -80,6 +82,16 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
   }
   k.slot = key_slot(k.lock);
   return k;
+}
+
+// As redis://: "<prefix>:{<key>}:record" (its slot is the key's, like its lock's);
+// a key holding '{' or '}' gets the tag of keys_of() and the kind letter 'k'.
+std::string record_key(std::string_view prefix, std::string_view key) {
+  const NameKeys k = keys_of(prefix, key);
+  if (key.find_first_of("{}") == std::string_view::npos) return k.lock + ":record";
+  std::string out = k.lock;
+  out[k.lock.size() - key.size() - 2] = 'k';
+  return out;
 }
 
 }  // namespace rediscluster
@@ -581,9 +593,151 @@ class ClusterBackend final : public Backend {
     return info;
   }
 
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    ec.clear();
+    if (!redis::record_value_fits(key, value, ec)) return {};
+    const std::string k = rediscluster::record_key(prefix_, key);
+    Reply r;
+    const redisReply* d = route(
+        rediscluster::key_slot(k), "put record",
+        [&](Connection& c, bool, std::error_code& e) {
+          r = mode == PutMode::always ? c.command({"SET", k, value}, e)
+                                      : redis::put_if_absent_script().run(c, {k}, {value}, e);
+          return r.get();
+        },
+        ec);
+    if (d == nullptr || ec) return {};
+    if (mode == PutMode::always) return std::string(value);
+    if (d->type != REDIS_REPLY_STRING) return unexpected("put record", ec), std::string();
+    return std::string(redis::reply_str(d));
+  }
+
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    Reply r;
+    const redisReply* d = record_command("GET", "get record", key, r, ec);
+    if (d == nullptr || ec || d->type == REDIS_REPLY_NIL) return std::nullopt;
+    if (d->type != REDIS_REPLY_STRING) return unexpected("get record", ec), std::nullopt;
+    return std::string(redis::reply_str(d));
+  }
+
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    Reply r;
+    const redisReply* d = record_command("DEL", "erase record", key, r, ec);
+    if (d == nullptr || ec) return false;
+    if (d->type != REDIS_REPLY_INTEGER) return unexpected("erase record", ec), false;
+    return d->integer > 0;
+  }
+
+  // SCAN MATCH on every master of the slot map (a master that cannot be scanned
+  // fails the call: the list would be incomplete), for both layouts of keys_of();
+  // then status() of the candidates in name order.
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    ec.clear();
+    truncated = false;
+    std::string why;
+    const std::vector<Node*> masters = all_masters(ec, why);
+    if (ec) return set_error_detail("list: " + why), std::vector<ListedLock>{};
+    const std::string head = prefix_ + ":{";
+    std::vector<std::string> patterns;
+    if (prefix.find_first_of("{}") == std::string_view::npos) {
+      patterns.push_back(redis::glob_escape(head) + redis::glob_escape(prefix) + "*}");
+    }
+    patterns.push_back(redis::glob_escape(head + "#") + std::string(16, '?') + redis::glob_escape("}:l:") +
+                       redis::glob_escape(prefix) + "*");
+    std::set<std::string> names;
+    auto on_key = [&](std::string_view key) {
+      if (key.substr(0, head.size()) != head) return;
+      const std::string_view rest = key.substr(head.size());
+      std::string_view name;
+      if (!rest.empty() && rest.back() == '}' &&
+          rest.find_first_of("{}") == rest.size() - 1) {  // "<prefix>:{<name>}"
+        name = rest.substr(0, rest.size() - 1);
+      } else if (rest.size() > 21 && rest[0] == '#' && rest.substr(17, 4) == "}:l:") {
+        name = rest.substr(21);
+        if (rediscluster::keys_of(prefix_, name).lock != key) return;
+      } else {
+        return;
+      }
+      if (!name.empty() && name.substr(0, prefix.size()) == prefix) names.emplace(name);
+    };
+    for (Node* node : masters) {
+      auto conn = node->pool.checkout(ec);
+      if (ec) {
+        report(*node, node->pool.last_error());
+        return set_error_detail("list: " + node->pool.last_error()), std::vector<ListedLock>{};
+      }
+      for (const auto& pattern : patterns) {
+        redis::scan_keys(*conn, pattern, on_key, ec, why);
+        if (ec) {
+          if (!conn->connected()) report(*node, why);
+          return set_error_detail("list: " + why), std::vector<ListedLock>{};
+        }
+      }
+      ok(*node);
+    }
+    auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos,
+                         std::error_code& e) {
+      for (const auto& name : chunk) {
+        infos.push_back(status(name, e));
+        if (e) return;
+      }
+    };
+    return redis::held_in_order(names, limit, truncated, status_of, ec);
+  }
+
   std::string url() const override { return url_; }
 
  private:
+  // One single-key command on a record, routed to its slot's master.
+  const redisReply* record_command(const char* cmd, const char* what, std::string_view key, Reply& r,
+                                   std::error_code& ec) {
+    ec.clear();
+    const std::string k = rediscluster::record_key(prefix_, key);
+    return route(
+        rediscluster::key_slot(k), what,
+        [&](Connection& c, bool, std::error_code& e) {
+          r = c.command({cmd, k}, e);
+          return r.get();
+        },
+        ec);
+  }
+
+  void unexpected(const char* what, std::error_code& ec) {
+    ec = make_error_code(errc::protocol_error);
+    set_error_detail(std::string("unexpected reply to ") + what);
+  }
+
+  // Every master of the slot map, once; reads the map again when a slot has no
+  // master (backend_unavailable naming the slot when it still has none).
+  std::vector<Node*> all_masters(std::error_code& ec, std::string& why) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::vector<Node*> out;
+      std::size_t unserved = kSlots;
+      std::uint64_t version = 0;
+      {
+        std::lock_guard lk(map_mu_);
+        version = map_version_;
+        for (std::size_t s = 0; s < kSlots; ++s) {
+          Node* n = slots_[s];
+          if (n == nullptr) {
+            if (unserved == kSlots) unserved = s;
+          } else if (std::find(out.begin(), out.end(), n) == out.end()) {
+            out.push_back(n);
+          }
+        }
+      }
+      if (unserved == kSlots) return out;
+      if (attempt == 0 && !refresh_map(version, ec, why)) return {};
+      if (attempt == 1) {
+        ec = make_error_code(errc::backend_unavailable);
+        why = "slot " + std::to_string(unserved) + " is served by no node of the cluster " + url_;
+      }
+    }
+    return {};
+  }
+
   struct Watch {
     Node* node = nullptr;
     std::string channel;

@@ -43,6 +43,8 @@ struct NameKeys {
   std::uint16_t slot = 0;
 };
 NameKeys keys_of(std::string_view prefix, std::string_view name);
+/// The key of a record (never a key of a lock, see keys_of); its slot is key_slot() of it.
+std::string record_key(std::string_view prefix, std::string_view key);
 }  // namespace rediscluster
 
 }  // namespace distlock::detail

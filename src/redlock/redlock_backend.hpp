@@ -40,6 +40,8 @@ std::error_code parse_config(const Url& url, Config& out, std::string& why);
 /// Key and release channel of a lock name on every master.
 std::string lock_key(const Config& cfg, std::string_view name);
 std::string release_channel(const Config& cfg, std::string_view name);
+/// Key of a record on every master: `<prefix>record:<key>` (locks are `<prefix>lock:<name>`).
+std::string record_key(const Config& cfg, std::string_view key);
 
 }  // namespace redlock
 

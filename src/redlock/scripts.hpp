@@ -61,4 +61,14 @@ inline constexpr Script kStatusScript{
 )lua",
     "2170fc65895d14f2eac3a77defa9568bea1a34a5"};
 
+/// KEYS[1] record key; ARGV[1] value. Stores the value unless the key exists and
+/// returns the value the master holds after the call (the existing one, or ARGV[1]).
+inline constexpr Script kPutIfAbsentScript{
+    R"lua(local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+)lua",
+    "9213b607991a5cc94e88a4d9f373c1abd1c16c08"};
+
 }  // namespace distlock::detail::redlock

@@ -1,0 +1,116 @@
+// redis/records.hpp — the pieces the Redis-family backends (redis://,
+// redis+sentinel://, redis+cluster://, redlock://) share for records and for
+// listing held locks (Backend::put_record, get_record, erase_record, list_held).
+//
+// What is here:
+//   * `record_value_fits`   the 64 KiB bound on a record's value (invalid_argument naming the size);
+//   * `glob_escape`         a byte string made literal for SCAN MATCH;
+//   * `held_in_order`       the sorted, limited listing over candidate names;
+//   * `put_if_absent_script` the one-step "store unless present, answer what is stored" script;
+//   * `scan_keys`           SCAN MATCH ... COUNT kScanCount over one server, until the cursor is 0;
+//   * `append_status` / `parse_status`  the four commands status() sends for one lock, and their reading.
+// The first three are header-only (redlock:// uses them without the redis component's
+// connections); the rest run over a redis::Connection.
+//
+// Thread-safety: free functions over their arguments; the script object is shared
+// like every redis::Script.
+//
+// Example:
+//   std::set<std::string> names;
+//   redis::scan_keys(conn, redis::glob_escape("distlock:{jobs/") + "*}", [&](std::string_view k) {...}, ec,
+//   why); auto listed = redis::held_in_order(names, 100, truncated, status_of_chunk, ec);
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "redis/connection.hpp"
+
+namespace distlock::detail::redis {
+
+/// Keys asked per SCAN call: enough that a large keyspace takes few round trips,
+/// small enough that one call keeps the server busy only briefly.
+inline constexpr std::size_t kScanCount = 1000;
+/// Locks whose status is read per round trip while listing.
+inline constexpr std::size_t kListChunk = 256;
+
+/// False, with errc::invalid_argument and an error detail naming the size, when
+/// `value` is larger than kMaxRecordValue.
+inline bool record_value_fits(std::string_view key, std::string_view value, std::error_code& ec) {
+  if (value.size() <= kMaxRecordValue) return true;
+  ec = make_error_code(errc::invalid_argument);
+  set_error_detail("record \"" + std::string(key.substr(0, 200)) + "\": a value of " +
+                   std::to_string(value.size()) + " bytes is larger than the limit of " +
+                   std::to_string(kMaxRecordValue) + " bytes");
+  return false;
+}
+
+/// `s` with every glob metacharacter of Redis's MATCH (`*`, `?`, `[`, `]`, `\`)
+/// preceded by a backslash: the pattern then matches exactly these bytes.
+inline std::string glob_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+/// Reads the status of candidate `names` (sorted, deduplicated) chunk by chunk in
+/// order until `limit` held ones are found, and one more tells `truncated`.
+/// `status_of(chunk, infos, ec)` fills one LockInfo per name of the chunk; names
+/// not held (released or expired since they were found) are skipped.
+template <class StatusOf>
+std::vector<ListedLock> held_in_order(const std::set<std::string>& names, std::size_t limit, bool& truncated,
+                                      StatusOf&& status_of, std::error_code& ec) {
+  truncated = false;
+  std::vector<ListedLock> out;
+  std::vector<std::string> chunk;
+  auto it = names.begin();
+  while (it != names.end()) {
+    chunk.clear();
+    while (it != names.end() && chunk.size() < kListChunk) chunk.push_back(*it++);
+    std::vector<LockInfo> infos;
+    status_of(std::span<const std::string>(chunk), infos, ec);
+    if (ec) return {};
+    for (std::size_t i = 0; i < chunk.size() && i < infos.size(); ++i) {
+      if (!infos[i].held) continue;
+      if (out.size() == limit) {
+        truncated = true;
+        return out;
+      }
+      out.push_back(ListedLock{chunk[i], std::move(infos[i])});
+    }
+  }
+  return out;
+}
+
+/// KEYS[1] record; ARGV[1] value. Stores the value unless the key exists, and
+/// returns the value stored after the call (the existing one, or ARGV[1]).
+const Script& put_if_absent_script();
+
+/// SCAN with `MATCH pattern COUNT kScanCount` on `conn` from cursor 0 until the
+/// server returns cursor 0 (bounded: at most 2^24 calls); `on_key` sees every key
+/// returned (a key may come twice). Errors: ec from the transport or the reply
+/// (backend_unavailable, auth_failed, protocol_error) with `why` naming the server.
+void scan_keys(Connection& conn, std::string_view pattern,
+               const std::function<void(std::string_view)>& on_key, std::error_code& ec, std::string& why);
+
+/// Appends the four commands of a lock's status: HGETALL lock, PTTL lock, GET fence,
+/// PUBSUB NUMSUB channel (SHARDNUMSUB when `sharded`).
+void append_status(Connection& conn, std::string_view lock, std::string_view fence, std::string_view channel,
+                   bool sharded);
+/// Reads the four replies of append_status. A lock key of another type (WRONGTYPE)
+/// is not held; any other error reply sets ec (and `why` to its text).
+LockInfo parse_status(std::span<const Reply> r, std::error_code& ec, std::string& why);
+
+}  // namespace distlock::detail::redis

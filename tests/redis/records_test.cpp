@@ -1,0 +1,156 @@
+// redis://: records (put always / if_absent, get, erase) and list_held against a
+// real redis-server started by each test (checks shared with the other
+// Redis-family backends in record_checks.hpp), plus the key layout, persistence
+// across a restart and a server that is down.
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "distlock/distlock.hpp"
+#include "redis/record_checks.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::testing::open_backend;
+using distlock::testing::RedisServer;
+namespace d = distlock::detail;
+
+std::string str(const distlock::testing::RedisReplyPtr& r) {
+  return r && r->str ? std::string(r->str, r->len) : std::string();
+}
+
+class RedisRecords : public ::testing::Test {
+ protected:
+  RedisServer server_;
+  std::unique_ptr<d::Backend> backend_ = open_backend(server_.url());
+};
+
+TEST_F(RedisRecords, PutGetEraseAndIfAbsent) {
+  ASSERT_TRUE(backend_);
+  distlock::testing::check_put_get_erase(*backend_);
+}
+
+TEST_F(RedisRecords, IfAbsentRaceBetweenTwoClientsGivesBothTheSameAnswer) {
+  auto other = open_backend(server_.url());
+  ASSERT_TRUE(backend_ && other);
+  distlock::testing::check_if_absent_race(*backend_, *other, 200);
+}
+
+TEST_F(RedisRecords, BinaryValuesUpTo64KiB) {
+  ASSERT_TRUE(backend_);
+  distlock::testing::check_values(*backend_);
+}
+
+TEST_F(RedisRecords, ARecordAndALockOfTheSameNameCoexist) {
+  ASSERT_TRUE(backend_);
+  distlock::testing::check_record_and_lock_coexist(*backend_);
+}
+
+// A record is a string `<prefix>:{<key>}:record` with no expiry, beside the lock
+// hash `<prefix>:{<key>}` and its counter; the URL's prefix applies.
+TEST_F(RedisRecords, KeyLayoutNeverExpires) {
+  auto app = open_backend(server_.url("?prefix=app"));
+  ASSERT_TRUE(app);
+  std::error_code ec;
+  app->put_record("k", "v", d::PutMode::always, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(str(server_.command({"GET", "app:{k}:record"})), "v");
+  EXPECT_EQ(server_.command({"PTTL", "app:{k}:record"})->integer, -1);
+  EXPECT_EQ(server_.command({"EXISTS", "app:{k}"})->integer, 0);
+  EXPECT_EQ(backend_->get_record("k", ec), std::nullopt);  // another prefix, another namespace
+}
+
+TEST_F(RedisRecords, ListHeldWithPrefixLimitAndGlobCharacters) {
+  ASSERT_TRUE(backend_);
+  distlock::testing::check_listing(*backend_);
+}
+
+TEST_F(RedisRecords, ListHeldShowsWaiters) {
+  ASSERT_TRUE(backend_);
+  auto client = distlock::connect(server_.url());
+  auto lease = client.acquire("w/held");
+  auto waiter = distlock::connect(server_.url());
+  distlock::LockOptions o;
+  o.wait = Millis(20000);
+  auto waiting = std::async(std::launch::async, [&] {
+    std::error_code ec;
+    waiter.acquire("w/held", o, ec);
+    return ec;
+  });
+  std::error_code ec;
+  bool truncated = false;
+  std::vector<d::ListedLock> listed;
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  do {
+    listed = backend_->list_held("w/", 10, truncated, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_EQ(listed.size(), 1u);
+  } while (listed[0].info.waiters.value_or(0) < 1 && std::chrono::steady_clock::now() < end &&
+           (std::this_thread::sleep_for(10ms), true));
+  EXPECT_EQ(listed[0].info.waiters, 1u);
+  EXPECT_EQ(listed[0].info.holder, client.status("w/held").holder);
+  EXPECT_EQ(listed[0].info.token, lease.token());
+  lease.release();
+  EXPECT_FALSE(waiting.get());
+}
+
+TEST_F(RedisRecords, ExpiredLocksAreNotListed) {
+  ASSERT_TRUE(backend_);
+  distlock::testing::check_expired_not_listed(*backend_);
+}
+
+TEST_F(RedisRecords, ListHeldOverManyLocks) {
+  ASSERT_TRUE(backend_);
+  distlock::testing::check_many(*backend_);
+}
+
+TEST(RedisRecordsDown, EveryCallFailsWithBackendUnavailableNamingTheServer) {
+  RedisServer server;
+  auto b = open_backend(server.url("?timeout=500ms"));
+  ASSERT_TRUE(b);
+  const std::string where = "127.0.0.1:" + std::to_string(server.port());
+  server.kill();
+  distlock::testing::check_all_fail(*b, make_error_code(errc::backend_unavailable), where);
+}
+
+// Records are stored like the fence counters: kept across a restart with
+// appendonly (docs/redis.md), lost without persistence.
+TEST(RedisRecordsRestart, KeptAcrossARestartWithAppendonly) {
+  RedisServer server({.appendonly = true});
+  auto b = open_backend(server.url("?timeout=500ms"));
+  ASSERT_TRUE(b);
+  std::error_code ec;
+  b->put_record("kept", "value", d::PutMode::if_absent, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  server.restart();
+  std::optional<std::string> got;
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  do {
+    got = b->get_record("kept", ec);  // the first call after the restart may meet the old socket
+  } while (ec && std::chrono::steady_clock::now() < end && (std::this_thread::sleep_for(20ms), true));
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(got, "value");
+}
+
+TEST(RedisRecordsRestart, LostAcrossARestartWithoutPersistence) {
+  RedisServer server;  // save "" and no AOF
+  auto b = open_backend(server.url("?timeout=500ms"));
+  ASSERT_TRUE(b);
+  std::error_code ec;
+  b->put_record("gone", "value", d::PutMode::always, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  server.restart();
+  std::optional<std::string> got;
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  do {
+    got = b->get_record("gone", ec);
+  } while (ec && std::chrono::steady_clock::now() < end && (std::this_thread::sleep_for(20ms), true));
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(got, std::nullopt);
+}
+
+}  // namespace
