@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "etcd/etcd_keys.hpp"
+#include "etcd/etcd_records.hpp"
 #include "etcd/etcd_transport.hpp"
 
 namespace distlock::detail {
@@ -25,35 +27,9 @@ using etcdserverpb::RangeRequest;
 
 // ---- keys ------------------------------------------------------------------
 
-// Lock names are arbitrary bytes; '/' would let the prefix of "a" cover the keys
-// of "a/b", so '/' and the escape character itself are percent-encoded.
-std::string encode_name(std::string_view name) {
-  std::string out;
-  out.reserve(name.size());
-  for (const char c : name) {
-    if (c == '%') {
-      out += "%25";
-    } else if (c == '/') {
-      out += "%2F";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
-// The first key after every key starting with `prefix` (etcd's range_end).
-std::string prefix_end(std::string prefix) {
-  while (!prefix.empty()) {
-    auto& last = reinterpret_cast<unsigned char&>(prefix.back());
-    if (last < 0xff) {
-      ++last;
-      return prefix;
-    }
-    prefix.pop_back();
-  }
-  return std::string(1, '\0');  // every key
-}
+// Key layout: etcd/etcd_keys.hpp.
+using etcd::encode_name;
+using etcd::prefix_end;
 
 std::string hex(std::int64_t v) {
   return fmt::format("{:x}", static_cast<std::uint64_t>(v));
@@ -230,6 +206,20 @@ class EtcdBackend final : public Backend {
                         std::error_code& ec) override;
   LockInfo status(std::string_view name, std::error_code& ec) override;
 
+  // Records and listing: etcd_records.cpp.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return records_.put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return records_.get(key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return records_.list_held(prefix, limit, truncated, ec);
+  }
+
  private:
   std::string lock_prefix(std::string_view name) const {
     return prefix_.empty() ? encode_name(name) + "/" : prefix_ + "/" + encode_name(name) + "/";
@@ -254,6 +244,7 @@ class EtcdBackend final : public Backend {
   const std::string prefix_;
   const std::string url_;
   Logger log_;
+  etcd::Records records_{transport_, prefix_};
   ChangeListener* listener_ = nullptr;
 
   std::mutex grant_mu_;  // one LeaseGrant at a time, so threads share the session

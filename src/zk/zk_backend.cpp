@@ -15,6 +15,7 @@
 #include "core/log.hpp"
 #include "zk/zk_call.hpp"
 #include "zk/zk_names.hpp"
+#include "zk/zk_records.hpp"
 
 namespace distlock::detail {
 
@@ -115,7 +116,7 @@ class ZkBackend final : public Backend {
   };
 
   ZkBackend(Config cfg, std::function<void(LogLevel, std::string_view)> sink)
-      : cfg_(std::move(cfg)), log_(std::move(sink)) {}
+      : cfg_(std::move(cfg)), log_(std::move(sink)), records_(records_env()) {}
 
   ~ZkBackend() override {
     {
@@ -190,6 +191,20 @@ class ZkBackend final : public Backend {
   LockInfo status(std::string_view name, std::error_code& ec) override;
   std::string url() const override { return cfg_.redacted_url; }
 
+  // Records and listing: zk_records.cpp.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return records_.put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return records_.get(key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return records_.list_held(prefix, limit, truncated, ec);
+  }
+
   ZkStats stats() const {
     ZkStats st;
     st.watch_events = watch_events_.load();
@@ -230,6 +245,20 @@ class ZkBackend final : public Backend {
     std::uint64_t generation = 0;
   };
 
+  zk::RecordsEnv records_env() {
+    zk::RecordsEnv env;
+    env.session = [this](SteadyTime deadline, std::shared_ptr<void>& keep) -> zhandle_t* {
+      auto s = usable_session(deadline);
+      keep = s;
+      return s ? s->zh.get() : nullptr;
+    };
+    env.node_acl = node_acl();
+    env.root_acl = &acls().root_vec;
+    env.connect_timeout = cfg_.connect_timeout;
+    env.command_timeout = cfg_.command_timeout;
+    env.url = cfg_.redacted_url;
+    return env;
+  }
   std::shared_ptr<Session> open_session(std::string& why);
   std::shared_ptr<Session> current_session() const {
     std::lock_guard lk(mu_);
@@ -274,6 +303,7 @@ class ZkBackend final : public Backend {
   SteadyTime orphan_retry_at_{};          // guarded by mu_
   bool stopping_ = false;                 // guarded by mu_
   std::thread keeper_;
+  zk::Records records_;
 };
 
 namespace {

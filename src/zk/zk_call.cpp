@@ -55,6 +55,15 @@ void on_strings(int rc, const String_vector* v, const void* data) {
   complete(*r, rc);
 }
 
+void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
+  ReplyPtr r = take_back(data);
+  if (rc == ZOK) {
+    if (value != nullptr && len > 0) r->value.assign(value, static_cast<std::size_t>(len));
+    if (stat != nullptr) r->stat = *stat;
+  }
+  complete(*r, rc);
+}
+
 void on_string(int rc, const char*, const void* data) {
   ReplyPtr r = take_back(data);
   complete(*r, rc);
@@ -144,6 +153,20 @@ ReplyPtr submit_children(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
   const void* d = hand_over(r);
   const int rc = zoo_aget_children(zh, path.c_str(), 0, &on_strings, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_get(zhandle_t* zh, const std::string& path) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_aget(zh, path.c_str(), 0, &on_data, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_set(zhandle_t* zh, const std::string& path, std::string_view data, int version) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), version, &on_stat, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 

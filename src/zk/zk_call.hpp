@@ -48,7 +48,7 @@ struct Reply {
   bool abandoned = false;  // guarded by mu: the waiter stopped waiting
   int rc = ZOK;
   Stat stat{};
-  std::string value;                  // create: the created path
+  std::string value;                  // create: the created path; get: the data
   std::vector<std::string> children;  // get_children
   zhandle_t* zh = nullptr;            // create: to undo a create nobody waits for any more
   bool undo_if_abandoned = false;
@@ -72,6 +72,10 @@ ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version);
 ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher = nullptr,
                        void* watcher_ctx = nullptr);
 ReplyPtr submit_children(zhandle_t* zh, const std::string& path);
+/// get: on ZOK, `value` is the node's data (empty for none) and `stat` its Stat.
+ReplyPtr submit_get(zhandle_t* zh, const std::string& path);
+/// set (setData) at `version` (-1: any); on ZOK, `stat` is the node's new Stat.
+ReplyPtr submit_set(zhandle_t* zh, const std::string& path, std::string_view data, int version);
 /// sync: the server this session is connected to catches up with the leader (a
 /// follower asks the leader and applies everything committed before the answer).
 /// Requests submitted after it on the same session are answered only after it

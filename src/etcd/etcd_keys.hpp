@@ -1,0 +1,78 @@
+// Key layout of the etcd backend, kept free of I/O.
+//
+// Below the URL's prefix P ("distlock" by default):
+//   P/<encoded lock name>/<lease hex>-<seq>   one queued key per owner thread (attached to a lease)
+//   P/%records/<record key>                   one record (no lease: never expires)
+// Lock names are arbitrary bytes; '%' and '/' are percent-encoded ("%25", "%2F"), so an
+// encoded name never contains '/', never starts with "%r", and the code is prefix-free:
+// enc(a) is a prefix of enc(b) exactly when a is a prefix of b.
+//
+// Thread-safety: pure functions.
+//
+// Example:
+//   encode_name("orders/42")        == "orders%2F42"
+//   decode_name("orders%2F42")      == "orders/42"
+//   prefix_end("a/")                == "a0"
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace distlock::detail::etcd {
+
+/// The marker of the records namespace below the prefix (never an encoded lock name).
+inline constexpr std::string_view kRecordsDir = "%records/";
+
+inline std::string encode_name(std::string_view name) {
+  std::string out;
+  out.reserve(name.size());
+  for (const char c : name) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == '/') {
+      out += "%2F";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+/// Inverse of encode_name; nullopt for text encode_name never produces.
+inline std::optional<std::string> decode_name(std::string_view enc) {
+  std::string out;
+  out.reserve(enc.size());
+  for (std::size_t i = 0; i < enc.size(); ++i) {
+    if (enc[i] == '/') return std::nullopt;
+    if (enc[i] != '%') {
+      out.push_back(enc[i]);
+      continue;
+    }
+    const std::string_view code = enc.substr(i, 3);
+    if (code == "%25") {
+      out.push_back('%');
+    } else if (code == "%2F") {
+      out.push_back('/');
+    } else {
+      return std::nullopt;
+    }
+    i += 2;
+  }
+  return out;
+}
+
+/// The first key after every key starting with `prefix` (etcd's range_end).
+inline std::string prefix_end(std::string prefix) {
+  while (!prefix.empty()) {
+    auto& last = reinterpret_cast<unsigned char&>(prefix.back());
+    if (last < 0xff) {
+      ++last;
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+}  // namespace distlock::detail::etcd
