@@ -51,6 +51,8 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   distlock::Lease lease = c.acquire("job", opts(3s, 4500ms));
   const auto granted = clock->now();
   ASSERT_TRUE(lease.owns());
+  EXPECT_EQ(lease.max_hold_remaining(), 4500ms);
+  EXPECT_FALSE(c.acquire("other", opts(3s)).max_hold_remaining().has_value());
   const auto renewals_before = c.stats().renewed_leases;
   // Walk in 100 ms steps, ticking the renewer each time: every renewal succeeds.
   while (clock->now() - granted < 4500ms - 100ms) {

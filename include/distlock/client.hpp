@@ -102,6 +102,10 @@ class Lease {
   /// Time left until the local deadline (zero when lost or released).
   Millis remaining() const noexcept;
 
+  /// Time left until LockOptions::max_hold ends the lease (zero once it has);
+  /// nullopt without a max_hold, or when not held.
+  std::optional<Millis> max_hold_remaining() const noexcept;
+
   /// Why the lease was lost: LossReason::none while it is held, after an orderly
   /// release and for an empty Lease; `forked` in a forked child. A lease past its
   /// local deadline that the watchdog has not declared yet already answers

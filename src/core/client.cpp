@@ -162,6 +162,12 @@ Millis Lease::remaining() const noexcept {
   return std::chrono::duration_cast<Millis>(d - held_->clock->now());
 }
 
+std::optional<Millis> Lease::max_hold_remaining() const noexcept {
+  if (!owns() || held_->hold_limit == Clock::time_point::max()) return std::nullopt;
+  const auto left = held_->hold_limit - held_->clock->now();
+  return std::max(Millis(0), std::chrono::duration_cast<Millis>(left));
+}
+
 LossReason Lease::loss_reason() const noexcept {
   return held_ ? held_->public_reason() : LossReason::none;
 }
