@@ -117,9 +117,9 @@ TEST_P(CliJobs, MaxHoldAndMinHoldFlagsAreChecked) {
 TEST_P(CliJobs, MinHoldKeepsTheLockAfterTheCommandEnds) {
   const fs::path ran = path("first.ran");
   const auto t0 = SteadyClock::now();
-  Cli first = Cli::start(run_sh("minhold", "touch " + ran.string(), {"--ttl", "2s", "--min-hold", "3s"}),
+  Cli first = Cli::start(run_sh("minhold", "echo x > " + ran.string(), {"--ttl", "2s", "--min-hold", "3s"}),
                          dir_.path());
-  ASSERT_TRUE(wait_for_file(ran, 20s) || fs::exists(ran)) << first.err();
+  ASSERT_TRUE(wait_for_file(ran, 20s)) << first.err();
   int refused = 0;
   bool second_ran = false;
   for (int i = 0; i < 400 && !second_ran; ++i) {
@@ -209,15 +209,15 @@ TEST_P(CliJobs, OncePerNextSlotRunsAgain) {
 // `status` and `list` show the runner's description: host, pid and command.
 TEST_P(CliJobs, StatusAndListShowTheHolderDescription) {
   const fs::path ready = path("ready");
-  Cli holder = Cli::start(run_sh("jobs/report", "touch " + ready.string() + "; exec sleep 60"), dir_.path());
-  ASSERT_TRUE(wait_for_file(ready, 20s) || fs::exists(ready)) << holder.err();
+  Cli holder = Cli::start(run_sh("jobs/report", "echo x > " + ready.string() + "; exec sleep 60"), dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
   Cli other = Cli::start(run_sh("misc", "exec sleep 60"), dir_.path());
   const std::string pid = "pid=" + std::to_string(holder.pid());
 
   Cli text = Cli::run({"status", "--url", url_, "jobs/report"}, dir_.path());
   EXPECT_EQ(text.code(), 0) << text.err();
   EXPECT_NE(text.out().find("info:    host="), std::string::npos) << text.out();
-  EXPECT_NE(text.out().find(pid + " cmd=sh -c touch"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find(pid + " cmd=sh -c echo x >"), std::string::npos) << text.out();
 
   Cli json = Cli::run({"status", "--url", url_, "--json", "jobs/report"}, dir_.path());
   ASSERT_EQ(json.code(), 0) << json.err();
