@@ -15,6 +15,7 @@
 // - Acquire is one Txn (put my key if absent + read the lowest key). A waiter watches
 //   only the key just before its own (herd-free, FIFO) from the revision it read.
 // - Release is a Txn guarded on my key's create_revision (never a blind delete).
+// - Records (`<prefix>/%records/<key>`, no lease) and list_held: etcd_records.hpp.
 //
 // Thread-safety: as every backend (core/backend.hpp): all calls from any thread.
 //

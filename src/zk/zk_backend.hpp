@@ -15,6 +15,7 @@
 // user:password in the URL the session authenticates with the digest scheme and
 // our nodes carry ACLs (creator: all, everyone: read), so other users can neither
 // join nor disturb the queue. The chroot must exist on the server.
+// Records (persistent nodes under /distlock/.records) and list_held: zk_records.hpp.
 // See docs/zookeeper.md for the recipe, the guarantees and the figures.
 //
 // Thread-safety: the backend is called from many threads at once (engine contract)

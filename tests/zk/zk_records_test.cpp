@@ -3,7 +3,9 @@
 // their own). Observed with a raw C-client session, not only through the code under test.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <thread>
@@ -62,17 +64,20 @@ std::vector<std::string> names(const std::vector<detail::ListedLock>& l) {
   return n;
 }
 
-// A chroot of its own, so listings see only this test's locks.
+// A chroot of its own (unique per process and call), so each test starts from nothing
+// even when the tests of this binary share one server (a plain run, --gtest_repeat).
 std::string fresh_chroot(const std::string& name) {
+  static std::atomic<int> counter{0};
+  const std::string path = "/" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   RawZk raw(shared_server().hostport());
-  const int rc = raw.create("/" + name);
-  EXPECT_TRUE(rc == ZOK || rc == ZNODEEXISTS) << rc;
-  return "/" + name;
+  EXPECT_EQ(raw.create(path), ZOK) << path;
+  return path;
 }
 
 TEST(ZkRecords, PutIfAbsentRaceGivesBothClientsTheSameAnswer) {
-  Client one = connect_zk();
-  Client two = connect_zk();
+  const std::string chroot = fresh_chroot("race");
+  Client one = connect_zk(chroot + "?session_timeout=4s");
+  Client two = connect_zk(chroot + "?session_timeout=4s");
   constexpr int kRounds = 40;
   std::vector<std::string> got_one(kRounds), got_two(kRounds);
   std::barrier sync(2);
@@ -100,7 +105,8 @@ TEST(ZkRecords, PutIfAbsentRaceGivesBothClientsTheSameAnswer) {
 }
 
 TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
-  Client c = connect_zk();
+  const std::string chroot = fresh_chroot("always");
+  Client c = connect_zk(chroot + "?session_timeout=4s");
   auto& b = backend_of(c);
   std::error_code ec;
   bool found = true;
@@ -115,7 +121,7 @@ TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
   // A persistent node in the records directory, not an ephemeral one.
   RawZk raw(shared_server().hostport());
   Stat st{};
-  ASSERT_EQ(raw.exists("/distlock/.records/cfg", &st), ZOK);
+  ASSERT_EQ(raw.exists(chroot + "/distlock/.records/cfg", &st), ZOK);
   EXPECT_EQ(st.ephemeralOwner, 0);
   EXPECT_EQ(st.dataLength, 1);
   EXPECT_TRUE(b.erase_record("cfg", ec));
@@ -128,7 +134,8 @@ TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
 }
 
 TEST(ZkRecords, BinaryValuesUpTo64KiBAndNoMore) {
-  Client c = connect_zk();
+  const std::string chroot = fresh_chroot("binary");
+  Client c = connect_zk(chroot + "?session_timeout=4s");
   auto& b = backend_of(c);
   std::string big(detail::kMaxRecordValue, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 % 256);
@@ -206,9 +213,10 @@ TEST(ZkRecords, AnotherUserReadsButCannotChangeRecords) {
 }
 
 TEST(ZkRecords, RecordsOutliveTheirWritersSessionClosedOrKilled) {
-  Client reader = connect_zk();
+  const std::string chroot = fresh_chroot("outlive");
+  Client reader = connect_zk(chroot + "?session_timeout=4s");
   {
-    Client writer = connect_zk();
+    Client writer = connect_zk(chroot + "?session_timeout=4s");
     Lease held = writer.acquire("writer-lock", ttl_opts(4s));
     std::error_code ec;
     backend_of(writer).put_record("closed", "v1", PutMode::always, ec);
@@ -222,9 +230,9 @@ TEST(ZkRecords, RecordsOutliveTheirWritersSessionClosedOrKilled) {
   // A writer SIGKILLed while holding a lock: its session expires on the server.
   TempDir dir("distlock-zk-records");
   const std::string out = (dir.path() / "tool.out").string();
-  Process tool = Process::spawn(
-      {DISTLOCK_RECORD_TOOL, shared_server().url("?session_timeout=2s"), "killed", "v2", "tool-lock", "2000"},
-      out);
+  Process tool = Process::spawn({DISTLOCK_RECORD_TOOL, shared_server().url(chroot + "?session_timeout=2s"),
+                                 "killed", "v2", "tool-lock", "2000"},
+                                out);
   ASSERT_TRUE(wait_for_text(out, "ready", 20s)) << read_file(out);
   ASSERT_TRUE(reader.status("tool-lock").held);
   tool.signal(SIGKILL);
@@ -342,6 +350,80 @@ TEST(ZkRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   expect_down("list_held");
   const auto took = std::chrono::duration_cast<Millis>(Steady::now() - start);
   std::printf("five calls against a dead server took %lld ms\n", static_cast<long long>(took.count()));
+}
+
+TEST(ZkRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
+  const std::string chroot = fresh_chroot("list-many");
+  Client c = connect_zk(chroot + "?session_timeout=4s");
+  auto& b = backend_of(c);
+  // More keys than one page (etcd: 512) or one batch (zk: 64) hold, names on both sides
+  // of the records namespace ('!' and '#' sort before '%', '~' after everything), and
+  // records in between.
+  constexpr int kLocks = 600;
+  constexpr int kRecords = 600;
+  std::error_code ec;
+  for (int i = 0; i < kRecords; ++i) {
+    b.put_record("rec/" + std::to_string(i), "x", PutMode::always, ec);
+    ASSERT_FALSE(ec) << ec.message();
+  }
+  std::vector<std::string> expected = {"!a", "#b"};
+  for (int i = 0; i < kLocks; ++i) {
+    char name[16];
+    std::snprintf(name, sizeof name, "n/%03d", i);
+    expected.emplace_back(name);
+  }
+  expected.emplace_back("~z");
+  std::vector<Lease> leases;
+  const auto start = Steady::now();
+  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_opts(4s)));
+  std::printf("%zu acquisitions took %lld ms\n", expected.size(),
+              static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - start).count()));
+
+  bool truncated = true;
+  const auto t0 = Steady::now();
+  const auto all = list_ok(b, "", 10'000, truncated);
+  std::printf("listing %zu held locks took %lld ms\n", all.size(),
+              static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - t0).count()));
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(all), expected);
+  for (std::size_t i = 0; i < all.size() && i < leases.size(); ++i) {
+    EXPECT_EQ(all[i].info.token, leases[i].token()) << all[i].name;
+    EXPECT_EQ(all[i].info.waiters, 0u) << all[i].name;
+  }
+  const auto first = list_ok(b, "", 5, truncated);
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(names(first), std::vector<std::string>(expected.begin(), expected.begin() + 5));
+  const auto exact = list_ok(b, "", expected.size(), truncated);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(exact.size(), expected.size());
+  const auto tail = list_ok(b, "n/59", 100, truncated);
+  EXPECT_EQ(names(tail), std::vector<std::string>(expected.end() - 11, expected.end() - 1));
+}
+
+TEST(ZkRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
+  const std::string chroot = fresh_chroot("derived");
+  Client c = connect_zk(chroot + "?session_timeout=4s");
+  auto& b = backend_of(c);
+  // The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) and their records.
+  const std::string sem = "pool\x1fsem\x1f";
+  Lease p0 = c.acquire(sem + "0", ttl_opts(4s));
+  Lease p2 = c.acquire(sem + "2", ttl_opts(4s));
+  Lease plain = c.acquire("pool", ttl_opts(4s));
+  Lease other = c.acquire("pool/x", ttl_opts(4s));
+  std::error_code ec;
+  EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
+  EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");
+  bool truncated = true;
+  const auto permits = list_ok(b, sem, 100, truncated);
+  EXPECT_EQ(names(permits), (std::vector<std::string>{sem + "0", sem + "2"}));
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(permits.size(), 2u);
+  EXPECT_EQ(permits[1].info.token, p2.token());
+  // Byte order: 0x1f sorts before '/'.
+  EXPECT_EQ(names(list_ok(b, "pool", 100, truncated)),
+            (std::vector<std::string>{"pool", sem + "0", sem + "2", "pool/x"}));
+  bool found = false;
+  EXPECT_EQ(get_ok(b, "pool\x1fsem", found), "3");
 }
 
 }  // namespace
