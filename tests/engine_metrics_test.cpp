@@ -286,6 +286,11 @@ TEST_F(Metrics, PrefixLabelsFollowTheRuleAndAreCappedPerClient) {
   EXPECT_EQ(detail::Metrics::prefix_label("/jobs/nightly"), "jobs");
   EXPECT_EQ(detail::Metrics::prefix_label("::a"), "a");
   EXPECT_EQ(detail::Metrics::prefix_label("nightly-report"), "nightly-report");
+  // The locks of a semaphore or read-write lock count under the primitive's name.
+  EXPECT_EQ(detail::Metrics::prefix_label("pool\x1fsem\x1f"
+                                          "3"),
+            "pool");
+  EXPECT_EQ(detail::Metrics::prefix_label("cfg\x1frw\x1fw"), "cfg");
   EXPECT_EQ(detail::Metrics::prefix_label("//"), "other");
   EXPECT_EQ(detail::Metrics::prefix_label("a b/c"), "other");
   EXPECT_EQ(detail::Metrics::prefix_label("caf\xc3\xa9/1"), "other");

@@ -125,6 +125,7 @@ class Lease {
   friend class detail::Engine;
   friend class Mutex;
   friend class Client;
+  friend class Semaphore;
   Lease(std::shared_ptr<detail::Engine> engine, std::shared_ptr<detail::HeldLock> held) noexcept;
   std::shared_ptr<detail::Engine> engine_;
   std::shared_ptr<detail::HeldLock> held_;
@@ -175,6 +176,8 @@ struct ClientStats {
 };
 
 class Mutex;
+class Semaphore;
+class SharedMutex;
 
 /// A connection to one lock service. Copies share the same connections, renewer
 /// and owner identity (128 random bits from the OS, plus the calling thread).
@@ -197,6 +200,17 @@ class Client {
   /// A standard Lockable/TimedLockable mutex over `name` (reentrant per thread).
   Mutex mutex(std::string_view name, const LockOptions& opts);
   Mutex mutex(std::string_view name);
+
+  /// A counting semaphore of `permits` (1..1024) over `name` (distlock/semaphore.hpp).
+  /// The count is stored on the server by the first client that names it; another
+  /// count for the same name throws errc::invalid_argument.
+  Semaphore semaphore(std::string_view name, int permits, const LockOptions& opts);
+  Semaphore semaphore(std::string_view name, int permits);
+
+  /// A read-write lock over `name` (distlock/shared_mutex.hpp): SharedLockable and
+  /// SharedTimedLockable, so std::shared_lock and std::unique_lock work.
+  SharedMutex shared_mutex(std::string_view name, const LockOptions& opts);
+  SharedMutex shared_mutex(std::string_view name);
 
   /// What the backend knows about `name` (held, token, ttl, holder, waiters).
   LockInfo status(std::string_view name);

@@ -7,4 +7,6 @@
 #include "distlock/fencing.hpp"
 #include "distlock/ids.hpp"
 #include "distlock/options.hpp"
+#include "distlock/semaphore.hpp"
+#include "distlock/shared_mutex.hpp"
 #include "distlock/version.hpp"

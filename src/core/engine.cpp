@@ -303,8 +303,27 @@ bool Engine::forked() const noexcept {
   return fork_generation() != fork_gen_;
 }
 
-std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& in_opts,
+std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& opts,
                                           std::optional<Millis> wait, std::error_code& ec, Reentry reentry) {
+  const std::string_view names[1] = {name};
+  return acquire_impl(names, {}, opts, wait, ec, reentry, nullptr);
+}
+
+std::shared_ptr<HeldLock> Engine::acquire_any(std::span<const std::string> names, const LockOptions& opts,
+                                              std::optional<Millis> wait, std::error_code& ec,
+                                              std::string_view gate, std::size_t* index) {
+  ec.clear();
+  if (names.empty()) {
+    ec = make_error_code(errc::invalid_argument);
+    return nullptr;
+  }
+  std::vector<std::string_view> views(names.begin(), names.end());
+  return acquire_impl(views, gate, opts, wait, ec, Reentry::never, index);
+}
+
+std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view> names, std::string_view gate,
+                                               const LockOptions& in_opts, std::optional<Millis> wait,
+                                               std::error_code& ec, Reentry reentry, std::size_t* index) {
   ec.clear();
   take_error_detail();  // a detail left by an earlier call must not name this one's cause
   if (forked()) {
@@ -312,8 +331,17 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     return nullptr;
   }
   const Clock::time_point called = clock_->now();  // the wait counts from here
+  // Metrics count a multi-name acquisition under its first name.
+  const std::string_view name = names.front();
   std::string why;
-  if ((ec = check_name(name, why))) {
+  for (const std::string_view n : names) {
+    if ((ec = check_name(n, why))) {
+      log_.log(LogLevel::debug, "acquire rejected: {}", why);
+      count_acquire_failure(name, ec);
+      return nullptr;
+    }
+  }
+  if (!gate.empty() && (ec = check_name(gate, why))) {
     log_.log(LogLevel::debug, "acquire rejected: {}", why);
     count_acquire_failure(name, ec);
     return nullptr;
@@ -328,10 +356,10 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   if (wait && *wait >= LockOptions::max_wait) wait.reset();
 
   const std::string thread_owner = owner_for_this_thread(client_id_);
-  const std::string key = held_key(name, thread_owner);
 
   std::shared_ptr<HeldLock> expired;
-  {  // Reentry by the same thread: no round trip.
+  if (names.size() == 1) {  // Reentry by the same thread: no round trip.
+    const std::string key = held_key(name, thread_owner);
     std::lock_guard lk(mu_);
     auto it = held_.find(key);
     if (it != held_.end() && !it->second->lost.load() && it->second->owns() && it->second->reentrant &&
@@ -361,12 +389,13 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
 
   {
     std::lock_guard lk(mu_);
-    inflight_.emplace(owner, false);
+    inflight_.emplace(owner, InflightLosses{});
   }
   std::shared_ptr<HeldLock> held;
   std::uint64_t epoch_at_send = 0;
+  std::size_t got = 0;
   try {
-    held = acquire_loop(name, opts, wait, owner, called, epoch_at_send, ec);
+    held = acquire_loop(names, gate, opts, wait, owner, called, epoch_at_send, got, ec);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
@@ -379,10 +408,12 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     inflight_.erase(owner);
     return nullptr;
   }
+  if (index) *index = got;
+  const std::string key = held_key(held->name, thread_owner);
   held->reentrant = reentry == Reentry::by_thread;
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
   if (metrics_) {  // before the lease is published: a loss from now on finds its series
-    held->metrics = metrics_->series_for(name);
+    held->metrics = metrics_->series_for(held->name);
     held->granted_at = clock_->now();
     metrics_->acquired(held->metrics, held->granted_at - called);
   }
@@ -404,7 +435,9 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
     session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
     // Likewise a loss of this very lease reported before it was recorded.
     if (auto f = inflight_.find(owner); f != inflight_.end()) {
-      lease_gone = f->second;
+      const auto& lost = f->second;
+      lease_gone =
+          lost.all || std::find(lost.names.begin(), lost.names.end(), held->name) != lost.names.end();
       inflight_.erase(f);
     }
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
@@ -432,76 +465,169 @@ std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptio
   return held;
 }
 
-// The acquire loop proper. Whatever way it ends (acquired, busy, timeout, an error
-// or an exception from the backend), it leaves no wait slot joined and no queued
-// place on the server behind.
-std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const LockOptions& opts,
-                                               std::optional<Millis> wait, const std::string& owner,
-                                               Clock::time_point start, std::uint64_t& epoch_at_send,
+// The acquire loop proper, over one name or several. Whatever way it ends
+// (acquired, busy, timeout, an error or an exception from the backend), it leaves no
+// wait slot joined and no queued place on the server behind.
+std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view> names, std::string_view gate,
+                                               const LockOptions& opts, std::optional<Millis> wait,
+                                               const std::string& owner, Clock::time_point start,
+                                               std::uint64_t& epoch_at_send, std::size_t& index,
                                                std::error_code& ec) {
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
+  // A gated acquisition keeps no place in the names' queues: it may have to stop
+  // trying them (the gate got held), and a place kept meanwhile would block the
+  // gate's holder (a writer waiting for every reader slot).
+  const bool keep_queued = may_wait && gate.empty();
 
-  AcquireRequest req{name, owner, opts.ttl, may_wait};
-  const std::string name_str(name);
-  std::shared_ptr<WaitSlot> slot;
-  bool acquired = false;
+  struct Candidate {
+    std::string name;
+    std::shared_ptr<WaitSlot> slot;  // joined on the first wait
+    std::uint64_t generation = 0;    // the slot's generation before the last try
+    bool watched = false;
+    bool queued = false;  // tried with keep_queued: may hold a place on the server
+    bool try_now = true;
+    std::optional<Millis> holder_ttl;
+  };
+  std::vector<Candidate> cands(names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) cands[i].name = std::string(names[i]);
+  std::optional<Candidate> gate_cand;
+  if (!gate.empty()) {
+    gate_cand.emplace();
+    gate_cand->name = std::string(gate);
+  }
+  std::condition_variable wake;  // registered in every joined slot
+  std::optional<std::size_t> acquired;
 
   struct Cleanup {
     Engine* engine;
-    const std::string& name;
+    std::vector<Candidate>& cands;
+    std::optional<Candidate>& gate;
+    std::condition_variable* wake;
+    const std::optional<std::size_t>& acquired;
     std::string_view owner;
-    std::shared_ptr<WaitSlot>& slot;
-    bool may_wait;
-    bool& acquired;
     ~Cleanup() {
-      if (slot) engine->leave_wait(name);
-      if (may_wait && !acquired) engine->backend_->cancel_acquire(name, owner);
+      auto leave = [&](Candidate& c) {
+        if (!c.slot) return;
+        {
+          std::lock_guard lk(engine->mu_);
+          auto& l = c.slot->listeners;
+          l.erase(std::remove(l.begin(), l.end(), wake), l.end());
+        }
+        engine->leave_wait(c.name);
+      };
+      if (gate) leave(*gate);
+      for (std::size_t i = 0; i < cands.size(); ++i) {
+        leave(cands[i]);
+        if (cands[i].queued && acquired != i) engine->backend_->cancel_acquire(cands[i].name, owner);
+      }
     }
-  } cleanup{this, name_str, owner, slot, may_wait, acquired};
+  } cleanup{this, cands, gate_cand, &wake, acquired, owner};
+
+  auto join = [&](Candidate& c) {
+    if (c.slot) return;
+    c.slot = join_wait(c.name);
+    std::lock_guard lk(mu_);
+    c.slot->listeners.push_back(&wake);
+    c.generation = c.slot->generation;
+  };
 
   AcquireResult res;
   Clock::time_point sent{};
-  bool watched = false;
   for (;;) {
-    std::uint64_t generation = 0;
-    if (slot) {
+    {  // Generations before the attempts: a change after this is not missed.
       std::lock_guard lk(mu_);
-      generation = slot->generation;
+      if (gate_cand && gate_cand->slot) gate_cand->generation = gate_cand->slot->generation;
+      for (auto& c : cands) {
+        if (c.try_now && c.slot) c.generation = c.slot->generation;
+      }
     }
-    epoch_at_send = session_epoch_.load(std::memory_order_acquire);
-    sent = clock_->now();
-    res = backend_->try_acquire(req, ec);
-    if (ec) return nullptr;
-    if (res.acquired) break;
+    bool gate_held = false;
+    if (gate_cand) {
+      const LockInfo info = backend_->status(gate_cand->name, ec);
+      if (ec) return nullptr;
+      gate_held = info.held;
+      gate_cand->holder_ttl = info.ttl_remaining;
+      if (gate_held) {
+        for (auto& c : cands) c.try_now = true;  // all of them once the gate is free
+      }
+    }
+    if (!gate_held) {
+      for (std::size_t i = 0; i < cands.size(); ++i) {
+        Candidate& c = cands[i];
+        if (!c.try_now) continue;
+        AcquireRequest req{c.name, owner, opts.ttl, keep_queued};
+        epoch_at_send = session_epoch_.load(std::memory_order_acquire);
+        sent = clock_->now();
+        c.queued = c.queued || keep_queued;
+        res = backend_->try_acquire(req, ec);
+        if (ec) return nullptr;
+        if (res.acquired) {
+          acquired = i;
+          break;
+        }
+        c.try_now = false;
+        c.holder_ttl = res.holder_ttl;
+      }
+      if (acquired) break;
+    }
     Clock::time_point now = clock_->now();
     if (!may_wait || now >= wait_deadline) {
       ec = make_error_code(may_wait ? errc::timeout : errc::busy);
       return nullptr;
     }
-    if (!slot) slot = join_wait(name_str);
-    if (!watched) {
-      // Subscribe (or wait for the waiter that is subscribing), then try again
-      // before sleeping: a release between the attempt and the subscription must
-      // not be missed.
-      watched = ensure_watched(name, slot, wait_deadline);
-      if (watched) continue;
-      now = clock_->now();
+    // What to wait for: the gate while it is held, else every name.
+    std::vector<Candidate*> waited;
+    if (gate_held) {
+      waited.push_back(&*gate_cand);
+    } else {
+      for (auto& c : cands) waited.push_back(&c);
     }
-    Millis delay = recheck_delay(res.holder_ttl, opts.ttl);
-    if (!watched) delay = std::min(delay, kDegradedRecheck);
+    // Subscribe (or wait for the waiter that is subscribing), then look again before
+    // sleeping: a change between the attempt and the subscription must not be missed.
+    bool again = false, degraded = false;
+    for (Candidate* c : waited) {
+      join(*c);
+      if (c->watched) continue;
+      c->watched = ensure_watched(c->name, c->slot, wait_deadline);
+      if (c->watched) {
+        c->try_now = true;
+        again = true;
+      } else {
+        degraded = true;
+      }
+    }
+    if (again) continue;
+    now = clock_->now();
+    Millis delay = Millis::max();
+    for (Candidate* c : waited) delay = std::min(delay, recheck_delay(c->holder_ttl, opts.ttl));
+    if (degraded) delay = std::min(delay, kDegradedRecheck);
     const Clock::time_point recheck = std::min(wait_deadline, now + delay);
-    std::unique_lock lk(mu_);
-    while (slot->generation == generation && clock_->now() < recheck) {
-      clock_->wait_until(slot->cv, lk, recheck);
+    bool changed = false;
+    {
+      std::unique_lock lk(mu_);
+      auto any_changed = [&] {
+        for (Candidate* c : waited) {
+          if (c->slot->generation != c->generation) return true;
+        }
+        return false;
+      };
+      while (!(changed = any_changed()) && clock_->now() < recheck) clock_->wait_until(wake, lk, recheck);
+      for (Candidate* c : waited) {
+        // Try again what changed; a subscription dropped by sweep or failure shows
+        // as !watched and is tried (and subscribed) again.
+        if (c->slot->generation != c->generation || !c->slot->watched) c->try_now = true;
+        if (!c->slot->watched) c->watched = false;
+      }
     }
-    // A subscription dropped by sweep or failure shows as !watched next round.
-    if (!slot->watched) watched = false;
+    if (!changed) {
+      for (Candidate* c : waited) c->try_now = true;  // re-check due: all of them
+    }
   }
-  acquired = true;
 
+  index = *acquired;
   auto held = std::make_shared<HeldLock>();
-  held->name = name_str;
+  held->name = cands[index].name;
   held->owner = owner;
   held->fork_gen = fork_gen_;
   held->token = res.token;
@@ -522,6 +648,75 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::string_view name, const Lock
     held->next_renew = kNever;
   }
   return held;
+}
+
+Engine::NameWatch::NameWatch(std::shared_ptr<Engine> engine, std::string name)
+    : engine_(std::move(engine)), name_(std::move(name)) {
+  slot_ = engine_->join_wait(name_);
+}
+
+Engine::NameWatch::~NameWatch() {
+  engine_->leave_wait(name_);
+}
+
+bool Engine::NameWatch::arm(Clock::time_point until) {
+  return engine_->ensure_watched(name_, std::static_pointer_cast<WaitSlot>(slot_), until);
+}
+
+std::uint64_t Engine::NameWatch::generation() const {
+  std::lock_guard lk(engine_->mu_);
+  return static_cast<WaitSlot*>(slot_.get())->generation;
+}
+
+bool Engine::NameWatch::wait(std::uint64_t seen, Clock::time_point until) {
+  auto* slot = static_cast<WaitSlot*>(slot_.get());
+  std::unique_lock lk(engine_->mu_);
+  while (slot->generation == seen && engine_->clock_->now() < until) {
+    engine_->clock_->wait_until(slot->cv, lk, until);
+  }
+  return slot->generation != seen;
+}
+
+bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, std::error_code& ec) {
+  ec.clear();
+  if (forked()) {
+    ec = make_error_code(errc::forked);
+    return false;
+  }
+  std::string why;
+  if ((ec = check_name(name, why))) return false;
+  if (wait && wait->count() < 0) wait = Millis(0);
+  if (wait && *wait >= LockOptions::max_wait) wait.reset();
+  const Clock::time_point deadline = wait ? clock_->now() + *wait : kNever;
+  const Millis ttl = opts_.lock_defaults.ttl;
+  try {
+    std::optional<NameWatch> watch;
+    bool live = false;
+    for (;;) {
+      std::uint64_t seen = 0;
+      if (watch) seen = watch->generation();
+      const LockInfo info = backend_->status(name, ec);
+      if (ec) return false;
+      if (!info.held) return true;
+      const Clock::time_point now = clock_->now();
+      if (now >= deadline) return false;
+      if (!watch) {
+        // Subscribe, then look again: a release in between is then seen or notified.
+        watch.emplace(shared_from_this(), std::string(name));
+        live = watch->arm(deadline);
+        continue;
+      }
+      if (!live && (live = watch->arm(deadline))) continue;  // now live: look again first
+      Millis delay = recheck_delay(info.ttl_remaining, ttl);
+      if (!live) delay = std::min(delay, kDegradedRecheck);
+      watch->wait(seen, std::min(deadline, now + delay));
+    }
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  return false;
 }
 
 std::shared_ptr<HeldLock> Engine::held_by_this_thread(std::string_view name) const {
@@ -601,6 +796,7 @@ void Engine::on_change(std::string_view name) noexcept {
   if (it == waits_.end()) return;
   ++it->second->generation;
   it->second->cv.notify_all();
+  for (std::condition_variable* l : it->second->listeners) l->notify_all();
 }
 
 void Engine::on_session_lost() noexcept {
@@ -620,7 +816,13 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
     auto it = held_.find(held_key(name, thread_owner_of(owner)));
     if (it == held_.end() || it->second->owner != owner) {
       // Not recorded yet: an acquisition of this owner may be under way.
-      if (auto f = inflight_.find(owner); f != inflight_.end()) f->second = true;
+      if (auto f = inflight_.find(owner); f != inflight_.end()) {
+        try {
+          f->second.names.emplace_back(name);
+        } catch (...) {
+          f->second.all = true;  // cannot tell which: take it for the one won
+        }
+      }
       return;
     }
     held = it->second;

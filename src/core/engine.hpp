@@ -11,8 +11,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -118,6 +121,60 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::shared_ptr<HeldLock> acquire(std::string_view name, const LockOptions& opts,
                                     std::optional<Millis> wait, std::error_code& ec,
                                     Reentry reentry = Reentry::never);
+  /// Acquires ONE of `names` (whichever is free first; several names waited on at
+  /// once, e.g. a semaphore's permits) for the calling thread, never re-entering.
+  /// Each name is tried once in the order given; then the caller waits for a change
+  /// notification on any of them (the per-name watches of acquire()), re-checking
+  /// only the names that changed, or all of them when a re-check falls due (capped
+  /// by the shortest remaining TTL the busy names' holders reported), until `wait`
+  /// runs out (nullopt = forever, 0 = one round; errc::busy / errc::timeout).
+  /// `gate`: when not empty, a lock name that must be held by nobody before any of
+  /// `names` is tried (a reader waits while a writer holds or queues for the intent
+  /// lock); while it is held the caller waits for a change of the gate instead, and
+  /// keeps no queued place on `names`. `index` (optional) receives the position in
+  /// `names` of the name acquired. Whatever way it ends, no wait slot stays joined
+  /// and no queued place on the server is left behind.
+  std::shared_ptr<HeldLock> acquire_any(std::span<const std::string> names, const LockOptions& opts,
+                                        std::optional<Millis> wait, std::error_code& ec,
+                                        std::string_view gate = {}, std::size_t* index = nullptr);
+
+  /// Waits until `name` is held by nobody (Backend::status), by change notification,
+  /// re-checked at the latest when the holder's remaining TTL runs out. Returns true
+  /// when free, false when `wait` ran out first (nullopt = forever, 0 = one check);
+  /// `ec` set on errors (then false).
+  bool wait_free(std::string_view name, std::optional<Millis> wait, std::error_code& ec);
+
+  /// Waiting for a change of one name without acquiring it (a reader waiting for the
+  /// writer-intent lock, an election observer waiting for the leader to change).
+  /// Pattern, which misses no change:
+  ///   NameWatch w(engine, name);
+  ///   for (;;) {
+  ///     const bool live = w.arm(deadline);   // subscribe first
+  ///     const auto seen = w.generation();    // then read the state
+  ///     if (state is what we want) break;
+  ///     w.wait(seen, min(deadline, now + (live ? cap : Engine::kDegradedRecheck)));
+  ///   }
+  /// Not thread-safe (one waiting thread); the destructor leaves the wait slot.
+  class NameWatch {
+   public:
+    NameWatch(std::shared_ptr<Engine> engine, std::string name);
+    ~NameWatch();
+    NameWatch(const NameWatch&) = delete;
+    NameWatch& operator=(const NameWatch&) = delete;
+    /// Makes sure change notifications for the name are live; false means they are
+    /// not (the caller re-checks every kDegradedRecheck).
+    bool arm(Clock::time_point until);
+    /// Bumped by every change notification of the name.
+    std::uint64_t generation() const;
+    /// Waits until generation() != seen or `until`; true when it changed.
+    bool wait(std::uint64_t seen, Clock::time_point until);
+
+   private:
+    std::shared_ptr<Engine> engine_;
+    std::string name_;
+    std::shared_ptr<void> slot_;  // Engine::WaitSlot
+  };
+
   /// Drops one hold; at zero releases on the server.
   void release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept;
   /// The calling thread's hold of `name`, or nullptr.
@@ -191,6 +248,9 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
     Clock::time_point watch_retry_at{};  // after a failed watch: when a waiter may try again
     Clock::time_point idle_since{};
     std::condition_variable cv;
+    // Waiters on several names at once (acquire_any) wait on a condition variable of
+    // their own, registered here: on_change notifies them too. Guarded by mu_.
+    std::vector<std::condition_variable*> listeners;
   };
   std::shared_ptr<WaitSlot> join_wait(const std::string& name);
   void leave_wait(const std::string& name);
@@ -198,9 +258,13 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// is, or waits (up to `until`) for the waiter that is subscribing. Returns whether
   /// notifications are live; false means the caller falls back to bounded re-checks.
   bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
-  std::shared_ptr<HeldLock> acquire_loop(std::string_view name, const LockOptions& opts,
-                                         std::optional<Millis> wait, const std::string& owner,
-                                         Clock::time_point start, std::uint64_t& epoch_at_send,
+  std::shared_ptr<HeldLock> acquire_impl(std::span<const std::string_view> names, std::string_view gate,
+                                         const LockOptions& opts, std::optional<Millis> wait,
+                                         std::error_code& ec, Reentry reentry, std::size_t* index);
+  std::shared_ptr<HeldLock> acquire_loop(std::span<const std::string_view> names, std::string_view gate,
+                                         const LockOptions& opts, std::optional<Millis> wait,
+                                         const std::string& owner, Clock::time_point start,
+                                         std::uint64_t& epoch_at_send, std::size_t& index,
                                          std::error_code& ec);
 
  public:
@@ -244,9 +308,15 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
   // belong to the session that ended.
   std::atomic<std::uint64_t> session_epoch_{0};
-  // Owners of acquisitions under way (not yet in held_) → whether on_lease_lost has
-  // reported that very lease lost meanwhile. Guarded by mu_.
-  std::map<std::string, bool, std::less<>> inflight_;
+  // Owners of acquisitions under way (not yet in held_) → the names on_lease_lost has
+  // reported lost for that owner meanwhile (an acquisition of several names may lose a
+  // queued place on one and win another; only the name won counts). `all` when a name
+  // could not be recorded. Guarded by mu_.
+  struct InflightLosses {
+    std::vector<std::string> names;
+    bool all = false;
+  };
+  std::map<std::string, InflightLosses, std::less<>> inflight_;
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};

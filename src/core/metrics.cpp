@@ -140,7 +140,9 @@ std::string_view Metrics::prefix_label(std::string_view name) noexcept {
   const auto begin = name.find_first_not_of("/:");
   if (begin == std::string_view::npos) return kOther;
   name.remove_prefix(begin);
-  const auto end = name.find_first_of("/:");
+  // 0x1f ends it too: the locks of a semaphore or read-write lock ("<name>\x1fsem\x1f<i>")
+  // count under the primitive's name.
+  const auto end = name.find_first_of("/:\x1f");
   const std::string_view p = name.substr(0, end);
   if (p.size() > kMaxPrefixBytes || p == kOther) return kOther;
   if (!std::all_of(p.begin(), p.end(), prefix_byte_ok)) return kOther;

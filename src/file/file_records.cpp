@@ -76,9 +76,11 @@ struct TempFile {
   int dir = -1;
   std::string name;
   bool linked = false;  // still has its temporary name
-  ~TempFile() {
+  void remove() noexcept {
     if (linked) ::unlinkat(dir, name.c_str(), 0);
+    linked = false;
   }
+  ~TempFile() { remove(); }
 };
 
 }  // namespace
@@ -290,6 +292,7 @@ std::string FileRecords::put(std::string_view key, std::string_view value, PutMo
         done = true;
       }
     }
+    tmp.remove();  // before the directory sync below, so it does not come back after a crash
     if (!done) {
       fail(ec, errc::backend_unavailable,
            "record file " + path_of(fname) + " keeps being created and removed while we write it", 0);

@@ -21,6 +21,7 @@
 
 #include "core/log.hpp"
 #include "postgres/pg_conn.hpp"
+#include "postgres/postgres_records.hpp"
 
 namespace distlock::detail {
 
@@ -55,7 +56,8 @@ using pg::run;
 // two-int key space, which never meets the bigint keys of lock names, so that many
 // clients starting at once create or migrate it once). The primary key is the
 // name's SHA-256 (a B-tree entry holds at most about 2.7 kB; a name may have 4096
-// bytes); the name itself is stored, unindexed, and compared. A table of an older
+// bytes); the name itself is stored, unindexed, and compared. The records table
+// (postgres_records.hpp) is created beside it. A table of an older
 // layout (name as primary key, no seen_at) is migrated in place, its tokens kept.
 // The fast path (the table is there in this layout) needs no CREATE privilege.
 constexpr const char* kSetupSql =
@@ -73,6 +75,13 @@ constexpr const char* kSetupSql =
     "'p';"
     "  IF pk IS NOT NULL THEN EXECUTE format('ALTER TABLE distlock_locks DROP CONSTRAINT %I', pk); END IF;"
     "  ALTER TABLE distlock_locks ALTER COLUMN digest SET NOT NULL, ADD PRIMARY KEY (digest);"
+    " END IF;"
+    // Records (postgres_records.cpp), keyed like the lock rows. A user that may not
+    // create it (the lock table made by an administrator) still locks; its record
+    // calls then fail naming the missing table.
+    " IF to_regclass('distlock_records') IS NULL THEN BEGIN"
+    "  CREATE TABLE distlock_records (digest bytea PRIMARY KEY, key bytea NOT NULL, value bytea NOT NULL);"
+    "  EXCEPTION WHEN insufficient_privilege THEN NULL; END;"
     " END IF; END $distlock$; COMMIT";
 
 // $1 name (hex), $2 key, $3 owner, $4 ttl ms. One statement, one transaction: the
@@ -476,9 +485,63 @@ class PostgresBackend final : public Backend {
     return {};
   }
 
+  // Records and listing: postgres_records.cpp, on the shared connection.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return pg::put_record(runner(), key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return pg::get_record(runner(), key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    return pg::erase_record(runner(), key, ec);
+  }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return pg::list_held(runner(), prefix, limit, truncated, ec);
+  }
+
   std::string url() const override { return cfg_.shown; }
 
  private:
+  // One statement on the shared connection (aux_), reconnecting it once when it
+  // failed; on failure `ec` and the error detail (naming the server) are set.
+  pg::Runner runner() {
+    return [this](const char* sql, const std::vector<std::string>& params, const char* what,
+                  std::error_code& ec) {
+      std::lock_guard lk(aux_mu_);
+      std::string why;
+      Exec e;
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
+          aux_ = open(cfg_, Millis(0), "distlock", ec, why);
+          if (ec) {
+            failure(what, why);
+            set_error_detail(why + " (" + what + ")");
+            return Exec{};
+          }
+        }
+        e = run(aux_.get(), sql, params, cfg_.command_timeout);
+        if (!e.io_failed) break;
+        aux_.reset();
+      }
+      if (!e.ok()) {
+        ec = code_of(e);
+        failure(what, e.error);
+        std::string detail = cfg_.shown + ": " + what + ": " + e.error;
+        if (e.sqlstate == "42P01") {
+          detail +=
+              " (the table is created by the first client whose user may create tables; see "
+              "docs/postgres.md)";
+        }
+        set_error_detail(std::move(detail));
+        return Exec{};
+      }
+      ok();
+      return e;
+    };
+  }
+
   static std::string printable(std::string_view name) {
     std::string out;
     for (char c : name.substr(0, 64)) out.push_back(static_cast<unsigned char>(c) < 0x20 ? '?' : c);

@@ -278,8 +278,12 @@ inline void check_many(rec::Backend& b, int n = 1500) {
         << ec.message();
   }
   bool truncated = true;
+  const auto start = std::chrono::steady_clock::now();
   auto all = b.list_held("many/", 100000, truncated, ec);
+  const auto took = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(ec) << ec.message();
+  std::cout << "[ measured ] list_held of " << n << " locks: "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
   EXPECT_FALSE(truncated);
   EXPECT_EQ(names_of(all), names);
   const int half = n / 2;

@@ -1,0 +1,150 @@
+// distlock/shared_mutex.hpp — a read-write lock: many readers or one writer.
+//
+// `Client::shared_mutex(name)` meets the standard SharedLockable and
+// SharedTimedLockable requirements, so std::shared_lock (readers) and
+// std::unique_lock (the writer) work, with try_lock_for/try_lock_until.
+//
+// How it is made (every backend, through the same URL): R reader slots, each an
+// ordinary lease (lock "<name>\x1frw\x1f<i>"), and a writer-intent lock
+// ("<name>\x1frw\x1fw"). A reader holds one slot; a writer holds the intent lock and
+// every slot. Safety rests on the slots alone: a writer holds all R, so no reader
+// can hold one. The intent lock gives fairness: a reader takes a slot only while the
+// intent lock is free, so a writer that is waiting (it holds the intent lock while
+// it collects the slots) blocks new readers and is not starved. R (max readers,
+// default 32, 1..1024) is stored with the lock, in a record beside its locks.
+// A writer's lock() costs R + 1 acquisitions (R + 1 leases renewed in the same
+// batches); a reader's costs one status call and one acquisition.
+//
+// Fencing: the writer's token() is the intent lock's fencing token (strictly
+// increasing per name across writers). Readers get no token.
+//
+// Loss: a hold is lost when ANY lease it is made of is lost (a writer losing one
+// slot is no longer exclusive): its stop token fires and owns() turns false, and it
+// stays lost until unlocked.
+//
+// Holds are per thread, like Mutex, and NOT reentrant: lock()/lock_shared() from a
+// thread that already holds the lock (in either mode, through any SharedMutex of the
+// same client and name) throws errc::invalid_argument instead of deadlocking. In
+// particular read→write upgrade (lock() while holding it shared) is refused:
+// two readers upgrading at once would wait for each other forever. downgrade()
+// turns the calling thread's exclusive hold into a shared one without letting a
+// writer in between.
+//
+// Thread-safety: a SharedMutex is a cheap copyable handle (copies share the per
+// thread holds); all members may be called from any thread.
+//
+// Example:
+//   auto client = distlock::connect("etcd://127.0.0.1:2379");
+//   distlock::SharedMutex rw = client.shared_mutex("config/app");
+//   { std::shared_lock rd(rw); auto cfg = read_config(); }           // many at once
+//   { std::unique_lock wr(rw); write_config(rw.token(), new_cfg);    // alone
+//     rw.downgrade(); wr.release(); std::shared_lock rd(rw, std::adopt_lock);
+//     verify(read_config()); }
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+#include "distlock/client.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock {
+
+namespace detail {
+struct SharedMutexState;
+}
+
+class SharedMutex {
+ public:
+  /// Prefer `Client::shared_mutex`. `max_readers` (R): 0 = the stored value, or
+  /// kDefaultMaxReaders for a new lock; otherwise 1..1024, and a value other than
+  /// the stored one throws errc::invalid_argument naming both. Also throws for a bad
+  /// name, errc::not_supported where the backend keeps no records, and
+  /// errc::backend_unavailable etc. when the server cannot be asked.
+  SharedMutex(Client client, std::string name, LockOptions opts, int max_readers = 0);
+
+  // Exclusive (writer). lock() waits up to the options' `wait` (forever if unset)
+  // and throws errc::timeout when it runs out.
+  void lock();
+  bool try_lock();
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
+    return timed(true, to_wait(d));
+  }
+  template <class ClockT, class Duration>
+  bool try_lock_until(const std::chrono::time_point<ClockT, Duration>& tp) {
+    return timed(true, until(tp));
+  }
+  /// Throws errc::not_owner when the calling thread holds no exclusive hold. A lost
+  /// hold is unlocked without an error (its loss was signalled already).
+  void unlock();
+
+  // Shared (reader).
+  void lock_shared();
+  bool try_lock_shared();
+  template <class Rep, class Period>
+  bool try_lock_shared_for(const std::chrono::duration<Rep, Period>& d) {
+    return timed(false, to_wait(d));
+  }
+  template <class ClockT, class Duration>
+  bool try_lock_shared_until(const std::chrono::time_point<ClockT, Duration>& tp) {
+    return timed(false, until(tp));
+  }
+  void unlock_shared();
+
+  /// Turns the calling thread's exclusive hold into a shared one (it keeps one
+  /// reader slot, gives up the others and the intent lock). Release with
+  /// unlock_shared(). Throws errc::not_owner without an exclusive hold.
+  void downgrade();
+
+  /// The writer's fencing token (the intent lock's) of the calling thread's
+  /// exclusive hold. errc::not_owner without one; errc::not_supported on backends
+  /// without fencing tokens.
+  std::uint64_t token() const;
+  /// Fires when the calling thread's hold (either mode) is lost. errc::not_owner
+  /// without a hold.
+  std::stop_token stop_token() const;
+  /// The calling thread holds it (either mode) and no part of the hold is lost.
+  bool owns() const noexcept;
+  /// The calling thread's hold, if any.
+  bool owns_exclusive() const noexcept;
+  bool owns_shared() const noexcept;
+
+  const std::string& name() const noexcept;
+  /// R: the number of reader slots (as stored on the server).
+  int max_readers() const noexcept;
+
+  static constexpr int kDefaultMaxReaders = 32;
+  static constexpr int kMaxReaders = 1024;
+  /// Key of the record that stores R; lock names of the intent lock and of slot i.
+  static std::string definition_key(std::string_view name);
+  static std::string intent_lock_name(std::string_view name);
+  static std::string slot_lock_name(std::string_view name, int i);
+
+ private:
+  // nullopt: no limit.
+  template <class Rep, class Period>
+  static std::optional<Millis> to_wait(const std::chrono::duration<Rep, Period>& d) {
+    const double ms = std::chrono::duration<double, std::milli>(d).count();
+    if (!(ms > 0)) return Millis(0);
+    if (ms >= static_cast<double>(LockOptions::max_wait.count())) return std::nullopt;
+    return std::chrono::ceil<Millis>(std::chrono::duration<double, std::milli>(ms));
+  }
+  template <class ClockT, class Duration>
+  static std::optional<Millis> until(const std::chrono::time_point<ClockT, Duration>& tp) {
+    const auto now = ClockT::now();
+    if (tp <= now) return Millis(0);
+    // Taken in floating point: time_point::max() and the like cannot overflow.
+    return to_wait(std::chrono::duration<double, std::milli>(tp.time_since_epoch()) -
+                   std::chrono::duration<double, std::milli>(now.time_since_epoch()));
+  }
+  bool timed(bool exclusive, std::optional<Millis> wait);
+  std::shared_ptr<detail::SharedMutexState> state_;
+};
+
+}  // namespace distlock

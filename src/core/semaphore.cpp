@@ -1,0 +1,125 @@
+#include "distlock/semaphore.hpp"
+
+#include <algorithm>
+
+#include "core/backend.hpp"
+#include "core/engine.hpp"
+#include "core/primitives.hpp"
+
+namespace distlock {
+
+using detail::Engine;
+
+namespace {
+
+std::string describe(std::string_view name) {
+  return "semaphore \"" + std::string(name.substr(0, 200)) + "\"";
+}
+
+}  // namespace
+
+std::string Semaphore::definition_key(std::string_view name) {
+  return detail::derived_name(name, "sem");
+}
+
+std::string Semaphore::permit_lock_name(int i) const {
+  return detail::derived_name(name_, "sem", std::to_string(i));
+}
+
+Semaphore::Semaphore(Client client, std::string name, int permits, LockOptions opts)
+    : client_(std::move(client)), name_(std::move(name)), opts_(opts) {
+  const std::string what = describe(name_);
+  // "\x1fsem\x1f1023": the longest permit name adds 9 bytes.
+  detail::check_primitive_name("semaphore", name_, 9);
+  if (permits < 1 || permits > kMaxPermits) {
+    throw_error(
+        make_error_code(errc::invalid_argument),
+        what + ": permits must be 1.." + std::to_string(kMaxPermits) + ", not " + std::to_string(permits));
+  }
+  if (auto ec = opts_.validate_and_fill()) throw_error(ec, what + ": invalid lock options");
+  permits_ = detail::define_size(*client_.engine(), definition_key(name_), permits, permits, what, "permits");
+  locks_.reserve(static_cast<std::size_t>(permits_));
+  for (int i = 0; i < permits_; ++i) locks_.push_back(permit_lock_name(i));
+}
+
+std::optional<Lease> Semaphore::take(std::optional<Millis> wait, std::error_code& ec) {
+  // Start at a random permit: contenders that all started at permit 0 would collide
+  // on it and then on permit 1, ...
+  const std::size_t start = detail::random_start(locks_.size());
+  std::vector<std::string> order;
+  order.reserve(locks_.size());
+  for (std::size_t i = 0; i < locks_.size(); ++i) order.push_back(locks_[(start + i) % locks_.size()]);
+  const auto& engine = client_.engine();
+  auto held = engine->acquire_any(order, opts_, wait, ec);
+  if (ec) return std::nullopt;
+  return Lease(engine, std::move(held));
+}
+
+namespace {
+[[noreturn]] void throw_take_error(std::error_code ec, const std::string& name) {
+  std::string detail = detail::take_error_detail();
+  std::string what = describe(name);
+  if (ec == errc::timeout) what += ": no permit came free in time";
+  if (ec == errc::busy) what += ": every permit is held";
+  if (!detail.empty()) what += ": " + detail;
+  throw_error(ec, what);
+}
+}  // namespace
+
+Lease Semaphore::acquire() {
+  std::error_code ec;
+  auto lease = take(opts_.wait, ec);
+  if (ec) throw_take_error(ec, name_);
+  return std::move(*lease);
+}
+
+Lease Semaphore::acquire(std::error_code& ec) noexcept {
+  ec.clear();
+  try {
+    auto lease = take(opts_.wait, ec);
+    if (!ec && lease) return std::move(*lease);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  if (!ec) ec = make_error_code(errc::protocol_error);
+  return {};
+}
+
+std::optional<Lease> Semaphore::try_acquire() {
+  std::error_code ec;
+  auto lease = take(Millis(0), ec);
+  if (ec == errc::busy) return std::nullopt;
+  if (ec) throw_take_error(ec, name_);
+  return lease;
+}
+
+std::optional<Lease> Semaphore::try_acquire_for(Millis wait) {
+  std::error_code ec;
+  auto lease = take(std::max(wait, Millis(0)), ec);
+  if (ec == errc::busy || ec == errc::timeout) return std::nullopt;
+  if (ec) throw_take_error(ec, name_);
+  return lease;
+}
+
+std::size_t Semaphore::available() {
+  std::size_t free = 0;
+  for (const auto& lock : locks_) {
+    std::error_code ec;
+    const LockInfo info = client_.status(lock, ec);
+    if (ec) throw_error(ec, describe(name_) + ": status of a permit");
+    if (!info.held) ++free;
+  }
+  return free;
+}
+
+Semaphore Client::semaphore(std::string_view name, int permits, const LockOptions& opts) {
+  return Semaphore(*this, std::string(name), permits, opts);
+}
+
+Semaphore Client::semaphore(std::string_view name, int permits) {
+  return semaphore(name, permits, engine_->options().lock_defaults);
+}
+
+}  // namespace distlock

@@ -1,0 +1,45 @@
+// Records and the listing of held locks for the postgres:// backend.
+//
+// Records are rows of distlock_records (digest bytea PRIMARY KEY = sha256(key), key
+// bytea, value bytea), created with distlock_locks by the backend's setup; a record
+// and a lock of one name are rows of different tables, so they never collide, and
+// nothing ever expires them. Each call is one statement on the client's shared
+// "distlock" connection (synchronous_commit on): PutMode::always is an upsert,
+// PutMode::if_absent an INSERT ... ON CONFLICT DO NOTHING that returns the row it
+// inserted or, in the same statement, the one that was there (a row committed by a
+// concurrent writer after the statement's snapshot is read by the next attempt).
+//
+// The listing reads distlock_locks and pg_locks in one statement and says of each
+// name what status() says (held = the row names an owner and the row's session holds
+// the advisory key, or that lease's seen_at + ttl_ms has not passed).
+//
+// Thread-safety: free functions; the runner serialises the connection.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "postgres/pg_conn.hpp"
+
+namespace distlock::detail::pg {
+
+/// Runs one statement on the client's shared connection (reconnecting when it
+/// failed). On failure returns an Exec that is not ok() and sets `ec` and the error
+/// detail (naming the server and `what`).
+using Runner = std::function<Exec(const char* sql, const std::vector<std::string>& params, const char* what,
+                                  std::error_code& ec)>;
+
+std::string put_record(const Runner& run, std::string_view key, std::string_view value, PutMode mode,
+                       std::error_code& ec);
+std::optional<std::string> get_record(const Runner& run, std::string_view key, std::error_code& ec);
+bool erase_record(const Runner& run, std::string_view key, std::error_code& ec);
+std::vector<ListedLock> list_held(const Runner& run, std::string_view prefix, std::size_t limit,
+                                  bool& truncated, std::error_code& ec);
+
+}  // namespace distlock::detail::pg

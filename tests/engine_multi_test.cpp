@@ -1,0 +1,301 @@
+// Engine: acquiring one of several names (Engine::acquire_any) and waiting for a name
+// to be free (Engine::wait_free), on the memory backend with a manual clock. Waiting
+// is by notification: with the clock standing still nobody re-checks on a timer, so
+// the number of try_acquire calls shows that nothing polls.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/engine.hpp"
+#include "core/url.hpp"
+#include "distlock/distlock.hpp"
+#include "fake/memory_backend.hpp"
+#include "support/memory_fixture.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::testing::ManualMemoryTest;
+using distlock::testing::ttl;
+
+namespace {
+
+using EngineMulti = ManualMemoryTest;
+
+// Polls `pred` (real time, bounded) until it holds.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return pred();
+}
+
+const std::vector<std::string> kNames{"m/0", "m/1", "m/2"};
+
+TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
+  auto a = client();
+  auto b = client();
+  auto h0 = a.acquire("m/0", ttl(3s));
+  auto h1 = a.acquire("m/1", ttl(3s));
+  std::error_code ec;
+  std::size_t index = 99;
+  auto held = b.engine()->acquire_any(kNames, ttl(3s), 0ms, ec, {}, &index);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(held);
+  EXPECT_EQ(index, 2u);
+  EXPECT_EQ(held->name, "m/2");
+  EXPECT_EQ(store->holder("m/2"), held->owner);
+  b.engine()->release(held, ec);
+  EXPECT_FALSE(ec);
+}
+
+TEST_F(EngineMulti, AllBusyWithoutWaitIsBusyAndLeavesNothingBehind) {
+  auto a = client();
+  auto b = client();
+  std::vector<distlock::Lease> held;
+  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
+  const int tries = store->try_acquire_calls();
+  std::error_code ec;
+  auto got = b.engine()->acquire_any(kNames, ttl(3s), 0ms, ec);
+  EXPECT_EQ(ec, errc::busy);
+  EXPECT_FALSE(got);
+  EXPECT_EQ(store->try_acquire_calls() - tries, 3) << "one attempt per name";
+  EXPECT_EQ(store->cancel_calls(), 0) << "no queued place was asked for";
+  EXPECT_EQ(b.engine()->idle_watches(), 0u);
+  EXPECT_EQ(store->live_watches(), 0);
+}
+
+TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
+  auto a = client();
+  auto b = client();
+  std::vector<distlock::Lease> held;
+  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
+  const int base = store->try_acquire_calls();
+  std::shared_ptr<distlock::detail::HeldLock> got;
+  std::error_code ec;
+  std::size_t index = 99;
+  std::thread waiter([&] { got = b.engine()->acquire_any(kNames, ttl(3s), std::nullopt, ec, {}, &index); });
+  // One round (3 tries), the subscriptions, then one more round before sleeping.
+  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 6; }));
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
+  // The clock stands still: a waiter that polled would keep calling try_acquire.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(store->try_acquire_calls() - base, 6) << "the waiter polls";
+  held[1].release();  // notifies
+  waiter.join();
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(index, 1u);
+  EXPECT_EQ(got->name, "m/1");
+  EXPECT_EQ(store->try_acquire_calls() - base, 7) << "only the name that changed is tried again";
+  EXPECT_EQ(store->cancel_calls(), 2) << "the queued places on the other names are given up";
+  b.engine()->release(got, ec);
+}
+
+TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
+  auto a = client();
+  auto b = client();
+  std::vector<distlock::Lease> held;
+  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(30s)));
+  std::error_code ec;
+  std::atomic<bool> done{false};
+  std::shared_ptr<distlock::detail::HeldLock> got;
+  std::thread waiter([&] {
+    got = b.engine()->acquire_any(kNames, ttl(30s), 2s, ec);
+    done = true;
+  });
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
+  for (int i = 0; i < 5000 && !done; ++i) {
+    clock->advance(10ms);
+    std::this_thread::sleep_for(1ms);
+  }
+  waiter.join();
+  EXPECT_EQ(ec, errc::timeout);
+  EXPECT_FALSE(got);
+  EXPECT_EQ(store->cancel_calls(), 3) << "every queued place is given up";
+  // The subscriptions stay (idle, bounded) for the next waiter; no waiter is left.
+  EXPECT_EQ(b.engine()->idle_watches(), 3u);
+  b.engine()->sweep_idle_watches(true);
+  EXPECT_EQ(store->live_watches(), 0);
+}
+
+TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
+  auto a = client();
+  auto b = client();
+  std::vector<distlock::Lease> held;
+  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(1s)));
+  std::error_code ec;
+  std::atomic<bool> done{false};
+  std::shared_ptr<distlock::detail::HeldLock> got;
+  std::size_t index = 99;
+  std::thread waiter([&] {
+    got = b.engine()->acquire_any(kNames, ttl(30s), 60s, ec, {}, &index);
+    done = true;
+  });
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
+  store->drop("m/2");  // gone without a notification (a lost message)
+  Millis advanced{0};
+  for (int i = 0; i < 5000 && !done; ++i) {
+    clock->advance(10ms);
+    advanced += 10ms;
+    std::this_thread::sleep_for(1ms);
+  }
+  waiter.join();
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got);
+  // The holders reported ~1 s left: the re-check comes within that plus jitter
+  // (10 %), far before the 5 s cap of a lease whose TTL is unknown.
+  EXPECT_LE(advanced, 2s);
+  b.engine()->release(got, ec);
+}
+
+TEST_F(EngineMulti, ErrorMidRoundGivesUpEveryQueuedPlace) {
+  auto a = client();
+  auto b = client();
+  auto h0 = a.acquire("m/0", ttl(3s));
+  store->throw_next_acquires(1, /*after=*/1);  // the attempt on m/1 throws
+  std::error_code ec;
+  auto got = b.engine()->acquire_any(kNames, ttl(3s), std::nullopt, ec);
+  EXPECT_TRUE(ec);
+  EXPECT_FALSE(got);
+  EXPECT_EQ(store->cancel_calls(), 2);
+  EXPECT_FALSE(store->held("m/2", clock->now())) << "names after the failure are not tried";
+}
+
+TEST_F(EngineMulti, GateHeldMeansNoNameIsTriedUntilItIsFree) {
+  auto a = client();
+  auto b = client();
+  auto gate = a.acquire("g", ttl(3s));
+  const int base = store->try_acquire_calls();
+  std::error_code ec;
+  std::shared_ptr<distlock::detail::HeldLock> got;
+  std::thread waiter([&] { got = b.engine()->acquire_any(kNames, ttl(3s), std::nullopt, ec, "g"); });
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(store->try_acquire_calls(), base) << "a name was tried while the gate was held";
+  EXPECT_FALSE(store->held("m/0", clock->now()));
+  gate.release();
+  waiter.join();
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->name, "m/0");
+  EXPECT_EQ(store->try_acquire_calls() - base, 1);
+  EXPECT_EQ(store->cancel_calls(), 0) << "a gated acquisition keeps no queued place";
+  b.engine()->release(got, ec);
+}
+
+TEST_F(EngineMulti, GateGivesUpWhenTheWaitRunsOut) {
+  auto a = client();
+  auto b = client();
+  auto gate = a.acquire("g", ttl(30s));
+  std::error_code ec;
+  auto got = b.engine()->acquire_any(kNames, ttl(3s), 0ms, ec, "g");
+  EXPECT_EQ(ec, errc::busy);
+  EXPECT_FALSE(got);
+}
+
+TEST_F(EngineMulti, WaitFreeReturnsOnReleaseWithoutPolling) {
+  auto a = client();
+  auto b = client();
+  auto x = a.acquire("x", ttl(3s));
+  std::error_code ec;
+  std::atomic<int> result{-1};
+  std::thread waiter([&] { result = b.engine()->wait_free("x", std::nullopt, ec) ? 1 : 0; });
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(result.load(), -1);
+  EXPECT_EQ(store->try_acquire_calls(), 1) << "waiting for a name to be free never acquires it";
+  x.release();
+  waiter.join();
+  EXPECT_FALSE(ec);
+  EXPECT_EQ(result.load(), 1);
+  // Not held: at once; held with a zero wait: false.
+  EXPECT_TRUE(b.engine()->wait_free("x", 0ms, ec));
+  auto y = a.acquire("x", ttl(3s));
+  EXPECT_FALSE(b.engine()->wait_free("x", 0ms, ec));
+  EXPECT_FALSE(ec);
+}
+
+TEST_F(EngineMulti, SingleNameAcquireStillWaitsByNotification) {
+  auto a = client();
+  auto b = client();
+  auto x = a.acquire("x", ttl(3s));
+  const int base = store->try_acquire_calls();
+  std::optional<distlock::Lease> got;
+  std::thread waiter([&] { got.emplace(b.acquire("x", ttl(3s))); });
+  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 2; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(store->try_acquire_calls() - base, 2);
+  x.release();
+  waiter.join();
+  EXPECT_TRUE(got->owns());
+  EXPECT_EQ(store->try_acquire_calls() - base, 3);
+}
+
+// A queue-based backend may report a queued place of the waiter as ended (its node
+// deleted, or its cancellation seen as a deletion) while the same acquisition wins
+// another name: only a loss of the name won may mark the new lease lost.
+class ReportsQueuedPlaceLoss final : public distlock::detail::Backend {
+ public:
+  explicit ReportsQueuedPlaceLoss(std::unique_ptr<distlock::detail::Backend> inner)
+      : inner_(std::move(inner)) {}
+  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
+  void set_listener(distlock::detail::ChangeListener* l) override {
+    listener_ = l;
+    inner_->set_listener(l);
+  }
+  distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
+                                              std::error_code& ec) override {
+    auto r = inner_->try_acquire(req, ec);
+    if (!ec && !r.acquired) listener_->on_lease_lost(req.name, req.owner);
+    return r;
+  }
+  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
+             std::error_code& ec) override {
+    inner_->renew(items, out, ec);
+  }
+  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                          std::error_code& ec) override {
+    return inner_->release(name, owner, token, ec);
+  }
+  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
+  void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
+  distlock::LockInfo status(std::string_view name, std::error_code& ec) override {
+    return inner_->status(name, ec);
+  }
+  std::string url() const override { return inner_->url(); }
+
+ private:
+  std::unique_ptr<distlock::detail::Backend> inner_;
+  distlock::detail::ChangeListener* listener_ = nullptr;
+};
+
+TEST_F(EngineMulti, ALossReportedForAnotherNameDoesNotMarkTheWonLeaseLost) {
+  auto a = client();
+  auto h0 = a.acquire("m/0", ttl(3s));
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
+  std::error_code ec;
+  auto inner = distlock::detail::make_memory_backend(url, options(), ec, why);
+  ASSERT_FALSE(ec) << why;
+  auto engine =
+      distlock::detail::Engine::create(std::make_unique<ReportsQueuedPlaceLoss>(std::move(inner)), options());
+  auto held = engine->acquire_any(kNames, ttl(3s), std::nullopt, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->name, "m/1");
+  EXPECT_FALSE(held->lost.load()) << "the loss of the queued place on m/0 was taken for the lease on m/1";
+  EXPECT_FALSE(held->stop.stop_requested());
+  engine->release(held, ec);
+  EXPECT_FALSE(ec) << ec.message();
+}
+
+}  // namespace
