@@ -41,6 +41,7 @@
 #include "cli/metrics_http.hpp"
 #include "core/engine.hpp"
 #include "distlock/client.hpp"
+#include "distlock/semaphore.hpp"
 
 extern char** environ;
 
@@ -67,6 +68,7 @@ struct RunFlags {
   std::string metrics_addr = "127.0.0.1";
   CLI::Option* metrics_addr_option = nullptr;
   std::string max_hold, min_hold, once_per;  // empty: not given
+  int permits = 0;                           // --permits N; 0: not given
 };
 
 struct RunSettings {
@@ -80,6 +82,7 @@ struct RunSettings {
   std::string metrics_addr;
   std::optional<Millis> min_hold;  // keep holding after the command until grant + min_hold
   std::optional<Millis> once_per;  // at most one successful run per period slot
+  int permits = 0;                 // > 0: take a permit of the semaphore NAME of that many
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -121,6 +124,14 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   if (!flags.once_per.empty()) {
     s.once_per = positive("--once-per", flags.once_per);
     if (detail::Engine::check_name(once_key(s.name), why)) usage_error("--once-per: the mark's key: " + why);
+  }
+  if (flags.permits != 0) {
+    if (flags.permits < 1 || flags.permits > Semaphore::kMaxPermits) {
+      usage_error("--permits " + std::to_string(flags.permits) + " is out of range 1.." +
+                  std::to_string(Semaphore::kMaxPermits));
+    }
+    if (s.once_per) usage_error("--once-per needs the lock itself, not one of --permits");
+    s.permits = flags.permits;
   }
   if (s.min_hold && s.lock.max_hold && *s.min_hold > *s.lock.max_hold) {
     usage_error("--min-hold " + flags.min_hold + " is longer than --max-hold " + flags.max_hold);
@@ -222,7 +233,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
                                 std::function<void(const Client&)> on_connected) {
   auto result = std::make_shared<Acquisition>();
   result->on_connected = std::move(on_connected);
-  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock] {
+  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock, permits = s.permits] {
     try {
       ClientOptions options = tool_client_options();
       // zk://: the session (whose timeout is the lease's real length: a killed runner
@@ -231,7 +242,8 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
       Client client = connect(url, options);
       result->client = client;
       if (result->on_connected) result->on_connected(client);
-      result->lease.emplace(client.acquire(name, lock));
+      result->lease.emplace(permits > 0 ? client.semaphore(name, permits, lock).acquire()
+                                        : client.acquire(name, lock));
     } catch (const std::system_error& e) {
       result->ec = e.code();
       result->what = e.what();
@@ -261,6 +273,11 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
 }
 
 std::string not_acquired_message(const RunSettings& s, const std::error_code& ec, const std::string& what) {
+  if (s.permits > 0 && (ec == errc::busy || ec == errc::timeout)) {
+    return "all " + std::to_string(s.permits) + " permits of semaphore \"" + s.name + "\" are held" +
+           (ec == errc::busy ? std::string(" (one attempt, not waiting)")
+                             : " (not acquired within --wait " + format_duration(*s.lock.wait) + ")");
+  }
   if (ec == errc::busy) return "lock \"" + s.name + "\" is held by another owner (one attempt, not waiting)";
   if (ec == errc::timeout) {
     return "lock \"" + s.name + "\" was not acquired within --wait " + format_duration(*s.lock.wait) +
@@ -278,12 +295,17 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
     // runner's password (the job gets it only in DISTLOCK_URL, with --pass-url-password).
     if (kv.starts_with("DISTLOCK_NAME=") || kv.starts_with("DISTLOCK_TOKEN=") ||
         kv.starts_with("DISTLOCK_URL=") || kv.starts_with("DISTLOCK_PASSWORD=") ||
-        kv.starts_with("DISTLOCK_METRICS_ADDR=")) {
+        kv.starts_with("DISTLOCK_METRICS_ADDR=") || kv.starts_with("DISTLOCK_PERMIT=") ||
+        kv.starts_with("DISTLOCK_ONCE_SLOT=")) {
       continue;
     }
     env.emplace_back(kv);
   }
   env.push_back("DISTLOCK_NAME=" + s.name);
+  if (s.permits > 0) {  // the permit's lock is "<name>\x1fsem\x1f<i>"
+    const std::string& held = lease.name();
+    env.push_back("DISTLOCK_PERMIT=" + held.substr(held.rfind('\x1f') + 1));
+  }
   if (lease.has_token()) env.push_back("DISTLOCK_TOKEN=" + std::to_string(lease.token()));
   env.push_back("DISTLOCK_URL=" + child_url(s.url));
   if (!metrics_addr.empty()) env.push_back("DISTLOCK_METRICS_ADDR=" + metrics_addr);
@@ -649,10 +671,13 @@ constexpr const char* kRunDescription =
 constexpr const char* kRunFooter =
     "EXIT STATUS\n"
     "  COMMAND's status  COMMAND ran under the lock (128+N if it died of signal N)\n"
-    "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl\n"
+    "  0    also: --once-per found this period's run already done (COMMAND not run; one line says so)\n"
+    "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl; --once-per on\n"
+    "       a backend that keeps no records\n"
     "  69   the lock service is unreachable or rejected the credentials, or --metrics-port cannot be bound\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
-    "  76   the lock was lost (or about to be) while the job ran; the job was stopped and reaped\n"
+    "  76   the lock was lost (or about to be) while the job ran, or --max-hold ended it; the job was stopped\n"
+    "       and reaped\n"
     "  126  COMMAND could not be executed;  127  COMMAND was not found\n"
     "  Every error is one line on standard error that names its cause.\n"
     "\n"
@@ -728,6 +753,11 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
                   "At most one successful run per period slot (floor(unix time / DUR)): under the lock, "
                   "skip (exit 0) if this slot already has one, else run and, on exit 0, record the slot")
       ->option_text("DUR");
+  run->add_option("--permits", flags->permits,
+                  "Take one of N permits of the semaphore NAME instead of the lock NAME: up to N jobs run at "
+                  "once (every runner of NAME must give the same N); the job gets its permit number in "
+                  "$DISTLOCK_PERMIT")
+      ->option_text("N");
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");

@@ -57,7 +57,7 @@ class Formatter final : public CLI::Formatter {
   std::string make_usage(const CLI::App* app, std::string name) const override {
     if (app->get_name() == "run") {
       return "Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] "
-             "[--leader-only] [--max-hold DUR] [--min-hold DUR] [--once-per DUR] NAME -- "
+             "[--leader-only] [--max-hold DUR] [--min-hold DUR] [--once-per DUR] [--permits N] NAME -- "
              "COMMAND [ARGS...]\n";
     }
     if (app->get_name() == "status") return "Usage: distlock status [--url URL] [--json] NAME\n";

@@ -209,7 +209,8 @@ TEST_P(CliJobs, OncePerNextSlotRunsAgain) {
 // `status` and `list` show the runner's description: host, pid and command.
 TEST_P(CliJobs, StatusAndListShowTheHolderDescription) {
   const fs::path ready = path("ready");
-  Cli holder = Cli::start(run_sh("jobs/report", "echo x > " + ready.string() + "; exec sleep 60"), dir_.path());
+  Cli holder =
+      Cli::start(run_sh("jobs/report", "echo x > " + ready.string() + "; exec sleep 60"), dir_.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
   Cli other = Cli::start(run_sh("misc", "exec sleep 60"), dir_.path());
   const std::string pid = "pid=" + std::to_string(holder.pid());
@@ -268,6 +269,52 @@ TEST_P(CliJobs, StatusAndListShowTheHolderDescription) {
   Cli none = Cli::run({"list", "--url", url_}, dir_.path());
   EXPECT_EQ(none.code(), 0) << none.err();
   EXPECT_NE(none.out().find("(no locks held)"), std::string::npos) << none.out();
+}
+
+// --permits 2: two jobs run at once, a third is refused; list shows the semaphore.
+TEST_P(CliJobs, PermitsRunUpToNJobsAtOnceAndListShowsTheSemaphore) {
+  const fs::path a = path("a.ready"), b = path("b.ready");
+  Cli first = Cli::start(
+      run_sh("pool", "echo $DISTLOCK_PERMIT > " + a.string() + "; exec sleep 60", {"--permits", "2"}),
+      dir_.path());
+  Cli second = Cli::start(
+      run_sh("pool", "echo $DISTLOCK_PERMIT > " + b.string() + "; exec sleep 60", {"--permits", "2"}),
+      dir_.path());
+  ASSERT_TRUE(wait_for_file(a, 20s)) << first.err();
+  ASSERT_TRUE(wait_for_file(b, 20s)) << second.err();
+  const auto pa = lines(slurp(a)), pb = lines(slurp(b));
+  ASSERT_EQ(pa.size(), 1u);
+  ASSERT_EQ(pb.size(), 1u);
+  EXPECT_NE(pa[0], pb[0]);  // two different permits
+  Cli third = Cli::run(run_sh("pool", "true", {"--permits", "2", "--no-wait"}), dir_.path());
+  EXPECT_EQ(third.code(), 75);
+  EXPECT_NE(third.err().find("all 2 permits of semaphore \"pool\" are held"), std::string::npos)
+      << third.err();
+  Cli other_n = Cli::run(run_sh("pool", "true", {"--permits", "3", "--no-wait"}), dir_.path());
+  EXPECT_EQ(other_n.code(), 64) << other_n.err();
+
+  Cli list = Cli::run({"list", "--url", url_, "--json"}, dir_.path());
+  ASSERT_EQ(list.code(), 0) << list.err();
+  const auto j = nlohmann::json::parse(list.out());
+  ASSERT_EQ(j.at("locks").size(), 2u) << list.out();
+  for (const auto& l : j.at("locks")) {
+    EXPECT_EQ(l.at("kind"), "semaphore");
+    EXPECT_EQ(l.at("base"), "pool");
+    EXPECT_EQ(l.at("of"), 2);
+  }
+  ASSERT_EQ(j.at("semaphores").size(), 1u);
+  EXPECT_EQ(j.at("semaphores")[0].at("held"), 2);
+  EXPECT_EQ(j.at("semaphores")[0].at("permits"), 2);
+  Cli text = Cli::run({"list", "--url", url_}, dir_.path());
+  EXPECT_NE(text.out().find("semaphore pool: 2/2 permits held"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("semaphore permit " + pa[0] + " of 2"), std::string::npos) << text.out();
+
+  first.signal(SIGTERM);
+  EXPECT_EQ(first.wait(20s), 143);
+  Cli fourth = Cli::run(run_sh("pool", "true", {"--permits", "2", "--wait", "10s"}), dir_.path());
+  EXPECT_EQ(fourth.code(), 0) << fourth.err();
+  second.signal(SIGTERM);
+  EXPECT_EQ(second.wait(20s), 143);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CliJobs, ::testing::Values("file", "redis"),
