@@ -38,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
@@ -48,6 +49,23 @@ namespace detail {
 class Engine;
 struct HeldLock;
 }  // namespace detail
+
+/// Why a lease was lost (`Lease::loss_reason()`); `none` while it is held (or after
+/// an orderly release).
+enum class LossReason {
+  none,
+  local_deadline,   ///< the local deadline passed without a successful renewal
+  renewal_late,     ///< a renewal succeeded, but its reply came after the local deadline
+  renewal_refused,  ///< the server said another owner (or nobody) holds it
+  session_lost,     ///< the client's session ended (etcd lease revoked, ZooKeeper session expired)
+  lease_ended,      ///< the server ended this one lease (deleted from outside, its node gone)
+  gone_at_release,  ///< the server no longer had it when the holder released it
+  max_hold,         ///< LockOptions::max_hold passed since the grant
+  forked,           ///< used in a forked child: the lease is the parent's
+};
+
+/// The reason's name: "local_deadline", "max_hold", ... ("none" for none).
+const char* to_string(LossReason reason) noexcept;
 
 /// A held lease on one name. Move-only RAII: the destructor releases it
 /// (noexcept; a failed release is logged and counted, never thrown).
@@ -84,6 +102,19 @@ class Lease {
   /// Time left until the local deadline (zero when lost or released).
   Millis remaining() const noexcept;
 
+  /// Time left until LockOptions::max_hold ends the lease (zero once it has);
+  /// nullopt without a max_hold, or when not held.
+  std::optional<Millis> max_hold_remaining() const noexcept;
+
+  /// Why the lease was lost: LossReason::none while it is held, after an orderly
+  /// release and for an empty Lease; `forked` in a forked child. A lease past its
+  /// local deadline that the watchdog has not declared yet already answers
+  /// local_deadline (or max_hold).
+  LossReason loss_reason() const noexcept;
+  /// One sentence on the loss for people ("max_hold 5s reached", "the server says
+  /// another owner (or nobody) holds it", ...); empty when loss_reason() is none.
+  std::string loss_detail() const;
+
   /// Releases now. Throws `errc::lost` if the lease had been lost (nothing on the
   /// server is touched then), `errc::backend_unavailable` if the server could not
   /// be reached (the lease then expires by its TTL).
@@ -103,10 +134,34 @@ class Lease {
 /// What a backend can tell about a lock (`Client::status`).
 struct LockInfo {
   bool held = false;
-  std::optional<std::uint64_t> token;    ///< current (last issued) fencing token, if known
-  std::optional<Millis> ttl_remaining;   ///< server-side time to expiry, if known
-  std::optional<std::string> holder;     ///< holder's owner id, if known
+  std::optional<std::uint64_t> token;   ///< current (last issued) fencing token, if known
+  std::optional<Millis> ttl_remaining;  ///< server-side time to expiry, if known
+  std::optional<std::string> holder;    ///< holder's owner id, if known
+  /// The holder's description (LockOptions::holder_info) when it set one.
+  std::optional<std::string> holder_info;
   std::optional<std::uint64_t> waiters;  ///< number of waiting clients, if known
+};
+
+/// What a listed lock is part of. The primitives are made of ordinary locks whose
+/// names are derived from the user's name with the separator '\x1f':
+/// "<name>\x1fsem\x1f<i>" (semaphore permit i), "<name>\x1frw\x1fw" (read-write lock,
+/// writer intent), "<name>\x1frw\x1f<i>" (read-write lock, reader slot i),
+/// "<name>\x1felect" (election leadership).
+enum class LockKind { lock, semaphore_permit, rw_writer, rw_reader, election };
+
+/// One held lock as `Client::list` returns it.
+struct ListedLock {
+  std::string name;  ///< the stored name (a derived name for a primitive's part)
+  LockInfo info;     ///< what status(name) would say (held is true)
+  LockKind kind = LockKind::lock;
+  std::string base;                    ///< the user's name: `name` itself for a plain lock
+  std::optional<std::uint32_t> index;  ///< permit or reader slot number
+  /// A semaphore's permits N / a read-write lock's reader slots R, from its stored
+  /// definition, when readable.
+  std::optional<std::uint32_t> of;
+  /// For people: "lock", "semaphore permit 2 of 5", "rw writer", "rw reader slot 3",
+  /// "election".
+  std::string display;
 };
 
 /// Relaxed counters (for metrics; each read is a snapshot).
@@ -165,6 +220,14 @@ class Client {
   /// What the backend knows about `name` (held, token, ttl, holder, waiters).
   LockInfo status(std::string_view name);
   LockInfo status(std::string_view name, std::error_code& ec) noexcept;
+
+  /// Locks held now whose stored name starts with `prefix` (empty: all), sorted by
+  /// name, at most `limit` (`truncated` tells whether there were more). Parts of
+  /// semaphores, read-write locks and elections are decoded (ListedLock::kind).
+  /// May cost a scan of the server's keys: for tools (`distlock list`), not hot
+  /// paths. Throws errc::not_supported where the backend cannot list.
+  std::vector<ListedLock> list(std::string_view prefix, std::size_t limit = 1000);
+  std::vector<ListedLock> list(std::string_view prefix, std::size_t limit, bool& truncated);
 
   /// Whether this backend issues fencing tokens.
   bool has_fencing() const noexcept;
@@ -268,6 +331,10 @@ class Mutex {
   std::uint64_t token() const;
   std::stop_token stop_token() const;
   bool owns() const noexcept;
+  /// Lease::loss_reason()/loss_detail() of the calling thread's hold (none / empty
+  /// when it holds none).
+  LossReason loss_reason() const noexcept;
+  std::string loss_detail() const;
   /// The calling thread's hold count (0 when it does not hold the lock).
   int hold_count() const noexcept;
   const std::string& name() const noexcept { return name_; }

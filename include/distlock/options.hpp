@@ -49,11 +49,30 @@ struct LockOptions {
   /// Must be > 0 and <= ttl/2.
   Millis renew_interval{0};
 
+  /// Upper bound on how long one acquisition may be held, counted from the send
+  /// time of the request that was granted. Default: no bound (std::nullopt). Must
+  /// be > 0 and <= max_wait. The renewer never extends the lease past
+  /// `grant + max_hold`: at that moment the lease is declared lost (its stop token
+  /// fires, `Lease::loss_reason()` says LossReason::max_hold) even though renewals
+  /// still succeed, so a holder that is alive but hung cannot keep the lock for
+  /// ever. The server's record then expires by its TTL (no later than the last
+  /// renewal's send time + ttl) unless the holder releases it first.
+  std::optional<Millis> max_hold{};
+
+  /// A description of the holder for people (`distlock status`, `distlock list`),
+  /// e.g. "host=web1 pid=4242 cmd=backup". Stored with the lease on the server (in
+  /// the owner string after a '|', no extra round trip) and returned by
+  /// `Client::status()` in LockInfo::holder_info. Printable ASCII (0x20..0x7e)
+  /// without '|'; longer than max_holder_info bytes is cut. Default empty (none).
+  std::string holder_info{};
+
   static constexpr Millis min_ttl{100};
   static constexpr Millis max_ttl{std::chrono::hours(24 * 366)};
   static constexpr Millis max_wait{std::chrono::hours(24 * 365 * 100)};
+  static constexpr std::size_t max_holder_info = 160;
 
-  /// Fills in defaults (margin, interval) and checks every relation. Returns an
+  /// Fills in defaults (margin, interval), cuts holder_info to max_holder_info bytes
+  /// and checks every relation (max_hold > 0, holder_info printable without '|'). Returns an
   /// `errc::invalid_argument` error naming the offending field, or {}.
   std::error_code validate_and_fill() noexcept;
 };

@@ -37,9 +37,11 @@
 
 #include "cli/child_process.hpp"
 #include "cli/commands.hpp"
+#include "cli/job_guard.hpp"
 #include "cli/metrics_http.hpp"
 #include "core/engine.hpp"
 #include "distlock/client.hpp"
+#include "distlock/semaphore.hpp"
 
 extern char** environ;
 
@@ -66,6 +68,8 @@ struct RunFlags {
   std::string metrics_addr = "127.0.0.1";
   CLI::Option* metrics_addr_option = nullptr;
   bool wait_given = false, grace_given = false;  // set without CLI11 (run_under_lease)
+  std::string max_hold, min_hold, once_per;  // empty: not given
+  int permits = 0;                           // --permits N; 0: not given
 };
 
 struct RunSettings {
@@ -81,6 +85,9 @@ struct RunSettings {
   // gets in its environment besides DISTLOCK_NAME/TOKEN/URL (run_under_lease).
   std::function<Lease(Client&, const std::string&, const LockOptions&)> acquire;
   std::vector<std::string> env;
+  std::optional<Millis> min_hold;  // keep holding after the command until grant + min_hold
+  std::optional<Millis> once_per;  // at most one successful run per period slot
+  int permits = 0;                 // > 0: take a permit of the semaphore NAME of that many
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -112,6 +119,28 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   } else if (flags.wait_given || (flags.wait_option && flags.wait_option->count() > 0)) {
     s.lock.wait = parse_duration_flag("--wait", flags.wait);
   }  // else: wait until acquired
+  auto positive = [](const char* flag, const std::string& text) {
+    const Millis d = parse_duration_flag(flag, text);
+    if (d.count() <= 0) usage_error(std::string(flag) + " " + text + " must be above zero");
+    return d;
+  };
+  if (!flags.max_hold.empty()) s.lock.max_hold = positive("--max-hold", flags.max_hold);
+  if (!flags.min_hold.empty()) s.min_hold = positive("--min-hold", flags.min_hold);
+  if (!flags.once_per.empty()) {
+    s.once_per = positive("--once-per", flags.once_per);
+    if (detail::Engine::check_name(once_key(s.name), why)) usage_error("--once-per: the mark's key: " + why);
+  }
+  if (flags.permits != 0) {
+    if (flags.permits < 1 || flags.permits > Semaphore::kMaxPermits) {
+      usage_error("--permits " + std::to_string(flags.permits) + " is out of range 1.." +
+                  std::to_string(Semaphore::kMaxPermits));
+    }
+    if (s.once_per) usage_error("--once-per needs the lock itself, not one of --permits");
+    s.permits = flags.permits;
+  }
+  if (s.min_hold && s.lock.max_hold && *s.min_hold > *s.lock.max_hold) {
+    usage_error("--min-hold " + flags.min_hold + " is longer than --max-hold " + flags.max_hold);
+  }
   LockOptions filled = s.lock;
   if (filled.validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
   // The whole job gets SIGTERM when the lease has --grace left before its local
@@ -122,6 +151,11 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
     s.grace = parse_duration_flag("--grace", flags.grace);
   } else {
     s.grace = std::min<Millis>(kDefaultGrace, s.lock.ttl / 4);
+    if (s.lock.max_hold) s.grace = std::min<Millis>(s.grace, *s.lock.max_hold / 4);
+  }
+  if (s.lock.max_hold && s.grace >= *s.lock.max_hold) {
+    usage_error("--grace " + format_duration(s.grace) + " must be shorter than --max-hold " +
+                format_duration(*s.lock.max_hold) + " (the command gets SIGTERM --grace before it)");
   }
   if (s.grace >= grace_limit) {
     usage_error("--grace " + format_duration(s.grace) + " is too long for --ttl " +
@@ -137,6 +171,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   s.metrics_addr = flags.metrics_addr;
   if (auto ec = LockOptions(s.lock).validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
   s.url = flags.url.empty() ? default_url() : flags.url;
+  s.lock.holder_info = runner_holder_info(s.command);
   return s;
 }
 
@@ -203,7 +238,8 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
                                 std::function<void(const Client&)> on_connected) {
   auto result = std::make_shared<Acquisition>();
   result->on_connected = std::move(on_connected);
-  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock, acquire = s.acquire] {
+  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock, acquire = s.acquire,
+                       permits = s.permits] {
     try {
       ClientOptions options = tool_client_options();
       // zk://: the session (whose timeout is the lease's real length: a killed runner
@@ -212,7 +248,9 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
       Client client = connect(url, options);
       result->client = client;
       if (result->on_connected) result->on_connected(client);
-      result->lease.emplace(acquire ? acquire(client, name, lock) : client.acquire(name, lock));
+      result->lease.emplace(acquire           ? acquire(client, name, lock)
+                            : permits > 0 ? client.semaphore(name, permits, lock).acquire()
+                                          : client.acquire(name, lock));
     } catch (const std::system_error& e) {
       result->ec = e.code();
       result->what = e.what();
@@ -242,6 +280,11 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
 }
 
 std::string not_acquired_message(const RunSettings& s, const std::error_code& ec, const std::string& what) {
+  if (s.permits > 0 && (ec == errc::busy || ec == errc::timeout)) {
+    return "all " + std::to_string(s.permits) + " permits of semaphore \"" + s.name + "\" are held" +
+           (ec == errc::busy ? std::string(" (one attempt, not waiting)")
+                             : " (not acquired within --wait " + format_duration(*s.lock.wait) + ")");
+  }
   if (ec == errc::busy) return "lock \"" + s.name + "\" is held by another owner (one attempt, not waiting)";
   if (ec == errc::timeout) {
     return "lock \"" + s.name + "\" was not acquired within --wait " + format_duration(*s.lock.wait) +
@@ -259,12 +302,17 @@ std::vector<std::string> child_environment(const RunSettings& s, const Lease& le
     // runner's password (the job gets it only in DISTLOCK_URL, with --pass-url-password).
     if (kv.starts_with("DISTLOCK_NAME=") || kv.starts_with("DISTLOCK_TOKEN=") ||
         kv.starts_with("DISTLOCK_URL=") || kv.starts_with("DISTLOCK_PASSWORD=") ||
-        kv.starts_with("DISTLOCK_METRICS_ADDR=")) {
+        kv.starts_with("DISTLOCK_METRICS_ADDR=") || kv.starts_with("DISTLOCK_PERMIT=") ||
+        kv.starts_with("DISTLOCK_ONCE_SLOT=")) {
       continue;
     }
     env.emplace_back(kv);
   }
   env.push_back("DISTLOCK_NAME=" + s.name);
+  if (s.permits > 0) {  // the permit's lock is "<name>\x1fsem\x1f<i>"
+    const std::string& held = lease.name();
+    env.push_back("DISTLOCK_PERMIT=" + held.substr(held.rfind('\x1f') + 1));
+  }
   if (lease.has_token()) env.push_back("DISTLOCK_TOKEN=" + std::to_string(lease.token()));
   env.push_back("DISTLOCK_URL=" + child_url(s.url));
   if (!metrics_addr.empty()) env.push_back("DISTLOCK_METRICS_ADDR=" + metrics_addr);
@@ -288,6 +336,9 @@ std::string signal_name(int sig) {
 }
 
 std::string loss_cause(const Lease& lease) {
+  if (lease.loss_reason() == LossReason::max_hold) {
+    return "--max-hold passed since the lock was granted (" + lease.loss_detail() + ")";
+  }
   if (lease.stop_token().stop_requested()) {
     const std::string warning = last_library_warning();
     if (const auto p = warning.find(" lost: "); p != std::string::npos) return warning.substr(p + 7);
@@ -315,6 +366,74 @@ class MetricsSource {
 int poll_timeout_until(SteadyClock::time_point deadline) {
   const auto left = std::chrono::ceil<Millis>(deadline - SteadyClock::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+}
+
+/// --once-per, before the command: -1 to run it (with `once` set to the mark to store
+/// after success), else the exit status (0: this slot already had its run).
+int check_once_per(const RunSettings& s, Client& client, Lease& lease, std::optional<OnceMark>& once) {
+  const std::int64_t now_ms = unix_ms_now();
+  const std::uint64_t slot = period_slot(*s.once_per, now_ms);
+  std::optional<OnceMark> mark;
+  try {
+    mark = read_once_mark(client, s.name);
+  } catch (const std::system_error& e) {
+    std::error_code ignored;
+    lease.release(ignored);
+    print_error(std::string(e.what()) + "; --once-per needs it");
+    return e.code() == errc::not_supported ? exit_status::usage : exit_code_for(e.code());
+  }
+  if (mark && mark->slot == slot) {
+    std::error_code ignored;
+    lease.release(ignored);
+    print_error("lock \"" + s.name + "\": already ran in this --once-per " + format_duration(*s.once_per) +
+                " period (slot " + std::to_string(slot) + ", run finished at unix ms " +
+                std::to_string(mark->unix_ms) + " with token " + std::to_string(mark->token) +
+                "); not running the command");
+    return exit_status::ok;
+  }
+  once = OnceMark{slot, lease.has_token() ? lease.token() : 0, 0};
+  return -1;
+}
+
+/// --once-per, after a successful run: stores the mark, only while the lease is held
+/// (the write then lands before the lease can have ended on the server, since the
+/// local deadline comes before the server's expiry). -1 when stored.
+int record_once_per(const RunSettings& s, Client& client, Lease& lease, OnceMark mark) {
+  mark.unix_ms = unix_ms_now();
+  if (!lease.owns()) {
+    std::error_code ignored;
+    lease.release(ignored);
+    print_error("lock \"" + s.name + "\" was lost before the --once-per mark could be stored: " +
+                loss_cause(lease) + "; this period may run again");
+    return exit_status::lost;
+  }
+  try {
+    write_once_mark(client, s.name, mark);
+  } catch (const std::system_error& e) {
+    std::error_code ignored;
+    lease.release(ignored);
+    print_error(std::string(e.what()) + "; the command succeeded, but this period may run again");
+    return exit_code_for(e.code());
+  }
+  return -1;
+}
+
+/// --min-hold: keeps the lease (renewed) until min_hold has passed since the grant, as
+/// measured on this host's steady clock from just after the grant. Ends early when the
+/// lease is lost or a terminating signal arrives.
+void hold_at_least(const RunSettings& s, const Lease& lease, SignalFd& signals, Wakeup& wake,
+                   SteadyClock::time_point acquired_at) {
+  const SteadyClock::time_point until = acquired_at + *s.min_hold;
+  for (int rounds = 0; rounds < 1000000 && SteadyClock::now() < until && lease.owns(); ++rounds) {
+    int timeout = poll_timeout_until(until);
+    const Millis left = lease.remaining();
+    if (left != Millis::max()) timeout = static_cast<int>(std::min<long long>(timeout, left.count() + 1));
+    poll_for(signals, wake, std::max(timeout, 1));
+    wake.drain();
+    bool stop = false;
+    for (const auto& d : signals.drain()) stop = stop || is_terminating(d.signal);
+    if (stop) return;
+  }
 }
 
 int run_locked(const RunSettings& s) {
@@ -354,6 +473,7 @@ int run_locked(const RunSettings& s) {
     return exit_code_for(acq.ec);
   }
   Lease lease = std::move(*acq.lease);
+  const SteadyClock::time_point acquired_at = SteadyClock::now();  // after the grant
   // The callback may run on the engine's renewer thread at any later time; it owns
   // its share of the eventfd so a late call can never write into a reused fd.
   lease.on_lost([wake] { wake->notify(); });
@@ -362,6 +482,10 @@ int run_locked(const RunSettings& s) {
   if (!lease.owns()) {
     print_error("lock \"" + s.name + "\" was lost before the command started: " + loss_cause(lease));
     return exit_status::lost;
+  }
+  std::optional<OnceMark> once;  // the mark to store after a successful run
+  if (s.once_per) {
+    if (int rc = check_once_per(s, *acq.client, lease, once); rc >= 0) return rc;
   }
 
   // The watchdog leads the job's group and kills it if the runner dies; it is
@@ -373,6 +497,7 @@ int run_locked(const RunSettings& s) {
   ChildSpec spec;
   spec.argv = s.command;
   spec.env = child_environment(s, lease, metrics ? metrics->address() : std::string());
+  if (once) spec.env.push_back("DISTLOCK_ONCE_SLOT=" + std::to_string(once->slot));
   spec.process_group = watchdog.group();
   spec.terminal_fd = terminal;
   spec.signal_mask = signals.previous_mask();
@@ -394,9 +519,10 @@ int run_locked(const RunSettings& s) {
 
   std::optional<int> leader_status;
   bool no_children = false;
-  bool lost = false;     // the lease is gone: the job got SIGKILL
-  bool at_risk = false;  // --grace before the local deadline, no renewal: SIGTERM
-  int stopped_by = 0;    // the job stopped for the terminal: SIGTERM, SIGKILL after --grace
+  bool lost = false;         // the lease is gone: the job got SIGKILL
+  bool at_risk = false;      // --grace before the local deadline, no renewal: SIGTERM
+  bool at_max_hold = false;  // at_risk because --max-hold ends the lease, not a renewal
+  int stopped_by = 0;        // the job stopped for the terminal: SIGTERM, SIGKILL after --grace
   SteadyClock::time_point stop_kill_at{};
   bool stop_killed = false;
   bool stop_forwarded = false;  // the stop was a SIGTSTP/SIGTTIN sent to the runner
@@ -408,8 +534,10 @@ int run_locked(const RunSettings& s) {
       lost = true;
       cause = loss_cause(lease);
       child.signal_job(SIGKILL);
-    } else if (!lost && !at_risk && lease.remaining() <= s.grace) {
+    } else if (const Millis left = lease.remaining(); !lost && !at_risk && left <= s.grace) {
       at_risk = true;
+      const auto hold_left = lease.max_hold_remaining();
+      at_max_hold = hold_left && *hold_left <= left;
       child.signal_job(SIGTERM);
     }
     // 2. Signals: forward the terminating ones to the whole job.
@@ -478,6 +606,14 @@ int run_locked(const RunSettings& s) {
                 "; sent SIGKILL to the command's processes (group " + std::to_string(child.group()) + ")");
     return exit_status::lost;
   }
+  if (at_risk && at_max_hold) {
+    std::error_code ignored;
+    if (lease.owns()) lease.release(ignored);
+    print_error("lock \"" + s.name + "\" reached --max-hold " + format_duration(*s.lock.max_hold) +
+                ": sent SIGTERM to the command's processes (group " + std::to_string(child.group()) +
+                ") --grace " + format_duration(s.grace) + " before it; they ended before it");
+    return exit_status::lost;
+  }
   if (at_risk) {
     std::error_code ignored;
     if (lease.owns()) lease.release(ignored);
@@ -488,6 +624,17 @@ int run_locked(const RunSettings& s) {
   }
 
   const int status = exit_status_of(*leader_status);
+  if (once && status == 0 && stopped_by == 0) {
+    if (int rc = record_once_per(s, *acq.client, lease, *once); rc >= 0) return rc;
+  }
+  if (s.min_hold && stopped_by == 0) {
+    hold_at_least(s, lease, signals, *wake, acquired_at);
+    if (!lease.owns()) {  // lost while held on after the command: nothing ran unprotected
+      std::error_code ignored;
+      lease.release(ignored);
+      return status;
+    }
+  }
   std::error_code ec;
   lease.release(ec);
   if (stopped_by != 0) {
@@ -532,10 +679,15 @@ constexpr const char* kRunDescription =
 constexpr const char* kRunFooter =
     "EXIT STATUS\n"
     "  COMMAND's status  COMMAND ran under the lock (128+N if it died of signal N)\n"
-    "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl\n"
+    "  0    also: --once-per found this period's run already done (COMMAND not run; one line says so)\n"
+    "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl; --once-per "
+    "on\n"
+    "       a backend that keeps no records\n"
     "  69   the lock service is unreachable or rejected the credentials, or --metrics-port cannot be bound\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
-    "  76   the lock was lost (or about to be) while the job ran; the job was stopped and reaped\n"
+    "  76   the lock was lost (or about to be) while the job ran, or --max-hold ended it; the job was "
+    "stopped\n"
+    "       and reaped\n"
     "  126  COMMAND could not be executed;  127  COMMAND was not found\n"
     "  Every error is one line on standard error that names its cause.\n"
     "\n"
@@ -615,6 +767,24 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
       run->add_option("--metrics-addr", flags->metrics_addr,
                       "Numeric address the metrics endpoint binds (default 127.0.0.1; e.g. ::1, 0.0.0.0)")
           ->option_text("ADDR");
+  run->add_option("--max-hold", flags->max_hold,
+                  "Hold the lock at most DUR from the grant, even while renewals succeed: the command gets "
+                  "SIGTERM --grace before, SIGKILL at it (a hung job cannot keep the lock); exit 76")
+      ->option_text("DUR");
+  run->add_option(
+         "--min-hold", flags->min_hold,
+         "After COMMAND ends, keep holding (renewing) the lock until DUR has passed since the grant, "
+         "so another host cannot run the job again at once (ShedLock's lockAtLeastFor)")
+      ->option_text("DUR");
+  run->add_option("--once-per", flags->once_per,
+                  "At most one successful run per period slot (floor(unix time / DUR)): under the lock, "
+                  "skip (exit 0) if this slot already has one, else run and, on exit 0, record the slot")
+      ->option_text("DUR");
+  run->add_option("--permits", flags->permits,
+                  "Take one of N permits of the semaphore NAME instead of the lock NAME: up to N jobs run at "
+                  "once (every runner of NAME must give the same N); the job gets its permit number in "
+                  "$DISTLOCK_PERMIT")
+      ->option_text("N");
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");

@@ -37,6 +37,7 @@ void print_text(const std::string& name, const std::string& url, const LockInfo&
   out +=
       "ttl:     " + (info.ttl_remaining ? format_duration(*info.ttl_remaining) : std::string(absent)) + "\n";
   out += "holder:  " + text_or(info.holder, absent) + "\n";
+  if (info.holder_info) out += "info:    " + *info.holder_info + "\n";
   out += "waiters: " + (info.waiters ? std::to_string(*info.waiters) : std::string("unknown")) + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
@@ -51,6 +52,8 @@ void print_json(const std::string& name, const std::string& url, const LockInfo&
   j["ttl_ms"] = info.ttl_remaining ? nlohmann::ordered_json(info.ttl_remaining->count())
                                    : nlohmann::ordered_json(nullptr);
   j["holder"] = info.holder ? nlohmann::ordered_json(*info.holder) : nlohmann::ordered_json(nullptr);
+  j["holder_info"] =
+      info.holder_info ? nlohmann::ordered_json(*info.holder_info) : nlohmann::ordered_json(nullptr);
   j["waiters"] = info.waiters ? nlohmann::ordered_json(*info.waiters) : nlohmann::ordered_json(nullptr);
   // Lock names are arbitrary bytes; replace invalid UTF-8 rather than fail.
   const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
@@ -75,9 +78,11 @@ int show_status(const StatusFlags& flags) {
 constexpr const char* kStatusFooter =
     "OUTPUT\n"
     "  lock, url, held (yes/no), token (the current fencing token; for a free lock the last one issued),\n"
-    "  ttl (the server's remaining lease), holder (the holder's owner id: client id:thread), waiters.\n"
+    "  ttl (the server's remaining lease), holder (the holder's owner id: client id:thread), info (the\n"
+    "  holder's description, e.g. host=H pid=P cmd=C for a distlock run; only when it set one), waiters.\n"
     "  \"unknown\" where the backend cannot tell, \"none\" for the ttl and holder of a free lock.\n"
-    "  With --json, one line: {\"name\",\"url\",\"held\",\"token\",\"ttl_ms\",\"holder\",\"waiters\"}, null "
+    "  With --json, one line: "
+    "{\"name\",\"url\",\"held\",\"token\",\"ttl_ms\",\"holder\",\"holder_info\",\"waiters\"}, null "
     "for\n"
     "  unknown or none.\n"
     "\n"

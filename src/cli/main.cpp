@@ -57,7 +57,7 @@ class Formatter final : public CLI::Formatter {
   std::string make_usage(const CLI::App* app, std::string name) const override {
     if (app->get_name() == "run") {
       return "Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] "
-             "[--leader-only] NAME -- "
+             "[--leader-only] [--max-hold DUR] [--min-hold DUR] [--once-per DUR] [--permits N] NAME -- "
              "COMMAND [ARGS...]\n";
     }
     if (app->get_name() == "status") return "Usage: distlock status [--url URL] [--json] NAME\n";
@@ -69,6 +69,7 @@ class Formatter final : public CLI::Formatter {
     std::string summary = sub->get_description();
     if (sub->get_name() == "run") summary = "Run a command while holding a lock (the cron single-runner)";
     if (sub->get_name() == "status") summary = "Show whether a lock is held, its token, TTL, holder, waiters";
+    if (sub->get_name() == "list") summary = "List the locks, semaphores, rw locks and elections held now";
     if (sub->get_name() == "bench")
       summary = "Measure lock latency and throughput (one JSON line per workload)";
     if (sub->get_name() == "id")
@@ -210,6 +211,7 @@ int main(int argc, char** argv) {
   add_status_command(app, exit_code);
   add_elect_command(app, exit_code, command_after_dashes);
   add_leader_command(app, exit_code);
+  add_list_command(app, exit_code);
 #ifdef DISTLOCK_CLI_HAS_BENCH
   add_bench_command(app, exit_code);
 #endif

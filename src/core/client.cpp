@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 
 #include "core/backend.hpp"
 #include "core/engine.hpp"
@@ -22,7 +23,28 @@ std::error_code LockOptions::validate_and_fill() noexcept {
   if (renew_interval.count() == 0) renew_interval = ttl / 3;
   if (safety_margin >= ttl / 3) return make_error_code(errc::invalid_argument);
   if (renew_interval > ttl / 2 || renew_interval.count() <= 0) return make_error_code(errc::invalid_argument);
+  if (max_hold && (max_hold->count() <= 0 || *max_hold > max_wait))
+    return make_error_code(errc::invalid_argument);
+  if (holder_info.size() > max_holder_info) holder_info.resize(max_holder_info);
+  for (char c : holder_info) {
+    if (c < 0x20 || c > 0x7e || c == '|') return make_error_code(errc::invalid_argument);
+  }
   return {};
+}
+
+const char* to_string(LossReason reason) noexcept {
+  switch (reason) {
+    case LossReason::none: return "none";
+    case LossReason::local_deadline: return "local_deadline";
+    case LossReason::renewal_late: return "renewal_late";
+    case LossReason::renewal_refused: return "renewal_refused";
+    case LossReason::session_lost: return "session_lost";
+    case LossReason::lease_ended: return "lease_ended";
+    case LossReason::gone_at_release: return "gone_at_release";
+    case LossReason::max_hold: return "max_hold";
+    case LossReason::forked: return "forked";
+  }
+  return "unknown";
 }
 
 namespace {
@@ -45,6 +67,20 @@ std::string describe_options_error(const LockOptions& o) {
   if (o.renew_interval > o.ttl / 2) {
     return "renew_interval " + std::to_string(o.renew_interval.count()) + "ms must be at most ttl/2 (" +
            std::to_string((o.ttl / 2).count()) + "ms)";
+  }
+  if (o.max_hold && o.max_hold->count() <= 0) {
+    return "max_hold " + std::to_string(o.max_hold->count()) + "ms must be above zero";
+  }
+  if (o.max_hold && *o.max_hold > LockOptions::max_wait) {
+    return "max_hold " + std::to_string(o.max_hold->count()) + "ms is above the maximum of 100 years";
+  }
+  for (std::size_t i = 0; i < o.holder_info.size() && i < LockOptions::max_holder_info; ++i) {
+    const char c = o.holder_info[i];
+    if (c == '|') return "holder_info must not contain '|' (byte " + std::to_string(i) + ")";
+    if (c < 0x20 || c > 0x7e) {
+      return "holder_info must be printable ASCII: byte " + std::to_string(i) + " is " +
+             std::to_string(static_cast<unsigned char>(c));
+    }
   }
   return "invalid lock options";
 }
@@ -124,6 +160,20 @@ Millis Lease::remaining() const noexcept {
   const auto d = held_->deadline();
   if (d == Clock::time_point::max()) return Millis::max();
   return std::chrono::duration_cast<Millis>(d - held_->clock->now());
+}
+
+std::optional<Millis> Lease::max_hold_remaining() const noexcept {
+  if (!owns() || held_->hold_limit == Clock::time_point::max()) return std::nullopt;
+  const auto left = held_->hold_limit - held_->clock->now();
+  return std::max(Millis(0), std::chrono::duration_cast<Millis>(left));
+}
+
+LossReason Lease::loss_reason() const noexcept {
+  return held_ ? held_->public_reason() : LossReason::none;
+}
+
+std::string Lease::loss_detail() const {
+  return held_ ? held_->public_detail() : std::string();
 }
 
 void Lease::release() {
@@ -206,6 +256,105 @@ LockInfo Client::status(std::string_view name, std::error_code& ec) noexcept {
     ec = make_error_code(errc::protocol_error);
   }
   return {};
+}
+
+namespace {
+
+std::optional<std::uint32_t> parse_u32(std::string_view s) {
+  if (s.empty() || s.size() > 9) return std::nullopt;
+  std::uint32_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return v;
+}
+
+// Decodes a derived name "<base>\x1f<kind>[\x1f<detail>]" (design: docs/design.md).
+void decode_kind(ListedLock& l) {
+  constexpr char kSep = '\x1f';
+  l.base = l.name;
+  l.display = "lock";
+  const auto first = l.name.find(kSep);
+  if (first == std::string::npos || first == 0) return;
+  const std::string_view base = std::string_view(l.name).substr(0, first);
+  const std::string_view rest = std::string_view(l.name).substr(first + 1);
+  const auto second = rest.find(kSep);
+  const std::string_view kind = rest.substr(0, second);
+  const std::string_view detail =
+      second == std::string_view::npos ? std::string_view() : rest.substr(second + 1);
+  const bool has_detail = second != std::string_view::npos;
+  if (kind == "elect" && !has_detail) {
+    l.kind = LockKind::election;
+    l.display = "election";
+  } else if (kind == "sem" && has_detail && parse_u32(detail)) {
+    l.kind = LockKind::semaphore_permit;
+    l.index = parse_u32(detail);
+    l.display = "semaphore permit " + std::to_string(*l.index);
+  } else if (kind == "rw" && has_detail && detail == "w") {
+    l.kind = LockKind::rw_writer;
+    l.display = "rw writer";
+  } else if (kind == "rw" && has_detail && parse_u32(detail)) {
+    l.kind = LockKind::rw_reader;
+    l.index = parse_u32(detail);
+    l.display = "rw reader slot " + std::to_string(*l.index);
+  } else {
+    return;  // not a name this library derives: a plain lock with a \x1f in it
+  }
+  l.base = std::string(base);
+}
+
+}  // namespace
+
+std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit) {
+  bool truncated = false;
+  return list(prefix, limit, truncated);
+}
+
+std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit, bool& truncated) {
+  std::error_code ec;
+  if (!prefix.empty()) {
+    std::string why;
+    if (Engine::check_name(prefix, why))
+      throw_error(make_error_code(errc::invalid_argument), "prefix: " + why);
+  }
+  std::vector<detail::ListedLock> raw = engine_->list_held(prefix, limit, truncated, ec);
+  if (ec) {
+    std::string what = "list of locks";
+    if (!prefix.empty()) what += " with prefix \"" + std::string(prefix.substr(0, 200)) + "\"";
+    if (ec == errc::not_supported)
+      what += " (backend " + engine_->backend().url() + " cannot list its locks)";
+    const std::string d = detail::take_error_detail();
+    if (!d.empty()) what += ": " + d;
+    throw_error(ec, what);
+  }
+  std::vector<ListedLock> out;
+  out.reserve(raw.size());
+  std::map<std::string, std::optional<std::uint32_t>> definitions;  // record key -> N or R
+  for (auto& r : raw) {
+    ListedLock l;
+    l.name = std::move(r.name);
+    l.info = std::move(r.info);
+    decode_kind(l);
+    if (l.kind == LockKind::semaphore_permit || l.kind == LockKind::rw_reader) {
+      const std::string key = l.base + (l.kind == LockKind::semaphore_permit ? "\x1fsem" : "\x1frw");
+      auto it = definitions.find(key);
+      if (it == definitions.end()) {
+        std::optional<std::uint32_t> n;
+        std::error_code rec_ec;
+        try {
+          if (auto v = engine_->backend().get_record(key, rec_ec); v && !rec_ec) n = parse_u32(*v);
+        } catch (...) {
+        }
+        it = definitions.emplace(key, n).first;
+      }
+      l.of = it->second;
+      if (l.of && l.kind == LockKind::semaphore_permit) l.display += " of " + std::to_string(*l.of);
+      if (l.of && l.kind == LockKind::rw_reader) l.display += " of " + std::to_string(*l.of);
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
 }
 
 bool Client::has_fencing() const noexcept {
@@ -365,6 +514,20 @@ bool Mutex::owns() const noexcept {
   } catch (...) {
     return false;
   }
+}
+
+LossReason Mutex::loss_reason() const noexcept {
+  try {
+    auto held = client_.engine()->held_by_this_thread(name_);
+    return held ? held->public_reason() : LossReason::none;
+  } catch (...) {
+    return LossReason::none;
+  }
+}
+
+std::string Mutex::loss_detail() const {
+  auto held = client_.engine()->held_by_this_thread(name_);
+  return held ? held->public_detail() : std::string();
 }
 
 int Mutex::hold_count() const noexcept {

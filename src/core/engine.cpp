@@ -39,13 +39,68 @@ bool HeldLock::owns() const noexcept {
   return !lost.load(std::memory_order_acquire) && fork_gen == fork_generation() && clock->now() < deadline();
 }
 
+LossReason HeldLock::expiry_reason() const noexcept {
+  return hold_limit != Clock::time_point::max() && deadline() >= hold_limit ? LossReason::max_hold
+                                                                            : LossReason::local_deadline;
+}
+
+namespace {
+distlock::LossReason to_public(LossReason r) noexcept {
+  switch (r) {
+    case LossReason::local_deadline: return distlock::LossReason::local_deadline;
+    case LossReason::renewal_late: return distlock::LossReason::renewal_late;
+    case LossReason::renewal_refused: return distlock::LossReason::renewal_refused;
+    case LossReason::session_lost: return distlock::LossReason::session_lost;
+    case LossReason::lease_ended: return distlock::LossReason::lease_ended;
+    case LossReason::gone_at_release: return distlock::LossReason::gone_at_release;
+    case LossReason::max_hold: return distlock::LossReason::max_hold;
+    case LossReason::count_: break;
+  }
+  return distlock::LossReason::local_deadline;
+}
+
+std::string expiry_text(const HeldLock& h, LossReason r) {
+  if (r == LossReason::max_hold && h.opts.max_hold) {
+    return "max_hold " + std::to_string(h.opts.max_hold->count()) + "ms reached (held since the grant)";
+  }
+  return "local deadline passed without a successful renewal";
+}
+}  // namespace
+
+distlock::LossReason HeldLock::public_reason() const noexcept {
+  if (fork_gen != fork_generation()) return distlock::LossReason::forked;
+  {
+    std::lock_guard lk(callbacks_mu);
+    if (loss_reason) return to_public(*loss_reason);
+  }
+  if (clock->now() >= deadline()) return to_public(expiry_reason());
+  return distlock::LossReason::none;
+}
+
+std::string HeldLock::public_detail() const {
+  if (fork_gen != fork_generation()) return "used in a forked child process: the lease is the parent's";
+  {
+    std::lock_guard lk(callbacks_mu);
+    if (loss_reason) return loss_detail;
+  }
+  if (clock->now() >= deadline()) return expiry_text(*this, expiry_reason());
+  return {};
+}
+
 std::string owner_for_this_thread(const std::string& client_id) {
   static std::atomic<std::uint64_t> next_thread_seq{1};
   thread_local const std::uint64_t seq = next_thread_seq.fetch_add(1, std::memory_order_relaxed);
   return client_id + ":" + std::to_string(seq);
 }
 
+std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept {
+  const auto bar = owner.find('|');
+  if (bar == std::string_view::npos) return {owner, std::nullopt};
+  return {owner.substr(0, bar), owner.substr(bar + 1)};
+}
+
 std::string_view thread_owner_of(std::string_view owner) noexcept {
+  owner = split_owner(owner).first;
   const auto dot = owner.rfind('.');
   return dot == std::string_view::npos ? owner : owner.substr(0, dot);
 }
@@ -346,12 +401,17 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     }
   }
   if (expired)
-    declare_lost(expired, LossReason::local_deadline, "local deadline passed without a successful renewal");
+    declare_lost(expired, expired->expiry_reason(), "local deadline passed without a successful renewal");
 
   // Every acquisition is a new owner on the server: see HeldLock::owner.
   std::string owner = thread_owner;
   owner.push_back('.');
   owner.append(std::to_string(next_acquisition_.fetch_add(1, std::memory_order_relaxed)));
+  if (!opts.holder_info.empty()) {  // validated: printable, no '|', cut to max_holder_info
+    owner.push_back('|');
+    owner.append(opts.holder_info);
+  }
+  if (opts.max_hold) ensure_watchdog();
 
   {
     std::lock_guard lk(mu_);
@@ -411,7 +471,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     if (caps_.needs_renewal && held->next_renew - held->opts.renew_interval / 4 < renewer_wake_) {
       renewer_cv_.notify_all();
     }
-    if (caps_.needs_renewal) {
+    if (caps_.needs_renewal || held->hold_limit != kNever) {
       // Awake (wake == min): its last scan may predate this lease; it rescans
       // before sleeping. Asleep: wake it if this deadline comes first.
       if (watchdog_wake_ == Clock::time_point::min()) {
@@ -422,7 +482,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     }
   }
   if (replaced)
-    declare_lost(replaced, LossReason::local_deadline, "local deadline passed without a successful renewal");
+    declare_lost(replaced, replaced->expiry_reason(), "local deadline passed without a successful renewal");
   if (session_gone)
     declare_lost(held, LossReason::session_lost, "session lost while the lock was being granted");
   if (lease_gone) {
@@ -605,11 +665,12 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   // A backend may grant less than the TTL (a ZooKeeper session shorter than it,
   // Redlock's drift): renew on the validity's schedule, never after its deadline.
   held->opts.renew_interval = std::max(Millis(1), std::min(opts.renew_interval, held->validity / 3));
+  if (opts.max_hold) held->hold_limit = sent + *opts.max_hold;
   if (caps_.needs_renewal) {
-    held->set_deadline(sent + held->validity - opts.safety_margin);
-    held->next_renew = sent + held->opts.renew_interval;
+    held->set_deadline(std::min(sent + held->validity - opts.safety_margin, held->hold_limit));
+    held->next_renew = held->deadline() >= held->hold_limit ? kNever : sent + held->opts.renew_interval;
   } else {
-    held->set_deadline(kNever);
+    held->set_deadline(held->hold_limit);  // kNever without a max_hold
     held->next_renew = kNever;
   }
   return held;
@@ -770,7 +831,25 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
 
 void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason,
                           const char* why) noexcept {
-  if (held->lost.exchange(true, std::memory_order_acq_rel)) return;
+  std::string text;
+  if (reason == LossReason::local_deadline || reason == LossReason::max_hold) {
+    try {
+      text = expiry_text(*held, reason);
+    } catch (...) {
+    }
+    why = text.empty() ? why : text.c_str();
+  }
+  {
+    // The reason is recorded before `lost` turns true: whoever sees the loss sees why.
+    std::lock_guard lk(held->callbacks_mu);
+    if (held->loss_reason) return;
+    held->loss_reason = reason;
+    try {
+      held->loss_detail = why;
+    } catch (...) {
+    }
+    if (held->lost.exchange(true, std::memory_order_acq_rel)) return;
+  }
   n_lost_.fetch_add(1, std::memory_order_relaxed);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
@@ -834,7 +913,7 @@ Clock::time_point Engine::declare_expired() {
     }
   }
   for (auto& h : expired) {
-    declare_lost(h, LossReason::local_deadline, "local deadline passed without a successful renewal");
+    declare_lost(h, h->expiry_reason(), "local deadline passed without a successful renewal");
   }
   return next;
 }
@@ -871,6 +950,7 @@ std::size_t Engine::renew_all() {
     std::lock_guard lk(mu_);
     for (auto& [k, h] : held_) {
       if (h->lost.load() || h->renew_in_flight || !caps_.needs_renewal) continue;
+      if (h->deadline() >= h->hold_limit) continue;  // never extended past max_hold
       h->renew_in_flight = true;
       due.push_back(h);
     }
@@ -918,9 +998,10 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
             late.push_back(h);
             break;
           }
-          const Clock::time_point d = sent + h->validity - h->opts.safety_margin;
+          // Never past the hold limit: once the deadline reaches it, no more renewals.
+          const Clock::time_point d = std::min(sent + h->validity - h->opts.safety_margin, h->hold_limit);
           if (d > h->deadline()) h->set_deadline(d);
-          h->next_renew = sent + h->opts.renew_interval;
+          h->next_renew = h->deadline() >= h->hold_limit ? kNever : sent + h->opts.renew_interval;
           ++renewed;
           break;
         }
@@ -939,9 +1020,18 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
     declare_lost(h, LossReason::renewal_refused, "the server says another owner (or nobody) holds it");
   }
   for (auto& h : late) {
-    declare_lost(h, LossReason::renewal_late, "local deadline passed before the renewal's reply arrived");
+    if (h->expiry_reason() == LossReason::max_hold) {
+      declare_lost(h, LossReason::max_hold, "max_hold reached");
+    } else {
+      declare_lost(h, LossReason::renewal_late, "local deadline passed before the renewal's reply arrived");
+    }
   }
   return renewed;
+}
+
+void Engine::ensure_watchdog() {
+  if (caps_.needs_renewal || !opts_.background_renewal) return;  // started at create(), or never
+  std::call_once(watchdog_once_, [this] { start_renewer(); });
 }
 
 void Engine::start_renewer() {
@@ -988,7 +1078,35 @@ LockInfo Engine::status(std::string_view name, std::error_code& ec) {
   }
   std::string why;
   if ((ec = check_name(name, why))) return {};
-  return backend_->status(name, ec);
+  LockInfo info = backend_->status(name, ec);
+  if (info.holder) {
+    auto [id, desc] = split_owner(*info.holder);
+    if (desc) {
+      info.holder_info = std::string(*desc);
+      info.holder = std::string(id);
+    }
+  }
+  return info;
+}
+
+std::vector<ListedLock> Engine::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                          std::error_code& ec) {
+  truncated = false;
+  if (forked()) {
+    ec = make_error_code(errc::forked);
+    return {};
+  }
+  std::vector<ListedLock> out = backend_->list_held(prefix, limit, truncated, ec);
+  if (ec) return {};
+  for (auto& l : out) {
+    if (!l.info.holder) continue;
+    auto [id, desc] = split_owner(*l.info.holder);
+    if (desc) {
+      l.info.holder_info = std::string(*desc);
+      l.info.holder = std::string(id);
+    }
+  }
+  return out;
 }
 
 ClientStats Engine::stats() const noexcept {

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -47,6 +48,9 @@ struct HeldLock {
   bool released = false;
   Clock::time_point next_renew{};
   bool renew_in_flight = false;
+  // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
+  // The local deadline never passes it; renewals stop once the deadline reaches it.
+  Clock::time_point hold_limit = Clock::time_point::max();
   // A lost hold of the same thread and name that this acquisition replaced in the
   // engine's map before the thread unlocked it (a nested re-lock after a loss); put
   // back when this one is released so the outer unlock still finds it.
@@ -61,8 +65,11 @@ struct HeldLock {
   std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
   std::atomic<bool> lost{false};
   std::stop_source stop;
+  // Why it was lost (set once, before `lost`, under callbacks_mu).
+  std::optional<LossReason> loss_reason;
+  std::string loss_detail;
 
-  std::mutex callbacks_mu;
+  mutable std::mutex callbacks_mu;
   std::vector<std::function<void()>> callbacks;  // guarded by callbacks_mu
   bool callbacks_fired = false;                  // guarded by callbacks_mu
 
@@ -73,13 +80,23 @@ struct HeldLock {
     deadline_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
   }
   bool owns() const noexcept;
+  /// The reason a loss at the local deadline has: max_hold when the deadline is the
+  /// hold limit, else local_deadline.
+  LossReason expiry_reason() const noexcept;
+  /// Public reason and text (none/empty while held).
+  distlock::LossReason public_reason() const noexcept;
+  std::string public_detail() const;
 };
 
 /// The owner id of the calling thread within a client: "<client id>:<thread seq>".
 /// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
 std::string owner_for_this_thread(const std::string& client_id);
-/// The thread part of an acquisition owner (everything before the last '.').
+/// The thread part of an acquisition owner: the holder description (after the first
+/// '|') dropped, then everything before the last '.'.
 std::string_view thread_owner_of(std::string_view owner) noexcept;
+/// Splits a stored owner "<id>|<holder info>" into its id and description (nullopt
+/// when it carries none).
+std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept;
 
 class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
   struct WaitSlot;
@@ -146,7 +163,11 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
   void add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
 
+  /// The backend's status with the holder description split off LockInfo::holder.
   LockInfo status(std::string_view name, std::error_code& ec);
+  /// Backend::list_held with holder descriptions split off as in status().
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec);
   Backend& backend() noexcept { return *backend_; }
   const Capabilities& capabilities() const noexcept { return caps_; }
   const std::string& client_id() const noexcept { return client_id_; }
@@ -206,6 +227,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
  private:
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
   void start_renewer();
+  /// Starts the renewer/watchdog for a backend that needs no renewal once a lease
+  /// with a max_hold appears (its stop token must fire at the limit).
+  void ensure_watchdog();
+  std::once_flag watchdog_once_;
   void renewer_main(std::stop_token st);
   void watchdog_main(std::stop_token st);
   /// Declares every lease past its local deadline lost; returns the next deadline.

@@ -37,7 +37,8 @@ static_assert(std::size(kRttNs) == std::size(kRttLe));
 constexpr const char* kAcquireResults[] = {"ok", "busy", "timeout", "error"};
 constexpr const char* kRenewResults[] = {"ok", "not_owner", "failed"};  // RenewStatus order
 constexpr const char* kLossReasons[] = {"local_deadline", "renewal_late", "renewal_refused",
-                                        "session_lost",   "lease_ended",  "gone_at_release"};
+                                        "session_lost",   "lease_ended",  "gone_at_release",
+                                        "max_hold"};
 constexpr const char* kReleaseResults[] = {"ok", "lost", "error"};
 static_assert(std::size(kAcquireResults) == static_cast<std::size_t>(AcquireOutcome::count_));
 static_assert(std::size(kLossReasons) == static_cast<std::size_t>(LossReason::count_));

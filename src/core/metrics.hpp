@@ -47,6 +47,7 @@ enum class LossReason : std::uint8_t {
   session_lost,     ///< the client's session ended (also while the lock was being granted)
   lease_ended,      ///< the server ended this one lease (deleted from outside, its node or session gone)
   gone_at_release,  ///< the server no longer had it when the holder released it
+  max_hold,         ///< LockOptions::max_hold passed since the grant
   count_
 };
 /// How an orderly release (hold count reaching zero) ended.

@@ -203,7 +203,13 @@ inline LockInfo lock_info_of(bool held, const Record& rec) {
   LockInfo info;
   info.held = held;
   info.token = rec.token;
-  if (held && rec.present) info.holder = rec.owner + " (pid " + std::to_string(rec.pid) + ")";
+  if (held && rec.present) {
+    // The pid goes after the owner id, before any holder description ("|..."), which the
+    // engine splits off into LockInfo::holder_info.
+    const auto bar = rec.owner.find('|');
+    info.holder = rec.owner.substr(0, bar) + " (pid " + std::to_string(rec.pid) + ")" +
+                  (bar == std::string::npos ? std::string() : rec.owner.substr(bar));
+  }
   return info;
 }
 

@@ -614,7 +614,8 @@ TEST(CliUsage, HelpAndVersion) {
   Cli run_help = Cli::run({"run", "--help"}, dir.path());
   EXPECT_EQ(run_help.code(), 0);
   EXPECT_NE(run_help.out().find("Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] "
-                                "[--grace DUR] [--leader-only] NAME -- COMMAND"),
+                                "[--grace DUR] [--leader-only] [--max-hold DUR] [--min-hold DUR] "
+                                "[--once-per DUR] [--permits N] NAME -- COMMAND"),
             std::string::npos)
       << run_help.out();
   for (const char* section :

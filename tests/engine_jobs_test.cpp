@@ -1,0 +1,344 @@
+// Engine tests of the hold bounds and holder descriptions (issue 14), on the memory
+// backend with a manual clock: max_hold ends a lease at exactly grant + max_hold
+// although every renewal succeeds; loss_reason() names each kind of loss; the holder
+// description rides in the owner string and comes back from status()/list().
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "fake/memory_backend.hpp"
+#include "support/manual_clock.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LossReason;
+using distlock::Millis;
+using distlock::detail::MemoryStore;
+using distlock::testing::ManualClock;
+
+namespace {
+
+int g_seq = 0;
+
+struct Jobs : ::testing::Test {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::string store_name = "jobs-" + std::to_string(++g_seq);
+  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
+
+  distlock::Client client(bool background = false) {
+    distlock::ClientOptions o;
+    o.clock = clock;
+    o.background_renewal = background;
+    o.logger = [](distlock::LogLevel, std::string_view) {};
+    return distlock::connect("memory://" + store_name, o);
+  }
+  static distlock::LockOptions opts(Millis ttl, std::optional<Millis> max_hold = std::nullopt) {
+    distlock::LockOptions o;
+    o.ttl = ttl;
+    o.max_hold = max_hold;
+    return o;
+  }
+};
+
+TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed) {
+  auto c = client();
+  // ttl 3 s: renew every 1 s, margin 300 ms. max_hold 4.5 s.
+  distlock::Lease lease = c.acquire("job", opts(3s, 4500ms));
+  const auto granted = clock->now();
+  ASSERT_TRUE(lease.owns());
+  EXPECT_EQ(lease.max_hold_remaining(), 4500ms);
+  EXPECT_FALSE(c.acquire("other", opts(3s)).max_hold_remaining().has_value());
+  const auto renewals_before = c.stats().renewed_leases;
+  // Walk in 100 ms steps, ticking the renewer each time: every renewal succeeds.
+  while (clock->now() - granted < 4500ms - 100ms) {
+    clock->advance(100ms);
+    c.engine()->tick();
+    ASSERT_TRUE(lease.owns()) << "lost early at +"
+                              << std::chrono::duration_cast<Millis>(clock->now() - granted).count() << "ms";
+    ASSERT_EQ(lease.loss_reason(), LossReason::none);
+  }
+  EXPECT_GE(c.stats().renewed_leases - renewals_before, 3u);  // renewed at ~1 s, 2 s, 3 s
+  EXPECT_EQ(lease.remaining(), 100ms);                        // the deadline is the hold limit
+  clock->advance(99ms);
+  c.engine()->tick();
+  EXPECT_TRUE(lease.owns());
+  clock->advance(1ms);  // grant + 4500 ms
+  EXPECT_FALSE(lease.owns());
+  EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);  // before the watchdog runs, too
+  c.engine()->tick();
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
+  EXPECT_NE(lease.loss_detail().find("max_hold 4500ms"), std::string::npos) << lease.loss_detail();
+  EXPECT_EQ(c.stats().lost, 1u);
+  // Nothing renewed it past the limit: the server's record ends by its TTL, after
+  // the local loss (the last renewal was sent at +3 s: it ends at +6 s).
+  EXPECT_TRUE(store->held("job", clock->now()));
+  clock->advance(1600ms);
+  EXPECT_FALSE(store->held("job", clock->now()));
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+}
+
+TEST_F(Jobs, MaxHoldStopsRenewalsOnceTheDeadlineReachesTheLimit) {
+  auto c = client();
+  distlock::Lease lease = c.acquire("job", opts(3s, 2s));
+  // The first deadline (ttl - margin = 2.7 s) is past the limit: no renewal is due ever.
+  EXPECT_EQ(lease.remaining(), 2000ms);
+  const int before = store->renew_calls();
+  for (int i = 0; i < 19; ++i) {
+    clock->advance(100ms);
+    c.engine()->tick();
+  }
+  EXPECT_EQ(store->renew_calls(), before);
+  EXPECT_EQ(c.renew_now(), 0u);  // renew_all skips it as well
+  EXPECT_TRUE(lease.owns());
+  clock->advance(100ms);
+  c.engine()->tick();
+  EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
+}
+
+TEST_F(Jobs, MaxHoldFiresTheStopTokenOnABackendWithoutRenewals) {
+  store->set_needs_renewal(false);  // like file://: held until released
+  auto c = client(/*background=*/true);
+  distlock::Lease lease = c.acquire("job", opts(3s, 1s));
+  EXPECT_EQ(lease.remaining(), 1000ms);
+  clock->advance(1s);
+  // The watchdog thread (started for the max_hold) declares it; bounded wait.
+  for (int i = 0; i < 5000 && !lease.stop_token().stop_requested(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
+}
+
+TEST_F(Jobs, MaxHoldMustBePositive) {
+  auto c = client();
+  std::error_code ec;
+  c.acquire("job", opts(3s, 0ms), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  try {
+    c.acquire("job", opts(3s, -5ms));
+    FAIL() << "accepted a negative max_hold";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("max_hold"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Jobs, LossReasonForEachKindOfLoss) {
+  auto c = client();
+  {  // held: none
+    distlock::Lease lease = c.acquire("a", opts(3s));
+    EXPECT_EQ(lease.loss_reason(), LossReason::none);
+    EXPECT_EQ(lease.loss_detail(), "");
+  }
+  {  // local deadline: no renewal succeeds
+    distlock::Lease lease = c.acquire("a", opts(3s));
+    store->fail_next(1000);
+    for (int i = 0; i < 30; ++i) {
+      clock->advance(100ms);
+      c.engine()->tick();
+    }
+    store->fail_next(0);
+    EXPECT_EQ(lease.loss_reason(), LossReason::local_deadline);
+    EXPECT_NE(lease.loss_detail().find("local deadline"), std::string::npos);
+  }
+  clock->advance(5s);
+  {  // renewal refused: somebody else has it
+    distlock::Lease lease = c.acquire("b", opts(3s));
+    store->steal("b", "intruder");
+    clock->advance(1s);
+    c.engine()->tick();
+    EXPECT_EQ(lease.loss_reason(), LossReason::renewal_refused);
+  }
+  {  // lease ended / session lost: reported by the backend
+    distlock::Lease l1 = c.acquire("c", opts(3s));
+    distlock::Lease l2 = c.acquire("d", opts(3s));
+    c.engine()->on_lease_lost("c", *c.status("c").holder);
+    EXPECT_EQ(l1.loss_reason(), LossReason::lease_ended);
+    EXPECT_EQ(l2.loss_reason(), LossReason::none);
+    c.engine()->on_session_lost();
+    EXPECT_EQ(l2.loss_reason(), LossReason::session_lost);
+    EXPECT_EQ(l1.loss_reason(), LossReason::lease_ended);  // the first reason stays
+  }
+  {  // gone at release
+    distlock::Lease lease = c.acquire("e", opts(3s));
+    store->drop("e");
+    std::atomic<bool> fired{false};
+    lease.on_lost([&] { fired = true; });
+    std::error_code ec;
+    lease.release(ec);
+    EXPECT_EQ(ec, errc::lost);
+    EXPECT_TRUE(fired);
+    EXPECT_EQ(lease.loss_reason(), LossReason::none);  // released: an empty Lease
+    // (gone_at_release itself is checked through a Mutex's hold below)
+  }
+  EXPECT_STREQ(distlock::to_string(LossReason::max_hold), "max_hold");
+  EXPECT_STREQ(distlock::to_string(LossReason::lease_ended), "lease_ended");
+}
+
+TEST_F(Jobs, LossReasonLeaseEndedAndGoneAtReleaseThroughAMutex) {
+  auto c = client();
+  distlock::Mutex m = c.mutex("m", opts(3s));
+  m.lock();
+  EXPECT_EQ(m.loss_reason(), LossReason::none);
+  auto held = c.engine()->held_by_this_thread("m");
+  ASSERT_NE(held, nullptr);
+  c.engine()->on_lease_lost("m", held->owner);
+  EXPECT_EQ(m.loss_reason(), LossReason::lease_ended);
+  EXPECT_NE(m.loss_detail().find("ended its lease"), std::string::npos) << m.loss_detail();
+  m.unlock();
+  EXPECT_EQ(m.loss_reason(), LossReason::none);  // no hold any more
+
+  store->drop("m");  // the notification above was made up: the server still had it
+  ASSERT_TRUE(m.try_lock());
+  held = c.engine()->held_by_this_thread("m");
+  store->drop("m");
+  std::error_code ec;
+  c.engine()->release(held, ec);  // what unlock() does, keeping the handle to look at
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_EQ(held->public_reason(), LossReason::gone_at_release);
+}
+
+TEST_F(Jobs, HolderInfoRoundTripsThroughStatusAndList) {
+  auto c = client();
+  auto o = opts(3s);
+  o.holder_info = "host=web1 pid=42 cmd=backup --all . x";
+  distlock::Lease lease = c.acquire("backup", o);
+  const distlock::LockInfo info = c.status("backup");
+  ASSERT_TRUE(info.holder_info.has_value());
+  EXPECT_EQ(*info.holder_info, o.holder_info);
+  ASSERT_TRUE(info.holder.has_value());
+  EXPECT_EQ(info.holder->find('|'), std::string::npos);
+  EXPECT_EQ(info.holder->substr(0, 32), c.id());
+  // The server stores the whole owner; renewals and the release use it as is.
+  EXPECT_EQ(store->holder("backup"), *info.holder + "|" + o.holder_info);
+  clock->advance(1s);
+  EXPECT_EQ(c.engine()->tick(), 1u);
+  EXPECT_TRUE(lease.owns());
+  auto listed = c.list("");
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].info.holder_info, o.holder_info);
+  EXPECT_EQ(listed[0].info.holder, info.holder);
+  lease.release();
+  EXPECT_FALSE(store->held("backup", clock->now()));
+  // Without a description there is none.
+  distlock::Lease plain = c.acquire("plain", opts(3s));
+  EXPECT_FALSE(c.status("plain").holder_info.has_value());
+}
+
+TEST_F(Jobs, HolderInfoIsCutAt160BytesAndMustBePrintableWithoutBar) {
+  auto c = client();
+  auto o = opts(3s);
+  o.holder_info = std::string(300, 'x');
+  distlock::Lease lease = c.acquire("long", o);
+  EXPECT_EQ(c.status("long").holder_info, std::string(160, 'x'));
+  for (std::string bad :
+       {std::string("a|b"), std::string("tab\there"), std::string("nl\n"), std::string("\xc3\xa9")}) {
+    auto b = opts(3s);
+    b.holder_info = bad;
+    try {
+      c.acquire("bad", b);
+      FAIL() << "accepted holder_info " << bad;
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("holder_info"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
+  using distlock::detail::thread_owner_of;
+  EXPECT_EQ(thread_owner_of("abc:7.12"), "abc:7");
+  // A '.' in the description must not be taken for the acquisition separator.
+  EXPECT_EQ(thread_owner_of("abc:7.12|host=a.b.c cmd=x.sh"), "abc:7");
+  EXPECT_EQ(thread_owner_of("abc:7.12|"), "abc:7");
+  // Reentrancy and per-thread lookups work with a description set.
+  auto c = client();
+  auto o = opts(3s);
+  o.holder_info = "host=h.example pid=1";
+  distlock::Mutex m = c.mutex("r", o);
+  m.lock();
+  m.lock();
+  EXPECT_EQ(m.hold_count(), 2);
+  EXPECT_TRUE(m.owns());
+  auto held = c.engine()->held_by_this_thread("r");
+  ASSERT_NE(held, nullptr);
+  c.engine()->on_lease_lost("r", held->owner);  // found by thread owner despite the '.'s
+  EXPECT_EQ(m.loss_reason(), LossReason::lease_ended);
+  m.unlock();
+  m.unlock();
+  EXPECT_EQ(m.hold_count(), 0);
+}
+
+TEST_F(Jobs, ListDecodesDerivedNames) {
+  auto c = client();
+  std::error_code ec;
+  c.engine()->backend().put_record("pool\x1fsem", "5", distlock::detail::PutMode::always, ec);
+  ASSERT_FALSE(ec);
+  distlock::Lease a = c.acquire(
+      "pool\x1fsem\x1f"
+      "2",
+      opts(3s));
+  distlock::Lease b = c.acquire("cfg\x1frw\x1fw", opts(3s));
+  distlock::Lease d = c.acquire(
+      "cfg\x1frw\x1f"
+      "7",
+      opts(3s));
+  distlock::Lease e = c.acquire(
+      "lead\x1f"
+      "elect",
+      opts(3s));
+  distlock::Lease f = c.acquire("plain", opts(3s));
+  distlock::Lease g = c.acquire("odd\x1fzzz", opts(3s));
+  bool truncated = true;
+  auto all = c.list("", 100, truncated);
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(all.size(), 6u);
+  std::map<std::string, distlock::ListedLock> by;
+  for (auto& l : all) by[l.name] = l;
+  auto& sem =
+      by["pool\x1fsem\x1f"
+         "2"];
+  EXPECT_EQ(sem.kind, distlock::LockKind::semaphore_permit);
+  EXPECT_EQ(sem.base, "pool");
+  EXPECT_EQ(sem.index, 2u);
+  EXPECT_EQ(sem.of, 5u);
+  EXPECT_EQ(sem.display, "semaphore permit 2 of 5");
+  EXPECT_EQ(by["cfg\x1frw\x1fw"].kind, distlock::LockKind::rw_writer);
+  EXPECT_EQ(by["cfg\x1frw\x1f"
+               "7"]
+                .kind,
+            distlock::LockKind::rw_reader);
+  EXPECT_EQ(by["cfg\x1frw\x1f"
+               "7"]
+                .index,
+            7u);
+  EXPECT_FALSE(by["cfg\x1frw\x1f"
+                  "7"]
+                   .of.has_value());  // no definition record stored
+  EXPECT_EQ(by["lead\x1f"
+               "elect"]
+                .kind,
+            distlock::LockKind::election);
+  EXPECT_EQ(by["lead\x1f"
+               "elect"]
+                .base,
+            "lead");
+  EXPECT_EQ(by["plain"].kind, distlock::LockKind::lock);
+  EXPECT_EQ(by["odd\x1fzzz"].kind, distlock::LockKind::lock);
+  EXPECT_EQ(by["odd\x1fzzz"].base, "odd\x1fzzz");
+  // Prefix and limit.
+  auto some = c.list("cfg", 1, truncated);
+  ASSERT_EQ(some.size(), 1u);
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(some[0].name,
+            "cfg\x1frw\x1f"
+            "7");
+}
+
+}  // namespace
