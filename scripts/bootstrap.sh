@@ -11,7 +11,7 @@ PACKAGES=(
   libzookeeper-mt-dev libssl-dev libcurator-recipes-java python3-kazoo
   redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
-  clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client
+  clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
 )
 
 missing=()
