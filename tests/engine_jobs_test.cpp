@@ -115,6 +115,46 @@ TEST_F(Jobs, MaxHoldFiresTheStopTokenOnABackendWithoutRenewals) {
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
 }
 
+// A reentrant lock() (a second Mutex on the same name, same thread) shares the outer
+// hold's lease: its own max_hold must still bound that lease, counted from its lock().
+TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
+  auto c = client();
+  distlock::Mutex outer = c.mutex("re", opts(3s));
+  distlock::Mutex capped = c.mutex("re", opts(3s, 1s));
+  outer.lock();
+  clock->advance(500ms);
+  capped.lock();  // re-entry: no round trip, hold count 2
+  ASSERT_EQ(capped.hold_count(), 2);
+  const auto locked = clock->now();
+  // Every renewal succeeds; walk to just before locked + 1 s: still held.
+  while (clock->now() - locked < 900ms) {
+    clock->advance(100ms);
+    c.engine()->tick();
+    ASSERT_TRUE(capped.owns());
+  }
+  clock->advance(100ms);  // locked + 1 s
+  c.engine()->tick();
+  EXPECT_FALSE(capped.owns()) << "held for "
+                              << std::chrono::duration_cast<Millis>(clock->now() - locked).count()
+                              << " ms under a max_hold of 1000 ms";
+  EXPECT_EQ(capped.loss_reason(), LossReason::max_hold);
+  EXPECT_TRUE(capped.stop_token().stop_requested());
+  capped.unlock();
+  outer.unlock();
+  // The limit only ever comes earlier: a reentrant lock() with a longer max_hold
+  // than the outer hold's keeps the outer one.
+  distlock::Mutex short_cap = c.mutex("re2", opts(3s, 1s));
+  distlock::Mutex long_cap = c.mutex("re2", opts(3s, 5s));
+  short_cap.lock();
+  long_cap.lock();
+  clock->advance(1s);
+  c.engine()->tick();
+  EXPECT_FALSE(long_cap.owns());
+  EXPECT_EQ(long_cap.loss_reason(), LossReason::max_hold);
+  long_cap.unlock();
+  short_cap.unlock();
+}
+
 TEST_F(Jobs, MaxHoldMustBePositive) {
   auto c = client();
   std::error_code ec;

@@ -163,8 +163,9 @@ Millis Lease::remaining() const noexcept {
 }
 
 std::optional<Millis> Lease::max_hold_remaining() const noexcept {
-  if (!owns() || held_->hold_limit == Clock::time_point::max()) return std::nullopt;
-  const auto left = held_->hold_limit - held_->clock->now();
+  const Clock::time_point limit = held_->hold_limit();
+  if (!owns() || limit == Clock::time_point::max()) return std::nullopt;
+  const auto left = limit - held_->clock->now();
   return std::max(Millis(0), std::chrono::duration_cast<Millis>(left));
 }
 

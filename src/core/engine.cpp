@@ -40,8 +40,9 @@ bool HeldLock::owns() const noexcept {
 }
 
 LossReason HeldLock::expiry_reason() const noexcept {
-  return hold_limit != Clock::time_point::max() && deadline() >= hold_limit ? LossReason::max_hold
-                                                                            : LossReason::local_deadline;
+  const Clock::time_point limit = hold_limit();
+  return limit != Clock::time_point::max() && deadline() >= limit ? LossReason::max_hold
+                                                                  : LossReason::local_deadline;
 }
 
 namespace {
@@ -386,11 +387,28 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   std::shared_ptr<HeldLock> expired;
   if (names.size() == 1) {  // Reentry by the same thread: no round trip.
     const std::string key = held_key(name, thread_owner);
+    if (opts.max_hold && reentry == Reentry::by_thread) ensure_watchdog();
     std::lock_guard lk(mu_);
     auto it = held_.find(key);
     if (it != held_.end() && !it->second->lost.load() && it->second->owns() && it->second->reentrant &&
         reentry == Reentry::by_thread) {
-      ++it->second->hold_count;
+      HeldLock& h = *it->second;
+      // The re-entered hold shares the outer one's lease: its max_hold bounds that
+      // lease from now on (the limit only ever comes nearer).
+      if (opts.max_hold) {
+        const Clock::time_point limit = clock_->now() + *opts.max_hold;
+        if (limit < h.hold_limit()) {
+          h.set_hold_limit(limit);
+          if (h.deadline() > limit) h.set_deadline(limit);
+          if (h.deadline() >= limit) h.next_renew = kNever;
+          if (watchdog_wake_ == Clock::time_point::min()) {
+            watchdog_rescan_ = true;
+          } else if (h.deadline() < watchdog_wake_) {
+            watchdog_cv_.notify_all();
+          }
+        }
+      }
+      ++h.hold_count;
       return it->second;
     }
     // Past its local deadline but not yet declared (the watchdog has not run): the
@@ -471,7 +489,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     if (caps_.needs_renewal && held->next_renew - held->opts.renew_interval / 4 < renewer_wake_) {
       renewer_cv_.notify_all();
     }
-    if (caps_.needs_renewal || held->hold_limit != kNever) {
+    if (caps_.needs_renewal || held->hold_limit() != kNever) {
       // Awake (wake == min): its last scan may predate this lease; it rescans
       // before sleeping. Asleep: wake it if this deadline comes first.
       if (watchdog_wake_ == Clock::time_point::min()) {
@@ -665,12 +683,12 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   // A backend may grant less than the TTL (a ZooKeeper session shorter than it,
   // Redlock's drift): renew on the validity's schedule, never after its deadline.
   held->opts.renew_interval = std::max(Millis(1), std::min(opts.renew_interval, held->validity / 3));
-  if (opts.max_hold) held->hold_limit = sent + *opts.max_hold;
+  if (opts.max_hold) held->set_hold_limit(sent + *opts.max_hold);
   if (caps_.needs_renewal) {
-    held->set_deadline(std::min(sent + held->validity - opts.safety_margin, held->hold_limit));
-    held->next_renew = held->deadline() >= held->hold_limit ? kNever : sent + held->opts.renew_interval;
+    held->set_deadline(std::min(sent + held->validity - opts.safety_margin, held->hold_limit()));
+    held->next_renew = held->deadline() >= held->hold_limit() ? kNever : sent + held->opts.renew_interval;
   } else {
-    held->set_deadline(held->hold_limit);  // kNever without a max_hold
+    held->set_deadline(held->hold_limit());  // kNever without a max_hold
     held->next_renew = kNever;
   }
   return held;
@@ -950,7 +968,7 @@ std::size_t Engine::renew_all() {
     std::lock_guard lk(mu_);
     for (auto& [k, h] : held_) {
       if (h->lost.load() || h->renew_in_flight || !caps_.needs_renewal) continue;
-      if (h->deadline() >= h->hold_limit) continue;  // never extended past max_hold
+      if (h->deadline() >= h->hold_limit()) continue;  // never extended past max_hold
       h->renew_in_flight = true;
       due.push_back(h);
     }
@@ -999,9 +1017,9 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
             break;
           }
           // Never past the hold limit: once the deadline reaches it, no more renewals.
-          const Clock::time_point d = std::min(sent + h->validity - h->opts.safety_margin, h->hold_limit);
+          const Clock::time_point d = std::min(sent + h->validity - h->opts.safety_margin, h->hold_limit());
           if (d > h->deadline()) h->set_deadline(d);
-          h->next_renew = h->deadline() >= h->hold_limit ? kNever : sent + h->opts.renew_interval;
+          h->next_renew = h->deadline() >= h->hold_limit() ? kNever : sent + h->opts.renew_interval;
           ++renewed;
           break;
         }

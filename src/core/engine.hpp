@@ -50,7 +50,9 @@ struct HeldLock {
   bool renew_in_flight = false;
   // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
   // The local deadline never passes it; renewals stop once the deadline reaches it.
-  Clock::time_point hold_limit = Clock::time_point::max();
+  // Only ever lowered (a reentrant acquisition with a nearer max_hold), under
+  // Engine::mu_; read without it (hold_limit()).
+  std::atomic<std::int64_t> hold_limit_ns{Clock::time_point::max().time_since_epoch().count()};
   // A lost hold of the same thread and name that this acquisition replaced in the
   // engine's map before the thread unlocked it (a nested re-lock after a loss); put
   // back when this one is released so the outer unlock still finds it.
@@ -78,6 +80,12 @@ struct HeldLock {
   }
   void set_deadline(Clock::time_point tp) noexcept {
     deadline_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
+  }
+  Clock::time_point hold_limit() const noexcept {
+    return Clock::time_point(Clock::duration(hold_limit_ns.load(std::memory_order_acquire)));
+  }
+  void set_hold_limit(Clock::time_point tp) noexcept {
+    hold_limit_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
   }
   bool owns() const noexcept;
   /// The reason a loss at the local deadline has: max_hold when the deadline is the
@@ -188,8 +196,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   static std::error_code check_name(std::string_view name, std::string& why);
 
   /// Waiting for a change of one name without acquiring it (a reader waiting for the
-  /// writer-intent lock, an election observer waiting for the leader to change), through the per-name watch the acquire loop
-  /// uses. Pattern, which misses no change:
+  /// writer-intent lock, an election observer waiting for the leader to change), through the per-name watch
+  /// the acquire loop uses. Pattern, which misses no change:
   ///   NameWatch w(engine, name);
   ///   for (;;) {
   ///     const bool live = w.arm(deadline);   // subscribe first
