@@ -6,7 +6,8 @@
 #   2. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
 #      long fault runs (the nemesis and the member partitions: minutes of timing-bound
 #      scenarios that step 1 already runs; CI stays under an hour on 2 cores);
-#   3. the engine's unit tests and the file and redis backends' tests under ThreadSanitizer;
+#   3. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
+#      ones) and the file and redis backends' tests under ThreadSanitizer;
 #   4. an install into a temporary prefix and a consumer built with find_package and pkg-config.
 # Usage: ./scripts/test.sh [quick]   (quick: step 1 only)
 set -euo pipefail
@@ -46,10 +47,10 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 step "ThreadSanitizer (engine, file and redis backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
   -DDISTLOCK_COMPONENTS="file;redis" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build/tsan -j"$jobs" --target engine_test fork_test file_backend_test redis_connection_test \
-  redis_backend_test redis_fault_test redis_sentinel_test
+cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test file_backend_test \
+  redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
-  -R '^(Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+  -R '^(Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
 
 if [ -x scripts/install_test.sh ]; then
   step "install and consumer"
