@@ -396,4 +396,54 @@ TEST_F(SharedMutexTest, MaxReadersIsStoredAndAdopted) {
   small.unlock_shared();
 }
 
+// ReadWriteLease: holds not tied to a thread. Two shared ones at once (even on one
+// thread), an exclusive one only without them, with the intent lock's token; a reader
+// has no token; losing one part fires the stop token and on_lost once, and release()
+// then says errc::lost and frees the other parts; the destructor releases.
+TEST_F(SharedMutexTest, ReadWriteLeasesAreHoldsUsableFromAnyThread) {
+  auto a = client();
+  auto b = client();
+  distlock::LockOptions once = ttl(3s);
+  once.wait = Millis(0);  // one attempt: busy instead of waiting
+  auto rw_a = a.shared_mutex("rl", once);
+  auto rw_b = b.shared_mutex("rl", once);
+  {
+    distlock::ReadWriteLease r1 = rw_a.acquire_shared();
+    distlock::ReadWriteLease r2 = rw_a.acquire_shared();  // the same thread, a second hold
+    EXPECT_TRUE(r1.owns());
+    EXPECT_TRUE(r2.owns());
+    EXPECT_FALSE(r1.exclusive());
+    EXPECT_EQ(r1.name(), "rl");
+    EXPECT_FALSE(r1.has_token());
+    EXPECT_EQ(code_of([&] { (void)r1.token(); }), errc::not_supported);
+    EXPECT_GT(r1.remaining(), Millis(0));
+    EXPECT_EQ(code_of([&] { (void)rw_b.acquire_exclusive(); }), errc::busy) << "a writer beside readers";
+    // Moved to another thread and released there.
+    std::thread([h = std::move(r2)]() mutable { h.release(); }).join();
+    EXPECT_EQ(code_of([&] { (void)rw_b.acquire_exclusive(); }), errc::busy) << "r1 still reads";
+  }  // r1's destructor releases it
+  distlock::ReadWriteLease w = rw_b.acquire_exclusive();
+  EXPECT_TRUE(w.owns());
+  EXPECT_TRUE(w.exclusive());
+  std::error_code ec;
+  EXPECT_EQ(w.token(),
+            b.engine()->status(distlock::SharedMutex::intent_lock_name("rl"), ec).token.value_or(0));
+  EXPECT_EQ(code_of([&] { (void)rw_a.acquire_shared(); }), errc::busy) << "a reader beside the writer";
+  std::atomic<int> fired{0};
+  w.on_lost([&] { ++fired; });
+  store->steal(distlock::SharedMutex::slot_lock_name("rl", 5), "intruder");
+  b.renew_now();
+  EXPECT_TRUE(w.stop_token().stop_requested());
+  EXPECT_FALSE(w.owns());
+  EXPECT_NE(w.loss_reason(), distlock::LossReason::none);
+  EXPECT_EQ(w.remaining(), Millis(0));
+  b.renew_now();
+  EXPECT_EQ(fired.load(), 1) << "on_lost runs once for the hold, not once per part";
+  w.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_FALSE(store->held(distlock::SharedMutex::intent_lock_name("rl"), clock->now()))
+      << "the parts not lost are released";
+  EXPECT_FALSE(store->held(distlock::SharedMutex::slot_lock_name("rl", 0), clock->now()));
+}
+
 }  // namespace

@@ -44,11 +44,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "distlock/client.hpp"
 #include "distlock/options.hpp"
@@ -57,7 +59,61 @@ namespace distlock {
 
 namespace detail {
 struct SharedMutexState;
-}
+struct ReadWriteHold;
+class Engine;
+}  // namespace detail
+
+/// A hold of a read-write lock that is not tied to a thread (SharedMutex::
+/// acquire_shared / acquire_exclusive), for code that passes a hold between threads
+/// or watches it from another thread (`distlock run --shared/--exclusive`). Move-only;
+/// the destructor releases it. It works like a Lease: a reader's hold is one reader
+/// slot, a writer's the intent lock and every slot, and the hold is lost when ANY of
+/// them is lost (stop token fired, owns() false, on_lost callbacks run once).
+/// Thread-safety: as Lease (const members from any thread; release() from one).
+class ReadWriteLease {
+ public:
+  ReadWriteLease() noexcept = default;
+  ReadWriteLease(ReadWriteLease&&) noexcept;
+  ReadWriteLease& operator=(ReadWriteLease&&) noexcept;
+  ReadWriteLease(const ReadWriteLease&) = delete;
+  ReadWriteLease& operator=(const ReadWriteLease&) = delete;
+  ~ReadWriteLease();
+
+  /// Held, and no part of it lost or past its local deadline.
+  bool owns() const noexcept;
+  explicit operator bool() const noexcept { return owns(); }
+  bool exclusive() const noexcept;
+  /// The read-write lock's name (as given to Client::shared_mutex).
+  const std::string& name() const noexcept;
+  /// The writer's fencing token (the intent lock's). errc::not_supported for a
+  /// shared hold (readers get no token) and on backends without tokens;
+  /// errc::not_owner for an empty one.
+  std::uint64_t token() const;
+  bool has_token() const noexcept;
+  /// Fires when any part of the hold is lost. Not fired by release().
+  std::stop_token stop_token() const noexcept;
+  /// Runs `fn` once when the hold is lost (at once if it already is); on the
+  /// client's renewer thread or the caller's. Keep it short and non-blocking.
+  void on_lost(std::function<void()> fn);
+  /// Time left until the earliest local deadline of its parts (zero when lost).
+  Millis remaining() const noexcept;
+  /// As Lease::max_hold_remaining, the earliest of its parts.
+  std::optional<Millis> max_hold_remaining() const noexcept;
+  /// The first lost part's reason (none while held).
+  LossReason loss_reason() const noexcept;
+  std::string loss_detail() const;
+  /// Releases every part. errc::lost if any part had been lost (the others are
+  /// released all the same).
+  void release();
+  void release(std::error_code& ec) noexcept;
+
+ private:
+  friend class SharedMutex;
+  ReadWriteLease(std::shared_ptr<detail::Engine> engine,
+                 std::shared_ptr<detail::ReadWriteHold> hold) noexcept;
+  std::shared_ptr<detail::Engine> engine_;
+  std::shared_ptr<detail::ReadWriteHold> hold_;
+};
 
 class SharedMutex {
  public:
@@ -115,6 +171,15 @@ class SharedMutex {
   bool owns_exclusive() const noexcept;
   bool owns_shared() const noexcept;
 
+  /// Holds not tied to the calling thread (see ReadWriteLease), waiting up to the
+  /// options' `wait` (forever if unset); throw as lock()/lock_shared() do (errc::busy
+  /// with a zero wait, errc::timeout when the wait runs out). They are not the per
+  /// thread holds of lock()/lock_shared(), so relocking is not detected: a thread
+  /// that waits for acquire_exclusive() while it keeps a shared ReadWriteLease of
+  /// the same lock waits for itself until the wait runs out.
+  ReadWriteLease acquire_shared();
+  ReadWriteLease acquire_exclusive();
+
   const std::string& name() const noexcept;
   /// R: the number of reader slots (as stored on the server).
   int max_readers() const noexcept;
@@ -144,6 +209,7 @@ class SharedMutex {
                    std::chrono::duration<double, std::milli>(now.time_since_epoch()));
   }
   bool timed(bool exclusive, std::optional<Millis> wait);
+  ReadWriteLease acquire_lease(bool exclusive);
   std::shared_ptr<detail::SharedMutexState> state_;
 };
 

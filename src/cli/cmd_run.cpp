@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "cli/child_process.hpp"
@@ -42,6 +43,7 @@
 #include "core/engine.hpp"
 #include "distlock/client.hpp"
 #include "distlock/semaphore.hpp"
+#include "distlock/shared_mutex.hpp"
 
 extern char** environ;
 
@@ -68,9 +70,12 @@ struct RunFlags {
   std::string metrics_addr = "127.0.0.1";
   CLI::Option* metrics_addr_option = nullptr;
   bool wait_given = false, grace_given = false;  // set without CLI11 (run_under_lease)
-  std::string max_hold, min_hold, once_per;  // empty: not given
-  int permits = 0;                           // --permits N; 0: not given
+  std::string max_hold, min_hold, once_per;      // empty: not given
+  int permits = 0;                               // --permits N; 0: not given
+  bool shared = false, exclusive = false;        // --shared / --exclusive
 };
+
+enum class RwMode { none, shared, exclusive };
 
 struct RunSettings {
   std::string url;  // as given, or the default the library resolves
@@ -88,6 +93,7 @@ struct RunSettings {
   std::optional<Millis> min_hold;  // keep holding after the command until grant + min_hold
   std::optional<Millis> once_per;  // at most one successful run per period slot
   int permits = 0;                 // > 0: take a permit of the semaphore NAME of that many
+  RwMode rw = RwMode::none;        // --shared / --exclusive: a hold of the read-write lock NAME
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -137,6 +143,23 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
     }
     if (s.once_per) usage_error("--once-per needs the lock itself, not one of --permits");
     s.permits = flags.permits;
+  }
+  if (flags.shared && flags.exclusive) {
+    usage_error(
+        "--shared and --exclusive exclude each other: --shared runs beside other --shared "
+        "runners of NAME, --exclusive runs alone");
+  }
+  if (flags.shared || flags.exclusive) {
+    const char* mode = flags.shared ? "--shared" : "--exclusive";
+    if (flags.permits != 0) {
+      usage_error(std::string(mode) +
+                  " and --permits exclude each other: NAME is either a read-write lock or "
+                  "a semaphore");
+    }
+    if (flags.shared && s.once_per) {
+      usage_error("--once-per needs an exclusive hold, not --shared (readers run at the same time)");
+    }
+    s.rw = flags.shared ? RwMode::shared : RwMode::exclusive;
   }
   if (s.min_hold && s.lock.max_hold && *s.min_hold > *s.lock.max_hold) {
     usage_error("--min-hold " + flags.min_hold + " is longer than --max-hold " + flags.max_hold);
@@ -224,9 +247,53 @@ int poll_for(const SignalFd& signals, const Wakeup& wake, int timeout_ms) {
   return rc < 0 && errno == EINTR ? 0 : rc;
 }
 
+/// The hold the runner watches: a Lease (lock, semaphore permit, election) or a
+/// read-write lock's ReadWriteLease; the same members, forwarded.
+class RunLease {
+ public:
+  explicit RunLease(Lease l) : v_(std::move(l)) {}
+  explicit RunLease(ReadWriteLease l) : v_(std::move(l)) {}
+  bool owns() const noexcept {
+    return std::visit([](const auto& l) { return l.owns(); }, v_);
+  }
+  const std::string& name() const noexcept {
+    return std::visit([](const auto& l) -> const std::string& { return l.name(); }, v_);
+  }
+  bool has_token() const noexcept {
+    return std::visit([](const auto& l) { return l.has_token(); }, v_);
+  }
+  std::uint64_t token() const {
+    return std::visit([](const auto& l) { return l.token(); }, v_);
+  }
+  std::stop_token stop_token() const noexcept {
+    return std::visit([](const auto& l) { return l.stop_token(); }, v_);
+  }
+  void on_lost(std::function<void()> fn) {
+    std::visit([&fn](auto& l) { l.on_lost(std::move(fn)); }, v_);
+  }
+  Millis remaining() const noexcept {
+    return std::visit([](const auto& l) { return l.remaining(); }, v_);
+  }
+  std::optional<Millis> max_hold_remaining() const noexcept {
+    return std::visit([](const auto& l) { return l.max_hold_remaining(); }, v_);
+  }
+  LossReason loss_reason() const noexcept {
+    return std::visit([](const auto& l) { return l.loss_reason(); }, v_);
+  }
+  std::string loss_detail() const {
+    return std::visit([](const auto& l) { return l.loss_detail(); }, v_);
+  }
+  void release(std::error_code& ec) noexcept {
+    std::visit([&ec](auto& l) { l.release(ec); }, v_);
+  }
+
+ private:
+  std::variant<Lease, ReadWriteLease> v_;
+};
+
 struct Acquisition {
   std::optional<Client> client;
-  std::optional<Lease> lease;
+  std::optional<RunLease> lease;
   std::error_code ec;
   std::string what;
   std::function<void(const Client&)> on_connected;  // called once connected (--metrics-port)
@@ -239,7 +306,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
   auto result = std::make_shared<Acquisition>();
   result->on_connected = std::move(on_connected);
   std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock, acquire = s.acquire,
-                       permits = s.permits] {
+                      permits = s.permits, rw = s.rw] {
     try {
       ClientOptions options = tool_client_options();
       // zk://: the session (whose timeout is the lease's real length: a killed runner
@@ -248,9 +315,15 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
       Client client = connect(url, options);
       result->client = client;
       if (result->on_connected) result->on_connected(client);
-      result->lease.emplace(acquire           ? acquire(client, name, lock)
-                            : permits > 0 ? client.semaphore(name, permits, lock).acquire()
-                                          : client.acquire(name, lock));
+      if (rw == RwMode::shared) {
+        result->lease.emplace(client.shared_mutex(name, lock).acquire_shared());
+      } else if (rw == RwMode::exclusive) {
+        result->lease.emplace(client.shared_mutex(name, lock).acquire_exclusive());
+      } else {
+        result->lease.emplace(acquire       ? acquire(client, name, lock)
+                              : permits > 0 ? client.semaphore(name, permits, lock).acquire()
+                                            : client.acquire(name, lock));
+      }
     } catch (const std::system_error& e) {
       result->ec = e.code();
       result->what = e.what();
@@ -285,6 +358,13 @@ std::string not_acquired_message(const RunSettings& s, const std::error_code& ec
            (ec == errc::busy ? std::string(" (one attempt, not waiting)")
                              : " (not acquired within --wait " + format_duration(*s.lock.wait) + ")");
   }
+  if (s.rw != RwMode::none && (ec == errc::busy || ec == errc::timeout)) {
+    return "read-write lock \"" + s.name + "\" is held " +
+           (s.rw == RwMode::shared ? std::string("by a writer (or a writer waits for it)")
+                                   : std::string("by readers or a writer")) +
+           (ec == errc::busy ? std::string(" (one attempt, not waiting)")
+                             : " (not acquired within --wait " + format_duration(*s.lock.wait) + ")");
+  }
   if (ec == errc::busy) return "lock \"" + s.name + "\" is held by another owner (one attempt, not waiting)";
   if (ec == errc::timeout) {
     return "lock \"" + s.name + "\" was not acquired within --wait " + format_duration(*s.lock.wait) +
@@ -293,7 +373,7 @@ std::string not_acquired_message(const RunSettings& s, const std::error_code& ec
   return what;
 }
 
-std::vector<std::string> child_environment(const RunSettings& s, const Lease& lease,
+std::vector<std::string> child_environment(const RunSettings& s, const RunLease& lease,
                                            const std::string& metrics_addr) {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
@@ -335,7 +415,7 @@ std::string signal_name(int sig) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-std::string loss_cause(const Lease& lease) {
+std::string loss_cause(const RunLease& lease) {
   if (lease.loss_reason() == LossReason::max_hold) {
     return "--max-hold passed since the lock was granted (" + lease.loss_detail() + ")";
   }
@@ -370,7 +450,7 @@ int poll_timeout_until(SteadyClock::time_point deadline) {
 
 /// --once-per, before the command: -1 to run it (with `once` set to the mark to store
 /// after success), else the exit status (0: this slot already had its run).
-int check_once_per(const RunSettings& s, Client& client, Lease& lease, std::optional<OnceMark>& once) {
+int check_once_per(const RunSettings& s, Client& client, RunLease& lease, std::optional<OnceMark>& once) {
   const std::int64_t now_ms = unix_ms_now();
   const std::uint64_t slot = period_slot(*s.once_per, now_ms);
   std::optional<OnceMark> mark;
@@ -398,7 +478,7 @@ int check_once_per(const RunSettings& s, Client& client, Lease& lease, std::opti
 /// --once-per, after a successful run: stores the mark, only while the lease is held
 /// (the write then lands before the lease can have ended on the server, since the
 /// local deadline comes before the server's expiry). -1 when stored.
-int record_once_per(const RunSettings& s, Client& client, Lease& lease, OnceMark mark) {
+int record_once_per(const RunSettings& s, Client& client, RunLease& lease, OnceMark mark) {
   mark.unix_ms = unix_ms_now();
   if (!lease.owns()) {
     std::error_code ignored;
@@ -421,7 +501,7 @@ int record_once_per(const RunSettings& s, Client& client, Lease& lease, OnceMark
 /// --min-hold: keeps the lease (renewed) until min_hold has passed since the grant, as
 /// measured on this host's steady clock from just after the grant. Ends early when the
 /// lease is lost or a terminating signal arrives.
-void hold_at_least(const RunSettings& s, const Lease& lease, SignalFd& signals, Wakeup& wake,
+void hold_at_least(const RunSettings& s, const RunLease& lease, SignalFd& signals, Wakeup& wake,
                    SteadyClock::time_point acquired_at) {
   const SteadyClock::time_point until = acquired_at + *s.min_hold;
   for (int rounds = 0; rounds < 1000000 && SteadyClock::now() < until && lease.owns(); ++rounds) {
@@ -472,7 +552,7 @@ int run_locked(const RunSettings& s) {
     print_error(not_acquired_message(s, acq.ec, acq.what));
     return exit_code_for(acq.ec);
   }
-  Lease lease = std::move(*acq.lease);
+  RunLease lease = std::move(*acq.lease);
   const SteadyClock::time_point acquired_at = SteadyClock::now();  // after the grant
   // The callback may run on the engine's renewer thread at any later time; it owns
   // its share of the eventfd so a late call can never write into a reused fd.
@@ -674,7 +754,11 @@ constexpr const char* kRunDescription =
     "If no renewal succeeds, the whole job gets SIGTERM --grace before the lease's local deadline and\n"
     "SIGKILL at it (before the server can pass the lock on); a loss the runner is told about (lock taken\n"
     "over, file:// lock file removed) kills it at once. The job is reaped, then distlock exits 76.\n"
-    "If the runner dies, even of SIGKILL, a watchdog process kills the job's whole process group.";
+    "If the runner dies, even of SIGKILL, a watchdog process kills the job's whole process group.\n"
+    "\n"
+    "With --shared/--exclusive NAME is a read-write lock (readers and a writer, like flock -s/-x): a\n"
+    "--shared job gets no DISTLOCK_TOKEN, an --exclusive job the writer's token; a --shared hold that is\n"
+    "lost (a reader slot past its TTL) ends its job the same way (exit 76).";
 
 constexpr const char* kRunFooter =
     "EXIT STATUS\n"
@@ -705,6 +789,7 @@ constexpr const char* kRunFooter =
     "\n"
     "EXAMPLES\n"
     "  distlock run nightly-report -- /usr/local/bin/report --all\n"
+    "  distlock run --shared config -- ./read-config;  distlock run --exclusive config -- ./write-config\n"
     "  distlock run --url redis://10.0.0.5:6379 --no-wait --ttl 30s backup -- /usr/local/bin/backup\n"
     "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n";
 
@@ -785,6 +870,14 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
                   "once (every runner of NAME must give the same N); the job gets its permit number in "
                   "$DISTLOCK_PERMIT")
       ->option_text("N");
+  run->add_flag("--shared", flags->shared,
+                "Take a reader's hold of the read-write lock NAME instead of the lock NAME (like flock -s): "
+                "--shared runners run at the same time, never beside an --exclusive one. The command gets "
+                "no DISTLOCK_TOKEN (readers have no fencing token)");
+  run->add_flag("--exclusive", flags->exclusive,
+                "Take the writer's hold of the read-write lock NAME (like flock -x): runs alone, after the "
+                "--shared runners are gone; a waiting --exclusive runner keeps new --shared ones out. "
+                "DISTLOCK_TOKEN is the writer's fencing token");
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");

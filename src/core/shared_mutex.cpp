@@ -28,10 +28,6 @@ struct SharedMutexState {
   std::string what;  // "read-write lock \"name\"" for messages
 };
 
-}  // namespace detail
-
-namespace {
-
 // A hold's loss flag: set (and its stop token fired) when ANY lease of the hold is
 // lost. Shared with the loss callbacks, which may run after the hold is gone.
 struct LossFlag {
@@ -39,7 +35,8 @@ struct LossFlag {
   std::atomic<bool> lost{false};
 };
 
-struct Hold {
+struct ReadWriteHold {
+  std::string name;  // the read-write lock's
   bool exclusive = false;
   std::shared_ptr<HeldLock> intent;              // exclusive holds only
   std::vector<std::shared_ptr<HeldLock>> slots;  // exclusive: all R; shared: one
@@ -54,6 +51,12 @@ struct Hold {
     return !slots.empty();
   }
 };
+
+}  // namespace detail
+
+namespace {
+
+using Hold = detail::ReadWriteHold;
 
 // Holds per (client, thread, name), shared by every SharedMutex handle: a second
 // handle on the same name sees the first one's hold (so relocking is refused, never
@@ -94,6 +97,54 @@ void release_all(Engine& engine, std::vector<std::shared_ptr<HeldLock>>& parts) 
     engine.release(*it, ec);  // a lost part was signalled already; a failed release expires by TTL
   }
   parts.clear();
+}
+
+// Takes the parts of a hold (not registered for any thread) and watches them for
+// loss; nullptr with `ec` set when not taken.
+std::shared_ptr<Hold> acquire_hold(detail::SharedMutexState& st, bool exclusive, std::optional<Millis> wait,
+                                   std::error_code& ec) {
+  Engine& engine = *st.client.engine();
+  const auto& clock = engine.clock();
+  const Clock::time_point start = clock->now();
+  auto hold = std::make_shared<Hold>();
+  hold->exclusive = exclusive;
+  if (exclusive) {
+    // The remaining wait for each step, counted from the call.
+    auto remaining = [&]() -> std::optional<Millis> {
+      if (!wait) return std::nullopt;
+      const auto left = std::chrono::ceil<Millis>(start + *wait - clock->now());
+      return std::max(left, Millis(0));
+    };
+    hold->intent = engine.acquire(st.intent, st.opts, wait, ec);
+    std::vector<std::shared_ptr<HeldLock>> parts;
+    if (!ec) {
+      parts.push_back(hold->intent);
+      for (const auto& slot : st.slots) {
+        auto s = engine.acquire(slot, st.opts, remaining(), ec);
+        if (ec) break;
+        parts.push_back(s);
+        hold->slots.push_back(std::move(s));
+      }
+    }
+    if (ec) {
+      release_all(engine, parts);
+      // A wait that ran out between steps is a timeout, even if the last step was
+      // a single attempt (busy).
+      if (ec == errc::busy && wait && wait->count() > 0) ec = make_error_code(errc::timeout);
+    }
+  } else {
+    const std::size_t first = detail::random_start(st.slots.size());
+    std::vector<std::string> order;
+    order.reserve(st.slots.size());
+    for (std::size_t i = 0; i < st.slots.size(); ++i)
+      order.push_back(st.slots[(first + i) % st.slots.size()]);
+    auto s = engine.acquire_any(order, st.opts, wait, ec, st.intent);
+    if (!ec) hold->slots.push_back(std::move(s));
+  }
+  if (ec) return nullptr;
+  hold->name = st.name;
+  watch_parts(engine, *hold);
+  return hold;
 }
 
 [[noreturn]] void throw_lock_error(std::error_code ec, const std::string& what, bool exclusive) {
@@ -159,48 +210,10 @@ bool SharedMutex::timed(bool exclusive, std::optional<Millis> wait) {
                                                              (held->exclusive ? "exclusive" : "shared") +
                                                              "); it is not reentrant");
   }
-  Engine& engine = *st.client.engine();
-  const auto& clock = engine.clock();
-  const Clock::time_point start = clock->now();
   std::error_code ec;
-  auto hold = std::make_shared<Hold>();
-  hold->exclusive = exclusive;
-  if (exclusive) {
-    // The remaining wait for each step, counted from the call.
-    auto remaining = [&]() -> std::optional<Millis> {
-      if (!wait) return std::nullopt;
-      const auto left = std::chrono::ceil<Millis>(start + *wait - clock->now());
-      return std::max(left, Millis(0));
-    };
-    hold->intent = engine.acquire(st.intent, st.opts, wait, ec);
-    std::vector<std::shared_ptr<HeldLock>> parts;
-    if (!ec) {
-      parts.push_back(hold->intent);
-      for (const auto& slot : st.slots) {
-        auto s = engine.acquire(slot, st.opts, remaining(), ec);
-        if (ec) break;
-        parts.push_back(s);
-        hold->slots.push_back(std::move(s));
-      }
-    }
-    if (ec) {
-      release_all(engine, parts);
-      // A wait that ran out between steps is a timeout, even if the last step was
-      // a single attempt (busy).
-      if (ec == errc::busy && wait && wait->count() > 0) ec = make_error_code(errc::timeout);
-    }
-  } else {
-    const std::size_t first = detail::random_start(st.slots.size());
-    std::vector<std::string> order;
-    order.reserve(st.slots.size());
-    for (std::size_t i = 0; i < st.slots.size(); ++i)
-      order.push_back(st.slots[(first + i) % st.slots.size()]);
-    auto s = engine.acquire_any(order, st.opts, wait, ec, st.intent);
-    if (!ec) hold->slots.push_back(std::move(s));
-  }
+  auto hold = acquire_hold(st, exclusive, wait, ec);
   if (ec == errc::busy || ec == errc::timeout) return false;
   if (ec) throw_lock_error(ec, st.what, exclusive);
-  watch_parts(engine, *hold);
   std::lock_guard lk(g_holds_mu);
   g_holds[hold_key(st)] = std::move(hold);
   return true;
@@ -328,6 +341,160 @@ bool SharedMutex::owns_shared() const noexcept {
     return hold && !hold->exclusive && hold->owns();
   } catch (...) {
     return false;
+  }
+}
+
+ReadWriteLease SharedMutex::acquire_shared() {
+  return acquire_lease(false);
+}
+
+ReadWriteLease SharedMutex::acquire_exclusive() {
+  return acquire_lease(true);
+}
+
+ReadWriteLease SharedMutex::acquire_lease(bool exclusive) {
+  auto& st = *state_;
+  std::error_code ec;
+  auto hold = acquire_hold(st, exclusive, st.opts.wait, ec);
+  if (ec) throw_lock_error(ec, st.what, exclusive);
+  return ReadWriteLease(st.client.engine(), std::move(hold));
+}
+
+// ---- ReadWriteLease ----------------------------------------------------------
+
+ReadWriteLease::ReadWriteLease(std::shared_ptr<Engine> engine, std::shared_ptr<Hold> hold) noexcept
+    : engine_(std::move(engine)), hold_(std::move(hold)) {}
+
+ReadWriteLease::ReadWriteLease(ReadWriteLease&& o) noexcept
+    : engine_(std::move(o.engine_)), hold_(std::move(o.hold_)) {}
+
+ReadWriteLease& ReadWriteLease::operator=(ReadWriteLease&& o) noexcept {
+  if (this != &o) {
+    std::error_code ec;
+    release(ec);
+    engine_ = std::move(o.engine_);
+    hold_ = std::move(o.hold_);
+  }
+  return *this;
+}
+
+ReadWriteLease::~ReadWriteLease() {
+  std::error_code ec;
+  release(ec);
+}
+
+namespace {
+// Every part of a hold, the intent lock first.
+std::vector<std::shared_ptr<HeldLock>> parts_of(const Hold& hold) {
+  std::vector<std::shared_ptr<HeldLock>> parts;
+  if (hold.intent) parts.push_back(hold.intent);
+  parts.insert(parts.end(), hold.slots.begin(), hold.slots.end());
+  return parts;
+}
+}  // namespace
+
+bool ReadWriteLease::owns() const noexcept {
+  return hold_ && hold_->owns();
+}
+
+bool ReadWriteLease::exclusive() const noexcept {
+  return hold_ && hold_->exclusive;
+}
+
+const std::string& ReadWriteLease::name() const noexcept {
+  static const std::string empty;
+  return hold_ ? hold_->name : empty;
+}
+
+std::uint64_t ReadWriteLease::token() const {
+  if (!hold_) throw_error(make_error_code(errc::not_owner), "empty read-write lease has no token");
+  if (!hold_->exclusive) {
+    throw_error(make_error_code(errc::not_supported), "read-write lock \"" + hold_->name.substr(0, 200) +
+                                                          "\" is held shared: readers get no token");
+  }
+  if (!hold_->intent->has_token) {
+    throw_error(make_error_code(errc::not_supported), "the backend issues no fencing tokens");
+  }
+  return hold_->intent->token;
+}
+
+bool ReadWriteLease::has_token() const noexcept {
+  return hold_ && hold_->exclusive && hold_->intent && hold_->intent->has_token;
+}
+
+std::stop_token ReadWriteLease::stop_token() const noexcept {
+  return hold_ ? hold_->loss->stop.get_token() : std::stop_token{};
+}
+
+void ReadWriteLease::on_lost(std::function<void()> fn) {
+  if (!hold_) throw_error(make_error_code(errc::not_owner), "empty read-write lease");
+  auto fired = std::make_shared<std::atomic<bool>>(false);
+  auto shared_fn = std::make_shared<std::function<void()>>(std::move(fn));
+  for (const auto& part : parts_of(*hold_)) {
+    engine_->add_loss_callback(part, [fired, shared_fn] {
+      if (!fired->exchange(true)) (*shared_fn)();
+    });
+  }
+}
+
+Millis ReadWriteLease::remaining() const noexcept {
+  if (!owns()) return Millis(0);
+  Millis least = Millis::max();
+  for (const auto& part : parts_of(*hold_)) {
+    const auto d = part->deadline();
+    if (d == Clock::time_point::max()) continue;
+    least = std::min(least, std::max(Millis(0), std::chrono::duration_cast<Millis>(d - part->clock->now())));
+  }
+  return least;
+}
+
+std::optional<Millis> ReadWriteLease::max_hold_remaining() const noexcept {
+  if (!owns()) return std::nullopt;
+  std::optional<Millis> least;
+  for (const auto& part : parts_of(*hold_)) {
+    if (part->hold_limit == Clock::time_point::max()) continue;
+    const auto left =
+        std::max(Millis(0), std::chrono::duration_cast<Millis>(part->hold_limit - part->clock->now()));
+    least = least ? std::min(*least, left) : left;
+  }
+  return least;
+}
+
+LossReason ReadWriteLease::loss_reason() const noexcept {
+  if (!hold_) return LossReason::none;
+  for (const auto& part : parts_of(*hold_)) {
+    if (const auto r = part->public_reason(); r != LossReason::none) return r;
+  }
+  return LossReason::none;
+}
+
+std::string ReadWriteLease::loss_detail() const {
+  if (!hold_) return {};
+  for (const auto& part : parts_of(*hold_)) {
+    if (part->public_reason() != LossReason::none) return part->public_detail();
+  }
+  return {};
+}
+
+void ReadWriteLease::release() {
+  std::error_code ec;
+  const std::string name = hold_ ? hold_->name : std::string();
+  release(ec);
+  if (ec) throw_error(ec, "release of read-write lock \"" + name.substr(0, 200) + "\"");
+}
+
+void ReadWriteLease::release(std::error_code& ec) noexcept {
+  ec.clear();
+  if (!hold_) return;
+  auto hold = std::move(hold_);
+  auto engine = std::move(engine_);
+  // Slots before the intent lock (as unlock()); the first error is reported, a loss
+  // before any other.
+  auto parts = parts_of(*hold);
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    std::error_code part_ec;
+    engine->release(*it, part_ec);
+    if (part_ec && (!ec || (part_ec == errc::lost && ec != errc::lost))) ec = part_ec;
   }
 }
 
