@@ -1,7 +1,12 @@
-// examples/scheduler end to end: 4 nodes fire a cron job in each of 4 slots through
-// `distlock run --once-per`; exactly one run per slot, on file:// and on redis://.
+// examples/scheduler end to end. Elected (the default): 3 nodes under `distlock elect`, the
+// leader fires each slot through `distlock run --once-per`; the leader's elect is SIGKILLed in
+// slot 2 and another node takes over (at once on file://, after the 2 s TTL on redis://): no
+// slot ran twice, every slot fired after the takeover ran, only slots between the kill and the
+// takeover were missed, the terms increase. Leader-less (--no-elect): 4 nodes fire every slot
+// and exactly one runs per slot.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,11 +22,10 @@ struct Result {
   nlohmann::json summary;
 };
 
-Result run_scheduler(const std::string& url, const std::string& dir) {
+Result run_scheduler(const std::string& url, const std::string& dir, const std::string& args) {
   Result r;
-  const std::string cmd = std::string(DISTLOCK_SCHEDULER_PATH) + " --url '" + url +
-                          "' --nodes 4 --ticks 4 --period 700" + " --distlock " + DISTLOCK_CLI_PATH +
-                          " --dir '" + dir + "' 2>&1";
+  const std::string cmd = std::string(DISTLOCK_SCHEDULER_PATH) + " --url '" + url + "' " + args +
+                          " --distlock " + DISTLOCK_CLI_PATH + " --dir '" + dir + "' 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -35,10 +39,17 @@ Result run_scheduler(const std::string& url, const std::string& dir) {
   return r;
 }
 
+constexpr const char* kLeaderless = "--no-elect --nodes 4 --ticks 4 --period 700";
+// Slot 2 of 10 (700 ms each): a quarter of a period in, the leader's elect is killed. On redis:// its
+// lease (2 s TTL) ends within ~3 slots; a takeover by slot 8 (4.025 s after the kill) leaves
+// ~2 s of slack for a busy machine and at least two slots for the new leader.
+constexpr const char* kElectedWithKill = "--nodes 3 --ticks 10 --period 700 --ttl 2s --kill-leader-at 2";
+
 void expect_once_per_slot(const Result& r) {
   ASSERT_EQ(r.status, 0) << r.output;
   ASSERT_TRUE(r.summary.is_object()) << r.output;
   EXPECT_EQ(r.summary.at("ok"), true) << r.output;
+  EXPECT_EQ(r.summary.at("mode"), "leaderless");
   EXPECT_EQ(r.summary.at("fired"), 16);
   EXPECT_EQ(r.summary.at("runs"), 4) << r.output;
   EXPECT_EQ(r.summary.at("slots_run_once"), 4);
@@ -47,16 +58,51 @@ void expect_once_per_slot(const Result& r) {
   EXPECT_NE(r.output.find("4 nodes fired 4 slots"), std::string::npos) << r.output;
 }
 
-TEST(Scheduler, OncePerSlotOnTheFileBackend) {
-  distlock::testing::TempDir dir("distlock-scheduler");
-  Result r = run_scheduler("file://" + (dir.path() / "locks").string(), (dir.path() / "work").string());
-  expect_once_per_slot(r);
+void expect_failover(const Result& r) {
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_TRUE(r.summary.is_object()) << r.output;
+  const auto& j = r.summary;
+  EXPECT_EQ(j.at("ok"), true) << r.output;
+  EXPECT_EQ(j.at("mode"), "elected");
+  EXPECT_EQ(j.at("slots_run_twice"), 0) << r.output;
+  EXPECT_EQ(j.at("runs_outside_slots"), 0) << r.output;
+  EXPECT_EQ(j.at("term_order_violations"), 0) << r.output;
+  EXPECT_EQ(j.at("token_order_violations"), 0) << r.output;
+  EXPECT_EQ(j.at("node_failures"), 0) << r.output;
+  ASSERT_TRUE(j.at("killed_leader").is_object()) << r.output;
+  EXPECT_EQ(j.at("killed_leader").at("slot"), 2);
+  ASSERT_TRUE(j.at("takeover_term").is_number()) << r.output;
+  EXPECT_GT(j.at("takeover_term").get<std::uint64_t>(),
+            j.at("killed_leader").at("term").get<std::uint64_t>());
+  EXPECT_GE(j.at("leaders").get<int>(), 2) << r.output;
+  // The new leader fired the slots from the takeover on, and each of them ran (or had run).
+  EXPECT_GE(j.at("fired_after_takeover").get<int>(), 10 - j.at("takeover_slot").get<int>()) << r.output;
+  EXPECT_LE(j.at("takeover_slot").get<int>(), 8) << r.output;
+  EXPECT_EQ(j.at("fired_after_takeover_not_run"), 0) << r.output;
+  EXPECT_EQ(j.at("missed_outside_failover"), 0) << r.output;
+  // Slots 0-1 (the first leader) and takeover_slot..9 ran, once each.
+  EXPECT_GE(j.at("slots_run_once").get<int>(), 2 + 10 - j.at("takeover_slot").get<int>()) << r.output;
+  EXPECT_NE(r.output.find("killed the leader, node "), std::string::npos) << r.output;
 }
 
-TEST(Scheduler, OncePerSlotOnRedis) {
+TEST(Scheduler, ElectedLeaderFailoverOnTheFileBackend) {
+  distlock::testing::TempDir dir("distlock-scheduler");
+  Result r = run_scheduler("file://" + (dir.path() / "locks").string(), (dir.path() / "work").string(),
+                           kElectedWithKill);
+  expect_failover(r);
+}
+
+TEST(Scheduler, ElectedLeaderFailoverOnRedis) {
   distlock::testing::RedisServer redis;
   distlock::testing::TempDir dir("distlock-scheduler");
-  Result r = run_scheduler(redis.url(), (dir.path() / "work").string());
+  Result r = run_scheduler(redis.url(), (dir.path() / "work").string(), kElectedWithKill);
+  expect_failover(r);
+}
+
+TEST(Scheduler, LeaderlessOncePerSlotOnRedis) {
+  distlock::testing::RedisServer redis;
+  distlock::testing::TempDir dir("distlock-scheduler");
+  Result r = run_scheduler(redis.url(), (dir.path() / "work").string(), kLeaderless);
   expect_once_per_slot(r);
 }
 
