@@ -452,9 +452,9 @@ std::optional<Millis> ReadWriteLease::max_hold_remaining() const noexcept {
   if (!owns()) return std::nullopt;
   std::optional<Millis> least;
   for (const auto& part : parts_of(*hold_)) {
-    if (part->hold_limit == Clock::time_point::max()) continue;
-    const auto left =
-        std::max(Millis(0), std::chrono::duration_cast<Millis>(part->hold_limit - part->clock->now()));
+    const Clock::time_point limit = part->hold_limit();
+    if (limit == Clock::time_point::max()) continue;
+    const auto left = std::max(Millis(0), std::chrono::duration_cast<Millis>(limit - part->clock->now()));
     least = least ? std::min(*least, left) : left;
   }
   return least;

@@ -80,10 +80,11 @@ TEST_P(CliReadWrite, ExclusiveWaitsForReadersAndKeepsThemOut) {
                                              r1_out.string()),
                       dir_.path());
   ASSERT_TRUE(wait_for_file(r1_in, 30s)) << r1.err();
+  // The token file is written before w.in: the test reads it as soon as w.in appears.
   Cli w = Cli::start(run_sh("--exclusive",
-                            "if [ -e " + r1_out.string() + " ]; then echo after; else echo beside; fi > " +
-                                w_in.string() + "; echo $DISTLOCK_TOKEN > " + path("w.token").string() +
-                                "; " + await(w_go) + "echo out > " + w_out.string(),
+                            "echo $DISTLOCK_TOKEN > " + path("w.token").string() + "; if [ -e " +
+                                r1_out.string() + " ]; then echo after; else echo beside; fi > " +
+                                w_in.string() + "; " + await(w_go) + "echo out > " + w_out.string(),
                             {"--wait", "60s"}),
                      dir_.path());
   // The writer does not get in beside the reader (it is still waiting after 1 s).
