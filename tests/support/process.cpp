@@ -9,10 +9,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 extern char** environ;
@@ -94,8 +99,34 @@ bool Process::running() {
   return true;
 }
 
+namespace {
+// Whether every thread of `pid` is stopped (or gone): /proc/<pid>/task/*/stat state.
+bool all_threads_stopped(pid_t pid) {
+  std::error_code ec;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream in(t.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;  // thread gone meanwhile
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't' && state != 'Z' && state != 'X') return false;
+  }
+  return true;
+}
+}  // namespace
+
 void Process::signal(int sig) const {
-  if (pid_ > 0 && !reaped_) ::kill(pid_, sig);
+  if (pid_ <= 0 || reaped_) return;
+  ::kill(pid_, sig);
+  if (sig != SIGSTOP) return;
+  // kill() only queues the stop: a thread running on another CPU may still answer a
+  // request for a moment. A test that pauses a server relies on it being silent once
+  // this returns, so wait (bounded, 5 s) until every thread is stopped.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!all_threads_stopped(pid_) && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 int Process::wait_for(std::chrono::milliseconds timeout) {
