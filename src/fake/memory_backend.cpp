@@ -25,7 +25,7 @@ class MemoryBackend final : public Backend {
   }
 
   Capabilities capabilities() const noexcept override { return {store_->fencing_, store_->needs_renewal_}; }
-  void set_listener(ChangeListener* l) override { listener_ = l; }
+  void set_listener(ChangeListener* l) override { listener_.store(l, std::memory_order_release); }
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     std::lock_guard lk(store_->mu_);
@@ -96,7 +96,8 @@ class MemoryBackend final : public Backend {
       for (auto* b : notify) b->notifying_.fetch_add(1);
     }
     for (auto* b : notify) {
-      if (b->listener_ && b->watching(name)) b->listener_->on_change(name);
+      auto* listener = b->listener_.load(std::memory_order_acquire);
+      if (listener && b->watching(name)) listener->on_change(name);
       b->notifying_.fetch_sub(1);
     }
     return ReleaseStatus::released;
@@ -202,7 +203,9 @@ class MemoryBackend final : public Backend {
   std::shared_ptr<MemoryStore> store_;
   std::shared_ptr<Clock> clock_;
   std::string url_;
-  ChangeListener* listener_ = nullptr;
+  // Set by set_listener() after the constructor has made this backend visible to other
+  // clients of the store, whose releases read it: atomic.
+  std::atomic<ChangeListener*> listener_{nullptr};
   std::mutex watch_mu_;
   std::map<std::string, int> watched_;
 };
