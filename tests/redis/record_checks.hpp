@@ -291,8 +291,8 @@ inline void check_many(rec::Backend& b, int n = 1500) {
   auto all = b.list_held("many/", 100000, truncated, ec);
   const auto took = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(ec) << ec.message();
-  std::cout << "[ measured ] list_held of " << n << " locks: "
-            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
+  std::cout << "[ measured ] list_held of " << n
+            << " locks: " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
   EXPECT_FALSE(truncated);
   EXPECT_EQ(names_of(all), names);
   const int half = n / 2;
