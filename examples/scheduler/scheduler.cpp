@@ -155,8 +155,8 @@ int run_leader_loop(const Config& cfg) {
   for (int t = 0; t < cfg.ticks; ++t) {
     const std::int64_t slot = cfg.first_slot + t;
     // A slot whose first half has passed (before this node led) is left alone: fired that late,
-    // the runner, which takes the slot from the clock once it holds the job's lock, could
-    // already be in the next slot.
+    // the runner, which takes the slot from its clock when it starts, could already be in the
+    // next slot.
     if (unix_ms() >= slot * cfg.period_ms + cfg.period_ms / 2) continue;
     while (unix_ms() < slot * cfg.period_ms) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     append_line(fires, std::to_string(slot) + " " + std::to_string(cfg.node) + " " + term);
@@ -372,19 +372,21 @@ int main(int argc, char** argv) {
     // Terms: in fires.log order never down, and one term is one node's; by slot, the same in runs.log.
     long term_order = 0;
     std::set<std::uint64_t> terms;
-    auto check_terms = [&term_order](const Run& r, std::optional<Run>& prev) {
+    // (A pointer, not std::optional<Run>: GCC 12 -O2 warns that an engaged optional's copy may be
+    // uninitialized.)
+    auto check_terms = [&term_order](const Run& r, const Run*& prev) {
       // Term 0: the backend has no terms (redlock://), nothing to check.
       if (prev && r.term != 0 && (r.term < prev->term || (r.term == prev->term && r.node != prev->node))) {
         ++term_order;
       }
-      prev = r;
+      prev = &r;
     };
-    std::optional<Run> prev;
+    const Run* prev = nullptr;
     for (const auto& [s, r] : fires) {
       check_terms(r, prev);
       terms.insert(r.term);
     }
-    prev.reset();
+    prev = nullptr;
     for (const auto& [s, v] : runs) {
       for (const Run& r : v) check_terms(r, prev);
     }

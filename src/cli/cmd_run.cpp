@@ -449,10 +449,13 @@ int poll_timeout_until(SteadyClock::time_point deadline) {
 }
 
 /// --once-per, before the command: -1 to run it (with `once` set to the mark to store
-/// after success), else the exit status (0: this slot already had its run).
-int check_once_per(const RunSettings& s, Client& client, RunLease& lease, std::optional<OnceMark>& once) {
-  const std::int64_t now_ms = unix_ms_now();
-  const std::uint64_t slot = period_slot(*s.once_per, now_ms);
+/// after success), else the exit status (0: this slot, or a later one, already had its run).
+/// The slot is the one the runner was started in (`fired_unix_ms`, read before it waited for
+/// the lock): a cron firing that waits into the next slot is still its own slot's run, and does
+/// not use up the next slot.
+int check_once_per(const RunSettings& s, Client& client, RunLease& lease, std::int64_t fired_unix_ms,
+                   std::optional<OnceMark>& once) {
+  const std::uint64_t slot = period_slot(*s.once_per, fired_unix_ms);
   std::optional<OnceMark> mark;
   try {
     mark = read_once_mark(client, s.name);
@@ -462,13 +465,15 @@ int check_once_per(const RunSettings& s, Client& client, RunLease& lease, std::o
     print_error(std::string(e.what()) + "; --once-per needs it");
     return e.code() == errc::not_supported ? exit_status::usage : exit_code_for(e.code());
   }
-  if (mark && mark->slot == slot) {
+  if (!once_due(mark, slot)) {
     std::error_code ignored;
     lease.release(ignored);
-    print_error("lock \"" + s.name + "\": already ran in this --once-per " + format_duration(*s.once_per) +
-                " period (slot " + std::to_string(slot) + ", run finished at unix ms " +
-                std::to_string(mark->unix_ms) + " with token " + std::to_string(mark->token) +
-                "); not running the command");
+    const std::string which = mark->slot == slot ? "already ran in this --once-per "
+                                                 : "a later period already ran (fired in slot " +
+                                                       std::to_string(slot) + ") under --once-per ";
+    print_error("lock \"" + s.name + "\": " + which + format_duration(*s.once_per) + " period (slot " +
+                std::to_string(mark->slot) + ", run finished at unix ms " + std::to_string(mark->unix_ms) +
+                " with token " + std::to_string(mark->token) + "); not running the command");
     return exit_status::ok;
   }
   once = OnceMark{slot, lease.has_token() ? lease.token() : 0, 0};
@@ -517,6 +522,7 @@ void hold_at_least(const RunSettings& s, const RunLease& lease, SignalFd& signal
 }
 
 int run_locked(const RunSettings& s) {
+  const std::int64_t fired_unix_ms = unix_ms_now();  // --once-per: the slot this firing is for
   const std::vector<int> inherited_fds = open_fds();
   std::vector<int> blocked = terminating_signals();
   blocked.push_back(SIGCHLD);
@@ -565,7 +571,7 @@ int run_locked(const RunSettings& s) {
   }
   std::optional<OnceMark> once;  // the mark to store after a successful run
   if (s.once_per) {
-    if (int rc = check_once_per(s, *acq.client, lease, once); rc >= 0) return rc;
+    if (int rc = check_once_per(s, *acq.client, lease, fired_unix_ms, once); rc >= 0) return rc;
   }
 
   // The watchdog leads the job's group and kills it if the runner dies; it is

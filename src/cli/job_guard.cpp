@@ -40,6 +40,10 @@ std::uint64_t period_slot(Millis period, std::int64_t unix_ms) {
   return static_cast<std::uint64_t>(unix_ms / period.count());
 }
 
+bool once_due(const std::optional<OnceMark>& mark, std::uint64_t fired_slot) {
+  return !mark || mark->slot < fired_slot;
+}
+
 std::string once_key(const std::string& name) {
   return name +
          "\x1f"

@@ -6,8 +6,9 @@
 //
 // Example:
 //   opts.holder_info = runner_holder_info({"backup", "--all"});  // "host=h pid=42 cmd=backup --all"
-//   auto mark = read_once_mark(client, "nightly");
-//   if (mark && mark->slot == period_slot(period, unix_ms_now())) return 0;  // ran this slot
+//   const std::uint64_t slot = period_slot(period, unix_ms_now());  // when fired, before waiting
+//   auto lease = client.acquire("nightly", opts);
+//   if (!once_due(read_once_mark(client, "nightly"), slot)) return 0;  // this slot (or a later) ran
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,10 @@ struct OnceMark {
   std::uint64_t token = 0;  ///< 0 where the backend issues none
   std::int64_t unix_ms = 0;
 };
+/// Whether a firing for `fired_slot` still has to run, given the stored mark: not when the
+/// mark names that slot or a later one (a firing that waited for the lock past a later slot's
+/// run is not run out of order). Marks therefore only move forward.
+bool once_due(const std::optional<OnceMark>& mark, std::uint64_t fired_slot);
 /// The record key of `name`'s once-per mark ("<name>\x1fonce").
 std::string once_key(const std::string& name);
 /// The stored mark (nullopt: none, or not in the format above). Throws std::system_error

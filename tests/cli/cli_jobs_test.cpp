@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -204,6 +205,61 @@ TEST_P(CliJobs, OncePerNextSlotRunsAgain) {
   } else {
     EXPECT_EQ(r.back(), "c");  // the machine was too slow to keep a and b in one slot
   }
+}
+
+// True once `pid` has a connection to the server or a lock file open, i.e. it is trying
+// to acquire (and, so, was started and read its clock before).
+bool is_acquiring(pid_t pid, const fs::path& locks) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = fs::read_symlink(e.path(), link_ec).string();
+    if (target.starts_with("socket:") || target.starts_with(locks.string())) return true;
+  }
+  return false;
+}
+
+// The slot of a --once-per run is the one in which `distlock run` was started (fired by cron),
+// not the one in which it got the lock: a runner fired in slot S that waits for the lock into
+// slot S+1 runs as S's run, and a runner fired in S+1 still runs S+1. No timing is assumed: the
+// holder releases only after the waiting runner is seen connected (so it has read its clock)
+// and the test's wall clock has passed into a later slot.
+TEST_P(CliJobs, OncePerSlotIsTakenWhenFiredNotWhenTheLockIsGranted) {
+  const fs::path runs = path("runs"), started = path("started"), release = path("release");
+  const std::int64_t period = 2000;
+  Cli holder =
+      Cli::start(run_sh("tick", "touch " + started.string() + "; i=0; while [ ! -e " + release.string() +
+                                    " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"),
+                 dir_.path());
+  for (int i = 0; i < 3000 && !fs::exists(started); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(fs::exists(started)) << holder.err();
+  Cli late = Cli::start(run_sh("tick", "echo late $DISTLOCK_ONCE_SLOT >> " + runs.string(),
+                               {"--once-per", "2s", "--wait", "60s"}),
+                        dir_.path());
+  for (int i = 0; i < 3000 && !is_acquiring(late.pid(), dir_.path() / "locks"); ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(is_acquiring(late.pid(), dir_.path() / "locks")) << late.err();
+  const std::int64_t fired_by = unix_ms() / period;  // `late` read its clock before this
+  for (int i = 0; i < 500 && unix_ms() / period <= fired_by; ++i) std::this_thread::sleep_for(10ms);
+  const std::int64_t granted_after = unix_ms() / period;
+  ASSERT_GT(granted_after, fired_by);
+  { std::ofstream(release.string()) << "go"; }
+  ASSERT_EQ(holder.wait(30s), 0) << holder.err();
+  ASSERT_EQ(late.wait(30s), 0) << late.err();
+  Cli next = Cli::run(
+      run_sh("tick", "echo next $DISTLOCK_ONCE_SLOT >> " + runs.string(), {"--once-per", "2s"}), dir_.path());
+  ASSERT_EQ(next.code(), 0) << next.err();
+  const auto r = lines(slurp(runs));
+  ASSERT_EQ(r.size(), 2u) << slurp(runs) << late.err() << next.err();
+  std::istringstream late_line(r[0]), next_line(r[1]);
+  std::string late_word, next_word;
+  std::int64_t late_slot = 0, next_slot = 0;
+  late_line >> late_word >> late_slot;
+  next_line >> next_word >> next_slot;
+  EXPECT_EQ(late_word, "late");
+  EXPECT_LE(late_slot, fired_by);  // its firing slot, though granted in a later one
+  EXPECT_EQ(next_word, "next");
+  EXPECT_GE(next_slot, granted_after);
 }
 
 // `status` and `list` show the runner's description: host, pid and command.
