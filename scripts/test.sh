@@ -8,7 +8,8 @@
 #      scenarios that step 1 already runs) and for the conformance suite's three-member
 #      targets (sentinel, etcd3, zk3: the same client code as redis, etcd1 and zk1, which do
 #      run, with longer elections; steps 1 and 2 run them), so CI stays well under 90 minutes
-#      on 2 cores;
+#      on 2 cores; the model check and the configure checks (no code of ours runs in them)
+#      run in step 1 only;
 #   3. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
 #      ones) and the file and redis backends' tests under ThreadSanitizer;
 #   4. an install into a temporary prefix and a consumer built with find_package and pkg-config.
@@ -45,7 +46,7 @@ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON \
   -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON >/dev/null
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition" -E '/(sentinel|etcd3|zk3)( |$)'
+  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build" -E '/(sentinel|etcd3|zk3)( |$)'
 
 step "ThreadSanitizer (engine, file and redis backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \

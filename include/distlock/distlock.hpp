@@ -3,10 +3,15 @@
 
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
+#include "distlock/config.hpp"
 #include "distlock/election.hpp"
 #include "distlock/error.hpp"
+#if DISTLOCK_HAS_FENCING
 #include "distlock/fencing.hpp"
+#endif
+#if DISTLOCK_HAS_IDS
 #include "distlock/ids.hpp"
+#endif
 #include "distlock/options.hpp"
 #include "distlock/semaphore.hpp"
 #include "distlock/shared_mutex.hpp"

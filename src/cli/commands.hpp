@@ -77,11 +77,11 @@ void add_status_command(CLI::App& app, int& exit_code);
 /// `distlock list [--url URL] [--prefix P] [--json] [--limit N]` (cmd_list.cpp).
 void add_list_command(CLI::App& app, int& exit_code);
 
-/// `distlock id ...`: defined in cmd_id.cpp (the ids component), compiled only when
-/// present (DISTLOCK_CLI_HAS_ID).
+/// `distlock id ...`: defined in cmd_id.cpp, compiled only with the ids component
+/// (DISTLOCK_HAS_IDS, distlock/config.hpp).
 void add_id_command(CLI::App& app, int& exit_code);
 
-/// `distlock bench ...`: the bench driver as a subcommand (DISTLOCK_CLI_HAS_BENCH).
+/// `distlock bench ...`: the bench driver (tools/bench) as a subcommand.
 void add_bench_command(CLI::App& app, int& exit_code);
 
 /// The exit status for an error: invalid_url/invalid_argument → 64;

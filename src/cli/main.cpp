@@ -10,18 +10,15 @@
 #include <system_error>
 #include <vector>
 
+#include "bench_driver.hpp"
 #include "cli/commands.hpp"
 #include "core/url.hpp"
+#include "distlock/config.hpp"
 #include "distlock/error.hpp"
 #include "distlock/version.hpp"
 
-#ifdef DISTLOCK_CLI_HAS_BENCH
-#include "bench/bench_driver.hpp"
-#endif
-
 namespace distlock::cli {
 
-#ifdef DISTLOCK_CLI_HAS_BENCH
 void add_bench_command(CLI::App& app, int& exit_code) {
   auto config = std::make_shared<bench::BenchConfig>();
   CLI::App* sub =
@@ -34,7 +31,6 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   bench::add_bench_options(*sub, *config);
   sub->callback([config, &exit_code] { exit_code = bench::run_bench(*config); });
 }
-#endif
 
 namespace {
 
@@ -212,10 +208,8 @@ int main(int argc, char** argv) {
   add_elect_command(app, exit_code, command_after_dashes);
   add_leader_command(app, exit_code);
   add_list_command(app, exit_code);
-#ifdef DISTLOCK_CLI_HAS_BENCH
   add_bench_command(app, exit_code);
-#endif
-#ifdef DISTLOCK_CLI_HAS_ID
+#if DISTLOCK_HAS_IDS
   add_id_command(app, exit_code);
 #endif
 

@@ -1,30 +1,31 @@
-// One registration line per backend. A component folder that is built defines
-// DISTLOCK_WITH_<NAME> (see src/CMakeLists.txt); a backend declares its factory
-// in its own header.
+// One registration line per backend. distlock/config.hpp says which component folders
+// were built (DISTLOCK_HAS_<NAME>, from the DISTLOCK_WITH_<NAME> options); a backend
+// declares its factory in its own header.
 #include <array>
 
 #include "core/backend.hpp"
+#include "distlock/config.hpp"
 
-#ifdef DISTLOCK_WITH_FILE
+#if DISTLOCK_HAS_FILE
 #include "file/file_backend.hpp"
 #endif
-#ifdef DISTLOCK_WITH_REDIS
+#if DISTLOCK_HAS_REDIS
 #include "redis/redis_backend.hpp"
 #include "redis/sentinel_backend.hpp"
 #endif
-#ifdef DISTLOCK_WITH_REDISCLUSTER
+#if DISTLOCK_HAS_REDISCLUSTER
 #include "rediscluster/cluster_backend.hpp"
 #endif
-#ifdef DISTLOCK_WITH_REDLOCK
+#if DISTLOCK_HAS_REDLOCK
 #include "redlock/redlock_backend.hpp"
 #endif
-#ifdef DISTLOCK_WITH_ETCD
+#if DISTLOCK_HAS_ETCD
 #include "etcd/etcd_backend.hpp"
 #endif
-#ifdef DISTLOCK_WITH_ZK
+#if DISTLOCK_HAS_ZK
 #include "zk/zk_backend.hpp"
 #endif
-#ifdef DISTLOCK_WITH_POSTGRES
+#if DISTLOCK_HAS_POSTGRES
 #include "postgres/postgres_backend.hpp"
 #endif
 #include "fake/memory_backend.hpp"
@@ -38,26 +39,26 @@ struct Entry {
 };
 
 constexpr Entry kBackends[] = {
-#ifdef DISTLOCK_WITH_FILE
+#if DISTLOCK_HAS_FILE
     {"file", &make_file_backend},
 #endif
-#ifdef DISTLOCK_WITH_REDIS
+#if DISTLOCK_HAS_REDIS
     {"redis", &make_redis_backend},
     {"redis+sentinel", &make_sentinel_backend},
 #endif
-#ifdef DISTLOCK_WITH_REDISCLUSTER
+#if DISTLOCK_HAS_REDISCLUSTER
     {"redis+cluster", &make_redis_cluster_backend},
 #endif
-#ifdef DISTLOCK_WITH_REDLOCK
+#if DISTLOCK_HAS_REDLOCK
     {"redlock", &make_redlock_backend},
 #endif
-#ifdef DISTLOCK_WITH_ETCD
+#if DISTLOCK_HAS_ETCD
     {"etcd", &make_etcd_backend},
 #endif
-#ifdef DISTLOCK_WITH_ZK
+#if DISTLOCK_HAS_ZK
     {"zk", &make_zk_backend},
 #endif
-#ifdef DISTLOCK_WITH_POSTGRES
+#if DISTLOCK_HAS_POSTGRES
     {"postgres", &make_postgres_backend},
     {"postgresql", &make_postgres_backend},
 #endif

@@ -756,7 +756,6 @@ TEST(CliRedis, PasswordInUrlIsNotShownByPs) {
 }  // namespace
 }  // namespace distlock::testing
 
-#ifdef DISTLOCK_CLI_TEST_BENCH
 namespace distlock::testing {
 namespace {
 TEST(CliBench, PrintsOneJsonLinePerWorkload) {
@@ -778,4 +777,3 @@ TEST(CliBench, PrintsOneJsonLinePerWorkload) {
 
 }  // namespace
 }  // namespace distlock::testing
-#endif

@@ -58,7 +58,6 @@ TEST(ZkCli, RunWithATtlTheSessionCannotHonourExplainsWhy) {
   EXPECT_EQ(err.find("invalid lock options"), std::string::npos) << err;
 }
 
-#ifdef DISTLOCK_ZK_CLI_TEST_BENCH
 TEST(ZkCli, BenchPicksATtlTheSessionHonours) {
   TempDir dir("distlock-zk-cli");
   // A URL that fixes a short session: the default TTL follows it.
@@ -80,7 +79,6 @@ TEST(ZkCli, BenchPicksATtlTheSessionHonours) {
   EXPECT_NE(explicit_ttl.err().find("session timeout 2000ms"), std::string::npos) << explicit_ttl.err();
   EXPECT_NE(explicit_ttl.err().find("at most 4000ms"), std::string::npos) << explicit_ttl.err();
 }
-#endif
 
 }  // namespace
 }  // namespace distlock::testing

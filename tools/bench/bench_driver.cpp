@@ -1,5 +1,5 @@
 // The workloads of distlock-bench (see bench_driver.hpp).
-#include "bench/bench_driver.hpp"
+#include "bench_driver.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-// bench/bench_driver.hpp — the workloads of distlock-bench, reusable by other front ends
+// tools/bench/bench_driver.hpp — the workloads of distlock-bench, reusable by other front ends
 // (the `distlock bench` subcommand offers the same flags through add_bench_options).
 //
 // Each workload runs against one backend URL and prints one JSON line to stdout:
