@@ -207,6 +207,46 @@ TEST(Url, Durations) {
   }
 }
 
+// The public text helpers (distlock/text.hpp) apply the library's own rules and messages.
+TEST(Text, ValidateNameNamesTheProblem) {
+  std::string why;
+  EXPECT_FALSE(distlock::validate_name("orders/42 é", why)) << why;
+  EXPECT_EQ(distlock::validate_name("", why), errc::invalid_argument);
+  EXPECT_EQ(why, "lock name is empty");
+  EXPECT_EQ(distlock::validate_name(std::string(4097, 'x'), why), errc::invalid_argument);
+  EXPECT_NE(why.find("4097 bytes long; the limit is 4096"), std::string::npos) << why;
+  EXPECT_EQ(distlock::validate_name(std::string("a\0b", 3), why), errc::invalid_argument);
+  EXPECT_NE(why.find("NUL"), std::string::npos) << why;
+  try {
+    distlock::validate_name("");
+    ADD_FAILURE() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("lock name is empty"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Text, ParseDurationAndUrls) {
+  EXPECT_EQ(distlock::parse_duration("2m"), distlock::Millis(120000));
+  EXPECT_EQ(distlock::parse_duration("1500"), distlock::Millis(1500));
+  EXPECT_EQ(distlock::parse_duration("1.5s"), std::nullopt);
+  EXPECT_EQ(distlock::parse_duration("-1s"), std::nullopt);
+  EXPECT_EQ(distlock::url_scheme("redis://h:1"), "redis");
+  const std::string with = distlock::url_with_password("redis://bob@h:1/0", "p@ss word");
+  EXPECT_EQ(with, "redis://bob:p%40ss%20word@h:1/0");
+  EXPECT_EQ(distlock::url_without_password(with), "redis://bob@h:1/0");
+  const std::string masked = distlock::redact_url("redis://:hunter2@h:1");
+  EXPECT_EQ(masked.find("hunter2"), std::string::npos) << masked;
+  try {
+    distlock::url_scheme("redis://:hunter2@h:99999");
+    ADD_FAILURE() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_url);
+    EXPECT_EQ(std::string(e.what()).find("hunter2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("99999"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Connect, UnknownSchemeAndBadTimeoutAreInvalidUrl) {
   try {
     distlock::connect("mongo://h:1");

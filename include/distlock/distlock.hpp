@@ -15,5 +15,6 @@
 #include "distlock/options.hpp"
 #include "distlock/semaphore.hpp"
 #include "distlock/shared_mutex.hpp"
+#include "distlock/text.hpp"
 #include "distlock/version.hpp"
 #include "distlock/with_lock.hpp"

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "core/engine.hpp"
 #include "distlock/client.hpp"
 #include "distlock/election.hpp"
+#include "distlock/text.hpp"
 
 namespace distlock::cli {
 
@@ -94,7 +94,7 @@ void print_leader(const std::string& name, const std::optional<Leader>& l, bool 
 
 int show_leader(const LeaderFlags& flags) {
   std::string why;
-  if (detail::Engine::check_name(flags.name, why)) throw_error(make_error_code(errc::invalid_argument), why);
+  if (validate_name(flags.name, why)) throw_error(make_error_code(errc::invalid_argument), why);
   std::optional<Millis> timeout;
   if (flags.timeout_option && flags.timeout_option->count() > 0) {
     timeout = parse_duration_flag("--timeout", flags.timeout);

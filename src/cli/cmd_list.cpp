@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "core/engine.hpp"
 #include "distlock/client.hpp"
+#include "distlock/text.hpp"
 
 namespace distlock::cli {
 
@@ -159,7 +159,7 @@ void print_json(const std::string& url, const std::vector<ListedLock>& locks, bo
 int list_locks(const ListFlags& flags) {
   if (!flags.prefix.empty()) {
     std::string why;
-    if (detail::Engine::check_name(flags.prefix, why)) {
+    if (validate_name(flags.prefix, why)) {
       throw_error(make_error_code(errc::invalid_argument), "--prefix: " + why);
     }
   }

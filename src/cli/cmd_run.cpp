@@ -40,10 +40,10 @@
 #include "cli/commands.hpp"
 #include "cli/job_guard.hpp"
 #include "cli/metrics_http.hpp"
-#include "core/engine.hpp"
 #include "distlock/client.hpp"
 #include "distlock/semaphore.hpp"
 #include "distlock/shared_mutex.hpp"
+#include "distlock/text.hpp"
 
 extern char** environ;
 
@@ -114,7 +114,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   }
   if (s.command.front().empty()) usage_error("the command name is empty");
   std::string why;
-  if (detail::Engine::check_name(s.name, why)) usage_error(why);
+  if (validate_name(s.name, why)) usage_error(why);
 
   s.lock.ttl = parse_duration_flag("--ttl", flags.ttl);
   if (s.lock.ttl < LockOptions::min_ttl) {
@@ -134,7 +134,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   if (!flags.min_hold.empty()) s.min_hold = positive("--min-hold", flags.min_hold);
   if (!flags.once_per.empty()) {
     s.once_per = positive("--once-per", flags.once_per);
-    if (detail::Engine::check_name(once_key(s.name), why)) usage_error("--once-per: the mark's key: " + why);
+    if (validate_name(once_key(s.name), why)) usage_error("--once-per: the mark's key: " + why);
   }
   if (flags.permits != 0) {
     if (flags.permits < 1 || flags.permits > Semaphore::kMaxPermits) {

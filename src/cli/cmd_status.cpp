@@ -7,8 +7,8 @@
 #include <string>
 
 #include "cli/commands.hpp"
-#include "core/engine.hpp"
 #include "distlock/client.hpp"
+#include "distlock/text.hpp"
 
 namespace distlock::cli {
 
@@ -62,7 +62,7 @@ void print_json(const std::string& name, const std::string& url, const LockInfo&
 
 int show_status(const StatusFlags& flags) {
   std::string why;
-  if (detail::Engine::check_name(flags.name, why)) throw_error(make_error_code(errc::invalid_argument), why);
+  if (validate_name(flags.name, why)) throw_error(make_error_code(errc::invalid_argument), why);
   Client client = connect(flags.url, tool_client_options());
   const LockInfo info = client.status(flags.name);
   const std::string url = client.url();  // password masked

@@ -11,6 +11,7 @@
 #include "core/url.hpp"
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
+#include "distlock/text.hpp"
 
 namespace distlock::cli {
 
@@ -49,13 +50,13 @@ void print_error(std::string_view message) noexcept {
 }
 
 Millis parse_duration_flag(std::string_view flag, std::string_view text) {
-  Millis out{};
-  if (!detail::parse_duration(text, out)) {
+  const std::optional<Millis> out = parse_duration(text);
+  if (!out) {
     throw_error(make_error_code(errc::invalid_argument),
                 std::string(flag) + " \"" + std::string(text) +
                     "\" is not a duration (write it like 250ms, 10s, 2m or 1h)");
   }
-  return out;
+  return *out;
 }
 
 std::string format_duration(Millis d) {
@@ -139,27 +140,25 @@ std::string url_with_password_from_settings(const std::string& url_flag) {
   const bool from_env = env != nullptr && *env != '\0';
   if (ps.file.empty() && !from_env) return url_flag;
   const std::string url = url_flag.empty() ? default_url() : url_flag;
-  detail::Url parsed;
-  std::string why;
-  if (auto ec = detail::parse_url(url, parsed, why)) throw_error(ec, why);
-  if (!scheme_takes_password(parsed.scheme)) {
+  const std::string scheme = url_scheme(url);
+  if (!scheme_takes_password(scheme)) {
     if (!ps.file.empty()) {
       throw_error(make_error_code(errc::invalid_argument),
-                  "--password-file is given but " + parsed.scheme + ":// URLs take no password");
+                  "--password-file is given but " + scheme + ":// URLs take no password");
     }
     return url_flag;  // DISTLOCK_PASSWORD is for the schemes that have one
   }
   const std::string password = ps.file.empty() ? std::string(env) : read_password_file(ps.file);
-  std::string out;
-  if (auto ec = detail::url_with_password(url, password, out, why)) throw_error(ec, why);
-  return out;
+  return url_with_password(url, password);
 }
 
 std::string child_url(const std::string& url) {
   if (password_settings().pass_url_password) return url;
-  std::string out, why;
-  if (detail::url_without_password(url, out, why)) return detail::redact_url_text(url);
-  return out;
+  try {
+    return url_without_password(url);
+  } catch (const std::system_error&) {
+    return redact_url(url);
+  }
 }
 
 ClientOptions tool_client_options() {
