@@ -92,6 +92,7 @@ struct RunSettings {
   std::vector<std::string> env;
   std::optional<Millis> min_hold;  // keep holding after the command until grant + min_hold
   std::optional<Millis> once_per;  // at most one successful run per period slot
+  std::string once_name;           // whose mark: NAME, or NAME\x1fexclusive for the read-write lock NAME
   int permits = 0;                 // > 0: take a permit of the semaphore NAME of that many
   RwMode rw = RwMode::none;        // --shared / --exclusive: a hold of the read-write lock NAME
 };
@@ -134,7 +135,6 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   if (!flags.min_hold.empty()) s.min_hold = positive("--min-hold", flags.min_hold);
   if (!flags.once_per.empty()) {
     s.once_per = positive("--once-per", flags.once_per);
-    if (validate_name(once_key(s.name), why)) usage_error("--once-per: the mark's key: " + why);
   }
   if (flags.permits != 0) {
     if (flags.permits < 1 || flags.permits > Semaphore::kMaxPermits) {
@@ -160,6 +160,15 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
       usage_error("--once-per needs an exclusive hold, not --shared (readers run at the same time)");
     }
     s.rw = flags.shared ? RwMode::shared : RwMode::exclusive;
+  }
+  if (s.once_per) {
+    // The read-write lock NAME and the lock NAME do not exclude each other, so each keeps
+    // its own mark: a shared one would let both run in a slot while looking guarded.
+    s.once_name = s.rw == RwMode::exclusive ? s.name +
+                                                  "\x1f"
+                                                  "exclusive"
+                                            : s.name;
+    if (validate_name(once_key(s.once_name), why)) usage_error("--once-per: the mark's key: " + why);
   }
   if (s.min_hold && s.lock.max_hold && *s.min_hold > *s.lock.max_hold) {
     usage_error("--min-hold " + flags.min_hold + " is longer than --max-hold " + flags.max_hold);
@@ -458,25 +467,34 @@ int check_once_per(const RunSettings& s, Client& client, RunLease& lease, std::i
   const std::uint64_t slot = period_slot(*s.once_per, fired_unix_ms);
   std::optional<OnceMark> mark;
   try {
-    mark = read_once_mark(client, s.name);
+    mark = read_once_mark(client, s.once_name);
   } catch (const std::system_error& e) {
     std::error_code ignored;
     lease.release(ignored);
     print_error(std::string(e.what()) + "; --once-per needs it");
     return e.code() == errc::not_supported ? exit_status::usage : exit_code_for(e.code());
   }
-  if (!once_due(mark, slot)) {
+  if (mark && mark->malformed) {
+    print_error("warning: lock \"" + s.name + "\": the --once-per mark (record " +
+                once_key(s.once_name).substr(0, 200) +
+                ") is not in the expected format; treating the period as not yet run");
+  }
+  if (!once_due(mark, *s.once_per, fired_unix_ms)) {
     std::error_code ignored;
     lease.release(ignored);
-    const std::string which = mark->slot == slot ? "already ran in this --once-per "
-                                                 : "a later period already ran (fired in slot " +
-                                                       std::to_string(slot) + ") under --once-per ";
+    // The marked run's slot, in this runner's period (its firing time, if the mark has one).
+    const std::uint64_t marked =
+        mark->fired_unix_ms >= 0 ? period_slot(*s.once_per, mark->fired_unix_ms) : mark->slot;
+    const std::string which = marked == slot ? "already ran in this --once-per "
+                                             : "a later period already ran (fired in slot " +
+                                                   std::to_string(slot) + ") under --once-per ";
     print_error("lock \"" + s.name + "\": " + which + format_duration(*s.once_per) + " period (slot " +
-                std::to_string(mark->slot) + ", run finished at unix ms " + std::to_string(mark->unix_ms) +
-                " with token " + std::to_string(mark->token) + "); not running the command");
+                std::to_string(marked) + ", run finished at unix ms " + std::to_string(mark->unix_ms) +
+                (mark->token != 0 ? " with token " + std::to_string(mark->token) : std::string()) +
+                "); not running the command");
     return exit_status::ok;
   }
-  once = OnceMark{slot, lease.has_token() ? lease.token() : 0, 0};
+  once = OnceMark{slot, lease.has_token() ? lease.token() : 0, 0, fired_unix_ms};
   return -1;
 }
 
@@ -493,7 +511,7 @@ int record_once_per(const RunSettings& s, Client& client, RunLease& lease, OnceM
     return exit_status::lost;
   }
   try {
-    write_once_mark(client, s.name, mark);
+    write_once_mark(client, s.once_name, mark);
   } catch (const std::system_error& e) {
     std::error_code ignored;
     lease.release(ignored);
@@ -710,7 +728,8 @@ int run_locked(const RunSettings& s) {
   }
 
   const int status = exit_status_of(*leader_status);
-  if (once && status == 0 && stopped_by == 0) {
+  // A command that exited 0 ran, also when a stop signal was forwarded to it on the way.
+  if (once && status == 0) {
     if (int rc = record_once_per(s, *acq.client, lease, *once); rc >= 0) return rc;
   }
   if (s.min_hold && stopped_by == 0) {

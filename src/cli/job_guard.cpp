@@ -40,8 +40,11 @@ std::uint64_t period_slot(Millis period, std::int64_t unix_ms) {
   return static_cast<std::uint64_t>(unix_ms / period.count());
 }
 
-bool once_due(const std::optional<OnceMark>& mark, std::uint64_t fired_slot) {
-  return !mark || mark->slot < fired_slot;
+bool once_due(const std::optional<OnceMark>& mark, Millis period, std::int64_t fired_unix_ms) {
+  if (!mark || mark->malformed) return true;
+  const std::uint64_t slot = period_slot(period, fired_unix_ms);
+  if (mark->fired_unix_ms >= 0) return period_slot(period, mark->fired_unix_ms) < slot;
+  return mark->slot < slot;
 }
 
 std::string once_key(const std::string& name) {
@@ -74,22 +77,31 @@ std::optional<OnceMark> read_once_mark(Client& client, const std::string& name) 
   std::optional<std::string> v = client.engine()->backend().get_record(once_key(name), ec);
   if (ec) record_error(client, ec, "cannot read the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
   if (!v) return std::nullopt;
-  const std::string_view text(*v);
-  const auto a = text.find('\n');
-  const auto b = a == std::string_view::npos ? a : text.find('\n', a + 1);
-  if (b == std::string_view::npos) return std::nullopt;
+  std::vector<std::string_view> fields;
+  std::string_view rest(*v);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto nl = rest.find('\n');
+    fields.push_back(rest.substr(0, nl));
+    if (nl == std::string_view::npos) break;
+    rest.remove_prefix(nl + 1);
+  }
   OnceMark m;
-  if (!parse_num(text.substr(0, a), m.slot) || !parse_num(text.substr(a + 1, b - a - 1), m.token) ||
-      !parse_num(text.substr(b + 1), m.unix_ms)) {
-    return std::nullopt;
+  const bool ok = fields.size() >= 3 && parse_num(fields[0], m.slot) && parse_num(fields[1], m.token) &&
+                  parse_num(fields[2], m.unix_ms) && m.unix_ms >= 0 &&
+                  (fields.size() < 4 || fields[3].empty() ||
+                   (parse_num(fields[3], m.fired_unix_ms) && m.fired_unix_ms >= 0));
+  if (!ok) {
+    OnceMark bad;
+    bad.malformed = true;
+    return bad;
   }
   return m;
 }
 
 void write_once_mark(Client& client, const std::string& name, const OnceMark& mark) {
   std::error_code ec;
-  const std::string value =
-      std::to_string(mark.slot) + "\n" + std::to_string(mark.token) + "\n" + std::to_string(mark.unix_ms);
+  const std::string value = std::to_string(mark.slot) + "\n" + std::to_string(mark.token) + "\n" +
+                            std::to_string(mark.unix_ms) + "\n" + std::to_string(mark.fired_unix_ms);
   client.engine()->backend().put_record(once_key(name), value, detail::PutMode::always, ec);
   if (ec)
     record_error(client, ec, "cannot write the --once-per mark of lock \"" + name.substr(0, 200) + "\"");

@@ -1,14 +1,15 @@
 // What `distlock run` adds for scheduled jobs: the holder description it stores with
 // every lock it takes, and the --once-per mark (record "<name>\x1fonce" =
-// "<slot>\n<token>\n<unix ms>", slot = floor(unix ms / period)).
+// "<slot>\n<token>\n<unix ms>\n<fired unix ms>", slot = floor(fired unix ms / period); a mark
+// of three lines, as written before the fourth existed, is read as of the same period).
 //
 // Thread-safety: plain functions; the Client they are given is thread-safe.
 //
 // Example:
 //   opts.holder_info = runner_holder_info({"backup", "--all"});  // "host=h pid=42 cmd=backup --all"
-//   const std::uint64_t slot = period_slot(period, unix_ms_now());  // when fired, before waiting
+//   const std::int64_t fired = unix_ms_now();  // when fired, before waiting for the lock
 //   auto lease = client.acquire("nightly", opts);
-//   if (!once_due(read_once_mark(client, "nightly"), slot)) return 0;  // this slot (or a later) ran
+//   if (!once_due(read_once_mark(client, "nightly"), period, fired)) return 0;  // this slot ran
 #pragma once
 
 #include <cstdint>
@@ -30,17 +31,23 @@ std::int64_t unix_ms_now();
 std::uint64_t period_slot(Millis period, std::int64_t unix_ms);
 
 struct OnceMark {
-  std::uint64_t slot = 0;
-  std::uint64_t token = 0;  ///< 0 where the backend issues none
-  std::int64_t unix_ms = 0;
+  std::uint64_t slot = 0;           ///< in the period of the runner that wrote it
+  std::uint64_t token = 0;          ///< 0 where the backend issues none
+  std::int64_t unix_ms = 0;         ///< when the run finished
+  std::int64_t fired_unix_ms = -1;  ///< when the run was fired; -1 in a three-line mark
+  bool malformed = false;           ///< a record was there but did not parse (then treated as none)
 };
-/// Whether a firing for `fired_slot` still has to run, given the stored mark: not when the
-/// mark names that slot or a later one (a firing that waited for the lock past a later slot's
-/// run is not run out of order). Marks therefore only move forward.
-bool once_due(const std::optional<OnceMark>& mark, std::uint64_t fired_slot);
+/// Whether a firing at `fired_unix_ms` of a job run once per `period` still has to run, given
+/// the stored mark: not when the marked run was fired in the same slot of `period` or a later
+/// one (a firing that waited for the lock past a later slot's run is not run out of order).
+/// The mark's firing time is compared, not its slot number, so runners whose periods differ
+/// (a changed crontab) agree; a three-line mark's slot is taken as of `period`. Marks only move
+/// forward. No mark, or a malformed one, is due.
+bool once_due(const std::optional<OnceMark>& mark, Millis period, std::int64_t fired_unix_ms);
 /// The record key of `name`'s once-per mark ("<name>\x1fonce").
 std::string once_key(const std::string& name);
-/// The stored mark (nullopt: none, or not in the format above). Throws std::system_error
+/// The stored mark (nullopt: none; `malformed` set: a record not in the format above; lines
+/// after the fourth are ignored, for marks of later versions). Throws std::system_error
 /// (errc::not_supported naming the backend when it keeps no records).
 std::optional<OnceMark> read_once_mark(Client& client, const std::string& name);
 /// Stores the mark (overwriting). Throws std::system_error.

@@ -262,6 +262,71 @@ TEST_P(CliJobs, OncePerSlotIsTakenWhenFiredNotWhenTheLockIsGranted) {
   EXPECT_GE(next_slot, granted_after);
 }
 
+// Runners whose --once-per periods differ (a crontab changed, or a fleet half updated) judge
+// the last run by when it was fired, in their own period: a run fired in this slot of the
+// shorter period uses it up, and a mark written under a short period does not make a longer
+// period's later slots look done. Periods of 240000 h and 120000 h: the current slots do not
+// change while the test runs.
+TEST_P(CliJobs, OncePerChangedPeriodJudgesTheLastRunByItsFiringTime) {
+  const fs::path runs = path("runs");
+  Cli longer =
+      Cli::run(run_sh("cron", "echo long >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  ASSERT_EQ(longer.code(), 0) << longer.err();
+  // Fired within the current 120000 h slot too: that slot has had its run.
+  Cli shorter =
+      Cli::run(run_sh("cron", "echo short >> " + runs.string(), {"--once-per", "120000h"}), dir_.path());
+  ASSERT_EQ(shorter.code(), 0) << shorter.err();
+  EXPECT_NE(shorter.err().find("already ran"), std::string::npos) << shorter.err();
+  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"long"}));
+  // A mark written under a 1 ms period (slot numbers ~10^12) does not block the 240000 h
+  // period's slot forever: that slot already ran here (the first run), so it is skipped as done
+  // in this slot, and the message names the mark's firing, not a "later period".
+  Cli tiny = Cli::run(run_sh("cron", "echo tiny >> " + runs.string(), {"--once-per", "1ms"}), dir_.path());
+  ASSERT_EQ(tiny.code(), 0) << tiny.err();
+  Cli again =
+      Cli::run(run_sh("cron", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  ASSERT_EQ(again.code(), 0) << again.err();
+  EXPECT_NE(again.err().find("already ran in this --once-per"), std::string::npos) << again.err();
+  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"long", "tiny"}));
+}
+
+// --exclusive runners keep their own mark: the read-write lock NAME and the lock NAME do not
+// exclude each other, so sharing one mark would let both run in one slot while looking guarded.
+TEST_P(CliJobs, OncePerExclusiveHasItsOwnMark) {
+  const fs::path runs = path("runs");
+  Cli plain =
+      Cli::run(run_sh("job", "echo plain >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  ASSERT_EQ(plain.code(), 0) << plain.err();
+  Cli rw =
+      Cli::run(run_sh("job", "echo exclusive >> " + runs.string(), {"--once-per", "240000h", "--exclusive"}),
+               dir_.path());
+  ASSERT_EQ(rw.code(), 0) << rw.err();
+  Cli rw2 =
+      Cli::run(run_sh("job", "echo exclusive2 >> " + runs.string(), {"--once-per", "240000h", "--exclusive"}),
+               dir_.path());
+  ASSERT_EQ(rw2.code(), 0) << rw2.err();
+  EXPECT_NE(rw2.err().find("already ran"), std::string::npos) << rw2.err();
+  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"plain", "exclusive"}));
+}
+
+// A command that exits 0 after the runner forwarded a stop (Ctrl-Z: SIGTSTP becomes SIGTERM
+// for the job) ran: its slot is recorded like any other successful run.
+TEST_P(CliJobs, OncePerRecordsACommandThatExitedZeroAfterAForwardedStop) {
+  const fs::path runs = path("runs"), started = path("started");
+  Cli r = Cli::start(run_sh("job", "trap 'exit 0' TERM; touch " + started.string() + "; sleep 30 & wait",
+                            {"--once-per", "240000h"}),
+                     dir_.path());
+  for (int i = 0; i < 3000 && !fs::exists(started); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(fs::exists(started)) << r.err();
+  r.signal(SIGTSTP);
+  ASSERT_EQ(r.wait(30s), 0) << r.err();
+  Cli again =
+      Cli::run(run_sh("job", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  ASSERT_EQ(again.code(), 0) << again.err();
+  EXPECT_NE(again.err().find("already ran"), std::string::npos) << again.err();
+  EXPECT_FALSE(fs::exists(runs)) << slurp(runs);
+}
+
 // `status` and `list` show the runner's description: host, pid and command.
 TEST_P(CliJobs, StatusAndListShowTheHolderDescription) {
   const fs::path ready = path("ready");

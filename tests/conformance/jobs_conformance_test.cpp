@@ -115,9 +115,11 @@ TEST_P(JobsConformance, OncePerGivesAtMostOneRunPerSlot) {
         for (int i = 0; i < 15; ++i) {
           if (i > 0) std::this_thread::sleep_for(40ms);  // this host's cron fires again
           // The slot of the firing, read before waiting for the lock (as `distlock run` does).
-          const std::uint64_t slot = distlock::cli::period_slot(period, distlock::cli::unix_ms_now());
+          const std::int64_t fired = distlock::cli::unix_ms_now();
+          const std::uint64_t slot = distlock::cli::period_slot(period, fired);
           distlock::Lease lease = c.acquire("jobs/once", o);
-          if (!distlock::cli::once_due(distlock::cli::read_once_mark(c, "jobs/once"), slot)) continue;
+          if (!distlock::cli::once_due(distlock::cli::read_once_mark(c, "jobs/once"), period, fired))
+            continue;
           {
             std::lock_guard lk(mu);
             ++runs_per_slot[slot];
@@ -125,7 +127,7 @@ TEST_P(JobsConformance, OncePerGivesAtMostOneRunPerSlot) {
           if (!lease.owns()) continue;
           distlock::cli::write_once_mark(c, "jobs/once",
                                          distlock::cli::OnceMark{slot, lease.has_token() ? lease.token() : 0,
-                                                                 distlock::cli::unix_ms_now()});
+                                                                 distlock::cli::unix_ms_now(), fired});
         }
       } catch (const std::exception& e) {
         ++errors;
@@ -141,6 +143,31 @@ TEST_P(JobsConformance, OncePerGivesAtMostOneRunPerSlot) {
   auto last = distlock::cli::read_once_mark(probe, "jobs/once");
   ASSERT_TRUE(last.has_value());
   EXPECT_EQ(last->slot, runs_per_slot.rbegin()->first);
+}
+
+// once_due over marks of other periods and of the older three-line format (no backend needed).
+TEST(OnceDue, ComparesTheMarkedFiringInTheRunnersOwnPeriod) {
+  using distlock::cli::once_due;
+  using distlock::cli::OnceMark;
+  const std::int64_t t = 1795465361028;  // a firing, unix ms
+  const Millis minute = std::chrono::minutes(1), hour = std::chrono::hours(1);
+  // A run fired a minute earlier under a 1 min period: in the same hour unless the hour turned.
+  const OnceMark m{distlock::cli::period_slot(minute, t - 60000), 7, t - 59000, t - 60000, false};
+  EXPECT_EQ(once_due(m, hour, t), (t - 60000) / 3600000 < t / 3600000);
+  // The same mark does not block the next hour (its slot number, ~10^7, is not compared with
+  // hour slots, ~10^5).
+  EXPECT_TRUE(once_due(m, hour, t + 3600000));
+  // Fired in this slot: not due; fired in the previous slot: due.
+  EXPECT_FALSE(once_due(OnceMark{0, 0, t, t, false}, minute, t));
+  EXPECT_TRUE(once_due(OnceMark{0, 0, t, t - 60000, false}, minute, t));
+  // A three-line mark (fired_unix_ms -1) is read as of the runner's period.
+  EXPECT_FALSE(once_due(OnceMark{static_cast<std::uint64_t>(t / 60000), 0, t, -1, false}, minute, t));
+  EXPECT_TRUE(once_due(OnceMark{static_cast<std::uint64_t>(t / 60000) - 1, 0, t, -1, false}, minute, t));
+  // A later firing's mark keeps an earlier firing from running out of order.
+  EXPECT_FALSE(once_due(OnceMark{0, 0, t + 60000, t + 60000, false}, minute, t));
+  // No mark, or a malformed one: due.
+  EXPECT_TRUE(once_due(std::nullopt, minute, t));
+  EXPECT_TRUE(once_due(OnceMark{~0ULL, 0, t, t, true}, minute, t));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, JobsConformance, ::testing::ValuesIn(distlock::testing::kinds()),
