@@ -234,7 +234,12 @@ TEST(SentinelWait, UnacknowledgedAcquireFailsAndUnacknowledgedRenewalsLoseTheLea
 //   * held locks that survived (still owned, renewed on the new master) vs lost
 //     (stop token); with wait=1 every one must survive (each was acknowledged by a
 //     replica over a second before the kill, and the sentinels promote the replica
-//     with the largest replication offset);
+//     with the largest replication offset). A renewal with wait=1 needs the new master
+//     to have a replica again (the sentinels reconfigure the other one, which then
+//     resyncs): the held locks have a 30 s TTL, so that may take up to ~25 s after the
+//     kill (a CI run under load lost all ten with a 10 s TTL, whose ~6 s window the
+//     failover plus the resync overran), and the check waits for their first renewals
+//     after the failover (ClientStats::renewed_leases), bounded at 40 s;
 //   * the clients followed: acquisitions succeed after the failover.
 struct Interval {
   std::string name;
@@ -262,7 +267,7 @@ TEST_P(SentinelMeasured, KillTheMasterWhileLocksAreHeldAndContended) {
   std::vector<distlock::Lease> held;
   std::vector<std::uint64_t> held_tokens;
   for (int i = 0; i < kHeld; ++i) {
-    held.push_back(c3.acquire("held" + std::to_string(i), ttl_of(10s)));
+    held.push_back(c3.acquire("held" + std::to_string(i), ttl_of(30s)));
     held_tokens.push_back(held.back().token());
   }
 
@@ -322,6 +327,7 @@ TEST_P(SentinelMeasured, KillTheMasterWhileLocksAreHeldAndContended) {
   const auto new_port = group.wait_failover(old_port, 60s);
   const auto failover_ms = std::chrono::duration_cast<Millis>(Steady::now() - killed).count();
   failover_at = Steady::now().time_since_epoch().count();
+  const std::uint64_t renewed_before = c3.stats().renewed_leases;
   // Let the clients follow and work on the new master for a while.
   const bool followed = eventually([&] { return after_failover.load() >= 20; }, 20000ms);
   std::this_thread::sleep_for(1000ms);
@@ -329,8 +335,15 @@ TEST_P(SentinelMeasured, KillTheMasterWhileLocksAreHeldAndContended) {
   for (auto& t : threads) t.join();
   EXPECT_TRUE(followed) << "fewer than 20 acquisitions after the failover";
 
-  // Held locks: give renewals (every ~3.3 s for a 10 s TTL) time to reach the new master.
-  std::this_thread::sleep_for(4000ms);
+  // Held locks: wait for their renewals (every ~10 s for a 30 s TTL) on the new master, or
+  // for a loss.
+  const bool renewed = eventually(
+      [&] {
+        if (c3.stats().lost > 0) return true;
+        return c3.stats().renewed_leases >= renewed_before + kHeld;
+      },
+      40000ms);
+  EXPECT_TRUE(renewed) << "no renewal of the held locks within 40 s of the failover";
   int survived = 0, lost = 0;
   for (int i = 0; i < kHeld; ++i) {
     const std::string name = "held" + std::to_string(i);
@@ -340,7 +353,7 @@ TEST_P(SentinelMeasured, KillTheMasterWhileLocksAreHeldAndContended) {
     } else {
       ++lost;
       EXPECT_TRUE(held[i].stop_token().stop_requested());
-      auto again = c1.acquire(name, ttl_of(10s, 15000ms));
+      auto again = c1.acquire(name, ttl_of(10s, 35000ms));  // its key lives up to the 30 s TTL
       EXPECT_GT(again.token(), held_tokens[i]) << name << ": the token went back after the failover";
     }
   }
