@@ -3,17 +3,17 @@
 #   1. a -Werror build and every test (unit, Redis, Sentinel, Cluster, Redlock, etcd, ZooKeeper,
 #      PostgreSQL, file, CLI, metrics, ids,
 #      examples) against real servers the tests start themselves on loopback;
-#   2. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
+#   2. the conformance suite again, beside two CPU hogs;
+#   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
 #      long fault runs (the nemesis and the member partitions: minutes of timing-bound
-#      scenarios that step 1 already runs) and for the conformance suite's three-member
-#      targets (sentinel, etcd3, zk3: the same client code as redis, etcd1 and zk1, which do
-#      run, with longer elections; steps 1 and 2 run them), so CI stays well under 90 minutes
-#      on 2 cores; the model check and the configure checks (no code of ours runs in them)
-#      run in step 1 only;
-#   3. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
+#      scenarios that step 1 already runs), the conformance suite (steps 1 and 2 run it;
+#      every backend's own tests, which drive the same client code, do run here), the model
+#      check and the configure checks (no code of ours runs in them), so CI stays well under
+#      90 minutes on 2 cores;
+#   4. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
 #      ones) and the file and redis backends' tests under ThreadSanitizer;
-#   4. an install into a temporary prefix and a consumer built with find_package and pkg-config.
-# Usage: ./scripts/test.sh [quick]   (quick: step 1 only)
+#   5. an install into a temporary prefix and a consumer built with find_package and pkg-config.
+# Usage: ./scripts/test.sh [quick]   (quick: steps 1 and 2 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -46,7 +46,7 @@ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON \
   -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON >/dev/null
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build" -E '/(sentinel|etcd3|zk3)( |$)'
+  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance"
 
 step "ThreadSanitizer (engine, file and redis backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
