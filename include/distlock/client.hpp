@@ -96,7 +96,9 @@ class Lease {
   std::stop_token stop_token() const noexcept;
 
   /// Runs `fn` once when the lease is lost (at once if it already is). Runs on the
-  /// client's renewer thread (or the caller's); keep it short and non-blocking.
+  /// client's renewer thread (or the caller's); keep it short and non-blocking. The stop
+  /// token is requested first, then the callbacks run: a thread that sees the stop token
+  /// may not yet see the callback's effects.
   void on_lost(std::function<void()> fn);
 
   /// Time left until the local deadline (zero when lost or released).

@@ -235,6 +235,9 @@ TEST(EtcdBackend, LeaseRevokedFromOutsideFiresTheStopSignal) {
   const auto end = Steady::now() + 4s;
   while (!lease.stop_token().stop_requested() && Steady::now() < end) std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(lease.stop_token().stop_requested());
+  // The stop token is requested just before the on_lost callbacks run, on the thread that
+  // saw the loss: wait (bounded, 5 s) for the callback too.
+  for (int i = 0; i < 500 && !called.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(called.load());
   EXPECT_FALSE(lease.owns());
   std::error_code ec;
@@ -352,6 +355,9 @@ TEST(EtcdBackend, KeyDeletedFromOutsideIsLostWithinOneRenewInterval) {
   // One renew interval (1 s) plus generous slack for a busy machine; far below the 9 s TTL.
   EXPECT_LT(took, 4s) << took.count() << " ms";
   std::printf("loss signalled %lld ms after the external delete\n", static_cast<long long>(took.count()));
+  // The stop token is requested just before the on_lost callbacks run, on the thread that
+  // saw the loss: wait (bounded, 5 s) for the callback too.
+  for (int i = 0; i < 500 && !called.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(called.load());
   EXPECT_FALSE(a.owns());
   Lease next = other.acquire("deleted", ttl_opts(9s, 5s));

@@ -256,6 +256,10 @@ TEST(ZkBackend, ExpiredSessionLosesItsLocksAndANewSessionServesNewOnes) {
       "alive (bound %lld ms + 2000 ms slack)\n",
       attempts, static_cast<long long>(lost_after.count()), static_cast<long long>(bound.count()));
   EXPECT_LE(lost_after, bound + 2s);
+  // The stop token is requested just before the on_lost callbacks run, on the thread that
+  // saw the loss: wait (bounded, 5 s) for the callback too.
+  for (int i = 0; i < 500 && !callback.load(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(callback.load());
   EXPECT_FALSE(lease.owns());
   // Another client can take it now, with a larger token.
