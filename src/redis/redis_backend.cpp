@@ -1,14 +1,18 @@
 #include "redis/redis_backend.hpp"
 
 #include <algorithm>
+#include <array>
+#include <mutex>
 #include <atomic>
 #include <charconv>
 #include <set>
 
 #include "core/log.hpp"
 #include "redis/connection.hpp"
+#include "redis/lock_scripts.hpp"
 #include "redis/records.hpp"
 #include "redis/subscriber.hpp"
+#include "redis/wait_queue.hpp"
 
 namespace distlock::detail {
 
@@ -28,6 +32,8 @@ constexpr std::size_t kRenewChunk = 1000;
 // so no owner can be called this.
 constexpr std::string_view kTokenField = "@token";
 
+// The Redis Cluster backend's acquire script (redis:// queues its waiters, see
+// redis/lock_scripts.hpp); the layout of the lock hash is the same.
 // KEYS[1] lock hash, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl (ms).
 // Returns {1, token} when acquired, {0, pttl} when the lock exists — whoever holds
 // it, this owner included: an owner already in the hash is a second acquisition
@@ -60,27 +66,6 @@ local token = redis.call('GET', fence)
 redis.call('HSET', lock, owner, 1, '@token', token)
 redis.call('PEXPIRE', lock, ttl)
 return {1, token}
-)lua");
-  return s;
-}
-
-// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] release channel.
-// Returns -1 when the owner holds nothing (expired or someone else's: nothing is
-// touched), else the owner's remaining hold count; at 0 the hash is deleted and the
-// release is published (the fence counter stays).
-const Script& release_script() {
-  static const Script s(R"lua(
-local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
-if redis.call('HEXISTS', lock, owner) == 0 then
-  return -1
-end
-local left = redis.call('HINCRBY', lock, owner, -1)
-if left > 0 then
-  return left
-end
-redis.call('DEL', lock)
-redis.call('PUBLISH', channel, 'released')
-return 0
 )lua");
   return s;
 }
@@ -131,9 +116,14 @@ class RedisBackend final : public Backend {
         wait_timeout_(wait_timeout),
         log_(opts.logger),
         pool_(conn, 8),
+        waits_([this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
+               [this](std::string_view name) { wake(name); },
+               [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); }),
         subscriber_(conn, [this](std::string_view channel) { on_channel(channel); }) {}
 
-  ~RedisBackend() override = default;  // the subscriber (declared last) stops its thread first
+  // The subscriber (declared last) stops its thread first, then the wait queue's
+  // refresher; both call into this object.
+  ~RedisBackend() override = default;
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
@@ -153,37 +143,70 @@ class RedisBackend final : public Backend {
 
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     ec.clear();
+    if (req.keep_queued) return acquire_queued(req, ec);
     auto conn = checkout(ec);
     if (ec) return {};
-    const std::string lock = lock_key(req.name);
-    const std::string fence = lock + ":fence";
+    const Keys k = keys_of(req.name);
     const std::string ttl = std::to_string(req.ttl.count());
-    Reply r = acquire_script().run(*conn, {lock, fence}, {req.owner, ttl}, ec);
-    if (ec) {
-      failed(*conn, "acquire");
-      return {};
-    }
-    std::uint64_t flag = 0;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || !to_u64(r->element[0], flag)) {
-      ec = make_error_code(errc::protocol_error);
-      log_.log(LogLevel::warning, "{}: unexpected reply to the acquire script", conn_opts_.describe());
-      return {};
-    }
-    ok();
-    AcquireResult res;
-    if (flag == 1) {
-      res.acquired = true;
-      if (!to_u64(r->element[1], res.token)) {
-        ec = make_error_code(errc::protocol_error);
-        return {};
+    Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                               {req.owner, ttl, "0", "0", grant_prefix_}, ec);
+    return acquire_answer(*conn, req, r, ec).result;
+  }
+
+  // A wait that keeps its place in the name's queue. A grant that arrived on this
+  // client's channel is answered here without a round trip: the lease counts from
+  // the last call the server answered while the entry was queued (WaitQueue), which
+  // is earlier than the grant. With wait=N the grant was never acknowledged by
+  // replicas, so it is claimed from the server (and WAITed for) instead.
+  AcquireResult acquire_queued(const AcquireRequest& req, std::error_code& ec) {
+    subscribe_grants(req.owner);
+    waits_.flush_abandoned();  // entries left behind by an outage go first
+    const std::string ttl = std::to_string(req.ttl.count());
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
+      if (w.granted && wait_replicas_ == 0) {
+        const auto left = std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - std::chrono::steady_clock::now());
+        if (left >= w.ttl / 2) {
+          waits_.forget(req.name, req.owner, w.entry);
+          AcquireResult res;
+          res.acquired = true;
+          res.token = w.token;
+          res.validity = left;
+          return res;
+        }
+        // Too little of it left to use: the server restarts its ttl below.
       }
-      res.validity = req.ttl;
-      if (wait_replicas_ > 0 && !replicated_acquire(*conn, req, lock, ec)) return {};
-      return res;
+      auto conn = checkout(ec);
+      if (ec) return {};
+      const Keys k = keys_of(req.name);
+      const auto sent = std::chrono::steady_clock::now();
+      Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                                 {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_},
+                                                 ec);
+      const Answer a = acquire_answer(*conn, req, r, ec);
+      if (ec) return {};
+      if (a.gone) {
+        waits_.forget(req.name, req.owner, w.entry);  // the next attempt queues a new entry
+        continue;
+      }
+      if (a.result.acquired) {
+        waits_.forget(req.name, req.owner, w.entry);
+      } else {
+        waits_.queued(req.name, req.owner, w.entry, sent);
+      }
+      return a.result;
     }
-    const redisReply* pttl = r->element[1];
-    if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) res.holder_ttl = Millis(pttl->integer);
-    return res;
+    return {};
+  }
+
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    try {
+      const auto w = waits_.find(name, owner);
+      if (!w) return;
+      waits_.forget(name, owner, w->entry);
+      if (!cancel_wait(*w)) waits_.abandon(*w);
+    } catch (...) {  // out of memory: the entry expires after its ttl
+    }
   }
 
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
@@ -252,16 +275,16 @@ class RedisBackend final : public Backend {
     ec.clear();
     auto conn = checkout(ec);
     if (ec) return ReleaseStatus::released;
-    const std::string lock = lock_key(name);
-    const std::string channel = lock + ":released";
-    Reply r = release_script().run(*conn, {lock}, {owner, channel}, ec);
+    const Keys k = keys_of(name);
+    Reply r = redis::queue_release_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                                {owner, k.released, grant_prefix_}, ec);
     if (ec) {
       failed(*conn, "release");
       return ReleaseStatus::released;
     }
     ok();
     if (r->type != REDIS_REPLY_INTEGER) {
-      ec = make_error_code(errc::protocol_error);
+      ec = r->type == REDIS_REPLY_ERROR ? redis::error_code_of(r.get()) : make_error_code(errc::protocol_error);
       return ReleaseStatus::released;
     }
     return r->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
@@ -289,46 +312,16 @@ class RedisBackend final : public Backend {
     ec.clear();
     auto conn = checkout(ec);
     if (ec) return {};
-    const std::string lock = lock_key(name);
-    const std::string fence = lock + ":fence";
-    const std::string channel = lock + ":released";
-    conn->append({"HGETALL", lock});
-    conn->append({"PTTL", lock});
-    conn->append({"GET", fence});
-    conn->append({"PUBSUB", "NUMSUB", channel});
-    std::vector<Reply> r = conn->read_replies(4, ec);
+    const std::string n(name);
+    std::string why;
+    std::vector<LockInfo> infos = statuses(*conn, std::span(&n, 1), ec, why);
     if (ec) {
-      failed(*conn, "status");
+      if (!conn->connected()) failed(*conn, "status");
+      log_.log(LogLevel::warning, "{}: status of \"{}\": {}", conn_opts_.describe(), name, why);
       return {};
     }
-    for (const auto& one : r) {
-      if (redis::is_error(one.get())) {
-        ec = redis::error_code_of(one.get());
-        log_.log(LogLevel::warning, "{}: status of \"{}\": {}", conn_opts_.describe(), name,
-                 redis::reply_str(one.get()));
-        return {};
-      }
-    }
     ok();
-    LockInfo info;
-    const redisReply* hash = r[0].get();
-    for (std::size_t i = 0; i + 1 < hash->elements; i += 2) {
-      const std::string_view field = redis::reply_str(hash->element[i]);
-      if (field == kTokenField) continue;
-      info.held = true;
-      info.holder = std::string(field);
-    }
-    if (info.held && r[1]->type == REDIS_REPLY_INTEGER && r[1]->integer >= 0) {
-      info.ttl_remaining = Millis(r[1]->integer);
-    }
-    std::uint64_t token = 0;
-    if (to_u64(r[2].get(), token)) info.token = token;
-    const redisReply* numsub = r[3].get();
-    if (numsub->type == REDIS_REPLY_ARRAY && numsub->elements == 2 &&
-        numsub->element[1]->type == REDIS_REPLY_INTEGER) {
-      info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, numsub->element[1]->integer));
-    }
-    return info;
+    return infos.front();
   }
 
   // Records are plain strings `<prefix>:{<key>}:record` without expiry (see lock_key()).
@@ -392,16 +385,9 @@ class RedisBackend final : public Backend {
     if (ec) return listing_failed(*conn, why, ec), std::vector<ListedLock>{};
     auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos,
                          std::error_code& e) {
-      for (const auto& name : chunk) {
-        const std::string lock = lock_key(name);
-        redis::append_status(*conn, lock, lock + ":fence", lock + ":released", false);
-      }
-      std::vector<Reply> r = conn->read_replies(4 * chunk.size(), e);
-      if (e) return listing_failed(*conn, conn->last_error(), e);
-      for (std::size_t i = 0; i < chunk.size(); ++i) {
-        infos.push_back(redis::parse_status(std::span<const Reply>(r).subspan(4 * i, 4), e, why));
-        if (e) return listing_failed(*conn, conn_opts_.describe() + ": " + why, e);
-      }
+      std::vector<LockInfo> got = statuses(*conn, chunk, e, why);
+      if (e) return listing_failed(*conn, conn_opts_.describe() + ": " + why, e);
+      infos.insert(infos.end(), got.begin(), got.end());
     };
     auto out = redis::held_in_order(names, limit, truncated, status_of, ec);
     if (!ec) ok();
@@ -410,7 +396,220 @@ class RedisBackend final : public Backend {
 
   std::string url() const override { return url_; }
 
+  RedisStats stats() const {
+    RedisStats st;
+    st.grants_received = waits_.grants_received();
+    st.release_messages = release_messages_.load();
+    st.queued_waits = waits_.size();
+    return st;
+  }
+
  private:
+  struct Keys {
+    std::string lock, queue, expiries, fence, released;
+  };
+  Keys keys_of(std::string_view name) const {
+    Keys k;
+    k.lock = lock_key(name);
+    k.queue = k.lock + ":q";
+    k.expiries = k.lock + ":qx";
+    k.fence = k.lock + ":fence";
+    k.released = k.lock + ":released";
+    return k;
+  }
+
+  struct Answer {
+    AcquireResult result;
+    bool gone = false;  // the re-checked entry is no longer queued
+  };
+
+  // The acquire script's reply: {1, token} | {0, pttl} | {2}.
+  Answer acquire_answer(Connection& conn, const AcquireRequest& req, const Reply& r, std::error_code& ec) {
+    Answer a;
+    if (ec) {
+      failed(conn, "acquire");
+      return a;
+    }
+    std::uint64_t flag = 0;
+    if (r->type == REDIS_REPLY_ERROR) {
+      ec = redis::error_code_of(r.get());
+      log_.log(LogLevel::warning, "{}: acquire script: {}", conn_opts_.describe(), redis::reply_str(r.get()));
+      set_error_detail(conn_opts_.describe() + ": acquire: " + std::string(redis::reply_str(r.get())));
+      return a;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !to_u64(r->element[0], flag) || flag > 2 ||
+        (flag != 2 && r->elements != 2)) {
+      ec = make_error_code(errc::protocol_error);
+      log_.log(LogLevel::warning, "{}: unexpected reply to the acquire script", conn_opts_.describe());
+      return a;
+    }
+    ok();
+    if (flag == 2) {
+      a.gone = true;
+      return a;
+    }
+    if (flag == 1) {
+      if (!to_u64(r->element[1], a.result.token)) {
+        ec = make_error_code(errc::protocol_error);
+        return a;
+      }
+      a.result.acquired = true;
+      a.result.validity = req.ttl;
+      if (wait_replicas_ > 0 && !replicated_acquire(conn, req, ec)) a.result = {};
+      return a;
+    }
+    const redisReply* pttl = r->element[1];
+    if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) a.result.holder_ttl = Millis(pttl->integer);
+    return a;
+  }
+
+  // The grant channel of this client, subscribed once before its first queued wait
+  // (so no grant to it can be missed). A failure leaves waits degraded, not
+  // broken: the engine's re-checks find a grant (the script answers "acquired").
+  void subscribe_grants(std::string_view owner) {
+    std::lock_guard lk(grants_mu_);
+    if (grants_subscribed_) return;
+    const std::string channel = grant_prefix_ + std::string(owner.substr(0, owner.find(':')));
+    subscriber_.set_payload_handler(channel, [this](std::string_view, std::string_view payload) {
+      waits_.on_grant(payload);
+    });
+    std::error_code ec;
+    std::string why;
+    subscriber_.watch(channel, ec, why);
+    if (ec) {
+      log_.log(LogLevel::warning, "cannot listen for hand-offs ({}); waits find them by re-checks", why);
+      return;
+    }
+    grant_channel_ = channel;
+    grants_subscribed_ = true;
+  }
+
+  // The wait queue's batched refresh: KEYS/ARGV 3 per entry, kRenewChunk / 3 entries
+  // per call, all calls in one pipeline.
+  std::vector<redis::WaitQueue::Answer> refresh_waits(const std::vector<redis::WaitQueue::Wait>& waits) {
+    using A = redis::WaitQueue::Answer;
+    std::vector<A> out(waits.size());
+    std::error_code ec;
+    auto conn = checkout(ec);
+    if (ec) return out;
+    std::vector<std::string> keys, ttls;
+    keys.reserve(3 * waits.size());
+    ttls.reserve(waits.size());
+    for (const auto& w : waits) {
+      Keys k = keys_of(w.name);
+      keys.push_back(std::move(k.lock));
+      keys.push_back(std::move(k.queue));
+      keys.push_back(std::move(k.expiries));
+      ttls.push_back(std::to_string(w.ttl.count()));
+    }
+    std::vector<std::string_view> key_views(keys.begin(), keys.end()), arg_views;
+    arg_views.reserve(3 * waits.size());
+    for (std::size_t i = 0; i < waits.size(); ++i) {
+      arg_views.push_back(waits[i].owner);
+      arg_views.push_back(waits[i].entry);
+      arg_views.push_back(ttls[i]);
+    }
+    constexpr std::size_t kChunk = kRenewChunk / 3;
+    std::vector<redis::Script::Call> calls;
+    for (std::size_t at = 0; at < waits.size(); at += kChunk) {
+      const std::size_t n = std::min(kChunk, waits.size() - at);
+      calls.push_back({std::span(key_views).subspan(3 * at, 3 * n), std::span(arg_views).subspan(3 * at, 3 * n)});
+    }
+    std::vector<Reply> replies = redis::queue_refresh_script().run_pipelined(*conn, calls, ec);
+    if (ec) {
+      failed(*conn, "refresh of queued waits");
+      return out;
+    }
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      const redisReply* r = replies[c].get();
+      const std::size_t at = c * kChunk;
+      if (r == nullptr || r->type != REDIS_REPLY_ARRAY || 3 * r->elements != calls[c].keys.size()) continue;
+      for (std::size_t i = 0; i < r->elements; ++i) {
+        const redisReply* e = r->element[i];
+        if (e->type == REDIS_REPLY_INTEGER) {
+          out[at + i].kind = e->integer == 0 ? A::queued : e->integer == 2 ? A::gone : A::failed;
+        } else if (to_u64(e, out[at + i].token)) {
+          out[at + i].kind = A::granted;
+        }
+      }
+    }
+    return out;
+  }
+
+  // Removes a wait's entry from the server's queue, or hands the lock on if it was
+  // granted to it. False when the server could not be reached.
+  bool cancel_wait(const redis::WaitQueue::Wait& w) {
+    std::error_code ec;
+    auto conn = checkout(ec);
+    if (ec) return false;
+    const Keys k = keys_of(w.name);
+    Reply r = redis::queue_cancel_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                               {w.owner, w.entry, k.released, grant_prefix_}, ec);
+    if (ec) {
+      failed(*conn, "give up a wait");
+      return false;
+    }
+    return !redis::is_error(r.get());
+  }
+
+  void wake(std::string_view name) {
+    ChangeListener* l = listener_.load();
+    if (l) l->on_change(name);
+  }
+
+  // Status of each name (one script call each, one pipeline): holder, ttl, the
+  // token (the holder's, else the last one issued), and the live queued waiters.
+  std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, std::error_code& ec,
+                                 std::string& why) {
+    std::vector<Keys> ks;
+    ks.reserve(names.size());
+    for (const auto& n : names) ks.push_back(keys_of(n));
+    std::vector<std::array<std::string_view, 3>> key_views(names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) key_views[i] = {ks[i].lock, ks[i].expiries, ks[i].fence};
+    std::vector<redis::Script::Call> calls;
+    for (auto& kv : key_views) calls.push_back({std::span<const std::string_view>(kv), {}});
+    std::vector<Reply> replies = redis::queue_status_script().run_pipelined(conn, calls, ec);
+    if (ec) {
+      why = conn.last_error();
+      return {};
+    }
+    std::vector<LockInfo> out;
+    for (const auto& one : replies) {
+      const redisReply* r = one.get();
+      if (r == nullptr || redis::is_error(r)) {
+        ec = r ? redis::error_code_of(r) : make_error_code(errc::protocol_error);
+        why = r ? std::string(redis::reply_str(r)) : std::string("no reply");
+        return {};
+      }
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 4 || r->element[0]->type != REDIS_REPLY_ARRAY) {
+        ec = make_error_code(errc::protocol_error);
+        why = "unexpected reply to the status script";
+        return {};
+      }
+      LockInfo info;
+      const redisReply* hash = r->element[0];
+      std::uint64_t token = 0;
+      for (std::size_t i = 0; i + 1 < hash->elements; i += 2) {
+        const std::string_view field = redis::reply_str(hash->element[i]);
+        if (field == kTokenField) {
+          if (to_u64(hash->element[i + 1], token)) info.token = token;
+          continue;
+        }
+        info.held = true;
+        info.holder = std::string(field);
+      }
+      if (info.held && r->element[1]->type == REDIS_REPLY_INTEGER && r->element[1]->integer >= 0) {
+        info.ttl_remaining = Millis(r->element[1]->integer);
+      }
+      if (r->element[2]->type == REDIS_REPLY_INTEGER) {
+        info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, r->element[2]->integer));
+      }
+      if (!info.token && to_u64(r->element[3], token)) info.token = token;
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+
   std::string lock_key(std::string_view name) const {
     std::string k;
     k.reserve(prefix_.size() + name.size() + 4);
@@ -473,7 +672,12 @@ class RedisBackend final : public Backend {
 
   // "<prefix>:{<name>}:released" → name.
   void on_channel(std::string_view channel) {
+    if (channel.substr(0, grant_prefix_.size()) == grant_prefix_) {
+      waits_.wake_all();  // the subscription broke or came back: grants may have been missed
+      return;
+    }
     constexpr std::string_view kTail = "}:released";
+    release_messages_.fetch_add(1, std::memory_order_relaxed);
     const std::size_t head = prefix_.size() + 2;
     if (channel.size() < head + kTail.size()) return;
     ChangeListener* l = listener_.load();
@@ -555,17 +759,20 @@ class RedisBackend final : public Backend {
   // and the call fails with quorum_unavailable (backend_unavailable when WAIT itself
   // failed), so a failover right after it cannot leave a holder whose lock the new
   // master never saw.
-  bool replicated_acquire(Connection& conn, const AcquireRequest& req, const std::string& lock,
-                          std::error_code& ec) {
+  bool replicated_acquire(Connection& conn, const AcquireRequest& req, std::error_code& ec) {
     long long acked = -1;
     if (replicated(conn, "acquisition", &acked)) return true;
-    const std::string channel = lock + ":released";
+    const Keys k = keys_of(req.name);
+    auto release_on = [&](Connection& c, std::error_code& e) {
+      redis::queue_release_script().run(c, {k.lock, k.queue, k.expiries, k.fence},
+                                        {req.owner, k.released, grant_prefix_}, e);
+    };
     std::error_code rec;
     if (conn.connected()) {
-      release_script().run(conn, {lock}, {req.owner, channel}, rec);
+      release_on(conn, rec);
     } else {
       auto other = pool_.checkout(rec);
-      if (!rec) release_script().run(*other, {lock}, {req.owner, channel}, rec);
+      if (!rec) release_on(*other, rec);
     }
     const std::string released =
         rec ? "could not be released (" + std::string(rec.message()) + "); it expires after its TTL"
@@ -619,11 +826,22 @@ class RedisBackend final : public Backend {
   Logger log_;
   std::atomic<ChangeListener*> listener_{nullptr};
   std::atomic<bool> failing_{false};
+  std::atomic<std::uint64_t> release_messages_{0};
   ConnectionPool pool_;
+  const std::string grant_prefix_ = prefix_ + ":grant:";  // + client id: one grant channel per client
+  std::mutex grants_mu_;
+  bool grants_subscribed_ = false;  // guarded by grants_mu_
+  std::string grant_channel_;       // guarded by grants_mu_
+  redis::WaitQueue waits_;        // its refresher calls refresh_waits() and wake()
   redis::Subscriber subscriber_;  // last: destroyed first, its thread calls on_channel
 };
 
 }  // namespace
+
+std::optional<RedisStats> redis_stats(const Backend& backend) {
+  if (const auto* r = dynamic_cast<const RedisBackend*>(&backend)) return r->stats();
+  return std::nullopt;
+}
 
 bool redis_prefix_ok(std::string_view prefix) {
   return !prefix.empty() && prefix.size() <= 256 && prefix.find_first_of("{}") == std::string_view::npos;

@@ -13,7 +13,9 @@
 // contract); it synchronises itself (a connection pool and a subscriber thread).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -49,6 +51,16 @@ bool redis_prefix_ok(std::string_view prefix);
 std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& conn,
                                                 const RedisSettings& settings, const ClientOptions& opts,
                                                 std::error_code& ec, std::string& why);
+/// Counters of one redis:// backend, for tests and diagnostics.
+struct RedisStats {
+  std::uint64_t grants_received = 0;   ///< hand-off messages on this client's grant channel
+  std::uint64_t release_messages = 0;  ///< "released" messages received for watched names (herd check)
+  std::size_t queued_waits = 0;        ///< waits of this client with a place in a server queue
+};
+
+/// The counters if `backend` is a redis:// backend, else nullopt.
+std::optional<RedisStats> redis_stats(const Backend& backend);
+
 namespace redis {
 class Script;
 /// The acquire script (KEYS lock, fence; ARGV owner, ttl → {1, token} | {0, pttl}) and

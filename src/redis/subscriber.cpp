@@ -122,6 +122,12 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
   wake();  // the thread sends UNSUBSCRIBE
 }
 
+void Subscriber::set_payload_handler(std::string channel, PayloadCallback handler) {
+  std::lock_guard lk(mu_);
+  payload_channel_ = std::move(channel);
+  payload_handler_ = std::move(handler);
+}
+
 void Subscriber::dropped(const std::vector<std::string>& channels) {
   for (const auto& ch : channels) {
     try {
@@ -247,6 +253,7 @@ void Subscriber::handle_reply(redisReply* r) {
                        (inflight_.empty() || inflight_.front().first || inflight_.front().second != ch);
   if ((kind == "subscribe" || kind == "unsubscribe") && !inflight_.empty() && !unasked) inflight_.pop_front();
   std::vector<std::string> to_notify;
+  PayloadCallback with_payload;
   if (unasked) {
     {
       std::lock_guard lk(mu_);
@@ -268,7 +275,11 @@ void Subscriber::handle_reply(redisReply* r) {
     if (it == channels_.end()) return;
     auto& c = it->second;
     if (kind == "message") {
-      if (c.watchers > 0) to_notify.emplace_back(ch);
+      if (c.watchers > 0 && payload_handler_ && ch == payload_channel_) {
+        with_payload = payload_handler_;
+      } else if (c.watchers > 0) {
+        to_notify.emplace_back(ch);
+      }
     } else if (kind == "subscribe") {
       if (c.confirmed_seq < c.sent_seq) ++c.confirmed_seq;
       if (c.live()) {
@@ -278,6 +289,12 @@ void Subscriber::handle_reply(redisReply* r) {
           if (c.watchers > 0) to_notify.emplace_back(ch);
         }
       }
+    }
+  }
+  if (with_payload) {
+    try {
+      with_payload(ch, element_str(r, 2));
+    } catch (...) {  // a listener must not kill the subscriber thread
     }
   }
   notify(to_notify);

@@ -51,6 +51,8 @@ namespace distlock::detail::redis {
 class Subscriber {
  public:
   using Callback = std::function<void(std::string_view channel)>;
+  /// A message and its payload (set_payload_handler).
+  using PayloadCallback = std::function<void(std::string_view channel, std::string_view payload)>;
 
   Subscriber(ConnectionOptions opts, Callback on_message);
   /// Sharded pub/sub (Redis Cluster); see the banner for `on_dropped`.
@@ -72,6 +74,11 @@ class Subscriber {
     watch(channel, ec, why);
   }
   void unwatch(std::string_view channel) noexcept;
+
+  /// Messages on `channel` go to `handler` with their payload instead of to
+  /// on_message; on_message(channel) still reports a broken or renewed subscription
+  /// (messages may have been missed). Call before the first watch of `channel`.
+  void set_payload_handler(std::string channel, PayloadCallback handler);
 
   /// Why the subscriber connection last failed ("" if it never did).
   std::string last_error() const;
@@ -109,6 +116,8 @@ class Subscriber {
   const ConnectionOptions opts_;
   const Callback on_message_;
   const Callback on_dropped_;  // set: sharded mode
+  std::string payload_channel_;     // guarded by mu_
+  PayloadCallback payload_handler_;  // guarded by mu_ (set once, before its channel is watched)
   int wake_fd_ = -1;
 
   mutable std::mutex mu_;

@@ -1,0 +1,199 @@
+#include "redis/lock_scripts.hpp"
+
+#include <string>
+
+namespace distlock::detail::redis {
+
+namespace {
+
+// Functions every script of the queue needs. Time is the server's (TIME, in ms),
+// so queue entries expire on the same clock as the lock itself.
+//
+// next_token: max(counter + 1, server TIME in microseconds), written back to the
+// counter. A counter lost to a restart without AOF, an eviction or a DEL restarts
+// from the clock, above every token issued before as long as the server's clock
+// reads later than it did when the highest of them was issued (docs/redis.md).
+// INCR comes first: a non-integer or overflowing counter fails before anything is
+// written. Tokens leave as the counter's decimal string, exact over the whole int64
+// range (Lua numbers are doubles).
+//
+// prune: drops dead entries (expired: a killed or paused waiter) from the head and
+// returns the first live one with its ttl.
+//
+// grant_head: the lock (free) goes to the first live waiter: new owner, entry and
+// token, its own ttl, and one message on that waiter's client channel. Nobody else
+// is woken.
+constexpr const char* kPrelude = R"lua(
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function next_token(fence)
+  local counted = redis.call('INCR', fence)
+  local t = redis.call('TIME')
+  local usec = t[2]
+  local now = t[1] .. string.rep('0', 6 - #usec) .. usec
+  if counted < tonumber(now) then
+    redis.call('SET', fence, now)
+  end
+  return redis.call('GET', fence)
+end
+local function prune(q, x, now)
+  while true do
+    local head = redis.call('LINDEX', q, 0)
+    if not head then return nil end
+    local v = redis.call('HGET', x, head)
+    if v then
+      local exp, ttl = string.match(v, '^(%d+):(%d+)$')
+      if exp and tonumber(exp) > now then return head, ttl end
+    end
+    redis.call('LPOP', q)
+    redis.call('HDEL', x, head)
+  end
+end
+local function take(lock, fence, owner, entry, ttl)
+  local token = next_token(fence)
+  redis.call('DEL', lock)
+  redis.call('HSET', lock, owner, entry, '@token', token)
+  redis.call('PEXPIRE', lock, ttl)
+  return token
+end
+local function grant_head(lock, q, x, fence, now, grant_prefix)
+  local head, ttl = prune(q, x, now)
+  if not head then return nil end
+  redis.call('LPOP', q)
+  redis.call('HDEL', x, head)
+  local sp = string.find(head, ' ', 1, true)
+  local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
+  local token = take(lock, fence, owner, entry, ttl)
+  redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'), entry .. ' ' .. token)
+  return ttl
+end
+local function keep_queue(q, x, ttl)
+  if redis.call('PTTL', q) < tonumber(ttl) then redis.call('PEXPIRE', q, ttl) end
+  if redis.call('PTTL', x) < tonumber(ttl) then redis.call('PEXPIRE', x, ttl) end
+end
+local function release_onward(lock, q, x, fence, now, grant_prefix, channel)
+  redis.call('DEL', lock)
+  if not grant_head(lock, q, x, fence, now, grant_prefix) then
+    redis.call('PUBLISH', channel, 'released')
+  end
+end
+)lua";
+
+std::string with_prelude(const char* body) {
+  return std::string(kPrelude) + body;
+}
+
+}  // namespace
+
+const Script& queue_acquire_script() {
+  static const Script s(with_prelude(R"lua(
+local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local now = now_ms()
+local held = redis.call('HGET', lock, owner)
+if mode ~= '0' and held == entry then
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, redis.call('HGET', lock, '@token')}
+end
+local me = entry .. ' ' .. owner
+if mode ~= '0' then
+  if redis.call('HEXISTS', x, me) == 1 then
+    redis.call('HSET', x, me, string.format('%.0f', now + tonumber(ttl)) .. ':' .. ttl)
+  elseif mode == '2' then
+    return {2}
+  else
+    redis.call('RPUSH', q, me)
+    redis.call('HSET', x, me, string.format('%.0f', now + tonumber(ttl)) .. ':' .. ttl)
+  end
+  keep_queue(q, x, ttl)
+end
+if redis.call('EXISTS', lock) == 1 then
+  return {0, redis.call('PTTL', lock)}
+end
+local head = prune(q, x, now)
+if head == nil then
+  return {1, take(lock, fence, owner, '0', ttl)}
+end
+if mode ~= '0' and head == me then
+  redis.call('LPOP', q)
+  redis.call('HDEL', x, me)
+  return {1, take(lock, fence, owner, entry, ttl)}
+end
+return {0, tonumber(grant_head(lock, q, x, fence, now, grant_prefix))}
+)lua"));
+  return s;
+}
+
+const Script& queue_release_script() {
+  static const Script s(with_prelude(R"lua(
+local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('HEXISTS', lock, owner) == 0 then
+  return -1
+end
+release_onward(lock, q, x, fence, now_ms(), grant_prefix, channel)
+return 0
+)lua"));
+  return s;
+}
+
+const Script& queue_cancel_script() {
+  static const Script s(with_prelude(R"lua(
+local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, entry, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if redis.call('HGET', lock, owner) == entry then
+  release_onward(lock, q, x, fence, now_ms(), grant_prefix, channel)
+  return 1
+end
+local me = entry .. ' ' .. owner
+if redis.call('HDEL', x, me) == 1 then
+  redis.call('LREM', q, 1, me)
+end
+return 0
+)lua"));
+  return s;
+}
+
+const Script& queue_refresh_script() {
+  static const Script s(with_prelude(R"lua(
+local now = now_ms()
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, q, x = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local owner, entry, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local me = entry .. ' ' .. owner
+  if redis.call('HEXISTS', x, me) == 1 then
+    redis.call('HSET', x, me, string.format('%.0f', now + tonumber(ttl)) .. ':' .. ttl)
+    keep_queue(q, x, ttl)
+    out[i] = 0
+  elseif redis.call('HGET', lock, owner) == entry then
+    redis.call('PEXPIRE', lock, ttl)
+    out[i] = redis.call('HGET', lock, '@token')
+  else
+    out[i] = 2
+  end
+end
+return out
+)lua"));
+  return s;
+}
+
+const Script& queue_status_script() {
+  static const Script s(with_prelude(R"lua(
+local lock, x, fence = KEYS[1], KEYS[2], KEYS[3]
+local now = now_ms()
+local live = 0
+local v = redis.call('HVALS', x)
+for i = 1, #v do
+  local exp = string.match(v[i], '^(%d+):')
+  if exp and tonumber(exp) > now then live = live + 1 end
+end
+return {redis.call('HGETALL', lock), redis.call('PTTL', lock), live, redis.call('GET', fence)}
+)lua"));
+  return s;
+}
+
+}  // namespace distlock::detail::redis

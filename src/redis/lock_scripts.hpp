@@ -1,0 +1,56 @@
+// redis/lock_scripts.hpp — the Lua scripts of the redis:// lock, with its FIFO
+// wait queue and direct hand-off (docs/redis.md, model/redis_handoff.pml).
+//
+// Keys of one name, all under the hash tag {<name>} so they share a slot:
+//   <p>:{<name>}          hash {<owner>: <entry>, "@token": <token>}, PEXPIRE ttl
+//   <p>:{<name>}:q        list of waiting entries "<entry> <owner>", oldest first (the
+//                         entry is digits; an owner id may hold spaces: its holder info)
+//   <p>:{<name>}:qx       hash "<entry> <owner>" -> "<expiry ms>:<ttl ms>" (server time)
+//   <p>:{<name>}:fence    the name's fence counter (never expires)
+// and two channels: <p>:{<name>}:released (published only when a release leaves
+// the lock free) and <p>:grant:<client> (a grant to one of that client's entries:
+// "<entry> <token>"). An entry id is unique per enqueue within a client ("0" marks an
+// acquisition that never queued), so a late grant of an entry that is gone can never
+// be taken for a grant of a newer wait.
+//
+// The server keeps owner, entry and token only: holding twice is the engine's
+// business (it never asks twice for a name it holds), so there is no hold count.
+//
+// Thread-safety: the Script objects are shared and safe to use from any thread.
+#pragma once
+
+#include "redis/connection.hpp"
+
+namespace distlock::detail::redis {
+
+/// KEYS lock, queue, expiries, fence; ARGV owner, ttl ms, entry, mode, grant prefix.
+/// mode "0": one attempt that never queues (and never jumps a live queue);
+/// "1": enqueue `entry` (or refresh it) and take the lock if it is free and the
+/// entry is first; "2": a re-check of an entry queued before: it is refreshed, or
+/// the answer is "gone" when it is no longer queued (it expired, or it was granted
+/// and lost) — a gone entry is never queued again under the same id.
+/// Returns {1, token} acquired (also when the lock was granted to `entry` meanwhile:
+/// its TTL restarts now); {0, pttl} busy (pttl of the holder, -1/-2 when unknown);
+/// {2} gone.
+const Script& queue_acquire_script();
+
+/// KEYS lock, queue, expiries, fence; ARGV owner, released channel, grant prefix.
+/// -1 when `owner` holds nothing (nothing touched); 0 released: the lock goes to the
+/// first live waiter (published on its client's grant channel), or, with nobody
+/// waiting, is deleted and the release is published on the released channel.
+const Script& queue_release_script();
+
+/// KEYS lock, queue, expiries, fence; ARGV owner, entry, released channel, grant
+/// prefix. Gives up a wait: 1 when the lock had been granted to `entry` (it is
+/// handed on as by a release), else 0 (the entry is removed if it is still queued).
+const Script& queue_cancel_script();
+
+/// KEYS 3 per entry: lock, queue, expiries; ARGV 3 per entry: owner, entry, ttl ms.
+/// One status per entry: 0 refreshed (still queued, expiry = now + ttl), the token
+/// (a string) when the lock was granted to it (its TTL restarts now), 2 gone.
+const Script& queue_refresh_script();
+
+/// KEYS lock, expiries, fence → {HGETALL lock, PTTL lock, live waiters, fence counter}.
+const Script& queue_status_script();
+
+}  // namespace distlock::detail::redis

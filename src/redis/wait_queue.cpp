@@ -1,0 +1,235 @@
+#include "redis/wait_queue.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+
+namespace distlock::detail::redis {
+
+namespace {
+
+// Entry ids are unique in the process, not only per backend: a redis+sentinel://
+// client makes a new backend after a failover, and the new master may still queue
+// entries of the old one under the same client id.
+std::string new_entry_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return std::to_string(next.fetch_add(1, std::memory_order_relaxed));
+}
+
+// A queued entry is refreshed each ttl/3 (at least every 5 ms, at most every 5 s
+// for long TTLs: then still three times per entry lifetime or more).
+std::chrono::milliseconds refresh_period(Millis ttl) {
+  return std::clamp(Millis(ttl.count() / 3), Millis(5), Millis(5000));
+}
+
+}  // namespace
+
+WaitQueue::WaitQueue(Refresh refresh, Wake wake, Cancel cancel)
+    : refresh_(std::move(refresh)), wake_(std::move(wake)), cancel_(std::move(cancel)) {}
+
+WaitQueue::~WaitQueue() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+WaitQueue::Wait WaitQueue::begin(std::string_view name, std::string_view owner, Millis ttl) {
+  std::lock_guard lk(mu_);
+  auto key = std::make_pair(std::string(name), std::string(owner));
+  auto it = waits_.find(key);
+  if (it == waits_.end()) {
+    Wait w;
+    w.name = key.first;
+    w.owner = key.second;
+    w.entry = new_entry_id();
+    w.ttl = ttl;
+    by_entry_.emplace(w.entry, key);
+    it = waits_.emplace(std::move(key), std::move(w)).first;
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+  return it->second;
+}
+
+std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::string_view owner) const {
+  std::lock_guard lk(mu_);
+  auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
+  if (it == waits_.end()) return std::nullopt;
+  return it->second;
+}
+
+void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry, TimePoint sent) {
+  {
+    std::lock_guard lk(mu_);
+    auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
+    if (it == waits_.end() || it->second.entry != entry) return;
+    Wait& w = it->second;
+    w.last_ok = w.queued ? std::max(w.last_ok, sent) : sent;
+    if (!w.queued) {
+      w.queued = true;
+      cv_.notify_all();  // the refresher learns of it (and of its ttl)
+    }
+  }
+}
+
+void WaitQueue::forget(std::string_view name, std::string_view owner, std::string_view entry) {
+  std::lock_guard lk(mu_);
+  auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
+  if (it == waits_.end() || it->second.entry != entry) return;
+  by_entry_.erase(it->second.entry);
+  waits_.erase(it);
+}
+
+void WaitQueue::abandon(Wait wait) {
+  std::lock_guard lk(mu_);
+  const TimePoint until = std::chrono::steady_clock::now() + 2 * wait.ttl;
+  std::string entry = wait.entry;
+  abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  cv_.notify_all();
+}
+
+void WaitQueue::flush_abandoned() {
+  std::vector<Wait> todo;
+  {
+    std::lock_guard lk(mu_);
+    const TimePoint now = std::chrono::steady_clock::now();
+    for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+      if (it->second.second <= now) {
+        it = abandoned_.erase(it);
+      } else {
+        todo.push_back(it->second.first);
+        ++it;
+      }
+    }
+  }
+  for (const Wait& w : todo) {
+    if (!cancel_(w)) return;  // the server is still unreachable: the rest waits too
+    std::lock_guard lk(mu_);
+    abandoned_.erase(w.entry);
+  }
+}
+
+void WaitQueue::on_grant(std::string_view message) {
+  const std::size_t sp = message.find(' ');
+  if (sp == std::string_view::npos) return;
+  const std::string_view entry = message.substr(0, sp), token_text = message.substr(sp + 1);
+  std::uint64_t token = 0;
+  auto [p, e] = std::from_chars(token_text.data(), token_text.data() + token_text.size(), token);
+  if (e != std::errc{} || p != token_text.data() + token_text.size()) return;
+  std::string name;
+  {
+    std::lock_guard lk(mu_);
+    ++grants_;
+    if (abandoned_.find(entry) != abandoned_.end()) {
+      kick_ = true;  // granted to a wait given up: the refresher hands it on now
+      cv_.notify_all();
+      return;
+    }
+    auto b = by_entry_.find(entry);
+    if (b == by_entry_.end()) return;
+    Wait& w = waits_.at(b->second);
+    // Only an entry the server answered "queued" for can be granted; its lease
+    // counts from that answer's send time.
+    if (!w.queued || w.granted) return;
+    w.granted = true;
+    w.token = token;
+    w.valid_from = w.last_ok;
+    name = w.name;
+  }
+  wake_(name);
+}
+
+void WaitQueue::wake_all() {
+  std::vector<std::string> names;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [key, w] : waits_) names.push_back(w.name);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  for (const auto& n : names) wake_(n);
+}
+
+std::size_t WaitQueue::size() const {
+  std::lock_guard lk(mu_);
+  return waits_.size();
+}
+
+std::uint64_t WaitQueue::grants_received() const {
+  std::lock_guard lk(mu_);
+  return grants_;
+}
+
+void WaitQueue::run() {
+  std::unique_lock lk(mu_);
+  while (!stop_) {
+    // The shortest period among the queued entries and pending cancels; none: sleep
+    // until there is one.
+    std::optional<Millis> period;
+    for (const auto& [key, w] : waits_) {
+      if (w.queued && !w.granted) period = std::min(period.value_or(Millis::max()), refresh_period(w.ttl));
+    }
+    for (const auto& [entry, a] : abandoned_) {
+      period = std::min(period.value_or(Millis::max()), refresh_period(a.first.ttl));
+    }
+    if (!period) {
+      cv_.wait(lk);
+      continue;
+    }
+    if (cv_.wait_for(lk, *period, [&] { return stop_ || kick_; })) {
+      if (stop_) break;
+    }
+    if (kick_ || !abandoned_.empty()) {
+      kick_ = false;
+      lk.unlock();
+      flush_abandoned();
+      lk.lock();
+    }
+    std::vector<Wait> batch;
+    for (const auto& [key, w] : waits_) {
+      if (w.queued && !w.granted) batch.push_back(w);
+    }
+    if (batch.empty()) continue;
+    const TimePoint sent = std::chrono::steady_clock::now();
+    lk.unlock();
+    std::vector<Answer> answers = refresh_(batch);
+    std::vector<std::string> woken;
+    lk.lock();
+    for (std::size_t i = 0; i < batch.size() && i < answers.size(); ++i) {
+      auto it = waits_.find(std::make_pair(batch[i].name, batch[i].owner));
+      if (it == waits_.end() || it->second.entry != batch[i].entry) continue;  // ended meanwhile
+      Wait& w = it->second;
+      switch (answers[i].kind) {
+        case Answer::failed:
+          break;
+        case Answer::queued:
+          if (!w.granted) w.last_ok = std::max(w.last_ok, sent);
+          break;
+        case Answer::granted:
+          if (!w.granted) {
+            w.granted = true;
+            w.token = answers[i].token;
+            w.valid_from = sent;  // the refresh restarted the lock's ttl after `sent`
+            woken.push_back(w.name);
+          }
+          break;
+        case Answer::gone:
+          // Expired (this process was paused or cut off longer than its ttl) or
+          // granted and lost: never queued again under this id; the waiter's
+          // next attempt queues a new entry.
+          woken.push_back(w.name);
+          by_entry_.erase(w.entry);
+          waits_.erase(it);
+          break;
+      }
+    }
+    lk.unlock();
+    for (const auto& n : woken) wake_(n);
+    lk.lock();
+  }
+}
+
+}  // namespace distlock::detail::redis

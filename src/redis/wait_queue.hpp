@@ -1,0 +1,111 @@
+// redis/wait_queue.hpp — this client's places in the servers' wait queues (the
+// redis:// direct hand-off, docs/redis.md).
+//
+// One Wait per (name, owner) that waits with a place on the server. It remembers the
+// entry id, and `last_ok`: the send time of the last call the server answered while
+// the entry was still queued. A grant can only come after that answer, and it gives
+// the lock the entry's ttl from the grant, so a lease counted from `last_ok` ends no
+// later than the server's. A refresher thread keeps every queued entry alive with one
+// batched call each ttl/3 (the batch is the owner's `refresh` callback).
+//
+// Thread-safety: every member may be called from any thread; the refresh callback
+// runs on the refresher thread with no lock held. The destructor stops the thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "distlock/options.hpp"
+
+namespace distlock::detail::redis {
+
+class WaitQueue {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  struct Wait {
+    std::string name;
+    std::string owner;
+    std::string entry;
+    Millis ttl{};
+    bool queued = false;       ///< the server answered "queued" at least once
+    TimePoint last_ok{};       ///< see the banner
+    bool granted = false;      ///< the server granted the lock to this entry
+    std::uint64_t token = 0;   ///< when granted
+    TimePoint valid_from{};    ///< when granted: the lease counts from here
+  };
+
+  /// The refresh of many entries: one answer per wait (failed: nothing changes).
+  struct Answer {
+    enum Kind { failed, queued, granted, gone } kind = failed;
+    std::uint64_t token = 0;
+  };
+  using Refresh = std::function<std::vector<Answer>(const std::vector<Wait>& waits)>;
+  /// Called (no lock held) for a name whose wait changed: a grant arrived.
+  using Wake = std::function<void(std::string_view name)>;
+  /// Gives up one wait on the server (hands a grant to it on); false if the server
+  /// could not be reached.
+  using Cancel = std::function<bool(const Wait& wait)>;
+
+  WaitQueue(Refresh refresh, Wake wake, Cancel cancel);
+  ~WaitQueue();
+  WaitQueue(const WaitQueue&) = delete;
+  WaitQueue& operator=(const WaitQueue&) = delete;
+
+  /// The wait of (name, owner); a new one with a fresh entry id if there is none.
+  Wait begin(std::string_view name, std::string_view owner, Millis ttl);
+  /// The wait of (name, owner), if any.
+  std::optional<Wait> find(std::string_view name, std::string_view owner) const;
+  /// The server answered a call sent at `sent`: the entry is queued.
+  void queued(std::string_view name, std::string_view owner, std::string_view entry, TimePoint sent);
+  /// The wait ended (acquired, gone, given up): forgets it if it is still `entry`.
+  void forget(std::string_view name, std::string_view owner, std::string_view entry);
+  /// A wait given up whose cancel did not reach the server: its entry may still be
+  /// queued, or granted (then the lock would sit with nobody until its ttl ends).
+  /// The refresher retries the cancel each period, and at once when a grant to it
+  /// arrives, until it succeeds or 2 ttl have passed (the entry expired, and so has
+  /// any grant to it).
+  void abandon(Wait wait);
+  /// Retries the pending cancels now (before queuing anew after an outage).
+  void flush_abandoned();
+  /// A grant message "<entry> <token>" arrived on this client's channel. Wakes the
+  /// wait's name; a grant of an entry this client no longer waits with is ignored
+  /// (a given-up wait hands its grant on by itself).
+  void on_grant(std::string_view message);
+  /// Grant messages may have been missed (the subscription broke): wakes every
+  /// waiting name so each re-checks with the server.
+  void wake_all();
+
+  std::size_t size() const;
+  std::uint64_t grants_received() const;
+
+ private:
+  void run();
+
+  const Refresh refresh_;
+  const Wake wake_;
+  const Cancel cancel_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // (name, owner) -> wait; entry id -> (name, owner)
+  std::map<std::pair<std::string, std::string>, Wait, std::less<>> waits_;  // guarded by mu_
+  std::map<std::string, std::pair<std::string, std::string>, std::less<>> by_entry_;  // guarded by mu_
+  // entry id -> (wait, give up retrying after)
+  std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_;  // guarded by mu_
+  bool kick_ = false;              // guarded by mu_: retry the cancels now
+  std::uint64_t grants_ = 0;       // guarded by mu_
+  bool stop_ = false;              // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace distlock::detail::redis

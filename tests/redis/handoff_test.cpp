@@ -1,0 +1,223 @@
+// redis:// direct hand-off: waiters queue on the server, a release grants the lock
+// to the first live waiter inside the release script and notifies only that
+// waiter's client (docs/redis.md, model/redis_handoff.pml). Each test starts its
+// own redis-server.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/engine.hpp"
+#include "distlock/distlock.hpp"
+#include "redis/redis_backend.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Client;
+using distlock::Lease;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::RedisServer;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+distlock::detail::RedisStats stats_of(const Client& c) {
+  auto st = distlock::detail::redis_stats(c.engine()->backend());
+  EXPECT_TRUE(st.has_value());
+  return st.value_or(distlock::detail::RedisStats{});
+}
+
+template <class F>
+bool eventually(F f, Millis limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (f()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return f();
+}
+
+std::uint64_t waiters_of(Client& c, const std::string& name) {
+  return c.status(name).waiters.value_or(~0ull);
+}
+
+TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
+  RedisServer server;
+  constexpr int kWaiters = 6;
+  Client holder_client = distlock::connect(server.url());
+  Lease holder = holder_client.acquire("fifo", ttl_of(10s));
+  std::vector<Client> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      std::error_code ec;
+      Lease l = clients[i].acquire("fifo", ttl_of(10s, 60s), ec);
+      ASSERT_FALSE(ec) << ec.message();
+      std::lock_guard lk(mu);
+      order.push_back(i);
+    });
+    // The next waiter starts only once this one is in the queue.
+    ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "fifo") == static_cast<unsigned>(i + 1); }, 10s))
+        << "waiters: " << waiters_of(holder_client, "fifo");
+  }
+  holder.release();
+  for (auto& t : threads) t.join();
+  std::vector<int> expected(kWaiters);
+  for (int i = 0; i < kWaiters; ++i) expected[i] = i;
+  EXPECT_EQ(order, expected);
+  EXPECT_EQ(waiters_of(holder_client, "fifo"), 0u);
+}
+
+// The herd check. Before the hand-off every release published on the name's
+// channel and woke every waiting client, each of which retried. Now a release with
+// waiters publishes one grant, to the first waiter's client, and nothing else.
+TEST(RedisHandOff, OneReleaseWakesExactlyOneClient) {
+  RedisServer server;
+  constexpr int kWaiters = 16;
+  Client holder_client = distlock::connect(server.url());
+  Lease holder = holder_client.acquire("herd", ttl_of(10s));
+  std::vector<Client> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
+  std::atomic<int> acquired{0};
+  std::atomic<bool> let_go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      std::error_code ec;
+      Lease l = clients[i].acquire("herd", ttl_of(10s, 60s), ec);
+      ASSERT_FALSE(ec) << ec.message();
+      // Each holder hands on at once, except the last, which holds until the counts
+      // are checked (its release finds nobody queued and publishes "released").
+      if (++acquired == kWaiters) {
+        while (!let_go) std::this_thread::sleep_for(5ms);
+      }
+    });
+    ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "herd") == static_cast<unsigned>(i + 1); }, 10s));
+  }
+  auto total = [&](auto field) {
+    std::uint64_t n = 0;
+    for (auto& c : clients) n += stats_of(c).*field;
+    return n;
+  };
+  using S = distlock::detail::RedisStats;
+  ASSERT_EQ(total(&S::grants_received), 0u);
+  holder.release();
+  ASSERT_TRUE(eventually([&] { return acquired.load() == kWaiters; }, 60s)) << acquired.load();
+  // 16 releases (the first holder's and 15 waiters'), each with someone queued:
+  // exactly one grant each, one per client, and no release message to anyone.
+  EXPECT_EQ(total(&S::grants_received), static_cast<std::uint64_t>(kWaiters));
+  for (int i = 0; i < kWaiters; ++i) EXPECT_EQ(stats_of(clients[i]).grants_received, 1u) << "client " << i;
+  EXPECT_EQ(total(&S::release_messages), 0u) << "a release with waiters must not wake the others";
+  EXPECT_EQ(waiters_of(holder_client, "herd"), 0u);
+  let_go = true;
+  for (auto& t : threads) t.join();
+  for (auto& c : clients) EXPECT_EQ(stats_of(c).queued_waits, 0u);
+}
+
+// A waiter that gives up leaves the queue at once (status counts live entries,
+// not idle subscriptions), and a grant that raced the give-up is handed on.
+TEST(RedisHandOff, GivingUpLeavesTheQueueAndARacingGrantIsHandedOn) {
+  RedisServer server;
+  Client holder_client = distlock::connect(server.url());
+  Client x = distlock::connect(server.url());
+  Client y = distlock::connect(server.url());
+  {
+    Lease holder = holder_client.acquire("give-up", ttl_of(10s));
+    std::error_code ec;
+    x.acquire("give-up", ttl_of(10s, 300ms), ec);
+    EXPECT_EQ(ec, distlock::errc::timeout);
+    EXPECT_EQ(waiters_of(holder_client, "give-up"), 0u) << "the timed-out waiter is still counted";
+    EXPECT_EQ(stats_of(x).queued_waits, 0u);
+  }
+  // The race, made deterministic on the backend: X queues, the holder's release
+  // grants the lock to X's entry, and only then does X give up.
+  Lease holder = holder_client.acquire("race", ttl_of(10s));
+  auto& backend = x.engine()->backend();
+  const std::string owner = "0123456789abcdef0123456789abcdef:7";
+  distlock::detail::AcquireRequest req{"race", owner, Millis(10000), true};
+  std::error_code ec;
+  ASSERT_FALSE(backend.try_acquire(req, ec).acquired);
+  ASSERT_FALSE(ec) << ec.message();
+  std::atomic<bool> y_got{false};
+  std::thread yt([&] {
+    std::error_code yec;
+    Lease l = y.acquire("race", ttl_of(10s, 30s), yec);
+    EXPECT_FALSE(yec) << yec.message();
+    y_got = true;
+  });
+  ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "race") == 2u; }, 10s));
+  holder.release();
+  ASSERT_TRUE(eventually([&] { return holder_client.status("race").holder.value_or("") == owner; }, 10s))
+      << "the lock was not granted to the first waiter";
+  EXPECT_FALSE(y_got.load());
+  backend.cancel_acquire("race", owner);
+  const auto given_up = Clock::now();
+  yt.join();
+  EXPECT_TRUE(y_got.load());
+  // Handed on by the give-up itself, not after X's 10 s grant ran out.
+  EXPECT_LT(std::chrono::duration_cast<Millis>(Clock::now() - given_up), 5000ms);
+}
+
+// A killed waiter's entry is no longer refreshed: once it expired, a release skips
+// it. A paused waiter's entry expires the same way; on resume its refresh finds the
+// entry gone and it queues again, behind the others.
+TEST(RedisHandOff, KilledAndPausedWaitersAreSkipped) {
+  using distlock::testing::spawn_holder;
+  distlock::testing::TempDir dir("distlock-handoff");
+  RedisServer server;
+  Client holder_client = distlock::connect(server.url());
+  Lease holder = holder_client.acquire("skip", ttl_of(30s));
+  const std::string killed_out = (dir.path() / "killed.out").string();
+  const std::string paused_out = (dir.path() / "paused.out").string();
+  // Waiter TTL 1 s: a dead entry expires 1 s after its last refresh.
+  auto killed = spawn_holder(server.url(), "skip", killed_out, 1000, 100, {"--wait", "60000"});
+  ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 1u; }, 10s));
+  auto paused = spawn_holder(server.url(), "skip", paused_out, 1000, 100, {"--wait", "60000"});
+  ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 2u; }, 10s));
+  Client live = distlock::connect(server.url());
+  std::atomic<bool> got{false};
+  Clock::time_point got_at{};
+  std::thread lt([&] {
+    std::error_code ec;
+    Lease l = live.acquire("skip", ttl_of(10s, 60s), ec);
+    EXPECT_FALSE(ec) << ec.message();
+    got_at = Clock::now();
+    got = true;
+  });
+  ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 3u; }, 10s));
+  killed.signal(SIGKILL);
+  paused.signal(SIGSTOP);
+  // Both entries expire (status counts live entries only).
+  ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 1u; }, 10s))
+      << waiters_of(holder_client, "skip");
+  const auto released_at = Clock::now();
+  holder.release();
+  lt.join();
+  ASSERT_TRUE(got.load());
+  EXPECT_LT(std::chrono::duration_cast<Millis>(got_at - released_at), 2000ms)
+      << "the live waiter waited for a dead one's grant to run out";
+  // The paused waiter resumes, finds its entry gone, queues anew and gets the lock.
+  paused.signal(SIGCONT);
+  EXPECT_TRUE(distlock::testing::wait_for_text(paused_out, "released", 20s))
+      << distlock::testing::read_file(paused_out);
+  EXPECT_EQ(distlock::testing::read_file(killed_out).find("acquired"), std::string::npos);
+}
+
+}  // namespace
