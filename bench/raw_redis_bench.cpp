@@ -6,13 +6,23 @@
 //   raw-lock  the minimal correct Redis lock: SET key owner NX PX ttl, then EVALSHA of a
 //             compare-and-delete script (2 round trips per op, no fencing, no reentrancy,
 //             no renewal, no waiting);
-//   raw-ping  one PING: one network round trip.
+//   raw-ping  one PING: one network round trip;
+//   raw-handoff (with --handoff-clients N[,M...]) the floor for a queued, herd-free
+//             hand-off: N clients on one key; a client that finds the lock held
+//             RPUSHes itself in the same script and blocks on its own channel; the
+//             release script SETs the lock to the head waiter and PUBLISHes to its
+//             channel only. Hand-off = the releaser's clock before the release to
+//             the grantee's clock when the message arrives.
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -54,7 +64,7 @@ Reply command(redisContext* c, const std::vector<std::string>& args) {
 }
 
 json line(const std::string& workload, const std::string& url, long ops, double seconds,
-          std::vector<std::int64_t>& lat) {
+          std::vector<std::int64_t>& lat, int clients = 1) {
   std::sort(lat.begin(), lat.end());
   auto pct = [&](double p) {
     if (lat.empty()) return 0.0;
@@ -63,12 +73,96 @@ json line(const std::string& workload, const std::string& url, long ops, double 
   };
   return json{{"workload", workload},
               {"url", url},
-              {"clients", 1},
+              {"clients", clients},
               {"ops", ops},
               {"ops_per_s", seconds > 0 ? static_cast<double>(static_cast<long long>(ops / seconds)) : 0.0},
               {"p50_us", pct(0.50)},
               {"p99_us", pct(0.99)},
               {"p999_us", pct(0.999)}};
+}
+
+Context connect_to(const std::string& host, int port) {
+  timeval tv{5, 0};
+  Context c(redisConnectWithTimeout(host.c_str(), port, tv));
+  if (!c || c->err) throw std::runtime_error("cannot connect: " + std::string(c ? c->errstr : "out of memory"));
+  redisSetTimeout(c.get(), tv);
+  return c;
+}
+
+// See the banner (raw-handoff). After releasing, a client waits until another one
+// holds the lock before competing again, as distlock-bench's contended workload does.
+json raw_handoff(const std::string& host, int port, const std::string& url, int n, long ops, long warmup) {
+  const std::string key = "bench-raw:handoff:" + std::to_string(n), queue = key + ":q";
+  const std::string chan = "bench-raw:grant:";
+  Context setup = connect_to(host, port);
+  command(setup.get(), {"DEL", key, queue});
+  const std::string acq_src =
+      "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return 1 end "
+      "redis.call('RPUSH', KEYS[2], ARGV[1]) return 0";
+  const std::string rel_src =
+      "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end "
+      "local h = redis.call('LPOP', KEYS[2]) "
+      "if h then redis.call('SET', KEYS[1], h, 'PX', 30000) redis.call('PUBLISH', ARGV[2] .. h, 'g') return 1 end "
+      "redis.call('DEL', KEYS[1]) return 0";
+  const Reply a = command(setup.get(), {"SCRIPT", "LOAD", acq_src});
+  const Reply r = command(setup.get(), {"SCRIPT", "LOAD", rel_src});
+  const std::string acq(a->str, a->len), rel(r->str, r->len);
+  const long total = warmup + ops;
+  std::atomic<long> taken{0};
+  std::atomic<int> holder{-1}, last_releaser{-1};
+  std::atomic<std::int64_t> released_at{0};
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<std::int64_t> lat;
+  std::mutex lat_mu;
+  std::string error;
+  std::vector<std::thread> threads;
+  const std::int64_t t0 = now_ns();
+  for (int me = 0; me < n; ++me) {
+    threads.emplace_back([&, me] {
+      try {
+        const std::string id = "c" + std::to_string(me);
+        Context c = connect_to(host, port);
+        Context sub = connect_to(host, port);
+        command(sub.get(), {"SUBSCRIBE", chan + id});
+        std::vector<std::int64_t> mine;
+        for (;;) {
+          const Reply got_it = command(c.get(), {"EVALSHA", acq, "2", key, queue, id});
+          if (got_it->integer == 0) {
+            void* msg = nullptr;
+            if (redisGetReply(sub.get(), &msg) != REDIS_OK) throw std::runtime_error("subscriber read failed");
+            freeReplyObject(msg);
+          }
+          const std::int64_t got = now_ns();
+          {
+            std::lock_guard lk(mu);
+            holder = me;
+          }
+          changed.notify_all();
+          const long k = taken.fetch_add(1);
+          const int prev = last_releaser.load();
+          if (k >= warmup && k < total && prev >= 0 && prev != me) mine.push_back(got - released_at.load());
+          last_releaser = me;
+          released_at = now_ns();
+          command(c.get(), {"EVALSHA", rel, "2", key, queue, id, chan});
+          if (k >= total - 1) break;
+          std::unique_lock lk(mu);
+          changed.wait_for(lk, std::chrono::milliseconds(20), [&] { return holder != me || taken >= total; });
+          if (taken >= total) break;
+        }
+        std::lock_guard lk(lat_mu);
+        lat.insert(lat.end(), mine.begin(), mine.end());
+      } catch (const std::exception& e) {
+        std::lock_guard lk(lat_mu);
+        error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!error.empty()) throw std::runtime_error("raw-handoff: " + error);
+  json j = line("raw-handoff", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat, n);
+  j["handoffs"] = lat.size();
+  return j;
 }
 
 }  // namespace
@@ -82,6 +176,10 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "Redis port")->check(CLI::Range(1, 65535));
   app.add_option("--ops", ops, "measured operations per workload")->check(CLI::Range(1L, 100000000L));
   app.add_option("--warmup", warmup, "unmeasured operations first")->check(CLI::Range(0L, 100000000L));
+  std::vector<int> handoff_clients;
+  app.add_option("--handoff-clients", handoff_clients, "also measure raw-handoff with these client counts")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 256));
   CLI11_PARSE(app, argc, argv);
   const std::string url = "redis://" + host + ":" + std::to_string(port);
 
@@ -129,6 +227,9 @@ int main(int argc, char** argv) {
     }
     std::cout << line("raw-ping", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
               << std::endl;
+    for (int n : handoff_clients) {
+      std::cout << raw_handoff(host, port, url, n, std::max(1L, ops / 4), warmup).dump() << std::endl;
+    }
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "distlock-bench-raw-redis: " << e.what() << "\n";

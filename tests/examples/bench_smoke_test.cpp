@@ -68,11 +68,18 @@ TEST(Bench, AllWorkloadsOnTheMemoryBackend) {
 
 TEST(Bench, RedisWorkloadsAndRawBaseline) {
   distlock::testing::RedisServer redis;
-  Output raw = run({DISTLOCK_BENCH_RAW_PATH, "--port", std::to_string(redis.port()), "--ops", "200"});
+  Output raw = run({DISTLOCK_BENCH_RAW_PATH, "--port", std::to_string(redis.port()), "--ops", "200",
+                    "--handoff-clients", "2,4"});
   ASSERT_EQ(raw.exit_code, 0) << raw.text;
-  ASSERT_EQ(raw.lines.size(), 2u) << raw.text;
+  ASSERT_EQ(raw.lines.size(), 4u) << raw.text;
   expect_shape(raw.lines[0], "raw-lock", 200);
   expect_shape(raw.lines[1], "raw-ping", 200);
+  // The raw direct hand-off: ops / 4 grants, each to a waiter that queued itself.
+  expect_shape(raw.lines[2], "raw-handoff", 50);
+  EXPECT_EQ(raw.lines[2].at("clients"), 2);
+  EXPECT_GT(raw.lines[2].at("handoffs").get<long>(), 0);
+  expect_shape(raw.lines[3], "raw-handoff", 50);
+  EXPECT_EQ(raw.lines[3].at("clients"), 4);
   EXPECT_EQ(redis.command({"EXISTS", "bench-raw:lock"})->integer, 0);  // the raw lock was released
 
   Output o =
