@@ -63,7 +63,10 @@ echo "# redis-server pid $redis_pid on CPU $server_cpu, clients on CPU $client_c
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs; figures are only meaningful on a quiet machine)" >&2
 : >"$out"
 run "$raw" --port "$port" --ops "$ops" --handoff-clients 2,16
+redis-cli -p "$port" config resetstat >/dev/null
 run "$bench" --url "$url" --workload uncontended --ops "$ops"
+# Server-side cost of the lock scripts (acquire and release are one EVALSHA each).
+evalsha_usec=$(redis-cli -p "$port" info commandstats | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\),.*/\1/p')
 run "$bench" --url "$url" --workload contended --clients 2 --ops "$((ops / 4))"
 run "$bench" --url "$url" --workload contended --clients 16 --ops "$((ops / 4))"
 run "$bench" --url "$url" --workload many-keys --clients "$clients" --keys 1000 --ops "$ops"
@@ -74,7 +77,7 @@ after=$(evalsha_calls)
 # 6 renew ticks (1 warm-up): what is left is the renewer's calls per tick, server side.
 renew_evalsha=$(( (after - before - 20000) / 6 ))
 
-python3 - "$out" "$renew_evalsha" <<'PY'
+python3 - "$out" "$renew_evalsha" "$evalsha_usec" <<'PY'
 import json, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -84,6 +87,7 @@ for line in open(sys.argv[1]):
         rows.setdefault(j["workload"], j)
         rows.setdefault((j["workload"], j.get("clients")), j)
 renew_evalsha = int(sys.argv[2])
+evalsha_usec = sys.argv[3]
 raw_lock, ping = rows["raw-lock"], rows["raw-ping"]
 unc, ren = rows["uncontended"], rows["renew"]
 con2, con16 = rows[("contended", 2)], rows[("contended", 16)]
@@ -99,7 +103,7 @@ print(f"uncontended p50 {unc['p50_us']} us / raw lock p50 {raw_lock['p50_us']} u
 print(f"contended handoff, 2 clients: p50 {con2['p50_us']} us / raw direct hand-off p50 {raw2['p50_us']} us = {r2a:.2f}x  (target <= 1.3x: {verdict(r2a <= 1.3)})")
 print(f"contended handoff, 16 clients: p50 {con16['p50_us']} us / raw direct hand-off p50 {raw16['p50_us']} us = {r2b:.2f}x  (target <= 1.3x: {verdict(r2b <= 1.3)})")
 print(f"contended handoff, 16 clients vs 2 clients: {con16['p50_us']} us / {con2['p50_us']} us = {r2c:.2f}x  (target <= 1.3x: {verdict(r2c <= 1.3)})")
-print(f"(one raw round trip, PING: p50 {ping['p50_us']} us)")
+print(f"(one raw round trip, PING: p50 {ping['p50_us']} us; server time per lock script call in the uncontended run: {evalsha_usec} us)")
 print(f"renew {ren['leases']} leases: {r3:g} round trips per tick ({renew_evalsha} EVALSHA calls per tick on the server, pipelined), "
       f"p50 {ren['p50_us']} us per tick  (target <= 100: {verdict(r3 <= 100)})")
 PY
