@@ -113,6 +113,12 @@ class SentinelBackend final : public Backend, private ChangeListener {
     return call(ec, [&](Backend& b, std::error_code& e) { return b.try_acquire(req, e); });
   }
 
+  // To the current master's backend: a wait queued on a master that was replaced
+  // since is unknown there, and its entry expires with its ttl (docs/sentinel.md).
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    current().first->cancel_acquire(name, owner);
+  }
+
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
     call(ec, [&](Backend& b, std::error_code& e) {
       b.renew(items, out, e);

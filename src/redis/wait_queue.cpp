@@ -131,12 +131,13 @@ void WaitQueue::on_grant(std::string_view message) {
     auto b = by_entry_.find(entry);
     if (b == by_entry_.end()) return;
     Wait& w = waits_.at(b->second);
-    // Only an entry the server answered "queued" for can be granted; its lease
-    // counts from that answer's send time.
-    if (!w.queued || w.granted) return;
+    if (w.granted) return;
+    // The lease counts from the send time of the last "queued" answer. A grant that
+    // overtook the first answer has no such time: it is claimed from the server
+    // (valid_from in the past makes the waiter do so).
     w.granted = true;
     w.token = token;
-    w.valid_from = w.last_ok;
+    w.valid_from = w.queued ? w.last_ok : TimePoint{};
     name = w.name;
   }
   wake_(name);
