@@ -6,37 +6,41 @@ namespace distlock::detail::redis {
 
 namespace {
 
-// Functions every script of the queue needs. Time is the server's (TIME, in ms),
-// so queue entries expire on the same clock as the lock itself.
+// Functions every script of the queue needs. Time is the server's (TIME, read once
+// per script: it does not move during a script anyway), so queue entries expire on
+// the same clock as the lock itself.
 //
 // next_token: max(counter + 1, server TIME in microseconds), written back to the
 // counter. A counter lost to a restart without AOF, an eviction or a DEL restarts
 // from the clock, above every token issued before as long as the server's clock
 // reads later than it did when the highest of them was issued (docs/redis.md).
 // INCR comes first: a non-integer or overflowing counter fails before anything is
-// written. Tokens leave as the counter's decimal string, exact over the whole int64
-// range (Lua numbers are doubles).
+// written. Tokens leave as decimal strings, exact over the whole int64 range: Lua
+// numbers are doubles, so above 2^53 the counter is read back with GET.
 //
 // prune: drops dead entries (expired: a killed or paused waiter) from the head and
 // returns the first live one with its ttl.
+//
+// take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
 // token, its own ttl, and one message on that waiter's client channel. Nobody else
 // is woken.
 constexpr const char* kPrelude = R"lua(
 if redis.replicate_commands then redis.replicate_commands() end
+local TIME = redis.call('TIME')
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(TIME[1]) * 1000 + math.floor(tonumber(TIME[2]) / 1000)
 end
 local function next_token(fence)
   local counted = redis.call('INCR', fence)
-  local t = redis.call('TIME')
-  local usec = t[2]
-  local now = t[1] .. string.rep('0', 6 - #usec) .. usec
+  local usec = TIME[2]
+  local now = TIME[1] .. string.rep('0', 6 - #usec) .. usec
   if counted < tonumber(now) then
     redis.call('SET', fence, now)
+    return now
   end
+  if counted < 9007199254740992 then return string.format('%.0f', counted) end
   return redis.call('GET', fence)
 end
 local function prune(q, x, now)
@@ -54,7 +58,6 @@ local function prune(q, x, now)
 end
 local function take(lock, fence, owner, entry, ttl)
   local token = next_token(fence)
-  redis.call('DEL', lock)
   redis.call('HSET', lock, owner, entry, '@token', token)
   redis.call('PEXPIRE', lock, ttl)
   return token
@@ -67,7 +70,8 @@ local function grant_head(lock, q, x, fence, now, grant_prefix)
   local sp = string.find(head, ' ', 1, true)
   local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
   local token = take(lock, fence, owner, entry, ttl)
-  redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'), entry .. ' ' .. token)
+  redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'),
+             entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
   return ttl
 end
 local function keep_queue(q, x, ttl)
@@ -93,8 +97,7 @@ const Script& queue_acquire_script() {
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
-local held = redis.call('HGET', lock, owner)
-if mode ~= '0' and held == entry then
+if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
   redis.call('PEXPIRE', lock, ttl)
   return {1, redis.call('HGET', lock, '@token')}
 end
@@ -183,15 +186,17 @@ return out
 
 const Script& queue_status_script() {
   static const Script s(with_prelude(R"lua(
-local lock, x, fence = KEYS[1], KEYS[2], KEYS[3]
+local lock, x = KEYS[1], KEYS[2]
 local now = now_ms()
+local held = {}
+if redis.call('TYPE', lock).ok == 'hash' then held = redis.call('HGETALL', lock) end
 local live = 0
 local v = redis.call('HVALS', x)
 for i = 1, #v do
   local exp = string.match(v[i], '^(%d+):')
   if exp and tonumber(exp) > now then live = live + 1 end
 end
-return {redis.call('HGETALL', lock), redis.call('PTTL', lock), live, redis.call('GET', fence)}
+return {held, redis.call('PTTL', lock), live}
 )lua"));
   return s;
 }

@@ -6,10 +6,11 @@
 //   <p>:{<name>}:q        list of waiting entries "<entry> <owner>", oldest first (the
 //                         entry is digits; an owner id may hold spaces: its holder info)
 //   <p>:{<name>}:qx       hash "<entry> <owner>" -> "<expiry ms>:<ttl ms>" (server time)
-//   <p>:{<name>}:fence    the name's fence counter (never expires)
+//   <p>:fence:{<tag>}     the fence counter of the name's hash slot, shared by every
+//                         name in that slot (never expires; redis/slots.hpp)
 // and two channels: <p>:{<name>}:released (published only when a release leaves
 // the lock free) and <p>:grant:<client> (a grant to one of that client's entries:
-// "<entry> <token>"). An entry id is unique per enqueue within a client ("0" marks an
+// "<entry> <token> <length of the lock key> <lock key><owner>"). An entry id is unique per enqueue within a client ("0" marks an
 // acquisition that never queued), so a late grant of an entry that is gone can never
 // be taken for a grant of a newer wait.
 //
@@ -50,7 +51,8 @@ const Script& queue_cancel_script();
 /// (a string) when the lock was granted to it (its TTL restarts now), 2 gone.
 const Script& queue_refresh_script();
 
-/// KEYS lock, expiries, fence → {HGETALL lock, PTTL lock, live waiters, fence counter}.
+/// KEYS lock, expiries → {HGETALL lock (empty for a key of another type: not a lock),
+/// PTTL lock, live waiters}.
 const Script& queue_status_script();
 
 }  // namespace distlock::detail::redis

@@ -8,7 +8,6 @@
 //   * `held_in_order`       the sorted, limited listing over candidate names;
 //   * `put_if_absent_script` the one-step "store unless present, answer what is stored" script;
 //   * `scan_keys`           SCAN MATCH ... COUNT kScanCount over one server, until the cursor is 0;
-//   * `append_status` / `parse_status`  the four commands status() sends for one lock, and their reading.
 // The first three are header-only (redlock:// uses them without the redis component's
 // connections); the rest run over a redis::Connection.
 //
@@ -105,12 +104,5 @@ const Script& put_if_absent_script();
 void scan_keys(Connection& conn, std::string_view pattern,
                const std::function<void(std::string_view)>& on_key, std::error_code& ec, std::string& why);
 
-/// Appends the four commands of a lock's status: HGETALL lock, PTTL lock, GET fence,
-/// PUBSUB NUMSUB channel (SHARDNUMSUB when `sharded`).
-void append_status(Connection& conn, std::string_view lock, std::string_view fence, std::string_view channel,
-                   bool sharded);
-/// Reads the four replies of append_status. A lock key of another type (WRONGTYPE)
-/// is not held; any other error reply sets ec (and `why` to its text).
-LockInfo parse_status(std::span<const Reply> r, std::error_code& ec, std::string& why);
 
 }  // namespace distlock::detail::redis

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <mutex>
 #include <atomic>
 #include <charconv>
@@ -11,6 +12,7 @@
 #include "redis/connection.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/records.hpp"
+#include "redis/slots.hpp"
 #include "redis/subscriber.hpp"
 #include "redis/wait_queue.hpp"
 
@@ -167,6 +169,7 @@ class RedisBackend final : public Backend {
       if (w.granted && wait_replicas_ == 0) {
         const auto left = std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - std::chrono::steady_clock::now());
         if (left >= w.ttl / 2) {
+          hold_entry(req.name, req.owner, w.entry);  // before forget: see on_grant_message
           waits_.forget(req.name, req.owner, w.entry);
           AcquireResult res;
           res.acquired = true;
@@ -190,6 +193,7 @@ class RedisBackend final : public Backend {
         continue;
       }
       if (a.result.acquired) {
+        hold_entry(req.name, req.owner, w.entry);
         waits_.forget(req.name, req.owner, w.entry);
       } else {
         waits_.queued(req.name, req.owner, w.entry, sent);
@@ -273,6 +277,7 @@ class RedisBackend final : public Backend {
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         std::error_code& ec) override {
     ec.clear();
+    unhold_entry(name, owner);
     auto conn = checkout(ec);
     if (ec) return ReleaseStatus::released;
     const Keys k = keys_of(name);
@@ -413,7 +418,7 @@ class RedisBackend final : public Backend {
     k.lock = lock_key(name);
     k.queue = k.lock + ":q";
     k.expiries = k.lock + ":qx";
-    k.fence = k.lock + ":fence";
+    k.fence = fence_key(k.lock);
     k.released = k.lock + ":released";
     return k;
   }
@@ -471,7 +476,7 @@ class RedisBackend final : public Backend {
     if (grants_subscribed_) return;
     const std::string channel = grant_prefix_ + std::string(owner.substr(0, owner.find(':')));
     subscriber_.set_payload_handler(channel, [this](std::string_view, std::string_view payload) {
-      waits_.on_grant(payload);
+      on_grant_message(payload);
     });
     std::error_code ec;
     std::string why;
@@ -552,20 +557,57 @@ class RedisBackend final : public Backend {
     return !redis::is_error(r.get());
   }
 
+  // A grant to an entry this client neither waits with nor holds under: a wait given
+  // up while the server was out of reach, or queued through a backend that a
+  // Sentinel failover replaced (the new master still had the entry). Nobody here
+  // will take it, so it is handed on at once rather than left to its ttl. The
+  // cancel script acts only while the lock is held under exactly that entry (ids
+  // are unique in the process), and an entry this client took is in held_entries_
+  // from before it leaves the wait queue until its release.
+  void on_grant_message(std::string_view payload) {
+    auto unknown = waits_.on_grant(payload);
+    if (!unknown) return;
+    const std::string head = prefix_ + ":{";
+    const std::string& lock = unknown->lock;
+    if (lock.size() < head.size() + 1 || lock.compare(0, head.size(), head) != 0 || lock.back() != '}') return;
+    {
+      std::lock_guard lk(held_mu_);
+      for (const auto& [key, entry] : held_entries_) {
+        if (entry == unknown->entry) return;
+      }
+    }
+    redis::WaitQueue::Wait w;
+    w.name = lock.substr(head.size(), lock.size() - head.size() - 1);
+    w.owner = std::move(unknown->owner);
+    w.entry = std::move(unknown->entry);
+    w.ttl = Millis(3000);  // the retry period's basis (1 s); the grant's own ttl is not known here
+    waits_.hand_on(std::move(w), Millis(60000));
+  }
+
+  void hold_entry(std::string_view name, std::string_view owner, const std::string& entry) {
+    std::lock_guard lk(held_mu_);
+    held_entries_[{std::string(name), std::string(owner)}] = entry;
+  }
+  void unhold_entry(std::string_view name, std::string_view owner) {
+    std::lock_guard lk(held_mu_);
+    held_entries_.erase({std::string(name), std::string(owner)});
+  }
+
   void wake(std::string_view name) {
     ChangeListener* l = listener_.load();
     if (l) l->on_change(name);
   }
 
   // Status of each name (one script call each, one pipeline): holder, ttl, the
-  // token (the holder's, else the last one issued), and the live queued waiters.
+  // holder's token, and the live queued waiters. A free lock has no token to show:
+  // its counter is its slot's, shared with other names.
   std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, std::error_code& ec,
                                  std::string& why) {
     std::vector<Keys> ks;
     ks.reserve(names.size());
     for (const auto& n : names) ks.push_back(keys_of(n));
-    std::vector<std::array<std::string_view, 3>> key_views(names.size());
-    for (std::size_t i = 0; i < names.size(); ++i) key_views[i] = {ks[i].lock, ks[i].expiries, ks[i].fence};
+    std::vector<std::array<std::string_view, 2>> key_views(names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) key_views[i] = {ks[i].lock, ks[i].expiries};
     std::vector<redis::Script::Call> calls;
     for (auto& kv : key_views) calls.push_back({std::span<const std::string_view>(kv), {}});
     std::vector<Reply> replies = redis::queue_status_script().run_pipelined(conn, calls, ec);
@@ -581,7 +623,7 @@ class RedisBackend final : public Backend {
         why = r ? std::string(redis::reply_str(r)) : std::string("no reply");
         return {};
       }
-      if (r->type != REDIS_REPLY_ARRAY || r->elements != 4 || r->element[0]->type != REDIS_REPLY_ARRAY) {
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || r->element[0]->type != REDIS_REPLY_ARRAY) {
         ec = make_error_code(errc::protocol_error);
         why = "unexpected reply to the status script";
         return {};
@@ -604,10 +646,16 @@ class RedisBackend final : public Backend {
       if (r->element[2]->type == REDIS_REPLY_INTEGER) {
         info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, r->element[2]->integer));
       }
-      if (!info.token && to_u64(r->element[3], token)) info.token = token;
       out.push_back(std::move(info));
     }
     return out;
+  }
+
+  // "<prefix>:fence:{<tag>}": one counter per hash slot, in the slot of the lock
+  // (docs/redis.md "Tokens"): locking any number of names leaves at most 16,384
+  // counters, and the acquire script's keys stay in one slot.
+  std::string fence_key(std::string_view lock) const {
+    return prefix_ + ":fence:{" + redis::slot_tag(redis::key_slot(lock)) + "}";
   }
 
   std::string lock_key(std::string_view name) const {
@@ -832,6 +880,9 @@ class RedisBackend final : public Backend {
   std::mutex grants_mu_;
   bool grants_subscribed_ = false;  // guarded by grants_mu_
   std::string grant_channel_;       // guarded by grants_mu_
+  std::mutex held_mu_;
+  // Locks this client took from a queue: (name, owner) -> entry, until released.
+  std::map<std::pair<std::string, std::string>, std::string> held_entries_;  // guarded by held_mu_
   redis::WaitQueue waits_;        // its refresher calls refresh_waits() and wake()
   redis::Subscriber subscriber_;  // last: destroyed first, its thread calls on_channel
 };

@@ -91,6 +91,16 @@ void WaitQueue::abandon(Wait wait) {
   cv_.notify_all();
 }
 
+void WaitQueue::hand_on(Wait wait, Millis retry_for) {
+  std::lock_guard lk(mu_);
+  const TimePoint until = std::chrono::steady_clock::now() + retry_for;
+  std::string entry = wait.entry;
+  abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  kick_ = true;
+  cv_.notify_all();
+}
+
 void WaitQueue::flush_abandoned() {
   std::vector<Wait> todo;
   {
@@ -112,13 +122,25 @@ void WaitQueue::flush_abandoned() {
   }
 }
 
-void WaitQueue::on_grant(std::string_view message) {
-  const std::size_t sp = message.find(' ');
-  if (sp == std::string_view::npos) return;
-  const std::string_view entry = message.substr(0, sp), token_text = message.substr(sp + 1);
+std::optional<WaitQueue::Unknown> WaitQueue::on_grant(std::string_view message) {
+  // "<entry> <token> <n> <lock key of n bytes><owner>"
+  auto word = [&](std::string_view& out) {
+    const std::size_t sp = message.find(' ');
+    if (sp == std::string_view::npos) return false;
+    out = message.substr(0, sp);
+    message.remove_prefix(sp + 1);
+    return true;
+  };
+  std::string_view entry, token_text, length_text;
+  if (!word(entry) || !word(token_text) || !word(length_text)) return std::nullopt;
   std::uint64_t token = 0;
+  std::size_t length = 0;
   auto [p, e] = std::from_chars(token_text.data(), token_text.data() + token_text.size(), token);
-  if (e != std::errc{} || p != token_text.data() + token_text.size()) return;
+  if (e != std::errc{} || p != token_text.data() + token_text.size()) return std::nullopt;
+  auto [p2, e2] = std::from_chars(length_text.data(), length_text.data() + length_text.size(), length);
+  if (e2 != std::errc{} || p2 != length_text.data() + length_text.size() || length > message.size()) {
+    return std::nullopt;
+  }
   std::string name;
   {
     std::lock_guard lk(mu_);
@@ -126,12 +148,15 @@ void WaitQueue::on_grant(std::string_view message) {
     if (abandoned_.find(entry) != abandoned_.end()) {
       kick_ = true;  // granted to a wait given up: the refresher hands it on now
       cv_.notify_all();
-      return;
+      return std::nullopt;
     }
     auto b = by_entry_.find(entry);
-    if (b == by_entry_.end()) return;
+    if (b == by_entry_.end()) {
+      return Unknown{std::string(entry), std::string(message.substr(0, length)),
+                     std::string(message.substr(length))};
+    }
     Wait& w = waits_.at(b->second);
-    if (w.granted) return;
+    if (w.granted) return std::nullopt;
     // The lease counts from the send time of the last "queued" answer. A grant that
     // overtook the first answer has no such time: it is claimed from the server
     // (valid_from in the past makes the waiter do so).
@@ -141,6 +166,7 @@ void WaitQueue::on_grant(std::string_view message) {
     name = w.name;
   }
   wake_(name);
+  return std::nullopt;
 }
 
 void WaitQueue::wake_all() {

@@ -76,12 +76,20 @@ class WaitQueue {
   /// arrives, until it succeeds or 2 ttl have passed (the entry expired, and so has
   /// any grant to it).
   void abandon(Wait wait);
+  /// As abandon(), for a grant to an entry this client does not know, retried for
+  /// `retry_for`, starting at once.
+  void hand_on(Wait wait, Millis retry_for);
   /// Retries the pending cancels now (before queuing anew after an outage).
   void flush_abandoned();
-  /// A grant message "<entry> <token>" arrived on this client's channel. Wakes the
-  /// wait's name; a grant of an entry this client no longer waits with is ignored
-  /// (a given-up wait hands its grant on by itself).
-  void on_grant(std::string_view message);
+  /// A grant message arrived on this client's channel (lock_scripts.hpp). Wakes the
+  /// wait's name. A grant of an entry this client does not wait with is returned
+  /// (entry, lock key, owner) for the caller to judge: it may be an entry given up
+  /// while the server could not be reached, or one queued through a backend this
+  /// client replaced (a Sentinel failover); nullopt otherwise.
+  struct Unknown {
+    std::string entry, lock, owner;
+  };
+  std::optional<Unknown> on_grant(std::string_view message);
   /// Grant messages may have been missed (the subscription broke): wakes every
   /// waiting name so each re-checks with the server.
   void wake_all();

@@ -18,6 +18,7 @@
 #include "redis/connection.hpp"
 #include "redis/records.hpp"
 #include "redis/redis_backend.hpp"
+#include "redis/slots.hpp"
 #include "redis/subscriber.hpp"
 
 namespace distlock::detail {
@@ -25,18 +26,6 @@ namespace distlock::detail {
 namespace rediscluster {
 
 namespace {
-
-std::uint16_t crc16(std::string_view s) noexcept {  // CRC16-CCITT (XMODEM), as Redis Cluster
-  std::uint16_t crc = 0;
-  for (unsigned char c : s) {
-    crc = static_cast<std::uint16_t>(crc ^ (static_cast<std::uint16_t>(c) << 8));
-    for (int i = 0; i < 8; ++i) {
-      crc = (crc & 0x8000) != 0 ? static_cast<std::uint16_t>((crc << 1) ^ 0x1021)
-                                : static_cast<std::uint16_t>(crc << 1);
-    }
-  }
-  return crc;
-}
 
 std::uint64_t fnv1a(std::string_view s) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -50,12 +39,7 @@ std::uint64_t fnv1a(std::string_view s) noexcept {
 }  // namespace
 
 std::uint16_t key_slot(std::string_view key) noexcept {
-  const auto open = key.find('{');
-  if (open != std::string_view::npos) {
-    const auto close = key.find('}', open + 1);
-    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
-  }
-  return static_cast<std::uint16_t>(crc16(key) & 16383);
+  return redis::key_slot(key);
 }
 
 // A name without braces keeps redis://'s layout: "<prefix>:{<name>}", ":fence",

@@ -11,6 +11,7 @@
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
+#include "redis/slots.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -34,6 +35,12 @@ std::string str(const distlock::testing::RedisReplyPtr& r) {
   return r && r->str ? std::string(r->str, r->len) : std::string();
 }
 
+// The fence counter of a name: its hash slot's ("distlock:fence:{<tag>}").
+std::string fence_of(const std::string& name) {
+  using namespace distlock::detail::redis;
+  return "distlock:fence:{" + slot_tag(key_slot("distlock:{" + name + "}")) + "}";
+}
+
 Millis since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t);
 }
@@ -53,7 +60,7 @@ TEST_F(RedisBackend, KeyLayoutAndRelease) {
     auto lease = client.acquire("job", ttl_of(10s));
     token = lease.token();
     EXPECT_GT(token, 0u);
-    // One hash per lock: the owner's hold count and the token; the fence counter beside it.
+    // One hash per lock: the owner's queue entry and the token; the slot's fence counter.
     auto fields = server_.command({"HGETALL", "distlock:{job}"});
     ASSERT_EQ(fields->type, REDIS_REPLY_ARRAY);
     ASSERT_EQ(fields->elements, 4u);
@@ -61,14 +68,17 @@ TEST_F(RedisBackend, KeyLayoutAndRelease) {
     const auto holder = client.status("job").holder;
     ASSERT_TRUE(holder.has_value());
     EXPECT_EQ(holder->substr(0, client.id().size()), client.id());
-    EXPECT_EQ(str(server_.command({"HGET", "distlock:{job}", *holder})), "1");
+    // The holder's field holds its queue entry id (a waiting acquire queues first).
+    const std::string entry = str(server_.command({"HGET", "distlock:{job}", *holder}));
+    EXPECT_FALSE(entry.empty());
+    EXPECT_EQ(entry.find_first_not_of("0123456789"), std::string::npos) << entry;
     const long long pttl = server_.command({"PTTL", "distlock:{job}"})->integer;
     EXPECT_GT(pttl, 0);
     EXPECT_LE(pttl, 10000);
-    EXPECT_EQ(str(server_.command({"GET", "distlock:{job}:fence"})), std::to_string(token));
+    EXPECT_EQ(str(server_.command({"GET", fence_of("job")})), std::to_string(token));
   }
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{job}"})->integer, 0);
-  EXPECT_EQ(server_.command({"PTTL", "distlock:{job}:fence"})->integer, -1);
+  EXPECT_EQ(server_.command({"PTTL", fence_of("job")})->integer, -1);
   EXPECT_EQ(client.stats().released, 1u);
 }
 
@@ -92,8 +102,8 @@ TEST_F(RedisBackend, FenceCounterOutlivesAnExpiredLock) {
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{expiring}"})->integer, 0);
-  EXPECT_EQ(server_.command({"PTTL", "distlock:{expiring}:fence"})->integer, -1);
-  EXPECT_EQ(str(server_.command({"GET", "distlock:{expiring}:fence"})), std::to_string(first));
+  EXPECT_EQ(server_.command({"PTTL", fence_of("expiring")})->integer, -1);
+  EXPECT_EQ(str(server_.command({"GET", fence_of("expiring")})), std::to_string(first));
   std::error_code ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);  // the lease had expired: nothing is deleted
@@ -110,7 +120,9 @@ TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndTheServerDoesNotReenter) {
   m.lock();
   EXPECT_EQ(m.hold_count(), 2);
   const std::string owner = *client.status("re").holder;
-  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", owner})), "1");  // one server acquisition
+  // One server acquisition: the owner's field and the token, no hold count.
+  EXPECT_EQ(server_.command({"HEXISTS", "distlock:{re}", owner})->integer, 1);
+  EXPECT_EQ(server_.command({"HLEN", "distlock:{re}"})->integer, 2);
   m.unlock();
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{re}"})->integer, 1);
   m.unlock();
@@ -290,7 +302,7 @@ TEST_F(RedisBackend, OddNamesAreBinarySafe) {
       token = lease.token();
       const std::string key = "distlock:{" + name + "}";
       EXPECT_EQ(server_.command(std::vector<std::string>{"EXISTS", key})->integer, 1);
-      EXPECT_EQ(str(server_.command(std::vector<std::string>{"GET", key + ":fence"})), std::to_string(token));
+      EXPECT_EQ(str(server_.command(std::vector<std::string>{"GET", fence_of(name)})), std::to_string(token));
       auto info = client.status(name);
       EXPECT_TRUE(info.held);
       EXPECT_EQ(info.token, token);
@@ -307,17 +319,20 @@ class RedisBadInput : public RedisBackend {
     other_ = std::make_unique<distlock::Client>(connect());
     theirs_ = other_->acquire("victim", ttl_of(30s));
     holder_ = *other_->status("victim").holder;
+    entry_ = str(server_.command({"HGET", "distlock:{victim}", holder_}));
   }
   void TearDown() override {
     // After every bad call the other owner's lock is exactly as it was.
     EXPECT_TRUE(theirs_.owns());
-    EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", holder_})), "1");
+    EXPECT_FALSE(entry_.empty());
+    EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", holder_})), entry_);
     EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", "@token"})), std::to_string(theirs_.token()));
     EXPECT_GT(server_.command({"PTTL", "distlock:{victim}"})->integer, 20000);
     theirs_.release();
   }
   std::unique_ptr<distlock::Client> other_;
   distlock::Lease theirs_;
+  std::string entry_;
   std::string holder_;
 };
 

@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +17,8 @@
 #include "core/backend.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
+#include "redis/slots.hpp"
+#include "redis/slots.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
@@ -67,7 +72,9 @@ TEST(RedisTokens, NeverRepeatAfterTheCounterIsLost) {
   auto client = distlock::connect(server.url());
   const std::uint64_t before = issue(client, "evicted");
   // What an eviction (allkeys-* policies), a FLUSHALL or an operator's DEL does.
-  server.command({"DEL", "distlock:{evicted}:fence"});
+  server.command({"DEL", "distlock:fence:{" +
+                            distlock::detail::redis::slot_tag(distlock::detail::redis::key_slot("distlock:{evicted}")) +
+                            "}"});
   const std::uint64_t after = issue(client, "evicted");
   EXPECT_GT(after, before);
 }
@@ -82,6 +89,58 @@ TEST(RedisTokens, AreAtLeastTheServerClockInMicroseconds) {
   EXPECT_GE(a, t0);
   EXPECT_GT(b, a);
   EXPECT_LE(b, t1);  // one script takes more than 1 us: the counter does not run ahead of TIME
+}
+
+// Bounded server state: fence counters are per hash slot, not per name, so any
+// number of distinct names leaves at most 16,384 keys once released (before: one
+// never-expiring "<prefix>:{<name>}:fence" per name, 17,000 keys here). Tokens stay
+// strictly increasing per name, also between names that share a slot's counter.
+TEST(RedisTokens, ManyNamesLeaveAtMostOneCounterPerHashSlot) {
+  using distlock::detail::redis::key_slot;
+  RedisServer server;
+  auto client = distlock::connect(server.url());
+  constexpr int kNames = 17000, kThreads = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < kNames; i += kThreads) {
+        std::optional<distlock::Lease> l = client.try_acquire("order-" + std::to_string(i), ttl_of(5s));
+        if (!l) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  const long long keys = server.command({"DBSIZE"})->integer;
+  EXPECT_LE(keys, 16384) << "one key per name was left behind";
+  EXPECT_GT(keys, 0);
+  auto all = server.command({"KEYS", "*"});
+  for (std::size_t i = 0; i < all->elements; ++i) {
+    const std::string k(all->element[i]->str, all->element[i]->len);
+    ASSERT_EQ(k.rfind("distlock:fence:{", 0), 0u) << k;
+  }
+  // Two names of one slot, interleaved: each name's tokens increase.
+  std::string a, b;
+  std::map<std::uint16_t, std::string> seen;
+  for (int i = 0; b.empty() && i < kNames; ++i) {
+    const std::string n = "order-" + std::to_string(i);
+    auto [it, fresh] = seen.emplace(key_slot("distlock:{" + n + "}"), n);
+    if (!fresh) {
+      a = it->second;
+      b = n;
+    }
+  }
+  ASSERT_FALSE(b.empty());
+  std::uint64_t last_a = 0, last_b = 0;
+  for (int round = 0; round < 5; ++round) {
+    const std::uint64_t ta = issue(client, a), tb = issue(client, b);
+    EXPECT_GT(ta, last_a);
+    EXPECT_GT(tb, last_b);
+    EXPECT_GT(tb, ta);  // one counter: the later acquisition's token is larger
+    last_a = ta;
+    last_b = tb;
+  }
 }
 
 // ---- the connect-time check of persistence and eviction -----------------------

@@ -27,8 +27,11 @@ std::vector<std::string> redis_keys(const RedisServer& s, bool with_channels) {
   auto keys = s.command({"KEYS", "*"});
   for (std::size_t i = 0; keys && i < keys->elements; ++i) {
     std::string k(keys->element[i]->str, keys->element[i]->len);
-    // The fence counter outlives every holder by design: tokens never go back.
-    if (k.size() < 6 || k.compare(k.size() - 6, 6, ":fence") != 0) out.push_back("key " + k);
+    // Fence counters outlive every holder by design: tokens never go back
+    // ("<prefix>:{<name>}:fence" per name, "<prefix>:fence:{<tag>}" per hash slot).
+    const bool fence = (k.size() >= 6 && k.compare(k.size() - 6, 6, ":fence") == 0) ||
+                       k.find(":fence:{") != std::string::npos;
+    if (!fence) out.push_back("key " + k);
   }
   if (with_channels) {
     auto ch = s.command({"PUBSUB", "CHANNELS", "*"});
