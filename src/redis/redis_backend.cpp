@@ -277,7 +277,13 @@ class RedisBackend final : public Backend {
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         std::error_code& ec) override {
     ec.clear();
-    unhold_entry(name, owner);
+    // Forgotten only once the release script ran: a late grant message for the
+    // entry arriving before that would otherwise hand on the lock under us.
+    struct Unhold {
+      RedisBackend* self;
+      std::string_view name, owner;
+      ~Unhold() { self->unhold_entry(name, owner); }
+    } unhold{this, name, owner};
     auto conn = checkout(ec);
     if (ec) return ReleaseStatus::released;
     const Keys k = keys_of(name);
@@ -588,9 +594,12 @@ class RedisBackend final : public Backend {
     std::lock_guard lk(held_mu_);
     held_entries_[{std::string(name), std::string(owner)}] = entry;
   }
-  void unhold_entry(std::string_view name, std::string_view owner) {
-    std::lock_guard lk(held_mu_);
-    held_entries_.erase({std::string(name), std::string(owner)});
+  void unhold_entry(std::string_view name, std::string_view owner) noexcept {
+    try {
+      std::lock_guard lk(held_mu_);
+      held_entries_.erase({std::string(name), std::string(owner)});
+    } catch (...) {  // out of memory building the key: the entry stays listed, harmless
+    }
   }
 
   void wake(std::string_view name) {
