@@ -392,6 +392,11 @@ std::vector<Reply> Connection::read_replies(std::size_t n, std::error_code& ec) 
   return out;
 }
 
+std::vector<Reply> Connection::exchange(std::span<const Argv> batch, std::error_code& ec) {
+  for (const Argv& argv : batch) append(argv);
+  return read_replies(batch.size(), ec);
+}
+
 bool Connection::looks_broken() const noexcept {
   if (!ctx_) return true;
   if (ctx_->err != 0) return true;
@@ -479,7 +484,7 @@ std::string Script::sha() const {
   return sha_;
 }
 
-void Script::load(Connection& conn, std::error_code& ec) const {
+void Script::load(Link& conn, std::error_code& ec) const {
   Reply r = conn.command({"SCRIPT", "LOAD", source_}, ec);
   if (ec) return;
   if (r->type != REDIS_REPLY_STRING || r->len != 40) {
@@ -490,7 +495,7 @@ void Script::load(Connection& conn, std::error_code& ec) const {
   sha_.assign(r->str, r->len);
 }
 
-std::string Script::ensure_sha(Connection& conn, std::error_code& ec) const {
+std::string Script::ensure_sha(Link& conn, std::error_code& ec) const {
   ec.clear();
   std::string s = sha();
   if (!s.empty()) return s;
@@ -511,7 +516,7 @@ Argv Script::evalsha_argv(const std::string& sha, std::span<const std::string_vi
   return argv;
 }
 
-Reply Script::run(Connection& conn, std::span<const std::string_view> keys,
+Reply Script::run(Link& conn, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, std::error_code& ec) const {
   std::string sha = ensure_sha(conn, ec);
   if (ec) return nullptr;
@@ -525,7 +530,7 @@ Reply Script::run(Connection& conn, std::span<const std::string_view> keys,
   return conn.command(evalsha_argv(sha, keys, args, numkeys), ec);
 }
 
-std::vector<Reply> Script::run_pipelined(Connection& conn, std::span<const Call> calls,
+std::vector<Reply> Script::run_pipelined(Link& conn, std::span<const Call> calls,
                                          std::error_code& ec) const {
   std::vector<Reply> out;
   std::string sha = ensure_sha(conn, ec);
@@ -535,9 +540,8 @@ std::vector<Reply> Script::run_pipelined(Connection& conn, std::span<const Call>
   std::vector<std::string> numkeys_texts(calls.size());
   for (std::size_t i = 0; i < calls.size(); ++i) {
     argvs.push_back(evalsha_argv(sha, calls[i].keys, calls[i].args, numkeys_texts[i]));
-    conn.append(argvs.back());
   }
-  out = conn.read_replies(calls.size(), ec);
+  out = conn.exchange(argvs, ec);
   if (ec) return out;
   std::vector<std::size_t> again;
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -547,11 +551,12 @@ std::vector<Reply> Script::run_pipelined(Connection& conn, std::span<const Call>
   load(conn, ec);
   if (ec) return out;
   sha = this->sha();
+  std::vector<Argv> retry;
   for (std::size_t i : again) {
     argvs[i][1] = sha;
-    conn.append(argvs[i]);
+    retry.push_back(argvs[i]);
   }
-  std::vector<Reply> retried = conn.read_replies(again.size(), ec);
+  std::vector<Reply> retried = conn.exchange(retry, ec);
   for (std::size_t j = 0; j < again.size(); ++j) out[again[j]] = std::move(retried[j]);
   return out;
 }

@@ -118,33 +118,57 @@ bool is_error(const redisReply* r, std::string_view prefix = {}) noexcept;
 /// Maps an error reply to a distlock code (see the banner). Non-error → {}.
 std::error_code error_code_of(const redisReply* r) noexcept;
 
+/// A way to send commands to one server and read their replies in order: an
+/// exclusive `Connection`, or a `SharedConnection` (redis/shared_connection.hpp)
+/// that many threads pipeline through. Scripts and the lock calls take a Link, so
+/// they run on either.
+class Link {
+ public:
+  virtual ~Link() = default;
+  /// One command and its reply. `ec` is set on a transport failure (reply is null)
+  /// and on an error reply (the reply is returned so the caller can read its text).
+  virtual Reply command(std::span<const std::string_view> argv, std::error_code& ec) = 0;
+  Reply command(std::initializer_list<std::string_view> argv, std::error_code& ec) {
+    return command(std::span<const std::string_view>(argv.begin(), argv.size()), ec);
+  }
+  /// A pipeline: every command sent before any reply is awaited; one reply per
+  /// command, in order. Error replies are returned as such; `ec` means the transport
+  /// failed (every reply of the batch is then null).
+  virtual std::vector<Reply> exchange(std::span<const Argv> batch, std::error_code& ec) = 0;
+  /// Message for the last failure seen by the calling thread on this link:
+  /// "redis 127.0.0.1:6379: connection refused".
+  virtual std::string last_error() const = 0;
+  /// False once the transport failed (the next call connects again).
+  virtual bool connected() const noexcept = 0;
+};
+
 /// One blocking connection to one server. Move-only; reconnects lazily: after an
 /// I/O error or timeout the context is dropped (the stream may be out of sync)
 /// and the next call connects again (AUTH and SELECT included).
-class Connection {
+class Connection final : public Link {
  public:
   explicit Connection(ConnectionOptions opts);
   Connection(Connection&&) noexcept = default;
   Connection& operator=(Connection&&) noexcept = default;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
-  ~Connection() = default;
+  ~Connection() override = default;
 
   /// Connects now if not connected (TCP, timeouts, AUTH, SELECT). On failure the
   /// connection stays closed: backend_unavailable naming host:port, or auth_failed
   /// naming the server.
   void connect(std::error_code& ec);
-  bool connected() const noexcept { return ctx_ != nullptr; }
+  bool connected() const noexcept override { return ctx_ != nullptr; }
   /// Closes the socket; the next call reconnects.
   void close() noexcept;
 
   /// Sends one command and reads its reply (connecting first if needed).
   /// `ec` is set on a transport failure (reply is null) and on an error reply
   /// (the reply is returned so the caller can read its text).
-  Reply command(std::span<const std::string_view> argv, std::error_code& ec);
-  Reply command(std::initializer_list<std::string_view> argv, std::error_code& ec) {
-    return command(std::span<const std::string_view>(argv.begin(), argv.size()), ec);
-  }
+  Reply command(std::span<const std::string_view> argv, std::error_code& ec) override;
+  using Link::command;
+  /// append() every command, then read_replies().
+  std::vector<Reply> exchange(std::span<const Argv> batch, std::error_code& ec) override;
 
   /// Pipelining: append() buffers commands locally (nothing is sent); read_reply()
   /// flushes the buffer and reads the next reply in order; read_replies(n) reads n.
@@ -167,7 +191,7 @@ class Connection {
   std::size_t pending() const noexcept { return pending_; }
 
   /// Message for the last failure: "redis 127.0.0.1:6379: connection refused".
-  const std::string& last_error() const noexcept { return last_error_; }
+  std::string last_error() const override { return last_error_; }
   const ConnectionOptions& options() const noexcept { return opts_; }
   /// Counts round trips (a command, or one flushed pipeline) since construction.
   std::uint64_t round_trips() const noexcept { return round_trips_; }
@@ -265,9 +289,9 @@ class Script {
   Script& operator=(const Script&) = delete;
 
   /// EVALSHA with `keys` and `args` (binary-safe). Same ec rules as Connection::command.
-  Reply run(Connection& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
+  Reply run(Link& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
             std::error_code& ec) const;
-  Reply run(Connection& conn, std::initializer_list<std::string_view> keys,
+  Reply run(Link& conn, std::initializer_list<std::string_view> keys,
             std::initializer_list<std::string_view> args, std::error_code& ec) const {
     return run(conn, std::span<const std::string_view>(keys.begin(), keys.size()),
                std::span<const std::string_view>(args.begin(), args.size()), ec);
@@ -281,10 +305,10 @@ class Script {
   /// Runs every call in one pipeline (one round trip; a second one only for the
   /// calls that met NOSCRIPT). Returns one reply per call, in order; error replies
   /// are returned as such, `ec` only reports a transport failure.
-  std::vector<Reply> run_pipelined(Connection& conn, std::span<const Call> calls, std::error_code& ec) const;
+  std::vector<Reply> run_pipelined(Link& conn, std::span<const Call> calls, std::error_code& ec) const;
 
   /// Loads the script on this connection (SCRIPT LOAD) and remembers its SHA1.
-  void load(Connection& conn, std::error_code& ec) const;
+  void load(Link& conn, std::error_code& ec) const;
   /// The SHA1 once loaded, else empty.
   std::string sha() const;
   const std::string& source() const noexcept { return source_; }
@@ -292,7 +316,7 @@ class Script {
  private:
   Argv evalsha_argv(const std::string& sha, std::span<const std::string_view> keys,
                     std::span<const std::string_view> args, std::string& numkeys) const;
-  std::string ensure_sha(Connection& conn, std::error_code& ec) const;
+  std::string ensure_sha(Link& conn, std::error_code& ec) const;
 
   const std::string source_;
   mutable std::mutex mu_;

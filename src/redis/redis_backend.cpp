@@ -12,6 +12,7 @@
 #include "redis/connection.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/records.hpp"
+#include "redis/shared_connection.hpp"
 #include "redis/slots.hpp"
 #include "redis/subscriber.hpp"
 #include "redis/wait_queue.hpp"
@@ -118,6 +119,7 @@ class RedisBackend final : public Backend {
         wait_timeout_(wait_timeout),
         log_(opts.logger),
         pool_(conn, 8),
+        shared_(wait_replicas == 0 ? std::make_unique<redis::SharedConnection>(conn) : nullptr),
         waits_([this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
                [this](std::string_view name) { wake(name); },
                [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); }),
@@ -146,7 +148,7 @@ class RedisBackend final : public Backend {
   AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
     ec.clear();
     if (req.keep_queued) return acquire_queued(req, ec);
-    auto conn = checkout(ec);
+    auto conn = lock_link(ec);
     if (ec) return {};
     const Keys k = keys_of(req.name);
     const std::string ttl = std::to_string(req.ttl.count());
@@ -179,7 +181,7 @@ class RedisBackend final : public Backend {
         }
         // Too little of it left to use: the server restarts its ttl below.
       }
-      auto conn = checkout(ec);
+      auto conn = lock_link(ec);
       if (ec) return {};
       const Keys k = keys_of(req.name);
       const auto sent = std::chrono::steady_clock::now();
@@ -217,7 +219,7 @@ class RedisBackend final : public Backend {
     ec.clear();
     std::fill(out.begin(), out.end(), RenewStatus::failed);
     if (items.empty()) return;
-    auto conn = checkout(ec);
+    auto conn = lock_link(ec);
     if (ec) return;
     // Keys and arguments live here; the calls hold views into them.
     std::vector<std::string> keys, ttls;
@@ -284,7 +286,7 @@ class RedisBackend final : public Backend {
       std::string_view name, owner;
       ~Unhold() { self->unhold_entry(name, owner); }
     } unhold{this, name, owner};
-    auto conn = checkout(ec);
+    auto conn = lock_link(ec);
     if (ec) return ReleaseStatus::released;
     const Keys k = keys_of(name);
     Reply r = redis::queue_release_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
@@ -435,7 +437,7 @@ class RedisBackend final : public Backend {
   };
 
   // The acquire script's reply: {1, token} | {0, pttl} | {2}.
-  Answer acquire_answer(Connection& conn, const AcquireRequest& req, const Reply& r, std::error_code& ec) {
+  Answer acquire_answer(redis::Link& conn, const AcquireRequest& req, const Reply& r, std::error_code& ec) {
     Answer a;
     if (ec) {
       failed(conn, "acquire");
@@ -501,7 +503,7 @@ class RedisBackend final : public Backend {
     using A = redis::WaitQueue::Answer;
     std::vector<A> out(waits.size());
     std::error_code ec;
-    auto conn = checkout(ec);
+    auto conn = lock_link(ec);
     if (ec) return out;
     std::vector<std::string> keys, ttls;
     keys.reserve(3 * waits.size());
@@ -551,7 +553,7 @@ class RedisBackend final : public Backend {
   // granted to it. False when the server could not be reached.
   bool cancel_wait(const redis::WaitQueue::Wait& w) {
     std::error_code ec;
-    auto conn = checkout(ec);
+    auto conn = lock_link(ec);
     if (ec) return false;
     const Keys k = keys_of(w.name);
     Reply r = redis::queue_cancel_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
@@ -792,7 +794,7 @@ class RedisBackend final : public Backend {
 
   // WAIT wait_replicas_ wait_timeout_ after a write on `conn`. False (with a warning
   // naming the count) when fewer replicas acknowledged it or WAIT failed.
-  bool replicated(Connection& conn, const char* what, long long* acked_out = nullptr) {
+  bool replicated(redis::Link& conn, const char* what, long long* acked_out = nullptr) {
     const std::string n = std::to_string(wait_replicas_);
     const std::string ms = std::to_string(wait_timeout_.count());
     std::error_code ec;
@@ -816,11 +818,11 @@ class RedisBackend final : public Backend {
   // and the call fails with quorum_unavailable (backend_unavailable when WAIT itself
   // failed), so a failover right after it cannot leave a holder whose lock the new
   // master never saw.
-  bool replicated_acquire(Connection& conn, const AcquireRequest& req, std::error_code& ec) {
+  bool replicated_acquire(redis::Link& conn, const AcquireRequest& req, std::error_code& ec) {
     long long acked = -1;
     if (replicated(conn, "acquisition", &acked)) return true;
     const Keys k = keys_of(req.name);
-    auto release_on = [&](Connection& c, std::error_code& e) {
+    auto release_on = [&](redis::Link& c, std::error_code& e) {
       redis::queue_release_script().run(c, {k.lock, k.queue, k.expiries, k.fence},
                                         {req.owner, k.released, grant_prefix_}, e);
     };
@@ -848,6 +850,31 @@ class RedisBackend final : public Backend {
     return false;
   }
 
+  // The link a lock call runs on: the client's shared, auto-pipelined connection,
+  // or with wait=N an exclusive one from the pool (WAIT counts the writes of its
+  // own connection, and would stall every other call on a shared one).
+  class CallLink {
+   public:
+    redis::Link& operator*() const noexcept { return *link_; }
+    redis::Link* operator->() const noexcept { return link_; }
+
+   private:
+    friend class RedisBackend;
+    redis::PooledConnection pooled_;
+    redis::Link* link_ = nullptr;
+  };
+  CallLink lock_link(std::error_code& ec) {
+    CallLink l;
+    ec.clear();
+    if (shared_) {
+      l.link_ = shared_.get();
+      return l;
+    }
+    l.pooled_ = checkout(ec);
+    if (!ec) l.link_ = &*l.pooled_;
+    return l;
+  }
+
   redis::PooledConnection checkout(std::error_code& ec) {
     auto conn = pool_.checkout(ec);
     if (ec) report(pool_.last_error());
@@ -862,7 +889,7 @@ class RedisBackend final : public Backend {
     return conn;
   }
 
-  void failed(const Connection& conn, const char* what) {
+  void failed(const redis::Link& conn, const char* what) {
     report(std::string(what) + ": " + conn.last_error());
   }
 
@@ -884,7 +911,10 @@ class RedisBackend final : public Backend {
   std::atomic<ChangeListener*> listener_{nullptr};
   std::atomic<bool> failing_{false};
   std::atomic<std::uint64_t> release_messages_{0};
-  ConnectionPool pool_;
+  ConnectionPool pool_;  // records, listing, status, and lock calls with wait=N
+  // Lock calls (acquire, renew, release, queue refresh and give-up) from every
+  // thread, pipelined on one socket; null with wait=N.
+  const std::unique_ptr<redis::SharedConnection> shared_;
   const std::string grant_prefix_ = prefix_ + ":grant:";  // + client id: one grant channel per client
   std::mutex grants_mu_;
   bool grants_subscribed_ = false;  // guarded by grants_mu_

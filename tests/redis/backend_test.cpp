@@ -3,6 +3,7 @@
 // round trips) and bad input with its distinct errors.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <span>
@@ -215,6 +216,39 @@ TEST_F(RedisBackend, RenewsTenThousandLeasesInFewRoundTrips) {
   EXPECT_GT(server_.command({"PTTL", "distlock:{bulk/0}"})->integer, 19000);
   EXPECT_GT(server_.command({"PTTL", "distlock:{bulk/9999}"})->integer, 19000);
   for (auto& l : leases) EXPECT_TRUE(l.owns());
+}
+
+// "total_connections_received" of the server (connections accepted since it started).
+long long connections_received(const RedisServer& server) {
+  const std::string info = str(server.command({"INFO", "stats"}));
+  const std::string field = "total_connections_received:";
+  const auto at = info.find(field);
+  return at == std::string::npos ? -1 : std::stoll(info.substr(at + field.size()));
+}
+
+// Lock calls from a thread pool go out on the client's one shared connection
+// (auto-pipelined), not on a connection per thread: 16 threads acquiring and
+// releasing distinct names make the server accept no new connection.
+TEST_F(RedisBackend, LockCallsFromManyThreadsShareOneConnection) {
+  auto client = connect();
+  { auto warm = client.acquire("warm", ttl_of(10s)); }  // the client's connections are open now
+  const long long before = connections_received(server_);  // counts this query's own connection
+  ASSERT_GT(before, 0);
+  constexpr int kThreads = 16, kRounds = 100;
+  std::atomic<int> done{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        auto lease = client.acquire("order/" + std::to_string(t) + "-" + std::to_string(i), ttl_of(10s));
+        if (lease.owns()) done.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(done.load(), kThreads * kRounds);
+  // +1: the connection of this second query.
+  EXPECT_EQ(connections_received(server_) - before, 1);
 }
 
 TEST_F(RedisBackend, RenewalThatFindsAnotherOwnerMarksTheLeaseLost) {

@@ -1,0 +1,299 @@
+#include "redis/shared_connection.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+
+namespace distlock::detail::redis {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+thread_local std::string tl_last_error;
+
+struct ReaderDeleter {
+  void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
+};
+
+// Milliseconds from now to `deadline` for poll(), at least 0, rounded up.
+int poll_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
+}
+
+// Appends one command in RESP to `out` (hiredis formats it).
+bool format_into(std::string& out, const Argv& argv) {
+  std::vector<const char*> ptrs;
+  std::vector<std::size_t> lens;
+  ptrs.reserve(argv.size());
+  lens.reserve(argv.size());
+  for (auto a : argv) {
+    ptrs.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  char* cmd = nullptr;
+  const int n = redisFormatCommandArgv(&cmd, static_cast<int>(argv.size()), ptrs.data(), lens.data());
+  if (n < 0 || cmd == nullptr) return false;
+  out.append(cmd, static_cast<std::size_t>(n));
+  redisFreeCommand(cmd);
+  return true;
+}
+
+}  // namespace
+
+// One call (a command or a pipeline) waiting for its replies. Lives on the
+// caller's stack; it is in a wire's `inflight` until it is complete or failed.
+struct SharedConnection::Pending {
+  std::size_t expected = 0;
+  std::vector<Reply> replies;
+  std::error_code ec;
+  std::string why;
+  bool done = false;
+  Clock::time_point deadline;
+  std::condition_variable cv;
+};
+
+// One socket. Replaced (never repaired) after a failure: its calls failed, and
+// bytes still on it could be taken for the answers to later calls. Role holders
+// keep it alive through their shared_ptr, so the descriptor is closed only when
+// nobody is in a system call on it.
+struct SharedConnection::Wire {
+  int fd = -1;
+  std::unique_ptr<redisReader, ReaderDeleter> reader{redisReaderCreate()};
+  std::string out;                // formatted commands not yet written
+  std::deque<Pending*> inflight;  // calls whose replies are due, in the order they were queued
+  bool writing = false;
+  bool reading = false;
+  bool broken = false;
+  ~Wire() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+SharedConnection::SharedConnection(ConnectionOptions opts) : opts_(std::move(opts)) {}
+
+SharedConnection::~SharedConnection() = default;
+
+std::string SharedConnection::last_error() const {
+  return tl_last_error;
+}
+
+bool SharedConnection::connected() const noexcept {
+  std::lock_guard lk(mu_);
+  return wire_ != nullptr && !wire_->broken;
+}
+
+SharedConnection::Stats SharedConnection::stats() const noexcept {
+  Stats st{calls_.load(std::memory_order_relaxed), writes_.load(std::memory_order_relaxed),
+           connects_.load(std::memory_order_relaxed), 0};
+  std::lock_guard lk(mu_);
+  if (wire_) st.in_flight = wire_->inflight.size();
+  return st;
+}
+
+// The wire to queue a call on, connected now if there is none. A wire that is idle
+// and readable was closed by the server (restart, CLIENT KILL, idle timeout): it is
+// dropped before use, so the call is not lost to a dead socket.
+std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::unique_lock<std::mutex>& lk,
+                                                                        std::error_code& ec, std::string& why) {
+  if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing) {
+    pollfd p{wire_->fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0) wire_.reset();
+  }
+  if (wire_) return wire_;
+  // Connecting under the lock: other callers need this connection too, and a
+  // handshake takes a round trip or two (bounded by the connect and command timeouts).
+  (void)lk;
+  ContextPtr ctx = open_context(opts_, ec, why);
+  if (ec) return nullptr;
+  auto w = std::make_shared<Wire>();
+  if (!w->reader) {
+    ec = make_error_code(errc::backend_unavailable);
+    why = opts_.describe() + ": out of memory";
+    return nullptr;
+  }
+  w->fd = redisFreeKeepFd(ctx.release());  // hiredis did connect, AUTH and SELECT; the socket is ours now
+  const int flags = ::fcntl(w->fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(w->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    ec = make_error_code(errc::backend_unavailable);
+    why = opts_.describe() + ": cannot make the socket non-blocking: " + std::strerror(errno);
+    return nullptr;
+  }
+  connects_.fetch_add(1, std::memory_order_relaxed);
+  wire_ = w;
+  return w;
+}
+
+void SharedConnection::fail(const std::shared_ptr<Wire>& w, const std::string& why) {
+  if (w->broken) return;
+  w->broken = true;
+  for (Pending* p : w->inflight) {
+    p->ec = make_error_code(errc::backend_unavailable);
+    p->why = why;
+    p->done = true;
+    p->cv.notify_one();
+  }
+  w->inflight.clear();
+  w->out.clear();
+  ::shutdown(w->fd, SHUT_RDWR);  // wakes a reader blocked in poll() on it
+  if (wire_ == w) wire_.reset();
+}
+
+// Writes everything queued, including what other threads queue meanwhile: no
+// command is left in the buffer when the writing role is given up.
+void SharedConnection::write_out(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w) {
+  w->writing = true;
+  while (!w->out.empty() && !w->broken) {
+    std::string buf;
+    buf.swap(w->out);
+    const Clock::time_point deadline = Clock::now() + opts_.command_timeout;
+    lk.unlock();
+    std::string why;
+    std::size_t at = 0;
+    while (at < buf.size()) {
+      const ssize_t n = ::send(w->fd, buf.data() + at, buf.size() - at, MSG_NOSIGNAL);
+      if (n > 0) {
+        at += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd p{w->fd, POLLOUT, 0};
+        const int r = ::poll(&p, 1, poll_ms(deadline));
+        if (r > 0 || (r < 0 && errno == EINTR)) continue;
+        why = opts_.describe() + ": the server took no data within " +
+              std::to_string(opts_.command_timeout.count()) + " ms";
+        break;
+      }
+      why = opts_.describe() + ": sending failed: " + std::strerror(errno);
+      break;
+    }
+    writes_.fetch_add(1, std::memory_order_relaxed);
+    lk.lock();
+    if (!why.empty()) fail(w, why);
+  }
+  w->writing = false;
+}
+
+// Reads replies for every call in flight until `mine` is complete (or the wire
+// failed), then hands the reading role to the oldest call still waiting.
+void SharedConnection::read_for(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w, Pending& mine) {
+  w->reading = true;
+  char buf[16 * 1024];
+  std::vector<Reply> got;
+  while (!mine.done && !w->broken) {
+    const Clock::time_point deadline = w->inflight.front()->deadline;
+    lk.unlock();
+    std::string why;
+    got.clear();
+    pollfd p{w->fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, poll_ms(deadline));
+    if (r == 0) {
+      why = opts_.describe() + ": no reply within " + std::to_string(opts_.command_timeout.count()) + " ms";
+    } else if (r > 0) {
+      const ssize_t n = ::recv(w->fd, buf, sizeof buf, 0);
+      if (n == 0) {
+        why = opts_.describe() + ": the server closed the connection";
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        why = opts_.describe() + ": reading failed: " + std::strerror(errno);
+      } else if (n > 0) {
+        if (redisReaderFeed(w->reader.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+          why = opts_.describe() + ": out of memory reading a reply";
+        }
+        for (;;) {
+          void* raw = nullptr;
+          if (redisReaderGetReply(w->reader.get(), &raw) != REDIS_OK) {
+            why = opts_.describe() + ": protocol error: " + std::string(w->reader->errstr);
+            break;
+          }
+          if (raw == nullptr) break;
+          got.emplace_back(static_cast<redisReply*>(raw));
+        }
+      }
+    } else if (errno != EINTR) {
+      why = opts_.describe() + ": poll failed: " + std::strerror(errno);
+    }
+    lk.lock();
+    if (w->broken) break;  // another thread failed it: its calls are answered
+    for (Reply& reply : got) {
+      if (w->inflight.empty()) {
+        why = opts_.describe() + ": a reply nobody asked for";
+        break;
+      }
+      Pending* front = w->inflight.front();
+      front->replies.push_back(std::move(reply));
+      if (front->replies.size() == front->expected) {
+        front->done = true;
+        w->inflight.pop_front();
+        if (front != &mine) front->cv.notify_one();
+      }
+    }
+    if (!why.empty()) fail(w, why);
+  }
+  w->reading = false;
+  if (!w->inflight.empty()) w->inflight.front()->cv.notify_one();
+}
+
+std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::error_code& ec) {
+  ec.clear();
+  std::vector<Reply> out(batch.size());
+  if (batch.empty()) return out;
+  std::string cmds;
+  for (const Argv& argv : batch) {
+    if (!format_into(cmds, argv)) {
+      ec = make_error_code(errc::backend_unavailable);
+      tl_last_error = opts_.describe() + ": cannot format a command (out of memory)";
+      return out;
+    }
+  }
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  Pending mine;
+  mine.expected = batch.size();
+  mine.replies.reserve(batch.size());
+  std::unique_lock lk(mu_);
+  std::string why;
+  const std::shared_ptr<Wire> w = wire_for_call(lk, ec, why);
+  if (ec) {
+    tl_last_error = why;
+    return out;
+  }
+  mine.deadline = Clock::now() + opts_.command_timeout;
+  w->out += cmds;
+  w->inflight.push_back(&mine);
+  while (!mine.done) {
+    if (!w->out.empty() && !w->writing) {
+      write_out(lk, w);
+    } else if (!w->reading) {
+      read_for(lk, w, mine);
+    } else {
+      mine.cv.wait(lk);  // woken when complete, failed, or handed the reading role
+    }
+  }
+  lk.unlock();
+  if (mine.ec) {
+    ec = mine.ec;
+    tl_last_error = mine.why;
+    return out;
+  }
+  return std::move(mine.replies);
+}
+
+Reply SharedConnection::command(std::span<const std::string_view> argv, std::error_code& ec) {
+  const Argv one(argv.begin(), argv.end());
+  std::vector<Reply> r = exchange(std::span(&one, 1), ec);
+  if (ec) return nullptr;
+  if (r.front()->type == REDIS_REPLY_ERROR) {
+    tl_last_error = opts_.describe() + " answered: " + std::string(reply_str(r.front().get()));
+    ec = error_code_of(r.front().get());
+  }
+  return std::move(r.front());
+}
+
+}  // namespace distlock::detail::redis

@@ -1,0 +1,212 @@
+// The shared, auto-pipelined connection against a real redis-server: many threads
+// on one socket each get their own replies, calls overlap on the wire, a stuck
+// server fails every call in flight (and the next call reconnects), a restart is
+// noticed before a call is lost to the dead socket, and scripts recover from
+// NOSCRIPT through it. The lock backend's use of it is tested in backend_test.cpp.
+#include "redis/shared_connection.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace distlock::detail::redis {
+namespace {
+
+using distlock::testing::RedisServer;
+using std::chrono::steady_clock;
+
+ConnectionOptions opts_for(const RedisServer& server, Millis command_timeout = Millis(5000)) {
+  ConnectionOptions o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.connect_timeout = Millis(2000);
+  o.command_timeout = command_timeout;
+  return o;
+}
+
+// Polls `pred` until it holds or 10 s pass (the machine may be busy).
+template <class Pred>
+bool eventually(Pred pred) {
+  const auto until = steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
+  RedisServer server;
+  SharedConnection shared(opts_for(server));
+  constexpr int kThreads = 16, kCalls = 300;
+  std::vector<int> wrong(kThreads, 0), failed(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const std::string a = "t" + std::to_string(t) + "-" + std::to_string(i);
+        std::error_code ec;
+        if (i % 3 == 0) {  // a pipeline of three must come back whole and in order
+          const std::string b = a + "b", c = a + "c";
+          const std::vector<Argv> batch{{"ECHO", a}, {"ECHO", b}, {"ECHO", c}};
+          auto r = shared.exchange(batch, ec);
+          if (ec) {
+            ++failed[t];
+          } else if (r.size() != 3 || reply_str(r[0].get()) != a || reply_str(r[1].get()) != b ||
+                     reply_str(r[2].get()) != c) {
+            ++wrong[t];
+          }
+        } else {
+          Reply r = shared.command({"ECHO", a}, ec);
+          if (ec) {
+            ++failed[t];
+          } else if (reply_str(r.get()) != a) {
+            ++wrong[t];
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(wrong[t], 0) << "thread " << t;
+    EXPECT_EQ(failed[t], 0) << "thread " << t << ": " << shared.last_error();
+  }
+  const auto st = shared.stats();
+  EXPECT_EQ(st.connects, 1u);
+  EXPECT_EQ(st.calls, static_cast<std::uint64_t>(kThreads) * kCalls);
+  EXPECT_EQ(st.in_flight, 0u);
+}
+
+// While the server is stopped every thread's call is on the wire at once (none
+// waits for another's reply, none opens a connection of its own); once it runs
+// again each gets its own answer.
+TEST(SharedRedisConnection, CallsFromManyThreadsOverlapOnTheWire) {
+  RedisServer server;
+  SharedConnection shared(opts_for(server, Millis(30000)));
+  std::error_code ec;
+  shared.command({"PING"}, ec);
+  ASSERT_FALSE(ec) << shared.last_error();
+  constexpr int kThreads = 8;
+  server.pause();
+  std::vector<std::string> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::error_code e;
+      Reply r = shared.command({"ECHO", "x" + std::to_string(t)}, e);
+      got[t] = e ? "error: " + shared.last_error() : std::string(reply_str(r.get()));
+    });
+  }
+  const bool all_in_flight = eventually([&] { return shared.stats().in_flight == kThreads; });
+  server.resume();
+  for (auto& th : threads) th.join();
+  EXPECT_TRUE(all_in_flight) << "in flight: " << shared.stats().in_flight;
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(got[t], "x" + std::to_string(t));
+  EXPECT_EQ(shared.stats().connects, 1u);
+}
+
+TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReconnects) {
+  RedisServer server;
+  SharedConnection shared(opts_for(server, Millis(300)));
+  std::error_code ec;
+  shared.command({"PING"}, ec);
+  ASSERT_FALSE(ec) << shared.last_error();
+  server.pause();
+  constexpr int kThreads = 4;
+  std::vector<std::error_code> codes(kThreads);
+  std::vector<std::string> whys(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Reply r = shared.command({"PING"}, codes[t]);
+      if (codes[t]) whys[t] = shared.last_error();  // the thread's own message
+    });
+  }
+  for (auto& th : threads) th.join();
+  server.resume();
+  const std::string where = "127.0.0.1:" + std::to_string(server.port());
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(codes[t], errc::backend_unavailable) << t;
+    EXPECT_NE(whys[t].find(where), std::string::npos) << whys[t];
+    EXPECT_NE(whys[t].find("no reply within 300 ms"), std::string::npos) << whys[t];
+  }
+  EXPECT_FALSE(shared.connected());
+  Reply r = shared.command({"PING"}, ec);
+  EXPECT_FALSE(ec) << shared.last_error();
+  EXPECT_EQ(reply_str(r.get()), "PONG");
+  EXPECT_EQ(shared.stats().connects, 2u);
+}
+
+TEST(SharedRedisConnection, ARestartedServerIsNoticedBeforeTheNextCall) {
+  RedisServer server;
+  SharedConnection shared(opts_for(server));
+  std::error_code ec;
+  shared.command({"PING"}, ec);
+  ASSERT_FALSE(ec) << shared.last_error();
+  server.restart();
+  Reply r = shared.command({"ECHO", "after"}, ec);  // not lost to the closed socket
+  EXPECT_FALSE(ec) << shared.last_error();
+  EXPECT_EQ(reply_str(r.get()), "after");
+  EXPECT_EQ(shared.stats().connects, 2u);
+}
+
+TEST(SharedRedisConnection, AnErrorReplyKeepsTheConnection) {
+  RedisServer server;
+  SharedConnection shared(opts_for(server));
+  std::error_code ec;
+  Reply r = shared.command({"NOSUCHCOMMAND", "x"}, ec);
+  EXPECT_EQ(ec, errc::protocol_error);
+  EXPECT_TRUE(is_error(r.get(), "ERR"));
+  EXPECT_NE(shared.last_error().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos)
+      << shared.last_error();
+  r = shared.command({"PING"}, ec);
+  EXPECT_FALSE(ec);
+  EXPECT_TRUE(shared.connected());
+  EXPECT_EQ(shared.stats().connects, 1u);
+}
+
+TEST(SharedRedisConnection, DownServerAndWrongPasswordAreDistinctErrors) {
+  ConnectionOptions o;
+  o.port = distlock::testing::free_port();  // nobody listens there
+  SharedConnection down(o);
+  std::error_code ec;
+  EXPECT_FALSE(down.command({"PING"}, ec));
+  EXPECT_EQ(ec, errc::backend_unavailable);
+  EXPECT_NE(down.last_error().find("127.0.0.1:" + std::to_string(o.port)), std::string::npos)
+      << down.last_error();
+
+  RedisServer server({.password = "right"});
+  ConnectionOptions bad = opts_for(server);
+  bad.password = "wrong";
+  SharedConnection wrong(bad);
+  wrong.command({"PING"}, ec);
+  EXPECT_EQ(ec, errc::auth_failed) << wrong.last_error();
+}
+
+TEST(SharedRedisConnection, ScriptsRecoverFromAFlushedScriptCache) {
+  RedisServer server;
+  SharedConnection shared(opts_for(server));
+  static const Script kIncr("return redis.call('INCR', KEYS[1])");
+  std::error_code ec;
+  Reply r = kIncr.run(shared, {"n"}, {}, ec);
+  ASSERT_FALSE(ec) << shared.last_error();
+  EXPECT_EQ(r->integer, 1);
+  server.command({"SCRIPT", "FLUSH"});
+  const std::string_view keys[] = {"n"};
+  const Script::Call calls[] = {{keys, {}}, {keys, {}}};
+  auto both = kIncr.run_pipelined(shared, calls, ec);
+  ASSERT_FALSE(ec) << shared.last_error();
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[0]->integer, 2);
+  EXPECT_EQ(both[1]->integer, 3);
+}
+
+}  // namespace
+}  // namespace distlock::detail::redis
