@@ -5,7 +5,8 @@
 #      examples) against real servers the tests start themselves on loopback;
 #   2. the conformance suite again, beside two CPU hogs;
 #   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
-#      long fault runs (the nemesis and the member partitions: minutes of timing-bound
+#      long fault runs (the nemesis, the member partitions and the hand-off review's
+#      timed hammers, label stress: minutes of timing-bound
 #      scenarios that step 1 already runs), the conformance suite (steps 1 and 2 run it;
 #      every backend's own tests, which drive the same client code, do run here), the
 #      examples' end-to-end runs (their 700 ms cron slots assume a `distlock run` starts well
@@ -48,7 +49,7 @@ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON \
   -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON >/dev/null
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance|examples"
+  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance|examples|stress"
 
 step "ThreadSanitizer (engine, file and redis backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \

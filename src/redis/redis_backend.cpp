@@ -272,6 +272,8 @@ class RedisBackend final : public Backend {
         out[at + i] = e->type == REDIS_REPLY_INTEGER && e->integer == 1
                           ? (unreplicated ? RenewStatus::failed : RenewStatus::renewed)
                           : RenewStatus::not_owner;
+        // A lost lease is never released through here: forget its queue entry now.
+        if (out[at + i] == RenewStatus::not_owner) unhold_entry(items[at + i].name, items[at + i].owner);
       }
     }
   }

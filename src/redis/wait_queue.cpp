@@ -69,7 +69,8 @@ void WaitQueue::queued(std::string_view name, std::string_view owner, std::strin
     w.last_ok = w.queued ? std::max(w.last_ok, sent) : sent;
     if (!w.queued) {
       w.queued = true;
-      cv_.notify_all();  // the refresher learns of it (and of its ttl)
+      changed_ = true;  // the refresher learns of it: its ttl may shorten the period
+      cv_.notify_all();
     }
   }
 }
@@ -88,6 +89,7 @@ void WaitQueue::abandon(Wait wait) {
   std::string entry = wait.entry;
   abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  changed_ = true;
   cv_.notify_all();
 }
 
@@ -192,7 +194,13 @@ std::uint64_t WaitQueue::grants_received() const {
 
 void WaitQueue::run() {
   std::unique_lock lk(mu_);
+  // Each entry is refreshed within its period of its last refresh: the next pass is
+  // due one period (the shortest among the entries now) after the last pass, and a
+  // newly queued entry with a shorter ttl brings the pass forward rather than
+  // waiting out the period chosen before it came (it would expire on the server).
+  TimePoint last_pass = std::chrono::steady_clock::now();
   while (!stop_) {
+    changed_ = false;
     // The shortest period among the queued entries and pending cancels; none: sleep
     // until there is one.
     std::optional<Millis> period;
@@ -203,11 +211,13 @@ void WaitQueue::run() {
       period = std::min(period.value_or(Millis::max()), refresh_period(a.first.ttl));
     }
     if (!period) {
-      cv_.wait(lk);
+      cv_.wait(lk, [&] { return stop_ || kick_ || changed_; });
       continue;
     }
-    if (cv_.wait_for(lk, *period, [&] { return stop_ || kick_; })) {
+    const TimePoint due = last_pass + *period;
+    if (cv_.wait_until(lk, due, [&] { return stop_ || kick_ || changed_; })) {
       if (stop_) break;
+      if (!kick_ && std::chrono::steady_clock::now() < due) continue;  // a new entry: recompute the period
     }
     if (kick_ || !abandoned_.empty()) {
       kick_ = false;
@@ -219,8 +229,9 @@ void WaitQueue::run() {
     for (const auto& [key, w] : waits_) {
       if (w.queued && !w.granted) batch.push_back(w);
     }
-    if (batch.empty()) continue;
     const TimePoint sent = std::chrono::steady_clock::now();
+    last_pass = sent;
+    if (batch.empty()) continue;
     lk.unlock();
     std::vector<Answer> answers = refresh_(batch);
     std::vector<std::string> woken;

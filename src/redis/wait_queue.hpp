@@ -111,6 +111,7 @@ class WaitQueue {
   // entry id -> (wait, give up retrying after)
   std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_;  // guarded by mu_
   bool kick_ = false;              // guarded by mu_: retry the cancels now
+  bool changed_ = false;           // guarded by mu_: an entry or cancel came: recompute the period
   std::uint64_t grants_ = 0;       // guarded by mu_
   bool stop_ = false;              // guarded by mu_
   std::thread thread_;
