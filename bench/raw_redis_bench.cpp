@@ -13,6 +13,9 @@
 //             release script SETs the lock to the head waiter and PUBLISHes to its
 //             channel only. Hand-off = the releaser's clock before the release to
 //             the grantee's clock when the message arrives.
+//   raw-many-keys (with --many-keys-threads N) N threads, each on its own connection,
+//             running the raw-lock pair on random keys of --keys K: the baseline of
+//             distlock-bench's many-keys workload with one client shared by N threads.
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
@@ -165,6 +168,51 @@ json raw_handoff(const std::string& host, int port, const std::string& url, int 
   return j;
 }
 
+// N threads, one connection each, the raw-lock pair on random keys out of `keys`.
+json raw_many_keys(const std::string& host, int port, const std::string& url, int n, int keys, long ops,
+                   long warmup, const std::string& sha) {
+  std::vector<std::int64_t> lat;
+  std::mutex lat_mu;
+  std::string error;
+  std::vector<std::thread> threads;
+  const std::int64_t t0 = now_ns();
+  for (int me = 0; me < n; ++me) {
+    threads.emplace_back([&, me] {
+      try {
+        Context c = connect_to(host, port);
+        const std::string owner = "raw-owner-" + std::to_string(me) + "-0123456789abcdef";
+        std::uint64_t x = 88172645463325252ull + static_cast<std::uint64_t>(me);  // xorshift: cheap, per thread
+        const long mine = ops / n + (me < ops % n ? 1 : 0);
+        std::vector<std::int64_t> lats;
+        lats.reserve(static_cast<std::size_t>(mine));
+        for (long i = 0; i < warmup / n + mine; ++i) {
+          x ^= x << 13;
+          x ^= x >> 7;
+          x ^= x << 17;
+          const std::string key = "bench-raw:many/" + std::to_string(x % static_cast<std::uint64_t>(keys));
+          const std::int64_t a = now_ns();
+          const Reply set = command(c.get(), {"SET", key, owner, "NX", "PX", "30000"});
+          if (set->type != REDIS_REPLY_STATUS) continue;  // another thread holds that key now
+          command(c.get(), {"EVALSHA", sha, "1", key, owner});
+          if (i >= warmup / n) lats.push_back(now_ns() - a);
+        }
+        std::lock_guard lk(lat_mu);
+        lat.insert(lat.end(), lats.begin(), lats.end());
+      } catch (const std::exception& e) {
+        std::lock_guard lk(lat_mu);
+        error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!error.empty()) throw std::runtime_error("raw-many-keys: " + error);
+  json j = line("raw-many-keys", url, static_cast<long>(lat.size()), static_cast<double>(now_ns() - t0) / 1e9,
+                lat, 1);
+  j["threads"] = n;
+  j["keys"] = keys;
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,6 +228,11 @@ int main(int argc, char** argv) {
   app.add_option("--handoff-clients", handoff_clients, "also measure raw-handoff with these client counts")
       ->delimiter(',')
       ->check(CLI::Range(2, 256));
+  int many_keys_threads = 0, keys = 10000;
+  app.add_option("--many-keys-threads", many_keys_threads,
+                 "also measure raw-many-keys with this many threads (one connection each)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--keys", keys, "keys for raw-many-keys")->check(CLI::Range(1, 10000000));
   CLI11_PARSE(app, argc, argv);
   const std::string url = "redis://" + host + ":" + std::to_string(port);
 
@@ -227,6 +280,9 @@ int main(int argc, char** argv) {
     }
     std::cout << line("raw-ping", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
               << std::endl;
+    if (many_keys_threads > 0) {
+      std::cout << raw_many_keys(host, port, url, many_keys_threads, keys, ops, warmup, sha).dump() << std::endl;
+    }
     for (int n : handoff_clients) {
       std::cout << raw_handoff(host, port, url, n, std::max(1L, ops / 4), warmup).dump() << std::endl;
     }

@@ -6,6 +6,8 @@
 #                          script + PUBLISH to the head waiter), at 2 and 16 clients (<= 1.3x),
 #                          and 16 clients vs 2 clients                              (<= 1.3x)
 #   renewal of 10,000 held leases: round trips per renewer tick                   (<= 100)
+#   many keys: one client shared by 16 threads over 10,000 keys, acquire+release pairs/s,
+#                          vs 16 raw threads with a connection each                (>= 2.5x)
 # It starts its own redis-server on a free loopback port (stopped by pid on exit),
 # pins the server to one CPU and the clients to another with taskset, and prints the
 # JSON lines of every workload, then the ratios. Measurements only: nothing fails on
@@ -62,7 +64,7 @@ run() { taskset -c "$client_cpu" "$@" | tee -a "$out"; }
 echo "# redis-server pid $redis_pid on CPU $server_cpu, clients on CPU $client_cpu, $url" >&2
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs; figures are only meaningful on a quiet machine)" >&2
 : >"$out"
-run "$raw" --port "$port" --ops "$ops" --handoff-clients 2,16
+run "$raw" --port "$port" --ops "$ops" --handoff-clients 2,16 --many-keys-threads 16 --keys 10000
 redis-cli -p "$port" config resetstat >/dev/null
 run "$bench" --url "$url" --workload uncontended --ops "$ops"
 # Server-side cost of the lock scripts (acquire and release are one EVALSHA each).
@@ -70,6 +72,7 @@ evalsha_usec=$(redis-cli -p "$port" info commandstats | sed -n 's/^cmdstat_evals
 run "$bench" --url "$url" --workload contended --clients 2 --ops "$((ops / 4))"
 run "$bench" --url "$url" --workload contended --clients 16 --ops "$((ops / 4))"
 run "$bench" --url "$url" --workload many-keys --clients "$clients" --keys 1000 --ops "$ops"
+run "$bench" --url "$url" --workload many-keys --clients 1 --threads 16 --keys 10000 --ops "$ops"
 before=$(evalsha_calls)
 run "$bench" --url "$url" --workload renew --keys 10000 --rounds 5 --warmup 0
 after=$(evalsha_calls)
@@ -86,6 +89,7 @@ for line in open(sys.argv[1]):
         j = json.loads(line)
         rows.setdefault(j["workload"], j)
         rows.setdefault((j["workload"], j.get("clients")), j)
+        rows.setdefault((j["workload"], j.get("clients"), j.get("threads")), j)
 renew_evalsha = int(sys.argv[2])
 evalsha_usec = sys.argv[3]
 raw_lock, ping = rows["raw-lock"], rows["raw-ping"]
@@ -98,6 +102,8 @@ r2a = con2["p50_us"] / raw2["p50_us"]
 r2b = con16["p50_us"] / raw16["p50_us"]
 r2c = con16["p50_us"] / con2["p50_us"]
 r3 = ren["round_trips_per_call"]
+mk, rawmk = rows[("many-keys", 1, 16)], rows["raw-many-keys"]
+r4 = mk["ops_per_s"] / rawmk["ops_per_s"]
 print()
 print(f"uncontended p50 {unc['p50_us']} us / raw lock p50 {raw_lock['p50_us']} us = {r1:.2f}x  (target <= 1.15x: {verdict(r1 <= 1.15)})")
 print(f"contended handoff, 2 clients: p50 {con2['p50_us']} us / raw direct hand-off p50 {raw2['p50_us']} us = {r2a:.2f}x  (target <= 1.3x: {verdict(r2a <= 1.3)})")
@@ -106,6 +112,8 @@ print(f"contended handoff, 16 clients vs 2 clients: {con16['p50_us']} us / {con2
 print(f"(one raw round trip, PING: p50 {ping['p50_us']} us; server time per lock script call in the uncontended run: {evalsha_usec} us)")
 print(f"renew {ren['leases']} leases: {r3:g} round trips per tick ({renew_evalsha} EVALSHA calls per tick on the server, pipelined), "
       f"p50 {ren['p50_us']} us per tick  (target <= 100: {verdict(r3 <= 100)})")
+print(f"many keys, one client shared by 16 threads: {mk['ops_per_s']:.0f} pairs/s / raw 16 threads with a connection each "
+      f"{rawmk['ops_per_s']:.0f} pairs/s = {r4:.2f}x  (target >= 2.5x: {verdict(r4 >= 2.5)})")
 PY
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "# JSON lines in $out" >&2

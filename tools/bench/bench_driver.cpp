@@ -215,11 +215,13 @@ json contended(const BenchConfig& cfg, const std::string& url) {
   return j;
 }
 
+// --clients clients, --threads threads on each: thread `me` uses client me / threads.
 json many_keys(const BenchConfig& cfg, const std::string& url) {
-  const int n = std::max(1, cfg.clients);
+  const int per_client = std::max(1, cfg.threads);
+  const int n = std::max(1, cfg.clients) * per_client;  // threads in all
   const int keys = std::max(1, cfg.keys);
   std::vector<Client> clients;
-  for (int i = 0; i < n; ++i) clients.push_back(connect(url, cfg));
+  for (int i = 0; i < std::max(1, cfg.clients); ++i) clients.push_back(connect(url, cfg));
   const LockOptions opts = lock_options(cfg);
   Samples s;
   std::atomic<bool> failed{false};
@@ -239,7 +241,7 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
         for (long i = 0; i < warm + mine; ++i) {
           const std::string key = "bench/many/" + std::to_string(pick(rng));
           const std::int64_t a = now_ns();
-          Lease lease = clients[static_cast<std::size_t>(me)].acquire(key, opts);
+          Lease lease = clients[static_cast<std::size_t>(me / per_client)].acquire(key, opts);
           hold_for_us(cfg.hold_us);
           lease.release();
           if (i >= warm) lat.push_back(now_ns() - a);
@@ -255,7 +257,8 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
   for (auto& t : threads) t.join();
   if (failed) throw std::runtime_error(error);
   const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
-  json j = line("many-keys", cfg, clients[0].url(), n, cfg.ops, seconds, s);
+  json j = line("many-keys", cfg, clients[0].url(), static_cast<int>(clients.size()), cfg.ops, seconds, s);
+  j["threads"] = n;
   j["keys"] = keys;
   return j;
 }
@@ -319,6 +322,8 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
                  "uncontended, contended, many-keys, renew or all (repeatable, or a,b)")
       ->delimiter(',');
   app.add_option("--clients", cfg.clients, "concurrent clients (contended, many-keys)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--threads", cfg.threads, "threads per client sharing it (many-keys)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--keys", cfg.keys, "keys (many-keys) or leases held (renew)")
       ->check(CLI::Range(1, 1000000));

@@ -35,8 +35,11 @@ struct BenchConfig {
   /// Workloads to run, in order: uncontended, contended, many-keys, renew, or all.
   /// Several may be given (--workload a --workload b, or a,b).
   std::vector<std::string> workloads{"uncontended"};
-  /// Concurrent clients (one distlock::Client and one thread each). Default 4.
+  /// Concurrent clients (one distlock::Client each). Default 4.
   int clients = 4;
+  /// many-keys: threads per client, all calling the same distlock::Client (a thread
+  /// pool sharing one client). Default 1.
+  int threads = 1;
   /// Keys for many-keys; leases held for renew. Default 1000.
   int keys = 1000;
   /// Operations (acquire + release, or handoffs) per workload, over all clients. Default 5000.
@@ -54,7 +57,7 @@ struct BenchConfig {
   bool no_metrics = false;
 };
 
-/// Adds --url, --workload, --clients, --keys, --ops, --hold-us, --ttl-ms, --rounds, --warmup,
+/// Adds --url, --workload, --clients, --threads, --keys, --ops, --hold-us, --ttl-ms, --rounds, --warmup,
 /// --no-metrics.
 void add_bench_options(CLI::App& app, BenchConfig& cfg);
 
