@@ -57,7 +57,7 @@ cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOC
 cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test file_backend_test \
   redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
-  -R '^(Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+  -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
 
 if [ -x scripts/install_test.sh ]; then
   step "install and consumer"
