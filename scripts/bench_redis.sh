@@ -15,7 +15,10 @@
 #
 # Usage: ./scripts/bench_redis.sh [BUILD_DIR]   (default build-bench; configured and
 #        built in Release if distlock-bench is missing there)
-# Env:   OPS (default 20000), CLIENTS (4), SERVER_CPU (0), CLIENT_CPU (1), OUT (file for the JSON lines)
+# Env:   OPS (default 20000), CLIENTS (4), SERVER_CPU (0), CLIENT_CPU (1), OUT (file for the JSON lines),
+#        PEERS=1: also the peers, uncontended, pinned like the rest: redis-py's Lock (Debian's
+#        python3-redis) and node-redlock 4.2.0 on ioredis (installed with npm into a temporary
+#        directory, removed on exit; bench/redis_peers/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +28,7 @@ clients=${CLIENTS:-4}
 server_cpu=${SERVER_CPU:-0}
 client_cpu=${CLIENT_CPU:-1}
 out=${OUT:-$(mktemp /tmp/distlock-bench.XXXXXX.jsonl)}
+peers=${PEERS:-0}
 
 for tool in redis-server redis-cli taskset python3; do
   command -v "$tool" >/dev/null || { echo "bench_redis.sh: $tool is missing (run ./scripts/bootstrap.sh)" >&2; exit 1; }
@@ -40,6 +44,10 @@ bench="$build/bench/distlock-bench"
 raw="$build/bench/distlock-bench-raw-redis"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+if [ "$peers" = 1 ]; then
+  /usr/bin/python3 -c 'import redis' 2>/dev/null || { echo "bench_redis.sh: python3-redis is missing (apt-get install python3-redis)" >&2; exit 1; }
+  command -v node >/dev/null && command -v npm >/dev/null || { echo "bench_redis.sh: node and npm are missing" >&2; exit 1; }
+fi
 dir=$(mktemp -d /tmp/distlock-bench-redis.XXXXXX)
 redis_pid=""
 cleanup() {
@@ -79,6 +87,11 @@ after=$(evalsha_calls)
 # The renew workload makes 10,000 acquires and 10,000 releases (one EVALSHA each) around
 # 6 renew ticks (1 warm-up): what is left is the renewer's calls per tick, server side.
 renew_evalsha=$(( (after - before - 20000) / 6 ))
+if [ "$peers" = 1 ]; then
+  (cd "$dir" && npm install --silent --no-audit --no-fund redlock@4.2.0 ioredis@5 >/dev/null)
+  run /usr/bin/python3 bench/redis_peers/redis_py_lock.py --port "$port" --ops "$((ops / 4))"
+  run env NODE_PATH="$dir/node_modules" node bench/redis_peers/node_redlock.js "$port" "$((ops / 4))" 500
+fi
 
 python3 - "$out" "$renew_evalsha" "$evalsha_usec" <<'PY'
 import json, sys
@@ -112,6 +125,11 @@ print(f"contended handoff, 16 clients vs 2 clients: {con16['p50_us']} us / {con2
 print(f"(one raw round trip, PING: p50 {ping['p50_us']} us; server time per lock script call in the uncontended run: {evalsha_usec} us)")
 print(f"renew {ren['leases']} leases: {r3:g} round trips per tick ({renew_evalsha} EVALSHA calls per tick on the server, pipelined), "
       f"p50 {ren['p50_us']} us per tick  (target <= 100: {verdict(r3 <= 100)})")
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if line.startswith("{") and '"peer-uncontended"' in line:
+        j = json.loads(line)
+        print(f"peer {j['impl']}: uncontended p50 {j['p50_us']} us ({j['p50_us'] / raw_lock['p50_us']:.2f}x the raw lock; distlock {r1:.2f}x)")
 print(f"many keys, one client shared by 16 threads: {mk['ops_per_s']:.0f} pairs/s / raw 16 threads with a connection each "
       f"{rawmk['ops_per_s']:.0f} pairs/s = {r4:.2f}x  (target >= 2.5x: {verdict(r4 >= 2.5)})")
 PY
