@@ -24,13 +24,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -87,7 +87,8 @@ json line(const std::string& workload, const std::string& url, long ops, double 
 Context connect_to(const std::string& host, int port) {
   timeval tv{5, 0};
   Context c(redisConnectWithTimeout(host.c_str(), port, tv));
-  if (!c || c->err) throw std::runtime_error("cannot connect: " + std::string(c ? c->errstr : "out of memory"));
+  if (!c || c->err)
+    throw std::runtime_error("cannot connect: " + std::string(c ? c->errstr : "out of memory"));
   redisSetTimeout(c.get(), tv);
   return c;
 }
@@ -105,7 +106,8 @@ json raw_handoff(const std::string& host, int port, const std::string& url, int 
   const std::string rel_src =
       "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end "
       "local h = redis.call('LPOP', KEYS[2]) "
-      "if h then redis.call('SET', KEYS[1], h, 'PX', 30000) redis.call('PUBLISH', ARGV[2] .. h, 'g') return 1 end "
+      "if h then redis.call('SET', KEYS[1], h, 'PX', 30000) redis.call('PUBLISH', ARGV[2] .. h, 'g') return "
+      "1 end "
       "redis.call('DEL', KEYS[1]) return 0";
   const Reply a = command(setup.get(), {"SCRIPT", "LOAD", acq_src});
   const Reply r = command(setup.get(), {"SCRIPT", "LOAD", rel_src});
@@ -133,7 +135,8 @@ json raw_handoff(const std::string& host, int port, const std::string& url, int 
           const Reply got_it = command(c.get(), {"EVALSHA", acq, "2", key, queue, id});
           if (got_it->integer == 0) {
             void* msg = nullptr;
-            if (redisGetReply(sub.get(), &msg) != REDIS_OK) throw std::runtime_error("subscriber read failed");
+            if (redisGetReply(sub.get(), &msg) != REDIS_OK)
+              throw std::runtime_error("subscriber read failed");
             freeReplyObject(msg);
           }
           const std::int64_t got = now_ns();
@@ -181,7 +184,8 @@ json raw_many_keys(const std::string& host, int port, const std::string& url, in
       try {
         Context c = connect_to(host, port);
         const std::string owner = "raw-owner-" + std::to_string(me) + "-0123456789abcdef";
-        std::uint64_t x = 88172645463325252ull + static_cast<std::uint64_t>(me);  // xorshift: cheap, per thread
+        std::uint64_t x =
+            88172645463325252ull + static_cast<std::uint64_t>(me);  // xorshift: cheap, per thread
         const long mine = ops / n + (me < ops % n ? 1 : 0);
         std::vector<std::int64_t> lats;
         lats.reserve(static_cast<std::size_t>(mine));
@@ -281,7 +285,8 @@ int main(int argc, char** argv) {
     std::cout << line("raw-ping", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
               << std::endl;
     if (many_keys_threads > 0) {
-      std::cout << raw_many_keys(host, port, url, many_keys_threads, keys, ops, warmup, sha).dump() << std::endl;
+      std::cout << raw_many_keys(host, port, url, many_keys_threads, keys, ops, warmup, sha).dump()
+                << std::endl;
     }
     for (int n : handoff_clients) {
       std::cout << raw_handoff(host, port, url, n, std::max(1L, ops / 4), warmup).dump() << std::endl;

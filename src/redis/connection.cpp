@@ -179,14 +179,9 @@ ContextPtr open_context(const ConnectionOptions& opts, std::error_code& ec, std:
   }
 
   auto run = [&](std::span<const std::string_view> argv, const char* what) -> Reply {
-    std::vector<const char*> ptrs;
-    std::vector<std::size_t> lens;
-    for (auto a : argv) {
-      ptrs.push_back(a.data());
-      lens.push_back(a.size());
-    }
+    ArgvArrays args(argv);
     Reply r(static_cast<redisReply*>(
-        redisCommandArgv(ctx.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data())));
+        redisCommandArgv(ctx.get(), args.argc(), args.ptrs.data(), args.lens.data())));
     if (!r) {
       ec = make_error_code(errc::backend_unavailable);
       why = opts.describe() + ": " + what + " failed: " + context_error(ctx.get(), opts);
@@ -284,18 +279,11 @@ Reply Connection::command(std::span<const std::string_view> argv, std::error_cod
   }
   connect(ec);
   if (ec) return nullptr;
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
-  ptrs.reserve(argv.size());
-  lens.reserve(argv.size());
-  for (auto a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
+  ArgvArrays args(argv);
   SigpipeGuard no_sigpipe;
   ++round_trips_;
   Reply r(static_cast<redisReply*>(
-      redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data())));
+      redisCommandArgv(ctx_.get(), args.argc(), args.ptrs.data(), args.lens.data())));
   if (!r) {
     fail_io(ec, argv.empty() ? std::string_view("command") : argv.front());
     return nullptr;
@@ -313,16 +301,8 @@ void Connection::append(std::span<const std::string_view> argv) {
   }
   ++pending_;
   if (pending_connect_failed_ || !ctx_) return;
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
-  ptrs.reserve(argv.size());
-  lens.reserve(argv.size());
-  for (auto a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data()) !=
-      REDIS_OK) {
+  ArgvArrays args(argv);
+  if (redisAppendCommandArgv(ctx_.get(), args.argc(), args.ptrs.data(), args.lens.data()) != REDIS_OK) {
     // Only out of memory can fail here; report it at the read.
     pending_connect_failed_ = true;
     pending_ec_ = make_error_code(errc::backend_unavailable);
@@ -516,8 +496,8 @@ Argv Script::evalsha_argv(const std::string& sha, std::span<const std::string_vi
   return argv;
 }
 
-Reply Script::run(Link& conn, std::span<const std::string_view> keys,
-                  std::span<const std::string_view> args, std::error_code& ec) const {
+Reply Script::run(Link& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
+                  std::error_code& ec) const {
   std::string sha = ensure_sha(conn, ec);
   if (ec) return nullptr;
   std::string numkeys;
@@ -530,8 +510,7 @@ Reply Script::run(Link& conn, std::span<const std::string_view> keys,
   return conn.command(evalsha_argv(sha, keys, args, numkeys), ec);
 }
 
-std::vector<Reply> Script::run_pipelined(Link& conn, std::span<const Call> calls,
-                                         std::error_code& ec) const {
+std::vector<Reply> Script::run_pipelined(Link& conn, std::span<const Call> calls, std::error_code& ec) const {
   std::vector<Reply> out;
   std::string sha = ensure_sha(conn, ec);
   if (ec) return out;

@@ -109,6 +109,22 @@ using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
 /// A list of binary-safe arguments; views must outlive the call.
 using Argv = std::vector<std::string_view>;
 
+/// The (argc, argv, argvlen) form hiredis takes, pointing into `argv` (which must
+/// outlive it).
+struct ArgvArrays {
+  explicit ArgvArrays(std::span<const std::string_view> argv) {
+    ptrs.reserve(argv.size());
+    lens.reserve(argv.size());
+    for (auto a : argv) {
+      ptrs.push_back(a.data());
+      lens.push_back(a.size());
+    }
+  }
+  int argc() const noexcept { return static_cast<int>(ptrs.size()); }
+  std::vector<const char*> ptrs;
+  std::vector<std::size_t> lens;
+};
+
 // ---- reply helpers ----------------------------------------------------------
 
 /// The reply's string payload (string, status, error or verbatim), else empty.

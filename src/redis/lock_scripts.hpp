@@ -10,9 +10,9 @@
 //                         name in that slot (never expires; redis/slots.hpp)
 // and two channels: <p>:{<name>}:released (published only when a release leaves
 // the lock free) and <p>:grant:<client> (a grant to one of that client's entries:
-// "<entry> <token> <length of the lock key> <lock key><owner>"). An entry id is unique per enqueue within a client ("0" marks an
-// acquisition that never queued), so a late grant of an entry that is gone can never
-// be taken for a grant of a newer wait.
+// "<entry> <token> <length of the lock key> <lock key><owner>"). An entry id is unique per enqueue within a
+// client ("0" marks an acquisition that never queued), so a late grant of an entry that is gone can never be
+// taken for a grant of a newer wait.
 //
 // The server keeps owner, entry and token only: holding twice is the engine's
 // business (it never asks twice for a name it holds), so there is no hold count.

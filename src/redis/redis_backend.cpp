@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
-#include <mutex>
 #include <atomic>
 #include <charconv>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "core/log.hpp"
@@ -153,7 +153,7 @@ class RedisBackend final : public Backend {
     const Keys k = keys_of(req.name);
     const std::string ttl = std::to_string(req.ttl.count());
     Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
-                                               {req.owner, ttl, "0", "0", grant_prefix_}, ec);
+                                                {req.owner, ttl, "0", "0", grant_prefix_}, ec);
     return acquire_answer(*conn, req, r, ec).result;
   }
 
@@ -169,7 +169,8 @@ class RedisBackend final : public Backend {
     for (int attempt = 0; attempt < 2; ++attempt) {
       const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
       if (w.granted && wait_replicas_ == 0) {
-        const auto left = std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - std::chrono::steady_clock::now());
+        const auto left =
+            std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - std::chrono::steady_clock::now());
         if (left >= w.ttl / 2) {
           hold_entry(req.name, req.owner, w.entry);  // before forget: see on_grant_message
           waits_.forget(req.name, req.owner, w.entry);
@@ -185,9 +186,9 @@ class RedisBackend final : public Backend {
       if (ec) return {};
       const Keys k = keys_of(req.name);
       const auto sent = std::chrono::steady_clock::now();
-      Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
-                                                 {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_},
-                                                 ec);
+      Reply r = redis::queue_acquire_script().run(
+          *conn, {k.lock, k.queue, k.expiries, k.fence},
+          {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_}, ec);
       const Answer a = acquire_answer(*conn, req, r, ec);
       if (ec) return {};
       if (a.gone) {
@@ -299,7 +300,8 @@ class RedisBackend final : public Backend {
     }
     ok();
     if (r->type != REDIS_REPLY_INTEGER) {
-      ec = r->type == REDIS_REPLY_ERROR ? redis::error_code_of(r.get()) : make_error_code(errc::protocol_error);
+      ec = r->type == REDIS_REPLY_ERROR ? redis::error_code_of(r.get())
+                                        : make_error_code(errc::protocol_error);
       return ReleaseStatus::released;
     }
     return r->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
@@ -485,9 +487,8 @@ class RedisBackend final : public Backend {
     std::lock_guard lk(grants_mu_);
     if (grants_subscribed_) return;
     const std::string channel = grant_prefix_ + std::string(owner.substr(0, owner.find(':')));
-    subscriber_.set_payload_handler(channel, [this](std::string_view, std::string_view payload) {
-      on_grant_message(payload);
-    });
+    subscriber_.set_payload_handler(
+        channel, [this](std::string_view, std::string_view payload) { on_grant_message(payload); });
     std::error_code ec;
     std::string why;
     subscriber_.watch(channel, ec, why);
@@ -528,7 +529,8 @@ class RedisBackend final : public Backend {
     std::vector<redis::Script::Call> calls;
     for (std::size_t at = 0; at < waits.size(); at += kChunk) {
       const std::size_t n = std::min(kChunk, waits.size() - at);
-      calls.push_back({std::span(key_views).subspan(3 * at, 3 * n), std::span(arg_views).subspan(3 * at, 3 * n)});
+      calls.push_back(
+          {std::span(key_views).subspan(3 * at, 3 * n), std::span(arg_views).subspan(3 * at, 3 * n)});
     }
     std::vector<Reply> replies = redis::queue_refresh_script().run_pipelined(*conn, calls, ec);
     if (ec) {
@@ -579,7 +581,8 @@ class RedisBackend final : public Backend {
     if (!unknown) return;
     const std::string head = prefix_ + ":{";
     const std::string& lock = unknown->lock;
-    if (lock.size() < head.size() + 1 || lock.compare(0, head.size(), head) != 0 || lock.back() != '}') return;
+    if (lock.size() < head.size() + 1 || lock.compare(0, head.size(), head) != 0 || lock.back() != '}')
+      return;
     {
       std::lock_guard lk(held_mu_);
       for (const auto& [key, entry] : held_entries_) {

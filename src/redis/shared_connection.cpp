@@ -30,16 +30,9 @@ int poll_ms(Clock::time_point deadline) {
 
 // Appends one command in RESP to `out` (hiredis formats it).
 bool format_into(std::string& out, const Argv& argv) {
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
-  ptrs.reserve(argv.size());
-  lens.reserve(argv.size());
-  for (auto a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
+  ArgvArrays args(argv);
   char* cmd = nullptr;
-  const int n = redisFormatCommandArgv(&cmd, static_cast<int>(argv.size()), ptrs.data(), lens.data());
+  const int n = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs.data(), args.lens.data());
   if (n < 0 || cmd == nullptr) return false;
   out.append(cmd, static_cast<std::size_t>(n));
   redisFreeCommand(cmd);
@@ -102,7 +95,8 @@ SharedConnection::Stats SharedConnection::stats() const noexcept {
 // and readable was closed by the server (restart, CLIENT KILL, idle timeout): it is
 // dropped before use, so the call is not lost to a dead socket.
 std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::unique_lock<std::mutex>& lk,
-                                                                        std::error_code& ec, std::string& why) {
+                                                                        std::error_code& ec,
+                                                                        std::string& why) {
   if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing) {
     pollfd p{wire_->fd, POLLIN, 0};
     if (::poll(&p, 1, 0) != 0) wire_.reset();
@@ -184,7 +178,8 @@ void SharedConnection::write_out(std::unique_lock<std::mutex>& lk, const std::sh
 
 // Reads replies for every call in flight until `mine` is complete (or the wire
 // failed), then hands the reading role to the oldest call still waiting.
-void SharedConnection::read_for(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w, Pending& mine) {
+void SharedConnection::read_for(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w,
+                                Pending& mine) {
   w->reading = true;
   char buf[16 * 1024];
   std::vector<Reply> got;

@@ -77,7 +77,8 @@ class SharedConnection final : public Link {
  private:
   struct Pending;
   struct Wire;
-  std::shared_ptr<Wire> wire_for_call(std::unique_lock<std::mutex>& lk, std::error_code& ec, std::string& why);
+  std::shared_ptr<Wire> wire_for_call(std::unique_lock<std::mutex>& lk, std::error_code& ec,
+                                      std::string& why);
   void write_out(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w);
   void read_for(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w, Pending& mine);
   void fail(const std::shared_ptr<Wire>& w, const std::string& why);

@@ -60,7 +60,8 @@ std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::strin
   return it->second;
 }
 
-void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry, TimePoint sent) {
+void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry,
+                       TimePoint sent) {
   {
     std::lock_guard lk(mu_);
     auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
@@ -241,8 +242,7 @@ void WaitQueue::run() {
       if (it == waits_.end() || it->second.entry != batch[i].entry) continue;  // ended meanwhile
       Wait& w = it->second;
       switch (answers[i].kind) {
-        case Answer::failed:
-          break;
+        case Answer::failed: break;
         case Answer::queued:
           if (!w.granted) w.last_ok = std::max(w.last_ok, sent);
           break;

@@ -38,11 +38,11 @@ class WaitQueue {
     std::string owner;
     std::string entry;
     Millis ttl{};
-    bool queued = false;       ///< the server answered "queued" at least once
-    TimePoint last_ok{};       ///< see the banner
-    bool granted = false;      ///< the server granted the lock to this entry
-    std::uint64_t token = 0;   ///< when granted
-    TimePoint valid_from{};    ///< when granted: the lease counts from here
+    bool queued = false;      ///< the server answered "queued" at least once
+    TimePoint last_ok{};      ///< see the banner
+    bool granted = false;     ///< the server granted the lock to this entry
+    std::uint64_t token = 0;  ///< when granted
+    TimePoint valid_from{};   ///< when granted: the lease counts from here
   };
 
   /// The refresh of many entries: one answer per wait (failed: nothing changes).
@@ -106,14 +106,14 @@ class WaitQueue {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // (name, owner) -> wait; entry id -> (name, owner)
-  std::map<std::pair<std::string, std::string>, Wait, std::less<>> waits_;  // guarded by mu_
+  std::map<std::pair<std::string, std::string>, Wait, std::less<>> waits_;            // guarded by mu_
   std::map<std::string, std::pair<std::string, std::string>, std::less<>> by_entry_;  // guarded by mu_
   // entry id -> (wait, give up retrying after)
   std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_;  // guarded by mu_
-  bool kick_ = false;              // guarded by mu_: retry the cancels now
-  bool changed_ = false;           // guarded by mu_: an entry or cancel came: recompute the period
-  std::uint64_t grants_ = 0;       // guarded by mu_
-  bool stop_ = false;              // guarded by mu_
+  bool kick_ = false;         // guarded by mu_: retry the cancels now
+  bool changed_ = false;      // guarded by mu_: an entry or cancel came: recompute the period
+  std::uint64_t grants_ = 0;  // guarded by mu_
+  bool stop_ = false;         // guarded by mu_
   std::thread thread_;
 };
 

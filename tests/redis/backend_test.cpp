@@ -231,7 +231,7 @@ long long connections_received(const RedisServer& server) {
 // releasing distinct names make the server accept no new connection.
 TEST_F(RedisBackend, LockCallsFromManyThreadsShareOneConnection) {
   auto client = connect();
-  { auto warm = client.acquire("warm", ttl_of(10s)); }  // the client's connections are open now
+  { auto warm = client.acquire("warm", ttl_of(10s)); }     // the client's connections are open now
   const long long before = connections_received(server_);  // counts this query's own connection
   ASSERT_GT(before, 0);
   constexpr int kThreads = 16, kRounds = 100;

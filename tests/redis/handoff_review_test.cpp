@@ -99,7 +99,8 @@ TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientK
   };
   const std::string first_value = entry_value();
   ASSERT_FALSE(first_value.empty());
-  ASSERT_TRUE(eventually([&] { return entry_value() != first_value; }, 12s)) << "A's entry was never refreshed";
+  ASSERT_TRUE(eventually([&] { return entry_value() != first_value; }, 12s))
+      << "A's entry was never refreshed";
   std::mutex mu;
   std::vector<std::string> order;
   // Wait B on the same client, ttl 300 ms: its entry must be refreshed every 100 ms.
@@ -170,8 +171,8 @@ TEST(RedisHandOffReview, HandOffGranteeLocalDeadlineIsNotAfterTheServerExpiry) {
     t.join();
     ASSERT_GT(token, htok);
     ASSERT_GE(pttl, 0) << "iteration " << i;
-    EXPECT_LE(local.count(), pttl + 1) << "iteration " << i << " ttl " << ttl.count()
-                                       << ": the local deadline outlives the server's grant";
+    EXPECT_LE(local.count(), pttl + 1)
+        << "iteration " << i << " ttl " << ttl.count() << ": the local deadline outlives the server's grant";
     ++checked;
   }
   EXPECT_EQ(checked, 16);

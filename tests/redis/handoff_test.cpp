@@ -74,7 +74,8 @@ TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
       order.push_back(i);
     });
     // The next waiter starts only once this one is in the queue.
-    ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "fifo") == static_cast<unsigned>(i + 1); }, 10s))
+    ASSERT_TRUE(
+        eventually([&] { return waiters_of(holder_client, "fifo") == static_cast<unsigned>(i + 1); }, 10s))
         << "waiters: " << waiters_of(holder_client, "fifo");
   }
   holder.release();
@@ -109,7 +110,8 @@ TEST(RedisHandOff, OneReleaseWakesExactlyOneClient) {
         while (!let_go) std::this_thread::sleep_for(5ms);
       }
     });
-    ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "herd") == static_cast<unsigned>(i + 1); }, 10s));
+    ASSERT_TRUE(
+        eventually([&] { return waiters_of(holder_client, "herd") == static_cast<unsigned>(i + 1); }, 10s));
   }
   auto total = [&](auto field) {
     std::uint64_t n = 0;
