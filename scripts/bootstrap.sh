@@ -8,7 +8,7 @@ PACKAGES=(
   libhiredis-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc golang-etcd-server-dev
-  libzookeeper-mt-dev libssl-dev libcurator-recipes-java python3-kazoo
+  libzookeeper-mt-dev libssl-dev openssl libcurator-recipes-java python3-kazoo
   redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
   clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin

@@ -44,6 +44,7 @@ constexpr Entry kBackends[] = {
 #endif
 #if DISTLOCK_HAS_REDIS
     {"redis", &make_redis_backend},
+    {"rediss", &make_redis_backend},  // TLS
     {"redis+sentinel", &make_sentinel_backend},
 #endif
 #if DISTLOCK_HAS_REDISCLUSTER

@@ -4,7 +4,8 @@
 // What is here:
 //   * `ConnectionOptions`  where and how to connect (host, port, ACL user/password,
 //                          db, connect and command timeouts as std::chrono durations);
-//   * `Connection`         one blocking hiredis context: connect + AUTH + SELECT,
+//   * `Connection`         one exclusive connection (redis/socket.hpp: TCP or TLS,
+//                          then AUTH + SELECT), blocking calls with deadlines,
 //                          binary-safe argv commands, pipelining, error mapping,
 //                          lazy reconnect after an I/O error;
 //   * `ConnectionPool`     a few connections checked out by threads (grows on demand,
@@ -20,8 +21,8 @@
 //   auth_failed          WRONGPASS / NOAUTH / NOPERM / invalid password (names the server);
 //   invalid_url          the server refused the SELECT of the configured database;
 //   protocol_error       any other error reply, or a reply of an unexpected type.
-// hiredis 0.14 (Debian 12) has no redisConnectWithOptions: the connect timeout goes
-// to redisConnectWithTimeout, the command timeout to redisSetTimeout.
+// The socket is ours (redis/socket.hpp: Debian's hiredis 0.14 has no TLS); hiredis
+// formats the commands and parses the replies.
 // Each failing call also leaves a message naming the server and the problem in
 // `Connection::last_error()` (callers put it into their `why`).
 //
@@ -63,6 +64,7 @@
 #include "core/url.hpp"
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
+#include "redis/socket.hpp"
 
 namespace distlock::detail::redis {
 
@@ -80,14 +82,24 @@ struct ConnectionOptions {
   Millis connect_timeout{std::chrono::seconds(2)};
   /// Time one command (send + reply) may take. Default 2 s.
   Millis command_timeout{std::chrono::seconds(2)};
+  /// TLS (rediss:// URLs): the server's certificate is verified against `ca_file` (the
+  /// system's CAs when empty) and the host name or IP address it was reached by.
+  struct Tls {
+    bool enabled = false;
+    std::string ca_file;    ///< PEM CA bundle (URL ?cacert=)
+    std::string cert_file;  ///< PEM client certificate chain for mutual TLS (?cert=)
+    std::string key_file;   ///< PEM private key of cert_file (?key=; default: cert_file)
+  };
+  Tls tls;
 
   /// "redis 127.0.0.1:6379" — the prefix of every message about this server.
   std::string describe() const;
 };
 
 /// Builds options for `url.hosts[host_index]` (default port 6379) with the URL's
-/// user/password and the client's timeouts. The db comes from the URL path "/N"
-/// (see parse_db_path); a bad path sets invalid_url naming it.
+/// user/password and the client's timeouts; a rediss:// URL turns TLS on, with its
+/// cacert/cert/key query parameters (files that must be readable: invalid_url otherwise). The db comes from
+/// the URL path "/N" (see parse_db_path); a bad path sets invalid_url naming it.
 ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const ClientOptions& client,
                                    std::error_code& ec, std::string& why);
 
@@ -101,13 +113,11 @@ struct ReplyDeleter {
 /// One reply (with its nested elements), freed by freeReplyObject.
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
-struct ContextDeleter {
-  void operator()(redisContext* c) const noexcept { redisFree(c); }
-};
-using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
-
 /// A list of binary-safe arguments; views must outlive the call.
 using Argv = std::vector<std::string_view>;
+
+/// Appends one command in RESP to `out` (hiredis formats it). False when out of memory.
+bool format_command(std::string& out, std::span<const std::string_view> argv);
 
 /// The (argc, argv, argvlen) form hiredis takes, pointing into `argv` (which must
 /// outlive it).
@@ -159,7 +169,7 @@ class Link {
 };
 
 /// One blocking connection to one server. Move-only; reconnects lazily: after an
-/// I/O error or timeout the context is dropped (the stream may be out of sync)
+/// I/O error or timeout the socket is dropped (the stream may be out of sync)
 /// and the next call connects again (AUTH and SELECT included).
 class Connection final : public Link {
  public:
@@ -174,7 +184,7 @@ class Connection final : public Link {
   /// connection stays closed: backend_unavailable naming host:port, or auth_failed
   /// naming the server.
   void connect(std::error_code& ec);
-  bool connected() const noexcept override { return ctx_ != nullptr; }
+  bool connected() const noexcept override { return sock_ != nullptr; }
   /// Closes the socket; the next call reconnects.
   void close() noexcept;
 
@@ -216,25 +226,21 @@ class Connection final : public Link {
   /// closed it or restarted. Cheap (poll with zero timeout). Used by the pool.
   bool looks_broken() const noexcept;
 
-  /// The raw context for special uses (pub/sub, fd polling); may be null.
-  redisContext* raw() noexcept { return ctx_.get(); }
-
  private:
-  void fail_io(std::error_code& ec, std::string_view during);
+  void fail_io(std::error_code& ec, std::string_view during, std::string why);
   std::error_code fail_reply(const redisReply* r);
+  bool send_buffered(std::error_code& ec);
 
   ConnectionOptions opts_;
-  ContextPtr ctx_;
+  std::unique_ptr<Socket> sock_;
+  ReaderPtr reader_;
+  std::string obuf_;  // appended commands not sent yet
   std::size_t pending_ = 0;
   bool pending_connect_failed_ = false;
   std::error_code pending_ec_;
   std::uint64_t round_trips_ = 0;
   std::string last_error_;
 };
-
-/// Connects a fresh context with the options' timeouts, AUTH and SELECT. Used by
-/// Connection, and by code that needs its own context (a pub/sub subscriber).
-ContextPtr open_context(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
 
 class ConnectionPool;
 

@@ -507,15 +507,14 @@ class SentinelBackend final : public Backend, private ChangeListener {
       }
       std::error_code ec;
       std::string why;
-      redis::ContextPtr ctx = redis::open_context(o, ec, why);
-      if (ctx) {
-        const char* argv[] = {"SUBSCRIBE", "+switch-master"};
-        const std::size_t lens[] = {9, 14};
-        if (redisAppendCommandArgv(ctx.get(), 2, argv, lens) == REDIS_OK) {
-          int done = 0;
-          while (!done && redisBufferWrite(ctx.get(), &done) == REDIS_OK) {
-          }
-          if (done) listen(ctx.get());
+      std::unique_ptr<redis::Socket> sock = redis::open_socket(o, ec, why);
+      redis::ReaderPtr reader = redis::make_reader();
+      if (sock && reader) {
+        std::string cmd;
+        const std::string_view argv[] = {"SUBSCRIBE", "+switch-master"};
+        if (redis::format_command(cmd, argv) &&
+            sock->write_all(cmd, redis::Socket::Clock::now() + o.command_timeout, why)) {
+          listen(*sock, *reader);
         }
       }
       if (stop_.load()) break;
@@ -525,22 +524,27 @@ class SentinelBackend final : public Backend, private ChangeListener {
   }
 
   // Reads messages until the connection fails or the backend stops.
-  void listen(redisContext* ctx) {
+  void listen(redis::Socket& sock, redisReader& reader) {
     recheck();  // a switch between discovery and this subscription
     auto next_check = Steady::now() + kRecheckEvery;
     while (!stop_.load()) {
       const auto left = std::chrono::duration_cast<Millis>(next_check - Steady::now()).count();
-      pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ctx->fd, POLLIN, 0}};
+      pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {sock.fd(), POLLIN, 0}};
       const int n = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left)));
       if (n < 0 && errno != EINTR) return;
       if (fds[0].revents & POLLIN) drain_wake();
       if (stop_.load()) return;
       if (n > 0 && fds[1].revents != 0) {
-        if (redisBufferRead(ctx) != REDIS_OK) return;
+        char buf[4096];
+        short want = 0;
+        std::string why;
+        const long got = sock.read(buf, sizeof buf, want, why);
+        if (got == 0 || got == -1) return;
+        if (got > 0 && redisReaderFeed(&reader, buf, static_cast<std::size_t>(got)) != REDIS_OK) return;
         bool switched = false;
         for (;;) {
           void* raw = nullptr;
-          if (redisGetReplyFromReader(ctx, &raw) != REDIS_OK) return;
+          if (redisReaderGetReply(&reader, &raw) != REDIS_OK) return;
           if (raw == nullptr) break;
           Reply r(static_cast<redisReply*>(raw));
           // {"message", "+switch-master", "<name> <old-ip> <old-port> <new-ip> <new-port>"}

@@ -1,9 +1,6 @@
 #include "redis/shared_connection.hpp"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
@@ -17,27 +14,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local std::string tl_last_error;
-
-struct ReaderDeleter {
-  void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
-};
-
-// Milliseconds from now to `deadline` for poll(), at least 0, rounded up.
-int poll_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
-}
-
-// Appends one command in RESP to `out` (hiredis formats it).
-bool format_into(std::string& out, const Argv& argv) {
-  ArgvArrays args(argv);
-  char* cmd = nullptr;
-  const int n = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs.data(), args.lens.data());
-  if (n < 0 || cmd == nullptr) return false;
-  out.append(cmd, static_cast<std::size_t>(n));
-  redisFreeCommand(cmd);
-  return true;
-}
 
 }  // namespace
 
@@ -58,16 +34,13 @@ struct SharedConnection::Pending {
 // keep it alive through their shared_ptr, so the descriptor is closed only when
 // nobody is in a system call on it.
 struct SharedConnection::Wire {
-  int fd = -1;
-  std::unique_ptr<redisReader, ReaderDeleter> reader{redisReaderCreate()};
+  std::unique_ptr<Socket> sock;
+  ReaderPtr reader = make_reader();
   std::string out;                // formatted commands not yet written
   std::deque<Pending*> inflight;  // calls whose replies are due, in the order they were queued
   bool writing = false;
   bool reading = false;
   bool broken = false;
-  ~Wire() {
-    if (fd >= 0) ::close(fd);
-  }
 };
 
 SharedConnection::SharedConnection(ConnectionOptions opts) : opts_(std::move(opts)) {}
@@ -98,26 +71,19 @@ std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::uni
                                                                         std::error_code& ec,
                                                                         std::string& why) {
   if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing) {
-    pollfd p{wire_->fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 0) wire_.reset();
+    pollfd p{wire_->sock->fd(), POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0 || wire_->sock->buffered()) wire_.reset();
   }
   if (wire_) return wire_;
   // Connecting under the lock: other callers need this connection too, and a
   // handshake takes a round trip or two (bounded by the connect and command timeouts).
   (void)lk;
-  ContextPtr ctx = open_context(opts_, ec, why);
-  if (ec) return nullptr;
   auto w = std::make_shared<Wire>();
+  w->sock = open_socket(opts_, ec, why);  // TCP or TLS, AUTH, SELECT; non-blocking
+  if (ec) return nullptr;
   if (!w->reader) {
     ec = make_error_code(errc::backend_unavailable);
     why = opts_.describe() + ": out of memory";
-    return nullptr;
-  }
-  w->fd = redisFreeKeepFd(ctx.release());  // hiredis did connect, AUTH and SELECT; the socket is ours now
-  const int flags = ::fcntl(w->fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(w->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    ec = make_error_code(errc::backend_unavailable);
-    why = opts_.describe() + ": cannot make the socket non-blocking: " + std::strerror(errno);
     return nullptr;
   }
   connects_.fetch_add(1, std::memory_order_relaxed);
@@ -136,7 +102,7 @@ void SharedConnection::fail(const std::shared_ptr<Wire>& w, const std::string& w
   }
   w->inflight.clear();
   w->out.clear();
-  ::shutdown(w->fd, SHUT_RDWR);  // wakes a reader blocked in poll() on it
+  w->sock->shutdown();  // wakes a reader blocked in poll() on it
   if (wire_ == w) wire_.reset();
 }
 
@@ -150,24 +116,11 @@ void SharedConnection::write_out(std::unique_lock<std::mutex>& lk, const std::sh
     const Clock::time_point deadline = Clock::now() + opts_.command_timeout;
     lk.unlock();
     std::string why;
-    std::size_t at = 0;
-    while (at < buf.size()) {
-      const ssize_t n = ::send(w->fd, buf.data() + at, buf.size() - at, MSG_NOSIGNAL);
-      if (n > 0) {
-        at += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        pollfd p{w->fd, POLLOUT, 0};
-        const int r = ::poll(&p, 1, poll_ms(deadline));
-        if (r > 0 || (r < 0 && errno == EINTR)) continue;
-        why = opts_.describe() + ": the server took no data within " +
-              std::to_string(opts_.command_timeout.count()) + " ms";
-        break;
-      }
-      why = opts_.describe() + ": sending failed: " + std::strerror(errno);
-      break;
+    if (!w->sock->write_all(buf, deadline, why)) {
+      why = opts_.describe() + ": " +
+            (why == "the server took no data in time"
+                 ? "the server took no data within " + std::to_string(opts_.command_timeout.count()) + " ms"
+                 : why);
     }
     writes_.fetch_add(1, std::memory_order_relaxed);
     lk.lock();
@@ -188,33 +141,33 @@ void SharedConnection::read_for(std::unique_lock<std::mutex>& lk, const std::sha
     lk.unlock();
     std::string why;
     got.clear();
-    pollfd p{w->fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, poll_ms(deadline));
-    if (r == 0) {
-      why = opts_.describe() + ": no reply within " + std::to_string(opts_.command_timeout.count()) + " ms";
-    } else if (r > 0) {
-      const ssize_t n = ::recv(w->fd, buf, sizeof buf, 0);
-      if (n == 0) {
-        why = opts_.describe() + ": the server closed the connection";
-      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        why = opts_.describe() + ": reading failed: " + std::strerror(errno);
-      } else if (n > 0) {
-        if (redisReaderFeed(w->reader.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
-          why = opts_.describe() + ": out of memory reading a reply";
-        }
-        for (;;) {
-          void* raw = nullptr;
-          if (redisReaderGetReply(w->reader.get(), &raw) != REDIS_OK) {
-            why = opts_.describe() + ": protocol error: " + std::string(w->reader->errstr);
-            break;
-          }
-          if (raw == nullptr) break;
-          got.emplace_back(static_cast<redisReply*>(raw));
-        }
+    short want = POLLIN;
+    long n = w->sock->read(buf, sizeof buf, want, why);
+    if (n == Socket::kWouldBlock) {
+      if (w->sock->wait(want, deadline)) {
+        n = w->sock->read(buf, sizeof buf, want, why);
+      } else {
+        why = "no reply within " + std::to_string(opts_.command_timeout.count()) + " ms";
       }
-    } else if (errno != EINTR) {
-      why = opts_.describe() + ": poll failed: " + std::strerror(errno);
     }
+    if (!why.empty()) {
+      why = opts_.describe() + ": " + why;
+    } else if (n == 0) {
+      why = opts_.describe() + ": the server closed the connection";
+    } else if (n > 0) {
+      if (redisReaderFeed(w->reader.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+        why = opts_.describe() + ": out of memory reading a reply";
+      }
+      for (;;) {
+        void* raw = nullptr;
+        if (redisReaderGetReply(w->reader.get(), &raw) != REDIS_OK) {
+          why = opts_.describe() + ": protocol error: " + std::string(w->reader->errstr);
+          break;
+        }
+        if (raw == nullptr) break;
+        got.emplace_back(static_cast<redisReply*>(raw));
+      }
+    }  // else: would block again (a spurious wake-up); read on
     lk.lock();
     if (w->broken) break;  // another thread failed it: its calls are answered
     for (Reply& reply : got) {
@@ -242,7 +195,7 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::
   if (batch.empty()) return out;
   std::string cmds;
   for (const Argv& argv : batch) {
-    if (!format_into(cmds, argv)) {
+    if (!format_command(cmds, argv)) {
       ec = make_error_code(errc::backend_unavailable);
       tl_last_error = opts_.describe() + ": cannot format a command (out of memory)";
       return out;

@@ -150,8 +150,13 @@ void Subscriber::notify(const std::vector<std::string>& channels) {
 bool Subscriber::connect_once() {
   std::error_code ec;
   std::string why;
-  ContextPtr ctx = open_context(opts_, ec, why);
-  if (!ctx) {
+  std::unique_ptr<Socket> sock = open_socket(opts_, ec, why);
+  ReaderPtr reader = sock ? make_reader() : nullptr;
+  if (sock && !reader) {
+    ec = make_error_code(errc::backend_unavailable);
+    why = opts_.describe() + ": out of memory";
+  }
+  if (!sock || !reader) {
     std::lock_guard lk(mu_);
     ++failures_;
     last_error_ = "subscriber: " + why;
@@ -159,8 +164,8 @@ bool Subscriber::connect_once() {
     cv_.notify_all();
     return false;
   }
-  redisEnableKeepAlive(ctx.get());
-  ctx_ = std::move(ctx);
+  sock_ = std::move(sock);  // keep-alive is on (open_socket)
+  reader_ = std::move(reader);
   std::lock_guard lk(mu_);
   connected_ = true;
   const bool reconnect = ++connects_ > 1;
@@ -175,7 +180,8 @@ bool Subscriber::connect_once() {
 }
 
 void Subscriber::disconnect(const std::string& why) {
-  ctx_.reset();
+  sock_.reset();
+  reader_.reset();
   inflight_.clear();
   std::vector<std::string> watched;
   {
@@ -224,19 +230,18 @@ bool Subscriber::flush_changes() {
   }
   if (ops.empty()) return true;
   const bool sharded = static_cast<bool>(on_dropped_);
+  std::string out;
   for (auto& [subscribe, ch] : ops) {
     const std::string_view cmd =
         subscribe ? (sharded ? "SSUBSCRIBE" : "SUBSCRIBE") : (sharded ? "SUNSUBSCRIBE" : "UNSUBSCRIBE");
-    const char* argv[] = {cmd.data(), ch.data()};
-    const std::size_t lens[] = {cmd.size(), ch.size()};
-    if (redisAppendCommandArgv(ctx_.get(), 2, argv, lens) != REDIS_OK) return false;
+    const std::string_view argv[] = {cmd, ch};
+    if (!format_command(out, argv)) {
+      io_error_ = "out of memory";
+      return false;
+    }
     inflight_.emplace_back(subscribe, std::move(ch));
   }
-  int done = 0;
-  while (!done) {
-    if (redisBufferWrite(ctx_.get(), &done) != REDIS_OK) return false;
-  }
-  return true;
+  return sock_->write_all(out, Socket::Clock::now() + opts_.command_timeout, io_error_);
 }
 
 void Subscriber::handle_reply(redisReply* r) {
@@ -340,15 +345,33 @@ void Subscriber::handle_error(redisReply* r) {
   }
 }
 
+// Reads what the socket has now (and what TLS has decrypted already) and handles
+// every complete reply. False with io_error_ set when the connection failed.
 bool Subscriber::read_available() {
-  if (redisBufferRead(ctx_.get()) != REDIS_OK) return false;
-  for (;;) {
-    void* raw = nullptr;
-    if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) return false;
-    if (raw == nullptr) return true;
-    Reply reply(static_cast<redisReply*>(raw));
-    handle_reply(reply.get());
-  }
+  char buf[16 * 1024];
+  do {
+    short want = 0;
+    const long n = sock_->read(buf, sizeof buf, want, io_error_);
+    if (n == Socket::kWouldBlock) return true;
+    if (n == 0) io_error_ = "the server closed the connection";
+    if (n <= 0) return false;
+    if (redisReaderFeed(reader_.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+      io_error_ = "out of memory";
+      return false;
+    }
+    for (;;) {
+      void* raw = nullptr;
+      if (redisReaderGetReply(reader_.get(), &raw) != REDIS_OK) {
+        io_error_ = std::string("protocol error: ") + reader_->errstr;
+        return false;
+      }
+      if (raw == nullptr) break;
+      Reply reply(static_cast<redisReply*>(raw));
+      handle_reply(reply.get());
+      if (!sock_) return true;  // a handler disconnected
+    }
+  } while (sock_->buffered());
+  return true;
 }
 
 void Subscriber::run() {
@@ -363,7 +386,7 @@ void Subscriber::run() {
       for (const auto& [name, c] : channels_) wanted = wanted || c.watchers > 0;
       retry_now = std::exchange(retry_now_, false);
     }
-    if (!ctx_ && wanted && (retry_now || std::chrono::steady_clock::now() >= next_attempt)) {
+    if (!sock_ && wanted && (retry_now || std::chrono::steady_clock::now() >= next_attempt)) {
       if (connect_once()) {
         backoff = kFirstBackoff;
       } else {
@@ -371,17 +394,17 @@ void Subscriber::run() {
         backoff = std::min(backoff * 2, kMaxBackoff);
       }
     }
-    if (ctx_ && !flush_changes()) {
-      disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + ctx_->errstr);
+    if (sock_ && !flush_changes()) {
+      disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + io_error_);
       continue;
     }
-    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ctx_ ? ctx_->fd : -1, POLLIN, 0}};
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {sock_ ? sock_->fd() : -1, POLLIN, 0}};
     int timeout_ms = -1;
-    if (!ctx_ && wanted) {
+    if (!sock_ && wanted) {
       const auto left = std::chrono::duration_cast<Millis>(next_attempt - std::chrono::steady_clock::now());
       timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
     }
-    const int n = ::poll(fds, ctx_ ? 2 : 1, timeout_ms);
+    const int n = ::poll(fds, sock_ ? 2 : 1, timeout_ms);
     if (n < 0 && errno != EINTR) {
       // Should not happen; avoid a hot loop.
       std::this_thread::sleep_for(Millis(10));
@@ -391,13 +414,11 @@ void Subscriber::run() {
       std::uint64_t v = 0;
       [[maybe_unused]] const auto r = ::read(wake_fd_, &v, sizeof v);
     }
-    if (ctx_ && fds[1].revents != 0 && !read_available()) {
-      std::string why = ctx_->err == REDIS_ERR_EOF ? std::string("the server closed the connection")
-                                                   : std::string(ctx_->errstr);
-      disconnect(opts_.describe() + ": " + why);
+    if (sock_ && fds[1].revents != 0 && !read_available()) {
+      disconnect(opts_.describe() + ": " + io_error_);
     }
   }
-  ctx_.reset();
+  sock_.reset();
 }
 
 }  // namespace distlock::detail::redis

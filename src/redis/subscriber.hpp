@@ -115,8 +115,8 @@ class Subscriber {
 
   const ConnectionOptions opts_;
   const Callback on_message_;
-  const Callback on_dropped_;  // set: sharded mode
-  std::string payload_channel_;     // guarded by mu_
+  const Callback on_dropped_;        // set: sharded mode
+  std::string payload_channel_;      // guarded by mu_
   PayloadCallback payload_handler_;  // guarded by mu_ (set once, before its channel is watched)
   int wake_fd_ = -1;
 
@@ -132,8 +132,10 @@ class Subscriber {
   bool stop_ = false;            // guarded by mu_
   bool thread_started_ = false;  // guarded by mu_
 
-  ContextPtr ctx_;  // subscriber thread only
-  // Commands sent on ctx_ and not answered yet, in order: {subscribe?, channel}.
+  std::unique_ptr<Socket> sock_;  // subscriber thread only
+  ReaderPtr reader_;              // subscriber thread only
+  std::string io_error_;          // subscriber thread only: why the last read or write failed
+  // Commands sent on sock_ and not answered yet, in order: {subscribe?, channel}.
   // Replies come back in that order, so an error reply (which names no channel)
   // belongs to the front. Subscriber thread only.
   std::deque<std::pair<bool, std::string>> inflight_;

@@ -41,6 +41,11 @@ RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {
     port_ = free_port();
+    if (!opts_.tls_cert.empty()) {
+      do {
+        tls_port_ = free_port();
+      } while (tls_port_ == port_);
+    }
     start();
     if (wait_ready(std::chrono::seconds(10))) return;
     failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
@@ -79,6 +84,11 @@ void RedisServer::start() {
   }
   if (!opts_.acl_user.empty()) {
     argv.insert(argv.end(), {"--user", opts_.acl_user, "on", ">" + opts_.acl_password, "~*", "&*", "+@all"});
+  }
+  if (!opts_.tls_cert.empty()) {
+    argv.insert(argv.end(), {"--tls-port", std::to_string(tls_port_), "--tls-cert-file", opts_.tls_cert,
+                             "--tls-key-file", opts_.tls_key, "--tls-ca-cert-file", opts_.tls_ca,
+                             "--tls-auth-clients", opts_.tls_auth_clients ? "yes" : "no"});
   }
   argv.insert(argv.end(), opts_.extra_args.begin(), opts_.extra_args.end());
   process_ = Process::spawn(argv, (dir_.path() / "redis.log").string());

@@ -42,6 +42,11 @@ struct RedisServerOptions {
   std::string appendfsync = "always";
   /// More "--option value" arguments for redis-server.
   std::vector<std::string> extra_args;
+  /// TLS: with a certificate, the server also listens on tls_port() (PEM files; the
+  /// plain port stays for the test's own commands). tls_auth_clients: require a
+  /// client certificate signed by tls_ca.
+  std::string tls_cert, tls_key, tls_ca;
+  bool tls_auth_clients = false;
 };
 
 struct RedisReplyDeleter {
@@ -62,6 +67,8 @@ class RedisServer {
   /// redis://[:password@]127.0.0.1:<port>[suffix], e.g. url("/2?prefix=t").
   std::string url(std::string_view suffix = {}) const;
   std::uint16_t port() const { return port_; }
+  /// The TLS port (0 without RedisServerOptions::tls_cert).
+  std::uint16_t tls_port() const { return tls_port_; }
   pid_t pid() const { return process_.pid(); }
   const std::filesystem::path& dir() const { return dir_.path(); }
   bool running();
@@ -93,6 +100,7 @@ class RedisServer {
   RedisServerOptions opts_;
   TempDir dir_{"distlock-redis"};
   std::uint16_t port_ = 0;
+  std::uint16_t tls_port_ = 0;
   Process process_;
 };
 

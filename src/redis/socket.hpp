@@ -1,0 +1,101 @@
+// redis/socket.hpp — the transport under every Redis connection of distlock: a TCP
+// socket, with TLS (OpenSSL) for rediss:// URLs, connected and authenticated
+// (AUTH / PING / SELECT) by `open_socket`. hiredis is kept for what it does well,
+// formatting commands and reading RESP (redisFormatCommandArgv, redisReader); the
+// socket is ours because Debian's hiredis 0.14 has no TLS.
+//
+// The descriptor is non-blocking. `read` and `write` do what the socket allows now
+// and say what to wait for otherwise (TLS may need to write to read, and read to
+// write); `write_all` and `read_reply` wait with poll() up to a deadline. Writes
+// never raise SIGPIPE (MSG_NOSIGNAL for TCP; for TLS, whose writes go through
+// write(2), SIGPIPE is blocked and consumed in the calling thread only).
+//
+// Thread-safety: one thread may read while another writes (the shared, pipelined
+// connection does): TLS calls are serialised inside; each call is short because the
+// socket never blocks. Two concurrent readers or two concurrent writers are not
+// allowed.
+//
+// Example:
+//   std::error_code ec; std::string why;
+//   auto sock = open_socket(opts, ec, why);          // TCP or TLS, then AUTH and SELECT
+//   ReaderPtr reader = make_reader();
+//   sock->write_all(formatted, deadline, why);
+//   Reply r = sock->read_reply(*reader, deadline, why);
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+struct ssl_st;  // OpenSSL's SSL
+
+namespace distlock::detail::redis {
+
+struct ConnectionOptions;
+
+struct ReaderDeleter {
+  void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
+};
+using ReaderPtr = std::unique_ptr<redisReader, ReaderDeleter>;
+/// A fresh RESP reader (null when out of memory).
+ReaderPtr make_reader();
+
+struct ReplyFree {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+
+class Socket {
+ public:
+  using Clock = std::chrono::steady_clock;
+  /// Result of read/write when the socket cannot go on now: poll for `want`.
+  static constexpr long kWouldBlock = -2;
+
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket();
+
+  int fd() const noexcept { return fd_; }
+  bool tls() const noexcept { return ssl_ != nullptr; }
+
+  /// Bytes read (> 0), 0 at EOF, -1 on an error (`why` says which), or kWouldBlock
+  /// with `want` set to POLLIN or POLLOUT.
+  long read(char* buf, std::size_t n, short& want, std::string& why);
+  /// Bytes written (> 0), -1 on an error, or kWouldBlock with `want` set.
+  long write(const char* buf, std::size_t n, short& want, std::string& why);
+  /// True when TLS holds decrypted bytes not read yet (poll() does not see them).
+  bool buffered() const;
+
+  /// Writes all of `data`, waiting up to `deadline`. False with `why` on failure.
+  bool write_all(std::string_view data, Clock::time_point deadline, std::string& why);
+  /// Reads until `reader` yields one reply, waiting up to `deadline`. Null with `why`
+  /// on failure (EOF, error, protocol error, deadline).
+  std::unique_ptr<redisReply, ReplyFree> read_reply(redisReader& reader, Clock::time_point deadline,
+                                                    std::string& why);
+  /// Waits until the socket is ready for `want` or the deadline passes (false).
+  bool wait(short want, Clock::time_point deadline);
+
+  /// Wakes a thread blocked in poll() on it; later calls fail.
+  void shutdown() noexcept;
+
+ private:
+  friend std::unique_ptr<Socket> open_socket(const ConnectionOptions&, std::error_code&, std::string&);
+  Socket() = default;
+  int fd_ = -1;
+  ::ssl_st* ssl_ = nullptr;
+  mutable std::mutex ssl_mu_;  // TLS calls of a reader and a writer thread
+};
+
+/// Connects to the server of `opts` (TCP, then TLS when opts.tls.enabled, verifying the
+/// server's certificate against opts.tls.ca_file and its name or IP against the host),
+/// then AUTH (or PING to find out whether a password is required) and SELECT, within
+/// the connect and command timeouts. Errors: backend_unavailable (refused, timed out,
+/// TLS handshake or certificate failed, naming host:port and the cause), auth_failed,
+/// invalid_url (SELECT refused; a TLS file that cannot be read).
+std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
+
+}  // namespace distlock::detail::redis

@@ -1,0 +1,212 @@
+// rediss:// against a redis-server listening with TLS (certificates made here by the
+// openssl command in a temp dir: a CA, a server certificate for 127.0.0.1, a client
+// certificate, and a second CA that signed nothing the server uses). Locks, waits
+// (pub/sub and the hand-off), the shared connection under 16 threads, mutual TLS,
+// and every way it can be misconfigured, each with its own error.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::testing::RedisServer;
+using distlock::testing::RedisServerOptions;
+using distlock::testing::TempDir;
+
+// The openssl command, quiet; a failure fails the test with the command.
+void openssl(const std::string& args) {
+  const std::string cmd = "openssl " + args + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+struct Certs {
+  TempDir dir{"distlock-tls"};
+  std::string path(const char* f) const { return (dir.path() / f).string(); }
+  Certs() {
+    const std::string d = dir.path().string();
+    for (const char* ca : {"ca", "other-ca"}) {
+      openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=distlock-test-" + std::string(ca) +
+              " -keyout " + d + "/" + ca + ".key -out " + d + "/" + ca + ".pem");
+    }
+    std::FILE* ext = std::fopen((d + "/server.ext").c_str(), "w");
+    std::fputs("subjectAltName=IP:127.0.0.1\n", ext);
+    std::fclose(ext);
+    for (const char* who : {"server", "client"}) {
+      const std::string w = d + "/" + who;
+      openssl("req -newkey rsa:2048 -nodes -subj /CN=" + std::string(who) + " -keyout " + w + ".key -out " +
+              w + ".csr");
+      openssl("x509 -req -in " + w + ".csr -CA " + d + "/ca.pem -CAkey " + d +
+              "/ca.key -CAcreateserial -days 2" +
+              (std::string(who) == "server" ? " -extfile " + d + "/server.ext" : std::string()) + " -out " +
+              w + ".pem");
+    }
+  }
+};
+
+RedisServerOptions tls_options(const Certs& c, bool auth_clients = false) {
+  RedisServerOptions o;
+  o.tls_cert = c.path("server.pem");
+  o.tls_key = c.path("server.key");
+  o.tls_ca = c.path("ca.pem");
+  o.tls_auth_clients = auth_clients;
+  return o;
+}
+
+std::string tls_url(const RedisServer& s, const Certs& c, const std::string& extra = {}) {
+  return "rediss://127.0.0.1:" + std::to_string(s.tls_port()) + "/?cacert=" + c.path("ca.pem") + extra;
+}
+
+distlock::LockOptions ttl_of(distlock::Millis ttl) {
+  distlock::LockOptions o;
+  o.ttl = ttl;
+  return o;
+}
+
+// The error of connect(url): its code and message.
+std::pair<std::error_code, std::string> connect_error(const std::string& url) {
+  try {
+    auto client = distlock::connect(url);
+    return {{}, "connected"};
+  } catch (const std::system_error& e) {
+    return {e.code(), e.what()};
+  }
+}
+
+TEST(RedisTls, LocksWaitsAndHandOffsOverTls) {
+  Certs certs;
+  RedisServer server(tls_options(certs));
+  auto a = distlock::connect(tls_url(server, certs));
+  auto b = distlock::connect(tls_url(server, certs));
+  std::uint64_t first = 0;
+  {
+    auto lease = a.acquire("tls/job", ttl_of(10s));
+    first = lease.token();
+    EXPECT_GT(first, 0u);
+    EXPECT_EQ(server.command({"HGET", "distlock:{tls/job}", "@token"})->str, std::to_string(first));
+    // b waits (queued; woken by its grant message, over TLS) until a releases.
+    std::atomic<bool> got{false};
+    std::uint64_t second = 0;
+    std::thread waiter([&] {
+      auto l = b.acquire("tls/job", ttl_of(10s));
+      second = l.token();
+      got = true;
+    });
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (b.status("tls/job").waiters == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_EQ(b.status("tls/job").waiters, 1u);
+    EXPECT_FALSE(got.load());
+    lease.release();
+    waiter.join();
+    EXPECT_TRUE(got.load());
+    EXPECT_GT(second, first);
+  }
+}
+
+// The reader and writer roles of the shared connection run TLS reads and writes on
+// one SSL object from different threads.
+TEST(RedisTls, SixteenThreadsShareOneTlsConnection) {
+  Certs certs;
+  RedisServer server(tls_options(certs));
+  auto client = distlock::connect(tls_url(server, certs));
+  constexpr int kThreads = 16, kRounds = 100;
+  std::atomic<int> held{0};
+  std::mutex err_mu;
+  std::string error;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < kRounds; ++i) {
+          auto lease = client.acquire("tls/" + std::to_string(t) + "/" + std::to_string(i), ttl_of(10s));
+          if (lease.owns()) held.fetch_add(1);
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard lk(err_mu);
+        error = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(held.load(), kThreads * kRounds);
+}
+
+TEST(RedisTls, AnUntrustedServerCertificateIsRefusedNamingTheCause) {
+  Certs certs;
+  RedisServer server(tls_options(certs));
+  const std::string url =
+      "rediss://127.0.0.1:" + std::to_string(server.tls_port()) + "/?cacert=" + certs.path("other-ca.pem");
+  const auto [ec, what] = connect_error(url);
+  EXPECT_EQ(ec, errc::backend_unavailable) << what;
+  EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
+  EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.tls_port())), std::string::npos) << what;
+}
+
+// The server certificate names 127.0.0.1 only: reaching it as "localhost" fails the
+// name check although the CA is right.
+TEST(RedisTls, TheServerNameIsChecked) {
+  Certs certs;
+  RedisServer server(tls_options(certs));
+  const std::string url =
+      "rediss://localhost:" + std::to_string(server.tls_port()) + "/?cacert=" + certs.path("ca.pem");
+  const auto [ec, what] = connect_error(url);
+  EXPECT_EQ(ec, errc::backend_unavailable) << what;
+  EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
+}
+
+TEST(RedisTls, TlsAgainstAPlainPortAndPlainAgainstATlsPortFailClearly) {
+  Certs certs;
+  RedisServer server(tls_options(certs));
+  auto [ec, what] = connect_error("rediss://127.0.0.1:" + std::to_string(server.port()) +
+                                  "/?cacert=" + certs.path("ca.pem") + "&timeout=1s");
+  EXPECT_EQ(ec, errc::backend_unavailable) << what;
+  EXPECT_NE(what.find("TLS handshake"), std::string::npos) << what;
+  std::tie(ec, what) =
+      connect_error("redis://127.0.0.1:" + std::to_string(server.tls_port()) + "/?timeout=1s");
+  EXPECT_EQ(ec, errc::backend_unavailable) << what;
+  EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.tls_port())), std::string::npos) << what;
+}
+
+TEST(RedisTls, MutualTlsNeedsTheClientCertificate) {
+  Certs certs;
+  RedisServer server(tls_options(certs, /*auth_clients=*/true));
+  const auto [ec, what] = connect_error(tls_url(server, certs));
+  EXPECT_EQ(ec, errc::backend_unavailable) << what;
+  auto client = distlock::connect(
+      tls_url(server, certs, "&cert=" + certs.path("client.pem") + "&key=" + certs.path("client.key")));
+  auto lease = client.acquire("mtls", ttl_of(5s));
+  EXPECT_TRUE(lease.owns());
+}
+
+TEST(RedisTls, BadTlsParametersAreInvalidUrlNamingThem) {
+  auto [ec, what] = connect_error("rediss://127.0.0.1:1/?cacert=/nonexistent/ca.pem");
+  EXPECT_EQ(ec, errc::invalid_url) << what;
+  EXPECT_NE(what.find("/nonexistent/ca.pem"), std::string::npos) << what;
+  std::tie(ec, what) = connect_error("redis://127.0.0.1:1/?cacert=/etc/hostname");
+  EXPECT_EQ(ec, errc::invalid_url) << what;
+  EXPECT_NE(what.find("rediss://"), std::string::npos) << what;
+  std::tie(ec, what) = connect_error("rediss://127.0.0.1:1/?key=/etc/hostname");
+  EXPECT_EQ(ec, errc::invalid_url) << what;
+  EXPECT_NE(what.find("cert="), std::string::npos) << what;
+  Certs certs;
+  std::tie(ec, what) = connect_error("rediss://127.0.0.1:1/?cacert=" + certs.path("ca.pem") + "&cert=" +
+                                     certs.path("client.pem") + "&key=" + certs.path("server.key"));
+  EXPECT_EQ(ec, errc::invalid_url) << what;  // the key does not belong to the certificate
+  EXPECT_NE(what.find("client.pem"), std::string::npos) << what;
+}
+
+}  // namespace
