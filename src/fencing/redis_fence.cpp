@@ -235,9 +235,10 @@ RedisFence::RedisFence(std::string_view url_text, const ClientOptions& in_opts) 
   detail::Url url;
   std::string why;
   if (auto ec = detail::parse_url(url_text, url, why)) throw_error(ec, why);
-  if (url.scheme != "redis") {
+  if (url.scheme != "redis" && url.scheme != "rediss") {
     throw_error(make_error_code(errc::invalid_url),
-                "RedisFence needs a redis:// URL, got scheme \"" + url.scheme + "\" in " + url.redacted());
+                "RedisFence needs a redis:// URL (or rediss://), got scheme \"" + url.scheme + "\" in " +
+                    url.redacted());
   }
   if (url.hosts.size() != 1) {
     throw_error(make_error_code(errc::invalid_url), "RedisFence needs exactly one host in " + url.redacted());

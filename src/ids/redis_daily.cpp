@@ -271,10 +271,10 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
   distlock::detail::Url url;
   std::string why;
   if (auto ec = distlock::detail::parse_url(redis_url, url, why)) throw_error(ec, why);
-  if (url.scheme != "redis") {
+  if (url.scheme != "redis" && url.scheme != "rediss") {
     throw_error(make_error_code(errc::invalid_url),
-                fmt::format("redis-daily ids need a redis:// URL; \"{}\" has scheme \"{}\"", url.redacted(),
-                            url.scheme));
+                fmt::format("redis-daily ids need a redis:// URL (or rediss://); \"{}\" has scheme \"{}\"",
+                            url.redacted(), url.scheme));
   }
   if (url.hosts.size() != 1) {
     throw_error(make_error_code(errc::invalid_url),

@@ -232,7 +232,7 @@ std::unique_ptr<WorkerMarkStore> make_mark_store(const Client& client) {
                                                                : url.hosts.front().host);
   }
   if (url.scheme == "file") return std::make_unique<FileMarkStore>(url.path);
-  if (url.scheme == "redis") {
+  if (url.scheme == "redis" || url.scheme == "rediss") {
     ClientOptions co = client.engine()->options();
     std::error_code ec;
     redis::ConnectionOptions ro = redis::options_from_url(url, 0, co, ec, why);

@@ -145,6 +145,18 @@ TEST(RedisTls, SixteenThreadsShareOneTlsConnection) {
   EXPECT_EQ(held.load(), kThreads * kRounds);
 }
 
+// Fenced writes share the transport: a stale token is refused over TLS too.
+TEST(RedisTls, FencedWritesOverTls) {
+  Certs certs;
+  RedisServer server(tls_options(certs));
+  distlock::RedisFence fence(tls_url(server, certs));
+  EXPECT_TRUE(fence.set("stock", "10", 7).applied());
+  const auto stale = fence.set("stock", "9", 6);
+  EXPECT_FALSE(stale.applied());
+  EXPECT_EQ(stale.highest_token, 7u);
+  EXPECT_EQ(std::string(server.command({"GET", "stock"})->str), "10");
+}
+
 TEST(RedisTls, AnUntrustedServerCertificateIsRefusedNamingTheCause) {
   Certs certs;
   RedisServer server(tls_options(certs));
