@@ -75,15 +75,41 @@ std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::uni
     if (::poll(&p, 1, 0) != 0 || wire_->sock->buffered()) wire_.reset();
   }
   if (wire_) return wire_;
-  // Connecting under the lock: other callers need this connection too, and a
-  // handshake takes a round trip or two (bounded by the connect and command timeouts).
-  (void)lk;
+  // One connect at a time, outside the lock: callers that arrive meanwhile wait for
+  // it and share its outcome, so against a stuck server each call waits for at most
+  // one attempt (connect + command timeout), not for every caller's attempt in turn.
+  while (connecting_) {
+    const std::uint64_t attempt = connect_attempts_;
+    connected_cv_.wait(lk, [&] { return !connecting_; });
+    if (wire_) return wire_;
+    if (connect_attempts_ != attempt && connect_ec_) {  // the attempt waited for failed: so does this call
+      ec = connect_ec_;
+      why = connect_why_;
+      return nullptr;
+    }
+    // It connected and the connection already broke, or another caller began an
+    // attempt first: wait for that one, or connect.
+  }
+  if (wire_) return wire_;
+  connecting_ = true;
+  lk.unlock();
   auto w = std::make_shared<Wire>();
-  w->sock = open_socket(opts_, ec, why);  // TCP or TLS, AUTH, SELECT; non-blocking
-  if (ec) return nullptr;
-  if (!w->reader) {
-    ec = make_error_code(errc::backend_unavailable);
-    why = opts_.describe() + ": out of memory";
+  std::error_code e;
+  std::string text;
+  w->sock = open_socket(opts_, e, text);  // TCP or TLS, AUTH, SELECT; non-blocking
+  if (!e && !w->reader) {
+    e = make_error_code(errc::backend_unavailable);
+    text = opts_.describe() + ": out of memory";
+  }
+  lk.lock();
+  connecting_ = false;
+  ++connect_attempts_;
+  connect_ec_ = e;
+  connect_why_ = text;
+  connected_cv_.notify_all();
+  if (e) {
+    ec = e;
+    why = text;
     return nullptr;
   }
   connects_.fetch_add(1, std::memory_order_relaxed);

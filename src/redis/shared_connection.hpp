@@ -15,6 +15,9 @@
 // wakes that caller), and gives the reading role to the oldest waiting call when
 // its own call is complete. At most one thread writes and one reads at a time.
 //
+// Connecting: one caller connects (outside the lock); callers arriving meanwhile
+// wait for that attempt and share its outcome.
+//
 // Failures: a call whose replies have not all arrived within the command timeout,
 // an I/O error, EOF or a stray reply breaks the connection: every call in flight on
 // it fails with backend_unavailable and a message naming the server; the next call
@@ -37,6 +40,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -85,7 +89,12 @@ class SharedConnection final : public Link {
 
   const ConnectionOptions opts_;
   mutable std::mutex mu_;
-  std::shared_ptr<Wire> wire_;  // guarded by mu_; null until the first call or after a failure
+  std::shared_ptr<Wire> wire_;            // guarded by mu_; null until the first call or after a failure
+  bool connecting_ = false;               // guarded by mu_: a caller is opening a connection (unlocked)
+  std::uint64_t connect_attempts_ = 0;    // guarded by mu_: finished attempts
+  std::error_code connect_ec_;            // guarded by mu_: the outcome of the last attempt
+  std::string connect_why_;               // guarded by mu_
+  std::condition_variable connected_cv_;  // an attempt finished
   std::atomic<std::uint64_t> calls_{0}, writes_{0}, connects_{0};
 };
 
