@@ -145,6 +145,7 @@ TEST(RedisTls, SixteenThreadsShareOneTlsConnection) {
   EXPECT_EQ(held.load(), kThreads * kRounds);
 }
 
+#if DISTLOCK_HAS_FENCING
 // Fenced writes share the transport: a stale token is refused over TLS too.
 TEST(RedisTls, FencedWritesOverTls) {
   Certs certs;
@@ -156,6 +157,7 @@ TEST(RedisTls, FencedWritesOverTls) {
   EXPECT_EQ(stale.highest_token, 7u);
   EXPECT_EQ(std::string(server.command({"GET", "stock"})->str), "10");
 }
+#endif
 
 TEST(RedisTls, AnUntrustedServerCertificateIsRefusedNamingTheCause) {
   Certs certs;
