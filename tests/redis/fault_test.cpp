@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "distlock/distlock.hpp"
@@ -82,14 +83,30 @@ TEST(RedisFaults, ServerKilledMidWaitThenWaitersResubscribe) {
   EXPECT_LT(std::chrono::duration_cast<Millis>(returned_at - killed_at), Millis(5000));
 
   server.restart();  // the AOF brings the held lock back; the holder's renewer carries on
+  // The AOF also brings back the first wait's queue entry (its give-up could not reach
+  // the server): the new wait first removes it, then queues its own. So wait for an
+  // entry that was not there after the restart, not for any waiter (CI once saw the
+  // old entry counted, then removed: 0 waiters).
+  auto entries = [&] {
+    std::set<std::string> out;
+    auto r = server.command({"LRANGE", "distlock:{mid}:q", "0", "-1"});
+    for (std::size_t i = 0; r && i < r->elements; ++i) out.emplace(r->element[i]->str, r->element[i]->len);
+    return out;
+  };
+  const std::set<std::string> restored = entries();
   auto again = std::async(std::launch::async, [&] {
     std::error_code ec2;
     auto l = waiter.acquire("mid", ttl_of(30s, Millis(20000)), ec2);
     return std::make_pair(ec2, Clock::now());
   });
   const auto end2 = Clock::now() + 10s;
-  while (holder.status("mid").waiters.value_or(0) < 1 && Clock::now() < end2)
-    std::this_thread::sleep_for(10ms);
+  auto queued_anew = [&] {
+    for (const auto& e : entries()) {
+      if (!restored.count(e)) return true;
+    }
+    return false;
+  };
+  while (!queued_anew() && Clock::now() < end2) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(holder.status("mid").waiters.value_or(0), 1u);
   std::this_thread::sleep_for(100ms);
   const auto released_at = Clock::now();
