@@ -138,7 +138,7 @@ std::vector<std::thread> start_hammer(SharedConnection& shared, int threads, lon
                                       std::atomic<bool>& stop, EchoTally& tally) {
   std::vector<std::thread> v;
   for (int t = 0; t < threads; ++t) {
-    v.emplace_back([&, t] {
+    v.emplace_back([&shared, &stop, &tally, t, max_calls] {
       std::minstd_rand rng(static_cast<unsigned>(t * 7919 + 1));
       for (long i = 0; i < max_calls && !stop.load(); ++i) one_echo_call(shared, t, i, rng, tally);
     });
