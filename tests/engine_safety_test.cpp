@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "core/engine.hpp"
@@ -73,6 +75,45 @@ TEST_F(EngineSafety, ALossFoundAtReleaseIsSignalledNotOnlyReturned) {
   EXPECT_EQ(ec, errc::lost);
   EXPECT_TRUE(st.stop_requested()) << "the stop token must fire for every loss";
   EXPECT_TRUE(called);
+}
+
+// A release that reports the loss while another thread is still declaring it (the
+// renewer between marking the lease lost and firing its stop token) must not return
+// before the stop token fired: "release said lost, stop token never fired" is a
+// silent loss (the nemesis found it on zk3 in CI). The logger holds the renewer in
+// that window, bounded, until the release has returned.
+TEST_F(EngineSafety, AReleaseThatReportsALossInFlightReturnsWithTheStopTokenFired) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_window = false, released = false;
+  auto o = options();
+  o.logger = [&](distlock::LogLevel, std::string_view text) {
+    if (text.find("lost") == std::string_view::npos) return;
+    std::unique_lock lk(mu);
+    in_window = true;
+    cv.notify_all();
+    cv.wait_for(lk, 5s, [&] { return released; });
+  };
+  auto c = distlock::connect("memory://" + store_name, o);
+  auto lease = c.acquire("inflight", ttl(3s));
+  std::stop_token st = lease.stop_token();
+  store->drop("inflight");
+  std::thread renewer([&] { c.renew_now(); });  // finds the record gone: declares the loss
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 5s, [&] { return in_window; }));
+  }
+  std::error_code ec;
+  lease.release(ec);
+  const bool stopped = st.stop_requested();
+  {
+    std::lock_guard lk(mu);
+    released = true;
+  }
+  cv.notify_all();
+  renewer.join();
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(stopped) << "release returned lost before the stop token fired";
 }
 
 TEST_F(EngineSafety, ALeaseGrantedLessThanItsTtlIsRenewedOnTheGrantsSchedule) {

@@ -775,6 +775,9 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
   const Clock::time_point now = held->metrics || caps_.needs_renewal ? clock_->now() : Clock::time_point{};
   end_hold(*held, now);
   if (held->lost.load(std::memory_order_acquire)) {
+    // Another thread may be between marking the lease lost and firing its stop token
+    // (declare_lost): the caller learns of the loss here, so the token fires no later.
+    held->stop.request_stop();
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
     return;
@@ -868,6 +871,7 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
     }
     if (held->lost.exchange(true, std::memory_order_acq_rel)) return;
   }
+  held->stop.request_stop();  // first: whoever sees `lost` from now on finds the token fired soon
   n_lost_.fetch_add(1, std::memory_order_relaxed);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
