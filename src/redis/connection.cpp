@@ -1,13 +1,11 @@
 #include "redis/connection.hpp"
 
 #include <poll.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <ctime>
 
 namespace distlock::detail::redis {
 
@@ -154,7 +152,6 @@ void Connection::close() noexcept {
 
 void Connection::fail_io(std::error_code& ec, std::string_view during, std::string why) {
   ec = make_error_code(errc::backend_unavailable);
-  if (why == "timed out") why = "no reply within " + std::to_string(opts_.command_timeout.count()) + " ms";
   last_error_ = opts_.describe() + ": " + std::string(during) + " failed: " + why;
   // After an I/O error or a timeout the reply stream is out of step: start afresh.
   close();

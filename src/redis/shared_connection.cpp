@@ -142,12 +142,7 @@ void SharedConnection::write_out(std::unique_lock<std::mutex>& lk, const std::sh
     const Clock::time_point deadline = Clock::now() + opts_.command_timeout;
     lk.unlock();
     std::string why;
-    if (!w->sock->write_all(buf, deadline, why)) {
-      why = opts_.describe() + ": " +
-            (why == "the server took no data in time"
-                 ? "the server took no data within " + std::to_string(opts_.command_timeout.count()) + " ms"
-                 : why);
-    }
+    if (!w->sock->write_all(buf, deadline, why)) why = opts_.describe() + ": " + why;
     writes_.fetch_add(1, std::memory_order_relaxed);
     lk.lock();
     if (!why.empty()) fail(w, why);

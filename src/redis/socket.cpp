@@ -236,7 +236,7 @@ bool Socket::write_all(std::string_view data, Clock::time_point deadline, std::s
       at += static_cast<std::size_t>(n);
     } else if (n == kWouldBlock) {
       if (!wait(want, deadline)) {
-        why = "the server took no data in time";
+        why = "the server took no data within " + std::to_string(timeout_ms_) + " ms";
         return false;
       }
     } else {
@@ -269,7 +269,7 @@ std::unique_ptr<redisReply, ReplyFree> Socket::read_reply(redisReader& reader, C
       return nullptr;
     } else if (n == kWouldBlock) {
       if (!wait(want, deadline)) {
-        why = "timed out";
+        why = "no reply within " + std::to_string(timeout_ms_) + " ms";
         return nullptr;
       }
     } else {
@@ -321,6 +321,7 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
   if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err);
   std::unique_ptr<Socket> sock(new Socket());
   sock->fd_ = fd;
+  sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
 
   if (ctx) {
     SSL* ssl = SSL_new(ctx.get());
@@ -380,7 +381,6 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
     }
     auto r = sock->read_reply(*reader, deadline, e);
     if (!r) {
-      if (e == "timed out") e = "no reply within " + std::to_string(opts.command_timeout.count()) + " ms";
       fail(errc::backend_unavailable, std::string(what) + " failed: " + e);
       return nullptr;
     }

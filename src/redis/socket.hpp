@@ -70,10 +70,11 @@ class Socket {
   /// True when TLS holds decrypted bytes not read yet (poll() does not see them).
   bool buffered() const;
 
-  /// Writes all of `data`, waiting up to `deadline`. False with `why` on failure.
+  /// Writes all of `data`, waiting up to `deadline`. False with `why` on failure
+  /// ("the server took no data within N ms" past the deadline, N the command timeout).
   bool write_all(std::string_view data, Clock::time_point deadline, std::string& why);
   /// Reads until `reader` yields one reply, waiting up to `deadline`. Null with `why`
-  /// on failure (EOF, error, protocol error, deadline).
+  /// on failure (EOF, error, protocol error, "no reply within N ms" past the deadline).
   std::unique_ptr<redisReply, ReplyFree> read_reply(redisReader& reader, Clock::time_point deadline,
                                                     std::string& why);
   /// Waits until the socket is ready for `want` or the deadline passes (false).
@@ -86,6 +87,7 @@ class Socket {
   friend std::unique_ptr<Socket> open_socket(const ConnectionOptions&, std::error_code&, std::string&);
   Socket() = default;
   int fd_ = -1;
+  long timeout_ms_ = 0;  // the command timeout, for messages
   ::ssl_st* ssl_ = nullptr;
   mutable std::mutex ssl_mu_;  // TLS calls of a reader and a writer thread
 };
