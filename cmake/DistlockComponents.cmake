@@ -15,7 +15,7 @@ set(DISTLOCK_ALL_COMPONENTS file redis rediscluster redlock etcd zk postgres fen
 set(distlock_component_doc_file "the host-local file:// backend (OpenSSL for name hashing)")
 set(distlock_component_doc_redis "the redis:// and redis+sentinel:// backends (hiredis)")
 set(distlock_component_doc_rediscluster "the redis+cluster:// backend (needs redis)")
-set(distlock_component_doc_redlock "the redlock:// backend (hiredis)")
+set(distlock_component_doc_redlock "the redlock:// and redlocks:// backends (needs redis)")
 set(distlock_component_doc_etcd "the etcd:// backend (gRPC, protobuf, etcd's .proto files)")
 set(distlock_component_doc_zk "the zk:// backend (the ZooKeeper C client)")
 set(distlock_component_doc_postgres "the postgres:// backend (libpq)")
@@ -64,7 +64,7 @@ foreach(c IN LISTS DISTLOCK_ALL_COMPONENTS)
 endforeach()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/config.hpp.in ${PROJECT_BINARY_DIR}/include/distlock/config.hpp @ONLY)
 
-foreach(c IN ITEMS rediscluster fencing ids)
+foreach(c IN ITEMS rediscluster redlock fencing ids)
   string(TOUPPER ${c} upper)
   if(DISTLOCK_WITH_${upper} AND NOT DISTLOCK_WITH_REDIS)
     message(FATAL_ERROR "DISTLOCK_WITH_${upper}=ON needs DISTLOCK_WITH_REDIS=ON (it uses the redis "

@@ -52,6 +52,7 @@ constexpr Entry kBackends[] = {
 #endif
 #if DISTLOCK_HAS_REDLOCK
     {"redlock", &make_redlock_backend},
+    {"redlocks", &make_redlock_backend},  // TLS
 #endif
 #if DISTLOCK_HAS_ETCD
     {"etcd", &make_etcd_backend},

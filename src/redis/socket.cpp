@@ -95,6 +95,12 @@ bool is_ip_literal(const std::string& host) {
   return ::inet_pton(AF_INET, host.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
 }
 
+void tune_tcp(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+}
+
 // TCP connect within the deadline to the first address of `host` that accepts.
 int connect_tcp(const ConnectionOptions& opts, Clock::time_point deadline, std::string& why) {
   addrinfo hints{};
@@ -131,9 +137,7 @@ int connect_tcp(const ConnectionOptions& opts, Clock::time_point deadline, std::
       }
     }
     if (err == 0) {
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+      tune_tcp(fd);
       return fd;
     }
     ::close(fd);
@@ -282,6 +286,175 @@ void Socket::shutdown() noexcept {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
+namespace {
+
+// The client TLS context of `opts` (CA bundle, optional client certificate). Null
+// with `code` and `text` set when the settings cannot be used.
+std::unique_ptr<SSL_CTX, SslCtxFree> make_tls_context(const ConnectionOptions& opts, errc& code,
+                                                      std::string& text) {
+  std::unique_ptr<SSL_CTX, SslCtxFree> ctx(SSL_CTX_new(TLS_client_method()));
+  if (!ctx) {
+    code = errc::backend_unavailable;
+    text = "TLS: " + ssl_errors();
+    return nullptr;
+  }
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  const bool loaded = opts.tls.ca_file.empty()
+                          ? SSL_CTX_set_default_verify_paths(ctx.get()) == 1
+                          : SSL_CTX_load_verify_locations(ctx.get(), opts.tls.ca_file.c_str(), nullptr) == 1;
+  if (!loaded) {
+    code = errc::invalid_url;
+    text = "cannot load the CA certificates" +
+           (opts.tls.ca_file.empty() ? std::string() : " \"" + opts.tls.ca_file + "\"") + ": " + ssl_errors();
+    return nullptr;
+  }
+  if (!opts.tls.cert_file.empty() &&
+      (SSL_CTX_use_certificate_chain_file(ctx.get(), opts.tls.cert_file.c_str()) != 1 ||
+       SSL_CTX_use_PrivateKey_file(
+           ctx.get(), (opts.tls.key_file.empty() ? opts.tls.cert_file : opts.tls.key_file).c_str(),
+           SSL_FILETYPE_PEM) != 1 ||
+       SSL_CTX_check_private_key(ctx.get()) != 1)) {
+    code = errc::invalid_url;
+    text = "cannot use the client certificate \"" + opts.tls.cert_file + "\" and key \"" + opts.tls.key_file +
+           "\": " + ssl_errors();
+    return nullptr;
+  }
+  return ctx;
+}
+
+// A TLS session over `fd` that verifies the server's name or IP address. Null when
+// out of memory.
+SSL* new_tls_session(SSL_CTX* ctx, int fd, const std::string& host) {
+  SSL* ssl = SSL_new(ctx);
+  if (ssl == nullptr) return nullptr;
+  SSL_set_fd(ssl, fd);
+  if (is_ip_literal(host)) {
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host.c_str());
+  } else {
+    SSL_set_tlsext_host_name(ssl, host.c_str());
+    SSL_set1_host(ssl, host.c_str());
+  }
+  return ssl;
+}
+
+// Why SSL_connect failed with SSL_get_error() == e (not WANT_READ / WANT_WRITE).
+std::string handshake_failure(SSL* ssl, int e) {
+  const long verify = SSL_get_verify_result(ssl);
+  std::string detail = verify != X509_V_OK ? std::string("certificate verification failed: ") +
+                                                 X509_verify_cert_error_string(verify)
+                                           : ssl_errors();
+  if (detail.empty()) detail = e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : "unknown error";
+  return std::string("TLS handshake failed") + (verify == X509_V_OK ? " (is it a TLS port?): " : ": ") +
+         detail;
+}
+
+// The TLS context of `opts` into `out` (left empty without TLS). False with `ec`
+// and `why` (naming the server) when the settings cannot be used.
+bool tls_context_for(const ConnectionOptions& opts, std::unique_ptr<SSL_CTX, SslCtxFree>& out,
+                     std::error_code& ec, std::string& why) {
+  if (!opts.tls.enabled) return true;
+  errc code{};
+  std::string text;
+  out = make_tls_context(opts, code, text);
+  if (out) return true;
+  ec = make_error_code(code);
+  why = opts.describe() + ": " + text;
+  return false;
+}
+
+}  // namespace
+
+std::error_code check_tls_settings(const ConnectionOptions& opts, std::string& why) {
+  std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
+  std::error_code ec;
+  tls_context_for(opts, ctx, ec, why);
+  return ec;
+}
+
+std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why) {
+  ec.clear();
+  auto fail = [&](errc code, std::string text) -> std::unique_ptr<Socket> {
+    ec = make_error_code(code);
+    why = opts.describe() + ": " + std::move(text);
+    return nullptr;
+  };
+  std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
+  if (!tls_context_for(opts, ctx, ec, why)) return nullptr;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(opts.port);
+  const int rc = ::getaddrinfo(opts.host.c_str(), port.c_str(), &hints, &found);
+  if (rc != 0)
+    return fail(errc::backend_unavailable, std::string("cannot resolve the host: ") + ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(found, ::freeaddrinfo);
+  std::string err = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = std::string("socket: ") + std::strerror(errno);
+      continue;
+    }
+    // A connect that fails at once (refused on loopback) moves on to the next
+    // address; one in progress is the socket's, to finish in progress_connect().
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      err = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    std::unique_ptr<Socket> sock(new Socket());
+    sock->fd_ = fd;
+    sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
+    sock->state_ = Socket::State::tcp;
+    if (ctx) {
+      sock->ssl_ = new_tls_session(ctx.get(), fd, opts.host);
+      if (sock->ssl_ == nullptr) return fail(errc::backend_unavailable, "TLS: " + ssl_errors());
+    }
+    return sock;
+  }
+  return fail(errc::backend_unavailable, "cannot connect: " + err);
+}
+
+long Socket::progress_connect(short& want, std::string& why) {
+  if (state_ == State::tcp) {
+    pollfd p{fd_, POLLOUT, 0};
+    int r = 0;
+    while ((r = ::poll(&p, 1, 0)) < 0 && errno == EINTR) {
+    }
+    if (r == 0) {
+      want = POLLOUT;
+      return kWouldBlock;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (r < 0 || ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err != 0) {
+      why = std::string("cannot connect: ") + std::strerror(err);
+      return -1;
+    }
+    tune_tcp(fd_);
+    state_ = ssl_ != nullptr ? State::tls : State::open;
+  }
+  if (state_ == State::tls) {
+    std::lock_guard lk(ssl_mu_);
+    ERR_clear_error();
+    const int r = SSL_connect(ssl_);
+    if (r != 1) {
+      const int e = SSL_get_error(ssl_, r);
+      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        want = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+        return kWouldBlock;
+      }
+      why = handshake_failure(ssl_, e);
+      return -1;
+    }
+    state_ = State::open;
+  }
+  return 1;
+}
+
 std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why) {
   ec.clear();
   const Clock::time_point connect_deadline = Clock::now() + opts.connect_timeout;
@@ -292,30 +465,7 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
   };
   // TLS settings first: a bad file is the same error whether the server is up or not.
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
-  if (opts.tls.enabled) {
-    ctx.reset(SSL_CTX_new(TLS_client_method()));
-    if (!ctx) return fail(errc::backend_unavailable, "TLS: " + ssl_errors());
-    SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
-    const bool loaded = opts.tls.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx.get()) == 1
-                                                 : SSL_CTX_load_verify_locations(
-                                                       ctx.get(), opts.tls.ca_file.c_str(), nullptr) == 1;
-    if (!loaded) {
-      return fail(errc::invalid_url,
-                  "cannot load the CA certificates" +
-                      (opts.tls.ca_file.empty() ? std::string() : " \"" + opts.tls.ca_file + "\"") + ": " +
-                      ssl_errors());
-    }
-    if (!opts.tls.cert_file.empty() &&
-        (SSL_CTX_use_certificate_chain_file(ctx.get(), opts.tls.cert_file.c_str()) != 1 ||
-         SSL_CTX_use_PrivateKey_file(
-             ctx.get(), (opts.tls.key_file.empty() ? opts.tls.cert_file : opts.tls.key_file).c_str(),
-             SSL_FILETYPE_PEM) != 1 ||
-         SSL_CTX_check_private_key(ctx.get()) != 1)) {
-      return fail(errc::invalid_url, "cannot use the client certificate \"" + opts.tls.cert_file +
-                                         "\" and key \"" + opts.tls.key_file + "\": " + ssl_errors());
-    }
-  }
+  if (!tls_context_for(opts, ctx, ec, why)) return nullptr;
   std::string err;
   const int fd = connect_tcp(opts, connect_deadline, err);
   if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err);
@@ -324,16 +474,9 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
   sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
 
   if (ctx) {
-    SSL* ssl = SSL_new(ctx.get());
+    SSL* ssl = new_tls_session(ctx.get(), fd, opts.host);
     if (ssl == nullptr) return fail(errc::backend_unavailable, "TLS: " + ssl_errors());
     sock->ssl_ = ssl;
-    SSL_set_fd(ssl, fd);
-    if (is_ip_literal(opts.host)) {
-      X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), opts.host.c_str());
-    } else {
-      SSL_set_tlsext_host_name(ssl, opts.host.c_str());
-      SSL_set1_host(ssl, opts.host.c_str());
-    }
     for (;;) {
       ERR_clear_error();
       const int r = SSL_connect(ssl);
@@ -347,15 +490,7 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
         return fail(errc::backend_unavailable, "TLS handshake: no answer within " +
                                                    std::to_string(opts.connect_timeout.count()) + " ms");
       }
-      const long verify = SSL_get_verify_result(ssl);
-      std::string detail = verify != X509_V_OK ? std::string("certificate verification failed: ") +
-                                                     X509_verify_cert_error_string(verify)
-                                               : ssl_errors();
-      if (detail.empty())
-        detail = e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : "unknown error";
-      return fail(errc::backend_unavailable, std::string("TLS handshake failed") +
-                                                 (verify == X509_V_OK ? " (is it a TLS port?): " : ": ") +
-                                                 detail);
+      return fail(errc::backend_unavailable, handshake_failure(ssl, e));
     }
   }
 

@@ -83,9 +83,22 @@ class Socket {
   /// Wakes a thread blocked in poll() on it; later calls fail.
   void shutdown() noexcept;
 
+  /// For a socket from start_socket(): goes on with the TCP connect and then the TLS
+  /// handshake as far as possible without waiting. 1 once the socket is ready for
+  /// commands (at once for one from open_socket()), kWouldBlock with `want` set, or
+  /// -1 with `why` (refused, reset, certificate rejected, ...).
+  long progress_connect(short& want, std::string& why);
+  /// True until progress_connect() returned 1.
+  bool connecting() const noexcept { return state_ != State::open; }
+  /// True while the TLS handshake of a started socket is under way (TCP is up).
+  bool handshaking() const noexcept { return state_ == State::tls; }
+
  private:
   friend std::unique_ptr<Socket> open_socket(const ConnectionOptions&, std::error_code&, std::string&);
+  friend std::unique_ptr<Socket> start_socket(const ConnectionOptions&, std::error_code&, std::string&);
+  enum class State { tcp, tls, open };
   Socket() = default;
+  State state_ = State::open;
   int fd_ = -1;
   long timeout_ms_ = 0;  // the command timeout, for messages
   ::ssl_st* ssl_ = nullptr;
@@ -99,5 +112,18 @@ class Socket {
 /// TLS handshake or certificate failed, naming host:port and the cause), auth_failed,
 /// invalid_url (SELECT refused; a TLS file that cannot be read).
 std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
+
+/// Starts connecting to the server of `opts` without waiting, for callers that drive
+/// several connections from one poll() loop (Redlock's fan-out): the TCP connect and
+/// the TLS handshake go on in Socket::progress_connect(); no AUTH or SELECT is sent
+/// (the caller pipelines them before its first command). Of the host's addresses, the
+/// first whose connect does not fail at once is used. Fails at once with invalid_url
+/// (TLS settings that cannot be used) or backend_unavailable (no address, refused at
+/// once), `why` naming the server.
+std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
+
+/// invalid_url naming the problem when the TLS settings of `opts` (CA bundle, client
+/// certificate and key) cannot be used; {} otherwise or without TLS. No connection.
+std::error_code check_tls_settings(const ConnectionOptions& opts, std::string& why);
 
 }  // namespace distlock::detail::redis

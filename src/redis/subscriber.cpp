@@ -60,9 +60,14 @@ std::uint64_t Subscriber::connects() const {
 }
 
 void Subscriber::watch(std::string_view channel, std::error_code& ec, std::string& why) {
-  ec.clear();
-  why.clear();
-  std::unique_lock lk(mu_);
+  const WatchStart started = begin_watch(channel);
+  await_watch(channel, started,
+              std::chrono::steady_clock::now() + opts_.connect_timeout + opts_.command_timeout, false, ec,
+              why);
+}
+
+Subscriber::WatchStart Subscriber::begin_watch(std::string_view channel) {
+  std::lock_guard lk(mu_);
   if (!thread_started_) {
     thread_ = std::thread([this] { run(); });
     thread_started_ = true;
@@ -70,46 +75,57 @@ void Subscriber::watch(std::string_view channel, std::error_code& ec, std::strin
   auto it = channels_.find(channel);
   if (it == channels_.end()) it = channels_.emplace(std::string(channel), Channel{}).first;
   ++it->second.watchers;
-  if (it->second.live()) return;
+  WatchStart started{it->second.refusals, failures_, std::chrono::steady_clock::now()};
+  if (it->second.live()) return started;
   it->second.refused = false;  // ask the server again
-  const std::uint64_t refusals_at_start = it->second.refusals;
-  const std::uint64_t failures_at_start = failures_;
   if (!connected_) retry_now_ = true;
   wake();
-  const auto deadline = std::chrono::steady_clock::now() + opts_.connect_timeout + opts_.command_timeout;
+  return started;
+}
+
+bool Subscriber::await_watch(std::string_view channel, const WatchStart& started,
+                             std::chrono::steady_clock::time_point deadline, bool keep_on_failure,
+                             std::error_code& ec, std::string& why) {
+  ec.clear();
+  why.clear();
+  std::unique_lock lk(mu_);
+  auto it = channels_.find(channel);  // the entry stays while watchers > 0
   for (;;) {
-    it = channels_.find(channel);  // the entry stays while watchers > 0
-    if (it->second.live()) return;
+    it = channels_.find(channel);
+    if (it->second.live()) return true;
     if (stop_) {
       why = opts_.describe() + ": the subscriber is shutting down";
       ec = make_error_code(errc::backend_unavailable);
       break;
     }
-    if (it->second.refusals != refusals_at_start) {
+    if (it->second.refusals != started.refusals) {
       why = it->second.refusal;
       ec = it->second.refusal_ec;
       break;
     }
-    if (failures_ != failures_at_start) {
+    if (failures_ != started.failures) {
       why = last_error_;
       ec = last_ec_ ? last_ec_ : make_error_code(errc::backend_unavailable);
       break;
     }
     if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
       it = channels_.find(channel);
-      if (it->second.live()) return;
-      if (it->second.refusals != refusals_at_start || failures_ != failures_at_start) continue;
-      why = opts_.describe() + ": no SUBSCRIBE confirmation within " +
-            std::to_string((opts_.connect_timeout + opts_.command_timeout).count()) + " ms" +
-            (last_error_.empty() ? std::string() : " (last error: " + last_error_ + ")");
+      if (it->second.live()) return true;
+      if (it->second.refusals != started.refusals || failures_ != started.failures) continue;
+      const auto waited =
+          std::chrono::ceil<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started.at);
+      why = opts_.describe() + ": no SUBSCRIBE confirmation within " + std::to_string(waited.count()) +
+            " ms" + (last_error_.empty() ? std::string() : " (last error: " + last_error_ + ")");
       ec = make_error_code(errc::backend_unavailable);
       break;
     }
   }
+  if (keep_on_failure) return false;  // still counted: the thread keeps trying; unwatch() ends it
   // Undo this watch: nothing of a failed watch stays counted, so the thread neither
   // keeps the channel subscribed nor keeps reconnecting for it.
   last_error_ = why;
   if (--it->second.watchers == 0) wake();  // the thread unsubscribes or forgets it
+  return false;
 }
 
 void Subscriber::unwatch(std::string_view channel) noexcept {

@@ -33,6 +33,7 @@
 // is reported the same way.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -74,6 +75,22 @@ class Subscriber {
     watch(channel, ec, why);
   }
   void unwatch(std::string_view channel) noexcept;
+
+  /// watch() in two steps, for a caller that subscribes on several servers at once
+  /// (Redlock): begin_watch counts the watch and asks the thread to subscribe;
+  /// await_watch waits until the subscription is live (true) or fails, at the latest
+  /// at `deadline`, with `ec` and `why` as for watch(). On failure the watch is undone
+  /// unless `keep_on_failure`: then it stays counted, the thread keeps subscribing
+  /// (reconnecting with backoff), and only unwatch() ends it.
+  struct WatchStart {
+    std::uint64_t refusals = 0;
+    std::uint64_t failures = 0;
+    std::chrono::steady_clock::time_point at{};
+  };
+  WatchStart begin_watch(std::string_view channel);
+  bool await_watch(std::string_view channel, const WatchStart& started,
+                   std::chrono::steady_clock::time_point deadline, bool keep_on_failure, std::error_code& ec,
+                   std::string& why);
 
   /// Messages on `channel` go to `handler` with their payload instead of to
   /// on_message; on_message(channel) still reports a broken or renewed subscription

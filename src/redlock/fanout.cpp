@@ -1,8 +1,8 @@
 #include "redlock/fanout.hpp"
 
 #include <fmt/format.h>
+#include <hiredis/hiredis.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -23,33 +23,21 @@ bool starts_with(const redisReply* r, std::string_view prefix) {
 }  // namespace
 
 void OutBuffer::append(const std::vector<std::string>& argv) {
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
-  ptrs.reserve(argv.size());
-  lens.reserve(argv.size());
-  for (const auto& a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  char* cmd = nullptr;
-  const int len = redisFormatCommandArgv(&cmd, static_cast<int>(argv.size()), ptrs.data(), lens.data());
-  if (len < 0 || !cmd) throw std::bad_alloc();
   if (empty()) clear();
-  buf_.append(cmd, static_cast<std::size_t>(len));
-  redisFreeCommand(cmd);
+  const std::vector<std::string_view> views(argv.begin(), argv.end());
+  if (!redis::format_command(buf_, views)) throw std::bad_alloc();
 }
 
-bool OutBuffer::flush(int fd, std::string& why) {
+bool OutBuffer::flush(redis::Socket& sock, short& want, std::string& why) {
   while (pos_ < buf_.size()) {
-    const ssize_t n = ::send(fd, buf_.data() + pos_, buf_.size() - pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) {
+    const long n = sock.write(buf_.data() + pos_, buf_.size() - pos_, want, why);
+    if (n > 0) {
       pos_ += static_cast<std::size_t>(n);
       continue;
     }
-    if (errno == EINTR) continue;
-    // Still connecting, or the socket buffer is full: poll() says when to go on.
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-    why = std::strerror(errno);
+    // The socket buffer is full (or TLS must read first): poll() says when to go on.
+    if (n == redis::Socket::kWouldBlock) return true;
+    if (why.empty()) why = "the connection is closed";
     return false;
   }
   clear();
@@ -89,13 +77,27 @@ bool is_auth_error(const redisReply* r) {
 
 // ---- Master -----------------------------------------------------------------
 
-Master::Master(std::string host, std::uint16_t port, std::string user, std::string password)
-    : host_(std::move(host)), port_(port), user_(std::move(user)), password_(std::move(password)) {
-  label_ = host_.find(':') != std::string::npos ? fmt::format("[{}]:{}", host_, port_)
-                                                : fmt::format("{}:{}", host_, port_);
+redis::ConnectionOptions master_options(const Url& url, std::size_t host_index, const ClientOptions& client,
+                                        std::error_code& ec, std::string& why) {
+  // options_from_url reads TLS settings for rediss schemes; redlocks:// means the same.
+  Url as_redis = url;
+  as_redis.scheme = url.scheme == "redlocks" ? "rediss" : "redis";
+  as_redis.query.clear();
+  for (const auto& [k, v] : url.query) {
+    if (k == "cacert" || k == "cert" || k == "key") as_redis.query.emplace(k, v);
+  }
+  as_redis.path.clear();
+  redis::ConnectionOptions o = redis::options_from_url(as_redis, host_index, client, ec, why);
+  if (!ec) ec = redis::check_tls_settings(o, why);
+  return o;
 }
 
-ContextPtr Master::open(std::string& why) {
+Master::Master(redis::ConnectionOptions opts) : opts_(std::move(opts)) {
+  label_ = opts_.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", opts_.host, opts_.port)
+                                                     : fmt::format("{}:{}", opts_.host, opts_.port);
+}
+
+std::unique_ptr<redis::Socket> Master::open(std::string& why) {
   {
     std::lock_guard lk(mu_);
     if (SteadyClock::now() < retry_after_) {
@@ -103,18 +105,18 @@ ContextPtr Master::open(std::string& why) {
       return nullptr;
     }
   }
-  ContextPtr ctx(redisConnectNonBlock(host_.c_str(), port_));
-  if (!ctx) {
-    why = fmt::format("{}: cannot allocate a connection", label_);
+  std::error_code ec;
+  std::string err;
+  auto sock = redis::start_socket(opts_, ec, err);
+  if (!sock) {
+    // start_socket names "redis host:port"; the fan-out's messages name masters by label.
+    const std::string prefix = opts_.describe() + ": ";
+    if (err.rfind(prefix, 0) == 0) err.erase(0, prefix.size());
+    why = fmt::format("{}: {}", label_, err);
     connect_failed(why);
     return nullptr;
   }
-  if (ctx->err) {
-    why = fmt::format("{}: {}", label_, ctx->errstr);
-    connect_failed(why);
-    return nullptr;
-  }
-  return ctx;
+  return sock;
 }
 
 void Master::connect_failed(const std::string& why) {
@@ -135,12 +137,13 @@ void Link::begin(std::span<const Command> cmds, Pending pending) {
   error_.clear();
   if (cmds.empty()) return;
   if (unanswered_) {
-    if (pending == Pending::queue_behind && ctx_) {
+    if (pending == Pending::queue_behind && sock_ && !sock_->connecting()) {
       // Best effort: what the socket takes now is run by the master after the
       // unanswered request; the rest is dropped with the connection.
       for (const auto& c : cmds) append(c.argv);
       std::string ignored;
-      (void)out_.flush(ctx_->fd, ignored);
+      short want = 0;
+      (void)out_.flush(*sock_, want, ignored);
       drop();
       failed_ = true;
       status_ = NodeStatus::timeout;
@@ -152,13 +155,15 @@ void Link::begin(std::span<const Command> cmds, Pending pending) {
     }
     drop();
   }
-  if (!ctx_) {
+  if (!sock_) {
     std::string why;
-    ctx_ = master_->open(why);
-    if (!ctx_) {
+    sock_ = master_->open(why);
+    reader_ = redis::make_reader();
+    if (!sock_ || !reader_) {
+      sock_.reset();
       failed_ = true;
       status_ = NodeStatus::unreachable;
-      error_ = std::move(why);
+      error_ = why.empty() ? fmt::format("{}: out of memory", master_->label()) : std::move(why);
       return;
     }
     fresh_ = true;
@@ -175,40 +180,91 @@ void Link::begin(std::span<const Command> cmds, Pending pending) {
     expect_.push_back({Kind::command, i, false});
   }
   // Send now: every master gets its request before the lane waits for any reply.
-  // On a connection still being set up this writes nothing (EAGAIN) and poll()
-  // reports when it can.
+  // On a connection still being set up this writes nothing and poll() reports
+  // when it can.
   write();
 }
 
 short Link::events() const noexcept {
-  if (finished() || !ctx_) return 0;
-  return static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT));
+  if (finished() || !sock_) return 0;
+  if (sock_->connecting()) return want_;
+  return static_cast<short>(POLLIN | want_ | (out_.empty() ? 0 : POLLOUT));
+}
+
+bool Link::progress() {
+  if (!sock_->connecting()) return true;
+  std::string why;
+  want_ = 0;
+  const long r = sock_->progress_connect(want_, why);
+  if (r == 1) {
+    want_ = 0;
+    return true;
+  }
+  if (r != redis::Socket::kWouldBlock)
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), why));
+  return false;
 }
 
 void Link::write() {
-  if (!ctx_ || out_.empty()) return;
+  if (!sock_ || !progress() || out_.empty()) return;
   std::string why;
-  if (!out_.flush(ctx_->fd, why)) fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), why));
+  want_ = 0;
+  if (!out_.flush(*sock_, want_, why)) {
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), why));
+    return;
+  }
+  if (want_ == POLLOUT) want_ = 0;  // events() asks for POLLOUT while output is queued
 }
 
 void Link::handle(short revents) {
-  if (!ctx_) return;
-  if ((revents & POLLOUT) != 0) {
+  if (!sock_) return;
+  if (sock_->connecting()) {
+    write();  // goes on connecting, then sends what is queued
+    return;
+  }
+  // A TLS record may need the other direction (want_): either event retries both.
+  if ((revents & POLLOUT) != 0 || want_ != 0) {
     write();
     if (failed_) return;
   }
-  if ((revents & (POLLIN | POLLHUP | POLLERR)) != 0) read();
+  if ((revents & (POLLIN | POLLHUP | POLLERR)) != 0 || want_ != 0) read();
 }
 
 void Link::read() {
-  if (redisBufferRead(ctx_.get()) == REDIS_ERR) {
-    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), ctx_->errstr));
-    return;
+  char buf[16 * 1024];
+  std::string closed;  // why the connection ended, after the replies read before it
+  for (;;) {
+    std::string why;
+    short want = 0;
+    const long n = sock_->read(buf, sizeof buf, want, why);
+    if (n > 0) {
+      if (redisReaderFeed(reader_.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+        fail(NodeStatus::unreachable, fmt::format("{}: out of memory reading a reply", master_->label()));
+        return;
+      }
+      continue;
+    }
+    if (n == redis::Socket::kWouldBlock) {
+      want_ = want == POLLOUT ? POLLOUT : 0;
+    } else {
+      closed = n == 0 ? "the server closed the connection" : why;
+    }
+    break;
   }
+  take_replies();
+  if (closed.empty() || failed_) return;
+  if (expect_.empty()) {
+    drop();  // every reply arrived; the next request connects again
+  } else {
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), closed));
+  }
+}
+
+void Link::take_replies() {
   for (;;) {
     void* raw = nullptr;
-    if (redisGetReplyFromReader(ctx_.get(), &raw) == REDIS_ERR) {
-      fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), ctx_->errstr));
+    if (redisReaderGetReply(reader_.get(), &raw) != REDIS_OK) {
+      fail(NodeStatus::unreachable, fmt::format("{}: protocol error: {}", master_->label(), reader_->errstr));
       return;
     }
     if (!raw) return;
@@ -221,6 +277,12 @@ void Link::read() {
     }
     const Expect e = expect_.front();
     expect_.pop_front();
+    if (e.kind == Kind::auth && starts_with(reply.get(), "ERR max number of clients")) {
+      // A full master, not bad credentials (as on redis://).
+      fail(NodeStatus::unreachable,
+           fmt::format("{} refused the connection: {}", master_->label(), reply_text(reply.get())));
+      return;
+    }
     if (e.kind == Kind::auth || is_auth_error(reply.get())) {
       if (reply->type == REDIS_REPLY_ERROR) {
         fail(NodeStatus::auth_failed,
@@ -257,7 +319,9 @@ void Link::fail(NodeStatus status, std::string why) {
 }
 
 void Link::drop() noexcept {
-  ctx_.reset();
+  sock_.reset();
+  reader_.reset();
+  want_ = 0;
   unanswered_ = false;
   out_.clear();
   fresh_ = true;
@@ -271,7 +335,15 @@ NodeReply Link::finish(Millis timeout) {
     out.error = std::move(error_);
   } else if (!expect_.empty()) {
     out.status = NodeStatus::timeout;
-    out.error = fmt::format("{} did not answer within {} ms", master_->label(), timeout.count());
+    if (sock_ && sock_->handshaking()) {
+      out.error = fmt::format("{}: TLS handshake: no answer within {} ms (is it a TLS port?)",
+                              master_->label(), timeout.count());
+    } else if (sock_ && sock_->connecting()) {
+      out.error =
+          fmt::format("{}: cannot connect: no answer within {} ms", master_->label(), timeout.count());
+    } else {
+      out.error = fmt::format("{} did not answer within {} ms", master_->label(), timeout.count());
+    }
     // Never read this connection again: a late reply could be taken for the
     // answer to a later request. It stays open only until the next request on
     // this link, which closes it (after queueing a clean-up behind the

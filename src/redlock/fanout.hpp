@@ -1,8 +1,16 @@
-// Concurrent fan-out to N independent Redis masters over non-blocking hiredis
-// connections driven by one poll() loop: every master's request is written
-// first, then the replies are collected as they arrive, each master bounded by
-// the same per-node deadline. Latency is that of the slowest answering master
-// (capped by the timeout), not the sum over masters.
+// Concurrent fan-out to N independent Redis masters over non-blocking connections
+// driven by one poll() loop: every master's request is written first, then the
+// replies are collected as they arrive, each master bounded by the same per-node
+// deadline. Latency is that of the slowest answering master (capped by the
+// timeout), not the sum over masters.
+//
+// The connections are the Redis stack's own (redis/socket.hpp: TCP, or TLS for
+// redlocks:// URLs; hiredis only formats commands and reads RESP). A connection is
+// opened without blocking (redis::start_socket) and its TCP connect and TLS
+// handshake go on inside the same poll() loop, so a master that is slow to accept
+// costs its own per-node timeout and never delays the others. AUTH is pipelined
+// in front of the first request on a new connection; its error replies map as on
+// redis:// (auth_failed, or unavailable for a full server).
 //
 // A `Lane` is one connection per master, used by one fan-out at a time; a
 // `LanePool` hands lanes to concurrent callers. A connection on which a master did
@@ -26,8 +34,6 @@
 //   pool.give(std::move(lane));
 #pragma once
 
-#include <hiredis/hiredis.h>
-
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -39,20 +45,14 @@
 #include <vector>
 
 #include "distlock/options.hpp"
+#include "redis/connection.hpp"
+#include "redis/socket.hpp"
 
 namespace distlock::detail::redlock {
 
 using SteadyClock = std::chrono::steady_clock;
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
-struct ContextDeleter {
-  void operator()(redisContext* c) const noexcept { redisFree(c); }
-};
-using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
+using ReplyPtr = redis::Reply;
 
 /// A Lua script called by EVALSHA; `sha1` must be the SHA-1 of `body` (a test
 /// checks it against SCRIPT LOAD).
@@ -69,15 +69,15 @@ struct Command {
   const Script* script = nullptr;
 };
 
-/// Commands formatted by hiredis, written by us with send(MSG_NOSIGNAL): a master
-/// that closed its socket then gives EPIPE instead of a SIGPIPE that would kill
-/// the process (hiredis itself uses write(2)), without touching signal masks.
+/// Commands formatted by hiredis, written through the socket (which never raises
+/// SIGPIPE) as far as it takes them now.
 class OutBuffer {
  public:
   void append(const std::vector<std::string>& argv);
   bool empty() const noexcept { return pos_ == buf_.size(); }
-  /// Writes what the socket takes now. False with `why` set on a socket error.
-  bool flush(int fd, std::string& why);
+  /// Writes what the socket takes now; `want` is set when it has to wait. False with
+  /// `why` set on a socket error.
+  bool flush(redis::Socket& sock, short& want, std::string& why);
   void clear() noexcept {
     buf_.clear();
     pos_ = 0;
@@ -112,28 +112,29 @@ struct NodeReply {
   std::vector<ReplyPtr> replies;  ///< one per command, in order, when ok
 };
 
-/// One master, shared by all lanes: its address, credentials and reconnect backoff.
+/// One master, shared by all lanes: its address, credentials, TLS settings and
+/// reconnect backoff.
 class Master {
  public:
-  Master(std::string host, std::uint16_t port, std::string user, std::string password);
+  explicit Master(redis::ConnectionOptions opts);
 
-  const std::string& host() const noexcept { return host_; }
-  std::uint16_t port() const noexcept { return port_; }
+  const std::string& host() const noexcept { return opts_.host; }
+  std::uint16_t port() const noexcept { return opts_.port; }
   const std::string& label() const noexcept { return label_; }  ///< "host:port"
-  const std::string& user() const noexcept { return user_; }
-  const std::string& password() const noexcept { return password_; }
+  const std::string& user() const noexcept { return opts_.user; }
+  const std::string& password() const noexcept { return opts_.password; }
+  const redis::ConnectionOptions& options() const noexcept { return opts_; }
 
-  /// Opens a non-blocking connection (the TCP handshake may still be in progress).
-  /// Returns nullptr with `why` set if connecting failed at once or the master is
-  /// in its reconnect backoff after a recent failure.
-  ContextPtr open(std::string& why);
+  /// Starts a non-blocking connection (TCP connect and TLS handshake may still be
+  /// in progress: Socket::progress_connect). Returns nullptr with `why` set if
+  /// connecting failed at once or the master is in its reconnect backoff after a
+  /// recent failure.
+  std::unique_ptr<redis::Socket> open(std::string& why);
   /// Records a failed connection attempt: no new connection for a short backoff.
   void connect_failed(const std::string& why);
 
  private:
-  std::string host_;
-  std::uint16_t port_;
-  std::string user_, password_;
+  redis::ConnectionOptions opts_;
   std::string label_;
   std::mutex mu_;
   SteadyClock::time_point retry_after_{};  // guarded by mu_
@@ -150,7 +151,7 @@ class Link {
   void begin(std::span<const Command> cmds, Pending pending = Pending::reconnect);
   bool finished() const noexcept { return failed_ || expect_.empty(); }
   /// The fd and poll events wanted while unfinished.
-  int fd() const noexcept { return ctx_ ? ctx_->fd : -1; }
+  int fd() const noexcept { return sock_ ? sock_->fd() : -1; }
   short events() const noexcept;
   void handle(short revents);
   /// Ends the request (a timeout if unfinished) and hands over the result.
@@ -164,14 +165,18 @@ class Link {
     bool retried;
   };
   void append(const std::vector<std::string>& argv) { out_.append(argv); }
+  bool progress();  // connecting: false until the socket is ready (or failed)
   void write();
   void read();
+  void take_replies();
   void fail(NodeStatus status, std::string why);
   void drop() noexcept;
 
   Master* master_;
-  ContextPtr ctx_;
+  std::unique_ptr<redis::Socket> sock_;
+  redis::ReaderPtr reader_;
   OutBuffer out_;
+  short want_ = 0;           // what the socket waits for besides replies (connecting, TLS)
   bool fresh_ = true;        // no reply yet on this connection: a failure counts as a failed connect
   bool unanswered_ = false;  // a request timed out on this connection: never read it again
   // Current request.
@@ -221,5 +226,12 @@ class LanePool {
 std::string reply_text(const redisReply* r);
 /// True for an error reply meaning "bad credentials" or "authentication required".
 bool is_auth_error(const redisReply* r);
+
+/// One master's connection settings from a redlock:// or redlocks:// URL: the
+/// host's address, the URL's credentials, the client's timeouts, and for
+/// redlocks:// TLS with the URL's cacert/cert/key (checked: invalid_url naming the
+/// problem when they cannot be used).
+redis::ConnectionOptions master_options(const Url& url, std::size_t host_index, const ClientOptions& client,
+                                        std::error_code& ec, std::string& why);
 
 }  // namespace distlock::detail::redlock

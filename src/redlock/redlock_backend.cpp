@@ -124,10 +124,16 @@ std::error_code parse_config(const Url& url, Config& out, std::string& why) {
                                         v, shown));
       }
       out.node_timeout = d;
+    } else if (k == "cacert" || k == "cert" || k == "key") {
+      if (url.scheme != "redlocks") {
+        return bad_url(why, fmt::format("\"{}\" in \"{}\" is a TLS setting; TLS to the masters is "
+                                        "redlocks://",
+                                        k, shown));
+      }
     } else {
-      return bad_url(
-          why,
-          fmt::format("unknown parameter \"{}\" in \"{}\"; redlock:// accepts prefix and timeout", k, shown));
+      return bad_url(why, fmt::format("unknown parameter \"{}\" in \"{}\"; redlock:// accepts prefix and "
+                                      "timeout, redlocks:// also cacert, cert and key",
+                                      k, shown));
     }
   }
   return {};
@@ -781,8 +787,10 @@ std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOption
   redlock::Config cfg;
   if ((ec = redlock::parse_config(url, cfg, why))) return nullptr;
   std::vector<std::shared_ptr<redlock::Master>> masters;
-  for (const auto& h : cfg.masters) {
-    masters.push_back(std::make_shared<redlock::Master>(h.host, h.port, cfg.user, cfg.password));
+  for (std::size_t i = 0; i < url.hosts.size(); ++i) {
+    redis::ConnectionOptions o = redlock::master_options(url, i, opts, ec, why);
+    if (ec) return nullptr;
+    masters.push_back(std::make_shared<redlock::Master>(std::move(o)));
   }
   auto backend = std::make_unique<redlock::RedlockBackend>(cfg, std::move(masters), opts, url.redacted());
   if ((ec = backend->connect(opts.connect_timeout, why))) return nullptr;

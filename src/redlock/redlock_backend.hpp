@@ -4,6 +4,9 @@
 // fans out to all masters at once, each bounded by a per-node timeout
 // (`timeout=`, default min(50 ms, ttl/10)). No fencing tokens: independent
 // masters cannot agree on a strictly increasing counter (see docs/redlock.md).
+// redlocks://...?cacert=CA.pem[&cert=C.pem&key=K.pem] is the same over TLS to every
+// master (the certificate of each is verified against CA and the host it was
+// reached by), on the Redis stack's sockets (redis/socket.hpp).
 //
 // Thread-safety: the backend is used by the engine from many threads at once.
 //

@@ -349,7 +349,9 @@ TEST(RedlockFault, TimedOutConnectionIsDiscardedNotReused) {
   Masters m(3);
   std::vector<std::shared_ptr<detail::redlock::Master>> masters;
   for (std::size_t i = 0; i < m.size(); ++i) {
-    masters.push_back(std::make_shared<detail::redlock::Master>("127.0.0.1", m[i].port(), "", ""));
+    detail::redis::ConnectionOptions o;
+    o.port = m[i].port();
+    masters.push_back(std::make_shared<detail::redlock::Master>(o));
   }
   detail::redlock::Lane lane(masters);
   const std::array<detail::redlock::Command, 1> client_id{

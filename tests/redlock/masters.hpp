@@ -34,6 +34,18 @@ class Masters {
     return u;
   }
 
+  /// redlocks://[userinfo@]127.0.0.1:t1,...?query over the masters' TLS ports (the
+  /// masters must have been started with a TLS certificate).
+  std::string tls_url(const std::string& query, const std::string& userinfo = {}) const {
+    std::string u = "redlocks://";
+    if (!userinfo.empty()) u += userinfo + "@";
+    for (std::size_t i = 0; i < servers_.size(); ++i) {
+      if (i) u += ",";
+      u += "127.0.0.1:" + std::to_string(servers_[i]->tls_port());
+    }
+    return u + "?" + query;
+  }
+
   /// Every key on master i matching `pattern` (SCAN, so it also works on big keyspaces).
   std::vector<std::string> keys(std::size_t i, const std::string& pattern = "*") {
     std::vector<std::string> out;
