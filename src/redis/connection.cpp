@@ -287,11 +287,7 @@ std::vector<Reply> Connection::exchange(std::span<const Argv> batch, std::error_
 }
 
 bool Connection::looks_broken() const noexcept {
-  if (!sock_) return true;
-  if (sock_->buffered()) return true;  // stray data while idle
-  pollfd p{sock_->fd(), POLLIN, 0};
-  const int r = ::poll(&p, 1, 0);
-  return r != 0;  // readable while idle (EOF, error, stray data) or poll failed
+  return !sock_ || sock_->idle_but_readable();
 }
 
 // ---- pool ------------------------------------------------------------------------

@@ -70,9 +70,9 @@ SharedConnection::Stats SharedConnection::stats() const noexcept {
 std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::unique_lock<std::mutex>& lk,
                                                                         std::error_code& ec,
                                                                         std::string& why) {
-  if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing) {
-    pollfd p{wire_->sock->fd(), POLLIN, 0};
-    if (::poll(&p, 1, 0) != 0 || wire_->sock->buffered()) wire_.reset();
+  if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing &&
+      wire_->sock->idle_but_readable()) {
+    wire_.reset();
   }
   if (wire_) return wire_;
   // One connect at a time, outside the lock: callers that arrive meanwhile wait for

@@ -164,6 +164,19 @@ bool Socket::buffered() const {
   return SSL_pending(ssl_) > 0;
 }
 
+bool Socket::idle_but_readable() const noexcept {
+  try {
+    if (buffered()) return true;
+  } catch (...) {  // the TLS mutex could not be taken: do not trust the socket
+    return true;
+  }
+  pollfd p{fd_, POLLIN, 0};
+  int r = 0;
+  while ((r = ::poll(&p, 1, 0)) < 0 && errno == EINTR) {
+  }
+  return r != 0;  // readable (EOF, error, stray data) or poll failed
+}
+
 long Socket::read(char* buf, std::size_t n, short& want, std::string& why) {
   if (ssl_ == nullptr) {
     for (;;) {
@@ -329,6 +342,11 @@ SSL* new_tls_session(SSL_CTX* ctx, int fd, const std::string& host) {
   SSL* ssl = SSL_new(ctx);
   if (ssl == nullptr) return nullptr;
   SSL_set_fd(ssl, fd);
+  // A write that had to wait is retried with whatever the caller's buffer holds
+  // then: callers append to it meanwhile (a NOSCRIPT retry, a pipelined command),
+  // which may move it. OpenSSL refuses a moved buffer ("bad write retry") unless
+  // told that only the bytes matter.
+  SSL_set_mode(ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   if (is_ip_literal(host)) {
     X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host.c_str());
   } else {

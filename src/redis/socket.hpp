@@ -69,6 +69,10 @@ class Socket {
   long write(const char* buf, std::size_t n, short& want, std::string& why);
   /// True when TLS holds decrypted bytes not read yet (poll() does not see them).
   bool buffered() const;
+  /// For a connection with no request in flight: true when anything is readable (EOF
+  /// from a server that closed it on an idle timeout, CLIENT KILL or a restart; an
+  /// error; stray data). Such a connection must not carry the next request.
+  bool idle_but_readable() const noexcept;
 
   /// Writes all of `data`, waiting up to `deadline`. False with `why` on failure
   /// ("the server took no data within N ms" past the deadline, N the command timeout).

@@ -154,6 +154,11 @@ void Link::begin(std::span<const Command> cmds, Pending pending) {
       return;
     }
     drop();
+  } else if (sock_ && !sock_->connecting() && sock_->idle_but_readable()) {
+    // The master closed this idle connection (its idle timeout, CLIENT KILL, a
+    // restart): a request written on it would fail with the master up. It never saw
+    // this request, so a new connection carries it.
+    drop();
   }
   if (!sock_) {
     std::string why;

@@ -59,6 +59,8 @@ configure "the options alone" 0 "#define DISTLOCK_HAS_POSTGRES 1" "#define DISTL
 configure "an unknown component" fail "unknown component 'nope'" -- -DDISTLOCK_COMPONENTS="file;nope"
 configure "fencing without redis" fail "DISTLOCK_WITH_FENCING=ON needs DISTLOCK_WITH_REDIS=ON" \
   -- -DDISTLOCK_COMPONENTS="file;fencing"
+configure "redlock without redis" fail "DISTLOCK_WITH_REDLOCK=ON needs DISTLOCK_WITH_REDIS=ON" \
+  -- -DDISTLOCK_COMPONENTS="file;redlock"
 configure "etcd without its .proto files" fail "golang-etcd-server-dev" "-DDISTLOCK_WITH_ETCD=OFF" \
   -- -DDISTLOCK_COMPONENTS=etcd -DDISTLOCK_ETCD_PROTO_ROOT="$work/none"
 
@@ -66,8 +68,7 @@ configure "etcd without its .proto files" fail "golang-etcd-server-dev" "-DDISTL
 mkdir -p "$work/empty"
 hide=(env PKG_CONFIG_LIBDIR="$work/empty" PKG_CONFIG_PATH=)
 configure "redis without hiredis" fail "libhiredis-dev" "-DDISTLOCK_WITH_REDIS=OFF" -- -DDISTLOCK_COMPONENTS=redis
-configure "redlock without hiredis" fail "libhiredis-dev" "-DDISTLOCK_WITH_REDLOCK=OFF" \
-  -- -DDISTLOCK_COMPONENTS="redlock"
+configure "redlock without hiredis" fail "libhiredis-dev" -- -DDISTLOCK_COMPONENTS="redis;redlock"
 configure "etcd without gRPC" fail "libgrpc++-dev libprotobuf-dev" "-DDISTLOCK_WITH_ETCD=OFF" \
   -- -DDISTLOCK_COMPONENTS=etcd
 configure "postgres without libpq" fail "libpq-dev" "-DDISTLOCK_WITH_POSTGRES=OFF" -- -DDISTLOCK_COMPONENTS=postgres
