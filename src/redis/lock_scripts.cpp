@@ -6,9 +6,9 @@ namespace distlock::detail::redis {
 
 namespace {
 
-// Functions every script of the queue needs. Time is the server's (TIME, read once
-// per script: it does not move during a script anyway), so queue entries expire on
-// the same clock as the lock itself.
+// Functions every script of the queue needs. Time is the server's (TIME, read at
+// most once per script, when first needed: it does not move during a script
+// anyway), so queue entries expire on the same clock as the lock itself.
 //
 // next_token: max(counter + 1, server TIME in microseconds), written back to the
 // counter. A counter lost to a restart without AOF, an eviction or a DEL restarts
@@ -28,14 +28,20 @@ namespace {
 // is woken.
 constexpr const char* kPrelude = R"lua(
 if redis.replicate_commands then redis.replicate_commands() end
-local TIME = redis.call('TIME')
+local TIME
+local function time()
+  if not TIME then TIME = redis.call('TIME') end
+  return TIME
+end
 local function now_ms()
-  return tonumber(TIME[1]) * 1000 + math.floor(tonumber(TIME[2]) / 1000)
+  local t = time()
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function next_token(fence)
   local counted = redis.call('INCR', fence)
-  local usec = TIME[2]
-  local now = TIME[1] .. string.rep('0', 6 - #usec) .. usec
+  local t = time()
+  local usec = t[2]
+  local now = t[1] .. string.rep('0', 6 - #usec) .. usec
   if counted < tonumber(now) then
     redis.call('SET', fence, now)
     return now
@@ -43,14 +49,14 @@ local function next_token(fence)
   if counted < 9007199254740992 then return string.format('%.0f', counted) end
   return redis.call('GET', fence)
 end
-local function prune(q, x, now)
+local function prune(q, x)
   while true do
     local head = redis.call('LINDEX', q, 0)
     if not head then return nil end
     local v = redis.call('HGET', x, head)
     if v then
       local exp, ttl = string.match(v, '^(%d+):(%d+)$')
-      if exp and tonumber(exp) > now then return head, ttl end
+      if exp and tonumber(exp) > now_ms() then return head, ttl end
     end
     redis.call('LPOP', q)
     redis.call('HDEL', x, head)
@@ -62,8 +68,8 @@ local function take(lock, fence, owner, entry, ttl)
   redis.call('PEXPIRE', lock, ttl)
   return token
 end
-local function grant_head(lock, q, x, fence, now, grant_prefix)
-  local head, ttl = prune(q, x, now)
+local function grant_head(lock, q, x, fence, grant_prefix)
+  local head, ttl = prune(q, x)
   if not head then return nil end
   redis.call('LPOP', q)
   redis.call('HDEL', x, head)
@@ -78,9 +84,9 @@ local function keep_queue(q, x, ttl)
   if redis.call('PTTL', q) < tonumber(ttl) then redis.call('PEXPIRE', q, ttl) end
   if redis.call('PTTL', x) < tonumber(ttl) then redis.call('PEXPIRE', x, ttl) end
 end
-local function release_onward(lock, q, x, fence, now, grant_prefix, channel)
+local function release_onward(lock, q, x, fence, grant_prefix, channel)
   redis.call('DEL', lock)
-  if not grant_head(lock, q, x, fence, now, grant_prefix) then
+  if not grant_head(lock, q, x, fence, grant_prefix) then
     redis.call('PUBLISH', channel, 'released')
   end
 end
@@ -96,27 +102,35 @@ const Script& queue_acquire_script() {
   static const Script s(with_prelude(R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local now = now_ms()
 if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
   redis.call('PEXPIRE', lock, ttl)
   return {1, redis.call('HGET', lock, '@token')}
 end
+-- A new wait (mode 1) for a free lock with no live waiter: queueing it would make
+-- it the head and grant it at once. It takes the lock without writing the queue:
+-- the same outcome (the script is atomic, nobody sees the difference), in 8
+-- commands instead of 19. An entry of this wait already queued by a call whose
+-- reply was lost is either live (then it is the head: not nil) or pruned.
+if mode == '1' and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
+  return {1, take(lock, fence, owner, entry, ttl)}
+end
 local me = entry .. ' ' .. owner
 if mode ~= '0' then
+  local expiry = string.format('%.0f', now_ms() + tonumber(ttl)) .. ':' .. ttl
   if redis.call('HEXISTS', x, me) == 1 then
-    redis.call('HSET', x, me, string.format('%.0f', now + tonumber(ttl)) .. ':' .. ttl)
+    redis.call('HSET', x, me, expiry)
   elseif mode == '2' then
     return {2}
   else
     redis.call('RPUSH', q, me)
-    redis.call('HSET', x, me, string.format('%.0f', now + tonumber(ttl)) .. ':' .. ttl)
+    redis.call('HSET', x, me, expiry)
   end
   keep_queue(q, x, ttl)
 end
 if redis.call('EXISTS', lock) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
-local head = prune(q, x, now)
+local head = prune(q, x)
 if head == nil then
   return {1, take(lock, fence, owner, '0', ttl)}
 end
@@ -125,7 +139,7 @@ if mode ~= '0' and head == me then
   redis.call('HDEL', x, me)
   return {1, take(lock, fence, owner, entry, ttl)}
 end
-return {0, tonumber(grant_head(lock, q, x, fence, now, grant_prefix))}
+return {0, tonumber(grant_head(lock, q, x, fence, grant_prefix))}
 )lua"));
   return s;
 }
@@ -137,7 +151,7 @@ local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
 end
-release_onward(lock, q, x, fence, now_ms(), grant_prefix, channel)
+release_onward(lock, q, x, fence, grant_prefix, channel)
 return 0
 )lua"));
   return s;
@@ -148,7 +162,7 @@ const Script& queue_cancel_script() {
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, entry, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', lock, owner) == entry then
-  release_onward(lock, q, x, fence, now_ms(), grant_prefix, channel)
+  release_onward(lock, q, x, fence, grant_prefix, channel)
   return 1
 end
 local me = entry .. ' ' .. owner
