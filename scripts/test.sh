@@ -51,13 +51,14 @@ cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance|examples|stress"
 
-step "ThreadSanitizer (engine, file and redis backends)"
+step "ThreadSanitizer (engine, file, redis and redlock backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
-  -DDISTLOCK_COMPONENTS="file;redis" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
+  -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test file_backend_test \
-  redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test
+  redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test \
+  redlock_test redlock_tls_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
-  -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+  -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
 
 if [ -x scripts/install_test.sh ]; then
   step "install and consumer"
