@@ -120,7 +120,13 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
       break;
     }
   }
-  if (keep_on_failure) return false;  // still counted: the thread keeps trying; unwatch() ends it
+  if (keep_on_failure) {
+    // Still counted: the thread keeps trying; unwatch() ends it. A release published
+    // before the server runs the SUBSCRIBE is not delivered, so the channel is
+    // reported once it is live.
+    it->second.report_when_live = true;
+    return false;
+  }
   // Undo this watch: nothing of a failed watch stays counted, so the thread neither
   // keeps the channel subscribed nor keeps reconnecting for it.
   last_error_ = why;
@@ -190,7 +196,8 @@ bool Subscriber::connect_once() {
     c.sent = false;
     c.sent_seq = c.confirmed_seq = 0;
     c.refused = false;
-    c.resubscribed = reconnect && c.watchers > 0;
+    c.resubscribed = (reconnect || c.report_when_live) && c.watchers > 0;
+    c.report_when_live = false;
   }
   return true;
 }
@@ -305,8 +312,8 @@ void Subscriber::handle_reply(redisReply* r) {
       if (c.confirmed_seq < c.sent_seq) ++c.confirmed_seq;
       if (c.live()) {
         cv_.notify_all();
-        if (c.resubscribed) {
-          c.resubscribed = false;
+        if (c.resubscribed || c.report_when_live) {
+          c.resubscribed = c.report_when_live = false;
           if (c.watchers > 0) to_notify.emplace_back(ch);
         }
       }

@@ -110,6 +110,9 @@ class Subscriber {
     std::uint64_t confirmed_seq = 0;  // their confirmations received
     bool live() const { return sent && confirmed_seq == sent_seq; }
     bool resubscribed = false;  // sent by a reconnect: tell the listener once confirmed
+    // A watch was kept without its confirmation (await_watch, keep_on_failure): tell
+    // the listener once the subscription is live, on this connection or a later one.
+    bool report_when_live = false;
     // The server refused the last SUBSCRIBE: not sent again until a new watch or a
     // reconnect. `refusals` counts them so a waiting watch() sees its own.
     bool refused = false;

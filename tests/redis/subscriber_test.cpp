@@ -171,5 +171,51 @@ TEST(RedisSubscriber, ARefusedSubscribeFailsAtOnceWithTheServersReasonAndIsNotRe
   EXPECT_EQ(subscribes(), sent + 1);
 }
 
+// A watch kept after its confirmation did not come in time (Redlock subscribes on
+// every master and waits for none longer than its confirm timeout): when the
+// confirmation does come, the channel is reported once, because a release published
+// before the server ran the SUBSCRIBE was not delivered. Here the server is paused
+// with SIGSTOP while the SUBSCRIBE is in flight.
+TEST(RedisSubscriber, AKeptWatchIsReportedWhenItsLateConfirmationArrives) {
+  RedisServer server;
+  Seen seen;
+  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  std::error_code ec;
+  sub.watch("up", ec);  // the connection is up
+  ASSERT_FALSE(ec) << sub.last_error();
+  server.pause();
+  const auto started = sub.begin_watch("late");
+  std::string why;
+  EXPECT_FALSE(sub.await_watch("late", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec, why));
+  EXPECT_TRUE(ec);
+  server.resume();
+  // The SUBSCRIBE, queued in the paused server's socket, is confirmed now: the
+  // channel is reported although nobody published on it.
+  EXPECT_TRUE(seen.wait_for("late", 1, 5s));
+  EXPECT_EQ(seen.count("up"), 0u);
+  // And it is live: a publish reaches it.
+  EXPECT_EQ(server.command({"PUBLISH", "late", "x"})->integer, 1);
+  EXPECT_TRUE(seen.wait_for("late", 2, 5s));
+  sub.unwatch("late");
+  sub.unwatch("up");
+}
+
+// The same when the subscriber could not connect at all while the watch was awaited:
+// its first connection later subscribes the kept channel and reports it.
+TEST(RedisSubscriber, AKeptWatchIsReportedWhenTheFirstConnectionComesUpLater) {
+  RedisServer server;
+  server.pause();  // TCP connects, the PING of the connection setup goes unanswered
+  Seen seen;
+  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  const auto started = sub.begin_watch("first");
+  std::error_code ec;
+  std::string why;
+  EXPECT_FALSE(sub.await_watch("first", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec, why));
+  server.resume();
+  EXPECT_TRUE(seen.wait_for("first", 1, 10s));
+  EXPECT_EQ(server.command({"PUBLISH", "first", "x"})->integer, 1);
+  sub.unwatch("first");
+}
+
 }  // namespace
 }  // namespace distlock::detail::redis
