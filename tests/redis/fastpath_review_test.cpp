@@ -19,6 +19,7 @@
 #include "distlock/distlock.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/redis_server.hpp"
 
@@ -29,6 +30,7 @@ using distlock::Client;
 using distlock::Lease;
 using distlock::LockOptions;
 using distlock::Millis;
+using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
@@ -38,16 +40,6 @@ LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt, Millis
   o.wait = wait;
   o.safety_margin = margin;
   return o;
-}
-
-template <class F>
-bool eventually(F f, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (f()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return f();
 }
 
 std::string server_holder(RedisServer& s, const std::string& name) {
@@ -610,72 +602,15 @@ TEST(RedisFastPathReview, FastPathTokensIncreaseAcrossRestartsWithoutAof) {
 }
 
 // ---------------------------------------------------------------------------
-// 6. A semaphore (queued waits on several names: the fast path on one name while
-//    entries wait in others) with short TTLs and give-ups: never more holders than
-//    permits, no entry left queued afterwards.
+// 6. A client behind a proxy that delays each chunk past the client's command
+//    timeout: its uncontended waits fail (the engine gives them up). Once the
+//    network is back, another client must get each lock promptly, with tokens
+//    still increasing, and the failed client holds nothing. (In the review's runs
+//    the delayed requests did not reach the server before the client gave up, so
+//    this does not cover a fast path that ran with its reply lost; the
+//    differential test above covers that state at the script level.)
 // ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, SemaphoreFastPathNeverExceedsItsPermits) {
-  RedisServer server;
-  constexpr int kClients = 3, kThreadsPer = 3, kPermits = 3;
-  std::vector<Client> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(distlock::connect(server.url()));
-  std::atomic<int> inside{0}, over{0}, acquired{0}, errors{0};
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    for (int t = 0; t < kThreadsPer; ++t) {
-      threads.emplace_back([&, c, t] {
-        auto sem = clients[c].semaphore("fsem", kPermits, ttl_of(200ms));
-        std::minstd_rand rng(static_cast<unsigned>(c * 17 + t));
-        for (int n = 0; n < 5000 && !stop.load(); ++n) {
-          std::optional<Lease> l;
-          try {
-            l = (rng() % 2) ? sem.try_acquire_for(Millis(1 + rng() % 10)) : sem.try_acquire_for(2s);
-          } catch (const std::exception&) {
-            ++errors;
-            continue;
-          }
-          if (!l) continue;
-          ++acquired;
-          if (inside.fetch_add(1) >= kPermits) ++over;
-          if (rng() % 2) std::this_thread::sleep_for(Millis(rng() % 3));
-          if (!l->owns()) ++over;
-          inside.fetch_sub(1);
-          std::error_code ec;
-          l->release(ec);
-          if (ec) ++errors;
-        }
-      });
-    }
-  }
-  std::this_thread::sleep_for(5s);  // the test's duration, not a synchronisation
-  stop = true;
-  for (auto& t : threads) t.join();
-  std::printf("semaphore: acquired %d errors %d\n", acquired.load(), errors.load());
-  EXPECT_EQ(over.load(), 0);
-  EXPECT_EQ(errors.load(), 0);
-  EXPECT_GT(acquired.load(), 50);
-  auto keys = server.command({"KEYS", "distlock:*:q"});
-  ASSERT_TRUE(keys && keys->type == REDIS_REPLY_ARRAY);
-  EXPECT_TRUE(eventually(
-      [&] {
-        auto k = server.command({"KEYS", "distlock:*:q"});
-        return k && k->type == REDIS_REPLY_ARRAY && k->elements == 0;
-      },
-      2s))
-      << "queue entries left behind";
-}
-
-// ---------------------------------------------------------------------------
-// 7. Lost replies: a client behind a proxy that delays each chunk past the
-//    client's command timeout. Its uncontended wait runs the fast path on the
-//    server (when the proxy forwards the request) but the reply never arrives in
-//    time: the call fails, the engine gives the wait up (cancel, retried by the
-//    refresher). Once the network is back, another client must get the lock
-//    promptly (no lock stranded with a given-up wait beyond its ttl), and the
-//    failed client holds nothing.
-// ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, FastPathWhoseReplyIsLostIsHandedBack) {
+TEST(RedisFastPathReview, WaitsThatTimeOutLeaveTheirLocksToOthers) {
   RedisServer server;
   distlock::testing::FaultProxy proxy(server.port());
   Client slow = distlock::connect("redis://127.0.0.1:" + std::to_string(proxy.port()) + "?timeout=100ms");

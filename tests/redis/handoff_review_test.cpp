@@ -18,6 +18,7 @@
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -29,6 +30,7 @@ using distlock::Client;
 using distlock::Lease;
 using distlock::LockOptions;
 using distlock::Millis;
+using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
@@ -38,16 +40,6 @@ LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt, Millis
   o.wait = wait;
   o.safety_margin = margin;
   return o;
-}
-
-template <class F>
-bool eventually(F f, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (f()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return f();
 }
 
 std::uint64_t waiters_of(Client& c, const std::string& name) {

@@ -14,6 +14,7 @@
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -25,6 +26,7 @@ using distlock::Client;
 using distlock::Lease;
 using distlock::LockOptions;
 using distlock::Millis;
+using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
@@ -39,16 +41,6 @@ distlock::detail::RedisStats stats_of(const Client& c) {
   auto st = distlock::detail::redis_stats(c.engine()->backend());
   EXPECT_TRUE(st.has_value());
   return st.value_or(distlock::detail::RedisStats{});
-}
-
-template <class F>
-bool eventually(F f, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return f();
 }
 
 std::uint64_t waiters_of(Client& c, const std::string& name) {
