@@ -55,7 +55,7 @@ ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const
   o.connect_timeout = client.connect_timeout;
   o.command_timeout = client.command_timeout;
   if ((ec = parse_db_path(url, o.db, why))) return o;
-  if (url.scheme == "rediss" || url.scheme.rfind("rediss+", 0) == 0) {
+  if (url.scheme == "rediss" || url.scheme.rfind("rediss+", 0) == 0 || url.scheme == "redlocks") {
     o.tls.enabled = true;
     o.tls.ca_file = url.query_or("cacert", "");
     o.tls.cert_file = url.query_or("cert", "");

@@ -97,7 +97,7 @@ struct ConnectionOptions {
 };
 
 /// Builds options for `url.hosts[host_index]` (default port 6379) with the URL's
-/// user/password and the client's timeouts; a rediss:// URL turns TLS on, with its
+/// user/password and the client's timeouts; a rediss:// (or redlocks://) URL turns TLS on, with its
 /// cacert/cert/key query parameters (files that must be readable: invalid_url otherwise). The db comes from
 /// the URL path "/N" (see parse_db_path); a bad path sets invalid_url naming it.
 ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const ClientOptions& client,

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "redis/connection.hpp"
@@ -101,8 +102,13 @@ void tune_tcp(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
 }
 
-// TCP connect within the deadline to the first address of `host` that accepts.
-int connect_tcp(const ConnectionOptions& opts, Clock::time_point deadline, std::string& why) {
+// TCP connect to the first address of `host` that accepts. With a deadline, a
+// connect in progress is waited for (a timeout moves on to the next address);
+// without one, a connect in progress is returned as it is, with `pending` set, for
+// the caller to finish (start_socket); a refusal at once still moves on.
+int connect_tcp(const ConnectionOptions& opts, std::optional<Clock::time_point> deadline, bool& pending,
+                std::string& why) {
+  pending = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -114,6 +120,7 @@ int connect_tcp(const ConnectionOptions& opts, Clock::time_point deadline, std::
     return -1;
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(found, ::freeaddrinfo);
+  why = "no address";
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
@@ -123,10 +130,14 @@ int connect_tcp(const ConnectionOptions& opts, Clock::time_point deadline, std::
     int err = 0;
     if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
       err = errno;
+      if (err == EINPROGRESS && !deadline) {
+        pending = true;
+        return fd;
+      }
       if (err == EINPROGRESS) {
         pollfd p{fd, POLLOUT, 0};
         int r = 0;
-        while ((r = ::poll(&p, 1, poll_ms(deadline))) < 0 && errno == EINTR) {
+        while ((r = ::poll(&p, 1, poll_ms(*deadline))) < 0 && errno == EINTR) {
         }
         socklen_t len = sizeof err;
         if (r == 0) {
@@ -399,40 +410,19 @@ std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, std::error_c
   };
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
   if (!tls_context_for(opts, ctx, ec, why)) return nullptr;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(opts.port);
-  const int rc = ::getaddrinfo(opts.host.c_str(), port.c_str(), &hints, &found);
-  if (rc != 0)
-    return fail(errc::backend_unavailable, std::string("cannot resolve the host: ") + ::gai_strerror(rc));
-  std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(found, ::freeaddrinfo);
-  std::string err = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      err = std::string("socket: ") + std::strerror(errno);
-      continue;
-    }
-    // A connect that fails at once (refused on loopback) moves on to the next
-    // address; one in progress is the socket's, to finish in progress_connect().
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-      err = std::strerror(errno);
-      ::close(fd);
-      continue;
-    }
-    std::unique_ptr<Socket> sock(new Socket());
-    sock->fd_ = fd;
-    sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
-    sock->state_ = Socket::State::tcp;
-    if (ctx) {
-      sock->ssl_ = new_tls_session(ctx.get(), fd, opts.host);
-      if (sock->ssl_ == nullptr) return fail(errc::backend_unavailable, "TLS: " + ssl_errors());
-    }
-    return sock;
+  bool pending = false;
+  std::string err;
+  const int fd = connect_tcp(opts, std::nullopt, pending, err);
+  if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err);
+  std::unique_ptr<Socket> sock(new Socket());
+  sock->fd_ = fd;
+  sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
+  sock->state_ = Socket::State::tcp;  // progress_connect() finishes it (at once when done)
+  if (ctx) {
+    sock->ssl_ = new_tls_session(ctx.get(), fd, opts.host);
+    if (sock->ssl_ == nullptr) return fail(errc::backend_unavailable, "TLS: " + ssl_errors());
   }
-  return fail(errc::backend_unavailable, "cannot connect: " + err);
+  return sock;
 }
 
 long Socket::progress_connect(short& want, std::string& why) {
@@ -485,7 +475,8 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
   if (!tls_context_for(opts, ctx, ec, why)) return nullptr;
   std::string err;
-  const int fd = connect_tcp(opts, connect_deadline, err);
+  bool pending = false;
+  const int fd = connect_tcp(opts, connect_deadline, pending, err);
   if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err);
   std::unique_ptr<Socket> sock(new Socket());
   sock->fd_ = fd;

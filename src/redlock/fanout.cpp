@@ -79,15 +79,7 @@ bool is_auth_error(const redisReply* r) {
 
 redis::ConnectionOptions master_options(const Url& url, std::size_t host_index, const ClientOptions& client,
                                         std::error_code& ec, std::string& why) {
-  // options_from_url reads TLS settings for rediss schemes; redlocks:// means the same.
-  Url as_redis = url;
-  as_redis.scheme = url.scheme == "redlocks" ? "rediss" : "redis";
-  as_redis.query.clear();
-  for (const auto& [k, v] : url.query) {
-    if (k == "cacert" || k == "cert" || k == "key") as_redis.query.emplace(k, v);
-  }
-  as_redis.path.clear();
-  redis::ConnectionOptions o = redis::options_from_url(as_redis, host_index, client, ec, why);
+  redis::ConnectionOptions o = redis::options_from_url(url, host_index, client, ec, why);
   if (!ec) ec = redis::check_tls_settings(o, why);
   return o;
 }

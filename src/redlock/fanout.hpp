@@ -118,8 +118,6 @@ class Master {
  public:
   explicit Master(redis::ConnectionOptions opts);
 
-  const std::string& host() const noexcept { return opts_.host; }
-  std::uint16_t port() const noexcept { return opts_.port; }
   const std::string& label() const noexcept { return label_; }  ///< "host:port"
   const std::string& user() const noexcept { return opts_.user; }
   const std::string& password() const noexcept { return opts_.password; }
