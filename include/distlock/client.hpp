@@ -290,6 +290,12 @@ Client connect(std::string_view url, const ClientOptions& opts, std::error_code&
 /// The URL `connect("")` would use: $DISTLOCK_URL, else the host-local default.
 std::string default_url();
 
+/// The URL schemes this build supports, one paragraph each: how the URL is written,
+/// what it locks on and, with `with_keys`, every query key it accepts (type, default,
+/// meaning for that scheme). connect() rejects any other key. For help texts
+/// (`distlock urls`); the text may change between versions.
+std::string describe_url_schemes(bool with_keys = true);
+
 /// Wraps an engine made by hand (tests with a fake backend).
 Client connect_with_engine(std::shared_ptr<detail::Engine> engine);
 

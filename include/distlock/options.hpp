@@ -1,6 +1,6 @@
 // distlock/options.hpp — settings for clients and locks, as std::chrono durations.
 //
-// Each field documents its default and its preconditions; `validate()` checks the
+// Each field documents its default and its preconditions; `validate_and_fill()` checks the
 // relations between them (for example the safety margin must be below ttl/3, so a
 // holder always gives up before the server can hand the lock to somebody else).
 //
@@ -75,6 +75,9 @@ struct LockOptions {
   /// and checks every relation (max_hold > 0, holder_info printable without '|'). Returns an
   /// `errc::invalid_argument` error naming the offending field, or {}.
   std::error_code validate_and_fill() noexcept;
+  /// The same, with `why` set to a sentence naming the field, its value and the rule
+  /// ("safety_margin 4000ms must be below ttl/3 (3333ms)") when it fails.
+  std::error_code validate_and_fill(std::string& why);
 };
 
 /// Log severity for `ClientOptions::logger`.
@@ -102,6 +105,11 @@ struct ClientOptions {
   /// atomic increments per acquire, release and renewal). Default true; false makes
   /// `metrics()` return an empty string.
   bool metrics{true};
+
+  /// Checks the timeouts' ranges and `lock_defaults` (as LockOptions::validate_and_fill
+  /// does); `errc::invalid_argument` with `why` naming the field, or {}. connect()
+  /// calls it after applying the URL's `timeout=`.
+  std::error_code validate(std::string& why) const;
 };
 
 }  // namespace distlock

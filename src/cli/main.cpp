@@ -107,10 +107,8 @@ class Formatter final : public CLI::Formatter {
 constexpr const char* kDescription =
     "distlock - distributed locks from the shell.\n"
     "Run a job on exactly one machine at a time, stop it if it loses the lock, and inspect locks.\n"
-    "Durations are written 250ms, 10s, 2m or 1h. Lock services are named by URL:\n"
-    "  redis://[user:password@]host:port[/db][?prefix=P&timeout=DUR]   one Redis server\n"
-    "  file:///absolute/dir                                             this host only (kernel locks)\n"
-    "  (and redlock://, etcd://, zk://, postgres:// where built in)";
+    "Durations are written 250ms, 10s, 2m or 1h. Lock services are named by URL ('distlock urls' "
+    "lists each scheme's query keys):";
 
 constexpr const char* kFooter =
     "EXIT STATUS (all subcommands)\n"
@@ -195,7 +193,8 @@ int main(int argc, char** argv) {
   args.clear();
   for (std::string& a : owned_args) args.push_back(a.data());
 
-  CLI::App app(kDescription, "distlock");
+  CLI::App app(std::string(kDescription) + "\n" + distlock::describe_url_schemes(/*with_keys=*/false),
+               "distlock");
   app.formatter(std::make_shared<Formatter>());
   app.footer(kFooter);
   app.set_version_flag("--version", std::string("distlock ") + distlock::kVersion);
@@ -209,6 +208,9 @@ int main(int argc, char** argv) {
   add_leader_command(app, exit_code);
   add_list_command(app, exit_code);
   add_bench_command(app, exit_code);
+  app.add_subcommand("urls", "List the lock-service URL schemes this build supports, with every query key each "
+                             "one accepts (type, default, meaning)")
+      ->callback([] { std::fputs(distlock::describe_url_schemes().c_str(), stdout); });
 #if DISTLOCK_HAS_IDS
   add_id_command(app, exit_code);
 #endif

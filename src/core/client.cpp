@@ -8,6 +8,7 @@
 #include "core/backend.hpp"
 #include "core/engine.hpp"
 #include "core/url.hpp"
+#include "core/url_keys.hpp"
 
 namespace distlock {
 
@@ -16,18 +17,63 @@ using detail::HeldLock;
 
 // ---- LockOptions -----------------------------------------------------------
 
-std::error_code LockOptions::validate_and_fill() noexcept {
-  if (ttl < min_ttl || ttl > max_ttl) return make_error_code(errc::invalid_argument);
-  if (safety_margin.count() < 0 || renew_interval.count() < 0) return make_error_code(errc::invalid_argument);
+// The rules live here once: validate_and_fill() and every message about a bad
+// option come from this function.
+std::error_code LockOptions::validate_and_fill(std::string& why) {
+  auto bad = [&](std::string msg) {
+    why = std::move(msg);
+    return make_error_code(errc::invalid_argument);
+  };
+  const auto ms = [](Millis d) { return std::to_string(d.count()) + "ms"; };
+  if (ttl < min_ttl) return bad("lock ttl " + ms(ttl) + " is below the minimum of " + ms(min_ttl));
+  if (ttl > max_ttl) return bad("lock ttl " + ms(ttl) + " is above the maximum of " + ms(max_ttl) + " (366 days)");
+  if (safety_margin.count() < 0) return bad("safety_margin " + ms(safety_margin) + " is negative");
+  if (renew_interval.count() < 0) return bad("renew_interval " + ms(renew_interval) + " is negative");
   if (safety_margin.count() == 0) safety_margin = std::min<Millis>(ttl / 10, std::chrono::seconds(2));
   if (renew_interval.count() == 0) renew_interval = ttl / 3;
-  if (safety_margin >= ttl / 3) return make_error_code(errc::invalid_argument);
-  if (renew_interval > ttl / 2 || renew_interval.count() <= 0) return make_error_code(errc::invalid_argument);
-  if (max_hold && (max_hold->count() <= 0 || *max_hold > max_wait))
-    return make_error_code(errc::invalid_argument);
+  if (safety_margin >= ttl / 3) {
+    return bad("safety_margin " + ms(safety_margin) + " must be below ttl/3 (" + ms(ttl / 3) + ")");
+  }
+  if (renew_interval > ttl / 2) {
+    return bad("renew_interval " + ms(renew_interval) + " must be at most ttl/2 (" + ms(ttl / 2) + ")");
+  }
+  if (max_hold && max_hold->count() <= 0) return bad("max_hold " + ms(*max_hold) + " must be above zero");
+  if (max_hold && *max_hold > max_wait) {
+    return bad("max_hold " + ms(*max_hold) + " is above the maximum of 100 years");
+  }
   if (holder_info.size() > max_holder_info) holder_info.resize(max_holder_info);
-  for (char c : holder_info) {
-    if (c < 0x20 || c > 0x7e || c == '|') return make_error_code(errc::invalid_argument);
+  for (std::size_t i = 0; i < holder_info.size(); ++i) {
+    const char c = holder_info[i];
+    if (c == '|') return bad("holder_info must not contain '|' (byte " + std::to_string(i) + ")");
+    if (c < 0x20 || c > 0x7e) {
+      return bad("holder_info must be printable ASCII: byte " + std::to_string(i) + " is " +
+                 std::to_string(static_cast<unsigned char>(c)));
+    }
+  }
+  return {};
+}
+
+std::error_code LockOptions::validate_and_fill() noexcept {
+  try {
+    std::string why;
+    return validate_and_fill(why);
+  } catch (...) {  // std::bad_alloc building a message: the options are not known to be good
+    return make_error_code(errc::invalid_argument);
+  }
+}
+
+std::error_code ClientOptions::validate(std::string& why) const {
+  for (auto [field, value] : {std::pair{"connect_timeout", connect_timeout},
+                              std::pair{"command_timeout", command_timeout}}) {
+    if (value.count() <= 0 || value > std::chrono::hours(1)) {
+      why = std::string(field) + " " + std::to_string(value.count()) + "ms is out of range (0, 1 h]";
+      return make_error_code(errc::invalid_argument);
+    }
+  }
+  LockOptions defaults = lock_defaults;
+  if (auto ec = defaults.validate_and_fill(why)) {
+    why = "lock_defaults: " + why;
+    return ec;
   }
   return {};
 }
@@ -50,38 +96,9 @@ const char* to_string(LossReason reason) noexcept {
 namespace {
 
 std::string describe_options_error(const LockOptions& o) {
-  if (o.ttl < LockOptions::min_ttl) {
-    return "lock ttl " + std::to_string(o.ttl.count()) + "ms is below the minimum of " +
-           std::to_string(LockOptions::min_ttl.count()) + "ms";
-  }
-  if (o.ttl > LockOptions::max_ttl) {
-    return "lock ttl " + std::to_string(o.ttl.count()) + "ms is above the maximum of " +
-           std::to_string(LockOptions::max_ttl.count()) + "ms (366 days)";
-  }
-  if (o.safety_margin.count() < 0) return "safety_margin is negative";
-  if (o.renew_interval.count() < 0) return "renew_interval is negative";
-  if (o.safety_margin.count() != 0 && o.safety_margin >= o.ttl / 3) {
-    return "safety_margin " + std::to_string(o.safety_margin.count()) + "ms must be below ttl/3 (" +
-           std::to_string((o.ttl / 3).count()) + "ms)";
-  }
-  if (o.renew_interval > o.ttl / 2) {
-    return "renew_interval " + std::to_string(o.renew_interval.count()) + "ms must be at most ttl/2 (" +
-           std::to_string((o.ttl / 2).count()) + "ms)";
-  }
-  if (o.max_hold && o.max_hold->count() <= 0) {
-    return "max_hold " + std::to_string(o.max_hold->count()) + "ms must be above zero";
-  }
-  if (o.max_hold && *o.max_hold > LockOptions::max_wait) {
-    return "max_hold " + std::to_string(o.max_hold->count()) + "ms is above the maximum of 100 years";
-  }
-  for (std::size_t i = 0; i < o.holder_info.size() && i < LockOptions::max_holder_info; ++i) {
-    const char c = o.holder_info[i];
-    if (c == '|') return "holder_info must not contain '|' (byte " + std::to_string(i) + ")";
-    if (c < 0x20 || c > 0x7e) {
-      return "holder_info must be printable ASCII: byte " + std::to_string(i) + " is " +
-             std::to_string(static_cast<unsigned char>(c));
-    }
-  }
+  LockOptions copy = o;
+  std::string why;
+  if (copy.validate_and_fill(why)) return why;
   return "invalid lock options";
 }
 
@@ -389,6 +406,10 @@ std::string default_url() {
   return "file:///tmp/distlock-" + std::to_string(::getuid());
 }
 
+std::string describe_url_schemes(bool with_keys) {
+  return detail::describe_schemes(with_keys);
+}
+
 Client connect(std::string_view url_text, const ClientOptions& in_opts, std::error_code& ec) noexcept {
   try {
     return connect(url_text, in_opts);
@@ -405,24 +426,18 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   detail::Url url;
   std::string why;
   if (auto ec = detail::parse_url(text, url, why)) throw_error(ec, why);
-  const detail::BackendFactory factory = detail::find_backend(url.scheme);
-  if (!factory) {
+  const detail::Scheme* scheme = detail::find_scheme(url.scheme);
+  if (!scheme) {
     throw_error(make_error_code(errc::invalid_url), "unknown scheme \"" + url.scheme + "\" in URL \"" +
                                                         url.redacted() +
                                                         "\" (known: " + detail::known_schemes() + ")");
   }
+  if (auto ec = detail::check_query(*scheme, url, why)) throw_error(ec, why);
+  const detail::BackendFactory factory = scheme->factory;
   ClientOptions opts = in_opts;
   if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
-  for (auto [field, value] : {std::pair{"connect_timeout", opts.connect_timeout},
-                              std::pair{"command_timeout", opts.command_timeout}}) {
-    if (value.count() <= 0 || value > std::chrono::hours(1)) {
-      throw_error(make_error_code(errc::invalid_argument),
-                  std::string(field) + " " + std::to_string(value.count()) + "ms is out of range (0, 1 h]");
-    }
-  }
-  if (auto ec = opts.lock_defaults.validate_and_fill()) {
-    throw_error(ec, "lock_defaults: " + describe_options_error(in_opts.lock_defaults));
-  }
+  if (auto ec = opts.validate(why)) throw_error(ec, why);
+  opts.lock_defaults.validate_and_fill();
   std::error_code ec;
   std::unique_ptr<detail::Backend> backend = factory(url, opts, ec, why);
   if (ec || !backend) {

@@ -26,6 +26,7 @@
 
 #include "core/log.hpp"
 #include "core/owner_id.hpp"
+#include "core/url_keys.hpp"
 #include "file/file_common.hpp"
 #include "file/file_records.hpp"
 
@@ -692,26 +693,9 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
         url_error(why, "file URL " + in_quotes(shown) + " has no directory; write file:///absolute/dir"));
   }
   Settings settings;
-  for (const auto& [key, value] : url.query) {
-    if (key == "recheck") {
-      if (!parse_duration(value, settings.recheck) || settings.recheck.count() <= 0) {
-        return reject(url_error(why, "recheck " + in_quotes(value) + " in URL " + in_quotes(shown) +
-                                         " is not a positive duration like 500ms or 2s"));
-      }
-    } else if (key == "sync") {
-      if (value == "true" || value == "1") {
-        settings.sync = true;
-      } else if (value == "false" || value == "0") {
-        settings.sync = false;
-      } else {
-        return reject(url_error(
-            why, "sync " + in_quotes(value) + " in URL " + in_quotes(shown) + " is not true or false"));
-      }
-    } else if (key != "timeout") {  // timeout is common to every URL; nothing here waits on I/O
-      return reject(url_error(why, "unknown query parameter " + in_quotes(key) + " in URL " +
-                                       in_quotes(shown) + " (file:// knows recheck, sync, timeout)"));
-    }
-  }
+  // recheck= and sync= were checked against the scheme's table (registry.cpp).
+  settings.recheck = query_duration(url, "recheck").value_or(settings.recheck);
+  settings.sync = query_flag(url, "sync").value_or(settings.sync);
   std::string dir = std::filesystem::path(url.path).lexically_normal().string();
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   settings.dir = dir;

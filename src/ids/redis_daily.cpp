@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/url.hpp"
+#include "core/url_keys.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "ids/random_pool.hpp"
@@ -284,6 +285,10 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
   ClientOptions client;
   client.connect_timeout = o.connect_timeout;
   client.command_timeout = o.command_timeout;
+  // The same query keys as a lock client's redis:// URL, checked by the same table.
+  if (auto ec = distlock::detail::check_query(*distlock::detail::find_scheme(url.scheme), url, why)) {
+    throw_error(ec, why);
+  }
   if (auto ec = distlock::detail::apply_common_query(url, client, why)) throw_error(ec, why);
   std::error_code ec;
   redis::ConnectionOptions co = redis::options_from_url(url, 0, client, ec, why);

@@ -754,19 +754,8 @@ std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptio
     return bad("URL " + shown + " names " + std::to_string(url.hosts.size()) +
                " hosts; postgres:// takes one server (advisory locks live on one primary)");
   }
-  for (const auto& [key, value] : url.query) {
-    if (key == "sslmode") {
-      static const std::set<std::string> kModes{"disable", "allow",     "prefer",
-                                                "require", "verify-ca", "verify-full"};
-      if (!kModes.count(value)) {
-        return bad("sslmode \"" + value + "\" in URL " + shown +
-                   " is not one of disable, allow, prefer, require, verify-ca, verify-full");
-      }
-      cfg.sslmode = value;
-    } else if (key != "timeout") {
-      return bad("unknown query parameter \"" + key + "\" in URL " + shown + " (known: timeout, sslmode)");
-    }
-  }
+  // sslmode= was checked against the scheme's table (registry.cpp).
+  cfg.sslmode = url.query_or("sslmode", cfg.sslmode);
   std::string db = url.path;
   if (!db.empty() && db[0] == '/') db.erase(0, 1);
   if (db.empty()) {

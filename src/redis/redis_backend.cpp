@@ -966,17 +966,8 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
     return bad("URL " + shown + " names " + std::to_string(url.hosts.size()) +
                " hosts; redis:// takes one server (for several independent masters use redlock://)");
   }
-  const bool tls = url.scheme == "rediss";
-  for (const auto& [key, value] : url.query) {
-    const bool tls_key = key == "cacert" || key == "cert" || key == "key";
-    if (tls_key && !tls) {
-      return bad("query parameter \"" + key + "\" in URL " + shown + " needs TLS: write rediss://");
-    }
-    if (key != "prefix" && key != "timeout" && !tls_key) {
-      return bad("unknown query parameter \"" + key + "\" in URL " + shown + " (known: prefix, timeout" +
-                 (tls ? ", cacert, cert, key)" : ")"));
-    }
-  }
+  // The query's keys and their types were checked against the scheme's table
+  // (registry.cpp) before this factory runs.
   const std::string prefix = url.query_or("prefix", "distlock");
   if (!prefix_ok(prefix)) {
     return bad("prefix \"" + prefix + "\" in URL " + shown +

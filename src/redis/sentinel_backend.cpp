@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/url_keys.hpp"
 #include "redis/connection.hpp"
 #include "redis/redis_backend.hpp"
 
@@ -38,7 +39,6 @@ constexpr Millis kRecheckEvery{1000};
 constexpr Millis kMinRediscover{100};
 // The monitor waits this long before subscribing again after losing a sentinel.
 constexpr Millis kResubscribeDelay{200};
-constexpr int kMaxWait = 100;
 
 struct Address {
   std::string host;
@@ -634,12 +634,6 @@ std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptio
                  " contains '/', a space or a control character");
     }
   }
-  for (const auto& [key, value] : url.query) {
-    if (key != "prefix" && key != "timeout" && key != "wait" && key != "wait_timeout") {
-      return bad("unknown query parameter \"" + key + "\" in URL " + shown +
-                 " (known: prefix, timeout, wait, wait_timeout)");
-    }
-  }
   RedisSettings settings;
   settings.url = url.redacted();
   settings.prefix = url.query_or("prefix", "distlock");
@@ -647,31 +641,19 @@ std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptio
     return bad("prefix \"" + settings.prefix + "\" in URL " + shown +
                " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
   }
-  if (auto it = url.query.find("wait"); it != url.query.end()) {
-    unsigned v = 0;
-    const std::string& t = it->second;
-    auto [p, e] = std::from_chars(t.data(), t.data() + t.size(), v);
-    if (t.empty() || e != std::errc{} || p != t.data() + t.size() || v > kMaxWait) {
-      return bad("wait \"" + t + "\" in URL " + shown + " is not a number of replicas in 0-" +
-                 std::to_string(kMaxWait));
-    }
-    settings.wait_replicas = static_cast<int>(v);
-  }
-  if (auto it = url.query.find("wait_timeout"); it != url.query.end()) {
+  // Types and ranges of wait= and wait_timeout= were checked against the scheme's
+  // table (registry.cpp); what is left relates them to each other and to the timeouts.
+  if (const auto wait = query_count(url, "wait")) settings.wait_replicas = static_cast<int>(*wait);
+  if (const auto d = query_duration(url, "wait_timeout")) {
     if (settings.wait_replicas == 0) {
       return bad("wait_timeout in URL " + shown + " needs wait=N (the number of replicas to wait for)");
     }
-    Millis d{};
-    if (!parse_duration(it->second, d) || d.count() <= 0) {
-      return bad("wait_timeout \"" + it->second + "\" in URL " + shown +
-                 " is not a positive duration like 200ms or 1s");
-    }
-    if (d >= opts.command_timeout) {
-      return bad("wait_timeout \"" + it->second + "\" in URL " + shown +
+    if (*d >= opts.command_timeout) {
+      return bad("wait_timeout \"" + url.query.at("wait_timeout") + "\" in URL " + shown +
                  " must be shorter than the command timeout (" +
                  std::to_string(opts.command_timeout.count()) + " ms; raise it with timeout=)");
     }
-    settings.wait_timeout = d;
+    settings.wait_timeout = *d;
   } else if (settings.wait_replicas > 0) {
     settings.wait_timeout = std::min(Millis(1000), opts.command_timeout / 2);
   }

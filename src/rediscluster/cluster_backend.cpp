@@ -1291,12 +1291,6 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
   if (url.hosts.empty()) {
     return bad("URL " + shown + " names no cluster node (expected redis+cluster://host:port[,host:port...])");
   }
-  for (const auto& [key, value] : url.query) {
-    if (key != "prefix" && key != "timeout" && key != "nat") {
-      return bad("unknown query parameter \"" + key + "\" in URL " + shown +
-                 " (known: prefix, timeout, nat)");
-    }
-  }
   // nat=ANNOUNCED_HOST:PORT=REACHABLE_HOST:PORT[,...]: nodes that announce addresses
   // this client cannot reach directly (port forwarding, containers, proxies).
   std::map<std::string, std::pair<std::string, std::uint16_t>> nat;

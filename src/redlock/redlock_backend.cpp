@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/log.hpp"
+#include "core/url_keys.hpp"
 #include "redis/records.hpp"
 #include "redlock/fanout.hpp"
 #include "redlock/quorum.hpp"
@@ -114,28 +115,13 @@ std::error_code parse_config(const Url& url, Config& out, std::string& why) {
     out.user = url.user;
     out.password = url.password;
   }
-  for (const auto& [k, v] : url.query) {
-    if (k == "prefix") {
-      out.prefix = v;
-    } else if (k == "timeout") {
-      Millis d{};
-      if (!parse_duration(v, d) || d.count() <= 0) {
-        return bad_url(why, fmt::format("timeout \"{}\" in \"{}\" is not a positive duration like 50ms or 1s",
-                                        v, shown));
-      }
-      out.node_timeout = d;
-    } else if (k == "cacert" || k == "cert" || k == "key") {
-      if (url.scheme != "redlocks") {
-        return bad_url(why, fmt::format("\"{}\" in \"{}\" is a TLS setting; TLS to the masters is "
-                                        "redlocks://",
-                                        k, shown));
-      }
-    } else {
-      return bad_url(why, fmt::format("unknown parameter \"{}\" in \"{}\"; redlock:// accepts prefix and "
-                                      "timeout, redlocks:// also cacert, cert and key",
-                                      k, shown));
-    }
+  // The query is checked against the scheme's table (registry.cpp) here as well as in
+  // connect(): tests parse Redlock URLs without connecting.
+  if (const Scheme* scheme = find_scheme(url.scheme)) {
+    if (auto ec = check_query(*scheme, url, why)) return ec;
   }
+  out.prefix = url.query_or("prefix", out.prefix);
+  if (const auto d = query_duration(url, "timeout")) out.node_timeout = *d;
   return {};
 }
 

@@ -140,7 +140,7 @@ TEST(RedlockUrl, RejectsEachProblemByName) {
   EXPECT_NE(parse_error("redlock://a,b,a:6379").find("appears twice"), std::string::npos);
   EXPECT_NE(parse_error("redlock://a:1,b:2,c:3?timeout=fast").find("timeout \"fast\""), std::string::npos);
   EXPECT_NE(parse_error("redlock://a:1,b:2,c:3?timeout=0").find("positive duration"), std::string::npos);
-  EXPECT_NE(parse_error("redlock://a:1,b:2,c:3?quorum=1").find("unknown parameter \"quorum\""),
+  EXPECT_NE(parse_error("redlock://a:1,b:2,c:3?quorum=1").find("unknown query parameter \"quorum\""),
             std::string::npos);
   EXPECT_NE(parse_error("redlock://a:1,b:2,c:3/2").find("no database path"), std::string::npos);
   EXPECT_NE(parse_error("redlock://bob@a:1,b:2,c:3").find("no password"), std::string::npos);
