@@ -1,14 +1,10 @@
 #include "etcd/etcd_backend.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <condition_variable>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -16,6 +12,7 @@
 #include "etcd/etcd_keys.hpp"
 #include "etcd/etcd_records.hpp"
 #include "etcd/etcd_transport.hpp"
+#include "etcd/etcd_url.hpp"
 
 namespace distlock::detail {
 
@@ -90,24 +87,6 @@ struct WatchStream {
   std::atomic<bool> broken{false};
   std::atomic<bool> done{false};  // the reader thread has nothing left to do
 };
-
-std::error_code read_file(const std::string& what, const std::string& path, std::string& out,
-                          std::string& why) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    why = "TLS " + what + " file \"" + path + "\" cannot be read: " + std::strerror(err);
-    return make_error_code(errc::invalid_argument);
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  out = ss.str();
-  if (out.empty()) {
-    why = "TLS " + what + " file \"" + path + "\" is empty";
-    return make_error_code(errc::invalid_argument);
-  }
-  return {};
-}
 
 // ---- the backend -----------------------------------------------------------
 
@@ -1009,65 +988,10 @@ void EtcdBackend::keeper_main(std::stop_token st) {
 
 std::unique_ptr<Backend> make_etcd_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                            std::string& why) {
-  auto bad_url = [&](std::string msg) -> std::unique_ptr<Backend> {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
-    return nullptr;
-  };
-  if (url.hosts.empty() || url.hosts.front().host.empty()) {
-    return bad_url("etcd URL \"" + url.redacted() +
-                   "\" names no endpoint; expected etcd://host:port[,host:port...]");
-  }
-  if (!url.path.empty() && url.path != "/") {
-    return bad_url("etcd URL \"" + url.redacted() + "\" has a path \"" + url.path +
-                   "\"; etcd URLs take no path (use ?prefix=)");
-  }
-  static const std::set<std::string> known = {"prefix", "tls", "cacert", "cert", "key", "timeout"};
-  for (const auto& [k, v] : url.query) {
-    if (!known.count(k)) {
-      return bad_url("unknown query parameter \"" + k + "\" in etcd URL \"" + url.redacted() +
-                     "\" (known: prefix, tls, cacert, cert, key, timeout)");
-    }
-  }
-  etcd::TransportConfig config;
-  for (const auto& h : url.hosts) {
-    if (h.host.empty())
-      return bad_url("etcd URL \"" + url.redacted() + "\" has an empty host in its endpoint list");
-    const std::string host = h.host.find(':') != std::string::npos ? "[" + h.host + "]" : h.host;
-    config.targets.push_back(host + ":" + std::to_string(h.port == 0 ? 2379 : h.port));
-  }
-  if (url.has_userinfo) {
-    if (url.user.empty())
-      return bad_url("etcd URL \"" + url.redacted() + "\" has a password but no user name");
-    config.user = url.user;
-    config.password = url.password;
-  }
-  const std::string tls = url.query_or("tls", "");
-  if (tls == "1" || tls == "true" || tls == "yes") {
-    config.tls = true;
-  } else if (!tls.empty() && tls != "0" && tls != "false" && tls != "no") {
-    return bad_url("tls=\"" + tls + "\" in etcd URL \"" + url.redacted() +
-                   "\" is not one of 1, 0, true, false");
-  }
-  const std::string cacert = url.query_or("cacert", "");
-  const std::string cert = url.query_or("cert", "");
-  const std::string key = url.query_or("key", "");
-  if (!cacert.empty() || !cert.empty() || !key.empty()) config.tls = true;
-  if (cert.empty() != key.empty()) {
-    ec = make_error_code(errc::invalid_argument);
-    why = "etcd URL \"" + url.redacted() + "\": a TLS client certificate needs both cert= and key=";
-    return nullptr;
-  }
-  if (!cacert.empty() && (ec = read_file("cacert", cacert, config.ca_pem, why))) return nullptr;
-  if (!cert.empty() && (ec = read_file("cert", cert, config.cert_pem, why))) return nullptr;
-  if (!key.empty() && (ec = read_file("key", key, config.key_pem, why))) return nullptr;
-  config.command_timeout = opts.command_timeout;
-  config.connect_timeout = opts.connect_timeout;
-
-  std::string prefix = url.query_or("prefix", "distlock");
-  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
-
-  auto backend = std::make_unique<EtcdBackend>(std::move(config), std::move(prefix), url.redacted(), opts);
+  etcd::UrlConfig parsed;
+  if ((ec = etcd::parse_url(url, opts, parsed, why))) return nullptr;
+  auto backend = std::make_unique<EtcdBackend>(std::move(parsed.transport), std::move(parsed.prefix),
+                                               url.redacted(), opts);
   if ((ec = backend->probe(why))) {
     why = "cannot use etcd at " + url.redacted() + ": " + why;
     return nullptr;

@@ -16,15 +16,16 @@
 #include "zk/zk_call.hpp"
 #include "zk/zk_names.hpp"
 #include "zk/zk_records.hpp"
+#include "zk/zk_url.hpp"
 
 namespace distlock::detail {
 
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-using SteadyTime = SteadyClock::time_point;
+// Every deadline is taken on the client's injected clock (ClientOptions::clock), the
+// one the engine counts lease validity on; tests run it on a manual clock.
+using SteadyTime = Clock::time_point;
 
-constexpr std::uint16_t kDefaultPort = 2181;
 // Rounds of create / list / watch one try_acquire may go through when nodes come and
 // go under it (predecessor vanished between list and watch, parent removed, ...).
 constexpr int kMaxRounds = 16;
@@ -104,19 +105,13 @@ void node_watcher(zhandle_t* zh, int type, int state, const char* path, void* ct
 
 class ZkBackend final : public Backend {
  public:
-  struct Config {
-    std::string connect_string;  // "h1:p1,h2:p2/chroot"
-    std::string chroot;
-    std::string credentials;  // "user:password" or empty
-    std::string redacted_url;
-    Millis session_timeout{};  // requested
-    bool session_timeout_from_url = false;
-    Millis connect_timeout{};
-    Millis command_timeout{};
-  };
+  using Config = zk::UrlConfig;
 
-  ZkBackend(Config cfg, std::function<void(LogLevel, std::string_view)> sink)
-      : cfg_(std::move(cfg)), log_(std::move(sink)), records_(records_env()) {}
+  ZkBackend(Config cfg, const ClientOptions& opts)
+      : cfg_(std::move(cfg)),
+        log_(opts.logger),
+        clock_(opts.clock ? opts.clock : system_steady_clock()),
+        records_(records_env()) {}
 
   ~ZkBackend() override {
     {
@@ -141,10 +136,10 @@ class ZkBackend final : public Backend {
       std::lock_guard lk(mu_);
       session_ = s;
     }
-    const SteadyTime deadline = SteadyClock::now() + cfg_.connect_timeout;
+    const SteadyTime deadline = clock_->now() + cfg_.connect_timeout;
     {
       std::unique_lock lk(mu_);
-      cv_.wait_until(lk, deadline, [&] { return s->connected || s->expired; });
+      wait_until(lk, deadline, [&] { return s->connected || s->expired; });
       if (s->expired) {
         why = "ZooKeeper at " + cfg_.redacted_url + " refused the session (authentication failed)";
         return make_error_code(errc::auth_failed);
@@ -159,7 +154,7 @@ class ZkBackend final : public Backend {
     if (!cfg_.chroot.empty() && cfg_.chroot != "/") {
       // With a chroot, "/" is the chroot node itself.
       auto r = zk::submit_exists(s->zh.get(), "/");
-      const int rc = zk::await(r, SteadyClock::now() + cfg_.command_timeout);
+      const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
       if (rc == ZNONODE) {
         why = "chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
               " does not exist on the ZooKeeper server (create it first, e.g. zkCli.sh create " +
@@ -254,6 +249,7 @@ class ZkBackend final : public Backend {
     };
     env.node_acl = node_acl();
     env.root_acl = &acls().root_vec;
+    env.clock = clock_;
     env.connect_timeout = cfg_.connect_timeout;
     env.command_timeout = cfg_.command_timeout;
     env.url = cfg_.redacted_url;
@@ -268,12 +264,22 @@ class ZkBackend final : public Backend {
   /// at `deadline`.
   std::shared_ptr<Session> usable_session(SteadyTime deadline) {
     std::unique_lock lk(mu_);
-    cv_.wait_until(lk, deadline,
-                   [&] { return stopping_ || (session_ && session_->connected && !session_->expired); });
+    wait_until(lk, deadline,
+               [&] { return stopping_ || (session_ && session_->connected && !session_->expired); });
     if (stopping_ || !session_ || !session_->connected || session_->expired) return nullptr;
     return session_;
   }
   Millis session_timeout() const { return Millis(negotiated_ms_.load()); }
+  /// cv_.wait_until with a predicate, on the injected clock (whose wait may return
+  /// early: loop on its reading). `lk` holds mu_. Returns the predicate's last value.
+  template <class Pred>
+  bool wait_until(std::unique_lock<std::mutex>& lk, SteadyTime deadline, Pred pred) {
+    while (!pred()) {
+      if (clock_->now() >= deadline) return false;
+      clock_->wait_until(cv_, lk, deadline);
+    }
+    return true;
+  }
   const ACL_vector* node_acl() const {
     return cfg_.credentials.empty() ? &ZOO_OPEN_ACL_UNSAFE : &acls().creator_read_vec;
   }
@@ -289,6 +295,7 @@ class ZkBackend final : public Backend {
 
   Config cfg_;
   Logger log_;
+  const std::shared_ptr<Clock> clock_;
   std::atomic<ChangeListener*> listener_{nullptr};
   std::atomic<std::uint64_t> attempts_{0};
   std::atomic<std::uint64_t> next_generation_{1};
@@ -389,7 +396,7 @@ void ZkBackend::delete_or_orphan(const std::shared_ptr<Session>& s, const Entry&
     const std::string dir = zk::lock_dir(e.name);
     if (!e.node.empty() && s && s->generation() == e.generation) {
       auto r = zk::submit_delete(s->zh.get(), dir + "/" + e.node, e.version);
-      const int rc = zk::await(r, SteadyClock::now() + cfg_.command_timeout);
+      const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
       if (rc == ZOK || rc == ZNONODE || rc == ZBADVERSION) return;
       log_.log(LogLevel::debug, "zk: deleting {}/{} failed ({}); retried after reconnect", dir, e.node,
                zk::describe(rc));
@@ -424,21 +431,21 @@ void ZkBackend::ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime de
   root->undo_if_abandoned = false;
   auto leaf = zk::submit_create(zh, dir, {}, node_acl(), ZOO_CONTAINER);
   leaf->undo_if_abandoned = false;
-  rc = zk::await(root, deadline);
+  rc = zk::await(root, *clock_, deadline);
   if (rc != ZOK && rc != ZNODEEXISTS) return;
-  rc = zk::await(leaf, deadline);
+  rc = zk::await(leaf, *clock_, deadline);
   if (rc == ZUNIMPLEMENTED || rc == ZBADARGUMENTS) {
     // A server without container nodes (< 3.5.3): a persistent directory instead.
     auto plain = zk::submit_create(zh, dir, {}, node_acl(), ZOO_PERSISTENT);
     plain->undo_if_abandoned = false;
-    rc = zk::await(plain, deadline);
+    rc = zk::await(plain, *clock_, deadline);
   }
   if (rc == ZNODEEXISTS) rc = ZOK;
 }
 
 AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
   ec.clear();
-  const SteadyTime budget_end = SteadyClock::now() + cfg_.connect_timeout + cfg_.command_timeout;
+  const SteadyTime budget_end = clock_->now() + cfg_.connect_timeout + cfg_.command_timeout;
   const std::string key = key_of(req.name, req.owner);
   const std::string dir = zk::lock_dir(req.name);
   const std::string name(req.name);
@@ -531,13 +538,13 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
 
   for (int round = 0; round < kMaxRounds; ++round) {
     zhandle_t* zh = s->zh.get();
-    const SteadyTime deadline = std::min(budget_end, SteadyClock::now() + cfg_.command_timeout);
-    const SteadyTime sent = SteadyClock::now();
+    const SteadyTime deadline = std::min(budget_end, clock_->now() + cfg_.command_timeout);
+    const SteadyTime sent = clock_->now();
     zk::ReplyPtr created, listed;
     if (e.node.empty() && !e.uncertain && !req.keep_queued) {
       // One attempt only: a non-empty queue means busy, no need to write anything.
       listed = zk::submit_children(zh, dir);
-      const int rc = zk::await(listed, deadline);
+      const int rc = zk::await(listed, *clock_, deadline);
       if (rc == ZOK && !zk::queue_order(listed->children).empty()) {
         forget();
         return {};
@@ -557,7 +564,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
       created = zk::submit_create_and_touch(zh, dir + "/" + e.guid + std::string(zk::kLockMarker), req.owner,
                                             node_acl(), ZOO_EPHEMERAL_SEQUENTIAL, dir);
       listed.reset();
-      const int rc = zk::await(created, deadline);
+      const int rc = zk::await(created, *clock_, deadline);
       if (rc == ZNONODE) {
         int dir_rc = ZOK;
         ensure_dirs(zh, dir, deadline, dir_rc);
@@ -598,7 +605,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     if (!listed || e.uncertain) {
       listed = zk::submit_children(zh, dir);
     }
-    int rc = zk::await(listed, deadline);
+    int rc = zk::await(listed, *clock_, deadline);
     if (rc == ZNONODE) rc = ZOK;  // directory gone: our node is not there either
     if (rc != ZOK) {
       if (zk::is_transient(rc) && recover(rc, "listing the queue")) continue;
@@ -618,7 +625,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
       }
       // Adopt the node the lost create made; its czxid comes with its Stat.
       auto st = zk::submit_exists(zh, dir + "/" + mine->node);
-      const int src = zk::await(st, deadline);
+      const int src = zk::await(st, *clock_, deadline);
       if (src != ZOK) {
         e.node.clear();
         if (src != ZNONODE) add_orphan(dir, e.guid, e.generation);
@@ -648,7 +655,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     // the exists call says so and we look again.
     const std::string predecessor = dir + "/" + std::prev(me)->node;
     auto w = zk::submit_exists(zh, predecessor, &node_watcher, this);
-    const int wrc = zk::await(w, deadline);
+    const int wrc = zk::await(w, *clock_, deadline);
     if (wrc == ZNONODE) continue;
     if (wrc != ZOK) {
       if (zk::is_transient(wrc) && recover(wrc, "watching the predecessor")) continue;
@@ -704,7 +711,7 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
   zk::ReplyPtr synced;
   std::vector<zk::ReplyPtr> replies(items.size());
   std::vector<std::string> keys(items.size());
-  const SteadyTime sent = SteadyClock::now();
+  const SteadyTime sent = clock_->now();
   {
     std::vector<std::string> paths(items.size());
     {
@@ -732,11 +739,11 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
   const SteadyTime deadline = sent + cfg_.command_timeout;
   const clientid_t* id = zoo_client_id(s->zh.get());
   const std::int64_t session_id = id != nullptr ? id->client_id : 0;
-  const int sync_rc = synced ? zk::await(synced, deadline) : ZOK;
+  const int sync_rc = synced ? zk::await(synced, *clock_, deadline) : ZOK;
   std::vector<int> codes(items.size(), ZOK);
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!replies[i]) continue;
-    codes[i] = zk::await(replies[i], deadline);
+    codes[i] = zk::await(replies[i], *clock_, deadline);
     // Without a completed sync the answer may be a follower's stale view: unknown.
     if (sync_rc != ZOK) codes[i] = zk::kTimedOut;
   }
@@ -778,7 +785,7 @@ ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, 
   auto s = current_session();
   if (!s || s->generation() != e.generation) return ReleaseStatus::not_owner;  // session ended: node gone
   auto r = zk::submit_delete(s->zh.get(), zk::lock_dir(name) + "/" + e.node, e.version);
-  const int rc = zk::await(r, SteadyClock::now() + cfg_.command_timeout);
+  const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
   if (rc == ZOK) return ReleaseStatus::released;
   if (rc == ZNONODE || rc == ZBADVERSION) return ReleaseStatus::not_owner;
   if (zk::is_transient(rc)) {
@@ -791,16 +798,16 @@ ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, 
 
 LockInfo ZkBackend::status(std::string_view name, std::error_code& ec) {
   ec.clear();
-  auto s = usable_session(SteadyClock::now() + cfg_.connect_timeout);
+  auto s = usable_session(clock_->now() + cfg_.connect_timeout);
   if (!s) {
     ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", name);
     return {};
   }
   const std::string dir = zk::lock_dir(name);
   for (int round = 0; round < 4; ++round) {
-    const SteadyTime deadline = SteadyClock::now() + cfg_.command_timeout;
+    const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
     auto listed = zk::submit_children(s->zh.get(), dir);
-    const int rc = zk::await(listed, deadline);
+    const int rc = zk::await(listed, *clock_, deadline);
     LockInfo info;
     info.waiters = 0;
     if (rc == ZNONODE) return info;
@@ -811,7 +818,7 @@ LockInfo ZkBackend::status(std::string_view name, std::error_code& ec) {
     const auto queue = zk::queue_order(listed->children);
     if (queue.empty()) return info;
     auto st = zk::submit_exists(s->zh.get(), dir + "/" + queue.front().node);
-    const int src = zk::await(st, deadline);
+    const int src = zk::await(st, *clock_, deadline);
     if (src == ZNONODE) continue;  // released meanwhile: look again
     if (src != ZOK) {
       ec = fail(src, "reading the holder's node", name);
@@ -830,17 +837,17 @@ LockInfo ZkBackend::status(std::string_view name, std::error_code& ec) {
 void ZkBackend::keeper_main() {
   std::unique_lock lk(mu_);
   while (!stopping_) {
-    const SteadyTime soon = SteadyClock::now() + std::chrono::milliseconds(10);
-    SteadyTime wake = SteadyClock::now() + std::chrono::seconds(1);
+    const SteadyTime soon = clock_->now() + std::chrono::milliseconds(10);
+    SteadyTime wake = clock_->now() + std::chrono::seconds(1);
     if (session_ && session_->connected) {  // both jobs need the connection
       for (const auto& [k, e] : entries_) {
         if (e.held) wake = std::min(wake, std::max(e.valid_until, soon));
       }
       if (!orphans_.empty()) wake = std::min(wake, std::max(orphan_retry_at_, soon));
     }
-    cv_.wait_until(lk, wake, [&] {
+    wait_until(lk, wake, [&] {
       return stopping_ || (session_ && (session_->expired || session_->reconnected)) ||
-             (session_ && session_->connected && !orphans_.empty() && SteadyClock::now() >= orphan_retry_at_);
+             (session_ && session_->connected && !orphans_.empty() && clock_->now() >= orphan_retry_at_);
     });
     if (stopping_) break;
     if (session_ && session_->expired) {
@@ -861,7 +868,7 @@ void ZkBackend::keeper_main() {
     // Leases past their validity: the engine has already declared them lost (its
     // deadline is earlier); free the node so others are not blocked by a lease nobody uses.
     std::vector<Entry> stale;
-    const SteadyTime now = SteadyClock::now();
+    const SteadyTime now = clock_->now();
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (it->second.held && it->second.valid_until <= now && session_ && session_->connected) {
         stale.push_back(it->second);
@@ -892,9 +899,9 @@ void ZkBackend::sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orp
   std::vector<Orphan> retry;
   for (auto& o : orphans) {
     if (o.generation != s->generation()) continue;  // that session is gone, and its nodes with it
-    const SteadyTime deadline = SteadyClock::now() + cfg_.command_timeout;
+    const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
     auto listed = zk::submit_children(s->zh.get(), o.dir);
-    int rc = zk::await(listed, deadline);
+    int rc = zk::await(listed, *clock_, deadline);
     if (rc == ZNONODE) continue;
     if (rc != ZOK) {
       retry.push_back(std::move(o));
@@ -904,7 +911,7 @@ void ZkBackend::sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orp
     for (const auto& n : zk::queue_order(listed->children)) {
       if (n.guid != o.guid) continue;
       auto d = zk::submit_delete(s->zh.get(), o.dir + "/" + n.node, -1);
-      rc = zk::await(d, deadline);
+      rc = zk::await(d, *clock_, deadline);
       if (rc == ZOK) {
         orphans_removed_.fetch_add(1);
         log_.log(LogLevel::info, "zk: removed node {}/{} of an abandoned attempt", o.dir, n.node);
@@ -918,7 +925,7 @@ void ZkBackend::sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orp
   if (!retry.empty()) {
     orphans_.insert(orphans_.end(), std::make_move_iterator(retry.begin()),
                     std::make_move_iterator(retry.end()));
-    orphan_retry_at_ = SteadyClock::now() + std::chrono::milliseconds(200);
+    orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(200);
   }
 }
 
@@ -943,14 +950,14 @@ void ZkBackend::replace_expired_session() {
       session_ = fresh;
     } else {
       log_.log(LogLevel::warning, "zk: {}; retrying", why);
-      orphan_retry_at_ = SteadyClock::now() + std::chrono::milliseconds(500);
+      orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(500);
     }
     cv_.notify_all();
   }
   old.reset();  // zookeeper_close, outside our lock and off the completion thread
   if (!fresh) {
     std::unique_lock lk(mu_);
-    cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stopping_; });
+    wait_until(lk, clock_->now() + std::chrono::milliseconds(500), [&] { return stopping_; });
   }
   ChangeListener* l = listener_.load();
   if (l == nullptr) return;
@@ -969,59 +976,9 @@ std::optional<ZkStats> zk_stats(const Backend& backend) {
 
 std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                          std::string& why) {
-  auto bad_url = [&](std::string msg) -> std::unique_ptr<Backend> {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
-    return nullptr;
-  };
-  const std::string shown = url.redacted();
-  if (url.hosts.empty()) {
-    return bad_url("URL \"" + shown +
-                   "\" names no ZooKeeper server (expected zk://host:port[,host:port...][/chroot])");
-  }
-  if (url.has_userinfo && (url.user.empty() || url.password.empty())) {
-    return bad_url(
-        "URL \"" + shown +
-        "\": digest authentication needs both a user and a password (zk://user:password@host:port)");
-  }
-  if (url.user.find(':') != std::string::npos) {
-    return bad_url("URL \"" + shown + "\": the user name must not contain ':'");
-  }
   ZkBackend::Config cfg;
-  cfg.redacted_url = shown;
-  cfg.session_timeout = opts.lock_defaults.ttl;
-  for (const auto& [k, v] : url.query) {
-    if (k == "timeout") continue;  // applied to connect/command timeouts by the core
-    if (k == "session_timeout") {
-      Millis d{};
-      if (!parse_duration(v, d) || d.count() <= 0 || d > Millis(std::chrono::hours(24))) {
-        return bad_url("session_timeout \"" + v + "\" in URL \"" + shown +
-                       "\" is not a positive duration like 10s");
-      }
-      cfg.session_timeout = d;
-      cfg.session_timeout_from_url = true;
-      continue;
-    }
-    return bad_url("unknown query parameter \"" + k + "\" in URL \"" + shown +
-                   "\" (zk:// knows timeout, session_timeout)");
-  }
-  if (const std::string problem = zk::chroot_problem(url.path); !problem.empty()) {
-    return bad_url("chroot \"" + url.path + "\" in URL \"" + shown + "\" " + problem);
-  }
-  cfg.chroot = url.path == "/" ? std::string() : url.path;
-  std::string hosts;
-  for (const auto& h : url.hosts) {
-    if (!hosts.empty()) hosts += ',';
-    const bool v6 = h.host.find(':') != std::string::npos;
-    hosts += v6 ? "[" + h.host + "]" : h.host;
-    hosts += ':' + std::to_string(h.port != 0 ? h.port : kDefaultPort);
-  }
-  cfg.connect_string = hosts + cfg.chroot;
-  if (url.has_userinfo) cfg.credentials = url.user + ":" + url.password;
-  cfg.connect_timeout = opts.connect_timeout;
-  cfg.command_timeout = opts.command_timeout;
-
-  auto backend = std::make_unique<ZkBackend>(std::move(cfg), opts.logger);
+  if ((ec = zk::parse_url(url, opts, cfg, why))) return nullptr;
+  auto backend = std::make_unique<ZkBackend>(std::move(cfg), opts);
   if ((ec = backend->start(why))) return nullptr;
   return backend;
 }
