@@ -185,9 +185,12 @@ ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials) {
   return rc == ZOK ? r : refused(d, rc);
 }
 
-int await(const ReplyPtr& reply, std::chrono::steady_clock::time_point deadline) {
+int await(const ReplyPtr& reply, Clock& clock, Clock::time_point deadline) {
   std::unique_lock lk(reply->mu);
-  if (!reply->cv.wait_until(lk, deadline, [&] { return reply->done; })) {
+  // Clock::wait_until may return early (spuriously, or to let a manual clock be
+  // observed): loop on the clock's own reading.
+  while (!reply->done && clock.now() < deadline) clock.wait_until(reply->cv, lk, deadline);
+  if (!reply->done) {
     reply->abandoned = true;
     return kTimedOut;
   }

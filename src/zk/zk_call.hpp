@@ -27,6 +27,8 @@
 #include <string_view>
 #include <vector>
 
+#include "distlock/clock.hpp"
+
 namespace distlock::detail::zk {
 
 /// Closes a session (its ephemeral nodes go at once) and joins the client's threads.
@@ -85,9 +87,10 @@ ReplyPtr submit_sync(zhandle_t* zh, const std::string& path);
 /// Adds digest credentials "user:password" to the session (re-sent on reconnect).
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials);
 
-/// Waits until the reply arrives or `deadline` passes; returns its rc or kTimedOut (the
-/// reply is then marked abandoned).
-int await(const ReplyPtr& reply, std::chrono::steady_clock::time_point deadline);
+/// Waits until the reply arrives or `deadline` on `clock` (the client's injected clock,
+/// so deadlines run on the same time as the engine's) passes; returns its rc or
+/// kTimedOut (the reply is then marked abandoned).
+int await(const ReplyPtr& reply, Clock& clock, Clock::time_point deadline);
 
 /// True for the codes after which the request may or may not have been applied, or
 /// the connection/session is not usable right now (retrying later may work).

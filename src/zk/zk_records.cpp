@@ -12,8 +12,6 @@ namespace distlock::detail::zk {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Rounds one record call may take when the connection drops under it or other clients
 // create and delete the same record between our steps.
 constexpr int kRounds = 8;
@@ -74,7 +72,7 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
     return {};
   }
   const std::string path = record_path(key);
-  const Clock::time_point budget = Clock::now() + env_.connect_timeout + env_.command_timeout;
+  const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
   std::shared_ptr<void> keep;
   for (int round = 0; round < kRounds; ++round) {
     zhandle_t* zh = env_.session(budget, keep);
@@ -82,7 +80,7 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
       fail(kTimedOut, "waiting for a connection to store a record", ec);
       return {};
     }
-    const Clock::time_point deadline = Clock::now() + env_.command_timeout;
+    const Clock::time_point deadline = env_.clock->now() + env_.command_timeout;
     int rc = ZNONODE;
     if (mode == PutMode::always) {
       rc = await(submit_set(zh, path, value, -1), deadline);
@@ -129,7 +127,7 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
 std::optional<std::string> Records::get(std::string_view key, std::error_code& ec) {
   ec.clear();
   const std::string path = record_path(key);
-  const Clock::time_point budget = Clock::now() + env_.connect_timeout + env_.command_timeout;
+  const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
   std::shared_ptr<void> keep;
   int rc = kTimedOut;
   for (int round = 0; round < kRounds; ++round) {
@@ -139,7 +137,7 @@ std::optional<std::string> Records::get(std::string_view key, std::error_code& e
       break;
     }
     auto got = submit_get(zh, path);
-    rc = await(got, Clock::now() + env_.command_timeout);
+    rc = await(got, env_.clock->now() + env_.command_timeout);
     if (rc == ZOK) return std::move(got->value);
     if (rc == ZNONODE) return std::nullopt;
     if (!retry_after(rc)) break;
@@ -151,7 +149,7 @@ std::optional<std::string> Records::get(std::string_view key, std::error_code& e
 bool Records::erase(std::string_view key, std::error_code& ec) {
   ec.clear();
   const std::string path = record_path(key);
-  const Clock::time_point budget = Clock::now() + env_.connect_timeout + env_.command_timeout;
+  const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
   std::shared_ptr<void> keep;
   bool maybe_applied = false;  // an earlier attempt may have deleted it
   int rc = kTimedOut;
@@ -161,7 +159,7 @@ bool Records::erase(std::string_view key, std::error_code& ec) {
       rc = kTimedOut;
       break;
     }
-    rc = await(submit_delete(zh, path, -1), Clock::now() + env_.command_timeout);
+    rc = await(submit_delete(zh, path, -1), env_.clock->now() + env_.command_timeout);
     if (rc == ZOK) return true;
     if (rc == ZNONODE) return maybe_applied;
     if (!retry_after(rc)) break;
@@ -176,12 +174,12 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
   ec.clear();
   truncated = false;
   std::shared_ptr<void> keep;
-  zhandle_t* zh = env_.session(Clock::now() + env_.connect_timeout, keep);
+  zhandle_t* zh = env_.session(env_.clock->now() + env_.connect_timeout, keep);
   if (zh == nullptr) {
     fail(kTimedOut, "waiting for a connection to list held locks", ec);
     return {};
   }
-  auto deadline = [&] { return Clock::now() + env_.command_timeout; };
+  auto deadline = [&] { return env_.clock->now() + env_.command_timeout; };
   auto listed = submit_children(zh, std::string(kRoot));
   int rc = await(listed, deadline());
   if (rc == ZNONODE) return {};

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "zk/zk_call.hpp"
 
 namespace distlock::detail::zk {
 
@@ -43,10 +44,10 @@ inline constexpr std::string_view kRecordsDir = "/distlock/.records";
 /// What the records need from the backend.
 struct RecordsEnv {
   /// The current session's handle once connected, kept open by `keep`; nullptr at the deadline.
-  std::function<zhandle_t*(std::chrono::steady_clock::time_point deadline, std::shared_ptr<void>& keep)>
-      session;
+  std::function<zhandle_t*(Clock::time_point deadline, std::shared_ptr<void>& keep)> session;
   const ACL_vector* node_acl = nullptr;  ///< for the records directory and record nodes
   const ACL_vector* root_acl = nullptr;  ///< for /distlock when it is missing
+  std::shared_ptr<Clock> clock;          ///< the client's clock: every deadline is taken on it
   Millis connect_timeout{};
   Millis command_timeout{};
   std::string url;  ///< redacted, for messages
@@ -66,7 +67,11 @@ class Records {
   /// Sets `ec` and the error detail for ZooKeeper code `rc` of step `what`.
   void fail(int rc, std::string_view what, std::error_code& ec) const;
   /// Creates /distlock and /distlock/.records if missing; ZOK or the failing code.
-  int ensure_dir(zhandle_t* zh, std::chrono::steady_clock::time_point deadline) const;
+  int ensure_dir(zhandle_t* zh, Clock::time_point deadline) const;
+  /// zk::await on the injected clock.
+  int await(const ReplyPtr& reply, Clock::time_point deadline) const {
+    return zk::await(reply, *env_.clock, deadline);
+  }
 
   RecordsEnv env_;
 };

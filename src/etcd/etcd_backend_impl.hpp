@@ -1,0 +1,252 @@
+// The etcd backend's private declarations, shared by its files: etcd_session.cpp
+// (session leases, keepalives, the keeper), etcd_queue.cpp (the queue recipe:
+// acquire, cancel, release, renew), etcd_watch.cpp (the shared Watch stream) and
+// etcd_backend.cpp (status, factory). Not for use outside src/etcd.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/log.hpp"
+#include "etcd/etcd_keys.hpp"
+#include "etcd/etcd_records.hpp"
+#include "etcd/etcd_transport.hpp"
+
+namespace distlock::detail::etcd {
+
+using SteadyClock = std::chrono::steady_clock;
+using etcdserverpb::Compare;
+using etcdserverpb::RangeRequest;
+
+// ---- keys ------------------------------------------------------------------
+
+// Key layout: etcd/etcd_keys.hpp.
+
+inline std::string hex(std::int64_t v) {
+  return fmt::format("{:x}", static_cast<std::uint64_t>(v));
+}
+
+// etcd's largest lease TTL (lease.MaxLeaseTTL): LeaseGrant refuses anything longer.
+inline constexpr std::int64_t kMaxLeaseTtlS = 9'000'000'000;
+// etcd's default --max-txn-ops: renewal reads at most this many keys per Txn.
+inline constexpr std::size_t kMaxTxnOps = 128;
+
+// A lock TTL in whole seconds, rounded up, without overflow; 0 when beyond etcd's limit.
+inline std::int64_t ttl_seconds(Millis ttl) {
+  const std::int64_t ms = std::max<std::int64_t>(ttl.count(), 1);
+  const std::int64_t s = ms / 1000 + (ms % 1000 != 0 ? 1 : 0);
+  return s > kMaxLeaseTtlS ? 0 : s;
+}
+
+inline std::string entry_key(std::string_view name, std::string_view owner) {
+  std::string k(name);
+  k.push_back('\0');
+  k.append(owner);
+  return k;
+}
+
+// ---- sessions and queued keys ----------------------------------------------
+
+struct Session {
+  std::int64_t lease = 0;
+  std::int64_t requested_s = 0;  // the TTL asked for (map key)
+  Millis ttl{};                  // the TTL etcd granted
+  // Guarded by EtcdBackend::mu_.
+  bool alive = true;
+  SteadyClock::time_point last_sent{};  // send time of the last successful grant/keepalive
+  SteadyClock::time_point next_keepalive{};
+};
+
+// One owner thread's key in one lock's queue.
+struct Entry {
+  std::string name;
+  std::string owner;
+  std::string lock_prefix;  // <prefix>/<encoded name>/
+  std::string key;
+  std::shared_ptr<Session> session;
+  // Guarded by EtcdBackend::mu_.
+  std::int64_t create_rev = 0;  // 0: not created yet (as far as we know)
+  bool held = false;
+  SteadyClock::time_point renewed_at{};  // acquisition or last renewal by the engine
+  std::int64_t watch_id = 0;             // live watch on the predecessor, 0 when none
+  bool watch_fired = false;              // the predecessor was deleted (or the watch broke)
+};
+
+// A Watch stream shared by every waiter of the client, read by one thread.
+struct WatchStream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>> rw;
+  std::thread reader;
+  std::mutex write_mu;
+  std::atomic<bool> broken{false};
+  std::atomic<bool> done{false};  // the reader thread has nothing left to do
+};
+
+// ---- the backend -----------------------------------------------------------
+
+class EtcdBackend final : public Backend {
+ public:
+  EtcdBackend(etcd::TransportConfig config, std::string prefix, std::string redacted_url,
+              const ClientOptions& opts)
+      : transport_(std::move(config)),
+        prefix_(std::move(prefix)),
+        url_(std::move(redacted_url)),
+        log_(opts.logger) {}
+
+  ~EtcdBackend() override {
+    keeper_.request_stop();
+    {
+      std::lock_guard lk(mu_);
+      keeper_cv_.notify_all();
+    }
+    if (keeper_.joinable()) keeper_.join();
+    std::vector<std::shared_ptr<WatchStream>> streams;
+    {
+      std::lock_guard lk(watch_mu_);
+      stopping_ = true;
+      if (stream_) streams.push_back(stream_);
+      for (auto& s : retired_) streams.push_back(s);
+      stream_.reset();
+      retired_.clear();
+    }
+    for (auto& s : streams) {
+      s->ctx.TryCancel();
+      if (s->reader.joinable()) s->reader.join();
+    }
+    // Revoking the sessions deletes every key this client still has (queued keys,
+    // keys whose release failed) at once, so other clients need not wait a TTL.
+    std::vector<std::int64_t> leases;
+    {
+      std::lock_guard lk(mu_);
+      for (auto& [ttl, s] : sessions_) {
+        if (s->alive) leases.push_back(s->lease);
+      }
+    }
+    for (const auto id : leases) {
+      etcdserverpb::LeaseRevokeRequest req;
+      req.set_id(id);
+      etcdserverpb::LeaseRevokeResponse resp;
+      grpc::ClientContext ctx;
+      transport_.prepare(ctx, std::min(transport_.config().command_timeout, Millis(500)));
+      (void)transport_.stubs(transport_.current()).lease->LeaseRevoke(&ctx, req, &resp);
+    }
+  }
+
+  std::error_code probe(std::string& why) {
+    if (auto ec = transport_.authenticate(why)) {
+      if (ec == errc::auth_failed) {
+        why = "etcd rejected user \"" + transport_.config().user + "\": " + why;
+      }
+      return ec;
+    }
+    // A serializable read answers even without a leader; it proves the endpoint
+    // is etcd and that our credentials (or lack of them) are accepted.
+    RangeRequest req;
+    req.set_key(prefix_ + "/");
+    req.set_range_end(prefix_end(prefix_ + "/"));
+    req.set_count_only(true);
+    req.set_serializable(true);
+    etcdserverpb::RangeResponse resp;
+    const grpc::Status st = transport_.call(
+        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, req, &resp); });
+    if (!st.ok()) {
+      auto ec = transport_.to_error(st, why);
+      if (ec == errc::auth_failed && !transport_.has_auth()) {
+        why += "; the cluster requires authentication: put user:password in the URL";
+      }
+      return ec;
+    }
+    return {};
+  }
+
+  void start() {
+    keeper_ = std::jthread([this](std::stop_token st) { keeper_main(st); });
+  }
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_ = listener; }
+  std::string url() const override { return url_; }
+
+  // Watches are per queued key and set up by try_acquire (from the revision it
+  // read, so nothing between the read and the watch is missed).
+  void watch(std::string_view, std::error_code& ec) override { ec.clear(); }
+  void unwatch(std::string_view) noexcept override {}
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        std::error_code& ec) override;
+  LockInfo status(std::string_view name, std::error_code& ec) override;
+
+  // Records and listing: etcd_records.cpp.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return records_.put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return records_.get(key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return records_.list_held(prefix, limit, truncated, ec);
+  }
+
+ private:
+  std::string lock_prefix(std::string_view name) const {
+    return prefix_.empty() ? encode_name(name) + "/" : prefix_ + "/" + encode_name(name) + "/";
+  }
+  std::shared_ptr<Session> live_session(std::int64_t ttl_s, std::error_code& ec);
+  std::error_code keepalive(const std::vector<std::shared_ptr<Session>>& sessions);
+  void lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept;
+  bool delete_key(const std::string& key, std::int64_t create_rev, std::error_code& ec);
+  void forget_entry(const std::shared_ptr<Entry>& entry);
+  void add_watch(const std::shared_ptr<Entry>& entry, const std::string& key, std::int64_t start_rev);
+  void cancel_watch(std::int64_t watch_id) noexcept;
+  std::shared_ptr<WatchStream> open_stream_locked();
+  void reader_main(std::shared_ptr<WatchStream> stream);
+  void keeper_main(std::stop_token st);
+  void set_error(const grpc::Status& st, std::error_code& ec, const char* what) {
+    std::string why;
+    ec = transport_.to_error(st, why);
+    log_.log(LogLevel::debug, "etcd {} failed: {}", what, why);
+  }
+
+  etcd::Transport transport_;
+  const std::string prefix_;
+  const std::string url_;
+  Logger log_;
+  etcd::Records records_{transport_, prefix_};
+  ChangeListener* listener_ = nullptr;
+
+  std::mutex grant_mu_;  // one LeaseGrant at a time, so threads share the session
+  std::mutex mu_;
+  std::map<std::int64_t, std::shared_ptr<Session>> sessions_;           // by requested TTL s; guarded by mu_
+  std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;  // name\0owner; guarded by mu_
+  // Keys to delete: (key, create_revision), 0 when the revision is unknown (a Txn
+  // that may have created the key had no answer). Guarded by mu_.
+  std::vector<std::pair<std::string, std::int64_t>> orphans_;
+  std::uint64_t next_key_seq_ = 1;  // makes every queue key unique; guarded by mu_
+  std::condition_variable_any keeper_cv_;
+  std::uint64_t keeper_generation_ = 0;  // bumped when a session is added; guarded by mu_
+  std::jthread keeper_;
+
+  // Lock order: mu_ before watch_mu_.
+  std::mutex watch_mu_;
+  std::shared_ptr<WatchStream> stream_;                // guarded by watch_mu_
+  std::vector<std::shared_ptr<WatchStream>> retired_;  // broken streams to join; watch_mu_
+  std::map<std::int64_t, std::string> watches_;        // watch id → entry key; watch_mu_
+  std::int64_t next_watch_id_ = 1;                     // watch_mu_
+  bool stopping_ = false;                              // watch_mu_
+};
+
+}  // namespace distlock::detail::etcd

@@ -1,0 +1,179 @@
+// etcd session leases: one per lock TTL, kept alive by the keeper; their loss.
+#include <set>
+
+#include "etcd/etcd_backend_impl.hpp"
+
+namespace distlock::detail::etcd {
+
+std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, std::error_code& ec) {
+  std::lock_guard grant(grant_mu_);
+  {
+    std::lock_guard lk(mu_);
+    auto it = sessions_.find(ttl_s);
+    if (it != sessions_.end() && it->second->alive) return it->second;
+  }
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(ttl_s);
+  etcdserverpb::LeaseGrantResponse resp;
+  const auto sent = SteadyClock::now();
+  const grpc::Status st = transport_.call(
+      [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.lease->LeaseGrant(&ctx, req, &resp); });
+  if (!st.ok()) {
+    set_error(st, ec, "LeaseGrant");
+    return nullptr;
+  }
+  if (!resp.error().empty() || resp.ttl() <= 0) {
+    ec = make_error_code(errc::protocol_error);
+    log_.log(LogLevel::warning, "etcd LeaseGrant({}) answered TTL {} error \"{}\"", ttl_s, resp.ttl(),
+             resp.error());
+    return nullptr;
+  }
+  auto s = std::make_shared<Session>();
+  s->lease = resp.id();
+  s->requested_s = ttl_s;
+  s->ttl = std::chrono::seconds(resp.ttl());
+  s->last_sent = sent;
+  s->next_keepalive = sent + s->ttl / 3;
+  log_.log(LogLevel::debug, "etcd session lease {:x} granted with TTL {}s", s->lease, resp.ttl());
+  {
+    std::lock_guard lk(mu_);
+    sessions_[ttl_s] = s;
+    ++keeper_generation_;
+  }
+  keeper_cv_.notify_all();
+  return s;
+}
+
+// One LeaseKeepAlive stream, one request per session: one round trip for all.
+std::error_code EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessions) {
+  if (sessions.empty()) return {};
+  std::map<std::int64_t, std::int64_t> ttl_by_lease;
+  const auto sent = SteadyClock::now();
+  const grpc::Status st = transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) {
+    ttl_by_lease.clear();
+    auto stream = s.lease->LeaseKeepAlive(&ctx);
+    for (const auto& session : sessions) {
+      etcdserverpb::LeaseKeepAliveRequest req;
+      req.set_id(session->lease);
+      if (!stream->Write(req)) break;
+    }
+    etcdserverpb::LeaseKeepAliveResponse resp;
+    while (ttl_by_lease.size() < sessions.size() && stream->Read(&resp)) ttl_by_lease[resp.id()] = resp.ttl();
+    stream->WritesDone();
+    grpc::Status fin = stream->Finish();
+    if (fin.ok() && ttl_by_lease.size() < sessions.size()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "keepalive stream ended early");
+    }
+    return fin;
+  });
+  if (!st.ok() && ttl_by_lease.size() < sessions.size()) {
+    std::error_code ec;
+    set_error(st, ec, "LeaseKeepAlive");
+    std::vector<std::shared_ptr<Session>> expired;
+    {
+      std::lock_guard lk(mu_);
+      for (const auto& session : sessions) {
+        session->next_keepalive = SteadyClock::now() + std::min<Millis>(session->ttl / 6, Millis(500));
+        if (SteadyClock::now() >= session->last_sent + session->ttl) expired.push_back(session);
+      }
+    }
+    for (auto& s : expired) lose_session(s, "keepalives failed for a whole TTL");
+    return ec;
+  }
+  std::vector<std::shared_ptr<Session>> gone;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& session : sessions) {
+      const auto it = ttl_by_lease.find(session->lease);
+      if (it == ttl_by_lease.end() || it->second <= 0) {
+        gone.push_back(session);
+        continue;
+      }
+      session->last_sent = std::max(session->last_sent, sent);
+      session->next_keepalive = session->last_sent + session->ttl / 3;
+    }
+  }
+  for (auto& s : gone) lose_session(s, "etcd says the session lease is gone (expired or revoked)");
+  return {};
+}
+
+void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept {
+  std::vector<std::pair<std::string, std::string>> lost;  // held: name, owner
+  std::set<std::string> queued;                           // names with a waiting key
+  {
+    std::lock_guard lk(mu_);
+    if (!session->alive) return;
+    session->alive = false;
+    auto it = sessions_.find(session->requested_s);
+    if (it != sessions_.end() && it->second == session) sessions_.erase(it);
+    for (auto e = entries_.begin(); e != entries_.end();) {
+      if (e->second->session != session) {
+        ++e;
+        continue;
+      }
+      if (e->second->held) {
+        lost.emplace_back(e->second->name, e->second->owner);
+        e = entries_.erase(e);
+      } else {
+        queued.insert(e->second->name);
+        ++e;
+      }
+    }
+  }
+  log_.log(LogLevel::warning, "etcd session lease {:x} lost ({}): {} held lock(s) lost", session->lease, why,
+           lost.size());
+  if (!listener_) return;
+  for (auto& [name, owner] : lost) listener_->on_lease_lost(name, owner);
+  // Waiters re-check: their key went with the lease; they queue again under a new one.
+  for (auto& name : queued) listener_->on_change(name);
+}
+
+// ---- keeper ----------------------------------------------------------------
+
+// Keeps sessions alive while nothing is held (waiters' keys hang on them too) and
+// retries deletes that failed.
+void EtcdBackend::keeper_main(std::stop_token st) {
+  while (!st.stop_requested()) {
+    std::vector<std::shared_ptr<Session>> due;
+    std::vector<std::pair<std::string, std::int64_t>> orphans;
+    {
+      std::unique_lock lk(mu_);
+      auto wake = SteadyClock::now() + std::chrono::seconds(1);
+      for (auto& [ttl, s] : sessions_) {
+        if (s->alive) wake = std::min(wake, s->next_keepalive);
+      }
+      const std::uint64_t seen = keeper_generation_;
+      keeper_cv_.wait_until(lk, st, wake, [&] { return keeper_generation_ != seen; });
+      if (st.stop_requested()) return;
+      const auto now = SteadyClock::now();
+      for (auto& [ttl, s] : sessions_) {
+        if (s->alive && s->next_keepalive <= now) due.push_back(s);
+      }
+      // A hold the engine stopped renewing for a whole session TTL was declared
+      // lost by the engine (its local deadline is shorter): its key would block
+      // the lock for as long as this client keeps the session alive.
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        const auto& e = it->second;
+        if (e->held && e->session->alive && now - e->renewed_at > e->session->ttl) {
+          log_.log(LogLevel::info, "etcd: deleting the key of lost lock \"{}\"", e->name);
+          orphans_.emplace_back(e->key, e->create_rev);
+          it = entries_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      orphans.swap(orphans_);
+    }
+    keepalive(due);
+    for (auto& [key, rev] : orphans) {
+      std::error_code ec;
+      delete_key(key, rev, ec);
+      if (ec) {
+        std::lock_guard lk(mu_);
+        orphans_.emplace_back(key, rev);
+      }
+    }
+  }
+}
+
+}  // namespace distlock::detail::etcd

@@ -1,0 +1,101 @@
+#include "etcd/etcd_url.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "distlock/error.hpp"
+
+namespace distlock::detail::etcd {
+
+namespace {
+
+std::error_code read_file(const std::string& what, const std::string& path, std::string& out,
+                          std::string& why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    why = "TLS " + what + " file \"" + path + "\" cannot be read: " + std::strerror(err);
+    return make_error_code(errc::invalid_argument);
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  out = ss.str();
+  if (out.empty()) {
+    why = "TLS " + what + " file \"" + path + "\" is empty";
+    return make_error_code(errc::invalid_argument);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& out, std::string& why) {
+  auto bad_url = [&](std::string msg) -> std::error_code {
+    why = std::move(msg);
+    return make_error_code(errc::invalid_url);
+  };
+  if (url.hosts.empty() || url.hosts.front().host.empty()) {
+    return bad_url("etcd URL \"" + url.redacted() +
+                   "\" names no endpoint; expected etcd://host:port[,host:port...]");
+  }
+  if (!url.path.empty() && url.path != "/") {
+    return bad_url("etcd URL \"" + url.redacted() + "\" has a path \"" + url.path +
+                   "\"; etcd URLs take no path (use ?prefix=)");
+  }
+  static const std::set<std::string> known = {"prefix", "tls", "cacert", "cert", "key", "timeout"};
+  for (const auto& [k, v] : url.query) {
+    if (!known.count(k)) {
+      return bad_url("unknown query parameter \"" + k + "\" in etcd URL \"" + url.redacted() +
+                     "\" (known: prefix, tls, cacert, cert, key, timeout)");
+    }
+  }
+  TransportConfig& config = out.transport;
+  for (const auto& h : url.hosts) {
+    if (h.host.empty())
+      return bad_url("etcd URL \"" + url.redacted() + "\" has an empty host in its endpoint list");
+    const std::string host = h.host.find(':') != std::string::npos ? "[" + h.host + "]" : h.host;
+    config.targets.push_back(host + ":" + std::to_string(h.port == 0 ? 2379 : h.port));
+  }
+  if (url.has_userinfo) {
+    if (url.user.empty())
+      return bad_url("etcd URL \"" + url.redacted() + "\" has a password but no user name");
+    config.user = url.user;
+    config.password = url.password;
+  }
+  const std::string tls = url.query_or("tls", "");
+  if (tls == "1" || tls == "true" || tls == "yes") {
+    config.tls = true;
+  } else if (!tls.empty() && tls != "0" && tls != "false" && tls != "no") {
+    return bad_url("tls=\"" + tls + "\" in etcd URL \"" + url.redacted() +
+                   "\" is not one of 1, 0, true, false");
+  }
+  const std::string cacert = url.query_or("cacert", "");
+  const std::string cert = url.query_or("cert", "");
+  const std::string key = url.query_or("key", "");
+  if (!cacert.empty() || !cert.empty() || !key.empty()) config.tls = true;
+  if (cert.empty() != key.empty()) {
+    why = "etcd URL \"" + url.redacted() + "\": a TLS client certificate needs both cert= and key=";
+    return make_error_code(errc::invalid_argument);
+  }
+  if (!cacert.empty()) {
+    if (auto ec = read_file("cacert", cacert, config.ca_pem, why)) return ec;
+  }
+  if (!cert.empty()) {
+    if (auto ec = read_file("cert", cert, config.cert_pem, why)) return ec;
+  }
+  if (!key.empty()) {
+    if (auto ec = read_file("key", key, config.key_pem, why)) return ec;
+  }
+  config.command_timeout = opts.command_timeout;
+  config.connect_timeout = opts.connect_timeout;
+
+  std::string& prefix = out.prefix;
+  prefix = url.query_or("prefix", "distlock");
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  return {};
+}
+
+}  // namespace distlock::detail::etcd

@@ -1,0 +1,23 @@
+// etcd:// URL parsing: what the URL selects (endpoints, credentials, TLS files, key
+// prefix), kept apart from the backend so the accepted query keys live in one place.
+#pragma once
+
+#include <string>
+#include <system_error>
+
+#include "core/url.hpp"
+#include "distlock/options.hpp"
+#include "etcd/etcd_transport.hpp"
+
+namespace distlock::detail::etcd {
+
+struct UrlConfig {
+  TransportConfig transport;
+  std::string prefix;  ///< key prefix without trailing '/' (default "distlock")
+};
+
+/// Fills `out` from `url`; on error returns invalid_url (or invalid_argument for
+/// unreadable TLS files) and says why in `why`.
+std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& out, std::string& why);
+
+}  // namespace distlock::detail::etcd

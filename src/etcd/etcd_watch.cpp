@@ -1,0 +1,138 @@
+// The Watch stream shared by every waiter of a client.
+#include "etcd/etcd_backend_impl.hpp"
+
+namespace distlock::detail::etcd {
+
+// ---- watches ---------------------------------------------------------------
+
+std::shared_ptr<WatchStream> EtcdBackend::open_stream_locked() {
+  if (stream_ && !stream_->broken) return stream_;
+  if (stream_) {
+    retired_.push_back(std::move(stream_));
+  }
+  // Join readers that have finished.
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if ((*it)->done) {
+      (*it)->reader.join();
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto s = std::make_shared<WatchStream>();
+  // No real deadline: the stream lives as long as the client.
+  transport_.prepare(s->ctx, std::chrono::hours(24 * 365));
+  s->rw = transport_.stubs(transport_.current()).watch->Watch(&s->ctx);
+  s->reader = std::thread([this, s] { reader_main(s); });
+  stream_ = s;
+  return s;
+}
+
+void EtcdBackend::add_watch(const std::shared_ptr<Entry>& entry, const std::string& key,
+                            std::int64_t start_rev) {
+  std::int64_t old_id = 0;
+  std::int64_t id = 0;
+  std::shared_ptr<WatchStream> stream;
+  {
+    std::lock_guard lk(mu_);
+    std::lock_guard wl(watch_mu_);
+    if (stopping_) return;
+    stream = open_stream_locked();
+    id = next_watch_id_++;
+    watches_[id] = entry_key(entry->name, entry->owner);
+    old_id = std::exchange(entry->watch_id, id);
+    entry->watch_fired = false;
+  }
+  if (old_id != 0) cancel_watch(old_id);
+  etcdserverpb::WatchRequest req;
+  auto* create = req.mutable_create_request();
+  create->set_key(key);
+  create->set_start_revision(start_rev);
+  create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
+  create->set_watch_id(id);
+  std::lock_guard wl(stream->write_mu);
+  if (!stream->rw->Write(req)) {
+    // The reader sees the break and wakes every waiter, this one included.
+    log_.log(LogLevel::debug, "etcd watch stream write failed");
+  }
+}
+
+void EtcdBackend::cancel_watch(std::int64_t watch_id) noexcept {
+  std::shared_ptr<WatchStream> stream;
+  {
+    std::lock_guard wl(watch_mu_);
+    if (watches_.erase(watch_id) == 0) return;
+    stream = stream_;
+  }
+  if (!stream || stream->broken) return;
+  try {
+    etcdserverpb::WatchRequest req;
+    req.mutable_cancel_request()->set_watch_id(watch_id);
+    std::lock_guard wl(stream->write_mu);
+    stream->rw->Write(req);
+  } catch (...) {
+  }
+}
+
+void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
+  etcdserverpb::WatchResponse resp;
+  auto fire = [&](std::int64_t watch_id) {
+    std::string ekey;
+    {
+      std::lock_guard wl(watch_mu_);
+      auto it = watches_.find(watch_id);
+      if (it == watches_.end()) return;
+      ekey = it->second;
+      watches_.erase(it);
+    }
+    std::string name;
+    {
+      std::lock_guard lk(mu_);
+      auto it = entries_.find(ekey);
+      if (it == entries_.end() || it->second->watch_id != watch_id) return;
+      it->second->watch_fired = true;
+      it->second->watch_id = 0;
+      name = it->second->name;
+    }
+    if (listener_) listener_->on_change(name);
+  };
+  while (stream->rw->Read(&resp)) {
+    if (resp.canceled()) {
+      fire(resp.watch_id());  // compacted, or cancelled by the server: re-check
+      continue;
+    }
+    for (const auto& ev : resp.events()) {
+      if (ev.type() == mvccpb::Event::DELETE) {
+        fire(resp.watch_id());
+        std::lock_guard wl(stream->write_mu);
+        etcdserverpb::WatchRequest cancel;
+        cancel.mutable_cancel_request()->set_watch_id(resp.watch_id());
+        stream->rw->Write(cancel);
+        break;
+      }
+    }
+  }
+  const grpc::Status st = stream->rw->Finish();
+  std::vector<std::int64_t> ids;
+  {
+    std::lock_guard wl(watch_mu_);
+    stream->broken = true;
+    if (stopping_) {
+      stream->done = true;
+      return;
+    }
+    if (stream_ == stream) transport_.advance(transport_.current());
+    for (auto& [id, k] : watches_) ids.push_back(id);
+  }
+  log_.log(LogLevel::info, "etcd watch stream ended ({}); waiters re-check", st.error_message());
+  if (etcd::Transport::invalid_token(st) && transport_.has_auth()) {
+    std::string why;
+    (void)transport_.authenticate(why);
+  }
+  // Do not spin if the stream breaks at once again.
+  std::this_thread::sleep_for(Millis(50));
+  for (auto id : ids) fire(id);
+  stream->done = true;
+}
+
+}  // namespace distlock::detail::etcd

@@ -1,0 +1,304 @@
+// The ZooKeeper backend's private declarations, shared by its files: zk_session.cpp
+// (sessions, their events, the keeper), zk_queue.cpp (the queue recipe: acquire,
+// cancel, renew, release) and zk_backend.cpp (status, stats, factory). Not for use
+// outside src/zk.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/log.hpp"
+#include "zk/zk_backend.hpp"
+#include "zk/zk_call.hpp"
+#include "zk/zk_names.hpp"
+#include "zk/zk_records.hpp"
+#include "zk/zk_url.hpp"
+
+namespace distlock::detail::zk {
+
+// Every deadline is taken on the client's injected clock (ClientOptions::clock), the
+// one the engine counts lease validity on; tests run it on a manual clock.
+using SteadyTime = Clock::time_point;
+
+// Rounds of create / list / watch one try_acquire may go through when nodes come and
+// go under it (predecessor vanished between list and watch, parent removed, ...).
+inline constexpr int kMaxRounds = 16;
+
+// The C client's log sink (zk_session.cpp).
+void zk_log_line(const char* message);
+
+// ACLs. The "auth" scheme means "whatever identities this session authenticated as".
+struct Acls {
+  char auth_scheme[5] = "auth";
+  char empty_id[1] = "";
+  char world_scheme[6] = "world";
+  char anyone_id[7] = "anyone";
+  ACL creator_read[2];
+  ACL root[1];
+  ACL_vector creator_read_vec{};
+  ACL_vector root_vec{};
+  Acls() {
+    creator_read[0] = ACL{ZOO_PERM_ALL, Id{auth_scheme, empty_id}};
+    creator_read[1] = ACL{ZOO_PERM_READ, Id{world_scheme, anyone_id}};
+    // The shared root: anybody may add a lock directory under it; only the server
+    // (container clean-up) removes them.
+    root[0] = ACL{ZOO_PERM_READ | ZOO_PERM_CREATE, Id{world_scheme, anyone_id}};
+    creator_read_vec = ACL_vector{2, creator_read};
+    root_vec = ACL_vector{1, root};
+  }
+};
+
+const Acls& acls();
+
+inline std::string key_of(std::string_view name, std::string_view owner) {
+  std::string k;
+  k.reserve(name.size() + owner.size() + 1);
+  k.append(name);
+  k.push_back('\0');
+  k.append(owner);
+  return k;
+}
+
+class ZkBackend;
+
+// One ZooKeeper session; it is the session watcher's context. The handle is the last
+// member, so it is destroyed first: closing the session joins the C client's threads
+// before the fields its watcher writes go away.
+struct Session {
+  ZkBackend* backend = nullptr;
+  std::uint64_t gen = 0;
+  // Guarded by ZkBackend::mu_.
+  bool connected = false;
+  bool ever_connected = false;
+  bool reconnected = false;  // connected again after a disconnection: nudge waiters
+  bool expired = false;      // expired or auth failed: the keeper opens a new session
+  bool auth_sent = false;
+  zk::Handle zh;
+
+  std::uint64_t generation() const noexcept { return gen; }
+};
+
+// The C client's watcher callbacks (zk_session.cpp).
+void session_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
+void node_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
+
+class ZkBackend final : public Backend {
+ public:
+  using Config = zk::UrlConfig;
+
+  ZkBackend(Config cfg, const ClientOptions& opts)
+      : cfg_(std::move(cfg)),
+        log_(opts.logger),
+        clock_(opts.clock ? opts.clock : system_steady_clock()),
+        records_(records_env()) {}
+
+  ~ZkBackend() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+    }
+    if (keeper_.joinable()) keeper_.join();
+    std::shared_ptr<Session> last;
+    {
+      std::lock_guard lk(mu_);
+      last = std::move(session_);
+    }
+    last.reset();  // closes the session: the server drops our ephemeral nodes at once
+  }
+
+  /// Opens the first session and waits for it; checks the chroot.
+  std::error_code start(std::string& why) {
+    auto s = open_session(why);
+    if (!s) return make_error_code(errc::backend_unavailable);
+    {
+      std::lock_guard lk(mu_);
+      session_ = s;
+    }
+    const SteadyTime deadline = clock_->now() + cfg_.connect_timeout;
+    {
+      std::unique_lock lk(mu_);
+      wait_until(lk, deadline, [&] { return s->connected || s->expired; });
+      if (s->expired) {
+        why = "ZooKeeper at " + cfg_.redacted_url + " refused the session (authentication failed)";
+        return make_error_code(errc::auth_failed);
+      }
+      if (!s->connected) {
+        why = "no ZooKeeper server of " + cfg_.redacted_url + " answered within " +
+              std::to_string(cfg_.connect_timeout.count()) + "ms";
+        return make_error_code(errc::backend_unavailable);
+      }
+    }
+    negotiated_ms_.store(zoo_recv_timeout(s->zh.get()));
+    if (!cfg_.chroot.empty() && cfg_.chroot != "/") {
+      // With a chroot, "/" is the chroot node itself.
+      auto r = zk::submit_exists(s->zh.get(), "/");
+      const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
+      if (rc == ZNONODE) {
+        why = "chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
+              " does not exist on the ZooKeeper server (create it first, e.g. zkCli.sh create " +
+              cfg_.chroot + ")";
+        return make_error_code(errc::invalid_argument);
+      }
+      if (rc != ZOK) {
+        why = "checking chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
+              " failed: " + zk::describe(rc);
+        return make_error_code(zk::is_transient(rc) ? errc::backend_unavailable : errc::protocol_error);
+      }
+    }
+    keeper_ = std::thread([this] { keeper_main(); });
+    return {};
+  }
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        std::error_code& ec) override;
+  // Waiting is driven by the predecessor watch each queued try_acquire leaves (set
+  // atomically with the check, so nothing between the check and the wait is missed).
+  void watch(std::string_view, std::error_code& ec) override { ec.clear(); }
+  void unwatch(std::string_view) noexcept override {}
+  LockInfo status(std::string_view name, std::error_code& ec) override;
+  std::string url() const override { return cfg_.redacted_url; }
+
+  // Records and listing: zk_records.cpp.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return records_.put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return records_.get(key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return records_.list_held(prefix, limit, truncated, ec);
+  }
+
+  ZkStats stats() const {
+    ZkStats st;
+    st.watch_events = watch_events_.load();
+    st.sessions = sessions_.load();
+    st.orphans_removed = orphans_removed_.load();
+    st.renew_syncs = renew_syncs_.load();
+    st.session_timeout_ms = negotiated_ms_.load();
+    std::lock_guard lk(mu_);
+    if (session_ && session_->zh) {
+      if (const clientid_t* id = zoo_client_id(session_->zh.get())) {
+        st.session_id = id->client_id;
+        st.session_password.assign(id->passwd, sizeof id->passwd);
+      }
+    }
+    return st;
+  }
+
+  // Called by the C client's completion thread.
+  void on_session_event(zhandle_t* zh, Session& s, int state) noexcept;
+  void on_node_event(int type, const char* path) noexcept;
+
+ private:
+  // What this client has on the server for one (name, owner).
+  struct Entry {
+    std::string name, owner;
+    std::uint64_t generation = 0;  // session the node belongs to
+    std::string guid;              // of the current attempt
+    std::string node;              // child name, empty when none (or unknown)
+    std::int64_t czxid = 0;
+    int version = 0;
+    bool held = false;
+    bool uncertain = false;    // a create whose answer was lost: find it by guid
+    SteadyTime valid_until{};  // held: last confirmation's send time + session timeout
+  };
+  // A node of an abandoned attempt, to delete once connected (same session only).
+  struct Orphan {
+    std::string dir, guid;
+    std::uint64_t generation = 0;
+  };
+
+  zk::RecordsEnv records_env() {
+    zk::RecordsEnv env;
+    env.session = [this](SteadyTime deadline, std::shared_ptr<void>& keep) -> zhandle_t* {
+      auto s = usable_session(deadline);
+      keep = s;
+      return s ? s->zh.get() : nullptr;
+    };
+    env.node_acl = node_acl();
+    env.root_acl = &acls().root_vec;
+    env.clock = clock_;
+    env.connect_timeout = cfg_.connect_timeout;
+    env.command_timeout = cfg_.command_timeout;
+    env.url = cfg_.redacted_url;
+    return env;
+  }
+  std::shared_ptr<Session> open_session(std::string& why);
+  std::shared_ptr<Session> current_session() const {
+    std::lock_guard lk(mu_);
+    return session_;
+  }
+  /// The current session once it is connected (a new one after an expiry), or nullptr
+  /// at `deadline`.
+  std::shared_ptr<Session> usable_session(SteadyTime deadline) {
+    std::unique_lock lk(mu_);
+    wait_until(lk, deadline,
+               [&] { return stopping_ || (session_ && session_->connected && !session_->expired); });
+    if (stopping_ || !session_ || !session_->connected || session_->expired) return nullptr;
+    return session_;
+  }
+  Millis session_timeout() const { return Millis(negotiated_ms_.load()); }
+  /// cv_.wait_until with a predicate, on the injected clock (whose wait may return
+  /// early: loop on its reading). `lk` holds mu_. Returns the predicate's last value.
+  template <class Pred>
+  bool wait_until(std::unique_lock<std::mutex>& lk, SteadyTime deadline, Pred pred) {
+    while (!pred()) {
+      if (clock_->now() >= deadline) return false;
+      clock_->wait_until(cv_, lk, deadline);
+    }
+    return true;
+  }
+  const ACL_vector* node_acl() const {
+    return cfg_.credentials.empty() ? &ZOO_OPEN_ACL_UNSAFE : &acls().creator_read_vec;
+  }
+  /// Creates /distlock and the lock directory if missing; the directory's outcome in `rc`.
+  void ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime deadline, int& rc);
+  void add_orphan(std::string dir, std::string guid, std::uint64_t generation);
+  void delete_or_orphan(const std::shared_ptr<Session>& s, const Entry& e) noexcept;
+  std::error_code fail(int rc, const std::string& what, std::string_view name);
+
+  void keeper_main();
+  void replace_expired_session();
+  void sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orphan> orphans);
+
+  Config cfg_;
+  Logger log_;
+  const std::shared_ptr<Clock> clock_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+  std::atomic<std::uint64_t> attempts_{0};
+  std::atomic<std::uint64_t> next_generation_{1};
+  std::atomic<int> negotiated_ms_{0};
+  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;            // session state changes and keeper work
+  std::shared_ptr<Session> session_;      // guarded by mu_
+  std::map<std::string, Entry> entries_;  // guarded by mu_; key: name '\0' owner
+  std::vector<Orphan> orphans_;           // guarded by mu_
+  SteadyTime orphan_retry_at_{};          // guarded by mu_
+  bool stopping_ = false;                 // guarded by mu_
+  std::thread keeper_;
+  zk::Records records_;
+};
+
+}  // namespace distlock::detail::zk

@@ -1,0 +1,230 @@
+// ZooKeeper sessions: opening one, its events, the keeper that replaces an expired
+// session, nudges waiters after a reconnect, frees stale leases and sweeps orphans.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "zk/zk_backend_impl.hpp"
+
+namespace distlock::detail::zk {
+
+// The C client's own log lines (connection refused, reconnecting, ...) are noise for
+// a library user; DISTLOCK_ZK_LOG=1 shows them for debugging.
+void zk_log_line(const char* message) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DISTLOCK_ZK_LOG");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  if (enabled) std::fprintf(stderr, "zookeeper: %s\n", message);
+}
+
+const Acls& acls() {
+  static const Acls instance;
+  return instance;
+}
+
+void session_watcher(zhandle_t* zh, int type, int state, const char*, void* ctx) {
+  if (type != ZOO_SESSION_EVENT || ctx == nullptr) return;
+  auto* s = static_cast<Session*>(ctx);
+  s->backend->on_session_event(zh, *s, state);
+}
+
+void node_watcher(zhandle_t*, int type, int, const char* path, void* ctx) {
+  if (ctx == nullptr || type == ZOO_SESSION_EVENT || type == ZOO_NOTWATCHING_EVENT) return;
+  static_cast<ZkBackend*>(ctx)->on_node_event(type, path);
+}
+
+std::shared_ptr<Session> ZkBackend::open_session(std::string& why) {
+  auto s = std::make_shared<Session>();
+  s->backend = this;
+  s->gen = next_generation_.fetch_add(1);
+  errno = 0;
+  s->zh.reset(zookeeper_init2(cfg_.connect_string.c_str(), &session_watcher,
+                              static_cast<int>(cfg_.session_timeout.count()), nullptr, s.get(), 0,
+                              &zk_log_line));
+  if (!s->zh) {
+    const int err = errno;
+    why = "cannot start a ZooKeeper session for " + cfg_.redacted_url + ": " +
+          (err == EINVAL ? std::string("a host name does not resolve or the host list is malformed")
+                         : std::string(std::strerror(err)));
+    return nullptr;
+  }
+  sessions_.fetch_add(1);
+  return s;
+}
+
+void ZkBackend::on_session_event(zhandle_t* zh, Session& s, int state) noexcept {
+  // Recorded on the session itself (current or not yet published), so a CONNECTED
+  // event that arrives before the session is installed is not lost.
+  std::lock_guard lk(mu_);
+  if (state == ZOO_CONNECTED_STATE && !s.auth_sent && !cfg_.credentials.empty()) {
+    // The C client accepts credentials only on a live handle (not between connection
+    // attempts), so they are added on the first connection, before the session counts
+    // as usable: they reach the server ahead of any of our requests, and the client
+    // re-sends them after every reconnect.
+    try {
+      zk::submit_auth(zh, cfg_.credentials);
+    } catch (...) {
+    }
+    s.auth_sent = true;
+  }
+  if (state == ZOO_CONNECTED_STATE) {
+    if (s.ever_connected && !s.connected) s.reconnected = true;
+    s.connected = true;
+    s.ever_connected = true;
+  } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
+    s.connected = false;
+    s.expired = true;
+  } else {
+    // CONNECTING / ASSOCIATING / NOTCONNECTED: ownership is uncertain until we hear from
+    // the ensemble again; the engine's local deadline takes care of owns().
+    s.connected = false;
+  }
+  cv_.notify_all();
+}
+
+void ZkBackend::on_node_event(int type, const char* path) noexcept {
+  if (path == nullptr) return;
+  if (type == ZOO_DELETED_EVENT) watch_events_.fetch_add(1);
+  auto name = zk::name_of_node_path(path);
+  ChangeListener* l = listener_.load();
+  if (name && l != nullptr) l->on_change(*name);
+}
+
+void ZkBackend::keeper_main() {
+  std::unique_lock lk(mu_);
+  while (!stopping_) {
+    const SteadyTime soon = clock_->now() + std::chrono::milliseconds(10);
+    SteadyTime wake = clock_->now() + std::chrono::seconds(1);
+    if (session_ && session_->connected) {  // both jobs need the connection
+      for (const auto& [k, e] : entries_) {
+        if (e.held) wake = std::min(wake, std::max(e.valid_until, soon));
+      }
+      if (!orphans_.empty()) wake = std::min(wake, std::max(orphan_retry_at_, soon));
+    }
+    wait_until(lk, wake, [&] {
+      return stopping_ || (session_ && (session_->expired || session_->reconnected)) ||
+             (session_ && session_->connected && !orphans_.empty() && clock_->now() >= orphan_retry_at_);
+    });
+    if (stopping_) break;
+    if (session_ && session_->expired) {
+      lk.unlock();
+      replace_expired_session();
+      lk.lock();
+      continue;
+    }
+    std::vector<std::string> nudge;
+    if (session_ && session_->reconnected) {
+      // Back within the session: our nodes and watches survived, but a predecessor may
+      // have gone while we were away; let every waiter look again.
+      session_->reconnected = false;
+      for (const auto& [k, e] : entries_) {
+        if (!e.held) nudge.push_back(e.name);
+      }
+    }
+    // Leases past their validity: the engine has already declared them lost (its
+    // deadline is earlier); free the node so others are not blocked by a lease nobody uses.
+    std::vector<Entry> stale;
+    const SteadyTime now = clock_->now();
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->second.held && it->second.valid_until <= now && session_ && session_->connected) {
+        stale.push_back(it->second);
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::vector<Orphan> orphans;
+    auto s = session_;
+    if (s && s->connected && !orphans_.empty() && now >= orphan_retry_at_) orphans.swap(orphans_);
+    lk.unlock();
+    ChangeListener* l = listener_.load();
+    for (const auto& n : nudge) {
+      if (l != nullptr) l->on_change(n);
+    }
+    for (const auto& e : stale) {
+      if (l != nullptr) l->on_lease_lost(e.name, e.owner);
+      delete_or_orphan(s, e);
+    }
+    if (!orphans.empty()) sweep_orphans(s, std::move(orphans));
+    s.reset();  // never the last reference under mu_ (closing calls the session watcher)
+    lk.lock();
+  }
+}
+
+void ZkBackend::sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orphan> orphans) {
+  std::vector<Orphan> retry;
+  for (auto& o : orphans) {
+    if (o.generation != s->generation()) continue;  // that session is gone, and its nodes with it
+    const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
+    auto listed = zk::submit_children(s->zh.get(), o.dir);
+    int rc = zk::await(listed, *clock_, deadline);
+    if (rc == ZNONODE) continue;
+    if (rc != ZOK) {
+      retry.push_back(std::move(o));
+      continue;
+    }
+    bool ok = true;
+    for (const auto& n : zk::queue_order(listed->children)) {
+      if (n.guid != o.guid) continue;
+      auto d = zk::submit_delete(s->zh.get(), o.dir + "/" + n.node, -1);
+      rc = zk::await(d, *clock_, deadline);
+      if (rc == ZOK) {
+        orphans_removed_.fetch_add(1);
+        log_.log(LogLevel::info, "zk: removed node {}/{} of an abandoned attempt", o.dir, n.node);
+      } else if (rc != ZNONODE) {
+        ok = false;
+      }
+    }
+    if (!ok) retry.push_back(std::move(o));
+  }
+  std::lock_guard lk(mu_);
+  if (!retry.empty()) {
+    orphans_.insert(orphans_.end(), std::make_move_iterator(retry.begin()),
+                    std::make_move_iterator(retry.end()));
+    orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(200);
+  }
+}
+
+void ZkBackend::replace_expired_session() {
+  std::shared_ptr<Session> old;
+  std::vector<Entry> lost;
+  {
+    std::lock_guard lk(mu_);
+    if (!session_ || !session_->expired) return;
+    old = session_;
+    for (auto& [k, e] : entries_) lost.push_back(e);
+    entries_.clear();
+    orphans_.clear();
+  }
+  log_.log(LogLevel::warning, "zk: session to {} expired; every lock it held is lost; opening a new session",
+           cfg_.redacted_url);
+  std::string why;
+  auto fresh = open_session(why);
+  {
+    std::lock_guard lk(mu_);
+    if (fresh) {
+      session_ = fresh;
+    } else {
+      log_.log(LogLevel::warning, "zk: {}; retrying", why);
+      orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(500);
+    }
+    cv_.notify_all();
+  }
+  old.reset();  // zookeeper_close, outside our lock and off the completion thread
+  if (!fresh) {
+    std::unique_lock lk(mu_);
+    wait_until(lk, clock_->now() + std::chrono::milliseconds(500), [&] { return stopping_; });
+  }
+  ChangeListener* l = listener_.load();
+  if (l == nullptr) return;
+  for (const auto& e : lost) {
+    if (e.held) l->on_lease_lost(e.name, e.owner);
+  }
+  for (const auto& e : lost) {
+    if (!e.held) l->on_change(e.name);
+  }
+}
+
+}  // namespace distlock::detail::zk

@@ -1,0 +1,67 @@
+#include "zk/zk_url.hpp"
+
+#include <cstdint>
+
+#include "distlock/error.hpp"
+#include "zk/zk_names.hpp"
+
+namespace distlock::detail::zk {
+
+namespace {
+constexpr std::uint16_t kDefaultPort = 2181;
+}  // namespace
+
+std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg, std::string& why) {
+  auto bad_url = [&](std::string msg) -> std::error_code {
+    why = std::move(msg);
+    return make_error_code(errc::invalid_url);
+  };
+  const std::string shown = url.redacted();
+  if (url.hosts.empty()) {
+    return bad_url("URL \"" + shown +
+                   "\" names no ZooKeeper server (expected zk://host:port[,host:port...][/chroot])");
+  }
+  if (url.has_userinfo && (url.user.empty() || url.password.empty())) {
+    return bad_url(
+        "URL \"" + shown +
+        "\": digest authentication needs both a user and a password (zk://user:password@host:port)");
+  }
+  if (url.user.find(':') != std::string::npos) {
+    return bad_url("URL \"" + shown + "\": the user name must not contain ':'");
+  }
+  cfg.redacted_url = shown;
+  cfg.session_timeout = opts.lock_defaults.ttl;
+  for (const auto& [k, v] : url.query) {
+    if (k == "timeout") continue;  // applied to connect/command timeouts by the core
+    if (k == "session_timeout") {
+      Millis d{};
+      if (!parse_duration(v, d) || d.count() <= 0 || d > Millis(std::chrono::hours(24))) {
+        return bad_url("session_timeout \"" + v + "\" in URL \"" + shown +
+                       "\" is not a positive duration like 10s");
+      }
+      cfg.session_timeout = d;
+      cfg.session_timeout_from_url = true;
+      continue;
+    }
+    return bad_url("unknown query parameter \"" + k + "\" in URL \"" + shown +
+                   "\" (zk:// knows timeout, session_timeout)");
+  }
+  if (const std::string problem = chroot_problem(url.path); !problem.empty()) {
+    return bad_url("chroot \"" + url.path + "\" in URL \"" + shown + "\" " + problem);
+  }
+  cfg.chroot = url.path == "/" ? std::string() : url.path;
+  std::string hosts;
+  for (const auto& h : url.hosts) {
+    if (!hosts.empty()) hosts += ',';
+    const bool v6 = h.host.find(':') != std::string::npos;
+    hosts += v6 ? "[" + h.host + "]" : h.host;
+    hosts += ':' + std::to_string(h.port != 0 ? h.port : kDefaultPort);
+  }
+  cfg.connect_string = hosts + cfg.chroot;
+  if (url.has_userinfo) cfg.credentials = url.user + ":" + url.password;
+  cfg.connect_timeout = opts.connect_timeout;
+  cfg.command_timeout = opts.command_timeout;
+  return {};
+}
+
+}  // namespace distlock::detail::zk

@@ -1,0 +1,27 @@
+// zk:// URL parsing: servers, chroot, digest credentials and session_timeout, kept
+// apart from the backend so the accepted query keys live in one place.
+#pragma once
+
+#include <string>
+#include <system_error>
+
+#include "core/url.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock::detail::zk {
+
+struct UrlConfig {
+  std::string connect_string;  // "h1:p1,h2:p2/chroot"
+  std::string chroot;
+  std::string credentials;  // "user:password" or empty
+  std::string redacted_url;
+  Millis session_timeout{};  // requested
+  bool session_timeout_from_url = false;
+  Millis connect_timeout{};
+  Millis command_timeout{};
+};
+
+/// Fills `cfg` from `url`; on error returns invalid_url and says why in `why`.
+std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg, std::string& why);
+
+}  // namespace distlock::detail::zk
