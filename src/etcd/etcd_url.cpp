@@ -3,9 +3,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <set>
 #include <sstream>
 
+#include "core/url_keys.hpp"
 #include "distlock/error.hpp"
 
 namespace distlock::detail::etcd {
@@ -45,12 +45,10 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
     return bad_url("etcd URL \"" + url.redacted() + "\" has a path \"" + url.path +
                    "\"; etcd URLs take no path (use ?prefix=)");
   }
-  static const std::set<std::string> known = {"prefix", "tls", "cacert", "cert", "key", "timeout"};
-  for (const auto& [k, v] : url.query) {
-    if (!known.count(k)) {
-      return bad_url("unknown query parameter \"" + k + "\" in etcd URL \"" + url.redacted() +
-                     "\" (known: prefix, tls, cacert, cert, key, timeout)");
-    }
+  // The query is checked against the scheme's table (registry.cpp) here as well as in
+  // connect(), for callers that parse without connecting.
+  if (const Scheme* scheme = find_scheme(url.scheme)) {
+    if (auto ec = check_query(*scheme, url, why)) return ec;
   }
   TransportConfig& config = out.transport;
   for (const auto& h : url.hosts) {
@@ -65,13 +63,7 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
     config.user = url.user;
     config.password = url.password;
   }
-  const std::string tls = url.query_or("tls", "");
-  if (tls == "1" || tls == "true" || tls == "yes") {
-    config.tls = true;
-  } else if (!tls.empty() && tls != "0" && tls != "false" && tls != "no") {
-    return bad_url("tls=\"" + tls + "\" in etcd URL \"" + url.redacted() +
-                   "\" is not one of 1, 0, true, false");
-  }
+  config.tls = query_flag(url, "tls").value_or(false);
   const std::string cacert = url.query_or("cacert", "");
   const std::string cert = url.query_or("cert", "");
   const std::string key = url.query_or("key", "");

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "core/url_keys.hpp"
 #include "distlock/error.hpp"
 #include "zk/zk_names.hpp"
 
@@ -31,20 +32,14 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
   }
   cfg.redacted_url = shown;
   cfg.session_timeout = opts.lock_defaults.ttl;
-  for (const auto& [k, v] : url.query) {
-    if (k == "timeout") continue;  // applied to connect/command timeouts by the core
-    if (k == "session_timeout") {
-      Millis d{};
-      if (!parse_duration(v, d) || d.count() <= 0 || d > Millis(std::chrono::hours(24))) {
-        return bad_url("session_timeout \"" + v + "\" in URL \"" + shown +
-                       "\" is not a positive duration like 10s");
-      }
-      cfg.session_timeout = d;
-      cfg.session_timeout_from_url = true;
-      continue;
-    }
-    return bad_url("unknown query parameter \"" + k + "\" in URL \"" + shown +
-                   "\" (zk:// knows timeout, session_timeout)");
+  // The query is checked against the scheme's table (registry.cpp) here as well as in
+  // connect(), for callers that parse without connecting.
+  if (const Scheme* scheme = find_scheme(url.scheme)) {
+    if (auto ec = check_query(*scheme, url, why)) return ec;
+  }
+  if (const auto d = query_duration(url, "session_timeout")) {
+    cfg.session_timeout = *d;
+    cfg.session_timeout_from_url = true;
   }
   if (const std::string problem = chroot_problem(url.path); !problem.empty()) {
     return bad_url("chroot \"" + url.path + "\" in URL \"" + shown + "\" " + problem);
