@@ -630,6 +630,27 @@ TEST(CliUsage, HelpAndVersion) {
   EXPECT_TRUE(version.out().starts_with("distlock ")) << version.out();
 }
 
+// `distlock urls` prints the table connect() enforces; a key it does not list is a usage error.
+TEST(CliUsage, UrlsListsEverySchemeItsKeysAndNothingElseIsAccepted) {
+  TempDir dir("distlock-cli");
+  Cli urls = Cli::run({"urls"}, dir.path());
+  EXPECT_EQ(urls.code(), 0) << urls.err();
+  for (const char* part :
+       {"file:///absolute/dir", "?recheck=duration", "?sync=true|false", "?timeout=duration"}) {
+    EXPECT_NE(urls.out().find(part), std::string::npos) << part << "\n" << urls.out();
+  }
+  Cli help = Cli::run({"--help"}, dir.path());
+  EXPECT_NE(help.out().find("file:///absolute/dir"), std::string::npos) << help.out();
+  EXPECT_NE(help.out().find("'distlock urls'"), std::string::npos) << help.out();
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  Cli bad = Cli::run({"status", "--url", url + "?recheck=1s&syncc=1", "job"}, dir.path());
+  EXPECT_EQ(bad.code(), 64);
+  EXPECT_TRUE(one_error_line(bad.err(), "unknown query parameter \"syncc\"")) << bad.err();
+  EXPECT_NE(bad.err().find("file:// knows recheck, sync, timeout"), std::string::npos) << bad.err();
+  Cli good = Cli::run({"status", "--url", url + "?recheck=1s&sync=yes", "job"}, dir.path());
+  EXPECT_EQ(good.code(), 3) << good.err();  // free
+}
+
 TEST(CliUnreachable, RunAndStatusExit69WithOneLine) {
   TempDir dir("distlock-cli");
   const std::string url = "redis://127.0.0.1:" + std::to_string(free_port()) + "?timeout=500ms";
