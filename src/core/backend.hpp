@@ -77,6 +77,10 @@ enum class PutMode {
 /// Values are any bytes, at most kMaxRecordValue.
 inline constexpr std::size_t kMaxRecordValue = 64 * 1024;
 
+/// False, with errc::invalid_argument and an error detail naming the key and the size,
+/// when `value` is larger than kMaxRecordValue. Every backend's put_record starts here.
+bool record_value_fits(std::string_view key, std::string_view value, std::error_code& ec);
+
 /// One held lock, as listed by Backend::list_held.
 struct ListedLock {
   std::string name;
@@ -166,6 +170,40 @@ class Backend {
   /// URL with the password masked, for messages.
   virtual std::string url() const = 0;
 };
+
+/// For a backend whose records and listing live in an object of their own (`Records`,
+/// with put/get/erase/list_held taking the arguments of the calls below): the four
+/// calls go to `records()`.
+template <class Records>
+class RecordsBackend : public Backend {
+ public:
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return records().put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return records().get(key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override { return records().erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return records().list_held(prefix, limit, truncated, ec);
+  }
+
+ protected:
+  virtual Records& records() noexcept = 0;
+};
+
+/// The key of one (lock name, owner) pair in a backend's table of its own entries:
+/// "name\0owner" (a name holds no NUL, so two pairs never share a key).
+inline std::string name_owner_key(std::string_view name, std::string_view owner) {
+  std::string k;
+  k.reserve(name.size() + 1 + owner.size());
+  k.append(name);
+  k.push_back('\0');
+  k.append(owner);
+  return k;
+}
 
 /// A backend that fails a call may leave a sentence for the error the caller sees
 /// ("only 1 of 3 masters answered: ..."); it is per thread and taken by the next

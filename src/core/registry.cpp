@@ -7,6 +7,7 @@
 #include "core/backend.hpp"
 #include "core/url_keys.hpp"
 #include "distlock/config.hpp"
+#include "distlock/error.hpp"
 
 #if DISTLOCK_HAS_FILE
 #include "file/file_backend.hpp"
@@ -185,6 +186,17 @@ std::string take_error_detail() noexcept {
   std::string out;
   out.swap(t_error_detail);
   return out;
+}
+
+bool record_value_fits(std::string_view key, std::string_view value, std::error_code& ec) {
+  if (value.size() <= kMaxRecordValue) return true;
+  ec = make_error_code(errc::invalid_argument);
+  std::string shown;
+  for (char c : key.substr(0, 200)) shown += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  set_error_detail("record \"" + shown + "\": a value of " + std::to_string(value.size()) +
+                   " bytes is larger than the limit of " + std::to_string(kMaxRecordValue) +
+                   " bytes (64 KiB)");
+  return false;
 }
 
 BackendFactory find_backend(std::string_view scheme) {

@@ -47,10 +47,7 @@ inline std::int64_t ttl_seconds(Millis ttl) {
 }
 
 inline std::string entry_key(std::string_view name, std::string_view owner) {
-  std::string k(name);
-  k.push_back('\0');
-  k.append(owner);
-  return k;
+  return name_owner_key(name, owner);
 }
 
 // ---- sessions and queued keys ----------------------------------------------
@@ -92,7 +89,7 @@ struct WatchStream {
 
 // ---- the backend -----------------------------------------------------------
 
-class EtcdBackend final : public Backend {
+class EtcdBackend final : public RecordsBackend<etcd::Records> {
  public:
   EtcdBackend(etcd::TransportConfig config, std::string prefix, std::string redacted_url,
               const ClientOptions& opts)
@@ -187,19 +184,8 @@ class EtcdBackend final : public Backend {
                         std::error_code& ec) override;
   LockInfo status(std::string_view name, std::error_code& ec) override;
 
-  // Records and listing: etcd_records.cpp.
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
-    return records_.put(key, value, mode, ec);
-  }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
-    return records_.get(key, ec);
-  }
-  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
-    return records_.list_held(prefix, limit, truncated, ec);
-  }
+  // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
+  etcd::Records& records() noexcept override { return records_; }
 
  private:
   std::string lock_prefix(std::string_view name) const {

@@ -47,12 +47,7 @@ void Records::fail(const grpc::Status& st, std::error_code& ec, std::string_view
 
 std::string Records::put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec) {
   ec.clear();
-  if (value.size() > kMaxRecordValue) {
-    ec = make_error_code(errc::invalid_argument);
-    set_error_detail(fmt::format("record value of {} bytes is larger than the limit of {} bytes (64 KiB)",
-                                 value.size(), kMaxRecordValue));
-    return {};
-  }
+  if (!record_value_fits(key, value, ec)) return {};
   const std::string k = record_key(key);
   if (mode == PutMode::always) {
     etcdserverpb::PutRequest req;

@@ -85,7 +85,7 @@ struct Settings {
   bool sync = false;
 };
 
-class FileBackend final : public Backend {
+class FileBackend final : public RecordsBackend<FileRecords> {
  public:
   FileBackend(Settings settings, Fd dir_fd, std::size_t name_max, mode_t file_mode, std::string url,
               const ClientOptions& opts)
@@ -304,19 +304,8 @@ class FileBackend final : public Backend {
     return lock_info_of(info.held, rec);
   }
 
-  // Records and listing: file_records.cpp.
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
-    return records_.put(key, value, mode, ec);
-  }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
-    return records_.get(key, ec);
-  }
-  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
-    return records_.list_held(prefix, limit, truncated, ec);
-  }
+  // Records and listing (RecordsBackend forwards them): file_records.cpp.
+  FileRecords& records() noexcept override { return records_; }
 
   std::string url() const override { return url_; }
 

@@ -232,13 +232,7 @@ std::optional<std::string> FileRecords::read_record_file(int rdir, const std::st
 std::string FileRecords::put(std::string_view key, std::string_view value, PutMode mode,
                              std::error_code& ec) {
   ec.clear();
-  if (value.size() > kMaxRecordValue) {
-    fail(ec, errc::invalid_argument,
-         "record value of " + std::to_string(value.size()) + " bytes for \"" + printable(key) +
-             "\" is larger than the limit of " + std::to_string(kMaxRecordValue) + " bytes",
-         0);
-    return {};
-  }
+  if (!record_value_fits(key, value, ec)) return {};
   const std::string fname = record_file_name(key, name_max_);
   Fd rdir(open_records_dir(/*create=*/true, ec));
   if (ec) return {};

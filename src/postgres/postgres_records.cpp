@@ -125,12 +125,7 @@ bool take_row(PGresult* r, std::string_view key, std::string& value, std::error_
 std::string put_record(const Runner& run, std::string_view key, std::string_view value, PutMode mode,
                        std::error_code& ec) {
   ec.clear();
-  if (value.size() > kMaxRecordValue) {
-    ec = make_error_code(errc::invalid_argument);
-    set_error_detail("record value of " + std::to_string(value.size()) + " bytes for \"" + printable(key) +
-                     "\" is larger than the limit of " + std::to_string(kMaxRecordValue) + " bytes");
-    return {};
-  }
+  if (!record_value_fits(key, value, ec)) return {};
   const std::vector<std::string> params{to_hex(key), to_hex(value)};
   if (mode == PutMode::always) {
     Exec e = run(kPutAlwaysSql, params, "put record", ec);

@@ -3,12 +3,11 @@
 // listing held locks (Backend::put_record, get_record, erase_record, list_held).
 //
 // What is here:
-//   * `record_value_fits`   the 64 KiB bound on a record's value (invalid_argument naming the size);
 //   * `glob_escape`         a byte string made literal for SCAN MATCH;
 //   * `held_in_order`       the sorted, limited listing over candidate names;
 //   * `put_if_absent_script` the one-step "store unless present, answer what is stored" script;
 //   * `scan_keys`           SCAN MATCH ... COUNT kScanCount over one server, until the cursor is 0;
-// The first three are header-only (redlock:// uses them without the redis component's
+// The first two are header-only (redlock:// uses them without the redis component's
 // connections); the rest run over a redis::Connection.
 //
 // Thread-safety: free functions over their arguments; the script object is shared
@@ -40,17 +39,6 @@ namespace distlock::detail::redis {
 inline constexpr std::size_t kScanCount = 1000;
 /// Locks whose status is read per round trip while listing.
 inline constexpr std::size_t kListChunk = 256;
-
-/// False, with errc::invalid_argument and an error detail naming the size, when
-/// `value` is larger than kMaxRecordValue.
-inline bool record_value_fits(std::string_view key, std::string_view value, std::error_code& ec) {
-  if (value.size() <= kMaxRecordValue) return true;
-  ec = make_error_code(errc::invalid_argument);
-  set_error_detail("record \"" + std::string(key.substr(0, 200)) + "\": a value of " +
-                   std::to_string(value.size()) + " bytes is larger than the limit of " +
-                   std::to_string(kMaxRecordValue) + " bytes");
-  return false;
-}
 
 /// `s` with every glob metacharacter of Redis's MATCH (`*`, `?`, `[`, `]`, `\`)
 /// preceded by a backslash: the pattern then matches exactly these bytes.

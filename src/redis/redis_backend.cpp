@@ -345,7 +345,7 @@ class RedisBackend final : public Backend {
   std::string put_record(std::string_view key, std::string_view value, PutMode mode,
                          std::error_code& ec) override {
     ec.clear();
-    if (!redis::record_value_fits(key, value, ec)) return {};
+    if (!record_value_fits(key, value, ec)) return {};
     auto conn = checkout_detailed(ec);
     if (ec) return {};
     const std::string k = record_key(key);

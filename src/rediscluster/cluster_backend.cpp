@@ -580,7 +580,7 @@ class ClusterBackend final : public Backend {
   std::string put_record(std::string_view key, std::string_view value, PutMode mode,
                          std::error_code& ec) override {
     ec.clear();
-    if (!redis::record_value_fits(key, value, ec)) return {};
+    if (!record_value_fits(key, value, ec)) return {};
     const std::string k = rediscluster::record_key(prefix_, key);
     Reply r;
     const redisReply* d = route(

@@ -475,7 +475,7 @@ class RedlockBackend final : public Backend {
   std::string put_record(std::string_view key, std::string_view value, PutMode mode,
                          std::error_code& ec) override {
     ec.clear();
-    if (!redis::record_value_fits(key, value, ec)) return {};
+    if (!record_value_fits(key, value, ec)) return {};
     const std::array<std::string, 1> keys{record_key(cfg_, key)};
     const std::array<std::string, 1> args{std::string(value)};
     const Command cmd = mode == PutMode::always ? Command{{"SET", keys[0], args[0]}, nullptr}

@@ -60,12 +60,7 @@ struct Acls {
 const Acls& acls();
 
 inline std::string key_of(std::string_view name, std::string_view owner) {
-  std::string k;
-  k.reserve(name.size() + owner.size() + 1);
-  k.append(name);
-  k.push_back('\0');
-  k.append(owner);
-  return k;
+  return name_owner_key(name, owner);
 }
 
 class ZkBackend;
@@ -91,7 +86,7 @@ struct Session {
 void session_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
 void node_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
 
-class ZkBackend final : public Backend {
+class ZkBackend final : public RecordsBackend<zk::Records> {
  public:
   using Config = zk::UrlConfig;
 
@@ -174,19 +169,8 @@ class ZkBackend final : public Backend {
   LockInfo status(std::string_view name, std::error_code& ec) override;
   std::string url() const override { return cfg_.redacted_url; }
 
-  // Records and listing: zk_records.cpp.
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
-    return records_.put(key, value, mode, ec);
-  }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
-    return records_.get(key, ec);
-  }
-  bool erase_record(std::string_view key, std::error_code& ec) override { return records_.erase(key, ec); }
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
-    return records_.list_held(prefix, limit, truncated, ec);
-  }
+  // Records and listing (RecordsBackend forwards them): zk_records.cpp.
+  zk::Records& records() noexcept override { return records_; }
 
   ZkStats stats() const {
     ZkStats st;

@@ -65,12 +65,7 @@ int Records::ensure_dir(zhandle_t* zh, Clock::time_point deadline) const {
 
 std::string Records::put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec) {
   ec.clear();
-  if (value.size() > kMaxRecordValue) {
-    ec = make_error_code(errc::invalid_argument);
-    set_error_detail(fmt::format("record value of {} bytes is larger than the limit of {} bytes (64 KiB)",
-                                 value.size(), kMaxRecordValue));
-    return {};
-  }
+  if (!record_value_fits(key, value, ec)) return {};
   const std::string path = record_path(key);
   const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
   std::shared_ptr<void> keep;
