@@ -144,6 +144,9 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
       delete e;
     }
   });
+  // Before the listener: a backend may report a loss (whose callbacks are queued for
+  // this thread) as soon as it has one.
+  engine->event_thread_ = std::thread([e = engine.get()] { e->event_main(); });
   engine->backend_->set_listener(engine.get());
   if (engine->opts_.background_renewal && engine->caps_.needs_renewal) engine->start_renewer();
   return engine;
@@ -189,6 +192,16 @@ Engine::~Engine() {
   }
   // The backend (and its notification threads) goes before the engine's members.
   backend_.reset();
+  // Last: nothing can queue a callback any more. Callbacks already queued still run
+  // (a loss seen is reported), then the event thread ends.
+  if (event_thread_.joinable()) {
+    {
+      std::lock_guard lk(events_mu_);
+      events_stop_ = true;
+      events_cv_.notify_all();
+    }
+    event_thread_.join();
+  }
 }
 
 std::error_code Engine::check_name(std::string_view name, std::string& why) {
@@ -884,39 +897,120 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
 bool Engine::on_own_thread() const noexcept {
   const auto self = std::this_thread::get_id();
   return (renewer_.joinable() && renewer_.get_id() == self) ||
-         (watchdog_.joinable() && watchdog_.get_id() == self);
+         (watchdog_.joinable() && watchdog_.get_id() == self) || on_event_thread();
 }
 
+bool Engine::on_event_thread() const noexcept {
+  return event_thread_.joinable() && event_thread_.get_id() == std::this_thread::get_id();
+}
+
+// The loss signal (stop token, internal signals) happens here, on the detecting
+// thread; the user's callbacks are only queued, so a slow or blocking callback can
+// never delay the signal of this or any other lease.
 void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
   held->stop.request_stop();
-  ++t_in_loss_callbacks;
-  struct Leave {
-    ~Leave() { --t_in_loss_callbacks; }
-  } leave;  // declared before cbs: the callbacks are destroyed while still counted
-  std::vector<std::function<void()>> cbs;
+  std::vector<std::function<void()>> signals;
   {
     std::lock_guard lk(held->callbacks_mu);
-    held->callbacks_fired = true;
-    cbs.swap(held->callbacks);
+    if (held->signals_fired) return;
+    held->signals_fired = true;
+    signals.swap(held->signals);
   }
-  for (auto& cb : cbs) {
-    try {
-      cb();
-    } catch (...) {
-      log_.log(LogLevel::error, "loss callback of lock \"{}\" threw", held->name);
-    }
+  for (auto& s : signals) s();  // noexcept by contract (add_loss_signal)
+  std::lock_guard lk(held->callbacks_mu);
+  held->callbacks_fired = true;
+  if (held->callbacks.empty()) return;
+  // Queued under callbacks_mu: a callback added after this (queued directly by
+  // add_loss_callback) runs after these.
+  std::vector<std::function<void()>> cbs;
+  cbs.swap(held->callbacks);
+  bool queued = false;
+  try {
+    queued =
+        post_event([this, held, cbs = std::make_shared<std::vector<std::function<void()>>>(std::move(cbs))] {
+          for (auto& cb : *cbs) {
+            try {
+              cb();
+            } catch (...) {
+              log_.log(LogLevel::error, "loss callback of lock \"{}\" threw; the exception was dropped",
+                       held->name);
+            }
+          }
+        });
+  } catch (...) {
   }
+  if (!queued) log_.log(LogLevel::error, "loss callbacks of lock \"{}\" dropped: out of memory", held->name);
 }
 
 void Engine::add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn) {
+  std::lock_guard lk(held->callbacks_mu);
+  if (!held->callbacks_fired) {
+    held->callbacks.push_back(std::move(fn));
+    return;
+  }
+  if (!post_event([this, held, fn = std::move(fn)] {
+        try {
+          fn();
+        } catch (...) {
+          log_.log(LogLevel::error, "loss callback of lock \"{}\" threw; the exception was dropped",
+                   held->name);
+        }
+      })) {
+    throw_error(make_error_code(errc::exhausted), "cannot queue the loss callback: out of memory");
+  }
+}
+
+void Engine::add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn) {
   {
     std::lock_guard lk(held->callbacks_mu);
-    if (!held->callbacks_fired) {
-      held->callbacks.push_back(std::move(fn));
+    if (!held->signals_fired) {
+      held->signals.push_back(std::move(fn));
       return;
     }
   }
   fn();
+}
+
+bool Engine::post_event(std::function<void()> fn) noexcept {
+  std::lock_guard lk(events_mu_);
+  try {
+    events_.push_back(std::move(fn));
+  } catch (...) {
+    return false;  // out of memory: never run user code here instead (the caller may hold a lock)
+  }
+  events_cv_.notify_one();
+  return true;
+}
+
+void Engine::event_main() noexcept {
+  std::unique_lock lk(events_mu_);
+  for (;;) {
+    events_cv_.wait(lk, [this] { return events_stop_ || !events_.empty(); });
+    if (events_.empty()) return;  // stopped, and everything queued has run
+    std::function<void()> fn = std::move(events_.front());
+    events_.pop_front();
+    events_running_ = true;
+    lk.unlock();
+    // Counted while the callback (and what it captured) is destroyed too: it may
+    // hold the last Client copy, and the engine's deleter must then not join this
+    // thread from itself.
+    ++t_in_loss_callbacks;
+    try {
+      fn();
+    } catch (...) {
+    }
+    fn = nullptr;
+    --t_in_loss_callbacks;
+    lk.lock();
+    events_running_ = false;
+    if (events_.empty()) events_idle_cv_.notify_all();
+  }
+}
+
+void Engine::drain_events() {
+  if (on_event_thread()) return;
+  std::unique_lock lk(events_mu_);
+  events_idle_cv_.wait(lk, [this] { return events_.empty() && !events_running_; });
 }
 
 Clock::time_point Engine::declare_expired() {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,8 +73,14 @@ struct HeldLock {
   std::string loss_detail;
 
   mutable std::mutex callbacks_mu;
+  // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
   std::vector<std::function<void()>> callbacks;  // guarded by callbacks_mu
   bool callbacks_fired = false;                  // guarded by callbacks_mu
+  // Engine-internal loss signals (a read-write lease's combined stop token): run on
+  // the thread that detects the loss, right after `stop`, never behind user code.
+  // Short and non-blocking by contract.
+  std::vector<std::function<void()>> signals;  // guarded by callbacks_mu
+  bool signals_fired = false;                  // guarded by callbacks_mu
 
   Clock::time_point deadline() const noexcept {
     return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
@@ -169,7 +176,21 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void on_session_lost() noexcept override;
   void on_lease_lost(std::string_view name, std::string_view owner) noexcept override;
 
+  /// Queues `fn` to run once on the event thread when `held` is lost (queued at once
+  /// if it already is). A callback that throws is logged; the others still run.
   void add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+  /// Engine-internal: runs `fn` on the thread that declares `held` lost, right after
+  /// its stop token (at once, on the caller, if it already is lost). `fn` must be
+  /// short, non-blocking and must not throw: it is part of the loss signal.
+  void add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+
+  /// The thread that runs user callbacks (see "Threads" above).
+  std::thread::id event_thread_id() const noexcept { return event_thread_.get_id(); }
+  bool on_event_thread() const noexcept;
+  /// Blocks until every user callback queued so far has run and the event thread is
+  /// idle (tests, and callers that must observe a callback's effect). Returns at once
+  /// when called on the event thread itself (it would wait for itself).
+  void drain_events();
 
   /// The backend's status with the holder description split off LockInfo::holder.
   LockInfo status(std::string_view name, std::error_code& ec);
@@ -249,6 +270,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+  /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
+  /// Never runs user code on the caller, which may hold callbacks_mu.
+  bool post_event(std::function<void()> fn) noexcept;
+  void event_main() noexcept;
 
   struct WaitSlot {  // declared at the top of the class
     std::uint64_t generation = 0;
@@ -333,6 +358,17 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
   std::jthread renewer_;
   std::jthread watchdog_;
+
+  // The event thread: runs user callbacks, one at a time, in the order queued. Its
+  // mutex is a leaf (nothing else is locked while holding it; user code never runs
+  // under it).
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;         // work queued, or stop
+  std::condition_variable events_idle_cv_;    // queue empty and nothing running (drain_events)
+  std::deque<std::function<void()>> events_;  // guarded by events_mu_
+  bool events_running_ = false;               // a callback is running; guarded by events_mu_
+  bool events_stop_ = false;                  // guarded by events_mu_
+  std::thread event_thread_;                  // started by create(), joined last by ~Engine
 };
 
 }  // namespace distlock::detail
