@@ -917,17 +917,18 @@ void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
     signals.swap(held->signals);
   }
   for (auto& s : signals) s();  // noexcept by contract (add_loss_signal)
-  std::lock_guard lk(held->callbacks_mu);
-  held->callbacks_fired = true;
-  if (held->callbacks.empty()) return;
-  // Queued under callbacks_mu: a callback added after this (queued directly by
-  // add_loss_callback) runs after these.
-  std::vector<std::function<void()>> cbs;
-  cbs.swap(held->callbacks);
-  bool queued = false;
-  try {
-    queued =
-        post_event([this, held, cbs = std::make_shared<std::vector<std::function<void()>>>(std::move(cbs))] {
+  bool queued = true;
+  {
+    // Queued under callbacks_mu: a callback added after this (queued directly by
+    // add_loss_callback) runs after these.
+    std::lock_guard lk(held->callbacks_mu);
+    held->callbacks_fired = true;
+    if (!held->callbacks.empty()) {
+      queued = false;
+      try {
+        auto cbs = std::make_shared<std::vector<std::function<void()>>>(std::move(held->callbacks));
+        held->callbacks.clear();
+        queued = post_event([this, held, cbs] {
           for (auto& cb : *cbs) {
             try {
               cb();
@@ -937,8 +938,11 @@ void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
             }
           }
         });
-  } catch (...) {
+      } catch (...) {
+      }
+    }
   }
+  // Logged outside callbacks_mu: the logger sink is user code.
   if (!queued) log_.log(LogLevel::error, "loss callbacks of lock \"{}\" dropped: out of memory", held->name);
 }
 

@@ -2,6 +2,33 @@
 // (wait for a change notification, re-check capped by the holder's remaining TTL),
 // reentrancy per owner thread, the client's single renewer (batched renewals), the
 // conservative local deadline and the loss signal.
+//
+// Threads and locks (the engine is the most concurrent code in distlock):
+// - User threads call every public member (acquire*, release, wait_free, status,
+//   NameWatch, tick/renew_all in tests) at once, on any thread.
+// - The renewer (renewer_main, when background_renewal and the backend needs
+//   renewal) runs tick(): renewals in one backend batch, losses it finds.
+// - The watchdog (watchdog_main) declares losses at local deadlines, so a renewal
+//   blocked on a hung server cannot delay a stop signal; it also drops idle watches.
+// - Backend threads (notifiers, subscribers, keep-alives) call the ChangeListener
+//   members (on_change, on_session_lost, on_lease_lost) from any thread; a backend
+//   never holds a lock of its own that a backend call from the engine could need.
+// - The event thread (event_main) runs user callbacks (Lease::on_lost) and nothing
+//   else; see add_loss_callback. Whoever detects a loss (any of the threads above)
+//   gives the loss signal itself in declare_lost/fire_loss: `lost`, the stop token
+//   (so std::stop_callbacks run there) and add_loss_signal's internal signals; then it
+//   queues the callbacks. A blocking callback therefore delays later callbacks only.
+// Locks, in the only order they nest:
+// - mu_ guards held_, waits_ (and every WaitSlot field), idle_watches_, inflight_,
+//   the renewer's and watchdog's wake times, and HeldLock's released, next_renew,
+//   renew_in_flight and displaced. It is never held across a backend call, a clock
+//   wait other than the condition-variable waits on it, user code, or declare_lost.
+// - HeldLock::callbacks_mu guards that lease's loss reason/detail, callbacks and
+//   signals; never held with mu_ (declare_lost runs outside mu_).
+// - events_mu_ guards the event queue; a leaf, taken inside callbacks_mu to queue in
+//   order. User code (callbacks, the logger sink) never runs under any engine lock.
+// Atomics read without a lock: HeldLock::lost, deadline_ns, hold_limit_ns,
+// hold_count (changed under mu_), the counters and session_epoch_ (bumped under mu_).
 #pragma once
 
 #include <atomic>
