@@ -29,6 +29,9 @@
 //   order. User code (callbacks, the logger sink) never runs under any engine lock.
 // Atomics read without a lock: HeldLock::lost, deadline_ns, hold_limit_ns,
 // hold_count (changed under mu_), the counters and session_epoch_ (bumped under mu_).
+// What the compiler can check is annotated (DISTLOCK_GUARDED_BY, thread_annotations.hpp)
+// and checked by the clang build of scripts/test.sh; HeldLock's and WaitSlot's fields
+// guarded by Engine::mu_ are not (the analysis cannot name another object's mutex).
 #pragma once
 
 #include <atomic>
@@ -51,6 +54,7 @@
 #include "core/backend.hpp"
 #include "core/log.hpp"
 #include "core/metrics.hpp"
+#include "core/thread_annotations.hpp"
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
@@ -96,18 +100,18 @@ struct HeldLock {
   std::atomic<bool> lost{false};
   std::stop_source stop;
   // Why it was lost (set once, before `lost`, under callbacks_mu).
-  std::optional<LossReason> loss_reason;
-  std::string loss_detail;
+  mutable AnnotatedMutex callbacks_mu;
+  std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
+  std::string loss_detail DISTLOCK_GUARDED_BY(callbacks_mu);
 
-  mutable std::mutex callbacks_mu;
   // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
-  std::vector<std::function<void()>> callbacks;  // guarded by callbacks_mu
-  bool callbacks_fired = false;                  // guarded by callbacks_mu
+  std::vector<std::function<void()>> callbacks DISTLOCK_GUARDED_BY(callbacks_mu);
+  bool callbacks_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
   // Engine-internal loss signals (a read-write lease's combined stop token): run on
   // the thread that detects the loss, right after `stop`, never behind user code.
   // Short and non-blocking by contract.
-  std::vector<std::function<void()>> signals;  // guarded by callbacks_mu
-  bool signals_fired = false;                  // guarded by callbacks_mu
+  std::vector<std::function<void()>> signals DISTLOCK_GUARDED_BY(callbacks_mu);
+  bool signals_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
 
   Clock::time_point deadline() const noexcept {
     return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
@@ -354,19 +358,19 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::atomic<std::uint64_t> next_acquisition_{1};
   std::atomic<bool> warned_watch_failure_{false};
 
-  mutable std::mutex mu_;
-  // Key: name + '\0' + owner. Guarded by mu_.
-  std::map<std::string, std::shared_ptr<HeldLock>> held_;
-  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_;
-  int idle_watches_ = 0;                // slots with no waiter kept subscribed; guarded by mu_
-  std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
+  mutable AnnotatedMutex mu_;
+  // Key: name + '\0' + owner.
+  std::map<std::string, std::shared_ptr<HeldLock>> held_ DISTLOCK_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
+  int idle_watches_ DISTLOCK_GUARDED_BY(mu_) = 0;  // slots with no waiter kept subscribed
+  std::condition_variable renewer_cv_;             // wakes the renewer when the schedule changes
   // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
-  Clock::time_point renewer_wake_ = Clock::time_point::min();
+  Clock::time_point renewer_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
   std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
-  Clock::time_point watchdog_wake_ = Clock::time_point::min();  // guarded by mu_
+  Clock::time_point watchdog_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
   // A lease was added while the watchdog was awake (its scan may predate it): scan
   // again before sleeping. Guarded by mu_.
-  bool watchdog_rescan_ = false;
+  bool watchdog_rescan_ DISTLOCK_GUARDED_BY(mu_) = false;
   // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
   // belong to the session that ended.
   std::atomic<std::uint64_t> session_epoch_{0};
@@ -378,7 +382,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
     std::vector<std::string> names;
     bool all = false;
   };
-  std::map<std::string, InflightLosses, std::less<>> inflight_;
+  std::map<std::string, InflightLosses, std::less<>> inflight_ DISTLOCK_GUARDED_BY(mu_);
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
@@ -389,13 +393,13 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // The event thread: runs user callbacks, one at a time, in the order queued. Its
   // mutex is a leaf (nothing else is locked while holding it; user code never runs
   // under it).
-  std::mutex events_mu_;
-  std::condition_variable events_cv_;         // work queued, or stop
-  std::condition_variable events_idle_cv_;    // queue empty and nothing running (drain_events)
-  std::deque<std::function<void()>> events_;  // guarded by events_mu_
-  bool events_running_ = false;               // a callback is running; guarded by events_mu_
-  bool events_stop_ = false;                  // guarded by events_mu_
-  std::thread event_thread_;                  // started by create(), joined last by ~Engine
+  AnnotatedMutex events_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
+  std::condition_variable events_cv_;       // work queued, or stop
+  std::condition_variable events_idle_cv_;  // queue empty and nothing running (drain_events)
+  std::deque<std::function<void()>> events_ DISTLOCK_GUARDED_BY(events_mu_);
+  bool events_running_ DISTLOCK_GUARDED_BY(events_mu_) = false;  // a callback is running
+  bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
+  std::thread event_thread_;  // started by create(), joined last by ~Engine
 };
 
 }  // namespace distlock::detail

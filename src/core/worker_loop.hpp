@@ -5,8 +5,9 @@
 // run by the destructor) sets stopping(), wakes the body and joins it, so a backend
 // destroys everything the body uses only after the thread is gone.
 //
-// Thread-safety: wake(), clear_wake(), stopping() and wake_fd() from any thread;
-// start() once; stop() from any thread but the worker itself.
+// Thread-safety: every member from any thread (start() once); stop() from any thread
+// but the worker itself. mu_ guards the thread object only and is never held while
+// joining, so a body may call wake() or stopping() at any time.
 #pragma once
 
 #include <sys/eventfd.h>
@@ -17,6 +18,8 @@
 #include <cstdint>
 #include <thread>
 #include <utility>
+
+#include "core/thread_annotations.hpp"
 
 namespace distlock::detail {
 
@@ -40,9 +43,13 @@ class WorkerLoop {
   /// thread can be had.
   template <class F>
   void start(F&& body) {
+    LockGuard lk(mu_);
     thread_ = std::thread(std::forward<F>(body));
   }
-  bool started() const noexcept { return thread_.joinable(); }
+  bool started() noexcept {
+    LockGuard lk(mu_);
+    return thread_.joinable();
+  }
 
   /// Makes wake_fd() readable until clear_wake().
   void wake() const noexcept {
@@ -59,16 +66,22 @@ class WorkerLoop {
   /// Asks the body to return (stopping(), a wake-up) and joins it. Idempotent.
   void stop() noexcept {
     stop_.store(true, std::memory_order_release);
-    if (!thread_.joinable()) return;
+    std::thread t;
+    {
+      LockGuard lk(mu_);
+      t = std::move(thread_);
+    }
+    if (!t.joinable()) return;
     if (fd_ >= 0) wake();
-    thread_.join();
+    t.join();
   }
 
  private:
   const int fd_;
   const int error_;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  AnnotatedMutex mu_;
+  std::thread thread_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace distlock::detail
