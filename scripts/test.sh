@@ -15,7 +15,8 @@
 #      90 minutes on 2 cores;
 #   4. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
 #      ones) and the file and redis backends' tests under ThreadSanitizer;
-#   5. an install into a temporary prefix and a consumer built with find_package and pkg-config.
+#   5. a compile-only clang build of the core and the file and redis backends with -Wthread-safety;
+#   6. an install into a temporary prefix and a consumer built with find_package and pkg-config.
 # Usage: ./scripts/test.sh [quick]   (quick: steps 1 and 2 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +60,14 @@ cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test 
   redlock_test redlock_tls_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
   -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+
+step "clang thread-safety analysis (compile only: the core, file and redis backends)"
+# The lock annotations (src/core/thread_annotations.hpp) are only checked by clang;
+# -Werror=thread-safety turns a member touched without its mutex into a build error.
+cmake -S . -B build/tsa -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 -DCMAKE_BUILD_TYPE=Debug \
+  -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_COMPONENTS="file;redis" \
+  -DDISTLOCK_BUILD_TESTS=OFF -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build build/tsa -j"$jobs" --target distlock distlock_file distlock_redis
 
 if [ -x scripts/install_test.sh ]; then
   step "install and consumer"

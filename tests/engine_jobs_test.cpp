@@ -213,6 +213,7 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     std::error_code ec;
     lease.release(ec);
     EXPECT_EQ(ec, errc::lost);
+    c.engine()->drain_events();  // callbacks run on the event thread
     EXPECT_TRUE(fired);
     EXPECT_EQ(lease.loss_reason(), LossReason::none);  // released: an empty Lease
     // (gone_at_release itself is checked through a Mutex's hold below)

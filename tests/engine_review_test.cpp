@@ -63,6 +63,7 @@ TEST_F(EngineReview, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled)
   m.lock();                // new acquisition (the server record has expired)
   c.engine()->tick();
   EXPECT_TRUE(outer.stop_requested()) << "the replaced hold's loss was never signalled";
+  c.engine()->drain_events();  // callbacks run on the event thread
   EXPECT_EQ(callbacks.load(), 1);
   m.unlock();
   std::error_code ec;
@@ -85,7 +86,7 @@ TEST(EngineReviewRealTime, LeaseTakenWhileTheWatchdogIsBusyIsStillWatched) {
   std::condition_variable cv;
   bool in_callback = false, second_taken = false;
   auto first = c.acquire("w0", ttl(300ms));
-  first.on_lost([&] {  // runs on the watchdog thread
+  first.on_lost([&] {  // runs on the event thread
     std::unique_lock lk(mu);
     in_callback = true;
     cv.notify_all();
@@ -251,8 +252,8 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
 
 // A loss callback that keeps a copy of its Client (to take the lock again, say) can
 // hold the last reference to the engine: when the application has dropped its own
-// handles while the callback ran, the engine is destroyed on the renewer thread that
-// ran the callback. That must not join the renewer from itself (std::terminate) nor
+// handles while the callback ran, the engine is destroyed on the event thread that
+// ran the callback. That must not join that thread from itself (std::terminate) nor
 // free the engine under the running thread.
 [[noreturn]] void last_client_copy_in_a_loss_callback() {
   auto store = MemoryStore::named("review-rt-last-ref");
@@ -266,7 +267,7 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
     auto c = distlock::connect("memory://review-rt-last-ref", o);
     weak = c.engine();
     auto lease = c.acquire("cb", ttl(300ms));
-    lease.on_lost([c, &mu, &cv, &in_callback, &dropped] {  // on the renewer thread
+    lease.on_lost([c, &mu, &cv, &in_callback, &dropped] {  // on the event thread
       std::unique_lock lk(mu);
       in_callback = true;
       cv.notify_all();

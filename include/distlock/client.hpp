@@ -95,10 +95,27 @@ class Lease {
   /// Not fired by an orderly release.
   std::stop_token stop_token() const noexcept;
 
-  /// Runs `fn` once when the lease is lost (at once if it already is). Runs on the
-  /// client's renewer thread (or the caller's); keep it short and non-blocking. The stop
-  /// token is requested first, then the callbacks run: a thread that sees the stop token
-  /// may not yet see the callback's effects.
+  /// Runs `fn` once when the lease is lost (queued at once if it already is).
+  ///
+  /// Which thread: every on_lost callback of a Client runs on that client's one event
+  /// thread, one at a time, in the order the losses were declared (a lease's own
+  /// callbacks in the order added) -- never on the thread that detected the loss (the
+  /// renewer, the watchdog, a backend's notifier, or a user thread in release() or
+  /// acquire()), never on the caller of on_lost().
+  ///
+  /// The loss signal does not wait for callbacks: `owns()` turns false and the stop
+  /// token is requested on the detecting thread before any callback is queued, so a
+  /// thread that sees the stop token may not yet see a callback's effects. Hence
+  /// `std::stop_callback`s registered on stop_token() run synchronously on the detecting
+  /// thread (or on the registering thread if the token already fired), like any
+  /// std::stop_source's: keep them short and non-blocking; use on_lost for real work.
+  ///
+  /// A callback that blocks delays only the client's later callbacks, never a loss
+  /// signal, a renewal or an acquisition. A callback that throws is logged at error
+  /// level and dropped; the next callback still runs. A callback may call back into
+  /// the client (acquire, even with a wait; release; on_lost) without deadlock, but must
+  /// not wait for another callback of the same client (they run one after another).
+  /// When the last Client handle goes, callbacks already queued still run first.
   void on_lost(std::function<void()> fn);
 
   /// Time left until the local deadline (zero when lost or released).

@@ -92,8 +92,9 @@ class ReadWriteLease {
   bool has_token() const noexcept;
   /// Fires when any part of the hold is lost. Not fired by release().
   std::stop_token stop_token() const noexcept;
-  /// Runs `fn` once when the hold is lost (at once if it already is); on the
-  /// client's renewer thread or the caller's. Keep it short and non-blocking.
+  /// Runs `fn` once when the hold is lost (queued at once if it already is), on the
+  /// client's event thread, like Lease::on_lost (see there: which thread, blocking,
+  /// exceptions). The stop token fires first, on the thread that detects the loss.
   void on_lost(std::function<void()> fn);
   /// Time left until the earliest local deadline of its parts (zero when lost).
   Millis remaining() const noexcept;

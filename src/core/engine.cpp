@@ -71,7 +71,7 @@ std::string expiry_text(const HeldLock& h, LossReason r) {
 distlock::LossReason HeldLock::public_reason() const noexcept {
   if (fork_gen != fork_generation()) return distlock::LossReason::forked;
   {
-    std::lock_guard lk(callbacks_mu);
+    LockGuard lk(callbacks_mu);
     if (loss_reason) return to_public(*loss_reason);
   }
   if (clock->now() >= deadline()) return to_public(expiry_reason());
@@ -81,7 +81,7 @@ distlock::LossReason HeldLock::public_reason() const noexcept {
 std::string HeldLock::public_detail() const {
   if (fork_gen != fork_generation()) return "used in a forked child process: the lease is the parent's";
   {
-    std::lock_guard lk(callbacks_mu);
+    LockGuard lk(callbacks_mu);
     if (loss_reason) return loss_detail;
   }
   if (clock->now() >= deadline()) return expiry_text(*this, expiry_reason());
@@ -144,6 +144,9 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
       delete e;
     }
   });
+  // Before the listener: a backend may report a loss (whose callbacks are queued for
+  // this thread) as soon as it has one.
+  engine->event_thread_ = std::thread([e = engine.get()] { e->event_main(); });
   engine->backend_->set_listener(engine.get());
   if (engine->opts_.background_renewal && engine->caps_.needs_renewal) engine->start_renewer();
   return engine;
@@ -168,7 +171,7 @@ Engine::~Engine() {
     if (!t->joinable()) continue;
     t->request_stop();
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       renewer_cv_.notify_all();
       watchdog_cv_.notify_all();
     }
@@ -178,7 +181,7 @@ Engine::~Engine() {
   // effort), so a process that forgets a guard does not block others for a TTL.
   std::vector<std::shared_ptr<HeldLock>> left;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (auto& [k, h] : held_) left.push_back(h);
     held_.clear();
   }
@@ -189,6 +192,16 @@ Engine::~Engine() {
   }
   // The backend (and its notification threads) goes before the engine's members.
   backend_.reset();
+  // Last: nothing can queue a callback any more. Callbacks already queued still run
+  // (a loss seen is reported), then the event thread ends.
+  if (event_thread_.joinable()) {
+    {
+      LockGuard lk(events_mu_);
+      events_stop_ = true;
+      events_cv_.notify_all();
+    }
+    event_thread_.join();
+  }
 }
 
 std::error_code Engine::check_name(std::string_view name, std::string& why) {
@@ -208,7 +221,7 @@ std::error_code Engine::check_name(std::string_view name, std::string& why) {
 }
 
 std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto& slot = waits_[name];
   if (!slot) slot = std::make_shared<WaitSlot>();
   if (slot->waiters++ == 0 && slot->watched) --idle_watches_;
@@ -218,11 +231,11 @@ std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name) {
 bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot,
                             Clock::time_point until) {
   {
-    std::unique_lock lk(mu_);
+    UniqueLock lk(mu_);
     // Another waiter of this name is subscribing: wait for it, so that the
     // re-check that follows happens with notifications live (a release in
     // between is then either seen by the re-check or notified).
-    while (slot->watch_pending && clock_->now() < until) clock_->wait_until(slot->cv, lk, until);
+    while (slot->watch_pending && clock_->now() < until) clock_->wait_until(slot->cv, lk.native(), until);
     if (slot->watched) return true;
     if (slot->watch_pending || clock_->now() < slot->watch_retry_at) return false;
     slot->watch_pending = true;
@@ -236,7 +249,7 @@ bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlo
     ec = make_error_code(errc::protocol_error);
   }
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     slot->watch_pending = false;
     slot->watched = !ec;
     if (ec) slot->watch_retry_at = clock_->now() + kWatchRetry;
@@ -258,7 +271,7 @@ bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlo
 void Engine::leave_wait(const std::string& name) {
   bool unwatch_now = false;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = waits_.find(name);
     if (it == waits_.end() || --it->second->waiters > 0) return;
     WaitSlot& slot = *it->second;
@@ -295,14 +308,14 @@ bool Engine::NameWatch::arm(Clock::time_point until) {
 }
 
 std::uint64_t Engine::NameWatch::generation() const {
-  std::lock_guard lk(engine_->mu_);
+  LockGuard lk(engine_->mu_);
   return slot_->generation;
 }
 
 bool Engine::NameWatch::wait(std::uint64_t seen, Clock::time_point until) {
-  std::unique_lock lk(engine_->mu_);
+  UniqueLock lk(engine_->mu_);
   while (slot_->generation == seen && engine_->clock_->now() < until) {
-    engine_->clock_->wait_until(slot_->cv, lk, until);
+    engine_->clock_->wait_until(slot_->cv, lk.native(), until);
   }
   return slot_->generation != seen;
 }
@@ -310,7 +323,7 @@ bool Engine::NameWatch::wait(std::uint64_t seen, Clock::time_point until) {
 void Engine::sweep_idle_watches(bool all) noexcept {
   std::vector<std::string> gone;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     const Clock::time_point cutoff = clock_->now() - kIdleWatchKeep;
     for (auto it = waits_.begin(); it != waits_.end();) {
       const WaitSlot& slot = *it->second;
@@ -388,7 +401,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   if (names.size() == 1) {  // Reentry by the same thread: no round trip.
     const std::string key = held_key(name, thread_owner);
     if (opts.max_hold && reentry == Reentry::by_thread) ensure_watchdog();
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = held_.find(key);
     if (it != held_.end() && !it->second->lost.load() && it->second->owns() && it->second->reentrant &&
         reentry == Reentry::by_thread) {
@@ -432,7 +445,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   if (opts.max_hold) ensure_watchdog();
 
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     inflight_.emplace(owner, InflightLosses{});
   }
   std::shared_ptr<HeldLock> held;
@@ -448,7 +461,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   if (ec || !held) {
     if (!ec) ec = make_error_code(errc::protocol_error);
     count_acquire_failure(name, ec);
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     inflight_.erase(owner);
     return nullptr;
   }
@@ -467,7 +480,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   // the watchdog would never see it: its loss is declared below.
   std::shared_ptr<HeldLock> replaced;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto& entry = held_[key];
     if (entry && entry != held && !entry->released && !entry->lost.load()) replaced = entry;
     // A lost hold of this thread not yet unlocked (nested re-lock after a loss):
@@ -554,7 +567,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
       auto leave = [&](Candidate& c) {
         if (!c.slot) return;
         {
-          std::lock_guard lk(engine->mu_);
+          LockGuard lk(engine->mu_);
           auto& l = c.slot->listeners;
           l.erase(std::remove(l.begin(), l.end(), wake), l.end());
         }
@@ -571,7 +584,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   auto join = [&](Candidate& c) {
     if (c.slot) return;
     c.slot = join_wait(c.name);
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     c.slot->listeners.push_back(&wake);
     c.generation = c.slot->generation;
   };
@@ -580,7 +593,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   Clock::time_point sent{};
   for (;;) {
     {  // Generations before the attempts: a change after this is not missed.
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       if (gate_cand && gate_cand->slot) gate_cand->generation = gate_cand->slot->generation;
       for (auto& c : cands) {
         if (c.try_now && c.slot) c.generation = c.slot->generation;
@@ -649,14 +662,15 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
     const Clock::time_point recheck = std::min(wait_deadline, now + delay);
     bool changed = false;
     {
-      std::unique_lock lk(mu_);
+      UniqueLock lk(mu_);
       auto any_changed = [&] {
         for (Candidate* c : waited) {
           if (c->slot->generation != c->generation) return true;
         }
         return false;
       };
-      while (!(changed = any_changed()) && clock_->now() < recheck) clock_->wait_until(wake, lk, recheck);
+      while (!(changed = any_changed()) && clock_->now() < recheck)
+        clock_->wait_until(wake, lk.native(), recheck);
       for (Candidate* c : waited) {
         // Try again what changed; a subscription dropped by sweep or failure shows
         // as !watched and is tried (and subscribed) again.
@@ -738,7 +752,7 @@ bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, std::e
 
 std::shared_ptr<HeldLock> Engine::held_by_this_thread(std::string_view name) const {
   const std::string key = held_key(name, owner_for_this_thread(client_id_));
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = held_.find(key);
   return it == held_.end() ? nullptr : it->second;
 }
@@ -754,7 +768,7 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
     return;
   }
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     if (held->released) {
       ec = make_error_code(errc::not_owner);
       return;
@@ -811,7 +825,7 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec)
 }
 
 void Engine::on_change(std::string_view name) noexcept {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = waits_.find(name);
   if (it == waits_.end()) return;
   ++it->second->generation;
@@ -822,7 +836,7 @@ void Engine::on_change(std::string_view name) noexcept {
 void Engine::on_session_lost() noexcept {
   std::vector<std::shared_ptr<HeldLock>> all;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     session_epoch_.fetch_add(1, std::memory_order_acq_rel);
     for (auto& [k, h] : held_) all.push_back(h);
   }
@@ -832,7 +846,7 @@ void Engine::on_session_lost() noexcept {
 void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexcept {
   std::shared_ptr<HeldLock> held;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = held_.find(held_key(name, thread_owner_of(owner)));
     if (it == held_.end() || it->second->owner != owner) {
       // Not recorded yet: an acquisition of this owner may be under way.
@@ -862,7 +876,7 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   }
   {
     // The reason is recorded before `lost` turns true: whoever sees the loss sees why.
-    std::lock_guard lk(held->callbacks_mu);
+    LockGuard lk(held->callbacks_mu);
     if (held->loss_reason) return;
     held->loss_reason = reason;
     try {
@@ -884,39 +898,124 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
 bool Engine::on_own_thread() const noexcept {
   const auto self = std::this_thread::get_id();
   return (renewer_.joinable() && renewer_.get_id() == self) ||
-         (watchdog_.joinable() && watchdog_.get_id() == self);
+         (watchdog_.joinable() && watchdog_.get_id() == self) || on_event_thread();
 }
 
+bool Engine::on_event_thread() const noexcept {
+  return event_thread_.joinable() && event_thread_.get_id() == std::this_thread::get_id();
+}
+
+// The loss signal (stop token, internal signals) happens here, on the detecting
+// thread; the user's callbacks are only queued, so a slow or blocking callback can
+// never delay the signal of this or any other lease.
 void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
   held->stop.request_stop();
-  ++t_in_loss_callbacks;
-  struct Leave {
-    ~Leave() { --t_in_loss_callbacks; }
-  } leave;  // declared before cbs: the callbacks are destroyed while still counted
-  std::vector<std::function<void()>> cbs;
+  std::vector<std::function<void()>> signals;
   {
-    std::lock_guard lk(held->callbacks_mu);
-    held->callbacks_fired = true;
-    cbs.swap(held->callbacks);
+    LockGuard lk(held->callbacks_mu);
+    if (held->signals_fired) return;
+    held->signals_fired = true;
+    signals.swap(held->signals);
   }
-  for (auto& cb : cbs) {
-    try {
-      cb();
-    } catch (...) {
-      log_.log(LogLevel::error, "loss callback of lock \"{}\" threw", held->name);
+  for (auto& s : signals) s();  // noexcept by contract (add_loss_signal)
+  bool queued = true;
+  {
+    // Queued under callbacks_mu: a callback added after this (queued directly by
+    // add_loss_callback) runs after these.
+    LockGuard lk(held->callbacks_mu);
+    held->callbacks_fired = true;
+    if (!held->callbacks.empty()) {
+      queued = false;
+      try {
+        auto cbs = std::make_shared<std::vector<std::function<void()>>>(std::move(held->callbacks));
+        held->callbacks.clear();
+        queued = post_event([this, held, cbs] {
+          for (auto& cb : *cbs) {
+            try {
+              cb();
+            } catch (...) {
+              log_.log(LogLevel::error, "loss callback of lock \"{}\" threw; the exception was dropped",
+                       held->name);
+            }
+          }
+        });
+      } catch (...) {
+      }
     }
   }
+  // Logged outside callbacks_mu: the logger sink is user code.
+  if (!queued) log_.log(LogLevel::error, "loss callbacks of lock \"{}\" dropped: out of memory", held->name);
 }
 
 void Engine::add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn) {
+  LockGuard lk(held->callbacks_mu);
+  if (!held->callbacks_fired) {
+    held->callbacks.push_back(std::move(fn));
+    return;
+  }
+  if (!post_event([this, held, fn = std::move(fn)] {
+        try {
+          fn();
+        } catch (...) {
+          log_.log(LogLevel::error, "loss callback of lock \"{}\" threw; the exception was dropped",
+                   held->name);
+        }
+      })) {
+    throw_error(make_error_code(errc::exhausted), "cannot queue the loss callback: out of memory");
+  }
+}
+
+void Engine::add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn) {
   {
-    std::lock_guard lk(held->callbacks_mu);
-    if (!held->callbacks_fired) {
-      held->callbacks.push_back(std::move(fn));
+    LockGuard lk(held->callbacks_mu);
+    if (!held->signals_fired) {
+      held->signals.push_back(std::move(fn));
       return;
     }
   }
   fn();
+}
+
+bool Engine::post_event(std::function<void()> fn) noexcept {
+  LockGuard lk(events_mu_);
+  try {
+    events_.push_back(std::move(fn));
+  } catch (...) {
+    return false;  // out of memory: never run user code here instead (the caller may hold a lock)
+  }
+  events_cv_.notify_one();
+  return true;
+}
+
+void Engine::event_main() noexcept {
+  UniqueLock lk(events_mu_);
+  for (;;) {
+    while (!events_stop_ && events_.empty()) events_cv_.wait(lk.native());
+    if (events_.empty()) return;  // stopped, and everything queued has run
+    std::function<void()> fn = std::move(events_.front());
+    events_.pop_front();
+    events_running_ = true;
+    lk.unlock();
+    // Counted while the callback (and what it captured) is destroyed too: it may
+    // hold the last Client copy, and the engine's deleter must then not join this
+    // thread from itself.
+    ++t_in_loss_callbacks;
+    try {
+      fn();
+    } catch (...) {
+    }
+    fn = nullptr;
+    --t_in_loss_callbacks;
+    lk.lock();
+    events_running_ = false;
+    if (events_.empty()) events_idle_cv_.notify_all();
+  }
+}
+
+void Engine::drain_events() {
+  if (on_event_thread()) return;
+  UniqueLock lk(events_mu_);
+  while (!events_.empty() || events_running_) events_idle_cv_.wait(lk.native());
 }
 
 Clock::time_point Engine::declare_expired() {
@@ -924,7 +1023,7 @@ Clock::time_point Engine::declare_expired() {
   Clock::time_point next = Clock::time_point::max();
   std::vector<std::shared_ptr<HeldLock>> expired;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (auto& [k, h] : held_) {
       if (h->lost.load()) continue;
       if (now >= h->deadline()) {
@@ -948,7 +1047,7 @@ std::size_t Engine::tick() {
   const Clock::time_point now = clock_->now();
   std::vector<std::shared_ptr<HeldLock>> due;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (auto& [k, h] : held_) {
       if (h->lost.load() || now >= h->deadline()) continue;
       // Batch: renew everything due within a quarter interval, so leases taken
@@ -969,7 +1068,7 @@ std::size_t Engine::renew_all() {
   declare_expired();
   std::vector<std::shared_ptr<HeldLock>> due;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (auto& [k, h] : held_) {
       if (h->lost.load() || h->renew_in_flight || !caps_.needs_renewal) continue;
       if (h->deadline() >= h->hold_limit()) continue;  // never extended past max_hold
@@ -1006,7 +1105,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   std::size_t renewed = 0;
   std::vector<std::shared_ptr<HeldLock>> refused, late;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (std::size_t i = 0; i < due.size(); ++i) {
       auto& h = due[i];
       h->renew_in_flight = false;
@@ -1068,11 +1167,11 @@ void Engine::watchdog_main(std::stop_token st) {
   while (!st.stop_requested()) {
     const Clock::time_point next = declare_expired();
     sweep_idle_watches(false);
-    std::unique_lock lk(mu_);
+    UniqueLock lk(mu_);
     if (st.stop_requested()) break;
     if (std::exchange(watchdog_rescan_, false)) continue;  // a lease came after the scan
     watchdog_wake_ = std::min(next, clock_->now() + std::chrono::seconds(1));
-    clock_->wait_until(watchdog_cv_, lk, watchdog_wake_);
+    clock_->wait_until(watchdog_cv_, lk.native(), watchdog_wake_);
     watchdog_wake_ = Clock::time_point::min();
   }
 }
@@ -1080,7 +1179,7 @@ void Engine::watchdog_main(std::stop_token st) {
 void Engine::renewer_main(std::stop_token st) {
   while (!st.stop_requested()) {
     tick();
-    std::unique_lock lk(mu_);
+    UniqueLock lk(mu_);
     Clock::time_point wake = clock_->now() + std::chrono::seconds(1);
     for (auto& [k, h] : held_) {
       if (h->lost.load() || h->renew_in_flight) continue;
@@ -1088,7 +1187,7 @@ void Engine::renewer_main(std::stop_token st) {
     }
     if (st.stop_requested()) break;
     renewer_wake_ = wake;
-    clock_->wait_until(renewer_cv_, lk, wake);
+    clock_->wait_until(renewer_cv_, lk.native(), wake);
     renewer_wake_ = Clock::time_point::min();
   }
 }
@@ -1162,12 +1261,12 @@ std::string Engine::metrics_text() const {
 }
 
 std::size_t Engine::idle_watches() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return static_cast<std::size_t>(idle_watches_);
 }
 
 std::size_t Engine::held_count() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return held_.size();
 }
 

@@ -2,11 +2,42 @@
 // (wait for a change notification, re-check capped by the holder's remaining TTL),
 // reentrancy per owner thread, the client's single renewer (batched renewals), the
 // conservative local deadline and the loss signal.
+//
+// Threads and locks (the engine is the most concurrent code in distlock):
+// - User threads call every public member (acquire*, release, wait_free, status,
+//   NameWatch, tick/renew_all in tests) at once, on any thread.
+// - The renewer (renewer_main, when background_renewal and the backend needs
+//   renewal) runs tick(): renewals in one backend batch, losses it finds.
+// - The watchdog (watchdog_main) declares losses at local deadlines, so a renewal
+//   blocked on a hung server cannot delay a stop signal; it also drops idle watches.
+// - Backend threads (notifiers, subscribers, keep-alives) call the ChangeListener
+//   members (on_change, on_session_lost, on_lease_lost) from any thread; a backend
+//   never holds a lock of its own that a backend call from the engine could need.
+// - The event thread (event_main) runs user callbacks (Lease::on_lost) and nothing
+//   else; see add_loss_callback. Whoever detects a loss (any of the threads above)
+//   gives the loss signal itself in declare_lost/fire_loss: `lost`, the stop token
+//   (so std::stop_callbacks run there) and add_loss_signal's internal signals; then it
+//   queues the callbacks. A blocking callback therefore delays later callbacks only.
+// Locks, in the only order they nest:
+// - mu_ guards held_, waits_ (and every WaitSlot field), idle_watches_, inflight_,
+//   the renewer's and watchdog's wake times, and HeldLock's released, next_renew,
+//   renew_in_flight and displaced. It is never held across a backend call, a clock
+//   wait other than the condition-variable waits on it, user code, or declare_lost.
+// - HeldLock::callbacks_mu guards that lease's loss reason/detail, callbacks and
+//   signals; never held with mu_ (declare_lost runs outside mu_).
+// - events_mu_ guards the event queue; a leaf, taken inside callbacks_mu to queue in
+//   order. User code (callbacks, the logger sink) never runs under any engine lock.
+// Atomics read without a lock: HeldLock::lost, deadline_ns, hold_limit_ns,
+// hold_count (changed under mu_), the counters and session_epoch_ (bumped under mu_).
+// What the compiler can check is annotated (DISTLOCK_GUARDED_BY, thread_annotations.hpp)
+// and checked by the clang build of scripts/test.sh; HeldLock's and WaitSlot's fields
+// guarded by Engine::mu_ are not (the analysis cannot name another object's mutex).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,6 +54,7 @@
 #include "core/backend.hpp"
 #include "core/log.hpp"
 #include "core/metrics.hpp"
+#include "core/thread_annotations.hpp"
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
@@ -68,12 +100,18 @@ struct HeldLock {
   std::atomic<bool> lost{false};
   std::stop_source stop;
   // Why it was lost (set once, before `lost`, under callbacks_mu).
-  std::optional<LossReason> loss_reason;
-  std::string loss_detail;
+  mutable AnnotatedMutex callbacks_mu;
+  std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
+  std::string loss_detail DISTLOCK_GUARDED_BY(callbacks_mu);
 
-  mutable std::mutex callbacks_mu;
-  std::vector<std::function<void()>> callbacks;  // guarded by callbacks_mu
-  bool callbacks_fired = false;                  // guarded by callbacks_mu
+  // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
+  std::vector<std::function<void()>> callbacks DISTLOCK_GUARDED_BY(callbacks_mu);
+  bool callbacks_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
+  // Engine-internal loss signals (a read-write lease's combined stop token): run on
+  // the thread that detects the loss, right after `stop`, never behind user code.
+  // Short and non-blocking by contract.
+  std::vector<std::function<void()>> signals DISTLOCK_GUARDED_BY(callbacks_mu);
+  bool signals_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
 
   Clock::time_point deadline() const noexcept {
     return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
@@ -169,7 +207,21 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void on_session_lost() noexcept override;
   void on_lease_lost(std::string_view name, std::string_view owner) noexcept override;
 
+  /// Queues `fn` to run once on the event thread when `held` is lost (queued at once
+  /// if it already is). A callback that throws is logged; the others still run.
   void add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+  /// Engine-internal: runs `fn` on the thread that declares `held` lost, right after
+  /// its stop token (at once, on the caller, if it already is lost). `fn` must be
+  /// short, non-blocking and must not throw: it is part of the loss signal.
+  void add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+
+  /// The thread that runs user callbacks (see "Threads" above).
+  std::thread::id event_thread_id() const noexcept { return event_thread_.get_id(); }
+  bool on_event_thread() const noexcept;
+  /// Blocks until every user callback queued so far has run and the event thread is
+  /// idle (tests, and callers that must observe a callback's effect). Returns at once
+  /// when called on the event thread itself (it would wait for itself).
+  void drain_events();
 
   /// The backend's status with the holder description split off LockInfo::holder.
   LockInfo status(std::string_view name, std::error_code& ec);
@@ -249,6 +301,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+  /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
+  /// Never runs user code on the caller, which may hold callbacks_mu.
+  bool post_event(std::function<void()> fn) noexcept;
+  void event_main() noexcept;
 
   struct WaitSlot {  // declared at the top of the class
     std::uint64_t generation = 0;
@@ -302,19 +358,19 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::atomic<std::uint64_t> next_acquisition_{1};
   std::atomic<bool> warned_watch_failure_{false};
 
-  mutable std::mutex mu_;
-  // Key: name + '\0' + owner. Guarded by mu_.
-  std::map<std::string, std::shared_ptr<HeldLock>> held_;
-  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_;
-  int idle_watches_ = 0;                // slots with no waiter kept subscribed; guarded by mu_
-  std::condition_variable renewer_cv_;  // wakes the renewer when the schedule changes
+  mutable AnnotatedMutex mu_;
+  // Key: name + '\0' + owner.
+  std::map<std::string, std::shared_ptr<HeldLock>> held_ DISTLOCK_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
+  int idle_watches_ DISTLOCK_GUARDED_BY(mu_) = 0;  // slots with no waiter kept subscribed
+  std::condition_variable renewer_cv_;             // wakes the renewer when the schedule changes
   // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
-  Clock::time_point renewer_wake_ = Clock::time_point::min();
+  Clock::time_point renewer_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
   std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
-  Clock::time_point watchdog_wake_ = Clock::time_point::min();  // guarded by mu_
+  Clock::time_point watchdog_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
   // A lease was added while the watchdog was awake (its scan may predate it): scan
   // again before sleeping. Guarded by mu_.
-  bool watchdog_rescan_ = false;
+  bool watchdog_rescan_ DISTLOCK_GUARDED_BY(mu_) = false;
   // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
   // belong to the session that ended.
   std::atomic<std::uint64_t> session_epoch_{0};
@@ -326,13 +382,24 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
     std::vector<std::string> names;
     bool all = false;
   };
-  std::map<std::string, InflightLosses, std::less<>> inflight_;
+  std::map<std::string, InflightLosses, std::less<>> inflight_ DISTLOCK_GUARDED_BY(mu_);
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
 
   std::jthread renewer_;
   std::jthread watchdog_;
+
+  // The event thread: runs user callbacks, one at a time, in the order queued. Its
+  // mutex is a leaf (nothing else is locked while holding it; user code never runs
+  // under it).
+  AnnotatedMutex events_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
+  std::condition_variable events_cv_;       // work queued, or stop
+  std::condition_variable events_idle_cv_;  // queue empty and nothing running (drain_events)
+  std::deque<std::function<void()>> events_ DISTLOCK_GUARDED_BY(events_mu_);
+  bool events_running_ DISTLOCK_GUARDED_BY(events_mu_) = false;  // a callback is running
+  bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
+  std::thread event_thread_;  // started by create(), joined last by ~Engine
 };
 
 }  // namespace distlock::detail

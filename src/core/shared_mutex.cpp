@@ -84,8 +84,9 @@ void watch_parts(Engine& engine, const Hold& hold) {
     flag->lost.store(true, std::memory_order_release);
     flag->stop.request_stop();
   };
-  if (hold.intent) engine.add_loss_callback(hold.intent, on_loss);
-  for (const auto& s : hold.slots) engine.add_loss_callback(s, on_loss);
+  // Part of the loss signal: on the detecting thread, never behind user callbacks.
+  if (hold.intent) engine.add_loss_signal(hold.intent, on_loss);
+  for (const auto& s : hold.slots) engine.add_loss_signal(s, on_loss);
 }
 
 void release_all(Engine& engine, std::vector<std::shared_ptr<HeldLock>>& parts) noexcept {

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,6 +26,7 @@
 #include "core/log.hpp"
 #include "core/owner_id.hpp"
 #include "core/url_keys.hpp"
+#include "core/worker_loop.hpp"
 #include "file/file_common.hpp"
 #include "file/file_records.hpp"
 
@@ -98,9 +98,8 @@ class FileBackend final : public RecordsBackend<FileRecords> {
         records_(dir_fd_.get(), settings_.dir, name_max_, log_) {
     inotify_fd_ = Fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
     int err = errno;
-    wake_fd_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!wake_fd_) err = errno;
-    if (!inotify_fd_ || !wake_fd_) {
+    if (!notifier_.valid()) err = notifier_.error();
+    if (!inotify_fd_ || !notifier_.valid()) {
       // Without inotify (e.g. fs.inotify.max_user_instances reached) waiters still
       // progress through the engine's fallback re-check every `recheck`.
       log_.log(LogLevel::warning,
@@ -109,15 +108,11 @@ class FileBackend final : public RecordsBackend<FileRecords> {
       inotify_fd_.reset();
       return;
     }
-    notifier_ = std::thread([this] { notifier_main(); });
+    notifier_.start([this] { notifier_main(); });
   }
 
   ~FileBackend() override {
-    if (notifier_.joinable()) {
-      const std::uint64_t one = 1;
-      (void)!::write(wake_fd_.get(), &one, sizeof one);
-      notifier_.join();
-    }
+    notifier_.stop();
     // Any lock still held (the engine releases its leases first) is dropped by closing.
     std::lock_guard lk(mu_);
     held_.clear();
@@ -461,14 +456,14 @@ class FileBackend final : public RecordsBackend<FileRecords> {
           timeout_ms = timeout_ms < 0 ? wait : std::min(timeout_ms, wait);
         }
       }
-      std::array<pollfd, 2> fds{pollfd{inotify_fd_.get(), POLLIN, 0}, pollfd{wake_fd_.get(), POLLIN, 0}};
+      std::array<pollfd, 2> fds{pollfd{inotify_fd_.get(), POLLIN, 0}, pollfd{notifier_.wake_fd(), POLLIN, 0}};
       const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
       if (rc < 0 && errno != EINTR) {
         log_.log(LogLevel::error, "file backend {}: poll failed ({}); notifications stop", url_,
                  errno_text(errno));
         return;
       }
-      if (fds[1].revents != 0) return;  // the destructor asks us to stop
+      if (fds[1].revents != 0) return;  // only the destructor wakes us: stop
 
       Actions actions;
       if (fds[0].revents & POLLIN) {
@@ -592,7 +587,6 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   std::atomic<ChangeListener*> listener_{nullptr};  // set once, before any watch
 
   Fd inotify_fd_;
-  Fd wake_fd_;
 
   std::mutex mu_;
   std::map<std::string, HeldFile, std::less<>> held_;  // key: name '\0' owner; guarded by mu_
@@ -601,7 +595,7 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   std::list<std::string> idle_;                        // idle watches, oldest first; guarded by mu_
   bool warned_watch_limit_ = false;                    // guarded by mu_
 
-  std::thread notifier_;  // last member: started after everything it uses
+  WorkerLoop notifier_;  // last member: started after everything it uses, stopped first
 };
 
 constexpr const char* kTrustAdvice =

@@ -2,7 +2,6 @@
 
 #include <libpq-fe.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/worker_loop.hpp"
 #include "postgres/pg_conn.hpp"
 #include "postgres/postgres_records.hpp"
 
@@ -178,19 +178,11 @@ using Lost = std::vector<std::pair<std::string, std::string>>;  // (name, owner)
 
 class PostgresBackend final : public Backend {
  public:
-  PostgresBackend(Config cfg, const ClientOptions& opts) : cfg_(std::move(cfg)), log_(opts.logger) {
-    wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  }
+  // Without an eventfd (listener_.valid() false) the listener still works: it then
+  // notices a new socket or the stop request at its next poll timeout (<= 1 s).
+  PostgresBackend(Config cfg, const ClientOptions& opts) : cfg_(std::move(cfg)), log_(opts.logger) {}
 
-  ~PostgresBackend() override {
-    stop_ = true;
-    if (wake_ >= 0) {
-      std::uint64_t one = 1;
-      (void)!::write(wake_, &one, sizeof one);
-    }
-    if (listener_.joinable()) listener_.join();
-    if (wake_ >= 0) ::close(wake_);
-  }
+  ~PostgresBackend() override { listener_.stop(); }
 
   // Connects once (bad credentials, a down server or a missing database fail at
   // connect()), creates the table if needed and starts listening.
@@ -210,7 +202,7 @@ class PostgresBackend final : public Backend {
       return code_of(e);
     }
     if ((ec = listen_now(why))) return ec;
-    listener_ = std::thread([this] { listen_loop(); });
+    listener_.start([this] { listen_loop(); });
     return {};
   }
 
@@ -652,27 +644,23 @@ class PostgresBackend final : public Backend {
       return code_of(e);
     }
     listen_conn_ = std::move(c);
-    std::uint64_t one = 1;
-    (void)!::write(wake_, &one, sizeof one);  // the loop polls the new socket
+    listener_.wake();  // the loop polls the new socket
     return {};
   }
 
   // Delivers notifications; when the listening connection breaks, wakes every
   // waiter (a release may have been missed) and reconnects while anyone waits.
   void listen_loop() {
-    while (!stop_) {
+    while (!listener_.stopping()) {
       int fd = -1;
       {
         std::lock_guard lk(listen_mu_);
         if (listen_conn_) fd = PQsocket(listen_conn_.get());
       }
-      pollfd pfd[2] = {{wake_, POLLIN, 0}, {fd, POLLIN, 0}};
+      pollfd pfd[2] = {{listener_.wake_fd(), POLLIN, 0}, {fd, POLLIN, 0}};
       ::poll(pfd, fd >= 0 ? 2 : 1, fd >= 0 ? 1000 : 250);
-      if (pfd[0].revents & POLLIN) {
-        std::uint64_t v;
-        (void)!::read(wake_, &v, sizeof v);
-      }
-      if (stop_) break;
+      if (pfd[0].revents & POLLIN) listener_.clear_wake();
+      if (listener_.stopping()) break;
       std::vector<std::string> wake;
       {
         std::lock_guard lk(listen_mu_);
@@ -722,7 +710,6 @@ class PostgresBackend final : public Backend {
   Logger log_;
   std::atomic<ChangeListener*> listener_cb_{nullptr};
   std::atomic<bool> failing_{false};
-  std::atomic<bool> stop_{false};
   std::mutex sessions_mu_;
   std::map<Millis, std::unique_ptr<Session>> sessions_;  // guarded by sessions_mu_; never erased
   std::mutex aux_mu_;
@@ -730,8 +717,7 @@ class PostgresBackend final : public Backend {
   std::mutex listen_mu_;
   Conn listen_conn_;                                            // guarded by listen_mu_
   std::map<std::int64_t, std::map<std::string, int>> watched_;  // key → name → watch count
-  int wake_ = -1;
-  std::thread listener_;  // last: joined in the destructor before anything above goes
+  WorkerLoop listener_;  // last: stopped in the destructor before anything above goes
 };
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "redis/sentinel_backend.hpp"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 
 #include "core/log.hpp"
 #include "core/url_keys.hpp"
+#include "core/worker_loop.hpp"
 #include "redis/connection.hpp"
 #include "redis/redis_backend.hpp"
 
@@ -72,17 +72,12 @@ class SentinelBackend final : public Backend, private ChangeListener {
         client_opts_(opts),
         log_(opts.logger) {
     for (const auto& o : sentinel_opts_) sentinel_conns_.emplace_back(o);
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wake_fd_ < 0)
-      throw std::system_error(errno, std::generic_category(), "eventfd for the sentinel monitor");
+    if (!monitor_.valid())
+      throw std::system_error(monitor_.error(), std::generic_category(), "eventfd for the sentinel monitor");
   }
 
   ~SentinelBackend() override {
-    stop_.store(true);
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
-    if (monitor_.joinable()) monitor_.join();
-    ::close(wake_fd_);
+    monitor_.stop();
     std::lock_guard lk(mu_);
     current_.reset();  // stops its subscriber while every member is alive
   }
@@ -102,7 +97,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
       current_epoch_ = epoch;
       last_discovery_ = Steady::now();
     }
-    monitor_ = std::thread([this] { monitor(); });
+    monitor_.start([this] { monitor(); });
     return {};
   }
 
@@ -497,7 +492,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   // message for this master and every kRecheckEvery.
   void monitor() {
     std::size_t next = 0;
-    while (!stop_.load()) {
+    while (!monitor_.stopping()) {
       const std::size_t i = next;
       next = (next + 1) % sentinel_opts_.size();
       ConnectionOptions o;
@@ -517,7 +512,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
           listen(*sock, *reader);
         }
       }
-      if (stop_.load()) break;
+      if (monitor_.stopping()) break;
       recheck();
       wait_wake(kResubscribeDelay);
     }
@@ -527,13 +522,13 @@ class SentinelBackend final : public Backend, private ChangeListener {
   void listen(redis::Socket& sock, redisReader& reader) {
     recheck();  // a switch between discovery and this subscription
     auto next_check = Steady::now() + kRecheckEvery;
-    while (!stop_.load()) {
+    while (!monitor_.stopping()) {
       const auto left = std::chrono::duration_cast<Millis>(next_check - Steady::now()).count();
-      pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {sock.fd(), POLLIN, 0}};
+      pollfd fds[2] = {{monitor_.wake_fd(), POLLIN, 0}, {sock.fd(), POLLIN, 0}};
       const int n = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left)));
       if (n < 0 && errno != EINTR) return;
-      if (fds[0].revents & POLLIN) drain_wake();
-      if (stop_.load()) return;
+      if (fds[0].revents & POLLIN) monitor_.clear_wake();
+      if (monitor_.stopping()) return;
       if (n > 0 && fds[1].revents != 0) {
         char buf[4096];
         short want = 0;
@@ -570,13 +565,8 @@ class SentinelBackend final : public Backend, private ChangeListener {
   void recheck() { rediscover(current().second, true); }
 
   void wait_wake(Millis d) {
-    pollfd p{wake_fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(d.count())) > 0) drain_wake();
-  }
-
-  void drain_wake() {
-    std::uint64_t v = 0;
-    [[maybe_unused]] const auto r = ::read(wake_fd_, &v, sizeof v);
+    pollfd p{monitor_.wake_fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(d.count())) > 0) monitor_.clear_wake();
   }
 
   std::vector<ConnectionOptions> sentinel_opts_;  // guarded by discover_mu_
@@ -601,9 +591,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   Address current_addr_;              // guarded by mu_
   std::uint64_t generation_ = 0;      // guarded by mu_
 
-  int wake_fd_ = -1;
-  std::atomic<bool> stop_{false};
-  std::thread monitor_;
+  WorkerLoop monitor_;  // last: stopped first, while everything it uses is alive
 };
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "redis/subscriber.hpp"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,9 +27,8 @@ Subscriber::Subscriber(ConnectionOptions opts, Callback on_message)
 
 Subscriber::Subscriber(ConnectionOptions opts, Callback on_message, Callback on_dropped)
     : opts_(std::move(opts)), on_message_(std::move(on_message)), on_dropped_(std::move(on_dropped)) {
-  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0)
-    throw std::system_error(errno, std::generic_category(), "eventfd for the Redis subscriber");
+  if (!loop_.valid())
+    throw std::system_error(loop_.error(), std::generic_category(), "eventfd for the Redis subscriber");
 }
 
 Subscriber::~Subscriber() {
@@ -39,14 +37,11 @@ Subscriber::~Subscriber() {
     stop_ = true;
     cv_.notify_all();
   }
-  wake();
-  if (thread_.joinable()) thread_.join();
-  ::close(wake_fd_);
+  loop_.stop();
 }
 
 void Subscriber::wake() noexcept {
-  const std::uint64_t one = 1;
-  [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+  loop_.wake();
 }
 
 std::string Subscriber::last_error() const {
@@ -69,7 +64,7 @@ void Subscriber::watch(std::string_view channel, std::error_code& ec, std::strin
 Subscriber::WatchStart Subscriber::begin_watch(std::string_view channel) {
   std::lock_guard lk(mu_);
   if (!thread_started_) {
-    thread_ = std::thread([this] { run(); });
+    loop_.start([this] { run(); });
     thread_started_ = true;
   }
   auto it = channels_.find(channel);
@@ -421,7 +416,7 @@ void Subscriber::run() {
       disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + io_error_);
       continue;
     }
-    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {sock_ ? sock_->fd() : -1, POLLIN, 0}};
+    pollfd fds[2] = {{loop_.wake_fd(), POLLIN, 0}, {sock_ ? sock_->fd() : -1, POLLIN, 0}};
     int timeout_ms = -1;
     if (!sock_ && wanted) {
       const auto left = std::chrono::duration_cast<Millis>(next_attempt - std::chrono::steady_clock::now());
@@ -433,10 +428,7 @@ void Subscriber::run() {
       std::this_thread::sleep_for(Millis(10));
       continue;
     }
-    if (fds[0].revents & POLLIN) {
-      std::uint64_t v = 0;
-      [[maybe_unused]] const auto r = ::read(wake_fd_, &v, sizeof v);
-    }
+    if (fds[0].revents & POLLIN) loop_.clear_wake();
     if (sock_ && fds[1].revents != 0 && !read_available()) {
       disconnect(opts_.describe() + ": " + io_error_);
     }

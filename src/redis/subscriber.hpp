@@ -45,6 +45,7 @@
 #include <system_error>
 #include <thread>
 
+#include "core/worker_loop.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock::detail::redis {
@@ -138,7 +139,6 @@ class Subscriber {
   const Callback on_dropped_;        // set: sharded mode
   std::string payload_channel_;      // guarded by mu_
   PayloadCallback payload_handler_;  // guarded by mu_ (set once, before its channel is watched)
-  int wake_fd_ = -1;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;                            // watchers wait for live()
@@ -159,7 +159,9 @@ class Subscriber {
   // Replies come back in that order, so an error reply (which names no channel)
   // belongs to the front. Subscriber thread only.
   std::deque<std::pair<bool, std::string>> inflight_;
-  std::thread thread_;
+  // The subscriber thread (run()); it stops on stop_ (under mu_), woken by loop_.
+  // Last: stopped by the destructor before any member above goes.
+  WorkerLoop loop_;
 };
 
 }  // namespace distlock::detail::redis

@@ -13,6 +13,7 @@
 
 #include "core/log.hpp"
 #include "core/url_keys.hpp"
+#include "distlock/clock.hpp"
 #include "redis/records.hpp"
 #include "redlock/fanout.hpp"
 #include "redlock/quorum.hpp"
@@ -177,6 +178,7 @@ class RedlockBackend final : public Backend {
         quorum_(quorum_of(masters.size())),
         pool_(std::move(masters)),
         log_(opts.logger),
+        clock_(opts.clock ? opts.clock : system_steady_clock()),
         url_(std::move(url)),
         channel_prefix_(release_channel(cfg_, "")) {}
 
@@ -228,7 +230,10 @@ class RedlockBackend final : public Backend {
                                       Command{{"PTTL", key}, nullptr}};
 
     LaneLease lane(pool_);
-    const auto start = SteadyClock::now();
+    // The validity check (ttl - elapsed - drift) is a deadline: measured on the
+    // client's clock, the one the engine takes the grant's send time on (tests
+    // inject a manual one). Socket timeouts in the fan-out stay on real time.
+    const Clock::time_point start = clock_->now();
     std::vector<NodeReply> replies = lane->run_all(fast, timeout);
 
     AcquireTally tally;
@@ -291,7 +296,7 @@ class RedlockBackend final : public Backend {
         }
       }
     }
-    const auto elapsed = std::chrono::duration_cast<Millis>(SteadyClock::now() - start);
+    const auto elapsed = std::chrono::duration_cast<Millis>(clock_->now() - start);
     const AcquireDecision d = decide_acquire(tally, req.ttl, elapsed);
     const std::string backoff_key = std::string(req.name) + '\0' + owner;
     if (d.verdict == AcquireVerdict::acquired) {
@@ -753,6 +758,7 @@ class RedlockBackend final : public Backend {
   std::size_t quorum_;
   LanePool pool_;
   Logger log_;
+  const std::shared_ptr<Clock> clock_;  // ClientOptions::clock, else the system's
   std::string url_;
   std::string channel_prefix_;
   ChangeListener* listener_ = nullptr;

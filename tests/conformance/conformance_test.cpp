@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -532,7 +533,10 @@ TEST_P(NetworkFaults, HolderPartitionedPastItsTtlStopsBeforeTheNextHolderStarts)
     auto other = client();
     auto lease = cut.acquire("partitioned", opts());
     std::atomic<std::int64_t> lost_at{0};
-    lease.on_lost([&] { lost_at = Steady::now().time_since_epoch().count(); });
+    // Stamped by the loss signal itself (a stop_callback runs on the detecting thread);
+    // on_lost callbacks run later, on the client's event thread.
+    std::stop_callback on_stop(lease.stop_token(),
+                               [&] { lost_at = Steady::now().time_since_epoch().count(); });
     net.freeze_all();  // sockets stay open: every renewal hangs
     auto next = other.acquire("partitioned", opts(30000ms));
     const auto next_at = Steady::now().time_since_epoch().count();

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -324,7 +325,8 @@ TEST_P(MemberPartition, HolderOnACutOffMemberStopsBeforeTheMajoritySideAcquires)
     EXPECT_TRUE(resource.apply(lease.token(), [] {}).applied());
 #endif
     std::atomic<std::int64_t> lost_at{0};
-    lease.on_lost([&] { lost_at = boot_ns(); });
+    // Stamped by the loss signal (a stop_callback runs on the detecting thread).
+    std::stop_callback on_stop(lease.stop_token(), [&] { lost_at = boot_ns(); });
 
     const std::int64_t cut_at = boot_ns();
     cluster_->isolate(member_);
@@ -345,7 +347,7 @@ TEST_P(MemberPartition, HolderOnACutOffMemberStopsBeforeTheMajoritySideAcquires)
     ASSERT_FALSE(next_ec) << "the majority side could not acquire within 60 s: " << next_ec.message();
     ASSERT_TRUE(next.owns());
     std::atomic<std::int64_t> next_lost_at{0};
-    next.on_lost([&] { next_lost_at = boot_ns(); });
+    std::stop_callback on_next_stop(next.stop_token(), [&] { next_lost_at = boot_ns(); });
     RecordProperty("majority_unavailable_answers", unavailable);
     // The cut is real: the member alone no longer serves (bounded poll).
     EXPECT_TRUE(eventually([&] { return !cluster_->serves(member_); }, 30s))

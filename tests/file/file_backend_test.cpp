@@ -471,8 +471,8 @@ TEST_F(FileBackend, RemovedLockFileIsALoss) {
   const auto start = SteadyClock::now();
   while (!lease.stop_token().stop_requested() && ms_since(start) < 5000) std::this_thread::sleep_for(5ms);
   EXPECT_TRUE(lease.stop_token().stop_requested()) << "no loss signal after the lock file was removed";
-  // The stop token is requested just before the on_lost callbacks run, on the thread that
-  // saw the loss: wait (bounded, 5 s) for the callback too.
+  // The stop token is requested on the thread that saw the loss; the on_lost callbacks
+  // run after it on the client's event thread: wait (bounded, 5 s) for the callback too.
   for (int i = 0; i < 500 && !callback.load(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(callback.load());

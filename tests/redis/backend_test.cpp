@@ -262,6 +262,7 @@ TEST_F(RedisBackend, RenewalThatFindsAnotherOwnerMarksTheLeaseLost) {
   auto theirs = other.acquire("stolen", ttl_of(30s));
   EXPECT_EQ(client.renew_now(), 0u);
   EXPECT_TRUE(lease.stop_token().stop_requested());
+  client.engine()->drain_events();  // on_lost runs on the event thread
   EXPECT_TRUE(called.load());
   EXPECT_FALSE(lease.owns());
   std::error_code ec;

@@ -2,8 +2,13 @@
 // notifications, release safety, credentials and bad input.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "distlock/distlock.hpp"
@@ -280,6 +285,52 @@ TEST(Redlock, PasswordAndAclUserAreUsedAndAWrongOneIsAuthFailed) {
     EXPECT_EQ(std::string(e.what()).find("bad-secret-77"), std::string::npos)
         << "password leaked: " << e.what();
   }
+}
+
+// A clock that, once given a step, reads `step` later at every read: an acquisition
+// round across the masters then takes longer than the TTL by this clock alone.
+class SteppingClock final : public distlock::Clock {
+ public:
+  time_point now() const override {
+    return time_point(duration(ticks_.fetch_add(step_.load()) + step_.load()));
+  }
+  void set_step(duration d) { step_.store(d.count()); }
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  time_point deadline) override {
+    if (now() >= deadline) return;
+    cv.wait_for(lock, std::chrono::milliseconds(1));
+  }
+
+ private:
+  mutable std::atomic<duration::rep> ticks_{
+      std::chrono::duration_cast<duration>(std::chrono::hours(1000)).count()};
+  std::atomic<duration::rep> step_{0};
+};
+
+// Redlock's validity check (ttl - elapsed - drift > 0) reads the injected clock: a
+// round that took longer than the TTL by that clock is no acquisition, and the keys
+// it set on the masters are removed. Failed first: elapsed was read on
+// std::chrono::steady_clock (a few ms), so the lock was granted.
+TEST(Redlock, TheValidityCheckMeasuresTheRoundOnTheInjectedClock) {
+  Masters m(3);
+  auto clock = std::make_shared<SteppingClock>();
+  ClientOptions o;
+  o.clock = clock;
+  o.background_renewal = false;
+  o.logger = [](LogLevel, std::string_view) {};
+  auto client = connect(m.url(), o);
+  LockOptions opts;
+  opts.ttl = 10s;
+  clock->set_step(11s);  // between the round's start and its end: more than the TTL
+  std::optional<Lease> slow = client.try_acquire("slow-round", opts);
+  clock->set_step(0s);
+  EXPECT_FALSE(slow.has_value()) << "a round longer than the TTL (by the client's clock) was taken as held";
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(m.get(i, kKeyPrefix + "slow-round"), "(nil)") << "master " << i << " kept the too-slow round's key";
+  }
+  std::optional<Lease> quick = client.try_acquire("slow-round", opts);
+  ASSERT_TRUE(quick.has_value()) << "the same round on a still clock is an acquisition";
+  EXPECT_TRUE(quick->owns());
 }
 
 }  // namespace
