@@ -303,6 +303,79 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
          "thread, which the child does not have)";
 }
 
+// The logger sink runs on the detecting thread (documented), but declare_lost logs
+// "lock ... lost" BEFORE the next lease of the same batch is signalled: a logger that
+// blocks (a full pipe, a lock held elsewhere) on one lease's loss message holds every
+// other lease's stop token of a session loss / watchdog batch -- the very delay the
+// event thread was introduced to remove for on_lost.
+TEST_F(EngineEventsReview, ABlockingLoggerDelaysAnotherLeasesStopToken) {
+  auto gate = std::make_shared<Gate>();
+  std::atomic<bool> block_once{true};
+  auto o = options();
+  o.logger = [gate, &block_once](distlock::LogLevel level, std::string_view msg) {
+    if (level == distlock::LogLevel::warning && msg.find("a-logged") != std::string_view::npos &&
+        block_once.exchange(false))
+      gate->enter_and_wait();
+  };
+  auto c = distlock::connect("memory://" + store_name, o);
+  auto a = c.acquire("a-logged", ttl(10s));  // sorted first: declared lost first
+  auto b = c.acquire("b-signalled", ttl(10s));
+  std::thread reporter([&] { c.engine()->on_session_lost(); });
+  const bool logger_entered = gate->wait_entered();
+  const bool a_signalled = a.stop_token().stop_requested();
+  const bool b_signalled = b.stop_token().stop_requested();
+  gate->release();
+  reporter.join();
+  ASSERT_TRUE(logger_entered);
+  EXPECT_TRUE(a_signalled);
+  EXPECT_TRUE(b_signalled) << "b's stop token waited for the logger sink blocked on a's loss message";
+  EXPECT_TRUE(b.stop_token().stop_requested());
+}
+
+// A callback holding the last engine handle as a Lease (its own, lost) drops it.
+TEST_F(EngineEventsReview, ALeaseAsTheLastHandleDroppedInsideItsOwnCallback) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto lease = std::make_shared<std::optional<distlock::Lease>>();
+  {
+    auto c = client();
+    lease->emplace(c.acquire("own", ttl(1s)));
+    (*lease)->on_lost([lease, done] {
+      std::error_code ec;
+      (*lease)->release(ec);  // lost: refused, but must not hang
+      lease->reset();         // the last engine handle
+      done->set_value();
+    });
+    clock->advance(950ms);
+    c.engine()->tick();
+  }  // c goes; only the Lease inside the callback keeps the engine
+  EXPECT_EQ(done->get_future().wait_for(kBound), std::future_status::ready);
+}
+
+// Same, for one read-write lease: engine.hpp says add_loss_signal's signals run "right
+// after `stop`, never behind user code", but declare_lost runs the logger sink between
+// the part's stop token and fire_loss's signals: the combined token waits for it.
+TEST_F(EngineEventsReview, ABlockingLoggerDelaysAReadWriteLeasesCombinedToken) {
+  auto gate = std::make_shared<Gate>();
+  std::atomic<bool> block_once{true};
+  auto o = options();
+  o.logger = [gate, &block_once](distlock::LogLevel level, std::string_view msg) {
+    if (level == distlock::LogLevel::warning && msg.find("rw-logged") != std::string_view::npos &&
+        msg.find("lost") != std::string_view::npos && block_once.exchange(false))
+      gate->enter_and_wait();
+  };
+  auto c = distlock::connect("memory://" + store_name, o);
+  auto rw = c.shared_mutex("rw-logged", ttl(10s));
+  distlock::ReadWriteLease w = rw.acquire_exclusive();
+  std::thread reporter([&] { c.engine()->on_session_lost(); });
+  const bool logger_entered = gate->wait_entered();
+  const bool signalled = w.stop_token().stop_requested();
+  gate->release();
+  reporter.join();
+  ASSERT_TRUE(logger_entered);
+  EXPECT_TRUE(signalled) << "the read-write lease's combined stop token waited for the logger sink";
+  EXPECT_TRUE(w.stop_token().stop_requested());
+}
+
 }  // namespace
 
 // A std::stop_callback runs on the detecting thread; with file:// that is the
