@@ -3,6 +3,13 @@
 // slow callback, on_lost racing the loss, read-write leases, the watchdog's stop
 // signal while the event thread is blocked, a std::stop_callback on a backend
 // notifier thread, and fork().
+//
+// FAILING at ee38150 (each 10/10, deterministic):
+//   EngineEventsReview.OnLostInAForkedChildIsNeitherRunNorRefused          (regression of ee38150's series)
+//   EngineEventsReview.ABlockingLoggerDelaysAnotherLeasesStopToken          (pre-existing; contradicts the new docs)
+//   EngineEventsReview.ABlockingLoggerDelaysAReadWriteLeasesCombinedToken   (pre-existing; contradicts engine.hpp)
+//   EngineEventsReviewFile.AStopCallbackDroppingTheLastHandleOnTheNotifierThread (pre-existing crash)
+// Every other test here passes (release and TSan) and is kept as a regression guard.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
