@@ -428,9 +428,9 @@ std::string loss_cause(const RunLease& lease) {
   if (lease.loss_reason() == LossReason::max_hold) {
     return "--max-hold passed since the lock was granted (" + lease.loss_detail() + ")";
   }
+  // The library says why (Lease::loss_detail), on any thread and before the log line.
   if (lease.stop_token().stop_requested()) {
-    const std::string warning = last_library_warning();
-    if (const auto p = warning.find(" lost: "); p != std::string::npos) return warning.substr(p + 7);
+    if (std::string detail = lease.loss_detail(); !detail.empty()) return detail;
   }
   return "its local deadline passed without a successful renewal (runner paused or server unreachable)";
 }
@@ -578,9 +578,11 @@ int run_locked(const RunSettings& s) {
   }
   RunLease lease = std::move(*acq.lease);
   const SteadyClock::time_point acquired_at = SteadyClock::now();  // after the grant
-  // The callback may run on the engine's renewer thread at any later time; it owns
-  // its share of the eventfd so a late call can never write into a reused fd.
-  lease.on_lost([wake] { wake->notify(); });
+  // Woken by the loss signal itself (the stop token), on the thread that detects the
+  // loss, not by an on_lost callback queued behind others on the event thread. The
+  // callback owns its share of the eventfd so a late call can never write into a
+  // reused fd.
+  std::stop_callback wake_on_loss(lease.stop_token(), [wake] { wake->notify(); });
 
   // Nothing is done on the command's behalf with a lease that is already gone.
   if (!lease.owns()) {

@@ -124,10 +124,8 @@ std::string url_with_password_from_settings(const std::string& url);
 std::string child_url(const std::string& url);
 
 /// Client options for the tool: the library's diagnostics stay silent unless
-/// DISTLOCK_LOG asks for them (the tool reports each error once, itself); the last
-/// warning is kept so a loss can be explained by its cause.
+/// DISTLOCK_LOG asks for them (the tool reports each error once, itself; a lost lease
+/// explains itself with Lease::loss_detail()).
 ClientOptions tool_client_options();
-/// The last warning the library logged (empty if none), e.g. why a lease was lost.
-std::string last_library_warning();
 
 }  // namespace distlock::cli

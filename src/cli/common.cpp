@@ -71,9 +71,6 @@ std::string format_duration(Millis d) {
 
 namespace {
 
-std::mutex g_warning_mu;
-std::string g_last_warning;  // guarded by g_warning_mu
-
 // DISTLOCK_LOG=debug|info|warning|error turns the library's diagnostics on
 // (written as "distlock <level>: ..."); by default the tool prints only its own errors.
 int log_threshold_from_env() {
@@ -165,21 +162,12 @@ ClientOptions tool_client_options() {
   ClientOptions opts;
   const int threshold = log_threshold_from_env();
   opts.logger = [threshold](LogLevel level, std::string_view msg) {
-    if (level >= LogLevel::warning) {
-      std::lock_guard lk(g_warning_mu);
-      g_last_warning.assign(msg);
-    }
     if (static_cast<int>(level) >= threshold) {
       std::fprintf(stderr, "distlock %s: %.*s\n", level_name(level), static_cast<int>(msg.size()),
                    msg.data());
     }
   };
   return opts;
-}
-
-std::string last_library_warning() {
-  std::lock_guard lk(g_warning_mu);
-  return g_last_warning;
 }
 
 }  // namespace distlock::cli

@@ -133,8 +133,9 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
       keep_forked_engine(e);
     } else if (t_in_loss_callbacks > 0 || e->on_own_thread()) {
       // The last handle went on a thread the destructor must join (a loss callback
-      // that kept a Client copy, run by the renewer, the watchdog or a backend's
-      // notifier): finish on a thread of its own, which can join them.
+      // on the event thread, a std::stop_callback run by the renewer, the watchdog or
+      // a backend's notifier while it signalled a loss): finish on a thread of its
+      // own, which can join them.
       try {
         std::thread([e] { delete e; }).detach();
       } catch (...) {
@@ -866,6 +867,15 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
 
 void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason,
                           const char* why) noexcept {
+  // The stop request below runs the user's std::stop_callbacks on this thread, and one
+  // may drop the last Client handle. While this counter is up the engine's deleter
+  // hands destruction to a thread of its own (this may be a backend thread the
+  // destructor joins), and `self` keeps the engine alive until this call is done.
+  struct Signalling {
+    Signalling() noexcept { ++t_in_loss_callbacks; }
+    ~Signalling() { --t_in_loss_callbacks; }
+  } signalling;
+  const std::shared_ptr<Engine> self = weak_from_this().lock();
   std::string text;
   if (reason == LossReason::local_deadline || reason == LossReason::max_hold) {
     try {
@@ -891,8 +901,16 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
     metrics_->loss(held->metrics, reason);
     end_hold(*held, clock_->now());
   }
-  log_.log(LogLevel::warning, "lock \"{}\" lost: {}", held->name, why);
+  // The internal signals first, then the log line on the event thread: the logger
+  // sink is user code, and one that blocks must not hold this lease's read-write
+  // token or the next lease of a batch (a session loss, a watchdog round).
   fire_loss(held);
+  try {
+    post_event([this, name = held->name, line = std::string(why)] {
+      log_.log(LogLevel::warning, "lock \"{}\" lost: {}", name, line);
+    });
+  } catch (...) {  // no memory for the message: the loss itself is signalled
+  }
 }
 
 bool Engine::on_own_thread() const noexcept {
@@ -948,6 +966,12 @@ void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
 }
 
 void Engine::add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn) {
+  // A forked child has no event thread, and the parent's threads may have held the
+  // queue's lock at the fork: refused, as every other call of the child's copy is.
+  if (forked()) {
+    throw_error(make_error_code(errc::forked),
+                "Lease::on_lost in a forked child: the lease belongs to the parent process");
+  }
   LockGuard lk(held->callbacks_mu);
   if (!held->callbacks_fired) {
     held->callbacks.push_back(std::move(fn));
