@@ -48,7 +48,14 @@
 //   else if (r.decremented) { /* sold one; r.value is the stock left */ }
 #pragma once
 
+#include "distlock/config.hpp"
 #include "distlock/export.hpp"
+
+// Installed with the other headers whether or not this build has the component; without it
+// the declarations below would compile and then fail to link, so say so here instead.
+#if !DISTLOCK_HAS_FENCING
+#error "distlock was built without the fencing component (DISTLOCK_WITH_FENCING=OFF)"
+#endif
 
 #include <atomic>
 #include <cstdint>

@@ -48,7 +48,14 @@
 //   std::string text = uuids.next().to_string();       // "01937c5e-...-7..."
 #pragma once
 
+#include "distlock/config.hpp"
 #include "distlock/export.hpp"
+
+// Installed with the other headers whether or not this build has the component; without it
+// the declarations below would compile and then fail to link, so say so here instead.
+#if !DISTLOCK_HAS_IDS
+#error "distlock was built without the ids component (DISTLOCK_WITH_IDS=OFF): check DISTLOCK_HAS_IDS"
+#endif
 
 #include <array>
 #include <chrono>
