@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
@@ -196,7 +197,7 @@ TEST_F(Election, ProclaimByANonLeaderOrWithALostLeaseIsRefusedAndWritesNothing) 
   ASSERT_FALSE(la.owns());
   expect_not_owner([&] { ea.proclaim(la, "too-late"); });
   std::error_code ec;
-  auto rec = a.engine()->backend().get_record(ea.lock_name(), ec);
+  auto rec = distlock::detail::engine_of(a)->backend().get_record(ea.lock_name(), ec);
   ASSERT_FALSE(ec);
   ASSERT_TRUE(rec.has_value());
   EXPECT_EQ(*rec, distlock::Election::encode_record(t1, "mine")) << "a refused proclaim writes nothing";
@@ -313,8 +314,8 @@ TEST_F(Election, ObserveWaitsForTheNewLeadersValueThenReportsIt) {
   store->steal(ea.lock_name(), "next");
   const std::uint64_t t2 = o.status(ea.lock_name()).token.value();
   std::error_code ec;
-  a.engine()->backend().put_record(ea.lock_name(), distlock::Election::encode_record(t2, "second"),
-                                   distlock::detail::PutMode::always, ec);
+  distlock::detail::engine_of(a)->backend().put_record(
+      ea.lock_name(), distlock::Election::encode_record(t2, "second"), distlock::detail::PutMode::always, ec);
   ASSERT_FALSE(ec);
   { auto bell = a.acquire(ea.bell_name(), ttl(1s)); }
   observer.join();

@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/shared_mutex.hpp"
 #include "support/eventually.hpp"
@@ -84,7 +85,7 @@ TEST_F(EngineEventsReview, DestroyingTheClientWhileACallbackBlocksRunsTheQueuedO
     a.on_lost([gate] { gate->enter_and_wait(); });
     b.on_lost([second_ran] { second_ran->store(true); });
     clock->advance(950ms);
-    c->engine()->tick();
+    distlock::detail::engine_of(*c)->tick();
     ASSERT_TRUE(gate->wait_entered());
   }  // the lost leases go: only `c` holds the engine
   auto destroyed = std::async(std::launch::async, [&] { c.reset(); });
@@ -109,7 +110,7 @@ TEST_F(EngineEventsReview, TheLastClientCopyDroppedInsideACallbackWithMoreQueued
     auto a = (*holder)->acquire("a-drops-client", ttl(1s));
     auto b = (*holder)->acquire("b-after", ttl(1s));
     auto d = (*holder)->acquire("c-last", ttl(1s));
-    event_thread = (*holder)->engine()->event_thread_id();
+    event_thread = distlock::detail::engine_of(**holder)->event_thread_id();
     a.on_lost([gate, holder, ran] {
       gate->enter_and_wait();
       holder->reset();  // the last handle: the engine goes from inside its own callback
@@ -121,7 +122,7 @@ TEST_F(EngineEventsReview, TheLastClientCopyDroppedInsideACallbackWithMoreQueued
       done->set_value();
     });
     clock->advance(950ms);
-    (*holder)->engine()->tick();
+    distlock::detail::engine_of(**holder)->tick();
     ASSERT_TRUE(gate->wait_entered());
   }
   gate->release();
@@ -157,7 +158,7 @@ TEST_F(EngineEventsReview, SessionLossOfManyLeasesWithABlockingFirstCallback) {
       order.push_back(i);
     });
   }
-  std::thread reporter([&] { c.engine()->on_session_lost(); });
+  std::thread reporter([&] { distlock::detail::engine_of(c)->on_session_lost(); });
   reporter.join();
   for (int i = 0; i < kLeases; ++i) {
     EXPECT_TRUE(leases[i].stop_token().stop_requested()) << i;
@@ -165,7 +166,7 @@ TEST_F(EngineEventsReview, SessionLossOfManyLeasesWithABlockingFirstCallback) {
   }
   ASSERT_TRUE(gate->wait_entered());
   gate->release();
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->drain_events();
   std::lock_guard lk(order_mu);
   ASSERT_EQ(order.size(), static_cast<std::size_t>(kLeases));
   for (int i = 0; i < kLeases; ++i) EXPECT_EQ(order[i], i);
@@ -178,7 +179,7 @@ TEST_F(EngineEventsReview, OnLostRacingTheLossRunsEachCallbackOnceAfterTheStopTo
   constexpr int kRounds = 150;
   constexpr int kPerThread = 20;
   auto c = client();
-  const auto event_id = c.engine()->event_thread_id();
+  const auto event_id = distlock::detail::engine_of(c)->event_thread_id();
   for (int round = 0; round < kRounds; ++round) {
     auto lease = c.acquire("race-" + std::to_string(round), ttl(1s));
     auto tok = lease.stop_token();
@@ -198,13 +199,13 @@ TEST_F(EngineEventsReview, OnLostRacingTheLossRunsEachCallbackOnceAfterTheStopTo
     std::thread killer([&] {
       while (!go.load()) std::this_thread::yield();
       clock->advance(950ms);
-      c.engine()->tick();
+      distlock::detail::engine_of(c)->tick();
     });
     go = true;
     r1.join();
     r2.join();
     killer.join();
-    c.engine()->drain_events();
+    distlock::detail::engine_of(c)->drain_events();
     ASSERT_EQ(calls.load(), 2 * kPerThread) << "round " << round;
     ASSERT_EQ(early.load(), 0) << "round " << round;
     ASSERT_EQ(wrong_thread.load(), 0) << "round " << round;
@@ -230,7 +231,7 @@ TEST_F(EngineEventsReview, TheWatchdogSignalsWhileTheEventThreadIsBlocked) {
   const bool signalled = f.wait_for(kBound) == std::future_status::ready;
   gate->release();
   ASSERT_TRUE(signalled) << "b's stop token waited for a's blocked on_lost callback";
-  EXPECT_NE(f.get(), c.engine()->event_thread_id()) << "the stop signal came from the event thread";
+  EXPECT_NE(f.get(), distlock::detail::engine_of(c)->event_thread_id()) << "the stop signal came from the event thread";
   EXPECT_FALSE(b.owns());
 }
 
@@ -242,18 +243,18 @@ TEST_F(EngineEventsReview, AReadWriteLeaseLosingAllPartsRunsOnLostOnce) {
   distlock::ReadWriteLease w = rw.acquire_exclusive();
   auto tok = w.stop_token();
   std::atomic<int> calls{0}, early{0}, wrong{0};
-  const auto event_id = c.engine()->event_thread_id();
+  const auto event_id = distlock::detail::engine_of(c)->event_thread_id();
   w.on_lost([&] {
     if (!tok.stop_requested()) ++early;
     if (std::this_thread::get_id() != event_id) ++wrong;
     ++calls;
   });
-  c.engine()->on_session_lost();
+  distlock::detail::engine_of(c)->on_session_lost();
   EXPECT_TRUE(tok.stop_requested());
   EXPECT_FALSE(w.owns());
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->drain_events();
   w.on_lost([&] { ++calls; });  // after the loss: queued, runs once more
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->drain_events();
   EXPECT_EQ(calls.load(), 2);
   EXPECT_EQ(early.load(), 0);
   EXPECT_EQ(wrong.load(), 0);
@@ -272,7 +273,7 @@ TEST_F(EngineEventsReview, AStopCallbackMayRegisterOnLostAndRelease) {
     other->release(ec);
   });
   clock->advance(950ms);
-  auto ticked = std::async(std::launch::async, [&] { c.engine()->tick(); });
+  auto ticked = std::async(std::launch::async, [&] { distlock::detail::engine_of(c)->tick(); });
   ASSERT_EQ(ticked.wait_for(kBound), std::future_status::ready) << "tick() deadlocked in the stop callback";
   EXPECT_EQ(ran->get_future().wait_for(kBound), std::future_status::ready);
   EXPECT_FALSE(other->owns());
@@ -289,7 +290,7 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
   auto b = c.acquire("fork-b", ttl(1s));
   a.on_lost([gate] { gate->enter_and_wait(); });
   clock->advance(950ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   ASSERT_TRUE(gate->wait_entered());
   ASSERT_FALSE(b.owns());
   const pid_t pid = ::fork();
@@ -333,7 +334,7 @@ TEST_F(EngineEventsReview, ABlockingLoggerDelaysAnotherLeasesStopToken) {
   auto c = distlock::connect("memory://" + store_name, o);
   auto a = c.acquire("a-logged", ttl(10s));  // sorted first: declared lost first
   auto b = c.acquire("b-signalled", ttl(10s));
-  std::thread reporter([&] { c.engine()->on_session_lost(); });
+  std::thread reporter([&] { distlock::detail::engine_of(c)->on_session_lost(); });
   const bool logger_entered = gate->wait_entered();
   const bool a_signalled = a.stop_token().stop_requested();
   const bool b_signalled = b.stop_token().stop_requested();
@@ -359,7 +360,7 @@ TEST_F(EngineEventsReview, ALeaseAsTheLastHandleDroppedInsideItsOwnCallback) {
       done->set_value();
     });
     clock->advance(950ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
   }  // c goes; only the Lease inside the callback keeps the engine
   EXPECT_EQ(done->get_future().wait_for(kBound), std::future_status::ready);
 }
@@ -379,7 +380,7 @@ TEST_F(EngineEventsReview, ABlockingLoggerDelaysAReadWriteLeasesCombinedToken) {
   auto c = distlock::connect("memory://" + store_name, o);
   auto rw = c.shared_mutex("rw-logged", ttl(10s));
   distlock::ReadWriteLease w = rw.acquire_exclusive();
-  std::thread reporter([&] { c.engine()->on_session_lost(); });
+  std::thread reporter([&] { distlock::detail::engine_of(c)->on_session_lost(); });
   const bool logger_entered = gate->wait_entered();
   const bool signalled = w.stop_token().stop_requested();
   gate->release();
@@ -400,7 +401,7 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueue
   auto x = c.acquire("fork-x", ttl(1s));
   auto y = c.acquire("fork-y", ttl(1s));
   clock->advance(950ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   ASSERT_FALSE(x.owns());
   ASSERT_FALSE(y.owns());
   std::atomic<bool> stop{false};
@@ -435,7 +436,7 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueue
   }
   stop = true;
   poster.join();
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->drain_events();
   EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in Lease::on_lost (events_mu_ inherited locked)";
   EXPECT_EQ(other, 0);
 }

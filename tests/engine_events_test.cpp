@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/shared_mutex.hpp"
 #include "support/memory_fixture.hpp"
@@ -30,13 +31,13 @@ TEST_F(EngineEvents, OnLostRunsOnTheEventThreadNotOnTheDetectingThread) {
   std::promise<std::thread::id> ran;
   lease.on_lost([&] { ran.set_value(std::this_thread::get_id()); });
   clock->advance(950ms);
-  c.engine()->tick();  // this thread detects the loss
+  distlock::detail::engine_of(c)->tick();  // this thread detects the loss
   EXPECT_TRUE(lease.stop_token().stop_requested()) << "the loss signal is given by the detecting thread";
   auto f = ran.get_future();
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready) << "on_lost never ran";
   const std::thread::id id = f.get();
   EXPECT_NE(id, std::this_thread::get_id()) << "on_lost ran on the thread that called tick()";
-  EXPECT_EQ(id, c.engine()->event_thread_id());
+  EXPECT_EQ(id, distlock::detail::engine_of(c)->event_thread_id());
 }
 
 TEST_F(EngineEvents, ABackendThreadsLossReportRunsCallbacksOnTheEventThread) {
@@ -47,7 +48,7 @@ TEST_F(EngineEvents, ABackendThreadsLossReportRunsCallbacksOnTheEventThread) {
   std::thread::id reporter;
   std::thread backend_thread([&] {  // as a keep-alive thread reports an ended session
     reporter = std::this_thread::get_id();
-    c.engine()->on_session_lost();
+    distlock::detail::engine_of(c)->on_session_lost();
   });
   backend_thread.join();
   EXPECT_TRUE(lease.stop_token().stop_requested()) << "signalled before on_session_lost returned";
@@ -55,14 +56,14 @@ TEST_F(EngineEvents, ABackendThreadsLossReportRunsCallbacksOnTheEventThread) {
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
   const std::thread::id id = f.get();
   EXPECT_NE(id, reporter) << "the callback ran on the backend's thread";
-  EXPECT_EQ(id, c.engine()->event_thread_id());
+  EXPECT_EQ(id, distlock::detail::engine_of(c)->event_thread_id());
 }
 
 TEST_F(EngineEvents, ACallbackAddedAfterTheLossRunsOnTheEventThreadToo) {
   auto c = client();
   auto lease = c.acquire("ev-late", ttl(1s));
   clock->advance(950ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   ASSERT_FALSE(lease.owns());
   std::promise<std::thread::id> ran;
   lease.on_lost([&] { ran.set_value(std::this_thread::get_id()); });
@@ -70,7 +71,7 @@ TEST_F(EngineEvents, ACallbackAddedAfterTheLossRunsOnTheEventThreadToo) {
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
   const std::thread::id id = f.get();
   EXPECT_NE(id, std::this_thread::get_id()) << "the late callback ran on the registering thread";
-  EXPECT_EQ(id, c.engine()->event_thread_id());
+  EXPECT_EQ(id, distlock::detail::engine_of(c)->event_thread_id());
 }
 
 // The safety half of the rule: a callback that blocks holds up later callbacks only,
@@ -91,7 +92,7 @@ TEST_F(EngineEvents, ABlockingCallbackDoesNotDelayAnotherLeasesStopToken) {
   std::promise<void> b_stopped;
   std::stop_callback on_b(b.stop_token(), [&] { b_stopped.set_value(); });
   clock->advance(950ms);
-  std::thread detector([&] { c.engine()->tick(); });
+  std::thread detector([&] { distlock::detail::engine_of(c)->tick(); });
   const bool signalled = b_stopped.get_future().wait_for(kBound) == std::future_status::ready;
   bool a_ran = false;
   {
@@ -121,7 +122,7 @@ TEST_F(EngineEvents, ABlockingCallbackDoesNotDelayAReadWriteLeasesStopToken) {
     cv.wait(lk, [&] { return let_go; });
   });
   clock->advance(950ms);
-  auto ticked = std::async(std::launch::async, [&] { c.engine()->tick(); });
+  auto ticked = std::async(std::launch::async, [&] { distlock::detail::engine_of(c)->tick(); });
   const bool tick_returned = ticked.wait_for(kBound) == std::future_status::ready;
   const bool signalled = w.stop_token().stop_requested();
   {
@@ -153,7 +154,7 @@ TEST_F(EngineEvents, ACallbackMayReleaseAndAcquireOnTheSameClient) {
     }
   });
   clock->advance(950ms);
-  auto ticked = std::async(std::launch::async, [&] { c.engine()->tick(); });
+  auto ticked = std::async(std::launch::async, [&] { distlock::detail::engine_of(c)->tick(); });
   const bool tick_returned = ticked.wait_for(kBound) == std::future_status::ready;
   held.release();  // lets the callback's acquisition through either way
   ticked.wait();
@@ -176,9 +177,9 @@ TEST_F(EngineEvents, AThrowingCallbackIsLoggedAndTheNextOneStillRuns) {
   lease.on_lost([] { throw std::runtime_error("user bug"); });
   lease.on_lost([&] { second.set_value(); });
   clock->advance(950ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   ASSERT_EQ(second.get_future().wait_for(kBound), std::future_status::ready);
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->drain_events();
   EXPECT_EQ(errors.load(), 1);
 }
 
@@ -189,8 +190,8 @@ TEST_F(EngineEvents, DrainEventsWaitsForQueuedCallbacks) {
   lease.on_lost([&] { ++calls; });
   lease.on_lost([&] { ++calls; });
   clock->advance(950ms);
-  c.engine()->tick();
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->tick();
+  distlock::detail::engine_of(c)->drain_events();
   EXPECT_EQ(calls.load(), 2);
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
@@ -57,7 +58,7 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   // Walk in 100 ms steps, ticking the renewer each time: every renewal succeeds.
   while (clock->now() - granted < 4500ms - 100ms) {
     clock->advance(100ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
     ASSERT_TRUE(lease.owns()) << "lost early at +"
                               << std::chrono::duration_cast<Millis>(clock->now() - granted).count() << "ms";
     ASSERT_EQ(lease.loss_reason(), LossReason::none);
@@ -65,12 +66,12 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   EXPECT_GE(c.stats().renewed_leases - renewals_before, 3u);  // renewed at ~1 s, 2 s, 3 s
   EXPECT_EQ(lease.remaining(), 100ms);                        // the deadline is the hold limit
   clock->advance(99ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_TRUE(lease.owns());
   clock->advance(1ms);  // grant + 4500 ms
   EXPECT_FALSE(lease.owns());
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);  // before the watchdog runs, too
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_TRUE(lease.stop_token().stop_requested());
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
   EXPECT_NE(lease.loss_detail().find("max_hold 4500ms"), std::string::npos) << lease.loss_detail();
@@ -93,13 +94,13 @@ TEST_F(Jobs, MaxHoldStopsRenewalsOnceTheDeadlineReachesTheLimit) {
   const int before = store->renew_calls();
   for (int i = 0; i < 19; ++i) {
     clock->advance(100ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
   }
   EXPECT_EQ(store->renew_calls(), before);
   EXPECT_EQ(c.renew_now(), 0u);  // renew_all skips it as well
   EXPECT_TRUE(lease.owns());
   clock->advance(100ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
 }
 
@@ -129,11 +130,11 @@ TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
   // Every renewal succeeds; walk to just before locked + 1 s: still held.
   while (clock->now() - locked < 900ms) {
     clock->advance(100ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
     ASSERT_TRUE(capped.owns());
   }
   clock->advance(100ms);  // locked + 1 s
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_FALSE(capped.owns()) << "held for "
                               << std::chrono::duration_cast<Millis>(clock->now() - locked).count()
                               << " ms under a max_hold of 1000 ms";
@@ -148,7 +149,7 @@ TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
   short_cap.lock();
   long_cap.lock();
   clock->advance(1s);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_FALSE(long_cap.owns());
   EXPECT_EQ(long_cap.loss_reason(), LossReason::max_hold);
   long_cap.unlock();
@@ -181,7 +182,7 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     store->fail_next(1000);
     for (int i = 0; i < 30; ++i) {
       clock->advance(100ms);
-      c.engine()->tick();
+      distlock::detail::engine_of(c)->tick();
     }
     store->fail_next(0);
     EXPECT_EQ(lease.loss_reason(), LossReason::local_deadline);
@@ -192,16 +193,16 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     distlock::Lease lease = c.acquire("b", opts(3s));
     store->steal("b", "intruder");
     clock->advance(1s);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
     EXPECT_EQ(lease.loss_reason(), LossReason::renewal_refused);
   }
   {  // lease ended / session lost: reported by the backend
     distlock::Lease l1 = c.acquire("c", opts(3s));
     distlock::Lease l2 = c.acquire("d", opts(3s));
-    c.engine()->on_lease_lost("c", *c.status("c").holder);
+    distlock::detail::engine_of(c)->on_lease_lost("c", *c.status("c").holder);
     EXPECT_EQ(l1.loss_reason(), LossReason::lease_ended);
     EXPECT_EQ(l2.loss_reason(), LossReason::none);
-    c.engine()->on_session_lost();
+    distlock::detail::engine_of(c)->on_session_lost();
     EXPECT_EQ(l2.loss_reason(), LossReason::session_lost);
     EXPECT_EQ(l1.loss_reason(), LossReason::lease_ended);  // the first reason stays
   }
@@ -213,7 +214,7 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     std::error_code ec;
     lease.release(ec);
     EXPECT_EQ(ec, errc::lost);
-    c.engine()->drain_events();  // callbacks run on the event thread
+    distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
     EXPECT_TRUE(fired);
     EXPECT_EQ(lease.loss_reason(), LossReason::none);  // released: an empty Lease
     // (gone_at_release itself is checked through a Mutex's hold below)
@@ -227,9 +228,9 @@ TEST_F(Jobs, LossReasonLeaseEndedAndGoneAtReleaseThroughAMutex) {
   distlock::Mutex m = c.mutex("m", opts(3s));
   m.lock();
   EXPECT_EQ(m.loss_reason(), LossReason::none);
-  auto held = c.engine()->held_by_this_thread("m");
+  auto held = distlock::detail::engine_of(c)->held_by_this_thread("m");
   ASSERT_NE(held, nullptr);
-  c.engine()->on_lease_lost("m", held->owner);
+  distlock::detail::engine_of(c)->on_lease_lost("m", held->owner);
   EXPECT_EQ(m.loss_reason(), LossReason::lease_ended);
   EXPECT_NE(m.loss_detail().find("ended its lease"), std::string::npos) << m.loss_detail();
   m.unlock();
@@ -237,10 +238,10 @@ TEST_F(Jobs, LossReasonLeaseEndedAndGoneAtReleaseThroughAMutex) {
 
   store->drop("m");  // the notification above was made up: the server still had it
   ASSERT_TRUE(m.try_lock());
-  held = c.engine()->held_by_this_thread("m");
+  held = distlock::detail::engine_of(c)->held_by_this_thread("m");
   store->drop("m");
   std::error_code ec;
-  c.engine()->release(held, ec);  // what unlock() does, keeping the handle to look at
+  distlock::detail::engine_of(c)->release(held, ec);  // what unlock() does, keeping the handle to look at
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(held->public_reason(), LossReason::gone_at_release);
 }
@@ -259,7 +260,7 @@ TEST_F(Jobs, HolderInfoRoundTripsThroughStatusAndList) {
   // The server stores the whole owner; renewals and the release use it as is.
   EXPECT_EQ(store->holder("backup"), *info.holder + "|" + o.holder_info);
   clock->advance(1s);
-  EXPECT_EQ(c.engine()->tick(), 1u);
+  EXPECT_EQ(distlock::detail::engine_of(c)->tick(), 1u);
   EXPECT_TRUE(lease.owns());
   auto listed = c.list("");
   ASSERT_EQ(listed.size(), 1u);
@@ -307,9 +308,9 @@ TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
   m.lock();
   EXPECT_EQ(m.hold_count(), 2);
   EXPECT_TRUE(m.owns());
-  auto held = c.engine()->held_by_this_thread("r");
+  auto held = distlock::detail::engine_of(c)->held_by_this_thread("r");
   ASSERT_NE(held, nullptr);
-  c.engine()->on_lease_lost("r", held->owner);  // found by thread owner despite the '.'s
+  distlock::detail::engine_of(c)->on_lease_lost("r", held->owner);  // found by thread owner despite the '.'s
   EXPECT_EQ(m.loss_reason(), LossReason::lease_ended);
   m.unlock();
   m.unlock();
@@ -319,7 +320,8 @@ TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
 TEST_F(Jobs, ListDecodesDerivedNames) {
   auto c = client();
   std::error_code ec;
-  c.engine()->backend().put_record("pool\x1fsem", "5", distlock::detail::PutMode::always, ec);
+  distlock::detail::engine_of(c)->backend().put_record("pool\x1fsem", "5", distlock::detail::PutMode::always,
+                                                       ec);
   ASSERT_FALSE(ec);
   distlock::Lease a = c.acquire(
       "pool\x1fsem\x1f"

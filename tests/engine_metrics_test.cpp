@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/memory_fixture.hpp"
@@ -156,16 +157,16 @@ TEST_F(Metrics, ARenewalRefusedByTheServerIsOneLossWithItsReasonAndOneHold) {
   Client c = client();
   Lease l = c.acquire("steal/me", ttl(3s));
   clock->advance(1s);
-  c.engine()->tick();  // renewed
+  distlock::detail::engine_of(c)->tick();  // renewed
   EXPECT_EQ(renewals(c, "steal", "ok"), 1);
   store->steal("steal/me", "intruder:1");
   clock->advance(1s);
-  c.engine()->tick();  // refused: lost
+  distlock::detail::engine_of(c)->tick();  // refused: lost
   EXPECT_TRUE(l.stop_token().stop_requested());
   EXPECT_EQ(renewals(c, "steal", "not_owner"), 1);
   EXPECT_EQ(losses(c, "steal", "renewal_refused"), 1);
   clock->advance(5s);
-  c.engine()->tick();  // nothing more to count: the lease is already lost
+  distlock::detail::engine_of(c)->tick();  // nothing more to count: the lease is already lost
   std::error_code ec;
   l.release(ec);
   EXPECT_EQ(ec, errc::lost);
@@ -186,14 +187,14 @@ TEST_F(Metrics, EveryLossReasonTheEngineTellsApartIsCountedOnce) {
   // local deadline: no renewal before it.
   Lease deadline = c.acquire("a/1", ttl(1s));
   clock->advance(950ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_EQ(losses(c, "a", "local_deadline"), 1);
   // failed renewals: counted as failed, and then the deadline.
   Lease flaky = c.acquire("b/1", ttl(1s));
   store->fail_next(1000);
   for (int i = 0; i < 40 && flaky.owns(); ++i) {
     clock->advance(100ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
   }
   store->fail_next(0);
   EXPECT_GE(renewals(c, "b", "failed"), 1);
@@ -208,14 +209,14 @@ TEST_F(Metrics, EveryLossReasonTheEngineTellsApartIsCountedOnce) {
   EXPECT_EQ(releases(c, "c", "lost"), 1);
   // one lease ended by the server.
   Lease ended = c.acquire("d/1", ttl(3s));
-  c.engine()->on_lease_lost("d/1", store->holder("d/1"));
+  distlock::detail::engine_of(c)->on_lease_lost("d/1", store->holder("d/1"));
   EXPECT_TRUE(ended.stop_token().stop_requested());
   EXPECT_EQ(losses(c, "d", "lease_ended"), 1);
   // the session: every lease, each once.
   Lease s1 = c.acquire("e/1", ttl(3s));
   Lease s2 = c.acquire("e/2", ttl(3s));
-  c.engine()->on_session_lost();
-  c.engine()->on_session_lost();
+  distlock::detail::engine_of(c)->on_session_lost();
+  distlock::detail::engine_of(c)->on_session_lost();
   EXPECT_EQ(losses(c, "e", "session_lost"), 2);
   EXPECT_EQ(losses(c, "d", "session_lost"), 0) << "already lost leases are not lost again";
   EXPECT_EQ(c.stats().lost, 6u);
@@ -268,7 +269,7 @@ TEST_F(Metrics, ARenewalAnsweredAfterTheLocalDeadlineIsALateLossAndItsRoundTripI
       detail::Engine::create(std::make_unique<SlowRenewBackend>(clock, 600ms), options()));
   Lease l = c.acquire("slow/1", ttl(1s));  // local deadline 900 ms, renewal due at 333 ms
   clock->advance(400ms);
-  c.engine()->tick();  // sent at 400 ms, answered "renewed" at 1000 ms: past the deadline
+  distlock::detail::engine_of(c)->tick();  // sent at 400 ms, answered "renewed" at 1000 ms: past the deadline
   EXPECT_TRUE(l.stop_token().stop_requested());
   EXPECT_EQ(renewals(c, "slow", "ok"), 1) << "the server did renew";
   EXPECT_EQ(losses(c, "slow", "renewal_late"), 1);

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
@@ -46,13 +47,13 @@ TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
   auto h1 = a.acquire("m/1", ttl(3s));
   std::error_code ec;
   std::size_t index = 99;
-  auto held = b.engine()->acquire_any(kNames, ttl(3s), 0ms, ec, {}, &index);
+  auto held = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec, {}, &index);
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(held);
   EXPECT_EQ(index, 2u);
   EXPECT_EQ(held->name, "m/2");
   EXPECT_EQ(store->holder("m/2"), held->owner);
-  b.engine()->release(held, ec);
+  distlock::detail::engine_of(b)->release(held, ec);
   EXPECT_FALSE(ec);
 }
 
@@ -63,12 +64,12 @@ TEST_F(EngineMulti, AllBusyWithoutWaitIsBusyAndLeavesNothingBehind) {
   for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
   const int tries = store->try_acquire_calls();
   std::error_code ec;
-  auto got = b.engine()->acquire_any(kNames, ttl(3s), 0ms, ec);
+  auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec);
   EXPECT_EQ(ec, errc::busy);
   EXPECT_FALSE(got);
   EXPECT_EQ(store->try_acquire_calls() - tries, 3) << "one attempt per name";
   EXPECT_EQ(store->cancel_calls(), 0) << "no queued place was asked for";
-  EXPECT_EQ(b.engine()->idle_watches(), 0u);
+  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 0u);
   EXPECT_EQ(store->live_watches(), 0);
 }
 
@@ -81,7 +82,9 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::error_code ec;
   std::size_t index = 99;
-  std::thread waiter([&] { got = b.engine()->acquire_any(kNames, ttl(3s), std::nullopt, ec, {}, &index); });
+  std::thread waiter([&] {
+    got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, {}, &index);
+  });
   // One round (3 tries), the subscriptions, then one more round before sleeping.
   ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 6; }));
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
@@ -96,7 +99,7 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
   EXPECT_EQ(got->name, "m/1");
   EXPECT_EQ(store->try_acquire_calls() - base, 7) << "only the name that changed is tried again";
   EXPECT_EQ(store->cancel_calls(), 2) << "the queued places on the other names are given up";
-  b.engine()->release(got, ec);
+  distlock::detail::engine_of(b)->release(got, ec);
 }
 
 TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
@@ -108,7 +111,7 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
   std::atomic<bool> done{false};
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::thread waiter([&] {
-    got = b.engine()->acquire_any(kNames, ttl(30s), 2s, ec);
+    got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(30s), 2s, ec);
     done = true;
   });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
@@ -121,8 +124,8 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
   EXPECT_FALSE(got);
   EXPECT_EQ(store->cancel_calls(), 3) << "every queued place is given up";
   // The subscriptions stay (idle, bounded) for the next waiter; no waiter is left.
-  EXPECT_EQ(b.engine()->idle_watches(), 3u);
-  b.engine()->sweep_idle_watches(true);
+  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 3u);
+  distlock::detail::engine_of(b)->sweep_idle_watches(true);
   EXPECT_EQ(store->live_watches(), 0);
 }
 
@@ -136,7 +139,7 @@ TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::size_t index = 99;
   std::thread waiter([&] {
-    got = b.engine()->acquire_any(kNames, ttl(30s), 60s, ec, {}, &index);
+    got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(30s), 60s, ec, {}, &index);
     done = true;
   });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
@@ -153,7 +156,7 @@ TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
   // The holders reported ~1 s left: the re-check comes within that plus jitter
   // (10 %), far before the 5 s cap of a lease whose TTL is unknown.
   EXPECT_LE(advanced, 2s);
-  b.engine()->release(got, ec);
+  distlock::detail::engine_of(b)->release(got, ec);
 }
 
 TEST_F(EngineMulti, ErrorMidRoundGivesUpEveryQueuedPlace) {
@@ -162,7 +165,7 @@ TEST_F(EngineMulti, ErrorMidRoundGivesUpEveryQueuedPlace) {
   auto h0 = a.acquire("m/0", ttl(3s));
   store->throw_next_acquires(1, /*after=*/1);  // the attempt on m/1 throws
   std::error_code ec;
-  auto got = b.engine()->acquire_any(kNames, ttl(3s), std::nullopt, ec);
+  auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec);
   EXPECT_TRUE(ec);
   EXPECT_FALSE(got);
   EXPECT_EQ(store->cancel_calls(), 2);
@@ -176,7 +179,8 @@ TEST_F(EngineMulti, GateHeldMeansNoNameIsTriedUntilItIsFree) {
   const int base = store->try_acquire_calls();
   std::error_code ec;
   std::shared_ptr<distlock::detail::HeldLock> got;
-  std::thread waiter([&] { got = b.engine()->acquire_any(kNames, ttl(3s), std::nullopt, ec, "g"); });
+  std::thread waiter(
+      [&] { got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, "g"); });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(store->try_acquire_calls(), base) << "a name was tried while the gate was held";
@@ -188,7 +192,7 @@ TEST_F(EngineMulti, GateHeldMeansNoNameIsTriedUntilItIsFree) {
   EXPECT_EQ(got->name, "m/0");
   EXPECT_EQ(store->try_acquire_calls() - base, 1);
   EXPECT_EQ(store->cancel_calls(), 0) << "a gated acquisition keeps no queued place";
-  b.engine()->release(got, ec);
+  distlock::detail::engine_of(b)->release(got, ec);
 }
 
 TEST_F(EngineMulti, GateGivesUpWhenTheWaitRunsOut) {
@@ -196,7 +200,7 @@ TEST_F(EngineMulti, GateGivesUpWhenTheWaitRunsOut) {
   auto b = client();
   auto gate = a.acquire("g", ttl(30s));
   std::error_code ec;
-  auto got = b.engine()->acquire_any(kNames, ttl(3s), 0ms, ec, "g");
+  auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec, "g");
   EXPECT_EQ(ec, errc::busy);
   EXPECT_FALSE(got);
 }
@@ -207,7 +211,8 @@ TEST_F(EngineMulti, WaitFreeReturnsOnReleaseWithoutPolling) {
   auto x = a.acquire("x", ttl(3s));
   std::error_code ec;
   std::atomic<int> result{-1};
-  std::thread waiter([&] { result = b.engine()->wait_free("x", std::nullopt, ec) ? 1 : 0; });
+  std::thread waiter(
+      [&] { result = distlock::detail::engine_of(b)->wait_free("x", std::nullopt, ec) ? 1 : 0; });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(result.load(), -1);
@@ -217,9 +222,9 @@ TEST_F(EngineMulti, WaitFreeReturnsOnReleaseWithoutPolling) {
   EXPECT_FALSE(ec);
   EXPECT_EQ(result.load(), 1);
   // Not held: at once; held with a zero wait: false.
-  EXPECT_TRUE(b.engine()->wait_free("x", 0ms, ec));
+  EXPECT_TRUE(distlock::detail::engine_of(b)->wait_free("x", 0ms, ec));
   auto y = a.acquire("x", ttl(3s));
-  EXPECT_FALSE(b.engine()->wait_free("x", 0ms, ec));
+  EXPECT_FALSE(distlock::detail::engine_of(b)->wait_free("x", 0ms, ec));
   EXPECT_FALSE(ec);
 }
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
@@ -37,7 +38,7 @@ TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
   m.lock();
   std::stop_token outer = m.stop_token();
   clock->advance(3100ms);  // past the local deadline and the server's expiry
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   ASSERT_TRUE(outer.stop_requested());
   m.lock();  // the outer hold is lost: this is a new acquisition
   EXPECT_TRUE(m.owns());
@@ -47,7 +48,7 @@ TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
   m.unlock(ec);  // outer: the lost hold
   EXPECT_NE(ec, make_error_code(errc::not_owner)) << "the outer unlock found no hold: " << ec.message();
   EXPECT_EQ(m.hold_count(), 0);
-  EXPECT_EQ(c.engine()->held_count(), 0u);
+  EXPECT_EQ(distlock::detail::engine_of(c)->held_count(), 0u);
 }
 
 // The same thread re-acquires a name whose hold has passed its local deadline before
@@ -58,12 +59,13 @@ TEST_F(EngineReview, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled)
   m.lock();
   std::stop_token outer = m.stop_token();
   std::atomic<int> callbacks{0};
-  c.engine()->add_loss_callback(c.engine()->held_by_this_thread("replaced"), [&] { ++callbacks; });
+  distlock::detail::engine_of(c)->add_loss_callback(
+      distlock::detail::engine_of(c)->held_by_this_thread("replaced"), [&] { ++callbacks; });
   clock->advance(3100ms);  // no tick: the loss has not been declared yet
   m.lock();                // new acquisition (the server record has expired)
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_TRUE(outer.stop_requested()) << "the replaced hold's loss was never signalled";
-  c.engine()->drain_events();  // callbacks run on the event thread
+  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_EQ(callbacks.load(), 1);
   m.unlock();
   std::error_code ec;
@@ -265,7 +267,7 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
     distlock::ClientOptions o;
     o.logger = [](distlock::LogLevel, std::string_view) {};
     auto c = distlock::connect("memory://review-rt-last-ref", o);
-    weak = c.engine();
+    weak = distlock::detail::engine_of(c);
     auto lease = c.acquire("cb", ttl(300ms));
     lease.on_lost([c, &mu, &cv, &in_callback, &dropped] {  // on the event thread
       std::unique_lock lk(mu);

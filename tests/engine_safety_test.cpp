@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
@@ -51,7 +52,7 @@ TEST_F(EngineSafety, ReacquireAfterALocalLossWaitsForTheOldRecordAndGetsANewToke
   auto lease = c.acquire("r", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
   const std::uint64_t old_token = lease.token();
   clock->advance(2800ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   ASSERT_FALSE(lease.owns());
   ASSERT_TRUE(store->held("r", clock->now())) << "the server record outlives the local deadline";
   // The old record is not ours any more: re-entering it would hand one token to two
@@ -74,7 +75,7 @@ TEST_F(EngineSafety, ALossFoundAtReleaseIsSignalledNotOnlyReturned) {
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_TRUE(st.stop_requested()) << "the stop token must fire for every loss";
-  c.engine()->drain_events();  // callbacks run on the event thread
+  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_TRUE(called);
 }
 
@@ -123,7 +124,7 @@ TEST_F(EngineSafety, ALeaseGrantedLessThanItsTtlIsRenewedOnTheGrantsSchedule) {
   auto lease = c.acquire("short", ttl(3s));  // renew_interval 1 s by default: too late
   for (int i = 0; i < 20; ++i) {             // 2 s in 100 ms steps, the renewer ticking each step
     clock->advance(100ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
     ASSERT_TRUE(lease.owns()) << "lost after " << (i + 1) * 100 << " ms: renewed after the grant's deadline";
   }
   EXPECT_TRUE(store->held("short", clock->now()));
@@ -153,9 +154,9 @@ TEST_F(EngineSafety, ALeaseReplacedByTheSameThreadsNextAcquisitionIsStillSignall
   ASSERT_FALSE(first.owns());
   auto second = c.try_acquire("again", ttl(3s));  // the server record expired: a new owner
   ASSERT_TRUE(second.has_value());
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_TRUE(st.stop_requested()) << "the first lease's loss must be signalled, not forgotten";
-  c.engine()->drain_events();  // callbacks run on the event thread
+  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_TRUE(called);
   EXPECT_TRUE(second->owns());
 }
@@ -242,7 +243,7 @@ TEST_F(RealTimeSafety, WaiterThatCannotWatchStillWaitsAndLeavesNothingSubscribed
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_TRUE(got) << "a failed watch degrades to bounded re-checks, it does not fail the wait";
   EXPECT_EQ(store->live_watches(), 0);
-  EXPECT_EQ(b.engine()->idle_watches(), 0u);
+  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 0u);
   store->fail_next_watches(0);
 }
 
@@ -260,8 +261,9 @@ TEST_F(EngineSafety, ExceptionFromTheBackendWhileWaitingLeavesNoWaiterOrQueuedPl
     EXPECT_EQ(e.code(), errc::protocol_error) << e.what();
   }
   EXPECT_EQ(store->cancel_calls(), 1) << "the queued place is given up";
-  EXPECT_EQ(b.engine()->idle_watches(), 1u) << "the waiter left its slot (kept subscribed, idle)";
-  b.engine()->sweep_idle_watches(true);
+  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 1u)
+      << "the waiter left its slot (kept subscribed, idle)";
+  distlock::detail::engine_of(b)->sweep_idle_watches(true);
   EXPECT_EQ(store->live_watches(), 0);
 }
 

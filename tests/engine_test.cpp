@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/manual_clock.hpp"
@@ -142,7 +143,7 @@ TEST_F(Engine, RenewalExtendsTheLocalDeadline) {
   auto c = client();
   auto lease = c.acquire("renew", ttl(3s));  // margin 300 ms, interval 1 s
   clock->advance(999ms);
-  EXPECT_EQ(c.engine()->tick(), 1u) << "due within a quarter interval";
+  EXPECT_EQ(distlock::detail::engine_of(c)->tick(), 1u) << "due within a quarter interval";
   EXPECT_EQ(store->renew_calls(), 1);
   clock->advance(2500ms);  // 3.5 s after acquire, 2.5 s after renewal
   EXPECT_TRUE(lease.owns()) << "renewal moved the deadline to renewal + ttl - margin";
@@ -158,9 +159,9 @@ TEST_F(Engine, DeadlinePassedFiresStopTokenAndCallbackBeforeRenewing) {
   std::stop_token st = lease.stop_token();
   clock->advance(950ms);  // a paused process: no renewal happened
   EXPECT_FALSE(lease.owns());
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_TRUE(st.stop_requested());
-  c.engine()->drain_events();  // callbacks run on the event thread
+  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_EQ(callbacks.load(), 1);
   EXPECT_EQ(store->renew_calls(), 0) << "a lease past its deadline is declared lost, not renewed";
   std::error_code ec;
@@ -172,9 +173,9 @@ TEST_F(Engine, DeadlinePassedFiresStopTokenAndCallbackBeforeRenewing) {
   bool late = false;
   distlock::Lease lost_one = c.acquire("dl2", ttl(1s));
   clock->advance(950ms);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   lost_one.on_lost([&] { late = true; });
-  c.engine()->drain_events();
+  distlock::detail::engine_of(c)->drain_events();
   EXPECT_TRUE(late);
 }
 
@@ -183,7 +184,7 @@ TEST_F(Engine, RenewalFindingAnotherOwnerLosesAtOnceAndCountsBrainSplit) {
   auto lease = c.acquire("steal", ttl(3s));
   store->steal("steal", "intruder:1");
   clock->advance(1s);
-  c.engine()->tick();
+  distlock::detail::engine_of(c)->tick();
   EXPECT_TRUE(lease.stop_token().stop_requested());
   EXPECT_FALSE(lease.owns());
   EXPECT_EQ(c.stats().brain_splits, 1u);
@@ -198,17 +199,17 @@ TEST_F(Engine, FailedRenewalsRetryUntilTheDeadline) {
   auto lease = c.acquire("flaky", ttl(3s));
   store->fail_next(1);
   clock->advance(1s);
-  c.engine()->tick();  // fails
+  distlock::detail::engine_of(c)->tick();  // fails
   EXPECT_TRUE(lease.owns());
   clock->advance(260ms);
-  c.engine()->tick();  // retried after interval/4 and succeeds
+  distlock::detail::engine_of(c)->tick();  // retried after interval/4 and succeeds
   EXPECT_EQ(store->renew_calls(), 2);
   clock->advance(2500ms);
   EXPECT_TRUE(lease.owns());
   store->fail_next(1000);
   for (int i = 0; i < 40 && lease.owns(); ++i) {
     clock->advance(100ms);
-    c.engine()->tick();
+    distlock::detail::engine_of(c)->tick();
   }
   EXPECT_FALSE(lease.owns());
   EXPECT_TRUE(lease.stop_token().stop_requested());
@@ -220,7 +221,7 @@ TEST_F(Engine, OneBatchRenewsManyLeases) {
   std::vector<distlock::Lease> leases;
   for (int i = 0; i < 1000; ++i) leases.push_back(c.acquire("k" + std::to_string(i), ttl(3s)));
   clock->advance(1s);
-  EXPECT_EQ(c.engine()->tick(), 1000u);
+  EXPECT_EQ(distlock::detail::engine_of(c)->tick(), 1000u);
   EXPECT_EQ(store->renew_calls(), 1);
   EXPECT_EQ(store->last_renew_batch(), 1000u);
   EXPECT_EQ(c.renew_now(), 1000u);
@@ -231,7 +232,7 @@ TEST_F(Engine, SessionLossLosesEveryLease) {
   auto c = client();
   auto a = c.acquire("s1", ttl(3s));
   auto b = c.acquire("s2", ttl(3s));
-  c.engine()->on_session_lost();
+  distlock::detail::engine_of(c)->on_session_lost();
   EXPECT_TRUE(a.stop_token().stop_requested());
   EXPECT_TRUE(b.stop_token().stop_requested());
   EXPECT_FALSE(a.owns());
@@ -307,9 +308,9 @@ TEST_F(RealTime, WaiterWakesOnReleaseNotOnExpiry) {
   EXPECT_LT(std::chrono::steady_clock::now() - released, 5s) << "woken by the release notification";
   // The subscription outlives its last waiter for a while (re-subscribing would cost
   // round trips on the next hand-off), and is dropped by the sweep.
-  EXPECT_EQ(b.engine()->idle_watches(), 1u);
-  b.engine()->sweep_idle_watches(true);
-  EXPECT_EQ(b.engine()->idle_watches(), 0u);
+  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 1u);
+  distlock::detail::engine_of(b)->sweep_idle_watches(true);
+  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 0u);
 }
 
 TEST_F(RealTime, TryLockForHonoursItsDeadline) {

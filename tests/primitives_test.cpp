@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/memory_fixture.hpp"
@@ -138,7 +139,8 @@ TEST_F(SemaphoreTest, PermitCountIsStoredAndAnotherCountIsRefused) {
   auto sem = a.semaphore("jobs", 3);
   EXPECT_EQ(sem.permits(), 3);
   std::error_code ec;
-  auto stored = a.engine()->backend().get_record(distlock::Semaphore::definition_key("jobs"), ec);
+  auto stored =
+      distlock::detail::engine_of(a)->backend().get_record(distlock::Semaphore::definition_key("jobs"), ec);
   ASSERT_FALSE(ec);
   EXPECT_EQ(stored.value_or(""), "3");
   std::string what;
@@ -221,7 +223,8 @@ TEST_F(SharedMutexTest, ReadersShareAWriterIsExclusive) {
     EXPECT_FALSE(rw_b.try_lock_shared());
     EXPECT_FALSE(rw_b.try_lock());
     std::error_code ec;
-    const auto info = a.engine()->status(distlock::SharedMutex::intent_lock_name("cfg"), ec);
+    const auto info =
+        distlock::detail::engine_of(a)->status(distlock::SharedMutex::intent_lock_name("cfg"), ec);
     EXPECT_EQ(rw_a.token(), info.token.value_or(0)) << "the writer's token is the intent lock's";
   }
   EXPECT_TRUE(rw_b.try_lock_shared());
@@ -426,8 +429,9 @@ TEST_F(SharedMutexTest, ReadWriteLeasesAreHoldsUsableFromAnyThread) {
   EXPECT_TRUE(w.owns());
   EXPECT_TRUE(w.exclusive());
   std::error_code ec;
-  EXPECT_EQ(w.token(),
-            b.engine()->status(distlock::SharedMutex::intent_lock_name("rl"), ec).token.value_or(0));
+  EXPECT_EQ(w.token(), distlock::detail::engine_of(b)
+                           ->status(distlock::SharedMutex::intent_lock_name("rl"), ec)
+                           .token.value_or(0));
   EXPECT_EQ(code_of([&] { (void)rw_a.acquire_shared(); }), errc::busy) << "a reader beside the writer";
   std::atomic<int> fired{0};
   w.on_lost([&] { ++fired; });
@@ -438,7 +442,7 @@ TEST_F(SharedMutexTest, ReadWriteLeasesAreHoldsUsableFromAnyThread) {
   EXPECT_NE(w.loss_reason(), distlock::LossReason::none);
   EXPECT_EQ(w.remaining(), Millis(0));
   b.renew_now();
-  b.engine()->drain_events();  // callbacks run on the event thread
+  distlock::detail::engine_of(b)->drain_events();  // callbacks run on the event thread
   EXPECT_EQ(fired.load(), 1) << "on_lost runs once for the hold, not once per part";
   w.release(ec);
   EXPECT_EQ(ec, errc::lost);

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "distlock/error.hpp"
+#include "distlock/export.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
@@ -48,6 +49,7 @@ namespace distlock {
 namespace detail {
 class Engine;
 struct HeldLock;
+struct ClientAccess;
 }  // namespace detail
 
 /// Why a lease was lost (`Lease::loss_reason()`); `none` while it is held (or after
@@ -65,11 +67,11 @@ enum class LossReason {
 };
 
 /// The reason's name: "local_deadline", "max_hold", ... ("none" for none).
-const char* to_string(LossReason reason) noexcept;
+DISTLOCK_EXPORT const char* to_string(LossReason reason) noexcept;
 
 /// A held lease on one name. Move-only RAII: the destructor releases it
 /// (noexcept; a failed release is logged and counted, never thrown).
-class Lease {
+class DISTLOCK_EXPORT Lease {
  public:
   Lease() noexcept = default;
   Lease(Lease&&) noexcept;
@@ -145,13 +147,14 @@ class Lease {
   friend class Mutex;
   friend class Client;
   friend class Semaphore;
-  Lease(std::shared_ptr<detail::Engine> engine, std::shared_ptr<detail::HeldLock> held) noexcept;
+  DISTLOCK_NO_EXPORT Lease(std::shared_ptr<detail::Engine> engine,
+                           std::shared_ptr<detail::HeldLock> held) noexcept;
   std::shared_ptr<detail::Engine> engine_;
   std::shared_ptr<detail::HeldLock> held_;
 };
 
 /// What a backend can tell about a lock (`Client::status`).
-struct LockInfo {
+struct DISTLOCK_EXPORT LockInfo {
   bool held = false;
   std::optional<std::uint64_t> token;   ///< current (last issued) fencing token, if known
   std::optional<Millis> ttl_remaining;  ///< server-side time to expiry, if known
@@ -169,7 +172,7 @@ struct LockInfo {
 enum class LockKind { lock, semaphore_permit, rw_writer, rw_reader, election };
 
 /// One held lock as `Client::list` returns it.
-struct ListedLock {
+struct DISTLOCK_EXPORT ListedLock {
   std::string name;  ///< the stored name (a derived name for a primitive's part)
   LockInfo info;     ///< what status(name) would say (held is true)
   LockKind kind = LockKind::lock;
@@ -184,7 +187,7 @@ struct ListedLock {
 };
 
 /// Relaxed counters (for metrics; each read is a snapshot).
-struct ClientStats {
+struct DISTLOCK_EXPORT ClientStats {
   std::uint64_t acquired = 0;
   std::uint64_t released = 0;
   std::uint64_t release_failures = 0;
@@ -201,7 +204,7 @@ class Election;
 
 /// A connection to one lock service. Copies share the same connections, renewer
 /// and owner identity (128 random bits from the OS, plus the calling thread).
-class Client {
+class DISTLOCK_EXPORT Client {
  public:
   /// Acquires `name`, waiting up to `opts.wait` (forever if unset). A Lease is not
   /// reentrant (it may be moved to another thread): acquiring a name this client
@@ -287,13 +290,12 @@ class Client {
   /// Returns the number of leases renewed. Mostly for tests and benchmarks.
   std::size_t renew_now();
 
-  /// Access for tools built on the engine (ids, CLI); not needed by users.
-  const std::shared_ptr<detail::Engine>& engine() const noexcept { return engine_; }
-
  private:
   friend Client connect(std::string_view url, const ClientOptions& opts);
   friend Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
-  friend Client connect_with_engine(std::shared_ptr<detail::Engine>);
+  // The library's own parts (the primitives, the id generators, the CLI and the tests) reach
+  // the engine through detail::ClientAccess (src/core/client_access.hpp), not the public API.
+  friend struct detail::ClientAccess;
   explicit Client(std::shared_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
   std::shared_ptr<detail::Engine> engine_;
 };
@@ -301,20 +303,17 @@ class Client {
 /// Connects to the backend named by `url` (see the table above). Throws
 /// `std::system_error` with errc::invalid_url (naming the offending part),
 /// errc::backend_unavailable or errc::auth_failed.
-Client connect(std::string_view url = {}, const ClientOptions& opts = {});
-Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
+DISTLOCK_EXPORT Client connect(std::string_view url = {}, const ClientOptions& opts = {});
+DISTLOCK_EXPORT Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
 
 /// The URL `connect("")` would use: $DISTLOCK_URL, else the host-local default.
-std::string default_url();
+DISTLOCK_EXPORT std::string default_url();
 
 /// The URL schemes this build supports, one paragraph each: how the URL is written,
 /// what it locks on and, with `with_keys`, every query key it accepts (type, default,
 /// meaning for that scheme). connect() rejects any other key. For help texts
 /// (`distlock urls`); the text may change between versions.
-std::string describe_url_schemes(bool with_keys = true);
-
-/// Wraps an engine made by hand (tests with a fake backend).
-Client connect_with_engine(std::shared_ptr<detail::Engine> engine);
+DISTLOCK_EXPORT std::string describe_url_schemes(bool with_keys = true);
 
 /// A standard Lockable + TimedLockable mutex over one lock name, reentrant per
 /// thread: the thread that holds it may lock it again; it is released when the
@@ -326,7 +325,7 @@ Client connect_with_engine(std::shared_ptr<detail::Engine> engine);
 ///   distlock::Mutex m = client.mutex("cron/cleanup", opts);
 ///   std::unique_lock lk(m, std::chrono::seconds(5));   // try_lock_for
 ///   if (lk) { cleanup(m.token()); }
-class Mutex {
+class DISTLOCK_EXPORT Mutex {
  public:
   Mutex(Client client, std::string name, LockOptions opts);
 

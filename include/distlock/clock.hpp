@@ -13,9 +13,11 @@
 #include <memory>
 #include <mutex>
 
+#include "distlock/export.hpp"
+
 namespace distlock {
 
-class Clock {
+class DISTLOCK_EXPORT Clock {
  public:
   using time_point = std::chrono::steady_clock::time_point;
   using duration = std::chrono::steady_clock::duration;
@@ -31,6 +33,6 @@ class Clock {
 /// The process-wide monotonic clock for lease deadlines: CLOCK_BOOTTIME (monotonic,
 /// and counting through host suspend), in std::chrono::steady_clock's time_point
 /// type. Do not compare its readings with std::chrono::steady_clock::now().
-std::shared_ptr<Clock> system_steady_clock();
+DISTLOCK_EXPORT std::shared_ptr<Clock> system_steady_clock();
 
 }  // namespace distlock

@@ -65,12 +65,13 @@
 #include <system_error>
 
 #include "distlock/client.hpp"
+#include "distlock/export.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
 
 /// Who leads an election, as read from the server.
-struct Leader {
+struct DISTLOCK_EXPORT Leader {
   /// The value the leader proclaimed for `term` (empty when !value_known).
   std::string value;
   /// The leader's term: its lease's fencing token. 0 on backends without tokens.
@@ -87,7 +88,7 @@ struct Leader {
   std::optional<Millis> ttl_remaining;
 };
 
-class Election {
+class DISTLOCK_EXPORT Election {
  public:
   /// Normally made by Client::election(name[, opts]). `opts` are the leadership
   /// lease's options (ttl, wait for campaign(), ...). Throws errc::invalid_argument

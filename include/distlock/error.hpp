@@ -16,6 +16,8 @@
 #include <string>
 #include <system_error>
 
+#include "distlock/export.hpp"
+
 namespace distlock {
 
 /// distlock's error codes. Values are stable (they appear in logs and JSON).
@@ -37,14 +39,14 @@ enum class errc : int {
 };
 
 /// The category every distlock error code belongs to. Its name() is "distlock".
-const std::error_category& category() noexcept;
+DISTLOCK_EXPORT const std::error_category& category() noexcept;
 
 inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), category()};
 }
 
 /// Throws `std::system_error(ec, what)`. Out of line so call sites stay small.
-[[noreturn]] void throw_error(std::error_code ec, const std::string& what);
+[[noreturn]] DISTLOCK_EXPORT void throw_error(std::error_code ec, const std::string& what);
 
 }  // namespace distlock
 

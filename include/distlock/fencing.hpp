@@ -48,6 +48,15 @@
 //   else if (r.decremented) { /* sold one; r.value is the stock left */ }
 #pragma once
 
+#include "distlock/config.hpp"
+#include "distlock/export.hpp"
+
+// Installed with the other headers whether or not this build has the component; without it
+// the declarations below would compile and then fail to link, so say so here instead.
+#if !DISTLOCK_HAS_FENCING
+#error "distlock was built without the fencing component (DISTLOCK_WITH_FENCING=OFF)"
+#endif
+
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -72,7 +81,7 @@ enum class FenceStatus {
 };
 
 /// The outcome of one fenced write.
-struct FenceResult {
+struct DISTLOCK_EXPORT FenceResult {
   FenceStatus status = FenceStatus::stale;
   /// The highest token the resource has seen, after this call (equals the caller's
   /// token when applied; the newer holder's token when stale).
@@ -85,13 +94,13 @@ struct FenceResult {
 };
 
 /// `decrement_if_positive`: applied or stale, and whether the value was positive.
-struct DecrementResult : FenceResult {
+struct DISTLOCK_EXPORT DecrementResult : FenceResult {
   bool decremented = false;  ///< false when applied but the value was <= 0 (or missing)
   std::int64_t value = 0;    ///< the value after the call (unchanged if not decremented)
 };
 
 /// A Redis reply, as returned by a fenced script body (`RedisFence::eval`).
-struct RedisValue {
+struct DISTLOCK_EXPORT RedisValue {
   enum class Type { nil, integer, string, status, array };
   Type type = Type::nil;
   long long integer = 0;
@@ -100,17 +109,17 @@ struct RedisValue {
 };
 
 /// `RedisFence::eval`: applied or stale, and what the body returned when applied.
-struct ScriptResult : FenceResult {
+struct DISTLOCK_EXPORT ScriptResult : FenceResult {
   RedisValue reply;
 };
 
 /// The Redis key holding the fence of `key`: key + ":distlock-fence".
-std::string fence_key_for(std::string_view key);
+DISTLOCK_EXPORT std::string fence_key_for(std::string_view key);
 
 /// Fenced writes to a resource stored in Redis. Every write is one EVALSHA of a
 /// script that compares the token with the key's fence, records it, and writes,
 /// atomically on the server.
-class RedisFence {
+class DISTLOCK_EXPORT RedisFence {
  public:
   /// `url` is a redis:// URL as for `connect()` (user, password, db, ?timeout=).
   /// Connects lazily; throws errc::invalid_url for a malformed or non-redis URL.
@@ -175,7 +184,7 @@ class RedisFence {
 /// flock where OFD locks are missing), compares and records the token, runs the
 /// caller's write, and unlocks. Every writer of the resource must go through the
 /// same fence file.
-class FileFence {
+class DISTLOCK_EXPORT FileFence {
  public:
   /// The fence file is created (mode 0600) on first use; its directory must exist. It
   /// must be a regular file owned by the caller or root and is never reached through a
@@ -204,7 +213,7 @@ class FileFence {
 ///
 ///   distlock::FenceGuard fence;
 ///   fence.apply(lease.token(), [&] { cache[key] = value; });
-class FenceGuard {
+class DISTLOCK_EXPORT FenceGuard {
  public:
   /// Records `token` if it is >= the highest seen (an atomic maximum); true if it
   /// passed. Only a check: when the write that follows must not interleave with a

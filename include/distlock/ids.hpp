@@ -48,6 +48,15 @@
 //   std::string text = uuids.next().to_string();       // "01937c5e-...-7..."
 #pragma once
 
+#include "distlock/config.hpp"
+#include "distlock/export.hpp"
+
+// Installed with the other headers whether or not this build has the component; without it
+// the declarations below would compile and then fail to link, so say so here instead.
+#if !DISTLOCK_HAS_IDS
+#error "distlock was built without the ids component (DISTLOCK_WITH_IDS=OFF): check DISTLOCK_HAS_IDS"
+#endif
+
 #include <array>
 #include <chrono>
 #include <compare>
@@ -72,7 +81,7 @@ inline constexpr std::int64_t kDefaultEpochSeconds = 1654992000;
 
 /// UTC wall time in milliseconds, injectable for tests (a clock that jumps back, a frozen
 /// millisecond). Implementations must be safe to call from any thread.
-class WallClock {
+class DISTLOCK_EXPORT WallClock {
  public:
   virtual ~WallClock() = default;
   /// Milliseconds since 1970-01-01T00:00:00Z.
@@ -82,11 +91,11 @@ class WallClock {
 };
 
 /// std::chrono::system_clock (CLOCK_REALTIME), process-wide.
-std::shared_ptr<WallClock> system_wall_clock();
+DISTLOCK_EXPORT std::shared_ptr<WallClock> system_wall_clock();
 
 // ---- redis-daily ------------------------------------------------------------------------
 
-struct RedisDailyOptions {
+struct DISTLOCK_EXPORT RedisDailyOptions {
   /// Key namespace: the counter key is `icr:<prefix>:<yyyy:MM:dd>`. Default "id". Must be
   /// non-empty, at most 256 bytes, without NUL, CR or LF.
   std::string prefix = "id";
@@ -105,22 +114,24 @@ struct RedisDailyOptions {
 };
 
 /// The two fields of a redis-daily id.
-struct RedisDailyParts {
+struct DISTLOCK_EXPORT RedisDailyParts {
   std::int64_t unix_seconds = 0;  ///< when it was issued (UTC seconds since 1970)
   std::uint32_t counter = 0;      ///< the day counter's value (1 for the day's first id)
   auto operator<=>(const RedisDailyParts&) const = default;
 };
 
 /// Splits a redis-daily id. Throws errc::invalid_argument if the sign bit is set.
-RedisDailyParts decode_redis_daily(std::uint64_t id, std::int64_t epoch_seconds = kDefaultEpochSeconds);
+DISTLOCK_EXPORT RedisDailyParts decode_redis_daily(std::uint64_t id,
+                                                   std::int64_t epoch_seconds = kDefaultEpochSeconds);
 /// The inverse of decode (exposed for tests and tools). Throws errc::invalid_argument if the
 /// time is before the epoch or beyond the 31-bit field.
-std::uint64_t encode_redis_daily(RedisDailyParts parts, std::int64_t epoch_seconds = kDefaultEpochSeconds);
+DISTLOCK_EXPORT std::uint64_t encode_redis_daily(RedisDailyParts parts,
+                                                 std::int64_t epoch_seconds = kDefaultEpochSeconds);
 /// The counter key for a UTC day: "icr:<prefix>:<yyyy:MM:dd>".
-std::string redis_daily_key(std::string_view prefix, std::int64_t unix_seconds);
+DISTLOCK_EXPORT std::string redis_daily_key(std::string_view prefix, std::int64_t unix_seconds);
 
 /// The seed document's generator over one Redis server.
-class RedisDailyGenerator {
+class DISTLOCK_EXPORT RedisDailyGenerator {
  public:
   /// Connects to `redis_url` (redis://[user:password@]host:port[/db][?timeout=DUR]).
   /// Throws errc::invalid_url, errc::invalid_argument, errc::backend_unavailable,
@@ -149,7 +160,7 @@ class RedisDailyGenerator {
 inline constexpr unsigned kSnowflakeWorkers = 1024;        ///< 10 bits
 inline constexpr unsigned kSnowflakeSequencePerMs = 4096;  ///< 12 bits
 
-struct SnowflakeOptions {
+struct DISTLOCK_EXPORT SnowflakeOptions {
   /// Worker-id locks are named `idgen:<prefix>:worker:<n>`. Default "default". Generators
   /// with different prefixes have independent worker-id spaces (and may collide with each
   /// other's ids: use one prefix per id space).
@@ -173,7 +184,7 @@ struct SnowflakeOptions {
 };
 
 /// The three fields of a snowflake id.
-struct SnowflakeParts {
+struct DISTLOCK_EXPORT SnowflakeParts {
   std::int64_t unix_ms = 0;
   unsigned worker = 0;
   unsigned sequence = 0;
@@ -181,10 +192,11 @@ struct SnowflakeParts {
 };
 
 /// Splits a snowflake id. Throws errc::invalid_argument if the sign bit is set.
-SnowflakeParts decode_snowflake(std::uint64_t id, std::int64_t epoch_ms = kDefaultEpochSeconds * 1000);
+DISTLOCK_EXPORT SnowflakeParts decode_snowflake(std::uint64_t id,
+                                                std::int64_t epoch_ms = kDefaultEpochSeconds * 1000);
 
 /// Snowflake ids with a worker id leased through a distlock backend.
-class SnowflakeGenerator {
+class DISTLOCK_EXPORT SnowflakeGenerator {
  public:
   /// Leases the first free worker id: try_acquire of `idgen:<prefix>:worker:<n>` for
   /// n = 0..1023. Throws errc::exhausted (all 1024 leased), errc::invalid_argument, or the
@@ -226,7 +238,7 @@ class SnowflakeGenerator {
 // ---- uuid7 ------------------------------------------------------------------------------
 
 /// A 128-bit UUID, compared by its bytes (for UUIDv7 that is time order).
-struct Uuid {
+struct DISTLOCK_EXPORT Uuid {
   std::array<std::uint8_t, 16> bytes{};
 
   /// Canonical 8-4-4-4-12 lower-case text.
@@ -245,7 +257,7 @@ struct Uuid {
   auto operator<=>(const Uuid&) const = default;
 };
 
-struct Uuid7Options {
+struct DISTLOCK_EXPORT Uuid7Options {
   /// Default: system_wall_clock().
   std::shared_ptr<WallClock> clock{};
 };
@@ -256,7 +268,7 @@ struct Uuid7Options {
 /// one millisecond ahead of the clock, and a clock that goes back is ignored (the
 /// generator's timestamp never decreases), so ids from one generator strictly increase.
 /// rand_b (62 bits) comes from getrandom(2).
-class Uuid7Generator {
+class DISTLOCK_EXPORT Uuid7Generator {
  public:
   explicit Uuid7Generator(Uuid7Options opts = {});
   ~Uuid7Generator();

@@ -22,13 +22,14 @@
 #include <system_error>
 
 #include "distlock/clock.hpp"
+#include "distlock/export.hpp"
 
 namespace distlock {
 
 using Millis = std::chrono::milliseconds;
 
 /// Per-lock settings.
-struct LockOptions {
+struct DISTLOCK_EXPORT LockOptions {
   /// Lease length on the server. Default 30 s. Must be >= 100 ms (min_ttl) and
   /// <= 366 days (max_ttl): the lease is renewed while held, so the TTL only bounds
   /// how long a crashed holder blocks others.
@@ -84,7 +85,7 @@ struct LockOptions {
 enum class LogLevel { debug, info, warning, error };
 
 /// Per-client settings.
-struct ClientOptions {
+struct DISTLOCK_EXPORT ClientOptions {
   /// Time to establish a connection to a server. Default 2 s. A `timeout=` query
   /// parameter in the URL overrides it (and `command_timeout`). Both must be in
   /// (0, 1 h].

@@ -38,11 +38,12 @@
 #include <vector>
 
 #include "distlock/client.hpp"
+#include "distlock/export.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
 
-class Semaphore {
+class DISTLOCK_EXPORT Semaphore {
  public:
   /// Prefer `Client::semaphore`. Stores (or checks) the permit count on the server:
   /// throws errc::invalid_argument for a bad name, permits outside 1..1024 or a

@@ -53,6 +53,7 @@
 #include <system_error>
 
 #include "distlock/client.hpp"
+#include "distlock/export.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
@@ -70,7 +71,7 @@ class Engine;
 /// slot, a writer's the intent lock and every slot, and the hold is lost when ANY of
 /// them is lost (stop token fired, owns() false, on_lost callbacks run once).
 /// Thread-safety: as Lease (const members from any thread; release() from one).
-class ReadWriteLease {
+class DISTLOCK_EXPORT ReadWriteLease {
  public:
   ReadWriteLease() noexcept = default;
   ReadWriteLease(ReadWriteLease&&) noexcept;
@@ -110,13 +111,13 @@ class ReadWriteLease {
 
  private:
   friend class SharedMutex;
-  ReadWriteLease(std::shared_ptr<detail::Engine> engine,
-                 std::shared_ptr<detail::ReadWriteHold> hold) noexcept;
+  DISTLOCK_NO_EXPORT ReadWriteLease(std::shared_ptr<detail::Engine> engine,
+                                    std::shared_ptr<detail::ReadWriteHold> hold) noexcept;
   std::shared_ptr<detail::Engine> engine_;
   std::shared_ptr<detail::ReadWriteHold> hold_;
 };
 
-class SharedMutex {
+class DISTLOCK_EXPORT SharedMutex {
  public:
   /// Prefer `Client::shared_mutex`. `max_readers` (R): 0 = the stored value, or
   /// kDefaultMaxReaders for a new lock; otherwise 1..1024, and a value other than

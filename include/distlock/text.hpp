@@ -16,6 +16,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "distlock/export.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
@@ -23,26 +24,26 @@ namespace distlock {
 /// Whether `name` is a lock name (not empty, at most 4096 bytes, no NUL byte; any other bytes,
 /// '/', spaces and UTF-8 included, are fine on every backend): an empty error_code, or
 /// errc::invalid_argument with `why` naming the problem.
-std::error_code validate_name(std::string_view name, std::string& why);
+DISTLOCK_EXPORT std::error_code validate_name(std::string_view name, std::string& why);
 /// The same; throws std::system_error(errc::invalid_argument) naming the problem.
-void validate_name(std::string_view name);
+DISTLOCK_EXPORT void validate_name(std::string_view name);
 
 /// "250ms", "10s", "2m", "1h" or "1500" (milliseconds); std::nullopt if malformed, negative,
 /// fractional or too large for Millis.
-std::optional<Millis> parse_duration(std::string_view text);
+DISTLOCK_EXPORT std::optional<Millis> parse_duration(std::string_view text);
 
 /// `url` masked for a log line or message: from the first ':' after "://" to the last '@'
 /// (a superset of any password it could hold), even when it does not parse.
-std::string redact_url(std::string_view url);
+DISTLOCK_EXPORT std::string redact_url(std::string_view url);
 
 /// The scheme of `url` ("redis", "etcd", ...). Throws std::system_error(errc::invalid_url)
 /// with a masked message if `url` does not parse.
-std::string url_scheme(std::string_view url);
+DISTLOCK_EXPORT std::string url_scheme(std::string_view url);
 
 /// `url` with its password set to `password` (percent-encoded; the user is kept), or without
 /// its password. Throw std::system_error(errc::invalid_url) with a masked message if `url`
 /// does not parse.
-std::string url_with_password(std::string_view url, std::string_view password);
-std::string url_without_password(std::string_view url);
+DISTLOCK_EXPORT std::string url_with_password(std::string_view url, std::string_view password);
+DISTLOCK_EXPORT std::string url_without_password(std::string_view url);
 
 }  // namespace distlock

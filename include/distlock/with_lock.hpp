@@ -46,15 +46,15 @@
 #include <utility>
 
 #include "distlock/client.hpp"
+#include "distlock/export.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
 
-namespace detail {
-/// After fn returned: throws errc::lost if the lease was lost, else releases it
-/// (release failures other than a loss are not thrown; see with_lock.hpp).
-void finish_with_lock(Lease& lease);
-}  // namespace detail
+/// with_lock's last step, out of line (so it is part of the library's ABI, not an
+/// internal): after fn returned, throws errc::lost if the lease was lost, else releases it
+/// (release failures other than a loss are not thrown: the lease then expires by its TTL).
+DISTLOCK_EXPORT void finish_with_lock(Lease& lease);
 
 template <class Fn>
 requires std::invocable<Fn, std::uint64_t, std::stop_token> || std::invocable<Fn, std::stop_token>
@@ -71,10 +71,10 @@ decltype(auto) with_lock(Client& client, std::string_view name, const LockOption
   using R = decltype(call());
   if constexpr (std::is_void_v<R>) {
     call();
-    detail::finish_with_lock(lease);
+    finish_with_lock(lease);
   } else {
     R result = call();
-    detail::finish_with_lock(lease);
+    finish_with_lock(lease);
     return static_cast<R>(std::forward<R>(result));
   }
 }

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 
 namespace distlock::cli {
@@ -74,7 +75,7 @@ bool parse_num(std::string_view s, T& out) {
 
 std::optional<OnceMark> read_once_mark(Client& client, const std::string& name) {
   std::error_code ec;
-  std::optional<std::string> v = client.engine()->backend().get_record(once_key(name), ec);
+  std::optional<std::string> v = detail::engine_of(client)->backend().get_record(once_key(name), ec);
   if (ec) record_error(client, ec, "cannot read the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
   if (!v) return std::nullopt;
   std::vector<std::string_view> fields;
@@ -102,7 +103,7 @@ void write_once_mark(Client& client, const std::string& name, const OnceMark& ma
   std::error_code ec;
   const std::string value = std::to_string(mark.slot) + "\n" + std::to_string(mark.token) + "\n" +
                             std::to_string(mark.unix_ms) + "\n" + std::to_string(mark.fired_unix_ms);
-  client.engine()->backend().put_record(once_key(name), value, detail::PutMode::always, ec);
+  detail::engine_of(client)->backend().put_record(once_key(name), value, detail::PutMode::always, ec);
   if (ec)
     record_error(client, ec, "cannot write the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
 }

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "core/url.hpp"
 #include "core/url_keys.hpp"
@@ -449,10 +450,6 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   return Client(std::move(engine));
 }
 
-Client connect_with_engine(std::shared_ptr<detail::Engine> engine) {
-  return Client(std::move(engine));
-}
-
 // ---- Mutex -----------------------------------------------------------------
 
 Mutex::Mutex(Client client, std::string name, LockOptions opts)
@@ -460,13 +457,13 @@ Mutex::Mutex(Client client, std::string name, LockOptions opts)
 
 void Mutex::lock() {
   std::error_code ec;
-  auto held = client_.engine()->acquire(name_, opts_, std::nullopt, ec, Engine::Reentry::by_thread);
+  auto held = detail::engine_of(client_)->acquire(name_, opts_, std::nullopt, ec, Engine::Reentry::by_thread);
   if (ec) throw_acquire_error(ec, name_, opts_);
 }
 
 bool Mutex::try_lock() {
   std::error_code ec;
-  auto held = client_.engine()->acquire(name_, opts_, Millis(0), ec, Engine::Reentry::by_thread);
+  auto held = detail::engine_of(client_)->acquire(name_, opts_, Millis(0), ec, Engine::Reentry::by_thread);
   if (ec == errc::busy) return false;
   if (ec) throw_acquire_error(ec, name_, opts_);
   return true;
@@ -475,7 +472,7 @@ bool Mutex::try_lock() {
 bool Mutex::try_lock_for_ms(std::optional<Millis> d) {
   std::error_code ec;
   if (d) d = std::max(*d, Millis(0));
-  auto held = client_.engine()->acquire(name_, opts_, d, ec, Engine::Reentry::by_thread);
+  auto held = detail::engine_of(client_)->acquire(name_, opts_, d, ec, Engine::Reentry::by_thread);
   if (ec == errc::busy || ec == errc::timeout) return false;
   if (ec) throw_acquire_error(ec, name_, opts_);
   return true;
@@ -485,7 +482,7 @@ void Mutex::unlock(std::error_code& ec) noexcept {
   ec.clear();
   std::shared_ptr<HeldLock> held;
   try {
-    held = client_.engine()->held_by_this_thread(name_);
+    held = detail::engine_of(client_)->held_by_this_thread(name_);
   } catch (...) {
     ec = make_error_code(errc::protocol_error);
     return;
@@ -494,7 +491,7 @@ void Mutex::unlock(std::error_code& ec) noexcept {
     ec = make_error_code(errc::not_owner);
     return;
   }
-  client_.engine()->release(held, ec);
+  detail::engine_of(client_)->release(held, ec);
 }
 
 void Mutex::unlock() {
@@ -509,7 +506,7 @@ void Mutex::unlock() {
 }
 
 std::uint64_t Mutex::token() const {
-  auto held = client_.engine()->held_by_this_thread(name_);
+  auto held = detail::engine_of(client_)->held_by_this_thread(name_);
   if (!held)
     throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
   if (!held->has_token) throw_error(make_error_code(errc::not_supported), "backend issues no fencing tokens");
@@ -517,7 +514,7 @@ std::uint64_t Mutex::token() const {
 }
 
 std::stop_token Mutex::stop_token() const {
-  auto held = client_.engine()->held_by_this_thread(name_);
+  auto held = detail::engine_of(client_)->held_by_this_thread(name_);
   if (!held)
     throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
   return held->stop.get_token();
@@ -525,7 +522,7 @@ std::stop_token Mutex::stop_token() const {
 
 bool Mutex::owns() const noexcept {
   try {
-    auto held = client_.engine()->held_by_this_thread(name_);
+    auto held = detail::engine_of(client_)->held_by_this_thread(name_);
     return held && held->owns();
   } catch (...) {
     return false;
@@ -534,7 +531,7 @@ bool Mutex::owns() const noexcept {
 
 LossReason Mutex::loss_reason() const noexcept {
   try {
-    auto held = client_.engine()->held_by_this_thread(name_);
+    auto held = detail::engine_of(client_)->held_by_this_thread(name_);
     return held ? held->public_reason() : LossReason::none;
   } catch (...) {
     return LossReason::none;
@@ -542,13 +539,13 @@ LossReason Mutex::loss_reason() const noexcept {
 }
 
 std::string Mutex::loss_detail() const {
-  auto held = client_.engine()->held_by_this_thread(name_);
+  auto held = detail::engine_of(client_)->held_by_this_thread(name_);
   return held ? held->public_detail() : std::string();
 }
 
 int Mutex::hold_count() const noexcept {
   try {
-    auto held = client_.engine()->held_by_this_thread(name_);
+    auto held = detail::engine_of(client_)->held_by_this_thread(name_);
     return held ? held->hold_count.load() : 0;
   } catch (...) {
     return 0;

@@ -8,6 +8,7 @@
 #include <charconv>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 
 namespace distlock {
@@ -87,8 +88,8 @@ Lease Election::campaign(std::string_view value, std::error_code& ec) noexcept {
     Lease lease = client_.acquire(lock_name_, opts_, ec);
     if (ec) return {};
     const std::uint64_t term = lease.has_token() ? lease.token() : 0;
-    client_.engine()->backend().put_record(lock_name_, encode_record(term, value), detail::PutMode::always,
-                                           ec);
+    detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
+                                                     detail::PutMode::always, ec);
     if (ec) {
       std::error_code ignored;
       lease.release(ignored);  // a leader whose value is not written does not stay leader
@@ -119,7 +120,8 @@ Lease Election::campaign(std::string_view value) {
   }
   const std::uint64_t term = lease.has_token() ? lease.token() : 0;
   std::error_code ec;
-  client_.engine()->backend().put_record(lock_name_, encode_record(term, value), detail::PutMode::always, ec);
+  detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
+                                                   detail::PutMode::always, ec);
   if (ec) {
     std::string detail = detail::take_error_detail();
     std::error_code ignored;
@@ -148,7 +150,8 @@ void Election::proclaim(const Lease& leadership, std::string_view value) {
   }
   const std::uint64_t term = leadership.has_token() ? leadership.token() : 0;
   std::error_code ec;
-  client_.engine()->backend().put_record(lock_name_, encode_record(term, value), detail::PutMode::always, ec);
+  detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
+                                                   detail::PutMode::always, ec);
   if (ec) fail(ec, "election \"" + printable(name_) + "\": proclaim");
   ring();
 }
@@ -177,7 +180,7 @@ void Election::ring() noexcept {
 
 std::optional<Leader> Election::read(std::error_code& ec) {
   ec.clear();
-  const auto& engine = client_.engine();
+  const auto& engine = detail::engine_of(client_);
   LockInfo info = engine->status(lock_name_, ec);
   if (ec) return std::nullopt;
   if (!info.held) return std::nullopt;
@@ -208,7 +211,7 @@ std::optional<Leader> Election::leader() {
 }
 
 std::optional<Leader> Election::observe(std::optional<std::uint64_t> after_term, std::optional<Millis> wait) {
-  const auto& engine = client_.engine();
+  const auto& engine = detail::engine_of(client_);
   if (engine->forked()) throw_error(make_error_code(errc::forked), "election used in a forked child");
   if (!engine->capabilities().fencing) {
     throw_error(make_error_code(errc::not_supported),

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "core/primitives.hpp"
 
@@ -37,7 +38,8 @@ Semaphore::Semaphore(Client client, std::string name, int permits, LockOptions o
         what + ": permits must be 1.." + std::to_string(kMaxPermits) + ", not " + std::to_string(permits));
   }
   if (auto ec = opts_.validate_and_fill()) throw_error(ec, what + ": invalid lock options");
-  permits_ = detail::define_size(*client_.engine(), definition_key(name_), permits, permits, what, "permits");
+  permits_ = detail::define_size(*detail::engine_of(client_), definition_key(name_), permits, permits, what,
+                                 "permits");
   locks_.reserve(static_cast<std::size_t>(permits_));
   for (int i = 0; i < permits_; ++i) locks_.push_back(permit_lock_name(i));
 }
@@ -49,7 +51,7 @@ std::optional<Lease> Semaphore::take(std::optional<Millis> wait, std::error_code
   std::vector<std::string> order;
   order.reserve(locks_.size());
   for (std::size_t i = 0; i < locks_.size(); ++i) order.push_back(locks_[(start + i) % locks_.size()]);
-  const auto& engine = client_.engine();
+  const auto& engine = detail::engine_of(client_);
   auto held = engine->acquire_any(order, opts_, wait, ec);
   if (ec) return std::nullopt;
   return Lease(engine, std::move(held));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "core/primitives.hpp"
 
@@ -65,7 +66,7 @@ std::mutex g_holds_mu;
 std::map<std::string, std::shared_ptr<Hold>, std::less<>> g_holds;
 
 std::string hold_key(const detail::SharedMutexState& st) {
-  std::string key = detail::owner_for_this_thread(st.client.engine()->client_id());
+  std::string key = detail::owner_for_this_thread(detail::engine_of(st.client)->client_id());
   key.push_back('\0');
   key.append(st.name);
   return key;
@@ -104,7 +105,7 @@ void release_all(Engine& engine, std::vector<std::shared_ptr<HeldLock>>& parts) 
 // loss; nullptr with `ec` set when not taken.
 std::shared_ptr<Hold> acquire_hold(detail::SharedMutexState& st, bool exclusive, std::optional<Millis> wait,
                                    std::error_code& ec) {
-  Engine& engine = *st.client.engine();
+  Engine& engine = *detail::engine_of(st.client);
   const auto& clock = engine.clock();
   const Clock::time_point start = clock->now();
   auto hold = std::make_shared<Hold>();
@@ -182,7 +183,7 @@ SharedMutex::SharedMutex(Client client, std::string name, LockOptions opts, int 
                                                              std::to_string(max_readers));
   }
   if (auto ec = st.opts.validate_and_fill()) throw_error(ec, st.what + ": invalid lock options");
-  st.readers = detail::define_size(*st.client.engine(), definition_key(st.name), max_readers,
+  st.readers = detail::define_size(*detail::engine_of(st.client), definition_key(st.name), max_readers,
                                    kDefaultMaxReaders, st.what, "reader slots");
   st.intent = intent_lock_name(st.name);
   st.slots.reserve(static_cast<std::size_t>(st.readers));
@@ -268,12 +269,12 @@ void SharedMutex::unlock() {
   auto hold = take_hold(*state_, true, "unlock");
   std::vector<std::shared_ptr<HeldLock>> parts{hold->intent};
   parts.insert(parts.end(), hold->slots.begin(), hold->slots.end());
-  release_all(*state_->client.engine(), parts);
+  release_all(*detail::engine_of(state_->client), parts);
 }
 
 void SharedMutex::unlock_shared() {
   auto hold = take_hold(*state_, false, "unlock_shared");
-  release_all(*state_->client.engine(), hold->slots);
+  release_all(*detail::engine_of(state_->client), hold->slots);
 }
 
 void SharedMutex::downgrade() {
@@ -296,7 +297,7 @@ void SharedMutex::downgrade() {
     hold->intent.reset();
     hold->slots = {kept};
   }
-  release_all(*st.client.engine(), parts);
+  release_all(*detail::engine_of(st.client), parts);
 }
 
 std::uint64_t SharedMutex::token() const {
@@ -358,7 +359,7 @@ ReadWriteLease SharedMutex::acquire_lease(bool exclusive) {
   std::error_code ec;
   auto hold = acquire_hold(st, exclusive, st.opts.wait, ec);
   if (ec) throw_lock_error(ec, st.what, exclusive);
-  return ReadWriteLease(st.client.engine(), std::move(hold));
+  return ReadWriteLease(detail::engine_of(st.client), std::move(hold));
 }
 
 // ---- ReadWriteLease ----------------------------------------------------------

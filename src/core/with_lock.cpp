@@ -3,7 +3,7 @@
 
 #include <string>
 
-namespace distlock::detail {
+namespace distlock {
 
 void finish_with_lock(Lease& lease) {
   const bool lost = !lease.owns();
@@ -18,4 +18,4 @@ void finish_with_lock(Lease& lease) {
   }
 }
 
-}  // namespace distlock::detail
+}  // namespace distlock

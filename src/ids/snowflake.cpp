@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
@@ -124,7 +125,7 @@ struct SnowflakeGenerator::Impl {
   void lease_worker() {
     LockOptions lock_opts = opts.lease;
     lock_opts.wait = Millis(0);
-    const auto& engine = client.engine();
+    const auto& engine = distlock::detail::engine_of(client);
     std::uint8_t bytes[8];
     pool.fill(bytes, sizeof bytes);
     std::memcpy(&nonce, bytes, sizeof nonce);

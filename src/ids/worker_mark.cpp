@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "core/url.hpp"
 #include "distlock/error.hpp"
@@ -222,7 +223,7 @@ class RedisMarkStore final : public WorkerMarkStore {
 }  // namespace
 
 std::unique_ptr<WorkerMarkStore> make_mark_store(const Client& client) {
-  const std::string& text = client.engine()->source_url();
+  const std::string& text = distlock::detail::engine_of(client)->source_url();
   if (text.empty()) return nullptr;
   distlock::detail::Url url;
   std::string why;
@@ -233,7 +234,7 @@ std::unique_ptr<WorkerMarkStore> make_mark_store(const Client& client) {
   }
   if (url.scheme == "file") return std::make_unique<FileMarkStore>(url.path);
   if (url.scheme == "redis" || url.scheme == "rediss") {
-    ClientOptions co = client.engine()->options();
+    ClientOptions co = distlock::detail::engine_of(client)->options();
     std::error_code ec;
     redis::ConnectionOptions ro = redis::options_from_url(url, 0, co, ec, why);
     if (ec) throw_error(ec, why);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/job_guard.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/backend_targets.hpp"
@@ -86,7 +87,7 @@ TEST_P(JobsConformance, OncePerGivesAtMostOneRunPerSlot) {
   auto probe = client();
   {
     std::error_code ec;
-    probe.engine()->backend().get_record("jobs/once-probe", ec);
+    distlock::detail::engine_of(probe)->backend().get_record("jobs/once-probe", ec);
     if (ec == errc::not_supported) {
       // No records: the protocol refuses (distlock run --once-per exits 64 naming it).
       try {

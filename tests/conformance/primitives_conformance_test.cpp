@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/backend_targets.hpp"
@@ -178,7 +179,7 @@ class Primitives : public ::testing::TestWithParam<Kind> {
   void erase_record(const std::string& key) {
     auto c = client();
     std::error_code ec;
-    c.engine()->backend().erase_record(key, ec);
+    distlock::detail::engine_of(c)->backend().erase_record(key, ec);
     EXPECT_FALSE(ec) << ec.message();
   }
   void expect_nothing_left() {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "etcd_cluster.hpp"
@@ -23,7 +24,7 @@ using detail::PutMode;
 using Steady = std::chrono::steady_clock;
 
 detail::Backend& backend_of(Client& c) {
-  return c.engine()->backend();
+  return distlock::detail::engine_of(c)->backend();
 }
 
 LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {

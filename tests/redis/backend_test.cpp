@@ -9,6 +9,7 @@
 #include <span>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
@@ -131,7 +132,7 @@ TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndTheServerDoesNotReenter) {
 
   // The server does not re-enter: a second acquisition under an owner id already
   // in the hash is busy (RedisOwners.AnOwnerAlreadyInTheHashIsBusyNotHandedTheSameToken).
-  auto& backend = client.engine()->backend();
+  auto& backend = distlock::detail::engine_of(client)->backend();
   std::error_code ec;
   const distlock::detail::AcquireRequest req{"re", "owner-x:1", Millis(5000)};
   auto first = backend.try_acquire(req, ec);
@@ -262,7 +263,7 @@ TEST_F(RedisBackend, RenewalThatFindsAnotherOwnerMarksTheLeaseLost) {
   auto theirs = other.acquire("stolen", ttl_of(30s));
   EXPECT_EQ(client.renew_now(), 0u);
   EXPECT_TRUE(lease.stop_token().stop_requested());
-  client.engine()->drain_events();  // on_lost runs on the event thread
+  distlock::detail::engine_of(client)->drain_events();  // on_lost runs on the event thread
   EXPECT_TRUE(called.load());
   EXPECT_FALSE(lease.owns());
   std::error_code ec;
@@ -391,7 +392,7 @@ TEST_F(RedisBadInput, UnlockWhenNotHeldAndFromAnotherThread) {
   mine.unlock();
 
   // A raw release by an owner that holds nothing deletes nothing.
-  EXPECT_EQ(client.engine()->backend().release("victim", "not-the-owner:1", 0, ec),
+  EXPECT_EQ(distlock::detail::engine_of(client)->backend().release("victim", "not-the-owner:1", 0, ec),
             distlock::detail::ReleaseStatus::not_owner);
   EXPECT_FALSE(ec);
 }

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/lock_scripts.hpp"
@@ -344,7 +345,7 @@ std::string owner_of(char c, int seq) {
 distlock::detail::AcquireResult raw_acquire(Client& c, const std::string& name, const std::string& owner,
                                             Millis ttl, bool queued, std::error_code& ec) {
   distlock::detail::AcquireRequest req{name, owner, ttl, queued};
-  return c.engine()->backend().try_acquire(req, ec);
+  return distlock::detail::engine_of(c)->backend().try_acquire(req, ec);
 }
 
 // ---------------------------------------------------------------------------
@@ -390,7 +391,7 @@ TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
       EXPECT_EQ(server.command({"EXISTS", key + ":q"})->integer, 0);
       EXPECT_EQ(server.command({"EXISTS", key + ":qx"})->integer, 0);
       std::error_code rec;
-      w2c.engine()->backend().release(name, w2, r2.token, rec);
+      distlock::detail::engine_of(w2c)->backend().release(name, w2, r2.token, rec);
       continue;
     }
     EXPECT_FALSE(r2.acquired) << "variant " << variant
@@ -402,12 +403,12 @@ TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
     EXPECT_TRUE(c1.acquired);
     EXPECT_GT(c1.token, htoken);
     std::error_code rec;
-    w1c.engine()->backend().release(name, w1, c1.token, rec);
+    distlock::detail::engine_of(w1c)->backend().release(name, w1, c1.token, rec);
     EXPECT_EQ(server_holder(server, name), w2);
     auto c2 = raw_acquire(w2c, name, w2, 3000ms, true, ec);
     EXPECT_TRUE(c2.acquired);
     EXPECT_GT(c2.token, c1.token);
-    w2c.engine()->backend().release(name, w2, c2.token, rec);
+    distlock::detail::engine_of(w2c)->backend().release(name, w2, c2.token, rec);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/cs_log.hpp"
@@ -138,7 +139,7 @@ TEST(RedisFaults, ServerPausedPastTheTtlHolderGivesUpBeforeTheServerExpiresIt) {
   while (!lease.stop_token().stop_requested() && since(paused_at) < 5s) std::this_thread::sleep_for(5ms);
   RecordProperty("stop_signal_after_pause_ms", static_cast<int>(since(paused_at).count()));
   EXPECT_TRUE(lease.stop_token().stop_requested());
-  client.engine()->drain_events();  // on_lost runs on the event thread
+  distlock::detail::engine_of(client)->drain_events();  // on_lost runs on the event thread
   EXPECT_TRUE(lost.load());
   server.resume();
   std::error_code ec;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
@@ -245,7 +246,7 @@ TEST(RedisHandOffReview, TryAcquireNeitherQueuesNorJumpsTheQueue) {
   Client w = distlock::connect(server.url());
   Client t = distlock::connect(server.url());
   // A holder that never renews: one raw backend acquisition with a 400 ms TTL.
-  auto& backend = h.engine()->backend();
+  auto& backend = distlock::detail::engine_of(h)->backend();
   const std::string owner = "0123456789abcdef0123456789abcdef:9.1";
   distlock::detail::AcquireRequest req{"jump", owner, Millis(400), false};
   std::error_code ec;

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
@@ -38,7 +39,7 @@ LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
 }
 
 distlock::detail::RedisStats stats_of(const Client& c) {
-  auto st = distlock::detail::redis_stats(c.engine()->backend());
+  auto st = distlock::detail::redis_stats(distlock::detail::engine_of(c)->backend());
   EXPECT_TRUE(st.has_value());
   return st.value_or(distlock::detail::RedisStats{});
 }
@@ -143,7 +144,7 @@ TEST(RedisHandOff, GivingUpLeavesTheQueueAndARacingGrantIsHandedOn) {
   // The race, made deterministic on the backend: X queues, the holder's release
   // grants the lock to X's entry, and only then does X give up.
   Lease holder = holder_client.acquire("race", ttl_of(10s));
-  auto& backend = x.engine()->backend();
+  auto& backend = distlock::detail::engine_of(x)->backend();
   const std::string owner = "0123456789abcdef0123456789abcdef:7";
   distlock::detail::AcquireRequest req{"race", owner, Millis(10000), true};
   std::error_code ec;

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
-#include "redis/slots.hpp"
 #include "redis/slots.hpp"
 #include "support/redis_server.hpp"
 
@@ -208,7 +208,7 @@ TEST(RedisConfigCheck, ConfigDeniedIsADebugLineNotAFailure) {
 TEST(RedisOwners, AnOwnerAlreadyInTheHashIsBusyNotHandedTheSameToken) {
   RedisServer server;
   auto client = distlock::connect(server.url());
-  auto& backend = client.engine()->backend();
+  auto& backend = distlock::detail::engine_of(client)->backend();
   std::error_code ec;
   const distlock::detail::AcquireRequest req{"dup", "0123456789abcdef0123456789abcdef:1", Millis(5000)};
   const auto first = backend.try_acquire(req, ec);
@@ -268,7 +268,7 @@ TEST(RedisWatch, AFailedWatchLeavesNothingBehindAndSaysWhy) {
   RedisServer server;
   Admin admin(server.port());
   auto client = distlock::connect(server.url("?timeout=500ms"));
-  auto& backend = client.engine()->backend();
+  auto& backend = distlock::detail::engine_of(client)->backend();
   const std::string channel = "distlock:{full}:released";
   // A limit below the connections already open (the admin's, the client's pool):
   // those stay, the subscriber's new connection is refused with "max number of

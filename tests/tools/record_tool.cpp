@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
     opts.logger = [](distlock::LogLevel, std::string_view) {};
     distlock::Client client = distlock::connect(argv[1], opts);
     std::error_code ec;
-    client.engine()->backend().put_record(argv[2], argv[3], distlock::detail::PutMode::always, ec);
+    distlock::detail::engine_of(client)->backend().put_record(argv[2], argv[3],
+                                                              distlock::detail::PutMode::always, ec);
     if (ec) {
       std::fprintf(stderr, "put_record: %s %s\n", ec.message().c_str(),
                    distlock::detail::take_error_detail().c_str());

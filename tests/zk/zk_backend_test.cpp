@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "zk/zk_names.hpp"
@@ -30,7 +31,7 @@ Client connect_zk(const std::string& suffix = "?session_timeout=4s") {
 }
 
 detail::ZkStats stats_of(const Client& c) {
-  auto st = detail::zk_stats(c.engine()->backend());
+  auto st = detail::zk_stats(distlock::detail::engine_of(c)->backend());
   EXPECT_TRUE(st.has_value());
   return st.value_or(detail::ZkStats{});
 }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/cs_log.hpp"
@@ -74,7 +75,7 @@ void expect_no_orphan_after_pause(std::chrono::milliseconds pause, const std::st
   ASSERT_TRUE(holder.owns()) << "the holder's session must survive the pause";
   holder.release();
   EXPECT_TRUE(raw.children(dir).empty());
-  const auto st = detail::zk_stats(client.engine()->backend()).value();
+  const auto st = detail::zk_stats(distlock::detail::engine_of(client)->backend()).value();
   std::printf("after a %lld ms pause: sessions %llu, orphans removed by guid %llu\n",
               static_cast<long long>(pause.count()), static_cast<unsigned long long>(st.sessions),
               static_cast<unsigned long long>(st.orphans_removed));
@@ -127,14 +128,16 @@ TEST(ZkFault, RenewalThroughAFollowerConfirmsWithTheLeader) {
   // syncLimit, 2 s here, passes): a renewal must not take that as a confirmation.
   Lease held = client.acquire("follower/held", lo);
   ASSERT_EQ(client.renew_now(), 1u) << "healthy ensemble: the renewal confirms";
-  const auto syncs_before = detail::zk_stats(client.engine()->backend()).value().renew_syncs;
+  const auto syncs_before =
+      detail::zk_stats(distlock::detail::engine_of(client)->backend()).value().renew_syncs;
   ensemble.server(leader).pause();
   const auto paused_at = std::chrono::steady_clock::now();
   const std::size_t renewed = client.renew_now();
   const auto renew_took = std::chrono::steady_clock::now() - paused_at;
   ensemble.server(leader).resume();
   EXPECT_EQ(renewed, 0u) << "a follower cut off from its leader confirmed the lease";
-  EXPECT_GT(detail::zk_stats(client.engine()->backend()).value().renew_syncs, syncs_before);
+  EXPECT_GT(detail::zk_stats(distlock::detail::engine_of(client)->backend()).value().renew_syncs,
+            syncs_before);
   std::printf(
       "renewal through a follower with the leader paused: %zu renewed, %lld ms\n", renewed,
       static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(renew_took).count()));

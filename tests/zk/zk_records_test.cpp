@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "support/lock_tool.hpp"
@@ -32,7 +33,7 @@ Client connect_zk(const std::string& suffix = "?session_timeout=4s") {
 }
 
 detail::Backend& backend_of(Client& c) {
-  return c.engine()->backend();
+  return distlock::detail::engine_of(c)->backend();
 }
 
 LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
