@@ -97,7 +97,11 @@ struct DISTLOCK_EXPORT ClientOptions {
   /// Where diagnostics go. Default: warnings and errors to stderr; set
   /// DISTLOCK_LOG=debug|info|warning|error|off to change the threshold.
   std::function<void(LogLevel, std::string_view)> logger{};
-  /// The clock for every deadline. Default: std::chrono::steady_clock. Tests inject one.
+  /// The clock for every deadline (the engine's and the backends'). Default:
+  /// system_steady_clock(), CLOCK_BOOTTIME, which keeps counting while the host is
+  /// suspended, as the servers' lease timers do. Do not inject std::chrono::steady_clock
+  /// (CLOCK_MONOTONIC stops in a suspend: a lease would look valid after its server
+  /// expired it). Tests inject a manual clock.
   std::shared_ptr<Clock> clock{};
   /// Whether the client runs its background renewer thread. Tests of the engine
   /// turn it off and call the renewer's tick by hand. Default true.

@@ -21,7 +21,9 @@ class BootClock final : public Clock {
   void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
                   time_point deadline) override {
     // The condition variable waits on CLOCK_MONOTONIC, so the wait is relative and
-    // bounded; callers re-read now() and loop (a suspend ends the wait early).
+    // bounded; callers re-read now() and loop. A suspend makes the wait end late (the
+    // monotonic clock stops meanwhile), by at most the rest of `left`: callers that
+    // must not overrun bound their waits (the engine's watchdog waits at most 1 s).
     const auto left = deadline - now();
     if (left <= duration::zero()) return;
     cv.wait_for(lock, std::min<duration>(left, std::chrono::minutes(10)));

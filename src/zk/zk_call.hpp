@@ -14,7 +14,7 @@
 //   zk::Handle zh(zookeeper_init2(...));
 //   auto created = zk::submit_create(zh.get(), "/distlock/x/g-lock-", owner, acl, ZOO_EPHEMERAL_SEQUENTIAL);
 //   auto listed = zk::submit_children(zh.get(), "/distlock/x");   // same round trip
-//   if (zk::await(created, deadline) == ZOK) use(created->value, created->stat.czxid);
+//   if (zk::await(created, clock, deadline) == ZOK) use(created->value, created->stat.czxid);
 #pragma once
 
 #include <zookeeper/zookeeper.h>
