@@ -337,7 +337,11 @@ TEST_F(EngineEventsReview, ABlockingLoggerDelaysAnotherLeasesStopToken) {
   std::thread reporter([&] { distlock::detail::engine_of(c)->on_session_lost(); });
   const bool logger_entered = gate->wait_entered();
   const bool a_signalled = a.stop_token().stop_requested();
-  const bool b_signalled = b.stop_token().stop_requested();
+  // The logger runs on the event thread now and may enter a's line before the reporter
+  // reaches b: b must be signalled while the logger still blocks (bounded wait; the
+  // gate stays closed until then).
+  const bool b_signalled =
+      distlock::testing::eventually([&] { return b.stop_token().stop_requested(); }, kBound);
   gate->release();
   reporter.join();
   ASSERT_TRUE(logger_entered);
