@@ -10,12 +10,13 @@
 //   EngineEventsReview.OnLostInAForkedChildIsNeitherRunNorRefused          (regression of ee38150's series)
 //   EngineEventsReview.OnLostInAForkedChildDoesNotHangOnTheParentsEventQueueLock (regression; 8/8 runs,
 //       2-3 of 60 forks hang per run)
-//   EngineEventsReview.ABlockingLoggerDelaysAnotherLeasesStopToken          (pre-existing; contradicts the new docs)
-//   EngineEventsReview.ABlockingLoggerDelaysAReadWriteLeasesCombinedToken   (pre-existing; contradicts engine.hpp)
-//   EngineEventsReviewFile.AStopCallbackDroppingTheLastHandleOnTheNotifierThread (pre-existing crash)
+//   EngineEventsReview.ABlockingLoggerDelaysAnotherLeasesStopToken          (pre-existing; contradicts the
+//   new docs) EngineEventsReview.ABlockingLoggerDelaysAReadWriteLeasesCombinedToken   (pre-existing;
+//   contradicts engine.hpp) EngineEventsReviewFile.AStopCallbackDroppingTheLastHandleOnTheNotifierThread
+//   (pre-existing crash)
 // Every other test here passed from the start (release and TSan); all are kept as guards.
-#include <gtest/gtest.h>
 #include <execinfo.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -231,7 +232,8 @@ TEST_F(EngineEventsReview, TheWatchdogSignalsWhileTheEventThreadIsBlocked) {
   const bool signalled = f.wait_for(kBound) == std::future_status::ready;
   gate->release();
   ASSERT_TRUE(signalled) << "b's stop token waited for a's blocked on_lost callback";
-  EXPECT_NE(f.get(), distlock::detail::engine_of(c)->event_thread_id()) << "the stop signal came from the event thread";
+  EXPECT_NE(f.get(), distlock::detail::engine_of(c)->event_thread_id())
+      << "the stop signal came from the event thread";
   EXPECT_FALSE(b.owns());
 }
 
@@ -295,7 +297,7 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
   ASSERT_FALSE(b.owns());
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::alarm(5);  // a hang in the child ends it by SIGALRM
+    ::alarm(5);    // a hang in the child ends it by SIGALRM
     int code = 1;  // 1: silently dropped
     try {
       std::atomic<bool> ran{false};
@@ -310,8 +312,8 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
   int status = 0;
   for (int i = 0; i < 1000 && ::waitpid(pid, &status, WNOHANG) != pid; ++i) std::this_thread::sleep_for(10ms);
   gate->release();
-  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0)
-                                 << ")";
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
   EXPECT_EQ(WEXITSTATUS(status), 0)
       << "1: on_lost on a lost lease in the child neither ran nor was refused (queued for the parent's event "
          "thread, which the child does not have)";
@@ -431,8 +433,10 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueue
       ::_exit(0);
     }
     int status = 0;
-    for (int i = 0; i < 500 && ::waitpid(pid, &status, WNOHANG) != pid; ++i) std::this_thread::sleep_for(10ms);
-    if ((WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) || (WIFEXITED(status) && WEXITSTATUS(status) == 99)) {
+    for (int i = 0; i < 500 && ::waitpid(pid, &status, WNOHANG) != pid; ++i)
+      std::this_thread::sleep_for(10ms);
+    if ((WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ||
+        (WIFEXITED(status) && WEXITSTATUS(status) == 99)) {
       ++hung;
     } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       ++other;
@@ -441,7 +445,8 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueue
   stop = true;
   poster.join();
   distlock::detail::engine_of(c)->drain_events();
-  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in Lease::on_lost (events_mu_ inherited locked)";
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks
+                     << " children hung in Lease::on_lost (events_mu_ inherited locked)";
   EXPECT_EQ(other, 0);
 }
 

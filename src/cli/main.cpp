@@ -208,8 +208,9 @@ int main(int argc, char** argv) {
   add_leader_command(app, exit_code);
   add_list_command(app, exit_code);
   add_bench_command(app, exit_code);
-  app.add_subcommand("urls", "List the lock-service URL schemes this build supports, with every query key each "
-                             "one accepts (type, default, meaning)")
+  app.add_subcommand("urls",
+                     "List the lock-service URL schemes this build supports, with every query key each "
+                     "one accepts (type, default, meaning)")
       ->callback([] { std::fputs(distlock::describe_url_schemes().c_str(), stdout); });
 #if DISTLOCK_HAS_IDS
   add_id_command(app, exit_code);

@@ -27,7 +27,8 @@ std::error_code LockOptions::validate_and_fill(std::string& why) {
   };
   const auto ms = [](Millis d) { return std::to_string(d.count()) + "ms"; };
   if (ttl < min_ttl) return bad("lock ttl " + ms(ttl) + " is below the minimum of " + ms(min_ttl));
-  if (ttl > max_ttl) return bad("lock ttl " + ms(ttl) + " is above the maximum of " + ms(max_ttl) + " (366 days)");
+  if (ttl > max_ttl)
+    return bad("lock ttl " + ms(ttl) + " is above the maximum of " + ms(max_ttl) + " (366 days)");
   if (safety_margin.count() < 0) return bad("safety_margin " + ms(safety_margin) + " is negative");
   if (renew_interval.count() < 0) return bad("renew_interval " + ms(renew_interval) + " is negative");
   if (safety_margin.count() == 0) safety_margin = std::min<Millis>(ttl / 10, std::chrono::seconds(2));
@@ -64,8 +65,8 @@ std::error_code LockOptions::validate_and_fill() noexcept {
 }
 
 std::error_code ClientOptions::validate(std::string& why) const {
-  for (auto [field, value] : {std::pair{"connect_timeout", connect_timeout},
-                              std::pair{"command_timeout", command_timeout}}) {
+  for (auto [field, value] :
+       {std::pair{"connect_timeout", connect_timeout}, std::pair{"command_timeout", command_timeout}}) {
     if (value.count() <= 0 || value > std::chrono::hours(1)) {
       why = std::string(field) + " " + std::to_string(value.count()) + "ms is out of range (0, 1 h]";
       return make_error_code(errc::invalid_argument);

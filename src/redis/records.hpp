@@ -92,5 +92,4 @@ const Script& put_if_absent_script();
 void scan_keys(Connection& conn, std::string_view pattern,
                const std::function<void(std::string_view)>& on_key, std::error_code& ec, std::string& why);
 
-
 }  // namespace distlock::detail::redis

@@ -72,9 +72,10 @@ TEST(RedisTokens, NeverRepeatAfterTheCounterIsLost) {
   auto client = distlock::connect(server.url());
   const std::uint64_t before = issue(client, "evicted");
   // What an eviction (allkeys-* policies), a FLUSHALL or an operator's DEL does.
-  server.command({"DEL", "distlock:fence:{" +
-                            distlock::detail::redis::slot_tag(distlock::detail::redis::key_slot("distlock:{evicted}")) +
-                            "}"});
+  server.command(
+      {"DEL", "distlock:fence:{" +
+                  distlock::detail::redis::slot_tag(distlock::detail::redis::key_slot("distlock:{evicted}")) +
+                  "}"});
   const std::uint64_t after = issue(client, "evicted");
   EXPECT_GT(after, before);
 }

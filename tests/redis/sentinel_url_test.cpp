@@ -39,7 +39,8 @@ TEST(SentinelUrl, EachMalformedPartHasItsOwnError) {
   expect_error("redis+sentinel://:s3cr3t@127.0.0.1:99999/mymaster", errc::invalid_url, "out of range");
   expect_error("redis+sentinel://:s3cr3t@127.0.0.1/a/b", errc::invalid_url, "contains '/'");
   expect_error("redis+sentinel://:s3cr3t@127.0.0.1/m?wait=x", errc::invalid_url, "wait \"x\"");
-  expect_error("redis+sentinel://:s3cr3t@127.0.0.1/m?wait=-1", errc::invalid_url, "not a whole number in 0-100");
+  expect_error("redis+sentinel://:s3cr3t@127.0.0.1/m?wait=-1", errc::invalid_url,
+               "not a whole number in 0-100");
   expect_error("redis+sentinel://:s3cr3t@127.0.0.1/m?wait=101", errc::invalid_url,
                "not a whole number in 0-100");
   expect_error("redis+sentinel://:s3cr3t@127.0.0.1/m?wait_timeout=1s", errc::invalid_url, "needs wait=N");

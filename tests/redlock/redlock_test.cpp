@@ -326,7 +326,8 @@ TEST(Redlock, TheValidityCheckMeasuresTheRoundOnTheInjectedClock) {
   clock->set_step(0s);
   EXPECT_FALSE(slow.has_value()) << "a round longer than the TTL (by the client's clock) was taken as held";
   for (std::size_t i = 0; i < m.size(); ++i) {
-    EXPECT_EQ(m.get(i, kKeyPrefix + "slow-round"), "(nil)") << "master " << i << " kept the too-slow round's key";
+    EXPECT_EQ(m.get(i, kKeyPrefix + "slow-round"), "(nil)")
+        << "master " << i << " kept the too-slow round's key";
   }
   std::optional<Lease> quick = client.try_acquire("slow-round", opts);
   ASSERT_TRUE(quick.has_value()) << "the same round on a still clock is an acquisition";
