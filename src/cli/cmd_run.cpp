@@ -277,9 +277,6 @@ class RunLease {
   std::stop_token stop_token() const noexcept {
     return std::visit([](const auto& l) { return l.stop_token(); }, v_);
   }
-  void on_lost(std::function<void()> fn) {
-    std::visit([&fn](auto& l) { l.on_lost(std::move(fn)); }, v_);
-  }
   Millis remaining() const noexcept {
     return std::visit([](const auto& l) { return l.remaining(); }, v_);
   }
