@@ -103,6 +103,13 @@ class ChangeListener {
   virtual void on_session_lost() noexcept = 0;
   /// One lease is gone (its session ended, its node was deleted from outside).
   virtual void on_lease_lost(std::string_view name, std::string_view owner) noexcept = 0;
+  /// From now on a lease of this client is valid for at most `validity` after the send
+  /// time of the request that last confirmed it (ZooKeeper: the session timeout the
+  /// server granted on a reconnect, which an operator may have lowered). A held lease
+  /// whose validity was longer has its local deadline moved earlier by the difference
+  /// (it may pass at once: the lease is then lost), a lease acquired or renewed later
+  /// gets at most this validity, and nothing is ever lengthened.
+  virtual void on_validity_changed(Millis validity) noexcept = 0;
 };
 
 class Backend {

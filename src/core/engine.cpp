@@ -488,6 +488,9 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     // kept so that the outer unlock finds it again once this one is released.
     if (entry && !entry->released) held->displaced = entry;
     entry = held;
+    // A validity lowered while this grant was under way (its answer may have counted
+    // the old one).
+    cap_validity(*held, validity_cap_);
     // on_session_lost bumps the epoch and collects held_ under mu_: a session lost
     // after this grant was sent but before this insertion missed this lease.
     session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
@@ -699,6 +702,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   // Redlock's drift): renew on the validity's schedule, never after its deadline.
   held->opts.renew_interval = std::max(Millis(1), std::min(opts.renew_interval, held->validity / 3));
   if (opts.max_hold) held->set_hold_limit(sent + *opts.max_hold);
+  held->confirmed_sent = sent;
   if (caps_.needs_renewal) {
     held->set_deadline(std::min(sent + held->validity - opts.safety_margin, held->hold_limit()));
     held->next_renew = held->deadline() >= held->hold_limit() ? kNever : sent + held->opts.renew_interval;
@@ -863,6 +867,33 @@ void Engine::on_lease_lost(std::string_view name, std::string_view owner) noexce
     held = it->second;
   }
   declare_lost(held, LossReason::lease_ended, "the server ended its lease");
+}
+
+void Engine::on_validity_changed(Millis validity) noexcept {
+  if (validity.count() <= 0) return;
+  LockGuard lk(mu_);
+  validity_cap_ = validity;
+  for (auto& [k, h] : held_) {
+    if (!h->released && !h->lost.load()) cap_validity(*h, validity);
+  }
+}
+
+void Engine::cap_validity(HeldLock& h, Millis cap) {
+  if (cap.count() <= 0 || h.validity <= cap || !caps_.needs_renewal) return;
+  // Counted again from the last confirmation's send time with the new validity.
+  h.validity = cap;
+  h.opts.renew_interval = std::max(Millis(1), std::min(h.opts.renew_interval, cap / 3));
+  const Clock::time_point d = std::min(h.confirmed_sent + cap - h.opts.safety_margin, h.hold_limit());
+  if (d < h.deadline()) h.set_deadline(d);
+  // Confirm it again now, against the new validity, rather than on the old schedule
+  // (also when renewals had stopped because the deadline had reached the hold limit).
+  h.next_renew = h.deadline() >= h.hold_limit() ? kNever : std::min(h.next_renew, clock_->now());
+  renewer_cv_.notify_all();
+  if (watchdog_wake_ == Clock::time_point::min()) {
+    watchdog_rescan_ = true;
+  } else if (h.deadline() < watchdog_wake_) {
+    watchdog_cv_.notify_all();
+  }
 }
 
 void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason,
@@ -1146,6 +1177,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
           // Never past the hold limit: once the deadline reaches it, no more renewals.
           const Clock::time_point d = std::min(sent + h->validity - h->opts.safety_margin, h->hold_limit());
           if (d > h->deadline()) h->set_deadline(d);
+          h->confirmed_sent = std::max(h->confirmed_sent, sent);
           h->next_renew = h->deadline() >= h->hold_limit() ? kNever : sent + h->opts.renew_interval;
           ++renewed;
           break;

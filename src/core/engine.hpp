@@ -80,6 +80,9 @@ struct HeldLock {
   bool released = false;
   Clock::time_point next_renew{};
   bool renew_in_flight = false;
+  // Send time of the request that last confirmed the lease (grant or renewal): the
+  // deadline is confirmed_sent + validity - safety_margin, capped by the hold limit.
+  Clock::time_point confirmed_sent{};
   // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
   // The local deadline never passes it; renewals stop once the deadline reaches it.
   // Only ever lowered (a reentrant acquisition with a nearer max_hold), under
@@ -206,6 +209,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void on_change(std::string_view name) noexcept override;
   void on_session_lost() noexcept override;
   void on_lease_lost(std::string_view name, std::string_view owner) noexcept override;
+  void on_validity_changed(Millis validity) noexcept override;
 
   /// Queues `fn` to run once on the event thread when `held` is lost (queued at once
   /// if it already is). A callback that throws is logged; the others still run.
@@ -371,6 +375,12 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // A lease was added while the watchdog was awake (its scan may predate it): scan
   // again before sleeping. Guarded by mu_.
   bool watchdog_rescan_ DISTLOCK_GUARDED_BY(mu_) = false;
+  // The longest validity a lease may have from now on (on_validity_changed), 0 for
+  // no limit beyond the backend's answers. Applied under mu_ to every held lease and
+  // to each lease as it is recorded, so a change racing a grant is never missed.
+  Millis validity_cap_ DISTLOCK_GUARDED_BY(mu_){0};
+  /// Shortens `h` to `cap` (validity, deadline, renewal interval). Caller holds mu_.
+  void cap_validity(HeldLock& h, Millis cap) DISTLOCK_REQUIRES(mu_);
   // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
   // belong to the session that ended.
   std::atomic<std::uint64_t> session_epoch_{0};

@@ -205,6 +205,9 @@ class SentinelBackend final : public Backend, private ChangeListener {
   void on_lease_lost(std::string_view name, std::string_view owner) noexcept override {
     if (auto* l = listener_.load()) l->on_lease_lost(name, owner);
   }
+  void on_validity_changed(Millis validity) noexcept override {
+    if (auto* l = listener_.load()) l->on_validity_changed(validity);
+  }
 
   std::pair<std::shared_ptr<Backend>, std::uint64_t> current() const {
     std::lock_guard lk(mu_);

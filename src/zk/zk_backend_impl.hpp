@@ -133,7 +133,7 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
         return make_error_code(errc::backend_unavailable);
       }
     }
-    negotiated_ms_.store(zoo_recv_timeout(s->zh.get()));
+    // negotiated_ms_ was set by the CONNECTED event (record_session_event).
     if (!cfg_.chroot.empty() && cfg_.chroot != "/") {
       // With a chroot, "/" is the chroot node itself.
       auto r = zk::submit_exists(s->zh.get(), "/");
@@ -261,6 +261,9 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   void delete_or_orphan(const std::shared_ptr<Session>& s, const Entry& e) noexcept;
   std::error_code fail(int rc, const std::string& what, std::string_view name);
 
+  /// Records a session event under mu_. Returns the new negotiated timeout (ms) when
+  /// this connection changed it (the old one in `before`), else 0.
+  int record_session_event(zhandle_t* zh, Session& s, int state, int& before) noexcept;
   void keeper_main();
   void replace_expired_session();
   void sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orphan> orphans);

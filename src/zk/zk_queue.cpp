@@ -125,14 +125,18 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     entries_.erase(key);
   };
   // Ours: the lease counts from the send time of the request that showed it.
+  // The validity is the negotiated timeout read under mu_, where a reconnect that
+  // changes it also shortens the stored entries: either this entry is stored first and
+  // shortened with the others, or it reads the new value.
   auto owned = [&](SteadyTime sent) {
-    e.held = true;
-    e.valid_until = sent + session_timeout();
-    store();
     AcquireResult res;
     res.acquired = true;
     res.token = static_cast<std::uint64_t>(e.czxid);
+    e.held = true;
+    std::lock_guard lk(mu_);
     res.validity = session_timeout();
+    e.valid_until = sent + res.validity;
+    entries_[key] = e;
     return res;
   };
   // A transient failure: wait (bounded) for the connection to come back; a new session

@@ -55,9 +55,27 @@ std::shared_ptr<Session> ZkBackend::open_session(std::string& why) {
 }
 
 void ZkBackend::on_session_event(zhandle_t* zh, Session& s, int state) noexcept {
+  int before = 0, granted = 0;
+  {
+    std::lock_guard lk(mu_);
+    granted = record_session_event(zh, s, state, before);
+  }
+  if (granted == 0) return;
+  // The engine shortens its leases before this completion thread delivers any reply
+  // that arrived on the new connection (a renewal confirmed there is counted with the
+  // new validity). Outside mu_: the engine's lock is never taken under ours.
+  if (ChangeListener* l = listener_.load()) l->on_validity_changed(Millis(granted));
+  if (before > 0) {
+    log_.log(granted < before ? LogLevel::warning : LogLevel::info,
+             "zk: {} now grants a session timeout of {}ms (was {}ms); leases count on it from now on",
+             cfg_.redacted_url, granted, before);
+  }
+}
+
+int ZkBackend::record_session_event(zhandle_t* zh, Session& s, int state, int& before) noexcept {
   // Recorded on the session itself (current or not yet published), so a CONNECTED
   // event that arrives before the session is installed is not lost.
-  std::lock_guard lk(mu_);
+  int changed_to = 0;
   if (state == ZOO_CONNECTED_STATE && !s.auth_sent && !cfg_.credentials.empty()) {
     // The C client accepts credentials only on a live handle (not between connection
     // attempts), so they are added on the first connection, before the session counts
@@ -73,6 +91,22 @@ void ZkBackend::on_session_event(zhandle_t* zh, Session& s, int state) noexcept 
     if (s.ever_connected && !s.connected) s.reconnected = true;
     s.connected = true;
     s.ever_connected = true;
+    // The server negotiates the session timeout on every connection, not only when the
+    // session is created: a server restarted with a lower maxSessionTimeout (or another
+    // member of the ensemble configured differently) expires the session sooner from
+    // now on. Leases count on the new value at once.
+    const int granted = zoo_recv_timeout(zh);
+    before = negotiated_ms_.load();
+    if (granted > 0 && granted != before) {
+      negotiated_ms_.store(granted);
+      changed_to = granted;
+      if (granted < before) {
+        const Millis shorter_by(before - granted);
+        for (auto& [k, e] : entries_) {
+          if (e.held) e.valid_until -= shorter_by;
+        }
+      }
+    }
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     s.connected = false;
     s.expired = true;
@@ -82,6 +116,7 @@ void ZkBackend::on_session_event(zhandle_t* zh, Session& s, int state) noexcept 
     s.connected = false;
   }
   cv_.notify_all();
+  return changed_to;
 }
 
 void ZkBackend::on_node_event(int type, const char* path) noexcept {

@@ -129,6 +129,11 @@ void ZkServer::write_config() {
   }
 }
 
+void ZkServer::reconfigure(const ZkServerOptions& opts) {
+  opts_ = opts;
+  write_config();
+}
+
 void ZkServer::start() {
   const ZkInstall z = find_zookeeper();
   if (!z.problem.empty()) fail_setup("cannot start ZooKeeper: " + z.problem);

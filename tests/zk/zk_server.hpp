@@ -61,6 +61,10 @@ class ZkServer {
   void pause();   ///< SIGSTOP
   void resume();  ///< SIGCONT
   void start();   ///< (re)starts the process with the same port and data directory
+  /// Rewrites the configuration (session bounds, tick) for the next start(); the
+  /// running process is not affected. Models an operator changing zoo.cfg before a
+  /// restart.
+  void reconfigure(const ZkServerOptions& opts);
   /// True once the server answers "srvr" with a mode (leader/follower/standalone).
   bool wait_serving(std::chrono::milliseconds timeout);
   /// "leader", "follower", "standalone" or "" (not serving).
