@@ -1,0 +1,124 @@
+// Review of 5285af8 (Engine::on_validity_changed / cap_validity), memory backend,
+// manual clock. A wrapper backend calls the engine's listener from inside try_acquire,
+// after the grant was answered and before the engine records the lease: the window in
+// which a ZooKeeper completion thread delivers CONNECTED events of new connections.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "core/client_access.hpp"
+#include "core/engine.hpp"
+#include "core/url.hpp"
+#include "distlock/distlock.hpp"
+#include "fake/memory_backend.hpp"
+#include "support/manual_clock.hpp"
+#include "support/memory_fixture.hpp"
+
+using namespace std::chrono_literals;
+using distlock::Millis;
+using distlock::testing::ttl;
+
+namespace {
+
+struct EngineValidityReview : distlock::testing::ManualMemoryTest {};
+
+// Forwards to the memory backend; after a grant, reports the validities queued in
+// `on_next_grant` to the engine (in order), as a backend's event thread would.
+class ValidityChangesOnGrant final : public distlock::detail::Backend {
+ public:
+  explicit ValidityChangesOnGrant(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::vector<Millis> on_next_grant;
+
+  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
+  void set_listener(distlock::detail::ChangeListener* l) override {
+    listener_ = l;
+    inner_->set_listener(l);
+  }
+  distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
+                                              std::error_code& ec) override {
+    auto r = inner_->try_acquire(req, ec);
+    if (r.acquired) {
+      for (Millis v : on_next_grant) listener_->on_validity_changed(v);
+      on_next_grant.clear();
+    }
+    return r;
+  }
+  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
+             std::error_code& ec) override {
+    inner_->renew(items, out, ec);
+  }
+  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                          std::error_code& ec) override {
+    return inner_->release(name, owner, token, ec);
+  }
+  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
+  void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
+  distlock::LockInfo status(std::string_view name, std::error_code& ec) override {
+    return inner_->status(name, ec);
+  }
+  std::string url() const override { return inner_->url(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  distlock::detail::ChangeListener* listener_ = nullptr;
+};
+
+// The grant was confirmed (sent) before the validity was lowered to 3 s; by the
+// contract of on_validity_changed it is valid for at most 3 s after that send time.
+// The validity is raised back to 9 s before the engine records the lease: the raise
+// says nothing about a lease confirmed before the lowering, yet the insertion applies
+// only the latest cap (9 s) and the lease keeps the 9 s its answer counted.
+TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
+  std::error_code ec;
+  auto opts = options();
+  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
+  ASSERT_FALSE(ec) << why;
+  auto backend = std::make_unique<ValidityChangesOnGrant>(std::move(inner));
+  ValidityChangesOnGrant* raw = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+
+  raw->on_next_grant = {3s, 9s};
+  auto lease = c.acquire("v", ttl(9s));  // answered with 9 s (the ttl); margin 900 ms
+  EXPECT_LE(lease.remaining(), 2100ms)
+      << "a grant sent before the validity was lowered to 3 s kept the 9 s its answer counted "
+         "(the cap in force at insertion, 9 s again, is all the engine applies)";
+}
+
+// The same order without a raise: the lowered cap is applied at insertion (holds up).
+TEST_F(EngineValidityReview, ALowerDuringAGrantCapsThatGrant) {
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
+  std::error_code ec;
+  auto opts = options();
+  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
+  ASSERT_FALSE(ec) << why;
+  auto backend = std::make_unique<ValidityChangesOnGrant>(std::move(inner));
+  ValidityChangesOnGrant* raw = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+
+  raw->on_next_grant = {3s};
+  auto lease = c.acquire("v", ttl(9s));
+  EXPECT_EQ(lease.remaining(), 2100ms);
+}
+
+// A renewal in flight when the validity is lowered and raised again: the reply is
+// counted with the lowered validity (h->validity is never raised) — holds up.
+TEST_F(EngineValidityReview, ARenewalAfterALowerThenRaiseCountsTheLowerValidity) {
+  auto c = client();
+  auto lease = c.acquire("v", ttl(9s));
+  auto engine = distlock::detail::engine_of(c);
+  engine->on_validity_changed(3s);
+  engine->on_validity_changed(9s);
+  clock->advance(500ms);
+  EXPECT_EQ(engine->tick(), 1u);
+  EXPECT_EQ(lease.remaining(), 2100ms);
+}
+
+}  // namespace
