@@ -97,6 +97,14 @@ const char* to_string(LossReason reason) noexcept {
 
 namespace {
 
+/// `what`, and the backend's sentence for the failed call (which server, what went
+/// wrong) when it left one.
+std::string with_detail(std::string what) {
+  const std::string d = detail::take_error_detail();
+  if (!d.empty()) what += ": " + d;
+  return what;
+}
+
 std::string describe_options_error(const LockOptions& o) {
   LockOptions copy = o;
   std::string why;
@@ -199,8 +207,9 @@ std::string Lease::loss_detail() const {
 void Lease::release() {
   std::error_code ec;
   const std::string name = held_ ? held_->name : std::string();
+  detail::take_error_detail();  // an earlier call's detail must not name this one's cause
   release(ec);
-  if (ec) throw_error(ec, "release of lock \"" + name + "\"");
+  if (ec) throw_error(ec, with_detail("release of lock \"" + name + "\""));
 }
 
 void Lease::release(std::error_code& ec) noexcept {
@@ -258,11 +267,12 @@ Mutex Client::mutex(std::string_view name) {
 
 LockInfo Client::status(std::string_view name) {
   std::error_code ec;
+  detail::take_error_detail();  // an earlier call's detail must not name this one's cause
   LockInfo info = status(name, ec);
   if (ec) {
     std::string why;
     if (Engine::check_name(name, why)) throw_error(ec, why);
-    throw_error(ec, "status of lock \"" + std::string(name.substr(0, 200)) + "\"");
+    throw_error(ec, with_detail("status of lock \"" + std::string(name.substr(0, 200)) + "\""));
   }
   return info;
 }

@@ -489,8 +489,9 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     if (entry && !entry->released) held->displaced = entry;
     entry = held;
     // A validity lowered while this grant was under way (its answer may have counted
-    // the old one).
+    // the old one), even if raised again since.
     cap_validity(*held, validity_cap_);
+    if (auto f = inflight_.find(owner); f != inflight_.end()) cap_validity(*held, f->second.min_cap);
     // on_session_lost bumps the epoch and collects held_ under mu_: a session lost
     // after this grant was sent but before this insertion missed this lease.
     session_gone = session_epoch_.load(std::memory_order_acquire) != epoch_at_send;
@@ -577,11 +578,16 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
         }
         engine->leave_wait(c.name);
       };
+      // Giving up a queued place can fail too (the server that failed the attempt is
+      // still out of reach); the caller's error keeps the attempt's own cause.
+      std::string detail = take_error_detail();
       if (gate) leave(*gate);
       for (std::size_t i = 0; i < cands.size(); ++i) {
         leave(cands[i]);
         if (cands[i].queued && acquired != i) engine->backend_->cancel_acquire(cands[i].name, owner);
       }
+      take_error_detail();
+      if (!detail.empty()) set_error_detail(std::move(detail));
     }
   } cleanup{this, cands, gate_cand, &wake, acquired, owner};
 
@@ -873,6 +879,9 @@ void Engine::on_validity_changed(Millis validity) noexcept {
   if (validity.count() <= 0) return;
   LockGuard lk(mu_);
   validity_cap_ = validity;
+  for (auto& [owner, f] : inflight_) {
+    f.min_cap = f.min_cap.count() == 0 ? validity : std::min(f.min_cap, validity);
+  }
   for (auto& [k, h] : held_) {
     if (!h->released && !h->lost.load()) cap_validity(*h, validity);
   }

@@ -391,6 +391,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   struct InflightLosses {
     std::vector<std::string> names;
     bool all = false;
+    // The smallest validity on_validity_changed reported while the acquisition was
+    // under way (0: none): its grant may have been counted before a lower value that
+    // a later, higher one replaced in validity_cap_.
+    Millis min_cap{0};
   };
   std::map<std::string, InflightLosses, std::less<>> inflight_ DISTLOCK_GUARDED_BY(mu_);
 

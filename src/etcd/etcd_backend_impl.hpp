@@ -205,6 +205,8 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
     std::string why;
     ec = transport_.to_error(st, why);
     log_.log(LogLevel::debug, "etcd {} failed: {}", what, why);
+    // The error the caller sees names the endpoint and gRPC's reason (why does).
+    set_error_detail(std::string(what) + ": " + why);
   }
 
   etcd::Transport transport_;

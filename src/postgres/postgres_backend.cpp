@@ -699,7 +699,10 @@ class PostgresBackend final : public Backend {
     }
   }
 
+  // Logged once per outage; every failing call's error names the server and cause.
   void failure(const std::string& what, const std::string& why) {
+    set_error_detail(why.find(cfg_.shown) != std::string::npos ? what + ": " + why
+                                                               : cfg_.shown + ": " + what + ": " + why);
     if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, why);
   }
   void ok() {

@@ -900,7 +900,9 @@ class RedisBackend final : public Backend {
 
   // One warning when the server becomes unreachable, one note when it is back,
   // rather than a line per failed call during an outage.
+  // Logged once per outage; every failing call's error names the server and cause.
   void report(const std::string& why) {
+    set_error_detail(why);
     if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
   }
   void ok() {

@@ -469,6 +469,8 @@ class RedlockBackend final : public Backend {
     LockInfo info = status_from(replies, 0, answered);
     if (answered < quorum_) {
       ec = make_error_code(errc::quorum_unavailable);
+      set_error_detail(fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
+                                   replies.size(), quorum_, failures(replies, {})));
       return {};
     }
     return info;

@@ -77,6 +77,12 @@ struct Session {
   bool reconnected = false;  // connected again after a disconnection: nudge waiters
   bool expired = false;      // expired or auth failed: the keeper opens a new session
   bool auth_sent = false;
+  // The smallest session timeout (ms) any connection of this session negotiated, 0
+  // before the first. The server keeps the timeout the session was created with and
+  // restores it after a restart or a leader change; a reconnect's value applies only
+  // to that connection. So the session may expire after the smallest of them, never
+  // later: it is the validity of its leases, and it never goes up.
+  int floor_ms = 0;
   zk::Handle zh;
 
   std::uint64_t generation() const noexcept { return gen; }
@@ -204,7 +210,8 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
     int version = 0;
     bool held = false;
     bool uncertain = false;    // a create whose answer was lost: find it by guid
-    SteadyTime valid_until{};  // held: last confirmation's send time + session timeout
+    SteadyTime confirmed{};    // held: send time of the last confirmation (grant or renewal)
+    SteadyTime valid_until{};  // held: confirmed + session timeout
   };
   // A node of an abandoned attempt, to delete once connected (same session only).
   struct Orphan {

@@ -27,6 +27,8 @@ void ZkBackend::delete_or_orphan(const std::shared_ptr<Session>& s, const Entry&
 }
 
 std::error_code ZkBackend::fail(int rc, const std::string& what, std::string_view name) {
+  // The error the caller sees names the step, the server and ZooKeeper's reason.
+  set_error_detail(what + " failed at " + cfg_.redacted_url + ": " + zk::describe(rc));
   if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
     log_.log(LogLevel::warning,
              "zk: {} for lock \"{}\" was denied: {}; the credentials of {} are not allowed to use this lock "
@@ -135,6 +137,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     e.held = true;
     std::lock_guard lk(mu_);
     res.validity = session_timeout();
+    e.confirmed = sent;
     e.valid_until = sent + res.validity;
     entries_[key] = e;
     return res;
@@ -381,7 +384,10 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
         static_cast<std::uint64_t>(replies[i]->stat.czxid) == items[i].token) {
       out[i] = RenewStatus::renewed;
       auto it = entries_.find(keys[i]);
-      if (it != entries_.end() && it->second.held) it->second.valid_until = sent + session_timeout();
+      if (it != entries_.end() && it->second.held) {
+        it->second.confirmed = std::max(it->second.confirmed, sent);
+        it->second.valid_until = std::max(it->second.valid_until, sent + session_timeout());
+      }
     } else if (rc == ZOK || rc == ZNONODE) {
       out[i] = RenewStatus::not_owner;
       entries_.erase(keys[i]);

@@ -94,17 +94,19 @@ int ZkBackend::record_session_event(zhandle_t* zh, Session& s, int state, int& b
     // The server negotiates the session timeout on every connection, not only when the
     // session is created: a server restarted with a lower maxSessionTimeout (or another
     // member of the ensemble configured differently) expires the session sooner from
-    // now on. Leases count on the new value at once.
+    // now on. A higher value is not to be trusted (the server restores the session's
+    // stored timeout after a restart): the session's floor only ever goes down.
     const int granted = zoo_recv_timeout(zh);
+    if (granted > 0) s.floor_ms = s.floor_ms == 0 ? granted : std::min(s.floor_ms, granted);
     before = negotiated_ms_.load();
-    if (granted > 0 && granted != before) {
-      negotiated_ms_.store(granted);
-      changed_to = granted;
-      if (granted < before) {
-        const Millis shorter_by(before - granted);
-        for (auto& [k, e] : entries_) {
-          if (e.held) e.valid_until -= shorter_by;
-        }
+    // Only the current session (or one about to be installed: no other is connecting)
+    // speaks for the leases.
+    if (s.floor_ms > 0 && s.floor_ms != before && (!session_ || session_.get() == &s || session_->expired)) {
+      negotiated_ms_.store(s.floor_ms);
+      changed_to = s.floor_ms;
+      const Millis validity(s.floor_ms);
+      for (auto& [k, e] : entries_) {
+        if (e.held) e.valid_until = std::min(e.valid_until, e.confirmed + validity);
       }
     }
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {

@@ -592,6 +592,54 @@ TEST_P(NetworkFaults, WaiterWhoseConnectionDiesGetsAnErrorNeverTheLock) {
   expect_nothing_left();
 }
 
+// The servers become unreachable under a connected client. The error of the next
+// acquire names where the client tried (the URL's host:port) and why it failed (more
+// than the error code's own words), on every backend: a user reading only e.what()
+// knows which server to look at.
+TEST_P(NetworkFaults, AnUnreachableServerGivesAnErrorNamingItAndTheCause) {
+  distlock::testing::FaultProxyGroup net(target_->ports());
+  {
+    auto c = distlock::connect(target_->url_via(net.hosts()), quiet());
+    c.acquire("gone", opts()).release();  // the path through the proxies works
+    net.drop_all();                       // every connection dies, none can be made
+    std::string what;
+    std::error_code code;
+    try {
+      auto lease = c.acquire("gone", opts(2000ms));
+      ADD_FAILURE() << "acquired with every server unreachable";
+    } catch (const std::system_error& e) {
+      what = e.what();
+      code = e.code();
+    }
+    std::printf("%s: %s\n", GetParam().label.c_str(), what.c_str());
+    ASSERT_FALSE(what.empty());
+    bool names_server = false;
+    for (std::size_t i = 0; i < net.size(); ++i) {
+      names_server = names_server || what.find(":" + std::to_string(net.at(i).port())) != std::string::npos;
+    }
+    EXPECT_TRUE(names_server) << "the error does not name the server it tried (" << net.hosts()
+                              << "): " << what;
+    const std::string generic = "lock \"gone\": " + code.message();
+    EXPECT_GT(what.size(), generic.size() + 12) << "the error gives no cause beyond its code: " << what;
+    // So does a status query.
+    try {
+      (void)c.status("gone");
+      ADD_FAILURE() << "status answered with every server unreachable";
+    } catch (const std::system_error& e) {
+      what = e.what();
+      std::printf("%s status: %s\n", GetParam().label.c_str(), what.c_str());
+      bool named = false;
+      for (std::size_t i = 0; i < net.size(); ++i) {
+        named = named || what.find(":" + std::to_string(net.at(i).port())) != std::string::npos;
+      }
+      EXPECT_TRUE(named) << "the status error does not name the server it tried (" << net.hosts()
+                         << "): " << what;
+    }
+    net.pass_all();
+  }
+  expect_nothing_left();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, NetworkFaults, ::testing::ValuesIn(distlock::testing::networked_kinds()),
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 

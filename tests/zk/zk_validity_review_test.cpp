@@ -30,15 +30,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
-detail::ZkStats stats_of(Client& c) { return detail::zk_stats(detail::engine_of(c)->backend()).value(); }
+detail::ZkStats stats_of(Client& c) {
+  return detail::zk_stats(detail::engine_of(c)->backend()).value();
+}
 
 // The session is created with 4 s (the server's max), the server is restarted with a
 // minSessionTimeout of 30 s (an operator raising tickTime raises it too), the client
 // reconnects to the same session and now negotiates 30 s. A lease taken then (ttl 8 s,
-// accepted before the change too) counts on 30 s. The server restarts once more while the holder is cut off: it restores the
-// session with the 4 s it was created with and expires it ~4 s after coming up, then
-// grants the lock to another client. The holder still owns it (its deadline is the
-// grant + 30 s - 800 ms). Before 5285af8 the client kept the 4 s read at start: passes.
+// accepted before the change too) counts on 30 s. The server restarts once more while the holder is cut off:
+// it restores the session with the 4 s it was created with and expires it ~4 s after coming up, then grants
+// the lock to another client. The holder still owns it (its deadline is the grant + 30 s - 800 ms). Before
+// 5285af8 the client kept the 4 s read at start: passes.
 TEST(ZkValidityReview, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
   ZkServerOptions low;
   low.min_session_ms = 400;
@@ -91,7 +93,8 @@ TEST(ZkValidityReview, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
   wait_long.wait = 45s;  // a server that restored 30 s grants it only after ~30 s
   Lease taken = other.acquire("raised", wait_long);
   ASSERT_TRUE(taken.owns());
-  const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - restarted);
+  const auto after =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - restarted);
   std::printf("granted to the other client %lld ms after the restart; holder %s (remaining %lld ms)\n",
               static_cast<long long>(after.count()), held.owns() ? "STILL OWNS" : "gave up",
               static_cast<long long>(held.remaining().count()));
@@ -102,12 +105,21 @@ TEST(ZkValidityReview, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
   proxy.pass();
 }
 
-// The backend shortens its own entries by (old - new) on a lowered timeout, whatever
+// True once the server lists a connection of session `sid` ("cons": "sid=0x...").
+bool server_lists_session(const ZkServer& zk, std::int64_t sid) {
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "sid=0x%llx", static_cast<unsigned long long>(sid));
+  return four_letter(zk.port(), "cons").find(hex) != std::string::npos;
+}
+
+// The backend shortened its own entries by (old - new) on a lowered timeout, whatever
 // timeout the entry was counted with. An entry counted with 6 s, then a raise to 12 s
 // (entry unchanged, it is never lengthened), then a lowering to 9 s (still above the
-// 6 s the entry counts on): the entry is cut by 3 s to grant + 3 s, and the keeper
-// frees the node (on_lease_lost) 2.4 s before the engine's own deadline (grant + 6 s -
-// 600 ms). Manual clock: no renewal runs unless the test moves the clock.
+// 6 s the entry counts on): the entry was cut by 3 s to grant + 3 s, and the keeper
+// freed the node (on_lease_lost) 2.4 s before the engine's own deadline (grant + 6 s -
+// 600 ms). Manual clock: no renewal runs unless the test moves the clock. Now the
+// session's validity never goes above the 6 s it started with (a raise is not trusted,
+// see the test above), and an entry is cut only below its own validity.
 TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
   ZkServerOptions first;
   first.min_session_ms = 400;
@@ -129,17 +141,22 @@ TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
   ZkServerOptions raised = first;  // the client asks for its last 6 s: min raises it
   raised.min_session_ms = 12'000;
   raised.max_session_ms = 20'000;
+  const std::int64_t sid = stats_of(holder).session_id;
   zk.kill();
   zk.reconfigure(raised);
   zk.start();
-  ASSERT_TRUE(eventually([&] { return stats_of(holder).session_timeout_ms == 12'000; }, 20s));
+  ASSERT_TRUE(eventually([&] { return server_lists_session(zk, sid); }, 20s))
+      << "the client did not reconnect";
+  EXPECT_EQ(stats_of(holder).session_timeout_ms, 6'000) << "a raise on reconnect must not be trusted";
 
   ZkServerOptions lowered = first;  // the client asks for 12 s: max 9 s
   lowered.max_session_ms = 9'000;
   zk.kill();
   zk.reconfigure(lowered);
   zk.start();
-  ASSERT_TRUE(eventually([&] { return stats_of(holder).session_timeout_ms == 9'000; }, 20s));
+  ASSERT_TRUE(eventually([&] { return server_lists_session(zk, sid); }, 20s))
+      << "the client did not reconnect";
+  EXPECT_EQ(stats_of(holder).session_timeout_ms, 6'000);
   ASSERT_EQ(held.remaining(), 5400ms) << "the engine leaves the 6 s lease alone (9 s > 6 s)";
 
   // 3.5 s after the grant (manual clock): the lease is 2 s from its engine deadline.
