@@ -22,7 +22,9 @@
 
 namespace distlock::detail::etcd {
 
-using SteadyClock = std::chrono::steady_clock;
+// Every time point is read from the client's injected clock (ClientOptions::clock),
+// the one the engine counts lease validity on; tests run it on a manual clock.
+using SteadyTime = Clock::time_point;
 using etcdserverpb::Compare;
 using etcdserverpb::RangeRequest;
 
@@ -58,8 +60,8 @@ struct Session {
   Millis ttl{};                  // the TTL etcd granted
   // Guarded by EtcdBackend::mu_.
   bool alive = true;
-  SteadyClock::time_point last_sent{};  // send time of the last successful grant/keepalive
-  SteadyClock::time_point next_keepalive{};
+  SteadyTime last_sent{};  // send time of the last successful grant/keepalive
+  SteadyTime next_keepalive{};
 };
 
 // One owner thread's key in one lock's queue.
@@ -72,9 +74,9 @@ struct Entry {
   // Guarded by EtcdBackend::mu_.
   std::int64_t create_rev = 0;  // 0: not created yet (as far as we know)
   bool held = false;
-  SteadyClock::time_point renewed_at{};  // acquisition or last renewal by the engine
-  std::int64_t watch_id = 0;             // live watch on the predecessor, 0 when none
-  bool watch_fired = false;              // the predecessor was deleted (or the watch broke)
+  SteadyTime renewed_at{};    // acquisition or last renewal by the engine
+  std::int64_t watch_id = 0;  // live watch on the predecessor, 0 when none
+  bool watch_fired = false;   // the predecessor was deleted (or the watch broke)
 };
 
 // A Watch stream shared by every waiter of the client, read by one thread.
@@ -96,7 +98,8 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
       : transport_(std::move(config)),
         prefix_(std::move(prefix)),
         url_(std::move(redacted_url)),
-        log_(opts.logger) {}
+        log_(opts.logger),
+        clock_(opts.clock ? opts.clock : system_steady_clock()) {}
 
   ~EtcdBackend() override {
     keeper_.request_stop();
@@ -213,6 +216,7 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   const std::string prefix_;
   const std::string url_;
   Logger log_;
+  const std::shared_ptr<Clock> clock_;
   etcd::Records records_{transport_, prefix_};
   ChangeListener* listener_ = nullptr;
 
@@ -223,8 +227,8 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   // Keys to delete: (key, create_revision), 0 when the revision is unknown (a Txn
   // that may have created the key had no answer). Guarded by mu_.
   std::vector<std::pair<std::string, std::int64_t>> orphans_;
-  std::uint64_t next_key_seq_ = 1;  // makes every queue key unique; guarded by mu_
-  std::condition_variable_any keeper_cv_;
+  std::uint64_t next_key_seq_ = 1;       // makes every queue key unique; guarded by mu_
+  std::condition_variable keeper_cv_;    // waited on through clock_ (notified under mu_ to stop)
   std::uint64_t keeper_generation_ = 0;  // bumped when a session is added; guarded by mu_
   std::jthread keeper_;
 

@@ -84,7 +84,7 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
     Millis remaining{};
     {
       std::unique_lock lk(mu_);
-      remaining = std::chrono::duration_cast<Millis>(session->last_sent + session->ttl - SteadyClock::now());
+      remaining = std::chrono::duration_cast<Millis>(session->last_sent + session->ttl - clock_->now());
     }
     if (remaining < session->ttl / 2) {
       if (auto kec = keepalive({session}); kec) {
@@ -93,7 +93,7 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
       }
       std::lock_guard lk(mu_);
       if (!session->alive) continue;
-      remaining = std::chrono::duration_cast<Millis>(session->last_sent + session->ttl - SteadyClock::now());
+      remaining = std::chrono::duration_cast<Millis>(session->last_sent + session->ttl - clock_->now());
     }
 
     // One Txn: create my key if it is not there, and read the lowest key.
@@ -176,7 +176,7 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
       entry->create_rev = my_rev;
       if (low_rev == my_rev) {
         entry->held = true;
-        entry->renewed_at = SteadyClock::now();
+        entry->renewed_at = clock_->now();
         old_watch = std::exchange(entry->watch_id, 0);
       }
     }
@@ -330,7 +330,7 @@ void EtcdBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus>
     }
   }
   if (sessions.empty()) return;
-  const auto sent = SteadyClock::now();
+  const auto sent = clock_->now();
   if ((ec = keepalive(sessions))) return;
 
   // The lease alone does not prove the hold: the key may have been deleted from

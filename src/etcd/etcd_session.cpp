@@ -15,7 +15,7 @@ std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, std::erro
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(ttl_s);
   etcdserverpb::LeaseGrantResponse resp;
-  const auto sent = SteadyClock::now();
+  const auto sent = clock_->now();
   const grpc::Status st = transport_.call(
       [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.lease->LeaseGrant(&ctx, req, &resp); });
   if (!st.ok()) {
@@ -48,7 +48,7 @@ std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, std::erro
 std::error_code EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessions) {
   if (sessions.empty()) return {};
   std::map<std::int64_t, std::int64_t> ttl_by_lease;
-  const auto sent = SteadyClock::now();
+  const auto sent = clock_->now();
   const grpc::Status st = transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) {
     ttl_by_lease.clear();
     auto stream = s.lease->LeaseKeepAlive(&ctx);
@@ -73,8 +73,8 @@ std::error_code EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session
     {
       std::lock_guard lk(mu_);
       for (const auto& session : sessions) {
-        session->next_keepalive = SteadyClock::now() + std::min<Millis>(session->ttl / 6, Millis(500));
-        if (SteadyClock::now() >= session->last_sent + session->ttl) expired.push_back(session);
+        session->next_keepalive = clock_->now() + std::min<Millis>(session->ttl / 6, Millis(500));
+        if (clock_->now() >= session->last_sent + session->ttl) expired.push_back(session);
       }
     }
     for (auto& s : expired) lose_session(s, "keepalives failed for a whole TTL");
@@ -138,14 +138,18 @@ void EtcdBackend::keeper_main(std::stop_token st) {
     std::vector<std::pair<std::string, std::int64_t>> orphans;
     {
       std::unique_lock lk(mu_);
-      auto wake = SteadyClock::now() + std::chrono::seconds(1);
+      auto wake = clock_->now() + std::chrono::seconds(1);
       for (auto& [ttl, s] : sessions_) {
         if (s->alive) wake = std::min(wake, s->next_keepalive);
       }
       const std::uint64_t seen = keeper_generation_;
-      keeper_cv_.wait_until(lk, st, wake, [&] { return keeper_generation_ != seen; });
+      // The destructor requests the stop, then notifies under mu_: checked here under
+      // mu_ before each wait, so the wake-up is not missed.
+      while (!st.stop_requested() && keeper_generation_ == seen && clock_->now() < wake) {
+        clock_->wait_until(keeper_cv_, lk, wake);
+      }
       if (st.stop_requested()) return;
-      const auto now = SteadyClock::now();
+      const auto now = clock_->now();
       for (auto& [ttl, s] : sessions_) {
         if (s->alive && s->next_keepalive <= now) due.push_back(s);
       }
