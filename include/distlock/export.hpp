@@ -9,7 +9,7 @@
 // internal types). The macros only carry attributes: including this header has no effect on
 // a program's behaviour, and it is safe to include from any thread's code.
 //
-// Example (a public declaration in include/distlock/):
+// Example (not compiled; a public declaration in include/distlock/):
 //   class DISTLOCK_EXPORT Lease { ... };
 //   DISTLOCK_EXPORT std::string default_url();
 #pragma once
