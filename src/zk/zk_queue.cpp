@@ -127,16 +127,22 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
     entries_.erase(key);
   };
   // Ours: the lease counts from the send time of the request that showed it.
-  // The validity is the negotiated timeout read under mu_, where a reconnect that
-  // changes it also shortens the stored entries: either this entry is stored first and
-  // shortened with the others, or it reads the new value.
+  // Read under mu_, where a reconnect that lowers the floor also shortens the stored
+  // entries: either this entry is stored first and shortened with the others, or it
+  // reads the new value.
+  // The validity is the floor of the session that answered (not of a later one), and
+  // a session that has ended since (expired, replaced) took our node with it: not ours.
   auto owned = [&](SteadyTime sent) {
     AcquireResult res;
+    std::lock_guard lk(mu_);
+    if (s->expired || session_ != s || s->floor_ms <= 0) {
+      entries_.erase(key);
+      return res;
+    }
     res.acquired = true;
     res.token = static_cast<std::uint64_t>(e.czxid);
     e.held = true;
-    std::lock_guard lk(mu_);
-    res.validity = session_timeout();
+    res.validity = Millis(s->floor_ms);
     e.confirmed = sent;
     e.valid_until = sent + res.validity;
     entries_[key] = e;
@@ -386,7 +392,7 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
       auto it = entries_.find(keys[i]);
       if (it != entries_.end() && it->second.held) {
         it->second.confirmed = std::max(it->second.confirmed, sent);
-        it->second.valid_until = std::max(it->second.valid_until, sent + session_timeout());
+        it->second.valid_until = std::max(it->second.valid_until, sent + Millis(s->floor_ms));
       }
     } else if (rc == ZOK || rc == ZNONODE) {
       out[i] = RenewStatus::not_owner;
