@@ -1,0 +1,140 @@
+// The file backend's private declarations, shared by its files: file_lock.cpp
+// (acquire, renew, release, status), file_notifier.cpp (inotify watches and the
+// notifier thread) and file_backend.cpp (lock file names, construction, factory).
+// Not for use outside src/file.
+#pragma once
+
+#include <sys/inotify.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/worker_loop.hpp"
+#include "file/file_backend.hpp"
+#include "file/file_common.hpp"
+#include "file/file_records.hpp"
+
+namespace distlock::detail::file {
+
+using namespace file_io;
+using SteadyClock = std::chrono::steady_clock;
+
+struct Settings {
+  std::string dir;
+  Millis recheck{std::chrono::seconds(1)};
+  bool sync = false;
+};
+
+class FileBackend final : public RecordsBackend<FileRecords> {
+ public:
+  FileBackend(Settings settings, Fd dir_fd, std::size_t name_max, mode_t file_mode, std::string url,
+              const ClientOptions& opts);
+
+  ~FileBackend() override {
+    notifier_.stop();
+    // Any lock still held (the engine releases its leases first) is dropped by closing.
+    std::lock_guard lk(mu_);
+    held_.clear();
+    watches_.clear();
+  }
+
+  Capabilities capabilities() const noexcept override { return {true, false}; }
+  void set_listener(ChangeListener* l) override { listener_.store(l, std::memory_order_release); }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        std::error_code& ec) override;
+  void watch(std::string_view name, std::error_code& ec) override;
+  void unwatch(std::string_view name) noexcept override;
+  LockInfo status(std::string_view name, std::error_code& ec) override;
+
+  // Records and listing (RecordsBackend forwards them): file_records.cpp.
+  FileRecords& records() noexcept override { return records_; }
+
+  std::string url() const override { return url_; }
+
+ private:
+  struct HeldFile {
+    std::string fname;
+    Fd fd;  // the open file description that owns the OFD lock
+    std::uint64_t token = 0;
+    struct stat inode {};
+  };
+
+  struct FileWatch {
+    std::string name;        // the lock name, for on_change
+    int wd = -1;             // inotify watch descriptor, -1 when none
+    Fd check_fd;             // read-only descriptor for F_OFD_GETLK while anyone waits
+    std::uint32_t mask = 0;  // events the watch asks for
+    int wait_refs = 0;
+    int hold_refs = 0;
+    bool idle = false;  // nobody holds or waits: the entry is in idle_ at idle_pos
+    std::list<std::string>::iterator idle_pos;
+    std::size_t confirm_stage = 0;  // index into kConfirmDelays of the pending look
+    std::optional<SteadyClock::time_point> confirm_at;
+  };
+
+  static std::string held_key(std::string_view name, std::string_view owner) {
+    std::string key(name);
+    key.push_back('\0');
+    key.append(owner);
+    return key;
+  }
+
+  std::string path_of(const std::string& fname) const {
+    return settings_.dir == "/" ? "/" + fname : settings_.dir + "/" + fname;
+  }
+
+  std::string untrusted(int fd, const std::string& fname) const;
+  AcquireResult fail(std::error_code& ec, errc code, const std::string& what, int err);
+  bool still_linked(const HeldFile& h) const;
+  void set_watch_mask(const std::string& fname, FileWatch& w, std::uint32_t mask);
+  void add_watch_ref(const std::string& fname, std::string_view name, bool wait);
+  void drop_watch_ref(const std::string& fname, bool wait);
+
+  // ---- The notifier thread: one per client, shared by every wait. ----
+
+  struct Actions {
+    std::vector<std::string> changed;                       // lock names that may be free
+    std::vector<std::pair<std::string, std::string>> lost;  // (name, owner) whose file went away
+  };
+
+  void notifier_main();
+  void handle_event(const struct inotify_event& ev, Actions& actions);
+  void on_file_event(const std::string& fname, FileWatch& w, std::uint32_t mask, Actions& actions);
+  void run_due_confirms(Actions& actions);
+  void deliver(Actions& actions);
+
+  const Settings settings_;
+  const Fd dir_fd_;
+  const std::size_t name_max_;
+  const mode_t file_mode_;
+  const std::string url_;
+  Logger log_;
+  FileRecords records_;
+  std::atomic<ChangeListener*> listener_{nullptr};  // set once, before any watch
+
+  Fd inotify_fd_;
+
+  std::mutex mu_;
+  std::map<std::string, HeldFile, std::less<>> held_;  // key: name '\0' owner; guarded by mu_
+  std::map<std::string, FileWatch> watches_;           // key: file name; guarded by mu_
+  std::map<int, std::string> by_wd_;                   // wd -> file name; guarded by mu_
+  std::list<std::string> idle_;                        // idle watches, oldest first; guarded by mu_
+  bool warned_watch_limit_ = false;                    // guarded by mu_
+
+  WorkerLoop notifier_;  // last member: started after everything it uses, stopped first
+};
+
+}  // namespace distlock::detail::file

@@ -1,0 +1,153 @@
+// The PostgreSQL backend's private declarations, shared by its files:
+// postgres_acquire.cpp (acquire), postgres_sessions.cpp (renew, release, the per-TTL
+// sessions), postgres_listen.cpp (LISTEN/NOTIFY for waiters) and postgres_backend.cpp
+// (connect, status, the shared connection, factory). Not for use outside src/postgres.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/worker_loop.hpp"
+#include "postgres/pg_conn.hpp"
+#include "postgres/postgres_backend.hpp"
+#include "postgres/postgres_records.hpp"
+
+namespace distlock::detail::postgres {
+
+using Clock = std::chrono::steady_clock;
+using pg::code_of;
+using pg::Config;
+using pg::Conn;
+using pg::Exec;
+using pg::open;
+using pg::pq_message;
+using pg::Result;
+using pg::run;
+
+inline std::string to_hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+inline std::string key_payload(std::int64_t key) {
+  return to_hex(std::string_view(reinterpret_cast<const char*>(&key), sizeof key));
+}
+
+// One database session carrying every lease of one TTL: the server ends it (and
+// every advisory lock it holds) after `ttl` without a statement.
+struct Session {
+  explicit Session(Millis t) : ttl(t) {}
+  const Millis ttl;
+  std::mutex mu;
+  Conn conn;  // guarded by mu
+  struct Held {
+    std::string name, owner;
+    // Send time of its last acquire/renewal + ttl: the engine's local deadline for
+    // it lies before this, so past it the holder knows the lease is lost.
+    Clock::time_point valid_until;
+  };
+  std::map<std::int64_t, Held> held;  // by advisory key; guarded by mu
+};
+
+using Lost = std::vector<std::pair<std::string, std::string>>;  // (name, owner)
+
+class PostgresBackend final : public Backend {
+ public:
+  // Without an eventfd (listener_.valid() false) the listener still works: it then
+  // notices a new socket or the stop request at its next poll timeout (<= 1 s).
+  PostgresBackend(Config cfg, const ClientOptions& opts) : cfg_(std::move(cfg)), log_(opts.logger) {}
+
+  ~PostgresBackend() override { listener_.stop(); }
+
+  std::error_code connect_now(std::string& why);
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* l) override { listener_cb_.store(l); }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                        std::error_code& ec) override;
+  void watch(std::string_view name, std::error_code& ec) override;
+  void unwatch(std::string_view name) noexcept override;
+  LockInfo status(std::string_view name, std::error_code& ec) override;
+
+  // Records and listing: postgres_records.cpp, on the shared connection.
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return pg::put_record(runner(), key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return pg::get_record(runner(), key, ec);
+  }
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    return pg::erase_record(runner(), key, ec);
+  }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return pg::list_held(runner(), prefix, limit, truncated, ec);
+  }
+
+  std::string url() const override { return cfg_.shown; }
+
+ private:
+  pg::Runner runner();
+
+  static std::string printable(std::string_view name) {
+    std::string out;
+    for (char c : name.substr(0, 64)) out.push_back(static_cast<unsigned char>(c) < 0x20 ? '?' : c);
+    if (name.size() > 64) out += "...";
+    return out;
+  }
+
+  Session& session(Millis ttl);
+  Session* find_holder(std::string_view name, std::string_view owner);
+  bool ensure_connected(Session& s, Lost& lost, std::error_code& ec);
+  void expire_stale(Session& s, Lost& lost);
+  void drop(Session& s, Lost& lost);
+  void report_lost(const Lost& lost);
+  std::error_code listen_now(std::string& why);
+  std::error_code listen_now_locked(std::string& why);
+  void listen_loop();
+
+  // Logged once per outage; every failing call's error names the server and cause.
+  void failure(const std::string& what, const std::string& why) {
+    set_error_detail(why.find(cfg_.shown) != std::string::npos ? what + ": " + why
+                                                               : cfg_.shown + ": " + what + ": " + why);
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, why);
+  }
+  void ok() {
+    if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", cfg_.shown);
+  }
+
+  const Config cfg_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_cb_{nullptr};
+  std::atomic<bool> failing_{false};
+  std::mutex sessions_mu_;
+  std::map<Millis, std::unique_ptr<Session>> sessions_;  // guarded by sessions_mu_; never erased
+  std::mutex aux_mu_;
+  Conn aux_;  // status queries; guarded by aux_mu_
+  std::mutex listen_mu_;
+  Conn listen_conn_;                                            // guarded by listen_mu_
+  std::map<std::int64_t, std::map<std::string, int>> watched_;  // key → name → watch count
+  WorkerLoop listener_;  // last: stopped in the destructor before anything above goes
+};
+
+}  // namespace distlock::detail::postgres

@@ -1,0 +1,235 @@
+// PostgreSQL leases after acquisition: renewal and release, and the per-TTL
+// sessions that carry them (finding, reconnecting, expiring, dropping).
+#include <algorithm>
+#include <set>
+
+#include "postgres/postgres_backend_impl.hpp"
+
+namespace distlock::detail::postgres {
+
+namespace {
+
+// $1 name (hex), $2 owner, $3 key, $4 notification payload. The row is cleared only
+// for this owner on this session; the advisory lock is this session's (the caller
+// checked it holds it); the notification is sent at commit. The commit need not
+// wait for the WAL flush: the token is not touched, and a cleared owner lost to a
+// crash makes the next acquirer wait out the released lease's TTL (spurious busy).
+constexpr const char* kReleaseSql =
+    "WITH r AS (UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE digest = sha256(decode($1, 'hex'))"
+    " AND name = decode($1, 'hex') AND owner = $2 AND pid = pg_backend_pid() RETURNING 1)"
+    " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
+    " set_config('synchronous_commit', 'off', true)";
+
+// $1 text[] of hex names: the rows this session holds among them (and their owners),
+// stamped seen_at = now, committed (synchronous_commit = on) before the answer: a
+// renewal that succeeded is on disk, so a restarted server still knows how long its
+// holder may believe it holds the lock.
+constexpr const char* kRenewSql =
+    "UPDATE distlock_locks SET seen_at = clock_timestamp() WHERE pid = pg_backend_pid()"
+    " AND digest IN (SELECT sha256(decode(x, 'hex')) FROM unnest($1::text[]) AS x)"
+    " RETURNING encode(name, 'hex'), owner";
+
+}  // namespace
+
+void PostgresBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
+                            std::error_code& ec) {
+  ec.clear();
+  std::fill(out.begin(), out.end(), RenewStatus::failed);
+  std::map<Session*, std::vector<std::size_t>> by_session;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Session* s = find_holder(items[i].name, items[i].owner);
+    if (s == nullptr) {
+      out[i] = RenewStatus::not_owner;  // its session ended (or it was released)
+    } else {
+      by_session[s].push_back(i);
+    }
+  }
+  Lost lost;
+  for (auto& [s, idx] : by_session) {
+    std::lock_guard lk(s->mu);
+    expire_stale(*s, lost);
+    if (!s->conn) {
+      for (auto i : idx) out[i] = RenewStatus::not_owner;
+      continue;
+    }
+    // find_holder() looked before this lock: a lease released meanwhile (its key
+    // perhaps held again by a new owner on this session) is not ours to touch.
+    std::erase_if(idx, [&](std::size_t i) {
+      auto h = s->held.find(postgres_lock_key(items[i].name));
+      const bool current =
+          h != s->held.end() && h->second.name == items[i].name && h->second.owner == items[i].owner;
+      if (!current) out[i] = RenewStatus::not_owner;
+      return !current;
+    });
+    if (idx.empty()) continue;
+    std::string arr = "{";
+    for (std::size_t j = 0; j < idx.size(); ++j) {
+      if (j) arr += ",";
+      arr += to_hex(items[idx[j]].name);
+    }
+    arr += "}";
+    const Clock::time_point sent = Clock::now();
+    Exec e = run(s->conn.get(), kRenewSql, {arr}, cfg_.command_timeout);
+    if (e.io_failed) {
+      // The session is gone or cannot be trusted: its advisory locks end with it
+      // (now, or at the server's idle timeout), and no later statement can renew them.
+      failure("renew", e.error);
+      drop(*s, lost);
+      for (auto i : idx) out[i] = RenewStatus::not_owner;
+      continue;
+    }
+    if (!e.ok()) {
+      failure("renew", e.error);
+      continue;  // stays failed: retried until the local deadline
+    }
+    ok();
+    std::set<std::pair<std::string, std::string>> rows;
+    for (int r = 0; r < PQntuples(e.res.get()); ++r) {
+      rows.emplace(PQgetvalue(e.res.get(), r, 0), PQgetvalue(e.res.get(), r, 1));
+    }
+    for (auto i : idx) {
+      const bool mine = rows.count({to_hex(items[i].name), std::string(items[i].owner)}) > 0;
+      out[i] = mine ? RenewStatus::renewed : RenewStatus::not_owner;
+      if (mine) {
+        auto h = s->held.find(postgres_lock_key(items[i].name));
+        if (h != s->held.end()) h->second.valid_until = sent + s->ttl;
+      } else {
+        // The row names someone else: the advisory lock is ours but the record is
+        // not; give the lock up so the record's owner is the only holder.
+        const std::int64_t key = postgres_lock_key(items[i].name);
+        s->held.erase(key);
+        run(s->conn.get(), "SELECT pg_advisory_unlock($1::bigint)", {std::to_string(key)},
+            cfg_.command_timeout);
+      }
+    }
+  }
+  report_lost(lost);
+}
+
+ReleaseStatus PostgresBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                                       std::error_code& ec) {
+  ec.clear();
+  Session* s = find_holder(name, owner);
+  if (s == nullptr) return ReleaseStatus::not_owner;
+  const std::int64_t key = postgres_lock_key(name);
+  Lost lost;
+  ReleaseStatus st = ReleaseStatus::released;
+  {
+    std::lock_guard lk(s->mu);
+    expire_stale(*s, lost);
+    auto it = s->held.find(key);
+    if (it == s->held.end() || it->second.owner != owner || !s->conn) return ReleaseStatus::not_owner;
+    Exec e =
+        run(s->conn.get(), kReleaseSql,
+            {to_hex(name), std::string(owner), std::to_string(key), key_payload(key)}, cfg_.command_timeout);
+    if (e.io_failed) {
+      // The session ends with the connection (or has ended already: the server
+      // freed the lock when it did, perhaps long before this release, and somebody
+      // else may hold it by now). Either way this lease is lost, not released.
+      failure("release \"" + printable(name) + "\"", e.error);
+      s->held.erase(key);
+      drop(*s, lost);
+      st = ReleaseStatus::not_owner;
+    } else if (!e.ok()) {
+      failure("release \"" + printable(name) + "\"", e.error);
+      ec = code_of(e);
+    } else {
+      ok();
+      s->held.erase(key);
+      const bool row_was_ours =
+          PQntuples(e.res.get()) == 1 && std::string_view(PQgetvalue(e.res.get(), 0, 0)) == "1";
+      st = row_was_ours ? ReleaseStatus::released : ReleaseStatus::not_owner;
+    }
+  }
+  report_lost(lost);
+  return st;
+}
+
+Session& PostgresBackend::session(Millis ttl) {
+  std::lock_guard lk(sessions_mu_);
+  auto& s = sessions_[ttl];
+  if (!s) s = std::make_unique<Session>(ttl);
+  return *s;
+}
+
+Session* PostgresBackend::find_holder(std::string_view name, std::string_view owner) {
+  const std::int64_t key = postgres_lock_key(name);
+  std::vector<Session*> all;
+  {
+    std::lock_guard lk(sessions_mu_);
+    for (auto& [ttl, s] : sessions_) all.push_back(s.get());
+  }
+  for (Session* s : all) {
+    std::lock_guard lk(s->mu);
+    auto it = s->held.find(key);
+    if (it != s->held.end() && it->second.name == name && it->second.owner == owner) return s;
+  }
+  return nullptr;
+}
+
+// With s.mu held: a live connection, or false with ec.
+bool PostgresBackend::ensure_connected(Session& s, Lost& lost, std::error_code& ec) {
+  if (s.conn && PQstatus(s.conn.get()) == CONNECTION_OK) return true;
+  drop(s, lost);
+  std::string why;
+  s.conn = open(cfg_, s.ttl, "distlock-lease", ec, why);
+  if (ec) {
+    failure("connect", why);
+    set_error_detail(why);
+    return false;
+  }
+  return true;
+}
+
+// With s.mu held: gives up the advisory locks of leases not renewed for their TTL.
+// The engine has declared them lost (its local deadline came first) and does not
+// release lost leases; while other leases keep this session busy, the server would
+// otherwise keep them locked. Clears their rows and wakes their waiters. A release
+// that fails with an SQL error keeps the entry (the session still holds the lock)
+// and is retried at the next statement on the session; one that fails on the
+// connection ends the session (and its advisory locks) with its other leases.
+void PostgresBackend::expire_stale(Session& s, Lost& lost) {
+  if (!s.conn) return;
+  const auto now = Clock::now();
+  for (auto it = s.held.begin(); it != s.held.end();) {
+    if (now < it->second.valid_until) {
+      ++it;
+      continue;
+    }
+    Exec e =
+        run(s.conn.get(), kReleaseSql,
+            {to_hex(it->second.name), it->second.owner, std::to_string(it->first), key_payload(it->first)},
+            cfg_.command_timeout);
+    if (e.io_failed) {
+      failure("give up the expired lease of \"" + printable(it->second.name) + "\"", e.error);
+      s.held.erase(it);
+      drop(s, lost);
+      return;
+    }
+    if (!e.ok()) {
+      log_.log(LogLevel::warning,
+               "{}: cannot give up the expired lease of \"{}\" (retried at the next statement): {}",
+               cfg_.shown, printable(it->second.name), e.error);
+      ++it;
+      continue;
+    }
+    it = s.held.erase(it);
+  }
+}
+
+// With s.mu held: closes the session; every lease it carried is lost.
+void PostgresBackend::drop(Session& s, Lost& lost) {
+  for (auto& [key, h] : s.held) lost.emplace_back(h.name, h.owner);
+  s.held.clear();
+  s.conn.reset();
+}
+
+void PostgresBackend::report_lost(const Lost& lost) {
+  if (lost.empty()) return;
+  log_.log(LogLevel::warning, "{}: a session ended; {} lease(s) on it are lost", cfg_.shown, lost.size());
+  ChangeListener* l = listener_cb_.load();
+  if (!l) return;
+  for (const auto& [name, owner] : lost) l->on_lease_lost(name, owner);
+}
+
+}  // namespace distlock::detail::postgres

@@ -1,0 +1,170 @@
+// Redlock acquisition: one fan-out of SET NX GET to every master, the quorum's
+// verdict, releasing a minority's keys, and the split-vote backoff.
+#include <fmt/format.h>
+
+#include <array>
+#include <random>
+#include <thread>
+
+#include "redlock/redlock_backend_impl.hpp"
+#include "redlock/scripts.hpp"
+
+namespace distlock::detail::redlock {
+
+AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+  ec.clear();
+  const std::string key = lock_key(cfg_, req.name);
+  const std::string owner(req.owner);
+  const std::string ttl_ms = std::to_string(req.ttl.count());
+  const Millis timeout = node_timeout(req.ttl);
+  // Fast path in native commands (a fraction of a script's cost on the
+  // master): SET NX GET tells "taken now" (nil) from "held by X"; PTTL gives a
+  // busy holder's remaining lease.
+  const std::array<Command, 2> fast{Command{{"SET", key, owner, "NX", "GET", "PX", ttl_ms}, nullptr},
+                                    Command{{"PTTL", key}, nullptr}};
+
+  LaneLease lane(pool_);
+  // The validity check (ttl - elapsed - drift) is a deadline: measured on the
+  // client's clock, the one the engine takes the grant's send time on (tests
+  // inject a manual one). Socket timeouts in the fan-out stay on real time.
+  const Clock::time_point start = clock_->now();
+  std::vector<NodeReply> replies = lane->run_all(fast, timeout);
+
+  AcquireTally tally;
+  tally.nodes = replies.size();
+  std::vector<bool> definitely_not_ours(replies.size(), false);
+  std::vector<std::string> bad_replies;
+  std::size_t auth_failed = 0;
+  // How many masters each other owner holds: a split vote is a busy verdict
+  // in which no other owner holds a quorum either.
+  std::map<std::string, std::size_t, std::less<>> holders;
+  auto vote_busy = [&](std::size_t i, long long pttl) {
+    ++tally.busy;
+    definitely_not_ours[i] = true;
+    if (pttl >= 0) tally.max_busy_ttl = std::max(tally.max_busy_ttl.value_or(Millis(0)), Millis(pttl));
+  };
+  // The key already holds our owner id (a leftover of this owner's own earlier
+  // lease), or the master does not know SET NX GET (Redis < 7): the acquire
+  // script takes it with a fresh TTL. Rare; one more round trip to those only.
+  std::vector<std::vector<Command>> slow(replies.size());
+  bool any_slow = false;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    const NodeReply& r = replies[i];
+    if (r.status == NodeStatus::auth_failed) ++auth_failed;
+    if (r.status != NodeStatus::ok) continue;
+    const redisReply* set = r.replies[0].get();
+    const redisReply* pttl = r.replies[1].get();
+    if (set->type == REDIS_REPLY_NIL) {
+      ++tally.acquired;
+    } else if (set->type == REDIS_REPLY_STRING && std::string_view(set->str, set->len) != owner) {
+      vote_busy(i, pttl->type == REDIS_REPLY_INTEGER ? pttl->integer : -1);
+      ++holders[std::string(set->str, set->len)];
+    } else {
+      const std::array<std::string, 1> keys{key};
+      const std::array<std::string, 2> args{owner, ttl_ms};
+      slow[i].push_back(script_command(kAcquireScript, keys, args));
+      any_slow = true;
+    }
+  }
+  if (any_slow) {
+    std::vector<NodeReply> more = lane->run(slow, timeout);
+    for (std::size_t i = 0; i < more.size(); ++i) {
+      if (slow[i].empty()) continue;
+      const NodeReply& r = more[i];
+      if (r.status == NodeStatus::auth_failed) ++auth_failed;
+      if (r.status != NodeStatus::ok) {
+        bad_replies.push_back(r.error);  // so a quorum failure names this master too
+        continue;
+      }
+      long long flag = 0, pttl = 0;
+      const redisReply* reply = r.replies[0].get();
+      if (!integer_at(reply, 0, flag) || !integer_at(reply, 1, pttl)) {
+        // An error reply (e.g. WRONGTYPE, OOM, READONLY): no vote, nothing set.
+        bad_replies.push_back(fmt::format("{} answered {}", masters_[i]->label(), reply_text(reply)));
+        definitely_not_ours[i] = true;
+      } else if (flag == 1) {
+        ++tally.acquired;
+      } else {
+        vote_busy(i, pttl);
+        ++holders["\n(unknown)"];  // the script does not say who holds it
+      }
+    }
+  }
+  const auto elapsed = std::chrono::duration_cast<Millis>(clock_->now() - start);
+  const AcquireDecision d = decide_acquire(tally, req.ttl, elapsed);
+  const std::string backoff_key = std::string(req.name) + '\0' + owner;
+  if (d.verdict == AcquireVerdict::acquired) {
+    forget_backoff(backoff_key);
+    return AcquireResult{true, 0, d.validity, std::nullopt};
+  }
+
+  // Not acquired: release on every master that may hold our key (those that
+  // took it and those whose answer is unknown), so no minority keys linger.
+  // Sent on the same connections, so it runs after a late acquisition. It is
+  // sent as EVAL with the body, not EVALSHA: on a master that answers late, a
+  // NOSCRIPT reply would come too late to retry and the key would linger.
+  const Command release{{"EVAL", std::string(kReleaseScript.body), "2", key, release_channel(cfg_, req.name),
+                         std::string(req.owner)},
+                        nullptr};
+  std::vector<std::vector<Command>> per_node(replies.size());
+  bool any = false;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    if (definitely_not_ours[i]) continue;
+    per_node[i].push_back(release);
+    any = true;
+  }
+  // A master that did not answer has the acquisition still pending on its
+  // connection: the release is queued behind it there (so it runs after it)
+  // and that connection is closed; the others answer on their own connection.
+  if (any) lane->run(per_node, timeout, Pending::queue_behind);
+
+  if (d.verdict == AcquireVerdict::quorum_unavailable) {
+    const bool credentials = auth_failed > 0 && tally.answered() + auth_failed >= quorum_;
+    ec = make_error_code(credentials ? errc::auth_failed : errc::quorum_unavailable);
+    std::string detail =
+        fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", tally.answered(),
+                    replies.size(), quorum_, failures(replies, bad_replies));
+    log_.log(LogLevel::warning, "redlock: lock \"{}\": {}", req.name.substr(0, 200), detail);
+    set_error_detail(std::move(detail));
+    return {};
+  }
+  std::size_t top_holder = 0;
+  for (const auto& [who, n] : holders) top_holder = std::max(top_holder, n);
+  if (d.verdict == AcquireVerdict::busy && top_holder < quorum_ && req.keep_queued) {
+    // Split vote: nobody took a quorum. Contenders woken together by the same
+    // release would collide again at once; a random delay, growing with this
+    // caller's consecutive split votes, spreads them out (Redlock's "retry
+    // after a random delay").
+    split_vote_backoff(backoff_key, elapsed, req.ttl);
+  }
+  AcquireResult busy;
+  busy.holder_ttl = d.holder_ttl;
+  return busy;
+}
+
+void RedlockBackend::cancel_acquire(std::string_view name, std::string_view owner) noexcept {
+  try {
+    forget_backoff(std::string(name) + '\0' + std::string(owner));
+  } catch (...) {
+  }
+}
+
+// Sleeps a uniformly random time in [0, window]: window = max(elapsed,
+// kMinBackoff) * 2^(consecutive split votes - 1), at most min(ttl / 4, kMaxBackoff).
+void RedlockBackend::split_vote_backoff(const std::string& key, Millis elapsed, Millis ttl) {
+  int votes = 0;
+  {
+    std::lock_guard lk(backoff_mu_);
+    if (split_votes_.size() >= kMaxBackoffEntries && !split_votes_.contains(key)) split_votes_.clear();
+    votes = std::min(++split_votes_[key], kMaxBackoffDoublings + 1);
+  }
+  const Millis cap = std::max(Millis(1), std::min(ttl / 4, kMaxBackoff));
+  Millis window = std::max(elapsed, kMinBackoff);
+  for (int i = 1; i < votes && window < cap; ++i) window *= 2;
+  window = std::min(window, cap);
+  thread_local std::minstd_rand rng{std::random_device{}()};
+  std::uniform_int_distribution<std::int64_t> pick(0, window.count());
+  std::this_thread::sleep_for(Millis(pick(rng)));
+}
+
+}  // namespace distlock::detail::redlock

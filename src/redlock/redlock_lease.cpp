@@ -1,0 +1,114 @@
+// Redlock leases after acquisition: batched renewal, release, and watching the
+// release channels.
+#include <array>
+
+#include "redlock/redlock_backend_impl.hpp"
+#include "redlock/scripts.hpp"
+
+namespace distlock::detail::redlock {
+
+void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
+                           std::error_code& ec) {
+  ec.clear();
+  if (items.empty()) return;
+  std::vector<Command> cmds;
+  Millis min_ttl = items[0].ttl;
+  for (std::size_t begin = 0; begin < items.size(); begin += kRenewChunk) {
+    const std::size_t end = std::min(items.size(), begin + kRenewChunk);
+    std::vector<std::string> keys, args;
+    keys.reserve(end - begin);
+    args.reserve(2 * (end - begin));
+    for (std::size_t i = begin; i < end; ++i) {
+      keys.push_back(lock_key(cfg_, items[i].name));
+      args.emplace_back(items[i].owner);
+      args.push_back(std::to_string(items[i].ttl.count()));
+      min_ttl = std::min(min_ttl, items[i].ttl);
+    }
+    cmds.push_back(script_command(kRenewScript, keys, args));
+  }
+  // A large batch may take a while on a master; the reply only has to come
+  // back well before the local deadline (ttl - margin after the send time).
+  const Millis timeout = std::max(node_timeout(min_ttl), min_ttl / 20);
+  LaneLease lane(pool_);
+  std::vector<NodeReply> replies = lane->run_all(cmds, timeout);
+
+  std::vector<std::size_t> renewed(items.size(), 0), refused(items.size(), 0);
+  std::size_t answered = 0;
+  for (const NodeReply& r : replies) {
+    if (r.status != NodeStatus::ok) continue;
+    ++answered;
+    for (std::size_t c = 0; c < r.replies.size(); ++c) {
+      const redisReply* reply = r.replies[c].get();
+      const std::size_t base = c * kRenewChunk;
+      for (std::size_t j = 0; base + j < items.size() && j < kRenewChunk; ++j) {
+        long long v = 0;
+        if (!integer_at(reply, j, v)) break;  // an error reply: unknown for this chunk
+        ++(v == 1 ? renewed : refused)[base + j];
+      }
+    }
+  }
+  bool any_known = false;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out[i] = decide_renew(replies.size(), renewed[i], refused[i]);
+    any_known = any_known || out[i] != RenewStatus::failed;
+  }
+  if (answered < quorum_ && !any_known) {
+    ec = make_error_code(errc::quorum_unavailable);
+    log_.log(LogLevel::warning, "redlock: renewal: only {} of {} masters answered (a quorum is {}): {}",
+             answered, replies.size(), quorum_, failures(replies, {}));
+  }
+}
+
+ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                                      std::error_code& ec) {
+  ec.clear();
+  const std::array<std::string, 2> keys{lock_key(cfg_, name), release_channel(cfg_, name)};
+  const std::array<std::string, 1> args{std::string(owner)};
+  const Command cmd = script_command(kReleaseScript, keys, args);
+  LaneLease lane(pool_);
+  std::vector<NodeReply> replies =
+      lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+  std::size_t deleted = 0, refused = 0;
+  for (const NodeReply& r : replies) {
+    if (r.status != NodeStatus::ok || r.replies[0]->type != REDIS_REPLY_INTEGER) continue;
+    ++(r.replies[0]->integer == 1 ? deleted : refused);
+  }
+  switch (decide_release(replies.size(), deleted, refused)) {
+    case ReleaseVerdict::released: return ReleaseStatus::released;
+    case ReleaseVerdict::not_owner: return ReleaseStatus::not_owner;
+    case ReleaseVerdict::quorum_unavailable:
+      ec = make_error_code(errc::quorum_unavailable);
+      log_.log(LogLevel::warning, "redlock: release of \"{}\": only {} of {} masters answered: {}",
+               name.substr(0, 200), deleted + refused, replies.size(), failures(replies, {}));
+      return ReleaseStatus::released;
+  }
+  return ReleaseStatus::released;
+}
+
+void RedlockBackend::watch(std::string_view name, std::error_code& ec) {
+  ec.clear();
+  Subscriber* sub = nullptr;
+  {
+    std::lock_guard lk(sub_mu_);
+    if (!sub_) {
+      sub_ = std::make_unique<Subscriber>(
+          masters_, [this](std::string_view channel) { on_message(channel); },
+          cfg_.node_timeout.value_or(Millis(100)), log_);
+    }
+    sub = sub_.get();
+  }
+  // Returns once every reachable master confirmed; a release published after
+  // that reaches us. An unreachable master is covered by the engine's re-check.
+  sub->subscribe(release_channel(cfg_, name));
+}
+
+void RedlockBackend::unwatch(std::string_view name) noexcept {
+  std::lock_guard lk(sub_mu_);
+  if (!sub_) return;
+  try {
+    sub_->unsubscribe(release_channel(cfg_, name));
+  } catch (...) {
+  }
+}
+
+}  // namespace distlock::detail::redlock
