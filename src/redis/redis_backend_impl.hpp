@@ -1,0 +1,248 @@
+// The redis:// backend's private declarations, shared by its files: redis_queue.cpp
+// (acquire and the queue hand-off), redis_lease.cpp (renew, release, watches),
+// redis_status.cpp (status, records, listing) and redis_backend.cpp (scripts, the
+// server's configuration check, factories). Not for use outside src/redis.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "core/log.hpp"
+#include "redis/connection.hpp"
+#include "redis/lock_scripts.hpp"
+#include "redis/records.hpp"
+#include "redis/redis_backend.hpp"
+#include "redis/shared_connection.hpp"
+#include "redis/slots.hpp"
+#include "redis/subscriber.hpp"
+#include "redis/wait_queue.hpp"
+
+namespace distlock::detail::redis {
+
+// Keys renewed by one EVALSHA: large enough that 10,000 leases need 10 calls (sent
+// as one pipeline), small enough that one call blocks the server only briefly.
+constexpr std::size_t kRenewChunk = 1000;
+
+// redis_backend.cpp
+const Script& acquire_script();
+const Script& renew_script();
+bool to_u64(const redisReply* r, std::uint64_t& out);
+bool prefix_ok(std::string_view prefix);
+
+class RedisBackend final : public Backend {
+ public:
+  RedisBackend(const ConnectionOptions& conn, std::string prefix, std::string url, const ClientOptions& opts,
+               int wait_replicas = 0, Millis wait_timeout = Millis(0))
+      : conn_opts_(conn),
+        prefix_(std::move(prefix)),
+        url_(std::move(url)),
+        wait_replicas_(wait_replicas),
+        wait_timeout_(wait_timeout),
+        log_(opts.logger),
+        pool_(conn, 8),
+        shared_(wait_replicas == 0 ? std::make_unique<redis::SharedConnection>(conn) : nullptr),
+        waits_([this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
+               [this](std::string_view name) { wake(name); },
+               [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); }),
+        subscriber_(conn, [this](std::string_view channel) { on_channel(channel); }) {}
+
+  // The subscriber (declared last) stops its thread first, then the wait queue's
+  // refresher; both call into this object.
+  ~RedisBackend() override = default;
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  std::error_code connect_now(std::string& why);
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  AcquireResult acquire_queued(const AcquireRequest& req, std::error_code& ec);
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                        std::error_code& ec) override;
+  void watch(std::string_view name, std::error_code& ec) override;
+  void unwatch(std::string_view name) noexcept override;
+  LockInfo status(std::string_view name, std::error_code& ec) override;
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override;
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override;
+  bool erase_record(std::string_view key, std::error_code& ec) override;
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override;
+
+  std::string url() const override { return url_; }
+
+  RedisStats stats() const {
+    RedisStats st;
+    st.grants_received = waits_.grants_received();
+    st.release_messages = release_messages_.load();
+    st.queued_waits = waits_.size();
+    return st;
+  }
+
+ private:
+  struct Keys {
+    std::string lock, queue, expiries, fence, released;
+  };
+  Keys keys_of(std::string_view name) const {
+    Keys k;
+    k.lock = lock_key(name);
+    k.queue = k.lock + ":q";
+    k.expiries = k.lock + ":qx";
+    k.fence = fence_key(k.lock);
+    k.released = k.lock + ":released";
+    return k;
+  }
+
+  struct Answer {
+    AcquireResult result;
+    bool gone = false;  // the re-checked entry is no longer queued
+  };
+
+  Answer acquire_answer(redis::Link& conn, const AcquireRequest& req, const Reply& r, std::error_code& ec);
+  void subscribe_grants(std::string_view owner);
+  std::vector<redis::WaitQueue::Answer> refresh_waits(const std::vector<redis::WaitQueue::Wait>& waits);
+  bool cancel_wait(const redis::WaitQueue::Wait& w);
+  void on_grant_message(std::string_view payload);
+
+  void hold_entry(std::string_view name, std::string_view owner, const std::string& entry) {
+    std::lock_guard lk(held_mu_);
+    held_entries_[{std::string(name), std::string(owner)}] = entry;
+  }
+  void unhold_entry(std::string_view name, std::string_view owner) noexcept {
+    try {
+      std::lock_guard lk(held_mu_);
+      held_entries_.erase({std::string(name), std::string(owner)});
+    } catch (...) {  // out of memory building the key: the entry stays listed, harmless
+    }
+  }
+
+  void wake(std::string_view name) {
+    ChangeListener* l = listener_.load();
+    if (l) l->on_change(name);
+  }
+
+  std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, std::error_code& ec,
+                                 std::string& why);
+
+  // "<prefix>:fence:{<tag>}": one counter per hash slot, in the slot of the lock
+  // (docs/redis.md "Tokens"): locking any number of names leaves at most 16,384
+  // counters, and the acquire script's keys stay in one slot.
+  std::string fence_key(std::string_view lock) const {
+    return prefix_ + ":fence:{" + redis::slot_tag(redis::key_slot(lock)) + "}";
+  }
+
+  std::string lock_key(std::string_view name) const {
+    std::string k;
+    k.reserve(prefix_.size() + name.size() + 4);
+    k.append(prefix_).append(":{").append(name).append("}");
+    return k;
+  }
+
+  // "<prefix>:{<key>}:record": a lock key ends in '}', its counter in ":fence", so no
+  // record shares a key with a lock of any name.
+  std::string record_key(std::string_view key) const { return lock_key(key) + ":record"; }
+
+  bool answered(const Connection& conn, const Reply& r, const char* what, std::error_code& ec);
+  bool replicated_record(Connection& conn, std::string_view key, std::error_code& ec);
+
+  void unexpected(const char* what, std::error_code& ec) {
+    ec = make_error_code(errc::protocol_error);
+    set_error_detail(conn_opts_.describe() + ": unexpected reply to " + what);
+  }
+
+  void listing_failed(const Connection& conn, const std::string& why, std::error_code& ec) {
+    if (!conn.connected()) report("list: " + why);
+    set_error_detail("list: " + why);
+    if (!ec) ec = make_error_code(errc::protocol_error);
+  }
+
+  void on_channel(std::string_view channel);
+  void check_config(Connection& conn);
+  bool replicated(redis::Link& conn, const char* what, long long* acked_out = nullptr);
+  bool replicated_acquire(redis::Link& conn, const AcquireRequest& req, std::error_code& ec);
+
+  // The link a lock call runs on: the client's shared, auto-pipelined connection,
+  // or with wait=N an exclusive one from the pool (WAIT counts the writes of its
+  // own connection, and would stall every other call on a shared one).
+  class CallLink {
+   public:
+    redis::Link& operator*() const noexcept { return *link_; }
+    redis::Link* operator->() const noexcept { return link_; }
+
+   private:
+    friend class RedisBackend;
+    redis::PooledConnection pooled_;
+    redis::Link* link_ = nullptr;
+  };
+  CallLink lock_link(std::error_code& ec) {
+    CallLink l;
+    ec.clear();
+    if (shared_) {
+      l.link_ = shared_.get();
+      return l;
+    }
+    l.pooled_ = checkout(ec);
+    if (!ec) l.link_ = &*l.pooled_;
+    return l;
+  }
+
+  redis::PooledConnection checkout(std::error_code& ec) {
+    auto conn = pool_.checkout(ec);
+    if (ec) report(pool_.last_error());
+    return conn;
+  }
+
+  // As checkout(), and a failure leaves an error detail naming the server (records
+  // and listing are called by layers that report it).
+  redis::PooledConnection checkout_detailed(std::error_code& ec) {
+    auto conn = checkout(ec);
+    if (ec) set_error_detail(pool_.last_error());
+    return conn;
+  }
+
+  void failed(const redis::Link& conn, const char* what) {
+    report(std::string(what) + ": " + conn.last_error());
+  }
+
+  // One warning when the server becomes unreachable, one note when it is back,
+  // rather than a line per failed call during an outage.
+  // Logged once per outage; every failing call's error names the server and cause.
+  void report(const std::string& why) {
+    set_error_detail(why);
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  }
+  void ok() {
+    if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", conn_opts_.describe());
+  }
+
+  const ConnectionOptions conn_opts_;
+  const std::string prefix_;
+  const std::string url_;
+  const int wait_replicas_;
+  const Millis wait_timeout_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+  std::atomic<bool> failing_{false};
+  std::atomic<std::uint64_t> release_messages_{0};
+  ConnectionPool pool_;  // records, listing, status, and lock calls with wait=N
+  // Lock calls (acquire, renew, release, queue refresh and give-up) from every
+  // thread, pipelined on one socket; null with wait=N.
+  const std::unique_ptr<redis::SharedConnection> shared_;
+  const std::string grant_prefix_ = prefix_ + ":grant:";  // + client id: one grant channel per client
+  std::mutex grants_mu_;
+  bool grants_subscribed_ = false;  // guarded by grants_mu_
+  std::string grant_channel_;       // guarded by grants_mu_
+  std::mutex held_mu_;
+  // Locks this client took from a queue: (name, owner) -> entry, until released.
+  std::map<std::pair<std::string, std::string>, std::string> held_entries_;  // guarded by held_mu_
+  redis::WaitQueue waits_;        // its refresher calls refresh_waits() and wake()
+  redis::Subscriber subscriber_;  // last: destroyed first, its thread calls on_channel
+};
+
+}  // namespace distlock::detail::redis

@@ -1,0 +1,273 @@
+// The redis:// backend's acquire: a plain try, and a wait that keeps its place in the
+// name's server-side queue (grants handed off on the client's channel, refresh, give-up).
+#include "redis/redis_backend_impl.hpp"
+
+namespace distlock::detail::redis {
+
+AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+  ec.clear();
+  if (req.keep_queued) return acquire_queued(req, ec);
+  auto conn = lock_link(ec);
+  if (ec) return {};
+  const Keys k = keys_of(req.name);
+  const std::string ttl = std::to_string(req.ttl.count());
+  Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                              {req.owner, ttl, "0", "0", grant_prefix_}, ec);
+  return acquire_answer(*conn, req, r, ec).result;
+}
+
+// A wait that keeps its place in the name's queue. A grant that arrived on this
+// client's channel is answered here without a round trip: the lease counts from
+// the last call the server answered while the entry was queued (WaitQueue), which
+// is earlier than the grant. With wait=N the grant was never acknowledged by
+// replicas, so it is claimed from the server (and WAITed for) instead.
+AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, std::error_code& ec) {
+  subscribe_grants(req.owner);
+  waits_.flush_abandoned();  // entries left behind by an outage go first
+  const std::string ttl = std::to_string(req.ttl.count());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
+    if (w.granted && wait_replicas_ == 0) {
+      const auto left =
+          std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - std::chrono::steady_clock::now());
+      if (left >= w.ttl / 2) {
+        hold_entry(req.name, req.owner, w.entry);  // before forget: see on_grant_message
+        waits_.forget(req.name, req.owner, w.entry);
+        AcquireResult res;
+        res.acquired = true;
+        res.token = w.token;
+        res.validity = left;
+        return res;
+      }
+      // Too little of it left to use: the server restarts its ttl below.
+    }
+    auto conn = lock_link(ec);
+    if (ec) return {};
+    const Keys k = keys_of(req.name);
+    const auto sent = std::chrono::steady_clock::now();
+    Reply r =
+        redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                          {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_}, ec);
+    const Answer a = acquire_answer(*conn, req, r, ec);
+    if (ec) return {};
+    if (a.gone) {
+      waits_.forget(req.name, req.owner, w.entry);  // the next attempt queues a new entry
+      continue;
+    }
+    if (a.result.acquired) {
+      hold_entry(req.name, req.owner, w.entry);
+      waits_.forget(req.name, req.owner, w.entry);
+    } else {
+      waits_.queued(req.name, req.owner, w.entry, sent);
+    }
+    return a.result;
+  }
+  return {};
+}
+
+void RedisBackend::cancel_acquire(std::string_view name, std::string_view owner) noexcept {
+  try {
+    const auto w = waits_.find(name, owner);
+    if (!w) return;
+    waits_.forget(name, owner, w->entry);
+    if (!cancel_wait(*w)) waits_.abandon(*w);
+  } catch (...) {  // out of memory: the entry expires after its ttl
+  }
+}
+
+// The acquire script's reply: {1, token} | {0, pttl} | {2}.
+RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const AcquireRequest& req,
+                                                  const Reply& r, std::error_code& ec) {
+  Answer a;
+  if (ec) {
+    failed(conn, "acquire");
+    return a;
+  }
+  std::uint64_t flag = 0;
+  if (r->type == REDIS_REPLY_ERROR) {
+    ec = redis::error_code_of(r.get());
+    log_.log(LogLevel::warning, "{}: acquire script: {}", conn_opts_.describe(), redis::reply_str(r.get()));
+    set_error_detail(conn_opts_.describe() + ": acquire: " + std::string(redis::reply_str(r.get())));
+    return a;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !to_u64(r->element[0], flag) || flag > 2 ||
+      (flag != 2 && r->elements != 2)) {
+    ec = make_error_code(errc::protocol_error);
+    log_.log(LogLevel::warning, "{}: unexpected reply to the acquire script", conn_opts_.describe());
+    return a;
+  }
+  ok();
+  if (flag == 2) {
+    a.gone = true;
+    return a;
+  }
+  if (flag == 1) {
+    if (!to_u64(r->element[1], a.result.token)) {
+      ec = make_error_code(errc::protocol_error);
+      return a;
+    }
+    a.result.acquired = true;
+    a.result.validity = req.ttl;
+    if (wait_replicas_ > 0 && !replicated_acquire(conn, req, ec)) a.result = {};
+    return a;
+  }
+  const redisReply* pttl = r->element[1];
+  if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) a.result.holder_ttl = Millis(pttl->integer);
+  return a;
+}
+
+// The grant channel of this client, subscribed once before its first queued wait
+// (so no grant to it can be missed). A failure leaves waits degraded, not
+// broken: the engine's re-checks find a grant (the script answers "acquired").
+void RedisBackend::subscribe_grants(std::string_view owner) {
+  std::lock_guard lk(grants_mu_);
+  if (grants_subscribed_) return;
+  const std::string channel = grant_prefix_ + std::string(owner.substr(0, owner.find(':')));
+  subscriber_.set_payload_handler(
+      channel, [this](std::string_view, std::string_view payload) { on_grant_message(payload); });
+  std::error_code ec;
+  std::string why;
+  subscriber_.watch(channel, ec, why);
+  if (ec) {
+    log_.log(LogLevel::warning, "cannot listen for hand-offs ({}); waits find them by re-checks", why);
+    return;
+  }
+  grant_channel_ = channel;
+  grants_subscribed_ = true;
+}
+
+// The wait queue's batched refresh: KEYS/ARGV 3 per entry, kRenewChunk / 3 entries
+// per call, all calls in one pipeline.
+std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
+    const std::vector<redis::WaitQueue::Wait>& waits) {
+  using A = redis::WaitQueue::Answer;
+  std::vector<A> out(waits.size());
+  std::error_code ec;
+  auto conn = lock_link(ec);
+  if (ec) return out;
+  std::vector<std::string> keys, ttls;
+  keys.reserve(3 * waits.size());
+  ttls.reserve(waits.size());
+  for (const auto& w : waits) {
+    Keys k = keys_of(w.name);
+    keys.push_back(std::move(k.lock));
+    keys.push_back(std::move(k.queue));
+    keys.push_back(std::move(k.expiries));
+    ttls.push_back(std::to_string(w.ttl.count()));
+  }
+  std::vector<std::string_view> key_views(keys.begin(), keys.end()), arg_views;
+  arg_views.reserve(3 * waits.size());
+  for (std::size_t i = 0; i < waits.size(); ++i) {
+    arg_views.push_back(waits[i].owner);
+    arg_views.push_back(waits[i].entry);
+    arg_views.push_back(ttls[i]);
+  }
+  constexpr std::size_t kChunk = kRenewChunk / 3;
+  std::vector<redis::Script::Call> calls;
+  for (std::size_t at = 0; at < waits.size(); at += kChunk) {
+    const std::size_t n = std::min(kChunk, waits.size() - at);
+    calls.push_back(
+        {std::span(key_views).subspan(3 * at, 3 * n), std::span(arg_views).subspan(3 * at, 3 * n)});
+  }
+  std::vector<Reply> replies = redis::queue_refresh_script().run_pipelined(*conn, calls, ec);
+  if (ec) {
+    failed(*conn, "refresh of queued waits");
+    return out;
+  }
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    const redisReply* r = replies[c].get();
+    const std::size_t at = c * kChunk;
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || 3 * r->elements != calls[c].keys.size()) continue;
+    for (std::size_t i = 0; i < r->elements; ++i) {
+      const redisReply* e = r->element[i];
+      if (e->type == REDIS_REPLY_INTEGER) {
+        out[at + i].kind = e->integer == 0 ? A::queued : e->integer == 2 ? A::gone : A::failed;
+      } else if (to_u64(e, out[at + i].token)) {
+        out[at + i].kind = A::granted;
+      }
+    }
+  }
+  return out;
+}
+
+// Removes a wait's entry from the server's queue, or hands the lock on if it was
+// granted to it. False when the server could not be reached.
+bool RedisBackend::cancel_wait(const redis::WaitQueue::Wait& w) {
+  std::error_code ec;
+  auto conn = lock_link(ec);
+  if (ec) return false;
+  const Keys k = keys_of(w.name);
+  Reply r = redis::queue_cancel_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                             {w.owner, w.entry, k.released, grant_prefix_}, ec);
+  if (ec) {
+    failed(*conn, "give up a wait");
+    return false;
+  }
+  return !redis::is_error(r.get());
+}
+
+// A grant to an entry this client neither waits with nor holds under: a wait given
+// up while the server was out of reach, or queued through a backend that a
+// Sentinel failover replaced (the new master still had the entry). Nobody here
+// will take it, so it is handed on at once rather than left to its ttl. The
+// cancel script acts only while the lock is held under exactly that entry (ids
+// are unique in the process), and an entry this client took is in held_entries_
+// from before it leaves the wait queue until its release.
+void RedisBackend::on_grant_message(std::string_view payload) {
+  auto unknown = waits_.on_grant(payload);
+  if (!unknown) return;
+  const std::string head = prefix_ + ":{";
+  const std::string& lock = unknown->lock;
+  if (lock.size() < head.size() + 1 || lock.compare(0, head.size(), head) != 0 || lock.back() != '}') return;
+  {
+    std::lock_guard lk(held_mu_);
+    for (const auto& [key, entry] : held_entries_) {
+      if (entry == unknown->entry) return;
+    }
+  }
+  redis::WaitQueue::Wait w;
+  w.name = lock.substr(head.size(), lock.size() - head.size() - 1);
+  w.owner = std::move(unknown->owner);
+  w.entry = std::move(unknown->entry);
+  w.ttl = Millis(3000);  // the retry period's basis (1 s); the grant's own ttl is not known here
+  waits_.hand_on(std::move(w), Millis(60000));
+}
+
+// An acquisition fewer than wait_replicas_ replicas acknowledged is not reported:
+// it is released again (on this connection if it still works, else on another)
+// and the call fails with quorum_unavailable (backend_unavailable when WAIT itself
+// failed), so a failover right after it cannot leave a holder whose lock the new
+// master never saw.
+bool RedisBackend::replicated_acquire(redis::Link& conn, const AcquireRequest& req, std::error_code& ec) {
+  long long acked = -1;
+  if (replicated(conn, "acquisition", &acked)) return true;
+  const Keys k = keys_of(req.name);
+  auto release_on = [&](redis::Link& c, std::error_code& e) {
+    redis::queue_release_script().run(c, {k.lock, k.queue, k.expiries, k.fence},
+                                      {req.owner, k.released, grant_prefix_}, e);
+  };
+  std::error_code rec;
+  if (conn.connected()) {
+    release_on(conn, rec);
+  } else {
+    auto other = pool_.checkout(rec);
+    if (!rec) release_on(*other, rec);
+  }
+  const std::string released =
+      rec ? "could not be released (" + std::string(rec.message()) + "); it expires after its TTL"
+          : "was released again";
+  if (acked < 0) {
+    ec = make_error_code(errc::backend_unavailable);
+    set_error_detail(conn_opts_.describe() + ": WAIT after acquiring \"" + std::string(req.name) +
+                     "\" failed; the lock " + released);
+  } else {
+    ec = make_error_code(errc::quorum_unavailable);
+    set_error_detail(conn_opts_.describe() + ": only " + std::to_string(acked) + " of " +
+                     std::to_string(wait_replicas_) + " replicas acknowledged acquiring \"" +
+                     std::string(req.name) + "\" within " + std::to_string(wait_timeout_.count()) +
+                     " ms (wait=" + std::to_string(wait_replicas_) + "); the lock " + released);
+  }
+  return false;
+}
+
+}  // namespace distlock::detail::redis

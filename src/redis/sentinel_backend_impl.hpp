@@ -1,0 +1,212 @@
+// The redis+sentinel:// backend's private declarations, shared by sentinel_backend.cpp
+// (finding the master, switching to it, factory) and sentinel_monitor.cpp (the
+// +switch-master monitor, watches). Not for use outside src/redis.
+#pragma once
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/url_keys.hpp"
+#include "core/worker_loop.hpp"
+#include "redis/connection.hpp"
+#include "redis/redis_backend.hpp"
+
+namespace distlock::detail::redis {
+
+using Steady = std::chrono::steady_clock;
+
+constexpr std::uint16_t kSentinelPort = 26379;
+// The monitor asks a sentinel for the master this often even without a
+// +switch-master message (one may be missed while it changes sentinels).
+constexpr Millis kRecheckEvery{1000};
+// A call that fails re-discovers at most this often (many threads fail at once).
+constexpr Millis kMinRediscover{100};
+// The monitor waits this long before subscribing again after losing a sentinel.
+constexpr Millis kResubscribeDelay{200};
+
+struct Address {
+  std::string host;
+  std::uint16_t port = 0;
+  bool operator==(const Address&) const = default;
+  std::string text() const { return host + ":" + std::to_string(port); }
+};
+
+class SentinelBackend final : public Backend, private ChangeListener {
+ public:
+  SentinelBackend(std::vector<ConnectionOptions> sentinels, std::string master_name, ConnectionOptions master,
+                  RedisSettings settings, const ClientOptions& opts)
+      : sentinel_opts_(std::move(sentinels)),
+        master_name_(std::move(master_name)),
+        master_tpl_(std::move(master)),
+        settings_(std::move(settings)),
+        client_opts_(opts),
+        log_(opts.logger) {
+    for (const auto& o : sentinel_opts_) sentinel_conns_.emplace_back(o);
+    if (!monitor_.valid())
+      throw std::system_error(monitor_.error(), std::generic_category(), "eventfd for the sentinel monitor");
+  }
+
+  ~SentinelBackend() override {
+    monitor_.stop();
+    std::lock_guard lk(mu_);
+    current_.reset();  // stops its subscriber while every member is alive
+  }
+
+  std::error_code start(std::string& why);
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.try_acquire(req, e); });
+  }
+
+  // To the current master's backend: a wait queued on a master that was replaced
+  // since is unknown there, and its entry expires with its ttl (docs/sentinel.md).
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    current().first->cancel_acquire(name, owner);
+  }
+
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+    call(ec, [&](Backend& b, std::error_code& e) {
+      b.renew(items, out, e);
+      return 0;
+    });
+  }
+
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.release(name, owner, token, e); });
+  }
+
+  LockInfo status(std::string_view name, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.status(name, e); });
+  }
+
+  // Records and listing go to the current master like every lock call (a put that
+  // met a demoted master is repeated once on the new one: `always` and `if_absent`
+  // are idempotent there, see docs/sentinel.md).
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.put_record(key, value, mode, e); });
+  }
+
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.get_record(key, e); });
+  }
+
+  bool erase_record(std::string_view key, std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.erase_record(key, e); });
+  }
+
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override {
+    return call(ec, [&](Backend& b, std::error_code& e) { return b.list_held(prefix, limit, truncated, e); });
+  }
+
+  void watch(std::string_view name, std::error_code& ec) override;
+  void unwatch(std::string_view name) noexcept override;
+
+  std::string url() const override { return settings_.url; }
+
+ private:
+  // ChangeListener of the inner backends: forwarded to the engine.
+  void on_change(std::string_view name) noexcept override {
+    if (auto* l = listener_.load()) l->on_change(name);
+  }
+  void on_session_lost() noexcept override {
+    if (auto* l = listener_.load()) l->on_session_lost();
+  }
+  void on_lease_lost(std::string_view name, std::string_view owner) noexcept override {
+    if (auto* l = listener_.load()) l->on_lease_lost(name, owner);
+  }
+  void on_validity_changed(Millis validity) noexcept override {
+    if (auto* l = listener_.load()) l->on_validity_changed(validity);
+  }
+
+  std::pair<std::shared_ptr<Backend>, std::uint64_t> current() const {
+    std::lock_guard lk(mu_);
+    return {current_, generation_};
+  }
+
+  // Runs `f` on the current master; when it fails with backend_unavailable and the
+  // sentinels name another master, runs it once more there (every operation is
+  // owner-checked, so a repeat cannot act for somebody else).
+  template <class F>
+  std::invoke_result_t<F&, Backend&, std::error_code&> call(std::error_code& ec, F&& f) {
+    auto [backend, generation] = current();
+    auto result = f(*backend, ec);
+    if (ec != errc::backend_unavailable) return result;
+    if (!rediscover(generation, false)) return result;
+    take_error_detail();
+    ec.clear();
+    return f(*current().first, ec);
+  }
+
+  bool rediscover(std::uint64_t generation, bool forced);
+
+  Address current_addr() const {
+    std::lock_guard lk(mu_);
+    return current_addr_;
+  }
+
+  std::string describe_sentinel(std::size_t i) const {
+    return "sentinel " + sentinel_opts_[i].host + ":" + std::to_string(sentinel_opts_[i].port);
+  }
+
+  Reply sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv, std::error_code& ec,
+                         std::string& why);
+  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why);
+  std::optional<Address> discover(std::string& why, bool& unknown_everywhere, long long& epoch);
+  bool is_master(const Address& a, std::string& why);
+  bool switch_to(const Address& a, std::error_code& ec, std::string& why);
+  void monitor();
+  void listen(redis::Socket& sock, redisReader& reader);
+
+  void recheck() { rediscover(current().second, true); }
+
+  void wait_wake(Millis d) {
+    pollfd p{monitor_.wake_fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(d.count())) > 0) monitor_.clear_wake();
+  }
+
+  std::vector<ConnectionOptions> sentinel_opts_;  // guarded by discover_mu_
+  const std::string master_name_;
+  const ConnectionOptions master_tpl_;
+  const RedisSettings settings_;
+  const ClientOptions client_opts_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+
+  std::mutex discover_mu_;                  // serialises discovery and switches
+  std::vector<Connection> sentinel_conns_;  // guarded by discover_mu_
+  Steady::time_point last_discovery_{};     // guarded by discover_mu_
+  bool no_master_ = false;                  // guarded by discover_mu_
+  long long current_epoch_ = -1;            // the current master's config-epoch, guarded by discover_mu_
+
+  std::mutex watch_mu_;                              // taken before mu_
+  std::map<std::string, int, std::less<>> watches_;  // guarded by watch_mu_
+
+  mutable std::mutex mu_;
+  std::shared_ptr<Backend> current_;  // guarded by mu_
+  Address current_addr_;              // guarded by mu_
+  std::uint64_t generation_ = 0;      // guarded by mu_
+
+  WorkerLoop monitor_;  // last: stopped first, while everything it uses is alive
+};
+
+}  // namespace distlock::detail::redis

@@ -1,0 +1,227 @@
+// The redis+cluster:// backend's private declarations, shared by its files:
+// cluster_routing.cpp (the slot map, routing and redirections), cluster_renew.cpp
+// (renewal pipelines per node), cluster_watch.cpp (watches, the mover thread, the
+// masters' configuration check) and cluster_backend.cpp (key layout, acquire,
+// release, status, records, listing, factory). Not for use outside src/rediscluster.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+#include "redis/connection.hpp"
+#include "redis/records.hpp"
+#include "redis/redis_backend.hpp"
+#include "redis/slots.hpp"
+#include "redis/subscriber.hpp"
+#include "rediscluster/cluster_backend.hpp"
+
+namespace distlock::detail::rediscluster {
+
+using redis::Connection;
+using redis::ConnectionOptions;
+using redis::ConnectionPool;
+using redis::Reply;
+using redis::Script;
+
+constexpr std::size_t kSlots = 16384;
+// Redirections (MOVED, ASK, TRYAGAIN) followed for one call before giving up: a
+// slot moves at most once or twice during one call; more means a map in flux.
+constexpr int kMaxAttempts = 6;
+constexpr std::size_t kRenewChunk = 1000;
+// A node that could not be reached triggers a map refresh at most this often.
+constexpr Millis kRefreshOnFailureEvery{500};
+
+// cluster_routing.cpp
+bool starts_with(std::string_view s, std::string_view p);
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 :6381" (an empty host: the answering node's).
+struct Redirect {
+  std::uint16_t slot = 0;
+  std::string host;
+  std::uint16_t port = 0;
+};
+bool parse_redirect(std::string_view text, std::string_view default_host, Redirect& out);
+bool find_redirect(std::string_view text, std::string_view default_host, Redirect& out, bool& ask);
+
+// One node's renewal pipeline, run by the node's renewal worker. It owns copies of
+// its keys and arguments: the caller may stop waiting and return before it ran.
+// The worker writes replies/ec/error, then sets `done` under the backend's work_mu_;
+// the caller reads them after it saw `done`.
+struct RenewJob {
+  std::vector<std::string> keys;
+  std::vector<std::string> args;        // owner, ttl per key
+  std::vector<std::size_t> call_sizes;  // keys per EVALSHA, in order
+  std::vector<Reply> replies;           // one per call
+  std::error_code ec;                   // the node could not be reached or the transport failed
+  std::string error;
+  bool done = false;       // guarded by work_mu_
+  bool abandoned = false;  // guarded by work_mu_: the caller stopped waiting
+};
+
+struct Node {
+  explicit Node(const ConnectionOptions& o) : opts(o), pool(o, 8) {}
+  const ConnectionOptions opts;
+  ConnectionPool pool;
+  std::unique_ptr<redis::Subscriber> sub;  // created on first watch; guarded by the backend's map_mu_
+  std::atomic<bool> failing{false};        // its last call failed (logged once per outage)
+  std::atomic<bool> config_checked{false};
+  // The renewal worker, started on the node's first renewal; guarded by work_mu_.
+  std::thread worker;
+  std::condition_variable work_cv;
+  std::deque<std::shared_ptr<RenewJob>> jobs;
+  // A pipeline outlived its caller's wait and the worker has not come back from it
+  // (a hung node): written under work_mu_, read also without it.
+  std::atomic<bool> renewal_stuck{false};
+};
+
+class ClusterBackend final : public Backend {
+ public:
+  ClusterBackend(const ConnectionOptions& base, std::vector<std::pair<std::string, std::uint16_t>> seeds,
+                 std::map<std::string, std::pair<std::string, std::uint16_t>> nat, std::string prefix,
+                 std::string url, const ClientOptions& opts)
+      : base_(base),
+        nat_(std::move(nat)),
+        prefix_(std::move(prefix)),
+        url_(std::move(url)),
+        log_(opts.logger),
+        slots_(kSlots) {
+    for (auto& [host, port] : seeds) seeds_.push_back(node_at(host, port));
+    mover_ = std::thread([this] { run_mover(); });
+  }
+
+  ~ClusterBackend() override;
+
+  Capabilities capabilities() const noexcept override { return {true, true}; }
+  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+
+  std::error_code connect_now(std::string& why);
+  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
+                        std::error_code& ec) override;
+  void watch(std::string_view name, std::error_code& ec) override;
+  void unwatch(std::string_view name) noexcept override;
+  LockInfo status(std::string_view name, std::error_code& ec) override;
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
+                         std::error_code& ec) override;
+  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override;
+  bool erase_record(std::string_view key, std::error_code& ec) override;
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    std::error_code& ec) override;
+
+  std::string url() const override { return url_; }
+
+ private:
+  const redisReply* record_command(const char* cmd, const char* what, std::string_view key, Reply& r,
+                                   std::error_code& ec);
+
+  void unexpected(const char* what, std::error_code& ec) {
+    ec = make_error_code(errc::protocol_error);
+    set_error_detail(std::string("unexpected reply to ") + what);
+  }
+
+  std::vector<Node*> all_masters(std::error_code& ec, std::string& why);
+
+  struct Watch {
+    Node* node = nullptr;
+    std::string channel;
+  };
+  using Attempt = std::function<const redisReply*(Connection&, bool asking, std::error_code&)>;
+
+  const redisReply* route(std::uint16_t slot, const char* what, const Attempt& attempt, std::error_code& ec);
+
+  std::uint64_t map_version() const {
+    std::lock_guard lk(map_mu_);
+    return map_version_;
+  }
+
+  Node* node_at(const std::string& host, std::uint16_t port) {
+    std::lock_guard lk(map_mu_);
+    return node_at_locked(host, port);
+  }
+  Node* node_at_locked(const std::string& announced_host, std::uint16_t announced_port);
+  Node* node_for(std::uint16_t slot, std::error_code& ec, std::string& why);
+
+  void learn_redirect(std::string_view text, std::string_view host) {
+    Redirect to;
+    if (parse_redirect(text, host, to)) learn_redirect_to(to);
+  }
+  void learn_redirect_to(const Redirect& to) {
+    std::lock_guard lk(map_mu_);
+    slots_[to.slot] = node_at_locked(to.host, to.port);
+  }
+
+  void refresh_after_failure();
+  void request_refresh();
+  bool refresh_map(std::uint64_t seen_version, std::error_code& ec, std::string& why);
+  bool load_map_from(Node& node, std::error_code& ec, std::string& why);
+  void check_new_masters();
+  void check_config(Node& node);
+  redis::Subscriber& subscriber_of(Node& node);
+  void on_channel(std::string_view channel);
+  void on_dropped(Node* node, std::string_view channel);
+  void run_mover();
+
+  void failed(Node& node, const Connection& conn, const char* what) {
+    const std::string msg = std::string(what) + ": " + conn.last_error();
+    report(node, msg);
+    set_error_detail(msg);
+  }
+  // One warning per node and outage, one info line when it answers again.
+  void report(Node& node, const std::string& why) {
+    if (!node.failing.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  }
+  void ok(Node& node) {
+    if (node.failing.exchange(false)) log_.log(LogLevel::info, "{} answers again", node.opts.describe());
+  }
+
+  Millis renew_budget(std::span<const RenewItem> items) const;
+  void run_renewal_worker(Node& node);
+  static void run_renewal(Node& node, RenewJob& job);
+
+  const ConnectionOptions base_;
+  const std::map<std::string, std::pair<std::string, std::uint16_t>> nat_;  // "host:port" announced → reached
+  const std::string prefix_;
+  const std::string url_;
+  Logger log_;
+  std::atomic<ChangeListener*> listener_{nullptr};
+
+  std::mutex refresh_mu_;  // one CLUSTER SLOTS at a time
+  mutable std::mutex map_mu_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_;            // guarded by map_mu_; never removed
+  std::vector<Node*> slots_;                                      // guarded by map_mu_
+  std::uint64_t map_version_ = 0;                                 // guarded by map_mu_
+  std::chrono::steady_clock::time_point last_failure_refresh_{};  // guarded by map_mu_
+  std::vector<Node*> seeds_;
+
+  std::mutex watch_mu_;                                // serialises watch, unwatch and moves
+  std::map<std::string, Watch, std::less<>> watched_;  // guarded by watch_mu_
+  std::mutex names_mu_;
+  std::map<std::string, std::string, std::less<>> channel_names_;  // guarded by names_mu_
+
+  std::mutex work_mu_;               // renewal jobs of every node
+  std::condition_variable done_cv_;  // a renewal job is done
+  bool work_stop_ = false;           // guarded by work_mu_
+
+  std::mutex move_mu_;
+  std::condition_variable move_cv_;
+  std::deque<std::pair<Node*, std::string>> moves_;  // guarded by move_mu_
+  bool refresh_wanted_ = false;                      // guarded by move_mu_: read the slot map
+  bool check_wanted_ = false;                        // guarded by move_mu_: check new nodes' config
+  bool stop_ = false;                                // guarded by move_mu_
+  std::thread mover_;
+};
+
+}  // namespace distlock::detail::rediscluster

@@ -1,0 +1,225 @@
+// The redis+cluster:// backend's renewal: one pipeline per node, sent by that node's
+// renewal worker, waited for within a budget.
+#include "rediscluster/cluster_backend_impl.hpp"
+
+namespace distlock::detail::rediscluster {
+
+// One pipeline per node (EVALSHA per slot: a script's keys must share a slot),
+// all nodes at once: each node's pipeline is sent and read by that node's renewal
+// worker, and the call waits for the answers at most renew_budget() (a quarter of
+// the shortest TTL in the batch, at most the command timeout). A node that has
+// not answered by then leaves its items `failed` and the others' statuses are
+// returned at once; while its pipeline is still in flight it gets no new one (its
+// items fail at once). Items redirected (the slot moved since the map was read) are
+// retried through route() within the same budget. The slot map is never read
+// here: an unreachable node asks the mover thread for a refresh.
+void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
+                           std::error_code& ec) {
+  ec.clear();
+  std::fill(out.begin(), out.end(), RenewStatus::failed);
+  if (items.empty()) return;
+  const auto deadline = std::chrono::steady_clock::now() + renew_budget(items);
+  std::vector<NameKeys> keys;
+  std::vector<std::string> ttls;
+  keys.reserve(items.size());
+  ttls.reserve(items.size());
+  for (const auto& it : items) {
+    keys.push_back(rediscluster::keys_of(prefix_, it.name));
+    ttls.push_back(std::to_string(it.ttl.count()));
+  }
+  std::map<Node*, std::vector<std::size_t>> by_node;
+  std::vector<std::size_t> retry;  // unrouted, then redirected items
+  {
+    std::lock_guard lk(map_mu_);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      Node* n = slots_[keys[i].slot];
+      if (n) {
+        by_node[n].push_back(i);
+      } else {
+        retry.push_back(i);
+      }
+    }
+  }
+  struct Sent {
+    Node* node;
+    std::vector<std::size_t> idx;      // item indexes, in pipeline order
+    std::vector<std::size_t> call_at;  // first position in idx of each call
+    std::shared_ptr<RenewJob> job;
+  };
+  std::vector<Sent> sent;
+  sent.reserve(by_node.size());
+  for (auto& [node, idx] : by_node) {
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](std::size_t a, std::size_t b) { return keys[a].slot < keys[b].slot; });
+    auto job = std::make_shared<RenewJob>();
+    job->keys.reserve(idx.size());
+    job->args.reserve(2 * idx.size());
+    for (std::size_t i : idx) {
+      job->keys.push_back(keys[i].lock);
+      job->args.emplace_back(items[i].owner);
+      job->args.push_back(ttls[i]);
+    }
+    std::vector<std::size_t> call_at;
+    for (std::size_t at = 0; at < idx.size();) {
+      std::size_t end = at + 1;
+      while (end < idx.size() && end - at < kRenewChunk && keys[idx[end]].slot == keys[idx[at]].slot) ++end;
+      job->call_sizes.push_back(end - at);
+      call_at.push_back(at);
+      at = end;
+    }
+    sent.push_back({node, std::move(idx), std::move(call_at), std::move(job)});
+  }
+  // Hand each node its pipeline, then wait for all of them, up to the deadline.
+  std::vector<Node*> stuck, late;
+  {
+    std::unique_lock lk(work_mu_);
+    for (auto& s : sent) {
+      if (s.node->renewal_stuck.load()) {  // its previous pipeline is still unanswered
+        stuck.push_back(s.node);
+        s.job.reset();
+        continue;
+      }
+      if (!s.node->worker.joinable()) {
+        Node* n = s.node;
+        n->worker = std::thread([this, n] { run_renewal_worker(*n); });
+      }
+      s.node->jobs.push_back(s.job);
+      s.node->work_cv.notify_one();
+    }
+    done_cv_.wait_until(lk, deadline, [&] {
+      return std::all_of(sent.begin(), sent.end(), [](const Sent& s) { return !s.job || s.job->done; });
+    });
+    for (auto& s : sent) {
+      if (!s.job || s.job->done) continue;
+      s.job->abandoned = true;  // the worker skips it if it has not started yet
+      s.node->renewal_stuck.store(true);
+      late.push_back(s.node);
+      s.job.reset();
+    }
+  }
+  const auto budget_ms = std::chrono::duration_cast<Millis>(renew_budget(items)).count();
+  for (Node* n : stuck) {
+    report(*n, "renew: " + n->opts.describe() + " has not answered an earlier renewal yet");
+  }
+  for (Node* n : late) {
+    report(*n,
+           "renew: " + n->opts.describe() + " did not answer within " + std::to_string(budget_ms) + " ms");
+  }
+  if (!stuck.empty() || !late.empty()) request_refresh();
+  std::size_t answered = 0;
+  for (auto& s : sent) {
+    if (!s.job) continue;
+    RenewJob& job = *s.job;
+    if (job.ec) {
+      report(*s.node, "renew: " + job.error);
+      request_refresh();
+      continue;
+    }
+    ++answered;
+    ok(*s.node);
+    for (std::size_t c = 0; c < job.call_sizes.size(); ++c) {
+      const redisReply* r = c < job.replies.size() ? job.replies[c].get() : nullptr;
+      const std::size_t at = s.call_at[c];
+      if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == job.call_sizes[c]) {
+        for (std::size_t j = 0; j < r->elements; ++j) {
+          const redisReply* e = r->element[j];
+          out[s.idx[at + j]] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed
+                                                                                 : RenewStatus::not_owner;
+        }
+        continue;
+      }
+      const std::string_view text = redis::reply_str(r);
+      if (starts_with(text, "MOVED ") || starts_with(text, "ASK ") || starts_with(text, "TRYAGAIN")) {
+        for (std::size_t j = 0; j < job.call_sizes[c]; ++j) retry.push_back(s.idx[at + j]);
+        if (starts_with(text, "MOVED ")) learn_redirect(text, s.node->opts.host);
+      } else {
+        log_.log(LogLevel::warning, "{}: renew script answered {}", s.node->opts.describe(),
+                 r && r->type == REDIS_REPLY_ERROR ? text : std::string_view("an unexpected reply"));
+      }
+    }
+  }
+  // Redirected or unrouted items: one routed call each (rare: a slot moved), while
+  // the budget lasts; the rest stay `failed` (the engine retries them soon).
+  for (std::size_t i : retry) {
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::error_code rec;
+    Reply r;
+    const std::string_view key = keys[i].lock;
+    const std::string_view args[] = {items[i].owner, ttls[i]};
+    const redisReply* d = route(
+        keys[i].slot, "renew",
+        [&](Connection& c, bool, std::error_code& e) {
+          r = redis::lock_renew_script().run(c, std::span(&key, 1), std::span(args), e);
+          return r.get();
+        },
+        rec);
+    if (d == nullptr || rec) continue;
+    ++answered;
+    if (d->type == REDIS_REPLY_ARRAY && d->elements == 1) {
+      const redisReply* e = d->element[0];
+      out[i] =
+          e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed : RenewStatus::not_owner;
+    }
+  }
+  take_error_detail();  // per-item failures are retried by the engine, not reported
+  if (answered == 0) ec = make_error_code(errc::backend_unavailable);
+}
+
+// A quarter of the shortest TTL of the batch, at most the command timeout: the
+// engine renews a lease at least a quarter of its TTL before its local deadline
+// (renew_interval <= ttl/2, safety_margin < ttl/3, renewed up to a quarter
+// interval early), so the answers of the nodes that answered arrive in time.
+Millis ClusterBackend::renew_budget(std::span<const RenewItem> items) const {
+  Millis shortest = items.front().ttl;
+  for (const auto& it : items) shortest = std::min(shortest, it.ttl);
+  return std::max(Millis(1), std::min(base_.command_timeout, shortest / 4));
+}
+
+// The loop of a node's renewal worker: runs the node's pipelines one after the
+// other; a pipeline whose caller already stopped waiting is not sent.
+void ClusterBackend::run_renewal_worker(Node& node) {
+  for (;;) {
+    std::shared_ptr<RenewJob> job;
+    {
+      std::unique_lock lk(work_mu_);
+      node.renewal_stuck.store(false);  // back: free for the next pipeline
+      node.work_cv.wait(lk, [&] { return work_stop_ || !node.jobs.empty(); });
+      if (work_stop_) return;
+      job = std::move(node.jobs.front());
+      node.jobs.pop_front();
+      if (job->abandoned) continue;
+    }
+    try {
+      run_renewal(node, *job);
+    } catch (...) {  // out of memory
+      job->ec = make_error_code(errc::protocol_error);
+      job->error = node.opts.describe() + ": renewal failed (out of memory)";
+    }
+    {
+      std::lock_guard lk(work_mu_);
+      job->done = true;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void ClusterBackend::run_renewal(Node& node, RenewJob& job) {
+  auto conn = node.pool.checkout(job.ec);
+  if (job.ec) {
+    job.error = node.pool.last_error();
+    return;
+  }
+  const std::vector<std::string_view> key_views(job.keys.begin(), job.keys.end());
+  const std::vector<std::string_view> arg_views(job.args.begin(), job.args.end());
+  std::vector<Script::Call> calls;
+  calls.reserve(job.call_sizes.size());
+  std::size_t at = 0;
+  for (std::size_t n : job.call_sizes) {
+    calls.push_back({std::span(key_views).subspan(at, n), std::span(arg_views).subspan(2 * at, 2 * n)});
+    at += n;
+  }
+  job.replies = redis::lock_renew_script().run_pipelined(*conn, calls, job.ec);
+  if (job.ec) job.error = conn->last_error();
+}
+
+}  // namespace distlock::detail::rediscluster
