@@ -14,6 +14,7 @@
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 
 using namespace std::chrono_literals;
@@ -27,47 +28,19 @@ namespace {
 int g_store_seq = 0;
 
 // Forwards every call to a memory backend and counts the reads an observer makes.
-class CountingBackend final : public distlock::detail::Backend {
+class CountingBackend final : public distlock::testing::ForwardingBackend {
  public:
-  explicit CountingBackend(std::unique_ptr<distlock::detail::Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   std::atomic<int> status_calls{0}, record_reads{0};
 
-  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
-  void set_listener(distlock::detail::ChangeListener* l) override { inner_->set_listener(l); }
-  distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& r,
-                                              std::error_code& ec) override {
-    return inner_->try_acquire(r, ec);
-  }
-  void cancel_acquire(std::string_view n, std::string_view o) noexcept override {
-    inner_->cancel_acquire(n, o);
-  }
-  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
-             std::error_code& ec) override {
-    inner_->renew(items, out, ec);
-  }
-  distlock::detail::ReleaseStatus release(std::string_view n, std::string_view o, std::uint64_t t,
-                                          std::error_code& ec) override {
-    return inner_->release(n, o, t, ec);
-  }
-  void watch(std::string_view n, std::error_code& ec) override { inner_->watch(n, ec); }
-  void unwatch(std::string_view n) noexcept override { inner_->unwatch(n); }
   distlock::LockInfo status(std::string_view n, std::error_code& ec) override {
     ++status_calls;
-    return inner_->status(n, ec);
-  }
-  std::string put_record(std::string_view k, std::string_view v, distlock::detail::PutMode m,
-                         std::error_code& ec) override {
-    return inner_->put_record(k, v, m, ec);
+    return ForwardingBackend::status(n, ec);
   }
   std::optional<std::string> get_record(std::string_view k, std::error_code& ec) override {
     ++record_reads;
-    return inner_->get_record(k, ec);
+    return ForwardingBackend::get_record(k, ec);
   }
-  bool erase_record(std::string_view k, std::error_code& ec) override { return inner_->erase_record(k, ec); }
-  std::string url() const override { return inner_->url(); }
-
- private:
-  std::unique_ptr<distlock::detail::Backend> inner_;
 };
 
 struct Election : ::testing::Test {
@@ -85,12 +58,8 @@ struct Election : ::testing::Test {
   distlock::Client client() { return distlock::connect("memory://" + store_name, client_opts()); }
   // A client whose backend calls are counted (`counter` points into it).
   distlock::Client counted_client(CountingBackend*& counter) {
-    distlock::detail::Url url;
-    std::string why;
-    EXPECT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
-    std::error_code ec;
-    auto inner = distlock::detail::make_memory_backend(url, client_opts(), ec, why);
-    auto counting = std::make_unique<CountingBackend>(std::move(inner));
+    auto counting =
+        std::make_unique<CountingBackend>(distlock::testing::memory_backend(store_name, client_opts()));
     counter = counting.get();
     return distlock::connect_with_engine(
         distlock::detail::Engine::create(std::move(counting), client_opts()));

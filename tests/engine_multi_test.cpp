@@ -15,6 +15,7 @@
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
@@ -247,52 +248,24 @@ TEST_F(EngineMulti, SingleNameAcquireStillWaitsByNotification) {
 // A queue-based backend may report a queued place of the waiter as ended (its node
 // deleted, or its cancellation seen as a deletion) while the same acquisition wins
 // another name: only a loss of the name won may mark the new lease lost.
-class ReportsQueuedPlaceLoss final : public distlock::detail::Backend {
+class ReportsQueuedPlaceLoss final : public distlock::testing::ForwardingBackend {
  public:
-  explicit ReportsQueuedPlaceLoss(std::unique_ptr<distlock::detail::Backend> inner)
-      : inner_(std::move(inner)) {}
-  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
-  void set_listener(distlock::detail::ChangeListener* l) override {
-    listener_ = l;
-    inner_->set_listener(l);
-  }
+  using ForwardingBackend::ForwardingBackend;
   distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
                                               std::error_code& ec) override {
-    auto r = inner_->try_acquire(req, ec);
-    if (!ec && !r.acquired) listener_->on_lease_lost(req.name, req.owner);
+    auto r = ForwardingBackend::try_acquire(req, ec);
+    if (!ec && !r.acquired) listener()->on_lease_lost(req.name, req.owner);
     return r;
   }
-  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
-             std::error_code& ec) override {
-    inner_->renew(items, out, ec);
-  }
-  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                          std::error_code& ec) override {
-    return inner_->release(name, owner, token, ec);
-  }
-  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
-  void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
-  distlock::LockInfo status(std::string_view name, std::error_code& ec) override {
-    return inner_->status(name, ec);
-  }
-  std::string url() const override { return inner_->url(); }
-
- private:
-  std::unique_ptr<distlock::detail::Backend> inner_;
-  distlock::detail::ChangeListener* listener_ = nullptr;
 };
 
 TEST_F(EngineMulti, ALossReportedForAnotherNameDoesNotMarkTheWonLeaseLost) {
   auto a = client();
   auto h0 = a.acquire("m/0", ttl(3s));
-  distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
   std::error_code ec;
-  auto inner = distlock::detail::make_memory_backend(url, options(), ec, why);
-  ASSERT_FALSE(ec) << why;
-  auto engine =
-      distlock::detail::Engine::create(std::make_unique<ReportsQueuedPlaceLoss>(std::move(inner)), options());
+  auto engine = distlock::detail::Engine::create(
+      std::make_unique<ReportsQueuedPlaceLoss>(distlock::testing::memory_backend(store_name, options())),
+      options());
   auto held = engine->acquire_any(kNames, ttl(3s), std::nullopt, ec);
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(held);

@@ -15,6 +15,7 @@
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -121,61 +122,35 @@ TEST(EngineReviewRealTime, LeaseTakenWhileTheWatchdogIsBusyIsStillWatched) {
 // A backend whose session ends while it is granting an acquisition (the grant is
 // answered, then the session's keep-alive reports the lease gone): the server has
 // forgotten the lock, so the lease the engine hands out must be signalled lost.
-class SessionLossOnGrant final : public distlock::detail::Backend {
+class SessionLossOnGrant final : public distlock::testing::ForwardingBackend {
  public:
   SessionLossOnGrant(std::unique_ptr<Backend> inner, std::shared_ptr<MemoryStore> store)
-      : inner_(std::move(inner)), store_(std::move(store)) {}
+      : ForwardingBackend(std::move(inner)), store_(std::move(store)) {}
   std::atomic<bool> lose_next_grant{false};
   std::atomic<bool> lose_lease_of_next_grant{false};
 
-  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
-  void set_listener(distlock::detail::ChangeListener* l) override {
-    listener_ = l;
-    inner_->set_listener(l);
-  }
   distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
                                               std::error_code& ec) override {
-    auto r = inner_->try_acquire(req, ec);
+    auto r = ForwardingBackend::try_acquire(req, ec);
     if (r.acquired && lose_next_grant.exchange(false)) {
       store_->drop(std::string(req.name));  // the session's keys go with it
-      listener_->on_session_lost();         // reported by the keep-alive thread
+      listener()->on_session_lost();        // reported by the keep-alive thread
     }
     if (r.acquired && lose_lease_of_next_grant.exchange(false)) {
-      store_->drop(std::string(req.name));            // its node deleted, its session ended
-      listener_->on_lease_lost(req.name, req.owner);  // reported by the session thread
+      store_->drop(std::string(req.name));             // its node deleted, its session ended
+      listener()->on_lease_lost(req.name, req.owner);  // reported by the session thread
     }
     return r;
   }
-  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
-             std::error_code& ec) override {
-    inner_->renew(items, out, ec);
-  }
-  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                          std::error_code& ec) override {
-    return inner_->release(name, owner, token, ec);
-  }
-  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
-  void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
-  distlock::LockInfo status(std::string_view name, std::error_code& ec) override {
-    return inner_->status(name, ec);
-  }
-  std::string url() const override { return inner_->url(); }
 
  private:
-  std::unique_ptr<Backend> inner_;
   std::shared_ptr<MemoryStore> store_;
-  distlock::detail::ChangeListener* listener_ = nullptr;
 };
 
 TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
-  distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
-  std::error_code ec;
   auto opts = options();
-  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
-  ASSERT_FALSE(ec) << why;
-  auto backend = std::make_unique<SessionLossOnGrant>(std::move(inner), store);
+  auto backend =
+      std::make_unique<SessionLossOnGrant>(distlock::testing::memory_backend(store_name, opts), store);
   SessionLossOnGrant* raw = backend.get();
   auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
   auto other = client();
@@ -193,14 +168,9 @@ TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
 // lost (etcd: its session's lease ended; ZooKeeper: its node is gone) between the
 // grant and the engine recording it.
 TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
-  distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
-  std::error_code ec;
   auto opts = options();
-  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
-  ASSERT_FALSE(ec) << why;
-  auto backend = std::make_unique<SessionLossOnGrant>(std::move(inner), store);
+  auto backend =
+      std::make_unique<SessionLossOnGrant>(distlock::testing::memory_backend(store_name, opts), store);
   SessionLossOnGrant* raw = backend.get();
   auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
   auto other = client();

@@ -14,6 +14,7 @@
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
 
@@ -27,43 +28,20 @@ struct EngineValidityReview : distlock::testing::ManualMemoryTest {};
 
 // Forwards to the memory backend; after a grant, reports the validities queued in
 // `on_next_grant` to the engine (in order), as a backend's event thread would.
-class ValidityChangesOnGrant final : public distlock::detail::Backend {
+class ValidityChangesOnGrant final : public distlock::testing::ForwardingBackend {
  public:
-  explicit ValidityChangesOnGrant(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   std::vector<Millis> on_next_grant;
 
-  distlock::detail::Capabilities capabilities() const noexcept override { return inner_->capabilities(); }
-  void set_listener(distlock::detail::ChangeListener* l) override {
-    listener_ = l;
-    inner_->set_listener(l);
-  }
   distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
                                               std::error_code& ec) override {
-    auto r = inner_->try_acquire(req, ec);
+    auto r = ForwardingBackend::try_acquire(req, ec);
     if (r.acquired) {
-      for (Millis v : on_next_grant) listener_->on_validity_changed(v);
+      for (Millis v : on_next_grant) listener()->on_validity_changed(v);
       on_next_grant.clear();
     }
     return r;
   }
-  void renew(std::span<const distlock::detail::RenewItem> items, std::span<distlock::detail::RenewStatus> out,
-             std::error_code& ec) override {
-    inner_->renew(items, out, ec);
-  }
-  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                          std::error_code& ec) override {
-    return inner_->release(name, owner, token, ec);
-  }
-  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
-  void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
-  distlock::LockInfo status(std::string_view name, std::error_code& ec) override {
-    return inner_->status(name, ec);
-  }
-  std::string url() const override { return inner_->url(); }
-
- private:
-  std::unique_ptr<Backend> inner_;
-  distlock::detail::ChangeListener* listener_ = nullptr;
 };
 
 // The grant was confirmed (sent) before the validity was lowered to 3 s; by the
@@ -72,14 +50,9 @@ class ValidityChangesOnGrant final : public distlock::detail::Backend {
 // says nothing about a lease confirmed before the lowering, yet the insertion applies
 // only the latest cap (9 s) and the lease keeps the 9 s its answer counted.
 TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
-  distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
-  std::error_code ec;
   auto opts = options();
-  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
-  ASSERT_FALSE(ec) << why;
-  auto backend = std::make_unique<ValidityChangesOnGrant>(std::move(inner));
+  auto backend =
+      std::make_unique<ValidityChangesOnGrant>(distlock::testing::memory_backend(store_name, opts));
   ValidityChangesOnGrant* raw = backend.get();
   auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
 
@@ -92,14 +65,9 @@ TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
 
 // The same order without a raise: the lowered cap is applied at insertion (holds up).
 TEST_F(EngineValidityReview, ALowerDuringAGrantCapsThatGrant) {
-  distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url("memory://" + store_name, url, why)) << why;
-  std::error_code ec;
   auto opts = options();
-  auto inner = distlock::detail::make_memory_backend(url, opts, ec, why);
-  ASSERT_FALSE(ec) << why;
-  auto backend = std::make_unique<ValidityChangesOnGrant>(std::move(inner));
+  auto backend =
+      std::make_unique<ValidityChangesOnGrant>(distlock::testing::memory_backend(store_name, opts));
   ValidityChangesOnGrant* raw = backend.get();
   auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
 
