@@ -354,9 +354,7 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit,
     if (!prefix.empty()) what += " with prefix \"" + std::string(prefix.substr(0, 200)) + "\"";
     if (ec == errc::not_supported)
       what += " (backend " + engine_->backend().url() + " cannot list its locks)";
-    const std::string d = detail::take_error_detail();
-    if (!d.empty()) what += ": " + d;
-    throw_error(ec, what);
+    throw_error(ec, with_detail(std::move(what)));
   }
   std::vector<ListedLock> out;
   out.reserve(raw.size());

@@ -18,6 +18,17 @@ void discard_notice(void*, const char*) {}
 
 }  // namespace
 
+std::string to_hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
 // libpq's message without the trailing newline and its "FATAL:  " prefixes kept.
 std::string pq_message(const PGconn* c) {
   std::string m = c ? PQerrorMessage(c) : "out of memory";

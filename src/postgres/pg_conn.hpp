@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct Exec {
 
 /// libpq's last message on one line.
 std::string pq_message(const PGconn* c);
+/// Lowercase hex of `bytes`: how names and values travel as text parameters
+/// (decoded with decode($n, 'hex') in SQL), so any byte is safe.
+std::string to_hex(std::string_view bytes);
 
 /// One statement with text parameters, bounded by `timeout`.
 Exec run(PGconn* c, const char* sql, const std::vector<std::string>& params, Millis timeout);

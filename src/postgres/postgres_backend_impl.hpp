@@ -33,17 +33,7 @@ using pg::open;
 using pg::pq_message;
 using pg::Result;
 using pg::run;
-
-inline std::string to_hex(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
+using pg::to_hex;
 
 inline std::string key_payload(std::int64_t key) {
   return to_hex(std::string_view(reinterpret_cast<const char*>(&key), sizeof key));

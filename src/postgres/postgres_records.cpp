@@ -59,17 +59,6 @@ constexpr const char* kListSql =
     " AND (l.pid IS NOT NULL OR d.seen_at + d.ttl_ms * interval '1 millisecond' > clock_timestamp())"
     " ORDER BY d.name";
 
-std::string to_hex(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
 int nibble(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
