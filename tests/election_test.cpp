@@ -33,11 +33,11 @@ class CountingBackend final : public distlock::testing::ForwardingBackend {
   using ForwardingBackend::ForwardingBackend;
   std::atomic<int> status_calls{0}, record_reads{0};
 
-  distlock::LockInfo status(std::string_view n, std::error_code& ec) override {
+  distlock::LockInfo status(std::string_view n, distlock::detail::Error& ec) override {
     ++status_calls;
     return ForwardingBackend::status(n, ec);
   }
-  std::optional<std::string> get_record(std::string_view k, std::error_code& ec) override {
+  std::optional<std::string> get_record(std::string_view k, distlock::detail::Error& ec) override {
     ++record_reads;
     return ForwardingBackend::get_record(k, ec);
   }
@@ -94,7 +94,7 @@ TEST_F(Election, OneLeaderAtATimeTermsStrictlyIncreaseAndLeaderShowsTheValue) {
   const std::uint64_t t1 = la.token();
   EXPECT_EQ(la.name(), std::string("svc\x1f"
                                    "elect"));
-  std::error_code ec;
+  distlock::detail::Error ec;
   distlock::Lease lb = eb.campaign("host-b", ec);
   EXPECT_EQ(ec, errc::busy) << "a second campaigner must not lead while the first does";
   EXPECT_FALSE(lb.owns());
@@ -165,7 +165,7 @@ TEST_F(Election, ProclaimByANonLeaderOrWithALostLeaseIsRefusedAndWritesNothing) 
   a.renew_now();
   ASSERT_FALSE(la.owns());
   expect_not_owner([&] { ea.proclaim(la, "too-late"); });
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto rec = distlock::detail::engine_of(a)->backend().get_record(ea.lock_name(), ec);
   ASSERT_FALSE(ec);
   ASSERT_TRUE(rec.has_value());
@@ -285,7 +285,7 @@ TEST_F(Election, ObserveWaitsForTheNewLeadersValueThenReportsIt) {
   std::thread observer([&] { got = eo.observe(t1, 60s); });
   store->steal(ea.lock_name(), "next");
   const std::uint64_t t2 = o.status(ea.lock_name()).token.value();
-  std::error_code ec;
+  distlock::detail::Error ec;
   distlock::detail::engine_of(a)->backend().put_record(
       ea.lock_name(), distlock::Election::encode_record(t2, "second"), distlock::detail::PutMode::always, ec);
   ASSERT_FALSE(ec);
@@ -306,7 +306,7 @@ TEST_F(Election, WithoutFencingTokensCampaignWorksButTermsAndObserveAreNotSuppor
   distlock::Lease la = ea.campaign("a");
   EXPECT_TRUE(la.owns());
   EXPECT_FALSE(la.has_token());
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto lb = eb.campaign("b", ec);
   EXPECT_EQ(ec, errc::busy);
   auto l = eb.leader();

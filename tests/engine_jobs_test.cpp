@@ -81,7 +81,7 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   EXPECT_TRUE(store->held("job", clock->now()));
   clock->advance(1600ms);
   EXPECT_FALSE(store->held("job", clock->now()));
-  std::error_code ec;
+  distlock::detail::Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
 }
@@ -158,7 +158,7 @@ TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
 
 TEST_F(Jobs, MaxHoldMustBePositive) {
   auto c = client();
-  std::error_code ec;
+  distlock::detail::Error ec;
   c.acquire("job", opts(3s, 0ms), ec);
   EXPECT_EQ(ec, errc::invalid_argument);
   try {
@@ -211,7 +211,7 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     store->drop("e");
     std::atomic<bool> fired{false};
     lease.on_lost([&] { fired = true; });
-    std::error_code ec;
+    distlock::detail::Error ec;
     lease.release(ec);
     EXPECT_EQ(ec, errc::lost);
     distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
@@ -240,7 +240,7 @@ TEST_F(Jobs, LossReasonLeaseEndedAndGoneAtReleaseThroughAMutex) {
   ASSERT_TRUE(m.try_lock());
   held = distlock::detail::engine_of(c)->held_by_this_thread("m");
   store->drop("m");
-  std::error_code ec;
+  distlock::detail::Error ec;
   distlock::detail::engine_of(c)->release(held, ec);  // what unlock() does, keeping the handle to look at
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(held->public_reason(), LossReason::gone_at_release);
@@ -319,7 +319,7 @@ TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
 
 TEST_F(Jobs, ListDecodesDerivedNames) {
   auto c = client();
-  std::error_code ec;
+  distlock::detail::Error ec;
   distlock::detail::engine_of(c)->backend().put_record("pool\x1fsem", "5", distlock::detail::PutMode::always,
                                                        ec);
   ASSERT_FALSE(ec);

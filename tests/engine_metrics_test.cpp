@@ -235,24 +235,24 @@ class SlowRenewBackend final : public detail::Backend {
       : clock_(std::move(clock)), delay_(delay) {}
   detail::Capabilities capabilities() const noexcept override { return {}; }
   void set_listener(detail::ChangeListener*) override {}
-  detail::AcquireResult try_acquire(const detail::AcquireRequest&, std::error_code& ec) override {
+  detail::AcquireResult try_acquire(const detail::AcquireRequest&, distlock::detail::Error& ec) override {
     ec.clear();
     return {true, ++token_, Millis(0), std::nullopt};
   }
   void renew(std::span<const detail::RenewItem> items, std::span<detail::RenewStatus> out,
-             std::error_code& ec) override {
+             distlock::detail::Error& ec) override {
     ec.clear();
     clock_->advance(delay_);
     for (std::size_t i = 0; i < items.size(); ++i) out[i] = detail::RenewStatus::renewed;
   }
   detail::ReleaseStatus release(std::string_view, std::string_view, std::uint64_t,
-                                std::error_code& ec) override {
+                                distlock::detail::Error& ec) override {
     ec.clear();
     return detail::ReleaseStatus::released;
   }
-  void watch(std::string_view, std::error_code& ec) override { ec.clear(); }
+  void watch(std::string_view, distlock::detail::Error& ec) override { ec.clear(); }
   void unwatch(std::string_view) noexcept override {}
-  LockInfo status(std::string_view, std::error_code& ec) override {
+  LockInfo status(std::string_view, distlock::detail::Error& ec) override {
     ec.clear();
     return {};
   }

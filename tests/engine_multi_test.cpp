@@ -46,7 +46,7 @@ TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
   auto b = client();
   auto h0 = a.acquire("m/0", ttl(3s));
   auto h1 = a.acquire("m/1", ttl(3s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::size_t index = 99;
   auto held = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec, {}, &index);
   ASSERT_FALSE(ec) << ec.message();
@@ -64,7 +64,7 @@ TEST_F(EngineMulti, AllBusyWithoutWaitIsBusyAndLeavesNothingBehind) {
   std::vector<distlock::Lease> held;
   for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
   const int tries = store->try_acquire_calls();
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec);
   EXPECT_EQ(ec, errc::busy);
   EXPECT_FALSE(got);
@@ -81,7 +81,7 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
   for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
   const int base = store->try_acquire_calls();
   std::shared_ptr<distlock::detail::HeldLock> got;
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::size_t index = 99;
   std::thread waiter([&] {
     got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, {}, &index);
@@ -108,7 +108,7 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
   auto b = client();
   std::vector<distlock::Lease> held;
   for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(30s)));
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::atomic<bool> done{false};
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::thread waiter([&] {
@@ -135,7 +135,7 @@ TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
   auto b = client();
   std::vector<distlock::Lease> held;
   for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(1s)));
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::atomic<bool> done{false};
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::size_t index = 99;
@@ -165,7 +165,7 @@ TEST_F(EngineMulti, ErrorMidRoundGivesUpEveryQueuedPlace) {
   auto b = client();
   auto h0 = a.acquire("m/0", ttl(3s));
   store->throw_next_acquires(1, /*after=*/1);  // the attempt on m/1 throws
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec);
   EXPECT_TRUE(ec);
   EXPECT_FALSE(got);
@@ -178,7 +178,7 @@ TEST_F(EngineMulti, GateHeldMeansNoNameIsTriedUntilItIsFree) {
   auto b = client();
   auto gate = a.acquire("g", ttl(3s));
   const int base = store->try_acquire_calls();
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::thread waiter(
       [&] { got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, "g"); });
@@ -200,7 +200,7 @@ TEST_F(EngineMulti, GateGivesUpWhenTheWaitRunsOut) {
   auto a = client();
   auto b = client();
   auto gate = a.acquire("g", ttl(30s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec, "g");
   EXPECT_EQ(ec, errc::busy);
   EXPECT_FALSE(got);
@@ -210,7 +210,7 @@ TEST_F(EngineMulti, WaitFreeReturnsOnReleaseWithoutPolling) {
   auto a = client();
   auto b = client();
   auto x = a.acquire("x", ttl(3s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::atomic<int> result{-1};
   std::thread waiter(
       [&] { result = distlock::detail::engine_of(b)->wait_free("x", std::nullopt, ec) ? 1 : 0; });
@@ -252,7 +252,7 @@ class ReportsQueuedPlaceLoss final : public distlock::testing::ForwardingBackend
  public:
   using ForwardingBackend::ForwardingBackend;
   distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
-                                              std::error_code& ec) override {
+                                              distlock::detail::Error& ec) override {
     auto r = ForwardingBackend::try_acquire(req, ec);
     if (!ec && !r.acquired) listener()->on_lease_lost(req.name, req.owner);
     return r;
@@ -262,7 +262,7 @@ class ReportsQueuedPlaceLoss final : public distlock::testing::ForwardingBackend
 TEST_F(EngineMulti, ALossReportedForAnotherNameDoesNotMarkTheWonLeaseLost) {
   auto a = client();
   auto h0 = a.acquire("m/0", ttl(3s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto engine = distlock::detail::Engine::create(
       std::make_unique<ReportsQueuedPlaceLoss>(distlock::testing::memory_backend(store_name, options())),
       options());

@@ -130,7 +130,7 @@ class SessionLossOnGrant final : public distlock::testing::ForwardingBackend {
   std::atomic<bool> lose_lease_of_next_grant{false};
 
   distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
-                                              std::error_code& ec) override {
+                                              distlock::detail::Error& ec) override {
     auto r = ForwardingBackend::try_acquire(req, ec);
     if (r.acquired && lose_next_grant.exchange(false)) {
       store_->drop(std::string(req.name));  // the session's keys go with it

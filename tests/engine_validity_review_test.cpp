@@ -34,7 +34,7 @@ class ValidityChangesOnGrant final : public distlock::testing::ForwardingBackend
   std::vector<Millis> on_next_grant;
 
   distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
-                                              std::error_code& ec) override {
+                                              distlock::detail::Error& ec) override {
     auto r = ForwardingBackend::try_acquire(req, ec);
     if (r.acquired) {
       for (Millis v : on_next_grant) listener()->on_validity_changed(v);

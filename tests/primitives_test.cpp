@@ -128,7 +128,7 @@ TEST_F(SemaphoreTest, TimeoutsAndSingleAttempts) {
   auto sem_c = b.semaphore("t", 1, opts);
   std::string what;
   EXPECT_EQ(code_of([&] { sem_c.acquire(); }, &what), errc::busy) << what;
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto none = sem_c.acquire(ec);
   EXPECT_EQ(ec, errc::busy);
   EXPECT_FALSE(none.owns());
@@ -138,7 +138,7 @@ TEST_F(SemaphoreTest, PermitCountIsStoredAndAnotherCountIsRefused) {
   auto a = client();
   auto sem = a.semaphore("jobs", 3);
   EXPECT_EQ(sem.permits(), 3);
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto stored =
       distlock::detail::engine_of(a)->backend().get_record(distlock::Semaphore::definition_key("jobs"), ec);
   ASSERT_FALSE(ec);
@@ -222,7 +222,7 @@ TEST_F(SharedMutexTest, ReadersShareAWriterIsExclusive) {
     EXPECT_TRUE(rw_a.owns_exclusive());
     EXPECT_FALSE(rw_b.try_lock_shared());
     EXPECT_FALSE(rw_b.try_lock());
-    std::error_code ec;
+    distlock::detail::Error ec;
     const auto info =
         distlock::detail::engine_of(a)->status(distlock::SharedMutex::intent_lock_name("cfg"), ec);
     EXPECT_EQ(rw_a.token(), info.token.value_or(0)) << "the writer's token is the intent lock's";
@@ -428,7 +428,7 @@ TEST_F(SharedMutexTest, ReadWriteLeasesAreHoldsUsableFromAnyThread) {
   distlock::ReadWriteLease w = rw_b.acquire_exclusive();
   EXPECT_TRUE(w.owns());
   EXPECT_TRUE(w.exclusive());
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(w.token(), distlock::detail::engine_of(b)
                            ->status(distlock::SharedMutex::intent_lock_name("rl"), ec)
                            .token.value_or(0));

@@ -48,6 +48,7 @@ namespace distlock {
 
 namespace detail {
 class Engine;
+class Error;
 struct HeldLock;
 struct ClientAccess;
 }  // namespace detail

@@ -63,18 +63,16 @@ bool parse_num(std::string_view s, T& out) {
   return err == std::errc{} && end == s.data() + s.size();
 }
 
-[[noreturn]] void record_error(Client& client, std::error_code ec, const std::string& what) {
+[[noreturn]] void record_error(Client& client, const detail::Error& ec, const std::string& what) {
   std::string msg = what;
   if (ec == errc::not_supported) msg += ": backend " + client.url() + " keeps no records";
-  const std::string d = detail::take_error_detail();
-  if (!d.empty()) msg += ": " + d;
-  throw_error(ec, msg);
+  throw_error(ec, msg + ec.suffix());
 }
 
 }  // namespace
 
 std::optional<OnceMark> read_once_mark(Client& client, const std::string& name) {
-  std::error_code ec;
+  detail::Error ec;
   std::optional<std::string> v = detail::engine_of(client)->backend().get_record(once_key(name), ec);
   if (ec) record_error(client, ec, "cannot read the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
   if (!v) return std::nullopt;
@@ -100,7 +98,7 @@ std::optional<OnceMark> read_once_mark(Client& client, const std::string& name) 
 }
 
 void write_once_mark(Client& client, const std::string& name, const OnceMark& mark) {
-  std::error_code ec;
+  detail::Error ec;
   const std::string value = std::to_string(mark.slot) + "\n" + std::to_string(mark.token) + "\n" +
                             std::to_string(mark.unix_ms) + "\n" + std::to_string(mark.fired_unix_ms);
   detail::engine_of(client)->backend().put_record(once_key(name), value, detail::PutMode::always, ec);

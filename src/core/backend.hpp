@@ -16,6 +16,7 @@
 #include <system_error>
 #include <vector>
 
+#include "core/backend_error.hpp"
 #include "core/url.hpp"
 #include "distlock/client.hpp"
 #include "distlock/options.hpp"
@@ -79,7 +80,7 @@ inline constexpr std::size_t kMaxRecordValue = 64 * 1024;
 
 /// False, with errc::invalid_argument and an error detail naming the key and the size,
 /// when `value` is larger than kMaxRecordValue. Every backend's put_record starts here.
-bool record_value_fits(std::string_view key, std::string_view value, std::error_code& ec);
+bool record_value_fits(std::string_view key, std::string_view value, Error& ec);
 
 /// One held lock, as listed by Backend::list_held.
 struct ListedLock {
@@ -124,43 +125,43 @@ class Backend {
 
   /// One atomic attempt. Busy is {acquired=false}, not an error. Errors:
   /// backend_unavailable, auth_failed, protocol_error, invalid_argument.
-  virtual AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) = 0;
+  virtual AcquireResult try_acquire(const AcquireRequest& req, Error& ec) = 0;
 
   /// Gives up a place kept by keep_queued (queue-based backends). Never throws.
   virtual void cancel_acquire(std::string_view /*name*/, std::string_view /*owner*/) noexcept {}
 
   /// Renews many leases in as few round trips as possible; writes one status per
   /// item into `out` (same size as items). `ec` set means every item is `failed`.
-  virtual void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) = 0;
+  virtual void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) = 0;
 
   /// Releases if `owner` holds it (owner-checked, never a blind delete).
   virtual ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                std::error_code& ec) = 0;
+                                Error& ec) = 0;
 
   /// Starts delivering on_change(name); returns once notifications are live so a
   /// release after it returns cannot be missed. Calls are counted by the engine:
   /// one watch per name at a time, undone by unwatch.
-  virtual void watch(std::string_view name, std::error_code& ec) = 0;
+  virtual void watch(std::string_view name, Error& ec) = 0;
   virtual void unwatch(std::string_view name) noexcept = 0;
 
-  virtual LockInfo status(std::string_view name, std::error_code& ec) = 0;
+  virtual LockInfo status(std::string_view name, Error& ec) = 0;
 
   /// Stores `value` under record `key` (see PutMode) and returns the value stored
   /// after the call. One atomic step on the server: two callers with if_absent get
   /// the same answer. Errors as try_acquire; errc::not_supported if the backend
   /// keeps no records.
   virtual std::string put_record(std::string_view /*key*/, std::string_view /*value*/, PutMode /*mode*/,
-                                 std::error_code& ec) {
+                                 Error& ec) {
     ec = make_error_code(errc::not_supported);
     return {};
   }
   /// The record under `key`, or nullopt when there is none.
-  virtual std::optional<std::string> get_record(std::string_view /*key*/, std::error_code& ec) {
+  virtual std::optional<std::string> get_record(std::string_view /*key*/, Error& ec) {
     ec = make_error_code(errc::not_supported);
     return std::nullopt;
   }
   /// Deletes the record; returns whether there was one.
-  virtual bool erase_record(std::string_view /*key*/, std::error_code& ec) {
+  virtual bool erase_record(std::string_view /*key*/, Error& ec) {
     ec = make_error_code(errc::not_supported);
     return false;
   }
@@ -168,7 +169,7 @@ class Backend {
   /// most `limit` of them (`truncated` set when there were more). For `distlock list`:
   /// may cost a scan of the server's keys; never on a hot path.
   virtual std::vector<ListedLock> list_held(std::string_view /*prefix*/, std::size_t /*limit*/,
-                                            bool& truncated, std::error_code& ec) {
+                                            bool& truncated, Error& ec) {
     truncated = false;
     ec = make_error_code(errc::not_supported);
     return {};
@@ -184,16 +185,15 @@ class Backend {
 template <class Records>
 class RecordsBackend : public Backend {
  public:
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override {
     return records().put(key, value, mode, ec);
   }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override {
     return records().get(key, ec);
   }
-  bool erase_record(std::string_view key, std::error_code& ec) override { return records().erase(key, ec); }
+  bool erase_record(std::string_view key, Error& ec) override { return records().erase(key, ec); }
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
+                                    Error& ec) override {
     return records().list_held(prefix, limit, truncated, ec);
   }
 
@@ -211,12 +211,6 @@ inline std::string name_owner_key(std::string_view name, std::string_view owner)
   k.append(owner);
   return k;
 }
-
-/// A backend that fails a call may leave a sentence for the error the caller sees
-/// ("only 1 of 3 masters answered: ..."); it is per thread and taken by the next
-/// exception the client throws for that call.
-void set_error_detail(std::string detail) noexcept;
-std::string take_error_detail() noexcept;
 
 /// Makes a backend for a parsed URL; registered per scheme in registry.cpp.
 using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts,

@@ -99,10 +99,8 @@ namespace {
 
 /// `what`, and the backend's sentence for the failed call (which server, what went
 /// wrong) when it left one.
-std::string with_detail(std::string what) {
-  const std::string d = detail::take_error_detail();
-  if (!d.empty()) what += ": " + d;
-  return what;
+std::string with_detail(std::string what, const detail::Error& err) {
+  return what + err.suffix();
 }
 
 std::string describe_options_error(const LockOptions& o) {
@@ -112,10 +110,10 @@ std::string describe_options_error(const LockOptions& o) {
   return "invalid lock options";
 }
 
-[[noreturn]] void throw_acquire_error(std::error_code ec, std::string_view name, const LockOptions& o) {
+[[noreturn]] void throw_acquire_error(const detail::Error& ec, std::string_view name, const LockOptions& o) {
   std::string why;
   std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
-  std::string detail = detail::take_error_detail();
+  const std::string& detail = ec.detail();
   if (ec == errc::invalid_argument) {
     if (Engine::check_name(name, why)) throw_error(ec, why);
     // A limit of the backend (etcd's largest lease TTL, a zk:// ttl above what its
@@ -123,8 +121,17 @@ std::string describe_options_error(const LockOptions& o) {
     if (!detail.empty()) throw_error(ec, what + ": " + detail);
     throw_error(ec, describe_options_error(o));
   }
-  if (!detail.empty()) what += ": " + detail;
-  throw_error(ec, what);
+  throw_error(ec, what + ec.suffix());
+}
+
+/// Gives the lease's hold back to its engine (the server release when it was the last).
+void release_hold(std::shared_ptr<Engine>& engine, std::shared_ptr<HeldLock>& held,
+                  detail::Error& ec) noexcept {
+  ec.clear();
+  if (!held) return;
+  auto h = std::move(held);
+  auto e = std::move(engine);
+  e->release(h, ec);
 }
 
 }  // namespace
@@ -205,25 +212,22 @@ std::string Lease::loss_detail() const {
 }
 
 void Lease::release() {
-  std::error_code ec;
+  detail::Error ec;
   const std::string name = held_ ? held_->name : std::string();
-  detail::take_error_detail();  // an earlier call's detail must not name this one's cause
-  release(ec);
-  if (ec) throw_error(ec, with_detail("release of lock \"" + name + "\""));
+  release_hold(engine_, held_, ec);
+  if (ec) throw_error(ec, with_detail("release of lock \"" + name + "\"", ec));
 }
 
 void Lease::release(std::error_code& ec) noexcept {
-  ec.clear();
-  if (!held_) return;
-  auto held = std::move(held_);
-  auto engine = std::move(engine_);
-  engine->release(held, ec);
+  detail::Error err;
+  release_hold(engine_, held_, err);
+  ec = err;
 }
 
 // ---- Client ----------------------------------------------------------------
 
 Lease Client::acquire(std::string_view name, const LockOptions& opts) {
-  std::error_code ec;
+  detail::Error ec;
   auto held = engine_->acquire(name, opts, opts.wait, ec);
   if (ec) throw_acquire_error(ec, name, opts);
   return Lease(engine_, std::move(held));
@@ -235,7 +239,9 @@ Lease Client::acquire(std::string_view name) {
 
 Lease Client::acquire(std::string_view name, const LockOptions& opts, std::error_code& ec) noexcept {
   try {
-    auto held = engine_->acquire(name, opts, opts.wait, ec);
+    detail::Error err;
+    auto held = engine_->acquire(name, opts, opts.wait, err);
+    ec = err;
     if (ec) return {};
     return Lease(engine_, std::move(held));
   } catch (const std::system_error& e) {
@@ -247,7 +253,7 @@ Lease Client::acquire(std::string_view name, const LockOptions& opts, std::error
 }
 
 std::optional<Lease> Client::try_acquire(std::string_view name, const LockOptions& opts) {
-  std::error_code ec;
+  detail::Error ec;
   auto held = engine_->acquire(name, opts, Millis(0), ec);
   if (ec == errc::busy) return std::nullopt;
   if (ec) throw_acquire_error(ec, name, opts);
@@ -266,20 +272,29 @@ Mutex Client::mutex(std::string_view name) {
 }
 
 LockInfo Client::status(std::string_view name) {
-  std::error_code ec;
-  detail::take_error_detail();  // an earlier call's detail must not name this one's cause
-  LockInfo info = status(name, ec);
+  detail::Error ec;
+  LockInfo info;
+  try {
+    info = engine_->status(name, ec);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
   if (ec) {
     std::string why;
     if (Engine::check_name(name, why)) throw_error(ec, why);
-    throw_error(ec, with_detail("status of lock \"" + std::string(name.substr(0, 200)) + "\""));
+    throw_error(ec, with_detail("status of lock \"" + std::string(name.substr(0, 200)) + "\"", ec));
   }
   return info;
 }
 
 LockInfo Client::status(std::string_view name, std::error_code& ec) noexcept {
   try {
-    return engine_->status(name, ec);
+    detail::Error err;
+    LockInfo info = engine_->status(name, err);
+    ec = err;
+    return info;
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
@@ -342,7 +357,7 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit)
 }
 
 std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit, bool& truncated) {
-  std::error_code ec;
+  detail::Error ec;
   if (!prefix.empty()) {
     std::string why;
     if (Engine::check_name(prefix, why))
@@ -354,7 +369,7 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit,
     if (!prefix.empty()) what += " with prefix \"" + std::string(prefix.substr(0, 200)) + "\"";
     if (ec == errc::not_supported)
       what += " (backend " + engine_->backend().url() + " cannot list its locks)";
-    throw_error(ec, with_detail(std::move(what)));
+    throw_error(ec, with_detail(std::move(what), ec));
   }
   std::vector<ListedLock> out;
   out.reserve(raw.size());
@@ -369,7 +384,7 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit,
       auto it = definitions.find(key);
       if (it == definitions.end()) {
         std::optional<std::uint32_t> n;
-        std::error_code rec_ec;
+        detail::Error rec_ec;
         try {
           if (auto v = engine_->backend().get_record(key, rec_ec); v && !rec_ec) n = parse_u32(*v);
         } catch (...) {
@@ -465,13 +480,13 @@ Mutex::Mutex(Client client, std::string name, LockOptions opts)
     : client_(std::move(client)), name_(std::move(name)), opts_(opts) {}
 
 void Mutex::lock() {
-  std::error_code ec;
+  detail::Error ec;
   auto held = detail::engine_of(client_)->acquire(name_, opts_, std::nullopt, ec, Engine::Reentry::by_thread);
   if (ec) throw_acquire_error(ec, name_, opts_);
 }
 
 bool Mutex::try_lock() {
-  std::error_code ec;
+  detail::Error ec;
   auto held = detail::engine_of(client_)->acquire(name_, opts_, Millis(0), ec, Engine::Reentry::by_thread);
   if (ec == errc::busy) return false;
   if (ec) throw_acquire_error(ec, name_, opts_);
@@ -479,7 +494,7 @@ bool Mutex::try_lock() {
 }
 
 bool Mutex::try_lock_for_ms(std::optional<Millis> d) {
-  std::error_code ec;
+  detail::Error ec;
   if (d) d = std::max(*d, Millis(0));
   auto held = detail::engine_of(client_)->acquire(name_, opts_, d, ec, Engine::Reentry::by_thread);
   if (ec == errc::busy || ec == errc::timeout) return false;
@@ -500,7 +515,9 @@ void Mutex::unlock(std::error_code& ec) noexcept {
     ec = make_error_code(errc::not_owner);
     return;
   }
-  detail::engine_of(client_)->release(held, ec);
+  detail::Error err;
+  detail::engine_of(client_)->release(held, err);
+  ec = err;
 }
 
 void Mutex::unlock() {

@@ -34,9 +34,8 @@ std::string printable(std::string_view name) {
   return out;
 }
 
-[[noreturn]] void fail(std::error_code ec, const std::string& what) {
-  std::string detail = detail::take_error_detail();
-  throw_error(ec, detail.empty() ? what : what + ": " + detail);
+[[noreturn]] void fail(const detail::Error& ec, const std::string& what) {
+  throw_error(ec, what + ec.suffix());
 }
 
 Millis clamp_cap(Millis m) {
@@ -88,8 +87,10 @@ Lease Election::campaign(std::string_view value, std::error_code& ec) noexcept {
     Lease lease = client_.acquire(lock_name_, opts_, ec);
     if (ec) return {};
     const std::uint64_t term = lease.has_token() ? lease.token() : 0;
+    detail::Error err;
     detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
-                                                     detail::PutMode::always, ec);
+                                                     detail::PutMode::always, err);
+    ec = err;
     if (ec) {
       std::error_code ignored;
       lease.release(ignored);  // a leader whose value is not written does not stay leader
@@ -119,16 +120,14 @@ Lease Election::campaign(std::string_view value) {
                                           printable(std::string_view(e.what()).substr(0, 200)));
   }
   const std::uint64_t term = lease.has_token() ? lease.token() : 0;
-  std::error_code ec;
+  detail::Error ec;
   detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
                                                    detail::PutMode::always, ec);
   if (ec) {
-    std::string detail = detail::take_error_detail();
     std::error_code ignored;
     lease.release(ignored);
     throw_error(ec, "election \"" + printable(name_) + "\": won term " + std::to_string(term) +
-                        " but could not write its value, so gave it up" +
-                        (detail.empty() ? std::string() : ": " + detail));
+                        " but could not write its value, so gave it up" + ec.suffix());
   }
   ring();
   return lease;
@@ -149,7 +148,7 @@ void Election::proclaim(const Lease& leadership, std::string_view value) {
                     " bytes; the limit is " + std::to_string(kMaxValue));
   }
   const std::uint64_t term = leadership.has_token() ? leadership.token() : 0;
-  std::error_code ec;
+  detail::Error ec;
   detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
                                                    detail::PutMode::always, ec);
   if (ec) fail(ec, "election \"" + printable(name_) + "\": proclaim");
@@ -178,7 +177,7 @@ void Election::ring() noexcept {
   }
 }
 
-std::optional<Leader> Election::read(std::error_code& ec) {
+std::optional<Leader> Election::read(detail::Error& ec) {
   ec.clear();
   const auto& engine = detail::engine_of(client_);
   LockInfo info = engine->status(lock_name_, ec);
@@ -204,7 +203,7 @@ std::optional<Leader> Election::read(std::error_code& ec) {
 }
 
 std::optional<Leader> Election::leader() {
-  std::error_code ec;
+  detail::Error ec;
   auto l = read(ec);
   if (ec) fail(ec, "election \"" + printable(name_) + "\": reading the leader");
   return l;
@@ -236,7 +235,7 @@ std::optional<Leader> Election::observe(std::optional<std::uint64_t> after_term,
     const bool bell_live = bell_w.arm(deadline);
     const std::uint64_t lock_gen = lock_w.generation();
     const std::uint64_t bell_gen = bell_w.generation();
-    std::error_code ec;
+    detail::Error ec;
     std::optional<Leader> l = read(ec);
     if (ec) fail(ec, "election \"" + printable(name_) + "\": observe");
     const TP now = clock->now();

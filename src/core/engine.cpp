@@ -188,7 +188,7 @@ Engine::~Engine() {
   }
   for (auto& h : left) {
     if (h->lost.load()) continue;
-    std::error_code ec;
+    Error ec;
     backend_->release(h->name, h->owner, h->token, ec);
   }
   // The backend (and its notification threads) goes before the engine's members.
@@ -241,7 +241,7 @@ bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlo
     if (slot->watch_pending || clock_->now() < slot->watch_retry_at) return false;
     slot->watch_pending = true;
   }
-  std::error_code ec;
+  Error ec;
   try {
     backend_->watch(name, ec);
   } catch (const std::system_error& e) {
@@ -260,11 +260,11 @@ bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlo
     // Degraded, not failed: the waiter re-checks on a short bounded period until a
     // later subscription succeeds. Said once per client at warning level.
     const LogLevel level = warned_watch_failure_.exchange(true) ? LogLevel::debug : LogLevel::warning;
-    const std::string detail = take_error_detail();
     log_.log(
         level,
         "cannot watch lock \"{}\" for releases: {}{}; waiting by re-checks every {} ms until a watch works",
-        name, ec.message(), detail.empty() ? std::string() : " (" + detail + ")", kDegradedRecheck.count());
+        name, ec.message(), ec.detail().empty() ? std::string() : " (" + ec.detail() + ")",
+        kDegradedRecheck.count());
   }
   return !ec;
 }
@@ -345,14 +345,14 @@ bool Engine::forked() const noexcept {
 }
 
 std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& opts,
-                                          std::optional<Millis> wait, std::error_code& ec, Reentry reentry) {
+                                          std::optional<Millis> wait, Error& ec, Reentry reentry) {
   const std::string_view names[1] = {name};
   return acquire_impl(names, {}, opts, wait, ec, reentry, nullptr);
 }
 
 std::shared_ptr<HeldLock> Engine::acquire_any(std::span<const std::string> names, const LockOptions& opts,
-                                              std::optional<Millis> wait, std::error_code& ec,
-                                              std::string_view gate, std::size_t* index) {
+                                              std::optional<Millis> wait, Error& ec, std::string_view gate,
+                                              std::size_t* index) {
   ec.clear();
   if (names.empty()) {
     ec = make_error_code(errc::invalid_argument);
@@ -364,9 +364,8 @@ std::shared_ptr<HeldLock> Engine::acquire_any(std::span<const std::string> names
 
 std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view> names, std::string_view gate,
                                                const LockOptions& in_opts, std::optional<Millis> wait,
-                                               std::error_code& ec, Reentry reentry, std::size_t* index) {
+                                               Error& ec, Reentry reentry, std::size_t* index) {
   ec.clear();
-  take_error_detail();  // a detail left by an earlier call must not name this one's cause
   if (forked()) {
     ec = make_error_code(errc::forked);  // not counted: the counters are the parent's
     return nullptr;
@@ -533,8 +532,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
 std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view> names, std::string_view gate,
                                                const LockOptions& opts, std::optional<Millis> wait,
                                                const std::string& owner, Clock::time_point start,
-                                               std::uint64_t& epoch_at_send, std::size_t& index,
-                                               std::error_code& ec) {
+                                               std::uint64_t& epoch_at_send, std::size_t& index, Error& ec) {
   const Clock::time_point wait_deadline = wait ? start + *wait : kNever;
   const bool may_wait = !wait || wait->count() > 0;
   // A gated acquisition keeps no place in the names' queues: it may have to stop
@@ -578,16 +576,11 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
         }
         engine->leave_wait(c.name);
       };
-      // Giving up a queued place can fail too (the server that failed the attempt is
-      // still out of reach); the caller's error keeps the attempt's own cause.
-      std::string detail = take_error_detail();
       if (gate) leave(*gate);
       for (std::size_t i = 0; i < cands.size(); ++i) {
         leave(cands[i]);
         if (cands[i].queued && acquired != i) engine->backend_->cancel_acquire(cands[i].name, owner);
       }
-      take_error_detail();
-      if (!detail.empty()) set_error_detail(std::move(detail));
     }
   } cleanup{this, cands, gate_cand, &wake, acquired, owner};
 
@@ -719,7 +712,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   return held;
 }
 
-bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, std::error_code& ec) {
+bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, Error& ec) {
   ec.clear();
   if (forked()) {
     ec = make_error_code(errc::forked);
@@ -768,7 +761,7 @@ std::shared_ptr<HeldLock> Engine::held_by_this_thread(std::string_view name) con
   return it == held_.end() ? nullptr : it->second;
 }
 
-void Engine::release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept {
+void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept {
   ec.clear();
   if (!held) {
     ec = make_error_code(errc::not_owner);
@@ -1149,7 +1142,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   items.reserve(due.size());
   for (auto& h : due) items.push_back(RenewItem{h->name, h->owner, h->token, h->opts.ttl});
   std::vector<RenewStatus> out(items.size(), RenewStatus::failed);
-  std::error_code ec;
+  Error ec;
   const Clock::time_point sent = clock_->now();
   try {
     backend_->renew(items, out, ec);
@@ -1257,7 +1250,7 @@ void Engine::renewer_main(std::stop_token st) {
   }
 }
 
-LockInfo Engine::status(std::string_view name, std::error_code& ec) {
+LockInfo Engine::status(std::string_view name, Error& ec) {
   if (forked()) {
     ec = make_error_code(errc::forked);
     return {};
@@ -1276,7 +1269,7 @@ LockInfo Engine::status(std::string_view name, std::error_code& ec) {
 }
 
 std::vector<ListedLock> Engine::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                          std::error_code& ec) {
+                                          Error& ec) {
   truncated = false;
   if (forked()) {
     ec = make_error_code(errc::forked);

@@ -170,8 +170,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Acquires `name` for the calling thread. `wait`: nullopt = forever, 0 = one
   /// attempt. Busy with wait 0 → errc::busy; wait ran out → errc::timeout.
   std::shared_ptr<HeldLock> acquire(std::string_view name, const LockOptions& opts,
-                                    std::optional<Millis> wait, std::error_code& ec,
-                                    Reentry reentry = Reentry::never);
+                                    std::optional<Millis> wait, Error& ec, Reentry reentry = Reentry::never);
   /// Acquires ONE of `names` (whichever is free first; several names waited on at
   /// once, e.g. a semaphore's permits) for the calling thread, never re-entering.
   /// Each name is tried once in the order given; then the caller waits for a change
@@ -186,17 +185,17 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// `names` of the name acquired. Whatever way it ends, no wait slot stays joined
   /// and no queued place on the server is left behind.
   std::shared_ptr<HeldLock> acquire_any(std::span<const std::string> names, const LockOptions& opts,
-                                        std::optional<Millis> wait, std::error_code& ec,
-                                        std::string_view gate = {}, std::size_t* index = nullptr);
+                                        std::optional<Millis> wait, Error& ec, std::string_view gate = {},
+                                        std::size_t* index = nullptr);
 
   /// Waits until `name` is held by nobody (Backend::status), by change notification,
   /// re-checked at the latest when the holder's remaining TTL runs out. Returns true
   /// when free, false when `wait` ran out first (nullopt = forever, 0 = one check);
   /// `ec` set on errors (then false).
-  bool wait_free(std::string_view name, std::optional<Millis> wait, std::error_code& ec);
+  bool wait_free(std::string_view name, std::optional<Millis> wait, Error& ec);
 
   /// Drops one hold; at zero releases on the server.
-  void release(const std::shared_ptr<HeldLock>& held, std::error_code& ec) noexcept;
+  void release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept;
   /// The calling thread's hold of `name`, or nullptr.
   std::shared_ptr<HeldLock> held_by_this_thread(std::string_view name) const;
 
@@ -228,10 +227,9 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void drain_events();
 
   /// The backend's status with the holder description split off LockInfo::holder.
-  LockInfo status(std::string_view name, std::error_code& ec);
+  LockInfo status(std::string_view name, Error& ec);
   /// Backend::list_held with holder descriptions split off as in status().
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec);
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated, Error& ec);
   Backend& backend() noexcept { return *backend_; }
   const Capabilities& capabilities() const noexcept { return caps_; }
   const std::string& client_id() const noexcept { return client_id_; }
@@ -329,13 +327,12 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// notifications are live; false means the caller falls back to bounded re-checks.
   bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
   std::shared_ptr<HeldLock> acquire_impl(std::span<const std::string_view> names, std::string_view gate,
-                                         const LockOptions& opts, std::optional<Millis> wait,
-                                         std::error_code& ec, Reentry reentry, std::size_t* index);
+                                         const LockOptions& opts, std::optional<Millis> wait, Error& ec,
+                                         Reentry reentry, std::size_t* index);
   std::shared_ptr<HeldLock> acquire_loop(std::span<const std::string_view> names, std::string_view gate,
                                          const LockOptions& opts, std::optional<Millis> wait,
                                          const std::string& owner, Clock::time_point start,
-                                         std::uint64_t& epoch_at_send, std::size_t& index,
-                                         std::error_code& ec);
+                                         std::uint64_t& epoch_at_send, std::size_t& index, Error& ec);
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).

@@ -38,9 +38,8 @@ void check_primitive_name(std::string_view what, std::string_view name, std::siz
 int define_size(Engine& engine, const std::string& key, int requested, int fallback, const std::string& what,
                 std::string_view unit) {
   if (engine.forked()) throw_error(make_error_code(errc::forked), what + ": client used in a forked child");
-  std::error_code ec;
+  Error ec;
   std::string stored;
-  take_error_detail();
   try {
     stored = engine.backend().put_record(key, std::to_string(requested > 0 ? requested : fallback),
                                          PutMode::if_absent, ec);
@@ -51,11 +50,7 @@ int define_size(Engine& engine, const std::string& key, int requested, int fallb
     throw_error(ec, what + ": backend " + engine.backend().url() + " keeps no records (the " +
                         std::string(unit) + " count is stored in one)");
   }
-  if (ec) {
-    std::string detail = take_error_detail();
-    throw_error(ec, what + ": storing its " + std::string(unit) + " count" +
-                        (detail.empty() ? std::string() : ": " + detail));
-  }
+  if (ec) throw_error(ec, what + ": storing its " + std::string(unit) + " count" + ec.suffix());
   int n = 0;
   const auto [end, err] = std::from_chars(stored.data(), stored.data() + stored.size(), n);
   if (err != std::errc() || end != stored.data() + stored.size() || n < 1 || n > kMaxPrimitiveSize) {

@@ -174,28 +174,13 @@ std::span<const Scheme> all_schemes() noexcept {
   return kSchemes;
 }
 
-namespace {
-thread_local std::string t_error_detail;
-}  // namespace
-
-void set_error_detail(std::string detail) noexcept {
-  t_error_detail = std::move(detail);
-}
-
-std::string take_error_detail() noexcept {
-  std::string out;
-  out.swap(t_error_detail);
-  return out;
-}
-
-bool record_value_fits(std::string_view key, std::string_view value, std::error_code& ec) {
+bool record_value_fits(std::string_view key, std::string_view value, Error& ec) {
   if (value.size() <= kMaxRecordValue) return true;
-  ec = make_error_code(errc::invalid_argument);
   std::string shown;
   for (char c : key.substr(0, 200)) shown += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
-  set_error_detail("record \"" + shown + "\": a value of " + std::to_string(value.size()) +
-                   " bytes is larger than the limit of " + std::to_string(kMaxRecordValue) +
-                   " bytes (64 KiB)");
+  ec.fail(errc::invalid_argument, "record \"" + shown + "\": a value of " + std::to_string(value.size()) +
+                                      " bytes is larger than the limit of " +
+                                      std::to_string(kMaxRecordValue) + " bytes (64 KiB)");
   return false;
 }
 

@@ -44,7 +44,7 @@ Semaphore::Semaphore(Client client, std::string name, int permits, LockOptions o
   for (int i = 0; i < permits_; ++i) locks_.push_back(permit_lock_name(i));
 }
 
-std::optional<Lease> Semaphore::take(std::optional<Millis> wait, std::error_code& ec) {
+std::optional<Lease> Semaphore::take(std::optional<Millis> wait, detail::Error& ec) {
   // Start at a random permit: contenders that all started at permit 0 would collide
   // on it and then on permit 1, ...
   const std::size_t start = detail::random_start(locks_.size());
@@ -58,18 +58,16 @@ std::optional<Lease> Semaphore::take(std::optional<Millis> wait, std::error_code
 }
 
 namespace {
-[[noreturn]] void throw_take_error(std::error_code ec, const std::string& name) {
-  std::string detail = detail::take_error_detail();
+[[noreturn]] void throw_take_error(const detail::Error& ec, const std::string& name) {
   std::string what = describe(name);
   if (ec == errc::timeout) what += ": no permit came free in time";
   if (ec == errc::busy) what += ": every permit is held";
-  if (!detail.empty()) what += ": " + detail;
-  throw_error(ec, what);
+  throw_error(ec, what + ec.suffix());
 }
 }  // namespace
 
 Lease Semaphore::acquire() {
-  std::error_code ec;
+  detail::Error ec;
   auto lease = take(opts_.wait, ec);
   if (ec) throw_take_error(ec, name_);
   return std::move(*lease);
@@ -78,7 +76,9 @@ Lease Semaphore::acquire() {
 Lease Semaphore::acquire(std::error_code& ec) noexcept {
   ec.clear();
   try {
-    auto lease = take(opts_.wait, ec);
+    detail::Error err;
+    auto lease = take(opts_.wait, err);
+    ec = err;
     if (!ec && lease) return std::move(*lease);
   } catch (const std::system_error& e) {
     ec = e.code();
@@ -90,7 +90,7 @@ Lease Semaphore::acquire(std::error_code& ec) noexcept {
 }
 
 std::optional<Lease> Semaphore::try_acquire() {
-  std::error_code ec;
+  detail::Error ec;
   auto lease = take(Millis(0), ec);
   if (ec == errc::busy) return std::nullopt;
   if (ec) throw_take_error(ec, name_);
@@ -98,7 +98,7 @@ std::optional<Lease> Semaphore::try_acquire() {
 }
 
 std::optional<Lease> Semaphore::try_acquire_for(Millis wait) {
-  std::error_code ec;
+  detail::Error ec;
   auto lease = take(std::max(wait, Millis(0)), ec);
   if (ec == errc::busy || ec == errc::timeout) return std::nullopt;
   if (ec) throw_take_error(ec, name_);

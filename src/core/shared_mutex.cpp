@@ -95,7 +95,7 @@ void release_all(Engine& engine, std::vector<std::shared_ptr<HeldLock>>& parts) 
   // find the slots free.
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
     if (!*it) continue;
-    std::error_code ec;
+    detail::Error ec;
     engine.release(*it, ec);  // a lost part was signalled already; a failed release expires by TTL
   }
   parts.clear();
@@ -104,7 +104,7 @@ void release_all(Engine& engine, std::vector<std::shared_ptr<HeldLock>>& parts) 
 // Takes the parts of a hold (not registered for any thread) and watches them for
 // loss; nullptr with `ec` set when not taken.
 std::shared_ptr<Hold> acquire_hold(detail::SharedMutexState& st, bool exclusive, std::optional<Millis> wait,
-                                   std::error_code& ec) {
+                                   detail::Error& ec) {
   Engine& engine = *detail::engine_of(st.client);
   const auto& clock = engine.clock();
   const Clock::time_point start = clock->now();
@@ -149,12 +149,10 @@ std::shared_ptr<Hold> acquire_hold(detail::SharedMutexState& st, bool exclusive,
   return hold;
 }
 
-[[noreturn]] void throw_lock_error(std::error_code ec, const std::string& what, bool exclusive) {
-  std::string detail = detail::take_error_detail();
+[[noreturn]] void throw_lock_error(const detail::Error& ec, const std::string& what, bool exclusive) {
   std::string msg = what + (exclusive ? " (exclusive)" : " (shared)");
   if (ec == errc::timeout) msg += ": not acquired in time";
-  if (!detail.empty()) msg += ": " + detail;
-  throw_error(ec, msg);
+  throw_error(ec, msg + ec.suffix());
 }
 
 }  // namespace
@@ -212,7 +210,7 @@ bool SharedMutex::timed(bool exclusive, std::optional<Millis> wait) {
                                                              (held->exclusive ? "exclusive" : "shared") +
                                                              "); it is not reentrant");
   }
-  std::error_code ec;
+  detail::Error ec;
   auto hold = acquire_hold(st, exclusive, wait, ec);
   if (ec == errc::busy || ec == errc::timeout) return false;
   if (ec) throw_lock_error(ec, st.what, exclusive);
@@ -356,7 +354,7 @@ ReadWriteLease SharedMutex::acquire_exclusive() {
 
 ReadWriteLease SharedMutex::acquire_lease(bool exclusive) {
   auto& st = *state_;
-  std::error_code ec;
+  detail::Error ec;
   auto hold = acquire_hold(st, exclusive, st.opts.wait, ec);
   if (ec) throw_lock_error(ec, st.what, exclusive);
   return ReadWriteLease(detail::engine_of(st.client), std::move(hold));
@@ -494,7 +492,7 @@ void ReadWriteLease::release(std::error_code& ec) noexcept {
   // before any other.
   auto parts = parts_of(*hold);
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-    std::error_code part_ec;
+    detail::Error part_ec;
     engine->release(*it, part_ec);
     if (part_ec && (!ec || (part_ec == errc::lost && ec != errc::lost))) ec = part_ec;
   }

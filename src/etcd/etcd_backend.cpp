@@ -6,7 +6,7 @@
 namespace distlock::detail {
 namespace etcd {
 
-LockInfo EtcdBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo EtcdBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const std::string lp = lock_prefix(name);
   RangeRequest req;

@@ -177,15 +177,15 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
 
   // Watches are per queued key and set up by try_acquire (from the revision it
   // read, so nothing between the read and the watch is missed).
-  void watch(std::string_view, std::error_code& ec) override { ec.clear(); }
+  void watch(std::string_view, Error& ec) override { ec.clear(); }
   void unwatch(std::string_view) noexcept override {}
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
   void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        std::error_code& ec) override;
-  LockInfo status(std::string_view name, std::error_code& ec) override;
+                        Error& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
   etcd::Records& records() noexcept override { return records_; }
@@ -194,22 +194,22 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   std::string lock_prefix(std::string_view name) const {
     return prefix_.empty() ? encode_name(name) + "/" : prefix_ + "/" + encode_name(name) + "/";
   }
-  std::shared_ptr<Session> live_session(std::int64_t ttl_s, std::error_code& ec);
-  std::error_code keepalive(const std::vector<std::shared_ptr<Session>>& sessions);
+  std::shared_ptr<Session> live_session(std::int64_t ttl_s, Error& ec);
+  Error keepalive(const std::vector<std::shared_ptr<Session>>& sessions);
   void lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept;
-  bool delete_key(const std::string& key, std::int64_t create_rev, std::error_code& ec);
+  bool delete_key(const std::string& key, std::int64_t create_rev, Error& ec);
   void forget_entry(const std::shared_ptr<Entry>& entry);
   void add_watch(const std::shared_ptr<Entry>& entry, const std::string& key, std::int64_t start_rev);
   void cancel_watch(std::int64_t watch_id) noexcept;
   std::shared_ptr<WatchStream> open_stream_locked();
   void reader_main(std::shared_ptr<WatchStream> stream);
   void keeper_main(std::stop_token st);
-  void set_error(const grpc::Status& st, std::error_code& ec, const char* what) {
+  void set_error(const grpc::Status& st, Error& ec, const char* what) {
     std::string why;
     ec = transport_.to_error(st, why);
     log_.log(LogLevel::debug, "etcd {} failed: {}", what, why);
     // The error the caller sees names the endpoint and gRPC's reason (why does).
-    set_error_detail(std::string(what) + ": " + why);
+    ec.set_detail(std::string(what) + ": " + why);
   }
 
   etcd::Transport transport_;

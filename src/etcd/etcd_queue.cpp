@@ -4,14 +4,14 @@
 
 namespace distlock::detail::etcd {
 
-AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const std::int64_t ttl_s = ttl_seconds(req.ttl);
   if (ttl_s == 0) {
     // Refused before anything is sent: no lease, no key.
     ec = make_error_code(errc::invalid_argument);
-    set_error_detail("ttl " + std::to_string(req.ttl.count()) +
-                     "ms is beyond etcd's maximum lease TTL of 9000000000s");
+    ec.set_detail("ttl " + std::to_string(req.ttl.count()) +
+                  "ms is beyond etcd's maximum lease TTL of 9000000000s");
     return {};
   }
   const std::string ekey = entry_key(req.name, req.owner);
@@ -67,7 +67,7 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
         }
       }
       for (auto& [key, rev] : stale) {
-        std::error_code dec;
+        Error dec;
         delete_key(key, rev, dec);
         if (dec) {
           std::lock_guard lk(mu_);
@@ -189,7 +189,7 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
     AcquireResult busy;
     busy.holder_ttl = session->ttl;  // the holder's lease is at most a TTL away
     if (!req.keep_queued) {
-      std::error_code dec;
+      Error dec;
       delete_key(entry->key, my_rev, dec);
       forget_entry(entry);
       if (dec) {
@@ -225,7 +225,7 @@ AcquireResult EtcdBackend::try_acquire(const AcquireRequest& req, std::error_cod
   return AcquireResult{};  // busy; the engine re-checks
 }
 
-bool EtcdBackend::delete_key(const std::string& key, std::int64_t create_rev, std::error_code& ec) {
+bool EtcdBackend::delete_key(const std::string& key, std::int64_t create_rev, Error& ec) {
   etcdserverpb::TxnRequest txn;
   // create_rev 0: the key's revision is unknown (its creating Txn had no answer).
   // The key is ours alone (session lease + a sequence never reused), so it is
@@ -275,7 +275,7 @@ void EtcdBackend::cancel_acquire(std::string_view name, std::string_view owner) 
     }
     forget_entry(entry);
     if (rev == 0) return;
-    std::error_code ec;
+    Error ec;
     delete_key(entry->key, rev, ec);
     if (ec) {
       std::lock_guard lk(mu_);
@@ -286,7 +286,7 @@ void EtcdBackend::cancel_acquire(std::string_view name, std::string_view owner) 
 }
 
 ReleaseStatus EtcdBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                   std::error_code& ec) {
+                                   Error& ec) {
   ec.clear();
   std::shared_ptr<Entry> entry;
   {
@@ -311,7 +311,7 @@ ReleaseStatus EtcdBackend::release(std::string_view name, std::string_view owner
   return deleted ? ReleaseStatus::released : ReleaseStatus::not_owner;
 }
 
-void EtcdBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) {
+void EtcdBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   std::vector<std::shared_ptr<Session>> sessions;
   std::vector<std::shared_ptr<Session>> item_session(items.size());

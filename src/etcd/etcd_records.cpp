@@ -39,13 +39,13 @@ std::string Records::record_key(std::string_view key) const {
   return k;
 }
 
-void Records::fail(const grpc::Status& st, std::error_code& ec, std::string_view what) const {
+void Records::fail(const grpc::Status& st, Error& ec, std::string_view what) const {
   std::string why;
   ec = transport_.to_error(st, why);
-  set_error_detail(fmt::format("{}: {}", what, why));
+  ec.set_detail(fmt::format("{}: {}", what, why));
 }
 
-std::string Records::put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec) {
+std::string Records::put(std::string_view key, std::string_view value, PutMode mode, Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string k = record_key(key);
@@ -84,13 +84,13 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
   if (resp.succeeded()) return std::string(value);
   if (resp.responses_size() != 1 || resp.responses(0).response_range().kvs_size() != 1) {
     ec = make_error_code(errc::protocol_error);
-    set_error_detail("etcd put-if-absent Txn found the record but returned no value for it");
+    ec.set_detail("etcd put-if-absent Txn found the record but returned no value for it");
     return {};
   }
   return resp.responses(0).response_range().kvs(0).value();
 }
 
-std::optional<std::string> Records::get(std::string_view key, std::error_code& ec) {
+std::optional<std::string> Records::get(std::string_view key, Error& ec) {
   ec.clear();
   RangeRequest req;
   req.set_key(record_key(key));
@@ -105,7 +105,7 @@ std::optional<std::string> Records::get(std::string_view key, std::error_code& e
   return resp.kvs(0).value();
 }
 
-bool Records::erase(std::string_view key, std::error_code& ec) {
+bool Records::erase(std::string_view key, Error& ec) {
   ec.clear();
   etcdserverpb::DeleteRangeRequest req;
   req.set_key(record_key(key));
@@ -123,7 +123,7 @@ bool Records::erase(std::string_view key, std::error_code& ec) {
 }
 
 std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                           std::error_code& ec) {
+                                           Error& ec) {
   ec.clear();
   truncated = false;
   const std::string start = base_ + encode_name(prefix);

@@ -34,15 +34,14 @@ class Records {
   /// `prefix` without a trailing '/' ("" for none), as the backend's lock keys use it.
   Records(Transport& transport, const std::string& prefix);
 
-  std::string put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec);
-  std::optional<std::string> get(std::string_view key, std::error_code& ec);
-  bool erase(std::string_view key, std::error_code& ec);
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec);
+  std::string put(std::string_view key, std::string_view value, PutMode mode, Error& ec);
+  std::optional<std::string> get(std::string_view key, Error& ec);
+  bool erase(std::string_view key, Error& ec);
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated, Error& ec);
 
  private:
   std::string record_key(std::string_view key) const;
-  void fail(const grpc::Status& st, std::error_code& ec, std::string_view what) const;
+  void fail(const grpc::Status& st, Error& ec, std::string_view what) const;
 
   Transport& transport_;
   std::string base_;  // "<prefix>/" or ""

@@ -5,7 +5,7 @@
 
 namespace distlock::detail::etcd {
 
-std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, std::error_code& ec) {
+std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, Error& ec) {
   std::lock_guard grant(grant_mu_);
   {
     std::lock_guard lk(mu_);
@@ -45,7 +45,7 @@ std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, std::erro
 }
 
 // One LeaseKeepAlive stream, one request per session: one round trip for all.
-std::error_code EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessions) {
+Error EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessions) {
   if (sessions.empty()) return {};
   std::map<std::int64_t, std::int64_t> ttl_by_lease;
   const auto sent = clock_->now();
@@ -67,7 +67,7 @@ std::error_code EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session
     return fin;
   });
   if (!st.ok() && ttl_by_lease.size() < sessions.size()) {
-    std::error_code ec;
+    Error ec;
     set_error(st, ec, "LeaseKeepAlive");
     std::vector<std::shared_ptr<Session>> expired;
     {
@@ -170,7 +170,7 @@ void EtcdBackend::keeper_main(std::stop_token st) {
     }
     keepalive(due);
     for (auto& [key, rev] : orphans) {
-      std::error_code ec;
+      Error ec;
       delete_key(key, rev, ec);
       if (ec) {
         std::lock_guard lk(mu_);

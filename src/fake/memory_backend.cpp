@@ -27,7 +27,7 @@ class MemoryBackend final : public Backend {
   Capabilities capabilities() const noexcept override { return {store_->fencing_, store_->needs_renewal_}; }
   void set_listener(ChangeListener* l) override { listener_.store(l, std::memory_order_release); }
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
     std::lock_guard lk(store_->mu_);
     ++store_->n_try_;
     if (store_->throw_acquires_ > 0 && store_->throw_after_-- <= 0) {
@@ -58,7 +58,7 @@ class MemoryBackend final : public Backend {
     return AcquireResult{true, e.token, validity, std::nullopt};
   }
 
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
     if (const long d = store_->renew_delay_ms_.load(); d > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(d));
     }
@@ -79,8 +79,7 @@ class MemoryBackend final : public Backend {
     }
   }
 
-  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t,
-                        std::error_code& ec) override {
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t, Error& ec) override {
     std::vector<MemoryBackend*> notify;
     {
       std::lock_guard lk(store_->mu_);
@@ -103,7 +102,7 @@ class MemoryBackend final : public Backend {
     return ReleaseStatus::released;
   }
 
-  void watch(std::string_view name, std::error_code& ec) override {
+  void watch(std::string_view name, Error& ec) override {
     std::lock_guard lk(store_->mu_);
     if (store_->fail_watches_ > 0) {
       --store_->fail_watches_;
@@ -128,7 +127,7 @@ class MemoryBackend final : public Backend {
     ++store_->n_cancel_;
   }
 
-  LockInfo status(std::string_view name, std::error_code& ec) override {
+  LockInfo status(std::string_view name, Error& ec) override {
     std::lock_guard lk(store_->mu_);
     if (store_->take_failure(ec)) return {};
     LockInfo info;
@@ -144,28 +143,27 @@ class MemoryBackend final : public Backend {
     return info;
   }
 
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override {
     std::lock_guard lk(store_->mu_);
     if (store_->take_failure(ec)) return {};
     auto [it, inserted] = store_->records_.try_emplace(std::string(key), value);
     if (!inserted && mode == PutMode::always) it->second = std::string(value);
     return it->second;
   }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override {
     std::lock_guard lk(store_->mu_);
     if (store_->take_failure(ec)) return std::nullopt;
     auto it = store_->records_.find(std::string(key));
     if (it == store_->records_.end()) return std::nullopt;
     return it->second;
   }
-  bool erase_record(std::string_view key, std::error_code& ec) override {
+  bool erase_record(std::string_view key, Error& ec) override {
     std::lock_guard lk(store_->mu_);
     if (store_->take_failure(ec)) return false;
     return store_->records_.erase(std::string(key)) > 0;
   }
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
+                                    Error& ec) override {
     truncated = false;
     std::lock_guard lk(store_->mu_);
     if (store_->take_failure(ec)) return {};
@@ -223,7 +221,7 @@ std::shared_ptr<MemoryStore> MemoryStore::named(const std::string& name) {
   return s;
 }
 
-bool MemoryStore::take_failure(std::error_code& ec) {
+bool MemoryStore::take_failure(Error& ec) {
   if (fail_calls_ <= 0) return false;
   --fail_calls_;
   ec = make_error_code(fail_code_);

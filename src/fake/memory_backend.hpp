@@ -57,7 +57,7 @@ class MemoryStore {
 
  private:
   friend class MemoryBackend;
-  bool take_failure(std::error_code& ec);
+  bool take_failure(Error& ec);
 
   mutable std::mutex mu_;
   std::map<std::string, Entry> locks_;

@@ -51,13 +51,13 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   Capabilities capabilities() const noexcept override { return {true, false}; }
   void set_listener(ChangeListener* l) override { listener_.store(l, std::memory_order_release); }
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        std::error_code& ec) override;
-  void watch(std::string_view name, std::error_code& ec) override;
+                        Error& ec) override;
+  void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
-  LockInfo status(std::string_view name, std::error_code& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): file_records.cpp.
   FileRecords& records() noexcept override { return records_; }
@@ -97,7 +97,7 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   }
 
   std::string untrusted(int fd, const std::string& fname) const;
-  AcquireResult fail(std::error_code& ec, errc code, const std::string& what, int err);
+  AcquireResult fail(Error& ec, errc code, const std::string& what, int err);
   bool still_linked(const HeldFile& h) const;
   void set_watch_mask(const std::string& fname, FileWatch& w, std::uint32_t mask);
   void add_watch_ref(const std::string& fname, std::string_view name, bool wait);

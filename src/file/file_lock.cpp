@@ -13,7 +13,7 @@
 
 namespace distlock::detail::file {
 
-AcquireResult FileBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult FileBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const std::string fname = lock_file_name(req.name, name_max_);
   // A lock file removed or replaced from outside between our open and our lock
@@ -107,7 +107,7 @@ AcquireResult FileBackend::try_acquire(const AcquireRequest& req, std::error_cod
               "lock file " + path_of(fname) + " keeps being removed or replaced while we lock it", 0);
 }
 
-void FileBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) {
+void FileBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   std::lock_guard lk(mu_);
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -118,7 +118,7 @@ void FileBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus>
 }
 
 ReleaseStatus FileBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                   std::error_code& ec) {
+                                   Error& ec) {
   ec.clear();
   HeldFile held;
   {
@@ -140,7 +140,7 @@ ReleaseStatus FileBackend::release(std::string_view name, std::string_view owner
   return linked ? ReleaseStatus::released : ReleaseStatus::not_owner;
 }
 
-LockInfo FileBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo FileBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const std::string fname = lock_file_name(name, name_max_);
   LockInfo info;
@@ -185,7 +185,7 @@ std::string FileBackend::untrusted(int fd, const std::string& fname) const {
          "yourself, when no process uses it)";
 }
 
-AcquireResult FileBackend::fail(std::error_code& ec, errc code, const std::string& what, int err) {
+AcquireResult FileBackend::fail(Error& ec, errc code, const std::string& what, int err) {
   ec = make_error_code(code);
   log_.log(LogLevel::error, "file backend: {}{}{}", what, err ? ": " : "", err ? errno_text(err) : "");
   return {};

@@ -37,7 +37,7 @@ constexpr std::array<std::chrono::milliseconds, 2> kConfirmDelays = {std::chrono
 
 }  // namespace
 
-void FileBackend::watch(std::string_view name, std::error_code& ec) {
+void FileBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   std::lock_guard lk(mu_);
   add_watch_ref(lock_file_name(name, name_max_), name, /*wait=*/true);

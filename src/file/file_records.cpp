@@ -116,15 +116,15 @@ std::string FileRecords::path_of(const std::string& fname) const {
   return (dir_ == "/" ? "" : dir_) + "/" + kRecordDir + (fname.empty() ? "" : "/" + fname);
 }
 
-void FileRecords::fail(std::error_code& ec, errc code, const std::string& msg, int err) {
+void FileRecords::fail(Error& ec, errc code, const std::string& msg, int err) {
   ec = make_error_code(code);
   std::string full = msg;
   if (err) full += ": " + errno_text(err);
   log_.log(LogLevel::error, "file backend: {}", full);
-  set_error_detail(std::move(full));
+  ec.set_detail(std::move(full));
 }
 
-int FileRecords::open_records_dir(bool create, std::error_code& ec) {
+int FileRecords::open_records_dir(bool create, Error& ec) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     const int fd = ::openat(dir_fd_, kRecordDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
@@ -164,7 +164,7 @@ int FileRecords::open_records_dir(bool create, std::error_code& ec) {
 }
 
 std::optional<std::string> FileRecords::read_record_file(int rdir, const std::string& fname,
-                                                         std::string_view key, std::error_code& ec) {
+                                                         std::string_view key, Error& ec) {
   Fd fd(::openat(rdir, fname.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) {
     const int err = errno;
@@ -229,8 +229,7 @@ std::optional<std::string> FileRecords::read_record_file(int rdir, const std::st
   return buf.substr(kRecHeader + key_len);
 }
 
-std::string FileRecords::put(std::string_view key, std::string_view value, PutMode mode,
-                             std::error_code& ec) {
+std::string FileRecords::put(std::string_view key, std::string_view value, PutMode mode, Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string fname = record_file_name(key, name_max_);
@@ -301,14 +300,14 @@ std::string FileRecords::put(std::string_view key, std::string_view value, PutMo
   return stored;
 }
 
-std::optional<std::string> FileRecords::get(std::string_view key, std::error_code& ec) {
+std::optional<std::string> FileRecords::get(std::string_view key, Error& ec) {
   ec.clear();
   Fd rdir(open_records_dir(/*create=*/false, ec));
   if (!rdir) return std::nullopt;  // error, or no record directory yet
   return read_record_file(rdir.get(), record_file_name(key, name_max_), key, ec);
 }
 
-bool FileRecords::erase(std::string_view key, std::error_code& ec) {
+bool FileRecords::erase(std::string_view key, Error& ec) {
   ec.clear();
   Fd rdir(open_records_dir(/*create=*/false, ec));
   if (!rdir) return false;
@@ -324,7 +323,7 @@ bool FileRecords::erase(std::string_view key, std::error_code& ec) {
 }
 
 std::vector<ListedLock> FileRecords::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                               std::error_code& ec) {
+                                               Error& ec) {
   ec.clear();
   truncated = false;
   const std::string dir_path = dir_;
@@ -376,7 +375,7 @@ std::vector<ListedLock> FileRecords::list_held(std::string_view prefix, std::siz
     if (!locked_by_someone(fd.get())) return std::nullopt;
     Record rec;
     std::string why;
-    std::error_code rec_ec;
+    Error rec_ec;
     for (int i = 0; i < 3; ++i) {  // a holder may be writing its record right now
       if (!(rec_ec = read_record(fd.get(), rec, why))) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -42,18 +42,17 @@ class FileRecords {
   FileRecords(int dir_fd, std::string dir, std::size_t name_max, Logger log)
       : dir_fd_(dir_fd), dir_(std::move(dir)), name_max_(name_max), log_(std::move(log)) {}
 
-  std::string put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec);
-  std::optional<std::string> get(std::string_view key, std::error_code& ec);
-  bool erase(std::string_view key, std::error_code& ec);
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec);
+  std::string put(std::string_view key, std::string_view value, PutMode mode, Error& ec);
+  std::optional<std::string> get(std::string_view key, Error& ec);
+  bool erase(std::string_view key, Error& ec);
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated, Error& ec);
 
  private:
-  int open_records_dir(bool create, std::error_code& ec);
+  int open_records_dir(bool create, Error& ec);
   std::optional<std::string> read_record_file(int rdir, const std::string& fname, std::string_view key,
-                                              std::error_code& ec);
+                                              Error& ec);
   std::string path_of(const std::string& fname) const;
-  void fail(std::error_code& ec, errc code, const std::string& msg, int err);
+  void fail(Error& ec, errc code, const std::string& msg, int err);
 
   const int dir_fd_;
   const std::string dir_;

@@ -39,15 +39,15 @@ constexpr const char* kAcquireSql =
 
 }  // namespace
 
-AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   if (req.ttl.count() > std::numeric_limits<std::int32_t>::max()) {
     // idle_session_timeout is an int of milliseconds: the server would refuse the
     // session's startup options, which is no connection problem.
     ec = make_error_code(errc::invalid_argument);
-    set_error_detail("TTL " + std::to_string(req.ttl.count()) + "ms of \"" + printable(req.name) +
-                     "\" exceeds what postgres:// can hold: the lease is the session's "
-                     "idle_session_timeout, at most 2147483647ms (about 24.8 days)");
+    ec.set_detail("TTL " + std::to_string(req.ttl.count()) + "ms of \"" + printable(req.name) +
+                  "\" exceeds what postgres:// can hold: the lease is the session's "
+                  "idle_session_timeout, at most 2147483647ms (about 24.8 days)");
     return {};
   }
   Session& s = session(req.ttl);
@@ -81,7 +81,7 @@ AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, std::error
     }
     if (!ec && !e.ok()) {
       ec = code_of(e);
-      failure("acquire \"" + printable(req.name) + "\"", e.error);
+      ec.set_detail(failure("acquire \"" + printable(req.name) + "\"", e.error));
       if (!e.io_failed && s.conn) {
         // The advisory lock may have been granted before the statement failed;
         // a session-level lock outlives a rolled-back transaction.

@@ -93,7 +93,7 @@ std::error_code PostgresBackend::connect_now(std::string& why) {
   return {};
 }
 
-LockInfo PostgresBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const std::int64_t key = postgres_lock_key(name);
   const auto ukey = static_cast<std::uint64_t>(key);
@@ -103,7 +103,7 @@ LockInfo PostgresBackend::status(std::string_view name, std::error_code& ec) {
     if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
       aux_ = open(cfg_, Millis(0), "distlock", ec, why);
       if (ec) {
-        failure("status", why);
+        ec.set_detail(failure("status", why));
         return {};
       }
     }
@@ -116,7 +116,7 @@ LockInfo PostgresBackend::status(std::string_view name, std::error_code& ec) {
     }
     if (!e.ok()) {
       ec = code_of(e);
-      failure("status", e.error);
+      ec.set_detail(failure("status", e.error));
       return {};
     }
     LockInfo info;
@@ -143,39 +143,38 @@ LockInfo PostgresBackend::status(std::string_view name, std::error_code& ec) {
 // One statement on the shared connection (aux_), reconnecting it once when it
 // failed; on failure `ec` and the error detail (naming the server) are set.
 pg::Runner PostgresBackend::runner() {
-  return
-      [this](const char* sql, const std::vector<std::string>& params, const char* what, std::error_code& ec) {
-        std::lock_guard lk(aux_mu_);
-        std::string why;
-        Exec e;
-        for (int attempt = 0; attempt < 2; ++attempt) {
-          if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
-            aux_ = open(cfg_, Millis(0), "distlock", ec, why);
-            if (ec) {
-              failure(what, why);
-              set_error_detail(why + " (" + what + ")");
-              return Exec{};
-            }
-          }
-          e = run(aux_.get(), sql, params, cfg_.command_timeout);
-          if (!e.io_failed) break;
-          aux_.reset();
-        }
-        if (!e.ok()) {
-          ec = code_of(e);
-          failure(what, e.error);
-          std::string detail = cfg_.shown + ": " + what + ": " + e.error;
-          if (e.sqlstate == "42P01") {
-            detail +=
-                " (the table is created by the first client whose user may create tables; see "
-                "docs/postgres.md)";
-          }
-          set_error_detail(std::move(detail));
+  return [this](const char* sql, const std::vector<std::string>& params, const char* what, Error& ec) {
+    std::lock_guard lk(aux_mu_);
+    std::string why;
+    Exec e;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
+        aux_ = open(cfg_, Millis(0), "distlock", ec, why);
+        if (ec) {
+          failure(what, why);
+          ec.set_detail(why + " (" + what + ")");
           return Exec{};
         }
-        ok();
-        return e;
-      };
+      }
+      e = run(aux_.get(), sql, params, cfg_.command_timeout);
+      if (!e.io_failed) break;
+      aux_.reset();
+    }
+    if (!e.ok()) {
+      ec = code_of(e);
+      failure(what, e.error);
+      std::string detail = cfg_.shown + ": " + what + ": " + e.error;
+      if (e.sqlstate == "42P01") {
+        detail +=
+            " (the table is created by the first client whose user may create tables; see "
+            "docs/postgres.md)";
+      }
+      ec.set_detail(std::move(detail));
+      return Exec{};
+    }
+    ok();
+    return e;
+  };
 }
 
 }  // namespace postgres

@@ -70,27 +70,24 @@ class PostgresBackend final : public Backend {
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* l) override { listener_cb_.store(l); }
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                        std::error_code& ec) override;
-  void watch(std::string_view name, std::error_code& ec) override;
+                        Error& ec) override;
+  void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
-  LockInfo status(std::string_view name, std::error_code& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
 
   // Records and listing: postgres_records.cpp, on the shared connection.
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override {
     return pg::put_record(runner(), key, value, mode, ec);
   }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override {
     return pg::get_record(runner(), key, ec);
   }
-  bool erase_record(std::string_view key, std::error_code& ec) override {
-    return pg::erase_record(runner(), key, ec);
-  }
+  bool erase_record(std::string_view key, Error& ec) override { return pg::erase_record(runner(), key, ec); }
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
+                                    Error& ec) override {
     return pg::list_held(runner(), prefix, limit, truncated, ec);
   }
 
@@ -108,7 +105,7 @@ class PostgresBackend final : public Backend {
 
   Session& session(Millis ttl);
   Session* find_holder(std::string_view name, std::string_view owner);
-  bool ensure_connected(Session& s, Lost& lost, std::error_code& ec);
+  bool ensure_connected(Session& s, Lost& lost, Error& ec);
   void expire_stale(Session& s, Lost& lost);
   void drop(Session& s, Lost& lost);
   void report_lost(const Lost& lost);
@@ -116,11 +113,12 @@ class PostgresBackend final : public Backend {
   std::error_code listen_now_locked(std::string& why);
   void listen_loop();
 
-  // Logged once per outage; every failing call's error names the server and cause.
-  void failure(const std::string& what, const std::string& why) {
-    set_error_detail(why.find(cfg_.shown) != std::string::npos ? what + ": " + why
-                                                               : cfg_.shown + ": " + what + ": " + why);
+  // Logged once per outage. Returns the sentence naming the server and the cause, for
+  // the error of the call that failed.
+  std::string failure(const std::string& what, const std::string& why) {
     if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, why);
+    return why.find(cfg_.shown) != std::string::npos ? what + ": " + why
+                                                     : cfg_.shown + ": " + what + ": " + why;
   }
   void ok() {
     if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", cfg_.shown);

@@ -8,14 +8,14 @@
 
 namespace distlock::detail::postgres {
 
-void PostgresBackend::watch(std::string_view name, std::error_code& ec) {
+void PostgresBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   const std::int64_t key = postgres_lock_key(name);
   std::lock_guard lk(listen_mu_);
   if (!listen_conn_) {
     std::string why;
     if ((ec = listen_now_locked(why))) {
-      set_error_detail("cannot wait for a release of \"" + printable(name) + "\": " + why);
+      ec.set_detail("cannot wait for a release of \"" + printable(name) + "\": " + why);
       return;
     }
   }

@@ -85,14 +85,14 @@ std::string printable(std::string_view key) {
   return out;
 }
 
-void protocol(std::error_code& ec, const std::string& detail) {
+void protocol(Error& ec, const std::string& detail) {
   ec = make_error_code(errc::protocol_error);
-  set_error_detail(detail);
+  ec.set_detail(detail);
 }
 
 // Reads (key matches, value hex) of a one-row answer into `value`; false with ec on a
 // malformed answer or another key's row.
-bool take_row(PGresult* r, std::string_view key, std::string& value, std::error_code& ec) {
+bool take_row(PGresult* r, std::string_view key, std::string& value, Error& ec) {
   if (PQnfields(r) != 2) {
     protocol(ec, "unexpected answer to a record statement");
     return false;
@@ -112,7 +112,7 @@ bool take_row(PGresult* r, std::string_view key, std::string& value, std::error_
 }  // namespace
 
 std::string put_record(const Runner& run, std::string_view key, std::string_view value, PutMode mode,
-                       std::error_code& ec) {
+                       Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::vector<std::string> params{to_hex(key), to_hex(value)};
@@ -143,11 +143,11 @@ std::string put_record(const Runner& run, std::string_view key, std::string_view
     return stored;
   }
   ec = make_error_code(errc::backend_unavailable);
-  set_error_detail("the record \"" + printable(key) + "\" keeps being created and erased while we write it");
+  ec.set_detail("the record \"" + printable(key) + "\" keeps being created and erased while we write it");
   return {};
 }
 
-std::optional<std::string> get_record(const Runner& run, std::string_view key, std::error_code& ec) {
+std::optional<std::string> get_record(const Runner& run, std::string_view key, Error& ec) {
   ec.clear();
   Exec e = run(kGetSql, {to_hex(key)}, "get record", ec);
   if (ec) return std::nullopt;
@@ -157,7 +157,7 @@ std::optional<std::string> get_record(const Runner& run, std::string_view key, s
   return value;
 }
 
-bool erase_record(const Runner& run, std::string_view key, std::error_code& ec) {
+bool erase_record(const Runner& run, std::string_view key, Error& ec) {
   ec.clear();
   Exec e = run(kEraseSql, {to_hex(key)}, "erase record", ec);
   if (ec) return false;
@@ -165,7 +165,7 @@ bool erase_record(const Runner& run, std::string_view key, std::error_code& ec) 
 }
 
 std::vector<ListedLock> list_held(const Runner& run, std::string_view prefix, std::size_t limit,
-                                  bool& truncated, std::error_code& ec) {
+                                  bool& truncated, Error& ec) {
   ec.clear();
   truncated = false;
   Exec e = run(kListSql, {to_hex(prefix)}, "list held locks", ec);

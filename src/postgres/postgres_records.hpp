@@ -32,14 +32,14 @@ namespace distlock::detail::pg {
 /// Runs one statement on the client's shared connection (reconnecting when it
 /// failed). On failure returns an Exec that is not ok() and sets `ec` and the error
 /// detail (naming the server and `what`).
-using Runner = std::function<Exec(const char* sql, const std::vector<std::string>& params, const char* what,
-                                  std::error_code& ec)>;
+using Runner =
+    std::function<Exec(const char* sql, const std::vector<std::string>& params, const char* what, Error& ec)>;
 
 std::string put_record(const Runner& run, std::string_view key, std::string_view value, PutMode mode,
-                       std::error_code& ec);
-std::optional<std::string> get_record(const Runner& run, std::string_view key, std::error_code& ec);
-bool erase_record(const Runner& run, std::string_view key, std::error_code& ec);
+                       Error& ec);
+std::optional<std::string> get_record(const Runner& run, std::string_view key, Error& ec);
+bool erase_record(const Runner& run, std::string_view key, Error& ec);
 std::vector<ListedLock> list_held(const Runner& run, std::string_view prefix, std::size_t limit,
-                                  bool& truncated, std::error_code& ec);
+                                  bool& truncated, Error& ec);
 
 }  // namespace distlock::detail::pg

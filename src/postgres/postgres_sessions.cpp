@@ -31,8 +31,7 @@ constexpr const char* kRenewSql =
 
 }  // namespace
 
-void PostgresBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
-                            std::error_code& ec) {
+void PostgresBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   std::fill(out.begin(), out.end(), RenewStatus::failed);
   std::map<Session*, std::vector<std::size_t>> by_session;
@@ -107,7 +106,7 @@ void PostgresBackend::renew(std::span<const RenewItem> items, std::span<RenewSta
 }
 
 ReleaseStatus PostgresBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                                       std::error_code& ec) {
+                                       Error& ec) {
   ec.clear();
   Session* s = find_holder(name, owner);
   if (s == nullptr) return ReleaseStatus::not_owner;
@@ -126,13 +125,14 @@ ReleaseStatus PostgresBackend::release(std::string_view name, std::string_view o
       // The session ends with the connection (or has ended already: the server
       // freed the lock when it did, perhaps long before this release, and somebody
       // else may hold it by now). Either way this lease is lost, not released.
-      failure("release \"" + printable(name) + "\"", e.error);
+      // No code: the engine counts not_owner as a loss and says so, with this cause.
+      ec.set_detail(failure("release \"" + printable(name) + "\"", e.error));
       s->held.erase(key);
       drop(*s, lost);
       st = ReleaseStatus::not_owner;
     } else if (!e.ok()) {
-      failure("release \"" + printable(name) + "\"", e.error);
       ec = code_of(e);
+      ec.set_detail(failure("release \"" + printable(name) + "\"", e.error));
     } else {
       ok();
       s->held.erase(key);
@@ -168,14 +168,14 @@ Session* PostgresBackend::find_holder(std::string_view name, std::string_view ow
 }
 
 // With s.mu held: a live connection, or false with ec.
-bool PostgresBackend::ensure_connected(Session& s, Lost& lost, std::error_code& ec) {
+bool PostgresBackend::ensure_connected(Session& s, Lost& lost, Error& ec) {
   if (s.conn && PQstatus(s.conn.get()) == CONNECTION_OK) return true;
   drop(s, lost);
   std::string why;
   s.conn = open(cfg_, s.ttl, "distlock-lease", ec, why);
   if (ec) {
     failure("connect", why);
-    set_error_detail(why);
+    ec.set_detail(why);
     return false;
   }
   return true;

@@ -58,7 +58,7 @@ inline std::string glob_escape(std::string_view s) {
 /// not held (released or expired since they were found) are skipped.
 template <class StatusOf>
 std::vector<ListedLock> held_in_order(const std::set<std::string>& names, std::size_t limit, bool& truncated,
-                                      StatusOf&& status_of, std::error_code& ec) {
+                                      StatusOf&& status_of, Error& ec) {
   truncated = false;
   std::vector<ListedLock> out;
   std::vector<std::string> chunk;

@@ -59,21 +59,20 @@ class RedisBackend final : public Backend {
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
   std::error_code connect_now(std::string& why);
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
-  AcquireResult acquire_queued(const AcquireRequest& req, std::error_code& ec);
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
+  AcquireResult acquire_queued(const AcquireRequest& req, Error& ec);
   void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                        std::error_code& ec) override;
-  void watch(std::string_view name, std::error_code& ec) override;
+                        Error& ec) override;
+  void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
-  LockInfo status(std::string_view name, std::error_code& ec) override;
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override;
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override;
-  bool erase_record(std::string_view key, std::error_code& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override;
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override;
+  bool erase_record(std::string_view key, Error& ec) override;
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override;
+                                    Error& ec) override;
 
   std::string url() const override { return url_; }
 
@@ -104,7 +103,7 @@ class RedisBackend final : public Backend {
     bool gone = false;  // the re-checked entry is no longer queued
   };
 
-  Answer acquire_answer(redis::Link& conn, const AcquireRequest& req, const Reply& r, std::error_code& ec);
+  Answer acquire_answer(redis::Link& conn, const AcquireRequest& req, const Reply& r, Error& ec);
   void subscribe_grants(std::string_view owner);
   std::vector<redis::WaitQueue::Answer> refresh_waits(const std::vector<redis::WaitQueue::Wait>& waits);
   bool cancel_wait(const redis::WaitQueue::Wait& w);
@@ -148,24 +147,24 @@ class RedisBackend final : public Backend {
   // record shares a key with a lock of any name.
   std::string record_key(std::string_view key) const { return lock_key(key) + ":record"; }
 
-  bool answered(const Connection& conn, const Reply& r, const char* what, std::error_code& ec);
-  bool replicated_record(Connection& conn, std::string_view key, std::error_code& ec);
+  bool answered(const Connection& conn, const Reply& r, const char* what, Error& ec);
+  bool replicated_record(Connection& conn, std::string_view key, Error& ec);
 
-  void unexpected(const char* what, std::error_code& ec) {
+  void unexpected(const char* what, Error& ec) {
     ec = make_error_code(errc::protocol_error);
-    set_error_detail(conn_opts_.describe() + ": unexpected reply to " + what);
+    ec.set_detail(conn_opts_.describe() + ": unexpected reply to " + what);
   }
 
-  void listing_failed(const Connection& conn, const std::string& why, std::error_code& ec) {
-    if (!conn.connected()) report("list: " + why);
-    set_error_detail("list: " + why);
+  void listing_failed(const Connection& conn, const std::string& why, Error& ec) {
     if (!ec) ec = make_error_code(errc::protocol_error);
+    if (!conn.connected()) report("list: " + why, ec);
+    ec.set_detail("list: " + why);
   }
 
   void on_channel(std::string_view channel);
   void check_config(Connection& conn);
   bool replicated(redis::Link& conn, const char* what, long long* acked_out = nullptr);
-  bool replicated_acquire(redis::Link& conn, const AcquireRequest& req, std::error_code& ec);
+  bool replicated_acquire(redis::Link& conn, const AcquireRequest& req, Error& ec);
 
   // The link a lock call runs on: the client's shared, auto-pipelined connection,
   // or with wait=N an exclusive one from the pool (WAIT counts the writes of its
@@ -180,7 +179,7 @@ class RedisBackend final : public Backend {
     redis::PooledConnection pooled_;
     redis::Link* link_ = nullptr;
   };
-  CallLink lock_link(std::error_code& ec) {
+  CallLink lock_link(Error& ec) {
     CallLink l;
     ec.clear();
     if (shared_) {
@@ -192,29 +191,22 @@ class RedisBackend final : public Backend {
     return l;
   }
 
-  redis::PooledConnection checkout(std::error_code& ec) {
+  // A failure's error names the server and the cause.
+  redis::PooledConnection checkout(Error& ec) {
     auto conn = pool_.checkout(ec);
-    if (ec) report(pool_.last_error());
+    if (ec) report(pool_.last_error(), ec);
     return conn;
   }
 
-  // As checkout(), and a failure leaves an error detail naming the server (records
-  // and listing are called by layers that report it).
-  redis::PooledConnection checkout_detailed(std::error_code& ec) {
-    auto conn = checkout(ec);
-    if (ec) set_error_detail(pool_.last_error());
-    return conn;
-  }
-
-  void failed(const redis::Link& conn, const char* what) {
-    report(std::string(what) + ": " + conn.last_error());
+  void failed(const redis::Link& conn, const char* what, Error& ec) {
+    report(std::string(what) + ": " + conn.last_error(), ec);
   }
 
   // One warning when the server becomes unreachable, one note when it is back,
   // rather than a line per failed call during an outage.
   // Logged once per outage; every failing call's error names the server and cause.
-  void report(const std::string& why) {
-    set_error_detail(why);
+  void report(const std::string& why, Error& ec) {
+    ec.set_detail(why);
     if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
   }
   void ok() {

@@ -4,7 +4,7 @@
 
 namespace distlock::detail::redis {
 
-void RedisBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) {
+void RedisBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   std::fill(out.begin(), out.end(), RenewStatus::failed);
   if (items.empty()) return;
@@ -32,7 +32,7 @@ void RedisBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
   }
   std::vector<Reply> replies = renew_script().run_pipelined(*conn, calls, ec);
   if (ec) {
-    failed(*conn, "renew");
+    failed(*conn, "renew", ec);
     return;
   }
   ok();
@@ -68,7 +68,7 @@ void RedisBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
 }
 
 ReleaseStatus RedisBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                                    std::error_code& ec) {
+                                    Error& ec) {
   ec.clear();
   // Forgotten only once the release script ran: a late grant message for the
   // entry arriving before that would otherwise hand on the lock under us.
@@ -83,7 +83,7 @@ ReleaseStatus RedisBackend::release(std::string_view name, std::string_view owne
   Reply r = redis::queue_release_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                               {owner, k.released, grant_prefix_}, ec);
   if (ec) {
-    failed(*conn, "release");
+    failed(*conn, "release", ec);
     return ReleaseStatus::released;
   }
   ok();
@@ -96,12 +96,12 @@ ReleaseStatus RedisBackend::release(std::string_view name, std::string_view owne
 
 // A failed watch leaves nothing counted or subscribed (the subscriber undoes it)
 // and hands the cause to the caller's error.
-void RedisBackend::watch(std::string_view name, std::error_code& ec) {
+void RedisBackend::watch(std::string_view name, Error& ec) {
   std::string why;
   subscriber_.watch(lock_key(name) + ":released", ec, why);
   if (ec) {
     log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, why);
-    set_error_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
+    ec.set_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
   }
 }
 

@@ -4,7 +4,7 @@
 
 namespace distlock::detail::redis {
 
-AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   if (req.keep_queued) return acquire_queued(req, ec);
   auto conn = lock_link(ec);
@@ -21,7 +21,7 @@ AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, std::error_co
 // the last call the server answered while the entry was queued (WaitQueue), which
 // is earlier than the grant. With wait=N the grant was never acknowledged by
 // replicas, so it is claimed from the server (and WAITed for) instead.
-AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec) {
   subscribe_grants(req.owner);
   waits_.flush_abandoned();  // entries left behind by an outage go first
   const std::string ttl = std::to_string(req.ttl.count());
@@ -77,17 +77,17 @@ void RedisBackend::cancel_acquire(std::string_view name, std::string_view owner)
 
 // The acquire script's reply: {1, token} | {0, pttl} | {2}.
 RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const AcquireRequest& req,
-                                                  const Reply& r, std::error_code& ec) {
+                                                  const Reply& r, Error& ec) {
   Answer a;
   if (ec) {
-    failed(conn, "acquire");
+    failed(conn, "acquire", ec);
     return a;
   }
   std::uint64_t flag = 0;
   if (r->type == REDIS_REPLY_ERROR) {
     ec = redis::error_code_of(r.get());
     log_.log(LogLevel::warning, "{}: acquire script: {}", conn_opts_.describe(), redis::reply_str(r.get()));
-    set_error_detail(conn_opts_.describe() + ": acquire: " + std::string(redis::reply_str(r.get())));
+    ec.set_detail(conn_opts_.describe() + ": acquire: " + std::string(redis::reply_str(r.get())));
     return a;
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !to_u64(r->element[0], flag) || flag > 2 ||
@@ -142,7 +142,7 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
     const std::vector<redis::WaitQueue::Wait>& waits) {
   using A = redis::WaitQueue::Answer;
   std::vector<A> out(waits.size());
-  std::error_code ec;
+  Error ec;
   auto conn = lock_link(ec);
   if (ec) return out;
   std::vector<std::string> keys, ttls;
@@ -171,7 +171,7 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
   }
   std::vector<Reply> replies = redis::queue_refresh_script().run_pipelined(*conn, calls, ec);
   if (ec) {
-    failed(*conn, "refresh of queued waits");
+    failed(*conn, "refresh of queued waits", ec);
     return out;
   }
   for (std::size_t c = 0; c < calls.size(); ++c) {
@@ -193,14 +193,14 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
 // Removes a wait's entry from the server's queue, or hands the lock on if it was
 // granted to it. False when the server could not be reached.
 bool RedisBackend::cancel_wait(const redis::WaitQueue::Wait& w) {
-  std::error_code ec;
+  Error ec;
   auto conn = lock_link(ec);
   if (ec) return false;
   const Keys k = keys_of(w.name);
   Reply r = redis::queue_cancel_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                              {w.owner, w.entry, k.released, grant_prefix_}, ec);
   if (ec) {
-    failed(*conn, "give up a wait");
+    failed(*conn, "give up a wait", ec);
     return false;
   }
   return !redis::is_error(r.get());
@@ -238,7 +238,7 @@ void RedisBackend::on_grant_message(std::string_view payload) {
 // and the call fails with quorum_unavailable (backend_unavailable when WAIT itself
 // failed), so a failover right after it cannot leave a holder whose lock the new
 // master never saw.
-bool RedisBackend::replicated_acquire(redis::Link& conn, const AcquireRequest& req, std::error_code& ec) {
+bool RedisBackend::replicated_acquire(redis::Link& conn, const AcquireRequest& req, Error& ec) {
   long long acked = -1;
   if (replicated(conn, "acquisition", &acked)) return true;
   const Keys k = keys_of(req.name);
@@ -258,14 +258,14 @@ bool RedisBackend::replicated_acquire(redis::Link& conn, const AcquireRequest& r
           : "was released again";
   if (acked < 0) {
     ec = make_error_code(errc::backend_unavailable);
-    set_error_detail(conn_opts_.describe() + ": WAIT after acquiring \"" + std::string(req.name) +
-                     "\" failed; the lock " + released);
+    ec.set_detail(conn_opts_.describe() + ": WAIT after acquiring \"" + std::string(req.name) +
+                  "\" failed; the lock " + released);
   } else {
     ec = make_error_code(errc::quorum_unavailable);
-    set_error_detail(conn_opts_.describe() + ": only " + std::to_string(acked) + " of " +
-                     std::to_string(wait_replicas_) + " replicas acknowledged acquiring \"" +
-                     std::string(req.name) + "\" within " + std::to_string(wait_timeout_.count()) +
-                     " ms (wait=" + std::to_string(wait_replicas_) + "); the lock " + released);
+    ec.set_detail(conn_opts_.describe() + ": only " + std::to_string(acked) + " of " +
+                  std::to_string(wait_replicas_) + " replicas acknowledged acquiring \"" +
+                  std::string(req.name) + "\" within " + std::to_string(wait_timeout_.count()) +
+                  " ms (wait=" + std::to_string(wait_replicas_) + "); the lock " + released);
   }
   return false;
 }

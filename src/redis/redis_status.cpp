@@ -12,7 +12,7 @@ constexpr std::string_view kTokenField = "@token";
 
 }  // namespace
 
-LockInfo RedisBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo RedisBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   auto conn = checkout(ec);
   if (ec) return {};
@@ -20,7 +20,7 @@ LockInfo RedisBackend::status(std::string_view name, std::error_code& ec) {
   std::string why;
   std::vector<LockInfo> infos = statuses(*conn, std::span(&n, 1), ec, why);
   if (ec) {
-    if (!conn->connected()) failed(*conn, "status");
+    if (!conn->connected()) failed(*conn, "status", ec);
     log_.log(LogLevel::warning, "{}: status of \"{}\": {}", conn_opts_.describe(), name, why);
     return {};
   }
@@ -29,11 +29,10 @@ LockInfo RedisBackend::status(std::string_view name, std::error_code& ec) {
 }
 
 // Records are plain strings `<prefix>:{<key>}:record` without expiry (see lock_key()).
-std::string RedisBackend::put_record(std::string_view key, std::string_view value, PutMode mode,
-                                     std::error_code& ec) {
+std::string RedisBackend::put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
-  auto conn = checkout_detailed(ec);
+  auto conn = checkout(ec);
   if (ec) return {};
   const std::string k = record_key(key);
   Reply r = mode == PutMode::always ? conn->command({"SET", k, value}, ec)
@@ -45,9 +44,9 @@ std::string RedisBackend::put_record(std::string_view key, std::string_view valu
   return std::string(redis::reply_str(r.get()));
 }
 
-std::optional<std::string> RedisBackend::get_record(std::string_view key, std::error_code& ec) {
+std::optional<std::string> RedisBackend::get_record(std::string_view key, Error& ec) {
   ec.clear();
-  auto conn = checkout_detailed(ec);
+  auto conn = checkout(ec);
   if (ec) return std::nullopt;
   Reply r = conn->command({"GET", record_key(key)}, ec);
   if (!answered(*conn, r, "get record", ec)) return std::nullopt;
@@ -56,9 +55,9 @@ std::optional<std::string> RedisBackend::get_record(std::string_view key, std::e
   return std::string(redis::reply_str(r.get()));
 }
 
-bool RedisBackend::erase_record(std::string_view key, std::error_code& ec) {
+bool RedisBackend::erase_record(std::string_view key, Error& ec) {
   ec.clear();
-  auto conn = checkout_detailed(ec);
+  auto conn = checkout(ec);
   if (ec) return false;
   Reply r = conn->command({"DEL", record_key(key)}, ec);
   if (!answered(*conn, r, "erase record", ec)) return false;
@@ -70,10 +69,10 @@ bool RedisBackend::erase_record(std::string_view key, std::error_code& ec) {
 // SCAN MATCH `<prefix>:{<escaped prefix>*}` (only lock hashes end in '}'), then the
 // status of the candidates in name order, kListChunk per pipeline.
 std::vector<ListedLock> RedisBackend::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                                std::error_code& ec) {
+                                                Error& ec) {
   ec.clear();
   truncated = false;
-  auto conn = checkout_detailed(ec);
+  auto conn = checkout(ec);
   if (ec) return {};
   const std::string head = prefix_ + ":{";
   std::set<std::string> names;
@@ -87,7 +86,7 @@ std::vector<ListedLock> RedisBackend::list_held(std::string_view prefix, std::si
       },
       ec, why);
   if (ec) return listing_failed(*conn, why, ec), std::vector<ListedLock>{};
-  auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, std::error_code& e) {
+  auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, Error& e) {
     std::vector<LockInfo> got = statuses(*conn, chunk, e, why);
     if (e) return listing_failed(*conn, conn_opts_.describe() + ": " + why, e);
     infos.insert(infos.end(), got.begin(), got.end());
@@ -152,7 +151,7 @@ std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const s
 
 // After a record command: false with ec (and an error detail naming the server)
 // when the transport failed or the server answered with an error.
-bool RedisBackend::answered(const Connection& conn, const Reply& r, const char* what, std::error_code& ec) {
+bool RedisBackend::answered(const Connection& conn, const Reply& r, const char* what, Error& ec) {
   if (!ec) {
     ok();
     return true;
@@ -163,28 +162,27 @@ bool RedisBackend::answered(const Connection& conn, const Reply& r, const char* 
   if (r) {
     log_.log(LogLevel::warning, "{}", why);
   } else {
-    report(why);
+    report(why, ec);
   }
-  set_error_detail(why);
+  ec.set_detail(why);
   return false;
 }
 
 // With wait=N a record write that fewer than N replicas acknowledged fails with
 // quorum_unavailable (backend_unavailable when WAIT itself failed): it is on the
 // master, and a failover before it reaches a replica may lose it.
-bool RedisBackend::replicated_record(Connection& conn, std::string_view key, std::error_code& ec) {
+bool RedisBackend::replicated_record(Connection& conn, std::string_view key, Error& ec) {
   if (wait_replicas_ <= 0) return true;
   long long acked = -1;
   if (replicated(conn, "record write", &acked)) return true;
   ec = make_error_code(acked < 0 ? errc::backend_unavailable : errc::quorum_unavailable);
-  set_error_detail(conn_opts_.describe() + ": record \"" + std::string(key.substr(0, 200)) +
-                   "\" was written on the master but " +
-                   (acked < 0
-                        ? std::string("WAIT failed")
-                        : "only " + std::to_string(acked) + " of " + std::to_string(wait_replicas_) +
-                              " replicas acknowledged it within " + std::to_string(wait_timeout_.count()) +
-                              " ms (wait=" + std::to_string(wait_replicas_) + ")") +
-                   "; a failover may lose it");
+  ec.set_detail(conn_opts_.describe() + ": record \"" + std::string(key.substr(0, 200)) +
+                "\" was written on the master but " +
+                (acked < 0 ? std::string("WAIT failed")
+                           : "only " + std::to_string(acked) + " of " + std::to_string(wait_replicas_) +
+                                 " replicas acknowledged it within " + std::to_string(wait_timeout_.count()) +
+                                 " ms (wait=" + std::to_string(wait_replicas_) + ")") +
+                "; a failover may lose it");
   return false;
 }
 

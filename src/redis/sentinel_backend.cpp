@@ -274,7 +274,7 @@ bool SentinelBackend::switch_to(const Address& a, std::error_code& ec, std::stri
   {
     std::lock_guard wl(watch_mu_);
     for (const auto& [name, count] : watches_) {
-      std::error_code wec;
+      Error wec;
       for (int k = 0; k < count && !wec; ++k) fresh->watch(name, wec);
       if (wec)
         log_.log(LogLevel::warning, "{}: cannot watch \"{}\" on the new master {}", settings_.url, name,

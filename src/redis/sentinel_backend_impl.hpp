@@ -71,8 +71,8 @@ class SentinelBackend final : public Backend, private ChangeListener {
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.try_acquire(req, e); });
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.try_acquire(req, e); });
   }
 
   // To the current master's backend: a wait queued on a master that was replaced
@@ -81,44 +81,43 @@ class SentinelBackend final : public Backend, private ChangeListener {
     current().first->cancel_acquire(name, owner);
   }
 
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override {
-    call(ec, [&](Backend& b, std::error_code& e) {
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
+    call(ec, [&](Backend& b, Error& e) {
       b.renew(items, out, e);
       return 0;
     });
   }
 
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.release(name, owner, token, e); });
+                        Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.release(name, owner, token, e); });
   }
 
-  LockInfo status(std::string_view name, std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.status(name, e); });
+  LockInfo status(std::string_view name, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.status(name, e); });
   }
 
   // Records and listing go to the current master like every lock call (a put that
   // met a demoted master is repeated once on the new one: `always` and `if_absent`
   // are idempotent there, see docs/sentinel.md).
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.put_record(key, value, mode, e); });
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.put_record(key, value, mode, e); });
   }
 
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.get_record(key, e); });
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.get_record(key, e); });
   }
 
-  bool erase_record(std::string_view key, std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.erase_record(key, e); });
+  bool erase_record(std::string_view key, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.erase_record(key, e); });
   }
 
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override {
-    return call(ec, [&](Backend& b, std::error_code& e) { return b.list_held(prefix, limit, truncated, e); });
+                                    Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.list_held(prefix, limit, truncated, e); });
   }
 
-  void watch(std::string_view name, std::error_code& ec) override;
+  void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
 
   std::string url() const override { return settings_.url; }
@@ -147,12 +146,11 @@ class SentinelBackend final : public Backend, private ChangeListener {
   // sentinels name another master, runs it once more there (every operation is
   // owner-checked, so a repeat cannot act for somebody else).
   template <class F>
-  std::invoke_result_t<F&, Backend&, std::error_code&> call(std::error_code& ec, F&& f) {
+  std::invoke_result_t<F&, Backend&, Error&> call(Error& ec, F&& f) {
     auto [backend, generation] = current();
     auto result = f(*backend, ec);
     if (ec != errc::backend_unavailable) return result;
     if (!rediscover(generation, false)) return result;
-    take_error_detail();
     ec.clear();
     return f(*current().first, ec);
   }

@@ -9,7 +9,7 @@ namespace distlock::detail::redis {
 // while it copies the counts to the new master and swaps it in: a watch counted
 // before the swap is made there by the switch, one after it on the new master. The
 // subscription itself runs without the lock (a hung master must not hold up a switch).
-void SentinelBackend::watch(std::string_view name, std::error_code& ec) {
+void SentinelBackend::watch(std::string_view name, Error& ec) {
   std::shared_ptr<Backend> b;
   std::uint64_t generation = 0;
   {

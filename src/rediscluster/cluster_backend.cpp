@@ -133,14 +133,14 @@ std::error_code ClusterBackend::connect_now(std::string& why) {
   return ec ? ec : make_error_code(errc::backend_unavailable);
 }
 
-AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, req.name);
   const std::string ttl = std::to_string(req.ttl.count());
   Reply r;
   const redisReply* d = route(
       k.slot, "acquire",
-      [&](Connection& c, bool, std::error_code& e) {
+      [&](Connection& c, bool, Error& e) {
         r = redis::lock_acquire_script().run(c, {k.lock, k.fence}, {req.owner, ttl}, e);
         return r.get();
       },
@@ -149,7 +149,7 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, std::error_
   std::uint64_t flag = 0;
   if (d->type != REDIS_REPLY_ARRAY || d->elements != 2 || !to_u64(d->element[0], flag)) {
     ec = make_error_code(errc::protocol_error);
-    set_error_detail("unexpected reply to the acquire script");
+    ec.set_detail("unexpected reply to the acquire script");
     return {};
   }
   AcquireResult res;
@@ -168,13 +168,13 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, std::error_
 }
 
 ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                                      std::error_code& ec) {
+                                      Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
   Reply r;
   const redisReply* d = route(
       k.slot, "release",
-      [&](Connection& c, bool, std::error_code& e) {
+      [&](Connection& c, bool, Error& e) {
         r = release_script().run(c, {k.lock}, {owner, k.channel}, e);
         return r.get();
       },
@@ -187,13 +187,13 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
   return d->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
 }
 
-LockInfo ClusterBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
   std::vector<Reply> r;
   const redisReply* d = route(
       k.slot, "status",
-      [&](Connection& c, bool asking, std::error_code& e) -> const redisReply* {
+      [&](Connection& c, bool asking, Error& e) -> const redisReply* {
         // ASKING holds for one command: repeat it before each (route sent the first).
         c.append({"HGETALL", k.lock});
         if (asking) c.append({"ASKING"});
@@ -240,14 +240,14 @@ LockInfo ClusterBackend::status(std::string_view name, std::error_code& ec) {
 }
 
 std::string ClusterBackend::put_record(std::string_view key, std::string_view value, PutMode mode,
-                                       std::error_code& ec) {
+                                       Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string k = rediscluster::record_key(prefix_, key);
   Reply r;
   const redisReply* d = route(
       rediscluster::key_slot(k), "put record",
-      [&](Connection& c, bool, std::error_code& e) {
+      [&](Connection& c, bool, Error& e) {
         r = mode == PutMode::always ? c.command({"SET", k, value}, e)
                                     : redis::put_if_absent_script().run(c, {k}, {value}, e);
         return r.get();
@@ -259,7 +259,7 @@ std::string ClusterBackend::put_record(std::string_view key, std::string_view va
   return std::string(redis::reply_str(d));
 }
 
-std::optional<std::string> ClusterBackend::get_record(std::string_view key, std::error_code& ec) {
+std::optional<std::string> ClusterBackend::get_record(std::string_view key, Error& ec) {
   Reply r;
   const redisReply* d = record_command("GET", "get record", key, r, ec);
   if (d == nullptr || ec || d->type == REDIS_REPLY_NIL) return std::nullopt;
@@ -267,7 +267,7 @@ std::optional<std::string> ClusterBackend::get_record(std::string_view key, std:
   return std::string(redis::reply_str(d));
 }
 
-bool ClusterBackend::erase_record(std::string_view key, std::error_code& ec) {
+bool ClusterBackend::erase_record(std::string_view key, Error& ec) {
   Reply r;
   const redisReply* d = record_command("DEL", "erase record", key, r, ec);
   if (d == nullptr || ec) return false;
@@ -279,12 +279,12 @@ bool ClusterBackend::erase_record(std::string_view key, std::error_code& ec) {
 // fails the call: the list would be incomplete), for both layouts of keys_of();
 // then status() of the candidates in name order.
 std::vector<ListedLock> ClusterBackend::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                                  std::error_code& ec) {
+                                                  Error& ec) {
   ec.clear();
   truncated = false;
   std::string why;
   const std::vector<Node*> masters = all_masters(ec, why);
-  if (ec) return set_error_detail("list: " + why), std::vector<ListedLock>{};
+  if (ec) return ec.set_detail("list: " + why), std::vector<ListedLock>{};
   const std::string head = prefix_ + ":{";
   std::vector<std::string> patterns;
   if (prefix.find_first_of("{}") == std::string_view::npos) {
@@ -312,18 +312,18 @@ std::vector<ListedLock> ClusterBackend::list_held(std::string_view prefix, std::
     auto conn = node->pool.checkout(ec);
     if (ec) {
       report(*node, node->pool.last_error());
-      return set_error_detail("list: " + node->pool.last_error()), std::vector<ListedLock>{};
+      return ec.set_detail("list: " + node->pool.last_error()), std::vector<ListedLock>{};
     }
     for (const auto& pattern : patterns) {
       redis::scan_keys(*conn, pattern, on_key, ec, why);
       if (ec) {
         if (!conn->connected()) report(*node, why);
-        return set_error_detail("list: " + why), std::vector<ListedLock>{};
+        return ec.set_detail("list: " + why), std::vector<ListedLock>{};
       }
     }
     ok(*node);
   }
-  auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, std::error_code& e) {
+  auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, Error& e) {
     for (const auto& name : chunk) {
       infos.push_back(status(name, e));
       if (e) return;
@@ -334,12 +334,12 @@ std::vector<ListedLock> ClusterBackend::list_held(std::string_view prefix, std::
 
 // One single-key command on a record, routed to its slot's master.
 const redisReply* ClusterBackend::record_command(const char* cmd, const char* what, std::string_view key,
-                                                 Reply& r, std::error_code& ec) {
+                                                 Reply& r, Error& ec) {
   ec.clear();
   const std::string k = rediscluster::record_key(prefix_, key);
   return route(
       rediscluster::key_slot(k), what,
-      [&](Connection& c, bool, std::error_code& e) {
+      [&](Connection& c, bool, Error& e) {
         r = c.command({cmd, k}, e);
         return r.get();
       },

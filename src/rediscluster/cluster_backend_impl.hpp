@@ -107,29 +107,28 @@ class ClusterBackend final : public Backend {
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
   std::error_code connect_now(std::string& why);
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                        std::error_code& ec) override;
-  void watch(std::string_view name, std::error_code& ec) override;
+                        Error& ec) override;
+  void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
-  LockInfo status(std::string_view name, std::error_code& ec) override;
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override;
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override;
-  bool erase_record(std::string_view key, std::error_code& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override;
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override;
+  bool erase_record(std::string_view key, Error& ec) override;
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override;
+                                    Error& ec) override;
 
   std::string url() const override { return url_; }
 
  private:
   const redisReply* record_command(const char* cmd, const char* what, std::string_view key, Reply& r,
-                                   std::error_code& ec);
+                                   Error& ec);
 
-  void unexpected(const char* what, std::error_code& ec) {
+  void unexpected(const char* what, Error& ec) {
     ec = make_error_code(errc::protocol_error);
-    set_error_detail(std::string("unexpected reply to ") + what);
+    ec.set_detail(std::string("unexpected reply to ") + what);
   }
 
   std::vector<Node*> all_masters(std::error_code& ec, std::string& why);
@@ -138,9 +137,9 @@ class ClusterBackend final : public Backend {
     Node* node = nullptr;
     std::string channel;
   };
-  using Attempt = std::function<const redisReply*(Connection&, bool asking, std::error_code&)>;
+  using Attempt = std::function<const redisReply*(Connection&, bool asking, Error&)>;
 
-  const redisReply* route(std::uint16_t slot, const char* what, const Attempt& attempt, std::error_code& ec);
+  const redisReply* route(std::uint16_t slot, const char* what, const Attempt& attempt, Error& ec);
 
   std::uint64_t map_version() const {
     std::lock_guard lk(map_mu_);
@@ -174,10 +173,10 @@ class ClusterBackend final : public Backend {
   void on_dropped(Node* node, std::string_view channel);
   void run_mover();
 
-  void failed(Node& node, const Connection& conn, const char* what) {
+  void failed(Node& node, const Connection& conn, const char* what, Error& ec) {
     const std::string msg = std::string(what) + ": " + conn.last_error();
     report(node, msg);
-    set_error_detail(msg);
+    ec.set_detail(msg);
   }
   // One warning per node and outage, one info line when it answers again.
   void report(Node& node, const std::string& why) {

@@ -13,8 +13,7 @@ namespace distlock::detail::rediscluster {
 // items fail at once). Items redirected (the slot moved since the map was read) are
 // retried through route() within the same budget. The slot map is never read
 // here: an unreachable node asks the mover thread for a refresh.
-void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
-                           std::error_code& ec) {
+void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   std::fill(out.begin(), out.end(), RenewStatus::failed);
   if (items.empty()) return;
@@ -142,13 +141,13 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
   // the budget lasts; the rest stay `failed` (the engine retries them soon).
   for (std::size_t i : retry) {
     if (std::chrono::steady_clock::now() >= deadline) break;
-    std::error_code rec;
+    Error rec;  // per-item failures are retried by the engine, not reported
     Reply r;
     const std::string_view key = keys[i].lock;
     const std::string_view args[] = {items[i].owner, ttls[i]};
     const redisReply* d = route(
         keys[i].slot, "renew",
-        [&](Connection& c, bool, std::error_code& e) {
+        [&](Connection& c, bool, Error& e) {
           r = redis::lock_renew_script().run(c, std::span(&key, 1), std::span(args), e);
           return r.get();
         },
@@ -161,7 +160,6 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
           e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? RenewStatus::renewed : RenewStatus::not_owner;
     }
   }
-  take_error_detail();  // per-item failures are retried by the engine, not reported
   if (answered == 0) ec = make_error_code(errc::backend_unavailable);
 }
 

@@ -79,7 +79,7 @@ std::vector<Node*> ClusterBackend::all_masters(std::error_code& ec, std::string&
 // other than a redirection is returned with `ec` as the attempt set it), or
 // nullptr with `ec` and an error detail naming the node and the cause.
 const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, const Attempt& attempt,
-                                        std::error_code& ec) {
+                                        Error& ec) {
   ec.clear();
   Node* ask_node = nullptr;
   std::string last;
@@ -88,7 +88,7 @@ const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, co
     Node* node = ask_node;
     if (node == nullptr) node = node_for(slot, ec, why);
     if (node == nullptr) {
-      set_error_detail(why);
+      ec.set_detail(why);
       return nullptr;
     }
     const bool asking = ask_node != nullptr;
@@ -97,21 +97,21 @@ const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, co
     if (ec) {
       const std::string err = node->pool.last_error();
       report(*node, err);
-      set_error_detail(err);
+      ec.set_detail(err);
       refresh_after_failure();
       return nullptr;
     }
     if (asking) {
       conn->command({"ASKING"}, ec);
       if (ec) {
-        failed(*node, *conn, what);
+        failed(*node, *conn, what, ec);
         return nullptr;
       }
     }
     const redisReply* r = attempt(*conn, asking, ec);
     if (r == nullptr) {
       if (!ec) ec = make_error_code(errc::protocol_error);
-      failed(*node, *conn, what);
+      failed(*node, *conn, what, ec);
       refresh_after_failure();
       return nullptr;
     }
@@ -148,7 +148,7 @@ const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, co
     ok(*node);
     const std::string msg = node->opts.describe() + ": " + what + ": " + text;
     log_.log(LogLevel::warning, "{}", msg);
-    set_error_detail(msg);
+    ec.set_detail(msg);
     if (!ec) ec = redis::error_code_of(r);
     return r;
   }
@@ -157,7 +157,7 @@ const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, co
                           " was still redirected after " + std::to_string(kMaxAttempts) +
                           " attempts (last: " + last + ")";
   log_.log(LogLevel::warning, "{}", msg);
-  set_error_detail(msg);
+  ec.set_detail(msg);
   return nullptr;
 }
 

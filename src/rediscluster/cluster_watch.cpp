@@ -4,7 +4,7 @@
 
 namespace distlock::detail::rediscluster {
 
-void ClusterBackend::watch(std::string_view name, std::error_code& ec) {
+void ClusterBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
   std::lock_guard w(watch_mu_);
@@ -37,7 +37,7 @@ void ClusterBackend::watch(std::string_view name, std::error_code& ec) {
   }
   if (!ec) ec = make_error_code(errc::backend_unavailable);
   log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, why);
-  set_error_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
+  ec.set_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
 }
 
 void ClusterBackend::unwatch(std::string_view name) noexcept {

@@ -11,7 +11,7 @@
 
 namespace distlock::detail::redlock {
 
-AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const std::string key = lock_key(cfg_, req.name);
   const std::string owner(req.owner);
@@ -125,7 +125,7 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, std::error_
         fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", tally.answered(),
                     replies.size(), quorum_, failures(replies, bad_replies));
     log_.log(LogLevel::warning, "redlock: lock \"{}\": {}", req.name.substr(0, 200), detail);
-    set_error_detail(std::move(detail));
+    ec.set_detail(std::move(detail));
     return {};
   }
   std::size_t top_holder = 0;

@@ -98,20 +98,19 @@ class RedlockBackend final : public Backend {
 
   void set_listener(ChangeListener* listener) override { listener_ = listener; }
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
   void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                        std::error_code& ec) override;
-  void watch(std::string_view name, std::error_code& ec) override;
+                        Error& ec) override;
+  void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
-  LockInfo status(std::string_view name, std::error_code& ec) override;
-  std::string put_record(std::string_view key, std::string_view value, PutMode mode,
-                         std::error_code& ec) override;
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override;
-  bool erase_record(std::string_view key, std::error_code& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override;
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override;
+  bool erase_record(std::string_view key, Error& ec) override;
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec) override;
+                                    Error& ec) override;
 
   std::string url() const override { return url_; }
 
@@ -148,9 +147,8 @@ class RedlockBackend final : public Backend {
   };
 
   Votes record_votes(const Command& cmd);
-  void record_failed(std::string_view key, const char* did, std::size_t count, const Votes& v,
-                     std::error_code& ec);
-  void disagreement(std::string_view key, const Votes& v, std::error_code& ec);
+  void record_failed(std::string_view key, const char* did, std::size_t count, const Votes& v, Error& ec);
+  void disagreement(std::string_view key, const Votes& v, Error& ec);
 
   Millis node_timeout(Millis ttl) const noexcept {
     return cfg_.node_timeout.value_or(default_node_timeout(ttl));

@@ -7,8 +7,7 @@
 
 namespace distlock::detail::redlock {
 
-void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out,
-                           std::error_code& ec) {
+void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   if (items.empty()) return;
   std::vector<Command> cmds;
@@ -60,7 +59,7 @@ void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
 }
 
 ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
-                                      std::error_code& ec) {
+                                      Error& ec) {
   ec.clear();
   const std::array<std::string, 2> keys{lock_key(cfg_, name), release_channel(cfg_, name)};
   const std::array<std::string, 1> args{std::string(owner)};
@@ -85,7 +84,7 @@ ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view ow
   return ReleaseStatus::released;
 }
 
-void RedlockBackend::watch(std::string_view name, std::error_code& ec) {
+void RedlockBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   Subscriber* sub = nullptr;
   {

@@ -35,7 +35,7 @@ std::string describe_value(std::string_view v) {
 
 }  // namespace
 
-LockInfo RedlockBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo RedlockBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const std::array<std::string, 1> keys{lock_key(cfg_, name)};
   const Command cmd = script_command(kStatusScript, keys, {});
@@ -46,8 +46,8 @@ LockInfo RedlockBackend::status(std::string_view name, std::error_code& ec) {
   LockInfo info = status_from(replies, 0, answered);
   if (answered < quorum_) {
     ec = make_error_code(errc::quorum_unavailable);
-    set_error_detail(fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
-                                 replies.size(), quorum_, failures(replies, {})));
+    ec.set_detail(fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
+                              replies.size(), quorum_, failures(replies, {})));
     return {};
   }
   return info;
@@ -57,7 +57,7 @@ LockInfo RedlockBackend::status(std::string_view name, std::error_code& ec) {
 // put counts when a quorum stored it; if_absent and get answer the value a quorum
 // holds (docs/redlock.md says exactly what that does and does not guarantee).
 std::string RedlockBackend::put_record(std::string_view key, std::string_view value, PutMode mode,
-                                       std::error_code& ec) {
+                                       Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::array<std::string, 1> keys{record_key(cfg_, key)};
@@ -79,7 +79,7 @@ std::string RedlockBackend::put_record(std::string_view key, std::string_view va
   return {};
 }
 
-std::optional<std::string> RedlockBackend::get_record(std::string_view key, std::error_code& ec) {
+std::optional<std::string> RedlockBackend::get_record(std::string_view key, Error& ec) {
   ec.clear();
   const Votes v = record_votes(Command{{"GET", record_key(cfg_, key)}, nullptr});
   if (auto agreed = v.majority(quorum_)) return *agreed;
@@ -92,7 +92,7 @@ std::optional<std::string> RedlockBackend::get_record(std::string_view key, std:
 }
 
 // True when any master that answered held the record.
-bool RedlockBackend::erase_record(std::string_view key, std::error_code& ec) {
+bool RedlockBackend::erase_record(std::string_view key, Error& ec) {
   ec.clear();
   const Votes v = record_votes(Command{{"DEL", record_key(cfg_, key)}, nullptr});
   if (v.answered() < quorum_) {
@@ -107,7 +107,7 @@ bool RedlockBackend::erase_record(std::string_view key, std::error_code& ec) {
 // quorum is then on at least one of them). The candidates' status is read like
 // status(), kListChunk names per fan-out.
 std::vector<ListedLock> RedlockBackend::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                                  std::error_code& ec) {
+                                                  Error& ec) {
   ec.clear();
   truncated = false;
   const std::string head = lock_key(cfg_, "");
@@ -164,10 +164,10 @@ std::vector<ListedLock> RedlockBackend::list_held(std::string_view prefix, std::
         fmt::format("list: only {} of {} redlock masters could be scanned (a quorum is {}): {}", scanned, n,
                     quorum_, fmt::join(errors, "; "));
     log_.log(LogLevel::warning, "redlock: {}", detail);
-    set_error_detail(std::move(detail));
+    ec.set_detail(std::move(detail));
     return {};
   }
-  auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, std::error_code& e) {
+  auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, Error& e) {
     std::vector<Command> cmds;
     for (const auto& name : chunk) {
       const std::array<std::string, 1> keys{lock_key(cfg_, name)};
@@ -179,7 +179,7 @@ std::vector<ListedLock> RedlockBackend::list_held(std::string_view prefix, std::
       infos.push_back(status_from(replies, j, answered));
       if (answered < quorum_) {
         e = make_error_code(errc::quorum_unavailable);
-        set_error_detail(
+        e.set_detail(
             fmt::format("list: status of \"{}\": only {} of {} redlock masters answered (a quorum is {}): {}",
                         chunk[j].substr(0, 200), answered, n, quorum_, failures(replies, {})));
         return;
@@ -248,18 +248,18 @@ RedlockBackend::Votes RedlockBackend::record_votes(const Command& cmd) {
 // Fewer than a quorum did it: quorum_unavailable (auth_failed when credentials
 // kept the quorum away), with a detail naming every master that failed.
 void RedlockBackend::record_failed(std::string_view key, const char* did, std::size_t count, const Votes& v,
-                                   std::error_code& ec) {
+                                   Error& ec) {
   const bool credentials = v.auth_failed > 0 && count + v.auth_failed >= quorum_;
   ec = make_error_code(credentials ? errc::auth_failed : errc::quorum_unavailable);
   std::string detail =
       fmt::format("record \"{}\": only {} of {} redlock masters {} (a quorum is {}): {}", key.substr(0, 200),
                   count, v.replies.size(), did, quorum_, failures(v.replies, v.bad));
   log_.log(LogLevel::warning, "redlock: {}", detail);
-  set_error_detail(std::move(detail));
+  ec.set_detail(std::move(detail));
 }
 
 // A quorum answered but no value (nor absence) is on a quorum of them.
-void RedlockBackend::disagreement(std::string_view key, const Votes& v, std::error_code& ec) {
+void RedlockBackend::disagreement(std::string_view key, const Votes& v, Error& ec) {
   ec = make_error_code(errc::quorum_unavailable);
   std::vector<std::string> parts;
   for (const auto& [value, count] : v.values) {
@@ -271,7 +271,7 @@ void RedlockBackend::disagreement(std::string_view key, const Votes& v, std::err
       key.substr(0, 200), quorum_, v.replies.size(), fmt::join(parts, "; "),
       v.answered() < v.replies.size() ? "; " : "", failures(v.replies, v.bad));
   log_.log(LogLevel::warning, "redlock: {}", detail);
-  set_error_detail(std::move(detail));
+  ec.set_detail(std::move(detail));
 }
 
 }  // namespace distlock::detail::redlock

@@ -5,7 +5,7 @@
 namespace distlock::detail {
 namespace zk {
 
-LockInfo ZkBackend::status(std::string_view name, std::error_code& ec) {
+LockInfo ZkBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   auto s = usable_session(clock_->now() + cfg_.connect_timeout);
   if (!s) {

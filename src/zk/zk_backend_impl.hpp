@@ -163,16 +163,16 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
-  AcquireResult try_acquire(const AcquireRequest& req, std::error_code& ec) override;
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
   void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) override;
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        std::error_code& ec) override;
+                        Error& ec) override;
   // Waiting is driven by the predecessor watch each queued try_acquire leaves (set
   // atomically with the check, so nothing between the check and the wait is missed).
-  void watch(std::string_view, std::error_code& ec) override { ec.clear(); }
+  void watch(std::string_view, Error& ec) override { ec.clear(); }
   void unwatch(std::string_view) noexcept override {}
-  LockInfo status(std::string_view name, std::error_code& ec) override;
+  LockInfo status(std::string_view name, Error& ec) override;
   std::string url() const override { return cfg_.redacted_url; }
 
   // Records and listing (RecordsBackend forwards them): zk_records.cpp.
@@ -266,7 +266,8 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   void ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime deadline, int& rc);
   void add_orphan(std::string dir, std::string guid, std::uint64_t generation);
   void delete_or_orphan(const std::shared_ptr<Session>& s, const Entry& e) noexcept;
-  std::error_code fail(int rc, const std::string& what, std::string_view name);
+  /// The error for ZooKeeper code `rc` of step `what`, naming the step, the server and the cause.
+  Error fail(int rc, const std::string& what, std::string_view name);
 
   /// Records a session event under mu_. Returns the new negotiated timeout (ms) when
   /// this connection changed it (the old one in `before`), else 0.

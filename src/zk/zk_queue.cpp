@@ -26,23 +26,23 @@ void ZkBackend::delete_or_orphan(const std::shared_ptr<Session>& s, const Entry&
   }
 }
 
-std::error_code ZkBackend::fail(int rc, const std::string& what, std::string_view name) {
+Error ZkBackend::fail(int rc, const std::string& what, std::string_view name) {
   // The error the caller sees names the step, the server and ZooKeeper's reason.
-  set_error_detail(what + " failed at " + cfg_.redacted_url + ": " + zk::describe(rc));
+  const std::string detail = what + " failed at " + cfg_.redacted_url + ": " + zk::describe(rc);
   if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
     log_.log(LogLevel::warning,
              "zk: {} for lock \"{}\" was denied: {}; the credentials of {} are not allowed to use this lock "
              "(wrong user or password?)",
              what, name, zk::describe(rc), cfg_.redacted_url);
-    return make_error_code(errc::auth_failed);
+    return Error(make_error_code(errc::auth_failed), detail);
   }
   if (zk::is_transient(rc)) {
     log_.log(LogLevel::warning, "zk: {} for lock \"{}\" failed: {} ({})", what, name, zk::describe(rc),
              cfg_.redacted_url);
-    return make_error_code(errc::backend_unavailable);
+    return Error(make_error_code(errc::backend_unavailable), detail);
   }
   log_.log(LogLevel::warning, "zk: {} for lock \"{}\" failed: {}", what, name, zk::describe(rc));
-  return make_error_code(rc == ZBADARGUMENTS ? errc::invalid_argument : errc::protocol_error);
+  return Error(make_error_code(rc == ZBADARGUMENTS ? errc::invalid_argument : errc::protocol_error), detail);
 }
 
 void ZkBackend::ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime deadline, int& rc) {
@@ -64,7 +64,7 @@ void ZkBackend::ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime de
   if (rc == ZNODEEXISTS) rc = ZOK;
 }
 
-AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code& ec) {
+AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const SteadyTime budget_end = clock_->now() + cfg_.connect_timeout + cfg_.command_timeout;
   const std::string key = key_of(req.name, req.owner);
@@ -93,7 +93,7 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, std::error_code&
         "session_timeout= in the URL (the server grants between its minSessionTimeout and "
         "maxSessionTimeout, by default 2 and 20 times its tickTime)";
     log_.log(LogLevel::warning, "zk: lock \"{}\": {}", name, why);
-    set_error_detail(std::move(why));
+    ec.set_detail(std::move(why));
     ec = make_error_code(errc::invalid_argument);
     return {};
   }
@@ -325,7 +325,7 @@ void ZkBackend::cancel_acquire(std::string_view name, std::string_view owner) no
   }
 }
 
-void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, std::error_code& ec) {
+void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
   auto s = current_session();
   {
@@ -404,7 +404,7 @@ void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> o
 }
 
 ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                 std::error_code& ec) {
+                                 Error& ec) {
   ec.clear();
   Entry e;
   {

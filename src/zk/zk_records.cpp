@@ -36,7 +36,7 @@ bool retry_after(int rc) {
 
 }  // namespace
 
-void Records::fail(int rc, std::string_view what, std::error_code& ec) const {
+void Records::fail(int rc, std::string_view what, Error& ec) const {
   std::string why = fmt::format("ZooKeeper at {}: {} failed: {}", env_.url, what, describe(rc));
   if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
     ec = make_error_code(errc::auth_failed);
@@ -48,7 +48,7 @@ void Records::fail(int rc, std::string_view what, std::error_code& ec) const {
   } else {
     ec = make_error_code(rc == ZBADARGUMENTS ? errc::invalid_argument : errc::protocol_error);
   }
-  set_error_detail(std::move(why));
+  ec.set_detail(std::move(why));
 }
 
 int Records::ensure_dir(zhandle_t* zh, Clock::time_point deadline) const {
@@ -63,7 +63,7 @@ int Records::ensure_dir(zhandle_t* zh, Clock::time_point deadline) const {
   return rc == ZNODEEXISTS ? ZOK : rc;
 }
 
-std::string Records::put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec) {
+std::string Records::put(std::string_view key, std::string_view value, PutMode mode, Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string path = record_path(key);
@@ -112,14 +112,14 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
     return {};
   }
   ec = make_error_code(errc::backend_unavailable);
-  set_error_detail(
+  ec.set_detail(
       fmt::format("ZooKeeper at {}: record {} kept changing or the connection kept dropping "
                   "for {} rounds; nothing is known to be stored",
                   env_.url, path, kRounds));
   return {};
 }
 
-std::optional<std::string> Records::get(std::string_view key, std::error_code& ec) {
+std::optional<std::string> Records::get(std::string_view key, Error& ec) {
   ec.clear();
   const std::string path = record_path(key);
   const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
@@ -141,7 +141,7 @@ std::optional<std::string> Records::get(std::string_view key, std::error_code& e
   return std::nullopt;
 }
 
-bool Records::erase(std::string_view key, std::error_code& ec) {
+bool Records::erase(std::string_view key, Error& ec) {
   ec.clear();
   const std::string path = record_path(key);
   const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
@@ -165,7 +165,7 @@ bool Records::erase(std::string_view key, std::error_code& ec) {
 }
 
 std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                           std::error_code& ec) {
+                                           Error& ec) {
   ec.clear();
   truncated = false;
   std::shared_ptr<void> keep;

@@ -57,15 +57,14 @@ class Records {
  public:
   explicit Records(RecordsEnv env) : env_(std::move(env)) {}
 
-  std::string put(std::string_view key, std::string_view value, PutMode mode, std::error_code& ec);
-  std::optional<std::string> get(std::string_view key, std::error_code& ec);
-  bool erase(std::string_view key, std::error_code& ec);
-  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                    std::error_code& ec);
+  std::string put(std::string_view key, std::string_view value, PutMode mode, Error& ec);
+  std::optional<std::string> get(std::string_view key, Error& ec);
+  bool erase(std::string_view key, Error& ec);
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated, Error& ec);
 
  private:
   /// Sets `ec` and the error detail for ZooKeeper code `rc` of step `what`.
-  void fail(int rc, std::string_view what, std::error_code& ec) const;
+  void fail(int rc, std::string_view what, Error& ec) const;
   /// Creates /distlock and /distlock/.records if missing; ZOK or the failing code.
   int ensure_dir(zhandle_t* zh, Clock::time_point deadline) const;
   /// zk::await on the injected clock.

@@ -86,7 +86,7 @@ TEST_P(JobsConformance, HolderInfoIsStoredWithTheLeaseAndReturnedByStatusAndList
 TEST_P(JobsConformance, OncePerGivesAtMostOneRunPerSlot) {
   auto probe = client();
   {
-    std::error_code ec;
+    distlock::detail::Error ec;
     distlock::detail::engine_of(probe)->backend().get_record("jobs/once-probe", ec);
     if (ec == errc::not_supported) {
       // No records: the protocol refuses (distlock run --once-per exits 64 naming it).

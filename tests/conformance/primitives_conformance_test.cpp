@@ -178,7 +178,7 @@ class Primitives : public ::testing::TestWithParam<Kind> {
   // Definition records never expire: erased here, then nothing may be left.
   void erase_record(const std::string& key) {
     auto c = client();
-    std::error_code ec;
+    distlock::detail::Error ec;
     distlock::detail::engine_of(c)->backend().erase_record(key, ec);
     EXPECT_FALSE(ec) << ec.message();
   }
@@ -287,7 +287,7 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
     // lost). Take each permit once.
     auto c = client();
     for (int i = 0; i < kPermits; ++i) {
-      std::error_code ec;
+      distlock::detail::Error ec;
       c.acquire(distlock::Semaphore(c, "sem", kPermits, opts()).permit_lock_name(i), opts(4 * kTtl), ec);
       EXPECT_FALSE(ec) << ec.message();
     }
@@ -417,7 +417,7 @@ TEST_P(Primitives, ReadersShareAWriterIsExclusive) {
     // As in the semaphore scenario: take over what a lost hold left to expire.
     auto c = client();
     distlock::SharedMutex defined(c, "rwh", opts(), 8);
-    std::error_code ec;
+    distlock::detail::Error ec;
     c.acquire(distlock::SharedMutex::intent_lock_name("rwh"), opts(4 * kTtl), ec);
     EXPECT_FALSE(ec) << ec.message();
     for (int i = 0; i < 8; ++i) {

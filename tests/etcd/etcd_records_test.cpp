@@ -41,18 +41,18 @@ ClientOptions quiet() {
 }
 
 std::string get_ok(detail::Backend& b, std::string_view key, bool& found) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto v = b.get_record(key, ec);
-  EXPECT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   found = v.has_value();
   return v.value_or("");
 }
 
 std::vector<detail::ListedLock> list_ok(detail::Backend& b, std::string_view prefix, std::size_t limit,
                                         bool& truncated) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto l = b.list_held(prefix, limit, truncated, ec);
-  EXPECT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   return l;
 }
 
@@ -83,7 +83,7 @@ TEST(EtcdRecords, PutIfAbsentRaceGivesBothClientsTheSameAnswer) {
   auto racer = [&](Client& c, const std::string& value, std::vector<std::string>& got) {
     for (int i = 0; i < kRounds; ++i) {
       sync.arrive_and_wait();
-      std::error_code ec;
+      distlock::detail::Error ec;
       got[i] = backend_of(c).put_record("race/" + std::to_string(i), value, PutMode::if_absent, ec);
       EXPECT_FALSE(ec) << ec.message();
     }
@@ -108,7 +108,7 @@ TEST(EtcdRecords, AlwaysOverwritesGetAndEraseBehave) {
   EtcdCluster etcd(1);
   Client c = connect(etcd.url("?prefix=app"), quiet());
   auto& b = backend_of(c);
-  std::error_code ec;
+  distlock::detail::Error ec;
   bool found = true;
   get_ok(b, "cfg", found);
   EXPECT_FALSE(found);
@@ -138,7 +138,7 @@ TEST(EtcdRecords, BinaryValuesUpTo64KiBAndNoMore) {
   std::string big(detail::kMaxRecordValue, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 % 256);
   const std::string key = std::string("bin/\xff\x01%2F/key", 13);
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record(key, big, PutMode::always, ec), big);
   ASSERT_FALSE(ec) << ec.message();
   bool found = false;
@@ -147,12 +147,12 @@ TEST(EtcdRecords, BinaryValuesUpTo64KiBAndNoMore) {
   EXPECT_EQ(get_ok(b, "empty", found), "");
   EXPECT_TRUE(found) << "an empty value is a record, not its absence";
 
-  detail::take_error_detail();
+  ec.clear();
   const std::string too_big(detail::kMaxRecordValue + 1, 'x');
   for (const auto mode : {PutMode::always, PutMode::if_absent}) {
     b.put_record("big", too_big, mode, ec);
     EXPECT_EQ(ec, errc::invalid_argument);
-    const std::string why = detail::take_error_detail();
+    const std::string why = ec.take_detail();
     EXPECT_NE(why.find("65537"), std::string::npos) << why;
   }
   get_ok(b, "big", found);
@@ -164,7 +164,7 @@ TEST(EtcdRecords, ARecordAndALockOfTheSameNameCoexist) {
   Client c = connect(etcd.url(), quiet());
   auto& b = backend_of(c);
   Lease lease = c.acquire("same", ttl_opts(5s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("same", "record", PutMode::if_absent, ec), "record");
   ASSERT_FALSE(ec);
   const LockInfo info = c.status("same");
@@ -190,7 +190,7 @@ TEST(EtcdRecords, RecordsOutliveTheirWritersLeaseClosedOrKilled) {
   {
     Client writer = connect(etcd.url(), quiet());
     Lease held = writer.acquire("writer-lock", ttl_opts(5s));
-    std::error_code ec;
+    distlock::detail::Error ec;
     backend_of(writer).put_record("closed", "v1", PutMode::always, ec);
     ASSERT_FALSE(ec);
   }  // the client revokes its session lease: its lock key goes
@@ -224,7 +224,7 @@ TEST(EtcdRecords, ListHeldByPrefixWithLimitTruncationAndWaiters) {
                                                "job%2Fq", "other", "job/b"};
   std::vector<Lease> leases;
   for (const auto& n : held_names) leases.push_back(holder.acquire(n, ttl_opts(10s)));
-  std::error_code ec;
+  distlock::detail::Error ec;
   b.put_record("job/record", "not a lock", PutMode::always, ec);
   ASSERT_FALSE(ec);
   { Lease released = holder.acquire("job/released", ttl_opts(10s)); }
@@ -296,14 +296,14 @@ TEST(EtcdRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   EtcdCluster etcd(1);
   Client c = connect(etcd.url("?timeout=300ms"), quiet());
   auto& b = backend_of(c);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b.put_record("k", "v", PutMode::always, ec);
   ASSERT_FALSE(ec);
   etcd.kill(0);
   const std::string port = std::to_string(etcd.client_port(0));
   auto expect_down = [&](const char* what) {
     EXPECT_EQ(ec, errc::backend_unavailable) << what << ": " << ec.message();
-    const std::string why = detail::take_error_detail();
+    const std::string why = ec.take_detail();
     EXPECT_NE(why.find("127.0.0.1:" + port), std::string::npos) << what << ": " << why;
   };
   b.put_record("k", "v", PutMode::always, ec);
@@ -333,9 +333,9 @@ TEST(EtcdRecords, RecordsNeedNoPermissionBeyondThePrefixAndPrefixesAreApart) {
   etcd.etcdctl_ok({"auth", "enable"});
   Client c = connect("etcd://locker:s3cret@" + etcd.endpoints(), quiet());
   auto& b = backend_of(c);
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("k", "v", PutMode::if_absent, ec), "v");
-  EXPECT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   Lease lease = c.acquire("held", ttl_opts(5s));
   bool truncated = false;
   EXPECT_EQ(names(list_ok(b, "", 10, truncated)), std::vector<std::string>{"held"});
@@ -361,7 +361,7 @@ TEST(EtcdRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
   // records in between.
   constexpr int kLocks = 600;
   constexpr int kRecords = 600;
-  std::error_code ec;
+  distlock::detail::Error ec;
   for (int i = 0; i < kRecords; ++i) {
     b.put_record("rec/" + std::to_string(i), "x", PutMode::always, ec);
     ASSERT_FALSE(ec) << ec.message();
@@ -410,7 +410,7 @@ TEST(EtcdRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
   Lease p2 = c.acquire(sem + "2", ttl_opts(4s));
   Lease plain = c.acquire("pool", ttl_opts(4s));
   Lease other = c.acquire("pool/x", ttl_opts(4s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
   EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");
   bool truncated = true;

@@ -220,7 +220,7 @@ TEST_F(FileBackend, WaitersDoNotWakeEachOther) {
   std::atomic<int> timeouts{0};
   for (auto& w : waiters) {
     threads.emplace_back([&] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       distlock::Lease l = w.acquire("herd", wait_for(2s), ec);
       if (ec == errc::timeout) ++timeouts;
     });
@@ -364,7 +364,7 @@ TEST_F(FileBackend, LockFileNotOwnedByCallerOrRootIsRefused) {
     expect_error([&] { c.acquire("planted", wait_for(0ms)); }, errc::backend_unavailable, "planted");
     EXPECT_TRUE(logged(file_of("planted").string() + " is owned by uid 65534"))
         << "the log names file and owner";
-    std::error_code ec;
+    distlock::detail::Error ec;
     (void)c.status("planted", ec);
     EXPECT_EQ(ec, errc::backend_unavailable);
     ASSERT_EQ(::chown(file_of("planted").c_str(), 0, 0), 0);
@@ -446,7 +446,7 @@ TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
   {
     auto c = client();
     EXPECT_FALSE(c.try_acquire("theirs").has_value());
-    std::error_code ec;
+    distlock::detail::Error ec;
     c.mutex("theirs").unlock(ec);
     EXPECT_EQ(ec, errc::not_owner);
     distlock::Lease none = c.acquire("theirs", wait_for(200ms), ec);
@@ -480,7 +480,7 @@ TEST_F(FileBackend, RemovedLockFileIsALoss) {
   // Somebody else can now take a fresh file (its counter restarts: see the docs).
   auto other = client();
   EXPECT_TRUE(other.try_acquire("gone").has_value());
-  std::error_code ec;
+  distlock::detail::Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(c.stats().lost, 1u);
@@ -508,7 +508,7 @@ TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
   EXPECT_TRUE(logged(lock_file_name("damaged"))) << "the log should name the file";
   EXPECT_TRUE(logged("not a distlock lock file"));
   EXPECT_EQ(slurp(file_of("damaged")), before);
-  std::error_code ec;
+  distlock::detail::Error ec;
   (void)c.status("damaged", ec);
   EXPECT_EQ(ec, errc::protocol_error);
   // A record of another name (as a hash collision would leave) is refused too.
@@ -523,7 +523,7 @@ TEST_F(FileBackend, BackendChecksOwnerTokenAndInode) {
   distlock::detail::Url u;
   std::string why;
   ASSERT_FALSE(distlock::detail::parse_url(url(), u, why)) << why;
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto backend = distlock::detail::make_file_backend(u, {}, ec, why);
   ASSERT_TRUE(backend) << why;
   EXPECT_TRUE(backend->capabilities().fencing);

@@ -50,27 +50,27 @@ struct FileRecords : ::testing::Test {
     distlock::detail::Url u;
     std::string why;
     EXPECT_FALSE(distlock::detail::parse_url(url(), u, why)) << why;
-    std::error_code ec;
+    distlock::detail::Error ec;
     auto b = distlock::detail::make_file_backend(u, {}, ec, why);
     EXPECT_TRUE(b) << why;
     return b;
   }
 
   static std::string put(Backend& b, std::string_view key, std::string_view value, PutMode mode) {
-    std::error_code ec;
+    distlock::detail::Error ec;
     std::string stored = b.put_record(key, value, mode, ec);
-    EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+    EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
     return stored;
   }
   static std::optional<std::string> get(Backend& b, std::string_view key) {
-    std::error_code ec;
+    distlock::detail::Error ec;
     auto v = b.get_record(key, ec);
-    EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+    EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
     return v;
   }
   static std::vector<std::string> names(Backend& b, std::string_view prefix, std::size_t limit,
                                         bool& truncated) {
-    std::error_code ec;
+    distlock::detail::Error ec;
     auto listed = b.list_held(prefix, limit, truncated, ec);
     EXPECT_FALSE(ec) << ec.message();
     std::vector<std::string> out;
@@ -96,7 +96,7 @@ std::string slurp(const fs::path& p) {
 TEST_F(FileRecords, PutGetEraseAndBinaryValues) {
   auto b = backend();
   EXPECT_EQ(get(*b, "cfg"), std::nullopt);  // no record directory yet: none, no error
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_FALSE(b->erase_record("cfg", ec));
   EXPECT_FALSE(ec);
 
@@ -138,11 +138,11 @@ TEST_F(FileRecords, ValueSizeBoundIs64KiB) {
   EXPECT_EQ(get(*b, "big"), big);
 
   for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
-    std::error_code ec;
-    distlock::detail::take_error_detail();
+    distlock::detail::Error ec;
+    ec.clear();
     b->put_record("big", big + "x", mode, ec);
     EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
-    const std::string detail = distlock::detail::take_error_detail();
+    const std::string detail = ec.take_detail();
     EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
     EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
   }
@@ -151,7 +151,7 @@ TEST_F(FileRecords, ValueSizeBoundIs64KiB) {
 
 TEST_F(FileRecords, RecordAndLockOfOneNameCoexist) {
   auto b = backend();
-  std::error_code ec;
+  distlock::detail::Error ec;
   const AcquireRequest req{"shared-name", "owner-1", Millis(1000)};
   auto got = b->try_acquire(req, ec);
   ASSERT_FALSE(ec);
@@ -215,7 +215,7 @@ TEST_F(FileRecords, IfAbsentRaceBetweenTwoProcessesAgrees) {
         ::close(go[1]);
         distlock::detail::Url u;
         std::string why;
-        std::error_code ec;
+        distlock::detail::Error ec;
         if (distlock::detail::parse_url(url(), u, why)) ::_exit(2);
         auto b = distlock::detail::make_file_backend(u, {}, ec, why);
         if (!b) ::_exit(3);
@@ -263,7 +263,7 @@ TEST_F(FileRecords, RecordSurvivesWriterKilledMidWrite) {
     if (pid == 0) {
       distlock::detail::Url u;
       std::string why;
-      std::error_code ec;
+      distlock::detail::Error ec;
       if (distlock::detail::parse_url(url(), u, why)) ::_exit(2);
       auto b = distlock::detail::make_file_backend(u, {}, ec, why);
       if (!b) ::_exit(3);
@@ -293,7 +293,7 @@ TEST_F(FileRecords, RecordSurvivesWriterKilledMidWrite) {
 
 TEST_F(FileRecords, ListHeldPrefixLimitTruncated) {
   auto b = backend();
-  std::error_code ec;
+  distlock::detail::Error ec;
   const std::string long_name = "job/" + std::string(300, 'z');  // a hashed lock file name
   std::vector<std::pair<std::string, std::uint64_t>> held;
   for (const std::string n : {"job/c", "job/a", "other", "job/b", long_name.c_str(), "jobs", "job/\r\n"}) {
@@ -349,7 +349,7 @@ TEST_F(FileRecords, ListHeldShowsAnotherProcessAndDropsItWhenKilled) {
   Process p = distlock::testing::spawn_holder(url(), "svc/worker", out, 2000);
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
   bool truncated = false;
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto listed = b->list_held("svc/", 10, truncated, ec);
   ASSERT_FALSE(ec);
   ASSERT_EQ(listed.size(), 1u);
@@ -371,18 +371,17 @@ TEST_F(FileRecords, DamagedOrForeignRecordFilesAreProtocolErrors) {
   auto b = backend();
   put(*b, "right", "value", PutMode::always);
   fs::copy_file(dir / "records" / record_file_name("right"), dir / "records" / record_file_name("wrong"));
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->get_record("wrong", ec);
   EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
-  EXPECT_NE(distlock::detail::take_error_detail().find("belongs to another key \"right\""),
-            std::string::npos);
+  EXPECT_NE(ec.take_detail().find("belongs to another key \"right\""), std::string::npos);
   b->put_record("wrong", "x", PutMode::if_absent, ec);  // if_absent reads the existing one: refused too
   EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
 
   std::ofstream(dir / "records" / record_file_name("junk"), std::ios::binary) << "not a record";
   b->get_record("junk", ec);
   EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
-  EXPECT_NE(distlock::detail::take_error_detail().find("DLRECF1"), std::string::npos);
+  EXPECT_NE(ec.take_detail().find("DLRECF1"), std::string::npos);
   EXPECT_EQ(slurp(dir / "records" / record_file_name("junk")), "not a record");  // kept as it was
 }
 
@@ -390,10 +389,10 @@ TEST_F(FileRecords, RecordDirectoryOthersCanWriteIsRefused) {
   auto b = backend();
   put(*b, "k", "v", PutMode::always);
   fs::permissions(dir / "records", fs::perms::group_write, fs::perm_options::add);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->get_record("k", ec);
   EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable));
-  EXPECT_NE(distlock::detail::take_error_detail().find("writable by its group"), std::string::npos);
+  EXPECT_NE(ec.take_detail().find("writable by its group"), std::string::npos);
   b->put_record("k", "w", PutMode::always, ec);
   EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable));
 }

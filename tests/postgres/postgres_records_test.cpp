@@ -54,30 +54,30 @@ std::unique_ptr<Backend> backend(const std::string& url) {
   distlock::detail::Url u;
   std::string why;
   EXPECT_FALSE(distlock::detail::parse_url(url, u, why)) << why;
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto b = distlock::detail::make_postgres_backend(u, quiet(), ec, why);
   EXPECT_TRUE(b) << ec.message() << ": " << why;
   return b;
 }
 
 std::string put(Backend& b, std::string_view key, std::string_view value, PutMode mode) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::string stored = b.put_record(key, value, mode, ec);
-  EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
   return stored;
 }
 
 std::optional<std::string> get(Backend& b, std::string_view key) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto v = b.get_record(key, ec);
-  EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
   return v;
 }
 
 std::vector<std::string> names(Backend& b, std::string_view prefix, std::size_t limit, bool& truncated) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto listed = b.list_held(prefix, limit, truncated, ec);
-  EXPECT_FALSE(ec) << ec.message() << ": " << distlock::detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
   std::vector<std::string> out;
   for (const auto& l : listed) out.push_back(l.name);
   return out;
@@ -103,7 +103,7 @@ TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
   PostgresServer server;
   auto b = backend(server.url());
   EXPECT_EQ(get(*b, "cfg"), std::nullopt);
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_FALSE(b->erase_record("cfg", ec));
   EXPECT_FALSE(ec);
 
@@ -125,10 +125,10 @@ TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
   EXPECT_EQ(put(*b, "big", big, PutMode::always), big);
   EXPECT_EQ(get(*b, "big"), big);
   for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
-    distlock::detail::take_error_detail();
+    ec.clear();
     b->put_record("big", big + "x", mode, ec);
     EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
-    const std::string detail = distlock::detail::take_error_detail();
+    const std::string detail = ec.take_detail();
     EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
     EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
   }
@@ -179,7 +179,7 @@ TEST(PostgresRecords, IfAbsentRaceBetweenClientsAgrees) {
             return;
           }
         }
-        std::error_code ec;
+        distlock::detail::Error ec;
         answers[round][c] = clients[c]->put_record("race-" + std::to_string(round),
                                                    "client" + std::to_string(c), PutMode::if_absent, ec);
         if (ec) ++errors;
@@ -205,7 +205,7 @@ TEST(PostgresRecords, IfAbsentRaceBetweenClientsAgrees) {
 TEST(PostgresRecords, RecordAndLockOfOneNameCoexist) {
   PostgresServer server;
   auto b = backend(server.url());
-  std::error_code ec;
+  distlock::detail::Error ec;
   const AcquireRequest req{"shared-name", "owner-1", Millis(5000)};
   auto got = b->try_acquire(req, ec);
   ASSERT_FALSE(ec);
@@ -240,7 +240,7 @@ TEST(PostgresRecords, RecordSurvivesItsWriterKilled) {
     if (pid == 0) {
       distlock::detail::Url u;
       std::string why;
-      std::error_code ec;
+      distlock::detail::Error ec;
       if (distlock::detail::parse_url(url, u, why)) ::_exit(2);
       auto b = distlock::detail::make_postgres_backend(u, quiet(), ec, why);
       if (!b) ::_exit(3);
@@ -269,7 +269,7 @@ TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
   PostgresServer server;
   auto a = backend(server.url());
   auto b = backend(server.url());
-  std::error_code ec;
+  distlock::detail::Error ec;
   struct H {
     Backend* b;
     std::string name, owner;
@@ -348,7 +348,7 @@ TEST(PostgresRecords, ListHeldDropsAKilledHolderWhenStatusDoes) {
   Process p = distlock::testing::spawn_holder(server.url(), "svc/worker", out, 1500);
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 60s)) << distlock::testing::read_file(out);
   bool truncated = false;
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto listed = b->list_held("svc/", 10, truncated, ec);
   ASSERT_FALSE(ec);
   ASSERT_EQ(listed.size(), 1u);
@@ -385,10 +385,10 @@ TEST(PostgresRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   put(*b, "k", "v", PutMode::always);
   server.stop();
   const std::string port = std::to_string(server.port());
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto check = [&](const char* what) {
     EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
-    const std::string detail = distlock::detail::take_error_detail();
+    const std::string detail = ec.take_detail();
     EXPECT_NE(detail.find("127.0.0.1:" + port), std::string::npos) << what << ": " << detail;
     EXPECT_EQ(detail.find(PostgresServer::kPassword), std::string::npos) << detail;
   };
@@ -424,14 +424,14 @@ TEST(PostgresRecords, AUserThatMayNotCreateTablesStillLocks) {
       "postgres://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/postgres";
   auto b = backend(url);
   ASSERT_TRUE(b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_TRUE(got.acquired);
-  distlock::detail::take_error_detail();
+  ec.clear();
   b->put_record("x", "v", PutMode::always, ec);
   EXPECT_TRUE(ec);
-  const std::string detail = distlock::detail::take_error_detail();
+  const std::string detail = ec.take_detail();
   EXPECT_NE(detail.find("distlock_records"), std::string::npos) << detail;
   EXPECT_EQ(server.query("SELECT to_regclass('distlock_records') IS NULL")[0][0], "t");
   b->release("x", "o", got.token, ec);

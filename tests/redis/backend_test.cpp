@@ -106,7 +106,7 @@ TEST_F(RedisBackend, FenceCounterOutlivesAnExpiredLock) {
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{expiring}"})->integer, 0);
   EXPECT_EQ(server_.command({"PTTL", fence_of("expiring")})->integer, -1);
   EXPECT_EQ(str(server_.command({"GET", fence_of("expiring")})), std::to_string(first));
-  std::error_code ec;
+  distlock::detail::Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);  // the lease had expired: nothing is deleted
 
@@ -133,7 +133,7 @@ TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndTheServerDoesNotReenter) {
   // The server does not re-enter: a second acquisition under an owner id already
   // in the hash is busy (RedisOwners.AnOwnerAlreadyInTheHashIsBusyNotHandedTheSameToken).
   auto& backend = distlock::detail::engine_of(client)->backend();
-  std::error_code ec;
+  distlock::detail::Error ec;
   const distlock::detail::AcquireRequest req{"re", "owner-x:1", Millis(5000)};
   auto first = backend.try_acquire(req, ec);
   ASSERT_FALSE(ec);
@@ -266,7 +266,7 @@ TEST_F(RedisBackend, RenewalThatFindsAnotherOwnerMarksTheLeaseLost) {
   distlock::detail::engine_of(client)->drain_events();  // on_lost runs on the event thread
   EXPECT_TRUE(called.load());
   EXPECT_FALSE(lease.owns());
-  std::error_code ec;
+  distlock::detail::Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_TRUE(theirs.owns());
@@ -282,7 +282,7 @@ TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
   d::redis::ConnectionOptions o;
   o.host = "127.0.0.1";
   o.port = server_.port();
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::string why;
   auto backend = d::make_redis_backend_for(o, d::RedisSettings{}, distlock::ClientOptions{}, ec, why);
   ASSERT_TRUE(backend) << why;
@@ -375,7 +375,7 @@ class RedisBadInput : public RedisBackend {
 TEST_F(RedisBadInput, UnlockWhenNotHeldAndFromAnotherThread) {
   auto client = connect();
   auto m = client.mutex("victim", ttl_of(5s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   m.unlock(ec);
   EXPECT_EQ(ec, errc::not_owner);
   EXPECT_THROW(m.unlock(), std::system_error);
@@ -383,7 +383,7 @@ TEST_F(RedisBadInput, UnlockWhenNotHeldAndFromAnotherThread) {
   auto mine = client.mutex("mine", ttl_of(5s));
   mine.lock();
   std::thread([&] {
-    std::error_code tec;
+    distlock::detail::Error tec;
     mine.unlock(tec);
     EXPECT_EQ(tec, errc::not_owner);
   }).join();

@@ -343,7 +343,7 @@ std::string owner_of(char c, int seq) {
 }
 
 distlock::detail::AcquireResult raw_acquire(Client& c, const std::string& name, const std::string& owner,
-                                            Millis ttl, bool queued, std::error_code& ec) {
+                                            Millis ttl, bool queued, distlock::detail::Error& ec) {
   distlock::detail::AcquireRequest req{name, owner, ttl, queued};
   return distlock::detail::engine_of(c)->backend().try_acquire(req, ec);
 }
@@ -362,7 +362,7 @@ TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
   for (int variant = 0; variant < 3; ++variant) {
     const std::string name = "free-" + std::to_string(variant);
     const std::string key = "distlock:{" + name + "}";
-    std::error_code ec;
+    distlock::detail::Error ec;
     const std::string h = owner_of('a', 1 + variant), w1 = owner_of('b', 1 + variant),
                       w2 = owner_of('c', 1 + variant);
     auto hr = raw_acquire(hc, name, h, 300ms, false, ec);
@@ -390,7 +390,7 @@ TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
       EXPECT_EQ(server_holder(server, name), w2);
       EXPECT_EQ(server.command({"EXISTS", key + ":q"})->integer, 0);
       EXPECT_EQ(server.command({"EXISTS", key + ":qx"})->integer, 0);
-      std::error_code rec;
+      distlock::detail::Error rec;
       distlock::detail::engine_of(w2c)->backend().release(name, w2, r2.token, rec);
       continue;
     }
@@ -402,7 +402,7 @@ TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
     ASSERT_FALSE(ec);
     EXPECT_TRUE(c1.acquired);
     EXPECT_GT(c1.token, htoken);
-    std::error_code rec;
+    distlock::detail::Error rec;
     distlock::detail::engine_of(w1c)->backend().release(name, w1, c1.token, rec);
     EXPECT_EQ(server_holder(server, name), w2);
     auto c2 = raw_acquire(w2c, name, w2, 3000ms, true, ec);
@@ -425,14 +425,14 @@ TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
   int checked = 0;
   for (int i = 0; i < 16; ++i) {
     const std::string name = "expiry-" + std::to_string(i);
-    std::error_code ec;
+    distlock::detail::Error ec;
     const auto h_at = Clock::now();
     auto hr = raw_acquire(hc, name, owner_of('a', 100 + i), 250ms, false, ec);
     ASSERT_TRUE(hr.acquired) << ec.message();
     std::mutex mu;
     std::vector<std::pair<int, std::uint64_t>> order;
     std::thread t1([&] {
-      std::error_code e;
+      distlock::detail::Error e;
       Lease l = c1.acquire(name, ttl_of(2s, 10s), e);
       EXPECT_FALSE(e) << e.message();
       if (e) return;
@@ -445,7 +445,7 @@ TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
     ASSERT_TRUE(eventually([&] { return c1.status(name).waiters.value_or(0) == 1u; }, 5s));
     std::this_thread::sleep_until(h_at + 250ms + Millis(i * 5 - 40));
     std::thread t2([&] {
-      std::error_code e;
+      distlock::detail::Error e;
       Lease l = c2.acquire(name, ttl_of(2s, 10s), e);
       EXPECT_FALSE(e) << e.message();
       if (e) return;
@@ -503,7 +503,7 @@ TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
             if (!l) continue;
           } else {
             const Millis wait(rng() % 3 == 0 ? static_cast<long>(1 + rng() % 20) : 1500);
-            std::error_code ec;
+            distlock::detail::Error ec;
             Lease got = clients[c].acquire(name, ttl_of(ttl, wait), ec);
             if (ec) {
               ++failures;
@@ -538,7 +538,7 @@ TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
             auto& v = inside[k];
             v.erase(std::remove(v.begin(), v.end(), &*l), v.end());
           }
-          std::error_code rec;
+          distlock::detail::Error rec;
           l->release(rec);
         }
       });
@@ -581,7 +581,7 @@ void tokens_across_restarts(bool aof) {
   for (int round = 0; round < 4; ++round) {
     Client c = distlock::connect(server.url());
     for (int i = 0; i < 10; ++i) {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = c.acquire("restart-token", ttl_of(5s, 5s), ec);
       ASSERT_FALSE(ec) << ec.message();
       EXPECT_GT(l.token(), last) << "round " << round << " acquisition " << i;
@@ -621,7 +621,7 @@ TEST(RedisFastPathReview, WaitsThatTimeOutLeaveTheirLocksToOthers) {
   for (int i = 0; i < 6; ++i) {
     const std::string name = "lost-" + std::to_string(i);
     proxy.delay(Millis(150 + 20 * i));
-    std::error_code ec;
+    distlock::detail::Error ec;
     Lease l = slow.acquire(name, ttl_of(3s, 300ms), ec);
     EXPECT_TRUE(ec) << "iteration " << i << ": acquired through a proxy slower than the timeout";
     if (!ec) continue;
@@ -630,7 +630,7 @@ TEST(RedisFastPathReview, WaitsThatTimeOutLeaveTheirLocksToOthers) {
     if (!server_holder(server, name).empty()) ++executed;
     proxy.pass();
     const auto back = Clock::now();
-    std::error_code oec;
+    distlock::detail::Error oec;
     Lease o = other.acquire(name, ttl_of(3s, 10s), oec);
     ASSERT_FALSE(oec) << oec.message();
     EXPECT_LT(std::chrono::duration_cast<Millis>(Clock::now() - back), 2500ms)

@@ -78,7 +78,7 @@ TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientK
 
   // Wait A (ttl 60 s, refresh period 5 s) makes c's refresher sleep 5 s.
   std::thread ta([&] {
-    std::error_code ec;
+    distlock::detail::Error ec;
     Lease l = c.acquire("long", ttl_of(60s, 40s), ec);
   });
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "long") == 1u; }, 10s));
@@ -98,7 +98,7 @@ TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientK
   std::vector<std::string> order;
   // Wait B on the same client, ttl 300 ms: its entry must be refreshed every 100 ms.
   std::thread tb([&] {
-    std::error_code ec;
+    distlock::detail::Error ec;
     Lease l = c.acquire("short", ttl_of(300ms, 30s), ec);
     EXPECT_FALSE(ec) << ec.message();
     std::lock_guard lk(mu);
@@ -106,7 +106,7 @@ TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientK
   });
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "short") == 1u; }, 10s));
   std::thread td([&] {
-    std::error_code ec;
+    distlock::detail::Error ec;
     Lease l = d.acquire("short", ttl_of(10s, 30s), ec);
     EXPECT_FALSE(ec) << ec.message();
     std::lock_guard lk(mu);
@@ -149,7 +149,7 @@ TEST(RedisHandOffReview, HandOffGranteeLocalDeadlineIsNotAfterTheServerExpiry) {
     Millis local{};
     std::uint64_t token = 0;
     std::thread t([&] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = w.acquire(name, ttl_of(ttl, 30s, 1ms), ec);
       if (ec) return;
       pttl = server_pttl(server, name);
@@ -192,7 +192,7 @@ TEST(RedisHandOffReview, GiveUpRacingTheGrantNeverStrandsTheLock) {
     const Millis xwait(150);
     std::atomic<bool> x_done{false};
     std::optional<std::uint64_t> x_token;
-    std::error_code xec;
+    distlock::detail::Error xec;
     Clock::time_point x_start{};
     std::thread xt([&] {
       x_start = Clock::now();
@@ -204,7 +204,7 @@ TEST(RedisHandOffReview, GiveUpRacingTheGrantNeverStrandsTheLock) {
     std::optional<std::uint64_t> y_token;
     Clock::time_point y_at{};
     std::thread yt([&] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = y.acquire(name, ttl_of(10s, 30s), ec);
       EXPECT_FALSE(ec) << ec.message();
       if (!ec) y_token = l.token();
@@ -249,11 +249,11 @@ TEST(RedisHandOffReview, TryAcquireNeitherQueuesNorJumpsTheQueue) {
   auto& backend = distlock::detail::engine_of(h)->backend();
   const std::string owner = "0123456789abcdef0123456789abcdef:9.1";
   distlock::detail::AcquireRequest req{"jump", owner, Millis(400), false};
-  std::error_code ec;
+  distlock::detail::Error ec;
   ASSERT_TRUE(backend.try_acquire(req, ec).acquired) << ec.message();
   std::atomic<bool> w_got{false};
   std::thread wt([&] {
-    std::error_code wec;
+    distlock::detail::Error wec;
     Lease l = w.acquire("jump", ttl_of(5s, 30s), wec);
     EXPECT_FALSE(wec) << wec.message();
     w_got = true;
@@ -302,7 +302,7 @@ void restart_with_waiters(bool aof) {
     threads.emplace_back([&, i] {
       // An outage fails a wait with backend_unavailable (documented): wait again,
       // a bounded number of times.
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l;
       const auto give_up = Clock::now() + 60s;
       for (int attempt = 0; attempt < 200 && Clock::now() < give_up; ++attempt) {
@@ -323,7 +323,7 @@ void restart_with_waiters(bool aof) {
       std::this_thread::sleep_for(20ms);
       EXPECT_TRUE(l.owns());
       inside.fetch_sub(1);
-      std::error_code rec;
+      distlock::detail::Error rec;
       l.release(rec);
       ++done;
     });
@@ -339,7 +339,7 @@ void restart_with_waiters(bool aof) {
     // The lock survived: the holder still owns it and releases it.
     ASSERT_TRUE(eventually([&] { return server_holder(server, "restart").size() > 0; }, 5s));
   }
-  std::error_code rec;
+  distlock::detail::Error rec;
   holder.release(rec);
   ASSERT_TRUE(eventually([&] { return done.load() == kWaiters; }, 60s)) << done.load();
   for (auto& t : threads) t.join();
@@ -385,7 +385,7 @@ TEST(RedisHandOffReview, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
             if (!l) continue;
           } else {
             const Millis wait(kind < 5 ? static_cast<long>(1 + rng() % 20) : 3000);
-            std::error_code ec;
+            distlock::detail::Error ec;
             Lease got = clients[c].acquire("hammer", ttl_of(500ms, wait), ec);
             if (ec == distlock::errc::timeout) {
               ++timeouts;
@@ -408,7 +408,7 @@ TEST(RedisHandOffReview, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
           if (rng() % 3 == 0) std::this_thread::sleep_for(Millis(rng() % 3));
           if (!l->owns()) ++lost_inside;
           inside.fetch_sub(1);
-          std::error_code rec;
+          distlock::detail::Error rec;
           l->release(rec);
           if (rec) ++errors;
         }
@@ -445,7 +445,7 @@ TEST(RedisHandOffReview, GrantWhileTheGranteesSubscriberReconnects) {
     long long pttl = -100;
     Millis local{};
     std::thread t([&] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = w.acquire(name, ttl_of(1s, 30s, 1ms), ec);
       EXPECT_FALSE(ec) << ec.message();
       if (ec) return;
@@ -484,7 +484,7 @@ TEST(RedisHandOffReview, ManyWaitersAndTheHolderKilled) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = clients[i].acquire("killed", ttl_of(1s, 60s), ec);
       EXPECT_FALSE(ec) << ec.message();
       if (!ec) {
@@ -532,7 +532,7 @@ TEST(RedisHandOffReview, WaiterPausedWithAGrantInFlightResumesWhileAnotherHolds)
   std::uint64_t w_token = 0;
   std::atomic<bool> let_go{false};
   std::thread wt([&] {
-    std::error_code ec;
+    distlock::detail::Error ec;
     Lease l = w.acquire("paused", ttl_of(1s, 60s), ec);
     EXPECT_FALSE(ec) << ec.message();
     if (ec) return;
@@ -599,7 +599,7 @@ TEST(RedisHandOffReview, SemaphoreHammerNeverExceedsItsPermits) {
           if (rng() % 2) std::this_thread::sleep_for(Millis(rng() % 3));
           if (!l->owns()) ++over;
           inside.fetch_sub(1);
-          std::error_code ec;
+          distlock::detail::Error ec;
           l->release(ec);
           if (ec) ++errors;
         }
@@ -643,7 +643,7 @@ TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
           const int k = static_cast<int>(rng() % kNames);
           const std::string name = "kill-" + std::to_string(k);
           const Millis wait(rng() % 3 == 0 ? static_cast<long>(1 + rng() % 30) : 2000);
-          std::error_code ec;
+          distlock::detail::Error ec;
           Lease l = clients[c].acquire(name, ttl_of(300ms, wait), ec);
           if (ec) {
             ++failures;
@@ -665,7 +665,7 @@ TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
             auto& v = inside[k];
             v.erase(std::remove(v.begin(), v.end(), &l), v.end());
           }
-          std::error_code rec;
+          distlock::detail::Error rec;
           l.release(rec);
         }
       });

@@ -60,7 +60,7 @@ TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = clients[i].acquire("fifo", ttl_of(10s, 60s), ec);
       ASSERT_FALSE(ec) << ec.message();
       std::lock_guard lk(mu);
@@ -94,7 +94,7 @@ TEST(RedisHandOff, OneReleaseWakesExactlyOneClient) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       Lease l = clients[i].acquire("herd", ttl_of(10s, 60s), ec);
       ASSERT_FALSE(ec) << ec.message();
       // Each holder hands on at once, except the last, which holds until the counts
@@ -135,7 +135,7 @@ TEST(RedisHandOff, GivingUpLeavesTheQueueAndARacingGrantIsHandedOn) {
   Client y = distlock::connect(server.url());
   {
     Lease holder = holder_client.acquire("give-up", ttl_of(10s));
-    std::error_code ec;
+    distlock::detail::Error ec;
     x.acquire("give-up", ttl_of(10s, 300ms), ec);
     EXPECT_EQ(ec, distlock::errc::timeout);
     EXPECT_EQ(waiters_of(holder_client, "give-up"), 0u) << "the timed-out waiter is still counted";
@@ -147,12 +147,12 @@ TEST(RedisHandOff, GivingUpLeavesTheQueueAndARacingGrantIsHandedOn) {
   auto& backend = distlock::detail::engine_of(x)->backend();
   const std::string owner = "0123456789abcdef0123456789abcdef:7";
   distlock::detail::AcquireRequest req{"race", owner, Millis(10000), true};
-  std::error_code ec;
+  distlock::detail::Error ec;
   ASSERT_FALSE(backend.try_acquire(req, ec).acquired);
   ASSERT_FALSE(ec) << ec.message();
   std::atomic<bool> y_got{false};
   std::thread yt([&] {
-    std::error_code yec;
+    distlock::detail::Error yec;
     Lease l = y.acquire("race", ttl_of(10s, 30s), yec);
     EXPECT_FALSE(yec) << yec.message();
     y_got = true;
@@ -190,7 +190,7 @@ TEST(RedisHandOff, KilledAndPausedWaitersAreSkipped) {
   std::atomic<bool> got{false};
   Clock::time_point got_at{};
   std::thread lt([&] {
-    std::error_code ec;
+    distlock::detail::Error ec;
     Lease l = live.acquire("skip", ttl_of(10s, 60s), ec);
     EXPECT_FALSE(ec) << ec.message();
     got_at = Clock::now();

@@ -37,7 +37,7 @@ inline std::unique_ptr<rec::Backend> open_backend(const std::string& url, Client
     ADD_FAILURE() << why;
     return nullptr;
   }
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto factory = rec::find_backend(u.scheme);
   if (factory == nullptr) {
     ADD_FAILURE() << "no backend for " << u.scheme;
@@ -54,7 +54,7 @@ inline std::string test_owner(int i) {
 
 /// always overwrites and answers the value; get; erase says whether there was one.
 inline void check_put_get_erase(rec::Backend& b, const std::string& key = "rec/basic") {
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.get_record(key, ec), std::nullopt);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(b.put_record(key, "one", rec::PutMode::always, ec), "one");
@@ -83,8 +83,8 @@ inline void check_if_absent_race(rec::Backend& one, rec::Backend& two, int round
   std::atomic<int> arrived{0};
   std::atomic<bool> gave_up{false};
   std::vector<std::string> a(rounds), b(rounds);
-  std::vector<std::error_code> ea(rounds), eb(rounds);
-  auto run = [&](rec::Backend& be, std::vector<std::string>& out, std::vector<std::error_code>& errs,
+  std::vector<rec::Error> ea(rounds), eb(rounds);
+  auto run = [&](rec::Backend& be, std::vector<std::string>& out, std::vector<rec::Error>& errs,
                  const std::string& mine) {
     for (int i = 0; i < rounds; ++i) {
       arrived.fetch_add(1);
@@ -106,7 +106,7 @@ inline void check_if_absent_race(rec::Backend& one, rec::Backend& two, int round
     ASSERT_FALSE(eb[i]) << eb[i].message();
     EXPECT_EQ(a[i], b[i]);
     EXPECT_TRUE(a[i] == "from one" || a[i] == "from two") << a[i];
-    std::error_code ec;
+    distlock::detail::Error ec;
     EXPECT_EQ(one.get_record("race/" + std::to_string(i), ec), a[i]);
     first_won += a[i] == "from one";
   }
@@ -119,7 +119,7 @@ inline void check_values(rec::Backend& b) {
   std::string binary;
   for (int i = 0; i < 512; ++i) binary.push_back(static_cast<char>(i % 256));
   binary += "\r\n\0end";
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("rec/binary", binary, rec::PutMode::always, ec), binary);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(b.get_record("rec/binary", ec), binary);
@@ -133,10 +133,10 @@ inline void check_values(rec::Backend& b) {
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(b.get_record("rec/largest", ec), largest);
   for (auto mode : {rec::PutMode::always, rec::PutMode::if_absent}) {
-    rec::take_error_detail();
+    ec.clear();
     b.put_record("rec/too-large", largest + "x", mode, ec);
     EXPECT_EQ(ec, errc::invalid_argument);
-    EXPECT_NE(rec::take_error_detail().find("65537 bytes"), std::string::npos);
+    EXPECT_NE(ec.take_detail().find("65537 bytes"), std::string::npos);
   }
   EXPECT_EQ(b.get_record("rec/too-large", ec), std::nullopt);
 }
@@ -144,7 +144,7 @@ inline void check_values(rec::Backend& b) {
 /// A record and a lock of the same name live side by side; neither touches the other.
 inline void check_record_and_lock_coexist(rec::Backend& b) {
   const std::string name = "rec/both";
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto r = b.try_acquire({name, test_owner(1), std::chrono::milliseconds(30000)}, ec);
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(r.acquired);
@@ -182,7 +182,7 @@ inline void check_listing(rec::Backend& b, std::vector<std::string> more = {}) {
                                 "ls/\\x", "ls/{b}", "ls/}{", "ls/\xff", "ls/a\nz"};
   for (auto& m : more) held.push_back(m);
   const std::vector<std::string> elsewhere{"lt/a1", "l", "ls"};
-  std::error_code ec;
+  distlock::detail::Error ec;
   int i = 0;
   for (const auto& n : held) {
     auto r = b.try_acquire({n, test_owner(i++), std::chrono::milliseconds(60000)}, ec);
@@ -200,7 +200,7 @@ inline void check_listing(rec::Backend& b, std::vector<std::string> more = {}) {
   std::sort(sorted.begin(), sorted.end());
   bool truncated = true;
   auto all = b.list_held("ls/", 1000, truncated, ec);
-  ASSERT_FALSE(ec) << ec.message() << " " << rec::take_error_detail();
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   EXPECT_FALSE(truncated);
   EXPECT_EQ(names_of(all), sorted);
   for (const auto& l : all) {
@@ -260,7 +260,7 @@ inline void check_listing(rec::Backend& b, std::vector<std::string> more = {}) {
 
 /// A lock whose lease ran out is not listed (nothing renews it here).
 inline void check_expired_not_listed(rec::Backend& b) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   ASSERT_TRUE(b.try_acquire({"exp/short", test_owner(1), std::chrono::milliseconds(150)}, ec).acquired);
   ASSERT_TRUE(b.try_acquire({"exp/long", test_owner(2), std::chrono::milliseconds(60000)}, ec).acquired);
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -277,7 +277,7 @@ inline void check_expired_not_listed(rec::Backend& b) {
 
 /// More locks than one status pipeline and one SCAN call carry: limit and truncated still hold.
 inline void check_many(rec::Backend& b, int n = 1500) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::vector<std::string> names;
   for (int i = 0; i < n; ++i) {
     char buf[32];
@@ -304,24 +304,24 @@ inline void check_many(rec::Backend& b, int n = 1500) {
 
 /// Every call fails with `code` and an error detail naming `server` ("127.0.0.1:port").
 inline void check_all_fail(rec::Backend& b, std::error_code code, const std::string& server) {
-  std::error_code ec;
-  rec::take_error_detail();
+  distlock::detail::Error ec;
+  ec.clear();
   b.put_record("down", "v", rec::PutMode::always, ec);
   EXPECT_EQ(ec, code) << ec.message();
-  EXPECT_NE(rec::take_error_detail().find(server), std::string::npos) << "put always";
+  EXPECT_NE(ec.take_detail().find(server), std::string::npos) << "put always";
   b.put_record("down", "v", rec::PutMode::if_absent, ec);
   EXPECT_EQ(ec, code) << ec.message();
-  EXPECT_NE(rec::take_error_detail().find(server), std::string::npos) << "put if_absent";
+  EXPECT_NE(ec.take_detail().find(server), std::string::npos) << "put if_absent";
   b.get_record("down", ec);
   EXPECT_EQ(ec, code) << ec.message();
-  EXPECT_NE(rec::take_error_detail().find(server), std::string::npos) << "get";
+  EXPECT_NE(ec.take_detail().find(server), std::string::npos) << "get";
   b.erase_record("down", ec);
   EXPECT_EQ(ec, code) << ec.message();
-  EXPECT_NE(rec::take_error_detail().find(server), std::string::npos) << "erase";
+  EXPECT_NE(ec.take_detail().find(server), std::string::npos) << "erase";
   bool truncated = false;
   b.list_held("", 10, truncated, ec);
   EXPECT_EQ(ec, code) << ec.message();
-  EXPECT_NE(rec::take_error_detail().find(server), std::string::npos) << "list";
+  EXPECT_NE(ec.take_detail().find(server), std::string::npos) << "list";
 }
 
 }  // namespace distlock::testing

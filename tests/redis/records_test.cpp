@@ -55,7 +55,7 @@ TEST_F(RedisRecords, ARecordAndALockOfTheSameNameCoexist) {
 TEST_F(RedisRecords, KeyLayoutNeverExpires) {
   auto app = open_backend(server_.url("?prefix=app"));
   ASSERT_TRUE(app);
-  std::error_code ec;
+  distlock::detail::Error ec;
   app->put_record("k", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(str(server_.command({"GET", "app:{k}:record"})), "v");
@@ -77,11 +77,11 @@ TEST_F(RedisRecords, ListHeldShowsWaiters) {
   distlock::LockOptions o;
   o.wait = Millis(20000);
   auto waiting = std::async(std::launch::async, [&] {
-    std::error_code ec;
+    distlock::detail::Error ec;
     waiter.acquire("w/held", o, ec);
     return ec;
   });
-  std::error_code ec;
+  distlock::detail::Error ec;
   bool truncated = false;
   std::vector<d::ListedLock> listed;
   const auto end = std::chrono::steady_clock::now() + 10s;
@@ -123,7 +123,7 @@ TEST(RedisRecordsRestart, KeptAcrossARestartWithAppendonly) {
   RedisServer server({.appendonly = true});
   auto b = open_backend(server.url("?timeout=500ms"));
   ASSERT_TRUE(b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->put_record("kept", "value", d::PutMode::if_absent, ec);
   ASSERT_FALSE(ec) << ec.message();
   server.restart();
@@ -140,7 +140,7 @@ TEST(RedisRecordsRestart, LostAcrossARestartWithoutPersistence) {
   RedisServer server;  // save "" and no AOF
   auto b = open_backend(server.url("?timeout=500ms"));
   ASSERT_TRUE(b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->put_record("gone", "value", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   server.restart();

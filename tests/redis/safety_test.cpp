@@ -210,7 +210,7 @@ TEST(RedisOwners, AnOwnerAlreadyInTheHashIsBusyNotHandedTheSameToken) {
   RedisServer server;
   auto client = distlock::connect(server.url());
   auto& backend = distlock::detail::engine_of(client)->backend();
-  std::error_code ec;
+  distlock::detail::Error ec;
   const distlock::detail::AcquireRequest req{"dup", "0123456789abcdef0123456789abcdef:1", Millis(5000)};
   const auto first = backend.try_acquire(req, ec);
   ASSERT_FALSE(ec);
@@ -276,13 +276,12 @@ TEST(RedisWatch, AFailedWatchLeavesNothingBehindAndSaysWhy) {
   // clients reached".
   ASSERT_EQ(admin.cmd({"CONFIG", "SET", "maxclients", "1"})->type, REDIS_REPLY_STATUS);
 
-  distlock::detail::take_error_detail();
-  std::error_code ec;
+  distlock::detail::Error ec;
   const auto start = Clock::now();
   backend.watch("full", ec);
   const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
   EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
-  const std::string why = distlock::detail::take_error_detail();
+  const std::string why = ec.take_detail();
   EXPECT_NE(why.find("max number of clients"), std::string::npos) << why;
   EXPECT_LT(took, Millis(3000)) << "watch took " << took.count() << " ms";
 

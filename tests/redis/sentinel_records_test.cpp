@@ -53,7 +53,7 @@ TEST(SentinelRecords, RecordsAndListingOnTheMaster) {
   distlock::testing::check_if_absent_race(*b, *other, 100);
   distlock::testing::check_listing(*b);
   distlock::testing::check_expired_not_listed(*b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->put_record("where", "master", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(get_on(group.master(), "distlock:{where}:record"), "master");
@@ -65,9 +65,9 @@ TEST(SentinelRecords, RecordsFollowAFailover) {
   RedisSentinelGroup group;
   auto b = open_backend(group.url("?wait=2"), quiet());
   ASSERT_TRUE(b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   ASSERT_EQ(b->put_record("kept", "before", d::PutMode::if_absent, ec), "before");
-  ASSERT_FALSE(ec) << ec.message() << " " << d::take_error_detail();
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   const auto old_port = group.master_port();
   auto r = group.sentinel_command(0, {"SENTINEL", "FAILOVER", "mymaster"});
   ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS) << (r ? std::string(r->str, r->len) : "no reply");
@@ -75,7 +75,7 @@ TEST(SentinelRecords, RecordsFollowAFailover) {
   // The backend moves at its next failing call or its monitor's check.
   ASSERT_TRUE(eventually(
       [&] {
-        std::error_code e;
+        distlock::detail::Error e;
         b->put_record("after", "failover", d::PutMode::always, e);
         return !e && get_on(group.node_at_port(new_port), "distlock:{after}:record") == "failover";
       },
@@ -97,15 +97,15 @@ TEST(SentinelRecords, WaitRefusesARecordWriteNoReplicaAcknowledged) {
   RedisSentinelGroup group;
   auto b = open_backend(group.url("?wait=1&wait_timeout=300ms"), quiet());
   ASSERT_TRUE(b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->put_record("acked", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   group.stall_replication();
   for (auto mode : {d::PutMode::always, d::PutMode::if_absent}) {
-    d::take_error_detail();
+    ec.clear();
     b->put_record("stalled", "v", mode, ec);
     EXPECT_EQ(ec, errc::quorum_unavailable) << ec.message();
-    const std::string detail = d::take_error_detail();
+    const std::string detail = ec.take_detail();
     EXPECT_NE(detail.find("a failover may lose it"), std::string::npos) << detail;
   }
   b->erase_record("acked", ec);

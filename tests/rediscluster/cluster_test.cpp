@@ -105,7 +105,7 @@ TEST(RedisClusterSlots, KeySlotAndOddNamesMatchTheServer) {
 }
 
 TEST(RedisClusterUrl, ErrorsNameTheProblem) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::string msg = message_of([] { distlock::connect("redis+cluster://127.0.0.1:1?bogus=1", quiet()); }, ec);
   EXPECT_EQ(ec, errc::invalid_url);
   EXPECT_NE(msg.find("unknown query parameter \"bogus\""), std::string::npos) << msg;
@@ -242,7 +242,7 @@ TEST(RedisCluster, ReshardingAHeldLockKeepsOneHolderAndWakesTheWaiterOnTheNewNod
     std::atomic<std::uint64_t> waiter_token{0};
     std::atomic<std::int64_t> got_at{0};
     std::thread t([&] {
-      std::error_code ec;
+      distlock::detail::Error ec;
       auto l = waiter.acquire(name, opts(ttl, 60000ms), ec);
       if (l.owns()) {
         got_at = Steady::now().time_since_epoch().count();
@@ -285,7 +285,7 @@ TEST(RedisCluster, ReshardingAHeldLockKeepsOneHolderAndWakesTheWaiterOnTheNewNod
     }
     const auto holder_token = lease.token();
     const auto released_at = Steady::now();
-    std::error_code ec;
+    distlock::detail::Error ec;
     lease.release(ec);
     t.join();
     ASSERT_TRUE(waiter_has.load());
@@ -326,7 +326,7 @@ TEST(RedisCluster, AcquireDuringAMigrationFollowsAskAndASplitSlotIsABoundedError
   auto moved = cluster.node(0).command({"MIGRATE", "127.0.0.1", port1, "", "0", "5000", "KEYS", k.fence});
   ASSERT_TRUE(moved && moved->type == REDIS_REPLY_STATUS) << (moved && moved->str ? moved->str : "no reply");
 
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto started = Steady::now();
   std::string msg = message_of([&] { contender.try_acquire(name, opts(5000ms)); }, ec);
   auto took = std::chrono::duration_cast<Millis>(Steady::now() - started);
@@ -380,7 +380,7 @@ TEST(RedisCluster, AKilledMasterLosesItsLocksAndOnlyThose) {
   EXPECT_FALSE(other.try_acquire(names[1], opts(ttl)).has_value());
   auto fresh = other.acquire(cluster.name_on(2, "kill", 1), opts(ttl));
   EXPECT_TRUE(fresh.owns());
-  std::error_code ec;
+  distlock::detail::Error ec;
   const std::string msg = message_of([&] { other.try_acquire(names[0], opts(ttl)); }, ec);
   EXPECT_EQ(ec, errc::backend_unavailable) << msg;
   EXPECT_NE(msg.find(std::to_string(cluster.node(0).port())), std::string::npos) << msg;
@@ -406,7 +406,7 @@ TEST(RedisCluster, RenewalIsBatchedPerNodeAndKeepsManyLocks) {
   distlock::detail::Url url;
   std::string why;
   ASSERT_FALSE(distlock::detail::parse_url(cluster.url(), url, why)) << why;
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto backend = distlock::detail::find_backend("redis+cluster")(url, quiet(), ec, why);
   ASSERT_TRUE(backend) << why;
   std::vector<std::string> owners;
@@ -440,7 +440,7 @@ TEST(RedisCluster, ARenewalWithAHungMasterIsBoundedAndRenewsTheOtherNodes) {
   distlock::detail::Url url;
   std::string why;
   ASSERT_FALSE(distlock::detail::parse_url(cluster.url(), url, why)) << why;
-  std::error_code ec;
+  distlock::detail::Error ec;
   distlock::ClientOptions o = quiet();
   o.command_timeout = 10000ms;
   auto backend = distlock::detail::find_backend("redis+cluster")(url, o, ec, why);

@@ -49,7 +49,7 @@ TEST_F(ClusterRecords, IfAbsentRaceBetweenTwoClientsGivesBothTheSameAnswer) {
 // of the lock of the same name); keys with braces get the hashed tag.
 TEST_F(ClusterRecords, RecordsOnDifferentSlotsLiveOnTheirMasters) {
   ASSERT_TRUE(backend_);
-  std::error_code ec;
+  distlock::detail::Error ec;
   std::vector<std::string> keys;
   for (int i = 0; i < 3; ++i) keys.push_back(cluster_.name_on(i, "rec"));
   keys.push_back("with {braces}");
@@ -91,16 +91,16 @@ TEST(ClusterRecordsDown, ADeadMasterFailsItsRecordsAndTheList) {
   auto b = open_backend(cluster.url("?timeout=500ms"), quiet());
   ASSERT_TRUE(b);
   const std::string on0 = cluster.name_on(0, "rec"), on1 = cluster.name_on(1, "rec");
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->put_record(on1, "one", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   const std::string where = "127.0.0.1:" + std::to_string(cluster.node(0).port());
   cluster.kill(0);
   for (int round = 0; round < 2; ++round) {  // also after the map was read again
-    d::take_error_detail();
+    ec.clear();
     b->put_record(on0, "zero", d::PutMode::if_absent, ec);
     EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
-    EXPECT_NE(d::take_error_detail().find(where), std::string::npos);
+    EXPECT_NE(ec.take_detail().find(where), std::string::npos);
     b->get_record(on0, ec);
     EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
     EXPECT_EQ(b->get_record(on1, ec), "one");
@@ -108,7 +108,7 @@ TEST(ClusterRecordsDown, ADeadMasterFailsItsRecordsAndTheList) {
     bool truncated = false;
     b->list_held("", 10, truncated, ec);
     EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
-    EXPECT_NE(d::take_error_detail().find(where), std::string::npos) << "list";
+    EXPECT_NE(ec.take_detail().find(where), std::string::npos) << "list";
   }
 }
 

@@ -44,7 +44,7 @@ TEST_F(RedlockRecords, IfAbsentRaceBetweenTwoClientsGivesBothTheSameAnswer) {
 // The record is a plain key without expiry on every master.
 TEST_F(RedlockRecords, KeyLayoutOnEveryMaster) {
   ASSERT_TRUE(backend_);
-  std::error_code ec;
+  distlock::detail::Error ec;
   backend_->put_record("k", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   for (std::size_t i = 0; i < 3; ++i) {
@@ -65,7 +65,7 @@ TEST_F(RedlockRecords, ALockOnAMinorityIsNotListed) {
   ASSERT_TRUE(backend_);
   m_[0].command(
       {"SET", "distlock:redlock:lock:min/one", "0123456789abcdef0123456789abcdef:9", "PX", "60000"});
-  std::error_code ec;
+  distlock::detail::Error ec;
   ASSERT_TRUE(backend_->try_acquire({"min/two", distlock::testing::test_owner(1), 60000ms}, ec).acquired);
   bool truncated = true;
   auto listed = backend_->list_held("min/", 1, truncated, ec);
@@ -81,7 +81,7 @@ TEST_F(RedlockRecords, TheMajorityValueWins) {
   m_[0].command({"SET", kRecord + "maj", "old"});
   m_[1].command({"SET", kRecord + "maj", "new"});
   m_[2].command({"SET", kRecord + "maj", "new"});
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(backend_->get_record("maj", ec), "new");
   EXPECT_EQ(backend_->put_record("maj", "mine", d::PutMode::if_absent, ec), "new");
   ASSERT_FALSE(ec) << ec.message();
@@ -97,11 +97,11 @@ TEST_F(RedlockRecords, NoValueOnAQuorumIsQuorumUnavailableNamingTheDisagreement)
   ASSERT_TRUE(backend_);
   m_[0].command({"SET", kRecord + "split", "a"});
   m_[1].command({"SET", kRecord + "split", "bb"});
-  std::error_code ec;
-  d::take_error_detail();
+  distlock::detail::Error ec;
+  ec.clear();
   backend_->get_record("split", ec);
   EXPECT_EQ(ec, errc::quorum_unavailable);
-  std::string detail = d::take_error_detail();
+  std::string detail = ec.take_detail();
   std::cout << "[ detail   ] " << detail << "\n";
   EXPECT_NE(detail.find("disagree"), std::string::npos) << detail;
   EXPECT_NE(detail.find("1 bytes \"a\""), std::string::npos) << detail;
@@ -110,7 +110,7 @@ TEST_F(RedlockRecords, NoValueOnAQuorumIsQuorumUnavailableNamingTheDisagreement)
   // if_absent stores "c" on the third master: a, bb, c.
   backend_->put_record("split", "c", d::PutMode::if_absent, ec);
   EXPECT_EQ(ec, errc::quorum_unavailable);
-  detail = d::take_error_detail();
+  detail = ec.take_detail();
   EXPECT_NE(detail.find("1 bytes \"c\""), std::string::npos) << detail;
   EXPECT_EQ(backend_->put_record("split", "z", d::PutMode::always, ec), "z");
   EXPECT_FALSE(ec) << ec.message();
@@ -124,7 +124,7 @@ TEST(RedlockRecordsDown, OneMasterDownStillWorks) {
   m[2].kill();
   distlock::testing::check_put_get_erase(*b);
   distlock::testing::check_listing(*b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b->put_record("one-down", "v", d::PutMode::if_absent, ec), "v");
   EXPECT_EQ(b->get_record("one-down", ec), "v");
   EXPECT_FALSE(ec) << ec.message();
@@ -134,15 +134,15 @@ TEST(RedlockRecordsDown, AMajorityDownIsQuorumUnavailableNamingTheMasters) {
   Masters m(3);
   auto b = open_backend(m.url("timeout=1s"), quiet());
   ASSERT_TRUE(b);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b->put_record("down", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec);
   m[1].kill();
   m[2].kill();
-  d::take_error_detail();
+  ec.clear();
   b->get_record("down", ec);
   EXPECT_EQ(ec, errc::quorum_unavailable);
-  std::cout << "[ detail   ] " << d::take_error_detail() << "\n";
+  std::cout << "[ detail   ] " << ec.take_detail() << "\n";
   // Each failed master is named (the detail lists them all); check the first one.
   distlock::testing::check_all_fail(*b, make_error_code(errc::quorum_unavailable),
                                     "127.0.0.1:" + std::to_string(m[1].port()));

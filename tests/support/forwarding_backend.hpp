@@ -9,7 +9,7 @@
 //   class LosesNextGrant final : public distlock::testing::ForwardingBackend {
 //     using ForwardingBackend::ForwardingBackend;
 //     distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& r,
-//                                                 std::error_code& ec) override {
+//                                                 detail::Error& ec) override {
 //       auto res = ForwardingBackend::try_acquire(r, ec);
 //       if (res.acquired) listener()->on_lease_lost(r.name, r.owner);
 //       return res;
@@ -38,35 +38,35 @@ class ForwardingBackend : public detail::Backend {
     listener_ = l;
     inner_->set_listener(l);
   }
-  detail::AcquireResult try_acquire(const detail::AcquireRequest& req, std::error_code& ec) override {
+  detail::AcquireResult try_acquire(const detail::AcquireRequest& req, detail::Error& ec) override {
     return inner_->try_acquire(req, ec);
   }
   void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
     inner_->cancel_acquire(name, owner);
   }
   void renew(std::span<const detail::RenewItem> items, std::span<detail::RenewStatus> out,
-             std::error_code& ec) override {
+             detail::Error& ec) override {
     inner_->renew(items, out, ec);
   }
   detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                std::error_code& ec) override {
+                                detail::Error& ec) override {
     return inner_->release(name, owner, token, ec);
   }
-  void watch(std::string_view name, std::error_code& ec) override { inner_->watch(name, ec); }
+  void watch(std::string_view name, detail::Error& ec) override { inner_->watch(name, ec); }
   void unwatch(std::string_view name) noexcept override { inner_->unwatch(name); }
-  LockInfo status(std::string_view name, std::error_code& ec) override { return inner_->status(name, ec); }
+  LockInfo status(std::string_view name, detail::Error& ec) override { return inner_->status(name, ec); }
   std::string put_record(std::string_view key, std::string_view value, detail::PutMode mode,
-                         std::error_code& ec) override {
+                         detail::Error& ec) override {
     return inner_->put_record(key, value, mode, ec);
   }
-  std::optional<std::string> get_record(std::string_view key, std::error_code& ec) override {
+  std::optional<std::string> get_record(std::string_view key, detail::Error& ec) override {
     return inner_->get_record(key, ec);
   }
-  bool erase_record(std::string_view key, std::error_code& ec) override {
+  bool erase_record(std::string_view key, detail::Error& ec) override {
     return inner_->erase_record(key, ec);
   }
   std::vector<detail::ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
-                                            std::error_code& ec) override {
+                                            detail::Error& ec) override {
     return inner_->list_held(prefix, limit, truncated, ec);
   }
   std::string url() const override { return inner_->url(); }

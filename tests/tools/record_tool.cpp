@@ -28,12 +28,11 @@ int main(int argc, char** argv) {
     distlock::ClientOptions opts;
     opts.logger = [](distlock::LogLevel, std::string_view) {};
     distlock::Client client = distlock::connect(argv[1], opts);
-    std::error_code ec;
+    distlock::detail::Error ec;
     distlock::detail::engine_of(client)->backend().put_record(argv[2], argv[3],
                                                               distlock::detail::PutMode::always, ec);
     if (ec) {
-      std::fprintf(stderr, "put_record: %s %s\n", ec.message().c_str(),
-                   distlock::detail::take_error_detail().c_str());
+      std::fprintf(stderr, "put_record: %s %s\n", ec.message().c_str(), ec.detail().c_str());
       return 69;
     }
     distlock::LockOptions lo;

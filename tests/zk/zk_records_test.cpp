@@ -44,18 +44,18 @@ LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
 }
 
 std::string get_ok(detail::Backend& b, std::string_view key, bool& found) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto v = b.get_record(key, ec);
-  EXPECT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   found = v.has_value();
   return v.value_or("");
 }
 
 std::vector<detail::ListedLock> list_ok(detail::Backend& b, std::string_view prefix, std::size_t limit,
                                         bool& truncated) {
-  std::error_code ec;
+  distlock::detail::Error ec;
   auto l = b.list_held(prefix, limit, truncated, ec);
-  EXPECT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   return l;
 }
 
@@ -85,7 +85,7 @@ TEST(ZkRecords, PutIfAbsentRaceGivesBothClientsTheSameAnswer) {
   auto racer = [&](Client& c, const std::string& value, std::vector<std::string>& got) {
     for (int i = 0; i < kRounds; ++i) {
       sync.arrive_and_wait();
-      std::error_code ec;
+      distlock::detail::Error ec;
       got[i] = backend_of(c).put_record("race/" + std::to_string(i), value, PutMode::if_absent, ec);
       EXPECT_FALSE(ec) << ec.message();
     }
@@ -109,7 +109,7 @@ TEST(ZkRecords, AlwaysOverwritesGetAndEraseBehave) {
   const std::string chroot = fresh_chroot("always");
   Client c = connect_zk(chroot + "?session_timeout=4s");
   auto& b = backend_of(c);
-  std::error_code ec;
+  distlock::detail::Error ec;
   bool found = true;
   get_ok(b, "cfg", found);
   EXPECT_FALSE(found);
@@ -141,9 +141,9 @@ TEST(ZkRecords, BinaryValuesUpTo64KiBAndNoMore) {
   std::string big(detail::kMaxRecordValue, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 % 256);
   const std::string key = std::string("bin/\xff\x01%2F/.records", 18);
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record(key, big, PutMode::always, ec), big);
-  ASSERT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   bool found = false;
   EXPECT_EQ(get_ok(b, key, found), big);
   EXPECT_EQ(b.put_record(key, "short", PutMode::if_absent, ec), big);
@@ -151,12 +151,12 @@ TEST(ZkRecords, BinaryValuesUpTo64KiBAndNoMore) {
   EXPECT_EQ(get_ok(b, "empty", found), "");
   EXPECT_TRUE(found) << "an empty value is a record, not its absence";
 
-  detail::take_error_detail();
+  ec.clear();
   const std::string too_big(detail::kMaxRecordValue + 1, 'x');
   for (const auto mode : {PutMode::always, PutMode::if_absent}) {
     b.put_record("big", too_big, mode, ec);
     EXPECT_EQ(ec, errc::invalid_argument);
-    const std::string why = detail::take_error_detail();
+    const std::string why = ec.take_detail();
     EXPECT_NE(why.find("65537"), std::string::npos) << why;
   }
   get_ok(b, "big", found);
@@ -170,9 +170,9 @@ TEST(ZkRecords, ARecordAndALockOfTheSameNameCoexist) {
   // ".records" is the records directory's own name: as a lock name it is encoded.
   for (const std::string name : {"same", ".records"}) {
     Lease lease = c.acquire(name, ttl_opts(4s));
-    std::error_code ec;
+    distlock::detail::Error ec;
     EXPECT_EQ(b.put_record(name, "record", PutMode::if_absent, ec), "record");
-    ASSERT_FALSE(ec) << ec.message() << " " << detail::take_error_detail();
+    ASSERT_FALSE(ec) << ec.message() << " " << ec.take_detail();
     const LockInfo info = c.status(name);
     EXPECT_TRUE(info.held);
     EXPECT_EQ(info.waiters, 0u) << "the record counted as a queued node";
@@ -194,15 +194,15 @@ TEST(ZkRecords, AnotherUserReadsButCannotChangeRecords) {
   const std::string hp = shared_server().hostport();
   Client alice = connect("zk://alice:right@" + hp + chroot + "?session_timeout=4s", quiet_options());
   Client bob = connect("zk://bob:bobpw@" + hp + chroot + "?session_timeout=4s", quiet_options());
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(backend_of(alice).put_record("cfg", "alice's", PutMode::always, ec), "alice's");
   ASSERT_FALSE(ec);
   bool found = false;
   EXPECT_EQ(get_ok(backend_of(bob), "cfg", found), "alice's");
-  detail::take_error_detail();
+  ec.clear();
   backend_of(bob).put_record("cfg", "bob's", PutMode::always, ec);
   EXPECT_EQ(ec, errc::auth_failed) << ec.message();
-  std::string why = detail::take_error_detail();
+  std::string why = ec.take_detail();
   EXPECT_EQ(why.find("bobpw"), std::string::npos) << "password leaked: " << why;
   EXPECT_NE(why.find("ZooKeeper at zk://bob:***@"), std::string::npos) << why;
   backend_of(bob).erase_record("cfg", ec);
@@ -219,7 +219,7 @@ TEST(ZkRecords, RecordsOutliveTheirWritersSessionClosedOrKilled) {
   {
     Client writer = connect_zk(chroot + "?session_timeout=4s");
     Lease held = writer.acquire("writer-lock", ttl_opts(4s));
-    std::error_code ec;
+    distlock::detail::Error ec;
     backend_of(writer).put_record("closed", "v1", PutMode::always, ec);
     ASSERT_FALSE(ec);
   }  // closing the session removes its ephemeral nodes
@@ -254,7 +254,7 @@ TEST(ZkRecords, ListHeldByPrefixWithLimitTruncationAndWaiters) {
                                                "job%2Fq", "other", "job/b"};
   std::vector<Lease> leases;
   for (const auto& n : held_names) leases.push_back(holder.acquire(n, ttl_opts(4s)));
-  std::error_code ec;
+  distlock::detail::Error ec;
   b.put_record("job/record", "not a lock", PutMode::always, ec);
   ASSERT_FALSE(ec);
   {
@@ -327,14 +327,14 @@ TEST(ZkRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   ZkServer server;  // its own: this test stops it
   Client c = connect(server.url("?session_timeout=4s&timeout=300ms"), quiet_options());
   auto& b = backend_of(c);
-  std::error_code ec;
+  distlock::detail::Error ec;
   b.put_record("k", "v", PutMode::always, ec);
   ASSERT_FALSE(ec);
   server.kill();
   const std::string where = "127.0.0.1:" + std::to_string(server.port());
   auto expect_down = [&](const char* what) {
     EXPECT_EQ(ec, errc::backend_unavailable) << what << ": " << ec.message();
-    const std::string why = detail::take_error_detail();
+    const std::string why = ec.take_detail();
     EXPECT_NE(why.find(where), std::string::npos) << what << ": " << why;
   };
   const auto start = Steady::now();
@@ -362,7 +362,7 @@ TEST(ZkRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
   // records in between.
   constexpr int kLocks = 600;
   constexpr int kRecords = 600;
-  std::error_code ec;
+  distlock::detail::Error ec;
   for (int i = 0; i < kRecords; ++i) {
     b.put_record("rec/" + std::to_string(i), "x", PutMode::always, ec);
     ASSERT_FALSE(ec) << ec.message();
@@ -411,7 +411,7 @@ TEST(ZkRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
   Lease p2 = c.acquire(sem + "2", ttl_opts(4s));
   Lease plain = c.acquire("pool", ttl_opts(4s));
   Lease other = c.acquire("pool/x", ttl_opts(4s));
-  std::error_code ec;
+  distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
   EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");
   bool truncated = true;
