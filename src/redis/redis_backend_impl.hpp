@@ -46,9 +46,11 @@ class RedisBackend final : public Backend {
         log_(opts.logger),
         pool_(conn, 8),
         shared_(wait_replicas == 0 ? std::make_unique<redis::SharedConnection>(conn) : nullptr),
-        waits_([this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
-               [this](std::string_view name) { wake(name); },
-               [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); }),
+        waits_(
+            opts.clock ? opts.clock : system_steady_clock(),
+            [this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
+            [this](std::string_view name) { wake(name); },
+            [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); }),
         subscriber_(conn, [this](std::string_view channel) { on_channel(channel); }) {}
 
   // The subscriber (declared last) stops its thread first, then the wait queue's

@@ -28,8 +28,7 @@ AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec)
   for (int attempt = 0; attempt < 2; ++attempt) {
     const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
     if (w.granted && wait_replicas_ == 0) {
-      const auto left =
-          std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - waits_.clock().now());
       if (left >= w.ttl / 2) {
         hold_entry(req.name, req.owner, w.entry);  // before forget: see on_grant_message
         waits_.forget(req.name, req.owner, w.entry);
@@ -44,7 +43,7 @@ AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec)
     auto conn = lock_link(ec);
     if (ec) return {};
     const Keys k = keys_of(req.name);
-    const auto sent = std::chrono::steady_clock::now();
+    const auto sent = waits_.clock().now();
     Reply r =
         redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                           {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_}, ec);

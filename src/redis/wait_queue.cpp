@@ -24,8 +24,11 @@ std::chrono::milliseconds refresh_period(Millis ttl) {
 
 }  // namespace
 
-WaitQueue::WaitQueue(Refresh refresh, Wake wake, Cancel cancel)
-    : refresh_(std::move(refresh)), wake_(std::move(wake)), cancel_(std::move(cancel)) {}
+WaitQueue::WaitQueue(std::shared_ptr<Clock> clock, Refresh refresh, Wake wake, Cancel cancel)
+    : clock_(std::move(clock)),
+      refresh_(std::move(refresh)),
+      wake_(std::move(wake)),
+      cancel_(std::move(cancel)) {}
 
 WaitQueue::~WaitQueue() {
   {
@@ -86,7 +89,7 @@ void WaitQueue::forget(std::string_view name, std::string_view owner, std::strin
 
 void WaitQueue::abandon(Wait wait) {
   std::lock_guard lk(mu_);
-  const TimePoint until = std::chrono::steady_clock::now() + 2 * wait.ttl;
+  const TimePoint until = clock_->now() + 2 * wait.ttl;
   std::string entry = wait.entry;
   abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -96,7 +99,7 @@ void WaitQueue::abandon(Wait wait) {
 
 void WaitQueue::hand_on(Wait wait, Millis retry_for) {
   std::lock_guard lk(mu_);
-  const TimePoint until = std::chrono::steady_clock::now() + retry_for;
+  const TimePoint until = clock_->now() + retry_for;
   std::string entry = wait.entry;
   abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -108,7 +111,7 @@ void WaitQueue::flush_abandoned() {
   std::vector<Wait> todo;
   {
     std::lock_guard lk(mu_);
-    const TimePoint now = std::chrono::steady_clock::now();
+    const TimePoint now = clock_->now();
     for (auto it = abandoned_.begin(); it != abandoned_.end();) {
       if (it->second.second <= now) {
         it = abandoned_.erase(it);
@@ -199,7 +202,7 @@ void WaitQueue::run() {
   // due one period (the shortest among the entries now) after the last pass, and a
   // newly queued entry with a shorter ttl brings the pass forward rather than
   // waiting out the period chosen before it came (it would expire on the server).
-  TimePoint last_pass = std::chrono::steady_clock::now();
+  TimePoint last_pass = clock_->now();
   while (!stop_) {
     changed_ = false;
     // A kick asks to retry the give-ups now; with none left (a waiting thread's
@@ -221,9 +224,12 @@ void WaitQueue::run() {
       continue;
     }
     const TimePoint due = last_pass + *period;
-    if (cv_.wait_until(lk, due, [&] { return stop_ || kick_ || changed_; })) {
+    // The injected clock's wait may return early: loop on its reading.
+    bool flagged = false;
+    while (!(flagged = stop_ || kick_ || changed_) && clock_->now() < due) clock_->wait_until(cv_, lk, due);
+    if (flagged) {
       if (stop_) break;
-      if (!kick_ && std::chrono::steady_clock::now() < due) continue;  // a new entry: recompute the period
+      if (!kick_ && clock_->now() < due) continue;  // a new entry: recompute the period
     }
     if (kick_ || !abandoned_.empty()) {
       kick_ = false;
@@ -235,7 +241,7 @@ void WaitQueue::run() {
     for (const auto& [key, w] : waits_) {
       if (w.queued && !w.granted) batch.push_back(w);
     }
-    const TimePoint sent = std::chrono::steady_clock::now();
+    const TimePoint sent = clock_->now();
     last_pass = sent;
     if (batch.empty()) continue;
     lk.unlock();

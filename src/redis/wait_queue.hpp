@@ -8,6 +8,11 @@
 // later than the server's. A refresher thread keeps every queued entry alive with one
 // batched call each ttl/3 (the batch is the owner's `refresh` callback).
 //
+// Every time here is read on the client's injected clock (ClientOptions::clock), the
+// one the engine counts leases on: a grant's validity is handed to the engine, so both
+// must count the same time (steady_clock stops during a host suspend; the engine's
+// clock and the server's TTL do not).
+//
 // Thread-safety: every member may be called from any thread; the refresh callback
 // runs on the refresher thread with no lock held. The destructor stops the thread.
 #pragma once
@@ -25,13 +30,14 @@
 #include <utility>
 #include <vector>
 
+#include "distlock/clock.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock::detail::redis {
 
 class WaitQueue {
  public:
-  using TimePoint = std::chrono::steady_clock::time_point;
+  using TimePoint = Clock::time_point;
 
   struct Wait {
     std::string name;
@@ -57,7 +63,9 @@ class WaitQueue {
   /// could not be reached.
   using Cancel = std::function<bool(const Wait& wait)>;
 
-  WaitQueue(Refresh refresh, Wake wake, Cancel cancel);
+  WaitQueue(std::shared_ptr<Clock> clock, Refresh refresh, Wake wake, Cancel cancel);
+  /// The clock every TimePoint here is read on.
+  const Clock& clock() const noexcept { return *clock_; }
   ~WaitQueue();
   WaitQueue(const WaitQueue&) = delete;
   WaitQueue& operator=(const WaitQueue&) = delete;
@@ -100,6 +108,7 @@ class WaitQueue {
  private:
   void run();
 
+  const std::shared_ptr<Clock> clock_;
   const Refresh refresh_;
   const Wake wake_;
   const Cancel cancel_;

@@ -641,6 +641,7 @@ TEST(SharedConnectionReview, WaitQueueRefresherKeepsItsLockFreeWhenAKickOutlives
   };
   auto sync = std::make_shared<Sync>();
   auto* q = new WaitQueue(
+      distlock::system_steady_clock(),
       [sync](const std::vector<WaitQueue::Wait>& ws) {
         std::unique_lock lk(sync->m);
         sync->in_refresh = true;
@@ -651,7 +652,7 @@ TEST(SharedConnectionReview, WaitQueueRefresherKeepsItsLockFreeWhenAKickOutlives
       [](std::string_view) {}, [](const WaitQueue::Wait&) { return true; });
   // A queued entry: the refresher calls refresh() within ttl/3 and blocks there.
   const WaitQueue::Wait w = q->begin("n", "o", Millis(30));
-  q->queued("n", "o", w.entry, Clock::now());
+  q->queued("n", "o", w.entry, q->clock().now());
   {
     std::unique_lock lk(sync->m);
     ASSERT_TRUE(sync->cv.wait_for(lk, 5s, [&] { return sync->in_refresh; }));

@@ -1,0 +1,89 @@
+// redis:// counts a handed-off grant on the client's injected clock
+// (ClientOptions::clock), the clock the engine counts every lease on. A waiter's lease
+// counts from the send time of the last call the server answered while its entry was
+// queued; if that time and "now" are read on another clock (std::chrono::steady_clock
+// stops during a host suspend while the engine's CLOCK_BOOTTIME and the server's TTL
+// run on), a grant that arrived before a suspend is handed to the engine with the
+// suspend's length added to its validity: the holder outlives the server's grant.
+// The test moves a manual clock between the grant's arrival and its use.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/url.hpp"
+#include "distlock/distlock.hpp"
+#include "redis/redis_backend.hpp"
+#include "support/eventually.hpp"
+#include "support/manual_clock.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Millis;
+using distlock::detail::Error;
+
+struct NoListener final : distlock::detail::ChangeListener {
+  void on_change(std::string_view) noexcept override {}
+  void on_session_lost() noexcept override {}
+  void on_lease_lost(std::string_view, std::string_view) noexcept override {}
+  void on_validity_changed(Millis) noexcept override {}
+};
+
+TEST(RedisClock, AGrantThatArrivedBeforeAPauseIsCountedOnTheInjectedClock) {
+  distlock::testing::RedisServer server;
+  auto clock = std::make_shared<distlock::testing::ManualClock>();
+  distlock::ClientOptions opts;
+  opts.clock = clock;
+  opts.logger = [](distlock::LogLevel, std::string_view) {};
+  distlock::detail::Url url;
+  std::string why;
+  ASSERT_FALSE(distlock::detail::parse_url(server.url(), url, why)) << why;
+  std::error_code make_ec;
+  auto waiter = distlock::detail::make_redis_backend(url, opts, make_ec, why);
+  ASSERT_TRUE(waiter) << why;
+  NoListener listener;
+  waiter->set_listener(&listener);
+
+  distlock::ClientOptions holder_opts;
+  holder_opts.logger = opts.logger;
+  distlock::Client holder_client = distlock::connect(server.url(), holder_opts);
+  distlock::LockOptions lo;
+  lo.ttl = 9s;
+  distlock::Lease holder = holder_client.acquire("paused", lo);
+
+  const distlock::detail::AcquireRequest req{"paused", "waiter:1.1", 9s, /*keep_queued=*/true};
+  Error ec;
+  auto first = waiter->try_acquire(req, ec);  // queued at the manual clock's T0
+  ASSERT_FALSE(ec) << ec.message() << ec.suffix();
+  ASSERT_FALSE(first.acquired);
+
+  holder.release();  // the release script grants the lock to the waiter's entry
+  ASSERT_TRUE(distlock::testing::eventually(
+      [&] { return distlock::detail::redis_stats(*waiter)->grants_received == 1; }, 10s));
+
+  // The waiter's host is paused for 6 s after the grant arrived: of the 9 s the server
+  // gave the grant, at most 3 s are left when the waiter goes on.
+  clock->advance(6s);
+  const long long calls_before = server.command_calls("evalsha") + server.command_calls("eval");
+  auto granted = waiter->try_acquire(req, ec);
+  const long long calls_after = server.command_calls("evalsha") + server.command_calls("eval");
+  ASSERT_FALSE(ec) << ec.message() << ec.suffix();
+  ASSERT_TRUE(granted.acquired);
+  if (calls_after == calls_before) {
+    // Answered from the grant message, without a round trip: the validity is what is
+    // left of the grant on the injected clock.
+    EXPECT_LE(granted.validity, 3000ms) << "a grant that arrived 6 s (on the client's clock) before it was "
+                                           "used was counted as if no time had passed";
+  } else {
+    // Claimed from the server, which restarts the lock's TTL after this call was sent.
+    auto pttl = server.command({"PTTL", "distlock:{paused}"});
+    ASSERT_TRUE(pttl);
+    EXPECT_GE(Millis(pttl->integer), granted.validity - 1000ms);
+  }
+}
+
+}  // namespace
