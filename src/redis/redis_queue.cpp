@@ -27,8 +27,10 @@ AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec)
   const std::string ttl = std::to_string(req.ttl.count());
   for (int attempt = 0; attempt < 2; ++attempt) {
     const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
-    if (w.granted && wait_replicas_ == 0) {
-      const auto left = std::chrono::duration_cast<Millis>(w.valid_from + w.ttl - waits_.clock().now());
+    if (w.granted && wait_replicas_ == 0 && w.valid_from) {
+      // Never more than the ttl the grant gave, whatever the clock reads.
+      const auto left =
+          std::min(w.ttl, std::chrono::duration_cast<Millis>(*w.valid_from + w.ttl - waits_.clock().now()));
       if (left >= w.ttl / 2) {
         hold_entry(req.name, req.owner, w.entry);  // before forget: see on_grant_message
         waits_.forget(req.name, req.owner, w.entry);

@@ -165,10 +165,11 @@ std::optional<WaitQueue::Unknown> WaitQueue::on_grant(std::string_view message) 
     if (w.granted) return std::nullopt;
     // The lease counts from the send time of the last "queued" answer. A grant that
     // overtook the first answer has no such time: it is claimed from the server
-    // (valid_from in the past makes the waiter do so).
+    // (no valid_from makes the waiter do so; a time point "in the past" would assume
+    // the injected clock never reads below it).
     w.granted = true;
     w.token = token;
-    w.valid_from = w.queued ? w.last_ok : TimePoint{};
+    w.valid_from = w.queued ? std::optional<TimePoint>(w.last_ok) : std::nullopt;
     name = w.name;
   }
   wake_(name);

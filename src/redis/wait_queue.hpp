@@ -48,7 +48,9 @@ class WaitQueue {
     TimePoint last_ok{};      ///< see the banner
     bool granted = false;     ///< the server granted the lock to this entry
     std::uint64_t token = 0;  ///< when granted
-    TimePoint valid_from{};   ///< when granted: the lease counts from here
+    /// When granted: the lease counts from here. None when the grant overtook the first
+    /// "queued" answer (no send time is known to precede it): claimed from the server.
+    std::optional<TimePoint> valid_from;
   };
 
   /// The refresh of many entries: one answer per wait (failed: nothing changes).

@@ -242,7 +242,9 @@ TEST(Postgres, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) 
   holder.signal(SIGSTOP);
   const auto stopped = Clock::now();
   auto c = distlock::connect(server.url(), quiet());
-  auto lease = c.acquire("fenced", ttl_of(1000ms, 30000ms));
+  // The new holder's own TTL is long: it must still hold after the checks below, up
+  // to 20 s on a busy machine, and the test is about the stopped holder's TTL.
+  auto lease = c.acquire("fenced", ttl_of(10000ms, 30000ms));
   // The server frees it no earlier than the TTL after the holder's last statement.
   RecordProperty("freed_after_stop_ms", static_cast<int>(since(stopped).count()));
   EXPECT_GT(lease.token(), static_cast<std::uint64_t>(old_token));

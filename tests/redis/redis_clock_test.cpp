@@ -16,6 +16,7 @@
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
 #include "redis/redis_backend.hpp"
+#include "redis/wait_queue.hpp"
 #include "support/eventually.hpp"
 #include "support/manual_clock.hpp"
 #include "support/redis_server.hpp"
@@ -84,6 +85,41 @@ TEST(RedisClock, AGrantThatArrivedBeforeAPauseIsCountedOnTheInjectedClock) {
     ASSERT_TRUE(pttl);
     EXPECT_GE(Millis(pttl->integer), granted.validity - 1000ms);
   }
+}
+
+// A grant message that overtakes the first "queued" answer has no send time known to
+// precede it: the wait keeps no start time (the waiter claims the grant from the
+// server) rather than a time point assumed to be before every reading of the clock.
+// The public Clock may read below zero (a manual clock here); zero as "before
+// everything" then counted a lease 1000 h longer than the server's ttl.
+TEST(RedisClock, AGrantBeforeTheFirstQueuedAnswerHasNoStartTime) {
+  using distlock::detail::redis::WaitQueue;
+  auto clock = std::make_shared<distlock::testing::ManualClock>();
+  clock->advance(-std::chrono::hours(1000));
+  WaitQueue q(
+      clock, [](const std::vector<WaitQueue::Wait>& ws) { return std::vector<WaitQueue::Answer>(ws.size()); },
+      [](std::string_view) {}, [](const WaitQueue::Wait&) { return true; });
+  const WaitQueue::Wait w = q.begin("n", "o", Millis(9000));
+  const std::string key = "distlock:{n}";
+  EXPECT_FALSE(q.on_grant(w.entry + " 7 " + std::to_string(key.size()) + " " + key + "o").has_value());
+  const WaitQueue::Wait granted = q.begin("n", "o", Millis(9000));
+  ASSERT_TRUE(granted.granted);
+  EXPECT_EQ(granted.token, 7u);
+  EXPECT_FALSE(granted.valid_from.has_value())
+      << "a grant with no queued answer before it was given a start time "
+      << std::chrono::duration_cast<Millis>(granted.valid_from->time_since_epoch()).count() << " ms";
+
+  // After a "queued" answer sent at T, a later grant counts from T.
+  const WaitQueue::Wait w2 = q.begin("m", "o", Millis(9000));
+  const auto sent = clock->now();
+  q.queued("m", "o", w2.entry, sent);
+  clock->advance(std::chrono::seconds(1));
+  const std::string key2 = "distlock:{m}";
+  q.on_grant(w2.entry + " 8 " + std::to_string(key2.size()) + " " + key2 + "o");
+  const WaitQueue::Wait g2 = q.begin("m", "o", Millis(9000));
+  ASSERT_TRUE(g2.granted);
+  ASSERT_TRUE(g2.valid_from.has_value());
+  EXPECT_EQ(*g2.valid_from, sent);
 }
 
 }  // namespace
