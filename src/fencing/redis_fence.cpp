@@ -109,9 +109,9 @@ local function distlock_body(KEYS, ARGV)
 }
 
 const r::Script& builtin(std::string_view body) {
-  static const r::Script set_script(std::string(kPrelude) + std::string(kSet));
-  static const r::Script hset_script(std::string(kPrelude) + std::string(kHset));
-  static const r::Script decr_script(std::string(kPrelude) + std::string(kDecrement));
+  static const r::Script& set_script = *new r::Script(std::string(kPrelude) + std::string(kSet));
+  static const r::Script& hset_script = *new r::Script(std::string(kPrelude) + std::string(kHset));
+  static const r::Script& decr_script = *new r::Script(std::string(kPrelude) + std::string(kDecrement));
   if (body == kSet) return set_script;
   if (body == kHset) return hset_script;
   return decr_script;

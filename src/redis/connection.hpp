@@ -40,7 +40,7 @@
 //   if (ec) throw_error(ec, pool.last_error());
 //   Reply r = conn->command({"SET", key, value, "PX", "5000", "NX"}, ec);
 //
-//   static const Script kIncr("return redis.call('INCR', KEYS[1])");
+//   static const Script& kIncr = *new Script("return redis.call('INCR', KEYS[1])");
 //   Reply n = kIncr.run(*conn, {key}, {}, ec);              // EVALSHA, NOSCRIPT handled
 //
 //   conn->append({"PING"});                                 // pipelining
@@ -302,8 +302,11 @@ class ConnectionPool {
 
 /// A Lua script called with EVALSHA. The SHA1 comes from SCRIPT LOAD the first
 /// time the script runs anywhere; on NOSCRIPT (a restarted or flushed server) it is
-/// loaded on that connection and the call is retried once. Safe to share (e.g. a
-/// function-local static).
+/// loaded on that connection and the call is retried once. Safe to share. The shared
+/// ones are made with `new` and never destroyed (`static const Script& s = *new
+/// Script(...)`): a renewer thread may still run one while the process exits (an
+/// engine whose last handle was dropped inside a loss signal is destroyed on a thread
+/// of its own), and a destroyed static would be read after its destructor ran.
 class Script {
  public:
   explicit Script(std::string source);

@@ -99,7 +99,7 @@ std::string with_prelude(const char* body) {
 }  // namespace
 
 const Script& queue_acquire_script() {
-  static const Script s(with_prelude(R"lua(
+  static const Script& s = *new Script(with_prelude(R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
@@ -145,7 +145,7 @@ return {0, tonumber(grant_head(lock, q, x, fence, grant_prefix))}
 }
 
 const Script& queue_release_script() {
-  static const Script s(with_prelude(R"lua(
+  static const Script& s = *new Script(with_prelude(R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 then
@@ -158,7 +158,7 @@ return 0
 }
 
 const Script& queue_cancel_script() {
-  static const Script s(with_prelude(R"lua(
+  static const Script& s = *new Script(with_prelude(R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, entry, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', lock, owner) == entry then
@@ -175,7 +175,7 @@ return 0
 }
 
 const Script& queue_refresh_script() {
-  static const Script s(with_prelude(R"lua(
+  static const Script& s = *new Script(with_prelude(R"lua(
 local now = now_ms()
 local out = {}
 for i = 1, #KEYS / 3 do
@@ -199,7 +199,7 @@ return out
 }
 
 const Script& queue_status_script() {
-  static const Script s(with_prelude(R"lua(
+  static const Script& s = *new Script(with_prelude(R"lua(
 local lock, x = KEYS[1], KEYS[2]
 local now = now_ms()
 local held = {}

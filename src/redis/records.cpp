@@ -5,7 +5,7 @@
 namespace distlock::detail::redis {
 
 const Script& put_if_absent_script() {
-  static const Script s(R"lua(
+  static const Script& s = *new Script(R"lua(
 local v = redis.call('GET', KEYS[1])
 if v then return v end
 redis.call('SET', KEYS[1], ARGV[1])

@@ -25,7 +25,7 @@ namespace redis {
 // written. Tokens leave the script as the counter's decimal string, exact over
 // the whole int64 range (Lua numbers are doubles).
 const Script& acquire_script() {
-  static const Script s(R"lua(
+  static const Script& s = *new Script(R"lua(
 local lock, fence, owner, ttl = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 if redis.call('EXISTS', lock) == 1 then
   return {0, redis.call('PTTL', lock)}
@@ -49,7 +49,7 @@ return {1, token}
 // KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
 // Returns one status per key: 1 renewed, 0 not held by that owner any more.
 const Script& renew_script() {
-  static const Script s(R"lua(
+  static const Script& s = *new Script(R"lua(
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then

@@ -66,7 +66,7 @@ namespace {
 // KEYS[1] lock hash; ARGV[1] owner, ARGV[2] release channel. As redis://'s release
 // script, published on the slot's shard channel (SPUBLISH).
 const Script& release_script() {
-  static const Script s(R"lua(
+  static const Script& s = *new Script(R"lua(
 local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
