@@ -271,16 +271,23 @@ Mutex Client::mutex(std::string_view name) {
   return mutex(name, engine_->options().lock_defaults);
 }
 
-LockInfo Client::status(std::string_view name) {
-  detail::Error ec;
-  LockInfo info;
+namespace {
+/// Engine::status with any exception turned into its code (protocol_error if it has none).
+LockInfo status_into(Engine& engine, std::string_view name, detail::Error& ec) noexcept {
   try {
-    info = engine_->status(name, ec);
+    return engine.status(name, ec);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {
     ec = make_error_code(errc::protocol_error);
   }
+  return {};
+}
+}  // namespace
+
+LockInfo Client::status(std::string_view name) {
+  detail::Error ec;
+  LockInfo info = status_into(*engine_, name, ec);
   if (ec) {
     std::string why;
     if (Engine::check_name(name, why)) throw_error(ec, why);
@@ -290,17 +297,10 @@ LockInfo Client::status(std::string_view name) {
 }
 
 LockInfo Client::status(std::string_view name, std::error_code& ec) noexcept {
-  try {
-    detail::Error err;
-    LockInfo info = engine_->status(name, err);
-    ec = err;
-    return info;
-  } catch (const std::system_error& e) {
-    ec = e.code();
-  } catch (...) {
-    ec = make_error_code(errc::protocol_error);
-  }
-  return {};
+  detail::Error err;
+  LockInfo info = status_into(*engine_, name, err);
+  ec = err;
+  return info;
 }
 
 namespace {
