@@ -16,18 +16,31 @@
 #   4. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
 #      ones) and the file and redis backends' tests under ThreadSanitizer;
 #   5. a compile-only clang build of the core and the file and redis backends with -Wthread-safety;
-#   6. an install into a temporary prefix and a consumer built with find_package and pkg-config.
+#   6. an install into a temporary prefix and a consumer built with find_package and pkg-config
+#      (run right after step 2, from step 1's tree).
 # Usage: ./scripts/test.sh [quick]   (quick: steps 1 and 2 only)
+#
+# Disk: every build here carries line tables only (-g1: enough for file:line in sanitizer
+# reports and gdb backtraces); full -g made each test binary ~70 MB and the release plus
+# ASan trees ~13 GB, which filled a CI machine's disk. In CI (CI=true) each tree is also
+# deleted once its step is done, so at most one tree exists at a time (~1-2 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 
 jobs=2
 ctest_args=(--output-on-failure --no-tests=error -j2 --timeout 600)
-step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
+step() {
+  printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"
+  df -h . | awk 'NR == 2 { print "disk: " $4 " free of " $2 }'
+}
+# Frees a build tree in CI, where nobody will build incrementally in it again.
+done_with() { if [ "${CI:-}" = true ]; then rm -rf "$1"; fi; }
+line_tables=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+  -DCMAKE_CXX_FLAGS_DEBUG="-g1" -DCMAKE_C_FLAGS_DEBUG="-g1")
 
 step "build (-Werror) and test"
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTLOCK_WERROR=ON >/dev/null
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTLOCK_WERROR=ON "${line_tables[@]}" >/dev/null
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release "${ctest_args[@]}"
 
@@ -45,21 +58,27 @@ trap - EXIT
 
 if [ "${1:-}" = quick ]; then exit 0; fi
 
+step "install and consumer"
+./scripts/install_test.sh build/release
+done_with build/release
+
 step "AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON \
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" \
   -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON >/dev/null
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance|examples|stress"
+done_with build/asan
 
 step "ThreadSanitizer (engine, file, redis and redlock backends)"
-cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON -DDISTLOCK_SANITIZE=thread \
+cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" -DDISTLOCK_SANITIZE=thread \
   -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test file_backend_test \
   redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test \
   redlock_test redlock_tls_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
   -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+done_with build/tsan
 
 step "clang thread-safety analysis (compile only: the core, file and redis backends)"
 # The lock annotations (src/core/thread_annotations.hpp) are only checked by clang;
@@ -68,9 +87,5 @@ cmake -S . -B build/tsa -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang
   -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_COMPONENTS="file;redis" \
   -DDISTLOCK_BUILD_TESTS=OFF -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build/tsa -j"$jobs" --target distlock distlock_file distlock_redis
-
-if [ -x scripts/install_test.sh ]; then
-  step "install and consumer"
-  ./scripts/install_test.sh build/release
-fi
+done_with build/tsa
 step "all tests passed"
