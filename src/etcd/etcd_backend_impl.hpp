@@ -16,6 +16,7 @@
 
 #include "core/backend.hpp"
 #include "core/log.hpp"
+#include "core/queue_recipe.hpp"
 #include "etcd/etcd_keys.hpp"
 #include "etcd/etcd_records.hpp"
 #include "etcd/etcd_transport.hpp"
@@ -48,10 +49,6 @@ inline std::int64_t ttl_seconds(Millis ttl) {
   return s > kMaxLeaseTtlS ? 0 : s;
 }
 
-inline std::string entry_key(std::string_view name, std::string_view owner) {
-  return name_owner_key(name, owner);
-}
-
 // ---- sessions and queued keys ----------------------------------------------
 
 struct Session {
@@ -64,17 +61,14 @@ struct Session {
   SteadyTime next_keepalive{};
 };
 
-// One owner thread's key in one lock's queue.
-struct Entry {
-  std::string name;
-  std::string owner;
+// One acquisition's key in one lock's queue (the recipe's entry; token is the key's
+// create_revision, confirmed the acquisition or the last renewal).
+struct Entry final : QueueEntry {
+  using QueueEntry::QueueEntry;
   std::string lock_prefix;  // <prefix>/<encoded name>/
   std::string key;
   std::shared_ptr<Session> session;
-  // Guarded by EtcdBackend::mu_.
-  std::int64_t create_rev = 0;  // 0: not created yet (as far as we know)
-  bool held = false;
-  SteadyTime renewed_at{};    // acquisition or last renewal by the engine
+  // Guarded by the recipe's mutex.
   std::int64_t watch_id = 0;  // live watch on the predecessor, 0 when none
   bool watch_fired = false;   // the predecessor was deleted (or the watch broke)
 };
@@ -91,7 +85,7 @@ struct WatchStream {
 
 // ---- the backend -----------------------------------------------------------
 
-class EtcdBackend final : public RecordsBackend<etcd::Records> {
+class EtcdBackend final : public RecordsBackend<etcd::Records>, private QueueStore {
  public:
   EtcdBackend(etcd::TransportConfig config, std::string prefix, std::string redacted_url,
               const ClientOptions& opts)
@@ -99,7 +93,8 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
         prefix_(std::move(prefix)),
         url_(std::move(redacted_url)),
         log_(opts.logger),
-        clock_(opts.clock ? opts.clock : system_steady_clock()) {}
+        clock_(opts.clock ? opts.clock : system_steady_clock()),
+        recipe_(*this, clock_, log_) {}
 
   ~EtcdBackend() override {
     keeper_.request_stop();
@@ -172,7 +167,7 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   }
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
-  void set_listener(ChangeListener* listener) override { listener_ = listener; }
+  void set_listener(ChangeListener* listener) override { recipe_.set_listener(listener); }
   std::string url() const override { return url_; }
 
   // Watches are per queued key and set up by try_acquire (from the revision it
@@ -180,11 +175,20 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   void watch(std::string_view, Error& ec) override { ec.clear(); }
   void unwatch(std::string_view) noexcept override {}
 
-  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
-  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
+  // The queue recipe (core/queue_recipe.hpp) over this store (etcd_queue.cpp).
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
+    return recipe_.try_acquire(req, ec);
+  }
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    recipe_.cancel_acquire(name, owner);
+  }
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
+    recipe_.renew(items, out, ec);
+  }
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        Error& ec) override;
+                        Error& ec) override {
+    return recipe_.release(name, owner, token, ec);
+  }
   LockInfo status(std::string_view name, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
@@ -194,12 +198,25 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   std::string lock_prefix(std::string_view name) const {
     return prefix_.empty() ? encode_name(name) + "/" : prefix_ + "/" + encode_name(name) + "/";
   }
+  // QueueStore (etcd_queue.cpp).
+  bool admit(const AcquireRequest& req, Clock::time_point started, Error& ec) override;
+  QueueEntryPtr new_entry(const AcquireRequest& req, Error& ec) override;
+  bool live(const QueueEntry& e) const override;
+  bool reusable(const QueueEntry& e, const AcquireRequest& req) const override;
+  QueuePosition enqueue(QueueEntry& e, const AcquireRequest& req, Clock::time_point started,
+                        Error& ec) override;
+  std::optional<Millis> grant(QueueEntry& e, const QueuePosition& pos) override;
+  Watch watch_predecessor(QueueEntry& e, Clock::time_point started, Error& ec) override;
+  Deleted delete_place(QueueEntry& e, Error& ec) override;
+  void confirm(std::span<QueueEntry* const> entries, std::span<RenewStatus> out, Clock::time_point sent,
+               Error& ec) override;
+  void confirmed(QueueEntry& e, Clock::time_point sent) override;
+  void forgotten(QueueEntry& e) noexcept override;
+
   std::shared_ptr<Session> live_session(std::int64_t ttl_s, Error& ec);
   Error keepalive(const std::vector<std::shared_ptr<Session>>& sessions);
   void lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept;
-  bool delete_key(const std::string& key, std::int64_t create_rev, Error& ec);
-  void forget_entry(const std::shared_ptr<Entry>& entry);
-  void add_watch(const std::shared_ptr<Entry>& entry, const std::string& key, std::int64_t start_rev);
+  void add_watch(Entry& entry, const std::string& key, std::int64_t start_rev);
   void cancel_watch(std::int64_t watch_id) noexcept;
   std::shared_ptr<WatchStream> open_stream_locked();
   void reader_main(std::shared_ptr<WatchStream> stream);
@@ -218,27 +235,25 @@ class EtcdBackend final : public RecordsBackend<etcd::Records> {
   Logger log_;
   const std::shared_ptr<Clock> clock_;
   etcd::Records records_{transport_, prefix_};
-  ChangeListener* listener_ = nullptr;
+  // The entries (one per acquisition key) and the orphans (keys whose delete had no
+  // answer) live in the recipe; its mutex guards the sessions as well.
+  QueueRecipe recipe_;
 
   std::mutex grant_mu_;  // one LeaseGrant at a time, so threads share the session
-  std::mutex mu_;
-  std::map<std::int64_t, std::shared_ptr<Session>> sessions_;           // by requested TTL s; guarded by mu_
-  std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;  // name\0owner; guarded by mu_
-  // Keys to delete: (key, create_revision), 0 when the revision is unknown (a Txn
-  // that may have created the key had no answer). Guarded by mu_.
-  std::vector<std::pair<std::string, std::int64_t>> orphans_;
-  std::uint64_t next_key_seq_ = 1;       // makes every queue key unique; guarded by mu_
+  std::mutex& mu_ = recipe_.mutex();
+  std::map<std::int64_t, std::shared_ptr<Session>> sessions_;  // by requested TTL s; guarded by mu_
+  std::uint64_t next_key_seq_ = 1;                             // makes every queue key unique; guarded by mu_
   std::condition_variable keeper_cv_;    // waited on through clock_ (notified under mu_ to stop)
   std::uint64_t keeper_generation_ = 0;  // bumped when a session is added; guarded by mu_
   std::jthread keeper_;
 
   // Lock order: mu_ before watch_mu_.
   std::mutex watch_mu_;
-  std::shared_ptr<WatchStream> stream_;                // guarded by watch_mu_
-  std::vector<std::shared_ptr<WatchStream>> retired_;  // broken streams to join; watch_mu_
-  std::map<std::int64_t, std::string> watches_;        // watch id → entry key; watch_mu_
-  std::int64_t next_watch_id_ = 1;                     // watch_mu_
-  bool stopping_ = false;                              // watch_mu_
+  std::shared_ptr<WatchStream> stream_;                   // guarded by watch_mu_
+  std::vector<std::shared_ptr<WatchStream>> retired_;     // broken streams to join; watch_mu_
+  std::map<std::int64_t, std::weak_ptr<Entry>> watches_;  // watch id → its entry; watch_mu_
+  std::int64_t next_watch_id_ = 1;                        // watch_mu_
+  bool stopping_ = false;                                 // watch_mu_
 };
 
 }  // namespace distlock::detail::etcd

@@ -98,34 +98,21 @@ Error EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessio
 }
 
 void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept {
-  std::vector<std::pair<std::string, std::string>> lost;  // held: name, owner
-  std::set<std::string> queued;                           // names with a waiting key
+  std::vector<QueueEntryPtr> gone;
   {
     std::lock_guard lk(mu_);
     if (!session->alive) return;
     session->alive = false;
     auto it = sessions_.find(session->requested_s);
     if (it != sessions_.end() && it->second == session) sessions_.erase(it);
-    for (auto e = entries_.begin(); e != entries_.end();) {
-      if (e->second->session != session) {
-        ++e;
-        continue;
-      }
-      if (e->second->held) {
-        lost.emplace_back(e->second->name, e->second->owner);
-        e = entries_.erase(e);
-      } else {
-        queued.insert(e->second->name);
-        ++e;
-      }
-    }
+    auto of_session = [&](const QueueEntry& e) { return static_cast<const Entry&>(e).session == session; };
+    gone = recipe_.take_locked(of_session);
+    recipe_.drop_orphans_locked(of_session);  // the lease took their keys with it
   }
+  const auto held = std::count_if(gone.begin(), gone.end(), [](const QueueEntryPtr& e) { return e->held; });
   log_.log(LogLevel::warning, "etcd session lease {:x} lost ({}): {} held lock(s) lost", session->lease, why,
-           lost.size());
-  if (!listener_) return;
-  for (auto& [name, owner] : lost) listener_->on_lease_lost(name, owner);
-  // Waiters re-check: their key went with the lease; they queue again under a new one.
-  for (auto& name : queued) listener_->on_change(name);
+           held);
+  recipe_.end_session(gone);
 }
 
 // ---- keeper ----------------------------------------------------------------
@@ -135,7 +122,7 @@ void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const ch
 void EtcdBackend::keeper_main(std::stop_token st) {
   while (!st.stop_requested()) {
     std::vector<std::shared_ptr<Session>> due;
-    std::vector<std::pair<std::string, std::int64_t>> orphans;
+    std::vector<QueueEntryPtr> stale, orphans;
     {
       std::unique_lock lk(mu_);
       auto wake = clock_->now() + std::chrono::seconds(1);
@@ -153,30 +140,19 @@ void EtcdBackend::keeper_main(std::stop_token st) {
       for (auto& [ttl, s] : sessions_) {
         if (s->alive && s->next_keepalive <= now) due.push_back(s);
       }
-      // A hold the engine stopped renewing for a whole session TTL was declared
-      // lost by the engine (its local deadline is shorter): its key would block
-      // the lock for as long as this client keeps the session alive.
-      for (auto it = entries_.begin(); it != entries_.end();) {
-        const auto& e = it->second;
-        if (e->held && e->session->alive && now - e->renewed_at > e->session->ttl) {
-          log_.log(LogLevel::info, "etcd: deleting the key of lost lock \"{}\"", e->name);
-          orphans_.emplace_back(e->key, e->create_rev);
-          it = entries_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      orphans.swap(orphans_);
+      // A hold the engine stopped renewing for a whole session TTL was declared lost
+      // by the engine (its local deadline is shorter): its key would block the lock
+      // for as long as this client keeps the session alive.
+      stale = recipe_.take_locked([&](const QueueEntry& e) {
+        const auto& session = static_cast<const Entry&>(e).session;
+        return e.held && session->alive && now - e.confirmed > session->ttl;
+      });
+      orphans = recipe_.take_orphans_locked();
     }
     keepalive(due);
-    for (auto& [key, rev] : orphans) {
-      Error ec;
-      delete_key(key, rev, ec);
-      if (ec) {
-        std::lock_guard lk(mu_);
-        orphans_.emplace_back(key, rev);
-      }
-    }
+    recipe_.drop_stale(stale);
+    // Deletes whose outcome was unknown; those still unknown wait for the next round.
+    if (!orphans.empty()) recipe_.retry_orphans(std::move(orphans));
   }
 }
 

@@ -28,8 +28,7 @@ std::shared_ptr<WatchStream> EtcdBackend::open_stream_locked() {
   return s;
 }
 
-void EtcdBackend::add_watch(const std::shared_ptr<Entry>& entry, const std::string& key,
-                            std::int64_t start_rev) {
+void EtcdBackend::add_watch(Entry& entry, const std::string& key, std::int64_t start_rev) {
   std::int64_t old_id = 0;
   std::int64_t id = 0;
   std::shared_ptr<WatchStream> stream;
@@ -39,9 +38,9 @@ void EtcdBackend::add_watch(const std::shared_ptr<Entry>& entry, const std::stri
     if (stopping_) return;
     stream = open_stream_locked();
     id = next_watch_id_++;
-    watches_[id] = entry_key(entry->name, entry->owner);
-    old_id = std::exchange(entry->watch_id, id);
-    entry->watch_fired = false;
+    watches_[id] = std::static_pointer_cast<Entry>(entry.shared_from_this());
+    old_id = std::exchange(entry.watch_id, id);
+    entry.watch_fired = false;
   }
   if (old_id != 0) cancel_watch(old_id);
   etcdserverpb::WatchRequest req;
@@ -77,24 +76,23 @@ void EtcdBackend::cancel_watch(std::int64_t watch_id) noexcept {
 void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
   etcdserverpb::WatchResponse resp;
   auto fire = [&](std::int64_t watch_id) {
-    std::string ekey;
+    std::shared_ptr<Entry> entry;
     {
       std::lock_guard wl(watch_mu_);
       auto it = watches_.find(watch_id);
       if (it == watches_.end()) return;
-      ekey = it->second;
+      entry = it->second.lock();
       watches_.erase(it);
     }
-    std::string name;
+    if (!entry) return;
     {
       std::lock_guard lk(mu_);
-      auto it = entries_.find(ekey);
-      if (it == entries_.end() || it->second->watch_id != watch_id) return;
-      it->second->watch_fired = true;
-      it->second->watch_id = 0;
-      name = it->second->name;
+      // A watch replaced or cancelled since (the entry forgotten) says nothing.
+      if (entry->watch_id != watch_id) return;
+      entry->watch_fired = true;
+      entry->watch_id = 0;
     }
-    if (listener_) listener_->on_change(name);
+    if (ChangeListener* l = recipe_.listener()) l->on_change(entry->name);
   };
   while (stream->rw->Read(&resp)) {
     if (resp.canceled()) {

@@ -17,6 +17,7 @@
 
 #include "core/backend.hpp"
 #include "core/log.hpp"
+#include "core/queue_recipe.hpp"
 #include "zk/zk_backend.hpp"
 #include "zk/zk_call.hpp"
 #include "zk/zk_names.hpp"
@@ -28,10 +29,6 @@ namespace distlock::detail::zk {
 // Every deadline is taken on the client's injected clock (ClientOptions::clock), the
 // one the engine counts lease validity on; tests run it on a manual clock.
 using SteadyTime = Clock::time_point;
-
-// Rounds of create / list / watch one try_acquire may go through when nodes come and
-// go under it (predecessor vanished between list and watch, parent removed, ...).
-inline constexpr int kMaxRounds = 16;
 
 // The C client's log sink (zk_session.cpp).
 void zk_log_line(const char* message);
@@ -58,10 +55,6 @@ struct Acls {
 };
 
 const Acls& acls();
-
-inline std::string key_of(std::string_view name, std::string_view owner) {
-  return name_owner_key(name, owner);
-}
 
 class ZkBackend;
 
@@ -92,7 +85,21 @@ struct Session {
 void session_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
 void node_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
 
-class ZkBackend final : public RecordsBackend<zk::Records> {
+// One acquisition's node in one lock's queue (the recipe's entry; token is the node's
+// czxid, confirmed the send time of the last grant or renewal). Its fields are guarded
+// by the recipe's mutex; while it is not held, the acquiring thread alone writes them.
+struct Entry final : QueueEntry {
+  using QueueEntry::QueueEntry;
+  std::uint64_t generation = 0;  // session the node belongs to
+  std::string guid;              // of the current attempt
+  std::string node;              // child name, empty when none (or unknown)
+  std::string predecessor;       // behind: the child just before ours
+  int version = 0;
+  bool uncertain = false;    // a create whose answer was lost: find it by guid
+  SteadyTime valid_until{};  // held: confirmed + session timeout
+};
+
+class ZkBackend final : public RecordsBackend<zk::Records>, private QueueStore {
  public:
   using Config = zk::UrlConfig;
 
@@ -100,6 +107,7 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
       : cfg_(std::move(cfg)),
         log_(opts.logger),
         clock_(opts.clock ? opts.clock : system_steady_clock()),
+        recipe_(*this, clock_, log_),
         records_(records_env()) {}
 
   ~ZkBackend() override {
@@ -161,13 +169,22 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   }
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
-  void set_listener(ChangeListener* listener) override { listener_.store(listener); }
+  void set_listener(ChangeListener* listener) override { recipe_.set_listener(listener); }
 
-  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
-  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
+  // The queue recipe (core/queue_recipe.hpp) over this store (zk_queue.cpp).
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
+    return recipe_.try_acquire(req, ec);
+  }
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    recipe_.cancel_acquire(name, owner);
+  }
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
+    recipe_.renew(items, out, ec);
+  }
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        Error& ec) override;
+                        Error& ec) override {
+    return recipe_.release(name, owner, token, ec);
+  }
   // Waiting is driven by the predecessor watch each queued try_acquire leaves (set
   // atomically with the check, so nothing between the check and the wait is missed).
   void watch(std::string_view, Error& ec) override { ec.clear(); }
@@ -200,24 +217,19 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   void on_node_event(int type, const char* path) noexcept;
 
  private:
-  // What this client has on the server for one (name, owner).
-  struct Entry {
-    std::string name, owner;
-    std::uint64_t generation = 0;  // session the node belongs to
-    std::string guid;              // of the current attempt
-    std::string node;              // child name, empty when none (or unknown)
-    std::int64_t czxid = 0;
-    int version = 0;
-    bool held = false;
-    bool uncertain = false;    // a create whose answer was lost: find it by guid
-    SteadyTime confirmed{};    // held: send time of the last confirmation (grant or renewal)
-    SteadyTime valid_until{};  // held: confirmed + session timeout
-  };
-  // A node of an abandoned attempt, to delete once connected (same session only).
-  struct Orphan {
-    std::string dir, guid;
-    std::uint64_t generation = 0;
-  };
+  // QueueStore (zk_queue.cpp).
+  bool admit(const AcquireRequest& req, Clock::time_point started, Error& ec) override;
+  QueueEntryPtr new_entry(const AcquireRequest& req, Error& ec) override;
+  bool live(const QueueEntry& e) const override;
+  QueuePosition enqueue(QueueEntry& e, const AcquireRequest& req, Clock::time_point started,
+                        Error& ec) override;
+  std::optional<Millis> grant(QueueEntry& e, const QueuePosition& pos) override;
+  Watch watch_predecessor(QueueEntry& e, Clock::time_point started, Error& ec) override;
+  Deleted delete_place(QueueEntry& e, Error& ec) override;
+  void confirm(std::span<QueueEntry* const> entries, std::span<RenewStatus> out, Clock::time_point sent,
+               Error& ec) override;
+  void confirmed(QueueEntry& e, Clock::time_point sent) override;
+  void orphans_waiting() noexcept override;
 
   zk::RecordsEnv records_env() {
     zk::RecordsEnv env;
@@ -264,8 +276,6 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   }
   /// Creates /distlock and the lock directory if missing; the directory's outcome in `rc`.
   void ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime deadline, int& rc);
-  void add_orphan(std::string dir, std::string guid, std::uint64_t generation);
-  void delete_or_orphan(const std::shared_ptr<Session>& s, const Entry& e) noexcept;
   /// The error for ZooKeeper code `rc` of step `what`, naming the step, the server and the cause.
   Error fail(int rc, const std::string& what, std::string_view name);
 
@@ -274,24 +284,23 @@ class ZkBackend final : public RecordsBackend<zk::Records> {
   int record_session_event(zhandle_t* zh, Session& s, int state, int& before) noexcept;
   void keeper_main();
   void replace_expired_session();
-  void sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orphan> orphans);
 
   Config cfg_;
   Logger log_;
   const std::shared_ptr<Clock> clock_;
-  std::atomic<ChangeListener*> listener_{nullptr};
+  // The entries (one per acquisition node) and the orphans (nodes of abandoned
+  // attempts) live in the recipe; its mutex guards the sessions as well.
+  QueueRecipe recipe_;
   std::atomic<std::uint64_t> attempts_{0};
   std::atomic<std::uint64_t> next_generation_{1};
   std::atomic<int> negotiated_ms_{0};
   std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0};
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;            // session state changes and keeper work
-  std::shared_ptr<Session> session_;      // guarded by mu_
-  std::map<std::string, Entry> entries_;  // guarded by mu_; key: name '\0' owner
-  std::vector<Orphan> orphans_;           // guarded by mu_
-  SteadyTime orphan_retry_at_{};          // guarded by mu_
-  bool stopping_ = false;                 // guarded by mu_
+  std::mutex& mu_ = recipe_.mutex();
+  std::condition_variable cv_;        // session state changes and keeper work
+  std::shared_ptr<Session> session_;  // guarded by mu_
+  SteadyTime orphan_retry_at_{};      // guarded by mu_
+  bool stopping_ = false;             // guarded by mu_
   std::thread keeper_;
   zk::Records records_;
 };

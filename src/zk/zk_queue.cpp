@@ -1,30 +1,43 @@
-// The queue recipe on ZooKeeper: an ephemeral sequential node per acquisition; the
-// lowest holds; a waiter watches only its predecessor.
+// The queue store on ZooKeeper (the recipe is core/queue_recipe.cpp): an ephemeral
+// sequential node per acquisition; the lowest holds; a waiter watches only its
+// predecessor.
 #include "zk/zk_backend_impl.hpp"
 
 namespace distlock::detail::zk {
 
-void ZkBackend::add_orphan(std::string dir, std::string guid, std::uint64_t generation) {
-  std::lock_guard lk(mu_);
-  orphans_.push_back(Orphan{std::move(dir), std::move(guid), generation});
-  cv_.notify_all();
+namespace {
+
+Entry& as_entry(QueueEntry& e) {
+  return static_cast<Entry&>(e);
+}
+const Entry& as_entry(const QueueEntry& e) {
+  return static_cast<const Entry&>(e);
 }
 
-void ZkBackend::delete_or_orphan(const std::shared_ptr<Session>& s, const Entry& e) noexcept {
-  try {
-    const std::string dir = zk::lock_dir(e.name);
-    if (!e.node.empty() && s && s->generation() == e.generation) {
-      auto r = zk::submit_delete(s->zh.get(), dir + "/" + e.node, e.version);
-      const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
-      if (rc == ZOK || rc == ZNONODE || rc == ZBADVERSION) return;
-      log_.log(LogLevel::debug, "zk: deleting {}/{} failed ({}); retried after reconnect", dir, e.node,
-               zk::describe(rc));
-    }
-    if (!e.guid.empty() && (!e.node.empty() || e.uncertain)) add_orphan(dir, e.guid, e.generation);
-  } catch (...) {
-    log_.log(LogLevel::warning, "zk: could not schedule clean-up of lock \"{}\"", e.name);
-  }
+// What enqueue works on: a copy of the entry's place, written back under the mutex.
+struct Place {
+  std::uint64_t generation = 0;
+  std::string guid, node, predecessor;
+  std::uint64_t czxid = 0;
+  int version = 0;
+  bool uncertain = false;
+};
+
+Place place_of(const Entry& e) {
+  return Place{e.generation, e.guid, e.node, e.predecessor, e.token, e.version, e.uncertain};
 }
+
+void set_place(Entry& e, const Place& p) {
+  e.generation = p.generation;
+  e.guid = p.guid;
+  e.node = p.node;
+  e.predecessor = p.predecessor;
+  e.token = p.czxid;
+  e.version = p.version;
+  e.uncertain = p.uncertain;
+}
+
+}  // namespace
 
 Error ZkBackend::fail(int rc, const std::string& what, std::string_view name) {
   // The error the caller sees names the step, the server and ZooKeeper's reason.
@@ -64,17 +77,11 @@ void ZkBackend::ensure_dirs(zhandle_t* zh, const std::string& dir, SteadyTime de
   if (rc == ZNODEEXISTS) rc = ZOK;
 }
 
-AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, Error& ec) {
-  ec.clear();
-  const SteadyTime budget_end = clock_->now() + cfg_.connect_timeout + cfg_.command_timeout;
-  const std::string key = key_of(req.name, req.owner);
-  const std::string dir = zk::lock_dir(req.name);
-  const std::string name(req.name);
-
-  auto s = usable_session(budget_end);
+bool ZkBackend::admit(const AcquireRequest& req, Clock::time_point started, Error& ec) {
+  auto s = usable_session(started + cfg_.connect_timeout + cfg_.command_timeout);
   if (!s) {
-    ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", name);
-    return {};
+    ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", req.name);
+    return false;
   }
   // The lease lives as long as the session; the engine renews every ttl/3 (at most
   // ttl/2) and must do so well within the session timeout.
@@ -92,343 +99,343 @@ AcquireResult ZkBackend::try_acquire(const AcquireRequest& req, Error& ec) {
         "ms, or ask for a longer session with "
         "session_timeout= in the URL (the server grants between its minSessionTimeout and "
         "maxSessionTimeout, by default 2 and 20 times its tickTime)";
-    log_.log(LogLevel::warning, "zk: lock \"{}\": {}", name, why);
+    log_.log(LogLevel::warning, "zk: lock \"{}\": {}", req.name, why);
     ec.set_detail(std::move(why));
     ec = make_error_code(errc::invalid_argument);
-    return {};
+    return false;
   }
+  return true;
+}
 
-  Entry e;
+QueueEntryPtr ZkBackend::new_entry(const AcquireRequest& req, Error& /*ec*/) {
+  auto e = std::make_shared<Entry>(req.name, req.owner);
+  std::lock_guard lk(mu_);
+  // enqueue moves it to the session it finds usable if this one ends first.
+  e->generation = session_ ? session_->generation() : 0;
+  return e;
+}
+
+bool ZkBackend::live(const QueueEntry& e) const {
+  return session_ && !session_->expired && session_->generation() == as_entry(e).generation;
+}
+
+QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Clock::time_point started,
+                                 Error& ec) {
+  Entry& entry = as_entry(qe);
+  const SteadyTime budget_end = started + cfg_.connect_timeout + cfg_.command_timeout;
+  const std::string& name = entry.name;
+  const std::string dir = zk::lock_dir(name);
+  Place p;
   {
     std::lock_guard lk(mu_);
-    auto it = entries_.find(key);
-    if (it != entries_.end()) e = it->second;
+    p = place_of(entry);
   }
-  e.name = name;
-  e.owner = std::string(req.owner);
-  if (e.generation != s->generation()) {
-    e = Entry{name, e.owner};
-    e.generation = s->generation();
-  }
-  if (e.held) {
-    // The engine asks again, so it no longer counts this lease as held (its local
-    // deadline passed): give the old node up and queue afresh with a new token.
-    delete_or_orphan(s, e);
-    e = Entry{name, e.owner};
-    e.generation = s->generation();
-  }
+  QueuePosition pos;
+  auto done = [&](QueuePosition::Kind kind) {
+    std::lock_guard lk(mu_);
+    set_place(entry, p);
+    pos.kind = kind;
+    return pos;
+  };
+  auto fresh_in = [&](const std::shared_ptr<Session>& s) {
+    p = Place{};
+    p.generation = s->generation();
+  };
 
-  auto store = [&] {
-    std::lock_guard lk(mu_);
-    entries_[key] = e;
-  };
-  auto forget = [&] {
-    std::lock_guard lk(mu_);
-    entries_.erase(key);
-  };
-  // Ours: the lease counts from the send time of the request that showed it.
-  // Read under mu_, where a reconnect that lowers the floor also shortens the stored
-  // entries: either this entry is stored first and shortened with the others, or it
-  // reads the new value.
-  // The validity is the floor of the session that answered (not of a later one), and
-  // a session that has ended since (expired, replaced) took our node with it: not ours.
-  auto owned = [&](SteadyTime sent) {
-    AcquireResult res;
-    std::lock_guard lk(mu_);
-    if (s->expired || session_ != s || s->floor_ms <= 0) {
-      entries_.erase(key);
-      return res;
-    }
-    res.acquired = true;
-    res.token = static_cast<std::uint64_t>(e.czxid);
-    e.held = true;
-    res.validity = Millis(s->floor_ms);
-    e.confirmed = sent;
-    e.valid_until = sent + res.validity;
-    entries_[key] = e;
-    return res;
-  };
-  // A transient failure: wait (bounded) for the connection to come back; a new session
-  // means our nodes are gone, so start over in it. A request that got no answer within
-  // the command timeout ends the attempt: the server counts as unavailable, and
-  // retrying on a connection the client still believes alive would only pile up
-  // requests behind the silent one.
-  auto recover = [&](int rc, const char* what) -> bool {
+  auto s = usable_session(budget_end);
+  if (!s) {
+    ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", name);
+    return done(QueuePosition::Kind::failed);
+  }
+  // A new session means our node (if any) went with the old one: start over in it.
+  if (p.generation != s->generation()) fresh_in(s);
+
+  // A transient failure: wait (bounded) for the connection to come back, and look again
+  // (in a new session if the old one ended). A request that got no answer within the
+  // command timeout ends the attempt: the server counts as unavailable, and retrying on
+  // a connection the client still believes alive would only pile up requests behind
+  // the silent one.
+  auto recover = [&](int rc, const char* what) -> QueuePosition {
     s = rc == zk::kTimedOut ? nullptr : usable_session(budget_end);
     if (!s) {
-      delete_or_orphan(current_session(), e);
-      forget();
       ec = fail(rc, what, name);
-      return false;
+      return done(QueuePosition::Kind::failed);
     }
-    if (s->generation() != e.generation) {
-      e = Entry{name, e.owner};
-      e.generation = s->generation();
-    }
-    return true;
+    if (s->generation() != p.generation) fresh_in(s);
+    return done(QueuePosition::Kind::again);
   };
 
-  for (int round = 0; round < kMaxRounds; ++round) {
-    zhandle_t* zh = s->zh.get();
-    const SteadyTime deadline = std::min(budget_end, clock_->now() + cfg_.command_timeout);
-    const SteadyTime sent = clock_->now();
-    zk::ReplyPtr created, listed;
-    if (e.node.empty() && !e.uncertain && !req.keep_queued) {
-      // One attempt only: a non-empty queue means busy, no need to write anything.
-      listed = zk::submit_children(zh, dir);
-      const int rc = zk::await(listed, *clock_, deadline);
-      if (rc == ZOK && !zk::queue_order(listed->children).empty()) {
-        forget();
-        return {};
-      }
-      if (rc != ZOK && rc != ZNONODE) {
-        if (zk::is_transient(rc) && recover(rc, "listing the queue")) continue;
-        ec = fail(rc, "listing the queue", name);
-        forget();
-        return {};
-      }
-    }
-    if (e.node.empty() && !e.uncertain) {
-      e.guid = zk::make_guid(req.owner, attempts_.fetch_add(1));
-      // Create our node and touch the directory in one transaction: the directory's
-      // Stat tells whether anybody else is queued (uncontended: one round trip, no
-      // listing), and its mzxid is the transaction's zxid, i.e. our node's czxid.
-      created = zk::submit_create_and_touch(zh, dir + "/" + e.guid + std::string(zk::kLockMarker), req.owner,
-                                            node_acl(), ZOO_EPHEMERAL_SEQUENTIAL, dir);
-      listed.reset();
-      const int rc = zk::await(created, *clock_, deadline);
-      if (rc == ZNONODE) {
-        int dir_rc = ZOK;
-        ensure_dirs(zh, dir, deadline, dir_rc);
-        if (dir_rc == ZOK) continue;
-        if (zk::is_transient(dir_rc) && recover(dir_rc, "creating the lock directory")) continue;
-        ec = fail(dir_rc, "creating the lock directory " + dir, name);
-        forget();
-        return {};
-      }
-      if (rc == zk::kTimedOut) {
-        // Still in flight: its completion deletes the node if it lands; the keeper also
-        // looks for it by guid. Retry with a new guid.
-        add_orphan(dir, e.guid, e.generation);
-        e.node.clear();
-        e.guid.clear();
-        if (recover(rc, "creating the lock node")) continue;
-        return {};
-      }
-      if (zk::is_transient(rc)) {
-        // The create may or may not have been applied: find it by guid once reconnected.
-        e.uncertain = true;
-        if (recover(rc, "creating the lock node")) continue;
-        return {};
-      }
-      if (rc != ZOK) {
-        ec = fail(rc, "creating a lock node under " + dir, name);
-        forget();
-        return {};
-      }
-      e.node = created->value.substr(created->value.rfind('/') + 1);
-      e.czxid = created->stat.mzxid;  // the directory's Stat: same transaction, same zxid
-      e.version = 0;                  // a new node
-      if (created->stat.numChildren == 1) {
-        return owned(sent);
-      }
-    }
-
-    if (!listed || e.uncertain) {
-      listed = zk::submit_children(zh, dir);
-    }
-    int rc = zk::await(listed, *clock_, deadline);
-    if (rc == ZNONODE) rc = ZOK;  // directory gone: our node is not there either
-    if (rc != ZOK) {
-      if (zk::is_transient(rc) && recover(rc, "listing the queue")) continue;
+  zhandle_t* zh = s->zh.get();
+  const SteadyTime deadline = std::min(budget_end, clock_->now() + cfg_.command_timeout);
+  const SteadyTime sent = clock_->now();
+  zk::ReplyPtr created, listed;
+  if (p.node.empty() && !p.uncertain && !req.keep_queued) {
+    // One attempt only: a non-empty queue means busy, no need to write anything.
+    listed = zk::submit_children(zh, dir);
+    const int rc = zk::await(listed, *clock_, deadline);
+    if (rc == ZOK && !zk::queue_order(listed->children).empty()) return done(QueuePosition::Kind::busy);
+    if (rc != ZOK && rc != ZNONODE) {
+      if (zk::is_transient(rc)) return recover(rc, "listing the queue");
       ec = fail(rc, "listing the queue", name);
-      delete_or_orphan(s, e);
-      forget();
-      return {};
+      return done(QueuePosition::Kind::failed);
     }
-    const std::vector<zk::LockNode> queue = zk::queue_order(listed->children);
-    if (e.uncertain) {
-      e.uncertain = false;
-      auto mine =
-          std::find_if(queue.begin(), queue.end(), [&](const zk::LockNode& n) { return n.guid == e.guid; });
-      if (mine == queue.end()) {
-        e.node.clear();  // the lost create was never applied: create again
-        continue;
-      }
-      // Adopt the node the lost create made; its czxid comes with its Stat.
-      auto st = zk::submit_exists(zh, dir + "/" + mine->node);
-      const int src = zk::await(st, *clock_, deadline);
-      if (src != ZOK) {
-        e.node.clear();
-        if (src != ZNONODE) add_orphan(dir, e.guid, e.generation);
-        continue;
-      }
-      e.node = mine->node;
-      e.czxid = st->stat.czxid;
-      e.version = st->stat.version;
-      continue;  // list again with the adopted node known
-    }
-    auto me =
-        std::find_if(queue.begin(), queue.end(), [&](const zk::LockNode& n) { return n.node == e.node; });
-    if (me == queue.end()) {
-      // Our node was deleted from outside (or the directory went away): queue again.
-      e.node.clear();
-      continue;
-    }
-    if (me == queue.begin()) {
-      return owned(sent);
-    }
-    if (!req.keep_queued) {
-      delete_or_orphan(s, e);
-      forget();
-      return {};
-    }
-    // Queued: watch only the immediate predecessor (no herd). If it is already gone
-    // the exists call says so and we look again.
-    const std::string predecessor = dir + "/" + std::prev(me)->node;
-    auto w = zk::submit_exists(zh, predecessor, &node_watcher, this);
-    const int wrc = zk::await(w, *clock_, deadline);
-    if (wrc == ZNONODE) continue;
-    if (wrc != ZOK) {
-      if (zk::is_transient(wrc) && recover(wrc, "watching the predecessor")) continue;
-      ec = fail(wrc, "watching the predecessor", name);
-      delete_or_orphan(s, e);
-      forget();
-      return {};
-    }
-    store();
-    return {};  // busy; the watch calls on_change(name) when the predecessor goes
   }
-  // The queue kept changing under us; report busy and let the engine come back.
-  if (req.keep_queued) {
-    store();
-  } else {
-    delete_or_orphan(s, e);
-    forget();
+  if (p.node.empty() && !p.uncertain) {
+    p.guid = zk::make_guid(req.owner, attempts_.fetch_add(1));
+    // Create our node and touch the directory in one transaction: the directory's Stat
+    // tells whether anybody else is queued (uncontended: one round trip, no listing),
+    // and its mzxid is the transaction's zxid, i.e. our node's czxid.
+    created = zk::submit_create_and_touch(zh, dir + "/" + p.guid + std::string(zk::kLockMarker), req.owner,
+                                          node_acl(), ZOO_EPHEMERAL_SEQUENTIAL, dir);
+    listed.reset();
+    const int rc = zk::await(created, *clock_, deadline);
+    if (rc == ZNONODE) {
+      int dir_rc = ZOK;
+      ensure_dirs(zh, dir, deadline, dir_rc);
+      if (dir_rc == ZOK) return done(QueuePosition::Kind::again);
+      if (zk::is_transient(dir_rc)) return recover(dir_rc, "creating the lock directory");
+      ec = fail(dir_rc, "creating the lock directory " + dir, name);
+      return done(QueuePosition::Kind::failed);
+    }
+    if (rc == zk::kTimedOut) {
+      // Still in flight: its completion deletes the node if it lands; an orphan looks
+      // for it by guid as well. A retry gets a new guid.
+      auto lost = std::make_shared<Entry>(entry.name, entry.owner);
+      lost->generation = p.generation;
+      lost->guid = p.guid;
+      lost->uncertain = true;
+      recipe_.orphan(std::move(lost));
+      p.node.clear();
+      p.guid.clear();
+      return recover(rc, "creating the lock node");
+    }
+    if (zk::is_transient(rc)) {
+      // The create may or may not have been applied: find it by guid once reconnected.
+      p.uncertain = true;
+      return recover(rc, "creating the lock node");
+    }
+    if (rc != ZOK) {
+      ec = fail(rc, "creating a lock node under " + dir, name);
+      return done(QueuePosition::Kind::failed);
+    }
+    p.node = created->value.substr(created->value.rfind('/') + 1);
+    p.czxid = static_cast<std::uint64_t>(created->stat.mzxid);  // the directory's Stat: same transaction
+    p.version = 0;                                              // a new node
+    if (created->stat.numChildren == 1) {
+      pos.sent = sent;
+      return done(QueuePosition::Kind::first);
+    }
   }
-  return {};
+
+  if (!listed || p.uncertain) listed = zk::submit_children(zh, dir);
+  int rc = zk::await(listed, *clock_, deadline);
+  if (rc == ZNONODE) rc = ZOK;  // directory gone: our node is not there either
+  if (rc != ZOK) {
+    if (zk::is_transient(rc)) return recover(rc, "listing the queue");
+    ec = fail(rc, "listing the queue", name);
+    return done(QueuePosition::Kind::failed);
+  }
+  const std::vector<zk::LockNode> queue = zk::queue_order(listed->children);
+  if (p.uncertain) {
+    p.uncertain = false;
+    auto mine =
+        std::find_if(queue.begin(), queue.end(), [&](const zk::LockNode& n) { return n.guid == p.guid; });
+    if (mine == queue.end()) {
+      p.node.clear();  // the lost create was never applied: create again
+      return done(QueuePosition::Kind::again);
+    }
+    // Adopt the node the lost create made; its czxid comes with its Stat.
+    auto st = zk::submit_exists(zh, dir + "/" + mine->node);
+    const int src = zk::await(st, *clock_, deadline);
+    if (src != ZOK) {
+      if (src != ZNONODE) {
+        auto lost = std::make_shared<Entry>(entry.name, entry.owner);
+        lost->generation = p.generation;
+        lost->guid = p.guid;
+        lost->uncertain = true;
+        recipe_.orphan(std::move(lost));
+      }
+      p.node.clear();
+      p.guid.clear();
+      return done(QueuePosition::Kind::again);
+    }
+    p.node = mine->node;
+    p.czxid = static_cast<std::uint64_t>(st->stat.czxid);
+    p.version = st->stat.version;
+    return done(QueuePosition::Kind::again);  // list again with the adopted node known
+  }
+  auto me = std::find_if(queue.begin(), queue.end(), [&](const zk::LockNode& n) { return n.node == p.node; });
+  if (me == queue.end()) {
+    // Our node was deleted from outside (or the directory went away): queue again.
+    p.node.clear();
+    return done(QueuePosition::Kind::again);
+  }
+  if (me == queue.begin()) {
+    pos.sent = sent;
+    return done(QueuePosition::Kind::first);
+  }
+  p.predecessor = std::prev(me)->node;
+  return done(QueuePosition::Kind::behind);
 }
 
-void ZkBackend::cancel_acquire(std::string_view name, std::string_view owner) noexcept {
-  try {
-    Entry e;
-    {
-      std::lock_guard lk(mu_);
-      auto it = entries_.find(key_of(name, owner));
-      if (it == entries_.end()) return;
-      e = it->second;
-      entries_.erase(it);
-    }
-    delete_or_orphan(current_session(), e);
-  } catch (...) {
-    log_.log(LogLevel::warning, "zk: cancelling the wait for lock \"{}\" failed", name);
+// Ours: the validity is the floor of the session that answered (not of a later one),
+// and a session that has ended since (expired, replaced) took our node with it. Read
+// under the mutex, where a reconnect that lowers the floor also shortens the held
+// entries: either this entry is granted first and shortened with the others, or it
+// reads the new value.
+std::optional<Millis> ZkBackend::grant(QueueEntry& qe, const QueuePosition& pos) {
+  Entry& e = as_entry(qe);
+  if (!session_ || session_->expired || session_->generation() != e.generation || session_->floor_ms <= 0) {
+    return std::nullopt;
   }
+  const Millis validity(session_->floor_ms);
+  e.confirmed = pos.sent;
+  e.valid_until = pos.sent + validity;
+  return validity;
 }
 
-void ZkBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
-  ec.clear();
+QueueStore::Watch ZkBackend::watch_predecessor(QueueEntry& qe, Clock::time_point started, Error& ec) {
+  Entry& e = as_entry(qe);
+  const SteadyTime budget_end = started + cfg_.connect_timeout + cfg_.command_timeout;
+  std::string predecessor;
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard lk(mu_);
+    predecessor = zk::lock_dir(e.name) + "/" + e.predecessor;
+    generation = e.generation;
+  }
+  auto s = usable_session(budget_end);
+  if (!s || s->generation() != generation) {
+    if (s) return Watch::gone;  // a new session: look again (enqueue starts over in it)
+    ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", e.name);
+    return Watch::failed;
+  }
+  // Only the immediate predecessor (no herd). If it is already gone the exists call
+  // says so and the recipe looks again.
+  auto w = zk::submit_exists(s->zh.get(), predecessor, &node_watcher, this);
+  const int wrc = zk::await(w, *clock_, std::min(budget_end, clock_->now() + cfg_.command_timeout));
+  if (wrc == ZOK) return Watch::watching;  // node_watcher calls on_change(name) when it goes
+  if (wrc == ZNONODE) return Watch::gone;
+  if (zk::is_transient(wrc) && wrc != zk::kTimedOut && usable_session(budget_end)) return Watch::gone;
+  ec = fail(wrc, "watching the predecessor", e.name);
+  return Watch::failed;
+}
+
+QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
+  const Entry& e = as_entry(qe);
+  Place p;
+  {
+    std::lock_guard lk(mu_);
+    p = place_of(e);
+  }
   auto s = current_session();
+  // Another session: this one's nodes went with the old one.
+  if (!s || s->generation() != p.generation) return Deleted::gone;
+  const std::string dir = zk::lock_dir(e.name);
+  const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
+  if (!p.node.empty()) {
+    auto r = zk::submit_delete(s->zh.get(), dir + "/" + p.node, p.version);
+    const int rc = zk::await(r, *clock_, deadline);
+    if (rc == ZOK) return Deleted::deleted;
+    if (rc == ZNONODE || rc == ZBADVERSION) return Deleted::gone;
+    ec = fail(rc, "deleting the lock node", e.name);
+    return zk::is_transient(rc) ? Deleted::retry : Deleted::failed;
+  }
+  if (!p.uncertain || p.guid.empty()) return Deleted::gone;  // nothing was created
+  // A create whose answer was lost: its node, if it was made, carries our guid.
+  auto listed = zk::submit_children(s->zh.get(), dir);
+  int rc = zk::await(listed, *clock_, deadline);
+  if (rc == ZNONODE) return Deleted::gone;
+  if (rc != ZOK) {
+    ec = fail(rc, "listing the queue", e.name);
+    return Deleted::retry;
+  }
+  Deleted result = Deleted::gone;
+  for (const auto& n : zk::queue_order(listed->children)) {
+    if (n.guid != p.guid) continue;
+    auto d = zk::submit_delete(s->zh.get(), dir + "/" + n.node, -1);
+    rc = zk::await(d, *clock_, deadline);
+    if (rc == ZOK) {
+      if (result == Deleted::gone) result = Deleted::deleted;
+    } else if (rc != ZNONODE) {
+      ec = fail(rc, "deleting the lock node", e.name);
+      result = Deleted::retry;
+    }
+  }
+  return result;
+}
+
+void ZkBackend::orphans_waiting() noexcept {
+  std::lock_guard lk(mu_);
+  cv_.notify_all();
+}
+
+void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewStatus> out,
+                        Clock::time_point sent, Error& ec) {
+  auto s = current_session();
+  std::vector<std::string> paths(entries.size());
+  std::vector<std::uint64_t> tokens(entries.size());
   {
     std::lock_guard lk(mu_);
     if (!s || !s->connected) {
       ec = make_error_code(errc::backend_unavailable);
+      ec.set_detail("not connected to ZooKeeper at " + cfg_.redacted_url);
       return;
     }
-  }
-  // One round trip from here: a sync, then an exists per lease, all in flight at once.
-  // The sync makes the server we are connected to catch up with the leader before it
-  // answers the reads behind it (per-session FIFO), so a lagging or partitioned
-  // follower cannot confirm a node the leader has already deleted: it either answers
-  // with the leader's state or not at all (failed: the local deadline decides).
-  zk::ReplyPtr synced;
-  std::vector<zk::ReplyPtr> replies(items.size());
-  std::vector<std::string> keys(items.size());
-  const SteadyTime sent = clock_->now();
-  {
-    std::vector<std::string> paths(items.size());
-    {
-      std::lock_guard lk(mu_);
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        keys[i] = key_of(items[i].name, items[i].owner);
-        auto it = entries_.find(keys[i]);
-        if (it == entries_.end() || !it->second.held || it->second.generation != s->generation() ||
-            static_cast<std::uint64_t>(it->second.czxid) != items[i].token) {
-          out[i] = RenewStatus::not_owner;
-          continue;
-        }
-        paths[i] = zk::lock_dir(items[i].name) + "/" + it->second.node;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const Entry& e = as_entry(*entries[i]);
+      tokens[i] = e.token;
+      if (e.generation != s->generation()) {
+        out[i] = RenewStatus::not_owner;  // its session ended: the node went with it
+        continue;
       }
+      paths[i] = zk::lock_dir(e.name) + "/" + e.node;
     }
-    // The path of a sync only names the server's tree; "/" (the chroot) always exists.
-    if (std::any_of(paths.begin(), paths.end(), [](const std::string& p) { return !p.empty(); })) {
-      synced = zk::submit_sync(s->zh.get(), "/");
-      renew_syncs_.fetch_add(1);
-    }
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (!paths[i].empty()) replies[i] = zk::submit_exists(s->zh.get(), paths[i]);
-    }
+  }
+  // One round trip: a sync, then an exists per lease, all in flight at once. The sync
+  // makes the server we are connected to catch up with the leader before it answers the
+  // reads behind it (per-session FIFO), so a lagging or partitioned follower cannot
+  // confirm a node the leader has already deleted: it either answers with the leader's
+  // state or not at all (failed: the local deadline decides). The path of a sync only
+  // names the server's tree; "/" (the chroot) always exists.
+  zk::ReplyPtr synced;
+  std::vector<zk::ReplyPtr> replies(entries.size());
+  if (std::any_of(paths.begin(), paths.end(), [](const std::string& p) { return !p.empty(); })) {
+    synced = zk::submit_sync(s->zh.get(), "/");
+    renew_syncs_.fetch_add(1);
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (!paths[i].empty()) replies[i] = zk::submit_exists(s->zh.get(), paths[i]);
   }
   const SteadyTime deadline = sent + cfg_.command_timeout;
   const clientid_t* id = zoo_client_id(s->zh.get());
   const std::int64_t session_id = id != nullptr ? id->client_id : 0;
   const int sync_rc = synced ? zk::await(synced, *clock_, deadline) : ZOK;
-  std::vector<int> codes(items.size(), ZOK);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (!replies[i]) continue;
-    codes[i] = zk::await(replies[i], *clock_, deadline);
-    // Without a completed sync the answer may be a follower's stale view: unknown.
-    if (sync_rc != ZOK) codes[i] = zk::kTimedOut;
-  }
   if (sync_rc != ZOK) {
     log_.log(LogLevel::debug, "zk: renewal sync with the leader failed: {}", zk::describe(sync_rc));
   }
-  std::lock_guard lk(mu_);
-  for (std::size_t i = 0; i < items.size(); ++i) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
     if (!replies[i]) continue;
-    const int rc = codes[i];
+    int rc = zk::await(replies[i], *clock_, deadline);
+    // Without a completed sync the answer may be a follower's stale view: unknown.
+    if (sync_rc != ZOK) rc = zk::kTimedOut;
     if (rc == ZOK && replies[i]->stat.ephemeralOwner == session_id &&
-        static_cast<std::uint64_t>(replies[i]->stat.czxid) == items[i].token) {
+        static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i]) {
       out[i] = RenewStatus::renewed;
-      auto it = entries_.find(keys[i]);
-      if (it != entries_.end() && it->second.held) {
-        it->second.confirmed = std::max(it->second.confirmed, sent);
-        it->second.valid_until = std::max(it->second.valid_until, sent + Millis(s->floor_ms));
-      }
     } else if (rc == ZOK || rc == ZNONODE) {
       out[i] = RenewStatus::not_owner;
-      entries_.erase(keys[i]);
     } else {
       out[i] = RenewStatus::failed;
     }
   }
 }
 
-ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                 Error& ec) {
-  ec.clear();
-  Entry e;
-  {
-    std::lock_guard lk(mu_);
-    auto it = entries_.find(key_of(name, owner));
-    if (it == entries_.end()) return ReleaseStatus::not_owner;
-    if (!it->second.held || static_cast<std::uint64_t>(it->second.czxid) != token) {
-      return ReleaseStatus::not_owner;
-    }
-    e = it->second;
-    entries_.erase(it);
+void ZkBackend::confirmed(QueueEntry& qe, Clock::time_point sent) {
+  Entry& e = as_entry(qe);
+  e.confirmed = std::max(e.confirmed, sent);
+  if (session_ && session_->generation() == e.generation) {
+    e.valid_until = std::max(e.valid_until, sent + Millis(session_->floor_ms));
   }
-  auto s = current_session();
-  if (!s || s->generation() != e.generation) return ReleaseStatus::not_owner;  // session ended: node gone
-  auto r = zk::submit_delete(s->zh.get(), zk::lock_dir(name) + "/" + e.node, e.version);
-  const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
-  if (rc == ZOK) return ReleaseStatus::released;
-  if (rc == ZNONODE || rc == ZBADVERSION) return ReleaseStatus::not_owner;
-  if (zk::is_transient(rc)) {
-    // Still ours while the session lives: delete it as soon as we are connected again.
-    add_orphan(zk::lock_dir(name), e.guid, e.generation);
-  }
-  ec = fail(rc, "deleting the lock node", name);
-  return ReleaseStatus::released;
 }
 
 }  // namespace distlock::detail::zk

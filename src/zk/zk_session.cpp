@@ -64,7 +64,7 @@ void ZkBackend::on_session_event(zhandle_t* zh, Session& s, int state) noexcept 
   // The engine shortens its leases before this completion thread delivers any reply
   // that arrived on the new connection (a renewal confirmed there is counted with the
   // new validity). Outside mu_: the engine's lock is never taken under ours.
-  if (ChangeListener* l = listener_.load()) l->on_validity_changed(Millis(granted));
+  if (ChangeListener* l = recipe_.listener()) l->on_validity_changed(Millis(granted));
   if (before > 0) {
     log_.log(granted < before ? LogLevel::warning : LogLevel::info,
              "zk: {} now grants a session timeout of {}ms (was {}ms); leases count on it from now on",
@@ -105,9 +105,10 @@ int ZkBackend::record_session_event(zhandle_t* zh, Session& s, int state, int& b
       negotiated_ms_.store(s.floor_ms);
       changed_to = s.floor_ms;
       const Millis validity(s.floor_ms);
-      for (auto& [k, e] : entries_) {
+      recipe_.for_each_locked([&](QueueEntry& qe) {
+        auto& e = static_cast<Entry&>(qe);
         if (e.held) e.valid_until = std::min(e.valid_until, e.confirmed + validity);
-      }
+      });
     }
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     s.connected = false;
@@ -125,7 +126,7 @@ void ZkBackend::on_node_event(int type, const char* path) noexcept {
   if (path == nullptr) return;
   if (type == ZOO_DELETED_EVENT) watch_events_.fetch_add(1);
   auto name = zk::name_of_node_path(path);
-  ChangeListener* l = listener_.load();
+  ChangeListener* l = recipe_.listener();
   if (name && l != nullptr) l->on_change(*name);
 }
 
@@ -135,14 +136,15 @@ void ZkBackend::keeper_main() {
     const SteadyTime soon = clock_->now() + std::chrono::milliseconds(10);
     SteadyTime wake = clock_->now() + std::chrono::seconds(1);
     if (session_ && session_->connected) {  // both jobs need the connection
-      for (const auto& [k, e] : entries_) {
-        if (e.held) wake = std::min(wake, std::max(e.valid_until, soon));
-      }
-      if (!orphans_.empty()) wake = std::min(wake, std::max(orphan_retry_at_, soon));
+      recipe_.for_each_locked([&](const QueueEntry& e) {
+        if (e.held) wake = std::min(wake, std::max(static_cast<const Entry&>(e).valid_until, soon));
+      });
+      if (recipe_.has_orphans_locked()) wake = std::min(wake, std::max(orphan_retry_at_, soon));
     }
     wait_until(lk, wake, [&] {
       return stopping_ || (session_ && (session_->expired || session_->reconnected)) ||
-             (session_ && session_->connected && !orphans_.empty() && clock_->now() >= orphan_retry_at_);
+             (session_ && session_->connected && recipe_.has_orphans_locked() &&
+              clock_->now() >= orphan_retry_at_);
     });
     if (stopping_) break;
     if (session_ && session_->expired) {
@@ -156,84 +158,42 @@ void ZkBackend::keeper_main() {
       // Back within the session: our nodes and watches survived, but a predecessor may
       // have gone while we were away; let every waiter look again.
       session_->reconnected = false;
-      for (const auto& [k, e] : entries_) {
+      recipe_.for_each_locked([&](const QueueEntry& e) {
         if (!e.held) nudge.push_back(e.name);
-      }
+      });
     }
     // Leases past their validity: the engine has already declared them lost (its
     // deadline is earlier); free the node so others are not blocked by a lease nobody uses.
-    std::vector<Entry> stale;
     const SteadyTime now = clock_->now();
-    for (auto it = entries_.begin(); it != entries_.end();) {
-      if (it->second.held && it->second.valid_until <= now && session_ && session_->connected) {
-        stale.push_back(it->second);
-        it = entries_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    std::vector<Orphan> orphans;
-    auto s = session_;
-    if (s && s->connected && !orphans_.empty() && now >= orphan_retry_at_) orphans.swap(orphans_);
+    const bool connected = session_ && session_->connected;
+    std::vector<QueueEntryPtr> stale = recipe_.take_locked([&](const QueueEntry& e) {
+      return connected && e.held && static_cast<const Entry&>(e).valid_until <= now;
+    });
+    std::vector<QueueEntryPtr> orphans;
+    if (connected && now >= orphan_retry_at_) orphans = recipe_.take_orphans_locked();
     lk.unlock();
-    ChangeListener* l = listener_.load();
+    ChangeListener* l = recipe_.listener();
     for (const auto& n : nudge) {
       if (l != nullptr) l->on_change(n);
     }
-    for (const auto& e : stale) {
-      if (l != nullptr) l->on_lease_lost(e.name, e.owner);
-      delete_or_orphan(s, e);
-    }
-    if (!orphans.empty()) sweep_orphans(s, std::move(orphans));
-    s.reset();  // never the last reference under mu_ (closing calls the session watcher)
+    recipe_.drop_stale(stale);
+    if (!orphans.empty()) orphans_removed_.fetch_add(recipe_.retry_orphans(std::move(orphans)));
     lk.lock();
-  }
-}
-
-void ZkBackend::sweep_orphans(const std::shared_ptr<Session>& s, std::vector<Orphan> orphans) {
-  std::vector<Orphan> retry;
-  for (auto& o : orphans) {
-    if (o.generation != s->generation()) continue;  // that session is gone, and its nodes with it
-    const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
-    auto listed = zk::submit_children(s->zh.get(), o.dir);
-    int rc = zk::await(listed, *clock_, deadline);
-    if (rc == ZNONODE) continue;
-    if (rc != ZOK) {
-      retry.push_back(std::move(o));
-      continue;
-    }
-    bool ok = true;
-    for (const auto& n : zk::queue_order(listed->children)) {
-      if (n.guid != o.guid) continue;
-      auto d = zk::submit_delete(s->zh.get(), o.dir + "/" + n.node, -1);
-      rc = zk::await(d, *clock_, deadline);
-      if (rc == ZOK) {
-        orphans_removed_.fetch_add(1);
-        log_.log(LogLevel::info, "zk: removed node {}/{} of an abandoned attempt", o.dir, n.node);
-      } else if (rc != ZNONODE) {
-        ok = false;
-      }
-    }
-    if (!ok) retry.push_back(std::move(o));
-  }
-  std::lock_guard lk(mu_);
-  if (!retry.empty()) {
-    orphans_.insert(orphans_.end(), std::make_move_iterator(retry.begin()),
-                    std::make_move_iterator(retry.end()));
-    orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(200);
+    // Those still unknown wait a little: the server does not answer them now.
+    if (recipe_.has_orphans_locked()) orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(200);
   }
 }
 
 void ZkBackend::replace_expired_session() {
   std::shared_ptr<Session> old;
-  std::vector<Entry> lost;
+  std::vector<QueueEntryPtr> lost;
   {
     std::lock_guard lk(mu_);
     if (!session_ || !session_->expired) return;
     old = session_;
-    for (auto& [k, e] : entries_) lost.push_back(e);
-    entries_.clear();
-    orphans_.clear();
+    // Every node of this client was in that session: gone with it.
+    lost = recipe_.take_locked([](const QueueEntry&) { return true; });
+    recipe_.drop_orphans_locked([](const QueueEntry&) { return true; });
   }
   log_.log(LogLevel::warning, "zk: session to {} expired; every lock it held is lost; opening a new session",
            cfg_.redacted_url);
@@ -254,14 +214,7 @@ void ZkBackend::replace_expired_session() {
     std::unique_lock lk(mu_);
     wait_until(lk, clock_->now() + std::chrono::milliseconds(500), [&] { return stopping_; });
   }
-  ChangeListener* l = listener_.load();
-  if (l == nullptr) return;
-  for (const auto& e : lost) {
-    if (e.held) l->on_lease_lost(e.name, e.owner);
-  }
-  for (const auto& e : lost) {
-    if (!e.held) l->on_change(e.name);
-  }
+  recipe_.end_session(lost);
 }
 
 }  // namespace distlock::detail::zk
