@@ -18,6 +18,12 @@ QueueEntryPtr QueueRecipe::find_locked(std::string_view name, std::string_view o
   return it == entries_.end() ? nullptr : it->second;
 }
 
+bool QueueRecipe::in_table(const std::string& key, const QueueEntryPtr& e) const {
+  std::lock_guard lk(mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second == e;
+}
+
 void QueueRecipe::forget(const QueueEntryPtr& e) noexcept {
   {
     std::lock_guard lk(mu_);
@@ -141,16 +147,25 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
     }
 
     const QueuePosition pos = store_.enqueue(*e, req, started, ec);
+    if (pos.kind != QueuePosition::Kind::failed && !in_table(key, e)) {
+      // A session's end took the entry while enqueue ran. Whatever place enqueue made
+      // must not outlive the entry: nobody would delete it, and it would queue ahead of
+      // everyone for as long as its session lives. (Gone already if it was made in the
+      // ended session.)
+      store_.forgotten(*e);
+      give_up(e);
+      continue;
+    }
     switch (pos.kind) {
       case QueuePosition::Kind::first: {
         std::optional<Millis> validity;
         std::uint64_t token = 0;
+        bool still = false;
         {
           std::lock_guard lk(mu_);
           auto it = entries_.find(key);
-          // Not in the table any more: its session ended while the answer was on its
-          // way (end_session took it), and its place with it.
-          if (it != entries_.end() && it->second == e) {
+          still = it != entries_.end() && it->second == e;
+          if (still) {
             validity = store_.grant(*e, pos);
             if (validity) {
               e->held = true;
@@ -161,7 +176,10 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
           }
         }
         if (!validity) {
+          // The session that answered has ended (or ends now): its place goes with it,
+          // and a place that somehow outlived it is deleted. Queue anew.
           store_.forgotten(*e);
+          give_up(e);
           continue;
         }
         return AcquireResult{true, token, std::max(*validity, Millis(1)), std::nullopt};

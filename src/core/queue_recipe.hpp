@@ -203,6 +203,8 @@ class QueueRecipe {
   void orphan(QueueEntryPtr e) noexcept;
 
  private:
+  /// Whether `e` is still the table's entry under `key`. Without mutex().
+  bool in_table(const std::string& key, const QueueEntryPtr& e) const;
   /// Removes `e` from the table if it is still there. Without mutex().
   void forget(const QueueEntryPtr& e) noexcept;
   /// Deletes e's place now, or keeps it as an orphan. Without mutex().

@@ -110,8 +110,9 @@ bool ZkBackend::admit(const AcquireRequest& req, Clock::time_point started, Erro
 QueueEntryPtr ZkBackend::new_entry(const AcquireRequest& req, Error& /*ec*/) {
   auto e = std::make_shared<Entry>(req.name, req.owner);
   std::lock_guard lk(mu_);
-  // enqueue moves it to the session it finds usable if this one ends first.
-  e->generation = session_ ? session_->generation() : 0;
+  // Of the current session while it lives; else of none (not live: the recipe makes
+  // another once a session is usable).
+  e->generation = session_ && !session_->expired ? session_->generation() : 0;
   return e;
 }
 
@@ -137,21 +138,18 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     pos.kind = kind;
     return pos;
   };
-  auto fresh_in = [&](const std::shared_ptr<Session>& s) {
-    p = Place{};
-    p.generation = s->generation();
-  };
-
   auto s = usable_session(budget_end);
   if (!s) {
     ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", name);
     return done(QueuePosition::Kind::failed);
   }
-  // A new session means our node (if any) went with the old one: start over in it.
-  if (p.generation != s->generation()) fresh_in(s);
+  // An entry lives in one session: if that one has ended, so has its node, and the
+  // recipe starts over with a new entry (never moves this one: a session's end takes
+  // the entries of that session only).
+  if (p.generation != s->generation()) return done(QueuePosition::Kind::again);
 
   // A transient failure: wait (bounded) for the connection to come back, and look again
-  // (in a new session if the old one ended). A request that got no answer within the
+  // (with a new entry if the session ended meanwhile). A request that got no answer within the
   // command timeout ends the attempt: the server counts as unavailable, and retrying on
   // a connection the client still believes alive would only pile up requests behind
   // the silent one.
@@ -161,7 +159,6 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
       ec = fail(rc, what, name);
       return done(QueuePosition::Kind::failed);
     }
-    if (s->generation() != p.generation) fresh_in(s);
     return done(QueuePosition::Kind::again);
   };
 

@@ -191,9 +191,12 @@ void ZkBackend::replace_expired_session() {
     std::lock_guard lk(mu_);
     if (!session_ || !session_->expired) return;
     old = session_;
-    // Every node of this client was in that session: gone with it.
-    lost = recipe_.take_locked([](const QueueEntry&) { return true; });
-    recipe_.drop_orphans_locked([](const QueueEntry&) { return true; });
+    // Every node of that session is gone with it (an entry of no session, made while
+    // this one had expired, is not live and is replaced by its next try).
+    const std::uint64_t gen = old->generation();
+    auto of_old = [gen](const QueueEntry& e) { return static_cast<const Entry&>(e).generation == gen; };
+    lost = recipe_.take_locked(of_old);
+    recipe_.drop_orphans_locked(of_old);
   }
   log_.log(LogLevel::warning, "zk: session to {} expired; every lock it held is lost; opening a new session",
            cfg_.redacted_url);
