@@ -70,6 +70,17 @@ struct QueueEntry : std::enable_shared_from_this<QueueEntry> {
 };
 using QueueEntryPtr = std::shared_ptr<QueueEntry>;
 
+/// A store's own entry type behind a QueueEntry the recipe hands it back (a store only
+/// ever sees entries it made).
+template <class Entry>
+Entry& entry_of(QueueEntry& e) noexcept {
+  return static_cast<Entry&>(e);
+}
+template <class Entry>
+const Entry& entry_of(const QueueEntry& e) noexcept {
+  return static_cast<const Entry&>(e);
+}
+
 /// Where an entry's place stands after QueueStore::enqueue.
 struct QueuePosition {
   enum class Kind {
@@ -220,6 +231,30 @@ class QueueRecipe {
   mutable std::mutex mu_;
   std::map<std::string, QueueEntryPtr, std::less<>> entries_;  // name '\0' owner; guarded by mu_
   std::vector<QueueEntryPtr> orphans_;                         // guarded by mu_
+};
+
+/// A Backend (`Base`: Backend or RecordsBackend<...>) whose locks run on a QueueRecipe:
+/// the listener and the four lock calls go to recipe(); the rest stays the backend's.
+template <class Base>
+class QueueBackend : public Base {
+ public:
+  void set_listener(ChangeListener* listener) override { recipe().set_listener(listener); }
+  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
+    return recipe().try_acquire(req, ec);
+  }
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
+    recipe().cancel_acquire(name, owner);
+  }
+  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
+    recipe().renew(items, out, ec);
+  }
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        Error& ec) override {
+    return recipe().release(name, owner, token, ec);
+  }
+
+ protected:
+  virtual QueueRecipe& recipe() noexcept = 0;
 };
 
 }  // namespace distlock::detail

@@ -85,7 +85,7 @@ struct WatchStream {
 
 // ---- the backend -----------------------------------------------------------
 
-class EtcdBackend final : public RecordsBackend<etcd::Records>, private QueueStore {
+class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, private QueueStore {
  public:
   EtcdBackend(etcd::TransportConfig config, std::string prefix, std::string redacted_url,
               const ClientOptions& opts)
@@ -167,7 +167,6 @@ class EtcdBackend final : public RecordsBackend<etcd::Records>, private QueueSto
   }
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
-  void set_listener(ChangeListener* listener) override { recipe_.set_listener(listener); }
   std::string url() const override { return url_; }
 
   // Watches are per queued key and set up by try_acquire (from the revision it
@@ -175,24 +174,13 @@ class EtcdBackend final : public RecordsBackend<etcd::Records>, private QueueSto
   void watch(std::string_view, Error& ec) override { ec.clear(); }
   void unwatch(std::string_view) noexcept override {}
 
-  // The queue recipe (core/queue_recipe.hpp) over this store (etcd_queue.cpp).
-  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
-    return recipe_.try_acquire(req, ec);
-  }
-  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
-    recipe_.cancel_acquire(name, owner);
-  }
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
-    recipe_.renew(items, out, ec);
-  }
-  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        Error& ec) override {
-    return recipe_.release(name, owner, token, ec);
-  }
   LockInfo status(std::string_view name, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
   etcd::Records& records() noexcept override { return records_; }
+  // The lock calls run the queue recipe (core/queue_recipe.hpp) over this store
+  // (etcd_queue.cpp).
+  QueueRecipe& recipe() noexcept override { return recipe_; }
 
  private:
   std::string lock_prefix(std::string_view name) const {

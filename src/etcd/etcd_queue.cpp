@@ -5,17 +5,6 @@
 
 namespace distlock::detail::etcd {
 
-namespace {
-
-Entry& as_entry(QueueEntry& e) {
-  return static_cast<Entry&>(e);
-}
-const Entry& as_entry(const QueueEntry& e) {
-  return static_cast<const Entry&>(e);
-}
-
-}  // namespace
-
 bool EtcdBackend::admit(const AcquireRequest& req, Clock::time_point /*started*/, Error& ec) {
   if (ttl_seconds(req.ttl) != 0) return true;
   // Refused before anything is sent: no lease, no key.
@@ -41,17 +30,17 @@ QueueEntryPtr EtcdBackend::new_entry(const AcquireRequest& req, Error& ec) {
 }
 
 bool EtcdBackend::live(const QueueEntry& e) const {
-  return as_entry(e).session->alive;
+  return entry_of<Entry>(e).session->alive;
 }
 
 bool EtcdBackend::reusable(const QueueEntry& e, const AcquireRequest& req) const {
-  const Entry& entry = as_entry(e);
+  const Entry& entry = entry_of<Entry>(e);
   return entry.session->alive && entry.session->requested_s == ttl_seconds(req.ttl);
 }
 
 QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
                                    Clock::time_point /*started*/, Error& ec) {
-  Entry& entry = as_entry(e);
+  Entry& entry = entry_of<Entry>(e);
   const auto& session = entry.session;
   QueuePosition pos;
   pos.holder_ttl = session->ttl;  // the holder's lease is at most a TTL away
@@ -168,14 +157,14 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
 }
 
 std::optional<Millis> EtcdBackend::grant(QueueEntry& e, const QueuePosition& pos) {
-  Entry& entry = as_entry(e);
+  Entry& entry = entry_of<Entry>(e);
   if (!entry.session->alive) return std::nullopt;  // the key went with the lease
   entry.confirmed = clock_->now();
   return pos.validity;
 }
 
 QueueStore::Watch EtcdBackend::watch_predecessor(QueueEntry& e, Clock::time_point /*started*/, Error& ec) {
-  Entry& entry = as_entry(e);
+  Entry& entry = entry_of<Entry>(e);
   std::int64_t my_rev = 0;
   {
     std::lock_guard lk(mu_);
@@ -206,7 +195,7 @@ QueueStore::Watch EtcdBackend::watch_predecessor(QueueEntry& e, Clock::time_poin
 }
 
 QueueStore::Deleted EtcdBackend::delete_place(QueueEntry& e, Error& ec) {
-  const Entry& entry = as_entry(e);
+  const Entry& entry = entry_of<Entry>(e);
   std::int64_t create_rev = 0;
   {
     std::lock_guard lk(mu_);
@@ -246,7 +235,7 @@ void EtcdBackend::forgotten(QueueEntry& e) noexcept {
   std::int64_t watch_id = 0;
   {
     std::lock_guard lk(mu_);
-    watch_id = std::exchange(as_entry(e).watch_id, 0);
+    watch_id = std::exchange(entry_of<Entry>(e).watch_id, 0);
   }
   if (watch_id != 0) cancel_watch(watch_id);
 }
@@ -255,7 +244,7 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
                           Clock::time_point /*sent*/, Error& ec) {
   std::vector<std::shared_ptr<Session>> sessions;
   for (QueueEntry* e : entries) {
-    const auto& s = as_entry(*e).session;
+    const auto& s = entry_of<Entry>(*e).session;
     if (std::find(sessions.begin(), sessions.end(), s) == sessions.end()) sessions.push_back(s);
   }
   if ((ec = keepalive(sessions))) return;
@@ -274,7 +263,7 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
     etcdserverpb::TxnRequest txn;
     for (std::size_t j = from; j < to; ++j) {
       RangeRequest* r = txn.add_success()->mutable_request_range();
-      r->set_key(as_entry(*entries[j]).key);
+      r->set_key(entry_of<Entry>(*entries[j]).key);
       r->set_keys_only(true);
     }
     etcdserverpb::TxnResponse resp;
@@ -293,7 +282,7 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
       const auto& r = resp.responses(static_cast<int>(j - from)).response_range();
       const bool ours = r.kvs_size() == 1 &&
                         r.kvs(0).create_revision() == static_cast<std::int64_t>(tokens[j]) &&
-                        r.kvs(0).lease() == as_entry(*entries[j]).session->lease;
+                        r.kvs(0).lease() == entry_of<Entry>(*entries[j]).session->lease;
       out[j] = ours ? RenewStatus::renewed : RenewStatus::not_owner;
       if (!ours) {
         log_.log(LogLevel::warning, "etcd: the key of held lock \"{}\" was deleted from outside: lost",
@@ -304,7 +293,7 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
   // A session lost meanwhile (its lease gone) took its keys with it.
   std::lock_guard lk(mu_);
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    if (out[i] == RenewStatus::renewed && !as_entry(*entries[i]).session->alive)
+    if (out[i] == RenewStatus::renewed && !entry_of<Entry>(*entries[i]).session->alive)
       out[i] = RenewStatus::not_owner;
   }
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/errno_text.hpp"
 #include "core/url_keys.hpp"
 #include "distlock/error.hpp"
 
@@ -17,7 +18,7 @@ std::error_code read_file(const std::string& what, const std::string& path, std:
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
-    why = "TLS " + what + " file \"" + path + "\" cannot be read: " + std::strerror(err);
+    why = "TLS " + what + " file \"" + path + "\" cannot be read: " + errno_text(err);
     return make_error_code(errc::invalid_argument);
   }
   std::ostringstream ss;

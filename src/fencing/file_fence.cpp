@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/errno_text.hpp"
 #include "distlock/fencing.hpp"
 
 namespace distlock {
@@ -26,8 +27,9 @@ namespace {
 constexpr std::size_t kTokenWidth = 20;  // digits of UINT64_MAX
 
 [[noreturn]] void throw_io(const std::filesystem::path& p, const char* what, int err) {
-  throw_error(make_error_code(errc::backend_unavailable),
-              std::string("fence file ") + p.string() + ": " + what + ": " + std::strerror(err));
+  throw_error(
+      make_error_code(errc::backend_unavailable),
+      std::string("fence file ") + p.string() + ": " + what + ": " + distlock::detail::errno_text(err));
 }
 
 /// Opens the fence file without following a symbolic link (O_NOFOLLOW) and without
@@ -48,7 +50,7 @@ int open_fence_file(const std::filesystem::path& p, int flags) {
   struct stat st {};
   std::string problem;
   if (::fstat(fd, &st) != 0) {
-    problem = std::string("cannot be examined: ") + std::strerror(errno);
+    problem = std::string("cannot be examined: ") + distlock::detail::errno_text(errno);
   } else if (!S_ISREG(st.st_mode)) {
     problem = "is not a regular file";
   } else if (st.st_uid != ::geteuid() && st.st_uid != 0) {

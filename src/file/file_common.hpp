@@ -18,6 +18,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/errno_text.hpp"
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
 
@@ -52,9 +53,6 @@ class Fd {
 
 inline std::string in_quotes(std::string_view s) {
   return "\"" + std::string(s) + "\"";
-}
-inline std::string errno_text(int err) {
-  return std::error_code(err, std::system_category()).message();
 }
 
 // ---- The lock file's record -------------------------------------------------

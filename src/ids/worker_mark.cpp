@@ -17,6 +17,7 @@
 
 #include "core/client_access.hpp"
 #include "core/engine.hpp"
+#include "core/errno_text.hpp"
 #include "core/url.hpp"
 #include "distlock/error.hpp"
 #include "redis/connection.hpp"
@@ -91,7 +92,8 @@ class FileMarkStore final : public WorkerMarkStore {
              std::int64_t pos, MarkRecord& prior, std::error_code& ec, std::string& why) override {
     const std::string path = dir_ + "/" + mark_file_name(worker_lock);
     const auto fail = [&](const char* what) {
-      why = fmt::format("snowflake worker mark {}: {} failed: {}", path, what, std::strerror(errno));
+      why = fmt::format("snowflake worker mark {}: {} failed: {}", path, what,
+                        distlock::detail::errno_text(errno));
       ec = make_error_code(errc::backend_unavailable);
       return false;
     };

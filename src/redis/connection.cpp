@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cstring>
 
+#include "core/errno_text.hpp"
+
 namespace distlock::detail::redis {
 
 namespace {
@@ -65,7 +67,7 @@ ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const
       if (!file.empty() && ::access(file.c_str(), R_OK) != 0) {
         ec = make_error_code(errc::invalid_url);
         why = std::string(param) + "=\"" + file + "\" in URL \"" + url.redacted() +
-              "\" cannot be read: " + std::strerror(errno);
+              "\" cannot be read: " + errno_text(errno);
         return o;
       }
     }

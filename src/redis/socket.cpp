@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/errno_text.hpp"
 #include "redis/socket_impl.hpp"
 
 namespace distlock::detail::redis {
@@ -121,7 +122,7 @@ long Socket::read(char* buf, std::size_t n, short& want, std::string& why) {
         want = POLLIN;
         return kWouldBlock;
       }
-      why = std::string("reading failed: ") + std::strerror(errno);
+      why = std::string("reading failed: ") + errno_text(errno);
       return -1;
     }
   }
@@ -135,7 +136,7 @@ long Socket::read(char* buf, std::size_t n, short& want, std::string& why) {
     case SSL_ERROR_ZERO_RETURN: return 0;
     case SSL_ERROR_SYSCALL:
       if (errno == 0 || errno == EPIPE || errno == ECONNRESET) return 0;
-      why = std::string("TLS read failed: ") + std::strerror(errno);
+      why = std::string("TLS read failed: ") + errno_text(errno);
       return -1;
     default: why = "TLS read failed: " + ssl_errors(); return -1;
   }
@@ -151,7 +152,7 @@ long Socket::write(const char* buf, std::size_t n, short& want, std::string& why
         want = POLLOUT;
         return kWouldBlock;
       }
-      why = std::string("sending failed: ") + std::strerror(errno);
+      why = std::string("sending failed: ") + errno_text(errno);
       return -1;
     }
   }
@@ -163,7 +164,7 @@ long Socket::write(const char* buf, std::size_t n, short& want, std::string& why
   switch (SSL_get_error(ssl_, r)) {
     case SSL_ERROR_WANT_READ: want = POLLIN; return kWouldBlock;
     case SSL_ERROR_WANT_WRITE: want = POLLOUT; return kWouldBlock;
-    case SSL_ERROR_SYSCALL: why = std::string("TLS write failed: ") + std::strerror(errno); return -1;
+    case SSL_ERROR_SYSCALL: why = std::string("TLS write failed: ") + errno_text(errno); return -1;
     default: why = "TLS write failed: " + ssl_errors(); return -1;
   }
 }

@@ -17,6 +17,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/errno_text.hpp"
 #include "redis/connection.hpp"
 #include "redis/socket_impl.hpp"
 
@@ -64,7 +65,7 @@ int connect_tcp(const ConnectionOptions& opts, std::optional<Clock::time_point> 
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
-      why = std::string("socket: ") + std::strerror(errno);
+      why = std::string("socket: ") + errno_text(errno);
       continue;
     }
     int err = 0;
@@ -93,7 +94,7 @@ int connect_tcp(const ConnectionOptions& opts, std::optional<Clock::time_point> 
     }
     ::close(fd);
     why = err == ETIMEDOUT ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
-                           : std::string(std::strerror(err));
+                           : std::string(errno_text(err));
   }
   return -1;
 }
@@ -159,7 +160,7 @@ std::string handshake_failure(SSL* ssl, int e) {
   std::string detail = verify != X509_V_OK ? std::string("certificate verification failed: ") +
                                                  X509_verify_cert_error_string(verify)
                                            : ssl_errors();
-  if (detail.empty()) detail = e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : "unknown error";
+  if (detail.empty()) detail = e == SSL_ERROR_SYSCALL ? std::string(errno_text(errno)) : "unknown error";
   return std::string("TLS handshake failed") + (verify == X509_V_OK ? " (is it a TLS port?): " : ": ") +
          detail;
 }
@@ -225,7 +226,7 @@ long Socket::progress_connect(short& want, std::string& why) {
     socklen_t len = sizeof err;
     if (r < 0 || ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err != 0) {
-      why = std::string("cannot connect: ") + std::strerror(err);
+      why = std::string("cannot connect: ") + errno_text(err);
       return -1;
     }
     tune_tcp(fd_);

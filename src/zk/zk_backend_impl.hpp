@@ -99,7 +99,7 @@ struct Entry final : QueueEntry {
   SteadyTime valid_until{};  // held: confirmed + session timeout
 };
 
-class ZkBackend final : public RecordsBackend<zk::Records>, private QueueStore {
+class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, private QueueStore {
  public:
   using Config = zk::UrlConfig;
 
@@ -169,22 +169,7 @@ class ZkBackend final : public RecordsBackend<zk::Records>, private QueueStore {
   }
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
-  void set_listener(ChangeListener* listener) override { recipe_.set_listener(listener); }
 
-  // The queue recipe (core/queue_recipe.hpp) over this store (zk_queue.cpp).
-  AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
-    return recipe_.try_acquire(req, ec);
-  }
-  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override {
-    recipe_.cancel_acquire(name, owner);
-  }
-  void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override {
-    recipe_.renew(items, out, ec);
-  }
-  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                        Error& ec) override {
-    return recipe_.release(name, owner, token, ec);
-  }
   // Waiting is driven by the predecessor watch each queued try_acquire leaves (set
   // atomically with the check, so nothing between the check and the wait is missed).
   void watch(std::string_view, Error& ec) override { ec.clear(); }
@@ -194,6 +179,9 @@ class ZkBackend final : public RecordsBackend<zk::Records>, private QueueStore {
 
   // Records and listing (RecordsBackend forwards them): zk_records.cpp.
   zk::Records& records() noexcept override { return records_; }
+  // The lock calls run the queue recipe (core/queue_recipe.hpp) over this store
+  // (zk_queue.cpp).
+  QueueRecipe& recipe() noexcept override { return recipe_; }
 
   ZkStats stats() const {
     ZkStats st;

@@ -7,13 +7,6 @@ namespace distlock::detail::zk {
 
 namespace {
 
-Entry& as_entry(QueueEntry& e) {
-  return static_cast<Entry&>(e);
-}
-const Entry& as_entry(const QueueEntry& e) {
-  return static_cast<const Entry&>(e);
-}
-
 // What enqueue works on: a copy of the entry's place, written back under the mutex.
 struct Place {
   std::uint64_t generation = 0;
@@ -117,12 +110,12 @@ QueueEntryPtr ZkBackend::new_entry(const AcquireRequest& req, Error& /*ec*/) {
 }
 
 bool ZkBackend::live(const QueueEntry& e) const {
-  return session_ && !session_->expired && session_->generation() == as_entry(e).generation;
+  return session_ && !session_->expired && session_->generation() == entry_of<Entry>(e).generation;
 }
 
 QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Clock::time_point started,
                                  Error& ec) {
-  Entry& entry = as_entry(qe);
+  Entry& entry = entry_of<Entry>(qe);
   const SteadyTime budget_end = started + cfg_.connect_timeout + cfg_.command_timeout;
   const std::string& name = entry.name;
   const std::string dir = zk::lock_dir(name);
@@ -281,7 +274,7 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
 // entries: either this entry is granted first and shortened with the others, or it
 // reads the new value.
 std::optional<Millis> ZkBackend::grant(QueueEntry& qe, const QueuePosition& pos) {
-  Entry& e = as_entry(qe);
+  Entry& e = entry_of<Entry>(qe);
   if (!session_ || session_->expired || session_->generation() != e.generation || session_->floor_ms <= 0) {
     return std::nullopt;
   }
@@ -292,7 +285,7 @@ std::optional<Millis> ZkBackend::grant(QueueEntry& qe, const QueuePosition& pos)
 }
 
 QueueStore::Watch ZkBackend::watch_predecessor(QueueEntry& qe, Clock::time_point started, Error& ec) {
-  Entry& e = as_entry(qe);
+  Entry& e = entry_of<Entry>(qe);
   const SteadyTime budget_end = started + cfg_.connect_timeout + cfg_.command_timeout;
   std::string predecessor;
   std::uint64_t generation = 0;
@@ -319,7 +312,7 @@ QueueStore::Watch ZkBackend::watch_predecessor(QueueEntry& qe, Clock::time_point
 }
 
 QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
-  const Entry& e = as_entry(qe);
+  const Entry& e = entry_of<Entry>(qe);
   Place p;
   {
     std::lock_guard lk(mu_);
@@ -380,7 +373,7 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
       return;
     }
     for (std::size_t i = 0; i < entries.size(); ++i) {
-      const Entry& e = as_entry(*entries[i]);
+      const Entry& e = entry_of<Entry>(*entries[i]);
       tokens[i] = e.token;
       if (e.generation != s->generation()) {
         out[i] = RenewStatus::not_owner;  // its session ended: the node went with it
@@ -428,7 +421,7 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
 }
 
 void ZkBackend::confirmed(QueueEntry& qe, Clock::time_point sent) {
-  Entry& e = as_entry(qe);
+  Entry& e = entry_of<Entry>(qe);
   e.confirmed = std::max(e.confirmed, sent);
   if (session_ && session_->generation() == e.generation) {
     e.valid_until = std::max(e.valid_until, sent + Millis(session_->floor_ms));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/errno_text.hpp"
 #include "zk/zk_backend_impl.hpp"
 
 namespace distlock::detail::zk {
@@ -47,7 +48,7 @@ std::shared_ptr<Session> ZkBackend::open_session(std::string& why) {
     const int err = errno;
     why = "cannot start a ZooKeeper session for " + cfg_.redacted_url + ": " +
           (err == EINVAL ? std::string("a host name does not resolve or the host list is malformed")
-                         : std::string(std::strerror(err)));
+                         : std::string(errno_text(err)));
     return nullptr;
   }
   sessions_.fetch_add(1);
