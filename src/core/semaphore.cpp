@@ -9,8 +9,6 @@
 
 namespace distlock {
 
-using detail::Engine;
-
 namespace {
 
 std::string describe(std::string_view name) {
