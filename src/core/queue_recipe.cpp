@@ -18,6 +18,11 @@ QueueEntryPtr QueueRecipe::find_locked(std::string_view name, std::string_view o
   return it == entries_.end() ? nullptr : it->second;
 }
 
+bool QueueRecipe::live_entry(const QueueEntryPtr& e) const {
+  std::lock_guard lk(mu_);
+  return store_.live(*e);
+}
+
 bool QueueRecipe::in_table(const std::string& key, const QueueEntryPtr& e) const {
   std::lock_guard lk(mu_);
   auto it = entries_.find(key);
@@ -143,6 +148,9 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
       e = store_.new_entry(req, ec);
       if (!e) return {};
       std::lock_guard lk(mu_);
+      // Its session may have ended since new_entry read it, before this entry was in
+      // the table for that session's end to take: such an entry would outlive it.
+      if (!store_.live(*e)) continue;
       entries_[key] = e;
     }
 
@@ -216,8 +224,8 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
     }
   }
   // The queue kept changing under us: busy, and the engine comes back. A waiter keeps
-  // its place.
-  if (e && !req.keep_queued) {
+  // its place, if its session still lives (no session's end would take it otherwise).
+  if (e && (!req.keep_queued || !live_entry(e))) {
     forget(e);
     give_up(e);
   }

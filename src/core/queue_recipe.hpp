@@ -214,6 +214,8 @@ class QueueRecipe {
   void orphan(QueueEntryPtr e) noexcept;
 
  private:
+  /// store_.live(e), under mutex(). Without mutex().
+  bool live_entry(const QueueEntryPtr& e) const;
   /// Whether `e` is still the table's entry under `key`. Without mutex().
   bool in_table(const std::string& key, const QueueEntryPtr& e) const;
   /// Removes `e` from the table if it is still there. Without mutex().

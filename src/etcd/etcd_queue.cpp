@@ -51,6 +51,9 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
   Millis remaining{};
   {
     std::lock_guard lk(mu_);
+    // A session lost meanwhile: its lease may still live on the server for a while,
+    // and a key put on it now would be nobody's. The recipe makes a new entry.
+    if (!session->alive) return {QueuePosition::Kind::again};
     known_rev = static_cast<std::int64_t>(entry.token);
     remaining = std::chrono::duration_cast<Millis>(session->last_sent + session->ttl - clock_->now());
   }

@@ -296,7 +296,7 @@ QueueStore::Watch ZkBackend::watch_predecessor(QueueEntry& qe, Clock::time_point
   }
   auto s = usable_session(budget_end);
   if (!s || s->generation() != generation) {
-    if (s) return Watch::gone;  // a new session: look again (enqueue starts over in it)
+    if (s) return Watch::gone;  // a new session: look again (with a new entry in it)
     ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", e.name);
     return Watch::failed;
   }
