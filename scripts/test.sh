@@ -14,7 +14,8 @@
 #      check and the configure checks (no code of ours runs in them), so CI stays well under
 #      90 minutes on 2 cores;
 #   4. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
-#      ones) and the file and redis backends' tests under ThreadSanitizer;
+#      ones), the queue recipe's and the file, redis and redlock backends' tests under
+#      ThreadSanitizer;
 #   5. a compile-only clang build of the core and the file and redis backends with -Wthread-safety;
 #   6. an install into a temporary prefix and a consumer built with find_package and pkg-config
 #      (run right after step 2, from step 1's tree).
@@ -73,11 +74,11 @@ done_with build/asan
 step "ThreadSanitizer (engine, file, redis and redlock backends)"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" -DDISTLOCK_SANITIZE=thread \
   -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test file_backend_test \
+cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test queue_recipe_test file_backend_test \
   redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test \
   redlock_test redlock_tls_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
-  -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+  -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|QueueRecipe|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
 done_with build/tsan
 
 step "clang thread-safety analysis (compile only: the core, file and redis backends)"

@@ -39,6 +39,10 @@ inline std::string hex(std::int64_t v) {
 
 // etcd's largest lease TTL (lease.MaxLeaseTTL): LeaseGrant refuses anything longer.
 inline constexpr std::int64_t kMaxLeaseTtlS = 9'000'000'000;
+// How long an orphan key whose creating Txn had no answer is looked for: etcd applies
+// a proposal within its request timeout (5 s + 2 election timeouts by default) or, after
+// a leader change, soon after a new leader is elected; later than this is assumed never.
+inline constexpr Millis kLateApplyWindow{30'000};
 // etcd's default --max-txn-ops: renewal reads at most this many keys per Txn.
 inline constexpr std::size_t kMaxTxnOps = 128;
 
@@ -68,6 +72,7 @@ struct Entry final : QueueEntry {
   std::string lock_prefix;  // <prefix>/<encoded name>/
   std::string key;
   std::shared_ptr<Session> session;
+  SteadyTime made{};  // before its first Txn was sent
   // Guarded by the recipe's mutex.
   std::int64_t watch_id = 0;  // live watch on the predecessor, 0 when none
   bool watch_fired = false;   // the predecessor was deleted (or the watch broke)

@@ -20,6 +20,7 @@ QueueEntryPtr EtcdBackend::new_entry(const AcquireRequest& req, Error& ec) {
   auto entry = std::make_shared<Entry>(req.name, req.owner);
   entry->lock_prefix = lock_prefix(req.name);
   entry->session = session;
+  entry->made = clock_->now();
   std::lock_guard lk(mu_);
   // A key of its own per acquisition attempt, never used before by this client (and
   // the lease names the client): an existing key is never adopted, so a token is
@@ -225,12 +226,18 @@ QueueStore::Deleted EtcdBackend::delete_place(QueueEntry& e, Error& ec) {
     set_error(st, ec, "guarded delete Txn");
     return Deleted::retry;
   }
+  if (create_rev == 0) {
+    if (resp.responses_size() == 1 && resp.responses(0).response_delete_range().deleted() > 0) {
+      return Deleted::deleted;
+    }
+    // Nothing there yet. The acquire Txn had no answer, and etcd may still apply it (a
+    // proposal committed after its request timed out, e.g. across a leader change): the
+    // key would then appear under our live lease, first in the queue with nobody to
+    // renew or release it. So look again, each keeper round, for kLateApplyWindow.
+    return clock_->now() - entry.made < kLateApplyWindow ? Deleted::retry : Deleted::gone;
+  }
   // A retry after an attempt that may have been applied finds the key gone: that was
   // our own delete.
-  if (create_rev == 0)
-    return resp.responses_size() == 1 && resp.responses(0).response_delete_range().deleted() > 0
-               ? Deleted::deleted
-               : Deleted::gone;
   return resp.succeeded() || info.maybe_applied ? Deleted::deleted : Deleted::gone;
 }
 
