@@ -136,7 +136,7 @@ class DISTLOCK_EXPORT Election {
   static std::optional<std::pair<std::uint64_t, std::string>> decode_record(std::string_view record);
 
  private:
-  std::optional<Leader> read(detail::Error& ec);
+  DISTLOCK_NO_EXPORT std::optional<Leader> read(detail::Error& ec);
   void ring() noexcept;
   Client client_;
   std::string name_, lock_name_, bell_name_;

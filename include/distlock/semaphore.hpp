@@ -78,7 +78,7 @@ class DISTLOCK_EXPORT Semaphore {
   static constexpr int kMaxPermits = 1024;
 
  private:
-  std::optional<Lease> take(std::optional<Millis> wait, detail::Error& ec);
+  DISTLOCK_NO_EXPORT std::optional<Lease> take(std::optional<Millis> wait, detail::Error& ec);
   Client client_;
   std::string name_;
   int permits_ = 0;
