@@ -131,6 +131,18 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     pos.kind = kind;
     return pos;
   };
+  // This attempt's node may exist (or appear) under its guid: an orphan looks for it and
+  // deletes it; the entry goes on with a new guid.
+  auto abandon_attempt = [&] {
+    auto lost = std::make_shared<Entry>(entry.name, entry.owner);
+    lost->generation = p.generation;
+    lost->guid = p.guid;
+    lost->uncertain = true;
+    recipe_.orphan(std::move(lost));
+    p.node.clear();
+    p.guid.clear();
+  };
+
   auto s = usable_session(budget_end);
   if (!s) {
     ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", name);
@@ -190,13 +202,7 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     if (rc == zk::kTimedOut) {
       // Still in flight: its completion deletes the node if it lands; an orphan looks
       // for it by guid as well. A retry gets a new guid.
-      auto lost = std::make_shared<Entry>(entry.name, entry.owner);
-      lost->generation = p.generation;
-      lost->guid = p.guid;
-      lost->uncertain = true;
-      recipe_.orphan(std::move(lost));
-      p.node.clear();
-      p.guid.clear();
+      abandon_attempt();
       return recover(rc, "creating the lock node");
     }
     if (zk::is_transient(rc)) {
@@ -239,14 +245,11 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     const int src = zk::await(st, *clock_, deadline);
     if (src != ZOK) {
       if (src != ZNONODE) {
-        auto lost = std::make_shared<Entry>(entry.name, entry.owner);
-        lost->generation = p.generation;
-        lost->guid = p.guid;
-        lost->uncertain = true;
-        recipe_.orphan(std::move(lost));
+        abandon_attempt();
+      } else {
+        p.node.clear();
+        p.guid.clear();
       }
-      p.node.clear();
-      p.guid.clear();
       return done(QueuePosition::Kind::again);
     }
     p.node = mine->node;
