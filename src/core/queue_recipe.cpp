@@ -13,11 +13,6 @@ constexpr int kMaxRounds = 16;
 
 }  // namespace
 
-QueueEntryPtr QueueRecipe::find_locked(std::string_view name, std::string_view owner) const {
-  auto it = entries_.find(name_owner_key(name, owner));
-  return it == entries_.end() ? nullptr : it->second;
-}
-
 bool QueueRecipe::live_entry(const QueueEntryPtr& e) const {
   std::lock_guard lk(mu_);
   return store_.live(*e);

@@ -58,7 +58,7 @@ struct QueueEntry : std::enable_shared_from_this<QueueEntry> {
   QueueEntry(std::string_view entry_name, std::string_view entry_owner)
       : name(entry_name), owner(entry_owner) {}
   virtual ~QueueEntry() = default;
-  QueueEntry(const QueueEntry&) = default;
+  QueueEntry(const QueueEntry&) = delete;
   QueueEntry& operator=(const QueueEntry&) = delete;
 
   const std::string name;
@@ -170,8 +170,6 @@ class QueueRecipe {
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token, Error& ec);
 
   // ---- for the store's sessions and keeper ------------------------------------
-  /// Under mutex(): the entry of (name, owner), or nullptr.
-  QueueEntryPtr find_locked(std::string_view name, std::string_view owner) const;
   /// Under mutex(): calls f(entry) for every entry.
   template <class F>
   void for_each_locked(F&& f) const {
