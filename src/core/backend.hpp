@@ -138,6 +138,17 @@ class Backend {
   virtual ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
                                 Error& ec) = 0;
 
+  /// The engine has declared this lease lost (local deadline passed, hold bound reached,
+  /// renewal refused, session ended) while the client lives. The backend frees at once
+  /// whatever it still holds for exactly this (name, owner, token) — a kernel lock, a
+  /// session's advisory lock, a key or queue entry of ours — owner-checked, so that this
+  /// client or another can take the name again without waiting for the server to expire
+  /// it. Never frees another owner's lock. Best effort: errors are swallowed (the server's
+  /// own expiry stays the bound). Called at most once per lost lease, outside every engine
+  /// lock, from an engine thread; may block for one round trip.
+  virtual void forget(std::string_view /*name*/, std::string_view /*owner*/,
+                      std::uint64_t /*token*/) noexcept {}
+
   /// Starts delivering on_change(name); returns once notifications are live so a
   /// release after it returns cannot be missed. Calls are counted by the engine:
   /// one watch per name at a time, undone by unwatch.
