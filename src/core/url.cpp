@@ -1,7 +1,9 @@
 #include "core/url.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <vector>
 
 #include "distlock/error.hpp"
 
@@ -110,15 +112,42 @@ std::string redact_url_text(std::string_view text) {
 }
 
 std::string Url::redacted() const {
-  if (!has_userinfo) return redact_url_text(original);  // masks an '@' the parser did not take
-  const std::string_view text(original);
-  if (password_begin == std::string::npos) {  // "user@": perhaps a password written as a user
-    return original.substr(0, userinfo_begin) + "***" + original.substr(userinfo_end);
+  return redact_url_text(original);
+}
+
+std::string scrub_secrets(std::string_view message, const Url& url) {
+  std::vector<std::string> secrets;
+  auto add = [&](std::string_view raw) {
+    if (raw.size() >= 3) secrets.emplace_back(raw);
+    std::string decoded;
+    if (percent_decode(raw, decoded) && decoded.size() >= 3 && decoded != raw) secrets.push_back(decoded);
+  };
+  const Mask m = secret_mask(url.original);
+  if (m.begin != m.end) {
+    const std::string_view range = std::string_view(url.original).substr(m.begin, m.end - m.begin);
+    add(range);
+    std::size_t from = 0;
+    for (std::size_t i = 0; i <= range.size(); ++i) {
+      if (i == range.size() || std::string_view("@/?#&=:,").find(range[i]) != std::string_view::npos) {
+        add(range.substr(from, i - from));
+        from = i + 1;
+      }
+    }
   }
-  if (password_begin == userinfo_end) return original;  // "user:@": nothing to hide
-  std::string out(text.substr(0, password_begin));
-  out.append("***");
-  out.append(text.substr(userinfo_end));
+  if (url.password.size() >= 3) secrets.push_back(url.password);
+  if (url.has_userinfo && url.password_begin == std::string::npos && url.user.size() >= 3) {
+    secrets.push_back(url.user);
+  }
+  // Longest first: a piece never leaves part of a longer fragment it lies in.
+  std::sort(secrets.begin(), secrets.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  std::string out(message);
+  for (const auto& s : secrets) {
+    for (std::size_t p = 0; (p = out.find(s, p)) != std::string::npos;) {
+      out.replace(p, s.size(), "***");
+      p += 3;
+    }
+  }
   return out;
 }
 
