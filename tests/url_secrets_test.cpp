@@ -90,6 +90,7 @@ TEST(UrlSecrets, RedactedMasksTextAnUnencodedAtPushedPastTheAuthority) {
       {"redis://u:P@ss?wordSECRET@h/0", "redis://u:***@h/0"},
       {"redis://u:pw@h:1/0", "redis://u:***@h:1/0"},
       {"redis://SECRET@h/0", "redis://***@h/0"},
+      {"redis://SECRET@h:1/0?prefix=a@b", "redis://***@b"},  // the ':' is the port's
       {"redis://u:@h/0", "redis://u:@h/0"},
       {"redis://h:6379/0", "redis://h:6379/0"},
   };

@@ -122,7 +122,9 @@ TEST(Url, RedactedMasksWhatTheParserTookAsThePasswordAndAnyTextAnUnencodedAtPush
       // unencoded, and the query would then hold the rest of it.
       {"redis://u:pw@h/0?prefix=a@b", "pw", "redis://u:***@b"},
       {"redis://u:pa:ss@h", "pa:ss", "redis://u:***@h"},
-      {"redis://u@x:pw@h", "pw", "redis://u@x:***@h"},
+      // An '@' before the first ':': that ':' may be a port's ("PASSWORD@host:1/x@y"), so
+      // everything up to the last '@' is masked.
+      {"redis://u@x:pw@h", "pw", "redis://***@h"},
       {"redis://h:1", "", "redis://h:1"},
       {"redis://u:@h", "", "redis://u:@h"},
   };

@@ -51,7 +51,8 @@ std::string quoted(std::string_view s) {
 
 /// The part of a URL's text that could be a password whatever the parse makes of it:
 /// from the first ':' after the authority's start to the last '@' (from the authority's
-/// start when there is no ':' before that '@'). Empty (begin == end) when there is no '@'.
+/// start when an '@' comes before that ':', or there is none). Empty (begin == end) when
+/// there is no '@'.
 struct Mask {
   std::size_t begin = 0;
   std::size_t end = 0;
@@ -70,8 +71,11 @@ Mask secret_mask(std::string_view text) {
   const std::size_t start = authority_start(text);
   const auto at = text.rfind('@');
   if (at == std::string_view::npos || at < start) return {};
+  // The first ':' separates a user from its password only when no '@' comes before it:
+  // in "PASSWORD@host:1/x@y" it is the port's, and the text before it is the secret.
   const auto colon = text.find(':', start);
-  if (colon != std::string_view::npos && colon < at) return {colon + 1, at};
+  const auto first_at = text.find('@', start);
+  if (colon != std::string_view::npos && colon < first_at) return {colon + 1, at};
   return {start, at};
 }
 

@@ -34,8 +34,8 @@ struct Url {
   std::size_t userinfo_end = std::string::npos;
 
   /// The URL for messages, logs and status output, masked as redact_url_text() masks
-  /// it: from the first ':' after "://" to the last '@' (from "://" when no ':' comes
-  /// before that '@': people write redis://PASSWORD@host). That covers the password the
+  /// it: from the first ':' after "://" to the last '@' (from "://" when an '@' comes
+  /// before that ':' or there is none: people write redis://PASSWORD@host). That covers the password the
   /// parser took and any text an unencoded '@' followed by '/' or '?' pushed into the
   /// path or the query. Never contains the password.
   std::string redacted() const;
@@ -45,8 +45,8 @@ struct Url {
 /// Parses `text`. On failure returns errc::invalid_url and sets `why` to a message
 /// naming the offending part (e.g. "port \"99999\" in \"redis://h:99999\" is out of range").
 /// `why` never contains the password: the URL and every part of it it quotes are masked
-/// from the first ':' after "://" to the last '@' (a superset of any password the text
-/// could hold, even when it does not parse).
+/// from the first ':' after "://" (from "://" when an '@' comes before it) to the last '@'
+/// (a superset of any password the text could hold, even when it does not parse).
 std::error_code parse_url(std::string_view text, Url& out, std::string& why);
 
 /// The text of a URL that may not parse, masked for a message as parse_url's errors are.

@@ -59,14 +59,18 @@ Clock::duration next_waiter_delay(PostgresServer& server, int sig, const std::st
     return lease_sessions(server) >= before + 2;
   }()) << "the second waiter never tried the lock";
   dead.signal(sig);
-  if (sig != SIGSTOP) EXPECT_NE(dead.wait_for(10000ms), -1) << "the first waiter did not end";
+  if (sig != SIGSTOP) {
+    EXPECT_NE(dead.wait_for(10000ms), -1) << "the first waiter did not end";
+  }
   const auto t0 = Clock::now();
   holder.signal(SIGTERM);
   EXPECT_TRUE(wait_for_text(file("live"), "acquired", 40000ms)) << read_file(file("live"));
   const auto delay = Clock::now() - t0;
   EXPECT_TRUE(wait_for_text(file("holder"), "released", 5000ms)) << read_file(file("holder"));
   EXPECT_GT(acquired_token(file("live")), acquired_token(file("holder")));
-  if (sig == SIGSTOP) EXPECT_TRUE(dead.running()) << read_file(file("dead"));
+  if (sig == SIGSTOP) {
+    EXPECT_TRUE(dead.running()) << read_file(file("dead"));
+  }
   if (sig == SIGSTOP) dead.signal(SIGCONT);
   live.stop();
   dead.stop();
