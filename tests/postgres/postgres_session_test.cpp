@@ -4,9 +4,13 @@
 // (a transaction-pooling proxy) refused at connect.
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -18,6 +22,7 @@
 #include "postgres/postgres_backend.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
+#include "support/process.hpp"
 
 namespace {
 
@@ -29,6 +34,8 @@ using distlock::detail::AcquireRequest;
 using distlock::detail::Backend;
 using distlock::testing::FaultProxy;
 using distlock::testing::PostgresServer;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
 LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
@@ -113,6 +120,34 @@ TEST(PostgresSession, AReleaseOnACutConnectionIsStillALoss) {
   held.release(ec);
   EXPECT_EQ(ec, errc::lost) << ec.message();
 }
+
+#ifdef DISTLOCK_CLI_PATH
+// The same through `distlock run`: a job that ends 1 s into a 6 s lease while the
+// connection is frozen exits with its own status (0) and a warning, not 76 ("the server
+// no longer held it").
+TEST(PostgresSession, DistlockRunWhoseReleaseGetsNoAnswerKeepsTheJobsStatus) {
+  PostgresServer server;
+  FaultProxy proxy(server.port());
+  TempDir dir("distlock-pg-run-release");
+  const std::string started = (dir.path() / "started").string();
+  const std::string out = (dir.path() / "out").string();
+  Process run = Process::spawn({DISTLOCK_CLI_PATH, "run", "--url", url_via(proxy, "?timeout=1s"), "--ttl",
+                                "6s", "frozen-run", "--", "sh", "-c", "touch " + started + "; sleep 1"},
+                               out);
+  const auto end = Clock::now() + 20s;
+  while (Clock::now() < end && !std::filesystem::exists(started)) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(std::filesystem::exists(started)) << "the job never started";
+  proxy.freeze();  // the job ends 1 s later; its release gets no answer
+  const int status = run.wait_for(20000ms);
+  ASSERT_NE(status, -1) << "distlock run did not exit";
+  std::ifstream in(out);
+  std::stringstream said;
+  said << in.rdbuf();
+  ASSERT_TRUE(WIFEXITED(status)) << said.str();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << said.str();
+  EXPECT_NE(said.str().find("release"), std::string::npos) << "no warning about the release: " << said.str();
+}
+#endif
 
 // ---- item 4: forget() frees the advisory lock of exactly that lease --------------
 
