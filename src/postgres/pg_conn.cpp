@@ -119,12 +119,16 @@ std::error_code code_of(const Exec& e) {
   return make_error_code(errc::protocol_error);
 }
 
-std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout) {
+std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::error_code& ec) {
+  ec.clear();
   Exec e = run(c,
                "SELECT name, setting FROM pg_settings WHERE name IN ('idle_session_timeout',"
                " 'idle_in_transaction_session_timeout', 'synchronous_commit') ORDER BY name",
                {}, timeout);
-  if (!e.ok()) return "cannot read the session's settings: " + e.error;
+  if (!e.ok()) {
+    ec = code_of(e);
+    return "cannot read the session's settings: " + e.error;
+  }
   const std::string want = std::to_string(idle_timeout.count());
   std::string wrong;
   int seen = 0;
@@ -137,9 +141,10 @@ std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout) {
       wrong += name + " is " + value + " instead of " + expected;
     }
   }
+  if (wrong.empty() && seen == 3) return {};
+  ec = make_error_code(errc::not_supported);
   if (seen != 3)
     return "the server shows " + std::to_string(seen) + " of the 3 session settings postgres:// sets";
-  if (wrong.empty()) return {};
   return "the session did not take the settings of its startup options (" + wrong +
          "): a connection pooler in transaction mode (PgBouncer pool_mode=transaction) drops them, and a "
          "lease session without its idle timeout would keep a dead holder's lock for ever; connect "
@@ -180,8 +185,7 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
             " has no idle_session_timeout; postgres:// needs PostgreSQL 14 or later";
       return nullptr;
     }
-    if (std::string bad = check_session(c.get(), idle_timeout, cfg.command_timeout); !bad.empty()) {
-      ec = make_error_code(errc::not_supported);
+    if (std::string bad = check_session(c.get(), idle_timeout, cfg.command_timeout, ec); !bad.empty()) {
       why = scrub_secrets(cfg.shown + ": " + bad, cfg.url);
       return nullptr;
     }

@@ -38,8 +38,8 @@ struct Config {
 struct Exec {
   Result res;
   bool io_failed = false;
-  bool timed_out =
-      false;  // io_failed because no answer came within the timeout (no evidence the session ended)
+  // io_failed because no answer came within the timeout (no evidence the session ended).
+  bool timed_out = false;
   std::string error;
   std::string sqlstate;
   bool ok() const { return res != nullptr && error.empty(); }
@@ -62,9 +62,10 @@ std::error_code code_of(const Exec& e);
 /// options: idle_session_timeout and idle_in_transaction_session_timeout = `idle_timeout`
 /// (ms), synchronous_commit = on. A connection pooler in transaction mode (PgBouncer)
 /// may drop startup options, and a lease session without its idle timeout would keep a
-/// dead holder's lock for ever. Empty when they took effect, else the sentence saying
-/// which did not (read with SHOW-equivalent current values from pg_settings).
-std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout);
+/// dead holder's lock for ever. Read from pg_settings (the values SHOW gives). Empty
+/// when they took effect; else the sentence saying which did not, and `ec`
+/// not_supported (or the statement's error code when they could not be read).
+std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::error_code& ec);
 
 /// Opens a connection named `role` (application_name) whose server session ends after
 /// `idle_timeout` without a statement (0: never), checked (check_session) before it is

@@ -16,9 +16,9 @@ namespace {
 // wait for the WAL flush: the token is not touched, and a cleared owner lost to a
 // crash makes the next acquirer wait out the released lease's TTL (spurious busy).
 constexpr const char* kReleaseSql =
-    "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL WHERE digest = sha256(decode($1, "
-    "'hex'))"
-    " AND name = decode($1, 'hex') AND owner = $2 AND pid = pg_backend_pid() RETURNING 1)"
+    "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
+    " WHERE digest = sha256(decode($1, 'hex')) AND name = decode($1, 'hex') AND owner = $2"
+    " AND pid = pg_backend_pid() RETURNING 1)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true)";
 
@@ -245,8 +245,8 @@ void PostgresBackend::expire_stale(Session& s, Lost& lost) {
 // is given up: the row still naming the owner keeps every acquirer out until its
 // seen_at + ttl_ms, as for a session that ended (docs/postgres.md), so nobody gets in
 // early. If even that fails with an SQL error, the entry stays (the session still
-// holds the lock), a warning is logged and false returned: retried at the next
-// statement. A failure on the connection ends the session and every lease on it
+// holds the lock), a warning is logged, and it is retried at the next statement
+// (expire_stale). A failure on the connection ends the session and every lease on it
 // (reported lost).
 void PostgresBackend::give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost) {
   const std::int64_t key = it->first;

@@ -210,6 +210,35 @@ TEST(PostgresSession, ForgetFreesTheLostLeaseAtOnceForThisClientAndAnother) {
   EXPECT_EQ(a->release("job", "owner-3", again.token, ec), distlock::detail::ReleaseStatus::not_owner);
 }
 
+// Through the engine: a 60 s lease whose hold bound (500 ms) is reached is declared
+// lost, handed back (forget) and freed at once, so the same client and another client
+// take the name again within 1 s of the loss, long before the session's idle timeout.
+TEST(PostgresSession, ALeaseLostToItsHoldBoundIsFreeAtOnceForThisClientAndAnother) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  LockOptions bounded = ttl_of(60000ms);
+  bounded.max_hold = 500ms;
+  auto lost = a.acquire("bounded", bounded);
+  const std::uint64_t lost_token = lost.token();
+  const auto end = Clock::now() + 10s;
+  while (Clock::now() < end && !lost.stop_token().stop_requested()) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(lost.stop_token().stop_requested()) << "the hold bound never fired";
+  const auto t0 = Clock::now();
+  std::error_code ec;
+  auto other = b.acquire("bounded", ttl_of(60000ms, 3000ms), ec);
+  ASSERT_FALSE(ec) << ec.message() << " after " << since(t0).count() << " ms";
+  EXPECT_LT(since(t0), 1000ms);
+  const std::uint64_t other_token = other.token();
+  EXPECT_GT(other_token, lost_token);
+  other.release();
+  const auto t1 = Clock::now();
+  auto again = a.acquire("bounded", ttl_of(60000ms, 3000ms), ec);
+  ASSERT_FALSE(ec) << ec.message() << " after " << since(t1).count() << " ms";
+  EXPECT_LT(since(t1), 1000ms);
+  EXPECT_GT(again.token(), other_token);
+}
+
 // Giving up fails on the table (renamed away): the advisory lock alone is freed, and
 // the row still naming the owner keeps everybody out until its seen_at + ttl_ms, as
 // for a session that ended without a release: nobody gets in early.
@@ -309,9 +338,12 @@ TEST(PostgresSession, TheSessionCheckNamesEverySettingThatDidNotTakeEffect) {
   };
   auto good = open_with(
       "-c idle_session_timeout=4000 -c idle_in_transaction_session_timeout=4000 -c synchronous_commit=on");
-  EXPECT_EQ(distlock::detail::pg::check_session(good.get(), 4000ms, 5000ms), "");
+  std::error_code ec;
+  EXPECT_EQ(distlock::detail::pg::check_session(good.get(), 4000ms, 5000ms, ec), "");
+  EXPECT_FALSE(ec) << ec.message();
   auto plain = open_with("-c synchronous_commit=off");
-  const std::string why = distlock::detail::pg::check_session(plain.get(), 4000ms, 5000ms);
+  const std::string why = distlock::detail::pg::check_session(plain.get(), 4000ms, 5000ms, ec);
+  EXPECT_EQ(ec, errc::not_supported) << ec.message();
   EXPECT_NE(why.find("idle_session_timeout is 0 instead of 4000"), std::string::npos) << why;
   EXPECT_NE(why.find("idle_in_transaction_session_timeout is 0 instead of 4000"), std::string::npos) << why;
   EXPECT_NE(why.find("synchronous_commit is off instead of on"), std::string::npos) << why;
