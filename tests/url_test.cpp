@@ -109,7 +109,7 @@ TEST(Url, NoParseErrorMessageContainsThePassword) {
   }
 }
 
-TEST(Url, RedactedMasksExactlyWhatTheParserTookAsThePassword) {
+TEST(Url, RedactedMasksWhatTheParserTookAsThePasswordAndAnyTextAnUnencodedAtPushedOn) {
   struct Case {
     const char* url;
     const char* password;
@@ -118,9 +118,13 @@ TEST(Url, RedactedMasksExactlyWhatTheParserTookAsThePassword) {
       {"redis://:p@ss@h", "p@ss", "redis://:***@h"},
       {"redis://u:a@b@c@h:1/0", "a@b@c", "redis://u:***@h:1/0"},
       {"redis://u:p%40ss@h", "p@ss", "redis://u:***@h"},
-      {"redis://u:pw@h/0?prefix=a@b", "pw", "redis://u:***@h/0?prefix=a@b"},
+      // Masked through the last '@': the same text is a password "pw@h/0?prefix=a" written
+      // unencoded, and the query would then hold the rest of it.
+      {"redis://u:pw@h/0?prefix=a@b", "pw", "redis://u:***@b"},
       {"redis://u:pa:ss@h", "pa:ss", "redis://u:***@h"},
-      {"redis://u@x:pw@h", "pw", "redis://u@x:***@h"},
+      // An '@' before the first ':': that ':' may be a port's ("PASSWORD@host:1/x@y"), so
+      // everything up to the last '@' is masked.
+      {"redis://u@x:pw@h", "pw", "redis://***@h"},
       {"redis://h:1", "", "redis://h:1"},
       {"redis://u:@h", "", "redis://u:@h"},
   };

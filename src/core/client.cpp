@@ -457,17 +457,23 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
                                                         url.redacted() +
                                                         "\" (known: " + detail::known_schemes() + ")");
   }
-  if (auto ec = detail::check_query(*scheme, url, why)) throw_error(ec, why);
+  // Past the parser, messages may quote a part of the URL (a path, a query key) or
+  // a server's words about it (a role, a database): none may show the authority's
+  // secret, however the URL was written.
+  auto fail = [&](std::error_code e, const std::string& msg) {
+    throw_error(e, detail::scrub_secrets(msg, url));
+  };
+  if (auto ec = detail::check_query(*scheme, url, why)) fail(ec, why);
   const detail::BackendFactory factory = scheme->factory;
   ClientOptions opts = in_opts;
-  if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
-  if (auto ec = opts.validate(why)) throw_error(ec, why);
+  if (auto ec = detail::apply_common_query(url, opts, why)) fail(ec, why);
+  if (auto ec = opts.validate(why)) fail(ec, why);
   opts.lock_defaults.validate_and_fill();
   std::error_code ec;
   std::unique_ptr<detail::Backend> backend = factory(url, opts, ec, why);
   if (ec || !backend) {
     if (!ec) ec = make_error_code(errc::protocol_error);
-    throw_error(ec, why.empty() ? url.redacted() : why);
+    fail(ec, why.empty() ? url.redacted() : why);
   }
   auto engine = Engine::create(std::move(backend), std::move(opts));
   engine->set_source_url(text);

@@ -1,7 +1,9 @@
 #include "core/url.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <vector>
 
 #include "distlock/error.hpp"
 
@@ -49,7 +51,8 @@ std::string quoted(std::string_view s) {
 
 /// The part of a URL's text that could be a password whatever the parse makes of it:
 /// from the first ':' after the authority's start to the last '@' (from the authority's
-/// start when there is no ':' before that '@'). Empty (begin == end) when there is no '@'.
+/// start when an '@' comes before that ':', or there is none). Empty (begin == end) when
+/// there is no '@'.
 struct Mask {
   std::size_t begin = 0;
   std::size_t end = 0;
@@ -68,8 +71,11 @@ Mask secret_mask(std::string_view text) {
   const std::size_t start = authority_start(text);
   const auto at = text.rfind('@');
   if (at == std::string_view::npos || at < start) return {};
+  // The first ':' separates a user from its password only when no '@' comes before it:
+  // in "PASSWORD@host:1/x@y" it is the port's, and the text before it is the secret.
   const auto colon = text.find(':', start);
-  if (colon != std::string_view::npos && colon < at) return {colon + 1, at};
+  const auto first_at = text.find('@', start);
+  if (colon != std::string_view::npos && colon < first_at) return {colon + 1, at};
   return {start, at};
 }
 
@@ -110,15 +116,42 @@ std::string redact_url_text(std::string_view text) {
 }
 
 std::string Url::redacted() const {
-  if (!has_userinfo) return redact_url_text(original);  // masks an '@' the parser did not take
-  const std::string_view text(original);
-  if (password_begin == std::string::npos) {  // "user@": perhaps a password written as a user
-    return original.substr(0, userinfo_begin) + "***" + original.substr(userinfo_end);
+  return redact_url_text(original);
+}
+
+std::string scrub_secrets(std::string_view message, const Url& url) {
+  std::vector<std::string> secrets;
+  auto add = [&](std::string_view raw) {
+    if (raw.size() >= 3) secrets.emplace_back(raw);
+    std::string decoded;
+    if (percent_decode(raw, decoded) && decoded.size() >= 3 && decoded != raw) secrets.push_back(decoded);
+  };
+  const Mask m = secret_mask(url.original);
+  if (m.begin != m.end) {
+    const std::string_view range = std::string_view(url.original).substr(m.begin, m.end - m.begin);
+    add(range);
+    std::size_t from = 0;
+    for (std::size_t i = 0; i <= range.size(); ++i) {
+      if (i == range.size() || std::string_view("@/?#&=:,").find(range[i]) != std::string_view::npos) {
+        add(range.substr(from, i - from));
+        from = i + 1;
+      }
+    }
   }
-  if (password_begin == userinfo_end) return original;  // "user:@": nothing to hide
-  std::string out(text.substr(0, password_begin));
-  out.append("***");
-  out.append(text.substr(userinfo_end));
+  if (url.password.size() >= 3) secrets.push_back(url.password);
+  if (url.has_userinfo && url.password_begin == std::string::npos && url.user.size() >= 3) {
+    secrets.push_back(url.user);
+  }
+  // Longest first: a piece never leaves part of a longer fragment it lies in.
+  std::sort(secrets.begin(), secrets.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  std::string out(message);
+  for (const auto& s : secrets) {
+    for (std::size_t p = 0; (p = out.find(s, p)) != std::string::npos;) {
+      out.replace(p, s.size(), "***");
+      p += 3;
+    }
+  }
   return out;
 }
 

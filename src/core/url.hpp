@@ -33,11 +33,11 @@ struct Url {
   std::size_t password_begin = std::string::npos;
   std::size_t userinfo_end = std::string::npos;
 
-  /// The URL for messages, logs and status output: the password replaced by "***"
-  /// (exactly the text the parser took as the password, however many '@' it holds);
-  /// user info without ':' masked whole (people write redis://PASSWORD@host); and a URL
-  /// with an '@' after its authority but no user info (a password holding '/' or '?')
-  /// masked from the authority to its last '@'. Never contains the password.
+  /// The URL for messages, logs and status output, masked as redact_url_text() masks
+  /// it: from the first ':' after "://" to the last '@' (from "://" when an '@' comes
+  /// before that ':' or there is none: people write redis://PASSWORD@host). That covers the password the
+  /// parser took and any text an unencoded '@' followed by '/' or '?' pushed into the
+  /// path or the query. Never contains the password.
   std::string redacted() const;
   std::string query_or(const std::string& key, std::string fallback) const;
 };
@@ -45,8 +45,8 @@ struct Url {
 /// Parses `text`. On failure returns errc::invalid_url and sets `why` to a message
 /// naming the offending part (e.g. "port \"99999\" in \"redis://h:99999\" is out of range").
 /// `why` never contains the password: the URL and every part of it it quotes are masked
-/// from the first ':' after "://" to the last '@' (a superset of any password the text
-/// could hold, even when it does not parse).
+/// from the first ':' after "://" (from "://" when an '@' comes before it) to the last '@'
+/// (a superset of any password the text could hold, even when it does not parse).
 std::error_code parse_url(std::string_view text, Url& out, std::string& why);
 
 /// The text of a URL that may not parse, masked for a message as parse_url's errors are.
@@ -64,6 +64,15 @@ std::error_code url_with_password(std::string_view text, std::string_view passwo
 /// `text` without its password (and without an '@' left with no user). The rest of the
 /// text is unchanged. invalid_url (with a masked `why`) if `text` does not parse.
 std::error_code url_without_password(std::string_view text, std::string& out, std::string& why);
+
+/// `message` with every fragment of `url` that may be secret replaced by "***": the
+/// text redact_url_text() masks (raw and percent-decoded), each of its pieces between
+/// '@', '/', '?', '#', '&', '=', ':' and ',' (raw and decoded), the password and, when
+/// the user info has no ':', the user (it may be a password written alone). Fragments
+/// shorter than 3 characters are not searched for (they would mask ordinary words).
+/// For every error text that may quote a part of the URL or echo a server's words
+/// about it (a role or a database the server does not know).
+std::string scrub_secrets(std::string_view message, const Url& url);
 
 /// Parses a duration "250ms", "10s", "2m", "1h", "1500" (milliseconds). False if malformed.
 bool parse_duration(std::string_view text, Millis& out);

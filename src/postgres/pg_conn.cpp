@@ -69,6 +69,10 @@ Exec run(PGconn* c, const char* sql, const std::vector<std::string>& params, Mil
     out.res.reset();
     return std::move(out);
   };
+  auto timed_out = [&] {
+    out.timed_out = true;
+    return io_fail("no answer within " + std::to_string(timeout.count()) + "ms");
+  };
   if (PQstatus(c) != CONNECTION_OK) return io_fail("connection lost: " + pq_message(c));
   if (!PQsendQueryParams(c, sql, static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr,
                          0)) {
@@ -78,12 +82,12 @@ Exec run(PGconn* c, const char* sql, const std::vector<std::string>& params, Mil
     const int f = PQflush(c);
     if (f == 0) break;
     if (f < 0) return io_fail(pq_message(c));
-    if (!wait(POLLOUT | POLLIN)) return io_fail("no answer within " + std::to_string(timeout.count()) + "ms");
+    if (!wait(POLLOUT | POLLIN)) return timed_out();
     if (!PQconsumeInput(c)) return io_fail(pq_message(c));
   }
   for (;;) {
     while (PQisBusy(c)) {
-      if (!wait(POLLIN)) return io_fail("no answer within " + std::to_string(timeout.count()) + "ms");
+      if (!wait(POLLIN)) return timed_out();
       if (!PQconsumeInput(c)) return io_fail(pq_message(c));
     }
     Result r(PQgetResult(c));
@@ -113,6 +117,38 @@ std::error_code code_of(const Exec& e) {
     return make_error_code(errc::backend_unavailable);
   }
   return make_error_code(errc::protocol_error);
+}
+
+std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::error_code& ec) {
+  ec.clear();
+  Exec e = run(c,
+               "SELECT name, setting FROM pg_settings WHERE name IN ('idle_session_timeout',"
+               " 'idle_in_transaction_session_timeout', 'synchronous_commit') ORDER BY name",
+               {}, timeout);
+  if (!e.ok()) {
+    ec = code_of(e);
+    return "cannot read the session's settings: " + e.error;
+  }
+  const std::string want = std::to_string(idle_timeout.count());
+  std::string wrong;
+  int seen = 0;
+  for (int r = 0; r < PQntuples(e.res.get()); ++r) {
+    const std::string name = PQgetvalue(e.res.get(), r, 0), value = PQgetvalue(e.res.get(), r, 1);
+    const std::string expected = name == "synchronous_commit" ? "on" : want;
+    ++seen;
+    if (value != expected) {
+      if (!wrong.empty()) wrong += ", ";
+      wrong += name + " is " + value + " instead of " + expected;
+    }
+  }
+  if (wrong.empty() && seen == 3) return {};
+  ec = make_error_code(errc::not_supported);
+  if (seen != 3)
+    return "the server shows " + std::to_string(seen) + " of the 3 session settings postgres:// sets";
+  return "the session did not take the settings of its startup options (" + wrong +
+         "): a connection pooler in transaction mode (PgBouncer pool_mode=transaction) drops them, and a "
+         "lease session without its idle timeout would keep a dead holder's lock for ever; connect "
+         "directly or through a session-pooling proxy";
 }
 
 // Opens a connection; idle_session_timeout (ms) when > 0. On failure returns null,
@@ -149,6 +185,10 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
             " has no idle_session_timeout; postgres:// needs PostgreSQL 14 or later";
       return nullptr;
     }
+    if (std::string bad = check_session(c.get(), idle_timeout, cfg.command_timeout, ec); !bad.empty()) {
+      why = scrub_secrets(cfg.shown + ": " + bad, cfg.url);
+      return nullptr;
+    }
     ec.clear();
     return c;
   }
@@ -163,7 +203,10 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
     ec = make_error_code(errc::backend_unavailable);
     why = cfg.shown + ": cannot connect: " + msg;
   }
-  // libpq never puts the password into its messages; make sure of it.
+  // libpq never puts the password into its messages, but the server names the role
+  // and the database it was given, which may be a password written alone as the user
+  // or text an unencoded '@' pushed into the path.
+  why = scrub_secrets(why, cfg.url);
   if (!cfg.password.empty()) {
     for (std::size_t p; (p = why.find(cfg.password)) != std::string::npos;)
       why.replace(p, cfg.password.size(), "***");

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <vector>
 
+#include "core/url.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock::detail::pg {
@@ -28,6 +29,7 @@ using Conn = std::unique_ptr<PGconn, ConnDeleter>;
 struct Config {
   std::string host, port, user, password, dbname, sslmode;
   std::string shown;  // the URL, password masked
+  Url url;            // for scrub_secrets() over libpq's and the server's messages
   Millis connect_timeout{}, command_timeout{};
 };
 
@@ -36,6 +38,8 @@ struct Config {
 struct Exec {
   Result res;
   bool io_failed = false;
+  // io_failed because no answer came within the timeout (no evidence the session ended).
+  bool timed_out = false;
   std::string error;
   std::string sqlstate;
   bool ok() const { return res != nullptr && error.empty(); }
@@ -54,9 +58,20 @@ Exec run(PGconn* c, const char* sql, const std::vector<std::string>& params, Mil
 /// (08xxx, 57xxx, 53xxx), else protocol_error.
 std::error_code code_of(const Exec& e);
 
+/// Whether the session of `c` runs with the settings open() asked for in its startup
+/// options: idle_session_timeout and idle_in_transaction_session_timeout = `idle_timeout`
+/// (ms), synchronous_commit = on. A connection pooler in transaction mode (PgBouncer)
+/// may drop startup options, and a lease session without its idle timeout would keep a
+/// dead holder's lock for ever. Read from pg_settings (the values SHOW gives). Empty
+/// when they took effect; else the sentence saying which did not, and `ec`
+/// not_supported (or the statement's error code when they could not be read).
+std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::error_code& ec);
+
 /// Opens a connection named `role` (application_name) whose server session ends after
-/// `idle_timeout` without a statement (0: never). On failure returns null, `ec`
-/// (auth_failed / backend_unavailable / invalid_argument) and `why` (password masked).
+/// `idle_timeout` without a statement (0: never), checked (check_session) before it is
+/// returned. On failure returns null, `ec` (auth_failed / backend_unavailable /
+/// invalid_argument / not_supported) and `why` (every secret of the URL masked: the
+/// server may echo a role or database that was part of it).
 Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_code& ec, std::string& why);
 
 }  // namespace distlock::detail::pg

@@ -24,13 +24,14 @@ namespace {
 // The CTE o reads the row as it was before this statement.
 constexpr const char* kAcquireSql =
     "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock($2::bigint) AS got),"
-    " u AS (INSERT INTO distlock_locks AS d (digest, name, token, owner, pid, ttl_ms, seen_at)"
+    " u AS (INSERT INTO public.distlock_locks AS d (digest, name, token, owner, pid, ttl_ms, seen_at)"
     " SELECT sha256(decode($1, 'hex')), decode($1, 'hex'), 1, $3, pg_backend_pid(), $4::bigint,"
     " clock_timestamp() FROM g WHERE g.got"
     " ON CONFLICT (digest) DO UPDATE SET token = d.token + 1, owner = EXCLUDED.owner, pid = EXCLUDED.pid,"
     " ttl_ms = EXCLUDED.ttl_ms, seen_at = EXCLUDED.seen_at WHERE d.name = EXCLUDED.name AND (d.owner IS NULL"
     " OR clock_timestamp() >= d.seen_at + d.ttl_ms * interval '1 millisecond') RETURNING d.token),"
-    " o AS (SELECT owner, ttl_ms, seen_at FROM distlock_locks WHERE digest = sha256(decode($1, 'hex')))"
+    " o AS (SELECT owner, ttl_ms, seen_at FROM public.distlock_locks"
+    " WHERE digest = sha256(decode($1, 'hex')))"
     " SELECT (SELECT token FROM u) IS NOT NULL, (SELECT token FROM u),"
     " (SELECT CASE WHEN o.owner IS NULL OR o.seen_at IS NULL THEN o.ttl_ms ELSE greatest(10, ceil(1000 *"
     " extract(epoch FROM o.seen_at + o.ttl_ms * interval '1 millisecond' - clock_timestamp())))::bigint END"
@@ -100,7 +101,7 @@ AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec)
         if (er != std::errc{} || PQgetisnull(r, 0, 1)) {
           ec = make_error_code(errc::protocol_error);
         } else {
-          s.held[key] = {std::string(req.name), std::string(req.owner), sent + s.ttl};
+          s.held[key] = {std::string(req.name), std::string(req.owner), token, sent + s.ttl};
           res.acquired = true;
           res.token = token;
           // The server ends the session no earlier than ttl after it finished this

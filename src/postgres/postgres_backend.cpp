@@ -25,35 +25,49 @@ namespace postgres {
 
 namespace {
 
-// Created once per database (under a transaction-level advisory lock of the
-// two-int key space, which never meets the bigint keys of lock names, so that many
-// clients starting at once create or migrate it once). The primary key is the
-// name's SHA-256 (a B-tree entry holds at most about 2.7 kB; a name may have 4096
-// bytes); the name itself is stored, unindexed, and compared. The records table
-// (postgres_records.hpp) is created beside it. A table of an older
-// layout (name as primary key, no seen_at) is migrated in place, its tokens kept.
+// Created once per database, in the schema public whatever the user (schema-qualified
+// everywhere: with the default search_path "$user", public, two users that each own a
+// schema of their name would otherwise get two token tables over one advisory lock),
+// under a transaction-level advisory lock of the two-int key space, which never meets
+// the bigint keys of lock names, so that many clients starting at once create or
+// migrate it once. The client that creates it takes over the largest token of each
+// name from every older distlock_locks of another schema it may read (tables such
+// users made before the names were qualified), so tokens never go back. The primary
+// key is the name's SHA-256 (a B-tree entry holds at most about 2.7 kB; a name may
+// have 4096 bytes); the name itself is stored, unindexed, and compared. The records
+// table (postgres_records.hpp) is created beside it. A table of an older layout (name
+// as primary key, no seen_at) is migrated in place, its tokens kept.
 // The fast path (the table is there in this layout) needs no CREATE privilege.
 constexpr const char* kSetupSql =
     "BEGIN; SELECT pg_advisory_xact_lock(1684632419, 1);"
-    "DO $distlock$ DECLARE pk name; BEGIN"
-    " IF to_regclass('distlock_locks') IS NULL THEN"
-    "  CREATE TABLE distlock_locks (digest bytea PRIMARY KEY, name bytea NOT NULL, token bigint NOT NULL,"
-    "   owner text, pid integer, ttl_ms bigint, seen_at timestamptz);"
-    " ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'distlock_locks'::regclass"
+    "DO $distlock$ DECLARE pk name; sch name; BEGIN"
+    " IF to_regclass('public.distlock_locks') IS NULL THEN"
+    "  CREATE TABLE public.distlock_locks (digest bytea PRIMARY KEY, name bytea NOT NULL,"
+    "   token bigint NOT NULL, owner text, pid integer, ttl_ms bigint, seen_at timestamptz);"
+    "  FOR sch IN SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    "   WHERE c.relname = 'distlock_locks' AND c.relkind = 'r' AND n.nspname <> 'public' LOOP BEGIN"
+    "   EXECUTE format('INSERT INTO public.distlock_locks AS d (digest, name, token)"
+    " SELECT sha256(name), name, max(token) FROM %I.distlock_locks GROUP BY name"
+    " ON CONFLICT (digest) DO UPDATE SET token = greatest(d.token, EXCLUDED.token)', sch);"
+    "   EXCEPTION WHEN insufficient_privilege THEN NULL; END; END LOOP;"
+    " ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'public.distlock_locks'::regclass"
     "   AND attname = 'seen_at' AND NOT attisdropped) THEN"
-    "  ALTER TABLE distlock_locks ADD COLUMN digest bytea, ADD COLUMN seen_at timestamptz;"
-    "  UPDATE distlock_locks SET digest = sha256(name),"
+    "  ALTER TABLE public.distlock_locks ADD COLUMN digest bytea, ADD COLUMN seen_at timestamptz;"
+    "  UPDATE public.distlock_locks SET digest = sha256(name),"
     "   seen_at = CASE WHEN owner IS NOT NULL THEN clock_timestamp() END;"
-    "  SELECT conname INTO pk FROM pg_constraint WHERE conrelid = 'distlock_locks'::regclass AND contype = "
-    "'p';"
-    "  IF pk IS NOT NULL THEN EXECUTE format('ALTER TABLE distlock_locks DROP CONSTRAINT %I', pk); END IF;"
-    "  ALTER TABLE distlock_locks ALTER COLUMN digest SET NOT NULL, ADD PRIMARY KEY (digest);"
+    "  SELECT conname INTO pk FROM pg_constraint"
+    "   WHERE conrelid = 'public.distlock_locks'::regclass AND contype = 'p';"
+    "  IF pk IS NOT NULL THEN"
+    "   EXECUTE format('ALTER TABLE public.distlock_locks DROP CONSTRAINT %I', pk);"
+    "  END IF;"
+    "  ALTER TABLE public.distlock_locks ALTER COLUMN digest SET NOT NULL, ADD PRIMARY KEY (digest);"
     " END IF;"
     // Records (postgres_records.cpp), keyed like the lock rows. A user that may not
     // create it (the lock table made by an administrator) still locks; its record
     // calls then fail naming the missing table.
-    " IF to_regclass('distlock_records') IS NULL THEN BEGIN"
-    "  CREATE TABLE distlock_records (digest bytea PRIMARY KEY, key bytea NOT NULL, value bytea NOT NULL);"
+    " IF to_regclass('public.distlock_records') IS NULL THEN BEGIN"
+    "  CREATE TABLE public.distlock_records (digest bytea PRIMARY KEY, key bytea NOT NULL,"
+    "   value bytea NOT NULL);"
     "  EXCEPTION WHEN insufficient_privilege THEN NULL; END;"
     " END IF; END $distlock$; COMMIT";
 
@@ -67,7 +81,7 @@ constexpr const char* kStatusSql =
     " AND l.objid = $3::bigint::oid),"
     " coalesce(ceil(1000 * extract(epoch FROM d.seen_at + d.ttl_ms * interval '1 millisecond'"
     " - clock_timestamp())), 0)::bigint"
-    " FROM distlock_locks d WHERE d.digest = sha256(decode($1, 'hex')) AND d.name = decode($1, 'hex')";
+    " FROM public.distlock_locks d WHERE d.digest = sha256(decode($1, 'hex')) AND d.name = decode($1, 'hex')";
 
 }  // namespace
 
@@ -84,7 +98,7 @@ std::error_code PostgresBackend::connect_now(std::string& why) {
     const char* st = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
     e.sqlstate = st ? st : "";
     e.io_failed = PQstatus(aux_.get()) != CONNECTION_OK;
-    why = cfg_.shown + ": cannot create the table distlock_locks: " + m;
+    why = cfg_.shown + ": cannot create the table public.distlock_locks: " + m;
     while (!why.empty() && why.back() == '\n') why.pop_back();
     return code_of(e);
   }
@@ -184,6 +198,7 @@ std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptio
   ec.clear();
   postgres::Config cfg;
   cfg.shown = url.redacted();
+  cfg.url = url;
   const std::string shown = "\"" + cfg.shown + "\"";
   auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
     ec = make_error_code(errc::invalid_url);

@@ -48,9 +48,13 @@ struct Session {
   Conn conn;  // guarded by mu
   struct Held {
     std::string name, owner;
+    std::uint64_t token = 0;
     // Send time of its last acquire/renewal + ttl: the engine's local deadline for
     // it lies before this, so past it the holder knows the lease is lost.
     Clock::time_point valid_until;
+    // The engine declared it lost (forget) and giving it up failed with an SQL error:
+    // retried at the next statement on the session.
+    bool forgotten = false;
   };
   std::map<std::int64_t, Held> held;  // by advisory key; guarded by mu
 };
@@ -74,6 +78,7 @@ class PostgresBackend final : public Backend {
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         Error& ec) override;
+  void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
   LockInfo status(std::string_view name, Error& ec) override;
@@ -107,6 +112,7 @@ class PostgresBackend final : public Backend {
   Session* find_holder(std::string_view name, std::string_view owner);
   bool ensure_connected(Session& s, Lost& lost, Error& ec);
   void expire_stale(Session& s, Lost& lost);
+  void give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost);
   void drop(Session& s, Lost& lost);
   void report_lost(const Lost& lost);
   std::error_code listen_now(std::string& why);

@@ -18,7 +18,7 @@ namespace {
 // $1 key (hex), $2 value (hex). A digest collision (same digest, another key) updates
 // nothing and returns no row.
 constexpr const char* kPutAlwaysSql =
-    "INSERT INTO distlock_records AS r (digest, key, value)"
+    "INSERT INTO public.distlock_records AS r (digest, key, value)"
     " VALUES (sha256(decode($1, 'hex')), decode($1, 'hex'), decode($2, 'hex'))"
     " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value WHERE r.key = EXCLUDED.key"
     " RETURNING encode(r.value, 'hex')";
@@ -28,19 +28,19 @@ constexpr const char* kPutAlwaysSql =
 // no row when a concurrent writer committed it after that (or it was erased): the
 // caller asks again, and a new statement sees it.
 constexpr const char* kPutIfAbsentSql =
-    "WITH i AS (INSERT INTO distlock_records (digest, key, value)"
+    "WITH i AS (INSERT INTO public.distlock_records (digest, key, value)"
     " VALUES (sha256(decode($1, 'hex')), decode($1, 'hex'), decode($2, 'hex'))"
     " ON CONFLICT (digest) DO NOTHING RETURNING value)"
     " SELECT true, encode(value, 'hex') FROM i"
-    " UNION ALL SELECT r.key = decode($1, 'hex'), encode(r.value, 'hex') FROM distlock_records r"
+    " UNION ALL SELECT r.key = decode($1, 'hex'), encode(r.value, 'hex') FROM public.distlock_records r"
     " WHERE r.digest = sha256(decode($1, 'hex')) AND NOT EXISTS (SELECT 1 FROM i)";
 
 constexpr const char* kGetSql =
-    "SELECT r.key = decode($1, 'hex'), encode(r.value, 'hex') FROM distlock_records r"
+    "SELECT r.key = decode($1, 'hex'), encode(r.value, 'hex') FROM public.distlock_records r"
     " WHERE r.digest = sha256(decode($1, 'hex'))";
 
 constexpr const char* kEraseSql =
-    "DELETE FROM distlock_records WHERE digest = sha256(decode($1, 'hex')) AND key = decode($1, 'hex')"
+    "DELETE FROM public.distlock_records WHERE digest = sha256(decode($1, 'hex')) AND key = decode($1, 'hex')"
     " RETURNING 1";
 
 // $1 prefix (hex). Rows naming an owner whose session is alive (it holds some advisory
@@ -54,7 +54,7 @@ constexpr const char* kListSql =
     " SELECT encode(d.name, 'hex'), d.token, d.owner, d.ttl_ms, coalesce(l.keys, ''),"
     " coalesce(ceil(1000 * extract(epoch FROM d.seen_at + d.ttl_ms * interval '1 millisecond'"
     " - clock_timestamp())), 0)::bigint"
-    " FROM distlock_locks d LEFT JOIN l ON l.pid = d.pid"
+    " FROM public.distlock_locks d LEFT JOIN l ON l.pid = d.pid"
     " WHERE d.owner IS NOT NULL AND substr(d.name, 1, length(decode($1, 'hex'))) = decode($1, 'hex')"
     " AND (l.pid IS NOT NULL OR d.seen_at + d.ttl_ms * interval '1 millisecond' > clock_timestamp())"
     " ORDER BY d.name";

@@ -1,6 +1,7 @@
 // PostgreSQL leases after acquisition: renewal and release, and the per-TTL
 // sessions that carry them (finding, reconnecting, expiring, dropping).
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "postgres/postgres_backend_impl.hpp"
@@ -15,8 +16,9 @@ namespace {
 // wait for the WAL flush: the token is not touched, and a cleared owner lost to a
 // crash makes the next acquirer wait out the released lease's TTL (spurious busy).
 constexpr const char* kReleaseSql =
-    "WITH r AS (UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE digest = sha256(decode($1, 'hex'))"
-    " AND name = decode($1, 'hex') AND owner = $2 AND pid = pg_backend_pid() RETURNING 1)"
+    "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
+    " WHERE digest = sha256(decode($1, 'hex')) AND name = decode($1, 'hex') AND owner = $2"
+    " AND pid = pg_backend_pid() RETURNING 1)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true)";
 
@@ -25,7 +27,7 @@ constexpr const char* kReleaseSql =
 // renewal that succeeded is on disk, so a restarted server still knows how long its
 // holder may believe it holds the lock.
 constexpr const char* kRenewSql =
-    "UPDATE distlock_locks SET seen_at = clock_timestamp() WHERE pid = pg_backend_pid()"
+    "UPDATE public.distlock_locks SET seen_at = clock_timestamp() WHERE pid = pg_backend_pid()"
     " AND digest IN (SELECT sha256(decode(x, 'hex')) FROM unnest($1::text[]) AS x)"
     " RETURNING encode(name, 'hex'), owner";
 
@@ -121,11 +123,22 @@ ReleaseStatus PostgresBackend::release(std::string_view name, std::string_view o
     Exec e =
         run(s->conn.get(), kReleaseSql,
             {to_hex(name), std::string(owner), std::to_string(key), key_payload(key)}, cfg_.command_timeout);
-    if (e.io_failed) {
-      // The session ends with the connection (or has ended already: the server
-      // freed the lock when it did, perhaps long before this release, and somebody
-      // else may hold it by now). Either way this lease is lost, not released.
-      // No code: the engine counts not_owner as a loss and says so, with this cause.
+    if (e.io_failed && e.timed_out) {
+      // No answer within the timeout is no evidence that the session ended: the
+      // lease may well have been held to the end. The connection is closed (an
+      // unanswered statement leaves it unusable), so the server ends the session
+      // and frees the lock when the close reaches it, or one TTL after the last
+      // statement at the latest. A transient error, as on the other backends.
+      ec = make_error_code(errc::backend_unavailable);
+      ec.set_detail(failure("release \"" + printable(name) + "\"", e.error) +
+                    "; the server frees the lock when the session ends, within its TTL");
+      s->held.erase(key);
+      drop(*s, lost);
+    } else if (e.io_failed) {
+      // The connection failed (closed, reset): the session has ended, now or
+      // earlier (the server freed the lock when it did, perhaps long before this
+      // release, and somebody else may hold it by now). This lease is lost, not
+      // released. No code: the engine counts not_owner as a loss and says so, with this cause.
       ec.set_detail(failure("release \"" + printable(name) + "\"", e.error));
       s->held.erase(key);
       drop(*s, lost);
@@ -181,40 +194,82 @@ bool PostgresBackend::ensure_connected(Session& s, Lost& lost, Error& ec) {
   return true;
 }
 
-// With s.mu held: gives up the advisory locks of leases not renewed for their TTL.
-// The engine has declared them lost (its local deadline came first) and does not
-// release lost leases; while other leases keep this session busy, the server would
-// otherwise keep them locked. Clears their rows and wakes their waiters. A release
-// that fails with an SQL error keeps the entry (the session still holds the lock)
-// and is retried at the next statement on the session; one that fails on the
-// connection ends the session (and its advisory locks) with its other leases.
+void PostgresBackend::forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept {
+  try {
+    Session* s = find_holder(name, owner);
+    if (s == nullptr) return;  // released, or its session ended (reported lost already)
+    Lost lost;
+    {
+      std::lock_guard lk(s->mu);
+      auto it = s->held.find(postgres_lock_key(name));
+      // Exactly this lease: find_holder() looked before this lock, and the key may
+      // have been released and taken again by another lease of this client since.
+      if (it == s->held.end() || it->second.name != name || it->second.owner != owner ||
+          it->second.token != token || !s->conn) {
+        return;
+      }
+      it->second.forgotten = true;
+      give_up(*s, it, lost);
+    }
+    report_lost(lost);
+  } catch (...) {
+    // Best effort: the server's session expiry stays the bound.
+  }
+}
+
+// With s.mu held: gives up the advisory locks of leases the engine declared lost
+// whose give-up failed (forget), and of leases not renewed for their TTL (the
+// engine's local deadline lies before that, so it has declared them lost too; this
+// is the backstop for a loss the engine did not hand back through forget()). While
+// other leases keep this session busy, the server would otherwise keep them locked.
 void PostgresBackend::expire_stale(Session& s, Lost& lost) {
   if (!s.conn) return;
   const auto now = Clock::now();
   for (auto it = s.held.begin(); it != s.held.end();) {
-    if (now < it->second.valid_until) {
+    if (!it->second.forgotten && now < it->second.valid_until) {
       ++it;
       continue;
     }
-    Exec e =
-        run(s.conn.get(), kReleaseSql,
-            {to_hex(it->second.name), it->second.owner, std::to_string(it->first), key_payload(it->first)},
-            cfg_.command_timeout);
-    if (e.io_failed) {
-      failure("give up the expired lease of \"" + printable(it->second.name) + "\"", e.error);
-      s.held.erase(it);
-      drop(s, lost);
-      return;
-    }
-    if (!e.ok()) {
-      log_.log(LogLevel::warning,
-               "{}: cannot give up the expired lease of \"{}\" (retried at the next statement): {}",
-               cfg_.shown, printable(it->second.name), e.error);
-      ++it;
-      continue;
-    }
-    it = s.held.erase(it);
+    // Erased or kept (retried at the next statement), `next` stays valid; unless the
+    // session ended with all its leases.
+    const auto next = std::next(it);
+    give_up(s, it, lost);
+    if (!s.conn) return;
+    it = next;
   }
+}
+
+// With s.mu held: frees the advisory lock of one lost lease at once. Clears its row
+// (only if it names this owner on this session), unlocks and wakes its waiters. If
+// that fails with an SQL error (the table unreadable, say), the advisory lock alone
+// is given up: the row still naming the owner keeps every acquirer out until its
+// seen_at + ttl_ms, as for a session that ended (docs/postgres.md), so nobody gets in
+// early. If even that fails with an SQL error, the entry stays (the session still
+// holds the lock), a warning is logged, and it is retried at the next statement
+// (expire_stale). A failure on the connection ends the session and every lease on it
+// (reported lost).
+void PostgresBackend::give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost) {
+  const std::int64_t key = it->first;
+  const std::string name = it->second.name;
+  Exec e = run(s.conn.get(), kReleaseSql,
+               {to_hex(name), it->second.owner, std::to_string(key), key_payload(key)}, cfg_.command_timeout);
+  if (!e.ok() && !e.io_failed) {
+    e = run(s.conn.get(), "SELECT pg_advisory_unlock($1::bigint), pg_notify('distlock_released', $2)",
+            {std::to_string(key), key_payload(key)}, cfg_.command_timeout);
+  }
+  if (e.io_failed) {
+    failure("give up the lost lease of \"" + printable(name) + "\"", e.error);
+    s.held.erase(it);
+    drop(s, lost);
+    return;
+  }
+  if (!e.ok()) {
+    log_.log(LogLevel::warning,
+             "{}: cannot give up the lost lease of \"{}\" (retried at the next statement): {}", cfg_.shown,
+             printable(name), e.error);
+    return;
+  }
+  s.held.erase(it);
 }
 
 // With s.mu held: closes the session; every lease it carried is lost.
