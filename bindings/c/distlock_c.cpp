@@ -106,17 +106,6 @@ int guarded(distlock_error* err, F&& f) noexcept {
   }
 }
 
-// TEMPORARY until LockOptions::cancel is merged.
-template <class O>
-void set_cancel(O& opts, std::stop_token token) {
-  if constexpr (requires { opts.cancel = token; }) {
-    opts.cancel = std::move(token);
-  } else {
-    throw std::system_error(make_error_code(distlock::errc::not_supported),
-                            "distlock: cancel not merged yet");
-  }
-}
-
 distlock::LockOptions lock_options(const distlock_client* c, const distlock_lock_options* o) {
   distlock::LockOptions opts = c->defaults;
   if (o == nullptr) return opts;
@@ -128,7 +117,7 @@ distlock::LockOptions lock_options(const distlock_client* c, const distlock_lock
   }
   if (o->max_hold_ms != DISTLOCK_DEFAULT) opts.max_hold = distlock::Millis(o->max_hold_ms);
   if (o->holder_info != nullptr) opts.holder_info = o->holder_info;
-  if (o->cancel != nullptr) set_cancel(opts, o->cancel->source.get_token());
+  if (o->cancel != nullptr) opts.cancel = o->cancel->source.get_token();
   return opts;
 }
 
