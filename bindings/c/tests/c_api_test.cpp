@@ -549,18 +549,23 @@ TEST(CApiIds, SnowflakeRedisDailyAndUuid7) {
   distlock_redis_daily_free(daily);
 }
 
-// The header's example (bindings/c/tests/example.c), compiled as C99 and run.
-TEST(CApiExample, HeaderExampleRuns) {
+// The header's example (bindings/c/tests/example.c) and the README's snippet
+// (bindings/c/tests/readme.c), compiled as C99 and run.
+TEST(CApiExample, HeaderExampleAndReadmeSnippetRun) {
   const char* redis = env("DISTLOCK_TEST_REDIS_URL");
   ASSERT_NE(redis, nullptr);
   TempDir work("distlock-capi-example");
-  Process p = Process::spawn({C_API_EXAMPLE_PATH, redis}, (work.path() / "out").string());
-  const int status = p.wait_for(30s);
-  std::ifstream in(work.path() / "out");
-  std::stringstream s;
-  s << in.rdbuf();
-  ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << s.str();
-  EXPECT_NE(s.str().find("order 42 written with token "), std::string::npos) << s.str();
+  int n = 0;
+  for (const char* program : {C_API_EXAMPLE_PATH, C_API_README_PATH}) {
+    const auto out = work.path() / ("out" + std::to_string(n++));
+    Process p = Process::spawn({program, redis}, out.string());
+    const int status = p.wait_for(30s);
+    std::ifstream in(out);
+    std::stringstream s;
+    s << in.rdbuf();
+    ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << program << ": " << s.str();
+    EXPECT_NE(s.str().find("order 42 written with token "), std::string::npos) << s.str();
+  }
 }
 
 }  // namespace
