@@ -189,7 +189,8 @@ DISTLOCK_C_API int distlock_try_acquire(distlock_client* c, const char* name,
 DISTLOCK_C_API int distlock_lease_token(const distlock_lease* l, uint64_t* out, distlock_error* err);
 /* 1 while held and within the local deadline; 0 once lost or released. Any thread. */
 DISTLOCK_C_API int distlock_lease_owns(const distlock_lease* l);
-/* Milliseconds until the local deadline (0 when lost or released). Any thread. */
+/* Milliseconds until the local deadline (0 when lost or released; INT64_MAX where leases do
+ * not expire, file://). Any thread. */
 DISTLOCK_C_API int64_t distlock_lease_remaining_ms(const distlock_lease* l);
 /* An eventfd that becomes readable (and stays so) when the lease is lost; never by an
  * orderly release. Owned by the lease: do not close or read it; it is closed by
