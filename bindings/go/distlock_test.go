@@ -481,6 +481,15 @@ func TestSemaphoreRWLockAndElection(t *testing.T) {
 			if _, err := other.Semaphore("pool", 3).TryAcquire(ctx); !errors.Is(err, distlock.ErrInvalidArgument) {
 				t.Fatalf("another count: %v", err)
 			}
+			// Every kind of wait ends with its context (LockOptions::cancel underneath).
+			short := func() context.Context { // a fresh 100 ms context per wait
+				c, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				t.Cleanup(cancel)
+				return c
+			}
+			if _, err := other.Semaphore("pool", 2).Acquire(short()); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, distlock.ErrCancelled) {
+				t.Fatalf("semaphore wait past its context: %v", err)
+			}
 			p1.Unlock(ctx)
 			p2.Unlock(ctx)
 
@@ -493,6 +502,9 @@ func TestSemaphoreRWLockAndElection(t *testing.T) {
 			}
 			if _, err := other.RWLock("cfg", 0).Lock(ctx, distlock.Wait(0)); !errors.Is(err, distlock.ErrBusy) {
 				t.Fatalf("writer while read: %v", err)
+			}
+			if _, err := other.RWLock("cfg", 0).Lock(short()); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("writer wait past its context: %v", err)
 			}
 			r1.Unlock(ctx)
 			w, err := other.RWLock("cfg", 0).Lock(ctx, distlock.Wait(2*time.Second))
@@ -512,6 +524,9 @@ func TestSemaphoreRWLockAndElection(t *testing.T) {
 			}
 			if _, err := other.Election("sched").Campaign(ctx, "host-b", distlock.Wait(0)); !errors.Is(err, distlock.ErrBusy) {
 				t.Fatalf("second campaign: %v", err)
+			}
+			if _, err := other.Election("sched").Campaign(short(), "host-b"); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("campaign past its context: %v", err)
 			}
 			if err := e.Resign(ctx, lead); err != nil {
 				t.Fatal(err)
