@@ -333,7 +333,8 @@ func TestHammerOfFourProcessesTimesEightGoroutinesExcludesAndTokensIncrease(t *t
 // ---- loss: a holder SIGSTOPped past its TTL on redis:// ----------------------------------------
 
 // holdProcess takes the lock (TTL 1 s), prints "held <token>", then every 10 ms writes
-// "write <token>" while Err() is nil and Done() is open. On loss it prints "lost <how>", waits
+// "write <token>" while Err() is nil and Done() is open, stopping itself (SIGSTOP) after the
+// third write. On loss it prints "lost <how>", waits
 // (bounded) for Done and prints "done", then "unlock <err>".
 func holdProcess() int {
 	client, err := distlock.Connect(os.Getenv("DISTLOCK_GO_URL"))
@@ -353,7 +354,7 @@ func holdProcess() int {
 		return 1
 	}
 	fmt.Printf("held %d\n", lease.Token())
-	how := ""
+	how, written := "", 0
 	for end := time.Now().Add(60 * time.Second); how == "" && time.Now().Before(end); {
 		select {
 		case <-lease.Done():
@@ -363,6 +364,12 @@ func holdProcess() int {
 				how = "err"
 			} else {
 				fmt.Fprintf(writes, "write %d\n", lease.Token())
+				// After the third write it stops itself, right after a write and before the
+				// next check (a stop between a check and a write would let that one write
+				// through: no lock can prevent it; the fencing token is for that).
+				if written++; written == 3 {
+					syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+				}
 			}
 		}
 	}
@@ -412,16 +419,17 @@ func TestHolderStoppedPastItsTTLSeesTheLossBeforeWritingAndTheNextTokenIsLarger(
 	if _, err := fmt.Sscanf(next(), "held %d", &t1); err != nil || t1 == 0 {
 		t.Fatalf("holder: %v", err)
 	}
-	// Let it write, then stop it.
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if b, _ := os.ReadFile(writes); len(b) > 30 {
-			break
-		}
+	// It stops itself after its third write; wait (bounded) until the kernel says so.
+	stopped := func() bool {
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		i := strings.LastIndexByte(string(stat), ')')
+		return i >= 0 && i+2 < len(stat) && stat[i+2] == 'T'
 	}
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !stopped(); time.Sleep(5 * time.Millisecond) {
 	}
-	time.Sleep(50 * time.Millisecond) // a write already in the kernel lands before the stop
+	if !stopped() {
+		t.Fatal("the holder did not stop itself")
+	}
 	atStop, _ := os.ReadFile(writes)
 	if len(atStop) == 0 {
 		t.Fatal("the holder never wrote")

@@ -451,9 +451,10 @@ INSTANTIATE_TEST_SUITE_P(Backends, CApiBackend, ::testing::ValuesIn(backends()),
 
 // ---- loss, on redis:// -------------------------------------------------------------------------
 
-// A holder SIGSTOPped past its TTL: the next holder gets a larger token; after SIGCONT the holder
-// sees the loss (owns() 0 or the descriptor) before it writes again, and the descriptor and the
-// on_lost callback both fire.
+// A holder SIGSTOPped past its TTL (it stops itself right after a write, so that no write was
+// already decided): the next holder gets a larger token; after SIGCONT the holder sees the loss
+// (owns() 0 or the descriptor) before it writes again, and the descriptor and the on_lost
+// callback both fire.
 TEST(CApiLoss, HolderStoppedPastItsTtlSeesTheLossBeforeWritingAndTheNextTokenIsLarger) {
   const char* base = env("DISTLOCK_TEST_REDIS_URL");
   ASSERT_NE(base, nullptr) << "DISTLOCK_TEST_REDIS_URL is not set (run through with_servers --redis)";
@@ -481,12 +482,18 @@ TEST(CApiLoss, HolderStoppedPastItsTtlSeesTheLossBeforeWritingAndTheNextTokenIsL
     if (t1 == 0) std::this_thread::sleep_for(10ms);
   }
   ASSERT_GT(t1, 0u) << read_file(out_path);
-  // Let it write a few times, then stop it.
-  for (const auto end = Clock::now() + 5s; Clock::now() < end && read_file(writes_path).size() < 3 * 8;) {
-    std::this_thread::sleep_for(10ms);
-  }
-  holder.signal(SIGSTOP);
-  std::this_thread::sleep_for(50ms);  // a write already in the kernel lands before the stop
+  // It stops itself after its third write (right after a write, before its next check);
+  // wait (bounded) until the kernel says it is stopped.
+  auto stopped = [&] {
+    std::ifstream stat("/proc/" + std::to_string(holder.pid()) + "/stat");
+    std::string s;
+    std::getline(stat, s);
+    const auto close = s.rfind(')');
+    return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'T';
+  };
+  for (const auto end = Clock::now() + 10s; Clock::now() < end && !stopped();)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(stopped()) << "the holder did not stop itself: " << read_file(out_path);
   const std::string writes_at_stop = read_file(writes_path);
   ASSERT_FALSE(writes_at_stop.empty());
 

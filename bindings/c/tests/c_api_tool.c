@@ -7,14 +7,15 @@
  *   c_api_tool hold URL NAME TTL_MS WRITES
  *     Takes NAME, prints "held <token>", then every 10 ms until the lease is lost (at most
  *     60 s): checks the loss signals and, only while it holds, appends "write <token>" to
- *     WRITES. On loss it prints "lost <how>" (how: fd = the lost descriptor was readable,
- *     owns = distlock_lease_owns() said 0 first), waits (bounded, 5 s) for the descriptor and
- *     the on_lost callback and prints "fd <0|1> callback <0|1>" and the loss sentence.
- * Exit status 0 on success, 1 with a message on stderr otherwise. */
+ *     WRITES; after the third write it stops itself (SIGSTOP) until the test continues it. On loss it prints
+ * "lost <how>" (how: fd = the lost descriptor was readable, owns = distlock_lease_owns() said 0 first), waits
+ * (bounded, 5 s) for the descriptor and the on_lost callback and prints "fd <0|1> callback <0|1>" and the
+ * loss sentence. Exit status 0 on success, 1 with a message on stderr otherwise. */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,7 @@ static int hold(int argc, char** argv) {
   fflush(stdout);
   struct pollfd pfd = {distlock_lease_lost_fd(lease), POLLIN, 0};
   const char* how = NULL;
+  int written = 0;
   const int64_t end = now_ms() + 60000;
   while (how == NULL && now_ms() < end) {
     pfd.revents = 0;
@@ -156,6 +158,11 @@ static int hold(int argc, char** argv) {
       char line[64];
       snprintf(line, sizeof line, "write %llu\n", (unsigned long long)token);
       append_line(writes, line);
+      /* After the third write it stops itself, right after a write and before the next check:
+       * the test then sees whether the first thing it does on SIGCONT is to notice the loss.
+       * (A stop between a check and a write would let that one write through: no lock can
+       * prevent it, which is what the fencing token is for.) */
+      if (++written == 3) raise(SIGSTOP);
     }
   }
   if (how == NULL) {
