@@ -75,7 +75,7 @@ void set_error(distlock_error* err, int code, std::string_view message) noexcept
   if (err == nullptr) return;
   err->code = code;
   const std::size_t n = std::min(message.size(), sizeof err->message - 1);
-  std::memcpy(err->message, message.data(), n);
+  if (n > 0) std::memcpy(err->message, message.data(), n);  // an empty view's data() may be null
   err->message[n] = '\0';
 }
 
