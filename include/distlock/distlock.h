@@ -30,7 +30,7 @@
  * detects the loss: poll/epoll/select on it, or give it to an event loop), and the
  * callbacks of distlock_lease_on_lost() run (on the client's event thread).
  *
- * Example (tests/c_api/example.c runs it):
+ * Example (bindings/c/tests/example.c, compiled as C99 and run by the c_api test):
  *
  *   distlock_client* client = NULL;
  *   distlock_lease* lease = NULL;
