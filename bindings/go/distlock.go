@@ -147,7 +147,8 @@ func (c *Client) leave() {
 }
 
 // Close closes the client. Calls in progress finish first (the handle is freed after the
-// last); later calls return ErrClosed. Leases stay valid until unlocked.
+// last; Close does not end a wait in progress: cancel its context); later calls return
+// ErrClosed. Leases stay valid until unlocked.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
