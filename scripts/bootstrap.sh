@@ -12,6 +12,7 @@ PACKAGES=(
   redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
   clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
+  golang-go
 )
 
 missing=()

@@ -30,4 +30,47 @@ read -r -a cflags <<<"$("${pc[@]}" --cflags)"
 read -r -a libs <<<"$("${pc[@]}" --libs)"
 c++ "${cflags[@]}" examples/consumer/main.cpp -o "$work/consumer-pc" "${libs[@]}" -Wl,-rpath,"$libdir"
 "$work/consumer-pc"
+
+# The C API (when built): a C99 program using only the installed header and libdistlock_c,
+# through pkg-config (distlock-c) and through find_package (distlock::distlock_c).
+if [ -f "$pcdir/distlock-c.pc" ]; then
+  echo "install_test: C program with pkg-config distlock-c"
+  cpc=(env PKG_CONFIG_PATH="$pcdir" pkg-config --define-variable=prefix="$prefix" distlock-c)
+  read -r -a ccflags <<<"$("${cpc[@]}" --cflags)"
+  read -r -a clibs <<<"$("${cpc[@]}" --libs)"
+  cc -std=c99 -Wall -Wextra -Wpedantic -Werror "${ccflags[@]}" bindings/c/tests/example.c -o "$work/example-c" \
+    "${clibs[@]}" -Wl,-rpath,"$libdir"
+  mkdir -p "$work/locks"
+  "$work/example-c" "file://$work/locks"
+
+  echo "install_test: C program with find_package(distlock CONFIG)"
+  mkdir -p "$work/c-consumer"
+  cp bindings/c/tests/example.c "$work/c-consumer/"
+  cat >"$work/c-consumer/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(distlock_c_consumer LANGUAGES C CXX)
+find_package(distlock CONFIG REQUIRED)
+add_executable(example example.c)
+set_target_properties(example PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON)
+target_link_libraries(example PRIVATE distlock::distlock_c)
+CMAKE
+  cmake -S "$work/c-consumer" -B "$work/c-consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$work/c-consumer/build" >/dev/null
+  "$work/c-consumer/build/example" "file://$work/locks"
+
+  # The Go module over the installed library (pkg-config distlock-c), as docs/go.md shows a
+  # service using it: examples/go with its replace line pointing at bindings/go.
+  if command -v go >/dev/null; then
+    echo "install_test: Go program over the installed library"
+    cp -r examples/go "$work/go-examples"
+    sed -i "s#=> ../../bindings/go#=> $PWD/bindings/go#" "$work/go-examples/go.mod"
+    (cd "$work/go-examples" &&
+      PKG_CONFIG_PATH="$pcdir" GOCACHE="$work/gocache" GOPATH="$work/gopath" GOPROXY=off GOFLAGS= \
+        CGO_CFLAGS="-I$prefix/include" CGO_LDFLAGS="-L$libdir -Wl,-rpath,$libdir" \
+        go build -o "$work/order_guard" ./order_guard)
+    "$work/order_guard" -url "file://$work/locks" -requests 4 | tee "$work/order_guard.out"
+    [ "$(grep -c ': processed$' "$work/order_guard.out")" -eq 1 ] ||
+      { echo "install_test: order_guard paid the order other than once" >&2; exit 1; }
+  fi
+fi
 echo "install_test: OK"

@@ -2,7 +2,8 @@
 # Builds distlock and runs the whole test suite on a fresh Debian 12 machine:
 #   1. a -Werror build and every test (unit, Redis, Sentinel, Cluster, Redlock, etcd, ZooKeeper,
 #      PostgreSQL, file, CLI, metrics, ids,
-#      examples) against real servers the tests start themselves on loopback;
+#      examples, and the bindings: the C API's tests and the Go module's `go vet` + `go test -race`,
+#      label bindings) against real servers the tests start themselves on loopback;
 #   2. the conformance suite again, beside two CPU hogs;
 #   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
 #      long fault runs (the nemesis, the member partitions and the hand-off review's
@@ -17,7 +18,8 @@
 #      ones), the queue recipe's and the file, redis and redlock backends' tests under
 #      ThreadSanitizer;
 #   5. a compile-only clang build of the core and the file and redis backends with -Wthread-safety;
-#   6. an install into a temporary prefix and a consumer built with find_package and pkg-config
+#   6. an install into a temporary prefix and a consumer built with find_package and pkg-config,
+#      a C program over the C API (both ways) and a Go program over the installed library
 #      (run right after step 2, from step 1's tree).
 # Usage: ./scripts/test.sh [quick]   (quick: steps 1 and 2 only)
 #

@@ -1,0 +1,582 @@
+// The C API (include/distlock/distlock.h) over the public C++ API: every entry point
+// catches every exception and turns it into a status code and an error struct.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "distlock/distlock.h"
+#include "distlock/distlock.hpp"
+
+struct distlock_cancel {
+  std::stop_source source;
+};
+
+struct distlock_client {
+  distlock::Client client;
+  distlock::LockOptions defaults;
+};
+
+namespace {
+
+// Writes to the lease's eventfd on the thread that detects the loss (a std::stop_callback:
+// short and non-blocking, as client.hpp asks).
+struct NotifyFd {
+  int fd;
+  void operator()() const noexcept {
+    const std::uint64_t one = 1;
+    // EFD_NONBLOCK: cannot block; the counter cannot overflow from one write.
+    [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof one);
+  }
+};
+
+}  // namespace
+
+struct distlock_lease {
+  std::optional<distlock::Lease> lease;        // a lock, a permit or a leadership
+  std::optional<distlock::ReadWriteLease> rw;  // a read-write lock hold
+  std::string election;                        // the election's name, for a leadership
+  int fd = -1;
+  std::optional<std::stop_callback<NotifyFd>> notify;
+
+  ~distlock_lease() {
+    notify.reset();  // waits for a running callback: the fd must outlive it
+    if (fd >= 0) ::close(fd);
+  }
+  std::stop_token stop_token() const noexcept { return lease ? lease->stop_token() : rw->stop_token(); }
+};
+
+struct distlock_snowflake {
+#if DISTLOCK_HAS_IDS
+  std::optional<distlock::ids::SnowflakeGenerator> gen;
+#endif
+};
+struct distlock_redis_daily {
+#if DISTLOCK_HAS_IDS
+  std::optional<distlock::ids::RedisDailyGenerator> gen;
+#endif
+};
+
+namespace {
+
+void set_error(distlock_error* err, int code, std::string_view message) noexcept {
+  if (err == nullptr) return;
+  err->code = code;
+  const std::size_t n = std::min(message.size(), sizeof err->message - 1);
+  if (n > 0) std::memcpy(err->message, message.data(), n);  // an empty view's data() may be null
+  err->message[n] = '\0';
+}
+
+int fail(distlock_error* err, int code, std::string_view message) noexcept {
+  set_error(err, code, message);
+  return code;
+}
+
+int invalid(distlock_error* err, std::string_view message) noexcept {
+  return fail(err, DISTLOCK_E_INVALID_ARGUMENT, message);
+}
+
+// Runs `f`, mapping every exception to a status code; no exception leaves.
+template <class F>
+int guarded(distlock_error* err, F&& f) noexcept {
+  try {
+    std::forward<F>(f)();
+    set_error(err, DISTLOCK_OK, {});
+    return DISTLOCK_OK;
+  } catch (const std::system_error& e) {
+    const int code = e.code().category() == distlock::category() ? e.code().value() : DISTLOCK_E_INTERNAL;
+    return fail(err, code, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(err, DISTLOCK_E_NO_MEMORY, "distlock: out of memory");
+  } catch (const std::exception& e) {
+    return fail(err, DISTLOCK_E_INTERNAL, e.what());
+  } catch (...) {
+    return fail(err, DISTLOCK_E_INTERNAL, "distlock: an unknown exception");
+  }
+}
+
+distlock::LockOptions lock_options(const distlock_client* c, const distlock_lock_options* o) {
+  distlock::LockOptions opts = c->defaults;
+  if (o == nullptr) return opts;
+  if (o->ttl_ms != DISTLOCK_DEFAULT) opts.ttl = distlock::Millis(o->ttl_ms);
+  if (o->wait_ms == DISTLOCK_WAIT_FOREVER) {
+    opts.wait.reset();
+  } else if (o->wait_ms != DISTLOCK_DEFAULT) {
+    opts.wait = distlock::Millis(o->wait_ms);
+  }
+  if (o->max_hold_ms != DISTLOCK_DEFAULT) opts.max_hold = distlock::Millis(o->max_hold_ms);
+  if (o->holder_info != nullptr) opts.holder_info = o->holder_info;
+  if (o->cancel != nullptr) opts.cancel = o->cancel->source.get_token();
+  return opts;
+}
+
+// Wraps a held lease and arms its loss descriptor.
+template <class L>
+distlock_lease* wrap(L&& held, std::string election = {}) {
+  auto out = std::make_unique<distlock_lease>();
+  if constexpr (std::is_same_v<std::decay_t<L>, distlock::Lease>) {
+    out->lease.emplace(std::forward<L>(held));
+  } else {
+    out->rw.emplace(std::forward<L>(held));
+  }
+  out->election = std::move(election);
+  out->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (out->fd < 0) {
+    throw std::system_error(errno, std::generic_category(), "distlock: eventfd for the loss signal");
+  }
+  // Fires at once (on this thread) if the lease is already lost.
+  out->notify.emplace(out->stop_token(), NotifyFd{out->fd});
+  return out.release();
+}
+
+char* dup_string(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+
+const char* kind_name(distlock::LockKind k) noexcept {
+  switch (k) {
+    case distlock::LockKind::lock: return "lock";
+    case distlock::LockKind::semaphore_permit: return "semaphore_permit";
+    case distlock::LockKind::rw_writer: return "rw_writer";
+    case distlock::LockKind::rw_reader: return "rw_reader";
+    case distlock::LockKind::election: return "election";
+  }
+  return "lock";
+}
+
+nlohmann::json info_json(const distlock::LockInfo& info) {
+  nlohmann::json j;
+  j["held"] = info.held;
+  if (info.token) j["token"] = *info.token;
+  if (info.ttl_remaining) j["ttl_remaining_ms"] = info.ttl_remaining->count();
+  if (info.holder) j["holder"] = *info.holder;
+  if (info.holder_info) j["holder_info"] = *info.holder_info;
+  if (info.waiters) j["waiters"] = *info.waiters;
+  return j;
+}
+
+// JSON text; bytes that are not UTF-8 (lock names may hold any byte) are replaced.
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* distlock_status_name(int code) {
+  switch (code) {
+    case DISTLOCK_OK: return "ok";
+    case DISTLOCK_E_BUSY: return "busy";
+    case DISTLOCK_E_TIMEOUT: return "timeout";
+    case DISTLOCK_E_LOST: return "lost";
+    case DISTLOCK_E_NOT_OWNER: return "not_owner";
+    case DISTLOCK_E_BACKEND_UNAVAILABLE: return "backend_unavailable";
+    case DISTLOCK_E_AUTH_FAILED: return "auth_failed";
+    case DISTLOCK_E_INVALID_ARGUMENT: return "invalid_argument";
+    case DISTLOCK_E_INVALID_URL: return "invalid_url";
+    case DISTLOCK_E_QUORUM_UNAVAILABLE: return "quorum_unavailable";
+    case DISTLOCK_E_PROTOCOL_ERROR: return "protocol_error";
+    case DISTLOCK_E_NOT_SUPPORTED: return "not_supported";
+    case DISTLOCK_E_EXHAUSTED: return "exhausted";
+    case DISTLOCK_E_CLOCK_MOVED_BACKWARDS: return "clock_moved_backwards";
+    case DISTLOCK_E_FORKED: return "forked";
+    case DISTLOCK_E_CANCELLED: return "cancelled";
+    case DISTLOCK_E_NO_MEMORY: return "no_memory";
+    case DISTLOCK_E_INTERNAL: return "internal";
+    default: return "unknown";
+  }
+}
+
+const char* distlock_version(void) {
+  return distlock::kVersion;
+}
+
+void distlock_string_free(char* s) {
+  std::free(s);
+}
+
+void distlock_lock_options_init(distlock_lock_options* opts) {
+  if (opts == nullptr) return;
+  opts->ttl_ms = DISTLOCK_DEFAULT;
+  opts->wait_ms = DISTLOCK_DEFAULT;
+  opts->max_hold_ms = DISTLOCK_DEFAULT;
+  opts->holder_info = nullptr;
+  opts->cancel = nullptr;
+}
+
+void distlock_client_options_init(distlock_client_options* opts) {
+  if (opts == nullptr) return;
+  opts->ttl_ms = DISTLOCK_DEFAULT;
+  opts->wait_ms = DISTLOCK_DEFAULT;
+  opts->prefix = nullptr;
+  opts->holder_info = nullptr;
+  opts->connect_timeout_ms = DISTLOCK_DEFAULT;
+  opts->command_timeout_ms = DISTLOCK_DEFAULT;
+}
+
+int distlock_cancel_new(distlock_cancel** out, distlock_error* err) {
+  if (out == nullptr) return invalid(err, "distlock: distlock_cancel_new: out is NULL");
+  *out = nullptr;
+  return guarded(err, [&] { *out = new distlock_cancel(); });
+}
+
+void distlock_cancel_request(distlock_cancel* c) {
+  if (c != nullptr) c->source.request_stop();
+}
+
+int distlock_cancel_requested(const distlock_cancel* c) {
+  return c != nullptr && c->source.stop_requested() ? 1 : 0;
+}
+
+void distlock_cancel_free(distlock_cancel* c) {
+  delete c;
+}
+
+int distlock_connect(const char* url, const distlock_client_options* opts, distlock_client** out,
+                     distlock_error* err) {
+  if (out == nullptr) return invalid(err, "distlock: distlock_connect: out is NULL");
+  *out = nullptr;
+  return guarded(err, [&] {
+    std::string u = url != nullptr ? url : "";
+    distlock::ClientOptions co;
+    if (opts != nullptr) {
+      if (opts->ttl_ms != DISTLOCK_DEFAULT) co.lock_defaults.ttl = distlock::Millis(opts->ttl_ms);
+      if (opts->wait_ms != DISTLOCK_DEFAULT && opts->wait_ms != DISTLOCK_WAIT_FOREVER) {
+        co.lock_defaults.wait = distlock::Millis(opts->wait_ms);
+      }
+      if (opts->holder_info != nullptr) co.lock_defaults.holder_info = opts->holder_info;
+      if (opts->connect_timeout_ms != DISTLOCK_DEFAULT)
+        co.connect_timeout = distlock::Millis(opts->connect_timeout_ms);
+      if (opts->command_timeout_ms != DISTLOCK_DEFAULT)
+        co.command_timeout = distlock::Millis(opts->command_timeout_ms);
+      if (opts->prefix != nullptr) {
+        if (u.empty()) u = distlock::default_url();
+        // Percent-encoded: the URL parser decodes query values.
+        std::string enc;
+        for (const unsigned char ch : std::string_view(opts->prefix)) {
+          if (std::isalnum(ch) != 0 || ch == '-' || ch == '_' || ch == '.' || ch == '~' || ch == ':' ||
+              ch == '/') {
+            enc += static_cast<char>(ch);
+          } else {
+            static constexpr char hex[] = "0123456789ABCDEF";
+            enc += '%';
+            enc += hex[ch >> 4];
+            enc += hex[ch & 15];
+          }
+        }
+        u += (u.find('?') == std::string::npos ? "?prefix=" : "&prefix=") + enc;
+      }
+    }
+    // connect() checks the options (ClientOptions::validate) and the URL.
+    auto client = distlock::connect(u, co);
+    auto* c = new distlock_client{std::move(client), co.lock_defaults};
+    *out = c;
+  });
+}
+
+void distlock_client_close(distlock_client* c) {
+  delete c;
+}
+
+int distlock_client_url(distlock_client* c, char** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_client_url: client or out is NULL");
+  *out = nullptr;
+  return guarded(err, [&] { *out = dup_string(c->client.url()); });
+}
+
+int distlock_client_has_fencing(distlock_client* c) {
+  return c != nullptr && c->client.has_fencing() ? 1 : 0;
+}
+
+int distlock_acquire(distlock_client* c, const char* name, const distlock_lock_options* opts,
+                     distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_acquire: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
+  return guarded(err, [&] { *out = wrap(c->client.acquire(name, lock_options(c, opts))); });
+}
+
+int distlock_try_acquire(distlock_client* c, const char* name, const distlock_lock_options* opts,
+                         distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_try_acquire: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
+  return guarded(err, [&] {
+    auto o = lock_options(c, opts);
+    o.wait = distlock::Millis(0);
+    *out = wrap(c->client.acquire(name, o));  // errc::busy when held
+  });
+}
+
+int distlock_lease_token(const distlock_lease* l, uint64_t* out, distlock_error* err) {
+  if (l == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_lease_token: lease or out is NULL");
+  return guarded(err, [&] { *out = l->lease ? l->lease->token() : l->rw->token(); });
+}
+
+int distlock_lease_owns(const distlock_lease* l) {
+  if (l == nullptr) return 0;
+  return (l->lease ? l->lease->owns() : l->rw->owns()) ? 1 : 0;
+}
+
+int64_t distlock_lease_remaining_ms(const distlock_lease* l) {
+  if (l == nullptr) return 0;
+  return (l->lease ? l->lease->remaining() : l->rw->remaining()).count();
+}
+
+int distlock_lease_lost_fd(const distlock_lease* l) {
+  return l != nullptr ? l->fd : -1;
+}
+
+int distlock_lease_loss(const distlock_lease* l, distlock_error* err) {
+  if (l == nullptr) return invalid(err, "distlock: distlock_lease_loss: lease is NULL");
+  return guarded(err, [&] {
+    const auto reason = l->lease ? l->lease->loss_reason() : l->rw->loss_reason();
+    if (reason == distlock::LossReason::none) return;
+    const std::string detail = l->lease ? l->lease->loss_detail() : l->rw->loss_detail();
+    throw std::system_error(
+        make_error_code(distlock::errc::lost),
+        std::string("distlock: lease lost (") + distlock::to_string(reason) + "): " + detail);
+  });
+}
+
+int distlock_lease_on_lost(distlock_lease* l, void (*fn)(void* user), void* user, distlock_error* err) {
+  if (l == nullptr || fn == nullptr)
+    return invalid(err, "distlock: distlock_lease_on_lost: lease or fn is NULL");
+  return guarded(err, [&] {
+    auto cb = [fn, user] { fn(user); };
+    if (l->lease) {
+      l->lease->on_lost(cb);
+    } else {
+      l->rw->on_lost(cb);
+    }
+  });
+}
+
+int distlock_lease_release(distlock_lease* l, distlock_error* err) {
+  if (l == nullptr) return invalid(err, "distlock: distlock_lease_release: lease is NULL");
+  return guarded(err, [&] {
+    if (l->lease) {
+      l->lease->release();
+    } else {
+      l->rw->release();
+    }
+  });
+}
+
+void distlock_lease_free(distlock_lease* l) {
+  // The destructors release a held lease and never throw.
+  delete l;
+}
+
+int distlock_semaphore_acquire(distlock_client* c, const char* name, int permits,
+                               const distlock_lock_options* opts, distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_semaphore_acquire: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the semaphore name is NULL");
+  return guarded(err, [&] {
+    distlock::Semaphore sem(c->client, name, permits, lock_options(c, opts));
+    *out = wrap(sem.acquire());
+  });
+}
+
+int distlock_rwlock_acquire(distlock_client* c, const char* name, int exclusive, int max_readers,
+                            const distlock_lock_options* opts, distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_rwlock_acquire: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the read-write lock name is NULL");
+  return guarded(err, [&] {
+    distlock::SharedMutex rw(c->client, name, lock_options(c, opts), max_readers);
+    *out = wrap(exclusive != 0 ? rw.acquire_exclusive() : rw.acquire_shared());
+  });
+}
+
+int distlock_election_campaign(distlock_client* c, const char* name, const char* value,
+                               const distlock_lock_options* opts, distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_election_campaign: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the election name is NULL");
+  return guarded(err, [&] {
+    distlock::Election e(c->client, name, lock_options(c, opts));
+    *out = wrap(e.campaign(value != nullptr ? value : ""), name);
+  });
+}
+
+int distlock_election_resign(distlock_client* c, const char* name, distlock_lease* leadership,
+                             distlock_error* err) {
+  if (c == nullptr || leadership == nullptr || name == nullptr) {
+    return invalid(err, "distlock: distlock_election_resign: client, name or lease is NULL");
+  }
+  if (!leadership->lease || leadership->election != name) {
+    return invalid(err, "distlock: the lease is not a leadership of this election");
+  }
+  return guarded(err, [&] {
+    distlock::Election e(c->client, name, c->defaults);
+    e.resign(*leadership->lease);
+  });
+}
+
+int distlock_election_leader(distlock_client* c, const char* name, char** json, distlock_error* err) {
+  if (c == nullptr || json == nullptr)
+    return invalid(err, "distlock: distlock_election_leader: client or out is NULL");
+  *json = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the election name is NULL");
+  return guarded(err, [&] {
+    distlock::Election e(c->client, name, c->defaults);
+    const auto leader = e.leader();
+    nlohmann::json j;  // null
+    if (leader) {
+      j["value"] = leader->value;
+      j["term"] = leader->term;
+      j["holder"] = leader->holder;
+      j["value_known"] = leader->value_known;
+      if (leader->ttl_remaining) j["ttl_remaining_ms"] = leader->ttl_remaining->count();
+    }
+    *json = dup_string(dump(j));
+  });
+}
+
+int distlock_status_json(distlock_client* c, const char* name, char** json, distlock_error* err) {
+  if (c == nullptr || json == nullptr)
+    return invalid(err, "distlock: distlock_status_json: client or out is NULL");
+  *json = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
+  return guarded(err, [&] { *json = dup_string(dump(info_json(c->client.status(name)))); });
+}
+
+int distlock_list_json(distlock_client* c, const char* prefix, size_t limit, char** json,
+                       distlock_error* err) {
+  if (c == nullptr || json == nullptr)
+    return invalid(err, "distlock: distlock_list_json: client or out is NULL");
+  *json = nullptr;
+  return guarded(err, [&] {
+    bool truncated = false;
+    const auto locks = c->client.list(prefix != nullptr ? prefix : "", limit, truncated);
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& l : locks) {
+      nlohmann::json j = info_json(l.info);
+      j["name"] = l.name;
+      j["base"] = l.base;
+      j["kind"] = kind_name(l.kind);
+      j["display"] = l.display;
+      if (l.index) j["index"] = *l.index;
+      if (l.of) j["of"] = *l.of;
+      arr.push_back(std::move(j));
+    }
+    *json = dup_string(dump(nlohmann::json{{"locks", std::move(arr)}, {"truncated", truncated}}));
+  });
+}
+
+#if DISTLOCK_HAS_IDS
+
+int distlock_snowflake_new(distlock_client* c, const char* prefix, distlock_snowflake** out,
+                           distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_snowflake_new: client or out is NULL");
+  *out = nullptr;
+  return guarded(err, [&] {
+    auto g = std::make_unique<distlock_snowflake>();
+    distlock::ids::SnowflakeOptions o;
+    if (prefix != nullptr) o.prefix = prefix;
+    g->gen.emplace(c->client, std::move(o));
+    *out = g.release();
+  });
+}
+
+int distlock_snowflake_next(distlock_snowflake* g, uint64_t* out, distlock_error* err) {
+  if (g == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_snowflake_next: generator or out is NULL");
+  return guarded(err, [&] { *out = g->gen->next(); });
+}
+
+int distlock_redis_daily_new(const char* redis_url, const char* prefix, uint32_t reserve,
+                             distlock_redis_daily** out, distlock_error* err) {
+  if (redis_url == nullptr || out == nullptr) {
+    return invalid(err, "distlock: distlock_redis_daily_new: url or out is NULL");
+  }
+  *out = nullptr;
+  return guarded(err, [&] {
+    auto g = std::make_unique<distlock_redis_daily>();
+    distlock::ids::RedisDailyOptions o;
+    if (prefix != nullptr) o.prefix = prefix;
+    if (reserve != 0) o.reserve = reserve;
+    g->gen.emplace(redis_url, std::move(o));
+    *out = g.release();
+  });
+}
+
+int distlock_redis_daily_next(distlock_redis_daily* g, uint64_t* out, distlock_error* err) {
+  if (g == nullptr || out == nullptr) {
+    return invalid(err, "distlock: distlock_redis_daily_next: generator or out is NULL");
+  }
+  return guarded(err, [&] { *out = g->gen->next(); });
+}
+
+int distlock_uuid7(char out[37], distlock_error* err) {
+  if (out == nullptr) return invalid(err, "distlock: distlock_uuid7: out is NULL");
+  return guarded(err, [&] {
+    static distlock::ids::Uuid7Generator gen;  // thread-safe (an internal mutex)
+    const std::string s = gen.next().to_string();
+    std::memcpy(out, s.c_str(), 37);
+  });
+}
+
+#else
+
+namespace {
+int no_ids(distlock_error* err) {
+  return fail(err, DISTLOCK_E_NOT_SUPPORTED, "distlock: this library was built without the ids component");
+}
+}  // namespace
+
+int distlock_snowflake_new(distlock_client*, const char*, distlock_snowflake** out, distlock_error* err) {
+  if (out != nullptr) *out = nullptr;
+  return no_ids(err);
+}
+int distlock_snowflake_next(distlock_snowflake*, uint64_t*, distlock_error* err) {
+  return no_ids(err);
+}
+int distlock_redis_daily_new(const char*, const char*, uint32_t, distlock_redis_daily** out,
+                             distlock_error* err) {
+  if (out != nullptr) *out = nullptr;
+  return no_ids(err);
+}
+int distlock_redis_daily_next(distlock_redis_daily*, uint64_t*, distlock_error* err) {
+  return no_ids(err);
+}
+int distlock_uuid7(char*, distlock_error* err) {
+  return no_ids(err);
+}
+
+#endif
+
+void distlock_snowflake_free(distlock_snowflake* g) {
+  delete g;
+}
+void distlock_redis_daily_free(distlock_redis_daily* g) {
+  delete g;
+}
+
+}  // extern "C"

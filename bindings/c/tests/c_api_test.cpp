@@ -1,0 +1,586 @@
+// The C API's contract (include/distlock/distlock.h, issue 29 §1 and §4), against real servers:
+// file:// in a temporary directory, and redis:// / etcd:// started by with_servers
+// (bindings/tests/with_servers.cpp), whose addresses come in DISTLOCK_TEST_REDIS_URL and
+// DISTLOCK_TEST_ETCD_URL. Every backend of the build is tested; one without its URL fails,
+// never skips.
+//
+// The test links only libdistlock_c (the C API) and talks to the servers directly (hiredis,
+// etcdctl) to count what is left on them.
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.h"
+#include "support/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+std::string tool() {
+  return C_API_TOOL_PATH;
+}
+
+struct ClientDeleter {
+  void operator()(distlock_client* c) const noexcept { distlock_client_close(c); }
+};
+struct LeaseDeleter {
+  void operator()(distlock_lease* l) const noexcept { distlock_lease_free(l); }
+};
+using ClientPtr = std::unique_ptr<distlock_client, ClientDeleter>;
+using LeasePtr = std::unique_ptr<distlock_lease, LeaseDeleter>;
+
+ClientPtr connect_ok(const std::string& url) {
+  distlock_client* c = nullptr;
+  distlock_error err{};
+  const int rc = distlock_connect(url.c_str(), nullptr, &c, &err);
+  EXPECT_EQ(rc, DISTLOCK_OK) << err.message;
+  return ClientPtr(c);
+}
+
+distlock_lock_options opts_with(std::int64_t ttl_ms, std::int64_t wait_ms) {
+  distlock_lock_options o;
+  distlock_lock_options_init(&o);
+  o.ttl_ms = ttl_ms;
+  o.wait_ms = wait_ms;
+  return o;
+}
+
+std::string take_string(char* s) {
+  std::string out = s != nullptr ? s : "";
+  distlock_string_free(s);
+  return out;
+}
+
+// Redis keys under a prefix, read with a plain hiredis connection.
+std::vector<std::string> redis_keys(const std::string& pattern) {
+  const char* port = env("DISTLOCK_TEST_REDIS_PORT");
+  if (port == nullptr) {
+    ADD_FAILURE() << "DISTLOCK_TEST_REDIS_PORT is not set";
+    return {};
+  }
+  redisContext* ctx = redisConnect("127.0.0.1", std::atoi(port));
+  std::vector<std::string> keys;
+  if (ctx == nullptr || ctx->err != 0) {
+    ADD_FAILURE() << "cannot reach redis on port " << port;
+  } else if (auto* r = static_cast<redisReply*>(redisCommand(ctx, "KEYS %s", pattern.c_str()));
+             r != nullptr) {
+    for (size_t i = 0; i < r->elements; ++i) keys.emplace_back(r->element[i]->str, r->element[i]->len);
+    freeReplyObject(r);
+  }
+  if (ctx != nullptr) redisFree(ctx);
+  return keys;
+}
+
+// etcd keys under a prefix (etcdctl, the server's own tool).
+std::vector<std::string> etcd_keys(const std::string& prefix) {
+  const char* ep = env("DISTLOCK_TEST_ETCD_ENDPOINT");
+  std::vector<std::string> keys;
+  if (ep == nullptr) {
+    ADD_FAILURE() << "DISTLOCK_TEST_ETCD_ENDPOINT is not set";
+    return keys;
+  }
+  const std::string cmd = std::string("ETCDCTL_API=3 etcdctl --endpoints=") + ep +
+                          " get --prefix --keys-only '" + prefix + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    ADD_FAILURE() << "cannot run etcdctl";
+    return keys;
+  }
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) {
+    std::string line(buf);
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    if (!line.empty()) keys.push_back(line);
+  }
+  EXPECT_EQ(::pclose(p), 0) << "etcdctl failed";
+  return keys;
+}
+
+// ---- bad input: the C++ API's errors, never a password ---------------------------------------
+
+TEST(CApiErrors, BadUrlUnknownSchemeEmptyNameAndBadTtlGetTheLibrarysErrors) {
+  distlock_client* c = nullptr;
+  distlock_error err{};
+  EXPECT_EQ(distlock_connect("nosuch://127.0.0.1:1", nullptr, &c, &err), DISTLOCK_E_INVALID_URL);
+  EXPECT_EQ(err.code, DISTLOCK_E_INVALID_URL);
+  EXPECT_NE(std::string(err.message).find("nosuch"), std::string::npos) << err.message;
+  EXPECT_EQ(c, nullptr);
+
+  EXPECT_EQ(distlock_connect("redis://alice:s3cr3tpw@127.0.0.1:notaport", nullptr, &c, &err),
+            DISTLOCK_E_INVALID_URL);
+  EXPECT_STRNE(err.message, "");
+  EXPECT_EQ(std::string(err.message).find("s3cr3tpw"), std::string::npos) << err.message;
+
+  // A server that is not there: unavailable, and the password is masked.
+  distlock_client_options co;
+  distlock_client_options_init(&co);
+  co.connect_timeout_ms = 300;
+  co.command_timeout_ms = 300;
+  const int rc = distlock_connect("redis://alice:s3cr3tpw@127.0.0.1:1", &co, &c, &err);
+  if (rc == DISTLOCK_OK) {
+    // Connecting may be lazy: the first acquire reports it.
+    ClientPtr lazy(c);
+    distlock_lease* l = nullptr;
+    const auto o = opts_with(1000, 0);
+    EXPECT_EQ(distlock_acquire(lazy.get(), "x", &o, &l, &err), DISTLOCK_E_BACKEND_UNAVAILABLE) << err.message;
+  } else {
+    EXPECT_EQ(rc, DISTLOCK_E_BACKEND_UNAVAILABLE) << err.message;
+  }
+  EXPECT_EQ(std::string(err.message).find("s3cr3tpw"), std::string::npos) << err.message;
+
+  TempDir dir("distlock-capi");
+  ClientPtr client = connect_ok("file://" + dir.path().string());
+  ASSERT_NE(client, nullptr);
+  distlock_lease* l = nullptr;
+  EXPECT_EQ(distlock_acquire(client.get(), "", nullptr, &l, &err), DISTLOCK_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(err.message).find("name"), std::string::npos) << err.message;
+  EXPECT_EQ(distlock_acquire(client.get(), nullptr, nullptr, &l, &err), DISTLOCK_E_INVALID_ARGUMENT);
+  for (const std::int64_t ttl : {std::int64_t{0}, std::int64_t{-5}}) {
+    const auto o = opts_with(ttl, 0);
+    EXPECT_EQ(distlock_acquire(client.get(), "x", &o, &l, &err), DISTLOCK_E_INVALID_ARGUMENT) << ttl;
+    EXPECT_NE(std::string(err.message).find("ttl"), std::string::npos) << err.message;
+    EXPECT_EQ(l, nullptr);
+  }
+  EXPECT_STREQ(distlock_status_name(DISTLOCK_E_CANCELLED), "cancelled");
+  EXPECT_STREQ(distlock_status_name(DISTLOCK_E_BUSY), "busy");
+}
+
+// ---- per backend ------------------------------------------------------------------------------
+
+struct Backend {
+  std::string kind;  // file, redis, etcd
+  std::string url;
+};
+
+class CApiBackend : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    kind_ = GetParam();
+    // A unique prefix per test: leftovers are counted per test.
+    prefix_ = std::string("capi") + std::to_string(::getpid()) + "t" + std::to_string(counter_++);
+    if (kind_ == "file") {
+      url_ = "file://" + dir_.path().string();
+    } else {
+      const char* u = env(kind_ == "redis" ? "DISTLOCK_TEST_REDIS_URL" : "DISTLOCK_TEST_ETCD_URL");
+      ASSERT_NE(u, nullptr) << kind_ << " is listed in DISTLOCK_TEST_BACKENDS but its URL is not set";
+      url_ = std::string(u) + "?prefix=" + prefix_;
+    }
+  }
+  // What is left on the server for this test's prefix once every lease is gone, but for
+  // the never-expiring fence counters (redis: docs/redis.md's key layout).
+  std::vector<std::string> leftovers() {
+    std::vector<std::string> out;
+    if (kind_ == "redis") {
+      for (auto& k : redis_keys(prefix_ + ":*")) {
+        if (k.find(":fence:") == std::string::npos) out.push_back(k);
+      }
+    } else if (kind_ == "etcd") {
+      out = etcd_keys(prefix_);  // tokens are revisions: no counter keys (docs/etcd.md)
+    }
+    return out;
+  }
+  static inline int counter_ = 0;
+  std::string kind_, url_, prefix_;
+  TempDir dir_{"distlock-capi"};
+};
+
+TEST_P(CApiBackend, AcquireTryAcquireTokenStatusListAndRelease) {
+  ClientPtr a = connect_ok(url_), b = connect_ok(url_);
+  ASSERT_TRUE(a && b);
+  distlock_error err{};
+  distlock_lease* raw = nullptr;
+  const auto o = opts_with(5000, 2000);
+  ASSERT_EQ(distlock_acquire(a.get(), "orders/42", &o, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr lease(raw);
+  std::uint64_t t1 = 0;
+  ASSERT_EQ(distlock_lease_token(lease.get(), &t1, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(distlock_lease_owns(lease.get()), 1);
+  EXPECT_GT(distlock_lease_remaining_ms(lease.get()), 0);
+  if (kind_ != "file") {
+    EXPECT_LE(distlock_lease_remaining_ms(lease.get()), 5000);  // file:// locks do not expire
+  }
+  EXPECT_EQ(distlock_lease_loss(lease.get(), &err), DISTLOCK_OK);
+  EXPECT_GE(distlock_lease_lost_fd(lease.get()), 0);
+
+  distlock_lease* other = nullptr;
+  EXPECT_EQ(distlock_try_acquire(b.get(), "orders/42", nullptr, &other, &err), DISTLOCK_E_BUSY)
+      << err.message;
+  EXPECT_EQ(other, nullptr);
+  const auto short_wait = opts_with(5000, 150);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(distlock_acquire(b.get(), "orders/42", &short_wait, &other, &err), DISTLOCK_E_TIMEOUT)
+      << err.message;
+  EXPECT_GE(Clock::now() - t0, 150ms);
+
+  char* json = nullptr;
+  ASSERT_EQ(distlock_status_json(b.get(), "orders/42", &json, &err), DISTLOCK_OK) << err.message;
+  const std::string status = take_string(json);
+  EXPECT_NE(status.find("\"held\":true"), std::string::npos) << status;
+  EXPECT_NE(status.find("\"token\":" + std::to_string(t1)), std::string::npos) << status;
+
+  const int lrc = distlock_list_json(b.get(), "orders/", 100, &json, &err);
+  if (lrc == DISTLOCK_OK) {
+    const std::string list = take_string(json);
+    EXPECT_NE(list.find("\"name\":\"orders/42\""), std::string::npos) << list;
+    EXPECT_NE(list.find("\"truncated\":false"), std::string::npos) << list;
+  } else {
+    EXPECT_EQ(lrc, DISTLOCK_E_NOT_SUPPORTED) << err.message;
+  }
+
+  ASSERT_EQ(distlock_lease_release(lease.get(), &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(distlock_lease_owns(lease.get()), 0);
+  // No loss signal for an orderly release.
+  pollfd pfd{distlock_lease_lost_fd(lease.get()), POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+
+  ASSERT_EQ(distlock_try_acquire(b.get(), "orders/42", nullptr, &other, &err), DISTLOCK_OK) << err.message;
+  LeasePtr second(other);
+  std::uint64_t t2 = 0;
+  ASSERT_EQ(distlock_lease_token(second.get(), &t2, &err), DISTLOCK_OK);
+  EXPECT_GT(t2, t1);
+  lease.reset();
+  second.reset();
+  EXPECT_EQ(leftovers(), std::vector<std::string>{});
+}
+
+// A wait cancelled from another thread ends with DISTLOCK_E_CANCELLED, promptly, and leaves
+// nothing queued: once the holder releases, nothing but the fence counters is left.
+TEST_P(CApiBackend, CancelledWaitEndsPromptlyAndLeavesNothingOnTheServer) {
+  ClientPtr holder = connect_ok(url_), waiter = connect_ok(url_);
+  ASSERT_TRUE(holder && waiter);
+  distlock_error err{};
+  distlock_lease* raw = nullptr;
+  ASSERT_EQ(distlock_acquire(holder.get(), "job", nullptr, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr held(raw);
+
+  distlock_cancel* cancel = nullptr;
+  ASSERT_EQ(distlock_cancel_new(&cancel, &err), DISTLOCK_OK);
+  std::atomic<int> rc{-1};
+  std::atomic<bool> started{false};
+  distlock_error werr{};
+  std::thread t([&] {
+    distlock_lock_options o;
+    distlock_lock_options_init(&o);
+    o.wait_ms = DISTLOCK_WAIT_FOREVER;
+    o.cancel = cancel;
+    distlock_lease* l = nullptr;
+    started = true;
+    rc = distlock_acquire(waiter.get(), "job", &o, &l, &werr);
+    distlock_lease_free(l);
+  });
+  // Wait (bounded) until the waiter is queued where the backend tells waiters, else a moment.
+  const auto deadline = Clock::now() + 5s;
+  while (!started) std::this_thread::yield();
+  bool queued = false;
+  while (Clock::now() < deadline && !queued) {
+    char* json = nullptr;
+    ASSERT_EQ(distlock_status_json(holder.get(), "job", &json, &err), DISTLOCK_OK) << err.message;
+    const std::string s = take_string(json);
+    if (s.find("\"waiters\"") == std::string::npos) {
+      std::this_thread::sleep_for(200ms);  // no waiter count on this backend: let it start waiting
+      queued = true;
+    } else {
+      queued = s.find("\"waiters\":0") == std::string::npos;
+      if (!queued) std::this_thread::sleep_for(10ms);
+    }
+  }
+  EXPECT_TRUE(queued) << "the waiter never showed up in status";
+  EXPECT_EQ(rc.load(), -1) << "the wait ended before it was cancelled: " << werr.message;
+  const auto t0 = Clock::now();
+  distlock_cancel_request(cancel);
+  t.join();
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(rc.load(), DISTLOCK_E_CANCELLED) << werr.message;
+  EXPECT_STRNE(werr.message, "");
+  // Bound: the cancel is a stop callback that wakes the wait; 2 s covers a loaded CI machine.
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(distlock_cancel_requested(cancel), 1);
+  distlock_cancel_free(cancel);
+
+  ASSERT_EQ(distlock_lease_release(held.get(), &err), DISTLOCK_OK) << err.message;
+  held.reset();
+  char* json = nullptr;
+  ASSERT_EQ(distlock_status_json(holder.get(), "job", &json, &err), DISTLOCK_OK);
+  const std::string s = take_string(json);
+  EXPECT_NE(s.find("\"held\":false"), std::string::npos) << s;
+  EXPECT_EQ(leftovers(), std::vector<std::string>{});
+}
+
+// 4 processes x 8 threads, 2,016 critical sections: never two inside at once (the O_APPEND log
+// alternates B/E of the same section) and tokens strictly increase in section order.
+TEST_P(CApiBackend, HammerOfFourProcessesTimesEightThreadsExcludesAndTokensIncrease) {
+  TempDir work("distlock-capi-hammer");
+  const std::string log = (work.path() / "sections.log").string();
+  std::vector<Process> procs;
+  constexpr int kProcs = 4, kThreads = 8, kIters = 63;  // 2016 sections
+  for (int p = 0; p < kProcs; ++p) {
+    procs.push_back(Process::spawn(
+        {tool(), "hammer", url_, "hammer", log, std::to_string(kThreads), std::to_string(kIters)},
+        (work.path() / ("proc" + std::to_string(p) + ".out")).string()));
+  }
+  for (int p = 0; p < kProcs; ++p) {
+    const int status = procs[p].wait_for(150s);
+    ASSERT_NE(status, -1) << "hammer process " << p << " did not finish in 150 s";
+    std::ifstream out(work.path() / ("proc" + std::to_string(p) + ".out"));
+    std::stringstream text;
+    text << out.rdbuf();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "process " << p << ": " << text.str();
+  }
+  std::ifstream in(log);
+  std::string type, pid, thread, token;
+  int sections = 0;
+  bool inside = false;
+  std::string open_pid, open_thread, open_token;
+  std::uint64_t last_token = 0;
+  std::set<std::string> pids;
+  while (in >> type >> pid >> thread >> token) {
+    if (type == "B") {
+      ASSERT_FALSE(inside) << "two sections at once: " << open_pid << "/" << open_thread << " and " << pid
+                           << "/" << thread << " at section " << sections;
+      inside = true;
+      open_pid = pid;
+      open_thread = thread;
+      open_token = token;
+      const std::uint64_t t = std::stoull(token);
+      ASSERT_GT(t, last_token) << "tokens not increasing at section " << sections;
+      last_token = t;
+      pids.insert(pid);
+    } else {
+      ASSERT_TRUE(inside && pid == open_pid && thread == open_thread && token == open_token)
+          << "an end that is not the open section's at section " << sections;
+      inside = false;
+      ++sections;
+    }
+  }
+  EXPECT_FALSE(inside);
+  EXPECT_EQ(sections, kProcs * kThreads * kIters);
+  EXPECT_EQ(pids.size(), static_cast<std::size_t>(kProcs));
+  EXPECT_EQ(leftovers(), std::vector<std::string>{});
+}
+
+TEST_P(CApiBackend, SemaphoreRwLockAndElection) {
+  ClientPtr a = connect_ok(url_), b = connect_ok(url_);
+  ASSERT_TRUE(a && b);
+  distlock_error err{};
+  const auto one_try = opts_with(5000, 0);
+  distlock_lease *p1 = nullptr, *p2 = nullptr, *p3 = nullptr;
+  ASSERT_EQ(distlock_semaphore_acquire(a.get(), "pool", 2, &one_try, &p1, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_semaphore_acquire(b.get(), "pool", 2, &one_try, &p2, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(distlock_semaphore_acquire(b.get(), "pool", 2, &one_try, &p3, &err), DISTLOCK_E_BUSY)
+      << err.message;
+  EXPECT_EQ(distlock_semaphore_acquire(b.get(), "pool", 3, &one_try, &p3, &err), DISTLOCK_E_INVALID_ARGUMENT);
+  distlock_lease_free(p1);
+  distlock_lease_free(p2);
+
+  distlock_lease *r1 = nullptr, *r2 = nullptr, *w = nullptr;
+  ASSERT_EQ(distlock_rwlock_acquire(a.get(), "cfg", 0, 0, &one_try, &r1, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_rwlock_acquire(b.get(), "cfg", 0, 0, &one_try, &r2, &err), DISTLOCK_OK) << err.message;
+  std::uint64_t tok = 0;
+  EXPECT_EQ(distlock_lease_token(r1, &tok, &err), DISTLOCK_E_NOT_SUPPORTED);
+  EXPECT_EQ(distlock_rwlock_acquire(b.get(), "cfg", 1, 0, &one_try, &w, &err), DISTLOCK_E_BUSY)
+      << err.message;
+  EXPECT_EQ(distlock_lease_release(r1, &err), DISTLOCK_OK);
+  distlock_lease_free(r1);
+  distlock_lease_free(r2);
+  const auto wait2 = opts_with(5000, 2000);
+  ASSERT_EQ(distlock_rwlock_acquire(b.get(), "cfg", 1, 0, &wait2, &w, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(distlock_lease_token(w, &tok, &err), DISTLOCK_OK) << err.message;
+  distlock_lease_free(w);
+
+  distlock_lease* lead = nullptr;
+  ASSERT_EQ(distlock_election_campaign(a.get(), "sched", "host-a:8080", &wait2, &lead, &err), DISTLOCK_OK)
+      << err.message;
+  std::uint64_t term = 0;
+  ASSERT_EQ(distlock_lease_token(lead, &term, &err), DISTLOCK_OK);
+  char* json = nullptr;
+  ASSERT_EQ(distlock_election_leader(b.get(), "sched", &json, &err), DISTLOCK_OK) << err.message;
+  const std::string leader = take_string(json);
+  EXPECT_NE(leader.find("\"value\":\"host-a:8080\""), std::string::npos) << leader;
+  EXPECT_NE(leader.find("\"term\":" + std::to_string(term)), std::string::npos) << leader;
+  distlock_lease* not_lead = nullptr;
+  EXPECT_EQ(distlock_election_campaign(b.get(), "sched", "host-b", &one_try, &not_lead, &err),
+            DISTLOCK_E_BUSY);
+  EXPECT_EQ(distlock_election_resign(a.get(), "other", lead, &err), DISTLOCK_E_INVALID_ARGUMENT);
+  EXPECT_EQ(distlock_election_resign(a.get(), "sched", lead, &err), DISTLOCK_OK) << err.message;
+  distlock_lease_free(lead);
+  ASSERT_EQ(distlock_election_leader(b.get(), "sched", &json, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(take_string(json), "null");
+}
+
+// The backends of this build (compile definitions from bindings/c/CMakeLists.txt).
+std::vector<std::string> backends() {
+  std::vector<std::string> out{"file"};
+#ifdef DISTLOCK_TEST_REDIS
+  out.push_back("redis");
+#endif
+#ifdef DISTLOCK_TEST_ETCD
+  out.push_back("etcd");
+#endif
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CApiBackend, ::testing::ValuesIn(backends()),
+                         [](const auto& p) { return p.param; });
+
+#ifdef DISTLOCK_TEST_REDIS
+// ---- loss, on redis:// -------------------------------------------------------------------------
+
+// A holder SIGSTOPped past its TTL (it stops itself right after a write, so that no write was
+// already decided): the next holder gets a larger token; after SIGCONT the holder sees the loss
+// (owns() 0 or the descriptor) before it writes again, and the descriptor and the on_lost
+// callback both fire.
+TEST(CApiLoss, HolderStoppedPastItsTtlSeesTheLossBeforeWritingAndTheNextTokenIsLarger) {
+  const char* base = env("DISTLOCK_TEST_REDIS_URL");
+  ASSERT_NE(base, nullptr) << "DISTLOCK_TEST_REDIS_URL is not set (run through with_servers --redis)";
+  const std::string url = std::string(base) + "?prefix=capiloss" + std::to_string(::getpid());
+  TempDir work("distlock-capi-loss");
+  const auto out_path = work.path() / "holder.out";
+  const auto writes_path = work.path() / "writes";
+  Process holder =
+      Process::spawn({tool(), "hold", url, "ledger", "1000", writes_path.string()}, out_path.string());
+  auto read_file = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  // Bounded wait for "held <token>".
+  std::uint64_t t1 = 0;
+  for (const auto end = Clock::now() + 10s; Clock::now() < end && t1 == 0;) {
+    const std::string text = read_file(out_path);
+    // stderr (the client's warnings) shares the file: find the line.
+    if (const auto at = text.find("held ");
+        at != std::string::npos && text.find('\n', at) != std::string::npos) {
+      t1 = std::stoull(text.substr(at + 5));
+    }
+    if (t1 == 0) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GT(t1, 0u) << read_file(out_path);
+  // It stops itself after its third write (right after a write, before its next check);
+  // wait (bounded) until the kernel says it is stopped.
+  auto stopped = [&] {
+    std::ifstream stat("/proc/" + std::to_string(holder.pid()) + "/stat");
+    std::string s;
+    std::getline(stat, s);
+    const auto close = s.rfind(')');
+    return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'T';
+  };
+  for (const auto end = Clock::now() + 10s; Clock::now() < end && !stopped();)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(stopped()) << "the holder did not stop itself: " << read_file(out_path);
+  const std::string writes_at_stop = read_file(writes_path);
+  ASSERT_FALSE(writes_at_stop.empty());
+
+  // The next holder gets it once the TTL (1 s) ran out on the server.
+  ClientPtr next = connect_ok(url);
+  ASSERT_TRUE(next);
+  distlock_error err{};
+  distlock_lease* raw = nullptr;
+  const auto o = opts_with(5000, 5000);
+  ASSERT_EQ(distlock_acquire(next.get(), "ledger", &o, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr second(raw);
+  std::uint64_t t2 = 0;
+  ASSERT_EQ(distlock_lease_token(second.get(), &t2, &err), DISTLOCK_OK);
+  EXPECT_GT(t2, t1);
+
+  holder.signal(SIGCONT);
+  const int status = holder.wait_for(15s);
+  ASSERT_NE(status, -1) << "the holder did not end after SIGCONT: " << read_file(out_path);
+  const std::string out = read_file(out_path);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("lost "), std::string::npos) << out;
+  EXPECT_NE(out.find("fd 1 callback 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("loss 3 "), std::string::npos) << out;
+  EXPECT_NE(out.find("release lost"), std::string::npos) << out;
+  // Not one write after the stop: it saw the loss first.
+  EXPECT_EQ(read_file(writes_path), writes_at_stop);
+}
+
+#endif  // DISTLOCK_TEST_REDIS
+
+// ---- ids ---------------------------------------------------------------------------------------
+
+TEST(CApiIds, SnowflakeRedisDailyAndUuid7) {
+  char a[37], b[37];
+  distlock_error err{};
+  const int rc = distlock_uuid7(a, &err);
+  if (rc == DISTLOCK_E_NOT_SUPPORTED) GTEST_SKIP() << "built without the ids component: " << err.message;
+  ASSERT_EQ(rc, DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_uuid7(b, &err), DISTLOCK_OK);
+  EXPECT_EQ(std::strlen(a), 36u);
+  EXPECT_EQ(a[14], '7');
+  EXPECT_LT(std::string(a), std::string(b));
+
+#ifdef DISTLOCK_TEST_REDIS
+  const char* redis = env("DISTLOCK_TEST_REDIS_URL");
+  ASSERT_NE(redis, nullptr);
+  ClientPtr client = connect_ok(redis);
+  distlock_snowflake* sf = nullptr;
+  ASSERT_EQ(distlock_snowflake_new(client.get(), "capi", &sf, &err), DISTLOCK_OK) << err.message;
+  std::uint64_t x = 0, y = 0;
+  ASSERT_EQ(distlock_snowflake_next(sf, &x, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_snowflake_next(sf, &y, &err), DISTLOCK_OK);
+  EXPECT_LT(x, y);
+  distlock_snowflake_free(sf);
+
+  distlock_redis_daily* daily = nullptr;
+  ASSERT_EQ(distlock_redis_daily_new(redis, "capi", 0, &daily, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_redis_daily_next(daily, &x, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_redis_daily_next(daily, &y, &err), DISTLOCK_OK);
+  EXPECT_LT(x, y);
+  distlock_redis_daily_free(daily);
+#endif
+}
+
+// The header's example (bindings/c/tests/example.c) and the README's snippet
+// (bindings/c/tests/readme.c), compiled as C99 and run.
+TEST(CApiExample, HeaderExampleAndReadmeSnippetRun) {
+  TempDir work("distlock-capi-example");
+#ifdef DISTLOCK_TEST_REDIS
+  const char* redis = env("DISTLOCK_TEST_REDIS_URL");
+  ASSERT_NE(redis, nullptr);
+#else
+  const std::string file_url = "file://" + work.path().string();
+  const char* redis = file_url.c_str();
+#endif
+  int n = 0;
+  for (const char* program : {C_API_EXAMPLE_PATH, C_API_README_PATH}) {
+    const auto out = work.path() / ("out" + std::to_string(n++));
+    Process p = Process::spawn({program, redis}, out.string());
+    const int status = p.wait_for(30s);
+    std::ifstream in(out);
+    std::stringstream s;
+    s << in.rdbuf();
+    ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << program << ": " << s.str();
+    EXPECT_NE(s.str().find("order 42 written with token "), std::string::npos) << s.str();
+  }
+}
+
+}  // namespace

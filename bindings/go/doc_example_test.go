@@ -1,0 +1,80 @@
+package distlock_test
+
+// The examples of docs/go.md and of the README, as they are written there, run by the tests.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"distlock.dev/distlock"
+)
+
+var errTryLater = errors.New("order 42 is busy: try later")
+
+func writeOrder(ctx context.Context, order int, token uint64) error { return nil }
+
+// docs/go.md, "Example".
+func payOrder(url string) error {
+	client, err := distlock.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lease, err := client.Lock(ctx, "orders/42", distlock.TTL(10*time.Second))
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errTryLater
+	}
+	if err != nil {
+		return err
+	}
+	defer lease.Unlock(context.Background())
+
+	select {
+	case <-lease.Done(): // lost: stop before writing
+		return lease.Err()
+	default:
+	}
+	return writeOrder(ctx, 42, lease.Token()) // the store refuses older tokens
+}
+
+// README, "Usage" (Go).
+func readmeExample(ctx context.Context) error {
+	client, _ := distlock.Connect("") // $DISTLOCK_URL, else host-local
+	lease, err := client.Lock(ctx, "orders/42", distlock.TTL(10*time.Second))
+	if err != nil {
+		return err
+	}
+	defer lease.Unlock(ctx)
+	return writeOrder(ctx, 42, lease.Token()) // <-lease.Done() fires on loss
+}
+
+func TestDocExamplesRun(t *testing.T) {
+	for _, b := range backends(t) {
+		if err := payOrder(b.url); err != nil {
+			t.Fatalf("%s: %v", b.kind, err)
+		}
+		if b.kind != "file" {
+			continue
+		}
+		// Busy past the context's deadline (5 s: once, on file://): the example's own error.
+		holder := connect(t, b.url)
+		held, err := holder.Lock(context.Background(), "orders/42")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := payOrder(b.url); err != errTryLater || time.Since(start) < 5*time.Second {
+			t.Fatalf("%s: payOrder while held: %v after %v", b.kind, err, time.Since(start))
+		}
+		held.Unlock(context.Background())
+	}
+	t.Setenv("DISTLOCK_URL", "file://"+t.TempDir())
+	if err := readmeExample(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

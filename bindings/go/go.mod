@@ -1,0 +1,3 @@
+module distlock.dev/distlock
+
+go 1.19

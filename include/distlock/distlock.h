@@ -1,0 +1,279 @@
+/* distlock/distlock.h — the C API of distlock: one stable ABI for C programs and for
+ * bindings (Go's cgo, ...). Plain C99; opaque handles; no C++ exception ever crosses it.
+ *
+ * Library: libdistlock_c.so (links libdistlock.so); every symbol is `distlock_*` with the
+ * symbol version DISTLOCK_C_0. Build with `pkg-config --cflags --libs distlock-c`, or
+ * link `distlock::distlock_c` after `find_package(distlock CONFIG)`.
+ *
+ * Errors: every call that can fail returns an int status, 0 (DISTLOCK_OK) on success,
+ * else a code of the library's error category (include/distlock/error.hpp: busy = 1,
+ * timeout = 2, lost = 3, ...) or DISTLOCK_E_NO_MEMORY / DISTLOCK_E_INTERNAL, and fills
+ * `*err` (when `err` is not NULL) with the same code and the sentence the C++ API gives
+ * ("distlock: invalid URL ..."). No message ever holds a password (URLs are masked).
+ *
+ * Durations are int64_t milliseconds. Strings are NUL-terminated UTF-8; a string the
+ * library returns (char**) is the caller's, freed with distlock_string_free().
+ *
+ * Thread-safety, in one line per kind of handle (each call below repeats its own):
+ *   - distlock_client: every call may be made from any thread at once; close it once,
+ *     after the last call on it has returned. Leases outlive their client handle.
+ *   - distlock_lease: the queries (token, remaining, owns, lost_fd, loss) and
+ *     distlock_lease_on_lost may be called from any thread at once; release and free
+ *     from one thread, when no other call on that lease is running.
+ *   - distlock_cancel: distlock_cancel_request may be called from any thread at any
+ *     time (that is its purpose); free it after the wait that uses it has returned.
+ *   - id generators: next() from any thread at once; free once, after the last call.
+ *
+ * Loss of a lease is signalled three ways: distlock_lease_owns() turns 0 (checked
+ * against the local deadline on each call, so it is never late), the descriptor of
+ * distlock_lease_lost_fd() becomes readable (an eventfd written on the thread that
+ * detects the loss: poll/epoll/select on it, or give it to an event loop), and the
+ * callbacks of distlock_lease_on_lost() run (on the client's event thread).
+ *
+ * Example (bindings/c/tests/example.c, compiled as C99 and run by the c_api test):
+ *
+ *   distlock_client* client = NULL;
+ *   distlock_lease* lease = NULL;
+ *   distlock_error err;
+ *   if (distlock_connect("redis://127.0.0.1:6379", NULL, &client, &err) != DISTLOCK_OK) {
+ *     fprintf(stderr, "%s\n", err.message);
+ *     return 1;
+ *   }
+ *   distlock_lock_options opts;
+ *   distlock_lock_options_init(&opts);
+ *   opts.ttl_ms = 10000;     // lease length on the server, renewed while held
+ *   opts.wait_ms = 5000;     // give up after 5 s (DISTLOCK_E_TIMEOUT)
+ *   if (distlock_acquire(client, "orders/42", &opts, &lease, &err) == DISTLOCK_OK) {
+ *     uint64_t token = 0;
+ *     distlock_lease_token(lease, &token, &err);
+ *     write_order(token);                   // pass the fencing token on
+ *     distlock_lease_release(lease, &err);  // DISTLOCK_E_LOST if it had been lost
+ *     distlock_lease_free(lease);
+ *   }
+ *   distlock_client_close(client);
+ */
+#ifndef DISTLOCK_DISTLOCK_H
+#define DISTLOCK_DISTLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DISTLOCK_C_API __attribute__((visibility("default")))
+#else
+#define DISTLOCK_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------------------- */
+/* The values of distlock::errc (include/distlock/error.hpp); stable. */
+#define DISTLOCK_OK 0
+#define DISTLOCK_E_BUSY 1                   /* held by another owner; one attempt was asked */
+#define DISTLOCK_E_TIMEOUT 2                /* the wait ran out */
+#define DISTLOCK_E_LOST 3                   /* the lease was lost */
+#define DISTLOCK_E_NOT_OWNER 4              /* not held by the caller */
+#define DISTLOCK_E_BACKEND_UNAVAILABLE 5    /* the server cannot be reached */
+#define DISTLOCK_E_AUTH_FAILED 6            /* the server rejected the credentials */
+#define DISTLOCK_E_INVALID_ARGUMENT 7       /* a name, duration or option is malformed */
+#define DISTLOCK_E_INVALID_URL 8            /* malformed URL or unknown scheme */
+#define DISTLOCK_E_QUORUM_UNAVAILABLE 9     /* Redlock: no quorum */
+#define DISTLOCK_E_PROTOCOL_ERROR 10        /* the server answered something unexpected */
+#define DISTLOCK_E_NOT_SUPPORTED 11         /* the backend (or this build) cannot do this */
+#define DISTLOCK_E_EXHAUSTED 12             /* ids: a finite resource ran out */
+#define DISTLOCK_E_CLOCK_MOVED_BACKWARDS 13 /* ids: the wall clock went back */
+#define DISTLOCK_E_FORKED 14                /* used in a child after fork() */
+#define DISTLOCK_E_CANCELLED 15             /* the wait was cancelled (distlock_cancel_request) */
+/* Not in the C++ category: */
+#define DISTLOCK_E_NO_MEMORY 100 /* out of memory */
+#define DISTLOCK_E_INTERNAL 101  /* any other failure (the message says what) */
+
+#define DISTLOCK_ERROR_MESSAGE_SIZE 512
+
+/* Filled by every call that takes one: `code` as returned, `message` the C++ API's
+ * sentence (truncated to fit, always NUL-terminated; empty on success). */
+typedef struct distlock_error {
+  int code;
+  char message[DISTLOCK_ERROR_MESSAGE_SIZE];
+} distlock_error;
+
+/* The name of a status code ("busy", "timeout", ..., "ok"); a static string. Thread-safe. */
+DISTLOCK_C_API const char* distlock_status_name(int code);
+
+/* The library's version ("0.1.0"); a static string. Thread-safe. */
+DISTLOCK_C_API const char* distlock_version(void);
+
+/* Frees a string returned by this API (NULL is fine). Thread-safe. */
+DISTLOCK_C_API void distlock_string_free(char* s);
+
+/* ---- options ------------------------------------------------------------------------ */
+/* Values with a meaning of their own: */
+#define DISTLOCK_DEFAULT INT64_MIN /* any duration field: the default (the client's, for a lock) */
+#define DISTLOCK_WAIT_FOREVER (-1) /* wait_ms: no limit */
+
+typedef struct distlock_cancel distlock_cancel;
+
+/* Per-lock options; initialise with distlock_lock_options_init() (every duration
+ * DISTLOCK_DEFAULT: the client's), then set fields. A NULL options pointer means the
+ * client's defaults. Values are checked as the C++ API checks them (a ttl of 0 is
+ * DISTLOCK_E_INVALID_ARGUMENT naming the field). */
+typedef struct distlock_lock_options {
+  int64_t ttl_ms;          /* lease length on the server (100 ms .. 366 days) */
+  int64_t wait_ms;         /* how long to wait for a busy lock: 0 one attempt (a negative
+                              wait is 0), DISTLOCK_WAIT_FOREVER for no limit */
+  int64_t max_hold_ms;     /* upper bound on one hold (lost after it; > 0) */
+  const char* holder_info; /* shown by status/list (printable ASCII, no '|'); NULL: the
+                              client's default */
+  distlock_cancel* cancel; /* ends the wait with DISTLOCK_E_CANCELLED when requested;
+                              NULL: not cancellable */
+} distlock_lock_options;
+
+DISTLOCK_C_API void distlock_lock_options_init(distlock_lock_options* opts);
+
+/* Per-client options; initialise with distlock_client_options_init(). */
+typedef struct distlock_client_options {
+  int64_t ttl_ms;             /* default lease length; DISTLOCK_DEFAULT: 30 s */
+  int64_t wait_ms;            /* default wait; DISTLOCK_DEFAULT: no limit */
+  const char* prefix;         /* key prefix, added to the URL as ?prefix=; NULL: the URL's */
+  const char* holder_info;    /* default holder_info of every lock; NULL: none */
+  int64_t connect_timeout_ms; /* DISTLOCK_DEFAULT: 2 s */
+  int64_t command_timeout_ms; /* DISTLOCK_DEFAULT: 2 s */
+} distlock_client_options;
+
+DISTLOCK_C_API void distlock_client_options_init(distlock_client_options* opts);
+
+/* ---- cancelling a wait ---------------------------------------------------------------- */
+/* A cancel source for waits (one per wait, or shared by several that end together).
+ * Once requested it stays requested: make a new one for the next wait. */
+DISTLOCK_C_API int distlock_cancel_new(distlock_cancel** out, distlock_error* err);
+/* Ends every wait given this source (acquire, semaphore, rwlock, campaign) with
+ * DISTLOCK_E_CANCELLED, leaving nothing queued on the server. Async-signal-unsafe, but
+ * safe from any thread at any time, also before the wait starts (it then ends at once). */
+DISTLOCK_C_API void distlock_cancel_request(distlock_cancel* c);
+/* Whether it was requested. Any thread. */
+DISTLOCK_C_API int distlock_cancel_requested(const distlock_cancel* c);
+/* Frees it; after every wait that uses it has returned. NULL is fine. */
+DISTLOCK_C_API void distlock_cancel_free(distlock_cancel* c);
+
+/* ---- client --------------------------------------------------------------------------- */
+typedef struct distlock_client distlock_client;
+typedef struct distlock_lease distlock_lease;
+
+/* Connects to the backend named by `url` (redis://, etcd://, file:///dir, ...; NULL or ""
+ * is $DISTLOCK_URL, else the host-local default). `opts` may be NULL. Any thread. */
+DISTLOCK_C_API int distlock_connect(const char* url, const distlock_client_options* opts,
+                                    distlock_client** out, distlock_error* err);
+/* Frees the handle (the connections close when its last lease is freed). NULL is fine.
+ * Once, after every other call on this client has returned. */
+DISTLOCK_C_API void distlock_client_close(distlock_client* c);
+/* The URL with any password masked; caller frees. Any thread. */
+DISTLOCK_C_API int distlock_client_url(distlock_client* c, char** out, distlock_error* err);
+/* 1 when the backend issues fencing tokens. Any thread. */
+DISTLOCK_C_API int distlock_client_has_fencing(distlock_client* c);
+
+/* ---- locks ----------------------------------------------------------------------------- */
+/* Acquires `name`, waiting as opts->wait_ms says. DISTLOCK_E_TIMEOUT when the wait ran out,
+ * DISTLOCK_E_BUSY for a wait of 0, DISTLOCK_E_CANCELLED when opts->cancel was requested.
+ * Blocks the calling thread; any thread, any number at once. */
+DISTLOCK_C_API int distlock_acquire(distlock_client* c, const char* name, const distlock_lock_options* opts,
+                                    distlock_lease** out, distlock_error* err);
+/* One attempt (opts->wait_ms is ignored): DISTLOCK_E_BUSY while someone else holds it. */
+DISTLOCK_C_API int distlock_try_acquire(distlock_client* c, const char* name,
+                                        const distlock_lock_options* opts, distlock_lease** out,
+                                        distlock_error* err);
+
+/* The fencing token (strictly increasing per name across holders); DISTLOCK_E_NOT_SUPPORTED
+ * where the backend has none (Redlock, a reader's rwlock hold). Any thread. */
+DISTLOCK_C_API int distlock_lease_token(const distlock_lease* l, uint64_t* out, distlock_error* err);
+/* 1 while held and within the local deadline; 0 once lost or released. Any thread. */
+DISTLOCK_C_API int distlock_lease_owns(const distlock_lease* l);
+/* Milliseconds until the local deadline (0 when lost or released; INT64_MAX where leases do
+ * not expire, file://). Any thread. */
+DISTLOCK_C_API int64_t distlock_lease_remaining_ms(const distlock_lease* l);
+/* An eventfd that becomes readable (and stays so) when the lease is lost; never by an
+ * orderly release. Owned by the lease: do not close or read it; it is closed by
+ * distlock_lease_free(). Any thread. */
+DISTLOCK_C_API int distlock_lease_lost_fd(const distlock_lease* l);
+/* When lost: DISTLOCK_E_LOST with the reason's sentence in *err ("the local deadline
+ * passed ..."); DISTLOCK_OK while held (or after an orderly release). Any thread. */
+DISTLOCK_C_API int distlock_lease_loss(const distlock_lease* l, distlock_error* err);
+/* Runs fn(user) once when the lease is lost (at once if it already is), on the client's
+ * event thread, one callback at a time per client. The callback must not free the lease.
+ * Any thread. */
+DISTLOCK_C_API int distlock_lease_on_lost(distlock_lease* l, void (*fn)(void* user), void* user,
+                                          distlock_error* err);
+/* Releases now: DISTLOCK_E_LOST if it had been lost (nothing on the server is touched),
+ * DISTLOCK_E_BACKEND_UNAVAILABLE if the server could not be reached (it then expires by
+ * its TTL). The handle stays valid (owns() is 0) until freed. One thread. */
+DISTLOCK_C_API int distlock_lease_release(distlock_lease* l, distlock_error* err);
+/* Releases (if still held, errors ignored) and frees. NULL is fine. One thread. */
+DISTLOCK_C_API void distlock_lease_free(distlock_lease* l);
+
+/* ---- semaphore, read-write lock, election ---------------------------------------------- */
+/* Takes one of `permits` (1..1024) permits of the semaphore `name` (the count is stored by
+ * the first client; another count is DISTLOCK_E_INVALID_ARGUMENT). The lease is one permit.
+ * Waits like distlock_acquire. Any thread. */
+DISTLOCK_C_API int distlock_semaphore_acquire(distlock_client* c, const char* name, int permits,
+                                              const distlock_lock_options* opts, distlock_lease** out,
+                                              distlock_error* err);
+/* A hold of the read-write lock `name`: exclusive (a writer; its token is the writer's
+ * fencing token) or shared (a reader; no token). max_readers: 0 = the stored value (32 for
+ * a new lock), else 1..1024. Waits like distlock_acquire. Any thread. */
+DISTLOCK_C_API int distlock_rwlock_acquire(distlock_client* c, const char* name, int exclusive,
+                                           int max_readers, const distlock_lock_options* opts,
+                                           distlock_lease** out, distlock_error* err);
+/* Campaigns in the election `name` with `value`: returns the leadership lease once this
+ * caller leads (its token is the term). Waits like distlock_acquire. Any thread. */
+DISTLOCK_C_API int distlock_election_campaign(distlock_client* c, const char* name, const char* value,
+                                              const distlock_lock_options* opts, distlock_lease** out,
+                                              distlock_error* err);
+/* Gives up leadership (releases the lease; DISTLOCK_E_LOST if it had been lost). The
+ * lease must come from distlock_election_campaign with the same name. One thread. */
+DISTLOCK_C_API int distlock_election_resign(distlock_client* c, const char* name, distlock_lease* leadership,
+                                            distlock_error* err);
+/* Who leads now, as JSON: {"value":"...","term":7,"holder":"...","value_known":true,
+ * "ttl_remaining_ms":900} or the text null (nobody). Caller frees. Any thread. */
+DISTLOCK_C_API int distlock_election_leader(distlock_client* c, const char* name, char** json,
+                                            distlock_error* err);
+
+/* ---- status and list --------------------------------------------------------------------- */
+/* What the backend knows about `name`, as JSON: {"held":true,"token":3,"ttl_remaining_ms":
+ * 2900,"holder":"...","holder_info":"...","waiters":0} (unknown fields are left out).
+ * Caller frees. Any thread. */
+DISTLOCK_C_API int distlock_status_json(distlock_client* c, const char* name, char** json,
+                                        distlock_error* err);
+/* Locks held now whose name starts with `prefix` (NULL or "": all), at most `limit`, as
+ * JSON: {"locks":[{"name":..., "base":..., "kind":"lock", "display":..., "held":true,
+ * "token":...}, ...], "truncated":false}. DISTLOCK_E_NOT_SUPPORTED where the backend
+ * cannot list. Caller frees. Any thread. */
+DISTLOCK_C_API int distlock_list_json(distlock_client* c, const char* prefix, size_t limit, char** json,
+                                      distlock_error* err);
+
+/* ---- ids ----------------------------------------------------------------------------------- */
+/* DISTLOCK_E_NOT_SUPPORTED when the library was built without its ids component. */
+typedef struct distlock_snowflake distlock_snowflake;
+typedef struct distlock_redis_daily distlock_redis_daily;
+
+/* Snowflake ids with a worker id leased through the client (prefix: the worker-id space;
+ * NULL: "default"). next(): any thread at once; free once. */
+DISTLOCK_C_API int distlock_snowflake_new(distlock_client* c, const char* prefix, distlock_snowflake** out,
+                                          distlock_error* err);
+DISTLOCK_C_API int distlock_snowflake_next(distlock_snowflake* g, uint64_t* out, distlock_error* err);
+DISTLOCK_C_API void distlock_snowflake_free(distlock_snowflake* g);
+/* The seed document's day-counter ids over one Redis server (redis_url: redis://...;
+ * prefix NULL: "id"; reserve: ids per round trip, 0 means 1). */
+DISTLOCK_C_API int distlock_redis_daily_new(const char* redis_url, const char* prefix, uint32_t reserve,
+                                            distlock_redis_daily** out, distlock_error* err);
+DISTLOCK_C_API int distlock_redis_daily_next(distlock_redis_daily* g, uint64_t* out, distlock_error* err);
+DISTLOCK_C_API void distlock_redis_daily_free(distlock_redis_daily* g);
+/* A UUIDv7 in canonical text (36 characters and a NUL) from one process-wide generator:
+ * strictly increasing within the process. Any thread. */
+DISTLOCK_C_API int distlock_uuid7(char out[37], distlock_error* err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DISTLOCK_DISTLOCK_H */
