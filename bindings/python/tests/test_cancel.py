@@ -1,0 +1,121 @@
+"""A cancelled wait leaves nothing on the server (issue 29 §4): Ctrl-C (SIGINT ->
+KeyboardInterrupt) on the main thread and asyncio cancellation, on redis:// and etcd://."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import distlock
+from conftest import python_child, wait_until
+
+WAITER = r"""
+import sys, time, distlock
+client = distlock.connect(sys.argv[1])
+print("connected", flush=True)
+try:
+    client.lock(sys.argv[2], ttl=10.0)     # waits for ever: the test holds the lock
+    print("acquired", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic(), flush=True)
+sys.stdin.readline()                       # stay connected while the test counts keys
+"""
+
+
+@pytest.fixture(params=["redis", "etcd"])
+def server(request):
+    return request.getfixturevalue(request.param + "_server")
+
+
+def waiters(client, name):
+    return client.status(name)["waiters"]
+
+
+def test_ctrl_c_ends_a_wait_within_100ms_and_leaves_nothing_queued(server):
+    name = "cancel/ctrl-c"
+    with distlock.connect(server.url) as client:
+        with client.lock(name, ttl=10.0) as lease:
+            keys_held = server.keys()
+            child = python_child(WAITER, server.url, name, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE)
+            try:
+                assert child.stdout.readline().strip() == "connected"
+                wait_until(lambda: waiters(client, name) == 1, 10.0, "the child to queue")
+                assert server.keys() != keys_held  # the queued wait is visible on the server
+                sent = time.monotonic()            # CLOCK_MONOTONIC: the same clock as the child's
+                os.kill(child.pid, signal.SIGINT)
+                word, stamp = child.stdout.readline().split()
+                assert word == "interrupted"
+                # The bound: from the signal to KeyboardInterrupt in the child, on one clock.
+                assert float(stamp) - sent < 0.100
+                # Nothing left queued while the child is still connected.
+                assert waiters(client, name) == 0
+                assert server.keys() == keys_held
+                assert lease.held
+            finally:
+                child.stdin.close()
+                assert child.wait(10) == 0
+
+
+def test_asyncio_cancel_ends_the_wait_without_blocking_the_loop(server):
+    name = "cancel/asyncio"
+
+    async def scenario():
+        with distlock.connect(server.url) as holder, distlock.connect(server.url) as client:
+            with holder.lock(name, ttl=10.0):
+                keys_held = server.keys()
+                ticks = 0
+
+                async def ticker():
+                    nonlocal ticks
+                    while True:
+                        await asyncio.sleep(0.01)
+                        ticks += 1
+
+                tick_task = asyncio.create_task(ticker())
+
+                async def take():
+                    async with client.alock(name, ttl=10.0):
+                        raise AssertionError("acquired a held lock")
+
+                task = asyncio.create_task(take())
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 10.0
+                while await loop.run_in_executor(None, waiters, holder, name) != 1:
+                    assert loop.time() < end, "the waiter never queued"
+                    await asyncio.sleep(0.01)
+                before = ticks
+                await asyncio.sleep(0.3)
+                assert ticks - before >= 10  # the loop kept running while the wait was queued
+                start = loop.time()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert loop.time() - start < 1.0
+                tick_task.cancel()
+                assert waiters(holder, name) == 0
+                assert server.keys() == keys_held
+            # Released by the holder: the lock is free and the binding can take it again.
+            async with client.alock(name, ttl=10.0, wait=5.0) as lease:
+                assert lease.held
+
+    asyncio.run(scenario())
+
+
+def test_asyncio_lock_waits_for_a_release_on_another_thread(redis_server):
+    name = "async/handoff"
+
+    async def scenario():
+        with distlock.connect(redis_server.url) as client:
+            first = client.lock(name, ttl=10.0)
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.2, first.release)
+            start = loop.time()
+            async with client.alock(name, ttl=10.0, wait=5.0) as lease:
+                assert loop.time() - start >= 0.15
+                assert lease.token > first.token
+
+    asyncio.run(scenario())
