@@ -12,6 +12,7 @@ PACKAGES=(
   redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
   clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
+  python3-dev pybind11-dev python3-pybind11 python3-pytest python3-redis
 )
 
 missing=()
