@@ -68,6 +68,9 @@ def connect(url: Optional[str] = None, *, ttl: Optional[float] = None, wait: Opt
                   connect_timeout=connect_timeout, command_timeout=command_timeout)
 
 
+_lost_lock = threading.Lock()
+
+
 class _LostEvent(threading.Event):
     """``lease.lost``: a threading.Event set when the lease is lost. ``is_set()`` and ``wait()``
     also ask the lease itself, so a lease past its local deadline reads as lost at once, even
@@ -106,14 +109,25 @@ class Lease:
     :class:`Lost` (unless the block already raised).
     """
 
-    __slots__ = ("_impl", "_name", "_token", "lost", "__weakref__")
+    __slots__ = ("_impl", "_name", "_token", "_lost", "__weakref__")
 
     def __init__(self, impl: Any, name: str) -> None:
         self._impl = impl
         self._name = name
-        self._token: Optional[int] = impl.token if impl.has_token else None
-        self.lost: threading.Event = _LostEvent(impl)
-        impl.on_lost(self.lost.set)
+        self._token: Optional[int] = impl.token_or_none
+        self._lost: Optional[_LostEvent] = None
+
+    @property
+    def lost(self) -> threading.Event:
+        """A ``threading.Event`` set when the lease is lost (made on first use; a loss that came
+        before is reported at once)."""
+        if self._lost is None:
+            with _lost_lock:
+                if self._lost is None:
+                    event = _LostEvent(self._impl)
+                    self._impl.on_lost(event.set)
+                    self._lost = event
+        return self._lost
 
     @property
     def name(self) -> str:
@@ -170,7 +184,7 @@ class Lease:
                 raise
 
     def __repr__(self) -> str:
-        state = "held" if self.held else ("lost" if self.lost.is_set() else "released")
+        state = "held" if self.held else ("lost" if self.loss_reason != "none" else "released")
         return f"<distlock.Lease {self._name!r} {state}>"
 
 

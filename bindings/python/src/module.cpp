@@ -222,8 +222,13 @@ class PyLease {
   }
 
  public:
-  explicit PyLease(distlock::Lease l) : v_(std::move(l)) {}
-  explicit PyLease(distlock::ReadWriteLease l) : v_(std::move(l)) {}
+  explicit PyLease(distlock::Lease l) : v_(std::move(l)) { cache_token(); }
+  explicit PyLease(distlock::ReadWriteLease l) : v_(std::move(l)) { cache_token(); }
+  // The token as taken (None where there is none): readable without a call into the library.
+  py::object token_or_none() const {
+    if (!token_) return py::none();
+    return py::int_(*token_);
+  }
   PyLease(const PyLease&) = delete;
   PyLease& operator=(const PyLease&) = delete;
   ~PyLease() { drop(); }
@@ -289,7 +294,17 @@ class PyLease {
     ReleaseIfHeld nogil;
     v_ = std::monostate{};
   }
+  void cache_token() {
+    std::visit(
+        [&](const auto& l) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) {
+            if (l.has_token()) token_ = l.token();
+          }
+        },
+        v_);
+  }
   std::variant<std::monostate, distlock::Lease, distlock::ReadWriteLease> v_;
+  std::optional<std::uint64_t> token_;
 };
 
 // Lock options for one call: the client's defaults, with the caller's values over them.
@@ -635,6 +650,7 @@ PYBIND11_MODULE(_distlock, m) {
   py::class_<PyLease>(m, "Lease", "A held lease (see distlock.Lease).")
       .def_property_readonly("name", &PyLease::name)
       .def_property_readonly("token", &PyLease::token)
+      .def_property_readonly("token_or_none", &PyLease::token_or_none)
       .def_property_readonly("has_token", &PyLease::has_token)
       .def_property_readonly("owns", &PyLease::owns)
       .def_property_readonly("remaining", &PyLease::remaining)
@@ -710,6 +726,21 @@ PYBIND11_MODULE(_distlock, m) {
       .def_property_readonly("has_fencing", &PyClient::has_fencing);
 
   m.def("default_url", [] { return distlock::default_url(); });
+  // For bench/python/binding_bench.py: `ops` rounds of the C++ call a C++ program makes,
+  // acquire(name) + release(), timed on the steady clock; nanoseconds per round.
+  m.def("_bench_cpp_acquire_release", [](PyClient& c, const std::string& name, int ops) {
+    distlock::Client& client = c.get();
+    std::vector<std::int64_t> ns;
+    ns.reserve(static_cast<std::size_t>(std::max(ops, 0)));
+    py::gil_scoped_release nogil;
+    for (int i = 0; i < ops; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      distlock::Lease lease = client.acquire(name);
+      lease.release();
+      ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return ns;
+  });
   // The backends this build has (its components, distlock/config.hpp).
   py::dict components;
   components["file"] = bool(DISTLOCK_HAS_FILE);
