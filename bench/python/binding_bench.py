@@ -39,7 +39,7 @@ def summary(workload, impl, url, lat_ns, seconds):
 
 def run_cpp(client, url, ops):
     t0 = time.perf_counter()
-    lat = _distlock._bench_cpp_acquire_release(client._impl, "bench/py/cpp", ops)
+    lat = _distlock._bench_cpp_acquire_release(client._impl, "bench/py/cpp", ops, False)
     return summary("uncontended", "c++ Client::acquire + Lease::release", url, lat, time.perf_counter() - t0)
 
 

@@ -268,6 +268,7 @@ class PyLease {
         v_);
   }
   void release() {
+    released_ = true;
     py::gil_scoped_release nogil;
     std::visit(
         [](auto& l) {
@@ -287,6 +288,10 @@ class PyLease {
   // shutdown nothing is touched (the lease then ends by its TTL, or with the process on file://).
   void drop() {
     if (std::holds_alternative<std::monostate>(v_)) return;
+    if (released_) {  // nothing left to tell the server
+      v_ = std::monostate{};
+      return;
+    }
     if (!python_alive()) {
       new std::variant<std::monostate, distlock::Lease, distlock::ReadWriteLease>(std::move(v_));
       return;
@@ -305,6 +310,7 @@ class PyLease {
   }
   std::variant<std::monostate, distlock::Lease, distlock::ReadWriteLease> v_;
   std::optional<std::uint64_t> token_;
+  bool released_ = false;
 };
 
 // Lock options for one call: the client's defaults, with the caller's values over them.
@@ -728,14 +734,14 @@ PYBIND11_MODULE(_distlock, m) {
   m.def("default_url", [] { return distlock::default_url(); });
   // For bench/python/binding_bench.py: `ops` rounds of the C++ call a C++ program makes,
   // acquire(name) + release(), timed on the steady clock; nanoseconds per round.
-  m.def("_bench_cpp_acquire_release", [](PyClient& c, const std::string& name, int ops) {
+  m.def("_bench_cpp_acquire_release", [](PyClient& c, const std::string& name, int ops, bool try_acquire) {
     distlock::Client& client = c.get();
     std::vector<std::int64_t> ns;
     ns.reserve(static_cast<std::size_t>(std::max(ops, 0)));
     py::gil_scoped_release nogil;
     for (int i = 0; i < ops; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      distlock::Lease lease = client.acquire(name);
+      distlock::Lease lease = try_acquire ? std::move(*client.try_acquire(name)) : client.acquire(name);
       lease.release();
       ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     }

@@ -228,3 +228,16 @@ def python_child(code: str, *args: str, **kw) -> subprocess.Popen:
     env = dict(os.environ)
     env.setdefault("DISTLOCK_LOG", "error")
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env, text=True, **kw)
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's next stdout line, waiting at most `timeout` seconds (fails the test after)."""
+    import select
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no line from pid {proc.pid} within {timeout} s")
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            return proc.stdout.readline()

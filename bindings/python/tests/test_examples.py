@@ -5,7 +5,7 @@ import subprocess
 import sys
 import json
 
-from conftest import SOURCE_DIR, wait_until
+from conftest import SOURCE_DIR, read_line
 
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "python")
 
@@ -21,7 +21,7 @@ def test_acquire_with_timeout_waits_gives_up_and_hands_over(redis_server):
                                "--url", redis_server.url, "--name", name, "--hold", "1.5"],
                               stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().startswith(f"acquired {name} token=")
+        assert read_line(holder, 10.0).startswith(f"acquired {name} token=")
         busy = run_example("acquire_with_timeout.py", "--url", redis_server.url, "--name", name,
                            "--wait", "0.3")
         assert busy.returncode == 3, busy

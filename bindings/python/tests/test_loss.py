@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import distlock
-from conftest import python_child, wait_until
+from conftest import python_child, read_line, wait_until
 
 HOLDER = r"""
 import os, sys, distlock
@@ -37,7 +37,7 @@ def test_paused_holder_sees_the_loss_before_writing_and_next_token_is_larger(red
     holder = python_child(HOLDER, redis_server.url, name, log, stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE)
     try:
-        first = holder.stdout.readline().split()
+        first = read_line(holder, 10.0).split()
         assert first[0] == "held", first
         old_token = int(first[1])
         os.kill(holder.pid, signal.SIGSTOP)
@@ -50,7 +50,7 @@ def test_paused_holder_sees_the_loss_before_writing_and_next_token_is_larger(red
                 os.kill(holder.pid, signal.SIGCONT)
                 holder.stdin.write("go\n")
                 holder.stdin.flush()
-                lines = [holder.stdout.readline().strip() for _ in range(3)]
+                lines = [read_line(holder, 10.0).strip() for _ in range(3)]
                 assert lines[0].startswith("lost"), lines
                 assert lines[1] == "release: Lost", lines
                 assert lines[2] == "event True", lines
