@@ -55,6 +55,7 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   EXPECT_EQ(lease.max_hold_remaining(), 4500ms);
   EXPECT_FALSE(c.acquire("other", opts(3s)).max_hold_remaining().has_value());
   const auto renewals_before = c.stats().renewed_leases;
+  const int releases_before = store->release_calls();  // "other" above was released
   // Walk in 100 ms steps, ticking the renewer each time: every renewal succeeds.
   while (clock->now() - granted < 4500ms - 100ms) {
     clock->advance(100ms);
@@ -76,14 +77,126 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
   EXPECT_NE(lease.loss_detail().find("max_hold 4500ms"), std::string::npos) << lease.loss_detail();
   EXPECT_EQ(c.stats().lost, 1u);
-  // Nothing renewed it past the limit: the server's record ends by its TTL, after
-  // the local loss (the last renewal was sent at +3 s: it ends at +6 s).
-  EXPECT_TRUE(store->held("job", clock->now()));
-  clock->advance(1600ms);
+  // The lost lease is handed back to the backend (Backend::forget, on the event thread)
+  // without waiting for the server's record to end by its TTL (+6 s here): once the
+  // event thread has run, the store no longer has it, and another client takes it now.
+  distlock::detail::engine_of(c)->drain_events();
   EXPECT_FALSE(store->held("job", clock->now()));
+  EXPECT_EQ(store->release_calls(), releases_before + 1);
+  auto other = client();
+  auto taken = other.try_acquire("job", opts(3s));
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_GT(taken->token(), lease.token());
+  // The holder's own release then says lost and touches nothing: no second server call.
   distlock::detail::Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
+  EXPECT_EQ(store->release_calls(), releases_before + 1);
+  EXPECT_TRUE(store->held("job", clock->now()));
+}
+
+// The hand-back is done by release() itself when the caller gets there first: the
+// caller may take the name again right after release() says lost, also on the same
+// thread and client (the failing case of issue 27, item 4: the lock stayed with the
+// client until it was destroyed).
+TEST_F(Jobs, ALostLeaseReleasedAtOnceCanBeTakenAgainByItsOwnThread) {
+  store->set_needs_renewal(false);  // like file://: nothing expires on the server
+  auto c = client();
+  distlock::Lease lease = c.acquire("job", opts(3s, 1s));
+  const std::uint64_t token = lease.token();
+  clock->advance(1s);
+  EXPECT_FALSE(lease.owns());
+  distlock::detail::engine_of(c)->tick();  // the watchdog's round declares the loss
+  distlock::detail::Error ec;
+  lease.release(ec);  // the hand-back is done (here or on the event thread) when this returns
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_FALSE(store->held("job", clock->now()));
+  auto again = c.try_acquire("job", opts(3s));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_GT(again->token(), token);
+  distlock::detail::engine_of(c)->drain_events();
+  EXPECT_EQ(store->release_calls(), 1);  // handed back once, whoever came first
+}
+
+// A lease whose server said "not yours" at release has nothing to hand back.
+TEST_F(Jobs, ALeaseGoneAtReleaseIsNotHandedBack) {
+  auto c = client();
+  distlock::Lease lease = c.acquire("job", opts(3s));
+  store->steal("job", "someone-else");
+  distlock::detail::Error ec;
+  lease.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  distlock::detail::engine_of(c)->drain_events();
+  EXPECT_EQ(store->release_calls(), 1);  // the release itself, and no forget after it
+  EXPECT_EQ(store->holder("job"), "someone-else");
+}
+
+// Issue 27, item 9: a Lease asked for by the thread whose Mutex holds the name says so.
+TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
+  auto c = client();
+  auto m = c.mutex("job", opts(3s));
+  m.lock();
+  distlock::LockOptions once = opts(3s);
+  once.wait = 0ms;
+  try {
+    (void)c.acquire("job", once);
+    ADD_FAILURE() << "a Lease re-entered a Mutex's hold";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::busy);
+    EXPECT_NE(std::string(e.what()).find("held by this thread through a Mutex or another Lease"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("only Mutex re-enters"), std::string::npos) << e.what();
+  }
+  m.unlock();
+  // Held by another client: the plain busy sentence, without the re-entry hint.
+  auto holder = client();
+  auto lease = holder.acquire("job", opts(3s));
+  try {
+    (void)c.acquire("job", once);
+    ADD_FAILURE() << "busy lock acquired";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::busy);
+    EXPECT_EQ(std::string(e.what()).find("this thread"), std::string::npos) << e.what();
+  }
+}
+
+// LockOptions::cancel ends a wait from another thread with errc::cancelled, and a token
+// already stopped fails before any request.
+TEST_F(Jobs, CancelEndsAWaitFromAnotherThreadAndLeavesNothingQueued) {
+  auto holder = client();
+  auto lease = holder.acquire("job", opts(3s));
+  auto c = client(/*background=*/true);
+  std::stop_source stop;
+  distlock::LockOptions o = opts(3s);
+  o.cancel = stop.get_token();  // no wait bound: only the cancel ends it
+  std::error_code ec;
+  std::atomic<bool> returned{false};
+  const int tries_before = store->try_acquire_calls();
+  const int cancels_before = store->cancel_calls();
+  std::thread waiter([&] {
+    (void)c.acquire("job", o, ec);
+    returned = true;
+  });
+  // The waiter has made its attempt (busy) before the cancel; bounded at 10 s.
+  for (int i = 0; i < 10000 && store->try_acquire_calls() == tries_before; ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_GT(store->try_acquire_calls(), tries_before);
+  EXPECT_FALSE(returned.load());
+  stop.request_stop();
+  waiter.join();  // the manual clock never moves: only the cancel can end this wait
+  EXPECT_EQ(ec, errc::cancelled);
+  EXPECT_EQ(ec.default_error_condition(), std::errc::operation_canceled);
+  EXPECT_EQ(ec.message(), "the wait was cancelled");
+  EXPECT_EQ(store->cancel_calls(), cancels_before + 1);  // its queued place withdrawn
+  EXPECT_TRUE(lease.owns());
+  // Already stopped: refused before any request reaches the backend.
+  const int tries = store->try_acquire_calls();
+  std::error_code ec2;
+  (void)c.acquire("free-name", o, ec2);
+  EXPECT_EQ(ec2, errc::cancelled);
+  EXPECT_EQ(store->try_acquire_calls(), tries);
+  EXPECT_FALSE(store->held("free-name", clock->now()));
 }
 
 TEST_F(Jobs, MaxHoldStopsRenewalsOnceTheDeadlineReachesTheLimit) {

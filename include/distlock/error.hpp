@@ -36,6 +36,7 @@ enum class errc : int {
   exhausted = 12,              ///< a finite resource ran out (worker ids, a day's id counter)
   clock_moved_backwards = 13,  ///< the wall clock went back further than tolerated (id generators)
   forked = 14,                 ///< a client (or id generator) used in a child process after fork()
+  cancelled = 15,  ///< the caller cancelled the wait (LockOptions::cancel); nothing is left queued
 };
 
 /// The category every distlock error code belongs to. Its name() is "distlock".

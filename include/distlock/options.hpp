@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -66,6 +67,14 @@ struct DISTLOCK_EXPORT LockOptions {
   /// `Client::status()` in LockInfo::holder_info. Printable ASCII (0x20..0x7e)
   /// without '|'; longer than max_holder_info bytes is cut. Default empty (none).
   std::string holder_info{};
+
+  /// Cancels a wait from another thread (a binding's Ctrl-C, a Go context, a shutdown
+  /// path): once stop is requested on this token, a waiting acquire() — and the waits of
+  /// semaphores, read-write locks and elections given these options — ends within one
+  /// wake-up with `errc::cancelled`, and whatever it queued on the server is withdrawn
+  /// before the call returns. A token already stopped fails the call before any request.
+  /// Only the wait is cancelled: a lease already granted is unaffected. Default: none.
+  std::stop_token cancel{};
 
   static constexpr Millis min_ttl{100};
   static constexpr Millis max_ttl{std::chrono::hours(24 * 366)};

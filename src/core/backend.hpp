@@ -146,8 +146,16 @@ class Backend {
   /// it. Never frees another owner's lock. Best effort: errors are swallowed (the server's
   /// own expiry stays the bound). Called at most once per lost lease, outside every engine
   /// lock, from an engine thread; may block for one round trip.
-  virtual void forget(std::string_view /*name*/, std::string_view /*owner*/,
-                      std::uint64_t /*token*/) noexcept {}
+  /// The default is release() with the result ignored: release is owner-checked on every
+  /// backend, so it frees exactly this lease or nothing. A backend overrides it only when a
+  /// lost lease holds more than release frees.
+  virtual void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept {
+    try {
+      Error ignored;
+      (void)release(name, owner, token, ignored);
+    } catch (...) {  // no memory, or a backend's exception: the server's own expiry is the bound
+    }
+  }
 
   /// Starts delivering on_change(name); returns once notifications are live so a
   /// release after it returns cannot be missed. Calls are counted by the engine:

@@ -191,6 +191,16 @@ Engine::~Engine() {
     Error ec;
     backend_->release(h->name, h->owner, h->token, ec);
   }
+  // Lost leases not yet handed back: the event thread's round may be under way; it is
+  // waited for, and the rest is handed back here, while the backend still exists.
+  std::vector<std::shared_ptr<HeldLock>> unforgotten;
+  {
+    UniqueLock lk(forget_mu_);
+    forget_closed_ = true;
+    unforgotten.swap(forget_queue_);
+    while (forgets_running_ > 0) forget_idle_cv_.wait(lk.native());
+  }
+  for (auto& h : unforgotten) forget_now(*h);
   // The backend (and its notification threads) goes before the engine's members.
   backend_.reset();
   // Last: nothing can queue a callback any more. Callbacks already queued still run
@@ -463,6 +473,16 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     count_acquire_failure(name, ec);
     LockGuard lk(mu_);
     inflight_.erase(owner);
+    // Busy because this very thread holds the name (a Mutex, or another Lease): say so,
+    // since the holder named by the server would be this process.
+    if ((ec == errc::busy || ec == errc::timeout) && names.size() == 1 && ec.detail().empty()) {
+      auto it = held_.find(held_key(name, thread_owner));
+      if (it != held_.end() && !it->second->released && !it->second->lost.load()) {
+        ec.set_detail(
+            "held by this thread through a Mutex or another Lease; a Lease is not re-entrant, only "
+            "Mutex re-enters (lock the Mutex again, or release the other Lease first)");
+      }
+    }
     return nullptr;
   }
   if (index) *index = got;
@@ -558,6 +578,18 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   }
   std::condition_variable wake;  // registered in every joined slot
   std::optional<std::size_t> acquired;
+  const auto cancelled = [&] {
+    if (!opts.cancel.stop_requested()) return false;
+    ec = make_error_code(errc::cancelled);
+    return true;
+  };
+  if (cancelled()) return nullptr;
+  // A cancel wakes the wait below; taking mu_ first means the waiter is either asleep
+  // on `wake` (and notified) or has not yet tested the stop (and will see it).
+  std::stop_callback on_cancel(opts.cancel, [&] {
+    { LockGuard lk(mu_); }
+    wake.notify_all();
+  });
 
   struct Cleanup {
     Engine* engine;
@@ -632,6 +664,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
       if (acquired) break;
     }
     Clock::time_point now = clock_->now();
+    if (cancelled()) return nullptr;
     if (!may_wait || now >= wait_deadline) {
       ec = make_error_code(may_wait ? errc::timeout : errc::busy);
       return nullptr;
@@ -672,7 +705,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
         }
         return false;
       };
-      while (!(changed = any_changed()) && clock_->now() < recheck)
+      while (!(changed = any_changed()) && !opts.cancel.stop_requested() && clock_->now() < recheck)
         clock_->wait_until(wake, lk.native(), recheck);
       for (Candidate* c : waited) {
         // Try again what changed; a subscription dropped by sweep or failure shows
@@ -796,6 +829,9 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     // Another thread may be between marking the lease lost and firing its stop token
     // (declare_lost): the caller learns of the loss here, so the token fires no later.
     held->stop.request_stop();
+    // What the backend still holds for it is freed before this call returns (or was
+    // already): the caller may take the name again at once.
+    forget_now(*held);
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
     return;
@@ -930,6 +966,10 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   }
   held->stop.request_stop();  // first: whoever sees `lost` from now on finds the token fired soon
   n_lost_.fetch_add(1, std::memory_order_relaxed);
+  // Then what the server still holds for it is handed back (Backend::forget), on the
+  // event thread: after the stop signal, so the holder is told before anyone else can
+  // take the name; a lease the server no longer had at release has nothing to free.
+  if (reason != LossReason::gone_at_release) queue_forget(held);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
     end_hold(*held, clock_->now());
@@ -944,6 +984,56 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
     });
   } catch (...) {  // no memory for the message: the loss itself is signalled
   }
+}
+
+void Engine::queue_forget(const std::shared_ptr<HeldLock>& held) noexcept {
+  if (forked()) return;  // the parent's lease: not the child's to free
+  bool start_round = false;
+  {
+    LockGuard lk(forget_mu_);
+    if (forget_closed_) return;
+    try {
+      forget_queue_.push_back(held);
+    } catch (...) {
+      return;  // no memory: the server's own expiry stays the bound
+    }
+    start_round = forget_queue_.size() == 1;
+  }
+  if (start_round && !post_event([this] { forget_round(); })) {
+    LockGuard lk(forget_mu_);
+    forget_queue_.clear();  // as above
+  }
+}
+
+void Engine::forget_round() noexcept {
+  UniqueLock lk(forget_mu_);
+  while (!forget_closed_ && !forget_queue_.empty()) {
+    std::vector<std::shared_ptr<HeldLock>> batch;
+    batch.swap(forget_queue_);
+    ++forgets_running_;
+    lk.unlock();
+    for (auto& h : batch) forget_now(*h);
+    batch.clear();
+    lk.lock();
+    --forgets_running_;
+    forget_idle_cv_.notify_all();
+  }
+}
+
+void Engine::forget_now(HeldLock& held) noexcept {
+  {
+    LockGuard lk(held.callbacks_mu);
+    if (held.loss_reason == LossReason::gone_at_release) return;
+  }
+  bool called = false;
+  try {
+    std::call_once(held.forget_once, [&] {
+      called = true;
+      backend_->forget(held.name, held.owner, held.token);
+    });
+  } catch (...) {  // call_once's own failure (std::system_error): the server's expiry is the bound
+  }
+  if (called) on_change(held.name);  // this client's waiters need no server hop to learn of it
 }
 
 bool Engine::on_own_thread() const noexcept {

@@ -102,6 +102,9 @@ struct HeldLock {
   std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
   std::atomic<bool> lost{false};
   std::stop_source stop;
+  // The hand-back of a lost lease to the backend (Backend::forget) runs once, by
+  // whoever comes first: the event thread's forget round, release(), or ~Engine.
+  std::once_flag forget_once;
   // Why it was lost (set once, before `lost`, under callbacks_mu).
   mutable AnnotatedMutex callbacks_mu;
   std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
@@ -303,6 +306,13 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+  // Hands a lease declared lost back to the backend (Backend::forget), once, then wakes
+  // this client's waiters for its name. Blocks for the backend's call (or for another
+  // thread's call of it already under way); never under an engine lock.
+  void forget_now(HeldLock& held) noexcept;
+  // Queues `held` for the event thread's forget round (forget_round).
+  void queue_forget(const std::shared_ptr<HeldLock>& held) noexcept;
+  void forget_round() noexcept;
   /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
   /// Never runs user code on the caller, which may hold callbacks_mu.
   bool post_event(std::function<void()> fn) noexcept;
@@ -411,6 +421,15 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   bool events_running_ DISTLOCK_GUARDED_BY(events_mu_) = false;  // a callback is running
   bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
   std::thread event_thread_;  // started by create(), joined last by ~Engine
+
+  // Lost leases waiting for their hand-back to the backend (forget_round on the event
+  // thread). A leaf like events_mu_. ~Engine closes the queue, waits for the round under
+  // way, and hands back what is left itself before the backend goes.
+  AnnotatedMutex forget_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
+  std::condition_variable forget_idle_cv_;
+  std::vector<std::shared_ptr<HeldLock>> forget_queue_ DISTLOCK_GUARDED_BY(forget_mu_);
+  int forgets_running_ DISTLOCK_GUARDED_BY(forget_mu_) = 0;
+  bool forget_closed_ DISTLOCK_GUARDED_BY(forget_mu_) = false;
 };
 
 }  // namespace distlock::detail

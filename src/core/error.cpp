@@ -9,7 +9,7 @@ class Category final : public std::error_category {
   const char* name() const noexcept override { return "distlock"; }
   std::string message(int value) const override {
     switch (static_cast<errc>(value)) {
-      case errc::busy: return "lock is held by another owner";
+      case errc::busy: return "lock is busy (held by an owner other than this call)";
       case errc::timeout: return "timed out waiting for the lock";
       case errc::lost: return "lock was lost (lease expired or taken over)";
       case errc::not_owner: return "caller does not hold the lock";
@@ -22,6 +22,7 @@ class Category final : public std::error_category {
       case errc::not_supported: return "not supported by this backend";
       case errc::exhausted: return "resource exhausted";
       case errc::clock_moved_backwards: return "clock moved backwards";
+      case errc::cancelled: return "the wait was cancelled";
       case errc::forked:
         return "client used in a child process after fork(); connect anew in the child (its connections, "
                "identity and leases belong to the parent)";
@@ -31,6 +32,7 @@ class Category final : public std::error_category {
   std::error_condition default_error_condition(int value) const noexcept override {
     switch (static_cast<errc>(value)) {
       case errc::timeout: return std::errc::timed_out;
+      case errc::cancelled: return std::errc::operation_canceled;
       case errc::busy: return std::errc::resource_unavailable_try_again;
       case errc::not_owner: return std::errc::operation_not_permitted;
       case errc::invalid_argument:
