@@ -39,10 +39,14 @@ using distlock::Millis;
 
 // False once the interpreter started to shut down (atexit hook) or is finalizing.
 std::atomic<bool> g_python_alive{true};
-bool python_alive() { return g_python_alive.load() && Py_IsInitialized() && !_Py_IsFinalizing(); }
+bool python_alive() {
+  return g_python_alive.load() && Py_IsInitialized() && !_Py_IsFinalizing();
+}
 
 unsigned long g_main_thread = 0;
-bool on_main_thread() { return PyThread_get_thread_ident() == g_main_thread; }
+bool on_main_thread() {
+  return PyThread_get_thread_ident() == g_main_thread;
+}
 
 [[noreturn]] void invalid(const std::string& what) {
   distlock::throw_error(distlock::errc::invalid_argument, what);
@@ -68,12 +72,6 @@ std::optional<Millis> optional_seconds(const py::object& o, const char* what) {
 double ms_to_seconds(Millis m) {
   if (m >= distlock::LockOptions::max_wait) return std::numeric_limits<double>::infinity();
   return static_cast<double>(m.count()) / 1000.0;
-}
-
-// TEMPORARY until LockOptions::cancel lands on main.
-template <class O>
-void set_cancel(O& o, std::stop_token t) {
-  if constexpr (requires { o.cancel = t; }) o.cancel = std::move(t);
 }
 
 // Releases the GIL for its scope if this thread holds it (destructors run both ways).
@@ -368,7 +366,7 @@ class PyClient {
     }
     return cancellable(cancel, [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
-      set_cancel(o, stop);
+      o.cancel = stop;
       return std::make_unique<PyLease>(c.acquire(name, o));
     });
   }
@@ -401,7 +399,7 @@ class PyClient {
     }
     return cancellable(cancel, [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
-      set_cancel(o, stop);
+      o.cancel = stop;
       return std::make_unique<PyLease>(c.semaphore(name, permits, o).acquire());
     });
   }
@@ -418,7 +416,7 @@ class PyClient {
     distlock::Client& c = get();
     auto take = [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
-      set_cancel(o, stop);
+      o.cancel = stop;
       distlock::SharedMutex m(c, name, o, max_readers);
       return std::make_unique<PyLease>(exclusive ? m.acquire_exclusive() : m.acquire_shared());
     };
@@ -435,7 +433,7 @@ class PyClient {
     distlock::Client& c = get();
     auto take = [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
-      set_cancel(o, stop);
+      o.cancel = stop;
       return std::make_unique<PyLease>(c.election(name, o).campaign(value));
     };
     if (opts.wait && *opts.wait <= Millis(0)) {
@@ -477,7 +475,7 @@ class PyClient {
     std::optional<Millis> w = optional_seconds(wait, "wait");
     auto l = cancellable(cancel, [&](std::stop_token stop) {
       distlock::LockOptions o = defaults_;
-      set_cancel(o, stop);
+      o.cancel = stop;
       return c.election(name, o).observe(after, w);
     });
     return leader_dict(l);
@@ -493,8 +491,8 @@ class PyClient {
     py::dict d;
     d["held"] = info.held;
     d["token"] = info.token ? py::object(py::int_(*info.token)) : py::object(py::none());
-    d["ttl_remaining"] =
-        info.ttl_remaining ? py::object(py::float_(ms_to_seconds(*info.ttl_remaining))) : py::object(py::none());
+    d["ttl_remaining"] = info.ttl_remaining ? py::object(py::float_(ms_to_seconds(*info.ttl_remaining)))
+                                            : py::object(py::none());
     d["holder"] = info.holder ? py::object(py::str(*info.holder)) : py::object(py::none());
     d["holder_info"] = info.holder_info ? py::object(py::str(*info.holder_info)) : py::object(py::none());
     d["waiters"] = info.waiters ? py::object(py::int_(*info.waiters)) : py::object(py::none());
@@ -630,8 +628,10 @@ PYBIND11_MODULE(_distlock, m) {
   // Errors: by code, to the classes of distlock._errors.
   // Kept for the life of the process (never destroyed: a static py::object would be dropped
   // after the interpreter is gone).
-  static PyObject* by_code = py::module_::import("distlock._errors").attr("BY_CODE").cast<py::object>().release().ptr();
-  static PyObject* base_error = py::module_::import("distlock._errors").attr("Error").cast<py::object>().release().ptr();
+  static PyObject* by_code =
+      py::module_::import("distlock._errors").attr("BY_CODE").cast<py::object>().release().ptr();
+  static PyObject* base_error =
+      py::module_::import("distlock._errors").attr("Error").cast<py::object>().release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -686,7 +686,8 @@ PYBIND11_MODULE(_distlock, m) {
           py::arg("cancel").none(true))
       .def(
           "try_acquire",
-          [](PyClient& c, const std::string& name, py::object ttl, py::object max_hold, py::object holder_info) {
+          [](PyClient& c, const std::string& name, py::object ttl, py::object max_hold,
+             py::object holder_info) {
             return c.try_acquire(name, lock_args(ttl, py::none(), max_hold, holder_info));
           },
           py::arg("name"), py::arg("ttl"), py::arg("max_hold"), py::arg("holder_info"))
@@ -743,7 +744,8 @@ PYBIND11_MODULE(_distlock, m) {
       const auto t0 = std::chrono::steady_clock::now();
       distlock::Lease lease = try_acquire ? std::move(*client.try_acquire(name)) : client.acquire(name);
       lease.release();
-      ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+      ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                       .count());
     }
     return ns;
   });
@@ -772,8 +774,8 @@ PYBIND11_MODULE(_distlock, m) {
       .def_property_readonly("worker_id", &PySnowflake::worker_id)
       .def_property_readonly("leased", &PySnowflake::leased);
   py::class_<PyRedisDaily>(m, "RedisDaily")
-      .def(py::init<const std::string&, const std::string&, std::uint32_t>(), py::arg("url"), py::arg("prefix"),
-           py::arg("reserve"))
+      .def(py::init<const std::string&, const std::string&, std::uint32_t>(), py::arg("url"),
+           py::arg("prefix"), py::arg("reserve"))
       .def("next", &PyRedisDaily::next);
   m.def("uuid7_next", [] {
     static distlock::ids::Uuid7Generator gen;
