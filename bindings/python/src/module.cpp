@@ -329,6 +329,7 @@ class PyClient {
     client_.emplace(distlock::connect(url, o));
   }
   ~PyClient() {
+    if (!client_) return;
     if (!python_alive()) {
       new distlock::Client(std::move(*client_));
       return;
@@ -338,14 +339,17 @@ class PyClient {
   }
 
   void close() {
-    py::gil_scoped_release nogil;
+    // Taken out under the GIL (other threads read client_ under it), dropped without it.
+    std::optional<distlock::Client> c = std::move(client_);
     client_.reset();
+    py::gil_scoped_release nogil;
+    c.reset();
   }
   bool closed() const { return !client_.has_value(); }
 
   std::unique_ptr<PyLease> acquire(const std::string& name, const LockArgs& a, Canceller* cancel) {
     distlock::LockOptions opts = options(a);
-    distlock::Client& c = get();
+    distlock::Client c = get();
     if (opts.wait && *opts.wait <= Millis(0)) {
       py::gil_scoped_release nogil;
       return std::make_unique<PyLease>(c.acquire(name, opts));
@@ -373,7 +377,7 @@ class PyClient {
 
   std::unique_ptr<PyLease> try_acquire(const std::string& name, const LockArgs& a) {
     distlock::LockOptions opts = options(a);
-    distlock::Client& c = get();
+    distlock::Client c = get();
     py::gil_scoped_release nogil;
     auto l = c.try_acquire(name, opts);
     if (!l) return nullptr;
@@ -382,7 +386,7 @@ class PyClient {
 
   int semaphore_check(const std::string& name, int permits, const LockArgs& a) {
     distlock::LockOptions opts = options(a);
-    distlock::Client& c = get();
+    distlock::Client c = get();
     py::gil_scoped_release nogil;
     return c.semaphore(name, permits, opts).permits();
   }
@@ -390,7 +394,7 @@ class PyClient {
   std::unique_ptr<PyLease> semaphore_acquire(const std::string& name, int permits, const LockArgs& a,
                                              Canceller* cancel) {
     distlock::LockOptions opts = options(a);
-    distlock::Client& c = get();
+    distlock::Client c = get();
     if (opts.wait && *opts.wait <= Millis(0)) {
       py::gil_scoped_release nogil;
       auto l = c.semaphore(name, permits, opts).try_acquire();
@@ -405,7 +409,7 @@ class PyClient {
   }
 
   std::size_t semaphore_available(const std::string& name, int permits) {
-    distlock::Client& c = get();
+    distlock::Client c = get();
     py::gil_scoped_release nogil;
     return c.semaphore(name, permits, defaults_).available();
   }
@@ -413,7 +417,7 @@ class PyClient {
   std::unique_ptr<PyLease> rw_acquire(const std::string& name, bool exclusive, int max_readers,
                                       const LockArgs& a, Canceller* cancel) {
     distlock::LockOptions opts = options(a);
-    distlock::Client& c = get();
+    distlock::Client c = get();
     auto take = [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
       o.cancel = stop;
@@ -430,7 +434,7 @@ class PyClient {
   std::unique_ptr<PyLease> campaign(const std::string& name, const std::string& value, const LockArgs& a,
                                     Canceller* cancel) {
     distlock::LockOptions opts = options(a);
-    distlock::Client& c = get();
+    distlock::Client c = get();
     auto take = [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
       o.cancel = stop;
@@ -444,21 +448,21 @@ class PyClient {
   }
 
   void resign(const std::string& name, PyLease& lease) {
-    distlock::Client& c = get();
+    distlock::Client c = get();
     distlock::Lease& l = lease.lease();
     py::gil_scoped_release nogil;
     c.election(name, defaults_).resign(l);
   }
 
   void proclaim(const std::string& name, PyLease& lease, const std::string& value) {
-    distlock::Client& c = get();
+    distlock::Client c = get();
     distlock::Lease& l = lease.lease();
     py::gil_scoped_release nogil;
     c.election(name, defaults_).proclaim(l, value);
   }
 
   py::object leader(const std::string& name) {
-    distlock::Client& c = get();
+    distlock::Client c = get();
     std::optional<distlock::Leader> l;
     {
       py::gil_scoped_release nogil;
@@ -469,7 +473,7 @@ class PyClient {
 
   py::object observe(const std::string& name, const py::object& after_term, const py::object& wait,
                      Canceller* cancel) {
-    distlock::Client& c = get();
+    distlock::Client c = get();
     std::optional<std::uint64_t> after;
     if (!after_term.is_none()) after = after_term.cast<std::uint64_t>();
     std::optional<Millis> w = optional_seconds(wait, "wait");
@@ -482,7 +486,7 @@ class PyClient {
   }
 
   py::dict status(const std::string& name) {
-    distlock::Client& c = get();
+    distlock::Client c = get();
     distlock::LockInfo info;
     {
       py::gil_scoped_release nogil;
@@ -503,7 +507,9 @@ class PyClient {
   std::string scheme() const { return get_const().scheme(); }
   std::string id() const { return get_const().id(); }
   bool has_fencing() const { return get_const().has_fencing(); }
-  distlock::Client& get() {
+  // A copy of the handle (cheap: it shares the connections), so that close() on another thread
+  // cannot pull the client from under a call that runs without the GIL.
+  distlock::Client get() const {
     if (!client_) throw py::value_error("the distlock client is closed");
     return *client_;
   }
@@ -736,7 +742,7 @@ PYBIND11_MODULE(_distlock, m) {
   // For bench/python/binding_bench.py: `ops` rounds of the C++ call a C++ program makes,
   // acquire(name) + release(), timed on the steady clock; nanoseconds per round.
   m.def("_bench_cpp_acquire_release", [](PyClient& c, const std::string& name, int ops, bool try_acquire) {
-    distlock::Client& client = c.get();
+    distlock::Client client = c.get();
     std::vector<std::int64_t> ns;
     ns.reserve(static_cast<std::size_t>(std::max(ops, 0)));
     py::gil_scoped_release nogil;
