@@ -247,6 +247,7 @@ class Client:
         self._impl = _distlock.Client(url or "", connect_timeout, command_timeout, ttl, wait,
                                       max_hold, holder_info)
         self._leases: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+        self._leases_lock = threading.Lock()
         self._pid = os.getpid()
 
     # -- plain locks ----------------------------------------------------------------------
@@ -323,7 +324,9 @@ class Client:
         if self._impl.closed:
             return
         if os.getpid() == self._pid:
-            for lease in list(self._leases):
+            with self._leases_lock:
+                leases = list(self._leases)
+            for lease in leases:
                 _release_quietly(lease)
         self._impl.close()
 
@@ -340,7 +343,8 @@ class Client:
 
     def _track(self, impl: Any, name: str) -> Lease:
         lease = Lease(impl, name)
-        self._leases.add(lease)
+        with self._leases_lock:
+            self._leases.add(lease)
         return lease
 
 
@@ -362,15 +366,14 @@ class Semaphore:
     def acquire(self, *, wait: Optional[float] = None) -> Lease:
         """Takes one permit, waiting up to ``wait`` (for ever if None): a :class:`Lease`.
         Raises :class:`Busy` / :class:`Timeout` like :meth:`Client.lock`."""
-        impl = self._client._impl.semaphore_acquire(self._name, self._permits, self._ttl,
-                                                    wait if wait is not None else None, None)
-        if impl is None:
-            raise Busy(f"semaphore {self._name!r}: all {self._permits} permits are held")
+        impl = self._client._impl.semaphore_acquire(self._name, self._permits, self._ttl, wait,
+                                                    None, False)
         return self._client._track(impl, self._name)
 
     def try_acquire(self) -> Optional[Lease]:
         """One attempt over every permit: a :class:`Lease`, or None when all are held."""
-        impl = self._client._impl.semaphore_acquire(self._name, self._permits, self._ttl, 0, None)
+        impl = self._client._impl.semaphore_acquire(self._name, self._permits, self._ttl, 0, None,
+                                                    True)
         return None if impl is None else self._client._track(impl, self._name)
 
     def available(self) -> int:

@@ -391,15 +391,21 @@ class PyClient {
     return c.semaphore(name, permits, opts).permits();
   }
 
+  // try_only: one attempt, nullptr when every permit is held; otherwise acquire() (with a wait
+  // of 0 it throws errc::busy, as in C++).
   std::unique_ptr<PyLease> semaphore_acquire(const std::string& name, int permits, const LockArgs& a,
-                                             Canceller* cancel) {
+                                             Canceller* cancel, bool try_only) {
     distlock::LockOptions opts = options(a);
     distlock::Client c = get();
-    if (opts.wait && *opts.wait <= Millis(0)) {
+    if (try_only) {
       py::gil_scoped_release nogil;
       auto l = c.semaphore(name, permits, opts).try_acquire();
       if (!l) return nullptr;
       return std::make_unique<PyLease>(std::move(*l));
+    }
+    if (opts.wait && *opts.wait <= Millis(0)) {
+      py::gil_scoped_release nogil;
+      return std::make_unique<PyLease>(c.semaphore(name, permits, opts).acquire());
     }
     return cancellable(cancel, [&](std::stop_token stop) {
       distlock::LockOptions o = opts;
@@ -706,10 +712,12 @@ PYBIND11_MODULE(_distlock, m) {
       .def(
           "semaphore_acquire",
           [](PyClient& c, const std::string& name, int permits, py::object ttl, py::object wait,
-             Canceller* cancel) {
-            return c.semaphore_acquire(name, permits, lock_args(ttl, wait, py::none(), py::none()), cancel);
+             Canceller* cancel, bool try_only) {
+            return c.semaphore_acquire(name, permits, lock_args(ttl, wait, py::none(), py::none()), cancel,
+                                       try_only);
           },
-          py::arg("name"), py::arg("permits"), py::arg("ttl"), py::arg("wait"), py::arg("cancel").none(true))
+          py::arg("name"), py::arg("permits"), py::arg("ttl"), py::arg("wait"), py::arg("cancel").none(true),
+          py::arg("try_only"))
       .def("semaphore_available", &PyClient::semaphore_available)
       .def(
           "rw_acquire",
