@@ -340,10 +340,11 @@ class PyClient {
 
   void close() {
     // Taken out under the GIL (other threads read client_ under it), dropped without it.
-    std::optional<distlock::Client> c = std::move(client_);
+    if (!client_) return;
+    distlock::Client c = std::move(*client_);
     client_.reset();
     py::gil_scoped_release nogil;
-    c.reset();
+    distlock::Client dropped = std::move(c);  // destroyed first, without the GIL
   }
   bool closed() const { return !client_.has_value(); }
 
