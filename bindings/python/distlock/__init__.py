@@ -28,6 +28,7 @@ belongs to one thread at a time (its ``lost`` event may be watched from any).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import weakref
@@ -46,6 +47,21 @@ __all__ = [
     "InvalidUrl", "QuorumUnavailable", "ProtocolError", "NotSupported", "Exhausted",
     "ClockMovedBackwards", "Forked", "Cancelled",
 ]
+
+
+# Every open client, so that leases still held when the interpreter exits are released (as a
+# with-block would) instead of blocking others until their TTL runs out. Registered after the
+# compiled module's own exit hook, so it runs before it (atexit is last in, first out).
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_clients() -> None:
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:
+            pass
 
 
 def default_url() -> str:
@@ -249,6 +265,7 @@ class Client:
         self._leases: "weakref.WeakSet[Lease]" = weakref.WeakSet()
         self._leases_lock = threading.Lock()
         self._pid = os.getpid()
+        _live_clients.add(self)
 
     # -- plain locks ----------------------------------------------------------------------
     def lock(self, name: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
@@ -320,7 +337,8 @@ class Client:
         return self._impl.closed
 
     def close(self) -> None:
-        """Releases the leases still held through this client and closes it. Idempotent."""
+        """Releases the leases still held through this client and closes it. Idempotent.
+        Clients still open when the interpreter exits are closed then."""
         if self._impl.closed:
             return
         if os.getpid() == self._pid:

@@ -159,3 +159,16 @@ def test_package_ships_type_hints():
     pkg = os.path.dirname(distlock.__file__)
     for f in ("py.typed", "__init__.pyi", "ids.pyi"):
         assert os.path.isfile(os.path.join(pkg, f)), f
+
+
+def test_leases_still_held_at_exit_are_released(redis_server):
+    code = ("import sys, distlock\n"
+            "client = distlock.connect(sys.argv[1])\n"
+            "lease = client.lock('api/at-exit', ttl=30.0)\n"
+            "print(lease.token)\n")
+    r = subprocess.run([sys.executable, "-c", code, redis_server.url], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    with distlock.connect(redis_server.url) as client:
+        lease = client.try_lock("api/at-exit")  # free at once, not after the 30 s TTL
+        assert lease is not None and lease.token > int(r.stdout)
