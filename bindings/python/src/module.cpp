@@ -39,8 +39,17 @@ using distlock::Millis;
 
 // False once the interpreter started to shut down (atexit hook) or is finalizing.
 std::atomic<bool> g_python_alive{true};
+#if PY_VERSION_HEX >= 0x030D0000
+bool python_finalizing() {
+  return Py_IsFinalizing() != 0;
+}
+#else
+bool python_finalizing() {
+  return _Py_IsFinalizing() != 0;
+}
+#endif
 bool python_alive() {
-  return g_python_alive.load() && Py_IsInitialized() && !_Py_IsFinalizing();
+  return g_python_alive.load() && Py_IsInitialized() && !python_finalizing();
 }
 
 unsigned long g_main_thread = 0;
