@@ -2,7 +2,9 @@
 """Cost of the Python binding: uncontended acquire + release on redis:// through the C++ call,
 through distlock's Python package and through redis-py's Lock (Debian's python3-redis), on the
 same server, in interleaved rounds. Prints one JSON line per round and workload, then a summary
-line with the p50 ratios (medians over the rounds). A measurement, not a test.
+line with the p50 ratios (medians over the rounds). The binding's own cost is also measured
+without a network, on the in-process memory:// backend (the same two calls). A measurement, not a
+test.
 
     PYTHONPATH=<build>/bindings/python bench/python/binding_bench.py [--url redis://...] [--ops N] [--rounds R]
 
@@ -109,11 +111,21 @@ def main():
                     line["round"] = rnd + 1
                     results[name].append(line)
                     print(json.dumps(line), flush=True)
+        # The binding's own cost, without a network: the in-process memory:// backend.
+        with distlock.connect("memory://binding-bench") as mem:
+            for rnd in range(args.rounds):
+                for name, fn in (("memory-cpp", run_cpp), ("memory-python", run_python)):
+                    line = fn(mem, "memory://binding-bench", args.ops * 4)
+                    line["round"] = rnd + 1
+                    results.setdefault(name, []).append(line)
+                    print(json.dumps(line), flush=True)
         med = {k: statistics.median(x["p50_us"] for x in v) for k, v in results.items()}
         print(json.dumps({"summary": "uncontended p50 (median of rounds)", "url": url, "ops": args.ops,
                           "rounds": args.rounds, "cpp_p50_us": med["cpp"], "python_p50_us": med["python"],
                           "redis_py_p50_us": med["redis-py"],
                           "python_over_cpp": round(med["python"] / med["cpp"], 3),
+                          "binding_cost_us": round(med["memory-python"] - med["memory-cpp"], 2),
+                          "binding_cost_over_cpp_redis": round((med["memory-python"] - med["memory-cpp"]) / med["cpp"], 3),
                           "python_over_redis_py": round(med["python"] / med["redis-py"], 3)}))
     finally:
         if server is not None:
