@@ -71,7 +71,7 @@ struct RunFlags {
   CLI::Option* metrics_addr_option = nullptr;
   bool wait_given = false, grace_given = false;  // set without CLI11 (run_under_lease)
   std::string max_hold, min_hold, once_per;      // empty: not given
-  int permits = 0;                               // --permits N; 0: not given
+  std::optional<int> permits;                    // --permits N; nullopt: not given
   bool shared = false, exclusive = false;        // --shared / --exclusive
 };
 
@@ -136,13 +136,13 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   if (!flags.once_per.empty()) {
     s.once_per = positive("--once-per", flags.once_per);
   }
-  if (flags.permits != 0) {
-    if (flags.permits < 1 || flags.permits > Semaphore::kMaxPermits) {
-      usage_error("--permits " + std::to_string(flags.permits) + " is out of range 1.." +
+  if (flags.permits) {
+    if (*flags.permits < 1 || *flags.permits > Semaphore::kMaxPermits) {
+      usage_error("--permits " + std::to_string(*flags.permits) + " is out of range 1.." +
                   std::to_string(Semaphore::kMaxPermits));
     }
     if (s.once_per) usage_error("--once-per needs the lock itself, not one of --permits");
-    s.permits = flags.permits;
+    s.permits = *flags.permits;
   }
   if (flags.shared && flags.exclusive) {
     usage_error(
@@ -151,7 +151,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   }
   if (flags.shared || flags.exclusive) {
     const char* mode = flags.shared ? "--shared" : "--exclusive";
-    if (flags.permits != 0) {
+    if (flags.permits) {
       usage_error(std::string(mode) +
                   " and --permits exclude each other: NAME is either a read-write lock or "
                   "a semaphore");

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "distlock/error.hpp"
 
@@ -23,30 +24,6 @@ using SteadyClock = std::chrono::steady_clock;
 int ms_left(SteadyClock::time_point deadline) {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(left);
-}
-
-/// Waits for `events` on `fd` until `deadline`; false on timeout or error.
-bool wait_for(int fd, short events, SteadyClock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, ms_left(deadline));
-    if (rc > 0) return true;
-    if (rc == 0 || errno != EINTR) return false;
-  }
-}
-
-bool send_all(int fd, std::string_view data, SteadyClock::time_point deadline) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      data.remove_prefix(static_cast<std::size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd, POLLOUT, deadline)) continue;
-    return false;
-  }
-  return true;
 }
 
 std::string response(std::string_view status, std::string_view body, bool head = false,
@@ -126,87 +103,188 @@ MetricsServer::~MetricsServer() {
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
 
-void MetricsServer::serve() {
-  for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents != 0) return;
-    if (fds[0].revents == 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      // EMFILE and the like: do not spin on a connection we cannot take.
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        pollfd stop{stop_fd_, POLLIN, 0};
-        if (::poll(&stop, 1, 100) > 0) return;
-      }
-      continue;
-    }
-    answer(fd);
-    ::close(fd);
-  }
+namespace {
+
+/// One client connection of the event loop: read the request, write the reply, drain.
+struct Connection {
+  int fd = -1;
+  enum class Phase { reading, writing, draining } phase = Phase::reading;
+  std::string in;
+  std::string out;
+  std::size_t sent = 0;
+  SteadyClock::time_point deadline;
+};
+
+bool request_complete(const std::string& req) {
+  return req.find("\r\n\r\n") != std::string::npos || req.find("\n\n") != std::string::npos;
 }
 
-void MetricsServer::answer(int fd) {
-  const auto deadline = SteadyClock::now() + kIoTimeout;
-  std::string req;
-  bool complete = false, eof = false;
-  while (!complete && !eof && req.size() < kMaxRequest) {
-    if (!wait_for(fd, POLLIN, deadline)) return;  // silent client: closed unanswered
-    char buf[1024];
-    const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, kMaxRequest - req.size()), 0);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return;
+}  // namespace
+
+// One thread, one poll() over the listening socket and every open connection: a
+// connection that is idle, slow or stuck never delays another (each has its own
+// deadline, kIoTimeout from its accept), and at most kMaxConnections are open at
+// once — a new one past that closes the oldest.
+void MetricsServer::serve() {
+  std::vector<Connection> conns;
+  bool stopping = false;
+  auto close_at = [&](std::size_t i) {
+    ::close(conns[i].fd);
+    conns[i] = std::move(conns.back());
+    conns.pop_back();
+  };
+  while (!stopping) {
+    std::vector<pollfd> fds;
+    fds.reserve(conns.size() + 2);
+    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({stop_fd_, POLLIN, 0});
+    auto wake = SteadyClock::time_point::max();
+    for (const Connection& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.phase == Connection::Phase::writing ? POLLOUT : POLLIN), 0});
+      wake = std::min(wake, c.deadline);
     }
-    if (n == 0) eof = true;
-    req.append(buf, static_cast<std::size_t>(n));
-    complete = req.find("\r\n\r\n") != std::string::npos || req.find("\n\n") != std::string::npos;
-  }
-  std::string reply;
-  const auto line_end = req.find('\n');
-  if (!complete && line_end == std::string::npos) {
-    reply = req.size() >= kMaxRequest ? response("431 Request Header Fields Too Large", "request too large\n")
-                                      : response("400 Bad Request", "incomplete request\n");
-  } else if (!complete && req.size() >= kMaxRequest) {
-    reply = response("431 Request Header Fields Too Large", "request too large\n");
-  } else {
-    std::string_view line(req.data(), line_end);
-    if (line.ends_with('\r')) line.remove_suffix(1);
-    const auto sp1 = line.find(' ');
-    const auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-    if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos ||
-        !line.substr(sp2 + 1).starts_with("HTTP/1.")) {
-      reply = response("400 Bad Request", "malformed request line\n");
-    } else {
-      const std::string_view method = line.substr(0, sp1);
-      const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-      const std::string_view path = target.substr(0, target.find('?'));
-      const bool head = method == "HEAD";
-      if (path != "/metrics") {
-        reply = response("404 Not Found", "only /metrics is served here\n", head);
-      } else if (method != "GET" && !head) {
-        reply = response("405 Method Not Allowed", "use GET\n", false, "Allow: GET, HEAD\r\n");
-      } else {
-        try {
-          reply = response("200 OK", render_(), head);
-        } catch (...) {
-          reply = response("500 Internal Server Error", "metrics unavailable\n");
+    const int timeout = wake == SteadyClock::time_point::max() ? -1 : ms_left(wake);
+    if (::poll(fds.data(), fds.size(), timeout) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[1].revents != 0) break;
+    const auto now = SteadyClock::now();
+    // Connections first (their indexes match fds[2..]); closed ones are swapped out, so
+    // walk backwards.
+    for (std::size_t i = conns.size(); i-- > 0;) {
+      Connection& c = conns[i];
+      const short rev = fds[i + 2].revents;
+      if (rev == 0) {
+        if (now >= c.deadline) close_at(i);  // silent or stuck: closed unanswered
+        continue;
+      }
+      if (step(c.fd, c.phase == Connection::Phase::reading, c.phase == Connection::Phase::writing, c.in,
+               c.out, c.sent, c.deadline)) {
+        c.phase = c.out.empty()           ? Connection::Phase::reading
+                  : c.sent < c.out.size() ? Connection::Phase::writing
+                                          : Connection::Phase::draining;
+        continue;
+      }
+      close_at(i);
+    }
+    if (fds[0].revents != 0) {
+      for (int n = 0; n < 16; ++n) {  // a burst, without starving the open ones
+        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+          // EMFILE and the like: do not spin on a connection we cannot take.
+          if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+            if (!conns.empty()) {
+              close_at(0);  // make room
+            } else {
+              pollfd stop{stop_fd_, POLLIN, 0};
+              if (::poll(&stop, 1, 100) > 0) stopping = true;
+            }
+          }
+          break;
         }
+        if (conns.size() >= kMaxConnections) {
+          // The oldest open connection makes room: one client cannot hold every slot.
+          std::size_t oldest = 0;
+          for (std::size_t i = 1; i < conns.size(); ++i) {
+            if (conns[i].deadline < conns[oldest].deadline) oldest = i;
+          }
+          close_at(oldest);
+        }
+        conns.push_back(
+            Connection{fd, Connection::Phase::reading, {}, {}, 0, SteadyClock::now() + kIoTimeout});
       }
     }
   }
-  if (!send_all(fd, reply, deadline)) return;
-  // Half-close, then read what the client still sends (bounded) so that closing
-  // does not reset the connection before it has read the reply.
-  ::shutdown(fd, SHUT_WR);
-  const auto drain_deadline = std::min(deadline, SteadyClock::now() + std::chrono::milliseconds(200));
-  for (int i = 0; i < 64 && wait_for(fd, POLLIN, drain_deadline); ++i) {
+  for (Connection& c : conns) ::close(c.fd);
+}
+
+// Advances one connection without blocking: reads what is there (and answers once the
+// request is complete), writes what the socket takes, or drains after the reply.
+// False when the connection is finished (answered and drained, or failed).
+bool MetricsServer::step(int fd, bool reading, bool writing, std::string& in, std::string& out,
+                         std::size_t& sent, SteadyClock::time_point& deadline) {
+  if (reading) {
     char buf[1024];
+    bool eof = false;
+    for (;;) {
+      if (in.size() >= kMaxRequest) break;
+      const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, kMaxRequest - in.size()), 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return false;
+      }
+      if (n == 0) {
+        eof = true;
+        break;
+      }
+      in.append(buf, static_cast<std::size_t>(n));
+    }
+    const bool complete = request_complete(in);
+    if (!complete && !eof && in.size() < kMaxRequest) return true;  // more to come
+    out = reply_to(in, complete);
+    sent = 0;
+    writing = true;
+  }
+  if (writing) {
+    while (sent < out.size()) {
+      const ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // wait for POLLOUT
+      return false;
+    }
+    // Half-close, then read what the client still sends (bounded) so that closing
+    // does not reset the connection before it has read the reply.
+    ::shutdown(fd, SHUT_WR);
+    deadline = std::min(deadline, SteadyClock::now() + std::chrono::milliseconds(200));
+    return true;
+  }
+  // Draining.
+  char buf[1024];
+  for (int i = 0; i < 64; ++i) {
     const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    return false;  // closed by the client, or an error: done
+  }
+  return true;
+}
+
+std::string MetricsServer::reply_to(const std::string& req, bool complete) {
+  const auto line_end = req.find('\n');
+  if (!complete && line_end == std::string::npos) {
+    return req.size() >= kMaxRequest ? response("431 Request Header Fields Too Large", "request too large\n")
+                                     : response("400 Bad Request", "incomplete request\n");
+  }
+  if (!complete && req.size() >= kMaxRequest) {
+    return response("431 Request Header Fields Too Large", "request too large\n");
+  }
+  std::string_view line(req.data(), line_end);
+  if (line.ends_with('\r')) line.remove_suffix(1);
+  const auto sp1 = line.find(' ');
+  const auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos ||
+      !line.substr(sp2 + 1).starts_with("HTTP/1.")) {
+    return response("400 Bad Request", "malformed request line\n");
+  }
+  const std::string_view method = line.substr(0, sp1);
+  const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  const std::string_view path = target.substr(0, target.find('?'));
+  const bool head = method == "HEAD";
+  if (path != "/metrics") return response("404 Not Found", "only /metrics is served here\n", head);
+  if (method != "GET" && !head) {
+    return response("405 Method Not Allowed", "use GET\n", false, "Allow: GET, HEAD\r\n");
+  }
+  try {
+    return response("200 OK", render_(), head);
+  } catch (...) {
+    return response("500 Internal Server Error", "metrics unavailable\n");
   }
 }
 

@@ -1,7 +1,9 @@
 // A minimal HTTP/1.0 responder for `distlock run --metrics-port`: serves
 // `GET /metrics` (and HEAD) with the client's Prometheus text on one thread of the
-// runner. One connection at a time; a request is read up to kMaxRequest bytes
-// within kIoTimeout, answered, and the connection closed. Anything else gets 400,
+// runner. Connections are served side by side by one poll() loop, so an idle or slow
+// client never delays another scrape (at most kMaxConnections open; a new one past
+// that closes the oldest); a request is read up to kMaxRequest bytes within
+// kIoTimeout of its accept, answered, and the connection closed. Anything else gets 400,
 // 404, 405 or 431 and is closed too. No keep-alive, no chunking, no TLS.
 //
 // Thread-safety: start() and the destructor on one thread; `render` runs on the
@@ -24,6 +26,7 @@ class MetricsServer {
  public:
   static constexpr std::size_t kMaxRequest = 8192;
   static constexpr std::chrono::milliseconds kIoTimeout{2000};
+  static constexpr std::size_t kMaxConnections = 64;
 
   /// Binds `addr` (a numeric IPv4 or IPv6 address) and `port` (0: any free port)
   /// and starts serving. Throws std::system_error: errc::invalid_argument for an
@@ -41,7 +44,9 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   void serve();
-  void answer(int fd);
+  bool step(int fd, bool reading, bool writing, std::string& in, std::string& out, std::size_t& sent,
+            std::chrono::steady_clock::time_point& deadline);
+  std::string reply_to(const std::string& req, bool complete);
 
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: the destructor wakes the thread with it

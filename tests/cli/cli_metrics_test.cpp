@@ -179,20 +179,30 @@ TEST(CliMetrics, FileRunnerServesCountsThePrometheusParserReads) {
   EXPECT_EQ(m.type_of("distlock_renewal_round_trip_seconds"), "histogram");
   EXPECT_EQ(m.type_of("distlock_leases_held"), "gauge");
 
-  // The endpoint's manners. A silent client first: it must not keep the others out
-  // for longer than the server's I/O timeout (2 s).
-  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  {
+  // The endpoint's manners. Idle clients first (issue 27, item 5): eight connections that
+  // never send a byte, and one that sends half a request line, must not delay a scrape
+  // (they did, by the 2 s I/O timeout each, serially: 16 s and more). The scrape is timed
+  // on this process's clock: served beside them, it takes milliseconds; 1 s leaves room
+  // for a loaded machine and is still far from one timeout.
+  std::vector<int> idle;
+  for (int i = 0; i < 9; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
     ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    idle.push_back(fd);
   }
-  const auto before = SteadyClock::now();
-  EXPECT_TRUE(http_exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n", 30s).starts_with("HTTP/1.0 200 OK"));
-  EXPECT_LT(SteadyClock::now() - before, 20s) << "bound: 2 s I/O timeout, generous slack for a busy host";
-  ::close(silent);
+  ASSERT_GT(::send(idle.back(), "GET /met", 8, MSG_NOSIGNAL), 0);  // the slow one
+  for (int round = 0; round < 3; ++round) {
+    const auto before = SteadyClock::now();
+    EXPECT_TRUE(http_exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n", 30s).starts_with("HTTP/1.0 200 OK"));
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - before);
+    EXPECT_LT(took, 1000ms) << "a scrape beside 9 idle connections took " << took.count() << " ms";
+    RecordProperty("scrape_beside_idle_ms_" + std::to_string(round), static_cast<int>(took.count()));
+  }
+  for (int fd : idle) ::close(fd);
   EXPECT_TRUE(http_exchange(addr, "GET / HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 404 "));
   const std::string post = http_exchange(addr, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
   EXPECT_TRUE(post.starts_with("HTTP/1.0 405 ")) << post;

@@ -581,6 +581,9 @@ TEST(CliUsage, BadFlagsUrlsAndDurationsExit64WithOneClearLine) {
       {{"run", "--url", url, "--grace", "10s", "--ttl", "5s", "job", "--", "true"}, "too long for --ttl"},
       {{"run", "--url", url, "--wait", "1s", "--no-wait", "job", "--", "true"}, "--no-wait"},
       {{"run", "--url", url, "--bogus", "job", "--", "true"}, "--bogus"},
+      // Issue 27, item 8: 0 ran the job under the plain lock beside the permit holders.
+      {{"run", "--url", url, "--permits", "0", "job", "--", "true"}, "--permits 0 is out of range 1.."},
+      {{"run", "--url", url, "--permits", "-1", "job", "--", "true"}, "--permits -1 is out of range 1.."},
       {{"run", "--url", url, "job"}, "no command"},
       {{"run", "--url", url, "job", "--"}, "no command"},
       {{"run", "--url", url, "", "--", "true"}, "lock name is empty"},

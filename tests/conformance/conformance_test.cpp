@@ -288,7 +288,9 @@ TEST_P(Conformance, ALeaseLostWhileItsClientLivesIsFreedAtOnceForOthersAndItself
     const auto took = std::chrono::duration_cast<Millis>(got_at - lost_at);
     RecordProperty("other_client_after_loss_ms", static_cast<int>(took.count()));
     EXPECT_LT(took, 2000ms) << "another client waited " << took.count() << " ms after the loss";
-    if (target_->fencing()) EXPECT_GT(next.token(), first.token());
+    if (target_->fencing()) {
+      EXPECT_GT(next.token(), first.token());
+    }
     // The old holder's release says lost and leaves the new holder's lock alone.
     std::error_code rel;
     first.release(rel);
@@ -309,7 +311,9 @@ TEST_P(Conformance, ALeaseLostWhileItsClientLivesIsFreedAtOnceForOthersAndItself
     RecordProperty("same_client_after_loss_ms", static_cast<int>(took_again.count()));
     EXPECT_LT(took_again, 2000ms) << "the holder's own client waited " << took_again.count() << " ms";
     EXPECT_TRUE(again.owns());
-    if (target_->fencing()) EXPECT_GT(again.token(), mine.token());
+    if (target_->fencing()) {
+      EXPECT_GT(again.token(), mine.token());
+    }
   }
   expect_nothing_left();
 }
