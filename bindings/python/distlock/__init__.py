@@ -221,12 +221,17 @@ class _AsyncLock:
             # End the wait and wait for its thread, so nothing stays queued on the server; a
             # lease granted at the same moment is released.
             canceller.cancel()
-            try:
-                lease = await future
-            except Error:
-                pass
-            else:
-                await loop.run_in_executor(None, _release_quietly, lease)
+            lease = None
+            while True:  # the library ends a cancelled wait within one wake-up
+                try:
+                    lease = await asyncio.shield(future)
+                    break
+                except asyncio.CancelledError:
+                    continue  # cancelled again: still wait for the thread
+                except Error:
+                    break
+            if lease is not None:
+                await asyncio.shield(loop.run_in_executor(None, _release_quietly, lease))
             raise
         return self._lease
 

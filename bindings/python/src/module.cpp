@@ -147,11 +147,36 @@ class Canceller {
   std::stop_source source_;
 };
 
+// Waits that a signal ended on the main thread and that are still withdrawing what they queued
+// (see cancellable()). The interpreter's exit waits for them (bounded), so a Ctrl-C that ends
+// the program leaves nothing queued either.
+struct Withdrawals {
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = 0;
+};
+Withdrawals& withdrawals() {
+  static auto* w = new Withdrawals();  // never destroyed: detached threads may still use it
+  return *w;
+}
+
+// Blocks (without the GIL) until no withdrawal is pending or `limit` passed.
+void wait_for_withdrawals(std::chrono::milliseconds limit) {
+  Withdrawals& w = withdrawals();
+  std::unique_lock lk(w.mu);
+  w.cv.wait_for(lk, limit, [&] { return w.pending == 0; });
+}
+
 // Runs `wait(stop_token)` so that it can be cancelled: through `external` if given; on the
 // main thread, by a signal whose Python handler raises (KeyboardInterrupt). Called with the GIL
 // held; runs `wait` without it.
+//
+// On the main thread `wait` runs on a helper thread, which owns it (`wait` must own what it
+// uses: capture by value). When a signal handler raises, stop is requested and the exception is
+// raised at once; the helper, detached, finishes the library's withdrawal of whatever the wait
+// queued (one round trip, in the background) and drops a lease granted at that very moment.
 template <class F>
-auto cancellable(Canceller* external, F&& wait) -> decltype(wait(std::stop_token{})) {
+auto cancellable(Canceller* external, F wait) -> decltype(wait(std::stop_token{})) {
   using R = decltype(wait(std::stop_token{}));
   if (external != nullptr || !on_main_thread()) {
     std::stop_token token = external != nullptr ? external->token() : std::stop_token{};
@@ -162,12 +187,13 @@ auto cancellable(Canceller* external, F&& wait) -> decltype(wait(std::stop_token
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
+    bool abandoned = false;  // the caller raised; the helper cleans up alone
     std::optional<R> result;
     std::exception_ptr error;
   };
   auto shared = std::make_shared<Shared>();
   std::stop_source source;
-  std::thread worker([shared, token = source.get_token(), &wait] {
+  std::thread worker([shared, token = source.get_token(), wait = std::move(wait)]() mutable {
     std::optional<R> r;
     std::exception_ptr err;
     try {
@@ -176,6 +202,14 @@ auto cancellable(Canceller* external, F&& wait) -> decltype(wait(std::stop_token
       err = std::current_exception();
     }
     std::lock_guard lk(shared->mu);
+    if (shared->abandoned) {
+      r.reset();  // a lease granted as the wait was cancelled: released here
+      Withdrawals& w = withdrawals();
+      std::lock_guard wl(w.mu);
+      --w.pending;
+      w.cv.notify_all();
+      return;
+    }
     shared->result = std::move(r);
     shared->error = err;
     shared->done = true;
@@ -186,18 +220,31 @@ auto cancellable(Canceller* external, F&& wait) -> decltype(wait(std::stop_token
     {
       py::gil_scoped_release nogil;
       std::unique_lock lk(shared->mu);
-      done = shared->cv.wait_for(lk, std::chrono::milliseconds(20), [&] { return shared->done; });
+      done = shared->cv.wait_for(lk, std::chrono::milliseconds(10), [&] { return shared->done; });
     }
     if (done) break;
     if (PyErr_CheckSignals() != 0) {
-      // A signal handler raised (KeyboardInterrupt): end the wait, drop whatever it got.
+      // A signal handler raised (KeyboardInterrupt): end the wait and raise now; the helper
+      // withdraws in the background (or drops what it got, if it just finished).
       py::error_already_set interrupted;
       source.request_stop();
       {
         py::gil_scoped_release nogil;
-        worker.join();
-        std::lock_guard lk(shared->mu);
-        shared->result.reset();  // a lease granted at the last moment is released here
+        std::unique_lock lk(shared->mu);
+        if (shared->done) {
+          lk.unlock();
+          worker.join();
+          shared->result.reset();  // a lease granted at the last moment is released here
+        } else {
+          shared->abandoned = true;
+          {
+            Withdrawals& w = withdrawals();
+            std::lock_guard wl(w.mu);
+            ++w.pending;
+          }
+          lk.unlock();
+          worker.detach();
+        }
       }
       throw interrupted;
     }
@@ -378,7 +425,7 @@ class PyClient {
         opts.wait = std::max(Millis(1), *opts.wait - spent);
       }
     }
-    return cancellable(cancel, [&](std::stop_token stop) {
+    return cancellable(cancel, [c, name, opts](std::stop_token stop) mutable {
       distlock::LockOptions o = opts;
       o.cancel = stop;
       return std::make_unique<PyLease>(c.acquire(name, o));
@@ -417,7 +464,7 @@ class PyClient {
       py::gil_scoped_release nogil;
       return std::make_unique<PyLease>(c.semaphore(name, permits, opts).acquire());
     }
-    return cancellable(cancel, [&](std::stop_token stop) {
+    return cancellable(cancel, [c, name, permits, opts](std::stop_token stop) mutable {
       distlock::LockOptions o = opts;
       o.cancel = stop;
       return std::make_unique<PyLease>(c.semaphore(name, permits, o).acquire());
@@ -434,7 +481,7 @@ class PyClient {
                                       const LockArgs& a, Canceller* cancel) {
     distlock::LockOptions opts = options(a);
     distlock::Client c = get();
-    auto take = [&](std::stop_token stop) {
+    auto take = [c, name, opts, max_readers, exclusive](std::stop_token stop) mutable {
       distlock::LockOptions o = opts;
       o.cancel = stop;
       distlock::SharedMutex m(c, name, o, max_readers);
@@ -451,7 +498,7 @@ class PyClient {
                                     Canceller* cancel) {
     distlock::LockOptions opts = options(a);
     distlock::Client c = get();
-    auto take = [&](std::stop_token stop) {
+    auto take = [c, name, value, opts](std::stop_token stop) mutable {
       distlock::LockOptions o = opts;
       o.cancel = stop;
       return std::make_unique<PyLease>(c.election(name, o).campaign(value));
@@ -493,8 +540,7 @@ class PyClient {
     std::optional<std::uint64_t> after;
     if (!after_term.is_none()) after = after_term.cast<std::uint64_t>();
     std::optional<Millis> w = optional_seconds(wait, "wait");
-    auto l = cancellable(cancel, [&](std::stop_token stop) {
-      distlock::LockOptions o = defaults_;
+    auto l = cancellable(cancel, [c, name, after, w, o = defaults_](std::stop_token stop) mutable {
       o.cancel = stop;
       return c.election(name, o).observe(after, w);
     });
@@ -668,7 +714,14 @@ PYBIND11_MODULE(_distlock, m) {
   });
 
   // Callbacks stop taking the GIL before the interpreter shuts down.
-  py::module_::import("atexit").attr("register")(py::cpp_function([] { g_python_alive = false; }));
+  // Before that, waits interrupted by a signal finish withdrawing what they queued (up to 5 s).
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    {
+      py::gil_scoped_release nogil;
+      wait_for_withdrawals(std::chrono::seconds(5));
+    }
+    g_python_alive = false;
+  }));
 
   py::class_<Canceller>(m, "Canceller", "Ends one wait from any thread.")
       .def(py::init<>())
