@@ -5,7 +5,7 @@
 //   - every call that may touch the network or wait runs with the GIL released;
 //   - a wait on Python's main thread can be ended by a signal (Ctrl-C): the wait runs on a
 //     helper thread with a std::stop_source in LockOptions::cancel while the main thread checks
-//     Python's signals every 20 ms and requests stop when a handler raises;
+//     Python's signals every 10 ms and requests stop when a handler raises;
 //   - a wait on any thread can be ended through a Canceller (asyncio cancellation);
 //   - library errors become the exception classes of distlock._errors, by error code, with the
 //     C++ API's message;
