@@ -72,5 +72,21 @@ CMAKE
     [ "$(grep -c ': processed$' "$work/order_guard.out")" -eq 1 ] ||
       { echo "install_test: order_guard paid the order other than once" >&2; exit 1; }
   fi
+if grep -q '^DISTLOCK_WITH_PYTHON:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "install_test: the installed Python package"
+  python=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
+  init=$(find "$prefix" -path '*/distlock/__init__.py' | head -n1)
+  [ -n "$init" ] || { echo "install_test.sh: no distlock/__init__.py under $prefix" >&2; exit 1; }
+  for f in py.typed __init__.pyi ids.pyi; do
+    [ -f "$(dirname "$init")/$f" ] || { echo "install_test.sh: $f not installed" >&2; exit 1; }
+  done
+  mkdir -p "$work/locks"
+  (cd "$work" && PYTHONPATH="$(dirname "$(dirname "$init")")" "$python" -c '
+import sys, distlock
+assert distlock.__file__.startswith(sys.argv[1]), distlock.__file__
+with distlock.connect("file://" + sys.argv[1] + "/locks") as client:
+    with client.lock("install/check", ttl=5.0, wait=1.0) as lease:
+        print("install_test: python", distlock.__version__, "token", lease.token)
+' "$work")
 fi
 echo "install_test: OK"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds distlock and runs the whole test suite on a fresh Debian 12 machine:
 #   1. a -Werror build and every test (unit, Redis, Sentinel, Cluster, Redlock, etcd, ZooKeeper,
-#      PostgreSQL, file, CLI, metrics, ids,
-#      examples, and the bindings: the C API's tests and the Go module's `go vet` + `go test -race`,
-#      label bindings) against real servers the tests start themselves on loopback;
+#      PostgreSQL, file, CLI, metrics, ids, examples, and the bindings: the C API's tests, the Go
+#      module's `go vet` + `go test -race` and the Python binding's pytest suite, label bindings)
+#      against real servers the tests start themselves on loopback;
 #   2. the conformance suite again, beside two CPU hogs;
-#   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
+#   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer (without the Python
+#      binding: a sanitized library cannot be loaded into an unsanitized interpreter), but for the
 #      long fault runs (the nemesis, the member partitions and the hand-off review's
 #      timed hammers, label stress: minutes of timing-bound
 #      scenarios that step 1 already runs), the conformance suite (steps 1 and 2 run it;
@@ -19,8 +20,8 @@
 #      ThreadSanitizer;
 #   5. a compile-only clang build of the core and the file and redis backends with -Wthread-safety;
 #   6. an install into a temporary prefix and a consumer built with find_package and pkg-config,
-#      a C program over the C API (both ways) and a Go program over the installed library
-#      (run right after step 2, from step 1's tree).
+#      a C program over the C API (both ways), a Go program over the installed library, and the
+#      installed Python package imported and used (run right after step 2, from step 1's tree).
 # Usage: ./scripts/test.sh [quick]   (quick: steps 1 and 2 only)
 #
 # Disk: every build here carries line tables only (-g1: enough for file:line in sanitizer
@@ -67,7 +68,7 @@ done_with build/release
 
 step "AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" \
-  -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON >/dev/null
+  -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_BUILD_EXAMPLES=ON -DDISTLOCK_WITH_PYTHON=OFF >/dev/null
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance|examples|stress"

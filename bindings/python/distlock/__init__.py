@@ -1,0 +1,493 @@
+"""distlock: distributed locks with fencing tokens and a loss signal, over many stores.
+
+One API over file://, redis://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://
+and postgres:// (whichever this build has). Every lock is a lease, renewed in the background;
+``lease.token`` is a fencing token that strictly increases per lock name, and ``lease.lost`` (a
+``threading.Event``) is set when the lease is lost::
+
+    import distlock
+
+    with distlock.connect("redis://127.0.0.1:6379") as client:
+        with client.lock("orders/42", ttl=10.0, wait=5.0) as lease:
+            write_order(fencing_token=lease.token)   # stop when lease.lost.is_set()
+
+Waiting releases the GIL. On the main thread Ctrl-C (KeyboardInterrupt) ends a wait within
+100 ms and leaves nothing queued on the server; ``async with client.alock(...)`` waits without
+blocking the event loop, and cancelling the task ends the wait the same way.
+
+Errors are :class:`Error` subclasses, one per error code of the C++ API: :class:`Busy` (and
+:class:`Timeout`, a Busy, when ``wait`` runs out), :class:`Unavailable`, :class:`Lost`,
+:class:`InvalidUrl`, :class:`InvalidArgument`, :class:`Forked` (a client used in a child after
+``fork()``) ...  Messages are the C++ API's own and never contain a password.
+
+Durations are seconds (floats). ``wait=None`` waits for ever, ``wait=0`` makes one attempt.
+Thread-safety: a :class:`Client` may be used by any number of threads at once; a :class:`Lease`
+belongs to one thread at a time (its ``lost`` event may be watched from any).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import threading
+import weakref
+from typing import Any, Dict, Optional
+
+from ._errors import (AuthFailed, Busy, Cancelled, ClockMovedBackwards, Error, Exhausted, Forked,
+                      InvalidArgument, InvalidUrl, Lost, NotOwner, NotSupported, ProtocolError,
+                      QuorumUnavailable, Timeout, Unavailable)
+from . import _distlock
+
+__version__ = _distlock.version
+
+__all__ = [
+    "connect", "default_url", "Client", "Lease", "Semaphore", "RWLock", "Election", "Leader",
+    "Error", "Busy", "Timeout", "Lost", "NotOwner", "Unavailable", "AuthFailed", "InvalidArgument",
+    "InvalidUrl", "QuorumUnavailable", "ProtocolError", "NotSupported", "Exhausted",
+    "ClockMovedBackwards", "Forked", "Cancelled",
+]
+
+
+# Every open client, so that leases still held when the interpreter exits are released (as a
+# with-block would) instead of blocking others until their TTL runs out. Registered after the
+# compiled module's own exit hook, so it runs before it (atexit is last in, first out).
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_clients() -> None:
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:
+            pass
+
+
+def default_url() -> str:
+    """The URL ``connect(None)`` uses: ``$DISTLOCK_URL``, else the host-local file:// directory."""
+    return _distlock.default_url()
+
+
+def connect(url: Optional[str] = None, *, ttl: Optional[float] = None, wait: Optional[float] = None,
+            max_hold: Optional[float] = None, holder_info: Optional[str] = None,
+            connect_timeout: Optional[float] = None,
+            command_timeout: Optional[float] = None) -> "Client":
+    """Connects to the lock service named by ``url``.
+
+    ``url=None``: ``$DISTLOCK_URL``, else host-local (file:// in ``$XDG_RUNTIME_DIR/distlock`` or
+    ``/tmp/distlock-<uid>``). ``ttl``, ``wait``, ``max_hold`` and ``holder_info`` are the defaults
+    of the client's locks (the C++ defaults: ttl 30 s, wait for ever). Raises :class:`InvalidUrl`
+    (naming the offending part), :class:`Unavailable` or :class:`AuthFailed`.
+    """
+    return Client(url, ttl=ttl, wait=wait, max_hold=max_hold, holder_info=holder_info,
+                  connect_timeout=connect_timeout, command_timeout=command_timeout)
+
+
+_lost_lock = threading.Lock()
+
+
+class _LostEvent(threading.Event):
+    """``lease.lost``: a threading.Event set when the lease is lost. ``is_set()`` and ``wait()``
+    also ask the lease itself, so a lease past its local deadline reads as lost at once, even
+    before the client's watchdog thread has declared it (after a pause of the whole process)."""
+
+    def __init__(self, impl: Any) -> None:
+        super().__init__()
+        self._impl = weakref.ref(impl)
+
+    def _check(self) -> bool:
+        impl = self._impl()
+        if impl is not None and impl.loss_reason != "none":
+            super().set()
+        return super().is_set()
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._check()
+
+    isSet = is_set
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if self.is_set():
+            return True
+        return super().wait(timeout) or self._check()
+
+
+class Lease:
+    """A held lock (or semaphore permit, read-write hold, election leadership).
+
+    ``token``: the fencing token (int), strictly increasing per lock name across holders; pass it
+    to whatever the lock protects. ``lost``: a ``threading.Event`` set when the lease is lost
+    (renewal refused, its deadline passed, session gone); never set by an orderly release.
+    ``remaining``: seconds until the conservative local deadline (0 when lost or released).
+
+    A context manager: leaving the ``with`` block releases it; releasing a lost lease raises
+    :class:`Lost` (unless the block already raised).
+    """
+
+    __slots__ = ("_impl", "_name", "_token", "_lost", "__weakref__")
+
+    def __init__(self, impl: Any, name: str) -> None:
+        self._impl = impl
+        self._name = name
+        self._token: Optional[int] = impl.token_or_none
+        self._lost: Optional[_LostEvent] = None
+
+    @property
+    def lost(self) -> threading.Event:
+        """A ``threading.Event`` set when the lease is lost (made on first use; a loss that came
+        before is reported at once)."""
+        if self._lost is None:
+            with _lost_lock:
+                if self._lost is None:
+                    event = _LostEvent(self._impl)
+                    self._impl.on_lost(event.set)
+                    self._lost = event
+        return self._lost
+
+    @property
+    def name(self) -> str:
+        """The lock's name as given."""
+        return self._name
+
+    @property
+    def token(self) -> int:
+        """The fencing token. Raises :class:`NotSupported` where the backend has none (redlock://,
+        a reader's hold of a read-write lock). Still readable after the release."""
+        if self._token is None:
+            return self._impl.token  # raises the reason there is none
+        return self._token
+
+    @property
+    def has_token(self) -> bool:
+        """Whether ``token`` is available."""
+        return self._token is not None
+
+    @property
+    def held(self) -> bool:
+        """True while held and within its local deadline."""
+        return self._impl.owns
+
+    @property
+    def remaining(self) -> float:
+        """Seconds until the local deadline (0.0 when lost or released)."""
+        return self._impl.remaining
+
+    @property
+    def loss_reason(self) -> str:
+        """Why it was lost ("local_deadline", "renewal_refused", ...); "none" while held."""
+        return self._impl.loss_reason
+
+    @property
+    def loss_detail(self) -> str:
+        """One sentence on the loss for people; empty while held."""
+        return self._impl.loss_detail
+
+    def release(self) -> None:
+        """Releases now. Raises :class:`Lost` if the lease had been lost (nothing on the server is
+        touched then), :class:`Unavailable` if the server could not be reached (the lease then
+        ends by its TTL). Releasing twice does nothing."""
+        self._impl.release()
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.release()
+        except Error:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else ("lost" if self.loss_reason != "none" else "released")
+        return f"<distlock.Lease {self._name!r} {state}>"
+
+
+class _AsyncLock:
+    """``async with client.alock(name, ...) as lease:`` (see :meth:`Client.alock`)."""
+
+    def __init__(self, acquire: Any) -> None:
+        self._acquire = acquire
+        self._lease: Optional[Lease] = None
+
+    async def __aenter__(self) -> Lease:
+        loop = asyncio.get_running_loop()
+        canceller = _distlock.Canceller()
+        future = loop.run_in_executor(None, self._acquire, canceller)
+        try:
+            self._lease = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # End the wait and wait for its thread, so nothing stays queued on the server; a
+            # lease granted at the same moment is released.
+            canceller.cancel()
+            lease = None
+            while True:  # the library ends a cancelled wait within one wake-up
+                try:
+                    lease = await asyncio.shield(future)
+                    break
+                except asyncio.CancelledError:
+                    continue  # cancelled again: still wait for the thread
+                except Error:
+                    break
+            if lease is not None:
+                await asyncio.shield(loop.run_in_executor(None, _release_quietly, lease))
+            raise
+        return self._lease
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, lease.release)
+        except Error:
+            if exc_type is None:
+                raise
+
+
+def _release_quietly(lease: Lease) -> None:
+    try:
+        lease.release()
+    except Error:
+        pass
+
+
+class Client:
+    """A connection to one lock service; make one with :func:`connect`.
+
+    Usable from any number of threads. ``close()`` (or leaving ``with connect(...) as client:``)
+    releases the leases still held through it and closes its connections.
+    """
+
+    def __init__(self, url: Optional[str] = None, *, ttl: Optional[float] = None,
+                 wait: Optional[float] = None, max_hold: Optional[float] = None,
+                 holder_info: Optional[str] = None, connect_timeout: Optional[float] = None,
+                 command_timeout: Optional[float] = None) -> None:
+        self._impl = _distlock.Client(url or "", connect_timeout, command_timeout, ttl, wait,
+                                      max_hold, holder_info)
+        self._leases: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+        self._leases_lock = threading.Lock()
+        self._pid = os.getpid()
+        _live_clients.add(self)
+
+    # -- plain locks ----------------------------------------------------------------------
+    def lock(self, name: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
+             max_hold: Optional[float] = None, holder_info: Optional[str] = None) -> Lease:
+        """Acquires ``name``, waiting up to ``wait`` seconds (client default: for ever).
+
+        Returns a :class:`Lease` (use it with ``with``). Raises :class:`Busy` when it is held and
+        ``wait=0``, :class:`Timeout` (a Busy) when the wait runs out, :class:`Unavailable` when
+        the service cannot be reached, :class:`InvalidArgument` for a bad name or ttl. The GIL is
+        released while waiting; on the main thread Ctrl-C ends the wait (KeyboardInterrupt)
+        within 100 ms and leaves nothing queued.
+        """
+        return self._track(self._impl.acquire(name, ttl, wait, max_hold, holder_info, None), name)
+
+    def try_lock(self, name: str, *, ttl: Optional[float] = None, max_hold: Optional[float] = None,
+                 holder_info: Optional[str] = None) -> Optional[Lease]:
+        """One attempt: a :class:`Lease`, or ``None`` when somebody else holds ``name``."""
+        impl = self._impl.try_acquire(name, ttl, max_hold, holder_info)
+        return None if impl is None else self._track(impl, name)
+
+    def alock(self, name: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
+              max_hold: Optional[float] = None, holder_info: Optional[str] = None) -> _AsyncLock:
+        """``async with client.alock(name, ...) as lease:`` — :meth:`lock` for asyncio.
+
+        The wait runs on the loop's default executor, so the event loop is never blocked;
+        cancelling the awaiting task ends the wait and leaves nothing queued on the server.
+        """
+        def acquire(canceller: Any) -> Lease:
+            return self._track(self._impl.acquire(name, ttl, wait, max_hold, holder_info, canceller),
+                               name)
+        return _AsyncLock(acquire)
+
+    # -- primitives ---------------------------------------------------------------------
+    def semaphore(self, name: str, permits: int, *, ttl: Optional[float] = None) -> "Semaphore":
+        """A counting semaphore of ``permits`` (1..1024) over ``name``. The count is stored on the
+        server by the first client that names it; another count raises :class:`InvalidArgument`."""
+        return Semaphore(self, name, permits, ttl)
+
+    def rwlock(self, name: str, *, max_readers: int = 0, ttl: Optional[float] = None) -> "RWLock":
+        """A read-write lock over ``name``: ``.read()`` / ``.write()`` context managers."""
+        return RWLock(self, name, max_readers, ttl)
+
+    def election(self, name: str, *, ttl: Optional[float] = None) -> "Election":
+        """A leader election over ``name`` (``campaign``, ``resign``, ``leader``, ``observe``)."""
+        return Election(self, name, ttl)
+
+    # -- information ----------------------------------------------------------------------
+    def status(self, name: str) -> Dict[str, Any]:
+        """What the server knows about ``name``: held, token, ttl_remaining, holder, holder_info,
+        waiters (None where the backend does not say)."""
+        return self._impl.status(name)
+
+    @property
+    def url(self) -> str:
+        """The backend URL, with any password masked."""
+        return self._impl.url
+
+    @property
+    def scheme(self) -> str:
+        return self._impl.scheme
+
+    @property
+    def has_fencing(self) -> bool:
+        """Whether this backend issues fencing tokens."""
+        return self._impl.has_fencing
+
+    @property
+    def closed(self) -> bool:
+        return self._impl.closed
+
+    def close(self) -> None:
+        """Releases the leases still held through this client and closes it. Idempotent.
+        Clients still open when the interpreter exits are closed then."""
+        if self._impl.closed:
+            return
+        if os.getpid() == self._pid:
+            with self._leases_lock:
+                leases = list(self._leases)
+            for lease in leases:
+                _release_quietly(lease)
+        self._impl.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._impl.closed:
+            return "<distlock.Client closed>"
+        return f"<distlock.Client {self._impl.url}>"
+
+    def _track(self, impl: Any, name: str) -> Lease:
+        lease = Lease(impl, name)
+        with self._leases_lock:
+            self._leases.add(lease)
+        return lease
+
+
+class Semaphore:
+    """At most ``permits`` holders of ``name`` at once; each permit is a :class:`Lease`."""
+
+    def __init__(self, client: Client, name: str, permits: int, ttl: Optional[float]) -> None:
+        self._client, self._name, self._ttl = client, name, ttl
+        self._permits = client._impl.semaphore_check(name, permits, ttl)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def permits(self) -> int:
+        return self._permits
+
+    def acquire(self, *, wait: Optional[float] = None) -> Lease:
+        """Takes one permit, waiting up to ``wait`` (for ever if None): a :class:`Lease`.
+        Raises :class:`Busy` / :class:`Timeout` like :meth:`Client.lock`."""
+        impl = self._client._impl.semaphore_acquire(self._name, self._permits, self._ttl, wait,
+                                                    None, False)
+        return self._client._track(impl, self._name)
+
+    def try_acquire(self) -> Optional[Lease]:
+        """One attempt over every permit: a :class:`Lease`, or None when all are held."""
+        impl = self._client._impl.semaphore_acquire(self._name, self._permits, self._ttl, 0, None,
+                                                    True)
+        return None if impl is None else self._client._track(impl, self._name)
+
+    def available(self) -> int:
+        """Permits free right now (a snapshot)."""
+        return self._client._impl.semaphore_available(self._name, self._permits)
+
+    def __enter__(self) -> Lease:
+        self._held = self.acquire()
+        return self._held
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._held.__exit__(exc_type, exc, tb)
+
+
+class RWLock:
+    """Many readers or one writer. ``with rw.read():`` / ``with rw.write() as lease:`` (the
+    writer's ``lease.token`` is a fencing token; readers have none)."""
+
+    def __init__(self, client: Client, name: str, max_readers: int, ttl: Optional[float]) -> None:
+        self._client, self._name, self._max_readers, self._ttl = client, name, max_readers, ttl
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def read(self, *, wait: Optional[float] = None) -> Lease:
+        """A shared hold (waits up to ``wait``; Busy / Timeout as :meth:`Client.lock`)."""
+        return self._take(False, wait)
+
+    def write(self, *, wait: Optional[float] = None) -> Lease:
+        """The exclusive hold (waits up to ``wait``; Busy / Timeout as :meth:`Client.lock`)."""
+        return self._take(True, wait)
+
+    def _take(self, exclusive: bool, wait: Optional[float]) -> Lease:
+        impl = self._client._impl.rw_acquire(self._name, exclusive, self._max_readers, self._ttl,
+                                             wait, None)
+        return self._client._track(impl, self._name)
+
+
+class Leader:
+    """Who leads an election: ``value`` (bytes), ``term`` (the leader's fencing token),
+    ``holder`` (owner id), ``value_known``, ``ttl_remaining`` (seconds or None)."""
+
+    __slots__ = ("value", "term", "holder", "value_known", "ttl_remaining")
+
+    def __init__(self, d: Dict[str, Any]) -> None:
+        self.value: bytes = d["value"]
+        self.term: int = d["term"]
+        self.holder: str = d["holder"]
+        self.value_known: bool = d["value_known"]
+        self.ttl_remaining: Optional[float] = d["ttl_remaining"]
+
+    def __repr__(self) -> str:
+        return f"<distlock.Leader term={self.term} value={self.value!r}>"
+
+
+class Election:
+    """A leader election: the leader holds a lock whose fencing token is its term."""
+
+    def __init__(self, client: Client, name: str, ttl: Optional[float]) -> None:
+        self._client, self._name, self._ttl = client, name, ttl
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def campaign(self, value: "str | bytes", *, wait: Optional[float] = None) -> Lease:
+        """Waits (up to ``wait``) until this caller leads, proclaims ``value`` for its term and
+        returns the leadership :class:`Lease` (``lease.token`` is the term)."""
+        if isinstance(value, str):
+            value = value.encode()
+        impl = self._client._impl.campaign(self._name, value, self._ttl, wait, None)
+        return self._client._track(impl, self._name)
+
+    def proclaim(self, leadership: Lease, value: "str | bytes") -> None:
+        """Replaces the leader's value (:class:`NotOwner` when ``leadership`` no longer leads)."""
+        if isinstance(value, str):
+            value = value.encode()
+        self._client._impl.proclaim(self._name, leadership._impl, value)
+
+    def resign(self, leadership: Lease) -> None:
+        """Gives up leadership (releases the lease; :class:`Lost` if it had been lost)."""
+        self._client._impl.resign(self._name, leadership._impl)
+
+    def leader(self) -> Optional[Leader]:
+        """Who leads now, or None."""
+        d = self._client._impl.leader(self._name)
+        return None if d is None else Leader(d)
+
+    def observe(self, after_term: Optional[int] = None, *,
+                wait: Optional[float] = None) -> Optional[Leader]:
+        """Waits for a leader whose term is greater than ``after_term``; None when ``wait`` passes."""
+        d = self._client._impl.observe(self._name, after_term, wait, None)
+        return None if d is None else Leader(d)
