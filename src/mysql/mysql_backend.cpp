@@ -153,11 +153,13 @@ Exec MysqlBackend::shared(const std::string& sql, const char* what, Error& ec) {
   return e;
 }
 
-Conn MysqlBackend::take_conn(bool& reused, Error& ec) {
-  {
+Conn MysqlBackend::take_conn(bool fresh, bool& reused, Error& ec) {
+  if (!fresh) {
     std::lock_guard lk(mu_);
+    const auto now = Clock::now();
+    std::erase_if(idle_, [&](const Idle& i) { return i.usable_until <= now; });
     if (!idle_.empty()) {
-      Conn c = std::move(idle_.back());
+      Conn c = std::move(idle_.back().conn);
       idle_.pop_back();
       reused = true;
       return c;
@@ -173,10 +175,12 @@ Conn MysqlBackend::take_conn(bool& reused, Error& ec) {
   return c;
 }
 
-void MysqlBackend::give_back(Conn c) {
+void MysqlBackend::give_back(Conn c, Millis idle_for) {
   if (!c) return;
+  // Half a second for the round trip that would find it gone.
+  const auto until = Clock::now() + idle_for - Millis(500);
   std::lock_guard lk(mu_);
-  if (idle_.size() < kMaxIdle) idle_.push_back(std::move(c));
+  if (idle_.size() < kMaxIdle) idle_.push_back({std::move(c), until});
 }
 
 AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
@@ -217,7 +221,7 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   Exec e;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool reused = false;
-    c = take_conn(reused, ec);
+    c = take_conn(attempt > 0, reused, ec);
     if (ec) break;
     e = my::run(c.get(), sql);
     // An idle session the server ended (its last lease's wait_timeout) is expected:
@@ -246,6 +250,7 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
         l->name = std::string(req.name);
         l->owner = std::string(req.owner);
         l->token = token;
+        l->validity = validity;
         l->conn = std::move(c);
         {
           std::lock_guard lk(mu_);
@@ -259,7 +264,7 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
       }
     } else {
       if (e.rows[0][2]) res.holder_ttl = Millis(std::max<long long>(10, to_i64(e.rows[0][2])));
-      give_back(std::move(c));
+      give_back(std::move(c), validity);
     }
   }
   rearm(req.name);
@@ -364,7 +369,7 @@ ReleaseStatus MysqlBackend::release(std::string_view name, std::string_view owne
   ok();
   drop_lease(l);
   if (ours) {
-    give_back(std::move(l->conn));
+    give_back(std::move(l->conn), l->validity);
   } else {
     l->conn.reset();  // whatever it held goes with the session
   }
@@ -383,7 +388,7 @@ void MysqlBackend::forget(std::string_view name, std::string_view owner, std::ui
     if (!l->conn) return;
     Exec e;
     if (release_on(*l, e)) {
-      give_back(std::move(l->conn));
+      give_back(std::move(l->conn), l->validity);
     } else {
       l->conn.reset();
     }

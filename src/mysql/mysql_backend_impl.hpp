@@ -32,6 +32,7 @@ inline constexpr long long kMaxWaitSeconds = 31536000;
 struct Lease {
   std::string name, owner;
   std::uint64_t token = 0;
+  Millis validity{};  // the session's wait_timeout
   std::mutex mu;
   Conn conn;  // guarded by mu; null once the lease is over
 };
@@ -83,9 +84,12 @@ class MysqlBackend final : public Backend {
   // A batch on the shared connection (reconnecting once when it failed); on failure an
   // Exec that is not ok() and `ec` with a detail naming the server and `what`.
   Exec shared(const std::string& sql, const char* what, Error& ec);
-  // A connection for a new lease: an idle one, or a new one.
-  Conn take_conn(bool& reused, Error& ec);
-  void give_back(Conn c);
+  // A connection for a new lease: an idle one (unless `fresh`), or a new one.
+  Conn take_conn(bool fresh, bool& reused, Error& ec);
+  // Keeps a session whose named locks are all given up for the next lease; the server
+  // ends it `idle_for` after its last statement (its wait_timeout), so it is not used
+  // after that.
+  void give_back(Conn c, Millis idle_for);
   std::shared_ptr<Lease> find_lease(std::string_view name, std::string_view owner);
   void drop_lease(const std::shared_ptr<Lease>& l);
   // Clears the lease's row and gives up its named lock on its session. True when the row
@@ -111,7 +115,11 @@ class MysqlBackend final : public Backend {
   std::atomic<bool> failing_{false};
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Lease>> leases_;  // by name_owner_key; guarded by mu_
-  std::vector<Conn> idle_;                                // guarded by mu_
+  struct Idle {
+    Conn conn;
+    Clock::time_point usable_until;
+  };
+  std::vector<Idle> idle_;  // guarded by mu_
   std::mutex aux_mu_;
   Conn aux_;  // status, records, KILL QUERY; guarded by aux_mu_
   std::mutex watch_mu_;
