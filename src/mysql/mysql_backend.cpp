@@ -219,10 +219,12 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   AcquireResult res;
   Conn c;
   Exec e;
+  Clock::time_point sent{};
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool reused = false;
     c = take_conn(attempt > 0, reused, ec);
     if (ec) break;
+    sent = Clock::now();
     e = my::run(c.get(), sql);
     // An idle session the server ended (its last lease's wait_timeout) is expected:
     // try once on a new one.
@@ -251,6 +253,7 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
         l->owner = std::string(req.owner);
         l->token = token;
         l->validity = validity;
+        l->valid_until = sent + validity;
         l->conn = std::move(c);
         {
           std::lock_guard lk(mu_);
@@ -299,13 +302,23 @@ void MysqlBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
       continue;
     }
     // The row still names this owner on this session, and this session holds the
-    // named lock: then the statement also restarts the session's idle clock.
-    Exec e = my::run(l->conn.get(),
-                     "UPDATE " + cfg_.locks_table +
-                         " SET seen_at = UTC_TIMESTAMP(6) WHERE digest = " + digest_sql(l->name) +
-                         " AND name = " + hex_literal(l->name) + " AND owner = " + hex_literal(l->owner) +
-                         " AND conn_id = CONNECTION_ID() AND IS_USED_LOCK(" + lock_name_sql(l->name) +
-                         ") <=> CONNECTION_ID()");
+    // named lock: then the batch also restarts the session's idle clock. Its idle limit
+    // is first cut to what is left of the lease (rounded up to a whole second, so never
+    // before the holder's own deadline) and set back to the full validity only if the
+    // row was renewed: a renewal that fails with an SQL error (the engine retries until
+    // its local deadline) leaves a session the server ends at most a second after that
+    // deadline, not a whole TTL after the last failed attempt.
+    const auto sent = Clock::now();
+    const long long left_ms = std::chrono::duration_cast<Millis>(l->valid_until - sent).count();
+    const long long left_s = std::clamp<long long>((left_ms + 999) / 1000, 1, l->validity.count() / 1000);
+    Exec e = my::run(
+        l->conn.get(),
+        "SET SESSION wait_timeout = " + std::to_string(left_s) + "; UPDATE " + cfg_.locks_table +
+            " SET seen_at = UTC_TIMESTAMP(6) WHERE digest = " + digest_sql(l->name) +
+            " AND name = " + hex_literal(l->name) + " AND owner = " + hex_literal(l->owner) +
+            " AND conn_id = CONNECTION_ID() AND IS_USED_LOCK(" + lock_name_sql(l->name) +
+            ") <=> CONNECTION_ID(); SET @dl_n = ROW_COUNT(); SET SESSION wait_timeout = IF(@dl_n = 1, " +
+            std::to_string(l->validity.count() / 1000) + ", " + std::to_string(left_s) + "); SELECT @dl_n");
     if (e.io_failed) {
       // The session is gone or cannot be trusted: its named lock ends with it (now, or
       // at the server's wait_timeout), and no later statement can renew it.
@@ -320,8 +333,9 @@ void MysqlBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
       continue;  // stays failed: retried until the local deadline
     }
     ok();
-    if (e.affected == 1) {
+    if (e.rows.size() == 1 && e.rows[0].size() == 1 && e.rows[0][0] == "1") {
       out[i] = RenewStatus::renewed;
+      l->valid_until = sent + l->validity;
     } else {
       // The row names someone else, or the session lost the named lock: not ours.
       Exec r;

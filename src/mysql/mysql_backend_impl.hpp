@@ -33,6 +33,9 @@ struct Lease {
   std::string name, owner;
   std::uint64_t token = 0;
   Millis validity{};  // the session's wait_timeout
+  // Send time of the acquire or last renewal + validity: the holder's local deadline
+  // lies before it. Guarded by mu.
+  Clock::time_point valid_until{};
   std::mutex mu;
   Conn conn;  // guarded by mu; null once the lease is over
 };
