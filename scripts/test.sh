@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds distlock and runs the whole test suite on a fresh Debian 12 machine:
 #   1. a -Werror build and every test (unit, Redis, Sentinel, Cluster, Redlock, etcd, ZooKeeper,
-#      PostgreSQL, file, CLI, metrics, ids,
+#      PostgreSQL, MariaDB, file, CLI, metrics, ids,
 #      examples) against real servers the tests start themselves on loopback;
 #   2. the conformance suite again, beside two CPU hogs;
 #   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer, but for the
