@@ -26,8 +26,9 @@ using Conn = std::unique_ptr<MYSQL, ConnDeleter>;
 struct Config {
   std::string host, user, password, database;
   unsigned port = 3306;
-  std::string shown;                       // the URL, password masked
-  std::string locks_table, records_table;  // `database`.`distlock_locks`, schema-qualified
+  std::string shown;  // the URL, password masked
+  // `database`.`distlock_locks` etc., schema-qualified
+  std::string locks_table, records_table, released_table;
   Millis connect_timeout{}, command_timeout{};
 };
 

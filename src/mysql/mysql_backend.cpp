@@ -111,6 +111,15 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
     why = cfg_.shown + ": cannot create or read the table " + cfg_.locks_table + ": " + e.error;
     return my::code_of(e);
   }
+  // Releases (see release_on): a MEMORY table, emptied by a server restart. Without it
+  // (a user that may neither read nor create it) releases clear the row in InnoDB.
+  e = my::run(aux_.get(), "SELECT 1 FROM " + cfg_.released_table + " LIMIT 0");
+  if (!e.ok() && e.errnum == 1146) {
+    e = my::run(aux_.get(), "CREATE TABLE IF NOT EXISTS " + cfg_.released_table +
+                                " (digest BINARY(32) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL)"
+                                " ENGINE=MEMORY");
+  }
+  fast_release_ = e.ok();
   if (!watcher_.valid()) {
     why = cfg_.shown + ": cannot make an eventfd for the watcher thread";
     return std::error_code(watcher_.error(), std::system_category());
@@ -196,26 +205,23 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   const Millis validity(wait_s * 1000);
   const std::string L = lock_name_sql(req.name), D = digest_sql(req.name), N = hex_literal(req.name),
                     T = cfg_.locks_table;
+  // Taken over when the row names no owner, its holder released it (distlock_released)
+  // or its lease's time has passed (its session ended without a release).
+  const std::string free_row = "owner IS NULL OR " + released_sql("l");
   const std::string sql =
       "SET SESSION wait_timeout = " + std::to_string(wait_s) + ", @dl_g = GET_LOCK(" + L +
-      ", 0), @dl_ok = 1, @dl_left = NULL;"
-      " SELECT name = " +
-      N +
-      " AND (owner IS NULL OR UTC_TIMESTAMP(6) >= seen_at + INTERVAL ttl_ms * 1000"
-      " MICROSECOND), IF(owner IS NULL, NULL, GREATEST(10, " +
-      kLeftMs + ")) INTO @dl_ok, @dl_left FROM " + T + " WHERE digest = " + D +
-      ";"
-      " INSERT INTO " +
-      T + " (digest, name, token, owner, conn_id, lock_name, ttl_ms, seen_at) SELECT " + D + ", " + N +
-      ", 1, " + hex_literal(req.owner) + ", CONNECTION_ID(), " + L + ", " + std::to_string(validity.count()) +
+      ", 0), @dl_ok = 1, @dl_left = NULL; SELECT name = " + N + " AND (" + free_row +
+      " OR UTC_TIMESTAMP(6) >= seen_at + INTERVAL ttl_ms * 1000 MICROSECOND), IF(" + free_row +
+      ", NULL, GREATEST(10, " + kLeftMs + ")) INTO @dl_ok, @dl_left FROM " + T + " AS l WHERE digest = " + D +
+      "; INSERT INTO " + T + " (digest, name, token, owner, conn_id, lock_name, ttl_ms, seen_at) SELECT " +
+      D + ", " + N + ", 1, " + hex_literal(req.owner) + ", CONNECTION_ID(), " + L + ", " +
+      std::to_string(validity.count()) +
       ", UTC_TIMESTAMP(6) FROM DUAL WHERE @dl_g = 1 AND @dl_ok = 1 ON DUPLICATE KEY UPDATE token = token + 1,"
       " owner = VALUES(owner), conn_id = VALUES(conn_id), lock_name = VALUES(lock_name),"
-      " ttl_ms = VALUES(ttl_ms), seen_at = VALUES(seen_at);"
-      " SELECT @dl_g = 1 AND @dl_ok = 1, (SELECT token FROM " +
-      T + " WHERE digest = " + D +
-      "), @dl_left,"
-      " IF(@dl_g = 1 AND NOT (@dl_ok <=> 1), RELEASE_LOCK(" +
-      L + "), NULL)";
+      " ttl_ms = VALUES(ttl_ms), seen_at = VALUES(seen_at); SELECT @dl_g = 1 AND @dl_ok = 1, (SELECT token "
+      "FROM " +
+      T + " WHERE digest = " + D + "), @dl_left, IF(@dl_g = 1 AND NOT (@dl_ok <=> 1), RELEASE_LOCK(" + L +
+      "), NULL)";
   AcquireResult res;
   Conn c;
   Exec e;
@@ -347,13 +353,36 @@ void MysqlBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
   }
 }
 
+std::string MysqlBackend::released_sql(const std::string& row) const {
+  if (!fast_release_) return "FALSE";
+  return "(" + row + ".token <=> (SELECT r.token FROM " + cfg_.released_table + " r WHERE r.digest = " + row +
+         ".digest))";
+}
+
+// A release must tell the next acquirer that this lease ended by a release, not by its
+// session dying (then the row keeps others out until the holder's deadline). Clearing
+// the row's owner says it durably but costs a redo-log flush; recording the row's token
+// in distlock_released (a MEMORY table) costs none. A restart empties that table, so a
+// release it forgets only makes the next holder wait out the released lease's TTL, as
+// if its session had died. The row is checked to be this owner's on this session in the
+// same statement; the named lock is given up after it, in the same batch.
 bool MysqlBackend::release_on(Lease& l, Exec& e) {
+  const std::string where = " WHERE digest = " + digest_sql(l.name) + " AND name = " + hex_literal(l.name) +
+                            " AND owner = " + hex_literal(l.owner) + " AND conn_id = CONNECTION_ID()";
+  const std::string unlock = "; SELECT RELEASE_LOCK(" + lock_name_sql(l.name) + ")";
+  auto done = [&] {
+    return e.ok() && e.affected >= 1 && e.rows.size() == 1 && e.rows[0].size() == 1 && e.rows[0][0] == "1";
+  };
+  if (fast_release_) {
+    e = my::run(l.conn.get(), "INSERT INTO " + cfg_.released_table +
+                                  " (digest, token) SELECT digest, token FROM " + cfg_.locks_table + where +
+                                  " ON DUPLICATE KEY UPDATE token = VALUES(token)" + unlock);
+    // An SQL error (the MEMORY table full, say) left the named lock held: release durably.
+    if (e.ok() || e.io_failed) return done();
+  }
   e = my::run(l.conn.get(),
-              "UPDATE " + cfg_.locks_table +
-                  " SET owner = NULL, conn_id = NULL WHERE digest = " + digest_sql(l.name) +
-                  " AND name = " + hex_literal(l.name) + " AND owner = " + hex_literal(l.owner) +
-                  " AND conn_id = CONNECTION_ID(); SELECT RELEASE_LOCK(" + lock_name_sql(l.name) + ")");
-  return e.ok() && e.affected == 1 && e.rows.size() == 1 && e.rows[0].size() == 1 && e.rows[0][0] == "1";
+              "UPDATE " + cfg_.locks_table + " SET owner = NULL, conn_id = NULL" + where + unlock);
+  return done();
 }
 
 ReleaseStatus MysqlBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
@@ -412,9 +441,9 @@ void MysqlBackend::forget(std::string_view name, std::string_view owner, std::ui
 
 LockInfo MysqlBackend::status(std::string_view name, Error& ec) {
   ec.clear();
-  Exec e = shared("SELECT token, owner, ttl_ms, IS_USED_LOCK(" + lock_name_sql(name) + ") <=> conn_id, " +
-                      kLeftMs + " FROM " + cfg_.locks_table + " WHERE digest = " + digest_sql(name) +
-                      " AND name = " + hex_literal(name),
+  Exec e = shared("SELECT token, IF(" + released_sql("l") + ", NULL, owner), ttl_ms, IS_USED_LOCK(" +
+                      lock_name_sql(name) + ") <=> conn_id, " + kLeftMs + " FROM " + cfg_.locks_table +
+                      " AS l WHERE digest = " + digest_sql(name) + " AND name = " + hex_literal(name),
                   "status", ec);
   if (ec) return {};
   LockInfo info;
@@ -476,6 +505,7 @@ std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions&
   cfg.database = db;
   cfg.locks_table = my::quote_ident(db) + ".`distlock_locks`";
   cfg.records_table = my::quote_ident(db) + ".`distlock_records`";
+  cfg.released_table = my::quote_ident(db) + ".`distlock_released`";
   cfg.connect_timeout = opts.connect_timeout;
   cfg.command_timeout = opts.command_timeout;
   auto backend = std::make_unique<mysql::MysqlBackend>(std::move(cfg), opts);

@@ -95,9 +95,12 @@ class MysqlBackend final : public Backend {
   void give_back(Conn c, Millis idle_for);
   std::shared_ptr<Lease> find_lease(std::string_view name, std::string_view owner);
   void drop_lease(const std::shared_ptr<Lease>& l);
-  // Clears the lease's row and gives up its named lock on its session. True when the row
-  // was ours and the named lock was held.
+  // Marks the lease's row released (or clears it) and gives up its named lock on its
+  // session. True when the row was ours and the named lock was held.
   bool release_on(Lease& l, Exec& e);
+  // SQL: whether the lock row `row` (an alias of the lock table) was released by its
+  // holder — its token is the one in distlock_released. FALSE without that table.
+  std::string released_sql(const std::string& row) const;
   // Watches (mysql_watch.cpp).
   void arm_locked(Watch& w);
   void rearm(std::string_view name);
@@ -114,6 +117,10 @@ class MysqlBackend final : public Backend {
 
   const Config cfg_;
   Logger log_;
+  // distlock_released is there and usable (set once by connect_now): a release then
+  // records the released token there, in a MEMORY table (no log flush), instead of
+  // clearing the row's owner in InnoDB (one flush).
+  bool fast_release_ = false;
   std::atomic<ChangeListener*> listener_cb_{nullptr};
   std::atomic<bool> failing_{false};
   std::mutex mu_;

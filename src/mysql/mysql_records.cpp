@@ -93,7 +93,8 @@ std::vector<ListedLock> MysqlBackend::list_held(std::string_view prefix, std::si
       "<=> "
       "conn_id AS holds, CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), seen_at + INTERVAL ttl_ms * 1000 "
       "MICROSECOND) / 1000) AS left_ms FROM " +
-          cfg_.locks_table + " WHERE owner IS NOT NULL AND LEFT(name, LENGTH(" + P + ")) = " + P +
+          cfg_.locks_table + " AS t WHERE owner IS NOT NULL AND NOT " + released_sql("t") +
+          " AND LEFT(name, LENGTH(" + P + ")) = " + P +
           ") AS l WHERE holds = 1 OR left_ms > 0 ORDER BY name LIMIT " + lim,
       "list", ec);
   if (ec) return {};

@@ -153,11 +153,28 @@ TEST(Mysql, AcquireReleaseTokensStatusAndNothingLeftOnTheServer) {
     l.release();
     EXPECT_FALSE(c.status("basic").held);
   }
-  // Released: no named lock, no owner on the row; the token row stays (tokens never go back).
+  // Released: no named lock; the row's token is recorded as released (in the MEMORY
+  // table, no log flush); the token row stays (tokens never go back).
   EXPECT_EQ(server.query("SELECT IS_USED_LOCK('basic')")[0][0], "<null>");
+  EXPECT_EQ(server.query("SELECT l.token, r.token FROM distlock_test.distlock_locks l JOIN "
+                         "distlock_test.distlock_released r USING (digest) WHERE l.name = 'basic'")[0],
+            (std::vector<std::string>{std::to_string(last), std::to_string(last)}));
   EXPECT_EQ(
-      server.query("SELECT owner, conn_id, token FROM distlock_test.distlock_locks WHERE name = 'basic'")[0],
-      (std::vector<std::string>{"<null>", "<null>", std::to_string(last)}));
+      server.query("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' AND "
+                   "TABLE_NAME = 'distlock_released'")[0][0],
+      "MEMORY");
+  // A restart forgets the releases: the row then keeps others out until the released
+  // lease's time has passed (as if its session had died), never longer.
+  server.restart();
+  EXPECT_EQ(server.query("SELECT COUNT(*) FROM distlock_test.distlock_released")[0][0], "0");
+  {
+    auto b = distlock::connect(server.url(), quiet());
+    const auto t0 = Clock::now();
+    auto again = b.acquire("basic", ttl_of(5000ms, 10000ms));
+    EXPECT_LT(since(t0), 5000ms + 1000ms);
+    EXPECT_GT(again.token(), last);
+    again.release();
+  }
   // The table is InnoDB (durable tokens) in the URL's database.
   EXPECT_EQ(
       server.query("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' AND "

@@ -304,8 +304,12 @@ class MysqlTarget final : public Target {
                                          ".distlock_locks WHERE IS_USED_LOCK(lock_name) IS NOT NULL")) {
         out.push_back("named lock " + r[0] + " of session " + r[1]);
       }
-      for (const auto& r : server_.query("SELECT LEFT(name, 40), owner FROM " + db +
-                                         ".distlock_locks WHERE owner IS NOT NULL")) {
+      // A released row keeps its owner; its token is then in distlock_released.
+      for (const auto& r :
+           server_.query("SELECT LEFT(name, 40), owner FROM " + db +
+                         ".distlock_locks l WHERE owner IS NOT NULL AND NOT token <=> (SELECT "
+                         "r.token FROM " +
+                         db + ".distlock_released r WHERE r.digest = l.digest)")) {
         out.push_back("row " + r[0] + " owned by " + r[1]);
       }
     }
