@@ -9,9 +9,9 @@
 # Sets DISTLOCK_COMPONENTS (the enabled components, a plain variable the rest of the build
 # reads) and the imported targets the components link: PkgConfig::HIREDIS, OpenSSL::Crypto,
 # PkgConfig::GRPCPP (+ DISTLOCK_PROTOC, DISTLOCK_GRPC_CPP_PLUGIN), ZOOKEEPER_INCLUDE_DIR +
-# ZOOKEEPER_MT_LIBRARY, PkgConfig::LIBPQ.
+# ZOOKEEPER_MT_LIBRARY, PkgConfig::LIBPQ, PkgConfig::LIBMARIADB.
 
-set(DISTLOCK_ALL_COMPONENTS file redis rediscluster redlock etcd zk postgres fencing ids)
+set(DISTLOCK_ALL_COMPONENTS file redis rediscluster redlock etcd zk postgres mysql fencing ids)
 set(distlock_component_doc_file "the host-local file:// backend (OpenSSL for name hashing)")
 set(distlock_component_doc_redis "the redis:// and redis+sentinel:// backends (hiredis)")
 set(distlock_component_doc_rediscluster "the redis+cluster:// backend (needs redis)")
@@ -19,6 +19,7 @@ set(distlock_component_doc_redlock "the redlock:// and redlocks:// backends (nee
 set(distlock_component_doc_etcd "the etcd:// backend (gRPC, protobuf, etcd's .proto files)")
 set(distlock_component_doc_zk "the zk:// backend (the ZooKeeper C client)")
 set(distlock_component_doc_postgres "the postgres:// backend (libpq)")
+set(distlock_component_doc_mysql "the mysql:// backend for MariaDB and MySQL (libmariadb)")
 set(distlock_component_doc_fencing "fenced writes (FencedFile, FencedRedis; needs redis)")
 set(distlock_component_doc_ids "unique ids (snowflake, redis-daily, UUIDv7; needs redis)")
 
@@ -137,5 +138,12 @@ if("postgres" IN_LIST DISTLOCK_COMPONENTS)
   pkg_check_modules(LIBPQ QUIET IMPORTED_TARGET libpq)
   if(NOT LIBPQ_FOUND)
     distlock_missing(postgres "libpq (pkg-config libpq)" libpq-dev)
+  endif()
+endif()
+
+if("mysql" IN_LIST DISTLOCK_COMPONENTS)
+  pkg_check_modules(LIBMARIADB QUIET IMPORTED_TARGET libmariadb)
+  if(NOT LIBMARIADB_FOUND)
+    distlock_missing(mysql "the MariaDB client library (pkg-config libmariadb)" libmariadb-dev)
   endif()
 endif()

@@ -11,6 +11,7 @@ PACKAGES=(
   libzookeeper-mt-dev libssl-dev openssl libcurator-recipes-java python3-kazoo
   redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
+  libmariadb-dev mariadb-server
   clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
   golang-go
   python3-dev pybind11-dev python3-pybind11 python3-pytest python3-redis
@@ -37,7 +38,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian's packaged servers may start themselves; tests start their own on free ports.
-for svc in redis-server redis-sentinel etcd zookeeper postgresql; do
+for svc in redis-server redis-sentinel etcd zookeeper postgresql mariadb; do
   if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
     $SUDO systemctl stop "$svc" || true
   fi

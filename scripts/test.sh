@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds distlock and runs the whole test suite on a fresh Debian 12 machine:
 #   1. a -Werror build and every test (unit, Redis, Sentinel, Cluster, Redlock, etcd, ZooKeeper,
-#      PostgreSQL, file, CLI, metrics, ids, examples, and the bindings: the C API's tests, the Go
-#      module's `go vet` + `go test -race` and the Python binding's pytest suite, label bindings)
-#      against real servers the tests start themselves on loopback;
+#      PostgreSQL, MariaDB, file, CLI, metrics, ids, examples, and the bindings: the C API's tests,
+#      the Go module's `go vet` + `go test -race` and the Python binding's pytest suite, label
+#      bindings) against real servers the tests start themselves on loopback;
 #   2. the conformance suite again, beside two CPU hogs;
 #   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer (without the Python
 #      binding: a sanitized library cannot be loaded into an unsanitized interpreter), but for the

@@ -31,6 +31,9 @@
 #if DISTLOCK_HAS_POSTGRES
 #include "postgres/postgres_backend.hpp"
 #endif
+#if DISTLOCK_HAS_MYSQL
+#include "mysql/mysql_backend.hpp"
+#endif
 #include "fake/memory_backend.hpp"
 
 namespace distlock::detail {
@@ -123,6 +126,9 @@ constexpr QueryKey kPostgresKeys[] = {
      "disable|allow|prefer|require|verify-ca|verify-full"},
 };
 #endif
+#if DISTLOCK_HAS_MYSQL
+constexpr QueryKey kMysqlKeys[] = {kTimeout};
+#endif
 constexpr QueryKey kMemoryKeys[] = {kTimeout};
 
 constexpr Scheme kSchemes[] = {
@@ -164,6 +170,10 @@ constexpr Scheme kSchemes[] = {
      kPostgresKeys, &make_postgres_backend},
     {"postgresql", "postgresql://[user:password@]host[:port]/database", "the same as postgres://", false, "",
      kPostgresKeys, &make_postgres_backend},
+#endif
+#if DISTLOCK_HAS_MYSQL
+    {"mysql", "mysql://[user:password@]host[:port]/database", "one MySQL or MariaDB primary", false, "",
+     kMysqlKeys, &make_mysql_backend},
 #endif
     {"memory", "memory://store", "an in-process store, for tests", false, "", kMemoryKeys,
      &make_memory_backend},

@@ -52,7 +52,8 @@ configure() {
 configure "a subset configures; config.hpp says which" 0 \
   "#define DISTLOCK_HAS_FILE 1" "#define DISTLOCK_HAS_REDIS 1" "#define DISTLOCK_HAS_ETCD 0" \
   "#define DISTLOCK_HAS_IDS 0" -- -DDISTLOCK_COMPONENTS="file;redis"
-configure "the options alone" 0 "#define DISTLOCK_HAS_POSTGRES 1" "#define DISTLOCK_HAS_FILE 0" \
+configure "the options alone" 0 "#define DISTLOCK_HAS_POSTGRES 1" "#define DISTLOCK_HAS_MYSQL 1" \
+  "#define DISTLOCK_HAS_FILE 0" \
   -- -DDISTLOCK_WITH_FILE=OFF -DDISTLOCK_WITH_REDIS=OFF -DDISTLOCK_WITH_REDISCLUSTER=OFF \
   -DDISTLOCK_WITH_REDLOCK=OFF -DDISTLOCK_WITH_ETCD=OFF -DDISTLOCK_WITH_ZK=OFF -DDISTLOCK_WITH_FENCING=OFF \
   -DDISTLOCK_WITH_IDS=OFF
@@ -72,6 +73,7 @@ configure "redlock without hiredis" fail "libhiredis-dev" -- -DDISTLOCK_COMPONEN
 configure "etcd without gRPC" fail "libgrpc++-dev libprotobuf-dev" "-DDISTLOCK_WITH_ETCD=OFF" \
   -- -DDISTLOCK_COMPONENTS=etcd
 configure "postgres without libpq" fail "libpq-dev" "-DDISTLOCK_WITH_POSTGRES=OFF" -- -DDISTLOCK_COMPONENTS=postgres
+configure "mysql without libmariadb" fail "libmariadb-dev" "-DDISTLOCK_WITH_MYSQL=OFF" -- -DDISTLOCK_COMPONENTS=mysql
 
 # find_path/find_library/find_package(OpenSSL) do not look into /usr.
 hide=()

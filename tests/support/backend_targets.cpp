@@ -17,6 +17,9 @@
 #ifdef DISTLOCK_TEST_POSTGRES
 #include "support/postgres_server.hpp"
 #endif
+#ifdef DISTLOCK_TEST_MYSQL
+#include "support/mariadb_server.hpp"
+#endif
 
 namespace distlock::testing {
 namespace {
@@ -279,6 +282,58 @@ class PostgresTarget final : public Target {
 };
 #endif
 
+#ifdef DISTLOCK_TEST_MYSQL
+// One MariaDB server. Left on it after every client is gone: named locks of the lock
+// rows, lock rows still naming an owner, and sessions of the distlock account (lease
+// sessions, waits, the shared connection). The token rows stay by design: tokens never
+// go back.
+class MysqlTarget final : public Target {
+ public:
+  std::string url() override { return server_.url(); }
+  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
+  std::string url_via(const std::string& hosts) override {
+    return std::string("mysql://") + MariadbServer::kUser + ":" + MariadbServer::kPassword + "@" + hosts +
+           "/" + MariadbServer::kDatabase;
+  }
+  std::vector<std::string> leftovers() override {
+    std::vector<std::string> out;
+    const std::string db = MariadbServer::kDatabase;
+    if (server_.query("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '" + db +
+                      "' AND TABLE_NAME = 'distlock_locks'")[0][0] == "1") {
+      for (const auto& r : server_.query("SELECT lock_name, IS_USED_LOCK(lock_name) FROM " + db +
+                                         ".distlock_locks WHERE IS_USED_LOCK(lock_name) IS NOT NULL")) {
+        out.push_back("named lock " + r[0] + " of session " + r[1]);
+      }
+      // A released row keeps its owner; its token is then in distlock_released.
+      for (const auto& r :
+           server_.query("SELECT LEFT(name, 40), owner FROM " + db +
+                         ".distlock_locks l WHERE owner IS NOT NULL AND NOT token <=> (SELECT "
+                         "r.token FROM " +
+                         db + ".distlock_released r WHERE r.digest = l.digest)")) {
+        out.push_back("row " + r[0] + " owned by " + r[1]);
+      }
+    }
+    for (const auto& r :
+         server_.query("SELECT ID, COMMAND, IFNULL(INFO, '') FROM information_schema.PROCESSLIST "
+                       "WHERE USER = '" +
+                       std::string(MariadbServer::kUser) + "'")) {
+      out.push_back("session " + r[0] + " (" + r[1] + (r[2].empty() ? "" : ": " + r[2].substr(0, 60)) + ")");
+    }
+    return out;
+  }
+  int members() override { return 1; }
+  void pause(int) override { server_.pause(); }
+  void resume(int) override { server_.resume(); }
+  void kill_and_restart(int) override {
+    server_.kill();
+    server_.restart();
+  }
+
+ private:
+  MariadbServer server_;
+};
+#endif
+
 class FileTarget final : public Target {
  public:
   std::string url() override { return "file://" + dir_.path().string(); }
@@ -324,6 +379,9 @@ std::vector<Kind> kinds() {
 #endif
 #ifdef DISTLOCK_TEST_POSTGRES
   k.push_back({"postgres", [](const TargetOptions&) { return std::make_unique<PostgresTarget>(); }});
+#endif
+#ifdef DISTLOCK_TEST_MYSQL
+  k.push_back({"mysql", [](const TargetOptions&) { return std::make_unique<MysqlTarget>(); }});
 #endif
   return k;
 }

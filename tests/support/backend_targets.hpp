@@ -1,6 +1,6 @@
 // The backends a cross-backend test runs against, each started by the test itself:
 // one redis-server, three Redlock masters, etcd as one member or a 3-member cluster,
-// ZooKeeper standalone or a 3-server ensemble, one PostgreSQL, a file:// directory. Used by the
+// ZooKeeper standalone or a 3-server ensemble, one PostgreSQL, one MariaDB, a file:// directory. Used by the
 // conformance suite (tests/conformance) and the nemesis run (tests/nemesis).
 //
 // A new backend adds one Target class in backend_targets.cpp and one push_back in

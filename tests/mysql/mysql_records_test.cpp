@@ -1,0 +1,498 @@
+// Records, the listing of held locks and the forget hook on mysql:// (mysql_records.cpp,
+// mysql_backend.cpp), through the backend adapter against a real MariaDB started by each
+// test: put (always / if_absent, raced by several clients), get, erase, binary values and
+// the 64 KiB bound, a record and a lock of one name side by side, a record surviving its
+// killed writer, list_held with prefix / limit / truncation that leaves out released
+// locks, ended leases and rows whose session does not hold the name, a server that is
+// down, a user that may not create tables, and Backend::forget.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/url.hpp"
+#include "distlock/distlock.hpp"
+#include "mysql/mysql_backend.hpp"
+#include "support/lock_tool.hpp"
+#include "support/mariadb_server.hpp"
+#include "support/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::detail::AcquireRequest;
+using distlock::detail::Backend;
+using distlock::detail::kMaxRecordValue;
+using distlock::detail::PutMode;
+using distlock::detail::ReleaseStatus;
+using distlock::testing::MariadbServer;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+distlock::ClientOptions quiet() {
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  return o;
+}
+
+std::unique_ptr<Backend> backend(const std::string& url) {
+  distlock::detail::Url u;
+  std::string why;
+  EXPECT_FALSE(distlock::detail::parse_url(url, u, why)) << why;
+  distlock::detail::Error ec;
+  auto b = distlock::detail::make_mysql_backend(u, quiet(), ec, why);
+  EXPECT_TRUE(b) << ec.message() << ": " << why;
+  return b;
+}
+
+std::string put(Backend& b, std::string_view key, std::string_view value, PutMode mode) {
+  distlock::detail::Error ec;
+  std::string stored = b.put_record(key, value, mode, ec);
+  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
+  return stored;
+}
+
+std::optional<std::string> get(Backend& b, std::string_view key) {
+  distlock::detail::Error ec;
+  auto v = b.get_record(key, ec);
+  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
+  return v;
+}
+
+std::vector<std::string> names(Backend& b, std::string_view prefix, std::size_t limit, bool& truncated) {
+  distlock::detail::Error ec;
+  auto listed = b.list_held(prefix, limit, truncated, ec);
+  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
+  std::vector<std::string> out;
+  for (const auto& l : listed) out.push_back(l.name);
+  return out;
+}
+
+bool eventually(const std::function<bool()>& cond, Millis limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+std::string all_bytes() {
+  std::string v;
+  for (int i = 0; i < 256; ++i) v.push_back(static_cast<char>(i));
+  v += std::string("\0\r\n\0", 4);
+  return v;
+}
+
+TEST(MysqlRecords, PutGetEraseBinaryValuesAndTheBound) {
+  MariadbServer server;
+  auto b = backend(server.url());
+  EXPECT_EQ(get(*b, "cfg"), std::nullopt);
+  distlock::detail::Error ec;
+  EXPECT_FALSE(b->erase_record("cfg", ec));
+  EXPECT_FALSE(ec);
+
+  EXPECT_EQ(put(*b, "cfg", "one", PutMode::always), "one");
+  EXPECT_EQ(put(*b, "cfg", "two", PutMode::always), "two");  // always overwrites
+  EXPECT_EQ(get(*b, "cfg"), "two");
+  EXPECT_EQ(put(*b, "cfg", "three", PutMode::if_absent), "two");  // if_absent keeps and returns it
+  EXPECT_EQ(get(*b, "cfg"), "two");
+
+  const std::string bin = all_bytes();
+  const std::string bin_key = std::string("k\0\x1f\xff", 4);
+  EXPECT_EQ(put(*b, bin_key, bin, PutMode::if_absent), bin);
+  EXPECT_EQ(get(*b, bin_key), bin);
+  EXPECT_EQ(put(*b, "empty", "", PutMode::always), "");
+  EXPECT_EQ(get(*b, "empty"), std::string());
+
+  std::string big(kMaxRecordValue, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 7);
+  EXPECT_EQ(put(*b, "big", big, PutMode::always), big);
+  EXPECT_EQ(get(*b, "big"), big);
+  for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
+    ec.clear();
+    b->put_record("big", big + "x", mode, ec);
+    EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
+    const std::string detail = ec.take_detail();
+    EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
+  }
+  EXPECT_EQ(get(*b, "big"), big);
+
+  // A 4096-byte key: the row's key is its digest.
+  const std::string long_key(4096, 'q');
+  EXPECT_EQ(put(*b, long_key, "long", PutMode::if_absent), "long");
+  EXPECT_EQ(get(*b, long_key), "long");
+
+  EXPECT_TRUE(b->erase_record("cfg", ec));
+  EXPECT_FALSE(ec);
+  EXPECT_FALSE(b->erase_record("cfg", ec));
+  EXPECT_EQ(get(*b, "cfg"), std::nullopt);
+  EXPECT_EQ(put(*b, "cfg", "after", PutMode::if_absent), "after");
+
+  auto other = backend(server.url());  // another client sees the same records
+  EXPECT_EQ(get(*other, "cfg"), "after");
+  EXPECT_EQ(get(*other, bin_key), bin);
+  EXPECT_EQ(server.query("SELECT COUNT(*) FROM distlock_test.distlock_records")[0][0], "5");
+}
+
+// Several clients race put(if_absent) on one key per round, released together: all get
+// the same answer, one of the proposed values, which is what is stored.
+TEST(MysqlRecords, IfAbsentRaceBetweenClientsAgrees) {
+  MariadbServer server;
+  constexpr int kClients = 4;
+  constexpr int kRounds = 60;
+  std::vector<std::unique_ptr<Backend>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(backend(server.url()));
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int round_started = -1;
+  std::vector<std::vector<std::string>> answers(kRounds, std::vector<std::string>(kClients));
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      for (int round = 0; round < kRounds; ++round) {
+        {
+          std::unique_lock lk(mu);
+          ++ready;
+          cv.notify_all();
+          if (!cv.wait_for(lk, 60s, [&] { return round_started >= round; })) {
+            ++errors;
+            return;
+          }
+        }
+        distlock::detail::Error ec;
+        answers[round][c] = clients[c]->put_record("race-" + std::to_string(round),
+                                                   "client" + std::to_string(c), PutMode::if_absent, ec);
+        if (ec) ++errors;
+      }
+    });
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 60s, [&] { return ready.load() == kClients * (round + 1); }));
+    round_started = round;
+    cv.notify_all();
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string& first = answers[round][0];
+    EXPECT_EQ(first.rfind("client", 0), 0u) << "round " << round << ": \"" << first << "\"";
+    for (int c = 1; c < kClients; ++c) EXPECT_EQ(answers[round][c], first) << "round " << round;
+    EXPECT_EQ(get(*clients[0], "race-" + std::to_string(round)), first);
+  }
+}
+
+TEST(MysqlRecords, RecordAndLockOfOneNameCoexist) {
+  MariadbServer server;
+  auto b = backend(server.url());
+  distlock::detail::Error ec;
+  const AcquireRequest req{"shared-name", "owner-1", Millis(5000)};
+  auto got = b->try_acquire(req, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_TRUE(got.acquired);
+  EXPECT_EQ(put(*b, "shared-name", "value", PutMode::if_absent), "value");
+  auto st = b->status("shared-name", ec);
+  EXPECT_TRUE(st.held);
+  EXPECT_EQ(st.token, got.token);
+  EXPECT_EQ(st.holder, "owner-1");
+  EXPECT_EQ(b->release("shared-name", "owner-1", got.token, ec), ReleaseStatus::released);
+  EXPECT_EQ(get(*b, "shared-name"), "value");  // a record outlives any lock
+  EXPECT_TRUE(b->erase_record("shared-name", ec));
+  auto again = b->try_acquire(req, ec);  // the lock's token row is untouched by the record
+  ASSERT_TRUE(again.acquired);
+  EXPECT_EQ(again.token, got.token + 1);
+  b->release("shared-name", "owner-1", again.token, ec);
+}
+
+// A writer process SIGKILLed while it overwrites a record again and again leaves a
+// whole value (one statement, committed or not).
+TEST(MysqlRecords, RecordSurvivesItsWriterKilled) {
+  MariadbServer server;
+  const std::string va(kMaxRecordValue, 'a');
+  const std::string vb(40000, 'b');
+  TempDir tmp("distlock-myrec");
+  const std::string marker = (tmp.path() / "started").string();
+  const std::string url = server.url();
+  for (int round = 0; round < 4; ++round) {
+    std::filesystem::remove(marker);
+    const pid_t pid = ::fork();  // no thread of ours runs yet: backends are made after
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      distlock::detail::Url u;
+      std::string why;
+      distlock::detail::Error ec;
+      if (distlock::detail::parse_url(url, u, why)) ::_exit(2);
+      auto b = distlock::detail::make_mysql_backend(u, quiet(), ec, why);
+      if (!b) ::_exit(3);
+      for (long n = 0; n < 1'000'000; ++n) {
+        b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);
+        if (ec) ::_exit(4);
+        if (n == 3) std::ofstream(marker) << "x";
+      }
+      ::_exit(0);
+    }
+    ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); }, 60s)) << "the writer never wrote";
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 7));  // a different moment each round
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended by itself: " << status;
+    // The server may still run the batch the writer sent before it died: read once its
+    // session is gone (its last transaction then committed or rolled back).
+    ASSERT_TRUE(eventually(
+        [&] {
+          return server.query(
+                     "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'distlock'")[0][0] ==
+                 "0";
+        },
+        20s));
+    auto b = backend(url);
+    auto v = get(*b, "survivor");
+    ASSERT_TRUE(v.has_value());
+    EXPECT_TRUE(*v == va || *v == vb) << "a value of " << v->size() << " bytes";
+    EXPECT_EQ(put(*b, "survivor", "next", PutMode::if_absent), *v);
+  }
+}
+
+TEST(MysqlRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
+  MariadbServer server;
+  auto a = backend(server.url());
+  auto b = backend(server.url());
+  distlock::detail::Error ec;
+  struct H {
+    Backend* b;
+    std::string name, owner;
+    Millis ttl;
+    std::uint64_t token = 0;
+  };
+  std::vector<H> held = {
+      {a.get(), "job/c", "oa", Millis(5000)}, {b.get(), "job/a", "ob", Millis(7000)},
+      {a.get(), "other", "oa", Millis(5000)}, {a.get(), "job/b", "oa2", Millis(9000)},
+      {b.get(), "jobs", "ob", Millis(5000)},  {a.get(), std::string("job/\x01"), "oa", Millis(5000)}};
+  for (auto& h : held) {
+    auto r = h.b->try_acquire(AcquireRequest{h.name, h.owner, h.ttl}, ec);
+    ASSERT_TRUE(r.acquired) << h.name << " " << ec.message();
+    h.token = r.token;
+  }
+  // Released locks and records are never listed.
+  auto gone = a->try_acquire(AcquireRequest{"job/released", "o", Millis(5000)}, ec);
+  ASSERT_TRUE(gone.acquired);
+  ASSERT_EQ(a->release("job/released", "o", gone.token, ec), ReleaseStatus::released);
+  put(*a, "job/record-only", "v", PutMode::always);
+
+  bool truncated = true;
+  EXPECT_EQ(names(*a, "job/", 100, truncated),
+            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c"}));
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(*a, "job/", 2, truncated), (std::vector<std::string>{std::string("job/\x01"), "job/a"}));
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(names(*a, "job/", 4, truncated).size(), 4u);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(*b, "", 100, truncated),
+            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c", "jobs", "other"}));
+  EXPECT_EQ(names(*a, "zzz", 100, truncated), std::vector<std::string>{});
+  EXPECT_EQ(names(*a, "", 0, truncated), std::vector<std::string>{});
+  EXPECT_TRUE(truncated);
+
+  auto listed = b->list_held("", 100, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), held.size());
+  for (const auto& l : listed) {
+    const auto st = a->status(l.name, ec);
+    EXPECT_TRUE(l.info.held) << l.name;
+    EXPECT_EQ(st.held, l.info.held) << l.name;
+    EXPECT_EQ(st.token, l.info.token) << l.name;
+    EXPECT_EQ(st.holder, l.info.holder) << l.name;
+    // Both count the time left from the row's seen_at, read a moment apart (status
+    // after the listing): never more, and not much less.
+    ASSERT_TRUE(st.ttl_remaining && l.info.ttl_remaining) << l.name;
+    EXPECT_LE(*st.ttl_remaining, *l.info.ttl_remaining) << l.name;
+    EXPECT_GT(*st.ttl_remaining, *l.info.ttl_remaining - Millis(500)) << l.name;
+  }
+
+  // A row naming an owner whose session is alive but does not hold that name's named
+  // lock (its connection id reused after a restart, say) and whose lease is over:
+  // status() says free, so is it listed.
+  const std::string lease_conn =
+      server.query("SELECT conn_id FROM distlock_test.distlock_locks WHERE name = 'job/c'")[0][0];
+  server.query("UPDATE distlock_test.distlock_locks SET owner = 'ghost', conn_id = " + lease_conn +
+               ", seen_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE name = 'job/released'");
+  // (and not released: its release record forgotten, as after a server restart)
+  server.query("DELETE FROM distlock_test.distlock_released WHERE digest = UNHEX(SHA2('job/released', 256))");
+  EXPECT_FALSE(a->status("job/released", ec).held);
+  EXPECT_EQ(names(*a, "job/r", 100, truncated), std::vector<std::string>{});
+  // The same row with time left on its lease is held for status(), and listed.
+  server.query(
+      "UPDATE distlock_test.distlock_locks SET seen_at = UTC_TIMESTAMP(6) WHERE name = 'job/released'");
+  EXPECT_TRUE(a->status("job/released", ec).held);
+  EXPECT_EQ(names(*a, "job/r", 100, truncated), std::vector<std::string>{"job/released"});
+  server.query(
+      "UPDATE distlock_test.distlock_locks SET owner = NULL, conn_id = NULL WHERE name = 'job/released'");
+
+  for (auto& h : held)
+    EXPECT_EQ(h.b->release(h.name, h.owner, h.token, ec), ReleaseStatus::released) << h.name;
+  EXPECT_EQ(names(*a, "", 100, truncated), std::vector<std::string>{});
+  EXPECT_FALSE(truncated);
+}
+
+// A holder process SIGKILLed: its session ends at once, and its lease is listed exactly
+// while status() says it is held (until seen_at + TTL, so a holder that may still
+// believe it holds is never shown as free), then not.
+TEST(MysqlRecords, ListHeldDropsAKilledHolderWhenStatusDoes) {
+  MariadbServer server;
+  auto b = backend(server.url());
+  TempDir tmp("distlock-myrec");
+  const std::string out = (tmp.path() / "holder.out").string();
+  Process p = distlock::testing::spawn_holder(server.url(), "svc/worker", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 60s)) << distlock::testing::read_file(out);
+  bool truncated = false;
+  distlock::detail::Error ec;
+  auto listed = b->list_held("svc/", 10, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].name, "svc/worker");
+  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), distlock::testing::acquired_token(out));
+  p.signal(SIGKILL);
+  ASSERT_NE(p.wait_for(30s), -1);
+  // Its session is gone (the server noticed the closed socket), its lease not yet:
+  // while the server says > 300 ms are left, status() and the listing say held.
+  ASSERT_TRUE(eventually(
+      [&] { return server.query("SELECT IS_USED_LOCK('svc/worker') IS NULL")[0][0] == "1"; }, 20s));
+  const long long left_ms =
+      std::stoll(server.query("SELECT CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), seen_at + INTERVAL "
+                              "ttl_ms * 1000 MICROSECOND) / "
+                              "1000) FROM distlock_test.distlock_locks WHERE name = 'svc/worker'")[0][0]);
+  const auto measured = Clock::now();
+  if (left_ms > 300) {
+    const bool held = b->status("svc/worker", ec).held;
+    const auto now_listed = names(*b, "svc/", 10, truncated);
+    if (Clock::now() - measured < Millis(left_ms - 100)) {
+      EXPECT_TRUE(held);
+      EXPECT_EQ(now_listed, std::vector<std::string>{"svc/worker"});
+    }
+  }
+  EXPECT_TRUE(eventually([&] { return names(*b, "svc/", 10, truncated).empty(); }, 20s))
+      << "still listed after its TTL";
+  EXPECT_FALSE(b->status("svc/worker", ec).held);
+}
+
+TEST(MysqlRecords, ServerDownIsBackendUnavailableNamingTheServer) {
+  MariadbServer server;
+  auto b = backend(server.url());
+  put(*b, "k", "v", PutMode::always);
+  server.stop();
+  const std::string port = std::to_string(server.port());
+  distlock::detail::Error ec;
+  auto check = [&](const char* what) {
+    EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
+    const std::string detail = ec.take_detail();
+    EXPECT_NE(detail.find("127.0.0.1:" + port), std::string::npos) << what << ": " << detail;
+    EXPECT_EQ(detail.find(MariadbServer::kPassword), std::string::npos) << detail;
+  };
+  b->put_record("k", "w", PutMode::always, ec);
+  check("put always");
+  b->put_record("k", "w", PutMode::if_absent, ec);
+  check("put if_absent");
+  b->get_record("k", ec);
+  check("get");
+  b->erase_record("k", ec);
+  check("erase");
+  bool truncated = false;
+  b->list_held("", 10, truncated, ec);
+  check("list_held");
+  server.restart();
+  EXPECT_EQ(get(*b, "k"), "v");  // the shared connection is reopened
+}
+
+}  // namespace
+
+namespace {
+
+// A user that may not create tables (the lock table made by an administrator) still
+// connects and locks; its record calls fail naming the missing records table.
+TEST(MysqlRecords, AUserThatMayNotCreateTablesStillLocks) {
+  MariadbServer server;
+  backend(server.url()).reset();  // creates both tables as an account that may
+  server.query("DROP TABLE distlock_test.distlock_records");
+  server.query(
+      "CREATE USER 'limited'@'127.0.0.1' IDENTIFIED BY 'limited-pw'; GRANT SELECT, INSERT, UPDATE ON "
+      "distlock_test.distlock_locks TO 'limited'@'127.0.0.1'");
+  const std::string url =
+      "mysql://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/distlock_test";
+  auto b = backend(url);
+  ASSERT_TRUE(b);
+  distlock::detail::Error ec;
+  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(got.acquired);
+  ec.clear();
+  b->put_record("x", "v", PutMode::always, ec);
+  EXPECT_TRUE(ec);
+  const std::string detail = ec.take_detail();
+  EXPECT_NE(detail.find("distlock_records"), std::string::npos) << detail;
+  EXPECT_EQ(
+      server.query("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' AND "
+                   "TABLE_NAME = 'distlock_records'")[0][0],
+      "0");
+  b->release("x", "o", got.token, ec);
+}
+
+}  // namespace
+
+namespace {
+
+// Backend::forget: the engine's hand-back of a lease it declared lost. The named lock
+// and the row's owner are given up at once, so another client takes the name without
+// waiting for the session's wait_timeout; another owner's lease is never touched.
+TEST(MysqlRecords, ForgetGivesUpTheLeaseAtOnceAndOnlyThatOne) {
+  MariadbServer server;
+  auto a = backend(server.url());
+  auto b = backend(server.url());
+  distlock::detail::Error ec;
+  auto got = a->try_acquire(AcquireRequest{"forgotten", "oa", Millis(30000)}, ec);
+  ASSERT_TRUE(got.acquired) << ec.message();
+  auto other = a->try_acquire(AcquireRequest{"kept", "oa", Millis(30000)}, ec);
+  ASSERT_TRUE(other.acquired) << ec.message();
+  a->forget("forgotten", "someone-else", got.token);  // not that owner's: nothing happens
+  EXPECT_TRUE(a->status("forgotten", ec).held);
+  a->forget("forgotten", "oa", got.token);
+  EXPECT_EQ(server.query("SELECT IS_USED_LOCK('forgotten')")[0][0], "<null>");
+  EXPECT_EQ(server.query("SELECT l.token = r.token FROM distlock_test.distlock_locks l JOIN "
+                         "distlock_test.distlock_released r USING (digest) WHERE l.name = 'forgotten'")[0][0],
+            "1");
+  auto next = b->try_acquire(AcquireRequest{"forgotten", "ob", Millis(30000)}, ec);
+  EXPECT_TRUE(next.acquired) << "the forgotten lease still blocks the name";
+  EXPECT_GT(next.token, got.token);
+  // The forgotten lease cannot be renewed or released any more; the other lease can.
+  const distlock::detail::RenewItem items[] = {{"forgotten", "oa", got.token, Millis(30000)},
+                                               {"kept", "oa", other.token, Millis(30000)}};
+  distlock::detail::RenewStatus out[2];
+  a->renew(items, out, ec);
+  EXPECT_EQ(out[0], distlock::detail::RenewStatus::not_owner);
+  EXPECT_EQ(out[1], distlock::detail::RenewStatus::renewed);
+  EXPECT_EQ(a->release("forgotten", "oa", got.token, ec), ReleaseStatus::not_owner);
+  EXPECT_EQ(b->release("forgotten", "ob", next.token, ec), ReleaseStatus::released);
+  EXPECT_EQ(a->release("kept", "oa", other.token, ec), ReleaseStatus::released);
+}
+
+}  // namespace

@@ -1,0 +1,513 @@
+// mysql:// against a real MariaDB started by each test: what is specific to this
+// backend (its URL, its errors, named-lock names, session leases sized by wait_timeout,
+// waiting inside the server and its cancellation, tokens across a server restart, the
+// durability check, the SQL fenced write). The contract every backend shares is in
+// tests/conformance.
+#include <gtest/gtest.h>
+#include <mysql.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/eventually.hpp"
+#include "support/fault_proxy.hpp"
+#include "support/lock_tool.hpp"
+#include "support/mariadb_server.hpp"
+#include "support/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::eventually;
+using distlock::testing::FaultProxy;
+using distlock::testing::MariadbServer;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+distlock::ClientOptions quiet() {
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  return o;
+}
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+int exit_code(Process& p, Millis limit) {
+  const int status = p.wait_for(limit);
+  if (status == -1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The error a connect() to `url` throws (success is a failure of the test).
+std::system_error connect_error(const std::string& url) {
+  try {
+    auto c = distlock::connect(url, quiet());
+    ADD_FAILURE() << "connect succeeded";
+  } catch (const std::system_error& e) {
+    return e;
+  }
+  return std::system_error(make_error_code(errc::protocol_error));
+}
+
+std::string via(std::uint16_t port) {
+  return std::string("mysql://") + MariadbServer::kUser + ":" + MariadbServer::kPassword +
+         "@127.0.0.1:" + std::to_string(port) + "/" + MariadbServer::kDatabase;
+}
+
+// Sessions of the distlock account blocked in GET_LOCK (waits inside the server).
+int waits_in_server(const MariadbServer& s) {
+  return std::stoi(s.query(std::string("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '") +
+                           MariadbServer::kUser + "' AND INFO LIKE 'SELECT GET_LOCK(%'")[0][0]);
+}
+
+// ---- the SQL fenced write (docs/mysql.md, "Fenced writes") -----------------------
+// UPDATE … SET …, fence = token WHERE id = … AND fence < token, in the caller's own
+// transaction: 1 row means the write went through under the newest token, 0 that a
+// newer holder has written already (or the row does not exist).
+struct My {
+  explicit My(const MariadbServer& s) {
+    c = mysql_init(nullptr);
+    if (!mysql_real_connect(c, "127.0.0.1", MariadbServer::kUser, MariadbServer::kPassword,
+                            MariadbServer::kDatabase, s.port(), nullptr, 0)) {
+      ADD_FAILURE() << mysql_error(c);
+    }
+  }
+  ~My() { mysql_close(c); }
+  // Rows the fenced update touched (in a transaction of its own), or -1 on an error.
+  int fenced_update(long long id, const std::string& value, std::uint64_t token) {
+    MYSQL_STMT* st = mysql_stmt_init(c);
+    const std::string sql = "UPDATE jobs SET value = ?, fence = ? WHERE id = ? AND fence < ?";
+    int n = -1;
+    if (mysql_query(c, "START TRANSACTION") == 0 && mysql_stmt_prepare(st, sql.data(), sql.size()) == 0) {
+      MYSQL_BIND b[4] = {};
+      unsigned long len = value.size();
+      unsigned long long tok = token;
+      long long row = id;
+      b[0].buffer_type = MYSQL_TYPE_STRING;
+      b[0].buffer = const_cast<char*>(value.data());
+      b[0].buffer_length = len;
+      b[0].length = &len;
+      b[1].buffer_type = MYSQL_TYPE_LONGLONG;
+      b[1].buffer = &tok;
+      b[1].is_unsigned = 1;
+      b[2].buffer_type = MYSQL_TYPE_LONGLONG;
+      b[2].buffer = &row;
+      b[3] = b[1];
+      if (mysql_stmt_bind_param(st, b) == 0 && mysql_stmt_execute(st) == 0) {
+        n = static_cast<int>(mysql_stmt_affected_rows(st));
+      }
+    }
+    if (n < 0) ADD_FAILURE() << mysql_error(c) << " " << mysql_stmt_error(st);
+    mysql_stmt_close(st);
+    if (mysql_query(c, n < 0 ? "ROLLBACK" : "COMMIT") != 0) ADD_FAILURE() << mysql_error(c);
+    return n;
+  }
+  MYSQL* c;
+};
+
+}  // namespace
+
+TEST(Mysql, AcquireReleaseTokensStatusAndNothingLeftOnTheServer) {
+  MariadbServer server;
+  auto c = distlock::connect(server.url(), quiet());
+  EXPECT_TRUE(c.has_fencing());
+  EXPECT_EQ(c.scheme(), "mysql");
+  EXPECT_EQ(c.url().find(MariadbServer::kPassword), std::string::npos) << c.url();
+  std::uint64_t last = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto l = c.acquire("basic", ttl_of(5000ms));
+    EXPECT_GT(l.token(), last);
+    last = l.token();
+    const auto st = c.status("basic");
+    EXPECT_TRUE(st.held);
+    EXPECT_EQ(st.token, l.token());
+    ASSERT_TRUE(st.holder.has_value());
+    ASSERT_TRUE(st.ttl_remaining.has_value());
+    EXPECT_LE(*st.ttl_remaining, 5000ms);
+    EXPECT_GT(*st.ttl_remaining, 0ms);
+    // The named lock is held by the session the row names.
+    EXPECT_EQ(
+        server.query("SELECT IS_USED_LOCK('basic') = conn_id FROM distlock_test.distlock_locks WHERE name = "
+                     "'basic'")[0][0],
+        "1");
+    l.release();
+    EXPECT_FALSE(c.status("basic").held);
+  }
+  // Released: no named lock; the row's token is recorded as released (in the MEMORY
+  // table, no log flush); the token row stays (tokens never go back).
+  EXPECT_EQ(server.query("SELECT IS_USED_LOCK('basic')")[0][0], "<null>");
+  EXPECT_EQ(server.query("SELECT l.token, r.token FROM distlock_test.distlock_locks l JOIN "
+                         "distlock_test.distlock_released r USING (digest) WHERE l.name = 'basic'")[0],
+            (std::vector<std::string>{std::to_string(last), std::to_string(last)}));
+  EXPECT_EQ(
+      server.query("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' AND "
+                   "TABLE_NAME = 'distlock_released'")[0][0],
+      "MEMORY");
+  // A restart forgets the releases: the row then keeps others out until the released
+  // lease's time has passed (as if its session had died), never longer.
+  server.restart();
+  EXPECT_EQ(server.query("SELECT COUNT(*) FROM distlock_test.distlock_released")[0][0], "0");
+  {
+    auto b = distlock::connect(server.url(), quiet());
+    const auto t0 = Clock::now();
+    auto again = b.acquire("basic", ttl_of(5000ms, 10000ms));
+    EXPECT_LT(since(t0), 5000ms + 1000ms);
+    EXPECT_GT(again.token(), last);
+    again.release();
+  }
+  // The table is InnoDB (durable tokens) in the URL's database.
+  EXPECT_EQ(
+      server.query("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' AND "
+                   "TABLE_NAME = 'distlock_locks'")[0][0],
+      "InnoDB");
+}
+
+TEST(Mysql, UrlFormsAndMalformedUrlsNameTheProblem) {
+  MariadbServer server;
+  {  // the query key of every scheme
+    auto c = distlock::connect(server.url("?timeout=3s"), quiet());
+    EXPECT_GT(c.acquire("url-forms", ttl_of(2000ms)).token(), 0u);
+  }
+  auto invalid = [&](const std::string& url, const std::string& part) {
+    SCOPED_TRACE(url);
+    const auto e = connect_error(url);
+    EXPECT_EQ(e.code(), errc::invalid_url) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find(MariadbServer::kPassword), std::string::npos) << e.what();
+  };
+  const std::string auth = std::string(MariadbServer::kUser) + ":" + MariadbServer::kPassword + "@";
+  const std::string port = std::to_string(server.port());
+  invalid("mysql://" + auth + "127.0.0.1:" + port, "names no database");
+  invalid("mysql://" + auth + "127.0.0.1:" + port + "/", "names no database");
+  invalid("mysql://" + auth + "127.0.0.1:" + port + ",127.0.0.1:1/x", "takes one server");
+  invalid("mysql://" + auth + "127.0.0.1:" + port + "/a/b", "not a database name");
+  invalid("mysql://" + auth + "127.0.0.1:" + port + "/" + std::string(65, 'd'), "not a database name");
+  invalid(server.url("?sslmode=require"), "sslmode");
+  // A database that does not exist: named, with what to do.
+  const auto e = connect_error("mysql://" + auth + "127.0.0.1:" + port + "/nosuchdb");
+  EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+  EXPECT_NE(std::string(e.what()).find("nosuchdb"), std::string::npos) << e.what();
+  EXPECT_EQ(std::string(e.what()).find(MariadbServer::kPassword), std::string::npos) << e.what();
+}
+
+TEST(Mysql, WrongPasswordIsAuthFailedAndTheMessageHidesThePassword) {
+  MariadbServer server;
+  const std::string wrong = "wr0ng-pa55word";
+  const auto e = connect_error(server.url_with_password(wrong));
+  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
+  const std::string what = e.what();
+  EXPECT_NE(what.find("distlock"), std::string::npos) << what;  // names the user
+  EXPECT_EQ(what.find(wrong), std::string::npos) << what;
+  EXPECT_EQ(what.find(MariadbServer::kPassword), std::string::npos) << what;
+}
+
+TEST(Mysql, ServerDownIsBackendUnavailableNamingTheServer) {
+  const std::uint16_t port = distlock::testing::free_port();
+  const auto t0 = Clock::now();
+  const auto e = connect_error(via(port) + "?timeout=1s");
+  EXPECT_EQ(e.code(), errc::backend_unavailable) << e.what();
+  EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+  EXPECT_EQ(std::string(e.what()).find(MariadbServer::kPassword), std::string::npos) << e.what();
+  EXPECT_LT(since(t0), 5000ms);
+}
+
+TEST(Mysql, ATtlTheSessionTimeoutCannotHoldIsRefusedNamingIt) {
+  MariadbServer server;
+  auto c = distlock::connect(server.url(), quiet());
+  std::error_code ec;
+  auto l = c.acquire("short", ttl_of(900ms), ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  try {
+    c.acquire("short", ttl_of(500ms));
+    ADD_FAILURE() << "a TTL under 1 s was accepted";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("wait_timeout"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(server.query("SELECT COUNT(*) FROM distlock_test.distlock_locks")[0][0], "0");
+}
+
+// Names longer than the server's 64-character limit, or with bytes MySQL might fold
+// (upper case, non-ASCII), are hashed; two long names sharing a long prefix, and two
+// names differing in case, are different locks.
+TEST(Mysql, LongAndOddNamesAreHashedAndDoNotCollide) {
+  MariadbServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  const std::string prefix(80, 'p');
+  const std::string one = prefix + "/first", two = prefix + "/second";
+  auto l1 = a.acquire(one, ttl_of(5000ms));
+  auto l2 = b.acquire(two, ttl_of(5000ms, 0ms));  // no wait: a collision would be busy
+  EXPECT_TRUE(l1.owns());
+  EXPECT_TRUE(l2.owns());
+  auto hashed_holder = [&](const std::string& name) {
+    return server.query("SELECT IS_USED_LOCK(CONCAT('#', LEFT(SHA2('" + name + "', 256), 63)))")[0][0];
+  };
+  EXPECT_NE(hashed_holder(one), "<null>");
+  EXPECT_NE(hashed_holder(two), "<null>");
+  EXPECT_NE(hashed_holder(one), hashed_holder(two));
+  // The same name is still one lock.
+  std::error_code ec;
+  b.acquire(one, ttl_of(5000ms, 0ms), ec);
+  EXPECT_EQ(ec, errc::busy);
+  // Case matters: "Case" is hashed, "case" is the name itself.
+  auto upper = a.acquire("Case", ttl_of(5000ms));
+  auto lower = b.acquire("case", ttl_of(5000ms, 0ms));
+  EXPECT_NE(hashed_holder("Case"), "<null>");
+  EXPECT_NE(server.query("SELECT IS_USED_LOCK('case')")[0][0], "<null>");
+  // A direct name cannot be taken for a hashed one.
+  auto hashy = a.acquire("#abc", ttl_of(5000ms));
+  EXPECT_EQ(server.query("SELECT IS_USED_LOCK('#abc')")[0][0], "<null>");
+  EXPECT_NE(hashed_holder("#abc"), "<null>");
+}
+
+// A waiter waits inside the server (a session blocked in GET_LOCK), is woken by the
+// release, and the wait is gone once it has the lock.
+TEST(Mysql, AWaiterWaitsInsideTheServerAndIsWokenByTheRelease) {
+  MariadbServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  auto held = a.acquire("waited", ttl_of(10000ms));
+  const std::uint64_t held_token = held.token();
+  std::atomic<bool> done{false};
+  Clock::time_point granted{};
+  std::thread waiter([&] {
+    auto l = b.acquire("waited", ttl_of(10000ms, 20000ms));
+    granted = Clock::now();
+    done = true;
+    EXPECT_GT(l.token(), held_token);
+  });
+  ASSERT_TRUE(eventually([&] { return waits_in_server(server) == 1; }, 10000ms))
+      << "no session of the waiter is blocked in GET_LOCK";
+  EXPECT_FALSE(done.load());
+  const auto released = Clock::now();
+  held.release();
+  waiter.join();
+  const Millis took = std::chrono::duration_cast<Millis>(granted - released);
+  RecordProperty("granted_after_release_ms", static_cast<int>(took.count()));
+  // Woken by the server, not by the engine's re-check (5 s at the holder's 10 s TTL).
+  EXPECT_LT(took, 2000ms);
+}
+
+// A waiter that gives up, and then closes its client, leaves no wait on the server:
+// the wait is ended with KILL QUERY, not left blocked until the lock is freed.
+TEST(Mysql, AWaitIsCancelledOnTheServerWhenTheWaiterGivesUpAndCloses) {
+  MariadbServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto held = a.acquire("abandoned", ttl_of(20000ms));
+  {
+    auto b = distlock::connect(server.url(), quiet());
+    std::error_code ec;
+    const auto t0 = Clock::now();
+    b.acquire("abandoned", ttl_of(5000ms, 1500ms), ec);
+    EXPECT_EQ(ec, errc::timeout);
+    EXPECT_GE(since(t0), 1500ms);
+  }
+  ASSERT_TRUE(eventually([&] { return waits_in_server(server) == 0; }, 5000ms))
+      << "the closed client's wait is still blocked in GET_LOCK on the server";
+  // The holder is untouched.
+  EXPECT_TRUE(held.owns());
+  EXPECT_TRUE(a.status("abandoned").held);
+  held.release();
+}
+
+// A holder process SIGKILLed: its connection closes, the server ends its session and
+// frees the named lock at once; the row still names it until its TTL after its last
+// renewal has passed, so the next holder starts no later than that (+ slack).
+TEST(Mysql, KilledHolderProcessFreesTheLockWithinItsTtl) {
+  MariadbServer server;
+  TempDir dir;
+  const std::string out = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "killed", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  const long long old_token = distlock::testing::acquired_token(out);
+  holder.signal(SIGKILL);
+  const auto killed = Clock::now();
+  EXPECT_EQ(exit_code(holder, 10s), 128 + SIGKILL);
+  auto c = distlock::connect(server.url(), quiet());
+  auto l = c.acquire("killed", ttl_of(5000ms, 20000ms));
+  const Millis took = since(killed);
+  RecordProperty("acquired_after_kill_ms", static_cast<int>(took.count()));
+  EXPECT_LT(took, 2000ms + 1000ms);
+  EXPECT_GT(l.token(), static_cast<std::uint64_t>(old_token));
+}
+
+// A holder stopped (its TCP connection open) past its TTL: the server ends its session
+// at its wait_timeout, the next holder gets a newer token, the stopped one's fenced
+// write is rejected, and on resume its first look says lost.
+TEST(Mysql, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) {
+  MariadbServer server;
+  server.query(
+      "CREATE TABLE distlock_test.jobs (id BIGINT PRIMARY KEY, value TEXT, fence BIGINT UNSIGNED NOT NULL "
+      "DEFAULT 0) "
+      "ENGINE=InnoDB; INSERT INTO distlock_test.jobs VALUES (1, 'initial', 0)");
+  TempDir dir;
+  const std::string out = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "fenced", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  const long long old_token = distlock::testing::acquired_token(out);
+  ASSERT_GT(old_token, 0);
+  My my(server);
+  EXPECT_EQ(my.fenced_update(1, "old holder", static_cast<std::uint64_t>(old_token)), 1);
+  holder.signal(SIGSTOP);
+  const auto stopped = Clock::now();
+  auto c = distlock::connect(server.url(), quiet());
+  auto lease = c.acquire("fenced", ttl_of(10000ms, 30000ms));
+  const Millis took = since(stopped);
+  RecordProperty("freed_after_stop_ms", static_cast<int>(took.count()));
+  // Never later than one TTL after the last renewal (which came before the stop) + slack.
+  EXPECT_LT(took, 2000ms + 1000ms);
+  EXPECT_GT(lease.token(), static_cast<std::uint64_t>(old_token));
+  EXPECT_EQ(my.fenced_update(1, "new holder", lease.token()), 1);
+  EXPECT_EQ(my.fenced_update(1, "stale", static_cast<std::uint64_t>(old_token)), 0)
+      << "a stale write went through";
+  EXPECT_EQ(server.query("SELECT value FROM distlock_test.jobs WHERE id = 1")[0][0], "new holder");
+  holder.signal(SIGCONT);
+  holder.signal(SIGUSR1);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
+  EXPECT_EQ(distlock::testing::read_file(out).find("owns 1"), std::string::npos);
+  holder.signal(SIGTERM);
+  EXPECT_EQ(exit_code(holder, 10s), 76);
+  EXPECT_TRUE(lease.owns());
+  EXPECT_TRUE(c.status("fenced").held);
+}
+
+// The holder's connection frozen (a partition the server does not see as a close):
+// the holder gives the lease up on its own clock first, and the server ends the
+// frozen session at its wait_timeout, so the next holder starts after the first one
+// stopped owning and no later than TTL + slack after the freeze.
+TEST(Mysql, FrozenHolderConnectionStopsTheHolderBeforeTheServerFreesTheLock) {
+  MariadbServer server;
+  FaultProxy proxy(server.port());
+  auto a = distlock::connect(via(proxy.port()), quiet());
+  auto b = distlock::connect(server.url(), quiet());
+  const Millis ttl = 3000ms;
+  auto held = a.acquire("frozen", ttl_of(ttl));
+  proxy.freeze();
+  const auto frozen = Clock::now();
+  auto next = b.acquire("frozen", ttl_of(ttl, 20000ms));
+  const bool first_still_owned = held.owns();
+  const Millis took = since(frozen);
+  RecordProperty("acquired_after_freeze_ms", static_cast<int>(took.count()));
+  EXPECT_FALSE(first_still_owned) << "two holders: the frozen one still owned it " << took.count()
+                                  << " ms after the freeze";
+  EXPECT_TRUE(held.stop_token().stop_requested());
+  EXPECT_LT(took, ttl + 1500ms);
+  EXPECT_GT(next.token(), held.token());
+  proxy.pass();
+}
+
+// The server restarted while locks are held: every session ends, the holders' stop
+// tokens fire within the TTL, and tokens continue above every token issued before
+// (the InnoDB row is durable).
+TEST(Mysql, ServerRestartSignalsTheLossAndTokensStillIncrease) {
+  MariadbServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  auto one = a.acquire("crash1", ttl_of(2000ms));
+  auto two = a.acquire("crash2", ttl_of(2000ms));
+  const std::uint64_t t1 = one.token(), t2 = two.token();
+  server.kill();
+  const auto killed = Clock::now();
+  ASSERT_TRUE(eventually(
+      [&] { return one.stop_token().stop_requested() && two.stop_token().stop_requested(); }, 10000ms));
+  RecordProperty("loss_signalled_after_ms", static_cast<int>(since(killed).count()));
+  EXPECT_LT(since(killed), 2000ms + 500ms);
+  EXPECT_FALSE(one.owns());
+  server.restart();
+  auto again1 = a.acquire("crash1", ttl_of(2000ms, 10000ms));
+  auto again2 = a.acquire("crash2", ttl_of(2000ms, 10000ms));
+  EXPECT_GT(again1.token(), t1);
+  EXPECT_GT(again2.token(), t2);
+  std::error_code ec;
+  one.release(ec);
+  EXPECT_EQ(ec, errc::lost);
+  EXPECT_TRUE(again1.owns()) << "the old lease's release touched the new one";
+}
+
+// A lease the engine declares lost on its own (renewals failing with an SQL error
+// until its local deadline): each failed renewal leaves the session's idle limit at
+// what is left of the lease, rounded up to a second, so the server gives the named
+// lock up at most about a second after the holder's deadline, not a whole TTL after
+// its last failed renewal (Backend::forget, when the engine calls it, is sooner still:
+// mysql_records_test).
+TEST(Mysql, ALeaseLostLocallyIsGivenUpSoonAfterItsDeadline) {
+  MariadbServer server;
+  auto a = distlock::connect(server.url(), quiet());
+  const Millis ttl = 6000ms;
+  auto lost = a.acquire("zombie", ttl_of(ttl));
+  // Renewals now fail with an SQL error (no such table) while the session lives.
+  server.query("RENAME TABLE distlock_test.distlock_locks TO distlock_test.moved");
+  ASSERT_TRUE(eventually([&] { return lost.stop_token().stop_requested(); }, 15000ms));
+  const auto declared = Clock::now();
+  ASSERT_TRUE(
+      eventually([&] { return server.query("SELECT IS_USED_LOCK('zombie')")[0][0] == "<null>"; }, 10000ms));
+  const Millis took = since(declared);
+  RecordProperty("freed_after_loss_ms", static_cast<int>(took.count()));
+  EXPECT_LT(took, 2500ms) << "the lost lease's named lock was kept for a TTL after its last renewal";
+  server.query("RENAME TABLE distlock_test.moved TO distlock_test.distlock_locks");
+}
+
+// innodb_flush_log_at_trx_commit other than 1 may lose the last tokens in a crash of
+// the server host: said once, at connect.
+TEST(Mysql, ANonDurableServerIsWarnedAboutOnce) {
+  MariadbServer server;
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  distlock::ClientOptions o;
+  o.logger = [&](distlock::LogLevel level, std::string_view msg) {
+    std::lock_guard lk(mu);
+    if (level >= distlock::LogLevel::warning) warnings.emplace_back(msg);
+  };
+  {
+    auto c = distlock::connect(server.url(), o);
+    c.acquire("durable", ttl_of(2000ms)).release();
+  }
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  server.query("SET GLOBAL innodb_flush_log_at_trx_commit = 2");
+  {
+    auto c = distlock::connect(server.url(), o);
+    c.acquire("durable", ttl_of(2000ms)).release();
+    c.acquire("durable", ttl_of(2000ms)).release();
+  }
+  std::lock_guard lk(mu);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("innodb_flush_log_at_trx_commit"), std::string::npos) << warnings[0];
+  EXPECT_EQ(warnings[0].find(MariadbServer::kPassword), std::string::npos) << warnings[0];
+}
+
+// list() reads the rows: held locks with their token and holder, by prefix, in order.
+TEST(Mysql, ListShowsHeldLocksByPrefix) {
+  MariadbServer server;
+  auto c = distlock::connect(server.url(), quiet());
+  auto l1 = c.acquire("jobs/b", ttl_of(5000ms));
+  auto l2 = c.acquire("jobs/a", ttl_of(5000ms));
+  auto l3 = c.acquire("other", ttl_of(5000ms));
+  c.acquire("jobs/released", ttl_of(5000ms)).release();
+  const auto listed = c.list("jobs/");
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].name, "jobs/a");
+  EXPECT_EQ(listed[1].name, "jobs/b");
+  EXPECT_EQ(listed[0].info.token, l2.token());
+  bool truncated = false;
+  EXPECT_EQ(c.list("", 1, truncated).size(), 1u);
+  EXPECT_TRUE(truncated);
+}

@@ -1,0 +1,312 @@
+#include "support/mariadb_server.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <mysql.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace distlock::testing {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string run_to_end(const std::vector<std::string>& argv, const std::string& log) {
+  Process p = Process::spawn(argv, log);
+  const int st = p.wait_for(std::chrono::seconds(120));
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    return "\"" + argv[0] + " ... " + argv.back() + "\" failed (status " + std::to_string(st) + "):\n" +
+           read_file(log);
+  }
+  return {};
+}
+
+// The server's options, shared by the template's first start and every test server.
+std::vector<std::string> server_argv(const std::string& datadir, const std::string& sock, std::uint16_t port,
+                                     const std::string& log) {
+  std::vector<std::string> argv{mariadbd_path(),
+                                "--no-defaults",
+                                "--datadir=" + datadir,
+                                "--socket=" + sock,
+                                "--pid-file=" + datadir + "/mariadbd.pid",
+                                "--log-error=" + log,
+                                "--skip-name-resolve",
+                                "--skip-log-bin",
+                                "--performance-schema=OFF",
+                                "--max-connections=600",
+                                "--innodb-buffer-pool-size=8M",
+                                "--innodb-log-file-size=4M",
+                                "--innodb-data-file-path=ibdata1:4M:autoextend",
+                                "--innodb-flush-log-at-trx-commit=1",
+                                "--innodb-doublewrite=0",
+                                "--skip-innodb-use-native-aio",
+                                "--character-set-server=utf8mb4"};
+  if (port == 0) {
+    argv.push_back("--skip-networking");
+  } else {
+    argv.push_back("--bind-address=127.0.0.1");
+    argv.push_back("--port=" + std::to_string(port));
+  }
+  if (::geteuid() == 0) argv.push_back("--user=root");
+  return argv;
+}
+
+// Connects as root over the Unix socket; null on failure (with `why`).
+MYSQL* connect_root(const std::string& sock, std::string& why, unsigned timeout_s = 5) {
+  MYSQL* m = mysql_init(nullptr);
+  if (!m) {
+    why = "out of memory";
+    return nullptr;
+  }
+  mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout_s);
+  mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &timeout_s);
+  mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &timeout_s);
+  if (!mysql_real_connect(m, nullptr, "root", nullptr, nullptr, 0, sock.c_str(), CLIENT_MULTI_STATEMENTS)) {
+    why = mysql_error(m);
+    mysql_close(m);
+    return nullptr;
+  }
+  return m;
+}
+
+// Runs `sql` (several statements allowed); the rows of the last result set.
+std::vector<std::vector<std::string>> run_sql(MYSQL* m, const std::string& sql) {
+  if (mysql_real_query(m, sql.data(), sql.size()) != 0) throw std::runtime_error(sql + ": " + mysql_error(m));
+  std::vector<std::vector<std::string>> rows;
+  for (;;) {
+    MYSQL_RES* res = mysql_store_result(m);
+    if (res) {
+      rows.clear();
+      const unsigned n = mysql_num_fields(res);
+      while (MYSQL_ROW row = mysql_fetch_row(res)) {
+        unsigned long* len = mysql_fetch_lengths(res);
+        std::vector<std::string> r;
+        for (unsigned i = 0; i < n; ++i) r.push_back(row[i] ? std::string(row[i], len[i]) : "<null>");
+        rows.push_back(std::move(r));
+      }
+      mysql_free_result(res);
+    } else if (mysql_field_count(m) != 0) {
+      throw std::runtime_error(sql + ": " + mysql_error(m));
+    }
+    const int next = mysql_next_result(m);
+    if (next > 0) throw std::runtime_error(sql + ": " + mysql_error(m));
+    if (next < 0) break;
+  }
+  return rows;
+}
+
+[[noreturn]] void fail(const std::string& msg) {
+  ADD_FAILURE() << msg;
+  throw std::runtime_error(msg);
+}
+
+}  // namespace
+
+std::string mariadbd_path() {
+  for (const char* p : {"/usr/sbin/mariadbd", "/usr/bin/mariadbd", "/usr/sbin/mysqld"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return {};
+}
+
+MariadbServer::MariadbServer() {
+  if (mariadbd_path().empty() || !have_program("mariadb-install-db")) {
+    fail(
+        "MariaDB (mariadbd, mariadb-install-db) is not installed; it is required for the mysql:// tests: run "
+        "scripts/bootstrap.sh or apt-get install mariadb-server");
+  }
+  // mariadb-install-db once (seconds under load) into a template shared by every test
+  // process of this user (CTest runs each test as its own process); each server copies
+  // it. Built in a temporary directory and renamed into place, under an flock. The
+  // template has the account and the database the tests use.
+  const std::string tmpl =
+      (std::filesystem::temp_directory_path() / ("distlock-mariadb-template-" + std::to_string(::geteuid())))
+          .string();
+  const std::string d = dir_.path().string();
+  {
+    const int lock_fd = ::open((tmpl + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd >= 0) ::flock(lock_fd, LOCK_EX);
+    std::string error;
+    if (!std::filesystem::exists(tmpl + "/data/ready")) {
+      TempDir t("distlock-my-install");
+      const std::string td = t.path().string();
+      std::vector<std::string> argv{"mariadb-install-db",
+                                    "--no-defaults",
+                                    "--datadir=" + td + "/data",
+                                    "--auth-root-authentication-method=normal",
+                                    "--skip-test-db",
+                                    "--skip-name-resolve",
+                                    "--innodb-buffer-pool-size=8M",
+                                    "--innodb-log-file-size=4M",
+                                    "--innodb-data-file-path=ibdata1:4M:autoextend"};
+      if (::geteuid() == 0) argv.push_back("--user=root");
+      error = run_to_end(argv, td + "/install.log");
+      if (error.empty()) {
+        // One start without networking to create the account and the database.
+        const std::string sock = td + "/s";
+        Process p = Process::spawn(server_argv(td + "/data", sock, 0, td + "/first.log"), td + "/first.out");
+        MYSQL* m = nullptr;
+        const auto end = std::chrono::steady_clock::now() + 60s;
+        std::string why;
+        while (!m && std::chrono::steady_clock::now() < end && p.running()) {
+          m = connect_root(sock, why, 2);
+          if (!m) std::this_thread::sleep_for(50ms);
+        }
+        if (!m) {
+          error = "mariadbd did not start from the fresh template (" + why + "):\n" +
+                  read_file(td + "/first.log");
+        } else {
+          try {
+            run_sql(m, std::string("CREATE USER '") + kUser + "'@'127.0.0.1' IDENTIFIED BY '" + kPassword +
+                           "'; GRANT ALL ON *.* TO '" + kUser + "'@'127.0.0.1'; CREATE DATABASE " +
+                           kDatabase);
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+          mysql_close(m);
+        }
+        p.signal(SIGTERM);
+        if (p.wait_for(60s) == -1) {
+          p.stop();
+          if (error.empty())
+            error = "mariadbd did not shut down within 60 s:\n" + read_file(td + "/first.log");
+        }
+      }
+      if (error.empty()) {
+        std::ofstream(td + "/data/ready") << "ok\n";
+        std::error_code ec;
+        std::filesystem::remove_all(tmpl, ec);
+        std::filesystem::create_directory(tmpl, ec);
+        std::filesystem::rename(td + "/data", tmpl + "/data", ec);
+        if (ec) error = "cannot move the MariaDB template to " + tmpl + ": " + ec.message();
+      }
+    }
+    if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
+    if (lock_fd >= 0) ::close(lock_fd);
+    if (!error.empty()) fail(error);
+  }
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    port_ = free_port();
+    start();
+    if (wait_ready(60s)) return;
+    failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
+    kill();
+  }
+  fail("mariadbd did not start; its log:\n" + failures);
+}
+
+MariadbServer::~MariadbServer() {
+  stop();
+}
+
+std::string MariadbServer::socket() const {
+  return (dir_.path() / "s").string();
+}
+
+void MariadbServer::start() {
+  const std::string d = dir_.path().string();
+  process_ = Process::spawn(server_argv(d + "/data", socket(), port_, d + "/server.log"), d + "/server.out");
+  pid_ = process_.pid();
+}
+
+bool MariadbServer::wait_ready(std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (!process_.running()) return false;
+    std::string why;
+    if (MYSQL* m = connect_root(socket(), why, 2)) {
+      mysql_close(m);
+      // The socket answers before the TCP port may; wait for the port too.
+      return wait_port_open(port_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::max<std::chrono::steady_clock::duration>(
+                                           end - std::chrono::steady_clock::now(), 100ms)));
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+std::string MariadbServer::url(const std::string& suffix) const {
+  return url_with_password(kPassword) + suffix;
+}
+
+std::string MariadbServer::url_with_password(const std::string& password) const {
+  return std::string("mysql://") + kUser + ":" + password + "@127.0.0.1:" + std::to_string(port_) + "/" +
+         kDatabase;
+}
+
+void MariadbServer::kill() {
+  if (pid_ <= 0) return;
+  process_.signal(SIGKILL);
+  process_.signal(SIGCONT);
+  process_.wait_for(std::chrono::seconds(10));
+  pid_ = -1;
+}
+
+void MariadbServer::pause() {
+  if (pid_ > 0) process_.signal(SIGSTOP);
+}
+
+void MariadbServer::resume() {
+  if (pid_ > 0) process_.signal(SIGCONT);
+}
+
+void MariadbServer::stop() {
+  resume();
+  if (pid_ <= 0) return;
+  process_.signal(SIGTERM);  // normal shutdown: ends every session
+  if (process_.wait_for(std::chrono::seconds(10)) != -1) {
+    pid_ = -1;
+    return;
+  }
+  kill();
+}
+
+void MariadbServer::restart() {
+  stop();
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    start();
+    if (wait_ready(60s)) return;
+    failures += log() + "\n";
+    kill();
+  }
+  throw std::runtime_error("mariadbd did not restart on port " + std::to_string(port_) + ":\n" + failures);
+}
+
+std::vector<std::vector<std::string>> MariadbServer::query(const std::string& sql) const {
+  std::string why;
+  MYSQL* m = connect_root(socket(), why);
+  if (!m) throw std::runtime_error("cannot connect to the test mariadbd: " + why);
+  try {
+    auto rows = run_sql(m, sql);
+    mysql_close(m);
+    return rows;
+  } catch (...) {
+    mysql_close(m);
+    throw;
+  }
+}
+
+std::string MariadbServer::log() const {
+  return read_file(dir_.path() / "server.log");
+}
+
+}  // namespace distlock::testing
