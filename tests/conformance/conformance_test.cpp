@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stop_token>
@@ -451,6 +452,36 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     }
   }
   expect_nothing_left();
+}
+
+// The only waiter's process is gone (SIGKILL) while it waits with a TTL of 30 s; the
+// holder releases: the lock is free within 3 s of the release (on this process's
+// steady clock), whatever the dead waiter's TTL (docs/design.md "A dead waiter").
+// A queue place held by a dead process is not the dead process's lease.
+TEST_P(Conformance, AReleaseFreesTheLockWithin3sWhenTheOnlyWaiterIsDead) {
+  TempDir dir("distlock-conf-deadwaiter");
+  const std::string out = (dir.path() / "waiter").string();
+  auto holder = client();
+  auto lease = holder.acquire("orphan", opts());
+  Process waiter =
+      distlock::testing::spawn_holder(target_->url(), "orphan", out, 30000, 0, {"--wait", "60000"});
+  // Let it queue: where the backend counts waiters, until it counts this one.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(eventually([&] { return holder.status("orphan").waiters.value_or(1) >= 1; }, 10000ms));
+  waiter.signal(SIGKILL);
+  ASSERT_EQ(exit_code(waiter, 10s), 128 + SIGKILL);
+  const auto released_at = Steady::now();
+  lease.release();
+  auto other = client();
+  std::optional<distlock::Lease> got;
+  while (!got && Steady::now() - released_at < 3000ms) {
+    got = other.try_acquire("orphan", opts());
+    if (!got) std::this_thread::sleep_for(20ms);
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Steady::now() - released_at);
+  RecordProperty("free_after_release_ms", static_cast<int>(took.count()));
+  EXPECT_TRUE(got.has_value()) << "the lock was not free 3 s after the release; its only waiter was dead";
+  EXPECT_EQ(distlock::testing::read_file(out).find("acquired"), std::string::npos);
 }
 
 // A holder SIGSTOPped past its TTL: the next holder gets the lock within TTL + 2 s; on
