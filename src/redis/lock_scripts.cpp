@@ -186,6 +186,30 @@ return 0
   return s;
 }
 
+const Script& queue_forget_script() {
+  static const Script& s = *new Script(with_prelude(R"lua(
+local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, token, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- Every queue entry of the owner ("<entry digits> <owner>") goes first: the lock
+-- is then never handed to the owner that lost it.
+local tail = ' ' .. owner
+local members = redis.call('HKEYS', x)
+for i = 1, #members do
+  local m = members[i]
+  if #m > #tail and string.sub(m, -#tail) == tail and string.match(string.sub(m, 1, #m - #tail), '^%d+$') then
+    redis.call('HDEL', x, m)
+    redis.call('LREM', q, 0, m)
+  end
+end
+if redis.call('HEXISTS', lock, owner) == 1 and redis.call('HGET', lock, '@token') == token then
+  release_onward(lock, q, x, fence, grant_prefix, channel)
+  return 1
+end
+return 0
+)lua"));
+  return s;
+}
+
 const Script& queue_refresh_script() {
   static const Script& s = *new Script(with_prelude(R"lua(
 local grant_prefix = ARGV[1]

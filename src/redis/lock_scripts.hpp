@@ -61,6 +61,12 @@ const Script& queue_release_script();
 /// handed on as by a release), else 0 (the entry is removed if it is still queued).
 const Script& queue_cancel_script();
 
+/// KEYS lock, queue, expiries, fence; ARGV owner, token, released channel, grant
+/// prefix. A lease the engine declared lost (Backend::forget): removes every queue
+/// entry of `owner`, then, if the lock is still held by `owner` under `token`,
+/// releases it onward as the release script does. 1 released, 0 nothing held.
+const Script& queue_forget_script();
+
 /// KEYS 4 per entry: lock, queue, expiries, fence; ARGV grant prefix, then 3 per
 /// entry: owner, entry, ttl ms. One status per entry: 0 refreshed (still queued,
 /// expiry = now + min(ttl, kEntryLife)), the token (a string) when the lock was

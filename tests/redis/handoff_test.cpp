@@ -330,3 +330,57 @@ INSTANTIATE_TEST_SUITE_P(Signals, RedisDeadWaiter, ::testing::Values(SIGKILL, SI
                          });
 
 }  // namespace
+
+namespace {
+
+// Backend::forget (issue 27 item 4, redis part): the engine hands back a lease it
+// declared lost. The backend deletes that lease's lock, owner- and token-checked,
+// and hands it to the next live waiter as a release does; a wrong token or another
+// owner changes nothing. Every queue entry of the owner goes too.
+TEST(RedisForget, ALostLeaseIsHandedToTheNextWaiterAndOnlyThatLease) {
+  RedisServer server;
+  Client x = distlock::connect(server.url());
+  Client y = distlock::connect(server.url());
+  auto& backend = distlock::detail::engine_of(x)->backend();
+  const std::string owner = "0123456789abcdef0123456789abcdef:7";
+  distlock::detail::Error ec;
+  const auto held = backend.try_acquire({"lost", owner, Millis(30000)}, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(held.acquired);
+  std::atomic<bool> y_got{false};
+  Clock::time_point y_at{};
+  std::thread yt([&] {
+    distlock::detail::Error yec;
+    Lease l = y.acquire("lost", ttl_of(10s, 30s), yec);
+    EXPECT_FALSE(yec) << yec.message();
+    y_at = Clock::now();
+    y_got = true;
+  });
+  ASSERT_TRUE(eventually([&] { return waiters_of(x, "lost") == 1u; }, 10s));
+  backend.forget("lost", owner, held.token + 1);                             // another lease of the owner
+  backend.forget("lost", "fedcba9876543210fedcba9876543210:1", held.token);  // another owner
+  EXPECT_EQ(x.status("lost").holder.value_or(""), owner) << "forget freed a lease it was not given";
+  EXPECT_FALSE(y_got.load());
+  const auto forgotten = Clock::now();
+  backend.forget("lost", owner, held.token);
+  yt.join();
+  ASSERT_TRUE(y_got.load());
+  // One grant and its claim: two round trips on loopback; 2 s is the slack for a loaded host.
+  EXPECT_LT(std::chrono::duration_cast<Millis>(y_at - forgotten), 2000ms)
+      << "the next waiter was not granted the forgotten lock";
+  EXPECT_EQ(backend.release("lost", owner, held.token, ec), distlock::detail::ReleaseStatus::not_owner);
+
+  // A queued entry of the owner goes, the holder's lock stays.
+  Lease h = y.acquire("queued", ttl_of(10s));
+  const std::string waiter = "0123456789abcdef0123456789abcdef:8";
+  ASSERT_FALSE(backend.try_acquire({"queued", waiter, Millis(30000), true}, ec).acquired);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_EQ(waiters_of(x, "queued"), 1u);
+  backend.forget("queued", waiter, 0);
+  EXPECT_EQ(waiters_of(x, "queued"), 0u) << "the owner's queue entry is still there";
+  EXPECT_TRUE(x.status("queued").held);
+  EXPECT_EQ(server.command({"EXISTS", "distlock:{queued}:q"})->integer, 0);
+  backend.cancel_acquire("queued", waiter);  // the wait's local state
+}
+
+}  // namespace
