@@ -6,8 +6,8 @@
 //   <p>:{<name>}:q        list of waiting entries "<entry> <owner>", oldest first (the
 //                         entry is digits; an owner id may hold spaces: its holder info)
 //   <p>:{<name>}:qx       hash "<entry> <owner>" -> "<expiry ms>:<ttl ms>" (server time)
-//   <p>:fence:{<tag>}     the fence counter of the name's hash slot, shared by every
-//                         name in that slot (never expires; redis/slots.hpp)
+//   <p>:{<tag>}:fence     the fence counter of the name's hash slot, shared by every
+//                         name in that slot (never expires; redis/key_layout.hpp)
 // and two channels: <p>:{<name>}:released (published only when a release leaves
 // the lock free) and <p>:grant:<client> (a grant to one of that client's entries:
 // "<entry> <token> <length of the lock key> <lock key><owner>"). An entry id is unique per enqueue within a

@@ -14,6 +14,7 @@
 
 #include "core/log.hpp"
 #include "redis/connection.hpp"
+#include "redis/key_layout.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/records.hpp"
 #include "redis/redis_backend.hpp"
@@ -132,23 +133,13 @@ class RedisBackend final : public Backend {
   std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, std::error_code& ec,
                                  std::string& why);
 
-  // "<prefix>:fence:{<tag>}": one counter per hash slot, in the slot of the lock
-  // (docs/redis.md "Tokens"): locking any number of names leaves at most 16,384
-  // counters, and the acquire script's keys stay in one slot.
-  std::string fence_key(std::string_view lock) const {
-    return prefix_ + ":fence:{" + redis::slot_tag(redis::key_slot(lock)) + "}";
-  }
-
-  std::string lock_key(std::string_view name) const {
-    std::string k;
-    k.reserve(prefix_.size() + name.size() + 4);
-    k.append(prefix_).append(":{").append(name).append("}");
-    return k;
-  }
-
-  // "<prefix>:{<key>}:record": a lock key ends in '}', its counter in ":fence", so no
-  // record shares a key with a lock of any name.
-  std::string record_key(std::string_view key) const { return lock_key(key) + ":record"; }
+  // The layout (redis/key_layout.hpp): "<prefix>:{<name>}", its counter
+  // "<prefix>:{<tag>}:fence", one per hash slot in the slot of the lock (docs/redis.md
+  // "Tokens"): locking any number of names leaves at most 16,384 counters, and the
+  // acquire script's keys stay in one slot.
+  std::string fence_key(std::string_view lock) const { return redis::fence_key(prefix_, lock); }
+  std::string lock_key(std::string_view name) const { return redis::lock_key(prefix_, name); }
+  std::string record_key(std::string_view key) const { return redis::record_key(prefix_, key); }
 
   bool answered(const Connection& conn, const Reply& r, const char* what, Error& ec);
   bool replicated_record(Connection& conn, std::string_view key, Error& ec);

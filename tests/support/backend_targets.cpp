@@ -28,7 +28,8 @@ std::vector<std::string> redis_keys(const RedisServer& s, bool with_channels) {
   for (std::size_t i = 0; keys && i < keys->elements; ++i) {
     std::string k(keys->element[i]->str, keys->element[i]->len);
     // Fence counters outlive every holder by design: tokens never go back
-    // ("<prefix>:{<name>}:fence" per name, "<prefix>:fence:{<tag>}" per hash slot).
+    // ("<prefix>:{<name>}:fence" per name, "<prefix>:{<tag>}:fence" per hash slot;
+    // "<prefix>:fence:{<tag>}" before the layout change).
     const bool fence = (k.size() >= 6 && k.compare(k.size() - 6, 6, ":fence") == 0) ||
                        k.find(":fence:{") != std::string::npos;
     if (!fence) out.push_back("key " + k);
