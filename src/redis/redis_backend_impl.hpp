@@ -85,6 +85,7 @@ class RedisBackend final : public Backend {
     st.grants_received = waits_.grants_received();
     st.release_messages = release_messages_.load();
     st.queued_waits = waits_.size();
+    st.subscriber_silent_drops = subscriber_.silent_drops();
     return st;
   }
 
