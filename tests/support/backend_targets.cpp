@@ -168,6 +168,12 @@ class EtcdTarget final : public Target {
     return out;
   }
   std::string url_via(const std::string& hosts) override { return "etcd://" + hosts; }
+  // A waiter's queue key lives on its session lease, whose TTL is the waiter's lock
+  // TTL: a dead waiter holds the line until that lease expires (docs/design.md "A dead
+  // waiter"), plus a second of expiry granularity.
+  std::int64_t dead_waiter_bound_ms(std::int64_t waiter_ttl_ms) const override {
+    return waiter_ttl_ms + 1000;
+  }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     const std::string keys = cluster_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
@@ -213,6 +219,7 @@ class ZkTarget final : public Target {
     return out;
   }
   std::string url_via(const std::string& hosts) override { return "zk://" + hosts + kQuery; }
+  std::int64_t max_ttl_ms() const override { return 4000; }
   std::vector<std::string> leftovers() override {
     RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
     std::vector<std::string> out;
