@@ -13,6 +13,11 @@
  * and a re-check must never put back an entry that is gone (granted and lost,
  * or expired), or a waiter that walks away is granted afterwards.
  *
+ * A grant holds the lock for CLAIM ticks only, until the grantee claims it from the
+ * server (its acquire call, or its refresh, restarts the TTL); a queue entry lives
+ * QLIFE ticks after its last refresh; a refresh that finds the lock free grants it to
+ * the head. So a waiter that died holds nobody up for its TTL (issue 27, item 2).
+ *
  * Checked: (1) whenever a client believes it holds the lock (held and now <
  * its local deadline), the server's owner is that client's wait and the server's
  * expiry is not earlier than the local deadline: so two clients never both
@@ -22,7 +27,9 @@
 #ifndef N
 #define N 2          /* clients: 2 or 3 */
 #endif
-#define TTL 3        /* lease and queue-entry lifetime, in ticks */
+#define TTL 3        /* lease lifetime, in ticks */
+#define QLIFE 2      /* a queue entry's lifetime after its last refresh (< TTL: kEntryLife) */
+#define CLAIM 1      /* a grant's lifetime until the grantee claims it (kClaimWindow) */
 #ifndef TMAX
 #define TMAX 3       /* time bound */
 #endif
@@ -84,7 +91,7 @@ inline grant_head() {
   q_prune();
   if
   :: qlen > 0 ->
-     owner = q_c[0]; owner_ep = q_ep[0]; token++; lock_exp = now + TTL;
+     owner = q_c[0]; owner_ep = q_ep[0]; token++; lock_exp = now + CLAIM;
      assert(token > last_token); last_token = token;
      if
      :: nfull(note[owner]) -> note[owner] ! owner_ep
@@ -98,11 +105,10 @@ inline grant_head() {
 inline lock_free() { (owner == 0 || lock_exp <= now) }
 
 proctype Client(byte c) {
-  byte ep = 0, s, last_ok, r, e;
+  byte ep = 0, s, r, e;
   bool queued;
 
 next_wait:
-  last_ok = 0;
   /* ep names one queue entry: a new one for each wait and for each re-queue, so a
      grant notification for an entry that is gone can never be taken for a grant of
      the current one */
@@ -127,8 +133,8 @@ acquire:
        r = 2                                  /* our entry expired or was granted and lost */
     :: !(owner == c && owner_ep == ep && lock_exp > now) && !(queued && k == qlen) ->
        if
-       :: k < qlen -> q_exp[k] = now + TTL
-       :: else -> assert(qlen < QMAX); q_c[qlen] = c; q_ep[qlen] = ep; q_exp[qlen] = now + TTL; qlen++
+       :: k < qlen -> q_exp[k] = now + QLIFE
+       :: else -> assert(qlen < QMAX); q_c[qlen] = c; q_ep[qlen] = ep; q_exp[qlen] = now + QLIFE; qlen++
        fi;
        if
        :: (owner == 0 || lock_exp <= now) ->
@@ -148,36 +154,44 @@ acquire:
   if
   :: r == 1 -> atomic { deadline[c] = s + TTL; held[c] = true; s = 0; r = 0 }; goto holding
   :: r == 2 -> r = 0; s = 0; goto next_wait
-  :: r == 0 -> atomic { last_ok = s; queued = true; s = 0 }
+  :: r == 0 -> atomic { queued = true; s = 0 }
   fi;
 
 waiting:
   do
   :: note[c] ? e ->
-     if
-:: e == ep && now < last_ok + TTL ->
-        /* the grant: the local deadline counts from the last refresh the
-           server answered while we were queued (sent before the grant) */
-        atomic { deadline[c] = last_ok + TTL; held[c] = true; e = 0 }; goto holding
-     :: e == ep && now >= last_ok + TTL -> e = 0; goto release_onward      /* too late to use: hand it on */
-     :: e != ep -> e = 0                        /* stale, from an earlier wait */
-     fi
-  :: /* queue refresh, in the renewer's batch */
+     /* a grant holds the lock only CLAIM ticks: it is claimed from the server (the
+        acquire call restarts the lock's TTL; the local deadline counts from its send
+        time); a stale message, from an earlier entry, finds nothing to claim */
+     e = 0; goto acquire
+  :: /* queue refresh, in the renewer's batch; an entry that finds the lock free
+        (a grant to a dead waiter lapsed, a holder expired) grants it to the head */
      s = now;
      atomic {
        q_prune();
        q_find(c, ep);
        if
-       :: k < qlen -> q_exp[k] = now + TTL; r = 0
+       :: k < qlen ->
+          q_exp[k] = now + QLIFE;
+          if
+          :: lock_free() -> grant_head()
+          :: else -> skip
+          fi;
+          q_find(c, ep)
+       :: else -> skip
+       fi;
+       if
+       :: k < qlen -> r = 0
        :: else ->
           if
           :: owner == c && owner_ep == ep && lock_exp > now -> lock_exp = now + TTL; r = 1
           :: else -> r = 2
           fi
-       fi
+       fi;
+       k = 0
      }
      if
-     :: r == 0 -> atomic { last_ok = s; s = 0 }
+     :: r == 0 -> s = 0
      :: r == 1 -> atomic { deadline[c] = s + TTL; held[c] = true; s = 0; r = 0 }; goto holding
      :: r == 2 -> r = 0; s = 0; goto next_wait            /* our entry expired: queue anew, as a new entry */
      fi

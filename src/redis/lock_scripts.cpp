@@ -21,12 +21,18 @@ namespace {
 // prune: drops dead entries (expired: a killed or paused waiter) from the head and
 // returns the first live one with its ttl.
 //
+// entry_value: a queued entry's "<expiry>:<ttl>"; it expires ENTRY_LIFE ms after
+// this refresh (the ttl if shorter), not after the lock's ttl: a dead or stopped
+// waiter's place lapses within ENTRY_LIFE, whatever its ttl.
+//
 // take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
-// token, its own ttl, and one message on that waiter's client channel. Nobody else
-// is woken.
-constexpr const char* kPrelude = R"lua(
+// token, and one message on that waiter's client channel. Nobody else is woken. The
+// grant lives CLAIM ms (the ttl if shorter) until the grantee claims it (its call
+// restarts the lock's ttl): a grant to a waiter that died since its last refresh
+// lapses then, and the next waiter's refresh takes the free lock over.
+constexpr const char* kPreludeHead = R"lua(
 if redis.replicate_commands then redis.replicate_commands() end
 local TIME
 local function time()
@@ -62,6 +68,10 @@ local function prune(q, x)
     redis.call('HDEL', x, head)
   end
 end
+local function entry_value(ttl)
+  local life = math.min(tonumber(ttl), ENTRY_LIFE)
+  return string.format('%.0f', now_ms() + life) .. ':' .. ttl
+end
 local function take(lock, fence, owner, entry, ttl)
   local token = next_token(fence)
   redis.call('HSET', lock, owner, entry, '@token', token)
@@ -75,10 +85,11 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   redis.call('HDEL', x, head)
   local sp = string.find(head, ' ', 1, true)
   local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
-  local token = take(lock, fence, owner, entry, ttl)
+  local window = math.min(tonumber(ttl), CLAIM)
+  local token = take(lock, fence, owner, entry, window)
   redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'),
              entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
-  return ttl
+  return window
 end
 local function keep_queue(q, x, ttl)
   if redis.call('PTTL', q) < tonumber(ttl) then redis.call('PEXPIRE', q, ttl) end
@@ -93,7 +104,8 @@ end
 )lua";
 
 std::string with_prelude(const char* body) {
-  return std::string(kPrelude) + body;
+  return "local ENTRY_LIFE = " + std::to_string(kEntryLife.count()) +
+         "\nlocal CLAIM = " + std::to_string(kClaimWindow.count()) + "\n" + kPreludeHead + body;
 }
 
 }  // namespace
@@ -116,7 +128,7 @@ if mode == '1' and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
 end
 local me = entry .. ' ' .. owner
 if mode ~= '0' then
-  local expiry = string.format('%.0f', now_ms() + tonumber(ttl)) .. ':' .. ttl
+  local expiry = entry_value(ttl)
   if redis.call('HEXISTS', x, me) == 1 then
     redis.call('HSET', x, me, expiry)
   elseif mode == '2' then
@@ -174,17 +186,46 @@ return 0
   return s;
 }
 
+const Script& queue_forget_script() {
+  static const Script& s = *new Script(with_prelude(R"lua(
+local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, token, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- Every queue entry of the owner ("<entry digits> <owner>") goes first: the lock
+-- is then never handed to the owner that lost it.
+local tail = ' ' .. owner
+local members = redis.call('HKEYS', x)
+for i = 1, #members do
+  local m = members[i]
+  if #m > #tail and string.sub(m, -#tail) == tail and string.match(string.sub(m, 1, #m - #tail), '^%d+$') then
+    redis.call('HDEL', x, m)
+    redis.call('LREM', q, 0, m)
+  end
+end
+if redis.call('HEXISTS', lock, owner) == 1 and redis.call('HGET', lock, '@token') == token then
+  release_onward(lock, q, x, fence, grant_prefix, channel)
+  return 1
+end
+return 0
+)lua"));
+  return s;
+}
+
 const Script& queue_refresh_script() {
   static const Script& s = *new Script(with_prelude(R"lua(
-local now = now_ms()
+local grant_prefix = ARGV[1]
 local out = {}
-for i = 1, #KEYS / 3 do
-  local lock, q, x = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local owner, entry, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+for i = 1, #KEYS / 4 do
+  local lock, q, x, fence = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local owner, entry, ttl = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
   local me = entry .. ' ' .. owner
   if redis.call('HEXISTS', x, me) == 1 then
-    redis.call('HSET', x, me, string.format('%.0f', now + tonumber(ttl)) .. ':' .. ttl)
+    redis.call('HSET', x, me, entry_value(ttl))
     keep_queue(q, x, ttl)
+    -- A free lock with live waiters (a grant to a dead waiter lapsed, or a holder
+    -- expired): the head gets it now, not at some waiter's re-check.
+    if redis.call('EXISTS', lock) == 0 then grant_head(lock, q, x, fence, grant_prefix) end
+  end
+  if redis.call('HEXISTS', x, me) == 1 then
     out[i] = 0
   elseif redis.call('HGET', lock, owner) == entry then
     redis.call('PEXPIRE', lock, ttl)

@@ -6,8 +6,8 @@
 //   <p>:{<name>}:q        list of waiting entries "<entry> <owner>", oldest first (the
 //                         entry is digits; an owner id may hold spaces: its holder info)
 //   <p>:{<name>}:qx       hash "<entry> <owner>" -> "<expiry ms>:<ttl ms>" (server time)
-//   <p>:fence:{<tag>}     the fence counter of the name's hash slot, shared by every
-//                         name in that slot (never expires; redis/slots.hpp)
+//   <p>:{<tag>}:fence     the fence counter of the name's hash slot, shared by every
+//                         name in that slot (never expires; redis/key_layout.hpp)
 // and two channels: <p>:{<name>}:released (published only when a release leaves
 // the lock free) and <p>:grant:<client> (a grant to one of that client's entries:
 // "<entry> <token> <length of the lock key> <lock key><owner>"). An entry id is unique per enqueue within a
@@ -20,9 +20,23 @@
 // Thread-safety: the Script objects are shared and safe to use from any thread.
 #pragma once
 
+#include <chrono>
+
 #include "redis/connection.hpp"
 
 namespace distlock::detail::redis {
+
+/// A queued entry expires this long after its last refresh (its ttl if shorter):
+/// the place of a waiter that died or stopped lapses within it, whatever its ttl.
+/// Clients refresh their entries four times per entry life (wait_queue.cpp).
+inline constexpr std::chrono::milliseconds kEntryLife{2000};
+/// A grant holds the lock this long (the ttl if shorter) until the grantee claims
+/// it (its next acquire or refresh call restarts the lock's ttl). A grant to a
+/// waiter that died since its last refresh lapses then, and the next waiter's
+/// refresh (at most a refresh period later) takes the free lock over: a dead
+/// waiter delays the next live one by at most kClaimWindow + kEntryLife / 4 after
+/// a release (docs/design.md "A dead waiter").
+inline constexpr std::chrono::milliseconds kClaimWindow{1000};
 
 /// KEYS lock, queue, expiries, fence; ARGV owner, ttl ms, entry, mode, grant prefix.
 /// mode "0": one attempt that never queues (and never jumps a live queue);
@@ -31,13 +45,14 @@ namespace distlock::detail::redis {
 /// the answer is "gone" when it is no longer queued (it expired, or it was granted
 /// and lost) — a gone entry is never queued again under the same id.
 /// Returns {1, token} acquired (also when the lock was granted to `entry` meanwhile:
-/// its TTL restarts now); {0, pttl} busy (pttl of the holder, -1/-2 when unknown);
+/// the claim, its TTL restarts now); {0, pttl} busy (pttl of the holder, -1/-2 when unknown);
 /// {2} gone.
 const Script& queue_acquire_script();
 
 /// KEYS lock, queue, expiries, fence; ARGV owner, released channel, grant prefix.
 /// -1 when `owner` holds nothing (nothing touched); 0 released: the lock goes to the
-/// first live waiter (published on its client's grant channel), or, with nobody
+/// first live waiter (published on its client's grant channel; it must claim the
+/// grant within kClaimWindow), or, with nobody
 /// waiting, is deleted and the release is published on the released channel.
 const Script& queue_release_script();
 
@@ -46,9 +61,18 @@ const Script& queue_release_script();
 /// handed on as by a release), else 0 (the entry is removed if it is still queued).
 const Script& queue_cancel_script();
 
-/// KEYS 3 per entry: lock, queue, expiries; ARGV 3 per entry: owner, entry, ttl ms.
-/// One status per entry: 0 refreshed (still queued, expiry = now + ttl), the token
-/// (a string) when the lock was granted to it (its TTL restarts now), 2 gone.
+/// KEYS lock, queue, expiries, fence; ARGV owner, token, released channel, grant
+/// prefix. A lease the engine declared lost (Backend::forget): removes every queue
+/// entry of `owner`, then, if the lock is still held by `owner` under `token`,
+/// releases it onward as the release script does. 1 released, 0 nothing held.
+const Script& queue_forget_script();
+
+/// KEYS 4 per entry: lock, queue, expiries, fence; ARGV grant prefix, then 3 per
+/// entry: owner, entry, ttl ms. One status per entry: 0 refreshed (still queued,
+/// expiry = now + min(ttl, kEntryLife)), the token (a string) when the lock was
+/// granted to it (the claim: its TTL restarts now), 2 gone. A queued entry finding
+/// its lock free grants it to the queue's first live entry (itself, or another
+/// waiter, told on its grant channel).
 const Script& queue_refresh_script();
 
 /// KEYS lock, expiries → {HGETALL lock (empty for a key of another type: not a lock),

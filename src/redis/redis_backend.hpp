@@ -56,6 +56,8 @@ struct RedisStats {
   std::uint64_t grants_received = 0;   ///< hand-off messages on this client's grant channel
   std::uint64_t release_messages = 0;  ///< "released" messages received for watched names (herd check)
   std::size_t queued_waits = 0;        ///< waits of this client with a place in a server queue
+  /// Subscriber connections dropped because they did not answer a PING (redis::Subscriber)
+  std::uint64_t subscriber_silent_drops = 0;
 };
 
 /// The counters if `backend` is a redis:// backend, else nullopt.

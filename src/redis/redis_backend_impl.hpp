@@ -14,6 +14,7 @@
 
 #include "core/log.hpp"
 #include "redis/connection.hpp"
+#include "redis/key_layout.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/records.hpp"
 #include "redis/redis_backend.hpp"
@@ -67,6 +68,7 @@ class RedisBackend final : public Backend {
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         Error& ec) override;
+  void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
   LockInfo status(std::string_view name, Error& ec) override;
@@ -83,6 +85,7 @@ class RedisBackend final : public Backend {
     st.grants_received = waits_.grants_received();
     st.release_messages = release_messages_.load();
     st.queued_waits = waits_.size();
+    st.subscriber_silent_drops = subscriber_.silent_drops();
     return st;
   }
 
@@ -131,23 +134,13 @@ class RedisBackend final : public Backend {
   std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, std::error_code& ec,
                                  std::string& why);
 
-  // "<prefix>:fence:{<tag>}": one counter per hash slot, in the slot of the lock
-  // (docs/redis.md "Tokens"): locking any number of names leaves at most 16,384
-  // counters, and the acquire script's keys stay in one slot.
-  std::string fence_key(std::string_view lock) const {
-    return prefix_ + ":fence:{" + redis::slot_tag(redis::key_slot(lock)) + "}";
-  }
-
-  std::string lock_key(std::string_view name) const {
-    std::string k;
-    k.reserve(prefix_.size() + name.size() + 4);
-    k.append(prefix_).append(":{").append(name).append("}");
-    return k;
-  }
-
-  // "<prefix>:{<key>}:record": a lock key ends in '}', its counter in ":fence", so no
-  // record shares a key with a lock of any name.
-  std::string record_key(std::string_view key) const { return lock_key(key) + ":record"; }
+  // The layout (redis/key_layout.hpp): "<prefix>:{<name>}", its counter
+  // "<prefix>:{<tag>}:fence", one per hash slot in the slot of the lock (docs/redis.md
+  // "Tokens"): locking any number of names leaves at most 16,384 counters, and the
+  // acquire script's keys stay in one slot.
+  std::string fence_key(std::string_view lock) const { return redis::fence_key(prefix_, lock); }
+  std::string lock_key(std::string_view name) const { return redis::lock_key(prefix_, name); }
+  std::string record_key(std::string_view key) const { return redis::record_key(prefix_, key); }
 
   bool answered(const Connection& conn, const Reply& r, const char* what, Error& ec);
   bool replicated_record(Connection& conn, std::string_view key, Error& ec);

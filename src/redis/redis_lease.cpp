@@ -94,6 +94,30 @@ ReleaseStatus RedisBackend::release(std::string_view name, std::string_view owne
   return r->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
 }
 
+// Owner- and token-checked: a lease of this owner taken since (another token), or
+// another owner's, is never touched. Best effort: the lock's TTL stays the bound.
+void RedisBackend::forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept {
+  try {
+    struct Unhold {
+      RedisBackend* self;
+      std::string_view name, owner;
+      ~Unhold() { self->unhold_entry(name, owner); }
+    } unhold{this, name, owner};
+    Error ec;
+    auto conn = lock_link(ec);
+    if (ec) return;
+    const Keys k = keys_of(name);
+    Reply r = redis::queue_forget_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
+                                               {owner, std::to_string(token), k.released, grant_prefix_}, ec);
+    if (ec) {
+      failed(*conn, "forget a lost lease", ec);
+      return;
+    }
+    ok();
+  } catch (...) {  // out of memory: the lock expires after its ttl
+  }
+}
+
 // A failed watch leaves nothing counted or subscribed (the subscriber undoes it)
 // and hands the cause to the caller's error.
 void RedisBackend::watch(std::string_view name, Error& ec) {

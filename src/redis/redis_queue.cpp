@@ -17,35 +17,18 @@ AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, Error& ec) {
 }
 
 // A wait that keeps its place in the name's queue. A grant that arrived on this
-// client's channel is answered here without a round trip: the lease counts from
-// the last call the server answered while the entry was queued (WaitQueue), which
-// is earlier than the grant. With wait=N the grant was never acknowledged by
-// replicas, so it is claimed from the server (and WAITed for) instead.
+// client's channel (or that a refresh found) is claimed from the server: the grant
+// holds the lock only for the claim window (lock_scripts.hpp), and the claim
+// restarts its ttl after this call was sent, which is where the lease counts from.
 AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec) {
   subscribe_grants(req.owner);
   waits_.flush_abandoned();  // entries left behind by an outage go first
   const std::string ttl = std::to_string(req.ttl.count());
   for (int attempt = 0; attempt < 2; ++attempt) {
     const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
-    if (w.granted && wait_replicas_ == 0 && w.valid_from) {
-      // Never more than the ttl the grant gave, whatever the clock reads.
-      const auto left =
-          std::min(w.ttl, std::chrono::duration_cast<Millis>(*w.valid_from + w.ttl - waits_.clock().now()));
-      if (left >= w.ttl / 2) {
-        hold_entry(req.name, req.owner, w.entry);  // before forget: see on_grant_message
-        waits_.forget(req.name, req.owner, w.entry);
-        AcquireResult res;
-        res.acquired = true;
-        res.token = w.token;
-        res.validity = left;
-        return res;
-      }
-      // Too little of it left to use: the server restarts its ttl below.
-    }
     auto conn = lock_link(ec);
     if (ec) return {};
     const Keys k = keys_of(req.name);
-    const auto sent = waits_.clock().now();
     Reply r =
         redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                           {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_}, ec);
@@ -59,7 +42,7 @@ AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec)
       hold_entry(req.name, req.owner, w.entry);
       waits_.forget(req.name, req.owner, w.entry);
     } else {
-      waits_.queued(req.name, req.owner, w.entry, sent);
+      waits_.queued(req.name, req.owner, w.entry);
     }
     return a.result;
   }
@@ -137,8 +120,8 @@ void RedisBackend::subscribe_grants(std::string_view owner) {
   grants_subscribed_ = true;
 }
 
-// The wait queue's batched refresh: KEYS/ARGV 3 per entry, kRenewChunk / 3 entries
-// per call, all calls in one pipeline.
+// The wait queue's batched refresh: KEYS 4 and ARGV 3 per entry (after the grant
+// prefix), kRenewChunk / 4 entries per call, all calls in one pipeline.
 std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
     const std::vector<redis::WaitQueue::Wait>& waits) {
   using A = redis::WaitQueue::Answer;
@@ -147,28 +130,36 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
   auto conn = lock_link(ec);
   if (ec) return out;
   std::vector<std::string> keys, ttls;
-  keys.reserve(3 * waits.size());
+  keys.reserve(4 * waits.size());
   ttls.reserve(waits.size());
   for (const auto& w : waits) {
     Keys k = keys_of(w.name);
     keys.push_back(std::move(k.lock));
     keys.push_back(std::move(k.queue));
     keys.push_back(std::move(k.expiries));
+    keys.push_back(std::move(k.fence));
     ttls.push_back(std::to_string(w.ttl.count()));
   }
-  std::vector<std::string_view> key_views(keys.begin(), keys.end()), arg_views;
-  arg_views.reserve(3 * waits.size());
-  for (std::size_t i = 0; i < waits.size(); ++i) {
-    arg_views.push_back(waits[i].owner);
-    arg_views.push_back(waits[i].entry);
-    arg_views.push_back(ttls[i]);
-  }
-  constexpr std::size_t kChunk = kRenewChunk / 3;
+  std::vector<std::string_view> key_views(keys.begin(), keys.end());
+  constexpr std::size_t kChunk = kRenewChunk / 4;
+  // Per call: the grant prefix, then owner, entry, ttl of each of its entries.
+  std::vector<std::vector<std::string_view>> arg_views;
   std::vector<redis::Script::Call> calls;
   for (std::size_t at = 0; at < waits.size(); at += kChunk) {
     const std::size_t n = std::min(kChunk, waits.size() - at);
-    calls.push_back(
-        {std::span(key_views).subspan(3 * at, 3 * n), std::span(arg_views).subspan(3 * at, 3 * n)});
+    std::vector<std::string_view> args;
+    args.reserve(1 + 3 * n);
+    args.push_back(grant_prefix_);
+    for (std::size_t i = at; i < at + n; ++i) {
+      args.push_back(waits[i].owner);
+      args.push_back(waits[i].entry);
+      args.push_back(ttls[i]);
+    }
+    arg_views.push_back(std::move(args));
+  }
+  for (std::size_t c = 0, at = 0; c < arg_views.size(); ++c, at += kChunk) {
+    const std::size_t n = std::min(kChunk, waits.size() - at);
+    calls.push_back({std::span(key_views).subspan(4 * at, 4 * n), std::span(arg_views[c])});
   }
   std::vector<Reply> replies = redis::queue_refresh_script().run_pipelined(*conn, calls, ec);
   if (ec) {
@@ -178,7 +169,7 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
   for (std::size_t c = 0; c < calls.size(); ++c) {
     const redisReply* r = replies[c].get();
     const std::size_t at = c * kChunk;
-    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || 3 * r->elements != calls[c].keys.size()) continue;
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || 4 * r->elements != calls[c].keys.size()) continue;
     for (std::size_t i = 0; i < r->elements; ++i) {
       const redisReply* e = r->element[i];
       if (e->type == REDIS_REPLY_INTEGER) {

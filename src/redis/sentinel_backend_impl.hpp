@@ -93,6 +93,12 @@ class SentinelBackend final : public Backend, private ChangeListener {
     return call(ec, [&](Backend& b, Error& e) { return b.release(name, owner, token, e); });
   }
 
+  // To the current master's backend: a lease taken on a master replaced since is
+  // not there (or is another owner's now) and is left to its TTL.
+  void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override {
+    current().first->forget(name, owner, token);
+  }
+
   LockInfo status(std::string_view name, Error& ec) override {
     return call(ec, [&](Backend& b, Error& e) { return b.status(name, e); });
   }

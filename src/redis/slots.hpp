@@ -5,7 +5,7 @@
 //
 // Example:
 //   const std::uint16_t s = key_slot("distlock:{order-42}");   // CRC16("order-42") % 16384
-//   const std::string fence = "distlock:fence:{" + slot_tag(s) + "}";
+//   const std::string fence = "distlock:{" + slot_tag(s) + "}:fence";
 //   assert(key_slot(fence) == s);
 #pragma once
 

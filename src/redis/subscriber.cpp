@@ -49,6 +49,11 @@ std::string Subscriber::last_error() const {
   return last_error_;
 }
 
+std::uint64_t Subscriber::silent_drops() const {
+  std::lock_guard lk(mu_);
+  return silent_drops_;
+}
+
 std::uint64_t Subscriber::connects() const {
   std::lock_guard lk(mu_);
   return connects_;
@@ -181,8 +186,10 @@ bool Subscriber::connect_once() {
     cv_.notify_all();
     return false;
   }
-  sock_ = std::move(sock);  // keep-alive is on (open_socket)
+  sock_ = std::move(sock);  // keep-alive is on (open_socket), but takes minutes: see check_alive()
   reader_ = std::move(reader);
+  last_heard_ = std::chrono::steady_clock::now();
+  ping_sent_.reset();
   std::lock_guard lk(mu_);
   connected_ = true;
   const bool reconnect = ++connects_ > 1;
@@ -373,6 +380,8 @@ bool Subscriber::read_available() {
     if (n == Socket::kWouldBlock) return true;
     if (n == 0) io_error_ = "the server closed the connection";
     if (n <= 0) return false;
+    last_heard_ = std::chrono::steady_clock::now();  // alive: a PING in flight is answered by now or soon
+    ping_sent_.reset();
     if (redisReaderFeed(reader_.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
       io_error_ = "out of memory";
       return false;
@@ -389,6 +398,29 @@ bool Subscriber::read_available() {
       if (!sock_) return true;  // a handler disconnected
     }
   } while (sock_->buffered());
+  return true;
+}
+
+bool Subscriber::check_alive() {
+  const auto now = std::chrono::steady_clock::now();
+  if (ping_sent_) {
+    if (now < *ping_sent_ + opts_.command_timeout) return true;
+    {
+      std::lock_guard lk(mu_);
+      ++silent_drops_;
+    }
+    disconnect(opts_.describe() + ": no answer to PING within " +
+               std::to_string(opts_.command_timeout.count()) +
+               " ms on the subscriber connection (dropped as dead)");
+    return false;
+  }
+  if (now < last_heard_ + kPingAfter) return true;
+  static constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+  if (!sock_->write_all(kPing, now + opts_.command_timeout, io_error_)) {
+    disconnect(opts_.describe() + ": sending PING failed: " + io_error_);
+    return false;
+  }
+  ping_sent_ = now;
   return true;
 }
 
@@ -416,10 +448,15 @@ void Subscriber::run() {
       disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + io_error_);
       continue;
     }
+    if (sock_ && !check_alive()) continue;
     pollfd fds[2] = {{loop_.wake_fd(), POLLIN, 0}, {sock_ ? sock_->fd() : -1, POLLIN, 0}};
     int timeout_ms = -1;
     if (!sock_ && wanted) {
       const auto left = std::chrono::duration_cast<Millis>(next_attempt - std::chrono::steady_clock::now());
+      timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+    } else if (sock_) {
+      const auto due = ping_sent_ ? *ping_sent_ + opts_.command_timeout : last_heard_ + kPingAfter;
+      const auto left = std::chrono::ceil<Millis>(due - std::chrono::steady_clock::now());
       timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
     }
     const int n = ::poll(fds, sock_ ? 2 : 1, timeout_ms);

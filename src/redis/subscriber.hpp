@@ -8,7 +8,10 @@
 // (server killed or restarted) every watched channel gets `on_message` at once
 // (waiters re-check and see the outage); the thread then reconnects with backoff,
 // subscribes again and calls `on_message` for every channel once more, because a
-// release may have happened while nobody listened.
+// release may have happened while nobody listened. A connection that dies silently
+// (a partition: no FIN or RST reaches us) is found by PING: after kPingAfter without
+// a byte from the server the thread sends PING, and a connection that stays silent
+// for command_timeout after it is dropped (counted in silent_drops()) the same way.
 //
 // Thread-safety: watch/unwatch may be called from any thread. Callbacks run on the
 // subscriber thread without any internal lock held, so they may call watch/unwatch.
@@ -40,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -102,6 +106,11 @@ class Subscriber {
   std::string last_error() const;
   /// Number of times the connection was (re)established (for tests).
   std::uint64_t connects() const;
+  /// Connections dropped because they did not answer a PING in time.
+  std::uint64_t silent_drops() const;
+
+  /// Silence after which the subscriber PINGs the server.
+  static constexpr std::chrono::milliseconds kPingAfter{1000};
 
  private:
   struct Channel {
@@ -128,6 +137,9 @@ class Subscriber {
   void disconnect(const std::string& why);
   bool flush_changes();
   bool read_available();
+  // PINGs a connection silent for kPingAfter; false (after disconnecting it) when a
+  // PING went unanswered for command_timeout or could not be sent.
+  bool check_alive();
   void handle_reply(redisReply* r);
   void handle_error(redisReply* r);
   void notify(const std::vector<std::string>& channels);
@@ -146,6 +158,7 @@ class Subscriber {
   bool connected_ = false;                                // guarded by mu_
   std::uint64_t failures_ = 0;                            // guarded by mu_; bumped per failed connect
   std::uint64_t connects_ = 0;                            // guarded by mu_
+  std::uint64_t silent_drops_ = 0;                        // guarded by mu_
   std::string last_error_;                                // guarded by mu_
   std::error_code last_ec_;                               // guarded by mu_
   bool retry_now_ = false;       // guarded by mu_; a new watch skips the reconnect backoff
@@ -155,6 +168,10 @@ class Subscriber {
   std::unique_ptr<Socket> sock_;  // subscriber thread only
   ReaderPtr reader_;              // subscriber thread only
   std::string io_error_;          // subscriber thread only: why the last read or write failed
+  // Subscriber thread only: when the server last sent a byte, and when the PING
+  // that has not been answered yet went out (none: no PING outstanding).
+  std::chrono::steady_clock::time_point last_heard_{};
+  std::optional<std::chrono::steady_clock::time_point> ping_sent_;
   // Commands sent on sock_ and not answered yet, in order: {subscribe?, channel}.
   // Replies come back in that order, so an error reply (which names no channel)
   // belongs to the front. Subscriber thread only.

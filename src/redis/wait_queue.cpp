@@ -4,6 +4,8 @@
 #include <atomic>
 #include <charconv>
 
+#include "redis/lock_scripts.hpp"
+
 namespace distlock::detail::redis {
 
 namespace {
@@ -16,10 +18,10 @@ std::string new_entry_id() {
   return std::to_string(next.fetch_add(1, std::memory_order_relaxed));
 }
 
-// A queued entry is refreshed each ttl/3 (at least every 5 ms, at most every 5 s
-// for long TTLs: then still three times per entry lifetime or more).
+// A queued entry lives min(ttl, kEntryLife) on the server after each refresh; it is
+// refreshed four times per life (at least every 5 ms): at most every 500 ms.
 std::chrono::milliseconds refresh_period(Millis ttl) {
-  return std::clamp(Millis(ttl.count() / 3), Millis(5), Millis(5000));
+  return std::clamp(Millis(std::min(ttl, Millis(kEntryLife)).count() / 4), Millis(5), Millis(kEntryLife / 4));
 }
 
 }  // namespace
@@ -63,14 +65,12 @@ std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::strin
   return it->second;
 }
 
-void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry,
-                       TimePoint sent) {
+void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry) {
   {
     std::lock_guard lk(mu_);
     auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
     if (it == waits_.end() || it->second.entry != entry) return;
     Wait& w = it->second;
-    w.last_ok = w.queued ? std::max(w.last_ok, sent) : sent;
     if (!w.queued) {
       w.queued = true;
       changed_ = true;  // the refresher learns of it: its ttl may shorten the period
@@ -163,13 +163,8 @@ std::optional<WaitQueue::Unknown> WaitQueue::on_grant(std::string_view message) 
     }
     Wait& w = waits_.at(b->second);
     if (w.granted) return std::nullopt;
-    // The lease counts from the send time of the last "queued" answer. A grant that
-    // overtook the first answer has no such time: it is claimed from the server
-    // (no valid_from makes the waiter do so; a time point "in the past" would assume
-    // the injected clock never reads below it).
-    w.granted = true;
+    w.granted = true;  // the waiter claims it from the server
     w.token = token;
-    w.valid_from = w.queued ? std::optional<TimePoint>(w.last_ok) : std::nullopt;
     name = w.name;
   }
   wake_(name);
@@ -255,14 +250,11 @@ void WaitQueue::run() {
       Wait& w = it->second;
       switch (answers[i].kind) {
         case Answer::failed: break;
-        case Answer::queued:
-          if (!w.granted) w.last_ok = std::max(w.last_ok, sent);
-          break;
+        case Answer::queued: break;
         case Answer::granted:
           if (!w.granted) {
             w.granted = true;
-            w.token = answers[i].token;
-            w.valid_from = sent;  // the refresh restarted the lock's ttl after `sent`
+            w.token = answers[i].token;  // claimed by the refresh; the waiter claims it again
             woken.push_back(w.name);
           }
           break;

@@ -2,16 +2,13 @@
 // redis:// direct hand-off, docs/redis.md).
 //
 // One Wait per (name, owner) that waits with a place on the server. It remembers the
-// entry id, and `last_ok`: the send time of the last call the server answered while
-// the entry was still queued. A grant can only come after that answer, and it gives
-// the lock the entry's ttl from the grant, so a lease counted from `last_ok` ends no
-// later than the server's. A refresher thread keeps every queued entry alive with one
-// batched call each ttl/3 (the batch is the owner's `refresh` callback).
+// entry id and whether a grant to it arrived. A grant holds the lock only for the
+// claim window (lock_scripts.hpp): the waiter claims it from the server, and the
+// lease counts from that call. A refresher thread keeps every queued entry alive with
+// one batched call four times per entry life (the batch is the owner's `refresh`
+// callback); a refresh that finds the entry granted claims it too.
 //
-// Every time here is read on the client's injected clock (ClientOptions::clock), the
-// one the engine counts leases on: a grant's validity is handed to the engine, so both
-// must count the same time (steady_clock stops during a host suspend; the engine's
-// clock and the server's TTL do not).
+// Every time here is read on the client's injected clock (ClientOptions::clock).
 //
 // Thread-safety: every member may be called from any thread; the refresh callback
 // runs on the refresher thread with no lock held. The destructor stops the thread.
@@ -45,12 +42,8 @@ class WaitQueue {
     std::string entry;
     Millis ttl{};
     bool queued = false;      ///< the server answered "queued" at least once
-    TimePoint last_ok{};      ///< see the banner
-    bool granted = false;     ///< the server granted the lock to this entry
+    bool granted = false;     ///< the server granted the lock to this entry (to be claimed)
     std::uint64_t token = 0;  ///< when granted
-    /// When granted: the lease counts from here. None when the grant overtook the first
-    /// "queued" answer (no send time is known to precede it): claimed from the server.
-    std::optional<TimePoint> valid_from;
   };
 
   /// The refresh of many entries: one answer per wait (failed: nothing changes).
@@ -76,8 +69,8 @@ class WaitQueue {
   Wait begin(std::string_view name, std::string_view owner, Millis ttl);
   /// The wait of (name, owner), if any.
   std::optional<Wait> find(std::string_view name, std::string_view owner) const;
-  /// The server answered a call sent at `sent`: the entry is queued.
-  void queued(std::string_view name, std::string_view owner, std::string_view entry, TimePoint sent);
+  /// The server answered: the entry is queued.
+  void queued(std::string_view name, std::string_view owner, std::string_view entry);
   /// The wait ended (acquired, gone, given up): forgets it if it is still `entry`.
   void forget(std::string_view name, std::string_view owner, std::string_view entry);
   /// A wait given up whose cancel did not reach the server: its entry may still be

@@ -82,6 +82,22 @@ return 0
   return s;
 }
 
+// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] token, ARGV[3] release channel. A lease
+// the engine declared lost (Backend::forget): deleted only while `owner` holds it
+// under `token`, and the release published as release_script() does. 1 deleted, 0 not.
+const Script& forget_script() {
+  static const Script& s = *new Script(R"lua(
+local lock, owner, token, channel = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+if redis.call('HEXISTS', lock, owner) == 0 or redis.call('HGET', lock, '@token') ~= token then
+  return 0
+end
+redis.call('DEL', lock)
+redis.call('SPUBLISH', channel, 'released')
+return 1
+)lua");
+  return s;
+}
+
 bool to_u64(const redisReply* r, std::uint64_t& out) {
   if (r == nullptr) return false;
   if (r->type == REDIS_REPLY_INTEGER) {
@@ -185,6 +201,25 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
     return ReleaseStatus::released;
   }
   return d->integer < 0 ? ReleaseStatus::not_owner : ReleaseStatus::released;
+}
+
+// Owner- and token-checked on the slot's node: a later lease of the owner, or
+// another owner's, is never touched. Best effort: the lock's TTL stays the bound.
+void ClusterBackend::forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept {
+  try {
+    Error ec;
+    const NameKeys k = rediscluster::keys_of(prefix_, name);
+    const std::string tok = std::to_string(token);
+    Reply r;
+    route(
+        k.slot, "forget",
+        [&](Connection& c, bool, Error& e) {
+          r = forget_script().run(c, {k.lock}, {owner, tok, k.channel}, e);
+          return r.get();
+        },
+        ec);
+  } catch (...) {  // out of memory: the lock expires after its ttl
+  }
 }
 
 LockInfo ClusterBackend::status(std::string_view name, Error& ec) {

@@ -9,11 +9,14 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stop_token>
@@ -519,6 +522,49 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     }
   }
   expect_nothing_left();
+}
+
+// The only waiter's process is gone (SIGKILL) while it waits with a TTL of 30 s (or
+// the longest the target allows); the holder releases at once: the lock is free
+// within 3 s of the release (on this process's steady clock), whatever the dead
+// waiter's TTL (docs/design.md "A dead waiter"), or within the floor a backend
+// documents (etcd: the dead waiter's session lease). A queue place held by a dead
+// process is not the dead process's lease.
+TEST_P(Conformance, AReleaseFreesTheLockWithin3sWhenTheOnlyWaiterIsDead) {
+  TempDir dir("distlock-conf-deadwaiter");
+  const std::string out = (dir.path() / "waiter").string();
+  std::int64_t waiter_ttl = std::min<std::int64_t>(30000, target_->max_ttl_ms());
+  // A backend whose floor grows with the dead waiter's TTL is measured with 5 s.
+  if (target_->dead_waiter_bound_ms(waiter_ttl) > 3000) waiter_ttl = 5000;
+  const Millis bound(target_->dead_waiter_bound_ms(waiter_ttl));
+  auto holder = client();
+  auto lease = holder.acquire("orphan", opts());
+  Process waiter =
+      distlock::testing::spawn_holder(target_->url(), "orphan", out, waiter_ttl, 0, {"--wait", "60000"});
+  // Let it queue: where the backend counts waiters, until it counts this one.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(eventually([&] { return holder.status("orphan").waiters.value_or(1) >= 1; }, 10000ms))
+      << distlock::testing::read_file(out);
+  waiter.signal(SIGKILL);
+  ASSERT_EQ(exit_code(waiter, 10s), 128 + SIGKILL) << distlock::testing::read_file(out);
+  const auto released_at = Steady::now();
+  lease.release();
+  auto other = client();
+  std::optional<distlock::Lease> got;
+  // Polled past the bound (up to 10 s more), so the stall is measured, not only bounded.
+  while (!got && Steady::now() - released_at < bound + 10000ms) {
+    got = other.try_acquire("orphan", opts());
+    if (!got) std::this_thread::sleep_for(20ms);
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Steady::now() - released_at);
+  RecordProperty("free_after_release_ms", static_cast<int>(took.count()));
+  std::printf("%s: free %lld ms after the release (dead waiter's ttl %lld ms, bound %lld ms)\n",
+              GetParam().label.c_str(), static_cast<long long>(took.count()),
+              static_cast<long long>(waiter_ttl), static_cast<long long>(bound.count()));
+  ASSERT_TRUE(got.has_value()) << "the lock was not free " << (bound + 10000ms).count()
+                               << " ms after the release; its only waiter was dead";
+  EXPECT_LE(took, bound) << "the dead waiter held the line";
+  EXPECT_EQ(distlock::testing::read_file(out).find("acquired"), std::string::npos);
 }
 
 // A holder SIGSTOPped past its TTL: the next holder gets the lock within TTL + 2 s; on

@@ -37,10 +37,10 @@ std::string str(const distlock::testing::RedisReplyPtr& r) {
   return r && r->str ? std::string(r->str, r->len) : std::string();
 }
 
-// The fence counter of a name: its hash slot's ("distlock:fence:{<tag>}").
+// The fence counter of a name: its hash slot's ("distlock:{<tag>}:fence").
 std::string fence_of(const std::string& name) {
   using namespace distlock::detail::redis;
-  return "distlock:fence:{" + slot_tag(key_slot("distlock:{" + name + "}")) + "}";
+  return "distlock:{" + slot_tag(key_slot("distlock:{" + name + "}")) + "}:fence";
 }
 
 Millis since(Clock::time_point t) {

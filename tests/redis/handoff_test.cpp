@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -253,6 +254,133 @@ TEST(RedisHandOff, AnUncontendedAcquisitionDoesNotTouchTheQueue) {
   auto keys = server.command({"KEYS", "distlock:{lean}*"});
   ASSERT_TRUE(keys && keys->type == REDIS_REPLY_ARRAY);
   EXPECT_EQ(keys->elements, 0u) << "queue keys left behind";
+}
+
+}  // namespace
+
+namespace {
+
+// Issue 27 item 2 (docs/design.md "A dead waiter"): a waiter that died or stopped
+// while its entry was still live delays the next live waiter by at most 3 s after
+// the release, whatever its own TTL. A holds (ttl 5 s); B (another process) queues
+// with ttl 30 s, C (here) behind it with ttl 30 s; B is SIGKILLed or SIGSTOPped and
+// A releases at once, while B's entry is still live on the server. C's wait from
+// the release is measured on this process's steady clock; the bound is 3 s (the
+// grant to a dead entry lapses after its claim window, and C's next refresh takes
+// the lock over).
+class RedisDeadWaiter : public ::testing::TestWithParam<int> {};
+
+TEST_P(RedisDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease) {
+  using distlock::testing::spawn_holder;
+  const int sig = GetParam();
+  distlock::testing::TempDir dir("distlock-deadwaiter");
+  RedisServer server;
+  Client a_client = distlock::connect(server.url());
+  Lease a = a_client.acquire("line", ttl_of(5s));
+  const std::string b_out = (dir.path() / "b.out").string();
+  auto b = spawn_holder(server.url(), "line", b_out, 30000, 100, {"--wait", "60000"});
+  ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 1u; }, 10s));
+  Client c_client = distlock::connect(server.url());
+  std::atomic<bool> got{false};
+  Clock::time_point got_at{};
+  std::thread ct([&] {
+    distlock::detail::Error ec;
+    Lease l = c_client.acquire("line", ttl_of(30s, 60s), ec);
+    EXPECT_FALSE(ec) << ec.message();
+    got_at = Clock::now();
+    got = true;
+  });
+  ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 2u; }, 10s));
+  b.signal(sig);
+  if (sig == SIGKILL) {
+    ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
+  } else {
+    // Stopped: its state in /proc reads 'T'.
+    ASSERT_TRUE(eventually(
+        [&] {
+          const std::string stat = distlock::testing::read_file("/proc/" + std::to_string(b.pid()) + "/stat");
+          const auto close = stat.rfind(')');
+          return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+        },
+        10s));
+  }
+  // B's entry is still live (its TTL is 30 s): the release grants the lock to it.
+  EXPECT_EQ(waiters_of(a_client, "line"), 2u);
+  const auto released_at = Clock::now();
+  a.release();
+  ct.join();
+  ASSERT_TRUE(got.load());
+  const auto stall = std::chrono::duration_cast<Millis>(got_at - released_at);
+  std::printf("dead waiter (signal %d): the next live waiter got the lock %lld ms after the release\n", sig,
+              static_cast<long long>(stall.count()));
+  EXPECT_LE(stall, 3000ms) << "the live waiter waited for a dead one's grant to run out";
+  EXPECT_EQ(distlock::testing::read_file(b_out).find("acquired"), std::string::npos);
+  if (sig == SIGSTOP) {
+    // On resume B finds its entry gone or its grant lapsed: it queues anew and gets
+    // the lock after C (C's lease ended with its thread).
+    b.signal(SIGCONT);
+    EXPECT_TRUE(distlock::testing::wait_for_text(b_out, "released", 30s))
+        << distlock::testing::read_file(b_out);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, RedisDeadWaiter, ::testing::Values(SIGKILL, SIGSTOP),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return std::string(p.param == SIGKILL ? "Killed" : "Stopped");
+                         });
+
+}  // namespace
+
+namespace {
+
+// Backend::forget (issue 27 item 4, redis part): the engine hands back a lease it
+// declared lost. The backend deletes that lease's lock, owner- and token-checked,
+// and hands it to the next live waiter as a release does; a wrong token or another
+// owner changes nothing. Every queue entry of the owner goes too.
+TEST(RedisForget, ALostLeaseIsHandedToTheNextWaiterAndOnlyThatLease) {
+  RedisServer server;
+  Client x = distlock::connect(server.url());
+  Client y = distlock::connect(server.url());
+  auto& backend = distlock::detail::engine_of(x)->backend();
+  const std::string owner = "0123456789abcdef0123456789abcdef:7";
+  distlock::detail::Error ec;
+  const auto held = backend.try_acquire({"lost", owner, Millis(30000)}, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(held.acquired);
+  std::atomic<bool> y_got{false};
+  Clock::time_point y_at{};
+  std::thread yt([&] {
+    distlock::detail::Error yec;
+    Lease l = y.acquire("lost", ttl_of(10s, 30s), yec);
+    EXPECT_FALSE(yec) << yec.message();
+    y_at = Clock::now();
+    y_got = true;
+  });
+  ASSERT_TRUE(eventually([&] { return waiters_of(x, "lost") == 1u; }, 10s));
+  backend.forget("lost", owner, held.token + 1);                             // another lease of the owner
+  backend.forget("lost", "fedcba9876543210fedcba9876543210:1", held.token);  // another owner
+  EXPECT_EQ(x.status("lost").holder.value_or(""), owner) << "forget freed a lease it was not given";
+  EXPECT_FALSE(y_got.load());
+  const auto forgotten = Clock::now();
+  backend.forget("lost", owner, held.token);
+  yt.join();
+  ASSERT_TRUE(y_got.load());
+  // One grant and its claim: two round trips on loopback; 2 s is the slack for a loaded host.
+  EXPECT_LT(std::chrono::duration_cast<Millis>(y_at - forgotten), 2000ms)
+      << "the next waiter was not granted the forgotten lock";
+  EXPECT_EQ(backend.release("lost", owner, held.token, ec), distlock::detail::ReleaseStatus::not_owner);
+
+  // A queued entry of the owner goes, the holder's lock stays.
+  Lease h = y.acquire("queued", ttl_of(10s));
+  const std::string waiter = "0123456789abcdef0123456789abcdef:8";
+  ASSERT_FALSE(backend.try_acquire({"queued", waiter, Millis(30000), true}, ec).acquired);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_EQ(waiters_of(x, "queued"), 1u);
+  backend.forget("queued", waiter, 0);
+  EXPECT_EQ(waiters_of(x, "queued"), 0u) << "the owner's queue entry is still there";
+  EXPECT_TRUE(x.status("queued").held);
+  EXPECT_EQ(server.command({"EXISTS", "distlock:{queued}:q"})->integer, 0);
+  backend.cancel_acquire("queued", waiter);  // the wait's local state
 }
 
 }  // namespace

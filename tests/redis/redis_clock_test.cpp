@@ -87,12 +87,11 @@ TEST(RedisClock, AGrantThatArrivedBeforeAPauseIsCountedOnTheInjectedClock) {
   }
 }
 
-// A grant message that overtakes the first "queued" answer has no send time known to
-// precede it: the wait keeps no start time (the waiter claims the grant from the
-// server) rather than a time point assumed to be before every reading of the clock.
-// The public Clock may read below zero (a manual clock here); zero as "before
-// everything" then counted a lease 1000 h longer than the server's ttl.
-TEST(RedisClock, AGrantBeforeTheFirstQueuedAnswerHasNoStartTime) {
+// A grant message marks the wait granted with its token (the waiter then claims it
+// from the server: a grant holds the lock only for the claim window), whether or not
+// a "queued" answer came before it; a second message for the same entry changes
+// nothing, and a grant of an entry this client does not know is handed back.
+TEST(RedisClock, AGrantMessageMarksTheWaitForItsClaim) {
   using distlock::detail::redis::WaitQueue;
   auto clock = std::make_shared<distlock::testing::ManualClock>();
   clock->advance(-std::chrono::hours(1000));
@@ -105,21 +104,22 @@ TEST(RedisClock, AGrantBeforeTheFirstQueuedAnswerHasNoStartTime) {
   const WaitQueue::Wait granted = q.begin("n", "o", Millis(9000));
   ASSERT_TRUE(granted.granted);
   EXPECT_EQ(granted.token, 7u);
-  EXPECT_FALSE(granted.valid_from.has_value())
-      << "a grant with no queued answer before it was given a start time "
-      << std::chrono::duration_cast<Millis>(granted.valid_from->time_since_epoch()).count() << " ms";
+  EXPECT_FALSE(q.on_grant(w.entry + " 9 " + std::to_string(key.size()) + " " + key + "o").has_value());
+  EXPECT_EQ(q.begin("n", "o", Millis(9000)).token, 7u);
 
-  // After a "queued" answer sent at T, a later grant counts from T.
   const WaitQueue::Wait w2 = q.begin("m", "o", Millis(9000));
-  const auto sent = clock->now();
-  q.queued("m", "o", w2.entry, sent);
-  clock->advance(std::chrono::seconds(1));
+  q.queued("m", "o", w2.entry);
   const std::string key2 = "distlock:{m}";
   q.on_grant(w2.entry + " 8 " + std::to_string(key2.size()) + " " + key2 + "o");
   const WaitQueue::Wait g2 = q.begin("m", "o", Millis(9000));
   ASSERT_TRUE(g2.granted);
-  ASSERT_TRUE(g2.valid_from.has_value());
-  EXPECT_EQ(*g2.valid_from, sent);
+  EXPECT_EQ(g2.token, 8u);
+
+  const auto unknown = q.on_grant("12345 3 " + std::to_string(key2.size()) + " " + key2 + "o");
+  ASSERT_TRUE(unknown.has_value());
+  EXPECT_EQ(unknown->entry, "12345");
+  EXPECT_EQ(unknown->lock, key2);
+  EXPECT_EQ(unknown->owner, "o");
 }
 
 }  // namespace

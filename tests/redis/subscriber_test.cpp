@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
+#include "support/fault_proxy.hpp"
 #include "support/redis_server.hpp"
 
 namespace distlock::detail::redis {
@@ -215,6 +217,46 @@ TEST(RedisSubscriber, AKeptWatchIsReportedWhenTheFirstConnectionComesUpLater) {
   EXPECT_TRUE(seen.wait_for("first", 1, 10s));
   EXPECT_EQ(server.command({"PUBLISH", "first", "x"})->integer, 1);
   sub.unwatch("first");
+}
+
+// A subscriber connection that dies silently (frozen: no FIN, no RST, TCP does not
+// notice for minutes) is noticed within kPingEvery + command_timeout: the
+// subscriber PINGs after a second of silence and drops a connection that does not
+// answer within the command timeout, counts it (silent_drops, shown in the redis
+// stats), tells every watched channel (waiters re-check), and reconnects. Measured
+// on this process's steady clock; bound 1 s + 500 ms, asserted with 2 s of slack
+// for a loaded host.
+TEST(RedisSubscriber, ASilentlyDeadConnectionIsNoticedByPingAndReplaced) {
+  RedisServer server;
+  distlock::testing::FaultProxy proxy(server.port());
+  ConnectionOptions o = opts_for(server);
+  o.port = proxy.port();
+  Seen seen;
+  Subscriber sub(o, [&](std::string_view ch) { seen.add(ch); });
+  std::error_code ec;
+  sub.watch("frozen", ec);
+  ASSERT_FALSE(ec) << sub.last_error();
+  ASSERT_EQ(sub.connects(), 1u);
+  // Quiet for several ping periods: an answered PING never drops the connection.
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(sub.silent_drops(), 0u);
+  EXPECT_EQ(seen.count("frozen"), 0u);
+  const auto frozen_at = Clock::now();
+  proxy.freeze();
+  ASSERT_TRUE(seen.wait_for("frozen", 1, 10s)) << "the dead connection was never noticed";
+  const auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - frozen_at);
+  std::printf("subscriber: a frozen connection noticed after %lld ms\n",
+              static_cast<long long>(noticed.count()));
+  EXPECT_LE(noticed, 1500ms + 2000ms);
+  EXPECT_EQ(sub.silent_drops(), 1u);
+  EXPECT_NE(sub.last_error().find("PING"), std::string::npos) << sub.last_error();
+  // The network comes back: a new connection, subscribed again, delivers.
+  proxy.pass();
+  ASSERT_TRUE(seen.wait_for("frozen", 2, 10s)) << "no resubscription: " << sub.last_error();
+  EXPECT_GE(sub.connects(), 2u);
+  const auto before = seen.count("frozen");
+  EXPECT_EQ(server.command({"PUBLISH", "frozen", "x"})->integer, 1);
+  EXPECT_TRUE(seen.wait_for("frozen", before + 1, 5s));
 }
 
 }  // namespace

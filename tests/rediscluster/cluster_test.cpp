@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "core/backend.hpp"
+#include "core/client_access.hpp"
+#include "core/engine.hpp"
 #include "core/url.hpp"
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
@@ -190,6 +192,39 @@ TEST(RedisCluster, AWaiterIsWokenByAShardedReleaseNotification) {
   const auto waited =
       std::chrono::duration_cast<Millis>(Steady::time_point(Steady::duration(got_at.load())) - released_at);
   EXPECT_LT(waited, 3000ms) << "the waiter was not woken by the release";
+}
+
+// Backend::forget (issue 27 item 4): the lost lease's lock is deleted on its slot's
+// node, owner- and token-checked, and a waiter is woken by the sharded release
+// notice; a wrong token or another owner changes nothing.
+TEST(RedisCluster, ForgetDeletesOnlyTheLostLeaseAndWakesAWaiter) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(1, "forget");
+  auto x = distlock::connect(cluster.url(), quiet());
+  auto y = distlock::connect(cluster.url(), quiet());
+  auto& backend = distlock::detail::engine_of(x)->backend();
+  const std::string owner = "0123456789abcdef0123456789abcdef:7";
+  distlock::detail::Error ec;
+  const auto held = backend.try_acquire({name, owner, Millis(30000)}, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(held.acquired);
+  std::atomic<std::int64_t> got_at{0};
+  std::thread t([&] {
+    auto l = y.acquire(name, opts(10000ms, 30000ms));
+    got_at = Steady::now().time_since_epoch().count();
+  });
+  const auto k = keys_of("distlock", name);
+  ASSERT_TRUE(eventually([&] { return shard_subscribers(cluster.node(1), k.channel) == 1; }, 10000ms));
+  backend.forget(name, owner, held.token + 1);
+  backend.forget(name, "fedcba9876543210fedcba9876543210:1", held.token);
+  EXPECT_EQ(x.status(name).holder.value_or(""), owner) << "forget freed a lease it was not given";
+  const auto forgotten = Steady::now();
+  backend.forget(name, owner, held.token);
+  t.join();
+  const auto waited =
+      std::chrono::duration_cast<Millis>(Steady::time_point(Steady::duration(got_at.load())) - forgotten);
+  EXPECT_LT(waited, 3000ms) << "the waiter was not woken by the forget";
+  EXPECT_EQ(backend.release(name, owner, held.token, ec), distlock::detail::ReleaseStatus::not_owner);
 }
 
 // A URL naming one node: the others come from its slot map.

@@ -31,7 +31,8 @@ std::vector<std::string> redis_keys(const RedisServer& s, bool with_channels) {
   for (std::size_t i = 0; keys && i < keys->elements; ++i) {
     std::string k(keys->element[i]->str, keys->element[i]->len);
     // Fence counters outlive every holder by design: tokens never go back
-    // ("<prefix>:{<name>}:fence" per name, "<prefix>:fence:{<tag>}" per hash slot).
+    // ("<prefix>:{<name>}:fence" per name, "<prefix>:{<tag>}:fence" per hash slot;
+    // "<prefix>:fence:{<tag>}" before the layout change).
     const bool fence = (k.size() >= 6 && k.compare(k.size() - 6, 6, ":fence") == 0) ||
                        k.find(":fence:{") != std::string::npos;
     if (!fence) out.push_back("key " + k);
@@ -170,6 +171,12 @@ class EtcdTarget final : public Target {
     return out;
   }
   std::string url_via(const std::string& hosts) override { return "etcd://" + hosts; }
+  // A waiter's queue key lives on its session lease, whose TTL is the waiter's lock
+  // TTL: a dead waiter holds the line until that lease expires (docs/design.md "A dead
+  // waiter"), plus a second of expiry granularity.
+  std::int64_t dead_waiter_bound_ms(std::int64_t waiter_ttl_ms) const override {
+    return waiter_ttl_ms + 1000;
+  }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     const std::string keys = cluster_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
@@ -215,6 +222,7 @@ class ZkTarget final : public Target {
     return out;
   }
   std::string url_via(const std::string& hosts) override { return "zk://" + hosts + kQuery; }
+  std::int64_t max_ttl_ms() const override { return 4000; }
   std::vector<std::string> leftovers() override {
     RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
     std::vector<std::string> out;

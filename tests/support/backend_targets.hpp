@@ -40,6 +40,13 @@ class Target {
   /// Leases expire when their holder stops renewing (false: host-local kernel locks,
   /// held by a paused process until it dies).
   virtual bool expires() const { return true; }
+  /// The longest lock TTL, in ms, the target's URL lets a client ask for (zk://: twice
+  /// its session timeout).
+  virtual std::int64_t max_ttl_ms() const { return 366LL * 24 * 3600 * 1000; }
+  /// How long, in ms, a waiter that died while queued may keep the next one waiting
+  /// after a release, for a dead waiter that asked for `waiter_ttl_ms`
+  /// (docs/design.md "A dead waiter"): 3 s, or the backend's documented floor.
+  virtual std::int64_t dead_waiter_bound_ms(std::int64_t /*waiter_ttl_ms*/) const { return 3000; }
   /// Lock records, queue entries, sessions/leases and subscriptions left on the
   /// servers, described one per string ("key ...", "node ...", "channel ...",
   /// "leases: ..."). Empty once every client is gone.
