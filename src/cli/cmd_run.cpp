@@ -24,6 +24,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <variant>
@@ -306,12 +308,21 @@ struct Acquisition {
 };
 
 /// Connects and acquires on a worker thread; the main thread keeps answering
-/// signals meanwhile (a terminating signal ends the runner: nothing is held yet).
+/// signals meanwhile. A terminating signal (systemd's or Kubernetes' SIGTERM, Ctrl-C)
+/// cancels the wait first (LockOptions::cancel), so the runner leaves the server's queue
+/// before it dies of the signal: a queued place left behind would hold up the next
+/// waiter until the server expires it (its TTL on etcd). Bounded: after kLeaveQueueLimit
+/// the runner dies anyway (the worker may be stuck connecting).
 Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const std::shared_ptr<Wakeup>& wake,
                                 std::function<void(const Client&)> on_connected) {
+  constexpr std::chrono::milliseconds kLeaveQueueLimit{3000};
   auto result = std::make_shared<Acquisition>();
+  auto done = std::make_shared<std::atomic<bool>>(false);  // the worker has set ec or lease
   result->on_connected = std::move(on_connected);
-  std::thread worker([result, wake, url = s.url, name = s.name, lock = s.lock, acquire = s.acquire,
+  std::stop_source cancel;
+  LockOptions cancellable = s.lock;
+  cancellable.cancel = cancel.get_token();
+  std::thread worker([result, done, wake, url = s.url, name = s.name, lock = cancellable, acquire = s.acquire,
                       permits = s.permits, rw = s.rw] {
     try {
       ClientOptions options = tool_client_options();
@@ -340,6 +351,7 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
       result->ec = make_error_code(errc::protocol_error);
       result->what = "unexpected error while acquiring lock \"" + name + "\"";
     }
+    done->store(true, std::memory_order_release);
     wake->notify();
   });
   for (;;) {
@@ -347,11 +359,28 @@ Acquisition connect_and_acquire(const RunSettings& s, SignalFd& signals, const s
     for (const auto& d : signals.drain()) {
       if (is_catchable_stop(d.signal)) ::kill(::getpid(), SIGSTOP);  // Ctrl-Z while waiting
       if (is_terminating(d.signal)) {
-        worker.detach();
+        cancel.request_stop();
+        const auto until = std::chrono::steady_clock::now() + kLeaveQueueLimit;
+        while (!done->load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+          const auto left =
+              std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+          poll_for(signals, *wake, static_cast<int>(std::max<std::int64_t>(1, left.count())));
+          wake->drain();
+          (void)signals.drain();  // the runner is dying of the first one already
+        }
+        if (!done->load(std::memory_order_acquire)) {
+          worker.detach();  // still connecting: nothing queued yet that the exit would not end
+          die_of_signal(d.signal);
+        }
+        worker.join();
+        // Granted just before the cancel: given back before dying (a plain exit would
+        // leave it to the server's expiry).
+        result->lease.reset();
+        result->client.reset();
         die_of_signal(d.signal);
       }
     }
-    if (result->ec || result->lease) break;
+    if (done->load(std::memory_order_acquire)) break;
   }
   worker.join();
   wake->drain();

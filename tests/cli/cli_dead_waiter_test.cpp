@@ -44,8 +44,8 @@ long long ms_between(SteadyClock::time_point from, SteadyClock::time_point to) {
 
 // A holds "line" (ttl 5 s); a `distlock run --ttl 30s --wait 60s line` queues behind
 // it, a live client C behind that. The runner gets SIGTERM or SIGINT (how systemd,
-// Kubernetes and Ctrl-C stop it) and exits with the signal's conventional status;
-// A releases; C has the lock within 3 s of the release.
+// Kubernetes and Ctrl-C stop it), withdraws its queue entry and exits with the signal's
+// conventional status; A releases; C has the lock within 3 s of the release.
 class CliDeadWaiter : public ::testing::TestWithParam<int> {};
 
 TEST_P(CliDeadWaiter, ARunnerStoppedWhileWaitingDelaysTheNextWaiterByAtMost3s) {
@@ -70,6 +70,9 @@ TEST_P(CliDeadWaiter, ARunnerStoppedWhileWaitingDelaysTheNextWaiterByAtMost3s) {
   ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 2u; }, 20s));
   b.signal(sig);
   EXPECT_EQ(b.wait(10s), 128 + sig) << b.err();
+  // The runner cancelled its wait (LockOptions::cancel) before dying of the signal: its
+  // queue entry is gone by the time it has exited, not left for the server to expire.
+  EXPECT_EQ(waiters_of(a_client, "line"), 1u) << "the stopped runner left its queue entry behind";
   const auto released_at = SteadyClock::now();
   a.release();
   ct.join();
