@@ -161,6 +161,83 @@ TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
   }
 }
 
+// A lost lease is handed back (Backend::forget) only after its engine-internal loss
+// signals (a read-write lease's combined stop token, Engine::add_loss_signal) have been
+// given: the hand-back lets another client take the name, and a read-write holder whose
+// combined token has not fired yet would then still believe it holds the lock. Here the
+// signal itself runs everything the engine queued for its event thread so far, then
+// tries the name from another client: it must still be busy.
+TEST_F(Jobs, ALostLeaseIsHandedBackOnlyAfterItsInternalLossSignals) {
+  auto c = client();
+  auto other = client();
+  auto& engine = *distlock::detail::engine_of(c);
+  distlock::detail::Error ec;
+  auto held = engine.acquire("job", opts(3s), Millis(0), ec);
+  ASSERT_TRUE(held && !ec);
+  distlock::LockOptions once = opts(3s);
+  once.wait = 0ms;
+  bool signalled = false;
+  std::error_code taken_in_signal;
+  engine.add_loss_signal(held, [&] {
+    signalled = true;
+    engine.drain_events();  // the forget round too, had it been queued before this signal
+    distlock::Lease l = other.acquire("job", once, taken_in_signal);
+  });
+  // Past the local deadline (grant + 3 s - 300 ms margin), before the server's expiry (+3 s).
+  clock->advance(2800ms);
+  engine.tick();  // the watchdog's round declares the loss on this thread
+  ASSERT_TRUE(signalled);
+  EXPECT_EQ(taken_in_signal, errc::busy) << "the name was handed back before the loss signal was given";
+  // The hand-back itself still happens, on the event thread.
+  engine.drain_events();
+  EXPECT_FALSE(store->held("job", clock->now()));
+  auto taken = other.try_acquire("job", opts(3s));
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_GT(taken->token(), held->token);
+  engine.release(held, ec);
+  EXPECT_EQ(ec, errc::lost);
+}
+
+// The same order when release() does the hand-back: the caller's release() may find the
+// lease lost while the detecting thread is still inside the stop token's callbacks (a
+// std::stop_callback of the user), before the internal signals. release() then gives
+// those signals itself before it frees the name, so no other client can hold the name
+// while a read-write lease's combined token is still unfired.
+TEST_F(Jobs, AReleaseThatHandsBackALostLeaseGivesItsInternalLossSignalsFirst) {
+  auto c = client();
+  auto other = client();
+  auto& engine = *distlock::detail::engine_of(c);
+  distlock::detail::Error ec;
+  auto held = engine.acquire("job", opts(3s), Millis(0), ec);
+  ASSERT_TRUE(held && !ec);
+  distlock::LockOptions once = opts(3s);
+  once.wait = 0ms;
+  std::atomic<bool> signalled{false};
+  engine.add_loss_signal(held, [&] { signalled = true; });
+  bool released = false, signalled_at_release = false, free_at_release = false;
+  distlock::detail::Error release_ec;
+  // Runs on the detecting thread (tick below), before the internal signals: meanwhile
+  // another thread releases the lease.
+  std::stop_callback in_detection(held->stop.get_token(), [&] {
+    std::thread releaser([&] {
+      engine.release(held, release_ec);
+      signalled_at_release = signalled.load();
+      std::error_code e;
+      distlock::Lease l = other.acquire("job", once, e);
+      free_at_release = !e;
+      released = true;
+    });
+    releaser.join();  // release() never waits for the detecting thread
+  });
+  clock->advance(2800ms);
+  engine.tick();
+  ASSERT_TRUE(released);
+  EXPECT_EQ(release_ec, errc::lost);
+  EXPECT_TRUE(free_at_release);  // release() handed it back before returning
+  EXPECT_TRUE(signalled_at_release) << "the name was free before the internal loss signal was given";
+  EXPECT_TRUE(signalled.load());
+}
+
 // LockOptions::cancel ends a wait from another thread with errc::cancelled, and a token
 // already stopped fails before any request.
 TEST_F(Jobs, CancelEndsAWaitFromAnotherThreadAndLeavesNothingQueued) {
