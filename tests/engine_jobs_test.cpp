@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 
 using namespace std::chrono_literals;
@@ -236,6 +239,72 @@ TEST_F(Jobs, AReleaseThatHandsBackALostLeaseGivesItsInternalLossSignalsFirst) {
   EXPECT_TRUE(free_at_release);  // release() handed it back before returning
   EXPECT_TRUE(signalled_at_release) << "the name was free before the internal loss signal was given";
   EXPECT_TRUE(signalled.load());
+}
+
+// A server that does not answer the hand-back of a lost lease (the usual cause of a
+// loss) must not hold back the client's loss callbacks: the hand-back may wait a whole
+// command timeout per lease, and the callbacks are how the holder learns of the loss.
+// Here release() blocks (at most 10 s, real time) until the test lets it go; the lease's
+// callback must run meanwhile (checked for 5 s).
+namespace {
+class HungRelease final : public distlock::testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void hang() {
+    std::lock_guard lk(m_);
+    hung_ = true;
+  }
+  void answer() {
+    std::lock_guard lk(m_);
+    hung_ = false;
+    cv_.notify_all();
+  }
+  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                          distlock::detail::Error& ec) override {
+    {
+      std::unique_lock lk(m_);
+      cv_.wait_for(lk, 10s, [&] { return !hung_; });
+    }
+    return ForwardingBackend::release(name, owner, token, ec);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool hung_ = false;
+};
+}  // namespace
+
+TEST_F(Jobs, ALossCallbackIsNotHeldBackByAHandBackTheServerDoesNotAnswer) {
+  distlock::ClientOptions o;
+  o.clock = clock;
+  o.background_renewal = false;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  auto backend = std::make_unique<HungRelease>(distlock::testing::memory_backend(store_name, o));
+  HungRelease* hung = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), o));
+  distlock::Lease lease = c.acquire("job", opts(3s));
+  std::mutex m;
+  std::condition_variable cv;
+  bool called = false;
+  lease.on_lost([&] {
+    std::lock_guard lk(m);
+    called = true;
+    cv.notify_all();
+  });
+  hung->hang();
+  clock->advance(2800ms);  // past the local deadline (grant + 3 s - 300 ms margin)
+  distlock::detail::engine_of(c)->tick();
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  bool in_time = false;
+  {
+    std::unique_lock lk(m);
+    in_time = cv.wait_for(lk, 5s, [&] { return called; });
+  }
+  hung->answer();
+  EXPECT_TRUE(in_time) << "the loss callback waited for the hand-back's unanswered release";
+  distlock::detail::engine_of(c)->drain_events();
+  EXPECT_FALSE(store->held("job", clock->now()));  // handed back once the server answered
 }
 
 // LockOptions::cancel ends a wait from another thread with errc::cancelled, and a token
