@@ -345,6 +345,90 @@ TEST_F(Jobs, CancelEndsAWaitFromAnotherThreadAndLeavesNothingQueued) {
   EXPECT_FALSE(store->held("free-name", clock->now()));
 }
 
+// A cancel also ends a wait for another waiter's subscription: a waiter of a name that
+// another waiter of this client is subscribing to (a watch the server has not answered
+// yet) waits for that subscription before it re-checks, and the cancel must end that
+// wait too, not the server's answer. Here the first waiter's watch() blocks (at most
+// 10 s, real time) until the test lets it go; the second waiter's cancel must end its
+// acquire meanwhile (checked for 5 s).
+namespace {
+class HungWatch final : public distlock::testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::atomic<int> watch_calls{0};
+  void answer() {
+    std::lock_guard lk(m_);
+    hung_ = false;
+    cv_.notify_all();
+  }
+  void watch(std::string_view name, distlock::detail::Error& ec) override {
+    ++watch_calls;
+    {
+      std::unique_lock lk(m_);
+      cv_.wait_for(lk, 10s, [&] { return !hung_; });
+    }
+    ForwardingBackend::watch(name, ec);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool hung_ = true;
+};
+}  // namespace
+
+TEST_F(Jobs, CancelEndsAWaitForAnotherWaitersSubscription) {
+  auto holder = client();
+  auto lease = holder.acquire("job", opts(3s));
+  distlock::ClientOptions o;
+  o.clock = clock;
+  o.background_renewal = false;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  auto backend = std::make_unique<HungWatch>(distlock::testing::memory_backend(store_name, o));
+  HungWatch* hung = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), o));
+  std::stop_source stop_first, stop_second;
+  distlock::LockOptions first = opts(3s), second = opts(3s);
+  first.cancel = stop_first.get_token();  // no wait bound: only a cancel ends these waits
+  second.cancel = stop_second.get_token();
+  std::error_code ec_first;
+  std::thread w1([&] { (void)c.acquire("job", first, ec_first); });
+  // The first waiter is inside its (unanswered) watch; bounded at 10 s.
+  for (int i = 0; i < 10000 && hung->watch_calls.load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(hung->watch_calls.load(), 1);
+  const int tries_before = store->try_acquire_calls();
+  std::mutex m;
+  std::condition_variable cv;
+  bool returned = false;
+  std::error_code ec_second;
+  std::thread w2([&] {
+    std::error_code e;
+    (void)c.acquire("job", second, e);
+    std::lock_guard lk(m);
+    ec_second = e;
+    returned = true;
+    cv.notify_all();
+  });
+  // The second waiter has made its attempt (busy); bounded at 10 s.
+  for (int i = 0; i < 10000 && store->try_acquire_calls() == tries_before; ++i)
+    std::this_thread::sleep_for(1ms);
+  stop_second.request_stop();
+  bool in_time = false;
+  {
+    std::unique_lock lk(m);
+    in_time = cv.wait_for(lk, 5s, [&] { return returned; });
+  }
+  hung->answer();
+  stop_first.request_stop();
+  w2.join();
+  w1.join();
+  EXPECT_TRUE(in_time) << "the cancelled waiter waited for another waiter's unanswered watch";
+  EXPECT_EQ(ec_second, errc::cancelled);
+  EXPECT_EQ(ec_first, errc::cancelled);
+  EXPECT_EQ(hung->watch_calls.load(), 1);  // the second waiter never subscribed itself
+  EXPECT_TRUE(lease.owns());
+}
+
 TEST_F(Jobs, MaxHoldStopsRenewalsOnceTheDeadlineReachesTheLimit) {
   auto c = client();
   distlock::Lease lease = c.acquire("job", opts(3s, 2s));
