@@ -829,6 +829,9 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     // Another thread may be between marking the lease lost and firing its stop token
     // (declare_lost): the caller learns of the loss here, so the token fires no later.
     held->stop.request_stop();
+    // Its internal signals too, before the hand-back below frees the name: the thread
+    // that declared the loss may still be inside the stop token's callbacks.
+    fire_signals(*held);
     // What the backend still holds for it is freed before this call returns (or was
     // already): the caller may take the name again at once.
     forget_now(*held);
@@ -966,6 +969,9 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   }
   held->stop.request_stop();  // first: whoever sees `lost` from now on finds the token fired soon
   n_lost_.fetch_add(1, std::memory_order_relaxed);
+  // The internal signals (a read-write lease's combined token) are part of the stop
+  // signal: given before the hand-back below lets anyone else take the name.
+  fire_signals(*held);
   // Then what the server still holds for it is handed back (Backend::forget), on the
   // event thread: after the stop signal, so the holder is told before anyone else can
   // take the name; a lease the server no longer had at release has nothing to free.
@@ -1049,21 +1055,26 @@ bool Engine::on_event_thread() const noexcept {
 // The loss signal (stop token, internal signals) happens here, on the detecting
 // thread; the user's callbacks are only queued, so a slow or blocking callback can
 // never delay the signal of this or any other lease.
-void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
-  held->stop.request_stop();
+void Engine::fire_signals(HeldLock& held) noexcept {
   std::vector<std::function<void()>> signals;
   {
-    LockGuard lk(held->callbacks_mu);
-    if (held->signals_fired) return;
-    held->signals_fired = true;
-    signals.swap(held->signals);
+    LockGuard lk(held.callbacks_mu);
+    if (held.signals_fired) return;
+    held.signals_fired = true;
+    signals.swap(held.signals);
   }
   for (auto& s : signals) s();  // noexcept by contract (add_loss_signal)
+}
+
+void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
+  held->stop.request_stop();
+  fire_signals(*held);
   bool queued = true;
   {
     // Queued under callbacks_mu: a callback added after this (queued directly by
-    // add_loss_callback) runs after these.
+    // add_loss_callback) runs after these; queued once (callbacks_fired).
     LockGuard lk(held->callbacks_mu);
+    if (held->callbacks_fired) return;
     held->callbacks_fired = true;
     if (!held->callbacks.empty()) {
       queued = false;

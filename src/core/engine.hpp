@@ -306,6 +306,9 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+  // Runs the lease's internal loss signals (add_loss_signal) once, on the calling
+  // thread: by declare_lost, or by release() before it hands a lost lease back.
+  void fire_signals(HeldLock& held) noexcept;
   // Hands a lease declared lost back to the backend (Backend::forget), once, then wakes
   // this client's waiters for its name. Blocks for the backend's call (or for another
   // thread's call of it already under way); never under an engine lock.
