@@ -191,15 +191,19 @@ Engine::~Engine() {
     Error ec;
     backend_->release(h->name, h->owner, h->token, ec);
   }
-  // Lost leases not yet handed back: the event thread's round may be under way; it is
-  // waited for, and the rest is handed back here, while the backend still exists.
+  // Lost leases not yet handed back: the hand-back thread finishes the batch under way
+  // and is joined; the rest is handed back here, while the backend still exists.
   std::vector<std::shared_ptr<HeldLock>> unforgotten;
+  std::thread forgetter;
   {
-    UniqueLock lk(forget_mu_);
+    LockGuard lk(forget_mu_);
     forget_closed_ = true;
     unforgotten.swap(forget_queue_);
-    while (forgets_running_ > 0) forget_idle_cv_.wait(lk.native());
+    forgetter.swap(forget_thread_);
+    forget_cv_.notify_all();
+    forget_idle_cv_.notify_all();  // a drain_events() under way returns
   }
+  if (forgetter.joinable()) forgetter.join();
   for (auto& h : unforgotten) forget_now(*h);
   // The backend (and its notification threads) goes before the engine's members.
   backend_.reset();
@@ -994,26 +998,33 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
 
 void Engine::queue_forget(const std::shared_ptr<HeldLock>& held) noexcept {
   if (forked()) return;  // the parent's lease: not the child's to free
-  bool start_round = false;
-  {
-    LockGuard lk(forget_mu_);
-    if (forget_closed_) return;
+  LockGuard lk(forget_mu_);
+  if (forget_closed_) return;
+  try {
+    forget_queue_.push_back(held);
+  } catch (...) {
+    return;  // no memory: the server's own expiry stays the bound
+  }
+  if (!forget_thread_.joinable()) {
     try {
-      forget_queue_.push_back(held);
+      forget_thread_ = std::thread([this] { forget_main(); });
+      forget_thread_id_.store(forget_thread_.get_id(), std::memory_order_release);
     } catch (...) {
-      return;  // no memory: the server's own expiry stays the bound
+      forget_queue_.pop_back();  // no thread to be had: as above
+      return;
     }
-    start_round = forget_queue_.size() == 1;
   }
-  if (start_round && !post_event([this] { forget_round(); })) {
-    LockGuard lk(forget_mu_);
-    forget_queue_.clear();  // as above
-  }
+  forget_cv_.notify_one();
 }
 
-void Engine::forget_round() noexcept {
+// The hand-back thread: started at the first loss, joined by ~Engine. It runs no user
+// code, so a hand-back that waits for a server that does not answer (a command timeout
+// per lease) delays no loss callback and no stop signal.
+void Engine::forget_main() noexcept {
   UniqueLock lk(forget_mu_);
-  while (!forget_closed_ && !forget_queue_.empty()) {
+  for (;;) {
+    while (!forget_closed_ && forget_queue_.empty()) forget_cv_.wait(lk.native());
+    if (forget_closed_) return;  // ~Engine hands back what is left
     std::vector<std::shared_ptr<HeldLock>> batch;
     batch.swap(forget_queue_);
     ++forgets_running_;
@@ -1022,7 +1033,7 @@ void Engine::forget_round() noexcept {
     batch.clear();
     lk.lock();
     --forgets_running_;
-    forget_idle_cv_.notify_all();
+    if (forget_queue_.empty()) forget_idle_cv_.notify_all();
   }
 }
 
@@ -1045,7 +1056,8 @@ void Engine::forget_now(HeldLock& held) noexcept {
 bool Engine::on_own_thread() const noexcept {
   const auto self = std::this_thread::get_id();
   return (renewer_.joinable() && renewer_.get_id() == self) ||
-         (watchdog_.joinable() && watchdog_.get_id() == self) || on_event_thread();
+         (watchdog_.joinable() && watchdog_.get_id() == self) ||
+         forget_thread_id_.load(std::memory_order_acquire) == self || on_event_thread();
 }
 
 bool Engine::on_event_thread() const noexcept {
@@ -1172,8 +1184,16 @@ void Engine::event_main() noexcept {
 
 void Engine::drain_events() {
   if (on_event_thread()) return;
-  UniqueLock lk(events_mu_);
-  while (!events_.empty() || events_running_) events_idle_cv_.wait(lk.native());
+  {
+    UniqueLock lk(events_mu_);
+    while (!events_.empty() || events_running_) events_idle_cv_.wait(lk.native());
+  }
+  // And the hand-backs of the losses declared so far.
+  if (forget_thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id()) return;
+  UniqueLock lk(forget_mu_);
+  while (!forget_closed_ && (!forget_queue_.empty() || forgets_running_ > 0)) {
+    forget_idle_cv_.wait(lk.native());
+  }
 }
 
 Clock::time_point Engine::declare_expired() {
