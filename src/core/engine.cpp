@@ -244,14 +244,17 @@ std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name) {
 }
 
 bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot,
-                            Clock::time_point until) {
+                            Clock::time_point until, const std::stop_token& cancel) {
   {
     UniqueLock lk(mu_);
     // Another waiter of this name is subscribing: wait for it, so that the
     // re-check that follows happens with notifications live (a release in
-    // between is then either seen by the re-check or notified).
-    while (slot->watch_pending && clock_->now() < until) clock_->wait_until(slot->cv, lk.native(), until);
+    // between is then either seen by the re-check or notified). A cancelled
+    // acquire stops waiting (its stop callback notifies slot->cv under mu_).
+    while (slot->watch_pending && !cancel.stop_requested() && clock_->now() < until)
+      clock_->wait_until(slot->cv, lk.native(), until);
     if (slot->watched) return true;
+    if (cancel.stop_requested()) return false;
     if (slot->watch_pending || clock_->now() < slot->watch_retry_at) return false;
     slot->watch_pending = true;
   }
@@ -590,8 +593,17 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   if (cancelled()) return nullptr;
   // A cancel wakes the wait below; taking mu_ first means the waiter is either asleep
   // on `wake` (and notified) or has not yet tested the stop (and will see it).
+  // A waiter waiting for another waiter's subscription (ensure_watched) waits on its
+  // names' slots: those are notified too (the other waiters there only look again).
   std::stop_callback on_cancel(opts.cancel, [&] {
-    { LockGuard lk(mu_); }
+    {
+      LockGuard lk(mu_);
+      for (std::size_t i = 0; i <= cands.size(); ++i) {
+        const std::string* name = i < cands.size() ? &cands[i].name : gate_cand ? &gate_cand->name : nullptr;
+        if (!name) continue;
+        if (auto it = waits_.find(*name); it != waits_.end()) it->second->cv.notify_all();
+      }
+    }
     wake.notify_all();
   });
 
@@ -686,7 +698,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
     for (Candidate* c : waited) {
       join(*c);
       if (c->watched) continue;
-      c->watched = ensure_watched(c->name, c->slot, wait_deadline);
+      c->watched = ensure_watched(c->name, c->slot, wait_deadline, opts.cancel);
       if (c->watched) {
         c->try_now = true;
         again = true;
@@ -694,6 +706,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
         degraded = true;
       }
     }
+    if (cancelled()) return nullptr;  // no attempt after a cancel
     if (again) continue;
     now = clock_->now();
     Millis delay = Millis::max();

@@ -339,9 +339,11 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::shared_ptr<WaitSlot> join_wait(const std::string& name);
   void leave_wait(const std::string& name);
   /// Makes sure `name` is watched before the caller re-checks: subscribes if nobody
-  /// is, or waits (up to `until`) for the waiter that is subscribing. Returns whether
-  /// notifications are live; false means the caller falls back to bounded re-checks.
-  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
+  /// is, or waits (up to `until`, or until `cancel` is stopped) for the waiter that is
+  /// subscribing. Returns whether notifications are live; false means the caller falls
+  /// back to bounded re-checks (or, cancelled, ends its wait).
+  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until,
+                      const std::stop_token& cancel = {});
   std::shared_ptr<HeldLock> acquire_impl(std::span<const std::string_view> names, std::string_view gate,
                                          const LockOptions& opts, std::optional<Millis> wait, Error& ec,
                                          Reentry reentry, std::size_t* index);
