@@ -990,8 +990,8 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   // signal: given before the hand-back below lets anyone else take the name.
   fire_signals(*held);
   // Then what the server still holds for it is handed back (Backend::forget), on the
-  // event thread: after the stop signal, so the holder is told before anyone else can
-  // take the name; a lease the server no longer had at release has nothing to free.
+  // hand-back thread: after the stop signal, so the holder is told before anyone else
+  // can take the name; a lease the server no longer had at release has nothing to free.
   if (reason != LossReason::gone_at_release) queue_forget(held);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
