@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -295,6 +297,55 @@ TEST_F(Election, ObserveWaitsForTheNewLeadersValueThenReportsIt) {
   EXPECT_EQ(got->term, t2);
   EXPECT_EQ(got->value, "second");
   EXPECT_TRUE(got->value_known);
+}
+
+// LockOptions::cancel ends an election's waits: campaign() (an acquire) and observe()
+// alike, with errc::cancelled, within one wake-up of the stop request. The manual clock
+// never moves while the observer waits, so only the cancel can end its wait; if it does
+// not within 10 s (real time), the clock is moved past the observe's own bound so the
+// thread ends, and the test fails.
+TEST_F(Election, CancelEndsAnObserversWaitWithErrcCancelled) {
+  CountingBackend* counter = nullptr;
+  auto o = counted_client(counter);
+  std::stop_source stop;
+  distlock::LockOptions opts = ttl(30s);
+  opts.cancel = stop.get_token();
+  auto eo = o.election("w", opts);
+  std::mutex m;
+  std::condition_variable cv;
+  bool returned = false;
+  std::error_code code;
+  std::thread observer([&] {
+    std::error_code c;
+    try {
+      (void)eo.observe(std::nullopt, 1h);  // vacant: waits for a leader
+    } catch (const std::system_error& e) {
+      c = e.code();
+    }
+    std::lock_guard lk(m);
+    code = c;
+    returned = true;
+    cv.notify_all();
+  });
+  // The observer has read the election (vacant) and waits; bounded at 10 s.
+  EXPECT_TRUE(eventually([&] { return counter->status_calls.load() > 0; }));
+  stop.request_stop();
+  bool in_time = false;
+  {
+    std::unique_lock lk(m);
+    in_time = cv.wait_for(lk, 10s, [&] { return returned; });
+  }
+  if (!in_time) clock->advance(2h);  // ends the wait by its own bound
+  observer.join();
+  EXPECT_TRUE(in_time) << "observe() kept waiting after its cancel token was stopped";
+  EXPECT_EQ(code, errc::cancelled);
+  // Already stopped: refused at once, as acquire() is.
+  try {
+    (void)eo.observe(std::nullopt, 0ms);
+    ADD_FAILURE() << "observe() with a stopped cancel token did not fail";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::cancelled);
+  }
 }
 
 TEST_F(Election, WithoutFencingTokensCampaignWorksButTermsAndObserveAreNotSupported) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 
 using namespace std::chrono_literals;
@@ -161,6 +164,149 @@ TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
   }
 }
 
+// A lost lease is handed back (Backend::forget) only after its engine-internal loss
+// signals (a read-write lease's combined stop token, Engine::add_loss_signal) have been
+// given: the hand-back lets another client take the name, and a read-write holder whose
+// combined token has not fired yet would then still believe it holds the lock. Here the
+// signal itself runs everything the engine queued for its event thread so far, then
+// tries the name from another client: it must still be busy.
+TEST_F(Jobs, ALostLeaseIsHandedBackOnlyAfterItsInternalLossSignals) {
+  auto c = client();
+  auto other = client();
+  auto& engine = *distlock::detail::engine_of(c);
+  distlock::detail::Error ec;
+  auto held = engine.acquire("job", opts(3s), Millis(0), ec);
+  ASSERT_TRUE(held && !ec);
+  distlock::LockOptions once = opts(3s);
+  once.wait = 0ms;
+  bool signalled = false;
+  std::error_code taken_in_signal;
+  engine.add_loss_signal(held, [&] {
+    signalled = true;
+    engine.drain_events();  // the forget round too, had it been queued before this signal
+    distlock::Lease l = other.acquire("job", once, taken_in_signal);
+  });
+  // Past the local deadline (grant + 3 s - 300 ms margin), before the server's expiry (+3 s).
+  clock->advance(2800ms);
+  engine.tick();  // the watchdog's round declares the loss on this thread
+  ASSERT_TRUE(signalled);
+  EXPECT_EQ(taken_in_signal, errc::busy) << "the name was handed back before the loss signal was given";
+  // The hand-back itself still happens, on the event thread.
+  engine.drain_events();
+  EXPECT_FALSE(store->held("job", clock->now()));
+  auto taken = other.try_acquire("job", opts(3s));
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_GT(taken->token(), held->token);
+  engine.release(held, ec);
+  EXPECT_EQ(ec, errc::lost);
+}
+
+// The same order when release() does the hand-back: the caller's release() may find the
+// lease lost while the detecting thread is still inside the stop token's callbacks (a
+// std::stop_callback of the user), before the internal signals. release() then gives
+// those signals itself before it frees the name, so no other client can hold the name
+// while a read-write lease's combined token is still unfired.
+TEST_F(Jobs, AReleaseThatHandsBackALostLeaseGivesItsInternalLossSignalsFirst) {
+  auto c = client();
+  auto other = client();
+  auto& engine = *distlock::detail::engine_of(c);
+  distlock::detail::Error ec;
+  auto held = engine.acquire("job", opts(3s), Millis(0), ec);
+  ASSERT_TRUE(held && !ec);
+  distlock::LockOptions once = opts(3s);
+  once.wait = 0ms;
+  std::atomic<bool> signalled{false};
+  engine.add_loss_signal(held, [&] { signalled = true; });
+  bool released = false, signalled_at_release = false, free_at_release = false;
+  distlock::detail::Error release_ec;
+  // Runs on the detecting thread (tick below), before the internal signals: meanwhile
+  // another thread releases the lease.
+  std::stop_callback in_detection(held->stop.get_token(), [&] {
+    std::thread releaser([&] {
+      engine.release(held, release_ec);
+      signalled_at_release = signalled.load();
+      std::error_code e;
+      distlock::Lease l = other.acquire("job", once, e);
+      free_at_release = !e;
+      released = true;
+    });
+    releaser.join();  // release() never waits for the detecting thread
+  });
+  clock->advance(2800ms);
+  engine.tick();
+  ASSERT_TRUE(released);
+  EXPECT_EQ(release_ec, errc::lost);
+  EXPECT_TRUE(free_at_release);  // release() handed it back before returning
+  EXPECT_TRUE(signalled_at_release) << "the name was free before the internal loss signal was given";
+  EXPECT_TRUE(signalled.load());
+}
+
+// A server that does not answer the hand-back of a lost lease (the usual cause of a
+// loss) must not hold back the client's loss callbacks: the hand-back may wait a whole
+// command timeout per lease, and the callbacks are how the holder learns of the loss.
+// Here release() blocks (at most 10 s, real time) until the test lets it go; the lease's
+// callback must run meanwhile (checked for 5 s).
+namespace {
+class HungRelease final : public distlock::testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void hang() {
+    std::lock_guard lk(m_);
+    hung_ = true;
+  }
+  void answer() {
+    std::lock_guard lk(m_);
+    hung_ = false;
+    cv_.notify_all();
+  }
+  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                          distlock::detail::Error& ec) override {
+    {
+      std::unique_lock lk(m_);
+      cv_.wait_for(lk, 10s, [&] { return !hung_; });
+    }
+    return ForwardingBackend::release(name, owner, token, ec);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool hung_ = false;
+};
+}  // namespace
+
+TEST_F(Jobs, ALossCallbackIsNotHeldBackByAHandBackTheServerDoesNotAnswer) {
+  distlock::ClientOptions o;
+  o.clock = clock;
+  o.background_renewal = false;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  auto backend = std::make_unique<HungRelease>(distlock::testing::memory_backend(store_name, o));
+  HungRelease* hung = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), o));
+  distlock::Lease lease = c.acquire("job", opts(3s));
+  std::mutex m;
+  std::condition_variable cv;
+  bool called = false;
+  lease.on_lost([&] {
+    std::lock_guard lk(m);
+    called = true;
+    cv.notify_all();
+  });
+  hung->hang();
+  clock->advance(2800ms);  // past the local deadline (grant + 3 s - 300 ms margin)
+  distlock::detail::engine_of(c)->tick();
+  EXPECT_TRUE(lease.stop_token().stop_requested());
+  bool in_time = false;
+  {
+    std::unique_lock lk(m);
+    in_time = cv.wait_for(lk, 5s, [&] { return called; });
+  }
+  hung->answer();
+  EXPECT_TRUE(in_time) << "the loss callback waited for the hand-back's unanswered release";
+  distlock::detail::engine_of(c)->drain_events();
+  EXPECT_FALSE(store->held("job", clock->now()));  // handed back once the server answered
+}
+
 // LockOptions::cancel ends a wait from another thread with errc::cancelled, and a token
 // already stopped fails before any request.
 TEST_F(Jobs, CancelEndsAWaitFromAnotherThreadAndLeavesNothingQueued) {
@@ -197,6 +343,90 @@ TEST_F(Jobs, CancelEndsAWaitFromAnotherThreadAndLeavesNothingQueued) {
   EXPECT_EQ(ec2, errc::cancelled);
   EXPECT_EQ(store->try_acquire_calls(), tries);
   EXPECT_FALSE(store->held("free-name", clock->now()));
+}
+
+// A cancel also ends a wait for another waiter's subscription: a waiter of a name that
+// another waiter of this client is subscribing to (a watch the server has not answered
+// yet) waits for that subscription before it re-checks, and the cancel must end that
+// wait too, not the server's answer. Here the first waiter's watch() blocks (at most
+// 10 s, real time) until the test lets it go; the second waiter's cancel must end its
+// acquire meanwhile (checked for 5 s).
+namespace {
+class HungWatch final : public distlock::testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::atomic<int> watch_calls{0};
+  void answer() {
+    std::lock_guard lk(m_);
+    hung_ = false;
+    cv_.notify_all();
+  }
+  void watch(std::string_view name, distlock::detail::Error& ec) override {
+    ++watch_calls;
+    {
+      std::unique_lock lk(m_);
+      cv_.wait_for(lk, 10s, [&] { return !hung_; });
+    }
+    ForwardingBackend::watch(name, ec);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool hung_ = true;
+};
+}  // namespace
+
+TEST_F(Jobs, CancelEndsAWaitForAnotherWaitersSubscription) {
+  auto holder = client();
+  auto lease = holder.acquire("job", opts(3s));
+  distlock::ClientOptions o;
+  o.clock = clock;
+  o.background_renewal = false;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  auto backend = std::make_unique<HungWatch>(distlock::testing::memory_backend(store_name, o));
+  HungWatch* hung = backend.get();
+  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), o));
+  std::stop_source stop_first, stop_second;
+  distlock::LockOptions first = opts(3s), second = opts(3s);
+  first.cancel = stop_first.get_token();  // no wait bound: only a cancel ends these waits
+  second.cancel = stop_second.get_token();
+  std::error_code ec_first;
+  std::thread w1([&] { (void)c.acquire("job", first, ec_first); });
+  // The first waiter is inside its (unanswered) watch; bounded at 10 s.
+  for (int i = 0; i < 10000 && hung->watch_calls.load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(hung->watch_calls.load(), 1);
+  const int tries_before = store->try_acquire_calls();
+  std::mutex m;
+  std::condition_variable cv;
+  bool returned = false;
+  std::error_code ec_second;
+  std::thread w2([&] {
+    std::error_code e;
+    (void)c.acquire("job", second, e);
+    std::lock_guard lk(m);
+    ec_second = e;
+    returned = true;
+    cv.notify_all();
+  });
+  // The second waiter has made its attempt (busy); bounded at 10 s.
+  for (int i = 0; i < 10000 && store->try_acquire_calls() == tries_before; ++i)
+    std::this_thread::sleep_for(1ms);
+  stop_second.request_stop();
+  bool in_time = false;
+  {
+    std::unique_lock lk(m);
+    in_time = cv.wait_for(lk, 5s, [&] { return returned; });
+  }
+  hung->answer();
+  stop_first.request_stop();
+  w2.join();
+  w1.join();
+  EXPECT_TRUE(in_time) << "the cancelled waiter waited for another waiter's unanswered watch";
+  EXPECT_EQ(ec_second, errc::cancelled);
+  EXPECT_EQ(ec_first, errc::cancelled);
+  EXPECT_EQ(hung->watch_calls.load(), 1);  // the second waiter never subscribed itself
+  EXPECT_TRUE(lease.owns());
 }
 
 TEST_F(Jobs, MaxHoldStopsRenewalsOnceTheDeadlineReachesTheLimit) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <stop_token>
 
 #include "core/backend.hpp"
 #include "core/client_access.hpp"
@@ -224,8 +225,22 @@ std::optional<Leader> Election::observe(std::optional<std::uint64_t> after_term,
   const TP deadline = wait ? clock->now() + *wait : TP::max();
   const Millis grace = 2 * engine->options().command_timeout;
 
+  // LockOptions::cancel ends this wait as it ends an acquire's: a token already stopped
+  // fails before any request; a stop later wakes the wait below (a change notification
+  // of both names: any other waiter of them only looks again).
+  const auto fail_if_cancelled = [&] {
+    if (opts_.cancel.stop_requested()) {
+      throw_error(make_error_code(errc::cancelled),
+                  "election \"" + printable(name_) + "\": observe cancelled");
+    }
+  };
+  fail_if_cancelled();
   Engine::NameWatch lock_w(engine, lock_name_);
   Engine::NameWatch bell_w(engine, bell_name_);
+  std::stop_callback on_cancel(opts_.cancel, [&] {
+    engine->on_change(lock_name_);
+    engine->on_change(bell_name_);
+  });
 
   std::optional<std::uint64_t> pending_term;  // a new leader whose value is not written yet
   TP pending_since{};
@@ -235,6 +250,7 @@ std::optional<Leader> Election::observe(std::optional<std::uint64_t> after_term,
     const bool bell_live = bell_w.arm(deadline);
     const std::uint64_t lock_gen = lock_w.generation();
     const std::uint64_t bell_gen = bell_w.generation();
+    fail_if_cancelled();  // after the generations: a stop from now on is seen by the wait
     detail::Error ec;
     std::optional<Leader> l = read(ec);
     if (ec) fail(ec, "election \"" + printable(name_) + "\": observe");

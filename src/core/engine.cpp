@@ -191,15 +191,19 @@ Engine::~Engine() {
     Error ec;
     backend_->release(h->name, h->owner, h->token, ec);
   }
-  // Lost leases not yet handed back: the event thread's round may be under way; it is
-  // waited for, and the rest is handed back here, while the backend still exists.
+  // Lost leases not yet handed back: the hand-back thread finishes the batch under way
+  // and is joined; the rest is handed back here, while the backend still exists.
   std::vector<std::shared_ptr<HeldLock>> unforgotten;
+  std::thread forgetter;
   {
-    UniqueLock lk(forget_mu_);
+    LockGuard lk(forget_mu_);
     forget_closed_ = true;
     unforgotten.swap(forget_queue_);
-    while (forgets_running_ > 0) forget_idle_cv_.wait(lk.native());
+    forgetter.swap(forget_thread_);
+    forget_cv_.notify_all();
+    forget_idle_cv_.notify_all();  // a drain_events() under way returns
   }
+  if (forgetter.joinable()) forgetter.join();
   for (auto& h : unforgotten) forget_now(*h);
   // The backend (and its notification threads) goes before the engine's members.
   backend_.reset();
@@ -240,14 +244,17 @@ std::shared_ptr<Engine::WaitSlot> Engine::join_wait(const std::string& name) {
 }
 
 bool Engine::ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot,
-                            Clock::time_point until) {
+                            Clock::time_point until, const std::stop_token& cancel) {
   {
     UniqueLock lk(mu_);
     // Another waiter of this name is subscribing: wait for it, so that the
     // re-check that follows happens with notifications live (a release in
-    // between is then either seen by the re-check or notified).
-    while (slot->watch_pending && clock_->now() < until) clock_->wait_until(slot->cv, lk.native(), until);
+    // between is then either seen by the re-check or notified). A cancelled
+    // acquire stops waiting (its stop callback notifies slot->cv under mu_).
+    while (slot->watch_pending && !cancel.stop_requested() && clock_->now() < until)
+      clock_->wait_until(slot->cv, lk.native(), until);
     if (slot->watched) return true;
+    if (cancel.stop_requested()) return false;
     if (slot->watch_pending || clock_->now() < slot->watch_retry_at) return false;
     slot->watch_pending = true;
   }
@@ -586,8 +593,17 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
   if (cancelled()) return nullptr;
   // A cancel wakes the wait below; taking mu_ first means the waiter is either asleep
   // on `wake` (and notified) or has not yet tested the stop (and will see it).
+  // A waiter waiting for another waiter's subscription (ensure_watched) waits on its
+  // names' slots: those are notified too (the other waiters there only look again).
   std::stop_callback on_cancel(opts.cancel, [&] {
-    { LockGuard lk(mu_); }
+    {
+      LockGuard lk(mu_);
+      for (std::size_t i = 0; i <= cands.size(); ++i) {
+        const std::string* name = i < cands.size() ? &cands[i].name : gate_cand ? &gate_cand->name : nullptr;
+        if (!name) continue;
+        if (auto it = waits_.find(*name); it != waits_.end()) it->second->cv.notify_all();
+      }
+    }
     wake.notify_all();
   });
 
@@ -682,7 +698,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
     for (Candidate* c : waited) {
       join(*c);
       if (c->watched) continue;
-      c->watched = ensure_watched(c->name, c->slot, wait_deadline);
+      c->watched = ensure_watched(c->name, c->slot, wait_deadline, opts.cancel);
       if (c->watched) {
         c->try_now = true;
         again = true;
@@ -690,6 +706,7 @@ std::shared_ptr<HeldLock> Engine::acquire_loop(std::span<const std::string_view>
         degraded = true;
       }
     }
+    if (cancelled()) return nullptr;  // no attempt after a cancel
     if (again) continue;
     now = clock_->now();
     Millis delay = Millis::max();
@@ -829,6 +846,9 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     // Another thread may be between marking the lease lost and firing its stop token
     // (declare_lost): the caller learns of the loss here, so the token fires no later.
     held->stop.request_stop();
+    // Its internal signals too, before the hand-back below frees the name: the thread
+    // that declared the loss may still be inside the stop token's callbacks.
+    fire_signals(*held);
     // What the backend still holds for it is freed before this call returns (or was
     // already): the caller may take the name again at once.
     forget_now(*held);
@@ -966,9 +986,12 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   }
   held->stop.request_stop();  // first: whoever sees `lost` from now on finds the token fired soon
   n_lost_.fetch_add(1, std::memory_order_relaxed);
+  // The internal signals (a read-write lease's combined token) are part of the stop
+  // signal: given before the hand-back below lets anyone else take the name.
+  fire_signals(*held);
   // Then what the server still holds for it is handed back (Backend::forget), on the
-  // event thread: after the stop signal, so the holder is told before anyone else can
-  // take the name; a lease the server no longer had at release has nothing to free.
+  // hand-back thread: after the stop signal, so the holder is told before anyone else
+  // can take the name; a lease the server no longer had at release has nothing to free.
   if (reason != LossReason::gone_at_release) queue_forget(held);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
@@ -988,26 +1011,33 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
 
 void Engine::queue_forget(const std::shared_ptr<HeldLock>& held) noexcept {
   if (forked()) return;  // the parent's lease: not the child's to free
-  bool start_round = false;
-  {
-    LockGuard lk(forget_mu_);
-    if (forget_closed_) return;
+  LockGuard lk(forget_mu_);
+  if (forget_closed_) return;
+  try {
+    forget_queue_.push_back(held);
+  } catch (...) {
+    return;  // no memory: the server's own expiry stays the bound
+  }
+  if (!forget_thread_.joinable()) {
     try {
-      forget_queue_.push_back(held);
+      forget_thread_ = std::thread([this] { forget_main(); });
+      forget_thread_id_.store(forget_thread_.get_id(), std::memory_order_release);
     } catch (...) {
-      return;  // no memory: the server's own expiry stays the bound
+      forget_queue_.pop_back();  // no thread to be had: as above
+      return;
     }
-    start_round = forget_queue_.size() == 1;
   }
-  if (start_round && !post_event([this] { forget_round(); })) {
-    LockGuard lk(forget_mu_);
-    forget_queue_.clear();  // as above
-  }
+  forget_cv_.notify_one();
 }
 
-void Engine::forget_round() noexcept {
+// The hand-back thread: started at the first loss, joined by ~Engine. It runs no user
+// code, so a hand-back that waits for a server that does not answer (a command timeout
+// per lease) delays no loss callback and no stop signal.
+void Engine::forget_main() noexcept {
   UniqueLock lk(forget_mu_);
-  while (!forget_closed_ && !forget_queue_.empty()) {
+  for (;;) {
+    while (!forget_closed_ && forget_queue_.empty()) forget_cv_.wait(lk.native());
+    if (forget_closed_) return;  // ~Engine hands back what is left
     std::vector<std::shared_ptr<HeldLock>> batch;
     batch.swap(forget_queue_);
     ++forgets_running_;
@@ -1016,7 +1046,7 @@ void Engine::forget_round() noexcept {
     batch.clear();
     lk.lock();
     --forgets_running_;
-    forget_idle_cv_.notify_all();
+    if (forget_queue_.empty()) forget_idle_cv_.notify_all();
   }
 }
 
@@ -1039,7 +1069,8 @@ void Engine::forget_now(HeldLock& held) noexcept {
 bool Engine::on_own_thread() const noexcept {
   const auto self = std::this_thread::get_id();
   return (renewer_.joinable() && renewer_.get_id() == self) ||
-         (watchdog_.joinable() && watchdog_.get_id() == self) || on_event_thread();
+         (watchdog_.joinable() && watchdog_.get_id() == self) ||
+         forget_thread_id_.load(std::memory_order_acquire) == self || on_event_thread();
 }
 
 bool Engine::on_event_thread() const noexcept {
@@ -1049,21 +1080,26 @@ bool Engine::on_event_thread() const noexcept {
 // The loss signal (stop token, internal signals) happens here, on the detecting
 // thread; the user's callbacks are only queued, so a slow or blocking callback can
 // never delay the signal of this or any other lease.
-void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
-  held->stop.request_stop();
+void Engine::fire_signals(HeldLock& held) noexcept {
   std::vector<std::function<void()>> signals;
   {
-    LockGuard lk(held->callbacks_mu);
-    if (held->signals_fired) return;
-    held->signals_fired = true;
-    signals.swap(held->signals);
+    LockGuard lk(held.callbacks_mu);
+    if (held.signals_fired) return;
+    held.signals_fired = true;
+    signals.swap(held.signals);
   }
   for (auto& s : signals) s();  // noexcept by contract (add_loss_signal)
+}
+
+void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
+  held->stop.request_stop();
+  fire_signals(*held);
   bool queued = true;
   {
     // Queued under callbacks_mu: a callback added after this (queued directly by
-    // add_loss_callback) runs after these.
+    // add_loss_callback) runs after these; queued once (callbacks_fired).
     LockGuard lk(held->callbacks_mu);
+    if (held->callbacks_fired) return;
     held->callbacks_fired = true;
     if (!held->callbacks.empty()) {
       queued = false;
@@ -1161,8 +1197,16 @@ void Engine::event_main() noexcept {
 
 void Engine::drain_events() {
   if (on_event_thread()) return;
-  UniqueLock lk(events_mu_);
-  while (!events_.empty() || events_running_) events_idle_cv_.wait(lk.native());
+  {
+    UniqueLock lk(events_mu_);
+    while (!events_.empty() || events_running_) events_idle_cv_.wait(lk.native());
+  }
+  // And the hand-backs of the losses declared so far.
+  if (forget_thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id()) return;
+  UniqueLock lk(forget_mu_);
+  while (!forget_closed_ && (!forget_queue_.empty() || forgets_running_ > 0)) {
+    forget_idle_cv_.wait(lk.native());
+  }
 }
 
 Clock::time_point Engine::declare_expired() {

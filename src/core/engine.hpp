@@ -13,6 +13,8 @@
 // - Backend threads (notifiers, subscribers, keep-alives) call the ChangeListener
 //   members (on_change, on_session_lost, on_lease_lost) from any thread; a backend
 //   never holds a lock of its own that a backend call from the engine could need.
+// - The hand-back thread (forget_main, started at the first loss) hands lost leases
+//   back to the backend (Backend::forget); it runs no user code.
 // - The event thread (event_main) runs user callbacks (Lease::on_lost) and nothing
 //   else; see add_loss_callback. Whoever detects a loss (any of the threads above)
 //   gives the loss signal itself in declare_lost/fire_loss: `lost`, the stop token
@@ -103,7 +105,7 @@ struct HeldLock {
   std::atomic<bool> lost{false};
   std::stop_source stop;
   // The hand-back of a lost lease to the backend (Backend::forget) runs once, by
-  // whoever comes first: the event thread's forget round, release(), or ~Engine.
+  // whoever comes first: the engine's hand-back thread, release(), or ~Engine.
   std::once_flag forget_once;
   // Why it was lost (set once, before `lost`, under callbacks_mu).
   mutable AnnotatedMutex callbacks_mu;
@@ -225,8 +227,9 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::thread::id event_thread_id() const noexcept { return event_thread_.get_id(); }
   bool on_event_thread() const noexcept;
   /// Blocks until every user callback queued so far has run and the event thread is
-  /// idle (tests, and callers that must observe a callback's effect). Returns at once
-  /// when called on the event thread itself (it would wait for itself).
+  /// idle, then until every lost lease queued for its hand-back has been handed back
+  /// (tests, and callers that must observe a callback's effect). Returns at once when
+  /// called on the event thread itself (it would wait for itself).
   void drain_events();
 
   /// The backend's status with the holder description split off LockInfo::holder.
@@ -306,13 +309,16 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
   void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+  // Runs the lease's internal loss signals (add_loss_signal) once, on the calling
+  // thread: by declare_lost, or by release() before it hands a lost lease back.
+  void fire_signals(HeldLock& held) noexcept;
   // Hands a lease declared lost back to the backend (Backend::forget), once, then wakes
   // this client's waiters for its name. Blocks for the backend's call (or for another
   // thread's call of it already under way); never under an engine lock.
   void forget_now(HeldLock& held) noexcept;
-  // Queues `held` for the event thread's forget round (forget_round).
+  // Queues `held` for the hand-back thread (forget_main), started here at the first loss.
   void queue_forget(const std::shared_ptr<HeldLock>& held) noexcept;
-  void forget_round() noexcept;
+  void forget_main() noexcept;
   /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
   /// Never runs user code on the caller, which may hold callbacks_mu.
   bool post_event(std::function<void()> fn) noexcept;
@@ -333,9 +339,11 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::shared_ptr<WaitSlot> join_wait(const std::string& name);
   void leave_wait(const std::string& name);
   /// Makes sure `name` is watched before the caller re-checks: subscribes if nobody
-  /// is, or waits (up to `until`) for the waiter that is subscribing. Returns whether
-  /// notifications are live; false means the caller falls back to bounded re-checks.
-  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until);
+  /// is, or waits (up to `until`, or until `cancel` is stopped) for the waiter that is
+  /// subscribing. Returns whether notifications are live; false means the caller falls
+  /// back to bounded re-checks (or, cancelled, ends its wait).
+  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until,
+                      const std::stop_token& cancel = {});
   std::shared_ptr<HeldLock> acquire_impl(std::span<const std::string_view> names, std::string_view gate,
                                          const LockOptions& opts, std::optional<Millis> wait, Error& ec,
                                          Reentry reentry, std::size_t* index);
@@ -422,11 +430,16 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
   std::thread event_thread_;  // started by create(), joined last by ~Engine
 
-  // Lost leases waiting for their hand-back to the backend (forget_round on the event
-  // thread). A leaf like events_mu_. ~Engine closes the queue, waits for the round under
-  // way, and hands back what is left itself before the backend goes.
+  // Lost leases waiting for their hand-back to the backend (forget_main, on a thread of
+  // its own: a hand-back the server does not answer must not hold back the event
+  // thread's loss callbacks). A leaf like events_mu_. ~Engine closes the queue, joins
+  // the thread (the batch under way ends), and hands back what is left itself before
+  // the backend goes.
   AnnotatedMutex forget_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
-  std::condition_variable forget_idle_cv_;
+  std::condition_variable forget_cv_;       // work queued, or closed
+  std::condition_variable forget_idle_cv_;  // queue empty, nothing running (drain_events)
+  std::thread forget_thread_ DISTLOCK_GUARDED_BY(forget_mu_);
+  std::atomic<std::thread::id> forget_thread_id_{};  // read without the lock (on_own_thread)
   std::vector<std::shared_ptr<HeldLock>> forget_queue_ DISTLOCK_GUARDED_BY(forget_mu_);
   int forgets_running_ DISTLOCK_GUARDED_BY(forget_mu_) = 0;
   bool forget_closed_ DISTLOCK_GUARDED_BY(forget_mu_) = false;
