@@ -14,7 +14,8 @@
  * or expired), or a waiter that walks away is granted afterwards.
  *
  * A grant holds the lock for CLAIM ticks only, until the grantee claims it from the
- * server (its acquire call, or its refresh, restarts the TTL); a queue entry lives
+ * server (its acquire call restarts the TTL; a refresh that finds the grant only
+ * restarts the claim window, never shortening the lock); a queue entry lives
  * QLIFE ticks after its last refresh; a refresh that finds the lock free grants it to
  * the head. So a waiter that died holds nobody up for its TTL (issue 27, item 2).
  *
@@ -184,7 +185,13 @@ waiting:
        :: k < qlen -> r = 0
        :: else ->
           if
-          :: owner == c && owner_ep == ep && lock_exp > now -> lock_exp = now + TTL; r = 1
+          :: owner == c && owner_ep == ep && lock_exp > now ->
+             /* granted: reported, not claimed; the grant keeps a claim window */
+             if
+             :: lock_exp < now + CLAIM -> lock_exp = now + CLAIM
+             :: else -> skip
+             fi;
+             r = 1
           :: else -> r = 2
           fi
        fi;
@@ -192,7 +199,7 @@ waiting:
      }
      if
      :: r == 0 -> s = 0
-     :: r == 1 -> atomic { deadline[c] = s + TTL; held[c] = true; s = 0; r = 0 }; goto holding
+     :: r == 1 -> atomic { s = 0; r = 0 }; goto acquire  /* the claim: the acquire call */
      :: r == 2 -> r = 0; s = 0; goto next_wait            /* our entry expired: queue anew, as a new entry */
      fi
   :: /* re-check after the holder's TTL (a holder that died releases nothing) */

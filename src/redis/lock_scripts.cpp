@@ -228,7 +228,12 @@ for i = 1, #KEYS / 4 do
   if redis.call('HEXISTS', x, me) == 1 then
     out[i] = 0
   elseif redis.call('HGET', lock, owner) == entry then
-    redis.call('PEXPIRE', lock, ttl)
+    -- Granted: reported, not claimed. The waiter's own acquire call claims it (the
+    -- lease counts from that call's send); until then the grant keeps a claim window
+    -- from now, so a waiter that dies after this refresh holds it no longer. A lease
+    -- already claimed (a refresh sent before the claim) is never shortened.
+    local window = math.min(tonumber(ttl), CLAIM)
+    if redis.call('PTTL', lock) < window then redis.call('PEXPIRE', lock, window) end
     out[i] = redis.call('HGET', lock, '@token')
   else
     out[i] = 2
