@@ -262,6 +262,35 @@ TEST(RedisHandOff, AnUncontendedAcquisitionDoesNotTouchTheQueue) {
 
 namespace {
 
+// A waiter's queue keys live as long as its entries (min(TTL, 2 s) after the last
+// refresh), not its TTL: a waiter killed with a TTL of 10 minutes leaves nothing on the
+// server 2 s after its last refresh, with no other client coming by.
+TEST(RedisHandOff, ADeadWaitersQueueKeysExpireWithItsEntryNotItsTtl) {
+  namespace rs = distlock::detail::redis;
+  RedisServer server;
+  const std::string lock = rs::lock_key("distlock", "leftover");
+  const std::string q = lock + ":q", x = lock + ":qx", fence = rs::fence_key("distlock", lock);
+  const std::string grants = "distlock:grant:";
+  auto eval = [&](const std::string& owner, const std::string& entry, const std::string& mode) {
+    return server.command({"EVAL", rs::queue_acquire_script().source(), "4", lock, q, x, fence, owner,
+                           "600000", entry, mode, grants});
+  };
+  auto h = eval("0123456789abcdef0123456789abcdef:1.1", "0", "0");
+  ASSERT_TRUE(h && h->type == REDIS_REPLY_ARRAY && h->element[0]->integer == 1);
+  auto w = eval("fedcba9876543210fedcba9876543210:1.2", "3", "1");  // queued, then never refreshed
+  ASSERT_TRUE(w && w->type == REDIS_REPLY_ARRAY && w->element[0]->integer == 0);
+  EXPECT_GT(server.command({"PTTL", q})->integer, 0);
+  EXPECT_LE(server.command({"PTTL", q})->integer, rs::kEntryLife.count()) << "the queue outlives its entries";
+  EXPECT_LE(server.command({"PTTL", x})->integer, rs::kEntryLife.count()) << "the queue outlives its entries";
+  // Redis expires keys lazily and by a sampling sweep: EXISTS reads the expiry itself.
+  EXPECT_TRUE(eventually(
+      [&] {
+        return server.command({"EXISTS", q})->integer == 0 && server.command({"EXISTS", x})->integer == 0;
+      },
+      4s))
+      << "a dead waiter's queue keys are still there 4 s after its last refresh";
+}
+
 // A queued waiter's refresh that finds the lock granted to its entry reports the
 // grant; the waiter's own acquire call claims it (its lease counts from that call's
 // send). Until that claim the grant must stay a claim window: a waiter killed or
