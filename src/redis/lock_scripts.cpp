@@ -25,6 +25,10 @@ namespace {
 // this refresh (the ttl if shorter), not after the lock's ttl: a dead or stopped
 // waiter's place lapses within ENTRY_LIFE, whatever its ttl.
 //
+// keep_queue: the queue keys live as long as the entry just written (never
+// shortened): they outlive no entry, and a dead waiter leaves nothing behind once
+// its entry expired.
+//
 // take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
@@ -92,8 +96,9 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   return window
 end
 local function keep_queue(q, x, ttl)
-  if redis.call('PTTL', q) < tonumber(ttl) then redis.call('PEXPIRE', q, ttl) end
-  if redis.call('PTTL', x) < tonumber(ttl) then redis.call('PEXPIRE', x, ttl) end
+  local life = math.min(tonumber(ttl), ENTRY_LIFE)
+  if redis.call('PTTL', q) < life then redis.call('PEXPIRE', q, life) end
+  if redis.call('PTTL', x) < life then redis.call('PEXPIRE', x, life) end
 end
 local function release_onward(lock, q, x, fence, grant_prefix, channel)
   redis.call('DEL', lock)
