@@ -14,7 +14,8 @@
  * or expired), or a waiter that walks away is granted afterwards.
  *
  * A grant holds the lock for CLAIM ticks only, until the grantee claims it from the
- * server (its acquire call, or its refresh, restarts the TTL); a queue entry lives
+ * server (its acquire call restarts the TTL; a refresh that finds the grant only
+ * restarts the claim window, never shortening the lock); a queue entry lives
  * QLIFE ticks after its last refresh; a refresh that finds the lock free grants it to
  * the head. So a waiter that died holds nobody up for its TTL (issue 27, item 2).
  *
@@ -22,7 +23,10 @@
  * its local deadline), the server's owner is that client's wait and the server's
  * expiry is not earlier than the local deadline: so two clients never both
  * believe; (2) a waiter that gave up is never left as the owner; (3) tokens
- * strictly increase with each grant.
+ * strictly increase with each grant; (4) a grant its owner has not claimed with an
+ * acquire call never outlives CLAIM ticks from now (so a waiter that dies after
+ * being granted, even after a refresh that found the grant, holds the lock at most
+ * that long; before, the refresh claimed it for the TTL).
  */
 #ifndef N
 #define N 2          /* clients: 2 or 3 */
@@ -44,6 +48,7 @@ byte owner = 0;      /* client id 1..N, 0 = none */
 byte owner_ep = 0;
 byte lock_exp = 0;   /* the lock exists while now < lock_exp */
 byte token = 0;
+bool claimed = false; /* the owner's own acquire call claimed the lock (not a grant) */
 byte q_c[QMAX];      /* queue: client, epoch, expiry */
 byte q_ep[QMAX];
 byte q_exp[QMAX];
@@ -91,7 +96,7 @@ inline grant_head() {
   q_prune();
   if
   :: qlen > 0 ->
-     owner = q_c[0]; owner_ep = q_ep[0]; token++; lock_exp = now + CLAIM;
+     owner = q_c[0]; owner_ep = q_ep[0]; token++; lock_exp = now + CLAIM; claimed = false;
      assert(token > last_token); last_token = token;
      if
      :: nfull(note[owner]) -> note[owner] ! owner_ep
@@ -128,7 +133,7 @@ acquire:
     q_find(c, ep);
     if
     :: owner == c && owner_ep == ep && lock_exp > now ->
-       lock_exp = now + TTL; r = 1           /* granted meanwhile: we own it */
+       lock_exp = now + TTL; claimed = true; r = 1  /* granted meanwhile: we claim it */
     :: !(owner == c && owner_ep == ep && lock_exp > now) && queued && k == qlen ->
        r = 2                                  /* our entry expired or was granted and lost */
     :: !(owner == c && owner_ep == ep && lock_exp > now) && !(queued && k == qlen) ->
@@ -141,7 +146,7 @@ acquire:
           /* free: the head (maybe us) gets it; only the head's own call answers "granted" */
           if
           :: q_c[0] == c && q_ep[0] == ep ->
-             owner = c; owner_ep = ep; token++; lock_exp = now + TTL;
+             owner = c; owner_ep = ep; token++; lock_exp = now + TTL; claimed = true;
              assert(token > last_token); last_token = token;
              q_remove(0); r = 1
           :: else -> grant_head(); r = 0
@@ -184,7 +189,13 @@ waiting:
        :: k < qlen -> r = 0
        :: else ->
           if
-          :: owner == c && owner_ep == ep && lock_exp > now -> lock_exp = now + TTL; r = 1
+          :: owner == c && owner_ep == ep && lock_exp > now ->
+             /* granted: reported, not claimed; the grant keeps a claim window */
+             if
+             :: lock_exp < now + CLAIM -> lock_exp = now + CLAIM
+             :: else -> skip
+             fi;
+             r = 1
           :: else -> r = 2
           fi
        fi;
@@ -192,7 +203,7 @@ waiting:
      }
      if
      :: r == 0 -> s = 0
-     :: r == 1 -> atomic { deadline[c] = s + TTL; held[c] = true; s = 0; r = 0 }; goto holding
+     :: r == 1 -> atomic { s = 0; r = 0 }; goto acquire  /* the claim: the acquire call */
      :: r == 2 -> r = 0; s = 0; goto next_wait            /* our entry expired: queue anew, as a new entry */
      fi
   :: /* re-check after the holder's TTL (a holder that died releases nothing) */
@@ -275,8 +286,11 @@ proctype Clock() {
 #define ALL_SOUND (SOUND(1) && SOUND(2))
 #endif
 
+/* (4): an unclaimed grant lives at most CLAIM ticks from now. */
+#define GRANT_BOUNDED (claimed || owner == 0 || lock_exp <= now + CLAIM)
+
 active proctype Monitor() {
-  atomic { !ALL_SOUND -> assert(false) }
+  atomic { !(ALL_SOUND && GRANT_BOUNDED) -> assert(false) }
 }
 
 init {

@@ -25,6 +25,10 @@ namespace {
 // this refresh (the ttl if shorter), not after the lock's ttl: a dead or stopped
 // waiter's place lapses within ENTRY_LIFE, whatever its ttl.
 //
+// keep_queue: the queue keys live as long as the entry just written (never
+// shortened): they outlive no entry, and a dead waiter leaves nothing behind once
+// its entry expired.
+//
 // take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
@@ -92,8 +96,9 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   return window
 end
 local function keep_queue(q, x, ttl)
-  if redis.call('PTTL', q) < tonumber(ttl) then redis.call('PEXPIRE', q, ttl) end
-  if redis.call('PTTL', x) < tonumber(ttl) then redis.call('PEXPIRE', x, ttl) end
+  local life = math.min(tonumber(ttl), ENTRY_LIFE)
+  if redis.call('PTTL', q) < life then redis.call('PEXPIRE', q, life) end
+  if redis.call('PTTL', x) < life then redis.call('PEXPIRE', x, life) end
 end
 local function release_onward(lock, q, x, fence, grant_prefix, channel)
   redis.call('DEL', lock)
@@ -228,7 +233,12 @@ for i = 1, #KEYS / 4 do
   if redis.call('HEXISTS', x, me) == 1 then
     out[i] = 0
   elseif redis.call('HGET', lock, owner) == entry then
-    redis.call('PEXPIRE', lock, ttl)
+    -- Granted: reported, not claimed. The waiter's own acquire call claims it (the
+    -- lease counts from that call's send); until then the grant keeps a claim window
+    -- from now, so a waiter that dies after this refresh holds it no longer. A lease
+    -- already claimed (a refresh sent before the claim) is never shortened.
+    local window = math.min(tonumber(ttl), CLAIM)
+    if redis.call('PTTL', lock) < window then redis.call('PEXPIRE', lock, window) end
     out[i] = redis.call('HGET', lock, '@token')
   else
     out[i] = 2

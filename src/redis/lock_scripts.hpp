@@ -70,9 +70,10 @@ const Script& queue_forget_script();
 /// KEYS 4 per entry: lock, queue, expiries, fence; ARGV grant prefix, then 3 per
 /// entry: owner, entry, ttl ms. One status per entry: 0 refreshed (still queued,
 /// expiry = now + min(ttl, kEntryLife)), the token (a string) when the lock was
-/// granted to it (the claim: its TTL restarts now), 2 gone. A queued entry finding
-/// its lock free grants it to the queue's first live entry (itself, or another
-/// waiter, told on its grant channel).
+/// granted to it (not a claim: the grant keeps min(ttl, kClaimWindow) from now, a
+/// claimed lease is not shortened; the waiter claims it with its acquire call), 2 gone. A queued entry
+/// finding its lock free grants it to the queue's first live entry (itself, or another waiter, told on its
+/// grant channel).
 const Script& queue_refresh_script();
 
 /// KEYS lock, expiries → {HGETALL lock (empty for a key of another type: not a lock),

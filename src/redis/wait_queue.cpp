@@ -254,7 +254,7 @@ void WaitQueue::run() {
         case Answer::granted:
           if (!w.granted) {
             w.granted = true;
-            w.token = answers[i].token;  // claimed by the refresh; the waiter claims it again
+            w.token = answers[i].token;  // found by the refresh; the waiter claims it
             woken.push_back(w.name);
           }
           break;

@@ -6,7 +6,7 @@
 // claim window (lock_scripts.hpp): the waiter claims it from the server, and the
 // lease counts from that call. A refresher thread keeps every queued entry alive with
 // one batched call four times per entry life (the batch is the owner's `refresh`
-// callback); a refresh that finds the entry granted claims it too.
+// callback); a refresh that finds the entry granted reports it and restarts its claim window.
 //
 // Every time here is read on the client's injected clock (ClientOptions::clock).
 //

@@ -15,6 +15,8 @@
 #include "core/client_access.hpp"
 #include "core/engine.hpp"
 #include "distlock/distlock.hpp"
+#include "redis/key_layout.hpp"
+#include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
@@ -259,6 +261,89 @@ TEST(RedisHandOff, AnUncontendedAcquisitionDoesNotTouchTheQueue) {
 }  // namespace
 
 namespace {
+
+// A waiter's queue keys live as long as its entries (min(TTL, 2 s) after the last
+// refresh), not its TTL: a waiter killed with a TTL of 10 minutes leaves nothing on the
+// server 2 s after its last refresh, with no other client coming by.
+TEST(RedisHandOff, ADeadWaitersQueueKeysExpireWithItsEntryNotItsTtl) {
+  namespace rs = distlock::detail::redis;
+  RedisServer server;
+  const std::string lock = rs::lock_key("distlock", "leftover");
+  const std::string q = lock + ":q", x = lock + ":qx", fence = rs::fence_key("distlock", lock);
+  const std::string grants = "distlock:grant:";
+  auto eval = [&](const std::string& owner, const std::string& entry, const std::string& mode) {
+    return server.command({"EVAL", rs::queue_acquire_script().source(), "4", lock, q, x, fence, owner,
+                           "600000", entry, mode, grants});
+  };
+  auto h = eval("0123456789abcdef0123456789abcdef:1.1", "0", "0");
+  ASSERT_TRUE(h && h->type == REDIS_REPLY_ARRAY && h->element[0]->integer == 1);
+  auto w = eval("fedcba9876543210fedcba9876543210:1.2", "3", "1");  // queued, then never refreshed
+  ASSERT_TRUE(w && w->type == REDIS_REPLY_ARRAY && w->element[0]->integer == 0);
+  EXPECT_GT(server.command({"PTTL", q})->integer, 0);
+  EXPECT_LE(server.command({"PTTL", q})->integer, rs::kEntryLife.count()) << "the queue outlives its entries";
+  EXPECT_LE(server.command({"PTTL", x})->integer, rs::kEntryLife.count()) << "the queue outlives its entries";
+  // Redis expires keys lazily and by a sampling sweep: EXISTS reads the expiry itself.
+  EXPECT_TRUE(eventually(
+      [&] {
+        return server.command({"EXISTS", q})->integer == 0 && server.command({"EXISTS", x})->integer == 0;
+      },
+      4s))
+      << "a dead waiter's queue keys are still there 4 s after its last refresh";
+}
+
+// A queued waiter's refresh that finds the lock granted to its entry reports the
+// grant; the waiter's own acquire call claims it (its lease counts from that call's
+// send). Until that claim the grant must stay a claim window: a waiter killed or
+// stopped between its refresh and its claim would otherwise hold the lock for its
+// whole TTL (here 30 s) and stall the next live waiter that long. A refresh that
+// runs after the claim must not shorten the claimed lease either. Scripts run as
+// the backend runs them (EVAL of the same source, the backend's key layout).
+TEST(RedisHandOff, ARefreshThatFindsItsGrantLeavesItAClaimWindowUntilTheWaiterClaims) {
+  namespace rs = distlock::detail::redis;
+  RedisServer server;
+  const std::string lock = rs::lock_key("distlock", "window");
+  const std::string q = lock + ":q", x = lock + ":qx", fence = rs::fence_key("distlock", lock);
+  const std::string grants = "distlock:grant:", released = lock + ":released";
+  const std::string holder = "0123456789abcdef0123456789abcdef:1.1";
+  const std::string waiter = "fedcba9876543210fedcba9876543210:1.2";
+  auto eval = [&](const rs::Script& s, std::vector<std::string> argv) {
+    std::vector<std::string> cmd{"EVAL", s.source(), "4", lock, q, x, fence};
+    cmd.insert(cmd.end(), argv.begin(), argv.end());
+    auto r = server.command(cmd);
+    EXPECT_TRUE(r);
+    if (r) {
+      EXPECT_NE(r->type, REDIS_REPLY_ERROR) << std::string(r->str, r->len);
+    }
+    return r;
+  };
+  auto pttl = [&] { return Millis(server.command({"PTTL", lock})->integer); };
+  auto refresh = [&] { return eval(rs::queue_refresh_script(), {grants, waiter, "7", "30000"}); };
+
+  auto h = eval(rs::queue_acquire_script(), {holder, "30000", "0", "0", grants});
+  ASSERT_TRUE(h && h->type == REDIS_REPLY_ARRAY && h->element[0]->integer == 1);
+  auto w = eval(rs::queue_acquire_script(), {waiter, "30000", "7", "1", grants});
+  ASSERT_TRUE(w && w->type == REDIS_REPLY_ARRAY && w->element[0]->integer == 0);  // queued
+  auto rel = eval(rs::queue_release_script(), {holder, released, grants});
+  ASSERT_TRUE(rel && rel->type == REDIS_REPLY_INTEGER && rel->integer == 0);
+  ASSERT_LE(pttl(), rs::kClaimWindow);  // granted to the waiter's entry for the claim window
+
+  auto found = refresh();
+  ASSERT_TRUE(found && found->type == REDIS_REPLY_ARRAY && found->elements == 1);
+  ASSERT_EQ(found->element[0]->type, REDIS_REPLY_STRING) << "the refresh did not report the grant";
+  EXPECT_GT(pttl(), 0ms);
+  EXPECT_LE(pttl(), rs::kClaimWindow)
+      << "the refresh claimed the grant for the whole TTL: a waiter that dies "
+         "before its own claim holds the lock that long";
+
+  // The waiter's claim (its acquire call) restarts the TTL; a refresh racing after it
+  // leaves the claimed lease alone.
+  auto claim = eval(rs::queue_acquire_script(), {waiter, "30000", "7", "2", grants});
+  ASSERT_TRUE(claim && claim->type == REDIS_REPLY_ARRAY && claim->element[0]->integer == 1);
+  EXPECT_GT(pttl(), 29000ms);
+  refresh();
+  EXPECT_GT(pttl(), 29000ms) << "a refresh after the claim shortened the claimed lease";
+  EXPECT_EQ(server.command({"HGET", lock, waiter})->str, std::string("7"));
+}
 
 // Issue 27 item 2 (docs/design.md "A dead waiter"): a waiter that died or stopped
 // while its entry was still live delays the next live waiter by at most 3 s after
