@@ -511,3 +511,28 @@ TEST(Mysql, ListShowsHeldLocksByPrefix) {
   EXPECT_EQ(c.list("", 1, truncated).size(), 1u);
   EXPECT_TRUE(truncated);
 }
+
+// A server whose sessions start with autocommit off (autocommit=0 in its configuration)
+// must not leave a token write in a transaction that never commits: the session's end
+// would roll it back, and the next holder would get the same token again.
+TEST(Mysql, TokensCommitOnAServerWhoseSessionsStartWithoutAutocommit) {
+  MariadbServer server;
+  server.query("SET GLOBAL autocommit = 0");
+  std::uint64_t first = 0;
+  {
+    auto c = distlock::connect(server.url(), quiet());
+    auto l = c.acquire("nocommit", ttl_of(5000ms));
+    first = l.token();
+    // Another session sees the token row as soon as the lease is granted.
+    EXPECT_EQ(
+        server.query("SELECT COUNT(*) FROM distlock_test.distlock_locks WHERE name = 'nocommit' AND token "
+                     "= " +
+                     std::to_string(first))[0][0],
+        "1");
+    l.release();
+  }  // the client's sessions end here
+  auto b = distlock::connect(server.url(), quiet());
+  auto again = b.acquire("nocommit", ttl_of(5000ms, 10000ms));
+  EXPECT_GT(again.token(), first);
+  again.release();
+}
