@@ -536,3 +536,32 @@ TEST(Mysql, TokensCommitOnAServerWhoseSessionsStartWithoutAutocommit) {
   EXPECT_GT(again.token(), first);
   again.release();
 }
+
+// Statements the server has run for clients so far.
+long long questions(const MariadbServer& s) {
+  return std::stoll(s.query("SHOW GLOBAL STATUS LIKE 'Questions'")[0][1]);
+}
+
+// A holder whose session ended without a release (its process was killed: the server
+// frees the named lock at once, the row keeps others out until the lease's time has
+// passed). A waiter then waits for that time: its wait inside the server must not be
+// answered (the named lock is free) and retried over and over until then.
+TEST(Mysql, AWaiterForADeadHoldersLeaseDoesNotSpinUntilItsTimeHasPassed) {
+  MariadbServer server;
+  TempDir dir;
+  const std::string out = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "dead", out, 3000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  holder.signal(SIGKILL);
+  const auto killed = Clock::now();
+  EXPECT_EQ(exit_code(holder, 10s), 128 + SIGKILL);
+  auto c = distlock::connect(server.url(), quiet());
+  const long long before = questions(server);
+  auto l = c.acquire("dead", ttl_of(5000ms, 20000ms));
+  const long long asked = questions(server) - before;
+  RecordProperty("statements_while_waiting", static_cast<int>(asked));
+  EXPECT_LT(since(killed), 3000ms + 1000ms);
+  // Seconds of waiting: a few acquire batches and waits (each batch is about ten
+  // statements), not one round per millisecond.
+  EXPECT_LT(asked, 200) << "statements run while waiting out a dead holder's lease of 3s";
+}
