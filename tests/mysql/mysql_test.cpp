@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -564,4 +565,23 @@ TEST(Mysql, AWaiterForADeadHoldersLeaseDoesNotSpinUntilItsTimeHasPassed) {
   // Seconds of waiting: a few acquire batches and waits (each batch is about ten
   // statements), not one round per millisecond.
   EXPECT_LT(asked, 200) << "statements run while waiting out a dead holder's lease of 3s";
+}
+
+// A client whose shared connection died with a server restart: a wait it gave up must
+// still be ended on the server when it closes (the KILL goes over a new connection),
+// not left blocked in GET_LOCK until the lock is freed.
+TEST(Mysql, AWaitGivenUpAfterAServerRestartIsCancelledOnTheServer) {
+  MariadbServer server;
+  std::optional<distlock::Client> b(distlock::connect(server.url(), quiet()));
+  server.restart();  // b's shared connection is gone; b has not used it since
+  auto a = distlock::connect(server.url(), quiet());
+  auto held = a.acquire("after-restart", ttl_of(20000ms));
+  std::error_code ec;
+  b->acquire("after-restart", ttl_of(5000ms, 1500ms), ec);
+  EXPECT_EQ(ec, errc::timeout);
+  b.reset();
+  ASSERT_TRUE(eventually([&] { return waits_in_server(server) == 0; }, 5000ms))
+      << "the closed client's wait is still blocked in GET_LOCK on the server";
+  EXPECT_TRUE(held.owns());
+  held.release();
 }
