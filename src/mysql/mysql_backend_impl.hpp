@@ -103,6 +103,9 @@ class MysqlBackend final : public Backend {
   std::string released_sql(const std::string& row) const;
   // Watches (mysql_watch.cpp).
   void arm_locked(Watch& w);
+  // KILL QUERY `id` from the shared connection, on a new one when that one is gone (a
+  // server restart ends it unnoticed). With aux_mu_ held.
+  void kill_query_locked(unsigned long id);
   void rearm(std::string_view name);
   void watch_loop();
 

@@ -47,6 +47,23 @@ void MysqlBackend::arm_locked(Watch& w) {
   }
 }
 
+void MysqlBackend::kill_query_locked(unsigned long id) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!aux_) {
+      std::error_code ec;
+      std::string why;
+      aux_ = my::open(cfg_, ec, why);
+      if (ec) {
+        failure("end a wait", why);
+        return;
+      }
+    }
+    Exec e = my::run(aux_.get(), "KILL QUERY " + std::to_string(id));
+    if (!e.io_failed) return;
+    aux_.reset();
+  }
+}
+
 void MysqlBackend::rearm(std::string_view name) {
   std::lock_guard lk(watch_mu_);
   auto it = watches_.find(std::string(name));
@@ -78,10 +95,7 @@ void MysqlBackend::unwatch(std::string_view name) noexcept {
     if (it == watches_.end() || --it->second.count > 0) return;
     if (it->second.armed) {
       std::lock_guard al(aux_mu_);
-      if (aux_) {
-        Exec e = my::run(aux_.get(), "KILL QUERY " + std::to_string(it->second.conn_id));
-        if (e.io_failed) aux_.reset();
-      }
+      kill_query_locked(it->second.conn_id);
     }
     watches_.erase(it);  // closes the connection
     watcher_.wake();
