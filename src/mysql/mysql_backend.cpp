@@ -50,7 +50,7 @@ MysqlBackend::~MysqlBackend() {
   std::lock_guard al(aux_mu_);
   for (auto& [name, w] : watches_) {
     // A wait blocked inside the server is ended from another session, not left to run.
-    if (w.armed) kill_query_locked(w.conn_id);
+    if (blocked(w)) kill_query_locked(w.conn_id);
   }
   watches_.clear();
 }

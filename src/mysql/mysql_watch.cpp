@@ -47,6 +47,12 @@ void MysqlBackend::arm_locked(Watch& w) {
   }
 }
 
+bool MysqlBackend::blocked(const Watch& w) {
+  if (!w.armed || !w.conn) return false;
+  pollfd p{mysql_get_socket(w.conn.get()), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
 void MysqlBackend::kill_query_locked(unsigned long id) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!aux_) {
@@ -93,7 +99,7 @@ void MysqlBackend::unwatch(std::string_view name) noexcept {
     std::lock_guard lk(watch_mu_);
     auto it = watches_.find(std::string(name));
     if (it == watches_.end() || --it->second.count > 0) return;
-    if (it->second.armed) {
+    if (blocked(it->second)) {
       std::lock_guard al(aux_mu_);
       kill_query_locked(it->second.conn_id);
     }
