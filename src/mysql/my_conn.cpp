@@ -184,8 +184,14 @@ Conn open(const Config& cfg, std::error_code& ec, std::string& why) {
   if (mysql_real_connect(c.get(), cfg.host.c_str(), cfg.user.empty() ? nullptr : cfg.user.c_str(),
                          cfg.password.c_str(), cfg.database.c_str(), cfg.port, nullptr,
                          CLIENT_MULTI_STATEMENTS | CLIENT_FOUND_ROWS)) {
-    ec.clear();
-    return c;
+    // Every statement commits on its own (the records' batches say START TRANSACTION
+    // themselves), whatever the server's default: with autocommit off, a token written
+    // by an acquire would stay uncommitted and the session's end would roll it back
+    // (the next holder would get the same token), and reads would see an old snapshot.
+    if (mysql_autocommit(c.get(), 1) == 0) {
+      ec.clear();
+      return c;
+    }
   }
   const unsigned n = mysql_errno(c.get());
   const std::string msg = one_line(mysql_error(c.get()));

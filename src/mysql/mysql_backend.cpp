@@ -50,7 +50,7 @@ MysqlBackend::~MysqlBackend() {
   std::lock_guard al(aux_mu_);
   for (auto& [name, w] : watches_) {
     // A wait blocked inside the server is ended from another session, not left to run.
-    if (w.armed && aux_) my::run(aux_.get(), "KILL QUERY " + std::to_string(w.conn_id));
+    if (blocked(w)) kill_query_locked(w.conn_id);
   }
   watches_.clear();
 }
@@ -223,6 +223,9 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
       T + " WHERE digest = " + D + "), @dl_left, IF(@dl_g = 1 AND NOT (@dl_ok <=> 1), RELEASE_LOCK(" + L +
       "), NULL)";
   AcquireResult res;
+  // The named lock was free but the row keeps others out (its holder's session ended
+  // without a release, less than its TTL ago).
+  bool row_only = false;
   Conn c;
   Exec e;
   Clock::time_point sent{};
@@ -273,10 +276,14 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
       }
     } else {
       if (e.rows[0][2]) res.holder_ttl = Millis(std::max<long long>(10, to_i64(e.rows[0][2])));
+      row_only = e.rows[0][3].has_value() && res.holder_ttl.has_value();
       give_back(std::move(c), validity);
     }
   }
-  rearm(req.name);
+  // A wait inside the server would be answered at once (the named lock is free) and
+  // the waiter would try again in a loop until the row's time has passed: then the
+  // waiter looks again when holder_ttl has passed, and nobody can take the lock before.
+  if (!row_only) rearm(req.name);
   if (ec) return {};
   return res;
 }

@@ -103,6 +103,13 @@ class MysqlBackend final : public Backend {
   std::string released_sql(const std::string& row) const;
   // Watches (mysql_watch.cpp).
   void arm_locked(Watch& w);
+  // KILL QUERY `id` from the shared connection, on a new one when that one is gone (a
+  // server restart ends it unnoticed). With aux_mu_ held.
+  void kill_query_locked(unsigned long id);
+  // The watch's statement is still blocked in the server: armed, and nothing (neither its
+  // answer nor the end of its connection) waits to be read. Only then is its session id
+  // one to KILL: after a server restart that id may name another client's session.
+  static bool blocked(const Watch& w);
   void rearm(std::string_view name);
   void watch_loop();
 

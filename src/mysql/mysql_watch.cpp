@@ -47,6 +47,29 @@ void MysqlBackend::arm_locked(Watch& w) {
   }
 }
 
+bool MysqlBackend::blocked(const Watch& w) {
+  if (!w.armed || !w.conn) return false;
+  pollfd p{mysql_get_socket(w.conn.get()), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+void MysqlBackend::kill_query_locked(unsigned long id) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!aux_) {
+      std::error_code ec;
+      std::string why;
+      aux_ = my::open(cfg_, ec, why);
+      if (ec) {
+        failure("end a wait", why);
+        return;
+      }
+    }
+    Exec e = my::run(aux_.get(), "KILL QUERY " + std::to_string(id));
+    if (!e.io_failed) return;
+    aux_.reset();
+  }
+}
+
 void MysqlBackend::rearm(std::string_view name) {
   std::lock_guard lk(watch_mu_);
   auto it = watches_.find(std::string(name));
@@ -76,12 +99,9 @@ void MysqlBackend::unwatch(std::string_view name) noexcept {
     std::lock_guard lk(watch_mu_);
     auto it = watches_.find(std::string(name));
     if (it == watches_.end() || --it->second.count > 0) return;
-    if (it->second.armed) {
+    if (blocked(it->second)) {
       std::lock_guard al(aux_mu_);
-      if (aux_) {
-        Exec e = my::run(aux_.get(), "KILL QUERY " + std::to_string(it->second.conn_id));
-        if (e.io_failed) aux_.reset();
-      }
+      kill_query_locked(it->second.conn_id);
     }
     watches_.erase(it);  // closes the connection
     watcher_.wake();

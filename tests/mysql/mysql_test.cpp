@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -510,4 +511,77 @@ TEST(Mysql, ListShowsHeldLocksByPrefix) {
   bool truncated = false;
   EXPECT_EQ(c.list("", 1, truncated).size(), 1u);
   EXPECT_TRUE(truncated);
+}
+
+// A server whose sessions start with autocommit off (autocommit=0 in its configuration)
+// must not leave a token write in a transaction that never commits: the session's end
+// would roll it back, and the next holder would get the same token again.
+TEST(Mysql, TokensCommitOnAServerWhoseSessionsStartWithoutAutocommit) {
+  MariadbServer server;
+  server.query("SET GLOBAL autocommit = 0");
+  std::uint64_t first = 0;
+  {
+    auto c = distlock::connect(server.url(), quiet());
+    auto l = c.acquire("nocommit", ttl_of(5000ms));
+    first = l.token();
+    // Another session sees the token row as soon as the lease is granted.
+    EXPECT_EQ(
+        server.query("SELECT COUNT(*) FROM distlock_test.distlock_locks WHERE name = 'nocommit' AND token "
+                     "= " +
+                     std::to_string(first))[0][0],
+        "1");
+    l.release();
+  }  // the client's sessions end here
+  auto b = distlock::connect(server.url(), quiet());
+  auto again = b.acquire("nocommit", ttl_of(5000ms, 10000ms));
+  EXPECT_GT(again.token(), first);
+  again.release();
+}
+
+// Statements the server has run for clients so far.
+long long questions(const MariadbServer& s) {
+  return std::stoll(s.query("SHOW GLOBAL STATUS LIKE 'Questions'")[0][1]);
+}
+
+// A holder whose session ended without a release (its process was killed: the server
+// frees the named lock at once, the row keeps others out until the lease's time has
+// passed). A waiter then waits for that time: its wait inside the server must not be
+// answered (the named lock is free) and retried over and over until then.
+TEST(Mysql, AWaiterForADeadHoldersLeaseDoesNotSpinUntilItsTimeHasPassed) {
+  MariadbServer server;
+  TempDir dir;
+  const std::string out = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), "dead", out, 3000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  holder.signal(SIGKILL);
+  const auto killed = Clock::now();
+  EXPECT_EQ(exit_code(holder, 10s), 128 + SIGKILL);
+  auto c = distlock::connect(server.url(), quiet());
+  const long long before = questions(server);
+  auto l = c.acquire("dead", ttl_of(5000ms, 20000ms));
+  const long long asked = questions(server) - before;
+  RecordProperty("statements_while_waiting", static_cast<int>(asked));
+  EXPECT_LT(since(killed), 3000ms + 1000ms);
+  // Seconds of waiting: a few acquire batches and waits (each batch is about ten
+  // statements), not one round per millisecond.
+  EXPECT_LT(asked, 200) << "statements run while waiting out a dead holder's lease of 3s";
+}
+
+// A client whose shared connection died with a server restart: a wait it gave up must
+// still be ended on the server when it closes (the KILL goes over a new connection),
+// not left blocked in GET_LOCK until the lock is freed.
+TEST(Mysql, AWaitGivenUpAfterAServerRestartIsCancelledOnTheServer) {
+  MariadbServer server;
+  std::optional<distlock::Client> b(distlock::connect(server.url(), quiet()));
+  server.restart();  // b's shared connection is gone; b has not used it since
+  auto a = distlock::connect(server.url(), quiet());
+  auto held = a.acquire("after-restart", ttl_of(20000ms));
+  std::error_code ec;
+  b->acquire("after-restart", ttl_of(5000ms, 1500ms), ec);
+  EXPECT_EQ(ec, errc::timeout);
+  b.reset();
+  ASSERT_TRUE(eventually([&] { return waits_in_server(server) == 0; }, 5000ms))
+      << "the closed client's wait is still blocked in GET_LOCK on the server";
+  EXPECT_TRUE(held.owns());
+  held.release();
 }
