@@ -652,7 +652,7 @@ TEST(SharedConnectionReview, WaitQueueRefresherKeepsItsLockFreeWhenAKickOutlives
       [](std::string_view) {}, [](const WaitQueue::Wait&) { return true; });
   // A queued entry: the refresher calls refresh() within ttl/3 and blocks there.
   const WaitQueue::Wait w = q->begin("n", "o", Millis(30));
-  q->queued("n", "o", w.entry, q->clock().now());
+  q->queued("n", "o", w.entry);
   {
     std::unique_lock lk(sync->m);
     ASSERT_TRUE(sync->cv.wait_for(lk, 5s, [&] { return sync->in_refresh; }));
