@@ -72,6 +72,20 @@ double bucket(const Client& c, const std::string& hist, const std::string& prefi
 
 using Metrics = ManualMemoryTest;
 
+// Issue 27, item 10: a notification channel found dead (Redis: a subscriber connection
+// that answered no PING) is counted in the exposition, from the backend's own count.
+TEST_F(Metrics, NotificationChannelDropsAreExportedFromTheBackendsCount) {
+  auto c = client();
+  const std::string key = "distlock_notification_channel_drops_total{backend=\"memory\"}";
+  auto all = samples(c.metrics());
+  ASSERT_TRUE(all.count(key)) << c.metrics();
+  EXPECT_EQ(all.at(key), 0.0);
+  store->set_notification_channel_drops(3);
+  all = samples(c.metrics());
+  EXPECT_EQ(all.at(key), 3.0);
+  EXPECT_NE(c.metrics().find("# TYPE distlock_notification_channel_drops_total counter"), std::string::npos);
+}
+
 TEST_F(Metrics, AcquisitionsAreCountedByResultUnderTheirPrefix) {
   Client a = client();
   Client b = client();
@@ -348,7 +362,7 @@ TEST_F(Metrics, ReentryIsNotAnAcquisitionAndTheFormatIsWellFormed) {
       EXPECT_TRUE(line.starts_with(family)) << line << " outside its family " << family;
     }
   }
-  EXPECT_EQ(types.size(), 8u);
+  EXPECT_EQ(types.size(), 9u);  // eight families and distlock_notification_channel_drops_total
 }
 
 TEST_F(Metrics, OffMeansAnEmptyText) {

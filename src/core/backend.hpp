@@ -194,6 +194,12 @@ class Backend {
     return {};
   }
 
+  /// How many times this backend found its notification channel dead without being told
+  /// (a pub/sub connection that answered no PING: a partition) and dropped it to connect
+  /// anew; waiters re-checked with the server meanwhile. Exported by Client::metrics() as
+  /// distlock_notification_channel_drops_total. 0 where the backend has no such check.
+  virtual std::uint64_t notification_channel_drops() const noexcept { return 0; }
+
   /// URL with the password masked, for messages.
   virtual std::string url() const = 0;
 };

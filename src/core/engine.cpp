@@ -1449,7 +1449,7 @@ void Engine::count_acquire_failure(std::string_view name, const std::error_code&
 }
 
 std::string Engine::metrics_text() const {
-  return metrics_ ? metrics_->text(held_count()) : std::string();
+  return metrics_ ? metrics_->text(held_count(), backend_->notification_channel_drops()) : std::string();
 }
 
 std::size_t Engine::idle_watches() const {

@@ -203,7 +203,7 @@ void Metrics::release(MetricsSeries* s, ReleaseOutcome outcome) noexcept {
   s->releases[static_cast<std::size_t>(outcome)].fetch_add(1, relaxed);
 }
 
-std::string Metrics::text(std::size_t held) const {
+std::string Metrics::text(std::size_t held, std::uint64_t notification_channel_drops) const {
   std::vector<const MetricsSeries*> series;
   const std::size_t used = used_.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < used; ++i) series.push_back(slots_[i].load(std::memory_order_acquire));
@@ -251,6 +251,10 @@ std::string Metrics::text(std::size_t held) const {
   header(out, "distlock_leases_held", "gauge",
          "Leases this client holds now (lost ones not yet released included).");
   sample(out, "distlock_leases_held", backend, held);
+  header(out, "distlock_notification_channel_drops_total", "counter",
+         "Notification channels (Redis pub/sub) found dead by a PING without an answer and connected "
+         "anew; waiters re-checked with the lock service meanwhile.");
+  sample(out, "distlock_notification_channel_drops_total", backend, notification_channel_drops);
   return out;
 }
 

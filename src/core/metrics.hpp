@@ -110,7 +110,7 @@ class Metrics {
   void release(MetricsSeries* s, ReleaseOutcome outcome) noexcept;
 
   /// The exposition text; `held` is the value of the distlock_leases_held gauge.
-  std::string text(std::size_t held) const;
+  std::string text(std::size_t held, std::uint64_t notification_channel_drops = 0) const;
 
  private:
   const std::string backend_;

@@ -25,6 +25,7 @@ class MemoryBackend final : public Backend {
   }
 
   Capabilities capabilities() const noexcept override { return {store_->fencing_, store_->needs_renewal_}; }
+  std::uint64_t notification_channel_drops() const noexcept override { return store_->channel_drops_.load(); }
   void set_listener(ChangeListener* l) override { listener_.store(l, std::memory_order_release); }
 
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {

@@ -33,6 +33,8 @@ class MemoryStore {
   void drop(const std::string& lock);  ///< deletes the lock silently (no notification)
   void set_fencing(bool on) { fencing_ = on; }
   void set_needs_renewal(bool on) { needs_renewal_ = on; }
+  /// What every backend of this store reports as notification_channel_drops().
+  void set_notification_channel_drops(std::uint64_t n) { channel_drops_ = n; }
   /// Makes every renew() call block this long first (a hung server), in real time.
   void set_renew_delay(std::chrono::milliseconds d) { renew_delay_ms_ = d.count(); }
   /// Grants at most `v` of validity per acquire/renew (0: the requested TTL), like a
@@ -75,6 +77,7 @@ class MemoryStore {
   bool needs_renewal_ = true;
   std::atomic<long> renew_delay_ms_{0};
   std::atomic<long> max_validity_ms_{0};
+  std::atomic<std::uint64_t> channel_drops_{0};
 };
 
 std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,

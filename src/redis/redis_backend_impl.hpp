@@ -80,6 +80,7 @@ class RedisBackend final : public Backend {
 
   std::string url() const override { return url_; }
 
+  std::uint64_t notification_channel_drops() const noexcept override { return subscriber_.silent_drops(); }
   RedisStats stats() const {
     RedisStats st;
     st.grants_received = waits_.grants_received();

@@ -143,6 +143,12 @@ class SentinelBackend final : public Backend, private ChangeListener {
     if (auto* l = listener_.load()) l->on_validity_changed(validity);
   }
 
+  /// The current master's backend's count (a failover starts it again from 0).
+  std::uint64_t notification_channel_drops() const noexcept override {
+    const auto b = current().first;
+    return b ? b->notification_channel_drops() : 0;
+  }
+
   std::pair<std::shared_ptr<Backend>, std::uint64_t> current() const {
     std::lock_guard lk(mu_);
     return {current_, generation_};
