@@ -90,7 +90,7 @@ func leftovers(t *testing.T, b backend) []string {
 	switch b.kind {
 	case "redis":
 		for _, k := range redisKeys(t, b.prefix+":*") {
-			if !strings.Contains(k, ":fence:") {
+			if !strings.HasSuffix(k, ":fence") { // the counter <prefix>:{<slot tag>}:fence
 				keys = append(keys, k)
 			}
 		}

@@ -199,7 +199,7 @@ class CApiBackend : public ::testing::TestWithParam<std::string> {
     std::vector<std::string> out;
     if (kind_ == "redis") {
       for (auto& k : redis_keys(prefix_ + ":*")) {
-        if (k.find(":fence:") == std::string::npos) out.push_back(k);
+        if (!k.ends_with(":fence")) out.push_back(k);  // the counter <prefix>:{<slot tag>}:fence
       }
     } else if (kind_ == "etcd") {
       out = etcd_keys(prefix_);  // tokens are revisions: no counter keys (docs/etcd.md)
