@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -61,8 +62,14 @@ long long ms_since(SteadyClock::time_point t) {
 struct FileBackend : ::testing::Test {
   TempDir tmp{"distlock-file"};
   fs::path dir = tmp.path() / "locks" / "nested";  // created by the backend (mkdir -p)
-  std::mutex log_mu;
-  std::vector<std::string> logs;
+  // Shared with the client's logger: an engine whose last reference was dropped on a
+  // backend thread inside a loss signal is destroyed on a thread of its own and may log
+  // after this fixture is gone (docs/design.md, "No loss is silent").
+  struct LogSink {
+    std::mutex mu;
+    std::vector<std::string> lines;
+  };
+  std::shared_ptr<LogSink> sink = std::make_shared<LogSink>();
 
   // recheck=5s: the engine's fallback re-check is slow, so anything prompt is a notification.
   std::string url(const std::string& query = "recheck=5s") const {
@@ -70,15 +77,15 @@ struct FileBackend : ::testing::Test {
   }
   distlock::Client client(const std::string& query = "recheck=5s") {
     distlock::ClientOptions o;
-    o.logger = [this](distlock::LogLevel, std::string_view msg) {
-      std::lock_guard lk(log_mu);
-      logs.emplace_back(msg);
+    o.logger = [sink = sink](distlock::LogLevel, std::string_view msg) {
+      std::lock_guard lk(sink->mu);
+      sink->lines.emplace_back(msg);
     };
     return distlock::connect(url(query), o);
   }
   bool logged(const std::string& needle) {
-    std::lock_guard lk(log_mu);
-    for (const auto& l : logs) {
+    std::lock_guard lk(sink->mu);
+    for (const auto& l : sink->lines) {
       if (l.find(needle) != std::string::npos) return true;
     }
     return false;
