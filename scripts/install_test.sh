@@ -72,6 +72,8 @@ CMAKE
     [ "$(grep -c ': processed$' "$work/order_guard.out")" -eq 1 ] ||
       { echo "install_test: order_guard paid the order other than once" >&2; exit 1; }
   fi
+fi
+
 if grep -q '^DISTLOCK_WITH_PYTHON:BOOL=ON' "$build/CMakeCache.txt"; then
   echo "install_test: the installed Python package"
   python=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
