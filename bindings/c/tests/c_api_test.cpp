@@ -507,7 +507,9 @@ TEST_P(CApiBackend, ElectionProclaimAndObserve) {
   auto forever = opts_with(5000, DISTLOCK_WAIT_FOREVER);
   forever.cancel = cancel;
   std::thread canceller([cancel] {
-    std::this_thread::sleep_for(100ms);  // the observe is (very likely) waiting by then; either way it ends
+    // Not a timing assumption: a cancel before the observe starts ends it the same way (checked
+    // first); the pause only makes the usual case a cancel of a wait under way.
+    std::this_thread::sleep_for(100ms);
     distlock_cancel_request(cancel);
   });
   const auto t0 = Clock::now();
