@@ -34,7 +34,7 @@ def pct(lat_ns, p):
 
 def summary(workload, impl, url, lat_ns, seconds):
     lat_ns = sorted(lat_ns)
-    return {"workload": workload, "impl": impl, "url": url, "ops": len(lat_ns),
+    return {"workload": workload, "binding": None, "impl": impl, "url": url, "ops": len(lat_ns),
             "ops_per_s": round(len(lat_ns) / seconds, 1), "p50_us": pct(lat_ns, 0.50),
             "p99_us": pct(lat_ns, 0.99), "p999_us": pct(lat_ns, 0.999)}
 
@@ -108,6 +108,7 @@ def main():
                 for name, fn, arg in (("cpp", run_cpp, client), ("python", run_python, client),
                                       ("redis-py", run_redis_py, r)):
                     line = fn(arg, url, args.ops)
+                    line["binding"] = {"cpp": "cpp-in-python"}.get(name, name)
                     line["round"] = rnd + 1
                     results[name].append(line)
                     print(json.dumps(line), flush=True)
@@ -116,6 +117,7 @@ def main():
             for rnd in range(args.rounds):
                 for name, fn in (("memory-cpp", run_cpp), ("memory-python", run_python)):
                     line = fn(mem, "memory://binding-bench", args.ops * 4)
+                    line["binding"] = name
                     line["round"] = rnd + 1
                     results.setdefault(name, []).append(line)
                     print(json.dumps(line), flush=True)

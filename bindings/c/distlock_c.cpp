@@ -170,6 +170,18 @@ nlohmann::json info_json(const distlock::LockInfo& info) {
   return j;
 }
 
+nlohmann::json leader_json(const std::optional<distlock::Leader>& leader) {
+  nlohmann::json j;  // null: nobody leads
+  if (leader) {
+    j["value"] = leader->value;
+    j["term"] = leader->term;
+    j["holder"] = leader->holder;
+    j["value_known"] = leader->value_known;
+    if (leader->ttl_remaining) j["ttl_remaining_ms"] = leader->ttl_remaining->count();
+  }
+  return j;
+}
+
 // JSON text; bytes that are not UTF-8 (lock names may hold any byte) are replaced.
 std::string dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -445,16 +457,36 @@ int distlock_election_leader(distlock_client* c, const char* name, char** json, 
   if (name == nullptr) return invalid(err, "distlock: the election name is NULL");
   return guarded(err, [&] {
     distlock::Election e(c->client, name, c->defaults);
-    const auto leader = e.leader();
-    nlohmann::json j;  // null
-    if (leader) {
-      j["value"] = leader->value;
-      j["term"] = leader->term;
-      j["holder"] = leader->holder;
-      j["value_known"] = leader->value_known;
-      if (leader->ttl_remaining) j["ttl_remaining_ms"] = leader->ttl_remaining->count();
-    }
-    *json = dup_string(dump(j));
+    *json = dup_string(dump(leader_json(e.leader())));
+  });
+}
+
+int distlock_election_proclaim(distlock_client* c, const char* name, const distlock_lease* leadership,
+                               const char* value, distlock_error* err) {
+  if (c == nullptr || leadership == nullptr || name == nullptr) {
+    return invalid(err, "distlock: distlock_election_proclaim: client, name or lease is NULL");
+  }
+  if (!leadership->lease || leadership->election != name) {
+    return invalid(err, "distlock: the lease is not a leadership of this election");
+  }
+  return guarded(err, [&] {
+    distlock::Election e(c->client, name, c->defaults);
+    e.proclaim(*leadership->lease, value != nullptr ? value : "");
+  });
+}
+
+int distlock_election_observe(distlock_client* c, const char* name, const uint64_t* after_term,
+                              const distlock_lock_options* opts, char** json, distlock_error* err) {
+  if (c == nullptr || json == nullptr)
+    return invalid(err, "distlock: distlock_election_observe: client or out is NULL");
+  *json = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the election name is NULL");
+  return guarded(err, [&] {
+    const distlock::LockOptions o = lock_options(c, opts);
+    distlock::Election e(c->client, name, o);
+    std::optional<std::uint64_t> after;
+    if (after_term != nullptr) after = *after_term;
+    *json = dup_string(dump(leader_json(e.observe(after, o.wait))));
   });
 }
 

@@ -241,18 +241,32 @@ func (co *cOptions) release() {
 	}
 }
 
-// acquire runs one blocking acquisition of the C API, cancelled when ctx ends: a watcher
-// goroutine requests the wait's cancel source, and the library ends the wait leaving nothing
-// queued on the server.
+// acquire runs one blocking acquisition of the C API, cancelled when ctx ends (see wait).
 func (c *Client) acquire(ctx context.Context, opts []LockOption,
 	call func(h *C.distlock_client, o *C.distlock_lock_options, out **C.distlock_lease, e *C.distlock_error) C.int,
 ) (*Lease, error) {
+	var out *C.distlock_lease
+	err := c.wait(ctx, opts, func(h *C.distlock_client, o *C.distlock_lock_options, e *C.distlock_error) C.int {
+		return call(h, o, &out, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newLease(out), nil
+}
+
+// wait runs one blocking call of the C API that takes lock options, cancelled when ctx ends:
+// a watcher goroutine requests the wait's cancel source, and the library ends the wait
+// leaving nothing queued on the server.
+func (c *Client) wait(ctx context.Context, opts []LockOption,
+	call func(h *C.distlock_client, o *C.distlock_lock_options, e *C.distlock_error) C.int,
+) error {
 	if err := ctx.Err(); err != nil {
-		return nil, &ctxError{ctx: err, inner: ErrCancelled}
+		return &ctxError{ctx: err, inner: ErrCancelled}
 	}
 	h, err := c.enter()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer c.leave()
 	co := makeOptions(opts)
@@ -261,7 +275,7 @@ func (c *Client) acquire(ctx context.Context, opts []LockOption,
 	if ctx.Done() != nil {
 		var cancel *C.distlock_cancel
 		if rc := C.distlock_cancel_new(&cancel, &e); rc != C.DISTLOCK_OK {
-			return nil, cError(rc, &e)
+			return cError(rc, &e)
 		}
 		co.o.cancel = cancel
 		stop := make(chan struct{})
@@ -280,11 +294,10 @@ func (c *Client) acquire(ctx context.Context, opts []LockOption,
 			C.distlock_cancel_free(cancel)
 		}()
 	}
-	var out *C.distlock_lease
-	if rc := call(h, &co.o, &out, &e); rc != C.DISTLOCK_OK {
-		return nil, fromContext(ctx, cError(rc, &e))
+	if rc := call(h, &co.o, &e); rc != C.DISTLOCK_OK {
+		return fromContext(ctx, cError(rc, &e))
 	}
-	return newLease(out), nil
+	return nil
 }
 
 func withName(name string, f func(cname *C.char) C.int) C.int {
@@ -558,6 +571,57 @@ func (el *Election) Leader(ctx context.Context) (*Leader, error) {
 	return out, err
 }
 
+// Proclaim replaces the leader's value for its term. ErrNotOwner, and nothing written, when
+// leadership is no longer held; ErrInvalidArgument when it is not this election's.
+func (el *Election) Proclaim(ctx context.Context, leadership *Lease, value string) error {
+	_ = ctx
+	h, err := el.c.enter()
+	if err != nil {
+		return err
+	}
+	defer el.c.leave()
+	leadership.mu.RLock() // not freed meanwhile
+	defer leadership.mu.RUnlock()
+	if leadership.l == nil {
+		return ErrUnlocked
+	}
+	cvalue := C.CString(value)
+	defer C.free(unsafe.Pointer(cvalue))
+	var e C.distlock_error
+	rc := withName(el.name, func(n *C.char) C.int {
+		return C.distlock_election_proclaim(h, n, leadership.l, cvalue, &e)
+	})
+	return cError(rc, &e)
+}
+
+// Observe waits until it reads a leader whose term is greater than afterTerm (0: any leader;
+// terms start at 1) and returns it. The wait ends with ctx (an error matching ctx.Err() and
+// ErrCancelled) or, given Wait(d), after d with a nil Leader and no error; without either,
+// the client's default wait (no limit). Calling it again with the term it returned gives
+// leaders in strictly increasing term order; a leader that wins and goes between two calls
+// is missed. ErrNotSupported on backends without fencing tokens (redlock://).
+func (el *Election) Observe(ctx context.Context, afterTerm uint64, opts ...LockOption) (*Leader, error) {
+	var after *C.uint64_t
+	if afterTerm != 0 {
+		after = (*C.uint64_t)(C.malloc(C.size_t(unsafe.Sizeof(C.uint64_t(0)))))
+		defer C.free(unsafe.Pointer(after))
+		*after = C.uint64_t(afterTerm)
+	}
+	var s *C.char
+	err := el.c.wait(ctx, opts, func(h *C.distlock_client, o *C.distlock_lock_options, e *C.distlock_error) C.int {
+		return withName(el.name, func(n *C.char) C.int { return C.distlock_election_observe(h, n, after, o, &s, e) })
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer C.distlock_string_free(s)
+	var out *Leader
+	if err := json.Unmarshal([]byte(C.GoString(s)), &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ---- status, list ------------------------------------------------------------------------------
 
 // LockInfo is what the backend knows about a lock (nil fields: not known).
@@ -670,6 +734,56 @@ func (s *Snowflake) Close() error {
 	defer s.mu.Unlock()
 	C.distlock_snowflake_free(s.g)
 	s.g = nil
+	return nil
+}
+
+// RedisDaily issues the redis-daily scheme's ids (31 bits of seconds and a per-day counter
+// kept on one Redis server), reserving a block of ids per round trip.
+type RedisDaily struct {
+	mu sync.Mutex
+	g  *C.distlock_redis_daily
+}
+
+// NewRedisDaily connects to the Redis server redisURL (redis://...); prefix "" is "id";
+// reserve is the ids taken per round trip (0 is 1).
+func NewRedisDaily(redisURL, prefix string, reserve uint32) (*RedisDaily, error) {
+	curl := C.CString(redisURL)
+	defer C.free(unsafe.Pointer(curl))
+	var cp *C.char
+	if prefix != "" {
+		cp = C.CString(prefix)
+		defer C.free(unsafe.Pointer(cp))
+	}
+	var e C.distlock_error
+	var g *C.distlock_redis_daily
+	if rc := C.distlock_redis_daily_new(curl, cp, C.uint32_t(reserve), &g, &e); rc != C.DISTLOCK_OK {
+		return nil, cError(rc, &e)
+	}
+	return &RedisDaily{g: g}, nil
+}
+
+// Next returns the next id: ids from one generator strictly increase; across generators on the
+// same server and prefix they are unique (errors.Is ErrExhausted when a day's counter is full).
+func (r *RedisDaily) Next() (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.g == nil {
+		return 0, ErrClosed
+	}
+	var e C.distlock_error
+	var id C.uint64_t
+	if rc := C.distlock_redis_daily_next(r.g, &id, &e); rc != C.DISTLOCK_OK {
+		return 0, cError(rc, &e)
+	}
+	return uint64(id), nil
+}
+
+// Close frees the generator (ids reserved and not issued are skipped).
+func (r *RedisDaily) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	C.distlock_redis_daily_free(r.g)
+	r.g = nil
 	return nil
 }
 

@@ -573,3 +573,141 @@ func TestIds(t *testing.T) {
 		t.Fatalf("snowflake %d then %d", x, y)
 	}
 }
+
+func TestRedisDailyIdsAreUniqueIncreasingAndCountedOnTheServer(t *testing.T) {
+	if _, err := distlock.UUID7(); errors.Is(err, distlock.ErrNotSupported) {
+		t.Skipf("built without the ids component: %v", err)
+	}
+	url := redisURL(t)
+	// Bad input: the library's errors, no password in them.
+	if _, err := distlock.NewRedisDaily("redis://alice:s3cr3tpw@127.0.0.1:notaport", "", 0); !errors.Is(err, distlock.ErrInvalidURL) ||
+		strings.Contains(err.Error(), "s3cr3tpw") {
+		t.Fatalf("bad URL: %v", err)
+	}
+	if _, err := distlock.NewRedisDaily("file:///tmp", "", 0); err == nil {
+		t.Fatal("a file:// URL was accepted for redis-daily ids")
+	}
+	prefix := fmt.Sprintf("godaily%d", os.Getpid())
+	one, err := distlock.NewRedisDaily(url, prefix, 0) // one INCR per id
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	block, err := distlock.NewRedisDaily(url, prefix, 10) // INCRBY 10, then 10 local ids
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer block.Close()
+	const n = 50
+	seen := map[uint64]bool{}
+	for _, g := range []*distlock.RedisDaily{one, block} {
+		var last uint64
+		for i := 0; i < n; i++ {
+			id, err := g.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id <= last {
+				t.Fatalf("id %d after %d: not increasing", id, last)
+			}
+			if seen[id] {
+				t.Fatalf("id %d issued twice", id)
+			}
+			seen[id], last = true, id
+			// The high 31 bits are seconds since the default epoch (2022-06-12T00:00:00Z).
+			const epoch = 1654992000
+			if sec := int64(id>>32) + epoch; sec < time.Now().Unix()-600 || sec > time.Now().Unix()+600 {
+				t.Fatalf("id %d carries the time %d, not about now", id, sec)
+			}
+		}
+	}
+	// The day counters on the server (icr:<prefix>:<yyyy:MM:dd>, beside each its ":epoch" key,
+	// docs/ids.md) count what was taken: 50 INCRs and 5 INCRBY 10 (two days if the test ran
+	// across midnight UTC).
+	total := 0
+	for _, k := range redisKeys(t, "icr:"+prefix+":*") {
+		if strings.HasSuffix(k, ":epoch") {
+			continue
+		}
+		v, err := strconv.Atoi(redisGet(t, k))
+		if err != nil {
+			t.Fatalf("counter %s: %v", k, err)
+		}
+		total += v
+	}
+	if total != 2*n {
+		t.Fatalf("the day counters of %s add up to %d, want %d", prefix, total, 2*n)
+	}
+	if err := one.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := one.Next(); !errors.Is(err, distlock.ErrClosed) {
+		t.Fatalf("Next after Close: %v", err)
+	}
+}
+
+func TestElectionProclaimAndObserve(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.kind, func(t *testing.T) {
+			ctx := context.Background()
+			a, other := connect(t, b.url), connect(t, b.url)
+			ea, eb := a.Election("sched"), other.Election("sched")
+			// Nobody leads: the Wait passes with no leader and no error.
+			if l, err := eb.Observe(ctx, 0, distlock.Wait(200*time.Millisecond)); err != nil || l != nil {
+				t.Fatalf("observe with nobody leading: %+v %v", l, err)
+			}
+			lead, err := ea.Campaign(ctx, "host-a:8080", distlock.Wait(2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			term := lead.Token()
+			l, err := eb.Observe(ctx, 0, distlock.Wait(2*time.Second))
+			if err != nil || l == nil || l.Term != term || l.Value != "host-a:8080" || !l.ValueKnown {
+				t.Fatalf("observe any leader: %+v %v", l, err)
+			}
+			if err := ea.Proclaim(ctx, lead, "host-a:9090"); err != nil {
+				t.Fatal(err)
+			}
+			if l, err := eb.Leader(ctx); err != nil || l == nil || l.Term != term || l.Value != "host-a:9090" {
+				t.Fatalf("leader after proclaim: %+v %v", l, err)
+			}
+			if err := a.Election("other").Proclaim(ctx, lead, "x"); !errors.Is(err, distlock.ErrInvalidArgument) {
+				t.Fatalf("proclaim in another election: %v", err)
+			}
+			// Past the current term nothing comes: the context's deadline ends the wait.
+			short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			defer cancel()
+			if _, err := eb.Observe(short, term); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, distlock.ErrCancelled) {
+				t.Fatalf("observe past its context: %v", err)
+			}
+			// An observer waiting past term wakes for the next leader.
+			type result struct {
+				l   *distlock.Leader
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := eb.Observe(ctx, term, distlock.Wait(10*time.Second))
+				got <- result{l, err}
+			}()
+			if err := ea.Resign(ctx, lead); err != nil {
+				t.Fatal(err)
+			}
+			if err := ea.Proclaim(ctx, lead, "late"); !errors.Is(err, distlock.ErrUnlocked) {
+				t.Fatalf("proclaim after resign: %v", err)
+			}
+			leadB, err := eb.Campaign(ctx, "host-b", distlock.Wait(2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer leadB.Unlock(ctx)
+			if leadB.Token() <= term {
+				t.Fatalf("term %d after %d", leadB.Token(), term)
+			}
+			r := <-got
+			if r.err != nil || r.l == nil || r.l.Term != leadB.Token() || r.l.Value != "host-b" {
+				t.Fatalf("observer: %+v %v (new term %d)", r.l, r.err, leadB.Token())
+			}
+		})
+	}
+}

@@ -144,3 +144,30 @@ func redisKeys(t *testing.T, pattern string) []string {
 	}
 	return keys
 }
+
+// redisGet runs GET key on the test server ("" for a missing key).
+func redisGet(t *testing.T, key string) string {
+	t.Helper()
+	port := os.Getenv("DISTLOCK_TEST_REDIS_PORT")
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+port, 2*time.Second)
+	if err != nil {
+		t.Fatalf("cannot reach redis on port %q: %v", port, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(conn, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", len(key), key)
+	r := bufio.NewReader(conn)
+	hdr, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(hdr, "$") {
+		t.Fatalf("GET: unexpected reply %q (%v)", hdr, err)
+	}
+	size, _ := strconv.Atoi(strings.TrimSpace(hdr[1:]))
+	if size < 0 {
+		return ""
+	}
+	buf := make([]byte, size+2)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+	return string(buf[:size])
+}

@@ -237,6 +237,23 @@ DISTLOCK_C_API int distlock_election_resign(distlock_client* c, const char* name
  * "ttl_remaining_ms":900} or the text null (nobody). Caller frees. Any thread. */
 DISTLOCK_C_API int distlock_election_leader(distlock_client* c, const char* name, char** json,
                                             distlock_error* err);
+/* Replaces the leader's value for its term. DISTLOCK_E_NOT_OWNER, and nothing written, when
+ * the leadership is no longer held (lost, released, past its local deadline);
+ * DISTLOCK_E_INVALID_ARGUMENT when the lease is not a leadership of this election. Any
+ * thread, but not while the lease is released or freed. */
+DISTLOCK_C_API int distlock_election_proclaim(distlock_client* c, const char* name,
+                                              const distlock_lease* leadership, const char* value,
+                                              distlock_error* err);
+/* Waits until it reads a leader whose term is greater than *after_term (any leader when
+ * after_term is NULL) and returns it as distlock_election_leader's JSON; the text null when
+ * opts->wait_ms passes first (DISTLOCK_DEFAULT: the client's wait; DISTLOCK_WAIT_FOREVER: no
+ * limit). opts->cancel ends the wait (DISTLOCK_E_CANCELLED). Calling it again with the term
+ * it returned gives leaders in strictly increasing term order, never one the server had
+ * already ended; leaders that win and go between two reads are missed (election.hpp).
+ * DISTLOCK_E_NOT_SUPPORTED on backends without fencing tokens. Caller frees. Any thread. */
+DISTLOCK_C_API int distlock_election_observe(distlock_client* c, const char* name, const uint64_t* after_term,
+                                             const distlock_lock_options* opts, char** json,
+                                             distlock_error* err);
 
 /* ---- status and list --------------------------------------------------------------------- */
 /* What the backend knows about `name`, as JSON: {"held":true,"token":3,"ttl_remaining_ms":

@@ -141,7 +141,10 @@ class Lease:
             with _lost_lock:
                 if self._lost is None:
                     event = _LostEvent(self._impl)
-                    self._impl.on_lost(event.set)
+                    try:
+                        self._impl.on_lost(event.set)
+                    except NotOwner:
+                        pass  # already released: no loss to come (a loss before is in loss_reason)
                     self._lost = event
         return self._lost
 
@@ -267,8 +270,6 @@ class Client:
                  command_timeout: Optional[float] = None) -> None:
         self._impl = _distlock.Client(url or "", connect_timeout, command_timeout, ttl, wait,
                                       max_hold, holder_info)
-        self._leases: "weakref.WeakSet[Lease]" = weakref.WeakSet()
-        self._leases_lock = threading.Lock()
         self._pid = os.getpid()
         _live_clients.add(self)
 
@@ -347,10 +348,7 @@ class Client:
         if self._impl.closed:
             return
         if os.getpid() == self._pid:
-            with self._leases_lock:
-                leases = list(self._leases)
-            for lease in leases:
-                _release_quietly(lease)
+            self._impl.release_tracked()  # the leases it returned that are still held
         self._impl.close()
 
     def __enter__(self) -> "Client":
@@ -365,10 +363,8 @@ class Client:
         return f"<distlock.Client {self._impl.url}>"
 
     def _track(self, impl: Any, name: str) -> Lease:
-        lease = Lease(impl, name)
-        with self._leases_lock:
-            self._leases.add(lease)
-        return lease
+        # The compiled client already recorded impl for close() (Client.release_tracked).
+        return Lease(impl, name)
 
 
 class Semaphore:

@@ -28,6 +28,7 @@
 #include <thread>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 
@@ -257,6 +258,23 @@ auto cancellable(Canceller* external, F wait) -> decltype(wait(std::stop_token{}
   return std::move(*shared->result);
 }
 
+class PyLease;
+
+// The leases a client handed to Python and that may still be held: Client.close() releases
+// them. An intrusive list (no allocation per lease), touched only with the GIL held: a lease
+// is added as it is returned to Python and removed when its Python object is deallocated.
+struct LeaseList {
+  PyLease* head = nullptr;
+  void add(PyLease* l) noexcept;
+  void remove(PyLease* l) noexcept;
+  template <class F>
+  void for_each(F&& f);
+  LeaseList() = default;
+  LeaseList(const LeaseList&) = delete;
+  LeaseList& operator=(const LeaseList&) = delete;
+  ~LeaseList();  // the leases outlive the client's list: detached
+};
+
 // A held lease: a plain lock's, a semaphore permit's or an election's (distlock::Lease) or a
 // read-write lock's (distlock::ReadWriteLease).
 class PyLease {
@@ -285,7 +303,10 @@ class PyLease {
   }
   PyLease(const PyLease&) = delete;
   PyLease& operator=(const PyLease&) = delete;
-  ~PyLease() { drop(); }
+  ~PyLease() {
+    if (list_ != nullptr) list_->remove(this);
+    drop();
+  }
 
   std::string name() const {
     return visit([](const auto& l) { return l.name(); });
@@ -365,7 +386,36 @@ class PyLease {
   std::variant<std::monostate, distlock::Lease, distlock::ReadWriteLease> v_;
   std::optional<std::uint64_t> token_;
   bool released_ = false;
+  friend struct LeaseList;
+  LeaseList* list_ = nullptr;
+  PyLease* prev_ = nullptr;
+  PyLease* next_ = nullptr;
 };
+
+void LeaseList::add(PyLease* l) noexcept {
+  l->list_ = this;
+  l->prev_ = nullptr;
+  l->next_ = head;
+  if (head != nullptr) head->prev_ = l;
+  head = l;
+}
+void LeaseList::remove(PyLease* l) noexcept {
+  if (l->prev_ != nullptr) {
+    l->prev_->next_ = l->next_;
+  } else {
+    head = l->next_;
+  }
+  if (l->next_ != nullptr) l->next_->prev_ = l->prev_;
+  l->list_ = nullptr;
+  l->prev_ = l->next_ = nullptr;
+}
+template <class F>
+void LeaseList::for_each(F&& f) {
+  for (PyLease* l = head; l != nullptr; l = l->next_) f(l);
+}
+LeaseList::~LeaseList() {
+  while (head != nullptr) remove(head);
+}
 
 // Lock options for one call: the client's defaults, with the caller's values over them.
 struct LockArgs {
@@ -403,6 +453,26 @@ class PyClient {
     distlock::Client dropped = std::move(c);  // destroyed first, without the GIL
   }
   bool closed() const { return !client_.has_value(); }
+
+  // Records a lease returned to Python (GIL held), for release_tracked().
+  std::unique_ptr<PyLease> track(std::unique_ptr<PyLease> l) {
+    if (l) leases_.add(l.get());
+    return l;
+  }
+  // Releases every lease this client returned that Python still holds (errors ignored: a lost
+  // lease has nothing to release). Each lease's Python object is held meanwhile, since a release
+  // runs without the GIL.
+  void release_tracked() {
+    std::vector<py::object> alive;
+    leases_.for_each([&](PyLease* l) { alive.push_back(py::cast(l, py::return_value_policy::reference)); });
+    for (auto& o : alive) {
+      try {
+        o.cast<PyLease&>().release();
+      } catch (const std::exception&) {
+        // Lost, or the server unreachable: the lease ends by its TTL.
+      }
+    }
+  }
 
   std::unique_ptr<PyLease> acquire(const std::string& name, const LockArgs& a, Canceller* cancel) {
     distlock::LockOptions opts = options(a);
@@ -605,10 +675,20 @@ class PyClient {
 
   std::optional<distlock::Client> client_;
   distlock::LockOptions defaults_;
+  LeaseList leases_;
 };
 
 LockArgs lock_args(py::object ttl, py::object wait, py::object max_hold, py::object holder_info) {
   return LockArgs{std::move(ttl), std::move(wait), std::move(max_hold), std::move(holder_info)};
+}
+
+// The optional Canceller argument of the waits, taken as a plain object: a `Canceller*` parameter
+// makes pybind11 treat None as a failed match on its first, non-converting pass (after a failed
+// attribute lookup on NoneType that builds an AttributeError), then convert every argument again
+// on a second pass -- about 0.4 us per call on the uncontended acquire path
+// (docs/benchmarks.md).
+Canceller* canceller(const py::handle& o) {
+  return o.is_none() ? nullptr : o.cast<Canceller*>();
 }
 
 #if DISTLOCK_HAS_IDS
@@ -750,20 +830,21 @@ PYBIND11_MODULE(_distlock, m) {
            py::arg("url"), py::arg("connect_timeout"), py::arg("command_timeout"), py::arg("ttl"),
            py::arg("wait"), py::arg("max_hold"), py::arg("holder_info"))
       .def("close", &PyClient::close)
+      .def("release_tracked", &PyClient::release_tracked)
       .def_property_readonly("closed", &PyClient::closed)
       .def(
           "acquire",
           [](PyClient& c, const std::string& name, py::object ttl, py::object wait, py::object max_hold,
-             py::object holder_info, Canceller* cancel) {
-            return c.acquire(name, lock_args(ttl, wait, max_hold, holder_info), cancel);
+             py::object holder_info, const py::object& cancel) {
+            return c.track(c.acquire(name, lock_args(ttl, wait, max_hold, holder_info), canceller(cancel)));
           },
           py::arg("name"), py::arg("ttl"), py::arg("wait"), py::arg("max_hold"), py::arg("holder_info"),
-          py::arg("cancel").none(true))
+          py::arg("cancel"))
       .def(
           "try_acquire",
           [](PyClient& c, const std::string& name, py::object ttl, py::object max_hold,
              py::object holder_info) {
-            return c.try_acquire(name, lock_args(ttl, py::none(), max_hold, holder_info));
+            return c.track(c.try_acquire(name, lock_args(ttl, py::none(), max_hold, holder_info)));
           },
           py::arg("name"), py::arg("ttl"), py::arg("max_hold"), py::arg("holder_info"))
       .def(
@@ -775,34 +856,38 @@ PYBIND11_MODULE(_distlock, m) {
       .def(
           "semaphore_acquire",
           [](PyClient& c, const std::string& name, int permits, py::object ttl, py::object wait,
-             Canceller* cancel, bool try_only) {
-            return c.semaphore_acquire(name, permits, lock_args(ttl, wait, py::none(), py::none()), cancel,
-                                       try_only);
+             const py::object& cancel, bool try_only) {
+            return c.track(c.semaphore_acquire(name, permits, lock_args(ttl, wait, py::none(), py::none()),
+                                               canceller(cancel), try_only));
           },
-          py::arg("name"), py::arg("permits"), py::arg("ttl"), py::arg("wait"), py::arg("cancel").none(true),
+          py::arg("name"), py::arg("permits"), py::arg("ttl"), py::arg("wait"), py::arg("cancel"),
           py::arg("try_only"))
       .def("semaphore_available", &PyClient::semaphore_available)
       .def(
           "rw_acquire",
           [](PyClient& c, const std::string& name, bool exclusive, int max_readers, py::object ttl,
-             py::object wait, Canceller* cancel) {
-            return c.rw_acquire(name, exclusive, max_readers, lock_args(ttl, wait, py::none(), py::none()),
-                                cancel);
+             py::object wait, const py::object& cancel) {
+            return c.track(c.rw_acquire(name, exclusive, max_readers,
+                                        lock_args(ttl, wait, py::none(), py::none()), canceller(cancel)));
           },
           py::arg("name"), py::arg("exclusive"), py::arg("max_readers"), py::arg("ttl"), py::arg("wait"),
-          py::arg("cancel").none(true))
+          py::arg("cancel"))
       .def(
           "campaign",
           [](PyClient& c, const std::string& name, const std::string& value, py::object ttl, py::object wait,
-             Canceller* cancel) {
-            return c.campaign(name, value, lock_args(ttl, wait, py::none(), py::none()), cancel);
+             const py::object& cancel) {
+            return c.track(
+                c.campaign(name, value, lock_args(ttl, wait, py::none(), py::none()), canceller(cancel)));
           },
-          py::arg("name"), py::arg("value"), py::arg("ttl"), py::arg("wait"), py::arg("cancel").none(true))
+          py::arg("name"), py::arg("value"), py::arg("ttl"), py::arg("wait"), py::arg("cancel"))
       .def("resign", &PyClient::resign)
       .def("proclaim", &PyClient::proclaim)
       .def("leader", &PyClient::leader)
-      .def("observe", &PyClient::observe, py::arg("name"), py::arg("after_term"), py::arg("wait"),
-           py::arg("cancel").none(true))
+      .def(
+          "observe",
+          [](PyClient& c, const std::string& name, const py::object& after_term, const py::object& wait,
+             const py::object& cancel) { return c.observe(name, after_term, wait, canceller(cancel)); },
+          py::arg("name"), py::arg("after_term"), py::arg("wait"), py::arg("cancel"))
       .def("status", &PyClient::status)
       .def_property_readonly("url", &PyClient::url)
       .def_property_readonly("scheme", &PyClient::scheme)

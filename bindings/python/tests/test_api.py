@@ -52,6 +52,25 @@ def test_close_releases_what_is_still_held(redis_server):
         assert other.try_lock("api/close") is not None
 
 
+def test_close_releases_leases_still_referenced(redis_server):
+    """close() releases the leases it returned that are still held, also while the program keeps
+    references to them (a semaphore permit and an election's leadership alike)."""
+    client = distlock.connect(redis_server.url)
+    kept = client.lock("api/close-kept", ttl=30.0)
+    permit = client.semaphore("api/close-sem", 1).acquire(wait=0)
+    lead = client.election("api/close-elect").campaign("v", wait=0)
+    released = client.lock("api/close-released", ttl=30.0)
+    released.release()
+    assert kept.held and permit.held and lead.held
+    client.close()
+    assert not kept.held and not permit.held and not lead.held
+    assert not kept.lost.is_set()  # an orderly release, not a loss
+    with distlock.connect(redis_server.url) as other:
+        assert other.try_lock("api/close-kept") is not None
+        assert other.semaphore("api/close-sem", 1).try_acquire() is not None
+        assert other.election("api/close-elect").leader() is None
+
+
 def test_other_threads_run_while_one_waits(redis_server):
     """The GIL is released while waiting: a counting thread keeps counting."""
     with distlock.connect(redis_server.url) as client:
