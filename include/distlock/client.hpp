@@ -295,7 +295,7 @@ class DISTLOCK_EXPORT Client {
   friend Client connect(std::string_view url, const ClientOptions& opts);
   friend Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
   // The library's own parts (the primitives, the id generators, the CLI and the tests) reach
-  // the engine through detail::ClientAccess (src/core/client_access.hpp), not the public API.
+  // the engine through detail::ClientAccess (src/api/client_access.hpp), not the public API.
   friend struct detail::ClientAccess;
   explicit Client(std::shared_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
   std::shared_ptr<detail::Engine> engine_;

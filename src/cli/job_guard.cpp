@@ -6,9 +6,9 @@
 #include <chrono>
 #include <string_view>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 
 namespace distlock::cli {
 

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/errno_text.hpp"
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 #include "distlock/error.hpp"
+#include "engine/errno_text.hpp"
 
 namespace distlock::detail::etcd {
 

@@ -11,9 +11,9 @@
 #include <mutex>
 #include <string>
 
-#include "core/url.hpp"
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 #include "distlock/fencing.hpp"
+#include "engine/url.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock {

@@ -12,8 +12,8 @@
 #include <cerrno>
 #include <filesystem>
 
-#include "core/owner_id.hpp"
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
+#include "engine/owner_id.hpp"
 #include "file/file_backend_impl.hpp"
 
 namespace distlock::detail {

@@ -7,10 +7,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/url.hpp"
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "engine/url.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/time_math.hpp"
 #include "redis/connection.hpp"

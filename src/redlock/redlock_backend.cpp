@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 #include "redlock/redlock_backend_impl.hpp"
 
 namespace distlock::detail {

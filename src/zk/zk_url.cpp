@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 #include "distlock/error.hpp"
 #include "zk/zk_names.hpp"
 

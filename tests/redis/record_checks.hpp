@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
 #include "distlock/error.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::testing {
 

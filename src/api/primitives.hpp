@@ -11,7 +11,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "core/engine.hpp"
+#include "engine/engine.hpp"
 
 namespace distlock::detail {
 

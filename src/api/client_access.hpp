@@ -1,4 +1,4 @@
-// core/client_access.hpp — the library's own way from a public Client to its engine.
+// api/client_access.hpp — the library's own way from a public Client to its engine.
 //
 // Client::engine() used to be public; the engine is an internal type (hidden in
 // libdistlock.so), so the parts of distlock that are built on it — the primitives, the id

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
-#include "core/primitives.hpp"
+#include "api/client_access.hpp"
+#include "api/primitives.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 
 namespace distlock {
 

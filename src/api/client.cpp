@@ -5,11 +5,11 @@
 #include <cstdlib>
 #include <map>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
-#include "core/url.hpp"
-#include "core/url_keys.hpp"
+#include "api/client_access.hpp"
+#include "connect/url_keys.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
+#include "engine/url.hpp"
 
 namespace distlock {
 

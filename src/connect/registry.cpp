@@ -4,10 +4,10 @@
 #include <array>
 #include <chrono>
 
-#include "core/backend.hpp"
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 #include "distlock/config.hpp"
 #include "distlock/error.hpp"
+#include "engine/backend.hpp"
 
 #if DISTLOCK_HAS_FILE
 #include "file/file_backend.hpp"
@@ -40,7 +40,7 @@ namespace distlock::detail {
 
 // One row per scheme: how it is written, what it is, the query keys it accepts (with
 // their meaning for this scheme) and its factory. connect() checks a URL's query
-// against its row (core/url_keys.cpp) before the factory sees it.
+// against its row (connect/url_keys.cpp) before the factory sees it.
 namespace {
 
 using namespace std::chrono_literals;

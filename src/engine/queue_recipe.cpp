@@ -1,5 +1,5 @@
 // The queue recipe's flows (queue_recipe.hpp says the rules).
-#include "core/queue_recipe.hpp"
+#include "engine/queue_recipe.hpp"
 
 #include <algorithm>
 

@@ -45,9 +45,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/log.hpp"
 #include "distlock/clock.hpp"
+#include "engine/backend.hpp"
+#include "engine/log.hpp"
 
 namespace distlock::detail {
 

@@ -1,11 +1,11 @@
-#include "core/engine.hpp"
+#include "engine/engine.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <random>
 #include <utility>
 
-#include "core/owner_id.hpp"
+#include "engine/owner_id.hpp"
 
 namespace distlock::detail {
 

@@ -1,4 +1,4 @@
-#include "core/metrics.hpp"
+#include "engine/metrics.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -6,10 +6,10 @@
 #include <mutex>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
-#include "core/primitives.hpp"
+#include "api/client_access.hpp"
+#include "api/primitives.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 
 namespace distlock {
 

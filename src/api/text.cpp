@@ -2,9 +2,9 @@
 // apply, exposed without their internals.
 #include "distlock/text.hpp"
 
-#include "core/engine.hpp"
-#include "core/url.hpp"
 #include "distlock/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/url.hpp"
 
 namespace distlock {
 

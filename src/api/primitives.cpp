@@ -1,10 +1,10 @@
-#include "core/primitives.hpp"
+#include "api/primitives.hpp"
 
 #include <charconv>
 #include <random>
 
-#include "core/backend.hpp"
 #include "distlock/error.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail {
 

@@ -1,4 +1,4 @@
-#include "core/url.hpp"
+#include "engine/url.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -3,7 +3,7 @@
 // waiting with deadlines) lives once in the engine (engine.hpp).
 //
 // A backend is one folder under src/ with a factory registered in
-// src/core/registry.cpp. All calls may come from several threads at once (user
+// src/connect/registry.cpp. All calls may come from several threads at once (user
 // threads acquire/release, the renewer renews); a backend synchronises itself.
 #pragma once
 
@@ -16,10 +16,10 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend_error.hpp"
-#include "core/url.hpp"
 #include "distlock/client.hpp"
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::detail {
 

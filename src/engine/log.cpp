@@ -1,4 +1,4 @@
-#include "core/log.hpp"
+#include "engine/log.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -19,7 +19,7 @@
 #include <thread>
 #include <utility>
 
-#include "core/thread_annotations.hpp"
+#include "engine/thread_annotations.hpp"
 
 namespace distlock::detail {
 

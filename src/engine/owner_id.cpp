@@ -1,4 +1,4 @@
-#include "core/owner_id.hpp"
+#include "engine/owner_id.hpp"
 
 #include <pthread.h>
 #include <sys/random.h>

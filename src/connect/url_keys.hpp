@@ -1,5 +1,5 @@
 // The URL schemes a build knows and, per scheme, the query keys it accepts: one
-// declarative table (src/core/registry.cpp) that connect() validates every URL against
+// declarative table (src/connect/registry.cpp) that connect() validates every URL against
 // before a backend sees it, and that `distlock urls` prints. A backend reads the values
 // it needs with the typed readers below; they cannot fail on a URL check_query accepted,
 // so no backend repeats a type check, an unknown-key check or a "needs TLS" check.
@@ -17,8 +17,8 @@
 #include <string_view>
 #include <system_error>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::detail {
 

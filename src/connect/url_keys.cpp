@@ -1,4 +1,4 @@
-#include "core/url_keys.hpp"
+#include "connect/url_keys.hpp"
 
 #include <charconv>
 

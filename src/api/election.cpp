@@ -8,9 +8,9 @@
 #include <charconv>
 #include <stop_token>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 
 namespace distlock {
 

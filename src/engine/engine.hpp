@@ -53,13 +53,13 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/log.hpp"
-#include "core/metrics.hpp"
-#include "core/thread_annotations.hpp"
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
+#include "engine/backend.hpp"
+#include "engine/log.hpp"
+#include "engine/metrics.hpp"
+#include "engine/thread_annotations.hpp"
 
 namespace distlock::detail {
 

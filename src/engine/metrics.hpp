@@ -32,8 +32,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/backend.hpp"
 #include "distlock/clock.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail {
 
