@@ -6,7 +6,7 @@
 #include <map>
 
 #include "api/client_access.hpp"
-#include "connect/url_keys.hpp"
+#include "connect/registry.hpp"
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
 #include "engine/url.hpp"
@@ -451,8 +451,8 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   detail::Url url;
   std::string why;
   if (auto ec = detail::parse_url(text, url, why)) throw_error(ec, why);
-  const detail::Scheme* scheme = detail::find_scheme(url.scheme);
-  if (!scheme) {
+  const detail::BackendFactory factory = detail::find_backend(url.scheme);
+  if (!factory) {
     throw_error(make_error_code(errc::invalid_url), "unknown scheme \"" + url.scheme + "\" in URL \"" +
                                                         url.redacted() +
                                                         "\" (known: " + detail::known_schemes() + ")");
@@ -463,8 +463,7 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   auto fail = [&](std::error_code e, const std::string& msg) {
     throw_error(e, detail::scrub_secrets(msg, url));
   };
-  if (auto ec = detail::check_query(*scheme, url, why)) fail(ec, why);
-  const detail::BackendFactory factory = scheme->factory;
+  if (auto ec = detail::check_url_query(url, why)) fail(ec, why);
   ClientOptions opts = in_opts;
   if (auto ec = detail::apply_common_query(url, opts, why)) fail(ec, why);
   if (auto ec = opts.validate(why)) fail(ec, why);

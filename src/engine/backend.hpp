@@ -2,9 +2,10 @@
 // Everything else (reentrancy, renewal scheduling, local deadlines, loss signals,
 // waiting with deadlines) lives once in the engine (engine.hpp).
 //
-// A backend is one folder under src/ with a factory registered in
-// src/connect/registry.cpp. All calls may come from several threads at once (user
-// threads acquire/release, the renewer renews); a backend synchronises itself.
+// A backend is one folder under src/ whose scheme entries (src/<name>/<name>_scheme.cpp,
+// with its factory) src/connect/registry.cpp lists. All calls may come from several
+// threads at once (user threads acquire/release, the renewer renews); a backend
+// synchronises itself.
 #pragma once
 
 #include <cstdint>
@@ -237,13 +238,9 @@ inline std::string name_owner_key(std::string_view name, std::string_view owner)
   return k;
 }
 
-/// Makes a backend for a parsed URL; registered per scheme in registry.cpp.
+/// Makes a backend for a parsed URL; each backend folder names its factory in its own
+/// scheme entries (engine/scheme.hpp), which src/connect/registry.cpp lists.
 using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts,
                                                     std::error_code& ec, std::string& why);
-
-/// The factory for `scheme`, or nullptr.
-BackendFactory find_backend(std::string_view scheme);
-/// Schemes compiled in, comma-separated (for error messages).
-std::string known_schemes();
 
 }  // namespace distlock::detail

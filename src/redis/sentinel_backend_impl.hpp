@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "connect/url_keys.hpp"
 #include "engine/log.hpp"
+#include "engine/scheme.hpp"
 #include "engine/worker_loop.hpp"
 #include "redis/connection.hpp"
 #include "redis/redis_backend.hpp"

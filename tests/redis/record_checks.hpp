@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "connect/registry.hpp"
 #include "distlock/error.hpp"
 #include "engine/backend.hpp"
 #include "engine/url.hpp"

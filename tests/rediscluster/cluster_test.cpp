@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "api/client_access.hpp"
+#include "connect/registry.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"

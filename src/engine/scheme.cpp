@@ -1,4 +1,4 @@
-#include "connect/url_keys.hpp"
+#include "engine/scheme.hpp"
 
 #include <charconv>
 
@@ -106,8 +106,8 @@ const char* type_name(const QueryKey& k) {
 
 }  // namespace
 
-const Scheme* find_scheme(std::string_view name) noexcept {
-  for (const Scheme& s : all_schemes()) {
+const Scheme* scheme_named(std::span<const Scheme> schemes, std::string_view name) noexcept {
+  for (const Scheme& s : schemes) {
     if (s.name == name) return &s;
   }
   return nullptr;
@@ -177,9 +177,9 @@ std::optional<unsigned> query_count(const Url& url, std::string_view key) {
   return it == url.query.end() ? std::nullopt : parse_count(it->second);
 }
 
-std::string describe_schemes(bool with_keys) {
+std::string describe_schemes(std::span<const Scheme> schemes, bool with_keys) {
   std::string out;
-  for (const Scheme& s : all_schemes()) {
+  for (const Scheme& s : schemes) {
     if (s.name == "memory") continue;  // the in-process test store
     out += std::string(s.form) + "\n" + wrapped(s.summary, "    ");
     if (!with_keys) continue;

@@ -1,8 +1,10 @@
-// The URL schemes a build knows and, per scheme, the query keys it accepts: one
-// declarative table (src/connect/registry.cpp) that connect() validates every URL against
-// before a backend sees it, and that `distlock urls` prints. A backend reads the values
-// it needs with the typed readers below; they cannot fail on a URL check_query accepted,
-// so no backend repeats a type check, an unknown-key check or a "needs TLS" check.
+// What a URL scheme is: how it is written, the query keys it accepts and the factory
+// that makes its backend. Each backend folder defines its own entries
+// (src/<backend>/<backend>_scheme.cpp); src/connect/registry.cpp lists them, and
+// connect() validates every URL against its entry before a backend sees it. A backend
+// reads the values it needs with the typed readers below; they cannot fail on a URL
+// check_query accepted, so no backend repeats a type check, an unknown-key check or a
+// "needs TLS" check.
 //
 // What stays in a backend: rules that relate a value to something else (a Redis prefix
 // may not hold '{', sentinel's wait_timeout needs wait= and must be below the command
@@ -61,10 +63,15 @@ struct Scheme {
   BackendFactory factory = nullptr;
 };
 
-/// Every scheme this build has, in the order `distlock urls` lists them.
-std::span<const Scheme> all_schemes() noexcept;
-/// The scheme called `name` (lower-case, as parse_url leaves it), or nullptr.
-const Scheme* find_scheme(std::string_view name) noexcept;
+/// timeout= is read by the engine for every scheme (connect and command timeout); a
+/// scheme that gives it another meaning as well says so in its own entry.
+inline constexpr QueryKey kTimeoutKey{"timeout", QueryType::duration,
+                                      "time to connect and for each request, before a server counts as "
+                                      "unavailable (ClientOptions::connect_timeout and command_timeout)",
+                                      "2s"};
+
+/// The entry called `name` (lower-case, as parse_url leaves it) among `schemes`, or nullptr.
+const Scheme* scheme_named(std::span<const Scheme> schemes, std::string_view name) noexcept;
 
 /// Checks every query key of `url` against the table of `scheme`: unknown keys (the
 /// message lists the known ones), tls_only keys on a plain scheme (it names the TLS
@@ -78,7 +85,7 @@ std::optional<Millis> query_duration(const Url& url, std::string_view key);
 std::optional<bool> query_flag(const Url& url, std::string_view key);
 std::optional<unsigned> query_count(const Url& url, std::string_view key);
 
-/// Every scheme with its form and its keys (type, default, meaning), for `distlock urls`.
-std::string describe_schemes(bool with_keys = true);
+/// `schemes` with their forms and keys (type, default, meaning), for `distlock urls`.
+std::string describe_schemes(std::span<const Scheme> schemes, bool with_keys);
 
 }  // namespace distlock::detail
