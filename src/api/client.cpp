@@ -9,6 +9,7 @@
 #include "connect/registry.hpp"
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
+#include "engine/names.hpp"
 #include "engine/url.hpp"
 
 namespace distlock {
@@ -315,40 +316,6 @@ std::optional<std::uint32_t> parse_u32(std::string_view s) {
   return v;
 }
 
-// Decodes a derived name "<base>\x1f<kind>[\x1f<detail>]" (design: docs/design.md).
-void decode_kind(ListedLock& l) {
-  constexpr char kSep = '\x1f';
-  l.base = l.name;
-  l.display = "lock";
-  const auto first = l.name.find(kSep);
-  if (first == std::string::npos || first == 0) return;
-  const std::string_view base = std::string_view(l.name).substr(0, first);
-  const std::string_view rest = std::string_view(l.name).substr(first + 1);
-  const auto second = rest.find(kSep);
-  const std::string_view kind = rest.substr(0, second);
-  const std::string_view detail =
-      second == std::string_view::npos ? std::string_view() : rest.substr(second + 1);
-  const bool has_detail = second != std::string_view::npos;
-  if (kind == "elect" && !has_detail) {
-    l.kind = LockKind::election;
-    l.display = "election";
-  } else if (kind == "sem" && has_detail && parse_u32(detail)) {
-    l.kind = LockKind::semaphore_permit;
-    l.index = parse_u32(detail);
-    l.display = "semaphore permit " + std::to_string(*l.index);
-  } else if (kind == "rw" && has_detail && detail == "w") {
-    l.kind = LockKind::rw_writer;
-    l.display = "rw writer";
-  } else if (kind == "rw" && has_detail && parse_u32(detail)) {
-    l.kind = LockKind::rw_reader;
-    l.index = parse_u32(detail);
-    l.display = "rw reader slot " + std::to_string(*l.index);
-  } else {
-    return;  // not a name this library derives: a plain lock with a \x1f in it
-  }
-  l.base = std::string(base);
-}
-
 }  // namespace
 
 std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit) {
@@ -378,9 +345,11 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit,
     ListedLock l;
     l.name = std::move(r.name);
     l.info = std::move(r.info);
-    decode_kind(l);
-    if (l.kind == LockKind::semaphore_permit || l.kind == LockKind::rw_reader) {
-      const std::string key = l.base + (l.kind == LockKind::semaphore_permit ? "\x1fsem" : "\x1frw");
+    const detail::names::Decoded decoded = detail::names::decode(l.name);
+    l.kind = decoded.kind;
+    l.base = std::string(decoded.base);
+    l.index = decoded.index;
+    if (const std::string key = detail::names::definition_of(decoded); !key.empty()) {
       auto it = definitions.find(key);
       if (it == definitions.end()) {
         std::optional<std::uint32_t> n;
@@ -392,9 +361,8 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit,
         it = definitions.emplace(key, n).first;
       }
       l.of = it->second;
-      if (l.of && l.kind == LockKind::semaphore_permit) l.display += " of " + std::to_string(*l.of);
-      if (l.of && l.kind == LockKind::rw_reader) l.display += " of " + std::to_string(*l.of);
     }
+    l.display = detail::names::display(decoded, l.of);
     out.push_back(std::move(l));
   }
   return out;

@@ -11,6 +11,7 @@
 #include "api/client_access.hpp"
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
+#include "engine/names.hpp"
 
 namespace distlock {
 
@@ -18,22 +19,10 @@ using detail::Engine;
 
 namespace {
 
-constexpr char kSep = '\x1f';
 // Room for the "<term>\n" header (20 digits + newline) within a record.
 constexpr std::size_t kMaxValue = detail::kMaxRecordValue - 32;
 
-// For messages: at most 200 bytes, the derived-name separator written as \x1f.
-std::string printable(std::string_view name) {
-  std::string out;
-  for (char c : name.substr(0, 200)) {
-    if (c == kSep) {
-      out += "\\x1f";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
+using detail::names::printable;
 
 [[noreturn]] void fail(const detail::Error& ec, const std::string& what) {
   throw_error(ec, what + ec.suffix());
@@ -51,8 +40,8 @@ Election::Election(Client client, std::string name, LockOptions opts)
   if (name_.find('\0') != std::string::npos) {
     throw_error(make_error_code(errc::invalid_argument), "election name contains a NUL byte");
   }
-  lock_name_ = name_ + kSep + "elect";
-  bell_name_ = lock_name_ + kSep + "bell";
+  lock_name_ = detail::names::election(name_);
+  bell_name_ = detail::names::election_bell(name_);
 }
 
 Election Client::election(std::string_view name, const LockOptions& opts) {

@@ -5,26 +5,14 @@
 
 #include "distlock/error.hpp"
 #include "engine/backend.hpp"
+#include "engine/names.hpp"
 
 namespace distlock::detail {
-
-std::string derived_name(std::string_view name, std::string_view kind, std::string_view detail) {
-  std::string out;
-  out.reserve(name.size() + kind.size() + detail.size() + 2);
-  out.append(name);
-  out.push_back(kDerivedSep);
-  out.append(kind);
-  if (!detail.empty()) {
-    out.push_back(kDerivedSep);
-    out.append(detail);
-  }
-  return out;
-}
 
 void check_primitive_name(std::string_view what, std::string_view name, std::size_t suffix_bytes) {
   std::string why;
   if (auto ec = Engine::check_name(name, why)) throw_error(ec, std::string(what) + ": " + why);
-  if (name.find(kDerivedSep) != std::string_view::npos) {
+  if (name.find(names::kSep) != std::string_view::npos) {
     throw_error(make_error_code(errc::invalid_argument),
                 std::string(what) + " name contains the byte 0x1f, which marks the names of its locks");
   }

@@ -1,9 +1,6 @@
 // Shared pieces of the primitives built from ordinary engine locks (semaphore,
-// read-write lock): derived lock names and the definition record that stores a
-// primitive's size beside its locks.
-//
-// A derived name is `<name>\x1f<kind>\x1f<detail>`; \x1f (ASCII unit separator)
-// marks it, so a primitive's name may not contain that byte.
+// read-write lock): the name check and the definition record that stores a
+// primitive's size beside its locks. Their derived names: engine/names.hpp.
 #pragma once
 
 #include <cstdint>
@@ -12,13 +9,9 @@
 #include <system_error>
 
 #include "engine/engine.hpp"
+#include "engine/names.hpp"
 
 namespace distlock::detail {
-
-inline constexpr char kDerivedSep = '\x1f';
-
-/// `<name>\x1f<kind>` (a definition record key) or `<name>\x1f<kind>\x1f<detail>`.
-std::string derived_name(std::string_view name, std::string_view kind, std::string_view detail = {});
 
 /// Validates the name of a primitive whose longest derived name adds `suffix_bytes`
 /// bytes; throws std::system_error (errc::invalid_argument) naming the problem.

@@ -18,18 +18,17 @@ std::string describe(std::string_view name) {
 }  // namespace
 
 std::string Semaphore::definition_key(std::string_view name) {
-  return detail::derived_name(name, "sem");
+  return detail::names::semaphore_definition(name);
 }
 
 std::string Semaphore::permit_lock_name(int i) const {
-  return detail::derived_name(name_, "sem", std::to_string(i));
+  return detail::names::semaphore_permit(name_, static_cast<std::size_t>(i));
 }
 
 Semaphore::Semaphore(Client client, std::string name, int permits, LockOptions opts)
     : client_(std::move(client)), name_(std::move(name)), opts_(opts) {
   const std::string what = describe(name_);
-  // "\x1fsem\x1f1023": the longest permit name adds 9 bytes.
-  detail::check_primitive_name("semaphore", name_, 9);
+  detail::check_primitive_name("semaphore", name_, detail::names::kSemaphoreSuffixBytes);
   if (permits < 1 || permits > kMaxPermits) {
     throw_error(
         make_error_code(errc::invalid_argument),

@@ -158,13 +158,13 @@ std::shared_ptr<Hold> acquire_hold(detail::SharedMutexState& st, bool exclusive,
 }  // namespace
 
 std::string SharedMutex::definition_key(std::string_view name) {
-  return detail::derived_name(name, "rw");
+  return detail::names::rw_definition(name);
 }
 std::string SharedMutex::intent_lock_name(std::string_view name) {
-  return detail::derived_name(name, "rw", "w");
+  return detail::names::rw_writer(name);
 }
 std::string SharedMutex::slot_lock_name(std::string_view name, int i) {
-  return detail::derived_name(name, "rw", std::to_string(i));
+  return detail::names::rw_reader(name, static_cast<std::size_t>(i));
 }
 
 SharedMutex::SharedMutex(Client client, std::string name, LockOptions opts, int max_readers)
@@ -173,8 +173,7 @@ SharedMutex::SharedMutex(Client client, std::string name, LockOptions opts, int 
   st.name = std::move(name);
   st.opts = opts;
   st.what = "read-write lock \"" + st.name.substr(0, 200) + "\"";
-  // "\x1frw\x1f1023": the longest slot name adds 8 bytes.
-  detail::check_primitive_name("read-write lock", st.name, 8);
+  detail::check_primitive_name("read-write lock", st.name, detail::names::kRwSuffixBytes);
   if (max_readers < 0 || max_readers > kMaxReaders) {
     throw_error(make_error_code(errc::invalid_argument), st.what + ": max_readers must be 1.." +
                                                              std::to_string(kMaxReaders) + ", not " +

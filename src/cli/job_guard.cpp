@@ -9,6 +9,7 @@
 #include "api/client_access.hpp"
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
+#include "engine/names.hpp"
 
 namespace distlock::cli {
 
@@ -49,9 +50,7 @@ bool once_due(const std::optional<OnceMark>& mark, Millis period, std::int64_t f
 }
 
 std::string once_key(const std::string& name) {
-  return name +
-         "\x1f"
-         "once";
+  return detail::names::once_mark(name);
 }
 
 namespace {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <vector>
 
+#include "engine/names.hpp"
+
 namespace distlock::detail {
 
 namespace {
@@ -140,10 +142,9 @@ std::string_view Metrics::prefix_label(std::string_view name) noexcept {
   const auto begin = name.find_first_not_of("/:");
   if (begin == std::string_view::npos) return kOther;
   name.remove_prefix(begin);
-  // 0x1f ends it too: the locks of a semaphore or read-write lock ("<name>\x1fsem\x1f<i>")
-  // count under the primitive's name.
-  const auto end = name.find_first_of("/:\x1f");
-  const std::string_view p = name.substr(0, end);
+  // A derived name's separator ends it too: the locks of a semaphore or read-write lock
+  // ("<name>\x1fsem\x1f<i>", engine/names.hpp) count under the primitive's name.
+  const std::string_view p = names::primitive_of(name.substr(0, name.find_first_of("/:")));
   if (p.size() > kMaxPrefixBytes || p == kOther) return kOther;
   if (!std::all_of(p.begin(), p.end(), prefix_byte_ok)) return kOther;
   return p;
