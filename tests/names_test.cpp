@@ -59,7 +59,7 @@ TEST(DerivedNames, DecodeReadsBackEveryKind) {
 }
 
 TEST(DerivedNames, NamesThisLibraryDoesNotDeriveArePlainLocks) {
-  for (const std::string name :
+  for (const std::string& name :
        {std::string("plain"), "a" + kSep + "sem" + kSep + "x", "a" + kSep + "sem", kSep + "sem" + kSep + "1",
         "a" + kSep + "rw" + kSep + "r", "a" + kSep + "unknown" + kSep + "1", names::election_bell("lead"),
         "a" + kSep + "sem" + kSep + "1234567890"}) {
