@@ -100,7 +100,7 @@ TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
 done_with build/tsan
 
 step "clang thread-safety analysis (compile only: the core, file and redis backends)"
-# The lock annotations (src/core/thread_annotations.hpp) are only checked by clang;
+# The lock annotations (src/engine/thread_annotations.hpp) are only checked by clang;
 # -Werror=thread-safety turns a member touched without its mutex into a build error.
 cmake -S . -B build/tsa -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 -DCMAKE_BUILD_TYPE=Debug \
   -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_COMPONENTS="file;redis" \

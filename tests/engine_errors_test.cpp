@@ -1,4 +1,4 @@
-// The error channel (src/core/backend_error.hpp): the sentence a backend call fails
+// The error channel (src/engine/backend_error.hpp): the sentence a backend call fails
 // with reaches the exception of the public call that made it, and only that one. A
 // wrapper backend fails chosen calls with a chosen code and sentence; everything else
 // goes to a memory:// store.
@@ -9,10 +9,10 @@
 #include <string>
 #include <system_error>
 
-#include "core/backend_error.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend_error.hpp"
+#include "engine/engine.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"

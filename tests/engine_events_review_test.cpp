@@ -35,9 +35,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/shared_mutex.hpp"
+#include "engine/engine.hpp"
 #include "support/eventually.hpp"
 #include "support/memory_fixture.hpp"
 

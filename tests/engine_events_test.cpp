@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/shared_mutex.hpp"
+#include "engine/engine.hpp"
 #include "support/memory_fixture.hpp"
 
 namespace {

@@ -13,9 +13,9 @@
 #include <string>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/memory_fixture.hpp"
 
 namespace distlock::testing {

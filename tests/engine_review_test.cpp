@@ -10,10 +10,10 @@
 #include <mutex>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
-#include "core/url.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
+#include "engine/url.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"

@@ -12,9 +12,9 @@
 #include <mutex>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"

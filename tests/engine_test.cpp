@@ -1,6 +1,6 @@
 // Engine tests against the in-process memory backend and a manual clock: renewal,
 // local deadline, loss signal, reentrancy, waiting and deadlines, refused renewals.
-#include "core/engine.hpp"
+#include "engine/engine.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/manual_clock.hpp"

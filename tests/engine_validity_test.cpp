@@ -5,9 +5,9 @@
 // clock: the engine's own listener entry point is called as a backend would call it.
 #include <gtest/gtest.h>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;

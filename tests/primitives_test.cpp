@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;

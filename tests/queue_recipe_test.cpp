@@ -1,4 +1,4 @@
-// The queue recipe (core/queue_recipe.hpp) over a fake store with sessions: a session
+// The queue recipe (engine/queue_recipe.hpp) over a fake store with sessions: a session
 // that ends while an acquisition's enqueue runs must leave no place behind.
 //
 // The store below is the worst a store may do: its enqueue, finding a newer session
@@ -9,7 +9,7 @@
 // the entry is in the recipe's table when the session ends. Both tests failed against
 // that first version: the place was left first in the queue, with no entry and no
 // orphan standing for it, blocking the lock for as long as the session lived.
-#include "core/queue_recipe.hpp"
+#include "engine/queue_recipe.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,7 @@
-// The URL query-key table (src/core/url_keys.*, rows in src/core/registry.cpp): every
-// scheme's keys are checked in one place, with one meaning for each type of value, and
+// The URL query-key tables (src/engine/scheme.*; each backend's entries in
+// src/<backend>/<backend>_scheme.cpp, listed by src/connect/registry.cpp): every scheme's
+// keys are checked in one place, with one meaning for each type of value, and
 // `distlock urls` prints the same table connect() enforces.
-#include "core/url_keys.hpp"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,10 +12,11 @@
 #include <system_error>
 #include <vector>
 
-#include "core/url.hpp"
+#include "connect/registry.hpp"
 #include "distlock/client.hpp"
 #include "distlock/config.hpp"
 #include "distlock/error.hpp"
+#include "engine/url.hpp"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/url.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/url.hpp"
 #include "support/process.hpp"
 
 namespace {

@@ -1,5 +1,5 @@
 // URL and duration parsing, and connect()'s errors for malformed URLs.
-#include "core/url.hpp"
+#include "engine/url.hpp"
 
 #include <gtest/gtest.h>
 

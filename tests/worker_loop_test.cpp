@@ -1,5 +1,5 @@
-// core/worker_loop.hpp: the backends' notification-thread helper.
-#include "core/worker_loop.hpp"
+// engine/worker_loop.hpp: the backends' notification-thread helper.
+#include "engine/worker_loop.hpp"
 
 #include <gtest/gtest.h>
 #include <poll.h>

@@ -1,11 +1,21 @@
 // distlock/client.hpp — connect to a lock service and take leases on names.
 //
-// A `Client` is one connection set to one backend, chosen by URL:
-//   redis://[user:password@]host:port[/db][?prefix=P&timeout=DUR]   one Redis server
-//   redlock://[user:password@]h1:p1,h2:p2,h3:p3[?prefix=P&timeout=DUR]  N independent masters
-//   etcd://[user:password@]h1:p1[,h2:p2...][?prefix=P]               etcd v3
-//   zk://[user:password@]h1:p1[,h2:p2...][/chroot]                    ZooKeeper
-//   file:///absolute/dir                                              this host only (kernel locks)
+// A `Client` is one connection set to one backend, chosen by URL (each scheme exists when
+// its component was built; `distlock urls` and describe_url_schemes() list the query keys):
+//   file:///absolute/dir                                   this host only (kernel locks)
+//   redis://[user:password@]host[:port][/db]               one Redis server
+//   rediss://[user:password@]host[:port][/db]              one Redis server over TLS
+//   redis+sentinel://[user:password@]h1[:p1][,h2[:p2]...]/master-name
+//                                                          the master Redis Sentinels name
+//   redis+cluster://[user:password@]h1[:p1][,h2[:p2]...]   a Redis Cluster
+//   redlock://[user:password@]h1:p1,h2:p2,h3:p3[,...]      a quorum of independent Redis masters
+//   redlocks://[user:password@]h1:p1,h2:p2,h3:p3[,...]     the same over TLS
+//   etcd://[user:password@]h1[:p1][,h2[:p2]...]            an etcd v3 cluster
+//   zk://[user:password@]h1[:p1][,h2[:p2]...][/chroot]     a ZooKeeper ensemble
+//   postgres://[user:password@]host[:port]/database        one PostgreSQL primary
+//   postgresql://...                                       the same as postgres://
+//   mysql://[user:password@]host[:port]/database           one MySQL or MariaDB primary
+//   memory://store                                         an in-process store, for tests
 // With an empty URL: $DISTLOCK_URL, else file:// in the host-local default directory
 // ($XDG_RUNTIME_DIR/distlock, else /tmp/distlock-<uid>).
 //
@@ -295,7 +305,7 @@ class DISTLOCK_EXPORT Client {
   friend Client connect(std::string_view url, const ClientOptions& opts);
   friend Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
   // The library's own parts (the primitives, the id generators, the CLI and the tests) reach
-  // the engine through detail::ClientAccess (src/core/client_access.hpp), not the public API.
+  // the engine through detail::ClientAccess (src/api/client_access.hpp), not the public API.
   friend struct detail::ClientAccess;
   explicit Client(std::shared_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
   std::shared_ptr<detail::Engine> engine_;

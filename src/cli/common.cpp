@@ -8,11 +8,11 @@
 #include <mutex>
 
 #include "cli/commands.hpp"
-#include "core/errno_text.hpp"
-#include "core/url.hpp"
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
 #include "distlock/text.hpp"
+#include "engine/errno_text.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::cli {
 

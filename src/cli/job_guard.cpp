@@ -6,9 +6,10 @@
 #include <chrono>
 #include <string_view>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
+#include "engine/names.hpp"
 
 namespace distlock::cli {
 
@@ -49,9 +50,7 @@ bool once_due(const std::optional<OnceMark>& mark, Millis period, std::int64_t f
 }
 
 std::string once_key(const std::string& name) {
-  return name +
-         "\x1f"
-         "once";
+  return detail::names::once_mark(name);
 }
 
 namespace {

@@ -12,10 +12,10 @@
 
 #include "bench_driver.hpp"
 #include "cli/commands.hpp"
-#include "core/url.hpp"
 #include "distlock/config.hpp"
 #include "distlock/error.hpp"
 #include "distlock/version.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::cli {
 

@@ -17,7 +17,7 @@
 // - Release is a Txn guarded on my key's create_revision (never a blind delete).
 // - Records (`<prefix>/%records/<key>`, no lease) and list_held: etcd_records.hpp.
 //
-// Thread-safety: as every backend (core/backend.hpp): all calls from any thread.
+// Thread-safety: as every backend (engine/backend.hpp): all calls from any thread.
 //
 // Example:
 //   auto client = distlock::connect("etcd://127.0.0.1:2379,127.0.0.1:22379?prefix=app");
@@ -28,7 +28,7 @@
 #include <string>
 #include <system_error>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail {
 

@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/log.hpp"
-#include "core/queue_recipe.hpp"
+#include "engine/backend.hpp"
+#include "engine/log.hpp"
+#include "engine/queue_recipe.hpp"
 #include "etcd/etcd_keys.hpp"
 #include "etcd/etcd_records.hpp"
 #include "etcd/etcd_transport.hpp"
@@ -183,7 +183,7 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
 
   // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
   etcd::Records& records() noexcept override { return records_; }
-  // The lock calls run the queue recipe (core/queue_recipe.hpp) over this store
+  // The lock calls run the queue recipe (engine/queue_recipe.hpp) over this store
   // (etcd_queue.cpp).
   QueueRecipe& recipe() noexcept override { return recipe_; }
 

@@ -1,4 +1,4 @@
-// The queue store on etcd (the recipe is core/queue_recipe.cpp): one key per
+// The queue store on etcd (the recipe is engine/queue_recipe.cpp): one key per
 // acquisition under the session lease; the lowest create_revision holds; a waiter
 // watches only its predecessor.
 #include "etcd/etcd_backend_impl.hpp"

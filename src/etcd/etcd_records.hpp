@@ -1,4 +1,4 @@
-// Records and the listing of held locks for the etcd backend (core/backend.hpp:
+// Records and the listing of held locks for the etcd backend (engine/backend.hpp:
 // put_record, get_record, erase_record, list_held).
 //
 // - A record is the plain key `<prefix>/%records/<record key>` (etcd/etcd_keys.hpp),
@@ -24,7 +24,7 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 #include "etcd/etcd_transport.hpp"
 
 namespace distlock::detail::etcd {

@@ -5,9 +5,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/errno_text.hpp"
-#include "core/url_keys.hpp"
 #include "distlock/error.hpp"
+#include "engine/errno_text.hpp"
+#include "engine/scheme.hpp"
+#include "etcd/etcd_scheme.hpp"
 
 namespace distlock::detail::etcd {
 
@@ -46,9 +47,9 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
     return bad_url("etcd URL \"" + url.redacted() + "\" has a path \"" + url.path +
                    "\"; etcd URLs take no path (use ?prefix=)");
   }
-  // The query is checked against the scheme's table (registry.cpp) here as well as in
+  // The query is checked against this backend's own scheme entry (etcd_scheme.cpp) here as well as in
   // connect(), for callers that parse without connecting.
-  if (const Scheme* scheme = find_scheme(url.scheme)) {
+  if (const Scheme* scheme = scheme_named(etcd_schemes(), url.scheme)) {
     if (auto ec = check_query(*scheme, url, why)) return ec;
   }
   TransportConfig& config = out.transport;

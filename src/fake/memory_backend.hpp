@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail {
 

@@ -17,8 +17,8 @@
 #include <cstring>
 #include <string>
 
-#include "core/errno_text.hpp"
 #include "distlock/fencing.hpp"
+#include "engine/errno_text.hpp"
 
 namespace distlock {
 

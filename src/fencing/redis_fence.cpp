@@ -11,10 +11,11 @@
 #include <mutex>
 #include <string>
 
-#include "core/url.hpp"
-#include "core/url_keys.hpp"
 #include "distlock/fencing.hpp"
+#include "engine/scheme.hpp"
+#include "engine/url.hpp"
 #include "redis/connection.hpp"
+#include "redis/redis_scheme.hpp"
 
 namespace distlock {
 
@@ -245,7 +246,9 @@ RedisFence::RedisFence(std::string_view url_text, const ClientOptions& in_opts) 
     throw_error(make_error_code(errc::invalid_url), "RedisFence needs exactly one host in " + url.redacted());
   }
   // The same query keys as a lock client's redis:// URL, checked by the same table.
-  if (auto ec = detail::check_query(*detail::find_scheme(url.scheme), url, why)) throw_error(ec, why);
+  if (auto ec = detail::check_query(*detail::scheme_named(detail::redis_schemes(), url.scheme), url, why)) {
+    throw_error(ec, why);
+  }
   ClientOptions opts = in_opts;
   if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
   std::error_code ec;

@@ -12,8 +12,8 @@
 #include <cerrno>
 #include <filesystem>
 
-#include "core/owner_id.hpp"
-#include "core/url_keys.hpp"
+#include "engine/owner_id.hpp"
+#include "engine/scheme.hpp"
 #include "file/file_backend_impl.hpp"
 
 namespace distlock::detail {
@@ -149,7 +149,7 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
         url_error(why, "file URL " + in_quotes(shown) + " has no directory; write file:///absolute/dir"));
   }
   file::Settings settings;
-  // recheck= and sync= were checked against the scheme's table (registry.cpp).
+  // recheck= and sync= were checked against this folder's scheme entry (file_scheme.cpp).
   settings.recheck = query_duration(url, "recheck").value_or(settings.recheck);
   settings.sync = query_flag(url, "sync").value_or(settings.sync);
   std::string dir = std::filesystem::path(url.path).lexically_normal().string();

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/log.hpp"
-#include "core/worker_loop.hpp"
+#include "engine/log.hpp"
+#include "engine/worker_loop.hpp"
 #include "file/file_backend.hpp"
 #include "file/file_common.hpp"
 #include "file/file_records.hpp"

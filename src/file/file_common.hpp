@@ -18,9 +18,9 @@
 #include <system_error>
 #include <utility>
 
-#include "core/errno_text.hpp"
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
+#include "engine/errno_text.hpp"
 
 namespace distlock::detail::file_io {
 

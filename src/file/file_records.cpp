@@ -13,7 +13,7 @@
 #include <thread>
 #include <utility>
 
-#include "core/owner_id.hpp"
+#include "engine/owner_id.hpp"
 #include "file/file_backend.hpp"
 #include "file/file_common.hpp"
 

@@ -21,8 +21,8 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/log.hpp"
+#include "engine/backend.hpp"
+#include "engine/log.hpp"
 
 namespace distlock::detail {
 

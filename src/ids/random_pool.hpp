@@ -11,7 +11,7 @@ namespace distlock::ids::detail {
 
 /// Counts fork()s in this process's ancestry as seen from it: a child sees a different
 /// value than its parent had (the library's one pthread_atfork handler,
-/// core/owner_id.hpp). One relaxed load.
+/// engine/owner_id.hpp). One relaxed load.
 std::uint64_t fork_generation();
 
 class RandomPool {

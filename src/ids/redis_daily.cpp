@@ -7,13 +7,14 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/url.hpp"
-#include "core/url_keys.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "engine/scheme.hpp"
+#include "engine/url.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/time_math.hpp"
 #include "redis/connection.hpp"
+#include "redis/redis_scheme.hpp"
 
 namespace distlock::ids {
 
@@ -286,7 +287,8 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
   client.connect_timeout = o.connect_timeout;
   client.command_timeout = o.command_timeout;
   // The same query keys as a lock client's redis:// URL, checked by the same table.
-  if (auto ec = distlock::detail::check_query(*distlock::detail::find_scheme(url.scheme), url, why)) {
+  if (auto ec = distlock::detail::check_query(
+          *distlock::detail::scheme_named(distlock::detail::redis_schemes(), url.scheme), url, why)) {
     throw_error(ec, why);
   }
   if (auto ec = distlock::detail::apply_common_query(url, client, why)) throw_error(ec, why);

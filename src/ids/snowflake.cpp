@@ -5,10 +5,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "engine/engine.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/worker_mark.hpp"
 

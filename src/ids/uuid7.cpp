@@ -4,9 +4,9 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/owner_id.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "engine/owner_id.hpp"
 #include "ids/random_pool.hpp"
 
 namespace distlock::ids {

@@ -15,11 +15,11 @@
 #include <map>
 #include <mutex>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
-#include "core/errno_text.hpp"
-#include "core/url.hpp"
+#include "api/client_access.hpp"
 #include "distlock/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/errno_text.hpp"
+#include "engine/url.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock::ids::detail {

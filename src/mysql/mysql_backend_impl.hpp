@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/log.hpp"
-#include "core/worker_loop.hpp"
+#include "engine/log.hpp"
+#include "engine/worker_loop.hpp"
 #include "mysql/my_conn.hpp"
 #include "mysql/mysql_backend.hpp"
 

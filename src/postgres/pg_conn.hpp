@@ -11,8 +11,8 @@
 #include <system_error>
 #include <vector>
 
-#include "core/url.hpp"
 #include "distlock/options.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::detail::pg {
 

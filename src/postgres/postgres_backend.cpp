@@ -212,7 +212,7 @@ std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptio
     return bad("URL " + shown + " names " + std::to_string(url.hosts.size()) +
                " hosts; postgres:// takes one server (advisory locks live on one primary)");
   }
-  // sslmode= was checked against the scheme's table (registry.cpp).
+  // sslmode= was checked against this folder's scheme entry (postgres_scheme.cpp).
   cfg.sslmode = url.query_or("sslmode", cfg.sslmode);
   std::string db = url.path;
   if (!db.empty() && db[0] == '/') db.erase(0, 1);

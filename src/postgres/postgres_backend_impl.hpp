@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/log.hpp"
-#include "core/worker_loop.hpp"
+#include "engine/log.hpp"
+#include "engine/worker_loop.hpp"
 #include "postgres/pg_conn.hpp"
 #include "postgres/postgres_backend.hpp"
 #include "postgres/postgres_records.hpp"

@@ -24,7 +24,7 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 #include "postgres/pg_conn.hpp"
 
 namespace distlock::detail::pg {

@@ -7,7 +7,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "core/errno_text.hpp"
+#include "engine/errno_text.hpp"
 
 namespace distlock::detail::redis {
 

@@ -61,9 +61,9 @@
 #include <system_error>
 #include <vector>
 
-#include "core/url.hpp"
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
+#include "engine/url.hpp"
 #include "redis/socket.hpp"
 
 namespace distlock::detail::redis {

@@ -29,7 +29,7 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock::detail::redis {

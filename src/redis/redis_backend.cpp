@@ -179,7 +179,7 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
                " hosts; redis:// takes one server (for several independent masters use redlock://)");
   }
   // The query's keys and their types were checked against the scheme's table
-  // (registry.cpp) before this factory runs.
+  // (redis_scheme.cpp) before this factory runs.
   const std::string prefix = url.query_or("prefix", "distlock");
   if (!redis::prefix_ok(prefix)) {
     return bad("prefix \"" + prefix + "\" in URL " + shown +

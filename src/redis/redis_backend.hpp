@@ -20,7 +20,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock::detail {

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <set>
 
-#include "core/log.hpp"
+#include "engine/log.hpp"
 #include "redis/connection.hpp"
 #include "redis/key_layout.hpp"
 #include "redis/lock_scripts.hpp"

@@ -334,7 +334,7 @@ std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptio
                " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
   }
   // Types and ranges of wait= and wait_timeout= were checked against the scheme's
-  // table (registry.cpp); what is left relates them to each other and to the timeouts.
+  // table (redis_scheme.cpp); what is left relates them to each other and to the timeouts.
   if (const auto wait = query_count(url, "wait")) settings.wait_replicas = static_cast<int>(*wait);
   if (const auto d = query_duration(url, "wait_timeout")) {
     if (settings.wait_replicas == 0) {

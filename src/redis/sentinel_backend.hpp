@@ -26,7 +26,7 @@
 #include <string>
 #include <system_error>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail {
 

@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/log.hpp"
-#include "core/url_keys.hpp"
-#include "core/worker_loop.hpp"
+#include "engine/log.hpp"
+#include "engine/scheme.hpp"
+#include "engine/worker_loop.hpp"
 #include "redis/connection.hpp"
 #include "redis/redis_backend.hpp"
 

@@ -14,7 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/errno_text.hpp"
+#include "engine/errno_text.hpp"
 #include "redis/socket_impl.hpp"
 
 namespace distlock::detail::redis {

@@ -17,7 +17,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/errno_text.hpp"
+#include "engine/errno_text.hpp"
 #include "redis/connection.hpp"
 #include "redis/socket_impl.hpp"
 

@@ -49,7 +49,7 @@
 #include <system_error>
 #include <thread>
 
-#include "core/worker_loop.hpp"
+#include "engine/worker_loop.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock::detail::redis {

@@ -23,7 +23,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail {
 

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/log.hpp"
+#include "engine/log.hpp"
 #include "redis/connection.hpp"
 #include "redis/records.hpp"
 #include "redis/redis_backend.hpp"

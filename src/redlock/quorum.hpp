@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <optional>
 
-#include "core/backend.hpp"
 #include "distlock/options.hpp"
+#include "engine/backend.hpp"
 
 namespace distlock::detail::redlock {
 

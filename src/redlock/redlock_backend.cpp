@@ -5,8 +5,9 @@
 
 #include <set>
 
-#include "core/url_keys.hpp"
+#include "engine/scheme.hpp"
 #include "redlock/redlock_backend_impl.hpp"
+#include "redlock/redlock_scheme.hpp"
 
 namespace distlock::detail {
 
@@ -52,9 +53,9 @@ std::error_code parse_config(const Url& url, Config& out, std::string& why) {
     out.user = url.user;
     out.password = url.password;
   }
-  // The query is checked against the scheme's table (registry.cpp) here as well as in
+  // The query is checked against this backend's own scheme entry (redlock_scheme.cpp) here as well as in
   // connect(): tests parse Redlock URLs without connecting.
-  if (const Scheme* scheme = find_scheme(url.scheme)) {
+  if (const Scheme* scheme = scheme_named(redlock_schemes(), url.scheme)) {
     if (auto ec = check_query(*scheme, url, why)) return ec;
   }
   out.prefix = url.query_or("prefix", out.prefix);

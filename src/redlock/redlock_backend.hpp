@@ -22,8 +22,8 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::detail {
 

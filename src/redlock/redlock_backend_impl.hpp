@@ -12,8 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/log.hpp"
 #include "distlock/clock.hpp"
+#include "engine/log.hpp"
 #include "redlock/fanout.hpp"
 #include "redlock/quorum.hpp"
 #include "redlock/redlock_backend.hpp"

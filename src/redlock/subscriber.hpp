@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/log.hpp"
+#include "engine/log.hpp"
 #include "redis/subscriber.hpp"
 #include "redlock/fanout.hpp"
 

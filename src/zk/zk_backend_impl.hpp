@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/log.hpp"
-#include "core/queue_recipe.hpp"
+#include "engine/backend.hpp"
+#include "engine/log.hpp"
+#include "engine/queue_recipe.hpp"
 #include "zk/zk_backend.hpp"
 #include "zk/zk_call.hpp"
 #include "zk/zk_names.hpp"
@@ -179,7 +179,7 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
 
   // Records and listing (RecordsBackend forwards them): zk_records.cpp.
   zk::Records& records() noexcept override { return records_; }
-  // The lock calls run the queue recipe (core/queue_recipe.hpp) over this store
+  // The lock calls run the queue recipe (engine/queue_recipe.hpp) over this store
   // (zk_queue.cpp).
   QueueRecipe& recipe() noexcept override { return recipe_; }
 

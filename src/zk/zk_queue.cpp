@@ -1,4 +1,4 @@
-// The queue store on ZooKeeper (the recipe is core/queue_recipe.cpp): an ephemeral
+// The queue store on ZooKeeper (the recipe is engine/queue_recipe.cpp): an ephemeral
 // sequential node per acquisition; the lowest holds; a waiter watches only its
 // predecessor.
 #include "zk/zk_backend_impl.hpp"

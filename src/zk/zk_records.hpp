@@ -1,4 +1,4 @@
-// Records and the listing of held locks for the ZooKeeper backend (core/backend.hpp:
+// Records and the listing of held locks for the ZooKeeper backend (engine/backend.hpp:
 // put_record, get_record, erase_record, list_held).
 //
 // Layout (below the URL's chroot, beside the lock directories of zk_names.hpp):
@@ -34,7 +34,7 @@
 #include <system_error>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "engine/backend.hpp"
 #include "zk/zk_call.hpp"
 
 namespace distlock::detail::zk {

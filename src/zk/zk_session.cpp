@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/errno_text.hpp"
+#include "engine/errno_text.hpp"
 #include "zk/zk_backend_impl.hpp"
 
 namespace distlock::detail::zk {

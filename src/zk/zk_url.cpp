@@ -2,9 +2,10 @@
 
 #include <cstdint>
 
-#include "core/url_keys.hpp"
 #include "distlock/error.hpp"
+#include "engine/scheme.hpp"
 #include "zk/zk_names.hpp"
+#include "zk/zk_scheme.hpp"
 
 namespace distlock::detail::zk {
 
@@ -32,9 +33,9 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
   }
   cfg.redacted_url = shown;
   cfg.session_timeout = opts.lock_defaults.ttl;
-  // The query is checked against the scheme's table (registry.cpp) here as well as in
+  // The query is checked against this backend's own scheme entry (zk_scheme.cpp) here as well as in
   // connect(), for callers that parse without connecting.
-  if (const Scheme* scheme = find_scheme(url.scheme)) {
+  if (const Scheme* scheme = scheme_named(zk_schemes(), url.scheme)) {
     if (auto ec = check_query(*scheme, url, why)) return ec;
   }
   if (const auto d = query_duration(url, "session_timeout")) {

@@ -5,8 +5,8 @@
 #include <string>
 #include <system_error>
 
-#include "core/url.hpp"
 #include "distlock/options.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::detail::zk {
 

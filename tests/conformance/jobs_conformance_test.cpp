@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "api/client_access.hpp"
 #include "cli/job_guard.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/backend_targets.hpp"
 
 using namespace std::chrono_literals;

@@ -27,9 +27,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/backend_targets.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"

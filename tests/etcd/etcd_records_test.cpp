@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 #include "etcd_cluster.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"

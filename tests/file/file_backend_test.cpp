@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/url.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/url.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 

@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 #include "file/file_backend.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"

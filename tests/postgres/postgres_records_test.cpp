@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 #include "postgres/postgres_backend.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"

@@ -14,10 +14,10 @@
 #include <string>
 #include <thread>
 
-#include "core/backend.hpp"
-#include "core/backend_error.hpp"
-#include "core/url.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/backend_error.hpp"
+#include "engine/url.hpp"
 #include "postgres/pg_conn.hpp"
 #include "postgres/postgres_backend.hpp"
 #include "support/fault_proxy.hpp"

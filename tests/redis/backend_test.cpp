@@ -9,9 +9,9 @@
 #include <span>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
 #include "redis/slots.hpp"
 #include "support/process.hpp"

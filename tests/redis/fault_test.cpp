@@ -11,9 +11,9 @@
 #include <set>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"

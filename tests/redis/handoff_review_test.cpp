@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "redis/key_layout.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"

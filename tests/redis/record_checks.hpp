@@ -22,9 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
+#include "connect/registry.hpp"
 #include "distlock/error.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 
 namespace distlock::testing {
 

@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 #include "redis/redis_backend.hpp"
 #include "redis/wait_queue.hpp"
 #include "support/eventually.hpp"

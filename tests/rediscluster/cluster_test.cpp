@@ -13,11 +13,12 @@
 #include <set>
 #include <thread>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
-#include "core/url.hpp"
+#include "api/client_access.hpp"
+#include "connect/registry.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
+#include "engine/url.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/url.hpp"
+#include "engine/url.hpp"
 #include "redlock/redlock_backend.hpp"
 
 namespace distlock::detail::redlock {

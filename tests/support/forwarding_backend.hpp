@@ -23,8 +23,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/backend.hpp"
-#include "core/url.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
 #include "fake/memory_backend.hpp"
 
 namespace distlock::testing {

@@ -14,10 +14,10 @@
 #include <string>
 #include <thread>
 
-#include "core/backend.hpp"
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 6) {

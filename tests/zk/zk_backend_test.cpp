@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "zk/zk_names.hpp"
 #include "zk/zk_server.hpp"
 #include "zk/zk_test_util.hpp"

@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
 #include "zk/zk_backend.hpp"

@@ -10,9 +10,9 @@
 #include <optional>
 #include <string>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/fault_proxy.hpp"
 #include "zk/zk_backend.hpp"
 #include "zk/zk_server.hpp"

@@ -19,9 +19,9 @@
 #include <string>
 #include <thread>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/fault_proxy.hpp"
 #include "zk/zk_backend.hpp"
 #include "zk/zk_call.hpp"

@@ -15,9 +15,9 @@
 #include <memory>
 #include <string>
 
-#include "core/client_access.hpp"
-#include "core/engine.hpp"
+#include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/manual_clock.hpp"
 #include "zk/zk_backend.hpp"

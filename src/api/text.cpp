@@ -1,0 +1,49 @@
+// The public text helpers (distlock/text.hpp): the rules the engine and the URL parser
+// apply, exposed without their internals.
+#include "distlock/text.hpp"
+
+#include "distlock/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/url.hpp"
+
+namespace distlock {
+
+std::error_code validate_name(std::string_view name, std::string& why) {
+  return detail::Engine::check_name(name, why);
+}
+
+void validate_name(std::string_view name) {
+  std::string why;
+  if (auto ec = validate_name(name, why)) throw std::system_error(ec, why);
+}
+
+std::optional<Millis> parse_duration(std::string_view text) {
+  Millis out{};
+  if (!detail::parse_duration(text, out)) return std::nullopt;
+  return out;
+}
+
+std::string redact_url(std::string_view url) {
+  return detail::redact_url_text(url);
+}
+
+std::string url_scheme(std::string_view url) {
+  detail::Url parsed;
+  std::string why;
+  if (auto ec = detail::parse_url(url, parsed, why)) throw std::system_error(ec, why);
+  return parsed.scheme;
+}
+
+std::string url_with_password(std::string_view url, std::string_view password) {
+  std::string out, why;
+  if (auto ec = detail::url_with_password(url, password, out, why)) throw std::system_error(ec, why);
+  return out;
+}
+
+std::string url_without_password(std::string_view url) {
+  std::string out, why;
+  if (auto ec = detail::url_without_password(url, out, why)) throw std::system_error(ec, why);
+  return out;
+}
+
+}  // namespace distlock

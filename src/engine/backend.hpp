@@ -1,0 +1,246 @@
+// The backend adapter interface: the few primitives a lock service must offer.
+// Everything else (reentrancy, renewal scheduling, local deadlines, loss signals,
+// waiting with deadlines) lives once in the engine (engine.hpp).
+//
+// A backend is one folder under src/ whose scheme entries (src/<name>/<name>_scheme.cpp,
+// with its factory) src/connect/registry.cpp lists. All calls may come from several
+// threads at once (user threads acquire/release, the renewer renews); a backend
+// synchronises itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "distlock/client.hpp"
+#include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
+#include "engine/url.hpp"
+
+namespace distlock::detail {
+
+struct Capabilities {
+  bool fencing = true;  ///< issues strictly increasing tokens per name
+  bool needs_renewal =
+      true;  ///< leases expire unless renewed (false: held until released, e.g. kernel locks)
+};
+
+struct AcquireRequest {
+  std::string_view name;   ///< validated by the engine: non-empty, <= 4096 bytes, no NUL
+  std::string_view owner;  ///< unique per client and thread: "<32 hex client id>:<thread seq>"
+  Millis ttl{};
+  /// Queue-based backends (etcd, ZooKeeper): when busy, keep this owner's place in
+  /// the queue because the caller will wait; the engine calls cancel_acquire() if it
+  /// gives up. Other backends ignore it.
+  bool keep_queued = false;
+};
+
+struct AcquireResult {
+  bool acquired = false;
+  std::uint64_t token = 0;  ///< fencing token when acquired and Capabilities::fencing
+  /// When acquired: how long the lease is valid counted from the moment the request
+  /// was sent (usually ttl; Redlock subtracts clock drift; a session-based backend
+  /// gives its session timeout). The engine uses the same validity after each
+  /// successful renewal. 0 means ttl.
+  Millis validity{0};
+  /// When busy: the current holder's remaining lease, if the backend knows it.
+  std::optional<Millis> holder_ttl{};
+};
+
+struct RenewItem {
+  std::string_view name;
+  std::string_view owner;
+  std::uint64_t token = 0;
+  Millis ttl{};
+};
+
+enum class RenewStatus {
+  renewed,    ///< extended by ttl from the send time
+  not_owner,  ///< the server says somebody else (or nobody) holds it: lost
+  failed,     ///< unknown (I/O error); the engine retries until the local deadline
+};
+
+/// How put_record treats an existing record.
+enum class PutMode {
+  always,     ///< overwrite
+  if_absent,  ///< keep an existing record (the returned value is then the existing one)
+};
+
+/// Records: small values kept beside the locks, for the primitives built on them
+/// (a semaphore's permit count, an election's proclaimed value, a job's last
+/// once-per slot). A record key is validated by the caller like a lock name
+/// (non-empty, <= 4096 bytes, no NUL) and lives in a namespace of its own: a
+/// record and a lock of the same name never collide, and a record never expires.
+/// Values are any bytes, at most kMaxRecordValue.
+inline constexpr std::size_t kMaxRecordValue = 64 * 1024;
+
+/// False, with errc::invalid_argument and an error detail naming the key and the size,
+/// when `value` is larger than kMaxRecordValue. Every backend's put_record starts here.
+bool record_value_fits(std::string_view key, std::string_view value, Error& ec);
+
+/// One held lock, as listed by Backend::list_held.
+struct ListedLock {
+  std::string name;
+  LockInfo info;  ///< what status(name) would say (held is true); fields the backend cannot tell stay empty
+};
+
+enum class ReleaseStatus {
+  released,
+  not_owner,  ///< nothing of ours was there (expired, or taken by another owner); nothing deleted
+};
+
+/// Implemented by the engine; backends call it from any thread, never while
+/// holding a lock the engine could need to call back into the backend.
+class ChangeListener {
+ public:
+  virtual ~ChangeListener() = default;
+  /// A lock of this name may have become free (release notification, watch event).
+  virtual void on_change(std::string_view name) noexcept = 0;
+  /// Every lease of this client is gone (etcd lease revoked, ZooKeeper session expired).
+  virtual void on_session_lost() noexcept = 0;
+  /// One lease is gone (its session ended, its node was deleted from outside).
+  virtual void on_lease_lost(std::string_view name, std::string_view owner) noexcept = 0;
+  /// From now on a lease of this client is valid for at most `validity` after the send
+  /// time of the request that last confirmed it (ZooKeeper: the session timeout the
+  /// server granted on a reconnect, which an operator may have lowered). A held lease
+  /// whose validity was longer has its local deadline moved earlier by the difference
+  /// (it may pass at once: the lease is then lost), a lease acquired or renewed later
+  /// gets at most this validity, and nothing is ever lengthened.
+  virtual void on_validity_changed(Millis validity) noexcept = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Capabilities capabilities() const noexcept = 0;
+
+  /// Called once, before any other call. The engine outlives every callback: a
+  /// backend stops its notification threads in its destructor.
+  virtual void set_listener(ChangeListener* listener) = 0;
+
+  /// One atomic attempt. Busy is {acquired=false}, not an error. Errors:
+  /// backend_unavailable, auth_failed, protocol_error, invalid_argument.
+  virtual AcquireResult try_acquire(const AcquireRequest& req, Error& ec) = 0;
+
+  /// Gives up a place kept by keep_queued (queue-based backends). Never throws.
+  virtual void cancel_acquire(std::string_view /*name*/, std::string_view /*owner*/) noexcept {}
+
+  /// Renews many leases in as few round trips as possible; writes one status per
+  /// item into `out` (same size as items). `ec` set means every item is `failed`.
+  virtual void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) = 0;
+
+  /// Releases if `owner` holds it (owner-checked, never a blind delete).
+  virtual ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                                Error& ec) = 0;
+
+  /// The engine has declared this lease lost (local deadline passed, hold bound reached,
+  /// renewal refused, session ended) while the client lives. The backend frees at once
+  /// whatever it still holds for exactly this (name, owner, token) — a kernel lock, a
+  /// session's advisory lock, a key or queue entry of ours — owner-checked, so that this
+  /// client or another can take the name again without waiting for the server to expire
+  /// it. Never frees another owner's lock. Best effort: errors are swallowed (the server's
+  /// own expiry stays the bound). Called at most once per lost lease, outside every engine
+  /// lock, from an engine thread; may block for one round trip.
+  /// The default is release() with the result ignored: release is owner-checked on every
+  /// backend, so it frees exactly this lease or nothing. A backend overrides it only when a
+  /// lost lease holds more than release frees.
+  virtual void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept {
+    try {
+      Error ignored;
+      (void)release(name, owner, token, ignored);
+    } catch (...) {  // no memory, or a backend's exception: the server's own expiry is the bound
+    }
+  }
+
+  /// Starts delivering on_change(name); returns once notifications are live so a
+  /// release after it returns cannot be missed. Calls are counted by the engine:
+  /// one watch per name at a time, undone by unwatch.
+  virtual void watch(std::string_view name, Error& ec) = 0;
+  virtual void unwatch(std::string_view name) noexcept = 0;
+
+  virtual LockInfo status(std::string_view name, Error& ec) = 0;
+
+  /// Stores `value` under record `key` (see PutMode) and returns the value stored
+  /// after the call. One atomic step on the server: two callers with if_absent get
+  /// the same answer. Errors as try_acquire; errc::not_supported if the backend
+  /// keeps no records.
+  virtual std::string put_record(std::string_view /*key*/, std::string_view /*value*/, PutMode /*mode*/,
+                                 Error& ec) {
+    ec = make_error_code(errc::not_supported);
+    return {};
+  }
+  /// The record under `key`, or nullopt when there is none.
+  virtual std::optional<std::string> get_record(std::string_view /*key*/, Error& ec) {
+    ec = make_error_code(errc::not_supported);
+    return std::nullopt;
+  }
+  /// Deletes the record; returns whether there was one.
+  virtual bool erase_record(std::string_view /*key*/, Error& ec) {
+    ec = make_error_code(errc::not_supported);
+    return false;
+  }
+  /// Locks held now whose name starts with `prefix` (empty: all), sorted by name, at
+  /// most `limit` of them (`truncated` set when there were more). For `distlock list`:
+  /// may cost a scan of the server's keys; never on a hot path.
+  virtual std::vector<ListedLock> list_held(std::string_view /*prefix*/, std::size_t /*limit*/,
+                                            bool& truncated, Error& ec) {
+    truncated = false;
+    ec = make_error_code(errc::not_supported);
+    return {};
+  }
+
+  /// How many times this backend found its notification channel dead without being told
+  /// (a pub/sub connection that answered no PING: a partition) and dropped it to connect
+  /// anew; waiters re-checked with the server meanwhile. Exported by Client::metrics() as
+  /// distlock_notification_channel_drops_total. 0 where the backend has no such check.
+  virtual std::uint64_t notification_channel_drops() const noexcept { return 0; }
+
+  /// URL with the password masked, for messages.
+  virtual std::string url() const = 0;
+};
+
+/// For a backend whose records and listing live in an object of their own (`Records`,
+/// with put/get/erase/list_held taking the arguments of the calls below): the four
+/// calls go to `records()`.
+template <class Records>
+class RecordsBackend : public Backend {
+ public:
+  std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override {
+    return records().put(key, value, mode, ec);
+  }
+  std::optional<std::string> get_record(std::string_view key, Error& ec) override {
+    return records().get(key, ec);
+  }
+  bool erase_record(std::string_view key, Error& ec) override { return records().erase(key, ec); }
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
+                                    Error& ec) override {
+    return records().list_held(prefix, limit, truncated, ec);
+  }
+
+ protected:
+  virtual Records& records() noexcept = 0;
+};
+
+/// The key of one (lock name, owner) pair in a backend's table of its own entries:
+/// "name\0owner" (a name holds no NUL, so two pairs never share a key).
+inline std::string name_owner_key(std::string_view name, std::string_view owner) {
+  std::string k;
+  k.reserve(name.size() + 1 + owner.size());
+  k.append(name);
+  k.push_back('\0');
+  k.append(owner);
+  return k;
+}
+
+/// Makes a backend for a parsed URL; each backend folder names its factory in its own
+/// scheme entries (engine/scheme.hpp), which src/connect/registry.cpp lists.
+using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts,
+                                                    std::error_code& ec, std::string& why);
+
+}  // namespace distlock::detail

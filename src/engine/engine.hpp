@@ -1,0 +1,448 @@
+// The lock engine: written once, used by every backend. It owns the acquire loop
+// (wait for a change notification, re-check capped by the holder's remaining TTL),
+// reentrancy per owner thread, the client's single renewer (batched renewals), the
+// conservative local deadline and the loss signal.
+//
+// Threads and locks (the engine is the most concurrent code in distlock):
+// - User threads call every public member (acquire*, release, wait_free, status,
+//   NameWatch, tick/renew_all in tests) at once, on any thread.
+// - The renewer (renewer_main, when background_renewal and the backend needs
+//   renewal) runs tick(): renewals in one backend batch, losses it finds.
+// - The watchdog (watchdog_main) declares losses at local deadlines, so a renewal
+//   blocked on a hung server cannot delay a stop signal; it also drops idle watches.
+// - Backend threads (notifiers, subscribers, keep-alives) call the ChangeListener
+//   members (on_change, on_session_lost, on_lease_lost) from any thread; a backend
+//   never holds a lock of its own that a backend call from the engine could need.
+// - The hand-back thread (forget_main, started at the first loss) hands lost leases
+//   back to the backend (Backend::forget); it runs no user code.
+// - The event thread (event_main) runs user callbacks (Lease::on_lost) and nothing
+//   else; see add_loss_callback. Whoever detects a loss (any of the threads above)
+//   gives the loss signal itself in declare_lost/fire_loss: `lost`, the stop token
+//   (so std::stop_callbacks run there) and add_loss_signal's internal signals; then it
+//   queues the callbacks. A blocking callback therefore delays later callbacks only.
+// Locks, in the only order they nest:
+// - mu_ guards held_, waits_ (and every WaitSlot field), idle_watches_, inflight_,
+//   the renewer's and watchdog's wake times, and HeldLock's released, next_renew,
+//   renew_in_flight and displaced. It is never held across a backend call, a clock
+//   wait other than the condition-variable waits on it, user code, or declare_lost.
+// - HeldLock::callbacks_mu guards that lease's loss reason/detail, callbacks and
+//   signals; never held with mu_ (declare_lost runs outside mu_).
+// - events_mu_ guards the event queue; a leaf, taken inside callbacks_mu to queue in
+//   order. User code (callbacks, the logger sink) never runs under any engine lock.
+// Atomics read without a lock: HeldLock::lost, deadline_ns, hold_limit_ns,
+// hold_count (changed under mu_), the counters and session_epoch_ (bumped under mu_).
+// What the compiler can check is annotated (DISTLOCK_GUARDED_BY, thread_annotations.hpp)
+// and checked by the clang build of scripts/test.sh; HeldLock's and WaitSlot's fields
+// guarded by Engine::mu_ are not (the analysis cannot name another object's mutex).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "distlock/client.hpp"
+#include "distlock/clock.hpp"
+#include "distlock/options.hpp"
+#include "engine/backend.hpp"
+#include "engine/log.hpp"
+#include "engine/metrics.hpp"
+#include "engine/thread_annotations.hpp"
+
+namespace distlock::detail {
+
+struct HeldLock {
+  std::string name;
+  /// Unique per acquisition: "<client id>:<thread seq>.<acquisition seq>". A later
+  /// acquisition by the same thread is another owner on the server, so a late
+  /// release, renewal or clean-up of this one can never touch that one.
+  std::string owner;
+  std::uint64_t fork_gen = 0;  // fork_generation() when acquired; a child never owns it
+  bool reentrant = false;      // taken by a Mutex: its thread may re-enter it
+  std::uint64_t token = 0;
+  bool has_token = false;
+  LockOptions opts;
+  Millis validity{};  // lease validity from a request's send time (see AcquireResult)
+  std::shared_ptr<Clock> clock;
+
+  // Guarded by Engine::mu_.
+  std::atomic<int> hold_count{0};
+  bool released = false;
+  Clock::time_point next_renew{};
+  bool renew_in_flight = false;
+  // Send time of the request that last confirmed the lease (grant or renewal): the
+  // deadline is confirmed_sent + validity - safety_margin, capped by the hold limit.
+  Clock::time_point confirmed_sent{};
+  // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
+  // The local deadline never passes it; renewals stop once the deadline reaches it.
+  // Only ever lowered (a reentrant acquisition with a nearer max_hold), under
+  // Engine::mu_; read without it (hold_limit()).
+  std::atomic<std::int64_t> hold_limit_ns{Clock::time_point::max().time_since_epoch().count()};
+  // A lost hold of the same thread and name that this acquisition replaced in the
+  // engine's map before the thread unlocked it (a nested re-lock after a loss); put
+  // back when this one is released so the outer unlock still finds it.
+  std::shared_ptr<HeldLock> displaced;
+
+  // Metrics (null when the client keeps none): set before the lease is published.
+  MetricsSeries* metrics = nullptr;
+  Clock::time_point granted_at{};
+  std::atomic<bool> hold_observed{false};  // its hold time is counted once (release or loss)
+
+  // Read without the engine's mutex (owns(), remaining()).
+  std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
+  std::atomic<bool> lost{false};
+  std::stop_source stop;
+  // The hand-back of a lost lease to the backend (Backend::forget) runs once, by
+  // whoever comes first: the engine's hand-back thread, release(), or ~Engine.
+  std::once_flag forget_once;
+  // Why it was lost (set once, before `lost`, under callbacks_mu).
+  mutable AnnotatedMutex callbacks_mu;
+  std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
+  std::string loss_detail DISTLOCK_GUARDED_BY(callbacks_mu);
+
+  // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
+  std::vector<std::function<void()>> callbacks DISTLOCK_GUARDED_BY(callbacks_mu);
+  bool callbacks_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
+  // Engine-internal loss signals (a read-write lease's combined stop token): run on
+  // the thread that detects the loss, right after `stop`, never behind user code.
+  // Short and non-blocking by contract.
+  std::vector<std::function<void()>> signals DISTLOCK_GUARDED_BY(callbacks_mu);
+  bool signals_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
+
+  Clock::time_point deadline() const noexcept {
+    return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
+  }
+  void set_deadline(Clock::time_point tp) noexcept {
+    deadline_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
+  }
+  Clock::time_point hold_limit() const noexcept {
+    return Clock::time_point(Clock::duration(hold_limit_ns.load(std::memory_order_acquire)));
+  }
+  void set_hold_limit(Clock::time_point tp) noexcept {
+    hold_limit_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
+  }
+  bool owns() const noexcept;
+  /// The reason a loss at the local deadline has: max_hold when the deadline is the
+  /// hold limit, else local_deadline.
+  LossReason expiry_reason() const noexcept;
+  /// Public reason and text (none/empty while held).
+  distlock::LossReason public_reason() const noexcept;
+  std::string public_detail() const;
+};
+
+/// The owner id of the calling thread within a client: "<client id>:<thread seq>".
+/// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
+std::string owner_for_this_thread(const std::string& client_id);
+/// The thread part of an acquisition owner: the holder description (after the first
+/// '|') dropped, then everything before the last '.'.
+std::string_view thread_owner_of(std::string_view owner) noexcept;
+/// Splits a stored owner "<id>|<holder info>" into its id and description (nullopt
+/// when it carries none).
+std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept;
+
+class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
+  struct WaitSlot;
+
+ public:
+  /// Creates an engine over `backend` and starts its renewer (if enabled).
+  static std::shared_ptr<Engine> create(std::unique_ptr<Backend> backend, ClientOptions opts);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// How an acquisition treats a hold the calling thread already has on the name.
+  enum class Reentry {
+    /// Mutex: re-enters a Mutex hold of this thread (hold count + 1, no round trip).
+    by_thread,
+    /// Lease: never re-enters. A Lease can be moved to another thread, so "this
+    /// thread holds it" is not known; the acquisition asks the server (and waits for
+    /// an earlier Lease of its own, like std::timed_mutex).
+    never,
+  };
+
+  /// Acquires `name` for the calling thread. `wait`: nullopt = forever, 0 = one
+  /// attempt. Busy with wait 0 → errc::busy; wait ran out → errc::timeout.
+  std::shared_ptr<HeldLock> acquire(std::string_view name, const LockOptions& opts,
+                                    std::optional<Millis> wait, Error& ec, Reentry reentry = Reentry::never);
+  /// Acquires ONE of `names` (whichever is free first; several names waited on at
+  /// once, e.g. a semaphore's permits) for the calling thread, never re-entering.
+  /// Each name is tried once in the order given; then the caller waits for a change
+  /// notification on any of them (the per-name watches of acquire()), re-checking
+  /// only the names that changed, or all of them when a re-check falls due (capped
+  /// by the shortest remaining TTL the busy names' holders reported), until `wait`
+  /// runs out (nullopt = forever, 0 = one round; errc::busy / errc::timeout).
+  /// `gate`: when not empty, a lock name that must be held by nobody before any of
+  /// `names` is tried (a reader waits while a writer holds or queues for the intent
+  /// lock); while it is held the caller waits for a change of the gate instead, and
+  /// keeps no queued place on `names`. `index` (optional) receives the position in
+  /// `names` of the name acquired. Whatever way it ends, no wait slot stays joined
+  /// and no queued place on the server is left behind.
+  std::shared_ptr<HeldLock> acquire_any(std::span<const std::string> names, const LockOptions& opts,
+                                        std::optional<Millis> wait, Error& ec, std::string_view gate = {},
+                                        std::size_t* index = nullptr);
+
+  /// Waits until `name` is held by nobody (Backend::status), by change notification,
+  /// re-checked at the latest when the holder's remaining TTL runs out. Returns true
+  /// when free, false when `wait` ran out first (nullopt = forever, 0 = one check);
+  /// `ec` set on errors (then false).
+  bool wait_free(std::string_view name, std::optional<Millis> wait, Error& ec);
+
+  /// Drops one hold; at zero releases on the server.
+  void release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept;
+  /// The calling thread's hold of `name`, or nullptr.
+  std::shared_ptr<HeldLock> held_by_this_thread(std::string_view name) const;
+
+  /// Runs one renewer pass at the clock's now(): declares leases past their local
+  /// deadline lost, renews those due (in one backend batch). Returns leases renewed.
+  std::size_t tick();
+  /// Renews every held lease now regardless of schedule.
+  std::size_t renew_all();
+
+  void on_change(std::string_view name) noexcept override;
+  void on_session_lost() noexcept override;
+  void on_lease_lost(std::string_view name, std::string_view owner) noexcept override;
+  void on_validity_changed(Millis validity) noexcept override;
+
+  /// Queues `fn` to run once on the event thread when `held` is lost (queued at once
+  /// if it already is). A callback that throws is logged; the others still run.
+  void add_loss_callback(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+  /// Engine-internal: runs `fn` on the thread that declares `held` lost, right after
+  /// its stop token (at once, on the caller, if it already is lost). `fn` must be
+  /// short, non-blocking and must not throw: it is part of the loss signal.
+  void add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
+
+  /// The thread that runs user callbacks (see "Threads" above).
+  std::thread::id event_thread_id() const noexcept { return event_thread_.get_id(); }
+  bool on_event_thread() const noexcept;
+  /// Blocks until every user callback queued so far has run and the event thread is
+  /// idle, then until every lost lease queued for its hand-back has been handed back
+  /// (tests, and callers that must observe a callback's effect). Returns at once when
+  /// called on the event thread itself (it would wait for itself).
+  void drain_events();
+
+  /// The backend's status with the holder description split off LockInfo::holder.
+  LockInfo status(std::string_view name, Error& ec);
+  /// Backend::list_held with holder descriptions split off as in status().
+  std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated, Error& ec);
+  Backend& backend() noexcept { return *backend_; }
+  const Capabilities& capabilities() const noexcept { return caps_; }
+  const std::string& client_id() const noexcept { return client_id_; }
+  /// The URL text `connect()` was given (with any password: never print it). Empty for
+  /// engines made by hand. Tools that keep records beside the locks (ids) read it.
+  const std::string& source_url() const noexcept { return source_url_; }
+  void set_source_url(std::string url) { source_url_ = std::move(url); }
+  const ClientOptions& options() const noexcept { return opts_; }
+  const std::shared_ptr<Clock>& clock() const noexcept { return clock_; }
+  Logger& logger() noexcept { return log_; }
+  ClientStats stats() const noexcept;
+  std::size_t held_count() const;
+  /// Prometheus text exposition of this client's metrics (core/metrics.hpp); empty
+  /// when ClientOptions::metrics is false.
+  std::string metrics_text() const;
+
+  /// Validates a lock name; errc::invalid_argument naming the problem.
+  static std::error_code check_name(std::string_view name, std::string& why);
+
+  /// Waiting for a change of one name without acquiring it (a reader waiting for the
+  /// writer-intent lock, an election observer waiting for the leader to change), through the per-name watch
+  /// the acquire loop uses. Pattern, which misses no change:
+  ///   NameWatch w(engine, name);
+  ///   for (;;) {
+  ///     const bool live = w.arm(deadline);   // subscribe first
+  ///     const auto seen = w.generation();    // then read the state
+  ///     if (state is what we want) break;
+  ///     w.wait(seen, min(deadline, now + (live ? cap : Engine::kDegradedRecheck)));
+  ///   }
+  /// Not thread-safe (one waiting thread); the destructor leaves the wait slot.
+  class NameWatch {
+   public:
+    NameWatch(std::shared_ptr<Engine> engine, std::string name);
+    ~NameWatch();
+    NameWatch(const NameWatch&) = delete;
+    NameWatch& operator=(const NameWatch&) = delete;
+    /// Makes sure change notifications for the name are live; false means they are
+    /// not (the caller re-checks every kDegradedRecheck).
+    bool arm(Clock::time_point until);
+    /// Bumped by every change notification of the name.
+    std::uint64_t generation() const;
+    /// Waits until generation() != seen or `until`; true when it changed.
+    bool wait(std::uint64_t seen, Clock::time_point until);
+
+   private:
+    std::shared_ptr<Engine> engine_;
+    std::string name_;
+    std::shared_ptr<WaitSlot> slot_;
+  };
+
+  /// True in a child process forked after this engine was made: every call then
+  /// fails with errc::forked and nothing inherited (connections, leases) is touched.
+  bool forked() const noexcept;
+  /// True on the engine's renewer or watchdog thread.
+  bool on_own_thread() const noexcept;
+
+ private:
+  Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
+  void start_renewer();
+  /// Starts the renewer/watchdog for a backend that needs no renewal once a lease
+  /// with a max_hold appears (its stop token must fire at the limit).
+  void ensure_watchdog();
+  std::once_flag watchdog_once_;
+  void renewer_main(std::stop_token st);
+  void watchdog_main(std::stop_token st);
+  /// Declares every lease past its local deadline lost; returns the next deadline.
+  Clock::time_point declare_expired();
+  std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
+  void declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason, const char* why) noexcept;
+  /// Metrics: counts the hold time of `held`, ended at `now`, if not counted yet.
+  void end_hold(HeldLock& held, Clock::time_point now) noexcept;
+  void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;
+  void fire_loss(const std::shared_ptr<HeldLock>& held) noexcept;
+  // Runs the lease's internal loss signals (add_loss_signal) once, on the calling
+  // thread: by declare_lost, or by release() before it hands a lost lease back.
+  void fire_signals(HeldLock& held) noexcept;
+  // Hands a lease declared lost back to the backend (Backend::forget), once, then wakes
+  // this client's waiters for its name. Blocks for the backend's call (or for another
+  // thread's call of it already under way); never under an engine lock.
+  void forget_now(HeldLock& held) noexcept;
+  // Queues `held` for the hand-back thread (forget_main), started here at the first loss.
+  void queue_forget(const std::shared_ptr<HeldLock>& held) noexcept;
+  void forget_main() noexcept;
+  /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
+  /// Never runs user code on the caller, which may hold callbacks_mu.
+  bool post_event(std::function<void()> fn) noexcept;
+  void event_main() noexcept;
+
+  struct WaitSlot {  // declared at the top of the class
+    std::uint64_t generation = 0;
+    int waiters = 0;
+    bool watch_pending = false;          // a waiter is subscribing; the others wait for it to finish
+    bool watched = false;                // the backend delivers on_change for this name
+    Clock::time_point watch_retry_at{};  // after a failed watch: when a waiter may try again
+    Clock::time_point idle_since{};
+    std::condition_variable cv;
+    // Waiters on several names at once (acquire_any) wait on a condition variable of
+    // their own, registered here: on_change notifies them too. Guarded by mu_.
+    std::vector<std::condition_variable*> listeners;
+  };
+  std::shared_ptr<WaitSlot> join_wait(const std::string& name);
+  void leave_wait(const std::string& name);
+  /// Makes sure `name` is watched before the caller re-checks: subscribes if nobody
+  /// is, or waits (up to `until`, or until `cancel` is stopped) for the waiter that is
+  /// subscribing. Returns whether notifications are live; false means the caller falls
+  /// back to bounded re-checks (or, cancelled, ends its wait).
+  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until,
+                      const std::stop_token& cancel = {});
+  std::shared_ptr<HeldLock> acquire_impl(std::span<const std::string_view> names, std::string_view gate,
+                                         const LockOptions& opts, std::optional<Millis> wait, Error& ec,
+                                         Reentry reentry, std::size_t* index);
+  std::shared_ptr<HeldLock> acquire_loop(std::span<const std::string_view> names, std::string_view gate,
+                                         const LockOptions& opts, std::optional<Millis> wait,
+                                         const std::string& owner, Clock::time_point start,
+                                         std::uint64_t& epoch_at_send, std::size_t& index, Error& ec);
+
+ public:
+  /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
+  void sweep_idle_watches(bool all) noexcept;
+  /// Subscriptions kept after their last waiter left (tests).
+  std::size_t idle_watches() const;
+  static constexpr std::chrono::seconds kIdleWatchKeep{10};
+  static constexpr int kMaxIdleWatches = 256;
+  /// After a failed watch: how soon a waiter of that name may subscribe again.
+  static constexpr Millis kWatchRetry{1000};
+  /// Re-check period of a waiter whose name cannot be watched (degraded mode).
+  static constexpr Millis kDegradedRecheck{250};
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::string source_url_;
+  ClientOptions opts_;
+  Capabilities caps_;
+  std::shared_ptr<Clock> clock_;
+  std::string client_id_;
+  std::uint64_t fork_gen_;  // fork_generation() when made
+  Logger log_;
+  std::unique_ptr<Metrics> metrics_;  // null when ClientOptions::metrics is false
+  std::atomic<std::uint64_t> next_acquisition_{1};
+  std::atomic<bool> warned_watch_failure_{false};
+
+  mutable AnnotatedMutex mu_;
+  // Key: name + '\0' + owner.
+  std::map<std::string, std::shared_ptr<HeldLock>> held_ DISTLOCK_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
+  int idle_watches_ DISTLOCK_GUARDED_BY(mu_) = 0;  // slots with no waiter kept subscribed
+  std::condition_variable renewer_cv_;             // wakes the renewer when the schedule changes
+  // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
+  Clock::time_point renewer_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
+  std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
+  Clock::time_point watchdog_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
+  // A lease was added while the watchdog was awake (its scan may predate it): scan
+  // again before sleeping. Guarded by mu_.
+  bool watchdog_rescan_ DISTLOCK_GUARDED_BY(mu_) = false;
+  // The longest validity a lease may have from now on (on_validity_changed), 0 for
+  // no limit beyond the backend's answers. Applied under mu_ to every held lease and
+  // to each lease as it is recorded, so a change racing a grant is never missed.
+  Millis validity_cap_ DISTLOCK_GUARDED_BY(mu_){0};
+  /// Shortens `h` to `cap` (validity, deadline, renewal interval). Caller holds mu_.
+  void cap_validity(HeldLock& h, Millis cap) DISTLOCK_REQUIRES(mu_);
+  // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
+  // belong to the session that ended.
+  std::atomic<std::uint64_t> session_epoch_{0};
+  // Owners of acquisitions under way (not yet in held_) → the names on_lease_lost has
+  // reported lost for that owner meanwhile (an acquisition of several names may lose a
+  // queued place on one and win another; only the name won counts). `all` when a name
+  // could not be recorded. Guarded by mu_.
+  struct InflightLosses {
+    std::vector<std::string> names;
+    bool all = false;
+    // The smallest validity on_validity_changed reported while the acquisition was
+    // under way (0: none): its grant may have been counted before a lower value that
+    // a later, higher one replaced in validity_cap_.
+    Millis min_cap{0};
+  };
+  std::map<std::string, InflightLosses, std::less<>> inflight_ DISTLOCK_GUARDED_BY(mu_);
+
+  std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
+      n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
+
+  std::jthread renewer_;
+  std::jthread watchdog_;
+
+  // The event thread: runs user callbacks, one at a time, in the order queued. Its
+  // mutex is a leaf (nothing else is locked while holding it; user code never runs
+  // under it).
+  AnnotatedMutex events_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
+  std::condition_variable events_cv_;       // work queued, or stop
+  std::condition_variable events_idle_cv_;  // queue empty and nothing running (drain_events)
+  std::deque<std::function<void()>> events_ DISTLOCK_GUARDED_BY(events_mu_);
+  bool events_running_ DISTLOCK_GUARDED_BY(events_mu_) = false;  // a callback is running
+  bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
+  std::thread event_thread_;  // started by create(), joined last by ~Engine
+
+  // Lost leases waiting for their hand-back to the backend (forget_main, on a thread of
+  // its own: a hand-back the server does not answer must not hold back the event
+  // thread's loss callbacks). A leaf like events_mu_. ~Engine closes the queue, joins
+  // the thread (the batch under way ends), and hands back what is left itself before
+  // the backend goes.
+  AnnotatedMutex forget_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
+  std::condition_variable forget_cv_;       // work queued, or closed
+  std::condition_variable forget_idle_cv_;  // queue empty, nothing running (drain_events)
+  std::thread forget_thread_ DISTLOCK_GUARDED_BY(forget_mu_);
+  std::atomic<std::thread::id> forget_thread_id_{};  // read without the lock (on_own_thread)
+  std::vector<std::shared_ptr<HeldLock>> forget_queue_ DISTLOCK_GUARDED_BY(forget_mu_);
+  int forgets_running_ DISTLOCK_GUARDED_BY(forget_mu_) = 0;
+  bool forget_closed_ DISTLOCK_GUARDED_BY(forget_mu_) = false;
+};
+
+}  // namespace distlock::detail
