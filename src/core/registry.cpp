@@ -35,6 +35,15 @@
 #include "mysql/mysql_backend.hpp"
 #endif
 #include "fake/memory_backend.hpp"
+#if DISTLOCK_HAS_IDS
+#include "ids/segment_source.hpp"
+#if DISTLOCK_HAS_POSTGRES
+#include "postgres/pg_segment.hpp"
+#endif
+#if DISTLOCK_HAS_MYSQL
+#include "mysql/my_segment.hpp"
+#endif
+#endif
 
 namespace distlock::detail {
 
@@ -207,5 +216,42 @@ std::string known_schemes() {
   }
   return out;
 }
+
+#if DISTLOCK_HAS_IDS
+// Segment ids (ids/segment_source.hpp): one row per database scheme that has a source.
+namespace {
+struct SegmentScheme {
+  std::string_view name;
+  ids::detail::SegmentSourceFactory factory;
+};
+constexpr SegmentScheme kSegmentSchemes[] = {
+#if DISTLOCK_HAS_POSTGRES
+    {"postgres", &pg::make_segment_source},
+    {"postgresql", &pg::make_segment_source},
+#endif
+#if DISTLOCK_HAS_MYSQL
+    {"mysql", &my::make_segment_source},
+#endif
+    {"", nullptr},
+};
+}  // namespace
+
+ids::detail::SegmentSourceFactory find_segment_source(std::string_view scheme) noexcept {
+  for (const auto& s : kSegmentSchemes) {
+    if (s.factory && s.name == scheme) return s.factory;
+  }
+  return nullptr;
+}
+
+std::string segment_schemes() {
+  std::string out;
+  for (const auto& s : kSegmentSchemes) {
+    if (!s.factory) continue;
+    if (!out.empty()) out += ", ";
+    out += std::string(s.name) + "://";
+  }
+  return out;
+}
+#endif
 
 }  // namespace distlock::detail
