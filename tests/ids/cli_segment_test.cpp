@@ -104,6 +104,6 @@ TEST_P(CliSegment, BadInputExits64AndAnUnreachableOrRefusingServerExits69) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Databases, CliSegment, ::testing::Values("postgres", "mysql"),
-                         [](const auto& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

@@ -4,15 +4,18 @@
 // SIGKILLed mid-range, a server crash and restart, fork(), a step change, a paused server
 // (callers keep getting ids while the range lasts) and bad input.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -59,10 +62,32 @@ class Database {
   }
   void kill() { pg_ ? pg_->kill() : my_->kill(); }
   void restart() { pg_ ? pg_->restart() : my_->restart(); }
-  void pause() { pg_ ? pg_->pause() : my_->pause(); }
-  void resume() { pg_ ? pg_->resume() : my_->resume(); }
+  // PostgreSQL's backends each lead a process group of their own (setsid in
+  // InitPostmasterChild), so PostgresServer::pause(), which signals the postmaster's
+  // group, leaves existing sessions answering: signal the postmaster's children too.
+  void pause() { pg_ ? signal_postgres(SIGSTOP) : my_->pause(); }
+  void resume() { pg_ ? signal_postgres(SIGCONT) : my_->resume(); }
 
  private:
+  void signal_postgres(int sig) {
+    ::kill(pg_->pid(), sig);
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      // pid (comm) state ppid ...: comm may hold spaces, so parse after the last ')'.
+      const auto close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(line.substr(close + 1));
+      char state = 0;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      if (ppid == pg_->pid()) ::kill(static_cast<pid_t>(std::stol(name)), sig);
+    }
+  }
+
   std::optional<PostgresServer> pg_;
   std::optional<MariadbServer> my_;
 };
@@ -238,8 +263,8 @@ TEST_P(Segment, PausedServerStallsNoCallerWhileTheRangeLasts) {
   // The range is used up: now the caller waits for the database and gets a clear error.
   std::error_code ec;
   const auto wait_start = Steady::now();
-  gen.next(ec);
-  EXPECT_EQ(ec, distlock::errc::backend_unavailable);
+  const std::uint64_t got = gen.next(ec);
+  EXPECT_EQ(ec, distlock::errc::backend_unavailable) << "got id " << got;
   EXPECT_LT(Steady::now() - wait_start, 20s);
   db_.resume();
   // The next call takes a new range (the one whose answer was lost is never used).
@@ -351,6 +376,6 @@ TEST_P(Segment, BadInputGetsAClearDistinctError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Databases, Segment, ::testing::Values("postgres", "mysql"),
-                         [](const auto& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace
