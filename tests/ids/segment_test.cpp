@@ -254,12 +254,13 @@ TEST_P(Segment, PausedServerStallsNoCallerWhileTheRangeLasts) {
   EXPECT_EQ(gen.next(), 1u);
   db_.pause();
   // 999 ids from memory while the background take (asked for at id 900) hangs on the
-  // stopped server. Bound: well under the 1 s statement timeout the take is waiting out.
+  // stopped server. Bound (steady clock of this process): below the 1 s statement
+  // timeout the take is waiting out, which a caller blocked on the take would have waited.
   const auto start = Steady::now();
   const std::vector<std::uint64_t> rest = take(gen, 999);
   const auto took = Steady::now() - start;
   EXPECT_EQ(rest.back(), 1000u);
-  EXPECT_LT(took, 300ms) << "callers waited for the stopped database";
+  EXPECT_LT(took, 800ms) << "callers waited for the stopped database";
   // The range is used up: now the caller waits for the database and gets a clear error.
   std::error_code ec;
   const auto wait_start = Steady::now();
