@@ -49,20 +49,23 @@ class MySegmentSource final : public ids::detail::SegmentSource {
                        std::string& why) override {
     // One batch, one round trip, one transaction: the INSERT ... ON DUPLICATE KEY UPDATE
     // locks the row and moves max_id; the SELECT (same transaction) reads what it wrote;
-    // COMMIT makes it durable (innodb_flush_log_at_trx_commit = 1, checked by the lock
-    // backend) before the answer comes back. BIGINT overflow is error 1690 and changes
-    // nothing. Every value is a hex literal or a number built here.
+    // COMMIT makes it durable (with innodb_flush_log_at_trx_commit = 1, the server's
+    // default, assumed here) before the answer comes back. BIGINT overflow is error 1690
+    // and changes nothing. A row step <= 0 (an administrator's mistake) leaves max_id as
+    // it is (never lowered: other generators' ranges would repeat) and is reported below.
+    // Every value is a hex literal or a number built here.
     const std::string key = hex_literal(tag);
     const std::string fresh = std::to_string(step > 0 ? step : ids::detail::kDefaultSegmentStep);
-    const std::string add = step > 0 ? std::to_string(step) : std::string("step");
+    const std::string add = step > 0 ? std::to_string(step) : std::string("GREATEST(step, 0)");
     const std::string sql =
         "START TRANSACTION; INSERT INTO " + table_ + " (tag, max_id, step, updated_at) VALUES (" + key +
         ", " + fresh + ", " + fresh + ", NOW(6)) ON DUPLICATE KEY UPDATE max_id = max_id + " + add +
         ", updated_at = NOW(6); SELECT max_id, step FROM " + table_ + " WHERE tag = " + key + "; COMMIT";
     Exec e;
     // One retry on a fresh connection after a lost one (a server restart): a range whose
-    // commit was not confirmed is simply never used. Generators creating the same row at once may deadlock on
-    // its gap lock (InnoDB picks a victim, error 1213): the victim tries again, at most 4 times in all.
+    // commit was not confirmed is simply never used. Generators creating the same row at
+    // once may deadlock on its gap lock (InnoDB picks a victim, error 1213): the victim
+    // tries again, at most 4 times in all.
     for (int attempt = 0, lost = 0; attempt < 4; ++attempt) {
       if (!conn_) {
         if (auto ec = open(why)) return ec;

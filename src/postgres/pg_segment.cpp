@@ -25,11 +25,14 @@ constexpr const char* kCreateSql =
 // $1 tag, $2 the step of a new row, $3 the requested step (0: the row's). One
 // statement, so one transaction: the row is locked, max_id moved and committed
 // (synchronous_commit = on, set by open()) before the range is returned. bigint
-// overflow is SQLSTATE 22003 (nothing changes).
+// overflow is SQLSTATE 22003 (nothing changes). A row step <= 0 (an administrator's
+// mistake) leaves max_id as it is (never lowered: other generators' ranges would
+// repeat) and is reported by take().
 constexpr const char* kTakeSql =
     "INSERT INTO public.distlock_segments AS s (tag, max_id, step, updated_at)"
     " VALUES ($1, $2::bigint, $2::bigint, clock_timestamp())"
-    " ON CONFLICT (tag) DO UPDATE SET max_id = s.max_id + COALESCE(NULLIF($3::bigint, 0), s.step),"
+    " ON CONFLICT (tag) DO UPDATE"
+    " SET max_id = s.max_id + GREATEST(COALESCE(NULLIF($3::bigint, 0), s.step), 0),"
     " updated_at = clock_timestamp()"
     " RETURNING max_id, COALESCE(NULLIF($3::bigint, 0), s.step)";
 

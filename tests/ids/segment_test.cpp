@@ -321,6 +321,28 @@ TEST_P(Segment, StepChangeTakesEffectAtTheNextRange) {
   EXPECT_EQ(db_.max_id("rowstep"), 1010);
 }
 
+TEST_P(Segment, RowStepBelowOneIsRefusedAndNeverLowersMaxId) {
+  SegmentGenerator gen(db_.url(), {.tag = "negstep", .step = 0});
+  EXPECT_EQ(gen.next(), 1u);
+  // An administrator's mistake: a take must not move max_id back (other generators would
+  // then be handed ranges that were issued already).
+  db_.query("UPDATE " + db_.table() + " SET step = -500 WHERE tag = 'negstep'");
+  take(gen, 999);
+  std::error_code ec;
+  gen.next(ec);
+  EXPECT_EQ(ec, distlock::errc::invalid_argument) << ec.message();
+  EXPECT_EQ(db_.max_id("negstep"), 1000);
+  db_.query("UPDATE " + db_.table() + " SET step = 0 WHERE tag = 'negstep'");
+  gen.next(ec);
+  EXPECT_EQ(ec, distlock::errc::invalid_argument) << ec.message();
+  EXPECT_EQ(db_.max_id("negstep"), 1000);
+  // Fixed: the next range starts above every id issued.
+  db_.query("UPDATE " + db_.table() + " SET step = 10 WHERE tag = 'negstep'");
+  std::uint64_t id = gen.next(ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(id, 1001u);
+}
+
 // ---- errors ---------------------------------------------------------------------------
 
 template <class F>
