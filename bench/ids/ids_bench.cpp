@@ -4,9 +4,12 @@
 //                check) and the layout's ceiling of 4096 ids per ms per worker;
 //   redis-daily  with reservation (INCRBY n) and without (INCR per id) vs raw hiredis INCR
 //                round trips on the same server;
-//   uuid7        vs raw getrandom(2) of 16 bytes per id.
-// Run it pinned (see run.sh, which starts its own redis-server): this measures, it
-// asserts nothing.
+//   uuid7        vs raw getrandom(2) of 16 bytes per id;
+//   segment      per --segment-url (postgres://, mysql://) and step: ids/s while ranges
+//                last and database round trips (ranges taken) per the ids issued; beside
+//                it the raw cost of one range (the generator's round trips timed alone).
+// Run it pinned (run.sh starts its own redis-server; run_segment.sh its own PostgreSQL
+// and MariaDB): this measures, it asserts nothing.
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <sys/random.h>
@@ -113,6 +116,10 @@ int main(int argc, char** argv) {
   std::uint64_t snowflake_ids = 20'000'000, uuid_ids = 5'000'000, reserved_ids = 5'000'000,
                 round_trip_ids = 50'000;
   std::uint32_t reserve = 1000;
+  std::vector<std::string> segment_urls;
+  std::vector<std::int64_t> segment_steps{1000, 100'000};
+  std::uint64_t segment_ids = 5'000'000;
+  bool segment_only = false;
   app.add_option("--redis-url", redis_url, "redis://host:port for redis-daily (skipped when empty)");
   app.add_option("--lock-url", lock_url,
                  "lock service for the snowflake worker lease (default: a temp file://)");
@@ -121,9 +128,45 @@ int main(int argc, char** argv) {
   app.add_option("--reserved-ids", reserved_ids);
   app.add_option("--round-trip-ids", round_trip_ids);
   app.add_option("--reserve", reserve, "redis-daily reservation size (default 1000)");
+  app.add_option("--segment-url", segment_urls, "postgres:// or mysql:// URL for segment ids (repeatable)");
+  app.add_option("--segment-steps", segment_steps, "segment steps to measure (default 1000 100000)");
+  app.add_option("--segment-ids", segment_ids, "ids per segment measurement (default 5M)");
+  app.add_flag("--segment-only", segment_only, "measure only the segment generator");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // ---- segment
+    for (const std::string& url : segment_urls) {
+      const std::string scheme = url.substr(0, url.find(':'));
+      {
+        // While a range lasts: one range larger than the ids taken (no take in the timed
+        // part; the background take is asked for only at 90 %).
+        const auto step = static_cast<std::int64_t>(segment_ids) * 2;
+        distlock::ids::SegmentGenerator gen(
+            url, {.tag = fmt::format("bench-{}-inrange", ::getpid()), .step = step});
+        const std::uint64_t before = gen.round_trips();
+        const Elapsed s = timed(segment_ids, [&] { return gen.next(); });
+        print({"segment", fmt::format("{} within one range (step={})", scheme, step), segment_ids, s,
+               gen.round_trips() - before});
+      }
+      for (const std::int64_t step : segment_steps) {
+        const std::string tag = fmt::format("bench-{}-{}", ::getpid(), step);
+        // The raw cost of a range: a generator of step 1 takes one per id.
+        {
+          distlock::ids::SegmentGenerator one(url, {.tag = tag + "-raw", .step = 1});
+          const std::uint64_t n = 2000;
+          const Elapsed s = timed(n, [&] { return one.next(); });
+          print({"raw-" + scheme + "-range", "one range per id (step=1)", n, s, one.round_trips()});
+        }
+        distlock::ids::SegmentGenerator gen(url, {.tag = tag, .step = step});
+        const std::uint64_t before = gen.round_trips();
+        const Elapsed s = timed(segment_ids, [&] { return gen.next(); });
+        print(
+            {"segment", fmt::format("{} step={}", scheme, step), segment_ids, s, gen.round_trips() - before});
+      }
+    }
+    if (segment_only) return 0;
+
     // ---- snowflake
     std::filesystem::path tmp;
     if (lock_url.empty()) {

@@ -68,6 +68,11 @@ struct distlock_redis_daily {
   std::optional<distlock::ids::RedisDailyGenerator> gen;
 #endif
 };
+struct distlock_segment {
+#if DISTLOCK_HAS_IDS
+  std::optional<distlock::ids::SegmentGenerator> gen;
+#endif
+};
 
 namespace {
 
@@ -566,6 +571,26 @@ int distlock_redis_daily_next(distlock_redis_daily* g, uint64_t* out, distlock_e
   return guarded(err, [&] { *out = g->gen->next(); });
 }
 
+int distlock_segment_new(const char* url, const char* tag, int64_t step, distlock_segment** out,
+                         distlock_error* err) {
+  if (url == nullptr || tag == nullptr || out == nullptr) {
+    return invalid(err, "distlock: distlock_segment_new: url, tag or out is NULL");
+  }
+  *out = nullptr;
+  return guarded(err, [&] {
+    auto g = std::make_unique<distlock_segment>();
+    g->gen.emplace(url, distlock::ids::SegmentOptions{.tag = tag, .step = step});
+    *out = g.release();
+  });
+}
+
+int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* err) {
+  if (g == nullptr || out == nullptr) {
+    return invalid(err, "distlock: distlock_segment_next: generator or out is NULL");
+  }
+  return guarded(err, [&] { *out = g->gen->next(); });
+}
+
 int distlock_uuid7(char out[37], distlock_error* err) {
   if (out == nullptr) return invalid(err, "distlock: distlock_uuid7: out is NULL");
   return guarded(err, [&] {
@@ -598,6 +623,13 @@ int distlock_redis_daily_new(const char*, const char*, uint32_t, distlock_redis_
 int distlock_redis_daily_next(distlock_redis_daily*, uint64_t*, distlock_error* err) {
   return no_ids(err);
 }
+int distlock_segment_new(const char*, const char*, int64_t, distlock_segment** out, distlock_error* err) {
+  if (out != nullptr) *out = nullptr;
+  return no_ids(err);
+}
+int distlock_segment_next(distlock_segment*, uint64_t*, distlock_error* err) {
+  return no_ids(err);
+}
 int distlock_uuid7(char*, distlock_error* err) {
   return no_ids(err);
 }
@@ -608,6 +640,10 @@ void distlock_snowflake_free(distlock_snowflake* g) {
   delete g;
 }
 void distlock_redis_daily_free(distlock_redis_daily* g) {
+  delete g;
+}
+
+void distlock_segment_free(distlock_segment* g) {
   delete g;
 }
 

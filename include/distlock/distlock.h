@@ -285,6 +285,15 @@ DISTLOCK_C_API int distlock_redis_daily_new(const char* redis_url, const char* p
                                             distlock_redis_daily** out, distlock_error* err);
 DISTLOCK_C_API int distlock_redis_daily_next(distlock_redis_daily* g, uint64_t* out, distlock_error* err);
 DISTLOCK_C_API void distlock_redis_daily_free(distlock_redis_daily* g);
+/* Ids from a database segment (distlock::ids::SegmentGenerator): plain 1, 2, 3, ... of the
+ * row `tag` of distlock_segments at url (postgres://... or mysql://...); step: ids per
+ * database round trip, 0 means the row's step. next(): any thread at once; in a forked
+ * child DISTLOCK_E_FORKED. free once. */
+typedef struct distlock_segment distlock_segment;
+DISTLOCK_C_API int distlock_segment_new(const char* url, const char* tag, int64_t step, distlock_segment** out,
+                                        distlock_error* err);
+DISTLOCK_C_API int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* err);
+DISTLOCK_C_API void distlock_segment_free(distlock_segment* g);
 /* A UUIDv7 in canonical text (36 characters and a NUL) from one process-wide generator:
  * strictly increasing within the process. Any thread. */
 DISTLOCK_C_API int distlock_uuid7(char out[37], distlock_error* err);

@@ -1,6 +1,6 @@
 // distlock/ids.hpp — globally unique, increasing ids: three generators and their decoders.
 //
-// Three schemes, each a class with a thread-safe `next()`:
+// Four schemes, each a class with a thread-safe `next()`:
 //
 //   RedisDailyGenerator  the seed layout, 64 bits:
 //                          | 0 | 31 bits: seconds since epoch | 32 bits: per-day counter |
@@ -13,6 +13,11 @@
 //                        and a MARK beside it (redis://, file://, memory://) makes each new
 //                        holder start above every id its predecessor could issue.
 //                        No round trip per id: up to 4096 ids per millisecond per worker.
+//   SegmentGenerator     ids from a database row (Leaf "segment" mode) on postgres:// or
+//                        mysql://: a row per tag holds max_id and step; a generator takes
+//                        the range (max_id, max_id + step] in one transaction and hands it
+//                        out from memory, fetching the next range in the background when
+//                        10 % is left. One round trip per `step` ids; plain 1, 2, 3, ...
 //   Uuid7Generator       RFC 9562 UUIDv7: 48 bits of Unix ms, a 12-bit counter in rand_a
 //                        (monotonic within a generator), 62 random bits from the OS CSPRNG.
 //                        No coordination at all.
@@ -25,7 +30,8 @@
 //
 // Errors are `std::system_error` in `distlock::category()`:
 //   errc::exhausted               a day's counter reached 2^32, all 1024 worker ids are leased,
-//                                 or the timestamp field is full (year 2090 with the default epoch)
+//                                 the timestamp field is full (year 2090 with the default epoch),
+//                                 or a segment's max_id would pass 2^63 - 1
 //   errc::lost                    the snowflake worker lease was lost, or its mark was taken
 //                                 over by another holder; call `relet()`
 //   errc::forked                  used in a child after fork(): make a new generator there
@@ -43,6 +49,9 @@
 //
 //   distlock::ids::RedisDailyGenerator daily("redis://127.0.0.1:6379", {.prefix = "order", .reserve = 1000});
 //   std::uint64_t seed_style = daily.next();           // one INCRBY per 1000 ids
+//
+//   distlock::ids::SegmentGenerator orders_seq("postgres://app:pw@db:5432/shop", {.tag = "orders"});
+//   std::uint64_t plain = orders_seq.next();           // 1, 2, 3, ...: one round trip per 1000
 //
 //   distlock::ids::Uuid7Generator uuids;
 //   std::string text = uuids.next().to_string();       // "01937c5e-...-7..."
@@ -229,6 +238,84 @@ class DISTLOCK_EXPORT SnowflakeGenerator {
   /// Fires when the current worker lease is lost.
   std::stop_token stop_token() const;
   const SnowflakeOptions& options() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- segment ----------------------------------------------------------------------------
+
+/// Largest step a segment generator asks for.
+inline constexpr std::int64_t kMaxSegmentStep = 1'000'000'000;
+
+struct DISTLOCK_EXPORT SegmentOptions {
+  /// The business tag: the row of `distlock_segments` whose counter this generator
+  /// draws from. Generators of one tag share one id space (unique among them); tags are
+  /// independent. Required: 1..128 bytes of printable ASCII without spaces.
+  std::string tag;
+  /// Ids per range (one database round trip each): 0 takes the row's `step` column
+  /// (1000 for a row this generator creates), so an administrator's
+  /// `UPDATE distlock_segments SET step = ...` applies to every generator of the tag;
+  /// a positive value is used instead of the row's. In [0, kMaxSegmentStep]. Default 0.
+  /// A change (set_step, or the row's) takes effect at the next range taken.
+  std::int64_t step = 0;
+  /// Connect / per-statement timeouts (a `timeout=` in the URL overrides both). Default 2 s.
+  Millis connect_timeout{std::chrono::seconds(2)};
+  Millis command_timeout{std::chrono::seconds(2)};
+};
+
+/// Ids from a database segment (Meituan Leaf's "segment" mode), for ids that are plain
+/// small integers, dense, roughly ordered across generators and strictly increasing
+/// within one, from the database the service already trusts.
+///
+/// The table `distlock_segments` (tag, max_id, step, updated_at) in the URL's database
+/// (PostgreSQL: public.distlock_segments; MySQL/MariaDB: `database`.distlock_segments)
+/// is created at first use. Taking a range is one transaction that adds the step to
+/// max_id and commits before the range (old max_id, new max_id] is used, so:
+///   - ids are unique across every generator and process of a tag (ranges never overlap);
+///   - a generator that dies (SIGKILL, a crash) loses what is left of its ranges, which
+///     are never issued by anyone (gaps, never repeats), also across a server restart
+///     (the commit is durable: synchronous_commit / innodb_flush_log_at_trx_commit = 1);
+///   - one generator's ids strictly increase.
+/// Double buffering: when 10 % of the current range is left a background thread takes
+/// the next one, so callers wait for the database only when a whole range was used up
+/// before the next arrived (a slow or stopped server stalls no caller while ids remain).
+///
+/// Thread-safety: `next()` may be called from any number of threads (an internal
+/// mutex). In a child after fork() every call fails with errc::forked (the range is the
+/// parent's): make a new generator in the child.
+///
+/// Example (tests/ids/segment_test.cpp runs it):
+///   distlock::ids::SegmentGenerator orders("mysql://app:pw@db:3306/shop", {.tag = "orders", .step = 1000});
+///   std::uint64_t id = orders.next();   // from memory; one round trip per 1000 ids
+class DISTLOCK_EXPORT SegmentGenerator {
+ public:
+  /// Connects to `url` (postgres://, postgresql:// or mysql://, with `?timeout=DUR`),
+  /// creates the table if it is missing, and takes the first range. Throws
+  /// errc::invalid_argument (tag, step), errc::invalid_url (another scheme, no
+  /// database), errc::auth_failed (wrong password, a user that may not write the table),
+  /// errc::backend_unavailable (no server within the timeouts), errc::exhausted.
+  SegmentGenerator(std::string_view url, SegmentOptions opts);
+  ~SegmentGenerator();
+  SegmentGenerator(const SegmentGenerator&) = delete;
+  SegmentGenerator& operator=(const SegmentGenerator&) = delete;
+
+  /// The next id (>= 1). Waits for the database only when the current range is used
+  /// up and the next one has not arrived. Throws errc::backend_unavailable /
+  /// errc::auth_failed when that range cannot be taken (the next call tries again),
+  /// errc::exhausted, errc::forked, errc::protocol_error (the row's max_id went back
+  /// below an id this generator issued: someone edited it).
+  std::uint64_t next();
+  std::uint64_t next(std::error_code& ec) noexcept;
+
+  /// Ids per range from the next range taken on (0: the row's step). Throws
+  /// errc::invalid_argument outside [0, kMaxSegmentStep].
+  void set_step(std::int64_t step);
+
+  /// Ranges taken from the database so far (one round trip each), for tests and benchmarks.
+  std::uint64_t round_trips() const noexcept;
+  const SegmentOptions& options() const noexcept;
 
  private:
   struct Impl;

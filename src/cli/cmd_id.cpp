@@ -1,7 +1,7 @@
-// `distlock id`: print globally unique ids (redis-daily, snowflake, uuid7) or decode one.
+// `distlock id`: print globally unique ids (redis-daily, snowflake, segment, uuid7) or decode one.
 //
-//   distlock id [--url URL] [--scheme redis-daily|snowflake|uuid7] [--prefix P] [-n COUNT]
-//               [--epoch SECONDS] [--local-only] [--decode ID]
+//   distlock id [--url URL] [--scheme redis-daily|snowflake|segment|uuid7] [--prefix P] [-n COUNT]
+//               [--tag TAG] [--step N] [--epoch SECONDS] [--local-only] [--decode ID]
 //
 // Exit 0 ok; 64 usage (bad flag, URL, an ID that does not parse, snowflake on a host-local
 // URL without --local-only); 69 lock service or Redis unreachable / authentication failed;
@@ -30,6 +30,8 @@ struct IdFlags {
   std::string url;
   std::string scheme = "snowflake";
   std::optional<std::string> prefix;
+  std::string tag;
+  std::int64_t step = 0;
   long long count = 1;
   std::int64_t epoch_seconds = ids::kDefaultEpochSeconds;
   std::optional<std::string> decode;
@@ -71,6 +73,9 @@ std::uint64_t parse_u64(const std::string& text, const std::string& scheme) {
 
 std::string decode_line(const IdFlags& f) {
   const std::string& text = *f.decode;
+  if (f.scheme == "segment") {
+    usage_error("segment ids are plain numbers taken from a database row: there is nothing to --decode");
+  }
   if (f.scheme == "snowflake") {
     const auto p = ids::decode_snowflake(parse_u64(text, f.scheme), f.epoch_seconds * 1000);
     return fmt::format("time={} unix_ms={} worker={} sequence={}", iso8601_ms(p.unix_ms), p.unix_ms, p.worker,
@@ -154,6 +159,15 @@ void generate(const IdFlags& f) {
     print_ids(f.count, [&] { return std::to_string(gen.next()); });
     return;
   }
+  if (f.scheme == "segment") {
+    if (f.url.empty()) usage_error("--scheme segment needs --url postgres://... or mysql://...");
+    if (f.tag.empty())
+      usage_error("--scheme segment needs --tag (the row of distlock_segments to draw from)");
+    ids::SegmentGenerator gen(f.url, {.tag = f.tag, .step = f.step});
+    print_ids(f.count, [&] { return std::to_string(gen.next()); });
+    return;
+  }
+  if (!f.tag.empty() || f.step != 0) usage_error("--tag and --step apply to --scheme segment only");
   ids::RedisDailyOptions o;
   if (f.prefix) o.prefix = *f.prefix;
   o.epoch_seconds = f.epoch_seconds;
@@ -192,6 +206,9 @@ constexpr const char* kIdFooter =
     "               idgen:<prefix>:worker:<n> on the lock service at --url, 12 bits of sequence.\n"
     "  redis-daily  64 bits: 31 bits of seconds since the epoch, 32 bits of a per-day counter kept in\n"
     "               Redis (INCRBY on icr:<prefix>:<yyyy:MM:dd>); --url must be redis://.\n"
+    "  segment      plain 1, 2, 3, ...: ranges of the row --tag of the table distlock_segments in the\n"
+    "               database at --url (postgres:// or mysql://), one transaction per --step ids\n"
+    "               (default: the row's step, 1000 for a new row).\n"
     "  uuid7        RFC 9562 UUIDv7, canonical text; needs no service.\n"
     "  Ids print in decimal, one per line, increasing.\n"
     "\n"
@@ -206,6 +223,9 @@ constexpr const char* kIdFooter =
     "               day counter is detected by its epoch key (the recreated counter's values are\n"
     "               used from the next second); a failover to a replica that missed writes is not\n"
     "               detected: run Redis with appendonly yes / appendfsync always.\n"
+    "  segment      Unique while every generator of --tag uses the same database; a range is\n"
+    "               committed before it is used, so ids left of it when the tool exits are skipped,\n"
+    "               never issued again.\n"
     "  A generator used in a forked child fails (it would repeat the parent's ids).\n"
     "\n"
     "EXIT STATUS\n"
@@ -216,6 +236,7 @@ constexpr const char* kIdFooter =
     "\n"
     "EXAMPLES\n"
     "  distlock id --url redis://127.0.0.1:6379 --scheme redis-daily --prefix order -n 5\n"
+    "  distlock id --scheme segment --url postgres://app:pw@db:5432/shop --tag orders -n 3\n"
     "  distlock id --scheme uuid7\n"
     "  distlock id --decode 588552270132543488\n";
 
@@ -223,18 +244,18 @@ constexpr const char* kIdFooter =
 
 void add_id_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<IdFlags>();
-  CLI::App* id =
-      app.add_subcommand("id", "Print globally unique ids (snowflake, redis-daily, uuid7) or decode one");
+  CLI::App* id = app.add_subcommand(
+      "id", "Print globally unique ids (snowflake, redis-daily, segment, uuid7) or decode one");
   id->description(
       "Print COUNT globally unique, increasing ids, one per line, or (--decode) show the fields of\n"
       "one id: its time and its worker/sequence, day counter or UUIDv7 counter.");
   id->footer(kIdFooter);
   id->add_option("--url", flags->url,
-                 "Lock service (snowflake) or Redis (redis-daily) URL (default: $DISTLOCK_URL, else this "
-                 "host's file:// directory)")
+                 "Lock service (snowflake), Redis (redis-daily) or database (segment) URL (default: "
+                 "$DISTLOCK_URL, else this host's file:// directory)")
       ->option_text("URL");
-  id->add_option("--scheme", flags->scheme, "Id scheme: snowflake (default), redis-daily or uuid7")
-      ->check(CLI::IsMember({"snowflake", "redis-daily", "uuid7"}))
+  id->add_option("--scheme", flags->scheme, "Id scheme: snowflake (default), redis-daily, segment or uuid7")
+      ->check(CLI::IsMember({"snowflake", "redis-daily", "segment", "uuid7"}))
       ->option_text("SCHEME");
   id->add_option("--prefix", flags->prefix,
                  "Id space: worker-id locks idgen:P:worker:N, or the counter key icr:P:DATE (default: "
@@ -247,6 +268,11 @@ void add_id_command(CLI::App& app, int& exit_code) {
                  "Epoch of the time field, in Unix seconds (default 1654992000 = 2022-06-12T00:00:00Z)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4'000'000'000}))
       ->option_text("SECONDS");
+  id->add_option("--tag", flags->tag, "segment: the business tag (row of distlock_segments), 1..128 bytes")
+      ->option_text("TAG");
+  id->add_option("--step", flags->step, "segment: ids per database round trip (default: the row's step)")
+      ->check(CLI::Range(std::int64_t{1}, ids::kMaxSegmentStep))
+      ->option_text("N");
   id->add_flag("--local-only", flags->local_only,
                "Allow snowflake over a host-local URL (file://): ids are then unique on this host only");
   id->add_option("--decode", flags->decode, "Print the fields of ID (of --scheme) instead of making ids")

@@ -474,16 +474,15 @@ LockInfo MysqlBackend::status(std::string_view name, Error& ec) {
 
 }  // namespace mysql
 
-std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                            std::string& why) {
+bool mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg, std::error_code& ec,
+                  std::string& why) {
   ec.clear();
-  mysql::Config cfg;
   cfg.shown = url.redacted();
   const std::string shown = "\"" + cfg.shown + "\"";
-  auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
+  auto bad = [&](std::string msg) {
     ec = make_error_code(errc::invalid_url);
     why = std::move(msg);
-    return nullptr;
+    return false;
   };
   if (url.hosts.empty() || url.hosts[0].host.empty()) {
     return bad("URL " + shown + " names no host (expected mysql://user:password@host:port/database)");
@@ -515,6 +514,13 @@ std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions&
   cfg.released_table = my::quote_ident(db) + ".`distlock_released`";
   cfg.connect_timeout = opts.connect_timeout;
   cfg.command_timeout = opts.command_timeout;
+  return true;
+}
+
+std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                            std::string& why) {
+  mysql::Config cfg;
+  if (!mysql_config(url, opts, cfg, ec, why)) return nullptr;
   auto backend = std::make_unique<mysql::MysqlBackend>(std::move(cfg), opts);
   if ((ec = backend->connect_now(why))) return nullptr;
   return backend;

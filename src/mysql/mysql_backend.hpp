@@ -25,6 +25,17 @@
 
 namespace distlock::detail {
 
+namespace my {
+struct Config;
+}
+
+/// The connection settings of a mysql:// URL (host, port, user, database, the
+/// schema-qualified table names, timeouts from `opts`). Returns false with
+/// errc::invalid_url and `why` for a URL without a host or database, or with more than
+/// one host.
+bool mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg, std::error_code& ec,
+                  std::string& why);
+
 std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                             std::string& why);
 

@@ -193,17 +193,16 @@ pg::Runner PostgresBackend::runner() {
 
 }  // namespace postgres
 
-std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                               std::string& why) {
+bool postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg, std::error_code& ec,
+                     std::string& why) {
   ec.clear();
-  postgres::Config cfg;
   cfg.shown = url.redacted();
   cfg.url = url;
   const std::string shown = "\"" + cfg.shown + "\"";
-  auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
+  auto bad = [&](std::string msg) {
     ec = make_error_code(errc::invalid_url);
     why = std::move(msg);
-    return nullptr;
+    return false;
   };
   if (url.hosts.empty() || url.hosts[0].host.empty()) {
     return bad("URL " + shown + " names no host (expected postgres://user:password@host:port/database)");
@@ -234,6 +233,13 @@ std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptio
   cfg.dbname = db;
   cfg.connect_timeout = opts.connect_timeout;
   cfg.command_timeout = opts.command_timeout;
+  return true;
+}
+
+std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
+                                               std::string& why) {
+  postgres::Config cfg;
+  if (!postgres_config(url, opts, cfg, ec, why)) return nullptr;
   auto backend = std::make_unique<postgres::PostgresBackend>(std::move(cfg), opts);
   if ((ec = backend->connect_now(why))) return nullptr;
   return backend;

@@ -24,6 +24,16 @@
 
 namespace distlock::detail {
 
+namespace pg {
+struct Config;
+}
+
+/// The connection settings of a postgres:// URL (host, port, user, database, sslmode,
+/// timeouts from `opts`). Returns false with errc::invalid_url and `why` for a URL
+/// without a host or database, or with more than one host.
+bool postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg, std::error_code& ec,
+                     std::string& why);
+
 std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                                std::string& why);
 

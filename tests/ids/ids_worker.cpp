@@ -8,6 +8,13 @@
 // for D ms (creating <out>.issuing after the first) and writes them to <out>.t0.bin; if the worker lease is
 // lost it writes <out>.lost and exits 3 (the fault tests pause or kill it meanwhile). Exit 0 on success, 1
 // with a message on stderr otherwise.
+// Segment (--scheme segment, --url postgres:// or mysql://): --prefix is the tag and
+// --reserve the step (1: the row's). In stream mode each id is written to <out>.t0.bin
+// as soon as it is issued (one write(2) each), so a SIGKILLed worker leaves every id it
+// handed out on disk.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -48,7 +55,9 @@ int main(int argc, char** argv) {
   int threads = 4, count = 1000;
   std::uint32_t reserve = 1;
   long ttl_ms = 0, stream_ms = 0, pause_us = 1000;
-  app.add_option("--scheme", scheme)->required()->check(CLI::IsMember({"redis-daily", "snowflake", "uuid7"}));
+  app.add_option("--scheme", scheme)
+      ->required()
+      ->check(CLI::IsMember({"redis-daily", "snowflake", "segment", "uuid7"}));
   app.add_option("--url", url);
   app.add_option("--prefix", prefix);
   app.add_option("--threads", threads)->check(CLI::Range(1, 64));
@@ -65,6 +74,7 @@ int main(int argc, char** argv) {
     std::optional<distlock::ids::RedisDailyGenerator> daily;
     std::optional<distlock::ids::SnowflakeGenerator> snowflake;
     std::optional<distlock::ids::Uuid7Generator> uuid7;
+    std::optional<distlock::ids::SegmentGenerator> segment;
     if (scheme == "redis-daily") {
       daily.emplace(url, distlock::ids::RedisDailyOptions{.prefix = prefix, .reserve = reserve});
     } else if (scheme == "snowflake") {
@@ -72,6 +82,8 @@ int main(int argc, char** argv) {
       if (ttl_ms > 0) o.lease.ttl = std::chrono::milliseconds(ttl_ms);
       snowflake.emplace(distlock::connect(url), o);
       write_text(out + ".worker", std::to_string(snowflake->worker_id()));
+    } else if (scheme == "segment") {
+      segment.emplace(url, distlock::ids::SegmentOptions{.tag = prefix, .step = reserve > 1 ? reserve : 0});
     } else {
       uuid7.emplace();
     }
@@ -81,6 +93,26 @@ int main(int argc, char** argv) {
       return 1;
     }
 
+    if (stream_ms > 0 && segment) {
+      const std::string path = out + ".t0.bin";
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+      if (fd < 0) {
+        std::cerr << "ids_worker: cannot open " << path << "\n";
+        return 1;
+      }
+      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(stream_ms);
+      for (bool first = true; std::chrono::steady_clock::now() < end; first = false) {
+        const std::uint64_t id = segment->next();
+        if (::write(fd, &id, sizeof id) != static_cast<ssize_t>(sizeof id)) {
+          std::cerr << "ids_worker: write to " << path << " failed\n";
+          return 1;
+        }
+        if (first) write_text(out + ".issuing", "issuing");
+        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      }
+      ::close(fd);
+      return 0;
+    }
     if (stream_ms > 0) {
       if (!snowflake) {
         std::cerr << "ids_worker: --stream-ms needs --scheme snowflake\n";
@@ -125,7 +157,7 @@ int main(int argc, char** argv) {
               bytes.insert(bytes.end(), u.bytes.begin(), u.bytes.end());
               continue;
             }
-            const std::uint64_t id = daily ? daily->next() : snowflake->next();
+            const std::uint64_t id = daily ? daily->next() : segment ? segment->next() : snowflake->next();
             const char* p = reinterpret_cast<const char*>(&id);
             bytes.insert(bytes.end(), p, p + sizeof id);
           }

@@ -1,0 +1,275 @@
+// SegmentGenerator: ranges of a database row handed out from memory, the next range
+// taken in the background (double buffering). The database's part — taking a range in
+// one transaction — is a SegmentSource (ids/segment_source.hpp) from the backend's own
+// folder, found by URL scheme (core/registry.cpp).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "engine/url.hpp"
+#include "engine/scheme.hpp"
+#include "distlock/error.hpp"
+#include "distlock/ids.hpp"
+#include "ids/random_pool.hpp"
+#include "ids/segment_source.hpp"
+
+namespace distlock::ids {
+
+namespace {
+
+constexpr std::size_t kMaxTag = 128;
+// After a background take failed, the next one starts no sooner than this (a stopped
+// server is not hammered while ids remain; a caller that ran out asks at once).
+constexpr auto kRetryPause = std::chrono::milliseconds(100);
+
+void check_step(std::int64_t step) {
+  if (step < 0 || step > kMaxSegmentStep) {
+    throw_error(make_error_code(errc::invalid_argument),
+                fmt::format("segment step {} is outside [0, {}] (0: the row's step)", step, kMaxSegmentStep));
+  }
+}
+
+void check_options(const SegmentOptions& o) {
+  if (o.tag.empty() || o.tag.size() > kMaxTag) {
+    throw_error(make_error_code(errc::invalid_argument),
+                fmt::format("segment tag must be 1..{} bytes (got {})", kMaxTag, o.tag.size()));
+  }
+  const auto bad = std::find_if(o.tag.begin(), o.tag.end(), [](char c) { return c < 0x21 || c > 0x7e; });
+  if (bad != o.tag.end()) {
+    throw_error(make_error_code(errc::invalid_argument),
+                fmt::format("segment tag has byte 0x{:02x} at offset {}: only printable ASCII without spaces",
+                            static_cast<unsigned char>(*bad), bad - o.tag.begin()));
+  }
+  check_step(o.step);
+  if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0) {
+    throw_error(make_error_code(errc::invalid_argument),
+                "segment connect and command timeouts must be positive");
+  }
+}
+
+}  // namespace
+
+struct SegmentGenerator::Impl {
+  using SteadyClock = std::chrono::steady_clock;
+
+  SegmentOptions opts;
+  std::unique_ptr<detail::SegmentSource> source;  // used by the constructor, then only by the fetcher
+  std::string where;                              // source->describe()
+  std::uint64_t fork_gen = 0;
+  pid_t pid = 0;
+  std::atomic<std::uint64_t> trips{0};
+  std::atomic<std::int64_t> step{0};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  // Guarded by mu.
+  std::int64_t next_id = 1;  // the current range is [next_id, end_id]
+  std::int64_t end_id = 0;
+  std::int64_t range_size = 0;
+  std::int64_t last_issued = 0;
+  std::optional<detail::SegmentRange> spare;  // the next range, taken in the background
+  bool fetching = false;                      // a take is asked for or in flight
+  bool want = false;                          // the fetcher should start one
+  bool stop = false;
+  std::error_code fetch_ec;  // the last take's failure (cleared by a success)
+  std::string fetch_why;
+  SteadyClock::time_point retry_at{};
+  std::unique_ptr<std::thread> fetcher;
+
+  bool forked() const { return detail::fork_generation() != fork_gen; }
+
+  std::error_code take(detail::SegmentRange& r, std::string& why) {
+    trips.fetch_add(1, std::memory_order_relaxed);
+    return source->take(opts.tag, step.load(std::memory_order_relaxed), r, why);
+  }
+
+  void fetch_loop() {
+    std::unique_lock lk(mu);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || want; });
+      if (stop) return;
+      want = false;
+      lk.unlock();
+      detail::SegmentRange r;
+      std::string why;
+      std::error_code ec;
+      try {
+        ec = take(r, why);
+      } catch (const std::exception& e) {
+        ec = make_error_code(errc::protocol_error);
+        why = e.what();
+      }
+      lk.lock();
+      fetching = false;
+      if (ec) {
+        fetch_ec = ec;
+        fetch_why = fmt::format("segment \"{}\": cannot take the next range: {}", opts.tag, why);
+        retry_at = SteadyClock::now() + kRetryPause;
+      } else {
+        fetch_ec.clear();
+        spare = r;
+      }
+      cv.notify_all();
+    }
+  }
+
+  // Makes `r` the current range. Called with mu held.
+  std::error_code install(const detail::SegmentRange& r, std::string& why) {
+    if (r.first <= last_issued || r.last < r.first) {
+      why = fmt::format(
+          "segment \"{}\" on {} went back: the range [{}, {}] does not start above id {} this generator "
+          "issued (was max_id lowered or the row deleted?)",
+          opts.tag, where, r.first, r.last, last_issued);
+      return make_error_code(errc::protocol_error);
+    }
+    next_id = r.first;
+    end_id = r.last;
+    range_size = r.size();
+    return {};
+  }
+
+  void ask_locked() {
+    fetching = true;
+    want = true;
+    cv.notify_all();
+  }
+
+  std::error_code next(std::uint64_t& id, std::string& why) {
+    if (forked()) {
+      why = fmt::format(
+          "this segment generator was made in process {}; after fork() the child ({}) must make its own "
+          "generator, or it would hand out ids of the parent's range",
+          pid, ::getpid());
+      return make_error_code(errc::forked);
+    }
+    std::unique_lock lk(mu);
+    for (;;) {
+      if (next_id <= end_id) {
+        id = static_cast<std::uint64_t>(next_id);
+        last_issued = next_id++;
+        // 10 % left (or less): take the next range in the background.
+        if (!spare && !fetching && (end_id - next_id + 1) * 10 <= range_size &&
+            (!fetch_ec || SteadyClock::now() >= retry_at)) {
+          ask_locked();
+        }
+        return {};
+      }
+      if (spare) {
+        const detail::SegmentRange r = *spare;
+        spare.reset();
+        if (auto ec = install(r, why)) return ec;
+        continue;
+      }
+      if (!fetching) {
+        if (fetch_ec) {  // reported once; the next call asks again
+          const std::error_code ec = fetch_ec;
+          why = std::move(fetch_why);
+          fetch_ec.clear();
+          return ec;
+        }
+        ask_locked();
+      }
+      // A take is bounded by the source's connect and statement timeouts.
+      cv.wait(lk, [&] { return !fetching; });
+    }
+  }
+};
+
+SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opts) {
+  check_options(opts);
+  distlock::detail::Url url;
+  std::string why;
+  if (auto ec = distlock::detail::parse_url(url_text, url, why)) throw_error(ec, why);
+  const auto factory = distlock::detail::find_segment_source(url.scheme);
+  if (!factory) {
+    const std::string have = distlock::detail::segment_schemes();
+    throw_error(make_error_code(errc::invalid_url),
+                fmt::format("segment ids need a database URL ({}); \"{}\" has scheme \"{}\"",
+                            have.empty() ? "none in this build" : have, url.redacted(), url.scheme));
+  }
+  // The same query keys as a lock client's URL of that scheme, checked by the same table.
+  if (auto ec = distlock::detail::check_segment_url_query(url, why)) {
+    throw_error(ec, why);
+  }
+  ClientOptions timeouts;
+  timeouts.connect_timeout = opts.connect_timeout;
+  timeouts.command_timeout = opts.command_timeout;
+  if (auto ec = distlock::detail::apply_common_query(url, timeouts, why)) throw_error(ec, why);
+
+  impl_ = std::make_unique<Impl>();
+  Impl& m = *impl_;
+  m.opts = std::move(opts);
+  m.step.store(m.opts.step);
+  m.fork_gen = detail::fork_generation();
+  m.pid = ::getpid();
+  std::error_code ec;
+  m.source = factory(url, timeouts.connect_timeout, timeouts.command_timeout, ec, why);
+  if (!m.source) throw_error(ec ? ec : make_error_code(errc::backend_unavailable), why);
+  m.where = m.source->describe();
+  detail::SegmentRange first;
+  if ((ec = m.take(first, why))) throw_error(ec, why);
+  if ((ec = m.install(first, why))) throw_error(ec, why);
+  m.fetcher = std::make_unique<std::thread>([&m] { m.fetch_loop(); });
+}
+
+SegmentGenerator::~SegmentGenerator() {
+  if (!impl_) return;
+  if (impl_->forked()) {
+    // The fetcher thread and the connection are the parent's: the thread does not exist
+    // here (joining it would hang) and closing the connection would end the parent's
+    // session. Both are left alone (a small leak in the child).
+    impl_->source->abandon();
+    (void)impl_->source.release();
+    (void)impl_->fetcher.release();
+    (void)impl_.release();
+    return;
+  }
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->fetcher->join();  // a take in flight ends within the source's timeouts
+}
+
+std::uint64_t SegmentGenerator::next() {
+  std::uint64_t id = 0;
+  std::string why;
+  if (const std::error_code ec = impl_->next(id, why)) throw_error(ec, why);
+  return id;
+}
+
+std::uint64_t SegmentGenerator::next(std::error_code& ec) noexcept {
+  std::uint64_t id = 0;
+  std::string why;
+  try {
+    ec = impl_->next(id, why);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::protocol_error);
+  }
+  return ec ? 0 : id;
+}
+
+void SegmentGenerator::set_step(std::int64_t step) {
+  check_step(step);
+  impl_->step.store(step, std::memory_order_relaxed);
+}
+
+std::uint64_t SegmentGenerator::round_trips() const noexcept {
+  return impl_->trips.load(std::memory_order_relaxed);
+}
+
+const SegmentOptions& SegmentGenerator::options() const noexcept {
+  return impl_->opts;
+}
+
+}  // namespace distlock::ids

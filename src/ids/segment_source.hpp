@@ -1,0 +1,78 @@
+// Segment ids: the one thing a database does for SegmentGenerator (ids/segment.cpp) —
+// take the next range of a tag's counter in one transaction.
+//
+// A database backend implements SegmentSource in its own folder (postgres/pg_segment.cpp,
+// mysql/my_segment.cpp) and registers its factory under its URL schemes in
+// connect/segment_registry.cpp (find_segment_source); the generator never includes a backend header.
+//
+// The table, one row per tag, in the URL's database (schema-qualified):
+//   distlock_segments (tag, max_id BIGINT, step BIGINT, updated_at)
+// A take is  max_id := max_id + s  with s = the requested step, or the row's `step` when
+// none was requested, committed (durably) before the range (max_id - s, max_id] is
+// returned. A missing row is created by the first take with max_id = s (first range
+// (0, s]) and step = s. max_id never decreases, so ranges never overlap.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "distlock/options.hpp"
+
+namespace distlock::detail {
+struct Url;
+}
+
+namespace distlock::ids::detail {
+
+/// Step of a new row when the generator asks for none.
+inline constexpr std::int64_t kDefaultSegmentStep = 1000;
+
+/// A range taken from the table: ids first..last (inclusive), step = last - first + 1.
+struct SegmentRange {
+  std::int64_t first = 0;
+  std::int64_t last = -1;
+  std::int64_t size() const { return last - first + 1; }
+};
+
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  /// Takes the next range of `tag` (1..128 bytes, checked by the caller): `step` > 0
+  /// asks for that many ids, 0 for the row's step. One round trip (plus a reconnect
+  /// after a lost connection). Errors: backend_unavailable (no server, timeout),
+  /// auth_failed (refused: a user that may not write the table), exhausted (max_id would
+  /// pass 2^63 - 1), protocol_error (anything else); `why` names the problem and never
+  /// the password. A range whose commit was not confirmed is never returned (and never
+  /// taken again by anyone: it is lost).
+  virtual std::error_code take(const std::string& tag, std::int64_t step, SegmentRange& out,
+                               std::string& why) = 0;
+  /// Where the rows live, for messages: the URL with its password masked and the table.
+  virtual std::string describe() const = 0;
+  /// Called in a child after fork(): drop the connection without telling the server (it
+  /// is the parent's session), never use it again.
+  virtual void abandon() noexcept = 0;
+};
+
+/// Opens a source for `url` (already checked against its scheme's query keys) and makes
+/// sure the table exists (creating it when missing and allowed). On failure returns null,
+/// `ec` (invalid_url, auth_failed, backend_unavailable, invalid_argument) and `why`.
+using SegmentSourceFactory = std::unique_ptr<SegmentSource> (*)(const distlock::detail::Url& url,
+                                                                Millis connect_timeout,
+                                                                Millis command_timeout, std::error_code& ec,
+                                                                std::string& why);
+
+}  // namespace distlock::ids::detail
+
+namespace distlock::detail {
+/// The segment source registered for `scheme` (connect/segment_registry.cpp), or nullptr.
+ids::detail::SegmentSourceFactory find_segment_source(std::string_view scheme) noexcept;
+/// The schemes that have one, comma-separated (for messages).
+std::string segment_schemes();
+
+/// The query keys of `url` checked against its scheme's entry, as a lock client's URL of that
+/// scheme is (connect/segment_registry.cpp).
+std::error_code check_segment_url_query(const Url& url, std::string& why);
+}  // namespace distlock::detail

@@ -1,0 +1,143 @@
+// Segment ids on postgres:// (ids/segment_source.hpp): the table
+// public.distlock_segments and the one statement that takes a range.
+#include "postgres/pg_segment.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "engine/url.hpp"
+#include "distlock/error.hpp"
+#include "postgres/pg_conn.hpp"
+#include "postgres/postgres_backend.hpp"
+
+namespace distlock::detail::pg {
+
+namespace {
+
+constexpr const char* kTable = "public.distlock_segments";
+
+// Schema-qualified, like the lock table: a user's search_path cannot split it.
+constexpr const char* kCreateSql =
+    "CREATE TABLE IF NOT EXISTS public.distlock_segments (tag text PRIMARY KEY,"
+    " max_id bigint NOT NULL, step bigint NOT NULL, updated_at timestamptz)";
+
+// $1 tag, $2 the step of a new row, $3 the requested step (0: the row's). One
+// statement, so one transaction: the row is locked, max_id moved and committed
+// (synchronous_commit = on, set by open()) before the range is returned. bigint
+// overflow is SQLSTATE 22003 (nothing changes). A row step <= 0 (an administrator's
+// mistake) leaves max_id as it is (never lowered: other generators' ranges would
+// repeat) and is reported by take().
+constexpr const char* kTakeSql =
+    "INSERT INTO public.distlock_segments AS s (tag, max_id, step, updated_at)"
+    " VALUES ($1, $2::bigint, $2::bigint, clock_timestamp())"
+    " ON CONFLICT (tag) DO UPDATE"
+    " SET max_id = s.max_id + GREATEST(COALESCE(NULLIF($3::bigint, 0), s.step), 0),"
+    " updated_at = clock_timestamp()"
+    " RETURNING max_id, COALESCE(NULLIF($3::bigint, 0), s.step)";
+
+bool to_i64(const char* text, std::int64_t& v) {
+  const std::string_view s(text);
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+class PgSegmentSource final : public ids::detail::SegmentSource {
+ public:
+  explicit PgSegmentSource(Config cfg) : cfg_(std::move(cfg)) {}
+
+  std::error_code open(std::string& why) {
+    std::error_code ec;
+    conn_ = pg::open(cfg_, Millis(0), "distlock-segment", ec, why);
+    if (!conn_) return ec;
+    Exec e = run(conn_.get(), "SELECT to_regclass('public.distlock_segments') IS NOT NULL", {},
+                 cfg_.command_timeout);
+    if (e.ok() && PQntuples(e.res.get()) == 1 && PQgetvalue(e.res.get(), 0, 0) == std::string_view("t")) {
+      return {};
+    }
+    if (e.ok()) {
+      // Many clients may start at once: CREATE TABLE IF NOT EXISTS races on the catalog,
+      // so it runs under a transaction-level advisory lock (two-int key space, away from
+      // the lock names' bigint keys).
+      for (const char* sql : {"BEGIN", "SELECT pg_advisory_xact_lock(1684632419, 3)", kCreateSql, "COMMIT"}) {
+        e = run(conn_.get(), sql, {}, cfg_.command_timeout);
+        if (!e.ok()) break;
+      }
+    }
+    if (!e.ok()) {
+      ec = code_of(e);
+      why = scrub_secrets(
+          fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown, kTable, e.error), cfg_.url);
+      conn_.reset();
+      return ec;
+    }
+    return {};
+  }
+
+  std::error_code take(const std::string& tag, std::int64_t step, ids::detail::SegmentRange& out,
+                       std::string& why) override {
+    const std::vector<std::string> params{
+        tag, std::to_string(step > 0 ? step : ids::detail::kDefaultSegmentStep), std::to_string(step)};
+    Exec e;
+    // One retry on a fresh connection after a lost one (a server restart): a range whose
+    // commit was not confirmed is simply never used.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!conn_) {
+        if (auto ec = open(why)) return ec;
+      }
+      e = run(conn_.get(), kTakeSql, params, cfg_.command_timeout);
+      if (!e.io_failed) break;
+      conn_.reset();
+    }
+    if (!e.ok()) {
+      std::error_code ec = code_of(e);
+      if (e.sqlstate == "22003") ec = make_error_code(errc::exhausted);
+      why = scrub_secrets(fmt::format("{}: cannot take a range of segment \"{}\" from {}: {}", cfg_.shown,
+                                      tag, kTable, e.error),
+                          cfg_.url);
+      return ec;
+    }
+    std::int64_t max_id = 0, used = 0;
+    if (PQntuples(e.res.get()) != 1 || PQnfields(e.res.get()) != 2 ||
+        !to_i64(PQgetvalue(e.res.get(), 0, 0), max_id) || !to_i64(PQgetvalue(e.res.get(), 0, 1), used)) {
+      why = fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag);
+      return make_error_code(errc::protocol_error);
+    }
+    if (used <= 0) {
+      why = fmt::format("{}: the row of segment \"{}\" in {} has step {}; set a positive step", cfg_.shown,
+                        tag, kTable, used);
+      return make_error_code(errc::invalid_argument);
+    }
+    out.first = max_id - used + 1;
+    out.last = max_id;
+    return {};
+  }
+
+  std::string describe() const override { return cfg_.shown + " (" + kTable + ")"; }
+
+  void abandon() noexcept override {
+    // PQfinish would send a Terminate message on the parent's socket.
+    (void)conn_.release();
+  }
+
+ private:
+  Config cfg_;
+  Conn conn_;
+};
+
+}  // namespace
+
+std::unique_ptr<ids::detail::SegmentSource> make_segment_source(const Url& url, Millis connect_timeout,
+                                                                Millis command_timeout, std::error_code& ec,
+                                                                std::string& why) {
+  ClientOptions opts;
+  opts.connect_timeout = connect_timeout;
+  opts.command_timeout = command_timeout;
+  Config cfg;
+  if (!postgres_config(url, opts, cfg, ec, why)) return nullptr;
+  auto source = std::make_unique<PgSegmentSource>(std::move(cfg));
+  if ((ec = source->open(why))) return nullptr;
+  return source;
+}
+
+}  // namespace distlock::detail::pg
