@@ -404,12 +404,15 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       else
         loop.join();
     }
-    give_up(drop);
-    stop_waiters.clear();  // joins: each ends within one wake-up of its cancellation
+    // Local users first; then the membership, so that peers listing now already count this
+    // member out and wait on its shards; then the shards, whose releases wake those peers.
+    for (auto& h : drop) h.stop.request_stop();
     if (member && member->owns()) {
       std::error_code ec;
       member->release(ec);
     }
+    give_up(drop);
+    stop_waiters.clear();  // joins: each ends within one wake-up of its cancellation
     {
       std::lock_guard lk(mu);
       if (!published.shards.empty()) {
