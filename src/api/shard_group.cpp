@@ -163,8 +163,15 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     o.holder_info = member_info;
     Lease lease = client.acquire(member_name, o);
     watch_loss(lease);
-    std::lock_guard lk(mu);
-    membership = std::move(lease);
+    {
+      std::lock_guard lk(mu);
+      if (!stopping) {
+        membership = std::move(lease);
+        return;
+      }
+    }
+    std::error_code ec;
+    lease.release(ec);  // a rejoin that raced leave(): do not stay a member
   }
 
   void run() {
