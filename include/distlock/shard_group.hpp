@@ -136,6 +136,13 @@ class DISTLOCK_EXPORT ShardGroup {
   const std::string& job() const noexcept;
   std::uint32_t shards() const noexcept;
   ShardGroupStats stats() const;
+  /// stats() in the Prometheus text exposition format, version 0.0.4, every series labelled
+  /// `job`: distlock_shard_owned (gauge), distlock_shard_rebalances_total,
+  /// distlock_shard_taken_total, distlock_shard_given_up_total, distlock_shard_lost_total,
+  /// distlock_shard_membership_lost_total, distlock_shard_list_failures_total and
+  /// distlock_shard_last_rebalance_seconds (gauge; absent until a rebalance completed).
+  /// docs/metrics.md lists them.
+  std::string metrics() const;
 
   /// The lock names the group uses: "<job>/members/<member_id>" and "<job>/shard/<index>".
   static std::string member_lock_name(std::string_view job, std::string_view member_id);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -519,6 +520,48 @@ ShardGroupStats ShardGroup::stats() const {
   if (!core_) return {};
   std::lock_guard lk(core_->mu);
   return core_->counters;
+}
+
+std::string ShardGroup::metrics() const {
+  if (!core_) return {};
+  const ShardGroupStats st = stats();
+  std::string job_label;
+  for (char c : core_->job) {  // the exposition format's label value escapes
+    if (c == '\\')
+      job_label += "\\\\";
+    else if (c == '"')
+      job_label += "\\\"";
+    else if (c == '\n')
+      job_label += "\\n";
+    else
+      job_label += c;
+  }
+  const std::string label = "{job=\"" + job_label + "\"} ";
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name +
+           label + value + "\n";
+  };
+  family("distlock_shard_owned", "gauge", "Shards this member owns now.", std::to_string(st.shards_owned));
+  family("distlock_shard_rebalances_total", "counter", "Rebalances that changed this member's target.",
+         std::to_string(st.rebalances));
+  family("distlock_shard_taken_total", "counter", "Shards this member acquired.",
+         std::to_string(st.shards_taken));
+  family("distlock_shard_given_up_total", "counter", "Shards this member released for a rebalance or leave.",
+         std::to_string(st.shards_given_up));
+  family("distlock_shard_lost_total", "counter", "Shard leases this member lost.",
+         std::to_string(st.shards_lost));
+  family("distlock_shard_membership_lost_total", "counter", "Membership leases this member lost.",
+         std::to_string(st.membership_lost));
+  family("distlock_shard_list_failures_total", "counter", "Rebalances skipped because a list failed.",
+         std::to_string(st.list_failures));
+  if (st.last_rebalance_time) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(st.last_rebalance_time->count()) / 1000.0);
+    family("distlock_shard_last_rebalance_seconds", "gauge",
+           "From this member's last change of target until it owned exactly that target.", buf);
+  }
+  return out;
 }
 
 std::string ShardGroup::member_lock_name(std::string_view job, std::string_view member_id) {

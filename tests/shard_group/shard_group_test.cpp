@@ -277,6 +277,13 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   EXPECT_GE(st.rebalances, 3u);
   EXPECT_GE(st.shards_given_up, 8u);  // 6 to b, 2 to c
   EXPECT_TRUE(st.last_rebalance_time.has_value());
+  const std::string text = a->metrics();
+  EXPECT_NE(text.find("distlock_shard_owned{job=\"reindex\"} 6\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("distlock_shard_given_up_total{job=\"reindex\"} " + std::to_string(st.shards_given_up) +
+                      "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE distlock_shard_last_rebalance_seconds gauge\n"), std::string::npos) << text;
 
   b->leave();
   a->leave();
