@@ -212,6 +212,8 @@ class Mutex;
 class Semaphore;
 class SharedMutex;
 class Election;
+class ShardGroup;
+struct ShardGroupOptions;
 
 /// A connection to one lock service. Copies share the same connections, renewer
 /// and owner identity (128 random bits from the OS, plus the calling thread).
@@ -249,6 +251,10 @@ class DISTLOCK_EXPORT Client {
   /// leadership lease's options.
   Election election(std::string_view name, const LockOptions& opts);
   Election election(std::string_view name);
+  /// Joins the shard group `job` of `shards` shards as a new member
+  /// (distlock/shard_group.hpp; include it to use the result).
+  ShardGroup shard_group(std::string_view job, std::uint32_t shards, const ShardGroupOptions& opts);
+  ShardGroup shard_group(std::string_view job, std::uint32_t shards);
 
   /// What the backend knows about `name` (held, token, ttl, holder, waiters).
   LockInfo status(std::string_view name);

@@ -14,6 +14,7 @@
 #endif
 #include "distlock/options.hpp"
 #include "distlock/semaphore.hpp"
+#include "distlock/shard_group.hpp"
 #include "distlock/shared_mutex.hpp"
 #include "distlock/text.hpp"
 #include "distlock/version.hpp"

@@ -1,0 +1,157 @@
+// distlock/shard_group.hpp — task sharding: one job split into M shards run by several
+// members at once, each shard owned by exactly one live member, rebalanced as members join,
+// leave or die. Works on every backend that lists its locks and issues fencing tokens
+// (file, redis, etcd, zk, postgres, mysql); built on the public API only.
+//
+// How it works (docs/sharding.md has the guarantees and their assumptions):
+//   - each member holds a membership lock `<job>/members/<member-id>`; its lease is the
+//     member's liveness (a dead or cut-off member's lease expires within one TTL);
+//   - each shard i is an ordinary lock `<job>/shard/<i>` (holder info "member=<id>"), so a
+//     shard never has two owners with valid leases, and its fencing tokens strictly increase
+//     from one owner to the next: pass OwnedShard::token to every write the shard makes;
+//   - every `rebalance_period` each member lists `<job>/members/` and `<job>/shard/` and
+//     computes the same assignment from the sorted live member set and the current owners:
+//     balanced (each of W members owns floor(M/W) or ceil(M/W) shards) and sticky (a shard
+//     stays with its live owner unless balance requires a move);
+//   - a member that must give a shard up first fires the shard's stop token (its local users
+//     stop), then releases the lock; the member it moves to is already waiting on that lock
+//     and is woken by the release (FIFO hand-off) — cooperative, never two owners.
+// Membership is discovered by polling (one list of each prefix per period); the hand-off
+// itself is notification-driven.
+//
+// Thread-safety: a ShardGroup is owned by one thread (move-only); assigned(), wait_change(),
+// stats() and member_id() may be called from any thread concurrently. The group runs one
+// background thread (plus one waiting thread per shard it is about to take); `on_change` runs
+// on the background thread, one call at a time: keep it short (it delays the next rebalance).
+//
+// Example:
+//   auto client = distlock::connect("redis://127.0.0.1:6379");
+//   distlock::ShardGroupOptions opts;
+//   opts.lock.ttl = std::chrono::seconds(10);
+//   distlock::ShardGroup member = client.shard_group("reindex", 16, opts);
+//   distlock::ShardAssignment now = member.wait_change(0, std::chrono::seconds(30));
+//   for (const distlock::OwnedShard& s : now.shards)
+//     if (!s.stop.stop_requested()) reindex_shard(s.index, s.token.value_or(0), s.stop);
+//   member.leave();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distlock/client.hpp"
+#include "distlock/export.hpp"
+#include "distlock/options.hpp"
+
+namespace distlock {
+
+/// One shard this member owns now.
+struct DISTLOCK_EXPORT OwnedShard {
+  std::uint32_t index = 0;
+  /// The shard lock's fencing token (strictly increasing per shard across owners); nullopt
+  /// on a backend without tokens.
+  std::optional<std::uint64_t> token;
+  /// Fires when this member stops owning the shard: before it releases the shard for a
+  /// rebalance or leave(), and when the shard's lease is lost (at the conservative local
+  /// deadline, before the server can let another owner in).
+  std::stop_token stop;
+};
+
+/// What a member owns, as of one moment.
+struct DISTLOCK_EXPORT ShardAssignment {
+  /// Grows by one at every change of `shards`; 0 before the first assignment.
+  std::uint64_t version = 0;
+  /// Sorted by index.
+  std::vector<OwnedShard> shards;
+  /// Live members (this one included) at the last rebalance.
+  std::size_t members = 0;
+};
+
+/// Counters of one member (each read is a snapshot).
+struct DISTLOCK_EXPORT ShardGroupStats {
+  std::size_t shards_owned = 0;
+  std::uint64_t rebalances = 0;       ///< rebalances whose target differed from the previous one
+  std::uint64_t shards_taken = 0;     ///< shards this member acquired
+  std::uint64_t shards_given_up = 0;  ///< shards it released for a rebalance or leave()
+  std::uint64_t shards_lost = 0;      ///< shard leases lost (renewal failed, deadline passed)
+  std::uint64_t membership_lost = 0;  ///< membership leases lost (it then gives up every shard and rejoins)
+  std::uint64_t list_failures = 0;    ///< rebalances skipped because a list failed
+  /// From the last time this member's target changed until it owned exactly its target;
+  /// nullopt until that happened once.
+  std::optional<Millis> last_rebalance_time;
+};
+
+/// Settings of one member.
+struct DISTLOCK_EXPORT ShardGroupOptions {
+  /// Options of the membership and shard leases (ttl, renew_interval, safety_margin,
+  /// max_hold). `wait`, `cancel` and `holder_info` are ignored: the group sets them.
+  LockOptions lock{};
+  /// How often the member lists the group and rebalances. Default 1 s; must be in
+  /// [10 ms, 1 h]. A join or death is noticed within one period (a death after its TTL).
+  Millis rebalance_period{std::chrono::seconds(1)};
+  /// This member's id: 1..64 bytes of [A-Za-z0-9_.-], unique in the group. Default:
+  /// "<client id>-<n>" (n counts the groups this process made).
+  std::string member_id{};
+  /// A description for people, stored in the membership lock's holder info
+  /// ("shards=<M> <info>"): printable ASCII without '|', cut to fit.
+  std::string info{};
+  /// Called on the group's thread with the new assignment each time it changes (after a
+  /// shard was taken, given up or lost). A callback that throws is ignored.
+  std::function<void(const ShardAssignment&)> on_change{};
+};
+
+/// A member of the shard group `job` of `shards` shards (Client::shard_group).
+class DISTLOCK_EXPORT ShardGroup {
+ public:
+  /// Joins: takes the membership lock and starts the background thread (the first
+  /// rebalance runs at once). Throws std::system_error: errc::invalid_argument (empty job,
+  /// shards outside 1..65536, a bad option or member id), errc::busy (the member id is
+  /// in use), errc::not_supported (the backend cannot list its locks), and the errors of
+  /// Client::acquire / Client::list.
+  ShardGroup(Client client, std::string job, std::uint32_t shards, ShardGroupOptions opts = {});
+  ShardGroup(ShardGroup&&) noexcept;
+  ShardGroup& operator=(ShardGroup&&) noexcept;
+  ShardGroup(const ShardGroup&) = delete;
+  ShardGroup& operator=(const ShardGroup&) = delete;
+  /// leave().
+  ~ShardGroup();
+
+  /// The shards owned now.
+  ShardAssignment assigned() const;
+  /// Blocks until the assignment's version is greater than `after_version` or `timeout`
+  /// passes (or the member left), then returns the assignment of that moment.
+  ShardAssignment wait_change(std::uint64_t after_version, Millis timeout) const;
+  /// Fires every shard's stop token, releases every shard and the membership at once,
+  /// and stops the background thread. Idempotent; noexcept (a failed release is left to
+  /// the TTL).
+  void leave() noexcept;
+
+  const std::string& member_id() const noexcept;
+  const std::string& job() const noexcept;
+  std::uint32_t shards() const noexcept;
+  ShardGroupStats stats() const;
+  /// stats() in the Prometheus text exposition format, version 0.0.4, every series labelled
+  /// `job`: distlock_shard_owned (gauge), distlock_shard_rebalances_total,
+  /// distlock_shard_taken_total, distlock_shard_given_up_total, distlock_shard_lost_total,
+  /// distlock_shard_membership_lost_total, distlock_shard_list_failures_total and
+  /// distlock_shard_last_rebalance_seconds (gauge; absent until a rebalance completed).
+  /// docs/metrics.md lists them.
+  std::string metrics() const;
+
+  /// The lock names the group uses: "<job>/members/<member_id>" and "<job>/shard/<index>".
+  static std::string member_lock_name(std::string_view job, std::string_view member_id);
+  static std::string shard_lock_name(std::string_view job, std::uint32_t index);
+
+  struct Core;  // the implementation (src/api/shard_group.cpp)
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace distlock

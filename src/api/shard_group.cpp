@@ -1,0 +1,581 @@
+// Task sharding on the public API (include/distlock/shard_group.hpp, docs/sharding.md).
+//
+// One background thread per member runs the rebalance: every period it lists the members
+// and the shard locks, computes the assignment (shard_plan.hpp), gives up the shards it
+// must (stop token first, then release) and starts one waiting thread per shard it must
+// take (Client::acquire with no wait limit, cancelled through LockOptions::cancel when the
+// shard is no longer wanted). A waiter that gets its shard, and any loss of a lease, wake
+// the background thread at once to publish the new assignment.
+#include "distlock/shard_group.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "api/shard_plan.hpp"
+#include "distlock/error.hpp"
+
+namespace distlock {
+
+namespace detail {
+
+std::map<std::string, std::vector<std::uint32_t>> plan_shards(
+    std::uint32_t shards, std::vector<std::string> members,
+    const std::vector<std::optional<std::string>>& owners) {
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  std::map<std::string, std::vector<std::uint32_t>> out;
+  if (members.empty()) return out;
+  std::map<std::string, std::uint32_t> count;
+  for (const auto& m : members) {
+    out[m];
+    count[m] = 0;
+  }
+  for (std::uint32_t i = 0; i < shards && i < owners.size(); ++i)
+    if (owners[i] && count.contains(*owners[i])) ++count[*owners[i]];
+  const auto w = static_cast<std::uint32_t>(members.size());
+  const std::uint32_t base = shards / w, extra = shards % w;
+  std::vector<std::string> order = members;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const std::string& a, const std::string& b) { return count[a] > count[b]; });
+  std::map<std::string, std::uint32_t> quota;
+  for (std::uint32_t r = 0; r < w; ++r) quota[order[r]] = base + (r < extra ? 1 : 0);
+  std::vector<bool> placed(shards, false);
+  for (std::uint32_t i = 0; i < shards && i < owners.size(); ++i) {
+    if (!owners[i]) continue;
+    auto it = out.find(*owners[i]);
+    if (it == out.end() || it->second.size() >= quota[it->first]) continue;
+    it->second.push_back(i);
+    placed[i] = true;
+  }
+  auto next = members.begin();
+  for (std::uint32_t i = 0; i < shards; ++i) {
+    if (placed[i]) continue;
+    while (next != members.end() && out[*next].size() >= quota[*next]) ++next;
+    if (next == members.end()) break;  // cannot happen: the quotas add up to `shards`
+    out[*next].push_back(i);
+  }
+  for (auto& [m, v] : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+constexpr std::uint32_t kMaxShards = 65536;
+constexpr std::size_t kMaxMemberId = 64;
+constexpr std::size_t kListLimit = 100000;
+const std::string kOwnerTag = "member=";
+std::atomic<std::uint64_t> g_groups{0};
+
+bool valid_member_id(std::string_view id) {
+  if (id.empty() || id.size() > kMaxMemberId) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::optional<std::uint32_t> parse_index(std::string_view s) {
+  if (s.empty() || s.size() > 6) return std::nullopt;
+  std::uint32_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  if (s.size() > 1 && s[0] == '0') return std::nullopt;
+  return v;
+}
+
+struct Fire {
+  std::stop_source source;
+  void operator()() noexcept { source.request_stop(); }
+};
+
+}  // namespace
+
+struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
+  using SteadyClock = std::chrono::steady_clock;
+
+  struct Held {
+    Lease lease;
+    std::stop_source stop;
+    std::unique_ptr<std::stop_callback<Fire>> forward;  // lease loss -> stop
+    std::optional<std::uint64_t> token;
+  };
+  struct Waiter {
+    std::jthread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
+  explicit Core(Client c) : client(std::move(c)) {}
+
+  Client client;
+  std::string job, member_id, member_name, members_prefix, shard_prefix, member_info;
+  std::uint32_t shards = 0;
+  ShardGroupOptions opts;
+  LockOptions shard_opts;  // for acquiring shards (holder info, no wait limit)
+
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  bool stopping = false;  // leave() called
+  bool dirty = false;     // a waiter took a shard or a lease was lost: publish now
+  std::optional<Lease> membership;
+  std::map<std::uint32_t, Held> held;
+  std::map<std::uint32_t, Waiter> waiters;
+  std::set<std::uint32_t> wanted;
+  ShardAssignment published;
+  ShardGroupStats counters;
+  std::optional<SteadyClock::time_point> target_changed_at;
+  std::thread loop;
+
+  void start() {
+    loop = std::thread([self = shared_from_this()] { self->run(); });
+  }
+
+  void wake() {
+    {
+      std::lock_guard lk(mu);
+      dirty = true;
+    }
+    cv.notify_all();
+  }
+
+  void watch_loss(Lease& lease) {
+    std::weak_ptr<Core> weak = weak_from_this();
+    lease.on_lost([weak] {
+      if (auto self = weak.lock()) self->wake();
+    });
+  }
+
+  void join_membership() {
+    LockOptions o = opts.lock;
+    o.wait = Millis(0);
+    o.cancel = {};
+    o.holder_info = member_info;
+    Lease lease = client.acquire(member_name, o);
+    watch_loss(lease);
+    {
+      std::lock_guard lk(mu);
+      if (!stopping) {
+        membership = std::move(lease);
+        return;
+      }
+    }
+    std::error_code ec;
+    lease.release(ec);  // a rejoin that raced leave(): do not stay a member
+  }
+
+  void run() {
+    auto next_full = SteadyClock::now();
+    std::unique_lock lk(mu);
+    while (!stopping) {
+      const bool full = SteadyClock::now() >= next_full;
+      dirty = false;
+      lk.unlock();
+      if (full) {
+        next_full = SteadyClock::now() + opts.rebalance_period;
+        rebalance();
+      } else {
+        settle();
+      }
+      lk.lock();
+      cv.wait_until(lk, next_full, [&] { return stopping || dirty; });
+    }
+  }
+
+  // Fires the shard's stop token, then releases it (outside the lock: a round trip).
+  void give_up(std::vector<Held>& out) noexcept {
+    for (auto& h : out) {
+      h.stop.request_stop();
+      if (h.lease.owns()) {
+        std::error_code ec;
+        h.lease.release(ec);
+      }
+    }
+    out.clear();
+  }
+
+  // Drops lost leases, reaps finished waiters, rejoins after a lost membership, publishes.
+  void settle() {
+    std::vector<Held> drop;
+    std::vector<Waiter> finished;
+    bool rejoin = false;
+    {
+      std::lock_guard lk(mu);
+      if (stopping) return;
+      if (!membership || !membership->owns()) {
+        if (membership) ++counters.membership_lost;
+        membership.reset();
+        rejoin = true;
+        // Nobody counts this member any more: its shards go (stop first, in give_up).
+        for (auto& [i, h] : held) drop.push_back(std::move(h));
+        held.clear();
+        wanted.clear();
+        for (auto& [i, w] : waiters) w.thread.request_stop();
+      }
+      for (auto it = held.begin(); it != held.end();) {
+        if (!it->second.lease.owns()) {
+          ++counters.shards_lost;
+          it->second.stop.request_stop();
+          drop.push_back(std::move(it->second));
+          it = held.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto it = waiters.begin(); it != waiters.end();) {
+        if (it->second.done->load()) {
+          finished.push_back(std::move(it->second));
+          it = waiters.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    give_up(drop);
+    finished.clear();  // joins
+    if (rejoin) {
+      try {
+        join_membership();
+      } catch (...) {
+        // Retried at the next rebalance.
+      }
+    }
+    publish();
+  }
+
+  void publish() {
+    ShardAssignment snap;
+    {
+      std::lock_guard lk(mu);
+      std::vector<OwnedShard> now;
+      for (const auto& [i, h] : held) now.push_back({i, h.token, h.stop.get_token()});
+      bool same = now.size() == published.shards.size();
+      for (std::size_t k = 0; same && k < now.size(); ++k)
+        same = now[k].index == published.shards[k].index && now[k].token == published.shards[k].token;
+      counters.shards_owned = held.size();
+      if (target_changed_at && held.size() == wanted.size() &&
+          std::all_of(held.begin(), held.end(), [&](const auto& p) { return wanted.contains(p.first); })) {
+        counters.last_rebalance_time =
+            std::chrono::duration_cast<Millis>(SteadyClock::now() - *target_changed_at);
+        target_changed_at.reset();
+      }
+      if (same) return;
+      published.shards = std::move(now);
+      ++published.version;
+      snap = published;
+    }
+    cv.notify_all();
+    if (opts.on_change) {
+      try {
+        opts.on_change(snap);
+      } catch (...) {
+      }
+    }
+  }
+
+  void rebalance() {
+    settle();
+    std::vector<ListedLock> members_listed, shards_listed;
+    try {
+      members_listed = client.list(members_prefix, kListLimit);
+      shards_listed = client.list(shard_prefix, kListLimit);
+    } catch (...) {
+      std::lock_guard lk(mu);
+      ++counters.list_failures;
+      return;
+    }
+    const std::string tag = "shards=" + std::to_string(shards);
+    std::vector<std::string> live;
+    for (const auto& l : members_listed) {
+      std::string_view id = std::string_view(l.name).substr(members_prefix.size());
+      if (!valid_member_id(id)) continue;
+      // A member of another shard count (a misconfigured peer) is left out of the plan; the
+      // shard locks still keep every shard to one owner.
+      const std::string info = l.info.holder_info.value_or("");
+      if (info.compare(0, tag.size(), tag) != 0 || (info.size() > tag.size() && info[tag.size()] != ' '))
+        continue;
+      live.emplace_back(id);
+    }
+    std::vector<std::optional<std::string>> owners(shards);
+    for (const auto& l : shards_listed) {
+      auto idx = parse_index(std::string_view(l.name).substr(shard_prefix.size()));
+      if (!idx || *idx >= shards) continue;
+      const std::string info = l.info.holder_info.value_or("");
+      if (info.compare(0, kOwnerTag.size(), kOwnerTag) == 0) owners[*idx] = info.substr(kOwnerTag.size());
+    }
+    std::vector<Held> drop;
+    std::vector<std::uint32_t> start;
+    {
+      std::lock_guard lk(mu);
+      if (stopping || !membership) return;
+      live.push_back(member_id);  // this member holds its membership (checked in settle)
+      // This member's own shards are what it holds, whatever the list said a moment ago.
+      for (auto& o : owners)
+        if (o == member_id) o.reset();
+      for (const auto& [i, h] : held) owners[i] = member_id;
+      auto plan = detail::plan_shards(shards, live, owners);
+      std::set<std::uint32_t> target(plan[member_id].begin(), plan[member_id].end());
+      published.members = plan.size();
+      if (target != wanted) {
+        ++counters.rebalances;
+        target_changed_at = SteadyClock::now();
+        wanted = target;
+      }
+      for (auto it = held.begin(); it != held.end();) {
+        if (!wanted.contains(it->first)) {
+          ++counters.shards_given_up;
+          drop.push_back(std::move(it->second));
+          it = held.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto& [i, w] : waiters)
+        if (!wanted.contains(i)) w.thread.request_stop();
+      for (std::uint32_t i : wanted)
+        if (!held.contains(i) && !waiters.contains(i)) start.push_back(i);
+      for (std::uint32_t i : start) {
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        std::weak_ptr<Core> weak = weak_from_this();
+        waiters[i] = Waiter{std::jthread([weak, i, done](std::stop_token cancel) {
+                              if (auto self = weak.lock()) self->take(i, cancel);
+                              done->store(true);
+                              if (auto self = weak.lock()) self->wake();
+                            }),
+                            done};
+      }
+    }
+    give_up(drop);
+    publish();
+  }
+
+  // A waiting thread: acquires shard i (woken by its release), installs it if still wanted.
+  void take(std::uint32_t i, std::stop_token cancel) {
+    LockOptions o = shard_opts;
+    o.cancel = cancel;
+    std::optional<Lease> lease;
+    try {
+      lease.emplace(client.acquire(ShardGroup::shard_lock_name(job, i), o));
+    } catch (...) {
+      return;  // cancelled, or the backend failed: the next rebalance starts a new waiter
+    }
+    Held h;
+    h.token = lease->has_token() ? std::optional<std::uint64_t>(lease->token()) : std::nullopt;
+    watch_loss(*lease);
+    {
+      std::lock_guard lk(mu);
+      if (!stopping && membership && wanted.contains(i) && !held.contains(i) && !cancel.stop_requested()) {
+        h.forward = std::make_unique<std::stop_callback<Fire>>(lease->stop_token(), Fire{h.stop});
+        h.lease = std::move(*lease);
+        ++counters.shards_taken;
+        held.emplace(i, std::move(h));
+        return;
+      }
+    }
+    std::error_code ec;
+    lease->release(ec);  // no longer this member's: hand it on at once
+  }
+
+  void leave() noexcept {
+    std::vector<Held> drop;
+    std::map<std::uint32_t, Waiter> stop_waiters;
+    std::optional<Lease> member;
+    {
+      std::lock_guard lk(mu);
+      if (stopping) return;
+      stopping = true;
+      for (auto& [i, h] : held) drop.push_back(std::move(h));
+      counters.shards_given_up += held.size();
+      held.clear();
+      wanted.clear();
+      for (auto& [i, w] : waiters) w.thread.request_stop();
+      stop_waiters = std::move(waiters);
+      waiters.clear();
+      member = std::move(membership);
+      membership.reset();
+    }
+    cv.notify_all();
+    if (loop.joinable()) {
+      if (loop.get_id() == std::this_thread::get_id())
+        loop.detach();  // leave() from on_change: the loop ends after the callback
+      else
+        loop.join();
+    }
+    // Local users first; then the membership, so that peers listing now already count this
+    // member out and wait on its shards; then the shards, whose releases wake those peers.
+    for (auto& h : drop) h.stop.request_stop();
+    if (member && member->owns()) {
+      std::error_code ec;
+      member->release(ec);
+    }
+    give_up(drop);
+    stop_waiters.clear();  // joins: each ends within one wake-up of its cancellation
+    {
+      std::lock_guard lk(mu);
+      if (!published.shards.empty()) {
+        published.shards.clear();
+        ++published.version;
+      }
+      counters.shards_owned = 0;
+    }
+    cv.notify_all();
+  }
+};
+
+ShardGroup::ShardGroup(Client client, std::string job, std::uint32_t shards, ShardGroupOptions opts) {
+  if (job.empty()) throw_error(make_error_code(errc::invalid_argument), "shard group: the job name is empty");
+  if (shards < 1 || shards > kMaxShards)
+    throw_error(make_error_code(errc::invalid_argument), "shard group: shards " + std::to_string(shards) +
+                                                             " is outside 1.." + std::to_string(kMaxShards));
+  if (opts.rebalance_period < Millis(10) || opts.rebalance_period > std::chrono::hours(1))
+    throw_error(make_error_code(errc::invalid_argument), "shard group: rebalance_period " +
+                                                             std::to_string(opts.rebalance_period.count()) +
+                                                             "ms is outside [10ms, 1h]");
+  if (opts.member_id.empty()) opts.member_id = client.id() + "-" + std::to_string(g_groups.fetch_add(1) + 1);
+  if (!valid_member_id(opts.member_id))
+    throw_error(make_error_code(errc::invalid_argument), "shard group: member_id \"" +
+                                                             opts.member_id.substr(0, 80) +
+                                                             "\" must be 1..64 bytes of [A-Za-z0-9_.-]");
+  std::string info = "shards=" + std::to_string(shards);
+  if (!opts.info.empty()) info += " " + opts.info;
+  info = info.substr(0, LockOptions::max_holder_info);
+  {
+    LockOptions check = opts.lock;
+    check.holder_info = info;
+    std::string why;
+    if (check.validate_and_fill(why))
+      throw_error(make_error_code(errc::invalid_argument), "shard group: " + why);
+  }
+  auto core = std::make_shared<Core>(std::move(client));
+  core->job = std::move(job);
+  core->shards = shards;
+  core->member_id = opts.member_id;
+  core->member_name = member_lock_name(core->job, opts.member_id);
+  core->members_prefix = core->job + "/members/";
+  core->shard_prefix = core->job + "/shard/";
+  core->member_info = std::move(info);
+  core->shard_opts = opts.lock;
+  core->shard_opts.wait = std::nullopt;
+  core->shard_opts.holder_info = kOwnerTag + opts.member_id;
+  core->opts = std::move(opts);
+  core->client.list(core->members_prefix, 1);  // errc::not_supported where it cannot list
+  core->join_membership();
+  core->start();
+  core_ = std::move(core);
+}
+
+ShardGroup::ShardGroup(ShardGroup&&) noexcept = default;
+ShardGroup& ShardGroup::operator=(ShardGroup&& o) noexcept {
+  if (this != &o) {
+    leave();
+    core_ = std::move(o.core_);
+  }
+  return *this;
+}
+ShardGroup::~ShardGroup() {
+  leave();
+}
+
+void ShardGroup::leave() noexcept {
+  if (core_) core_->leave();
+}
+
+ShardAssignment ShardGroup::assigned() const {
+  if (!core_) return {};
+  std::lock_guard lk(core_->mu);
+  return core_->published;
+}
+
+ShardAssignment ShardGroup::wait_change(std::uint64_t after_version, Millis timeout) const {
+  if (!core_) return {};
+  std::unique_lock lk(core_->mu);
+  core_->cv.wait_for(lk, timeout,
+                     [&] { return core_->stopping || core_->published.version > after_version; });
+  return core_->published;
+}
+
+const std::string& ShardGroup::member_id() const noexcept {
+  static const std::string none;
+  return core_ ? core_->member_id : none;
+}
+const std::string& ShardGroup::job() const noexcept {
+  static const std::string none;
+  return core_ ? core_->job : none;
+}
+std::uint32_t ShardGroup::shards() const noexcept {
+  return core_ ? core_->shards : 0;
+}
+ShardGroupStats ShardGroup::stats() const {
+  if (!core_) return {};
+  std::lock_guard lk(core_->mu);
+  return core_->counters;
+}
+
+std::string ShardGroup::metrics() const {
+  if (!core_) return {};
+  const ShardGroupStats st = stats();
+  std::string job_label;
+  for (char c : core_->job) {  // the exposition format's label value escapes
+    if (c == '\\')
+      job_label += "\\\\";
+    else if (c == '"')
+      job_label += "\\\"";
+    else if (c == '\n')
+      job_label += "\\n";
+    else
+      job_label += c;
+  }
+  const std::string label = "{job=\"" + job_label + "\"} ";
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name +
+           label + value + "\n";
+  };
+  family("distlock_shard_owned", "gauge", "Shards this member owns now.", std::to_string(st.shards_owned));
+  family("distlock_shard_rebalances_total", "counter", "Rebalances that changed this member's target.",
+         std::to_string(st.rebalances));
+  family("distlock_shard_taken_total", "counter", "Shards this member acquired.",
+         std::to_string(st.shards_taken));
+  family("distlock_shard_given_up_total", "counter", "Shards this member released for a rebalance or leave.",
+         std::to_string(st.shards_given_up));
+  family("distlock_shard_lost_total", "counter", "Shard leases this member lost.",
+         std::to_string(st.shards_lost));
+  family("distlock_shard_membership_lost_total", "counter", "Membership leases this member lost.",
+         std::to_string(st.membership_lost));
+  family("distlock_shard_list_failures_total", "counter", "Rebalances skipped because a list failed.",
+         std::to_string(st.list_failures));
+  if (st.last_rebalance_time) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(st.last_rebalance_time->count()) / 1000.0);
+    family("distlock_shard_last_rebalance_seconds", "gauge",
+           "From this member's last change of target until it owned exactly that target.", buf);
+  }
+  return out;
+}
+
+std::string ShardGroup::member_lock_name(std::string_view job, std::string_view member_id) {
+  return std::string(job) + "/members/" + std::string(member_id);
+}
+std::string ShardGroup::shard_lock_name(std::string_view job, std::uint32_t index) {
+  return std::string(job) + "/shard/" + std::to_string(index);
+}
+
+ShardGroup Client::shard_group(std::string_view job, std::uint32_t shards, const ShardGroupOptions& opts) {
+  return ShardGroup(*this, std::string(job), shards, opts);
+}
+ShardGroup Client::shard_group(std::string_view job, std::uint32_t shards) {
+  return ShardGroup(*this, std::string(job), shards, ShardGroupOptions{});
+}
+
+}  // namespace distlock

@@ -1,0 +1,436 @@
+// Task sharding (distlock/shard_group.hpp) over every backend that lists its locks and
+// issues fencing tokens: file, redis, etcd, zk, postgres, each started by the test.
+//
+// Members are Clients of their own (one per member, as separate machines would be) in this
+// process, plus a member in a shard_tool process that the test SIGKILLs.
+//
+// Checked:
+//   - balanced: each of W members owns floor(M/W) or ceil(M/W) shards, reached after a join
+//     within one rebalance period plus kSlack (measured on this process's steady clock);
+//   - sticky: a join moves only the shards balance requires (each old member keeps a subset
+//     of what it had); a leave moves only the leaver's shards;
+//   - one owner at a time: per shard, the owners' sections [assignment seen, stop token fired]
+//     ordered by token never overlap and the tokens strictly increase — so the member giving
+//     a shard up is told (stop token) before the next owner sees it; a fenced write (FenceGuard)
+//     with a previous owner's token is rejected once the new owner wrote;
+//   - a SIGKILLed member's shards are owned again within TTL + one period + kSlack.
+// kSlack (1.5 s) covers the round trips of a list, a release and an acquisition on a 2-core
+// machine shared with compilers; the periods themselves are the bound's real content.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/backend_targets.hpp"
+#include "support/fault_proxy.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using distlock::Millis;
+using distlock::testing::Kind;
+using distlock::testing::Process;
+using distlock::testing::TempDir;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr Millis kTtl = 2000ms;
+constexpr Millis kPeriod = 300ms;
+constexpr Millis kSlack = 1500ms;
+constexpr Millis kDeadline = 20s;  // outer bound of any wait that has no tighter one
+
+bool wait_until(const std::function<bool()>& cond, Millis limit) {
+  const auto end = SteadyClock::now() + limit;
+  while (SteadyClock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+std::int64_t ms_since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<Millis>(SteadyClock::now() - t).count();
+}
+
+// Every section of ownership the in-process members saw, per shard.
+class History {
+ public:
+  struct Section {
+    std::string member;
+    std::uint64_t token = 0;
+    SteadyClock::time_point start;
+    std::optional<SteadyClock::time_point> end;  // the stop token fired
+  };
+
+  std::function<void(const distlock::ShardAssignment&)> recorder(const std::string& member) {
+    return [this, member](const distlock::ShardAssignment& a) {
+      for (const auto& s : a.shards) {
+        std::size_t at = 0;
+        {
+          std::lock_guard lk(mu_);
+          const auto key = std::make_pair(member, s.index);
+          if (seen_[key] == s.token.value_or(0) + 1) continue;  // already recorded
+          seen_[key] = s.token.value_or(0) + 1;
+          sections_[s.index].push_back({member, s.token.value_or(0), SteadyClock::now(), std::nullopt});
+          at = sections_[s.index].size() - 1;
+        }
+        // Registered outside the lock: a token that already fired runs the callback here.
+        auto cb = std::make_unique<std::stop_callback<std::function<void()>>>(
+            s.stop, std::function<void()>([this, i = s.index, at] {
+              std::lock_guard lk(mu_);
+              if (!sections_[i][at].end) sections_[i][at].end = SteadyClock::now();
+            }));
+        std::lock_guard lk(mu_);
+        callbacks_.push_back(std::move(cb));
+      }
+    };
+  }
+
+  // Per shard: sections sorted by token have strictly increasing tokens, and each one
+  // ended (stop fired) no later than the next one began.
+  void check(bool fencing) {
+    std::lock_guard lk(mu_);
+    for (auto& [i, secs] : sections_) {
+      auto v = secs;
+      if (fencing)
+        std::sort(v.begin(), v.end(), [](const Section& a, const Section& b) { return a.token < b.token; });
+      else
+        std::sort(v.begin(), v.end(), [](const Section& a, const Section& b) { return a.start < b.start; });
+      for (std::size_t k = 1; k < v.size(); ++k) {
+        if (fencing) {
+          EXPECT_LT(v[k - 1].token, v[k].token) << "shard " << i;
+        }
+        ASSERT_TRUE(v[k - 1].end.has_value())
+            << "shard " << i << ": " << v[k - 1].member << " (token " << v[k - 1].token
+            << ") was never told it lost the shard, yet " << v[k].member << " got it";
+        EXPECT_LE(*v[k - 1].end, v[k].start)
+            << "shard " << i << ": " << v[k].member << " owned it before " << v[k - 1].member << " was told";
+      }
+    }
+  }
+
+  std::size_t sections() {
+    std::lock_guard lk(mu_);
+    std::size_t n = 0;
+    for (auto& [i, v] : sections_) n += v.size();
+    return n;
+  }
+
+  ~History() {
+    std::lock_guard lk(mu_);
+    callbacks_.clear();
+  }
+
+ private:
+  std::recursive_mutex mu_;  // a callback registered on a fired token runs at once, under it
+  std::map<std::pair<std::string, std::uint32_t>, std::uint64_t> seen_;
+  std::map<std::uint32_t, std::vector<Section>> sections_;
+  std::vector<std::unique_ptr<std::stop_callback<std::function<void()>>>> callbacks_;
+};
+
+std::set<std::uint32_t> owned(const distlock::ShardGroup& g) {
+  std::set<std::uint32_t> s;
+  for (const auto& o : g.assigned().shards) s.insert(o.index);
+  return s;
+}
+
+std::map<std::uint32_t, std::uint64_t> tokens(const distlock::ShardGroup& g) {
+  std::map<std::uint32_t, std::uint64_t> t;
+  for (const auto& o : g.assigned().shards) t[o.index] = o.token.value_or(0);
+  return t;
+}
+
+std::string show(const std::set<std::uint32_t>& s) {
+  std::string out;
+  for (auto i : s) out += (out.empty() ? "" : ",") + std::to_string(i);
+  return "{" + out + "}";
+}
+
+// Each group owns `share[k]` shards, all distinct, covering all shards.
+bool balanced(const std::vector<const distlock::ShardGroup*>& groups, const std::vector<std::size_t>& share,
+              std::uint32_t shards) {
+  std::set<std::uint32_t> all;
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    auto s = owned(*groups[k]);
+    if (s.size() != share[k]) return false;
+    total += s.size();
+    all.insert(s.begin(), s.end());
+  }
+  return total == shards && all.size() == shards;
+}
+
+bool is_subset(const std::set<std::uint32_t>& a, const std::set<std::uint32_t>& b) {
+  return std::includes(b.begin(), b.end(), a.begin(), a.end());
+}
+
+std::vector<Kind> sharding_kinds() {
+  std::vector<Kind> out;
+  for (auto& k : distlock::testing::kinds())
+    if (k.label == "file" || k.label == "redis" || k.label == "etcd1" || k.label == "zk1" ||
+        k.label == "postgres")
+      out.push_back(k);
+  return out;
+}
+
+class ShardGroupBackends : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override { target_ = GetParam().make({}); }
+
+  distlock::ShardGroupOptions options(History& h, const std::string& member) {
+    distlock::ShardGroupOptions o;
+    o.lock.ttl = kTtl;
+    o.rebalance_period = kPeriod;
+    o.member_id = member;
+    o.on_change = h.recorder(member);
+    return o;
+  }
+
+  std::unique_ptr<distlock::testing::Target> target_;
+};
+
+TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave) {
+  constexpr std::uint32_t kShards = 12;
+  const std::string url = target_->url();
+  const bool fencing = target_->fencing();
+  History history;
+  std::optional<distlock::Client> ca = distlock::connect(url), cb = distlock::connect(url),
+                                  cc = distlock::connect(url);
+
+  auto a = std::make_unique<distlock::ShardGroup>(ca->shard_group("reindex", kShards, options(history, "a")));
+  ASSERT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kPeriod + kSlack))
+      << "a alone owns " << show(owned(*a));
+  const auto a1 = owned(*a);
+  const auto a1_tokens = tokens(*a);
+
+  // b joins: 6 + 6 within one period (+ slack); a keeps 6 of its own, b takes the other 6.
+  auto t0 = SteadyClock::now();
+  auto b = std::make_unique<distlock::ShardGroup>(cb->shard_group("reindex", kShards, options(history, "b")));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return balanced({a.get(), b.get()}, {6, 6}, kShards);
+      },
+      kDeadline))
+      << "a " << show(owned(*a)) << " b " << show(owned(*b));
+  const auto join_ms = ms_since(t0);
+  EXPECT_LE(join_ms, (kPeriod + kSlack).count()) << "b got its share after " << join_ms << " ms";
+  const auto a2 = owned(*a), b2 = owned(*b);
+  EXPECT_TRUE(is_subset(a2, a1));
+
+  // The fence: every shard b took carries a larger token than a's, so a's late write is rejected.
+  if (fencing) {
+    for (const auto& [i, tok] : tokens(*b)) {
+      distlock::FenceGuard fence;
+      ASSERT_TRUE(fence.admit(a1_tokens.at(i)));  // a wrote while it owned the shard
+      EXPECT_TRUE(fence.admit(tok)) << "shard " << i;
+      EXPECT_FALSE(fence.admit(a1_tokens.at(i)))
+          << "shard " << i << ": a's write after the hand-off was accepted";
+    }
+  }
+
+  // c joins: 4 + 4 + 4, two shards from each of a and b, nothing else moves.
+  t0 = SteadyClock::now();
+  auto c = std::make_unique<distlock::ShardGroup>(cc->shard_group("reindex", kShards, options(history, "c")));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return balanced({a.get(), b.get(), c.get()}, {4, 4, 4}, kShards);
+      },
+      kDeadline))
+      << "a " << show(owned(*a)) << " b " << show(owned(*b)) << " c " << show(owned(*c));
+  const auto join3_ms = ms_since(t0);
+  EXPECT_LE(join3_ms, (kPeriod + kSlack).count()) << "c got its share after " << join3_ms << " ms";
+  const auto a3 = owned(*a), b3 = owned(*b), c3 = owned(*c);
+  EXPECT_TRUE(is_subset(a3, a2)) << show(a3) << " " << show(a2);
+  EXPECT_TRUE(is_subset(b3, b2)) << show(b3) << " " << show(b2);
+  EXPECT_EQ(a.get()->assigned().members, 3u);
+
+  // c leaves: only c's shards move; a and b keep theirs.
+  t0 = SteadyClock::now();
+  c->leave();
+  EXPECT_TRUE(owned(*c).empty());
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return balanced({a.get(), b.get()}, {6, 6}, kShards);
+      },
+      kDeadline))
+      << "a " << show(owned(*a)) << " b " << show(owned(*b));
+  const auto leave_ms = ms_since(t0);
+  EXPECT_LE(leave_ms, (kPeriod + kSlack).count()) << "c's shards owned again after " << leave_ms << " ms";
+  EXPECT_TRUE(is_subset(a3, owned(*a)));
+  EXPECT_TRUE(is_subset(b3, owned(*b)));
+
+  const auto st = a->stats();
+  EXPECT_EQ(st.shards_owned, 6u);
+  EXPECT_GE(st.rebalances, 3u);
+  EXPECT_GE(st.shards_given_up, 8u);  // 6 to b, 2 to c
+  EXPECT_TRUE(st.last_rebalance_time.has_value());
+  const std::string text = a->metrics();
+  EXPECT_NE(text.find("distlock_shard_owned{job=\"reindex\"} 6\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("distlock_shard_given_up_total{job=\"reindex\"} " + std::to_string(st.shards_given_up) +
+                      "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE distlock_shard_last_rebalance_seconds gauge\n"), std::string::npos) << text;
+
+  b->leave();
+  a->leave();
+  // leave() took everything off the servers: no lock, no queued waiter, once the clients are gone.
+  a.reset();
+  b.reset();
+  c.reset();
+  ca.reset();
+  cb.reset();
+  cc.reset();
+  std::vector<std::string> left;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        left = target_->leftovers();
+        return left.empty();
+      },
+      5000ms))
+      << "left on the server: " << (left.empty() ? "" : left.front()) << " (" << left.size() << " in all)";
+  // 12 (a) + 6 (b) + 4 (c) + the 4 of c's that went back: at least 26 sections.
+  EXPECT_GE(history.sections(), 26u);
+  history.check(fencing);
+  std::printf("[ %s ] join 1->2: %lld ms, join 2->3: %lld ms, leave 3->2: %lld ms (period %lld ms)\n",
+              GetParam().label.c_str(), static_cast<long long>(join_ms), static_cast<long long>(join3_ms),
+              static_cast<long long>(leave_ms), static_cast<long long>(kPeriod.count()));
+}
+
+TEST_P(ShardGroupBackends, AKilledMembersShardsAreOwnedAgainWithinTtlPlusOnePeriod) {
+  constexpr std::uint32_t kShards = 6;
+  const std::string url = target_->url();
+  TempDir dir("distlock-shard");
+  History history;
+  auto ca = distlock::connect(url), cb = distlock::connect(url);
+  auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("job", kShards, options(history, "a")));
+  auto b = std::make_unique<distlock::ShardGroup>(cb.shard_group("job", kShards, options(history, "b")));
+  ASSERT_TRUE(wait_until([&] { return balanced({a.get(), b.get()}, {3, 3}, kShards); }, kDeadline));
+
+  const auto out = dir.path() / "k.owned";
+  Process k =
+      Process::spawn({DISTLOCK_SHARD_TOOL_PATH, url, "job", std::to_string(kShards),
+                      std::to_string(kTtl.count()), std::to_string(kPeriod.count()), out.string(), "60000"},
+                     (dir.path() / "k.log").string());
+  auto k_owns = [&] {
+    std::ifstream f(out);
+    std::string line;
+    std::getline(f, line);
+    return std::count(line.begin(), line.end(), ',') == 1 && !line.empty();  // two shards
+  };
+  ASSERT_TRUE(
+      wait_until([&] { return k_owns() && owned(*a).size() == 2 && owned(*b).size() == 2; }, kDeadline))
+      << "a " << show(owned(*a)) << " b " << show(owned(*b)) << "; log: " << dir.path() / "k.log";
+  std::set<std::uint32_t> ab = owned(*a);
+  for (auto i : owned(*b)) ab.insert(i);
+  ASSERT_EQ(ab.size(), 4u);
+
+  const auto t0 = SteadyClock::now();
+  k.signal(SIGKILL);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return balanced({a.get(), b.get()}, {3, 3}, kShards);
+      },
+      kDeadline))
+      << "a " << show(owned(*a)) << " b " << show(owned(*b));
+  const auto took = ms_since(t0);
+  EXPECT_LE(took, (kTtl + kPeriod + kSlack).count())
+      << "the killed member's shards were owned again after " << took << " ms";
+  EXPECT_TRUE(is_subset(ab,
+                        [&] {
+                          auto s = owned(*a);
+                          for (auto i : owned(*b)) s.insert(i);
+                          return s;
+                        }()))
+      << "a survivor gave up a shard it did not have to";
+  std::printf(
+      "[ %s ] killed member's shards owned again after %lld ms (bound: ttl %lld + period %lld + %lld)\n",
+      GetParam().label.c_str(), static_cast<long long>(took), static_cast<long long>(kTtl.count()),
+      static_cast<long long>(kPeriod.count()), static_cast<long long>(kSlack.count()));
+  a->leave();
+  b->leave();
+  history.check(target_->fencing());
+}
+
+using ShardGroupNetwork = ShardGroupBackends;
+
+TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterwards) {
+  constexpr std::uint32_t kShards = 6;
+  distlock::testing::FaultProxyGroup net(target_->ports());
+  History history;
+  auto ca = distlock::connect(target_->url());
+  auto cc = distlock::connect(target_->url_via(net.hosts()));
+  auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("cut", kShards, options(history, "a")));
+  auto cut = std::make_unique<distlock::ShardGroup>(cc.shard_group("cut", kShards, options(history, "z")));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return balanced({a.get(), cut.get()}, {3, 3}, kShards);
+      },
+      kDeadline))
+      << "a " << show(owned(*a)) << " z " << show(owned(*cut));
+  const auto cut_had = cut->assigned();
+
+  const auto t0 = SteadyClock::now();
+  net.freeze_all();  // every request of z now hangs: its leases run out
+  ASSERT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << "a " << show(owned(*a));
+  const auto took = ms_since(t0);
+  EXPECT_LE(took, (kTtl + kPeriod + kSlack).count()) << "z's shards owned again after " << took << " ms";
+  for (const auto& s : cut_had.shards)
+    EXPECT_TRUE(s.stop.stop_requested()) << "z was not told it lost shard " << s.index;
+
+  net.pass_all();  // z notices its membership is gone, gives up what is left and rejoins
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return balanced({a.get(), cut.get()}, {3, 3}, kShards);
+      },
+      kDeadline))
+      << "a " << show(owned(*a)) << " z " << show(owned(*cut));
+  EXPECT_GE(cut->stats().membership_lost + cut->stats().shards_lost, 1u);
+  cut->leave();
+  a->leave();
+  history.check(target_->fencing());
+  std::printf("[ %s ] cut-off member's shards owned again after %lld ms (bound %lld)\n",
+              GetParam().label.c_str(), static_cast<long long>(took),
+              static_cast<long long>((kTtl + kPeriod + kSlack).count()));
+}
+
+TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
+  auto c1 = distlock::connect(target_->url()), c2 = distlock::connect(target_->url());
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = "same";
+  auto g = c1.shard_group("dup", 2, o);
+  try {
+    auto g2 = c2.shard_group("dup", 2, o);
+    FAIL() << "a second member 'same' joined";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
+  }
+  o.member_id = "bad/id";
+  EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ShardGroupBackends, ::testing::ValuesIn(sharding_kinds()),
+                         [](const auto& param_info) { return param_info.param.label; });
+INSTANTIATE_TEST_SUITE_P(Backends, ShardGroupNetwork, ::testing::ValuesIn([] {
+                           auto k = sharding_kinds();
+                           std::erase_if(k, [](const Kind& x) { return !x.networked; });
+                           return k;
+                         }()),
+                         [](const auto& param_info) { return param_info.param.label; });
+
+}  // namespace
