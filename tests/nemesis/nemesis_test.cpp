@@ -197,7 +197,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     // Faults aimed at a holder outlast its TTL: 1.2 to 1.8 TTL.
     const auto d = std::chrono::milliseconds(ttl * 12 / 10 + static_cast<int>(rng() % (ttl * 6 / 10 + 1)));
     const int random_worker = static_cast<int>(rng() % kWorkers);
-    const int member_pick = static_cast<int>(rng());
+    const int member_pick = static_cast<int>(rng() % 1024);
     const auto latency = std::chrono::milliseconds(5 + rng() % 146);
     std::this_thread::sleep_for(gap);
     const bool net = !nets.empty();
