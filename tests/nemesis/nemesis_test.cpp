@@ -159,6 +159,13 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else {
       urls.push_back(servers->url_via(""));
     }
+    // A zk:// lease lasts its session (the target asks for 2 s): the run asks for a
+    // session of its TTL, so that a fault of 1.2 TTL outlasts every backend's lease.
+    const std::string zk_session = "session_timeout=2s";
+    if (auto at = urls.back().find(zk_session);
+        urls.back().rfind("zk://", 0) == 0 && at != std::string::npos) {
+      urls.back().replace(at, zk_session.size(), "session_timeout=" + std::to_string(kTtlMs) + "ms");
+    }
   }
   const auto end = Steady::now() + std::chrono::seconds(seconds);
   auto spawn = [&](int i) {
