@@ -60,7 +60,9 @@ int open_append(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 }
 
-// One history file: one line per event, each a single O_APPEND write.
+// One history file: one line per event, each a single O_APPEND write. Copied by value
+// into loss callbacks (they run on the client's event thread, which may outlive the
+// workload's thread); the descriptor stays open until the process exits.
 struct HistoryFile {
   int fd = -1;
   void record(const std::string& line) const {
@@ -155,7 +157,7 @@ void mutex_thread(const Run& r, int t, const HistoryFile& h, distlock::FileFence
     }
     const std::uint64_t token = r.fencing ? lease.token() : 0;
     h.record("A " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(mono_ns()));
-    lease.on_lost([&h, tid, seq] { h.record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
+    lease.on_lost([h, tid, seq] { h.record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
     // One write: through the fence (the resource appends the token it accepted), and
     // the same write unfenced (the resource appends whatever comes).
     bool rejected = false;
@@ -211,7 +213,7 @@ void primitive_thread(const Run& r, const HistoryFile& h, unsigned salt, Take ta
     const std::uint64_t token = r.fencing && lease.has_token() ? lease.token() : 0;
     h.record("A " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(mono_ns()) +
              (mode.empty() ? "" : " " + mode));
-    lease.on_lost([&h, tid, seq] { h.record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
+    lease.on_lost([h, tid, seq] { h.record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
     hold(r, rng, h, tid, seq, [&] { return lease.owns(); }, {});
     const std::stop_token stop = lease.stop_token();
     release(lease, ec);
