@@ -210,6 +210,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     const bool net = !nets.empty();
     const int members = servers->members();
     std::string what;
+    bool timed = true;  // false: the fault is over at once (a kill)
     if (roll < 72) {
       // At the holder: 0-17 freeze its network, 18-35 cut it, 36-53 stop it, 54-62 kill
       // it, 63-71 skew its clock (where a fault is not possible here: stop it).
@@ -232,13 +233,14 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
         nets[w]->pass_all();
       } else if (roll >= 54 && roll < 63) {
         what = "kill " + who;
+        timed = false;
         workers[w].signal(SIGKILL);
         workers[w].wait_for(10s);
         watch.forget(workers[w].pid());
         workers[w] = spawn(w);
       } else if (roll >= 63) {
         // The clock jumps one TTL forward; the holder must give up at once.
-        what = "skew the clock of " + who;
+        what = "skew the clock of " + who + ", then wait";
         workers[w].signal(SIGUSR1);
         std::this_thread::sleep_for(d);
       } else {
@@ -256,6 +258,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else if (roll < 86 && members > 0) {
       const int m = member_pick % members;
       what = "kill and restart server " + std::to_string(m) + " (with its data)";
+      timed = false;
       servers->kill_and_restart(m);
     } else if (roll < 93 && net) {
       const int w = random_worker;
@@ -276,7 +279,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       std::this_thread::sleep_for(d);
       workers[w].signal(SIGCONT);
     }
-    faults.push_back(what + " for " + std::to_string(d.count()) + " ms");
+    faults.push_back(timed ? what + " for " + std::to_string(d.count()) + " ms" : what);
   }
   for (auto& n : nets) n->pass_all();
   std::vector<std::string> hung;
