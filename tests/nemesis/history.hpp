@@ -11,7 +11,7 @@
 //                                    the fence rejected it)
 //   L pid tid seq t                  the stop token fired (the loss was signalled) at t
 //   E pid tid seq t status stopped   release returned: ok | lost | error; stopped = stop token fired
-//   X pid tid err t                  acquire failed with error code `err` (timeouts are normal)
+//   X err t                          acquire failed with error code `err` (timeouts are normal)
 //
 // A section is one acquisition (pid, tid, seq). Its belief interval runs from A's
 // t_ret to its last O. Soundness of the exclusion check: owns() is true at t only if
@@ -264,7 +264,7 @@ inline std::vector<Violation> check_register(const std::string& path) {
   return out;
 }
 
-/// The history lines within `window` ns of `at` (times are the last field of A/O/W/L/E/X lines).
+/// The history lines within `window` ns of `at`.
 inline std::string slice(const History& h, std::int64_t at, std::int64_t window) {
   std::string out;
   for (const auto& l : h.lines) {
@@ -272,12 +272,14 @@ inline std::string slice(const History& h, std::int64_t at, std::int64_t window)
     std::vector<std::string> f;
     std::string x;
     while (ls >> x) f.push_back(x);
+    // The time's field: A and W lines carry a token before it (tokens can be as long as
+    // times: Sentinel's are microsecond-based), X lines only the error code.
+    std::size_t at_field = 0;
+    if (!f.empty()) at_field = f[0] == "A" || f[0] == "W" ? 5 : f[0] == "X" ? 2 : 4;
     std::int64_t t = -1;
-    // The time is the field after pid tid seq [token]: find the largest number-looking field.
-    for (const auto& v : f) {
-      if (v.size() > 12 && std::all_of(v.begin(), v.end(), ::isdigit))
-        t = std::max<std::int64_t>(t, std::stoll(v));
-    }
+    if (at_field < f.size() && !f[at_field].empty() &&
+        std::all_of(f[at_field].begin(), f[at_field].end(), ::isdigit))
+      t = std::stoll(f[at_field]);
     if (t >= at - window && t <= at + window) out += "  " + l + "\n";
   }
   return out;

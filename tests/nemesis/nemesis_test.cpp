@@ -456,6 +456,22 @@ TEST_F(HistoryChecker, StaleWritesAndSilentLossesAreCaught) {
   EXPECT_EQ(v[0].kind, "silent-loss");
 }
 
+TEST_F(HistoryChecker, ASliceKeepsLinesWithLongTokens) {
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "h").string();
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(
+      "A 1 1 1 1795910433679600 16573524465509\nO 1 1 1 16573524483443\nX 5 16573524500000\n"
+      "O 1 1 1 19000000000000\n",
+      f);
+  std::fclose(f);
+  const auto text =
+      distlock::nemesis::slice(distlock::nemesis::parse_history(path), 16573524465509, 1'000'000);
+  EXPECT_NE(text.find("A 1 1 1 1795910433679600"), std::string::npos) << text;
+  EXPECT_NE(text.find("X 5"), std::string::npos) << text;
+  EXPECT_EQ(text.find("19000000000000"), std::string::npos) << text;
+}
+
 TEST_F(HistoryChecker, TooManyPermitsAreCaught) {
   TempDir d("distlock-history");
   const std::string path = (d.path() / "h").string();
