@@ -4,12 +4,14 @@
 // O_APPEND write; times are CLOCK_MONOTONIC nanoseconds, comparable across the
 // processes of one host:
 //
-//   A pid tid seq token t_ret        acquire returned (token 0 on a backend without fencing)
+//   A pid tid seq token t_ret [mode] acquire returned (token 0 on a backend without fencing;
+//                                    mode "s" or "x" for a read-write lock's hold)
 //   O pid tid seq t                  owns() was true when read at t (read before the call)
-//   W pid tid seq token t status     a fenced write attempt: applied | stale | error
+//   W pid tid seq token t status     a fenced write attempt: applied | stale | error (stale:
+//                                    the fence rejected it)
 //   L pid tid seq t                  the stop token fired (the loss was signalled) at t
 //   E pid tid seq t status stopped   release returned: ok | lost | error; stopped = stop token fired
-//   X pid tid err t                  acquire failed with error code `err` (timeouts are normal)
+//   X err t                          acquire failed with error code `err` (timeouts are normal)
 //
 // A section is one acquisition (pid, tid, seq). Its belief interval runs from A's
 // t_ret to its last O. Soundness of the exclusion check: owns() is true at t only if
@@ -22,7 +24,11 @@
 //   overlap      two belief intervals of different sections overlap
 //   token        a token repeats, or tokens of sections with a belief go backwards in
 //                acquisition order (fencing backends)
-//   stale-write  a write was applied with a token below one applied before it
+//   stale-write  a write was applied with a token below one applied before it: read from
+//                the register the writes went to (check_register), whose lines are the
+//                tokens in the order the resource applied them
+//   capacity     more than N semaphore permits believed held at one moment
+//   exclusion    a read-write lock's exclusive hold overlaps another hold
 //   silent-loss  a section's release said lost, but its stop token never fired
 //   incomplete   (reported by the driver) an operation or process that never finished
 #pragma once
@@ -46,6 +52,7 @@ struct Section {
   std::int64_t lost_at = -1;    // L
   std::string release;          // E status ("" if the process died first)
   bool stopped = false;         // E: the stop token had fired
+  std::string mode;             // A: "s" or "x" for a read-write lock's hold
 };
 
 struct Write {
@@ -93,7 +100,7 @@ inline History parse_history(const std::string& path) {
     if (!(ls >> pid >> tid >> seq)) continue;
     Section& s = section(pid, tid, seq);
     if (kind == "A") {
-      ls >> s.token >> s.acquired;
+      ls >> s.token >> s.acquired >> s.mode;
     } else if (kind == "O") {
       std::int64_t t = 0;
       ls >> t;
@@ -128,6 +135,18 @@ inline std::string describe(const Section& s) {
   o << "section pid " << s.pid << " tid " << s.tid << " seq " << s.seq << " token " << s.token << " belief ["
     << s.acquired << ", " << s.last_true << "]";
   return o.str();
+}
+
+/// A release that said lost while the stop token had never fired.
+inline std::vector<Violation> check_silent_losses(const History& h) {
+  std::vector<Violation> out;
+  for (const auto& s : h.sections) {
+    if (s.release == "lost" && !s.stopped) {
+      out.push_back(
+          {"silent-loss", "release said lost but the stop token never fired: " + describe(s), s.acquired});
+    }
+  }
+  return out;
 }
 
 inline std::vector<Violation> check_history(const History& h, bool fencing) {
@@ -168,32 +187,84 @@ inline std::vector<Violation> check_history(const History& h, bool fencing) {
              believed[i]->acquired});
       }
     }
-    std::vector<Write> applied;
-    for (const auto& w : h.writes) {
-      if (w.status == "applied") applied.push_back(w);
-    }
-    std::sort(applied.begin(), applied.end(), [](const Write& a, const Write& b) { return a.t < b.t; });
-    std::uint64_t highest = 0;
-    for (const auto& w : applied) {
-      if (w.token < highest) {
-        out.push_back({"stale-write",
-                       "write with token " + std::to_string(w.token) + " applied after token " +
-                           std::to_string(highest) + " (pid " + std::to_string(w.pid) + ")",
-                       w.t});
-      }
-      highest = std::max(highest, w.token);
-    }
   }
+  auto silent = check_silent_losses(h);
+  out.insert(out.end(), silent.begin(), silent.end());
+  return out;
+}
+
+/// The belief intervals of the sections that believed at least once.
+inline std::vector<const Section*> believed_sections(const History& h) {
+  std::vector<const Section*> out;
   for (const auto& s : h.sections) {
-    if (s.release == "lost" && !s.stopped) {
+    if (s.acquired >= 0 && s.last_true >= s.acquired) out.push_back(&s);
+  }
+  return out;
+}
+
+/// Semaphore: never more than `permits` belief intervals at one moment (an interval
+/// that ends at t does not meet one that starts at t).
+inline std::vector<Violation> check_semaphore(const History& h, int permits) {
+  std::vector<Violation> out;
+  std::vector<std::pair<std::int64_t, int>> events;  // (time, -1 end / +1 start)
+  for (const Section* s : believed_sections(h)) {
+    events.emplace_back(s->acquired, +1);
+    events.emplace_back(s->last_true, -1);
+  }
+  std::sort(events.begin(), events.end());
+  int inside = 0;
+  for (const auto& [t, d] : events) {
+    inside += d;
+    if (inside > permits) {
       out.push_back(
-          {"silent-loss", "release said lost but the stop token never fired: " + describe(s), s.acquired});
+          {"capacity",
+           std::to_string(inside) + " permits believed held at once (of " + std::to_string(permits) + ")",
+           t});
     }
   }
   return out;
 }
 
-/// The history lines within `window` ns of `at` (times are the last field of A/O/W/L/E/X lines).
+/// Read-write lock: an exclusive hold's belief interval overlaps no other hold's.
+inline std::vector<Violation> check_rw(const History& h) {
+  std::vector<Violation> out;
+  const auto b = believed_sections(h);
+  for (const Section* x : b) {
+    if (x->mode != "x") continue;
+    for (const Section* o : b) {
+      if (o == x) continue;
+      if (o->acquired < x->last_true && x->acquired < o->last_true) {
+        out.push_back({"exclusion",
+                       "writer " + describe(*x) + " overlaps " + (o->mode == "x" ? "writer " : "reader ") +
+                           describe(*o),
+                       std::max(x->acquired, o->acquired)});
+      }
+    }
+  }
+  return out;
+}
+
+/// A register's lines are the tokens of the writes it applied, in the order it applied
+/// them. Every line with a token below an earlier one is a stale write that was applied.
+inline std::vector<Violation> check_register(const std::string& path) {
+  std::vector<Violation> out;
+  std::ifstream in(path);
+  std::uint64_t highest = 0, token = 0;
+  long line = 0;
+  while (in >> token) {
+    ++line;
+    if (token < highest) {
+      out.push_back({"stale-write",
+                     "write with token " + std::to_string(token) + " applied after token " +
+                         std::to_string(highest) + " (line " + std::to_string(line) + " of " + path + ")",
+                     0});
+    }
+    highest = std::max(highest, token);
+  }
+  return out;
+}
+
+/// The history lines within `window` ns of `at`.
 inline std::string slice(const History& h, std::int64_t at, std::int64_t window) {
   std::string out;
   for (const auto& l : h.lines) {
@@ -201,12 +272,14 @@ inline std::string slice(const History& h, std::int64_t at, std::int64_t window)
     std::vector<std::string> f;
     std::string x;
     while (ls >> x) f.push_back(x);
+    // The time's field: A and W lines carry a token before it (tokens can be as long as
+    // times: Sentinel's are microsecond-based), X lines only the error code.
+    std::size_t at_field = 0;
+    if (!f.empty()) at_field = f[0] == "A" || f[0] == "W" ? 5 : f[0] == "X" ? 2 : 4;
     std::int64_t t = -1;
-    // The time is the field after pid tid seq [token]: find the largest number-looking field.
-    for (const auto& v : f) {
-      if (v.size() > 12 && std::all_of(v.begin(), v.end(), ::isdigit))
-        t = std::max<std::int64_t>(t, std::stoll(v));
-    }
+    if (at_field < f.size() && !f[at_field].empty() &&
+        std::all_of(f[at_field].begin(), f[at_field].end(), ::isdigit))
+      t = std::stoll(f[at_field]);
     if (t >= at - window && t <= at + window) out += "  " + l + "\n";
   }
   return out;

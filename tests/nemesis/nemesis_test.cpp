@@ -1,12 +1,24 @@
-// A nemesis run per backend: worker processes (nemesis_worker) lock, write through a
-// fence and release in a loop, while faults chosen by a seeded schedule hit them and
-// their servers: a worker's network frozen, slowed or cut (a fault proxy per worker),
-// a worker paused (SIGSTOP) or killed, a server paused or killed and restarted. The
-// recorded history is then judged by check_history (history.hpp).
+// A nemesis run per backend: worker processes (nemesis_worker) take a mutex, a
+// semaphore, a read-write lock and an election in a loop, writing through a fence
+// while they hold the mutex, and a seeded fault schedule strikes them and their
+// servers. Most faults are aimed at the process that holds the mutex right now (read
+// from the history as it is written): its network frozen or cut, the process stopped
+// (SIGSTOP) past its TTL, killed, or its clock skewed a TTL forward; the others pause
+// or kill and restart a server member (with its data), or strike a random worker.
+// The recorded histories are then judged by history.hpp's checkers.
 //
-// Bounded: DISTLOCK_NEMESIS_SECONDS (default 20) of load per backend, every fault
+// A run must bite: with leases that expire (every backend but file://) it fails
+// unless the mutex's holders signalled at least ceil(30 * SECONDS / 60) losses, and
+// with fencing tokens unless the fence rejected at least ceil(15 * SECONDS / 60) stale
+// writes (the 60 s figures of docs/testing.md, scaled to the run's length); and the
+// same writes, sent unfenced to a second register, must leave stale writes there that
+// the checker reports (the checker's control).
+//
+// Bounded: DISTLOCK_NEMESIS_SECONDS (default 40) of load per backend, every fault
 // healed before the end, every process reaped. DISTLOCK_NEMESIS_SEED replays a
-// schedule; the seed is printed in every run. scripts/nemesis.sh runs long soaks.
+// schedule (the same faults, durations and gaps; which process holds the lock when a
+// fault strikes is up to timing); the seed is printed in every run. scripts/nemesis.sh
+// runs long soaks.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,11 +26,16 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "nemesis/history.hpp"
@@ -37,8 +54,9 @@ using Steady = std::chrono::steady_clock;
 namespace {
 
 constexpr int kWorkers = 3;
-constexpr int kThreads = 3;
-constexpr long kTtlMs = 2000;
+constexpr int kMutexes = 4;  // names nemesis-0..3, one thread per name in each worker
+constexpr long kTtlMs = 1000;
+constexpr int kPermits = 2;  // nemesis_worker's semaphore
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -53,26 +71,86 @@ std::vector<Kind> nemesis_kinds() {
   return out;
 }
 
+// Follows the mutexes' history files as they grow: which sections are open (acquired,
+// not lost, not released) and by which process.
+class HolderWatch {
+ public:
+  explicit HolderWatch(std::vector<std::string> paths)
+      : paths_(std::move(paths)), offsets_(paths_.size(), 0) {}
+  // The pid with the most open sections (the most recent acquisition breaks a tie), 0
+  // if none: the process a fault there strikes hardest.
+  pid_t holder() {
+    for (std::size_t f = 0; f < paths_.size(); ++f) {
+      std::ifstream in(paths_[f]);
+      in.seekg(offsets_[f]);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (in.eof()) break;  // a line still being written: read it next time
+        offsets_[f] += static_cast<std::streamoff>(line.size() + 1);
+        std::istringstream ls(line);
+        std::string kind;
+        long pid = 0, tid = 0, seq = 0;
+        if (!(ls >> kind >> pid >> tid >> seq) || kind == "X") continue;
+        const auto key = std::make_tuple(pid, tid, seq);
+        if (kind == "A") {
+          open_[key] = ++order_;
+        } else if (kind == "L" || kind == "E") {
+          open_.erase(key);
+        }
+      }
+    }
+    std::map<long, std::pair<int, long>> per_pid;  // pid -> (open sections, latest)
+    for (const auto& [k, o] : open_) {
+      auto& e = per_pid[std::get<0>(k)];
+      ++e.first;
+      e.second = std::max(e.second, o);
+    }
+    pid_t pid = 0;
+    std::pair<int, long> best{0, 0};
+    for (const auto& [p, e] : per_pid) {
+      if (e > best) {
+        best = e;
+        pid = static_cast<pid_t>(p);
+      }
+    }
+    return pid;
+  }
+  // A killed process's sections end without an E line.
+  void forget(pid_t pid) {
+    std::erase_if(open_, [pid](const auto& e) { return std::get<0>(e.first) == pid; });
+  }
+
+ private:
+  std::vector<std::string> paths_;
+  std::vector<std::streamoff> offsets_;
+  long order_ = 0;
+  std::map<std::tuple<long, long, long>, long> open_;
+};
+
+std::string read_text(const std::filesystem::path& p) {
+  return distlock::testing::read_file(p.string());
+}
+
 class Nemesis : public ::testing::TestWithParam<Kind> {};
 
 TEST_P(Nemesis, HistoryHasNoViolations) {
-  const int seconds = env_int("DISTLOCK_NEMESIS_SECONDS", 20);
+  const int seconds = env_int("DISTLOCK_NEMESIS_SECONDS", 40);
   const unsigned seed = static_cast<unsigned>(
       env_int("DISTLOCK_NEMESIS_SEED", static_cast<int>(std::random_device{}() & 0x7fffffff)));
-  std::printf("nemesis %s: seed %u, %d s (replay: DISTLOCK_NEMESIS_SEED=%u)\n", GetParam().label.c_str(),
-              seed, seconds, seed);
+  std::printf("nemesis %s: seed %u, %d s (replay: DISTLOCK_NEMESIS_SEED=%u DISTLOCK_NEMESIS_SECONDS=%d)\n",
+              GetParam().label.c_str(), seed, seconds, seed, seconds);
   std::mt19937 rng(seed);
   // Durable servers (Redis: appendfsync always) keep locks and fence counters across a
   // kill and restart; Redlock keeps its default per-master timeout.
   auto servers = GetParam().make({.durable = true, .redlock_query = ""});
   TempDir dir("distlock-nemesis");
-  const std::string history = (dir.path() / "history").string();
-  const std::string fence = (dir.path() / "fence").string();
+  const auto file = [&](const std::string& name) { return (dir.path() / name).string(); };
   const std::string worker_bin = (distlock::testing::self_dir() / "nemesis_worker").string();
 
   std::vector<std::unique_ptr<FaultProxyGroup>> nets;
   std::vector<Process> workers;
   std::vector<std::string> urls;
+  std::vector<int> incarnation(kWorkers, 0);
   const auto ports = servers->ports();
   for (int i = 0; i < kWorkers; ++i) {
     if (!ports.empty()) {
@@ -81,74 +159,127 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else {
       urls.push_back(servers->url_via(""));
     }
+    // A zk:// lease lasts its session (the target asks for 2 s): the run asks for a
+    // session of its TTL, so that a fault of 1.2 TTL outlasts every backend's lease.
+    const std::string zk_session = "session_timeout=2s";
+    if (auto at = urls.back().find(zk_session);
+        urls.back().rfind("zk://", 0) == 0 && at != std::string::npos) {
+      urls.back().replace(at, zk_session.size(), "session_timeout=" + std::to_string(kTtlMs) + "ms");
+    }
   }
   const auto end = Steady::now() + std::chrono::seconds(seconds);
   auto spawn = [&](int i) {
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - Steady::now()).count();
-    return Process::spawn(
-        {worker_bin, urls[i], "nemesis", history, fence, std::to_string(kThreads),
-         std::to_string(std::max<long>(1, left)), std::to_string(kTtlMs), std::to_string(seed + i)},
-        (dir.path() / ("worker" + std::to_string(i) + ".log")).string());
+    return Process::spawn({worker_bin, urls[i], dir.path().string(), std::to_string(std::max<long>(1, left)),
+                           std::to_string(kTtlMs), std::to_string(seed + 1000u * incarnation[i]++ + i),
+                           std::to_string(kMutexes), "mutex,sem,rw,elect"},
+                          file("worker" + std::to_string(i) + ".log"));
   };
   for (int i = 0; i < kWorkers; ++i) workers.push_back(spawn(i));
-
-  // The schedule: one fault at a time, each healed before the next; the last 3 s are quiet.
-  std::vector<std::string> faults;
-  auto ms = [&](int lo, int hi) {
-    return std::chrono::milliseconds(lo + static_cast<int>(rng() % (hi - lo + 1)));
+  std::vector<std::string> mutex_files;
+  for (int k = 0; k < kMutexes; ++k) mutex_files.push_back(file("mutex" + std::to_string(k) + ".history"));
+  HolderWatch watch(mutex_files);
+  // The worker (index) that holds the mutex now; waits up to 1 s for one. -1: none.
+  auto holder = [&]() -> int {
+    const auto until = Steady::now() + 1s;
+    do {
+      const pid_t pid = watch.holder();
+      for (int i = 0; i < kWorkers && pid != 0; ++i) {
+        if (workers[i].pid() == pid) return i;
+      }
+      std::this_thread::sleep_for(10ms);
+    } while (Steady::now() < until);
+    return -1;
   };
+
+  // The schedule: one fault at a time, each healed before the next; the last 3 s are
+  // quiet. Every step draws the same numbers whatever it does, so a seed gives the same
+  // sequence of faults, durations and gaps.
+  std::vector<std::string> faults;
+  int holder_faults = 0;
+  const int ttl = static_cast<int>(kTtlMs);
   while (Steady::now() + 3s < end) {
-    std::this_thread::sleep_for(ms(100, 400));
-    const int w = static_cast<int>(rng() % kWorkers);
-    const int kind = static_cast<int>(rng() % 8);
-    // Half the faults outlast the TTL, so holders do lose leases.
-    const auto d = ms(200, 2 * static_cast<int>(kTtlMs) + 500);
+    const auto gap = std::chrono::milliseconds(100 + rng() % 201);
+    const int roll = static_cast<int>(rng() % 100);
+    // Faults aimed at a holder outlast its TTL: 1.2 to 1.8 TTL.
+    const auto d = std::chrono::milliseconds(ttl * 12 / 10 + static_cast<int>(rng() % (ttl * 6 / 10 + 1)));
+    const int random_worker = static_cast<int>(rng() % kWorkers);
+    const int member_pick = static_cast<int>(rng() % 1024);
+    const auto latency = std::chrono::milliseconds(5 + rng() % 146);
+    std::this_thread::sleep_for(gap);
     const bool net = !nets.empty();
     const int members = servers->members();
     std::string what;
-    if (kind == 0 && net) {
-      what = "freeze worker " + std::to_string(w);
-      nets[w]->freeze_all();
-      std::this_thread::sleep_for(d);
-      nets[w]->pass_all();
-    } else if (kind == 1 && net) {
-      what = "delay worker " + std::to_string(w);
-      for (std::size_t p = 0; p < nets[w]->size(); ++p) nets[w]->at(p).delay(ms(5, 150), ms(0, 100));
-      std::this_thread::sleep_for(d);
-      nets[w]->pass_all();
-    } else if (kind == 2 && net) {
-      what = "drop worker " + std::to_string(w);
-      nets[w]->drop_all();
-      std::this_thread::sleep_for(d);
-      nets[w]->pass_all();
-    } else if (kind == 3 && members > 0) {
-      const int m = static_cast<int>(rng() % members);
+    bool timed = true;  // false: the fault is over at once (a kill)
+    if (roll < 72) {
+      // At the holder: 0-17 freeze its network, 18-35 cut it, 36-53 stop it, 54-62 kill
+      // it, 63-71 skew its clock (where a fault is not possible here: stop it).
+      const int w = holder();
+      if (w < 0) {
+        faults.push_back("no holder within 1 s");
+        continue;
+      }
+      ++holder_faults;
+      const std::string who = "holder (worker " + std::to_string(w) + ")";
+      if (roll < 18 && net) {
+        what = "freeze " + who;
+        nets[w]->freeze_all();
+        std::this_thread::sleep_for(d);
+        nets[w]->pass_all();
+      } else if (roll < 36 && net) {
+        what = "cut " + who;
+        nets[w]->drop_all();
+        std::this_thread::sleep_for(d);
+        nets[w]->pass_all();
+      } else if (roll >= 54 && roll < 63) {
+        what = "kill " + who;
+        timed = false;
+        workers[w].signal(SIGKILL);
+        workers[w].wait_for(10s);
+        watch.forget(workers[w].pid());
+        workers[w] = spawn(w);
+      } else if (roll >= 63) {
+        // The clock jumps one TTL forward; the holder must give up at once.
+        what = "skew the clock of " + who + ", then wait";
+        workers[w].signal(SIGUSR1);
+        std::this_thread::sleep_for(d);
+      } else {
+        what = "stop " + who;
+        workers[w].signal(SIGSTOP);
+        std::this_thread::sleep_for(d);
+        workers[w].signal(SIGCONT);
+      }
+    } else if (roll < 80 && members > 0) {
+      const int m = member_pick % members;
       what = "pause server " + std::to_string(m);
       servers->pause(m);
       std::this_thread::sleep_for(d);
       servers->resume(m);
-    } else if (kind == 4 && members > 0) {
-      const int m = static_cast<int>(rng() % members);
-      what = "kill and restart server " + std::to_string(m);
+    } else if (roll < 86 && members > 0) {
+      const int m = member_pick % members;
+      what = "kill and restart server " + std::to_string(m) + " (with its data)";
+      timed = false;
       servers->kill_and_restart(m);
-    } else if (kind == 7 && net) {
+    } else if (roll < 93 && net) {
+      const int w = random_worker;
+      what = "delay worker " + std::to_string(w);
+      for (std::size_t p = 0; p < nets[w]->size(); ++p) nets[w]->at(p).delay(latency, latency / 2);
+      std::this_thread::sleep_for(d);
+      nets[w]->pass_all();
+    } else if (net && roll < 96) {
       // Every worker cut off at once: whoever holds the lock must lose it.
       what = "freeze every worker";
       for (auto& n : nets) n->freeze_all();
       std::this_thread::sleep_for(d);
       for (auto& n : nets) n->pass_all();
-    } else if (kind == 5) {
-      what = "kill worker " + std::to_string(w);
-      workers[w].signal(SIGKILL);
-      workers[w].wait_for(10s);
-      workers[w] = spawn(w);
     } else {
-      what = "pause worker " + std::to_string(w);
+      const int w = random_worker;
+      what = "stop worker " + std::to_string(w);
       workers[w].signal(SIGSTOP);
       std::this_thread::sleep_for(d);
       workers[w].signal(SIGCONT);
     }
-    faults.push_back(what + " for " + std::to_string(d.count()) + " ms");
+    faults.push_back(timed ? what + " for " + std::to_string(d.count()) + " ms" : what);
   }
   for (auto& n : nets) n->pass_all();
   std::vector<std::string> hung;
@@ -156,37 +287,110 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     workers[i].signal(SIGCONT);
     const int status = workers[i].wait_for(std::chrono::seconds(30));
     if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      hung.push_back(
-          "worker " + std::to_string(i) + " status " + std::to_string(status) + ": " +
-          distlock::testing::read_file((dir.path() / ("worker" + std::to_string(i) + ".log")).string()));
+      hung.push_back("worker " + std::to_string(i) + " status " + std::to_string(status) + ": " +
+                     read_text(dir.path() / ("worker" + std::to_string(i) + ".log")));
     }
   }
 
-  const auto h = distlock::nemesis::parse_history(history);
-  const auto violations = distlock::nemesis::check_history(h, servers->fencing());
-  long applied = 0, stale = 0, losses = 0;
-  for (const auto& w : h.writes) (w.status == "applied" ? applied : stale) += (w.status != "error");
-  for (const auto& s : h.sections) losses += s.lost_at >= 0;
+  namespace nm = distlock::nemesis;
+  const bool fencing = servers->fencing();
+  std::vector<nm::History> mutexes;
+  for (const auto& f : mutex_files) mutexes.push_back(nm::parse_history(f));
+  const auto sem = nm::parse_history(file("sem.history"));
+  const auto rw = nm::parse_history(file("rw.history"));
+  const auto elect = nm::parse_history(file("elect.history"));
+  std::vector<std::pair<std::string, nm::Violation>> violations;
+  auto add = [&](const std::string& workload, const std::vector<nm::Violation>& v) {
+    for (const auto& x : v) violations.emplace_back(workload, x);
+  };
+  // The control: the same writes, unfenced. Its stale writes are what the fence stopped.
+  std::vector<nm::Violation> control;
+  for (int k = 0; k < kMutexes; ++k) {
+    const std::string n = std::to_string(k);
+    add("mutex" + n, nm::check_history(mutexes[k], fencing));
+    add("mutex" + n, nm::check_register(file("fenced" + n + ".register")));
+    const auto c = nm::check_register(file("unfenced" + n + ".register"));
+    control.insert(control.end(), c.begin(), c.end());
+  }
+  add("sem", nm::check_semaphore(sem, kPermits));
+  add("sem", nm::check_silent_losses(sem));
+  add("rw", nm::check_rw(rw));
+  add("rw", nm::check_silent_losses(rw));
+  add("elect", nm::check_history(elect, fencing));
+
+  auto lost = [](const nm::History& x) {
+    long n = 0;
+    for (const auto& s : x.sections) n += s.lost_at >= 0;
+    return n;
+  };
+  long applied = 0, rejected = 0, write_errors = 0, mutex_losses = 0, believed = 0, acquire_errors = 0;
+  std::size_t sections = 0;
+  for (const auto& h : mutexes) {
+    for (const auto& w : h.writes) {
+      (w.status == "applied" ? applied : w.status == "stale" ? rejected : write_errors) += 1;
+    }
+    mutex_losses += lost(h);
+    believed += static_cast<long>(nm::believed_sections(h).size());
+    acquire_errors += h.acquire_errors;
+    sections += h.sections.size();
+  }
+  // Every signalled loss of a held lease counts: the mutexes', the semaphore permits',
+  // the read-write holds' and the leaderships'.
+  const long losses = mutex_losses + lost(sem) + lost(rw) + lost(elect);
+  const bool expires = servers->expires();
+  const long min_losses = expires ? (30L * seconds + 59) / 60 : 0;
+  const long min_rejected = expires && fencing ? (15L * seconds + 59) / 60 : 0;
   std::printf(
-      "{\"nemesis\":\"%s\",\"seed\":%u,\"seconds\":%d,\"faults\":%zu,\"sections\":%zu,\"acquire_errors\":%ld,"
-      "\"writes_applied\":%ld,\"writes_rejected\":%ld,\"losses_signalled\":%ld,\"violations\":%zu}\n",
-      GetParam().label.c_str(), seed, seconds, faults.size(), h.sections.size(), h.acquire_errors, applied,
-      stale, losses, violations.size() + hung.size());
+      "{\"nemesis\":\"%s\",\"seed\":%u,\"seconds\":%d,\"ttl_ms\":%ld,\"faults\":%zu,\"holder_faults\":%d,"
+      "\"sections\":%zu,\"believed\":%ld,\"acquire_errors\":%ld,\"writes_applied\":%ld,"
+      "\"writes_rejected\":%ld,\"write_errors\":%ld,\"losses_signalled\":%ld,\"mutex_losses\":%ld,"
+      "\"unfenced_stale_applied\":%zu,\"sem_sections\":%zu,\"sem_losses\":%ld,\"rw_sections\":%zu,"
+      "\"rw_losses\":%ld,\"elect_sections\":%zu,\"elect_losses\":%ld,\"min_losses\":%ld,"
+      "\"min_rejected\":%ld,\"violations\":%zu}\n",
+      GetParam().label.c_str(), seed, seconds, kTtlMs, faults.size(), holder_faults, sections, believed,
+      acquire_errors, applied, rejected, write_errors, losses, mutex_losses, control.size(),
+      sem.sections.size(), lost(sem), rw.sections.size(), lost(rw), elect.sections.size(), lost(elect),
+      min_losses, min_rejected, violations.size() + hung.size());
+  std::fflush(stdout);
   RecordProperty("seed", static_cast<int>(seed));
   if (const char* keep = std::getenv("DISTLOCK_NEMESIS_KEEP"); keep != nullptr && *keep) {
-    std::filesystem::copy_file(history, keep, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::create_directories(keep);
+    for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+      std::filesystem::copy_file(e.path(), std::filesystem::path(keep) / e.path().filename(),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
   }
-  if (std::getenv("DISTLOCK_NEMESIS_VERBOSE") != nullptr) {
-    for (const auto& f : faults) std::printf("fault: %s\n", f.c_str());
+  std::string sched;
+  for (const auto& f : faults) sched += "  " + f + "\n";
+  if (std::getenv("DISTLOCK_NEMESIS_VERBOSE") != nullptr) std::printf("faults:\n%s", sched.c_str());
+
+  const std::string replay = " (replay: DISTLOCK_NEMESIS_SEED=" + std::to_string(seed) +
+                             " DISTLOCK_NEMESIS_SECONDS=" + std::to_string(seconds) + ")";
+  EXPECT_GT(believed, 10) << "the workers made no progress" << replay;
+  for (const auto& [name, x] : std::vector<std::pair<std::string, const nm::History*>>{
+           {"semaphore", &sem}, {"read-write lock", &rw}, {"election", &elect}}) {
+    EXPECT_GT(nm::believed_sections(*x).size(), 2u)
+        << "the " << name << " workload made no progress" << replay;
   }
-  EXPECT_GT(h.sections.size(), 10u) << "the workers made no progress";
-  for (const auto& v : hung) ADD_FAILURE() << "incomplete: " << v << " (seed " << seed << ")";
+  for (const auto& v : hung) ADD_FAILURE() << "incomplete: " << v << replay;
+  // A run that never bit proves nothing.
+  EXPECT_GE(losses, min_losses) << "too few signalled losses: the faults did not strike held leases"
+                                << replay;
+  EXPECT_GE(rejected, min_rejected) << "too few stale writes rejected by the fence" << replay;
+  if (fencing && expires) {
+    EXPECT_FALSE(control.empty())
+        << "the unfenced control register holds no stale write: the same writes without a fence "
+           "must show the checker a lost update, or the run proves nothing"
+        << replay;
+  }
   for (std::size_t i = 0; i < violations.size() && i < 5; ++i) {
-    std::string sched;
-    for (const auto& f : faults) sched += "  " + f + "\n";
-    ADD_FAILURE() << violations[i].kind << ": " << violations[i].what << " (seed " << seed
-                  << ")\nhistory near it:\n"
-                  << distlock::nemesis::slice(h, violations[i].at, 3'000'000'000LL) << "faults:\n"
+    const auto& [workload, v] = violations[i];
+    const auto& hist = workload == "sem"     ? sem
+                       : workload == "rw"    ? rw
+                       : workload == "elect" ? elect
+                                             : mutexes[static_cast<std::size_t>(workload.back() - '0')];
+    ADD_FAILURE() << workload << ": " << v.kind << ": " << v.what << replay << "\nhistory near it:\n"
+                  << (v.at > 0 ? nm::slice(hist, v.at, 3'000'000'000LL) : std::string()) << "faults:\n"
                   << sched;
   }
 }
@@ -234,12 +438,76 @@ TEST_F(HistoryChecker, RepeatedAndBackwardTokensAreCaught) {
 }
 
 TEST_F(HistoryChecker, StaleWritesAndSilentLossesAreCaught) {
-  auto v = check("W 1 1 1 6 1000000000000 applied\nW 2 2 1 5 1000000000100 applied\n");
-  ASSERT_EQ(v.size(), 1u);
+  TempDir d("distlock-register");
+  const std::string reg = (d.path() / "register").string();
+  auto write_register = [&](const char* text) {
+    FILE* f = std::fopen(reg.c_str(), "w");
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  write_register("5\n5\n6\n7\n");
+  EXPECT_TRUE(distlock::nemesis::check_register(reg).empty());
+  write_register("5\n6\n5\n7\n6\n");
+  auto v = distlock::nemesis::check_register(reg);
+  ASSERT_EQ(v.size(), 2u);
   EXPECT_EQ(v[0].kind, "stale-write");
   v = check("A 1 1 1 5 1000000000000\nE 1 1 1 1000000000100 lost 0\n");
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, "silent-loss");
+}
+
+TEST_F(HistoryChecker, ASliceKeepsLinesWithLongTokens) {
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "h").string();
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(
+      "A 1 1 1 1795910433679600 16573524465509\nO 1 1 1 16573524483443\nX 5 16573524500000\n"
+      "O 1 1 1 19000000000000\n",
+      f);
+  std::fclose(f);
+  const auto text =
+      distlock::nemesis::slice(distlock::nemesis::parse_history(path), 16573524465509, 1'000'000);
+  EXPECT_NE(text.find("A 1 1 1 1795910433679600"), std::string::npos) << text;
+  EXPECT_NE(text.find("X 5"), std::string::npos) << text;
+  EXPECT_EQ(text.find("19000000000000"), std::string::npos) << text;
+}
+
+TEST_F(HistoryChecker, TooManyPermitsAreCaught) {
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "h").string();
+  auto judge = [&](const char* text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text, f);
+    std::fclose(f);
+    return distlock::nemesis::check_semaphore(distlock::nemesis::parse_history(path), 2);
+  };
+  // Two at once, and a third that starts when one ended: fine.
+  EXPECT_TRUE(
+      judge("A 1 1 1 0 100\nA 2 2 1 0 150\nO 1 1 1 200\nO 2 2 1 300\nA 3 3 1 0 200\nO 3 3 1 400\n").empty());
+  auto v = judge("A 1 1 1 0 100\nA 2 2 1 0 150\nA 3 3 1 0 160\nO 1 1 1 200\nO 2 2 1 300\nO 3 3 1 400\n");
+  ASSERT_FALSE(v.empty());
+  EXPECT_EQ(v[0].kind, "capacity");
+}
+
+TEST_F(HistoryChecker, AWriterWithAnyoneIsCaught) {
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "h").string();
+  auto judge = [&](const char* text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text, f);
+    std::fclose(f);
+    return distlock::nemesis::check_rw(distlock::nemesis::parse_history(path));
+  };
+  // Readers together, then a writer alone.
+  EXPECT_TRUE(
+      judge("A 1 1 1 0 100 s\nA 2 2 1 0 150 s\nO 1 1 1 200\nO 2 2 1 300\nA 3 3 1 7 400 x\nO 3 3 1 500\n")
+          .empty());
+  auto v = judge("A 1 1 1 0 100 s\nO 1 1 1 300\nA 3 3 1 7 200 x\nO 3 3 1 250\n");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "exclusion");
+  v = judge("A 1 1 1 6 100 x\nO 1 1 1 300\nA 3 3 1 7 200 x\nO 3 3 1 250\n");
+  ASSERT_FALSE(v.empty());
+  EXPECT_EQ(v[0].kind, "exclusion");
 }
 
 }  // namespace

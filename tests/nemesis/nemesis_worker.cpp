@@ -1,13 +1,31 @@
 // nemesis_worker — one process of a nemesis run (tests/nemesis/nemesis_test.cpp).
 //
-//   nemesis_worker URL NAME HISTORY FENCE_FILE THREADS SECONDS TTL_MS SEED
+//   nemesis_worker URL DIR SECONDS TTL_MS SEED MUTEXES WORKLOADS
 //
-// THREADS threads each loop for SECONDS: acquire NAME (bounded wait), then one to
-// three fenced writes through a FileFence (each preceded by an owns() check), now and
-// then a write attempted after the lease was lost (it must be rejected once a newer
-// holder wrote), then release. Every step is one line of HISTORY (history.hpp).
+// WORKLOADS is a comma-separated subset of mutex,sem,rw,elect. Each workload appends
+// its history to DIR/<workload>.history (format: history.hpp):
+//
+//   mutex  one thread per mutex k (0 <= k < MUTEXES) locks "nemesis-k", writes through
+//          its fence, releases; history in DIR/mutex<k>.history. Two
+//          sections in three hold for about one TTL (0.7 to 1.5 TTL), writing every
+//          ~100 ms, so that faults strike leases mid-hold. Every write goes twice: once
+//          through a FileFence (DIR/fence<k>; the write appends the token to
+//          DIR/fenced<k>.register, under the fence's lock) and once unfenced (appends
+//          the token to DIR/unfenced<k>.register, ignoring it). A section whose lease was lost
+//          turns zombie: for up to 1.5 TTL it keeps writing with its old token, as a
+//          holder that does not look at its stop token would, until the fence rejects
+//          it once. The fenced register must never go back; the unfenced one, written
+//          by the same writes, must (the checker's control).
+//   sem    one thread takes a permit of the semaphore "nemesis-sem" (2 permits).
+//   rw     one thread takes the read-write lock "nemesis-rw", shared or exclusive.
+//   elect  one thread campaigns in the election "nemesis-elect", leads, resigns.
+//
+// The client reads its deadlines through a clock the nemesis can skew: SIGUSR1 moves
+// it one TTL forward (every lease of this process is then past its local deadline:
+// the holder must give up, and does so before the server expires the lease).
 // Exits 0 when the time is up; every call it makes is bounded in time.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,14 +34,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "distlock/fencing.hpp"
 
 namespace {
+
+using Steady = std::chrono::steady_clock;
 
 std::int64_t mono_ns() {
   timespec ts{};
@@ -31,40 +56,212 @@ std::int64_t mono_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-int g_history = -1;
-
-void record(const std::string& line) {
-  const std::string l = line + "\n";
-  (void)!::write(g_history, l.data(), l.size());
+int open_append(const std::string& path) {
+  return ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 }
+
+// One history file: one line per event, each a single O_APPEND write. Copied by value
+// into loss callbacks (they run on the client's event thread, which may outlive the
+// workload's thread); the descriptor stays open until the process exits.
+struct HistoryFile {
+  int fd = -1;
+  void record(const std::string& line) const {
+    const std::string l = line + "\n";
+    (void)!::write(fd, l.data(), l.size());
+  }
+};
 
 std::string id(long tid, long seq) {
   return std::to_string(::getpid()) + " " + std::to_string(tid) + " " + std::to_string(seq);
 }
 
+// The engine's clock, skewed forward by SIGUSR1 (one TTL per signal).
+std::atomic<std::int64_t> g_skew_ns{0};
+std::int64_t g_skew_step_ns = 0;
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
+
+extern "C" void on_skew(int) {
+  g_skew_ns.fetch_add(g_skew_step_ns, std::memory_order_relaxed);
+}
+
+class SkewedClock final : public distlock::Clock {
+ public:
+  time_point now() const override {
+    return base_->now() + std::chrono::nanoseconds(g_skew_ns.load(std::memory_order_relaxed));
+  }
+  // Waits on the base clock in slices of at most 20 ms, so that a skew that arrives
+  // during a wait is seen within 20 ms (spurious returns are allowed; callers loop).
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  time_point deadline) override {
+    const auto skew = std::chrono::nanoseconds(g_skew_ns.load(std::memory_order_relaxed));
+    const auto slice = base_->now() + std::chrono::milliseconds(20);
+    base_->wait_until(cv, lock, std::min(deadline - skew, slice));
+  }
+
+ private:
+  std::shared_ptr<distlock::Clock> base_ = distlock::system_steady_clock();
+};
+
+struct Run {
+  std::string dir;
+  std::chrono::milliseconds ttl{};
+  Steady::time_point end;
+  unsigned seed = 0;
+  distlock::Client* client = nullptr;
+  bool fencing = false;
+};
+
+distlock::LockOptions lock_options(const Run& r) {
+  distlock::LockOptions o;
+  o.ttl = r.ttl;
+  o.wait = std::chrono::milliseconds(3000);
+  return o;
+}
+
+// The hold of one section: `holds` says whether it is still owned; writes and the
+// zombie phase are the mutex workload's.
+void hold(const Run& r, std::minstd_rand& rng, const HistoryFile& h, long tid, long seq,
+          const std::function<bool()>& owns, const std::function<void(bool owned)>& write) {
+  // Two sections in three hold for 0.7 to 1.5 TTL; the others are short.
+  const bool long_hold = rng() % 3 != 0;
+  const auto hold_until =
+      Steady::now() + (long_hold ? r.ttl * 7 / 10 + r.ttl * static_cast<int>(rng() % 80) / 100 : r.ttl * 0);
+  const int short_writes = 1 + static_cast<int>(rng() % 3);
+  for (int w = 0; long_hold ? Steady::now() < hold_until : w < short_writes; ++w) {
+    const std::int64_t t0 = mono_ns();
+    const bool o = owns();
+    if (!o) break;
+    h.record("O " + id(tid, seq) + " " + std::to_string(t0));
+    if (write) write(true);
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(long_hold ? 50'000 + rng() % 100'000 : rng() % 8'000));
+  }
+  const std::int64_t t1 = mono_ns();
+  if (owns()) h.record("O " + id(tid, seq) + " " + std::to_string(t1));
+}
+
+void mutex_thread(const Run& r, int t, const HistoryFile& h, distlock::FileFence& fence, int fenced_reg,
+                  int unfenced_reg) {
+  const std::string name = "nemesis-" + std::to_string(t);
+  std::minstd_rand rng(r.seed * 7919u + static_cast<unsigned>(t));
+  const long tid = static_cast<long>(::syscall(SYS_gettid));
+  long seq = 0;
+  while (Steady::now() < r.end) {
+    ++seq;
+    std::error_code ec;
+    distlock::Lease lease = r.client->acquire(name, lock_options(r), ec);
+    if (ec) {
+      h.record("X " + std::to_string(ec.value()) + " " + std::to_string(mono_ns()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 50));
+      continue;
+    }
+    const std::uint64_t token = r.fencing ? lease.token() : 0;
+    h.record("A " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(mono_ns()));
+    lease.on_lost([h, tid, seq] { h.record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
+    // One write: through the fence (the resource appends the token it accepted), and
+    // the same write unfenced (the resource appends whatever comes).
+    bool rejected = false;
+    auto write = [&](bool) {
+      if (!r.fencing) return;
+      std::error_code fec;
+      const std::int64_t tw = mono_ns();
+      const std::string line = std::to_string(token) + "\n";
+      const auto res = fence.apply(
+          token, [&] { (void)!::write(fenced_reg, line.data(), line.size()); }, fec);
+      const char* st = fec ? "error" : (res.status == distlock::FenceStatus::applied ? "applied" : "stale");
+      rejected = rejected || (!fec && res.status == distlock::FenceStatus::stale);
+      h.record("W " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(tw) + " " + st);
+      (void)!::write(unfenced_reg, line.data(), line.size());
+    };
+    hold(
+        r, rng, h, tid, seq, [&] { return lease.owns(); }, write);
+    const std::stop_token stop = lease.stop_token();
+    // A lost lease's holder turns zombie: it keeps writing with its old token for up to
+    // 1.5 TTL (every 50-100 ms), until the fence rejects a write once.
+    if (stop.stop_requested() || !lease.owns()) {
+      const auto zombie_end = Steady::now() + r.ttl * 3 / 2;
+      while (r.fencing && !rejected && Steady::now() < zombie_end) {
+        write(false);
+        std::this_thread::sleep_for(std::chrono::microseconds(50'000 + rng() % 50'000));
+      }
+    }
+    lease.release(ec);
+    const char* st = !ec ? "ok" : (ec == distlock::errc::lost ? "lost" : "error");
+    h.record("E " + id(tid, seq) + " " + std::to_string(mono_ns()) + " " + st + " " +
+             (stop.stop_requested() ? "1" : "0"));
+  }
+}
+
+// A semaphore permit, a read-write hold or a leadership: the same A/O/L/E lines, the
+// A line ending with the mode for the read-write lock ("s" or "x").
+template <class Take, class Release>
+void primitive_thread(const Run& r, const HistoryFile& h, unsigned salt, Take take, Release release) {
+  std::minstd_rand rng(r.seed * 104729u + salt);
+  const long tid = static_cast<long>(::syscall(SYS_gettid));
+  long seq = 0;
+  while (Steady::now() < r.end) {
+    ++seq;
+    std::string mode;
+    std::error_code ec;
+    auto lease = take(rng, mode, ec);
+    if (ec) {
+      h.record("X " + std::to_string(ec.value()) + " " + std::to_string(mono_ns()));
+      if (ec == distlock::errc::not_supported || ec == distlock::errc::invalid_argument) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 50));
+      continue;
+    }
+    const std::uint64_t token = r.fencing && lease.has_token() ? lease.token() : 0;
+    h.record("A " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(mono_ns()) +
+             (mode.empty() ? "" : " " + mode));
+    lease.on_lost([h, tid, seq] { h.record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
+    hold(r, rng, h, tid, seq, [&] { return lease.owns(); }, {});
+    const std::stop_token stop = lease.stop_token();
+    release(lease, ec);
+    const char* st = !ec ? "ok" : (ec == distlock::errc::lost ? "lost" : "error");
+    h.record("E " + id(tid, seq) + " " + std::to_string(mono_ns()) + " " + st + " " +
+             (stop.stop_requested() ? "1" : "0"));
+  }
+}
+
+std::error_code code_of(const std::system_error& e) {
+  return e.code();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
-    std::fprintf(stderr, "usage: nemesis_worker URL NAME HISTORY FENCE_FILE THREADS SECONDS TTL_MS SEED\n");
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: nemesis_worker URL DIR SECONDS TTL_MS SEED MUTEXES WORKLOADS\n");
     return 64;
   }
-  const std::string url = argv[1], name = argv[2], history = argv[3], fence_file = argv[4];
-  const int threads = std::atoi(argv[5]);
-  const auto run_for = std::chrono::seconds(std::atoi(argv[6]));
-  const auto ttl = std::chrono::milliseconds(std::atol(argv[7]));
-  const unsigned seed = static_cast<unsigned>(std::strtoul(argv[8], nullptr, 10));
-  g_history = ::open(history.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (g_history < 0) return 70;
+  Run r;
+  const std::string url = argv[1];
+  r.dir = argv[2];
+  r.end = Steady::now() + std::chrono::seconds(std::atoi(argv[3]));
+  r.ttl = std::chrono::milliseconds(std::atol(argv[4]));
+  r.seed = static_cast<unsigned>(std::strtoul(argv[5], nullptr, 10));
+  const int mutexes = std::atoi(argv[6]);
+  std::vector<std::string> workloads;
+  {
+    std::stringstream ss(argv[7]);
+    std::string w;
+    while (std::getline(ss, w, ',')) workloads.push_back(w);
+  }
+  g_skew_step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(r.ttl).count();
+  struct sigaction sa {};
+  sa.sa_handler = on_skew;
+  sa.sa_flags = SA_RESTART;
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGUSR1, &sa, nullptr);
 
   distlock::ClientOptions copts;
   copts.command_timeout = std::chrono::milliseconds(500);
   copts.connect_timeout = std::chrono::milliseconds(500);
   copts.logger = [](distlock::LogLevel, std::string_view) {};
+  copts.clock = std::make_shared<SkewedClock>();
   std::optional<distlock::Client> client;
-  const auto end = std::chrono::steady_clock::now() + run_for;
   // The server may be down when this process starts: retry the connection, bounded.
-  while (!client && std::chrono::steady_clock::now() < end) {
+  while (!client && Steady::now() < r.end) {
     std::error_code ec;
     auto c = distlock::connect(url, copts, ec);
     if (!ec) {
@@ -74,65 +271,84 @@ int main(int argc, char** argv) {
     }
   }
   if (!client) return 0;
-  const bool fencing = client->has_fencing();
-  distlock::FileFence fence(fence_file);
-
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      std::minstd_rand rng(seed * 7919u + static_cast<unsigned>(t) + static_cast<unsigned>(::getpid()));
-      const long tid = static_cast<long>(::syscall(SYS_gettid));
-      long seq = 0;
-      while (std::chrono::steady_clock::now() < end) {
-        ++seq;
-        distlock::LockOptions o;
-        o.ttl = ttl;
-        o.wait = std::chrono::milliseconds(3000);
-        std::error_code ec;
-        distlock::Lease lease = client->acquire(name, o, ec);
-        if (ec) {
-          record("X " + std::to_string(ec.value()) + " " + std::to_string(mono_ns()));
-          std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 50));
-          continue;
-        }
-        const std::uint64_t token = fencing ? lease.token() : 0;
-        record("A " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(mono_ns()));
-        lease.on_lost([tid, seq] { record("L " + id(tid, seq) + " " + std::to_string(mono_ns())); });
-        // Most sections are short; one in ten holds for half a TTL to two TTLs, writing
-        // every ~100 ms, so that renewals run and faults strike leases mid-hold.
-        const bool long_hold = rng() % 10 == 0;
-        const auto hold_until = std::chrono::steady_clock::now() +
-                                (long_hold ? ttl / 2 + ttl * static_cast<int>(rng() % 150) / 100 : ttl * 0);
-        const int short_writes = 1 + static_cast<int>(rng() % 3);
-        for (int w = 0; long_hold ? std::chrono::steady_clock::now() < hold_until : w < short_writes; ++w) {
-          const std::int64_t t0 = mono_ns();
-          const bool owns = lease.owns();
-          if (owns) record("O " + id(tid, seq) + " " + std::to_string(t0));
-          // A write after the loss is attempted now and then: the fence must reject it
-          // once a newer holder has written.
-          const bool stale_try = !owns && rng() % 4 == 0;
-          if ((owns || stale_try) && fencing) {
-            std::error_code fec;
-            const std::int64_t tw = mono_ns();
-            const auto r = fence.apply(
-                token, [] {}, fec);
-            const char* st =
-                fec ? "error" : (r.status == distlock::FenceStatus::applied ? "applied" : "stale");
-            record("W " + id(tid, seq) + " " + std::to_string(token) + " " + std::to_string(tw) + " " + st);
-          }
-          std::this_thread::sleep_for(
-              std::chrono::microseconds(long_hold ? 50'000 + rng() % 100'000 : rng() % 8'000));
-        }
-        const std::int64_t t1 = mono_ns();
-        if (lease.owns()) record("O " + id(tid, seq) + " " + std::to_string(t1));
-        const std::stop_token stop = lease.stop_token();
-        lease.release(ec);
-        const char* st = !ec ? "ok" : (ec == distlock::errc::lost ? "lost" : "error");
-        record("E " + id(tid, seq) + " " + std::to_string(mono_ns()) + " " + st + " " +
-               (stop.stop_requested() ? "1" : "0"));
-      }
-    });
+  r.client = &*client;
+  r.fencing = client->has_fencing();
+  std::vector<std::unique_ptr<distlock::FileFence>> fences;
+  std::vector<int> fenced_regs, unfenced_regs;
+  std::vector<HistoryFile> mutex_files;
+  for (int k = 0; k < mutexes; ++k) {
+    const std::string n = std::to_string(k);
+    fences.push_back(std::make_unique<distlock::FileFence>(r.dir + "/fence" + n));
+    fenced_regs.push_back(open_append(r.dir + "/fenced" + n + ".register"));
+    unfenced_regs.push_back(open_append(r.dir + "/unfenced" + n + ".register"));
+    mutex_files.push_back({open_append(r.dir + "/mutex" + n + ".history")});
+    if (fenced_regs.back() < 0 || unfenced_regs.back() < 0 || mutex_files.back().fd < 0) return 70;
   }
-  for (auto& w : workers) w.join();
+
+  std::vector<HistoryFile> files;
+  files.reserve(workloads.size());
+  std::vector<std::thread> threads;
+  for (const auto& w : workloads) {
+    files.push_back({w == "mutex" ? -1 : open_append(r.dir + "/" + w + ".history")});
+    if (w != "mutex" && files.back().fd < 0) return 70;
+  }
+  for (std::size_t i = 0; i < workloads.size(); ++i) {
+    const auto& w = workloads[i];
+    const HistoryFile& h = files[i];
+    if (w == "mutex") {
+      for (int k = 0; k < mutexes; ++k) {
+        threads.emplace_back(
+            [&, k] { mutex_thread(r, k, mutex_files[k], *fences[k], fenced_regs[k], unfenced_regs[k]); });
+      }
+    } else if (w == "sem") {
+      threads.emplace_back([&] {
+        std::optional<distlock::Semaphore> sem;
+        try {
+          sem.emplace(client->semaphore("nemesis-sem", 2, lock_options(r)));
+        } catch (const std::system_error& e) {
+          // The permit count is stored on the server: it may be down right now.
+          h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
+          return;
+        }
+        primitive_thread(
+            r, h, 1, [&](std::minstd_rand&, std::string&, std::error_code& ec) { return sem->acquire(ec); },
+            [](distlock::Lease& l, std::error_code& ec) { l.release(ec); });
+      });
+    } else if (w == "rw") {
+      threads.emplace_back([&] {
+        std::optional<distlock::SharedMutex> rw;
+        try {
+          rw.emplace(client->shared_mutex("nemesis-rw", lock_options(r)));
+        } catch (const std::system_error& e) {
+          h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
+          return;
+        }
+        primitive_thread(
+            r, h, 2,
+            [&](std::minstd_rand& rng, std::string& mode, std::error_code& ec) {
+              const bool exclusive = rng() % 2 == 0;
+              mode = exclusive ? "x" : "s";
+              try {
+                return exclusive ? rw->acquire_exclusive() : rw->acquire_shared();
+              } catch (const std::system_error& e) {
+                ec = code_of(e);
+                return distlock::ReadWriteLease{};
+              }
+            },
+            [](distlock::ReadWriteLease& l, std::error_code& ec) { l.release(ec); });
+      });
+    } else if (w == "elect") {
+      threads.emplace_back([&] {
+        distlock::Election e = client->election("nemesis-elect", lock_options(r));
+        primitive_thread(
+            r, h, 3,
+            [&](std::minstd_rand&, std::string&, std::error_code& ec) {
+              return e.campaign(std::to_string(::getpid()), ec);
+            },
+            [](distlock::Lease& l, std::error_code& ec) { l.release(ec); });
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
   return 0;
 }
