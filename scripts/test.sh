@@ -4,12 +4,13 @@
 #      PostgreSQL, MariaDB, file, CLI, metrics, ids, examples, and the bindings: the C API's tests,
 #      the Go module's `go vet` + `go test -race` and the Python binding's pytest suite, label
 #      bindings) against real servers the tests start themselves on loopback;
-#   2. the conformance suite (once, here, not in step 1), beside two CPU hogs;
+#   2. the conformance suite (once, here, not in step 1) on a busy machine: the sanitizer trees of
+#      steps 3-5 compile beside it on both cores (two `yes` hogs in quick mode);
 #   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer (without the Python
 #      binding: a sanitized library cannot be loaded into an unsanitized interpreter), but for the
 #      long fault runs (the nemesis, the member partitions and the hand-off review's
 #      timed hammers, label stress: minutes of timing-bound
-#      scenarios that step 1 already runs), the conformance suite (steps 1 and 2 run it;
+#      scenarios that step 1 already runs), the conformance suite (step 2 runs it;
 #      every backend's own tests, which drive the same client code, do run here), the
 #      examples' end-to-end runs (their 700 ms cron slots assume a `distlock run` starts well
 #      within a slot, which sanitized binaries at -j2 do not: a CI run missed slots), the model
@@ -28,7 +29,8 @@
 # Disk: every build here carries line tables only (-g1: enough for file:line in sanitizer
 # reports and gdb backtraces); full -g made each test binary ~70 MB and the release plus
 # ASan trees ~13 GB, which filled a CI machine's disk. In CI (CI=true) each tree is also
-# deleted once its step is done, so at most one tree exists at a time (~1-2 GB).
+# deleted once its step is done; the most that exists at once is the release tree and the
+# three sanitizer trees, during step 2 (about 1-2 GB each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=2
@@ -62,50 +64,77 @@ step "every test but the conformance suite"
 ctest --test-dir build/release "${ctest_args[@]}" -j3 -LE conformance
 ctest --test-dir build/release "${ctest_args[@]}" -L partition
 
-step "the conformance suite, with two CPU hogs beside it"
-# The contract must hold on a busy machine: every backend's scenarios run here, once,
-# while two processes burn both cores (bounded: they are killed when ctest ends). They
-# ran twice before (quiet, then busy); the busy run is the stricter of the two, and the
-# quiet one cost about 7 minutes of CI.
-yes >/dev/null & hog1=$!
-yes >/dev/null & hog2=$!
-trap 'kill $hog1 $hog2 2>/dev/null || true' EXIT
-ctest --test-dir build/release "${ctest_args[@]}" -L conformance -LE partition
-kill $hog1 $hog2 2>/dev/null || true
-trap - EXIT
+# The three sanitizer trees (steps 3-5) are configured and built in the background while the
+# conformance suite runs: their compilers keep both cores busy, which is the busy machine
+# the contract must hold on, and the builds no longer wait for the suite (about 10 minutes
+# of CI). In quick mode nothing is built beside it, so two `yes` processes burn the cores.
+asan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}"
+  -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_WITH_PYTHON=OFF
+  -DDISTLOCK_BUILD_EXAMPLES=OFF -DDISTLOCK_BUILD_SCENARIO_SUITES=OFF)
+tsan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" -DDISTLOCK_SANITIZE=thread
+  -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF)
+tsan_targets=(engine_test election_test fork_test queue_recipe_test file_backend_test
+  redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test
+  redlock_test redlock_tls_test)
+# The lock annotations (src/engine/thread_annotations.hpp) are only checked by clang;
+# -Werror=thread-safety turns a member touched without its mutex into a build error.
+tsa_flags=(-DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 -DCMAKE_BUILD_TYPE=Debug
+  -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_COMPONENTS="file;redis"
+  -DDISTLOCK_BUILD_TESTS=OFF -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF)
+sanitizer_builds() {
+  set -e
+  echo "== ASan + UBSan tree"
+  cmake -S . -B build/asan "${asan_flags[@]}" >/dev/null
+  cmake --build build/asan -j"$jobs"
+  echo "== ThreadSanitizer tree"
+  cmake -S . -B build/tsan "${tsan_flags[@]}" >/dev/null
+  cmake --build build/tsan -j"$jobs" --target "${tsan_targets[@]}"
+  echo "== clang thread-safety analysis (compile only: the engine, file and redis backends)"
+  cmake -S . -B build/tsa "${tsa_flags[@]}" >/dev/null
+  cmake --build build/tsa -j"$jobs" --target distlock distlock_file distlock_redis
+}
 
-if [ "${1:-}" = quick ]; then exit 0; fi
+if [ "${1:-}" = quick ]; then
+  step "the conformance suite, with two CPU hogs beside it"
+  yes >/dev/null & hog1=$!
+  yes >/dev/null & hog2=$!
+  trap 'kill $hog1 $hog2 2>/dev/null || true' EXIT
+  ctest --test-dir build/release "${ctest_args[@]}" -L conformance -LE partition
+  exit 0
+fi
+
+step "the conformance suite, with the sanitizer builds beside it"
+# Every backend's scenarios run here, once, on a machine whose two cores are busy compiling.
+# They ran twice before (quiet, then beside two `yes` hogs); the busy run is the stricter.
+mkdir -p build
+sanitizer_builds >build/sanitizer-builds.log 2>&1 & builds=$!
+trap 'pkill -P $builds 2>/dev/null; kill $builds 2>/dev/null || true' EXIT
+ctest --test-dir build/release "${ctest_args[@]}" -L conformance -LE partition
 
 step "install and consumer"
 ./scripts/install_test.sh build/release
 done_with build/release
 
-step "AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" \
-  -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_WITH_PYTHON=OFF \
-  -DDISTLOCK_BUILD_EXAMPLES=OFF -DDISTLOCK_BUILD_SCENARIO_SUITES=OFF >/dev/null
-cmake --build build/asan -j"$jobs"
+step "the sanitizer builds (started beside the conformance suite)"
+if ! wait $builds; then
+  tail -n 80 build/sanitizer-builds.log
+  echo "test.sh: a sanitizer build failed (whole log: build/sanitizer-builds.log)" >&2
+  exit 1
+fi
+trap - EXIT
+grep -E '^== ' build/sanitizer-builds.log
+echo "clang thread-safety analysis: the engine, file and redis backends compile with -Werror=thread-safety"
+done_with build/tsa
+
+step "AddressSanitizer + UndefinedBehaviorSanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan "${ctest_args[@]}" -LE "nemesis|partition|model|build|conformance|examples|stress"
+  ctest --test-dir build/asan "${ctest_args[@]}" -j3 -LE "nemesis|partition|model|build|conformance|examples|stress"
 done_with build/asan
 
-step "ThreadSanitizer (engine, file, redis and redlock backends)"
-cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${line_tables[@]}" -DDISTLOCK_SANITIZE=thread \
-  -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build/tsan -j"$jobs" --target engine_test election_test fork_test queue_recipe_test file_backend_test \
-  redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test \
-  redlock_test redlock_tls_test
+step "ThreadSanitizer tests (engine, file, redis and redlock backends)"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
   -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|QueueRecipe|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
 done_with build/tsan
 
-step "clang thread-safety analysis (compile only: the core, file and redis backends)"
-# The lock annotations (src/engine/thread_annotations.hpp) are only checked by clang;
-# -Werror=thread-safety turns a member touched without its mutex into a build error.
-cmake -S . -B build/tsa -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 -DCMAKE_BUILD_TYPE=Debug \
-  -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_COMPONENTS="file;redis" \
-  -DDISTLOCK_BUILD_TESTS=OFF -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build/tsa -j"$jobs" --target distlock distlock_file distlock_redis
-done_with build/tsa
 step "all tests passed"
 printf 'steps took (s):%s\n' "${step_times[*]}"
