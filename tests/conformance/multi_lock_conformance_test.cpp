@@ -243,6 +243,41 @@ TEST_P(MultiLock, PartialSetIsReleasedWhenTheWaitRunsOut) {
   EXPECT_TRUE(other.try_acquire("part/1", distlock::LockOptions{}).has_value());
 }
 
+TEST_P(MultiLock, ACancelledCallReleasesWhatItTook) {
+  auto holder = client();
+  auto caller = client();
+  distlock::LockOptions opts;
+  opts.ttl = 5s;
+  distlock::Lease second = holder.acquire("cancel/2", opts);
+  std::stop_source stop;
+  opts.wait = 30s;
+  opts.cancel = stop.get_token();
+  std::promise<std::error_code> result;
+  std::future<std::error_code> done = result.get_future();
+  std::thread call([&] {
+    std::error_code ec;
+    auto all = caller.acquire_all({"cancel/2", "cancel/1"}, opts, ec);
+    result.set_value(ec);
+  });
+  // The call holds cancel/1 (taken first) and waits for cancel/2: seen through status, polled
+  // for at most 10 s on the steady clock.
+  const auto until = Steady::now() + 10s;
+  bool first_held = false;
+  while (!(first_held = holder.status("cancel/1").held) && Steady::now() < until) std::this_thread::yield();
+  const auto cancelled_at = Steady::now();
+  stop.request_stop();
+  // Bound: the engine ends a cancelled wait within one wake-up; 5 s of allowance on 2 loaded cores.
+  const bool returned = done.wait_for(5s) == std::future_status::ready;
+  const auto took = Steady::now() - cancelled_at;
+  call.join();
+  ASSERT_TRUE(first_held) << "the call never took cancel/1";
+  ASSERT_TRUE(returned);
+  EXPECT_EQ(done.get(), errc::cancelled);
+  EXPECT_LT(took, 5s);
+  auto first = holder.try_acquire("cancel/1", distlock::LockOptions{});
+  EXPECT_TRUE(first.has_value()) << "the cancelled call left cancel/1 held";
+}
+
 TEST_P(MultiLock, DuplicatesAreDroppedAndEachNameKeepsItsToken) {
   auto cl = client();
   distlock::LockOptions opts;
