@@ -209,6 +209,7 @@ struct DISTLOCK_EXPORT ClientStats {
 };
 
 class Mutex;
+class MultiLease;
 class Semaphore;
 class SharedMutex;
 class Election;
@@ -232,6 +233,20 @@ class DISTLOCK_EXPORT Client {
   /// One attempt; an empty optional when somebody else holds it.
   std::optional<Lease> try_acquire(std::string_view name, const LockOptions& opts);
   std::optional<Lease> try_acquire(std::string_view name);
+
+  /// Acquires every one of `names` or none (distlock/multi_lease.hpp): in sorted order,
+  /// duplicates dropped, so overlapping sets cannot deadlock; `opts.wait` bounds the
+  /// whole call and the names already taken are released before an error is thrown.
+  /// Throws as acquire() (errc::timeout, errc::busy for a wait of 0, ...);
+  /// errc::invalid_argument for an empty list or an empty name.
+  MultiLease acquire_all(const std::vector<std::string>& names, const LockOptions& opts);
+  MultiLease acquire_all(const std::vector<std::string>& names);  ///< with lock_defaults
+  MultiLease acquire_all(const std::vector<std::string>& names, const LockOptions& opts,
+                         std::error_code& ec) noexcept;
+  /// One attempt on each name, in order; an empty optional (nothing left held) when
+  /// somebody else holds one of them.
+  std::optional<MultiLease> try_acquire_all(const std::vector<std::string>& names, const LockOptions& opts);
+  std::optional<MultiLease> try_acquire_all(const std::vector<std::string>& names);
 
   /// A standard Lockable/TimedLockable mutex over `name` (reentrant per thread).
   Mutex mutex(std::string_view name, const LockOptions& opts);
@@ -388,3 +403,6 @@ class DISTLOCK_EXPORT Mutex {
 };
 
 }  // namespace distlock
+
+// MultiLease (Client::acquire_all's result) is complete wherever Client is.
+#include "distlock/multi_lease.hpp"  // IWYU pragma: export

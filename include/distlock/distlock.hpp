@@ -12,6 +12,7 @@
 #if DISTLOCK_HAS_IDS
 #include "distlock/ids.hpp"
 #endif
+#include "distlock/multi_lease.hpp"
 #include "distlock/options.hpp"
 #include "distlock/semaphore.hpp"
 #include "distlock/shard_group.hpp"
