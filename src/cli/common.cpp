@@ -8,8 +8,6 @@
 #include <mutex>
 
 #include "cli/commands.hpp"
-#include "core/errno_text.hpp"
-#include "core/url.hpp"
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
 #include "distlock/text.hpp"
@@ -107,7 +105,7 @@ std::string read_password_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw_error(make_error_code(errc::invalid_argument),
-                "--password-file \"" + path + "\" cannot be read: " + distlock::detail::errno_text(errno));
+                "--password-file \"" + path + "\" cannot be read: " + std::system_category().message(errno));
   }
   constexpr std::size_t kMax = 64 * 1024;
   std::string pw;

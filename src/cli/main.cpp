@@ -12,9 +12,9 @@
 
 #include "bench_driver.hpp"
 #include "cli/commands.hpp"
-#include "core/url.hpp"
 #include "distlock/config.hpp"
 #include "distlock/error.hpp"
+#include "distlock/text.hpp"
 #include "distlock/version.hpp"
 
 namespace distlock::cli {
@@ -151,7 +151,7 @@ void hide_url_passwords(int argc, char** argv) {
       text = eq + 1;
     }
     if (std::strstr(text, "://") == nullptr) continue;
-    const auto [begin, end] = detail::url_secret_range(text);
+    const auto [begin, end] = distlock::url_secret_range(text);
     std::fill(text + begin, text + end, '*');
   }
 }
