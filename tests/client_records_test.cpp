@@ -184,10 +184,8 @@ TEST_F(ClientRecords, BackendWithoutRecordsIsNamed) {
       }
     });
     EXPECT_EQ(f.code, errc::not_supported) << f.what;
-    EXPECT_EQ(
-        f.what.rfind("record \"once\" of \"job\": backend memory://" + store_name + " keeps no records", 0),
-        0u)
-        << f.what;
+    EXPECT_EQ(f.what.rfind("record \"once\" of \"job\": backend memory://", 0), 0u) << f.what;
+    EXPECT_NE(f.what.find(" keeps no records"), std::string::npos) << f.what;
   }
 }
 

@@ -246,9 +246,10 @@ class DISTLOCK_EXPORT Client {
   /// when there is none. One call is one step on the server; there is no compare-and-set:
   /// write a record while holding the lock it belongs with.
   /// Throws std::system_error whose message begins `record "<tag>" of "<name>"` (the name
-  /// cut at 200 bytes) and goes on with the cause: errc::invalid_argument for a bad name or
-  /// tag or a value over 64 KiB, errc::not_supported (": backend <url> keeps no records")
-  /// where the backend keeps none, or the backend's error (errc::backend_unavailable, ...).
+  /// cut at 200 bytes, a NUL byte shown as '?') and goes on with the cause:
+  /// errc::invalid_argument for a bad name or tag or a value over 64 KiB, errc::not_supported
+  /// (": backend <url> keeps no records") where the backend keeps none, or the backend's
+  /// error (errc::backend_unavailable, ...).
   /// Thread-safety: as every Client member. Example:
   ///   client.put_record("nightly", "last-run", "2026-11-28T03:00Z");
   ///   std::optional<std::string> last = client.get_record("nightly", "last-run");

@@ -1,5 +1,6 @@
 // Client::get_record / put_record: the public face of the backends' records
 // (core/backend.hpp), under the key "<name>\x1f<tag>".
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -18,8 +19,12 @@ constexpr std::array<std::string_view, 3> kLibraryTags = {"sem", "rw", "elect"};
 constexpr std::size_t kMaxTag = 32;
 
 std::string record_what(std::string_view name, std::string_view tag) {
-  return "record \"" + std::string(tag.substr(0, kMaxTag + 1)) + "\" of \"" +
-         std::string(name.substr(0, 200)) + "\"";
+  // A NUL byte (refused in a name, but shown when it is) would end the message of what().
+  std::string shown(name.substr(0, 200));
+  std::replace(shown.begin(), shown.end(), '\0', '?');
+  std::string shown_tag(tag.substr(0, kMaxTag + 1));
+  std::replace(shown_tag.begin(), shown_tag.end(), '\0', '?');
+  return "record \"" + shown_tag + "\" of \"" + shown + "\"";
 }
 
 /// The record's key; throws errc::invalid_argument naming what is wrong with name or tag.
