@@ -17,6 +17,17 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(dirname "$(find "$prefix" -name 'libdistlock.so*' -o -name 'libdistlock.a' | head -n1)")
 [ -d "$libdir" ] || { echo "install_test.sh: no libdistlock under $prefix" >&2; exit 1; }
 
+# The installed tool links the installed library (found through its RUNPATH, not the build tree).
+if [ -x "$prefix/bin/distlock" ]; then
+  echo "install_test: the installed distlock tool"
+  env -u LD_LIBRARY_PATH "$prefix/bin/distlock" --version >/dev/null
+  if [ -n "$(find "$prefix" -name 'libdistlock.so*' | head -n1)" ]; then
+    loaded=$(env -u LD_LIBRARY_PATH ldd "$prefix/bin/distlock" | awk '/libdistlock[.]so/ {print $3}')
+    [ -n "$loaded" ] && [ "$(dirname "$(realpath "$loaded")")" = "$(realpath "$libdir")" ] ||
+      { echo "install_test.sh: $prefix/bin/distlock loads '$loaded', not $libdir/libdistlock.so" >&2; exit 1; }
+  fi
+fi
+
 echo "install_test: consumer with find_package(distlock CONFIG)"
 cmake -S examples/consumer -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/cmake-build" -j2 >/dev/null

@@ -52,6 +52,7 @@
 
 #include "distlock/error.hpp"
 #include "distlock/export.hpp"
+#include "distlock/hold.hpp"
 #include "distlock/options.hpp"
 
 namespace distlock {
@@ -63,50 +64,33 @@ struct HeldLock;
 struct ClientAccess;
 }  // namespace detail
 
-/// Why a lease was lost (`Lease::loss_reason()`); `none` while it is held (or after
-/// an orderly release).
-enum class LossReason {
-  none,
-  local_deadline,   ///< the local deadline passed without a successful renewal
-  renewal_late,     ///< a renewal succeeded, but its reply came after the local deadline
-  renewal_refused,  ///< the server said another owner (or nobody) holds it
-  session_lost,     ///< the client's session ended (etcd lease revoked, ZooKeeper session expired)
-  lease_ended,      ///< the server ended this one lease (deleted from outside, its node gone)
-  gone_at_release,  ///< the server no longer had it when the holder released it
-  max_hold,         ///< LockOptions::max_hold passed since the grant
-  forked,           ///< used in a forked child: the lease is the parent's
-};
-
-/// The reason's name: "local_deadline", "max_hold", ... ("none" for none).
-DISTLOCK_EXPORT const char* to_string(LossReason reason) noexcept;
-
 /// A held lease on one name. Move-only RAII: the destructor releases it
-/// (noexcept; a failed release is logged and counted, never thrown).
-class DISTLOCK_EXPORT Lease {
+/// (noexcept; a failed release is logged and counted, never thrown). A Hold
+/// (distlock/hold.hpp), as ReadWriteLease is.
+class DISTLOCK_EXPORT Lease : public Hold {
  public:
   Lease() noexcept = default;
   Lease(Lease&&) noexcept;
   Lease& operator=(Lease&&) noexcept;
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
-  ~Lease();
+  ~Lease() override;
 
   /// True while the lease is held and its conservative local deadline has not passed.
-  bool owns() const noexcept;
-  explicit operator bool() const noexcept { return owns(); }
+  bool owns() const noexcept override;
 
   /// The lock's name as given to acquire().
-  const std::string& name() const noexcept;
+  const std::string& name() const noexcept override;
 
   /// The fencing token: strictly increasing per lock name across all holders and
   /// client restarts. Throws `errc::not_supported` where the backend has none
   /// (Redlock); check `has_token()` first.
-  std::uint64_t token() const;
-  bool has_token() const noexcept;
+  std::uint64_t token() const override;
+  bool has_token() const noexcept override;
 
   /// Fires when the lease is lost (renewal refused, deadline passed, session gone).
   /// Not fired by an orderly release.
-  std::stop_token stop_token() const noexcept;
+  std::stop_token stop_token() const noexcept override;
 
   /// Runs `fn` once when the lease is lost (queued at once if it already is).
   ///
@@ -129,29 +113,29 @@ class DISTLOCK_EXPORT Lease {
   /// the client (acquire, even with a wait; release; on_lost) without deadlock, but must
   /// not wait for another callback of the same client (they run one after another).
   /// When the last Client handle goes, callbacks already queued still run first.
-  void on_lost(std::function<void()> fn);
+  void on_lost(std::function<void()> fn) override;
 
   /// Time left until the local deadline (zero when lost or released).
-  Millis remaining() const noexcept;
+  Millis remaining() const noexcept override;
 
   /// Time left until LockOptions::max_hold ends the lease (zero once it has);
   /// nullopt without a max_hold, or when not held.
-  std::optional<Millis> max_hold_remaining() const noexcept;
+  std::optional<Millis> max_hold_remaining() const noexcept override;
 
   /// Why the lease was lost: LossReason::none while it is held, after an orderly
   /// release and for an empty Lease; `forked` in a forked child. A lease past its
   /// local deadline that the watchdog has not declared yet already answers
   /// local_deadline (or max_hold).
-  LossReason loss_reason() const noexcept;
+  LossReason loss_reason() const noexcept override;
   /// One sentence on the loss for people ("max_hold 5s reached", "the server says
   /// another owner (or nobody) holds it", ...); empty when loss_reason() is none.
-  std::string loss_detail() const;
+  std::string loss_detail() const override;
 
   /// Releases now. Throws `errc::lost` if the lease had been lost (nothing on the
   /// server is touched then), `errc::backend_unavailable` if the server could not
   /// be reached (the lease then expires by its TTL).
-  void release();
-  void release(std::error_code& ec) noexcept;
+  void release() override;
+  void release(std::error_code& ec) noexcept override;
 
  private:
   friend class detail::Engine;
@@ -283,6 +267,26 @@ class DISTLOCK_EXPORT Client {
   std::vector<ListedLock> list(std::string_view prefix, std::size_t limit = 1000);
   std::vector<ListedLock> list(std::string_view prefix, std::size_t limit, bool& truncated);
 
+  /// Records: short values (any bytes, at most 64 KiB) the lock service keeps beside its
+  /// locks and never expires, for state that belongs with a lock and must outlive its
+  /// holders, e.g. when a job last ran (`distlock run --once-per` keeps its mark as the
+  /// record "once" of the lock). A record is named by a lock name `name` (not empty, no NUL)
+  /// and a `tag` (1 to 32 bytes of a-z 0-9 '_' '-'); it lives in a namespace of its own
+  /// and never collides with a lock. The tags the library keeps its own records under
+  /// ("sem", "rw", "elect") are refused. put_record overwrites; get_record returns nullopt
+  /// when there is none. One call is one step on the server; there is no compare-and-set:
+  /// write a record while holding the lock it belongs with.
+  /// Throws std::system_error whose message begins `record "<tag>" of "<name>"` (the name
+  /// cut at 200 bytes, a NUL byte shown as '?') and goes on with the cause:
+  /// errc::invalid_argument for a bad name or tag or a value over 64 KiB, errc::not_supported
+  /// (": backend <url> keeps no records") where the backend keeps none, or the backend's
+  /// error (errc::backend_unavailable, ...).
+  /// Thread-safety: as every Client member. Example:
+  ///   client.put_record("nightly", "last-run", "2026-11-28T03:00Z");
+  ///   std::optional<std::string> last = client.get_record("nightly", "last-run");
+  std::optional<std::string> get_record(std::string_view name, std::string_view tag);
+  void put_record(std::string_view name, std::string_view tag, std::string_view value);
+
   /// Whether this backend issues fencing tokens.
   bool has_fencing() const noexcept;
   /// The backend URL with any password masked.
@@ -325,7 +329,7 @@ class DISTLOCK_EXPORT Client {
  private:
   friend Client connect(std::string_view url, const ClientOptions& opts);
   friend Client connect(std::string_view url, const ClientOptions& opts, std::error_code& ec) noexcept;
-  // The library's own parts (the primitives, the id generators, the CLI and the tests) reach
+  // The library's own parts (the primitives, the id generators and the tests) reach
   // the engine through detail::ClientAccess (src/api/client_access.hpp), not the public API.
   friend struct detail::ClientAccess;
   explicit Client(std::shared_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}

@@ -6,6 +6,7 @@
 #include "distlock/config.hpp"
 #include "distlock/election.hpp"
 #include "distlock/error.hpp"
+#include "distlock/hold.hpp"
 #if DISTLOCK_HAS_FENCING
 #include "distlock/fencing.hpp"
 #endif

@@ -70,44 +70,44 @@ class Engine;
 /// the destructor releases it. It works like a Lease: a reader's hold is one reader
 /// slot, a writer's the intent lock and every slot, and the hold is lost when ANY of
 /// them is lost (stop token fired, owns() false, on_lost callbacks run once).
+/// A Hold (distlock/hold.hpp), as Lease is.
 /// Thread-safety: as Lease (const members from any thread; release() from one).
-class DISTLOCK_EXPORT ReadWriteLease {
+class DISTLOCK_EXPORT ReadWriteLease : public Hold {
  public:
   ReadWriteLease() noexcept = default;
   ReadWriteLease(ReadWriteLease&&) noexcept;
   ReadWriteLease& operator=(ReadWriteLease&&) noexcept;
   ReadWriteLease(const ReadWriteLease&) = delete;
   ReadWriteLease& operator=(const ReadWriteLease&) = delete;
-  ~ReadWriteLease();
+  ~ReadWriteLease() override;
 
   /// Held, and no part of it lost or past its local deadline.
-  bool owns() const noexcept;
-  explicit operator bool() const noexcept { return owns(); }
+  bool owns() const noexcept override;
   bool exclusive() const noexcept;
   /// The read-write lock's name (as given to Client::shared_mutex).
-  const std::string& name() const noexcept;
+  const std::string& name() const noexcept override;
   /// The writer's fencing token (the intent lock's). errc::not_supported for a
   /// shared hold (readers get no token) and on backends without tokens;
   /// errc::not_owner for an empty one.
-  std::uint64_t token() const;
-  bool has_token() const noexcept;
+  std::uint64_t token() const override;
+  bool has_token() const noexcept override;
   /// Fires when any part of the hold is lost. Not fired by release().
-  std::stop_token stop_token() const noexcept;
+  std::stop_token stop_token() const noexcept override;
   /// Runs `fn` once when the hold is lost (queued at once if it already is), on the
   /// client's event thread, like Lease::on_lost (see there: which thread, blocking,
   /// exceptions). The stop token fires first, on the thread that detects the loss.
-  void on_lost(std::function<void()> fn);
+  void on_lost(std::function<void()> fn) override;
   /// Time left until the earliest local deadline of its parts (zero when lost).
-  Millis remaining() const noexcept;
+  Millis remaining() const noexcept override;
   /// As Lease::max_hold_remaining, the earliest of its parts.
-  std::optional<Millis> max_hold_remaining() const noexcept;
+  std::optional<Millis> max_hold_remaining() const noexcept override;
   /// The first lost part's reason (none while held).
-  LossReason loss_reason() const noexcept;
-  std::string loss_detail() const;
+  LossReason loss_reason() const noexcept override;
+  std::string loss_detail() const override;
   /// Releases every part. errc::lost if any part had been lost (the others are
   /// released all the same).
-  void release();
-  void release(std::error_code& ec) noexcept;
+  void release() override;
+  void release(std::error_code& ec) noexcept override;
 
  private:
   friend class SharedMutex;

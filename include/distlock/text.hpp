@@ -11,10 +11,12 @@
 //   log << "connecting to " << distlock::redact_url(url);  // the password masked
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 #include "distlock/export.hpp"
 #include "distlock/options.hpp"
@@ -35,6 +37,11 @@ DISTLOCK_EXPORT std::optional<Millis> parse_duration(std::string_view text);
 /// `url` masked for a log line or message: from the first ':' after "://" to the last '@'
 /// (a superset of any password it could hold), even when it does not parse.
 DISTLOCK_EXPORT std::string redact_url(std::string_view url);
+
+/// Where redact_url masks: the byte range [first, second) of `url`, empty (first == second)
+/// when nothing in it could be a password. For a front end that must blank a password in
+/// place, e.g. in its own argv (what `ps` shows), where a masked copy does not help.
+DISTLOCK_EXPORT std::pair<std::size_t, std::size_t> url_secret_range(std::string_view url);
 
 /// The scheme of `url` ("redis", "etcd", ...). Throws std::system_error(errc::invalid_url)
 /// with a masked message if `url` does not parse.

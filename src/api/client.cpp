@@ -81,6 +81,8 @@ std::error_code ClientOptions::validate(std::string& why) const {
   return {};
 }
 
+Hold::~Hold() = default;
+
 const char* to_string(LossReason reason) noexcept {
   switch (reason) {
     case LossReason::none: return "none";

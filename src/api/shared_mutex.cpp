@@ -57,13 +57,13 @@ struct ReadWriteHold {
 
 namespace {
 
-using Hold = detail::ReadWriteHold;
+using RwHold = detail::ReadWriteHold;
 
 // Holds per (client, thread, name), shared by every SharedMutex handle: a second
 // handle on the same name sees the first one's hold (so relocking is refused, never
 // a self-deadlock). Key: thread owner id (client id + thread) '\0' name.
 std::mutex g_holds_mu;
-std::map<std::string, std::shared_ptr<Hold>, std::less<>> g_holds;
+std::map<std::string, std::shared_ptr<RwHold>, std::less<>> g_holds;
 
 std::string hold_key(const detail::SharedMutexState& st) {
   std::string key = detail::owner_for_this_thread(detail::engine_of(st.client)->client_id());
@@ -72,14 +72,14 @@ std::string hold_key(const detail::SharedMutexState& st) {
   return key;
 }
 
-std::shared_ptr<Hold> find_hold(const detail::SharedMutexState& st) {
+std::shared_ptr<RwHold> find_hold(const detail::SharedMutexState& st) {
   const std::string key = hold_key(st);
   std::lock_guard lk(g_holds_mu);
   auto it = g_holds.find(key);
   return it == g_holds.end() ? nullptr : it->second;
 }
 
-void watch_parts(Engine& engine, const Hold& hold) {
+void watch_parts(Engine& engine, const RwHold& hold) {
   auto flag = hold.loss;
   auto on_loss = [flag] {
     flag->lost.store(true, std::memory_order_release);
@@ -103,12 +103,12 @@ void release_all(Engine& engine, std::vector<std::shared_ptr<HeldLock>>& parts) 
 
 // Takes the parts of a hold (not registered for any thread) and watches them for
 // loss; nullptr with `ec` set when not taken.
-std::shared_ptr<Hold> acquire_hold(detail::SharedMutexState& st, bool exclusive, std::optional<Millis> wait,
-                                   detail::Error& ec) {
+std::shared_ptr<RwHold> acquire_hold(detail::SharedMutexState& st, bool exclusive, std::optional<Millis> wait,
+                                     detail::Error& ec) {
   Engine& engine = *detail::engine_of(st.client);
   const auto& clock = engine.clock();
   const Clock::time_point start = clock->now();
-  auto hold = std::make_shared<Hold>();
+  auto hold = std::make_shared<RwHold>();
   hold->exclusive = exclusive;
   if (exclusive) {
     // The remaining wait for each step, counted from the call.
@@ -243,7 +243,7 @@ bool SharedMutex::try_lock_shared() {
 }
 
 namespace {
-std::shared_ptr<Hold> take_hold(const detail::SharedMutexState& st, bool exclusive, const char* op) {
+std::shared_ptr<RwHold> take_hold(const detail::SharedMutexState& st, bool exclusive, const char* op) {
   const std::string key = hold_key(st);
   std::lock_guard lk(g_holds_mu);
   auto it = g_holds.find(key);
@@ -276,7 +276,7 @@ void SharedMutex::unlock_shared() {
 
 void SharedMutex::downgrade() {
   auto& st = *state_;
-  std::shared_ptr<Hold> hold = find_hold(st);
+  std::shared_ptr<RwHold> hold = find_hold(st);
   if (!hold || !hold->exclusive) {
     throw_error(make_error_code(errc::not_owner),
                 "downgrade of " + st.what + " by a thread that does not hold it exclusively");
@@ -361,7 +361,7 @@ ReadWriteLease SharedMutex::acquire_lease(bool exclusive) {
 
 // ---- ReadWriteLease ----------------------------------------------------------
 
-ReadWriteLease::ReadWriteLease(std::shared_ptr<Engine> engine, std::shared_ptr<Hold> hold) noexcept
+ReadWriteLease::ReadWriteLease(std::shared_ptr<Engine> engine, std::shared_ptr<RwHold> hold) noexcept
     : engine_(std::move(engine)), hold_(std::move(hold)) {}
 
 ReadWriteLease::ReadWriteLease(ReadWriteLease&& o) noexcept
@@ -384,7 +384,7 @@ ReadWriteLease::~ReadWriteLease() {
 
 namespace {
 // Every part of a hold, the intent lock first.
-std::vector<std::shared_ptr<HeldLock>> parts_of(const Hold& hold) {
+std::vector<std::shared_ptr<HeldLock>> parts_of(const RwHold& hold) {
   std::vector<std::shared_ptr<HeldLock>> parts;
   if (hold.intent) parts.push_back(hold.intent);
   parts.insert(parts.end(), hold.slots.begin(), hold.slots.end());

@@ -27,6 +27,10 @@ std::string redact_url(std::string_view url) {
   return detail::redact_url_text(url);
 }
 
+std::pair<std::size_t, std::size_t> url_secret_range(std::string_view url) {
+  return detail::url_secret_range(url);
+}
+
 std::string url_scheme(std::string_view url) {
   detail::Url parsed;
   std::string why;

@@ -107,7 +107,7 @@ std::string read_password_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw_error(make_error_code(errc::invalid_argument),
-                "--password-file \"" + path + "\" cannot be read: " + distlock::detail::errno_text(errno));
+                "--password-file \"" + path + "\" cannot be read: " + std::system_category().message(errno));
   }
   constexpr std::size_t kMax = 64 * 1024;
   std::string pw;

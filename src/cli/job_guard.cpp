@@ -5,11 +5,7 @@
 #include <charconv>
 #include <chrono>
 #include <string_view>
-
-#include "api/client_access.hpp"
-#include "engine/backend.hpp"
-#include "engine/engine.hpp"
-#include "engine/names.hpp"
+#include <system_error>
 
 namespace distlock::cli {
 
@@ -50,7 +46,10 @@ bool once_due(const std::optional<OnceMark>& mark, Millis period, std::int64_t f
 }
 
 std::string once_key(const std::string& name) {
-  return detail::names::once_mark(name);
+  // The record "once" of NAME (Client::get_record/put_record store it under this key).
+  return name +
+         "\x1f"
+         "once";
 }
 
 namespace {
@@ -62,18 +61,29 @@ bool parse_num(std::string_view s, T& out) {
   return err == std::errc{} && end == s.data() + s.size();
 }
 
-[[noreturn]] void record_error(Client& client, const detail::Error& ec, const std::string& what) {
-  std::string msg = what;
-  if (ec == errc::not_supported) msg += ": backend " + client.url() + " keeps no records";
-  throw_error(ec, msg + ec.suffix());
+constexpr std::string_view kOnceTag = "once";
+
+/// Throws `e` again with its context in the tool's words: Client::get_record/put_record's
+/// message begins `record "once" of "<name>"` and goes on with the cause, which is kept.
+[[noreturn]] void rethrow_in_context(const std::system_error& e, const std::string& name,
+                                     const std::string& what) {
+  std::string text = e.what();
+  const std::string tail = ": " + e.code().message();
+  if (text.ends_with(tail)) text.resize(text.size() - tail.size());
+  const std::string library = "record \"" + std::string(kOnceTag) + "\" of \"" + name.substr(0, 200) + "\"";
+  text = text.starts_with(library) ? what + text.substr(library.size()) : what + ": " + text;
+  throw std::system_error(e.code(), text);
 }
 
 }  // namespace
 
 std::optional<OnceMark> read_once_mark(Client& client, const std::string& name) {
-  detail::Error ec;
-  std::optional<std::string> v = detail::engine_of(client)->backend().get_record(once_key(name), ec);
-  if (ec) record_error(client, ec, "cannot read the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
+  std::optional<std::string> v;
+  try {
+    v = client.get_record(name, kOnceTag);
+  } catch (const std::system_error& e) {
+    rethrow_in_context(e, name, "cannot read the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
+  }
   if (!v) return std::nullopt;
   std::vector<std::string_view> fields;
   std::string_view rest(*v);
@@ -97,12 +107,13 @@ std::optional<OnceMark> read_once_mark(Client& client, const std::string& name) 
 }
 
 void write_once_mark(Client& client, const std::string& name, const OnceMark& mark) {
-  detail::Error ec;
   const std::string value = std::to_string(mark.slot) + "\n" + std::to_string(mark.token) + "\n" +
                             std::to_string(mark.unix_ms) + "\n" + std::to_string(mark.fired_unix_ms);
-  detail::engine_of(client)->backend().put_record(once_key(name), value, detail::PutMode::always, ec);
-  if (ec)
-    record_error(client, ec, "cannot write the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
+  try {
+    client.put_record(name, kOnceTag, value);
+  } catch (const std::system_error& e) {
+    rethrow_in_context(e, name, "cannot write the --once-per mark of lock \"" + name.substr(0, 200) + "\"");
+  }
 }
 
 }  // namespace distlock::cli

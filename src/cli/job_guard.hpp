@@ -1,5 +1,6 @@
 // What `distlock run` adds for scheduled jobs: the holder description it stores with
-// every lock it takes, and the --once-per mark (record "<name>\x1fonce" =
+// every lock it takes, and the --once-per mark (the record "once" of the lock, Client::
+// get_record/put_record, stored under "<name>\x1fonce"; its value is
 // "<slot>\n<token>\n<unix ms>\n<fired unix ms>", slot = floor(fired unix ms / period); a mark
 // of three lines, as written before the fourth existed, is read as of the same period).
 //
@@ -44,7 +45,8 @@ struct OnceMark {
 /// (a changed crontab) agree; a three-line mark's slot is taken as of `period`. Marks only move
 /// forward. No mark, or a malformed one, is due.
 bool once_due(const std::optional<OnceMark>& mark, Millis period, std::int64_t fired_unix_ms);
-/// The record key of `name`'s once-per mark ("<name>\x1fonce").
+/// The key the mark is stored under ("<name>\x1fonce": Client::put_record(name, "once")), for
+/// messages and for checking its length before connecting.
 std::string once_key(const std::string& name);
 /// The stored mark (nullopt: none; `malformed` set: a record not in the format above; lines
 /// after the fourth are ignored, for marks of later versions). Throws std::system_error

@@ -14,6 +14,7 @@
 #include "cli/commands.hpp"
 #include "distlock/config.hpp"
 #include "distlock/error.hpp"
+#include "distlock/text.hpp"
 #include "distlock/version.hpp"
 #include "engine/url.hpp"
 
@@ -151,7 +152,7 @@ void hide_url_passwords(int argc, char** argv) {
       text = eq + 1;
     }
     if (std::strstr(text, "://") == nullptr) continue;
-    const auto [begin, end] = detail::url_secret_range(text);
+    const auto [begin, end] = distlock::url_secret_range(text);
     std::fill(text + begin, text + end, '*');
   }
 }
