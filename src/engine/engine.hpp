@@ -79,7 +79,9 @@ struct HeldLock {
 
   // Guarded by Engine::mu_.
   std::atomic<int> hold_count{0};
-  bool released = false;
+  // Written under Engine::mu_; atomic because Lease::owns() reads it without the mutex
+  // (from any thread that can see the lease, e.g. while its owner releases it).
+  std::atomic<bool> released{false};
   Clock::time_point next_renew{};
   bool renew_in_flight = false;
   // Send time of the request that last confirmed the lease (grant or renewal): the
