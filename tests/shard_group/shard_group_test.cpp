@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -424,11 +425,77 @@ TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
   EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
 }
 
+// The group's lifetime against its own thread. The header allows leave() from on_change
+// (the loop then ends after the callback). A member that leaves from its callback while
+// another thread destroys it: ~ShardGroup must not return while that callback still runs
+// (what the callback captured is destroyed right after the destructor returns). Before the
+// fix the second leave() (the destructor's) saw `stopping` and returned at once, so the
+// callback ran on, on a detached thread, after its group was gone.
+// Deterministic: the callback, after its leave(), waits up to kHold for the destructor to
+// return; a destructor that waits for the callback can only return after kHold has passed.
+constexpr Millis kHold = 1500ms;
+
+class ShardGroupLifetime : public ShardGroupBackends {};
+
+TEST_P(ShardGroupLifetime, DestructorWaitsForAnOnChangeThatCalledLeave) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    distlock::ShardGroup* group = nullptr;
+    bool fired = false, left = false, destroyed = false, overlap = false, done = false;
+  };
+  auto sh = std::make_shared<Shared>();
+  auto client = distlock::connect(target_->url());
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = "self-leaver";
+  o.on_change = [sh](const distlock::ShardAssignment&) {
+    std::unique_lock lk(sh->mu);
+    if (sh->fired) return;
+    sh->fired = true;
+    // The first assignment may be published before the constructor returned.
+    if (!sh->cv.wait_for(lk, kDeadline, [&] { return sh->group != nullptr; })) return;
+    distlock::ShardGroup* g = sh->group;
+    lk.unlock();
+    g->leave();  // on the group's own thread
+    lk.lock();
+    sh->left = true;
+    sh->cv.notify_all();
+    // The destructor runs on the test's thread now; it must wait for this callback.
+    sh->overlap = sh->cv.wait_for(lk, kHold, [&] { return sh->destroyed; });
+    sh->done = true;
+    sh->cv.notify_all();
+  };
+  auto group = std::make_unique<distlock::ShardGroup>(client.shard_group("lifetime", 2, o));
+  std::unique_lock lk(sh->mu);
+  sh->group = group.get();
+  sh->cv.notify_all();
+  ASSERT_TRUE(sh->cv.wait_for(lk, kDeadline, [&] { return sh->left; })) << "on_change never ran leave()";
+  lk.unlock();
+  const auto t0 = SteadyClock::now();
+  group.reset();
+  const auto destroy_ms = ms_since(t0);
+  lk.lock();
+  sh->destroyed = true;
+  sh->cv.notify_all();
+  ASSERT_TRUE(sh->cv.wait_for(lk, kDeadline, [&] { return sh->done; }));
+  EXPECT_FALSE(sh->overlap) << "~ShardGroup returned after " << destroy_ms
+                            << " ms while its on_change (which had called leave()) was still running";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ShardGroupBackends, ::testing::ValuesIn(sharding_kinds()),
                          [](const auto& param_info) { return param_info.param.label; });
 INSTANTIATE_TEST_SUITE_P(Backends, ShardGroupNetwork, ::testing::ValuesIn([] {
                            auto k = sharding_kinds();
                            std::erase_if(k, [](const Kind& x) { return !x.networked; });
+                           return k;
+                         }()),
+                         [](const auto& param_info) { return param_info.param.label; });
+
+INSTANTIATE_TEST_SUITE_P(File, ShardGroupLifetime, ::testing::ValuesIn([] {
+                           auto k = sharding_kinds();
+                           std::erase_if(k, [](const Kind& x) { return x.label != "file"; });
                            return k;
                          }()),
                          [](const auto& param_info) { return param_info.param.label; });
