@@ -1,5 +1,5 @@
 // Task sharding (distlock/shard_group.hpp) over every backend that lists its locks and
-// issues fencing tokens: file, redis, etcd, zk, postgres, each started by the test.
+// issues fencing tokens: file, redis, etcd, zk, postgres, mysql, each started by the test.
 //
 // Members are Clients of their own (one per member, as separate machines would be) in this
 // process, plus a member in a shard_tool process that the test SIGKILLs.
@@ -184,7 +184,7 @@ std::vector<Kind> sharding_kinds() {
   std::vector<Kind> out;
   for (auto& k : distlock::testing::kinds())
     if (k.label == "file" || k.label == "redis" || k.label == "etcd1" || k.label == "zk1" ||
-        k.label == "postgres")
+        k.label == "postgres" || k.label == "mysql")
       out.push_back(k);
   return out;
 }
