@@ -129,7 +129,11 @@ class DISTLOCK_EXPORT ShardGroup {
   ShardAssignment wait_change(std::uint64_t after_version, Millis timeout) const;
   /// Fires every shard's stop token, releases every shard and the membership at once,
   /// and stops the background thread. Idempotent; noexcept (a failed release is left to
-  /// the TTL).
+  /// the TTL). A later call (the destructor's too) returns once the first one has finished
+  /// and the background thread has ended — after an on_change that called leave() has
+  /// returned — so no callback of the group runs after it; called on the group's own
+  /// thread (from on_change) or from a stop callback that leave() itself fired, it returns
+  /// at once.
   void leave() noexcept;
 
   const std::string& member_id() const noexcept;

@@ -127,8 +127,11 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
 
   mutable std::mutex mu;
   mutable std::condition_variable cv;
-  bool stopping = false;  // leave() called
-  bool dirty = false;     // a waiter took a shard or a lease was lost: publish now
+  bool stopping = false;                // leave() called
+  bool left = false;                    // the first leave() has finished
+  bool loop_ended = false;              // run() has returned (it may have been detached)
+  std::thread::id loop_id, leaving_id;  // run()'s thread; the thread inside the first leave()
+  bool dirty = false;                   // a waiter took a shard or a lease was lost: publish now
   std::optional<Lease> membership;
   std::map<std::uint32_t, Held> held;
   std::map<std::uint32_t, Waiter> waiters;
@@ -178,6 +181,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
   void run() {
     auto next_full = SteadyClock::now();
     std::unique_lock lk(mu);
+    loop_id = std::this_thread::get_id();
     while (!stopping) {
       const bool full = SteadyClock::now() >= next_full;
       dirty = false;
@@ -191,6 +195,9 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       lk.lock();
       cv.wait_until(lk, next_full, [&] { return stopping || dirty; });
     }
+    loop_ended = true;
+    lk.unlock();
+    cv.notify_all();
   }
 
   // Fires the shard's stop token, then releases it (outside the lock: a round trip).
@@ -226,7 +233,8 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       for (auto it = held.begin(); it != held.end();) {
         if (!it->second.lease.owns()) {
           ++counters.shards_lost;
-          it->second.stop.request_stop();
+          // Its stop fires in give_up, outside the group's lock: a user's stop callback may
+          // call assigned() or stats(), which take that lock.
           drop.push_back(std::move(it->second));
           it = held.erase(it);
         } else {
@@ -392,9 +400,19 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     std::map<std::uint32_t, Waiter> stop_waiters;
     std::optional<Lease> member;
     {
-      std::lock_guard lk(mu);
-      if (stopping) return;
+      std::unique_lock lk(mu);
+      if (stopping) {
+        // A second leave() (the destructor after a leave() from on_change, or another
+        // thread) returns once the first one has finished and the loop, detached or not,
+        // has ended: after it, no callback of this group runs. Not on the loop's own
+        // thread, nor on the thread inside the first leave() (a stop callback of its own):
+        // those would wait for themselves.
+        const auto me = std::this_thread::get_id();
+        if (me != loop_id && me != leaving_id) cv.wait(lk, [&] { return left && loop_ended; });
+        return;
+      }
       stopping = true;
+      leaving_id = std::this_thread::get_id();
       for (auto& [i, h] : held) drop.push_back(std::move(h));
       counters.shards_given_up += held.size();
       held.clear();
@@ -428,6 +446,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
         ++published.version;
       }
       counters.shards_owned = 0;
+      left = true;
     }
     cv.notify_all();
   }

@@ -13,10 +13,10 @@
 #include <optional>
 #include <thread>
 
-#include "engine/url.hpp"
-#include "engine/scheme.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "engine/scheme.hpp"
+#include "engine/url.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/segment_source.hpp"
 
@@ -153,7 +153,15 @@ struct SegmentGenerator::Impl {
     for (;;) {
       if (next_id <= end_id) {
         id = static_cast<std::uint64_t>(next_id);
-        last_issued = next_id++;
+        last_issued = next_id;
+        if (next_id == end_id) {
+          // Used up. Not next_id + 1: a range may end at 2^63 - 1, and the cursor would
+          // overflow past it (the next call then handed out 2^63 onwards).
+          next_id = 1;
+          end_id = 0;
+        } else {
+          ++next_id;
+        }
         // 10 % left (or less): take the next range in the background.
         if (!spare && !fetching && (end_id - next_id + 1) * 10 <= range_size &&
             (!fetch_ec || SteadyClock::now() >= retry_at)) {

@@ -398,6 +398,29 @@ TEST_P(Segment, BadInputGetsAClearDistinctError) {
   EXPECT_EQ(ec, errc::exhausted) << ec.message();
 }
 
+// A range that ends exactly at 2^63 - 1 (the database allows max_id to reach it: only a sum
+// past it is an overflow). Its last id is handed out; the call after it must be
+// errc::exhausted. Before the fix the generator's cursor overflowed past 2^63 - 1 and the
+// next call returned 9223372036854775808 (an id no take ever handed out, outside the id
+// space, and the start of a run that never asks the database again).
+TEST_P(Segment, RangeEndingAtTheLargestIdIsHandedOutThenExhausted) {
+  constexpr std::uint64_t kLargest = 9223372036854775807ull;
+  SegmentGenerator gen(db_.url(), {.tag = "top", .step = 1000});
+  db_.query("UPDATE " + db_.table() + " SET max_id = 9223372036854774807 WHERE tag = 'top'");
+  std::vector<std::uint64_t> ids = take(gen, 2000);  // [1, 1000], then (2^63 - 1001, 2^63 - 1]
+  EXPECT_EQ(ids[999], 1000u);
+  EXPECT_EQ(ids[1000], kLargest - 999);
+  EXPECT_EQ(ids.back(), kLargest);
+  EXPECT_TRUE(strictly_increasing(ids));
+  for (int i = 0; i < 3; ++i) {
+    std::error_code ec;
+    const std::uint64_t id = gen.next(ec);
+    EXPECT_EQ(ec, distlock::errc::exhausted) << "call " << i << " returned id " << id << ": " << ec.message();
+    EXPECT_EQ(id, 0u);
+  }
+  EXPECT_EQ(db_.max_id("top"), 9223372036854775807);
+}
+
 INSTANTIATE_TEST_SUITE_P(Databases, Segment, ::testing::Values("postgres", "mysql"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 

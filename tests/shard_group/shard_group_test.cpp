@@ -1,5 +1,5 @@
 // Task sharding (distlock/shard_group.hpp) over every backend that lists its locks and
-// issues fencing tokens: file, redis, etcd, zk, postgres, each started by the test.
+// issues fencing tokens: file, redis, etcd, zk, postgres, mysql, each started by the test.
 //
 // Members are Clients of their own (one per member, as separate machines would be) in this
 // process, plus a member in a shard_tool process that the test SIGKILLs.
@@ -21,12 +21,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -181,7 +184,7 @@ std::vector<Kind> sharding_kinds() {
   std::vector<Kind> out;
   for (auto& k : distlock::testing::kinds())
     if (k.label == "file" || k.label == "redis" || k.label == "etcd1" || k.label == "zk1" ||
-        k.label == "postgres")
+        k.label == "postgres" || k.label == "mysql")
       out.push_back(k);
   return out;
 }
@@ -365,6 +368,64 @@ TEST_P(ShardGroupBackends, AKilledMembersShardsAreOwnedAgainWithinTtlPlusOnePeri
   history.check(target_->fencing());
 }
 
+// Churn: six members joining and leaving at random moments (seeded; DISTLOCK_SHARD_SEED
+// replays one run), never waiting for the group to settle between steps, so members often
+// plan from listings that disagree and waiters are cancelled while their grants arrive.
+// Bounded: 24 steps, each 0..2 periods apart. Checked: one owner at a time per shard (tokens
+// strictly increase, each owner told before the next saw it), and once the churn stops the
+// live members balance within kDeadline.
+TEST_P(ShardGroupBackends, ChurnOfSixMembersKeepsOneOwnerPerShardAndSettlesBalanced) {
+  constexpr std::uint32_t kShards = 12;
+  constexpr int kMembers = 6, kSteps = 24;
+  const char* env = std::getenv("DISTLOCK_SHARD_SEED");
+  const unsigned seed = env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+  std::printf("[ %s ] churn seed %u (DISTLOCK_SHARD_SEED=%u replays it)\n", GetParam().label.c_str(), seed,
+              seed);
+  std::mt19937 rng(seed);
+  History history;
+  std::vector<std::optional<distlock::Client>> clients(kMembers);
+  std::vector<std::unique_ptr<distlock::ShardGroup>> members(kMembers);
+  for (int k = 0; k < kMembers; ++k) clients[k] = distlock::connect(target_->url());
+  int generation = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const int k = static_cast<int>(rng() % kMembers);
+    if (members[k]) {
+      members[k].reset();  // leaves
+    } else {
+      // A fresh id each time: a member id is held by its membership until that is released.
+      members[k] = std::make_unique<distlock::ShardGroup>(clients[k]->shard_group(
+          "churn", kShards, options(history, "m" + std::to_string(k) + "-" + std::to_string(++generation))));
+    }
+    std::this_thread::sleep_for(Millis(rng() % (2 * kPeriod.count() + 1)));  // pacing, not a wait
+  }
+  std::vector<const distlock::ShardGroup*> live;
+  for (auto& m : members)
+    if (m) live.push_back(m.get());
+  if (live.empty()) {
+    members[0] = std::make_unique<distlock::ShardGroup>(
+        clients[0]->shard_group("churn", kShards, options(history, "last")));
+    live.push_back(members[0].get());
+  }
+  const std::size_t w = live.size();
+  auto settled = [&] {
+    std::set<std::uint32_t> all;
+    std::size_t total = 0;
+    for (auto* g : live) {
+      const auto s = owned(*g);
+      if (s.size() != kShards / w && s.size() != (kShards + w - 1) / w) return false;
+      total += s.size();
+      all.insert(s.begin(), s.end());
+    }
+    return total == kShards && all.size() == kShards;
+  };
+  const auto t0 = SteadyClock::now();
+  EXPECT_TRUE(wait_until(settled, kDeadline)) << w << " live members did not balance (seed " << seed << ")";
+  std::printf("[ %s ] %zu live members balanced %lld ms after the churn; %zu ownership sections\n",
+              GetParam().label.c_str(), w, static_cast<long long>(ms_since(t0)), history.sections());
+  for (auto& m : members) m.reset();
+  history.check(target_->fencing());
+}
+
 using ShardGroupNetwork = ShardGroupBackends;
 
 TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterwards) {
@@ -424,11 +485,77 @@ TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
   EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
 }
 
+// The group's lifetime against its own thread. The header allows leave() from on_change
+// (the loop then ends after the callback). A member that leaves from its callback while
+// another thread destroys it: ~ShardGroup must not return while that callback still runs
+// (what the callback captured is destroyed right after the destructor returns). Before the
+// fix the second leave() (the destructor's) saw `stopping` and returned at once, so the
+// callback ran on, on a detached thread, after its group was gone.
+// Deterministic: the callback, after its leave(), waits up to kHold for the destructor to
+// return; a destructor that waits for the callback can only return after kHold has passed.
+constexpr Millis kHold = 1500ms;
+
+class ShardGroupLifetime : public ShardGroupBackends {};
+
+TEST_P(ShardGroupLifetime, DestructorWaitsForAnOnChangeThatCalledLeave) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    distlock::ShardGroup* group = nullptr;
+    bool fired = false, left = false, destroyed = false, overlap = false, done = false;
+  };
+  auto sh = std::make_shared<Shared>();
+  auto client = distlock::connect(target_->url());
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = "self-leaver";
+  o.on_change = [sh](const distlock::ShardAssignment&) {
+    std::unique_lock lk(sh->mu);
+    if (sh->fired) return;
+    sh->fired = true;
+    // The first assignment may be published before the constructor returned.
+    if (!sh->cv.wait_for(lk, kDeadline, [&] { return sh->group != nullptr; })) return;
+    distlock::ShardGroup* g = sh->group;
+    lk.unlock();
+    g->leave();  // on the group's own thread
+    lk.lock();
+    sh->left = true;
+    sh->cv.notify_all();
+    // The destructor runs on the test's thread now; it must wait for this callback.
+    sh->overlap = sh->cv.wait_for(lk, kHold, [&] { return sh->destroyed; });
+    sh->done = true;
+    sh->cv.notify_all();
+  };
+  auto group = std::make_unique<distlock::ShardGroup>(client.shard_group("lifetime", 2, o));
+  std::unique_lock lk(sh->mu);
+  sh->group = group.get();
+  sh->cv.notify_all();
+  ASSERT_TRUE(sh->cv.wait_for(lk, kDeadline, [&] { return sh->left; })) << "on_change never ran leave()";
+  lk.unlock();
+  const auto t0 = SteadyClock::now();
+  group.reset();
+  const auto destroy_ms = ms_since(t0);
+  lk.lock();
+  sh->destroyed = true;
+  sh->cv.notify_all();
+  ASSERT_TRUE(sh->cv.wait_for(lk, kDeadline, [&] { return sh->done; }));
+  EXPECT_FALSE(sh->overlap) << "~ShardGroup returned after " << destroy_ms
+                            << " ms while its on_change (which had called leave()) was still running";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ShardGroupBackends, ::testing::ValuesIn(sharding_kinds()),
                          [](const auto& param_info) { return param_info.param.label; });
 INSTANTIATE_TEST_SUITE_P(Backends, ShardGroupNetwork, ::testing::ValuesIn([] {
                            auto k = sharding_kinds();
                            std::erase_if(k, [](const Kind& x) { return !x.networked; });
+                           return k;
+                         }()),
+                         [](const auto& param_info) { return param_info.param.label; });
+
+INSTANTIATE_TEST_SUITE_P(File, ShardGroupLifetime, ::testing::ValuesIn([] {
+                           auto k = sharding_kinds();
+                           std::erase_if(k, [](const Kind& x) { return x.label != "file"; });
                            return k;
                          }()),
                          [](const auto& param_info) { return param_info.param.label; });
