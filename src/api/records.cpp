@@ -6,6 +6,7 @@
 
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
+#include "engine/names.hpp"
 #include "api/primitives.hpp"
 #include "distlock/client.hpp"
 
@@ -41,7 +42,7 @@ std::string record_key(std::string_view name, std::string_view tag) {
     if (tag == own) bad("the tag \"" + std::string(own) + "\" is the library's own");
   }
   if (name.empty()) bad("the lock name is empty");
-  std::string key = detail::derived_name(name, tag);
+  std::string key = detail::names::derived(name, tag);
   std::string why;
   if (detail::Engine::check_name(key, why)) bad("the record's key: " + why);
   return key;
