@@ -138,7 +138,7 @@ class SentinelTarget final : public Target {
     for (std::size_t i = 0; i < group_.sentinel_ports().size(); ++i) {
       std::string epoch = "?", named = "?";
       try {
-        auto m = group_.sentinel_command(i, {"SENTINEL", "MASTER", "mymaster"});
+        auto m = group_.sentinel_command(i, {"SENTINEL", "MASTER", RedisSentinelOptions{}.master_name});
         for (std::size_t k = 0; m && m->type == REDIS_REPLY_ARRAY && k + 1 < m->elements; k += 2) {
           const auto text = [](const redisReply* r) {
             return r->str ? std::string(r->str, r->len) : std::string();
