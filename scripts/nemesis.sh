@@ -13,7 +13,8 @@
 # every one this build has). SEED replays a run: the same faults, durations and gaps
 # (which process holds the lock when a fault strikes is up to timing). BUILD_DIR
 # (default build/release) is configured with every component unless it exists already.
-# Each backend's history files are kept in $KEEP_DIR/<backend> (default: not kept).
+# Each backend's history files, client log and server logs (where the target has them)
+# are kept in $KEEP_DIR/<backend> (default: not kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-300}"

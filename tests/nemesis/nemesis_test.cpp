@@ -359,6 +359,9 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       std::filesystem::copy_file(e.path(), std::filesystem::path(keep) / e.path().filename(),
                                  std::filesystem::copy_options::overwrite_existing);
     }
+    for (const auto& [name, text] : servers->server_logs()) {
+      std::ofstream(std::filesystem::path(keep) / name) << text;
+    }
   }
   std::string sched;
   for (const auto& f : faults) sched += "  " + f + "\n";
@@ -366,6 +369,16 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
 
   const std::string replay = " (replay: DISTLOCK_NEMESIS_SEED=" + std::to_string(seed) +
                              " DISTLOCK_NEMESIS_SECONDS=" + std::to_string(seconds) + ")";
+  // The schedule has no server fault for a target without members; a failover that
+  // happened anyway (sentinel: a master starved past down-after-milliseconds) is
+  // named, so that the overlaps it causes (docs/sentinel.md: a failover loses
+  // acknowledged writes) are not taken for something else. They still count.
+  if (const std::string changed = servers->unplanned_role_changes(); !changed.empty()) {
+    ADD_FAILURE() << "the servers changed roles without a scheduled fault: " << changed
+                  << "; overlaps after a failover are the documented limit of asynchronous replication, "
+                     "which this run does not test"
+                  << replay;
+  }
   EXPECT_GT(believed, 10) << "the workers made no progress" << replay;
   for (const auto& [name, x] : std::vector<std::pair<std::string, const nm::History*>>{
            {"semaphore", &sem}, {"read-write lock", &rw}, {"election", &elect}}) {

@@ -257,7 +257,15 @@ int main(int argc, char** argv) {
   distlock::ClientOptions copts;
   copts.command_timeout = std::chrono::milliseconds(500);
   copts.connect_timeout = std::chrono::milliseconds(500);
-  copts.logger = [](distlock::LogLevel, std::string_view) {};
+  // The client's notes and warnings (a master switch, an unreachable server, a lost
+  // lease) go to DIR/client.log, one O_APPEND write per line from every worker, stamped
+  // "<ns> <pid>" on the histories' clock so that they can be set beside them.
+  copts.logger = [log = open_append(r.dir + "/client.log")](distlock::LogLevel level, std::string_view text) {
+    if (level == distlock::LogLevel::debug) return;
+    const std::string l =
+        std::to_string(mono_ns()) + " " + std::to_string(::getpid()) + " " + std::string(text) + "\n";
+    (void)!::write(log, l.data(), l.size());
+  };
   copts.clock = std::make_shared<SkewedClock>();
   std::optional<distlock::Client> client;
   // The server may be down when this process starts: retry the connection, bounded.

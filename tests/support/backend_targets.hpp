@@ -12,6 +12,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace distlock::testing {
@@ -60,6 +61,12 @@ class Target {
   virtual void pause(int /*member*/) {}
   virtual void resume(int /*member*/) {}
   virtual void kill_and_restart(int /*member*/) {}
+  /// The servers' own logs, as (file name, text), for a kept run to be read after the
+  /// fact (DISTLOCK_NEMESIS_KEEP); empty where the target keeps none.
+  virtual std::vector<std::pair<std::string, std::string>> server_logs() { return {}; }
+  /// Server role changes that no fault of the test caused (a Sentinel failover),
+  /// described; empty when there was none.
+  virtual std::string unplanned_role_changes() { return {}; }
 };
 
 struct Kind {
