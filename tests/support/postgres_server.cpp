@@ -236,7 +236,8 @@ void PostgresServer::kill() {
   // first (it forks no process more), then kill its children, then it: a crash of the
   // whole server, with no backend left attached to the shared memory a restart needs.
   process_.signal(SIGSTOP);
-  const std::vector<pid_t> children = children_of(pid_);
+  // Only while the postmaster is ours and unreaped: a reaped pid may name another process.
+  const std::vector<pid_t> children = process_.running() ? children_of(pid_) : std::vector<pid_t>{};
   for (const pid_t c : children) ::kill(c, SIGKILL);
   process_.signal(SIGKILL);
   ::kill(pid_, SIGCONT);
@@ -257,9 +258,10 @@ void PostgresServer::pause() {
   if (pid_ <= 0) return;
   // The postmaster first, so that it forks no new backend; then every child alive now
   // (each backend is in a process group of its own, so a group signal misses them).
-  // Returns once all of them are stopped (bounded, 5 s each on the steady clock).
+  // Returns once all of them are stopped (bounded, 5 s in all on the steady clock).
   process_.signal(SIGSTOP);
-  const std::vector<pid_t> children = children_of(pid_);
+  // Only while the postmaster is ours and unreaped: a reaped pid may name another process.
+  const std::vector<pid_t> children = process_.running() ? children_of(pid_) : std::vector<pid_t>{};
   for (const pid_t c : children) ::kill(c, SIGSTOP);
   wait_stopped(children);
 }
@@ -268,7 +270,9 @@ void PostgresServer::resume() {
   if (pid_ <= 0) return;
   // In the reverse order: the children (still the postmaster's, which is stopped and
   // reaps none), then the postmaster.
-  for (const pid_t c : children_of(pid_)) ::kill(c, SIGCONT);
+  if (process_.running()) {
+    for (const pid_t c : children_of(pid_)) ::kill(c, SIGCONT);
+  }
   ::kill(pid_, SIGCONT);
 }
 
