@@ -16,6 +16,32 @@ using Clock = std::chrono::steady_clock;
 
 void discard_notice(void*, const char*) {}
 
+// PQconnectdbParams with a deadline of `timeout` (milliseconds, on the steady clock) over
+// the whole startup: TCP connect, TLS, authentication, the server's first answer. libpq's
+// own connect_timeout is whole seconds, at least 2, so a `timeout=500ms` waited 2 s on a
+// server that accepts the TCP connection and never answers (a hung server). Sets
+// `timed_out` when the deadline passed first (the connection is then not usable).
+PGconn* connect_within(const char* const* keys, const char* const* vals, Millis timeout, bool& timed_out) {
+  timed_out = false;
+  PGconn* c = PQconnectStartParams(keys, vals, 0);
+  if (c == nullptr || PQstatus(c) == CONNECTION_BAD) return c;
+  const auto end = Clock::now() + timeout;
+  // Before the first PQconnectPoll, wait as if it had returned PGRES_POLLING_WRITING.
+  PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+  while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+    const auto left = std::chrono::ceil<Millis>(end - Clock::now());
+    if (left <= Millis::zero()) {
+      timed_out = true;
+      return c;
+    }
+    pollfd p{PQsocket(c), static_cast<short>(st == PGRES_POLLING_READING ? POLLIN : POLLOUT), 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left.count()));  // at most 1 h (ClientOptions::validate)
+    if (r < 0 && errno != EINTR) return c;  // PQstatus is not CONNECTION_OK: reported as a failure
+    if (r > 0) st = PQconnectPoll(c);
+  }
+  return c;
+}
+
 }  // namespace
 
 std::string to_hex(std::string_view bytes) {
@@ -154,16 +180,14 @@ std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::e
 // Opens a connection; idle_session_timeout (ms) when > 0. On failure returns null,
 // `ec` (auth_failed / backend_unavailable / invalid_argument) and `why`.
 Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_code& ec, std::string& why) {
-  const std::string connect_s =
-      std::to_string(std::max<long long>(1, (cfg.connect_timeout.count() + 999) / 1000));
   // Every lease on this connection ends with it; the server ends it after this much idleness.
   const std::string options =
       "-c idle_session_timeout=" + std::to_string(idle_timeout.count()) +
       " -c idle_in_transaction_session_timeout=" + std::to_string(idle_timeout.count()) +
       // A token row lost to a crash would let tokens repeat.
       " -c synchronous_commit=on";
-  std::vector<const char*> keys{"host", "connect_timeout", "application_name", "options", "client_encoding"};
-  std::vector<const char*> vals{cfg.host.c_str(), connect_s.c_str(), role, options.c_str(), "UTF8"};
+  std::vector<const char*> keys{"host", "application_name", "options", "client_encoding"};
+  std::vector<const char*> vals{cfg.host.c_str(), role, options.c_str(), "UTF8"};
   auto add = [&](const char* k, const std::string& v) {
     if (v.empty()) return;
     keys.push_back(k);
@@ -176,7 +200,14 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
   add("sslmode", cfg.sslmode);
   keys.push_back(nullptr);
   vals.push_back(nullptr);
-  Conn c(PQconnectdbParams(keys.data(), vals.data(), 0));
+  bool timed_out = false;
+  Conn c(connect_within(keys.data(), vals.data(), cfg.connect_timeout, timed_out));
+  if (timed_out) {
+    ec = make_error_code(errc::backend_unavailable);
+    why = cfg.shown + ": cannot connect: no answer within the connect timeout (" +
+          std::to_string(cfg.connect_timeout.count()) + " ms)";
+    return nullptr;
+  }
   if (c && PQstatus(c.get()) == CONNECTION_OK) {
     PQsetNoticeProcessor(c.get(), &discard_notice, nullptr);
     if (PQserverVersion(c.get()) < 140000) {

@@ -15,7 +15,6 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -62,32 +61,11 @@ class Database {
   }
   void kill() { pg_ ? pg_->kill() : my_->kill(); }
   void restart() { pg_ ? pg_->restart() : my_->restart(); }
-  // PostgreSQL's backends each lead a process group of their own (setsid in
-  // InitPostmasterChild), so PostgresServer::pause(), which signals the postmaster's
-  // group, leaves existing sessions answering: signal the postmaster's children too.
-  void pause() { pg_ ? signal_postgres(SIGSTOP) : my_->pause(); }
-  void resume() { pg_ ? signal_postgres(SIGCONT) : my_->resume(); }
+  // Every server process stopped, existing sessions included (see the harnesses).
+  void pause() { pg_ ? pg_->pause() : my_->pause(); }
+  void resume() { pg_ ? pg_->resume() : my_->resume(); }
 
  private:
-  void signal_postgres(int sig) {
-    ::kill(pg_->pid(), sig);
-    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-      const std::string name = entry.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(entry.path() / "stat");
-      std::string line;
-      std::getline(stat, line);
-      // pid (comm) state ppid ...: comm may hold spaces, so parse after the last ')'.
-      const auto close = line.rfind(')');
-      if (close == std::string::npos) continue;
-      std::istringstream rest(line.substr(close + 1));
-      char state = 0;
-      pid_t ppid = 0;
-      rest >> state >> ppid;
-      if (ppid == pg_->pid()) ::kill(static_cast<pid_t>(std::stol(name)), sig);
-    }
-  }
-
   std::optional<PostgresServer> pg_;
   std::optional<MariadbServer> my_;
 };

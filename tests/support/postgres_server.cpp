@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -32,6 +33,50 @@ std::string run_to_end(const std::vector<std::string>& argv, const std::string& 
            ss.str();
   }
   return {};
+}
+
+// The scheduler state letter of a process (/proc/<pid>/stat), or 0 when it is gone.
+char state_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // pid (comm) state ppid ...: comm may hold spaces and parentheses, so parse after the last ')'.
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return 0;
+  return stat[paren + 2];
+}
+
+// The processes whose parent is `parent` (every /proc/<pid>/stat's ppid field).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string line;
+    std::getline(in, line);
+    const auto paren = line.rfind(')');
+    if (paren == std::string::npos) continue;  // gone meanwhile
+    std::istringstream rest(line.substr(paren + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// Waits (bounded, 5 s on the steady clock) until every process of `pids` is stopped,
+// dead or gone: a SIGSTOP is only queued when kill() returns.
+void wait_stopped(const std::vector<pid_t>& pids) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (const pid_t p : pids) {
+    for (;;) {
+      const char st = state_of(p);
+      if (st == 0 || st == 'T' || st == 't' || st == 'Z' || st == 'X') break;
+      if (std::chrono::steady_clock::now() >= end) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }
 
 }  // namespace
@@ -186,24 +231,49 @@ std::string PostgresServer::url_with_password(const std::string& password) const
 
 void PostgresServer::kill() {
   if (pid_ <= 0) return;
-  ::kill(-pid_, SIGKILL);
-  ::kill(-pid_, SIGCONT);
+  // Every PostgreSQL backend leads a process group of its own (setsid in
+  // InitPostmasterChild), so the postmaster's group holds the postmaster alone. Stop it
+  // first (it forks no process more), then kill its children, then it: a crash of the
+  // whole server, with no backend left attached to the shared memory a restart needs.
+  process_.signal(SIGSTOP);
+  // Only while the postmaster is ours and unreaped: a reaped pid may name another process.
+  const std::vector<pid_t> children = process_.running() ? children_of(pid_) : std::vector<pid_t>{};
+  for (const pid_t c : children) ::kill(c, SIGKILL);
   process_.signal(SIGKILL);
+  ::kill(pid_, SIGCONT);
   process_.wait_for(std::chrono::seconds(10));
-  // Backends of a killed postmaster are in its group and die with it; wait until
-  // none is left so a restart finds the port and shared memory free.
-  for (int i = 0; i < 500 && ::kill(-pid_, 0) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The killed children are reparented and reaped; wait (bounded, 5 s) until none is left.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (const pid_t c : children) {
+    for (;;) {
+      const char st = state_of(c);
+      if (st == 0 || st == 'Z' || st == 'X' || std::chrono::steady_clock::now() >= end) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   pid_ = -1;
 }
 
 void PostgresServer::pause() {
-  if (pid_ > 0) ::kill(-pid_, SIGSTOP);
+  if (pid_ <= 0) return;
+  // The postmaster first, so that it forks no new backend; then every child alive now
+  // (each backend is in a process group of its own, so a group signal misses them).
+  // Returns once all of them are stopped (bounded, 5 s in all on the steady clock).
+  process_.signal(SIGSTOP);
+  // Only while the postmaster is ours and unreaped: a reaped pid may name another process.
+  const std::vector<pid_t> children = process_.running() ? children_of(pid_) : std::vector<pid_t>{};
+  for (const pid_t c : children) ::kill(c, SIGSTOP);
+  wait_stopped(children);
 }
 
 void PostgresServer::resume() {
-  if (pid_ > 0) ::kill(-pid_, SIGCONT);
+  if (pid_ <= 0) return;
+  // In the reverse order: the children (still the postmaster's, which is stopped and
+  // reaps none), then the postmaster.
+  if (process_.running()) {
+    for (const pid_t c : children_of(pid_)) ::kill(c, SIGCONT);
+  }
+  ::kill(pid_, SIGCONT);
 }
 
 void PostgresServer::stop() {

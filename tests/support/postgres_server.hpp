@@ -1,8 +1,10 @@
 // Test support: a real PostgreSQL server (initdb + postgres from Debian's
 // /usr/lib/postgresql/<version>/bin) started by the test itself in a temporary
 // directory, listening on a free loopback port, with password (SCRAM) auth for the
-// superuser "distlock". Stopped by pid (the postmaster leads its own process group,
-// so kill() takes its backends along, like a crash).
+// superuser "distlock". Stopped by pid. The postmaster leads its own process group,
+// but PostgreSQL puts every backend it forks in a process group of its own (setsid in
+// InitPostmasterChild), so kill() and pause() signal the postmaster's children one by
+// one (found by their ppid in /proc), the postmaster stopped first so it forks none more.
 //
 // PostgreSQL refuses to run as root: when the test runs as root, initdb and postgres
 // run as the "postgres" system user (setpriv, which execs without forking, so the
@@ -44,7 +46,10 @@ class PostgresServer {
   pid_t pid() const { return pid_; }
   /// SIGKILL to the postmaster and every backend (a crash), reaped.
   void kill();
-  /// SIGSTOP / SIGCONT to the postmaster and every backend: the server hangs with its sockets open.
+  /// SIGSTOP / SIGCONT to the postmaster and every backend (each leads a process group of its
+  /// own, so these signal them one by one: the postmaster stopped first and continued last).
+  /// pause() returns once all are stopped: the server hangs with its sockets open, existing
+  /// sessions included.
   void pause();
   void resume();
   /// Fast shutdown (SIGINT), SIGKILL after 10 s.

@@ -1,0 +1,140 @@
+// postgres:// against a paused server: every server process stopped (PostgresServer::pause,
+// which stops the backends of existing sessions too), its sockets open, nothing answered.
+// A holder must lose its lease within its TTL (the watchdog's local deadline, not the
+// server, decides); a waiter must return within its wait plus one statement timeout; and
+// after the server resumes, the lock of the holder that gave up is free again within one TTL.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "distlock/distlock.hpp"
+#include "support/postgres_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::PostgresServer;
+using Clock = std::chrono::steady_clock;
+
+LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+distlock::ClientOptions quiet() {
+  distlock::ClientOptions o;
+  o.logger = [](distlock::LogLevel, std::string_view) {};
+  return o;
+}
+
+Millis since(Clock::time_point t) {
+  return std::chrono::duration_cast<Millis>(Clock::now() - t);
+}
+
+// All bounds below are measured on this process's steady clock. The statement timeout
+// is 500 ms; the scheduling margin on a loaded machine is 600 ms (statement and connect
+// timeouts are poll() deadlines, precise to a few ms when the thread runs).
+constexpr Millis kMargin = 600ms;
+
+TEST(PostgresPausedServer, AHolderLosesItsLeaseWithinItsTtlAndTheLockIsFreeSoonAfterResume) {
+  PostgresServer server;
+  auto a = distlock::connect(server.url("?timeout=500ms"), quiet());
+  const Millis ttl = 3000ms;
+  auto held = a.acquire("paused-holder", ttl_of(ttl));
+  const std::uint64_t token = held.token();
+  const std::stop_token stop = held.stop_token();
+
+  server.pause();
+  const auto paused_at = Clock::now();
+  // The lease's validity runs from the send time of its last answered statement, which
+  // was before the pause: the loss is signalled by paused_at + ttl at the latest.
+  while (!stop.stop_requested() && Clock::now() < paused_at + ttl + 3 * kMargin) {
+    std::this_thread::sleep_for(5ms);
+  }
+  const Millis lost_after = since(paused_at);
+  EXPECT_TRUE(stop.stop_requested()) << "the holder never saw its loss on a paused server";
+  EXPECT_LE(lost_after, ttl + kMargin) << "the holder believed it held past its TTL";
+  EXPECT_FALSE(held.owns());
+  std::printf("holder saw its loss %lld ms after the pause (ttl %lld ms)\n",
+              static_cast<long long>(lost_after.count()), static_cast<long long>(ttl.count()));
+
+  server.resume();
+  const auto resumed_at = Clock::now();
+  // Bounded: ttl + margin, 20 ms apart.
+  auto advisory = [&] {
+    return server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0];
+  };
+  while (advisory() != "0" && Clock::now() < resumed_at + ttl + kMargin) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(advisory(), "0") << "the abandoned session still held its advisory lock";
+  std::printf("the server freed the lock %lld ms after the resume\n",
+              static_cast<long long>(since(resumed_at).count()));
+  // The holder closed its connection when a statement got no answer; the session's
+  // backend reads the close when it runs again and ends the session, freeing the advisory
+  // lock at once. But it first runs the renewal that was waiting in its socket, which sets
+  // the row's seen_at to the resume time: the next holder waits out seen_at + ttl (the row
+  // is what bounds an unreachable holder's belief), so it gets the lock one TTL after the
+  // resume at the latest.
+  auto b = distlock::connect(server.url("?timeout=2s"), quiet());
+  std::error_code ec;
+  auto next = b.acquire("paused-holder", ttl_of(ttl, 10000ms), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_LE(since(resumed_at), ttl + kMargin) << "the lock stayed held long after the server resumed";
+  EXPECT_GT(next.token(), token);
+  std::printf("next holder got the lock %lld ms after the resume\n",
+              static_cast<long long>(since(resumed_at).count()));
+}
+
+TEST(PostgresPausedServer, AWaiterWithASessionReturnsWithinItsWaitPlusOneStatementTimeout) {
+  PostgresServer server;
+  auto b = distlock::connect(server.url("?timeout=500ms"), quiet());
+  {
+    auto warm = b.acquire("paused-warm", ttl_of(3000ms));  // the 3 s session exists
+    warm.release();
+  }
+  server.pause();
+  const auto t0 = Clock::now();
+  std::error_code ec;
+  auto l = b.acquire("paused-waiter", ttl_of(3000ms, 1000ms), ec);
+  const Millis took = since(t0);
+  EXPECT_TRUE(ec) << "acquired on a paused server";
+  std::printf("waiter with a session returned after %lld ms: %s\n", static_cast<long long>(took.count()),
+              ec.message().c_str());
+  EXPECT_LE(took, 1000ms + 500ms + kMargin)
+      << "a waiter on a paused server ran past its bound: " << ec.message();
+  server.resume();
+}
+
+TEST(PostgresPausedServer, ANewClientsWaiterReturnsWithinItsWaitPlusOneConnectTimeout) {
+  PostgresServer server;
+  server.pause();
+  const auto t0 = Clock::now();
+  std::error_code ec;
+  // connect() opens its first session there or at the first acquire: either way one
+  // connect attempt, bounded by the 500 ms connect timeout.
+  auto b = distlock::connect(server.url("?timeout=500ms"), quiet(), ec);
+  if (ec) {
+    // connect() made the attempt and failed: one connect timeout.
+    EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
+    EXPECT_LE(since(t0), 500ms + kMargin) << "connect() to a paused server ran past its 500 ms timeout";
+  } else {
+    auto l = b.acquire("paused-new-waiter", ttl_of(3000ms, 1000ms), ec);
+  }
+  const Millis took = since(t0);
+  EXPECT_TRUE(ec) << "acquired on a paused server";
+  std::printf("new client returned after %lld ms: %s\n", static_cast<long long>(took.count()),
+              ec.message().c_str());
+  EXPECT_LE(took, 1000ms + 500ms + kMargin)
+      << "a new client's waiter on a paused server ran past its bound: " << ec.message();
+  server.resume();
+}
+
+}  // namespace
