@@ -87,7 +87,10 @@ TEST(PostgresPausedServer, AHolderLosesItsLeaseWithinItsTtlAndTheLockIsFreeSoonA
   std::error_code ec;
   auto next = b.acquire("paused-holder", ttl_of(ttl, 10000ms), ec);
   ASSERT_FALSE(ec) << ec.message();
-  EXPECT_LE(since(resumed_at), ttl + kMargin) << "the lock stayed held long after the server resumed";
+  // Measured 3.1-3.3 s on a loaded 2-core machine; the bound allows a busy CI machine a
+  // connect and a few round trips more, and still tells one TTL from two.
+  EXPECT_LE(since(resumed_at), ttl + 2 * kMargin + 300ms)
+      << "the lock stayed held long after the server resumed";
   EXPECT_GT(next.token(), token);
   std::printf("next holder got the lock %lld ms after the resume\n",
               static_cast<long long>(since(resumed_at).count()));
