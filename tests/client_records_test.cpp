@@ -8,10 +8,10 @@
 
 #include <string>
 
-#include "engine/backend.hpp"
 #include "api/client_access.hpp"
-#include "engine/engine.hpp"
 #include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/memory_fixture.hpp"
 #include "support/process.hpp"

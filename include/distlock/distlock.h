@@ -290,8 +290,8 @@ DISTLOCK_C_API void distlock_redis_daily_free(distlock_redis_daily* g);
  * database round trip, 0 means the row's step. next(): any thread at once; in a forked
  * child DISTLOCK_E_FORKED. free once. */
 typedef struct distlock_segment distlock_segment;
-DISTLOCK_C_API int distlock_segment_new(const char* url, const char* tag, int64_t step, distlock_segment** out,
-                                        distlock_error* err);
+DISTLOCK_C_API int distlock_segment_new(const char* url, const char* tag, int64_t step,
+                                        distlock_segment** out, distlock_error* err);
 DISTLOCK_C_API int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* err);
 DISTLOCK_C_API void distlock_segment_free(distlock_segment* g);
 /* A UUIDv7 in canonical text (36 characters and a NUL) from one process-wide generator:

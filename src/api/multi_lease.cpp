@@ -11,9 +11,9 @@
 #include <string>
 #include <utility>
 
-#include "engine/engine.hpp"  // Engine::options(): the client's lock_defaults
 #include "distlock/clock.hpp"
 #include "distlock/error.hpp"
+#include "engine/engine.hpp"  // Engine::options(): the client's lock_defaults
 
 namespace distlock {
 

@@ -4,11 +4,11 @@
 #include <array>
 #include <string>
 
+#include "api/primitives.hpp"
+#include "distlock/client.hpp"
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
 #include "engine/names.hpp"
-#include "api/primitives.hpp"
-#include "distlock/client.hpp"
 
 namespace distlock {
 

@@ -1,8 +1,8 @@
 // Segment ids (ids/segment_source.hpp): the database schemes that can hand out id ranges,
 // one line per backend folder that has a segment source (its <name>_segment.hpp is the
 // folder's registration header for ids, as <name>_scheme.hpp is for locks).
-#include "distlock/config.hpp"
 #include "connect/registry.hpp"
+#include "distlock/config.hpp"
 #if DISTLOCK_HAS_IDS
 #include "ids/segment_source.hpp"
 #if DISTLOCK_HAS_POSTGRES
@@ -56,6 +56,5 @@ std::string segment_schemes() {
   return out;
 }
 #endif
-
 
 }  // namespace distlock::detail

@@ -6,8 +6,8 @@
 
 #include <charconv>
 
-#include "engine/url.hpp"
 #include "distlock/error.hpp"
+#include "engine/url.hpp"
 #include "mysql/my_conn.hpp"
 #include "mysql/mysql_backend.hpp"
 

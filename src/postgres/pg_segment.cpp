@@ -6,8 +6,8 @@
 
 #include <charconv>
 
-#include "engine/url.hpp"
 #include "distlock/error.hpp"
+#include "engine/url.hpp"
 #include "postgres/pg_conn.hpp"
 #include "postgres/postgres_backend.hpp"
 
