@@ -70,7 +70,21 @@ struct Interval {
 class MultiLock : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override { target_ = GetParam().make({}); }
-  distlock::Client client() { return distlock::connect(target_->url(), quiet()); }
+  distlock::Client client() {
+    distlock::ClientOptions o = quiet();
+    o.lock_defaults.ttl = ttl(30s);
+    return distlock::connect(target_->url(), o);
+  }
+  // Default options but for a TTL the target accepts.
+  distlock::LockOptions plain() const {
+    distlock::LockOptions o;
+    o.ttl = ttl(30s);
+    return o;
+  }
+  // A TTL the target accepts (zk:// allows at most twice its session timeout).
+  Millis ttl(Millis wanted) const {
+    return Millis(std::min<std::int64_t>(wanted.count(), target_->max_ttl_ms()));
+  }
   std::unique_ptr<Target> target_;
 };
 
@@ -82,7 +96,7 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
   const std::vector<std::vector<std::string>> sets = {{"m/1", "m/2", "m/3"}, {"m/4", "m/3", "m/2"}};
   constexpr Millis kWait = 30s;  // a deadlock shows as a call that runs out this wait
   distlock::LockOptions opts;
-  opts.ttl = 10s;
+  opts.ttl = ttl(10s);
   opts.wait = kWait;
 
   std::mutex mu;
@@ -169,7 +183,7 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
 TEST_P(MultiLock, LossOfOneNameFiresTheWholeStopToken) {
   auto cl = client();
   distlock::LockOptions opts;
-  opts.ttl = 5s;
+  opts.ttl = ttl(5s);
   opts.wait = 10s;
   // max_hold ends each lease on its own at grant + 600 ms: the first name taken is lost first.
   opts.max_hold = 600ms;
@@ -194,9 +208,9 @@ TEST_P(MultiLock, LossOfOneNameFiresTheWholeStopToken) {
   }
   EXPECT_EQ(both.size(), 0u);
   // Both names can be had again within the TTL (a lost lease's record may stay on the server
-  // until its TTL, 5 s, runs out): a wait of 10 s.
+  // until its TTL, at most 5 s, runs out): a wait of 10 s.
   distlock::LockOptions later;
-  later.ttl = 5s;
+  later.ttl = ttl(5s);
   later.wait = 10s;
   EXPECT_TRUE(cl.acquire_all({"loss/a", "loss/b"}, later).owns());
 }
@@ -206,7 +220,7 @@ TEST_P(MultiLock, PartialSetIsReleasedWhenTheWaitRunsOut) {
   auto caller = client();
   auto other = client();
   distlock::LockOptions opts;
-  opts.ttl = 5s;
+  opts.ttl = ttl(5s);
   distlock::Lease second = holder.acquire("part/2", opts);
   opts.wait = 500ms;
   const auto t0 = Steady::now();
@@ -222,13 +236,13 @@ TEST_P(MultiLock, PartialSetIsReleasedWhenTheWaitRunsOut) {
   EXPECT_GE(took, 500ms);
   EXPECT_LT(took, 2500ms);
   // part/1 was taken first (sorted order) and must already be free: one attempt, no wait.
-  auto first = other.try_acquire("part/1", distlock::LockOptions{});
+  auto first = other.try_acquire("part/1", plain());
   EXPECT_TRUE(first.has_value()) << "the name taken before the timeout was not released";
   if (first) first->release();
 
   // try_acquire_all: one attempt, nothing left held when it fails.
-  EXPECT_FALSE(caller.try_acquire_all({"part/1", "part/2"}, distlock::LockOptions{}).has_value());
-  auto again = other.try_acquire("part/1", distlock::LockOptions{});
+  EXPECT_FALSE(caller.try_acquire_all({"part/1", "part/2"}, plain()).has_value());
+  auto again = other.try_acquire("part/1", plain());
   EXPECT_TRUE(again.has_value());
   if (again) again->release();
 
@@ -240,14 +254,14 @@ TEST_P(MultiLock, PartialSetIsReleasedWhenTheWaitRunsOut) {
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), errc::busy) << e.what();
   }
-  EXPECT_TRUE(other.try_acquire("part/1", distlock::LockOptions{}).has_value());
+  EXPECT_TRUE(other.try_acquire("part/1", plain()).has_value());
 }
 
 TEST_P(MultiLock, ACancelledCallReleasesWhatItTook) {
   auto holder = client();
   auto caller = client();
   distlock::LockOptions opts;
-  opts.ttl = 5s;
+  opts.ttl = ttl(5s);
   distlock::Lease second = holder.acquire("cancel/2", opts);
   std::stop_source stop;
   opts.wait = 30s;
@@ -274,14 +288,14 @@ TEST_P(MultiLock, ACancelledCallReleasesWhatItTook) {
   ASSERT_TRUE(returned);
   EXPECT_EQ(done.get(), errc::cancelled);
   EXPECT_LT(took, 5s);
-  auto first = holder.try_acquire("cancel/1", distlock::LockOptions{});
+  auto first = holder.try_acquire("cancel/1", plain());
   EXPECT_TRUE(first.has_value()) << "the cancelled call left cancel/1 held";
 }
 
 TEST_P(MultiLock, DuplicatesAreDroppedAndEachNameKeepsItsToken) {
   auto cl = client();
   distlock::LockOptions opts;
-  opts.ttl = 5s;
+  opts.ttl = ttl(5s);
   opts.wait = 5s;
   {
     distlock::MultiLease all = cl.acquire_all({"dup/b", "dup/a", "dup/b"}, opts);
@@ -307,8 +321,7 @@ TEST_P(MultiLock, DuplicatesAreDroppedAndEachNameKeepsItsToken) {
   EXPECT_EQ(ec, errc::invalid_argument);
   (void)cl.acquire_all({"dup/a", ""}, opts, ec);
   EXPECT_EQ(ec, errc::invalid_argument);
-  EXPECT_TRUE(cl.try_acquire("dup/a", distlock::LockOptions{}).has_value())
-      << "a failed call left dup/a held";
+  EXPECT_TRUE(cl.try_acquire("dup/a", plain()).has_value()) << "a failed call left dup/a held";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MultiLock, ::testing::ValuesIn(distlock::testing::kinds()),
