@@ -30,7 +30,9 @@ TEST(DerivedNames, EncodersWriteTheStoredNames) {
 }
 
 TEST(DerivedNames, DecodeReadsBackEveryKind) {
-  const auto permit = names::decode(names::semaphore_permit("jobs", 7));
+  // decode() returns views into its argument, so each encoded name is kept alive.
+  const std::string permit_name = names::semaphore_permit("jobs", 7);
+  const auto permit = names::decode(permit_name);
   EXPECT_EQ(permit.kind, LockKind::semaphore_permit);
   EXPECT_EQ(permit.base, "jobs");
   EXPECT_EQ(permit.index, 7u);
@@ -38,21 +40,24 @@ TEST(DerivedNames, DecodeReadsBackEveryKind) {
   EXPECT_EQ(names::display(permit, 10u), "semaphore permit 7 of 10");
   EXPECT_EQ(names::display(permit), "semaphore permit 7");
 
-  const auto reader = names::decode(names::rw_reader("cfg", 2));
+  const std::string reader_name = names::rw_reader("cfg", 2);
+  const auto reader = names::decode(reader_name);
   EXPECT_EQ(reader.kind, LockKind::rw_reader);
   EXPECT_EQ(reader.base, "cfg");
   EXPECT_EQ(reader.index, 2u);
   EXPECT_EQ(names::definition_of(reader), names::rw_definition("cfg"));
   EXPECT_EQ(names::display(reader, 4u), "rw reader slot 2 of 4");
 
-  const auto writer = names::decode(names::rw_writer("cfg"));
+  const std::string writer_name = names::rw_writer("cfg");
+  const auto writer = names::decode(writer_name);
   EXPECT_EQ(writer.kind, LockKind::rw_writer);
   EXPECT_EQ(writer.base, "cfg");
   EXPECT_FALSE(writer.index);
   EXPECT_EQ(names::definition_of(writer), "");
   EXPECT_EQ(names::display(writer, 4u), "rw writer");
 
-  const auto elect = names::decode(names::election("lead"));
+  const std::string elect_name = names::election("lead");
+  const auto elect = names::decode(elect_name);
   EXPECT_EQ(elect.kind, LockKind::election);
   EXPECT_EQ(elect.base, "lead");
   EXPECT_EQ(names::display(elect), "election");

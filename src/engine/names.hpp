@@ -57,7 +57,9 @@ struct Decoded {
 
 /// Decodes a lock name. A name that is not one this library derives (no \x1f, a kind
 /// it does not make, an election's bell) is a plain lock whose base is the whole name.
+/// The result views `name`, which must outlive it; a temporary string does not compile.
 Decoded decode(std::string_view name);
+Decoded decode(std::string&& name) = delete;
 /// The definition record that holds the size of the primitive a permit or reader slot
 /// belongs to (NAME\x1fsem or NAME\x1frw); empty for other kinds.
 std::string definition_of(const Decoded& d);
