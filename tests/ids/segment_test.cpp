@@ -284,11 +284,16 @@ TEST_P(Segment, ForkedChildRefusesAndLeavesTheParentsConnection) {
 TEST_P(Segment, StepChangeTakesEffectAtTheNextRange) {
   SegmentGenerator gen(db_.url(), {.tag = "step", .step = 100});
   EXPECT_EQ(gen.next(), 1u);
-  gen.set_step(500);  // the current range (0, 100] stays
+  EXPECT_EQ(gen.options().step, 100);
+  gen.set_step(500);                   // the current range (0, 100] stays
+  EXPECT_EQ(gen.options().step, 500);  // options() reports the step in force
   std::vector<std::uint64_t> ids = take(gen, 100);
   EXPECT_EQ(ids.back(), 101u);
   EXPECT_EQ(db_.max_id("step"), 600);  // the next range was (100, 600]
   EXPECT_THROW(gen.set_step(-1), std::system_error);
+  EXPECT_EQ(gen.options().step, 500);  // a refused step changes nothing
+  gen.set_step(0);
+  EXPECT_EQ(gen.options().step, 0);
 
   // step 0: the row's step, which an administrator may change in the table.
   SegmentGenerator rowwise(db_.url(), {.tag = "rowstep"});
