@@ -326,6 +326,23 @@ TEST_P(Segment, RowStepBelowOneIsRefusedAndNeverLowersMaxId) {
   EXPECT_EQ(id, 1001u);
 }
 
+// The generator alone turns the database's answer into a range (ids/segment.cpp): a max_id
+// that someone lowered below zero comes back below the step just added, and is refused
+// (never a range reaching 0 or below), on both databases alike.
+TEST_P(Segment, MaxIdLoweredBelowTheStepIsRefusedAsAProtocolError) {
+  SegmentGenerator gen(db_.url(), {.tag = "lowered", .step = 10});
+  EXPECT_EQ(gen.next(), 1u);
+  db_.query("UPDATE " + db_.table() + " SET max_id = -100 WHERE tag = 'lowered'");
+  take(gen, 9);  // the rest of (0, 10]; the next take answers max_id -90 with step 10
+  try {
+    const std::uint64_t id = gen.next();
+    ADD_FAILURE() << "handed out id " << id << " from a range below max_id's floor";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::protocol_error) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_id -90 is below the step 10"), std::string::npos) << e.what();
+  }
+}
+
 // ---- errors ---------------------------------------------------------------------------
 
 template <class F>
