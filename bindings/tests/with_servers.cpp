@@ -1,7 +1,8 @@
 // with_servers: starts the real servers a binding's tests run against, runs one command with
 // their addresses in its environment, stops the servers (by pid) and exits with the command's
-// status. Used by ctest for the C API's and the Go module's tests (bindings/*/CMakeLists.txt),
-// so those tests need no server harness of their own in their language.
+// status. Used by ctest for the C API's and the Go module's tests and the Python segment ids'
+// test (bindings/*/CMakeLists.txt), so those tests need no server harness of their own in their
+// language.
 //
 // Usage: with_servers [--redis] [--etcd] [--postgres] [--mysql] -- COMMAND [ARGS...]
 // Environment given to COMMAND:
