@@ -787,6 +787,65 @@ func (r *RedisDaily) Close() error {
 	return nil
 }
 
+// Segment issues ids from a database segment (distlock::ids::SegmentGenerator; docs/ids.md):
+// plain 1, 2, 3, ... from the row tag of the table distlock_segments in a PostgreSQL or
+// MySQL/MariaDB database. It takes the range (max_id, max_id + step] in one committed
+// transaction and hands it out from memory, taking the next range in the background when
+// 10 % of the current one is left. Ids are unique across every generator and process of a tag
+// and strictly increase within one generator; a generator that dies loses the rest of its range
+// (gaps, never repeats). Next may be called from any number of goroutines at once.
+type Segment struct {
+	mu sync.RWMutex // Next holds it shared, Close exclusively
+	g  *C.distlock_segment
+}
+
+// NewSegment connects to url (postgres://, postgresql:// or mysql://, with an optional
+// ?timeout=DUR), creates the table if it is missing and takes the first range of tag.
+// step is the ids per range (one round trip each), in [0, 1e9]; 0 takes the row's step column
+// (1000 for a row this generator creates). Errors (errors.Is): ErrInvalidArgument (tag, step),
+// ErrInvalidURL (not a database URL), ErrAuthFailed, ErrBackendUnavailable (no server within the
+// timeouts); the message is the C++ API's and never holds the password.
+func NewSegment(url, tag string, step int64) (*Segment, error) {
+	curl := C.CString(url)
+	defer C.free(unsafe.Pointer(curl))
+	ctag := C.CString(tag)
+	defer C.free(unsafe.Pointer(ctag))
+	var e C.distlock_error
+	var g *C.distlock_segment
+	if rc := C.distlock_segment_new(curl, ctag, C.int64_t(step), &g, &e); rc != C.DISTLOCK_OK {
+		return nil, cError(rc, &e)
+	}
+	return &Segment{g: g}, nil
+}
+
+// Next returns the next id (>= 1). It waits for the database only when the range is used up
+// and the next one has not arrived; then ErrBackendUnavailable or ErrAuthFailed when that range
+// cannot be taken (the next call tries again), ErrExhausted past 2^63 - 1, ErrForked in a child
+// after fork(), ErrClosed after Close.
+func (s *Segment) Next() (uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.g == nil {
+		return 0, ErrClosed
+	}
+	var e C.distlock_error
+	var id C.uint64_t
+	if rc := C.distlock_segment_next(s.g, &id, &e); rc != C.DISTLOCK_OK {
+		return 0, cError(rc, &e)
+	}
+	return uint64(id), nil
+}
+
+// Close stops the background fetch and closes the connection (waiting for a Next in progress);
+// the rest of the range is lost, never issued by anyone. A second Close does nothing.
+func (s *Segment) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	C.distlock_segment_free(s.g)
+	s.g = nil
+	return nil
+}
+
 // UUID7 returns a UUIDv7 in canonical text, strictly increasing within the process.
 func UUID7() (string, error) {
 	var buf [37]C.char

@@ -6,10 +6,15 @@
 set -euo pipefail
 src=${1:?usage: run_tests.sh SOURCE_DIR}
 go=${DISTLOCK_GO:-go}
+# The segment ids' Example runs only with a database to run on (with_servers --postgres/--mysql).
+tags=()
+if [ -n "${DISTLOCK_TEST_SEGMENT_DBS:-}" ]; then
+  tags=(-tags distlock_segment)
+fi
 for dir in "$src/bindings/go" "$src/examples/go"; do
   [ -f "$dir/go.mod" ] || continue
-  echo "== $dir: go vet"
-  (cd "$dir" && "$go" vet ./...)
-  echo "== $dir: go test -race"
-  (cd "$dir" && "$go" test -race -count=1 -timeout 300s ./...)
+  echo "== $dir: go vet ${tags[*]}"
+  (cd "$dir" && "$go" vet "${tags[@]}" ./...)
+  echo "== $dir: go test -race ${tags[*]}"
+  (cd "$dir" && "$go" test -race -count=1 -timeout 300s "${tags[@]}" ./...)
 done

@@ -309,8 +309,9 @@ class DISTLOCK_EXPORT SegmentGenerator {
   std::uint64_t next();
   std::uint64_t next(std::error_code& ec) noexcept;
 
-  /// Ids per range from the next range taken on (0: the row's step). Throws
-  /// errc::invalid_argument outside [0, kMaxSegmentStep].
+  /// Ids per range from the next range taken on (0: the row's step); options().step
+  /// reports it from then on. Throws errc::invalid_argument outside [0, kMaxSegmentStep]
+  /// (nothing changes). Not to be called while another thread reads options().
   void set_step(std::int64_t step);
 
   /// Ranges taken from the database so far (one round trip each), for tests and benchmarks.

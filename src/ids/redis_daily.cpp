@@ -11,6 +11,7 @@
 #include "distlock/ids.hpp"
 #include "engine/scheme.hpp"
 #include "engine/url.hpp"
+#include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/time_math.hpp"
 #include "redis/connection.hpp"
@@ -333,23 +334,11 @@ RedisDailyGenerator::RedisDailyGenerator(std::string_view redis_url, RedisDailyO
 RedisDailyGenerator::~RedisDailyGenerator() = default;
 
 std::uint64_t RedisDailyGenerator::next() {
-  std::uint64_t id = 0;
-  std::string why;
-  if (const std::error_code ec = impl_->next(id, why)) throw_error(ec, why);
-  return id;
+  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
 }
 
 std::uint64_t RedisDailyGenerator::next(std::error_code& ec) noexcept {
-  std::uint64_t id = 0;
-  std::string why;
-  try {
-    ec = impl_->next(id, why);
-  } catch (const std::system_error& e) {
-    ec = e.code();
-  } catch (...) {
-    ec = make_error_code(errc::protocol_error);
-  }
-  return ec ? 0 : id;
+  return detail::next_or_code(ec, [&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
 }
 
 std::uint64_t RedisDailyGenerator::round_trips() const noexcept {

@@ -17,6 +17,7 @@
 #include "distlock/ids.hpp"
 #include "engine/scheme.hpp"
 #include "engine/url.hpp"
+#include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/segment_source.hpp"
 
@@ -25,6 +26,8 @@ namespace distlock::ids {
 namespace {
 
 constexpr std::size_t kMaxTag = 128;
+// Step of a row a generator creates when it asks for none (0: the row's step).
+constexpr std::int64_t kDefaultSegmentStep = 1000;
 // After a background take failed, the next one starts no sooner than this (a stopped
 // server is not hammered while ids remain; a caller that ran out asks at once).
 constexpr auto kRetryPause = std::chrono::milliseconds(100);
@@ -54,6 +57,35 @@ void check_options(const SegmentOptions& o) {
   }
 }
 
+// A range of ids, first..last (inclusive).
+struct Range {
+  std::int64_t first = 0;
+  std::int64_t last = -1;
+  std::int64_t size() const { return last - first + 1; }
+};
+
+// The range a take stands for, (max_id - step, max_id], from what the database answered: the
+// one place its numbers are checked. A step below 1 (the row's, an administrator's mistake:
+// the take left max_id as it was) is errc::invalid_argument; a max_id below the step (the
+// range would reach 0 or below, or the subtraction overflow) is errc::protocol_error.
+std::error_code range_of(const detail::SegmentTake& t, const std::string& tag, const std::string& where,
+                         Range& out, std::string& why) {
+  if (t.step <= 0) {
+    why = fmt::format("the row of segment \"{}\" on {} has step {}; set a positive step", tag, where, t.step);
+    return make_error_code(errc::invalid_argument);
+  }
+  if (t.max_id < t.step) {
+    why = fmt::format(
+        "segment \"{}\" on {}: max_id {} is below the step {} just added to it (was max_id "
+        "lowered?)",
+        tag, where, t.max_id, t.step);
+    return make_error_code(errc::protocol_error);
+  }
+  out.first = t.max_id - t.step + 1;
+  out.last = t.max_id;
+  return {};
+}
+
 }  // namespace
 
 struct SegmentGenerator::Impl {
@@ -74,9 +106,9 @@ struct SegmentGenerator::Impl {
   std::int64_t end_id = 0;
   std::int64_t range_size = 0;
   std::int64_t last_issued = 0;
-  std::optional<detail::SegmentRange> spare;  // the next range, taken in the background
-  bool fetching = false;                      // a take is asked for or in flight
-  bool want = false;                          // the fetcher should start one
+  std::optional<Range> spare;  // the next range, taken in the background
+  bool fetching = false;       // a take is asked for or in flight
+  bool want = false;           // the fetcher should start one
   bool stop = false;
   std::error_code fetch_ec;  // the last take's failure (cleared by a success)
   std::string fetch_why;
@@ -85,9 +117,12 @@ struct SegmentGenerator::Impl {
 
   bool forked() const { return detail::fork_generation() != fork_gen; }
 
-  std::error_code take(detail::SegmentRange& r, std::string& why) {
+  std::error_code take(Range& r, std::string& why) {
     trips.fetch_add(1, std::memory_order_relaxed);
-    return source->take(opts.tag, step.load(std::memory_order_relaxed), r, why);
+    const std::int64_t s = step.load(std::memory_order_relaxed);
+    detail::SegmentTake t;
+    if (auto ec = source->take(opts.tag, s, s > 0 ? s : kDefaultSegmentStep, t, why)) return ec;
+    return range_of(t, opts.tag, where, r, why);
   }
 
   void fetch_loop() {
@@ -97,7 +132,7 @@ struct SegmentGenerator::Impl {
       if (stop) return;
       want = false;
       lk.unlock();
-      detail::SegmentRange r;
+      Range r;
       std::string why;
       std::error_code ec;
       try {
@@ -121,7 +156,7 @@ struct SegmentGenerator::Impl {
   }
 
   // Makes `r` the current range. Called with mu held.
-  std::error_code install(const detail::SegmentRange& r, std::string& why) {
+  std::error_code install(const Range& r, std::string& why) {
     if (r.first <= last_issued || r.last < r.first) {
       why = fmt::format(
           "segment \"{}\" on {} went back: the range [{}, {}] does not start above id {} this generator "
@@ -170,7 +205,7 @@ struct SegmentGenerator::Impl {
         return {};
       }
       if (spare) {
-        const detail::SegmentRange r = *spare;
+        const Range r = *spare;
         spare.reset();
         if (auto ec = install(r, why)) return ec;
         continue;
@@ -221,7 +256,7 @@ SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opt
   m.source = factory(url, timeouts.connect_timeout, timeouts.command_timeout, ec, why);
   if (!m.source) throw_error(ec ? ec : make_error_code(errc::backend_unavailable), why);
   m.where = m.source->describe();
-  detail::SegmentRange first;
+  Range first;
   if ((ec = m.take(first, why))) throw_error(ec, why);
   if ((ec = m.install(first, why))) throw_error(ec, why);
   m.fetcher = std::make_unique<std::thread>([&m] { m.fetch_loop(); });
@@ -248,28 +283,17 @@ SegmentGenerator::~SegmentGenerator() {
 }
 
 std::uint64_t SegmentGenerator::next() {
-  std::uint64_t id = 0;
-  std::string why;
-  if (const std::error_code ec = impl_->next(id, why)) throw_error(ec, why);
-  return id;
+  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
 }
 
 std::uint64_t SegmentGenerator::next(std::error_code& ec) noexcept {
-  std::uint64_t id = 0;
-  std::string why;
-  try {
-    ec = impl_->next(id, why);
-  } catch (const std::system_error& e) {
-    ec = e.code();
-  } catch (...) {
-    ec = make_error_code(errc::protocol_error);
-  }
-  return ec ? 0 : id;
+  return detail::next_or_code(ec, [&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
 }
 
 void SegmentGenerator::set_step(std::int64_t step) {
   check_step(step);
-  impl_->step.store(step, std::memory_order_relaxed);
+  impl_->opts.step = step;                             // what options() reports
+  impl_->step.store(step, std::memory_order_relaxed);  // what the fetcher thread reads
 }
 
 std::uint64_t SegmentGenerator::round_trips() const noexcept {

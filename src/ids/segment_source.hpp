@@ -8,9 +8,14 @@
 // The table, one row per tag, in the URL's database (schema-qualified):
 //   distlock_segments (tag, max_id BIGINT, step BIGINT, updated_at)
 // A take is  max_id := max_id + s  with s = the requested step, or the row's `step` when
-// none was requested, committed (durably) before the range (max_id - s, max_id] is
-// returned. A missing row is created by the first take with max_id = s (first range
-// (0, s]) and step = s. max_id never decreases, so ranges never overlap.
+// none was requested, committed (durably) before the answer (the new max_id and s) is
+// returned. A missing row is created by the first take with max_id = step = the step the
+// generator gives for a new row (first range (0, s]). max_id never decreases, so ranges
+// never overlap.
+//
+// A source only runs the statement and returns what the database said. Everything else —
+// the step's bounds, a row step below 1, the range (max_id - s, max_id] and its overflow
+// checks — is decided once, by the generator (ids/segment.cpp).
 #pragma once
 
 #include <cstdint>
@@ -27,28 +32,28 @@ struct Url;
 
 namespace distlock::ids::detail {
 
-/// Step of a new row when the generator asks for none.
-inline constexpr std::int64_t kDefaultSegmentStep = 1000;
-
-/// A range taken from the table: ids first..last (inclusive), step = last - first + 1.
-struct SegmentRange {
-  std::int64_t first = 0;
-  std::int64_t last = -1;
-  std::int64_t size() const { return last - first + 1; }
+/// What the database answered to one take: the row's max_id after it, and the step it
+/// added (the requested one, or the row's `step` column when none was requested). Neither
+/// is checked by the source.
+struct SegmentTake {
+  std::int64_t max_id = 0;
+  std::int64_t step = 0;
 };
 
 class SegmentSource {
  public:
   virtual ~SegmentSource() = default;
   /// Takes the next range of `tag` (1..128 bytes, checked by the caller): `step` > 0
-  /// asks for that many ids, 0 for the row's step. One round trip (plus a reconnect
-  /// after a lost connection). Errors: backend_unavailable (no server, timeout),
-  /// auth_failed (refused: a user that may not write the table), exhausted (max_id would
-  /// pass 2^63 - 1), protocol_error (anything else); `why` names the problem and never
-  /// the password. A range whose commit was not confirmed is never returned (and never
-  /// taken again by anyone: it is lost).
-  virtual std::error_code take(const std::string& tag, std::int64_t step, SegmentRange& out,
-                               std::string& why) = 0;
+  /// adds that many ids, 0 the row's step; a missing row is created with max_id = step =
+  /// `new_row_step` (> 0). One round trip (plus a reconnect after a lost connection).
+  /// Errors: backend_unavailable (no server, timeout), auth_failed (refused: a user that
+  /// may not write the table), exhausted (max_id would pass 2^63 - 1), protocol_error
+  /// (anything else, a malformed answer included); `why` names the problem and never the
+  /// password. An answer whose commit was not confirmed is never returned (its range is
+  /// never taken again by anyone: it is lost). A row step <= 0 must leave max_id as it is
+  /// (never lowered) and is returned as it is, for the caller to refuse.
+  virtual std::error_code take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
+                               SegmentTake& out, std::string& why) = 0;
   /// Where the rows live, for messages: the URL with its password masked and the table.
   virtual std::string describe() const = 0;
   /// Called in a child after fork(): drop the connection without telling the server (it

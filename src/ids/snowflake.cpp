@@ -9,6 +9,7 @@
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/engine.hpp"
+#include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/worker_mark.hpp"
 
@@ -347,10 +348,7 @@ SnowflakeGenerator::~SnowflakeGenerator() {
 }
 
 std::uint64_t SnowflakeGenerator::next() {
-  std::uint64_t id = 0;
-  std::string why;
-  if (const std::error_code ec = impl_->fill(&id, 1, why)) throw_error(ec, why);
-  return id;
+  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->fill(&id, 1, why); });
 }
 
 void SnowflakeGenerator::next_batch(std::span<std::uint64_t> out) {
@@ -359,16 +357,8 @@ void SnowflakeGenerator::next_batch(std::span<std::uint64_t> out) {
 }
 
 std::uint64_t SnowflakeGenerator::next(std::error_code& ec) noexcept {
-  std::uint64_t id = 0;
-  std::string why;
-  try {
-    ec = impl_->fill(&id, 1, why);
-  } catch (const std::system_error& e) {
-    ec = e.code();
-  } catch (...) {
-    ec = make_error_code(errc::protocol_error);
-  }
-  return ec ? 0 : id;
+  return detail::next_or_code(ec,
+                              [&](std::uint64_t& id, std::string& why) { return impl_->fill(&id, 1, why); });
 }
 
 void SnowflakeGenerator::relet() {

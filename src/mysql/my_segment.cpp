@@ -45,22 +45,26 @@ class MySegmentSource final : public ids::detail::SegmentSource {
     return {};
   }
 
-  std::error_code take(const std::string& tag, std::int64_t step, ids::detail::SegmentRange& out,
-                       std::string& why) override {
+  std::error_code take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
+                       ids::detail::SegmentTake& out, std::string& why) override {
     // One batch, one round trip, one transaction: the INSERT ... ON DUPLICATE KEY UPDATE
     // locks the row and moves max_id; the SELECT (same transaction) reads what it wrote;
     // COMMIT makes it durable (with innodb_flush_log_at_trx_commit = 1, the server's
     // default, assumed here) before the answer comes back. BIGINT overflow is error 1690
     // and changes nothing. A row step <= 0 (an administrator's mistake) leaves max_id as
-    // it is (never lowered: other generators' ranges would repeat) and is reported below.
-    // Every value is a hex literal or a number built here.
+    // it is (never lowered: other generators' ranges would repeat); the step is returned
+    // as it is and refused by the generator (ids/segment.cpp). The SELECT returns the
+    // step the take added: the requested one, or the row's. Every value is a hex literal
+    // or a number built here.
     const std::string key = hex_literal(tag);
-    const std::string fresh = std::to_string(step > 0 ? step : ids::detail::kDefaultSegmentStep);
+    const std::string fresh = std::to_string(new_row_step);
     const std::string add = step > 0 ? std::to_string(step) : std::string("GREATEST(step, 0)");
-    const std::string sql =
-        "START TRANSACTION; INSERT INTO " + table_ + " (tag, max_id, step, updated_at) VALUES (" + key +
-        ", " + fresh + ", " + fresh + ", NOW(6)) ON DUPLICATE KEY UPDATE max_id = max_id + " + add +
-        ", updated_at = NOW(6); SELECT max_id, step FROM " + table_ + " WHERE tag = " + key + "; COMMIT";
+    const std::string used = step > 0 ? std::to_string(step) : std::string("step");
+    const std::string sql = "START TRANSACTION; INSERT INTO " + table_ +
+                            " (tag, max_id, step, updated_at) VALUES (" + key + ", " + fresh + ", " + fresh +
+                            ", NOW(6)) ON DUPLICATE KEY UPDATE max_id = max_id + " + add +
+                            ", updated_at = NOW(6); SELECT max_id, " + used + " FROM " + table_ +
+                            " WHERE tag = " + key + "; COMMIT";
     Exec e;
     // One retry on a fresh connection after a lost one (a server restart): a range whose
     // commit was not confirmed is simply never used. Generators creating the same row at
@@ -87,20 +91,11 @@ class MySegmentSource final : public ids::detail::SegmentSource {
                         e.error);
       return ec;
     }
-    std::int64_t max_id = 0, row_step = 0;
-    if (e.rows.size() != 1 || e.rows[0].size() != 2 || !to_i64(e.rows[0][0], max_id) ||
-        !to_i64(e.rows[0][1], row_step)) {
+    if (e.rows.size() != 1 || e.rows[0].size() != 2 || !to_i64(e.rows[0][0], out.max_id) ||
+        !to_i64(e.rows[0][1], out.step)) {
       why = fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag);
       return make_error_code(errc::protocol_error);
     }
-    const std::int64_t used = step > 0 ? step : row_step;
-    if (used <= 0) {
-      why = fmt::format("{}: the row of segment \"{}\" in {} has step {}; set a positive step", cfg_.shown,
-                        tag, table_, used);
-      return make_error_code(errc::invalid_argument);
-    }
-    out.first = max_id - used + 1;
-    out.last = max_id;
     return {};
   }
 

@@ -24,10 +24,10 @@ constexpr const char* kCreateSql =
 
 // $1 tag, $2 the step of a new row, $3 the requested step (0: the row's). One
 // statement, so one transaction: the row is locked, max_id moved and committed
-// (synchronous_commit = on, set by open()) before the range is returned. bigint
+// (synchronous_commit = on, set by open()) before the answer is returned. bigint
 // overflow is SQLSTATE 22003 (nothing changes). A row step <= 0 (an administrator's
 // mistake) leaves max_id as it is (never lowered: other generators' ranges would
-// repeat) and is reported by take().
+// repeat); the step is returned as it is and refused by the generator (ids/segment.cpp).
 constexpr const char* kTakeSql =
     "INSERT INTO public.distlock_segments AS s (tag, max_id, step, updated_at)"
     " VALUES ($1, $2::bigint, $2::bigint, clock_timestamp())"
@@ -74,10 +74,9 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
     return {};
   }
 
-  std::error_code take(const std::string& tag, std::int64_t step, ids::detail::SegmentRange& out,
-                       std::string& why) override {
-    const std::vector<std::string> params{
-        tag, std::to_string(step > 0 ? step : ids::detail::kDefaultSegmentStep), std::to_string(step)};
+  std::error_code take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
+                       ids::detail::SegmentTake& out, std::string& why) override {
+    const std::vector<std::string> params{tag, std::to_string(new_row_step), std::to_string(step)};
     Exec e;
     // One retry on a fresh connection after a lost one (a server restart): a range whose
     // commit was not confirmed is simply never used.
@@ -97,19 +96,12 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
                           cfg_.url);
       return ec;
     }
-    std::int64_t max_id = 0, used = 0;
     if (PQntuples(e.res.get()) != 1 || PQnfields(e.res.get()) != 2 ||
-        !to_i64(PQgetvalue(e.res.get(), 0, 0), max_id) || !to_i64(PQgetvalue(e.res.get(), 0, 1), used)) {
+        !to_i64(PQgetvalue(e.res.get(), 0, 0), out.max_id) ||
+        !to_i64(PQgetvalue(e.res.get(), 0, 1), out.step)) {
       why = fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag);
       return make_error_code(errc::protocol_error);
     }
-    if (used <= 0) {
-      why = fmt::format("{}: the row of segment \"{}\" in {} has step {}; set a positive step", cfg_.shown,
-                        tag, kTable, used);
-      return make_error_code(errc::invalid_argument);
-    }
-    out.first = max_id - used + 1;
-    out.last = max_id;
     return {};
   }
 

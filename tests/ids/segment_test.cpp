@@ -284,11 +284,16 @@ TEST_P(Segment, ForkedChildRefusesAndLeavesTheParentsConnection) {
 TEST_P(Segment, StepChangeTakesEffectAtTheNextRange) {
   SegmentGenerator gen(db_.url(), {.tag = "step", .step = 100});
   EXPECT_EQ(gen.next(), 1u);
-  gen.set_step(500);  // the current range (0, 100] stays
+  EXPECT_EQ(gen.options().step, 100);
+  gen.set_step(500);                   // the current range (0, 100] stays
+  EXPECT_EQ(gen.options().step, 500);  // options() reports the step in force
   std::vector<std::uint64_t> ids = take(gen, 100);
   EXPECT_EQ(ids.back(), 101u);
   EXPECT_EQ(db_.max_id("step"), 600);  // the next range was (100, 600]
   EXPECT_THROW(gen.set_step(-1), std::system_error);
+  EXPECT_EQ(gen.options().step, 500);  // a refused step changes nothing
+  gen.set_step(0);
+  EXPECT_EQ(gen.options().step, 0);
 
   // step 0: the row's step, which an administrator may change in the table.
   SegmentGenerator rowwise(db_.url(), {.tag = "rowstep"});
@@ -319,6 +324,23 @@ TEST_P(Segment, RowStepBelowOneIsRefusedAndNeverLowersMaxId) {
   std::uint64_t id = gen.next(ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(id, 1001u);
+}
+
+// The generator alone turns the database's answer into a range (ids/segment.cpp): a max_id
+// that someone lowered below zero comes back below the step just added, and is refused
+// (never a range reaching 0 or below), on both databases alike.
+TEST_P(Segment, MaxIdLoweredBelowTheStepIsRefusedAsAProtocolError) {
+  SegmentGenerator gen(db_.url(), {.tag = "lowered", .step = 10});
+  EXPECT_EQ(gen.next(), 1u);
+  db_.query("UPDATE " + db_.table() + " SET max_id = -100 WHERE tag = 'lowered'");
+  take(gen, 9);  // the rest of (0, 10]; the next take answers max_id -90 with step 10
+  try {
+    const std::uint64_t id = gen.next();
+    ADD_FAILURE() << "handed out id " << id << " from a range below max_id's floor";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::protocol_error) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_id -90 is below the step 10"), std::string::npos) << e.what();
+  }
 }
 
 // ---- errors ---------------------------------------------------------------------------

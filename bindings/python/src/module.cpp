@@ -765,6 +765,45 @@ class PyRedisDaily {
  private:
   std::unique_ptr<distlock::ids::RedisDailyGenerator> gen_;
 };
+
+class PySegment {
+ public:
+  PySegment(const std::string& url, const std::string& tag, std::int64_t step) {
+    distlock::ids::SegmentOptions o;
+    o.tag = tag;
+    o.step = step;
+    py::gil_scoped_release nogil;
+    gen_ = std::make_unique<distlock::ids::SegmentGenerator>(url, std::move(o));
+  }
+  ~PySegment() { close(); }
+  // Stops the background fetcher (a take in flight ends within the timeouts) and closes the
+  // connection.
+  void close() {
+    if (!gen_) return;
+    if (!python_alive()) {
+      (void)gen_.release();
+      return;
+    }
+    ReleaseIfHeld nogil;
+    gen_.reset();
+  }
+  std::uint64_t next() {
+    auto& g = get();
+    py::gil_scoped_release nogil;
+    return g.next();
+  }
+  void set_step(std::int64_t step) { get().set_step(step); }
+  std::int64_t step() { return get().options().step; }
+  std::string tag() { return get().options().tag; }
+  std::uint64_t round_trips() { return get().round_trips(); }
+
+ private:
+  distlock::ids::SegmentGenerator& get() {
+    if (!gen_) throw py::value_error("the segment generator is closed");
+    return *gen_;
+  }
+  std::unique_ptr<distlock::ids::SegmentGenerator> gen_;
+};
 #endif
 
 }  // namespace
@@ -920,6 +959,7 @@ PYBIND11_MODULE(_distlock, m) {
   components["etcd"] = bool(DISTLOCK_HAS_ETCD);
   components["zk"] = bool(DISTLOCK_HAS_ZK);
   components["postgres"] = bool(DISTLOCK_HAS_POSTGRES);
+  components["mysql"] = bool(DISTLOCK_HAS_MYSQL);
   components["ids"] = bool(DISTLOCK_HAS_IDS);
   m.attr("components") = components;
   m.attr("version") = distlock::kVersion;
@@ -939,6 +979,15 @@ PYBIND11_MODULE(_distlock, m) {
       .def(py::init<const std::string&, const std::string&, std::uint32_t>(), py::arg("url"),
            py::arg("prefix"), py::arg("reserve"))
       .def("next", &PyRedisDaily::next);
+  py::class_<PySegment>(m, "Segment")
+      .def(py::init<const std::string&, const std::string&, std::int64_t>(), py::arg("url"), py::arg("tag"),
+           py::arg("step"))
+      .def("next", &PySegment::next)
+      .def("set_step", &PySegment::set_step)
+      .def("close", &PySegment::close)
+      .def_property_readonly("step", &PySegment::step)
+      .def_property_readonly("tag", &PySegment::tag)
+      .def_property_readonly("round_trips", &PySegment::round_trips);
   m.def("uuid7_next", [] {
     static distlock::ids::Uuid7Generator gen;
     auto u = gen.next();

@@ -241,3 +241,30 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
         ready, _, _ = select.select([proc.stdout], [], [], left)
         if ready:
             return proc.stdout.readline()
+
+
+def segment_database_url(kind: str) -> str:
+    """The URL of the PostgreSQL ("postgres") or MariaDB ("mysql") server with_servers started
+    (bindings/tests/with_servers.cpp, the C++ harnesses of tests/support), from
+    DISTLOCK_TEST_<KIND>_URL. Missing, it fails when DISTLOCK_TEST_SEGMENT_DBS (set by ctest to
+    the databases the build has) lists it or under CI=true, and skips otherwise."""
+    url = os.environ.get(f"DISTLOCK_TEST_{kind.upper()}_URL")
+    if url:
+        return url
+    listed = os.environ.get("DISTLOCK_TEST_SEGMENT_DBS", "").split()
+    message = (f"DISTLOCK_TEST_{kind.upper()}_URL is not set: run through "
+               f"distlock_with_servers --{kind} (ctest -R python.test_segment does)")
+    if kind in listed or os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+    return ""
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def segment_db(request) -> str:
+    """A database URL for segment ids: each test runs on PostgreSQL and on MariaDB."""
+    if not _distlock.components.get("ids"):
+        pytest.skip("this build has no ids component")
+    if not _distlock.components.get(request.param):
+        pytest.skip(f"this build has no {request.param} component")
+    return segment_database_url(request.param)
