@@ -131,6 +131,29 @@ void add_job_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
                 "DISTLOCK_TOKEN is the writer's fencing token");
 }
 
+/// --shards M GROUP: the command runs for the shards this runner owns in the shard group.
+void add_shard_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
+  run->add_option("--shards", flags->shards,
+                  "NAME is a shard group of M shards (every member must give the same M): join it and run "
+                  "COMMAND while this runner owns at least one shard, with $DISTLOCK_SHARDS (e.g. 0,5,10), "
+                  "$DISTLOCK_TOKENS (one fencing token per shard, same order), $DISTLOCK_SHARD_COUNT and "
+                  "$DISTLOCK_SHARDS_FILE. See docs/sharding.md")
+      ->option_text("M");
+  run->add_flag("--per-shard", flags->per_shard,
+                "With --shards: one COMMAND per owned shard, with $DISTLOCK_SHARD and $DISTLOCK_TOKEN; "
+                "started when the shard is gained, killed (SIGKILL) before it is handed over or when lost");
+  run->add_option("--on-change", flags->on_change,
+                  "With --shards: how COMMAND learns that its set changed. hup (default): the new set is "
+                  "written to $DISTLOCK_SHARDS_FILE (atomically), then COMMAND gets SIGHUP — before a lost "
+                  "shard can be owned by another member. restart: COMMAND is ended (SIGKILL before a lost "
+                  "shard is handed over; SIGTERM, SIGKILL after --grace, when it gains one) and started "
+                  "again with the new set")
+      ->option_text("hup|restart");
+  run->add_option("--rebalance-period", flags->rebalance_period,
+                  "With --shards: how often the member lists the group and rebalances (default 1s)")
+      ->option_text("DUR");
+}
+
 }  // namespace
 
 int run_under_lease(const LeaseRun& r) {
@@ -157,13 +180,14 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
   run->footer(kRunFooter);
   add_lease_options(run, flags);
   add_job_options(run, flags);
+  add_shard_options(run, flags);
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");
   run->add_option("COMMAND", flags->command, "Program and arguments, after \"--\"")->type_name("");
   run->callback([flags, &exit_code, &command_after_dashes] {
     const RunSettings settings = run::validate(*flags, command_after_dashes);
-    exit_code = run::run_locked(settings);
+    exit_code = settings.shards > 0 ? run::run_shards(settings) : run::run_locked(settings);
   });
 }
 
