@@ -5,8 +5,9 @@
 //   - a SIGKILLed member's shards reach the survivor's command (SIGHUP + $DISTLOCK_SHARDS_FILE)
 //     within TTL + one rebalance period (+1.5 s for round trips on a loaded CI machine),
 //     measured on this process's steady clock from kill();
-//   - --per-shard: one command per shard; a shard that moves has its old command killed, and
-//     the new owner's command gets a larger token;
+//   - --per-shard: one command per shard; a shard that moves has its old command killed before
+//     the new owner's starts (no write of the old token after one of the new), and the new
+//     owner's command gets a larger token;
 //   - usage errors exit 64 with a line naming the flag.
 // Every wait is on a file the commands write, bounded by a stated deadline.
 #include <gtest/gtest.h>
@@ -135,7 +136,8 @@ TEST_P(CliShards, TwoMembersSplitEvenlyAndSurvivorGetsAllAfterSigkill) {
       << slurp(a_out) << " / " << slurp(b_out) << "\n"
       << a.err() << b.err();
   // Tokens are fencing tokens: above zero on these backends.
-  for (auto t : read_report(b_out)->tokens) EXPECT_GT(t, 0U);
+  const Report b_split = *read_report(b_out);
+  for (auto t : b_split.tokens) EXPECT_GT(t, 0U);
 
   // status --shards --json shows the same split.
   Cli st = Cli::run({"status", "--url", url_, "--shards", "--json", "migrate"}, dir_.path());
@@ -154,7 +156,6 @@ TEST_P(CliShards, TwoMembersSplitEvenlyAndSurvivorGetsAllAfterSigkill) {
   EXPECT_NE(text.out().find("members: 2"), std::string::npos) << text.out();
 
   // SIGKILL member a: b's command is told the full set by SIGHUP + the shards file.
-  const auto before = read_report(b_out)->tokens;
   const auto killed_at = std::chrono::steady_clock::now();
   ::kill(a.pid(), SIGKILL);
   const auto bound = kTtl + kPeriod + 1500ms;
@@ -171,7 +172,6 @@ TEST_P(CliShards, TwoMembersSplitEvenlyAndSurvivorGetsAllAfterSigkill) {
               GetParam().c_str(), static_cast<long long>(took.count()),
               static_cast<long long>(bound.count()));
   EXPECT_LE(took, bound);
-  (void)before;
 
   // SIGTERM to the runner: forwarded to its command (which dies of it), exit 128+15.
   b.signal(SIGTERM);
@@ -181,8 +181,11 @@ TEST_P(CliShards, TwoMembersSplitEvenlyAndSurvivorGetsAllAfterSigkill) {
 TEST_P(CliShards, PerShardCommandsAreKilledWhenTheirShardMoves) {
   // Each command appends "<shard> <token> <pid>" to started, then runs until stop exists.
   const std::string started = path("started").string();
+  // ... and appends its token to shard-<i>.log every 20 ms while it runs: a killed command
+  // writes nothing after its shard's next owner started, so each log never goes down.
   const std::string script = "echo \"$DISTLOCK_SHARD $DISTLOCK_TOKEN $$\" >> " + started + "; while [ ! -e " +
-                             path("stop").string() + " ]; do sleep 0.02; done";
+                             path("stop").string() + " ]; do echo $DISTLOCK_TOKEN >> " +
+                             dir_.path().string() + "/shard-$DISTLOCK_SHARD.log; sleep 0.02; done";
   auto starts = [&] {
     std::vector<std::array<std::uint64_t, 3>> out;
     std::stringstream in(slurp(started));
@@ -212,6 +215,16 @@ TEST_P(CliShards, PerShardCommandsAreKilledWhenTheirShardMoves) {
   // Balanced: no further command starts once each member has 2 (a short look, 3 periods).
   std::this_thread::sleep_for(3 * kPeriod);
   EXPECT_EQ(starts().size(), 6U);
+  for (int shard = 0; shard < 4; ++shard) {
+    std::stringstream log(slurp(path("shard-" + std::to_string(shard) + ".log")));
+    std::uint64_t last = 0, lines = 0;
+    for (std::uint64_t token; log >> token; ++lines) {
+      EXPECT_GE(token, last) << "shard " << shard << ": a write with token " << token << " after one with "
+                             << last;
+      last = token;
+    }
+    EXPECT_GT(lines, 0U) << "shard " << shard;
+  }
   a.signal(SIGTERM);
   b.signal(SIGTERM);
   EXPECT_EQ(a.wait(10s), 128 + SIGTERM) << a.err();

@@ -49,6 +49,7 @@ struct Job {
   std::vector<OwnedShard> shards;  // shared: what the job was last told; per-shard: its one shard
   bool ended_by_runner = false;    // SIGTERM/SIGKILL sent by the runner (loss, change, empty set)
   bool killed = false;
+  bool hupped = false;  // told of a change by SIGHUP: dying of it (not handled yet) is a restart
   std::optional<SteadyClock::time_point> kill_at;  // SIGTERM sent: SIGKILL then
 };
 
@@ -128,6 +129,7 @@ class ShardRunner {
         signal_job(j, SIGTERM);
       }
     } else {
+      j.hupped = true;
       signal_job(j, SIGHUP);
     }
   }
@@ -288,6 +290,7 @@ void ShardRunner::reconcile() {
   }
   j.shards = live;
   write_shards_file(j.shards);
+  j.hupped = true;
   signal_job(j, SIGHUP);
 }
 
@@ -301,7 +304,10 @@ std::optional<int> ShardRunner::reap() {
     for (auto it = st_.jobs.begin(); it != st_.jobs.end(); ++it) {
       if (it->second.pid != r) continue;
       Job& j = it->second;
-      if (!j.ended_by_runner) {
+      // A job that died of the SIGHUP that told it of a change (it had no handler yet, e.g. it
+      // was still starting) is started again with the current set, as with --on-change restart.
+      const bool died_of_hup = j.hupped && WIFSIGNALED(status) && WTERMSIG(status) == SIGHUP;
+      if (!j.ended_by_runner && !died_of_hup) {
         if (s_.per_shard) {
           finished_.push_back(j.shards.front().stop);
           print_error("shard " + std::to_string(j.shards.front().index) + "'s command exited with status " +
