@@ -231,6 +231,72 @@ TEST_P(CliShards, PerShardCommandsAreKilledWhenTheirShardMoves) {
   EXPECT_EQ(b.wait(10s), 128 + SIGTERM) << b.err();
 }
 
+TEST_P(CliShards, RestartModeStartsTheCommandAgainWithTheNewSet) {
+  // Each start appends "<pid> <count of shards>" to a's log; runs until stop exists.
+  const std::string log = path("a.starts").string();
+  const std::string script = "n=$(echo \"$DISTLOCK_SHARDS\" | tr ',' '\\n' | wc -l); echo \"$$ $n\" >> " +
+                             log + "; while [ ! -e " + path("stop").string() + " ]; do sleep 0.02; done";
+  auto last_start = [&]() -> std::pair<pid_t, int> {
+    std::stringstream in(slurp(log));
+    std::pair<pid_t, int> last{-1, 0};
+    for (long pid, n; in >> pid >> n;) last = {static_cast<pid_t>(pid), static_cast<int>(n)};
+    return last;
+  };
+  Cli a = Cli::start(run_args("restarting", 8, {"--on-change", "restart"}, script), dir_.path());
+  ASSERT_TRUE(eventually([&] { return last_start().second == 8; }, 10s)) << slurp(log) << a.err();
+  const pid_t with_eight = last_start().first;
+  Cli b = Cli::start(run_args("restarting", 8, {}, reporter(path("b.report"))), dir_.path());
+  ASSERT_TRUE(eventually([&] { return last_start().second == 4 && !process_alive(with_eight); }, 10s))
+      << slurp(log) << a.err() << b.err();
+  EXPECT_NE(last_start().first, with_eight);
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  EXPECT_EQ(a.wait(10s), 128 + SIGTERM) << a.err();
+  EXPECT_EQ(b.wait(10s), 128 + SIGTERM) << b.err();
+}
+
+TEST_P(CliShards, AMemberWithoutAShardRunsNoCommandUntilItGetsOne) {
+  // Two shards, three members: one of them owns nothing and starts nothing.
+  const fs::path r[3] = {path("m0.report"), path("m1.report"), path("m2.report")};
+  std::vector<Cli> members;
+  auto started = [&] {
+    int n = 0;
+    for (const auto& p : r) n += read_report(p) ? 1 : 0;
+    return n;
+  };
+  for (int i = 0; i < 3; ++i) {
+    const std::string o = r[i].string();
+    const std::string script = "echo \"$DISTLOCK_SHARDS|$DISTLOCK_TOKENS\" > " + o + ".tmp && mv " + o +
+                               ".tmp " + o + "; trap '' HUP; while [ ! -e " + path("stop").string() +
+                               " ]; do sleep 0.02; done";
+    members.push_back(Cli::start(run_args("few", 2, {"--on-change", "restart"}, script), dir_.path()));
+    if (i < 2) {
+      ASSERT_TRUE(eventually([&] { return started() == i + 1; }, 10s)) << members[i].err();
+    }
+  }
+  // The third member joined, listed the group (3 periods) and took nothing.
+  ASSERT_TRUE(eventually(
+      [&] {
+        Cli st = Cli::run({"status", "--url", url_, "--shards", "--json", "few"}, dir_.path());
+        const auto j = nlohmann::json::parse(st.out(), nullptr, false);
+        return j.is_object() && j["members"].size() == 3U;
+      },
+      10s));
+  std::this_thread::sleep_for(3 * kPeriod);
+  EXPECT_FALSE(read_report(r[2])) << slurp(r[2]);
+  // SIGKILL the owner of the first report: the third member gets a shard and starts.
+  const auto killed_at = std::chrono::steady_clock::now();
+  members[0].signal(SIGKILL);
+  ASSERT_TRUE(eventually([&] { return read_report(r[2]).has_value(); }, kTtl + kPeriod + 5s))
+      << members[2].err();
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed_at);
+  std::printf("[ %s ] the idle member's command started %lld ms after SIGKILL of an owner\n",
+              GetParam().c_str(), static_cast<long long>(took.count()));
+  EXPECT_LE(took, kTtl + kPeriod + 1500ms);
+  EXPECT_EQ(read_report(r[2])->shards.size(), 1U);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CliShards, ::testing::Values("file", "redis"),
                          [](const auto& p) { return p.param; });
 
