@@ -83,6 +83,12 @@ class CliShards : public ::testing::TestWithParam<std::string> {
   }
   fs::path path(const std::string& name) const { return dir_.path() / name; }
 
+  /// A runner whose $DISTLOCK_SHARDS_FILE directory is made under the test's directory (a
+  /// SIGKILLed runner cannot remove it).
+  Cli start_member(const std::vector<std::string>& args) const {
+    return Cli::start(args, dir_.path(), {"TMPDIR=" + dir_.path().string()});
+  }
+
   std::vector<std::string> run_args(const std::string& group, int shards, std::vector<std::string> flags,
                                     const std::string& script) const {
     std::vector<std::string> args{"run",   "--url",    url_,
@@ -122,7 +128,7 @@ bool split_evenly(const fs::path& a, const fs::path& b) {
 
 TEST_P(CliShards, TwoMembersSplitEvenlyAndSurvivorGetsAllAfterSigkill) {
   const fs::path a_out = path("a.report"), b_out = path("b.report");
-  Cli a = Cli::start(run_args("migrate", 8, {}, reporter(a_out)), dir_.path());
+  Cli a = start_member(run_args("migrate", 8, {}, reporter(a_out)));
   // Alone, the first member owns every shard (bounded: 10 s for connect + first rebalance).
   ASSERT_TRUE(eventually(
       [&] {
@@ -131,7 +137,7 @@ TEST_P(CliShards, TwoMembersSplitEvenlyAndSurvivorGetsAllAfterSigkill) {
       },
       10s))
       << a.err();
-  Cli b = Cli::start(run_args("migrate", 8, {}, reporter(b_out)), dir_.path());
+  Cli b = start_member(run_args("migrate", 8, {}, reporter(b_out)));
   ASSERT_TRUE(eventually([&] { return split_evenly(a_out, b_out); }, 10s))
       << slurp(a_out) << " / " << slurp(b_out) << "\n"
       << a.err() << b.err();
@@ -192,10 +198,10 @@ TEST_P(CliShards, PerShardCommandsAreKilledWhenTheirShardMoves) {
     for (std::uint64_t s, t, p; in >> s >> t >> p;) out.push_back({s, t, p});
     return out;
   };
-  Cli a = Cli::start(run_args("perShard", 4, {"--per-shard"}, script), dir_.path());
+  Cli a = start_member(run_args("perShard", 4, {"--per-shard"}, script));
   ASSERT_TRUE(eventually([&] { return starts().size() == 4; }, 10s)) << a.err();
   const auto first = starts();
-  Cli b = Cli::start(run_args("perShard", 4, {"--per-shard"}, script), dir_.path());
+  Cli b = start_member(run_args("perShard", 4, {"--per-shard"}, script));
   ASSERT_TRUE(eventually([&] { return starts().size() == 6; }, 10s)) << slurp(started) << a.err() << b.err();
   const auto all = starts();
   // The two new commands are for shards that moved: their old command is dead and the new
@@ -242,10 +248,10 @@ TEST_P(CliShards, RestartModeStartsTheCommandAgainWithTheNewSet) {
     for (long pid, n; in >> pid >> n;) last = {static_cast<pid_t>(pid), static_cast<int>(n)};
     return last;
   };
-  Cli a = Cli::start(run_args("restarting", 8, {"--on-change", "restart"}, script), dir_.path());
+  Cli a = start_member(run_args("restarting", 8, {"--on-change", "restart"}, script));
   ASSERT_TRUE(eventually([&] { return last_start().second == 8; }, 10s)) << slurp(log) << a.err();
   const pid_t with_eight = last_start().first;
-  Cli b = Cli::start(run_args("restarting", 8, {}, reporter(path("b.report"))), dir_.path());
+  Cli b = start_member(run_args("restarting", 8, {}, reporter(path("b.report"))));
   ASSERT_TRUE(eventually([&] { return last_start().second == 4 && !process_alive(with_eight); }, 10s))
       << slurp(log) << a.err() << b.err();
   EXPECT_NE(last_start().first, with_eight);
@@ -269,7 +275,7 @@ TEST_P(CliShards, AMemberWithoutAShardRunsNoCommandUntilItGetsOne) {
     const std::string script = "echo \"$DISTLOCK_SHARDS|$DISTLOCK_TOKENS\" > " + o + ".tmp && mv " + o +
                                ".tmp " + o + "; trap '' HUP; while [ ! -e " + path("stop").string() +
                                " ]; do sleep 0.02; done";
-    members.push_back(Cli::start(run_args("few", 2, {"--on-change", "restart"}, script), dir_.path()));
+    members.push_back(start_member(run_args("few", 2, {"--on-change", "restart"}, script)));
     if (i < 2) {
       ASSERT_TRUE(eventually([&] { return started() == i + 1; }, 10s)) << members[i].err();
     }
