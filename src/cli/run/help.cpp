@@ -60,7 +60,19 @@ constexpr const char* kRunFooter =
     "  distlock run nightly-report -- /usr/local/bin/report --all\n"
     "  distlock run --shared config -- ./read-config;  distlock run --exclusive config -- ./write-config\n"
     "  distlock run --url redis://10.0.0.5:6379 --no-wait --ttl 30s backup -- /usr/local/bin/backup\n"
-    "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n";
+    "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n"
+    "  distlock run --url redis://lock:6379 --shards 16 reindex -- ./reindex.sh   (on every host; see "
+    "SHARDS)\n"
+    "\n"
+    "SHARDS (--shards M GROUP)\n"
+    "  The runner joins the shard group GROUP of M shards and runs COMMAND while it owns at least one, with\n"
+    "  DISTLOCK_SHARDS (0,5,10), DISTLOCK_TOKENS (same order), DISTLOCK_SHARD_COUNT and "
+    "DISTLOCK_SHARDS_FILE.\n"
+    "  A change of the set is written to that file, then COMMAND gets SIGHUP (--on-change hup), or COMMAND\n"
+    "  is started again (--on-change restart); --per-shard runs one COMMAND per shard (DISTLOCK_SHARD,\n"
+    "  DISTLOCK_TOKEN). A shard given up or lost is told (file + SIGHUP) or killed (SIGKILL) before another\n"
+    "  member can own it. A terminating signal is forwarded to every job; the runner then leaves the group\n"
+    "  and exits 128+N. `distlock status --shards GROUP` shows who owns what. See docs/cli.md.\n";
 
 /// The lock, its service and how long to wait for it and hold it.
 void add_lease_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
