@@ -1,7 +1,9 @@
 // `distlock status`: what the backend can tell about one lock, for people or (--json)
 // for scripts. Exit 0 if held, 3 if free, 69 if the service is unreachable.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,6 +19,7 @@ namespace {
 struct StatusFlags {
   std::string url;
   bool json = false;
+  bool shards = false;
   std::string name;
 };
 
@@ -60,7 +63,76 @@ void print_json(const std::string& name, const std::string& url, const LockInfo&
   std::fwrite(line.data(), 1, line.size(), stdout);
 }
 
+/// `status --shards GROUP`: the members of the shard group and the shards each owns, from
+/// the group's locks "<GROUP>/members/<id>" and "<GROUP>/shard/<i>" (holder info "member=<id>").
+int show_shard_group(const StatusFlags& flags) {
+  std::string why;
+  if (validate_name(flags.name + "/members/", why)) throw_error(make_error_code(errc::invalid_argument), why);
+  Client client = connect(flags.url, tool_client_options());
+  const std::string members_prefix = flags.name + "/members/", shard_prefix = flags.name + "/shard/";
+  bool truncated_members = false, truncated_shards = false;
+  const auto members = client.list(members_prefix, 100000, truncated_members);
+  const auto shards = client.list(shard_prefix, 100000, truncated_shards);
+  struct Member {
+    std::string info;
+    std::vector<std::pair<std::uint32_t, std::optional<std::uint64_t>>> shards;
+  };
+  std::map<std::string, Member> by_id;
+  for (const auto& m : members)
+    by_id[m.name.substr(members_prefix.size())].info = m.info.holder_info.value_or("");
+  std::vector<std::pair<std::uint32_t, std::optional<std::uint64_t>>> unlisted_owner;
+  for (const auto& l : shards) {
+    const std::string idx_text = l.name.substr(shard_prefix.size());
+    if (idx_text.empty() || idx_text.size() > 5 ||
+        idx_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const auto idx = static_cast<std::uint32_t>(std::stoul(idx_text));
+    const std::string info = l.info.holder_info.value_or("");
+    const std::string owner = info.rfind("member=", 0) == 0 ? info.substr(7) : std::string();
+    by_id[owner].shards.emplace_back(idx, l.info.token);
+  }
+  for (auto& [id, m] : by_id) std::sort(m.shards.begin(), m.shards.end());
+  const std::string url = client.url();
+  if (flags.json) {
+    nlohmann::ordered_json j;
+    j["group"] = flags.name;
+    j["url"] = url;
+    j["members"] = nlohmann::ordered_json::array();
+    for (const auto& [id, m] : by_id) {
+      nlohmann::ordered_json e;
+      e["member"] = id.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(id);
+      e["info"] = m.info;
+      e["shards"] = nlohmann::ordered_json::array();
+      e["tokens"] = nlohmann::ordered_json::array();
+      for (const auto& [i, t] : m.shards) {
+        e["shards"].push_back(i);
+        e["tokens"].push_back(t ? nlohmann::ordered_json(*t) : nlohmann::ordered_json(nullptr));
+      }
+      j["members"].push_back(e);
+    }
+    j["truncated"] = truncated_members || truncated_shards;
+    const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    std::fwrite(line.data(), 1, line.size(), stdout);
+  } else {
+    std::string out = "group:   " + flags.name + "\nurl:     " + url +
+                      "\nmembers: " + std::to_string(members.size()) +
+                      "\nowned:   " + std::to_string(shards.size()) + " shards\n";
+    for (const auto& [id, m] : by_id) {
+      std::string list;
+      for (const auto& [i, t] : m.shards) list += (list.empty() ? "" : ",") + std::to_string(i);
+      out += "member " + (id.empty() ? std::string("(unknown)") : id) + ": " +
+             std::to_string(m.shards.size()) + " shards [" + list + "]" +
+             (m.info.empty() ? "" : "  " + m.info) + "\n";
+    }
+    if (truncated_members || truncated_shards) out += "(listing truncated)\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  std::fflush(stdout);
+  return members.empty() && shards.empty() ? exit_status::status_free : exit_status::ok;
+}
+
 int show_status(const StatusFlags& flags) {
+  if (flags.shards) return show_shard_group(flags);
   std::string why;
   if (validate_name(flags.name, why)) throw_error(make_error_code(errc::invalid_argument), why);
   Client client = connect(flags.url, tool_client_options());
@@ -108,6 +180,10 @@ void add_status_command(CLI::App& app, int& exit_code) {
                    "Lock service URL (default: $DISTLOCK_URL, else this host's file:// directory)")
       ->option_text("URL");
   status->add_flag("--json", flags->json, "Print one JSON object instead of text");
+  status->add_flag("--shards", flags->shards,
+                   "NAME is a shard group (distlock run --shards): show its members and the shards each "
+                   "owns with their tokens (JSON: {\"group\",\"url\",\"members\":[{\"member\",\"info\","
+                   "\"shards\",\"tokens\"}],\"truncated\"}); exit 3 when nobody is in it");
   status->add_option("NAME", flags->name, "Lock name")->required()->type_name("");
   status->callback([flags, &exit_code] { exit_code = show_status(*flags); });
 }

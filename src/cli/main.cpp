@@ -55,9 +55,12 @@ class Formatter final : public CLI::Formatter {
     if (app->get_name() == "run") {
       return "Usage: distlock run [--url URL] [--ttl DUR] [--wait DUR | --no-wait] [--grace DUR] "
              "[--leader-only] [--max-hold DUR] [--min-hold DUR] [--once-per DUR] [--permits N] NAME -- "
-             "COMMAND [ARGS...]\n";
+             "COMMAND [ARGS...]\n"
+             "       distlock run --shards M [--per-shard | --on-change hup|restart] [--rebalance-period "
+             "DUR] "
+             "[--url URL] [--ttl DUR] [--grace DUR] GROUP -- COMMAND [ARGS...]\n";
     }
-    if (app->get_name() == "status") return "Usage: distlock status [--url URL] [--json] NAME\n";
+    if (app->get_name() == "status") return "Usage: distlock status [--url URL] [--json] [--shards] NAME\n";
     return CLI::Formatter::make_usage(app, std::move(name));
   }
 

@@ -621,13 +621,17 @@ TEST(CliUsage, HelpAndVersion) {
                                 "[--once-per DUR] [--permits N] NAME -- COMMAND"),
             std::string::npos)
       << run_help.out();
-  for (const char* section :
-       {"EXIT STATUS", "ENVIRONMENT", "EXAMPLES", "DISTLOCK_TOKEN", "76", "75", "69", "64"}) {
+  EXPECT_NE(run_help.out().find("distlock run --shards M [--per-shard | --on-change hup|restart]"),
+            std::string::npos)
+      << run_help.out();
+  for (const char* section : {"EXIT STATUS", "ENVIRONMENT", "EXAMPLES", "SHARDS", "DISTLOCK_TOKEN",
+                              "DISTLOCK_SHARDS", "76", "75", "69", "64"}) {
     EXPECT_NE(run_help.out().find(section), std::string::npos) << section;
   }
   Cli status_help = Cli::run({"status", "--help"}, dir.path());
   EXPECT_EQ(status_help.code(), 0);
-  EXPECT_NE(status_help.out().find("Usage: distlock status [--url URL] [--json] NAME"), std::string::npos);
+  EXPECT_NE(status_help.out().find("Usage: distlock status [--url URL] [--json] [--shards] NAME"),
+            std::string::npos);
   Cli version = Cli::run({"--version"}, dir.path());
   EXPECT_EQ(version.code(), 0);
   EXPECT_TRUE(version.out().starts_with("distlock ")) << version.out();

@@ -127,6 +127,54 @@ void check_grace(const RunFlags& flags, RunSettings& s) {
   }
 }
 
+/// --shards M, --per-shard, --on-change and --rebalance-period, and what they exclude.
+void check_shards(const RunFlags& flags, RunSettings& s) {
+  if (!flags.shards) {
+    if (flags.per_shard) usage_error("--per-shard needs --shards M (one command per owned shard of M)");
+    if (!flags.on_change.empty()) usage_error("--on-change needs --shards M");
+    if (!flags.rebalance_period.empty()) usage_error("--rebalance-period needs --shards M");
+    return;
+  }
+  if (*flags.shards < 1 || *flags.shards > 65536) {
+    usage_error("--shards " + std::to_string(*flags.shards) + " is out of range 1..65536");
+  }
+  s.shards = static_cast<std::uint32_t>(*flags.shards);
+  s.per_shard = flags.per_shard;
+  if (!flags.on_change.empty()) {
+    if (flags.per_shard) {
+      usage_error(
+          "--on-change does not apply to --per-shard: each shard's command is started when the "
+          "shard is gained and killed when it is lost");
+    }
+    if (flags.on_change != "hup" && flags.on_change != "restart") {
+      usage_error("--on-change " + flags.on_change + " is neither hup nor restart");
+    }
+    s.restart_on_change = flags.on_change == "restart";
+  }
+  if (!flags.rebalance_period.empty()) {
+    s.rebalance_period = parse_duration_flag("--rebalance-period", flags.rebalance_period);
+    if (s.rebalance_period < Millis(10) || s.rebalance_period > std::chrono::hours(1)) {
+      usage_error("--rebalance-period " + flags.rebalance_period + " is outside 10ms..1h");
+    }
+  }
+  const char* other = flags.permits                                ? "--permits"
+                      : flags.shared                               ? "--shared"
+                      : flags.exclusive                            ? "--exclusive"
+                      : s.once_per                                 ? "--once-per"
+                      : s.min_hold                                 ? "--min-hold"
+                      : s.lock.max_hold                            ? "--max-hold"
+                      : flags.leader_only                          ? "--leader-only"
+                      : flags.metrics_port >= 0                    ? "--metrics-port"
+                      : flags.no_wait                              ? "--no-wait"
+                      : given(flags.wait_given, flags.wait_option) ? "--wait"
+                                                                   : nullptr;
+  if (other) usage_error(std::string("--shards and ") + other + " exclude each other");
+  // The group's lock names are "<NAME>/members/<id>" and "<NAME>/shard/<i>".
+  std::string why;
+  if (validate_name(s.name + "/shard/" + std::to_string(s.shards - 1), why))
+    usage_error("shard group: " + why);
+}
+
 }  // namespace
 
 RunSettings validate(const RunFlags& flags, const std::vector<std::string>& after_dashes) {
@@ -134,6 +182,7 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   check_command_and_lease(flags, after_dashes, s);
   check_kind(flags, s);
   check_grace(flags, s);
+  check_shards(flags, s);
   s.leader_only = flags.leader_only;
   if (flags.metrics_addr_option && flags.metrics_addr_option->count() > 0 && flags.metrics_port < 0) {
     usage_error("--metrics-addr needs --metrics-port");

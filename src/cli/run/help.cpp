@@ -60,7 +60,19 @@ constexpr const char* kRunFooter =
     "  distlock run nightly-report -- /usr/local/bin/report --all\n"
     "  distlock run --shared config -- ./read-config;  distlock run --exclusive config -- ./write-config\n"
     "  distlock run --url redis://10.0.0.5:6379 --no-wait --ttl 30s backup -- /usr/local/bin/backup\n"
-    "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n";
+    "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n"
+    "  distlock run --url redis://lock:6379 --shards 16 reindex -- ./reindex.sh   (on every host; see "
+    "SHARDS)\n"
+    "\n"
+    "SHARDS (--shards M GROUP)\n"
+    "  The runner joins the shard group GROUP of M shards and runs COMMAND while it owns at least one, with\n"
+    "  DISTLOCK_SHARDS (0,5,10), DISTLOCK_TOKENS (same order), DISTLOCK_SHARD_COUNT and "
+    "DISTLOCK_SHARDS_FILE.\n"
+    "  A change of the set is written to that file, then COMMAND gets SIGHUP (--on-change hup), or COMMAND\n"
+    "  is started again (--on-change restart); --per-shard runs one COMMAND per shard (DISTLOCK_SHARD,\n"
+    "  DISTLOCK_TOKEN). A shard given up or lost is told (file + SIGHUP) or killed (SIGKILL) before another\n"
+    "  member can own it. A terminating signal is forwarded to every job; the runner then leaves the group\n"
+    "  and exits 128+N. `distlock status --shards GROUP` shows who owns what. See docs/cli.md.\n";
 
 /// The lock, its service and how long to wait for it and hold it.
 void add_lease_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
@@ -131,6 +143,29 @@ void add_job_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
                 "DISTLOCK_TOKEN is the writer's fencing token");
 }
 
+/// --shards M GROUP: the command runs for the shards this runner owns in the shard group.
+void add_shard_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
+  run->add_option("--shards", flags->shards,
+                  "NAME is a shard group of M shards (every member must give the same M): join it and run "
+                  "COMMAND while this runner owns at least one shard, with $DISTLOCK_SHARDS (e.g. 0,5,10), "
+                  "$DISTLOCK_TOKENS (one fencing token per shard, same order), $DISTLOCK_SHARD_COUNT and "
+                  "$DISTLOCK_SHARDS_FILE. See docs/sharding.md")
+      ->option_text("M");
+  run->add_flag("--per-shard", flags->per_shard,
+                "With --shards: one COMMAND per owned shard, with $DISTLOCK_SHARD and $DISTLOCK_TOKEN; "
+                "started when the shard is gained, killed (SIGKILL) before it is handed over or when lost");
+  run->add_option("--on-change", flags->on_change,
+                  "With --shards: how COMMAND learns that its set changed. hup (default): the new set is "
+                  "written to $DISTLOCK_SHARDS_FILE (atomically), then COMMAND gets SIGHUP — before a lost "
+                  "shard can be owned by another member. restart: COMMAND is ended (SIGKILL before a lost "
+                  "shard is handed over; SIGTERM, SIGKILL after --grace, when it gains one) and started "
+                  "again with the new set")
+      ->option_text("hup|restart");
+  run->add_option("--rebalance-period", flags->rebalance_period,
+                  "With --shards: how often the member lists the group and rebalances (default 1s)")
+      ->option_text("DUR");
+}
+
 }  // namespace
 
 int run_under_lease(const LeaseRun& r) {
@@ -157,13 +192,14 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
   run->footer(kRunFooter);
   add_lease_options(run, flags);
   add_job_options(run, flags);
+  add_shard_options(run, flags);
   run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
       ->required()
       ->type_name("");
   run->add_option("COMMAND", flags->command, "Program and arguments, after \"--\"")->type_name("");
   run->callback([flags, &exit_code, &command_after_dashes] {
     const RunSettings settings = run::validate(*flags, command_after_dashes);
-    exit_code = run::run_locked(settings);
+    exit_code = settings.shards > 0 ? run::run_shards(settings) : run::run_locked(settings);
   });
 }
 

@@ -62,6 +62,10 @@ struct RunFlags {
   std::string max_hold, min_hold, once_per;      // empty: not given
   std::optional<int> permits;                    // --permits N; nullopt: not given
   bool shared = false, exclusive = false;        // --shared / --exclusive
+  std::optional<long long> shards;               // --shards M; nullopt: not given
+  bool per_shard = false;                        // --per-shard
+  std::string on_change;                         // --on-change hup|restart; empty: not given
+  std::string rebalance_period;                  // --rebalance-period; empty: not given
 };
 
 enum class RwMode { none, shared, exclusive };
@@ -85,6 +89,10 @@ struct RunSettings {
   std::string once_name;           // whose mark: NAME, or NAME\x1fexclusive for the read-write lock NAME
   int permits = 0;                 // > 0: take a permit of the semaphore NAME of that many
   RwMode rw = RwMode::none;        // --shared / --exclusive: a hold of the read-write lock NAME
+  std::uint32_t shards = 0;        // > 0: --shards M, NAME is a shard group (shards.cpp)
+  bool per_shard = false;          // --per-shard: one job per owned shard
+  bool restart_on_change = false;  // --on-change restart (default: hup)
+  Millis rebalance_period{std::chrono::seconds(1)};
 };
 
 // flags.cpp
@@ -138,6 +146,11 @@ int record_once_per(const RunSettings& s, Client& client, Hold& lease, OnceMark 
 std::string loss_cause(const Hold& lease);
 /// The whole run: acquire, run the command under the lease, release; the exit status.
 int run_locked(const RunSettings& s);
+
+// shards.cpp
+/// `run --shards`: a member of the shard group NAME running the command for its shards; the
+/// exit status.
+int run_shards(const RunSettings& s);
 
 // supervise.cpp
 /// How the job ended, as the supervision saw it.
