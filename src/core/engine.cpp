@@ -35,59 +35,6 @@ Millis recheck_delay(std::optional<Millis> holder_ttl, Millis ttl) {
 
 }  // namespace
 
-bool HeldLock::owns() const noexcept {
-  return !lost.load(std::memory_order_acquire) && fork_gen == fork_generation() && clock->now() < deadline();
-}
-
-LossReason HeldLock::expiry_reason() const noexcept {
-  const Clock::time_point limit = hold_limit();
-  return limit != Clock::time_point::max() && deadline() >= limit ? LossReason::max_hold
-                                                                  : LossReason::local_deadline;
-}
-
-namespace {
-distlock::LossReason to_public(LossReason r) noexcept {
-  switch (r) {
-    case LossReason::local_deadline: return distlock::LossReason::local_deadline;
-    case LossReason::renewal_late: return distlock::LossReason::renewal_late;
-    case LossReason::renewal_refused: return distlock::LossReason::renewal_refused;
-    case LossReason::session_lost: return distlock::LossReason::session_lost;
-    case LossReason::lease_ended: return distlock::LossReason::lease_ended;
-    case LossReason::gone_at_release: return distlock::LossReason::gone_at_release;
-    case LossReason::max_hold: return distlock::LossReason::max_hold;
-    case LossReason::count_: break;
-  }
-  return distlock::LossReason::local_deadline;
-}
-
-std::string expiry_text(const HeldLock& h, LossReason r) {
-  if (r == LossReason::max_hold && h.opts.max_hold) {
-    return "max_hold " + std::to_string(h.opts.max_hold->count()) + "ms reached (held since the grant)";
-  }
-  return "local deadline passed without a successful renewal";
-}
-}  // namespace
-
-distlock::LossReason HeldLock::public_reason() const noexcept {
-  if (fork_gen != fork_generation()) return distlock::LossReason::forked;
-  {
-    LockGuard lk(callbacks_mu);
-    if (loss_reason) return to_public(*loss_reason);
-  }
-  if (clock->now() >= deadline()) return to_public(expiry_reason());
-  return distlock::LossReason::none;
-}
-
-std::string HeldLock::public_detail() const {
-  if (fork_gen != fork_generation()) return "used in a forked child process: the lease is the parent's";
-  {
-    LockGuard lk(callbacks_mu);
-    if (loss_reason) return loss_detail;
-  }
-  if (clock->now() >= deadline()) return expiry_text(*this, expiry_reason());
-  return {};
-}
-
 std::string owner_for_this_thread(const std::string& client_id) {
   static std::atomic<std::uint64_t> next_thread_seq{1};
   thread_local const std::uint64_t seq = next_thread_seq.fetch_add(1, std::memory_order_relaxed);
@@ -107,10 +54,6 @@ std::string_view thread_owner_of(std::string_view owner) noexcept {
 }
 
 namespace {
-// > 0 while this thread runs loss callbacks (and drops them): user code that may
-// hold the last handle to the engine.
-thread_local int t_in_loss_callbacks = 0;
-
 // What a forked child inherits of its parent's engines is kept, untouched, for the
 // life of the child: their threads do not exist there (joining would hang), their
 // condition variables may count the parent's waiters (destroying them would hang),
@@ -131,7 +74,7 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
   std::shared_ptr<Engine> engine(new Engine(std::move(backend), std::move(opts)), [](Engine* e) {
     if (e->forked()) {
       keep_forked_engine(e);
-    } else if (t_in_loss_callbacks > 0 || e->on_own_thread()) {
+    } else if (UserCodeScope::active() || e->on_own_thread()) {
       // The last handle went on a thread the destructor must join (a loss callback
       // on the event thread, a std::stop_callback run by the renewer, the watchdog or
       // a backend's notifier while it signalled a loss): finish on a thread of its
@@ -147,9 +90,9 @@ std::shared_ptr<Engine> Engine::create(std::unique_ptr<Backend> backend, ClientO
   });
   // Before the listener: a backend may report a loss (whose callbacks are queued for
   // this thread) as soon as it has one.
-  engine->event_thread_ = std::thread([e = engine.get()] { e->event_main(); });
+  engine->events_.start();
   engine->backend_->set_listener(engine.get());
-  if (engine->opts_.background_renewal && engine->caps_.needs_renewal) engine->start_renewer();
+  if (engine->opts_.background_renewal && engine->caps_.needs_renewal) engine->renewer_.start();
   return engine;
 }
 
@@ -160,7 +103,10 @@ Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
       clock_(opts_.clock ? opts_.clock : system_steady_clock()),
       client_id_(random_client_id()),
       fork_gen_(fork_generation()),
-      log_(opts_.logger) {
+      log_(opts_.logger),
+      renewer_(
+          clock_, [this] { return renew_round(); }, [this] { return watchdog_round(); }),
+      hand_back_([this](HeldLock& held) { forget_now(held); }) {
   if (opts_.metrics) {
     const std::string url = backend_->url();
     metrics_ = std::make_unique<Metrics>(url.substr(0, url.find("://")));
@@ -168,16 +114,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
 }
 
 Engine::~Engine() {
-  for (std::jthread* t : {&renewer_, &watchdog_}) {
-    if (!t->joinable()) continue;
-    t->request_stop();
-    {
-      LockGuard lk(mu_);
-      renewer_cv_.notify_all();
-      watchdog_cv_.notify_all();
-    }
-    t->join();
-  }
+  renewer_.stop_and_join();
   // Leases still held when the last Client handle goes away are released (best
   // effort), so a process that forgets a guard does not block others for a TTL.
   std::vector<std::shared_ptr<HeldLock>> left;
@@ -193,30 +130,13 @@ Engine::~Engine() {
   }
   // Lost leases not yet handed back: the hand-back thread finishes the batch under way
   // and is joined; the rest is handed back here, while the backend still exists.
-  std::vector<std::shared_ptr<HeldLock>> unforgotten;
-  std::thread forgetter;
-  {
-    LockGuard lk(forget_mu_);
-    forget_closed_ = true;
-    unforgotten.swap(forget_queue_);
-    forgetter.swap(forget_thread_);
-    forget_cv_.notify_all();
-    forget_idle_cv_.notify_all();  // a drain_events() under way returns
-  }
-  if (forgetter.joinable()) forgetter.join();
+  std::vector<std::shared_ptr<HeldLock>> unforgotten = hand_back_.close_and_join();
   for (auto& h : unforgotten) forget_now(*h);
   // The backend (and its notification threads) goes before the engine's members.
   backend_.reset();
   // Last: nothing can queue a callback any more. Callbacks already queued still run
   // (a loss seen is reported), then the event thread ends.
-  if (event_thread_.joinable()) {
-    {
-      LockGuard lk(events_mu_);
-      events_stop_ = true;
-      events_cv_.notify_all();
-    }
-    event_thread_.join();
-  }
+  events_.stop_and_join();
 }
 
 std::error_code Engine::check_name(std::string_view name, std::string& why) {
@@ -431,11 +351,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
           h.set_hold_limit(limit);
           if (h.deadline() > limit) h.set_deadline(limit);
           if (h.deadline() >= limit) h.next_renew = kNever;
-          if (watchdog_wake_ == Clock::time_point::min()) {
-            watchdog_rescan_ = true;
-          } else if (h.deadline() < watchdog_wake_) {
-            watchdog_cv_.notify_all();
-          }
+          renewer_.deadline_earlier(h.deadline());
         }
       }
       ++h.hold_count;
@@ -530,18 +446,10 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     }
     // Wake the renewer only if this lease needs it earlier than it planned to wake:
     // an uncontended acquire should not cost a context switch.
-    if (caps_.needs_renewal && held->next_renew - held->opts.renew_interval / 4 < renewer_wake_) {
-      renewer_cv_.notify_all();
-    }
-    if (caps_.needs_renewal || held->hold_limit() != kNever) {
-      // Awake (wake == min): its last scan may predate this lease; it rescans
-      // before sleeping. Asleep: wake it if this deadline comes first.
-      if (watchdog_wake_ == Clock::time_point::min()) {
-        watchdog_rescan_ = true;
-      } else if (held->deadline() < watchdog_wake_) {
-        watchdog_cv_.notify_all();
-      }
-    }
+    if (caps_.needs_renewal) renewer_.renew_earlier(held->next_renew - held->opts.renew_interval / 4);
+    // The watchdog: woken if this deadline comes first, or (awake, its last scan may
+    // predate this lease) scans again before sleeping.
+    if (caps_.needs_renewal || held->hold_limit() != kNever) renewer_.deadline_earlier(held->deadline());
   }
   if (replaced)
     declare_lost(replaced, replaced->expiry_reason(), "local deadline passed without a successful renewal");
@@ -946,12 +854,8 @@ void Engine::cap_validity(HeldLock& h, Millis cap) {
   // Confirm it again now, against the new validity, rather than on the old schedule
   // (also when renewals had stopped because the deadline had reached the hold limit).
   h.next_renew = h.deadline() >= h.hold_limit() ? kNever : std::min(h.next_renew, clock_->now());
-  renewer_cv_.notify_all();
-  if (watchdog_wake_ == Clock::time_point::min()) {
-    watchdog_rescan_ = true;
-  } else if (h.deadline() < watchdog_wake_) {
-    watchdog_cv_.notify_all();
-  }
+  renewer_.renew_earlier(Clock::time_point::min());
+  renewer_.deadline_earlier(h.deadline());
 }
 
 void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason,
@@ -960,10 +864,7 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   // may drop the last Client handle. While this counter is up the engine's deleter
   // hands destruction to a thread of its own (this may be a backend thread the
   // destructor joins), and `self` keeps the engine alive until this call is done.
-  struct Signalling {
-    Signalling() noexcept { ++t_in_loss_callbacks; }
-    ~Signalling() { --t_in_loss_callbacks; }
-  } signalling;
+  const UserCodeScope signalling;
   const std::shared_ptr<Engine> self = weak_from_this().lock();
   std::string text;
   if (reason == LossReason::local_deadline || reason == LossReason::max_hold) {
@@ -992,7 +893,7 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   // Then what the server still holds for it is handed back (Backend::forget), on the
   // hand-back thread: after the stop signal, so the holder is told before anyone else
   // can take the name; a lease the server no longer had at release has nothing to free.
-  if (reason != LossReason::gone_at_release) queue_forget(held);
+  if (reason != LossReason::gone_at_release && !forked()) hand_back_.queue(held);
   if (held->metrics) {
     metrics_->loss(held->metrics, reason);
     end_hold(*held, clock_->now());
@@ -1002,51 +903,10 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
   // token or the next lease of a batch (a session loss, a watchdog round).
   fire_loss(held);
   try {
-    post_event([this, name = held->name, line = std::string(why)] {
+    events_.post([this, name = held->name, line = std::string(why)] {
       log_.log(LogLevel::warning, "lock \"{}\" lost: {}", name, line);
     });
   } catch (...) {  // no memory for the message: the loss itself is signalled
-  }
-}
-
-void Engine::queue_forget(const std::shared_ptr<HeldLock>& held) noexcept {
-  if (forked()) return;  // the parent's lease: not the child's to free
-  LockGuard lk(forget_mu_);
-  if (forget_closed_) return;
-  try {
-    forget_queue_.push_back(held);
-  } catch (...) {
-    return;  // no memory: the server's own expiry stays the bound
-  }
-  if (!forget_thread_.joinable()) {
-    try {
-      forget_thread_ = std::thread([this] { forget_main(); });
-      forget_thread_id_.store(forget_thread_.get_id(), std::memory_order_release);
-    } catch (...) {
-      forget_queue_.pop_back();  // no thread to be had: as above
-      return;
-    }
-  }
-  forget_cv_.notify_one();
-}
-
-// The hand-back thread: started at the first loss, joined by ~Engine. It runs no user
-// code, so a hand-back that waits for a server that does not answer (a command timeout
-// per lease) delays no loss callback and no stop signal.
-void Engine::forget_main() noexcept {
-  UniqueLock lk(forget_mu_);
-  for (;;) {
-    while (!forget_closed_ && forget_queue_.empty()) forget_cv_.wait(lk.native());
-    if (forget_closed_) return;  // ~Engine hands back what is left
-    std::vector<std::shared_ptr<HeldLock>> batch;
-    batch.swap(forget_queue_);
-    ++forgets_running_;
-    lk.unlock();
-    for (auto& h : batch) forget_now(*h);
-    batch.clear();
-    lk.lock();
-    --forgets_running_;
-    if (forget_queue_.empty()) forget_idle_cv_.notify_all();
   }
 }
 
@@ -1067,14 +927,11 @@ void Engine::forget_now(HeldLock& held) noexcept {
 }
 
 bool Engine::on_own_thread() const noexcept {
-  const auto self = std::this_thread::get_id();
-  return (renewer_.joinable() && renewer_.get_id() == self) ||
-         (watchdog_.joinable() && watchdog_.get_id() == self) ||
-         forget_thread_id_.load(std::memory_order_acquire) == self || on_event_thread();
+  return renewer_.on_thread() || hand_back_.on_thread() || on_event_thread();
 }
 
 bool Engine::on_event_thread() const noexcept {
-  return event_thread_.joinable() && event_thread_.get_id() == std::this_thread::get_id();
+  return events_.on_thread();
 }
 
 // The loss signal (stop token, internal signals) happens here, on the detecting
@@ -1106,7 +963,7 @@ void Engine::fire_loss(const std::shared_ptr<HeldLock>& held) noexcept {
       try {
         auto cbs = std::make_shared<std::vector<std::function<void()>>>(std::move(held->callbacks));
         held->callbacks.clear();
-        queued = post_event([this, held, cbs] {
+        queued = events_.post([this, held, cbs] {
           for (auto& cb : *cbs) {
             try {
               cb();
@@ -1136,7 +993,7 @@ void Engine::add_loss_callback(const std::shared_ptr<HeldLock>& held, std::funct
     held->callbacks.push_back(std::move(fn));
     return;
   }
-  if (!post_event([this, held, fn = std::move(fn)] {
+  if (!events_.post([this, held, fn = std::move(fn)] {
         try {
           fn();
         } catch (...) {
@@ -1159,54 +1016,11 @@ void Engine::add_loss_signal(const std::shared_ptr<HeldLock>& held, std::functio
   fn();
 }
 
-bool Engine::post_event(std::function<void()> fn) noexcept {
-  LockGuard lk(events_mu_);
-  try {
-    events_.push_back(std::move(fn));
-  } catch (...) {
-    return false;  // out of memory: never run user code here instead (the caller may hold a lock)
-  }
-  events_cv_.notify_one();
-  return true;
-}
-
-void Engine::event_main() noexcept {
-  UniqueLock lk(events_mu_);
-  for (;;) {
-    while (!events_stop_ && events_.empty()) events_cv_.wait(lk.native());
-    if (events_.empty()) return;  // stopped, and everything queued has run
-    std::function<void()> fn = std::move(events_.front());
-    events_.pop_front();
-    events_running_ = true;
-    lk.unlock();
-    // Counted while the callback (and what it captured) is destroyed too: it may
-    // hold the last Client copy, and the engine's deleter must then not join this
-    // thread from itself.
-    ++t_in_loss_callbacks;
-    try {
-      fn();
-    } catch (...) {
-    }
-    fn = nullptr;
-    --t_in_loss_callbacks;
-    lk.lock();
-    events_running_ = false;
-    if (events_.empty()) events_idle_cv_.notify_all();
-  }
-}
-
 void Engine::drain_events() {
   if (on_event_thread()) return;
-  {
-    UniqueLock lk(events_mu_);
-    while (!events_.empty() || events_running_) events_idle_cv_.wait(lk.native());
-  }
+  events_.drain();
   // And the hand-backs of the losses declared so far.
-  if (forget_thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id()) return;
-  UniqueLock lk(forget_mu_);
-  while (!forget_closed_ && (!forget_queue_.empty() || forgets_running_ > 0)) {
-    forget_idle_cv_.wait(lk.native());
-  }
+  hand_back_.drain();
 }
 
 Clock::time_point Engine::declare_expired() {
@@ -1344,44 +1158,24 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
 
 void Engine::ensure_watchdog() {
   if (caps_.needs_renewal || !opts_.background_renewal) return;  // started at create(), or never
-  std::call_once(watchdog_once_, [this] { start_renewer(); });
+  renewer_.start();
 }
 
-void Engine::start_renewer() {
-  renewer_ = std::jthread([this](std::stop_token st) { renewer_main(st); });
-  watchdog_ = std::jthread([this](std::stop_token st) { watchdog_main(st); });
-}
-
-// The watchdog declares losses at the local deadline on its own thread, so a
-// renewal blocked on a hung server (up to the command timeout) cannot delay the
-// stop signal.
-void Engine::watchdog_main(std::stop_token st) {
-  while (!st.stop_requested()) {
-    const Clock::time_point next = declare_expired();
-    sweep_idle_watches(false);
-    UniqueLock lk(mu_);
-    if (st.stop_requested()) break;
-    if (std::exchange(watchdog_rescan_, false)) continue;  // a lease came after the scan
-    watchdog_wake_ = std::min(next, clock_->now() + std::chrono::seconds(1));
-    clock_->wait_until(watchdog_cv_, lk.native(), watchdog_wake_);
-    watchdog_wake_ = Clock::time_point::min();
+Clock::time_point Engine::renew_round() {
+  tick();
+  LockGuard lk(mu_);
+  Clock::time_point wake = clock_->now() + std::chrono::seconds(1);
+  for (auto& [k, h] : held_) {
+    if (h->lost.load() || h->renew_in_flight) continue;
+    wake = std::min(wake, h->next_renew - h->opts.renew_interval / 4);
   }
+  return wake;
 }
 
-void Engine::renewer_main(std::stop_token st) {
-  while (!st.stop_requested()) {
-    tick();
-    UniqueLock lk(mu_);
-    Clock::time_point wake = clock_->now() + std::chrono::seconds(1);
-    for (auto& [k, h] : held_) {
-      if (h->lost.load() || h->renew_in_flight) continue;
-      wake = std::min(wake, h->next_renew - h->opts.renew_interval / 4);
-    }
-    if (st.stop_requested()) break;
-    renewer_wake_ = wake;
-    clock_->wait_until(renewer_cv_, lk.native(), wake);
-    renewer_wake_ = Clock::time_point::min();
-  }
+Clock::time_point Engine::watchdog_round() {
+  const Clock::time_point next = declare_expired();
+  sweep_idle_watches(false);
+  return next;
 }
 
 LockInfo Engine::status(std::string_view name, Error& ec) {

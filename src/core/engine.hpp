@@ -13,9 +13,9 @@
 // - Backend threads (notifiers, subscribers, keep-alives) call the ChangeListener
 //   members (on_change, on_session_lost, on_lease_lost) from any thread; a backend
 //   never holds a lock of its own that a backend call from the engine could need.
-// - The hand-back thread (forget_main, started at the first loss) hands lost leases
+// - The hand-back thread (HandBackQueue, engine/hand_back.hpp; started at the first loss) hands lost leases
 //   back to the backend (Backend::forget); it runs no user code.
-// - The event thread (event_main) runs user callbacks (Lease::on_lost) and nothing
+// - The event thread (EventQueue, engine/event_queue.hpp) runs user callbacks (Lease::on_lost) and nothing
 //   else; see add_loss_callback. Whoever detects a loss (any of the threads above)
 //   gives the loss signal itself in declare_lost/fire_loss: `lost`, the stop token
 //   (so std::stop_callbacks run there) and add_loss_signal's internal signals; then it
@@ -60,87 +60,12 @@
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
+#include "engine/event_queue.hpp"
+#include "engine/hand_back.hpp"
+#include "engine/lease.hpp"
+#include "engine/renewer.hpp"
 
 namespace distlock::detail {
-
-struct HeldLock {
-  std::string name;
-  /// Unique per acquisition: "<client id>:<thread seq>.<acquisition seq>". A later
-  /// acquisition by the same thread is another owner on the server, so a late
-  /// release, renewal or clean-up of this one can never touch that one.
-  std::string owner;
-  std::uint64_t fork_gen = 0;  // fork_generation() when acquired; a child never owns it
-  bool reentrant = false;      // taken by a Mutex: its thread may re-enter it
-  std::uint64_t token = 0;
-  bool has_token = false;
-  LockOptions opts;
-  Millis validity{};  // lease validity from a request's send time (see AcquireResult)
-  std::shared_ptr<Clock> clock;
-
-  // Guarded by Engine::mu_.
-  std::atomic<int> hold_count{0};
-  bool released = false;
-  Clock::time_point next_renew{};
-  bool renew_in_flight = false;
-  // Send time of the request that last confirmed the lease (grant or renewal): the
-  // deadline is confirmed_sent + validity - safety_margin, capped by the hold limit.
-  Clock::time_point confirmed_sent{};
-  // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
-  // The local deadline never passes it; renewals stop once the deadline reaches it.
-  // Only ever lowered (a reentrant acquisition with a nearer max_hold), under
-  // Engine::mu_; read without it (hold_limit()).
-  std::atomic<std::int64_t> hold_limit_ns{Clock::time_point::max().time_since_epoch().count()};
-  // A lost hold of the same thread and name that this acquisition replaced in the
-  // engine's map before the thread unlocked it (a nested re-lock after a loss); put
-  // back when this one is released so the outer unlock still finds it.
-  std::shared_ptr<HeldLock> displaced;
-
-  // Metrics (null when the client keeps none): set before the lease is published.
-  MetricsSeries* metrics = nullptr;
-  Clock::time_point granted_at{};
-  std::atomic<bool> hold_observed{false};  // its hold time is counted once (release or loss)
-
-  // Read without the engine's mutex (owns(), remaining()).
-  std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
-  std::atomic<bool> lost{false};
-  std::stop_source stop;
-  // The hand-back of a lost lease to the backend (Backend::forget) runs once, by
-  // whoever comes first: the engine's hand-back thread, release(), or ~Engine.
-  std::once_flag forget_once;
-  // Why it was lost (set once, before `lost`, under callbacks_mu).
-  mutable AnnotatedMutex callbacks_mu;
-  std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
-  std::string loss_detail DISTLOCK_GUARDED_BY(callbacks_mu);
-
-  // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
-  std::vector<std::function<void()>> callbacks DISTLOCK_GUARDED_BY(callbacks_mu);
-  bool callbacks_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
-  // Engine-internal loss signals (a read-write lease's combined stop token): run on
-  // the thread that detects the loss, right after `stop`, never behind user code.
-  // Short and non-blocking by contract.
-  std::vector<std::function<void()>> signals DISTLOCK_GUARDED_BY(callbacks_mu);
-  bool signals_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
-
-  Clock::time_point deadline() const noexcept {
-    return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
-  }
-  void set_deadline(Clock::time_point tp) noexcept {
-    deadline_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
-  }
-  Clock::time_point hold_limit() const noexcept {
-    return Clock::time_point(Clock::duration(hold_limit_ns.load(std::memory_order_acquire)));
-  }
-  void set_hold_limit(Clock::time_point tp) noexcept {
-    hold_limit_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
-  }
-  bool owns() const noexcept;
-  /// The reason a loss at the local deadline has: max_hold when the deadline is the
-  /// hold limit, else local_deadline.
-  LossReason expiry_reason() const noexcept;
-  /// Public reason and text (none/empty while held).
-  distlock::LossReason public_reason() const noexcept;
-  std::string public_detail() const;
-};
 
 /// The owner id of the calling thread within a client: "<client id>:<thread seq>".
 /// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
@@ -224,7 +149,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
 
   /// The thread that runs user callbacks (see "Threads" above).
-  std::thread::id event_thread_id() const noexcept { return event_thread_.get_id(); }
+  std::thread::id event_thread_id() const noexcept { return events_.thread_id(); }
   bool on_event_thread() const noexcept;
   /// Blocks until every user callback queued so far has run and the event thread is
   /// idle, then until every lost lease queued for its hand-back has been handed back
@@ -294,13 +219,13 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
  private:
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
-  void start_renewer();
   /// Starts the renewer/watchdog for a backend that needs no renewal once a lease
   /// with a max_hold appears (its stop token must fire at the limit).
   void ensure_watchdog();
-  std::once_flag watchdog_once_;
-  void renewer_main(std::stop_token st);
-  void watchdog_main(std::stop_token st);
+  /// The renewer's round: tick(), then when the next renewal falls due.
+  Clock::time_point renew_round();
+  /// The watchdog's round: losses at local deadlines, idle watches; the next deadline.
+  Clock::time_point watchdog_round();
   /// Declares every lease past its local deadline lost; returns the next deadline.
   Clock::time_point declare_expired();
   std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
@@ -316,14 +241,6 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // this client's waiters for its name. Blocks for the backend's call (or for another
   // thread's call of it already under way); never under an engine lock.
   void forget_now(HeldLock& held) noexcept;
-  // Queues `held` for the hand-back thread (forget_main), started here at the first loss.
-  void queue_forget(const std::shared_ptr<HeldLock>& held) noexcept;
-  void forget_main() noexcept;
-  /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
-  /// Never runs user code on the caller, which may hold callbacks_mu.
-  bool post_event(std::function<void()> fn) noexcept;
-  void event_main() noexcept;
-
   struct WaitSlot {  // declared at the top of the class
     std::uint64_t generation = 0;
     int waiters = 0;
@@ -382,14 +299,6 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::map<std::string, std::shared_ptr<HeldLock>> held_ DISTLOCK_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
   int idle_watches_ DISTLOCK_GUARDED_BY(mu_) = 0;  // slots with no waiter kept subscribed
-  std::condition_variable renewer_cv_;             // wakes the renewer when the schedule changes
-  // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
-  Clock::time_point renewer_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
-  std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
-  Clock::time_point watchdog_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
-  // A lease was added while the watchdog was awake (its scan may predate it): scan
-  // again before sleeping. Guarded by mu_.
-  bool watchdog_rescan_ DISTLOCK_GUARDED_BY(mu_) = false;
   // The longest validity a lease may have from now on (on_validity_changed), 0 for
   // no limit beyond the backend's answers. Applied under mu_ to every held lease and
   // to each lease as it is recorded, so a change racing a grant is never missed.
@@ -416,33 +325,13 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
 
-  std::jthread renewer_;
-  std::jthread watchdog_;
+  // The renewer and watchdog threads (engine/renewer.hpp); its mutex nests inside mu_.
+  Renewer renewer_;
 
-  // The event thread: runs user callbacks, one at a time, in the order queued. Its
-  // mutex is a leaf (nothing else is locked while holding it; user code never runs
-  // under it).
-  AnnotatedMutex events_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
-  std::condition_variable events_cv_;       // work queued, or stop
-  std::condition_variable events_idle_cv_;  // queue empty and nothing running (drain_events)
-  std::deque<std::function<void()>> events_ DISTLOCK_GUARDED_BY(events_mu_);
-  bool events_running_ DISTLOCK_GUARDED_BY(events_mu_) = false;  // a callback is running
-  bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
-  std::thread event_thread_;  // started by create(), joined last by ~Engine
-
-  // Lost leases waiting for their hand-back to the backend (forget_main, on a thread of
-  // its own: a hand-back the server does not answer must not hold back the event
-  // thread's loss callbacks). A leaf like events_mu_. ~Engine closes the queue, joins
-  // the thread (the batch under way ends), and hands back what is left itself before
-  // the backend goes.
-  AnnotatedMutex forget_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
-  std::condition_variable forget_cv_;       // work queued, or closed
-  std::condition_variable forget_idle_cv_;  // queue empty, nothing running (drain_events)
-  std::thread forget_thread_ DISTLOCK_GUARDED_BY(forget_mu_);
-  std::atomic<std::thread::id> forget_thread_id_{};  // read without the lock (on_own_thread)
-  std::vector<std::shared_ptr<HeldLock>> forget_queue_ DISTLOCK_GUARDED_BY(forget_mu_);
-  int forgets_running_ DISTLOCK_GUARDED_BY(forget_mu_) = 0;
-  bool forget_closed_ DISTLOCK_GUARDED_BY(forget_mu_) = false;
+  // The event thread (user callbacks) and the hand-back thread (Backend::forget of lost
+  // leases). Each owns its queue and a leaf mutex; the event thread is joined last.
+  HandBackQueue hand_back_;
+  EventQueue events_;
 };
 
 }  // namespace distlock::detail
