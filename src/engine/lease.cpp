@@ -1,5 +1,6 @@
 #include "engine/lease.hpp"
 
+#include <atomic>
 #include <string>
 
 #include "core/owner_id.hpp"
@@ -59,6 +60,24 @@ std::string HeldLock::public_detail() const {
   }
   if (clock->now() >= deadline()) return expiry_text(*this, expiry_reason());
   return {};
+}
+
+std::string owner_for_this_thread(const std::string& client_id) {
+  static std::atomic<std::uint64_t> next_thread_seq{1};
+  thread_local const std::uint64_t seq = next_thread_seq.fetch_add(1, std::memory_order_relaxed);
+  return client_id + ":" + std::to_string(seq);
+}
+
+std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept {
+  const auto bar = owner.find('|');
+  if (bar == std::string_view::npos) return {owner, std::nullopt};
+  return {owner.substr(0, bar), owner.substr(bar + 1)};
+}
+
+std::string_view thread_owner_of(std::string_view owner) noexcept {
+  owner = split_owner(owner).first;
+  const auto dot = owner.rfind('.');
+  return dot == std::string_view::npos ? owner : owner.substr(0, dot);
 }
 
 }  // namespace distlock::detail

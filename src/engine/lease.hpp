@@ -11,6 +11,8 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -19,8 +21,12 @@
 #include "distlock/client.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
+#include "engine/role.hpp"
 
 namespace distlock::detail {
+
+/// What the lease table's lock guards in the leases it keeps (engine/role.hpp).
+inline Role lease_table_state;
 
 struct HeldLock {
   std::string name;
@@ -32,34 +38,38 @@ struct HeldLock {
   bool reentrant = false;      // taken by a Mutex: its thread may re-enter it
   std::uint64_t token = 0;
   bool has_token = false;
-  LockOptions opts;
-  Millis validity{};  // lease validity from a request's send time (see AcquireResult)
+  LockOptions opts;  // as asked for (renew_interval below is the one in force)
   std::shared_ptr<Clock> clock;
 
-  // Guarded by Engine::mu_.
+  // The lease's schedule, kept by the lease table (engine/lease_table.hpp).
+  // Lease validity from a request's send time (see AcquireResult), lowered by a cap.
+  Millis validity DISTLOCK_GUARDED_BY(lease_table_state){};
+  Millis renew_interval DISTLOCK_GUARDED_BY(lease_table_state){};
+  // Changed under the table's lock; read without it (an atomic).
   std::atomic<int> hold_count{0};
-  bool released = false;
-  Clock::time_point next_renew{};
-  bool renew_in_flight = false;
+  // Set under the table's lock; read without it (Lease::owns(), an atomic).
+  std::atomic<bool> released{false};
+  Clock::time_point next_renew DISTLOCK_GUARDED_BY(lease_table_state){};
+  bool renew_in_flight DISTLOCK_GUARDED_BY(lease_table_state) = false;
   // Send time of the request that last confirmed the lease (grant or renewal): the
   // deadline is confirmed_sent + validity - safety_margin, capped by the hold limit.
-  Clock::time_point confirmed_sent{};
+  Clock::time_point confirmed_sent DISTLOCK_GUARDED_BY(lease_table_state){};
   // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
   // The local deadline never passes it; renewals stop once the deadline reaches it.
-  // Only ever lowered (a reentrant acquisition with a nearer max_hold), under
-  // Engine::mu_; read without it (hold_limit()).
+  // Only ever lowered (a reentrant acquisition with a nearer max_hold), under the
+  // lease table's lock; read without it (hold_limit()).
   std::atomic<std::int64_t> hold_limit_ns{Clock::time_point::max().time_since_epoch().count()};
   // A lost hold of the same thread and name that this acquisition replaced in the
   // engine's map before the thread unlocked it (a nested re-lock after a loss); put
   // back when this one is released so the outer unlock still finds it.
-  std::shared_ptr<HeldLock> displaced;
+  std::shared_ptr<HeldLock> displaced DISTLOCK_GUARDED_BY(lease_table_state);
 
   // Metrics (null when the client keeps none): set before the lease is published.
   MetricsSeries* metrics = nullptr;
   Clock::time_point granted_at{};
   std::atomic<bool> hold_observed{false};  // its hold time is counted once (release or loss)
 
-  // Read without the engine's mutex (owns(), remaining()).
+  // Read without a lock (owns(), remaining()).
   std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
   std::atomic<bool> lost{false};
   std::stop_source stop;
@@ -100,6 +110,16 @@ struct HeldLock {
   distlock::LossReason public_reason() const noexcept;
   std::string public_detail() const;
 };
+
+/// The owner id of the calling thread within a client: "<client id>:<thread seq>".
+/// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
+std::string owner_for_this_thread(const std::string& client_id);
+/// The thread part of an acquisition owner: the holder description (after the first
+/// '|') dropped, then everything before the last '.'.
+std::string_view thread_owner_of(std::string_view owner) noexcept;
+/// Splits a stored owner "<id>|<holder info>" into its id and description (nullopt
+/// when it carries none).
+std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept;
 
 /// The text of a loss at the local deadline (`r` local_deadline or max_hold).
 std::string expiry_text(const HeldLock& h, LossReason r);
