@@ -12,6 +12,15 @@
 
 namespace distlock::detail {
 
+namespace {
+// One name an acquisition tries (or its gate).
+struct AcquireCandidate {
+  WaitRegistry::Entry w;  // name, slot (joined on the first wait), generation, watched, try_now
+  bool queued = false;    // tried with keep_queued: may hold a place on the server
+  std::optional<Millis> holder_ttl;
+};
+}  // namespace
+
 class Engine::AcquireLoop {
  public:
   AcquireLoop(Engine& engine, std::span<const std::string_view> names, std::string_view gate,
@@ -29,11 +38,7 @@ class Engine::AcquireLoop {
   std::size_t index() const noexcept { return *acquired_; }
 
  private:
-  struct Candidate {
-    WaitRegistry::Entry w;  // name, slot (joined on the first wait), generation, watched, try_now
-    bool queued = false;    // tried with keep_queued: may hold a place on the server
-    std::optional<Millis> holder_ttl;
-  };
+  using Candidate = AcquireCandidate;
   bool cancelled();
   /// One round of attempts: the gate's status, then the names due; false on an error.
   bool attempt(bool& gate_held);
