@@ -3,37 +3,45 @@
 // reentrancy per owner thread, the client's single renewer (batched renewals), the
 // conservative local deadline and the loss signal.
 //
-// Threads and locks (the engine is the most concurrent code in distlock):
+// Engine composes parts that own their state, each under its own mutex (src/engine/):
+// - the lease table (lease_table.hpp): held leases, acquisitions under way (with the
+//   losses reported meanwhile), each lease's schedule, the validity cap;
+// - the wait registry (wait_registry.hpp): wait slots, name watches, the idle sweep;
+// - the renewer (renewer.hpp): the renewer and watchdog threads and their wake-ups;
+// - the event queue (event_queue.hpp): the one thread that runs user callbacks, and
+//   the hand-back queue (hand_back.hpp): lost leases handed back to the backend.
+// Engine's acquire is validate → lease table (re-entry) → wait loop → lease table
+// (record); its renewal batches and the loss signal (declare_lost) use the parts.
+//
+// Threads:
 // - User threads call every public member (acquire*, release, wait_free, status,
 //   NameWatch, tick/renew_all in tests) at once, on any thread.
-// - The renewer (renewer_main, when background_renewal and the backend needs
-//   renewal) runs tick(): renewals in one backend batch, losses it finds.
-// - The watchdog (watchdog_main) declares losses at local deadlines, so a renewal
-//   blocked on a hung server cannot delay a stop signal; it also drops idle watches.
+// - The renewer (when background_renewal and the backend needs renewal) runs tick():
+//   renewals in one backend batch, losses it finds.
+// - The watchdog declares losses at local deadlines, so a renewal blocked on a hung
+//   server cannot delay a stop signal; it also drops idle watches.
 // - Backend threads (notifiers, subscribers, keep-alives) call the ChangeListener
 //   members (on_change, on_session_lost, on_lease_lost) from any thread; a backend
 //   never holds a lock of its own that a backend call from the engine could need.
-// - The hand-back thread (forget_main, started at the first loss) hands lost leases
-//   back to the backend (Backend::forget); it runs no user code.
-// - The event thread (event_main) runs user callbacks (Lease::on_lost) and nothing
-//   else; see add_loss_callback. Whoever detects a loss (any of the threads above)
-//   gives the loss signal itself in declare_lost/fire_loss: `lost`, the stop token
-//   (so std::stop_callbacks run there) and add_loss_signal's internal signals; then it
+// - The hand-back thread (started at the first loss) hands lost leases back to the
+//   backend (Backend::forget); it runs no user code.
+// - The event thread runs user callbacks (Lease::on_lost) and nothing else; see
+//   add_loss_callback. Whoever detects a loss (any of the threads above) gives the
+//   loss signal itself in declare_lost/fire_loss: `lost`, the stop token (so
+//   std::stop_callbacks run there) and add_loss_signal's internal signals; then it
 //   queues the callbacks. A blocking callback therefore delays later callbacks only.
 // Locks, in the only order they nest:
-// - mu_ guards held_, waits_ (and every WaitSlot field), idle_watches_, inflight_,
-//   the renewer's and watchdog's wake times, and HeldLock's released, next_renew,
-//   renew_in_flight and displaced. It is never held across a backend call, a clock
-//   wait other than the condition-variable waits on it, user code, or declare_lost.
-// - HeldLock::callbacks_mu guards that lease's loss reason/detail, callbacks and
-//   signals; never held with mu_ (declare_lost runs outside mu_).
-// - events_mu_ guards the event queue; a leaf, taken inside callbacks_mu to queue in
-//   order. User code (callbacks, the logger sink) never runs under any engine lock.
-// Atomics read without a lock: HeldLock::lost, deadline_ns, hold_limit_ns,
-// hold_count (changed under mu_), the counters and session_epoch_ (bumped under mu_).
-// What the compiler can check is annotated (DISTLOCK_GUARDED_BY, thread_annotations.hpp)
-// and checked by the clang build of scripts/test.sh; HeldLock's and WaitSlot's fields
-// guarded by Engine::mu_ are not (the analysis cannot name another object's mutex).
+// - the lease table's mutex, then the renewer's (a leaf);
+// - HeldLock::callbacks_mu (a lease's loss reason, callbacks and signals), then the
+//   event queue's (a leaf, taken inside callbacks_mu to queue in order);
+// - the wait registry's and the hand-back queue's: never held with another.
+// No engine lock is held across a backend call, user code (callbacks, the logger
+// sink) or declare_lost; the only clock waits are condition-variable waits on a
+// part's own mutex. Atomics read without a lock: HeldLock::lost, deadline_ns,
+// hold_limit_ns, hold_count, the counters and the session epoch.
+// Every field a lock guards says so in a checked annotation (DISTLOCK_GUARDED_BY,
+// thread_annotations.hpp; a lease's and a wait slot's fields through their part's
+// Role, engine/role.hpp), checked by the clang build of scripts/test.sh.
 #pragma once
 
 #include <atomic>
@@ -57,106 +65,19 @@
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
 #include "engine/backend.hpp"
+#include "engine/event_queue.hpp"
+#include "engine/hand_back.hpp"
+#include "engine/lease.hpp"
+#include "engine/lease_table.hpp"
 #include "engine/log.hpp"
 #include "engine/metrics.hpp"
+#include "engine/renewer.hpp"
 #include "engine/thread_annotations.hpp"
+#include "engine/wait_registry.hpp"
 
 namespace distlock::detail {
 
-struct HeldLock {
-  std::string name;
-  /// Unique per acquisition: "<client id>:<thread seq>.<acquisition seq>". A later
-  /// acquisition by the same thread is another owner on the server, so a late
-  /// release, renewal or clean-up of this one can never touch that one.
-  std::string owner;
-  std::uint64_t fork_gen = 0;  // fork_generation() when acquired; a child never owns it
-  bool reentrant = false;      // taken by a Mutex: its thread may re-enter it
-  std::uint64_t token = 0;
-  bool has_token = false;
-  LockOptions opts;
-  Millis validity{};  // lease validity from a request's send time (see AcquireResult)
-  std::shared_ptr<Clock> clock;
-
-  // Guarded by Engine::mu_.
-  std::atomic<int> hold_count{0};
-  // Written under Engine::mu_; atomic because Lease::owns() reads it without the mutex
-  // (from any thread that can see the lease, e.g. while its owner releases it).
-  std::atomic<bool> released{false};
-  Clock::time_point next_renew{};
-  bool renew_in_flight = false;
-  // Send time of the request that last confirmed the lease (grant or renewal): the
-  // deadline is confirmed_sent + validity - safety_margin, capped by the hold limit.
-  Clock::time_point confirmed_sent{};
-  // grant (send time of the granted request) + opts.max_hold; max() when unbounded.
-  // The local deadline never passes it; renewals stop once the deadline reaches it.
-  // Only ever lowered (a reentrant acquisition with a nearer max_hold), under
-  // Engine::mu_; read without it (hold_limit()).
-  std::atomic<std::int64_t> hold_limit_ns{Clock::time_point::max().time_since_epoch().count()};
-  // A lost hold of the same thread and name that this acquisition replaced in the
-  // engine's map before the thread unlocked it (a nested re-lock after a loss); put
-  // back when this one is released so the outer unlock still finds it.
-  std::shared_ptr<HeldLock> displaced;
-
-  // Metrics (null when the client keeps none): set before the lease is published.
-  MetricsSeries* metrics = nullptr;
-  Clock::time_point granted_at{};
-  std::atomic<bool> hold_observed{false};  // its hold time is counted once (release or loss)
-
-  // Read without the engine's mutex (owns(), remaining()).
-  std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
-  std::atomic<bool> lost{false};
-  std::stop_source stop;
-  // The hand-back of a lost lease to the backend (Backend::forget) runs once, by
-  // whoever comes first: the engine's hand-back thread, release(), or ~Engine.
-  std::once_flag forget_once;
-  // Why it was lost (set once, before `lost`, under callbacks_mu).
-  mutable AnnotatedMutex callbacks_mu;
-  std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
-  std::string loss_detail DISTLOCK_GUARDED_BY(callbacks_mu);
-
-  // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
-  std::vector<std::function<void()>> callbacks DISTLOCK_GUARDED_BY(callbacks_mu);
-  bool callbacks_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
-  // Engine-internal loss signals (a read-write lease's combined stop token): run on
-  // the thread that detects the loss, right after `stop`, never behind user code.
-  // Short and non-blocking by contract.
-  std::vector<std::function<void()>> signals DISTLOCK_GUARDED_BY(callbacks_mu);
-  bool signals_fired DISTLOCK_GUARDED_BY(callbacks_mu) = false;
-
-  Clock::time_point deadline() const noexcept {
-    return Clock::time_point(Clock::duration(deadline_ns.load(std::memory_order_acquire)));
-  }
-  void set_deadline(Clock::time_point tp) noexcept {
-    deadline_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
-  }
-  Clock::time_point hold_limit() const noexcept {
-    return Clock::time_point(Clock::duration(hold_limit_ns.load(std::memory_order_acquire)));
-  }
-  void set_hold_limit(Clock::time_point tp) noexcept {
-    hold_limit_ns.store(tp.time_since_epoch().count(), std::memory_order_release);
-  }
-  bool owns() const noexcept;
-  /// The reason a loss at the local deadline has: max_hold when the deadline is the
-  /// hold limit, else local_deadline.
-  LossReason expiry_reason() const noexcept;
-  /// Public reason and text (none/empty while held).
-  distlock::LossReason public_reason() const noexcept;
-  std::string public_detail() const;
-};
-
-/// The owner id of the calling thread within a client: "<client id>:<thread seq>".
-/// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
-std::string owner_for_this_thread(const std::string& client_id);
-/// The thread part of an acquisition owner: the holder description (after the first
-/// '|') dropped, then everything before the last '.'.
-std::string_view thread_owner_of(std::string_view owner) noexcept;
-/// Splits a stored owner "<id>|<holder info>" into its id and description (nullopt
-/// when it carries none).
-std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept;
-
 class Engine final : public ChangeListener, public std::enable_shared_from_this<Engine> {
-  struct WaitSlot;
-
  public:
   /// Creates an engine over `backend` and starts its renewer (if enabled).
   static std::shared_ptr<Engine> create(std::unique_ptr<Backend> backend, ClientOptions opts);
@@ -226,7 +147,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void add_loss_signal(const std::shared_ptr<HeldLock>& held, std::function<void()> fn);
 
   /// The thread that runs user callbacks (see "Threads" above).
-  std::thread::id event_thread_id() const noexcept { return event_thread_.get_id(); }
+  std::thread::id event_thread_id() const noexcept { return events_.thread_id(); }
   bool on_event_thread() const noexcept;
   /// Blocks until every user callback queued so far has run and the event thread is
   /// idle, then until every lost lease queued for its hand-back has been handed back
@@ -250,7 +171,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Logger& logger() noexcept { return log_; }
   ClientStats stats() const noexcept;
   std::size_t held_count() const;
-  /// Prometheus text exposition of this client's metrics (core/metrics.hpp); empty
+  /// Prometheus text exposition of this client's metrics (engine/metrics.hpp); empty
   /// when ClientOptions::metrics is false.
   std::string metrics_text() const;
 
@@ -285,7 +206,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
    private:
     std::shared_ptr<Engine> engine_;
     std::string name_;
-    std::shared_ptr<WaitSlot> slot_;
+    std::shared_ptr<WaitRegistry::Slot> slot_;
   };
 
   /// True in a child process forked after this engine was made: every call then
@@ -296,13 +217,13 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
  private:
   Engine(std::unique_ptr<Backend> backend, ClientOptions opts);
-  void start_renewer();
   /// Starts the renewer/watchdog for a backend that needs no renewal once a lease
   /// with a max_hold appears (its stop token must fire at the limit).
   void ensure_watchdog();
-  std::once_flag watchdog_once_;
-  void renewer_main(std::stop_token st);
-  void watchdog_main(std::stop_token st);
+  /// The renewer's round: tick(), then when the next renewal falls due.
+  Clock::time_point renew_round();
+  /// The watchdog's round: losses at local deadlines, idle watches; the next deadline.
+  Clock::time_point watchdog_round();
   /// Declares every lease past its local deadline lost; returns the next deadline.
   Clock::time_point declare_expired();
   std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
@@ -318,53 +239,29 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   // this client's waiters for its name. Blocks for the backend's call (or for another
   // thread's call of it already under way); never under an engine lock.
   void forget_now(HeldLock& held) noexcept;
-  // Queues `held` for the hand-back thread (forget_main), started here at the first loss.
-  void queue_forget(const std::shared_ptr<HeldLock>& held) noexcept;
-  void forget_main() noexcept;
-  /// Queues `fn` for the event thread; false (fn dropped) only when out of memory.
-  /// Never runs user code on the caller, which may hold callbacks_mu.
-  bool post_event(std::function<void()> fn) noexcept;
-  void event_main() noexcept;
-
-  struct WaitSlot {  // declared at the top of the class
-    std::uint64_t generation = 0;
-    int waiters = 0;
-    bool watch_pending = false;          // a waiter is subscribing; the others wait for it to finish
-    bool watched = false;                // the backend delivers on_change for this name
-    Clock::time_point watch_retry_at{};  // after a failed watch: when a waiter may try again
-    Clock::time_point idle_since{};
-    std::condition_variable cv;
-    // Waiters on several names at once (acquire_any) wait on a condition variable of
-    // their own, registered here: on_change notifies them too. Guarded by mu_.
-    std::vector<std::condition_variable*> listeners;
-  };
-  std::shared_ptr<WaitSlot> join_wait(const std::string& name);
-  void leave_wait(const std::string& name);
-  /// Makes sure `name` is watched before the caller re-checks: subscribes if nobody
-  /// is, or waits (up to `until`, or until `cancel` is stopped) for the waiter that is
-  /// subscribing. Returns whether notifications are live; false means the caller falls
-  /// back to bounded re-checks (or, cancelled, ends its wait).
-  bool ensure_watched(std::string_view name, const std::shared_ptr<WaitSlot>& slot, Clock::time_point until,
-                      const std::stop_token& cancel = {});
   std::shared_ptr<HeldLock> acquire_impl(std::span<const std::string_view> names, std::string_view gate,
                                          const LockOptions& opts, std::optional<Millis> wait, Error& ec,
                                          Reentry reentry, std::size_t* index);
-  std::shared_ptr<HeldLock> acquire_loop(std::span<const std::string_view> names, std::string_view gate,
-                                         const LockOptions& opts, std::optional<Millis> wait,
-                                         const std::string& owner, Clock::time_point start,
-                                         std::uint64_t& epoch_at_send, std::size_t& index, Error& ec);
+  /// Validates an acquisition's names and options (filled in) and its wait.
+  bool validate(std::span<const std::string_view> names, std::string_view gate, LockOptions& opts,
+                std::optional<Millis>& wait, Error& ec);
+  /// The wait loop of one acquisition (engine/acquire_loop.cpp).
+  class AcquireLoop;
+  std::shared_ptr<HeldLock> wait_loop(std::span<const std::string_view> names, std::string_view gate,
+                                      const LockOptions& opts, std::optional<Millis> wait,
+                                      const std::string& owner, Clock::time_point start,
+                                      std::uint64_t& epoch_at_send, std::size_t& index, Error& ec);
+  /// Counts and records a granted lease, then declares what raced the grant lost.
+  void record_grant(const std::shared_ptr<HeldLock>& held, const std::string& key, const std::string& owner,
+                    Clock::time_point called, std::uint64_t epoch_at_send);
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
   void sweep_idle_watches(bool all) noexcept;
   /// Subscriptions kept after their last waiter left (tests).
   std::size_t idle_watches() const;
-  static constexpr std::chrono::seconds kIdleWatchKeep{10};
-  static constexpr int kMaxIdleWatches = 256;
-  /// After a failed watch: how soon a waiter of that name may subscribe again.
-  static constexpr Millis kWatchRetry{1000};
   /// Re-check period of a waiter whose name cannot be watched (degraded mode).
-  static constexpr Millis kDegradedRecheck{250};
+  static constexpr Millis kDegradedRecheck = WaitRegistry::kDegradedRecheck;
 
  private:
   std::unique_ptr<Backend> backend_;
@@ -377,74 +274,22 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   Logger log_;
   std::unique_ptr<Metrics> metrics_;  // null when ClientOptions::metrics is false
   std::atomic<std::uint64_t> next_acquisition_{1};
-  std::atomic<bool> warned_watch_failure_{false};
-
-  mutable AnnotatedMutex mu_;
-  // Key: name + '\0' + owner.
-  std::map<std::string, std::shared_ptr<HeldLock>> held_ DISTLOCK_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<WaitSlot>, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
-  int idle_watches_ DISTLOCK_GUARDED_BY(mu_) = 0;  // slots with no waiter kept subscribed
-  std::condition_variable renewer_cv_;             // wakes the renewer when the schedule changes
-  // When the sleeping renewer will wake next (min() while it is awake). Guarded by mu_.
-  Clock::time_point renewer_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
-  std::condition_variable watchdog_cv_;  // wakes the watchdog when an earlier deadline appears
-  Clock::time_point watchdog_wake_ DISTLOCK_GUARDED_BY(mu_) = Clock::time_point::min();
-  // A lease was added while the watchdog was awake (its scan may predate it): scan
-  // again before sleeping. Guarded by mu_.
-  bool watchdog_rescan_ DISTLOCK_GUARDED_BY(mu_) = false;
-  // The longest validity a lease may have from now on (on_validity_changed), 0 for
-  // no limit beyond the backend's answers. Applied under mu_ to every held lease and
-  // to each lease as it is recorded, so a change racing a grant is never missed.
-  Millis validity_cap_ DISTLOCK_GUARDED_BY(mu_){0};
-  /// Shortens `h` to `cap` (validity, deadline, renewal interval). Caller holds mu_.
-  void cap_validity(HeldLock& h, Millis cap) DISTLOCK_REQUIRES(mu_);
-  // Bumped (under mu_) by every on_session_lost: a grant answered across a bump may
-  // belong to the session that ended.
-  std::atomic<std::uint64_t> session_epoch_{0};
-  // Owners of acquisitions under way (not yet in held_) → the names on_lease_lost has
-  // reported lost for that owner meanwhile (an acquisition of several names may lose a
-  // queued place on one and win another; only the name won counts). `all` when a name
-  // could not be recorded. Guarded by mu_.
-  struct InflightLosses {
-    std::vector<std::string> names;
-    bool all = false;
-    // The smallest validity on_validity_changed reported while the acquisition was
-    // under way (0: none): its grant may have been counted before a lower value that
-    // a later, higher one replaced in validity_cap_.
-    Millis min_cap{0};
-  };
-  std::map<std::string, InflightLosses, std::less<>> inflight_ DISTLOCK_GUARDED_BY(mu_);
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},
       n_renewed_{0}, n_lost_{0}, n_brain_splits_{0};
 
-  std::jthread renewer_;
-  std::jthread watchdog_;
+  // Wait slots and name watches (engine/wait_registry.hpp).
+  WaitRegistry waits_;
+  // The renewer and watchdog threads (engine/renewer.hpp); its mutex nests inside the
+  // lease table's.
+  Renewer renewer_;
+  // Held leases, acquisitions under way, validity caps (engine/lease_table.hpp).
+  LeaseTable leases_;
 
-  // The event thread: runs user callbacks, one at a time, in the order queued. Its
-  // mutex is a leaf (nothing else is locked while holding it; user code never runs
-  // under it).
-  AnnotatedMutex events_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
-  std::condition_variable events_cv_;       // work queued, or stop
-  std::condition_variable events_idle_cv_;  // queue empty and nothing running (drain_events)
-  std::deque<std::function<void()>> events_ DISTLOCK_GUARDED_BY(events_mu_);
-  bool events_running_ DISTLOCK_GUARDED_BY(events_mu_) = false;  // a callback is running
-  bool events_stop_ DISTLOCK_GUARDED_BY(events_mu_) = false;
-  std::thread event_thread_;  // started by create(), joined last by ~Engine
-
-  // Lost leases waiting for their hand-back to the backend (forget_main, on a thread of
-  // its own: a hand-back the server does not answer must not hold back the event
-  // thread's loss callbacks). A leaf like events_mu_. ~Engine closes the queue, joins
-  // the thread (the batch under way ends), and hands back what is left itself before
-  // the backend goes.
-  AnnotatedMutex forget_mu_ DISTLOCK_ACQUIRED_AFTER(mu_);
-  std::condition_variable forget_cv_;       // work queued, or closed
-  std::condition_variable forget_idle_cv_;  // queue empty, nothing running (drain_events)
-  std::thread forget_thread_ DISTLOCK_GUARDED_BY(forget_mu_);
-  std::atomic<std::thread::id> forget_thread_id_{};  // read without the lock (on_own_thread)
-  std::vector<std::shared_ptr<HeldLock>> forget_queue_ DISTLOCK_GUARDED_BY(forget_mu_);
-  int forgets_running_ DISTLOCK_GUARDED_BY(forget_mu_) = 0;
-  bool forget_closed_ DISTLOCK_GUARDED_BY(forget_mu_) = false;
+  // The event thread (user callbacks) and the hand-back thread (Backend::forget of lost
+  // leases). Each owns its queue and a leaf mutex; the event thread is joined last.
+  HandBackQueue hand_back_;
+  EventQueue events_;
 };
 
 }  // namespace distlock::detail

@@ -109,6 +109,67 @@ void QueueRecipe::drop_stale(const std::vector<QueueEntryPtr>& entries) noexcept
   }
 }
 
+QueueEntryPtr QueueRecipe::reusable_entry(const std::string& key, const AcquireRequest& req) {
+  QueueEntryPtr e;
+  QueueEntryPtr old;
+  {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end()) {
+      if (!it->second->held && store_.reusable(*it->second, req)) {
+        e = it->second;
+      } else {
+        // A held entry here means the engine declared that hold lost (its local
+        // deadline passed): its place must not be reused, or the old token would be
+        // handed out again.
+        old = std::move(it->second);
+        entries_.erase(it);
+      }
+    }
+  }
+  if (old) {
+    store_.forgotten(*old);
+    give_up(old);
+  }
+  return e;
+}
+
+bool QueueRecipe::add_entry(const std::string& key, const QueueEntryPtr& e) {
+  std::lock_guard lk(mu_);
+  // Its session may have ended since new_entry read it, before this entry was in the
+  // table for that session's end to take: such an entry would outlive it.
+  if (!store_.live(*e)) return false;
+  entries_[key] = e;
+  return true;
+}
+
+std::optional<AcquireResult> QueueRecipe::grant_first(const std::string& key, const QueueEntryPtr& e,
+                                                      const QueuePosition& pos) {
+  std::optional<Millis> validity;
+  std::uint64_t token = 0;
+  {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second == e) {
+      validity = store_.grant(*e, pos);
+      if (validity) {
+        e->held = true;
+        token = e->token;
+      } else {
+        entries_.erase(it);
+      }
+    }
+  }
+  if (!validity) {
+    // The session that answered has ended (or ends now): its place goes with it, and
+    // a place that somehow outlived it is deleted. Queue anew.
+    store_.forgotten(*e);
+    give_up(e);
+    return std::nullopt;
+  }
+  return AcquireResult{true, token, std::max(*validity, Millis(1)), std::nullopt};
+}
+
 AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const Clock::time_point started = clock_->now();
@@ -117,36 +178,12 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
   AcquireResult busy;
   QueueEntryPtr e;
   for (int round = 0; round < kMaxRounds; ++round) {
-    QueueEntryPtr old;
-    e.reset();
-    {
-      std::lock_guard lk(mu_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) {
-        if (!it->second->held && store_.reusable(*it->second, req)) {
-          e = it->second;
-        } else {
-          // A held entry here means the engine declared that hold lost (its local
-          // deadline passed): its place must not be reused, or the old token would be
-          // handed out again.
-          old = std::move(it->second);
-          entries_.erase(it);
-        }
-      }
-    }
-    if (old) {
-      store_.forgotten(*old);
-      give_up(old);
-    }
+    e = reusable_entry(key, req);
     if (!e) {
       clear_orphans_of(req.name);
       e = store_.new_entry(req, ec);
       if (!e) return {};
-      std::lock_guard lk(mu_);
-      // Its session may have ended since new_entry read it, before this entry was in
-      // the table for that session's end to take: such an entry would outlive it.
-      if (!store_.live(*e)) continue;
-      entries_[key] = e;
+      if (!add_entry(key, e)) continue;
     }
 
     const QueuePosition pos = store_.enqueue(*e, req, started, ec);
@@ -160,33 +197,9 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
       continue;
     }
     switch (pos.kind) {
-      case QueuePosition::Kind::first: {
-        std::optional<Millis> validity;
-        std::uint64_t token = 0;
-        bool still = false;
-        {
-          std::lock_guard lk(mu_);
-          auto it = entries_.find(key);
-          still = it != entries_.end() && it->second == e;
-          if (still) {
-            validity = store_.grant(*e, pos);
-            if (validity) {
-              e->held = true;
-              token = e->token;
-            } else {
-              entries_.erase(it);
-            }
-          }
-        }
-        if (!validity) {
-          // The session that answered has ended (or ends now): its place goes with it,
-          // and a place that somehow outlived it is deleted. Queue anew.
-          store_.forgotten(*e);
-          give_up(e);
-          continue;
-        }
-        return AcquireResult{true, token, std::max(*validity, Millis(1)), std::nullopt};
-      }
+      case QueuePosition::Kind::first:
+        if (auto granted = grant_first(key, e, pos)) return *granted;
+        continue;
       case QueuePosition::Kind::behind:
         busy.holder_ttl = pos.holder_ttl;
         if (!req.keep_queued) {

@@ -222,6 +222,18 @@ class QueueRecipe {
   void give_up(const QueueEntryPtr& e) noexcept;
   /// Our orphans of lock `name` would queue ahead of a new place: delete them first.
   void clear_orphans_of(std::string_view name) noexcept;
+  // ---- try_acquire's steps ------------------------------------------------------
+  /// The table's entry under `key` if it may queue again for `req`; one that may not
+  /// (held: the engine declared that hold lost) leaves the table and is given up.
+  /// Null when there is none to reuse. Without mutex().
+  QueueEntryPtr reusable_entry(const std::string& key, const AcquireRequest& req);
+  /// Lists the new entry `e` under `key`; false (not listed) when its session has ended
+  /// already. Without mutex().
+  bool add_entry(const std::string& key, const QueueEntryPtr& e);
+  /// `e` is first in its queue (`pos`): granted if it is still the table's entry under
+  /// `key` and the store grants it; else given up and nullopt (queue anew). Without mutex().
+  std::optional<AcquireResult> grant_first(const std::string& key, const QueueEntryPtr& e,
+                                           const QueuePosition& pos);
 
   QueueStore& store_;
   const std::shared_ptr<Clock> clock_;

@@ -160,44 +160,130 @@ std::string Url::query_or(const std::string& key, std::string fallback) const {
   return it == query.end() ? std::move(fallback) : it->second;
 }
 
+namespace {
+
+/// The URL being parsed and how errors quote it: every message quotes the URL and its
+/// parts through show(), which masks whatever could be the password, so no error path
+/// can print it.
+struct UrlText {
+  std::string_view text;
+  Mask mask;
+  std::string whole;  // show(text)
+  std::string show(std::string_view part) const { return quoted(masked(text, mask, part)); }
+};
+
+/// The scheme (text before "://"), lower-cased into `out`.
+std::error_code parse_scheme(const UrlText& t, std::string_view scheme, std::string& out, std::string& why) {
+  for (char c : scheme) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') {
+      return bad(why, "scheme " + t.show(scheme) + " in URL " + t.whole + " is malformed");
+    }
+    out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  return {};
+}
+
+/// The query (after '?'): key=value pairs split on '&', percent-decoded.
+std::error_code parse_query(const UrlText& t, std::string_view qs, std::map<std::string, std::string>& out,
+                            std::string& why) {
+  while (!qs.empty()) {
+    const auto amp = qs.find('&');
+    std::string_view kv = qs.substr(0, amp);
+    qs = amp == std::string_view::npos ? std::string_view{} : qs.substr(amp + 1);
+    if (kv.empty()) continue;
+    const auto eq = kv.find('=');
+    std::string k, v;
+    if (!percent_decode(kv.substr(0, eq), k) ||
+        (eq != std::string_view::npos && !percent_decode(kv.substr(eq + 1), v))) {
+      return bad(why, "query parameter " + t.show(kv) + " in URL " + t.whole + " has a bad %-escape");
+    }
+    if (k.empty()) return bad(why, "query parameter " + t.show(kv) + " in URL " + t.whole + " has no name");
+    out[k] = v;
+  }
+  return {};
+}
+
+/// The user info `ui` (before the authority's last '@'), which starts at offset `begin`
+/// of the URL's text.
+std::error_code parse_userinfo(const UrlText& t, std::string_view ui, std::size_t begin, Url& out,
+                               std::string& why) {
+  out.has_userinfo = true;
+  out.userinfo_begin = begin;
+  out.userinfo_end = begin + ui.size();
+  const auto colon = ui.find(':');
+  if (colon != std::string_view::npos) out.password_begin = out.userinfo_begin + colon + 1;
+  if (!percent_decode(ui.substr(0, colon), out.user) ||
+      (colon != std::string_view::npos && !percent_decode(ui.substr(colon + 1), out.password))) {
+    out.password.clear();
+    return bad(why, "user info in URL " + t.whole + " has a bad %-escape");
+  }
+  return {};
+}
+
+/// One entry `hp` of the host list: host, [IPv6] or either with ":port".
+std::error_code parse_host(const UrlText& t, std::string_view hp, Url::Host& h, std::string& why) {
+  std::string_view host_text;
+  std::string_view port_text;
+  if (hp.front() == '[') {
+    const auto close = hp.find(']');
+    if (close == std::string_view::npos)
+      return bad(why, "IPv6 host " + t.show(hp) + " in URL " + t.whole + " lacks ']'");
+    host_text = hp.substr(1, close - 1);
+    std::string_view after = hp.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') return bad(why, "garbage " + t.show(after) + " after host in URL " + t.whole);
+      port_text = after.substr(1);
+    }
+  } else {
+    const auto colon = hp.rfind(':');
+    host_text = hp.substr(0, colon);
+    if (colon != std::string_view::npos) port_text = hp.substr(colon + 1);
+    if (colon != std::string_view::npos && hp.substr(0, colon).find(':') != std::string_view::npos) {
+      return bad(
+          why, "host " + t.show(hp) + " in URL " + t.whole + " has several ':' (write IPv6 as [addr]:port)");
+    }
+  }
+  if (host_text.empty()) return bad(why, "empty host name in " + t.show(hp) + " of URL " + t.whole);
+  for (std::size_t i = 0; i < host_text.size(); ++i) {
+    const char c = host_text[i];
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
+      return bad(why, "host " + t.show(host_text) + " in URL " + t.whole + " contains " +
+                          t.show(host_text.substr(i, 1)));
+    }
+  }
+  h.host = std::string(host_text);
+  if (!port_text.empty() || (hp.back() == ':')) {
+    unsigned v = 0;
+    auto [p, e] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
+    if (port_text.empty() || e != std::errc{} || p != port_text.data() + port_text.size()) {
+      return bad(why, "port " + t.show(port_text) + " in URL " + t.whole + " is not a number");
+    }
+    if (v == 0 || v > 65535)
+      return bad(why, "port " + t.show(port_text) + " in URL " + t.whole + " is out of range 1-65535");
+    h.port = static_cast<std::uint16_t>(v);
+  }
+  return {};
+}
+
+}  // namespace
+
 std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
   out = Url{};
   out.original = std::string(text);
-  // Every message quotes the URL and its parts through `show`, which masks whatever
-  // could be the password, so no error path can print it.
   const Mask mask = secret_mask(text);
-  auto show = [&](std::string_view part) { return quoted(masked(text, mask, part)); };
-  const std::string whole = show(text);
+  const UrlText t{text, mask, quoted(masked(text, mask, text))};
   const auto sep = text.find("://");
   if (sep == std::string_view::npos || sep == 0) {
-    return bad(why, "URL " + whole + " has no scheme (expected scheme://..., e.g. redis://127.0.0.1:6379)");
+    return bad(why, "URL " + t.whole + " has no scheme (expected scheme://..., e.g. redis://127.0.0.1:6379)");
   }
-  for (char c : text.substr(0, sep)) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') {
-      return bad(why, "scheme " + show(text.substr(0, sep)) + " in URL " + whole + " is malformed");
-    }
-    out.scheme.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
-  }
+  if (auto ec = parse_scheme(t, text.substr(0, sep), out.scheme, why)) return ec;
   std::string_view rest = text.substr(sep + 3);
 
   // Query.
   if (auto q = rest.find('?'); q != std::string_view::npos) {
-    std::string_view qs = rest.substr(q + 1);
+    const std::string_view qs = rest.substr(q + 1);
     rest = rest.substr(0, q);
-    while (!qs.empty()) {
-      const auto amp = qs.find('&');
-      std::string_view kv = qs.substr(0, amp);
-      qs = amp == std::string_view::npos ? std::string_view{} : qs.substr(amp + 1);
-      if (kv.empty()) continue;
-      const auto eq = kv.find('=');
-      std::string k, v;
-      if (!percent_decode(kv.substr(0, eq), k) ||
-          (eq != std::string_view::npos && !percent_decode(kv.substr(eq + 1), v))) {
-        return bad(why, "query parameter " + show(kv) + " in URL " + whole + " has a bad %-escape");
-      }
-      if (k.empty()) return bad(why, "query parameter " + show(kv) + " in URL " + whole + " has no name");
-      out.query[k] = v;
-    }
+    if (auto ec = parse_query(t, qs, out.query, why)) return ec;
   }
 
   // Authority and path.
@@ -205,69 +291,21 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
   if (auto slash = rest.find('/'); slash != std::string_view::npos) {
     authority = rest.substr(0, slash);
     if (!percent_decode(rest.substr(slash), out.path)) {
-      return bad(why, "path " + show(rest.substr(slash)) + " in URL " + whole + " has a bad %-escape");
+      return bad(why, "path " + t.show(rest.substr(slash)) + " in URL " + t.whole + " has a bad %-escape");
     }
   }
   if (auto at = authority.rfind('@'); at != std::string_view::npos) {
-    std::string_view ui = authority.substr(0, at);
+    const std::string_view ui = authority.substr(0, at);
     authority = authority.substr(at + 1);
-    out.has_userinfo = true;
-    out.userinfo_begin = sep + 3;
-    out.userinfo_end = out.userinfo_begin + at;
-    const auto colon = ui.find(':');
-    if (colon != std::string_view::npos) out.password_begin = out.userinfo_begin + colon + 1;
-    if (!percent_decode(ui.substr(0, colon), out.user) ||
-        (colon != std::string_view::npos && !percent_decode(ui.substr(colon + 1), out.password))) {
-      out.password.clear();
-      return bad(why, "user info in URL " + whole + " has a bad %-escape");
-    }
+    if (auto ec = parse_userinfo(t, ui, sep + 3, out, why)) return ec;
   }
   while (!authority.empty()) {
     const auto comma = authority.find(',');
     std::string_view hp = authority.substr(0, comma);
     authority = comma == std::string_view::npos ? std::string_view{} : authority.substr(comma + 1);
-    if (hp.empty()) return bad(why, "empty host in host list of URL " + whole);
+    if (hp.empty()) return bad(why, "empty host in host list of URL " + t.whole);
     Url::Host h;
-    std::string_view host_text;
-    std::string_view port_text;
-    if (hp.front() == '[') {
-      const auto close = hp.find(']');
-      if (close == std::string_view::npos)
-        return bad(why, "IPv6 host " + show(hp) + " in URL " + whole + " lacks ']'");
-      host_text = hp.substr(1, close - 1);
-      std::string_view after = hp.substr(close + 1);
-      if (!after.empty()) {
-        if (after.front() != ':') return bad(why, "garbage " + show(after) + " after host in URL " + whole);
-        port_text = after.substr(1);
-      }
-    } else {
-      const auto colon = hp.rfind(':');
-      host_text = hp.substr(0, colon);
-      if (colon != std::string_view::npos) port_text = hp.substr(colon + 1);
-      if (colon != std::string_view::npos && hp.substr(0, colon).find(':') != std::string_view::npos) {
-        return bad(why,
-                   "host " + show(hp) + " in URL " + whole + " has several ':' (write IPv6 as [addr]:port)");
-      }
-    }
-    if (host_text.empty()) return bad(why, "empty host name in " + show(hp) + " of URL " + whole);
-    for (std::size_t i = 0; i < host_text.size(); ++i) {
-      const char c = host_text[i];
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
-        return bad(why, "host " + show(host_text) + " in URL " + whole + " contains " +
-                            show(host_text.substr(i, 1)));
-      }
-    }
-    h.host = std::string(host_text);
-    if (!port_text.empty() || (hp.back() == ':')) {
-      unsigned v = 0;
-      auto [p, e] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
-      if (port_text.empty() || e != std::errc{} || p != port_text.data() + port_text.size()) {
-        return bad(why, "port " + show(port_text) + " in URL " + whole + " is not a number");
-      }
-      if (v == 0 || v > 65535)
-        return bad(why, "port " + show(port_text) + " in URL " + whole + " is out of range 1-65535");
-      h.port = static_cast<std::uint16_t>(v);
-    }
+    if (auto ec = parse_host(t, hp, h, why)) return ec;
     out.hosts.push_back(std::move(h));
   }
   return {};
