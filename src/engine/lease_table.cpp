@@ -120,6 +120,16 @@ std::shared_ptr<HeldLock> LeaseTable::find(const std::string& key) const {
   return it == held_.end() ? nullptr : it->second;
 }
 
+std::shared_ptr<HeldLock> LeaseTable::find_reentrant(const std::string& key) const {
+  PartLock lk(mu_, lease_table_state);
+  auto it = held_.find(key);
+  if (it == held_.end()) return nullptr;
+  for (const std::shared_ptr<HeldLock>* h = &it->second; *h; h = &(*h)->displaced) {
+    if ((*h)->reentrant && !(*h)->released) return *h;
+  }
+  return nullptr;
+}
+
 LeaseTable::Drop LeaseTable::drop(const std::shared_ptr<HeldLock>& held) {
   PartLock lk(mu_, lease_table_state);
   if (held->released) return Drop::not_held;
@@ -261,8 +271,10 @@ LeaseTable::Renewed LeaseTable::apply_renewals(std::span<const std::shared_ptr<H
       }
       case RenewStatus::not_owner: r.refused.push_back(due[i]); break;
       case RenewStatus::failed:
-        // Retry soon, but never in a tight loop.
-        h.next_renew = clock_->now() + std::max(Millis(10), h.renew_interval / 4);
+        // Retry soon, but never in a tight loop: after max(10 ms, interval/4). take_due
+        // renews what falls due within a quarter interval, so the retry is set that much
+        // later (a retry time nearer than that would be due again at once).
+        h.next_renew = clock_->now() + std::max(Millis(10), h.renew_interval / 4) + h.renew_interval / 4;
         break;
     }
   }
