@@ -248,16 +248,20 @@ LeaseTable::Renewed LeaseTable::apply_renewals(std::span<const std::shared_ptr<H
                                                Clock::time_point replied) {
   Renewed r;
   PartLock lk(mu_, lease_table_state);
+  // The answers count from when they are applied, not from when the reply was read:
+  // owns() reads the deadline without this lock, so a deadline that passed in between
+  // has already been reported. Read under the lock, after every earlier reading.
+  const Clock::time_point applied = std::max(replied, clock_->now());
   for (std::size_t i = 0; i < due.size(); ++i) {
     HeldLock& h = *due[i];
     h.renew_in_flight = false;
     if (h.released || h.lost.load()) continue;
     switch (out[i]) {
       case RenewStatus::renewed: {
-        // The reply came after the local deadline: owns() has already answered
+        // Applied after the local deadline: owns() has already answered
         // false, and the holder may have acted on it. A loss once seen stays a
         // loss, and is signalled (the server record expires by its TTL).
-        if (replied >= h.deadline()) {
+        if (applied >= h.deadline()) {
           r.late.push_back(due[i]);
           break;
         }
