@@ -481,7 +481,7 @@ void Mutex::unlock(std::error_code& ec) noexcept {
   ec.clear();
   std::shared_ptr<HeldLock> held;
   try {
-    held = detail::engine_of(client_)->held_by_this_thread(name_);
+    held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
   } catch (...) {
     ec = make_error_code(errc::protocol_error);
     return;
@@ -507,7 +507,7 @@ void Mutex::unlock() {
 }
 
 std::uint64_t Mutex::token() const {
-  auto held = detail::engine_of(client_)->held_by_this_thread(name_);
+  auto held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
   if (!held)
     throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
   if (!held->has_token) throw_error(make_error_code(errc::not_supported), "backend issues no fencing tokens");
@@ -515,7 +515,7 @@ std::uint64_t Mutex::token() const {
 }
 
 std::stop_token Mutex::stop_token() const {
-  auto held = detail::engine_of(client_)->held_by_this_thread(name_);
+  auto held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
   if (!held)
     throw_error(make_error_code(errc::not_owner), "lock \"" + name_ + "\" is not held by this thread");
   return held->stop.get_token();
@@ -523,7 +523,7 @@ std::stop_token Mutex::stop_token() const {
 
 bool Mutex::owns() const noexcept {
   try {
-    auto held = detail::engine_of(client_)->held_by_this_thread(name_);
+    auto held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
     return held && held->owns();
   } catch (...) {
     return false;
@@ -532,7 +532,7 @@ bool Mutex::owns() const noexcept {
 
 LossReason Mutex::loss_reason() const noexcept {
   try {
-    auto held = detail::engine_of(client_)->held_by_this_thread(name_);
+    auto held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
     return held ? held->public_reason() : LossReason::none;
   } catch (...) {
     return LossReason::none;
@@ -540,13 +540,13 @@ LossReason Mutex::loss_reason() const noexcept {
 }
 
 std::string Mutex::loss_detail() const {
-  auto held = detail::engine_of(client_)->held_by_this_thread(name_);
+  auto held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
   return held ? held->public_detail() : std::string();
 }
 
 int Mutex::hold_count() const noexcept {
   try {
-    auto held = detail::engine_of(client_)->held_by_this_thread(name_);
+    auto held = detail::engine_of(client_)->mutex_hold_of_this_thread(name_);
     return held ? held->hold_count.load() : 0;
   } catch (...) {
     return 0;

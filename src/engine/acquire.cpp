@@ -182,6 +182,10 @@ std::shared_ptr<HeldLock> Engine::held_by_this_thread(std::string_view name) con
   return leases_.find(LeaseTable::key(name, owner_for_this_thread(client_id_)));
 }
 
+std::shared_ptr<HeldLock> Engine::mutex_hold_of_this_thread(std::string_view name) const {
+  return leases_.find_reentrant(LeaseTable::key(name, owner_for_this_thread(client_id_)));
+}
+
 void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept {
   ec.clear();
   if (!held) {

@@ -126,6 +126,10 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept;
   /// The calling thread's hold of `name`, or nullptr.
   std::shared_ptr<HeldLock> held_by_this_thread(std::string_view name) const;
+  /// The calling thread's Mutex hold of `name` (taken with Reentry::by_thread, not yet
+  /// released), or nullptr. Never a Lease: a Lease is keyed by the thread that took it
+  /// but may have been moved to another thread, and is not that thread's Mutex hold.
+  std::shared_ptr<HeldLock> mutex_hold_of_this_thread(std::string_view name) const;
 
   /// Runs one renewer pass at the clock's now(): declares leases past their local
   /// deadline lost, renews those due (in one backend batch). Returns leases renewed.

@@ -120,6 +120,16 @@ std::shared_ptr<HeldLock> LeaseTable::find(const std::string& key) const {
   return it == held_.end() ? nullptr : it->second;
 }
 
+std::shared_ptr<HeldLock> LeaseTable::find_reentrant(const std::string& key) const {
+  PartLock lk(mu_, lease_table_state);
+  auto it = held_.find(key);
+  if (it == held_.end()) return nullptr;
+  for (const std::shared_ptr<HeldLock>* h = &it->second; *h; h = &(*h)->displaced) {
+    if ((*h)->reentrant && !(*h)->released) return *h;
+  }
+  return nullptr;
+}
+
 LeaseTable::Drop LeaseTable::drop(const std::shared_ptr<HeldLock>& held) {
   PartLock lk(mu_, lease_table_state);
   if (held->released) return Drop::not_held;
@@ -238,16 +248,20 @@ LeaseTable::Renewed LeaseTable::apply_renewals(std::span<const std::shared_ptr<H
                                                Clock::time_point replied) {
   Renewed r;
   PartLock lk(mu_, lease_table_state);
+  // The answers count from when they are applied, not from when the reply was read:
+  // owns() reads the deadline without this lock, so a deadline that passed in between
+  // has already been reported. Read under the lock, after every earlier reading.
+  const Clock::time_point applied = std::max(replied, clock_->now());
   for (std::size_t i = 0; i < due.size(); ++i) {
     HeldLock& h = *due[i];
     h.renew_in_flight = false;
     if (h.released || h.lost.load()) continue;
     switch (out[i]) {
       case RenewStatus::renewed: {
-        // The reply came after the local deadline: owns() has already answered
+        // Applied after the local deadline: owns() has already answered
         // false, and the holder may have acted on it. A loss once seen stays a
         // loss, and is signalled (the server record expires by its TTL).
-        if (replied >= h.deadline()) {
+        if (applied >= h.deadline()) {
           r.late.push_back(due[i]);
           break;
         }
@@ -261,8 +275,10 @@ LeaseTable::Renewed LeaseTable::apply_renewals(std::span<const std::shared_ptr<H
       }
       case RenewStatus::not_owner: r.refused.push_back(due[i]); break;
       case RenewStatus::failed:
-        // Retry soon, but never in a tight loop.
-        h.next_renew = clock_->now() + std::max(Millis(10), h.renew_interval / 4);
+        // Retry soon, but never in a tight loop: after max(10 ms, interval/4). take_due
+        // renews what falls due within a quarter interval, so the retry is set that much
+        // later (a retry time nearer than that would be due again at once).
+        h.next_renew = clock_->now() + std::max(Millis(10), h.renew_interval / 4) + h.renew_interval / 4;
         break;
     }
   }

@@ -61,6 +61,9 @@ class LeaseTable {
   std::uint64_t session_epoch() const noexcept { return session_epoch_.load(std::memory_order_acquire); }
 
   std::shared_ptr<HeldLock> find(const std::string& key) const DISTLOCK_EXCLUDES(mu_);
+  /// The hold under `key`, or the first one it displaced (in turn), that was taken by
+  /// a Mutex (reentrant) and is not released; nullptr if none.
+  std::shared_ptr<HeldLock> find_reentrant(const std::string& key) const DISTLOCK_EXCLUDES(mu_);
   enum class Drop { not_held, still_held, dropped };
   /// Drops one hold of `held`; at zero it is released and leaves the table (the
   /// outer, lost hold it displaced is put back).
