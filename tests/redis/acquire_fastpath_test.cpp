@@ -1,3 +1,6 @@
+// redis:// acquire fast path: a free lock taken inside the acquire script without queueing.
+// Written by the adversarial review of 787fba2 (commit 943a5fc, first named fastpath_review_test.cpp).
+//
 // Adversarial review of 787fba2 ("a new wait for a free lock with nobody queued
 // takes it inside the acquire script without writing the queue"; TIME read lazily).
 // Each test starts its own redis-server on a loopback port; every wait is bounded.

@@ -1,3 +1,6 @@
+// redis+cluster:// under a hung master, a migrating slot and a killed node.
+// Written by the adversarial review of redis+cluster:// (commit 65b9184, first named cluster_review_test.cpp).
+//
 // Adversarial review of redis+cluster:// (tests that try to break the lock contract
 // or the guarantees docs/redis-cluster.md states). Each test starts its own 3-master
 // cluster (tests/support/redis_cluster.hpp).

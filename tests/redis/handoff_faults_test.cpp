@@ -1,3 +1,6 @@
+// redis:// direct hand-off under races, restarts, kills and give-ups.
+// Written by the adversarial review of the hand-off (commit 210618e, first named handoff_review_test.cpp).
+//
 // Adversarial review of the redis:// direct hand-off (docs/redis.md "How waiting
 // works"): tests that try to break the lock contract. Each test starts its own
 // redis-server on a loopback port. Every wait is bounded in count and time.

@@ -1,3 +1,6 @@
+// redis+sentinel:// with a stale or paused sentinel: never two holders, never stuck on the old master.
+// Written by the first review of redis+sentinel:// (commit 86fad3e, first named sentinel_review_test.cpp).
+//
 // Adversarial review of redis+sentinel:// (tests that try to break the lock
 // contract). Each test starts its own Sentinel group (tests/support/redis_sentinel.hpp).
 #include <arpa/inet.h>

@@ -1,3 +1,6 @@
+// zk:// a raised or lowered session timeout and what the server restores after a restart.
+// Written by the review of 5285af8 (commit 7087ef2, first named zk_validity_review_test.cpp).
+//
 // Review of 5285af8 (the session timeout read on every CONNECTED event). Real
 // ZooKeeper servers restarted with a new zoo.cfg (ZkServer::reconfigure).
 //

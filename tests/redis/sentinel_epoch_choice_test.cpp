@@ -1,3 +1,6 @@
+// redis+sentinel:// discovery: which master the client picks by config-epoch.
+// Written by the second review of sentinel discovery (commit 51eb053, first named sentinel_review2_test.cpp).
+//
 // Second adversarial review of redis+sentinel:// discovery (discover() in
 // src/redis/sentinel_backend.cpp). The sentinels here are scripted: each speaks RESP
 // on a loopback port and answers `SENTINEL MASTER <name>` with a chosen config-epoch

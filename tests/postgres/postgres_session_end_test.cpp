@@ -1,3 +1,6 @@
+// postgres:// when the session ends early: no second holder, release after it, the TTL range.
+// Written by the adversarial review of postgres:// (commit 1ac950a, first named postgres_review_test.cpp).
+//
 // postgres:// under adversarial review: a lease is a session-level advisory lock,
 // and the server frees it the moment the session ends. These tests end the session
 // early (the connection cut under a live holder, a server restart) and check that

@@ -1,3 +1,6 @@
+// zk:// a grant of an expired session does not take the new session's timeout.
+// Written by the second review of the session-timeout handling (8b70267; commit 2fe50da, first named zk_validity_review2_test.cpp).
+//
 // Second review of the ZooKeeper session-timeout handling (5285af8, 8b70267): a
 // session's validity is the smallest timeout any of its connections negotiated, as the
 // client saw it on CONNECTED. Real ZooKeeper servers restarted with another zoo.cfg
