@@ -22,6 +22,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -38,13 +39,7 @@ using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt, Millis margin = Millis(0)) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  o.safety_margin = margin;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 std::uint64_t waiters_of(Client& c, const std::string& name) {
   return c.status(name).waiters.value_or(~0ull);
