@@ -49,10 +49,7 @@ namespace {
 constexpr Millis kTtl = 2000ms;
 
 distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o;
-  o.ttl = kTtl;
-  o.wait = wait;
-  return o;
+  return distlock::testing::ttl_of(kTtl, wait);
 }
 
 using distlock::testing::quiet;
