@@ -41,11 +41,11 @@ using Clock = std::chrono::steady_clock;
 
 using distlock::testing::ttl_of;
 
+// Quiet, with both timeouts at `timeout`.
 distlock::ClientOptions quiet(Millis timeout = 5000ms) {
-  distlock::ClientOptions o;
+  distlock::ClientOptions o = distlock::testing::quiet();
   o.connect_timeout = timeout;
   o.command_timeout = timeout;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
   return o;
 }
 
