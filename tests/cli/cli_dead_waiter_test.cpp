@@ -17,6 +17,7 @@
 #include "cli/cli_harness.hpp"
 #include "distlock/client.hpp"
 #include "distlock/semaphore.hpp"
+#include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -27,12 +28,7 @@ namespace {
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
-LockOptions opts_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 std::uint64_t waiters_of(Client& c, const std::string& name) {
   return c.status(name).waiters.value_or(~0ull);
@@ -53,7 +49,7 @@ TEST_P(CliDeadWaiter, ARunnerStoppedWhileWaitingDelaysTheNextWaiterByAtMost3s) {
   TempDir dir("distlock-cli-deadwaiter");
   RedisServer redis;
   Client a_client = connect(redis.url());
-  Lease a = a_client.acquire("line", opts_of(5s));
+  Lease a = a_client.acquire("line", ttl_of(5s));
   Cli b = Cli::start({"run", "--url", redis.url(), "--ttl", "30s", "--wait", "60s", "line", "--", "true"},
                      dir.path());
   ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 1u; }, 20s)) << b.err();
@@ -62,7 +58,7 @@ TEST_P(CliDeadWaiter, ARunnerStoppedWhileWaitingDelaysTheNextWaiterByAtMost3s) {
   SteadyClock::time_point got_at{};
   std::thread ct([&] {
     std::error_code ec;
-    Lease l = c_client.acquire("line", opts_of(30s, 60s), ec);
+    Lease l = c_client.acquire("line", ttl_of(30s, 60s), ec);
     EXPECT_FALSE(ec) << ec.message();
     got_at = SteadyClock::now();
     got = true;
@@ -97,7 +93,7 @@ TEST(CliDeadWaiterSemaphore, OneKilledWaiterDoesNotTakeEveryPermit) {
   TempDir dir("distlock-cli-deadsem");
   RedisServer redis;
   Client holder = connect(redis.url());
-  Semaphore held_sem = holder.semaphore("pool", 3, opts_of(10s, 10s));
+  Semaphore held_sem = holder.semaphore("pool", 3, ttl_of(10s, 10s));
   std::vector<Lease> permits;
   for (int i = 0; i < 3; ++i) permits.push_back(held_sem.acquire());
   auto permit = [](int i) { return std::string("pool") + '\x1f' + "sem" + '\x1f' + std::to_string(i); };
@@ -118,7 +114,7 @@ TEST(CliDeadWaiterSemaphore, OneKilledWaiterDoesNotTakeEveryPermit) {
 
   // try_acquire, by another client, after one release.
   Client d_client = connect(redis.url());
-  Semaphore d_sem = d_client.semaphore("pool", 3, opts_of(30s));
+  Semaphore d_sem = d_client.semaphore("pool", 3, ttl_of(30s));
   const auto released_at = SteadyClock::now();
   permits.pop_back();
   std::optional<Lease> d;
@@ -145,7 +141,7 @@ TEST(CliDeadWaiterSemaphore, OneKilledWaiterDoesNotTakeEveryPermit) {
   std::atomic<bool> got{false};
   SteadyClock::time_point got_at{};
   std::thread ct([&] {
-    Semaphore sem = c_client.semaphore("pool", 3, opts_of(30s, 60s));
+    Semaphore sem = c_client.semaphore("pool", 3, ttl_of(30s, 60s));
     std::error_code ec;
     Lease l = sem.acquire(ec);
     EXPECT_FALSE(ec) << ec.message();

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cli_fixture.hpp"
 #include "cli/cli_harness.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -47,17 +48,9 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds lim
   return cond();
 }
 
-class CliElect : public ::testing::TestWithParam<std::string> {
+class CliElect : public distlock::testing::FileOrRedisCliTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "redis") {
-      redis_ = std::make_unique<RedisServer>();
-      url_ = redis_->url();
-    } else {
-      url_ = "file://" + (dir_.path() / "locks").string();
-    }
-  }
-  fs::path path(const std::string& name) const { return dir_.path() / name; }
+  CliElect() : FileOrRedisCliTest("distlock-cli-elect") {}
   // `distlock elect --url URL --value V NAME -- sh -c SCRIPT`
   std::vector<std::string> elect_sh(const std::string& name, const std::string& value,
                                     const std::string& script, std::vector<std::string> flags = {}) const {
@@ -73,10 +66,6 @@ class CliElect : public ::testing::TestWithParam<std::string> {
            ".tmp && mv " + ready.string() + ".tmp " + ready.string() + "; while [ ! -e " + stop.string() +
            " ]; do sleep 0.02; done";
   }
-
-  TempDir dir_{"distlock-cli-elect"};
-  std::unique_ptr<RedisServer> redis_;
-  std::string url_;
 };
 
 TEST_P(CliElect, CommandRunsWhileLeaderAndLeaderShowsValueTermAndHolder) {

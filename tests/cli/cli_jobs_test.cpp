@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cli_fixture.hpp"
 #include "cli/cli_harness.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -37,28 +38,9 @@ std::int64_t unix_ms() {
       .count();
 }
 
-class CliJobs : public ::testing::TestWithParam<std::string> {
+class CliJobs : public distlock::testing::FileOrRedisCliTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "redis") {
-      redis_ = std::make_unique<RedisServer>();
-      url_ = redis_->url();
-    } else {
-      url_ = "file://" + (dir_.path() / "locks").string();
-    }
-  }
-  fs::path path(const std::string& name) const { return dir_.path() / name; }
-  std::vector<std::string> run_sh(const std::string& name, const std::string& script,
-                                  std::vector<std::string> flags = {}) const {
-    std::vector<std::string> args{"run", "--url", url_};
-    args.insert(args.end(), flags.begin(), flags.end());
-    args.insert(args.end(), {name, "--", "sh", "-c", script});
-    return args;
-  }
-
-  TempDir dir_{"distlock-cli-jobs"};
-  std::unique_ptr<RedisServer> redis_;
-  std::string url_;
+  CliJobs() : FileOrRedisCliTest("distlock-cli-jobs") {}
 };
 
 // A command that ignores SIGTERM and never ends (hung but alive): the lease is renewed

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cli_fixture.hpp"
 #include "cli/cli_harness.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -26,17 +27,9 @@ std::string await(const fs::path& file) {
   return "i=0; while [ ! -e " + file.string() + " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; ";
 }
 
-class CliReadWrite : public ::testing::TestWithParam<std::string> {
+class CliReadWrite : public distlock::testing::FileOrRedisCliTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "redis") {
-      redis_ = std::make_unique<RedisServer>();
-      url_ = redis_->url();
-    } else {
-      url_ = "file://" + (dir_.path() / "locks").string();
-    }
-  }
-  fs::path path(const std::string& name) const { return dir_.path() / name; }
+  CliReadWrite() : FileOrRedisCliTest("distlock-cli-rw") {}
   std::vector<std::string> run_sh(const std::string& mode, const std::string& script,
                                   std::vector<std::string> flags = {}) const {
     std::vector<std::string> args{"run", "--url", url_, mode};
@@ -44,10 +37,6 @@ class CliReadWrite : public ::testing::TestWithParam<std::string> {
     args.insert(args.end(), {"cfg", "--", "sh", "-c", script});
     return args;
   }
-
-  TempDir dir_{"distlock-cli-rw"};
-  std::unique_ptr<RedisServer> redis_;
-  std::string url_;
 };
 
 // Two --shared runners are inside at the same time: each waits, inside, until the

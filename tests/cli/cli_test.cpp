@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cli_fixture.hpp"
 #include "cli/cli_harness.hpp"
 #include "distlock/client.hpp"
 #include "support/cs_log.hpp"
@@ -54,30 +55,9 @@ std::vector<std::string> lines_of(const std::string& text) {
   return ::testing::AssertionSuccess();
 }
 
-class CliTest : public ::testing::TestWithParam<std::string> {
+class CliTest : public distlock::testing::FileOrRedisCliTest {
  protected:
-  void SetUp() override {
-    if (redis()) {
-      redis_ = std::make_unique<RedisServer>();
-      url_ = redis_->url();
-    } else {
-      url_ = "file://" + (dir_.path() / "locks").string();
-    }
-  }
-  bool redis() const { return GetParam() == "redis"; }
-  fs::path path(const std::string& name) const { return dir_.path() / name; }
-  /// `distlock run --url URL <flags...> NAME -- sh -c SCRIPT`
-  std::vector<std::string> run_sh(const std::string& name, const std::string& script,
-                                  std::vector<std::string> flags = {}) const {
-    std::vector<std::string> args{"run", "--url", url_};
-    args.insert(args.end(), flags.begin(), flags.end());
-    args.insert(args.end(), {name, "--", "sh", "-c", script});
-    return args;
-  }
-
-  TempDir dir_{"distlock-cli"};
-  std::unique_ptr<RedisServer> redis_;
-  std::string url_;
+  CliTest() : FileOrRedisCliTest("distlock-cli") {}
 };
 
 // 8 runners on one name; each command records its critical section (start, end,

@@ -26,6 +26,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/backend_targets.hpp"
+#include "support/client_options.hpp"
 #include "support/cs_log.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
@@ -45,17 +46,10 @@ namespace {
 constexpr Millis kTtl = 2000ms;
 
 distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o;
-  o.ttl = kTtl;
-  o.wait = wait;
-  return o;
+  return distlock::testing::ttl_of(kTtl, wait);
 }
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 // The exit code of `p` once it exits within `limit`; -1 on a hang, 128+N on signal N.
 int exit_code(Process& p, Millis limit) {

@@ -20,6 +20,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "support/backend_targets.hpp"
+#include "support/client_options.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -29,11 +30,7 @@ using distlock::testing::Target;
 
 namespace {
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 class JobsConformance : public ::testing::TestWithParam<Kind> {
  protected:

@@ -30,6 +30,7 @@
 #include "etcd/etcd_cluster.hpp"
 #endif
 #ifdef DISTLOCK_TEST_ZK
+#include "support/client_options.hpp"
 #include "zk/zk_server.hpp"
 #endif
 
@@ -233,18 +234,9 @@ std::vector<Kind> kinds() {
   return k;
 }
 
-distlock::LockOptions opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 class MemberPartition : public ::testing::TestWithParam<Kind> {
  protected:
@@ -278,7 +270,7 @@ class MemberPartition : public ::testing::TestWithParam<Kind> {
     // A request on the member may still fail while it catches up: retry, bounded.
     ASSERT_TRUE(eventually(
         [&] {
-          again = on_member.acquire(name, opts(kTtl, 5000ms), ec);
+          again = on_member.acquire(name, ttl_of(kTtl, 5000ms), ec);
           return !ec && again.owns();
         },
         60s))
@@ -318,7 +310,7 @@ TEST_P(MemberPartition, HolderOnACutOffMemberStopsBeforeTheMajoritySideAcquires)
   {
     auto holder = distlock::connect(cluster_->url_of(member_), quiet());
     auto competitor = distlock::connect(cluster_->url_without(member_, kMajorityTtl), quiet());
-    auto lease = holder.acquire("cut", opts(kTtl));
+    auto lease = holder.acquire("cut", ttl_of(kTtl));
     ASSERT_TRUE(lease.owns());
 #ifdef DISTLOCK_TEST_FENCING
     distlock::FenceGuard resource;
@@ -338,7 +330,7 @@ TEST_P(MemberPartition, HolderOnACutOffMemberStopsBeforeTheMajoritySideAcquires)
     const auto give_up = Steady::now() + 60s;
     while (Steady::now() < give_up) {
       const auto left = std::chrono::duration_cast<Millis>(give_up - Steady::now());
-      next = competitor.acquire("cut", opts(kMajorityTtl, left), next_ec);
+      next = competitor.acquire("cut", ttl_of(kMajorityTtl, left), next_ec);
       if (next_ec != errc::backend_unavailable) break;
       ++unavailable;
       std::this_thread::sleep_for(50ms);
@@ -412,7 +404,7 @@ TEST_P(MemberPartition, WaiterOnACutOffMemberNeverGetsTheLockTheMajorityHolds) {
   {
     auto holder = distlock::connect(cluster_->url_without(member_, kMajorityTtl), quiet());
     auto waiter = distlock::connect(cluster_->url_of(member_), quiet());
-    auto lease = holder.acquire("waited", opts(kMajorityTtl));
+    auto lease = holder.acquire("waited", ttl_of(kMajorityTtl));
     std::atomic<bool> holder_lost{false};
     lease.on_lost([&] { holder_lost = true; });
 
@@ -421,7 +413,7 @@ TEST_P(MemberPartition, WaiterOnACutOffMemberNeverGetsTheLockTheMajorityHolds) {
     std::atomic<bool> got{false};
     std::int64_t returned_at = 0;
     std::thread t([&] {
-      auto l = waiter.acquire("waited", opts(kTtl, 8000ms), ec);
+      auto l = waiter.acquire("waited", ttl_of(kTtl, 8000ms), ec);
       returned_at = boot_ns();
       got = l.owns();
       done = true;
@@ -448,7 +440,7 @@ TEST_P(MemberPartition, WaiterOnACutOffMemberNeverGetsTheLockTheMajorityHolds) {
         << "the cut-off member still serves: the partition did not cut it off";
     // A new attempt through the cut-off member fails too.
     std::error_code ec2;
-    auto again = waiter.acquire("waited", opts(kTtl, 1000ms), ec2);
+    auto again = waiter.acquire("waited", ttl_of(kTtl, 1000ms), ec2);
     EXPECT_FALSE(again.owns()) << "a new attempt on the cut-off member got the lock the majority holds";
     EXPECT_TRUE(ec2) << "an attempt on the cut-off member succeeded";
 

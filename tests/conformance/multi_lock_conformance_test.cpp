@@ -30,6 +30,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/backend_targets.hpp"
+#include "support/client_options.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -46,11 +47,7 @@ std::int64_t mono_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 int rounds_per_client() {
   if (const char* v = std::getenv("DISTLOCK_MULTI_LOCK_ROUNDS")) {

@@ -31,6 +31,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "support/backend_targets.hpp"
+#include "support/client_options.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -48,17 +49,10 @@ namespace {
 constexpr Millis kTtl = 2000ms;
 
 distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o;
-  o.ttl = kTtl;
-  o.wait = wait;
-  return o;
+  return distlock::testing::ttl_of(kTtl, wait);
 }
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 std::string tool() {
   return DISTLOCK_PRIMITIVES_TOOL_PATH;

@@ -101,7 +101,8 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-distlock::ClientOptions quiet() {
+// Client options that print only the library's error lines, to stderr.
+distlock::ClientOptions errors_only() {
   distlock::ClientOptions o;
   o.logger = [](distlock::LogLevel level, std::string_view msg) {
     if (level >= distlock::LogLevel::error)
@@ -136,7 +137,7 @@ void hold_for(long us) {
 int sem_hammer(const Args& a) {
   const int fd = ::open(a.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) usage("cannot open --log");
-  distlock::Client client = distlock::connect(a.url, quiet());
+  distlock::Client client = distlock::connect(a.url, errors_only());
   distlock::Semaphore sem = client.semaphore(a.name, a.permits, lock_opts(a));
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;
@@ -169,7 +170,7 @@ int sem_hammer(const Args& a) {
 }
 
 int sem_hold(const Args& a) {
-  distlock::Client client = distlock::connect(a.url, quiet());
+  distlock::Client client = distlock::connect(a.url, errors_only());
   distlock::Semaphore sem = client.semaphore(a.name, a.permits, lock_opts(a));
   distlock::Lease permit = sem.acquire();
   const std::int64_t start = mono_ns();
@@ -186,7 +187,7 @@ int sem_hold(const Args& a) {
 int rw_hammer(const Args& a) {
   const int fd = ::open(a.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) usage("cannot open --log");
-  distlock::Client client = distlock::connect(a.url, quiet());
+  distlock::Client client = distlock::connect(a.url, errors_only());
   distlock::SharedMutex rw = client.shared_mutex(a.name, lock_opts(a));
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;

@@ -13,6 +13,7 @@
 
 #include "distlock/distlock.hpp"
 #include "etcd_cluster.hpp"
+#include "support/client_options.hpp"
 #include "support/manual_clock.hpp"
 
 namespace distlock::testing {
@@ -30,11 +31,7 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout) {
   return pred();
 }
 
-ClientOptions quiet() {
-  ClientOptions o;
-  o.logger = [](LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 TEST(EtcdClock, AnUnrenewedHoldIsDeletedAfterASessionTtlOnTheInjectedClock) {
   EtcdCluster etcd(1);

@@ -13,6 +13,7 @@
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
 #include "etcd_cluster.hpp"
+#include "support/client_options.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -27,18 +28,9 @@ detail::Backend& backend_of(Client& c) {
   return distlock::detail::engine_of(c)->backend();
 }
 
-LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-ClientOptions quiet() {
-  ClientOptions o;
-  o.logger = [](LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 std::string get_ok(detail::Backend& b, std::string_view key, bool& found) {
   distlock::detail::Error ec;
@@ -163,7 +155,7 @@ TEST(EtcdRecords, ARecordAndALockOfTheSameNameCoexist) {
   EtcdCluster etcd(1);
   Client c = connect(etcd.url(), quiet());
   auto& b = backend_of(c);
-  Lease lease = c.acquire("same", ttl_opts(5s));
+  Lease lease = c.acquire("same", ttl_of(5s));
   distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("same", "record", PutMode::if_absent, ec), "record");
   ASSERT_FALSE(ec);
@@ -179,7 +171,7 @@ TEST(EtcdRecords, ARecordAndALockOfTheSameNameCoexist) {
   bool found = false;
   EXPECT_EQ(get_ok(b, "same", found), "record");
   // The lock's key did not take the record along, nor the record the lock.
-  Lease again = c.acquire("same", ttl_opts(5s));
+  Lease again = c.acquire("same", ttl_of(5s));
   EXPECT_TRUE(b.erase_record("same", ec));
   EXPECT_TRUE(c.status("same").held);
 }
@@ -189,7 +181,7 @@ TEST(EtcdRecords, RecordsOutliveTheirWritersLeaseClosedOrKilled) {
   Client reader = connect(etcd.url(), quiet());
   {
     Client writer = connect(etcd.url(), quiet());
-    Lease held = writer.acquire("writer-lock", ttl_opts(5s));
+    Lease held = writer.acquire("writer-lock", ttl_of(5s));
     distlock::detail::Error ec;
     backend_of(writer).put_record("closed", "v1", PutMode::always, ec);
     ASSERT_FALSE(ec);
@@ -223,14 +215,14 @@ TEST(EtcdRecords, ListHeldByPrefixWithLimitTruncationAndWaiters) {
   const std::vector<std::string> held_names = {"job/c",   "job/a", "job/%x", "jobs",
                                                "job%2Fq", "other", "job/b"};
   std::vector<Lease> leases;
-  for (const auto& n : held_names) leases.push_back(holder.acquire(n, ttl_opts(10s)));
+  for (const auto& n : held_names) leases.push_back(holder.acquire(n, ttl_of(10s)));
   distlock::detail::Error ec;
   b.put_record("job/record", "not a lock", PutMode::always, ec);
   ASSERT_FALSE(ec);
-  { Lease released = holder.acquire("job/released", ttl_opts(10s)); }
+  { Lease released = holder.acquire("job/released", ttl_of(10s)); }
   std::vector<std::thread> waiters;
   for (int i = 0; i < 2; ++i) {
-    waiters.emplace_back([&] { Lease l = waiters_client.acquire("job/b", ttl_opts(10s, 60s)); });
+    waiters.emplace_back([&] { Lease l = waiters_client.acquire("job/b", ttl_of(10s, 60s)); });
   }
   ASSERT_TRUE(eventually([&] { return holder.status("job/b").waiters == 2u; }, 20s));
 
@@ -336,7 +328,7 @@ TEST(EtcdRecords, RecordsNeedNoPermissionBeyondThePrefixAndPrefixesAreApart) {
   distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("k", "v", PutMode::if_absent, ec), "v");
   EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
-  Lease lease = c.acquire("held", ttl_opts(5s));
+  Lease lease = c.acquire("held", ttl_of(5s));
   bool truncated = false;
   EXPECT_EQ(names(list_ok(b, "", 10, truncated)), std::vector<std::string>{"held"});
 
@@ -375,7 +367,7 @@ TEST(EtcdRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
   expected.emplace_back("~z");
   std::vector<Lease> leases;
   const auto start = Steady::now();
-  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_opts(4s)));
+  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_of(4s)));
   std::printf("%zu acquisitions took %lld ms\n", expected.size(),
               static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - start).count()));
 
@@ -406,10 +398,10 @@ TEST(EtcdRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
   auto& b = backend_of(c);
   // The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) and their records.
   const std::string sem = "pool\x1fsem\x1f";
-  Lease p0 = c.acquire(sem + "0", ttl_opts(4s));
-  Lease p2 = c.acquire(sem + "2", ttl_opts(4s));
-  Lease plain = c.acquire("pool", ttl_opts(4s));
-  Lease other = c.acquire("pool/x", ttl_opts(4s));
+  Lease p0 = c.acquire(sem + "0", ttl_of(4s));
+  Lease p2 = c.acquire(sem + "2", ttl_of(4s));
+  Lease plain = c.acquire("pool", ttl_of(4s));
+  Lease other = c.acquire("pool/x", ttl_of(4s));
   distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
   EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");

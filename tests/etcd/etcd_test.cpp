@@ -12,6 +12,7 @@
 
 #include "distlock/distlock.hpp"
 #include "etcd_cluster.hpp"
+#include "support/client_options.hpp"
 #include "support/cs_log.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
@@ -78,19 +79,14 @@ bool guarded_write(const EtcdCluster& etcd, const std::string& lock_key, std::ui
   return r.output.find("SUCCESS") != std::string::npos;
 }
 
-LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 TEST(EtcdBackend, TokenIsTheCreateRevisionOfOurKeyAndStatusDescribesIt) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url());
   std::uint64_t first = 0;
   {
-    Lease lease = client.acquire("job", ttl_opts(5s));
+    Lease lease = client.acquire("job", ttl_of(5s));
     ASSERT_TRUE(lease.owns());
     first = lease.token();
     const auto keys = keys_under(etcd, "distlock/job/");
@@ -110,22 +106,22 @@ TEST(EtcdBackend, TokenIsTheCreateRevisionOfOurKeyAndStatusDescribesIt) {
 
     // A Lease is not reentrant: the same thread's try-acquire is busy, and the
     // attempt leaves no second key behind.
-    EXPECT_FALSE(client.try_acquire("job", ttl_opts(5s)).has_value());
+    EXPECT_FALSE(client.try_acquire("job", ttl_of(5s)).has_value());
     EXPECT_EQ(keys_under(etcd, "distlock/job/").size(), 1u);
   }
   EXPECT_TRUE(keys_under(etcd, "distlock/job/").empty());
   EXPECT_FALSE(client.status("job").held);
-  Lease next = client.acquire("job", ttl_opts(5s));
+  Lease next = client.acquire("job", ttl_of(5s));
   EXPECT_GT(next.token(), first);
 }
 
 TEST(EtcdBackend, UncontendedAcquireAndReleaseCostExactlyTwoWrites) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url());
-  client.acquire("warm", ttl_opts(10s)).release();  // the session lease is granted once
+  client.acquire("warm", ttl_of(10s)).release();  // the session lease is granted once
   const std::int64_t before = etcd.revision();
   constexpr int kRounds = 20;
-  for (int i = 0; i < kRounds; ++i) client.acquire("counted", ttl_opts(10s)).release();
+  for (int i = 0; i < kRounds; ++i) client.acquire("counted", ttl_of(10s)).release();
   const std::int64_t after = etcd.revision();
   EXPECT_EQ(after - before, 2 * kRounds) << "revision went from " << before << " to " << after;
 }
@@ -133,9 +129,9 @@ TEST(EtcdBackend, UncontendedAcquireAndReleaseCostExactlyTwoWrites) {
 TEST(EtcdBackend, OneSessionLeasePerClientAndTtl) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url("?prefix=s"));
-  Lease a = client.acquire("a", ttl_opts(6s));
-  Lease b = client.acquire("b", ttl_opts(6s));
-  Lease c = client.acquire("c", ttl_opts(9s));
+  Lease a = client.acquire("a", ttl_of(6s));
+  Lease b = client.acquire("b", ttl_of(6s));
+  Lease c = client.acquire("c", ttl_of(9s));
   const auto ka = keys_under(etcd, "s/a/"), kb = keys_under(etcd, "s/b/"), kc = keys_under(etcd, "s/c/");
   ASSERT_EQ(ka.size(), 1u);
   ASSERT_EQ(kb.size(), 1u);
@@ -153,11 +149,11 @@ TEST(EtcdBackend, NamesAreOpaqueBytesAndDoNotShareQueues) {
   EtcdCluster etcd(1);
   Client one = connect(etcd.url());
   Client two = connect(etcd.url());
-  Lease a = one.acquire("a", ttl_opts(5s));
+  Lease a = one.acquire("a", ttl_of(5s));
   // "a/b" lives under its own encoded prefix, not inside the queue of "a".
-  auto ab = two.try_acquire("a/b", ttl_opts(5s));
+  auto ab = two.try_acquire("a/b", ttl_of(5s));
   ASSERT_TRUE(ab.has_value());
-  auto pct = two.try_acquire("a%2Fb", ttl_opts(5s));
+  auto pct = two.try_acquire("a%2Fb", ttl_of(5s));
   ASSERT_TRUE(pct.has_value());
   EXPECT_EQ(keys_under(etcd, "distlock/a/").size(), 1u);
   EXPECT_EQ(one.status("a").waiters, 0u);
@@ -168,7 +164,7 @@ TEST(EtcdBackend, WaitersAcquireInTheOrderTheyQueued) {
   Client holder = connect(etcd.url());
   std::vector<Client> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(connect(etcd.url()));
-  Lease held = holder.acquire("fifo", ttl_opts(10s));
+  Lease held = holder.acquire("fifo", ttl_of(10s));
   std::mutex mu;
   std::vector<int> order;
   std::vector<std::uint64_t> tokens;
@@ -176,7 +172,7 @@ TEST(EtcdBackend, WaitersAcquireInTheOrderTheyQueued) {
   constexpr int kWaiters = 6;  // two threads per client: in-client and cross-client queueing
   for (int i = 0; i < kWaiters; ++i) {
     waiters.emplace_back([&, i] {
-      Lease l = clients[static_cast<std::size_t>(i % 3)].acquire("fifo", ttl_opts(10s, 30s));
+      Lease l = clients[static_cast<std::size_t>(i % 3)].acquire("fifo", ttl_of(10s, 30s));
       std::lock_guard lk(mu);
       order.push_back(i);
       tokens.push_back(l.token());
@@ -209,7 +205,7 @@ TEST(EtcdBackend, PausedHolderLosesAndItsGuardedWriteIsRejected) {
 
   holder.signal(SIGSTOP);
   Client client = connect(etcd.url());
-  Lease lease = client.acquire("paused", ttl_opts(2s, 15s));
+  Lease lease = client.acquire("paused", ttl_of(2s, 15s));
   EXPECT_GT(lease.token(), stale_token);
   holder.signal(SIGCONT);
   EXPECT_TRUE(wait_for_text(out, "lost", 5s)) << read_file(out);
@@ -226,7 +222,7 @@ TEST(EtcdBackend, PausedHolderLosesAndItsGuardedWriteIsRejected) {
 TEST(EtcdBackend, LeaseRevokedFromOutsideFiresTheStopSignal) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url());
-  Lease lease = client.acquire("revoked", ttl_opts(3s));
+  Lease lease = client.acquire("revoked", ttl_of(3s));
   std::atomic<bool> called{false};
   lease.on_lost([&] { called = true; });
   const auto keys = keys_under(etcd, "distlock/revoked/");
@@ -244,7 +240,7 @@ TEST(EtcdBackend, LeaseRevokedFromOutsideFiresTheStopSignal) {
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   // A new session serves the next acquisition.
-  Lease next = client.acquire("revoked", ttl_opts(3s));
+  Lease next = client.acquire("revoked", ttl_of(3s));
   const auto now_keys = keys_under(etcd, "distlock/revoked/");
   ASSERT_EQ(now_keys.size(), 1u);
   EXPECT_NE(now_keys[0].lease, keys[0].lease);
@@ -254,11 +250,11 @@ TEST(EtcdBackend, WaiterWhoseKeyVanishedQueuesAgainInsteadOfBelievingItOwns) {
   EtcdCluster etcd(1);
   Client holder = connect(etcd.url());
   Client waiter = connect(etcd.url());
-  Lease held = holder.acquire("jepsen", ttl_opts(4s));
+  Lease held = holder.acquire("jepsen", ttl_of(4s));
   std::atomic<std::uint64_t> got{0};
   Lease waited;
   std::thread t([&] {
-    waited = waiter.acquire("jepsen", ttl_opts(4s, 20s));
+    waited = waiter.acquire("jepsen", ttl_of(4s, 20s));
     got = waited.token();
   });
   const auto end = Steady::now() + 10s;
@@ -304,7 +300,7 @@ TEST(EtcdBackend, ReacquireAfterATimedOutReleaseNeverAdoptsTheOldKey) {
     SCOPED_TRACE("round " + std::to_string(round));
     const std::string name = "orphan" + std::to_string(round);
     const std::string prefix = "distlock/" + name + "/";
-    Lease first = client.acquire(name, ttl_opts(10s));
+    Lease first = client.acquire(name, ttl_of(10s));
     const std::uint64_t first_token = first.token();
     const auto first_keys = keys_under(etcd, prefix);
     ASSERT_EQ(first_keys.size(), 1u);
@@ -315,7 +311,7 @@ TEST(EtcdBackend, ReacquireAfterATimedOutReleaseNeverAdoptsTheOldKey) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300 * round));
     etcd.resume(0);
     EXPECT_TRUE(ec) << "release answered while etcd was stopped";
-    Lease again = client.acquire(name, ttl_opts(10s, 20s));
+    Lease again = client.acquire(name, ttl_of(10s, 20s));
     EXPECT_NE(again.token(), first_token) << "the re-acquire adopted the key of the failed release";
     // The old key goes (it never outlives the client's session); the new one stays.
     ASSERT_TRUE(eventually([&] { return keys_under(etcd, prefix).size() == 1; }, 10s))
@@ -327,7 +323,7 @@ TEST(EtcdBackend, ReacquireAfterATimedOutReleaseNeverAdoptsTheOldKey) {
     EXPECT_NE(keys[0].key, first_keys[0].key) << "a queue key was used by two acquisitions";
     EXPECT_TRUE(again.owns());
     EXPECT_FALSE(again.stop_token().stop_requested());
-    EXPECT_FALSE(other.try_acquire(name, ttl_opts(10s)).has_value())
+    EXPECT_FALSE(other.try_acquire(name, ttl_of(10s)).has_value())
         << "a second client acquired while the first still owns";
     again.release();
   }
@@ -340,7 +336,7 @@ TEST(EtcdBackend, KeyDeletedFromOutsideIsLostWithinOneRenewInterval) {
   EtcdCluster etcd(1);
   Client holder = connect(etcd.url());
   Client other = connect(etcd.url());
-  LockOptions o = ttl_opts(9s);
+  LockOptions o = ttl_of(9s);
   o.renew_interval = 1s;
   Lease a = holder.acquire("deleted", o);
   Lease b = holder.acquire("kept", o);  // renewed in the same batch, must stay held
@@ -360,7 +356,7 @@ TEST(EtcdBackend, KeyDeletedFromOutsideIsLostWithinOneRenewInterval) {
   for (int i = 0; i < 500 && !called.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(called.load());
   EXPECT_FALSE(a.owns());
-  Lease next = other.acquire("deleted", ttl_opts(9s, 5s));
+  Lease next = other.acquire("deleted", ttl_of(9s, 5s));
   EXPECT_FALSE(a.owns()) << "two owners";
   EXPECT_GT(next.token(), a.token());
   std::error_code ec;
@@ -397,7 +393,7 @@ TEST(EtcdBackend, RenewalChecksEveryHeldKeyInBatchedTxns) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url());
   std::vector<Lease> leases;
-  for (int i = 0; i < 200; ++i) leases.push_back(client.acquire("many" + std::to_string(i), ttl_opts(30s)));
+  for (int i = 0; i < 200; ++i) leases.push_back(client.acquire("many" + std::to_string(i), ttl_of(30s)));
   const long long before = served_txns(etcd);
   EXPECT_EQ(client.renew_now(), 200u);
   const long long txns = served_txns(etcd) - before;
@@ -425,7 +421,7 @@ TEST(EtcdBackend, TtlBeyondTheLimitIsRefusedAndLeavesNothing) {
         Millis(std::numeric_limits<std::int64_t>::max() - 500), LockOptions::max_ttl + 1ms}) {
     SCOPED_TRACE(std::to_string(ttl.count()) + " ms");
     try {
-      client.acquire("huge", ttl_opts(ttl));
+      client.acquire("huge", ttl_of(ttl));
       ADD_FAILURE() << "acquired with an out-of-range TTL";
     } catch (const std::system_error& e) {
       EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
@@ -437,7 +433,7 @@ TEST(EtcdBackend, TtlBeyondTheLimitIsRefusedAndLeavesNothing) {
   const std::string leases = etcd.etcdctl_ok({"lease", "list"});
   EXPECT_NE(leases.find("found 0 leases"), std::string::npos) << leases;
   // The limit itself is accepted and granted in whole seconds.
-  Lease at_limit = client.acquire("huge", ttl_opts(LockOptions::max_ttl));
+  Lease at_limit = client.acquire("huge", ttl_of(LockOptions::max_ttl));
   EXPECT_TRUE(at_limit.owns());
   const auto keys = keys_under(etcd, "distlock/huge/");
   ASSERT_EQ(keys.size(), 1u);
@@ -465,7 +461,7 @@ TEST(EtcdCluster3, LeaderKilledDuringContentionKeepsMutualExclusion) {
     threads.emplace_back([&, i] {
       for (int n = 0; n < 400 && !stop; ++n) {
         std::error_code ec;
-        Lease l = clients[static_cast<std::size_t>(i % 3)].acquire("leader", ttl_opts(5s, 20s), ec);
+        Lease l = clients[static_cast<std::size_t>(i % 3)].acquire("leader", ttl_of(5s, 20s), ec);
         if (ec) {
           ++errors;
           std::this_thread::sleep_for(50ms);
@@ -505,17 +501,17 @@ TEST(EtcdCluster3, LeaderKilledDuringContentionKeepsMutualExclusion) {
 TEST(EtcdBackend, ClientGoesOnAfterTheServerRestarts) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url("?timeout=1s"));
-  const auto first = client.acquire("restart", ttl_opts(3s)).token();
+  const auto first = client.acquire("restart", ttl_of(3s)).token();
   etcd.kill(0);
   std::error_code ec;
-  client.acquire("restart", ttl_opts(3s, 0ms), ec);
+  client.acquire("restart", ttl_of(3s, 0ms), ec);
   EXPECT_EQ(ec, errc::backend_unavailable) << ec.message();
   etcd.restart(0);
   const auto restarted = Steady::now();
   Lease l;
   const auto end = Steady::now() + 15s;
   do {
-    l = client.acquire("restart", ttl_opts(3s, 5s), ec);
+    l = client.acquire("restart", ttl_of(3s, 5s), ec);
   } while (ec && Steady::now() < end);
   ASSERT_FALSE(ec) << ec.message() << "\n" << etcd.log(0);
   EXPECT_GT(l.token(), first);
@@ -529,7 +525,7 @@ TEST(EtcdBackend, MutualTlsWithCaClientCertificateAndKey) {
   EtcdCluster etcd(1, /*tls=*/true);
   const std::string base = "etcd://" + etcd.endpoints() + "?cacert=" + etcd.ca_file();
   Client client = connect(base + "&cert=" + etcd.client_cert_file() + "&key=" + etcd.client_key_file());
-  Lease lease = client.acquire("tls", ttl_opts(3s));
+  Lease lease = client.acquire("tls", ttl_of(3s));
   const auto keys = keys_under(etcd, "distlock/tls/");
   ASSERT_EQ(keys.size(), 1u);
   EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), lease.token());
@@ -606,11 +602,11 @@ TEST(EtcdBackend, AuthenticationWithUserAndPassword) {
   Client client = connect("etcd://locker:s3cret@" + base);
   EXPECT_EQ(client.url().find("s3cret"), std::string::npos);
   Client other = connect("etcd://locker:s3cret@" + base);
-  Lease l = client.acquire("secured", ttl_opts(3s));
-  EXPECT_FALSE(other.try_acquire("secured", ttl_opts(3s)).has_value());
+  Lease l = client.acquire("secured", ttl_of(3s));
+  EXPECT_FALSE(other.try_acquire("secured", ttl_of(3s)).has_value());
   EXPECT_EQ(client.status("secured").token, l.token());
   l.release();
-  EXPECT_TRUE(other.try_acquire("secured", ttl_opts(3s)).has_value());
+  EXPECT_TRUE(other.try_acquire("secured", ttl_of(3s)).has_value());
 
   // A prefix the user may not use.
   auto denied = connect_error([&] { connect("etcd://locker:s3cret@" + base + "?prefix=forbidden"); });
@@ -630,7 +626,7 @@ TEST(EtcdBackend, AnAcquireThatTimedOutAfterItsTxnWasAppliedLeavesNoKey) {
   Client other = connect(etcd.url());
   // Make the session first (a lock of the same TTL), while the network is fast. Its
   // TTL (10 s) outlasts the slow spell, so the session (and any key on it) lives on.
-  Lease warm = client.acquire("warm", ttl_opts(10s));
+  Lease warm = client.acquire("warm", ttl_of(10s));
   for (const bool may_wait : {false, true}) {
     SCOPED_TRACE(may_wait ? "acquire with a wait" : "try_acquire");
     const std::string name = may_wait ? "late-wait" : "late-try";
@@ -638,10 +634,10 @@ TEST(EtcdBackend, AnAcquireThatTimedOutAfterItsTxnWasAppliedLeavesNoKey) {
     proxy.delay(1500ms);  // requests arrive after the client has given up on them
     std::error_code ec;
     if (may_wait) {
-      Lease l = client.acquire(name, ttl_opts(10s, 20s), ec);
+      Lease l = client.acquire(name, ttl_of(10s, 20s), ec);
     } else {
       try {
-        (void)client.try_acquire(name, ttl_opts(10s));
+        (void)client.try_acquire(name, ttl_of(10s));
         ec = {};
       } catch (const std::system_error& e) {
         ec = e.code();
@@ -656,7 +652,7 @@ TEST(EtcdBackend, AnAcquireThatTimedOutAfterItsTxnWasAppliedLeavesNoKey) {
     std::optional<Lease> got;
     const bool acquired = eventually(
         [&] {
-          got = other.try_acquire(name, ttl_opts(10s));
+          got = other.try_acquire(name, ttl_of(10s));
           return got.has_value();
         },
         15s);

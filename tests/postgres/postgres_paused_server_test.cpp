@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/postgres_server.hpp"
 
 namespace {
@@ -23,18 +24,9 @@ using distlock::Millis;
 using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 Millis since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t);

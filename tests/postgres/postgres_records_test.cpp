@@ -25,6 +25,7 @@
 #include "engine/backend.hpp"
 #include "engine/url.hpp"
 #include "postgres/postgres_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
@@ -44,11 +45,7 @@ using distlock::testing::Process;
 using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
   distlock::detail::Url u;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/postgres_server.hpp"
 
 namespace {
@@ -22,18 +23,9 @@ using distlock::Millis;
 using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 std::string url_as(const PostgresServer& s, const std::string& role) {
   return "postgres://" + role + ":" + role + "-pw@127.0.0.1:" + std::to_string(s.port()) + "/postgres";

@@ -20,6 +20,7 @@
 #include "engine/url.hpp"
 #include "postgres/pg_conn.hpp"
 #include "postgres/postgres_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
@@ -38,18 +39,13 @@ using distlock::testing::Process;
 using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
+// Quiet, with both timeouts at `timeout`.
 distlock::ClientOptions quiet(Millis timeout = 5000ms) {
-  distlock::ClientOptions o;
+  distlock::ClientOptions o = distlock::testing::quiet();
   o.connect_timeout = timeout;
   o.command_timeout = timeout;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
   return o;
 }
 

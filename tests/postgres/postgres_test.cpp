@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
@@ -31,18 +32,9 @@ using distlock::testing::Process;
 using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 Millis since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t);

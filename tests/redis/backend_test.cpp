@@ -14,6 +14,7 @@
 #include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
 #include "redis/slots.hpp"
+#include "support/client_options.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -26,12 +27,7 @@ using distlock::Millis;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 std::string str(const distlock::testing::RedisReplyPtr& r) {
   return r && r->str ? std::string(r->str, r->len) : std::string();

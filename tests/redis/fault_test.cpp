@@ -14,6 +14,7 @@
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "support/client_options.hpp"
 #include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -30,12 +31,7 @@ using distlock::testing::RedisServer;
 using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 Millis since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t);

@@ -18,6 +18,7 @@
 #include "redis/key_layout.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -34,12 +35,7 @@ using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 distlock::detail::RedisStats stats_of(const Client& c) {
   auto st = distlock::detail::redis_stats(distlock::detail::engine_of(c)->backend());

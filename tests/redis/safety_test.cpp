@@ -19,6 +19,7 @@
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
 #include "redis/slots.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
@@ -30,11 +31,7 @@ using distlock::Millis;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 // One acquisition, released at once: its token.
 std::uint64_t issue(distlock::Client& c, const std::string& name) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "redis/record_checks.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
 
 namespace {
@@ -22,11 +23,7 @@ using distlock::testing::RedisSentinelGroup;
 using Steady = std::chrono::steady_clock;
 namespace d = distlock::detail;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 bool eventually(const std::function<bool()>& cond, Millis limit) {
   const auto end = Steady::now() + limit;

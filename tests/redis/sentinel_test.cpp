@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
 
 namespace {
@@ -31,18 +32,9 @@ using distlock::testing::RedisSentinelGroup;
 using distlock::testing::RedisSentinelOptions;
 using Steady = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 bool eventually(const std::function<bool()>& cond, Millis limit) {
   const auto end = Steady::now() + limit;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/tls_certs.hpp"
@@ -33,11 +34,7 @@ std::string tls_url(const RedisServer& s, const Certs& c, const std::string& ext
   return "rediss://127.0.0.1:" + std::to_string(s.tls_port()) + "/?cacert=" + c.path("ca.pem") + extra;
 }
 
-distlock::LockOptions ttl_of(distlock::Millis ttl) {
-  distlock::LockOptions o;
-  o.ttl = ttl;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 // The error of connect(url): its code and message.
 std::pair<std::error_code, std::string> connect_error(const std::string& url) {

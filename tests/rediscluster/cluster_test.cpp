@@ -20,6 +20,7 @@
 #include "engine/engine.hpp"
 #include "engine/url.hpp"
 #include "rediscluster/cluster_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
 
@@ -33,18 +34,9 @@ using Steady = std::chrono::steady_clock;
 
 namespace {
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
-distlock::LockOptions opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 // Polls `cond` until it holds or `limit` passes on this process's steady clock.
 bool eventually(const std::function<bool()>& cond, Millis limit) {
@@ -151,8 +143,8 @@ TEST(RedisCluster, LocksOnEveryNodeExcludeAndRelease) {
     names.push_back("{}");
     std::vector<distlock::Lease> leases;
     for (const auto& n : names) {
-      leases.push_back(a.acquire(n, opts(5000ms)));
-      EXPECT_FALSE(b.try_acquire(n, opts(5000ms)).has_value()) << n;
+      leases.push_back(a.acquire(n, ttl_of(5000ms)));
+      EXPECT_FALSE(b.try_acquire(n, ttl_of(5000ms)).has_value()) << n;
       EXPECT_TRUE(b.status(n).held) << n;
       const auto k = keys_of("distlock", n);
       const int owner = cluster.owner_of(k.slot);
@@ -162,7 +154,7 @@ TEST(RedisCluster, LocksOnEveryNodeExcludeAndRelease) {
     for (std::size_t i = 0; i < names.size(); ++i) {
       const auto first = leases[i].token();
       leases[i].release();
-      auto again = b.try_acquire(names[i], opts(5000ms));
+      auto again = b.try_acquire(names[i], ttl_of(5000ms));
       ASSERT_TRUE(again.has_value()) << names[i];
       EXPECT_GT(again->token(), first) << names[i];
     }
@@ -179,10 +171,10 @@ TEST(RedisCluster, AWaiterIsWokenByAShardedReleaseNotification) {
   auto waiter = distlock::connect(cluster.url(), quiet());
   // A long TTL: without the notification the waiter would re-check only after the
   // holder's remaining TTL (seconds), far beyond the bound below.
-  auto lease = holder.acquire(name, opts(20000ms));
+  auto lease = holder.acquire(name, ttl_of(20000ms));
   std::atomic<std::int64_t> got_at{0};
   std::thread t([&] {
-    auto l = waiter.acquire(name, opts(20000ms, 30000ms));
+    auto l = waiter.acquire(name, ttl_of(20000ms, 30000ms));
     got_at = Steady::now().time_since_epoch().count();
   });
   ASSERT_TRUE(eventually([&] { return shard_subscribers(cluster.node(2), k.channel) == 1; }, 10000ms));
@@ -211,7 +203,7 @@ TEST(RedisCluster, ForgetDeletesOnlyTheLostLeaseAndWakesAWaiter) {
   ASSERT_TRUE(held.acquired);
   std::atomic<std::int64_t> got_at{0};
   std::thread t([&] {
-    auto l = y.acquire(name, opts(10000ms, 30000ms));
+    auto l = y.acquire(name, ttl_of(10000ms, 30000ms));
     got_at = Steady::now().time_since_epoch().count();
   });
   const auto k = keys_of("distlock", name);
@@ -234,7 +226,7 @@ TEST(RedisCluster, OneSeedFindsEveryNode) {
   auto c = distlock::connect(cluster.url_of(0), quiet());
   for (int i = 0; i < 3; ++i) {
     const std::string name = cluster.name_on(i, "seed");
-    auto l = c.acquire(name, opts(5000ms));
+    auto l = c.acquire(name, ttl_of(5000ms));
     EXPECT_EQ(integer(cluster.node(i).command({"EXISTS", keys_of("distlock", name).lock})), 1);
     l.release();
   }
@@ -246,11 +238,11 @@ TEST(RedisCluster, AStaleMapFollowsMoved) {
   auto c = distlock::connect(cluster.url(), quiet());
   const std::string name = cluster.name_on(0, "moved");
   const auto k = keys_of("distlock", name);
-  auto l1 = c.acquire(name, opts(5000ms));
+  auto l1 = c.acquire(name, ttl_of(5000ms));
   const auto t1 = l1.token();
   l1.release();
   cluster.move_slot(k.slot, 0, 1);
-  auto l2 = c.acquire(name, opts(5000ms));
+  auto l2 = c.acquire(name, ttl_of(5000ms));
   EXPECT_GT(l2.token(), t1);
   EXPECT_EQ(integer(cluster.node(1).command({"EXISTS", k.lock})), 1);
   EXPECT_EQ(integer(cluster.node(1).command({"EXISTS", k.fence})), 1);
@@ -271,7 +263,7 @@ TEST(RedisCluster, ReshardingAHeldLockKeepsOneHolderAndWakesTheWaiterOnTheNewNod
     auto holder = distlock::connect(cluster.url(), quiet());
     auto waiter = distlock::connect(cluster.url(), quiet());
     const Millis ttl = 3000ms;
-    auto lease = holder.acquire(name, opts(ttl));
+    auto lease = holder.acquire(name, ttl_of(ttl));
     std::atomic<bool> lost{false};
     lease.on_lost([&] { lost = true; });
     std::atomic<bool> waiter_has{false};
@@ -279,7 +271,7 @@ TEST(RedisCluster, ReshardingAHeldLockKeepsOneHolderAndWakesTheWaiterOnTheNewNod
     std::atomic<std::int64_t> got_at{0};
     std::thread t([&] {
       distlock::detail::Error ec;
-      auto l = waiter.acquire(name, opts(ttl, 60000ms), ec);
+      auto l = waiter.acquire(name, ttl_of(ttl, 60000ms), ec);
       if (l.owns()) {
         got_at = Steady::now().time_since_epoch().count();
         waiter_token = l.token();
@@ -355,8 +347,8 @@ TEST(RedisCluster, AcquireDuringAMigrationFollowsAskAndASplitSlotIsABoundedError
   const auto k = keys_of("distlock", name);
   auto holder = distlock::connect(cluster.url(), quiet());
   auto contender = distlock::connect(cluster.url(), quiet());
-  contender.acquire(name, opts(5000ms)).release();  // the fence counter exists
-  auto lease = holder.acquire(name, opts(3000ms));
+  contender.acquire(name, ttl_of(5000ms)).release();  // the fence counter exists
+  auto lease = holder.acquire(name, ttl_of(3000ms));
   cluster.begin_move(k.slot, 0, 1);
   const std::string port1 = std::to_string(cluster.node(1).port());
   auto moved = cluster.node(0).command({"MIGRATE", "127.0.0.1", port1, "", "0", "5000", "KEYS", k.fence});
@@ -364,7 +356,7 @@ TEST(RedisCluster, AcquireDuringAMigrationFollowsAskAndASplitSlotIsABoundedError
 
   distlock::detail::Error ec;
   auto started = Steady::now();
-  std::string msg = message_of([&] { contender.try_acquire(name, opts(5000ms)); }, ec);
+  std::string msg = message_of([&] { contender.try_acquire(name, ttl_of(5000ms)); }, ec);
   auto took = std::chrono::duration_cast<Millis>(Steady::now() - started);
   EXPECT_EQ(ec, errc::backend_unavailable) << msg;
   EXPECT_NE(msg.find("TRYAGAIN"), std::string::npos) << msg;
@@ -374,16 +366,16 @@ TEST(RedisCluster, AcquireDuringAMigrationFollowsAskAndASplitSlotIsABoundedError
 
   cluster.migrate_keys(k.slot, 0, 1);        // the lock follows: both keys on node 1, slot still node 0's
   EXPECT_TRUE(contender.status(name).held);  // ASK, ASKING before each command
-  EXPECT_FALSE(contender.try_acquire(name, opts(5000ms)).has_value());  // ASK: busy, not an error
+  EXPECT_FALSE(contender.try_acquire(name, ttl_of(5000ms)).has_value());  // ASK: busy, not an error
   const auto holder_token = lease.token();
   lease.release();  // ASK
   EXPECT_EQ(pttl_asking(cluster.node(1), k.lock), -2) << "the release did not reach the importing node";
-  msg = message_of([&] { contender.try_acquire(name, opts(5000ms)); }, ec);
+  msg = message_of([&] { contender.try_acquire(name, ttl_of(5000ms)); }, ec);
   EXPECT_EQ(ec, errc::backend_unavailable) << msg;
   EXPECT_NE(msg.find("TRYAGAIN"), std::string::npos) << msg;
 
   cluster.finish_move(k.slot, 0, 1);
-  auto next = contender.try_acquire(name, opts(5000ms));  // MOVED
+  auto next = contender.try_acquire(name, ttl_of(5000ms));  // MOVED
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(next->token(), holder_token);
   EXPECT_EQ(integer(cluster.node(1).command({"EXISTS", k.lock})), 1);
@@ -400,7 +392,7 @@ TEST(RedisCluster, AKilledMasterLosesItsLocksAndOnlyThose) {
   std::vector<std::string> names;
   for (int i = 0; i < 3; ++i) {
     names.push_back(cluster.name_on(i, "kill"));
-    leases.push_back(c.acquire(names.back(), opts(ttl)));
+    leases.push_back(c.acquire(names.back(), ttl_of(ttl)));
   }
   const auto killed_at = Steady::now();
   cluster.kill(0);
@@ -413,11 +405,11 @@ TEST(RedisCluster, AKilledMasterLosesItsLocksAndOnlyThose) {
   EXPECT_TRUE(leases[2].owns());
   EXPECT_FALSE(leases[1].stop_token().stop_requested());
   auto other = distlock::connect(cluster.url_of(1), quiet());
-  EXPECT_FALSE(other.try_acquire(names[1], opts(ttl)).has_value());
-  auto fresh = other.acquire(cluster.name_on(2, "kill", 1), opts(ttl));
+  EXPECT_FALSE(other.try_acquire(names[1], ttl_of(ttl)).has_value());
+  auto fresh = other.acquire(cluster.name_on(2, "kill", 1), ttl_of(ttl));
   EXPECT_TRUE(fresh.owns());
   distlock::detail::Error ec;
-  const std::string msg = message_of([&] { other.try_acquire(names[0], opts(ttl)); }, ec);
+  const std::string msg = message_of([&] { other.try_acquire(names[0], ttl_of(ttl)); }, ec);
   EXPECT_EQ(ec, errc::backend_unavailable) << msg;
   EXPECT_NE(msg.find(std::to_string(cluster.node(0).port())), std::string::npos) << msg;
   RecordProperty("lost_after_ms", static_cast<int>(lost_after.count()));
@@ -435,7 +427,7 @@ TEST(RedisCluster, RenewalIsBatchedPerNodeAndKeepsManyLocks) {
   {
     auto c = distlock::connect(cluster.url(), quiet());
     std::vector<distlock::Lease> leases;
-    for (const auto& n : names) leases.push_back(c.acquire(n, opts(1000ms)));
+    for (const auto& n : names) leases.push_back(c.acquire(n, ttl_of(1000ms)));
     std::this_thread::sleep_for(3000ms);  // three TTLs: renewed or lost, nothing else
     for (auto& l : leases) EXPECT_TRUE(l.owns()) << l.name();
   }
@@ -565,7 +557,7 @@ TEST(RedisCluster, EveryMasterGetsTheServerConfigurationCheck) {
       }
     }
     // A lock on every node (more map reads may come) and still one check per node.
-    for (int i = 0; i < 3; ++i) c.acquire(cluster.name_on(i, "cfg"), opts(5000ms)).release();
+    for (int i = 0; i < 3; ++i) c.acquire(cluster.name_on(i, "cfg"), ttl_of(5000ms)).release();
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(count(i, distlock::LogLevel::warning, "appendonly no"), aof ? 0 : 1) << "node " << i;
       EXPECT_EQ(count(i, distlock::LogLevel::debug, "configuration checked"), aof ? 1 : 0) << "node " << i;

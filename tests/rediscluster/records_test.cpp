@@ -5,6 +5,7 @@
 
 #include "redis/record_checks.hpp"
 #include "rediscluster/cluster_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_cluster.hpp"
 
 namespace {
@@ -16,11 +17,7 @@ using distlock::testing::RedisCluster;
 namespace d = distlock::detail;
 namespace rc = distlock::detail::rediscluster;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 std::string str(const distlock::testing::RedisReplyPtr& r) {
   return r && r->str ? std::string(r->str, r->len) : std::string();

@@ -5,6 +5,7 @@
 
 #include "redis/record_checks.hpp"
 #include "redlock/masters.hpp"
+#include "support/client_options.hpp"
 
 namespace {
 
@@ -16,11 +17,7 @@ namespace d = distlock::detail;
 
 const std::string kRecord = "distlock:redlock:record:";
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 class RedlockRecords : public ::testing::Test {
  protected:

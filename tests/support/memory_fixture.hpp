@@ -11,6 +11,7 @@
 
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/manual_clock.hpp"
 
 namespace distlock::testing {
@@ -32,10 +33,9 @@ struct ManualMemoryTest : ::testing::Test {
   std::string store_name = fresh_store_name("manual");
   std::shared_ptr<detail::MemoryStore> store = detail::MemoryStore::named(store_name);
   ClientOptions options(bool background = false) {
-    ClientOptions o;
+    ClientOptions o = quiet();
     o.clock = clock;
     o.background_renewal = background;
-    o.logger = [](LogLevel, std::string_view) {};
     return o;
   }
   Client client(bool background = false) { return connect("memory://" + store_name, options(background)); }
@@ -44,11 +44,7 @@ struct ManualMemoryTest : ::testing::Test {
 struct RealTimeMemoryTest : ::testing::Test {
   std::string store_name = fresh_store_name("realtime");
   std::shared_ptr<detail::MemoryStore> store = detail::MemoryStore::named(store_name);
-  Client client() {
-    ClientOptions o;
-    o.logger = [](LogLevel, std::string_view) {};
-    return connect("memory://" + store_name, o);
-  }
+  Client client() { return connect("memory://" + store_name, quiet()); }
 };
 
 }  // namespace distlock::testing

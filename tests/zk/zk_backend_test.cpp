@@ -27,7 +27,7 @@ namespace {
 using namespace std::chrono_literals;
 
 Client connect_zk(const std::string& suffix = "?session_timeout=4s") {
-  return connect(shared_server().url(suffix), quiet_options());
+  return connect(shared_server().url(suffix), quiet());
 }
 
 detail::ZkStats stats_of(const Client& c) {
@@ -85,7 +85,7 @@ TEST(ZkBackend, NegotiatedSessionTimeoutIsTheValidity) {
 }
 
 TEST(ZkBackend, SessionTimeoutDefaultsToTheLockTtl) {
-  ClientOptions o = quiet_options();
+  ClientOptions o = quiet();
   o.lock_defaults.ttl = 5s;
   Client client = connect(shared_server().url(), o);
   EXPECT_EQ(stats_of(client).session_timeout_ms, 5000);
@@ -305,7 +305,7 @@ TEST(ZkBackend, ChrootKeepsNodesUnderIt) {
 TEST(ZkBackend, MissingChrootIsAClearError) {
   std::error_code ec;
   try {
-    connect(shared_server().url("/no/such/chroot"), quiet_options());
+    connect(shared_server().url("/no/such/chroot"), quiet());
     FAIL() << "connect must fail";
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), errc::invalid_argument);
@@ -316,7 +316,7 @@ TEST(ZkBackend, MissingChrootIsAClearError) {
 
 TEST(ZkBackend, WrongPasswordCannotJoinOrDisturbAnotherUsersLock) {
   const std::string hp = shared_server().hostport();
-  Client alice = connect("zk://alice:right@" + hp + "?session_timeout=4s", quiet_options());
+  Client alice = connect("zk://alice:right@" + hp + "?session_timeout=4s", quiet());
   std::vector<std::string> messages;
   std::mutex mu;
   ClientOptions mallory_opts;
@@ -359,7 +359,7 @@ TEST(ZkBackend, WrongPasswordCannotJoinOrDisturbAnotherUsersLock) {
   EXPECT_TRUE(lease.owns());
   lease.release();
   // The same credentials from another client work.
-  Client alice2 = connect("zk://alice:right@" + hp + "?session_timeout=4s", quiet_options());
+  Client alice2 = connect("zk://alice:right@" + hp + "?session_timeout=4s", quiet());
   EXPECT_TRUE(alice2.try_acquire("vault", ttl(4s)).has_value());
 }
 

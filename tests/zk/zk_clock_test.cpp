@@ -22,7 +22,7 @@ using namespace std::chrono_literals;
 
 TEST(ZkClock, ConnectTimeoutRunsOnTheInjectedClock) {
   auto clock = std::make_shared<ManualClock>();
-  ClientOptions opts = quiet_options();
+  ClientOptions opts = quiet();
   opts.clock = clock;
   opts.connect_timeout = std::chrono::hours(1);  // never reached in real time here
   // Nothing listens there: the session never connects.
@@ -48,7 +48,7 @@ TEST(ZkClock, ConnectTimeoutRunsOnTheInjectedClock) {
 
 TEST(ZkClock, AnUnrenewedLeaseIsFreedAfterASessionTimeoutOnTheInjectedClock) {
   auto clock = std::make_shared<ManualClock>();
-  ClientOptions opts = quiet_options();
+  ClientOptions opts = quiet();
   opts.clock = clock;
   // A session timeout of 50 s of real time: the server would not free the node, nor
   // would a keeper on the real clock, within the 10 s this test waits.

@@ -49,10 +49,10 @@ std::vector<Process> start_hammers(const std::string& url, const std::string& na
 // everybody until the session ends).
 void expect_no_orphan_after_pause(std::chrono::milliseconds pause, const std::string& suffix) {
   ZkServer& zk = shared_server();
-  Client client = connect(zk.url(suffix), quiet_options());
+  Client client = connect(zk.url(suffix), quiet());
   // Another client holds the lock, so the directory exists and a stray node of ours
   // would sit in the queue behind it.
-  Client holder_client = connect(zk.url(suffix), quiet_options());
+  Client holder_client = connect(zk.url(suffix), quiet());
   LockOptions o;
   o.ttl = 2s;
   o.wait = 2s;
@@ -107,7 +107,7 @@ TEST(ZkFault, RenewalThroughAFollowerConfirmsWithTheLeader) {
   const int leader = ensemble.leader();
   ASSERT_GE(leader, 0) << "no leader elected";
   const int follower = (leader + 1) % ensemble.size();
-  ClientOptions o = quiet_options();
+  ClientOptions o = quiet();
   o.background_renewal = false;  // only renew_now() renews: each call is one observed renewal
   // The client knows only the follower.
   Client client = connect(ensemble.server(follower).url("?session_timeout=8s&timeout=1500ms"), o);

@@ -29,18 +29,11 @@ using detail::PutMode;
 using Steady = std::chrono::steady_clock;
 
 Client connect_zk(const std::string& suffix = "?session_timeout=4s") {
-  return connect(shared_server().url(suffix), quiet_options());
+  return connect(shared_server().url(suffix), quiet());
 }
 
 detail::Backend& backend_of(Client& c) {
   return distlock::detail::engine_of(c)->backend();
-}
-
-LockOptions ttl_opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
 }
 
 std::string get_ok(detail::Backend& b, std::string_view key, bool& found) {
@@ -169,7 +162,7 @@ TEST(ZkRecords, ARecordAndALockOfTheSameNameCoexist) {
   auto& b = backend_of(c);
   // ".records" is the records directory's own name: as a lock name it is encoded.
   for (const std::string name : {"same", ".records"}) {
-    Lease lease = c.acquire(name, ttl_opts(4s));
+    Lease lease = c.acquire(name, ttl_of(4s));
     distlock::detail::Error ec;
     EXPECT_EQ(b.put_record(name, "record", PutMode::if_absent, ec), "record");
     ASSERT_FALSE(ec) << ec.message() << " " << ec.take_detail();
@@ -183,7 +176,7 @@ TEST(ZkRecords, ARecordAndALockOfTheSameNameCoexist) {
     EXPECT_FALSE(c.status(name).held);
     bool found = false;
     EXPECT_EQ(get_ok(b, name, found), "record");
-    Lease again = c.acquire(name, ttl_opts(4s));
+    Lease again = c.acquire(name, ttl_of(4s));
     EXPECT_TRUE(b.erase_record(name, ec));
     EXPECT_TRUE(c.status(name).held);
   }
@@ -192,8 +185,8 @@ TEST(ZkRecords, ARecordAndALockOfTheSameNameCoexist) {
 TEST(ZkRecords, AnotherUserReadsButCannotChangeRecords) {
   const std::string chroot = fresh_chroot("records-auth");
   const std::string hp = shared_server().hostport();
-  Client alice = connect("zk://alice:right@" + hp + chroot + "?session_timeout=4s", quiet_options());
-  Client bob = connect("zk://bob:bobpw@" + hp + chroot + "?session_timeout=4s", quiet_options());
+  Client alice = connect("zk://alice:right@" + hp + chroot + "?session_timeout=4s", quiet());
+  Client bob = connect("zk://bob:bobpw@" + hp + chroot + "?session_timeout=4s", quiet());
   distlock::detail::Error ec;
   EXPECT_EQ(backend_of(alice).put_record("cfg", "alice's", PutMode::always, ec), "alice's");
   ASSERT_FALSE(ec);
@@ -218,7 +211,7 @@ TEST(ZkRecords, RecordsOutliveTheirWritersSessionClosedOrKilled) {
   Client reader = connect_zk(chroot + "?session_timeout=4s");
   {
     Client writer = connect_zk(chroot + "?session_timeout=4s");
-    Lease held = writer.acquire("writer-lock", ttl_opts(4s));
+    Lease held = writer.acquire("writer-lock", ttl_of(4s));
     distlock::detail::Error ec;
     backend_of(writer).put_record("closed", "v1", PutMode::always, ec);
     ASSERT_FALSE(ec);
@@ -253,16 +246,16 @@ TEST(ZkRecords, ListHeldByPrefixWithLimitTruncationAndWaiters) {
   const std::vector<std::string> held_names = {"job/c",   "job/a", "job/%x", "jobs",
                                                "job%2Fq", "other", "job/b"};
   std::vector<Lease> leases;
-  for (const auto& n : held_names) leases.push_back(holder.acquire(n, ttl_opts(4s)));
+  for (const auto& n : held_names) leases.push_back(holder.acquire(n, ttl_of(4s)));
   distlock::detail::Error ec;
   b.put_record("job/record", "not a lock", PutMode::always, ec);
   ASSERT_FALSE(ec);
   {
-    Lease released = holder.acquire("job/released", ttl_opts(4s));
+    Lease released = holder.acquire("job/released", ttl_of(4s));
   }  // its directory may linger (a container is removed later): not held, not listed
   std::vector<std::thread> waiters;
   for (int i = 0; i < 2; ++i) {
-    waiters.emplace_back([&] { Lease l = waiters_client.acquire("job/b", ttl_opts(4s, 60s)); });
+    waiters.emplace_back([&] { Lease l = waiters_client.acquire("job/b", ttl_of(4s, 60s)); });
   }
   ASSERT_TRUE(eventually([&] { return holder.status("job/b").waiters == 2u; }, 20s));
 
@@ -325,7 +318,7 @@ TEST(ZkRecords, ExpiredLocksAreNotListed) {
 
 TEST(ZkRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   ZkServer server;  // its own: this test stops it
-  Client c = connect(server.url("?session_timeout=4s&timeout=300ms"), quiet_options());
+  Client c = connect(server.url("?session_timeout=4s&timeout=300ms"), quiet());
   auto& b = backend_of(c);
   distlock::detail::Error ec;
   b.put_record("k", "v", PutMode::always, ec);
@@ -376,7 +369,7 @@ TEST(ZkRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
   expected.emplace_back("~z");
   std::vector<Lease> leases;
   const auto start = Steady::now();
-  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_opts(4s)));
+  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_of(4s)));
   std::printf("%zu acquisitions took %lld ms\n", expected.size(),
               static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - start).count()));
 
@@ -407,10 +400,10 @@ TEST(ZkRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
   auto& b = backend_of(c);
   // The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) and their records.
   const std::string sem = "pool\x1fsem\x1f";
-  Lease p0 = c.acquire(sem + "0", ttl_opts(4s));
-  Lease p2 = c.acquire(sem + "2", ttl_opts(4s));
-  Lease plain = c.acquire("pool", ttl_opts(4s));
-  Lease other = c.acquire("pool/x", ttl_opts(4s));
+  Lease p0 = c.acquire(sem + "0", ttl_of(4s));
+  Lease p2 = c.acquire(sem + "2", ttl_of(4s));
+  Lease plain = c.acquire("pool", ttl_of(4s));
+  Lease other = c.acquire("pool/x", ttl_of(4s));
   distlock::detail::Error ec;
   EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
   EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");

@@ -37,7 +37,7 @@ TEST(ZkSessionTimeout, ALoweredServerTimeoutShortensEveryLeaseOfTheClient) {
   ZkServer zk(generous);
   FaultProxy proxy(zk.port());
   const std::string via_proxy = "zk://127.0.0.1:" + std::to_string(proxy.port()) + "?session_timeout=10s";
-  Client holder = connect(via_proxy, quiet_options());
+  Client holder = connect(via_proxy, quiet());
   ASSERT_EQ(negotiated_ms(holder), 10'000);
 
   LockOptions o;
@@ -81,7 +81,7 @@ TEST(ZkSessionTimeout, ALoweredServerTimeoutShortensEveryLeaseOfTheClient) {
 
   // Cut the holder off. The server expires its session 4 s after it last heard from it.
   proxy.freeze();
-  Client other = connect(zk.url(), quiet_options());
+  Client other = connect(zk.url(), quiet());
   for (const char* name : {"fresh", "held"}) {
     Lease taken = other.acquire(name, o);
     ASSERT_TRUE(taken.owns()) << name;

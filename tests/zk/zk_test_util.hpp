@@ -1,11 +1,13 @@
 // Helpers shared by the zk:// test binaries: one ZooKeeper server per test process,
-// a client without log output, and a bounded wait for a condition.
+// a client without log output (quiet(), tests/support/client_options.hpp), and a bounded
+// wait for a condition.
 #pragma once
 
 #include <chrono>
 #include <thread>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "zk/zk_server.hpp"
 
 namespace distlock::testing {
@@ -14,13 +16,6 @@ namespace distlock::testing {
 inline ZkServer& shared_server() {
   static ZkServer server;
   return server;
-}
-
-/// Client options that drop the library's log lines.
-inline ClientOptions quiet_options() {
-  ClientOptions o;
-  o.logger = [](LogLevel, std::string_view) {};
-  return o;
 }
 
 /// Polls `pred` every 10 ms until it holds (true) or `timeout` passes on this

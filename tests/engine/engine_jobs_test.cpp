@@ -17,6 +17,7 @@
 #include "fake/memory_backend.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
+#include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -27,20 +28,7 @@ using distlock::testing::ManualClock;
 
 namespace {
 
-int g_seq = 0;
-
-struct Jobs : ::testing::Test {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::string store_name = "jobs-" + std::to_string(++g_seq);
-  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
-
-  distlock::Client client(bool background = false) {
-    distlock::ClientOptions o;
-    o.clock = clock;
-    o.background_renewal = background;
-    o.logger = [](distlock::LogLevel, std::string_view) {};
-    return distlock::connect("memory://" + store_name, o);
-  }
+struct Jobs : distlock::testing::ManualMemoryTest {
   static distlock::LockOptions opts(Millis ttl, std::optional<Millis> max_hold = std::nullopt) {
     distlock::LockOptions o;
     o.ttl = ttl;

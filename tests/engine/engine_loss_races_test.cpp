@@ -1,3 +1,6 @@
+// Losses racing the engine: re-entry after a loss, the watchdog busy, a loss while a grant is recorded.
+// Written by an adversarial review of the engine (commit b804aea, first named engine_review_test.cpp).
+//
 // Adversarial engine tests: re-entry after a loss, a lease taken while the watchdog
 // is busy, a session lost while an acquisition is being granted.
 #include <gtest/gtest.h>

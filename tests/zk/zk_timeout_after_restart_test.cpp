@@ -1,3 +1,6 @@
+// zk:// a raised or lowered session timeout and what the server restores after a restart.
+// Written by the review of 5285af8 (commit 7087ef2, first named zk_validity_review_test.cpp).
+//
 // Review of 5285af8 (the session timeout read on every CONNECTED event). Real
 // ZooKeeper servers restarted with a new zoo.cfg (ZkServer::reconfigure).
 //
@@ -47,8 +50,7 @@ TEST(ZkValidityReview, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
   low.max_session_ms = 4'000;
   ZkServer zk(low);
   FaultProxy proxy(zk.port());
-  Client holder =
-      connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + "?session_timeout=30s", quiet_options());
+  Client holder = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + "?session_timeout=30s", quiet());
   ASSERT_EQ(stats_of(holder).session_timeout_ms, 4'000);
   const std::int64_t session = stats_of(holder).session_id;
 
@@ -88,7 +90,7 @@ TEST(ZkValidityReview, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
   zk.start();
   const auto restarted = std::chrono::steady_clock::now();
 
-  Client other = connect(zk.url(), quiet_options());
+  Client other = connect(zk.url(), quiet());
   LockOptions wait_long = o;
   wait_long.wait = 45s;  // a server that restored 30 s grants it only after ~30 s
   Lease taken = other.acquire("raised", wait_long);
@@ -126,7 +128,7 @@ TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
   first.max_session_ms = 6'000;
   ZkServer zk(first);
   auto clock = std::make_shared<ManualClock>();
-  ClientOptions co = quiet_options();
+  ClientOptions co = quiet();
   co.clock = clock;
   Client holder = connect(zk.url("?session_timeout=30s"), co);
   ASSERT_EQ(stats_of(holder).session_timeout_ms, 6'000);

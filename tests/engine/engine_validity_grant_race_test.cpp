@@ -1,3 +1,6 @@
+// The validity cap against a grant that races a lowered or raised validity.
+// Written by the review of 5285af8 (commit 915885b, first named engine_validity_review_test.cpp).
+//
 // Review of 5285af8 (Engine::on_validity_changed / cap_validity), memory backend,
 // manual clock. A wrapper backend calls the engine's listener from inside try_acquire,
 // after the grant was answered and before the engine records the lease: the window in

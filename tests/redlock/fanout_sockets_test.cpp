@@ -1,3 +1,7 @@
+// redlock:// fan-out sockets (TCP and TLS): pending writes, late replies, paused and restarted masters.
+// Written by the review of "redlock: on the Redis stack's wire layer" (commit 4769012, first named
+// review_test.cpp).
+//
 // Review of "redlock: on the Redis stack's wire layer": attacks on the fan-out's
 // non-blocking sockets (TCP and TLS), the queue_behind clean-up, the per-master
 // subscribers, and a fault-injected hammer. Every test is bounded in time.

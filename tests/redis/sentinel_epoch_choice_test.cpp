@@ -1,3 +1,6 @@
+// redis+sentinel:// discovery: which master the client picks by config-epoch.
+// Written by the second review of sentinel discovery (commit 51eb053, first named sentinel_review2_test.cpp).
+//
 // Second adversarial review of redis+sentinel:// discovery (discover() in
 // src/redis/sentinel_backend.cpp). The sentinels here are scripted: each speaks RESP
 // on a loopback port and answers `SENTINEL MASTER <name>` with a chosen config-epoch
@@ -26,7 +29,9 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_server.hpp"
+#include "support/scripted_resp_server.hpp"
 
 namespace {
 
@@ -36,17 +41,9 @@ using distlock::Millis;
 using distlock::testing::RedisServer;
 using Steady = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 bool eventually(const std::function<bool()>& cond, Millis limit) {
   const auto end = Steady::now() + limit;
@@ -68,96 +65,29 @@ bool key_exists(RedisServer& node, const std::string& key) {
 // from then on it refuses connections, as a sentinel that is down or cut off.
 class ScriptedSentinel {
  public:
-  ScriptedSentinel(long long epoch, std::uint16_t port) : epoch_(epoch), names_port_(port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0) {
-      throw std::runtime_error("scripted sentinel: cannot listen on loopback");
-    }
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    accepter_ = std::thread([this] { accept_loop(); });
-  }
-  ~ScriptedSentinel() { stop(); }
-  void stop() {
-    if (stop_.exchange(true)) return;
-    accepter_.join();
-    ::close(fd_);
-    std::lock_guard lk(mu_);
-    for (auto& t : conns_) t.join();
-  }
-  std::uint16_t port() const { return port_; }
+  ScriptedSentinel(long long epoch, std::uint16_t port)
+      : server_("scripted sentinel", [epoch, port](const std::vector<std::string>& args) {
+          using S = distlock::testing::ScriptedRespServer;
+          auto arg = [&](std::size_t i) { return i < args.size() ? args[i] : std::string(); };
+          const std::string cmd = S::upper(arg(0));
+          if (cmd == "SENTINEL" && S::upper(arg(1)) == "MASTER") {
+            // RESP2: a flat list of field, value (a real sentinel sends some 40 of them).
+            return "*8\r\n" + S::bulk("name") + S::bulk("mymaster") + S::bulk("ip") + S::bulk("127.0.0.1") +
+                   S::bulk("port") + S::bulk(std::to_string(port)) + S::bulk("config-epoch") +
+                   S::bulk(std::to_string(epoch));
+          }
+          if (cmd == "SENTINEL" && S::upper(arg(1)) == "GET-MASTER-ADDR-BY-NAME") {
+            return "*2\r\n" + S::bulk("127.0.0.1") + S::bulk(std::to_string(port));
+          }
+          if (cmd == "SUBSCRIBE") return "*3\r\n" + S::bulk("subscribe") + S::bulk(arg(1)) + ":1\r\n";
+          if (cmd == "PING") return std::string("+PONG\r\n");
+          return std::string("-ERR unknown command\r\n");
+        }) {}
+  void stop() { server_.stop(); }
+  std::uint16_t port() const { return server_.port(); }
 
  private:
-  void accept_loop() {
-    while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      std::lock_guard lk(mu_);
-      conns_.emplace_back([this, c] { serve(c); });
-    }
-  }
-  void serve(int c) {
-    redisReader* reader = redisReaderCreate();
-    char buf[4096];
-    while (!stop_) {
-      pollfd p{c, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const ssize_t n = ::read(c, buf, sizeof buf);
-      if (n <= 0) break;
-      redisReaderFeed(reader, buf, static_cast<size_t>(n));
-      void* raw = nullptr;
-      while (redisReaderGetReply(reader, &raw) == REDIS_OK && raw != nullptr) {
-        auto* r = static_cast<redisReply*>(raw);
-        std::string out = answer(r);
-        freeReplyObject(r);
-        raw = nullptr;
-        if (::write(c, out.data(), out.size()) < 0) break;
-      }
-    }
-    redisReaderFree(reader);
-    ::close(c);
-  }
-  std::string answer(const redisReply* r) const {
-    auto arg = [&](std::size_t i) {
-      std::string s = r->type == REDIS_REPLY_ARRAY && i < r->elements
-                          ? std::string(r->element[i]->str, r->element[i]->len)
-                          : std::string();
-      return s;
-    };
-    auto upper = [](std::string s) {
-      for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-      return s;
-    };
-    auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; };
-    const std::string cmd = upper(arg(0));
-    if (cmd == "SENTINEL" && upper(arg(1)) == "MASTER") {
-      // RESP2: a flat list of field, value (a real sentinel sends some 40 of them).
-      return "*8\r\n" + bulk("name") + bulk("mymaster") + bulk("ip") + bulk("127.0.0.1") + bulk("port") +
-             bulk(std::to_string(names_port_)) + bulk("config-epoch") + bulk(std::to_string(epoch_));
-    }
-    if (cmd == "SENTINEL" && upper(arg(1)) == "GET-MASTER-ADDR-BY-NAME") {
-      return "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(names_port_));
-    }
-    if (cmd == "SUBSCRIBE") return "*3\r\n" + bulk("subscribe") + bulk(arg(1)) + ":1\r\n";
-    if (cmd == "PING") return "+PONG\r\n";
-    return "-ERR unknown command\r\n";
-  }
-
-  const long long epoch_;
-  const std::uint16_t names_port_;
-  int fd_ = -1;
-  std::uint16_t port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::vector<std::thread> conns_;
-  std::thread accepter_;
+  distlock::testing::ScriptedRespServer server_;
 };
 
 // A failover has just made `fresh` the master under config-epoch 5; its leader (the

@@ -1,3 +1,6 @@
+// redis:// acquire fast path: a free lock taken inside the acquire script without queueing.
+// Written by the adversarial review of 787fba2 (commit 943a5fc, first named fastpath_review_test.cpp).
+//
 // Adversarial review of 787fba2 ("a new wait for a free lock with nobody queued
 // takes it inside the acquire script without writing the queue"; TIME read lazily).
 // Each test starts its own redis-server on a loopback port; every wait is bounded.
@@ -20,6 +23,7 @@
 #include "engine/engine.hpp"
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/redis_server.hpp"
@@ -35,13 +39,7 @@ using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt, Millis margin = Millis(0)) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  o.safety_margin = margin;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 std::string server_holder(RedisServer& s, const std::string& name) {
   auto r = s.command({"HKEYS", "distlock:{" + name + "}"});

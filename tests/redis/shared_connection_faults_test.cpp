@@ -1,3 +1,7 @@
+// The shared pipelined Redis connection under kills, restarts, pauses, SCRIPT FLUSH and huge pipelines.
+// Written by the adversarial review of the shared connection (commit 59b99c9, first named
+// shared_connection_review_test.cpp).
+//
 // Adversarial review of the shared, auto-pipelined Redis connection
 // (src/redis/shared_connection.cpp) and the lock contract that runs on it: every
 // call gets its own reply whatever happens to the socket (CLIENT KILL, restart,

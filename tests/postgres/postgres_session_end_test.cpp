@@ -1,3 +1,6 @@
+// postgres:// when the session ends early: no second holder, release after it, the TTL range.
+// Written by the adversarial review of postgres:// (commit 1ac950a, first named postgres_review_test.cpp).
+//
 // postgres:// under adversarial review: a lease is a session-level advisory lock,
 // and the server frees it the moment the session ends. These tests end the session
 // early (the connection cut under a live holder, a server restart) and check that
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
 
@@ -30,18 +34,9 @@ using distlock::testing::FaultProxy;
 using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 Millis since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t);

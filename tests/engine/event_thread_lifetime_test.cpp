@@ -1,3 +1,7 @@
+// The event thread's lifetime: destruction, the last handle dropped in a callback, fork(), blocking loggers.
+// Written by the adversarial review of the event thread (issue 13; commit 51daf6b, first named
+// engine_events_review_test.cpp).
+//
 // Adversarial review of the event thread (issue 13): destruction while callbacks are
 // queued or running, the last Client copy inside a callback, session loss with a
 // slow callback, on_lost racing the loss, read-write leases, the watchdog's stop

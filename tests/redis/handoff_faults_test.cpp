@@ -1,3 +1,6 @@
+// redis:// direct hand-off under races, restarts, kills and give-ups.
+// Written by the adversarial review of the hand-off (commit 210618e, first named handoff_review_test.cpp).
+//
 // Adversarial review of the redis:// direct hand-off (docs/redis.md "How waiting
 // works"): tests that try to break the lock contract. Each test starts its own
 // redis-server on a loopback port. Every wait is bounded in count and time.
@@ -19,6 +22,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -35,13 +39,7 @@ using distlock::testing::eventually;
 using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt, Millis margin = Millis(0)) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  o.safety_margin = margin;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 std::uint64_t waiters_of(Client& c, const std::string& name) {
   return c.status(name).waiters.value_or(~0ull);

@@ -13,6 +13,7 @@
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/manual_clock.hpp"
+#include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -22,26 +23,9 @@ using distlock::testing::ManualClock;
 
 namespace {
 
-int g_store_seq = 0;
+using distlock::testing::ttl;
 
-struct Fixture : ::testing::Test {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::string store_name = "engine-" + std::to_string(++g_store_seq);
-  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
-
-  distlock::Client client(bool background = false) {
-    distlock::ClientOptions o;
-    o.clock = clock;
-    o.background_renewal = background;
-    o.logger = [](distlock::LogLevel, std::string_view) {};
-    return distlock::connect("memory://" + store_name, o);
-  }
-  static distlock::LockOptions ttl(Millis t) {
-    distlock::LockOptions o;
-    o.ttl = t;
-    return o;
-  }
-};
+using Fixture = distlock::testing::ManualMemoryTest;
 
 using Engine = Fixture;
 
@@ -280,15 +264,7 @@ TEST_F(Engine, ReleaseFailureIsCountedNeverThrownFromDestructor) {
 
 // ---- waiting (real time, short) ---------------------------------------------------
 
-struct RealTime : ::testing::Test {
-  std::string store_name = "engine-rt-" + std::to_string(++g_store_seq);
-  std::shared_ptr<MemoryStore> store = MemoryStore::named(store_name);
-  distlock::Client client() {
-    distlock::ClientOptions o;
-    o.logger = [](distlock::LogLevel, std::string_view) {};
-    return distlock::connect("memory://" + store_name, o);
-  }
-};
+using RealTime = distlock::testing::RealTimeMemoryTest;
 
 TEST_F(RealTime, WaiterWakesOnReleaseNotOnExpiry) {
   auto a = client();

@@ -1,3 +1,7 @@
+// redis+cluster:// under a hung master, a migrating slot and a killed node.
+// Written by the adversarial review of redis+cluster:// (commit 65b9184, first named
+// cluster_review_test.cpp).
+//
 // Adversarial review of redis+cluster:// (tests that try to break the lock contract
 // or the guarantees docs/redis-cluster.md states). Each test starts its own 3-master
 // cluster (tests/support/redis_cluster.hpp).
@@ -13,6 +17,7 @@
 
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_cluster.hpp"
 
 using namespace std::chrono_literals;
@@ -22,18 +27,9 @@ using Steady = std::chrono::steady_clock;
 
 namespace {
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
-distlock::LockOptions opts(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 bool eventually(const std::function<bool()>& cond, Millis limit) {
   const auto end = Steady::now() + limit;
@@ -58,7 +54,7 @@ TEST(RedisClusterReview, AHungMasterDoesNotCostTheLocksOnOtherMasters) {
   auto c = distlock::connect(cluster.url(), quiet());
   const Millis ttl = 1500ms;
   std::vector<distlock::Lease> leases;
-  for (int i = 0; i < 3; ++i) leases.push_back(c.acquire(cluster.name_on(i, "hung"), opts(ttl)));
+  for (int i = 0; i < 3; ++i) leases.push_back(c.acquire(cluster.name_on(i, "hung"), ttl_of(ttl)));
   cluster.node(0).pause();
   // Three TTLs: every healthy lease needs several renewals in that time.
   const auto until = Steady::now() + 3 * ttl;
@@ -89,14 +85,14 @@ TEST(RedisClusterReview, AWaiterGetsALockReleasedWhileItsSlotMigrates) {
   const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
   auto holder_client = distlock::connect(cluster.url(), quiet());
   auto waiter_client = distlock::connect(cluster.url(), quiet());
-  auto lease = holder_client.acquire(name, opts(20000ms));
+  auto lease = holder_client.acquire(name, ttl_of(20000ms));
   std::atomic<bool> got{false};
   std::atomic<std::int64_t> got_at{0};
   std::mutex mu;
   std::string error;
   std::thread t([&] {
     try {
-      auto l = waiter_client.acquire(name, opts(20000ms, 60000ms));
+      auto l = waiter_client.acquire(name, ttl_of(20000ms, 60000ms));
       got_at = Steady::now().time_since_epoch().count();
       got = l.owns();
       std::error_code ec;
@@ -144,14 +140,14 @@ TEST(RedisClusterReview, AWaiterOnAKilledNodeGetsAnError) {
   const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
   auto holder_client = distlock::connect(cluster.url(), quiet());
   auto waiter_client = distlock::connect(cluster.url(), quiet());
-  auto lease = holder_client.acquire(name, opts(20000ms));
+  auto lease = holder_client.acquire(name, ttl_of(20000ms));
   std::atomic<bool> ended{false};
   std::atomic<bool> got{false};
   std::mutex mu;
   std::string error;
   std::thread t([&] {
     try {
-      auto l = waiter_client.acquire(name, opts(20000ms, 60000ms));
+      auto l = waiter_client.acquire(name, ttl_of(20000ms, 60000ms));
       got = l.owns();
     } catch (const std::system_error& e) {
       std::lock_guard lk(mu);

@@ -1,3 +1,6 @@
+// redis+sentinel:// with a stale or paused sentinel: never two holders, never stuck on the old master.
+// Written by the first review of redis+sentinel:// (commit 86fad3e, first named sentinel_review_test.cpp).
+//
 // Adversarial review of redis+sentinel:// (tests that try to break the lock
 // contract). Each test starts its own Sentinel group (tests/support/redis_sentinel.hpp).
 #include <arpa/inet.h>
@@ -20,7 +23,9 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/scripted_resp_server.hpp"
 
 namespace {
 
@@ -30,18 +35,9 @@ using distlock::Millis;
 using distlock::testing::RedisSentinelGroup;
 using Steady = std::chrono::steady_clock;
 
-LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
+using distlock::testing::ttl_of;
 
-distlock::ClientOptions quiet() {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
+using distlock::testing::quiet;
 
 bool eventually(const std::function<bool()>& cond, Millis limit) {
   const auto end = Steady::now() + limit;
@@ -65,88 +61,27 @@ bool key_exists(distlock::testing::RedisServer& node, const std::string& key) {
 // and never followed by a message. Stopped (threads joined) by its destructor.
 class StaleSentinel {
  public:
-  explicit StaleSentinel(std::uint16_t names_port) : names_port_(names_port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0) {
-      throw std::runtime_error("stale sentinel: cannot listen on loopback");
-    }
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    accepter_ = std::thread([this] { accept_loop(); });
-  }
-  ~StaleSentinel() {
-    stop_ = true;
-    accepter_.join();
-    std::lock_guard lk(mu_);
-    for (auto& t : conns_) t.join();
-    ::close(fd_);
-  }
-  std::uint16_t port() const { return port_; }
+  explicit StaleSentinel(std::uint16_t names_port)
+      : server_("stale sentinel", [this, names_port](const std::vector<std::string>& args) {
+          using S = distlock::testing::ScriptedRespServer;
+          const std::string cmd = S::upper(args.empty() ? std::string() : args[0]);
+          if (cmd == "SENTINEL") {
+            ++asked_;
+            return "*2\r\n" + S::bulk("127.0.0.1") + S::bulk(std::to_string(names_port));
+          }
+          if (cmd == "SUBSCRIBE") {
+            return "*3\r\n" + S::bulk("subscribe") + S::bulk(args.size() > 1 ? args[1] : std::string()) +
+                   ":1\r\n";
+          }
+          if (cmd == "PING") return std::string("+PONG\r\n");
+          return std::string("-ERR unknown command\r\n");
+        }) {}
+  std::uint16_t port() const { return server_.port(); }
   int asked() const { return asked_.load(); }
 
  private:
-  void accept_loop() {
-    while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      std::lock_guard lk(mu_);
-      conns_.emplace_back([this, c] { serve(c); });
-    }
-  }
-  void serve(int c) {
-    redisReader* reader = redisReaderCreate();
-    char buf[4096];
-    while (!stop_) {
-      pollfd p{c, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const ssize_t n = ::read(c, buf, sizeof buf);
-      if (n <= 0) break;
-      redisReaderFeed(reader, buf, static_cast<size_t>(n));
-      void* raw = nullptr;
-      while (redisReaderGetReply(reader, &raw) == REDIS_OK && raw != nullptr) {
-        auto* r = static_cast<redisReply*>(raw);
-        std::string out = answer(r);
-        freeReplyObject(r);
-        raw = nullptr;
-        if (::write(c, out.data(), out.size()) < 0) break;
-      }
-    }
-    redisReaderFree(reader);
-    ::close(c);
-  }
-  std::string answer(const redisReply* r) {
-    auto arg = [&](std::size_t i) {
-      return r->type == REDIS_REPLY_ARRAY && i < r->elements
-                 ? std::string(r->element[i]->str, r->element[i]->len)
-                 : std::string();
-    };
-    auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; };
-    std::string cmd = arg(0);
-    for (auto& ch : cmd) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    if (cmd == "SENTINEL") {
-      ++asked_;
-      return "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(names_port_));
-    }
-    if (cmd == "SUBSCRIBE") return "*3\r\n" + bulk("subscribe") + bulk(arg(1)) + ":1\r\n";
-    if (cmd == "PING") return "+PONG\r\n";
-    return "-ERR unknown command\r\n";
-  }
-
-  const std::uint16_t names_port_;
-  int fd_ = -1;
-  std::uint16_t port_ = 0;
-  std::atomic<bool> stop_{false};
   std::atomic<int> asked_{0};
-  std::mutex mu_;
-  std::vector<std::thread> conns_;
-  std::thread accepter_;
+  distlock::testing::ScriptedRespServer server_;  // last: stopped before asked_ goes
 };
 
 std::string url_with_first(const StaleSentinel& stale, const RedisSentinelGroup& group,

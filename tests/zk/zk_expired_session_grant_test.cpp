@@ -1,3 +1,7 @@
+// zk:// a grant of an expired session does not take the new session's timeout.
+// Written by the second review of the session-timeout handling (8b70267; commit 2fe50da, first named
+// zk_validity_review2_test.cpp).
+//
 // Second review of the ZooKeeper session-timeout handling (5285af8, 8b70267): a
 // session's validity is the smallest timeout any of its connections negotiated, as the
 // client saw it on CONNECTED. Real ZooKeeper servers restarted with another zoo.cfg
@@ -116,7 +120,7 @@ TEST(ZkValidityReview2, AGrantOfAnExpiredSessionDoesNotGetTheNewSessionsTimeout)
   ZkServer zk(low);
   FaultProxy proxy(zk.port());
   auto clock = std::make_shared<StallClock>();
-  ClientOptions co = quiet_options();
+  ClientOptions co = quiet();
   co.clock = clock;
   Client holder = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + "?session_timeout=30s", co);
   ASSERT_EQ(stats_of(holder).session_timeout_ms, 4'000);
@@ -165,7 +169,7 @@ TEST(ZkValidityReview2, AGrantOfAnExpiredSessionDoesNotGetTheNewSessionsTimeout)
     ASSERT_TRUE(eventually([&] { return raw.children(detail::zk::lock_dir("stale-session")).empty(); }, 20s))
         << "S1 did not expire";
   }
-  Client other = connect(zk.url(), quiet_options());
+  Client other = connect(zk.url(), quiet());
   LockOptions now_only = o;
   now_only.wait = 5s;
   Lease taken = other.acquire("stale-session", now_only);
