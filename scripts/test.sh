@@ -74,6 +74,7 @@ asan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${sanitizer_opt[@]}"
 tsan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${sanitizer_opt[@]}" -DDISTLOCK_SANITIZE=thread
   -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF)
 tsan_targets=(engine_test election_test fork_test queue_recipe_test file_backend_test
+  engine_race_test mutex_ownership_test engine_renewal_retry_test engine_renewal_reply_test
   redis_connection_test redis_backend_test redis_fault_test redis_sentinel_test redis_tls_test
   redlock_test redlock_tls_test)
 # The lock annotations (src/engine/thread_annotations.hpp) are only checked by clang;
@@ -156,7 +157,7 @@ done_with build/asan
 
 step "ThreadSanitizer tests (engine, file, redis and redlock backends)"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan "${ctest_args[@]}" \
-  -R '^(SharedRedis|Engine|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|QueueRecipe|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
+  -R '^(SharedRedis|Engine|MutexOwnership|RenewalRetry|RenewalReply|RealTime|EngineSafety|RealTimeSafety|Metrics|Clock|Url|Connect|ErrorCategory|Fork|QueueRecipe|FileBackend|File|Redis|Sentinel|EngineMulti|SemaphoreTest|SharedMutexTest|Jobs|Election|WithLock|Redlock)[A-Za-z]*\.|^Wait/SentinelMeasured\.'
 done_with build/tsan
 
 step "all tests passed"
