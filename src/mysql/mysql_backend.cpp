@@ -98,19 +98,18 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
                     " token BIGINT UNSIGNED NOT NULL, owner BLOB NULL, conn_id BIGINT UNSIGNED NULL,"
                     " lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL, ttl_ms BIGINT NULL,"
                     " seen_at DATETIME(6) NULL) ENGINE=InnoDB");
-    if (e.ok()) {
-      // Records (mysql_records.cpp). A user that may not create it still locks; its
-      // record calls then fail naming the missing table.
-      my::run(aux_.get(),
-              "CREATE TABLE IF NOT EXISTS " + cfg_.records_table +
-                  " (digest BINARY(32) NOT NULL PRIMARY KEY, k BLOB NOT NULL, value MEDIUMBLOB NOT NULL)"
-                  " ENGINE=InnoDB");
-    }
   }
   if (!e.ok()) {
     why = cfg_.shown + ": cannot create or read the table " + cfg_.locks_table + ": " + e.error;
     return my::code_of(e);
   }
+  // Records (mysql_records.cpp), checked on their own: the client that made the lock
+  // table may have failed to make this one (a command timeout on a busy server), and a
+  // later client must not take the lock table for proof that both are there. A user that
+  // may not create it still locks; a record call tries once more (shared()) and otherwise
+  // fails naming the missing table.
+  e = my::run(aux_.get(), "SELECT 1 FROM " + cfg_.records_table + " LIMIT 0");
+  if (!e.ok() && e.errnum == 1146 /* ER_NO_SUCH_TABLE */) my::run(aux_.get(), create_records_sql());
   // Releases (see release_on): a MEMORY table, emptied by a server restart. Without it
   // (a user that may neither read nor create it) releases clear the row in InnoDB.
   e = my::run(aux_.get(), "SELECT 1 FROM " + cfg_.released_table + " LIMIT 0");
@@ -128,10 +127,17 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
   return {};
 }
 
+std::string MysqlBackend::create_records_sql() const {
+  return "CREATE TABLE IF NOT EXISTS " + cfg_.records_table +
+         " (digest BINARY(32) NOT NULL PRIMARY KEY, k BLOB NOT NULL, value MEDIUMBLOB NOT NULL) "
+         "ENGINE=InnoDB";
+}
+
 Exec MysqlBackend::shared(const std::string& sql, const char* what, Error& ec) {
   std::lock_guard lk(aux_mu_);
   std::string why;
   Exec e;
+  bool made_records = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!aux_) {
       aux_ = my::open(cfg_, ec, why);
@@ -142,6 +148,12 @@ Exec MysqlBackend::shared(const std::string& sql, const char* what, Error& ec) {
       }
     }
     e = my::run(aux_.get(), sql);
+    if (!e.ok() && e.errnum == 1146 && !made_records && sql.find(cfg_.records_table) != std::string::npos) {
+      // The records table is missing (never made, or dropped): make it and run once more.
+      made_records = true;
+      my::run(aux_.get(), "ROLLBACK");
+      if (my::run(aux_.get(), create_records_sql()).ok()) e = my::run(aux_.get(), sql);
+    }
     if (!e.io_failed) break;
     aux_.reset();
   }

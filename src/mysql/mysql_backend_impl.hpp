@@ -87,6 +87,8 @@ class MysqlBackend final : public Backend {
   // A batch on the shared connection (reconnecting once when it failed); on failure an
   // Exec that is not ok() and `ec` with a detail naming the server and `what`.
   Exec shared(const std::string& sql, const char* what, Error& ec);
+  // CREATE TABLE IF NOT EXISTS for the records table.
+  std::string create_records_sql() const;
   // A connection for a new lease: an idle one (unless `fresh`), or a new one.
   Conn take_conn(bool fresh, bool& reused, Error& ec);
   // Keeps a session whose named locks are all given up for the next lease; the server

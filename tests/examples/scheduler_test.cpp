@@ -39,11 +39,15 @@ Result run_scheduler(const std::string& url, const std::string& dir, const std::
   return r;
 }
 
-constexpr const char* kLeaderless = "--no-elect --nodes 4 --ticks 4 --period 700";
-// Slot 2 of 10 (700 ms each): a quarter of a period in, the leader's elect is killed. On redis:// its
-// lease (2 s TTL) ends within ~3 slots; a takeover by slot 8 (4.025 s after the kill) leaves
-// ~2 s of slack for a busy machine and at least two slots for the new leader.
-constexpr const char* kElectedWithKill = "--nodes 3 --ticks 10 --period 700 --ttl 2s --kill-leader-at 2";
+// Slots of 1.4 s: a node fires at the start of a slot and its `distlock run --once-per` must
+// start within that slot. At 700 ms a CI run with two compilers beside the tests saw a run
+// start in the next slot (the leader-less run counted a run outside its slot; the elected
+// runs a slot run twice and one missed) -- the example's assumption, not the lock's.
+constexpr const char* kLeaderless = "--no-elect --nodes 4 --ticks 4 --period 1400";
+// Slot 2 of 10 (1.4 s each): a quarter of a period in, the leader's elect is killed. On redis:// its
+// lease (2 s TTL) ends within ~2 slots; a takeover by slot 8 (8.05 s after the kill) leaves
+// ~6 s of slack for a busy machine and at least two slots for the new leader.
+constexpr const char* kElectedWithKill = "--nodes 3 --ticks 10 --period 1400 --ttl 2s --kill-leader-at 2";
 
 void expect_once_per_slot(const Result& r) {
   ASSERT_EQ(r.status, 0) << r.output;

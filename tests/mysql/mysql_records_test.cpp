@@ -425,6 +425,32 @@ TEST(MysqlRecords, ServerDownIsBackendUnavailableNamingTheServer) {
 
 namespace {
 
+// The records table was made only when the lock table was missing, and whether that
+// CREATE worked was not looked at: an earlier client that made the lock table but whose
+// CREATE of the records table failed (a command timeout on a loaded server; the nemesis
+// run lost every semaphore, rw-lock and election section of a CI run to it) left a
+// database where no later client ever made it, and every record call failed. Each client
+// now checks the records table on its own, and a record call that finds it missing
+// creates it and runs again.
+TEST(MysqlRecords, AMissingRecordsTableIsCreatedThoughTheLockTableExists) {
+  MariadbServer server;
+  backend(server.url()).reset();  // the first client: both tables
+  server.query("DROP TABLE distlock_test.distlock_records");
+  auto b = backend(server.url());  // a later client: the lock table is there
+  ASSERT_TRUE(b);
+  distlock::detail::Error ec;
+  b->put_record("k", "v", PutMode::always, ec);
+  EXPECT_FALSE(ec) << ec.take_detail();
+  EXPECT_EQ(get(*b, "k"), "v");
+
+  // Dropped under a connected client: its next record call makes it again.
+  server.query("DROP TABLE distlock_test.distlock_records");
+  ec.clear();
+  b->put_record("k2", "v2", PutMode::always, ec);
+  EXPECT_FALSE(ec) << ec.take_detail();
+  EXPECT_EQ(get(*b, "k2"), "v2");
+}
+
 // A user that may not create tables (the lock table made by an administrator) still
 // connects and locks; its record calls fail naming the missing records table.
 TEST(MysqlRecords, AUserThatMayNotCreateTablesStillLocks) {
