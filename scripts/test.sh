@@ -62,9 +62,9 @@ cmake "${generator[@]}" -S . -B build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo 
 cmake --build build/release -j"$jobs"
 
 # The three sanitizer trees (steps 3-5) compile in the background while the conformance
-# suite runs (that suite runs on a busy machine). They are built at -O1: the sanitized tests
-# run faster than at -O0, and -O1 keeps the stack traces readable.
-sanitizer_opt=(-DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1 -fno-omit-frame-pointer" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1 -fno-omit-frame-pointer")
+# suite runs (that suite runs on a busy machine). They are built at -O0: at -O1, GCC 12's
+# -Wmaybe-uninitialized fires inside libstdc++'s <regex> under ASan, and -Werror stops the build.
+sanitizer_opt=(-DCMAKE_CXX_FLAGS_DEBUG="-g1" -DCMAKE_C_FLAGS_DEBUG="-g1")
 asan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${sanitizer_opt[@]}"
   -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_WITH_PYTHON=OFF
   -DDISTLOCK_BUILD_EXAMPLES=OFF -DDISTLOCK_BUILD_SCENARIO_SUITES=OFF)
