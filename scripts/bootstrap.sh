@@ -12,7 +12,7 @@ PACKAGES=(
   redis-server redis-sentinel redis-tools etcd-server etcd-client zookeeper default-jre-headless
   libpq-dev postgresql
   libmariadb-dev mariadb-server
-  clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
+  lld clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
   golang-go
   python3-dev pybind11-dev python3-pybind11 python3-pytest python3-redis
 )
