@@ -13,6 +13,7 @@
 
 #include "distlock/fencing.hpp"
 #include "engine/scheme.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "redis/connection.hpp"
 #include "redis/redis_scheme.hpp"
@@ -217,7 +218,7 @@ struct RedisFence::Impl {
   }
 
   std::shared_ptr<r::Script> script_for(std::string_view body) {
-    std::lock_guard lk(mu);
+    detail::LockGuard lk(mu);
     auto it = user_scripts.find(body);
     if (it != user_scripts.end()) return it->second;
     // Bounded: a program that builds bodies dynamically must not grow this forever.
@@ -229,8 +230,8 @@ struct RedisFence::Impl {
 
   r::ConnectionPool pool;
   std::string url;
-  std::mutex mu;
-  std::map<std::string, std::shared_ptr<r::Script>, std::less<>> user_scripts;  // guarded by mu
+  detail::AnnotatedMutex mu;
+  std::map<std::string, std::shared_ptr<r::Script>, std::less<>> user_scripts DISTLOCK_GUARDED_BY(mu);
 };
 
 RedisFence::RedisFence(std::string_view url_text, const ClientOptions& in_opts) {

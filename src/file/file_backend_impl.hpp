@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/worker_loop.hpp"
 #include "file/file_backend.hpp"
 #include "file/file_common.hpp"
@@ -43,7 +44,7 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   ~FileBackend() override {
     notifier_.stop();
     // Any lock still held (the engine releases its leases first) is dropped by closing.
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     held_.clear();
     watches_.clear();
   }
@@ -99,9 +100,9 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   std::string untrusted(int fd, const std::string& fname) const;
   AcquireResult fail(Error& ec, errc code, const std::string& what, int err);
   bool still_linked(const HeldFile& h) const;
-  void set_watch_mask(const std::string& fname, FileWatch& w, std::uint32_t mask);
-  void add_watch_ref(const std::string& fname, std::string_view name, bool wait);
-  void drop_watch_ref(const std::string& fname, bool wait);
+  void set_watch_mask(const std::string& fname, FileWatch& w, std::uint32_t mask) DISTLOCK_REQUIRES(mu_);
+  void add_watch_ref(const std::string& fname, std::string_view name, bool wait) DISTLOCK_REQUIRES(mu_);
+  void drop_watch_ref(const std::string& fname, bool wait) DISTLOCK_REQUIRES(mu_);
 
   // ---- The notifier thread: one per client, shared by every wait. ----
 
@@ -111,9 +112,10 @@ class FileBackend final : public RecordsBackend<FileRecords> {
   };
 
   void notifier_main();
-  void handle_event(const struct inotify_event& ev, Actions& actions);
-  void on_file_event(const std::string& fname, FileWatch& w, std::uint32_t mask, Actions& actions);
-  void run_due_confirms(Actions& actions);
+  void handle_event(const struct inotify_event& ev, Actions& actions) DISTLOCK_REQUIRES(mu_);
+  void on_file_event(const std::string& fname, FileWatch& w, std::uint32_t mask, Actions& actions)
+      DISTLOCK_REQUIRES(mu_);
+  void run_due_confirms(Actions& actions) DISTLOCK_REQUIRES(mu_);
   void deliver(Actions& actions);
 
   const Settings settings_;
@@ -127,12 +129,12 @@ class FileBackend final : public RecordsBackend<FileRecords> {
 
   Fd inotify_fd_;
 
-  std::mutex mu_;
-  std::map<std::string, HeldFile, std::less<>> held_;  // key: name '\0' owner; guarded by mu_
-  std::map<std::string, FileWatch> watches_;           // key: file name; guarded by mu_
-  std::map<int, std::string> by_wd_;                   // wd -> file name; guarded by mu_
-  std::list<std::string> idle_;                        // idle watches, oldest first; guarded by mu_
-  bool warned_watch_limit_ = false;                    // guarded by mu_
+  AnnotatedMutex mu_;
+  std::map<std::string, HeldFile, std::less<>> held_ DISTLOCK_GUARDED_BY(mu_);  // key: name '\0' owner
+  std::map<std::string, FileWatch> watches_ DISTLOCK_GUARDED_BY(mu_);           // key: file name
+  std::map<int, std::string> by_wd_ DISTLOCK_GUARDED_BY(mu_);                   // wd -> file name
+  std::list<std::string> idle_ DISTLOCK_GUARDED_BY(mu_);                        // idle watches, oldest first
+  bool warned_watch_limit_ DISTLOCK_GUARDED_BY(mu_) = false;
 
   WorkerLoop notifier_;  // last member: started after everything it uses, stopped first
 };

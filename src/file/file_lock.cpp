@@ -95,7 +95,7 @@ AcquireResult FileBackend::try_acquire(const AcquireRequest& req, Error& ec) {
     held.fd = std::move(fd);
     held.token = rec.token;
     held.inode = ours;
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     // Watch the held file too, so a removal from outside is reported as a loss.
     add_watch_ref(fname, req.name, /*wait=*/false);
     auto [it, inserted] = held_.try_emplace(held_key(req.name, req.owner));
@@ -109,7 +109,7 @@ AcquireResult FileBackend::try_acquire(const AcquireRequest& req, Error& ec) {
 
 void FileBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) {
   ec.clear();
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   for (std::size_t i = 0; i < items.size(); ++i) {
     auto it = held_.find(held_key(items[i].name, items[i].owner));
     const bool ours = it != held_.end() && it->second.token == items[i].token && still_linked(it->second);
@@ -122,7 +122,7 @@ ReleaseStatus FileBackend::release(std::string_view name, std::string_view owner
   ec.clear();
   HeldFile held;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = held_.find(held_key(name, owner));
     if (it == held_.end() || it->second.token != token) return ReleaseStatus::not_owner;
     held = std::move(it->second);

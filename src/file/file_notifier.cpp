@@ -39,13 +39,13 @@ constexpr std::array<std::chrono::milliseconds, 2> kConfirmDelays = {std::chrono
 
 void FileBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   add_watch_ref(lock_file_name(name, name_max_), name, /*wait=*/true);
 }
 
 void FileBackend::unwatch(std::string_view name) noexcept {
   try {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     drop_watch_ref(lock_file_name(name, name_max_), /*wait=*/true);
   } catch (...) {  // lock_file_name allocates; nothing to undo if it fails
   }
@@ -129,7 +129,7 @@ void FileBackend::notifier_main() {
   for (;;) {
     int timeout_ms = -1;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       const auto now = SteadyClock::now();
       for (auto& [fname, w] : watches_) {
         if (!w.confirm_at) continue;
@@ -152,7 +152,7 @@ void FileBackend::notifier_main() {
       for (;;) {
         const ssize_t n = ::read(inotify_fd_.get(), buf.data(), buf.size());
         if (n <= 0) break;
-        std::lock_guard lk(mu_);
+        LockGuard lk(mu_);
         for (ssize_t off = 0; off < n;) {
           const auto* ev = reinterpret_cast<const struct inotify_event*>(buf.data() + off);
           handle_event(*ev, actions);
@@ -161,7 +161,7 @@ void FileBackend::notifier_main() {
       }
     }
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       run_due_confirms(actions);
     }
     deliver(actions);

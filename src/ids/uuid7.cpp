@@ -7,6 +7,7 @@
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/owner_id.hpp"
+#include "engine/thread_annotations.hpp"
 #include "ids/random_pool.hpp"
 
 namespace distlock::ids {
@@ -87,14 +88,14 @@ std::int64_t Uuid::unix_ms() const noexcept {
 
 struct Uuid7Generator::Impl {
   std::shared_ptr<WallClock> clock;
-  std::mutex mu;
-  std::int64_t last_ms = -1;  // guarded by mu; the timestamp of the last UUID
-  unsigned counter = 0;       // guarded by mu; rand_a of the last UUID
-  detail::RandomPool pool;    // guarded by mu
+  ::distlock::detail::AnnotatedMutex mu;
+  std::int64_t last_ms DISTLOCK_GUARDED_BY(mu) = -1;  // the timestamp of the last UUID
+  unsigned counter DISTLOCK_GUARDED_BY(mu) = 0;       // rand_a of the last UUID
+  detail::RandomPool pool DISTLOCK_GUARDED_BY(mu);
 
   // A fresh counter for a new millisecond: random, but below 2048, so at least 2048
   // more UUIDs fit in the millisecond before the counter overflows (RFC 9562 6.2).
-  unsigned fresh_counter() {
+  unsigned fresh_counter() DISTLOCK_REQUIRES(mu) {
     std::uint8_t r[2];
     pool.fill(r, sizeof r);
     return (static_cast<unsigned>(r[0]) << 8 | r[1]) & 0x7ff;
@@ -111,7 +112,7 @@ Uuid Uuid7Generator::next() {
   constexpr std::int64_t kMaxMs = (std::int64_t{1} << 48) - 1;
   Uuid u;
   {
-    std::lock_guard lk(impl_->mu);
+    ::distlock::detail::LockGuard lk(impl_->mu);
     std::int64_t now = impl_->clock->now_ms();
     if (now < 0) now = 0;
     if (now > impl_->last_ms) {

@@ -46,8 +46,8 @@ long long to_i64(const std::optional<std::string>& v) {
 
 MysqlBackend::~MysqlBackend() {
   watcher_.stop();
-  std::lock_guard wl(watch_mu_);
-  std::lock_guard al(aux_mu_);
+  LockGuard wl(watch_mu_);
+  LockGuard al(aux_mu_);
   for (auto& [name, w] : watches_) {
     // A wait blocked inside the server is ended from another session, not left to run.
     if (blocked(w)) kill_query_locked(w.conn_id);
@@ -59,6 +59,7 @@ MysqlBackend::~MysqlBackend() {
 // connect()), checks the server, creates the tables if needed and starts the watcher.
 std::error_code MysqlBackend::connect_now(std::string& why) {
   std::error_code ec;
+  UniqueLock aux_lock(aux_mu_);  // released before the watcher starts (it takes aux_mu_ too)
   aux_ = my::open(cfg_, ec, why);
   if (ec) return ec;
   Exec e = my::run(aux_.get(), "SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit");
@@ -119,6 +120,7 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
                                 " ENGINE=MEMORY");
   }
   fast_release_ = e.ok();
+  aux_lock.unlock();
   if (!watcher_.valid()) {
     why = cfg_.shown + ": cannot make an eventfd for the watcher thread";
     return std::error_code(watcher_.error(), std::system_category());
@@ -134,7 +136,7 @@ std::string MysqlBackend::create_records_sql() const {
 }
 
 Exec MysqlBackend::shared(const std::string& sql, const char* what, Error& ec) {
-  std::lock_guard lk(aux_mu_);
+  LockGuard lk(aux_mu_);
   std::string why;
   Exec e;
   bool made_records = false;
@@ -176,7 +178,7 @@ Exec MysqlBackend::shared(const std::string& sql, const char* what, Error& ec) {
 
 Conn MysqlBackend::take_conn(bool fresh, bool& reused, Error& ec) {
   if (!fresh) {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     const auto now = Clock::now();
     std::erase_if(idle_, [&](const Idle& i) { return i.usable_until <= now; });
     if (!idle_.empty()) {
@@ -200,7 +202,7 @@ void MysqlBackend::give_back(Conn c, Millis idle_for) {
   if (!c) return;
   // Half a second for the round trip that would find it gone.
   const auto until = Clock::now() + idle_for - Millis(500);
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   if (idle_.size() < kMaxIdle) idle_.push_back({std::move(c), until});
 }
 
@@ -275,9 +277,12 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
         l->token = token;
         l->validity = validity;
         l->valid_until = sent + validity;
-        l->conn = std::move(c);
         {
-          std::lock_guard lk(mu_);
+          LockGuard lease_lock(l->mu);  // not shared yet: satisfies the annotation
+          l->conn = std::move(c);
+        }
+        {
+          LockGuard lk(mu_);
           leases_[name_owner_key(req.name, req.owner)] = l;
         }
         res.acquired = true;
@@ -301,13 +306,13 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
 }
 
 std::shared_ptr<Lease> MysqlBackend::find_lease(std::string_view name, std::string_view owner) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = leases_.find(name_owner_key(name, owner));
   return it == leases_.end() ? nullptr : it->second;
 }
 
 void MysqlBackend::drop_lease(const std::shared_ptr<Lease>& l) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = leases_.find(name_owner_key(l->name, l->owner));
   if (it != leases_.end() && it->second == l) leases_.erase(it);
 }
@@ -321,7 +326,7 @@ void MysqlBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
       out[i] = RenewStatus::not_owner;  // its session ended (or it was released)
       continue;
     }
-    std::lock_guard lk(l->mu);
+    LockGuard lk(l->mu);
     if (!l->conn) {
       out[i] = RenewStatus::not_owner;
       continue;
@@ -409,7 +414,7 @@ ReleaseStatus MysqlBackend::release(std::string_view name, std::string_view owne
   ec.clear();
   auto l = find_lease(name, owner);
   if (!l) return ReleaseStatus::not_owner;
-  std::lock_guard lk(l->mu);
+  LockGuard lk(l->mu);
   if (!l->conn) return ReleaseStatus::not_owner;
   Exec e;
   const bool ours = release_on(*l, e);
@@ -446,7 +451,7 @@ void MysqlBackend::forget(std::string_view name, std::string_view owner, std::ui
     auto l = find_lease(name, owner);
     if (!l) return;
     drop_lease(l);
-    std::lock_guard lk(l->mu);
+    LockGuard lk(l->mu);
     if (!l->conn) return;
     Exec e;
     if (release_on(*l, e)) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/worker_loop.hpp"
 #include "mysql/my_conn.hpp"
 #include "mysql/mysql_backend.hpp"
@@ -36,8 +37,8 @@ struct Lease {
   // Send time of the acquire or last renewal + validity: the holder's local deadline
   // lies before it. Guarded by mu.
   Clock::time_point valid_until{};
-  std::mutex mu;
-  Conn conn;  // guarded by mu; null once the lease is over
+  AnnotatedMutex mu;
+  Conn conn DISTLOCK_GUARDED_BY(mu);  // null once the lease is over
 };
 
 // A watched name: a connection blocked in GET_LOCK while armed.
@@ -99,15 +100,15 @@ class MysqlBackend final : public Backend {
   void drop_lease(const std::shared_ptr<Lease>& l);
   // Marks the lease's row released (or clears it) and gives up its named lock on its
   // session. True when the row was ours and the named lock was held.
-  bool release_on(Lease& l, Exec& e);
+  bool release_on(Lease& l, Exec& e) DISTLOCK_REQUIRES(l.mu);
   // SQL: whether the lock row `row` (an alias of the lock table) was released by its
   // holder — its token is the one in distlock_released. FALSE without that table.
   std::string released_sql(const std::string& row) const;
   // Watches (mysql_watch.cpp).
-  void arm_locked(Watch& w);
+  void arm_locked(Watch& w) DISTLOCK_REQUIRES(watch_mu_);
   // KILL QUERY `id` from the shared connection, on a new one when that one is gone (a
   // server restart ends it unnoticed). With aux_mu_ held.
-  void kill_query_locked(unsigned long id);
+  void kill_query_locked(unsigned long id) DISTLOCK_REQUIRES(aux_mu_);
   // The watch's statement is still blocked in the server: armed, and nothing (neither its
   // answer nor the end of its connection) waits to be read. Only then is its session id
   // one to KILL: after a server restart that id may name another client's session.
@@ -132,18 +133,18 @@ class MysqlBackend final : public Backend {
   bool fast_release_ = false;
   std::atomic<ChangeListener*> listener_cb_{nullptr};
   std::atomic<bool> failing_{false};
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Lease>> leases_;  // by name_owner_key; guarded by mu_
+  AnnotatedMutex mu_;
+  std::map<std::string, std::shared_ptr<Lease>> leases_ DISTLOCK_GUARDED_BY(mu_);  // by name_owner_key
   struct Idle {
     Conn conn;
     Clock::time_point usable_until;
   };
-  std::vector<Idle> idle_;  // guarded by mu_
-  std::mutex aux_mu_;
-  Conn aux_;  // status, records, KILL QUERY; guarded by aux_mu_
-  std::mutex watch_mu_;
-  std::map<std::string, Watch> watches_;  // guarded by watch_mu_
-  WorkerLoop watcher_;                    // last: stopped in the destructor first
+  std::vector<Idle> idle_ DISTLOCK_GUARDED_BY(mu_);
+  AnnotatedMutex aux_mu_;
+  Conn aux_ DISTLOCK_GUARDED_BY(aux_mu_);  // status, records, KILL QUERY
+  AnnotatedMutex watch_mu_;
+  std::map<std::string, Watch> watches_ DISTLOCK_GUARDED_BY(watch_mu_);
+  WorkerLoop watcher_;  // last: stopped in the destructor first
 };
 
 }  // namespace distlock::detail::mysql

@@ -71,14 +71,14 @@ void MysqlBackend::kill_query_locked(unsigned long id) {
 }
 
 void MysqlBackend::rearm(std::string_view name) {
-  std::lock_guard lk(watch_mu_);
+  LockGuard lk(watch_mu_);
   auto it = watches_.find(std::string(name));
   if (it != watches_.end() && it->second.count > 0) arm_locked(it->second);
 }
 
 void MysqlBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
-  std::lock_guard lk(watch_mu_);
+  LockGuard lk(watch_mu_);
   auto [it, fresh] = watches_.try_emplace(std::string(name));
   Watch& w = it->second;
   if (fresh) w.name = std::string(name);
@@ -96,11 +96,11 @@ void MysqlBackend::watch(std::string_view name, Error& ec) {
 
 void MysqlBackend::unwatch(std::string_view name) noexcept {
   try {
-    std::lock_guard lk(watch_mu_);
+    LockGuard lk(watch_mu_);
     auto it = watches_.find(std::string(name));
     if (it == watches_.end() || --it->second.count > 0) return;
     if (blocked(it->second)) {
-      std::lock_guard al(aux_mu_);
+      LockGuard al(aux_mu_);
       kill_query_locked(it->second.conn_id);
     }
     watches_.erase(it);  // closes the connection
@@ -114,7 +114,7 @@ void MysqlBackend::watch_loop() {
     std::vector<pollfd> fds{{watcher_.wake_fd(), POLLIN, 0}};
     std::vector<std::string> names;
     {
-      std::lock_guard lk(watch_mu_);
+      LockGuard lk(watch_mu_);
       for (auto& [name, w] : watches_) {
         if (!w.armed || !w.conn) continue;
         fds.push_back({mysql_get_socket(w.conn.get()), POLLIN, 0});
@@ -129,7 +129,7 @@ void MysqlBackend::watch_loop() {
     if (fds[0].revents) watcher_.clear_wake();
     std::vector<std::string> changed;
     {
-      std::lock_guard lk(watch_mu_);
+      LockGuard lk(watch_mu_);
       for (std::size_t i = 1; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
         auto it = watches_.find(names[i - 1]);

@@ -56,7 +56,7 @@ AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec)
   Lost lost;
   AcquireResult res;
   {
-    std::lock_guard lk(s.mu);
+    LockGuard lk(s.mu);
     expire_stale(s, lost);
     if (s.held.count(key)) {
       // This session holds the key already (another owner of this client, or a

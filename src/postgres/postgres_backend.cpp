@@ -89,18 +89,21 @@ constexpr const char* kStatusSql =
 // connect()), creates the table if needed and starts listening.
 std::error_code PostgresBackend::connect_now(std::string& why) {
   std::error_code ec;
-  aux_ = open(cfg_, Millis(0), "distlock", ec, why);
-  if (ec) return ec;
-  Exec e;
-  Result r(PQexec(aux_.get(), kSetupSql));
-  if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
-    const std::string m = r ? PQresultErrorMessage(r.get()) : pq_message(aux_.get());
-    const char* st = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
-    e.sqlstate = st ? st : "";
-    e.io_failed = PQstatus(aux_.get()) != CONNECTION_OK;
-    why = cfg_.shown + ": cannot create the table public.distlock_locks: " + m;
-    while (!why.empty() && why.back() == '\n') why.pop_back();
-    return code_of(e);
+  {
+    LockGuard lk(aux_mu_);
+    aux_ = open(cfg_, Millis(0), "distlock", ec, why);
+    if (ec) return ec;
+    Exec e;
+    Result r(PQexec(aux_.get(), kSetupSql));
+    if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
+      const std::string m = r ? PQresultErrorMessage(r.get()) : pq_message(aux_.get());
+      const char* st = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
+      e.sqlstate = st ? st : "";
+      e.io_failed = PQstatus(aux_.get()) != CONNECTION_OK;
+      why = cfg_.shown + ": cannot create the table public.distlock_locks: " + m;
+      while (!why.empty() && why.back() == '\n') why.pop_back();
+      return code_of(e);
+    }
   }
   if ((ec = listen_now(why))) return ec;
   listener_.start([this] { listen_loop(); });
@@ -111,7 +114,7 @@ LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const std::int64_t key = postgres_lock_key(name);
   const auto ukey = static_cast<std::uint64_t>(key);
-  std::lock_guard lk(aux_mu_);
+  LockGuard lk(aux_mu_);
   std::string why;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
@@ -158,7 +161,7 @@ LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
 // failed; on failure `ec` and the error detail (naming the server) are set.
 pg::Runner PostgresBackend::runner() {
   return [this](const char* sql, const std::vector<std::string>& params, const char* what, Error& ec) {
-    std::lock_guard lk(aux_mu_);
+    LockGuard lk(aux_mu_);
     std::string why;
     Exec e;
     for (int attempt = 0; attempt < 2; ++attempt) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/worker_loop.hpp"
 #include "postgres/pg_conn.hpp"
 #include "postgres/postgres_backend.hpp"
@@ -44,8 +45,8 @@ inline std::string key_payload(std::int64_t key) {
 struct Session {
   explicit Session(Millis t) : ttl(t) {}
   const Millis ttl;
-  std::mutex mu;
-  Conn conn;  // guarded by mu
+  AnnotatedMutex mu;
+  Conn conn DISTLOCK_GUARDED_BY(mu);
   struct Held {
     std::string name, owner;
     std::uint64_t token = 0;
@@ -56,7 +57,7 @@ struct Session {
     // retried at the next statement on the session.
     bool forgotten = false;
   };
-  std::map<std::int64_t, Held> held;  // by advisory key; guarded by mu
+  std::map<std::int64_t, Held> held DISTLOCK_GUARDED_BY(mu);  // by advisory key
 };
 
 using Lost = std::vector<std::pair<std::string, std::string>>;  // (name, owner)
@@ -110,13 +111,14 @@ class PostgresBackend final : public Backend {
 
   Session& session(Millis ttl);
   Session* find_holder(std::string_view name, std::string_view owner);
-  bool ensure_connected(Session& s, Lost& lost, Error& ec);
-  void expire_stale(Session& s, Lost& lost);
-  void give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost);
-  void drop(Session& s, Lost& lost);
+  bool ensure_connected(Session& s, Lost& lost, Error& ec) DISTLOCK_REQUIRES(s.mu);
+  void expire_stale(Session& s, Lost& lost) DISTLOCK_REQUIRES(s.mu);
+  void give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost)
+      DISTLOCK_REQUIRES(s.mu);
+  void drop(Session& s, Lost& lost) DISTLOCK_REQUIRES(s.mu);
   void report_lost(const Lost& lost);
   std::error_code listen_now(std::string& why);
-  std::error_code listen_now_locked(std::string& why);
+  std::error_code listen_now_locked(std::string& why) DISTLOCK_REQUIRES(listen_mu_);
   void listen_loop();
 
   // Logged once per outage. Returns the sentence naming the server and the cause, for
@@ -134,12 +136,12 @@ class PostgresBackend final : public Backend {
   Logger log_;
   std::atomic<ChangeListener*> listener_cb_{nullptr};
   std::atomic<bool> failing_{false};
-  std::mutex sessions_mu_;
-  std::map<Millis, std::unique_ptr<Session>> sessions_;  // guarded by sessions_mu_; never erased
-  std::mutex aux_mu_;
-  Conn aux_;  // status queries; guarded by aux_mu_
-  std::mutex listen_mu_;
-  Conn listen_conn_;                                            // guarded by listen_mu_
+  AnnotatedMutex sessions_mu_;
+  std::map<Millis, std::unique_ptr<Session>> sessions_ DISTLOCK_GUARDED_BY(sessions_mu_);  // never erased
+  AnnotatedMutex aux_mu_;
+  Conn aux_ DISTLOCK_GUARDED_BY(aux_mu_);  // status queries
+  AnnotatedMutex listen_mu_;
+  Conn listen_conn_ DISTLOCK_GUARDED_BY(listen_mu_);
   std::map<std::int64_t, std::map<std::string, int>> watched_;  // key → name → watch count
   WorkerLoop listener_;  // last: stopped in the destructor before anything above goes
 };

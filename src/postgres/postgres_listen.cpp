@@ -11,7 +11,7 @@ namespace distlock::detail::postgres {
 void PostgresBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   const std::int64_t key = postgres_lock_key(name);
-  std::lock_guard lk(listen_mu_);
+  LockGuard lk(listen_mu_);
   if (!listen_conn_) {
     std::string why;
     if ((ec = listen_now_locked(why))) {
@@ -25,7 +25,7 @@ void PostgresBackend::watch(std::string_view name, Error& ec) {
 void PostgresBackend::unwatch(std::string_view name) noexcept {
   try {
     const std::int64_t key = postgres_lock_key(name);
-    std::lock_guard lk(listen_mu_);
+    LockGuard lk(listen_mu_);
     auto it = watched_.find(key);
     if (it == watched_.end()) return;
     auto n = it->second.find(std::string(name));
@@ -36,7 +36,7 @@ void PostgresBackend::unwatch(std::string_view name) noexcept {
 }
 
 std::error_code PostgresBackend::listen_now(std::string& why) {
-  std::lock_guard lk(listen_mu_);
+  LockGuard lk(listen_mu_);
   return listen_now_locked(why);
 }
 
@@ -61,7 +61,7 @@ void PostgresBackend::listen_loop() {
   while (!listener_.stopping()) {
     int fd = -1;
     {
-      std::lock_guard lk(listen_mu_);
+      LockGuard lk(listen_mu_);
       if (listen_conn_) fd = PQsocket(listen_conn_.get());
     }
     pollfd pfd[2] = {{listener_.wake_fd(), POLLIN, 0}, {fd, POLLIN, 0}};
@@ -70,7 +70,7 @@ void PostgresBackend::listen_loop() {
     if (listener_.stopping()) break;
     std::vector<std::string> wake;
     {
-      std::lock_guard lk(listen_mu_);
+      LockGuard lk(listen_mu_);
       if (listen_conn_ && fd >= 0 && fd == PQsocket(listen_conn_.get()) && (pfd[1].revents != 0)) {
         if (!PQconsumeInput(listen_conn_.get()) || PQstatus(listen_conn_.get()) != CONNECTION_OK) {
           log_.log(LogLevel::warning, "{}: the listening connection broke: {}", cfg_.shown,

@@ -47,7 +47,7 @@ void PostgresBackend::renew(std::span<const RenewItem> items, std::span<RenewSta
   }
   Lost lost;
   for (auto& [s, idx] : by_session) {
-    std::lock_guard lk(s->mu);
+    LockGuard lk(s->mu);
     expire_stale(*s, lost);
     if (!s->conn) {
       for (auto i : idx) out[i] = RenewStatus::not_owner;
@@ -55,13 +55,18 @@ void PostgresBackend::renew(std::span<const RenewItem> items, std::span<RenewSta
     }
     // find_holder() looked before this lock: a lease released meanwhile (its key
     // perhaps held again by a new owner on this session) is not ours to touch.
-    std::erase_if(idx, [&](std::size_t i) {
+    std::size_t kept = 0;
+    for (const std::size_t i : idx) {
       auto h = s->held.find(postgres_lock_key(items[i].name));
       const bool current =
           h != s->held.end() && h->second.name == items[i].name && h->second.owner == items[i].owner;
-      if (!current) out[i] = RenewStatus::not_owner;
-      return !current;
-    });
+      if (current) {
+        idx[kept++] = i;
+      } else {
+        out[i] = RenewStatus::not_owner;
+      }
+    }
+    idx.resize(kept);
     if (idx.empty()) continue;
     std::string arr = "{";
     for (std::size_t j = 0; j < idx.size(); ++j) {
@@ -116,7 +121,7 @@ ReleaseStatus PostgresBackend::release(std::string_view name, std::string_view o
   Lost lost;
   ReleaseStatus st = ReleaseStatus::released;
   {
-    std::lock_guard lk(s->mu);
+    LockGuard lk(s->mu);
     expire_stale(*s, lost);
     auto it = s->held.find(key);
     if (it == s->held.end() || it->second.owner != owner || !s->conn) return ReleaseStatus::not_owner;
@@ -159,7 +164,7 @@ ReleaseStatus PostgresBackend::release(std::string_view name, std::string_view o
 }
 
 Session& PostgresBackend::session(Millis ttl) {
-  std::lock_guard lk(sessions_mu_);
+  LockGuard lk(sessions_mu_);
   auto& s = sessions_[ttl];
   if (!s) s = std::make_unique<Session>(ttl);
   return *s;
@@ -169,11 +174,11 @@ Session* PostgresBackend::find_holder(std::string_view name, std::string_view ow
   const std::int64_t key = postgres_lock_key(name);
   std::vector<Session*> all;
   {
-    std::lock_guard lk(sessions_mu_);
+    LockGuard lk(sessions_mu_);
     for (auto& [ttl, s] : sessions_) all.push_back(s.get());
   }
   for (Session* s : all) {
-    std::lock_guard lk(s->mu);
+    LockGuard lk(s->mu);
     auto it = s->held.find(key);
     if (it != s->held.end() && it->second.name == name && it->second.owner == owner) return s;
   }
@@ -200,7 +205,7 @@ void PostgresBackend::forget(std::string_view name, std::string_view owner, std:
     if (s == nullptr) return;  // released, or its session ended (reported lost already)
     Lost lost;
     {
-      std::lock_guard lk(s->mu);
+      LockGuard lk(s->mu);
       auto it = s->held.find(postgres_lock_key(name));
       // Exactly this lease: find_holder() looked before this lock, and the key may
       // have been released and taken again by another lease of this client since.

@@ -20,7 +20,7 @@ ReplyPtr take_back(const void* data) {
 }
 
 void complete(Reply& r, int rc) {
-  std::lock_guard lk(r.mu);
+  LockGuard lk(r.mu);
   r.rc = rc;
   r.done = true;
   r.cv.notify_all();
@@ -77,7 +77,7 @@ void on_string_stat(int rc, const char* value, const Stat* stat, const void* dat
   }
   bool undo = false;
   {
-    std::lock_guard lk(r->mu);
+    LockGuard lk(r->mu);
     r->rc = rc;
     r->done = true;
     undo = rc == ZOK && r->abandoned && r->undo_if_abandoned && !r->value.empty();
@@ -96,7 +96,7 @@ void on_multi(int rc, const void* data) {
   }
   bool undo = false;
   {
-    std::lock_guard lk(r->mu);
+    LockGuard lk(r->mu);
     r->rc = rc;
     r->done = true;
     undo = rc == ZOK && r->abandoned && r->undo_if_abandoned && !r->value.empty();
@@ -186,10 +186,10 @@ ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials) {
 }
 
 int await(const ReplyPtr& reply, Clock& clock, Clock::time_point deadline) {
-  std::unique_lock lk(reply->mu);
+  UniqueLock lk(reply->mu);
   // Clock::wait_until may return early (spuriously, or to let a manual clock be
   // observed): loop on the clock's own reading.
-  while (!reply->done && clock.now() < deadline) clock.wait_until(reply->cv, lk, deadline);
+  while (!reply->done && clock.now() < deadline) clock.wait_until(reply->cv, lk.native(), deadline);
   if (!reply->done) {
     reply->abandoned = true;
     return kTimedOut;

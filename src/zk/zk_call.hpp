@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "distlock/clock.hpp"
+#include "engine/thread_annotations.hpp"
 
 namespace distlock::detail::zk {
 
@@ -44,10 +45,10 @@ inline constexpr int kTimedOut = -10000;
 
 /// One request's outcome, shared by the waiting thread and the completion thread.
 struct Reply {
-  std::mutex mu;
+  AnnotatedMutex mu;
   std::condition_variable cv;
-  bool done = false;       // guarded by mu
-  bool abandoned = false;  // guarded by mu: the waiter stopped waiting
+  bool done DISTLOCK_GUARDED_BY(mu) = false;
+  bool abandoned DISTLOCK_GUARDED_BY(mu) = false;  // the waiter stopped waiting
   int rc = ZOK;
   Stat stat{};
   std::string value;                  // create: the created path; get: the data
