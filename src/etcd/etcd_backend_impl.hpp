@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "engine/backend.hpp"
 #include "engine/log.hpp"
 #include "engine/queue_recipe.hpp"
@@ -110,7 +111,7 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     if (keeper_.joinable()) keeper_.join();
     std::vector<std::shared_ptr<WatchStream>> streams;
     {
-      std::lock_guard lk(watch_mu_);
+      LockGuard lk(watch_mu_);
       stopping_ = true;
       if (stream_) streams.push_back(stream_);
       for (auto& s : retired_) streams.push_back(s);
@@ -211,7 +212,7 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   void lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept;
   void add_watch(Entry& entry, const std::string& key, std::int64_t start_rev);
   void cancel_watch(std::int64_t watch_id) noexcept;
-  std::shared_ptr<WatchStream> open_stream_locked();
+  std::shared_ptr<WatchStream> open_stream_locked() DISTLOCK_REQUIRES(watch_mu_);
   void reader_main(std::shared_ptr<WatchStream> stream);
   void keeper_main(std::stop_token st);
   void set_error(const grpc::Status& st, Error& ec, const char* what) {
@@ -241,8 +242,8 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   std::jthread keeper_;
 
   // Lock order: mu_ before watch_mu_.
-  std::mutex watch_mu_;
-  std::shared_ptr<WatchStream> stream_;                   // guarded by watch_mu_
+  AnnotatedMutex watch_mu_;
+  std::shared_ptr<WatchStream> stream_ DISTLOCK_GUARDED_BY(watch_mu_);
   std::vector<std::shared_ptr<WatchStream>> retired_;     // broken streams to join; watch_mu_
   std::map<std::int64_t, std::weak_ptr<Entry>> watches_;  // watch id → its entry; watch_mu_
   std::int64_t next_watch_id_ = 1;                        // watch_mu_

@@ -46,7 +46,7 @@ Transport::Transport(TransportConfig config) : config_(std::move(config)) {
 
 void Transport::prepare(grpc::ClientContext& ctx, Millis timeout) const {
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
-  std::lock_guard lk(token_mu_);
+  LockGuard lk(token_mu_);
   if (!token_.empty()) ctx.AddMetadata("token", token_);
 }
 
@@ -100,13 +100,13 @@ std::error_code Transport::authenticate(std::string& why) {
     std::this_thread::sleep_for(Millis(20));
   }
   if (st.ok()) {
-    std::lock_guard lk(token_mu_);
+    LockGuard lk(token_mu_);
     token_ = resp.token();
     return {};
   }
   if (contains(st, "authentication is not enabled")) {
     // Credentials given to a cluster without auth: calls work without a token.
-    std::lock_guard lk(token_mu_);
+    LockGuard lk(token_mu_);
     token_.clear();
     return {};
   }

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
@@ -108,8 +109,8 @@ class Transport {
   TransportConfig config_;
   std::vector<std::unique_ptr<Stubs>> stubs_;
   std::atomic<std::size_t> current_{0};
-  mutable std::mutex token_mu_;
-  std::string token_;  // guarded by token_mu_
+  mutable AnnotatedMutex token_mu_;
+  std::string token_ DISTLOCK_GUARDED_BY(token_mu_);
 };
 
 template <class Attempt>

@@ -34,7 +34,7 @@ void EtcdBackend::add_watch(Entry& entry, const std::string& key, std::int64_t s
   std::shared_ptr<WatchStream> stream;
   {
     std::lock_guard lk(mu_);
-    std::lock_guard wl(watch_mu_);
+    LockGuard wl(watch_mu_);
     if (stopping_) return;
     stream = open_stream_locked();
     id = next_watch_id_++;
@@ -59,7 +59,7 @@ void EtcdBackend::add_watch(Entry& entry, const std::string& key, std::int64_t s
 void EtcdBackend::cancel_watch(std::int64_t watch_id) noexcept {
   std::shared_ptr<WatchStream> stream;
   {
-    std::lock_guard wl(watch_mu_);
+    LockGuard wl(watch_mu_);
     if (watches_.erase(watch_id) == 0) return;
     stream = stream_;
   }
@@ -78,7 +78,7 @@ void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
   auto fire = [&](std::int64_t watch_id) {
     std::shared_ptr<Entry> entry;
     {
-      std::lock_guard wl(watch_mu_);
+      LockGuard wl(watch_mu_);
       auto it = watches_.find(watch_id);
       if (it == watches_.end()) return;
       entry = it->second.lock();
@@ -113,7 +113,7 @@ void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
   const grpc::Status st = stream->rw->Finish();
   std::vector<std::int64_t> ids;
   {
-    std::lock_guard wl(watch_mu_);
+    LockGuard wl(watch_mu_);
     stream->broken = true;
     if (stopping_) {
       stream->done = true;

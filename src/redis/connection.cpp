@@ -323,7 +323,7 @@ PooledConnection ConnectionPool::checkout(std::error_code& ec) {
   for (;;) {
     std::unique_ptr<Connection> conn;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       if (idle_.empty()) break;
       conn = std::move(idle_.back());
       idle_.pop_back();
@@ -334,7 +334,7 @@ PooledConnection ConnectionPool::checkout(std::error_code& ec) {
   auto conn = std::make_unique<Connection>(opts_);
   conn->connect(ec);
   if (ec) {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     last_error_ = conn->last_error();
     return {};
   }
@@ -342,18 +342,18 @@ PooledConnection ConnectionPool::checkout(std::error_code& ec) {
 }
 
 std::string ConnectionPool::last_error() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return last_error_;
 }
 
 std::size_t ConnectionPool::idle() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return idle_.size();
 }
 
 void ConnectionPool::give_back(std::unique_ptr<Connection> conn) noexcept {
   if (!conn->connected() || conn->pending() != 0) return;  // broken or mid-pipeline: discard
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   if (idle_.size() < max_idle_) {
     try {
       idle_.push_back(std::move(conn));
@@ -367,7 +367,7 @@ void ConnectionPool::give_back(std::unique_ptr<Connection> conn) noexcept {
 Script::Script(std::string source) : source_(std::move(source)) {}
 
 std::string Script::sha() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return sha_;
 }
 
@@ -378,7 +378,7 @@ void Script::load(Link& conn, std::error_code& ec) const {
     ec = make_error_code(errc::protocol_error);
     return;
   }
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   sha_.assign(r->str, r->len);
 }
 

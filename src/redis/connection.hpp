@@ -61,6 +61,7 @@
 #include <system_error>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
 #include "engine/url.hpp"
@@ -295,9 +296,9 @@ class ConnectionPool {
 
   const ConnectionOptions opts_;
   const std::size_t max_idle_;
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Connection>> idle_;  // guarded by mu_
-  std::string last_error_;                         // guarded by mu_
+  mutable AnnotatedMutex mu_;
+  std::vector<std::unique_ptr<Connection>> idle_ DISTLOCK_GUARDED_BY(mu_);
+  std::string last_error_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 /// A Lua script called with EVALSHA. The SHA1 comes from SCRIPT LOAD the first
@@ -344,8 +345,8 @@ class Script {
   std::string ensure_sha(Link& conn, std::error_code& ec) const;
 
   const std::string source_;
-  mutable std::mutex mu_;
-  mutable std::string sha_;  // guarded by mu_
+  mutable AnnotatedMutex mu_;
+  mutable std::string sha_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace distlock::detail::redis

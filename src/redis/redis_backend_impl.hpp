@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 
+#include "engine/thread_annotations.hpp"
 #include "engine/log.hpp"
 #include "redis/connection.hpp"
 #include "redis/key_layout.hpp"
@@ -116,12 +117,12 @@ class RedisBackend final : public Backend {
   void on_grant_message(std::string_view payload);
 
   void hold_entry(std::string_view name, std::string_view owner, const std::string& entry) {
-    std::lock_guard lk(held_mu_);
+    LockGuard lk(held_mu_);
     held_entries_[{std::string(name), std::string(owner)}] = entry;
   }
   void unhold_entry(std::string_view name, std::string_view owner) noexcept {
     try {
-      std::lock_guard lk(held_mu_);
+      LockGuard lk(held_mu_);
       held_entries_.erase({std::string(name), std::string(owner)});
     } catch (...) {  // out of memory building the key: the entry stays listed, harmless
     }
@@ -223,12 +224,12 @@ class RedisBackend final : public Backend {
   // thread, pipelined on one socket; null with wait=N.
   const std::unique_ptr<redis::SharedConnection> shared_;
   const std::string grant_prefix_ = prefix_ + ":grant:";  // + client id: one grant channel per client
-  std::mutex grants_mu_;
-  bool grants_subscribed_ = false;  // guarded by grants_mu_
-  std::string grant_channel_;       // guarded by grants_mu_
-  std::mutex held_mu_;
+  AnnotatedMutex grants_mu_;
+  bool grants_subscribed_ DISTLOCK_GUARDED_BY(grants_mu_) = false;
+  std::string grant_channel_ DISTLOCK_GUARDED_BY(grants_mu_);
+  AnnotatedMutex held_mu_;
   // Locks this client took from a queue: (name, owner) -> entry, until released.
-  std::map<std::pair<std::string, std::string>, std::string> held_entries_;  // guarded by held_mu_
+  std::map<std::pair<std::string, std::string>, std::string> held_entries_ DISTLOCK_GUARDED_BY(held_mu_);
   redis::WaitQueue waits_;        // its refresher calls refresh_waits() and wake()
   redis::Subscriber subscriber_;  // last: destroyed first, its thread calls on_channel
 };

@@ -104,7 +104,7 @@ RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const Acqui
 // (so no grant to it can be missed). A failure leaves waits degraded, not
 // broken: the engine's re-checks find a grant (the script answers "acquired").
 void RedisBackend::subscribe_grants(std::string_view owner) {
-  std::lock_guard lk(grants_mu_);
+  LockGuard lk(grants_mu_);
   if (grants_subscribed_) return;
   const std::string channel = grant_prefix_ + std::string(owner.substr(0, owner.find(':')));
   subscriber_.set_payload_handler(
@@ -212,7 +212,7 @@ void RedisBackend::on_grant_message(std::string_view payload) {
   const std::string& lock = unknown->lock;
   if (lock.size() < head.size() + 1 || lock.compare(0, head.size(), head) != 0 || lock.back() != '}') return;
   {
-    std::lock_guard lk(held_mu_);
+    LockGuard lk(held_mu_);
     for (const auto& [key, entry] : held_entries_) {
       if (entry == unknown->entry) return;
     }

@@ -30,7 +30,7 @@ bool no_password_configured(std::string_view why) {
 std::error_code SentinelBackend::start(std::string& why) {
   std::error_code ec;
   {
-    std::lock_guard lk(discover_mu_);
+    LockGuard lk(discover_mu_);
     bool unknown_everywhere = false;
     long long epoch = -1;
     auto addr = discover(why, unknown_everywhere, epoch);
@@ -47,7 +47,7 @@ std::error_code SentinelBackend::start(std::string& why) {
 
 // True when the master changed since `generation` (by this call or another).
 bool SentinelBackend::rediscover(std::uint64_t generation, bool forced) {
-  std::lock_guard lk(discover_mu_);
+  LockGuard lk(discover_mu_);
   if (current().second != generation) return true;
   const auto now = Steady::now();
   if (!forced && now - last_discovery_ < kMinRediscover) return false;
@@ -272,7 +272,7 @@ bool SentinelBackend::switch_to(const Address& a, std::error_code& ec, std::stri
   std::shared_ptr<Backend> old;
   Address was;
   {
-    std::lock_guard wl(watch_mu_);
+    LockGuard wl(watch_mu_);
     for (const auto& [name, count] : watches_) {
       Error wec;
       for (int k = 0; k < count && !wec; ++k) fresh->watch(name, wec);
@@ -281,7 +281,7 @@ bool SentinelBackend::switch_to(const Address& a, std::error_code& ec, std::stri
                  a.text());
       names.push_back(name);
     }
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     old = std::move(current_);
     current_ = fresh;
     was = current_addr_;

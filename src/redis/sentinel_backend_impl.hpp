@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "engine/log.hpp"
 #include "engine/scheme.hpp"
 #include "engine/worker_loop.hpp"
@@ -62,7 +63,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
 
   ~SentinelBackend() override {
     monitor_.stop();
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     current_.reset();  // stops its subscriber while every member is alive
   }
 
@@ -150,7 +151,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   }
 
   std::pair<std::shared_ptr<Backend>, std::uint64_t> current() const {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     return {current_, generation_};
   }
 
@@ -170,18 +171,19 @@ class SentinelBackend final : public Backend, private ChangeListener {
   bool rediscover(std::uint64_t generation, bool forced);
 
   Address current_addr() const {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     return current_addr_;
   }
 
-  std::string describe_sentinel(std::size_t i) const {
+  std::string describe_sentinel(std::size_t i) const DISTLOCK_REQUIRES(discover_mu_) {
     return "sentinel " + sentinel_opts_[i].host + ":" + std::to_string(sentinel_opts_[i].port);
   }
 
   Reply sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv, std::error_code& ec,
-                         std::string& why);
-  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why);
-  std::optional<Address> discover(std::string& why, bool& unknown_everywhere, long long& epoch);
+                         std::string& why) DISTLOCK_REQUIRES(discover_mu_);
+  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why) DISTLOCK_REQUIRES(discover_mu_);
+  std::optional<Address> discover(std::string& why, bool& unknown_everywhere, long long& epoch)
+      DISTLOCK_REQUIRES(discover_mu_);
   bool is_master(const Address& a, std::string& why);
   bool switch_to(const Address& a, std::error_code& ec, std::string& why);
   void monitor();
@@ -194,7 +196,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
     if (::poll(&p, 1, static_cast<int>(d.count())) > 0) monitor_.clear_wake();
   }
 
-  std::vector<ConnectionOptions> sentinel_opts_;  // guarded by discover_mu_
+  std::vector<ConnectionOptions> sentinel_opts_ DISTLOCK_GUARDED_BY(discover_mu_);
   const std::string master_name_;
   const ConnectionOptions master_tpl_;
   const RedisSettings settings_;
@@ -202,19 +204,19 @@ class SentinelBackend final : public Backend, private ChangeListener {
   Logger log_;
   std::atomic<ChangeListener*> listener_{nullptr};
 
-  std::mutex discover_mu_;                  // serialises discovery and switches
-  std::vector<Connection> sentinel_conns_;  // guarded by discover_mu_
-  Steady::time_point last_discovery_{};     // guarded by discover_mu_
-  bool no_master_ = false;                  // guarded by discover_mu_
+  AnnotatedMutex discover_mu_;                  // serialises discovery and switches
+  std::vector<Connection> sentinel_conns_ DISTLOCK_GUARDED_BY(discover_mu_);
+  Steady::time_point last_discovery_ DISTLOCK_GUARDED_BY(discover_mu_){};
+  bool no_master_ DISTLOCK_GUARDED_BY(discover_mu_) = false;
   long long current_epoch_ = -1;            // the current master's config-epoch, guarded by discover_mu_
 
-  std::mutex watch_mu_;                              // taken before mu_
-  std::map<std::string, int, std::less<>> watches_;  // guarded by watch_mu_
+  AnnotatedMutex watch_mu_;                              // taken before mu_
+  std::map<std::string, int, std::less<>> watches_ DISTLOCK_GUARDED_BY(watch_mu_);
 
-  mutable std::mutex mu_;
-  std::shared_ptr<Backend> current_;  // guarded by mu_
-  Address current_addr_;              // guarded by mu_
-  std::uint64_t generation_ = 0;      // guarded by mu_
+  mutable AnnotatedMutex mu_;
+  std::shared_ptr<Backend> current_ DISTLOCK_GUARDED_BY(mu_);
+  Address current_addr_ DISTLOCK_GUARDED_BY(mu_);
+  std::uint64_t generation_ DISTLOCK_GUARDED_BY(mu_) = 0;
 
   WorkerLoop monitor_;  // last: stopped first, while everything it uses is alive
 };

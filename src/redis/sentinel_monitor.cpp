@@ -13,7 +13,7 @@ void SentinelBackend::watch(std::string_view name, Error& ec) {
   std::shared_ptr<Backend> b;
   std::uint64_t generation = 0;
   {
-    std::lock_guard wl(watch_mu_);
+    LockGuard wl(watch_mu_);
     ++watches_[std::string(name)];
     std::tie(b, generation) = current();
   }
@@ -21,7 +21,7 @@ void SentinelBackend::watch(std::string_view name, Error& ec) {
   if (!ec) return;
   std::shared_ptr<Backend> now;
   {
-    std::lock_guard wl(watch_mu_);
+    LockGuard wl(watch_mu_);
     auto it = watches_.find(name);
     if (it != watches_.end() && --it->second == 0) watches_.erase(it);
     auto [cur, gen] = current();
@@ -34,7 +34,7 @@ void SentinelBackend::unwatch(std::string_view name) noexcept {
   try {
     std::shared_ptr<Backend> b;
     {
-      std::lock_guard wl(watch_mu_);
+      LockGuard wl(watch_mu_);
       auto it = watches_.find(name);
       if (it == watches_.end()) return;
       if (--it->second == 0) watches_.erase(it);
@@ -51,10 +51,10 @@ void SentinelBackend::monitor() {
   std::size_t next = 0;
   while (!monitor_.stopping()) {
     const std::size_t i = next;
-    next = (next + 1) % sentinel_opts_.size();
     ConnectionOptions o;
     {
-      std::lock_guard lk(discover_mu_);
+      LockGuard lk(discover_mu_);
+      next = (next + 1) % sentinel_opts_.size();
       o = sentinel_opts_[i];
     }
     std::error_code ec;

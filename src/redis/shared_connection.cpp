@@ -52,14 +52,14 @@ std::string SharedConnection::last_error() const {
 }
 
 bool SharedConnection::connected() const noexcept {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return wire_ != nullptr && !wire_->broken;
 }
 
 SharedConnection::Stats SharedConnection::stats() const noexcept {
   Stats st{calls_.load(std::memory_order_relaxed), writes_.load(std::memory_order_relaxed),
            connects_.load(std::memory_order_relaxed), 0};
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   if (wire_) st.in_flight = wire_->inflight.size();
   return st;
 }
@@ -67,7 +67,7 @@ SharedConnection::Stats SharedConnection::stats() const noexcept {
 // The wire to queue a call on, connected now if there is none. A wire that is idle
 // and readable was closed by the server (restart, CLIENT KILL, idle timeout): it is
 // dropped before use, so the call is not lost to a dead socket.
-std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::unique_lock<std::mutex>& lk,
+std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLock& lk,
                                                                         std::error_code& ec,
                                                                         std::string& why) {
   if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing &&
@@ -80,7 +80,7 @@ std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(std::uni
   // one attempt (connect + command timeout), not for every caller's attempt in turn.
   while (connecting_) {
     const std::uint64_t attempt = connect_attempts_;
-    connected_cv_.wait(lk, [&] { return !connecting_; });
+    while (connecting_) connected_cv_.wait(lk.native());
     if (wire_) return wire_;
     if (connect_attempts_ != attempt && connect_ec_) {  // the attempt waited for failed: so does this call
       ec = connect_ec_;
@@ -134,7 +134,7 @@ void SharedConnection::fail(const std::shared_ptr<Wire>& w, const std::string& w
 
 // Writes everything queued, including what other threads queue meanwhile: no
 // command is left in the buffer when the writing role is given up.
-void SharedConnection::write_out(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w) {
+void SharedConnection::write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w) {
   w->writing = true;
   while (!w->out.empty() && !w->broken) {
     std::string buf;
@@ -152,7 +152,7 @@ void SharedConnection::write_out(std::unique_lock<std::mutex>& lk, const std::sh
 
 // Reads replies for every call in flight until `mine` is complete (or the wire
 // failed), then hands the reading role to the oldest call still waiting.
-void SharedConnection::read_for(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Wire>& w,
+void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w,
                                 Pending& mine) {
   w->reading = true;
   char buf[16 * 1024];
@@ -226,7 +226,7 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::
   Pending mine;
   mine.expected = batch.size();
   mine.replies.reserve(batch.size());
-  std::unique_lock lk(mu_);
+  UniqueLock lk(mu_);
   std::string why;
   const std::shared_ptr<Wire> w = wire_for_call(lk, ec, why);
   if (ec) {
@@ -242,7 +242,7 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::
     } else if (!w->reading) {
       read_for(lk, w, mine);
     } else {
-      mine.cv.wait(lk);  // woken when complete, failed, or handed the reading role
+      mine.cv.wait(lk.native());  // woken when complete, failed, or handed the reading role
     }
   }
   lk.unlock();

@@ -33,7 +33,7 @@ Subscriber::Subscriber(ConnectionOptions opts, Callback on_message, Callback on_
 
 Subscriber::~Subscriber() {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     stop_ = true;
     cv_.notify_all();
   }
@@ -45,17 +45,17 @@ void Subscriber::wake() noexcept {
 }
 
 std::string Subscriber::last_error() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return last_error_;
 }
 
 std::uint64_t Subscriber::silent_drops() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return silent_drops_;
 }
 
 std::uint64_t Subscriber::connects() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return connects_;
 }
 
@@ -67,7 +67,7 @@ void Subscriber::watch(std::string_view channel, std::error_code& ec, std::strin
 }
 
 Subscriber::WatchStart Subscriber::begin_watch(std::string_view channel) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   if (!thread_started_) {
     loop_.start([this] { run(); });
     thread_started_ = true;
@@ -88,7 +88,7 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
                              std::error_code& ec, std::string& why) {
   ec.clear();
   why.clear();
-  std::unique_lock lk(mu_);
+  UniqueLock lk(mu_);
   auto it = channels_.find(channel);  // the entry stays while watchers > 0
   for (;;) {
     it = channels_.find(channel);
@@ -108,7 +108,7 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
       ec = last_ec_ ? last_ec_ : make_error_code(errc::backend_unavailable);
       break;
     }
-    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+    if (cv_.wait_until(lk.native(), deadline) == std::cv_status::timeout) {
       it = channels_.find(channel);
       if (it->second.live()) return true;
       if (it->second.refusals != started.refusals || failures_ != started.failures) continue;
@@ -136,7 +136,7 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
 
 void Subscriber::unwatch(std::string_view channel) noexcept {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = channels_.find(channel);
     if (it == channels_.end() || it->second.watchers == 0) return;
     if (--it->second.watchers > 0) return;
@@ -145,7 +145,7 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
 }
 
 void Subscriber::set_payload_handler(std::string channel, PayloadCallback handler) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   payload_channel_ = std::move(channel);
   payload_handler_ = std::move(handler);
 }
@@ -179,7 +179,7 @@ bool Subscriber::connect_once() {
     why = opts_.describe() + ": out of memory";
   }
   if (!sock || !reader) {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     ++failures_;
     last_error_ = "subscriber: " + why;
     last_ec_ = ec;
@@ -190,7 +190,7 @@ bool Subscriber::connect_once() {
   reader_ = std::move(reader);
   last_heard_ = std::chrono::steady_clock::now();
   ping_sent_.reset();
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   connected_ = true;
   const bool reconnect = ++connects_ > 1;
   inflight_.clear();
@@ -210,7 +210,7 @@ void Subscriber::disconnect(const std::string& why) {
   inflight_.clear();
   std::vector<std::string> watched;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     connected_ = false;
     last_error_ = "subscriber: " + why;
     last_ec_ = make_error_code(errc::backend_unavailable);
@@ -234,7 +234,7 @@ void Subscriber::disconnect(const std::string& why) {
 bool Subscriber::flush_changes() {
   std::vector<std::pair<bool, std::string>> ops;  // {subscribe?, channel}
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (auto it = channels_.begin(); it != channels_.end();) {
       auto& c = it->second;
       if (c.watchers > 0 && !c.sent && !c.refused) {
@@ -286,7 +286,7 @@ void Subscriber::handle_reply(redisReply* r) {
   PayloadCallback with_payload;
   if (unasked) {
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       auto it = channels_.find(ch);
       if (it == channels_.end() || !it->second.sent) return;
       auto& c = it->second;
@@ -300,7 +300,7 @@ void Subscriber::handle_reply(redisReply* r) {
     return;
   }
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     auto& c = it->second;
@@ -338,7 +338,7 @@ void Subscriber::handle_reply(redisReply* r) {
 void Subscriber::handle_error(redisReply* r) {
   const std::string text(reply_str(r));
   if (inflight_.empty()) {  // e.g. "max number of clients reached" before any command
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     last_error_ = "subscriber: " + opts_.describe() + ": " + text;
     return;
   }
@@ -346,7 +346,7 @@ void Subscriber::handle_error(redisReply* r) {
   inflight_.pop_front();
   std::vector<std::string> to_notify;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = channels_.find(channel);
     if (it == channels_.end()) return;
     auto& c = it->second;
@@ -406,7 +406,7 @@ bool Subscriber::check_alive() {
   if (ping_sent_) {
     if (now < *ping_sent_ + opts_.command_timeout) return true;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       ++silent_drops_;
     }
     disconnect(opts_.describe() + ": no answer to PING within " +
@@ -431,7 +431,7 @@ void Subscriber::run() {
     bool wanted = false;
     bool retry_now = false;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       if (stop_) break;
       for (const auto& [name, c] : channels_) wanted = wanted || c.watchers > 0;
       retry_now = std::exchange(retry_now_, false);

@@ -49,6 +49,7 @@
 #include <system_error>
 #include <thread>
 
+#include "engine/thread_annotations.hpp"
 #include "engine/worker_loop.hpp"
 #include "redis/connection.hpp"
 
@@ -149,21 +150,21 @@ class Subscriber {
   const ConnectionOptions opts_;
   const Callback on_message_;
   const Callback on_dropped_;        // set: sharded mode
-  std::string payload_channel_;      // guarded by mu_
-  PayloadCallback payload_handler_;  // guarded by mu_ (set once, before its channel is watched)
+  std::string payload_channel_ DISTLOCK_GUARDED_BY(mu_);
+  PayloadCallback payload_handler_ DISTLOCK_GUARDED_BY(mu_);  // (set once, before its channel is watched)
 
-  mutable std::mutex mu_;
+  mutable AnnotatedMutex mu_;
   std::condition_variable cv_;                            // watchers wait for live()
-  std::map<std::string, Channel, std::less<>> channels_;  // guarded by mu_
-  bool connected_ = false;                                // guarded by mu_
-  std::uint64_t failures_ = 0;                            // guarded by mu_; bumped per failed connect
-  std::uint64_t connects_ = 0;                            // guarded by mu_
-  std::uint64_t silent_drops_ = 0;                        // guarded by mu_
-  std::string last_error_;                                // guarded by mu_
-  std::error_code last_ec_;                               // guarded by mu_
-  bool retry_now_ = false;       // guarded by mu_; a new watch skips the reconnect backoff
-  bool stop_ = false;            // guarded by mu_
-  bool thread_started_ = false;  // guarded by mu_
+  std::map<std::string, Channel, std::less<>> channels_ DISTLOCK_GUARDED_BY(mu_);
+  bool connected_ DISTLOCK_GUARDED_BY(mu_) = false;
+  std::uint64_t failures_ DISTLOCK_GUARDED_BY(mu_) = 0;  // bumped per failed connect
+  std::uint64_t connects_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  std::uint64_t silent_drops_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  std::string last_error_ DISTLOCK_GUARDED_BY(mu_);
+  std::error_code last_ec_ DISTLOCK_GUARDED_BY(mu_);
+  bool retry_now_ DISTLOCK_GUARDED_BY(mu_) = false;  // a new watch skips the reconnect backoff
+  bool stop_ DISTLOCK_GUARDED_BY(mu_) = false;
+  bool thread_started_ DISTLOCK_GUARDED_BY(mu_) = false;
 
   std::unique_ptr<Socket> sock_;  // subscriber thread only
   ReaderPtr reader_;              // subscriber thread only

@@ -34,7 +34,7 @@ WaitQueue::WaitQueue(std::shared_ptr<Clock> clock, Refresh refresh, Wake wake, C
 
 WaitQueue::~WaitQueue() {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -42,7 +42,7 @@ WaitQueue::~WaitQueue() {
 }
 
 WaitQueue::Wait WaitQueue::begin(std::string_view name, std::string_view owner, Millis ttl) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto key = std::make_pair(std::string(name), std::string(owner));
   auto it = waits_.find(key);
   if (it == waits_.end()) {
@@ -59,7 +59,7 @@ WaitQueue::Wait WaitQueue::begin(std::string_view name, std::string_view owner, 
 }
 
 std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::string_view owner) const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
   if (it == waits_.end()) return std::nullopt;
   return it->second;
@@ -67,7 +67,7 @@ std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::strin
 
 void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry) {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
     if (it == waits_.end() || it->second.entry != entry) return;
     Wait& w = it->second;
@@ -80,7 +80,7 @@ void WaitQueue::queued(std::string_view name, std::string_view owner, std::strin
 }
 
 void WaitQueue::forget(std::string_view name, std::string_view owner, std::string_view entry) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
   if (it == waits_.end() || it->second.entry != entry) return;
   by_entry_.erase(it->second.entry);
@@ -88,7 +88,7 @@ void WaitQueue::forget(std::string_view name, std::string_view owner, std::strin
 }
 
 void WaitQueue::abandon(Wait wait) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   const TimePoint until = clock_->now() + 2 * wait.ttl;
   std::string entry = wait.entry;
   abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
@@ -98,7 +98,7 @@ void WaitQueue::abandon(Wait wait) {
 }
 
 void WaitQueue::hand_on(Wait wait, Millis retry_for) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   const TimePoint until = clock_->now() + retry_for;
   std::string entry = wait.entry;
   abandoned_.insert_or_assign(std::move(entry), std::make_pair(std::move(wait), until));
@@ -110,7 +110,7 @@ void WaitQueue::hand_on(Wait wait, Millis retry_for) {
 void WaitQueue::flush_abandoned() {
   std::vector<Wait> todo;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     const TimePoint now = clock_->now();
     for (auto it = abandoned_.begin(); it != abandoned_.end();) {
       if (it->second.second <= now) {
@@ -123,7 +123,7 @@ void WaitQueue::flush_abandoned() {
   }
   for (const Wait& w : todo) {
     if (!cancel_(w)) return;  // the server is still unreachable: the rest waits too
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     abandoned_.erase(w.entry);
   }
 }
@@ -149,7 +149,7 @@ std::optional<WaitQueue::Unknown> WaitQueue::on_grant(std::string_view message) 
   }
   std::string name;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     ++grants_;
     if (abandoned_.find(entry) != abandoned_.end()) {
       kick_ = true;  // granted to a wait given up: the refresher hands it on now
@@ -174,7 +174,7 @@ std::optional<WaitQueue::Unknown> WaitQueue::on_grant(std::string_view message) 
 void WaitQueue::wake_all() {
   std::vector<std::string> names;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (const auto& [key, w] : waits_) names.push_back(w.name);
   }
   std::sort(names.begin(), names.end());
@@ -183,17 +183,17 @@ void WaitQueue::wake_all() {
 }
 
 std::size_t WaitQueue::size() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return waits_.size();
 }
 
 std::uint64_t WaitQueue::grants_received() const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return grants_;
 }
 
 void WaitQueue::run() {
-  std::unique_lock lk(mu_);
+  UniqueLock lk(mu_);
   // Each entry is refreshed within its period of its last refresh: the next pass is
   // due one period (the shortest among the entries now) after the last pass, and a
   // newly queued entry with a shorter ttl brings the pass forward rather than
@@ -216,13 +216,13 @@ void WaitQueue::run() {
       period = std::min(period.value_or(Millis::max()), refresh_period(a.first.ttl));
     }
     if (!period) {
-      cv_.wait(lk, [&] { return stop_ || kick_ || changed_; });
+      while (!(stop_ || kick_ || changed_)) cv_.wait(lk.native());
       continue;
     }
     const TimePoint due = last_pass + *period;
     // The injected clock's wait may return early: loop on its reading.
     bool flagged = false;
-    while (!(flagged = stop_ || kick_ || changed_) && clock_->now() < due) clock_->wait_until(cv_, lk, due);
+    while (!(flagged = stop_ || kick_ || changed_) && clock_->now() < due) clock_->wait_until(cv_, lk.native(), due);
     if (flagged) {
       if (stop_) break;
       if (!kick_ && clock_->now() < due) continue;  // a new entry: recompute the period

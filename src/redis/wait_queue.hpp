@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
 
@@ -107,17 +108,17 @@ class WaitQueue {
   const Refresh refresh_;
   const Wake wake_;
   const Cancel cancel_;
-  mutable std::mutex mu_;
+  mutable AnnotatedMutex mu_;
   std::condition_variable cv_;
   // (name, owner) -> wait; entry id -> (name, owner)
-  std::map<std::pair<std::string, std::string>, Wait, std::less<>> waits_;            // guarded by mu_
-  std::map<std::string, std::pair<std::string, std::string>, std::less<>> by_entry_;  // guarded by mu_
+  std::map<std::pair<std::string, std::string>, Wait, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<std::string, std::string>, std::less<>> by_entry_ DISTLOCK_GUARDED_BY(mu_);
   // entry id -> (wait, give up retrying after)
-  std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_;  // guarded by mu_
-  bool kick_ = false;         // guarded by mu_: retry the cancels now
-  bool changed_ = false;      // guarded by mu_: an entry or cancel came: recompute the period
-  std::uint64_t grants_ = 0;  // guarded by mu_
-  bool stop_ = false;         // guarded by mu_
+  std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_ DISTLOCK_GUARDED_BY(mu_);
+  bool kick_ DISTLOCK_GUARDED_BY(mu_) = false;  // retry the cancels now
+  bool changed_ DISTLOCK_GUARDED_BY(mu_) = false;  // an entry or cancel came: recompute the period
+  std::uint64_t grants_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  bool stop_ DISTLOCK_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

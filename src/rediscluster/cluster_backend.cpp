@@ -115,7 +115,7 @@ bool to_u64(const redisReply* r, std::uint64_t& out) {
 
 ClusterBackend::~ClusterBackend() {
   {
-    std::lock_guard lk(move_mu_);
+    LockGuard lk(move_mu_);
     stop_ = true;
   }
   move_cv_.notify_all();
@@ -124,7 +124,7 @@ ClusterBackend::~ClusterBackend() {
   std::vector<std::unique_ptr<redis::Subscriber>> subs;
   std::vector<Node*> all;
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     for (auto& [addr, node] : nodes_) {
       subs.push_back(std::move(node->sub));
       all.push_back(node.get());
@@ -133,7 +133,7 @@ ClusterBackend::~ClusterBackend() {
   subs.clear();
   // Renewal workers: one still reading a hung node returns within the command timeout.
   {
-    std::lock_guard lk(work_mu_);
+    LockGuard lk(work_mu_);
     work_stop_ = true;
     for (Node* n : all) n->work_cv.notify_all();
   }

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "engine/log.hpp"
 #include "redis/connection.hpp"
 #include "redis/records.hpp"
@@ -66,8 +67,10 @@ struct RenewJob {
   std::vector<Reply> replies;           // one per call
   std::error_code ec;                   // the node could not be reached or the transport failed
   std::string error;
-  bool done = false;       // guarded by work_mu_
-  bool abandoned = false;  // guarded by work_mu_: the caller stopped waiting
+  // Both guarded by the backend's work_mu_ (a lock of another object, which an annotation
+  // here cannot name).
+  bool done = false;
+  bool abandoned = false;  // the caller stopped waiting
 };
 
 struct Node {
@@ -143,15 +146,16 @@ class ClusterBackend final : public Backend {
   const redisReply* route(std::uint16_t slot, const char* what, const Attempt& attempt, Error& ec);
 
   std::uint64_t map_version() const {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     return map_version_;
   }
 
   Node* node_at(const std::string& host, std::uint16_t port) {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     return node_at_locked(host, port);
   }
-  Node* node_at_locked(const std::string& announced_host, std::uint16_t announced_port);
+  Node* node_at_locked(const std::string& announced_host, std::uint16_t announced_port)
+      DISTLOCK_REQUIRES(map_mu_);
   Node* node_for(std::uint16_t slot, std::error_code& ec, std::string& why);
 
   void learn_redirect(std::string_view text, std::string_view host) {
@@ -159,7 +163,7 @@ class ClusterBackend final : public Backend {
     if (parse_redirect(text, host, to)) learn_redirect_to(to);
   }
   void learn_redirect_to(const Redirect& to) {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     slots_[to.slot] = node_at_locked(to.host, to.port);
   }
 
@@ -199,28 +203,28 @@ class ClusterBackend final : public Backend {
   std::atomic<ChangeListener*> listener_{nullptr};
 
   std::mutex refresh_mu_;  // one CLUSTER SLOTS at a time
-  mutable std::mutex map_mu_;
-  std::map<std::string, std::unique_ptr<Node>> nodes_;            // guarded by map_mu_; never removed
-  std::vector<Node*> slots_;                                      // guarded by map_mu_
-  std::uint64_t map_version_ = 0;                                 // guarded by map_mu_
-  std::chrono::steady_clock::time_point last_failure_refresh_{};  // guarded by map_mu_
+  mutable AnnotatedMutex map_mu_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_ DISTLOCK_GUARDED_BY(map_mu_);  // never removed
+  std::vector<Node*> slots_ DISTLOCK_GUARDED_BY(map_mu_);
+  std::uint64_t map_version_ DISTLOCK_GUARDED_BY(map_mu_) = 0;
+  std::chrono::steady_clock::time_point last_failure_refresh_ DISTLOCK_GUARDED_BY(map_mu_){};
   std::vector<Node*> seeds_;
 
-  std::mutex watch_mu_;                                // serialises watch, unwatch and moves
-  std::map<std::string, Watch, std::less<>> watched_;  // guarded by watch_mu_
-  std::mutex names_mu_;
-  std::map<std::string, std::string, std::less<>> channel_names_;  // guarded by names_mu_
+  AnnotatedMutex watch_mu_;                                // serialises watch, unwatch and moves
+  std::map<std::string, Watch, std::less<>> watched_ DISTLOCK_GUARDED_BY(watch_mu_);
+  AnnotatedMutex names_mu_;
+  std::map<std::string, std::string, std::less<>> channel_names_ DISTLOCK_GUARDED_BY(names_mu_);
 
-  std::mutex work_mu_;               // renewal jobs of every node
+  AnnotatedMutex work_mu_;               // renewal jobs of every node
   std::condition_variable done_cv_;  // a renewal job is done
-  bool work_stop_ = false;           // guarded by work_mu_
+  bool work_stop_ DISTLOCK_GUARDED_BY(work_mu_) = false;
 
-  std::mutex move_mu_;
+  AnnotatedMutex move_mu_;
   std::condition_variable move_cv_;
-  std::deque<std::pair<Node*, std::string>> moves_;  // guarded by move_mu_
-  bool refresh_wanted_ = false;                      // guarded by move_mu_: read the slot map
-  bool check_wanted_ = false;                        // guarded by move_mu_: check new nodes' config
-  bool stop_ = false;                                // guarded by move_mu_
+  std::deque<std::pair<Node*, std::string>> moves_ DISTLOCK_GUARDED_BY(move_mu_);
+  bool refresh_wanted_ DISTLOCK_GUARDED_BY(move_mu_) = false;  // read the slot map
+  bool check_wanted_ DISTLOCK_GUARDED_BY(move_mu_) = false;  // check new nodes' config
+  bool stop_ DISTLOCK_GUARDED_BY(move_mu_) = false;
   std::thread mover_;
 };
 

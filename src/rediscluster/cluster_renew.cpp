@@ -29,7 +29,7 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
   std::map<Node*, std::vector<std::size_t>> by_node;
   std::vector<std::size_t> retry;  // unrouted, then redirected items
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     for (std::size_t i = 0; i < items.size(); ++i) {
       Node* n = slots_[keys[i].slot];
       if (n) {
@@ -71,7 +71,7 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
   // Hand each node its pipeline, then wait for all of them, up to the deadline.
   std::vector<Node*> stuck, late;
   {
-    std::unique_lock lk(work_mu_);
+    UniqueLock lk(work_mu_);
     for (auto& s : sent) {
       if (s.node->renewal_stuck.load()) {  // its previous pipeline is still unanswered
         stuck.push_back(s.node);
@@ -85,7 +85,7 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
       s.node->jobs.push_back(s.job);
       s.node->work_cv.notify_one();
     }
-    done_cv_.wait_until(lk, deadline, [&] {
+    done_cv_.wait_until(lk.native(), deadline, [&] {
       return std::all_of(sent.begin(), sent.end(), [](const Sent& s) { return !s.job || s.job->done; });
     });
     for (auto& s : sent) {
@@ -179,9 +179,9 @@ void ClusterBackend::run_renewal_worker(Node& node) {
   for (;;) {
     std::shared_ptr<RenewJob> job;
     {
-      std::unique_lock lk(work_mu_);
+      UniqueLock lk(work_mu_);
       node.renewal_stuck.store(false);  // back: free for the next pipeline
-      node.work_cv.wait(lk, [&] { return work_stop_ || !node.jobs.empty(); });
+      while (!work_stop_ && node.jobs.empty()) node.work_cv.wait(lk.native());
       if (work_stop_) return;
       job = std::move(node.jobs.front());
       node.jobs.pop_front();
@@ -194,7 +194,7 @@ void ClusterBackend::run_renewal_worker(Node& node) {
       job->error = node.opts.describe() + ": renewal failed (out of memory)";
     }
     {
-      std::lock_guard lk(work_mu_);
+      LockGuard lk(work_mu_);
       job->done = true;
     }
     done_cv_.notify_all();

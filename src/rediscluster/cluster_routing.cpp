@@ -52,7 +52,7 @@ std::vector<Node*> ClusterBackend::all_masters(std::error_code& ec, std::string&
     std::size_t unserved = kSlots;
     std::uint64_t version = 0;
     {
-      std::lock_guard lk(map_mu_);
+      LockGuard lk(map_mu_);
       version = map_version_;
       for (std::size_t s = 0; s < kSlots; ++s) {
         Node* n = slots_[s];
@@ -182,12 +182,12 @@ Node* ClusterBackend::node_at_locked(const std::string& announced_host, std::uin
 Node* ClusterBackend::node_for(std::uint16_t slot, std::error_code& ec, std::string& why) {
   std::uint64_t version = 0;
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     if (slots_[slot] != nullptr) return slots_[slot];
     version = map_version_;
   }
   if (refresh_map(version, ec, why)) {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     if (slots_[slot] != nullptr) return slots_[slot];
   }
   if (!ec) {
@@ -200,7 +200,7 @@ Node* ClusterBackend::node_for(std::uint16_t slot, std::error_code& ec, std::str
 void ClusterBackend::refresh_after_failure() {
   const auto now = std::chrono::steady_clock::now();
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     if (now - last_failure_refresh_ < kRefreshOnFailureEvery) return;
     last_failure_refresh_ = now;
   }
@@ -214,12 +214,12 @@ void ClusterBackend::refresh_after_failure() {
 void ClusterBackend::request_refresh() {
   const auto now = std::chrono::steady_clock::now();
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     if (now - last_failure_refresh_ < kRefreshOnFailureEvery) return;
     last_failure_refresh_ = now;
   }
   {
-    std::lock_guard lk(move_mu_);
+    LockGuard lk(move_mu_);
     refresh_wanted_ = true;
   }
   move_cv_.notify_all();
@@ -232,7 +232,7 @@ bool ClusterBackend::refresh_map(std::uint64_t seen_version, std::error_code& ec
   std::lock_guard refresh(refresh_mu_);
   std::vector<Node*> order;
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     if (map_version_ != seen_version) return true;
     for (Node* n : slots_) {
       if (n != nullptr && std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
@@ -312,7 +312,7 @@ bool ClusterBackend::load_map_from(Node& node, std::error_code& ec, std::string&
     ranges.emplace_back(from, to, host, static_cast<std::uint16_t>(port));
   }
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     std::fill(slots_.begin(), slots_.end(), nullptr);
     for (auto& [from, to, host, port] : ranges) {
       Node* n = node_at_locked(host, port);
@@ -321,7 +321,7 @@ bool ClusterBackend::load_map_from(Node& node, std::error_code& ec, std::string&
     ++map_version_;
   }
   {
-    std::lock_guard lk(move_mu_);
+    LockGuard lk(move_mu_);
     check_wanted_ = true;  // masters new in the map get their configuration checked
   }
   move_cv_.notify_all();

@@ -7,9 +7,9 @@ namespace distlock::detail::rediscluster {
 void ClusterBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
-  std::lock_guard w(watch_mu_);
+  LockGuard w(watch_mu_);
   {
-    std::lock_guard lk(names_mu_);
+    LockGuard lk(names_mu_);
     channel_names_[k.channel] = std::string(name);
   }
   std::string why;
@@ -32,7 +32,7 @@ void ClusterBackend::watch(std::string_view name, Error& ec) {
     if (ask) std::this_thread::sleep_for(Millis(10 * (attempt + 1)));  // the slot is being moved
   }
   {
-    std::lock_guard lk(names_mu_);
+    LockGuard lk(names_mu_);
     channel_names_.erase(k.channel);
   }
   if (!ec) ec = make_error_code(errc::backend_unavailable);
@@ -42,12 +42,12 @@ void ClusterBackend::watch(std::string_view name, Error& ec) {
 
 void ClusterBackend::unwatch(std::string_view name) noexcept {
   try {
-    std::lock_guard w(watch_mu_);
+    LockGuard w(watch_mu_);
     auto it = watched_.find(name);
     if (it == watched_.end()) return;
     subscriber_of(*it->second.node).unwatch(it->second.channel);
     {
-      std::lock_guard lk(names_mu_);
+      LockGuard lk(names_mu_);
       channel_names_.erase(it->second.channel);
     }
     watched_.erase(it);
@@ -59,7 +59,7 @@ void ClusterBackend::unwatch(std::string_view name) noexcept {
 void ClusterBackend::check_new_masters() {
   std::vector<Node*> masters;
   {
-    std::lock_guard lk(map_mu_);
+    LockGuard lk(map_mu_);
     for (Node* n : slots_) {
       if (n != nullptr && !n->config_checked.load() &&
           std::find(masters.begin(), masters.end(), n) == masters.end()) {
@@ -131,7 +131,7 @@ void ClusterBackend::check_config(Node& node) {
 }
 
 redis::Subscriber& ClusterBackend::subscriber_of(Node& node) {
-  std::lock_guard lk(map_mu_);
+  LockGuard lk(map_mu_);
   if (!node.sub) {
     Node* n = &node;
     node.sub = std::make_unique<redis::Subscriber>(
@@ -144,7 +144,7 @@ redis::Subscriber& ClusterBackend::subscriber_of(Node& node) {
 void ClusterBackend::on_channel(std::string_view channel) {
   std::string name;
   {
-    std::lock_guard lk(names_mu_);
+    LockGuard lk(names_mu_);
     auto it = channel_names_.find(channel);
     if (it == channel_names_.end()) return;
     name = it->second;
@@ -157,7 +157,7 @@ void ClusterBackend::on_channel(std::string_view channel) {
 // confirmations, which a subscriber thread must not wait for).
 void ClusterBackend::on_dropped(Node* node, std::string_view channel) {
   {
-    std::lock_guard lk(move_mu_);
+    LockGuard lk(move_mu_);
     moves_.emplace_back(node, std::string(channel));
   }
   move_cv_.notify_all();
@@ -171,8 +171,8 @@ void ClusterBackend::run_mover() {
     std::pair<Node*, std::string> item;
     bool refresh = false, check = false;
     {
-      std::unique_lock lk(move_mu_);
-      move_cv_.wait(lk, [&] { return stop_ || !moves_.empty() || refresh_wanted_ || check_wanted_; });
+      UniqueLock lk(move_mu_);
+      while (!stop_ && moves_.empty() && !refresh_wanted_ && !check_wanted_) move_cv_.wait(lk.native());
       if (stop_) return;
       refresh = std::exchange(refresh_wanted_, false);
       check = std::exchange(check_wanted_, false);
@@ -191,9 +191,9 @@ void ClusterBackend::run_mover() {
     std::string name;
     bool again = false;
     {
-      std::lock_guard w(watch_mu_);
+      LockGuard w(watch_mu_);
       {
-        std::lock_guard lk(names_mu_);
+        LockGuard lk(names_mu_);
         auto it = channel_names_.find(item.second);
         if (it != channel_names_.end()) name = it->second;
       }
@@ -220,9 +220,11 @@ void ClusterBackend::run_mover() {
     ChangeListener* l = listener_.load();
     if (l) l->on_change(name);
     if (again) {
-      std::unique_lock lk(move_mu_);
+      UniqueLock lk(move_mu_);
       moves_.push_back(std::move(item));
-      move_cv_.wait_for(lk, backoff, [&] { return stop_; });
+      const auto until = std::chrono::steady_clock::now() + backoff;
+      while (!stop_ && move_cv_.wait_until(lk.native(), until) != std::cv_status::timeout) {
+      }
       backoff = std::min(backoff * 2, Millis(1000));
     }
   }

@@ -91,7 +91,7 @@ Master::Master(redis::ConnectionOptions opts) : opts_(std::move(opts)) {
 
 std::unique_ptr<redis::Socket> Master::open(std::string& why) {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     if (SteadyClock::now() < retry_after_) {
       why = last_error_;
       return nullptr;
@@ -112,7 +112,7 @@ std::unique_ptr<redis::Socket> Master::open(std::string& why) {
 }
 
 void Master::connect_failed(const std::string& why) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   retry_after_ = SteadyClock::now() + kReconnectBackoff;
   last_error_ = why;
 }
@@ -425,7 +425,7 @@ LanePool::LanePool(std::vector<std::shared_ptr<Master>> masters, std::size_t max
 
 std::unique_ptr<Lane> LanePool::take() {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     if (!idle_.empty()) {
       auto lane = std::move(idle_.back());
       idle_.pop_back();
@@ -437,7 +437,7 @@ std::unique_ptr<Lane> LanePool::take() {
 
 void LanePool::give(std::unique_ptr<Lane> lane) {
   if (!lane) return;
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   if (idle_.size() < max_idle_) idle_.push_back(std::move(lane));
 }
 

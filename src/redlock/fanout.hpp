@@ -44,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "distlock/options.hpp"
 #include "redis/connection.hpp"
 #include "redis/socket.hpp"
@@ -134,9 +135,9 @@ class Master {
  private:
   redis::ConnectionOptions opts_;
   std::string label_;
-  std::mutex mu_;
-  SteadyClock::time_point retry_after_{};  // guarded by mu_
-  std::string last_error_;                 // guarded by mu_
+  AnnotatedMutex mu_;
+  SteadyClock::time_point retry_after_ DISTLOCK_GUARDED_BY(mu_){};
+  std::string last_error_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 /// One connection to one master inside a lane; drives one request at a time.
@@ -216,8 +217,8 @@ class LanePool {
  private:
   std::vector<std::shared_ptr<Master>> masters_;
   std::size_t max_idle_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Lane>> idle_;  // guarded by mu_
+  AnnotatedMutex mu_;
+  std::vector<std::unique_ptr<Lane>> idle_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 /// Text of an error or status reply, or a short description of another reply.

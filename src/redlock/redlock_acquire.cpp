@@ -154,7 +154,7 @@ void RedlockBackend::cancel_acquire(std::string_view name, std::string_view owne
 void RedlockBackend::split_vote_backoff(const std::string& key, Millis elapsed, Millis ttl) {
   int votes = 0;
   {
-    std::lock_guard lk(backoff_mu_);
+    LockGuard lk(backoff_mu_);
     if (split_votes_.size() >= kMaxBackoffEntries && !split_votes_.contains(key)) split_votes_.clear();
     votes = std::min(++split_votes_[key], kMaxBackoffDoublings + 1);
   }

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/thread_annotations.hpp"
 #include "distlock/clock.hpp"
 #include "engine/log.hpp"
 #include "redlock/fanout.hpp"
@@ -88,7 +89,7 @@ class RedlockBackend final : public Backend {
 
   ~RedlockBackend() override {
     // The subscriber's thread calls the listener: stop it first.
-    std::lock_guard lk(sub_mu_);
+    LockGuard lk(sub_mu_);
     sub_.reset();
   }
 
@@ -116,7 +117,7 @@ class RedlockBackend final : public Backend {
 
  private:
   void forget_backoff(const std::string& key) {
-    std::lock_guard lk(backoff_mu_);
+    LockGuard lk(backoff_mu_);
     split_votes_.erase(key);
   }
 
@@ -169,11 +170,11 @@ class RedlockBackend final : public Backend {
   std::string channel_prefix_;
   ChangeListener* listener_ = nullptr;
 
-  std::mutex sub_mu_;
-  std::unique_ptr<Subscriber> sub_;  // guarded by sub_mu_; made by the first watch()
+  AnnotatedMutex sub_mu_;
+  std::unique_ptr<Subscriber> sub_ DISTLOCK_GUARDED_BY(sub_mu_);  // made by the first watch()
 
-  std::mutex backoff_mu_;
-  std::unordered_map<std::string, int> split_votes_;  // guarded by backoff_mu_; name\0owner -> count
+  AnnotatedMutex backoff_mu_;
+  std::unordered_map<std::string, int> split_votes_ DISTLOCK_GUARDED_BY(backoff_mu_);  // name\0owner -> count
 };
 
 }  // namespace distlock::detail::redlock

@@ -88,7 +88,7 @@ void RedlockBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   Subscriber* sub = nullptr;
   {
-    std::lock_guard lk(sub_mu_);
+    LockGuard lk(sub_mu_);
     if (!sub_) {
       sub_ = std::make_unique<Subscriber>(
           masters_, [this](std::string_view channel) { on_message(channel); },
@@ -102,7 +102,7 @@ void RedlockBackend::watch(std::string_view name, Error& ec) {
 }
 
 void RedlockBackend::unwatch(std::string_view name) noexcept {
-  std::lock_guard lk(sub_mu_);
+  LockGuard lk(sub_mu_);
   if (!sub_) return;
   try {
     sub_->unsubscribe(release_channel(cfg_, name));
