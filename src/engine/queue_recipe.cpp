@@ -14,19 +14,19 @@ constexpr int kMaxRounds = 16;
 }  // namespace
 
 bool QueueRecipe::live_entry(const QueueEntryPtr& e) const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   return store_.live(*e);
 }
 
 bool QueueRecipe::in_table(const std::string& key, const QueueEntryPtr& e) const {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   auto it = entries_.find(key);
   return it != entries_.end() && it->second == e;
 }
 
 void QueueRecipe::forget(const QueueEntryPtr& e) noexcept {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = entries_.find(name_owner_key(e->name, e->owner));
     if (it != entries_.end() && it->second == e) entries_.erase(it);
   }
@@ -35,7 +35,7 @@ void QueueRecipe::forget(const QueueEntryPtr& e) noexcept {
 
 void QueueRecipe::orphan(QueueEntryPtr e) noexcept {
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     orphans_.push_back(std::move(e));
   }
   store_.orphans_waiting();
@@ -49,7 +49,7 @@ void QueueRecipe::give_up(const QueueEntryPtr& e) noexcept {
 void QueueRecipe::clear_orphans_of(std::string_view name) noexcept {
   std::vector<QueueEntryPtr> mine;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (auto it = orphans_.begin(); it != orphans_.end();) {
       if ((*it)->name == name) {
         mine.push_back(std::move(*it));
@@ -73,7 +73,7 @@ std::size_t QueueRecipe::retry_orphans(std::vector<QueueEntryPtr> orphans) noexc
         log_.log(LogLevel::info, "removed the queue place of an abandoned attempt on lock \"{}\"", e->name);
         break;
       case QueueStore::Deleted::retry: {
-        std::lock_guard lk(mu_);
+        LockGuard lk(mu_);
         orphans_.push_back(std::move(e));
         kept = true;
         break;
@@ -113,7 +113,7 @@ QueueEntryPtr QueueRecipe::reusable_entry(const std::string& key, const AcquireR
   QueueEntryPtr e;
   QueueEntryPtr old;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       if (!it->second->held && store_.reusable(*it->second, req)) {
@@ -135,7 +135,7 @@ QueueEntryPtr QueueRecipe::reusable_entry(const std::string& key, const AcquireR
 }
 
 bool QueueRecipe::add_entry(const std::string& key, const QueueEntryPtr& e) {
-  std::lock_guard lk(mu_);
+  LockGuard lk(mu_);
   // Its session may have ended since new_entry read it, before this entry was in the
   // table for that session's end to take: such an entry would outlive it.
   if (!store_.live(*e)) return false;
@@ -148,7 +148,7 @@ std::optional<AcquireResult> QueueRecipe::grant_first(const std::string& key, co
   std::optional<Millis> validity;
   std::uint64_t token = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second == e) {
       validity = store_.grant(*e, pos);
@@ -243,7 +243,7 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
 void QueueRecipe::cancel_acquire(std::string_view name, std::string_view owner) noexcept {
   QueueEntryPtr e;
   try {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = entries_.find(name_owner_key(name, owner));
     if (it == entries_.end() || it->second->held) return;
     e = std::move(it->second);
@@ -261,7 +261,7 @@ ReleaseStatus QueueRecipe::release(std::string_view name, std::string_view owner
   QueueEntryPtr e;
   bool live = false;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     auto it = entries_.find(name_owner_key(name, owner));
     // A token that is not the entry's belongs to an earlier hold of the same owner id:
     // the entry (a later hold) is not touched.
@@ -293,7 +293,7 @@ void QueueRecipe::renew(std::span<const RenewItem> items, std::span<RenewStatus>
   std::vector<QueueEntry*> batch;
   std::vector<std::size_t> index;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (std::size_t i = 0; i < items.size(); ++i) {
       auto it = entries_.find(name_owner_key(items[i].name, items[i].owner));
       // A token that is not the entry's is an earlier hold of the same owner id: not
@@ -318,7 +318,7 @@ void QueueRecipe::renew(std::span<const RenewItem> items, std::span<RenewStatus>
   }
   std::vector<QueueEntryPtr> lost;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(mu_);
     for (std::size_t j = 0; j < batch.size(); ++j) {
       out[index[j]] = got[j];
       auto it = entries_.find(name_owner_key(entries[j]->name, entries[j]->owner));

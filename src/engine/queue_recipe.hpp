@@ -48,6 +48,7 @@
 #include "distlock/clock.hpp"
 #include "engine/backend.hpp"
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 
 namespace distlock::detail {
 
@@ -161,7 +162,7 @@ class QueueRecipe {
   void set_listener(ChangeListener* listener) noexcept { listener_.store(listener); }
   ChangeListener* listener() const noexcept { return listener_.load(); }
   /// Guards the table, the orphans, every QueueEntry's fields and the store's state.
-  std::mutex& mutex() const noexcept { return mu_; }
+  AnnotatedMutex& mutex() const noexcept DISTLOCK_RETURN_CAPABILITY(mu_) { return mu_; }
 
   // ---- the Backend calls ----------------------------------------------------
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec);
@@ -172,12 +173,12 @@ class QueueRecipe {
   // ---- for the store's sessions and keeper ------------------------------------
   /// Under mutex(): calls f(entry) for every entry.
   template <class F>
-  void for_each_locked(F&& f) const {
+  void for_each_locked(F&& f) const DISTLOCK_REQUIRES(mu_) {
     for (const auto& [key, e] : entries_) f(*e);
   }
   /// Under mutex(): removes and returns the entries `pred` accepts.
   template <class Pred>
-  std::vector<QueueEntryPtr> take_locked(Pred&& pred) {
+  std::vector<QueueEntryPtr> take_locked(Pred&& pred) DISTLOCK_REQUIRES(mu_) {
     std::vector<QueueEntryPtr> out;
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (pred(*it->second)) {
@@ -191,12 +192,14 @@ class QueueRecipe {
   }
   /// Under mutex(): drops the orphans `pred` accepts (their session ended: nothing to delete).
   template <class Pred>
-  void drop_orphans_locked(Pred&& pred) {
-    std::erase_if(orphans_, [&](const QueueEntryPtr& e) { return pred(*e); });
+  void drop_orphans_locked(Pred&& pred) DISTLOCK_REQUIRES(mu_) {
+    for (auto it = orphans_.begin(); it != orphans_.end();) it = pred(**it) ? orphans_.erase(it) : it + 1;
   }
   /// Under mutex(): whether any orphan waits, and takes them all.
-  bool has_orphans_locked() const noexcept { return !orphans_.empty(); }
-  std::vector<QueueEntryPtr> take_orphans_locked() { return std::exchange(orphans_, {}); }
+  bool has_orphans_locked() const noexcept DISTLOCK_REQUIRES(mu_) { return !orphans_.empty(); }
+  std::vector<QueueEntryPtr> take_orphans_locked() DISTLOCK_REQUIRES(mu_) {
+    return std::exchange(orphans_, {});
+  }
 
   /// A session ended and took `entries` (taken with take_locked) with it: each hold is
   /// lost, each waiter looks again. Without mutex().
@@ -240,9 +243,9 @@ class QueueRecipe {
   Logger log_;
   std::atomic<ChangeListener*> listener_{nullptr};
 
-  mutable std::mutex mu_;
-  std::map<std::string, QueueEntryPtr, std::less<>> entries_;  // name '\0' owner; guarded by mu_
-  std::vector<QueueEntryPtr> orphans_;                         // guarded by mu_
+  mutable AnnotatedMutex mu_;
+  std::map<std::string, QueueEntryPtr, std::less<>> entries_ DISTLOCK_GUARDED_BY(mu_);  // name '\0' owner
+  std::vector<QueueEntryPtr> orphans_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 /// A Backend (`Base`: Backend or RecordsBackend<...>) whose locks run on a QueueRecipe:

@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "engine/backend.hpp"
 #include "engine/log.hpp"
 #include "engine/queue_recipe.hpp"
+#include "engine/thread_annotations.hpp"
 #include "etcd/etcd_keys.hpp"
 #include "etcd/etcd_records.hpp"
 #include "etcd/etcd_transport.hpp"
@@ -105,7 +105,7 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   ~EtcdBackend() override {
     keeper_.request_stop();
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       keeper_cv_.notify_all();
     }
     if (keeper_.joinable()) keeper_.join();
@@ -126,7 +126,7 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     // keys whose release failed) at once, so other clients need not wait a TTL.
     std::vector<std::int64_t> leases;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       for (auto& [ttl, s] : sessions_) {
         if (s->alive) leases.push_back(s->lease);
       }
@@ -195,16 +195,17 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   // QueueStore (etcd_queue.cpp).
   bool admit(const AcquireRequest& req, Clock::time_point started, Error& ec) override;
   QueueEntryPtr new_entry(const AcquireRequest& req, Error& ec) override;
-  bool live(const QueueEntry& e) const override;
+  bool live(const QueueEntry& e) const override DISTLOCK_REQUIRES(recipe_.mutex());
   bool reusable(const QueueEntry& e, const AcquireRequest& req) const override;
   QueuePosition enqueue(QueueEntry& e, const AcquireRequest& req, Clock::time_point started,
                         Error& ec) override;
-  std::optional<Millis> grant(QueueEntry& e, const QueuePosition& pos) override;
+  std::optional<Millis> grant(QueueEntry& e, const QueuePosition& pos) override
+      DISTLOCK_REQUIRES(recipe_.mutex());
   Watch watch_predecessor(QueueEntry& e, Clock::time_point started, Error& ec) override;
   Deleted delete_place(QueueEntry& e, Error& ec) override;
   void confirm(std::span<QueueEntry* const> entries, std::span<RenewStatus> out, Clock::time_point sent,
                Error& ec) override;
-  void confirmed(QueueEntry& e, Clock::time_point sent) override;
+  void confirmed(QueueEntry& e, Clock::time_point sent) override DISTLOCK_REQUIRES(recipe_.mutex());
   void forgotten(QueueEntry& e) noexcept override;
 
   std::shared_ptr<Session> live_session(std::int64_t ttl_s, Error& ec);
@@ -234,11 +235,12 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   QueueRecipe recipe_;
 
   std::mutex grant_mu_;  // one LeaseGrant at a time, so threads share the session
-  std::mutex& mu_ = recipe_.mutex();
-  std::map<std::int64_t, std::shared_ptr<Session>> sessions_;  // by requested TTL s; guarded by mu_
-  std::uint64_t next_key_seq_ = 1;                             // makes every queue key unique; guarded by mu_
-  std::condition_variable keeper_cv_;    // waited on through clock_ (notified under mu_ to stop)
-  std::uint64_t keeper_generation_ = 0;  // bumped when a session is added; guarded by mu_
+  std::map<std::int64_t, std::shared_ptr<Session>> sessions_
+      DISTLOCK_GUARDED_BY(recipe_.mutex());                              // by TTL s
+  std::uint64_t next_key_seq_ DISTLOCK_GUARDED_BY(recipe_.mutex()) = 1;  // makes every queue key unique
+  std::condition_variable keeper_cv_;  // waited on through clock_ (notified under mu_ to stop)
+  std::uint64_t keeper_generation_ DISTLOCK_GUARDED_BY(recipe_.mutex()) =
+      0;  // bumped when a session is added
   std::jthread keeper_;
 
   // Lock order: mu_ before watch_mu_.

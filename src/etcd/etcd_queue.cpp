@@ -21,7 +21,7 @@ QueueEntryPtr EtcdBackend::new_entry(const AcquireRequest& req, Error& ec) {
   entry->lock_prefix = lock_prefix(req.name);
   entry->session = session;
   entry->made = clock_->now();
-  std::lock_guard lk(mu_);
+  LockGuard lk(recipe_.mutex());
   // A key of its own per acquisition attempt, never used before by this client (and
   // the lease names the client): an existing key is never adopted, so a token is
   // never handed out twice.
@@ -51,7 +51,7 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
   // keepalive, so refresh a session that is half-way through its TTL first.
   Millis remaining{};
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     // A session lost meanwhile: its lease may still live on the server for a while,
     // and a key put on it now would be nobody's. The recipe makes a new entry.
     if (!session->alive) return {QueuePosition::Kind::again};
@@ -63,7 +63,7 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
       ec = kec;
       return pos;  // failed
     }
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (!session->alive) return {QueuePosition::Kind::again};
     remaining = std::chrono::duration_cast<Millis>(session->last_sent + session->ttl - clock_->now());
   }
@@ -140,7 +140,7 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
   const bool first = low.kvs(0).create_revision() == my_rev;
   std::int64_t stale_watch = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     // A new key (or, when first, no predecessor at all): the watch on the old
     // predecessor says nothing about it.
     if (static_cast<std::int64_t>(entry.token) != my_rev || first) {
@@ -171,7 +171,7 @@ QueueStore::Watch EtcdBackend::watch_predecessor(QueueEntry& e, Clock::time_poin
   Entry& entry = entry_of<Entry>(e);
   std::int64_t my_rev = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     // Still waiting on the same predecessor whose delete event has not come: no need
     // to look for it again.
     if (entry.watch_id != 0 && !entry.watch_fired) return Watch::watching;
@@ -202,7 +202,7 @@ QueueStore::Deleted EtcdBackend::delete_place(QueueEntry& e, Error& ec) {
   const Entry& entry = entry_of<Entry>(e);
   std::int64_t create_rev = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (!entry.session->alive) return Deleted::gone;  // the lease took the key with it
     create_rev = static_cast<std::int64_t>(entry.token);
   }
@@ -244,7 +244,7 @@ QueueStore::Deleted EtcdBackend::delete_place(QueueEntry& e, Error& ec) {
 void EtcdBackend::forgotten(QueueEntry& e) noexcept {
   std::int64_t watch_id = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     watch_id = std::exchange(entry_of<Entry>(e).watch_id, 0);
   }
   if (watch_id != 0) cancel_watch(watch_id);
@@ -265,7 +265,7 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
   // the token: a missing or re-created key is a loss.
   std::vector<std::uint64_t> tokens(entries.size());
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     for (std::size_t i = 0; i < entries.size(); ++i) tokens[i] = entries[i]->token;
   }
   for (std::size_t from = 0; from < entries.size(); from += kMaxTxnOps) {
@@ -301,7 +301,7 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
     }
   }
   // A session lost meanwhile (its lease gone) took its keys with it.
-  std::lock_guard lk(mu_);
+  LockGuard lk(recipe_.mutex());
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (out[i] == RenewStatus::renewed && !entry_of<Entry>(*entries[i]).session->alive)
       out[i] = RenewStatus::not_owner;

@@ -8,7 +8,7 @@ namespace distlock::detail::etcd {
 std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, Error& ec) {
   std::lock_guard grant(grant_mu_);
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     auto it = sessions_.find(ttl_s);
     if (it != sessions_.end() && it->second->alive) return it->second;
   }
@@ -36,7 +36,7 @@ std::shared_ptr<Session> EtcdBackend::live_session(std::int64_t ttl_s, Error& ec
   s->next_keepalive = sent + s->ttl / 3;
   log_.log(LogLevel::debug, "etcd session lease {:x} granted with TTL {}s", s->lease, resp.ttl());
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     sessions_[ttl_s] = s;
     ++keeper_generation_;
   }
@@ -71,7 +71,7 @@ Error EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessio
     set_error(st, ec, "LeaseKeepAlive");
     std::vector<std::shared_ptr<Session>> expired;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       for (const auto& session : sessions) {
         session->next_keepalive = clock_->now() + std::min<Millis>(session->ttl / 6, Millis(500));
         if (clock_->now() >= session->last_sent + session->ttl) expired.push_back(session);
@@ -82,7 +82,7 @@ Error EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessio
   }
   std::vector<std::shared_ptr<Session>> gone;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     for (const auto& session : sessions) {
       const auto it = ttl_by_lease.find(session->lease);
       if (it == ttl_by_lease.end() || it->second <= 0) {
@@ -100,7 +100,7 @@ Error EtcdBackend::keepalive(const std::vector<std::shared_ptr<Session>>& sessio
 void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const char* why) noexcept {
   std::vector<QueueEntryPtr> gone;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (!session->alive) return;
     session->alive = false;
     auto it = sessions_.find(session->requested_s);
@@ -124,7 +124,7 @@ void EtcdBackend::keeper_main(std::stop_token st) {
     std::vector<std::shared_ptr<Session>> due;
     std::vector<QueueEntryPtr> stale, orphans;
     {
-      std::unique_lock lk(mu_);
+      UniqueLock lk(recipe_.mutex());
       auto wake = clock_->now() + std::chrono::seconds(1);
       for (auto& [ttl, s] : sessions_) {
         if (s->alive) wake = std::min(wake, s->next_keepalive);
@@ -133,7 +133,7 @@ void EtcdBackend::keeper_main(std::stop_token st) {
       // The destructor requests the stop, then notifies under mu_: checked here under
       // mu_ before each wait, so the wake-up is not missed.
       while (!st.stop_requested() && keeper_generation_ == seen && clock_->now() < wake) {
-        clock_->wait_until(keeper_cv_, lk, wake);
+        clock_->wait_until(keeper_cv_, lk.native(), wake);
       }
       if (st.stop_requested()) return;
       const auto now = clock_->now();

@@ -33,7 +33,7 @@ void EtcdBackend::add_watch(Entry& entry, const std::string& key, std::int64_t s
   std::int64_t id = 0;
   std::shared_ptr<WatchStream> stream;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     LockGuard wl(watch_mu_);
     if (stopping_) return;
     stream = open_stream_locked();
@@ -86,7 +86,7 @@ void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
     }
     if (!entry) return;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       // A watch replaced or cancelled since (the entry forgotten) says nothing.
       if (entry->watch_id != watch_id) return;
       entry->watch_fired = true;

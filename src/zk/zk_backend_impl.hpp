@@ -18,6 +18,7 @@
 #include "engine/backend.hpp"
 #include "engine/log.hpp"
 #include "engine/queue_recipe.hpp"
+#include "engine/thread_annotations.hpp"
 #include "zk/zk_backend.hpp"
 #include "zk/zk_call.hpp"
 #include "zk/zk_names.hpp"
@@ -112,14 +113,14 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
 
   ~ZkBackend() override {
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       stopping_ = true;
       cv_.notify_all();
     }
     if (keeper_.joinable()) keeper_.join();
     std::shared_ptr<Session> last;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       last = std::move(session_);
     }
     last.reset();  // closes the session: the server drops our ephemeral nodes at once
@@ -130,12 +131,12 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
     auto s = open_session(why);
     if (!s) return make_error_code(errc::backend_unavailable);
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(recipe_.mutex());
       session_ = s;
     }
     const SteadyTime deadline = clock_->now() + cfg_.connect_timeout;
     {
-      std::unique_lock lk(mu_);
+      UniqueLock lk(recipe_.mutex());
       wait_until(lk, deadline, [&] { return s->connected || s->expired; });
       if (s->expired) {
         why = "ZooKeeper at " + cfg_.redacted_url + " refused the session (authentication failed)";
@@ -190,7 +191,7 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
     st.orphans_removed = orphans_removed_.load();
     st.renew_syncs = renew_syncs_.load();
     st.session_timeout_ms = negotiated_ms_.load();
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (session_ && session_->zh) {
       if (const clientid_t* id = zoo_client_id(session_->zh.get())) {
         st.session_id = id->client_id;
@@ -208,15 +209,16 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   // QueueStore (zk_queue.cpp).
   bool admit(const AcquireRequest& req, Clock::time_point started, Error& ec) override;
   QueueEntryPtr new_entry(const AcquireRequest& req, Error& ec) override;
-  bool live(const QueueEntry& e) const override;
+  bool live(const QueueEntry& e) const override DISTLOCK_REQUIRES(recipe_.mutex());
   QueuePosition enqueue(QueueEntry& e, const AcquireRequest& req, Clock::time_point started,
                         Error& ec) override;
-  std::optional<Millis> grant(QueueEntry& e, const QueuePosition& pos) override;
+  std::optional<Millis> grant(QueueEntry& e, const QueuePosition& pos) override
+      DISTLOCK_REQUIRES(recipe_.mutex());
   Watch watch_predecessor(QueueEntry& e, Clock::time_point started, Error& ec) override;
   Deleted delete_place(QueueEntry& e, Error& ec) override;
   void confirm(std::span<QueueEntry* const> entries, std::span<RenewStatus> out, Clock::time_point sent,
                Error& ec) override;
-  void confirmed(QueueEntry& e, Clock::time_point sent) override;
+  void confirmed(QueueEntry& e, Clock::time_point sent) override DISTLOCK_REQUIRES(recipe_.mutex());
   void orphans_waiting() noexcept override;
 
   zk::RecordsEnv records_env() {
@@ -236,15 +238,16 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   }
   std::shared_ptr<Session> open_session(std::string& why);
   std::shared_ptr<Session> current_session() const {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     return session_;
   }
   /// The current session once it is connected (a new one after an expiry), or nullptr
   /// at `deadline`.
   std::shared_ptr<Session> usable_session(SteadyTime deadline) {
-    std::unique_lock lk(mu_);
-    wait_until(lk, deadline,
-               [&] { return stopping_ || (session_ && session_->connected && !session_->expired); });
+    UniqueLock lk(recipe_.mutex());
+    wait_until(lk, deadline, [&]() DISTLOCK_REQUIRES(recipe_.mutex()) {
+      return stopping_ || (session_ && session_->connected && !session_->expired);
+    });
     if (stopping_ || !session_ || !session_->connected || session_->expired) return nullptr;
     return session_;
   }
@@ -252,10 +255,10 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   /// cv_.wait_until with a predicate, on the injected clock (whose wait may return
   /// early: loop on its reading). `lk` holds mu_. Returns the predicate's last value.
   template <class Pred>
-  bool wait_until(std::unique_lock<std::mutex>& lk, SteadyTime deadline, Pred pred) {
+  bool wait_until(UniqueLock& lk, SteadyTime deadline, Pred pred) DISTLOCK_REQUIRES(recipe_.mutex()) {
     while (!pred()) {
       if (clock_->now() >= deadline) return false;
-      clock_->wait_until(cv_, lk, deadline);
+      clock_->wait_until(cv_, lk.native(), deadline);
     }
     return true;
   }
@@ -269,7 +272,8 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
 
   /// Records a session event under mu_. Returns the new negotiated timeout (ms) when
   /// this connection changed it (the old one in `before`), else 0.
-  int record_session_event(zhandle_t* zh, Session& s, int state, int& before) noexcept;
+  int record_session_event(zhandle_t* zh, Session& s, int state, int& before) noexcept
+      DISTLOCK_REQUIRES(recipe_.mutex());
   void keeper_main();
   void replace_expired_session();
 
@@ -284,11 +288,10 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   std::atomic<int> negotiated_ms_{0};
   std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0};
 
-  std::mutex& mu_ = recipe_.mutex();
-  std::condition_variable cv_;        // session state changes and keeper work
-  std::shared_ptr<Session> session_;  // guarded by mu_
-  SteadyTime orphan_retry_at_{};      // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
+  std::condition_variable cv_;  // session state changes and keeper work
+  std::shared_ptr<Session> session_ DISTLOCK_GUARDED_BY(recipe_.mutex());
+  SteadyTime orphan_retry_at_ DISTLOCK_GUARDED_BY(recipe_.mutex()){};
+  bool stopping_ DISTLOCK_GUARDED_BY(recipe_.mutex()) = false;
   std::thread keeper_;
   zk::Records records_;
 };

@@ -102,7 +102,7 @@ bool ZkBackend::admit(const AcquireRequest& req, Clock::time_point started, Erro
 
 QueueEntryPtr ZkBackend::new_entry(const AcquireRequest& req, Error& /*ec*/) {
   auto e = std::make_shared<Entry>(req.name, req.owner);
-  std::lock_guard lk(mu_);
+  LockGuard lk(recipe_.mutex());
   // Of the current session while it lives; else of none (not live: the recipe makes
   // another once a session is usable).
   e->generation = session_ && !session_->expired ? session_->generation() : 0;
@@ -121,12 +121,12 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
   const std::string dir = zk::lock_dir(name);
   Place p;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     p = place_of(entry);
   }
   QueuePosition pos;
   auto done = [&](QueuePosition::Kind kind) {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     set_place(entry, p);
     pos.kind = kind;
     return pos;
@@ -293,7 +293,7 @@ QueueStore::Watch ZkBackend::watch_predecessor(QueueEntry& qe, Clock::time_point
   std::string predecessor;
   std::uint64_t generation = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     predecessor = zk::lock_dir(e.name) + "/" + e.predecessor;
     generation = e.generation;
   }
@@ -318,7 +318,7 @@ QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
   const Entry& e = entry_of<Entry>(qe);
   Place p;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     p = place_of(e);
   }
   auto s = current_session();
@@ -359,7 +359,7 @@ QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
 }
 
 void ZkBackend::orphans_waiting() noexcept {
-  std::lock_guard lk(mu_);
+  LockGuard lk(recipe_.mutex());
   cv_.notify_all();
 }
 
@@ -369,7 +369,7 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
   std::vector<std::string> paths(entries.size());
   std::vector<std::uint64_t> tokens(entries.size());
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (!s || !s->connected) {
       ec = make_error_code(errc::backend_unavailable);
       ec.set_detail("not connected to ZooKeeper at " + cfg_.redacted_url);

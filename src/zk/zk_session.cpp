@@ -58,7 +58,7 @@ std::shared_ptr<Session> ZkBackend::open_session(std::string& why) {
 void ZkBackend::on_session_event(zhandle_t* zh, Session& s, int state) noexcept {
   int before = 0, granted = 0;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     granted = record_session_event(zh, s, state, before);
   }
   if (granted == 0) return;
@@ -132,7 +132,7 @@ void ZkBackend::on_node_event(int type, const char* path) noexcept {
 }
 
 void ZkBackend::keeper_main() {
-  std::unique_lock lk(mu_);
+  UniqueLock lk(recipe_.mutex());
   while (!stopping_) {
     const SteadyTime soon = clock_->now() + std::chrono::milliseconds(10);
     SteadyTime wake = clock_->now() + std::chrono::seconds(1);
@@ -142,7 +142,7 @@ void ZkBackend::keeper_main() {
       });
       if (recipe_.has_orphans_locked()) wake = std::min(wake, std::max(orphan_retry_at_, soon));
     }
-    wait_until(lk, wake, [&] {
+    wait_until(lk, wake, [&]() DISTLOCK_REQUIRES(recipe_.mutex()) {
       return stopping_ || (session_ && (session_->expired || session_->reconnected)) ||
              (session_ && session_->connected && recipe_.has_orphans_locked() &&
               clock_->now() >= orphan_retry_at_);
@@ -189,7 +189,7 @@ void ZkBackend::replace_expired_session() {
   std::shared_ptr<Session> old;
   std::vector<QueueEntryPtr> lost;
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (!session_ || !session_->expired) return;
     old = session_;
     // Every node of that session is gone with it (an entry of no session, made while
@@ -204,7 +204,7 @@ void ZkBackend::replace_expired_session() {
   std::string why;
   auto fresh = open_session(why);
   {
-    std::lock_guard lk(mu_);
+    LockGuard lk(recipe_.mutex());
     if (fresh) {
       session_ = fresh;
     } else {
@@ -215,8 +215,9 @@ void ZkBackend::replace_expired_session() {
   }
   old.reset();  // zookeeper_close, outside our lock and off the completion thread
   if (!fresh) {
-    std::unique_lock lk(mu_);
-    wait_until(lk, clock_->now() + std::chrono::milliseconds(500), [&] { return stopping_; });
+    UniqueLock lk(recipe_.mutex());
+    wait_until(lk, clock_->now() + std::chrono::milliseconds(500),
+               [&]() DISTLOCK_REQUIRES(recipe_.mutex()) { return stopping_; });
   }
   recipe_.end_session(lost);
 }
