@@ -21,7 +21,7 @@
 #   4. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
 #      ones), the queue recipe's and the file, redis and redlock backends' tests under
 #      ThreadSanitizer;
-#   5. a compile-only clang build of the core and the file and redis backends with -Wthread-safety;
+#   5. a compile-only clang build of the engine and every backend with -Wthread-safety;
 #   6. an install into a temporary prefix and a consumer built with find_package and pkg-config,
 #      a C program over the C API (both ways), a Go program over the installed library, and the
 #      installed Python package imported and used (run right after step 2, from step 1's tree).
@@ -87,8 +87,10 @@ tsan_targets=(engine_test election_test fork_test queue_recipe_test file_backend
 # -Werror=thread-safety turns a member touched without its mutex into a build error.
 tsa_flags=(-DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 -DCMAKE_BUILD_TYPE=Debug
   -DCMAKE_CXX_FLAGS_DEBUG="-O0" -DCMAKE_C_FLAGS_DEBUG="-O0"
-  -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_COMPONENTS="file;redis"
+  -DDISTLOCK_WERROR=ON -DDISTLOCK_THREAD_SAFETY_ANALYSIS=ON -DDISTLOCK_WITH_PYTHON=OFF
   -DDISTLOCK_BUILD_TESTS=OFF -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF)
+tsa_targets=(distlock distlock_file distlock_redis distlock_rediscluster distlock_redlock distlock_zk
+  distlock_postgres distlock_mysql distlock_fencing distlock_ids distlock_etcd)
 sanitizer_builds() {
   set -e
   local start=$SECONDS
@@ -98,9 +100,9 @@ sanitizer_builds() {
   echo "== ThreadSanitizer tree (ASan tree built in $((SECONDS - start)) s)"
   cmake "${generator[@]}" -S . -B build/tsan "${tsan_flags[@]}" >/dev/null
   cmake --build build/tsan -j"$jobs" --target "${tsan_targets[@]}"
-  echo "== clang thread-safety analysis (compile only: the engine, file and redis backends; at $((SECONDS - start)) s)"
+  echo "== clang thread-safety analysis (compile only: the engine and every backend; at $((SECONDS - start)) s)"
   cmake "${generator[@]}" -S . -B build/tsa "${tsa_flags[@]}" >/dev/null
-  cmake --build build/tsa -j"$jobs" --target distlock distlock_file distlock_redis
+  cmake --build build/tsa -j"$jobs" --target "${tsa_targets[@]}"
   echo "== sanitizer builds done in $((SECONDS - start)) s"
 }
 
@@ -123,7 +125,7 @@ fi
 # a test's thread that wakes preempts them at once) beside step 1, then at normal priority
 # beside the conformance suite, which runs on a busy machine by design.
 mkdir -p build
-setsid chrt --idle 0 bash -c "$(declare -p generator jobs asan_flags tsan_flags tsan_targets tsa_flags sanitizer_opt); $(declare -f sanitizer_builds); sanitizer_builds" \
+setsid chrt --idle 0 bash -c "$(declare -p generator jobs asan_flags tsan_flags tsan_targets tsa_flags tsa_targets sanitizer_opt); $(declare -f sanitizer_builds); sanitizer_builds" \
   >build/sanitizer-builds.log 2>&1 & builds=$!
 trap 'kill -- -$builds 2>/dev/null || true; stop_hogs' EXIT
 # Moves every process of the builds' session (ninja, whose new compilers inherit its policy, and
@@ -167,7 +169,7 @@ if ! wait $builds; then
 fi
 trap - EXIT
 grep -E '^== ' build/sanitizer-builds.log
-echo "clang thread-safety analysis: the engine, file and redis backends compile with -Werror=thread-safety"
+echo "clang thread-safety analysis: the engine and every backend compile with -Werror=thread-safety"
 done_with build/tsa
 
 step "AddressSanitizer + UndefinedBehaviorSanitizer tests"
