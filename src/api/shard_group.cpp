@@ -41,9 +41,16 @@ std::map<std::string, std::vector<std::uint32_t>> plan_shards(
     if (owners[i] && count.contains(*owners[i])) ++count[*owners[i]];
   const auto w = static_cast<std::uint32_t>(members.size());
   const std::uint32_t base = shards / w, extra = shards % w;
+  // Who may own ceil(M/W): members holding more than floor(M/W) first, then id order. The
+  // count is clamped to [floor, ceil]: a ceil slot saves exactly one move for a member holding
+  // more than floor and none for the others, and the clamp keeps the order (so the plan) the
+  // same while members take their free shards one by one between two listings.
+  const auto rank = [&](const std::string& m) {
+    return std::clamp(count[m], base, base + (extra ? 1U : 0U));
+  };
   std::vector<std::string> order = members;
   std::stable_sort(order.begin(), order.end(),
-                   [&](const std::string& a, const std::string& b) { return count[a] > count[b]; });
+                   [&](const std::string& a, const std::string& b) { return rank(a) > rank(b); });
   std::map<std::string, std::uint32_t> quota;
   for (std::uint32_t r = 0; r < w; ++r) quota[order[r]] = base + (r < extra ? 1 : 0);
   std::vector<bool> placed(shards, false);
