@@ -496,7 +496,19 @@ ShardGroup::ShardGroup(Client client, std::string job, std::uint32_t shards, Sha
   core->shard_opts.holder_info = kOwnerTag + opts.member_id;
   core->opts = std::move(opts);
   core->client.list(core->members_prefix, 1);  // errc::not_supported where it cannot list
-  core->join_membership();
+  try {
+    core->join_membership();
+  } catch (const std::system_error& e) {
+    if (e.code() != errc::busy) throw;
+    // Another live member (another process, or another group object in this one) holds this
+    // id: say so, rather than the engine's "lock is busy" (or, from this thread, its words
+    // about a Mutex or another Lease).
+    throw_error(e.code(),
+                "member id \"" + core->member_id + "\" of shard group \"" + core->job +
+                    "\" is in use by a live member (member ids must be unique in a group; the id of "
+                    "a member that died is free again once its membership lease expires, within one "
+                    "TTL)");
+  }
   core->start();
   core_ = std::move(core);
 }

@@ -480,6 +480,21 @@ TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
     FAIL() << "a second member 'same' joined";
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
+    // Says what is wrong: this member id is taken in this group (not just "lock is busy").
+    EXPECT_NE(std::string(e.what()).find("member id \"same\" of shard group \"dup\" is in use"),
+              std::string::npos)
+        << e.what();
+  }
+  // The same from one client and one thread (the engine would otherwise speak of a Mutex or
+  // another Lease held by this thread).
+  try {
+    auto g3 = c1.shard_group("dup", 2, o);
+    FAIL() << "a second member 'same' joined through the same client";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
+    EXPECT_NE(std::string(e.what()).find("member id \"same\" of shard group \"dup\" is in use"),
+              std::string::npos)
+        << e.what();
   }
   o.member_id = "bad/id";
   EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
