@@ -263,7 +263,10 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       try {
         join_membership();
       } catch (...) {
-        // Retried at the next rebalance.
+        // Retried at the next rebalance. Counted: busy past one TTL means another live
+        // process holds this member id (docs/sharding.md, "Member ids").
+        std::lock_guard lk(mu);
+        ++counters.rejoin_failures;
       }
     }
     publish();
@@ -593,6 +596,10 @@ std::string ShardGroup::metrics() const {
          std::to_string(st.membership_lost));
   family("distlock_shard_list_failures_total", "counter", "Rebalances skipped because a list failed.",
          std::to_string(st.list_failures));
+  family("distlock_shard_rejoin_failures_total", "counter",
+         "Failed attempts to rejoin after a lost membership (rising past one TTL: another process uses this "
+         "member id).",
+         std::to_string(st.rejoin_failures));
   if (st.last_rebalance_time) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(st.last_rebalance_time->count()) / 1000.0);
