@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -215,6 +216,9 @@ class Round {
   std::optional<std::int64_t> until(const std::function<bool()>& done) {
     const auto end = SteadyClock::now() + phase_timeout_;
     if (done()) return last_event_ns_;
+    // Lines read before the last phase ended but not handled yet come first.
+    for (std::size_t i = 0; i < members_.size(); ++i)
+      if (handle_lines(i, done)) return last_event_ns_;
     while (SteadyClock::now() < end) {
       std::vector<pollfd> fds;
       std::vector<std::size_t> who;
@@ -237,15 +241,23 @@ class Round {
           continue;
         }
         m.buf.append(buf, static_cast<std::size_t>(n));
-        for (std::size_t nl; (nl = m.buf.find('\n')) != std::string::npos;) {
-          const std::string line = m.buf.substr(0, nl);
-          m.buf.erase(0, nl + 1);
-          event(who[k], line);
-          if (done()) return last_event_ns_;
-        }
+        if (handle_lines(who[k], done)) return last_event_ns_;
       }
     }
     return std::nullopt;
+  }
+
+  /// Handles the complete lines member i printed, one by one, until `done()` holds (true) or
+  /// none is left (false); the rest stays for the next phase.
+  bool handle_lines(std::size_t i, const std::function<bool()>& done) {
+    Member& m = members_[i];
+    for (std::size_t nl; (nl = m.buf.find('\n')) != std::string::npos;) {
+      const std::string line = m.buf.substr(0, nl);
+      m.buf.erase(0, nl + 1);
+      event(i, line);
+      if (done()) return true;
+    }
+    return false;
   }
 
   /// Every shard owned by exactly one live member, each live member ⌊M/W⌋ or ⌈M/W⌉ of them.
@@ -336,6 +348,8 @@ class Round {
 
   void event(std::size_t i, const std::string& line) {
     Member& m = members_[i];
+    if (std::getenv("DISTLOCK_SHARD_BENCH_TRACE"))
+      std::fprintf(stderr, "%s %s\n", m.id.c_str(), line.c_str());
     std::istringstream in(line);
     char kind = 0;
     std::int64_t t = 0;
