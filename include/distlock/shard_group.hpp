@@ -82,6 +82,11 @@ struct DISTLOCK_EXPORT ShardGroupStats {
   std::uint64_t shards_lost = 0;      ///< shard leases lost (renewal failed, deadline passed)
   std::uint64_t membership_lost = 0;  ///< membership leases lost (it then gives up every shard and rejoins)
   std::uint64_t list_failures = 0;    ///< rebalances skipped because a list failed
+  /// Attempts to rejoin after a lost membership that failed. Busy ones are normal for up to
+  /// one TTL (this member's own record has not expired on the server yet); a count that keeps
+  /// rising past that means another live process holds this member id, and this member owns
+  /// no shard until that one leaves (docs/sharding.md, "Member ids").
+  std::uint64_t rejoin_failures = 0;
   /// From the last time this member's target changed until it owned exactly its target;
   /// nullopt until that happened once.
   std::optional<Millis> last_rebalance_time;
@@ -143,7 +148,8 @@ class DISTLOCK_EXPORT ShardGroup {
   /// stats() in the Prometheus text exposition format, version 0.0.4, every series labelled
   /// `job`: distlock_shard_owned (gauge), distlock_shard_rebalances_total,
   /// distlock_shard_taken_total, distlock_shard_given_up_total, distlock_shard_lost_total,
-  /// distlock_shard_membership_lost_total, distlock_shard_list_failures_total and
+  /// distlock_shard_membership_lost_total, distlock_shard_list_failures_total,
+  /// distlock_shard_rejoin_failures_total and
   /// distlock_shard_last_rebalance_seconds (gauge; absent until a rebalance completed).
   /// docs/metrics.md lists them.
   std::string metrics() const;

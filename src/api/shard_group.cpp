@@ -41,9 +41,16 @@ std::map<std::string, std::vector<std::uint32_t>> plan_shards(
     if (owners[i] && count.contains(*owners[i])) ++count[*owners[i]];
   const auto w = static_cast<std::uint32_t>(members.size());
   const std::uint32_t base = shards / w, extra = shards % w;
+  // Who may own ceil(M/W): members holding more than floor(M/W) first, then id order. The
+  // count is clamped to [floor, ceil]: a ceil slot saves exactly one move for a member holding
+  // more than floor and none for the others, and the clamp keeps the order (so the plan) the
+  // same while members take their free shards one by one between two listings.
+  const auto rank = [&](const std::string& m) {
+    return std::clamp(count[m], base, base + (extra ? 1U : 0U));
+  };
   std::vector<std::string> order = members;
   std::stable_sort(order.begin(), order.end(),
-                   [&](const std::string& a, const std::string& b) { return count[a] > count[b]; });
+                   [&](const std::string& a, const std::string& b) { return rank(a) > rank(b); });
   std::map<std::string, std::uint32_t> quota;
   for (std::uint32_t r = 0; r < w; ++r) quota[order[r]] = base + (r < extra ? 1 : 0);
   std::vector<bool> placed(shards, false);
@@ -256,7 +263,10 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       try {
         join_membership();
       } catch (...) {
-        // Retried at the next rebalance.
+        // Retried at the next rebalance. Counted: busy past one TTL means another live
+        // process holds this member id (docs/sharding.md, "Member ids").
+        std::lock_guard lk(mu);
+        ++counters.rejoin_failures;
       }
     }
     publish();
@@ -489,7 +499,19 @@ ShardGroup::ShardGroup(Client client, std::string job, std::uint32_t shards, Sha
   core->shard_opts.holder_info = kOwnerTag + opts.member_id;
   core->opts = std::move(opts);
   core->client.list(core->members_prefix, 1);  // errc::not_supported where it cannot list
-  core->join_membership();
+  try {
+    core->join_membership();
+  } catch (const std::system_error& e) {
+    if (e.code() != errc::busy) throw;
+    // Another live member (another process, or another group object in this one) holds this
+    // id: say so, rather than the engine's "lock is busy" (or, from this thread, its words
+    // about a Mutex or another Lease).
+    throw_error(e.code(),
+                "member id \"" + core->member_id + "\" of shard group \"" + core->job +
+                    "\" is in use by a live member (member ids must be unique in a group; the id of "
+                    "a member that died is free again once its membership lease expires, within one "
+                    "TTL)");
+  }
   core->start();
   core_ = std::move(core);
 }
@@ -574,6 +596,10 @@ std::string ShardGroup::metrics() const {
          std::to_string(st.membership_lost));
   family("distlock_shard_list_failures_total", "counter", "Rebalances skipped because a list failed.",
          std::to_string(st.list_failures));
+  family("distlock_shard_rejoin_failures_total", "counter",
+         "Failed attempts to rejoin after a lost membership (rising past one TTL: another process uses this "
+         "member id).",
+         std::to_string(st.rejoin_failures));
   if (st.last_rebalance_time) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(st.last_rebalance_time->count()) / 1000.0);

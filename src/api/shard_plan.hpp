@@ -17,7 +17,9 @@ namespace distlock::detail {
 /// own. Every live member gets an entry (possibly empty).
 ///
 /// Balanced: with W members, the first M mod W members in the order (current count of
-/// kept-able shards descending, id ascending) get ceil(M/W), the others floor(M/W).
+/// kept-able shards clamped to [floor(M/W), ceil(M/W)], descending; id ascending) get
+/// ceil(M/W), the others floor(M/W). The clamp makes the plan stable while members carry it
+/// out one by one (a member that took its free shards does not overtake another).
 /// Sticky: a shard stays with its live owner while that owner is under its quota (shards
 /// in index order); only the rest move, each free shard (index order) to the first member
 /// in id order still under its quota. So a join or leave moves exactly the shards balance

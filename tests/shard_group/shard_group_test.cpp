@@ -468,6 +468,55 @@ TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterw
               static_cast<long long>((kTtl + kPeriod + kSlack).count()));
 }
 
+// Two live processes with one member id: a member cut off for longer than its TTL loses its
+// membership, and another process joins with the same id meanwhile. The first one cannot
+// rejoin (the id is held) and owns nothing; before rejoin_failures this was silent (its
+// stats showed one lost membership, nothing more). It stays out, counted, until the other one
+// leaves, and then rejoins.
+TEST_P(ShardGroupNetwork, AMemberWhoseIdWasTakenWhileItWasCutOffCountsItsFailedRejoins) {
+  constexpr std::uint32_t kShards = 4;
+  distlock::testing::FaultProxyGroup net(target_->ports());
+  auto ca = distlock::connect(target_->url_via(net.hosts()));
+  auto cb = distlock::connect(target_->url());
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = "twin";
+  auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("twins", kShards, o));
+  ASSERT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << show(owned(*a));
+  net.freeze_all();  // every request of a hangs: its leases run out (locally first)
+  // Another process joins as "twin" once the server let a's record go (within a TTL; a's
+  // local deadline passed before that).
+  std::unique_ptr<distlock::ShardGroup> b;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        try {
+          b = std::make_unique<distlock::ShardGroup>(cb.shard_group("twins", kShards, o));
+          return true;
+        } catch (const std::system_error&) {
+          return false;  // busy until the server let a's record go
+        }
+      },
+      kDeadline));
+  ASSERT_TRUE(wait_until([&] { return owned(*b).size() == kShards; }, kDeadline)) << show(owned(*b));
+  net.pass_all();
+  // a (its loop back from the requests that hung) finds its membership lost, tries to rejoin at
+  // each period and is refused: counted, and it owns nothing.
+  EXPECT_TRUE(wait_until([&] { return a->stats().rejoin_failures >= 2; }, kDeadline))
+      << "a's failed rejoins are not reported: " << a->stats().rejoin_failures;
+  EXPECT_TRUE(owned(*a).empty()) << show(owned(*a));
+  EXPECT_NE(a->metrics().find("distlock_shard_rejoin_failures_total{job=\"twins\"} "), std::string::npos)
+      << a->metrics();
+  // Once b leaves, a rejoins and takes every shard.
+  b->leave();
+  const auto t0 = SteadyClock::now();
+  EXPECT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << show(owned(*a));
+  std::printf("[ %s ] %llu failed rejoins; a owned every shard %lld ms after the other twin left\n",
+              GetParam().label.c_str(), static_cast<unsigned long long>(a->stats().rejoin_failures),
+              static_cast<long long>(ms_since(t0)));
+  a->leave();
+}
+
 TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
   auto c1 = distlock::connect(target_->url()), c2 = distlock::connect(target_->url());
   distlock::ShardGroupOptions o;
@@ -480,6 +529,21 @@ TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
     FAIL() << "a second member 'same' joined";
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
+    // Says what is wrong: this member id is taken in this group (not just "lock is busy").
+    EXPECT_NE(std::string(e.what()).find("member id \"same\" of shard group \"dup\" is in use"),
+              std::string::npos)
+        << e.what();
+  }
+  // The same from one client and one thread (the engine would otherwise speak of a Mutex or
+  // another Lease held by this thread).
+  try {
+    auto g3 = c1.shard_group("dup", 2, o);
+    FAIL() << "a second member 'same' joined through the same client";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
+    EXPECT_NE(std::string(e.what()).find("member id \"same\" of shard group \"dup\" is in use"),
+              std::string::npos)
+        << e.what();
   }
   o.member_id = "bad/id";
   EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
