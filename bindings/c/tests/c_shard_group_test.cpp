@@ -9,14 +9,17 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +30,7 @@
 namespace {
 
 using namespace std::chrono_literals;
+using distlock::testing::Process;
 using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
@@ -378,5 +382,31 @@ TEST(CShardGroupLoss, AShardWhoseLockIsGoneOnTheServerIsSignalledLost) {
   EXPECT_GT(now.at(0), s0.token);
 }
 #endif  // DISTLOCK_TEST_REDIS
+
+// The example of docs/c.md (bindings/c/tests/shard_example.c), compiled as C99 and run on
+// file:// and, when built, redis://.
+TEST(CShardGroupExample, TheDocsExampleRuns) {
+  TempDir work("distlock-cshard-example");
+  std::vector<std::string> urls{"file://" + work.path().string()};
+#ifdef DISTLOCK_TEST_REDIS
+  const char* redis = env("DISTLOCK_TEST_REDIS_URL");
+  ASSERT_NE(redis, nullptr);
+  urls.push_back(std::string(redis) + "?prefix=cshardexample" + std::to_string(::getpid()));
+#endif
+  int n = 0;
+  for (const auto& url : urls) {
+    const auto out = work.path() / ("out" + std::to_string(n++));
+    Process p = Process::spawn({C_SHARD_EXAMPLE_PATH, url}, out.string());
+    const int status = p.wait_for(60s);
+    std::ifstream in(out);
+    std::stringstream s;
+    s << in.rdbuf();
+    ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << url << ": " << s.str();
+    for (int i = 0; i < 4; ++i)
+      EXPECT_NE(s.str().find("shard " + std::to_string(i) + " reindexed with token "), std::string::npos)
+          << s.str();
+    EXPECT_NE(s.str().find("shard 0 stopped: 1"), std::string::npos) << s.str();
+  }
+}
 
 }  // namespace
