@@ -589,6 +589,7 @@ class ShardGroup:
 
     def __init__(self, impl: Any) -> None:
         self._impl = impl
+        self._last_version = 0  # of the last assignment returned by assigned() / wait_change()
 
     @property
     def member_id(self) -> str:
@@ -605,18 +606,27 @@ class ShardGroup:
 
     def assigned(self) -> ShardAssignment:
         """The shards this member owns now. Raises :class:`NotOwner` after :meth:`leave`."""
-        return ShardAssignment(self._impl.assigned())
+        now = ShardAssignment(self._impl.assigned())
+        self._last_version = now.version
+        return now
 
     def wait_change(self, timeout: Optional[float] = None, *,
                     after_version: Optional[int] = None) -> Optional[ShardAssignment]:
-        """Waits until the assignment's version is greater than ``after_version`` (default: the
-        version now) and returns it; ``None`` when ``timeout`` seconds (None: no limit) passed
-        first. Raises :class:`NotOwner` once the member left (also during the wait). Runs
-        without the GIL; on the main thread Ctrl-C ends it (KeyboardInterrupt) within 100 ms."""
+        """Waits until the assignment's version is greater than ``after_version`` and returns it;
+        ``None`` when ``timeout`` seconds (None: no limit) passed first. ``after_version``
+        defaults to the version of the last assignment this object returned (from
+        :meth:`assigned` or :meth:`wait_change`; 0 before any), so that a change between reading
+        an assignment and waiting is never missed; with several threads waiting, pass it.
+        Raises :class:`NotOwner` once the member left (also during the wait). Runs without the
+        GIL; on the main thread Ctrl-C ends it (KeyboardInterrupt) within 100 ms."""
         if after_version is None:
-            after_version = self._impl.assigned()[0]
+            after_version = self._last_version
         t = self._impl.wait_change(after_version, timeout)
-        return None if t is None else ShardAssignment(t)
+        if t is None:
+            return None
+        now = ShardAssignment(t)
+        self._last_version = now.version
+        return now
 
     def leave(self) -> None:
         """Sets every owned shard's ``stopped``, releases every shard and the membership at

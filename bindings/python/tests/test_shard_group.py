@@ -142,6 +142,22 @@ def test_bad_input_gets_clear_errors(file_store):
         assert all(s.stopped.is_set() for s in full.values())
 
 
+def test_wait_change_by_default_does_not_miss_a_change_made_after_the_last_read(file_store):
+    with distlock.connect(file_store.url) as client:
+        with client.shard_group("py/default", 4, ttl=TTL, rebalance_period=PERIOD, member_id="a") as a:
+            full = wait_for(a, lambda x: len(x) == 4, 10.0)
+            assert len(full) == 4
+            # b joins and a gives two shards up, all while nobody waits on a.
+            with client.shard_group("py/default", 4, ttl=TTL, rebalance_period=PERIOD,
+                                    member_id="b") as b:
+                assert len(wait_for(b, lambda x: len(x) == 2, 10.0)) == 2
+                # The change since a's last read is returned at once, not awaited.
+                start = time.monotonic()
+                changed = a.wait_change(5.0)
+                assert changed is not None and changed.version > full.version
+                assert time.monotonic() - start < 1.0
+
+
 def test_sharded_worker_example_splits_and_hands_over(redis_server):
     script = os.path.join(SOURCE_DIR, "examples", "python", "sharded_worker.py")
     job = f"example{os.getpid()}"
