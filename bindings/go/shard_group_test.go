@@ -184,9 +184,9 @@ func TestShardGroupBadInputAndALeftGroupGetClearErrors(t *testing.T) {
 		t.Fatalf("the only member owns %v", full.Indexes())
 	}
 	// Nothing changes: the context's deadline ends the wait.
+	start := time.Now() // before the deadline is set: the wait cannot end before start + 150 ms
 	short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	if _, err := g.WaitChange(short, full.Version); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, distlock.ErrCancelled) {
 		t.Fatalf("WaitChange past its deadline: %v", err)
 	}
