@@ -831,6 +831,11 @@ int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* er
   return guarded(err, [&] { *out = g->gen->next(); });
 }
 
+int distlock_segment_set_step(distlock_segment* g, int64_t step, distlock_error* err) {
+  if (g == nullptr) return invalid(err, "distlock: distlock_segment_set_step: generator is NULL");
+  return guarded(err, [&] { g->gen->set_step(step); });
+}
+
 int distlock_uuid7(char out[37], distlock_error* err) {
   if (out == nullptr) return invalid(err, "distlock: distlock_uuid7: out is NULL");
   return guarded(err, [&] {
@@ -868,6 +873,9 @@ int distlock_segment_new(const char*, const char*, int64_t, distlock_segment** o
   return no_ids(err);
 }
 int distlock_segment_next(distlock_segment*, uint64_t*, distlock_error* err) {
+  return no_ids(err);
+}
+int distlock_segment_set_step(distlock_segment*, int64_t, distlock_error* err) {
   return no_ids(err);
 }
 int distlock_uuid7(char*, distlock_error* err) {

@@ -381,6 +381,10 @@ typedef struct distlock_segment distlock_segment;
 DISTLOCK_C_API int distlock_segment_new(const char* url, const char* tag, int64_t step,
                                         distlock_segment** out, distlock_error* err);
 DISTLOCK_C_API int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* err);
+/* Ids per database round trip from the next range taken on (0: the row's step);
+ * DISTLOCK_E_INVALID_ARGUMENT (nothing changes) outside [0, 1e9]. One call at a time per
+ * generator; next() may run at once. */
+DISTLOCK_C_API int distlock_segment_set_step(distlock_segment* g, int64_t step, distlock_error* err);
 DISTLOCK_C_API void distlock_segment_free(distlock_segment* g);
 /* A UUIDv7 in canonical text (36 characters and a NUL) from one process-wide generator:
  * strictly increasing within the process. Any thread. */
