@@ -5,9 +5,12 @@
 
 #include <cctype>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -16,6 +19,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "distlock/distlock.h"
 #include "distlock/distlock.hpp"
@@ -56,6 +60,44 @@ struct distlock_lease {
     if (fd >= 0) ::close(fd);
   }
   std::stop_token stop_token() const noexcept { return lease ? lease->stop_token() : rw->stop_token(); }
+};
+
+// What a shard group's on_change shares with the waits of the C API (it may run before the
+// group's constructor returns: the first rebalance runs at once on the group's thread).
+struct ShardGroupSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool left = false;
+  int fd = -1;  // the changed descriptor
+  void changed() {
+    { std::lock_guard lk(mu); }  // a waiter between its check and its wait sees the notify
+    cv.notify_all();
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof one);
+  }
+  ~ShardGroupSignal() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+struct distlock_shard_group {
+  std::shared_ptr<ShardGroupSignal> signal;
+  std::optional<distlock::ShardGroup> group;
+};
+
+struct distlock_shard_assignment {
+  struct Shard {
+    distlock::OwnedShard owned;
+    int fd = -1;
+    std::optional<std::stop_callback<NotifyFd>> notify;
+    ~Shard() {
+      notify.reset();  // waits for a running callback: the fd must outlive it
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  std::uint64_t version = 0;
+  std::size_t members = 0;
+  std::vector<std::unique_ptr<Shard>> shards;
 };
 
 struct distlock_snowflake {
@@ -526,6 +568,204 @@ int distlock_list_json(distlock_client* c, const char* prefix, size_t limit, cha
   });
 }
 
+void distlock_shard_group_options_init(distlock_shard_group_options* opts) {
+  if (opts == nullptr) return;
+  opts->ttl_ms = DISTLOCK_DEFAULT;
+  opts->max_hold_ms = DISTLOCK_DEFAULT;
+  opts->rebalance_period_ms = DISTLOCK_DEFAULT;
+  opts->member_id = nullptr;
+  opts->info = nullptr;
+}
+
+int distlock_shard_group_join(distlock_client* c, const char* job, uint32_t shards,
+                              const distlock_shard_group_options* opts, distlock_shard_group** out,
+                              distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_shard_group_join: client or out is NULL");
+  *out = nullptr;
+  if (job == nullptr) return invalid(err, "distlock: the shard group's job name is NULL");
+  return guarded(err, [&] {
+    auto g = std::make_unique<distlock_shard_group>();
+    g->signal = std::make_shared<ShardGroupSignal>();
+    g->signal->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (g->signal->fd < 0)
+      throw std::system_error(errno, std::generic_category(), "distlock: eventfd for the shard group");
+    distlock::ShardGroupOptions o;
+    o.lock = c->defaults;
+    if (opts != nullptr) {
+      if (opts->ttl_ms != DISTLOCK_DEFAULT) o.lock.ttl = distlock::Millis(opts->ttl_ms);
+      if (opts->max_hold_ms != DISTLOCK_DEFAULT) o.lock.max_hold = distlock::Millis(opts->max_hold_ms);
+      if (opts->rebalance_period_ms != DISTLOCK_DEFAULT)
+        o.rebalance_period = distlock::Millis(opts->rebalance_period_ms);
+      if (opts->member_id != nullptr) {
+        if (*opts->member_id == '\0')
+          throw std::system_error(make_error_code(distlock::errc::invalid_argument),
+                                  "distlock: shard group: member_id is empty");
+        o.member_id = opts->member_id;
+      }
+      if (opts->info != nullptr) o.info = opts->info;
+    }
+    // Weak: the group's thread must not keep the signal (and its descriptor) alive.
+    o.on_change = [weak = std::weak_ptr<ShardGroupSignal>(g->signal)](const distlock::ShardAssignment&) {
+      if (auto s = weak.lock()) s->changed();
+    };
+    g->group.emplace(c->client.shard_group(job, shards, o));
+    *out = g.release();
+  });
+}
+
+namespace {
+
+distlock_shard_assignment* wrap_assignment(const distlock::ShardAssignment& a) {
+  auto out = std::make_unique<distlock_shard_assignment>();
+  out->version = a.version;
+  out->members = a.members;
+  for (const distlock::OwnedShard& s : a.shards) {
+    auto sh = std::make_unique<distlock_shard_assignment::Shard>();
+    sh->owned = s;
+    sh->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (sh->fd < 0) {
+      throw std::system_error(errno, std::generic_category(), "distlock: eventfd for a shard's stop signal");
+    }
+    // Fires at once (on this thread) if the shard is already stopped.
+    sh->notify.emplace(sh->owned.stop, NotifyFd{sh->fd});
+    out->shards.push_back(std::move(sh));
+  }
+  return out.release();
+}
+
+[[noreturn]] void throw_left(const distlock_shard_group* g) {
+  throw std::system_error(make_error_code(distlock::errc::not_owner),
+                          "distlock: shard group \"" + g->group->job() + "\": this member (" +
+                              g->group->member_id() + ") has left the group");
+}
+
+}  // namespace
+
+int distlock_shard_group_assigned(distlock_shard_group* g, distlock_shard_assignment** out,
+                                  distlock_error* err) {
+  if (g == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_shard_group_assigned: group or out is NULL");
+  *out = nullptr;
+  return guarded(err, [&] {
+    {
+      std::lock_guard lk(g->signal->mu);
+      if (g->signal->left) throw_left(g);
+    }
+    *out = wrap_assignment(g->group->assigned());
+  });
+}
+
+int distlock_shard_group_wait_change(distlock_shard_group* g, uint64_t after_version, int64_t timeout_ms,
+                                     distlock_cancel* cancel, distlock_shard_assignment** out,
+                                     distlock_error* err) {
+  if (g == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_shard_group_wait_change: group or out is NULL");
+  *out = nullptr;
+  if (timeout_ms < 0 && timeout_ms != DISTLOCK_WAIT_FOREVER)
+    return invalid(err, "distlock: distlock_shard_group_wait_change: timeout_ms " +
+                            std::to_string(timeout_ms) + " is negative (DISTLOCK_WAIT_FOREVER is -1)");
+  return guarded(err, [&] {
+    ShardGroupSignal& s = *g->signal;
+    std::stop_token token;
+    if (cancel != nullptr) token = cancel->source.get_token();
+    // Wakes the wait (under the mutex, so that it cannot fall between a check and the wait).
+    auto wake = [&s] {
+      { std::lock_guard lk(s.mu); }
+      s.cv.notify_all();
+    };
+    std::stop_callback<decltype(wake)> on_cancel(token, wake);
+    std::optional<distlock::ShardAssignment> now;
+    bool left = false;
+    auto ready = [&] {
+      if (s.left) return left = true;
+      if (token.stop_requested()) return true;
+      now = g->group->assigned();
+      return now->version > after_version;
+    };
+    std::unique_lock lk(s.mu);
+    bool done = false;
+    if (timeout_ms == DISTLOCK_WAIT_FOREVER) {
+      s.cv.wait(lk, ready);
+      done = true;
+    } else {
+      done = s.cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), ready);
+    }
+    lk.unlock();
+    if (left) throw_left(g);
+    if (token.stop_requested())
+      throw std::system_error(make_error_code(distlock::errc::cancelled),
+                              "distlock: the wait for a shard group change was cancelled");
+    if (!done)
+      throw std::system_error(make_error_code(distlock::errc::timeout),
+                              "distlock: shard group \"" + g->group->job() + "\": no change within " +
+                                  std::to_string(timeout_ms) + " ms");
+    *out = wrap_assignment(*now);
+  });
+}
+
+int distlock_shard_group_changed_fd(const distlock_shard_group* g) {
+  return g != nullptr ? g->signal->fd : -1;
+}
+
+const char* distlock_shard_group_member_id(const distlock_shard_group* g) {
+  return g != nullptr ? g->group->member_id().c_str() : "";
+}
+
+void distlock_shard_group_leave(distlock_shard_group* g) {
+  if (g == nullptr) return;
+  g->group->leave();  // noexcept; idempotent
+  {
+    std::lock_guard lk(g->signal->mu);
+    if (g->signal->left) return;
+    g->signal->left = true;
+  }
+  g->signal->changed();
+}
+
+void distlock_shard_group_free(distlock_shard_group* g) {
+  if (g == nullptr) return;
+  distlock_shard_group_leave(g);
+  delete g;
+}
+
+uint64_t distlock_shard_assignment_version(const distlock_shard_assignment* a) {
+  return a != nullptr ? a->version : 0;
+}
+
+size_t distlock_shard_assignment_members(const distlock_shard_assignment* a) {
+  return a != nullptr ? a->members : 0;
+}
+
+size_t distlock_shard_assignment_count(const distlock_shard_assignment* a) {
+  return a != nullptr ? a->shards.size() : 0;
+}
+
+int distlock_shard_assignment_shard(const distlock_shard_assignment* a, size_t i, distlock_owned_shard* out,
+                                    distlock_error* err) {
+  if (a == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_shard_assignment_shard: assignment or out is NULL");
+  if (i >= a->shards.size())
+    return invalid(err, "distlock: shard " + std::to_string(i) + " of an assignment of " +
+                            std::to_string(a->shards.size()) + " shards");
+  const auto& s = *a->shards[i];
+  out->index = s.owned.index;
+  out->has_token = s.owned.token ? 1 : 0;
+  out->token = s.owned.token.value_or(0);
+  out->stopped_fd = s.fd;
+  set_error(err, DISTLOCK_OK, {});
+  return DISTLOCK_OK;
+}
+
+int distlock_shard_assignment_owns(const distlock_shard_assignment* a, size_t i) {
+  if (a == nullptr || i >= a->shards.size()) return 0;
+  return a->shards[i]->owned.stop.stop_requested() ? 0 : 1;
+}
+
+void distlock_shard_assignment_free(distlock_shard_assignment* a) {
+  delete a;
+}
+
 #if DISTLOCK_HAS_IDS
 
 int distlock_snowflake_new(distlock_client* c, const char* prefix, distlock_snowflake** out,
@@ -591,6 +831,11 @@ int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* er
   return guarded(err, [&] { *out = g->gen->next(); });
 }
 
+int distlock_segment_set_step(distlock_segment* g, int64_t step, distlock_error* err) {
+  if (g == nullptr) return invalid(err, "distlock: distlock_segment_set_step: generator is NULL");
+  return guarded(err, [&] { g->gen->set_step(step); });
+}
+
 int distlock_uuid7(char out[37], distlock_error* err) {
   if (out == nullptr) return invalid(err, "distlock: distlock_uuid7: out is NULL");
   return guarded(err, [&] {
@@ -628,6 +873,9 @@ int distlock_segment_new(const char*, const char*, int64_t, distlock_segment** o
   return no_ids(err);
 }
 int distlock_segment_next(distlock_segment*, uint64_t*, distlock_error* err) {
+  return no_ids(err);
+}
+int distlock_segment_set_step(distlock_segment*, int64_t, distlock_error* err) {
   return no_ids(err);
 }
 int distlock_uuid7(char*, distlock_error* err) {

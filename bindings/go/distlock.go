@@ -836,6 +836,21 @@ func (s *Segment) Next() (uint64, error) {
 	return uint64(id), nil
 }
 
+// SetStep sets the ids per range from the next range taken on (0: the row's step column).
+// ErrInvalidArgument outside [0, 1e9] (nothing changes), ErrClosed after Close.
+func (s *Segment) SetStep(step int64) error {
+	s.mu.Lock() // one SetStep at a time (Next waits for it: it only stores the value)
+	defer s.mu.Unlock()
+	if s.g == nil {
+		return ErrClosed
+	}
+	var e C.distlock_error
+	if rc := C.distlock_segment_set_step(s.g, C.int64_t(step), &e); rc != C.DISTLOCK_OK {
+		return cError(rc, &e)
+	}
+	return nil
+}
+
 // Close stops the background fetch and closes the connection (waiting for a Next in progress);
 // the rest of the range is lost, never issued by anyone. A second Close does nothing.
 func (s *Segment) Close() error {

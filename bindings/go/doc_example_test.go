@@ -53,6 +53,28 @@ func readmeExample(ctx context.Context) error {
 	return writeOrder(ctx, 42, lease.Token()) // <-lease.Done() fires on loss
 }
 
+func reindexShard(ctx context.Context, shard int, token uint64, lost <-chan struct{}) {}
+
+// docs/go.md, "Shard groups".
+func reindexShards(ctx context.Context, client *distlock.Client) error {
+	member, err := client.ShardGroup(ctx, "reindex", 4, distlock.ShardTTL(10*time.Second))
+	if err != nil {
+		return err
+	}
+	defer member.Leave()
+	now, err := member.Assigned()
+	for err == nil && len(now.Shards) < 4 { // alone here: all four come to it
+		now, err = member.WaitChange(ctx, now.Version)
+	}
+	if err != nil {
+		return err
+	}
+	for _, s := range now.Shards {
+		reindexShard(ctx, s.Index, s.Token, s.Lost()) // stop at <-s.Lost(); pass s.Token to every write
+	}
+	return nil
+}
+
 func TestDocExamplesRun(t *testing.T) {
 	for _, b := range backends(t) {
 		if err := payOrder(b.url); err != nil {
@@ -72,6 +94,14 @@ func TestDocExamplesRun(t *testing.T) {
 			t.Fatalf("%s: payOrder while held: %v after %v", b.kind, err, time.Since(start))
 		}
 		held.Unlock(context.Background())
+	}
+	for _, b := range backends(t) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := reindexShards(ctx, connect(t, b.url))
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: reindexShards: %v", b.kind, err)
+		}
 	}
 	t.Setenv("DISTLOCK_URL", "file://"+t.TempDir())
 	if err := readmeExample(context.Background()); err != nil {

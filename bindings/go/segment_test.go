@@ -208,3 +208,43 @@ func TestSegmentBadStepBadURLAndServerDownAreDistinctErrors(t *testing.T) {
 		})
 	}
 }
+
+// SetStep: ranges of the new step from the next range taken on; a bad step changes nothing.
+func TestSegmentSetStepTakesRangesOfTheNewStep(t *testing.T) {
+	for _, db := range segmentDBs(t) {
+		t.Run(db.kind, func(t *testing.T) {
+			tag := freshTag("setstep")
+			a, err := distlock.NewSegment(db.url, tag, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			if err := a.SetStep(-1); !errors.Is(err, distlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "step") {
+				t.Fatalf("SetStep(-1): %v", err)
+			}
+			if err := a.SetStep(3); err != nil {
+				t.Fatal(err)
+			}
+			// a took (0, 10] when it was made; its next range is (10, 13]: ids 1..11 from both.
+			for want := uint64(1); want <= 11; want++ {
+				if id, err := a.Next(); err != nil || id != want {
+					t.Fatalf("id %d, %v; want %d", id, err, want)
+				}
+			}
+			// A second generator starts above a's ranges: at 14 (or 17, had a fetched (13, 16]
+			// ahead); with the step of 10 a was made with, at 21 or above.
+			b, err := distlock.NewSegment(db.url, tag, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if id, err := b.Next(); err != nil || id < 14 || id > 17 {
+				t.Fatalf("the second generator's first id %d (%v), want 14..17", id, err)
+			}
+			a.Close()
+			if err := a.SetStep(5); !errors.Is(err, distlock.ErrClosed) {
+				t.Fatalf("SetStep after Close: %v", err)
+			}
+		})
+	}
+}

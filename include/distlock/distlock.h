@@ -23,6 +23,8 @@
  *   - distlock_cancel: distlock_cancel_request may be called from any thread at any
  *     time (that is its purpose); free it after the wait that uses it has returned.
  *   - id generators: next() from any thread at once; free once, after the last call.
+ *   - distlock_shard_group: every call but free from any thread at once (leave too); free
+ *     once, after the last call. An assignment: its queries from any thread; free once.
  *
  * Loss of a lease is signalled three ways: distlock_lease_owns() turns 0 (checked
  * against the local deadline on each call, so it is never late), the descriptor of
@@ -268,6 +270,92 @@ DISTLOCK_C_API int distlock_status_json(distlock_client* c, const char* name, ch
 DISTLOCK_C_API int distlock_list_json(distlock_client* c, const char* prefix, size_t limit, char** json,
                                       distlock_error* err);
 
+/* ---- shard groups ---------------------------------------------------------------------- */
+/* Task sharding (include/distlock/shard_group.hpp, docs/sharding.md): one job split into
+ * `shards` shards run by several members at once, each shard owned by exactly one live
+ * member, rebalanced as members join, leave or die. Each owned shard is an ordinary lock
+ * with its own fencing token: pass it to every write the shard makes.
+ * DISTLOCK_E_NOT_SUPPORTED on a backend that cannot list its locks (Redlock). */
+typedef struct distlock_shard_group distlock_shard_group;
+typedef struct distlock_shard_assignment distlock_shard_assignment;
+
+/* Per-member options; initialise with distlock_shard_group_options_init() (every duration
+ * DISTLOCK_DEFAULT, every string NULL). A NULL options pointer means the defaults. */
+typedef struct distlock_shard_group_options {
+  int64_t ttl_ms;              /* lease length of the membership and of each shard; DISTLOCK_DEFAULT:
+                                  the client's */
+  int64_t max_hold_ms;         /* upper bound on one hold of a shard; DISTLOCK_DEFAULT: none */
+  int64_t rebalance_period_ms; /* how often the member lists the group and rebalances, 10 ms .. 1 h;
+                                  DISTLOCK_DEFAULT: 1 s */
+  const char* member_id;       /* 1..64 bytes of [A-Za-z0-9_.-], unique in the group; NULL: "<client
+                                  id>-<n>" */
+  const char* info;            /* shown by status/list in the membership lock (printable ASCII, no
+                                  '|'); NULL: none */
+} distlock_shard_group_options;
+
+/* One shard of an assignment. */
+typedef struct distlock_owned_shard {
+  uint32_t index;    /* 0 .. shards-1 */
+  int has_token;     /* 1 when the backend issues fencing tokens */
+  uint64_t token;    /* the shard lock's fencing token (strictly increasing per shard across
+                        owners); 0 when has_token is 0 */
+  int stopped_fd;    /* an eventfd that becomes readable (and stays so) once this member no
+                        longer owns the shard: given up for a rebalance or a leave, or its lease
+                        lost (at the conservative local deadline, before anyone else can own it).
+                        Owned by the assignment: do not close or read it */
+} distlock_owned_shard;
+
+DISTLOCK_C_API void distlock_shard_group_options_init(distlock_shard_group_options* opts);
+
+/* Joins the shard group `job` of `shards` shards (1..65536): takes the membership lock and
+ * starts the member's thread (the first rebalance runs at once; shards come in the
+ * background: read them with distlock_shard_group_assigned / _wait_change).
+ * DISTLOCK_E_INVALID_ARGUMENT for an empty or bad job name, a shard count outside 1..65536,
+ * a bad option or member id; DISTLOCK_E_BUSY when the member id is in use. The group keeps the
+ * connection alive: the client may be closed before it. Any thread. */
+DISTLOCK_C_API int distlock_shard_group_join(distlock_client* c, const char* job, uint32_t shards,
+                                             const distlock_shard_group_options* opts,
+                                             distlock_shard_group** out, distlock_error* err);
+/* The shards this member owns now. DISTLOCK_E_NOT_OWNER after distlock_shard_group_leave.
+ * Caller frees with distlock_shard_assignment_free. Any thread. */
+DISTLOCK_C_API int distlock_shard_group_assigned(distlock_shard_group* g, distlock_shard_assignment** out,
+                                                 distlock_error* err);
+/* Waits until the assignment's version is greater than `after_version` and returns it:
+ * DISTLOCK_E_TIMEOUT when `timeout_ms` (DISTLOCK_WAIT_FOREVER: no limit) passed first,
+ * DISTLOCK_E_CANCELLED when `cancel` (may be NULL) was requested, DISTLOCK_E_NOT_OWNER when the
+ * member left (before or during the wait). Any thread, any number at once. */
+DISTLOCK_C_API int distlock_shard_group_wait_change(distlock_shard_group* g, uint64_t after_version,
+                                                    int64_t timeout_ms, distlock_cancel* cancel,
+                                                    distlock_shard_assignment** out, distlock_error* err);
+/* An eventfd that becomes readable at every change of the assignment (and at leave); read
+ * its 8-byte counter to clear it, then call distlock_shard_group_assigned. Owned by the
+ * group: do not close it; closed by distlock_shard_group_free. Any thread. */
+DISTLOCK_C_API int distlock_shard_group_changed_fd(const distlock_shard_group* g);
+/* This member's id (the option's, or the generated one); a string owned by the group,
+ * valid until it is freed. Any thread. */
+DISTLOCK_C_API const char* distlock_shard_group_member_id(const distlock_shard_group* g);
+/* Fires every shard's stopped_fd, releases every shard and the membership at once and stops
+ * the member's thread; waits in distlock_shard_group_wait_change end with
+ * DISTLOCK_E_NOT_OWNER. Idempotent (a failed release is left to the TTL). Any thread. */
+DISTLOCK_C_API void distlock_shard_group_leave(distlock_shard_group* g);
+/* Leaves (if not yet) and frees. NULL is fine. Once, after every other call on the group has
+ * returned; assignments read from it stay valid until freed. */
+DISTLOCK_C_API void distlock_shard_group_free(distlock_shard_group* g);
+
+/* An assignment: a snapshot of one moment. `version` grows by one at every change (0 before
+ * the first), `members` the live members at the last rebalance. Any thread. */
+DISTLOCK_C_API uint64_t distlock_shard_assignment_version(const distlock_shard_assignment* a);
+DISTLOCK_C_API size_t distlock_shard_assignment_members(const distlock_shard_assignment* a);
+/* The number of shards owned, and the i-th of them (0 <= i < count; sorted by index). */
+DISTLOCK_C_API size_t distlock_shard_assignment_count(const distlock_shard_assignment* a);
+DISTLOCK_C_API int distlock_shard_assignment_shard(const distlock_shard_assignment* a, size_t i,
+                                                   distlock_owned_shard* out, distlock_error* err);
+/* 1 while this member still owns the i-th shard (its stopped_fd not yet readable); 0 once it
+ * stopped owning it, or for an i out of range. Checked on each call. Any thread. */
+DISTLOCK_C_API int distlock_shard_assignment_owns(const distlock_shard_assignment* a, size_t i);
+/* Frees it (closes its descriptors). NULL is fine. */
+DISTLOCK_C_API void distlock_shard_assignment_free(distlock_shard_assignment* a);
+
 /* ---- ids ----------------------------------------------------------------------------------- */
 /* DISTLOCK_E_NOT_SUPPORTED when the library was built without its ids component. */
 typedef struct distlock_snowflake distlock_snowflake;
@@ -293,6 +381,10 @@ typedef struct distlock_segment distlock_segment;
 DISTLOCK_C_API int distlock_segment_new(const char* url, const char* tag, int64_t step,
                                         distlock_segment** out, distlock_error* err);
 DISTLOCK_C_API int distlock_segment_next(distlock_segment* g, uint64_t* out, distlock_error* err);
+/* Ids per database round trip from the next range taken on (0: the row's step);
+ * DISTLOCK_E_INVALID_ARGUMENT (nothing changes) outside [0, 1e9]. One call at a time per
+ * generator; next() may run at once. */
+DISTLOCK_C_API int distlock_segment_set_step(distlock_segment* g, int64_t step, distlock_error* err);
 DISTLOCK_C_API void distlock_segment_free(distlock_segment* g);
 /* A UUIDv7 in canonical text (36 characters and a NUL) from one process-wide generator:
  * strictly increasing within the process. Any thread. */

@@ -47,4 +47,32 @@ TEST(CApiSegment, IdsFromADatabaseRowAndDistinctErrors) {
   EXPECT_EQ(std::strstr(err.message, "c-api-wrong-pw"), nullptr) << err.message;
 }
 
+// set_step: ranges of the new step from the next range taken on; a bad step changes nothing.
+TEST(CApiSegment, SetStepTakesRangesOfTheNewStep) {
+  PostgresServer pg;
+  const std::string url = pg.url();
+  distlock_error err{};
+  distlock_segment* a = nullptr;
+  ASSERT_EQ(distlock_segment_new(url.c_str(), "capistep", 10, &a, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(distlock_segment_set_step(a, -1, &err), DISTLOCK_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(err.message, "step"), nullptr) << err.message;
+  EXPECT_EQ(distlock_segment_set_step(nullptr, 3, &err), DISTLOCK_E_INVALID_ARGUMENT);
+  ASSERT_EQ(distlock_segment_set_step(a, 3, &err), DISTLOCK_OK) << err.message;
+  // a took (0, 10] when it was made; its next range is (10, 13]: ids 1..11 come from both.
+  std::uint64_t x = 0;
+  for (std::uint64_t want = 1; want <= 11; ++want) {
+    ASSERT_EQ(distlock_segment_next(a, &x, &err), DISTLOCK_OK) << err.message;
+    ASSERT_EQ(x, want);
+  }
+  // A second generator of the tag starts above a's ranges: at 14 (or 17, had a fetched
+  // (13, 16] ahead); with the step of 10 a was made with, it would start at 21 or above.
+  distlock_segment* b = nullptr;
+  ASSERT_EQ(distlock_segment_new(url.c_str(), "capistep", 0, &b, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_segment_next(b, &x, &err), DISTLOCK_OK) << err.message;
+  EXPECT_GE(x, 14u);
+  EXPECT_LE(x, 17u);
+  distlock_segment_free(b);
+  distlock_segment_free(a);
+}
+
 }  // namespace

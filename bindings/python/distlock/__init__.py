@@ -32,7 +32,7 @@ import atexit
 import os
 import threading
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
 from ._errors import (AuthFailed, Busy, Cancelled, ClockMovedBackwards, Error, Exhausted, Forked,
                       InvalidArgument, InvalidUrl, Lost, NotOwner, NotSupported, ProtocolError,
@@ -43,6 +43,7 @@ __version__ = _distlock.version
 
 __all__ = [
     "connect", "default_url", "Client", "Lease", "Semaphore", "RWLock", "Election", "Leader",
+    "ShardGroup", "ShardAssignment", "OwnedShard",
     "Error", "Busy", "Timeout", "Lost", "NotOwner", "Unavailable", "AuthFailed", "InvalidArgument",
     "InvalidUrl", "QuorumUnavailable", "ProtocolError", "NotSupported", "Exhausted",
     "ClockMovedBackwards", "Forked", "Cancelled",
@@ -271,6 +272,7 @@ class Client:
         self._impl = _distlock.Client(url or "", connect_timeout, command_timeout, ttl, wait,
                                       max_hold, holder_info)
         self._pid = os.getpid()
+        self._groups: "weakref.WeakSet[ShardGroup]" = weakref.WeakSet()
         _live_clients.add(self)
 
     # -- plain locks ----------------------------------------------------------------------
@@ -318,6 +320,33 @@ class Client:
         """A leader election over ``name`` (``campaign``, ``resign``, ``leader``, ``observe``)."""
         return Election(self, name, ttl)
 
+    def shard_group(self, job: str, shards: int, *, ttl: Optional[float] = None,
+                    max_hold: Optional[float] = None, rebalance_period: Optional[float] = None,
+                    member_id: Optional[str] = None, info: Optional[str] = None,
+                    on_change: "Optional[Callable[[ShardAssignment], None]]" = None) -> "ShardGroup":
+        """Joins the shard group ``job`` of ``shards`` (1..65536) shards: a :class:`ShardGroup`
+        (use it with ``with``; leaving the block leaves the group). See :class:`ShardGroup`.
+
+        ``ttl`` / ``max_hold``: of the membership and shard leases (client defaults);
+        ``rebalance_period``: seconds between two listings of the group (default 1.0, 0.01 ..
+        3600); ``member_id``: 1..64 bytes of ``[A-Za-z0-9_.-]`` unique in the group (default
+        ``<client id>-<n>``); ``info``: shown by status/list. ``on_change(assignment)`` runs on
+        the group's thread at each change (keep it short; an exception goes to
+        ``sys.unraisablehook``). Joining runs without the GIL. Raises :class:`InvalidArgument`
+        (bad job, shard count, option or member id), :class:`Busy` (the member id is in use),
+        :class:`NotSupported` (the backend cannot list its locks).
+        """
+        callback = None
+        if on_change is not None:
+            user = on_change
+
+            def callback(t: Any) -> None:
+                user(ShardAssignment(t))
+        group = ShardGroup(_distlock.ShardGroup(self._impl, job, shards, ttl, max_hold,
+                                                rebalance_period, member_id, info, callback))
+        self._groups.add(group)
+        return group
+
     # -- information ----------------------------------------------------------------------
     def status(self, name: str) -> Dict[str, Any]:
         """What the server knows about ``name``: held, token, ttl_remaining, holder, holder_info,
@@ -348,6 +377,8 @@ class Client:
         if self._impl.closed:
             return
         if os.getpid() == self._pid:
+            for group in list(self._groups):  # the shard groups joined through it
+                group.leave()
             self._impl.release_tracked()  # the leases it returned that are still held
         self._impl.close()
 
@@ -487,3 +518,141 @@ class Election:
         """Waits for a leader whose term is greater than ``after_term``; None when ``wait`` passes."""
         d = self._client._impl.observe(self._name, after_term, wait, None)
         return None if d is None else Leader(d)
+
+
+# -- shard groups ---------------------------------------------------------------------------
+class OwnedShard:
+    """One shard a member owns: ``index``, ``token`` (the shard lock's fencing token, strictly
+    increasing per shard across owners; pass it to every write the shard makes; ``None`` on a
+    backend without tokens), ``owns()`` and ``stopped`` (a ``threading.Event`` set once this
+    member no longer owns the shard: given up for a rebalance or a leave, or its lease lost at
+    the conservative local deadline, before anyone else can own it)."""
+
+    __slots__ = ("_impl", "index", "token", "stopped")
+
+    def __init__(self, impl: Any) -> None:
+        self._impl = impl
+        self.index: int = impl.index
+        self.token: Optional[int] = impl.token_or_none
+        self.stopped = threading.Event()
+        impl.on_stop(self.stopped.set)  # at once if it already stopped
+
+    def owns(self) -> bool:
+        """True while this member still owns the shard (checked on each call)."""
+        return self._impl.owns
+
+    def __repr__(self) -> str:
+        state = "owned" if self.owns() else "stopped"
+        return f"<distlock.OwnedShard {self.index} token={self.token} {state}>"
+
+
+class ShardAssignment(Mapping[int, OwnedShard]):
+    """What a member owns as of one moment: a mapping shard index -> :class:`OwnedShard` (sorted
+    by index), with ``version`` (grows by one at every change; 0 before the first) and
+    ``members`` (live members at the last rebalance)."""
+
+    def __init__(self, t: Any) -> None:
+        version, members, shards = t
+        self.version: int = version
+        self.members: int = members
+        self._shards: Dict[int, OwnedShard] = {s.index: s for s in (OwnedShard(i) for i in shards)}
+
+    def __getitem__(self, index: int) -> OwnedShard:
+        return self._shards[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._shards)
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    @property
+    def tokens(self) -> Dict[int, Optional[int]]:
+        """index -> token."""
+        return {i: s.token for i, s in self._shards.items()}
+
+    def __repr__(self) -> str:
+        return f"<distlock.ShardAssignment v{self.version} shards={sorted(self._shards)}>"
+
+
+class ShardGroup:
+    """A member of a shard group (make one with :meth:`Client.shard_group`).
+
+    The job is split into ``shards`` shards; every shard is owned by exactly one live member and
+    rebalanced as members join, leave or die (docs/sharding.md). ``assigned()`` is what this
+    member owns now; ``wait_change()`` blocks (without the GIL) until that changes. Each shard is
+    an ordinary lock: a shard never has two owners whose leases are both valid, and its tokens
+    increase from one owner to the next.
+
+    A context manager: leaving the ``with`` block calls :meth:`leave`. Usable from any thread.
+    """
+
+    def __init__(self, impl: Any) -> None:
+        self._impl = impl
+        self._last_version = 0  # of the last assignment returned by assigned() / wait_change()
+
+    @property
+    def member_id(self) -> str:
+        return self._impl.member_id
+
+    @property
+    def job(self) -> str:
+        return self._impl.job
+
+    @property
+    def shards(self) -> int:
+        """The group's shard count."""
+        return self._impl.shards
+
+    def assigned(self) -> ShardAssignment:
+        """The shards this member owns now. Raises :class:`NotOwner` after :meth:`leave`."""
+        now = ShardAssignment(self._impl.assigned())
+        self._last_version = now.version
+        return now
+
+    def wait_change(self, timeout: Optional[float] = None, *,
+                    after_version: Optional[int] = None) -> Optional[ShardAssignment]:
+        """Waits until the assignment's version is greater than ``after_version`` and returns it;
+        ``None`` when ``timeout`` seconds (None: no limit) passed first. ``after_version``
+        defaults to the version of the last assignment this object returned (from
+        :meth:`assigned` or :meth:`wait_change`; 0 before any), so that a change between reading
+        an assignment and waiting is never missed; with several threads waiting, pass it.
+        Raises :class:`NotOwner` once the member left (also during the wait). Runs without the
+        GIL; on the main thread Ctrl-C ends it (KeyboardInterrupt) within 100 ms."""
+        if after_version is None:
+            after_version = self._last_version
+        t = self._impl.wait_change(after_version, timeout)
+        if t is None:
+            return None
+        now = ShardAssignment(t)
+        self._last_version = now.version
+        return now
+
+    def leave(self) -> None:
+        """Sets every owned shard's ``stopped``, releases every shard and the membership at
+        once and stops the group's thread. Idempotent; never raises (a failed release is left
+        to the TTL)."""
+        self._impl.leave()
+
+    @property
+    def left(self) -> bool:
+        return self._impl.left
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: shards_owned, rebalances, shards_taken, shards_given_up, shards_lost,
+        membership_lost, list_failures, last_rebalance_time (seconds or None)."""
+        return self._impl.stats()
+
+    def metrics(self) -> str:
+        """stats() in the Prometheus text format (docs/metrics.md)."""
+        return self._impl.metrics()
+
+    def __enter__(self) -> "ShardGroup":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.leave()
+
+    def __repr__(self) -> str:
+        state = "left" if self._impl.left else "member"
+        return f"<distlock.ShardGroup {self.job!r} {self.member_id!r} {state}>"

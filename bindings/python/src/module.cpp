@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -639,6 +640,8 @@ class PyClient {
   std::string scheme() const { return get_const().scheme(); }
   std::string id() const { return get_const().id(); }
   bool has_fencing() const { return get_const().has_fencing(); }
+  // The client's lock defaults (ttl, max_hold, holder_info as given to connect()).
+  const distlock::LockOptions& defaults() const { return defaults_; }
   // A copy of the handle (cheap: it shares the connections), so that close() on another thread
   // cannot pull the client from under a call that runs without the GIL.
   distlock::Client get() const {
@@ -690,6 +693,168 @@ LockArgs lock_args(py::object ttl, py::object wait, py::object max_hold, py::obj
 Canceller* canceller(const py::handle& o) {
   return o.is_none() ? nullptr : o.cast<Canceller*>();
 }
+
+// One shard of an assignment: its index, token and stop token. Python's callbacks for the stop
+// are std::stop_callbacks held here; they run on the thread that stops the shard (the group's,
+// a lease's event thread, or the one inside leave(), which always runs without the GIL) and take
+// the GIL there. They are dropped without the GIL (a running one waits for it).
+class PyOwnedShard {
+ public:
+  explicit PyOwnedShard(distlock::OwnedShard s) : s_(std::move(s)) {}
+  PyOwnedShard(const PyOwnedShard&) = delete;
+  PyOwnedShard& operator=(const PyOwnedShard&) = delete;
+  ~PyOwnedShard() {
+    if (!python_alive()) {
+      for (auto& cb : callbacks_) (void)cb.release();  // leaked at shutdown, on purpose
+      return;
+    }
+    ReleaseIfHeld nogil;
+    callbacks_.clear();
+  }
+  std::uint32_t index() const { return s_.index; }
+  py::object token_or_none() const {
+    return s_.token ? py::object(py::int_(*s_.token)) : py::object(py::none());
+  }
+  bool owns() const { return !s_.stop.stop_requested(); }
+  // Runs cb() once when this member stops owning the shard (at once, here, if it already has).
+  void on_stop(py::object cb) {
+    auto fn = python_callback(std::move(cb));
+    py::gil_scoped_release nogil;
+    callbacks_.push_back(std::make_unique<std::stop_callback<std::function<void()>>>(s_.stop, std::move(fn)));
+  }
+
+ private:
+  distlock::OwnedShard s_;
+  std::vector<std::unique_ptr<std::stop_callback<std::function<void()>>>> callbacks_;
+};
+
+// (version, members, [PyOwnedShard]) for the Python layer. GIL held.
+py::tuple assignment_tuple(const distlock::ShardAssignment& a) {
+  py::list shards;
+  for (const auto& s : a.shards) shards.append(py::cast(std::make_unique<PyOwnedShard>(s)));
+  return py::make_tuple(a.version, a.members, shards);
+}
+
+// A member of a shard group. Every call into the group runs without the GIL (the group's thread
+// may hold its mutex while a shard's stop callback waits for the GIL); on_change runs on the
+// group's thread and takes the GIL only for the Python callback.
+class PyShardGroup {
+ public:
+  PyShardGroup(PyClient& client, const std::string& job, std::uint32_t shards, const py::object& ttl,
+               const py::object& max_hold, const py::object& rebalance_period, const py::object& member_id,
+               const py::object& info, const py::object& on_change) {
+    distlock::Client c = client.get();
+    distlock::ShardGroupOptions o;
+    o.lock = client.defaults();
+    if (!ttl.is_none()) o.lock.ttl = seconds_to_ms(ttl.cast<double>(), "ttl");
+    if (!max_hold.is_none()) o.lock.max_hold = seconds_to_ms(max_hold.cast<double>(), "max_hold");
+    if (!rebalance_period.is_none())
+      o.rebalance_period = seconds_to_ms(rebalance_period.cast<double>(), "rebalance_period");
+    if (!member_id.is_none()) {
+      o.member_id = member_id.cast<std::string>();
+      if (o.member_id.empty()) invalid("shard group: member_id is empty");
+    }
+    if (!info.is_none()) o.info = info.cast<std::string>();
+    if (!on_change.is_none()) {
+      auto ref = std::make_shared<PyRef>(on_change);
+      o.on_change = [ref](const distlock::ShardAssignment& a) {
+        if (!python_alive()) return;
+        py::gil_scoped_acquire gil;
+        try {
+          py::handle(ref->get())(assignment_tuple(a));
+        } catch (py::error_already_set& e) {
+          e.discard_as_unraisable("distlock shard group on_change callback");
+        }
+      };
+    }
+    py::gil_scoped_release nogil;
+    group_.emplace(c.shard_group(job, shards, o));
+  }
+  PyShardGroup(const PyShardGroup&) = delete;
+  PyShardGroup& operator=(const PyShardGroup&) = delete;
+  ~PyShardGroup() {
+    if (!group_) return;
+    ReleaseIfHeld nogil;
+    group_.reset();  // leaves
+  }
+
+  py::tuple assigned() const {
+    if (left_) throw_left();
+    distlock::ShardAssignment a;
+    {
+      py::gil_scoped_release nogil;
+      a = group_->assigned();
+    }
+    return assignment_tuple(a);
+  }
+  // The assignment once its version is greater than after_version, or None when `timeout`
+  // (seconds; None: no limit) passed first. NotOwner once the member left. On the main thread a
+  // signal whose handler raises ends the wait (checked every 100 ms).
+  py::object wait_change(std::uint64_t after_version, const py::object& timeout) {
+    std::optional<Millis> limit = optional_seconds(timeout, "timeout");
+    const auto deadline = std::chrono::steady_clock::now() + limit.value_or(Millis(0));
+    const bool main = on_main_thread();
+    for (;;) {
+      if (left_) throw_left();
+      Millis slice = main ? Millis(100) : distlock::LockOptions::max_wait;
+      if (limit) {
+        const auto rest = std::chrono::ceil<Millis>(deadline - std::chrono::steady_clock::now());
+        slice = std::clamp(rest, Millis(0), slice);
+      }
+      distlock::ShardAssignment a;
+      bool left = false;
+      {
+        py::gil_scoped_release nogil;
+        a = group_->wait_change(after_version, slice);
+        left = left_;
+      }
+      if (left) throw_left();
+      if (a.version > after_version) return assignment_tuple(a);
+      if (limit && std::chrono::steady_clock::now() >= deadline) return py::none();
+      if (main && PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+  void leave() {
+    py::gil_scoped_release nogil;
+    left_ = true;
+    group_->leave();
+  }
+  bool left() const { return left_; }
+  std::string member_id() const { return group_->member_id(); }
+  std::string job() const { return group_->job(); }
+  std::uint32_t shards() const { return group_->shards(); }
+  py::dict stats() const {
+    distlock::ShardGroupStats st;
+    {
+      py::gil_scoped_release nogil;
+      st = group_->stats();
+    }
+    py::dict d;
+    d["shards_owned"] = st.shards_owned;
+    d["rebalances"] = st.rebalances;
+    d["shards_taken"] = st.shards_taken;
+    d["shards_given_up"] = st.shards_given_up;
+    d["shards_lost"] = st.shards_lost;
+    d["membership_lost"] = st.membership_lost;
+    d["list_failures"] = st.list_failures;
+    d["last_rebalance_time"] = st.last_rebalance_time
+                                   ? py::object(py::float_(ms_to_seconds(*st.last_rebalance_time)))
+                                   : py::object(py::none());
+    return d;
+  }
+  std::string metrics() const {
+    py::gil_scoped_release nogil;
+    return group_->metrics();
+  }
+
+ private:
+  [[noreturn]] void throw_left() const {
+    distlock::throw_error(distlock::errc::not_owner, "shard group \"" + group_->job() + "\": this member (" +
+                                                         group_->member_id() + ") has left the group");
+  }
+  std::optional<distlock::ShardGroup> group_;
+  std::atomic<bool> left_{false};
+};
 
 #if DISTLOCK_HAS_IDS
 class PySnowflake {
@@ -932,6 +1097,27 @@ PYBIND11_MODULE(_distlock, m) {
       .def_property_readonly("scheme", &PyClient::scheme)
       .def_property_readonly("id", &PyClient::id)
       .def_property_readonly("has_fencing", &PyClient::has_fencing);
+
+  py::class_<PyOwnedShard>(m, "OwnedShard", "One shard a member owns (see distlock.OwnedShard).")
+      .def_property_readonly("index", &PyOwnedShard::index)
+      .def_property_readonly("token_or_none", &PyOwnedShard::token_or_none)
+      .def_property_readonly("owns", &PyOwnedShard::owns)
+      .def("on_stop", &PyOwnedShard::on_stop);
+
+  py::class_<PyShardGroup>(m, "ShardGroup", "A member of a shard group (see distlock.ShardGroup).")
+      .def(py::init<PyClient&, const std::string&, std::uint32_t, const py::object&, const py::object&,
+                    const py::object&, const py::object&, const py::object&, const py::object&>(),
+           py::arg("client"), py::arg("job"), py::arg("shards"), py::arg("ttl"), py::arg("max_hold"),
+           py::arg("rebalance_period"), py::arg("member_id"), py::arg("info"), py::arg("on_change"))
+      .def("assigned", &PyShardGroup::assigned)
+      .def("wait_change", &PyShardGroup::wait_change, py::arg("after_version"), py::arg("timeout"))
+      .def("leave", &PyShardGroup::leave)
+      .def_property_readonly("left", &PyShardGroup::left)
+      .def_property_readonly("member_id", &PyShardGroup::member_id)
+      .def_property_readonly("job", &PyShardGroup::job)
+      .def_property_readonly("shards", &PyShardGroup::shards)
+      .def("stats", &PyShardGroup::stats)
+      .def("metrics", &PyShardGroup::metrics);
 
   m.def("default_url", [] { return distlock::default_url(); });
   // For bench/python/binding_bench.py: `ops` rounds of the C++ call a C++ program makes,

@@ -1,0 +1,200 @@
+"""Shard groups in Python (distlock.Client.shard_group, docs/sharding.md), on every backend of the
+build (file, redis, etcd; servers started by conftest): two members split the shards evenly,
+disjoint and covering all, each shard with the token its lock shows; one leaves and the other
+owns everything within `period + 1.5 s` (measured on time.monotonic); a shard whose lock is
+taken away on the server is signalled (`stopped` set, owns() False); on_change runs without
+deadlocking on the GIL; bad input gets clear errors; the example runs."""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import distlock
+from conftest import SOURCE_DIR
+
+TTL = 2.0
+PERIOD = 0.1
+BOUND = PERIOD + 1.5  # one rebalance period plus the round trips on a loaded 2-core machine
+
+
+def wait_for(member, pred, timeout):
+    """The first assignment of `member` for which pred holds, waiting on its changes (bounded)."""
+    end = time.monotonic() + timeout
+    now = member.assigned()
+    while not pred(now):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        changed = member.wait_change(left, after_version=now.version)
+        now = changed if changed is not None else member.assigned()
+    return now
+
+
+def test_two_members_split_evenly_and_a_leave_hands_over(backend):
+    m = 8
+    with distlock.connect(backend.url) as ca, distlock.connect(backend.url) as cb:
+        job = f"py{os.getpid()}/split"
+        with ca.shard_group(job, m, ttl=TTL, rebalance_period=PERIOD, member_id="a") as a, \
+                cb.shard_group(job, m, ttl=TTL, rebalance_period=PERIOD, member_id="b") as b:
+            half = lambda x: len(x) == m // 2 and x.members == 2  # noqa: E731
+            end = time.monotonic() + 15.0
+            sa, sb = wait_for(a, half, 15.0), wait_for(b, half, 15.0)
+            while not (half(sa) and half(sb)) and time.monotonic() < end:
+                sa, sb = wait_for(a, half, 1.0), wait_for(b, half, 1.0)
+            assert half(sa) and half(sb), (sa, sb)
+            assert set(sa).isdisjoint(sb)
+            assert set(sa) | set(sb) == set(range(m))
+            for s in list(sa.values()) + list(sb.values()):
+                assert s.owns() and not s.stopped.is_set()
+                assert ca.status(f"{job}/shard/{s.index}")["token"] == s.token
+
+            left_at = time.monotonic()
+            b.leave()
+            # Every shard b owned is stopped by the time leave() returns.
+            for s in sb.values():
+                assert s.stopped.is_set() and not s.owns(), s
+            whole = wait_for(a, lambda x: len(x) == m, 10.0)
+            took = time.monotonic() - left_at
+            print(f"[{backend.url.split(':')[0]}] a leave was balanced in {took * 1000:.0f} ms "
+                  f"(bound {BOUND * 1000:.0f} ms)")
+            assert len(whole) == m
+            assert took <= BOUND
+            for i, s in sb.items():
+                assert whole[i].token > s.token  # tokens increase from one owner to the next
+            for i, s in sa.items():
+                assert whole[i].token == s.token  # sticky: a's shards did not move
+            with pytest.raises(distlock.NotOwner, match="has left the group"):
+                b.assigned()
+            with pytest.raises(distlock.NotOwner):
+                b.wait_change(1.0)
+
+
+def test_on_change_runs_on_the_groups_thread_and_may_call_back_into_the_group(file_store):
+    seen = []
+    changed = threading.Event()
+    with distlock.connect(file_store.url) as client:
+        holder = {}
+
+        def on_change(assignment):
+            # Called with the GIL taken on the group's thread; calling into the group from here
+            # must not deadlock (every call into it releases the GIL).
+            seen.append((threading.get_ident(), assignment.version, sorted(assignment),
+                         sorted(holder["g"].assigned()) if "g" in holder else None))
+            if len(assignment) == 4:
+                changed.set()
+
+        with client.shard_group("py/onchange", 4, ttl=TTL, rebalance_period=PERIOD,
+                                on_change=on_change) as g:
+            holder["g"] = g
+            assert changed.wait(10.0), seen
+            # The main thread holds the GIL meanwhile and keeps calling in.
+            for _ in range(50):
+                assert len(g.assigned()) == 4
+        assert seen and all(tid != threading.get_ident() for tid, *_ in seen)
+        assert seen[-1][2] == [0, 1, 2, 3]
+
+
+def test_a_shard_whose_lock_is_gone_on_the_server_is_signalled(redis_server):
+    prefix = f"pyshardloss{os.getpid()}"
+    with distlock.connect(f"{redis_server.url}?prefix={prefix}") as client:
+        with client.shard_group("etl", 2, ttl=TTL, rebalance_period=PERIOD, member_id="solo") as g:
+            both = wait_for(g, lambda x: len(x) == 2, 10.0)
+            assert len(both) == 2
+            s0 = both[0]
+            assert not s0.stopped.is_set()
+            assert redis_server.redis().delete(f"{prefix}:{{etl/shard/0}}") == 1
+            deleted_at = time.monotonic()
+            # Its renewal is refused: stopped within the TTL (bound asserted: TTL + 1 s).
+            assert s0.stopped.wait(TTL + 1.0), "shard 0 was not signalled"
+            print(f"[redis] a shard whose lock was deleted was signalled in "
+                  f"{(time.monotonic() - deleted_at) * 1000:.0f} ms")
+            assert not s0.owns()
+            assert both[1].owns()
+            again = wait_for(g, lambda x: len(x) == 2 and x[0].token != s0.token, 10.0)
+            assert again[0].token > s0.token
+            assert g.stats()["shards_lost"] >= 1
+
+
+def test_bad_input_gets_clear_errors(file_store):
+    with distlock.connect(file_store.url) as client:
+        with pytest.raises(distlock.InvalidArgument, match="shards 0"):
+            client.shard_group("jobs", 0)
+        with pytest.raises(distlock.InvalidArgument, match="job name is empty"):
+            client.shard_group("", 4)
+        with pytest.raises(distlock.InvalidArgument, match="member_id"):
+            client.shard_group("jobs", 4, member_id="no spaces")
+        with pytest.raises(distlock.InvalidArgument, match="rebalance_period"):
+            client.shard_group("jobs", 4, rebalance_period=0.001)
+        with client.shard_group("jobs", 4, member_id="m1", rebalance_period=PERIOD) as g:
+            with pytest.raises(distlock.Busy):
+                client.shard_group("jobs", 4, member_id="m1")
+            full = wait_for(g, lambda x: len(x) == 4, 10.0)
+            start = time.monotonic()
+            assert g.wait_change(0.15, after_version=full.version) is None
+            assert time.monotonic() - start >= 0.15
+        assert g.left
+        assert all(s.stopped.is_set() for s in full.values())
+
+
+def test_wait_change_by_default_does_not_miss_a_change_made_after_the_last_read(file_store):
+    with distlock.connect(file_store.url) as client:
+        with client.shard_group("py/default", 4, ttl=TTL, rebalance_period=PERIOD, member_id="a") as a:
+            full = wait_for(a, lambda x: len(x) == 4, 10.0)
+            assert len(full) == 4
+            # b joins and a gives two shards up, all while nobody waits on a.
+            with client.shard_group("py/default", 4, ttl=TTL, rebalance_period=PERIOD,
+                                    member_id="b") as b:
+                assert len(wait_for(b, lambda x: len(x) == 2, 10.0)) == 2
+                # The change since a's last read is returned at once, not awaited.
+                start = time.monotonic()
+                changed = a.wait_change(5.0)
+                assert changed is not None and changed.version > full.version
+                assert time.monotonic() - start < 1.0
+
+
+def test_sharded_worker_example_splits_and_hands_over(redis_server):
+    script = os.path.join(SOURCE_DIR, "examples", "python", "sharded_worker.py")
+    job = f"example{os.getpid()}"
+    args = ["--url", redis_server.url, "--job", job, "--shards", "6", "--ttl", "2", "--period", "0.1"]
+    procs, lines = {}, queue.Queue()
+    for name in ("w1", "w2"):
+        p = subprocess.Popen([sys.executable, script, *args, "--member-id", name],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs[name] = p
+        threading.Thread(target=lambda p=p, n=name: [lines.put((n, json.loads(line)))
+                                                     for line in p.stdout], daemon=True).start()
+
+    def next_line(timeout=10.0):
+        return lines.get(timeout=timeout)  # queue.Empty fails the test after `timeout` s
+
+    try:
+        last = {}
+        while not (len(last) == 2 and all(len(v["shards"]) == 3 for v in last.values())):
+            name, line = next_line()
+            last[name] = line
+        assert set(last["w1"]["shards"]).isdisjoint(last["w2"]["shards"])
+        assert set(last["w1"]["shards"]) | set(last["w2"]["shards"]) == {str(i) for i in range(6)}
+        procs["w2"].stdin.close()  # w2 leaves; w1 then owns all six
+        seen = []
+        while not (seen and seen[-1] == ("w1", 6)):
+            name, line = next_line()
+            seen.append((name, len(line["shards"]) if "shards" in line else line))
+        assert ("w2", {"left": "w2"}) in seen, seen
+        assert procs["w2"].wait(10) == 0
+        procs["w1"].stdin.close()
+        name, line = next_line()
+        while "left" not in line:
+            name, line = next_line()
+        assert (name, line) == ("w1", {"left": "w1"})
+        assert procs["w1"].wait(10) == 0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
