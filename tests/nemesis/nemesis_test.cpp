@@ -38,6 +38,7 @@
 #include <tuple>
 #include <vector>
 
+#include "distlock/error.hpp"
 #include "nemesis/history.hpp"
 #include "support/backend_targets.hpp"
 #include "support/fault_proxy.hpp"
@@ -57,6 +58,7 @@ constexpr int kWorkers = 3;
 constexpr int kMutexes = 4;  // names nemesis-0..3, one thread per name in each worker
 constexpr long kTtlMs = 1000;
 constexpr int kPermits = 2;  // nemesis_worker's semaphore
+constexpr int kShards = 6;   // nemesis_worker's shard group "nemesis-shards"
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -172,7 +174,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - Steady::now()).count();
     return Process::spawn({worker_bin, urls[i], dir.path().string(), std::to_string(std::max<long>(1, left)),
                            std::to_string(kTtlMs), std::to_string(seed + 1000u * incarnation[i]++ + i),
-                           std::to_string(kMutexes), "mutex,sem,rw,elect"},
+                           std::to_string(kMutexes), "mutex,sem,rw,elect,shards"},
                           file("worker" + std::to_string(i) + ".log"));
   };
   for (int i = 0; i < kWorkers; ++i) workers.push_back(spawn(i));
@@ -317,6 +319,21 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   add("rw", nm::check_rw(rw));
   add("rw", nm::check_silent_losses(rw));
   add("elect", nm::check_history(elect, fencing));
+  // Shards: per shard, the members' sections (one per owner and token) must not overlap in
+  // belief, their tokens must increase, a shard that left a member's assignment must have
+  // had its stop token fired, and no stale write may reach the fenced register.
+  std::vector<nm::History> shard_histories;
+  std::vector<nm::Violation> shard_control;
+  for (int i = 0; i < kShards; ++i) {
+    const std::string n = std::to_string(i);
+    shard_histories.push_back(nm::parse_history(file("shard" + n + ".history")));
+    add("shard" + n, nm::check_history(shard_histories.back(), fencing));
+    add("shard" + n, nm::check_register(file("shardfenced" + n + ".register")));
+    const auto c = nm::check_register(file("shardunfenced" + n + ".register"));
+    shard_control.insert(shard_control.end(), c.begin(), c.end());
+  }
+  const nm::ShardGroupLog shard_log =
+      nm::parse_shard_group_log(file("shards.history"), static_cast<int>(distlock::errc::not_supported));
 
   auto lost = [](const nm::History& x) {
     long n = 0;
@@ -337,6 +354,16 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   // Every signalled loss of a held lease counts: the mutexes', the semaphore permits',
   // the read-write holds' and the leaderships'.
   const long losses = mutex_losses + lost(sem) + lost(rw) + lost(elect);
+  long shard_sections = 0, shard_believed = 0, shard_stops = 0, shard_applied = 0, shard_rejected = 0;
+  for (const auto& h : shard_histories) {
+    shard_sections += static_cast<long>(h.sections.size());
+    shard_believed += static_cast<long>(nm::believed_sections(h).size());
+    shard_stops += lost(h);
+    for (const auto& w : h.writes) {
+      shard_applied += w.status == "applied";
+      shard_rejected += w.status == "stale";
+    }
+  }
   const bool expires = servers->expires();
   const long min_losses = expires ? (30L * seconds + 59) / 60 : 0;
   const long min_rejected = expires && fencing ? (15L * seconds + 59) / 60 : 0;
@@ -346,11 +373,15 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       "\"writes_rejected\":%ld,\"write_errors\":%ld,\"losses_signalled\":%ld,\"mutex_losses\":%ld,"
       "\"unfenced_stale_applied\":%zu,\"sem_sections\":%zu,\"sem_losses\":%ld,\"rw_sections\":%zu,"
       "\"rw_losses\":%ld,\"elect_sections\":%zu,\"elect_losses\":%ld,\"min_losses\":%ld,"
-      "\"min_rejected\":%ld,\"violations\":%zu}\n",
+      "\"min_rejected\":%ld,\"shard_sections\":%ld,\"shard_believed\":%ld,\"shard_stops\":%ld,"
+      "\"shard_leases_lost\":%ld,\"shard_join_errors\":%ld,\"shard_writes_applied\":%ld,"
+      "\"shard_writes_rejected\":%ld,\"shard_unfenced_stale_applied\":%zu,\"violations\":%zu}\n",
       GetParam().label.c_str(), seed, seconds, kTtlMs, faults.size(), holder_faults, sections, believed,
       acquire_errors, applied, rejected, write_errors, losses, mutex_losses, control.size(),
       sem.sections.size(), lost(sem), rw.sections.size(), lost(rw), elect.sections.size(), lost(elect),
-      min_losses, min_rejected, violations.size() + hung.size());
+      min_losses, min_rejected, shard_sections, shard_believed, shard_stops, shard_log.leases_lost,
+      shard_log.join_errors, shard_applied, shard_rejected, shard_control.size(),
+      violations.size() + hung.size());
   std::fflush(stdout);
   RecordProperty("seed", static_cast<int>(seed));
   if (const char* keep = std::getenv("DISTLOCK_NEMESIS_KEEP"); keep != nullptr && *keep) {
@@ -385,6 +416,14 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     EXPECT_GT(nm::believed_sections(*x).size(), 2u)
         << "the " << name << " workload made no progress" << replay;
   }
+  if (shard_log.unsupported) {
+    std::printf("nemesis %s: the backend has no shard groups (not_supported): no shard workload\n",
+                GetParam().label.c_str());
+  } else {
+    EXPECT_GT(shard_believed, kShards) << "the shard workload made no progress" << replay;
+    // Shard losses and rejected shard writes are counted, not required: the mutex's
+    // thresholds above are the run's bite; a shard is struck whenever its member is.
+  }
   for (const auto& v : hung) ADD_FAILURE() << "incomplete: " << v << replay;
   // A run that never bit proves nothing.
   EXPECT_GE(losses, min_losses) << "too few signalled losses: the faults did not strike held leases"
@@ -398,10 +437,12 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   }
   for (std::size_t i = 0; i < violations.size() && i < 5; ++i) {
     const auto& [workload, v] = violations[i];
-    const auto& hist = workload == "sem"     ? sem
-                       : workload == "rw"    ? rw
-                       : workload == "elect" ? elect
-                                             : mutexes[static_cast<std::size_t>(workload.back() - '0')];
+    const auto index = static_cast<std::size_t>(workload.back() - '0');
+    const auto& hist = workload == "sem"                 ? sem
+                       : workload == "rw"                ? rw
+                       : workload == "elect"             ? elect
+                       : workload.rfind("shard", 0) == 0 ? shard_histories[index]
+                                                         : mutexes[index];
     ADD_FAILURE() << workload << ": " << v.kind << ": " << v.what << replay << "\nhistory near it:\n"
                   << (v.at > 0 ? nm::slice(hist, v.at, 3'000'000'000LL) : std::string()) << "faults:\n"
                   << sched;
@@ -521,6 +562,54 @@ TEST_F(HistoryChecker, AWriterWithAnyoneIsCaught) {
   v = judge("A 1 1 1 6 100 x\nO 1 1 1 300\nA 3 3 1 7 200 x\nO 3 3 1 250\n");
   ASSERT_FALSE(v.empty());
   EXPECT_EQ(v[0].kind, "exclusion");
+}
+
+// Shard histories (one file per shard, one section per member and token): the checker
+// must fail two owners of one shard, a shard token that goes back across owners, a shard
+// that left a member's assignment without its stop token, and a stale shard write applied.
+TEST_F(HistoryChecker, ShardViolationsAreCaught) {
+  // A clean hand-over: member 10 is told (L), gives the shard up, member 20 takes it with a
+  // larger token.
+  EXPECT_TRUE(check("A 10 1 1 7 100\nO 10 1 1 110\nL 10 1 1 115\nE 10 1 1 120 lost 1\nA 20 2 1 8 200\n"
+                    "O 20 2 1 210\nE 20 2 1 300 ok 1\n")
+                  .empty());
+  auto v = check("A 10 1 1 7 100\nO 10 1 1 110\nA 20 2 1 8 150\nO 20 2 1 160\nO 10 1 1 300\n");
+  ASSERT_FALSE(v.empty());
+  EXPECT_EQ(v[0].kind, "overlap");
+  v = check(
+      "A 10 1 1 7 100\nO 10 1 1 110\nL 10 1 1 115\nE 10 1 1 120 lost 1\nA 20 2 1 6 200\nO 20 2 1 210\n");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "token");
+  v = check("A 10 1 1 7 100\nO 10 1 1 110\nE 10 1 1 120 lost 0\nA 20 2 1 8 200\nO 20 2 1 210\n");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "silent-loss");
+  TempDir d("distlock-register");
+  const std::string reg = (d.path() / "shardfenced0.register").string();
+  FILE* f = std::fopen(reg.c_str(), "w");
+  std::fputs("7\n7\n8\n7\n", f);
+  std::fclose(f);
+  v = distlock::nemesis::check_register(reg);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "stale-write");
+}
+
+TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "shards.history").string();
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("X 4 100\nS 10 3 2 9 1\nS 20 1 0 4 0\n", f);
+  std::fclose(f);
+  const int unsupported = static_cast<int>(distlock::errc::not_supported);
+  auto g = distlock::nemesis::parse_shard_group_log(path, unsupported);
+  EXPECT_EQ(g.join_errors, 1);
+  EXPECT_FALSE(g.unsupported);
+  EXPECT_EQ(g.leases_lost, 4);
+  EXPECT_EQ(g.taken, 13);
+  EXPECT_EQ(g.membership_lost, 1);
+  f = std::fopen(path.c_str(), "a");
+  std::fprintf(f, "X %d 200\n", unsupported);
+  std::fclose(f);
+  EXPECT_TRUE(distlock::nemesis::parse_shard_group_log(path, unsupported).unsupported);
 }
 
 }  // namespace
