@@ -378,6 +378,25 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
                     std::to_string(st.membership_lost));
 }
 
+// Makes a semaphore or read-write lock, whose creation talks to the server: a failure
+// (the server down at that moment) is recorded as an X line and tried again 20-100 ms
+// later, until the run ends; not_supported and invalid_argument end the workload.
+template <class Make>
+auto create_within_run(const Run& r, const HistoryFile& h, unsigned salt, Make make)
+    -> std::optional<decltype(make())> {
+  std::minstd_rand rng(r.seed * 32452843u + salt);
+  while (Steady::now() < r.end) {
+    try {
+      return make();
+    } catch (const std::system_error& e) {
+      h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
+      if (e.code() == distlock::errc::not_supported || e.code() == distlock::errc::invalid_argument) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 80));
+    }
+  }
+  return std::nullopt;
+}
+
 std::error_code code_of(const std::system_error& e) {
   return e.code();
 }
@@ -478,27 +497,19 @@ int main(int argc, char** argv) {
       }
     } else if (w == "sem") {
       threads.emplace_back([&] {
-        std::optional<distlock::Semaphore> sem;
-        try {
-          sem.emplace(client->semaphore("nemesis-sem", 2, lock_options(r)));
-        } catch (const std::system_error& e) {
-          // The permit count is stored on the server: it may be down right now.
-          h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
-          return;
-        }
+        // The permit count is stored on the server: it may be down right now (try again).
+        auto sem =
+            create_within_run(r, h, 1, [&] { return client->semaphore("nemesis-sem", 2, lock_options(r)); });
+        if (!sem) return;
         primitive_thread(
             r, h, 1, [&](std::minstd_rand&, std::string&, std::error_code& ec) { return sem->acquire(ec); },
             [](distlock::Lease& l, std::error_code& ec) { l.release(ec); });
       });
     } else if (w == "rw") {
       threads.emplace_back([&] {
-        std::optional<distlock::SharedMutex> rw;
-        try {
-          rw.emplace(client->shared_mutex("nemesis-rw", lock_options(r)));
-        } catch (const std::system_error& e) {
-          h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
-          return;
-        }
+        auto rw =
+            create_within_run(r, h, 2, [&] { return client->shared_mutex("nemesis-rw", lock_options(r)); });
+        if (!rw) return;
         primitive_thread(
             r, h, 2,
             [&](std::minstd_rand& rng, std::string& mode, std::error_code& ec) {
