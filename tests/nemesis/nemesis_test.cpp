@@ -479,15 +479,21 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
 INSTANTIATE_TEST_SUITE_P(Backends, Nemesis, ::testing::ValuesIn(nemesis_kinds()),
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
-// The durable-storage assumption matters: a single Redis server (appendfsync always) that
-// loses its data while a lease is held gives the lock again, with a token that repeats or
-// goes back, and the checker reports it. Bounded: at most 5 attempts and 15 s.
-TEST(WipedServer, ARedisRestartedWithoutItsDataUnderAHeldLeaseIsReportedByTheChecker) {
-  std::optional<Kind> redis;
+// The durable-storage assumption matters: a single server (Redis with appendfsync
+// always, PostgreSQL) that loses its data while a lease is held gives the lock again,
+// and the checker reports it (an overlap of beliefs, or a token that repeats or goes
+// back). Bounded: at most 5 attempts and 15 s per backend.
+std::vector<Kind> single_server_kinds() {
+  std::vector<Kind> out;
   for (auto& k : distlock::testing::kinds()) {
-    if (k.label == "redis") redis = k;
+    if (k.label == "redis" || k.label == "postgres") out.push_back(std::move(k));
   }
-  if (!redis) GTEST_SKIP() << "this build has no redis component";
+  return out;
+}
+
+class WipedServer : public ::testing::TestWithParam<Kind> {};
+
+TEST_P(WipedServer, ARestartWithoutItsDataUnderAHeldLeaseIsReportedByTheChecker) {
   auto mono_ns = [] {
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -499,7 +505,7 @@ TEST(WipedServer, ARedisRestartedWithoutItsDataUnderAHeldLeaseIsReportedByTheChe
   std::string history;
   while (found.empty() && attempts < 5 && Steady::now() - start < 15s) {
     ++attempts;
-    auto target = redis->make({.durable = true});
+    auto target = GetParam().make({.durable = true});
     distlock::Client a = distlock::connect(target->url());
     distlock::LockOptions o;
     o.ttl = 5s;
@@ -516,7 +522,7 @@ TEST(WipedServer, ARedisRestartedWithoutItsDataUnderAHeldLeaseIsReportedByTheChe
     distlock::Lease held = a.acquire("wiped", o);
     history += "A 1 1 4 " + std::to_string(held.token()) + " " + mono_ns() + "\n";
     history += "O 1 1 4 " + mono_ns() + "\n";
-    ASSERT_TRUE(target->wipe_and_restart(0, 0ms));
+    ASSERT_TRUE(target->wipe_and_restart(0, 0ms)) << "the target cannot wipe its server";
     distlock::Client b = distlock::connect(target->url());
     distlock::Lease taken = b.acquire("wiped", o);
     history += "A 2 2 1 " + std::to_string(taken.token()) + " " + mono_ns() + "\n";
@@ -527,14 +533,18 @@ TEST(WipedServer, ARedisRestartedWithoutItsDataUnderAHeldLeaseIsReportedByTheChe
     std::ofstream(path) << history;
     found = distlock::nemesis::check_history(distlock::nemesis::parse_history(path), true);
   }
-  ASSERT_FALSE(found.empty()) << "a Redis server wiped under a held lease produced no violation in "
+  ASSERT_FALSE(found.empty()) << GetParam().label << " wiped under a held lease produced no violation in "
                               << attempts << " attempts; last history:\n"
                               << history;
-  std::printf("wiped redis: %zu violation(s) after %d attempt(s), the first: %s: %s\n", found.size(),
-              attempts, found[0].kind.c_str(), found[0].what.c_str());
+  std::printf("wiped %s: %zu violation(s) after %d attempt(s), the first: %s: %s\n", GetParam().label.c_str(),
+              found.size(), attempts, found[0].kind.c_str(), found[0].what.c_str());
   for (const auto& v : found)
     EXPECT_TRUE(v.kind == "overlap" || v.kind == "token") << v.kind << ": " << v.what;
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, WipedServer, ::testing::ValuesIn(single_server_kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(WipedServer);
 
 // The checker must be able to fail: hand-made histories with each violation.
 class HistoryChecker : public ::testing::Test {

@@ -396,6 +396,12 @@ class PostgresTarget final : public Target {
     server_.kill();
     server_.restart();
   }
+  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
+    server_.kill();
+    std::this_thread::sleep_for(down_for);
+    server_.wipe_and_restart();
+    return true;
+  }
 
  private:
   PostgresServer server_;
