@@ -480,13 +480,13 @@ INSTANTIATE_TEST_SUITE_P(Backends, Nemesis, ::testing::ValuesIn(nemesis_kinds())
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 // The durable-storage assumption matters: a single server (Redis with appendfsync
-// always, PostgreSQL) that loses its data while a lease is held gives the lock again,
+// always, PostgreSQL, MariaDB) that loses its data while a lease is held gives the lock again,
 // and the checker reports it (an overlap of beliefs, or a token that repeats or goes
 // back). Bounded: at most 5 attempts and 15 s per backend.
 std::vector<Kind> single_server_kinds() {
   std::vector<Kind> out;
   for (auto& k : distlock::testing::kinds()) {
-    if (k.label == "redis" || k.label == "postgres") out.push_back(std::move(k));
+    if (k.label == "redis" || k.label == "postgres" || k.label == "mysql") out.push_back(std::move(k));
   }
   return out;
 }

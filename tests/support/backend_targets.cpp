@@ -454,6 +454,12 @@ class MysqlTarget final : public Target {
     server_.kill();
     server_.restart();
   }
+  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
+    server_.kill();
+    std::this_thread::sleep_for(down_for);
+    server_.wipe_and_restart();
+    return true;
+  }
 
  private:
   MariadbServer server_;
