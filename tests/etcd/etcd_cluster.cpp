@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -301,6 +302,72 @@ void EtcdCluster::resume(int member) {
 void EtcdCluster::restart(int member) {
   start(member, false);
   wait_port_open(members_[static_cast<std::size_t>(member)].client_port, 20s);
+}
+
+void EtcdCluster::wipe_and_rejoin(int member) {
+  kill(member);
+  auto& m = members_[static_cast<std::size_t>(member)];
+  const std::string advertised_peer =
+      "http://127.0.0.1:" + std::to_string(m.peer_proxy ? m.peer_proxy->port() : m.peer_port);
+  // Each step is retried while the others elect a leader, up to 10 s.
+  auto until = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    auto list = etcdctl({"member", "list", "-w", "json"});
+    std::string id;
+    if (list.exit_code == 0) {
+      try {
+        const auto members = nlohmann::json::parse(list.output);
+        for (const auto& e : members.at("members")) {
+          if (e.value("name", "") == m.name) {
+            std::ostringstream hex;
+            hex << std::hex << e.at("ID").get<std::uint64_t>();
+            id = hex.str();
+          }
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    CommandResult removed;
+    if (!id.empty()) {
+      removed = etcdctl({"member", "remove", id});
+      if (removed.exit_code == 0) break;
+    }
+    if (std::chrono::steady_clock::now() > until) {
+      throw std::runtime_error("cannot remove etcd member " + m.name + " (id " + id +
+                               ") within 10 s: " + (id.empty() ? list.output : removed.output));
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  std::filesystem::remove_all(dir_.path() / m.name);
+  until = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    auto add = etcdctl({"member", "add", m.name, "--peer-urls=" + advertised_peer});
+    if (add.exit_code == 0) break;
+    if (std::chrono::steady_clock::now() > until) {
+      throw std::runtime_error("cannot add etcd member " + m.name + " back within 10 s: " + add.output);
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  start(member, false);
+  // It serves once it has the leader's state: a linearizable read through it alone.
+  until = std::chrono::steady_clock::now() + 20s;
+  std::vector<std::string> argv{"etcdctl", "--endpoints=" + endpoint(member), "--dial-timeout=1s",
+                                "--command-timeout=2s"};
+  if (tls_) {
+    argv.push_back("--cacert=" + ca_file());
+    argv.push_back("--cert=" + client_cert_file());
+    argv.push_back("--key=" + client_key_file());
+  }
+  for (const char* a : {"get", "distlock-test-rejoin-probe"}) argv.emplace_back(a);
+  for (;;) {
+    auto r = run_command(argv, 5s);
+    if (r.exit_code == 0) break;
+    if (std::chrono::steady_clock::now() > until) {
+      throw std::runtime_error("etcd member " + m.name +
+                               " did not serve within 20 s of rejoining empty: " + r.output);
+    }
+    std::this_thread::sleep_for(100ms);
+  }
 }
 
 std::int64_t EtcdCluster::revision(const std::string& user) const {

@@ -74,6 +74,11 @@ class EtcdCluster {
   void pause(int member);    ///< SIGSTOP
   void resume(int member);   ///< SIGCONT
   void restart(int member);  ///< start again on the same ports and data dir
+  /// Kills `member`, removes it from the cluster, deletes its data directory, adds it
+  /// back (same name and peer URL) and starts it empty with --initial-cluster-state
+  /// existing; returns once a linearizable read through it alone succeeds (it has the
+  /// leader's state). Each step bounded (10 s, 10 s, 20 s); throws std::runtime_error.
+  void wipe_and_rejoin(int member);
   bool running(int member) const { return members_[member].up; }
   /// The cluster's current revision (from a linearizable read).
   std::int64_t revision(const std::string& user = "") const;

@@ -264,6 +264,40 @@ inline std::vector<Violation> check_register(const std::string& path) {
   return out;
 }
 
+/// The shard group's own log (DIR/shards.history): "X err t" for a join that failed,
+/// "S pid lost given_up taken membership_lost" from each member that left at the end.
+struct ShardGroupLog {
+  long join_errors = 0;
+  bool unsupported = false;  // a join failed with errc::not_supported
+  long leases_lost = 0, given_up = 0, taken = 0, membership_lost = 0;
+};
+
+inline ShardGroupLog parse_shard_group_log(const std::string& path, int not_supported_code) {
+  ShardGroupLog g;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string kind;
+    if (!(ls >> kind)) continue;
+    if (kind == "X") {
+      int err = 0;
+      ls >> err;
+      ++g.join_errors;
+      g.unsupported = g.unsupported || err == not_supported_code;
+    } else if (kind == "S") {
+      long pid = 0, lost = 0, given = 0, taken = 0, member = 0;
+      if (ls >> pid >> lost >> given >> taken >> member) {
+        g.leases_lost += lost;
+        g.given_up += given;
+        g.taken += taken;
+        g.membership_lost += member;
+      }
+    }
+  }
+  return g;
+}
+
 /// The history lines within `window` ns of `at`.
 inline std::string slice(const History& h, std::int64_t at, std::int64_t window) {
   std::string out;

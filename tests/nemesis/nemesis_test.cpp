@@ -1,10 +1,13 @@
 // A nemesis run per backend: worker processes (nemesis_worker) take a mutex, a
 // semaphore, a read-write lock and an election in a loop, writing through a fence
-// while they hold the mutex, and a seeded fault schedule strikes them and their
-// servers. Most faults are aimed at the process that holds the mutex right now (read
-// from the history as it is written): its network frozen or cut, the process stopped
-// (SIGSTOP) past its TTL, killed, or its clock skewed a TTL forward; the others pause
-// or kill and restart a server member (with its data), or strike a random worker.
+// while they hold the mutex, and are members of a shard group writing each owned shard
+// through its fence; a seeded fault schedule strikes them and their servers. Most
+// faults are aimed at the process that holds the mutex right now (read from the history
+// as it is written): its network frozen or cut, the process stopped (SIGSTOP) past its
+// TTL, killed, or its clock skewed a TTL forward; the others pause a server member, cut
+// it off from its peers (etcd3, zk3), kill and restart it with its data, or without it
+// where the guarantee survives that (etcd3 and zk3: the quorum keeps the data; redlock3:
+// restarted after 1.2 max TTL), or strike a random worker.
 // The recorded histories are then judged by history.hpp's checkers.
 //
 // A run must bite: with leases that expire (every backend but file://) it fails
@@ -22,6 +25,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -30,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -38,6 +43,7 @@
 #include <tuple>
 #include <vector>
 
+#include "distlock/distlock.hpp"
 #include "nemesis/history.hpp"
 #include "support/backend_targets.hpp"
 #include "support/fault_proxy.hpp"
@@ -57,6 +63,7 @@ constexpr int kWorkers = 3;
 constexpr int kMutexes = 4;  // names nemesis-0..3, one thread per name in each worker
 constexpr long kTtlMs = 1000;
 constexpr int kPermits = 2;  // nemesis_worker's semaphore
+constexpr int kShards = 6;   // nemesis_worker's shard group "nemesis-shards"
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -142,7 +149,9 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   std::mt19937 rng(seed);
   // Durable servers (Redis: appendfsync always) keep locks and fence counters across a
   // kill and restart; Redlock keeps its default per-master timeout.
-  auto servers = GetParam().make({.durable = true, .redlock_query = ""});
+  // Members of a cluster reach each other through fault proxies, so that a member can be
+  // cut off from its peers.
+  auto servers = GetParam().make({.durable = true, .redlock_query = "", .peer_proxies = true});
   TempDir dir("distlock-nemesis");
   const auto file = [&](const std::string& name) { return (dir.path() / name).string(); };
   const std::string worker_bin = (distlock::testing::self_dir() / "nemesis_worker").string();
@@ -172,7 +181,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - Steady::now()).count();
     return Process::spawn({worker_bin, urls[i], dir.path().string(), std::to_string(std::max<long>(1, left)),
                            std::to_string(kTtlMs), std::to_string(seed + 1000u * incarnation[i]++ + i),
-                           std::to_string(kMutexes), "mutex,sem,rw,elect"},
+                           std::to_string(kMutexes), "mutex,sem,rw,elect,shards"},
                           file("worker" + std::to_string(i) + ".log"));
   };
   for (int i = 0; i < kWorkers; ++i) workers.push_back(spawn(i));
@@ -198,9 +207,19 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   std::vector<std::string> faults;
   int holder_faults = 0;
   const int ttl = static_cast<int>(kTtlMs);
+  // Where the target has them, the 5th fault cuts a member off from its peers and the
+  // 10th wipes one (a 40 s run plays about 22 faults), whatever the roll, so that every
+  // run has both; the roll can draw more (wipes: up to one per 40 s of run).
+  int step = 0;
+  // An etcd member's rejoin takes about 7 s with no other fault meanwhile: one wipe per
+  // 40 s of run keeps the holder faults that make the run bite.
+  int wipes = 0;
+  const int max_wipes = std::max(1, seconds / 40);
   while (Steady::now() + 3s < end) {
     const auto gap = std::chrono::milliseconds(100 + rng() % 201);
-    const int roll = static_cast<int>(rng() % 100);
+    const int drawn = static_cast<int>(rng() % 100);
+    ++step;
+    const int roll = step == 5 ? 72 : step == 10 ? 80 : drawn;
     // Faults aimed at a holder outlast its TTL: 1.2 to 1.8 TTL.
     const auto d = std::chrono::milliseconds(ttl * 12 / 10 + static_cast<int>(rng() % (ttl * 6 / 10 + 1)));
     const int random_worker = static_cast<int>(rng() % kWorkers);
@@ -249,12 +268,30 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
         std::this_thread::sleep_for(d);
         workers[w].signal(SIGCONT);
       }
+    } else if (roll < 76 && members > 1 && servers->isolate(member_pick % members)) {
+      // A member cut off from its peers (its clients still reach it).
+      what = "cut server " + std::to_string(member_pick % members) + " off from its peers";
+      std::this_thread::sleep_for(d);
+      servers->heal();
     } else if (roll < 80 && members > 0) {
       const int m = member_pick % members;
       what = "pause server " + std::to_string(m);
       servers->pause(m);
       std::this_thread::sleep_for(d);
       servers->resume(m);
+    } else if (roll < 83 && members > 0 && servers->survives_wipe() && wipes < max_wipes) {
+      ++wipes;
+      // Restarted without its data, where the guarantee does not need it: the quorum
+      // keeps it (zk3), or the member stays down until its locks have expired (redlock3).
+      const int m = member_pick % members;
+      const auto down = servers->wipe_down_for(std::chrono::milliseconds(kTtlMs));
+      const auto wipe_start = Steady::now();
+      servers->wipe_and_restart(m, down);
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - wipe_start);
+      what = "kill server " + std::to_string(m) + ", delete its data, restart it after " +
+             std::to_string(down.count()) + " ms (serving again " + std::to_string(took.count()) +
+             " ms after the kill)";
+      timed = false;
     } else if (roll < 86 && members > 0) {
       const int m = member_pick % members;
       what = "kill and restart server " + std::to_string(m) + " (with its data)";
@@ -317,6 +354,21 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   add("rw", nm::check_rw(rw));
   add("rw", nm::check_silent_losses(rw));
   add("elect", nm::check_history(elect, fencing));
+  // Shards: per shard, the members' sections (one per owner and token) must not overlap in
+  // belief, their tokens must increase, a shard that left a member's assignment must have
+  // had its stop token fired, and no stale write may reach the fenced register.
+  std::vector<nm::History> shard_histories;
+  std::vector<nm::Violation> shard_control;
+  for (int i = 0; i < kShards; ++i) {
+    const std::string n = std::to_string(i);
+    shard_histories.push_back(nm::parse_history(file("shard" + n + ".history")));
+    add("shard" + n, nm::check_history(shard_histories.back(), fencing));
+    add("shard" + n, nm::check_register(file("shardfenced" + n + ".register")));
+    const auto c = nm::check_register(file("shardunfenced" + n + ".register"));
+    shard_control.insert(shard_control.end(), c.begin(), c.end());
+  }
+  const nm::ShardGroupLog shard_log =
+      nm::parse_shard_group_log(file("shards.history"), static_cast<int>(distlock::errc::not_supported));
 
   auto lost = [](const nm::History& x) {
     long n = 0;
@@ -337,6 +389,16 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   // Every signalled loss of a held lease counts: the mutexes', the semaphore permits',
   // the read-write holds' and the leaderships'.
   const long losses = mutex_losses + lost(sem) + lost(rw) + lost(elect);
+  long shard_sections = 0, shard_believed = 0, shard_stops = 0, shard_applied = 0, shard_rejected = 0;
+  for (const auto& h : shard_histories) {
+    shard_sections += static_cast<long>(h.sections.size());
+    shard_believed += static_cast<long>(nm::believed_sections(h).size());
+    shard_stops += lost(h);
+    for (const auto& w : h.writes) {
+      shard_applied += w.status == "applied";
+      shard_rejected += w.status == "stale";
+    }
+  }
   const bool expires = servers->expires();
   const long min_losses = expires ? (30L * seconds + 59) / 60 : 0;
   const long min_rejected = expires && fencing ? (15L * seconds + 59) / 60 : 0;
@@ -346,11 +408,15 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       "\"writes_rejected\":%ld,\"write_errors\":%ld,\"losses_signalled\":%ld,\"mutex_losses\":%ld,"
       "\"unfenced_stale_applied\":%zu,\"sem_sections\":%zu,\"sem_losses\":%ld,\"rw_sections\":%zu,"
       "\"rw_losses\":%ld,\"elect_sections\":%zu,\"elect_losses\":%ld,\"min_losses\":%ld,"
-      "\"min_rejected\":%ld,\"violations\":%zu}\n",
+      "\"min_rejected\":%ld,\"shard_sections\":%ld,\"shard_believed\":%ld,\"shard_stops\":%ld,"
+      "\"shard_leases_lost\":%ld,\"shard_join_errors\":%ld,\"shard_writes_applied\":%ld,"
+      "\"shard_writes_rejected\":%ld,\"shard_unfenced_stale_applied\":%zu,\"violations\":%zu}\n",
       GetParam().label.c_str(), seed, seconds, kTtlMs, faults.size(), holder_faults, sections, believed,
       acquire_errors, applied, rejected, write_errors, losses, mutex_losses, control.size(),
       sem.sections.size(), lost(sem), rw.sections.size(), lost(rw), elect.sections.size(), lost(elect),
-      min_losses, min_rejected, violations.size() + hung.size());
+      min_losses, min_rejected, shard_sections, shard_believed, shard_stops, shard_log.leases_lost,
+      shard_log.join_errors, shard_applied, shard_rejected, shard_control.size(),
+      violations.size() + hung.size());
   std::fflush(stdout);
   RecordProperty("seed", static_cast<int>(seed));
   if (const char* keep = std::getenv("DISTLOCK_NEMESIS_KEEP"); keep != nullptr && *keep) {
@@ -385,6 +451,14 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     EXPECT_GT(nm::believed_sections(*x).size(), 2u)
         << "the " << name << " workload made no progress" << replay;
   }
+  if (shard_log.unsupported) {
+    std::printf("nemesis %s: the backend has no shard groups (not_supported): no shard workload\n",
+                GetParam().label.c_str());
+  } else {
+    EXPECT_GT(shard_believed, kShards) << "the shard workload made no progress" << replay;
+    // Shard losses and rejected shard writes are counted, not required: the mutex's
+    // thresholds above are the run's bite; a shard is struck whenever its member is.
+  }
   for (const auto& v : hung) ADD_FAILURE() << "incomplete: " << v << replay;
   // A run that never bit proves nothing.
   EXPECT_GE(losses, min_losses) << "too few signalled losses: the faults did not strike held leases"
@@ -398,10 +472,12 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   }
   for (std::size_t i = 0; i < violations.size() && i < 5; ++i) {
     const auto& [workload, v] = violations[i];
-    const auto& hist = workload == "sem"     ? sem
-                       : workload == "rw"    ? rw
-                       : workload == "elect" ? elect
-                                             : mutexes[static_cast<std::size_t>(workload.back() - '0')];
+    const auto index = static_cast<std::size_t>(workload.back() - '0');
+    const auto& hist = workload == "sem"                 ? sem
+                       : workload == "rw"                ? rw
+                       : workload == "elect"             ? elect
+                       : workload.rfind("shard", 0) == 0 ? shard_histories[index]
+                                                         : mutexes[index];
     ADD_FAILURE() << workload << ": " << v.kind << ": " << v.what << replay << "\nhistory near it:\n"
                   << (v.at > 0 ? nm::slice(hist, v.at, 3'000'000'000LL) : std::string()) << "faults:\n"
                   << sched;
@@ -410,6 +486,73 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Nemesis, ::testing::ValuesIn(nemesis_kinds()),
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
+
+// The durable-storage assumption matters: a single server (Redis with appendfsync
+// always, PostgreSQL, MariaDB) that loses its data while a lease is held gives the lock again,
+// and the checker reports it (an overlap of beliefs, or a token that repeats or goes
+// back). Bounded: at most 5 attempts and 15 s per backend.
+std::vector<Kind> single_server_kinds() {
+  std::vector<Kind> out;
+  for (auto& k : distlock::testing::kinds()) {
+    if (k.label == "redis" || k.label == "postgres" || k.label == "mysql") out.push_back(std::move(k));
+  }
+  return out;
+}
+
+class WipedServer : public ::testing::TestWithParam<Kind> {};
+
+TEST_P(WipedServer, ARestartWithoutItsDataUnderAHeldLeaseIsReportedByTheChecker) {
+  auto mono_ns = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return std::to_string(static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec);
+  };
+  const auto start = Steady::now();
+  int attempts = 0;
+  std::vector<distlock::nemesis::Violation> found;
+  std::string history;
+  while (found.empty() && attempts < 5 && Steady::now() - start < 15s) {
+    ++attempts;
+    auto target = GetParam().make({.durable = true});
+    distlock::Client a = distlock::connect(target->url());
+    distlock::LockOptions o;
+    o.ttl = 5s;
+    o.wait = 3s;
+    history.clear();
+    // Three sections first, so that the fence counter is past its first values.
+    for (int seq = 1; seq <= 3; ++seq) {
+      distlock::Lease l = a.acquire("wiped", o);
+      history += "A 1 1 " + std::to_string(seq) + " " + std::to_string(l.token()) + " " + mono_ns() + "\n";
+      history += "O 1 1 " + std::to_string(seq) + " " + mono_ns() + "\n";
+      l.release();
+      history += "E 1 1 " + std::to_string(seq) + " " + mono_ns() + " ok 0\n";
+    }
+    distlock::Lease held = a.acquire("wiped", o);
+    history += "A 1 1 4 " + std::to_string(held.token()) + " " + mono_ns() + "\n";
+    history += "O 1 1 4 " + mono_ns() + "\n";
+    ASSERT_TRUE(target->wipe_and_restart(0, 0ms)) << "the target cannot wipe its server";
+    distlock::Client b = distlock::connect(target->url());
+    distlock::Lease taken = b.acquire("wiped", o);
+    history += "A 2 2 1 " + std::to_string(taken.token()) + " " + mono_ns() + "\n";
+    if (taken.owns()) history += "O 2 2 1 " + mono_ns() + "\n";
+    if (const std::string t = mono_ns(); held.owns()) history += "O 1 1 4 " + t + "\n";
+    TempDir d("distlock-wiped");
+    const std::string path = (d.path() / "h").string();
+    std::ofstream(path) << history;
+    found = distlock::nemesis::check_history(distlock::nemesis::parse_history(path), true);
+  }
+  ASSERT_FALSE(found.empty()) << GetParam().label << " wiped under a held lease produced no violation in "
+                              << attempts << " attempts; last history:\n"
+                              << history;
+  std::printf("wiped %s: %zu violation(s) after %d attempt(s), the first: %s: %s\n", GetParam().label.c_str(),
+              found.size(), attempts, found[0].kind.c_str(), found[0].what.c_str());
+  for (const auto& v : found)
+    EXPECT_TRUE(v.kind == "overlap" || v.kind == "token") << v.kind << ": " << v.what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, WipedServer, ::testing::ValuesIn(single_server_kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(WipedServer);
 
 // The checker must be able to fail: hand-made histories with each violation.
 class HistoryChecker : public ::testing::Test {
@@ -521,6 +664,54 @@ TEST_F(HistoryChecker, AWriterWithAnyoneIsCaught) {
   v = judge("A 1 1 1 6 100 x\nO 1 1 1 300\nA 3 3 1 7 200 x\nO 3 3 1 250\n");
   ASSERT_FALSE(v.empty());
   EXPECT_EQ(v[0].kind, "exclusion");
+}
+
+// Shard histories (one file per shard, one section per member and token): the checker
+// must fail two owners of one shard, a shard token that goes back across owners, a shard
+// that left a member's assignment without its stop token, and a stale shard write applied.
+TEST_F(HistoryChecker, ShardViolationsAreCaught) {
+  // A clean hand-over: member 10 is told (L), gives the shard up, member 20 takes it with a
+  // larger token.
+  EXPECT_TRUE(check("A 10 1 1 7 100\nO 10 1 1 110\nL 10 1 1 115\nE 10 1 1 120 lost 1\nA 20 2 1 8 200\n"
+                    "O 20 2 1 210\nE 20 2 1 300 ok 1\n")
+                  .empty());
+  auto v = check("A 10 1 1 7 100\nO 10 1 1 110\nA 20 2 1 8 150\nO 20 2 1 160\nO 10 1 1 300\n");
+  ASSERT_FALSE(v.empty());
+  EXPECT_EQ(v[0].kind, "overlap");
+  v = check(
+      "A 10 1 1 7 100\nO 10 1 1 110\nL 10 1 1 115\nE 10 1 1 120 lost 1\nA 20 2 1 6 200\nO 20 2 1 210\n");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "token");
+  v = check("A 10 1 1 7 100\nO 10 1 1 110\nE 10 1 1 120 lost 0\nA 20 2 1 8 200\nO 20 2 1 210\n");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "silent-loss");
+  TempDir d("distlock-register");
+  const std::string reg = (d.path() / "shardfenced0.register").string();
+  FILE* f = std::fopen(reg.c_str(), "w");
+  std::fputs("7\n7\n8\n7\n", f);
+  std::fclose(f);
+  v = distlock::nemesis::check_register(reg);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "stale-write");
+}
+
+TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "shards.history").string();
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("X 4 100\nS 10 3 2 9 1\nS 20 1 0 4 0\n", f);
+  std::fclose(f);
+  const int unsupported = static_cast<int>(distlock::errc::not_supported);
+  auto g = distlock::nemesis::parse_shard_group_log(path, unsupported);
+  EXPECT_EQ(g.join_errors, 1);
+  EXPECT_FALSE(g.unsupported);
+  EXPECT_EQ(g.leases_lost, 4);
+  EXPECT_EQ(g.taken, 13);
+  EXPECT_EQ(g.membership_lost, 1);
+  f = std::fopen(path.c_str(), "a");
+  std::fprintf(f, "X %d 200\n", unsupported);
+  std::fclose(f);
+  EXPECT_TRUE(distlock::nemesis::parse_shard_group_log(path, unsupported).unsupported);
 }
 
 }  // namespace

@@ -19,6 +19,21 @@
 //   sem    one thread takes a permit of the semaphore "nemesis-sem" (2 permits).
 //   rw     one thread takes the read-write lock "nemesis-rw", shared or exclusive.
 //   elect  one thread campaigns in the election "nemesis-elect", leads, resigns.
+//   shards one thread joins the shard group "nemesis-shards" of kShards shards (rebalanced every
+//          200 ms) and, for each shard it is told it owns, writes every 20-40 ms through that
+//          shard's fence with the shard's token (DIR/shardfence<i>, DIR/shardfenced<i>.register)
+//          and, the same write, unfenced (DIR/shardunfenced<i>.register); history per shard in
+//          DIR/shard<i>.history, one section per (member, token). A section's belief (O lines)
+//          is "the shard's stop token had not fired", read before the check; OwnedShard has no
+//          owns() that reads the clock, and the stop token is fired by the client's watchdog,
+//          which a process resumed from SIGSTOP may run after this thread: a check that comes
+//          more than kShardGapMs after the thread's previous one (the process or the thread
+//          was not running) ends the belief of every section it had (no more O lines for it).
+//          A shard that leaves the assignment ends its section with "E ... lost <stopped>"
+//          (the group must have fired its stop token first: the silent-loss check). A section
+//          whose stop token fired turns zombie as in the mutex workload. Joining is retried
+//          within the run (X lines in DIR/shards.history); at the end each member appends
+//          "S pid lost given_up taken membership_lost" (its ShardGroupStats) there.
 //
 // The client reads its deadlines through a clock the nemesis can skew: SIGUSR1 moves
 // it one TTL forward (every lease of this process is then past its local deadline:
@@ -30,15 +45,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -223,6 +241,162 @@ void primitive_thread(const Run& r, const HistoryFile& h, unsigned salt, Take ta
   }
 }
 
+constexpr std::uint32_t kShards = 6;
+// A check later than this after the previous one ends every belief the thread had: below
+// the safety margin (min(ttl/10, 2 s): 100 ms at the run's 1 s TTL), so a belief that did
+// not see its stop token fire rests on the client's watchdog firing it within the margin.
+constexpr std::int64_t kShardGapMs = 90;
+
+struct ShardFiles {
+  HistoryFile history;
+  std::unique_ptr<distlock::FileFence> fence;
+  int fenced_reg = -1, unfenced_reg = -1;
+};
+
+// One section of one shard: this member owned it with `token`.
+struct ShardSection {
+  long seq = 0;
+  std::uint64_t token = 0;
+  std::stop_token stop;
+  std::unique_ptr<std::stop_callback<std::function<void()>>> on_stop;
+  bool broken = false;    // a gap: no more beliefs
+  bool rejected = false;  // the fence rejected one of its writes
+  bool zombie = false;
+  Steady::time_point zombie_end{};
+};
+
+void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<ShardFiles>& files) {
+  std::minstd_rand rng(r.seed * 15485863u + 5u);
+  const long tid = static_cast<long>(::syscall(SYS_gettid));
+  long seq = 0;
+  std::optional<distlock::ShardGroup> group;
+  distlock::ShardGroupOptions opts;
+  opts.lock = lock_options(r);
+  opts.rebalance_period = std::chrono::milliseconds(200);
+  std::map<std::uint32_t, ShardSection> open;  // shard -> the section it is in now
+  std::vector<std::pair<std::uint32_t, ShardSection>> zombies;
+  std::int64_t prev_check = 0;
+  auto write = [&](std::uint32_t i, ShardSection& s) {
+    ShardFiles& f = files[i];
+    std::error_code fec;
+    const std::int64_t tw = mono_ns();
+    const std::string line = std::to_string(s.token) + "\n";
+    const auto res = f.fence->apply(
+        s.token, [&] { (void)!::write(f.fenced_reg, line.data(), line.size()); }, fec);
+    const char* st = fec ? "error" : (res.status == distlock::FenceStatus::applied ? "applied" : "stale");
+    s.rejected = s.rejected || (!fec && res.status == distlock::FenceStatus::stale);
+    f.history.record("W " + id(tid, s.seq) + " " + std::to_string(s.token) + " " + std::to_string(tw) + " " +
+                     st);
+    (void)!::write(f.unfenced_reg, line.data(), line.size());
+  };
+  auto end_section = [&](std::uint32_t i, ShardSection s, const char* status) {
+    files[i].history.record("E " + id(tid, s.seq) + " " + std::to_string(mono_ns()) + " " + status + " " +
+                            (s.stop.stop_requested() ? "1" : "0"));
+    if (r.fencing && s.stop.stop_requested() && !s.rejected) {
+      if (!s.zombie) s.zombie_end = Steady::now() + r.ttl * 3 / 2;
+      s.zombie = true;
+      zombies.emplace_back(i, std::move(s));
+    }
+  };
+  while (Steady::now() < r.end) {
+    if (!group) {
+      try {
+        group.emplace(r.client->shard_group("nemesis-shards", kShards, opts));
+      } catch (const std::system_error& e) {
+        // The server may be down right now: try again, within the run.
+        group_file.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
+        if (e.code() == distlock::errc::not_supported) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 80));
+        continue;
+      }
+    }
+    const std::int64_t t0 = mono_ns();
+    if (prev_check != 0 && t0 - prev_check > kShardGapMs * 1'000'000) {
+      for (auto& [i, s] : open) s.broken = true;
+    }
+    prev_check = t0;
+    const distlock::ShardAssignment now = group->assigned();
+    std::map<std::uint32_t, const distlock::OwnedShard*> owned;
+    for (const auto& o : now.shards) owned[o.index] = &o;
+    // Shards that left the assignment, or came back with another token.
+    for (auto it = open.begin(); it != open.end();) {
+      auto o = owned.find(it->first);
+      if (o == owned.end() || o->second->token.value_or(0) != it->second.token) {
+        const std::uint32_t i = it->first;
+        ShardSection s = std::move(it->second);
+        it = open.erase(it);
+        end_section(i, std::move(s), "lost");
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [i, o] : owned) {
+      if (open.contains(i)) continue;
+      ShardSection s;
+      s.seq = ++seq;
+      s.token = r.fencing ? o->token.value_or(0) : 0;
+      s.stop = o->stop;
+      files[i].history.record("A " + id(tid, s.seq) + " " + std::to_string(s.token) + " " +
+                              std::to_string(mono_ns()));
+      s.on_stop = std::make_unique<std::stop_callback<std::function<void()>>>(
+          s.stop, std::function<void()>([h = files[i].history, tid, sq = s.seq] {
+            h.record("L " + id(tid, sq) + " " + std::to_string(mono_ns()));
+          }));
+      open.emplace(i, std::move(s));
+    }
+    for (auto& [i, s] : open) {
+      const std::int64_t t = mono_ns();
+      if (s.stop.stop_requested()) {
+        // Lost or given up, and not yet out of the assignment: a zombie writes on.
+        if (!s.zombie) {
+          s.zombie = true;
+          s.zombie_end = Steady::now() + r.ttl * 3 / 2;
+        }
+        if (r.fencing && !s.rejected && Steady::now() < s.zombie_end) write(i, s);
+        continue;
+      }
+      if (!s.broken) files[i].history.record("O " + id(tid, s.seq) + " " + std::to_string(t));
+      if (r.fencing) write(i, s);
+    }
+    for (auto& [i, s] : zombies) {
+      if (!s.rejected && Steady::now() < s.zombie_end) write(i, s);
+    }
+    std::erase_if(zombies,
+                  [](const auto& z) { return z.second.rejected || Steady::now() >= z.second.zombie_end; });
+    std::this_thread::sleep_for(std::chrono::microseconds(20'000 + rng() % 20'000));
+  }
+  if (!group) return;
+  const auto st = group->stats();
+  // The stop callbacks go first: leave() fires every stop token, which is no loss.
+  for (auto& [i, s] : open) s.on_stop.reset();
+  group->leave();
+  for (auto& [i, s] : open) {
+    files[i].history.record("E " + id(tid, s.seq) + " " + std::to_string(mono_ns()) + " ok 1");
+  }
+  group_file.record("S " + std::to_string(::getpid()) + " " + std::to_string(st.shards_lost) + " " +
+                    std::to_string(st.shards_given_up) + " " + std::to_string(st.shards_taken) + " " +
+                    std::to_string(st.membership_lost));
+}
+
+// Makes a semaphore or read-write lock, whose creation talks to the server: a failure
+// (the server down at that moment) is recorded as an X line and tried again 20-100 ms
+// later, until the run ends; not_supported and invalid_argument end the workload.
+template <class Make>
+auto create_within_run(const Run& r, const HistoryFile& h, unsigned salt, Make make)
+    -> std::optional<decltype(make())> {
+  std::minstd_rand rng(r.seed * 32452843u + salt);
+  while (Steady::now() < r.end) {
+    try {
+      return make();
+    } catch (const std::system_error& e) {
+      h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
+      if (e.code() == distlock::errc::not_supported || e.code() == distlock::errc::invalid_argument) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 80));
+    }
+  }
+  return std::nullopt;
+}
+
 std::error_code code_of(const std::system_error& e) {
   return e.code();
 }
@@ -293,6 +467,19 @@ int main(int argc, char** argv) {
     if (fenced_regs.back() < 0 || unfenced_regs.back() < 0 || mutex_files.back().fd < 0) return 70;
   }
 
+  std::vector<ShardFiles> shard_files;
+  if (std::find(workloads.begin(), workloads.end(), "shards") != workloads.end()) {
+    for (std::uint32_t i = 0; i < kShards; ++i) {
+      const std::string n = std::to_string(i);
+      ShardFiles f;
+      f.history = {open_append(r.dir + "/shard" + n + ".history")};
+      f.fence = std::make_unique<distlock::FileFence>(r.dir + "/shardfence" + n);
+      f.fenced_reg = open_append(r.dir + "/shardfenced" + n + ".register");
+      f.unfenced_reg = open_append(r.dir + "/shardunfenced" + n + ".register");
+      if (f.history.fd < 0 || f.fenced_reg < 0 || f.unfenced_reg < 0) return 70;
+      shard_files.push_back(std::move(f));
+    }
+  }
   std::vector<HistoryFile> files;
   files.reserve(workloads.size());
   std::vector<std::thread> threads;
@@ -310,27 +497,19 @@ int main(int argc, char** argv) {
       }
     } else if (w == "sem") {
       threads.emplace_back([&] {
-        std::optional<distlock::Semaphore> sem;
-        try {
-          sem.emplace(client->semaphore("nemesis-sem", 2, lock_options(r)));
-        } catch (const std::system_error& e) {
-          // The permit count is stored on the server: it may be down right now.
-          h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
-          return;
-        }
+        // The permit count is stored on the server: it may be down right now (try again).
+        auto sem =
+            create_within_run(r, h, 1, [&] { return client->semaphore("nemesis-sem", 2, lock_options(r)); });
+        if (!sem) return;
         primitive_thread(
             r, h, 1, [&](std::minstd_rand&, std::string&, std::error_code& ec) { return sem->acquire(ec); },
             [](distlock::Lease& l, std::error_code& ec) { l.release(ec); });
       });
     } else if (w == "rw") {
       threads.emplace_back([&] {
-        std::optional<distlock::SharedMutex> rw;
-        try {
-          rw.emplace(client->shared_mutex("nemesis-rw", lock_options(r)));
-        } catch (const std::system_error& e) {
-          h.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
-          return;
-        }
+        auto rw =
+            create_within_run(r, h, 2, [&] { return client->shared_mutex("nemesis-rw", lock_options(r)); });
+        if (!rw) return;
         primitive_thread(
             r, h, 2,
             [&](std::minstd_rand& rng, std::string& mode, std::error_code& ec) {
@@ -345,6 +524,8 @@ int main(int argc, char** argv) {
             },
             [](distlock::ReadWriteLease& l, std::error_code& ec) { l.release(ec); });
       });
+    } else if (w == "shards") {
+      threads.emplace_back([&] { shard_thread(r, h, shard_files); });
     } else if (w == "elect") {
       threads.emplace_back([&] {
         distlock::Election e = client->election("nemesis-elect", lock_options(r));

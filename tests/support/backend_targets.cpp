@@ -1,5 +1,8 @@
 #include "support/backend_targets.hpp"
 
+#include <filesystem>
+#include <thread>
+
 #include "support/process.hpp"
 #ifdef DISTLOCK_TEST_REDIS
 #include "support/redis_sentinel.hpp"
@@ -89,6 +92,23 @@ class RedisTarget final : public Target {
   void kill_and_restart(int m) override {
     servers_[m]->kill();
     servers_[m]->restart();
+  }
+  // Redlock: a wiped master restarted only after every lock it held has expired
+  // (docs/redlock.md, the delayed restart); one Redis server: never (its data is the lock).
+  bool survives_wipe() const override { return servers_.size() > 1; }
+  // One max TTL, plus a fifth for the clock rate assumption (docs/design.md).
+  std::chrono::milliseconds wipe_down_for(std::chrono::milliseconds max_ttl) const override {
+    return max_ttl * 6 / 5;
+  }
+  // Everything in the server's directory but its log (the AOF) goes.
+  bool wipe_and_restart(int m, std::chrono::milliseconds down_for) override {
+    servers_[m]->kill();
+    std::this_thread::sleep_for(down_for);
+    for (const auto& e : std::filesystem::directory_iterator(servers_[m]->dir())) {
+      if (e.path().filename() != "redis.log") std::filesystem::remove_all(e.path());
+    }
+    servers_[m]->restart();
+    return true;
   }
 
  private:
@@ -209,7 +229,9 @@ class RedisClusterTarget final : public Target {
 #ifdef DISTLOCK_TEST_ETCD
 class EtcdTarget final : public Target {
  public:
-  explicit EtcdTarget(int members) : cluster_(members) {}
+  EtcdTarget(int members, const TargetOptions& o)
+      : cluster_(members, EtcdClusterOptions{.peer_proxies = o.peer_proxies && members > 1}),
+        peer_proxies_(o.peer_proxies && members > 1) {}
   std::string url() override { return cluster_.url(); }
   std::vector<std::uint16_t> ports() override {
     std::vector<std::uint16_t> out;
@@ -243,20 +265,40 @@ class EtcdTarget final : public Target {
     cluster_.kill(m);
     cluster_.restart(m);
   }
+  // A member removed, wiped and added back: the quorum keeps the data; the new member
+  // receives it from the leader before it serves.
+  bool survives_wipe() const override { return cluster_.size() > 1; }
+  bool wipe_and_restart(int m, std::chrono::milliseconds down_for) override {
+    if (cluster_.size() < 2) return false;
+    cluster_.kill(m);
+    std::this_thread::sleep_for(down_for);
+    cluster_.wipe_and_rejoin(m);
+    return true;
+  }
+  bool isolate(int m) override {
+    if (!peer_proxies_) return false;
+    cluster_.isolate(m);
+    return true;
+  }
+  void heal() override {
+    if (peer_proxies_) cluster_.heal();
+  }
 
  private:
   EtcdCluster cluster_;
+  bool peer_proxies_ = false;
 };
 #endif
 
 #ifdef DISTLOCK_TEST_ZK
 class ZkTarget final : public Target {
  public:
-  explicit ZkTarget(int servers) {
+  ZkTarget(int servers, const TargetOptions& o) {
     if (servers == 1) {
       single_ = std::make_unique<ZkServer>();
     } else {
-      ensemble_ = std::make_unique<ZkEnsemble>(servers);
+      ensemble_ = std::make_unique<ZkEnsemble>(servers, ZkServerOptions{.peer_proxies = o.peer_proxies});
+      peer_proxies_ = o.peer_proxies;
     }
   }
   // The session is the lease: its timeout is the TTL the tests use.
@@ -285,9 +327,33 @@ class ZkTarget final : public Target {
     server(m).kill();
     server(m).start();
   }
+  // An ensemble member's transaction log and snapshots go (its myid stays): it joins as
+  // a new follower and the leader sends it the whole state (SNAP) before it serves.
+  bool survives_wipe() const override { return ensemble_ != nullptr; }
+  bool wipe_and_restart(int m, std::chrono::milliseconds down_for) override {
+    if (!ensemble_) return false;
+    server(m).kill();
+    std::this_thread::sleep_for(down_for);
+    std::filesystem::remove_all(server(m).data_dir() / "version-2");
+    server(m).start();
+    if (!server(m).wait_serving(std::chrono::seconds(30))) {
+      throw std::runtime_error("ZooKeeper server " + std::to_string(m) +
+                               " did not serve within 30 s of its restart with an empty data directory");
+    }
+    return true;
+  }
+  bool isolate(int m) override {
+    if (!peer_proxies_) return false;
+    ensemble_->isolate(m);
+    return true;
+  }
+  void heal() override {
+    if (peer_proxies_) ensemble_->heal();
+  }
 
  private:
   ZkServer& server(int m) { return single_ ? *single_ : ensemble_->server(m); }
+  bool peer_proxies_ = false;
   std::unique_ptr<ZkServer> single_;
   std::unique_ptr<ZkEnsemble> ensemble_;
 };
@@ -329,6 +395,12 @@ class PostgresTarget final : public Target {
   void kill_and_restart(int) override {
     server_.kill();
     server_.restart();
+  }
+  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
+    server_.kill();
+    std::this_thread::sleep_for(down_for);
+    server_.wipe_and_restart();
+    return true;
   }
 
  private:
@@ -382,6 +454,12 @@ class MysqlTarget final : public Target {
     server_.kill();
     server_.restart();
   }
+  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
+    server_.kill();
+    std::this_thread::sleep_for(down_for);
+    server_.wipe_and_restart();
+    return true;
+  }
 
  private:
   MariadbServer server_;
@@ -424,12 +502,13 @@ std::vector<Kind> kinds() {
   k.push_back({"redlock3", [](const TargetOptions& o) { return std::make_unique<RedisTarget>(3, o); }});
 #endif
 #ifdef DISTLOCK_TEST_ETCD
-  k.push_back({"etcd1", [](const TargetOptions&) { return std::make_unique<EtcdTarget>(1); }, true, false});
-  k.push_back({"etcd3", [](const TargetOptions&) { return std::make_unique<EtcdTarget>(3); }});
+  k.push_back(
+      {"etcd1", [](const TargetOptions& o) { return std::make_unique<EtcdTarget>(1, o); }, true, false});
+  k.push_back({"etcd3", [](const TargetOptions& o) { return std::make_unique<EtcdTarget>(3, o); }});
 #endif
 #ifdef DISTLOCK_TEST_ZK
-  k.push_back({"zk1", [](const TargetOptions&) { return std::make_unique<ZkTarget>(1); }, true, false});
-  k.push_back({"zk3", [](const TargetOptions&) { return std::make_unique<ZkTarget>(3); }});
+  k.push_back({"zk1", [](const TargetOptions& o) { return std::make_unique<ZkTarget>(1, o); }, true, false});
+  k.push_back({"zk3", [](const TargetOptions& o) { return std::make_unique<ZkTarget>(3, o); }});
 #endif
 #ifdef DISTLOCK_TEST_POSTGRES
   k.push_back({"postgres", [](const TargetOptions&) { return std::make_unique<PostgresTarget>(); }});

@@ -7,6 +7,7 @@
 // kinds() there.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +27,9 @@ struct TargetOptions {
   /// 64 contenders on 2 shared cores (slower still under sanitizers) from turning a
   /// starved master into a spurious quorum failure.
   std::string redlock_query = "?timeout=1s";
+  /// The members of an etcd cluster or ZooKeeper ensemble reach each other only through
+  /// fault proxies, so that isolate() can cut one off from its peers.
+  bool peer_proxies = false;
 };
 
 /// One backend under test: its URL, what can be read on its servers without going
@@ -61,6 +65,22 @@ class Target {
   virtual void pause(int /*member*/) {}
   virtual void resume(int /*member*/) {}
   virtual void kill_and_restart(int /*member*/) {}
+  /// Kills member `member`, keeps it down for `down_for`, deletes its data and starts it
+  /// again, empty, on the same port. False (nothing done) where the target cannot.
+  virtual bool wipe_and_restart(int /*member*/, std::chrono::milliseconds /*down_for*/) { return false; }
+  /// A member wiped by wipe_and_restart() (kept down for wipe_down_for()) leaves the
+  /// lock's guarantees intact: the other members keep the data (a quorum), or the member
+  /// stays unreachable until every lock it held has expired (Redlock's delayed restart).
+  virtual bool survives_wipe() const { return false; }
+  /// How long a wiped member must stay down, for a run whose longest TTL is `max_ttl`.
+  virtual std::chrono::milliseconds wipe_down_for(std::chrono::milliseconds /*max_ttl*/) const {
+    return std::chrono::milliseconds(0);
+  }
+  /// Cuts member `member` off from its peers (both ways; its client port stays
+  /// reachable) until heal(). False (nothing done) where the target has no peer links
+  /// to cut or was not made with TargetOptions::peer_proxies.
+  virtual bool isolate(int /*member*/) { return false; }
+  virtual void heal() {}
   /// The servers' own logs, as (file name, text), for a kept run to be read after the
   /// fact (DISTLOCK_NEMESIS_KEEP); empty where the target keeps none.
   virtual std::vector<std::pair<std::string, std::string>> server_logs() { return {}; }

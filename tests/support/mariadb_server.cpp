@@ -197,6 +197,7 @@ MariadbServer::MariadbServer() {
         if (ec) error = "cannot move the MariaDB template to " + tmpl + ": " + ec.message();
       }
     }
+    template_ = tmpl + "/data";
     if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
     if (lock_fd >= 0) ::close(lock_fd);
     if (!error.empty()) fail(error);
@@ -277,6 +278,17 @@ void MariadbServer::stop() {
     return;
   }
   kill();
+}
+
+void MariadbServer::wipe_and_restart() {
+  kill();
+  const std::string d = dir_.path().string();
+  std::filesystem::remove_all(d + "/data");
+  if (const std::string error = run_to_end({"cp", "-a", template_, d + "/data"}, d + "/cp.log");
+      !error.empty()) {
+    throw std::runtime_error("cannot give MariaDB an empty data directory: " + error);
+  }
+  restart();
 }
 
 void MariadbServer::restart() {

@@ -55,6 +55,10 @@ class MariadbServer {
   void stop();
   /// Starts again on the same port and data directory; waits until it accepts.
   void restart();
+  /// Kills it, replaces its data directory with a fresh copy of the template (every
+  /// table, lock and counter gone) and starts it again on the same port; waits until it
+  /// accepts.
+  void wipe_and_restart();
   /// Statements (';'-separated allowed) as root over the Unix socket; the rows of the
   /// last result as text (NULL as "<null>"). Throws std::runtime_error on any failure.
   std::vector<std::vector<std::string>> query(const std::string& sql) const;
@@ -64,6 +68,7 @@ class MariadbServer {
   void start();
   bool wait_ready(std::chrono::milliseconds timeout);
   std::string socket() const;
+  std::string template_;  // the installed data directory every server copies
   TempDir dir_{"distlock-my"};
   std::uint16_t port_ = 0;
   Process process_;

@@ -158,6 +158,7 @@ PostgresServer::PostgresServer() {
         if (ec) error = "cannot move the initdb template to " + tmpl + ": " + ec.message();
       }
     }
+    template_ = tmpl + "/data";
     if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
     if (lock_fd >= 0) ::close(lock_fd);
     if (!error.empty()) {
@@ -285,6 +286,17 @@ void PostgresServer::stop() {
     return;
   }
   kill();
+}
+
+void PostgresServer::wipe_and_restart() {
+  kill();
+  const std::string d = dir_.path().string();
+  std::filesystem::remove_all(d + "/data");
+  if (const std::string error = run_to_end({"cp", "-a", template_, d + "/data"}, d + "/cp.log");
+      !error.empty()) {
+    throw std::runtime_error("cannot give postgres an empty data directory: " + error);
+  }
+  restart();
 }
 
 void PostgresServer::restart() {

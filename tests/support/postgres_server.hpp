@@ -56,6 +56,9 @@ class PostgresServer {
   void stop();
   /// Starts again on the same port and data directory; waits until it accepts.
   void restart();
+  /// Kills it, replaces its data directory with a freshly initialised one (every table,
+  /// lock and counter gone) and starts it again on the same port; waits until it accepts.
+  void wipe_and_restart();
   /// One statement on a fresh superuser connection; rows of text values (NULL as "<null>").
   /// Throws std::runtime_error on any failure.
   std::vector<std::vector<std::string>> query(const std::string& sql) const;
@@ -65,6 +68,7 @@ class PostgresServer {
   void start();
   bool wait_ready(std::chrono::milliseconds timeout);
   std::string bin_;
+  std::string template_;  // an initdb'd data directory every server copies
   TempDir dir_{"distlock-pg"};
   std::uint16_t port_ = 0;
   Process process_;

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,8 @@ class ZkServer {
   bool wait_serving(std::chrono::milliseconds timeout);
   /// "leader", "follower", "standalone" or "" (not serving).
   std::string mode() const;
+  /// The dataDir: myid (ensemble) and version-2/ (transaction log and snapshots).
+  std::filesystem::path data_dir() const { return dir_.path() / "data"; }
 
  private:
   friend class ZkEnsemble;
