@@ -295,14 +295,14 @@ typedef struct distlock_shard_group_options {
 
 /* One shard of an assignment. */
 typedef struct distlock_owned_shard {
-  uint32_t index;    /* 0 .. shards-1 */
-  int has_token;     /* 1 when the backend issues fencing tokens */
-  uint64_t token;    /* the shard lock's fencing token (strictly increasing per shard across
-                        owners); 0 when has_token is 0 */
-  int stopped_fd;    /* an eventfd that becomes readable (and stays so) once this member no
-                        longer owns the shard: given up for a rebalance or a leave, or its lease
-                        lost (at the conservative local deadline, before anyone else can own it).
-                        Owned by the assignment: do not close or read it */
+  uint32_t index; /* 0 .. shards-1 */
+  int has_token;  /* 1 when the backend issues fencing tokens */
+  uint64_t token; /* the shard lock's fencing token (strictly increasing per shard across
+                     owners); 0 when has_token is 0 */
+  int stopped_fd; /* an eventfd that becomes readable (and stays so) once this member no
+                     longer owns the shard: given up for a rebalance or a leave, or its lease
+                     lost (at the conservative local deadline, before anyone else can own it).
+                     Owned by the assignment: do not close or read it */
 } distlock_owned_shard;
 
 DISTLOCK_C_API void distlock_shard_group_options_init(distlock_shard_group_options* opts);

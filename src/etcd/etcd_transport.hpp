@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
+#include "engine/thread_annotations.hpp"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace distlock::detail::etcd {

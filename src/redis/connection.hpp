@@ -61,9 +61,9 @@
 #include <system_error>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "redis/socket.hpp"
 

@@ -12,8 +12,8 @@
 #include <mutex>
 #include <set>
 
-#include "engine/thread_annotations.hpp"
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 #include "redis/connection.hpp"
 #include "redis/key_layout.hpp"
 #include "redis/lock_scripts.hpp"

@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "engine/log.hpp"
 #include "engine/scheme.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/worker_loop.hpp"
 #include "redis/connection.hpp"
 #include "redis/redis_backend.hpp"
@@ -181,7 +181,8 @@ class SentinelBackend final : public Backend, private ChangeListener {
 
   Reply sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv, std::error_code& ec,
                          std::string& why) DISTLOCK_REQUIRES(discover_mu_);
-  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why) DISTLOCK_REQUIRES(discover_mu_);
+  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why)
+      DISTLOCK_REQUIRES(discover_mu_);
   std::optional<Address> discover(std::string& why, bool& unknown_everywhere, long long& epoch)
       DISTLOCK_REQUIRES(discover_mu_);
   bool is_master(const Address& a, std::string& why);
@@ -204,13 +205,13 @@ class SentinelBackend final : public Backend, private ChangeListener {
   Logger log_;
   std::atomic<ChangeListener*> listener_{nullptr};
 
-  AnnotatedMutex discover_mu_;                  // serialises discovery and switches
+  AnnotatedMutex discover_mu_;  // serialises discovery and switches
   std::vector<Connection> sentinel_conns_ DISTLOCK_GUARDED_BY(discover_mu_);
   Steady::time_point last_discovery_ DISTLOCK_GUARDED_BY(discover_mu_){};
   bool no_master_ DISTLOCK_GUARDED_BY(discover_mu_) = false;
-  long long current_epoch_ = -1;            // the current master's config-epoch, guarded by discover_mu_
+  long long current_epoch_ = -1;  // the current master's config-epoch, guarded by discover_mu_
 
-  AnnotatedMutex watch_mu_;                              // taken before mu_
+  AnnotatedMutex watch_mu_;  // taken before mu_
   std::map<std::string, int, std::less<>> watches_ DISTLOCK_GUARDED_BY(watch_mu_);
 
   mutable AnnotatedMutex mu_;

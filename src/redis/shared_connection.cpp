@@ -67,8 +67,7 @@ SharedConnection::Stats SharedConnection::stats() const noexcept {
 // The wire to queue a call on, connected now if there is none. A wire that is idle
 // and readable was closed by the server (restart, CLIENT KILL, idle timeout): it is
 // dropped before use, so the call is not lost to a dead socket.
-std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLock& lk,
-                                                                        std::error_code& ec,
+std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLock& lk, std::error_code& ec,
                                                                         std::string& why) {
   if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing &&
       wire_->sock->idle_but_readable()) {
@@ -152,8 +151,7 @@ void SharedConnection::write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w)
 
 // Reads replies for every call in flight until `mine` is complete (or the wire
 // failed), then hands the reading role to the oldest call still waiting.
-void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w,
-                                Pending& mine) {
+void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine) {
   w->reading = true;
   char buf[16 * 1024];
   std::vector<Reply> got;

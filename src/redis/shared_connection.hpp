@@ -87,18 +87,18 @@ class SharedConnection final : public Link {
   // mu_, the bodies are not.
   std::shared_ptr<Wire> wire_for_call(UniqueLock& lk, std::error_code& ec, std::string& why)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
-  void write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w) DISTLOCK_REQUIRES(mu_)
-      DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
-  void read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine) DISTLOCK_REQUIRES(mu_)
-      DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
+  void write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w)
+      DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
+  void read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine)
+      DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void fail(const std::shared_ptr<Wire>& w, const std::string& why) DISTLOCK_REQUIRES(mu_);
 
   const ConnectionOptions opts_;
   mutable AnnotatedMutex mu_;
   std::shared_ptr<Wire> wire_ DISTLOCK_GUARDED_BY(mu_);  // null until the first call or after a failure
-  bool connecting_ DISTLOCK_GUARDED_BY(mu_) = false;  // a caller is opening a connection (unlocked)
+  bool connecting_ DISTLOCK_GUARDED_BY(mu_) = false;     // a caller is opening a connection (unlocked)
   std::uint64_t connect_attempts_ DISTLOCK_GUARDED_BY(mu_) = 0;  // finished attempts
-  std::error_code connect_ec_ DISTLOCK_GUARDED_BY(mu_);  // the outcome of the last attempt
+  std::error_code connect_ec_ DISTLOCK_GUARDED_BY(mu_);          // the outcome of the last attempt
   std::string connect_why_ DISTLOCK_GUARDED_BY(mu_);
   std::condition_variable connected_cv_;  // an attempt finished
   std::atomic<std::uint64_t> calls_{0}, writes_{0}, connects_{0};

@@ -149,12 +149,12 @@ class Subscriber {
 
   const ConnectionOptions opts_;
   const Callback on_message_;
-  const Callback on_dropped_;        // set: sharded mode
+  const Callback on_dropped_;  // set: sharded mode
   std::string payload_channel_ DISTLOCK_GUARDED_BY(mu_);
   PayloadCallback payload_handler_ DISTLOCK_GUARDED_BY(mu_);  // (set once, before its channel is watched)
 
   mutable AnnotatedMutex mu_;
-  std::condition_variable cv_;                            // watchers wait for live()
+  std::condition_variable cv_;  // watchers wait for live()
   std::map<std::string, Channel, std::less<>> channels_ DISTLOCK_GUARDED_BY(mu_);
   bool connected_ DISTLOCK_GUARDED_BY(mu_) = false;
   std::uint64_t failures_ DISTLOCK_GUARDED_BY(mu_) = 0;  // bumped per failed connect

@@ -222,7 +222,8 @@ void WaitQueue::run() {
     const TimePoint due = last_pass + *period;
     // The injected clock's wait may return early: loop on its reading.
     bool flagged = false;
-    while (!(flagged = stop_ || kick_ || changed_) && clock_->now() < due) clock_->wait_until(cv_, lk.native(), due);
+    while (!(flagged = stop_ || kick_ || changed_) && clock_->now() < due)
+      clock_->wait_until(cv_, lk.native(), due);
     if (flagged) {
       if (stop_) break;
       if (!kick_ && clock_->now() < due) continue;  // a new entry: recompute the period

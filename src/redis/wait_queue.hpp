@@ -27,9 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
+#include "engine/thread_annotations.hpp"
 
 namespace distlock::detail::redis {
 
@@ -115,7 +115,7 @@ class WaitQueue {
   std::map<std::string, std::pair<std::string, std::string>, std::less<>> by_entry_ DISTLOCK_GUARDED_BY(mu_);
   // entry id -> (wait, give up retrying after)
   std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_ DISTLOCK_GUARDED_BY(mu_);
-  bool kick_ DISTLOCK_GUARDED_BY(mu_) = false;  // retry the cancels now
+  bool kick_ DISTLOCK_GUARDED_BY(mu_) = false;     // retry the cancels now
   bool changed_ DISTLOCK_GUARDED_BY(mu_) = false;  // an entry or cancel came: recompute the period
   std::uint64_t grants_ DISTLOCK_GUARDED_BY(mu_) = 0;
   bool stop_ DISTLOCK_GUARDED_BY(mu_) = false;

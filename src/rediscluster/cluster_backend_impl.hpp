@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 #include "redis/connection.hpp"
 #include "redis/records.hpp"
 #include "redis/redis_backend.hpp"
@@ -210,12 +210,12 @@ class ClusterBackend final : public Backend {
   std::chrono::steady_clock::time_point last_failure_refresh_ DISTLOCK_GUARDED_BY(map_mu_){};
   std::vector<Node*> seeds_;
 
-  AnnotatedMutex watch_mu_;                                // serialises watch, unwatch and moves
+  AnnotatedMutex watch_mu_;  // serialises watch, unwatch and moves
   std::map<std::string, Watch, std::less<>> watched_ DISTLOCK_GUARDED_BY(watch_mu_);
   AnnotatedMutex names_mu_;
   std::map<std::string, std::string, std::less<>> channel_names_ DISTLOCK_GUARDED_BY(names_mu_);
 
-  AnnotatedMutex work_mu_;               // renewal jobs of every node
+  AnnotatedMutex work_mu_;           // renewal jobs of every node
   std::condition_variable done_cv_;  // a renewal job is done
   bool work_stop_ DISTLOCK_GUARDED_BY(work_mu_) = false;
 
@@ -223,7 +223,7 @@ class ClusterBackend final : public Backend {
   std::condition_variable move_cv_;
   std::deque<std::pair<Node*, std::string>> moves_ DISTLOCK_GUARDED_BY(move_mu_);
   bool refresh_wanted_ DISTLOCK_GUARDED_BY(move_mu_) = false;  // read the slot map
-  bool check_wanted_ DISTLOCK_GUARDED_BY(move_mu_) = false;  // check new nodes' config
+  bool check_wanted_ DISTLOCK_GUARDED_BY(move_mu_) = false;    // check new nodes' config
   bool stop_ DISTLOCK_GUARDED_BY(move_mu_) = false;
   std::thread mover_;
 };

@@ -44,8 +44,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "distlock/options.hpp"
+#include "engine/thread_annotations.hpp"
 #include "redis/connection.hpp"
 #include "redis/socket.hpp"
 

@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/thread_annotations.hpp"
 #include "distlock/clock.hpp"
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 #include "redlock/fanout.hpp"
 #include "redlock/quorum.hpp"
 #include "redlock/redlock_backend.hpp"
