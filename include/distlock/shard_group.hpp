@@ -82,10 +82,12 @@ struct DISTLOCK_EXPORT ShardGroupStats {
   std::uint64_t shards_lost = 0;      ///< shard leases lost (renewal failed, deadline passed)
   std::uint64_t membership_lost = 0;  ///< membership leases lost (it then gives up every shard and rejoins)
   std::uint64_t list_failures = 0;    ///< rebalances skipped because a list failed
-  /// Attempts to rejoin after a lost membership that failed. Busy ones are normal for up to
-  /// one TTL (this member's own record has not expired on the server yet); a count that keeps
-  /// rising past that means another live process holds this member id, and this member owns
-  /// no shard until that one leaves (docs/sharding.md, "Member ids").
+  /// Attempts to rejoin after a lost membership that the server refused (errc::busy: the id's
+  /// lock is held). Normal for up to one TTL (this member's own record has not expired on the
+  /// server yet); a count that keeps rising past that means another live process holds this
+  /// member id, and this member owns no shard until that one leaves (docs/sharding.md, "Member
+  /// ids"). Attempts that failed otherwise (server unreachable) are not counted here; the
+  /// rebalance's lists fail too (list_failures).
   std::uint64_t rejoin_failures = 0;
   /// From the last time this member's target changed until it owned exactly its target;
   /// nullopt until that happened once.

@@ -262,11 +262,16 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     if (rejoin) {
       try {
         join_membership();
+      } catch (const std::system_error& e) {
+        // Retried at the next rebalance. A refusal (busy) is counted: past one TTL it means
+        // another live process holds this member id (docs/sharding.md, "Member ids"). Not an
+        // unreachable server: that is no sign of a twin, and its lists fail too (list_failures).
+        if (e.code() == errc::busy) {
+          std::lock_guard lk(mu);
+          ++counters.rejoin_failures;
+        }
       } catch (...) {
-        // Retried at the next rebalance. Counted: busy past one TTL means another live
-        // process holds this member id (docs/sharding.md, "Member ids").
-        std::lock_guard lk(mu);
-        ++counters.rejoin_failures;
+        // Retried at the next rebalance.
       }
     }
     publish();
@@ -597,8 +602,8 @@ std::string ShardGroup::metrics() const {
   family("distlock_shard_list_failures_total", "counter", "Rebalances skipped because a list failed.",
          std::to_string(st.list_failures));
   family("distlock_shard_rejoin_failures_total", "counter",
-         "Failed attempts to rejoin after a lost membership (rising past one TTL: another process uses this "
-         "member id).",
+         "Attempts to rejoin after a lost membership refused because the member id is held (rising past one "
+         "TTL: another process uses this member id).",
          std::to_string(st.rejoin_failures));
   if (st.last_rebalance_time) {
     char buf[32];

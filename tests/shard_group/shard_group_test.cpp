@@ -517,6 +517,33 @@ TEST_P(ShardGroupNetwork, AMemberWhoseIdWasTakenWhileItWasCutOffCountsItsFailedR
   a->leave();
 }
 
+// Review: rejoin_failures is documented as the sign of a twin ("a count that keeps rising for
+// longer than one TTL means another live process uses this id"). A member whose server is
+// unreachable for many TTLs, with no twin anywhere, must not raise it: its rejoins fail because
+// nothing answers, not because its id is held (that shows as list_failures).
+TEST_P(ShardGroupNetwork, AMemberCutOffForLongWithNoTwinDoesNotReportItsIdTaken) {
+  constexpr std::uint32_t kShards = 2;
+  distlock::testing::FaultProxyGroup net(target_->ports());
+  auto ca = distlock::connect(target_->url_via(net.hosts()));
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = "alone";
+  auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("longcut", kShards, o));
+  ASSERT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << show(owned(*a));
+  net.drop_all();  // every connection of a is cut: its requests fail
+  ASSERT_TRUE(wait_until([&] { return a->stats().membership_lost >= 1; }, kDeadline));
+  // Many rebalances while cut off (each one tries to rejoin, then fails to list): well past a TTL.
+  const auto lists = a->stats().list_failures;
+  ASSERT_TRUE(wait_until([&] { return a->stats().list_failures >= lists + 2 * (kTtl / kPeriod); }, kDeadline))
+      << a->stats().list_failures;
+  EXPECT_EQ(a->stats().rejoin_failures, 0u)
+      << "rejoins that failed because the server was unreachable are reported as refused (a twin)";
+  net.pass_all();
+  EXPECT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << show(owned(*a));
+  a->leave();
+}
+
 TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
   auto c1 = distlock::connect(target_->url()), c2 = distlock::connect(target_->url());
   distlock::ShardGroupOptions o;

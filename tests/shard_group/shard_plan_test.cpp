@@ -149,3 +149,255 @@ TEST(ShardPlan, RandomHalfDoneStatesPlanTheSame) {
         << "round " << round << ": " << m << " shards, " << w << " members";
   }
 }
+
+// ---- review: a model of the group's protocol on the plan (no servers) ----
+// Members rebalance in turn, each from a listing that may be stale (taken before the previous
+// members in the period acted); a release hands the shard to the first member waiting on it
+// (FIFO, as the lock does). After a join (or leave), everyone rebalancing once should balance.
+namespace {
+
+struct Model {
+  std::uint32_t m;
+  std::vector<std::string> live;
+  Owners owner;
+  std::map<std::string, std::set<std::uint32_t>> wanted;
+  std::map<std::uint32_t, std::vector<std::string>> queue;  // FIFO waiters per shard
+  std::mt19937* slow = nullptr;  // when set: a release wakes its waiter only half the time at once
+
+  void hand_out() {
+    if (slow && (*slow)() % 2) return;  // the taker's acquisition is still on its way
+    for (std::uint32_t i = 0; i < m; ++i) {
+      if (owner[i]) continue;
+      auto& q = queue[i];
+      while (!q.empty()) {
+        const auto who = q.front();
+        q.erase(q.begin());
+        if (std::find(live.begin(), live.end(), who) != live.end() && wanted[who].contains(i)) {
+          owner[i] = who;
+          break;
+        }
+      }
+    }
+  }
+  // m rebalances from a listing (members, owners) it took earlier.
+  void act(const std::string& me, const std::vector<std::string>& seen_live, const Owners& seen_owner) {
+    if (std::find(live.begin(), live.end(), me) == live.end()) return;
+    Owners view = seen_owner;
+    for (auto& o : view)
+      if (o == me) o.reset();
+    for (std::uint32_t i = 0; i < m; ++i)
+      if (owner[i] == me) view[i] = me;  // its own holdings are what it holds now
+    auto lv = seen_live;
+    lv.push_back(me);
+    auto plan = plan_shards(m, lv, view);
+    std::set<std::uint32_t> target(plan[me].begin(), plan[me].end());
+    wanted[me] = target;
+    for (auto& [i, q] : queue) std::erase_if(q, [&](const std::string& w) { return w == me && !target.contains(i); });
+    for (std::uint32_t i = 0; i < m; ++i)
+      if (owner[i] == me && !target.contains(i)) owner[i].reset();
+    for (auto i : target)
+      if (owner[i] != me && std::find(queue[i].begin(), queue[i].end(), me) == queue[i].end())
+        queue[i].push_back(me);
+    hand_out();
+  }
+  bool balanced() const {
+    const auto w = live.size();
+    std::map<std::string, std::size_t> c;
+    for (auto& id : live) c[id] = 0;
+    for (auto& o : owner) {
+      if (!o) return false;
+      if (!c.contains(*o)) return false;
+      ++c[*o];
+    }
+    for (auto& [id, n] : c)
+      if (n != m / w && n != (m + w - 1) / w) return false;
+    return true;
+  }
+};
+
+// One period: each live member rebalances once, in `order`; a member's listing is stale with
+// probability 1/2 (taken at the start of the period, before the others in it acted).
+void period(Model& md, std::vector<std::string> order, std::mt19937& rng, bool stale) {
+  const auto live0 = md.live;
+  const auto owner0 = md.owner;
+  for (const auto& me : order) {
+    if (stale && rng() % 2) md.act(me, live0, owner0);
+    else md.act(me, md.live, md.owner);
+  }
+}
+
+}  // namespace
+
+TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
+  std::mt19937 rng(7);
+  int worst = 0;
+  for (int round = 0; round < 3000; ++round) {
+    const std::uint32_t m = 1 + rng() % 64;
+    const int w = 1 + static_cast<int>(rng() % 9);
+    Model md{m, ids(w), Owners(m), {}, {}};
+    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    ASSERT_TRUE(md.balanced()) << "round " << round << " never balanced before the join";
+    // a joiner: its first rebalance at once, then one period of everyone in random order.
+    const std::string j = "m" + std::to_string(rng() % 2 ? w : 100 + w);  // id sorts anywhere
+    const std::string joiner = rng() % 3 ? j : std::string("a-joiner");
+    md.live.push_back(joiner);
+    md.act(joiner, md.live, md.owner);
+    int periods = 0;
+    while (!md.balanced() && periods < 10) {
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      period(md, order, rng, false);
+      ++periods;
+    }
+    worst = std::max(worst, periods);
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "+1 members, joiner "
+                          << joiner << ": balanced only after " << periods << " periods";
+  }
+  std::printf("worst: %d periods\n", worst);
+}
+
+TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
+  std::mt19937 rng(8);
+  std::map<int, int> hist;
+  for (int round = 0; round < 3000; ++round) {
+    const std::uint32_t m = 1 + rng() % 64;
+    const int w = 1 + static_cast<int>(rng() % 9);
+    Model md{m, ids(w), Owners(m), {}, {}};
+    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    ASSERT_TRUE(md.balanced());
+    const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
+    md.live.push_back(joiner);
+    md.act(joiner, md.live, md.owner);
+    int periods = 0;
+    while (!md.balanced() && periods < 20) {
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      period(md, order, rng, true);
+      ++periods;
+    }
+    ++hist[periods];
+    // Every listing in that period is a half-done state of the one plan made after the join.
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "+1 members: balanced after "
+                          << periods << " periods";
+  }
+  for (auto [p, n] : hist) std::printf("%d periods: %d\n", p, n);
+}
+
+TEST(ShardPlanReview, ALeaveOrDeathIsBalancedAfterOnePeriod) {
+  std::mt19937 rng(9);
+  for (int round = 0; round < 3000; ++round) {
+    const std::uint32_t m = 1 + rng() % 64;
+    const int w = 2 + static_cast<int>(rng() % 9);
+    Model md{m, ids(w), Owners(m), {}, {}};
+    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    ASSERT_TRUE(md.balanced());
+    const auto gone = md.live[rng() % w];
+    std::erase(md.live, gone);
+    for (auto& o : md.owner)
+      if (o == gone) o.reset();
+    int periods = 0;
+    while (!md.balanced() && periods < 10) {
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      period(md, order, rng, false);
+      ++periods;
+    }
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "-1 members, " << gone
+                          << " left: balanced after " << periods << " periods";
+  }
+}
+
+// Random histories: joins, deaths and leaves while a rebalance is half done, listings stale
+// (members and shards listed at different moments), stale waiters queued first. Once membership
+// stops changing the group must converge, and then stay put.
+TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
+  std::mt19937 rng(11);
+  std::map<int, int> hist;
+  for (int round = 0; round < 3000; ++round) {
+    const std::uint32_t m = 1 + rng() % 40;
+    int next_id = 0;
+    Model md{m, {}, Owners(m), {}, {}};
+    const int w0 = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < w0; ++k) md.live.push_back("m" + std::to_string(next_id++));
+    for (auto& o : md.owner)
+      if (rng() % 2) o = md.live[rng() % md.live.size()];
+    for (int ev = 0; ev < 8; ++ev) {
+      // a period with a membership change somewhere inside it
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      const auto live0 = md.live;
+      const auto owner0 = md.owner;
+      const std::size_t at = rng() % (order.size() + 1);
+      for (std::size_t k = 0; k <= order.size(); ++k) {
+        if (k == at) {
+          const auto r = rng() % 3;
+          if (r == 0 || md.live.size() <= 1) {
+            const std::string j = "m" + std::to_string(next_id++);
+            md.live.push_back(j);
+            md.act(j, md.live, md.owner);
+          } else {
+            const auto gone = md.live[rng() % md.live.size()];
+            std::erase(md.live, gone);
+            md.wanted.erase(gone);
+            for (auto& o : md.owner)
+              if (o == gone) o.reset();  // leave, or death past its TTL
+            md.hand_out();
+          }
+        }
+        if (k == order.size()) break;
+        const auto& me = order[k];
+        const auto r = rng() % 3;
+        if (r == 0) md.act(me, live0, owner0);          // listed at the period's start
+        else if (r == 1) md.act(me, live0, md.owner);   // members early, shards now
+        else md.act(me, md.live, md.owner);
+      }
+    }
+    int periods = 0;
+    while (!md.balanced() && periods < 20) {
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      period(md, order, rng, false);  // fresh listings from here on
+      ++periods;
+    }
+    ++hist[periods];
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << md.live.size()
+                          << " members: balanced after " << periods << " periods";
+    const auto settled = md.owner;
+    for (int k = 0; k < 3; ++k) {
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      period(md, order, rng, true);
+      ASSERT_EQ(md.owner, settled) << "round " << round << ": moved after balancing";
+    }
+  }
+  for (auto [p, n] : hist) std::printf("%d periods: %d\n", p, n);
+}
+
+// The same with acquisitions that lag behind the releases (another member lists while a
+// released shard has no owner yet): at the end of each period every pending take completes.
+TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
+  std::mt19937 rng(12);
+  for (int round = 0; round < 3000; ++round) {
+    const std::uint32_t m = 1 + rng() % 64;
+    const int w = 1 + static_cast<int>(rng() % 9);
+    Model md{m, ids(w), Owners(m), {}, {}};
+    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    ASSERT_TRUE(md.balanced());
+    md.slow = &rng;
+    const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
+    md.live.push_back(joiner);
+    md.act(joiner, md.live, md.owner);
+    int periods = 0;
+    while (!md.balanced() && periods < 10) {
+      auto order = md.live;
+      std::shuffle(order.begin(), order.end(), rng);
+      period(md, order, rng, true);
+      md.slow = nullptr;
+      md.hand_out();
+      md.slow = &rng;
+      ++periods;
+    }
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "+1 members: balanced after "
+                          << periods << " periods";
+  }
+}
