@@ -21,6 +21,14 @@
 //   max_unowned_ms  the longest time any one shard had no live owner during the round's three
 //                   phases (a shard held by the killed member's unexpired lease counts as
 //                   unowned: nobody works on it).
+// On redis (--backend redis), also what the server sees, from INFO commandstats and DBSIZE:
+//   steady_commands_per_s  every command of the W-1 balanced members, per second, over three
+//                          rebalance periods (their listings and renewals);
+//   join_commands          the commands from the joiner's start to balance, less the steady rate
+//                          over that time: what the join cost (the joiner's connection set-up,
+//                          its membership, the hand-overs, the moved shards' acquisitions);
+//   moved_shards, join_commands_per_moved_shard;
+//   server_keys            DBSIZE once the W members balanced, beside M + W.
 // Ownership is what each member was told: a shard is owned from the on_change that listed it
 // until its stop token fired (or its member was killed). Every time is a steady_clock
 // (CLOCK_MONOTONIC) reading, taken in the member that saw the event or in this process before
@@ -37,6 +45,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#ifdef DISTLOCK_SHARD_BENCH_REDIS_PROBE
+#include <hiredis/hiredis.h>
+#endif
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -260,6 +271,9 @@ class Round {
     return false;
   }
 
+  std::size_t owned_count(std::size_t i) const { return members_[i].owned.size(); }
+  long period_ms() const { return period_ms_; }
+
   /// Every shard owned by exactly one live member, each live member ⌊M/W⌋ or ⌈M/W⌉ of them.
   bool balanced() const {
     std::size_t live = 0;
@@ -393,6 +407,72 @@ class Round {
   std::int64_t last_event_ns_ = 0;
 };
 
+#ifdef DISTLOCK_SHARD_BENCH_REDIS_PROBE
+/// A plain connection to the benchmark's own redis-server (nothing else uses it): the server's
+/// total command count and its number of keys.
+class RedisProbe {
+ public:
+  explicit RedisProbe(const std::string& url) {
+    // redis://host:port
+    const auto at = url.find("://");
+    const std::string hp = url.substr(at == std::string::npos ? 0 : at + 3);
+    const auto colon = hp.rfind(':');
+    if (colon == std::string::npos) return;
+    const std::string host = hp.substr(0, colon);
+    const int port = std::atoi(hp.substr(colon + 1).c_str());
+    ctx_ = redisConnect(host.c_str(), port);
+    if (ctx_ != nullptr && ctx_->err) {
+      redisFree(ctx_);
+      ctx_ = nullptr;
+    }
+  }
+  ~RedisProbe() {
+    if (ctx_ != nullptr) redisFree(ctx_);
+  }
+  RedisProbe(const RedisProbe&) = delete;
+  RedisProbe& operator=(const RedisProbe&) = delete;
+  bool ok() const { return ctx_ != nullptr; }
+
+  /// The sum of calls= over INFO commandstats, less the probe's own INFO calls.
+  std::optional<long long> commands() {
+    auto* r = static_cast<redisReply*>(redisCommand(ctx_, "INFO commandstats"));
+    if (r == nullptr) return std::nullopt;
+    long long total = 0;
+    if (r->type == REDIS_REPLY_STRING) {
+      std::istringstream in(std::string(r->str, r->len));
+      for (std::string line; std::getline(in, line);) {
+        const auto p = line.find("calls=");
+        if (line.rfind("cmdstat_", 0) != 0 || p == std::string::npos) continue;
+        total += std::atoll(line.c_str() + p + 6);
+      }
+    }
+    freeReplyObject(r);
+    ++own_;
+    return total - own_;
+  }
+  std::optional<long long> keys() {
+    auto* r = static_cast<redisReply*>(redisCommand(ctx_, "DBSIZE"));
+    if (r == nullptr) return std::nullopt;
+    const long long n = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    ++own_;
+    return n;
+  }
+
+ private:
+  redisContext* ctx_ = nullptr;
+  long long own_ = 0;
+};
+#else
+class RedisProbe {  // built without hiredis: no server figures
+ public:
+  explicit RedisProbe(const std::string&) {}
+  bool ok() const { return false; }
+  std::optional<long long> commands() { return std::nullopt; }
+  std::optional<long long> keys() { return std::nullopt; }
+};
+#endif
+
 struct Config {
   std::vector<std::string> backends;
   std::string url;
@@ -410,7 +490,7 @@ nlohmann::json ms_or_null(std::optional<std::int64_t> from, std::optional<std::i
 }
 
 nlohmann::json one_round(const Config& c, const std::string& self, const std::string& url,
-                         const std::string& job) {
+                         const std::string& job, RedisProbe* probe) {
   Round r(self, url, job, c.shards, c.ttl_ms, c.period_ms, std::chrono::milliseconds(c.phase_timeout_ms));
   const int w = c.members;
   nlohmann::json out;
@@ -425,11 +505,42 @@ nlohmann::json one_round(const Config& c, const std::string& self, const std::st
     out["error"] = "the first " + std::to_string(w - 1) + " members did not balance";
     return out;
   }
+  // The server's steady traffic of the balanced W-1, over three periods (redis only).
+  std::optional<double> steady_per_ns;
+  std::optional<long long> join_calls_from;
+  if (probe != nullptr) {
+    const auto c0 = probe->commands();
+    const std::int64_t t0 = now_ns();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * c.period_ms));
+    const auto c1 = probe->commands();
+    const std::int64_t t1 = now_ns();
+    if (c0 && c1 && t1 > t0) steady_per_ns = static_cast<double>(*c1 - *c0) / static_cast<double>(t1 - t0);
+    join_calls_from = probe->commands();
+  }
   // Join.
+  const std::int64_t spawn_at = now_ns();
   const std::size_t joiner = r.spawn();
   std::optional<std::int64_t> join_at, join_done, leave_at, leave_done, kill_at, kill_done;
   if (r.until([&] { return r.joined(joiner); })) join_at = r.joined_ns(joiner);
   if (join_at) join_done = r.until([&] { return r.balanced(); });
+  if (probe != nullptr && join_done && steady_per_ns && join_calls_from) {
+    const auto calls = probe->commands();
+    const auto keys = probe->keys();
+    const std::size_t moved = r.owned_count(joiner);
+    out["steady_commands_per_s"] = std::round(*steady_per_ns * 1e9);
+    if (calls) {
+      const double extra = static_cast<double>(*calls - *join_calls_from) -
+                           *steady_per_ns * static_cast<double>(*join_done - spawn_at);
+      out["join_commands"] = std::round(extra);
+      out["moved_shards"] = moved;
+      if (moved > 0)
+        out["join_commands_per_moved_shard"] = std::round(extra / static_cast<double>(moved) * 10) / 10;
+    }
+    if (keys) {
+      out["server_keys"] = *keys;
+      out["shards_plus_members"] = c.shards + static_cast<std::uint32_t>(w);
+    }
+  }
   const std::int64_t from = join_at.value_or(0);
   // Graceful leave of member 0.
   r.terminate(0);
@@ -494,10 +605,15 @@ int run(const Config& c, const std::string& self) {
       ++failures;
       continue;
     }
+    std::unique_ptr<RedisProbe> probe;
+    if (label == "redis") {
+      probe = std::make_unique<RedisProbe>(b.url);
+      if (!probe->ok()) probe.reset();
+    }
     std::vector<nlohmann::json> rounds;
     for (int i = 0; i < c.rounds; ++i) {
       const std::string job = "rebalance-bench-" + std::to_string(::getpid()) + "-" + std::to_string(i);
-      rounds.push_back(one_round(c, self, b.url, job));
+      rounds.push_back(one_round(c, self, b.url, job, probe.get()));
     }
     int timeouts = 0;
     nlohmann::json line = {
@@ -507,6 +623,12 @@ int run(const Config& c, const std::string& self) {
         {"rounds", c.rounds}};
     for (const char* k : {"join_ms", "leave_ms", "kill_ms", "max_unowned_ms"})
       line[k] = summary(rounds, k, timeouts);
+    if (probe) {
+      int ignored = 0;
+      for (const char* k :
+           {"steady_commands_per_s", "join_commands", "join_commands_per_moved_shard", "server_keys"})
+        line[k] = summary(rounds, k, ignored);
+    }
     line["timeouts"] = timeouts;
     line["per_round"] = rounds;
     std::printf("%s\n", line.dump().c_str());
