@@ -77,8 +77,11 @@ class EtcdCluster {
   /// Kills `member`, removes it from the cluster, deletes its data directory, adds it
   /// back (same name and peer URL) and starts it empty with --initial-cluster-state
   /// existing; returns once a linearizable read through it alone succeeds (it has the
-  /// leader's state). Each step bounded (10 s, 10 s, 20 s); throws std::runtime_error.
+  /// leader's state). Each step bounded (10 s, 10 s, 20 s to serve; the whole rejoin is tried
+  /// once more with 40 s to serve); throws std::runtime_error.
   void wipe_and_rejoin(int member);
+  /// One attempt of wipe_and_rejoin: false with `why` when a step missed its bound.
+  bool try_wipe_and_rejoin(int member, std::chrono::seconds serve_within, std::string& why);
   bool running(int member) const { return members_[member].up; }
   /// The cluster's current revision (from a linearizable read).
   std::int64_t revision(const std::string& user = "") const;
