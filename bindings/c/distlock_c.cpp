@@ -685,7 +685,9 @@ int distlock_shard_group_wait_change(distlock_shard_group* g, uint64_t after_ver
     };
     std::unique_lock lk(s.mu);
     bool done = false;
-    if (timeout_ms == DISTLOCK_WAIT_FOREVER) {
+    // DISTLOCK_WAIT_FOREVER, and anything from LockOptions::max_wait (100 years) up, is no limit
+    // (a larger wait_for overflows the clock's nanoseconds and returns at once).
+    if (timeout_ms == DISTLOCK_WAIT_FOREVER || timeout_ms >= distlock::LockOptions::max_wait.count()) {
       s.cv.wait(lk, ready);
       done = true;
     } else {

@@ -321,7 +321,7 @@ DISTLOCK_C_API int distlock_shard_group_join(distlock_client* c, const char* job
 DISTLOCK_C_API int distlock_shard_group_assigned(distlock_shard_group* g, distlock_shard_assignment** out,
                                                  distlock_error* err);
 /* Waits until the assignment's version is greater than `after_version` and returns it:
- * DISTLOCK_E_TIMEOUT when `timeout_ms` (DISTLOCK_WAIT_FOREVER: no limit) passed first,
+ * DISTLOCK_E_TIMEOUT when `timeout_ms` (DISTLOCK_WAIT_FOREVER, or 100 years or more: no limit) passed first,
  * DISTLOCK_E_CANCELLED when `cancel` (may be NULL) was requested, DISTLOCK_E_NOT_OWNER when the
  * member left (before or during the wait). Any thread, any number at once. */
 DISTLOCK_C_API int distlock_shard_group_wait_change(distlock_shard_group* g, uint64_t after_version,

@@ -133,6 +133,7 @@ class DISTLOCK_EXPORT ShardGroup {
   ShardAssignment assigned() const;
   /// Blocks until the assignment's version is greater than `after_version` or `timeout`
   /// passes (or the member left), then returns the assignment of that moment.
+  /// `timeout` of LockOptions::max_wait (100 years) or more waits without a limit.
   ShardAssignment wait_change(std::uint64_t after_version, Millis timeout) const;
   /// Fires every shard's stop token, releases every shard and the membership at once,
   /// and stops the background thread. Idempotent; noexcept (a failed release is left to

@@ -546,8 +546,14 @@ ShardAssignment ShardGroup::assigned() const {
 ShardAssignment ShardGroup::wait_change(std::uint64_t after_version, Millis timeout) const {
   if (!core_) return {};
   std::unique_lock lk(core_->mu);
-  core_->cv.wait_for(lk, timeout,
-                     [&] { return core_->stopping || core_->published.version > after_version; });
+  auto ready = [&] { return core_->stopping || core_->published.version > after_version; };
+  // LockOptions::max_wait (100 years) or more is no limit: wait_for would overflow the clock's
+  // nanoseconds and return at once.
+  if (timeout >= LockOptions::max_wait) {
+    core_->cv.wait(lk, ready);
+  } else {
+    core_->cv.wait_for(lk, timeout, ready);
+  }
   return core_->published;
 }
 

@@ -182,6 +182,21 @@ TEST(CShardGroupErrors, ZeroShardsBadJobBadMemberIdAndALeftGroupGetClearErrors) 
   canceller.join();
   distlock_cancel_free(cancel);
 
+  // A timeout too large for the clock (INT64_MAX ms) is no limit, not an instant timeout
+  // (wait_for overflowed the clock's nanoseconds): only the cancel ends this wait.
+  ASSERT_EQ(distlock_cancel_new(&cancel, &err), DISTLOCK_OK);
+  std::thread canceller2([&] {
+    std::this_thread::sleep_for(100ms);
+    distlock_cancel_request(cancel);
+  });
+  const auto t2 = Clock::now();
+  EXPECT_EQ(distlock_shard_group_wait_change(member.get(), v, INT64_MAX, cancel, &raw, &err),
+            DISTLOCK_E_CANCELLED)
+      << err.message;
+  EXPECT_GE(Clock::now() - t2, 100ms);
+  canceller2.join();
+  distlock_cancel_free(cancel);
+
   // A wait in progress ends when another thread leaves; later calls name the closed group.
   std::thread leaver([&] {
     std::this_thread::sleep_for(100ms);
