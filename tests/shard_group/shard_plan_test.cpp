@@ -192,7 +192,8 @@ struct Model {
     auto plan = plan_shards(m, lv, view);
     std::set<std::uint32_t> target(plan[me].begin(), plan[me].end());
     wanted[me] = target;
-    for (auto& [i, q] : queue) std::erase_if(q, [&](const std::string& w) { return w == me && !target.contains(i); });
+    for (auto& [i, q] : queue)
+      std::erase_if(q, [&](const std::string& w) { return w == me && !target.contains(i); });
     for (std::uint32_t i = 0; i < m; ++i)
       if (owner[i] == me && !target.contains(i)) owner[i].reset();
     for (auto i : target)
@@ -221,8 +222,10 @@ void period(Model& md, std::vector<std::string> order, std::mt19937& rng, bool s
   const auto live0 = md.live;
   const auto owner0 = md.owner;
   for (const auto& me : order) {
-    if (stale && rng() % 2) md.act(me, live0, owner0);
-    else md.act(me, md.live, md.owner);
+    if (stale && rng() % 2)
+      md.act(me, live0, owner0);
+    else
+      md.act(me, md.live, md.owner);
   }
 }
 
@@ -277,8 +280,8 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
     }
     ++hist[periods];
     // Every listing in that period is a half-done state of the one plan made after the join.
-    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "+1 members: balanced after "
-                          << periods << " periods";
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w
+                          << "+1 members: balanced after " << periods << " periods";
   }
   for (auto [p, n] : hist) std::printf("%d periods: %d\n", p, n);
 }
@@ -347,9 +350,12 @@ TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
         if (k == order.size()) break;
         const auto& me = order[k];
         const auto r = rng() % 3;
-        if (r == 0) md.act(me, live0, owner0);          // listed at the period's start
-        else if (r == 1) md.act(me, live0, md.owner);   // members early, shards now
-        else md.act(me, md.live, md.owner);
+        if (r == 0)
+          md.act(me, live0, owner0);  // listed at the period's start
+        else if (r == 1)
+          md.act(me, live0, md.owner);  // members early, shards now
+        else
+          md.act(me, md.live, md.owner);
       }
     }
     int periods = 0;
@@ -397,7 +403,7 @@ TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
       md.slow = &rng;
       ++periods;
     }
-    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "+1 members: balanced after "
-                          << periods << " periods";
+    ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w
+                          << "+1 members: balanced after " << periods << " periods";
   }
 }
