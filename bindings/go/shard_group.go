@@ -73,7 +73,7 @@ func (c *Client) ShardGroup(ctx context.Context, job string, shards int, opts ..
 	if err := ctx.Err(); err != nil {
 		return nil, &ctxError{ctx: err, inner: ErrCancelled}
 	}
-	if shards < 0 || shards > 65536 {
+	if shards < 1 || shards > 65536 {
 		return nil, &Error{Code: ErrInvalidArgument.Code, Message: fmt.Sprintf("distlock: shard group: shards %d is outside 1..65536", shards)}
 	}
 	var cfg shardConfig
