@@ -283,35 +283,56 @@ inline std::vector<Violation> check_register(const std::string& path) {
 struct FaultWindow {
   std::int64_t start = 0, end = 0;
   std::string what;
+  int worker = -1;    // the worker (index) it struck; -1: every worker, or the servers
+  bool slow = false;  // the worker was slowed (its round trips delayed), not cut off or stopped
 };
 
-/// How long a shard may stay without an owner while a member lives:
-///   - `handover` from the moment its owner gave it up (stop token), released it or left,
-///     when no fault is near: one rebalance period (the others' next listing, or the
-///     release waking a waiting taker) plus a margin for the round trips and the worker's
-///     polling of assigned();
-///   - a fault that strikes while the shard may still be unowned (before that allowance
-///     ran out) extends it to `after_fault` past the fault's end: one TTL (the leases of the
-///     members it struck expire on the server), one period (the survivors' next listing),
-///     and a margin (a reconnection after a heal).
-/// During a fault the shard may be unowned for as long as the fault lasts: it may have cut
-/// every member off, or stopped the one that owns it.
+/// How long a shard may stay without an owner while a member lives. X below is
+/// `after_fault`: one TTL (the leases of a struck member expire on the server within one TTL
+/// of its last renewal, which came before the strike), one rebalance period (the survivors'
+/// next listing sees it gone) and a margin (round trips, a reconnection).
+///   - With no fault near: `handover` from the moment its owner gave it up (stop token),
+///     released it or began to leave: one period (the others' next listing, or the release
+///     waking a waiting taker) plus a margin for the round trips and the worker's polling.
+///   - A fault that struck the worker of the last owner (killed, stopped, cut off, frozen,
+///     its clock skewed): X from the strike, the survivors' take-over.
+///   - A fault that struck another worker while the shard was still allowed to be unowned
+///     (it may have been the one the shard was moving to): X from the strike, once per
+///     worker and gap (the group then moves the shard to a member that was not struck; a
+///     shard cannot wait on a chain of faults at different members forever).
+///   - A slowed worker (its round trips delayed): X from the end of the delay, once per
+///     worker and gap (a slow member stays a member, and the shard may be moving to it).
+///   - A fault at every worker or at the servers (a server paused, cut off from its peers,
+///     killed and restarted, wiped; every worker frozen): X from its end. During it the shard
+///     may have no reachable member at all.
 struct UnownedBound {
   std::int64_t handover_ns = 0;
   std::int64_t after_fault_ns = 0;
 };
 
-/// `faults` sorted by start. The moment a shard unowned since `from` must be owned again by,
-/// and whether a fault extended it.
-inline std::pair<std::int64_t, bool> unowned_allowed_until(std::int64_t from,
+/// `faults` sorted by start; `last_owner` the worker (index) of the shard's last owner, -2 if
+/// unknown. The moment a shard unowned since `from` must be owned again by, and whether a
+/// fault extended it.
+inline std::pair<std::int64_t, bool> unowned_allowed_until(std::int64_t from, int last_owner,
                                                            const std::vector<FaultWindow>& faults,
                                                            const UnownedBound& b) {
   std::int64_t allowed = from + b.handover_ns;
   bool faulted = false;
+  std::vector<int> struck;  // other workers whose fault extended this gap
   for (const auto& f : faults) {
     if (f.start > allowed) break;
-    if (f.end + b.after_fault_ns > allowed) {
-      allowed = f.end + b.after_fault_ns;
+    std::int64_t until = 0;
+    if (f.worker < 0) {
+      until = f.end + b.after_fault_ns;
+    } else if (f.worker == last_owner && !f.slow) {
+      until = f.start + b.after_fault_ns;
+    } else {
+      if (std::find(struck.begin(), struck.end(), f.worker) != struck.end()) continue;
+      until = (f.slow ? f.end : f.start) + b.after_fault_ns;
+      if (until > allowed) struck.push_back(f.worker);
+    }
+    if (until > allowed) {
+      allowed = until;
       faulted = true;
     }
   }
@@ -334,8 +355,9 @@ struct UnownedReport {
 /// A member stopped by a fault therefore owns until its watchdog runs again: faults excuse
 /// that time anyway. Violations: "unowned" (a stretch past UnownedBound), "slow-leave" (a
 /// shard of a member that left was not owned by another member by the same bound).
+/// `worker_of_pid`: the worker (index) each process was, to match faults with owners.
 inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> faults, std::int64_t horizon,
-                                   const UnownedBound& b) {
+                                   const UnownedBound& b, const std::map<long, int>& worker_of_pid = {}) {
   std::sort(faults.begin(), faults.end(),
             [](const FaultWindow& x, const FaultWindow& y) { return x.start < y.start; });
   UnownedReport r;
@@ -353,12 +375,16 @@ inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> fa
   }
   std::sort(cover.begin(), cover.end(), [](const Cover& x, const Cover& y) { return x.from < y.from; });
   auto ms = [](std::int64_t ns) { return std::to_string(ns / 1'000'000) + " ms"; };
-  auto gap = [&](std::int64_t from, std::int64_t to) {
+  auto worker = [&](long pid) {
+    const auto it = worker_of_pid.find(pid);
+    return it == worker_of_pid.end() ? -2 : it->second;
+  };
+  auto gap = [&](std::int64_t from, std::int64_t to, long last_pid) {
     to = std::min(to, horizon);
     if (to <= from) return;
     ++r.gaps;
     r.longest_gap_ns = std::max(r.longest_gap_ns, to - from);
-    const auto [allowed, faulted] = unowned_allowed_until(from, faults, b);
+    const auto [allowed, faulted] = unowned_allowed_until(from, worker(last_pid), faults, b);
     if (!faulted) r.longest_quiet_gap_ns = std::max(r.longest_quiet_gap_ns, to - from);
     if (to > allowed) {
       r.violations.push_back({"unowned",
@@ -369,11 +395,15 @@ inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> fa
     }
   };
   std::int64_t covered_until = -1;
+  long last_pid = 0;  // the owner whose section ended last
   for (const auto& c : cover) {
-    if (covered_until >= 0 && c.from > covered_until) gap(covered_until, c.from);
-    covered_until = std::max(covered_until, c.to);
+    if (covered_until >= 0 && c.from > covered_until) gap(covered_until, c.from, last_pid);
+    if (c.to > covered_until) {
+      covered_until = c.to;
+      last_pid = c.s->pid;
+    }
   }
-  if (covered_until >= 0 && covered_until < horizon) gap(covered_until, horizon);
+  if (covered_until >= 0 && covered_until < horizon) gap(covered_until, horizon, last_pid);
   // Graceful leaves: the next owner's A line after the leave began.
   for (const auto& c : cover) {
     if (c.s->release != "left" || c.from >= horizon) continue;
@@ -387,7 +417,7 @@ inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> fa
       }
     }
     r.longest_leave_handover_ns = std::max(r.longest_leave_handover_ns, next - left);
-    const auto [allowed, faulted] = unowned_allowed_until(left, faults, b);
+    const auto [allowed, faulted] = unowned_allowed_until(left, worker(c.s->pid), faults, b);
     if (next > allowed) {
       r.violations.push_back({"slow-leave",
                               "the shard of member pid " + std::to_string(c.s->pid) + ", which left at " +

@@ -203,7 +203,11 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
                            std::to_string(kMutexes), "mutex,sem,rw,elect,shards"},
                           file("worker" + std::to_string(i) + ".log"));
   };
-  for (int i = 0; i < kWorkers; ++i) workers.push_back(spawn(i));
+  std::map<long, int> worker_of_pid;  // every process a worker was, for the unowned-shard check
+  for (int i = 0; i < kWorkers; ++i) {
+    workers.push_back(spawn(i));
+    worker_of_pid[workers.back().pid()] = i;
+  }
   std::vector<std::string> mutex_files;
   for (int k = 0; k < kMutexes; ++k) mutex_files.push_back(file("mutex" + std::to_string(k) + ".history"));
   HolderWatch watch(mutex_files);
@@ -248,6 +252,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     const auto latency = std::chrono::milliseconds(5 + rng() % 146);
     std::this_thread::sleep_for(gap);
     std::int64_t struck = mono_now();
+    int struck_worker = -1;  // -1: every worker, or the servers
+    bool slowed = false;
     const bool net = !nets.empty();
     const int members = servers->members();
     std::string what;
@@ -261,6 +267,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
         continue;
       }
       struck = mono_now();
+      struck_worker = w;
       ++holder_faults;
       const std::string who = "holder (worker " + std::to_string(w) + ")";
       if (roll < 18 && net) {
@@ -280,6 +287,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
         workers[w].wait_for(10s);
         watch.forget(workers[w].pid());
         workers[w] = spawn(w);
+        worker_of_pid[workers[w].pid()] = w;
       } else if (roll >= 63) {
         // The clock jumps one TTL forward; the holder must give up at once.
         what = "skew the clock of " + who + ", then wait";
@@ -323,6 +331,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else if (roll < 93 && net) {
       const int w = random_worker;
       what = "delay worker " + std::to_string(w);
+      struck_worker = w;
+      slowed = true;
       for (std::size_t p = 0; p < nets[w]->size(); ++p) nets[w]->at(p).delay(latency, latency / 2);
       std::this_thread::sleep_for(d);
       nets[w]->pass_all();
@@ -335,12 +345,13 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else {
       const int w = random_worker;
       what = "stop worker " + std::to_string(w);
+      struck_worker = w;
       workers[w].signal(SIGSTOP);
       std::this_thread::sleep_for(d);
       workers[w].signal(SIGCONT);
     }
     faults.push_back(timed ? what + " for " + std::to_string(d.count()) + " ms" : what);
-    windows.push_back({struck, mono_now(), faults.back()});
+    windows.push_back({struck, mono_now(), faults.back(), struck_worker, slowed});
   }
   for (auto& n : nets) n->pass_all();
   std::vector<std::string> hung;
@@ -401,7 +412,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   std::int64_t unowned_quiet = 0, leave_handover = 0;
   long unowned_violations = 0, slow_leaves = 0, shard_leaves = 0;
   for (int i = 0; i < kShards; ++i) {
-    const auto u = nm::check_unowned(shard_histories[i], windows, end_ns, unowned_bound);
+    const auto u = nm::check_unowned(shard_histories[i], windows, end_ns, unowned_bound, worker_of_pid);
     add("shard" + std::to_string(i), u.violations);
     for (const auto& v : u.violations) (v.kind == "unowned" ? unowned_violations : slow_leaves) += 1;
     unowned_longest += (i ? "," : "") + std::to_string(u.longest_gap_ns / 1'000'000);
@@ -786,6 +797,40 @@ TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
   EXPECT_TRUE(judge(later, {{500'000'000, 900'000'000, "a"}, {2'000'000'000, 2'500'000'000, "b"}}, 5000)
                   .violations.empty());
   EXPECT_EQ(judge(later, {{500'000'000, 900'000'000, "a"}}, 5000).violations.size(), 1u);
+  // Faults at single workers. Member pid 10 is worker 0, pid 20 worker 1, pid 30 worker 2.
+  const std::map<long, int> workers{{10, 0}, {20, 1}, {30, 2}};
+  auto judge_at = [&](const std::string& text, const std::vector<nm::FaultWindow>& faults) {
+    std::ofstream(path) << text;
+    return nm::check_unowned(nm::parse_history(path), faults, 9'000'000'000,
+                             nm::UnownedBound{700'000'000, 2'200'000'000}, workers);
+  };
+  // The owner (worker 0) killed at 900 ms: its lease lives on, the others take over by
+  // 900 + 2200 ms.
+  auto killed_then_taken_at = [&](long taken) {
+    return "A 10 1 1 7 " + ms(100) + "\nW 10 1 1 7 " + ms(899) + " applied\nA 20 2 1 8 " + ms(taken) +
+           "\nE 20 2 1 " + ms(9000) + " ok 1\n";
+  };
+  const nm::FaultWindow kill0{900'000'000, 950'000'000, "kill worker 0", 0};
+  EXPECT_TRUE(judge_at(killed_then_taken_at(3000), {kill0}).violations.empty());
+  EXPECT_EQ(judge_at(killed_then_taken_at(3200), {kill0}).violations.size(), 1u);
+  // A fault at another worker, while the shard was still allowed to be unowned, extends the bound
+  // once per worker: worker 1 stopped at 1500 ms (until 3700), again at 3500 (no more), worker 2
+  // at 3600 (until 5800).
+  auto lost_then_taken_at = [&](long taken) {
+    return "A 10 1 1 7 " + ms(100) + "\nL 10 1 1 " + ms(1000) + "\nA 30 3 1 8 " + ms(taken) + "\nE 30 3 1 " +
+           ms(9000) + " ok 1\n";
+  };
+  const nm::FaultWindow stop1{1'500'000'000, 3'000'000'000, "stop worker 1", 1};
+  const nm::FaultWindow stop1_again{3'500'000'000, 5'000'000'000, "stop worker 1", 1};
+  const nm::FaultWindow stop2{3'600'000'000, 5'100'000'000, "stop worker 2", 2};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(3600), {stop1}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(4000), {stop1, stop1_again}).violations.size(), 1u);
+  EXPECT_TRUE(judge_at(lost_then_taken_at(5700), {stop1, stop1_again, stop2}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(5900), {stop1, stop1_again, stop2}).violations.size(), 1u);
+  // A slowed worker: from the end of the delay (1500 to 3000 ms: until 5200).
+  const nm::FaultWindow delay1{1'500'000'000, 3'000'000'000, "delay worker 1", 1, true};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(5100), {delay1}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(5300), {delay1}).violations.size(), 1u);
   // A killed member (no L, no E) owns until its last line; the shard is then unowned to the
   // horizon: 4000 ms past its last write with no fault after it.
   r = judge("A 10 1 1 7 " + ms(100) + "\nW 10 1 1 7 " + ms(1000) + " applied\n", {}, 5000);
