@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -343,6 +344,9 @@ struct UnownedReport {
   std::int64_t longest_gap_ns = 0;        // the longest stretch without an owner, faults or not
   std::int64_t longest_quiet_gap_ns = 0;  // the longest one that no fault extended
   long gaps = 0;
+  // The closest call: the least time left between a gap's end and its bound (negative: a
+  // violation); INT64_MAX if there was no gap.
+  std::int64_t min_slack_ns = std::numeric_limits<std::int64_t>::max();
   long leaves = 0;                             // sections ended by a graceful leave ("left")
   std::int64_t longest_leave_handover_ns = 0;  // from a leave to the shard's next owner
   std::vector<Violation> violations;
@@ -386,6 +390,7 @@ inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> fa
     r.longest_gap_ns = std::max(r.longest_gap_ns, to - from);
     const auto [allowed, faulted] = unowned_allowed_until(from, worker(last_pid), faults, b);
     if (!faulted) r.longest_quiet_gap_ns = std::max(r.longest_quiet_gap_ns, to - from);
+    r.min_slack_ns = std::min(r.min_slack_ns, allowed - to);
     if (to > allowed) {
       r.violations.push_back({"unowned",
                               "no owner from " + std::to_string(from) + " to " + std::to_string(to) + " (" +

@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -404,12 +405,21 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   }
   const nm::ShardGroupLog shard_log =
       nm::parse_shard_group_log(file("shards.history"), static_cast<int>(distlock::errc::not_supported));
+  // The fault windows beside the histories (kept with DISTLOCK_NEMESIS_KEEP): "F start end worker
+  // slow what", worker -1 for every worker or the servers.
+  {
+    std::ofstream out(file("faults.log"));
+    for (const auto& w : windows)
+      out << "F " << w.start << " " << w.end << " " << w.worker << " " << (w.slow ? 1 : 0) << " " << w.what
+          << "\n";
+  }
   // No shard unowned longer than the bound while a member lives; a leaver's shards owned by
   // another member within the hand-over bound.
   const nm::UnownedBound unowned_bound{(kShardPeriodMs + kHandoverMarginMs) * 1'000'000,
                                        (kTtlMs + kShardPeriodMs + kFaultMarginMs) * 1'000'000};
   std::string unowned_longest;
-  std::int64_t unowned_quiet = 0, leave_handover = 0;
+  std::int64_t unowned_quiet = 0, leave_handover = 0,
+               unowned_slack = std::numeric_limits<std::int64_t>::max();
   long unowned_violations = 0, slow_leaves = 0, shard_leaves = 0;
   for (int i = 0; i < kShards; ++i) {
     const auto u = nm::check_unowned(shard_histories[i], windows, end_ns, unowned_bound, worker_of_pid);
@@ -417,12 +427,17 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     for (const auto& v : u.violations) (v.kind == "unowned" ? unowned_violations : slow_leaves) += 1;
     unowned_longest += (i ? "," : "") + std::to_string(u.longest_gap_ns / 1'000'000);
     unowned_quiet = std::max(unowned_quiet, u.longest_quiet_gap_ns);
+    unowned_slack = std::min(unowned_slack, u.min_slack_ns);
     leave_handover = std::max(leave_handover, u.longest_leave_handover_ns);
     shard_leaves += u.leaves;
   }
   const std::string unowned_json =
       "\"shard_unowned_longest_ms\":[" + unowned_longest +
       "],\"shard_unowned_quiet_longest_ms\":" + std::to_string(unowned_quiet / 1'000'000) +
+      ",\"shard_unowned_min_slack_ms\":" +
+      (unowned_slack == std::numeric_limits<std::int64_t>::max()
+           ? std::string("null")
+           : std::to_string(unowned_slack / 1'000'000)) +
       ",\"shard_unowned_violations\":" + std::to_string(unowned_violations) +
       ",\"shard_leaves\":" + std::to_string(shard_log.leaves) +
       ",\"shard_leaves_owning\":" + std::to_string(shard_leaves) +
