@@ -299,8 +299,10 @@ struct FaultWindow {
 ///     its clock skewed): X from the strike, the survivors' take-over.
 ///   - A fault that struck another worker while the shard was still allowed to be unowned
 ///     (it may have been the one the shard was moving to): X from the strike, once per
-///     worker and gap (the group then moves the shard to a member that was not struck; a
-///     shard cannot wait on a chain of faults at different members forever).
+///     worker among the strikes that began within the gap (the group then moves the shard to
+///     a member that was not struck; a shard cannot wait on a chain of faults forever). A
+///     strike before the gap began counts too, without using up that one: the member came
+///     back, rejoined, was to take the shard and was struck again.
 ///   - A slowed worker (its round trips delayed): X from the end of the delay, once per
 ///     worker and gap (a slow member stays a member, and the shard may be moving to it).
 ///   - A fault at every worker or at the servers (a server paused, cut off from its peers,
@@ -328,9 +330,12 @@ inline std::pair<std::int64_t, bool> unowned_allowed_until(std::int64_t from, in
     } else if (f.worker == last_owner && !f.slow) {
       until = f.start + b.after_fault_ns;
     } else {
-      if (std::find(struck.begin(), struck.end(), f.worker) != struck.end()) continue;
+      // Strikes that began before the gap (the member was struck, came back and was to take
+      // the shard) do not count against the worker's one strike within the gap.
+      const bool within = f.start >= from;
+      if (within && std::find(struck.begin(), struck.end(), f.worker) != struck.end()) continue;
       until = (f.slow ? f.end : f.start) + b.after_fault_ns;
-      if (until > allowed) struck.push_back(f.worker);
+      if (within && until > allowed) struck.push_back(f.worker);
     }
     if (until > allowed) {
       allowed = until;
@@ -347,8 +352,9 @@ struct UnownedReport {
   // The closest call: the least time left between a gap's end and its bound (negative: a
   // violation); INT64_MAX if there was no gap.
   std::int64_t min_slack_ns = std::numeric_limits<std::int64_t>::max();
-  long leaves = 0;                             // sections ended by a graceful leave ("left")
-  std::int64_t longest_leave_handover_ns = 0;  // from a leave to the shard's next owner
+  long leaves = 0;                                   // sections ended by a graceful leave ("left")
+  std::int64_t longest_leave_handover_ns = 0;        // from a leave to the shard's next owner
+  std::int64_t longest_quiet_leave_handover_ns = 0;  // the same, of leaves no fault came near
   std::vector<Violation> violations;
 };
 
@@ -423,6 +429,8 @@ inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> fa
     }
     r.longest_leave_handover_ns = std::max(r.longest_leave_handover_ns, next - left);
     const auto [allowed, faulted] = unowned_allowed_until(left, worker(c.s->pid), faults, b);
+    if (!faulted)
+      r.longest_quiet_leave_handover_ns = std::max(r.longest_quiet_leave_handover_ns, next - left);
     if (next > allowed) {
       r.violations.push_back({"slow-leave",
                               "the shard of member pid " + std::to_string(c.s->pid) + ", which left at " +

@@ -8,7 +8,10 @@
 // it off from its peers (etcd3, zk3), kill and restart it with its data, or without it
 // where the guarantee survives that (etcd3 and zk3: the quorum keeps the data; redlock3:
 // restarted after 1.2 max TTL), or strike a random worker.
-// The recorded histories are then judged by history.hpp's checkers.
+// The recorded histories are then judged by history.hpp's checkers; the shard group's also
+// against the fault windows (when each fault struck, when it was healed, which worker it
+// struck): no shard may stay unowned past the bound while a member lives (UnownedBound), and
+// a member that leaves gracefully (every 2-6 s) must have its shards taken within one period.
 //
 // A run must bite: with leases that expire (every backend but file://) it fails
 // unless the mutex's holders signalled at least ceil(30 * SECONDS / 60) losses, and
@@ -406,9 +409,10 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   const nm::ShardGroupLog shard_log =
       nm::parse_shard_group_log(file("shards.history"), static_cast<int>(distlock::errc::not_supported));
   // The fault windows beside the histories (kept with DISTLOCK_NEMESIS_KEEP): "F start end worker
-  // slow what", worker -1 for every worker or the servers.
+  // slow what", worker -1 for every worker or the servers; "P pid worker" for every process.
   {
     std::ofstream out(file("faults.log"));
+    for (const auto& [pid, w] : worker_of_pid) out << "P " << pid << " " << w << "\n";
     for (const auto& w : windows)
       out << "F " << w.start << " " << w.end << " " << w.worker << " " << (w.slow ? 1 : 0) << " " << w.what
           << "\n";
@@ -418,7 +422,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   const nm::UnownedBound unowned_bound{(kShardPeriodMs + kHandoverMarginMs) * 1'000'000,
                                        (kTtlMs + kShardPeriodMs + kFaultMarginMs) * 1'000'000};
   std::string unowned_longest;
-  std::int64_t unowned_quiet = 0, leave_handover = 0,
+  std::int64_t unowned_quiet = 0, leave_handover = 0, quiet_leave_handover = 0,
                unowned_slack = std::numeric_limits<std::int64_t>::max();
   long unowned_violations = 0, slow_leaves = 0, shard_leaves = 0;
   for (int i = 0; i < kShards; ++i) {
@@ -429,6 +433,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     unowned_quiet = std::max(unowned_quiet, u.longest_quiet_gap_ns);
     unowned_slack = std::min(unowned_slack, u.min_slack_ns);
     leave_handover = std::max(leave_handover, u.longest_leave_handover_ns);
+    quiet_leave_handover = std::max(quiet_leave_handover, u.longest_quiet_leave_handover_ns);
     shard_leaves += u.leaves;
   }
   const std::string unowned_json =
@@ -442,6 +447,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       ",\"shard_leaves\":" + std::to_string(shard_log.leaves) +
       ",\"shard_leaves_owning\":" + std::to_string(shard_leaves) +
       ",\"shard_leave_handover_longest_ms\":" + std::to_string(leave_handover / 1'000'000) +
+      ",\"shard_leave_handover_quiet_longest_ms\":" + std::to_string(quiet_leave_handover / 1'000'000) +
       ",\"shard_leave_call_longest_ms\":" + std::to_string(shard_log.longest_leave_call_ns / 1'000'000) +
       ",\"shard_slow_leaves\":" + std::to_string(slow_leaves) + ",";
 
@@ -842,6 +848,13 @@ TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
   EXPECT_EQ(judge_at(lost_then_taken_at(4000), {stop1, stop1_again}).violations.size(), 1u);
   EXPECT_TRUE(judge_at(lost_then_taken_at(5700), {stop1, stop1_again, stop2}).violations.empty());
   EXPECT_EQ(judge_at(lost_then_taken_at(5900), {stop1, stop1_again, stop2}).violations.size(), 1u);
+  // Worker 1 struck before the gap began (500 to 900 ms: until 2700) and again within it
+  // (2500 ms: until 4700): it came back, was to take the shard, and was stopped again.
+  const nm::FaultWindow before1{500'000'000, 900'000'000, "stop worker 1", 1};
+  const nm::FaultWindow within1{2'500'000'000, 3'000'000'000, "stop worker 1", 1};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(4600), {before1, within1}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(4800), {before1, within1}).violations.size(), 1u);
+  EXPECT_EQ(judge_at(lost_then_taken_at(2800), {before1}).violations.size(), 1u);
   // A slowed worker: from the end of the delay (1500 to 3000 ms: until 5200).
   const nm::FaultWindow delay1{1'500'000'000, 3'000'000'000, "delay worker 1", 1, true};
   EXPECT_TRUE(judge_at(lost_then_taken_at(5100), {delay1}).violations.empty());
@@ -878,6 +891,7 @@ TEST_F(HistoryChecker, ASlowHandOverAfterALeaveIsCaught) {
   EXPECT_TRUE(r.violations.empty());
   EXPECT_EQ(r.leaves, 1);
   EXPECT_EQ(r.longest_leave_handover_ns, 250'000'000);
+  EXPECT_EQ(r.longest_quiet_leave_handover_ns, 250'000'000);
   r = judge(left_then_taken_at(1900));
   ASSERT_EQ(r.violations.size(), 2u);
   EXPECT_EQ(r.violations[0].kind, "unowned");
