@@ -352,9 +352,9 @@ struct UnownedReport {
   // The closest call: the least time left between a gap's end and its bound (negative: a
   // violation); INT64_MAX if there was no gap.
   std::int64_t min_slack_ns = std::numeric_limits<std::int64_t>::max();
-  long leaves = 0;                                   // sections ended by a graceful leave ("left")
-  std::int64_t longest_leave_handover_ns = 0;        // from a leave to the shard's next owner
-  std::int64_t longest_quiet_leave_handover_ns = 0;  // the same, of leaves no fault came near
+  long leaves = 0;                               // sections ended by a graceful leave ("left")
+  std::int64_t longest_leave_handover_ns = 0;    // from a leave to the shard's next owner
+  std::vector<std::int64_t> leave_handovers_ns;  // every leave's, in the shard's order
   std::vector<Violation> violations;
 };
 
@@ -429,8 +429,7 @@ inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> fa
     }
     r.longest_leave_handover_ns = std::max(r.longest_leave_handover_ns, next - left);
     const auto [allowed, faulted] = unowned_allowed_until(left, worker(c.s->pid), faults, b);
-    if (!faulted)
-      r.longest_quiet_leave_handover_ns = std::max(r.longest_quiet_leave_handover_ns, next - left);
+    r.leave_handovers_ns.push_back(next - left);
     if (next > allowed) {
       r.violations.push_back({"slow-leave",
                               "the shard of member pid " + std::to_string(c.s->pid) + ", which left at " +
