@@ -43,6 +43,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -153,6 +154,68 @@ class HolderWatch {
   std::map<std::tuple<long, long, long>, long> open_;
 };
 
+// A witness of the servers' availability, apart from the workers and their proxies: a client
+// of the driver's own, on the servers' own address, takes and releases a lock every 100 ms
+// (each attempt bounded by the 500 ms command timeout and a 500 ms wait). A stretch in which it
+// could not, from the first failed attempt to the next success, is one in which no member could
+// reach the servers either, whatever the schedule did (a ZooKeeper ensemble electing a leader
+// after a member's restart, a starved server): the unowned-shard check counts it as a fault at
+// every worker. Stopped (and joined) by stop(); every window closed by then.
+class ServerWitness {
+ public:
+  ServerWitness(std::string url, std::chrono::milliseconds ttl)
+      : thread_([this, url = std::move(url), ttl](std::stop_token st) { run(st, url, ttl); }) {}
+  ~ServerWitness() { stop(); }
+  std::vector<distlock::nemesis::FaultWindow> stop() {
+    if (thread_.joinable()) {
+      thread_.request_stop();
+      thread_.join();
+    }
+    return windows_;
+  }
+
+ private:
+  void run(const std::stop_token& st, const std::string& url, std::chrono::milliseconds ttl) {
+    distlock::ClientOptions o;
+    o.command_timeout = 500ms;
+    o.connect_timeout = 500ms;
+    std::optional<distlock::Client> client;
+    std::int64_t down_since = -1;
+    long n = 0;
+    while (!st.stop_requested()) {
+      const std::int64_t t0 = mono_now();
+      bool ok = false;
+      std::error_code ec;
+      if (!client) {
+        auto c = distlock::connect(url, o, ec);
+        if (!ec) client = std::move(c);
+      }
+      if (client) {
+        distlock::LockOptions lo;
+        lo.ttl = ttl;
+        lo.wait = 500ms;
+        // A name per attempt (64 in turn): a release that failed leaves no lock in the way.
+        distlock::Lease lease = client->acquire("nemesis-witness-" + std::to_string(n++ % 64), lo, ec);
+        if (!ec) {
+          lease.release(ec);
+          ok = !ec;
+        }
+      }
+      if (!ok && down_since < 0) down_since = t0;
+      if (ok && down_since >= 0) {
+        windows_.push_back({down_since, mono_now(), "the servers did not answer a client of their own", -1});
+        down_since = -1;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    if (down_since >= 0) {
+      windows_.push_back({down_since, mono_now(), "the servers did not answer a client of their own", -1});
+    }
+  }
+  std::vector<distlock::nemesis::FaultWindow> windows_;
+  std::jthread thread_;  // last: started once windows_ exists
+};
+
 std::string read_text(const std::filesystem::path& p) {
   return distlock::testing::read_file(p.string());
 }
@@ -195,6 +258,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       urls.back().replace(at, zk_session.size(), "session_timeout=" + std::to_string(kTtlMs) + "ms");
     }
   }
+  ServerWitness witness(servers->url(), std::chrono::milliseconds(kTtlMs));
   const std::int64_t start_ns = mono_now();
   const auto end = Steady::now() + std::chrono::seconds(seconds);
   // The histories' clock at the end: the unowned-shard check runs to here (the members
@@ -359,6 +423,12 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     windows.push_back({struck, mono_now(), faults.back(), struck_worker, slowed});
   }
   for (auto& n : nets) n->pass_all();
+  const std::vector<distlock::nemesis::FaultWindow> outages = witness.stop();
+  std::int64_t longest_outage = 0;
+  for (const auto& o : outages) {
+    longest_outage = std::max(longest_outage, o.end - o.start);
+    windows.push_back(o);
+  }
   std::vector<std::string> hung;
   for (int i = 0; i < kWorkers; ++i) {
     workers[i].signal(SIGCONT);
@@ -456,6 +526,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
            ? std::string("null")
            : std::to_string(unowned_slack / 1'000'000)) +
       ",\"shard_unowned_violations\":" + std::to_string(unowned_violations) +
+      ",\"server_outages\":" + std::to_string(outages.size()) +
+      ",\"server_outage_longest_ms\":" + std::to_string(longest_outage / 1'000'000) +
       ",\"shard_leaves\":" + std::to_string(shard_log.leaves) +
       ",\"shard_leaves_owning\":" + std::to_string(shard_leaves) +
       ",\"shard_leave_handover_longest_ms\":" + std::to_string(leave_handover / 1'000'000) +
