@@ -35,8 +35,9 @@
 //          within the run (X lines in DIR/shards.history). Every 2-6 s the member leaves
 //          gracefully (its sections end with "E ... <t> left 1", t the moment leave() was
 //          called; "V pid t_called t_returned shards" in DIR/shards.history) and joins again
-//          50-400 ms later. At each leave, and at the end, the member appends
-//          "S pid lost given_up taken membership_lost" (its ShardGroupStats) there.
+//          50-400 ms later ("J pid t_called t_returned" for every join that succeeded). At each leave, and at
+//          the end, the member appends "S pid lost given_up taken membership_lost" (its ShardGroupStats)
+//          there.
 //
 // The client reads its deadlines through a clock the nemesis can skew: SIGUSR1 moves
 // it one TTL forward (every lease of this process is then past its local deadline:
@@ -340,7 +341,10 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
     }
     if (!group) {
       try {
+        const std::int64_t called = mono_ns();
         group.emplace(r.client->shard_group("nemesis-shards", kShards, opts));
+        group_file.record("J " + std::to_string(::getpid()) + " " + std::to_string(called) + " " +
+                          std::to_string(mono_ns()));
       } catch (const std::system_error& e) {
         // The server may be down right now: try again, within the run.
         group_file.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
