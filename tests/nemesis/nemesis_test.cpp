@@ -157,10 +157,12 @@ class HolderWatch {
 // A witness of the servers' availability, apart from the workers and their proxies: a client
 // of the driver's own, on the servers' own address, takes and releases a lock every 100 ms
 // (each attempt bounded by the 500 ms command timeout and a 500 ms wait). A stretch in which it
-// could not, from the first failed attempt to the next success, is one in which no member could
-// reach the servers either, whatever the schedule did (a ZooKeeper ensemble electing a leader
-// after a member's restart, a starved server): the unowned-shard check counts it as a fault at
-// every worker. Stopped (and joined) by stop(); every window closed by then.
+// could not, or took longer than kWitnessSlowMs, from the first failed attempt to the next success, is one in
+// which no member could reach the servers either, whatever the schedule did (a ZooKeeper ensemble electing a
+// leader after a member's restart, a starved server): the unowned-shard check counts it as a fault at every
+// worker. Stopped (and joined) by stop(); every window closed by then.
+constexpr long kWitnessSlowMs = 250;
+
 class ServerWitness {
  public:
   ServerWitness(std::string url, std::chrono::milliseconds ttl)
@@ -201,6 +203,9 @@ class ServerWitness {
           ok = !ec;
         }
       }
+      // An attempt slower than kWitnessSlowMs counts as an outage too: a renewal that waits that
+      // long for a server (redis+cluster: 250 ms per node) gives the lease up.
+      ok = ok && mono_now() - t0 < kWitnessSlowMs * 1'000'000;
       if (!ok && down_since < 0) down_since = t0;
       if (ok && down_since >= 0) {
         windows_.push_back({down_since, mono_now(), "the servers did not answer a client of their own", -1});
