@@ -354,7 +354,10 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
       }
     }
     const std::int64_t t0 = mono_ns();
-    if (prev_check != 0 && t0 - prev_check > kShardGapMs * 1'000'000) {
+    // After a stall the watchdog may not have run yet: no section believes from here on, the
+    // ones this check opens included (a shard taken before a SIGSTOP is first seen after it).
+    const bool stalled = prev_check != 0 && t0 - prev_check > kShardGapMs * 1'000'000;
+    if (stalled) {
       for (auto& [i, s] : open) s.broken = true;
     }
     prev_check = t0;
@@ -377,6 +380,7 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
       if (open.contains(i)) continue;
       ShardSection s;
       s.seq = ++seq;
+      s.broken = stalled;
       s.token = r.fencing ? o->token.value_or(0) : 0;
       s.stop = o->stop;
       files[i].history.record("A " + id(tid, s.seq) + " " + std::to_string(s.token) + " " +
