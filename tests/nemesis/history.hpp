@@ -30,12 +30,17 @@
 //   capacity     more than N semaphore permits believed held at one moment
 //   exclusion    a read-write lock's exclusive hold overlaps another hold
 //   silent-loss  a section's release said lost, but its stop token never fired
+//   unowned      (shards, check_unowned) a shard without an owner for longer than the bound
+//                while a member lives: see UnownedBound
+//   slow-leave   (shards, check_unowned) a shard of a member that left gracefully was not
+//                owned by another member within the handover bound
 //   incomplete   (reported by the driver) an operation or process that never finished
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -50,6 +55,8 @@ struct Section {
   std::int64_t acquired = -1;   // A
   std::int64_t last_true = -1;  // last O
   std::int64_t lost_at = -1;    // L
+  std::int64_t ended_at = -1;   // E
+  std::int64_t last_seen = -1;  // the last O or W line
   std::string release;          // E status ("" if the process died first)
   bool stopped = false;         // E: the stop token had fired
   std::string mode;             // A: "s" or "x" for a read-write lock's hold
@@ -105,12 +112,14 @@ inline History parse_history(const std::string& path) {
       std::int64_t t = 0;
       ls >> t;
       s.last_true = std::max(s.last_true, t);
+      s.last_seen = std::max(s.last_seen, t);
     } else if (kind == "L") {
       ls >> s.lost_at;
     } else if (kind == "E") {
       std::int64_t t = 0;
       int stopped = 0;
       ls >> t >> s.release >> stopped;
+      s.ended_at = t;
       s.stopped = stopped != 0;
     } else if (kind == "W") {
       Write w;
@@ -118,6 +127,7 @@ inline History parse_history(const std::string& path) {
       w.tid = tid;
       w.seq = seq;
       ls >> w.token >> w.t >> w.status;
+      s.last_seen = std::max(s.last_seen, w.t);
       h.writes.push_back(w);
     }
   }
@@ -144,6 +154,10 @@ inline std::vector<Violation> check_silent_losses(const History& h) {
     if (s.release == "lost" && !s.stopped) {
       out.push_back(
           {"silent-loss", "release said lost but the stop token never fired: " + describe(s), s.acquired});
+    }
+    if (s.release == "left" && !s.stopped) {
+      out.push_back(
+          {"silent-loss", "left the group but the stop token never fired: " + describe(s), s.acquired});
     }
   }
   return out;
@@ -264,12 +278,178 @@ inline std::vector<Violation> check_register(const std::string& path) {
   return out;
 }
 
+/// One fault of the schedule on the histories' clock (CLOCK_MONOTONIC ns): from the moment
+/// it struck to the moment it was healed (a kill: until the new process was started; a
+/// server restart: until the server served again).
+struct FaultWindow {
+  std::int64_t start = 0, end = 0;
+  std::string what;
+  int worker = -1;    // the worker (index) it struck; -1: every worker, or the servers
+  bool slow = false;  // the worker was slowed (its round trips delayed), not cut off or stopped
+};
+
+/// How long a shard may stay without an owner while a member lives. X below is
+/// `after_fault`: one TTL (the leases of a struck member expire on the server within one TTL
+/// of its last renewal, which came before the strike), one rebalance period (the survivors'
+/// next listing sees it gone) and a margin (round trips, a reconnection).
+///   - With no fault near: `handover` from the moment its owner gave it up (stop token),
+///     released it or began to leave: one period (the others' next listing, or the release
+///     waking a waiting taker) plus a margin for the round trips and the worker's polling.
+///   - A fault that struck the worker of the last owner (killed, stopped, cut off, frozen,
+///     its clock skewed): X from the strike, the survivors' take-over.
+///   - A fault that struck another worker while the shard was still allowed to be unowned
+///     (it may have been the one the shard was moving to): X from the strike, once per
+///     worker among the strikes that began within the gap (the group then moves the shard to
+///     a member that was not struck; a shard cannot wait on a chain of faults forever). A
+///     strike before the gap began counts too, without using up that one: the member came
+///     back, rejoined, was to take the shard and was struck again.
+///   - A slowed worker (its round trips delayed): X from the end of the delay, once per
+///     worker and gap (a slow member stays a member, and the shard may be moving to it).
+///   - A fault at every worker or at the servers (a server paused, cut off from its peers,
+///     killed and restarted, wiped; every worker frozen): X from its end. During it the shard
+///     may have no reachable member at all.
+struct UnownedBound {
+  std::int64_t handover_ns = 0;
+  std::int64_t after_fault_ns = 0;
+};
+
+/// `faults` sorted by start; `last_owner` the worker (index) of the shard's last owner, -2 if
+/// unknown. The moment a shard unowned since `from` must be owned again by, and whether a
+/// fault extended it.
+inline std::pair<std::int64_t, bool> unowned_allowed_until(std::int64_t from, int last_owner,
+                                                           const std::vector<FaultWindow>& faults,
+                                                           const UnownedBound& b) {
+  std::int64_t allowed = from + b.handover_ns;
+  bool faulted = false;
+  std::vector<int> struck;  // other workers whose fault extended this gap
+  for (const auto& f : faults) {
+    if (f.start > allowed) break;
+    std::int64_t until = 0;
+    if (f.worker < 0) {
+      until = f.end + b.after_fault_ns;
+    } else if (f.worker == last_owner && !f.slow) {
+      until = f.start + b.after_fault_ns;
+    } else {
+      // Strikes that began before the gap (the member was struck, came back and was to take
+      // the shard) do not count against the worker's one strike within the gap.
+      const bool within = f.start >= from;
+      if (within && std::find(struck.begin(), struck.end(), f.worker) != struck.end()) continue;
+      until = (f.slow ? f.end : f.start) + b.after_fault_ns;
+      if (within && until > allowed) struck.push_back(f.worker);
+    }
+    if (until > allowed) {
+      allowed = until;
+      faulted = true;
+    }
+  }
+  return {allowed, faulted};
+}
+
+struct UnownedReport {
+  std::int64_t longest_gap_ns = 0;        // the longest stretch without an owner, faults or not
+  std::int64_t longest_quiet_gap_ns = 0;  // the longest one that no fault extended
+  long gaps = 0;
+  // The closest call: the least time left between a gap's end and its bound (negative: a
+  // violation); INT64_MAX if there was no gap.
+  std::int64_t min_slack_ns = std::numeric_limits<std::int64_t>::max();
+  long leaves = 0;                               // sections ended by a graceful leave ("left")
+  std::int64_t longest_leave_handover_ns = 0;    // from a leave to the shard's next owner
+  std::vector<std::int64_t> leave_handovers_ns;  // every leave's, in the shard's order
+  std::vector<Violation> violations;
+};
+
+/// One shard's history: the stretches in which no member owned it, from the first time it was
+/// owned to `horizon` (the end of the run; the members leave after it). A section owns the
+/// shard from its A line (the member saw it in assigned()) to its stop token (L), else its end
+/// (E: a release, or the start of a leave), else its last O or W line (a killed process).
+/// A member stopped by a fault therefore owns until its watchdog runs again: faults excuse
+/// that time anyway. Violations: "unowned" (a stretch past UnownedBound), "slow-leave" (a
+/// shard of a member that left was not owned by another member by the same bound).
+/// `worker_of_pid`: the worker (index) each process was, to match faults with owners.
+inline UnownedReport check_unowned(const History& h, std::vector<FaultWindow> faults, std::int64_t horizon,
+                                   const UnownedBound& b, const std::map<long, int>& worker_of_pid = {}) {
+  std::sort(faults.begin(), faults.end(),
+            [](const FaultWindow& x, const FaultWindow& y) { return x.start < y.start; });
+  UnownedReport r;
+  struct Cover {
+    std::int64_t from, to;
+    const Section* s;
+  };
+  std::vector<Cover> cover;
+  for (const auto& s : h.sections) {
+    if (s.acquired < 0) continue;
+    const std::int64_t to = s.lost_at >= 0    ? s.lost_at
+                            : s.ended_at >= 0 ? s.ended_at
+                                              : std::max(s.last_seen, s.acquired);
+    cover.push_back({s.acquired, std::max(to, s.acquired), &s});
+  }
+  std::sort(cover.begin(), cover.end(), [](const Cover& x, const Cover& y) { return x.from < y.from; });
+  auto ms = [](std::int64_t ns) { return std::to_string(ns / 1'000'000) + " ms"; };
+  auto worker = [&](long pid) {
+    const auto it = worker_of_pid.find(pid);
+    return it == worker_of_pid.end() ? -2 : it->second;
+  };
+  auto gap = [&](std::int64_t from, std::int64_t to, long last_pid) {
+    to = std::min(to, horizon);
+    if (to <= from) return;
+    ++r.gaps;
+    r.longest_gap_ns = std::max(r.longest_gap_ns, to - from);
+    const auto [allowed, faulted] = unowned_allowed_until(from, worker(last_pid), faults, b);
+    if (!faulted) r.longest_quiet_gap_ns = std::max(r.longest_quiet_gap_ns, to - from);
+    r.min_slack_ns = std::min(r.min_slack_ns, allowed - to);
+    if (to > allowed) {
+      r.violations.push_back({"unowned",
+                              "no owner from " + std::to_string(from) + " to " + std::to_string(to) + " (" +
+                                  ms(to - from) + "), " + ms(to - allowed) + " past the bound" +
+                                  (faulted ? " (after a fault)" : " (no fault near)"),
+                              from});
+    }
+  };
+  std::int64_t covered_until = -1;
+  long last_pid = 0;  // the owner whose section ended last
+  for (const auto& c : cover) {
+    if (covered_until >= 0 && c.from > covered_until) gap(covered_until, c.from, last_pid);
+    if (c.to > covered_until) {
+      covered_until = c.to;
+      last_pid = c.s->pid;
+    }
+  }
+  if (covered_until >= 0 && covered_until < horizon) gap(covered_until, horizon, last_pid);
+  // Graceful leaves: the next owner's A line after the leave began.
+  for (const auto& c : cover) {
+    if (c.s->release != "left" || c.from >= horizon) continue;
+    ++r.leaves;
+    const std::int64_t left = c.to;
+    std::int64_t next = horizon;
+    for (const auto& o : cover) {
+      if (o.s != c.s && o.from > c.from && o.to >= left) {
+        next = std::max(o.from, left);
+        break;
+      }
+    }
+    r.longest_leave_handover_ns = std::max(r.longest_leave_handover_ns, next - left);
+    const auto [allowed, faulted] = unowned_allowed_until(left, worker(c.s->pid), faults, b);
+    r.leave_handovers_ns.push_back(next - left);
+    if (next > allowed) {
+      r.violations.push_back({"slow-leave",
+                              "the shard of member pid " + std::to_string(c.s->pid) + ", which left at " +
+                                  std::to_string(left) + ", had no other owner for " + ms(next - left) +
+                                  (faulted ? " (after a fault)" : " (no fault near)"),
+                              left});
+    }
+  }
+  return r;
+}
+
 /// The shard group's own log (DIR/shards.history): "X err t" for a join that failed,
-/// "S pid lost given_up taken membership_lost" from each member that left at the end.
+/// "V pid t_called t_returned shards" for each graceful leave, "S pid lost given_up taken
+/// membership_lost" from each member at each leave (within the run and at its end).
 struct ShardGroupLog {
   long join_errors = 0;
   bool unsupported = false;  // a join failed with errc::not_supported
   long leases_lost = 0, given_up = 0, taken = 0, membership_lost = 0;
+  long leaves = 0;                         // V lines: graceful leaves within the run
+  std::int64_t longest_leave_call_ns = 0;  // the longest leave() call
 };
 
 inline ShardGroupLog parse_shard_group_log(const std::string& path, int not_supported_code) {
@@ -285,6 +465,13 @@ inline ShardGroupLog parse_shard_group_log(const std::string& path, int not_supp
       ls >> err;
       ++g.join_errors;
       g.unsupported = g.unsupported || err == not_supported_code;
+    } else if (kind == "V") {
+      long pid = 0;
+      std::int64_t called = 0, returned = 0;
+      if (ls >> pid >> called >> returned) {
+        ++g.leaves;
+        g.longest_leave_call_ns = std::max(g.longest_leave_call_ns, returned - called);
+      }
     } else if (kind == "S") {
       long pid = 0, lost = 0, given = 0, taken = 0, member = 0;
       if (ls >> pid >> lost >> given >> taken >> member) {

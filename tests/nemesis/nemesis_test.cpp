@@ -8,7 +8,10 @@
 // it off from its peers (etcd3, zk3), kill and restart it with its data, or without it
 // where the guarantee survives that (etcd3 and zk3: the quorum keeps the data; redlock3:
 // restarted after 1.2 max TTL), or strike a random worker.
-// The recorded histories are then judged by history.hpp's checkers.
+// The recorded histories are then judged by history.hpp's checkers; the shard group's also
+// against the fault windows (when each fault struck, when it was healed, which worker it
+// struck): no shard may stay unowned past the bound while a member lives (UnownedBound), and
+// a member that leaves gracefully (every 2-6 s) must have its shards taken within one period.
 //
 // A run must bite: with leases that expire (every backend but file://) it fails
 // unless the mutex's holders signalled at least ceil(30 * SECONDS / 60) losses, and
@@ -27,17 +30,20 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -62,8 +68,22 @@ namespace {
 constexpr int kWorkers = 3;
 constexpr int kMutexes = 4;  // names nemesis-0..3, one thread per name in each worker
 constexpr long kTtlMs = 1000;
-constexpr int kPermits = 2;  // nemesis_worker's semaphore
-constexpr int kShards = 6;   // nemesis_worker's shard group "nemesis-shards"
+constexpr int kPermits = 2;           // nemesis_worker's semaphore
+constexpr int kShards = 6;            // nemesis_worker's shard group "nemesis-shards"
+constexpr long kShardPeriodMs = 200;  // its rebalance period
+// The margins of the unowned-shard bound (history.hpp, UnownedBound; docs/testing.md): a
+// hand-over with no fault near may take one period plus kHandoverMarginMs (round trips of a
+// list, a release and an acquisition, and the worker's 20-40 ms polling of assigned(), on a
+// shared 2-core machine); after a fault, one TTL plus one period plus kFaultMarginMs (a
+// reconnection: the client's connect and command timeouts are 500 ms each).
+constexpr long kHandoverMarginMs = 500;
+constexpr long kFaultMarginMs = 1000;
+
+std::int64_t mono_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -134,6 +154,73 @@ class HolderWatch {
   std::map<std::tuple<long, long, long>, long> open_;
 };
 
+// A witness of the servers' availability, apart from the workers and their proxies: a client
+// of the driver's own, on the servers' own address, takes and releases a lock every 100 ms
+// (each attempt bounded by the 500 ms command timeout and a 500 ms wait). A stretch in which it
+// could not, or took longer than kWitnessSlowMs, from the first failed attempt to the next success, is one in
+// which no member could reach the servers either, whatever the schedule did (a ZooKeeper ensemble electing a
+// leader after a member's restart, a starved server): the unowned-shard check counts it as a fault at every
+// worker. Stopped (and joined) by stop(); every window closed by then.
+constexpr long kWitnessSlowMs = 250;
+
+class ServerWitness {
+ public:
+  ServerWitness(std::string url, std::chrono::milliseconds ttl)
+      : thread_([this, url = std::move(url), ttl](std::stop_token st) { run(st, url, ttl); }) {}
+  ~ServerWitness() { stop(); }
+  std::vector<distlock::nemesis::FaultWindow> stop() {
+    if (thread_.joinable()) {
+      thread_.request_stop();
+      thread_.join();
+    }
+    return windows_;
+  }
+
+ private:
+  void run(const std::stop_token& st, const std::string& url, std::chrono::milliseconds ttl) {
+    distlock::ClientOptions o;
+    o.command_timeout = 500ms;
+    o.connect_timeout = 500ms;
+    std::optional<distlock::Client> client;
+    std::int64_t down_since = -1;
+    long n = 0;
+    while (!st.stop_requested()) {
+      const std::int64_t t0 = mono_now();
+      bool ok = false;
+      std::error_code ec;
+      if (!client) {
+        auto c = distlock::connect(url, o, ec);
+        if (!ec) client = std::move(c);
+      }
+      if (client) {
+        distlock::LockOptions lo;
+        lo.ttl = ttl;
+        lo.wait = 500ms;
+        // A name per attempt (64 in turn): a release that failed leaves no lock in the way.
+        distlock::Lease lease = client->acquire("nemesis-witness-" + std::to_string(n++ % 64), lo, ec);
+        if (!ec) {
+          lease.release(ec);
+          ok = !ec;
+        }
+      }
+      // An attempt slower than kWitnessSlowMs counts as an outage too: a renewal that waits that
+      // long for a server (redis+cluster: 250 ms per node) gives the lease up.
+      ok = ok && mono_now() - t0 < kWitnessSlowMs * 1'000'000;
+      if (!ok && down_since < 0) down_since = t0;
+      if (ok && down_since >= 0) {
+        windows_.push_back({down_since, mono_now(), "the servers did not answer a client of their own", -1});
+        down_since = -1;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    if (down_since >= 0) {
+      windows_.push_back({down_since, mono_now(), "the servers did not answer a client of their own", -1});
+    }
+  }
+  std::vector<distlock::nemesis::FaultWindow> windows_;
+  std::jthread thread_;  // last: started once windows_ exists
+};
+
 std::string read_text(const std::filesystem::path& p) {
   return distlock::testing::read_file(p.string());
 }
@@ -176,15 +263,25 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       urls.back().replace(at, zk_session.size(), "session_timeout=" + std::to_string(kTtlMs) + "ms");
     }
   }
+  ServerWitness witness(servers->url(), std::chrono::milliseconds(kTtlMs));
+  const std::int64_t start_ns = mono_now();
   const auto end = Steady::now() + std::chrono::seconds(seconds);
+  // The histories' clock at the end: the unowned-shard check runs to here (the members
+  // leave after it).
+  const std::int64_t end_ns = start_ns + static_cast<std::int64_t>(seconds) * 1'000'000'000;
   auto spawn = [&](int i) {
-    const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - Steady::now()).count();
-    return Process::spawn({worker_bin, urls[i], dir.path().string(), std::to_string(std::max<long>(1, left)),
+    // A worker started after a kill runs to the same end (a fraction of a second is kept).
+    const double left = std::chrono::duration<double>(end - Steady::now()).count();
+    return Process::spawn({worker_bin, urls[i], dir.path().string(), std::to_string(std::max(1.0, left)),
                            std::to_string(kTtlMs), std::to_string(seed + 1000u * incarnation[i]++ + i),
                            std::to_string(kMutexes), "mutex,sem,rw,elect,shards"},
                           file("worker" + std::to_string(i) + ".log"));
   };
-  for (int i = 0; i < kWorkers; ++i) workers.push_back(spawn(i));
+  std::map<long, int> worker_of_pid;  // every process a worker was, for the unowned-shard check
+  for (int i = 0; i < kWorkers; ++i) {
+    workers.push_back(spawn(i));
+    worker_of_pid[workers.back().pid()] = i;
+  }
   std::vector<std::string> mutex_files;
   for (int k = 0; k < kMutexes; ++k) mutex_files.push_back(file("mutex" + std::to_string(k) + ".history"));
   HolderWatch watch(mutex_files);
@@ -205,6 +302,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   // quiet. Every step draws the same numbers whatever it does, so a seed gives the same
   // sequence of faults, durations and gaps.
   std::vector<std::string> faults;
+  // When each fault struck and was healed, for the unowned-shard check.
+  std::vector<distlock::nemesis::FaultWindow> windows;
   int holder_faults = 0;
   const int ttl = static_cast<int>(kTtlMs);
   // Where the target has them, the 5th fault cuts a member off from its peers and the
@@ -226,6 +325,9 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     const int member_pick = static_cast<int>(rng() % 1024);
     const auto latency = std::chrono::milliseconds(5 + rng() % 146);
     std::this_thread::sleep_for(gap);
+    std::int64_t struck = mono_now();
+    int struck_worker = -1;  // -1: every worker, or the servers
+    bool slowed = false;
     const bool net = !nets.empty();
     const int members = servers->members();
     std::string what;
@@ -238,6 +340,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
         faults.push_back("no holder within 1 s");
         continue;
       }
+      struck = mono_now();
+      struck_worker = w;
       ++holder_faults;
       const std::string who = "holder (worker " + std::to_string(w) + ")";
       if (roll < 18 && net) {
@@ -257,6 +361,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
         workers[w].wait_for(10s);
         watch.forget(workers[w].pid());
         workers[w] = spawn(w);
+        worker_of_pid[workers[w].pid()] = w;
       } else if (roll >= 63) {
         // The clock jumps one TTL forward; the holder must give up at once.
         what = "skew the clock of " + who + ", then wait";
@@ -300,6 +405,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else if (roll < 93 && net) {
       const int w = random_worker;
       what = "delay worker " + std::to_string(w);
+      struck_worker = w;
+      slowed = true;
       for (std::size_t p = 0; p < nets[w]->size(); ++p) nets[w]->at(p).delay(latency, latency / 2);
       std::this_thread::sleep_for(d);
       nets[w]->pass_all();
@@ -312,13 +419,21 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else {
       const int w = random_worker;
       what = "stop worker " + std::to_string(w);
+      struck_worker = w;
       workers[w].signal(SIGSTOP);
       std::this_thread::sleep_for(d);
       workers[w].signal(SIGCONT);
     }
     faults.push_back(timed ? what + " for " + std::to_string(d.count()) + " ms" : what);
+    windows.push_back({struck, mono_now(), faults.back(), struck_worker, slowed});
   }
   for (auto& n : nets) n->pass_all();
+  const std::vector<distlock::nemesis::FaultWindow> outages = witness.stop();
+  std::int64_t longest_outage = 0;
+  for (const auto& o : outages) {
+    longest_outage = std::max(longest_outage, o.end - o.start);
+    windows.push_back(o);
+  }
   std::vector<std::string> hung;
   for (int i = 0; i < kWorkers; ++i) {
     workers[i].signal(SIGCONT);
@@ -369,6 +484,62 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   }
   const nm::ShardGroupLog shard_log =
       nm::parse_shard_group_log(file("shards.history"), static_cast<int>(distlock::errc::not_supported));
+  // The fault windows beside the histories (kept with DISTLOCK_NEMESIS_KEEP): "F start end worker
+  // slow what", worker -1 for every worker or the servers; "P pid worker" for every process.
+  {
+    std::ofstream out(file("faults.log"));
+    for (const auto& [pid, w] : worker_of_pid) out << "P " << pid << " " << w << "\n";
+    for (const auto& w : windows)
+      out << "F " << w.start << " " << w.end << " " << w.worker << " " << (w.slow ? 1 : 0) << " " << w.what
+          << "\n";
+  }
+  // No shard unowned longer than the bound while a member lives; a leaver's shards owned by
+  // another member within the hand-over bound.
+  const nm::UnownedBound unowned_bound{(kShardPeriodMs + kHandoverMarginMs) * 1'000'000,
+                                       (kTtlMs + kShardPeriodMs + kFaultMarginMs) * 1'000'000};
+  std::string unowned_longest;
+  std::vector<std::int64_t> leave_handovers;
+  std::int64_t unowned_quiet = 0, leave_handover = 0,
+               unowned_slack = std::numeric_limits<std::int64_t>::max();
+  long unowned_violations = 0, slow_leaves = 0, shard_leaves = 0;
+  for (int i = 0; i < kShards; ++i) {
+    const auto u = nm::check_unowned(shard_histories[i], windows, end_ns, unowned_bound, worker_of_pid);
+    add("shard" + std::to_string(i), u.violations);
+    for (const auto& v : u.violations) (v.kind == "unowned" ? unowned_violations : slow_leaves) += 1;
+    unowned_longest += (i ? "," : "") + std::to_string(u.longest_gap_ns / 1'000'000);
+    unowned_quiet = std::max(unowned_quiet, u.longest_quiet_gap_ns);
+    unowned_slack = std::min(unowned_slack, u.min_slack_ns);
+    leave_handover = std::max(leave_handover, u.longest_leave_handover_ns);
+    leave_handovers.insert(leave_handovers.end(), u.leave_handovers_ns.begin(), u.leave_handovers_ns.end());
+    shard_leaves += u.leaves;
+  }
+  // How fast a leaver's shards found their next owner: the median, and how many within one
+  // rebalance period plus the hand-over margin (the rest had a fault near).
+  auto median_ns = [](std::vector<std::int64_t> v) -> std::int64_t {
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const auto within_one_period =
+      std::count_if(leave_handovers.begin(), leave_handovers.end(),
+                    [&](std::int64_t ns) { return ns <= unowned_bound.handover_ns; });
+  const std::string unowned_json =
+      "\"shard_unowned_longest_ms\":[" + unowned_longest +
+      "],\"shard_unowned_quiet_longest_ms\":" + std::to_string(unowned_quiet / 1'000'000) +
+      ",\"shard_unowned_min_slack_ms\":" +
+      (unowned_slack == std::numeric_limits<std::int64_t>::max()
+           ? std::string("null")
+           : std::to_string(unowned_slack / 1'000'000)) +
+      ",\"shard_unowned_violations\":" + std::to_string(unowned_violations) +
+      ",\"server_outages\":" + std::to_string(outages.size()) +
+      ",\"server_outage_longest_ms\":" + std::to_string(longest_outage / 1'000'000) +
+      ",\"shard_leaves\":" + std::to_string(shard_log.leaves) +
+      ",\"shard_leaves_owning\":" + std::to_string(shard_leaves) +
+      ",\"shard_leave_handover_longest_ms\":" + std::to_string(leave_handover / 1'000'000) +
+      ",\"shard_leave_handover_median_ms\":" + std::to_string(median_ns(leave_handovers) / 1'000'000) +
+      ",\"shard_leave_handovers_in_one_period\":" + std::to_string(within_one_period) +
+      ",\"shard_leave_call_longest_ms\":" + std::to_string(shard_log.longest_leave_call_ns / 1'000'000) +
+      ",\"shard_slow_leaves\":" + std::to_string(slow_leaves) + ",";
 
   auto lost = [](const nm::History& x) {
     long n = 0;
@@ -410,12 +581,12 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       "\"rw_losses\":%ld,\"elect_sections\":%zu,\"elect_losses\":%ld,\"min_losses\":%ld,"
       "\"min_rejected\":%ld,\"shard_sections\":%ld,\"shard_believed\":%ld,\"shard_stops\":%ld,"
       "\"shard_leases_lost\":%ld,\"shard_join_errors\":%ld,\"shard_writes_applied\":%ld,"
-      "\"shard_writes_rejected\":%ld,\"shard_unfenced_stale_applied\":%zu,\"violations\":%zu}\n",
+      "\"shard_writes_rejected\":%ld,\"shard_unfenced_stale_applied\":%zu,%s\"violations\":%zu}\n",
       GetParam().label.c_str(), seed, seconds, kTtlMs, faults.size(), holder_faults, sections, believed,
       acquire_errors, applied, rejected, write_errors, losses, mutex_losses, control.size(),
       sem.sections.size(), lost(sem), rw.sections.size(), lost(rw), elect.sections.size(), lost(elect),
       min_losses, min_rejected, shard_sections, shard_believed, shard_stops, shard_log.leases_lost,
-      shard_log.join_errors, shard_applied, shard_rejected, shard_control.size(),
+      shard_log.join_errors, shard_applied, shard_rejected, shard_control.size(), unowned_json.c_str(),
       violations.size() + hung.size());
   std::fflush(stdout);
   RecordProperty("seed", static_cast<int>(seed));
@@ -456,6 +627,9 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
                 GetParam().label.c_str());
   } else {
     EXPECT_GT(shard_believed, kShards) << "the shard workload made no progress" << replay;
+    // Members left gracefully and joined again within the run (each worker every 2-6 s).
+    EXPECT_GE(shard_log.leaves, 3) << "too few graceful leaves in the shard workload" << replay;
+    EXPECT_GE(shard_leaves, 1) << "no member left the shard group while owning a shard" << replay;
     // Shard losses and rejected shard writes are counted, not required: the mutex's
     // thresholds above are the run's bite; a shard is struck whenever its member is.
   }
@@ -695,11 +869,135 @@ TEST_F(HistoryChecker, ShardViolationsAreCaught) {
   EXPECT_EQ(v[0].kind, "stale-write");
 }
 
+// A shard without an owner: allowed for one period plus a margin after a hand-over, for as long
+// as a fault lasts and one TTL plus a period plus a margin after it; not longer.
+TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
+  namespace nm = distlock::nemesis;
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "shard0.history").string();
+  auto judge = [&](const std::string& text, const std::vector<nm::FaultWindow>& faults,
+                   std::int64_t horizon) {
+    std::ofstream(path) << text;
+    // Times in ms below; the bound: 700 ms after a hand-over, 2200 ms after a fault's end.
+    return nm::check_unowned(nm::parse_history(path), faults, horizon * 1'000'000,
+                             nm::UnownedBound{700'000'000, 2'200'000'000});
+  };
+  auto ms = [](long v) { return std::to_string(v * 1'000'000L); };
+  // Member 10 owns the shard from 100 ms, its stop token fires at 1000 ms (L); member 20 sees it
+  // at 3000 ms: 2000 ms without an owner.
+  const std::string late = "A 10 1 1 7 " + ms(100) + "\nO 10 1 1 " + ms(900) + "\nL 10 1 1 " + ms(1000) +
+                           "\nE 10 1 1 " + ms(1010) + " lost 1\nA 20 2 1 8 " + ms(3000) + "\nO 20 2 1 " +
+                           ms(3010) + "\nE 20 2 1 " + ms(5000) + " ok 1\n";
+  // No fault: past the hand-over bound.
+  auto r = judge(late, {}, 5000);
+  ASSERT_EQ(r.violations.size(), 1u);
+  EXPECT_EQ(r.violations[0].kind, "unowned");
+  EXPECT_EQ(r.longest_gap_ns, 2'000'000'000);
+  EXPECT_EQ(r.longest_quiet_gap_ns, 2'000'000'000);
+  // A fault from 500 to 900 ms (the member cut off): allowed until 900 + 2200 ms.
+  r = judge(late, {{500'000'000, 900'000'000, "cut"}}, 5000);
+  EXPECT_TRUE(r.violations.empty()) << r.violations[0].what;
+  EXPECT_EQ(r.longest_quiet_gap_ns, 0);
+  // A fault that struck only after the shard was overdue (1800 ms > 1000 + 700) excuses nothing.
+  r = judge(late, {{1'800'000'000, 1'900'000'000, "stop"}}, 5000);
+  ASSERT_EQ(r.violations.size(), 1u);
+  EXPECT_EQ(r.violations[0].kind, "unowned");
+  // Two faults in a row, the second while the first's allowance ran: allowed until 2500 + 2200.
+  const std::string later = "A 10 1 1 7 " + ms(100) + "\nL 10 1 1 " + ms(1000) + "\nA 20 2 1 8 " + ms(4500) +
+                            "\nE 20 2 1 " + ms(5000) + " ok 1\n";
+  EXPECT_TRUE(judge(later, {{500'000'000, 900'000'000, "a"}, {2'000'000'000, 2'500'000'000, "b"}}, 5000)
+                  .violations.empty());
+  EXPECT_EQ(judge(later, {{500'000'000, 900'000'000, "a"}}, 5000).violations.size(), 1u);
+  // Faults at single workers. Member pid 10 is worker 0, pid 20 worker 1, pid 30 worker 2.
+  const std::map<long, int> workers{{10, 0}, {20, 1}, {30, 2}};
+  auto judge_at = [&](const std::string& text, const std::vector<nm::FaultWindow>& faults) {
+    std::ofstream(path) << text;
+    return nm::check_unowned(nm::parse_history(path), faults, 9'000'000'000,
+                             nm::UnownedBound{700'000'000, 2'200'000'000}, workers);
+  };
+  // The owner (worker 0) killed at 900 ms: its lease lives on, the others take over by
+  // 900 + 2200 ms.
+  auto killed_then_taken_at = [&](long taken) {
+    return "A 10 1 1 7 " + ms(100) + "\nW 10 1 1 7 " + ms(899) + " applied\nA 20 2 1 8 " + ms(taken) +
+           "\nE 20 2 1 " + ms(9000) + " ok 1\n";
+  };
+  const nm::FaultWindow kill0{900'000'000, 950'000'000, "kill worker 0", 0};
+  EXPECT_TRUE(judge_at(killed_then_taken_at(3000), {kill0}).violations.empty());
+  EXPECT_EQ(judge_at(killed_then_taken_at(3200), {kill0}).violations.size(), 1u);
+  // A fault at another worker, while the shard was still allowed to be unowned, extends the bound
+  // once per worker: worker 1 stopped at 1500 ms (until 3700), again at 3500 (no more), worker 2
+  // at 3600 (until 5800).
+  auto lost_then_taken_at = [&](long taken) {
+    return "A 10 1 1 7 " + ms(100) + "\nL 10 1 1 " + ms(1000) + "\nA 30 3 1 8 " + ms(taken) + "\nE 30 3 1 " +
+           ms(9000) + " ok 1\n";
+  };
+  const nm::FaultWindow stop1{1'500'000'000, 3'000'000'000, "stop worker 1", 1};
+  const nm::FaultWindow stop1_again{3'500'000'000, 5'000'000'000, "stop worker 1", 1};
+  const nm::FaultWindow stop2{3'600'000'000, 5'100'000'000, "stop worker 2", 2};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(3600), {stop1}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(4000), {stop1, stop1_again}).violations.size(), 1u);
+  EXPECT_TRUE(judge_at(lost_then_taken_at(5700), {stop1, stop1_again, stop2}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(5900), {stop1, stop1_again, stop2}).violations.size(), 1u);
+  // Worker 1 struck before the gap began (500 to 900 ms: until 2700) and again within it
+  // (2500 ms: until 4700): it came back, was to take the shard, and was stopped again.
+  const nm::FaultWindow before1{500'000'000, 900'000'000, "stop worker 1", 1};
+  const nm::FaultWindow within1{2'500'000'000, 3'000'000'000, "stop worker 1", 1};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(4600), {before1, within1}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(4800), {before1, within1}).violations.size(), 1u);
+  EXPECT_EQ(judge_at(lost_then_taken_at(2800), {before1}).violations.size(), 1u);
+  // A slowed worker: from the end of the delay (1500 to 3000 ms: until 5200).
+  const nm::FaultWindow delay1{1'500'000'000, 3'000'000'000, "delay worker 1", 1, true};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(5100), {delay1}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(5300), {delay1}).violations.size(), 1u);
+  // A killed member (no L, no E) owns until its last line; the shard is then unowned to the
+  // horizon: 4000 ms past its last write with no fault after it.
+  r = judge("A 10 1 1 7 " + ms(100) + "\nW 10 1 1 7 " + ms(1000) + " applied\n", {}, 5000);
+  ASSERT_EQ(r.violations.size(), 1u);
+  EXPECT_EQ(r.longest_gap_ns, 4'000'000'000);
+  // A hand-over within the bound passes; the last owner's end is judged up to the horizon.
+  const std::string quick = "A 10 1 1 7 " + ms(100) + "\nL 10 1 1 " + ms(1000) + "\nA 20 2 1 8 " + ms(1300) +
+                            "\nE 20 2 1 " + ms(5000) + " ok 1\n";
+  EXPECT_TRUE(judge(quick, {}, 5200).violations.empty());
+  EXPECT_EQ(judge(quick, {}, 6000).violations.size(), 1u);
+}
+
+// A member that leaves gracefully: its shard must be owned by another within the hand-over
+// bound, and leave() must have fired its stop token.
+TEST_F(HistoryChecker, ASlowHandOverAfterALeaveIsCaught) {
+  namespace nm = distlock::nemesis;
+  TempDir d("distlock-history");
+  const std::string path = (d.path() / "shard0.history").string();
+  auto judge = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return nm::check_unowned(nm::parse_history(path), {}, 5'000'000'000,
+                             nm::UnownedBound{700'000'000, 2'200'000'000});
+  };
+  auto ms = [](long v) { return std::to_string(v * 1'000'000L); };
+  auto left_then_taken_at = [&](long taken) {
+    return "A 10 1 1 7 " + ms(100) + "\nO 10 1 1 " + ms(900) + "\nE 10 1 1 " + ms(1000) +
+           " left 1\nA 20 2 1 8 " + ms(taken) + "\nE 20 2 1 " + ms(5000) + " ok 1\n";
+  };
+  auto r = judge(left_then_taken_at(1250));
+  EXPECT_TRUE(r.violations.empty());
+  EXPECT_EQ(r.leaves, 1);
+  EXPECT_EQ(r.longest_leave_handover_ns, 250'000'000);
+  EXPECT_EQ(r.leave_handovers_ns, std::vector<std::int64_t>{250'000'000});
+  r = judge(left_then_taken_at(1900));
+  ASSERT_EQ(r.violations.size(), 2u);
+  EXPECT_EQ(r.violations[0].kind, "unowned");
+  EXPECT_EQ(r.violations[1].kind, "slow-leave");
+  EXPECT_EQ(r.longest_leave_handover_ns, 900'000'000);
+  // leave() fires every stop token: a "left" section whose token had not fired is a silent loss.
+  auto v = check("A 10 1 1 7 100\nO 10 1 1 110\nE 10 1 1 120 left 0\n");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "silent-loss");
+}
+
 TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
   TempDir d("distlock-history");
   const std::string path = (d.path() / "shards.history").string();
   FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs("X 4 100\nS 10 3 2 9 1\nS 20 1 0 4 0\n", f);
+  std::fputs("X 4 100\nS 10 3 2 9 1\nV 20 1000 1300 2\nS 20 1 0 4 0\nV 20 2000 2100 0\n", f);
   std::fclose(f);
   const int unsupported = static_cast<int>(distlock::errc::not_supported);
   auto g = distlock::nemesis::parse_shard_group_log(path, unsupported);
@@ -708,6 +1006,8 @@ TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
   EXPECT_EQ(g.leases_lost, 4);
   EXPECT_EQ(g.taken, 13);
   EXPECT_EQ(g.membership_lost, 1);
+  EXPECT_EQ(g.leaves, 2);
+  EXPECT_EQ(g.longest_leave_call_ns, 300);
   f = std::fopen(path.c_str(), "a");
   std::fprintf(f, "X %d 200\n", unsupported);
   std::fclose(f);

@@ -1,6 +1,6 @@
 // nemesis_worker — one process of a nemesis run (tests/nemesis/nemesis_test.cpp).
 //
-//   nemesis_worker URL DIR SECONDS TTL_MS SEED MUTEXES WORKLOADS
+//   nemesis_worker URL DIR SECONDS TTL_MS SEED MUTEXES WORKLOADS   (SECONDS may have a fraction)
 //
 // WORKLOADS is a comma-separated subset of mutex,sem,rw,elect. Each workload appends
 // its history to DIR/<workload>.history (format: history.hpp):
@@ -32,8 +32,12 @@
 //          A shard that leaves the assignment ends its section with "E ... lost <stopped>"
 //          (the group must have fired its stop token first: the silent-loss check). A section
 //          whose stop token fired turns zombie as in the mutex workload. Joining is retried
-//          within the run (X lines in DIR/shards.history); at the end each member appends
-//          "S pid lost given_up taken membership_lost" (its ShardGroupStats) there.
+//          within the run (X lines in DIR/shards.history). Every 2-6 s the member leaves
+//          gracefully (its sections end with "E ... <t> left 1", t the moment leave() was
+//          called; "V pid t_called t_returned shards" in DIR/shards.history) and joins again
+//          50-400 ms later ("J pid t_called t_returned" for every join that succeeded). At each leave, and at
+//          the end, the member appends "S pid lost given_up taken membership_lost" (its ShardGroupStats)
+//          there.
 //
 // The client reads its deadlines through a clock the nemesis can skew: SIGUSR1 moves
 // it one TTL forward (every lease of this process is then past its local deadline:
@@ -298,10 +302,49 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
       zombies.emplace_back(i, std::move(s));
     }
   };
+  // Now and then the member leaves gracefully and joins again after a short pause.
+  auto next_leave_at = [&] { return Steady::now() + std::chrono::milliseconds(2000 + rng() % 4000); };
+  Steady::time_point next_leave = next_leave_at();
+  auto record_stats = [&] {
+    const auto st = group->stats();
+    group_file.record("S " + std::to_string(::getpid()) + " " + std::to_string(st.shards_lost) + " " +
+                      std::to_string(st.shards_given_up) + " " + std::to_string(st.shards_taken) + " " +
+                      std::to_string(st.membership_lost));
+  };
+  // Leaves the group: the sections end with "E ... <t> <status> <stopped>", t the moment the
+  // leave began (the member owns nothing from then on).
+  auto leave = [&](const char* status) {
+    // The stop callbacks go first: leave() fires every stop token, which is no loss.
+    for (auto& [i, s] : open) s.on_stop.reset();
+    const std::int64_t t = mono_ns();
+    group->leave();
+    const std::int64_t done = mono_ns();
+    for (auto& [i, s] : open) {
+      files[i].history.record("E " + id(tid, s.seq) + " " + std::to_string(t) + " " + status + " " +
+                              (s.stop.stop_requested() ? "1" : "0"));
+    }
+    group_file.record("V " + std::to_string(::getpid()) + " " + std::to_string(t) + " " +
+                      std::to_string(done) + " " + std::to_string(open.size()));
+    open.clear();
+  };
   while (Steady::now() < r.end) {
+    if (group && Steady::now() >= next_leave) {
+      record_stats();
+      leave("left");
+      group.reset();
+      prev_check = 0;
+      // A short pause (50-400 ms, within the run), then join again.
+      std::this_thread::sleep_until(
+          std::min(r.end, Steady::now() + std::chrono::milliseconds(50 + rng() % 351)));
+      next_leave = next_leave_at();
+      continue;
+    }
     if (!group) {
       try {
+        const std::int64_t called = mono_ns();
         group.emplace(r.client->shard_group("nemesis-shards", kShards, opts));
+        group_file.record("J " + std::to_string(::getpid()) + " " + std::to_string(called) + " " +
+                          std::to_string(mono_ns()));
       } catch (const std::system_error& e) {
         // The server may be down right now: try again, within the run.
         group_file.record("X " + std::to_string(e.code().value()) + " " + std::to_string(mono_ns()));
@@ -370,16 +413,8 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
     std::this_thread::sleep_for(std::chrono::microseconds(20'000 + rng() % 20'000));
   }
   if (!group) return;
-  const auto st = group->stats();
-  // The stop callbacks go first: leave() fires every stop token, which is no loss.
-  for (auto& [i, s] : open) s.on_stop.reset();
-  group->leave();
-  for (auto& [i, s] : open) {
-    files[i].history.record("E " + id(tid, s.seq) + " " + std::to_string(mono_ns()) + " ok 1");
-  }
-  group_file.record("S " + std::to_string(::getpid()) + " " + std::to_string(st.shards_lost) + " " +
-                    std::to_string(st.shards_given_up) + " " + std::to_string(st.shards_taken) + " " +
-                    std::to_string(st.membership_lost));
+  record_stats();
+  leave("ok");
 }
 
 // Makes a semaphore or read-write lock, whose creation talks to the server: a failure
@@ -415,7 +450,8 @@ int main(int argc, char** argv) {
   Run r;
   const std::string url = argv[1];
   r.dir = argv[2];
-  r.end = Steady::now() + std::chrono::seconds(std::atoi(argv[3]));
+  r.end = Steady::now() +
+          std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(std::atof(argv[3])));
   r.ttl = std::chrono::milliseconds(std::atol(argv[4]));
   r.seed = static_cast<unsigned>(std::strtoul(argv[5], nullptr, 10));
   const int mutexes = std::atoi(argv[6]);
