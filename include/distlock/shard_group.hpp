@@ -31,7 +31,7 @@
 //   distlock::ShardGroup member = client.shard_group("reindex", 16, opts);
 //   distlock::ShardAssignment now = member.wait_change(0, std::chrono::seconds(30));
 //   for (const distlock::OwnedShard& s : now.shards)
-//     if (!s.stop.stop_requested()) reindex_shard(s.index, s.token.value_or(0), s.stop);
+//     if (s.held()) reindex_shard(s);  // passes s.token to each write, checks s.held() before one
 //   member.leave();
 #pragma once
 
@@ -51,6 +51,10 @@
 
 namespace distlock {
 
+namespace detail {
+struct OwnedShardCheck;  // what OwnedShard::held() reads (src/api/shard_group.cpp)
+}  // namespace detail
+
 /// One shard this member owns now.
 struct DISTLOCK_EXPORT OwnedShard {
   std::uint32_t index = 0;
@@ -61,6 +65,21 @@ struct DISTLOCK_EXPORT OwnedShard {
   /// rebalance or leave(), and when the shard's lease is lost (at the conservative local
   /// deadline, before the server can let another owner in).
   std::stop_token stop;
+
+  /// True while this member owns the shard: its lease is held, its conservative local deadline
+  /// has not passed, and the member has not given it up (rebalance, leave()). Evaluated at the
+  /// moment of the call against the lease's deadline as renewals move it — the rule of
+  /// Lease::owns() — so it is never late: `stop` is fired by the client's watchdog thread,
+  /// which a starved or stopped process may run after the deadline has passed, so a false
+  /// here can come before `stop` fires. Call it right before a write that cannot carry the
+  /// token; a true answer holds until the deadline it was read against, not for long after
+  /// (docs/sharding.md, "Checking ownership"). False for a default-constructed OwnedShard.
+  /// Thread-safe: any thread, at any time, also after the group left or was destroyed;
+  /// copies of an OwnedShard share the check. noexcept, no round trip.
+  bool held() const noexcept;
+
+  /// The shard's lease as held() reads it; set by the group (empty: never held).
+  std::shared_ptr<const detail::OwnedShardCheck> check;
 };
 
 /// What a member owns, as of one moment.

@@ -25,6 +25,14 @@ namespace distlock {
 
 namespace detail {
 
+// A held shard's lease, shared by the group and every OwnedShard of it (OwnedShard::held()).
+// The lease is read and moved out under `mu` only: Lease's own reads are thread-safe, but a
+// release or a move writes the Lease object.
+struct OwnedShardCheck {
+  mutable std::mutex mu;
+  Lease lease;
+};
+
 std::map<std::string, std::vector<std::uint32_t>> plan_shards(
     std::uint32_t shards, std::vector<std::string> members,
     const std::vector<std::optional<std::string>>& owners) {
@@ -114,7 +122,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
   using SteadyClock = std::chrono::steady_clock;
 
   struct Held {
-    Lease lease;
+    std::shared_ptr<detail::OwnedShardCheck> check;  // the lease, shared with OwnedShard::held()
     std::stop_source stop;
     std::unique_ptr<std::stop_callback<Fire>> forward;  // lease loss -> stop
     std::optional<std::uint64_t> token;
@@ -207,13 +215,24 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     cv.notify_all();
   }
 
-  // Fires the shard's stop token, then releases it (outside the lock: a round trip).
+  static bool lease_owns(const Held& h) noexcept {
+    std::lock_guard lk(h.check->mu);
+    return h.check->lease.owns();
+  }
+
+  // Fires the shard's stop token, then releases it (outside the lock: a round trip). The
+  // lease leaves the shared check first: OwnedShard::held() is false from the stop on.
   void give_up(std::vector<Held>& out) noexcept {
     for (auto& h : out) {
       h.stop.request_stop();
-      if (h.lease.owns()) {
+      Lease lease;
+      {
+        std::lock_guard lk(h.check->mu);
+        lease = std::move(h.check->lease);
+      }
+      if (lease.owns()) {
         std::error_code ec;
-        h.lease.release(ec);
+        lease.release(ec);
       }
     }
     out.clear();
@@ -238,7 +257,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
         for (auto& [i, w] : waiters) w.thread.request_stop();
       }
       for (auto it = held.begin(); it != held.end();) {
-        if (!it->second.lease.owns()) {
+        if (!lease_owns(it->second)) {
           ++counters.shards_lost;
           // Its stop fires in give_up, outside the group's lock: a user's stop callback may
           // call assigned() or stats(), which take that lock.
@@ -282,7 +301,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     {
       std::lock_guard lk(mu);
       std::vector<OwnedShard> now;
-      for (const auto& [i, h] : held) now.push_back({i, h.token, h.stop.get_token()});
+      for (const auto& [i, h] : held) now.push_back({i, h.token, h.stop.get_token(), h.check});
       bool same = now.size() == published.shards.size();
       for (std::size_t k = 0; same && k < now.size(); ++k)
         same = now[k].index == published.shards[k].index && now[k].token == published.shards[k].token;
@@ -400,7 +419,8 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       std::lock_guard lk(mu);
       if (!stopping && membership && wanted.contains(i) && !held.contains(i) && !cancel.stop_requested()) {
         h.forward = std::make_unique<std::stop_callback<Fire>>(lease->stop_token(), Fire{h.stop});
-        h.lease = std::move(*lease);
+        h.check = std::make_shared<detail::OwnedShardCheck>();
+        h.check->lease = std::move(*lease);
         ++counters.shards_taken;
         held.emplace(i, std::move(h));
         return;
@@ -519,6 +539,14 @@ ShardGroup::ShardGroup(Client client, std::string job, std::uint32_t shards, Sha
   }
   core->start();
   core_ = std::move(core);
+}
+
+bool OwnedShard::held() const noexcept {
+  // The stop first: a shard given up (rebalance, leave) is not held from its stop on, while
+  // its release is still under way. Then the lease's own deadline, read now.
+  if (check == nullptr || stop.stop_requested()) return false;
+  std::lock_guard lk(check->mu);
+  return check->lease.owns();
 }
 
 ShardGroup::ShardGroup(ShardGroup&&) noexcept = default;
