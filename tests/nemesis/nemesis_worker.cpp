@@ -23,12 +23,11 @@
 //          200 ms) and, for each shard it is told it owns, writes every 20-40 ms through that
 //          shard's fence with the shard's token (DIR/shardfence<i>, DIR/shardfenced<i>.register)
 //          and, the same write, unfenced (DIR/shardunfenced<i>.register); history per shard in
-//          DIR/shard<i>.history, one section per (member, token). A section's belief (O lines)
-//          is "the shard's stop token had not fired", read before the check; OwnedShard has no
-//          owns() that reads the clock, and the stop token is fired by the client's watchdog,
-//          which a process resumed from SIGSTOP may run after this thread: a check that comes
-//          more than kShardGapMs after the thread's previous one (the process or the thread
-//          was not running) ends the belief of every section it had (no more O lines for it).
+//          DIR/shard<i>.history, one section per (member, token). A section's belief (O line,
+//          its time read before the check) is OwnedShard::held(), called right before each
+//          write: it reads the shard lease's local deadline at the call, so a process resumed
+//          from SIGSTOP, whose watchdog has not fired the stop token yet, believes nothing
+//          past the deadline. A section whose held() turned false writes on as a zombie.
 //          A shard that leaves the assignment ends its section with "E ... lost <stopped>"
 //          (the group must have fired its stop token first: the silent-loss check). A section
 //          whose stop token fired turns zombie as in the mutex workload. Joining is retried
@@ -246,10 +245,6 @@ void primitive_thread(const Run& r, const HistoryFile& h, unsigned salt, Take ta
 }
 
 constexpr std::uint32_t kShards = 6;
-// A check later than this after the previous one ends every belief the thread had: below
-// the safety margin (min(ttl/10, 2 s): 100 ms at the run's 1 s TTL), so a belief that did
-// not see its stop token fire rests on the client's watchdog firing it within the margin.
-constexpr std::int64_t kShardGapMs = 90;
 
 struct ShardFiles {
   HistoryFile history;
@@ -261,9 +256,9 @@ struct ShardFiles {
 struct ShardSection {
   long seq = 0;
   std::uint64_t token = 0;
+  distlock::OwnedShard shard;  // held(): the check before each belief and write
   std::stop_token stop;
   std::unique_ptr<std::stop_callback<std::function<void()>>> on_stop;
-  bool broken = false;    // a gap: no more beliefs
   bool rejected = false;  // the fence rejected one of its writes
   bool zombie = false;
   Steady::time_point zombie_end{};
@@ -279,7 +274,6 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
   opts.rebalance_period = std::chrono::milliseconds(200);
   std::map<std::uint32_t, ShardSection> open;  // shard -> the section it is in now
   std::vector<std::pair<std::uint32_t, ShardSection>> zombies;
-  std::int64_t prev_check = 0;
   auto write = [&](std::uint32_t i, ShardSection& s) {
     ShardFiles& f = files[i];
     std::error_code fec;
@@ -332,7 +326,6 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
       record_stats();
       leave("left");
       group.reset();
-      prev_check = 0;
       // A short pause (50-400 ms, within the run), then join again.
       std::this_thread::sleep_until(
           std::min(r.end, Steady::now() + std::chrono::milliseconds(50 + rng() % 351)));
@@ -353,14 +346,6 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
         continue;
       }
     }
-    const std::int64_t t0 = mono_ns();
-    // After a stall the watchdog may not have run yet: no section believes from here on, the
-    // ones this check opens included (a shard taken before a SIGSTOP is first seen after it).
-    const bool stalled = prev_check != 0 && t0 - prev_check > kShardGapMs * 1'000'000;
-    if (stalled) {
-      for (auto& [i, s] : open) s.broken = true;
-    }
-    prev_check = t0;
     const distlock::ShardAssignment now = group->assigned();
     std::map<std::uint32_t, const distlock::OwnedShard*> owned;
     for (const auto& o : now.shards) owned[o.index] = &o;
@@ -380,8 +365,8 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
       if (open.contains(i)) continue;
       ShardSection s;
       s.seq = ++seq;
-      s.broken = stalled;
       s.token = r.fencing ? o->token.value_or(0) : 0;
+      s.shard = *o;
       s.stop = o->stop;
       files[i].history.record("A " + id(tid, s.seq) + " " + std::to_string(s.token) + " " +
                               std::to_string(mono_ns()));
@@ -393,8 +378,10 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
     }
     for (auto& [i, s] : open) {
       const std::int64_t t = mono_ns();
-      if (s.stop.stop_requested()) {
-        // Lost or given up, and not yet out of the assignment: a zombie writes on.
+      // held() after t: true means the lease's deadline is later than the call, so later than t.
+      if (!s.shard.held()) {
+        // Past its deadline, lost or given up, and not yet out of the assignment (its stop
+        // token may not have fired yet): a zombie writes on.
         if (!s.zombie) {
           s.zombie = true;
           s.zombie_end = Steady::now() + r.ttl * 3 / 2;
@@ -402,7 +389,7 @@ void shard_thread(const Run& r, const HistoryFile& group_file, std::vector<Shard
         if (r.fencing && !s.rejected && Steady::now() < s.zombie_end) write(i, s);
         continue;
       }
-      if (!s.broken) files[i].history.record("O " + id(tid, s.seq) + " " + std::to_string(t));
+      files[i].history.record("O " + id(tid, s.seq) + " " + std::to_string(t));
       if (r.fencing) write(i, s);
     }
     for (auto& [i, s] : zombies) {
