@@ -761,7 +761,7 @@ int distlock_shard_assignment_shard(const distlock_shard_assignment* a, size_t i
 
 int distlock_shard_assignment_owns(const distlock_shard_assignment* a, size_t i) {
   if (a == nullptr || i >= a->shards.size()) return 0;
-  return a->shards[i]->owned.stop.stop_requested() ? 0 : 1;
+  return a->shards[i]->owned.held() ? 1 : 0;  // never late: the lease's deadline, read now
 }
 
 void distlock_shard_assignment_free(distlock_shard_assignment* a) {

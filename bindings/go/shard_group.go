@@ -254,8 +254,11 @@ type OwnedShard struct {
 // Leave, or its lease lost (at the conservative local deadline, before anyone else can own it).
 func (s OwnedShard) Lost() <-chan struct{} { return s.lost }
 
-// Owns reports whether this member still owns the shard (checked on each call, never later
-// than Lost).
+// Owns reports whether this member still owns the shard: its lease is held, its conservative
+// local deadline has not passed and it was not given up. Read on each call against the
+// deadline as renewals move it, so never late: it can turn false before Lost is closed (the
+// client's watchdog thread closes that, late in a starved process). Call it right before a
+// write that cannot carry the token.
 func (s OwnedShard) Owns() bool { return s.a.owns(s.pos) }
 
 // assignmentHandle keeps the C assignment (whose stop callbacks write the shards' descriptors)

@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -267,6 +269,70 @@ func TestShardGroupAShardWhoseLockIsGoneOnTheServerIsSignalled(t *testing.T) {
 	})
 	if len(again.Shards) != 2 || again.Shards[0].Token <= s0.Token {
 		t.Fatalf("shard 0 not owned again with a larger token: %+v", again.Shards)
+	}
+}
+
+// Owns is never late: once the server froze (SIGSTOP: renewals go unanswered), the last renewal
+// that can have been confirmed was sent before the freeze, so the shard's local deadline is at
+// most freeze + TTL. Every call that starts at or after that must be false, whenever the
+// watchdog closes Lost. Read every ~1 ms until freeze + TTL + 300 ms on Go's monotonic clock
+// (the library's CLOCK_BOOTTIME runs at the same rate).
+func TestShardGroupOwnsIsFalseFromTheShardsDeadlineOnWhenTheServerFreezes(t *testing.T) {
+	base := redisURL(t)
+	pid, err := strconv.Atoi(os.Getenv("DISTLOCK_TEST_REDIS_PID"))
+	if err != nil {
+		t.Fatalf("DISTLOCK_TEST_REDIS_PID is not set (run through with_servers --redis): %v", err)
+	}
+	c := connect(t, base+fmt.Sprintf("?prefix=goshardfreeze%d", os.Getpid()))
+	g := join(t, c, "etl", 1, "solo")
+	one := waitFor(t, g, 10*time.Second, func(x *distlock.ShardAssignment) bool { return len(x.Shards) == 1 })
+	if len(one.Shards) != 1 {
+		t.Fatalf("owns %v", one.Indexes())
+	}
+	s0 := one.Shards[0]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP the server: %v", err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer thaw()
+	frozen := time.Now()
+	bound := frozen.Add(shardTTL)
+	var firstFalse time.Duration = -1
+	after, late := 0, 0
+	for {
+		start := time.Now()
+		if !start.Before(bound.Add(300 * time.Millisecond)) {
+			break
+		}
+		owns := s0.Owns()
+		if !owns && firstFalse < 0 {
+			firstFalse = start.Sub(frozen)
+		}
+		if !start.Before(bound) {
+			after++
+			if owns {
+				late++
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	thaw()
+	if firstFalse < 0 {
+		t.Fatal("Owns never turned false after the server froze")
+	}
+	t.Logf("[redis] Owns turned false %v after the server froze (bound: TTL %v); %d reads after the bound",
+		firstFalse, shardTTL, after)
+	if after == 0 || late != 0 {
+		t.Fatalf("%d of %d reads past the shard's latest possible local deadline answered true", late, after)
+	}
+	if s0.Owns() {
+		t.Fatal("Owns is true after the loop")
 	}
 }
 

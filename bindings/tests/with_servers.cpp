@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
       redis_server.emplace();
       ::setenv("DISTLOCK_TEST_REDIS_URL", redis_server->url().c_str(), 1);
       ::setenv("DISTLOCK_TEST_REDIS_PORT", std::to_string(redis_server->port()).c_str(), 1);
+      // For tests that freeze the server (SIGSTOP, then SIGCONT) to stop every renewal.
+      ::setenv("DISTLOCK_TEST_REDIS_PID", std::to_string(redis_server->pid()).c_str(), 1);
     }
     if (etcd) {
       etcd_cluster = std::make_unique<distlock::testing::EtcdCluster>(1);

@@ -350,8 +350,12 @@ DISTLOCK_C_API size_t distlock_shard_assignment_members(const distlock_shard_ass
 DISTLOCK_C_API size_t distlock_shard_assignment_count(const distlock_shard_assignment* a);
 DISTLOCK_C_API int distlock_shard_assignment_shard(const distlock_shard_assignment* a, size_t i,
                                                    distlock_owned_shard* out, distlock_error* err);
-/* 1 while this member still owns the i-th shard (its stopped_fd not yet readable); 0 once it
- * stopped owning it, or for an i out of range. Checked on each call. Any thread. */
+/* 1 while this member still owns the i-th shard: its lease is held, its conservative local
+ * deadline has not passed and it was not given up; 0 otherwise, or for an i out of range.
+ * Read at the call against the deadline as renewals move it (OwnedShard::held()), so never
+ * late: it can turn 0 before stopped_fd becomes readable (that is written by the client's
+ * watchdog thread, late in a starved process). Call it right before a write that cannot carry
+ * the token. Any thread. */
 DISTLOCK_C_API int distlock_shard_assignment_owns(const distlock_shard_assignment* a, size_t i);
 /* Frees it (closes its descriptors). NULL is fine. */
 DISTLOCK_C_API void distlock_shard_assignment_free(distlock_shard_assignment* a);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -395,6 +397,63 @@ TEST(CShardGroupLoss, AShardWhoseLockIsGoneOnTheServerIsSignalledLost) {
   const auto now = shards_of(again.get());
   ASSERT_TRUE(now.contains(0));
   EXPECT_GT(now.at(0), s0.token);
+}
+
+// distlock_shard_assignment_owns is never late: once the server froze (SIGSTOP: renewals go
+// unanswered, the server's lease timers stop too, so nobody else could take the shard — the
+// check is about this member's own belief), the last renewal that can have been confirmed was
+// sent before the freeze, so the shard's local deadline is at most freeze + TTL (minus the safety
+// margin). Every call that starts at or after freeze + TTL must answer 0, whenever the
+// watchdog fires the stop descriptor. Read in a tight loop until freeze + TTL + 300 ms, on this
+// process's steady clock (the library's CLOCK_BOOTTIME runs at the same rate).
+TEST(CShardGroupLoss, OwnsIsZeroFromTheShardsDeadlineOnWhenTheServerFreezes) {
+  const char* base = env("DISTLOCK_TEST_REDIS_URL");
+  const char* pid = env("DISTLOCK_TEST_REDIS_PID");
+  ASSERT_NE(base, nullptr) << "DISTLOCK_TEST_REDIS_URL is not set (run through with_servers --redis)";
+  ASSERT_NE(pid, nullptr) << "DISTLOCK_TEST_REDIS_PID is not set";
+  const pid_t server = static_cast<pid_t>(std::atol(pid));
+  ClientPtr client = connect_ok(std::string(base) + "?prefix=cshardfreeze" + std::to_string(::getpid()));
+  ASSERT_TRUE(client);
+  GroupPtr g = join_ok(client.get(), "etl", 1, "solo");
+  ASSERT_TRUE(g);
+  AssignmentPtr one = wait_until(g.get(), Clock::now() + 10s, [](const distlock_shard_assignment* x) {
+    return distlock_shard_assignment_count(x) == 1;
+  });
+  ASSERT_EQ(distlock_shard_assignment_count(one.get()), 1u);
+  distlock_owned_shard s0{};
+  distlock_error err{};
+  ASSERT_EQ(distlock_shard_assignment_shard(one.get(), 0, &s0, &err), DISTLOCK_OK);
+
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { ::kill(pid, SIGCONT); }
+  } thaw{server};
+  ASSERT_EQ(::kill(server, SIGSTOP), 0);
+  const auto frozen = Clock::now();
+  const auto deadline_bound = frozen + std::chrono::milliseconds(group_opts("x").ttl_ms);
+  std::optional<Clock::duration> first_zero;
+  long late_ones = 0, reads_after_bound = 0;
+  while (true) {
+    const auto start = Clock::now();
+    if (start >= deadline_bound + 300ms) break;
+    const int owns = distlock_shard_assignment_owns(one.get(), 0);
+    if (owns == 0 && !first_zero) first_zero = start - frozen;
+    if (start >= deadline_bound) {
+      ++reads_after_bound;
+      if (owns != 0) ++late_ones;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  ::kill(server, SIGCONT);
+  ASSERT_TRUE(first_zero.has_value()) << "owns() never turned 0 after the server froze";
+  std::printf(
+      "[redis] owns() turned 0 %lld ms after the server froze (bound: TTL %lld ms); %ld reads after the "
+      "bound\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(*first_zero).count()),
+      static_cast<long long>(group_opts("x").ttl_ms), reads_after_bound);
+  EXPECT_GT(reads_after_bound, 0);
+  EXPECT_EQ(late_ones, 0) << "owns() answered 1 past the shard's latest possible local deadline";
+  EXPECT_EQ(distlock_shard_assignment_owns(one.get(), 0), 0);
 }
 #endif  // DISTLOCK_TEST_REDIS
 

@@ -538,7 +538,11 @@ class OwnedShard:
         impl.on_stop(self.stopped.set)  # at once if it already stopped
 
     def owns(self) -> bool:
-        """True while this member still owns the shard (checked on each call)."""
+        """True while this member still owns the shard: its lease is held, its conservative local
+        deadline has not passed and it was not given up. Read on each call against the deadline
+        as renewals move it, so never late: it can turn False before ``stopped`` is set (the
+        client's watchdog thread sets that, late in a starved process). Call it right before a
+        write that cannot carry the token."""
         return self._impl.owns
 
     def __repr__(self) -> str:

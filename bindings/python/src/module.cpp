@@ -715,7 +715,7 @@ class PyOwnedShard {
   py::object token_or_none() const {
     return s_.token ? py::object(py::int_(*s_.token)) : py::object(py::none());
   }
-  bool owns() const { return !s_.stop.stop_requested(); }
+  bool owns() const { return s_.held(); }  // never late: the lease's deadline, read now
   // Runs cb() once when this member stops owning the shard (at once, here, if it already has).
   void on_stop(py::object cb) {
     auto fn = python_callback(std::move(cb));

@@ -121,6 +121,47 @@ def test_a_shard_whose_lock_is_gone_on_the_server_is_signalled(redis_server):
             assert g.stats()["shards_lost"] >= 1
 
 
+def test_owns_is_false_from_the_shards_deadline_on_when_the_server_freezes(redis_server):
+    """owns() is never late: once the server froze (SIGSTOP: renewals go unanswered), the last
+    renewal that can have been confirmed was sent before the freeze, so the shard's local
+    deadline is at most freeze + TTL. Every call that starts at or after that must be False,
+    whenever the watchdog sets `stopped`. Read every ~1 ms until freeze + TTL + 0.3 s on
+    time.monotonic (the library's CLOCK_BOOTTIME runs at the same rate)."""
+    import signal
+
+    prefix = f"pyshardfreeze{os.getpid()}"
+    with distlock.connect(f"{redis_server.url}?prefix={prefix}") as client:
+        with client.shard_group("etl", 1, ttl=TTL, rebalance_period=PERIOD, member_id="solo") as g:
+            one = wait_for(g, lambda x: len(x) == 1, 10.0)
+            assert len(one) == 1
+            s0 = one[0]
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            try:
+                frozen = time.monotonic()
+                bound = frozen + TTL
+                first_false = None
+                after, late = 0, 0
+                while True:
+                    start = time.monotonic()
+                    if start >= bound + 0.3:
+                        break
+                    owns = s0.owns()
+                    if not owns and first_false is None:
+                        first_false = start - frozen
+                    if start >= bound:
+                        after += 1
+                        late += 1 if owns else 0
+                    time.sleep(0.001)
+            finally:
+                os.kill(redis_server.proc.pid, signal.SIGCONT)
+            assert first_false is not None, "owns() never turned False after the server froze"
+            print(f"[redis] owns() turned False {first_false * 1000:.0f} ms after the server froze "
+                  f"(bound: TTL {TTL * 1000:.0f} ms); {after} reads after the bound")
+            assert after > 0
+            assert late == 0, "owns() answered True past the shard's latest possible local deadline"
+            assert not s0.owns()
+
+
 def test_bad_input_gets_clear_errors(file_store):
     with distlock.connect(file_store.url) as client:
         with pytest.raises(distlock.InvalidArgument, match="shards 0"):
