@@ -31,7 +31,7 @@
 //   distlock::ShardGroup member = client.shard_group("reindex", 16, opts);
 //   distlock::ShardAssignment now = member.wait_change(0, std::chrono::seconds(30));
 //   for (const distlock::OwnedShard& s : now.shards)
-//     if (s.held()) reindex_shard(s);  // passes s.token to each write, checks s.held() before one
+//     if (s.held()) reindex_shard(s);  // s.token on each write; s.held() right before one
 //   member.leave();
 #pragma once
 

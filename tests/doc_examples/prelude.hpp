@@ -27,6 +27,7 @@ inline std::ostream& log = std::clog;
 inline void write_order(std::uint64_t, std::stop_token) {}
 inline void run_report() {}
 inline void reindex_shard(std::uint32_t, std::uint64_t, std::stop_token) {}
+inline void reindex_shard(const distlock::OwnedShard&) {}
 inline void transfer(std::uint64_t, std::uint64_t, std::stop_token) {}
 inline void schedule(std::uint64_t) {}
 inline void fetch(const std::string&, std::stop_token) {}
