@@ -304,7 +304,9 @@ struct FaultWindow {
 ///     strike before the gap began counts too, without using up that one: the member came
 ///     back, rejoined, was to take the shard and was struck again.
 ///   - A slowed worker (its round trips delayed): X from the end of the delay, once per
-///     worker and gap (a slow member stays a member, and the shard may be moving to it).
+///     worker and gap (a slow member stays a member, and the shard may be moving to it) —
+///     counted apart from the strikes: a worker killed within the gap, whose new process
+///     joined, was to take the shard and was then slowed, gets both (etcd3 seed 896976451).
 ///   - A fault at every worker or at the servers (a server paused, cut off from its peers,
 ///     killed and restarted, wiped; every worker frozen): X from its end. During it the shard
 ///     may have no reachable member at all.
@@ -321,7 +323,8 @@ inline std::pair<std::int64_t, bool> unowned_allowed_until(std::int64_t from, in
                                                            const UnownedBound& b) {
   std::int64_t allowed = from + b.handover_ns;
   bool faulted = false;
-  std::vector<int> struck;  // other workers whose fault extended this gap
+  std::vector<int> struck;  // other workers whose strike (not a delay) extended this gap
+  std::vector<int> slowed;  // workers whose delay extended this gap
   for (const auto& f : faults) {
     if (f.start > allowed) break;
     std::int64_t until = 0;
@@ -333,9 +336,10 @@ inline std::pair<std::int64_t, bool> unowned_allowed_until(std::int64_t from, in
       // Strikes that began before the gap (the member was struck, came back and was to take
       // the shard) do not count against the worker's one strike within the gap.
       const bool within = f.start >= from;
-      if (within && std::find(struck.begin(), struck.end(), f.worker) != struck.end()) continue;
+      std::vector<int>& once = f.slow ? slowed : struck;
+      if (within && std::find(once.begin(), once.end(), f.worker) != once.end()) continue;
       until = (f.slow ? f.end : f.start) + b.after_fault_ns;
-      if (within && until > allowed) struck.push_back(f.worker);
+      if (within && until > allowed) once.push_back(f.worker);
     }
     if (until > allowed) {
       allowed = until;

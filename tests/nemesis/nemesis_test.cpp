@@ -949,6 +949,16 @@ TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
   const nm::FaultWindow delay1{1'500'000'000, 3'000'000'000, "delay worker 1", 1, true};
   EXPECT_TRUE(judge_at(lost_then_taken_at(5100), {delay1}).violations.empty());
   EXPECT_EQ(judge_at(lost_then_taken_at(5300), {delay1}).violations.size(), 1u);
+  // A strike and a delay of one worker within the gap each extend it once: worker 2 killed at
+  // 1500 ms (until 3700), the process started in its place (the shard's next owner) delayed from
+  // 3200 to 4500 ms (until 6700); a second delay (5000 to 6000 ms) extends nothing more (etcd3
+  // seed 896976451 beside two hogs: the shard was taken 147 ms after such a delay ended).
+  const nm::FaultWindow kill2{1'500'000'000, 1'550'000'000, "kill worker 2", 2};
+  const nm::FaultWindow delay2{3'200'000'000, 4'500'000'000, "delay worker 2", 2, true};
+  const nm::FaultWindow delay2_again{5'000'000'000, 6'000'000'000, "delay worker 2", 2, true};
+  EXPECT_TRUE(judge_at(lost_then_taken_at(6600), {kill2, delay2}).violations.empty());
+  EXPECT_EQ(judge_at(lost_then_taken_at(6800), {kill2, delay2}).violations.size(), 1u);
+  EXPECT_EQ(judge_at(lost_then_taken_at(6800), {kill2, delay2, delay2_again}).violations.size(), 1u);
   // A killed member (no L, no E) owns until its last line; the shard is then unowned to the
   // horizon: 4000 ms past its last write with no fault after it.
   r = judge("A 10 1 1 7 " + ms(100) + "\nW 10 1 1 7 " + ms(1000) + " applied\n", {}, 5000);
