@@ -356,8 +356,9 @@ TEST_F(Tracing, TheHeadersExampleRuns) {
   struct Printer : distlock::Tracer {
     std::atomic<int> printed{0};
     void on_span(const distlock::Span& s) noexcept override {
-      std::clog << distlock::to_string(s.kind) << ' ' << s.lock_name << ' '
-                << std::chrono::duration_cast<std::chrono::microseconds>(s.end - s.start).count() << " us\n";
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(s.end - s.start);
+      std::clog << distlock::to_string(s.kind) << ' ' << s.lock_name << ' ' << us.count() << " us";
+      std::clog << std::endl;
       ++printed;
     }
   };
