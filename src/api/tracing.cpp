@@ -40,11 +40,11 @@ std::string trace_hex(const std::array<std::uint8_t, N>& bytes) {
 }
 
 template <std::size_t N>
-bool all_zero(const std::array<std::uint8_t, N>& bytes) noexcept {
+bool trace_all_zero(const std::array<std::uint8_t, N>& bytes) noexcept {
   return std::all_of(bytes.begin(), bytes.end(), [](std::uint8_t b) { return b == 0; });
 }
 
-bool set_why(std::string* why, const char* text) {
+bool trace_set_why(std::string* why, const char* text) {
   if (why) *why = text;
   return false;
 }
@@ -52,35 +52,35 @@ bool set_why(std::string* why, const char* text) {
 }  // namespace
 
 bool TraceContext::valid() const noexcept {
-  return !all_zero(trace_id) && !all_zero(span_id);
+  return !trace_all_zero(trace_id) && !trace_all_zero(span_id);
 }
 
 std::optional<TraceContext> TraceContext::parse(std::string_view tp, std::string* why) {
   TraceContext c;
   std::array<std::uint8_t, 1> version{}, flags{};
   if (tp.size() != 55) {
-    set_why(why, "a traceparent is 55 characters: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>");
+    trace_set_why(why, "a traceparent is 55 characters: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>");
     return std::nullopt;
   }
   if (tp[2] != '-' || tp[35] != '-' || tp[52] != '-') {
-    set_why(why, "the fields of a traceparent are separated by '-' at offsets 2, 35 and 52");
+    trace_set_why(why, "the fields of a traceparent are separated by '-' at offsets 2, 35 and 52");
     return std::nullopt;
   }
   if (!parse_trace_hex(tp.substr(0, 2), version) || !parse_trace_hex(tp.substr(3, 32), c.trace_id) ||
       !parse_trace_hex(tp.substr(36, 16), c.span_id) || !parse_trace_hex(tp.substr(53, 2), flags)) {
-    set_why(why, "a traceparent's fields are lowercase hex digits");
+    trace_set_why(why, "a traceparent's fields are lowercase hex digits");
     return std::nullopt;
   }
   if (version[0] != 0) {
-    set_why(why, "only traceparent version 00 is supported");
+    trace_set_why(why, "only traceparent version 00 is supported");
     return std::nullopt;
   }
-  if (all_zero(c.trace_id)) {
-    set_why(why, "the trace id is all zeros");
+  if (trace_all_zero(c.trace_id)) {
+    trace_set_why(why, "the trace id is all zeros");
     return std::nullopt;
   }
-  if (all_zero(c.span_id)) {
-    set_why(why, "the parent span id is all zeros");
+  if (trace_all_zero(c.span_id)) {
+    trace_set_why(why, "the parent span id is all zeros");
     return std::nullopt;
   }
   c.flags = flags[0];
@@ -91,10 +91,10 @@ TraceContext TraceContext::random() {
   TraceContext c;
   do {
     detail::random_bytes(c.trace_id.data(), c.trace_id.size());
-  } while (all_zero(c.trace_id));
+  } while (trace_all_zero(c.trace_id));
   do {
     detail::random_bytes(c.span_id.data(), c.span_id.size());
-  } while (all_zero(c.span_id));
+  } while (trace_all_zero(c.span_id));
   c.flags = 0x01;
   return c;
 }
@@ -103,7 +103,7 @@ TraceContext TraceContext::child() const {
   TraceContext c = *this;
   do {
     detail::random_bytes(c.span_id.data(), c.span_id.size());
-  } while (all_zero(c.span_id) || c.span_id == span_id);
+  } while (trace_all_zero(c.span_id) || c.span_id == span_id);
   return c;
 }
 

@@ -110,8 +110,9 @@ TEST_P(CliTracing, TheJobSeesAChildOfTheRunnersTraceparentAndTheTraceFileHasTheS
 TEST_P(CliTracing, AMalformedTraceparentIsIgnoredWithAWarningAndTheRunGoesOn) {
   std::string err;
   ASSERT_EQ(run_job({"TRACEPARENT=00-not-a-trace-context"}, err), 0) << err;
-  EXPECT_NE(err.find("warning: TRACEPARENT \"00-not-a-trace-context\" ignored: a traceparent is 55 characters"),
-            std::string::npos)
+  EXPECT_NE(
+      err.find("warning: TRACEPARENT \"00-not-a-trace-context\" ignored: a traceparent is 55 characters"),
+      std::string::npos)
       << err;
   const std::string job_tp = slurp(path("job_tp"));
   ASSERT_EQ(job_tp.size(), 55u) << job_tp;  // a new trace, whose root is the runner's
