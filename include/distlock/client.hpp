@@ -54,6 +54,7 @@
 #include "distlock/export.hpp"
 #include "distlock/hold.hpp"
 #include "distlock/options.hpp"
+#include "distlock/tracing.hpp"
 
 namespace distlock {
 
@@ -130,6 +131,11 @@ class DISTLOCK_EXPORT Lease : public Hold {
   /// One sentence on the loss for people ("max_hold 5s reached", "the server says
   /// another owner (or nobody) holds it", ...); empty when loss_reason() is none.
   std::string loss_detail() const override;
+
+  /// The trace context of this lease's hold span (distlock/tracing.hpp): what the work done
+  /// under the lock takes as its parent (a child process's TRACEPARENT). nullopt when the
+  /// client has no tracer, and for an empty Lease.
+  std::optional<TraceContext> trace_context() const;
 
   /// Releases now. Throws `errc::lost` if the lease had been lost (nothing on the
   /// server is touched then), `errc::backend_unavailable` if the server could not

@@ -19,5 +19,6 @@
 #include "distlock/shard_group.hpp"
 #include "distlock/shared_mutex.hpp"
 #include "distlock/text.hpp"
+#include "distlock/tracing.hpp"
 #include "distlock/version.hpp"
 #include "distlock/with_lock.hpp"

@@ -29,6 +29,8 @@ namespace distlock {
 
 using Millis = std::chrono::milliseconds;
 
+class Tracer;  // distlock/tracing.hpp
+
 /// Per-lock settings.
 struct DISTLOCK_EXPORT LockOptions {
   /// Lease length on the server. Default 30 s. Must be >= 100 ms (min_ttl) and
@@ -76,6 +78,12 @@ struct DISTLOCK_EXPORT LockOptions {
   /// Only the wait is cancelled: a lease already granted is unaffected. Default: none.
   std::stop_token cancel{};
 
+  /// The W3C trace context this acquisition's wait and hold spans are children of
+  /// ("00-<trace id>-<span id>-<flags>", distlock/tracing.hpp), when the client has a
+  /// ClientOptions::tracer. Empty: ClientOptions::traceparent. A malformed value is
+  /// ignored with a warning (the spans then start a new trace); it never fails the call.
+  std::string traceparent{};
+
   static constexpr Millis min_ttl{100};
   static constexpr Millis max_ttl{std::chrono::hours(24 * 366)};
   static constexpr Millis max_wait{std::chrono::hours(24 * 365 * 100)};
@@ -119,6 +127,13 @@ struct DISTLOCK_EXPORT ClientOptions {
   /// atomic increments per acquire, release and renewal). Default true; false makes
   /// `metrics()` return an empty string.
   bool metrics{true};
+  /// Receives spans of waits, holds, renewals and losses (distlock/tracing.hpp). Default
+  /// none: the engine then only tests this pointer.
+  std::shared_ptr<Tracer> tracer{};
+  /// The parent of every acquisition's spans whose LockOptions::traceparent is empty
+  /// (W3C traceparent; empty: none, each acquisition starts a new trace). Checked once at
+  /// connect(): a malformed value is ignored with a warning.
+  std::string traceparent{};
 
   /// Checks the timeouts' ranges and `lock_defaults` (as LockOptions::validate_and_fill
   /// does); `errc::invalid_argument` with `why` naming the field, or {}. connect()

@@ -214,6 +214,11 @@ std::string Lease::loss_detail() const {
   return held_ ? held_->public_detail() : std::string();
 }
 
+std::optional<TraceContext> Lease::trace_context() const {
+  if (!held_ || !held_->trace) return std::nullopt;
+  return held_->trace->hold;
+}
+
 void Lease::release() {
   detail::Error ec;
   const std::string name = held_ ? held_->name : std::string();

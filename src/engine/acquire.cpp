@@ -60,9 +60,13 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   const Clock::time_point called = clock_->now();  // the wait counts from here
   // Metrics count a multi-name acquisition under its first name.
   const std::string_view name = names.front();
+  std::optional<WaitTrace> trace;
+  if (tracing_) trace = tracing_->begin_wait(in_opts, called);
   LockOptions opts = in_opts;
   if (!validate(names, gate, opts, wait, ec)) {
     count_acquire_failure(name, ec);
+    if (trace)
+      tracing_->deliver(tracing_->wait_span(*trace, name, {}, SpanOutcome::error, ec, clock_->now()));
     return nullptr;
   }
   const std::string thread_owner = owner_for_this_thread(client_id_);
@@ -108,21 +112,36 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
           "held by this thread through a Mutex or another Lease; a Lease is not re-entrant, only "
           "Mutex re-enters (lock the Mutex again, or release the other Lease first)");
     }
+    if (trace) {
+      const SpanOutcome outcome = ec == errc::busy        ? SpanOutcome::busy
+                                  : ec == errc::timeout   ? SpanOutcome::timed_out
+                                  : ec == errc::cancelled ? SpanOutcome::cancelled
+                                                          : SpanOutcome::error;
+      tracing_->deliver(tracing_->wait_span(*trace, name, owner, outcome, ec, clock_->now()));
+    }
     return nullptr;
   }
   if (index) *index = got;
   held->reentrant = reentry == Reentry::by_thread;
-  record_grant(held, LeaseTable::key(held->name, thread_owner), owner, called, epoch_at_send);
+  record_grant(held, LeaseTable::key(held->name, thread_owner), owner, called, epoch_at_send,
+               trace ? &*trace : nullptr);
   return held;
 }
 
 void Engine::record_grant(const std::shared_ptr<HeldLock>& held, const std::string& key,
-                          const std::string& owner, Clock::time_point called, std::uint64_t epoch_at_send) {
+                          const std::string& owner, Clock::time_point called, std::uint64_t epoch_at_send,
+                          const WaitTrace* trace) {
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ || trace) held->granted_at = clock_->now();  // the wait ends, the hold begins
   if (metrics_) {  // before the lease is published: a loss from now on finds its series
     held->metrics = metrics_->series_for(held->name);
-    held->granted_at = clock_->now();
     metrics_->acquired(held->metrics, held->granted_at - called);
+  }
+  if (trace) {  // the same: a loss from now on finds the hold's trace
+    Span wait = tracing_->wait_span(*trace, held->name, owner, SpanOutcome::acquired, {}, held->granted_at);
+    if (held->has_token) wait.token = held->token;
+    tracing_->deliver(wait);
+    held->trace = tracing_->begin_hold(*trace, held->granted_at);
   }
   const LeaseTable::Recorded rec = leases_.record(held, key, owner, epoch_at_send);
   if (rec.replaced) {
@@ -202,7 +221,8 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     case LeaseTable::Drop::dropped: break;
   }
   // One clock read serves the hold time and the expiry check.
-  const Clock::time_point now = held->metrics || caps_.needs_renewal ? clock_->now() : Clock::time_point{};
+  const Clock::time_point now =
+      held->metrics || held->trace || caps_.needs_renewal ? clock_->now() : Clock::time_point{};
   end_hold(*held, now);
   if (held->lost.load(std::memory_order_acquire)) {
     // Another thread may be between marking the lease lost and firing its stop token
@@ -216,6 +236,9 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     forget_now(*held);
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
+    // The thread that declared the loss gives the hold span (trace_loss); this one only
+    // when it comes first.
+    if (held->trace) trace_hold_end(*held, SpanOutcome::lost, now);
     return;
   }
   const bool expired = caps_.needs_renewal && now >= held->deadline();
@@ -228,6 +251,7 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
   if (ec) {
     n_release_failures_.fetch_add(1, std::memory_order_relaxed);
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::error);
+    if (held->trace) trace_hold_end(*held, SpanOutcome::error, clock_->now(), ec);
     log_.log(LogLevel::warning, "release of lock \"{}\" failed ({}); it will expire by its TTL", held->name,
              ec.message());
     return;
@@ -243,6 +267,8 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
   }
   n_released_.fetch_add(1, std::memory_order_relaxed);
   if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::ok);
+  // The hold ends when the server has freed the name: after the release's round trip.
+  if (held->trace) trace_hold_end(*held, SpanOutcome::released, clock_->now());
   on_change(held->name);  // wake this client's own waiters without a server hop
 }
 

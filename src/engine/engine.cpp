@@ -63,9 +63,11 @@ Engine::Engine(std::unique_ptr<Backend> backend, ClientOptions opts)
           clock_, [this] { return renew_round(); }, [this] { return watchdog_round(); }),
       leases_(clock_, caps_.needs_renewal, renewer_),
       hand_back_([this](HeldLock& held) { forget_now(held); }) {
-  if (opts_.metrics) {
+  if (opts_.metrics || opts_.tracer) {
     const std::string url = backend_->url();
-    metrics_ = std::make_unique<Metrics>(url.substr(0, url.find("://")));
+    const std::string scheme = url.substr(0, url.find("://"));
+    if (opts_.metrics) metrics_ = std::make_unique<Metrics>(scheme);
+    if (opts_.tracer) tracing_ = std::make_unique<TraceSpans>(opts_.tracer, scheme, opts_.traceparent, log_);
   }
 }
 
@@ -78,6 +80,7 @@ Engine::~Engine() {
     if (h->lost.load()) continue;
     Error ec;
     backend_->release(h->name, h->owner, h->token, ec);
+    if (h->trace) trace_hold_end(*h, ec ? SpanOutcome::error : SpanOutcome::released, clock_->now(), ec);
   }
   // Lost leases not yet handed back: the hand-back thread finishes the batch under way
   // and is joined; the rest is handed back here, while the backend still exists.

@@ -73,6 +73,7 @@
 #include "engine/metrics.hpp"
 #include "engine/renewer.hpp"
 #include "engine/thread_annotations.hpp"
+#include "engine/trace_spans.hpp"
 #include "engine/wait_registry.hpp"
 
 namespace distlock::detail {
@@ -257,7 +258,16 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
                                       std::uint64_t& epoch_at_send, std::size_t& index, Error& ec);
   /// Counts and records a granted lease, then declares what raced the grant lost.
   void record_grant(const std::shared_ptr<HeldLock>& held, const std::string& key, const std::string& owner,
-                    Clock::time_point called, std::uint64_t epoch_at_send);
+                    Clock::time_point called, std::uint64_t epoch_at_send, const WaitTrace* trace);
+  /// Tracing: the loss span of `held` and the end of its hold span, on the event thread.
+  void trace_loss(const HeldLock& held, LossReason reason, const std::string& why,
+                  Clock::time_point at) noexcept;
+  /// Tracing: a renewal span per traced lease of a batch, on the event thread.
+  void trace_renewals(const std::vector<std::shared_ptr<HeldLock>>& due, const std::vector<RenewStatus>& out,
+                      Clock::time_point sent, Clock::time_point replied, const std::error_code& ec) noexcept;
+  /// Tracing: the end of `held`'s hold span on the calling thread (once).
+  void trace_hold_end(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
+                      const std::error_code& ec = {}) noexcept;
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).
@@ -276,7 +286,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   std::string client_id_;
   std::uint64_t fork_gen_;  // fork_generation() when made
   Logger log_;
-  std::unique_ptr<Metrics> metrics_;  // null when ClientOptions::metrics is false
+  std::unique_ptr<Metrics> metrics_;     // null when ClientOptions::metrics is false
+  std::unique_ptr<TraceSpans> tracing_;  // null when ClientOptions::tracer is not set
   std::atomic<std::uint64_t> next_acquisition_{1};
 
   std::atomic<std::uint64_t> n_acquired_{0}, n_released_{0}, n_release_failures_{0}, n_renew_round_trips_{0},

@@ -17,9 +17,7 @@ LossReason HeldLock::expiry_reason() const noexcept {
                                                                   : LossReason::local_deadline;
 }
 
-namespace {
-
-distlock::LossReason to_public(LossReason r) noexcept {
+distlock::LossReason public_loss_reason(LossReason r) noexcept {
   switch (r) {
     case LossReason::local_deadline: return distlock::LossReason::local_deadline;
     case LossReason::renewal_late: return distlock::LossReason::renewal_late;
@@ -33,8 +31,6 @@ distlock::LossReason to_public(LossReason r) noexcept {
   return distlock::LossReason::local_deadline;
 }
 
-}  // namespace
-
 std::string expiry_text(const HeldLock& h, LossReason r) {
   if (r == LossReason::max_hold && h.opts.max_hold) {
     return "max_hold " + std::to_string(h.opts.max_hold->count()) + "ms reached (held since the grant)";
@@ -46,9 +42,9 @@ distlock::LossReason HeldLock::public_reason() const noexcept {
   if (fork_gen != fork_generation()) return distlock::LossReason::forked;
   {
     LockGuard lk(callbacks_mu);
-    if (loss_reason) return to_public(*loss_reason);
+    if (loss_reason) return public_loss_reason(*loss_reason);
   }
-  if (clock->now() >= deadline()) return to_public(expiry_reason());
+  if (clock->now() >= deadline()) return public_loss_reason(expiry_reason());
   return distlock::LossReason::none;
 }
 

@@ -22,6 +22,7 @@
 #include "engine/metrics.hpp"
 #include "engine/role.hpp"
 #include "engine/thread_annotations.hpp"
+#include "engine/trace_spans.hpp"
 
 namespace distlock::detail {
 
@@ -68,6 +69,8 @@ struct HeldLock {
   MetricsSeries* metrics = nullptr;
   Clock::time_point granted_at{};
   std::atomic<bool> hold_observed{false};  // its hold time is counted once (release or loss)
+  // Tracing (null when the client has no tracer): set before the lease is published.
+  std::unique_ptr<HoldTrace> trace;
 
   // Read without a lock (owns(), remaining()).
   std::atomic<std::int64_t> deadline_ns{0};  // steady-clock ticks since epoch
@@ -120,6 +123,9 @@ std::string_view thread_owner_of(std::string_view owner) noexcept;
 /// Splits a stored owner "<id>|<holder info>" into its id and description (nullopt
 /// when it carries none).
 std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept;
+
+/// The public name of an engine loss reason.
+distlock::LossReason public_loss_reason(LossReason r) noexcept;
 
 /// The text of a loss at the local deadline (`r` local_deadline or max_hold).
 std::string expiry_text(const HeldLock& h, LossReason r);

@@ -64,6 +64,12 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
     metrics_->loss(held->metrics, reason);
     end_hold(*held, clock_->now());
   }
+  if (held->trace) {
+    try {
+      trace_loss(*held, reason, std::string(why), clock_->now());
+    } catch (...) {  // no memory for the text: the loss itself is signalled
+    }
+  }
   // The internal signals first, then the log line on the event thread: the logger
   // sink is user code, and one that blocks must not hold this lease's read-write
   // token or the next lease of a batch (a session loss, a watchdog round).

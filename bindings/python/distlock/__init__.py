@@ -73,16 +73,22 @@ def default_url() -> str:
 def connect(url: Optional[str] = None, *, ttl: Optional[float] = None, wait: Optional[float] = None,
             max_hold: Optional[float] = None, holder_info: Optional[str] = None,
             connect_timeout: Optional[float] = None,
-            command_timeout: Optional[float] = None) -> "Client":
+            command_timeout: Optional[float] = None,
+            tracer: Optional[Callable[[Dict[str, Any]], None]] = None,
+            traceparent: Optional[str] = None) -> "Client":
     """Connects to the lock service named by ``url``.
 
     ``url=None``: ``$DISTLOCK_URL``, else host-local (file:// in ``$XDG_RUNTIME_DIR/distlock`` or
     ``/tmp/distlock-<uid>``). ``ttl``, ``wait``, ``max_hold`` and ``holder_info`` are the defaults
-    of the client's locks (the C++ defaults: ttl 30 s, wait for ever). Raises :class:`InvalidUrl`
-    (naming the offending part), :class:`Unavailable` or :class:`AuthFailed`.
+    of the client's locks (the C++ defaults: ttl 30 s, wait for ever). ``tracer``: called with a
+    dict per span of a wait, hold, renewal or loss (docs/tracing.md), on a library thread with the
+    GIL held; ``traceparent``: the W3C parent of every lock's spans (a malformed one is ignored
+    with a warning). Raises :class:`InvalidUrl` (naming the offending part), :class:`Unavailable`
+    or :class:`AuthFailed`.
     """
     return Client(url, ttl=ttl, wait=wait, max_hold=max_hold, holder_info=holder_info,
-                  connect_timeout=connect_timeout, command_timeout=command_timeout)
+                  connect_timeout=connect_timeout, command_timeout=command_timeout, tracer=tracer,
+                  traceparent=traceparent)
 
 
 _lost_lock = threading.Lock()
@@ -187,6 +193,12 @@ class Lease:
         """One sentence on the loss for people; empty while held."""
         return self._impl.loss_detail
 
+    @property
+    def traceparent(self) -> Optional[str]:
+        """The W3C traceparent of this hold's span (the parent for work done under the lock), when
+        the client has a tracer; else None."""
+        return self._impl.traceparent
+
     def release(self) -> None:
         """Releases now. Raises :class:`Lost` if the lease had been lost (nothing on the server is
         touched then), :class:`Unavailable` if the server could not be reached (the lease then
@@ -268,9 +280,11 @@ class Client:
     def __init__(self, url: Optional[str] = None, *, ttl: Optional[float] = None,
                  wait: Optional[float] = None, max_hold: Optional[float] = None,
                  holder_info: Optional[str] = None, connect_timeout: Optional[float] = None,
-                 command_timeout: Optional[float] = None) -> None:
+                 command_timeout: Optional[float] = None,
+                 tracer: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 traceparent: Optional[str] = None) -> None:
         self._impl = _distlock.Client(url or "", connect_timeout, command_timeout, ttl, wait,
-                                      max_hold, holder_info)
+                                      max_hold, holder_info, tracer, traceparent)
         self._pid = os.getpid()
         self._groups: "weakref.WeakSet[ShardGroup]" = weakref.WeakSet()
         _live_clients.add(self)

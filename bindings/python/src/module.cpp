@@ -10,7 +10,8 @@
 //   - library errors become the exception classes of distlock._errors, by error code, with the
 //     C++ API's message;
 //   - on_lost callbacks run on the client's event thread and take the GIL only while the
-//     interpreter is alive (an atexit hook turns them off before it shuts down).
+//     interpreter is alive (an atexit hook turns them off before it shuts down); so does a
+//     client's tracer, on the threads docs/tracing.md names.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -330,6 +331,13 @@ class PyLease {
   std::string loss_detail() const {
     return visit([](const auto& l) { return l.loss_detail(); });
   }
+  // The hold span's W3C traceparent (a Lease of a client with a tracer), else None.
+  py::object traceparent() const {
+    if (const auto* l = std::get_if<distlock::Lease>(&v_)) {
+      if (auto ctx = l->trace_context()) return py::str(ctx->traceparent());
+    }
+    return py::none();
+  }
   bool exclusive() const {
     if (const auto* rw = std::get_if<distlock::ReadWriteLease>(&v_)) return rw->exclusive();
     return true;
@@ -418,6 +426,54 @@ LeaseList::~LeaseList() {
   while (head != nullptr) remove(head);
 }
 
+// ClientOptions::tracer for Python: each span is handed to `cb` as a dict, under the GIL, on the
+// thread the library ends it on (docs/tracing.md); an exception goes to sys.unraisablehook.
+class PyTracer final : public distlock::Tracer {
+ public:
+  explicit PyTracer(py::object cb) : ref_(std::move(cb)) {}
+  void on_span(const distlock::Span& s) noexcept override {
+    if (!python_alive()) return;
+    try {
+      py::gil_scoped_acquire gil;
+      try {
+        py::dict d;
+        d["kind"] = distlock::to_string(s.kind);
+        d["name"] = s.name;
+        d["trace_id"] = s.context.trace_id_hex();
+        d["span_id"] = s.context.span_id_hex();
+        distlock::TraceContext parent = s.context;
+        parent.span_id = s.parent_span_id;
+        d["parent_span_id"] = parent.valid() ? py::object(py::str(parent.span_id_hex())) : py::none();
+        d["traceparent"] = s.context.traceparent();
+        d["duration"] = std::chrono::duration<double>(s.end - s.start).count();
+        d["start_unix_nano"] =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(s.start_wall.time_since_epoch()).count();
+        d["end_unix_nano"] =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(s.end_wall.time_since_epoch()).count();
+        d["lock_name"] = s.lock_name;
+        d["token"] = s.token ? py::object(py::int_(*s.token)) : py::none();
+        d["owner"] = s.owner;
+        d["holder_info"] = s.holder_info;
+        d["backend"] = s.backend;
+        d["outcome"] = distlock::to_string(s.outcome);
+        d["error"] = s.error ? py::object(py::str(s.error.message())) : py::none();
+        d["loss_reason"] = s.loss_reason == distlock::LossReason::none
+                               ? py::none()
+                               : py::object(py::str(distlock::to_string(s.loss_reason)));
+        d["detail"] = s.detail;
+        d["batch_size"] = s.batch_size;
+        py::handle(ref_.get())(d);
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("distlock tracer");
+      }
+    } catch (...) {  // no memory for the dict: the span is dropped, never the lock's failure
+    }
+  }
+
+ private:
+  PyRef ref_;
+};
+
 // Lock options for one call: the client's defaults, with the caller's values over them.
 struct LockArgs {
   py::object ttl, wait, max_hold, holder_info;
@@ -426,8 +482,10 @@ struct LockArgs {
 class PyClient {
  public:
   PyClient(const std::string& url, const py::object& connect_timeout, const py::object& command_timeout,
-           const LockArgs& defaults) {
+           const LockArgs& defaults, const py::object& tracer, const py::object& traceparent) {
     distlock::ClientOptions o;
+    if (!tracer.is_none()) o.tracer = std::make_shared<PyTracer>(tracer);
+    if (!traceparent.is_none()) o.traceparent = traceparent.cast<std::string>();
     if (auto t = optional_seconds(connect_timeout, "connect_timeout")) o.connect_timeout = *t;
     if (auto t = optional_seconds(command_timeout, "command_timeout")) o.command_timeout = *t;
     defaults_ = apply(o.lock_defaults, defaults);
@@ -1022,17 +1080,21 @@ PYBIND11_MODULE(_distlock, m) {
       .def_property_readonly("loss_reason", &PyLease::loss_reason)
       .def_property_readonly("loss_detail", &PyLease::loss_detail)
       .def_property_readonly("exclusive", &PyLease::exclusive)
+      .def_property_readonly("traceparent", &PyLease::traceparent)
       .def("on_lost", &PyLease::on_lost)
       .def("release", &PyLease::release);
 
   py::class_<PyClient>(m, "Client", "A connection to one lock service (see distlock.Client).")
       .def(py::init([](const std::string& url, py::object connect_timeout, py::object command_timeout,
-                       py::object ttl, py::object wait, py::object max_hold, py::object holder_info) {
+                       py::object ttl, py::object wait, py::object max_hold, py::object holder_info,
+                       py::object tracer, py::object traceparent) {
              return std::make_unique<PyClient>(url, connect_timeout, command_timeout,
-                                               lock_args(ttl, wait, max_hold, holder_info));
+                                               lock_args(ttl, wait, max_hold, holder_info), tracer,
+                                               traceparent);
            }),
            py::arg("url"), py::arg("connect_timeout"), py::arg("command_timeout"), py::arg("ttl"),
-           py::arg("wait"), py::arg("max_hold"), py::arg("holder_info"))
+           py::arg("wait"), py::arg("max_hold"), py::arg("holder_info"), py::arg("tracer") = py::none(),
+           py::arg("traceparent") = py::none())
       .def("close", &PyClient::close)
       .def("release_tracked", &PyClient::release_tracked)
       .def_property_readonly("closed", &PyClient::closed)

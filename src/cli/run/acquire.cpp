@@ -43,6 +43,8 @@ void connect_and_take(Acquisition& result, const RunSettings& s, const LockOptio
     // zk://: the session (whose timeout is the lease's real length: a killed runner
     // frees the lock when it ends) is sized to --ttl unless the URL sets session_timeout.
     options.lock_defaults.ttl = lock.ttl;
+    options.tracer = s.tracer;
+    options.traceparent = s.traceparent;  // checked by run_locked: valid, or empty
     Client client = connect(s.url, options);
     result.client = client;
     if (result.on_connected) result.on_connected(client);

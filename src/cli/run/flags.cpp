@@ -2,6 +2,7 @@
 // every usage error exits 64 with one line naming the flag.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,7 @@ void check_shards(const RunFlags& flags, RunSettings& s) {
                       : s.lock.max_hold                            ? "--max-hold"
                       : flags.leader_only                          ? "--leader-only"
                       : flags.metrics_port >= 0                    ? "--metrics-port"
+                      : !flags.trace_file.empty()                  ? "--trace-file"
                       : flags.no_wait                              ? "--no-wait"
                       : given(flags.wait_given, flags.wait_option) ? "--wait"
                                                                    : nullptr;
@@ -189,6 +191,8 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   }
   s.metrics_port = flags.metrics_port;
   s.metrics_addr = flags.metrics_addr;
+  s.trace_file = flags.trace_file;
+  if (const char* tp = std::getenv("TRACEPARENT"); tp && *tp) s.traceparent = tp;
   if (auto ec = LockOptions(s.lock).validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
   s.url = flags.url.empty() ? default_url() : flags.url;
   s.lock.holder_info = runner_holder_info(s.command);

@@ -35,7 +35,7 @@ constexpr const char* kRunFooter =
     "  0    also: --once-per found this period's run already done (COMMAND not run; one line says so)\n"
     "  64   usage error: bad flag, malformed URL, name or duration, --grace too long for --ttl; --once-per "
     "on\n"
-    "       a backend that keeps no records\n"
+    "       a backend that keeps no records; a --trace-file that cannot be opened\n"
     "  69   the lock service is unreachable or rejected the credentials, or --metrics-port cannot be bound\n"
     "  75   not acquired: held by another owner with --no-wait, or --wait ran out\n"
     "  76   the lock was lost (or about to be) while the job ran, or --max-hold ended it; the job was "
@@ -55,6 +55,9 @@ constexpr const char* kRunFooter =
     "  DISTLOCK_URL  the lock service when --url is not given (default: file:// in\n"
     "                $XDG_RUNTIME_DIR/distlock, else /tmp/distlock-<uid>: this host only)\n"
     "  DISTLOCK_LOG  debug|info|warning|error: show the library's diagnostics on standard error\n"
+    "  TRACEPARENT   a W3C trace context: the parent of the runner's wait and hold spans; the job gets\n"
+    "                the hold span's context in its own TRACEPARENT (a malformed one is ignored, with a\n"
+    "                warning). See docs/tracing.md\n"
     "\n"
     "EXAMPLES\n"
     "  distlock run nightly-report -- /usr/local/bin/report --all\n"
@@ -103,8 +106,14 @@ void add_lease_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
                 "process of the job has exited");
 }
 
-/// What runs beside the job: metrics, hold limits, once-per, permits, read-write modes.
+/// What runs beside the job: metrics, tracing, hold limits, once-per, permits, read-write modes.
 void add_job_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
+  run->add_option(
+         "--trace-file", flags->trace_file,
+         "Append the spans of the wait, the hold, each renewal and a loss to PATH as OTLP/JSON lines "
+         "(one ExportTraceServiceRequest per line). Their parent is $TRACEPARENT when set. See "
+         "docs/tracing.md")
+      ->option_text("PATH");
   run->add_option("--metrics-port", flags->metrics_port,
                   "Serve this runner's metrics in the Prometheus text format at http://ADDR:PORT/metrics "
                   "while it waits and runs (0: any free port; the command gets it in "

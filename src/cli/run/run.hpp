@@ -34,6 +34,7 @@
 #include "cli/job_guard.hpp"
 #include "distlock/client.hpp"
 #include "distlock/hold.hpp"
+#include "distlock/tracing.hpp"
 
 namespace CLI {
 class Option;
@@ -66,6 +67,7 @@ struct RunFlags {
   bool per_shard = false;                        // --per-shard
   std::string on_change;                         // --on-change hup|restart; empty: not given
   std::string rebalance_period;                  // --rebalance-period; empty: not given
+  std::string trace_file;                        // --trace-file; empty: not given
 };
 
 enum class RwMode { none, shared, exclusive };
@@ -93,6 +95,12 @@ struct RunSettings {
   bool per_shard = false;          // --per-shard: one job per owned shard
   bool restart_on_change = false;  // --on-change restart (default: hup)
   Millis rebalance_period{std::chrono::seconds(1)};
+  // Tracing (docs/tracing.md): --trace-file, and $TRACEPARENT as the runner found it (the
+  // parent of its wait and hold spans; the library checks it). With either, the client has
+  // a tracer and the job gets the hold span's context in its TRACEPARENT.
+  std::string trace_file;
+  std::string traceparent;
+  std::shared_ptr<Tracer> tracer;  // made by run_locked before it connects
 };
 
 // flags.cpp

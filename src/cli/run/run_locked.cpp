@@ -20,6 +20,7 @@
 #include "cli/metrics_http.hpp"
 #include "cli/run/run.hpp"
 #include "distlock/text.hpp"
+#include "otlp_json_exporter.hpp"
 
 extern char** environ;
 
@@ -30,6 +31,8 @@ namespace {
 std::vector<std::string> child_environment(const RunSettings& s, const Hold& lease,
                                            const std::string& metrics_addr) {
   std::vector<std::string> env;
+  const auto* as_lease = dynamic_cast<const Lease*>(&lease);
+  const std::optional<TraceContext> trace = as_lease ? as_lease->trace_context() : std::nullopt;
   for (char** e = environ; e && *e; ++e) {
     const std::string_view kv(*e);
     // An outer runner's variables must not leak into this lock's command, nor the
@@ -40,8 +43,11 @@ std::vector<std::string> child_environment(const RunSettings& s, const Hold& lea
         kv.starts_with("DISTLOCK_ONCE_SLOT=")) {
       continue;
     }
+    // The job's parent span is the hold (when the hold has a trace context: a Lease).
+    if (kv.starts_with("TRACEPARENT=") && trace) continue;
     env.emplace_back(kv);
   }
+  if (trace) env.push_back("TRACEPARENT=" + trace->traceparent());
   env.push_back("DISTLOCK_NAME=" + s.name);
   if (s.permits > 0) {  // the permit's lock is "<name>\x1fsem\x1f<i>"
     const std::string& held = lease.name();
@@ -107,6 +113,41 @@ int start_metrics(const RunSettings& s, std::unique_ptr<MetricsServer>& metrics,
     return exit_code_for(e.code());
   }
   on_connected = [source](const Client& c) { source->set(c); };
+  return -1;
+}
+
+/// Spans kept by nobody: with $TRACEPARENT but no --trace-file the runner still traces, so
+/// that the job gets the hold span's context as its parent.
+class UnexportedSpans final : public Tracer {
+ public:
+  void on_span(const Span&) noexcept override {}
+};
+
+/// --trace-file / $TRACEPARENT: the tracer, made before connecting. -1, or the exit status
+/// when the trace file cannot be opened. A malformed $TRACEPARENT is ignored with a warning
+/// (the library's own would be hidden unless DISTLOCK_LOG asks for it); the runner still
+/// traces, so the job gets a well-formed TRACEPARENT (a new trace) instead of the bad one.
+int start_tracing(RunSettings& s) {
+  const bool traced = !s.trace_file.empty() || !s.traceparent.empty();
+  if (!s.traceparent.empty()) {
+    std::string why;
+    if (!TraceContext::parse(s.traceparent, &why)) {
+      print_error("warning: TRACEPARENT \"" + s.traceparent.substr(0, 64) + "\" ignored: " + why +
+                  "; the runner's spans start a new trace");
+      s.traceparent.clear();
+    }
+  }
+  if (!traced) return -1;
+  if (!s.trace_file.empty()) {
+    try {
+      s.tracer = std::make_shared<distlock_examples::OtlpJsonExporter>(s.trace_file, "distlock");
+    } catch (const std::system_error& e) {
+      print_error(std::string(e.what()) + " (--trace-file)");
+      return exit_status::usage;
+    }
+  } else {
+    s.tracer = std::make_shared<UnexportedSpans>();
+  }
   return -1;
 }
 
@@ -230,7 +271,9 @@ std::string loss_cause(const Hold& lease) {
   return "its local deadline passed without a successful renewal (runner paused or server unreachable)";
 }
 
-int run_locked(const RunSettings& s) {
+int run_locked(const RunSettings& settings) {
+  RunSettings s = settings;
+  if (int rc = start_tracing(s); rc >= 0) return rc;
   const std::int64_t fired_unix_ms = unix_ms_now();  // --once-per: the slot this firing is for
   const std::vector<int> inherited_fds = open_fds();
   SignalFd signals(blocked_signals());

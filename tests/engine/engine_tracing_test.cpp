@@ -1,0 +1,381 @@
+// Tracing (distlock/tracing.hpp) through the engine, on the memory backend: the spans of a
+// wait, a hold, a renewal and a loss, their durations (exact on the manual clock, within
+// 1 ms of what the test measures around the calls on the real clock), their outcomes and
+// their W3C trace context (parents, one trace per acquisition, a malformed traceparent
+// ignored with a warning). Also: W3C traceparent parsing and formatting.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/client_access.hpp"
+#include "distlock/distlock.hpp"
+#include "engine/engine.hpp"
+#include "support/memory_fixture.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Keeps every span it is given.
+class RecordingTracer final : public Tracer {
+ public:
+  void on_span(const Span& s) noexcept override {
+    std::lock_guard lk(mu_);
+    spans_.push_back(s);
+  }
+  std::vector<Span> spans() const {
+    std::lock_guard lk(mu_);
+    return spans_;
+  }
+  std::vector<Span> of(SpanKind kind) const {
+    std::vector<Span> out;
+    for (const Span& s : spans())
+      if (s.kind == kind) out.push_back(s);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Span> spans_;
+};
+
+constexpr const char* kParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+TEST(Traceparent, ParsesAndFormatsTheW3CForm) {
+  const auto c = TraceContext::parse(kParent);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(c->span_id_hex(), "00f067aa0ba902b7");
+  EXPECT_EQ(c->flags, 0x01);
+  EXPECT_EQ(c->traceparent(), kParent);
+  const TraceContext child = c->child();
+  EXPECT_EQ(child.trace_id, c->trace_id);
+  EXPECT_NE(child.span_id, c->span_id);
+  const TraceContext r = TraceContext::random();
+  EXPECT_TRUE(r.valid());
+  EXPECT_EQ(TraceContext::parse(r.traceparent())->traceparent(), r.traceparent());
+}
+
+TEST(Traceparent, RejectsMalformedValuesNamingTheProblem) {
+  const std::string cases[] = {
+      "",
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",   // 54 characters
+      "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  // uppercase
+      "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  // version 01
+      "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  // version ff
+      "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  // zero trace id
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  // zero span id
+      "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",  // separators
+      "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",  // not hex
+  };
+  for (const std::string& tp : cases) {
+    std::string why;
+    EXPECT_FALSE(TraceContext::parse(tp, &why).has_value()) << tp;
+    EXPECT_FALSE(why.empty()) << tp;
+  }
+}
+
+struct Tracing : ManualMemoryTest {
+  std::shared_ptr<RecordingTracer> tracer = std::make_shared<RecordingTracer>();
+  std::vector<std::string> warnings;
+  std::mutex warnings_mu;
+  Client traced(std::string client_traceparent = {}) {
+    ClientOptions o = options();
+    o.tracer = tracer;
+    o.traceparent = std::move(client_traceparent);
+    o.logger = [this](LogLevel level, std::string_view line) {
+      std::lock_guard lk(warnings_mu);
+      if (level == LogLevel::warning) warnings.emplace_back(line);
+    };
+    return connect("memory://" + store_name, o);
+  }
+};
+
+// With the manual clock the spans' lengths are exactly the time the test moved.
+TEST_F(Tracing, WaitAndHoldSpansLastExactlyTheWaitAndTheHold) {
+  auto c = traced();
+  const auto called = clock->now();
+  Lease lease = c.acquire("jobs/1", ttl(3s));
+  const std::uint64_t token = lease.token();
+  clock->advance(2500ms);
+  detail::engine_of(c)->tick();  // one renewal (due at ttl/3) on the way
+  lease.release();
+  const auto released = clock->now();
+  detail::engine_of(c)->drain_events();
+  const auto waits = tracer->of(SpanKind::wait);
+  const auto holds = tracer->of(SpanKind::hold);
+  ASSERT_EQ(waits.size(), 1u);
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(waits[0].start, called);
+  EXPECT_EQ(waits[0].end, called);  // free: the fake clock did not move
+  EXPECT_EQ(waits[0].outcome, SpanOutcome::acquired);
+  EXPECT_EQ(holds[0].start, waits[0].end);
+  EXPECT_EQ(holds[0].end, released);
+  EXPECT_EQ(holds[0].end - holds[0].start, std::chrono::duration_cast<Clock::duration>(2500ms));
+  EXPECT_EQ(holds[0].end_wall - holds[0].start_wall,
+            std::chrono::duration_cast<std::chrono::system_clock::duration>(2500ms));
+  EXPECT_EQ(holds[0].outcome, SpanOutcome::released);
+  EXPECT_EQ(holds[0].lock_name, "jobs/1");
+  EXPECT_EQ(holds[0].backend, "memory");
+  ASSERT_TRUE(holds[0].token.has_value());
+  EXPECT_EQ(*holds[0].token, token);
+  EXPECT_FALSE(holds[0].owner.empty());
+  EXPECT_EQ(holds[0].owner, waits[0].owner);
+  // Both are roots of one new trace.
+  EXPECT_EQ(waits[0].context.trace_id, holds[0].context.trace_id);
+  EXPECT_NE(waits[0].context.span_id, holds[0].context.span_id);
+  EXPECT_EQ(holds[0].parent_span_id, (std::array<std::uint8_t, 8>{}));
+  EXPECT_TRUE(holds[0].context.valid());
+}
+
+// On the real clock: the spans' lengths equal the wait and the hold measured around the
+// calls on the same clock (the client's, CLOCK_BOOTTIME), within 1 ms.
+TEST(TracingRealClock, WaitAndHoldSpansMatchTheMeasuredTimesWithinOneMillisecond) {
+  const std::string store = fresh_store_name("tracing-real");
+  auto keep = detail::MemoryStore::named(store);
+  auto tracer = std::make_shared<RecordingTracer>();
+  ClientOptions o = quiet();
+  o.tracer = tracer;
+  Client holder = connect("memory://" + store, quiet());
+  Client waiter = connect("memory://" + store, o);
+  const auto clk = system_steady_clock();
+  Lease first = holder.acquire("jobs/2", ttl(10s));
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(60ms);  // the waiter waits for this release, however long it takes
+    first.release();
+  });
+  const auto t0 = clk->now();
+  Lease lease = waiter.acquire("jobs/2", ttl(10s));
+  const auto t1 = clk->now();
+  releaser.join();
+  std::this_thread::sleep_for(40ms);
+  const auto t2 = clk->now();
+  lease.release();
+  const auto t3 = clk->now();
+  const auto waits = tracer->of(SpanKind::wait);
+  const auto holds = tracer->of(SpanKind::hold);
+  ASSERT_EQ(waits.size(), 1u);
+  ASSERT_EQ(holds.size(), 1u);
+  const auto& w = waits[0];
+  const auto& h = holds[0];
+  EXPECT_GE(w.start, t0);
+  EXPECT_LE(w.end, t1);
+  EXPECT_LT((t1 - t0) - (w.end - w.start), Clock::duration(1ms));
+  EXPECT_GE(w.end - w.start, Clock::duration(50ms));  // it did wait for the release
+  // The hold: from the grant (inside acquire) to the release's return.
+  EXPECT_GE(h.start, t0);
+  EXPECT_LE(h.end, t3);
+  EXPECT_GE(h.end, t2);
+  EXPECT_LT((t3 - t1) - (h.end - h.start), Clock::duration(1ms));
+  EXPECT_LT((h.end - h.start) - (t2 - t1), Clock::duration(1ms) + (t3 - t2));
+}
+
+TEST_F(Tracing, AWaitThatTimesOutIsCancelledOrFindsTheLockBusyEndsWithThatOutcome) {
+  auto holder = client();
+  auto c = traced();
+  Lease held = holder.acquire("jobs/3", ttl(3s));
+  // Busy: one attempt.
+  EXPECT_THROW(c.acquire("jobs/3", ttl_of(3s, 0ms)), std::system_error);
+  // Cancelled: a token already stopped.
+  std::stop_source cancel;
+  cancel.request_stop();
+  LockOptions cancelled = ttl(3s);
+  cancelled.cancel = cancel.get_token();
+  EXPECT_THROW(c.acquire("jobs/3", cancelled), std::system_error);
+  // Timed out: the fake clock moves past the wait while the acquisition waits.
+  std::thread mover([&] {
+    for (int i = 0; i < 2000 && tracer->of(SpanKind::wait).size() < 3; ++i) {
+      clock->advance(10ms);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  const auto before = clock->now();
+  EXPECT_THROW(c.acquire("jobs/3", ttl_of(3s, 200ms)), std::system_error);
+  mover.join();
+  const auto waits = tracer->of(SpanKind::wait);
+  ASSERT_EQ(waits.size(), 3u);
+  EXPECT_EQ(waits[0].outcome, SpanOutcome::busy);
+  EXPECT_EQ(waits[0].error, errc::busy);
+  EXPECT_EQ(waits[1].outcome, SpanOutcome::cancelled);
+  EXPECT_EQ(waits[1].error, errc::cancelled);
+  EXPECT_EQ(waits[2].outcome, SpanOutcome::timed_out);
+  EXPECT_EQ(waits[2].error, errc::timeout);
+  EXPECT_GE(waits[2].start, before);
+  EXPECT_GE(waits[2].end - waits[2].start, Clock::duration(200ms));
+  EXPECT_TRUE(tracer->of(SpanKind::hold).empty());
+}
+
+TEST_F(Tracing, ALossGivesALossSpanWithItsReasonAndEndsTheHoldSpan) {
+  auto c = traced();
+  Lease lease = c.acquire("jobs/4", ttl(1s));
+  clock->advance(1500ms);
+  const auto lost_at = clock->now();
+  detail::engine_of(c)->tick();  // past the local deadline: declared lost
+  ASSERT_FALSE(lease.owns());
+  detail::engine_of(c)->drain_events();
+  const auto losses = tracer->of(SpanKind::loss);
+  const auto holds = tracer->of(SpanKind::hold);
+  ASSERT_EQ(losses.size(), 1u);
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(losses[0].loss_reason, LossReason::local_deadline);
+  EXPECT_EQ(losses[0].start, lost_at);
+  EXPECT_EQ(losses[0].end, lost_at);
+  EXPECT_FALSE(losses[0].detail.empty());
+  EXPECT_EQ(losses[0].parent_span_id, holds[0].context.span_id);
+  EXPECT_EQ(losses[0].context.trace_id, holds[0].context.trace_id);
+  EXPECT_EQ(holds[0].outcome, SpanOutcome::lost);
+  EXPECT_EQ(holds[0].loss_reason, LossReason::local_deadline);
+  EXPECT_EQ(holds[0].end, lost_at);
+  // The release after the loss gives no second hold span.
+  EXPECT_THROW(lease.release(), std::system_error);
+  EXPECT_EQ(tracer->of(SpanKind::hold).size(), 1u);
+}
+
+TEST_F(Tracing, ARenewalRefusedGivesARefusedRenewalSpanThenTheLoss) {
+  auto c = traced();
+  Lease lease = c.acquire("jobs/5", ttl(3s));
+  store->steal("jobs/5", "someone-else");
+  clock->advance(1100ms);
+  detail::engine_of(c)->tick();
+  detail::engine_of(c)->drain_events();
+  const auto spans = tracer->spans();
+  ASSERT_EQ(spans.size(), 4u);  // wait, renewal, loss, hold
+  EXPECT_EQ(spans[1].kind, SpanKind::renewal);
+  EXPECT_EQ(spans[1].outcome, SpanOutcome::refused);
+  EXPECT_EQ(spans[2].kind, SpanKind::loss);
+  EXPECT_EQ(spans[2].loss_reason, LossReason::renewal_refused);
+  EXPECT_EQ(spans[3].kind, SpanKind::hold);
+  EXPECT_EQ(spans[3].loss_reason, LossReason::renewal_refused);
+}
+
+TEST_F(Tracing, RenewalSpansAreChildrenOfTheHoldSpan) {
+  auto c = traced(kParent);
+  Lease a = c.acquire("jobs/6", ttl(3s));
+  Lease b = c.acquire("jobs/7", ttl(3s));
+  for (int round = 0; round < 3; ++round) {
+    clock->advance(1100ms);
+    ASSERT_EQ(detail::engine_of(c)->tick(), 2u);  // both in one batch
+  }
+  detail::engine_of(c)->drain_events();
+  const auto renewals = tracer->of(SpanKind::renewal);
+  ASSERT_EQ(renewals.size(), 6u);
+  const TraceContext ctx_a = *a.trace_context();
+  const TraceContext ctx_b = *b.trace_context();
+  int of_a = 0, of_b = 0;
+  for (const Span& r : renewals) {
+    EXPECT_EQ(r.outcome, SpanOutcome::renewed);
+    EXPECT_EQ(r.batch_size, 2u);
+    EXPECT_EQ(r.context.trace_id, TraceContext::parse(kParent)->trace_id);
+    if (r.lock_name == "jobs/6") {
+      ++of_a;
+      EXPECT_EQ(r.parent_span_id, ctx_a.span_id);
+    } else {
+      ++of_b;
+      EXPECT_EQ(r.parent_span_id, ctx_b.span_id);
+    }
+    EXPECT_NE(r.context.span_id, ctx_a.span_id);
+    EXPECT_NE(r.context.span_id, ctx_b.span_id);
+  }
+  EXPECT_EQ(of_a, 3);
+  EXPECT_EQ(of_b, 3);
+}
+
+TEST_F(Tracing, TheCallersTraceparentIsTheParentOfTheWaitAndTheHold) {
+  auto c = traced("00-11111111111111111111111111111111-2222222222222222-01");
+  LockOptions o = ttl(3s);
+  o.traceparent = kParent;  // per acquisition: wins over the client's
+  Lease lease = c.acquire("jobs/8", o);
+  Lease other = c.acquire("jobs/9", ttl(3s));  // the client's
+  lease.release();
+  other.release();
+  const auto parent = *TraceContext::parse(kParent);
+  const auto spans = tracer->spans();
+  ASSERT_EQ(spans.size(), 4u);
+  for (const Span& s : spans) {
+    const bool mine = s.lock_name == "jobs/8";
+    EXPECT_EQ(s.context.trace_id_hex(), mine ? parent.trace_id_hex() : "11111111111111111111111111111111");
+    EXPECT_EQ(s.parent_span_id,
+              mine ? parent.span_id
+                   : TraceContext::parse("00-11111111111111111111111111111111-2222222222222222-01")->span_id);
+    EXPECT_EQ(s.context.flags, 0x01);
+  }
+  EXPECT_TRUE(warnings.empty());
+}
+
+TEST_F(Tracing, LeaseTraceContextIsTheHoldSpansContext) {
+  auto c = traced(kParent);
+  Lease lease = c.acquire("jobs/10", ttl(3s));
+  const auto ctx = lease.trace_context();
+  ASSERT_TRUE(ctx.has_value());
+  lease.release();
+  const auto holds = tracer->of(SpanKind::hold);
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(ctx->traceparent(), holds[0].context.traceparent());
+  EXPECT_NE(ctx->span_id, TraceContext::parse(kParent)->span_id);
+}
+
+TEST_F(Tracing, AMalformedTraceparentIsIgnoredWithAWarningAndTheAcquisitionGoesOn) {
+  auto c = traced("not-a-traceparent");  // the client's: logged once, at connect
+  LockOptions o = ttl(3s);
+  o.traceparent = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";  // uppercase
+  Lease lease = c.acquire("jobs/11", o);
+  EXPECT_TRUE(lease.owns());
+  lease.release();
+  {
+    std::lock_guard lk(warnings_mu);
+    ASSERT_EQ(warnings.size(), 2u);
+    EXPECT_NE(warnings[0].find("ClientOptions::traceparent"), std::string::npos) << warnings[0];
+    EXPECT_NE(warnings[1].find("LockOptions::traceparent"), std::string::npos) << warnings[1];
+    EXPECT_NE(warnings[1].find("lowercase hex"), std::string::npos) << warnings[1];
+  }
+  const auto spans = tracer->spans();
+  ASSERT_EQ(spans.size(), 2u);
+  for (const Span& s : spans) {
+    EXPECT_EQ(s.parent_span_id, (std::array<std::uint8_t, 8>{}));  // a new trace
+    EXPECT_NE(s.context.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+  }
+}
+
+TEST_F(Tracing, WithoutATracerALeaseHasNoTraceContext) {
+  auto c = client();
+  Lease lease = c.acquire("jobs/12", ttl(3s));
+  EXPECT_FALSE(lease.trace_context().has_value());
+  EXPECT_FALSE(Lease().trace_context().has_value());
+}
+
+// The example of include/distlock/tracing.hpp, run (on memory:// instead of file://).
+TEST_F(Tracing, TheHeadersExampleRuns) {
+  struct Printer : distlock::Tracer {
+    std::atomic<int> printed{0};
+    void on_span(const distlock::Span& s) noexcept override {
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(s.end - s.start);
+      std::clog << distlock::to_string(s.kind) << ' ' << s.lock_name << ' ' << us.count() << " us";
+      std::clog << std::endl;
+      ++printed;
+    }
+  };
+  auto printer = std::make_shared<Printer>();
+  distlock::ClientOptions options = quiet();
+  options.tracer = printer;
+  options.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  auto c = distlock::connect("memory://" + store_name, options);
+  std::string for_the_job;
+  {
+    distlock::Lease lease = c.acquire("reports/nightly");
+    std::optional<distlock::TraceContext> ctx = lease.trace_context();  // the hold span
+    for_the_job = ctx ? ctx->traceparent() : std::string();             // its TRACEPARENT
+  }
+  EXPECT_EQ(printer->printed.load(), 2);  // wait, hold
+  EXPECT_TRUE(for_the_job.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+}
+
+}  // namespace
+}  // namespace distlock::testing
