@@ -549,6 +549,12 @@ bool OwnedShard::held() const noexcept {
   return check->lease.owns();
 }
 
+Millis OwnedShard::remaining() const noexcept {
+  if (check == nullptr || stop.stop_requested()) return Millis{0};
+  std::lock_guard lk(check->mu);
+  return check->lease.owns() ? check->lease.remaining() : Millis{0};
+}
+
 ShardGroup::ShardGroup(ShardGroup&&) noexcept = default;
 ShardGroup& ShardGroup::operator=(ShardGroup&& o) noexcept {
   if (this != &o) {
