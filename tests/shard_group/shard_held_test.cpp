@@ -11,6 +11,9 @@
 // Every wait on the group's own thread is bounded by kWait (real time, this process's steady
 // clock); the lease times are on the manual clock and exact.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -213,6 +216,50 @@ TEST_F(ShardHeldTest, LeaveRacingHeldOnOtherThreadsEndsFalse) {
   for (auto& r : readers) r.join();
   EXPECT_EQ(true_after_leave.load(), 0) << "held() said owned after leave() returned";
   EXPECT_EQ(false_after_leave.load(), 3);
+}
+
+// A child forked while another thread is inside held() (holding the check's mutex) never owns
+// the shard (a child never owns its parent's leases) and must say so without waiting for that
+// mutex, which no thread of the child will ever unlock. Each child answers under alarm(kChildBound):
+// one killed by SIGALRM waited on the mutex. Bounded: kForks forks, each child within its alarm.
+TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads) {
+  constexpr int kForks = 200;
+  constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
+  distlock::Client c = client();
+  distlock::ShardGroup g = c.shard_group("held-fork", 1, group_options());
+  const distlock::OwnedShard s = first_shard(g);
+  ASSERT_TRUE(s.held());
+  std::atomic<bool> stop{false};
+  std::thread spinner([&] {
+    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
+    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      if (!s.held()) break;
+      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
+    }
+  });
+  int hung = 0, said_held = 0, other = 0;
+  for (int k = 0; k < kForks; ++k) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(kChildBound);
+      ::_exit(s.held() ? 1 : 0);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      ++hung;
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      ++said_held;
+    else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      ++other;
+  }
+  stop = true;
+  spinner.join();
+  EXPECT_TRUE(s.held()) << "the parent lost the shard: the spinner stopped early";
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in held() for " << kChildBound << " s";
+  EXPECT_EQ(said_held, 0) << "a forked child said it holds its parent's shard";
+  EXPECT_EQ(other, 0);
 }
 
 }  // namespace
