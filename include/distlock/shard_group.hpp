@@ -77,6 +77,10 @@ struct DISTLOCK_EXPORT OwnedShard {
   /// Thread-safe: any thread, at any time, also after the group left or was destroyed;
   /// copies of an OwnedShard share the check. noexcept, no round trip.
   bool held() const noexcept;
+  /// Time left until the shard lease's local deadline, by the rule of held(): zero once held()
+  /// is false. A user (or `distlock run --shards`) that must act on the deadline itself, not
+  /// on the late watchdog's stop, wakes up after this long and calls held() again.
+  Millis remaining() const noexcept;
 
   /// The shard's lease as held() reads it; set by the group (empty: never held).
   std::shared_ptr<const detail::OwnedShardCheck> check;

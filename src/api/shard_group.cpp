@@ -20,6 +20,7 @@
 
 #include "api/shard_plan.hpp"
 #include "distlock/error.hpp"
+#include "engine/owner_id.hpp"
 
 namespace distlock {
 
@@ -27,8 +28,11 @@ namespace detail {
 
 // A held shard's lease, shared by the group and every OwnedShard of it (OwnedShard::held()).
 // The lease is read and moved out under `mu` only: Lease's own reads are thread-safe, but a
-// release or a move writes the Lease object.
+// release or a move writes the Lease object. A forked child never owns its parent's shards and
+// never takes `mu`: another thread of the parent may have held it at the fork, and no thread of
+// the child would ever unlock it.
 struct OwnedShardCheck {
+  const std::uint64_t fork_gen = fork_generation();  // the process that holds the lease
   mutable std::mutex mu;
   Lease lease;
 };
@@ -545,8 +549,16 @@ bool OwnedShard::held() const noexcept {
   // The stop first: a shard given up (rebalance, leave) is not held from its stop on, while
   // its release is still under way. Then the lease's own deadline, read now.
   if (check == nullptr || stop.stop_requested()) return false;
+  if (check->fork_gen != detail::fork_generation()) return false;  // a forked child: never its shard
   std::lock_guard lk(check->mu);
   return check->lease.owns();
+}
+
+Millis OwnedShard::remaining() const noexcept {
+  if (check == nullptr || stop.stop_requested()) return Millis{0};
+  if (check->fork_gen != detail::fork_generation()) return Millis{0};
+  std::lock_guard lk(check->mu);
+  return check->lease.owns() ? check->lease.remaining() : Millis{0};
 }
 
 ShardGroup::ShardGroup(ShardGroup&&) noexcept = default;

@@ -11,9 +11,15 @@
 // Every wait on the group's own thread is bounded by kWait (real time, this process's steady
 // clock); the lease times are on the manual clock and exact.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
@@ -96,6 +102,164 @@ TEST_F(ShardHeldTest, FalseOnceGivenUpAndForAnEmptyShard) {
   EXPECT_FALSE(s.held());
   EXPECT_FALSE(copy.held());
   EXPECT_FALSE(distlock::OwnedShard{}.held());
+}
+
+// A copy of an OwnedShard outlives its group and its client: held() and remaining() read the
+// shared check, which the group emptied when it gave the shard up; no dangling read.
+TEST_F(ShardHeldTest, CopiesOutlivingTheGroupAndTheClientSayNotHeld) {
+  distlock::OwnedShard copy;
+  {
+    distlock::Client c = client();
+    std::optional<distlock::ShardGroup> g;
+    g.emplace(c.shard_group("held-outlive", 1, group_options()));
+    copy = first_shard(*g);
+    ASSERT_TRUE(copy.held());
+    EXPECT_GT(copy.remaining().count(), 0);
+    // A moved group keeps the shard: the copy still says held.
+    distlock::ShardGroup moved = std::move(*g);
+    g.reset();
+    EXPECT_TRUE(copy.held()) << "moving the group gave the shard up";
+  }
+  EXPECT_FALSE(copy.held());
+  EXPECT_EQ(copy.remaining().count(), 0);
+}
+
+// remaining() follows held(): the time to the local deadline, zero from the deadline on,
+// before the watchdog has fired the stop token.
+TEST_F(ShardHeldTest, RemainingIsTheTimeToTheDeadlineAndZeroPastIt) {
+  distlock::Client c = client();
+  distlock::ShardGroup g = c.shard_group("held-remaining", 1, group_options());
+  const distlock::OwnedShard s = first_shard(g);
+  EXPECT_EQ(s.remaining(), kTtl - kMargin);
+  clock->advance(kTtl - kMargin - 1ms);
+  EXPECT_EQ(s.remaining(), 1ms);
+  clock->advance(1ms);
+  EXPECT_FALSE(s.stop.stop_requested());
+  EXPECT_EQ(s.remaining().count(), 0);
+}
+
+// held() never waits for a renewal's round trip: the renewal (a store that hangs each renew for
+// kHang, real time) runs on another thread while this one calls held() in a bounded loop until
+// the renewal returns. Each call is timed on this process's steady clock: none may take
+// kCallBound (a call that waited for the renewal would take about kHang).
+TEST_F(ShardHeldTest, DoesNotWaitForARenewalsRoundTrip) {
+  constexpr Millis kHang = 1500ms;
+  constexpr Millis kCallBound = 500ms;
+  distlock::Client c = client();
+  distlock::ShardGroup g = c.shard_group("held-stall", 1, group_options());
+  const distlock::OwnedShard s = first_shard(g);
+  ASSERT_TRUE(s.held());
+  store->set_renew_delay(kHang);
+  clock->advance(kTtl / 2);  // a renewal is due
+  const int renews_before = store->renew_calls();
+  std::atomic<bool> done{false};
+  const auto started = std::chrono::steady_clock::now();
+  std::thread renewer([&] {
+    distlock::detail::engine_of(c)->tick();
+    done = true;
+  });
+  std::chrono::steady_clock::duration slowest{};
+  long calls = 0;
+  const auto give_up_at = started + 4 * kHang;
+  while (!done.load() && std::chrono::steady_clock::now() < give_up_at) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(s.held());  // the manual clock stands still: before the deadline throughout
+    slowest = std::max(slowest, std::chrono::steady_clock::now() - t0);
+    ++calls;
+    std::this_thread::yield();
+  }
+  renewer.join();
+  const auto renew_took = std::chrono::steady_clock::now() - started;
+  store->set_renew_delay(0ms);
+  ASSERT_GT(store->renew_calls(), renews_before) << "no renewal ran: the test shows nothing";
+  ASSERT_GE(renew_took, kHang) << "the renewal did not hang: the test shows nothing";
+  EXPECT_GT(calls, 0);
+  EXPECT_LT(slowest, kCallBound) << "held() waited " << std::chrono::duration_cast<Millis>(slowest).count()
+                                 << " ms behind a renewal's round trip";
+}
+
+// leave() on one thread while others call held(): every reader sees held() false once leave()
+// has returned, and none blocks (each reader's loop is bounded in count and time). Run under
+// -DDISTLOCK_SANITIZE=thread for the data races.
+TEST_F(ShardHeldTest, LeaveRacingHeldOnOtherThreadsEndsFalse) {
+  distlock::Client c = client();
+  distlock::ShardGroup g = c.shard_group("held-race", 1, group_options());
+  const distlock::OwnedShard s = first_shard(g);
+  ASSERT_TRUE(s.held());
+  std::atomic<bool> left{false};
+  std::atomic<int> saw_true{0}, false_after_leave{0}, true_after_leave{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, copy = s] {
+      const auto end = std::chrono::steady_clock::now() + kWait;
+      bool seen_true = false;
+      for (long i = 0; i < 10'000'000 && std::chrono::steady_clock::now() < end; ++i) {
+        const bool after = left.load();
+        const bool h = copy.held();
+        if (h && !seen_true) {
+          seen_true = true;
+          ++saw_true;
+        }
+        if (after) {
+          ++(h ? true_after_leave : false_after_leave);
+          return;
+        }
+      }
+    });
+  }
+  // Let every reader see the shard held first (bounded).
+  const auto until = std::chrono::steady_clock::now() + kWait;
+  while (saw_true.load() < 3 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_EQ(saw_true.load(), 3);
+  g.leave();
+  left = true;
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(true_after_leave.load(), 0) << "held() said owned after leave() returned";
+  EXPECT_EQ(false_after_leave.load(), 3);
+}
+
+// A child forked while another thread is inside held() (holding the check's mutex) never owns
+// the shard (a child never owns its parent's leases) and must say so without waiting for that
+// mutex, which no thread of the child will ever unlock. Each child answers under alarm(kChildBound):
+// one killed by SIGALRM waited on the mutex. Bounded: kForks forks, each child within its alarm.
+TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads) {
+  constexpr int kForks = 200;
+  constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
+  distlock::Client c = client();
+  distlock::ShardGroup g = c.shard_group("held-fork", 1, group_options());
+  const distlock::OwnedShard s = first_shard(g);
+  ASSERT_TRUE(s.held());
+  std::atomic<bool> stop{false};
+  std::thread spinner([&] {
+    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
+    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      if (!s.held()) break;
+      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
+    }
+  });
+  int hung = 0, said_held = 0, other = 0;
+  for (int k = 0; k < kForks; ++k) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(kChildBound);
+      ::_exit(s.held() ? 1 : 0);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      ++hung;
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      ++said_held;
+    else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      ++other;
+  }
+  stop = true;
+  spinner.join();
+  EXPECT_TRUE(s.held()) << "the parent lost the shard: the spinner stopped early";
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in held() for " << kChildBound << " s";
+  EXPECT_EQ(said_held, 0) << "a forked child said it holds its parent's shard";
+  EXPECT_EQ(other, 0);
 }
 
 }  // namespace

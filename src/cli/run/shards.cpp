@@ -11,8 +11,16 @@
 // releases the shard, or the lease's loss detection at the conservative local deadline — so
 // the job is told (file + SIGHUP) or killed (SIGKILL: restart mode, --per-shard, and a shared
 // job left with no shard gets SIGTERM) BEFORE another member can own the shard. A job is only
-// started under the state mutex after checking that none of its shards' stop tokens fired; a
-// token firing meanwhile waits for the mutex, so it finds the job and acts on it.
+// started under the state mutex after checking that none of its shards' stop tokens fired and
+// that each is held() at that moment (shard_decisions.hpp); a token firing meanwhile waits for
+// the mutex, so it finds the job and acts on it.
+//
+// Never on the watchdog alone: the stop tokens are fired by the engine's watchdog thread, which
+// a starved runner schedules after the lease's local deadline. The main loop also wakes up at
+// the earliest local deadline of the shards its jobs run on (OwnedShard::remaining()) and, in
+// reconcile(), acts on every shard of a job that held() no longer owns exactly as on its stop
+// token (kill, or file + SIGHUP); the set it starts a job with or writes for SIGHUP holds only
+// shards held() at that moment.
 //
 // Thread-safety: the main thread runs the loop; the group's thread runs on_change and (with
 // the lease renewer) the stop callbacks; everything they share is in ShardRunner::State under
@@ -32,6 +40,7 @@
 #include <stop_token>
 
 #include "cli/run/run.hpp"
+#include "cli/run/shard_decisions.hpp"
 #include "distlock/shard_group.hpp"
 #include "distlock/text.hpp"
 
@@ -101,10 +110,18 @@ class ShardRunner {
   /// Shard `index` (the ownership whose stop token is `stop`) is being given up or lost.
   void on_shard_stop(std::uint32_t index, const std::stop_token& stop) noexcept {
     std::lock_guard lk(st_.mu);
+    end_shard_locked(index, stop);
+  }
+
+  /// Acts on the job(s) of shard `index` (the ownership whose stop token is `stop`), which is
+  /// being given up or lost: its stop token fired, or held() says it is no longer owned. Under
+  /// st_.mu; a second call for the same ownership finds nothing left to do.
+  void end_shard_locked(std::uint32_t index, const std::stop_token& stop) noexcept {
     if (s_.per_shard) {
       auto it = st_.jobs.find(index);
       if (it == st_.jobs.end() || it->second.shards.empty() || !(it->second.shards.front().stop == stop))
         return;
+      if (it->second.killed) return;
       it->second.ended_by_runner = it->second.killed = true;
       signal_job(it->second, SIGKILL);
       return;
@@ -116,6 +133,7 @@ class ShardRunner {
                             [&](const OwnedShard& o) { return o.index == index && o.stop == stop; });
     if (pos == j.shards.end()) return;
     if (s_.restart_on_change) {
+      if (j.killed) return;
       j.ended_by_runner = j.killed = true;
       signal_job(j, SIGKILL);
       return;
@@ -260,11 +278,17 @@ bool ShardRunner::start_job(std::uint32_t key, std::vector<OwnedShard> shards) {
 
 void ShardRunner::reconcile() {
   std::lock_guard lk(st_.mu);
-  // What is owned now and not being given up: a token that fired is never started on.
-  std::vector<OwnedShard> live;
-  for (const auto& o : st_.latest.shards) {
-    if (!o.stop.stop_requested()) live.push_back(o);
+  // A running job's shard that is no longer held (its local deadline passed, the watchdog has
+  // not fired its stop token yet) is acted on now, as its stop token would.
+  std::vector<std::pair<std::uint32_t, std::stop_token>> ended;
+  for (const auto& [key, j] : st_.jobs) {
+    for (const auto& o : j.shards)
+      if (!shard_usable(o)) ended.emplace_back(o.index, o.stop);
   }
+  for (const auto& [index, stop] : ended) end_shard_locked(index, stop);
+  // What is owned now and not being given up: a token that fired, or a shard held() says is
+  // not owned, is never started on nor written for SIGHUP.
+  const std::vector<OwnedShard> live = usable_shards(st_.latest.shards);
   if (s_.per_shard) {
     for (const auto& o : live) {
       if (st_.jobs.count(o.index)) continue;
@@ -346,6 +370,13 @@ int ShardRunner::next_timeout() {
     }
     const int t = poll_timeout_until(*j.kill_at) + 1;
     timeout = timeout < 0 ? t : std::min(timeout, t);
+  }
+  // The earliest local deadline of a shard a job runs on: reconcile() acts on it then, not only
+  // when the watchdog fires its stop token.
+  for (const auto& [key, j] : st_.jobs) {
+    if (j.killed) continue;
+    const int t = ms_until_first_deadline(j.shards);
+    if (t >= 0) timeout = timeout < 0 ? t : std::min(timeout, t);
   }
   // Orphaned processes of a killed job need no reaping here (the watchdog's group kill);
   // a killed first process is reaped at its SIGCHLD.
