@@ -85,28 +85,25 @@ std::string record_key(const Config& cfg, std::string_view key) {
 }
 
 // Connects to every master at once; fails unless a quorum answers.
-std::error_code RedlockBackend::connect(Millis timeout, std::string& why) {
+void RedlockBackend::connect(Millis timeout, Error& ec) {
+  ec.clear();
   const Command ping{{"PING"}, nullptr};
   LaneLease lane(pool_);
   auto replies = lane->run_all(std::span(&ping, 1), timeout);
   std::size_t answered = 0;
   for (const auto& r : replies) {
-    if (r.status == NodeStatus::auth_failed) {
-      why = r.error;
-      return make_error_code(errc::auth_failed);
-    }
+    if (r.status == NodeStatus::auth_failed) return ec.fail(errc::auth_failed, r.error);
     if (r.status == NodeStatus::ok) ++answered;
   }
   if (answered < quorum_) {
-    why = fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
-                      masters_.size(), quorum_, failures(replies, {}));
-    return make_error_code(errc::quorum_unavailable);
+    return ec.fail(errc::quorum_unavailable,
+                   fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
+                               masters_.size(), quorum_, failures(replies, {})));
   }
   if (answered < masters_.size()) {
     log_.log(LogLevel::warning, "redlock: {} of {} masters answered; going on with a quorum: {}", answered,
              masters_.size(), failures(replies, {}));
   }
-  return {};
 }
 
 }  // namespace redlock
@@ -116,13 +113,20 @@ std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOption
   redlock::Config cfg;
   if ((ec = redlock::parse_config(url, cfg, why))) return nullptr;
   std::vector<std::shared_ptr<redlock::Master>> masters;
+  Error err;
+  auto failed = [&] {
+    ec = err;
+    why = err.detail();
+    return nullptr;
+  };
   for (std::size_t i = 0; i < url.hosts.size(); ++i) {
-    redis::ConnectionOptions o = redlock::master_options(url, i, opts, ec, why);
-    if (ec) return nullptr;
+    redis::ConnectionOptions o = redlock::master_options(url, i, opts, err);
+    if (err) return failed();
     masters.push_back(std::make_shared<redlock::Master>(std::move(o)));
   }
   auto backend = std::make_unique<redlock::RedlockBackend>(cfg, std::move(masters), opts, url.redacted());
-  if ((ec = backend->connect(opts.connect_timeout, why))) return nullptr;
+  backend->connect(opts.connect_timeout, err);
+  if (err) return failed();
   return backend;
 }
 
