@@ -179,17 +179,17 @@ struct RedisFence::Impl {
   Impl(r::ConnectionOptions o, std::string redacted) : pool(std::move(o)), url(std::move(redacted)) {}
 
   r::PooledConnection checkout() {
-    std::error_code ec;
+    detail::Error ec;
     auto conn = pool.checkout(ec);
-    if (ec) throw_error(ec, "fenced write: " + pool.last_error());
+    if (ec) throw_error(ec, "fenced write: " + ec.detail());
     return conn;
   }
 
-  [[noreturn]] void fail(std::error_code ec, const r::Connection& conn, const redisReply* rep,
-                         std::string_view what, std::string_view note = {}) {
+  [[noreturn]] void fail(const detail::Error& ec, const redisReply* rep, std::string_view what,
+                         std::string_view note = {}) {
     std::string msg = std::string(what) + " on " + url + ": ";
     const bool server_error = rep != nullptr && rep->type == REDIS_REPLY_ERROR;
-    msg += server_error ? std::string(r::reply_str(rep)) : conn.last_error();
+    msg += server_error ? std::string(r::reply_str(rep)) : ec.detail();
     if (server_error) msg += note;  // a transport failure says nothing about the script's progress
     throw_error(ec, msg);
   }
@@ -199,9 +199,9 @@ struct RedisFence::Impl {
   r::Reply run(const r::Script& script, std::vector<std::string_view> keys,
                std::vector<std::string_view> args, std::string_view what, std::string_view note = {}) {
     auto conn = checkout();
-    std::error_code ec;
+    detail::Error ec;
     r::Reply rep = script.run(*conn, keys, args, ec);
-    if (ec) fail(ec, *conn, rep.get(), what, note);
+    if (ec) fail(ec, rep.get(), what, note);
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
         rep->element[0]->type != REDIS_REPLY_INTEGER) {
       throw_error(make_error_code(errc::protocol_error),
@@ -252,9 +252,9 @@ RedisFence::RedisFence(std::string_view url_text, const ClientOptions& in_opts) 
   }
   ClientOptions opts = in_opts;
   if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
-  std::error_code ec;
-  r::ConnectionOptions co = r::options_from_url(url, 0, opts, ec, why);
-  if (ec) throw_error(ec, why);
+  detail::Error ec;
+  r::ConnectionOptions co = r::options_from_url(url, 0, opts, ec);
+  if (ec) throw_error(ec, ec.detail());
   impl_ = std::make_unique<Impl>(std::move(co), url.redacted());
 }
 
@@ -332,18 +332,18 @@ ScriptResult RedisFence::eval(std::string_view body, const std::vector<std::stri
 std::uint64_t RedisFence::highest_token(std::string_view key) {
   const std::string fence = fence_key_for(key);
   auto conn = impl_->checkout();
-  std::error_code ec;
+  detail::Error ec;
   r::Reply rep = conn->command({"GET", fence}, ec);
-  if (ec) impl_->fail(ec, *conn, rep.get(), "reading the fence");
+  if (ec) impl_->fail(ec, rep.get(), "reading the fence");
   if (rep->type == REDIS_REPLY_NIL) return 0;
   return parse_token(rep.get(), "reading the fence of " + std::string(key));
 }
 
 std::optional<std::string> RedisFence::get(std::string_view key) {
   auto conn = impl_->checkout();
-  std::error_code ec;
+  detail::Error ec;
   r::Reply rep = conn->command({"GET", key}, ec);
-  if (ec) impl_->fail(ec, *conn, rep.get(), "GET");
+  if (ec) impl_->fail(ec, rep.get(), "GET");
   if (rep->type == REDIS_REPLY_NIL) return std::nullopt;
   return std::string(r::reply_str(rep.get()));
 }
@@ -351,18 +351,18 @@ std::optional<std::string> RedisFence::get(std::string_view key) {
 void RedisFence::reset(std::string_view key) {
   const std::string fence = fence_key_for(key);
   auto conn = impl_->checkout();
-  std::error_code ec;
+  detail::Error ec;
   r::Reply rep = conn->command({"DEL", key, fence}, ec);
-  if (ec) impl_->fail(ec, *conn, rep.get(), "DEL");
+  if (ec) impl_->fail(ec, rep.get(), "DEL");
 }
 
 RedisValue RedisFence::command(const std::vector<std::string>& argv) {
   if (argv.empty()) throw_error(make_error_code(errc::invalid_argument), "empty Redis command");
   std::vector<std::string_view> a(argv.begin(), argv.end());
   auto conn = impl_->checkout();
-  std::error_code ec;
+  detail::Error ec;
   r::Reply rep = conn->command(a, ec);
-  if (ec) impl_->fail(ec, *conn, rep.get(), argv[0]);
+  if (ec) impl_->fail(ec, rep.get(), argv[0]);
   return to_value(rep.get());
 }
 

@@ -75,18 +75,16 @@ constexpr const char* kTrustAdvice =
     ": another user could remove, replace or forge its lock files and tokens; use a directory that only "
     "you (or root) own and can write, e.g. chmod 700";
 
-std::error_code url_error(std::string& why, std::string msg) {
-  why = std::move(msg);
-  return make_error_code(errc::invalid_url);
+Error url_error(std::string msg) {
+  return {make_error_code(errc::invalid_url), std::move(msg)};
 }
 
-std::error_code unavailable(std::string& why, std::string msg) {
-  why = std::move(msg);
-  return make_error_code(errc::backend_unavailable);
+Error unavailable(std::string msg) {
+  return {make_error_code(errc::backend_unavailable), std::move(msg)};
 }
 
 /// mkdir -p: creates the missing directories of `dir` with mode 0700.
-std::error_code make_directories(const std::string& dir, const std::string& url, std::string& why) {
+Error make_directories(const std::string& dir, const std::string& url) {
   std::string prefix;
   std::size_t pos = 1;
   for (;;) {
@@ -95,11 +93,11 @@ std::error_code make_directories(const std::string& dir, const std::string& url,
     if (!prefix.empty() && ::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
       const int err = errno;
       if (err == ENOTDIR) {
-        return url_error(why, "lock directory " + in_quotes(dir) + " of URL " + in_quotes(url) +
-                                  ": a part of the path is not a directory");
+        return url_error("lock directory " + in_quotes(dir) + " of URL " + in_quotes(url) +
+                         ": a part of the path is not a directory");
       }
-      return unavailable(why, "cannot create lock directory " + in_quotes(prefix) + " for URL " +
-                                  in_quotes(url) + ": " + errno_text(err));
+      return unavailable("cannot create lock directory " + in_quotes(prefix) + " for URL " + in_quotes(url) +
+                         ": " + errno_text(err));
     }
     if (slash == std::string::npos) return {};
     pos = slash + 1;
@@ -130,23 +128,22 @@ std::string lock_file_name(std::string_view name, std::size_t name_max) {
 std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                            std::string& why) {
   const std::string shown = url.redacted();
-  auto reject = [&](std::error_code e) -> std::unique_ptr<Backend> {
+  auto reject = [&](Error e) -> std::unique_ptr<Backend> {
     ec = e;
+    why = e.take_detail();
     return nullptr;
   };
   if (url.has_userinfo) {
-    return reject(
-        url_error(why, "file URL " + in_quotes(shown) + " has user info; write file:///absolute/dir"));
+    return reject(url_error("file URL " + in_quotes(shown) + " has user info; write file:///absolute/dir"));
   }
   if (!url.hosts.empty()) {
-    return reject(url_error(why, "file URL " + in_quotes(shown) + " names host " +
-                                     in_quotes(url.hosts[0].host) +
-                                     ": the file backend is host-local and takes an absolute directory, "
-                                     "file:///absolute/dir (three slashes; relative paths are not allowed)"));
+    return reject(url_error("file URL " + in_quotes(shown) + " names host " + in_quotes(url.hosts[0].host) +
+                            ": the file backend is host-local and takes an absolute directory, "
+                            "file:///absolute/dir (three slashes; relative paths are not allowed)"));
   }
   if (url.path.empty() || url.path.front() != '/') {
     return reject(
-        url_error(why, "file URL " + in_quotes(shown) + " has no directory; write file:///absolute/dir"));
+        url_error("file URL " + in_quotes(shown) + " has no directory; write file:///absolute/dir"));
   }
   file::Settings settings;
   // recheck= and sync= were checked against this folder's scheme entry (file_scheme.cpp).
@@ -156,44 +153,43 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   settings.dir = dir;
 
-  if (auto e = make_directories(dir, shown, why)) return reject(e);
+  if (Error e = make_directories(dir, shown)) return reject(std::move(e));
   Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd) {
     const int err = errno;
     if (err == ENOTDIR) {
-      return reject(url_error(why, "lock directory " + in_quotes(dir) + " of URL " + in_quotes(shown) +
-                                       " exists but is not a directory"));
+      return reject(url_error("lock directory " + in_quotes(dir) + " of URL " + in_quotes(shown) +
+                              " exists but is not a directory"));
     }
-    return reject(unavailable(why, "cannot open lock directory " + in_quotes(dir) + ": " + errno_text(err)));
+    return reject(unavailable("cannot open lock directory " + in_quotes(dir) + ": " + errno_text(err)));
   }
   struct stat st {};
   if (::fstat(dir_fd.get(), &st) != 0) {
     const int err = errno;
-    return reject(unavailable(why, "cannot stat lock directory " + in_quotes(dir) + ": " + errno_text(err)));
+    return reject(unavailable("cannot stat lock directory " + in_quotes(dir) + ": " + errno_text(err)));
   }
   // Like ssh's StrictModes: the lock directory and every directory above it must be
   // ours or root's, and nobody else may write them (above it, the sticky bit of /tmp
   // is enough). Otherwise another local user could remove, replace or forge lock files
   // and tokens, e.g. by creating /tmp/distlock-<uid> before us.
   if (std::string problem = trust_problem(st, /*directory=*/true, /*sticky_ok=*/false); !problem.empty()) {
-    return reject(unavailable(why, "lock directory " + in_quotes(dir) + " " + problem + kTrustAdvice));
+    return reject(unavailable("lock directory " + in_quotes(dir) + " " + problem + kTrustAdvice));
   }
   {
     std::error_code fs_ec;
     const std::filesystem::path real = std::filesystem::canonical(dir, fs_ec);
     if (fs_ec) {
-      return reject(
-          unavailable(why, "cannot resolve lock directory " + in_quotes(dir) + ": " + fs_ec.message()));
+      return reject(unavailable("cannot resolve lock directory " + in_quotes(dir) + ": " + fs_ec.message()));
     }
     for (std::filesystem::path p = real.parent_path(); !p.empty(); p = p.parent_path()) {
       struct stat up {};
       if (::stat(p.c_str(), &up) != 0) {
         const int err = errno;
-        return reject(unavailable(why, "cannot stat " + in_quotes(p.string()) + ": " + errno_text(err)));
+        return reject(unavailable("cannot stat " + in_quotes(p.string()) + ": " + errno_text(err)));
       }
       if (std::string problem = trust_problem(up, /*directory=*/true, /*sticky_ok=*/true); !problem.empty()) {
-        return reject(unavailable(why, "directory " + in_quotes(p.string()) + " " + problem +
-                                           ", above lock directory " + in_quotes(dir) + kTrustAdvice));
+        return reject(unavailable("directory " + in_quotes(p.string()) + " " + problem +
+                                  ", above lock directory " + in_quotes(dir) + kTrustAdvice));
       }
       if (p == p.root_path()) break;
     }
@@ -205,8 +201,7 @@ std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& 
       ::openat(dir_fd.get(), probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!probe_fd) {
     const int err = errno;
-    return reject(
-        unavailable(why, "lock directory " + in_quotes(dir) + " is not writable: " + errno_text(err)));
+    return reject(unavailable("lock directory " + in_quotes(dir) + " is not writable: " + errno_text(err)));
   }
   probe_fd.reset();
   ::unlinkat(dir_fd.get(), probe.c_str(), 0);

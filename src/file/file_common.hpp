@@ -20,6 +20,7 @@
 
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
+#include "engine/backend_error.hpp"
 #include "engine/errno_text.hpp"
 
 namespace distlock::detail::file_io {
@@ -106,32 +107,30 @@ inline std::string encode_record(const Record& r) {
 }
 
 /// Reads the record of an open lock file. An empty file gives present=false.
-/// Anything else that does not parse is errc::protocol_error with `why` set.
-inline std::error_code read_record(int fd, Record& r, std::string& why) {
+/// Anything else that does not parse is errc::protocol_error, the detail saying what is
+/// wrong with it; a failed fstat or read is backend_unavailable.
+inline Error read_record(int fd, Record& r) {
   r = Record{};
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    why = "fstat failed: " + errno_text(errno);
-    return make_error_code(errc::backend_unavailable);
+    return {make_error_code(errc::backend_unavailable), "fstat failed: " + errno_text(errno)};
   }
   if (st.st_size == 0) return {};
   const auto size = static_cast<std::size_t>(std::min<off_t>(st.st_size, kMaxRecordSize));
   std::string buf(size, '\0');
   const ssize_t n = ::pread(fd, buf.data(), size, 0);
   if (n < 0) {
-    why = "read failed: " + errno_text(errno);
-    return make_error_code(errc::backend_unavailable);
+    return {make_error_code(errc::backend_unavailable), "read failed: " + errno_text(errno)};
   }
   buf.resize(static_cast<std::size_t>(n));
   if (buf.size() < kHeaderSize || std::memcmp(buf.data(), kMagic.data(), kMagic.size()) != 0) {
-    why = "it is not a distlock lock file (no \"DLOCKF1\" header)";
-    return make_error_code(errc::protocol_error);
+    return {make_error_code(errc::protocol_error), "it is not a distlock lock file (no \"DLOCKF1\" header)"};
   }
   const std::size_t owner_len = get_le(buf, 32, 4);
   const std::size_t name_len = get_le(buf, 36, 4);
   if (owner_len > 1024 || name_len > 4096 || kHeaderSize + owner_len + name_len > buf.size()) {
-    why = "its header is damaged (lengths beyond the end of the file)";
-    return make_error_code(errc::protocol_error);
+    return {make_error_code(errc::protocol_error),
+            "its header is damaged (lengths beyond the end of the file)"};
   }
   r.present = true;
   r.token = get_le(buf, 8, 8);

@@ -45,10 +45,10 @@ AcquireResult FileBackend::try_acquire(const AcquireRequest& req, Error& ec) {
       continue;  // closing fd drops the lock on the orphan
     }
     Record rec;
-    std::string why;
-    if ((ec = read_record(fd.get(), rec, why))) {
+    if (const Error bad = read_record(fd.get(), rec)) {
+      ec = std::error_code(bad);  // the cause is logged; the call's error keeps its own detail
       log_.log(LogLevel::error, "file backend: lock file {} of lock \"{}\": {}", path_of(fname),
-               printable(req.name), why);
+               printable(req.name), bad.detail());
       return {};
     }
     if (rec.present && rec.name != req.name) {
@@ -162,13 +162,14 @@ LockInfo FileBackend::status(std::string_view name, Error& ec) {
   // Read without the lock: a holder may be writing its record right now, so a
   // damaged read is retried before it counts as corruption.
   Record rec;
-  std::string why;
+  Error bad;
   for (int i = 0; i < 3; ++i) {
-    if (!(ec = read_record(fd.get(), rec, why))) break;
+    if (!(bad = read_record(fd.get(), rec))) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (ec) {
-    log_.log(LogLevel::error, "file backend: lock file {}: {}", path_of(fname), why);
+  if (bad) {
+    ec = std::error_code(bad);  // the cause is logged; the call's error keeps its own detail
+    log_.log(LogLevel::error, "file backend: lock file {}: {}", path_of(fname), bad.detail());
     return {};
   }
   return lock_info_of(info.held, rec);

@@ -374,14 +374,14 @@ std::vector<ListedLock> FileRecords::list_held(std::string_view prefix, std::siz
     // F_OFD_GETLK only asks: it takes nothing and disturbs no holder.
     if (!locked_by_someone(fd.get())) return std::nullopt;
     Record rec;
-    std::string why;
     Error rec_ec;
     for (int i = 0; i < 3; ++i) {  // a holder may be writing its record right now
-      if (!(rec_ec = read_record(fd.get(), rec, why))) break;
+      if (!(rec_ec = read_record(fd.get(), rec))) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (rec_ec) {
-      log_.log(LogLevel::warning, "file backend: lock file {} is not listed: {}", lock_path(fname), why);
+      log_.log(LogLevel::warning, "file backend: lock file {} is not listed: {}", lock_path(fname),
+               rec_ec.detail());
       return std::nullopt;
     }
     ListedLock l;

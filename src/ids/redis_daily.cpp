@@ -99,7 +99,7 @@ struct RedisDailyGenerator::Impl {
     pool.fill(rnd, sizeof rnd);
     std::uint64_t r64 = 0;
     std::memcpy(&r64, rnd, sizeof r64);
-    std::error_code ec;
+    distlock::detail::Error ec;
     redis::Reply reply;
     std::int64_t sent_ms = 0;
     // One retry: the first command after a server restart meets the dead socket;
@@ -115,7 +115,7 @@ struct RedisDailyGenerator::Impl {
     if (ec) {
       why = reply ? fmt::format("{}: INCRBY {} failed: {}", conn.options().describe(), key,
                                 redis::reply_str(reply.get()))
-                  : conn.last_error();
+                  : ec.detail();
       return ec;
     }
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
@@ -177,7 +177,7 @@ struct RedisDailyGenerator::Impl {
   // still holds the same value). False: the range is dropped.
   std::error_code validate(bool& valid, std::string& why) {
     const std::string ekey = epoch_key(range_key);
-    std::error_code ec;
+    distlock::detail::Error ec;
     redis::Reply reply;
     std::int64_t sent_ms = 0;
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -190,7 +190,7 @@ struct RedisDailyGenerator::Impl {
     if (ec) {
       why = reply ? fmt::format("{}: GET {} failed: {}", conn.options().describe(), ekey,
                                 redis::reply_str(reply.get()))
-                  : conn.last_error();
+                  : ec.detail();
       return ec;
     }
     valid = reply && reply->type == REDIS_REPLY_STRING && redis::reply_str(reply.get()) == range_epoch;
@@ -293,9 +293,9 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
     throw_error(ec, why);
   }
   if (auto ec = distlock::detail::apply_common_query(url, client, why)) throw_error(ec, why);
-  std::error_code ec;
-  redis::ConnectionOptions co = redis::options_from_url(url, 0, client, ec, why);
-  if (ec) throw_error(ec, why);
+  distlock::detail::Error ec;
+  redis::ConnectionOptions co = redis::options_from_url(url, 0, client, ec);
+  if (ec) throw_error(ec, ec.detail());
   return co;
 }
 
@@ -326,9 +326,9 @@ RedisDailyGenerator::RedisDailyGenerator(std::string_view redis_url, RedisDailyO
   impl_->clock = std::move(clock);
   impl_->fork_gen = detail::fork_generation();
   impl_->pid = ::getpid();
-  std::error_code ec;
+  distlock::detail::Error ec;
   impl_->conn.connect(ec);
-  if (ec) throw_error(ec, impl_->conn.last_error());
+  if (ec) throw_error(ec, ec.detail());
 }
 
 RedisDailyGenerator::~RedisDailyGenerator() = default;

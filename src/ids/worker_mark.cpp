@@ -177,16 +177,17 @@ class RedisMarkStore final : public WorkerMarkStore {
     const std::string t = std::to_string(token), n = fmt::format("{:x}", nonce), m = std::to_string(pos);
     std::lock_guard lk(mu_);
     redis::Reply reply;
+    distlock::detail::Error err;
     for (int attempt = 0; attempt < 2;
          ++attempt) {  // the first command after a restart meets the dead socket
-      ec.clear();
-      reply = kMarkScript.run(conn_, {key}, {op_name, t, n, m}, ec);
-      if (ec != errc::backend_unavailable) break;
+      reply = kMarkScript.run(conn_, {key}, {op_name, t, n, m}, err);
+      if (err != errc::backend_unavailable) break;
     }
+    ec = err;
     if (ec) {
       why = reply ? fmt::format("{}: snowflake worker mark {}: {}", conn_.options().describe(), key,
                                 redis::reply_str(reply.get()))
-                  : conn_.last_error();
+                  : err.detail();
       return false;
     }
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 4 ||
@@ -237,9 +238,9 @@ std::unique_ptr<WorkerMarkStore> make_mark_store(const Client& client) {
   if (url.scheme == "file") return std::make_unique<FileMarkStore>(url.path);
   if (url.scheme == "redis" || url.scheme == "rediss") {
     ClientOptions co = distlock::detail::engine_of(client)->options();
-    std::error_code ec;
-    redis::ConnectionOptions ro = redis::options_from_url(url, 0, co, ec, why);
-    if (ec) throw_error(ec, why);
+    distlock::detail::Error ec;
+    redis::ConnectionOptions ro = redis::options_from_url(url, 0, co, ec);
+    if (ec) throw_error(ec, ec.detail());
     auto store = std::make_unique<RedisMarkStore>(std::move(ro), url.query_or("prefix", "distlock"));
     return store;
   }

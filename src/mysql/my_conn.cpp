@@ -161,11 +161,11 @@ std::error_code code_of(const Exec& e) {
   }
 }
 
-Conn open(const Config& cfg, std::error_code& ec, std::string& why) {
+Conn open(const Config& cfg, Error& err) {
+  err.clear();
   Conn c(mysql_init(nullptr));
   if (!c) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-    why = cfg.shown + ": out of memory";
+    err.fail(std::make_error_code(std::errc::not_enough_memory), cfg.shown + ": out of memory");
     return nullptr;
   }
   auto seconds = [](Millis m) {
@@ -188,22 +188,20 @@ Conn open(const Config& cfg, std::error_code& ec, std::string& why) {
     // themselves), whatever the server's default: with autocommit off, a token written
     // by an acquire would stay uncommitted and the session's end would roll it back
     // (the next holder would get the same token), and reads would see an old snapshot.
-    if (mysql_autocommit(c.get(), 1) == 0) {
-      ec.clear();
-      return c;
-    }
+    if (mysql_autocommit(c.get(), 1) == 0) return c;
   }
   const unsigned n = mysql_errno(c.get());
   const std::string msg = one_line(mysql_error(c.get()));
+  errc code = errc::backend_unavailable;
+  std::string why;
   if (n == 1045 || n == 1044 || n == 1698 /* ER_ACCESS_DENIED_NO_PASSWORD_ERROR */ || n == 1251) {
-    ec = make_error_code(errc::auth_failed);
+    code = errc::auth_failed;
     why = cfg.shown + ": the server refused the credentials of user \"" + cfg.user + "\": " + msg;
   } else if (n == 1049) {
-    ec = make_error_code(errc::invalid_argument);
+    code = errc::invalid_argument;
     why = cfg.shown + ": " + msg +
           " (create the database first; every client of a lock must name the same one)";
   } else {
-    ec = make_error_code(errc::backend_unavailable);
     why = cfg.shown + ": cannot connect: " + msg;
   }
   // The client library never puts the password into its messages; make sure of it.
@@ -211,6 +209,7 @@ Conn open(const Config& cfg, std::error_code& ec, std::string& why) {
     for (std::size_t p; (p = why.find(cfg.password)) != std::string::npos;)
       why.replace(p, cfg.password.size(), "***");
   }
+  err.fail(code, std::move(why));
   return nullptr;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::detail::my {
 
@@ -77,8 +78,8 @@ std::error_code code_of(const Exec& e);
 bool is_connection_error(unsigned errnum);
 
 /// Opens a connection (multi-statements on; affected rows count matched rows). On
-/// failure returns null, `ec` (auth_failed / backend_unavailable / invalid_argument) and
-/// `why` (password masked).
-Conn open(const Config& cfg, std::error_code& ec, std::string& why);
+/// failure returns null and `err` (auth_failed / backend_unavailable / invalid_argument),
+/// its detail naming the server and the cause (password masked).
+Conn open(const Config& cfg, Error& err);
 
 }  // namespace distlock::detail::my

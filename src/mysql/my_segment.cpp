@@ -27,9 +27,12 @@ class MySegmentSource final : public ids::detail::SegmentSource {
       : cfg_(std::move(cfg)), table_(quote_ident(cfg_.database) + ".`distlock_segments`") {}
 
   std::error_code open(std::string& why) {
-    std::error_code ec;
-    conn_ = my::open(cfg_, ec, why);
-    if (!conn_) return ec;
+    Error err;
+    conn_ = my::open(cfg_, err);
+    if (!conn_) {
+      why = err.detail();
+      return err;
+    }
     Exec e = run(conn_.get(), "SELECT 1 FROM " + table_ + " LIMIT 0");
     if (!e.ok() && e.errnum == 1146 /* ER_NO_SUCH_TABLE */) {
       e = run(conn_.get(), "CREATE TABLE IF NOT EXISTS " + table_ +
@@ -37,10 +40,9 @@ class MySegmentSource final : public ids::detail::SegmentSource {
                                " step BIGINT NOT NULL, updated_at DATETIME(6) NULL) ENGINE=InnoDB");
     }
     if (!e.ok()) {
-      ec = code_of(e);
       why = fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown, table_, e.error);
       conn_.reset();
-      return ec;
+      return code_of(e);
     }
     return {};
   }

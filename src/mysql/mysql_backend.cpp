@@ -60,8 +60,12 @@ MysqlBackend::~MysqlBackend() {
 std::error_code MysqlBackend::connect_now(std::string& why) {
   std::error_code ec;
   UniqueLock aux_lock(aux_mu_);  // released before the watcher starts (it takes aux_mu_ too)
-  aux_ = my::open(cfg_, ec, why);
-  if (ec) return ec;
+  Error err;
+  aux_ = my::open(cfg_, err);
+  if (err) {
+    why = err.detail();
+    return err;
+  }
   Exec e = my::run(aux_.get(), "SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit");
   if (!e.ok() || e.rows.size() != 1 || e.rows[0].size() != 2) {
     why = cfg_.shown + ": cannot read the server's version: " + e.error;
@@ -137,15 +141,14 @@ std::string MysqlBackend::create_records_sql() const {
 
 Exec MysqlBackend::shared(const std::string& sql, const char* what, Error& ec) {
   LockGuard lk(aux_mu_);
-  std::string why;
   Exec e;
   bool made_records = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!aux_) {
-      aux_ = my::open(cfg_, ec, why);
+      aux_ = my::open(cfg_, ec);
       if (ec) {
-        failure(what, why);
-        ec.set_detail(why + " (" + what + ")");
+        failure(what, ec.detail());
+        ec.set_detail(ec.detail() + " (" + what + ")");
         return Exec{};
       }
     }
@@ -189,12 +192,8 @@ Conn MysqlBackend::take_conn(bool fresh, bool& reused, Error& ec) {
     }
   }
   reused = false;
-  std::string why;
-  Conn c = my::open(cfg_, ec, why);
-  if (ec) {
-    failure("connect", why);
-    ec.set_detail(why);
-  }
+  Conn c = my::open(cfg_, ec);  // the detail names the server and the cause
+  if (ec) failure("connect", ec.detail());
   return c;
 }
 

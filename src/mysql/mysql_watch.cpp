@@ -24,11 +24,10 @@ void MysqlBackend::arm_locked(Watch& w) {
   if (w.armed) return;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!w.conn) {
-      std::error_code ec;
-      std::string why;
-      w.conn = my::open(cfg_, ec, why);
+      Error ec;
+      w.conn = my::open(cfg_, ec);
       if (ec) {
-        failure("watch \"" + printable(w.name) + "\"", why);
+        failure("watch \"" + printable(w.name) + "\"", ec.detail());
         return;
       }
       w.conn_id = mysql_thread_id(w.conn.get());
@@ -56,11 +55,10 @@ bool MysqlBackend::blocked(const Watch& w) {
 void MysqlBackend::kill_query_locked(unsigned long id) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!aux_) {
-      std::error_code ec;
-      std::string why;
-      aux_ = my::open(cfg_, ec, why);
+      Error ec;
+      aux_ = my::open(cfg_, ec);
       if (ec) {
-        failure("end a wait", why);
+        failure("end a wait", ec.detail());
         return;
       }
     }

@@ -178,8 +178,9 @@ std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::e
 }
 
 // Opens a connection; idle_session_timeout (ms) when > 0. On failure returns null,
-// `ec` (auth_failed / backend_unavailable / invalid_argument) and `why`.
-Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_code& ec, std::string& why) {
+// `err` (auth_failed / backend_unavailable / invalid_argument, the detail saying why).
+Conn open(const Config& cfg, Millis idle_timeout, const char* role, Error& err) {
+  err.clear();
   // Every lease on this connection ends with it; the server ends it after this much idleness.
   const std::string options =
       "-c idle_session_timeout=" + std::to_string(idle_timeout.count()) +
@@ -203,35 +204,36 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
   bool timed_out = false;
   Conn c(connect_within(keys.data(), vals.data(), cfg.connect_timeout, timed_out));
   if (timed_out) {
-    ec = make_error_code(errc::backend_unavailable);
-    why = cfg.shown + ": cannot connect: no answer within the connect timeout (" +
-          std::to_string(cfg.connect_timeout.count()) + " ms)";
+    err.fail(errc::backend_unavailable, cfg.shown +
+                                            ": cannot connect: no answer within the connect timeout (" +
+                                            std::to_string(cfg.connect_timeout.count()) + " ms)");
     return nullptr;
   }
   if (c && PQstatus(c.get()) == CONNECTION_OK) {
     PQsetNoticeProcessor(c.get(), &discard_notice, nullptr);
     if (PQserverVersion(c.get()) < 140000) {
-      ec = make_error_code(errc::backend_unavailable);
-      why = cfg.shown + ": PostgreSQL " + std::to_string(PQserverVersion(c.get()) / 10000) +
-            " has no idle_session_timeout; postgres:// needs PostgreSQL 14 or later";
+      err.fail(errc::backend_unavailable,
+               cfg.shown + ": PostgreSQL " + std::to_string(PQserverVersion(c.get()) / 10000) +
+                   " has no idle_session_timeout; postgres:// needs PostgreSQL 14 or later");
       return nullptr;
     }
+    std::error_code ec;
     if (std::string bad = check_session(c.get(), idle_timeout, cfg.command_timeout, ec); !bad.empty()) {
-      why = scrub_secrets(cfg.shown + ": " + bad, cfg.url);
+      err.fail(ec, scrub_secrets(cfg.shown + ": " + bad, cfg.url));
       return nullptr;
     }
-    ec.clear();
     return c;
   }
   const std::string msg = pq_message(c.get());
+  errc code = errc::backend_unavailable;
+  std::string why;
   if (is_auth_failure(msg, c.get())) {
-    ec = make_error_code(errc::auth_failed);
+    code = errc::auth_failed;
     why = cfg.shown + ": the server refused the credentials of user \"" + cfg.user + "\": " + msg;
   } else if (msg.find("does not exist") != std::string::npos) {
-    ec = make_error_code(errc::invalid_argument);
+    code = errc::invalid_argument;
     why = cfg.shown + ": " + msg;
   } else {
-    ec = make_error_code(errc::backend_unavailable);
     why = cfg.shown + ": cannot connect: " + msg;
   }
   // libpq never puts the password into its messages, but the server names the role
@@ -242,6 +244,7 @@ Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_c
     for (std::size_t p; (p = why.find(cfg.password)) != std::string::npos;)
       why.replace(p, cfg.password.size(), "***");
   }
+  err.fail(code, std::move(why));
   return nullptr;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 #include "engine/url.hpp"
 
 namespace distlock::detail::pg {
@@ -69,9 +70,9 @@ std::string check_session(PGconn* c, Millis idle_timeout, Millis timeout, std::e
 
 /// Opens a connection named `role` (application_name) whose server session ends after
 /// `idle_timeout` without a statement (0: never), checked (check_session) before it is
-/// returned. On failure returns null, `ec` (auth_failed / backend_unavailable /
-/// invalid_argument / not_supported) and `why` (every secret of the URL masked: the
-/// server may echo a role or database that was part of it).
-Conn open(const Config& cfg, Millis idle_timeout, const char* role, std::error_code& ec, std::string& why);
+/// returned. On failure returns null and `err`: auth_failed / backend_unavailable /
+/// invalid_argument / not_supported, its detail naming the server and the cause (every
+/// secret of the URL masked: the server may echo a role or database that was part of it).
+Conn open(const Config& cfg, Millis idle_timeout, const char* role, Error& err);
 
 }  // namespace distlock::detail::pg

@@ -47,9 +47,12 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
   explicit PgSegmentSource(Config cfg) : cfg_(std::move(cfg)) {}
 
   std::error_code open(std::string& why) {
-    std::error_code ec;
-    conn_ = pg::open(cfg_, Millis(0), "distlock-segment", ec, why);
-    if (!conn_) return ec;
+    Error err;
+    conn_ = pg::open(cfg_, Millis(0), "distlock-segment", err);
+    if (!conn_) {
+      why = err.detail();
+      return err;
+    }
     Exec e = run(conn_.get(), "SELECT to_regclass('public.distlock_segments') IS NOT NULL", {},
                  cfg_.command_timeout);
     if (e.ok() && PQntuples(e.res.get()) == 1 && PQgetvalue(e.res.get(), 0, 0) == std::string_view("t")) {
@@ -65,11 +68,10 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
       }
     }
     if (!e.ok()) {
-      ec = code_of(e);
       why = scrub_secrets(
           fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown, kTable, e.error), cfg_.url);
       conn_.reset();
-      return ec;
+      return code_of(e);
     }
     return {};
   }

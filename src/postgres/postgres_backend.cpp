@@ -91,8 +91,12 @@ std::error_code PostgresBackend::connect_now(std::string& why) {
   std::error_code ec;
   {
     LockGuard lk(aux_mu_);
-    aux_ = open(cfg_, Millis(0), "distlock", ec, why);
-    if (ec) return ec;
+    Error err;
+    aux_ = open(cfg_, Millis(0), "distlock", err);
+    if (err) {
+      why = err.detail();
+      return err;
+    }
     Exec e;
     Result r(PQexec(aux_.get(), kSetupSql));
     if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
@@ -115,12 +119,11 @@ LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
   const std::int64_t key = postgres_lock_key(name);
   const auto ukey = static_cast<std::uint64_t>(key);
   LockGuard lk(aux_mu_);
-  std::string why;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
-      aux_ = open(cfg_, Millis(0), "distlock", ec, why);
+      aux_ = open(cfg_, Millis(0), "distlock", ec);
       if (ec) {
-        ec.set_detail(failure("status", why));
+        ec.set_detail(failure("status", ec.detail()));
         return {};
       }
     }
@@ -162,14 +165,13 @@ LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
 pg::Runner PostgresBackend::runner() {
   return [this](const char* sql, const std::vector<std::string>& params, const char* what, Error& ec) {
     LockGuard lk(aux_mu_);
-    std::string why;
     Exec e;
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (!aux_ || PQstatus(aux_.get()) != CONNECTION_OK) {
-        aux_ = open(cfg_, Millis(0), "distlock", ec, why);
+        aux_ = open(cfg_, Millis(0), "distlock", ec);
         if (ec) {
-          failure(what, why);
-          ec.set_detail(why + " (" + what + ")");
+          failure(what, ec.detail());
+          ec.set_detail(ec.detail() + " (" + what + ")");
           return Exec{};
         }
       }

@@ -42,9 +42,12 @@ std::error_code PostgresBackend::listen_now(std::string& why) {
 
 // With listen_mu_ held: a connection that LISTENs, live when this returns.
 std::error_code PostgresBackend::listen_now_locked(std::string& why) {
-  std::error_code ec;
-  Conn c = open(cfg_, Millis(0), "distlock-listen", ec, why);
-  if (ec) return ec;
+  Error err;
+  Conn c = open(cfg_, Millis(0), "distlock-listen", err);
+  if (err) {
+    why = err.detail();
+    return err;
+  }
   Exec e = run(c.get(), "LISTEN distlock_released", {}, cfg_.command_timeout);
   if (!e.ok()) {
     why = cfg_.shown + ": LISTEN: " + e.error;

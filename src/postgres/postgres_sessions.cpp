@@ -189,11 +189,9 @@ Session* PostgresBackend::find_holder(std::string_view name, std::string_view ow
 bool PostgresBackend::ensure_connected(Session& s, Lost& lost, Error& ec) {
   if (s.conn && PQstatus(s.conn.get()) == CONNECTION_OK) return true;
   drop(s, lost);
-  std::string why;
-  s.conn = open(cfg_, s.ttl, "distlock-lease", ec, why);
+  s.conn = open(cfg_, s.ttl, "distlock-lease", ec);  // the detail names the server and the cause
   if (ec) {
-    failure("connect", why);
-    ec.set_detail(why);
+    failure("connect", ec.detail());
     return false;
   }
   return true;

@@ -26,28 +26,27 @@ std::string ConnectionOptions::describe() const {
   return "redis " + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::error_code parse_db_path(const Url& url, int& db, std::string& why) {
+Error parse_db_path(const Url& url, int& db) {
   db = 0;
   if (url.path.empty() || url.path == "/") return {};
   const std::string_view digits = std::string_view(url.path).substr(1);
   int v = -1;
   auto [p, e] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   if (e != std::errc{} || p != digits.data() + digits.size() || v < 0 || v > 9999) {
-    why = "database \"" + url.path + "\" in URL \"" + url.redacted() +
-          "\" is not a database number (expected /0 ... /15 or another non-negative number)";
-    return make_error_code(errc::invalid_url);
+    return {make_error_code(errc::invalid_url),
+            "database \"" + url.path + "\" in URL \"" + url.redacted() +
+                "\" is not a database number (expected /0 ... /15 or another non-negative number)"};
   }
   db = v;
   return {};
 }
 
 ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const ClientOptions& client,
-                                   std::error_code& ec, std::string& why) {
+                                   Error& err) {
   ConnectionOptions o;
-  ec.clear();
+  err.clear();
   if (host_index >= url.hosts.size()) {
-    ec = make_error_code(errc::invalid_url);
-    why = "URL \"" + url.redacted() + "\" names no host";
+    err.fail(errc::invalid_url, "URL \"" + url.redacted() + "\" names no host");
     return o;
   }
   o.host = url.hosts[host_index].host;
@@ -56,7 +55,7 @@ ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const
   o.password = url.password;
   o.connect_timeout = client.connect_timeout;
   o.command_timeout = client.command_timeout;
-  if ((ec = parse_db_path(url, o.db, why))) return o;
+  if ((err = parse_db_path(url, o.db))) return o;
   if (url.scheme == "rediss" || url.scheme.rfind("rediss+", 0) == 0 || url.scheme == "redlocks") {
     o.tls.enabled = true;
     o.tls.ca_file = url.query_or("cacert", "");
@@ -65,23 +64,23 @@ ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const
     for (const auto& [param, file] : {std::pair{"cacert", o.tls.ca_file}, std::pair{"cert", o.tls.cert_file},
                                       std::pair{"key", o.tls.key_file}}) {
       if (!file.empty() && ::access(file.c_str(), R_OK) != 0) {
-        ec = make_error_code(errc::invalid_url);
-        why = std::string(param) + "=\"" + file + "\" in URL \"" + url.redacted() +
-              "\" cannot be read: " + errno_text(errno);
+        err.fail(errc::invalid_url, std::string(param) + "=\"" + file + "\" in URL \"" + url.redacted() +
+                                        "\" cannot be read: " + errno_text(errno));
         return o;
       }
     }
     if (!o.tls.key_file.empty() && o.tls.cert_file.empty()) {
-      ec = make_error_code(errc::invalid_url);
-      why = "URL \"" + url.redacted() + "\" has key= without cert= (the key belongs to a client certificate)";
+      err.fail(errc::invalid_url, "URL \"" + url.redacted() +
+                                      "\" has key= without cert= (the key belongs to a client certificate)");
       return o;
     }
   }
   if (!o.user.empty() && o.password.empty()) {
-    ec = make_error_code(errc::invalid_url);
     // The user part is not quoted: people write a bare password there (redis://PASSWORD@h).
-    why = "URL \"" + url.redacted() +
-          "\" names a user but no password (write user:password@, or :password@ for the default user)";
+    err.fail(
+        errc::invalid_url,
+        "URL \"" + url.redacted() +
+            "\" names a user but no password (write user:password@, or :password@ for the default user)");
   }
   return o;
 }
@@ -129,18 +128,17 @@ bool format_command(std::string& out, std::span<const std::string_view> argv) {
 
 Connection::Connection(ConnectionOptions opts) : opts_(std::move(opts)) {}
 
-void Connection::connect(std::error_code& ec) {
+void Connection::connect(Error& ec) {
   ec.clear();
   if (sock_) return;
   pending_ = 0;
   obuf_.clear();
-  sock_ = open_socket(opts_, ec, last_error_);
+  sock_ = open_socket(opts_, ec);
   if (ec) return;
   reader_ = make_reader();
   if (!reader_) {
     sock_.reset();
-    ec = make_error_code(errc::backend_unavailable);
-    last_error_ = opts_.describe() + ": out of memory";
+    ec.fail(errc::backend_unavailable, opts_.describe() + ": out of memory");
   }
 }
 
@@ -152,25 +150,22 @@ void Connection::close() noexcept {
   pending_connect_failed_ = false;
 }
 
-void Connection::fail_io(std::error_code& ec, std::string_view during, std::string why) {
-  ec = make_error_code(errc::backend_unavailable);
-  last_error_ = opts_.describe() + ": " + std::string(during) + " failed: " + why;
+void Connection::fail_io(Error& ec, std::string_view during, const std::string& cause) {
+  ec.fail(errc::backend_unavailable, opts_.describe() + ": " + std::string(during) + " failed: " + cause);
   // After an I/O error or a timeout the reply stream is out of step: start afresh.
   close();
 }
 
-std::error_code Connection::fail_reply(const redisReply* r) {
-  last_error_ = opts_.describe() + " answered: " + std::string(reply_str(r));
-  return error_code_of(r);
+void Connection::fail_reply(const redisReply* r, Error& ec) const {
+  ec.fail(error_code_of(r), opts_.describe() + " answered: " + std::string(reply_str(r)));
 }
 
-Reply Connection::command(std::span<const std::string_view> argv, std::error_code& ec) {
+Reply Connection::command(std::span<const std::string_view> argv, Error& ec) {
   ec.clear();
   if (pending_ != 0) {
     // A half-read pipeline would hand us somebody else's reply.
-    ec = make_error_code(errc::protocol_error);
-    last_error_ = opts_.describe() + ": command() called with " + std::to_string(pending_) +
-                  " pipelined replies unread";
+    ec.fail(errc::protocol_error, opts_.describe() + ": command() called with " + std::to_string(pending_) +
+                                      " pipelined replies unread");
     return nullptr;
   }
   connect(ec);
@@ -183,72 +178,77 @@ Reply Connection::command(std::span<const std::string_view> argv, std::error_cod
   }
   ++round_trips_;
   const auto deadline = Socket::Clock::now() + opts_.command_timeout;
-  std::string why;
-  if (!sock_->write_all(cmd, deadline, why)) {
-    fail_io(ec, what, why);
+  Error io;
+  if (!sock_->write_all(cmd, deadline, io)) {
+    fail_io(ec, what, io.detail());
     return nullptr;
   }
-  Reply r(sock_->read_reply(*reader_, deadline, why).release());
+  Reply r(sock_->read_reply(*reader_, deadline, io).release());
   if (!r) {
-    fail_io(ec, what, why);
+    fail_io(ec, what, io.detail());
     return nullptr;
   }
-  if (r->type == REDIS_REPLY_ERROR) ec = fail_reply(r.get());
+  if (r->type == REDIS_REPLY_ERROR) fail_reply(r.get(), ec);
   return r;
 }
 
 void Connection::append(std::span<const std::string_view> argv) {
   if (!sock_ && pending_ == 0) {
-    std::error_code ec;
+    Error ec;
     connect(ec);
     pending_connect_failed_ = static_cast<bool>(ec);
-    pending_ec_ = ec;
+    pending_ec_ = std::move(ec);
   }
   ++pending_;
   if (pending_connect_failed_ || !sock_) return;
   if (!format_command(obuf_, argv)) {
     // Only out of memory can fail here; report it at the read.
     pending_connect_failed_ = true;
-    pending_ec_ = make_error_code(errc::backend_unavailable);
-    last_error_ = opts_.describe() + ": cannot buffer a command (out of memory)";
+    pending_ec_.fail(errc::backend_unavailable,
+                     opts_.describe() + ": cannot buffer a command (out of memory)");
   }
 }
 
 // Sends the appended commands. False (the connection dropped, the replies of the
 // batch lost) when the transport failed.
-bool Connection::send_buffered(std::error_code& ec) {
+bool Connection::send_buffered(Error& ec) {
   if (obuf_.empty()) return true;
   ++round_trips_;  // the replies of this batch are read without another flush
-  std::string why;
-  const bool sent = sock_->write_all(obuf_, Socket::Clock::now() + opts_.command_timeout, why);
+  Error io;
+  const bool sent = sock_->write_all(obuf_, Socket::Clock::now() + opts_.command_timeout, io);
   obuf_.clear();
   if (sent) return true;
   const std::size_t lost = pending_;
-  fail_io(ec, "sending a pipeline", why);
+  fail_io(ec, "sending a pipeline", io.detail());
   pending_ = lost;
   pending_connect_failed_ = pending_ != 0;
   pending_ec_ = ec;
   return false;
 }
 
-void Connection::flush(std::error_code& ec) {
+// The error of a reply lost before it was read: what lost it, else backend_unavailable.
+static Error lost_reply_error(const Error& pending_ec, const ConnectionOptions& opts) {
+  if (pending_ec) return pending_ec;
+  return {make_error_code(errc::backend_unavailable), opts.describe() + ": not connected"};
+}
+
+void Connection::flush(Error& ec) {
   ec.clear();
   if (pending_connect_failed_ || !sock_) {
-    if (pending_ != 0) ec = pending_ec_ ? pending_ec_ : make_error_code(errc::backend_unavailable);
+    if (pending_ != 0) ec = lost_reply_error(pending_ec_, opts_);
     return;
   }
   send_buffered(ec);
 }
 
-Reply Connection::read_reply(std::error_code& ec) {
+Reply Connection::read_reply(Error& ec) {
   ec.clear();
   if (pending_ == 0) {
-    ec = make_error_code(errc::protocol_error);
-    last_error_ = opts_.describe() + ": read_reply() without an appended command";
+    ec.fail(errc::protocol_error, opts_.describe() + ": read_reply() without an appended command");
     return nullptr;
   }
   if (pending_connect_failed_ || !sock_) {
-    ec = pending_ec_ ? pending_ec_ : make_error_code(errc::backend_unavailable);
+    ec = lost_reply_error(pending_ec_, opts_);
     if (--pending_ == 0) pending_connect_failed_ = false;
     return nullptr;
   }
@@ -256,11 +256,11 @@ Reply Connection::read_reply(std::error_code& ec) {
     if (--pending_ == 0) pending_connect_failed_ = false;
     return nullptr;
   }
-  std::string why;
-  Reply r(sock_->read_reply(*reader_, Socket::Clock::now() + opts_.command_timeout, why).release());
+  Error io;
+  Reply r(sock_->read_reply(*reader_, Socket::Clock::now() + opts_.command_timeout, io).release());
   if (!r) {
     const std::size_t lost = pending_;
-    fail_io(ec, "reading a pipelined reply", why);
+    fail_io(ec, "reading a pipelined reply", io.detail());
     // Callers still count the lost replies down.
     pending_ = lost - 1;
     pending_connect_failed_ = pending_ != 0;
@@ -271,19 +271,19 @@ Reply Connection::read_reply(std::error_code& ec) {
   return r;
 }
 
-std::vector<Reply> Connection::read_replies(std::size_t n, std::error_code& ec) {
+std::vector<Reply> Connection::read_replies(std::size_t n, Error& ec) {
   ec.clear();
   std::vector<Reply> out;
   out.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
-    std::error_code one;
+    Error one;
     out.push_back(read_reply(one));
     if (one && !ec) ec = one;
   }
   return out;
 }
 
-std::vector<Reply> Connection::exchange(std::span<const Argv> batch, std::error_code& ec) {
+std::vector<Reply> Connection::exchange(std::span<const Argv> batch, Error& ec) {
   for (const Argv& argv : batch) append(argv);
   return read_replies(batch.size(), ec);
 }
@@ -318,7 +318,7 @@ ConnectionPool::ConnectionPool(ConnectionOptions opts, std::size_t max_idle)
 
 ConnectionPool::~ConnectionPool() = default;
 
-PooledConnection ConnectionPool::checkout(std::error_code& ec) {
+PooledConnection ConnectionPool::checkout(Error& ec) {
   ec.clear();
   for (;;) {
     std::unique_ptr<Connection> conn;
@@ -333,17 +333,8 @@ PooledConnection ConnectionPool::checkout(std::error_code& ec) {
   }
   auto conn = std::make_unique<Connection>(opts_);
   conn->connect(ec);
-  if (ec) {
-    LockGuard lk(mu_);
-    last_error_ = conn->last_error();
-    return {};
-  }
+  if (ec) return {};
   return PooledConnection(this, std::move(conn));
-}
-
-std::string ConnectionPool::last_error() const {
-  LockGuard lk(mu_);
-  return last_error_;
 }
 
 std::size_t ConnectionPool::idle() const {
@@ -371,18 +362,18 @@ std::string Script::sha() const {
   return sha_;
 }
 
-void Script::load(Link& conn, std::error_code& ec) const {
+void Script::load(Link& conn, Error& ec) const {
   Reply r = conn.command({"SCRIPT", "LOAD", source_}, ec);
   if (ec) return;
   if (r->type != REDIS_REPLY_STRING || r->len != 40) {
-    ec = make_error_code(errc::protocol_error);
+    ec.fail(errc::protocol_error, "SCRIPT LOAD answered something other than a SHA1");
     return;
   }
   LockGuard lk(mu_);
   sha_.assign(r->str, r->len);
 }
 
-std::string Script::ensure_sha(Link& conn, std::error_code& ec) const {
+std::string Script::ensure_sha(Link& conn, Error& ec) const {
   ec.clear();
   std::string s = sha();
   if (!s.empty()) return s;
@@ -404,7 +395,7 @@ Argv Script::evalsha_argv(const std::string& sha, std::span<const std::string_vi
 }
 
 Reply Script::run(Link& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
-                  std::error_code& ec) const {
+                  Error& ec) const {
   std::string sha = ensure_sha(conn, ec);
   if (ec) return nullptr;
   std::string numkeys;
@@ -417,7 +408,7 @@ Reply Script::run(Link& conn, std::span<const std::string_view> keys, std::span<
   return conn.command(evalsha_argv(sha, keys, args, numkeys), ec);
 }
 
-std::vector<Reply> Script::run_pipelined(Link& conn, std::span<const Call> calls, std::error_code& ec) const {
+std::vector<Reply> Script::run_pipelined(Link& conn, std::span<const Call> calls, Error& ec) const {
   std::vector<Reply> out;
   std::string sha = ensure_sha(conn, ec);
   if (ec) return out;

@@ -14,7 +14,7 @@
 //   * `Script`             a Lua script run with EVALSHA, loaded with SCRIPT LOAD on
 //                          first use and again whenever a server answers NOSCRIPT.
 //
-// Errors are `std::error_code`s in distlock::category():
+// Errors are `detail::Error`s (engine/backend_error.hpp): a code in distlock::category()
 //   backend_unavailable  refused / timed out / connection broken (names host:port),
 //                        and server replies LOADING, BUSY, MASTERDOWN, TRYAGAIN, READONLY,
 //                        "ERR max number of clients reached" (also when it answers AUTH);
@@ -23,8 +23,9 @@
 //   protocol_error       any other error reply, or a reply of an unexpected type.
 // The socket is ours (redis/socket.hpp: Debian's hiredis 0.14 has no TLS); hiredis
 // formats the commands and parses the replies.
-// Each failing call also leaves a message naming the server and the problem in
-// `Connection::last_error()` (callers put it into their `why`).
+// and a detail naming the server and the problem ("redis 127.0.0.1:6379: connection
+// refused"), filled by the call that failed and travelling with it (callers put it into
+// their own message).
 //
 // Thread-safety: a `Connection` belongs to one thread at a time (hiredis contexts
 // are not thread-safe). `ConnectionPool` and `Script` are safe to share between
@@ -35,9 +36,9 @@
 //   ConnectionOptions o;
 //   o.host = "127.0.0.1"; o.port = 6379; o.password = "s3cret";
 //   ConnectionPool pool(o);
-//   std::error_code ec;
+//   detail::Error ec;
 //   auto conn = pool.checkout(ec);                         // PooledConnection
-//   if (ec) throw_error(ec, pool.last_error());
+//   if (ec) throw_error(ec, ec.detail());
 //   Reply r = conn->command({"SET", key, value, "PX", "5000", "NX"}, ec);
 //
 //   static const Script& kIncr = *new Script("return redis.call('INCR', KEYS[1])");
@@ -63,6 +64,7 @@
 
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 #include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "redis/socket.hpp"
@@ -102,11 +104,11 @@ struct ConnectionOptions {
 /// cacert/cert/key query parameters (files that must be readable: invalid_url otherwise). The db comes from
 /// the URL path "/N" (see parse_db_path); a bad path sets invalid_url naming it.
 ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const ClientOptions& client,
-                                   std::error_code& ec, std::string& why);
+                                   Error& err);
 
 /// Parses the "/N" database path of a redis URL ("" or "/" → 0). invalid_url naming
 /// the path when it is not a number in 0..9999.
-std::error_code parse_db_path(const Url& url, int& db, std::string& why);
+Error parse_db_path(const Url& url, int& db);
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
@@ -153,18 +155,17 @@ class Link {
  public:
   virtual ~Link() = default;
   /// One command and its reply. `ec` is set on a transport failure (reply is null)
-  /// and on an error reply (the reply is returned so the caller can read its text).
-  virtual Reply command(std::span<const std::string_view> argv, std::error_code& ec) = 0;
-  Reply command(std::initializer_list<std::string_view> argv, std::error_code& ec) {
+  /// and on an error reply (the reply is returned so the caller can read its text);
+  /// its detail names the server and the problem: "redis 127.0.0.1:6379: connection
+  /// refused", "redis 127.0.0.1:6379 answered: NOPERM ...".
+  virtual Reply command(std::span<const std::string_view> argv, Error& ec) = 0;
+  Reply command(std::initializer_list<std::string_view> argv, Error& ec) {
     return command(std::span<const std::string_view>(argv.begin(), argv.size()), ec);
   }
   /// A pipeline: every command sent before any reply is awaited; one reply per
   /// command, in order. Error replies are returned as such; `ec` means the transport
-  /// failed (every reply of the batch is then null).
-  virtual std::vector<Reply> exchange(std::span<const Argv> batch, std::error_code& ec) = 0;
-  /// Message for the last failure seen by the calling thread on this link:
-  /// "redis 127.0.0.1:6379: connection refused".
-  virtual std::string last_error() const = 0;
+  /// failed (every reply of the batch is then null), its detail naming the server.
+  virtual std::vector<Reply> exchange(std::span<const Argv> batch, Error& ec) = 0;
   /// False once the transport failed (the next call connects again).
   virtual bool connected() const noexcept = 0;
 };
@@ -184,7 +185,7 @@ class Connection final : public Link {
   /// Connects now if not connected (TCP, timeouts, AUTH, SELECT). On failure the
   /// connection stays closed: backend_unavailable naming host:port, or auth_failed
   /// naming the server.
-  void connect(std::error_code& ec);
+  void connect(Error& ec);
   bool connected() const noexcept override { return sock_ != nullptr; }
   /// Closes the socket; the next call reconnects.
   void close() noexcept;
@@ -192,10 +193,10 @@ class Connection final : public Link {
   /// Sends one command and reads its reply (connecting first if needed).
   /// `ec` is set on a transport failure (reply is null) and on an error reply
   /// (the reply is returned so the caller can read its text).
-  Reply command(std::span<const std::string_view> argv, std::error_code& ec) override;
+  Reply command(std::span<const std::string_view> argv, Error& ec) override;
   using Link::command;
   /// append() every command, then read_replies().
-  std::vector<Reply> exchange(std::span<const Argv> batch, std::error_code& ec) override;
+  std::vector<Reply> exchange(std::span<const Argv> batch, Error& ec) override;
 
   /// Pipelining: append() buffers commands locally (nothing is sent); read_reply()
   /// flushes the buffer and reads the next reply in order; read_replies(n) reads n.
@@ -211,14 +212,12 @@ class Connection final : public Link {
   /// talking to several servers (Redlock) can send to all of them first and then
   /// read: the latency is the slowest server's, not the sum. read_reply() flushes
   /// too; this is only needed for that fan-out.
-  void flush(std::error_code& ec);
-  Reply read_reply(std::error_code& ec);
-  std::vector<Reply> read_replies(std::size_t n, std::error_code& ec);
+  void flush(Error& ec);
+  Reply read_reply(Error& ec);
+  std::vector<Reply> read_replies(std::size_t n, Error& ec);
   /// Replies still expected for appended commands.
   std::size_t pending() const noexcept { return pending_; }
 
-  /// Message for the last failure: "redis 127.0.0.1:6379: connection refused".
-  std::string last_error() const override { return last_error_; }
   const ConnectionOptions& options() const noexcept { return opts_; }
   /// Counts round trips (a command, or one flushed pipeline) since construction.
   std::uint64_t round_trips() const noexcept { return round_trips_; }
@@ -228,9 +227,9 @@ class Connection final : public Link {
   bool looks_broken() const noexcept;
 
  private:
-  void fail_io(std::error_code& ec, std::string_view during, std::string why);
-  std::error_code fail_reply(const redisReply* r);
-  bool send_buffered(std::error_code& ec);
+  void fail_io(Error& ec, std::string_view during, const std::string& cause);
+  void fail_reply(const redisReply* r, Error& ec) const;
+  bool send_buffered(Error& ec);
 
   ConnectionOptions opts_;
   std::unique_ptr<Socket> sock_;
@@ -238,9 +237,8 @@ class Connection final : public Link {
   std::string obuf_;  // appended commands not sent yet
   std::size_t pending_ = 0;
   bool pending_connect_failed_ = false;
-  std::error_code pending_ec_;
+  Error pending_ec_;  // why the replies still pending are lost (a failed connect or send)
   std::uint64_t round_trips_ = 0;
-  std::string last_error_;
 };
 
 class ConnectionPool;
@@ -282,10 +280,8 @@ class ConnectionPool {
   ~ConnectionPool();
 
   /// An open connection, or an empty handle with ec (backend_unavailable or
-  /// auth_failed); then last_error() says why.
-  PooledConnection checkout(std::error_code& ec);
-  /// Message of the last failed checkout (thread-safe copy).
-  std::string last_error() const;
+  /// auth_failed), its detail naming the server and the cause.
+  PooledConnection checkout(Error& ec);
   const ConnectionOptions& options() const noexcept { return opts_; }
   /// Idle connections now held (for tests).
   std::size_t idle() const;
@@ -298,7 +294,6 @@ class ConnectionPool {
   const std::size_t max_idle_;
   mutable AnnotatedMutex mu_;
   std::vector<std::unique_ptr<Connection>> idle_ DISTLOCK_GUARDED_BY(mu_);
-  std::string last_error_ DISTLOCK_GUARDED_BY(mu_);
 };
 
 /// A Lua script called with EVALSHA. The SHA1 comes from SCRIPT LOAD the first
@@ -316,9 +311,9 @@ class Script {
 
   /// EVALSHA with `keys` and `args` (binary-safe). Same ec rules as Connection::command.
   Reply run(Link& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
-            std::error_code& ec) const;
+            Error& ec) const;
   Reply run(Link& conn, std::initializer_list<std::string_view> keys,
-            std::initializer_list<std::string_view> args, std::error_code& ec) const {
+            std::initializer_list<std::string_view> args, Error& ec) const {
     return run(conn, std::span<const std::string_view>(keys.begin(), keys.size()),
                std::span<const std::string_view>(args.begin(), args.size()), ec);
   }
@@ -331,10 +326,10 @@ class Script {
   /// Runs every call in one pipeline (one round trip; a second one only for the
   /// calls that met NOSCRIPT). Returns one reply per call, in order; error replies
   /// are returned as such, `ec` only reports a transport failure.
-  std::vector<Reply> run_pipelined(Link& conn, std::span<const Call> calls, std::error_code& ec) const;
+  std::vector<Reply> run_pipelined(Link& conn, std::span<const Call> calls, Error& ec) const;
 
   /// Loads the script on this connection (SCRIPT LOAD) and remembers its SHA1.
-  void load(Link& conn, std::error_code& ec) const;
+  void load(Link& conn, Error& ec) const;
   /// The SHA1 once loaded, else empty.
   std::string sha() const;
   const std::string& source() const noexcept { return source_; }
@@ -342,7 +337,7 @@ class Script {
  private:
   Argv evalsha_argv(const std::string& sha, std::span<const std::string_view> keys,
                     std::span<const std::string_view> args, std::string& numkeys) const;
-  std::string ensure_sha(Link& conn, std::error_code& ec) const;
+  std::string ensure_sha(Link& conn, Error& ec) const;
 
   const std::string source_;
   mutable AnnotatedMutex mu_;

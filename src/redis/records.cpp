@@ -15,28 +15,27 @@ return ARGV[1]
 }
 
 void scan_keys(Connection& conn, std::string_view pattern,
-               const std::function<void(std::string_view)>& on_key, std::error_code& ec, std::string& why) {
+               const std::function<void(std::string_view)>& on_key, Error& ec) {
   ec.clear();
   const std::string count = std::to_string(kScanCount);
   std::string cursor = "0";
   for (int calls = 0; calls < (1 << 24); ++calls) {
     Reply r = conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", count}, ec);
     if (ec) {
-      why = r ? conn.options().describe() + ": SCAN: " + std::string(reply_str(r.get())) : conn.last_error();
+      // An error reply: the server's answer; a transport failure keeps the connection's detail.
+      if (r) ec.set_detail(conn.options().describe() + ": SCAN: " + std::string(reply_str(r.get())));
       return;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
         r->element[1]->type != REDIS_REPLY_ARRAY) {
-      ec = make_error_code(errc::protocol_error);
-      why = conn.options().describe() + ": unexpected reply to SCAN";
+      ec.fail(errc::protocol_error, conn.options().describe() + ": unexpected reply to SCAN");
       return;
     }
     for (std::size_t i = 0; i < r->element[1]->elements; ++i) on_key(reply_str(r->element[1]->element[i]));
     cursor = std::string(reply_str(r->element[0]));
     if (cursor == "0") return;
   }
-  ec = make_error_code(errc::protocol_error);
-  why = conn.options().describe() + ": SCAN did not return to cursor 0";
+  ec.fail(errc::protocol_error, conn.options().describe() + ": SCAN did not return to cursor 0");
 }
 
 }  // namespace distlock::detail::redis

@@ -15,8 +15,8 @@
 //
 // Example:
 //   std::set<std::string> names;
-//   redis::scan_keys(conn, redis::glob_escape("distlock:{jobs/") + "*}", [&](std::string_view k) {...}, ec,
-//   why); auto listed = redis::held_in_order(names, 100, truncated, status_of_chunk, ec);
+//   redis::scan_keys(conn, redis::glob_escape("distlock:{jobs/") + "*}", [&](std::string_view k) {...}, ec);
+//   auto listed = redis::held_in_order(names, 100, truncated, status_of_chunk, ec);
 #pragma once
 
 #include <algorithm>
@@ -88,8 +88,8 @@ const Script& put_if_absent_script();
 /// SCAN with `MATCH pattern COUNT kScanCount` on `conn` from cursor 0 until the
 /// server returns cursor 0 (bounded: at most 2^24 calls); `on_key` sees every key
 /// returned (a key may come twice). Errors: ec from the transport or the reply
-/// (backend_unavailable, auth_failed, protocol_error) with `why` naming the server.
+/// (backend_unavailable, auth_failed, protocol_error), the detail naming the server.
 void scan_keys(Connection& conn, std::string_view pattern,
-               const std::function<void(std::string_view)>& on_key, std::error_code& ec, std::string& why);
+               const std::function<void(std::string_view)>& on_key, Error& ec);
 
 }  // namespace distlock::detail::redis

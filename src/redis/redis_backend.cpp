@@ -83,15 +83,10 @@ bool prefix_ok(std::string_view prefix) {
 
 // Connects once so a bad password or a down server fails at connect(), and
 // checks the server's persistence and eviction settings (one warning per client).
-std::error_code RedisBackend::connect_now(std::string& why) {
-  std::error_code ec;
+void RedisBackend::connect_now(Error& ec) {
   auto conn = pool_.checkout(ec);
-  if (ec) {
-    why = pool_.last_error();
-    return ec;
-  }
+  if (ec) return;
   check_config(*conn);
-  return {};
 }
 
 // CONFIG GET appendonly / maxmemory / maxmemory-policy. A server that loses
@@ -102,7 +97,7 @@ void RedisBackend::check_config(Connection& conn) {
   conn.append({"CONFIG", "GET", "appendonly"});
   conn.append({"CONFIG", "GET", "maxmemory"});
   conn.append({"CONFIG", "GET", "maxmemory-policy"});
-  std::error_code ec;
+  Error ec;
   std::vector<Reply> r = conn.read_replies(3, ec);
   auto value = [&](std::size_t i) -> std::string_view {
     const redisReply* x = r[i].get();
@@ -121,7 +116,7 @@ void RedisBackend::check_config(Connection& conn) {
   if (ec || value(0).empty() || value(2).empty()) {
     log_.log(LogLevel::debug,
              "{}: CONFIG GET gave no answer ({}): appendonly and maxmemory-policy not checked",
-             conn_opts_.describe(), ec ? conn.last_error() : std::string("unexpected reply"));
+             conn_opts_.describe(), ec ? ec.detail() : std::string("unexpected reply"));
     return;
   }
   if (value(0) != "yes") {
@@ -156,11 +151,12 @@ bool redis_prefix_ok(std::string_view prefix) {
 
 std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& conn,
                                                 const RedisSettings& settings, const ClientOptions& opts,
-                                                std::error_code& ec, std::string& why) {
+                                                Error& ec) {
   ec.clear();
   auto backend = std::make_unique<redis::RedisBackend>(conn, settings.prefix, settings.url, opts,
                                                        settings.wait_replicas, settings.wait_timeout);
-  if ((ec = backend->connect_now(why))) return nullptr;
+  backend->connect_now(ec);
+  if (ec) return nullptr;
   return backend;
 }
 
@@ -185,10 +181,18 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
     return bad("prefix \"" + prefix + "\" in URL " + shown +
                " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
   }
-  redis::ConnectionOptions conn = redis::options_from_url(url, 0, opts, ec, why);
-  if (ec) return nullptr;
-  auto backend = std::make_unique<redis::RedisBackend>(conn, prefix, url.redacted(), opts);
-  if ((ec = backend->connect_now(why))) return nullptr;
+  Error err;
+  redis::ConnectionOptions conn = redis::options_from_url(url, 0, opts, err);
+  std::unique_ptr<redis::RedisBackend> backend;
+  if (!err) {
+    backend = std::make_unique<redis::RedisBackend>(conn, prefix, url.redacted(), opts);
+    backend->connect_now(err);
+  }
+  if (err) {
+    ec = err;
+    why = err.detail();
+    return nullptr;
+  }
   return backend;
 }
 

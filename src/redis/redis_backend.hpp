@@ -47,10 +47,10 @@ struct RedisSettings {
 bool redis_prefix_ok(std::string_view prefix);
 
 /// A redis:// backend for the server in `conn`: connects at once (auth_failed,
-/// backend_unavailable with `why` naming the server).
+/// backend_unavailable, the detail naming the server).
 std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& conn,
                                                 const RedisSettings& settings, const ClientOptions& opts,
-                                                std::error_code& ec, std::string& why);
+                                                Error& ec);
 /// Counters of one redis:// backend, for tests and diagnostics.
 struct RedisStats {
   std::uint64_t grants_received = 0;   ///< hand-off messages on this client's grant channel

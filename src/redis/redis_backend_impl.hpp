@@ -62,7 +62,7 @@ class RedisBackend final : public Backend {
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
-  std::error_code connect_now(std::string& why);
+  void connect_now(Error& ec);
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
   AcquireResult acquire_queued(const AcquireRequest& req, Error& ec);
   void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
@@ -133,8 +133,9 @@ class RedisBackend final : public Backend {
     if (l) l->on_change(name);
   }
 
-  std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, std::error_code& ec,
-                                 std::string& why);
+  // The detail of a failure: the transport's (naming the server), the server's answer,
+  // or what was wrong with the reply.
+  std::vector<LockInfo> statuses(Connection& conn, std::span<const std::string> names, Error& ec);
 
   // The layout (redis/key_layout.hpp): "<prefix>:{<name>}", its counter
   // "<prefix>:{<tag>}:fence", one per hash slot in the slot of the lock (docs/redis.md
@@ -144,7 +145,7 @@ class RedisBackend final : public Backend {
   std::string lock_key(std::string_view name) const { return redis::lock_key(prefix_, name); }
   std::string record_key(std::string_view key) const { return redis::record_key(prefix_, key); }
 
-  bool answered(const Connection& conn, const Reply& r, const char* what, Error& ec);
+  bool answered(const Reply& r, const char* what, Error& ec);
   bool replicated_record(Connection& conn, std::string_view key, Error& ec);
 
   void unexpected(const char* what, Error& ec) {
@@ -152,10 +153,11 @@ class RedisBackend final : public Backend {
     ec.set_detail(conn_opts_.describe() + ": unexpected reply to " + what);
   }
 
-  void listing_failed(const Connection& conn, const std::string& why, Error& ec) {
+  // `cause` by value: it is often ec's own detail.
+  void listing_failed(const Connection& conn, std::string cause, Error& ec) {
     if (!ec) ec = make_error_code(errc::protocol_error);
-    if (!conn.connected()) report("list: " + why, ec);
-    ec.set_detail("list: " + why);
+    if (!conn.connected()) report("list: " + cause, ec);
+    ec.set_detail("list: " + cause);
   }
 
   void on_channel(std::string_view channel);
@@ -191,20 +193,20 @@ class RedisBackend final : public Backend {
   // A failure's error names the server and the cause.
   redis::PooledConnection checkout(Error& ec) {
     auto conn = pool_.checkout(ec);
-    if (ec) report(pool_.last_error(), ec);
+    if (ec) report(ec.detail(), ec);
     return conn;
   }
 
-  void failed(const redis::Link& conn, const char* what, Error& ec) {
-    report(std::string(what) + ": " + conn.last_error(), ec);
-  }
+  // After a transport failure on a link: ec's detail (the link's, naming the server)
+  // is said with what failed.
+  void failed(const char* what, Error& ec) { report(std::string(what) + ": " + ec.detail(), ec); }
 
   // One warning when the server becomes unreachable, one note when it is back,
   // rather than a line per failed call during an outage.
   // Logged once per outage; every failing call's error names the server and cause.
-  void report(const std::string& why, Error& ec) {
-    ec.set_detail(why);
-    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  void report(std::string message, Error& ec) {
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}", message);
+    ec.set_detail(std::move(message));
   }
   void ok() {
     if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", conn_opts_.describe());

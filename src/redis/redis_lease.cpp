@@ -32,7 +32,7 @@ void RedisBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
   }
   std::vector<Reply> replies = renew_script().run_pipelined(*conn, calls, ec);
   if (ec) {
-    failed(*conn, "renew", ec);
+    failed("renew", ec);
     return;
   }
   ok();
@@ -83,7 +83,7 @@ ReleaseStatus RedisBackend::release(std::string_view name, std::string_view owne
   Reply r = redis::queue_release_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                               {owner, k.released, grant_prefix_}, ec);
   if (ec) {
-    failed(*conn, "release", ec);
+    failed("release", ec);
     return ReleaseStatus::released;
   }
   ok();
@@ -110,7 +110,7 @@ void RedisBackend::forget(std::string_view name, std::string_view owner, std::ui
     Reply r = redis::queue_forget_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                                {owner, std::to_string(token), k.released, grant_prefix_}, ec);
     if (ec) {
-      failed(*conn, "forget a lost lease", ec);
+      failed("forget a lost lease", ec);
       return;
     }
     ok();
@@ -121,9 +121,9 @@ void RedisBackend::forget(std::string_view name, std::string_view owner, std::ui
 // A failed watch leaves nothing counted or subscribed (the subscriber undoes it)
 // and hands the cause to the caller's error.
 void RedisBackend::watch(std::string_view name, Error& ec) {
-  std::string why;
-  subscriber_.watch(lock_key(name) + ":released", ec, why);
+  subscriber_.watch(lock_key(name) + ":released", ec);
   if (ec) {
+    const std::string why = ec.detail();
     log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, why);
     ec.set_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
   }
@@ -155,7 +155,7 @@ void RedisBackend::on_channel(std::string_view channel) {
 bool RedisBackend::replicated(redis::Link& conn, const char* what, long long* acked_out) {
   const std::string n = std::to_string(wait_replicas_);
   const std::string ms = std::to_string(wait_timeout_.count());
-  std::error_code ec;
+  Error ec;
   Reply r = conn.command({"WAIT", n, ms}, ec);
   long long acked = -1;
   if (!ec && r && r->type == REDIS_REPLY_INTEGER) acked = r->integer;
@@ -163,7 +163,7 @@ bool RedisBackend::replicated(redis::Link& conn, const char* what, long long* ac
   if (acked >= wait_replicas_) return true;
   if (acked < 0) {
     log_.log(LogLevel::warning, "{}: WAIT after the {} failed: {}", conn_opts_.describe(), what,
-             ec ? conn.last_error() : std::string("unexpected reply"));
+             ec ? ec.detail() : std::string("unexpected reply"));
   } else {
     log_.log(LogLevel::warning, "{}: only {} of {} replicas acknowledged the {} within {} ms (wait={})",
              conn_opts_.describe(), acked, wait_replicas_, what, wait_timeout_.count(), wait_replicas_);

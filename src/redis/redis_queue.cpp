@@ -64,7 +64,7 @@ RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const Acqui
                                                   const Reply& r, Error& ec) {
   Answer a;
   if (ec) {
-    failed(conn, "acquire", ec);
+    failed("acquire", ec);
     return a;
   }
   std::uint64_t flag = 0;
@@ -109,11 +109,11 @@ void RedisBackend::subscribe_grants(std::string_view owner) {
   const std::string channel = grant_prefix_ + std::string(owner.substr(0, owner.find(':')));
   subscriber_.set_payload_handler(
       channel, [this](std::string_view, std::string_view payload) { on_grant_message(payload); });
-  std::error_code ec;
-  std::string why;
-  subscriber_.watch(channel, ec, why);
+  Error ec;
+  subscriber_.watch(channel, ec);
   if (ec) {
-    log_.log(LogLevel::warning, "cannot listen for hand-offs ({}); waits find them by re-checks", why);
+    log_.log(LogLevel::warning, "cannot listen for hand-offs ({}); waits find them by re-checks",
+             ec.detail());
     return;
   }
   grant_channel_ = channel;
@@ -163,7 +163,7 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
   }
   std::vector<Reply> replies = redis::queue_refresh_script().run_pipelined(*conn, calls, ec);
   if (ec) {
-    failed(*conn, "refresh of queued waits", ec);
+    failed("refresh of queued waits", ec);
     return out;
   }
   for (std::size_t c = 0; c < calls.size(); ++c) {
@@ -192,7 +192,7 @@ bool RedisBackend::cancel_wait(const redis::WaitQueue::Wait& w) {
   Reply r = redis::queue_cancel_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                              {w.owner, w.entry, k.released, grant_prefix_}, ec);
   if (ec) {
-    failed(*conn, "give up a wait", ec);
+    failed("give up a wait", ec);
     return false;
   }
   return !redis::is_error(r.get());
@@ -234,11 +234,11 @@ bool RedisBackend::replicated_acquire(redis::Link& conn, const AcquireRequest& r
   long long acked = -1;
   if (replicated(conn, "acquisition", &acked)) return true;
   const Keys k = keys_of(req.name);
-  auto release_on = [&](redis::Link& c, std::error_code& e) {
+  auto release_on = [&](redis::Link& c, Error& e) {
     redis::queue_release_script().run(c, {k.lock, k.queue, k.expiries, k.fence},
                                       {req.owner, k.released, grant_prefix_}, e);
   };
-  std::error_code rec;
+  Error rec;
   if (conn.connected()) {
     release_on(conn, rec);
   } else {

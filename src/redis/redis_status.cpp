@@ -17,10 +17,14 @@ LockInfo RedisBackend::status(std::string_view name, Error& ec) {
   auto conn = checkout(ec);
   if (ec) return {};
   const std::string n(name);
-  std::string why;
-  std::vector<LockInfo> infos = statuses(*conn, std::span(&n, 1), ec, why);
+  std::vector<LockInfo> infos = statuses(*conn, std::span(&n, 1), ec);
   if (ec) {
-    if (!conn->connected()) failed(*conn, "status", ec);
+    const std::string why = ec.detail();
+    if (!conn->connected()) {
+      failed("status", ec);
+    } else {
+      ec.set_detail({});  // the server's answer is logged, not part of the error
+    }
     log_.log(LogLevel::warning, "{}: status of \"{}\": {}", conn_opts_.describe(), name, why);
     return {};
   }
@@ -37,7 +41,7 @@ std::string RedisBackend::put_record(std::string_view key, std::string_view valu
   const std::string k = record_key(key);
   Reply r = mode == PutMode::always ? conn->command({"SET", k, value}, ec)
                                     : redis::put_if_absent_script().run(*conn, {k}, {value}, ec);
-  if (!answered(*conn, r, "put record", ec)) return {};
+  if (!answered(r, "put record", ec)) return {};
   if (!replicated_record(*conn, key, ec)) return {};
   if (mode == PutMode::always) return std::string(value);
   if (r->type != REDIS_REPLY_STRING) return unexpected("put record", ec), std::string();
@@ -49,7 +53,7 @@ std::optional<std::string> RedisBackend::get_record(std::string_view key, Error&
   auto conn = checkout(ec);
   if (ec) return std::nullopt;
   Reply r = conn->command({"GET", record_key(key)}, ec);
-  if (!answered(*conn, r, "get record", ec)) return std::nullopt;
+  if (!answered(r, "get record", ec)) return std::nullopt;
   if (r->type == REDIS_REPLY_NIL) return std::nullopt;
   if (r->type != REDIS_REPLY_STRING) return unexpected("get record", ec), std::nullopt;
   return std::string(redis::reply_str(r.get()));
@@ -60,7 +64,7 @@ bool RedisBackend::erase_record(std::string_view key, Error& ec) {
   auto conn = checkout(ec);
   if (ec) return false;
   Reply r = conn->command({"DEL", record_key(key)}, ec);
-  if (!answered(*conn, r, "erase record", ec)) return false;
+  if (!answered(r, "erase record", ec)) return false;
   if (!replicated_record(*conn, key, ec)) return false;
   if (r->type != REDIS_REPLY_INTEGER) return unexpected("erase record", ec), false;
   return r->integer > 0;
@@ -76,7 +80,6 @@ std::vector<ListedLock> RedisBackend::list_held(std::string_view prefix, std::si
   if (ec) return {};
   const std::string head = prefix_ + ":{";
   std::set<std::string> names;
-  std::string why;
   redis::scan_keys(
       *conn, redis::glob_escape(head) + redis::glob_escape(prefix) + "*}",
       [&](std::string_view key) {
@@ -84,11 +87,11 @@ std::vector<ListedLock> RedisBackend::list_held(std::string_view prefix, std::si
         const std::string_view name = key.substr(head.size(), key.size() - head.size() - 1);
         if (name.substr(0, prefix.size()) == prefix) names.emplace(name);
       },
-      ec, why);
-  if (ec) return listing_failed(*conn, why, ec), std::vector<ListedLock>{};
+      ec);
+  if (ec) return listing_failed(*conn, ec.detail(), ec), std::vector<ListedLock>{};
   auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, Error& e) {
-    std::vector<LockInfo> got = statuses(*conn, chunk, e, why);
-    if (e) return listing_failed(*conn, conn_opts_.describe() + ": " + why, e);
+    std::vector<LockInfo> got = statuses(*conn, chunk, e);
+    if (e) return listing_failed(*conn, conn_opts_.describe() + ": " + e.detail(), e);
     infos.insert(infos.end(), got.begin(), got.end());
   };
   auto out = redis::held_in_order(names, limit, truncated, status_of, ec);
@@ -100,7 +103,7 @@ std::vector<ListedLock> RedisBackend::list_held(std::string_view prefix, std::si
 // holder's token, and the live queued waiters. A free lock has no token to show:
 // its counter is its slot's, shared with other names.
 std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const std::string> names,
-                                             std::error_code& ec, std::string& why) {
+                                             Error& ec) {
   std::vector<Keys> ks;
   ks.reserve(names.size());
   for (const auto& n : names) ks.push_back(keys_of(n));
@@ -109,21 +112,17 @@ std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const s
   std::vector<redis::Script::Call> calls;
   for (auto& kv : key_views) calls.push_back({std::span<const std::string_view>(kv), {}});
   std::vector<Reply> replies = redis::queue_status_script().run_pipelined(conn, calls, ec);
-  if (ec) {
-    why = conn.last_error();
-    return {};
-  }
+  if (ec) return {};
   std::vector<LockInfo> out;
   for (const auto& one : replies) {
     const redisReply* r = one.get();
     if (r == nullptr || redis::is_error(r)) {
-      ec = r ? redis::error_code_of(r) : make_error_code(errc::protocol_error);
-      why = r ? std::string(redis::reply_str(r)) : std::string("no reply");
+      ec.fail(r ? redis::error_code_of(r) : make_error_code(errc::protocol_error),
+              r ? std::string(redis::reply_str(r)) : std::string("no reply"));
       return {};
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || r->element[0]->type != REDIS_REPLY_ARRAY) {
-      ec = make_error_code(errc::protocol_error);
-      why = "unexpected reply to the status script";
+      ec.fail(errc::protocol_error, "unexpected reply to the status script");
       return {};
     }
     LockInfo info;
@@ -151,14 +150,14 @@ std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const s
 
 // After a record command: false with ec (and an error detail naming the server)
 // when the transport failed or the server answered with an error.
-bool RedisBackend::answered(const Connection& conn, const Reply& r, const char* what, Error& ec) {
+bool RedisBackend::answered(const Reply& r, const char* what, Error& ec) {
   if (!ec) {
     ok();
     return true;
   }
   const std::string why =
       r ? conn_opts_.describe() + ": " + what + ": " + std::string(redis::reply_str(r.get()))
-        : std::string(what) + ": " + conn.last_error();
+        : std::string(what) + ": " + ec.detail();
   if (r) {
     log_.log(LogLevel::warning, "{}", why);
   } else {

@@ -27,22 +27,18 @@ bool no_password_configured(std::string_view why) {
 }  // namespace
 
 // Finds the master and connects to it; then starts the monitor.
-std::error_code SentinelBackend::start(std::string& why) {
-  std::error_code ec;
+void SentinelBackend::start(Error& ec) {
+  ec.clear();
   {
     LockGuard lk(discover_mu_);
-    bool unknown_everywhere = false;
     long long epoch = -1;
-    auto addr = discover(why, unknown_everywhere, epoch);
-    if (!addr) {
-      return make_error_code(unknown_everywhere ? errc::invalid_argument : errc::backend_unavailable);
-    }
-    if (!switch_to(*addr, ec, why)) return ec;
+    auto addr = discover(ec, epoch);
+    if (!addr) return;
+    if (!switch_to(*addr, ec)) return;
     current_epoch_ = epoch;
     last_discovery_ = Steady::now();
   }
   monitor_.start([this] { monitor(); });
-  return {};
 }
 
 // True when the master changed since `generation` (by this call or another).
@@ -52,14 +48,13 @@ bool SentinelBackend::rediscover(std::uint64_t generation, bool forced) {
   const auto now = Steady::now();
   if (!forced && now - last_discovery_ < kMinRediscover) return false;
   last_discovery_ = now;
-  std::string why;
-  bool unknown = false;
+  Error ec;
   long long epoch = -1;
-  auto addr = discover(why, unknown, epoch);
+  auto addr = discover(ec, epoch);
   if (!addr) {
     // Once per outage at warning level: the monitor retries several times a second.
     log_.log(std::exchange(no_master_, true) ? LogLevel::debug : LogLevel::warning, "{}: no master found: {}",
-             settings_.url, why);
+             settings_.url, ec.detail());
     return false;
   }
   if (std::exchange(no_master_, false)) {
@@ -69,8 +64,7 @@ bool SentinelBackend::rediscover(std::uint64_t generation, bool forced) {
     current_epoch_ = epoch;  // also when the sentinels' epochs restarted (re-monitored)
     return false;
   }
-  std::error_code ec;
-  if (!switch_to(*addr, ec, why)) return false;
+  if (!switch_to(*addr, ec)) return false;
   current_epoch_ = epoch;
   return true;
 }
@@ -78,28 +72,28 @@ bool SentinelBackend::rediscover(std::uint64_t generation, bool forced) {
 // One command to sentinel i (discover_mu_ held). A sentinel that has no password
 // and refuses AUTH is asked again without credentials from then on.
 Reply SentinelBackend::sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv,
-                                        std::error_code& ec, std::string& why) {
+                                        Error& ec) {
   Reply r = sentinel_conns_[i].command(argv, ec);
-  if (ec == errc::auth_failed && no_password_configured(sentinel_conns_[i].last_error())) {
+  if (ec == errc::auth_failed && no_password_configured(ec.detail())) {
     sentinel_opts_[i].user.clear();
     sentinel_opts_[i].password.clear();
     sentinel_conns_[i] = Connection(sentinel_opts_[i]);
     r = sentinel_conns_[i].command(argv, ec);
   }
-  if (ec) why = "sentinel " + sentinel_conns_[i].last_error();
+  if (ec) ec.set_detail("sentinel " + ec.detail());
   return r;
 }
 
 // The config-epoch sentinel i reports for the master (`SENTINEL MASTER <name>`,
 // field config-epoch), or -1 when it gives none (an error, an unexpected reply).
 // Sets `ec` only when the sentinel did not answer at all. discover_mu_ held.
-long long SentinelBackend::config_epoch(std::size_t i, std::error_code& ec, std::string& why) {
-  Reply r = sentinel_command(i, {"SENTINEL", "MASTER", master_name_}, ec, why);
+long long SentinelBackend::config_epoch(std::size_t i, Error& ec) {
+  Reply r = sentinel_command(i, {"SENTINEL", "MASTER", master_name_}, ec);
   if (ec) {
     // An error reply (no such master, an ACL without SENTINEL MASTER) is an answer
     // without an epoch; no answer or a refused password is not an answer.
     const bool answered = ec != errc::backend_unavailable &&
-                          (ec != errc::auth_failed || why.find("NOPERM") != std::string::npos);
+                          (ec != errc::auth_failed || ec.detail().find("NOPERM") != std::string::npos);
     if (answered) ec.clear();
     return -1;
   }
@@ -139,9 +133,9 @@ long long SentinelBackend::config_epoch(std::size_t i, std::error_code& ec, std:
 // answer) can be held on a hung old master or pulled back to a resumed one by such
 // a sentinel; the rule above costs one more command per sentinel and asking all.
 // `epoch` is the chosen address's epoch (-1: none reported). Every failure is
-// collected into `why`. discover_mu_ held.
-std::optional<Address> SentinelBackend::discover(std::string& why, bool& unknown_everywhere,
-                                                 long long& epoch) {
+// collected into the detail of `ec`: invalid_argument when every sentinel that answered
+// monitors no master of that name, else backend_unavailable. discover_mu_ held.
+std::optional<Address> SentinelBackend::discover(Error& ec, long long& epoch) {
   struct Answer {
     Address addr;
     long long epoch = -1;
@@ -151,13 +145,12 @@ std::optional<Address> SentinelBackend::discover(std::string& why, bool& unknown
   std::vector<Answer> answers;
   std::size_t unknown = 0, answered = 0;
   for (std::size_t i = 0; i < sentinel_conns_.size(); ++i) {
-    std::error_code ec;
-    std::string err;
-    const long long e = config_epoch(i, ec, err);
+    Error err;
+    const long long e = config_epoch(i, err);
     Reply r;
-    if (!ec) r = sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", master_name_}, ec, err);
-    if (ec) {
-      notes.push_back(err.empty() ? describe_sentinel(i) + ": " + ec.message() : err);
+    if (!err) r = sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", master_name_}, err);
+    if (err) {
+      notes.push_back(err.detail().empty() ? describe_sentinel(i) + ": " + err.message() : err.detail());
       continue;
     }
     ++answered;
@@ -175,7 +168,7 @@ std::optional<Address> SentinelBackend::discover(std::string& why, bool& unknown
     a.host = std::string(redis::reply_str(r->element[0]));
     answers.push_back({std::move(a), e, i});
   }
-  unknown_everywhere = answered > 0 && unknown == answered;
+  const bool unknown_everywhere = answered > 0 && unknown == answered;
   long long top = -1;
   for (const auto& x : answers) top = std::max(top, x.epoch);
   std::vector<std::pair<Address, std::size_t>> candidates;  // address, sentinels naming it
@@ -215,8 +208,7 @@ std::optional<Address> SentinelBackend::discover(std::string& why, bool& unknown
       // while the current master still answers as master, following them would pull
       // this client back to the old master while others hold locks on the new one.
       const bool older = top >= 0 && current_epoch_ >= 0 && top < current_epoch_;
-      std::string current_why;
-      if (older && is_master(now, current_why)) {
+      if (older && why_not_master(now).empty()) {
         notes.push_back(std::to_string(count) + " of " + std::to_string(sentinel_conns_.size()) +
                         " sentinels name " + a.text() + " with config-epoch " + std::to_string(top) +
                         ", older than the current master's " + std::to_string(current_epoch_) +
@@ -224,46 +216,46 @@ std::optional<Address> SentinelBackend::discover(std::string& why, bool& unknown
         continue;
       }
     }
-    std::string role_why;
-    if (is_master(a, role_why)) {
+    const std::string role_why = why_not_master(a);
+    if (role_why.empty()) {
       epoch = top;
+      ec.clear();
       return a;
     }
     notes.push_back(std::to_string(count) + " sentinel(s) name " + a.text() + " as master, but " + role_why);
   }
-  why.clear();
+  std::string why;
   for (const auto& n : notes) why += (why.empty() ? "" : "; ") + n;
+  ec.fail(unknown_everywhere ? errc::invalid_argument : errc::backend_unavailable, std::move(why));
   return std::nullopt;
 }
 
-bool SentinelBackend::is_master(const Address& a, std::string& why) {
+// "" when the server at `a` answers ROLE as a master; else why not (it cannot be
+// reached, or the role it answers).
+std::string SentinelBackend::why_not_master(const Address& a) {
   ConnectionOptions o = master_tpl_;
   o.host = a.host;
   o.port = a.port;
   Connection c(o);
-  std::error_code ec;
+  Error ec;
   Reply r = c.command({"ROLE"}, ec);
-  if (ec) {
-    why = c.last_error();
-    return false;
-  }
+  if (ec) return ec.detail();
   const std::string_view role =
       r->type == REDIS_REPLY_ARRAY && r->elements > 0 ? redis::reply_str(r->element[0]) : std::string_view();
-  if (role == "master") return true;
-  why = "it answers ROLE with \"" + std::string(role) + "\"";
-  return false;
+  if (role == "master") return {};
+  return "it answers ROLE with \"" + std::string(role) + "\"";
 }
 
 // Makes a redis:// backend for `a`, subscribes the watched names on it, swaps it
 // in and wakes every waiter (a release may have happened while nobody listened on
 // the new master). discover_mu_ held.
-bool SentinelBackend::switch_to(const Address& a, std::error_code& ec, std::string& why) {
+bool SentinelBackend::switch_to(const Address& a, Error& ec) {
   ConnectionOptions o = master_tpl_;
   o.host = a.host;
   o.port = a.port;
-  auto made = make_redis_backend_for(o, settings_, client_opts_, ec, why);
+  auto made = make_redis_backend_for(o, settings_, client_opts_, ec);
   if (!made) {
-    log_.log(LogLevel::warning, "{}: cannot use master {}: {}", settings_.url, a.text(), why);
+    log_.log(LogLevel::warning, "{}: cannot use master {}: {}", settings_.url, a.text(), ec.detail());
     return false;
   }
   std::shared_ptr<Backend> fresh(std::move(made));
@@ -366,8 +358,11 @@ std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptio
     sentinels.push_back(std::move(s));
   }
   auto backend = std::make_unique<redis::SentinelBackend>(std::move(sentinels), name, master, settings, opts);
-  if ((ec = backend->start(why))) {
-    why = "URL " + shown + ": " + why;
+  Error err;
+  backend->start(err);
+  if (err) {
+    ec = err;
+    why = "URL " + shown + ": " + err.detail();
     return nullptr;
   }
   return backend;

@@ -67,7 +67,9 @@ class SentinelBackend final : public Backend, private ChangeListener {
     current_.reset();  // stops its subscriber while every member is alive
   }
 
-  std::error_code start(std::string& why);
+  // ec: backend_unavailable (no sentinel names a usable master), invalid_argument (no
+  // sentinel monitors the name), or the master's connect error; the detail says why.
+  void start(Error& ec);
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
@@ -179,14 +181,12 @@ class SentinelBackend final : public Backend, private ChangeListener {
     return "sentinel " + sentinel_opts_[i].host + ":" + std::to_string(sentinel_opts_[i].port);
   }
 
-  Reply sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv, std::error_code& ec,
-                         std::string& why) DISTLOCK_REQUIRES(discover_mu_);
-  long long config_epoch(std::size_t i, std::error_code& ec, std::string& why)
+  Reply sentinel_command(std::size_t i, std::initializer_list<std::string_view> argv, Error& ec)
       DISTLOCK_REQUIRES(discover_mu_);
-  std::optional<Address> discover(std::string& why, bool& unknown_everywhere, long long& epoch)
-      DISTLOCK_REQUIRES(discover_mu_);
-  bool is_master(const Address& a, std::string& why);
-  bool switch_to(const Address& a, std::error_code& ec, std::string& why);
+  long long config_epoch(std::size_t i, Error& ec) DISTLOCK_REQUIRES(discover_mu_);
+  std::optional<Address> discover(Error& ec, long long& epoch) DISTLOCK_REQUIRES(discover_mu_);
+  std::string why_not_master(const Address& a);
+  bool switch_to(const Address& a, Error& ec);
   void monitor();
   void listen(redis::Socket& sock, redisReader& reader);
 

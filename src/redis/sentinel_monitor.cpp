@@ -57,15 +57,14 @@ void SentinelBackend::monitor() {
       next = (next + 1) % sentinel_opts_.size();
       o = sentinel_opts_[i];
     }
-    std::error_code ec;
-    std::string why;
-    std::unique_ptr<redis::Socket> sock = redis::open_socket(o, ec, why);
+    Error ec;  // a failed connect or SUBSCRIBE is retried below; discovery reports outages
+    std::unique_ptr<redis::Socket> sock = redis::open_socket(o, ec);
     redis::ReaderPtr reader = redis::make_reader();
     if (sock && reader) {
       std::string cmd;
       const std::string_view argv[] = {"SUBSCRIBE", "+switch-master"};
       if (redis::format_command(cmd, argv) &&
-          sock->write_all(cmd, redis::Socket::Clock::now() + o.command_timeout, why)) {
+          sock->write_all(cmd, redis::Socket::Clock::now() + o.command_timeout, ec)) {
         listen(*sock, *reader);
       }
     }
@@ -89,8 +88,8 @@ void SentinelBackend::listen(redis::Socket& sock, redisReader& reader) {
     if (n > 0 && fds[1].revents != 0) {
       char buf[4096];
       short want = 0;
-      std::string why;
-      const long got = sock.read(buf, sizeof buf, want, why);
+      Error ec;  // the connection is dropped and opened again by monitor()
+      const long got = sock.read(buf, sizeof buf, want, ec);
       if (got == 0 || got == -1) return;
       if (got > 0 && redisReaderFeed(&reader, buf, static_cast<std::size_t>(got)) != REDIS_OK) return;
       bool switched = false;

@@ -13,8 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-thread_local std::string tl_last_error;
-
 }  // namespace
 
 // One call (a command or a pipeline) waiting for its replies. Lives on the
@@ -22,8 +20,7 @@ thread_local std::string tl_last_error;
 struct SharedConnection::Pending {
   std::size_t expected = 0;
   std::vector<Reply> replies;
-  std::error_code ec;
-  std::string why;
+  Error ec;  // set when the wire failed before the replies came: names the server and the cause
   bool done = false;
   Clock::time_point deadline;
   std::condition_variable cv;
@@ -47,10 +44,6 @@ SharedConnection::SharedConnection(ConnectionOptions opts) : opts_(std::move(opt
 
 SharedConnection::~SharedConnection() = default;
 
-std::string SharedConnection::last_error() const {
-  return tl_last_error;
-}
-
 bool SharedConnection::connected() const noexcept {
   LockGuard lk(mu_);
   return wire_ != nullptr && !wire_->broken;
@@ -67,8 +60,7 @@ SharedConnection::Stats SharedConnection::stats() const noexcept {
 // The wire to queue a call on, connected now if there is none. A wire that is idle
 // and readable was closed by the server (restart, CLIENT KILL, idle timeout): it is
 // dropped before use, so the call is not lost to a dead socket.
-std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLock& lk, std::error_code& ec,
-                                                                        std::string& why) {
+std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLock& lk, Error& ec) {
   if (wire_ && wire_->inflight.empty() && !wire_->reading && !wire_->writing &&
       wire_->sock->idle_but_readable()) {
     wire_.reset();
@@ -83,7 +75,6 @@ std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLo
     if (wire_) return wire_;
     if (connect_attempts_ != attempt && connect_ec_) {  // the attempt waited for failed: so does this call
       ec = connect_ec_;
-      why = connect_why_;
       return nullptr;
     }
     // It connected and the connection already broke, or another caller began an
@@ -93,22 +84,16 @@ std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLo
   connecting_ = true;
   lk.unlock();
   auto w = std::make_shared<Wire>();
-  std::error_code e;
-  std::string text;
-  w->sock = open_socket(opts_, e, text);  // TCP or TLS, AUTH, SELECT; non-blocking
-  if (!e && !w->reader) {
-    e = make_error_code(errc::backend_unavailable);
-    text = opts_.describe() + ": out of memory";
-  }
+  Error e;
+  w->sock = open_socket(opts_, e);  // TCP or TLS, AUTH, SELECT; non-blocking
+  if (!e && !w->reader) e.fail(errc::backend_unavailable, opts_.describe() + ": out of memory");
   lk.lock();
   connecting_ = false;
   ++connect_attempts_;
   connect_ec_ = e;
-  connect_why_ = text;
   connected_cv_.notify_all();
   if (e) {
-    ec = e;
-    why = text;
+    ec = std::move(e);
     return nullptr;
   }
   connects_.fetch_add(1, std::memory_order_relaxed);
@@ -116,12 +101,11 @@ std::shared_ptr<SharedConnection::Wire> SharedConnection::wire_for_call(UniqueLo
   return w;
 }
 
-void SharedConnection::fail(const std::shared_ptr<Wire>& w, const std::string& why) {
+void SharedConnection::fail(const std::shared_ptr<Wire>& w, const Error& err) {
   if (w->broken) return;
   w->broken = true;
   for (Pending* p : w->inflight) {
-    p->ec = make_error_code(errc::backend_unavailable);
-    p->why = why;
+    p->ec = err;
     p->done = true;
     p->cv.notify_one();
   }
@@ -140,11 +124,11 @@ void SharedConnection::write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w)
     buf.swap(w->out);
     const Clock::time_point deadline = Clock::now() + opts_.command_timeout;
     lk.unlock();
-    std::string why;
-    if (!w->sock->write_all(buf, deadline, why)) why = opts_.describe() + ": " + why;
+    Error io;
+    if (!w->sock->write_all(buf, deadline, io)) io.set_detail(opts_.describe() + ": " + io.detail());
     writes_.fetch_add(1, std::memory_order_relaxed);
     lk.lock();
-    if (!why.empty()) fail(w, why);
+    if (io) fail(w, io);
   }
   w->writing = false;
 }
@@ -158,29 +142,34 @@ void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, 
   while (!mine.done && !w->broken) {
     const Clock::time_point deadline = w->inflight.front()->deadline;
     lk.unlock();
-    std::string why;
+    // Every failure of the wire is backend_unavailable; `io` names the server and the cause.
+    Error io;
+    auto broke = [&](const std::string& cause) {
+      io.fail(errc::backend_unavailable, opts_.describe() + ": " + cause);
+    };
     got.clear();
     short want = POLLIN;
-    long n = w->sock->read(buf, sizeof buf, want, why);
+    long n = w->sock->read(buf, sizeof buf, want, io);
     if (n == Socket::kWouldBlock) {
       if (w->sock->wait(want, deadline)) {
-        n = w->sock->read(buf, sizeof buf, want, why);
+        n = w->sock->read(buf, sizeof buf, want, io);
       } else {
-        why = "no reply within " + std::to_string(opts_.command_timeout.count()) + " ms";
+        io.fail(errc::backend_unavailable,
+                "no reply within " + std::to_string(opts_.command_timeout.count()) + " ms");
       }
     }
-    if (!why.empty()) {
-      why = opts_.describe() + ": " + why;
+    if (io) {
+      broke(io.detail());
     } else if (n == 0) {
-      why = opts_.describe() + ": the server closed the connection";
+      broke("the server closed the connection");
     } else if (n > 0) {
       if (redisReaderFeed(w->reader.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
-        why = opts_.describe() + ": out of memory reading a reply";
+        broke("out of memory reading a reply");
       }
       for (;;) {
         void* raw = nullptr;
         if (redisReaderGetReply(w->reader.get(), &raw) != REDIS_OK) {
-          why = opts_.describe() + ": protocol error: " + std::string(w->reader->errstr);
+          broke("protocol error: " + std::string(w->reader->errstr));
           break;
         }
         if (raw == nullptr) break;
@@ -191,7 +180,7 @@ void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, 
     if (w->broken) break;  // another thread failed it: its calls are answered
     for (Reply& reply : got) {
       if (w->inflight.empty()) {
-        why = opts_.describe() + ": a reply nobody asked for";
+        broke("a reply nobody asked for");
         break;
       }
       Pending* front = w->inflight.front();
@@ -202,21 +191,20 @@ void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, 
         if (front != &mine) front->cv.notify_one();
       }
     }
-    if (!why.empty()) fail(w, why);
+    if (io) fail(w, io);
   }
   w->reading = false;
   if (!w->inflight.empty()) w->inflight.front()->cv.notify_one();
 }
 
-std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::error_code& ec) {
+std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, Error& ec) {
   ec.clear();
   std::vector<Reply> out(batch.size());
   if (batch.empty()) return out;
   std::string cmds;
   for (const Argv& argv : batch) {
     if (!format_command(cmds, argv)) {
-      ec = make_error_code(errc::backend_unavailable);
-      tl_last_error = opts_.describe() + ": cannot format a command (out of memory)";
+      ec.fail(errc::backend_unavailable, opts_.describe() + ": cannot format a command (out of memory)");
       return out;
     }
   }
@@ -225,12 +213,8 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::
   mine.expected = batch.size();
   mine.replies.reserve(batch.size());
   UniqueLock lk(mu_);
-  std::string why;
-  const std::shared_ptr<Wire> w = wire_for_call(lk, ec, why);
-  if (ec) {
-    tl_last_error = why;
-    return out;
-  }
+  const std::shared_ptr<Wire> w = wire_for_call(lk, ec);
+  if (ec) return out;
   mine.deadline = Clock::now() + opts_.command_timeout;
   w->out += cmds;
   w->inflight.push_back(&mine);
@@ -245,20 +229,19 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, std::
   }
   lk.unlock();
   if (mine.ec) {
-    ec = mine.ec;
-    tl_last_error = mine.why;
+    ec = std::move(mine.ec);
     return out;
   }
   return std::move(mine.replies);
 }
 
-Reply SharedConnection::command(std::span<const std::string_view> argv, std::error_code& ec) {
+Reply SharedConnection::command(std::span<const std::string_view> argv, Error& ec) {
   const Argv one(argv.begin(), argv.end());
   std::vector<Reply> r = exchange(std::span(&one, 1), ec);
   if (ec) return nullptr;
   if (r.front()->type == REDIS_REPLY_ERROR) {
-    tl_last_error = opts_.describe() + " answered: " + std::string(reply_str(r.front().get()));
-    ec = error_code_of(r.front().get());
+    ec.fail(error_code_of(r.front().get()),
+            opts_.describe() + " answered: " + std::string(reply_str(r.front().get())));
   }
   return std::move(r.front());
 }

@@ -62,11 +62,9 @@ class SharedConnection final : public Link {
   /// No call may be in flight (the owner destroys it after its last call returned).
   ~SharedConnection() override;
 
-  Reply command(std::span<const std::string_view> argv, std::error_code& ec) override;
+  Reply command(std::span<const std::string_view> argv, Error& ec) override;
   using Link::command;
-  std::vector<Reply> exchange(std::span<const Argv> batch, std::error_code& ec) override;
-  /// The calling thread's last failure on any shared connection (it names the server).
-  std::string last_error() const override;
+  std::vector<Reply> exchange(std::span<const Argv> batch, Error& ec) override;
   bool connected() const noexcept override;
   const ConnectionOptions& options() const noexcept { return opts_; }
 
@@ -85,22 +83,21 @@ class SharedConnection final : public Link {
   // These three take the caller's lock on mu_ and drop it around socket I/O, which the
   // analysis cannot follow through a lock passed by reference: callers are checked to hold
   // mu_, the bodies are not.
-  std::shared_ptr<Wire> wire_for_call(UniqueLock& lk, std::error_code& ec, std::string& why)
+  std::shared_ptr<Wire> wire_for_call(UniqueLock& lk, Error& ec)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
-  void fail(const std::shared_ptr<Wire>& w, const std::string& why) DISTLOCK_REQUIRES(mu_);
+  void fail(const std::shared_ptr<Wire>& w, const Error& err) DISTLOCK_REQUIRES(mu_);
 
   const ConnectionOptions opts_;
   mutable AnnotatedMutex mu_;
   std::shared_ptr<Wire> wire_ DISTLOCK_GUARDED_BY(mu_);  // null until the first call or after a failure
   bool connecting_ DISTLOCK_GUARDED_BY(mu_) = false;     // a caller is opening a connection (unlocked)
   std::uint64_t connect_attempts_ DISTLOCK_GUARDED_BY(mu_) = 0;  // finished attempts
-  std::error_code connect_ec_ DISTLOCK_GUARDED_BY(mu_);          // the outcome of the last attempt
-  std::string connect_why_ DISTLOCK_GUARDED_BY(mu_);
-  std::condition_variable connected_cv_;  // an attempt finished
+  Error connect_ec_ DISTLOCK_GUARDED_BY(mu_);                    // the outcome of the last attempt
+  std::condition_variable connected_cv_;                         // an attempt finished
   std::atomic<std::uint64_t> calls_{0}, writes_{0}, connects_{0};
 };
 

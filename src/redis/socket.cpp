@@ -112,7 +112,7 @@ bool Socket::idle_but_readable() const noexcept {
   return r != 0;  // readable (EOF, error, stray data) or poll failed
 }
 
-long Socket::read(char* buf, std::size_t n, short& want, std::string& why) {
+long Socket::read(char* buf, std::size_t n, short& want, Error& err) {
   if (ssl_ == nullptr) {
     for (;;) {
       const ssize_t r = ::recv(fd_, buf, n, 0);
@@ -122,7 +122,7 @@ long Socket::read(char* buf, std::size_t n, short& want, std::string& why) {
         want = POLLIN;
         return kWouldBlock;
       }
-      why = std::string("reading failed: ") + errno_text(errno);
+      err.fail(errc::backend_unavailable, std::string("reading failed: ") + errno_text(errno));
       return -1;
     }
   }
@@ -136,13 +136,13 @@ long Socket::read(char* buf, std::size_t n, short& want, std::string& why) {
     case SSL_ERROR_ZERO_RETURN: return 0;
     case SSL_ERROR_SYSCALL:
       if (errno == 0 || errno == EPIPE || errno == ECONNRESET) return 0;
-      why = std::string("TLS read failed: ") + errno_text(errno);
+      err.fail(errc::backend_unavailable, std::string("TLS read failed: ") + errno_text(errno));
       return -1;
-    default: why = "TLS read failed: " + ssl_errors(); return -1;
+    default: err.fail(errc::backend_unavailable, "TLS read failed: " + ssl_errors()); return -1;
   }
 }
 
-long Socket::write(const char* buf, std::size_t n, short& want, std::string& why) {
+long Socket::write(const char* buf, std::size_t n, short& want, Error& err) {
   if (ssl_ == nullptr) {
     for (;;) {
       const ssize_t r = ::send(fd_, buf, n, MSG_NOSIGNAL);
@@ -152,7 +152,7 @@ long Socket::write(const char* buf, std::size_t n, short& want, std::string& why
         want = POLLOUT;
         return kWouldBlock;
       }
-      why = std::string("sending failed: ") + errno_text(errno);
+      err.fail(errc::backend_unavailable, std::string("sending failed: ") + errno_text(errno));
       return -1;
     }
   }
@@ -164,8 +164,10 @@ long Socket::write(const char* buf, std::size_t n, short& want, std::string& why
   switch (SSL_get_error(ssl_, r)) {
     case SSL_ERROR_WANT_READ: want = POLLIN; return kWouldBlock;
     case SSL_ERROR_WANT_WRITE: want = POLLOUT; return kWouldBlock;
-    case SSL_ERROR_SYSCALL: why = std::string("TLS write failed: ") + errno_text(errno); return -1;
-    default: why = "TLS write failed: " + ssl_errors(); return -1;
+    case SSL_ERROR_SYSCALL:
+      err.fail(errc::backend_unavailable, std::string("TLS write failed: ") + errno_text(errno));
+      return -1;
+    default: err.fail(errc::backend_unavailable, "TLS write failed: " + ssl_errors()); return -1;
   }
 }
 
@@ -179,20 +181,22 @@ bool Socket::wait(short want, Clock::time_point deadline) {
   }
 }
 
-bool Socket::write_all(std::string_view data, Clock::time_point deadline, std::string& why) {
+bool Socket::write_all(std::string_view data, Clock::time_point deadline, Error& err) {
+  err.clear();
   std::size_t at = 0;
   while (at < data.size()) {
     short want = 0;
-    const long n = write(data.data() + at, data.size() - at, want, why);
+    const long n = write(data.data() + at, data.size() - at, want, err);
     if (n > 0) {
       at += static_cast<std::size_t>(n);
     } else if (n == kWouldBlock) {
       if (!wait(want, deadline)) {
-        why = "the server took no data within " + std::to_string(timeout_ms_) + " ms";
+        err.fail(errc::backend_unavailable,
+                 "the server took no data within " + std::to_string(timeout_ms_) + " ms");
         return false;
       }
     } else {
-      if (why.empty()) why = "the connection is closed";
+      if (err.detail().empty()) err.fail(errc::backend_unavailable, "the connection is closed");
       return false;
     }
   }
@@ -200,28 +204,29 @@ bool Socket::write_all(std::string_view data, Clock::time_point deadline, std::s
 }
 
 std::unique_ptr<redisReply, ReplyFree> Socket::read_reply(redisReader& reader, Clock::time_point deadline,
-                                                          std::string& why) {
+                                                          Error& err) {
+  err.clear();
   char buf[16 * 1024];
   for (;;) {
     void* raw = nullptr;
     if (redisReaderGetReply(&reader, &raw) != REDIS_OK) {
-      why = std::string("protocol error: ") + reader.errstr;
+      err.fail(errc::backend_unavailable, std::string("protocol error: ") + reader.errstr);
       return nullptr;
     }
     if (raw != nullptr) return std::unique_ptr<redisReply, ReplyFree>(static_cast<redisReply*>(raw));
     short want = 0;
-    const long n = read(buf, sizeof buf, want, why);
+    const long n = read(buf, sizeof buf, want, err);
     if (n > 0) {
       if (redisReaderFeed(&reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
-        why = "out of memory reading a reply";
+        err.fail(errc::backend_unavailable, "out of memory reading a reply");
         return nullptr;
       }
     } else if (n == 0) {
-      why = "the server closed the connection";
+      err.fail(errc::backend_unavailable, "the server closed the connection");
       return nullptr;
     } else if (n == kWouldBlock) {
       if (!wait(want, deadline)) {
-        why = "no reply within " + std::to_string(timeout_ms_) + " ms";
+        err.fail(errc::backend_unavailable, "no reply within " + std::to_string(timeout_ms_) + " ms");
         return nullptr;
       }
     } else {

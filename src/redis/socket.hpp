@@ -16,11 +16,16 @@
 // allowed.
 //
 // Example:
-//   std::error_code ec; std::string why;
-//   auto sock = open_socket(opts, ec, why);          // TCP or TLS, then AUTH and SELECT
+// Errors are a detail::Error: the code (backend_unavailable for a transport failure) and
+// the cause ("reading failed: Connection reset by peer"); open_socket and start_socket
+// name the server in it.
+//
+// Example:
+//   detail::Error err;
+//   auto sock = open_socket(opts, err);              // TCP or TLS, then AUTH and SELECT
 //   ReaderPtr reader = make_reader();
-//   sock->write_all(formatted, deadline, why);
-//   Reply r = sock->read_reply(*reader, deadline, why);
+//   sock->write_all(formatted, deadline, err);
+//   Reply r = sock->read_reply(*reader, deadline, err);
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -31,6 +36,8 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+
+#include "engine/backend_error.hpp"
 
 struct ssl_st;  // OpenSSL's SSL
 
@@ -62,11 +69,11 @@ class Socket {
   int fd() const noexcept { return fd_; }
   bool tls() const noexcept { return ssl_ != nullptr; }
 
-  /// Bytes read (> 0), 0 at EOF, -1 on an error (`why` says which), or kWouldBlock
-  /// with `want` set to POLLIN or POLLOUT.
-  long read(char* buf, std::size_t n, short& want, std::string& why);
-  /// Bytes written (> 0), -1 on an error, or kWouldBlock with `want` set.
-  long write(const char* buf, std::size_t n, short& want, std::string& why);
+  /// Bytes read (> 0), 0 at EOF, -1 on an error (`err`: backend_unavailable and the
+  /// cause), or kWouldBlock with `want` set to POLLIN or POLLOUT.
+  long read(char* buf, std::size_t n, short& want, Error& err);
+  /// Bytes written (> 0), -1 on an error (`err` as for read), or kWouldBlock with `want` set.
+  long write(const char* buf, std::size_t n, short& want, Error& err);
   /// True when TLS holds decrypted bytes not read yet (poll() does not see them).
   bool buffered() const;
   /// For a connection with no request in flight: true when anything is readable (EOF
@@ -74,13 +81,15 @@ class Socket {
   /// error; stray data). Such a connection must not carry the next request.
   bool idle_but_readable() const noexcept;
 
-  /// Writes all of `data`, waiting up to `deadline`. False with `why` on failure
-  /// ("the server took no data within N ms" past the deadline, N the command timeout).
-  bool write_all(std::string_view data, Clock::time_point deadline, std::string& why);
-  /// Reads until `reader` yields one reply, waiting up to `deadline`. Null with `why`
-  /// on failure (EOF, error, protocol error, "no reply within N ms" past the deadline).
+  /// Writes all of `data`, waiting up to `deadline`. False with `err` on failure
+  /// (backend_unavailable; "the server took no data within N ms" past the deadline, N the
+  /// command timeout).
+  bool write_all(std::string_view data, Clock::time_point deadline, Error& err);
+  /// Reads until `reader` yields one reply, waiting up to `deadline`. Null with `err`
+  /// (backend_unavailable) on failure (EOF, error, protocol error, "no reply within N ms"
+  /// past the deadline).
   std::unique_ptr<redisReply, ReplyFree> read_reply(redisReader& reader, Clock::time_point deadline,
-                                                    std::string& why);
+                                                    Error& err);
   /// Waits until the socket is ready for `want` or the deadline passes (false).
   bool wait(short want, Clock::time_point deadline);
 
@@ -90,16 +99,16 @@ class Socket {
   /// For a socket from start_socket(): goes on with the TCP connect and then the TLS
   /// handshake as far as possible without waiting. 1 once the socket is ready for
   /// commands (at once for one from open_socket()), kWouldBlock with `want` set, or
-  /// -1 with `why` (refused, reset, certificate rejected, ...).
-  long progress_connect(short& want, std::string& why);
+  /// -1 with `err` (backend_unavailable: refused, reset, certificate rejected, ...).
+  long progress_connect(short& want, Error& err);
   /// True until progress_connect() returned 1.
   bool connecting() const noexcept { return state_ != State::open; }
   /// True while the TLS handshake of a started socket is under way (TCP is up).
   bool handshaking() const noexcept { return state_ == State::tls; }
 
  private:
-  friend std::unique_ptr<Socket> open_socket(const ConnectionOptions&, std::error_code&, std::string&);
-  friend std::unique_ptr<Socket> start_socket(const ConnectionOptions&, std::error_code&, std::string&);
+  friend std::unique_ptr<Socket> open_socket(const ConnectionOptions&, Error&);
+  friend std::unique_ptr<Socket> start_socket(const ConnectionOptions&, Error&);
   enum class State { tcp, tls, open };
   Socket() = default;
   State state_ = State::open;
@@ -114,8 +123,9 @@ class Socket {
 /// then AUTH (or PING to find out whether a password is required) and SELECT, within
 /// the connect and command timeouts. Errors: backend_unavailable (refused, timed out,
 /// TLS handshake or certificate failed, naming host:port and the cause), auth_failed,
-/// invalid_url (SELECT refused; a TLS file that cannot be read).
-std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
+/// invalid_url (SELECT refused; a TLS file that cannot be read), with the detail naming
+/// the server.
+std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, Error& err);
 
 /// Starts connecting to the server of `opts` without waiting, for callers that drive
 /// several connections from one poll() loop (Redlock's fan-out): the TCP connect and
@@ -123,11 +133,11 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
 /// (the caller pipelines them before its first command). Of the host's addresses, the
 /// first whose connect does not fail at once is used. Fails at once with invalid_url
 /// (TLS settings that cannot be used) or backend_unavailable (no address, refused at
-/// once), `why` naming the server.
-std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why);
+/// once), the detail naming the server.
+std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, Error& err);
 
 /// invalid_url naming the problem when the TLS settings of `opts` (CA bundle, client
-/// certificate and key) cannot be used; {} otherwise or without TLS. No connection.
-std::error_code check_tls_settings(const ConnectionOptions& opts, std::string& why);
+/// certificate and key) cannot be used; no error otherwise or without TLS. No connection.
+Error check_tls_settings(const ConnectionOptions& opts);
 
 }  // namespace distlock::detail::redis

@@ -47,8 +47,10 @@ void tune_tcp(int fd) {
 // connect in progress is waited for (a timeout moves on to the next address);
 // without one, a connect in progress is returned as it is, with `pending` set, for
 // the caller to finish (start_socket); a refusal at once still moves on.
+// -1 with `err` (backend_unavailable and the cause, not naming the server) when no
+// address could be connected to.
 int connect_tcp(const ConnectionOptions& opts, std::optional<Clock::time_point> deadline, bool& pending,
-                std::string& why) {
+                Error& err) {
   pending = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -57,56 +59,57 @@ int connect_tcp(const ConnectionOptions& opts, std::optional<Clock::time_point> 
   const std::string port = std::to_string(opts.port);
   const int rc = ::getaddrinfo(opts.host.c_str(), port.c_str(), &hints, &found);
   if (rc != 0) {
-    why = std::string("cannot resolve the host: ") + ::gai_strerror(rc);
+    err.fail(errc::backend_unavailable, std::string("cannot resolve the host: ") + ::gai_strerror(rc));
     return -1;
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(found, ::freeaddrinfo);
-  why = "no address";
+  err.fail(errc::backend_unavailable, "no address");
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
-      why = std::string("socket: ") + errno_text(errno);
+      err.fail(errc::backend_unavailable, std::string("socket: ") + errno_text(errno));
       continue;
     }
-    int err = 0;
+    int e = 0;
     if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      err = errno;
-      if (err == EINPROGRESS && !deadline) {
+      e = errno;
+      if (e == EINPROGRESS && !deadline) {
         pending = true;
+        err.clear();
         return fd;
       }
-      if (err == EINPROGRESS) {
+      if (e == EINPROGRESS) {
         pollfd p{fd, POLLOUT, 0};
         int r = 0;
         while ((r = ::poll(&p, 1, poll_ms(*deadline))) < 0 && errno == EINTR) {
         }
-        socklen_t len = sizeof err;
+        socklen_t len = sizeof e;
         if (r == 0) {
-          err = ETIMEDOUT;
-        } else if (r < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
-          err = errno;
+          e = ETIMEDOUT;
+        } else if (r < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) {
+          e = errno;
         }
       }
     }
-    if (err == 0) {
+    if (e == 0) {
       tune_tcp(fd);
+      err.clear();
       return fd;
     }
     ::close(fd);
-    why = err == ETIMEDOUT ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
-                           : std::string(errno_text(err));
+    err.fail(errc::backend_unavailable,
+             e == ETIMEDOUT ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
+                            : std::string(errno_text(e)));
   }
   return -1;
 }
 
 // The client TLS context of `opts` (CA bundle, optional client certificate). Null
-// with `code` and `text` set when the settings cannot be used.
-std::unique_ptr<SSL_CTX, SslCtxFree> make_tls_context(const ConnectionOptions& opts, errc& code,
-                                                      std::string& text) {
+// with `err` (the cause, not naming the server) when the settings cannot be used.
+std::unique_ptr<SSL_CTX, SslCtxFree> make_tls_context(const ConnectionOptions& opts, Error& err) {
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx(SSL_CTX_new(TLS_client_method()));
   if (!ctx) {
-    code = errc::backend_unavailable;
-    text = "TLS: " + ssl_errors();
+    err.fail(errc::backend_unavailable, "TLS: " + ssl_errors());
     return nullptr;
   }
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
@@ -115,9 +118,10 @@ std::unique_ptr<SSL_CTX, SslCtxFree> make_tls_context(const ConnectionOptions& o
                           ? SSL_CTX_set_default_verify_paths(ctx.get()) == 1
                           : SSL_CTX_load_verify_locations(ctx.get(), opts.tls.ca_file.c_str(), nullptr) == 1;
   if (!loaded) {
-    code = errc::invalid_url;
-    text = "cannot load the CA certificates" +
-           (opts.tls.ca_file.empty() ? std::string() : " \"" + opts.tls.ca_file + "\"") + ": " + ssl_errors();
+    err.fail(errc::invalid_url,
+             "cannot load the CA certificates" +
+                 (opts.tls.ca_file.empty() ? std::string() : " \"" + opts.tls.ca_file + "\"") + ": " +
+                 ssl_errors());
     return nullptr;
   }
   if (!opts.tls.cert_file.empty() &&
@@ -126,9 +130,8 @@ std::unique_ptr<SSL_CTX, SslCtxFree> make_tls_context(const ConnectionOptions& o
            ctx.get(), (opts.tls.key_file.empty() ? opts.tls.cert_file : opts.tls.key_file).c_str(),
            SSL_FILETYPE_PEM) != 1 ||
        SSL_CTX_check_private_key(ctx.get()) != 1)) {
-    code = errc::invalid_url;
-    text = "cannot use the client certificate \"" + opts.tls.cert_file + "\" and key \"" + opts.tls.key_file +
-           "\": " + ssl_errors();
+    err.fail(errc::invalid_url, "cannot use the client certificate \"" + opts.tls.cert_file +
+                                    "\" and key \"" + opts.tls.key_file + "\": " + ssl_errors());
     return nullptr;
   }
   return ctx;
@@ -165,42 +168,36 @@ std::string handshake_failure(SSL* ssl, int e) {
          detail;
 }
 
-// The TLS context of `opts` into `out` (left empty without TLS). False with `ec`
-// and `why` (naming the server) when the settings cannot be used.
-bool tls_context_for(const ConnectionOptions& opts, std::unique_ptr<SSL_CTX, SslCtxFree>& out,
-                     std::error_code& ec, std::string& why) {
+// The TLS context of `opts` into `out` (left empty without TLS). False with `err`
+// (naming the server) when the settings cannot be used.
+bool tls_context_for(const ConnectionOptions& opts, std::unique_ptr<SSL_CTX, SslCtxFree>& out, Error& err) {
   if (!opts.tls.enabled) return true;
-  errc code{};
-  std::string text;
-  out = make_tls_context(opts, code, text);
+  out = make_tls_context(opts, err);
   if (out) return true;
-  ec = make_error_code(code);
-  why = opts.describe() + ": " + text;
+  err.set_detail(opts.describe() + ": " + err.detail());
   return false;
 }
 
 }  // namespace
 
-std::error_code check_tls_settings(const ConnectionOptions& opts, std::string& why) {
+Error check_tls_settings(const ConnectionOptions& opts) {
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
-  std::error_code ec;
-  tls_context_for(opts, ctx, ec, why);
-  return ec;
+  Error err;
+  tls_context_for(opts, ctx, err);
+  return err;
 }
 
-std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why) {
-  ec.clear();
+std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, Error& err) {
+  err.clear();
   auto fail = [&](errc code, std::string text) -> std::unique_ptr<Socket> {
-    ec = make_error_code(code);
-    why = opts.describe() + ": " + std::move(text);
+    err.fail(code, opts.describe() + ": " + std::move(text));
     return nullptr;
   };
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
-  if (!tls_context_for(opts, ctx, ec, why)) return nullptr;
+  if (!tls_context_for(opts, ctx, err)) return nullptr;
   bool pending = false;
-  std::string err;
   const int fd = connect_tcp(opts, std::nullopt, pending, err);
-  if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err);
+  if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err.detail());
   std::unique_ptr<Socket> sock(new Socket());
   sock->fd_ = fd;
   sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
@@ -212,7 +209,7 @@ std::unique_ptr<Socket> start_socket(const ConnectionOptions& opts, std::error_c
   return sock;
 }
 
-long Socket::progress_connect(short& want, std::string& why) {
+long Socket::progress_connect(short& want, Error& err) {
   if (state_ == State::tcp) {
     pollfd p{fd_, POLLOUT, 0};
     int r = 0;
@@ -222,11 +219,11 @@ long Socket::progress_connect(short& want, std::string& why) {
       want = POLLOUT;
       return kWouldBlock;
     }
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (r < 0 || ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    if (err != 0) {
-      why = std::string("cannot connect: ") + errno_text(err);
+    int so_error = 0;
+    socklen_t len = sizeof so_error;
+    if (r < 0 || ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
+    if (so_error != 0) {
+      err.fail(errc::backend_unavailable, std::string("cannot connect: ") + errno_text(so_error));
       return -1;
     }
     tune_tcp(fd_);
@@ -242,7 +239,7 @@ long Socket::progress_connect(short& want, std::string& why) {
         want = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
         return kWouldBlock;
       }
-      why = handshake_failure(ssl_, e);
+      err.fail(errc::backend_unavailable, handshake_failure(ssl_, e));
       return -1;
     }
     state_ = State::open;
@@ -250,21 +247,19 @@ long Socket::progress_connect(short& want, std::string& why) {
   return 1;
 }
 
-std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_code& ec, std::string& why) {
-  ec.clear();
+std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, Error& err) {
+  err.clear();
   const Clock::time_point connect_deadline = Clock::now() + opts.connect_timeout;
   auto fail = [&](errc code, std::string text) -> std::unique_ptr<Socket> {
-    ec = make_error_code(code);
-    why = opts.describe() + ": " + std::move(text);
+    err.fail(code, opts.describe() + ": " + std::move(text));
     return nullptr;
   };
   // TLS settings first: a bad file is the same error whether the server is up or not.
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx;
-  if (!tls_context_for(opts, ctx, ec, why)) return nullptr;
-  std::string err;
+  if (!tls_context_for(opts, ctx, err)) return nullptr;
   bool pending = false;
   const int fd = connect_tcp(opts, connect_deadline, pending, err);
-  if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err);
+  if (fd < 0) return fail(errc::backend_unavailable, "cannot connect: " + err.detail());
   std::unique_ptr<Socket> sock(new Socket());
   sock->fd_ = fd;
   sock->timeout_ms_ = static_cast<long>(opts.command_timeout.count());
@@ -305,14 +300,14 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
     const std::string formatted(cmd, static_cast<std::size_t>(len));
     redisFreeCommand(cmd);
     const Clock::time_point deadline = Clock::now() + opts.command_timeout;
-    std::string e;
-    if (!sock->write_all(formatted, deadline, e)) {
-      fail(errc::backend_unavailable, std::string(what) + " failed: " + e);
+    Error io;
+    if (!sock->write_all(formatted, deadline, io)) {
+      fail(errc::backend_unavailable, std::string(what) + " failed: " + io.detail());
       return nullptr;
     }
-    auto r = sock->read_reply(*reader, deadline, e);
+    auto r = sock->read_reply(*reader, deadline, io);
     if (!r) {
-      fail(errc::backend_unavailable, std::string(what) + " failed: " + e);
+      fail(errc::backend_unavailable, std::string(what) + " failed: " + io.detail());
       return nullptr;
     }
     return Reply(r.release());
@@ -323,15 +318,14 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
                                 : run({"AUTH", opts.user, opts.password}, "AUTH");
     if (!r) return nullptr;
     if (is_error(r.get(), "ERR max number of clients")) {  // a full server, not bad credentials
-      ec = make_error_code(errc::backend_unavailable);
-      why = opts.describe() + " refused the connection: " + std::string(reply_str(r.get()));
+      err.fail(errc::backend_unavailable,
+               opts.describe() + " refused the connection: " + std::string(reply_str(r.get())));
       return nullptr;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-      ec = make_error_code(errc::auth_failed);
-      why = opts.describe() + " rejected the credentials" +
-            (opts.user.empty() ? std::string() : " of user \"" + opts.user + "\"") + ": " +
-            std::string(reply_str(r.get()));
+      err.fail(errc::auth_failed, opts.describe() + " rejected the credentials" +
+                                      (opts.user.empty() ? std::string() : " of user \"" + opts.user + "\"") +
+                                      ": " + std::string(reply_str(r.get())));
       return nullptr;
     }
   } else {
@@ -340,13 +334,12 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
     Reply r = run({"PING"}, "PING");
     if (!r) return nullptr;
     if (is_error(r.get(), "NOAUTH")) {
-      ec = make_error_code(errc::auth_failed);
-      why = opts.describe() + " requires a password and none was given (redis://:password@host:port)";
+      err.fail(errc::auth_failed,
+               opts.describe() + " requires a password and none was given (redis://:password@host:port)");
       return nullptr;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-      ec = error_code_of(r.get());
-      why = opts.describe() + ": PING failed: " + std::string(reply_str(r.get()));
+      err.fail(error_code_of(r.get()), opts.describe() + ": PING failed: " + std::string(reply_str(r.get())));
       return nullptr;
     }
   }
@@ -355,8 +348,8 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, std::error_co
     Reply r = run({"SELECT", db}, "SELECT");
     if (!r) return nullptr;
     if (r->type == REDIS_REPLY_ERROR) {
-      ec = make_error_code(errc::invalid_url);
-      why = opts.describe() + " refused database " + db + ": " + std::string(reply_str(r.get()));
+      err.fail(errc::invalid_url,
+               opts.describe() + " refused database " + db + ": " + std::string(reply_str(r.get())));
       return nullptr;
     }
   }

@@ -44,9 +44,9 @@ void Subscriber::wake() noexcept {
   loop_.wake();
 }
 
-std::string Subscriber::last_error() const {
+Error Subscriber::last_failure() const {
   LockGuard lk(mu_);
-  return last_error_;
+  return last_failure_;
 }
 
 std::uint64_t Subscriber::silent_drops() const {
@@ -59,11 +59,10 @@ std::uint64_t Subscriber::connects() const {
   return connects_;
 }
 
-void Subscriber::watch(std::string_view channel, std::error_code& ec, std::string& why) {
+void Subscriber::watch(std::string_view channel, Error& ec) {
   const WatchStart started = begin_watch(channel);
   await_watch(channel, started,
-              std::chrono::steady_clock::now() + opts_.connect_timeout + opts_.command_timeout, false, ec,
-              why);
+              std::chrono::steady_clock::now() + opts_.connect_timeout + opts_.command_timeout, false, ec);
 }
 
 Subscriber::WatchStart Subscriber::begin_watch(std::string_view channel) {
@@ -85,27 +84,24 @@ Subscriber::WatchStart Subscriber::begin_watch(std::string_view channel) {
 
 bool Subscriber::await_watch(std::string_view channel, const WatchStart& started,
                              std::chrono::steady_clock::time_point deadline, bool keep_on_failure,
-                             std::error_code& ec, std::string& why) {
+                             Error& ec) {
   ec.clear();
-  why.clear();
   UniqueLock lk(mu_);
   auto it = channels_.find(channel);  // the entry stays while watchers > 0
   for (;;) {
     it = channels_.find(channel);
     if (it->second.live()) return true;
     if (stop_) {
-      why = opts_.describe() + ": the subscriber is shutting down";
-      ec = make_error_code(errc::backend_unavailable);
+      ec.fail(errc::backend_unavailable, opts_.describe() + ": the subscriber is shutting down");
       break;
     }
     if (it->second.refusals != started.refusals) {
-      why = it->second.refusal;
-      ec = it->second.refusal_ec;
+      ec = it->second.refusal;
       break;
     }
     if (failures_ != started.failures) {
-      why = last_error_;
-      ec = last_ec_ ? last_ec_ : make_error_code(errc::backend_unavailable);
+      ec = last_failure_;
+      if (!ec) ec = make_error_code(errc::backend_unavailable);  // keeps the detail
       break;
     }
     if (cv_.wait_until(lk.native(), deadline) == std::cv_status::timeout) {
@@ -114,9 +110,10 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
       if (it->second.refusals != started.refusals || failures_ != started.failures) continue;
       const auto waited =
           std::chrono::ceil<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started.at);
-      why = opts_.describe() + ": no SUBSCRIBE confirmation within " + std::to_string(waited.count()) +
-            " ms" + (last_error_.empty() ? std::string() : " (last error: " + last_error_ + ")");
-      ec = make_error_code(errc::backend_unavailable);
+      const std::string& last = last_failure_.detail();
+      ec.fail(errc::backend_unavailable, opts_.describe() + ": no SUBSCRIBE confirmation within " +
+                                             std::to_string(waited.count()) + " ms" +
+                                             (last.empty() ? std::string() : " (last error: " + last + ")"));
       break;
     }
   }
@@ -129,7 +126,7 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
   }
   // Undo this watch: nothing of a failed watch stays counted, so the thread neither
   // keeps the channel subscribed nor keeps reconnecting for it.
-  last_error_ = why;
+  last_failure_.set_detail(ec.detail());
   if (--it->second.watchers == 0) wake();  // the thread unsubscribes or forgets it
   return false;
 }
@@ -170,19 +167,14 @@ void Subscriber::notify(const std::vector<std::string>& channels) {
 }
 
 bool Subscriber::connect_once() {
-  std::error_code ec;
-  std::string why;
-  std::unique_ptr<Socket> sock = open_socket(opts_, ec, why);
+  Error ec;
+  std::unique_ptr<Socket> sock = open_socket(opts_, ec);
   ReaderPtr reader = sock ? make_reader() : nullptr;
-  if (sock && !reader) {
-    ec = make_error_code(errc::backend_unavailable);
-    why = opts_.describe() + ": out of memory";
-  }
+  if (sock && !reader) ec.fail(errc::backend_unavailable, opts_.describe() + ": out of memory");
   if (!sock || !reader) {
     LockGuard lk(mu_);
     ++failures_;
-    last_error_ = "subscriber: " + why;
-    last_ec_ = ec;
+    last_failure_.fail(ec, "subscriber: " + ec.detail());
     cv_.notify_all();
     return false;
   }
@@ -204,7 +196,7 @@ bool Subscriber::connect_once() {
   return true;
 }
 
-void Subscriber::disconnect(const std::string& why) {
+void Subscriber::disconnect(const std::string& cause) {
   sock_.reset();
   reader_.reset();
   inflight_.clear();
@@ -212,8 +204,7 @@ void Subscriber::disconnect(const std::string& why) {
   {
     LockGuard lk(mu_);
     connected_ = false;
-    last_error_ = "subscriber: " + why;
-    last_ec_ = make_error_code(errc::backend_unavailable);
+    last_failure_.fail(errc::backend_unavailable, "subscriber: " + cause);
     for (auto it = channels_.begin(); it != channels_.end();) {
       auto& c = it->second;
       c.sent = false;
@@ -261,7 +252,7 @@ bool Subscriber::flush_changes() {
         subscribe ? (sharded ? "SSUBSCRIBE" : "SUBSCRIBE") : (sharded ? "SUNSUBSCRIBE" : "UNSUBSCRIBE");
     const std::string_view argv[] = {cmd, ch};
     if (!format_command(out, argv)) {
-      io_error_ = "out of memory";
+      io_error_.fail(errc::backend_unavailable, "out of memory");
       return false;
     }
     inflight_.emplace_back(subscribe, std::move(ch));
@@ -292,8 +283,8 @@ void Subscriber::handle_reply(redisReply* r) {
       auto& c = it->second;
       c.sent = false;
       c.refused = true;  // not sent to this node again until a new watch or a reconnect
-      c.refusal = opts_.describe() + " dropped the subscription to " + std::string(ch) +
-                  " (its slot moved to another node)";
+      c.refusal.set_detail(opts_.describe() + " dropped the subscription to " + std::string(ch) +
+                           " (its slot moved to another node)");
       if (c.watchers > 0) to_notify.emplace_back(ch);
     }
     dropped(to_notify);
@@ -339,7 +330,7 @@ void Subscriber::handle_error(redisReply* r) {
   const std::string text(reply_str(r));
   if (inflight_.empty()) {  // e.g. "max number of clients reached" before any command
     LockGuard lk(mu_);
-    last_error_ = "subscriber: " + opts_.describe() + ": " + text;
+    last_failure_.set_detail("subscriber: " + opts_.describe() + ": " + text);
     return;
   }
   auto [subscribe, channel] = std::move(inflight_.front());
@@ -355,11 +346,11 @@ void Subscriber::handle_error(redisReply* r) {
     c.sent = false;
     c.refused = true;
     ++c.refusals;
-    c.refusal =
-        opts_.describe() + " refused " + (on_dropped_ ? "SSUBSCRIBE " : "SUBSCRIBE ") + channel + ": " + text;
     const std::error_code mapped = error_code_of(r);
-    c.refusal_ec = mapped == errc::auth_failed ? mapped : make_error_code(errc::backend_unavailable);
-    last_error_ = c.refusal;
+    c.refusal.fail(mapped == errc::auth_failed ? mapped : make_error_code(errc::backend_unavailable),
+                   opts_.describe() + " refused " + (on_dropped_ ? "SSUBSCRIBE " : "SUBSCRIBE ") + channel +
+                       ": " + text);
+    last_failure_.set_detail(c.refusal.detail());
     cv_.notify_all();
     if (c.watchers > 0) to_notify.push_back(channel);
   }
@@ -378,18 +369,18 @@ bool Subscriber::read_available() {
     short want = 0;
     const long n = sock_->read(buf, sizeof buf, want, io_error_);
     if (n == Socket::kWouldBlock) return true;
-    if (n == 0) io_error_ = "the server closed the connection";
+    if (n == 0) io_error_.fail(errc::backend_unavailable, "the server closed the connection");
     if (n <= 0) return false;
     last_heard_ = std::chrono::steady_clock::now();  // alive: a PING in flight is answered by now or soon
     ping_sent_.reset();
     if (redisReaderFeed(reader_.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
-      io_error_ = "out of memory";
+      io_error_.fail(errc::backend_unavailable, "out of memory");
       return false;
     }
     for (;;) {
       void* raw = nullptr;
       if (redisReaderGetReply(reader_.get(), &raw) != REDIS_OK) {
-        io_error_ = std::string("protocol error: ") + reader_->errstr;
+        io_error_.fail(errc::backend_unavailable, std::string("protocol error: ") + reader_->errstr);
         return false;
       }
       if (raw == nullptr) break;
@@ -417,7 +408,7 @@ bool Subscriber::check_alive() {
   if (now < last_heard_ + kPingAfter) return true;
   static constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
   if (!sock_->write_all(kPing, now + opts_.command_timeout, io_error_)) {
-    disconnect(opts_.describe() + ": sending PING failed: " + io_error_);
+    disconnect(opts_.describe() + ": sending PING failed: " + io_error_.detail());
     return false;
   }
   ping_sent_ = now;
@@ -445,7 +436,7 @@ void Subscriber::run() {
       }
     }
     if (sock_ && !flush_changes()) {
-      disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + io_error_);
+      disconnect(opts_.describe() + ": sending SUBSCRIBE failed: " + io_error_.detail());
       continue;
     }
     if (sock_ && !check_alive()) continue;
@@ -467,7 +458,7 @@ void Subscriber::run() {
     }
     if (fds[0].revents & POLLIN) loop_.clear_wake();
     if (sock_ && fds[1].revents != 0 && !read_available()) {
-      disconnect(opts_.describe() + ": " + io_error_);
+      disconnect(opts_.describe() + ": " + io_error_.detail());
     }
   }
   sock_.reset();

@@ -20,10 +20,9 @@
 //
 // Example:
 //   Subscriber sub(conn_opts, [&](std::string_view ch) { wake_waiters_of(ch); });
-//   std::error_code ec;
-//   std::string why;
-//   sub.watch("distlock:{job}:released", ec, why);   // live when it returns
-//   if (ec) { /* nothing stays subscribed; `why` names the server's answer */ }
+//   detail::Error ec;
+//   sub.watch("distlock:{job}:released", ec);   // live when it returns
+//   if (ec) { /* nothing stays subscribed; ec.detail() names the server's answer */ }
 //   ...
 //   sub.unwatch("distlock:{job}:released");
 //
@@ -73,19 +72,15 @@ class Subscriber {
   /// (no retry, no subscription; an unwatch() for it is a harmless no-op): `ec` is
   /// backend_unavailable (no connection, "max number of clients reached", no
   /// confirmation in time) or auth_failed (credentials, or the server refused the
-  /// SUBSCRIBE, e.g. NOPERM for the channel), and `why` (or last_error()) names the
-  /// server and its answer.
-  void watch(std::string_view channel, std::error_code& ec, std::string& why);
-  void watch(std::string_view channel, std::error_code& ec) {
-    std::string why;
-    watch(channel, ec, why);
-  }
+  /// SUBSCRIBE, e.g. NOPERM for the channel), its detail naming the server and its
+  /// answer.
+  void watch(std::string_view channel, Error& ec);
   void unwatch(std::string_view channel) noexcept;
 
   /// watch() in two steps, for a caller that subscribes on several servers at once
   /// (Redlock): begin_watch counts the watch and asks the thread to subscribe;
   /// await_watch waits until the subscription is live (true) or fails, at the latest
-  /// at `deadline`, with `ec` and `why` as for watch(). On failure the watch is undone
+  /// at `deadline`, with `ec` as for watch(). On failure the watch is undone
   /// unless `keep_on_failure`: then it stays counted, the thread keeps subscribing
   /// (reconnecting with backoff), and only unwatch() ends it.
   struct WatchStart {
@@ -95,16 +90,16 @@ class Subscriber {
   };
   WatchStart begin_watch(std::string_view channel);
   bool await_watch(std::string_view channel, const WatchStart& started,
-                   std::chrono::steady_clock::time_point deadline, bool keep_on_failure, std::error_code& ec,
-                   std::string& why);
+                   std::chrono::steady_clock::time_point deadline, bool keep_on_failure, Error& ec);
 
   /// Messages on `channel` go to `handler` with their payload instead of to
   /// on_message; on_message(channel) still reports a broken or renewed subscription
   /// (messages may have been missed). Call before the first watch of `channel`.
   void set_payload_handler(std::string channel, PayloadCallback handler);
 
-  /// Why the subscriber connection last failed ("" if it never did).
-  std::string last_error() const;
+  /// Why the subscriber connection (or a watch) last failed: no error if it never did;
+  /// the detail names the server.
+  Error last_failure() const;
   /// Number of times the connection was (re)established (for tests).
   std::uint64_t connects() const;
   /// Connections dropped because they did not answer a PING in time.
@@ -128,14 +123,13 @@ class Subscriber {
     // reconnect. `refusals` counts them so a waiting watch() sees its own.
     bool refused = false;
     std::uint64_t refusals = 0;
-    std::string refusal;
-    std::error_code refusal_ec;
+    Error refusal;  // the code and the server's answer
   };
 
   void run();
   void wake() noexcept;
   bool connect_once();
-  void disconnect(const std::string& why);
+  void disconnect(const std::string& cause);
   bool flush_changes();
   bool read_available();
   // PINGs a connection silent for kPingAfter; false (after disconnecting it) when a
@@ -160,15 +154,14 @@ class Subscriber {
   std::uint64_t failures_ DISTLOCK_GUARDED_BY(mu_) = 0;  // bumped per failed connect
   std::uint64_t connects_ DISTLOCK_GUARDED_BY(mu_) = 0;
   std::uint64_t silent_drops_ DISTLOCK_GUARDED_BY(mu_) = 0;
-  std::string last_error_ DISTLOCK_GUARDED_BY(mu_);
-  std::error_code last_ec_ DISTLOCK_GUARDED_BY(mu_);
+  Error last_failure_ DISTLOCK_GUARDED_BY(mu_);
   bool retry_now_ DISTLOCK_GUARDED_BY(mu_) = false;  // a new watch skips the reconnect backoff
   bool stop_ DISTLOCK_GUARDED_BY(mu_) = false;
   bool thread_started_ DISTLOCK_GUARDED_BY(mu_) = false;
 
   std::unique_ptr<Socket> sock_;  // subscriber thread only
   ReaderPtr reader_;              // subscriber thread only
-  std::string io_error_;          // subscriber thread only: why the last read or write failed
+  Error io_error_;                // subscriber thread only: why the last read or write failed
   // Subscriber thread only: when the server last sent a byte, and when the PING
   // that has not been answered yet went out (none: no PING outstanding).
   std::chrono::steady_clock::time_point last_heard_{};

@@ -143,10 +143,9 @@ ClusterBackend::~ClusterBackend() {
 }
 
 // Reads the slot map from the first seed that answers.
-std::error_code ClusterBackend::connect_now(std::string& why) {
-  std::error_code ec;
-  if (refresh_map(map_version(), ec, why)) return {};
-  return ec ? ec : make_error_code(errc::backend_unavailable);
+void ClusterBackend::connect_now(Error& ec) {
+  if (refresh_map(map_version(), ec)) return;
+  if (!ec) ec = make_error_code(errc::backend_unavailable);  // keeps the detail
 }
 
 AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) {
@@ -317,9 +316,8 @@ std::vector<ListedLock> ClusterBackend::list_held(std::string_view prefix, std::
                                                   Error& ec) {
   ec.clear();
   truncated = false;
-  std::string why;
-  const std::vector<Node*> masters = all_masters(ec, why);
-  if (ec) return ec.set_detail("list: " + why), std::vector<ListedLock>{};
+  const std::vector<Node*> masters = all_masters(ec);
+  if (ec) return ec.set_detail("list: " + ec.detail()), std::vector<ListedLock>{};
   const std::string head = prefix_ + ":{";
   std::vector<std::string> patterns;
   if (prefix.find_first_of("{}") == std::string_view::npos) {
@@ -346,14 +344,14 @@ std::vector<ListedLock> ClusterBackend::list_held(std::string_view prefix, std::
   for (Node* node : masters) {
     auto conn = node->pool.checkout(ec);
     if (ec) {
-      report(*node, node->pool.last_error());
-      return ec.set_detail("list: " + node->pool.last_error()), std::vector<ListedLock>{};
+      report(*node, ec.detail());
+      return ec.set_detail("list: " + ec.detail()), std::vector<ListedLock>{};
     }
     for (const auto& pattern : patterns) {
-      redis::scan_keys(*conn, pattern, on_key, ec, why);
+      redis::scan_keys(*conn, pattern, on_key, ec);
       if (ec) {
-        if (!conn->connected()) report(*node, why);
-        return ec.set_detail("list: " + why), std::vector<ListedLock>{};
+        if (!conn->connected()) report(*node, ec.detail());
+        return ec.set_detail("list: " + ec.detail()), std::vector<ListedLock>{};
       }
     }
     ok(*node);
@@ -427,14 +425,24 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
     return bad("prefix \"" + prefix + "\" in URL " + shown +
                " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
   }
-  redis::ConnectionOptions base = redis::options_from_url(url, 0, opts, ec, why);
-  if (ec) return nullptr;
+  Error err;
+  redis::ConnectionOptions base = redis::options_from_url(url, 0, opts, err);
+  if (err) {
+    ec = err;
+    why = err.detail();
+    return nullptr;
+  }
   base.db = 0;
   std::vector<std::pair<std::string, std::uint16_t>> seeds;
   for (const auto& h : url.hosts) seeds.emplace_back(h.host, h.port != 0 ? h.port : 6379);
   auto backend = std::make_unique<rediscluster::ClusterBackend>(base, std::move(seeds), std::move(nat),
                                                                 prefix, url.redacted(), opts);
-  if ((ec = backend->connect_now(why))) return nullptr;
+  backend->connect_now(err);
+  if (err) {
+    ec = err;
+    why = err.detail();
+    return nullptr;
+  }
   return backend;
 }
 

@@ -65,8 +65,7 @@ struct RenewJob {
   std::vector<std::string> args;        // owner, ttl per key
   std::vector<std::size_t> call_sizes;  // keys per EVALSHA, in order
   std::vector<Reply> replies;           // one per call
-  std::error_code ec;                   // the node could not be reached or the transport failed
-  std::string error;
+  Error ec;                             // the node could not be reached or the transport failed
   // Both guarded by the backend's work_mu_ (a lock of another object, which an annotation
   // here cannot name).
   bool done = false;
@@ -109,7 +108,7 @@ class ClusterBackend final : public Backend {
   Capabilities capabilities() const noexcept override { return {true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
-  std::error_code connect_now(std::string& why);
+  void connect_now(Error& ec);
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
@@ -135,7 +134,7 @@ class ClusterBackend final : public Backend {
     ec.set_detail(std::string("unexpected reply to ") + what);
   }
 
-  std::vector<Node*> all_masters(std::error_code& ec, std::string& why);
+  std::vector<Node*> all_masters(Error& ec);
 
   struct Watch {
     Node* node = nullptr;
@@ -156,7 +155,7 @@ class ClusterBackend final : public Backend {
   }
   Node* node_at_locked(const std::string& announced_host, std::uint16_t announced_port)
       DISTLOCK_REQUIRES(map_mu_);
-  Node* node_for(std::uint16_t slot, std::error_code& ec, std::string& why);
+  Node* node_for(std::uint16_t slot, Error& ec);
 
   void learn_redirect(std::string_view text, std::string_view host) {
     Redirect to;
@@ -169,8 +168,13 @@ class ClusterBackend final : public Backend {
 
   void refresh_after_failure();
   void request_refresh();
-  bool refresh_map(std::uint64_t seen_version, std::error_code& ec, std::string& why);
-  bool load_map_from(Node& node, std::error_code& ec, std::string& why);
+  bool refresh_map(std::uint64_t seen_version, Error& ec);
+  // A map refresh whose failure only matters to a later call (it refreshes again).
+  void refresh_map_quietly() {
+    Error ignored;
+    refresh_map(map_version(), ignored);
+  }
+  bool load_map_from(Node& node, Error& ec);
   void check_new_masters();
   void check_config(Node& node);
   redis::Subscriber& subscriber_of(Node& node);
@@ -178,14 +182,16 @@ class ClusterBackend final : public Backend {
   void on_dropped(Node* node, std::string_view channel);
   void run_mover();
 
-  void failed(Node& node, const Connection& conn, const char* what, Error& ec) {
-    const std::string msg = std::string(what) + ": " + conn.last_error();
+  // After a transport failure: ec's detail (the connection's, naming the node) is said
+  // with what failed.
+  void failed(Node& node, const char* what, Error& ec) {
+    const std::string msg = std::string(what) + ": " + ec.detail();
     report(node, msg);
     ec.set_detail(msg);
   }
   // One warning per node and outage, one info line when it answers again.
-  void report(Node& node, const std::string& why) {
-    if (!node.failing.exchange(true)) log_.log(LogLevel::warning, "{}", why);
+  void report(Node& node, const std::string& message) {
+    if (!node.failing.exchange(true)) log_.log(LogLevel::warning, "{}", message);
   }
   void ok(Node& node) {
     if (node.failing.exchange(false)) log_.log(LogLevel::info, "{} answers again", node.opts.describe());

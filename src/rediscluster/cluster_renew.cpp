@@ -110,7 +110,7 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
     if (!s.job) continue;
     RenewJob& job = *s.job;
     if (job.ec) {
-      report(*s.node, "renew: " + job.error);
+      report(*s.node, "renew: " + job.ec.detail());
       request_refresh();
       continue;
     }
@@ -190,8 +190,7 @@ void ClusterBackend::run_renewal_worker(Node& node) {
     try {
       run_renewal(node, *job);
     } catch (...) {  // out of memory
-      job->ec = make_error_code(errc::protocol_error);
-      job->error = node.opts.describe() + ": renewal failed (out of memory)";
+      job->ec.fail(errc::protocol_error, node.opts.describe() + ": renewal failed (out of memory)");
     }
     {
       LockGuard lk(work_mu_);
@@ -203,10 +202,7 @@ void ClusterBackend::run_renewal_worker(Node& node) {
 
 void ClusterBackend::run_renewal(Node& node, RenewJob& job) {
   auto conn = node.pool.checkout(job.ec);
-  if (job.ec) {
-    job.error = node.pool.last_error();
-    return;
-  }
+  if (job.ec) return;
   const std::vector<std::string_view> key_views(job.keys.begin(), job.keys.end());
   const std::vector<std::string_view> arg_views(job.args.begin(), job.args.end());
   std::vector<Script::Call> calls;
@@ -217,7 +213,6 @@ void ClusterBackend::run_renewal(Node& node, RenewJob& job) {
     at += n;
   }
   job.replies = redis::lock_renew_script().run_pipelined(*conn, calls, job.ec);
-  if (job.ec) job.error = conn->last_error();
 }
 
 }  // namespace distlock::detail::rediscluster

@@ -46,7 +46,7 @@ bool find_redirect(std::string_view text, std::string_view default_host, Redirec
 
 // Every master of the slot map, once; reads the map again when a slot has no
 // master (backend_unavailable naming the slot when it still has none).
-std::vector<Node*> ClusterBackend::all_masters(std::error_code& ec, std::string& why) {
+std::vector<Node*> ClusterBackend::all_masters(Error& ec) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::vector<Node*> out;
     std::size_t unserved = kSlots;
@@ -64,10 +64,10 @@ std::vector<Node*> ClusterBackend::all_masters(std::error_code& ec, std::string&
       }
     }
     if (unserved == kSlots) return out;
-    if (attempt == 0 && !refresh_map(version, ec, why)) return {};
+    if (attempt == 0 && !refresh_map(version, ec)) return {};
     if (attempt == 1) {
-      ec = make_error_code(errc::backend_unavailable);
-      why = "slot " + std::to_string(unserved) + " is served by no node of the cluster " + url_;
+      ec.fail(errc::backend_unavailable,
+              "slot " + std::to_string(unserved) + " is served by no node of the cluster " + url_);
     }
   }
   return {};
@@ -84,34 +84,28 @@ const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, co
   Node* ask_node = nullptr;
   std::string last;
   for (int i = 0; i < kMaxAttempts; ++i) {
-    std::string why;
     Node* node = ask_node;
-    if (node == nullptr) node = node_for(slot, ec, why);
-    if (node == nullptr) {
-      ec.set_detail(why);
-      return nullptr;
-    }
+    if (node == nullptr) node = node_for(slot, ec);
+    if (node == nullptr) return nullptr;
     const bool asking = ask_node != nullptr;
     ask_node = nullptr;
     auto conn = node->pool.checkout(ec);
     if (ec) {
-      const std::string err = node->pool.last_error();
-      report(*node, err);
-      ec.set_detail(err);
+      report(*node, ec.detail());
       refresh_after_failure();
       return nullptr;
     }
     if (asking) {
       conn->command({"ASKING"}, ec);
       if (ec) {
-        failed(*node, *conn, what, ec);
+        failed(*node, what, ec);
         return nullptr;
       }
     }
     const redisReply* r = attempt(*conn, asking, ec);
     if (r == nullptr) {
       if (!ec) ec = make_error_code(errc::protocol_error);
-      failed(*node, *conn, what, ec);
+      failed(*node, what, ec);
       refresh_after_failure();
       return nullptr;
     }
@@ -123,9 +117,7 @@ const redisReply* ClusterBackend::route(std::uint16_t slot, const char* what, co
     if (starts_with(text, "MOVED ")) {
       last = node->opts.describe() + " answered " + text;
       learn_redirect(text, node->opts.host);
-      std::string ignored;
-      std::error_code ignored_ec;
-      refresh_map(map_version(), ignored_ec, ignored);
+      refresh_map_quietly();
       ec.clear();
       continue;
     }
@@ -179,20 +171,20 @@ Node* ClusterBackend::node_at_locked(const std::string& announced_host, std::uin
 }
 
 // The node serving `slot`; reads the map again once when none does.
-Node* ClusterBackend::node_for(std::uint16_t slot, std::error_code& ec, std::string& why) {
+Node* ClusterBackend::node_for(std::uint16_t slot, Error& ec) {
   std::uint64_t version = 0;
   {
     LockGuard lk(map_mu_);
     if (slots_[slot] != nullptr) return slots_[slot];
     version = map_version_;
   }
-  if (refresh_map(version, ec, why)) {
+  if (refresh_map(version, ec)) {
     LockGuard lk(map_mu_);
     if (slots_[slot] != nullptr) return slots_[slot];
   }
   if (!ec) {
-    ec = make_error_code(errc::backend_unavailable);
-    why = "slot " + std::to_string(slot) + " is served by no node of the cluster " + url_;
+    ec.fail(errc::backend_unavailable,
+            "slot " + std::to_string(slot) + " is served by no node of the cluster " + url_);
   }
   return nullptr;
 }
@@ -204,9 +196,7 @@ void ClusterBackend::refresh_after_failure() {
     if (now - last_failure_refresh_ < kRefreshOnFailureEvery) return;
     last_failure_refresh_ = now;
   }
-  std::string ignored;
-  std::error_code ignored_ec;
-  refresh_map(map_version(), ignored_ec, ignored);
+  refresh_map_quietly();
 }
 
 // As refresh_after_failure(), but on the mover thread: the caller (a renewal)
@@ -227,8 +217,8 @@ void ClusterBackend::request_refresh() {
 
 // CLUSTER SLOTS from the first known node that answers (the nodes of the current
 // map first, then the URL's seeds). Skipped when another thread refreshed since
-// `seen_version`. False with ec/why when no node answered.
-bool ClusterBackend::refresh_map(std::uint64_t seen_version, std::error_code& ec, std::string& why) {
+// `seen_version`. False with ec (every node's failure in its detail) when no node answered.
+bool ClusterBackend::refresh_map(std::uint64_t seen_version, Error& ec) {
   std::lock_guard refresh(refresh_mu_);
   std::vector<Node*> order;
   {
@@ -246,48 +236,41 @@ bool ClusterBackend::refresh_map(std::uint64_t seen_version, std::error_code& ec
   std::string errors;
   std::error_code first_ec;
   for (Node* n : order) {
-    std::error_code nec;
-    std::string nwhy;
-    if (load_map_from(*n, nec, nwhy)) {
+    Error nec;
+    if (load_map_from(*n, nec)) {
       ec.clear();
       return true;
     }
     if (!first_ec || nec == errc::auth_failed || nec == errc::protocol_error) first_ec = nec;
     if (!errors.empty()) errors += "; ";
-    errors += nwhy;
+    errors += nec.detail();
   }
-  ec = first_ec ? first_ec : make_error_code(errc::backend_unavailable);
-  why = "no node of the cluster " + url_ + " gave its slot map: " + errors;
+  ec.fail(first_ec ? first_ec : make_error_code(errc::backend_unavailable),
+          "no node of the cluster " + url_ + " gave its slot map: " + errors);
   return false;
 }
 
-bool ClusterBackend::load_map_from(Node& node, std::error_code& ec, std::string& why) {
+bool ClusterBackend::load_map_from(Node& node, Error& ec) {
   auto conn = node.pool.checkout(ec);
-  if (ec) {
-    why = node.pool.last_error();
-    return false;
-  }
+  if (ec) return false;
   Reply r = conn->command({"CLUSTER", "SLOTS"}, ec);
-  if (!r) {
-    why = conn->last_error();
-    return false;
-  }
+  if (!r) return false;
   if (r->type == REDIS_REPLY_ERROR) {
     const std::string_view text = redis::reply_str(r.get());
     if (text.find("cluster support disabled") != std::string_view::npos) {
-      ec = make_error_code(errc::protocol_error);
-      why = node.opts.describe() + " is not a cluster node (" + std::string(text) +
-            "): use redis:// for a single server";
+      ec.fail(errc::protocol_error, node.opts.describe() + " is not a cluster node (" + std::string(text) +
+                                        "): use redis:// for a single server");
     } else {
-      if (ec != errc::auth_failed) ec = make_error_code(errc::protocol_error);
-      why = node.opts.describe() + ": CLUSTER SLOTS: " + std::string(text);
+      ec.fail(ec == errc::auth_failed ? std::error_code(ec) : make_error_code(errc::protocol_error),
+              node.opts.describe() + ": CLUSTER SLOTS: " + std::string(text));
     }
     return false;
   }
   ec.clear();
   if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
-    ec = make_error_code(errc::backend_unavailable);
-    why = node.opts.describe() + " serves no slots yet (CLUSTER SLOTS is empty: the cluster is not set up)";
+    ec.fail(
+        errc::backend_unavailable,
+        node.opts.describe() + " serves no slots yet (CLUSTER SLOTS is empty: the cluster is not set up)");
     return false;
   }
   std::vector<std::tuple<std::size_t, std::size_t, std::string, std::uint16_t>> ranges;
@@ -296,8 +279,7 @@ bool ClusterBackend::load_map_from(Node& node, std::error_code& ec, std::string&
     if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
         e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
         e->element[2]->elements < 2 || e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
-      ec = make_error_code(errc::protocol_error);
-      why = node.opts.describe() + ": unexpected CLUSTER SLOTS reply";
+      ec.fail(errc::protocol_error, node.opts.describe() + ": unexpected CLUSTER SLOTS reply");
       return false;
     }
     const long long from = e->element[0]->integer, to = e->element[1]->integer;
@@ -305,8 +287,8 @@ bool ClusterBackend::load_map_from(Node& node, std::error_code& ec, std::string&
     std::string host(redis::reply_str(e->element[2]->element[0]));
     if (host.empty() || host == "?") host = node.opts.host;
     if (from < 0 || to < from || to >= static_cast<long long>(kSlots) || port <= 0 || port > 65535) {
-      ec = make_error_code(errc::protocol_error);
-      why = node.opts.describe() + ": CLUSTER SLOTS names an impossible range or port";
+      ec.fail(errc::protocol_error,
+              node.opts.describe() + ": CLUSTER SLOTS names an impossible range or port");
       return false;
     }
     ranges.emplace_back(from, to, host, static_cast<std::uint16_t>(port));

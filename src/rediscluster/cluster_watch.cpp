@@ -12,23 +12,20 @@ void ClusterBackend::watch(std::string_view name, Error& ec) {
     LockGuard lk(names_mu_);
     channel_names_[k.channel] = std::string(name);
   }
-  std::string why;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-    Node* node = node_for(k.slot, ec, why);
+    Node* node = node_for(k.slot, ec);
     if (node == nullptr) break;
     redis::Subscriber& sub = subscriber_of(*node);
-    sub.watch(k.channel, ec, why);
+    sub.watch(k.channel, ec);
     if (!ec) {
       watched_[std::string(name)] = Watch{node, k.channel};
       return;
     }
     Redirect to;
     bool ask = false;
-    if (!find_redirect(why, node->opts.host, to, ask)) break;
+    if (!find_redirect(ec.detail(), node->opts.host, to, ask)) break;
     if (!ask) learn_redirect_to(to);
-    std::string ignored;
-    std::error_code ignored_ec;
-    refresh_map(map_version(), ignored_ec, ignored);
+    refresh_map_quietly();
     if (ask) std::this_thread::sleep_for(Millis(10 * (attempt + 1)));  // the slot is being moved
   }
   {
@@ -36,6 +33,7 @@ void ClusterBackend::watch(std::string_view name, Error& ec) {
     channel_names_.erase(k.channel);
   }
   if (!ec) ec = make_error_code(errc::backend_unavailable);
+  const std::string why = ec.detail();
   log_.log(LogLevel::warning, "cannot wait for a release of \"{}\": {}", name, why);
   ec.set_detail("cannot wait for a release of \"" + std::string(name) + "\": " + why);
 }
@@ -76,7 +74,7 @@ void ClusterBackend::check_new_masters() {
 // consequence. CONFIG renamed or denied by an ACL: a debug line, never a failure.
 // An unreachable node is checked again after the next map refresh.
 void ClusterBackend::check_config(Node& node) {
-  std::error_code ec;
+  Error ec;
   auto conn = node.pool.checkout(ec);
   if (ec) return;
   node.config_checked.store(true);
@@ -102,7 +100,7 @@ void ClusterBackend::check_config(Node& node) {
   if (ec || value(0).empty() || value(2).empty()) {
     log_.log(LogLevel::debug,
              "{}: CONFIG GET gave no answer ({}): appendonly and maxmemory-policy not checked", who,
-             ec ? conn->last_error() : std::string("unexpected reply"));
+             ec ? ec.detail() : std::string("unexpected reply"));
     return;
   }
   bool fine = true;
@@ -182,9 +180,7 @@ void ClusterBackend::run_mover() {
       }
     }
     if (refresh) {
-      std::error_code ignored_ec;
-      std::string ignored;
-      refresh_map(map_version(), ignored_ec, ignored);
+      refresh_map_quietly();
     }
     if (check) check_new_masters();
     if (item.first == nullptr) continue;
@@ -199,21 +195,21 @@ void ClusterBackend::run_mover() {
       }
       auto wit = name.empty() ? watched_.end() : watched_.find(name);
       if (wit == watched_.end() || wit->second.node != item.first) continue;  // unwatched or moved already
-      std::error_code ec;
-      std::string why;
-      refresh_map(map_version(), ec, why);
+      Error ec;
+      refresh_map(map_version(), ec);
       const NameKeys k = rediscluster::keys_of(prefix_, name);
-      Node* to = node_for(k.slot, ec, why);
-      if (to != nullptr) subscriber_of(*to).watch(k.channel, ec, why);
+      Node* to = node_for(k.slot, ec);
+      if (to != nullptr) subscriber_of(*to).watch(k.channel, ec);
       if (to != nullptr && !ec) {
         subscriber_of(*item.first).unwatch(k.channel);
         wit->second.node = to;
         backoff = Millis(20);
       } else {
-        log_.log(LogLevel::debug, "watching \"{}\" on the node now serving its slot failed: {}", name, why);
+        log_.log(LogLevel::debug, "watching \"{}\" on the node now serving its slot failed: {}", name,
+                 ec.detail());
         Redirect r;
         bool ask = false;
-        if (find_redirect(why, item.first->opts.host, r, ask) && !ask) learn_redirect_to(r);
+        if (find_redirect(ec.detail(), item.first->opts.host, r, ask) && !ask) learn_redirect_to(r);
         again = true;
       }
     }

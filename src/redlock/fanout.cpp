@@ -28,16 +28,17 @@ void OutBuffer::append(const std::vector<std::string>& argv) {
   if (!redis::format_command(buf_, views)) throw std::bad_alloc();
 }
 
-bool OutBuffer::flush(redis::Socket& sock, short& want, std::string& why) {
+bool OutBuffer::flush(redis::Socket& sock, short& want, Error& err) {
+  err.clear();
   while (pos_ < buf_.size()) {
-    const long n = sock.write(buf_.data() + pos_, buf_.size() - pos_, want, why);
+    const long n = sock.write(buf_.data() + pos_, buf_.size() - pos_, want, err);
     if (n > 0) {
       pos_ += static_cast<std::size_t>(n);
       continue;
     }
     // The socket buffer is full (or TLS must read first): poll() says when to go on.
     if (n == redis::Socket::kWouldBlock) return true;
-    if (why.empty()) why = "the connection is closed";
+    if (!err) err.fail(errc::backend_unavailable, "the connection is closed");
     return false;
   }
   clear();
@@ -78,9 +79,9 @@ bool is_auth_error(const redisReply* r) {
 // ---- Master -----------------------------------------------------------------
 
 redis::ConnectionOptions master_options(const Url& url, std::size_t host_index, const ClientOptions& client,
-                                        std::error_code& ec, std::string& why) {
-  redis::ConnectionOptions o = redis::options_from_url(url, host_index, client, ec, why);
-  if (!ec) ec = redis::check_tls_settings(o, why);
+                                        Error& err) {
+  redis::ConnectionOptions o = redis::options_from_url(url, host_index, client, err);
+  if (!err) err = redis::check_tls_settings(o);
   return o;
 }
 
@@ -89,32 +90,32 @@ Master::Master(redis::ConnectionOptions opts) : opts_(std::move(opts)) {
                                                      : fmt::format("{}:{}", opts_.host, opts_.port);
 }
 
-std::unique_ptr<redis::Socket> Master::open(std::string& why) {
+std::unique_ptr<redis::Socket> Master::open(Error& err) {
+  err.clear();
   {
     LockGuard lk(mu_);
     if (SteadyClock::now() < retry_after_) {
-      why = last_error_;
+      err.fail(errc::backend_unavailable, last_failure_);
       return nullptr;
     }
   }
-  std::error_code ec;
-  std::string err;
-  auto sock = redis::start_socket(opts_, ec, err);
+  auto sock = redis::start_socket(opts_, err);
   if (!sock) {
     // start_socket names "redis host:port"; the fan-out's messages name masters by label.
+    std::string cause = err.detail();
     const std::string prefix = opts_.describe() + ": ";
-    if (err.rfind(prefix, 0) == 0) err.erase(0, prefix.size());
-    why = fmt::format("{}: {}", label_, err);
-    connect_failed(why);
+    if (cause.rfind(prefix, 0) == 0) cause.erase(0, prefix.size());
+    err.set_detail(fmt::format("{}: {}", label_, cause));
+    connect_failed(err.detail());
     return nullptr;
   }
   return sock;
 }
 
-void Master::connect_failed(const std::string& why) {
+void Master::connect_failed(const std::string& message) {
   LockGuard lk(mu_);
   retry_after_ = SteadyClock::now() + kReconnectBackoff;
-  last_error_ = why;
+  last_failure_ = message;
 }
 
 // ---- Link -------------------------------------------------------------------
@@ -133,7 +134,7 @@ void Link::begin(std::span<const Command> cmds, Pending pending) {
       // Best effort: what the socket takes now is run by the master after the
       // unanswered request; the rest is dropped with the connection.
       for (const auto& c : cmds) append(c.argv);
-      std::string ignored;
+      Error ignored;
       short want = 0;
       (void)out_.flush(*sock_, want, ignored);
       drop();
@@ -153,14 +154,14 @@ void Link::begin(std::span<const Command> cmds, Pending pending) {
     drop();
   }
   if (!sock_) {
-    std::string why;
-    sock_ = master_->open(why);
+    Error err;
+    sock_ = master_->open(err);
     reader_ = redis::make_reader();
     if (!sock_ || !reader_) {
       sock_.reset();
       failed_ = true;
       status_ = NodeStatus::unreachable;
-      error_ = why.empty() ? fmt::format("{}: out of memory", master_->label()) : std::move(why);
+      error_ = err.detail().empty() ? fmt::format("{}: out of memory", master_->label()) : err.take_detail();
       return;
     }
     fresh_ = true;
@@ -190,24 +191,24 @@ short Link::events() const noexcept {
 
 bool Link::progress() {
   if (!sock_->connecting()) return true;
-  std::string why;
+  Error err;
   want_ = 0;
-  const long r = sock_->progress_connect(want_, why);
+  const long r = sock_->progress_connect(want_, err);
   if (r == 1) {
     want_ = 0;
     return true;
   }
   if (r != redis::Socket::kWouldBlock)
-    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), why));
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), err.detail()));
   return false;
 }
 
 void Link::write() {
   if (!sock_ || !progress() || out_.empty()) return;
-  std::string why;
+  Error err;
   want_ = 0;
-  if (!out_.flush(*sock_, want_, why)) {
-    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), why));
+  if (!out_.flush(*sock_, want_, err)) {
+    fail(NodeStatus::unreachable, fmt::format("{}: {}", master_->label(), err.detail()));
     return;
   }
   if (want_ == POLLOUT) want_ = 0;  // events() asks for POLLOUT while output is queued
@@ -231,9 +232,9 @@ void Link::read() {
   char buf[16 * 1024];
   std::string closed;  // why the connection ended, after the replies read before it
   for (;;) {
-    std::string why;
+    Error err;
     short want = 0;
-    const long n = sock_->read(buf, sizeof buf, want, why);
+    const long n = sock_->read(buf, sizeof buf, want, err);
     if (n > 0) {
       if (redisReaderFeed(reader_.get(), buf, static_cast<std::size_t>(n)) != REDIS_OK) {
         fail(NodeStatus::unreachable, fmt::format("{}: out of memory reading a reply", master_->label()));
@@ -244,7 +245,7 @@ void Link::read() {
     if (n == redis::Socket::kWouldBlock) {
       want_ = want == POLLOUT ? POLLOUT : 0;
     } else {
-      closed = n == 0 ? "the server closed the connection" : why;
+      closed = n == 0 ? "the server closed the connection" : err.detail();
     }
     break;
   }
@@ -307,10 +308,10 @@ void Link::take_replies() {
   }
 }
 
-void Link::fail(NodeStatus status, std::string why) {
+void Link::fail(NodeStatus status, std::string message) {
   failed_ = true;
   status_ = status;
-  error_ = std::move(why);
+  error_ = std::move(message);
   if (fresh_) master_->connect_failed(error_);
   drop();
 }

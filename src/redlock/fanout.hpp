@@ -77,8 +77,8 @@ class OutBuffer {
   void append(const std::vector<std::string>& argv);
   bool empty() const noexcept { return pos_ == buf_.size(); }
   /// Writes what the socket takes now; `want` is set when it has to wait. False with
-  /// `why` set on a socket error.
-  bool flush(redis::Socket& sock, short& want, std::string& why);
+  /// `err` (backend_unavailable and the cause) on a socket error.
+  bool flush(redis::Socket& sock, short& want, Error& err);
   void clear() noexcept {
     buf_.clear();
     pos_ = 0;
@@ -125,19 +125,20 @@ class Master {
   const redis::ConnectionOptions& options() const noexcept { return opts_; }
 
   /// Starts a non-blocking connection (TCP connect and TLS handshake may still be
-  /// in progress: Socket::progress_connect). Returns nullptr with `why` set if
-  /// connecting failed at once or the master is in its reconnect backoff after a
-  /// recent failure.
-  std::unique_ptr<redis::Socket> open(std::string& why);
-  /// Records a failed connection attempt: no new connection for a short backoff.
-  void connect_failed(const std::string& why);
+  /// in progress: Socket::progress_connect). Returns nullptr with `err` (its detail
+  /// naming the master by label) if connecting failed at once or the master is in its
+  /// reconnect backoff after a recent failure.
+  std::unique_ptr<redis::Socket> open(Error& err);
+  /// Records a failed connection attempt (`message` names the master and the cause):
+  /// no new connection for a short backoff.
+  void connect_failed(const std::string& message);
 
  private:
   redis::ConnectionOptions opts_;
   std::string label_;
   AnnotatedMutex mu_;
   SteadyClock::time_point retry_after_ DISTLOCK_GUARDED_BY(mu_){};
-  std::string last_error_ DISTLOCK_GUARDED_BY(mu_);
+  std::string last_failure_ DISTLOCK_GUARDED_BY(mu_);  // said by open() during the backoff
 };
 
 /// One connection to one master inside a lane; drives one request at a time.
@@ -168,7 +169,7 @@ class Link {
   void write();
   void read();
   void take_replies();
-  void fail(NodeStatus status, std::string why);
+  void fail(NodeStatus status, std::string message);
   void drop() noexcept;
 
   Master* master_;
@@ -231,6 +232,6 @@ bool is_auth_error(const redisReply* r);
 /// redlocks:// TLS with the URL's cacert/cert/key (checked: invalid_url naming the
 /// problem when they cannot be used).
 redis::ConnectionOptions master_options(const Url& url, std::size_t host_index, const ClientOptions& client,
-                                        std::error_code& ec, std::string& why);
+                                        Error& err);
 
 }  // namespace distlock::detail::redlock

@@ -15,40 +15,39 @@ namespace redlock {
 
 namespace {
 
-std::error_code bad_url(std::string& why, std::string msg) {
-  why = std::move(msg);
-  return make_error_code(errc::invalid_url);
+Error bad_url(std::string msg) {
+  return {make_error_code(errc::invalid_url), std::move(msg)};
 }
 
 }  // namespace
 
-std::error_code parse_config(const Url& url, Config& out, std::string& why) {
+Error parse_config(const Url& url, Config& out) {
   out = Config{};
   const std::string shown = url.redacted();
   if (url.hosts.size() < 3) {
     return bad_url(
-        why, fmt::format("redlock:// needs at least 3 independent masters for a majority; \"{}\" names {} "
-                         "(use redis:// for a single server)",
-                         shown, url.hosts.size()));
+        fmt::format("redlock:// needs at least 3 independent masters for a majority; \"{}\" names {} "
+                    "(use redis:// for a single server)",
+                    shown, url.hosts.size()));
   }
   std::set<std::pair<std::string, std::uint16_t>> seen;
   for (auto h : url.hosts) {
     if (h.port == 0) h.port = 6379;
     if (!seen.emplace(h.host, h.port).second) {
       return bad_url(
-          why, fmt::format("master {}:{} appears twice in \"{}\"; the masters must be independent servers",
-                           h.host, h.port, shown));
+          fmt::format("master {}:{} appears twice in \"{}\"; the masters must be independent servers", h.host,
+                      h.port, shown));
     }
     out.masters.push_back(h);
   }
   if (!url.path.empty() && url.path != "/") {
-    return bad_url(why, fmt::format("redlock:// takes no database path; \"{}\" has \"{}\"", shown, url.path));
+    return bad_url(fmt::format("redlock:// takes no database path; \"{}\" has \"{}\"", shown, url.path));
   }
   if (url.has_userinfo) {
     if (url.password.empty() && !url.user.empty()) {
       return bad_url(
           // The user part is not quoted: people write a bare password there.
-          why, fmt::format("\"{}\" names a user but no password (write user:password@)", shown));
+          fmt::format("\"{}\" names a user but no password (write user:password@)", shown));
     }
     out.user = url.user;
     out.password = url.password;
@@ -56,7 +55,8 @@ std::error_code parse_config(const Url& url, Config& out, std::string& why) {
   // The query is checked against this backend's own scheme entry (redlock_scheme.cpp) here as well as in
   // connect(): tests parse Redlock URLs without connecting.
   if (const Scheme* scheme = scheme_named(redlock_schemes(), url.scheme)) {
-    if (auto ec = check_query(*scheme, url, why)) return ec;
+    std::string problem;
+    if (auto ec = check_query(*scheme, url, problem)) return {ec, std::move(problem)};
   }
   out.prefix = url.query_or("prefix", out.prefix);
   if (const auto d = query_duration(url, "timeout")) out.node_timeout = *d;
@@ -85,28 +85,25 @@ std::string record_key(const Config& cfg, std::string_view key) {
 }
 
 // Connects to every master at once; fails unless a quorum answers.
-std::error_code RedlockBackend::connect(Millis timeout, std::string& why) {
+void RedlockBackend::connect(Millis timeout, Error& ec) {
+  ec.clear();
   const Command ping{{"PING"}, nullptr};
   LaneLease lane(pool_);
   auto replies = lane->run_all(std::span(&ping, 1), timeout);
   std::size_t answered = 0;
   for (const auto& r : replies) {
-    if (r.status == NodeStatus::auth_failed) {
-      why = r.error;
-      return make_error_code(errc::auth_failed);
-    }
+    if (r.status == NodeStatus::auth_failed) return ec.fail(errc::auth_failed, r.error);
     if (r.status == NodeStatus::ok) ++answered;
   }
   if (answered < quorum_) {
-    why = fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
-                      masters_.size(), quorum_, failures(replies, {}));
-    return make_error_code(errc::quorum_unavailable);
+    return ec.fail(errc::quorum_unavailable,
+                   fmt::format("only {} of {} redlock masters answered (a quorum is {}): {}", answered,
+                               masters_.size(), quorum_, failures(replies, {})));
   }
   if (answered < masters_.size()) {
     log_.log(LogLevel::warning, "redlock: {} of {} masters answered; going on with a quorum: {}", answered,
              masters_.size(), failures(replies, {}));
   }
-  return {};
 }
 
 }  // namespace redlock
@@ -114,15 +111,22 @@ std::error_code RedlockBackend::connect(Millis timeout, std::string& why) {
 std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                               std::string& why) {
   redlock::Config cfg;
-  if ((ec = redlock::parse_config(url, cfg, why))) return nullptr;
+  Error err = redlock::parse_config(url, cfg);
   std::vector<std::shared_ptr<redlock::Master>> masters;
+  auto failed = [&] {
+    ec = err;
+    why = err.detail();
+    return nullptr;
+  };
+  if (err) return failed();
   for (std::size_t i = 0; i < url.hosts.size(); ++i) {
-    redis::ConnectionOptions o = redlock::master_options(url, i, opts, ec, why);
-    if (ec) return nullptr;
+    redis::ConnectionOptions o = redlock::master_options(url, i, opts, err);
+    if (err) return failed();
     masters.push_back(std::make_shared<redlock::Master>(std::move(o)));
   }
   auto backend = std::make_unique<redlock::RedlockBackend>(cfg, std::move(masters), opts, url.redacted());
-  if ((ec = backend->connect(opts.connect_timeout, why))) return nullptr;
+  backend->connect(opts.connect_timeout, err);
+  if (err) return failed();
   return backend;
 }
 

@@ -38,7 +38,7 @@ struct Config {
 };
 
 /// Checks and extracts the settings; errc::invalid_url naming the offending part.
-std::error_code parse_config(const Url& url, Config& out, std::string& why);
+Error parse_config(const Url& url, Config& out);
 
 /// Key and release channel of a lock name on every master.
 std::string lock_key(const Config& cfg, std::string_view name);

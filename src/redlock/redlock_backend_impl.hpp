@@ -93,7 +93,7 @@ class RedlockBackend final : public Backend {
     sub_.reset();
   }
 
-  std::error_code connect(Millis timeout, std::string& why);
+  void connect(Millis timeout, Error& ec);
 
   Capabilities capabilities() const noexcept override { return {false, true}; }
 

@@ -23,13 +23,12 @@ void Subscriber::subscribe(const std::string& channel) {
   for (auto& n : nodes_) started.push_back(n->begin_watch(channel));
   const auto deadline = std::chrono::steady_clock::now() + confirm_timeout_;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
-    std::error_code ec;
-    std::string why;
-    if (!nodes_[i]->await_watch(channel, started[i], deadline, true, ec, why)) {
+    Error ec;
+    if (!nodes_[i]->await_watch(channel, started[i], deadline, true, ec)) {
       // Covered by the other masters and by the engine's re-check; said at debug level
       // because a master that is down is reported by every lock call already.
       log_.log(LogLevel::debug, "redlock: subscription to \"{}\" not confirmed: {}", channel.substr(0, 200),
-               why);
+               ec.detail());
     }
   }
 }

@@ -53,9 +53,17 @@ std::optional<ZkStats> zk_stats(const Backend& backend) {
 std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                          std::string& why) {
   zk::ZkBackend::Config cfg;
-  if ((ec = zk::parse_url(url, opts, cfg, why))) return nullptr;
-  auto backend = std::make_unique<zk::ZkBackend>(std::move(cfg), opts);
-  if ((ec = backend->start(why))) return nullptr;
+  Error err = zk::parse_url(url, opts, cfg);
+  std::unique_ptr<zk::ZkBackend> backend;
+  if (!err) {
+    backend = std::make_unique<zk::ZkBackend>(std::move(cfg), opts);
+    backend->start(err);
+  }
+  if (err) {
+    ec = err;
+    why = err.take_detail();
+    return nullptr;
+  }
   return backend;
 }
 

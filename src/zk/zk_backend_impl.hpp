@@ -127,9 +127,10 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   }
 
   /// Opens the first session and waits for it; checks the chroot.
-  std::error_code start(std::string& why) {
-    auto s = open_session(why);
-    if (!s) return make_error_code(errc::backend_unavailable);
+  void start(Error& ec) {
+    ec.clear();
+    auto s = open_session(ec);
+    if (!s) return;
     {
       LockGuard lk(recipe_.mutex());
       session_ = s;
@@ -139,13 +140,13 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
       UniqueLock lk(recipe_.mutex());
       wait_until(lk, deadline, [&] { return s->connected || s->expired; });
       if (s->expired) {
-        why = "ZooKeeper at " + cfg_.redacted_url + " refused the session (authentication failed)";
-        return make_error_code(errc::auth_failed);
+        return ec.fail(make_error_code(errc::auth_failed),
+                       "ZooKeeper at " + cfg_.redacted_url + " refused the session (authentication failed)");
       }
       if (!s->connected) {
-        why = "no ZooKeeper server of " + cfg_.redacted_url + " answered within " +
-              std::to_string(cfg_.connect_timeout.count()) + "ms";
-        return make_error_code(errc::backend_unavailable);
+        return ec.fail(make_error_code(errc::backend_unavailable),
+                       "no ZooKeeper server of " + cfg_.redacted_url + " answered within " +
+                           std::to_string(cfg_.connect_timeout.count()) + "ms");
       }
     }
     // negotiated_ms_ was set by the CONNECTED event (record_session_event).
@@ -154,19 +155,19 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
       auto r = zk::submit_exists(s->zh.get(), "/");
       const int rc = zk::await(r, *clock_, clock_->now() + cfg_.command_timeout);
       if (rc == ZNONODE) {
-        why = "chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
-              " does not exist on the ZooKeeper server (create it first, e.g. zkCli.sh create " +
-              cfg_.chroot + ")";
-        return make_error_code(errc::invalid_argument);
+        return ec.fail(make_error_code(errc::invalid_argument),
+                       "chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
+                           " does not exist on the ZooKeeper server (create it first, e.g. zkCli.sh create " +
+                           cfg_.chroot + ")");
       }
       if (rc != ZOK) {
-        why = "checking chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
-              " failed: " + zk::describe(rc);
-        return make_error_code(zk::is_transient(rc) ? errc::backend_unavailable : errc::protocol_error);
+        return ec.fail(
+            make_error_code(zk::is_transient(rc) ? errc::backend_unavailable : errc::protocol_error),
+            "checking chroot \"" + cfg_.chroot + "\" of " + cfg_.redacted_url +
+                " failed: " + zk::describe(rc));
       }
     }
     keeper_ = std::thread([this] { keeper_main(); });
-    return {};
   }
 
   Capabilities capabilities() const noexcept override { return {true, true}; }
@@ -236,7 +237,9 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
     env.url = cfg_.redacted_url;
     return env;
   }
-  std::shared_ptr<Session> open_session(std::string& why);
+  // Null with ec (backend_unavailable, the detail naming the URL and the cause) when the
+  // client library refuses to start a session.
+  std::shared_ptr<Session> open_session(Error& ec);
   std::shared_ptr<Session> current_session() const {
     LockGuard lk(recipe_.mutex());
     return session_;

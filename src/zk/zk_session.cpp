@@ -36,7 +36,7 @@ void node_watcher(zhandle_t*, int type, int, const char* path, void* ctx) {
   static_cast<ZkBackend*>(ctx)->on_node_event(type, path);
 }
 
-std::shared_ptr<Session> ZkBackend::open_session(std::string& why) {
+std::shared_ptr<Session> ZkBackend::open_session(Error& ec) {
   auto s = std::make_shared<Session>();
   s->backend = this;
   s->gen = next_generation_.fetch_add(1);
@@ -46,9 +46,10 @@ std::shared_ptr<Session> ZkBackend::open_session(std::string& why) {
                               &zk_log_line));
   if (!s->zh) {
     const int err = errno;
-    why = "cannot start a ZooKeeper session for " + cfg_.redacted_url + ": " +
-          (err == EINVAL ? std::string("a host name does not resolve or the host list is malformed")
-                         : std::string(errno_text(err)));
+    ec.fail(errc::backend_unavailable,
+            "cannot start a ZooKeeper session for " + cfg_.redacted_url + ": " +
+                (err == EINVAL ? std::string("a host name does not resolve or the host list is malformed")
+                               : std::string(errno_text(err))));
     return nullptr;
   }
   sessions_.fetch_add(1);
@@ -201,14 +202,14 @@ void ZkBackend::replace_expired_session() {
   }
   log_.log(LogLevel::warning, "zk: session to {} expired; every lock it held is lost; opening a new session",
            cfg_.redacted_url);
-  std::string why;
+  Error why;
   auto fresh = open_session(why);
   {
     LockGuard lk(recipe_.mutex());
     if (fresh) {
       session_ = fresh;
     } else {
-      log_.log(LogLevel::warning, "zk: {}; retrying", why);
+      log_.log(LogLevel::warning, "zk: {}; retrying", why.detail());
       orphan_retry_at_ = clock_->now() + std::chrono::milliseconds(500);
     }
     cv_.notify_all();

@@ -13,10 +13,9 @@ namespace {
 constexpr std::uint16_t kDefaultPort = 2181;
 }  // namespace
 
-std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg, std::string& why) {
-  auto bad_url = [&](std::string msg) -> std::error_code {
-    why = std::move(msg);
-    return make_error_code(errc::invalid_url);
+Error parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg) {
+  auto bad_url = [&](std::string msg) -> Error {
+    return {make_error_code(errc::invalid_url), std::move(msg)};
   };
   const std::string shown = url.redacted();
   if (url.hosts.empty()) {
@@ -36,7 +35,8 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
   // The query is checked against this backend's own scheme entry (zk_scheme.cpp) here as well as in
   // connect(), for callers that parse without connecting.
   if (const Scheme* scheme = scheme_named(zk_schemes(), url.scheme)) {
-    if (auto ec = check_query(*scheme, url, why)) return ec;
+    std::string problem;
+    if (auto ec = check_query(*scheme, url, problem)) return {ec, std::move(problem)};
   }
   if (const auto d = query_duration(url, "session_timeout")) {
     cfg.session_timeout = *d;

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 #include "engine/url.hpp"
 
 namespace distlock::detail::zk {
@@ -21,7 +22,7 @@ struct UrlConfig {
   Millis command_timeout{};
 };
 
-/// Fills `cfg` from `url`; on error returns invalid_url and says why in `why`.
-std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg, std::string& why);
+/// Fills `cfg` from `url`; on error returns invalid_url, the detail saying what is wrong.
+Error parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg);
 
 }  // namespace distlock::detail::zk

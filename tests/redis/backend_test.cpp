@@ -279,9 +279,8 @@ TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
   o.host = "127.0.0.1";
   o.port = server_.port();
   distlock::detail::Error ec;
-  std::string why;
-  auto backend = d::make_redis_backend_for(o, d::RedisSettings{}, distlock::ClientOptions{}, ec, why);
-  ASSERT_TRUE(backend) << why;
+  auto backend = d::make_redis_backend_for(o, d::RedisSettings{}, distlock::ClientOptions{}, ec);
+  ASSERT_TRUE(backend) << ec.detail();
   const std::string owner = "0123456789abcdef0123456789abcdef:1";
   d::AcquireRequest req;
   req.name = "demoted";

@@ -28,11 +28,11 @@ ConnectionOptions opts_for(const RedisServer& server, std::string password = {})
 TEST(RedisConnection, BinarySafeArgumentsRoundTrip) {
   RedisServer server;
   Connection conn(opts_for(server));
-  std::error_code ec;
+  Error ec;
   const std::string key("k\0ey \r\n{x}", 10);
   const std::string value("v\0\r\nal", 6);
   Reply r = conn.command({"SET", key, value}, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   r = conn.command({"GET", key}, ec);
   ASSERT_FALSE(ec);
   EXPECT_EQ(reply_str(r.get()), value);
@@ -42,12 +42,12 @@ TEST(RedisConnection, BinarySafeArgumentsRoundTrip) {
 TEST(RedisConnection, ErrorReplySetsProtocolErrorButKeepsTheConnection) {
   RedisServer server;
   Connection conn(opts_for(server));
-  std::error_code ec;
+  Error ec;
   Reply r = conn.command({"NOSUCHCOMMAND", "x"}, ec);
   EXPECT_EQ(ec, errc::protocol_error);
   ASSERT_TRUE(r);
   EXPECT_TRUE(is_error(r.get(), "ERR"));
-  EXPECT_NE(conn.last_error().find("redis 127.0.0.1:"), std::string::npos) << conn.last_error();
+  EXPECT_NE(ec.detail().find("redis 127.0.0.1:"), std::string::npos) << ec.detail();
   EXPECT_TRUE(conn.connected());
   r = conn.command({"PING"}, ec);
   EXPECT_FALSE(ec);
@@ -56,21 +56,21 @@ TEST(RedisConnection, ErrorReplySetsProtocolErrorButKeepsTheConnection) {
 TEST(RedisConnection, WrongPasswordIsAuthFailedNamingTheServer) {
   RedisServer server({.password = "right"});
   Connection conn(opts_for(server, "wrong"));
-  std::error_code ec;
+  Error ec;
   conn.connect(ec);
   EXPECT_EQ(ec, errc::auth_failed);
-  EXPECT_NE(conn.last_error().find("redis 127.0.0.1:" + std::to_string(server.port())), std::string::npos)
-      << conn.last_error();
+  EXPECT_NE(ec.detail().find("redis 127.0.0.1:" + std::to_string(server.port())), std::string::npos)
+      << ec.detail();
   EXPECT_FALSE(conn.connected());
 
   Connection none(opts_for(server));
   none.connect(ec);
   EXPECT_EQ(ec, errc::auth_failed);
-  EXPECT_NE(none.last_error().find("requires a password"), std::string::npos) << none.last_error();
+  EXPECT_NE(ec.detail().find("requires a password"), std::string::npos) << ec.detail();
 
   Connection good(opts_for(server, "right"));
   good.connect(ec);
-  EXPECT_FALSE(ec) << good.last_error();
+  EXPECT_FALSE(ec) << ec.detail();
 }
 
 // A full server answers the first command (AUTH or PING) with "max number of
@@ -78,16 +78,16 @@ TEST(RedisConnection, WrongPasswordIsAuthFailedNamingTheServer) {
 TEST(RedisConnection, AFullServerIsUnavailableNotAnAuthFailure) {
   RedisServer server({.password = "right"});
   Connection first(opts_for(server, "right"));
-  std::error_code ec;
+  Error ec;
   // Below the connections already open: those stay, every new one is refused.
   first.command({"CONFIG", "SET", "maxclients", "1"}, ec);
-  ASSERT_FALSE(ec) << first.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   Connection second(opts_for(server, "right"));
   second.connect(ec);
-  EXPECT_EQ(ec, errc::backend_unavailable) << second.last_error();
-  EXPECT_NE(second.last_error().find("max number of clients"), std::string::npos) << second.last_error();
+  EXPECT_EQ(ec, errc::backend_unavailable) << ec.detail();
+  EXPECT_NE(ec.detail().find("max number of clients"), std::string::npos) << ec.detail();
   first.command({"CONFIG", "SET", "maxclients", "100"}, ec);
-  EXPECT_FALSE(ec) << first.last_error();
+  EXPECT_FALSE(ec) << ec.detail();
 }
 
 TEST(RedisConnection, AclUserAndPassword) {
@@ -95,28 +95,27 @@ TEST(RedisConnection, AclUserAndPassword) {
   ConnectionOptions o = opts_for(server, "alicepw");
   o.user = "alice";
   Connection conn(o);
-  std::error_code ec;
+  Error ec;
   Reply r = conn.command({"ACL", "WHOAMI"}, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   EXPECT_EQ(reply_str(r.get()), "alice");
 
   o.password = "bad";
   Connection bad(o);
   bad.connect(ec);
   EXPECT_EQ(ec, errc::auth_failed);
-  EXPECT_NE(bad.last_error().find("alice"), std::string::npos) << bad.last_error();
+  EXPECT_NE(ec.detail().find("alice"), std::string::npos) << ec.detail();
 }
 
 TEST(RedisConnection, RefusedIsBackendUnavailableNamingHostPort) {
   ConnectionOptions o;
   o.port = distlock::testing::free_port();  // nobody listens there
   Connection conn(o);
-  std::error_code ec;
+  Error ec;
   Reply r = conn.command({"PING"}, ec);
   EXPECT_EQ(ec, errc::backend_unavailable);
   EXPECT_FALSE(r);
-  EXPECT_NE(conn.last_error().find("127.0.0.1:" + std::to_string(o.port)), std::string::npos)
-      << conn.last_error();
+  EXPECT_NE(ec.detail().find("127.0.0.1:" + std::to_string(o.port)), std::string::npos) << ec.detail();
 }
 
 TEST(RedisConnection, SelectsTheDatabase) {
@@ -124,9 +123,9 @@ TEST(RedisConnection, SelectsTheDatabase) {
   ConnectionOptions o = opts_for(server);
   o.db = 3;
   Connection conn(o);
-  std::error_code ec;
+  Error ec;
   conn.command({"SET", "only-in-3", "1"}, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   EXPECT_EQ(server.command({"EXISTS", "only-in-3"})->integer, 0);
   EXPECT_EQ(server.command({"SELECT", "3"})->type, REDIS_REPLY_STATUS);
 
@@ -134,13 +133,13 @@ TEST(RedisConnection, SelectsTheDatabase) {
   Connection bad(o);
   bad.connect(ec);
   EXPECT_EQ(ec, errc::invalid_url);
-  EXPECT_NE(bad.last_error().find("999"), std::string::npos) << bad.last_error();
+  EXPECT_NE(ec.detail().find("999"), std::string::npos) << ec.detail();
 }
 
 TEST(RedisConnection, PipelineIsOneRoundTripAndKeepsOrder) {
   RedisServer server;
   Connection conn(opts_for(server));
-  std::error_code ec;
+  Error ec;
   conn.connect(ec);
   ASSERT_FALSE(ec);
   const auto before = conn.round_trips();
@@ -150,7 +149,7 @@ TEST(RedisConnection, PipelineIsOneRoundTripAndKeepsOrder) {
   conn.append({"NOSUCHCOMMAND"});
   EXPECT_EQ(conn.pending(), 101u);
   auto replies = conn.read_replies(101, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   EXPECT_EQ(conn.round_trips() - before, 1u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(replies[i]->integer, i);
   EXPECT_TRUE(is_error(replies[100].get()));  // error replies come back as replies
@@ -172,27 +171,27 @@ TEST(RedisConnection, CommandTimeoutDropsTheConnectionAndNextCallReconnects) {
   ConnectionOptions o = opts_for(server);
   o.command_timeout = Millis(200);
   Connection conn(o);
-  std::error_code ec;
+  Error ec;
   conn.connect(ec);
   ASSERT_FALSE(ec);
   server.pause();
   Reply r = conn.command({"PING"}, ec);
   server.resume();
   EXPECT_EQ(ec, errc::backend_unavailable);
-  EXPECT_NE(conn.last_error().find("no reply within 200 ms"), std::string::npos) << conn.last_error();
+  EXPECT_NE(ec.detail().find("no reply within 200 ms"), std::string::npos) << ec.detail();
   EXPECT_FALSE(conn.connected());
   r = conn.command({"PING"}, ec);
-  EXPECT_FALSE(ec) << conn.last_error();
+  EXPECT_FALSE(ec) << ec.detail();
   EXPECT_EQ(reply_str(r.get()), "PONG");
 }
 
 TEST(RedisConnectionPool, ReusesConnectionsAndSurvivesARestart) {
   RedisServer server;
   ConnectionPool pool(opts_for(server), 2);
-  std::error_code ec;
+  Error ec;
   {
     auto a = pool.checkout(ec);
-    ASSERT_FALSE(ec) << pool.last_error();
+    ASSERT_FALSE(ec) << ec.detail();
     auto b = pool.checkout(ec);
     ASSERT_FALSE(ec);
     auto c = pool.checkout(ec);  // grows beyond max_idle while in use
@@ -205,9 +204,9 @@ TEST(RedisConnectionPool, ReusesConnectionsAndSurvivesARestart) {
   server.restart();
   // The idle connections see EOF and are discarded: the first call goes through.
   auto conn = pool.checkout(ec);
-  ASSERT_FALSE(ec) << pool.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   Reply r = conn->command({"PING"}, ec);
-  EXPECT_FALSE(ec) << conn->last_error();
+  EXPECT_FALSE(ec) << ec.detail();
 
   server.kill();
   auto down = pool.checkout(ec);
@@ -218,7 +217,7 @@ TEST(RedisConnectionPool, ReusesConnectionsAndSurvivesARestart) {
   EXPECT_EQ(ec, errc::backend_unavailable);
   server.restart();
   auto again = pool.checkout(ec);
-  ASSERT_FALSE(ec) << pool.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   again->command({"PING"}, ec);
   EXPECT_FALSE(ec);
 }
@@ -227,16 +226,16 @@ TEST(RedisScript, LoadsOnceAndReloadsAfterNoscript) {
   RedisServer server;
   static const Script incr("return redis.call('INCRBY', KEYS[1], ARGV[1])");
   Connection conn(opts_for(server));
-  std::error_code ec;
+  Error ec;
   Reply r = incr.run(conn, {"n"}, {"5"}, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   EXPECT_EQ(r->integer, 5);
   EXPECT_EQ(incr.sha().size(), 40u);
   EXPECT_EQ(server.command_calls("script|load"), 1);
 
   server.command({"SCRIPT", "FLUSH"});
   r = incr.run(conn, {"n"}, {"2"}, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   EXPECT_EQ(r->integer, 7);
   EXPECT_EQ(server.command_calls("script|load"), 2);
 
@@ -247,7 +246,7 @@ TEST(RedisScript, LoadsOnceAndReloadsAfterNoscript) {
   std::vector<Script::Call> calls;
   for (std::size_t i = 0; i < kv.size(); ++i) calls.push_back({std::span(&kv[i], 1), one});
   auto replies = incr.run_pipelined(conn, calls, ec);
-  ASSERT_FALSE(ec) << conn.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   ASSERT_EQ(replies.size(), 3u);
   for (auto& rep : replies) EXPECT_EQ(rep->integer, 1);
 }

@@ -70,10 +70,19 @@ struct EchoTally {
   std::atomic<long long> max_ok_ms{0};  // slowest call that succeeded
   std::mutex mu;
   std::string first_wrong;
+  std::string first_failure;  // the first failed call's error detail
   void note_wrong(const std::string& s) {
     ++wrong;
     std::lock_guard lk(mu);
     if (first_wrong.empty()) first_wrong = s;
+  }
+  void note_failed(const std::string& detail) {
+    ++failed;
+    remember_failure(detail);
+  }
+  void remember_failure(const std::string& detail) {
+    std::lock_guard lk(mu);
+    if (first_failure.empty()) first_failure = detail;
   }
   void note_ok_ms(long long ms) {
     long long cur = max_ok_ms.load();
@@ -87,14 +96,14 @@ struct EchoTally {
 void one_echo_call(SharedConnection& shared, int t, long seq, std::minstd_rand& rng, EchoTally& tally) {
   const std::string tag = "t" + std::to_string(t) + "-" + std::to_string(seq) + "-";
   const int kind = static_cast<int>(rng() % 40);
-  std::error_code ec;
+  Error ec;
   const auto t0 = Clock::now();
   if (kind == 0) {
     std::string big(64 * 1024 + rng() % (960 * 1024), static_cast<char>('a' + t % 26));
     big.replace(0, tag.size(), tag);
     Reply r = shared.command({"ECHO", big}, ec);
     if (ec) {
-      ++tally.failed;
+      tally.note_failed(ec.detail());
     } else if (reply_str(r.get()) != big) {
       tally.note_wrong(tag + " big echo came back as " + std::string(reply_str(r.get()).substr(0, 40)));
     } else {
@@ -106,7 +115,7 @@ void one_echo_call(SharedConnection& shared, int t, long seq, std::minstd_rand& 
   if (kind < 20) {
     Reply r = shared.command({"ECHO", tag}, ec);
     if (ec) {
-      ++tally.failed;
+      tally.note_failed(ec.detail());
     } else if (reply_str(r.get()) != tag) {
       tally.note_wrong(tag + " got " + std::string(reply_str(r.get())));
     } else {
@@ -122,7 +131,7 @@ void one_echo_call(SharedConnection& shared, int t, long seq, std::minstd_rand& 
   for (const auto& s : texts) batch.push_back({"ECHO", s});
   auto r = shared.exchange(batch, ec);
   if (ec) {
-    ++tally.failed;
+    tally.note_failed(ec.detail());
     return;
   }
   for (int i = 0; i < n; ++i) {
@@ -164,7 +173,7 @@ TEST(SharedConnectionReview, ConnectsToAStuckServerAreNotSerialisedBehindEachOth
   server.pause();
   constexpr int kThreads = 8;
   std::vector<long long> took(kThreads, 0);
-  std::vector<std::error_code> codes(kThreads);
+  std::vector<Error> codes(kThreads);
   std::latch go(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -257,7 +266,7 @@ TEST(SharedConnectionReview, NoCallIsHeldFarBeyondTheCommandTimeoutUnderSteadyLo
               static_cast<unsigned long long>(shared.stats().writes),
               static_cast<unsigned long long>(shared.stats().calls));
   EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
-  EXPECT_EQ(tally.failed.load(), 0) << shared.last_error();
+  EXPECT_EQ(tally.failed.load(), 0) << tally.first_failure;
   EXPECT_LE(tally.max_ok_ms.load(), timeout.count() + 500);
 }
 
@@ -376,7 +385,7 @@ TEST(SharedConnectionReview, ScriptFlushStormNeverHandsAScriptResultToTheWrongCa
     threads.emplace_back([&, t] {
       for (long i = 0; i < 100000 && !stop.load(); ++i) {
         const std::string a = "s" + std::to_string(t) + "-" + std::to_string(i);
-        std::error_code ec;
+        Error ec;
         if (i % 2 == 0) {
           const std::string_view args[] = {a};
           Reply r = kEcho.run(shared, {}, args, ec);
@@ -466,10 +475,11 @@ TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsC
         std::vector<Argv> batch;
         batch.reserve(texts.size());
         for (const auto& s : texts) batch.push_back({"ECHO", s});
-        std::error_code ec;
+        Error ec;
         auto r = shared.exchange(batch, ec);
         if (ec) {
           ++big_failed;
+          tally.remember_failure(ec.detail());
           continue;
         }
         bool good = r.size() == texts.size();
@@ -487,8 +497,8 @@ TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsC
   EXPECT_GT(tally.ok.load(), small_before) << "no small call ran beside the big ones";
   EXPECT_EQ(big_wrong.load(), 0);
   EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
-  EXPECT_EQ(big_failed.load(), 0) << shared.last_error();
-  EXPECT_EQ(tally.failed.load(), 0) << shared.last_error();
+  EXPECT_EQ(big_failed.load(), 0) << tally.first_failure;
+  EXPECT_EQ(tally.failed.load(), 0) << tally.first_failure;
 }
 
 // ---------------------------------------------------------------------------
@@ -499,15 +509,15 @@ TEST(SharedConnectionReview, DestroyRightAfterCallsFailedOnAStuckServerIsClean) 
   RedisServer server;
   for (int round = 0; round < 10; ++round) {
     auto shared = std::make_unique<SharedConnection>(opts_for(server, Millis(100), Millis(100)));
-    std::error_code ec;
+    Error ec;
     shared->command({"PING"}, ec);
-    ASSERT_FALSE(ec) << shared->last_error();
+    ASSERT_FALSE(ec) << ec.detail();
     server.pause();
     std::vector<std::thread> threads;
     std::atomic<int> done{0};
     for (int t = 0; t < 6; ++t) {
       threads.emplace_back([&, t] {
-        std::error_code e;
+        Error e;
         shared->command({"ECHO", std::string(t * 50000 + 1, 'z')}, e);
         EXPECT_TRUE(e);
         ++done;

@@ -46,18 +46,20 @@ TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
   SharedConnection shared(opts_for(server));
   constexpr int kThreads = 16, kCalls = 300;
   std::vector<int> wrong(kThreads, 0), failed(kThreads, 0);
+  std::vector<std::string> last_failure(kThreads);  // each thread's own message
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kCalls; ++i) {
         const std::string a = "t" + std::to_string(t) + "-" + std::to_string(i);
-        std::error_code ec;
+        Error ec;
         if (i % 3 == 0) {  // a pipeline of three must come back whole and in order
           const std::string b = a + "b", c = a + "c";
           const std::vector<Argv> batch{{"ECHO", a}, {"ECHO", b}, {"ECHO", c}};
           auto r = shared.exchange(batch, ec);
           if (ec) {
             ++failed[t];
+            last_failure[t] = ec.detail();
           } else if (r.size() != 3 || reply_str(r[0].get()) != a || reply_str(r[1].get()) != b ||
                      reply_str(r[2].get()) != c) {
             ++wrong[t];
@@ -66,6 +68,7 @@ TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
           Reply r = shared.command({"ECHO", a}, ec);
           if (ec) {
             ++failed[t];
+            last_failure[t] = ec.detail();
           } else if (reply_str(r.get()) != a) {
             ++wrong[t];
           }
@@ -76,7 +79,7 @@ TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) {
     EXPECT_EQ(wrong[t], 0) << "thread " << t;
-    EXPECT_EQ(failed[t], 0) << "thread " << t << ": " << shared.last_error();
+    EXPECT_EQ(failed[t], 0) << "thread " << t << ": " << last_failure[t];
   }
   const auto st = shared.stats();
   EXPECT_EQ(st.connects, 1u);
@@ -90,18 +93,18 @@ TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
 TEST(SharedRedisConnection, CallsFromManyThreadsOverlapOnTheWire) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(30000)));
-  std::error_code ec;
+  Error ec;
   shared.command({"PING"}, ec);
-  ASSERT_FALSE(ec) << shared.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   constexpr int kThreads = 8;
   server.pause();
   std::vector<std::string> got(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      std::error_code e;
+      Error e;
       Reply r = shared.command({"ECHO", "x" + std::to_string(t)}, e);
-      got[t] = e ? "error: " + shared.last_error() : std::string(reply_str(r.get()));
+      got[t] = e ? "error: " + e.detail() : std::string(reply_str(r.get()));
     });
   }
   const bool all_in_flight = eventually([&] { return shared.stats().in_flight == kThreads; });
@@ -115,18 +118,18 @@ TEST(SharedRedisConnection, CallsFromManyThreadsOverlapOnTheWire) {
 TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReconnects) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(300)));
-  std::error_code ec;
+  Error ec;
   shared.command({"PING"}, ec);
-  ASSERT_FALSE(ec) << shared.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   server.pause();
   constexpr int kThreads = 4;
-  std::vector<std::error_code> codes(kThreads);
+  std::vector<Error> codes(kThreads);
   std::vector<std::string> whys(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       Reply r = shared.command({"PING"}, codes[t]);
-      if (codes[t]) whys[t] = shared.last_error();  // the thread's own message
+      if (codes[t]) whys[t] = codes[t].detail();  // the call's own message
     });
   }
   for (auto& th : threads) th.join();
@@ -139,7 +142,7 @@ TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReco
   }
   EXPECT_FALSE(shared.connected());
   Reply r = shared.command({"PING"}, ec);
-  EXPECT_FALSE(ec) << shared.last_error();
+  EXPECT_FALSE(ec) << ec.detail();
   EXPECT_EQ(reply_str(r.get()), "PONG");
   EXPECT_EQ(shared.stats().connects, 2u);
 }
@@ -147,12 +150,12 @@ TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReco
 TEST(SharedRedisConnection, ARestartedServerIsNoticedBeforeTheNextCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server));
-  std::error_code ec;
+  Error ec;
   shared.command({"PING"}, ec);
-  ASSERT_FALSE(ec) << shared.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   server.restart();
   Reply r = shared.command({"ECHO", "after"}, ec);  // not lost to the closed socket
-  EXPECT_FALSE(ec) << shared.last_error();
+  EXPECT_FALSE(ec) << ec.detail();
   EXPECT_EQ(reply_str(r.get()), "after");
   EXPECT_EQ(shared.stats().connects, 2u);
 }
@@ -160,12 +163,11 @@ TEST(SharedRedisConnection, ARestartedServerIsNoticedBeforeTheNextCall) {
 TEST(SharedRedisConnection, AnErrorReplyKeepsTheConnection) {
   RedisServer server;
   SharedConnection shared(opts_for(server));
-  std::error_code ec;
+  Error ec;
   Reply r = shared.command({"NOSUCHCOMMAND", "x"}, ec);
   EXPECT_EQ(ec, errc::protocol_error);
   EXPECT_TRUE(is_error(r.get(), "ERR"));
-  EXPECT_NE(shared.last_error().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos)
-      << shared.last_error();
+  EXPECT_NE(ec.detail().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << ec.detail();
   r = shared.command({"PING"}, ec);
   EXPECT_FALSE(ec);
   EXPECT_TRUE(shared.connected());
@@ -176,33 +178,32 @@ TEST(SharedRedisConnection, DownServerAndWrongPasswordAreDistinctErrors) {
   ConnectionOptions o;
   o.port = distlock::testing::free_port();  // nobody listens there
   SharedConnection down(o);
-  std::error_code ec;
+  Error ec;
   EXPECT_FALSE(down.command({"PING"}, ec));
   EXPECT_EQ(ec, errc::backend_unavailable);
-  EXPECT_NE(down.last_error().find("127.0.0.1:" + std::to_string(o.port)), std::string::npos)
-      << down.last_error();
+  EXPECT_NE(ec.detail().find("127.0.0.1:" + std::to_string(o.port)), std::string::npos) << ec.detail();
 
   RedisServer server({.password = "right"});
   ConnectionOptions bad = opts_for(server);
   bad.password = "wrong";
   SharedConnection wrong(bad);
   wrong.command({"PING"}, ec);
-  EXPECT_EQ(ec, errc::auth_failed) << wrong.last_error();
+  EXPECT_EQ(ec, errc::auth_failed) << ec.detail();
 }
 
 TEST(SharedRedisConnection, ScriptsRecoverFromAFlushedScriptCache) {
   RedisServer server;
   SharedConnection shared(opts_for(server));
   static const Script kIncr("return redis.call('INCR', KEYS[1])");
-  std::error_code ec;
+  Error ec;
   Reply r = kIncr.run(shared, {"n"}, {}, ec);
-  ASSERT_FALSE(ec) << shared.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   EXPECT_EQ(r->integer, 1);
   server.command({"SCRIPT", "FLUSH"});
   const std::string_view keys[] = {"n"};
   const Script::Call calls[] = {{keys, {}}, {keys, {}}};
   auto both = kIncr.run_pipelined(shared, calls, ec);
-  ASSERT_FALSE(ec) << shared.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   ASSERT_EQ(both.size(), 2u);
   EXPECT_EQ(both[0]->integer, 2);
   EXPECT_EQ(both[1]->integer, 3);

@@ -59,9 +59,9 @@ TEST(RedisSubscriber, WatchIsLiveWhenItReturnsAndCounted) {
   RedisServer server;
   Seen seen;
   Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
-  std::error_code ec;
+  Error ec;
   sub.watch("ch1", ec);
-  ASSERT_FALSE(ec) << sub.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   // Subscribed on the server before watch() returned: the publish reaches one client.
   EXPECT_EQ(server.command({"PUBLISH", "ch1", "x"})->integer, 1);
   EXPECT_TRUE(seen.wait_for("ch1", 1, 5s));
@@ -89,7 +89,7 @@ TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
   RedisServer server;
   Seen seen;
   Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
-  std::error_code ec;
+  Error ec;
   sub.watch("a", ec);
   ASSERT_FALSE(ec);
   sub.watch("b", ec);
@@ -102,8 +102,7 @@ TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
   // While the server is down a new watch fails clearly.
   sub.watch("c", ec);
   EXPECT_EQ(ec, errc::backend_unavailable);
-  EXPECT_NE(sub.last_error().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos)
-      << sub.last_error();
+  EXPECT_NE(ec.detail().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << ec.detail();
   sub.unwatch("c");
 
   server.restart();
@@ -119,7 +118,7 @@ TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
 TEST(RedisSubscriber, StopsPromptly) {
   RedisServer server;
   auto sub = std::make_unique<Subscriber>(opts_for(server), [](std::string_view) {});
-  std::error_code ec;
+  Error ec;
   sub->watch("idle", ec);
   ASSERT_FALSE(ec);
   const auto start = Clock::now();
@@ -146,13 +145,13 @@ TEST(RedisSubscriber, ARefusedSubscribeFailsAtOnceWithTheServersReasonAndIsNotRe
   o.user = "nochan";
   o.password = "pw";
   Subscriber sub(o, [&](std::string_view ch) { seen.add(ch); });
-  std::error_code ec;
+  Error ec;
   const auto start = Clock::now();
   sub.watch("denied", ec);
   const auto took = Clock::now() - start;
-  EXPECT_EQ(ec, errc::auth_failed) << sub.last_error();
-  EXPECT_NE(sub.last_error().find("NOPERM"), std::string::npos) << sub.last_error();
-  EXPECT_NE(sub.last_error().find("denied"), std::string::npos) << sub.last_error();
+  EXPECT_EQ(ec, errc::auth_failed) << ec.detail();
+  EXPECT_NE(ec.detail().find("NOPERM"), std::string::npos) << ec.detail();
+  EXPECT_NE(ec.detail().find("denied"), std::string::npos) << ec.detail();
   EXPECT_LT(took, 900ms);  // the answer, not the 1 s confirmation timeout
   // The failed watch does not count: nothing is sent again.
   auto subscribes = [&]() -> long long {  // SUBSCRIBEs refused by the ACL
@@ -182,13 +181,12 @@ TEST(RedisSubscriber, AKeptWatchIsReportedWhenItsLateConfirmationArrives) {
   RedisServer server;
   Seen seen;
   Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
-  std::error_code ec;
+  Error ec;
   sub.watch("up", ec);  // the connection is up
-  ASSERT_FALSE(ec) << sub.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   server.pause();
   const auto started = sub.begin_watch("late");
-  std::string why;
-  EXPECT_FALSE(sub.await_watch("late", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec, why));
+  EXPECT_FALSE(sub.await_watch("late", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec));
   EXPECT_TRUE(ec);
   server.resume();
   // The SUBSCRIBE, queued in the paused server's socket, is confirmed now: the
@@ -210,9 +208,8 @@ TEST(RedisSubscriber, AKeptWatchIsReportedWhenTheFirstConnectionComesUpLater) {
   Seen seen;
   Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
   const auto started = sub.begin_watch("first");
-  std::error_code ec;
-  std::string why;
-  EXPECT_FALSE(sub.await_watch("first", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec, why));
+  Error ec;
+  EXPECT_FALSE(sub.await_watch("first", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec));
   server.resume();
   EXPECT_TRUE(seen.wait_for("first", 1, 10s));
   EXPECT_EQ(server.command({"PUBLISH", "first", "x"})->integer, 1);
@@ -233,9 +230,9 @@ TEST(RedisSubscriber, ASilentlyDeadConnectionIsNoticedByPingAndReplaced) {
   o.port = proxy.port();
   Seen seen;
   Subscriber sub(o, [&](std::string_view ch) { seen.add(ch); });
-  std::error_code ec;
+  Error ec;
   sub.watch("frozen", ec);
-  ASSERT_FALSE(ec) << sub.last_error();
+  ASSERT_FALSE(ec) << ec.detail();
   ASSERT_EQ(sub.connects(), 1u);
   // Quiet for several ping periods: an answered PING never drops the connection.
   std::this_thread::sleep_for(3s);
@@ -249,10 +246,10 @@ TEST(RedisSubscriber, ASilentlyDeadConnectionIsNoticedByPingAndReplaced) {
               static_cast<long long>(noticed.count()));
   EXPECT_LE(noticed, 1500ms + 2000ms);
   EXPECT_EQ(sub.silent_drops(), 1u);
-  EXPECT_NE(sub.last_error().find("PING"), std::string::npos) << sub.last_error();
+  EXPECT_NE(sub.last_failure().detail().find("PING"), std::string::npos) << sub.last_failure().detail();
   // The network comes back: a new connection, subscribed again, delivers.
   proxy.pass();
-  ASSERT_TRUE(seen.wait_for("frozen", 2, 10s)) << "no resubscription: " << sub.last_error();
+  ASSERT_TRUE(seen.wait_for("frozen", 2, 10s)) << "no resubscription: " << sub.last_failure().detail();
   EXPECT_GE(sub.connects(), 2u);
   const auto before = seen.count("frozen");
   EXPECT_EQ(server.command({"PUBLISH", "frozen", "x"})->integer, 1);

@@ -99,7 +99,8 @@ Config parse_ok(const std::string& text) {
   std::string why;
   EXPECT_FALSE(parse_url(text, url, why)) << why;
   Config cfg;
-  EXPECT_FALSE(parse_config(url, cfg, why)) << why;
+  const distlock::detail::Error err = parse_config(url, cfg);
+  EXPECT_FALSE(err) << err.detail();
   return cfg;
 }
 
@@ -108,9 +109,9 @@ std::string parse_error(const std::string& text) {
   std::string why;
   if (auto ec = parse_url(text, url, why)) return "url: " + why;
   Config cfg;
-  auto ec = parse_config(url, cfg, why);
-  EXPECT_EQ(ec, errc::invalid_url) << text;
-  return why;
+  const distlock::detail::Error err = parse_config(url, cfg);
+  EXPECT_EQ(err, errc::invalid_url) << text;
+  return err.detail();
 }
 
 TEST(RedlockUrl, ParsesMastersCredentialsPrefixAndTimeout) {
