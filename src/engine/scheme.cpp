@@ -8,12 +8,12 @@ namespace distlock::detail {
 
 namespace {
 
-std::error_code bad(std::string& why, std::string msg) {
+std::error_code invalid_query(std::string& why, std::string msg) {
   why = std::move(msg);
   return make_error_code(errc::invalid_url);
 }
 
-std::string quoted(std::string_view s) {
+std::string quoted_bounded(std::string_view s) {
   // Values are user text: keep the message on one line and bounded.
   std::string out = "\"";
   for (char c : s.substr(0, 200)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
@@ -119,41 +119,41 @@ std::error_code check_query(const Scheme& scheme, const Url& url, std::string& w
     const QueryKey* key = find_key(scheme, name);
     if (key == nullptr) {
       const std::string known = known_keys(scheme);
-      return bad(why, "unknown query parameter " + quoted(name) + " in URL " + shown + " (" +
+      return invalid_query(why, "unknown query parameter " + quoted_bounded(name) + " in URL " + shown + " (" +
                           std::string(scheme.name) + ":// knows " + (known.empty() ? "none" : known) + ")");
     }
     if (key->tls_only && !scheme.tls) {
-      return bad(why, "query parameter " + quoted(name) + " in URL " + shown + " is a TLS setting: write " +
+      return invalid_query(why, "query parameter " + quoted_bounded(name) + " in URL " + shown + " is a TLS setting: write " +
                           std::string(scheme.tls_scheme) + "://");
     }
-    const std::string head = std::string(key->name) + " " + quoted(value) + " in URL " + shown;
+    const std::string head = std::string(key->name) + " " + quoted_bounded(value) + " in URL " + shown;
     switch (key->type) {
       case QueryType::text: break;
       case QueryType::duration: {
         Millis d{};
         if (!parse_duration(value, d) || d.count() <= 0) {
-          return bad(why, head + " is not a positive duration like 500ms or 2s");
+          return invalid_query(why, head + " is not a positive duration like 500ms or 2s");
         }
-        if (d > key->max) return bad(why, head + " is above the maximum of " + describe_duration(key->max));
+        if (d > key->max) return invalid_query(why, head + " is above the maximum of " + describe_duration(key->max));
         break;
       }
       case QueryType::flag:
-        if (!parse_flag(value)) return bad(why, head + " is not one of true, false, 1, 0, yes, no");
+        if (!parse_flag(value)) return invalid_query(why, head + " is not one of true, false, 1, 0, yes, no");
         break;
       case QueryType::count: {
         const auto n = parse_count(value);
         if (!n || *n > key->max_count) {
-          return bad(why, head + " is not a whole number in 0-" + std::to_string(key->max_count));
+          return invalid_query(why, head + " is not a whole number in 0-" + std::to_string(key->max_count));
         }
         break;
       }
       case QueryType::choice:
         if (!is_choice(key->choices, value)) {
-          return bad(why, head + " is not one of " + comma_list(key->choices));
+          return invalid_query(why, head + " is not one of " + comma_list(key->choices));
         }
         break;
       case QueryType::file:
-        if (value.empty()) return bad(why, head + " is empty; it names a file");
+        if (value.empty()) return invalid_query(why, head + " is empty; it names a file");
         break;
     }
   }

@@ -31,6 +31,7 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -69,14 +70,7 @@ std::vector<std::string> tool_lines(const std::string& out) {
 }
 
 // Polls `cond` until it holds or `limit` passes on this process's steady clock.
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 class Conformance : public ::testing::TestWithParam<Kind> {
  protected:

@@ -34,6 +34,7 @@
 #include "support/client_options.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -70,14 +71,7 @@ int exit_code(Process& p, Millis limit) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 // One critical section: `slot` is the permit (semaphore) or 'w'/'r' (read-write lock).
 struct Section {

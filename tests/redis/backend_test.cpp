@@ -29,9 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 using distlock::testing::ttl_of;
 
-std::string str(const distlock::testing::RedisReplyPtr& r) {
-  return r && r->str ? std::string(r->str, r->len) : std::string();
-}
+using distlock::testing::reply_str;
 
 // The fence counter of a name: its hash slot's ("distlock:{<tag>}:fence").
 std::string fence_of(const std::string& name) {
@@ -62,18 +60,18 @@ TEST_F(RedisBackend, KeyLayoutAndRelease) {
     auto fields = server_.command({"HGETALL", "distlock:{job}"});
     ASSERT_EQ(fields->type, REDIS_REPLY_ARRAY);
     ASSERT_EQ(fields->elements, 4u);
-    EXPECT_EQ(str(server_.command({"HGET", "distlock:{job}", "@token"})), std::to_string(token));
+    EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{job}", "@token"})), std::to_string(token));
     const auto holder = client.status("job").holder;
     ASSERT_TRUE(holder.has_value());
     EXPECT_EQ(holder->substr(0, client.id().size()), client.id());
     // The holder's field holds its queue entry id (a waiting acquire queues first).
-    const std::string entry = str(server_.command({"HGET", "distlock:{job}", *holder}));
+    const std::string entry = reply_str(server_.command({"HGET", "distlock:{job}", *holder}));
     EXPECT_FALSE(entry.empty());
     EXPECT_EQ(entry.find_first_not_of("0123456789"), std::string::npos) << entry;
     const long long pttl = server_.command({"PTTL", "distlock:{job}"})->integer;
     EXPECT_GT(pttl, 0);
     EXPECT_LE(pttl, 10000);
-    EXPECT_EQ(str(server_.command({"GET", fence_of("job")})), std::to_string(token));
+    EXPECT_EQ(reply_str(server_.command({"GET", fence_of("job")})), std::to_string(token));
   }
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{job}"})->integer, 0);
   EXPECT_EQ(server_.command({"PTTL", fence_of("job")})->integer, -1);
@@ -101,7 +99,7 @@ TEST_F(RedisBackend, FenceCounterOutlivesAnExpiredLock) {
   }
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{expiring}"})->integer, 0);
   EXPECT_EQ(server_.command({"PTTL", fence_of("expiring")})->integer, -1);
-  EXPECT_EQ(str(server_.command({"GET", fence_of("expiring")})), std::to_string(first));
+  EXPECT_EQ(reply_str(server_.command({"GET", fence_of("expiring")})), std::to_string(first));
   distlock::detail::Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);  // the lease had expired: nothing is deleted
@@ -138,7 +136,7 @@ TEST_F(RedisBackend, ReentrancyKeepsOneServerHoldAndTheServerDoesNotReenter) {
   ASSERT_TRUE(first.acquired);
   EXPECT_FALSE(second.acquired);
   // The owner's field holds its queue entry: "0" for an acquisition that never queued.
-  EXPECT_EQ(str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "0");
+  EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{re}", "owner-x:1"})), "0");
   EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::released);
   EXPECT_EQ(server_.command({"EXISTS", "distlock:{re}"})->integer, 0);
   EXPECT_EQ(backend.release("re", "owner-x:1", first.token, ec), distlock::detail::ReleaseStatus::not_owner);
@@ -217,7 +215,7 @@ TEST_F(RedisBackend, RenewsTenThousandLeasesInFewRoundTrips) {
 
 // "total_connections_received" of the server (connections accepted since it started).
 long long connections_received(const RedisServer& server) {
-  const std::string info = str(server.command({"INFO", "stats"}));
+  const std::string info = reply_str(server.command({"INFO", "stats"}));
   const std::string field = "total_connections_received:";
   const auto at = info.find(field);
   return at == std::string::npos ? -1 : std::stoll(info.substr(at + field.size()));
@@ -295,13 +293,13 @@ TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
   auto synced = [](RedisServer& s, const char* what) {
     const auto end = Clock::now() + 30s;
     while (Clock::now() < end) {
-      const std::string info = str(s.command({"INFO", "replication"}));
+      const std::string info = reply_str(s.command({"INFO", "replication"}));
       if (info.find(what) != std::string::npos) return true;
       std::this_thread::sleep_for(20ms);
     }
     return false;
   };
-  ASSERT_TRUE(synced(promoted, "master_link_status:up")) << str(promoted.command({"INFO", "replication"}));
+  ASSERT_TRUE(synced(promoted, "master_link_status:up")) << reply_str(promoted.command({"INFO", "replication"}));
   const auto end = Clock::now() + 30s;
   while (Clock::now() < end && promoted.command({"EXISTS", "distlock:{demoted}"})->integer != 1) {
     std::this_thread::sleep_for(20ms);
@@ -309,7 +307,7 @@ TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
   ASSERT_EQ(promoted.command({"EXISTS", "distlock:{demoted}"})->integer, 1);
   promoted.command({"REPLICAOF", "NO", "ONE"});
   server_.command({"REPLICAOF", "127.0.0.1", there});
-  ASSERT_TRUE(synced(server_, "master_link_status:up")) << str(server_.command({"INFO", "replication"}));
+  ASSERT_TRUE(synced(server_, "master_link_status:up")) << reply_str(server_.command({"INFO", "replication"}));
   ASSERT_EQ(server_.command({"EXISTS", "distlock:{demoted}"})->integer, 1);
 
   const d::RenewItem item{"demoted", owner, 0, 30s};
@@ -333,7 +331,7 @@ TEST_F(RedisBackend, OddNamesAreBinarySafe) {
       token = lease.token();
       const std::string key = "distlock:{" + name + "}";
       EXPECT_EQ(server_.command(std::vector<std::string>{"EXISTS", key})->integer, 1);
-      EXPECT_EQ(str(server_.command(std::vector<std::string>{"GET", fence_of(name)})), std::to_string(token));
+      EXPECT_EQ(reply_str(server_.command(std::vector<std::string>{"GET", fence_of(name)})), std::to_string(token));
       auto info = client.status(name);
       EXPECT_TRUE(info.held);
       EXPECT_EQ(info.token, token);
@@ -350,14 +348,14 @@ class RedisBadInput : public RedisBackend {
     other_ = std::make_unique<distlock::Client>(connect());
     theirs_ = other_->acquire("victim", ttl_of(30s));
     holder_ = *other_->status("victim").holder;
-    entry_ = str(server_.command({"HGET", "distlock:{victim}", holder_}));
+    entry_ = reply_str(server_.command({"HGET", "distlock:{victim}", holder_}));
   }
   void TearDown() override {
     // After every bad call the other owner's lock is exactly as it was.
     EXPECT_TRUE(theirs_.owns());
     EXPECT_FALSE(entry_.empty());
-    EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", holder_})), entry_);
-    EXPECT_EQ(str(server_.command({"HGET", "distlock:{victim}", "@token"})), std::to_string(theirs_.token()));
+    EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{victim}", holder_})), entry_);
+    EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{victim}", "@token"})), std::to_string(theirs_.token()));
     EXPECT_GT(server_.command({"PTTL", "distlock:{victim}"})->integer, 20000);
     theirs_.release();
   }

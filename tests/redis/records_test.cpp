@@ -19,9 +19,7 @@ using distlock::testing::open_backend;
 using distlock::testing::RedisServer;
 namespace d = distlock::detail;
 
-std::string str(const distlock::testing::RedisReplyPtr& r) {
-  return r && r->str ? std::string(r->str, r->len) : std::string();
-}
+using distlock::testing::reply_str;
 
 class RedisRecords : public ::testing::Test {
  protected:
@@ -58,7 +56,7 @@ TEST_F(RedisRecords, KeyLayoutNeverExpires) {
   distlock::detail::Error ec;
   app->put_record("k", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
-  EXPECT_EQ(str(server_.command({"GET", "app:{k}:record"})), "v");
+  EXPECT_EQ(reply_str(server_.command({"GET", "app:{k}:record"})), "v");
   EXPECT_EQ(server_.command({"PTTL", "app:{k}:record"})->integer, -1);
   EXPECT_EQ(server_.command({"EXISTS", "app:{k}"})->integer, 0);
   EXPECT_EQ(backend_->get_record("k", ec), std::nullopt);  // another prefix, another namespace

@@ -12,6 +12,7 @@
 #include "redis/record_checks.hpp"
 #include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/eventually.hpp"
 
 namespace {
 
@@ -25,14 +26,7 @@ namespace d = distlock::detail;
 
 using distlock::testing::quiet;
 
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 std::string get_on(distlock::testing::RedisServer& node, const std::string& key) {
   auto r = node.command({"GET", key});

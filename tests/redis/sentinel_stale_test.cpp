@@ -26,6 +26,7 @@
 #include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/scripted_resp_server.hpp"
+#include "support/eventually.hpp"
 
 namespace {
 
@@ -39,14 +40,7 @@ using distlock::testing::ttl_of;
 
 using distlock::testing::quiet;
 
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 bool key_exists(distlock::testing::RedisServer& node, const std::string& key) {
   auto r = node.command({"EXISTS", key});

@@ -21,7 +21,7 @@ namespace {
 using distlock::testing::RedisServer;
 using std::chrono::steady_clock;
 
-ConnectionOptions opts_for(const RedisServer& server, Millis command_timeout = Millis(5000)) {
+ConnectionOptions shared_opts(const RedisServer& server, Millis command_timeout = Millis(5000)) {
   ConnectionOptions o;
   o.host = "127.0.0.1";
   o.port = server.port();
@@ -43,7 +43,7 @@ bool eventually(Pred pred) {
 
 TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
   RedisServer server;
-  SharedConnection shared(opts_for(server));
+  SharedConnection shared(shared_opts(server));
   constexpr int kThreads = 16, kCalls = 300;
   std::vector<int> wrong(kThreads, 0), failed(kThreads, 0);
   std::vector<std::string> last_failure(kThreads);  // each thread's own message
@@ -92,7 +92,7 @@ TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
 // again each gets its own answer.
 TEST(SharedRedisConnection, CallsFromManyThreadsOverlapOnTheWire) {
   RedisServer server;
-  SharedConnection shared(opts_for(server, Millis(30000)));
+  SharedConnection shared(shared_opts(server, Millis(30000)));
   Error ec;
   shared.command({"PING"}, ec);
   ASSERT_FALSE(ec) << ec.detail();
@@ -117,7 +117,7 @@ TEST(SharedRedisConnection, CallsFromManyThreadsOverlapOnTheWire) {
 
 TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReconnects) {
   RedisServer server;
-  SharedConnection shared(opts_for(server, Millis(300)));
+  SharedConnection shared(shared_opts(server, Millis(300)));
   Error ec;
   shared.command({"PING"}, ec);
   ASSERT_FALSE(ec) << ec.detail();
@@ -149,7 +149,7 @@ TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReco
 
 TEST(SharedRedisConnection, ARestartedServerIsNoticedBeforeTheNextCall) {
   RedisServer server;
-  SharedConnection shared(opts_for(server));
+  SharedConnection shared(shared_opts(server));
   Error ec;
   shared.command({"PING"}, ec);
   ASSERT_FALSE(ec) << ec.detail();
@@ -162,7 +162,7 @@ TEST(SharedRedisConnection, ARestartedServerIsNoticedBeforeTheNextCall) {
 
 TEST(SharedRedisConnection, AnErrorReplyKeepsTheConnection) {
   RedisServer server;
-  SharedConnection shared(opts_for(server));
+  SharedConnection shared(shared_opts(server));
   Error ec;
   Reply r = shared.command({"NOSUCHCOMMAND", "x"}, ec);
   EXPECT_EQ(ec, errc::protocol_error);
@@ -184,7 +184,7 @@ TEST(SharedRedisConnection, DownServerAndWrongPasswordAreDistinctErrors) {
   EXPECT_NE(ec.detail().find("127.0.0.1:" + std::to_string(o.port)), std::string::npos) << ec.detail();
 
   RedisServer server({.password = "right"});
-  ConnectionOptions bad = opts_for(server);
+  ConnectionOptions bad = shared_opts(server);
   bad.password = "wrong";
   SharedConnection wrong(bad);
   wrong.command({"PING"}, ec);
@@ -193,7 +193,7 @@ TEST(SharedRedisConnection, DownServerAndWrongPasswordAreDistinctErrors) {
 
 TEST(SharedRedisConnection, ScriptsRecoverFromAFlushedScriptCache) {
   RedisServer server;
-  SharedConnection shared(opts_for(server));
+  SharedConnection shared(shared_opts(server));
   static const Script kIncr("return redis.call('INCR', KEYS[1])");
   Error ec;
   Reply r = kIncr.run(shared, {"n"}, {}, ec);

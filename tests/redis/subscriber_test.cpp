@@ -42,7 +42,7 @@ struct Seen {
   }
 };
 
-ConnectionOptions opts_for(const RedisServer& s) {
+ConnectionOptions subscriber_opts(const RedisServer& s) {
   ConnectionOptions o;
   o.port = s.port();
   o.connect_timeout = 500ms;
@@ -58,7 +58,7 @@ long long numsub(const RedisServer& s, const std::string& ch) {
 TEST(RedisSubscriber, WatchIsLiveWhenItReturnsAndCounted) {
   RedisServer server;
   Seen seen;
-  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  Subscriber sub(subscriber_opts(server), [&](std::string_view ch) { seen.add(ch); });
   Error ec;
   sub.watch("ch1", ec);
   ASSERT_FALSE(ec) << ec.detail();
@@ -88,7 +88,7 @@ TEST(RedisSubscriber, WatchIsLiveWhenItReturnsAndCounted) {
 TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
   RedisServer server;
   Seen seen;
-  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  Subscriber sub(subscriber_opts(server), [&](std::string_view ch) { seen.add(ch); });
   Error ec;
   sub.watch("a", ec);
   ASSERT_FALSE(ec);
@@ -117,7 +117,7 @@ TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
 
 TEST(RedisSubscriber, StopsPromptly) {
   RedisServer server;
-  auto sub = std::make_unique<Subscriber>(opts_for(server), [](std::string_view) {});
+  auto sub = std::make_unique<Subscriber>(subscriber_opts(server), [](std::string_view) {});
   Error ec;
   sub->watch("idle", ec);
   ASSERT_FALSE(ec);
@@ -126,7 +126,7 @@ TEST(RedisSubscriber, StopsPromptly) {
   EXPECT_LT(Clock::now() - start, 1s);
 
   // Also while it is waiting to reconnect to a dead server.
-  auto down = std::make_unique<Subscriber>(opts_for(server), [](std::string_view) {});
+  auto down = std::make_unique<Subscriber>(subscriber_opts(server), [](std::string_view) {});
   down->watch("x", ec);
   ASSERT_FALSE(ec);
   server.kill();
@@ -141,7 +141,7 @@ TEST(RedisSubscriber, ARefusedSubscribeFailsAtOnceWithTheServersReasonAndIsNotRe
   // connection and AUTH succeed, every SUBSCRIBE is answered with NOPERM.
   RedisServer server({.extra_args = {"--user", "nochan", "on", ">pw", "~*", "+@all"}});
   Seen seen;
-  ConnectionOptions o = opts_for(server);
+  ConnectionOptions o = subscriber_opts(server);
   o.user = "nochan";
   o.password = "pw";
   Subscriber sub(o, [&](std::string_view ch) { seen.add(ch); });
@@ -180,7 +180,7 @@ TEST(RedisSubscriber, ARefusedSubscribeFailsAtOnceWithTheServersReasonAndIsNotRe
 TEST(RedisSubscriber, AKeptWatchIsReportedWhenItsLateConfirmationArrives) {
   RedisServer server;
   Seen seen;
-  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  Subscriber sub(subscriber_opts(server), [&](std::string_view ch) { seen.add(ch); });
   Error ec;
   sub.watch("up", ec);  // the connection is up
   ASSERT_FALSE(ec) << ec.detail();
@@ -206,7 +206,7 @@ TEST(RedisSubscriber, AKeptWatchIsReportedWhenTheFirstConnectionComesUpLater) {
   RedisServer server;
   server.pause();  // TCP connects, the PING of the connection setup goes unanswered
   Seen seen;
-  Subscriber sub(opts_for(server), [&](std::string_view ch) { seen.add(ch); });
+  Subscriber sub(subscriber_opts(server), [&](std::string_view ch) { seen.add(ch); });
   const auto started = sub.begin_watch("first");
   Error ec;
   EXPECT_FALSE(sub.await_watch("first", started, Clock::now() + 200ms, /*keep_on_failure=*/true, ec));
@@ -226,7 +226,7 @@ TEST(RedisSubscriber, AKeptWatchIsReportedWhenTheFirstConnectionComesUpLater) {
 TEST(RedisSubscriber, ASilentlyDeadConnectionIsNoticedByPingAndReplaced) {
   RedisServer server;
   distlock::testing::FaultProxy proxy(server.port());
-  ConnectionOptions o = opts_for(server);
+  ConnectionOptions o = subscriber_opts(server);
   o.port = proxy.port();
   Seen seen;
   Subscriber sub(o, [&](std::string_view ch) { seen.add(ch); });

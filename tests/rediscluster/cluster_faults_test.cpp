@@ -19,6 +19,7 @@
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::Millis;
@@ -31,14 +32,7 @@ using distlock::testing::quiet;
 
 using distlock::testing::ttl_of;
 
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 long long shard_subscribers(distlock::testing::RedisServer& node, const std::string& channel) {
   auto r = node.command({"PUBSUB", "SHARDNUMSUB", channel});

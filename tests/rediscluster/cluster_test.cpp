@@ -23,6 +23,7 @@
 #include "support/client_options.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -39,14 +40,7 @@ using distlock::testing::quiet;
 using distlock::testing::ttl_of;
 
 // Polls `cond` until it holds or `limit` passes on this process's steady clock.
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 long long integer(const distlock::testing::RedisReplyPtr& r) {
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -999;

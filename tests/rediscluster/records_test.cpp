@@ -19,9 +19,7 @@ namespace rc = distlock::detail::rediscluster;
 
 using distlock::testing::quiet;
 
-std::string str(const distlock::testing::RedisReplyPtr& r) {
-  return r && r->str ? std::string(r->str, r->len) : std::string();
-}
+using distlock::testing::reply_str;
 
 class ClusterRecords : public ::testing::Test {
  protected:
@@ -59,7 +57,7 @@ TEST_F(ClusterRecords, RecordsOnDifferentSlotsLiveOnTheirMasters) {
     EXPECT_EQ(rc::key_slot(key), rc::keys_of("distlock", k).slot);
     const int owner = cluster_.owner_of(rc::key_slot(key));
     ASSERT_GE(owner, 0);
-    EXPECT_EQ(str(cluster_.node(owner).command(std::vector<std::string>{"GET", key})), "value of " + k);
+    EXPECT_EQ(reply_str(cluster_.node(owner).command(std::vector<std::string>{"GET", key})), "value of " + k);
     EXPECT_EQ(cluster_.node(owner).command(std::vector<std::string>{"PTTL", key})->integer, -1);
     EXPECT_EQ(backend_->get_record(k, ec), "value of " + k);
   }

@@ -27,16 +27,6 @@ std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
-std::string run_to_end(const std::vector<std::string>& argv, const std::string& log) {
-  Process p = Process::spawn(argv, log);
-  const int st = p.wait_for(std::chrono::seconds(120));
-  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    return "\"" + argv[0] + " ... " + argv.back() + "\" failed (status " + std::to_string(st) + "):\n" +
-           read_file(log);
-  }
-  return {};
-}
-
 // The server's options, shared by the template's first start and every test server.
 std::vector<std::string> server_argv(const std::string& datadir, const std::string& sock, std::uint16_t port,
                                      const std::string& log) {

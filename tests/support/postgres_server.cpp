@@ -22,19 +22,6 @@ namespace distlock::testing {
 
 namespace {
 
-std::string run_to_end(const std::vector<std::string>& argv, const std::string& log) {
-  Process p = Process::spawn(argv, log);
-  const int st = p.wait_for(std::chrono::seconds(120));
-  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return "\"" + argv[0] + " ... " + argv.back() + "\" failed (status " + std::to_string(st) + "):\n" +
-           ss.str();
-  }
-  return {};
-}
-
 // The scheduler state letter of a process (/proc/<pid>/stat), or 0 when it is gone.
 char state_of(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");

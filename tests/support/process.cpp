@@ -189,6 +189,17 @@ bool wait_port_open(std::uint16_t port, std::chrono::milliseconds timeout) {
   return false;
 }
 
+std::string run_to_end(const std::vector<std::string>& argv, const std::string& log) {
+  Process p = Process::spawn(argv, log);
+  const int st = p.wait_for(std::chrono::seconds(120));
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return "\"" + argv[0] + " ... " + argv.back() + "\" failed (status " + std::to_string(st) + "):\n" + text;
+  }
+  return {};
+}
+
 bool have_program(const std::string& program) {
   if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
   const char* path = std::getenv("PATH");

@@ -54,6 +54,9 @@ class Process {
 std::uint16_t free_port();
 /// True once 127.0.0.1:port accepts connections (polls until `timeout`).
 bool wait_port_open(std::uint16_t port, std::chrono::milliseconds timeout);
+/// Runs `argv` to its end (at most 120 s), its output in `log`: "" when it exited 0, else a
+/// message naming the command and its status, followed by the log.
+std::string run_to_end(const std::vector<std::string>& argv, const std::string& log);
 /// True if `program` is found in PATH (or is an executable path).
 bool have_program(const std::string& program);
 /// True when running under CI (CI=true): a missing server is then a failure, not a skip.

@@ -11,10 +11,6 @@ namespace distlock::testing {
 
 namespace {
 
-struct ContextDeleter {
-  void operator()(redisContext* c) const noexcept { redisFree(c); }
-};
-
 std::string field(const redisReply* entry, std::string_view name) {
   // SENTINEL replicas/sentinels answer one flat array of name/value pairs per entry.
   if (entry == nullptr || entry->type != REDIS_REPLY_ARRAY) return {};
@@ -232,7 +228,7 @@ RedisReplyPtr RedisSentinelGroup::sentinel_command(std::size_t i,
                                                    const std::vector<std::string>& argv) const {
   const std::uint16_t port = sentinels_.at(i).port;
   timeval tv{5, 0};
-  std::unique_ptr<redisContext, ContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port, tv));
+  std::unique_ptr<redisContext, RedisContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port, tv));
   if (!c || c->err)
     throw std::runtime_error("cannot connect to redis-sentinel on port " + std::to_string(port));
   redisSetTimeout(c.get(), tv);

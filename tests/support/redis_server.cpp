@@ -23,10 +23,6 @@ RedisReplyPtr run_argv(redisContext* c, const std::vector<std::string_view>& arg
       static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), ptrs.data(), lens.data())));
 }
 
-struct ContextDeleter {
-  void operator()(redisContext* c) const noexcept { redisFree(c); }
-};
-
 }  // namespace
 
 RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
@@ -153,7 +149,7 @@ void RedisServer::restart() {
 
 RedisReplyPtr RedisServer::command(std::initializer_list<std::string_view> argv) const {
   timeval tv{5, 0};
-  std::unique_ptr<redisContext, ContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port_, tv));
+  std::unique_ptr<redisContext, RedisContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port_, tv));
   if (!c || c->err) {
     throw std::runtime_error("cannot connect to redis-server on port " + std::to_string(port_) + ": " +
                              (c ? c->errstr : "out of memory"));
@@ -171,7 +167,7 @@ RedisReplyPtr RedisServer::command(std::initializer_list<std::string_view> argv)
 RedisReplyPtr RedisServer::command(const std::vector<std::string>& argv) const {
   std::vector<std::string_view> views(argv.begin(), argv.end());
   timeval tv{5, 0};
-  std::unique_ptr<redisContext, ContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port_, tv));
+  std::unique_ptr<redisContext, RedisContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port_, tv));
   if (!c || c->err) {
     throw std::runtime_error("cannot connect to redis-server on port " + std::to_string(port_));
   }

@@ -31,6 +31,11 @@
 
 namespace distlock::testing {
 
+/// Frees a hiredis context (std::unique_ptr<redisContext, RedisContextDeleter>).
+struct RedisContextDeleter {
+  void operator()(redisContext* c) const noexcept { redisFree(c); }
+};
+
 struct RedisServerOptions {
   /// requirepass for the default user (empty: none).
   std::string password;
@@ -53,6 +58,11 @@ struct RedisReplyDeleter {
   void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
 };
 using RedisReplyPtr = std::unique_ptr<redisReply, RedisReplyDeleter>;
+
+/// A reply's string (a status, a bulk string or an error's text), or "" for none.
+inline std::string reply_str(const RedisReplyPtr& r) {
+  return r && r->str ? std::string(r->str, r->len) : std::string();
+}
 
 class RedisServer {
  public:
