@@ -119,12 +119,13 @@ std::error_code check_query(const Scheme& scheme, const Url& url, std::string& w
     const QueryKey* key = find_key(scheme, name);
     if (key == nullptr) {
       const std::string known = known_keys(scheme);
-      return invalid_query(why, "unknown query parameter " + quoted_bounded(name) + " in URL " + shown + " (" +
-                          std::string(scheme.name) + ":// knows " + (known.empty() ? "none" : known) + ")");
+      return invalid_query(why, "unknown query parameter " + quoted_bounded(name) + " in URL " + shown +
+                                    " (" + std::string(scheme.name) + ":// knows " +
+                                    (known.empty() ? "none" : known) + ")");
     }
     if (key->tls_only && !scheme.tls) {
-      return invalid_query(why, "query parameter " + quoted_bounded(name) + " in URL " + shown + " is a TLS setting: write " +
-                          std::string(scheme.tls_scheme) + "://");
+      return invalid_query(why, "query parameter " + quoted_bounded(name) + " in URL " + shown +
+                                    " is a TLS setting: write " + std::string(scheme.tls_scheme) + "://");
     }
     const std::string head = std::string(key->name) + " " + quoted_bounded(value) + " in URL " + shown;
     switch (key->type) {
@@ -134,7 +135,8 @@ std::error_code check_query(const Scheme& scheme, const Url& url, std::string& w
         if (!parse_duration(value, d) || d.count() <= 0) {
           return invalid_query(why, head + " is not a positive duration like 500ms or 2s");
         }
-        if (d > key->max) return invalid_query(why, head + " is above the maximum of " + describe_duration(key->max));
+        if (d > key->max)
+          return invalid_query(why, head + " is above the maximum of " + describe_duration(key->max));
         break;
       }
       case QueryType::flag:

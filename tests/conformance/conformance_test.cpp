@@ -28,10 +28,10 @@
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 #include "support/cs_log.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
-#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;

@@ -32,9 +32,9 @@
 #include "engine/engine.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
-#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;

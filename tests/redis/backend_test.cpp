@@ -299,7 +299,8 @@ TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
     }
     return false;
   };
-  ASSERT_TRUE(synced(promoted, "master_link_status:up")) << reply_str(promoted.command({"INFO", "replication"}));
+  ASSERT_TRUE(synced(promoted, "master_link_status:up"))
+      << reply_str(promoted.command({"INFO", "replication"}));
   const auto end = Clock::now() + 30s;
   while (Clock::now() < end && promoted.command({"EXISTS", "distlock:{demoted}"})->integer != 1) {
     std::this_thread::sleep_for(20ms);
@@ -307,7 +308,8 @@ TEST_F(RedisBackend, RenewalOnADemotedMasterFailsTheCallAndRenewsNothing) {
   ASSERT_EQ(promoted.command({"EXISTS", "distlock:{demoted}"})->integer, 1);
   promoted.command({"REPLICAOF", "NO", "ONE"});
   server_.command({"REPLICAOF", "127.0.0.1", there});
-  ASSERT_TRUE(synced(server_, "master_link_status:up")) << reply_str(server_.command({"INFO", "replication"}));
+  ASSERT_TRUE(synced(server_, "master_link_status:up"))
+      << reply_str(server_.command({"INFO", "replication"}));
   ASSERT_EQ(server_.command({"EXISTS", "distlock:{demoted}"})->integer, 1);
 
   const d::RenewItem item{"demoted", owner, 0, 30s};
@@ -331,7 +333,8 @@ TEST_F(RedisBackend, OddNamesAreBinarySafe) {
       token = lease.token();
       const std::string key = "distlock:{" + name + "}";
       EXPECT_EQ(server_.command(std::vector<std::string>{"EXISTS", key})->integer, 1);
-      EXPECT_EQ(reply_str(server_.command(std::vector<std::string>{"GET", fence_of(name)})), std::to_string(token));
+      EXPECT_EQ(reply_str(server_.command(std::vector<std::string>{"GET", fence_of(name)})),
+                std::to_string(token));
       auto info = client.status(name);
       EXPECT_TRUE(info.held);
       EXPECT_EQ(info.token, token);
@@ -355,7 +358,8 @@ class RedisBadInput : public RedisBackend {
     EXPECT_TRUE(theirs_.owns());
     EXPECT_FALSE(entry_.empty());
     EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{victim}", holder_})), entry_);
-    EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{victim}", "@token"})), std::to_string(theirs_.token()));
+    EXPECT_EQ(reply_str(server_.command({"HGET", "distlock:{victim}", "@token"})),
+              std::to_string(theirs_.token()));
     EXPECT_GT(server_.command({"PTTL", "distlock:{victim}"})->integer, 20000);
     theirs_.release();
   }

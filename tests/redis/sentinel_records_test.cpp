@@ -11,8 +11,8 @@
 
 #include "redis/record_checks.hpp"
 #include "support/client_options.hpp"
-#include "support/redis_sentinel.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_sentinel.hpp"
 
 namespace {
 

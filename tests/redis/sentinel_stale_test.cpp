@@ -24,9 +24,9 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/scripted_resp_server.hpp"
-#include "support/eventually.hpp"
 
 namespace {
 

@@ -20,8 +20,8 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
-#include "support/redis_sentinel.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_sentinel.hpp"
 
 namespace {
 

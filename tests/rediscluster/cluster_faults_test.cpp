@@ -18,8 +18,8 @@
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
-#include "support/redis_cluster.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_cluster.hpp"
 
 using namespace std::chrono_literals;
 using distlock::Millis;

@@ -21,9 +21,9 @@
 #include "engine/url.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
-#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
