@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <iostream>
 #include <mutex>
 #include <stop_token>
@@ -176,6 +177,47 @@ TEST(TracingRealClock, WaitAndHoldSpansMatchTheMeasuredTimesWithinOneMillisecond
   EXPECT_GE(h.end, t2);
   EXPECT_LT((t3 - t1) - (h.end - h.start), Clock::duration(1ms));
   EXPECT_LT((h.end - h.start) - (t2 - t1), Clock::duration(1ms) + (t3 - t2));
+}
+
+// A tracer that blocks in the wait span of a grant (on the acquiring thread) must not hold
+// back the lease's renewals: the tracer waits there for the lease's first renewal span
+// (given on the event thread), bounded by 3 s on the steady clock; with a TTL of 300 ms the
+// renewal is due 100 ms after the grant. A blocked wait span that delayed the lease's
+// registration with the renewer would see no renewal, and the lease would expire.
+TEST(TracingRealClock, ATracerBlockedInTheWaitSpanDoesNotDelayTheLeasesRenewals) {
+  class BlockingTracer final : public Tracer {
+   public:
+    void on_span(const Span& s) noexcept override {
+      std::unique_lock lk(mu);
+      if (s.kind == SpanKind::renewal && s.outcome == SpanOutcome::renewed) renewed = true;
+      if (s.kind == SpanKind::hold && s.outcome == SpanOutcome::lost) lost = true;
+      cv.notify_all();
+      if (s.kind != SpanKind::wait || s.outcome != SpanOutcome::acquired) return;
+      const auto t0 = std::chrono::steady_clock::now();
+      renewed_while_blocked = cv.wait_for(lk, 3s, [&] { return renewed; });
+      blocked_for = std::chrono::steady_clock::now() - t0;
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    bool renewed = false, lost = false, renewed_while_blocked = false;
+    std::chrono::steady_clock::duration blocked_for{};
+  };
+  const std::string store = fresh_store_name("tracing-blocked");
+  auto keep = detail::MemoryStore::named(store);
+  auto tracer = std::make_shared<BlockingTracer>();
+  ClientOptions o = quiet();
+  o.tracer = tracer;
+  Client c = connect("memory://" + store, o);
+  Lease lease = c.acquire("jobs/blocked", ttl(300ms));
+  {
+    std::lock_guard lk(tracer->mu);
+    EXPECT_TRUE(tracer->renewed_while_blocked)
+        << "no renewal in "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(tracer->blocked_for).count()
+        << " ms while the tracer blocked the wait span (TTL 300 ms)";
+    EXPECT_FALSE(tracer->lost);
+  }
+  EXPECT_NO_THROW(lease.release());  // not lost
 }
 
 TEST_F(Tracing, AWaitThatTimesOutIsCancelledOrFindsTheLockBusyEndsWithThatOutcome) {
