@@ -207,7 +207,14 @@ static_assert(DISTLOCK_SPAN_WAIT == static_cast<int>(distlock::SpanKind::wait) &
 // for the call only.
 class CTracer final : public distlock::Tracer {
  public:
-  CTracer(distlock_tracer_fn fn, void* user) : fn_(fn), user_(user) {}
+  CTracer(distlock_tracer_fn fn, void* user, void (*release)(void*))
+      : fn_(fn), user_(user), release_(release) {}
+  CTracer(const CTracer&) = delete;
+  CTracer& operator=(const CTracer&) = delete;
+  // The last owner is the client's engine, gone after its event thread: no span comes later.
+  ~CTracer() override {
+    if (release_ != nullptr) release_(user_);
+  }
   void on_span(const distlock::Span& s) noexcept override {
     try {
       distlock_span c{};
@@ -258,6 +265,7 @@ class CTracer final : public distlock::Tracer {
   }
   distlock_tracer_fn fn_;
   void* user_;
+  void (*release_)(void*);
 };
 
 const char* kind_name(distlock::LockKind k) noexcept {
@@ -375,13 +383,24 @@ void distlock_cancel_free(distlock_cancel* c) {
 namespace {
 
 int connect_with(const char* url, const distlock_client_options* opts, distlock_tracer_fn tracer, void* user,
-                 const char* traceparent, distlock_client** out, distlock_error* err) {
-  if (out == nullptr) return invalid(err, "distlock: distlock_connect: out is NULL");
+                 void (*release)(void*), const char* traceparent, distlock_client** out,
+                 distlock_error* err) {
+  if (out == nullptr) {
+    if (release != nullptr) release(user);
+    return invalid(err, "distlock: distlock_connect: out is NULL");
+  }
   *out = nullptr;
-  return guarded(err, [&] {
+  std::shared_ptr<CTracer> traced;
+  try {
+    if (tracer != nullptr || release != nullptr) traced = std::make_shared<CTracer>(tracer, user, release);
+  } catch (...) {
+    if (release != nullptr) release(user);
+    return fail(err, DISTLOCK_E_NO_MEMORY, "distlock: out of memory");
+  }
+  return guarded(err, [&, traced = std::move(traced)]() mutable {
     std::string u = url != nullptr ? url : "";
     distlock::ClientOptions co;
-    if (tracer != nullptr) co.tracer = std::make_shared<CTracer>(tracer, user);
+    if (tracer != nullptr) co.tracer = std::move(traced);
     if (traceparent != nullptr) co.traceparent = traceparent;
     if (opts != nullptr) {
       if (opts->ttl_ms != DISTLOCK_DEFAULT) co.lock_defaults.ttl = distlock::Millis(opts->ttl_ms);
@@ -422,13 +441,13 @@ int connect_with(const char* url, const distlock_client_options* opts, distlock_
 
 int distlock_connect(const char* url, const distlock_client_options* opts, distlock_client** out,
                      distlock_error* err) {
-  return connect_with(url, opts, nullptr, nullptr, nullptr, out, err);
+  return connect_with(url, opts, nullptr, nullptr, nullptr, nullptr, out, err);
 }
 
 int distlock_connect_traced(const char* url, const distlock_client_options* opts, distlock_tracer_fn tracer,
-                            void* user_data, const char* traceparent, distlock_client** out,
-                            distlock_error* err) {
-  return connect_with(url, opts, tracer, user_data, traceparent, out, err);
+                            void* user_data, void (*release_user_data)(void* user_data),
+                            const char* traceparent, distlock_client** out, distlock_error* err) {
+  return connect_with(url, opts, tracer, user_data, release_user_data, traceparent, out, err);
 }
 
 void distlock_client_close(distlock_client* c) {

@@ -257,10 +257,15 @@ typedef void (*distlock_tracer_fn)(const distlock_span* span, void* user_data);
 
 /* distlock_connect with a tracer (`tracer` NULL: none) and a client-wide parent
  * `traceparent` (NULL or "": none). A malformed traceparent is ignored with a warning on
- * the client's log, never an error. `user_data` is passed to every call of `tracer`; it
- * must outlive the client (the last lease freed). Any thread. */
+ * the client's log, never an error. `user_data` is passed to every call of `tracer`;
+ * `release_user_data` (NULL: none) is called with it once, when no span can come any more:
+ * after distlock_client_close and the release (or, at the latest, the freeing) of the
+ * client's last lease; a lease released after the close still gives its spans first. It is
+ * also called when the connect fails.
+ * Any thread. */
 DISTLOCK_C_API int distlock_connect_traced(const char* url, const distlock_client_options* opts,
                                            distlock_tracer_fn tracer, void* user_data,
+                                           void (*release_user_data)(void* user_data),
                                            const char* traceparent, distlock_client** out,
                                            distlock_error* err);
 /* distlock_acquire whose wait and hold spans have `traceparent` as their parent (NULL or "":

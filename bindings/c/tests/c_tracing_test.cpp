@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -33,6 +34,8 @@ struct CopiedSpan {
 };
 
 struct Collected {
+  std::atomic<int> released{0};
+  std::size_t spans_at_release = 0;  // under mu
   std::mutex mu;
   std::vector<CopiedSpan> spans;
   std::vector<CopiedSpan> of(int kind) {
@@ -91,8 +94,9 @@ using ClientPtr = std::unique_ptr<distlock_client, ClientDeleter>;
 ClientPtr connect_traced(const std::string& url, Collected& sink, const char* traceparent) {
   distlock_client* c = nullptr;
   distlock_error err{};
-  EXPECT_EQ(distlock_connect_traced(url.c_str(), nullptr, collect_span, &sink, traceparent, &c, &err),
-            DISTLOCK_OK)
+  EXPECT_EQ(
+      distlock_connect_traced(url.c_str(), nullptr, collect_span, &sink, nullptr, traceparent, &c, &err),
+      DISTLOCK_OK)
       << err.message;
   return ClientPtr(c);
 }
@@ -201,6 +205,49 @@ TEST(CApiTracing, MalformedTraceparentsAreIgnoredAndTheLockCallSucceeds) {
     EXPECT_EQ(w.parent_span_id, "");  // ignored: a root
     EXPECT_NE(w.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
   }
+}
+
+extern "C" void count_release(void* user) {
+  auto* c = static_cast<Collected*>(user);
+  {
+    std::lock_guard lk(c->mu);
+    c->spans_at_release = c->spans.size();
+  }
+  c->released.fetch_add(1);
+}
+
+// user_data is released once, when no span can come any more: not at distlock_client_close
+// while a lease lives (its release still gives a hold span), but once that lease is
+// released (the engine goes with its last lease) or, at the latest, freed.
+TEST(CApiTracing, UserDataIsReleasedOnceAfterTheCloseAndTheLastLease) {
+  TempDir dir("distlock-ctrace");
+  Collected sink;
+  distlock_client* c = nullptr;
+  distlock_error err{};
+  ASSERT_EQ(distlock_connect_traced(("file://" + dir.path().string()).c_str(), nullptr, collect_span, &sink,
+                                    count_release, nullptr, &c, &err),
+            DISTLOCK_OK)
+      << err.message;
+  distlock_lease* lease = nullptr;
+  ASSERT_EQ(distlock_acquire(c, "jobs/after-close", nullptr, &lease, &err), DISTLOCK_OK) << err.message;
+  distlock_client_close(c);
+  EXPECT_EQ(sink.released.load(), 0);
+  ASSERT_EQ(distlock_lease_release(lease, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(sink.of(DISTLOCK_SPAN_HOLD).size(), 1u);  // the tracer still gets it
+  distlock_lease_free(lease);
+  EXPECT_EQ(sink.released.load(), 1);
+  {
+    std::lock_guard lk(sink.mu);
+    EXPECT_EQ(sink.spans_at_release, 2u);  // the wait and the hold: released after the last span
+  }
+  // A failed connect releases it too.
+  Collected other;
+  distlock_client* none = nullptr;
+  EXPECT_NE(distlock_connect_traced("nosuchscheme://x", nullptr, collect_span, &other, count_release, nullptr,
+                                    &none, &err),
+            DISTLOCK_OK);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_EQ(other.released.load(), 1);
 }
 
 TEST(CApiTracing, WithoutATracerTheLeaseHasNoTraceparent) {
