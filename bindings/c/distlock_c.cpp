@@ -3,9 +3,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -195,6 +198,76 @@ char* dup_string(const std::string& s) {
   return p;
 }
 
+static_assert(DISTLOCK_SPAN_WAIT == static_cast<int>(distlock::SpanKind::wait) &&
+              DISTLOCK_SPAN_HOLD == static_cast<int>(distlock::SpanKind::hold) &&
+              DISTLOCK_SPAN_RENEWAL == static_cast<int>(distlock::SpanKind::renewal) &&
+              DISTLOCK_SPAN_LOSS == static_cast<int>(distlock::SpanKind::loss));
+
+// ClientOptions::tracer over a C callback: one distlock_span per span, its strings alive
+// for the call only.
+class CTracer final : public distlock::Tracer {
+ public:
+  CTracer(distlock_tracer_fn fn, void* user, void (*release)(void*))
+      : fn_(fn), user_(user), release_(release) {}
+  CTracer(const CTracer&) = delete;
+  CTracer& operator=(const CTracer&) = delete;
+  // The last owner is the client's engine, gone after its event thread: no span comes later.
+  ~CTracer() override {
+    if (release_ != nullptr) release_(user_);
+  }
+  void on_span(const distlock::Span& s) noexcept override {
+    try {
+      distlock_span c{};
+      c.kind = static_cast<int>(s.kind);
+      c.name = s.name.c_str();
+      copy_hex(c.trace_id, s.context.trace_id_hex());
+      copy_hex(c.span_id, s.context.span_id_hex());
+      bool root = true;
+      for (const std::uint8_t b : s.parent_span_id) root = root && b == 0;
+      if (!root) {
+        distlock::TraceContext parent;
+        parent.span_id = s.parent_span_id;
+        copy_hex(c.parent_span_id, parent.span_id_hex());
+      }
+      copy_hex(c.traceparent, s.context.traceparent());
+      c.sampled = (s.context.flags & 1) != 0 ? 1 : 0;
+      c.start_unix_ns = ns(s.start_wall.time_since_epoch());
+      c.end_unix_ns = ns(s.end_wall.time_since_epoch());
+      c.start_mono_ns = ns(s.start.time_since_epoch());
+      c.end_mono_ns = ns(s.end.time_since_epoch());
+      c.lock_name = s.lock_name.c_str();
+      c.has_token = s.token ? 1 : 0;
+      c.token = s.token.value_or(0);
+      c.owner = s.owner.c_str();
+      c.holder_info = s.holder_info.c_str();
+      c.backend = s.backend.c_str();
+      c.outcome = distlock::to_string(s.outcome);
+      if (s.error)
+        c.error_code = s.error.category() == distlock::category() ? s.error.value() : DISTLOCK_E_INTERNAL;
+      c.loss_reason = distlock::to_string(s.loss_reason);
+      c.detail = s.detail.c_str();
+      c.batch_size = s.batch_size;
+      fn_(&c, user_);
+    } catch (...) {  // no memory for the hex strings: the span is dropped
+    }
+  }
+
+ private:
+  template <std::size_t N>
+  static void copy_hex(char (&out)[N], const std::string& hex) noexcept {
+    const std::size_t n = std::min(hex.size(), N - 1);
+    std::memcpy(out, hex.data(), n);
+    out[n] = '\0';
+  }
+  template <class D>
+  static std::int64_t ns(D d) noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  }
+  distlock_tracer_fn fn_;
+  void* user_;
+  void (*release_)(void*);
+};
+
 const char* kind_name(distlock::LockKind k) noexcept {
   switch (k) {
     case distlock::LockKind::lock: return "lock";
@@ -307,13 +380,28 @@ void distlock_cancel_free(distlock_cancel* c) {
   delete c;
 }
 
-int distlock_connect(const char* url, const distlock_client_options* opts, distlock_client** out,
-                     distlock_error* err) {
-  if (out == nullptr) return invalid(err, "distlock: distlock_connect: out is NULL");
+namespace {
+
+int connect_with(const char* url, const distlock_client_options* opts, distlock_tracer_fn tracer, void* user,
+                 void (*release)(void*), const char* traceparent, distlock_client** out,
+                 distlock_error* err) {
+  if (out == nullptr) {
+    if (release != nullptr) release(user);
+    return invalid(err, "distlock: distlock_connect: out is NULL");
+  }
   *out = nullptr;
-  return guarded(err, [&] {
+  std::shared_ptr<CTracer> traced;
+  try {
+    if (tracer != nullptr || release != nullptr) traced = std::make_shared<CTracer>(tracer, user, release);
+  } catch (...) {
+    if (release != nullptr) release(user);
+    return fail(err, DISTLOCK_E_NO_MEMORY, "distlock: out of memory");
+  }
+  return guarded(err, [&, traced = std::move(traced)]() mutable {
     std::string u = url != nullptr ? url : "";
     distlock::ClientOptions co;
+    if (tracer != nullptr) co.tracer = std::move(traced);
+    if (traceparent != nullptr) co.traceparent = traceparent;
     if (opts != nullptr) {
       if (opts->ttl_ms != DISTLOCK_DEFAULT) co.lock_defaults.ttl = distlock::Millis(opts->ttl_ms);
       if (opts->wait_ms != DISTLOCK_DEFAULT && opts->wait_ms != DISTLOCK_WAIT_FOREVER) {
@@ -349,6 +437,19 @@ int distlock_connect(const char* url, const distlock_client_options* opts, distl
   });
 }
 
+}  // namespace
+
+int distlock_connect(const char* url, const distlock_client_options* opts, distlock_client** out,
+                     distlock_error* err) {
+  return connect_with(url, opts, nullptr, nullptr, nullptr, nullptr, out, err);
+}
+
+int distlock_connect_traced(const char* url, const distlock_client_options* opts, distlock_tracer_fn tracer,
+                            void* user_data, void (*release_user_data)(void* user_data),
+                            const char* traceparent, distlock_client** out, distlock_error* err) {
+  return connect_with(url, opts, tracer, user_data, release_user_data, traceparent, out, err);
+}
+
 void distlock_client_close(distlock_client* c) {
   delete c;
 }
@@ -371,6 +472,29 @@ int distlock_acquire(distlock_client* c, const char* name, const distlock_lock_o
   *out = nullptr;
   if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
   return guarded(err, [&] { *out = wrap(c->client.acquire(name, lock_options(c, opts))); });
+}
+
+int distlock_acquire_traced(distlock_client* c, const char* name, const distlock_lock_options* opts,
+                            const char* traceparent, distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_acquire_traced: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
+  return guarded(err, [&] {
+    auto o = lock_options(c, opts);
+    if (traceparent != nullptr && *traceparent != '\0') o.traceparent = traceparent;
+    *out = wrap(c->client.acquire(name, o));
+  });
+}
+
+int distlock_lease_traceparent(const distlock_lease* l, char** out, distlock_error* err) {
+  if (l == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_lease_traceparent: lease or out is NULL");
+  *out = nullptr;
+  return guarded(err, [&] {
+    if (!l->lease) return;
+    if (auto ctx = l->lease->trace_context()) *out = dup_string(ctx->traceparent());
+  });
 }
 
 int distlock_try_acquire(distlock_client* c, const char* name, const distlock_lock_options* opts,

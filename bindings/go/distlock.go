@@ -55,6 +55,8 @@ func cError(code C.int, e *C.distlock_error) error {
 type clientConfig struct {
 	ttl, wait, connectTimeout, commandTimeout *time.Duration
 	prefix, holderInfo                        *string
+	tracer                                    func(Span)
+	traceparent                               *string
 }
 
 // Option configures Connect.
@@ -83,6 +85,7 @@ type Client struct {
 	c      *C.distlock_client
 	calls  int
 	closed bool
+	tracer *goTracer // WithTracer's (nil without)
 }
 
 func ms(d time.Duration) C.int64_t { return C.int64_t(d / time.Millisecond) }
@@ -119,10 +122,11 @@ func Connect(url string, opts ...Option) (*Client, error) {
 	defer C.free(unsafe.Pointer(curl))
 	var e C.distlock_error
 	var c *C.distlock_client
-	if rc := C.distlock_connect(curl, &co, &c, &e); rc != C.DISTLOCK_OK {
+	rc, tracer := connectTraced(curl, &co, &cfg, &c, &e)
+	if rc != C.DISTLOCK_OK {
 		return nil, cError(rc, &e)
 	}
-	return &Client{c: c}, nil
+	return &Client{c: c, tracer: tracer}, nil
 }
 
 // enter counts a call in flight (Close frees the handle after the last one).

@@ -213,6 +213,71 @@ DISTLOCK_C_API int distlock_lease_release(distlock_lease* l, distlock_error* err
 /* Releases (if still held, errors ignored) and frees. NULL is fine. One thread. */
 DISTLOCK_C_API void distlock_lease_free(distlock_lease* l);
 
+/* ---- tracing (docs/tracing.md, docs/c.md) ------------------------------------------------ */
+/* What a span measured (distlock::SpanKind). */
+#define DISTLOCK_SPAN_WAIT 0    /* the acquire call to its outcome (acquiring thread) */
+#define DISTLOCK_SPAN_HOLD 1    /* the grant to the release (releasing thread) or the loss */
+#define DISTLOCK_SPAN_RENEWAL 2 /* one renewal round of one lease (the client's event thread) */
+#define DISTLOCK_SPAN_LOSS 3    /* zero length, when the loss is declared (the event thread) */
+
+/* One finished span, handed to the tracer. Every pointer is valid only during the call:
+ * copy what you keep. Strings are NUL-terminated (lock_name may hold the \x1f of a
+ * primitive's internal lock). */
+typedef struct distlock_span {
+  int kind;                /* DISTLOCK_SPAN_* */
+  const char* name;        /* "distlock.wait", "distlock.hold", "distlock.renewal", "distlock.loss" */
+  char trace_id[33];       /* 32 lowercase hex digits */
+  char span_id[17];        /* 16 lowercase hex digits */
+  char parent_span_id[17]; /* 16 hex digits; "" for a root span */
+  char traceparent[56];    /* this span's W3C traceparent, "00-<trace>-<span>-<flags>" */
+  int sampled;             /* the trace flags' sampled bit */
+  int64_t start_unix_ns;   /* wall clock (read once at the start; end = start + length) */
+  int64_t end_unix_ns;
+  int64_t start_mono_ns; /* the client's clock (CLOCK_BOOTTIME): end - start is the length */
+  int64_t end_mono_ns;
+  const char* lock_name;
+  int has_token; /* 1 when `token` is set (after the grant, backends with tokens) */
+  uint64_t token;
+  const char* owner;       /* the owner id on the server ("" for a wait that got none) */
+  const char* holder_info; /* "" when none */
+  const char* backend;     /* the URL scheme: "redis", "file", ... */
+  const char* outcome;     /* "acquired", "busy", "timed_out", "cancelled", "error", "released",
+                              "lost", "renewed", "refused", "failed" */
+  int error_code;          /* a DISTLOCK_E_* code for an outcome "error"/"failed"; else 0 */
+  const char* loss_reason; /* "none" unless lost: the reason's name (distlock::to_string(LossReason)) */
+  const char* detail;      /* one sentence for people; may be "" */
+  uint32_t batch_size;     /* renewal: the leases renewed in the round's one batch */
+} distlock_span;
+
+/* Receives every finished span of a client, on the threads named above (several at once:
+ * make it thread-safe). It must not call distlock_client_close on its own client. A slow
+ * tracer delays the call it runs in (an acquire or a release) and the client's loss
+ * callbacks (distlock_lease_on_lost), never a renewal or a loss signal. */
+typedef void (*distlock_tracer_fn)(const distlock_span* span, void* user_data);
+
+/* distlock_connect with a tracer (`tracer` NULL: none) and a client-wide parent
+ * `traceparent` (NULL or "": none). A malformed traceparent is ignored with a warning on
+ * the client's log, never an error. `user_data` is passed to every call of `tracer`;
+ * `release_user_data` (NULL: none) is called with it once, when no span can come any more:
+ * after distlock_client_close and the release (or, at the latest, the freeing) of the
+ * client's last lease; a lease released after the close still gives its spans first. It is
+ * also called when the connect fails.
+ * Any thread. */
+DISTLOCK_C_API int distlock_connect_traced(const char* url, const distlock_client_options* opts,
+                                           distlock_tracer_fn tracer, void* user_data,
+                                           void (*release_user_data)(void* user_data),
+                                           const char* traceparent, distlock_client** out,
+                                           distlock_error* err);
+/* distlock_acquire whose wait and hold spans have `traceparent` as their parent (NULL or "":
+ * the client's; malformed: ignored with a warning). */
+DISTLOCK_C_API int distlock_acquire_traced(distlock_client* c, const char* name,
+                                           const distlock_lock_options* opts, const char* traceparent,
+                                           distlock_lease** out, distlock_error* err);
+/* The traceparent of the lease's hold span (the parent for the work done under the lock);
+ * caller frees with distlock_string_free. *out is NULL when the client has no tracer (and
+ * for a read-write lock hold). Any thread. */
+DISTLOCK_C_API int distlock_lease_traceparent(const distlock_lease* l, char** out, distlock_error* err);
+
 /* ---- semaphore, read-write lock, election ---------------------------------------------- */
 /* Takes one of `permits` (1..1024) permits of the semaphore `name` (the count is stored by
  * the first client; another count is DISTLOCK_E_INVALID_ARGUMENT). The lease is one permit.

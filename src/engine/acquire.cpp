@@ -137,10 +137,13 @@ void Engine::record_grant(const std::shared_ptr<HeldLock>& held, const std::stri
     held->metrics = metrics_->series_for(held->name);
     metrics_->acquired(held->metrics, held->granted_at - called);
   }
-  if (trace) {  // the same: a loss from now on finds the hold's trace
-    Span wait = tracing_->wait_span(*trace, held->name, owner, SpanOutcome::acquired, {}, held->granted_at);
-    if (held->has_token) wait.token = held->token;
-    tracing_->deliver(wait);
+  // The same: a loss from now on finds the hold's trace. The wait span is built now but
+  // given to the tracer only once the lease is recorded (below): a tracer that blocks in it
+  // must not keep the lease from the renewer.
+  std::optional<Span> wait;
+  if (trace) {
+    wait = tracing_->wait_span(*trace, held->name, owner, SpanOutcome::acquired, {}, held->granted_at);
+    if (held->has_token) wait->token = held->token;
     held->trace = tracing_->begin_hold(*trace, held->granted_at);
   }
   const LeaseTable::Recorded rec = leases_.record(held, key, owner, epoch_at_send);
@@ -153,6 +156,7 @@ void Engine::record_grant(const std::shared_ptr<HeldLock>& held, const std::stri
   if (rec.lease_gone) {
     declare_lost(held, LossReason::lease_ended, "the server ended its lease while it was being granted");
   }
+  if (wait) tracing_->deliver(*wait);
 }
 
 bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, Error& ec) {

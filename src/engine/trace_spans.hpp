@@ -71,7 +71,8 @@ class TraceSpans {
   Span loss_span(const HeldLock& held, distlock::LossReason reason, std::string detail,
                  Clock::time_point at) const;
 
-  /// Hands `span` to the tracer; an exception from it is dropped.
+  /// Hands `span` to the tracer (Tracer::on_span is noexcept: an exception escaping it
+  /// ends the process).
   void deliver(const Span& span) const noexcept;
 
  private:

@@ -5,10 +5,13 @@
 // ignored with a warning). Also: W3C traceparent parsing and formatting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -17,6 +20,7 @@
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "engine/names.hpp"
 #include "support/memory_fixture.hpp"
 
 namespace distlock::testing {
@@ -176,6 +180,47 @@ TEST(TracingRealClock, WaitAndHoldSpansMatchTheMeasuredTimesWithinOneMillisecond
   EXPECT_GE(h.end, t2);
   EXPECT_LT((t3 - t1) - (h.end - h.start), Clock::duration(1ms));
   EXPECT_LT((h.end - h.start) - (t2 - t1), Clock::duration(1ms) + (t3 - t2));
+}
+
+// A tracer that blocks in the wait span of a grant (on the acquiring thread) must not hold
+// back the lease's renewals: the tracer waits there for the lease's first renewal span
+// (given on the event thread), bounded by 3 s on the steady clock; with a TTL of 300 ms the
+// renewal is due 100 ms after the grant. A blocked wait span that delayed the lease's
+// registration with the renewer would see no renewal, and the lease would expire.
+TEST(TracingRealClock, ATracerBlockedInTheWaitSpanDoesNotDelayTheLeasesRenewals) {
+  class BlockingTracer final : public Tracer {
+   public:
+    void on_span(const Span& s) noexcept override {
+      std::unique_lock lk(mu);
+      if (s.kind == SpanKind::renewal && s.outcome == SpanOutcome::renewed) renewed = true;
+      if (s.kind == SpanKind::hold && s.outcome == SpanOutcome::lost) lost = true;
+      cv.notify_all();
+      if (s.kind != SpanKind::wait || s.outcome != SpanOutcome::acquired) return;
+      const auto t0 = std::chrono::steady_clock::now();
+      renewed_while_blocked = cv.wait_for(lk, 3s, [&] { return renewed; });
+      blocked_for = std::chrono::steady_clock::now() - t0;
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    bool renewed = false, lost = false, renewed_while_blocked = false;
+    std::chrono::steady_clock::duration blocked_for{};
+  };
+  const std::string store = fresh_store_name("tracing-blocked");
+  auto keep = detail::MemoryStore::named(store);
+  auto tracer = std::make_shared<BlockingTracer>();
+  ClientOptions o = quiet();
+  o.tracer = tracer;
+  Client c = connect("memory://" + store, o);
+  Lease lease = c.acquire("jobs/blocked", ttl(300ms));
+  {
+    std::lock_guard lk(tracer->mu);
+    EXPECT_TRUE(tracer->renewed_while_blocked)
+        << "no renewal in "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(tracer->blocked_for).count()
+        << " ms while the tracer blocked the wait span (TTL 300 ms)";
+    EXPECT_FALSE(tracer->lost);
+  }
+  EXPECT_NO_THROW(lease.release());  // not lost
 }
 
 TEST_F(Tracing, AWaitThatTimesOutIsCancelledOrFindsTheLockBusyEndsWithThatOutcome) {
@@ -342,6 +387,115 @@ TEST_F(Tracing, AMalformedTraceparentIsIgnoredWithAWarningAndTheAcquisitionGoesO
     EXPECT_EQ(s.parent_span_id, (std::array<std::uint8_t, 8>{}));  // a new trace
     EXPECT_NE(s.context.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
   }
+}
+
+// A Mutex locked again by the thread that holds it is one acquisition: one wait span and
+// one hold span, and the hold ends at the last unlock, not the first.
+TEST_F(Tracing, AReenteredMutexGivesOneWaitAndOneHoldEndedByTheLastUnlock) {
+  auto c = traced();
+  Mutex m = c.mutex("jobs/reentered", ttl(3s));
+  m.lock();
+  m.lock();
+  clock->advance(100ms);
+  m.unlock();
+  detail::engine_of(c)->drain_events();
+  EXPECT_EQ(tracer->of(SpanKind::wait).size(), 1u);
+  EXPECT_TRUE(tracer->of(SpanKind::hold).empty());  // still held once
+  clock->advance(200ms);
+  m.unlock();
+  detail::engine_of(c)->drain_events();
+  const auto holds = tracer->of(SpanKind::hold);
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].outcome, SpanOutcome::released);
+  EXPECT_EQ(holds[0].end - holds[0].start, Clock::duration(300ms));
+}
+
+// acquire_all is one acquisition per name: a wait span and a hold span for each, each pair
+// in its own trace (under the caller's traceparent when one is given).
+TEST_F(Tracing, AcquireAllGivesAWaitAndAHoldSpanPerName) {
+  auto c = traced();
+  LockOptions o = ttl(3s);
+  o.traceparent = kParent;
+  { MultiLease all = c.acquire_all({"jobs/a", "jobs/b", "jobs/c"}, o); }
+  detail::engine_of(c)->drain_events();
+  const auto waits = tracer->of(SpanKind::wait);
+  const auto holds = tracer->of(SpanKind::hold);
+  ASSERT_EQ(waits.size(), 3u);
+  ASSERT_EQ(holds.size(), 3u);
+  std::vector<std::string> names;
+  for (const Span& h : holds) {
+    names.push_back(h.lock_name);
+    EXPECT_EQ(h.outcome, SpanOutcome::released);
+    EXPECT_EQ(h.context.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"jobs/a", "jobs/b", "jobs/c"}));
+}
+
+// A campaign is an acquisition of the election's lock: a wait span and, when elected, a hold
+// span named after that lock (not the election's name), ended by the release. Winning also
+// rings the election's bell (an internal lock acquired and released at once to wake
+// observers), which gives a wait span and a zero-wait hold span of its own.
+TEST_F(Tracing, ACampaignGivesTheSpansOfTheElectionsLockAndOfItsBell) {
+  auto c = traced();
+  Election e(c, "leaders/reports", ttl(3s));
+  Lease lead = e.campaign("host-a");
+  lead.release();
+  detail::engine_of(c)->drain_events();
+  std::vector<std::string> waits, holds;
+  for (const Span& s : tracer->of(SpanKind::wait)) waits.push_back(s.lock_name);
+  for (const Span& s : tracer->of(SpanKind::hold)) {
+    holds.push_back(s.lock_name);
+    EXPECT_EQ(s.outcome, SpanOutcome::released);
+  }
+  std::sort(waits.begin(), waits.end());
+  std::sort(holds.begin(), holds.end());
+  std::vector<std::string> expected{detail::names::election("leaders/reports"),
+                                    detail::names::election_bell("leaders/reports")};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(waits, expected);
+  EXPECT_EQ(holds, expected);
+}
+
+// A tracer may call back into the client that gave it the span: an acquire and a release
+// inside the wait span (acquiring thread), the hold span (releasing thread) and a renewal
+// span (event thread) finish, on other names, without a deadlock.
+TEST_F(Tracing, ATracerThatAcquiresAndReleasesInsideOnSpanDoesNotDeadlock) {
+  class Reentering final : public Tracer {
+   public:
+    void on_span(const Span& s) noexcept override {
+      if (s.lock_name.rfind("inner/", 0) == 0 || !client) return;
+      try {
+        Lease l = client->acquire("inner/" + std::string(to_string(s.kind)), ttl(3s));
+        l.release();
+        std::lock_guard lk(mu);
+        done.push_back(s.kind);
+      } catch (const std::exception& e) {
+        std::lock_guard lk(mu);
+        errors.emplace_back(e.what());
+      }
+    }
+    std::optional<Client> client;
+    std::mutex mu;
+    std::vector<SpanKind> done;
+    std::vector<std::string> errors;
+  };
+  auto reentering = std::make_shared<Reentering>();
+  ClientOptions o = options();
+  o.tracer = reentering;
+  Client c = connect("memory://" + store_name, o);
+  reentering->client = c;
+  Lease lease = c.acquire("jobs/outer", ttl(3s));
+  clock->advance(1100ms);
+  detail::engine_of(c)->tick();  // one renewal
+  lease.release();
+  detail::engine_of(c)->drain_events();
+  reentering->client.reset();  // the tracer's copy of the client, or the engine never goes
+  std::lock_guard lk(reentering->mu);
+  EXPECT_TRUE(reentering->errors.empty()) << reentering->errors.front();
+  std::vector<SpanKind> kinds = reentering->done;
+  std::sort(kinds.begin(), kinds.end());
+  EXPECT_EQ(kinds, (std::vector<SpanKind>{SpanKind::wait, SpanKind::hold, SpanKind::renewal}));
 }
 
 TEST_F(Tracing, WithoutATracerALeaseHasNoTraceContext) {
