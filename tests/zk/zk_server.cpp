@@ -215,6 +215,22 @@ FaultProxy::HeadRewriter announce_as(const std::string& address) {
 }  // namespace
 
 ZkEnsemble::ZkEnsemble(int servers, ZkServerOptions opts) {
+  // free_port() hands out a port that was free a moment ago; a JVM takes a second or two to
+  // bind it, and other tests start servers meanwhile. A member that exits before serving (its
+  // port taken: ZooKeeper's console log is empty then) is a lost race, not a broken server:
+  // the whole ensemble starts again on new ports, at most three times.
+  std::string exited;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    exited = start_members(servers, opts);
+    if (exited.empty()) return;
+    servers_.clear();
+    proxies_.clear();
+  }
+  fail_setup("ZooKeeper ensemble: a member exited before serving in 3 attempts on new ports; the last: " +
+             exited);
+}
+
+std::string ZkEnsemble::start_members(int servers, const ZkServerOptions& opts) {
   std::vector<std::uint16_t> quorum, election, client;
   for (int i = 0; i < servers; ++i) {
     quorum.push_back(free_port());
@@ -263,11 +279,16 @@ ZkEnsemble::ZkEnsemble(int servers, ZkServerOptions opts) {
   }
   for (auto& s : servers_) s->start();
   for (auto& s : servers_) {
-    if (!s->wait_serving(std::chrono::seconds(60))) {
-      fail_setup("ZooKeeper ensemble member on port " + std::to_string(s->port()) +
-                 " did not join within 60 s; its log:\n" + read_text(s->dir_.path() / "server.log"));
+    if (s->wait_serving(std::chrono::seconds(60))) continue;
+    const std::string log = read_text(s->dir_.path() / "server.log");
+    if (!s->process_.running()) {
+      return "member on port " + std::to_string(s->port()) + " exited (status " +
+             std::to_string(s->process_.wait_for(std::chrono::milliseconds(0))) + "); its log:\n" + log;
     }
+    fail_setup("ZooKeeper ensemble member on port " + std::to_string(s->port()) +
+               " did not join within 60 s; its log:\n" + log);
   }
+  return {};
 }
 
 std::string ZkEnsemble::hostports() const {

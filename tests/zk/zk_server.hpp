@@ -108,6 +108,8 @@ class ZkEnsemble {
   struct PairProxies {
     std::unique_ptr<FaultProxy> quorum, election;
   };
+  // Starts the members on fresh ports; "" once all serve, else why one exited first.
+  std::string start_members(int servers, const ZkServerOptions& opts);
   // [i][j]: what server i dials to reach server j (empty when i == j). Declared
   // before servers_ so that the servers stop first.
   std::vector<std::vector<PairProxies>> proxies_;
