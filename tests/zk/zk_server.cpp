@@ -83,8 +83,20 @@ std::string four_letter(std::uint16_t port, const std::string& cmd) {
 }
 
 ZkServer::ZkServer(ZkServerOptions opts) : opts_(opts), client_port_(free_port()), dir_("distlock-zk") {
-  write_config();
-  start();
+  // A server that exits before serving lost its port to another test's server (free_port()'s
+  // race, see ZkEnsemble): it starts again on a new port, at most three times.
+  for (int attempt = 1;; ++attempt) {
+    write_config();
+    spawn();
+    if (wait_serving(std::chrono::seconds(30))) return;
+    const bool exited = !process_.running();
+    if (!exited || attempt == 3) {
+      fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
+                 (exited ? " exited before serving, 3 times on new ports" : " did not start within 30 s") +
+                 "; its log:\n" + read_text(dir_.path() / "server.log"));
+    }
+    client_port_ = free_port();
+  }
 }
 
 ZkServer::ZkServer(ZkServerOptions opts, int id, std::vector<std::uint16_t> quorum_ports,
@@ -135,6 +147,14 @@ void ZkServer::reconfigure(const ZkServerOptions& opts) {
 }
 
 void ZkServer::start() {
+  spawn();
+  if (id_ == 0 && !wait_serving(std::chrono::seconds(30))) {
+    fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
+               " did not start within 30 s; its log:\n" + read_text(dir_.path() / "server.log"));
+  }
+}
+
+void ZkServer::spawn() {
   const ZkInstall z = find_zookeeper();
   if (!z.problem.empty()) fail_setup("cannot start ZooKeeper: " + z.problem);
   const std::string main_class = id_ > 0 ? "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -143,10 +163,6 @@ void ZkServer::start() {
                              "-Djava.net.preferIPv4Stack=true", "-Dzookeeper.admin.enableServer=false", "-cp",
                              z.classpath, main_class, (dir_.path() / "zoo.cfg").string()},
                             (dir_.path() / "server.log").string());
-  if (id_ == 0 && !wait_serving(std::chrono::seconds(30))) {
-    fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
-               " did not start within 30 s; its log:\n" + read_text(dir_.path() / "server.log"));
-  }
 }
 
 bool ZkServer::wait_serving(std::chrono::milliseconds timeout) {

@@ -74,6 +74,7 @@ class ZkServer {
   std::filesystem::path data_dir() const { return dir_.path() / "data"; }
 
  private:
+  void spawn();  ///< starts the process (no wait)
   friend class ZkEnsemble;
   ZkServer(ZkServerOptions opts, int id, std::vector<std::uint16_t> quorum_ports,
            std::vector<std::uint16_t> election_ports, std::vector<std::uint16_t> client_ports);
