@@ -70,10 +70,7 @@ Span TraceSpans::wait_span(const WaitTrace& w, std::string_view name, std::strin
   s.start_wall = w.start_wall;
   s.end_wall = trace_wall_end(w.start_wall, w.start, end);
   s.lock_name = std::string(name);
-  const auto [id, info] = split_owner(owner);
-  s.owner = std::string(id);
-  if (info) s.holder_info = std::string(*info);
-  s.backend = backend_;
+  fill_owner(s, owner);
   s.outcome = outcome;
   s.error = ec;
   if (ec) s.detail = ec.message();
@@ -89,13 +86,17 @@ std::unique_ptr<HoldTrace> TraceSpans::begin_hold(const WaitTrace& w, Clock::tim
   return h;
 }
 
-void TraceSpans::fill_lease(Span& s, const HeldLock& held) const {
-  s.lock_name = held.name;
-  if (held.has_token) s.token = held.token;
-  const auto [id, info] = split_owner(held.owner);
+void TraceSpans::fill_owner(Span& s, std::string_view owner) const {
+  const auto [id, info] = split_owner(owner);
   s.owner = std::string(id);
   if (info) s.holder_info = std::string(*info);
   s.backend = backend_;
+}
+
+void TraceSpans::fill_lease(Span& s, const HeldLock& held) const {
+  s.lock_name = held.name;
+  if (held.has_token) s.token = held.token;
+  fill_owner(s, held.owner);
 }
 
 std::optional<Span> TraceSpans::end_hold(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,

@@ -76,6 +76,8 @@ class TraceSpans {
   void deliver(const Span& span) const noexcept;
 
  private:
+  /// The owner id, the holder info after it and the backend scheme.
+  void fill_owner(Span& s, std::string_view owner) const;
   void fill_lease(Span& s, const HeldLock& held) const;
   std::shared_ptr<Tracer> tracer_;
   std::string backend_;
