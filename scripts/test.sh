@@ -4,19 +4,22 @@
 #      PostgreSQL, MariaDB, file, CLI, metrics, ids, examples, and the bindings: the C API's tests,
 #      the Go module's `go vet` + `go test -race` and the Python binding's pytest suite, label
 #      bindings) against real servers the tests start themselves on loopback;
-#   2. the conformance suite (once, here, not in step 1) on a busy machine: the sanitizer trees of
-#      steps 3-5 compile beside it on both cores (two `yes` hogs in quick mode);
+#   2. the conformance suite (the member partitions included) and the nemesis run on every
+#      backend (once, here, not in step 1) on a busy machine: the sanitizer trees of steps 3-5
+#      compile beside them on both cores (two `yes` hogs in quick mode);
 #   3. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer (without the Python
 #      binding: a sanitized library cannot be loaded into an unsanitized interpreter), but for the
-#      long fault runs (the nemesis, the member partitions and the hand-off review's
-#      timed hammers, label stress: minutes of timing-bound
-#      scenarios that step 1 already runs), the conformance suite (step 2 runs it;
+#      long fault runs (minutes of timing-bound scenarios: the nemesis and the member
+#      partitions, which step 2 runs, and the timed hammers labelled stress, which step 1
+#      runs), the conformance suite (step 2 runs it;
 #      every backend's own tests, which drive the same client code, do run here), the
 #      examples' end-to-end runs (their 700 ms cron slots assume a `distlock run` starts well
 #      within a slot, which sanitized binaries at -j2 do not: a CI run missed slots), the model
 #      check and the configure checks (no code of ours runs in them), so CI stays well under
 #      90 minutes on 2 cores; what this step does not run it does not build either (examples,
-#      benchmarks, the conformance suite and the nemesis run);
+#      benchmarks, the conformance suite, the nemesis run and the stress programs); the
+#      uniqueness and model tests run a quarter of their workload here (tests/support/
+#      workload_size.hpp; step 1 runs all of it);
 #   4. the engine's unit tests (with the semaphore, read-write lock, election and job-guard
 #      ones), the queue recipe's and the file, redis and redlock backends' tests under
 #      ThreadSanitizer;
@@ -83,7 +86,7 @@ cmake --build build/release -j"$jobs"
 sanitizer_opt=(-DCMAKE_CXX_FLAGS_DEBUG="-g1" -DCMAKE_C_FLAGS_DEBUG="-g1")
 asan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${sanitizer_opt[@]}" "${linker[@]}" "${unity[@]}"
   -DDISTLOCK_SANITIZE=address,undefined -DDISTLOCK_WITH_PYTHON=OFF
-  -DDISTLOCK_BUILD_EXAMPLES=OFF -DDISTLOCK_BUILD_SCENARIO_SUITES=OFF)
+  -DDISTLOCK_BUILD_EXAMPLES=OFF -DDISTLOCK_BUILD_SCENARIO_SUITES=OFF -DDISTLOCK_BUILD_STRESS_TESTS=OFF)
 tsan_flags=(-DCMAKE_BUILD_TYPE=Debug -DDISTLOCK_WERROR=ON "${sanitizer_opt[@]}" "${linker[@]}" "${unity[@]}" -DDISTLOCK_SANITIZE=thread
   -DDISTLOCK_COMPONENTS="file;redis;redlock" -DDISTLOCK_BUILD_TOOLS=OFF -DDISTLOCK_BUILD_EXAMPLES=OFF)
 tsan_targets=(engine_test election_test fork_test queue_recipe_test file_backend_test
@@ -116,20 +119,17 @@ sanitizer_builds() {
 hogs=
 stop_hogs() { if [ -n "$hogs" ]; then kill -- -"$hogs" 2>/dev/null || true; hogs=; fi; }
 if [ "${1:-}" = quick ]; then
-  step "every test but the conformance suite"
-  ctest --test-dir build/release "${ctest_args[@]}" -j3 -LE conformance
-  ctest --test-dir build/release "${ctest_args[@]}" -L partition
-  step "the conformance suite, with two CPU hogs beside it"
+  step "every test but the conformance suite and the nemesis"
+  ctest --test-dir build/release "${ctest_args[@]}" -j3 -LE "conformance|nemesis"
+  step "the conformance suite and the nemesis, with two CPU hogs beside them"
   yes >/dev/null & hog1=$!
   yes >/dev/null & hog2=$!
   trap 'kill $hog1 $hog2 2>/dev/null || true' EXIT
-  ctest --test-dir build/release "${ctest_args[@]}" -L conformance -LE partition
+  ctest --test-dir build/release "${ctest_args[@]}" -L "conformance|nemesis"
   exit 0
 fi
 
-step "every test but the conformance suite"
-# The member-partition scenarios (labels conformance and partition) ran with hogs when
-# written; they run here, once.
+step "every test but the conformance suite and the nemesis"
 # Three at a time on two cores: most of these tests wait on servers and timers, not on
 # the CPU (the sum of their times is about three times the wall time at -j3), and every one
 # of them must pass on a busy machine anyway. Nothing compiles beside them: with the sanitizer
@@ -137,19 +137,21 @@ step "every test but the conformance suite"
 # tight real-time bounds missed them in clean-clone runs (a Redlock TLS hammer's 40 ms, the
 # scheduler example's cron slots), and the idle-priority trees got through only 29% of the
 # ASan tree in this step while it took about 160 s longer (docs/testing.md).
-ctest --test-dir build/release "${ctest_args[@]}" -j3 -LE conformance
-ctest --test-dir build/release "${ctest_args[@]}" -L partition
+ctest --test-dir build/release "${ctest_args[@]}" -j3 -LE "conformance|nemesis"
 
-step "the conformance suite, on a busy machine (the sanitizer builds beside it, then two CPU hogs)"
-# Every backend's scenarios run here, once, on a machine whose two cores are busy: the
-# sanitizer builds and, once they are done, two `yes` processes.
+step "the conformance suite and the nemesis, on a busy machine (the sanitizer builds beside them, then two CPU hogs)"
+# Every backend's scenarios (the member partitions included) and the nemesis run here, once,
+# on a machine whose two cores are busy: the sanitizer builds and, once they are done, two
+# `yes` processes. Both were written to pass beside two hogs; the builds are the longer
+# part of this step (ci15: the conformance suite was done after 789 s of the builds' 1,294 s),
+# so what runs here instead of in step 1 costs the run little time.
 mkdir -p build
 # Own process group (setsid), so that it can be stopped as one.
 setsid bash -c "$(declare -p generator jobs asan_flags tsan_flags tsan_targets tsa_flags tsa_targets sanitizer_opt); $(declare -f sanitizer_builds); sanitizer_builds" \
   >build/sanitizer-builds.log 2>&1 & builds=$!
 trap 'kill -- -$builds 2>/dev/null || true; stop_hogs' EXIT
 setsid bash -c "while kill -0 $builds 2>/dev/null; do sleep 1; done; yes >/dev/null & yes >/dev/null & wait" & hogs=$!
-ctest --test-dir build/release "${ctest_args[@]}" -L conformance -LE partition
+ctest --test-dir build/release "${ctest_args[@]}" -L "conformance|nemesis"
 stop_hogs
 
 step "install and consumer"

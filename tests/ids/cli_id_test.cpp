@@ -18,6 +18,7 @@
 #include "distlock/ids.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/workload_size.hpp"
 
 namespace {
 
@@ -168,7 +169,9 @@ TEST(CliId, ShortRunsReusingWorkerIdsNeverRepeat) {
   const std::string url = "file://" + (dir.path() / "locks").string();
   std::set<std::uint64_t> seen;
   std::size_t printed = 0;
-  for (int round = 0; round < 40; ++round) {
+  // 40 rounds of 4 processes; a quarter in a sanitized build (support/workload_size.hpp).
+  const int rounds = distlock::testing::workload_size(40);
+  for (int round = 0; round < rounds; ++round) {
     std::vector<Cli> runs;
     for (int i = 0; i < 4; ++i)
       runs.push_back(Cli::start({"id", "--url", url, "--local-only", "-n", "3"}, dir.path()));
@@ -180,7 +183,7 @@ TEST(CliId, ShortRunsReusingWorkerIdsNeverRepeat) {
       }
     }
   }
-  EXPECT_EQ(printed, 480u);
+  EXPECT_EQ(printed, static_cast<std::size_t>(rounds) * 4 * 3);
   EXPECT_EQ(seen.size(), printed) << (printed - seen.size()) << " ids printed twice";
 }
 

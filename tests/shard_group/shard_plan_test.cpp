@@ -9,9 +9,15 @@
 #include <random>
 #include <set>
 
+#include "support/workload_size.hpp"
+
 using distlock::detail::plan_shards;
 
 namespace {
+
+// Random histories per model test: 3,000, a quarter in a sanitized build
+// (support/workload_size.hpp).
+constexpr int kRandomRounds = distlock::testing::workload_size(3000);
 
 using Owners = std::vector<std::optional<std::string>>;
 
@@ -234,7 +240,7 @@ void period(Model& md, std::vector<std::string> order, std::mt19937& rng, bool s
 TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
   std::mt19937 rng(7);
   int worst = 0;
-  for (int round = 0; round < 3000; ++round) {
+  for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 1 + static_cast<int>(rng() % 9);
     Model md{m, ids(w), Owners(m), {}, {}};
@@ -262,7 +268,7 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
 TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
   std::mt19937 rng(8);
   std::map<int, int> hist;
-  for (int round = 0; round < 3000; ++round) {
+  for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 1 + static_cast<int>(rng() % 9);
     Model md{m, ids(w), Owners(m), {}, {}};
@@ -288,7 +294,7 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
 
 TEST(ShardPlanReview, ALeaveOrDeathIsBalancedAfterOnePeriod) {
   std::mt19937 rng(9);
-  for (int round = 0; round < 3000; ++round) {
+  for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 2 + static_cast<int>(rng() % 9);
     Model md{m, ids(w), Owners(m), {}, {}};
@@ -316,7 +322,7 @@ TEST(ShardPlanReview, ALeaveOrDeathIsBalancedAfterOnePeriod) {
 TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
   std::mt19937 rng(11);
   std::map<int, int> hist;
-  for (int round = 0; round < 3000; ++round) {
+  for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 40;
     int next_id = 0;
     Model md{m, {}, Owners(m), {}, {}};
@@ -383,7 +389,7 @@ TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
 // released shard has no owner yet): at the end of each period every pending take completes.
 TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
   std::mt19937 rng(12);
-  for (int round = 0; round < 3000; ++round) {
+  for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 1 + static_cast<int>(rng() % 9);
     Model md{m, ids(w), Owners(m), {}, {}};
