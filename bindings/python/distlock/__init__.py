@@ -658,7 +658,9 @@ class ShardGroup:
 
     def stats(self) -> Dict[str, Any]:
         """Counters: shards_owned, rebalances, shards_taken, shards_given_up, shards_lost,
-        membership_lost, list_failures, last_rebalance_time (seconds or None)."""
+        membership_lost, list_failures, rejoin_failures (rejoins refused because the member id
+        is held; rising past one TTL means another process uses this member id),
+        last_rebalance_time (seconds or None). The same figures as metrics()."""
         return self._impl.stats()
 
     def metrics(self) -> str:

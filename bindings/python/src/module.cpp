@@ -895,6 +895,7 @@ class PyShardGroup {
     d["shards_lost"] = st.shards_lost;
     d["membership_lost"] = st.membership_lost;
     d["list_failures"] = st.list_failures;
+    d["rejoin_failures"] = st.rejoin_failures;
     d["last_rebalance_time"] = st.last_rebalance_time
                                    ? py::object(py::float_(ms_to_seconds(*st.last_rebalance_time)))
                                    : py::object(py::none());

@@ -162,6 +162,41 @@ def test_owns_is_false_from_the_shards_deadline_on_when_the_server_freezes(redis
             assert not s0.owns()
 
 
+def test_stats_has_every_counter_that_metrics_exports(file_store):
+    # Each distlock_shard_* family of metrics() is a key of stats() with the same value (a
+    # counter added to one and not the other fails here).
+    names = {
+        "distlock_shard_owned": "shards_owned",
+        "distlock_shard_rebalances_total": "rebalances",
+        "distlock_shard_taken_total": "shards_taken",
+        "distlock_shard_given_up_total": "shards_given_up",
+        "distlock_shard_lost_total": "shards_lost",
+        "distlock_shard_membership_lost_total": "membership_lost",
+        "distlock_shard_list_failures_total": "list_failures",
+        "distlock_shard_rejoin_failures_total": "rejoin_failures",
+        "distlock_shard_last_rebalance_seconds": "last_rebalance_time",
+    }
+    with distlock.connect(file_store.url) as client, \
+            client.shard_group("stats-job", 4, ttl=TTL, rebalance_period=PERIOD) as g:
+        now = wait_for(g, lambda a: len(a) == 4, BOUND + TTL)
+        assert len(now) == 4
+        deadline = time.monotonic() + BOUND + TTL
+        while g.stats()["last_rebalance_time"] is None and time.monotonic() < deadline:
+            g.wait_change(0.05, after_version=now.version)
+        stats = g.stats()
+        exported = {}
+        for line in g.metrics().splitlines():
+            if line and not line.startswith("#"):
+                family, value = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
+                exported[family] = float(value)
+        assert set(exported) == set(names), sorted(exported)
+        assert set(stats) == set(names.values()), sorted(stats)
+        for family, key in names.items():
+            assert stats[key] == pytest.approx(exported[family], abs=0.001), key
+        assert stats["shards_owned"] == 4 and stats["shards_taken"] >= 4
+        assert stats["rejoin_failures"] == 0
+
+
 def test_bad_input_gets_clear_errors(file_store):
     with distlock.connect(file_store.url) as client:
         with pytest.raises(distlock.InvalidArgument, match="shards 0"):
