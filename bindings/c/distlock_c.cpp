@@ -91,8 +91,24 @@ struct distlock_shard_group {
 struct distlock_shard_assignment {
   struct Shard {
     distlock::OwnedShard owned;
-    int fd = -1;
-    std::optional<std::stop_callback<NotifyFd>> notify;
+    // The stop signal's eventfd, made at the first distlock_shard_assignment_shard for this
+    // shard (a caller that only reads owns() or the token opens none; an assignment of 256
+    // shards opened 256 before). Written once under fd_once, read after it.
+    mutable std::once_flag fd_once;
+    mutable int fd = -1;
+    mutable std::optional<std::stop_callback<NotifyFd>> notify;
+    // Opens the descriptor once; fires at once (on this thread) if the shard already stopped.
+    void open_stop_fd() const {
+      std::call_once(fd_once, [this] {
+        const int opened = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (opened < 0) {
+          throw std::system_error(errno, std::generic_category(),
+                                  "distlock: eventfd for a shard's stop signal");
+        }
+        fd = opened;
+        notify.emplace(owned.stop, NotifyFd{opened});
+      });
+    }
     ~Shard() {
       notify.reset();  // waits for a running callback: the fd must outlive it
       if (fd >= 0) ::close(fd);
@@ -746,13 +762,7 @@ distlock_shard_assignment* wrap_assignment(const distlock::ShardAssignment& a) {
   out->members = a.members;
   for (const distlock::OwnedShard& s : a.shards) {
     auto sh = std::make_unique<distlock_shard_assignment::Shard>();
-    sh->owned = s;
-    sh->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (sh->fd < 0) {
-      throw std::system_error(errno, std::generic_category(), "distlock: eventfd for a shard's stop signal");
-    }
-    // Fires at once (on this thread) if the shard is already stopped.
-    sh->notify.emplace(sh->owned.stop, NotifyFd{sh->fd});
+    sh->owned = s;  // its stop descriptor is opened by distlock_shard_assignment_shard
     out->shards.push_back(std::move(sh));
   }
   return out.release();
@@ -878,9 +888,19 @@ int distlock_shard_assignment_shard(const distlock_shard_assignment* a, size_t i
   out->index = s.owned.index;
   out->has_token = s.owned.token ? 1 : 0;
   out->token = s.owned.token.value_or(0);
-  out->stopped_fd = s.fd;
-  set_error(err, DISTLOCK_OK, {});
-  return DISTLOCK_OK;
+  out->stopped_fd = -1;
+  return guarded(err, [&] {
+    s.open_stop_fd();
+    out->stopped_fd = s.fd;
+  });
+}
+
+uint64_t distlock_shard_assignment_ownership(const distlock_shard_assignment* a, size_t i) {
+  if (a == nullptr || i >= a->shards.size()) return 0;
+  // The shard lease's check, shared by every copy of this one acquisition's OwnedShard and
+  // kept alive by each assignment that lists it: two live assignments give the same address
+  // exactly when they list the same ownership.
+  return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(a->shards[i]->owned.check.get()));
 }
 
 int distlock_shard_assignment_owns(const distlock_shard_assignment* a, size_t i) {

@@ -61,6 +61,14 @@ type ShardGroup struct {
 	left     bool
 	job      string
 	memberID string
+
+	// One watcher per shard ownership (one acquisition of a shard), shared by every
+	// assignment that lists it: a member that reads its assignment after each change keeps
+	// one goroutine and one descriptor per owned shard, not one per shard per read (they
+	// lived until the shard was lost). Keyed by distlock_shard_assignment_ownership; an entry
+	// goes when its watcher sees the shard stop.
+	watchMu sync.Mutex
+	watches map[uint64]*shardWatch
 }
 
 // ShardGroup joins the shard group job of shards (1..65536) shards: it takes the membership
@@ -157,7 +165,7 @@ func (sg *ShardGroup) Assigned() (*ShardAssignment, error) {
 	if rc := C.distlock_shard_group_assigned(h, &a, &e); rc != C.DISTLOCK_OK {
 		return nil, cError(rc, &e)
 	}
-	return newAssignment(a), nil
+	return sg.newAssignment(a), nil
 }
 
 // WaitChange waits until the assignment's version is greater than afterVersion and returns
@@ -198,7 +206,7 @@ func (sg *ShardGroup) WaitChange(ctx context.Context, afterVersion uint64) (*Sha
 	if rc := C.distlock_shard_group_wait_change(h, C.uint64_t(afterVersion), -1, cancel, &a, &e); rc != C.DISTLOCK_OK {
 		return nil, fromContext(ctx, cError(rc, &e))
 	}
-	return newAssignment(a), nil
+	return sg.newAssignment(a), nil
 }
 
 // Leave closes every owned shard's Lost channel, releases every shard and the membership at
@@ -245,24 +253,34 @@ type OwnedShard struct {
 	// pass it to every write the shard makes. 0 when HasToken is false.
 	Token    uint64
 	HasToken bool
-	lost     chan struct{}
-	pos      int
-	a        *assignmentHandle
+	w        *shardWatch
 }
 
 // Lost is closed once this member no longer owns the shard: given up for a rebalance or
 // Leave, or its lease lost (at the conservative local deadline, before anyone else can own it).
-func (s OwnedShard) Lost() <-chan struct{} { return s.lost }
+// Every assignment that lists the same ownership of a shard gives the same channel.
+func (s OwnedShard) Lost() <-chan struct{} { return s.w.lost }
 
 // Owns reports whether this member still owns the shard: its lease is held, its conservative
 // local deadline has not passed and it was not given up. Read on each call against the
 // deadline as renewals move it, so never late: it can turn false before Lost is closed (the
 // client's watchdog thread closes that, late in a starved process). Call it right before a
 // write that cannot carry the token.
-func (s OwnedShard) Owns() bool { return s.a.owns(s.pos) }
+func (s OwnedShard) Owns() bool { return s.w.h.owns(s.w.pos) }
 
-// assignmentHandle keeps the C assignment (whose stop callbacks write the shards' descriptors)
-// until every shard's watcher has seen its descriptor fire; then frees it.
+// shardWatch is the watcher of one shard ownership: a goroutine that waits in Go's poller for
+// the shard's stop descriptor (a duplicate, never read) of the C assignment h, at position pos,
+// and then closes lost.
+type shardWatch struct {
+	lost chan struct{}
+	h    *assignmentHandle
+	pos  int
+}
+
+// assignmentHandle keeps a C assignment while a reader needs it: while a watcher started from
+// it waits (its stop callbacks write the descriptors) and while an OwnedShard reads owns()
+// through it. It is freed when the last watcher started from it has seen its shard stop (owns
+// is false from then on anyway), or at once when it started none.
 type assignmentHandle struct {
 	mu      sync.Mutex
 	a       *C.distlock_shard_assignment
@@ -273,7 +291,7 @@ func (h *assignmentHandle) owns(pos int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.a == nil {
-		return false // freed: every shard had stopped
+		return false // freed: every shard watched from it had stopped
 	}
 	return C.distlock_shard_assignment_owns(h.a, C.size_t(pos)) != 0
 }
@@ -288,45 +306,74 @@ func (h *assignmentHandle) done() {
 	}
 }
 
-func newAssignment(a *C.distlock_shard_assignment) *ShardAssignment {
+// stopped is a watch whose shard stopped before it could be watched.
+var stopped = func() *shardWatch {
+	w := &shardWatch{lost: make(chan struct{}), h: &assignmentHandle{}}
+	close(w.lost)
+	return w
+}()
+
+func (sg *ShardGroup) newAssignment(a *C.distlock_shard_assignment) *ShardAssignment {
 	h := &assignmentHandle{a: a}
 	out := &ShardAssignment{
 		Version: uint64(C.distlock_shard_assignment_version(a)),
 		Members: int(C.distlock_shard_assignment_members(a)),
 	}
 	n := int(C.distlock_shard_assignment_count(a))
-	h.pending = n
+	h.mu.Lock() // no watcher frees a before every shard is looked at
 	for i := 0; i < n; i++ {
 		var s C.distlock_owned_shard
 		var e C.distlock_error
-		C.distlock_shard_assignment_shard(a, C.size_t(i), &s, &e)
-		sh := OwnedShard{Index: int(s.index), Token: uint64(s.token), HasToken: s.has_token != 0,
-			lost: make(chan struct{}), pos: i, a: h}
-		out.Shards = append(out.Shards, sh)
-		// Wait for the shard's descriptor in Go's poller, on a duplicate (never read).
-		fd := int(C.distlock_go_shard_dup(s.stopped_fd))
-		if fd < 0 {
-			close(sh.lost)
-			h.done()
-			continue
+		// Fills index and token; opens this assignment's descriptor for the shard, which a
+		// shared watch does not use (closed with the assignment, freed below when no watcher
+		// started from it). A failure to open it (out of descriptors) leaves the shard read
+		// as lost (Lost closed, Owns false), never as owned without a signal.
+		rc := C.distlock_shard_assignment_shard(a, C.size_t(i), &s, &e)
+		id := uint64(C.distlock_shard_assignment_ownership(a, C.size_t(i)))
+		sg.watchMu.Lock()
+		w := sg.watches[id]
+		if w == nil || id == 0 {
+			w = stopped
+			// Wait for the shard's descriptor in Go's poller, on a duplicate (never read).
+			if rc == C.DISTLOCK_OK {
+				if fd := int(C.distlock_go_shard_dup(s.stopped_fd)); fd >= 0 {
+					w = &shardWatch{lost: make(chan struct{}), h: h, pos: i}
+					h.pending++
+					if id != 0 {
+						if sg.watches == nil {
+							sg.watches = make(map[uint64]*shardWatch)
+						}
+						sg.watches[id] = w
+					}
+					go sg.watchStopped(os.NewFile(uintptr(fd), "distlock-shard-stopped"), w, id)
+				}
+			}
 		}
-		go watchStopped(os.NewFile(uintptr(fd), "distlock-shard-stopped"), sh.lost, h)
+		sg.watchMu.Unlock()
+		out.Shards = append(out.Shards, OwnedShard{Index: int(s.index), Token: uint64(s.token),
+			HasToken: s.has_token != 0, w: w})
 	}
-	if n == 0 {
+	if h.pending == 0 {
 		C.distlock_shard_assignment_free(a)
 		h.a = nil
 	}
+	h.mu.Unlock()
 	return out
 }
 
-func watchStopped(f *os.File, lost chan struct{}, h *assignmentHandle) {
-	defer h.done()
+func (sg *ShardGroup) watchStopped(f *os.File, w *shardWatch, id uint64) {
+	defer w.h.done()
 	defer f.Close()
 	raw, err := f.SyscallConn()
 	if err == nil {
 		err = raw.Read(func(fd uintptr) bool { return C.distlock_go_shard_readable(C.int(fd)) != 0 })
 	}
+	sg.watchMu.Lock()
+	if id != 0 && sg.watches[id] == w {
+		delete(sg.watches, id)
+	}
+	sg.watchMu.Unlock()
 	if err == nil {
-		close(lost)
+		close(w.lost)
 	}
 }

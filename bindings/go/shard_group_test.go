@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -381,4 +382,68 @@ func ExampleClient_ShardGroup() {
 	// shard 2 fenced: true
 	// shard 3 fenced: true
 	// released 4
+}
+
+// openFDs counts this process's open descriptors (/proc/self/fd).
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatalf("read /proc/self/fd: %v", err)
+	}
+	return len(entries)
+}
+
+// A member that reads its assignment again and again (a poll loop, or WaitChange after each of
+// many rebalances) while it keeps its shards holds one watcher per owned shard: 500 reads of 8
+// owned shards add no goroutine and no descriptor that outlives the read (before, each read
+// added a goroutine and two descriptors per shard until the shard was lost: 4,000 and 8,000
+// here). Every read's Lost is the same channel for the same ownership, and it still closes when
+// the shard is lost (Leave).
+func TestShardGroupReadingTheAssignmentAgainAddsNoWatcherPerRead(t *testing.T) {
+	const m, reads = 8, 500
+	c := connect(t, "file://"+t.TempDir())
+	g := join(t, c, "poll", m, "solo")
+	first := waitFor(t, g, 10*time.Second, func(x *distlock.ShardAssignment) bool { return len(x.Shards) == m })
+	if len(first.Shards) != m {
+		t.Fatalf("owns %v, want all %d", first.Indexes(), m)
+	}
+	goroutines, fds := runtime.NumGoroutine(), openFDs(t)
+	var last *distlock.ShardAssignment
+	for i := 0; i < reads; i++ {
+		a, err := g.Assigned()
+		if err != nil {
+			t.Fatalf("Assigned: %v", err)
+		}
+		if a.Version != first.Version || len(a.Shards) != m {
+			t.Fatalf("read %d: version %d (first %d), shards %v: the assignment changed under a lone member",
+				i, a.Version, first.Version, a.Indexes())
+		}
+		for k, s := range a.Shards {
+			if s.Lost() != first.Shards[k].Lost() {
+				t.Fatalf("read %d: shard %d has a Lost channel of its own for the same ownership", i, s.Index)
+			}
+			if !s.Owns() {
+				t.Fatalf("read %d: shard %d does not read as owned", i, s.Index)
+			}
+		}
+		last = a
+	}
+	if d := runtime.NumGoroutine() - goroutines; d > 2 {
+		t.Errorf("%d reads added %d goroutines (one watcher per shard per read?)", reads, d)
+	}
+	if d := openFDs(t) - fds; d > 2 {
+		t.Errorf("%d reads left %d more descriptors open", reads, d)
+	}
+	g.Leave()
+	for _, s := range last.Shards {
+		select {
+		case <-s.Lost():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("shard %d: Lost not closed within 5 s of Leave", s.Index)
+		}
+		if s.Owns() {
+			t.Fatalf("shard %d still reads as owned after Leave", s.Index)
+		}
+	}
 }

@@ -367,7 +367,8 @@ typedef struct distlock_owned_shard {
   int stopped_fd; /* an eventfd that becomes readable (and stays so) once this member no
                      longer owns the shard: given up for a rebalance or a leave, or its lease
                      lost (at the conservative local deadline, before anyone else can own it).
-                     Owned by the assignment: do not close or read it */
+                     Opened by the first distlock_shard_assignment_shard call for this shard of
+                     this assignment. Owned by the assignment: do not close or read it */
 } distlock_owned_shard;
 
 DISTLOCK_C_API void distlock_shard_group_options_init(distlock_shard_group_options* opts);
@@ -411,7 +412,9 @@ DISTLOCK_C_API void distlock_shard_group_free(distlock_shard_group* g);
  * the first), `members` the live members at the last rebalance. Any thread. */
 DISTLOCK_C_API uint64_t distlock_shard_assignment_version(const distlock_shard_assignment* a);
 DISTLOCK_C_API size_t distlock_shard_assignment_members(const distlock_shard_assignment* a);
-/* The number of shards owned, and the i-th of them (0 <= i < count; sorted by index). */
+/* The number of shards owned, and the i-th of them (0 <= i < count; sorted by index). The
+ * first call for a shard opens its stopped_fd; when the process is out of descriptors it fails
+ * with DISTLOCK_E_INTERNAL naming the eventfd, with index and token filled and stopped_fd -1. */
 DISTLOCK_C_API size_t distlock_shard_assignment_count(const distlock_shard_assignment* a);
 DISTLOCK_C_API int distlock_shard_assignment_shard(const distlock_shard_assignment* a, size_t i,
                                                    distlock_owned_shard* out, distlock_error* err);
@@ -422,6 +425,12 @@ DISTLOCK_C_API int distlock_shard_assignment_shard(const distlock_shard_assignme
  * watchdog thread, late in a starved process). Call it right before a write that cannot carry
  * the token. Any thread. */
 DISTLOCK_C_API int distlock_shard_assignment_owns(const distlock_shard_assignment* a, size_t i);
+/* An opaque non-zero id of the i-th shard's ownership (one acquisition of the shard by this
+ * member): two assignments alive at the same time give the same id exactly when they list the
+ * same ownership, so a caller that reads the assignment again after each change can keep one
+ * watcher per ownership instead of one per shard per assignment (the Go binding does). An id
+ * may be reused once no assignment listing it is alive. 0 for an i out of range. Any thread. */
+DISTLOCK_C_API uint64_t distlock_shard_assignment_ownership(const distlock_shard_assignment* a, size_t i);
 /* Frees it (closes its descriptors). NULL is fine. */
 DISTLOCK_C_API void distlock_shard_assignment_free(distlock_shard_assignment* a);
 
