@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -222,6 +223,80 @@ TEST(CShardGroupErrors, ZeroShardsBadJobBadMemberIdAndALeftGroupGetClearErrors) 
   distlock_owned_shard s{};
   EXPECT_EQ(distlock_shard_assignment_shard(all.get(), 4, &s, &err), DISTLOCK_E_INVALID_ARGUMENT);
   distlock_shard_group_leave(member.get());  // idempotent
+}
+
+// ---- reading the assignment again --------------------------------------------------------------
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A caller that only reads owns() opens no descriptor: a shard's stopped_fd is opened by the
+// first distlock_shard_assignment_shard for it (before, every assignment opened one per shard).
+// distlock_shard_assignment_ownership names the same ownership in two live assignments with
+// the same non-zero id, a different one per shard, and a new one once the shard was lost and
+// taken again.
+TEST(CShardGroupAssignment, OwnsOpensNoDescriptorAndOwnershipIdsMatchAcrossReads) {
+  TempDir dir("distlock-cshard");
+  ClientPtr client = connect_ok("file://" + dir.path().string());
+  ASSERT_TRUE(client);
+  // One rebalance, at the join (a lone member takes every shard in it): no listing of the
+  // group's directory opens a descriptor while this test counts them.
+  auto join_once = [&](const char* id) {
+    distlock_shard_group* g = nullptr;
+    distlock_error e{};
+    auto o = group_opts(id);
+    o.rebalance_period_ms = 3600 * 1000;
+    EXPECT_EQ(distlock_shard_group_join(client.get(), "ids", 4, &o, &g, &e), DISTLOCK_OK) << e.message;
+    return GroupPtr(g);
+  };
+  GroupPtr member = join_once("solo");
+  ASSERT_TRUE(member);
+  AssignmentPtr first = wait_until(member.get(), Clock::now() + 10s, [](const distlock_shard_assignment* a) {
+    return distlock_shard_assignment_count(a) == 4;
+  });
+  ASSERT_EQ(distlock_shard_assignment_count(first.get()), 4u);
+  const std::size_t fds = open_fds();
+  std::vector<AssignmentPtr> reads;
+  for (int r = 0; r < 50; ++r) {
+    reads.push_back(assigned(member.get()));
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(distlock_shard_assignment_owns(reads.back().get(), i), 1);
+  }
+  EXPECT_EQ(open_fds(), fds) << "50 assignments read only through owns() opened descriptors";
+  std::set<std::uint64_t> ids;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::uint64_t id = distlock_shard_assignment_ownership(first.get(), i);
+    EXPECT_NE(id, 0u) << i;
+    ids.insert(id);
+    for (const auto& a : reads) EXPECT_EQ(distlock_shard_assignment_ownership(a.get(), i), id) << i;
+  }
+  EXPECT_EQ(ids.size(), 4u) << "two shards share an ownership id";
+  EXPECT_EQ(distlock_shard_assignment_ownership(first.get(), 4), 0u);
+  EXPECT_EQ(distlock_shard_assignment_ownership(nullptr, 0), 0u);
+  // The first read of a shard opens its descriptor; a second read gives the same one.
+  distlock_owned_shard s{}, again{};
+  distlock_error err{};
+  ASSERT_EQ(distlock_shard_assignment_shard(first.get(), 0, &s, &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_shard_assignment_shard(first.get(), 0, &again, &err), DISTLOCK_OK) << err.message;
+  EXPECT_GE(s.stopped_fd, 0);
+  EXPECT_EQ(again.stopped_fd, s.stopped_fd);
+  EXPECT_FALSE(readable(s.stopped_fd));
+  EXPECT_EQ(open_fds(), fds + 1);
+  reads.clear();
+  distlock_shard_group_leave(member.get());
+  EXPECT_TRUE(readable(s.stopped_fd)) << "the leave did not fire the shard's descriptor";
+  // A new member takes the shards again: new ownerships, new ids (the old ones are alive in
+  // `first`, so no address can repeat).
+  GroupPtr next = join_once("next");
+  ASSERT_TRUE(next);
+  AssignmentPtr taken = wait_until(next.get(), Clock::now() + 10s, [](const distlock_shard_assignment* a) {
+    return distlock_shard_assignment_count(a) == 4;
+  });
+  ASSERT_EQ(distlock_shard_assignment_count(taken.get()), 4u);
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(ids.count(distlock_shard_assignment_ownership(taken.get(), i)), 0u) << i;
 }
 
 // ---- per backend -------------------------------------------------------------------------------
