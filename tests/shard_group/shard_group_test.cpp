@@ -582,6 +582,43 @@ TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
   EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
 }
 
+// One job name, one shard count: a member that asks for another count than a live member's is
+// refused at join, naming both counts and the live member, and leaves nothing behind (its
+// membership is released: the group's listing shows only the first member, and that member
+// keeps all its shards). Before, it joined and the two stalled each other's shards for as long
+// as both ran (each left the other out of its plan and waited on the shards it held).
+TEST_P(ShardGroupBackends, AMemberWithAnotherShardCountIsRefusedAtJoin) {
+  auto c1 = distlock::connect(target_->url()), c2 = distlock::connect(target_->url());
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = "eight";
+  auto g = c1.shard_group("counts", 8, o);
+  o.member_id = "sixteen";
+  try {
+    auto g2 = c2.shard_group("counts", 16, o);
+    FAIL() << "a member with 16 shards joined a group whose live member runs 8";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shard group \"counts\": live member \"eight\" runs it with 8 "
+                                         "shards, this member asked for 16"),
+              std::string::npos)
+        << e.what();
+  }
+  const auto members = c1.list("counts/members/");
+  ASSERT_EQ(members.size(), 1u) << "the refused member left its membership record";
+  EXPECT_EQ(members[0].name, "counts/members/eight");
+  // The live member still gets (and keeps) every shard.
+  const auto deadline = SteadyClock::now() + kTtl + 5 * kPeriod + 3s;
+  for (auto now = g.assigned(); now.shards.size() != 8 && SteadyClock::now() < deadline;)
+    now = g.wait_change(now.version, kPeriod);
+  EXPECT_EQ(g.assigned().shards.size(), 8u);
+  // The same count joins as before.
+  o.member_id = "another-eight";
+  auto g3 = c2.shard_group("counts", 8, o);
+  EXPECT_EQ(g3.member_id(), "another-eight");
+}
+
 // The group's lifetime against its own thread. The header allows leave() from on_change
 // (the loop then ends after the callback). A member that leaves from its callback while
 // another thread destroys it: ~ShardGroup must not return while that callback still runs
