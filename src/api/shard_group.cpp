@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <map>
@@ -177,6 +178,24 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     lease.on_lost([weak] {
       if (auto self = weak.lock()) self->wake();
     });
+  }
+
+  // The first live member (id, shard count) whose membership record names another shard
+  // count than this member's, if any. A list that fails throws.
+  std::optional<std::pair<std::string, std::uint32_t>> member_with_another_count() {
+    static constexpr std::string_view kTag = "shards=";
+    for (const auto& l : client.list(members_prefix, kListLimit)) {
+      const std::string_view id = std::string_view(l.name).substr(members_prefix.size());
+      const std::string info = l.info.holder_info.value_or("");
+      if (!valid_member_id(id) || info.compare(0, kTag.size(), kTag) != 0) continue;
+      std::uint32_t count = 0;
+      const char* begin = info.data() + kTag.size();
+      const char* end = info.data() + info.size();
+      const auto [next, ec] = std::from_chars(begin, end, count);
+      if (ec != std::errc{} || next == begin || (next != end && *next != ' ')) continue;
+      if (count != shards) return std::make_pair(std::string(id), count);
+    }
+    return std::nullopt;
   }
 
   void join_membership() {
@@ -540,6 +559,25 @@ ShardGroup::ShardGroup(Client client, std::string job, std::uint32_t shards, Sha
                     "\" is in use by a live member (member ids must be unique in a group; the id of "
                     "a member that died is free again once its membership lease expires, within one "
                     "TTL)");
+  }
+  // One job name, one shard count. Checked after this member's own record is on the server,
+  // so of two members that join at once with different counts at least one sees the other
+  // (each lists after its own record is written) and refuses: never both in, stalling each
+  // other's shards (the plan leaves a member of another count out).
+  std::optional<std::pair<std::string, std::uint32_t>> other;
+  try {
+    other = core->member_with_another_count();
+  } catch (...) {
+    core->leave();
+    throw;
+  }
+  if (other) {
+    core->leave();
+    throw_error(make_error_code(errc::invalid_argument),
+                "shard group \"" + core->job + "\": live member \"" + other->first + "\" runs it with " +
+                    std::to_string(other->second) + " shards, this member asked for " +
+                    std::to_string(shards) +
+                    " (all members of a group use one shard count: to change it, use a new job name)");
   }
   core->start();
   core_ = std::move(core);
