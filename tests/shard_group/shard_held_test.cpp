@@ -262,4 +262,46 @@ TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads)
   EXPECT_EQ(other, 0);
 }
 
+// A child forked from a process with a live member: the group is the parent's. Its leave()
+// (and destructor) in the child returns at once, touches nothing of the parent's (the parent
+// still owns its shard and is still listed), and the child's group then owns nothing. Before,
+// the child's leave() joined the group's thread, which does not exist in the child, and hung.
+// Each child answers under alarm(kChildBound); a child killed by SIGALRM hung.
+TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) {
+  constexpr int kForks = 20;
+  constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
+  distlock::Client c = client();
+  distlock::ShardGroup g = c.shard_group("leave-fork", 1, group_options());
+  const distlock::OwnedShard s = first_shard(g);
+  ASSERT_TRUE(s.held());
+  int hung = 0, owned_after = 0, other = 0;
+  for (int k = 0; k < kForks; ++k) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(kChildBound);
+      if (k % 2 == 0) {
+        g.leave();
+      } else {
+        distlock::ShardGroup moved = std::move(g);  // the destructor leaves
+      }
+      ::_exit(g.assigned().shards.empty() && !s.held() ? 0 : 1);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      ++hung;
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      ++owned_after;
+    else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      ++other;
+  }
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in leave() for " << kChildBound << " s";
+  EXPECT_EQ(owned_after, 0) << "a child's group still listed a shard after its leave()";
+  EXPECT_EQ(other, 0);
+  EXPECT_TRUE(s.held()) << "a child's leave() gave up the parent's shard";
+  EXPECT_EQ(g.assigned().shards.size(), 1U);
+  EXPECT_EQ(c.list("leave-fork/members/").size(), 1U) << "a child's leave() released the parent's membership";
+}
+
 }  // namespace
