@@ -264,16 +264,26 @@ TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads)
 
 // A child forked from a process with a live member: the group is the parent's. Its leave()
 // (and destructor) in the child returns at once, touches nothing of the parent's (the parent
-// still owns its shard and is still listed), and the child's group then owns nothing. Before,
-// the child's leave() joined the group's thread, which does not exist in the child, and hung.
-// Each child answers under alarm(kChildBound); a child killed by SIGALRM hung.
+// still owns its shard and is still listed), and the child's group then owns nothing. The
+// children are forked while another thread reads the assignment (holding the group's mutex,
+// as the group's own thread does during a rebalance): a child whose leave() waited for that
+// mutex, which no thread of the child will ever unlock, hung. Each child answers under
+// alarm(kChildBound); a child killed by SIGALRM hung.
 TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) {
-  constexpr int kForks = 20;
+  constexpr int kForks = 200;
   constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
   distlock::Client c = client();
   distlock::ShardGroup g = c.shard_group("leave-fork", 1, group_options());
   const distlock::OwnedShard s = first_shard(g);
   ASSERT_TRUE(s.held());
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
+    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      if (g.assigned().shards.size() != 1) break;
+      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
+    }
+  });
   int hung = 0, owned_after = 0, other = 0;
   for (int k = 0; k < kForks; ++k) {
     const pid_t pid = ::fork();
@@ -296,6 +306,8 @@ TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) 
     else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
       ++other;
   }
+  stop = true;
+  reader.join();
   EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in leave() for " << kChildBound << " s";
   EXPECT_EQ(owned_after, 0) << "a child's group still listed a shard after its leave()";
   EXPECT_EQ(other, 0);
