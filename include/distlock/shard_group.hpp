@@ -23,6 +23,9 @@
 // stats() and member_id() may be called from any thread concurrently. The group runs one
 // background thread (plus one waiting thread per shard it is about to take); `on_change` runs
 // on the background thread, one call at a time: keep it short (it delays the next rebalance).
+// In a child forked from the member's process the group is the parent's: it owns nothing there
+// (assigned() is empty, every OwnedShard::held() is false), and leave() or the destructor in
+// the child return at once without touching the parent's shards or membership.
 //
 // Example:
 //   auto client = distlock::connect("redis://127.0.0.1:6379");

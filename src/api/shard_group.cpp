@@ -160,6 +160,10 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
   ShardGroupStats counters;
   std::optional<SteadyClock::time_point> target_changed_at;
   std::thread loop;
+  // The process that runs the group: in a forked child the group is the parent's, and its
+  // mutex may have been held by another thread of the parent at the fork (ShardGroup::leave).
+  const std::uint64_t fork_gen = detail::fork_generation();
+  bool forked() const noexcept { return fork_gen != detail::fork_generation(); }
 
   void start() {
     loop = std::thread([self = shared_from_this()] { self->run(); });
@@ -612,17 +616,28 @@ ShardGroup::~ShardGroup() {
 }
 
 void ShardGroup::leave() noexcept {
-  if (core_) core_->leave();
+  if (!core_) return;
+  if (core_->forked()) {
+    // In a forked child: the group, its thread, its leases and its mutex are the parent's.
+    // Nothing here may release them (the engine refuses a forked child's releases anyway)
+    // or wait for the mutex, which another thread of the parent may have held at the fork
+    // and no thread of the child will ever unlock. The child's group is kept, never
+    // destroyed (its std::thread and mutex cannot be torn down here), and owns nothing.
+    auto* kept = new std::shared_ptr<Core>(std::move(core_));  // never read, never freed
+    static_cast<void>(kept);
+    return;
+  }
+  core_->leave();
 }
 
 ShardAssignment ShardGroup::assigned() const {
-  if (!core_) return {};
+  if (!core_ || core_->forked()) return {};
   std::lock_guard lk(core_->mu);
   return core_->published;
 }
 
 ShardAssignment ShardGroup::wait_change(std::uint64_t after_version, Millis timeout) const {
-  if (!core_) return {};
+  if (!core_ || core_->forked()) return {};
   std::unique_lock lk(core_->mu);
   auto ready = [&] { return core_->stopping || core_->published.version > after_version; };
   // LockOptions::max_wait (100 years) or more is no limit: wait_for would overflow the clock's
@@ -647,7 +662,7 @@ std::uint32_t ShardGroup::shards() const noexcept {
   return core_ ? core_->shards : 0;
 }
 ShardGroupStats ShardGroup::stats() const {
-  if (!core_) return {};
+  if (!core_ || core_->forked()) return {};
   std::lock_guard lk(core_->mu);
   return core_->counters;
 }
