@@ -84,7 +84,18 @@ struct DISTLOCK_EXPORT LockOptions {
   /// ignored with a warning (the spans then start a new trace); it never fails the call.
   std::string traceparent{};
 
+  /// Lock-delay (as Chubby's): after this holder is *lost* — killed, partitioned, expired,
+  /// revoked, anything but a normal release — nobody is granted the lock before the loss
+  /// plus lock_delay, to protect resources that cannot check fencing tokens. A normal
+  /// release (Lease::release, the guard's destructor) hands over at once. The server
+  /// enforces it (a dead client cannot), on the server's clock; the backends that cannot
+  /// enforce it reject a non-zero value with errc::not_supported (docs/design.md
+  /// "Lock-delay"). The holder's value counts, not the waiter's. Default 0 (off); at most
+  /// max_lock_delay (60 s), more is errc::invalid_argument naming lock_delay.
+  Millis lock_delay{0};
+
   static constexpr Millis min_ttl{100};
+  static constexpr Millis max_lock_delay{std::chrono::seconds(60)};
   static constexpr Millis max_ttl{std::chrono::hours(24 * 366)};
   static constexpr Millis max_wait{std::chrono::hours(24 * 365 * 100)};
   static constexpr std::size_t max_holder_info = 160;

@@ -44,6 +44,10 @@ std::error_code LockOptions::validate_and_fill(std::string& why) {
   if (max_hold && *max_hold > max_wait) {
     return bad("max_hold " + ms(*max_hold) + " is above the maximum of 100 years");
   }
+  if (lock_delay.count() < 0) return bad("lock_delay " + ms(lock_delay) + " is negative");
+  if (lock_delay > max_lock_delay) {
+    return bad("lock_delay " + ms(lock_delay) + " is above the maximum of " + ms(max_lock_delay) + " (60 s)");
+  }
   if (holder_info.size() > max_holder_info) holder_info.resize(max_holder_info);
   for (std::size_t i = 0; i < holder_info.size(); ++i) {
     const char c = holder_info[i];

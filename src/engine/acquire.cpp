@@ -43,6 +43,13 @@ bool Engine::validate(std::span<const std::string_view> names, std::string_view 
     return false;
   }
   if ((ec = opts.validate_and_fill())) return false;
+  if (opts.lock_delay.count() > 0 && !caps_.lock_delay) {
+    // A delay only the client would keep is no delay: a dead client keeps nothing.
+    ec = make_error_code(errc::not_supported);
+    ec.set_detail("lock_delay is not supported by this backend (" + backend_->url() +
+                  "): its server cannot hold a lost lease's name back (docs/design.md \"Lock-delay\")");
+    return false;
+  }
   if (wait && wait->count() < 0) wait = Millis(0);
   // A wait too long to add to a clock reading is a wait without limit.
   if (wait && *wait >= LockOptions::max_wait) wait.reset();

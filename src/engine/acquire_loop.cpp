@@ -139,7 +139,7 @@ bool Engine::AcquireLoop::attempt(bool& gate_held) {
   for (std::size_t i = 0; i < cands_.size(); ++i) {
     Candidate& c = cands_[i];
     if (!c.w.try_now) continue;
-    AcquireRequest req{c.w.name, owner_, opts_.ttl, keep_queued_};
+    AcquireRequest req{c.w.name, owner_, opts_.ttl, keep_queued_, opts_.lock_delay};
     epoch_at_send_ = e_.leases_.session_epoch();
     sent_ = e_.clock_->now();
     c.queued = c.queued || keep_queued_;

@@ -28,6 +28,9 @@ struct Capabilities {
   bool fencing = true;  ///< issues strictly increasing tokens per name
   bool needs_renewal =
       true;  ///< leases expire unless renewed (false: held until released, e.g. kernel locks)
+  /// The server enforces AcquireRequest::lock_delay (docs/design.md "Lock-delay"); the
+  /// engine refuses a non-zero lock_delay with errc::not_supported where this is false.
+  bool lock_delay = false;
 };
 
 struct AcquireRequest {
@@ -38,6 +41,10 @@ struct AcquireRequest {
   /// the queue because the caller will wait; the engine calls cancel_acquire() if it
   /// gives up. Other backends ignore it.
   bool keep_queued = false;
+  /// LockOptions::lock_delay (0: off), only where Capabilities::lock_delay: once this
+  /// lease is lost (anything but a release), the server grants the name to nobody before
+  /// the lease's end plus this delay; renewals keep that end moving with the lease.
+  Millis lock_delay{0};
 };
 
 struct AcquireResult {

@@ -10,7 +10,7 @@ namespace distlock::detail::postgres {
 
 namespace {
 
-// $1 name (hex), $2 key, $3 owner, $4 ttl ms. One statement, one transaction: the
+// $1 name (hex), $2 key, $3 owner, $4 ttl ms, $5 lock-delay ms (0: none). One statement, one transaction: the
 // advisory lock and, only if it was granted, the row (next token, owner, this
 // session's pid, seen_at = now). A row that still names an owner although the
 // advisory lock was free belongs to a holder whose session ended without a release
@@ -18,24 +18,28 @@ namespace {
 // believe it holds the lock until its local deadline, which lies before its row's
 // seen_at (its last acquire/renewal, stamped while the statement ran, after it was
 // sent) + its TTL. Until then the row is not taken over: the advisory lock is given
-// back in the same statement and the answer is busy with the time left. A digest
+// back in the same statement and the answer is busy with the time left. A holder
+// with a lock-delay D (its row's delay_ms) keeps its row for seen_at + ttl + D
+// instead, by the server's clock (docs/design.md "Lock-delay"): a normal release
+// clears the owner (no delay), a lost lease leaves it. A digest
 // collision (same digest, another name) is busy too, never a shared row.
 // Columns: granted, token, holder TTL or time left (ms) when busy, (unlock result).
 // The CTE o reads the row as it was before this statement.
 constexpr const char* kAcquireSql =
     "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock($2::bigint) AS got),"
-    " u AS (INSERT INTO public.distlock_locks AS d (digest, name, token, owner, pid, ttl_ms, seen_at)"
-    " SELECT sha256(decode($1, 'hex')), decode($1, 'hex'), 1, $3, pg_backend_pid(), $4::bigint,"
-    " clock_timestamp() FROM g WHERE g.got"
+    " u AS (INSERT INTO public.distlock_locks AS d (digest, name, token, owner, pid, ttl_ms, seen_at,"
+    " delay_ms) SELECT sha256(decode($1, 'hex')), decode($1, 'hex'), 1, $3, pg_backend_pid(), $4::bigint,"
+    " clock_timestamp(), $5::bigint FROM g WHERE g.got"
     " ON CONFLICT (digest) DO UPDATE SET token = d.token + 1, owner = EXCLUDED.owner, pid = EXCLUDED.pid,"
-    " ttl_ms = EXCLUDED.ttl_ms, seen_at = EXCLUDED.seen_at WHERE d.name = EXCLUDED.name AND (d.owner IS NULL"
-    " OR clock_timestamp() >= d.seen_at + d.ttl_ms * interval '1 millisecond') RETURNING d.token),"
-    " o AS (SELECT owner, ttl_ms, seen_at FROM public.distlock_locks"
+    " ttl_ms = EXCLUDED.ttl_ms, seen_at = EXCLUDED.seen_at, delay_ms = EXCLUDED.delay_ms"
+    " WHERE d.name = EXCLUDED.name AND (d.owner IS NULL OR clock_timestamp() >= d.seen_at"
+    " + (d.ttl_ms + coalesce(d.delay_ms, 0)) * interval '1 millisecond') RETURNING d.token),"
+    " o AS (SELECT owner, ttl_ms, seen_at, delay_ms FROM public.distlock_locks"
     " WHERE digest = sha256(decode($1, 'hex')))"
     " SELECT (SELECT token FROM u) IS NOT NULL, (SELECT token FROM u),"
     " (SELECT CASE WHEN o.owner IS NULL OR o.seen_at IS NULL THEN o.ttl_ms ELSE greatest(10, ceil(1000 *"
-    " extract(epoch FROM o.seen_at + o.ttl_ms * interval '1 millisecond' - clock_timestamp())))::bigint END"
-    " FROM o),"
+    " extract(epoch FROM o.seen_at + (o.ttl_ms + coalesce(o.delay_ms, 0)) * interval '1 millisecond'"
+    " - clock_timestamp())))::bigint END FROM o),"
     " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END FROM g";
 
 }  // namespace
@@ -66,7 +70,8 @@ AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec)
       return res;
     }
     const std::vector<std::string> params{to_hex(req.name), std::to_string(key), std::string(req.owner),
-                                          std::to_string(req.ttl.count())};
+                                          std::to_string(req.ttl.count()),
+                                          std::to_string(req.lock_delay.count())};
     Exec e;
     Clock::time_point sent{};
     for (int attempt = 0; attempt < 2; ++attempt) {

@@ -36,14 +36,15 @@ namespace {
 // key is the name's SHA-256 (a B-tree entry holds at most about 2.7 kB; a name may
 // have 4096 bytes); the name itself is stored, unindexed, and compared. The records
 // table (postgres_records.hpp) is created beside it. A table of an older layout (name
-// as primary key, no seen_at) is migrated in place, its tokens kept.
+// as primary key, no seen_at) is migrated in place, its tokens kept; one without
+// delay_ms gets the column (null: no lock-delay).
 // The fast path (the table is there in this layout) needs no CREATE privilege.
 constexpr const char* kSetupSql =
     "BEGIN; SELECT pg_advisory_xact_lock(1684632419, 1);"
     "DO $distlock$ DECLARE pk name; sch name; BEGIN"
     " IF to_regclass('public.distlock_locks') IS NULL THEN"
     "  CREATE TABLE public.distlock_locks (digest bytea PRIMARY KEY, name bytea NOT NULL,"
-    "   token bigint NOT NULL, owner text, pid integer, ttl_ms bigint, seen_at timestamptz);"
+    "   token bigint NOT NULL, owner text, pid integer, ttl_ms bigint, seen_at timestamptz, delay_ms bigint);"
     "  FOR sch IN SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
     "   WHERE c.relname = 'distlock_locks' AND c.relkind = 'r' AND n.nspname <> 'public' LOOP BEGIN"
     "   EXECUTE format('INSERT INTO public.distlock_locks AS d (digest, name, token)"
@@ -61,6 +62,11 @@ constexpr const char* kSetupSql =
     "   EXECUTE format('ALTER TABLE public.distlock_locks DROP CONSTRAINT %I', pk);"
     "  END IF;"
     "  ALTER TABLE public.distlock_locks ALTER COLUMN digest SET NOT NULL, ADD PRIMARY KEY (digest);"
+    " END IF;"
+    // The holder's lock-delay (docs/design.md "Lock-delay"), added to a table made before it.
+    " IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'public.distlock_locks'::regclass"
+    "   AND attname = 'delay_ms' AND NOT attisdropped) THEN"
+    "  ALTER TABLE public.distlock_locks ADD COLUMN delay_ms bigint;"
     " END IF;"
     // Records (postgres_records.cpp), keyed like the lock rows. A user that may not
     // create it (the lock table made by an administrator) still locks; its record

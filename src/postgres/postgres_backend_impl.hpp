@@ -72,7 +72,7 @@ class PostgresBackend final : public Backend {
 
   std::error_code connect_now(std::string& why);
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
   void set_listener(ChangeListener* l) override { listener_cb_.store(l); }
 
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;

@@ -22,6 +22,16 @@ constexpr const char* kReleaseSql =
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true)";
 
+// As kReleaseSql, for a lease the engine declared lost (give_up): a row with a
+// lock-delay keeps naming its owner, so nobody takes it over before its seen_at + ttl
+// + delay (postgres_acquire.cpp); the advisory lock is given up all the same.
+constexpr const char* kGiveUpSql =
+    "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
+    " WHERE digest = sha256(decode($1, 'hex')) AND name = decode($1, 'hex') AND owner = $2"
+    " AND pid = pg_backend_pid() AND coalesce(delay_ms, 0) = 0 RETURNING 1)"
+    " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
+    " set_config('synchronous_commit', 'off', true)";
+
 // $1 text[] of hex names: the rows this session holds among them (and their owners),
 // stamped seen_at = now, committed (synchronous_commit = on) before the answer: a
 // renewal that succeeded is on disk, so a restarted server still knows how long its
@@ -243,7 +253,7 @@ void PostgresBackend::expire_stale(Session& s, Lost& lost) {
 }
 
 // With s.mu held: frees the advisory lock of one lost lease at once. Clears its row
-// (only if it names this owner on this session), unlocks and wakes its waiters. If
+// (only if it names this owner on this session and has no lock-delay), unlocks and wakes its waiters. If
 // that fails with an SQL error (the table unreadable, say), the advisory lock alone
 // is given up: the row still naming the owner keeps every acquirer out until its
 // seen_at + ttl_ms, as for a session that ended (docs/postgres.md), so nobody gets in
@@ -254,7 +264,7 @@ void PostgresBackend::expire_stale(Session& s, Lost& lost) {
 void PostgresBackend::give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost) {
   const std::int64_t key = it->first;
   const std::string name = it->second.name;
-  Exec e = run(s.conn.get(), kReleaseSql,
+  Exec e = run(s.conn.get(), kGiveUpSql,
                {to_hex(name), it->second.owner, std::to_string(key), key_payload(key)}, cfg_.command_timeout);
   if (!e.ok() && !e.io_failed) {
     e = run(s.conn.get(), "SELECT pg_advisory_unlock($1::bigint), pg_notify('distlock_released', $2)",

@@ -4,7 +4,9 @@
 // The layout is injective: no (prefix, kind, name) gives the key of another. A prefix
 // has no '{' or '}' (redis_prefix_ok), so the first '{' of a key ends "<prefix>:" and
 // names the prefix; what follows is "{<name>}" and a suffix that names the kind by
-// its last byte: "" (lock, ends '}'), ":q", ":qx", ":record", ":fence". The fence
+// its last byte: "" (lock, ends '}'), ":q", ":qx", ":record", ":fence", ":delay" (a lost
+// holder's lock-delay marker, redis/lock_scripts.hpp; the scripts derive it from the lock
+// key as delay_key() does). The fence
 // counter of a hash slot is "<prefix>:{<tag>}:fence" (its tag is digits, so the key is
 // in that slot). Before, it was "<prefix>:fence:{<tag>}": the lock of name "<tag>"
 // under prefix "<prefix>:fence".
@@ -34,6 +36,12 @@ inline std::string lock_key(std::string_view prefix, std::string_view name) {
 /// lock_key()), shared by every name of that slot.
 inline std::string fence_key(std::string_view prefix, std::string_view lock) {
   return std::string(prefix) + ":{" + slot_tag(key_slot(lock)) + "}:fence";
+}
+
+/// "<prefix>:{<name>}:delay": the lock-delay marker of the lock `lock` (a key of lock_key()),
+/// in its hash slot. The Lua scripts derive it the same way (lock .. ':delay').
+inline std::string delay_key(std::string_view lock) {
+  return std::string(lock) + ":delay";
 }
 
 /// "<prefix>:{<key>}:record"

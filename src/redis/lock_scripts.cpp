@@ -31,6 +31,14 @@ namespace {
 //
 // take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
+// Lock-delay (docs/design.md "Lock-delay"): a holder with lock_delay D > 0 keeps the
+// marker "<lock>:delay" (value D) living PX ttl + D, set when it takes or claims the lock
+// and moved by each renewal with the lease (renew_script), deleted by a normal release
+// only. A lost holder (killed, cut off, expired, forgotten) leaves it behind: the lock's
+// key goes at the lease's end, the marker D later, on the server's clock. While it lives
+// nobody takes the free lock: hold_back() is its PTTL (> 0), grant_head hands nothing
+// on, and a waiter is told the PTTL as the holder's remaining time (its re-check).
+//
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
 // token, and one message on that waiter's client channel. Nobody else is woken. The
 // grant lives CLAIM ms (the ttl if shorter) until the grantee claims it (its call
@@ -76,13 +84,24 @@ local function entry_value(ttl)
   local life = math.min(tonumber(ttl), ENTRY_LIFE)
   return string.format('%.0f', now_ms() + life) .. ':' .. ttl
 end
-local function take(lock, fence, owner, entry, ttl)
+local function hold_back(lock)
+  return redis.call('PTTL', lock .. ':delay')
+end
+local function mark_delay(lock, ttl, delay)
+  local d = tonumber(delay)
+  if d and d > 0 then
+    redis.call('SET', lock .. ':delay', delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
+  end
+end
+local function take(lock, fence, owner, entry, ttl, delay)
   local token = next_token(fence)
   redis.call('HSET', lock, owner, entry, '@token', token)
   redis.call('PEXPIRE', lock, ttl)
+  mark_delay(lock, ttl, delay)
   return token
 end
 local function grant_head(lock, q, x, fence, grant_prefix)
+  if hold_back(lock) > 0 then return nil end
   local head, ttl = prune(q, x)
   if not head then return nil end
   redis.call('LPOP', q)
@@ -90,7 +109,7 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   local sp = string.find(head, ' ', 1, true)
   local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
   local window = math.min(tonumber(ttl), CLAIM)
-  local token = take(lock, fence, owner, entry, window)
+  local token = take(lock, fence, owner, entry, window, '0')
   redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'),
              entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
   return window
@@ -119,17 +138,21 @@ const Script& queue_acquire_script() {
   static const Script& s = *new Script(with_prelude(R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local delay = ARGV[6] or '0'
 if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
   redis.call('PEXPIRE', lock, ttl)
+  mark_delay(lock, ttl, delay)
   return {1, redis.call('HGET', lock, '@token')}
 end
+-- A lost holder's lock-delay still running: nobody takes the lock before it ends.
+local held_back = hold_back(lock)
 -- A new wait (mode 1) for a free lock with no live waiter: queueing it would make
 -- it the head and grant it at once. It takes the lock without writing the queue:
 -- the same outcome (the script is atomic, nobody sees the difference), in 8
 -- commands instead of 19. An entry of this wait already queued by a call whose
 -- reply was lost is either live (then it is the head: not nil) or pruned.
-if mode == '1' and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
-  return {1, take(lock, fence, owner, entry, ttl)}
+if mode == '1' and held_back <= 0 and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
+  return {1, take(lock, fence, owner, entry, ttl, delay)}
 end
 local me = entry .. ' ' .. owner
 if mode ~= '0' then
@@ -147,14 +170,17 @@ end
 if redis.call('EXISTS', lock) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
+if held_back > 0 then
+  return {0, held_back}
+end
 local head = prune(q, x)
 if head == nil then
-  return {1, take(lock, fence, owner, '0', ttl)}
+  return {1, take(lock, fence, owner, '0', ttl, delay)}
 end
 if mode ~= '0' and head == me then
   redis.call('LPOP', q)
   redis.call('HDEL', x, me)
-  return {1, take(lock, fence, owner, entry, ttl)}
+  return {1, take(lock, fence, owner, entry, ttl, delay)}
 end
 return {0, tonumber(grant_head(lock, q, x, fence, grant_prefix))}
 )lua"));
@@ -168,6 +194,8 @@ local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
 end
+-- A normal release: the holder's lock-delay is off, the next waiter gets it at once.
+redis.call('DEL', lock .. ':delay')
 release_onward(lock, q, x, fence, grant_prefix, channel)
 return 0
 )lua"));

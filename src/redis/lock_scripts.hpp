@@ -6,6 +6,8 @@
 //   <p>:{<name>}:q        list of waiting entries "<entry> <owner>", oldest first (the
 //                         entry is digits; an owner id may hold spaces: its holder info)
 //   <p>:{<name>}:qx       hash "<entry> <owner>" -> "<expiry ms>:<ttl ms>" (server time)
+//   <p>:{<name>}:delay    lock-delay marker: value D ms, PX lease end + D (server time);
+//                         set only by a holder with lock_delay, deleted by its release
 //   <p>:{<tag>}:fence     the fence counter of the name's hash slot, shared by every
 //                         name in that slot (never expires; redis/key_layout.hpp)
 // and two channels: <p>:{<name>}:released (published only when a release leaves
@@ -38,7 +40,9 @@ inline constexpr std::chrono::milliseconds kEntryLife{2000};
 /// a release (docs/design.md "A dead waiter").
 inline constexpr std::chrono::milliseconds kClaimWindow{1000};
 
-/// KEYS lock, queue, expiries, fence; ARGV owner, ttl ms, entry, mode, grant prefix.
+/// KEYS lock, queue, expiries, fence; ARGV owner, ttl ms, entry, mode, grant prefix,
+/// lock-delay ms (optional, "0" off: the marker <lock>:delay lives ttl + delay, see
+/// lock_scripts.cpp; while a marker lives the lock is busy with its PTTL).
 /// mode "0": one attempt that never queues (and never jumps a live queue);
 /// "1": enqueue `entry` (or refresh it) and take the lock if it is free and the
 /// entry is first; "2": a re-check of an entry queued before: it is refreshed, or
@@ -50,10 +54,11 @@ inline constexpr std::chrono::milliseconds kClaimWindow{1000};
 const Script& queue_acquire_script();
 
 /// KEYS lock, queue, expiries, fence; ARGV owner, released channel, grant prefix.
-/// -1 when `owner` holds nothing (nothing touched); 0 released: the lock goes to the
-/// first live waiter (published on its client's grant channel; it must claim the
-/// grant within kClaimWindow), or, with nobody
-/// waiting, is deleted and the release is published on the released channel.
+/// A normal release: deletes the holder's lock-delay marker. -1 when `owner` holds
+/// nothing (nothing touched); 0 released: the lock goes to the first live waiter
+/// (published on its client's grant channel; it must claim the grant within
+/// kClaimWindow), or, with nobody waiting, is deleted and the release is published
+/// on the released channel.
 const Script& queue_release_script();
 
 /// KEYS lock, queue, expiries, fence; ARGV owner, entry, released channel, grant

@@ -48,12 +48,39 @@ return {1, token}
 
 // KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
 // Returns one status per key: 1 renewed, 0 not held by that owner any more.
+// Without lock-delay: the Redis Cluster backend's renewal (which has no marker).
+namespace {
+const Script& plain_renew_script() {
+  static const Script& s = *new Script(R"lua(
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+)lua");
+  return s;
+}
+}  // namespace
+
+// As plain_renew_script(), for redis:// and redis+sentinel://: a holder's lock-delay
+// marker "<lock>:delay" (value D, redis/lock_scripts.hpp; same hash slot) moves with
+// the lease: it lives ttl + D from now. While a lock is held only its holder's marker
+// can exist (a marker keeps everybody else out).
 const Script& renew_script() {
   static const Script& s = *new Script(R"lua(
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    local d = tonumber(redis.call('GET', KEYS[i] .. ':delay'))
+    if d and d > 0 then
+      redis.call('PEXPIRE', KEYS[i] .. ':delay', string.format('%.0f', tonumber(ARGV[2 * i]) + d))
+    end
     out[i] = 1
   else
     out[i] = 0
@@ -203,7 +230,7 @@ const Script& lock_acquire_script() {
   return acquire_script();
 }
 const Script& lock_renew_script() {
-  return renew_script();
+  return plain_renew_script();  // redis+cluster:// keeps no lock-delay marker (docs/design.md "Lock-delay")
 }
 }  // namespace redis
 

@@ -59,7 +59,7 @@ class RedisBackend final : public Backend {
   // refresher; both call into this object.
   ~RedisBackend() override = default;
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
   void connect_now(Error& ec);

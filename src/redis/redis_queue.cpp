@@ -11,8 +11,9 @@ AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   if (ec) return {};
   const Keys k = keys_of(req.name);
   const std::string ttl = std::to_string(req.ttl.count());
+  const std::string delay = std::to_string(req.lock_delay.count());
   Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
-                                              {req.owner, ttl, "0", "0", grant_prefix_}, ec);
+                                              {req.owner, ttl, "0", "0", grant_prefix_, delay}, ec);
   return acquire_answer(*conn, req, r, ec).result;
 }
 
@@ -24,14 +25,15 @@ AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec)
   subscribe_grants(req.owner);
   waits_.flush_abandoned();  // entries left behind by an outage go first
   const std::string ttl = std::to_string(req.ttl.count());
+  const std::string delay = std::to_string(req.lock_delay.count());
   for (int attempt = 0; attempt < 2; ++attempt) {
     const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
     auto conn = lock_link(ec);
     if (ec) return {};
     const Keys k = keys_of(req.name);
-    Reply r =
-        redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
-                                          {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_}, ec);
+    Reply r = redis::queue_acquire_script().run(
+        *conn, {k.lock, k.queue, k.expiries, k.fence},
+        {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_, delay}, ec);
     const Answer a = acquire_answer(*conn, req, r, ec);
     if (ec) return {};
     if (a.gone) {

@@ -71,7 +71,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   // sentinel monitors the name), or the master's connect error; the detail says why.
   void start(Error& ec);
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {

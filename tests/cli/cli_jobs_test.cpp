@@ -94,6 +94,26 @@ TEST_P(CliJobs, MaxHoldAndMinHoldFlagsAreChecked) {
   EXPECT_EQ(bad.code(), 64);
 }
 
+// --lock-delay: over 60 s is a usage error naming the flag; file:// cannot enforce it (exit
+// 64 naming lock_delay); redis:// takes it, and the normal release at the job's end hands
+// the lock over at once (the next --no-wait runner gets it, though the delay is 30 s).
+TEST_P(CliJobs, LockDelayFlag) {
+  Cli over = Cli::run(run_sh("ld", "true", {"--lock-delay", "61s"}), dir_.path());
+  EXPECT_EQ(over.code(), 64);
+  EXPECT_NE(over.err().find("--lock-delay 61s"), std::string::npos) << over.err();
+  Cli bad = Cli::run(run_sh("ld", "true", {"--lock-delay", "soon"}), dir_.path());
+  EXPECT_EQ(bad.code(), 64) << bad.err();
+  Cli first = Cli::run(run_sh("ld", "exit 0", {"--ttl", "5s", "--lock-delay", "30s"}), dir_.path());
+  if (!redis()) {
+    EXPECT_EQ(first.code(), 64);
+    EXPECT_NE(first.err().find("lock_delay is not supported"), std::string::npos) << first.err();
+    return;
+  }
+  ASSERT_EQ(first.code(), 0) << first.err();
+  Cli next = Cli::run(run_sh("ld", "exit 0", {"--no-wait"}), dir_.path());
+  EXPECT_EQ(next.code(), 0) << next.err();
+}
+
 // --min-hold 3s: the command ends at once, yet the lock stays held until 3 s after the
 // grant, so a second "node" cannot run the job in that window. Every attempt of the
 // second node that ended (on this process's clock) before start + 3 s was refused.

@@ -51,6 +51,7 @@ void add_all(std::map<std::string, Identity>& keys, std::map<std::string, Identi
   add(keys, lock, {prefix, "lock", name}, collisions);
   add(keys, lock + ":q", {prefix, "queue", name}, collisions);
   add(keys, lock + ":qx", {prefix, "expiries", name}, collisions);
+  add(keys, r::delay_key(lock), {prefix, "lock-delay marker", name}, collisions);
   add(keys, r::record_key(prefix, name), {prefix, "record", name}, collisions);
   add(keys, r::fence_key(prefix, lock), {prefix, "fence", std::to_string(r::key_slot(lock))}, collisions);
   add(channels, lock + ":released", {prefix, "released", name}, collisions);
@@ -60,8 +61,9 @@ void add_all(std::map<std::string, Identity>& keys, std::map<std::string, Identi
 // to build the layout's own separators and suffixes, then 20,000 seeded random pairs
 // of bytes that matter (':', '{', '}', digits, the suffixes' letters).
 TEST(RedisKeyLayout, NoTwoPrefixNameKindTriplesShareAKey) {
-  const std::vector<std::string> prefix_pieces{"a", ":", "fence", "grant", "q", "record", "1", ":{"};
-  const std::vector<std::string> name_pieces{"a", ":", "{", "}", "fence", "q", "x", "record", "1", "}:"};
+  const std::vector<std::string> prefix_pieces{"a", ":", "fence", "grant", "q", "record", "delay", "1", ":{"};
+  const std::vector<std::string> name_pieces{"a", ":",      "{",     "}", "fence", "q",
+                                             "x", "record", "delay", "1", "}:"};
   auto words = [](const std::vector<std::string>& pieces, int max_len) {
     std::vector<std::string> out{""};
     std::vector<std::string> last{""};
@@ -88,7 +90,7 @@ TEST(RedisKeyLayout, NoTwoPrefixNameKindTriplesShareAKey) {
   for (const auto& p : prefixes)
     for (const auto& n : names) add_all(keys, channels, p, n, collisions);
   std::mt19937 rng(27);
-  const std::string alphabet = ":{}01fencqxrd";
+  const std::string alphabet = ":{}01fencqxrdly";
   auto random_word = [&](std::size_t min, std::size_t max, bool braces) {
     std::string w;
     const std::size_t len = min + rng() % (max - min + 1);

@@ -1,6 +1,7 @@
 // lock_tool — a small process the fault and load tests start against any backend.
 //
-//   lock_tool hold   --url URL --name NAME [--ttl MS] [--wait MS] [--hold-ms MS] [--exit-on-lost]
+//   lock_tool hold   --url URL --name NAME [--ttl MS] [--wait MS] [--hold-ms MS] [--lock-delay MS]
+//                    [--exit-on-lost]
 //   lock_tool hammer --url URL --name NAME --log FILE [--threads T] [--iters N] [--ttl MS]
 //                    [--hold-us US] [--counter FILE]
 //
@@ -57,7 +58,7 @@ void say(const std::string& line) {
 
 struct Args {
   std::string mode, url, name, log, counter;
-  long ttl_ms = 2000, wait_ms = -1, hold_ms = 0, hold_us = 0;
+  long ttl_ms = 2000, wait_ms = -1, hold_ms = 0, hold_us = 0, lock_delay_ms = 0;
   int threads = 4, iters = 50;
   bool exit_on_lost = false;
 };
@@ -89,6 +90,8 @@ Args parse(int argc, char** argv) {
       a.ttl_ms = std::stol(val());
     else if (k == "--wait")
       a.wait_ms = std::stol(val());
+    else if (k == "--lock-delay")
+      a.lock_delay_ms = std::stol(val());
     else if (k == "--hold-ms")
       a.hold_ms = std::stol(val());
     else if (k == "--hold-us")
@@ -116,6 +119,7 @@ int exit_code_for(const std::error_code& ec) {
 int hold(const Args& a) {
   distlock::LockOptions opts;
   opts.ttl = distlock::Millis(a.ttl_ms);
+  opts.lock_delay = distlock::Millis(a.lock_delay_ms);
   if (a.wait_ms >= 0) opts.wait = distlock::Millis(a.wait_ms);
   std::error_code ec;
   distlock::Client client = distlock::connect(a.url, {}, ec);

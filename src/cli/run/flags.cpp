@@ -57,6 +57,13 @@ void check_command_and_lease(const RunFlags& flags, const std::vector<std::strin
     s.lock.wait = parse_duration_flag("--wait", flags.wait);
   }  // else: wait until acquired
   if (!flags.max_hold.empty()) s.lock.max_hold = positive("--max-hold", flags.max_hold);
+  if (!flags.lock_delay.empty()) {
+    s.lock.lock_delay = parse_duration_flag("--lock-delay", flags.lock_delay);
+    if (s.lock.lock_delay > LockOptions::max_lock_delay) {
+      usage_error("--lock-delay " + flags.lock_delay + " is above the maximum of " +
+                  format_duration(LockOptions::max_lock_delay));
+    }
+  }
   if (!flags.min_hold.empty()) s.min_hold = positive("--min-hold", flags.min_hold);
   if (!flags.once_per.empty()) s.once_per = positive("--once-per", flags.once_per);
 }

@@ -128,6 +128,10 @@ void add_job_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
                   "Hold the lock at most DUR from the grant, even while renewals succeed: the command gets "
                   "SIGTERM --grace before, SIGKILL at it (a hung job cannot keep the lock); exit 76")
       ->option_text("DUR");
+  run->add_option("--lock-delay", flags->lock_delay,
+                  "After this run's lease is lost (killed, cut off, expired; not a normal release), "
+                  "nobody gets the lock before the loss plus DUR (at most 60s), by the server's clock")
+      ->option_text("DUR");
   run->add_option(
          "--min-hold", flags->min_hold,
          "After COMMAND ends, keep holding (renewing) the lock until DUR has passed since the grant, "

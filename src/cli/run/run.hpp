@@ -61,6 +61,7 @@ struct RunFlags {
   CLI::Option* metrics_addr_option = nullptr;
   bool wait_given = false, grace_given = false;  // set without CLI11 (run_under_lease)
   std::string max_hold, min_hold, once_per;      // empty: not given
+  std::string lock_delay;                        // --lock-delay; empty: not given
   std::optional<int> permits;                    // --permits N; nullopt: not given
   bool shared = false, exclusive = false;        // --shared / --exclusive
   std::optional<long long> shards;               // --shards M; nullopt: not given

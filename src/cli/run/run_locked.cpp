@@ -294,6 +294,8 @@ int run_locked(const RunSettings& settings) {
   Acquisition acq = connect_and_acquire(s, signals, wake, std::move(on_connected));
   if (acq.ec) {
     print_error(not_acquired_message(s, acq.ec, acq.what));
+    // --lock-delay on a backend that cannot enforce it: a flag this URL does not take.
+    if (acq.ec == errc::not_supported && s.lock.lock_delay.count() > 0) return exit_status::usage;
     return exit_code_for(acq.ec);
   }
   const std::unique_ptr<Hold> lease = std::move(acq.lease);

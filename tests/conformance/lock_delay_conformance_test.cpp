@@ -1,0 +1,252 @@
+// LockOptions::lock_delay (docs/design.md "Lock-delay") over every backend the build has:
+//   - a holder with lock_delay D, SIGKILLed (a child process), holds the lock back: the
+//     waiter's grant comes no earlier than the earliest moment the dead holder's lease could
+//     have ended plus D, and no later than the latest such moment plus D plus kLateBound;
+//   - a normal release with lock_delay set hands over at once (within kHandOverBound);
+//   - lock_delay above 60 s is an invalid_argument naming lock_delay; 60 s is accepted;
+//   - a backend that cannot enforce it refuses any lock_delay > 0 with errc::not_supported,
+//     naming lock_delay.
+// Every instant is read on this process's steady clock; the servers run on this host, so
+// the servers' clocks run at the same rate (the skew margin is the 1 ms of the servers'
+// millisecond expiry resolution).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/backend_targets.hpp"
+#include "support/client_options.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using distlock::errc;
+using distlock::Millis;
+using distlock::testing::Kind;
+using distlock::testing::Process;
+using distlock::testing::Target;
+using distlock::testing::TempDir;
+using Steady = std::chrono::steady_clock;
+
+namespace {
+
+// The backends whose servers enforce lock_delay (docs/design.md "Lock-delay"); every
+// other one must refuse it.
+const std::set<std::string> kEnforcing = {"redis", "sentinel", "postgres", "mysql"};
+
+// A grant after a lost holder's delay ended: on redis:// the waiters' queue refresh (every
+// 500 ms, redis/wait_queue.cpp) finds the lock free and grants the head, which claims it
+// with one round trip; on postgres:// the waiter re-checks at the time left it was told
+// (+ at most 10 % jitter of it, here <= 250 ms); 1 s leaves room for a loaded 2-core machine.
+constexpr Millis kLateBound = 1000ms;
+// A normal release grants the first waiter in the release's own script (one message on
+// its grant channel, one claim round trip).
+constexpr Millis kHandOverBound = 500ms;
+// The servers expire keys on a millisecond clock: an expiry may read up to 1 ms early
+// against this process's nanosecond clock.
+constexpr Millis kSkew = 1ms;
+
+Millis ms_between(Steady::time_point a, Steady::time_point b) {
+  return std::chrono::duration_cast<Millis>(b - a);
+}
+
+// Until the backend counts a waiter on `name` (at most 10 s); true then. A backend that
+// does not count waiters (postgres://: nullopt) gets 300 ms for the waiter's first attempt:
+// the bounds asserted after it hold whenever the waiter started (a late start only makes the
+// kill test's grant later, and the hand-over measured from the release no longer).
+bool waiter_queued(distlock::Client& c, const std::string& name) {
+  const auto deadline = Steady::now() + 10s;
+  for (;;) {
+    const std::optional<std::uint64_t> w = c.status(name).waiters;
+    if (!w) {
+      std::this_thread::sleep_for(300ms);
+      return true;
+    }
+    if (*w >= 1) return true;
+    if (Steady::now() >= deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+// Those of kinds() whose servers enforce lock_delay.
+std::vector<Kind> enforcing_kinds() {
+  std::vector<Kind> out;
+  for (const Kind& k : distlock::testing::kinds())
+    if (kEnforcing.count(k.label)) out.push_back(k);
+  return out;
+}
+
+class LockDelay : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override { target_ = GetParam().make({}); }
+  bool enforcing() const { return kEnforcing.count(GetParam().label) > 0; }
+  distlock::Client client() { return distlock::connect(target_->url(), distlock::testing::quiet()); }
+  distlock::LockOptions opts(Millis ttl, Millis delay, std::optional<Millis> wait = std::nullopt) const {
+    distlock::LockOptions o = distlock::testing::ttl_of(ttl, wait);
+    o.lock_delay = delay;
+    return o;
+  }
+  std::unique_ptr<Target> target_;
+};
+
+// The timing tests: only where the servers enforce it (the others refuse it, above).
+class LockDelayEnforced : public LockDelay {};
+
+TEST_P(LockDelay, AboveSixtySecondsIsAnInvalidArgumentNamingTheOption) {
+  auto c = client();
+  try {
+    (void)c.try_acquire("ld/limit", opts(2000ms, 60001ms));
+    ADD_FAILURE() << "lock_delay 60001ms was accepted";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lock_delay"), std::string::npos) << e.what();
+  }
+  std::error_code ec;
+  auto lease = c.acquire("ld/limit", opts(2000ms, -1ms, 0ms), ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "a negative lock_delay was accepted";
+  // The limit itself is a valid value.
+  lease = c.acquire("ld/limit", opts(2000ms, 60000ms, 0ms), ec);
+  if (enforcing()) {
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_TRUE(lease.owns());
+    lease.release();
+  } else {
+    EXPECT_EQ(ec, errc::not_supported) << ec.message();
+  }
+}
+
+// A backend that cannot hold a lost lease's name back says so, naming the option.
+TEST_P(LockDelay, ABackendThatCannotEnforceItRefusesIt) {
+  auto c = client();
+  if (enforcing()) {
+    auto lease = c.try_acquire("ld/refused", opts(2000ms, 100ms));
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_TRUE(lease->owns());
+    return;
+  }
+  try {
+    (void)c.try_acquire("ld/refused", opts(2000ms, 100ms));
+    ADD_FAILURE() << GetParam().label << " accepted a lock_delay it cannot enforce";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::not_supported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lock_delay"), std::string::npos) << e.what();
+  }
+  // Without it the backend works as before.
+  auto plain = c.try_acquire("ld/refused", opts(2000ms, 0ms));
+  EXPECT_TRUE(plain.has_value());
+}
+
+// A holder with lock_delay D is SIGKILLed while a waiter waits. Its lease ended no
+// earlier than the kill (it had not reported a loss: its local deadline is before the
+// server's expiry) and no later than the kill plus the TTL (its last renewal was sent
+// before the kill). The waiter's grant must lie in [kill + D, kill + TTL + D + kLateBound].
+// With D longer than the TTL, a grant at the lease's end (no delay) falls before kill + D.
+// The first grant counts, to the waiter or to a prober that tries every 20 ms.
+TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
+  constexpr Millis kTtl = 1000ms;
+  constexpr Millis kDelay = 1500ms;
+  TempDir dir("distlock-lockdelay-kill");
+  const std::string out = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(target_->url(), "ld/killed", out, kTtl.count(), 0,
+                                                   {"--lock-delay", std::to_string(kDelay.count())});
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  auto c = client();
+  std::error_code ec;
+  distlock::Lease lease;
+  std::atomic<bool> done{false};
+  Steady::time_point granted_at{};
+  std::thread waiter([&] {
+    lease = c.acquire("ld/killed", opts(kTtl, 0ms, 30s), ec);
+    granted_at = Steady::now();
+    done = true;
+  });
+  ASSERT_TRUE(waiter_queued(c, "ld/killed")) << "the waiter never queued";
+  ASSERT_FALSE(done.load()) << "the waiter got the lock while its holder was alive";
+  const Steady::time_point killed = Steady::now();
+  holder.signal(SIGKILL);
+  // A prober, besides the waiter, tries every 20 ms with one attempt (a waiter's re-check
+  // schedule alone could happen to fall after the delay): the first grant to either counts.
+  auto prober = client();
+  std::optional<Steady::time_point> probed_at;
+  for (int i = 0; i < 1000 && !done.load(); ++i) {  // 1000 x 20 ms: the waiter's 30-s wait
+    if (auto got = prober.try_acquire("ld/killed", opts(kTtl, 0ms))) {
+      probed_at = Steady::now();
+      got->release();  // a normal release: the waiter gets it at once
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  waiter.join();
+  (void)holder.wait_for(10s);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(lease.owns());
+  ASSERT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos)
+      << "the holder lost its lease before the kill: the lower bound does not hold";
+  const Millis after_kill = ms_between(killed, probed_at ? std::min(*probed_at, granted_at) : granted_at);
+  RecordProperty("granted_after_kill_ms", static_cast<int>(after_kill.count()));
+  std::printf("[ %s ] lock_delay %lld ms, ttl %lld ms: first granted %lld ms after SIGKILL (to the %s)\n",
+              GetParam().label.c_str(), static_cast<long long>(kDelay.count()),
+              static_cast<long long>(kTtl.count()), static_cast<long long>(after_kill.count()),
+              probed_at && *probed_at < granted_at ? "prober" : "waiter");
+  EXPECT_GE(after_kill, kDelay - kSkew) << "granted before the dead holder's lock-delay could have ended";
+  EXPECT_LE(after_kill, kTtl + kDelay + kLateBound) << "granted too late after the lock-delay ended";
+}
+
+// A normal release with lock_delay set hands over at once: the waiter's grant comes within
+// kHandOverBound of the release call's return, far below the delay (5 s) and the TTL (10 s).
+TEST_P(LockDelayEnforced, NormalReleaseHandsOverAtOnce) {
+  constexpr Millis kTtl = 10000ms;
+  constexpr Millis kDelay = 5000ms;
+  auto holder_client = client();
+  auto waiter_client = client();
+  auto held = holder_client.try_acquire("ld/released", opts(kTtl, kDelay));
+  ASSERT_TRUE(held.has_value());
+  std::error_code ec;
+  distlock::Lease lease;
+  std::atomic<bool> done{false};
+  Steady::time_point granted_at{};
+  std::thread waiter([&] {
+    lease = waiter_client.acquire("ld/released", opts(kTtl, kDelay, 30s), ec);
+    granted_at = Steady::now();
+    done = true;
+  });
+  ASSERT_TRUE(waiter_queued(waiter_client, "ld/released")) << "the waiter never queued";
+  ASSERT_FALSE(done.load());
+  held->release();
+  const Steady::time_point released = Steady::now();
+  waiter.join();
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(lease.owns());
+  const Millis took = ms_between(released, granted_at);
+  RecordProperty("handed_over_ms", static_cast<int>(took.count()));
+  std::printf("[ %s ] normal release with lock_delay %lld ms: handed over in %lld ms\n",
+              GetParam().label.c_str(), static_cast<long long>(kDelay.count()),
+              static_cast<long long>(took.count()));
+  EXPECT_LT(took, kHandOverBound);
+  lease.release();
+  // Released normally again: another client gets it within 1 s, far below the 5-s delay
+  // (not by one try: mysql://'s waiter may still hold the name in its watcher session for
+  // a moment after it was granted).
+  std::error_code again_ec;
+  auto again = holder_client.acquire("ld/released", opts(kTtl, 0ms, 1000ms), again_ec);
+  EXPECT_FALSE(again_ec) << again_ec.message();
+  EXPECT_TRUE(again.owns());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LockDelay, ::testing::ValuesIn(distlock::testing::kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
+// A build without an enforcing backend (no redis component) has no timing tests to run.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(LockDelayEnforced);
+INSTANTIATE_TEST_SUITE_P(Backends, LockDelayEnforced, ::testing::ValuesIn(enforcing_kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
+
+}  // namespace
