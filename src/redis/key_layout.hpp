@@ -4,7 +4,8 @@
 // The layout is injective: no (prefix, kind, name) gives the key of another. A prefix
 // has no '{' or '}' (redis_prefix_ok), so the first '{' of a key ends "<prefix>:" and
 // names the prefix; what follows is "{<name>}" and a suffix that names the kind by
-// its last byte: "" (lock, ends '}'), ":q", ":qx", ":record", ":fence". The fence
+// its last byte: "" (lock, ends '}'), ":q", ":qx", ":record", ":fence", ":rv" (the note
+// of the last revoke of the lock, Backend::revoke; it expires). The fence
 // counter of a hash slot is "<prefix>:{<tag>}:fence" (its tag is digits, so the key is
 // in that slot). Before, it was "<prefix>:fence:{<tag>}": the lock of name "<tag>"
 // under prefix "<prefix>:fence".
@@ -39,6 +40,11 @@ inline std::string fence_key(std::string_view prefix, std::string_view lock) {
 /// "<prefix>:{<key>}:record"
 inline std::string record_key(std::string_view prefix, std::string_view key) {
   return lock_key(prefix, key) + ":record";
+}
+
+/// "<prefix>:{<name>}:rv": the note of the last revoke of lock `name`, in the lock's slot.
+inline std::string revoke_note_key(std::string_view prefix, std::string_view name) {
+  return lock_key(prefix, name) + ":rv";
 }
 
 }  // namespace distlock::detail::redis
