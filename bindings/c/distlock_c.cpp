@@ -490,6 +490,18 @@ int distlock_acquire(distlock_client* c, const char* name, const distlock_lock_o
   return guarded(err, [&] { *out = wrap(c->client.acquire(name, lock_options(c, opts))); });
 }
 
+int distlock_revoke(distlock_client* c, const char* name, const char* reason, int* revoked,
+                    distlock_error* err) {
+  if (revoked != nullptr) *revoked = 0;
+  if (c == nullptr) return invalid(err, "distlock: distlock_revoke: client is NULL");
+  if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
+  if (reason == nullptr) return invalid(err, "distlock: distlock_revoke: reason is NULL");
+  return guarded(err, [&] {
+    const distlock::RevokeResult r = c->client.revoke(name, reason);
+    if (revoked != nullptr) *revoked = r.revoked ? 1 : 0;
+  });
+}
+
 int distlock_acquire_traced(distlock_client* c, const char* name, const distlock_lock_options* opts,
                             const char* traceparent, distlock_lease** out, distlock_error* err) {
   if (c == nullptr || out == nullptr)

@@ -36,6 +36,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -674,6 +675,32 @@ func (c *Client) Status(name string) (*LockInfo, error) {
 		return nil, err
 	}
 	return &info, nil
+}
+
+// Revoke ends the lease of whoever holds name now (any process, any host) and passes the lock
+// to the next waiter; the holder learns it at its next renewal (its loss reason is "revoked",
+// with reason, 1 to 1024 bytes). It returns true when a lease was ended, false when the lock
+// was free (not an error). ErrNotSupported where the backend cannot end another process's
+// hold (file://, postgres://, mysql://). The next holder is granted at once: revoke what is
+// fenced by the token (docs/design.md "Revoke").
+func (c *Client) Revoke(name, reason string) (bool, error) {
+	h, err := c.enter()
+	if err != nil {
+		return false, err
+	}
+	defer c.leave()
+	if strings.IndexByte(reason, 0) >= 0 {
+		return false, &Error{Code: ErrInvalidArgument.Code, Message: "distlock: the revoke reason holds a NUL byte"}
+	}
+	creason := C.CString(reason)
+	defer C.free(unsafe.Pointer(creason))
+	var e C.distlock_error
+	var revoked C.int
+	rc := withName(name, func(n *C.char) C.int { return C.distlock_revoke(h, n, creason, &revoked, &e) })
+	if rc != C.DISTLOCK_OK {
+		return false, cError(rc, &e)
+	}
+	return revoked != 0, nil
 }
 
 // List returns the locks held now whose name starts with prefix, at most limit, and whether

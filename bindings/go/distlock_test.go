@@ -711,3 +711,46 @@ func TestElectionProclaimAndObserve(t *testing.T) {
 		})
 	}
 }
+
+// Revoke: the holder's Done() closes within its renewal interval (1 s at TTL 3 s) plus 1 s,
+// measured on this process's monotonic clock; Err() names the revoke and its reason; the next
+// holder's token is larger; a free lock is revoked == false, not an error.
+func TestRevokeEndsTheHoldersLeaseWithItsReason(t *testing.T) {
+	url := redisURL(t) + fmt.Sprintf("?prefix=gorevoke%d", os.Getpid())
+	ctx := context.Background()
+	holder := connect(t, url)
+	ops := connect(t, url)
+	lease, err := holder.Lock(ctx, "job", distlock.TTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := ops.Revoke("job", "ticket 7")
+	if err != nil || !revoked {
+		t.Fatalf("Revoke: %v %v", revoked, err)
+	}
+	at := time.Now()
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder was never told")
+	}
+	if took := time.Since(at); took > 2*time.Second {
+		t.Errorf("the holder was told after %v", took)
+	}
+	if e := lease.Err(); e == nil || !strings.Contains(e.Error(), "revoked") || !strings.Contains(e.Error(), "ticket 7") {
+		t.Errorf("Err() = %v", e)
+	}
+	next, err := ops.Lock(ctx, "job", distlock.TTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Token() <= lease.Token() {
+		t.Errorf("next token %d <= revoked token %d", next.Token(), lease.Token())
+	}
+	if err := next.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if revoked, err := ops.Revoke("job", "again"); err != nil || revoked {
+		t.Errorf("Revoke of a free lock: %v %v", revoked, err)
+	}
+}

@@ -129,8 +129,12 @@ class DISTLOCK_EXPORT Lease : public Hold {
   /// local_deadline (or max_hold).
   LossReason loss_reason() const noexcept override;
   /// One sentence on the loss for people ("max_hold 5s reached", "the server says
-  /// another owner (or nobody) holds it", ...); empty when loss_reason() is none.
+  /// another owner (or nobody) holds it", "revoked by <id> (<info>): <reason>", ...);
+  /// empty when loss_reason() is none.
   std::string loss_detail() const override;
+  /// The reason text given to Client::revoke when loss_reason() is revoked; nullopt
+  /// otherwise (held, released, or lost another way).
+  std::optional<std::string> revoke_reason() const;
 
   /// The trace context of this lease's hold span (distlock/tracing.hpp): what the work done
   /// under the lock takes as its parent (a child process's TRACEPARENT). nullopt when the
@@ -163,6 +167,28 @@ struct DISTLOCK_EXPORT LockInfo {
   /// The holder's description (LockOptions::holder_info) when it set one.
   std::optional<std::string> holder_info;
   std::optional<std::uint64_t> waiters;  ///< number of waiting clients, if known
+};
+
+/// What Client::revoke did.
+struct DISTLOCK_EXPORT RevokeResult {
+  /// A holder's lease was ended; false: the lock was free (nothing was done).
+  bool revoked = false;
+  std::optional<std::uint64_t> token;      ///< the revoked lease's fencing token, where there is one
+  std::optional<std::string> holder;       ///< the revoked holder's owner id
+  std::optional<std::string> holder_info;  ///< its description (LockOptions::holder_info), if it set one
+};
+
+/// The note the last revoke of a lock left beside it (Client::last_revoke, `distlock
+/// status`), kept for RevokeRecord::kept after the revoke.
+struct DISTLOCK_EXPORT RevokeRecord {
+  static constexpr std::chrono::hours kept{24 * 7};
+  std::chrono::system_clock::time_point at;  ///< the revoker's wall clock at the call
+  std::string by;                            ///< the revoker's client id
+  std::optional<std::string> by_info;        ///< the revoker's description (lock_defaults.holder_info)
+  std::string reason;                        ///< the reason text given
+  std::optional<std::uint64_t> token;        ///< the token of the lease revoked, where there is one
+  std::string holder;                        ///< the revoked holder's owner id
+  std::optional<std::string> holder_info;    ///< its description, if it set one
 };
 
 /// What a listed lock is part of. The primitives are made of ordinary locks whose
@@ -264,6 +290,28 @@ class DISTLOCK_EXPORT Client {
   /// What the backend knows about `name` (held, token, ttl, holder, waiters).
   LockInfo status(std::string_view name);
   LockInfo status(std::string_view name, std::error_code& ec) noexcept;
+
+  /// Revoke: ends the lease of whoever holds `name` now (another process, another host),
+  /// without the holder's cooperation and with no server rights beyond the lock's own.
+  /// In one step on the server the holder's lease goes, the lock is handed to the next
+  /// waiter as a release hands it on (queue order kept), and a note (reason, who, when,
+  /// the token revoked) is kept beside the lock for RevokeRecord::kept. The holder learns
+  /// it at its next renewal (within one renew_interval plus a round trip): its stop token
+  /// fires, loss_reason() is LossReason::revoked, revoke_reason() is `reason`. The next
+  /// holder's token is larger, so the revoked holder's fenced writes are refused.
+  /// Not a wait for the holder: the next holder may be granted before the revoked one
+  /// has seen its stop token (docs/design.md "Revoke"); use it on resources fenced by the
+  /// token, or where that overlap is acceptable.
+  /// `reason`: 1 to 1024 bytes, no NUL. A free lock is no error: {revoked = false}.
+  /// Throws errc::invalid_argument (name, reason), errc::not_supported where the backend
+  /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks; etcd://
+  /// and zk:// not yet: docs/design.md "Revoke"), or the backend's error. Logged at warning level, counted in
+  /// distlock_revokes_total.
+  RevokeResult revoke(std::string_view name, std::string_view reason);
+  RevokeResult revoke(std::string_view name, std::string_view reason, std::error_code& ec) noexcept;
+  /// The note of the last revoke of `name`, nullopt when there is none (never revoked,
+  /// or longer ago than RevokeRecord::kept). Throws as revoke().
+  std::optional<RevokeRecord> last_revoke(std::string_view name);
 
   /// Locks held now whose stored name starts with `prefix` (empty: all), sorted by
   /// name, at most `limit` (`truncated` tells whether there were more). Parts of

@@ -186,6 +186,16 @@ DISTLOCK_C_API int distlock_try_acquire(distlock_client* c, const char* name,
                                         const distlock_lock_options* opts, distlock_lease** out,
                                         distlock_error* err);
 
+/* Revoke: ends the lease of whoever holds `name` now (any process, any host) and passes
+ * the lock to the next waiter; the holder learns it at its next renewal (its loss reason is
+ * "revoked", with `reason`, 1 to 1024 bytes). *revoked (may be NULL) is 1 when a lease was
+ * ended, 0 when the lock was free (not an error). DISTLOCK_E_NOT_SUPPORTED where the backend
+ * cannot end another process's hold (file://, postgres://, mysql://; docs/design.md
+ * "Revoke"). The next holder is granted at once: revoke what is fenced by the token. Any
+ * thread. */
+DISTLOCK_C_API int distlock_revoke(distlock_client* c, const char* name, const char* reason, int* revoked,
+                                   distlock_error* err);
+
 /* The fencing token (strictly increasing per name across holders); DISTLOCK_E_NOT_SUPPORTED
  * where the backend has none (Redlock, a reader's rwlock hold). Any thread. */
 DISTLOCK_C_API int distlock_lease_token(const distlock_lease* l, uint64_t* out, distlock_error* err);

@@ -46,6 +46,7 @@ enum class LossReason {
   gone_at_release,  ///< the server no longer had it when the holder released it
   max_hold,         ///< LockOptions::max_hold passed since the grant
   forked,           ///< used in a forked child: the lease is the parent's
+  revoked,          ///< Client::revoke (`distlock revoke`) ended it; Lease::revoke_reason() says why
 };
 
 /// The reason's name: "local_deadline", "max_hold", ... ("none" for none).

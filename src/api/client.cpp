@@ -98,6 +98,7 @@ const char* to_string(LossReason reason) noexcept {
     case LossReason::gone_at_release: return "gone_at_release";
     case LossReason::max_hold: return "max_hold";
     case LossReason::forked: return "forked";
+    case LossReason::revoked: return "revoked";
   }
   return "unknown";
 }
@@ -218,6 +219,12 @@ std::string Lease::loss_detail() const {
   return held_ ? held_->public_detail() : std::string();
 }
 
+std::optional<std::string> Lease::revoke_reason() const {
+  if (!held_) return std::nullopt;
+  detail::LockGuard lk(held_->callbacks_mu);
+  return held_->revoke_reason;
+}
+
 std::optional<TraceContext> Lease::trace_context() const {
   if (!held_ || !held_->trace) return std::nullopt;
   return held_->trace->hold;
@@ -313,6 +320,34 @@ LockInfo Client::status(std::string_view name, std::error_code& ec) noexcept {
   LockInfo info = status_into(*engine_, name, err);
   ec = err;
   return info;
+}
+
+RevokeResult Client::revoke(std::string_view name, std::string_view reason) {
+  detail::Error ec;
+  RevokeResult r = engine_->revoke(name, reason, ec);
+  if (ec) throw_error(ec, with_detail("revoke of lock \"" + std::string(name.substr(0, 200)) + "\"", ec));
+  return r;
+}
+
+RevokeResult Client::revoke(std::string_view name, std::string_view reason, std::error_code& ec) noexcept {
+  try {
+    detail::Error err;
+    RevokeResult r = engine_->revoke(name, reason, err);
+    ec = err;
+    return r;
+  } catch (...) {
+    ec = make_error_code(errc::exhausted);
+    return {};
+  }
+}
+
+std::optional<RevokeRecord> Client::last_revoke(std::string_view name) {
+  detail::Error ec;
+  std::optional<RevokeRecord> r = engine_->last_revoke(name, ec);
+  if (ec) {
+    throw_error(ec, with_detail("last revoke of lock \"" + std::string(name.substr(0, 200)) + "\"", ec));
+  }
+  return r;
 }
 
 namespace {

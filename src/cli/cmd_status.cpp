@@ -2,7 +2,9 @@
 // for scripts. Exit 0 if held, 3 if free, 69 if the service is unreachable.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,7 +29,24 @@ std::string text_or(const std::optional<std::string>& v, const char* absent) {
   return v ? *v : absent;
 }
 
-void print_text(const std::string& name, const std::string& url, const LockInfo& info) {
+std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+// "2026-11-29T14:03:07.123Z"
+std::string utc_text(std::chrono::system_clock::time_point t) {
+  const std::int64_t ms = unix_ms(t);
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
+  return buf;
+}
+
+void print_text(const std::string& name, const std::string& url, const LockInfo& info,
+                const std::optional<RevokeRecord>& revoke) {
   // Fields the backend cannot tell are "unknown"; those that do not apply to a
   // free lock (its remaining TTL, its holder) are "none".
   const char* absent = info.held ? "unknown" : "none";
@@ -42,10 +61,18 @@ void print_text(const std::string& name, const std::string& url, const LockInfo&
   out += "holder:  " + text_or(info.holder, absent) + "\n";
   if (info.holder_info) out += "info:    " + *info.holder_info + "\n";
   out += "waiters: " + (info.waiters ? std::to_string(*info.waiters) : std::string("unknown")) + "\n";
+  if (revoke) {
+    out += "revoked: " + utc_text(revoke->at) + " by " + revoke->by +
+           (revoke->by_info ? " (" + *revoke->by_info + ")" : std::string()) + ", token " +
+           (revoke->token ? std::to_string(*revoke->token) : std::string("none")) + " of " + revoke->holder +
+           (revoke->holder_info ? " (" + *revoke->holder_info + ")" : std::string()) + ": " + revoke->reason +
+           "\n";
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
-void print_json(const std::string& name, const std::string& url, const LockInfo& info) {
+void print_json(const std::string& name, const std::string& url, const LockInfo& info,
+                const std::optional<RevokeRecord>& revoke) {
   // null = the backend cannot tell (or, for ttl_ms/holder of a free lock, none).
   nlohmann::ordered_json j;
   j["name"] = name;
@@ -58,6 +85,20 @@ void print_json(const std::string& name, const std::string& url, const LockInfo&
   j["holder_info"] =
       info.holder_info ? nlohmann::ordered_json(*info.holder_info) : nlohmann::ordered_json(nullptr);
   j["waiters"] = info.waiters ? nlohmann::ordered_json(*info.waiters) : nlohmann::ordered_json(nullptr);
+  if (revoke) {
+    auto opt = [](const auto& v) { return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr); };
+    nlohmann::ordered_json r;
+    r["at_ms"] = unix_ms(revoke->at);
+    r["by"] = revoke->by;
+    r["by_info"] = opt(revoke->by_info);
+    r["reason"] = revoke->reason;
+    r["token"] = opt(revoke->token);
+    r["holder"] = revoke->holder;
+    r["holder_info"] = opt(revoke->holder_info);
+    j["last_revoke"] = r;
+  } else {
+    j["last_revoke"] = nullptr;
+  }
   // Lock names are arbitrary bytes; replace invalid UTF-8 rather than fail.
   const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   std::fwrite(line.data(), 1, line.size(), stdout);
@@ -137,11 +178,17 @@ int show_status(const StatusFlags& flags) {
   if (validate_name(flags.name, why)) throw_error(make_error_code(errc::invalid_argument), why);
   Client client = connect(flags.url, tool_client_options());
   const LockInfo info = client.status(flags.name);
+  std::optional<RevokeRecord> revoke;
+  try {
+    revoke = client.last_revoke(flags.name);
+  } catch (const std::system_error& e) {
+    if (e.code() != errc::not_supported) throw;  // a backend that keeps no revoke notes: none shown
+  }
   const std::string url = client.url();  // password masked
   if (flags.json) {
-    print_json(flags.name, url, info);
+    print_json(flags.name, url, info, revoke);
   } else {
-    print_text(flags.name, url, info);
+    print_text(flags.name, url, info, revoke);
   }
   std::fflush(stdout);
   return info.held ? exit_status::ok : exit_status::status_free;
@@ -153,8 +200,11 @@ constexpr const char* kStatusFooter =
     "  ttl (the server's remaining lease), holder (the holder's owner id: client id:thread), info (the\n"
     "  holder's description, e.g. host=H pid=P cmd=C for a distlock run; only when it set one), waiters.\n"
     "  \"unknown\" where the backend cannot tell, \"none\" for the ttl and holder of a free lock.\n"
+    "  revoked (only after a `distlock revoke`, kept 7 days where the backend keeps revoke notes): when\n"
+    "  (UTC), by whom, the token revoked, its holder and the reason.\n"
     "  With --json, one line: "
-    "{\"name\",\"url\",\"held\",\"token\",\"ttl_ms\",\"holder\",\"holder_info\",\"waiters\"}, null "
+    "{\"name\",\"url\",\"held\",\"token\",\"ttl_ms\",\"holder\",\"holder_info\",\"waiters\",\"last_revoke\"},"
+    " null "
     "for\n"
     "  unknown or none.\n"
     "\n"

@@ -74,6 +74,9 @@ void add_leader_command(CLI::App& app, int& exit_code);
 /// `distlock status [--url URL] [--json] NAME`.
 void add_status_command(CLI::App& app, int& exit_code);
 
+/// `distlock revoke [--url URL] --reason TEXT [--json] NAME` (cmd_revoke.cpp).
+void add_revoke_command(CLI::App& app, int& exit_code);
+
 /// `distlock list [--url URL] [--prefix P] [--json] [--limit N]` (cmd_list.cpp).
 void add_list_command(CLI::App& app, int& exit_code);
 

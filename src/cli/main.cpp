@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
   int exit_code = exit_status::ok;
   add_run_command(app, exit_code, command_after_dashes);
   add_status_command(app, exit_code);
+  add_revoke_command(app, exit_code);
   add_elect_command(app, exit_code, command_after_dashes);
   add_leader_command(app, exit_code);
   add_list_command(app, exit_code);

@@ -202,6 +202,31 @@ class Backend {
     return {};
   }
 
+  /// Revoke (Client::revoke): ends the current holder's lease of `name`, whoever holds it,
+  /// in one atomic step on the server: the holder's lock record goes (its next renewal is
+  /// refused), the lock is handed on as a release hands it on (the queue head granted, the
+  /// release notification sent), and a revoke note is stored beside the lock for
+  /// `note_life`: "<token>\n<holder owner>\n<note>", so the holder's refused renewal can
+  /// tell a revoke from any other loss and read who revoked it and why. Needs no rights
+  /// beyond the lock's own. A free lock is no error: {revoked = false}, nothing stored.
+  /// errc::not_supported where the backend cannot end another process's hold.
+  struct Revoked {
+    bool revoked = false;
+    std::uint64_t token = 0;  ///< the token of the lease revoked (0 without fencing)
+    std::string holder;       ///< the stored owner of the lease revoked
+  };
+  virtual Revoked revoke(std::string_view /*name*/, std::string_view /*note*/, Millis /*note_life*/,
+                         Error& ec) {
+    ec = make_error_code(errc::not_supported);
+    return {};
+  }
+  /// The revoke note of `name` stored by the last revoke (see revoke), nullopt when there
+  /// is none (never revoked, or its note_life passed). errc::not_supported as revoke.
+  virtual std::optional<std::string> revoke_note(std::string_view /*name*/, Error& ec) {
+    ec = make_error_code(errc::not_supported);
+    return std::nullopt;
+  }
+
   /// How many times this backend found its notification channel dead without being told
   /// (a pub/sub connection that answered no PING: a partition) and dropped it to connect
   /// anew; waiters re-checked with the server meanwhile. Exported by Client::metrics() as

@@ -162,6 +162,11 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
 
   /// The backend's status with the holder description split off LockInfo::holder.
   LockInfo status(std::string_view name, Error& ec);
+  /// Client::revoke (engine/revoke.cpp): `reason` checked, the backend's revoke with this
+  /// client's note, logged and counted. {revoked = false} when the lock was free.
+  RevokeResult revoke(std::string_view name, std::string_view reason, Error& ec);
+  /// Client::last_revoke: the backend's revoke note of `name`, decoded.
+  std::optional<RevokeRecord> last_revoke(std::string_view name, Error& ec);
   /// Backend::list_held with holder descriptions split off as in status().
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated, Error& ec);
   Backend& backend() noexcept { return *backend_; }
@@ -232,7 +237,11 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Declares every lease past its local deadline lost; returns the next deadline.
   Clock::time_point declare_expired();
   std::size_t renew_items(std::vector<std::shared_ptr<HeldLock>> due);
-  void declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason, const char* why) noexcept;
+  void declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason, const char* why,
+                    const std::string* revoke_reason = nullptr) noexcept;
+  /// The refused renewals of a batch: each is declared lost, as revoked when the lock's
+  /// revoke note names its token and owner, else as renewal_refused (engine/revoke.cpp).
+  void declare_refused(const std::vector<std::shared_ptr<HeldLock>>& refused) noexcept;
   /// Metrics: counts the hold time of `held`, ended at `now`, if not counted yet.
   void end_hold(HeldLock& held, Clock::time_point now) noexcept;
   void count_acquire_failure(std::string_view name, const std::error_code& ec) noexcept;

@@ -26,6 +26,7 @@ distlock::LossReason public_loss_reason(LossReason r) noexcept {
     case LossReason::lease_ended: return distlock::LossReason::lease_ended;
     case LossReason::gone_at_release: return distlock::LossReason::gone_at_release;
     case LossReason::max_hold: return distlock::LossReason::max_hold;
+    case LossReason::revoked: return distlock::LossReason::revoked;
     case LossReason::count_: break;
   }
   return distlock::LossReason::local_deadline;

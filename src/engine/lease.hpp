@@ -83,6 +83,8 @@ struct HeldLock {
   mutable AnnotatedMutex callbacks_mu;
   std::optional<LossReason> loss_reason DISTLOCK_GUARDED_BY(callbacks_mu);
   std::string loss_detail DISTLOCK_GUARDED_BY(callbacks_mu);
+  // The reason text of a revoke (loss_reason revoked), set with it.
+  std::optional<std::string> revoke_reason DISTLOCK_GUARDED_BY(callbacks_mu);
 
   // User callbacks (Lease::on_lost): run by the engine's event thread after the loss.
   std::vector<std::function<void()>> callbacks DISTLOCK_GUARDED_BY(callbacks_mu);

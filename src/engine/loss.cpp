@@ -24,8 +24,8 @@ void Engine::on_validity_changed(Millis validity) noexcept {
   if (validity.count() > 0) leases_.cap_validity(validity);
 }
 
-void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason,
-                          const char* why) noexcept {
+void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reason, const char* why,
+                          const std::string* revoke_reason) noexcept {
   // The stop request below runs the user's std::stop_callbacks on this thread, and one
   // may drop the last Client handle. While this counter is up the engine's deleter
   // hands destruction to a thread of its own (this may be a backend thread the
@@ -47,6 +47,7 @@ void Engine::declare_lost(const std::shared_ptr<HeldLock>& held, LossReason reas
     held->loss_reason = reason;
     try {
       held->loss_detail = why;
+      if (revoke_reason) held->revoke_reason = *revoke_reason;
     } catch (...) {
     }
     if (held->lost.exchange(true, std::memory_order_acq_rel)) return;

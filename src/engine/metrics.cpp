@@ -40,8 +40,10 @@ constexpr const char* kAcquireResults[] = {"ok", "busy", "timeout", "error"};
 constexpr const char* kRenewResults[] = {"ok", "not_owner", "failed"};  // RenewStatus order
 constexpr const char* kLossReasons[] = {"local_deadline", "renewal_late", "renewal_refused",
                                         "session_lost",   "lease_ended",  "gone_at_release",
-                                        "max_hold"};
+                                        "max_hold",       "revoked"};
 constexpr const char* kReleaseResults[] = {"ok", "lost", "error"};
+constexpr const char* kRevokeResults[] = {"revoked", "nothing_held", "error"};
+static_assert(std::size(kRevokeResults) == static_cast<std::size_t>(RevokeOutcome::count_));
 static_assert(std::size(kAcquireResults) == static_cast<std::size_t>(AcquireOutcome::count_));
 static_assert(std::size(kLossReasons) == static_cast<std::size_t>(LossReason::count_));
 static_assert(std::size(kReleaseResults) == static_cast<std::size_t>(ReleaseOutcome::count_));
@@ -204,6 +206,10 @@ void Metrics::release(MetricsSeries* s, ReleaseOutcome outcome) noexcept {
   s->releases[static_cast<std::size_t>(outcome)].fetch_add(1, relaxed);
 }
 
+void Metrics::revoke(MetricsSeries* s, RevokeOutcome outcome) noexcept {
+  s->revokes[static_cast<std::size_t>(outcome)].fetch_add(1, relaxed);
+}
+
 std::string Metrics::text(std::size_t held, std::uint64_t notification_channel_drops) const {
   std::vector<const MetricsSeries*> series;
   const std::size_t used = used_.load(std::memory_order_acquire);
@@ -249,6 +255,11 @@ std::string Metrics::text(std::size_t held, std::uint64_t notification_channel_d
                  "Releases (a lease's last unlock), by result: ok, lost (it had been lost), error (the lock "
                  "service could not be reached; the lease expires by its TTL).",
                  "result", kReleaseResults, &MetricsSeries::releases);
+  counter_family("distlock_revokes_total",
+                 "Client::revoke calls made by this client, by result: revoked (a holder's lease was ended), "
+                 "nothing_held (the lock was free), error. The holder counts its loss under "
+                 "distlock_losses_total{reason=\"revoked\"}.",
+                 "result", kRevokeResults, &MetricsSeries::revokes);
   header(out, "distlock_leases_held", "gauge",
          "Leases this client holds now (lost ones not yet released included).");
   sample(out, "distlock_leases_held", backend, held);

@@ -48,8 +48,11 @@ enum class LossReason : std::uint8_t {
   lease_ended,      ///< the server ended this one lease (deleted from outside, its node or session gone)
   gone_at_release,  ///< the server no longer had it when the holder released it
   max_hold,         ///< LockOptions::max_hold passed since the grant
+  revoked,          ///< Client::revoke ended it (the renewal found the revoke note of its token)
   count_
 };
+/// How a Client::revoke call ended.
+enum class RevokeOutcome : std::uint8_t { revoked, nothing_held, error, count_ };
 /// How an orderly release (hold count reaching zero) ended.
 enum class ReleaseOutcome : std::uint8_t { ok, lost, error, count_ };
 
@@ -80,6 +83,7 @@ struct MetricsSeries {
   std::array<std::atomic<std::uint64_t>, 3> renewals{};  // indexed by RenewStatus
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(LossReason::count_)> losses{};
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(ReleaseOutcome::count_)> releases{};
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(RevokeOutcome::count_)> revokes{};
   DurationHistogram wait;
   DurationHistogram hold;
 };
@@ -108,6 +112,7 @@ class Metrics {
   void renewal_round_trip(Clock::duration d) noexcept;
   void loss(MetricsSeries* s, LossReason reason) noexcept;
   void release(MetricsSeries* s, ReleaseOutcome outcome) noexcept;
+  void revoke(MetricsSeries* s, RevokeOutcome outcome) noexcept;
 
   /// The exposition text; `held` is the value of the distlock_leases_held gauge.
   std::string text(std::size_t held, std::uint64_t notification_channel_drops = 0) const;

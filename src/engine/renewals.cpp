@@ -61,10 +61,7 @@ std::size_t Engine::renew_items(std::vector<std::shared_ptr<HeldLock>> due) {
   n_renewed_.fetch_add(renewed, std::memory_order_relaxed);
   if (ec) log_.log(LogLevel::warning, "renewal of {} lease(s) failed: {}", due.size(), ec.message());
   if (tracing_) trace_renewals(due, out, sent, replied, ec);  // before the losses they cause
-  for (auto& h : r.refused) {
-    if (clock_->now() < h->deadline()) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
-    declare_lost(h, LossReason::renewal_refused, "the server says another owner (or nobody) holds it");
-  }
+  declare_refused(r.refused);
   for (auto& h : r.late) {
     if (h->expiry_reason() == LossReason::max_hold) {
       declare_lost(h, LossReason::max_hold, "max_hold reached");

@@ -6,7 +6,8 @@
 // names the prefix; what follows is "{<name>}" and a suffix that names the kind by
 // its last byte: "" (lock, ends '}'), ":q", ":qx", ":record", ":fence", ":delay" (a lost
 // holder's lock-delay marker, redis/lock_scripts.hpp; the scripts derive it from the lock
-// key as delay_key() does). The fence
+// key as delay_key() does), ":rv" (the note of the last revoke of the lock, Backend::revoke;
+// it expires). The fence
 // counter of a hash slot is "<prefix>:{<tag>}:fence" (its tag is digits, so the key is
 // in that slot). Before, it was "<prefix>:fence:{<tag>}": the lock of name "<tag>"
 // under prefix "<prefix>:fence".
@@ -47,6 +48,11 @@ inline std::string delay_key(std::string_view lock) {
 /// "<prefix>:{<key>}:record"
 inline std::string record_key(std::string_view prefix, std::string_view key) {
   return lock_key(prefix, key) + ":record";
+}
+
+/// "<prefix>:{<name>}:rv": the note of the last revoke of lock `name`, in the lock's slot.
+inline std::string revoke_note_key(std::string_view prefix, std::string_view name) {
+  return lock_key(prefix, name) + ":rv";
 }
 
 }  // namespace distlock::detail::redis

@@ -219,6 +219,29 @@ return 0
   return s;
 }
 
+const Script& queue_revoke_script() {
+  static const Script& s = *new Script(with_prelude(R"lua(
+local lock, q, x, fence, note_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local note, life, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local fields = redis.call('HGETALL', lock)
+local owner, token = nil, ''
+for i = 1, #fields, 2 do
+  if fields[i] == '@token' then
+    token = fields[i + 1]
+  elseif string.sub(fields[i], 1, 1) ~= '@' then
+    owner = fields[i]
+  end
+end
+if not owner then
+  return {0}
+end
+redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
+release_onward(lock, q, x, fence, grant_prefix, channel)
+return {1, token, owner}
+)lua"));
+  return s;
+}
+
 const Script& queue_forget_script() {
   static const Script& s = *new Script(with_prelude(R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

@@ -72,6 +72,12 @@ const Script& queue_cancel_script();
 /// releases it onward as the release script does. 1 released, 0 nothing held.
 const Script& queue_forget_script();
 
+/// KEYS lock, queue, expiries, fence, revoke note; ARGV note, note life ms, released
+/// channel, grant prefix. Backend::revoke: whoever holds the lock loses it; the note
+/// "<token>\n<owner>\n<note>" is stored (PX note life) and the lock is handed on as the
+/// release script does. {1, token, owner} revoked; {0} nobody held it (nothing written).
+const Script& queue_revoke_script();
+
 /// KEYS 4 per entry: lock, queue, expiries, fence; ARGV grant prefix, then 3 per
 /// entry: owner, entry, ttl ms. One status per entry: 0 refreshed (still queued,
 /// expiry = now + min(ttl, kEntryLife)), the token (a string) when the lock was

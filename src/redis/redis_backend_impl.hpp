@@ -70,6 +70,8 @@ class RedisBackend final : public Backend {
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         Error& ec) override;
   void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
+  Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
+  std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
   LockInfo status(std::string_view name, Error& ec) override;
@@ -144,6 +146,8 @@ class RedisBackend final : public Backend {
   std::string fence_key(std::string_view lock) const { return redis::fence_key(prefix_, lock); }
   std::string lock_key(std::string_view name) const { return redis::lock_key(prefix_, name); }
   std::string record_key(std::string_view key) const { return redis::record_key(prefix_, key); }
+  /// "<prefix>:{<name>}:rv": the note of the last revoke of `name` (redis/key_layout.hpp).
+  std::string revoke_note_key(std::string_view name) const { return redis::revoke_note_key(prefix_, name); }
 
   bool answered(const Reply& r, const char* what, Error& ec);
   bool replicated_record(Connection& conn, std::string_view key, Error& ec);

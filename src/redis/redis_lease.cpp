@@ -118,6 +118,59 @@ void RedisBackend::forget(std::string_view name, std::string_view owner, std::ui
   }
 }
 
+// One script (redis::queue_revoke_script): the holder's record goes, the note is stored
+// beside the lock, and the lock is handed on exactly as a release hands it on.
+RedisBackend::Revoked RedisBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
+                                           Error& ec) {
+  ec.clear();
+  auto conn = lock_link(ec);
+  if (ec) return {};
+  const Keys k = keys_of(name);
+  const std::string note_key = revoke_note_key(name), life = std::to_string(note_life.count());
+  Reply r = redis::queue_revoke_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence, note_key},
+                                             {note, life, k.released, grant_prefix_}, ec);
+  if (ec) {
+    failed("revoke", ec);
+    return {};
+  }
+  ok();
+  if (r->type == REDIS_REPLY_ERROR) {
+    ec.fail(redis::error_code_of(r.get()),
+            conn_opts_.describe() + ": revoke: " + std::string(redis::reply_str(r.get())));
+    return {};
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || r->element[0]->type != REDIS_REPLY_INTEGER) {
+    unexpected("revoke", ec);
+    return {};
+  }
+  if (r->element[0]->integer == 0) return {};
+  if (r->elements != 3 || r->element[1]->type != REDIS_REPLY_STRING ||
+      r->element[2]->type != REDIS_REPLY_STRING) {
+    unexpected("revoke", ec);
+    return {};
+  }
+  Revoked out;
+  out.revoked = true;
+  const std::string_view token = redis::reply_str(r->element[1]);
+  std::uint64_t t = 0;
+  for (char c : token) t = t * 10 + static_cast<std::uint64_t>(c - '0');
+  out.token = t;
+  out.holder = std::string(redis::reply_str(r->element[2]));
+  if (wait_replicas_ > 0) (void)replicated(*conn, "revoke");
+  return out;
+}
+
+std::optional<std::string> RedisBackend::revoke_note(std::string_view name, Error& ec) {
+  ec.clear();
+  auto conn = checkout(ec);
+  if (ec) return std::nullopt;
+  Reply r = conn->command({"GET", revoke_note_key(name)}, ec);
+  if (!answered(r, "read the revoke note", ec)) return std::nullopt;
+  if (r->type == REDIS_REPLY_NIL) return std::nullopt;
+  if (r->type != REDIS_REPLY_STRING) return unexpected("read the revoke note", ec), std::nullopt;
+  return std::string(redis::reply_str(r.get()));
+}
+
 // A failed watch leaves nothing counted or subscribed (the subscriber undoes it)
 // and hands the cause to the caller's error.
 void RedisBackend::watch(std::string_view name, Error& ec) {

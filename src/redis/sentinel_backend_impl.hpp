@@ -106,6 +106,15 @@ class SentinelBackend final : public Backend, private ChangeListener {
     return call(ec, [&](Backend& b, Error& e) { return b.status(name, e); });
   }
 
+  // To the current master, as a release. A call that met a demoted master was refused
+  // there before the script wrote anything (READONLY) and is repeated on the new one.
+  Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.revoke(name, note, note_life, e); });
+  }
+  std::optional<std::string> revoke_note(std::string_view name, Error& ec) override {
+    return call(ec, [&](Backend& b, Error& e) { return b.revoke_note(name, e); });
+  }
+
   // Records and listing go to the current master like every lock call (a put that
   // met a demoted master is repeated once on the new one: `always` and `if_absent`
   // are idempotent there, see docs/sentinel.md).

@@ -671,4 +671,50 @@ TEST(CApiExample, HeaderExampleAndReadmeSnippetRun) {
   }
 }
 
+// ---- revoke, on redis:// and file:// ------------------------------------------------------------
+
+// distlock_revoke: the holder's lease is lost with reason "revoked" and the reason text within
+// its renewal interval (1 s at TTL 3 s) plus 1 s, measured on this process's steady clock; the
+// next acquisition gets a larger token; a free lock is revoked == 0; file:// is not supported.
+TEST(CApiRevoke, HolderLosesItWithTheReasonAndAFreeLockIsNoError) {
+  const char* base = env("DISTLOCK_TEST_REDIS_URL");
+  ASSERT_NE(base, nullptr) << "DISTLOCK_TEST_REDIS_URL is not set (run through with_servers --redis)";
+  const std::string url = std::string(base) + "?prefix=capirevoke" + std::to_string(::getpid());
+  ClientPtr holder = connect_ok(url), ops = connect_ok(url);
+  ASSERT_TRUE(holder && ops);
+  distlock_error err{};
+  distlock_lease* raw = nullptr;
+  auto o = opts_with(3000, 0);
+  ASSERT_EQ(distlock_acquire(holder.get(), "job", &o, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr held(raw);
+  std::uint64_t t1 = 0;
+  ASSERT_EQ(distlock_lease_token(held.get(), &t1, &err), DISTLOCK_OK);
+  int revoked = -1;
+  ASSERT_EQ(distlock_revoke(ops.get(), "job", "ticket 9", &revoked, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(revoked, 1);
+  const auto at = Clock::now();
+  while (distlock_lease_owns(held.get()) && Clock::now() < at + 10s) std::this_thread::sleep_for(5ms);
+  EXPECT_LE(Clock::now() - at, 2000ms) << "the holder was not told within its renewal interval + 1 s";
+  EXPECT_EQ(distlock_lease_loss(held.get(), &err), DISTLOCK_E_LOST);
+  EXPECT_NE(std::string(err.message).find("(revoked)"), std::string::npos) << err.message;
+  EXPECT_NE(std::string(err.message).find("ticket 9"), std::string::npos) << err.message;
+  o = opts_with(3000, 5000);
+  raw = nullptr;
+  ASSERT_EQ(distlock_acquire(ops.get(), "job", &o, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr next(raw);
+  std::uint64_t t2 = 0;
+  ASSERT_EQ(distlock_lease_token(next.get(), &t2, &err), DISTLOCK_OK);
+  EXPECT_GT(t2, t1);
+  ASSERT_EQ(distlock_lease_release(next.get(), &err), DISTLOCK_OK) << err.message;
+  ASSERT_EQ(distlock_revoke(ops.get(), "job", "again", &revoked, &err), DISTLOCK_OK) << err.message;
+  EXPECT_EQ(revoked, 0);
+
+  TempDir dir("distlock-capi-revoke");
+  ClientPtr local = connect_ok("file://" + dir.path().string());
+  ASSERT_TRUE(local);
+  EXPECT_EQ(distlock_revoke(local.get(), "job", "why", &revoked, &err), DISTLOCK_E_NOT_SUPPORTED);
+  EXPECT_NE(std::string(err.message).find("cannot end another process's hold"), std::string::npos)
+      << err.message;
+}
+
 }  // namespace

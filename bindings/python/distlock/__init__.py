@@ -367,6 +367,16 @@ class Client:
         waiters (None where the backend does not say)."""
         return self._impl.status(name)
 
+    def revoke(self, name: str, reason: str) -> bool:
+        """Ends the lease of whoever holds ``name`` now (any process, any host) and passes the
+        lock to the next waiter; the holder learns it at its next renewal (its
+        ``loss_reason`` is ``"revoked"``, its loss detail names ``reason``, 1 to 1024 bytes).
+        True when a lease was ended, False when the lock was free (not an error). Raises
+        :class:`NotSupported` where the backend cannot end another process's hold (file://,
+        postgres://, mysql://). The next holder is granted at once: revoke what is fenced by
+        the token (docs/design.md "Revoke"). Runs without the GIL."""
+        return self._impl.revoke(name, reason)
+
     @property
     def url(self) -> str:
         """The backend URL, with any password masked."""

@@ -694,6 +694,12 @@ class PyClient {
     return d;
   }
 
+  bool revoke(const std::string& name, const std::string& reason) {
+    distlock::Client c = get();
+    py::gil_scoped_release nogil;
+    return c.revoke(name, reason).revoked;
+  }
+
   std::string url() const { return get_const().url(); }
   std::string scheme() const { return get_const().scheme(); }
   std::string id() const { return get_const().id(); }
@@ -1156,6 +1162,7 @@ PYBIND11_MODULE(_distlock, m) {
              const py::object& cancel) { return c.observe(name, after_term, wait, canceller(cancel)); },
           py::arg("name"), py::arg("after_term"), py::arg("wait"), py::arg("cancel"))
       .def("status", &PyClient::status)
+      .def("revoke", &PyClient::revoke)
       .def_property_readonly("url", &PyClient::url)
       .def_property_readonly("scheme", &PyClient::scheme)
       .def_property_readonly("id", &PyClient::id)

@@ -1,0 +1,124 @@
+// `distlock revoke` (src/cli/cmd_revoke.cpp) against a real redis-server the test starts, and
+// on file:// where the backend cannot revoke: the holder's `distlock run` has its command
+// stopped and exits 76 naming the reason, the next waiter's `distlock run` gets the lock,
+// `distlock status` shows the revoke, a second revoke finds nothing held (exit 3).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/cli_harness.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+// A `distlock run` whose command writes its pid to `ready` (atomically) and then spins.
+std::vector<std::string> spinning_run(const std::string& url, const std::string& name, const fs::path& ready,
+                                      std::vector<std::string> flags) {
+  std::vector<std::string> args{"run", "--url", url};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.insert(args.end(), {name, "--", "sh", "-c",
+                           "echo $$ > " + ready.string() + ".tmp && mv " + ready.string() + ".tmp " +
+                               ready.string() + "; while :; do sleep 0.05; done"});
+  return args;
+}
+
+TEST(CliRevokeRedis, RevokedRunHasItsCommandStoppedAndTheWaiterRuns) {
+  TempDir dir("distlock-cli-revoke");
+  RedisServer redis;
+  // TTL 3 s: renewals every 1 s, the bound the holder is told within.
+  const fs::path a_ready = dir.path() / "a.ready", b_ready = dir.path() / "b.ready";
+  Cli a = Cli::start(spinning_run(redis.url(), "revjob", a_ready, {"--ttl", "3s", "--grace", "200ms"}),
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(a_ready, 20s)) << a.err();
+  const pid_t a_child = std::stoi(slurp(a_ready));
+  Cli b =
+      Cli::start(spinning_run(redis.url(), "revjob", b_ready, {"--ttl", "3s", "--wait", "60s"}), dir.path());
+  // b waits behind a (the server counts it) before the revoke.
+  ASSERT_TRUE(eventually(
+      [&] {
+        Cli s = Cli::run({"status", "--json", "--url", redis.url(), "revjob"}, dir.path());
+        const auto j = nlohmann::json::parse(s.out(), nullptr, false);
+        return !j.is_discarded() && j["waiters"].is_number() && j["waiters"].get<int>() >= 1;
+      },
+      20s))
+      << b.err();
+
+  Cli revoke =
+      Cli::run({"revoke", "--url", redis.url(), "--reason", "ticket 4711: stuck", "revjob"}, dir.path());
+  ASSERT_EQ(revoke.code(), 0) << revoke.err();
+  EXPECT_NE(revoke.out().find("revoked: revjob"), std::string::npos) << revoke.out();
+  const auto revoked_at = revoke.ended_at();
+
+  // The holder's run: told at its next renewal (<= 1 s), its command killed after the 200 ms
+  // grace, exit 76 naming the revoke. Bound on this process's clock: 1 s + 200 ms + 2.8 s slack
+  // for process start-up and the loaded machine.
+  ASSERT_EQ(a.wait(20s), 76) << a.err();
+  const auto stopped_after = std::chrono::duration_cast<std::chrono::milliseconds>(a.ended_at() - revoked_at);
+  EXPECT_LE(stopped_after, 4000ms);
+  std::printf("revoked run exited %lld ms after `distlock revoke` exited (bound 4000 ms)\n",
+              static_cast<long long>(stopped_after.count()));
+  EXPECT_NE(a.err().find("revoked by"), std::string::npos) << a.err();
+  EXPECT_NE(a.err().find("ticket 4711: stuck"), std::string::npos) << a.err();
+  EXPECT_TRUE(eventually([&] { return !process_alive(a_child); }, 5s))
+      << "the revoked run's command still runs";
+
+  // The waiter's run got the lock with a larger token.
+  ASSERT_TRUE(wait_for_file(b_ready, 20s)) << b.err();
+  Cli status = Cli::run({"status", "--json", "--url", redis.url(), "revjob"}, dir.path());
+  ASSERT_EQ(status.code(), 0) << status.err();
+  const auto j = nlohmann::json::parse(status.out());
+  ASSERT_TRUE(j["last_revoke"].is_object()) << status.out();
+  EXPECT_EQ(j["last_revoke"]["reason"], "ticket 4711: stuck");
+  EXPECT_GT(j["token"].get<std::uint64_t>(), j["last_revoke"]["token"].get<std::uint64_t>());
+  EXPECT_NE(j["last_revoke"]["by_info"].get<std::string>().find("cmd=distlock revoke"), std::string::npos)
+      << status.out();
+  EXPECT_NE(j["last_revoke"]["holder_info"].get<std::string>().find("cmd=sh"), std::string::npos)
+      << status.out();
+  Cli text = Cli::run({"status", "--url", redis.url(), "revjob"}, dir.path());
+  EXPECT_NE(text.out().find("revoked: "), std::string::npos) << text.out();
+
+  b.signal(SIGTERM);
+  b.wait(20s);
+  // Free now: a revoke does nothing and says so.
+  Cli again = Cli::run({"revoke", "--url", redis.url(), "--reason", "again", "revjob"}, dir.path());
+  EXPECT_EQ(again.code(), 3) << again.err();
+  EXPECT_NE(again.out().find("nothing held"), std::string::npos) << again.out();
+  Cli json = Cli::run({"revoke", "--json", "--url", redis.url(), "--reason", "again", "revjob"}, dir.path());
+  EXPECT_EQ(json.code(), 3) << json.err();
+  EXPECT_EQ(nlohmann::json::parse(json.out())["revoked"], false);
+}
+
+TEST(CliRevokeFile, FileBackendSaysItCannotRevoke) {
+  TempDir dir("distlock-cli-revoke");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  Cli r = Cli::run({"revoke", "--url", url, "--reason", "why", "job"}, dir.path());
+  EXPECT_EQ(r.code(), 70) << r.err();
+  EXPECT_NE(r.err().find("cannot end another process's hold"), std::string::npos) << r.err();
+  Cli missing = Cli::run({"revoke", "--url", url, "job"}, dir.path());
+  EXPECT_EQ(missing.code(), 64) << missing.err();
+}
+
+}  // namespace
+}  // namespace distlock::testing
