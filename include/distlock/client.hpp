@@ -163,6 +163,12 @@ struct DISTLOCK_EXPORT LockInfo {
   /// The holder's description (LockOptions::holder_info) when it set one.
   std::optional<std::string> holder_info;
   std::optional<std::uint64_t> waiters;  ///< number of waiting clients, if known
+  /// True when the backend listed its queue: `waiter_list` then holds every live waiter
+  /// in hand-off order (positions 1, 2, ...) and `waiters` is its size. False where the
+  /// backend cannot list its waiters honestly (docs/design.md "Seeing the queue"): the
+  /// list is then empty, whatever `waiters` says.
+  bool waiters_listed = false;
+  std::vector<WaiterInfo> waiter_list;
 };
 
 /// What a listed lock is part of. The primitives are made of ordinary locks whose
