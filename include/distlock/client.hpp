@@ -267,7 +267,7 @@ class DISTLOCK_EXPORT Client {
   ShardGroup shard_group(std::string_view job, std::uint32_t shards, const ShardGroupOptions& opts);
   ShardGroup shard_group(std::string_view job, std::uint32_t shards);
 
-  /// What the backend knows about `name` (held, token, ttl, holder, waiters).
+  /// What the backend knows about `name` (held, token, ttl, holder, waiters; the queue: waiter_list).
   LockInfo status(std::string_view name);
   LockInfo status(std::string_view name, std::error_code& ec) noexcept;
 
