@@ -303,6 +303,22 @@ nlohmann::json info_json(const distlock::LockInfo& info) {
   if (info.holder) j["holder"] = *info.holder;
   if (info.holder_info) j["holder_info"] = *info.holder_info;
   if (info.waiters) j["waiters"] = *info.waiters;
+  if (info.waiters_listed) {  // absent: the backend does not list its queue
+    nlohmann::json queue = nlohmann::json::array();
+    for (const distlock::WaiterInfo& w : info.waiter_list) {
+      nlohmann::json e;
+      e["position"] = w.position;
+      e["owner"] = w.owner;
+      if (w.holder_info) e["holder_info"] = *w.holder_info;
+      if (w.waiting_since) {
+        e["waiting_since_unix_ms"] =
+            std::chrono::duration_cast<std::chrono::milliseconds>(w.waiting_since->time_since_epoch())
+                .count();
+      }
+      queue.push_back(std::move(e));
+    }
+    j["queue"] = std::move(queue);
+  }
   return j;
 }
 

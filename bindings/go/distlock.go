@@ -637,6 +637,17 @@ type LockInfo struct {
 	Holder         *string `json:"holder,omitempty"`
 	HolderInfo     *string `json:"holder_info,omitempty"`
 	Waiters        *uint64 `json:"waiters,omitempty"`
+	// Queue lists the waiters in the order the lock passes to them; nil where the backend
+	// does not list its queue (file, postgres, mysql, redis+cluster, redlock).
+	Queue []Waiter `json:"queue,omitempty"`
+}
+
+// Waiter is one client waiting in a lock's queue (LockInfo.Queue).
+type Waiter struct {
+	Position           uint64  `json:"position"` // 1: the lock goes to it next
+	Owner              string  `json:"owner"`
+	HolderInfo         *string `json:"holder_info,omitempty"`
+	WaitingSinceUnixMs *int64  `json:"waiting_since_unix_ms,omitempty"` // nil: not recorded
 }
 
 // ListedLock is one held lock as List returns it.

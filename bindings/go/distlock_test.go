@@ -145,6 +145,18 @@ func TestContextEndsTheWaitAndLeavesNothingOnTheServer(t *testing.T) {
 				result <- err
 			}()
 			waitQueued(t, holder, "job")
+			// The queue: the waiter at position 1 where the backend lists it, nil where not (file).
+			queued, err := holder.Status("job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.kind == "file" {
+				if queued.Queue != nil {
+					t.Fatalf("file:// keeps no queue, status listed %+v", queued.Queue)
+				}
+			} else if len(queued.Queue) != 1 || queued.Queue[0].Position != 1 || queued.Queue[0].Owner == "" {
+				t.Fatalf("queue of one waiter: %+v", queued.Queue)
+			}
 			select {
 			case err := <-result:
 				t.Fatalf("the wait ended before the cancel: %v", err)

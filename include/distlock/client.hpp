@@ -167,6 +167,12 @@ struct DISTLOCK_EXPORT LockInfo {
   /// The holder's description (LockOptions::holder_info) when it set one.
   std::optional<std::string> holder_info;
   std::optional<std::uint64_t> waiters;  ///< number of waiting clients, if known
+  /// True when the backend listed its queue: `waiter_list` then holds every live waiter
+  /// in hand-off order (positions 1, 2, ...) and `waiters` is its size. False where the
+  /// backend cannot list its waiters honestly (docs/design.md "Seeing the queue"): the
+  /// list is then empty, whatever `waiters` says.
+  bool waiters_listed = false;
+  std::vector<WaiterInfo> waiter_list;
 };
 
 /// What Client::revoke did.
@@ -287,7 +293,7 @@ class DISTLOCK_EXPORT Client {
   ShardGroup shard_group(std::string_view job, std::uint32_t shards, const ShardGroupOptions& opts);
   ShardGroup shard_group(std::string_view job, std::uint32_t shards);
 
-  /// What the backend knows about `name` (held, token, ttl, holder, waiters).
+  /// What the backend knows about `name` (held, token, ttl, holder, waiters; the queue: waiter_list).
   LockInfo status(std::string_view name);
   LockInfo status(std::string_view name, std::error_code& ec) noexcept;
 

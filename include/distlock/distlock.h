@@ -335,6 +335,9 @@ DISTLOCK_C_API int distlock_election_observe(distlock_client* c, const char* nam
 /* ---- status and list --------------------------------------------------------------------- */
 /* What the backend knows about `name`, as JSON: {"held":true,"token":3,"ttl_remaining_ms":
  * 2900,"holder":"...","holder_info":"...","waiters":0} (unknown fields are left out).
+ * Where the backend lists its queue (redis, redis+sentinel, etcd, zk) it adds "queue": the
+ * waiters in hand-off order, [{"position":1,"owner":"...","holder_info":"...",
+ * "waiting_since_unix_ms":...}] (holder_info and waiting_since_unix_ms left out when unknown).
  * Caller frees. Any thread. */
 DISTLOCK_C_API int distlock_status_json(distlock_client* c, const char* name, char** json,
                                         distlock_error* err);

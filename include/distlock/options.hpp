@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -30,6 +31,17 @@ namespace distlock {
 using Millis = std::chrono::milliseconds;
 
 class Tracer;  // distlock/tracing.hpp
+
+/// One client waiting in a lock's queue (LockInfo::waiter_list, the queue-position
+/// callback).
+struct DISTLOCK_EXPORT WaiterInfo {
+  /// 1 for the waiter the lock goes to next, then 2, 3, ... in hand-off order.
+  std::size_t position = 0;
+  std::string owner;                       ///< the waiter's owner id
+  std::optional<std::string> holder_info;  ///< its LockOptions::holder_info, when it set one
+  /// When it joined the queue (the server's clock), where the backend records it.
+  std::optional<std::chrono::system_clock::time_point> waiting_since{};
+};
 
 /// Per-lock settings.
 struct DISTLOCK_EXPORT LockOptions {
@@ -93,6 +105,15 @@ struct DISTLOCK_EXPORT LockOptions {
   /// "Lock-delay"). The holder's value counts, not the waiter's. Default 0 (off); at most
   /// max_lock_delay (60 s), more is errc::invalid_argument naming lock_delay.
   Millis lock_delay{0};
+  /// Called while acquire() waits in the lock's queue, each time this waiter's place
+  /// changes: `position` is 1 when it is next, and `ahead` is the one just ahead of it
+  /// (the holder, with position 0, when it is next). Runs on the client's event thread
+  /// (as Lease::on_lost), never while a lock of the library is held. The place is read
+  /// from the server on the wake-ups the wait has anyway (a notification, a re-check):
+  /// one status round trip each, and nothing when this is empty. Only a single-name
+  /// acquire() on a backend that lists its waiters (LockInfo::waiters_listed) reports;
+  /// elsewhere it is never called. Default: none.
+  std::function<void(std::size_t position, const WaiterInfo& ahead)> on_queue_position{};
 
   static constexpr Millis min_ttl{100};
   static constexpr Millis max_lock_delay{std::chrono::seconds(60)};

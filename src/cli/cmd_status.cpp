@@ -22,6 +22,7 @@ struct StatusFlags {
   std::string url;
   bool json = false;
   bool shards = false;
+  bool waiters = false;
   std::string name;
 };
 
@@ -39,14 +40,19 @@ std::string utc_text(std::chrono::system_clock::time_point t) {
   const std::time_t secs = static_cast<std::time_t>(ms / 1000);
   std::tm tm{};
   gmtime_r(&secs, &tm);
-  char buf[64];
+  char buf[96];
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
   return buf;
 }
 
+// utc_text, or "unknown".
+std::string wall_text(const std::optional<std::chrono::system_clock::time_point>& t) {
+  return t ? utc_text(*t) : std::string("unknown");
+}
+
 void print_text(const std::string& name, const std::string& url, const LockInfo& info,
-                const std::optional<RevokeRecord>& revoke) {
+                const std::optional<RevokeRecord>& revoke, bool waiters) {
   // Fields the backend cannot tell are "unknown"; those that do not apply to a
   // free lock (its remaining TTL, its holder) are "none".
   const char* absent = info.held ? "unknown" : "none";
@@ -68,11 +74,19 @@ void print_text(const std::string& name, const std::string& url, const LockInfo&
            (revoke->holder_info ? " (" + *revoke->holder_info + ")" : std::string()) + ": " + revoke->reason +
            "\n";
   }
+  if (waiters && !info.waiters_listed) {
+    out += "queue:   not listed by this backend\n";
+  } else if (waiters) {
+    for (const WaiterInfo& w : info.waiter_list) {
+      out += "  " + std::to_string(w.position) + ". " + w.owner + "  since " + wall_text(w.waiting_since) +
+             (w.holder_info ? "  " + *w.holder_info : std::string()) + "\n";
+    }
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
 void print_json(const std::string& name, const std::string& url, const LockInfo& info,
-                const std::optional<RevokeRecord>& revoke) {
+                const std::optional<RevokeRecord>& revoke, bool waiters) {
   // null = the backend cannot tell (or, for ttl_ms/holder of a free lock, none).
   nlohmann::ordered_json j;
   j["name"] = name;
@@ -98,6 +112,24 @@ void print_json(const std::string& name, const std::string& url, const LockInfo&
     j["last_revoke"] = r;
   } else {
     j["last_revoke"] = nullptr;
+  }
+  if (waiters) {
+    // null: the backend does not list its queue.
+    nlohmann::ordered_json list = nullptr;
+    if (info.waiters_listed) {
+      list = nlohmann::ordered_json::array();
+      for (const WaiterInfo& w : info.waiter_list) {
+        nlohmann::ordered_json e;
+        e["position"] = w.position;
+        e["owner"] = w.owner;
+        e["holder_info"] =
+            w.holder_info ? nlohmann::ordered_json(*w.holder_info) : nlohmann::ordered_json(nullptr);
+        e["waiting_since"] = w.waiting_since ? nlohmann::ordered_json(wall_text(w.waiting_since))
+                                             : nlohmann::ordered_json(nullptr);
+        list.push_back(std::move(e));
+      }
+    }
+    j["queue"] = std::move(list);
   }
   // Lock names are arbitrary bytes; replace invalid UTF-8 rather than fail.
   const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
@@ -186,9 +218,9 @@ int show_status(const StatusFlags& flags) {
   }
   const std::string url = client.url();  // password masked
   if (flags.json) {
-    print_json(flags.name, url, info, revoke);
+    print_json(flags.name, url, info, revoke, flags.waiters);
   } else {
-    print_text(flags.name, url, info, revoke);
+    print_text(flags.name, url, info, revoke, flags.waiters);
   }
   std::fflush(stdout);
   return info.held ? exit_status::ok : exit_status::status_free;
@@ -207,13 +239,20 @@ constexpr const char* kStatusFooter =
     " null "
     "for\n"
     "  unknown or none.\n"
+    "  With --waiters, the queue in hand-off order, one line each: position, owner id, when it started\n"
+    "  waiting (UTC, \"unknown\" where the backend records no time) and its description; \"queue: not\n"
+    "  listed by this backend\" where the backend keeps no queue (file, postgres, mysql, redis+cluster,\n"
+    "  redlock). With --json it adds \"queue\": "
+    "[{\"position\",\"owner\",\"holder_info\",\"waiting_since\"}]\n"
+    "  (null where not listed).\n"
     "\n"
     "EXIT STATUS\n"
     "  0 held;  3 free;  64 usage error or malformed URL;  69 the lock service is unreachable\n"
     "\n"
     "EXAMPLES\n"
     "  distlock status nightly-report\n"
-    "  distlock status --json --url redis://10.0.0.5:6379 backup | jq .token\n";
+    "  distlock status --json --url redis://10.0.0.5:6379 backup | jq .token\n"
+    "  distlock status --waiters nightly-report\n";
 
 }  // namespace
 
@@ -234,6 +273,8 @@ void add_status_command(CLI::App& app, int& exit_code) {
                    "NAME is a shard group (distlock run --shards): show its members and the shards each "
                    "owns with their tokens (JSON: {\"group\",\"url\",\"members\":[{\"member\",\"info\","
                    "\"shards\",\"tokens\"}],\"truncated\"}); exit 3 when nobody is in it");
+  status->add_flag("--waiters", flags->waiters,
+                   "Also list the waiters in the order the lock passes to them (where the backend queues)");
   status->add_option("NAME", flags->name, "Lock name")->required()->type_name("");
   status->callback([flags, &exit_code] { exit_code = show_status(*flags); });
 }

@@ -27,6 +27,19 @@ std::string runner_holder_info(const std::vector<std::string>& command) {
   return out;
 }
 
+std::string waiting_line(std::size_t position, const WaiterInfo& ahead) {
+  const std::size_t tens = position % 100;
+  const char* suffix = tens >= 11 && tens <= 13 ? "th"
+                       : position % 10 == 1     ? "st"
+                       : position % 10 == 2     ? "nd"
+                       : position % 10 == 3     ? "rd"
+                                                : "th";
+  std::string who = ahead.holder_info ? *ahead.holder_info : ahead.owner;
+  if (who.empty()) who = "(unknown)";
+  return "waiting: " + std::to_string(position) + suffix + " in line behind " +
+         (position <= 1 ? "the holder " : "") + who;
+}
+
 std::int64_t unix_ms_now() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())

@@ -13,6 +13,7 @@
 //   if (!once_due(read_once_mark(client, "nightly"), period, fired)) return 0;  // this slot ran
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,12 @@ namespace distlock::cli {
 /// "host=H pid=P cmd=C" for LockOptions::holder_info: bytes outside printable ASCII and
 /// '|' in the command become '?'; the library cuts it at 160 bytes.
 std::string runner_holder_info(const std::vector<std::string>& command);
+
+/// What `distlock run --verbose` prints while it waits in the queue (LockOptions::
+/// on_queue_position): "waiting: 3rd in line behind host=h pid=42 cmd=backup", the one
+/// ahead named by its description, else its owner id; at position 1 it is the holder
+/// ("waiting: 1st in line behind the holder host=...").
+std::string waiting_line(std::size_t position, const WaiterInfo& ahead);
 
 /// Milliseconds since the Unix epoch on the wall clock.
 std::int64_t unix_ms_now();

@@ -45,6 +45,9 @@ class Engine::AcquireLoop {
   /// Subscribes what it waits for, then waits for a change or a re-check; false when
   /// cancelled.
   bool wait_for_change(bool gate_held);
+  /// With LockOptions::on_queue_position: reads this waiter's place from the server
+  /// and queues the callback on the event thread when the place changed.
+  void report_position();
   std::shared_ptr<HeldLock> make_held();
 
   Engine& e_;
@@ -65,6 +68,7 @@ class Engine::AcquireLoop {
   AcquireResult res_;
   Clock::time_point sent_{};
   std::uint64_t epoch_at_send_ = 0;
+  std::size_t reported_position_ = 0;  // the last position reported; 0: none yet
 };
 
 Engine::AcquireLoop::AcquireLoop(Engine& engine, std::span<const std::string_view> names,
@@ -120,6 +124,7 @@ std::shared_ptr<HeldLock> Engine::AcquireLoop::run() {
       ec_ = make_error_code(may_wait_ ? errc::timeout : errc::busy);
       return nullptr;
     }
+    if (opts_.on_queue_position) report_position();
     if (!wait_for_change(gate_held)) return nullptr;
   }
 }
@@ -190,6 +195,44 @@ bool Engine::AcquireLoop::wait_for_change(bool gate_held) {
     for (Candidate* c : waited) c->w.try_now = true;  // re-check due: all of them
   }
   return true;
+}
+
+// Runs after an attempt that left this owner queued, so at most once per wake-up of
+// the wait (a notification or a re-check): no polling of its own.
+void Engine::AcquireLoop::report_position() {
+  if (cands_.size() != 1 || gate_ || !keep_queued_) return;
+  Error ec;
+  LockInfo info = e_.backend_->status(cands_.front().w.name, ec);
+  if (ec || !info.waiters_listed) {
+    if (ec) e_.log_.log(LogLevel::debug, "queue position of \"{}\": {}", cands_.front().w.name, ec.detail());
+    return;
+  }
+  const auto& list = info.waiter_list;
+  const auto me =
+      std::find_if(list.begin(), list.end(), [&](const WaiterInfo& w) { return w.owner == owner_; });
+  if (me == list.end()) return;  // granted meanwhile, or the place lapsed: the next attempt tells
+  const std::size_t position = static_cast<std::size_t>(me - list.begin()) + 1;
+  if (position == reported_position_) return;
+  reported_position_ = position;
+  WaiterInfo ahead;
+  if (position > 1) {
+    ahead = list[position - 2];
+    ahead.position = position - 1;
+  } else {
+    ahead.owner = info.holder.value_or(std::string());  // position 0: the holder
+  }
+  auto [id, desc] = split_owner(ahead.owner);
+  if (desc) ahead.holder_info = std::string(*desc);
+  ahead.owner = std::string(id);
+  e_.events_.post([&log = e_.log_, fn = opts_.on_queue_position, position, ahead = std::move(ahead),
+                   name = cands_.front().w.name] {
+    try {
+      fn(position, ahead);
+    } catch (...) {
+      log.log(LogLevel::error, "queue position callback of lock \"{}\" threw; the exception was dropped",
+              name);
+    }
+  });
 }
 
 std::shared_ptr<HeldLock> Engine::AcquireLoop::make_held() {

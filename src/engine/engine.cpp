@@ -168,7 +168,24 @@ LockInfo Engine::status(std::string_view name, Error& ec) {
       info.holder = std::string(id);
     }
   }
+  split_waiters(info);
   return info;
+}
+
+void split_waiters(LockInfo& info) {
+  if (!info.waiters_listed) {
+    info.waiter_list.clear();
+    return;
+  }
+  std::size_t position = 0;
+  for (WaiterInfo& w : info.waiter_list) {
+    w.position = ++position;
+    auto [id, desc] = split_owner(w.owner);
+    if (!desc) continue;
+    w.holder_info = std::string(*desc);
+    w.owner = std::string(id);
+  }
+  info.waiters = info.waiter_list.size();
 }
 
 std::vector<ListedLock> Engine::list_held(std::string_view prefix, std::size_t limit, bool& truncated,
@@ -188,6 +205,7 @@ std::vector<ListedLock> Engine::list_held(std::string_view prefix, std::size_t l
       l.info.holder = std::string(id);
     }
   }
+  for (auto& l : out) split_waiters(l.info);
   return out;
 }
 

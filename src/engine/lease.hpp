@@ -125,6 +125,10 @@ std::string_view thread_owner_of(std::string_view owner) noexcept;
 /// Splits a stored owner "<id>|<holder info>" into its id and description (nullopt
 /// when it carries none).
 std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept;
+/// A backend's listed waiters (raw owner strings, in hand-off order) as the user sees
+/// them: positions 1, 2, ..., holder_info split off each owner, `waiters` their count.
+/// An unlisted queue's list is emptied.
+void split_waiters(LockInfo& info);
 
 /// The public name of an engine loss reason.
 distlock::LossReason public_loss_reason(LossReason r) noexcept;

@@ -12,7 +12,8 @@ LockInfo EtcdBackend::status(std::string_view name, Error& ec) {
   RangeRequest req;
   req.set_key(lp);
   req.set_range_end(prefix_end(lp));
-  req.set_limit(1);
+  // Every place, in creation order: the holder first, then the waiters in the order
+  // the lock passes on in (each watches the one created just before it).
   req.set_sort_target(RangeRequest::CREATE);
   req.set_sort_order(RangeRequest::ASCEND);
   etcdserverpb::RangeResponse resp;
@@ -23,7 +24,13 @@ LockInfo EtcdBackend::status(std::string_view name, Error& ec) {
     return {};
   }
   LockInfo info;
-  info.waiters = resp.count() > 0 ? static_cast<std::uint64_t>(resp.count() - 1) : 0;
+  info.waiters_listed = true;  // waiting_since: a key records a revision, no time
+  for (int i = 1; i < resp.kvs_size(); ++i) {
+    WaiterInfo w;
+    w.owner = resp.kvs(i).value();
+    info.waiter_list.push_back(std::move(w));
+  }
+  info.waiters = info.waiter_list.size();
   if (resp.kvs_size() == 0) return info;
   const auto& kv = resp.kvs(0);
   info.held = true;

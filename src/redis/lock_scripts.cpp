@@ -302,17 +302,24 @@ return out
 
 const Script& queue_status_script() {
   static const Script& s = *new Script(with_prelude(R"lua(
-local lock, x = KEYS[1], KEYS[2]
+local lock, x, q = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
 local held = {}
 if redis.call('TYPE', lock).ok == 'hash' then held = redis.call('HGETALL', lock) end
-local live = 0
-local v = redis.call('HVALS', x)
-for i = 1, #v do
-  local exp = string.match(v[i], '^(%d+):')
-  if exp and tonumber(exp) > now then live = live + 1 end
+-- The live waiters in queue order (the order grant_head hands the lock on in):
+-- "<entry> <owner>" members whose expiry has not passed. Nothing is written.
+local waiting = {}
+local members = {}
+if redis.call('TYPE', q).ok == 'list' then members = redis.call('LRANGE', q, 0, -1) end
+for i = 1, #members do
+  local v = redis.call('HGET', x, members[i])
+  local exp = v and string.match(v, '^(%d+):')
+  if exp and tonumber(exp) > now then
+    local sp = string.find(members[i], ' ', 1, true)
+    if sp then waiting[#waiting + 1] = string.sub(members[i], sp + 1) end
+  end
 end
-return {held, redis.call('PTTL', lock), live}
+return {held, redis.call('PTTL', lock), #waiting, waiting}
 )lua"));
   return s;
 }

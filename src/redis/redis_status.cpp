@@ -107,8 +107,8 @@ std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const s
   std::vector<Keys> ks;
   ks.reserve(names.size());
   for (const auto& n : names) ks.push_back(keys_of(n));
-  std::vector<std::array<std::string_view, 2>> key_views(names.size());
-  for (std::size_t i = 0; i < names.size(); ++i) key_views[i] = {ks[i].lock, ks[i].expiries};
+  std::vector<std::array<std::string_view, 3>> key_views(names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) key_views[i] = {ks[i].lock, ks[i].expiries, ks[i].queue};
   std::vector<redis::Script::Call> calls;
   for (auto& kv : key_views) calls.push_back({std::span<const std::string_view>(kv), {}});
   std::vector<Reply> replies = redis::queue_status_script().run_pipelined(conn, calls, ec);
@@ -121,7 +121,8 @@ std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const s
               r ? std::string(redis::reply_str(r)) : std::string("no reply"));
       return {};
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || r->element[0]->type != REDIS_REPLY_ARRAY) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4 || r->element[0]->type != REDIS_REPLY_ARRAY ||
+        r->element[3]->type != REDIS_REPLY_ARRAY) {
       ec.fail(errc::protocol_error, "unexpected reply to the status script");
       return {};
     }
@@ -140,9 +141,14 @@ std::vector<LockInfo> RedisBackend::statuses(Connection& conn, std::span<const s
     if (info.held && r->element[1]->type == REDIS_REPLY_INTEGER && r->element[1]->integer >= 0) {
       info.ttl_remaining = Millis(r->element[1]->integer);
     }
-    if (r->element[2]->type == REDIS_REPLY_INTEGER) {
-      info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, r->element[2]->integer));
+    const redisReply* queue = r->element[3];
+    for (std::size_t i = 0; i < queue->elements; ++i) {
+      WaiterInfo w;
+      w.owner = std::string(redis::reply_str(queue->element[i]));
+      info.waiter_list.push_back(std::move(w));
     }
+    info.waiters_listed = true;  // waiting_since: a queue entry records no join time
+    info.waiters = info.waiter_list.size();
     out.push_back(std::move(info));
   }
   return out;

@@ -19,6 +19,7 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
     const int rc = zk::await(listed, *clock_, deadline);
     LockInfo info;
     info.waiters = 0;
+    info.waiters_listed = true;  // a free lock: nobody waits
     if (rc == ZNONODE) return info;
     if (rc != ZOK) {
       ec = fail(rc, "listing the queue", name);
@@ -36,7 +37,27 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
     info.held = true;
     info.token = static_cast<std::uint64_t>(st->stat.czxid);
     if (auto owner = zk::owner_of_guid(queue.front().guid)) info.holder = *owner;
-    info.waiters = queue.size() - 1;
+    // The waiters in queue order (ascending sequence: the order the lock passes on
+    // in), each with its node's creation time; one that left meanwhile is not listed.
+    std::vector<zk::ReplyPtr> waiting;
+    for (std::size_t i = 1; i < queue.size(); ++i) {
+      waiting.push_back(zk::submit_exists(s->zh.get(), dir + "/" + queue[i].node));
+    }
+    for (std::size_t i = 1; i < queue.size(); ++i) {
+      const int wrc = zk::await(waiting[i - 1], *clock_, deadline);
+      if (wrc == ZNONODE) continue;
+      if (wrc != ZOK) {
+        ec = fail(wrc, "reading a waiter's node", name);
+        return {};
+      }
+      WaiterInfo w;
+      w.owner = zk::owner_of_guid(queue[i].guid).value_or(queue[i].guid);
+      w.waiting_since =
+          std::chrono::system_clock::time_point(std::chrono::milliseconds(waiting[i - 1]->stat.ctime));
+      info.waiter_list.push_back(std::move(w));
+    }
+    info.waiters_listed = true;
+    info.waiters = info.waiter_list.size();
     return info;  // ttl_remaining stays unknown: the holder's session decides
   }
   ec = make_error_code(errc::backend_unavailable);

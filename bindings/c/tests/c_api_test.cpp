@@ -312,6 +312,21 @@ TEST_P(CApiBackend, CancelledWaitEndsPromptlyAndLeavesNothingOnTheServer) {
     }
   }
   EXPECT_TRUE(queued) << "the waiter never showed up in status";
+  {
+    // The queue: one waiter at position 1 where the backend lists it (redis, etcd); no
+    // "queue" key where it keeps none (file).
+    char* json = nullptr;
+    ASSERT_EQ(distlock_status_json(holder.get(), "job", &json, &err), DISTLOCK_OK) << err.message;
+    const std::string s = take_string(json);
+    if (kind_ == "file") {
+      EXPECT_EQ(s.find("\"queue\""), std::string::npos) << s;
+    } else {
+      EXPECT_NE(s.find("\"queue\":[{"), std::string::npos) << s;
+      // One waiter: one entry, at position 1 (the object's keys come sorted).
+      EXPECT_NE(s.find("\"position\":1}"), std::string::npos) << s;
+      EXPECT_EQ(s.find("\"position\":", s.find("\"position\":1}") + 1), std::string::npos) << s;
+    }
+  }
   EXPECT_EQ(rc.load(), -1) << "the wait ended before it was cancelled: " << werr.message;
   const auto t0 = Clock::now();
   distlock_cancel_request(cancel);

@@ -364,7 +364,10 @@ class Client:
     # -- information ----------------------------------------------------------------------
     def status(self, name: str) -> Dict[str, Any]:
         """What the server knows about ``name``: held, token, ttl_remaining, holder, holder_info,
-        waiters (None where the backend does not say)."""
+        waiters (None where the backend does not say), and waiter_list: the waiters in the order
+        the lock passes to them, each a dict of position (1: next), owner, holder_info and
+        waiting_since (Unix seconds, None where the backend records no time); waiter_list is None
+        where the backend keeps no queue (file, postgres, mysql, redis+cluster, redlock)."""
         return self._impl.status(name)
 
     def revoke(self, name: str, reason: str) -> bool:

@@ -691,6 +691,24 @@ class PyClient {
     d["holder"] = info.holder ? py::object(py::str(*info.holder)) : py::object(py::none());
     d["holder_info"] = info.holder_info ? py::object(py::str(*info.holder_info)) : py::object(py::none());
     d["waiters"] = info.waiters ? py::object(py::int_(*info.waiters)) : py::object(py::none());
+    // The queue in hand-off order; None where the backend does not list it.
+    py::object queue = py::none();
+    if (info.waiters_listed) {
+      py::list l;
+      for (const distlock::WaiterInfo& w : info.waiter_list) {
+        py::dict e;
+        e["position"] = py::int_(w.position);
+        e["owner"] = py::str(w.owner);
+        e["holder_info"] = w.holder_info ? py::object(py::str(*w.holder_info)) : py::object(py::none());
+        e["waiting_since"] =
+            w.waiting_since ? py::object(py::float_(
+                                  std::chrono::duration<double>(w.waiting_since->time_since_epoch()).count()))
+                            : py::object(py::none());
+        l.append(std::move(e));
+      }
+      queue = std::move(l);
+    }
+    d["waiter_list"] = std::move(queue);
     return d;
   }
 

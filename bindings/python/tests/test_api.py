@@ -27,6 +27,13 @@ def test_connect_none_uses_distlock_url(file_store, monkeypatch):
         client.lock("api/default")
 
 
+def test_status_says_when_the_backend_keeps_no_queue(file_store):
+    with distlock.connect(file_store.url) as client:
+        with client.lock("api/queue", ttl=5.0):
+            st = client.status("api/queue")
+            assert st["held"] and st["waiter_list"] is None
+
+
 def test_lease_fields_and_release(redis_server):
     with distlock.connect(redis_server.url) as client:
         lease = client.lock("api/fields", ttl=10.0, wait=5.0)

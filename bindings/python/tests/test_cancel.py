@@ -46,6 +46,10 @@ def test_ctrl_c_ends_a_wait_within_100ms_and_leaves_nothing_queued(server):
                 # The queued wait is visible on the server: in the waiter count and in the keys.
                 wait_until(lambda: waiters(client, name) == 1 and server.keys() != keys_held, 10.0,
                            "the child to queue")
+                # And in the queue status lists, at position 1, without a description.
+                queue = client.status(name)["waiter_list"]
+                assert [w["position"] for w in queue] == [1]
+                assert queue[0]["owner"] and queue[0]["holder_info"] is None
                 sent = time.monotonic()            # CLOCK_MONOTONIC: the same clock as the child's
                 os.kill(child.pid, signal.SIGINT)
                 word, stamp = read_line(child, 10.0).split()

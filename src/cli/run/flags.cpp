@@ -203,6 +203,12 @@ RunSettings validate(const RunFlags& flags, const std::vector<std::string>& afte
   if (auto ec = LockOptions(s.lock).validate_and_fill()) usage_error("--ttl " + flags.ttl + " is not usable");
   s.url = flags.url.empty() ? default_url() : flags.url;
   s.lock.holder_info = runner_holder_info(s.command);
+  if (flags.verbose) {
+    // On the client's event thread, each time the place in the queue changes.
+    s.lock.on_queue_position = [](std::size_t position, const WaiterInfo& ahead) {
+      print_error(waiting_line(position, ahead));
+    };
+  }
   return s;
 }
 

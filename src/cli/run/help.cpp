@@ -100,6 +100,10 @@ void add_lease_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
              "With no renewal, the job gets SIGTERM when DUR is left before the lease's local deadline "
              "and SIGKILL at it; must be below ttl - margin - renew interval (default 5s, or ttl/4)")
           ->option_text("DUR");
+  run->add_flag("--verbose,-v", flags->verbose,
+                "While waiting, print the runner's place in the lock's queue to stderr each time it "
+                "changes (\"distlock: waiting: 3rd in line behind host=H pid=P cmd=C\"); only where the "
+                "backend queues its waiters (redis, redis+sentinel, etcd, zk)");
   run->add_flag("--leader-only", flags->leader_only,
                 "Release the lock when COMMAND's first process exits, leaving any process it started "
                 "running unprotected (for commands that start daemons). Default: hold the lock until every "

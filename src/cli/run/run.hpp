@@ -69,6 +69,7 @@ struct RunFlags {
   std::string on_change;                         // --on-change hup|restart; empty: not given
   std::string rebalance_period;                  // --rebalance-period; empty: not given
   std::string trace_file;                        // --trace-file; empty: not given
+  bool verbose = false;                          // --verbose: the place in the queue on stderr
 };
 
 enum class RwMode { none, shared, exclusive };
