@@ -304,8 +304,8 @@ class DISTLOCK_EXPORT Client {
   /// valid: the two never overlap (docs/design.md "Revoke").
   /// `reason`: 1 to 1024 bytes, no NUL. A free lock is no error: {revoked = false}.
   /// Throws errc::invalid_argument (name, reason), errc::not_supported where the backend
-  /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks:
-  /// docs/design.md "Revoke"), or the backend's error. Logged at warning level, counted in
+  /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks; etcd://
+  /// and zk:// not yet: docs/design.md "Revoke"), or the backend's error. Logged at warning level, counted in
   /// distlock_revokes_total.
   RevokeResult revoke(std::string_view name, std::string_view reason);
   RevokeResult revoke(std::string_view name, std::string_view reason, std::error_code& ec) noexcept;

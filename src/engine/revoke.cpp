@@ -166,6 +166,9 @@ std::optional<RevokeRecord> Engine::last_revoke(std::string_view name, Error& ec
 void Engine::declare_refused(const std::vector<std::shared_ptr<HeldLock>>& refused) noexcept {
   std::size_t reads = 0;
   for (const auto& h : refused) {
+    // Read before the note's round trip: a refusal while the lease was still ours by our
+    // own deadline is a brain split, unless it was a revoke.
+    const bool before_deadline = clock_->now() < h->deadline();
     std::optional<Note> note;
     if (reads < kMaxNoteReads) {
       ++reads;
@@ -178,7 +181,7 @@ void Engine::declare_refused(const std::vector<std::shared_ptr<HeldLock>>& refus
     }
     const bool revoked = note && note->holder == h->owner && (!h->has_token || note->token == h->token);
     if (!revoked) {
-      if (clock_->now() < h->deadline()) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
+      if (before_deadline) n_brain_splits_.fetch_add(1, std::memory_order_relaxed);
       declare_lost(h, LossReason::renewal_refused, "the server says another owner (or nobody) holds it");
       continue;
     }

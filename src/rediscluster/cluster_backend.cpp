@@ -37,6 +37,7 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
     k.lock.append(prefix).append(":{").append(name).append("}");
     k.fence = k.lock + ":fence";
     k.channel = k.lock + ":released";
+    k.revoke_note = k.lock + ":rv";
   } else {
     static constexpr char kHex[] = "0123456789abcdef";
     std::string tag = "#";
@@ -46,6 +47,7 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
     k.lock = head + "l:" + std::string(name);
     k.fence = head + "f:" + std::string(name);
     k.channel = head + "r:" + std::string(name);
+    k.revoke_note = head + "v:" + std::string(name);
   }
   k.slot = key_slot(k.lock);
   return k;
@@ -94,6 +96,33 @@ end
 redis.call('DEL', lock)
 redis.call('SPUBLISH', channel, 'released')
 return 1
+)lua");
+  return s;
+}
+
+// KEYS[1] lock hash, KEYS[2] revoke note; ARGV[1] note, ARGV[2] note life ms, ARGV[3]
+// release channel. Backend::revoke: whoever holds the lock loses it, the note
+// "<token>\n<owner>\n<note>" is stored and the release published. {1, token, owner}, or
+// {0} when nobody held it (nothing written).
+const Script& revoke_script() {
+  static const Script& s = *new Script(R"lua(
+local lock, note_key, note, life, channel = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+local fields = redis.call('HGETALL', lock)
+local owner, token = nil, ''
+for i = 1, #fields, 2 do
+  if fields[i] == '@token' then
+    token = fields[i + 1]
+  elseif string.sub(fields[i], 1, 1) ~= '@' then
+    owner = fields[i]
+  end
+end
+if not owner then
+  return {0}
+end
+redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
+redis.call('DEL', lock)
+redis.call('SPUBLISH', channel, 'released')
+return {1, token, owner}
 )lua");
   return s;
 }
@@ -219,6 +248,53 @@ void ClusterBackend::forget(std::string_view name, std::string_view owner, std::
         ec);
   } catch (...) {  // out of memory: the lock expires after its ttl
   }
+}
+
+// On the slot's master, in one script: the lock deleted and its release published, the
+// note stored beside it.
+ClusterBackend::Revoked ClusterBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
+                                               Error& ec) {
+  ec.clear();
+  const NameKeys k = rediscluster::keys_of(prefix_, name);
+  const std::string life = std::to_string(note_life.count());
+  Reply r;
+  const redisReply* d = route(
+      k.slot, "revoke",
+      [&](Connection& c, bool, Error& e) {
+        r = revoke_script().run(c, {k.lock, k.revoke_note}, {note, life, k.channel}, e);
+        return r.get();
+      },
+      ec);
+  if (d == nullptr || ec) return {};
+  if (d->type != REDIS_REPLY_ARRAY || d->elements < 1 || d->element[0]->type != REDIS_REPLY_INTEGER) {
+    unexpected("revoke", ec);
+    return {};
+  }
+  if (d->element[0]->integer == 0) return {};
+  Revoked out;
+  if (d->elements != 3 || d->element[2]->type != REDIS_REPLY_STRING || !to_u64(d->element[1], out.token)) {
+    unexpected("revoke", ec);
+    return {};
+  }
+  out.revoked = true;
+  out.holder = std::string(redis::reply_str(d->element[2]));
+  return out;
+}
+
+std::optional<std::string> ClusterBackend::revoke_note(std::string_view name, Error& ec) {
+  ec.clear();
+  const NameKeys k = rediscluster::keys_of(prefix_, name);
+  Reply r;
+  const redisReply* d = route(
+      k.slot, "read the revoke note",
+      [&](Connection& c, bool, Error& e) {
+        r = c.command({"GET", k.revoke_note}, e);
+        return r.get();
+      },
+      ec);
+  if (d == nullptr || ec || d->type == REDIS_REPLY_NIL) return std::nullopt;
+  if (d->type != REDIS_REPLY_STRING) return unexpected("read the revoke note", ec), std::nullopt;
+  return std::string(redis::reply_str(d));
 }
 
 LockInfo ClusterBackend::status(std::string_view name, Error& ec) {

@@ -114,6 +114,8 @@ class ClusterBackend final : public Backend {
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         Error& ec) override;
   void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
+  Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
+  std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
   LockInfo status(std::string_view name, Error& ec) override;

@@ -84,6 +84,10 @@ std::string record_key(const Config& cfg, std::string_view key) {
   return k;
 }
 
+std::string revoke_note_key(const Config& cfg, std::string_view name) {
+  return cfg.prefix + "revoked:" + std::string(name);
+}
+
 // Connects to every master at once; fails unless a quorum answers.
 void RedlockBackend::connect(Millis timeout, Error& ec) {
   ec.clear();

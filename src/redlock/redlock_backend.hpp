@@ -45,6 +45,8 @@ std::string lock_key(const Config& cfg, std::string_view name);
 std::string release_channel(const Config& cfg, std::string_view name);
 /// Key of a record on every master: `<prefix>record:<key>` (locks are `<prefix>lock:<name>`).
 std::string record_key(const Config& cfg, std::string_view key);
+/// "<prefix>revoked:<name>": the note of the last revoke of lock `name` (it expires).
+std::string revoke_note_key(const Config& cfg, std::string_view name);
 
 }  // namespace redlock
 

@@ -107,6 +107,8 @@ class RedlockBackend final : public Backend {
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
   LockInfo status(std::string_view name, Error& ec) override;
+  Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
+  std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
   std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override;
   std::optional<std::string> get_record(std::string_view key, Error& ec) override;
   bool erase_record(std::string_view key, Error& ec) override;

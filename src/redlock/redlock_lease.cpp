@@ -84,6 +84,68 @@ ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view ow
   return ReleaseStatus::released;
 }
 
+// The revoke script on every master at once. A lock is held where a quorum of masters has
+// its key; a revoke that deleted it on any master ends that holder's lease (its renewal can
+// no longer reach a quorum), so one deletion is enough to report it revoked. Fewer than a
+// quorum answering is quorum_unavailable: "nothing held" is not known then.
+RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
+                                               Error& ec) {
+  ec.clear();
+  const std::array<std::string, 3> keys{lock_key(cfg_, name), revoke_note_key(cfg_, name),
+                                        release_channel(cfg_, name)};
+  const std::array<std::string, 2> args{std::string(note), std::to_string(note_life.count())};
+  const Command cmd = script_command(kRevokeScript, keys, args);
+  LaneLease lane(pool_);
+  std::vector<NodeReply> replies =
+      lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+  std::size_t answered = 0;
+  std::map<std::string, std::size_t> holders;
+  for (const NodeReply& r : replies) {
+    if (r.status != NodeStatus::ok) continue;
+    const redisReply* x = r.replies[0].get();
+    long long flag = 0;
+    if (!integer_at(x, 0, flag)) continue;
+    ++answered;
+    if (flag == 1 && x->elements == 2 && x->element[1]->type == REDIS_REPLY_STRING) {
+      ++holders[std::string(x->element[1]->str, x->element[1]->len)];
+    }
+  }
+  if (answered < quorum_ && holders.empty()) {
+    ec.fail(errc::quorum_unavailable,
+            fmt::format("redlock: revoke of \"{}\": only {} of {} masters answered: {}", name.substr(0, 200),
+                        answered, replies.size(), failures(replies, {})));
+    return {};
+  }
+  if (holders.empty()) return {};
+  Revoked out;
+  out.revoked = true;
+  std::size_t best = 0;
+  for (const auto& [owner, count] : holders) {
+    if (count > best) {
+      best = count;
+      out.holder = owner;
+    }
+  }
+  return out;
+}
+
+// The note a quorum of masters agrees on; none otherwise (never an error: the holder then
+// reports its loss as renewal_refused).
+std::optional<std::string> RedlockBackend::revoke_note(std::string_view name, Error& ec) {
+  ec.clear();
+  const Votes v = record_votes(Command{{"GET", revoke_note_key(cfg_, name)}, nullptr});
+  if (auto agreed = v.majority(quorum_)) return *agreed;
+  std::size_t best = 0;
+  std::optional<std::string> out;
+  for (const auto& [value, count] : v.values) {
+    if (value && count > best) {
+      best = count;
+      out = value;
+    }
+  }
+  return out;
+}
+
 void RedlockBackend::watch(std::string_view name, Error& ec) {
   ec.clear();
   Subscriber* sub = nullptr;

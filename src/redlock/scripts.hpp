@@ -39,6 +39,22 @@ return 0
 )lua",
     "a126899f0944469d3fb2d078bfb4faaca5f5af2b"};
 
+/// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel; ARGV[1] note,
+/// ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses it, the
+/// note "0\n<owner>\n<note>" is stored (no token: Redlock has none) and the release
+/// announced: {1, owner}; {0} when the key was not there (nothing written).
+inline constexpr Script kRevokeScript{
+    R"lua(local v = redis.call('GET', KEYS[1])
+if v == false then
+  return {0}
+end
+redis.call('SET', KEYS[2], '0\n' .. v .. '\n' .. ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[3], 'released')
+return {1, v}
+)lua",
+    "a82f8f3adf0308e6cf26482935643dee796392a1"};
+
 /// KEYS[i] lock keys; ARGV[2i-1] owner, ARGV[2i] ttl ms of key i.
 /// Extends each key this owner holds: an array of 1 (extended) / 0 (not ours).
 inline constexpr Script kRenewScript{

@@ -362,7 +362,8 @@ TEST_F(Metrics, ReentryIsNotAnAcquisitionAndTheFormatIsWellFormed) {
       EXPECT_TRUE(line.starts_with(family)) << line << " outside its family " << family;
     }
   }
-  EXPECT_EQ(types.size(), 9u);  // eight families and distlock_notification_channel_drops_total
+  // Nine families (distlock_revokes_total too) and distlock_notification_channel_drops_total.
+  EXPECT_EQ(types.size(), 10u);
 }
 
 TEST_F(Metrics, OffMeansAnEmptyText) {
