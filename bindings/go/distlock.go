@@ -692,8 +692,8 @@ func (c *Client) Status(name string) (*LockInfo, error) {
 // to the next waiter; the holder learns it at its next renewal (its loss reason is "revoked",
 // with reason, 1 to 1024 bytes). It returns true when a lease was ended, false when the lock
 // was free (not an error). ErrNotSupported where the backend cannot end another process's
-// hold (file://, postgres://, mysql://). The next holder is granted at once: revoke what is
-// fenced by the token (docs/design.md "Revoke").
+// hold (file://, postgres://, mysql://). The next holder is granted once the revoked lease has
+// run out on the server (at most one TTL): the two never overlap (docs/design.md "Revoke").
 func (c *Client) Revoke(name, reason string) (bool, error) {
 	h, err := c.enter()
 	if err != nil {

@@ -299,15 +299,15 @@ class DISTLOCK_EXPORT Client {
 
   /// Revoke: ends the lease of whoever holds `name` now (another process, another host),
   /// without the holder's cooperation and with no server rights beyond the lock's own.
-  /// In one step on the server the holder's lease goes, the lock is handed to the next
-  /// waiter as a release hands it on (queue order kept), and a note (reason, who, when,
+  /// In one step on the server the holder's lease can no longer be renewed, the lock goes
+  /// to the next waiter (queue order kept) once that lease has run out on the server (at
+  /// most one TTL after the holder's last renewal), and a note (reason, who, when,
   /// the token revoked) is kept beside the lock for RevokeRecord::kept. The holder learns
   /// it at its next renewal (within one renew_interval plus a round trip): its stop token
   /// fires, loss_reason() is LossReason::revoked, revoke_reason() is `reason`. The next
   /// holder's token is larger, so the revoked holder's fenced writes are refused.
-  /// Not a wait for the holder: the next holder may be granted before the revoked one
-  /// has seen its stop token (docs/design.md "Revoke"); use it on resources fenced by the
-  /// token, or where that overlap is acceptable.
+  /// The next holder is granted only after the revoked holder's lease could no longer be
+  /// valid: the two never overlap (docs/design.md "Revoke").
   /// `reason`: 1 to 1024 bytes, no NUL. A free lock is no error: {revoked = false}.
   /// Throws errc::invalid_argument (name, reason), errc::not_supported where the backend
   /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks; etcd://

@@ -191,8 +191,8 @@ DISTLOCK_C_API int distlock_try_acquire(distlock_client* c, const char* name,
  * "revoked", with `reason`, 1 to 1024 bytes). *revoked (may be NULL) is 1 when a lease was
  * ended, 0 when the lock was free (not an error). DISTLOCK_E_NOT_SUPPORTED where the backend
  * cannot end another process's hold (file://, postgres://, mysql://; docs/design.md
- * "Revoke"). The next holder is granted at once: revoke what is fenced by the token. Any
- * thread. */
+ * "Revoke"). The next holder is granted once the revoked lease has run out on the server
+ * (at most one TTL): the two never overlap. Any thread. */
 DISTLOCK_C_API int distlock_revoke(distlock_client* c, const char* name, const char* reason, int* revoked,
                                    distlock_error* err);
 

@@ -204,8 +204,9 @@ class Backend {
 
   /// Revoke (Client::revoke): ends the current holder's lease of `name`, whoever holds it,
   /// in one atomic step on the server: the holder's lock record goes (its next renewal is
-  /// refused), the lock is handed on as a release hands it on (the queue head granted, the
-  /// release notification sent), and a revoke note is stored beside the lock for
+  /// refused), the lock is handed on no earlier than the server would have let the holder's
+  /// lease expire (the moment its local deadline was computed against: two leases are
+  /// never valid at once), in queue order, and a revoke note is stored beside the lock for
   /// `note_life`: "<token>\n<holder owner>\n<note>", so the holder's refused renewal can
   /// tell a revoke from any other loss and read who revoked it and why. Needs no rights
   /// beyond the lock's own. A free lock is no error: {revoked = false}, nothing stored.

@@ -236,7 +236,11 @@ if not owner then
   return {0}
 end
 redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
-release_onward(lock, q, x, fence, grant_prefix, channel)
+-- The holder's record goes (its next renewal is refused), the key stays until its own
+-- expiry: the server lease the holder's local deadline was computed against. Nobody is
+-- granted before then, as after a holder that died; then the queue's refresh grants the
+-- head. Handing on now would give the lock away while the holder still counts it held.
+redis.call('HDEL', lock, owner)
 return {1, token, owner}
 )lua"));
   return s;

@@ -119,7 +119,7 @@ void RedisBackend::forget(std::string_view name, std::string_view owner, std::ui
 }
 
 // One script (redis::queue_revoke_script): the holder's record goes, the note is stored
-// beside the lock, and the lock is handed on exactly as a release hands it on.
+// beside the lock, and the lock key keeps its expiry: the queue hands it on when it expires.
 RedisBackend::Revoked RedisBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                            Error& ec) {
   ec.clear();

@@ -101,9 +101,11 @@ return 1
 }
 
 // KEYS[1] lock hash, KEYS[2] revoke note; ARGV[1] note, ARGV[2] note life ms, ARGV[3]
-// release channel. Backend::revoke: whoever holds the lock loses it, the note
-// "<token>\n<owner>\n<note>" is stored and the release published. {1, token, owner}, or
-// {0} when nobody held it (nothing written).
+// release channel (unused). Backend::revoke: whoever holds the lock loses it (its field
+// leaves the hash: its renewal is refused), the note "<token>\n<owner>\n<note>" is
+// stored, and the hash keeps its expiry: nobody is granted the lock before the revoked
+// holder's server lease runs out (docs/design.md "Revoke"). {1, token, owner}, or {0}
+// when nobody held it (nothing written).
 const Script& revoke_script() {
   static const Script& s = *new Script(R"lua(
 local lock, note_key, note, life, channel = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
@@ -120,8 +122,7 @@ if not owner then
   return {0}
 end
 redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
-redis.call('DEL', lock)
-redis.call('SPUBLISH', channel, 'released')
+redis.call('HDEL', lock, owner)
 return {1, token, owner}
 )lua");
   return s;

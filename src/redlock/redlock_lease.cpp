@@ -85,9 +85,10 @@ ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view ow
 }
 
 // The revoke script on every master at once. A lock is held where a quorum of masters has
-// its key; a revoke that deleted it on any master ends that holder's lease (its renewal can
-// no longer reach a quorum), so one deletion is enough to report it revoked. Fewer than a
-// quorum answering is quorum_unavailable: "nothing held" is not known then.
+// its key; the holder's lease ends once the masters that still may have its key (those that
+// did not answer) are fewer than a quorum: only then is it reported revoked, else
+// quorum_unavailable. Fewer than a quorum answering with no key found is quorum_unavailable
+// too: "nothing held" is not known then.
 RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                                Error& ec) {
   ec.clear();
@@ -117,6 +118,16 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
     return {};
   }
   if (holders.empty()) return {};
+  // The holder keeps its lease while the masters that did not answer are a quorum: it
+  // still renews there. Such a revoke ended nothing and must not say it did.
+  if (replies.size() - answered >= quorum_) {
+    ec.fail(
+        errc::quorum_unavailable,
+        fmt::format("redlock: revoke of \"{}\": only {} of {} masters answered ({}); the holder may still "
+                    "renew on a quorum of the others: not revoked",
+                    name.substr(0, 200), answered, replies.size(), failures(replies, {})));
+    return {};
+  }
   Revoked out;
   out.revoked = true;
   std::size_t best = 0;

@@ -207,6 +207,8 @@ LockInfo RedlockBackend::status_from(const std::vector<NodeReply>& replies, std:
     ++answered;
     const redisReply* holder = reply->element[0];
     if (holder->type != REDIS_REPLY_STRING) continue;
+    // "@revoked": a revoked lease's key waiting out its life (kRevokeScript), held by nobody.
+    if (holder->len > 0 && holder->str[0] == '@') continue;
     Seen& s = owners[std::string(holder->str, holder->len)];
     ++s.count;
     if (pttl >= 0) s.min_pttl = s.min_pttl < 0 ? pttl : std::min(s.min_pttl, pttl);

@@ -39,21 +39,27 @@ return 0
 )lua",
     "a126899f0944469d3fb2d078bfb4faaca5f5af2b"};
 
-/// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel; ARGV[1] note,
-/// ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses it, the
-/// note "0\n<owner>\n<note>" is stored (no token: Redlock has none) and the release
-/// announced: {1, owner}; {0} when the key was not there (nothing written).
+/// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused); ARGV[1]
+/// note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses
+/// it (its value becomes "@revoked", which no owner renews, for the key's remaining life:
+/// nobody is granted the lock before the revoked holder's lease runs out, docs/design.md
+/// "Revoke"), and the note "0\n<owner>\n<note>" is stored (no token: Redlock has none):
+/// {1, owner}; {0} when the key was not held (nothing written).
 inline constexpr Script kRevokeScript{
     R"lua(local v = redis.call('GET', KEYS[1])
-if v == false then
+if v == false or string.sub(v, 1, 1) == '@' then
   return {0}
 end
 redis.call('SET', KEYS[2], '0\n' .. v .. '\n' .. ARGV[1], 'PX', ARGV[2])
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[3], 'released')
+local left = redis.call('PTTL', KEYS[1])
+if left > 0 then
+  redis.call('SET', KEYS[1], '@revoked', 'PX', left)
+else
+  redis.call('DEL', KEYS[1])
+end
 return {1, v}
 )lua",
-    "a82f8f3adf0308e6cf26482935643dee796392a1"};
+    "6a74df6f930f9f979848ea9294d76fe0feb61dd3"};
 
 /// KEYS[i] lock keys; ARGV[2i-1] owner, ARGV[2i] ttl ms of key i.
 /// Extends each key this owner holds: an array of 1 (extended) / 0 (not ours).

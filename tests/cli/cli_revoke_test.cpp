@@ -110,6 +110,38 @@ TEST(CliRevokeRedis, RevokedRunHasItsCommandStoppedAndTheWaiterRuns) {
   EXPECT_EQ(nlohmann::json::parse(json.out())["revoked"], false);
 }
 
+// `distlock run` treats a revoke as a loss: the revoked run's command is gone before the
+// next holder's command starts. The waiter's command checks, as its first act, whether the
+// revoked command's process still exists (kill -0) and writes what it saw.
+TEST(CliRevokeRedis, RevokedRunsCommandIsGoneBeforeTheWaitersCommandStarts) {
+  TempDir dir("distlock-cli-revoke");
+  RedisServer redis;
+  const fs::path a_ready = dir.path() / "a.ready", b_saw = dir.path() / "b.saw";
+  Cli a = Cli::start(spinning_run(redis.url(), "revorder", a_ready, {"--ttl", "3s", "--grace", "200ms"}),
+                     dir.path());
+  ASSERT_TRUE(wait_for_file(a_ready, 20s)) << a.err();
+  const std::string a_child = std::to_string(std::stoi(slurp(a_ready)));
+  Cli b =
+      Cli::start({"run", "--url", redis.url(), "--ttl", "3s", "--wait", "60s", "revorder", "--", "sh", "-c",
+                  "if kill -0 " + a_child + " 2>/dev/null; then s=running; else s=gone; fi; echo $s > " +
+                      b_saw.string() + ".tmp && mv " + b_saw.string() + ".tmp " + b_saw.string()},
+                 dir.path());
+  ASSERT_TRUE(eventually(
+      [&] {
+        Cli s = Cli::run({"status", "--json", "--url", redis.url(), "revorder"}, dir.path());
+        const auto j = nlohmann::json::parse(s.out(), nullptr, false);
+        return !j.is_discarded() && j["waiters"].is_number() && j["waiters"].get<int>() >= 1;
+      },
+      20s))
+      << b.err();
+  Cli revoke = Cli::run({"revoke", "--url", redis.url(), "--reason", "order check", "revorder"}, dir.path());
+  ASSERT_EQ(revoke.code(), 0) << revoke.err();
+  ASSERT_TRUE(wait_for_file(b_saw, 30s)) << b.err();
+  EXPECT_EQ(slurp(b_saw), "gone\n") << "the next holder's command started while the revoked one still ran";
+  EXPECT_EQ(a.wait(20s), 76) << a.err();
+  EXPECT_EQ(b.wait(20s), 0) << b.err();
+}
+
 TEST(CliRevokeFile, FileBackendSaysItCannotRevoke) {
   TempDir dir("distlock-cli-revoke");
   const std::string url = "file://" + (dir.path() / "locks").string();

@@ -243,6 +243,71 @@ TEST_P(Revoke, HolderIsToldWithinOneRenewalIntervalAndTheNextWaiterGetsALargerTo
   next->release();
 }
 
+// One holder at a time holds with revoke as without it: the server hands the lock on only
+// once the revoked holder can no longer count itself the holder. The waiter's acquire
+// returns after the holder's stop token fired (both seen on this process's steady clock:
+// the stop callback's time-stamp is taken before the waiter's grant is checked against it).
+TEST_P(Revoke, NextHolderIsGrantedOnlyAfterTheRevokedHolderWasTold) {
+  distlock::Client holder_client = client();
+  distlock::Client waiter_client = client();
+  distlock::Client ops = client();
+  const std::string name = "revoke/overlap";
+  distlock::Lease held = holder_client.acquire(name, lock_opts());
+  ASSERT_TRUE(held.owns());
+  std::mutex mu;
+  std::optional<Steady::time_point> told;
+  std::stop_callback on_stop(held.stop_token(), [&] {
+    std::lock_guard lk(mu);
+    told = Steady::now();
+  });
+  std::optional<distlock::Lease> next;
+  std::optional<Steady::time_point> granted;
+  bool holder_told_at_grant = false;
+  std::exception_ptr waiter_error;
+  std::thread waiter([&] {
+    try {
+      distlock::Lease l = waiter_client.acquire(name, lock_opts(20000ms));
+      const bool stopped = held.stop_token().stop_requested();
+      std::lock_guard lk(mu);
+      granted = Steady::now();
+      holder_told_at_grant = stopped && told.has_value();
+      next.emplace(std::move(l));
+    } catch (...) {
+      waiter_error = std::current_exception();
+    }
+  });
+  EXPECT_TRUE(distlock::testing::eventually(
+      [&] {
+        const distlock::LockInfo i = ops.status(name);
+        return !i.waiters || *i.waiters >= 1;
+      },
+      5000ms));
+  std::error_code ec;
+  const distlock::RevokeResult r = ops.revoke(name, "overlap check", ec);
+  if (!revocable(ops.scheme())) {
+    EXPECT_EQ(ec, errc::not_supported) << ec.message();
+    held.release();
+    waiter.join();
+    ASSERT_FALSE(waiter_error);
+    return;
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(r.revoked);
+  waiter.join();
+  ASSERT_FALSE(waiter_error);
+  ASSERT_TRUE(next && next->owns());
+  std::lock_guard lk(mu);
+  ASSERT_TRUE(granted);
+  EXPECT_TRUE(holder_told_at_grant)
+      << "the waiter was granted while the revoked holder still held a valid lease (its stop token "
+      << (told ? "fired " + std::to_string(std::chrono::duration_cast<Millis>(*told - *granted).count()) +
+                     " ms after the grant"
+               : std::string("had not fired"))
+      << ")";
+  EXPECT_EQ(held.loss_reason(), distlock::LossReason::revoked) << held.loss_detail();
+  next->release();
+}
+
 TEST_P(Revoke, EachRevokeReachesTheLeaseItRevokedAndNoOther) {
   distlock::Client a = client();
   distlock::Client ops = client();

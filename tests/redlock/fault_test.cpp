@@ -432,5 +432,41 @@ TEST(RedlockFault, WaiterNotifiedAfterItsSubscriptionMasterRestarted) {
   EXPECT_LT(since(released), 2s);
 }
 
+// A revoke that reached only a minority of the masters that hold the holder's key cannot end
+// its lease (the holder still renews on a quorum): it must not report "revoked". Two of three
+// masters are cut from the revoker only (its proxies dropped); the holder reaches all three.
+// Either the revoke fails, or the holder is told within its renewal interval (1 s at TTL 3 s)
+// plus 2 s, on this process's steady clock.
+TEST(RedlockFault, RevokeThatReachedOnlyAMinorityIsNotReportedAsDone) {
+  Masters m(3);
+  distlock::testing::FaultProxy p1(m[1].port()), p2(m[2].port());
+  const std::string via = "redlock://127.0.0.1:" + std::to_string(m[0].port()) +
+                          ",127.0.0.1:" + std::to_string(p1.port()) +
+                          ",127.0.0.1:" + std::to_string(p2.port()) + "?timeout=200ms";
+  auto holder = connect(m.url());
+  auto ops = connect(via);
+  distlock::LockOptions o;
+  o.ttl = 3000ms;
+  o.renew_interval = 1000ms;
+  auto lease = holder.acquire("revoke-minority", o);
+  ASSERT_TRUE(lease.owns());
+  p1.drop();
+  p2.drop();
+  distlock::RevokeResult r;
+  try {
+    r = ops.revoke("revoke-minority", "minority");
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), distlock::errc::quorum_unavailable) << e.what();
+    EXPECT_NE(std::string(e.what()).find("only 1 of 3 masters answered"), std::string::npos) << e.what();
+    EXPECT_TRUE(lease.owns()) << "the holder keeps its lease on the masters the revoke did not reach";
+    return;
+  }
+  ASSERT_TRUE(r.revoked) << "the lock is held: a revoke that answered must not say it was free";
+  const auto deadline = Clock::now() + 3000ms;
+  while (Clock::now() < deadline && !lease.stop_token().stop_requested()) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(lease.stop_token().stop_requested())
+      << "revoke() reported the lease revoked but its holder still renews on a quorum";
+}
+
 }  // namespace
 }  // namespace distlock

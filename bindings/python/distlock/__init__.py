@@ -376,8 +376,8 @@ class Client:
         ``loss_reason`` is ``"revoked"``, its loss detail names ``reason``, 1 to 1024 bytes).
         True when a lease was ended, False when the lock was free (not an error). Raises
         :class:`NotSupported` where the backend cannot end another process's hold (file://,
-        postgres://, mysql://). The next holder is granted at once: revoke what is fenced by
-        the token (docs/design.md "Revoke"). Runs without the GIL."""
+        postgres://, mysql://). The next holder is granted once the revoked lease has run out
+        on the server (at most one TTL): the two never overlap (docs/design.md "Revoke"). Runs without the GIL."""
         return self._impl.revoke(name, reason)
 
     @property
