@@ -48,9 +48,29 @@ return {1, token}
 
 // KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
 // Returns one status per key: 1 renewed, 0 not held by that owner any more.
-// A holder's lock-delay marker "<lock>:delay" (value D, redis/lock_scripts.hpp; same
-// hash slot) moves with the lease: it lives ttl + D from now. While a lock is held only
-// its holder's marker can exist (a marker keeps everybody else out).
+// Without lock-delay: the Redis Cluster backend's renewal (which has no marker).
+namespace {
+const Script& plain_renew_script() {
+  static const Script& s = *new Script(R"lua(
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+)lua");
+  return s;
+}
+}  // namespace
+
+// As plain_renew_script(), for redis:// and redis+sentinel://: a holder's lock-delay
+// marker "<lock>:delay" (value D, redis/lock_scripts.hpp; same hash slot) moves with
+// the lease: it lives ttl + D from now. While a lock is held only its holder's marker
+// can exist (a marker keeps everybody else out).
 const Script& renew_script() {
   static const Script& s = *new Script(R"lua(
 local out = {}
@@ -205,29 +225,12 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
 
 // The scripts above, for the Redis Cluster backend (src/rediscluster): the same
 // layout and the same rules per name, routed to the node serving the name's slot.
-// Its renewal touches the lock hashes only (the keys it names): redis+cluster://
-// has no lock-delay (docs/design.md "Lock-delay"), and on a node whose slot is
-// MIGRATING a script command on a key it does not have (a lock-delay marker that
-// was never written) is refused as a "non local key", which failed every renewal of
-// that slot's locks until its keys had moved.
 namespace redis {
 const Script& lock_acquire_script() {
   return acquire_script();
 }
 const Script& lock_renew_script() {
-  static const Script& s = *new Script(R"lua(
-local out = {}
-for i = 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
-  else
-    out[i] = 0
-  end
-end
-return out
-)lua");
-  return s;
+  return plain_renew_script();  // redis+cluster:// keeps no lock-delay marker (docs/design.md "Lock-delay")
 }
 }  // namespace redis
 
