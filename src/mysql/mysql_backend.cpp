@@ -25,6 +25,10 @@ constexpr std::size_t kMaxIdle = 4;
 constexpr const char* kLeftMs =
     "CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), seen_at + INTERVAL ttl_ms * 1000 MICROSECOND) / 1000)";
 
+// The end of a lost lease's hold on its row: seen_at + ttl_ms + the holder's lock-delay
+// (delay_ms, null: none; docs/design.md "Lock-delay"), on the server's clock.
+constexpr const char* kRowEnd = "seen_at + INTERVAL (ttl_ms + IFNULL(delay_ms, 0)) * 1000 MICROSECOND";
+
 std::uint64_t to_u64(const std::optional<std::string>& v, bool& ok) {
   std::uint64_t x = 0;
   if (!v) {
@@ -102,10 +106,21 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
                     " (digest BINARY(32) NOT NULL PRIMARY KEY, name VARBINARY(4096) NOT NULL,"
                     " token BIGINT UNSIGNED NOT NULL, owner BLOB NULL, conn_id BIGINT UNSIGNED NULL,"
                     " lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL, ttl_ms BIGINT NULL,"
-                    " seen_at DATETIME(6) NULL) ENGINE=InnoDB");
+                    " seen_at DATETIME(6) NULL, delay_ms BIGINT NULL) ENGINE=InnoDB");
   }
   if (!e.ok()) {
     why = cfg_.shown + ": cannot create or read the table " + cfg_.locks_table + ": " + e.error;
+    return my::code_of(e);
+  }
+  // A table made before lock-delay gets its column (null: no delay); that needs ALTER on it.
+  e = my::run(aux_.get(), "SELECT delay_ms FROM " + cfg_.locks_table + " LIMIT 0");
+  if (!e.ok() && e.errnum == 1054 /* ER_BAD_FIELD_ERROR */) {
+    e = my::run(aux_.get(), "ALTER TABLE " + cfg_.locks_table + " ADD COLUMN delay_ms BIGINT NULL");
+    if (!e.ok() && e.errnum == 1060 /* ER_DUP_FIELDNAME: another client added it */)
+      e = my::run(aux_.get(), "SELECT 1");
+  }
+  if (!e.ok()) {
+    why = cfg_.shown + ": cannot add the column delay_ms to the table " + cfg_.locks_table + ": " + e.error;
     return my::code_of(e);
   }
   // Records (mysql_records.cpp), checked on their own: the client that made the lock
@@ -224,14 +239,16 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   const std::string sql =
       "SET SESSION wait_timeout = " + std::to_string(wait_s) + ", @dl_g = GET_LOCK(" + L +
       ", 0), @dl_ok = 1, @dl_left = NULL; SELECT name = " + N + " AND (" + free_row +
-      " OR UTC_TIMESTAMP(6) >= seen_at + INTERVAL ttl_ms * 1000 MICROSECOND), IF(" + free_row +
-      ", NULL, GREATEST(10, " + kLeftMs + ")) INTO @dl_ok, @dl_left FROM " + T + " AS l WHERE digest = " + D +
-      "; INSERT INTO " + T + " (digest, name, token, owner, conn_id, lock_name, ttl_ms, seen_at) SELECT " +
-      D + ", " + N + ", 1, " + hex_literal(req.owner) + ", CONNECTION_ID(), " + L + ", " +
-      std::to_string(validity.count()) +
-      ", UTC_TIMESTAMP(6) FROM DUAL WHERE @dl_g = 1 AND @dl_ok = 1 ON DUPLICATE KEY UPDATE token = token + 1,"
+      " OR UTC_TIMESTAMP(6) >= " + kRowEnd + "), IF(" + free_row +
+      ", NULL, GREATEST(10, CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), " + kRowEnd +
+      ") / 1000))) INTO @dl_ok, @dl_left FROM " + T + " AS l WHERE digest = " + D + "; INSERT INTO " + T +
+      " (digest, name, token, owner, conn_id, lock_name, ttl_ms, seen_at, delay_ms) SELECT " + D + ", " + N +
+      ", 1, " + hex_literal(req.owner) + ", CONNECTION_ID(), " + L + ", " + std::to_string(validity.count()) +
+      ", UTC_TIMESTAMP(6), " + std::to_string(req.lock_delay.count()) +
+      " FROM DUAL WHERE @dl_g = 1 AND @dl_ok = 1 ON DUPLICATE KEY UPDATE token = token + 1,"
       " owner = VALUES(owner), conn_id = VALUES(conn_id), lock_name = VALUES(lock_name),"
-      " ttl_ms = VALUES(ttl_ms), seen_at = VALUES(seen_at); SELECT @dl_g = 1 AND @dl_ok = 1, (SELECT token "
+      " ttl_ms = VALUES(ttl_ms), seen_at = VALUES(seen_at), delay_ms = VALUES(delay_ms); SELECT @dl_g = 1 "
+      "AND @dl_ok = 1, (SELECT token "
       "FROM " +
       T + " WHERE digest = " + D + "), @dl_left, IF(@dl_g = 1 AND NOT (@dl_ok <=> 1), RELEASE_LOCK(" + L +
       "), NULL)";
@@ -368,7 +385,7 @@ void MysqlBackend::renew(std::span<const RenewItem> items, std::span<RenewStatus
     } else {
       // The row names someone else, or the session lost the named lock: not ours.
       Exec r;
-      release_on(*l, r);
+      release_on(*l, r, /*lost=*/true);
       l->conn.reset();
       drop_lease(l);
       out[i] = RenewStatus::not_owner;
@@ -389,9 +406,10 @@ std::string MysqlBackend::released_sql(const std::string& row) const {
 // release it forgets only makes the next holder wait out the released lease's TTL, as
 // if its session had died. The row is checked to be this owner's on this session in the
 // same statement; the named lock is given up after it, in the same batch.
-bool MysqlBackend::release_on(Lease& l, Exec& e) {
+bool MysqlBackend::release_on(Lease& l, Exec& e, bool lost) {
   const std::string where = " WHERE digest = " + digest_sql(l.name) + " AND name = " + hex_literal(l.name) +
-                            " AND owner = " + hex_literal(l.owner) + " AND conn_id = CONNECTION_ID()";
+                            " AND owner = " + hex_literal(l.owner) + " AND conn_id = CONNECTION_ID()" +
+                            (lost ? " AND IFNULL(delay_ms, 0) = 0" : "");
   const std::string unlock = "; SELECT RELEASE_LOCK(" + lock_name_sql(l.name) + ")";
   auto done = [&] {
     return e.ok() && e.affected >= 1 && e.rows.size() == 1 && e.rows[0].size() == 1 && e.rows[0][0] == "1";
@@ -442,7 +460,8 @@ ReleaseStatus MysqlBackend::release(std::string_view name, std::string_view owne
   return ours ? ReleaseStatus::released : ReleaseStatus::not_owner;
 }
 
-// The engine declared the lease lost while this client lives: clear its row and give
+// The engine declared the lease lost while this client lives: clear its row (unless it
+// has a lock-delay: then the row keeps others out until seen_at + ttl + delay) and give
 // up its named lock now, rather than at the server's wait_timeout. Closing the session
 // ends the named lock even if the statement fails.
 void MysqlBackend::forget(std::string_view name, std::string_view owner, std::uint64_t /*token*/) noexcept {
@@ -453,7 +472,7 @@ void MysqlBackend::forget(std::string_view name, std::string_view owner, std::ui
     LockGuard lk(l->mu);
     if (!l->conn) return;
     Exec e;
-    if (release_on(*l, e)) {
+    if (release_on(*l, e, /*lost=*/true)) {
       give_back(std::move(l->conn), l->validity);
     } else {
       l->conn.reset();

@@ -57,7 +57,7 @@ class MysqlBackend final : public Backend {
 
   std::error_code connect_now(std::string& why);
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
   void set_listener(ChangeListener* l) override { listener_cb_.store(l); }
 
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
@@ -100,7 +100,9 @@ class MysqlBackend final : public Backend {
   void drop_lease(const std::shared_ptr<Lease>& l);
   // Marks the lease's row released (or clears it) and gives up its named lock on its
   // session. True when the row was ours and the named lock was held.
-  bool release_on(Lease& l, Exec& e) DISTLOCK_REQUIRES(l.mu);
+  // `lost` (forget): a row with a lock-delay is left naming its owner (its named lock is
+  // given up all the same), so nobody takes it over before seen_at + ttl + delay.
+  bool release_on(Lease& l, Exec& e, bool lost = false) DISTLOCK_REQUIRES(l.mu);
   // SQL: whether the lock row `row` (an alias of the lock table) was released by its
   // holder — its token is the one in distlock_released. FALSE without that table.
   std::string released_sql(const std::string& row) const;
