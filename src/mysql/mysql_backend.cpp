@@ -113,12 +113,21 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
     return my::code_of(e);
   }
   // A table made before lock-delay gets its column (null: no delay); that needs ALTER on it.
+  // An account that may not alter the table still connects and locks, without lock-delay
+  // (Capabilities::lock_delay false; the statements then neither read nor write delay_ms).
   e = my::run(aux_.get(), "SELECT delay_ms FROM " + cfg_.locks_table + " LIMIT 0");
+  bool with_delay = e.ok();
   if (!e.ok() && e.errnum == 1054 /* ER_BAD_FIELD_ERROR */) {
     e = my::run(aux_.get(), "ALTER TABLE " + cfg_.locks_table + " ADD COLUMN delay_ms BIGINT NULL");
     if (!e.ok() && e.errnum == 1060 /* ER_DUP_FIELDNAME: another client added it */)
       e = my::run(aux_.get(), "SELECT 1");
+    with_delay = e.ok();
+    if (!e.ok() && (e.errnum == 1142 /* ER_TABLEACCESS_DENIED_ERROR */ ||
+                    e.errnum == 1044 /* ER_DBACCESS_DENIED_ERROR */)) {
+      e = my::run(aux_.get(), "SELECT 1");
+    }
   }
+  has_delay_column_.store(with_delay);
   if (!e.ok()) {
     why = cfg_.shown + ": cannot add the column delay_ms to the table " + cfg_.locks_table + ": " + e.error;
     return my::code_of(e);
@@ -236,18 +245,24 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   // Taken over when the row names no owner, its holder released it (distlock_released)
   // or its lease's time has passed (its session ended without a release).
   const std::string free_row = "owner IS NULL OR " + released_sql("l");
+  // A table without delay_ms (an account that may not add it, connect_now): no lock-delay.
+  const bool with_delay = has_delay_column_.load();
+  const std::string row_end = with_delay ? kRowEnd : "seen_at + INTERVAL ttl_ms * 1000 MICROSECOND";
   const std::string sql =
       "SET SESSION wait_timeout = " + std::to_string(wait_s) + ", @dl_g = GET_LOCK(" + L +
       ", 0), @dl_ok = 1, @dl_left = NULL; SELECT name = " + N + " AND (" + free_row +
-      " OR UTC_TIMESTAMP(6) >= " + kRowEnd + "), IF(" + free_row +
-      ", NULL, GREATEST(10, CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), " + kRowEnd +
+      " OR UTC_TIMESTAMP(6) >= " + row_end + "), IF(" + free_row +
+      ", NULL, GREATEST(10, CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), " + row_end +
       ") / 1000))) INTO @dl_ok, @dl_left FROM " + T + " AS l WHERE digest = " + D + "; INSERT INTO " + T +
-      " (digest, name, token, owner, conn_id, lock_name, ttl_ms, seen_at, delay_ms) SELECT " + D + ", " + N +
-      ", 1, " + hex_literal(req.owner) + ", CONNECTION_ID(), " + L + ", " + std::to_string(validity.count()) +
-      ", UTC_TIMESTAMP(6), " + std::to_string(req.lock_delay.count()) +
+      " (digest, name, token, owner, conn_id, lock_name, ttl_ms, seen_at" + (with_delay ? ", delay_ms" : "") +
+      ") SELECT " + D + ", " + N + ", 1, " + hex_literal(req.owner) + ", CONNECTION_ID(), " + L + ", " +
+      std::to_string(validity.count()) + ", UTC_TIMESTAMP(6)" +
+      (with_delay ? ", " + std::to_string(req.lock_delay.count()) : std::string()) +
       " FROM DUAL WHERE @dl_g = 1 AND @dl_ok = 1 ON DUPLICATE KEY UPDATE token = token + 1,"
       " owner = VALUES(owner), conn_id = VALUES(conn_id), lock_name = VALUES(lock_name),"
-      " ttl_ms = VALUES(ttl_ms), seen_at = VALUES(seen_at), delay_ms = VALUES(delay_ms); SELECT @dl_g = 1 "
+      " ttl_ms = VALUES(ttl_ms), seen_at = VALUES(seen_at)" +
+      (with_delay ? ", delay_ms = VALUES(delay_ms)" : "") +
+      "; SELECT @dl_g = 1 "
       "AND @dl_ok = 1, (SELECT token "
       "FROM " +
       T + " WHERE digest = " + D + "), @dl_left, IF(@dl_g = 1 AND NOT (@dl_ok <=> 1), RELEASE_LOCK(" + L +
@@ -409,7 +424,7 @@ std::string MysqlBackend::released_sql(const std::string& row) const {
 bool MysqlBackend::release_on(Lease& l, Exec& e, bool lost) {
   const std::string where = " WHERE digest = " + digest_sql(l.name) + " AND name = " + hex_literal(l.name) +
                             " AND owner = " + hex_literal(l.owner) + " AND conn_id = CONNECTION_ID()" +
-                            (lost ? " AND IFNULL(delay_ms, 0) = 0" : "");
+                            (lost && has_delay_column_.load() ? " AND IFNULL(delay_ms, 0) = 0" : "");
   const std::string unlock = "; SELECT RELEASE_LOCK(" + lock_name_sql(l.name) + ")";
   auto done = [&] {
     return e.ok() && e.affected >= 1 && e.rows.size() == 1 && e.rows[0].size() == 1 && e.rows[0][0] == "1";

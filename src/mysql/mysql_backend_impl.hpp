@@ -57,7 +57,8 @@ class MysqlBackend final : public Backend {
 
   std::error_code connect_now(std::string& why);
 
-  Capabilities capabilities() const noexcept override { return {true, true, true}; }
+  // Lock-delay only where the table has its column (connect_now; docs/mysql.md).
+  Capabilities capabilities() const noexcept override { return {true, true, has_delay_column_.load()}; }
   void set_listener(ChangeListener* l) override { listener_cb_.store(l); }
 
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
@@ -135,6 +136,8 @@ class MysqlBackend final : public Backend {
   bool fast_release_ = false;
   std::atomic<ChangeListener*> listener_cb_{nullptr};
   std::atomic<bool> failing_{false};
+  // The lock table has delay_ms (set by connect_now): the lock-delay statements are used.
+  std::atomic<bool> has_delay_column_{false};
   AnnotatedMutex mu_;
   std::map<std::string, std::shared_ptr<Lease>> leases_ DISTLOCK_GUARDED_BY(mu_);  // by name_owner_key
   struct Idle {

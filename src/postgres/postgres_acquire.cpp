@@ -42,6 +42,24 @@ constexpr const char* kAcquireSql =
     " - clock_timestamp())))::bigint END FROM o),"
     " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END FROM g";
 
+// kAcquireSql for a table without delay_ms (made before lock-delay, and this role may
+// not add the column: connect_now): $1..$4 as above, no lock-delay.
+constexpr const char* kAcquireWithoutDelaySql =
+    "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock($2::bigint) AS got),"
+    " u AS (INSERT INTO public.distlock_locks AS d (digest, name, token, owner, pid, ttl_ms, seen_at)"
+    " SELECT sha256(decode($1, 'hex')), decode($1, 'hex'), 1, $3, pg_backend_pid(), $4::bigint,"
+    " clock_timestamp() FROM g WHERE g.got"
+    " ON CONFLICT (digest) DO UPDATE SET token = d.token + 1, owner = EXCLUDED.owner, pid = EXCLUDED.pid,"
+    " ttl_ms = EXCLUDED.ttl_ms, seen_at = EXCLUDED.seen_at WHERE d.name = EXCLUDED.name AND (d.owner IS NULL"
+    " OR clock_timestamp() >= d.seen_at + d.ttl_ms * interval '1 millisecond') RETURNING d.token),"
+    " o AS (SELECT owner, ttl_ms, seen_at FROM public.distlock_locks"
+    " WHERE digest = sha256(decode($1, 'hex')))"
+    " SELECT (SELECT token FROM u) IS NOT NULL, (SELECT token FROM u),"
+    " (SELECT CASE WHEN o.owner IS NULL OR o.seen_at IS NULL THEN o.ttl_ms ELSE greatest(10, ceil(1000 *"
+    " extract(epoch FROM o.seen_at + o.ttl_ms * interval '1 millisecond' - clock_timestamp())))::bigint END"
+    " FROM o),"
+    " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END FROM g";
+
 }  // namespace
 
 AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec) {
@@ -69,15 +87,17 @@ AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec)
       res.holder_ttl = s.ttl;
       return res;
     }
-    const std::vector<std::string> params{to_hex(req.name), std::to_string(key), std::string(req.owner),
-                                          std::to_string(req.ttl.count()),
-                                          std::to_string(req.lock_delay.count())};
+    const bool with_delay = has_delay_column_.load();
+    std::vector<std::string> params{to_hex(req.name), std::to_string(key), std::string(req.owner),
+                                    std::to_string(req.ttl.count())};
+    if (with_delay) params.push_back(std::to_string(req.lock_delay.count()));
+    const char* const acquire_sql = with_delay ? kAcquireSql : kAcquireWithoutDelaySql;
     Exec e;
     Clock::time_point sent{};
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (!ensure_connected(s, lost, ec)) break;
       sent = Clock::now();
-      e = run(s.conn.get(), kAcquireSql, params, cfg_.command_timeout);
+      e = run(s.conn.get(), acquire_sql, params, cfg_.command_timeout);
       if (!e.io_failed) break;
       // The session is gone: every lease on it went with it. An idle session the
       // server ended (idle_session_timeout) is expected: try once on a new one.

@@ -64,9 +64,12 @@ constexpr const char* kSetupSql =
     "  ALTER TABLE public.distlock_locks ALTER COLUMN digest SET NOT NULL, ADD PRIMARY KEY (digest);"
     " END IF;"
     // The holder's lock-delay (docs/design.md "Lock-delay"), added to a table made before it.
+    // A role that may not alter the table still connects and locks, without lock-delay
+    // (connect_now reads whether the column is there).
     " IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'public.distlock_locks'::regclass"
-    "   AND attname = 'delay_ms' AND NOT attisdropped) THEN"
+    "   AND attname = 'delay_ms' AND NOT attisdropped) THEN BEGIN"
     "  ALTER TABLE public.distlock_locks ADD COLUMN delay_ms bigint;"
+    "  EXCEPTION WHEN insufficient_privilege THEN NULL; END;"
     " END IF;"
     // Records (postgres_records.cpp), keyed like the lock rows. A user that may not
     // create it (the lock table made by an administrator) still locks; its record
@@ -114,6 +117,21 @@ std::error_code PostgresBackend::connect_now(std::string& why) {
       while (!why.empty() && why.back() == '\n') why.pop_back();
       return code_of(e);
     }
+  }
+  {
+    // Whether the table has the lock-delay column (a role that may not add it to an older
+    // table locks without it: Capabilities::lock_delay false, the SQL of before).
+    LockGuard lk(aux_mu_);
+    Result r(PQexec(aux_.get(),
+                    "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.distlock_locks'::regclass"
+                    " AND attname = 'delay_ms' AND NOT attisdropped"));
+    if (!r || PQresultStatus(r.get()) != PGRES_TUPLES_OK || PQntuples(r.get()) != 1) {
+      const std::string m = r ? PQresultErrorMessage(r.get()) : pq_message(aux_.get());
+      why = cfg_.shown + ": cannot read the columns of public.distlock_locks: " + m;
+      while (!why.empty() && why.back() == '\n') why.pop_back();
+      return make_error_code(errc::backend_unavailable);
+    }
+    has_delay_column_.store(std::string_view(PQgetvalue(r.get(), 0, 0)) == "1");
   }
   if ((ec = listen_now(why))) return ec;
   listener_.start([this] { listen_loop(); });

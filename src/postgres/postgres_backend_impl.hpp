@@ -72,7 +72,8 @@ class PostgresBackend final : public Backend {
 
   std::error_code connect_now(std::string& why);
 
-  Capabilities capabilities() const noexcept override { return {true, true, true}; }
+  // Lock-delay only where the table has its column (connect_now; docs/postgres.md).
+  Capabilities capabilities() const noexcept override { return {true, true, has_delay_column_.load()}; }
   void set_listener(ChangeListener* l) override { listener_cb_.store(l); }
 
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
@@ -136,6 +137,8 @@ class PostgresBackend final : public Backend {
   Logger log_;
   std::atomic<ChangeListener*> listener_cb_{nullptr};
   std::atomic<bool> failing_{false};
+  // public.distlock_locks has delay_ms (set by connect_now): the lock-delay SQL is used.
+  std::atomic<bool> has_delay_column_{false};
   AnnotatedMutex sessions_mu_;
   std::map<Millis, std::unique_ptr<Session>> sessions_ DISTLOCK_GUARDED_BY(sessions_mu_);  // never erased
   AnnotatedMutex aux_mu_;

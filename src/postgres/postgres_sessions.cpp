@@ -264,7 +264,7 @@ void PostgresBackend::expire_stale(Session& s, Lost& lost) {
 void PostgresBackend::give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost) {
   const std::int64_t key = it->first;
   const std::string name = it->second.name;
-  Exec e = run(s.conn.get(), kGiveUpSql,
+  Exec e = run(s.conn.get(), has_delay_column_.load() ? kGiveUpSql : kReleaseSql,
                {to_hex(name), it->second.owner, std::to_string(key), key_payload(key)}, cfg_.command_timeout);
   if (!e.ok() && !e.io_failed) {
     e = run(s.conn.get(), "SELECT pg_advisory_unlock($1::bigint), pg_notify('distlock_released', $2)",

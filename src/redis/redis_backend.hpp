@@ -67,7 +67,9 @@ namespace redis {
 class Script;
 /// The acquire script (KEYS lock, fence; ARGV owner, ttl → {1, token} | {0, pttl}) and
 /// the batched renew script (KEYS locks; ARGV owner, ttl per key → 1 | 0 per key),
-/// shared with the Redis Cluster backend.
+/// for the Redis Cluster backend. Its renew script touches only the keys it names (no
+/// lock-delay marker: redis+cluster:// has no lock-delay), as a slot being migrated
+/// refuses a script command on a key that the node does not have.
 const Script& lock_acquire_script();
 const Script& lock_renew_script();
 }  // namespace redis

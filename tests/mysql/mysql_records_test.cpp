@@ -519,3 +519,49 @@ TEST(MysqlRecords, ForgetGivesUpTheLeaseAtOnceAndOnlyThatOne) {
 }
 
 }  // namespace
+
+namespace {
+
+// An upgrade: the lock table is of the layout before lock-delay (no delay_ms column) and
+// the account may read and write it but not alter it. A client of that account, which
+// never asks for a lock-delay, still connects and locks, as it did before; it has no
+// lock-delay (Capabilities::lock_delay false: refused) until an account that may alter
+// the table has connected and added the column, and a client connecting then has it.
+TEST(MysqlRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
+  MariadbServer server;
+  backend(server.url()).reset();  // creates both tables as an account that may
+  server.query("ALTER TABLE distlock_test.distlock_locks DROP COLUMN delay_ms");
+  server.query(
+      "CREATE USER 'limited'@'127.0.0.1' IDENTIFIED BY 'limited-pw'; GRANT SELECT, INSERT, UPDATE, DELETE ON "
+      "distlock_test.distlock_locks TO 'limited'@'127.0.0.1'; GRANT SELECT, INSERT, UPDATE, DELETE ON "
+      "distlock_test.distlock_records TO 'limited'@'127.0.0.1'");
+  const std::string url =
+      "mysql://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/distlock_test";
+  auto b = backend(url);
+  ASSERT_TRUE(b) << "an account that cannot ALTER the older table can no longer connect";
+  distlock::detail::Error ec;
+  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got.acquired);
+  EXPECT_FALSE(b->capabilities().lock_delay);
+  b->forget("x", "o", got.token);  // the lost-lease path of a table without the column
+  auto again = b->try_acquire(AcquireRequest{"x", "o1", Millis(5000)}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(again.acquired) << "a forgotten lease without lock-delay did not free the name";
+  b->release("x", "o1", again.token, ec);
+  EXPECT_FALSE(ec) << ec.message();
+
+  backend(server.url()).reset();  // an account that may alter the table: the column is added
+  auto after = backend(url);
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->capabilities().lock_delay);
+  AcquireRequest req{"x", "o2", Millis(5000)};
+  req.lock_delay = Millis(1500);
+  got = after->try_acquire(req, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got.acquired);
+  EXPECT_EQ(server.query("SELECT delay_ms FROM distlock_test.distlock_locks")[0][0], "1500");
+  after->release("x", "o2", got.token, ec);
+}
+
+}  // namespace

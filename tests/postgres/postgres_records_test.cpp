@@ -435,3 +435,47 @@ TEST(PostgresRecords, AUserThatMayNotCreateTablesStillLocks) {
 }
 
 }  // namespace
+
+namespace {
+
+// An upgrade: the lock table was made by an administrator with the version before
+// lock-delay (no delay_ms column). A role that may read and write it but not alter it,
+// and never asks for a lock-delay, still connects and locks, as it did before; it has
+// no lock-delay (Capabilities::lock_delay false: refused) until the owner has connected
+// and added the column, and a client of that role connecting then has it.
+TEST(PostgresRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
+  PostgresServer server;
+  server.query(
+      "CREATE TABLE public.distlock_locks (digest bytea PRIMARY KEY, name bytea NOT NULL, token bigint NOT "
+      "NULL,"
+      " owner text, pid integer, ttl_ms bigint, seen_at timestamptz)");
+  server.query("CREATE ROLE limited LOGIN PASSWORD 'limited-pw'");
+  server.query("REVOKE CREATE ON SCHEMA public FROM PUBLIC");
+  server.query("GRANT SELECT, INSERT, UPDATE ON distlock_locks TO limited");
+  const std::string url =
+      "postgres://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/postgres";
+  auto b = backend(url);
+  ASSERT_TRUE(b) << "a role that cannot ALTER the older table can no longer connect";
+  distlock::detail::Error ec;
+  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(got.acquired);
+  EXPECT_FALSE(b->capabilities().lock_delay);
+  b->release("x", "o", got.token, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(server.query("SELECT owner IS NULL FROM distlock_locks")[0][0], "t");
+
+  backend(server.url()).reset();  // the owner (the superuser) connects: the column is added
+  auto after = backend(url);
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->capabilities().lock_delay);
+  AcquireRequest req{"x", "o2", Millis(5000)};
+  req.lock_delay = Millis(1500);
+  got = after->try_acquire(req, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got.acquired);
+  EXPECT_EQ(server.query("SELECT delay_ms FROM distlock_locks")[0][0], "1500");
+  after->release("x", "o2", got.token, ec);
+}
+
+}  // namespace

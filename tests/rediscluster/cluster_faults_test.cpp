@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -161,6 +163,53 @@ TEST(RedisClusterReview, AWaiterOnAKilledNodeGetsAnError) {
   std::lock_guard lk(mu);
   EXPECT_FALSE(error.empty());
   RecordProperty("ended_after_ms", static_cast<int>(after.count()));
+}
+
+// A resharding that has begun but not yet moved the keys: the slot is MIGRATING on
+// the source, which still holds the lock's key. Redis serves commands on keys that
+// exist there; a script command on a key of that slot that does not exist there is
+// refused ("non local key": it may live on the target). The renewal must touch only
+// keys that exist (the lock), so the holder keeps its lease through the whole
+// window; no lock-delay marker is ever read on redis+cluster:// (lock-delay is not
+// supported there, docs/design.md "Lock-delay"). Bound: three TTLs of 1 s on this
+// process's steady clock, about nine renewals.
+TEST(RedisClusterReview, AHolderKeepsRenewingWhileItsSlotIsMigratingWithTheKeyStillOnTheSource) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(0, "renew-migrating");
+  const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
+  auto c = distlock::connect(cluster.url(), quiet());
+  const Millis ttl = 1000ms;
+  auto lease = c.acquire(name, ttl_of(ttl));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool lost = false;
+  std::stop_callback on_stop(lease.stop_token(), [&] {
+    std::lock_guard lk(mu);
+    lost = true;
+    cv.notify_all();
+  });
+  cluster.begin_move(k.slot, 0, 1);
+  const auto begun = Steady::now();
+  {
+    std::unique_lock lk(mu);
+    cv.wait_for(lk, 3 * ttl, [&] { return lost; });
+  }
+  const auto after = std::chrono::duration_cast<Millis>(Steady::now() - begun);
+  // The key never left the source: its TTL there shows the renewals.
+  auto pttl = cluster.node(0).command({"PTTL", k.lock});
+  const long long left = pttl && pttl->type == REDIS_REPLY_INTEGER ? pttl->integer : -999;
+  {
+    std::lock_guard lk(mu);
+    EXPECT_FALSE(lost) << "the lease was lost " << after.count()
+                       << " ms after its slot began to migrate (its key still on the source)";
+  }
+  EXPECT_TRUE(lease.owns());
+  EXPECT_GT(left, 0) << "the lock's key on the source was not renewed";
+  cluster.migrate_keys(k.slot, 0, 1);
+  cluster.finish_move(k.slot, 0, 1);
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_FALSE(ec) << ec.message();
 }
 
 }  // namespace
