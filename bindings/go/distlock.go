@@ -690,7 +690,7 @@ func (c *Client) Status(name string) (*LockInfo, error) {
 
 // Revoke ends the lease of whoever holds name now (any process, any host) and passes the lock
 // to the next waiter; the holder learns it at its next renewal (its loss reason is "revoked",
-// with reason, 1 to 1024 bytes). It returns true when a lease was ended, false when the lock
+// with reason, 1 to 1024 bytes without control characters). It returns true when a lease was ended, false when the lock
 // was free (not an error). ErrNotSupported where the backend cannot end another process's
 // hold (file://, postgres://, mysql://). The next holder is granted once the revoked lease has
 // run out on the server (at most one TTL): the two never overlap (docs/design.md "Revoke").

@@ -308,7 +308,8 @@ class DISTLOCK_EXPORT Client {
   /// holder's token is larger, so the revoked holder's fenced writes are refused.
   /// The next holder is granted only after the revoked holder's lease could no longer be
   /// valid: the two never overlap (docs/design.md "Revoke").
-  /// `reason`: 1 to 1024 bytes, no NUL. A free lock is no error: {revoked = false}.
+  /// `reason`: 1 to 1024 bytes of text without control characters (no newline, escape or
+  /// NUL: it is printed in logs and `distlock status`). A free lock is no error: {revoked = false}.
   /// Throws errc::invalid_argument (name, reason), errc::not_supported where the backend
   /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks; etcd://
   /// and zk:// not yet: docs/design.md "Revoke"), or the backend's error. Logged at warning level, counted in

@@ -85,7 +85,7 @@ void add_revoke_command(CLI::App& app, int& exit_code) {
                   "Lock service URL (default: $DISTLOCK_URL, else this host's file:// directory)")
       ->option_text("URL");
   cmd->add_option("--reason", flags->reason,
-                  "Why (1 to 1024 bytes): the holder and `distlock status` show it")
+                  "Why (1 to 1024 bytes, no control characters): the holder and `distlock status` show it")
       ->required()
       ->option_text("TEXT");
   cmd->add_flag("--json", flags->json,

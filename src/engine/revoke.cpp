@@ -7,6 +7,7 @@
 // the engine the rest. The reason comes last: it may hold newlines.
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <chrono>
 #include <string>
 
@@ -81,9 +82,21 @@ RevokeResult Engine::revoke(std::string_view name, std::string_view reason, Erro
     ec.set_detail(why);
     return {};
   }
-  if (reason.empty() || reason.size() > kMaxReason || reason.find('\0') != std::string_view::npos) {
-    ec.fail(errc::invalid_argument, "the revoke reason must be 1 to 1024 bytes without NUL (it is " +
-                                        std::to_string(reason.size()) + " bytes)");
+  // Printed raw in logs and in `distlock status`: no control character (a newline could
+  // forge an audit line, an escape drive the reader's terminal). UTF-8 text passes.
+  const auto control = std::find_if(reason.begin(), reason.end(), [](char c) {
+    const auto b = static_cast<unsigned char>(c);
+    return b < 0x20 || b == 0x7f;
+  });
+  if (reason.empty() || reason.size() > kMaxReason || control != reason.end()) {
+    char hex[8] = "";
+    if (control != reason.end())
+      std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned>(static_cast<unsigned char>(*control)));
+    ec.fail(errc::invalid_argument, control != reason.end()
+                                        ? "the revoke reason must be text without control characters: byte " +
+                                              std::to_string(control - reason.begin()) + " is " + hex
+                                        : "the revoke reason must be 1 to 1024 bytes (it is " +
+                                              std::to_string(reason.size()) + " bytes)");
     return {};
   }
   std::string by = client_id_;

@@ -242,6 +242,63 @@ TEST_P(LockDelayEnforced, NormalReleaseHandsOverAtOnce) {
   EXPECT_TRUE(again.owns());
 }
 
+// A revoke is a loss, not a release: a holder with lock_delay D that is revoked holds the
+// name back like a lost one (docs/design.md "Revoke"). Its lease could have ended no earlier
+// than the revoke, so the waiter's grant must come no earlier than the revoke's start plus D;
+// the marker lives until the holder's last renewal + TTL + D, so no later than the revoke's
+// return + TTL + D + kLateBound. The holder is told: LossReason::revoked. A backend that cannot
+// revoke (postgres://, mysql://: session locks) says not_supported and keeps the holder.
+TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
+  constexpr Millis kTtl = 3000ms;
+  constexpr Millis kDelay = 1500ms;
+  auto holder_client = client();
+  auto waiter_client = client();
+  auto revoker = client();
+  auto held = holder_client.try_acquire("ld/revoked", opts(kTtl, kDelay));
+  ASSERT_TRUE(held.has_value());
+  std::error_code ec;
+  distlock::Lease lease;
+  std::atomic<bool> done{false};
+  Steady::time_point granted_at{};
+  std::thread waiter([&] {
+    lease = waiter_client.acquire("ld/revoked", opts(kTtl, 0ms, 30s), ec);
+    granted_at = Steady::now();
+    done = true;
+  });
+  ASSERT_TRUE(waiter_queued(waiter_client, "ld/revoked")) << "the waiter never queued";
+  ASSERT_FALSE(done.load());
+  const Steady::time_point revoking = Steady::now();
+  std::error_code revoke_ec;
+  const distlock::RevokeResult r = revoker.revoke("ld/revoked", "lock-delay test", revoke_ec);
+  const Steady::time_point revoked = Steady::now();
+  if (revoke_ec == errc::not_supported) {
+    EXPECT_TRUE(GetParam().label == "postgres" || GetParam().label == "mysql")
+        << GetParam().label << " cannot revoke: " << revoke_ec.message();
+    EXPECT_TRUE(held->owns()) << "a refused revoke touched the holder";
+    held->release();
+    waiter.join();
+    EXPECT_FALSE(ec) << ec.message();
+    return;
+  }
+  ASSERT_FALSE(revoke_ec) << revoke_ec.message();
+  EXPECT_TRUE(r.revoked);
+  waiter.join();
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(lease.owns());
+  const Millis after_revoke = ms_between(revoking, granted_at);
+  std::printf(
+      "[ %s ] revoked holder with lock_delay %lld ms, ttl %lld ms: next granted %lld ms after the "
+      "revoke began\n",
+      GetParam().label.c_str(), static_cast<long long>(kDelay.count()), static_cast<long long>(kTtl.count()),
+      static_cast<long long>(after_revoke.count()));
+  EXPECT_GE(after_revoke, kDelay - kSkew) << "a revoked holder's lock-delay did not hold the name back";
+  EXPECT_LE(ms_between(revoked, granted_at), kTtl + kDelay + kLateBound) << "granted too late";
+  const auto told_by = Steady::now() + 10s;
+  while (held->owns() && Steady::now() < told_by) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(held->owns());
+  EXPECT_EQ(held->loss_reason(), distlock::LossReason::revoked) << held->loss_detail();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, LockDelay, ::testing::ValuesIn(distlock::testing::kinds()),
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 // A build without an enforcing backend (no redis component) has no timing tests to run.

@@ -111,6 +111,19 @@ TEST_P(Revoke, ReasonIsCheckedBeforeTheServerIsAsked) {
   EXPECT_EQ(ec, errc::invalid_argument);
   c.revoke("", "why", ec);
   EXPECT_EQ(ec, errc::invalid_argument);
+  // Printed raw in logs and `distlock status`: a newline could forge an audit line, an escape
+  // drive the reader's terminal. The error names the byte.
+  for (const std::string bad : {std::string("ok\nrevoked by root: fine"), std::string("\x1b[2Jcleared"),
+                                std::string("nul\0byte", 8), std::string("del\x7f")}) {
+    try {
+      c.revoke("revoke/reason", bad);
+      ADD_FAILURE() << "a reason with a control character was accepted";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("without control characters: byte"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST_P(Revoke, HolderIsToldWithinOneRenewalIntervalAndTheNextWaiterGetsALargerToken) {
@@ -118,7 +131,7 @@ TEST_P(Revoke, HolderIsToldWithinOneRenewalIntervalAndTheNextWaiterGetsALargerTo
   distlock::Client waiter_client = client("host=h2 pid=2 cmd=waiter");
   distlock::Client operator_client = client("host=ops pid=3 cmd=revoke");
   const std::string name = "revoke/held";
-  const std::string reason = "stuck since 03:00\nticket 4711";
+  const std::string reason = "stuck since 03:00, ticket 4711 (é)";
 
   distlock::Lease held = holder_client.acquire(name, lock_opts(std::nullopt, "host=h1 pid=1 cmd=holder"));
   ASSERT_TRUE(held.owns());

@@ -373,7 +373,7 @@ class Client:
     def revoke(self, name: str, reason: str) -> bool:
         """Ends the lease of whoever holds ``name`` now (any process, any host) and passes the
         lock to the next waiter; the holder learns it at its next renewal (its
-        ``loss_reason`` is ``"revoked"``, its loss detail names ``reason``, 1 to 1024 bytes).
+        ``loss_reason`` is ``"revoked"``, its loss detail names ``reason``, 1 to 1024 bytes without control characters).
         True when a lease was ended, False when the lock was free (not an error). Raises
         :class:`NotSupported` where the backend cannot end another process's hold (file://,
         postgres://, mysql://). The next holder is granted once the revoked lease has run out
