@@ -188,8 +188,9 @@ DISTLOCK_C_API int distlock_try_acquire(distlock_client* c, const char* name,
 
 /* Revoke: ends the lease of whoever holds `name` now (any process, any host) and passes
  * the lock to the next waiter; the holder learns it at its next renewal (its loss reason is
- * "revoked", with `reason`, 1 to 1024 bytes without control characters). *revoked (may be NULL) is 1 when a lease was
- * ended, 0 when the lock was free (not an error). DISTLOCK_E_NOT_SUPPORTED where the backend
+ * "revoked", with `reason`, 1 to 1024 bytes without control characters). *revoked (may be
+ * NULL) is 1 when a lease was ended, 0 when the lock was free (not an error).
+ * DISTLOCK_E_NOT_SUPPORTED where the backend
  * cannot end another process's hold (file://, postgres://, mysql://; docs/design.md
  * "Revoke"). The next holder is granted once the revoked lease has run out on the server
  * (at most one TTL): the two never overlap. Any thread. */

@@ -7,8 +7,8 @@
 // the engine the rest. The reason comes last: it may hold newlines.
 #include <algorithm>
 #include <charconv>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <string>
 
 #include "engine/engine.hpp"
