@@ -113,8 +113,8 @@ TEST_P(Revoke, ReasonIsCheckedBeforeTheServerIsAsked) {
   EXPECT_EQ(ec, errc::invalid_argument);
   // Printed raw in logs and `distlock status`: a newline could forge an audit line, an escape
   // drive the reader's terminal. The error names the byte.
-  for (const std::string bad : {std::string("ok\nrevoked by root: fine"), std::string("\x1b[2Jcleared"),
-                                std::string("nul\0byte", 8), std::string("del\x7f")}) {
+  for (const std::string& bad : {std::string("ok\nrevoked by root: fine"), std::string("\x1b[2Jcleared"),
+                                 std::string("nul\0byte", 8), std::string("del\x7f")}) {
     try {
       c.revoke("revoke/reason", bad);
       ADD_FAILURE() << "a reason with a control character was accepted";
