@@ -219,10 +219,9 @@ return 0
   return s;
 }
 
-const Script& queue_revoke_script() {
-  static const Script& s = *new Script(with_prelude(R"lua(
-local lock, q, x, fence, note_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local note, life, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+const Script& revoke_script() {
+  static const Script& s = *new Script(R"lua(
+local lock, note_key, note, life = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local fields = redis.call('HGETALL', lock)
 local owner, token = nil, ''
 for i = 1, #fields, 2 do
@@ -238,11 +237,12 @@ end
 redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
 -- The holder's record goes (its next renewal is refused), the key stays until its own
 -- expiry: the server lease the holder's local deadline was computed against. Nobody is
--- granted before then, as after a holder that died; then the queue's refresh grants the
--- head. Handing on now would give the lock away while the holder still counts it held.
+-- granted before then, as after a holder that died; then the queue's refresh (redis://)
+-- or a waiter's retry (redis+cluster://) takes it. Handing on now would give the lock away
+-- while the holder still counts it held.
 redis.call('HDEL', lock, owner)
 return {1, token, owner}
-)lua"));
+)lua");
   return s;
 }
 

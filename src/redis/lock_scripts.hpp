@@ -72,13 +72,13 @@ const Script& queue_cancel_script();
 /// releases it onward as the release script does. 1 released, 0 nothing held.
 const Script& queue_forget_script();
 
-/// KEYS lock, queue, expiries, fence, revoke note; ARGV note, note life ms, released
-/// channel, grant prefix. Backend::revoke: whoever holds the lock loses it; the note
+/// KEYS lock, revoke note; ARGV note, note life ms. Backend::revoke of redis://,
+/// redis+sentinel:// and redis+cluster://: whoever holds the lock loses it; the note
 /// "<token>\n<owner>\n<note>" is stored (PX note life) and the holder's field leaves the
 /// lock hash, which keeps its expiry (no owner: nobody renews it, nobody is granted it
 /// until it expires; then the queue's refresh hands it on as after an expired holder).
 /// {1, token, owner} revoked; {0} nobody held it (nothing written).
-const Script& queue_revoke_script();
+const Script& revoke_script();
 
 /// KEYS 4 per entry: lock, queue, expiries, fence; ARGV grant prefix, then 3 per
 /// entry: owner, entry, ttl ms. One status per entry: 0 refreshed (still queued,

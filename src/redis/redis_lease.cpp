@@ -118,7 +118,7 @@ void RedisBackend::forget(std::string_view name, std::string_view owner, std::ui
   }
 }
 
-// One script (redis::queue_revoke_script): the holder's record goes, the note is stored
+// One script (redis::revoke_script): the holder's record goes, the note is stored
 // beside the lock, and the lock key keeps its expiry: the queue hands it on when it expires.
 RedisBackend::Revoked RedisBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                            Error& ec) {
@@ -127,8 +127,7 @@ RedisBackend::Revoked RedisBackend::revoke(std::string_view name, std::string_vi
   if (ec) return {};
   const Keys k = keys_of(name);
   const std::string note_key = revoke_note_key(name), life = std::to_string(note_life.count());
-  Reply r = redis::queue_revoke_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence, note_key},
-                                             {note, life, k.released, grant_prefix_}, ec);
+  Reply r = redis::revoke_script().run(*conn, {k.lock, note_key}, {note, life}, ec);
   if (ec) {
     failed("revoke", ec);
     return {};

@@ -2,6 +2,7 @@
 // records and listing over the routing layer, and the factory.
 #include "rediscluster/cluster_backend.hpp"
 
+#include "redis/lock_scripts.hpp"
 #include "rediscluster/cluster_backend_impl.hpp"
 
 namespace distlock::detail {
@@ -96,34 +97,6 @@ end
 redis.call('DEL', lock)
 redis.call('SPUBLISH', channel, 'released')
 return 1
-)lua");
-  return s;
-}
-
-// KEYS[1] lock hash, KEYS[2] revoke note; ARGV[1] note, ARGV[2] note life ms, ARGV[3]
-// release channel (unused). Backend::revoke: whoever holds the lock loses it (its field
-// leaves the hash: its renewal is refused), the note "<token>\n<owner>\n<note>" is
-// stored, and the hash keeps its expiry: nobody is granted the lock before the revoked
-// holder's server lease runs out (docs/design.md "Revoke"). {1, token, owner}, or {0}
-// when nobody held it (nothing written).
-const Script& revoke_script() {
-  static const Script& s = *new Script(R"lua(
-local lock, note_key, note, life, channel = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
-local fields = redis.call('HGETALL', lock)
-local owner, token = nil, ''
-for i = 1, #fields, 2 do
-  if fields[i] == '@token' then
-    token = fields[i + 1]
-  elseif string.sub(fields[i], 1, 1) ~= '@' then
-    owner = fields[i]
-  end
-end
-if not owner then
-  return {0}
-end
-redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
-redis.call('HDEL', lock, owner)
-return {1, token, owner}
 )lua");
   return s;
 }
@@ -262,7 +235,7 @@ ClusterBackend::Revoked ClusterBackend::revoke(std::string_view name, std::strin
   const redisReply* d = route(
       k.slot, "revoke",
       [&](Connection& c, bool, Error& e) {
-        r = revoke_script().run(c, {k.lock, k.revoke_note}, {note, life, k.channel}, e);
+        r = redis::revoke_script().run(c, {k.lock, k.revoke_note}, {note, life}, e);
         return r.get();
       },
       ec);
