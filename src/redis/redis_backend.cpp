@@ -48,46 +48,42 @@ return {1, token}
 
 // KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
 // Returns one status per key: 1 renewed, 0 not held by that owner any more.
-// Without lock-delay: the Redis Cluster backend's renewal (which has no marker).
+// `move_delay`: redis:// and redis+sentinel://, where a holder's lock-delay marker
+// "<lock>:delay" (value D, redis/lock_scripts.hpp; same hash slot) moves with the lease: it
+// lives ttl + D from now (while a lock is held only its holder's marker can exist: a marker
+// keeps everybody else out). Without it: the Redis Cluster backend's renewal, which reads
+// no key the script does not declare (a migrating slot refuses those) and has no marker.
 namespace {
-const Script& plain_renew_script() {
-  static const Script& s = *new Script(R"lua(
+std::string renew_script_text(bool move_delay) {
+  return std::string(R"lua(
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
+)lua") +
+         (move_delay ? R"lua(    local d = tonumber(redis.call('GET', KEYS[i] .. ':delay'))
+    if d and d > 0 then
+      redis.call('PEXPIRE', KEYS[i] .. ':delay', string.format('%.0f', tonumber(ARGV[2 * i]) + d))
+    end
+)lua"
+                     : "") +
+         R"lua(    out[i] = 1
   else
     out[i] = 0
   end
 end
 return out
-)lua");
+)lua";
+}
+
+const Script& plain_renew_script() {
+  static const Script& s = *new Script(renew_script_text(false));
   return s;
 }
 }  // namespace
 
-// As plain_renew_script(), for redis:// and redis+sentinel://: a holder's lock-delay
-// marker "<lock>:delay" (value D, redis/lock_scripts.hpp; same hash slot) moves with
-// the lease: it lives ttl + D from now. While a lock is held only its holder's marker
-// can exist (a marker keeps everybody else out).
 const Script& renew_script() {
-  static const Script& s = *new Script(R"lua(
-local out = {}
-for i = 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    local d = tonumber(redis.call('GET', KEYS[i] .. ':delay'))
-    if d and d > 0 then
-      redis.call('PEXPIRE', KEYS[i] .. ':delay', string.format('%.0f', tonumber(ARGV[2 * i]) + d))
-    end
-    out[i] = 1
-  else
-    out[i] = 0
-  end
-end
-return out
-)lua");
+  static const Script& s = *new Script(renew_script_text(true));
   return s;
 }
 
