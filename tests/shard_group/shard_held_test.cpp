@@ -218,6 +218,34 @@ TEST_F(ShardHeldTest, LeaveRacingHeldOnOtherThreadsEndsFalse) {
   EXPECT_EQ(false_after_leave.load(), 3);
 }
 
+// What `forks` children did, each running child(k) under alarm(child_bound) and exiting with
+// its result: killed by the alarm (hung), exit 1, or anything but exit 0 (other).
+struct ForkOutcomes {
+  int hung = 0, exited_1 = 0, other = 0;
+};
+template <class Child>
+ForkOutcomes fork_children(int forks, unsigned child_bound, Child child) {
+  ForkOutcomes out;
+  for (int k = 0; k < forks; ++k) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(child_bound);
+      ::_exit(child(k));
+    }
+    EXPECT_GT(pid, 0);
+    if (pid <= 0) break;
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      ++out.hung;
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      ++out.exited_1;
+    else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      ++out.other;
+  }
+  return out;
+}
+
 // A child forked while another thread is inside held() (holding the check's mutex) never owns
 // the shard (a child never owns its parent's leases) and must say so without waiting for that
 // mutex, which no thread of the child will ever unlock. Each child answers under alarm(kChildBound):
@@ -237,23 +265,8 @@ TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads)
       if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
     }
   });
-  int hung = 0, said_held = 0, other = 0;
-  for (int k = 0; k < kForks; ++k) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(kChildBound);
-      ::_exit(s.held() ? 1 : 0);
-    }
-    ASSERT_GT(pid, 0);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
-      ++hung;
-    else if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
-      ++said_held;
-    else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      ++other;
-  }
+  const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int) { return s.held() ? 1 : 0; });
+  const int hung = o.hung, said_held = o.exited_1, other = o.other;
   stop = true;
   spinner.join();
   EXPECT_TRUE(s.held()) << "the parent lost the shard: the spinner stopped early";
@@ -284,28 +297,15 @@ TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) 
       if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
     }
   });
-  int hung = 0, owned_after = 0, other = 0;
-  for (int k = 0; k < kForks; ++k) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(kChildBound);
-      if (k % 2 == 0) {
-        g.leave();
-      } else {
-        distlock::ShardGroup moved = std::move(g);  // the destructor leaves
-      }
-      ::_exit(g.assigned().shards.empty() && !s.held() ? 0 : 1);
+  const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int k) {
+    if (k % 2 == 0) {
+      g.leave();
+    } else {
+      distlock::ShardGroup moved = std::move(g);  // the destructor leaves
     }
-    ASSERT_GT(pid, 0);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
-      ++hung;
-    else if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
-      ++owned_after;
-    else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      ++other;
-  }
+    return g.assigned().shards.empty() && !s.held() ? 0 : 1;
+  });
+  const int hung = o.hung, owned_after = o.exited_1, other = o.other;
   stop = true;
   reader.join();
   EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in leave() for " << kChildBound << " s";
