@@ -1003,14 +1003,11 @@ TEST(CApiMultiLease, OneTokenPerNameAndTheLossOfOneIsTheLossOfTheWhole) {
   EXPECT_STREQ(distlock_multi_lease_name(m.get(), 1), "m/b");
   EXPECT_STREQ(distlock_multi_lease_name(m.get(), 2), "m/c");
   EXPECT_EQ(distlock_multi_lease_name(m.get(), 3), nullptr);
-  std::set<std::uint64_t> tokens;
   for (const char* n : {"m/a", "m/b", "m/c"}) {
     std::uint64_t t = 0;
     ASSERT_EQ(distlock_multi_lease_token(m.get(), n, &t, &err), DISTLOCK_OK) << err.message;
-    EXPECT_GT(t, 0u);
-    tokens.insert(t);
+    EXPECT_GT(t, 0u) << n;
   }
-  EXPECT_EQ(tokens.size(), 1u) << "fresh names: every name's first token is the same number";
   std::uint64_t none = 0;
   EXPECT_EQ(distlock_multi_lease_token(m.get(), "m/z", &none, &err), DISTLOCK_E_INVALID_ARGUMENT);
   EXPECT_EQ(distlock_multi_lease_owns(m.get()), 1);
