@@ -44,29 +44,32 @@ func QueuePosition(fn func(position int, ahead Waiter)) LockOption {
 // with a warning, never an error.
 func Traceparent(tp string) LockOption { return func(c *lockConfig) { c.traceparent = &tp } }
 
-// cExt is a distlock_lock_options_ext and what it holds on to for one call.
+// cExt is a distlock_lock_options_ext and what it holds on to for one call. The struct is in C
+// memory: a pointer into the Go object holding it would make cgo check the whole object (the
+// options' slice of strings to free is a Go pointer).
 type cExt struct {
-	e      C.distlock_lock_options_ext
-	used   bool
+	e      *C.distlock_lock_options_ext // nil when no extended option was given
 	handle cgo.Handle
 	user   unsafe.Pointer // C memory holding the handle
 	tp     *C.char
 }
 
 func (x *cExt) fill(cfg *lockConfig) {
-	C.distlock_lock_options_ext_init(&x.e)
+	if cfg.lockDelay == nil && cfg.traceparent == nil && cfg.queuePosition == nil {
+		return
+	}
+	x.e = (*C.distlock_lock_options_ext)(C.malloc(C.size_t(unsafe.Sizeof(C.distlock_lock_options_ext{}))))
+	C.distlock_lock_options_ext_init(x.e)
 	if cfg.lockDelay != nil {
 		v := ms(*cfg.lockDelay)
 		if *cfg.lockDelay < 0 && v == 0 {
 			v = -1 // a negative delay below a millisecond is still negative
 		}
 		x.e.lock_delay_ms = v
-		x.used = true
 	}
 	if cfg.traceparent != nil && *cfg.traceparent != "" {
 		x.tp = C.CString(*cfg.traceparent)
 		x.e.traceparent = x.tp
-		x.used = true
 	}
 	if cfg.queuePosition != nil {
 		x.handle = cgo.NewHandle(cfg.queuePosition)
@@ -74,21 +77,19 @@ func (x *cExt) fill(cfg *lockConfig) {
 		*(*C.uintptr_t)(x.user) = C.uintptr_t(x.handle)
 		x.e.on_queue_position = C.distlock_go_queue_fn()
 		x.e.queue_position_user = x.user
-		x.used = true
 	}
 }
 
 // ptr is the struct for the C call, nil when no extended option was given.
-func (x *cExt) ptr() *C.distlock_lock_options_ext {
-	if !x.used {
-		return nil
-	}
-	return &x.e
-}
+func (x *cExt) ptr() *C.distlock_lock_options_ext { return x.e }
 
 // release runs after the C call returned: the C API calls the queue-position callback
 // during the call only, so the handle can go.
 func (x *cExt) release() {
+	if x.e != nil {
+		C.free(unsafe.Pointer(x.e))
+		x.e = nil
+	}
 	if x.user != nil {
 		C.free(x.user)
 		x.handle.Delete()

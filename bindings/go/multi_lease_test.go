@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -87,5 +88,57 @@ func TestLockAllOneTokenPerNameAndALossOfOneIsALossOfTheWhole(t *testing.T) {
 		t.Errorf("m/a is still held after Unlock: %v", err)
 	} else {
 		a.Unlock(ctx)
+	}
+}
+
+// Neither LockAll nor QueuePosition leaves a goroutine behind: after 20 rounds of LockAll +
+// Unlock and of a queued Lock with a QueuePosition function + Unlock, the number of goroutines
+// comes back to where it was (bounded: 5 s; the watcher of each multi-lease ends at Unlock).
+func TestLockAllAndQueuePositionLeaveNoGoroutine(t *testing.T) {
+	url := redisURL(t) + fmt.Sprintf("?prefix=gomultileak%d", os.Getpid())
+	ctx := context.Background()
+	c, holder := connect(t, url), connect(t, url)
+	before := runtime.NumGoroutine()
+	for i := 0; i < 20; i++ {
+		m, err := c.LockAll(ctx, []string{"leak/a", "leak/b"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		held, err := holder.Lock(ctx, "leak/q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reported := make(chan int, 16)
+		done := make(chan error, 1)
+		go func() {
+			l, err := c.Lock(ctx, "leak/q", distlock.Wait(30*time.Second),
+				distlock.QueuePosition(func(p int, _ distlock.Waiter) { reported <- p }))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			done <- err
+		}()
+		select {
+		case p := <-reported:
+			if p != 1 {
+				t.Errorf("round %d: position %d", i, p)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d: no queue position within 20 s", i)
+		}
+		held.Unlock(ctx)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines after 20 rounds, %d before", n, before)
 	}
 }
