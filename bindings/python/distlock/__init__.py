@@ -283,7 +283,10 @@ class MultiLease:
             with _lost_lock:
                 if self._lost is None:
                     event = _LostEvent(self._impl)
-                    self._impl.on_lost(event.set)
+                    try:
+                        self._impl.on_lost(event.set)
+                    except NotOwner:
+                        pass  # already released: no loss to come (a loss before is in loss_reason)
                     self._lost = event
         return self._lost
 
