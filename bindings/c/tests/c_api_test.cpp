@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -966,6 +967,115 @@ TEST(CApiQueuePosition, FourWaitersAreToldTheirPlaceAndAcquireInThatOrder) {
     for (std::size_t r = 1; r < reports[i].list.size(); ++r)
       EXPECT_LT(reports[i].list[r].position, reports[i].list[r - 1].position) << "waiter " << i;
   }
+}
+
+// Blocks the client's event thread (an on_lost callback) until opened; bounded at 30 s.
+struct EventThreadBlock {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, open = false, after = false;
+};
+void block_event_thread(void* user) {
+  auto* b = static_cast<EventThreadBlock*>(user);
+  std::unique_lock lk(b->mu);
+  b->entered = true;
+  b->cv.notify_all();
+  b->cv.wait_for(lk, 30s, [&] { return b->open; });
+}
+void mark_after(void* user) {
+  auto* b = static_cast<EventThreadBlock*>(user);
+  std::lock_guard lk(b->mu);
+  b->after = true;
+  b->cv.notify_all();
+}
+
+// A report queued on the event thread while it is busy (a blocking on_lost callback) and still
+// queued when the acquire returns never reaches the caller's function, so its user data may be
+// freed once distlock_acquire_ext returned: the waiter's place is read (it is listed in the
+// queue, so its report is queued behind the blocked callback), the holder releases, the acquire
+// returns; then the event thread is let go and runs the queued report and, after it, a marker
+// callback: the function was called 0 times. Every wait is bounded (20 s, 30 s).
+TEST(CApiQueuePosition, NoReportReachesTheCallerAfterTheAcquireReturned) {
+  const std::string url = redis_url_with_prefix("capiqgate");
+  ClientPtr c = connect_ok(url), holder = connect_ok(url), ops = connect_ok(url);
+  ASSERT_TRUE(c && holder && ops);
+  distlock_error err{};
+  distlock_lease* raw = nullptr;
+  auto short_ttl = opts_with(1000, 0);
+  ASSERT_EQ(distlock_acquire(c.get(), "gate/blocker", &short_ttl, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr blocker(raw);
+  raw = nullptr;
+  ASSERT_EQ(distlock_acquire(c.get(), "gate/marker", &short_ttl, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr marker(raw);
+  EventThreadBlock block;
+  struct Open {  // lets the event thread go on any exit
+    EventThreadBlock& b;
+    ~Open() {
+      std::lock_guard lk(b.mu);
+      b.open = true;
+      b.cv.notify_all();
+    }
+  } open_on_exit{block};
+  ASSERT_EQ(distlock_lease_on_lost(blocker.get(), block_event_thread, &block, &err), DISTLOCK_OK);
+  ASSERT_EQ(distlock_lease_on_lost(marker.get(), mark_after, &block, &err), DISTLOCK_OK);
+  int revoked = 0;
+  ASSERT_EQ(distlock_revoke(ops.get(), "gate/blocker", "block the event thread", &revoked, &err),
+            DISTLOCK_OK);
+  {
+    std::unique_lock lk(block.mu);
+    ASSERT_TRUE(block.cv.wait_for(lk, 20s, [&] { return block.entered; }))
+        << "the on_lost callback never ran";
+  }
+  auto ho = opts_with(30000, 0);
+  raw = nullptr;
+  ASSERT_EQ(distlock_acquire(holder.get(), "gate/q", &ho, &raw, &err), DISTLOCK_OK) << err.message;
+  LeasePtr held(raw);
+  Reports reports;
+  std::atomic<int> rc{-1};
+  std::thread waiter([&] {
+    auto o = opts_with(30000, 30000);
+    o.holder_info = "gated";
+    distlock_lock_options_ext e;
+    distlock_lock_options_ext_init(&e);
+    e.on_queue_position = record_position;
+    e.queue_position_user = &reports;
+    distlock_lease* l = nullptr;
+    distlock_error werr{};
+    rc = distlock_acquire_ext(c.get(), "gate/q", &o, &e, &l, &werr);
+    distlock_lease_free(l);
+  });
+  bool listed = false;
+  for (const auto end = Clock::now() + 20s; !listed && Clock::now() < end;) {
+    char* json = nullptr;
+    ASSERT_EQ(distlock_status_json(ops.get(), "gate/q", &json, &err), DISTLOCK_OK) << err.message;
+    listed = take_string(json).find("\"holder_info\":\"gated\"") != std::string::npos;
+    if (!listed) std::this_thread::sleep_for(10ms);
+  }
+  // The report is queued right after the attempt that listed the waiter (one status round trip
+  // on the waiter's thread); a release that came before it would leave nothing queued and this
+  // test passing without testing. Run against the C API without its gate it failed (the report
+  // reached the function after the acquire returned), see the commit that added it.
+  ASSERT_TRUE(listed) << "the waiter was not listed within 20 s";
+  ASSERT_EQ(distlock_lease_release(held.get(), &err), DISTLOCK_OK) << err.message;
+  waiter.join();
+  ASSERT_EQ(rc.load(), DISTLOCK_OK);
+  {
+    std::lock_guard lk(reports.mu);
+    EXPECT_TRUE(reports.list.empty()) << "a report ran while the event thread was blocked";
+  }
+  {
+    std::lock_guard lk(block.mu);
+    block.open = true;
+    block.cv.notify_all();
+  }
+  ASSERT_EQ(distlock_revoke(ops.get(), "gate/marker", "after the reports", &revoked, &err), DISTLOCK_OK);
+  {
+    std::unique_lock lk(block.mu);
+    ASSERT_TRUE(block.cv.wait_for(lk, 20s, [&] { return block.after; })) << "the marker callback never ran";
+  }
+  std::lock_guard lk(reports.mu);
+  EXPECT_TRUE(reports.list.empty()) << reports.list.size()
+                                    << " report(s) reached the function after the acquire returned";
 }
 
 struct MultiDeleter {
