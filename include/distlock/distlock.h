@@ -20,6 +20,7 @@
  *   - distlock_lease: the queries (token, remaining, owns, lost_fd, loss) and
  *     distlock_lease_on_lost may be called from any thread at once; release and free
  *     from one thread, when no other call on that lease is running.
+ *   - distlock_multi_lease: as a lease (queries from any thread; release and free from one).
  *   - distlock_cancel: distlock_cancel_request may be called from any thread at any
  *     time (that is its purpose); free it after the wait that uses it has returned.
  *   - id generators: next() from any thread at once; free once, after the last call.
