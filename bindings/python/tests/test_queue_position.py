@@ -93,3 +93,40 @@ def test_an_exception_from_the_callable_goes_to_unraisablehook_and_the_wait_goes
             assert "callback at position 1" in str(seen[0].exc_value)
     finally:
         sys.unraisablehook = old_hook
+
+
+def test_no_report_reaches_the_callable_after_lock_returned(redis_server):
+    """A report queued on the client's event thread while it is blocked (an on_lost callback of
+    another lease of the same client, the compiled Lease's own hook) and still queued when lock()
+    returns is dropped: after the thread is let go and a later marker callback has run, the
+    callable was called 0 times. Bounded waits: 20 s, 30 s."""
+    entered, release_thread, marker_ran = threading.Event(), threading.Event(), threading.Event()
+    with distlock.connect(redis_server.url) as c, distlock.connect(redis_server.url) as holder, \
+            distlock.connect(redis_server.url) as ops:
+        blocker = c.lock("gate/blocker", ttl=1.0)
+        marker = c.lock("gate/marker", ttl=1.0)
+        blocker._impl.on_lost(lambda: (entered.set(), release_thread.wait(30.0)))
+        marker._impl.on_lost(marker_ran.set)
+        try:
+            assert ops.revoke("gate/blocker", "block the event thread")
+            assert entered.wait(20.0), "the on_lost callback never ran"
+            held = holder.lock("gate/q")
+            reports = []
+            got = []
+            t = threading.Thread(target=lambda: got.append(
+                c.lock("gate/q", wait=30.0, holder_info="gated",
+                       on_queue_position=lambda p, ahead: reports.append(p))))
+            t.start()
+            wait_until(lambda: any(w["holder_info"] == "gated"
+                                   for w in ops.status("gate/q")["waiter_list"]),
+                       20.0, "the waiter listed in the queue")
+            held.release()
+            t.join(30.0)
+            assert not t.is_alive() and got, "the waiter did not get the lock"
+            assert reports == [], "a report ran while the event thread was blocked"
+        finally:
+            release_thread.set()
+        assert ops.revoke("gate/marker", "after the reports")
+        assert marker_ran.wait(20.0), "the marker callback never ran"
+        assert reports == [], f"{len(reports)} report(s) reached the callable after lock() returned"
+        got[0].release()
