@@ -18,6 +18,7 @@ package distlock
 /*
 #cgo pkg-config: distlock-c
 #include <stdlib.h>
+#include <string.h>
 #include <fcntl.h>
 #include <poll.h>
 #include "distlock/distlock.h"
@@ -273,6 +274,13 @@ func (c *Client) wait(ctx context.Context, opts []LockOption,
 	call func(h *C.distlock_client, o *C.distlock_lock_options, e *C.distlock_error) C.int,
 ) error {
 	return c.waitOptions(ctx, opts, func(h *C.distlock_client, co *cOptions, e *C.distlock_error) C.int {
+		if co.ext.e != nil { // the C calls behind wait take no extended options: refused, not dropped
+			msg := C.CString("distlock: LockDelay, QueuePosition and Traceparent apply to Lock, TryLock and LockAll only")
+			defer C.free(unsafe.Pointer(msg))
+			C.strncpy(&e.message[0], msg, C.size_t(len(e.message)-1))
+			e.code = C.DISTLOCK_E_INVALID_ARGUMENT
+			return C.DISTLOCK_E_INVALID_ARGUMENT
+		}
 		return call(h, &co.o, e)
 	})
 }

@@ -269,3 +269,27 @@ func TestTraceparentPerLockIsTheParentOfThatLocksSpans(t *testing.T) {
 		t.Errorf("%d spans of jobs/traced, want the wait and the hold", seen)
 	}
 }
+
+// The lock options of Lock alone are refused, not dropped, by the calls that cannot take them.
+func TestLockOnlyOptionsAreRefusedBySemaphoreRWLockAndElection(t *testing.T) {
+	c := connect(t, "file://"+t.TempDir())
+	ctx := context.Background()
+	for what, call := range map[string]func() error{
+		"Semaphore.Acquire": func() error {
+			_, err := c.Semaphore("s", 2).Acquire(ctx, distlock.LockDelay(time.Second))
+			return err
+		},
+		"RWLock.Lock": func() error {
+			_, err := c.RWLock("rw", 0).Lock(ctx, distlock.Traceparent(goParent))
+			return err
+		},
+		"Election.Campaign": func() error {
+			_, err := c.Election("e").Campaign(ctx, "v", distlock.QueuePosition(func(int, distlock.Waiter) {}))
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, distlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "Lock, TryLock and LockAll only") {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+}
