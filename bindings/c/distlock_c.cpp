@@ -232,28 +232,29 @@ std::shared_ptr<QueueGate> apply_ext(distlock::LockOptions& o, const distlock_lo
                                 " is below its first version's " + std::to_string(first_version) +
                                 " (call distlock_lock_options_ext_init)");
   }
+  // Every field up to traceparent is in the first version. A field appended later is read only
+  // when `ext->size` reaches past it (offsetof + sizeof), else it keeps its default; a larger size
+  // (a newer caller) is fine: the fields this library does not know are not read.
   // Checked by the C++ API (negative, above max_lock_delay: invalid_argument naming lock_delay).
   if (ext->lock_delay_ms != DISTLOCK_DEFAULT) o.lock_delay = distlock::Millis(ext->lock_delay_ms);
   if (ext->traceparent != nullptr && *ext->traceparent != '\0') o.traceparent = ext->traceparent;
   if (!queue || ext->on_queue_position == nullptr) return nullptr;
   auto gate = std::make_shared<QueueGate>();
-  {
-    o.on_queue_position = [fn = ext->on_queue_position, user = ext->queue_position_user, gate](
-                              std::size_t position, const distlock::WaiterInfo& ahead) {
-      std::lock_guard lk(gate->mu);
-      if (!gate->open) return;
-      distlock_waiter w{};
-      w.position = ahead.position;
-      w.owner = ahead.owner.c_str();
-      w.holder_info = ahead.holder_info ? ahead.holder_info->c_str() : nullptr;
-      w.waiting_since_unix_ms =
-          ahead.waiting_since
-              ? std::chrono::duration_cast<std::chrono::milliseconds>(ahead.waiting_since->time_since_epoch())
-                    .count()
-              : -1;
-      fn(position, &w, user);
-    };
-  }
+  o.on_queue_position = [fn = ext->on_queue_position, user = ext->queue_position_user, gate](
+                            std::size_t position, const distlock::WaiterInfo& ahead) {
+    std::lock_guard lk(gate->mu);  // held during the call: close() waits for it
+    if (!gate->open) return;
+    distlock_waiter w{};
+    w.position = ahead.position;
+    w.owner = ahead.owner.c_str();
+    w.holder_info = ahead.holder_info ? ahead.holder_info->c_str() : nullptr;
+    w.waiting_since_unix_ms =
+        ahead.waiting_since
+            ? std::chrono::duration_cast<std::chrono::milliseconds>(ahead.waiting_since->time_since_epoch())
+                  .count()
+            : -1;
+    fn(position, &w, user);
+  };
   return gate;
 }
 
