@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,18 @@ struct distlock_lease {
     if (fd >= 0) ::close(fd);
   }
   std::stop_token stop_token() const noexcept { return lease ? lease->stop_token() : rw->stop_token(); }
+};
+
+struct distlock_multi_lease {
+  distlock::MultiLease multi;
+  std::vector<std::string> names;  // canonical order, for distlock_multi_lease_name
+  int fd = -1;
+  std::optional<std::stop_callback<NotifyFd>> notify;
+
+  ~distlock_multi_lease() {
+    notify.reset();  // waits for a running callback: the fd must outlive it
+    if (fd >= 0) ::close(fd);
+  }
 };
 
 // What a shard group's on_change shares with the waits of the C API (it may run before the
@@ -186,6 +199,63 @@ distlock::LockOptions lock_options(const distlock_client* c, const distlock_lock
   if (o->holder_info != nullptr) opts.holder_info = o->holder_info;
   if (o->cancel != nullptr) opts.cancel = o->cancel->source.get_token();
   return opts;
+}
+
+// The fields of `ext` that lie within its `size` (distlock.h: the struct only grows at its end).
+// `queue`: whether its queue-position callback is passed on (single-name acquires only).
+// Closes the queue-position callback when the acquire returns: the engine posts each report to
+// the event thread, where one may run after the acquire returned; the C caller's user data must
+// not be used then. close() waits for a report in progress.
+struct QueueGate {
+  std::mutex mu;
+  bool open = true;
+  void close() {
+    std::lock_guard lk(mu);
+    open = false;
+  }
+};
+struct CloseGate {
+  std::shared_ptr<QueueGate> gate;
+  ~CloseGate() {
+    if (gate) gate->close();
+  }
+};
+
+std::shared_ptr<QueueGate> apply_ext(distlock::LockOptions& o, const distlock_lock_options_ext* ext,
+                                     bool queue) {
+  if (ext == nullptr) return nullptr;
+  constexpr std::size_t first_version =
+      offsetof(distlock_lock_options_ext, traceparent) + sizeof(const char*);
+  if (ext->size < first_version) {
+    throw std::system_error(make_error_code(distlock::errc::invalid_argument),
+                            "distlock: distlock_lock_options_ext.size " + std::to_string(ext->size) +
+                                " is below its first version's " + std::to_string(first_version) +
+                                " (call distlock_lock_options_ext_init)");
+  }
+  // Every field up to traceparent is in the first version. A field appended later is read only
+  // when `ext->size` reaches past it (offsetof + sizeof), else it keeps its default; a larger size
+  // (a newer caller) is fine: the fields this library does not know are not read.
+  // Checked by the C++ API (negative, above max_lock_delay: invalid_argument naming lock_delay).
+  if (ext->lock_delay_ms != DISTLOCK_DEFAULT) o.lock_delay = distlock::Millis(ext->lock_delay_ms);
+  if (ext->traceparent != nullptr && *ext->traceparent != '\0') o.traceparent = ext->traceparent;
+  if (!queue || ext->on_queue_position == nullptr) return nullptr;
+  auto gate = std::make_shared<QueueGate>();
+  o.on_queue_position = [fn = ext->on_queue_position, user = ext->queue_position_user, gate](
+                            std::size_t position, const distlock::WaiterInfo& ahead) {
+    std::lock_guard lk(gate->mu);  // held during the call: close() waits for it
+    if (!gate->open) return;
+    distlock_waiter w{};
+    w.position = ahead.position;
+    w.owner = ahead.owner.c_str();
+    w.holder_info = ahead.holder_info ? ahead.holder_info->c_str() : nullptr;
+    w.waiting_since_unix_ms =
+        ahead.waiting_since
+            ? std::chrono::duration_cast<std::chrono::milliseconds>(ahead.waiting_since->time_since_epoch())
+                  .count()
+            : -1;
+    fn(position, &w, user);
+  };
+  return gate;
 }
 
 // Wraps a held lease and arms its loss descriptor.
@@ -613,6 +683,105 @@ int distlock_lease_release(distlock_lease* l, distlock_error* err) {
 void distlock_lease_free(distlock_lease* l) {
   // The destructors release a held lease and never throw.
   delete l;
+}
+
+void distlock_lock_options_ext_init(distlock_lock_options_ext* ext) {
+  if (ext == nullptr) return;
+  ext->size = sizeof(distlock_lock_options_ext);
+  ext->lock_delay_ms = DISTLOCK_DEFAULT;
+  ext->on_queue_position = nullptr;
+  ext->queue_position_user = nullptr;
+  ext->traceparent = nullptr;
+}
+
+int distlock_acquire_ext(distlock_client* c, const char* name, const distlock_lock_options* opts,
+                         const distlock_lock_options_ext* ext, distlock_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_acquire_ext: client or out is NULL");
+  *out = nullptr;
+  if (name == nullptr) return invalid(err, "distlock: the lock name is NULL");
+  return guarded(err, [&] {
+    distlock::LockOptions o = lock_options(c, opts);
+    const CloseGate closing{apply_ext(o, ext, true)};  // no report after this call returns
+    *out = wrap(c->client.acquire(name, o));
+  });
+}
+
+int distlock_acquire_all(distlock_client* c, const char* const* names, size_t count,
+                         const distlock_lock_options* opts, const distlock_lock_options_ext* ext,
+                         distlock_multi_lease** out, distlock_error* err) {
+  if (c == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_acquire_all: client or out is NULL");
+  *out = nullptr;
+  if (names == nullptr && count > 0) return invalid(err, "distlock: distlock_acquire_all: names is NULL");
+  for (size_t i = 0; i < count; ++i) {
+    if (names[i] == nullptr)
+      return invalid(err, "distlock: distlock_acquire_all: name " + std::to_string(i) + " is NULL");
+  }
+  return guarded(err, [&] {
+    distlock::LockOptions o = lock_options(c, opts);
+    apply_ext(o, ext, false);
+    std::vector<std::string> list(names, names + count);
+    auto m = std::make_unique<distlock_multi_lease>();
+    m->multi = c->client.acquire_all(list, o);
+    m->names = m->multi.names();
+    m->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (m->fd < 0) {
+      throw std::system_error(errno, std::generic_category(), "distlock: eventfd for the loss signal");
+    }
+    m->notify.emplace(m->multi.stop_token(), NotifyFd{m->fd});  // fires at once if already lost
+    *out = m.release();
+  });
+}
+
+size_t distlock_multi_lease_count(const distlock_multi_lease* m) {
+  return m != nullptr ? m->names.size() : 0;
+}
+
+const char* distlock_multi_lease_name(const distlock_multi_lease* m, size_t i) {
+  if (m == nullptr || i >= m->names.size()) return nullptr;
+  return m->names[i].c_str();
+}
+
+int distlock_multi_lease_token(const distlock_multi_lease* m, const char* name, uint64_t* out,
+                               distlock_error* err) {
+  if (m == nullptr || name == nullptr || out == nullptr)
+    return invalid(err, "distlock: distlock_multi_lease_token: multi-lease, name or out is NULL");
+  return guarded(err, [&] { *out = m->multi.token(name); });
+}
+
+int distlock_multi_lease_owns(const distlock_multi_lease* m) {
+  return m != nullptr && m->multi.owns() ? 1 : 0;
+}
+
+int64_t distlock_multi_lease_remaining_ms(const distlock_multi_lease* m) {
+  return m != nullptr ? m->multi.remaining().count() : 0;
+}
+
+int distlock_multi_lease_lost_fd(const distlock_multi_lease* m) {
+  return m != nullptr ? m->fd : -1;
+}
+
+int distlock_multi_lease_loss(const distlock_multi_lease* m, distlock_error* err) {
+  if (m == nullptr) return invalid(err, "distlock: distlock_multi_lease_loss: multi-lease is NULL");
+  return guarded(err, [&] {
+    for (const distlock::Lease& l : m->multi.leases()) {
+      const auto reason = l.loss_reason();
+      if (reason == distlock::LossReason::none) continue;
+      throw std::system_error(make_error_code(distlock::errc::lost),
+                              "distlock: multi-lease lost: \"" + l.name() + "\" lost (" +
+                                  distlock::to_string(reason) + "): " + l.loss_detail());
+    }
+  });
+}
+
+int distlock_multi_lease_release(distlock_multi_lease* m, distlock_error* err) {
+  if (m == nullptr) return invalid(err, "distlock: distlock_multi_lease_release: multi-lease is NULL");
+  return guarded(err, [&] { m->multi.release(); });
+}
+
+void distlock_multi_lease_free(distlock_multi_lease* m) {
+  delete m;  // the MultiLease's destructor releases every name and never throws
 }
 
 int distlock_semaphore_acquire(distlock_client* c, const char* name, int permits,

@@ -18,6 +18,7 @@ package distlock
 /*
 #cgo pkg-config: distlock-c
 #include <stdlib.h>
+#include <string.h>
 #include <fcntl.h>
 #include <poll.h>
 #include "distlock/distlock.h"
@@ -189,6 +190,9 @@ func (c *Client) URL() (string, error) {
 type lockConfig struct {
 	ttl, wait, maxHold *time.Duration
 	holderInfo         *string
+	lockDelay          *time.Duration    // LockDelay (lock_ext.go)
+	queuePosition      func(int, Waiter) // QueuePosition
+	traceparent        *string           // Traceparent
 }
 
 // LockOption configures one acquisition.
@@ -211,6 +215,7 @@ func HolderInfo(s string) LockOption { return func(c *lockConfig) { c.holderInfo
 type cOptions struct {
 	o    C.distlock_lock_options
 	free []unsafe.Pointer
+	ext  cExt // LockDelay, QueuePosition, Traceparent (lock_ext.go)
 }
 
 func makeOptions(opts []LockOption) *cOptions {
@@ -237,6 +242,7 @@ func makeOptions(opts []LockOption) *cOptions {
 		co.o.holder_info = s
 		co.free = append(co.free, unsafe.Pointer(s))
 	}
+	co.ext.fill(&cfg)
 	return co
 }
 
@@ -244,6 +250,7 @@ func (co *cOptions) release() {
 	for _, p := range co.free {
 		C.free(p)
 	}
+	co.ext.release()
 }
 
 // acquire runs one blocking acquisition of the C API, cancelled when ctx ends (see wait).
@@ -265,6 +272,22 @@ func (c *Client) acquire(ctx context.Context, opts []LockOption,
 // leaving nothing queued on the server.
 func (c *Client) wait(ctx context.Context, opts []LockOption,
 	call func(h *C.distlock_client, o *C.distlock_lock_options, e *C.distlock_error) C.int,
+) error {
+	return c.waitOptions(ctx, opts, func(h *C.distlock_client, co *cOptions, e *C.distlock_error) C.int {
+		if co.ext.e != nil { // the C calls behind wait take no extended options: refused, not dropped
+			msg := C.CString("distlock: LockDelay, QueuePosition and Traceparent apply to Lock, TryLock and LockAll only")
+			defer C.free(unsafe.Pointer(msg))
+			C.strncpy(&e.message[0], msg, C.size_t(len(e.message)-1))
+			e.code = C.DISTLOCK_E_INVALID_ARGUMENT
+			return C.DISTLOCK_E_INVALID_ARGUMENT
+		}
+		return call(h, &co.o, e)
+	})
+}
+
+// waitOptions is wait with the whole of the converted options (the extended ones too).
+func (c *Client) waitOptions(ctx context.Context, opts []LockOption,
+	call func(h *C.distlock_client, co *cOptions, e *C.distlock_error) C.int,
 ) error {
 	if err := ctx.Err(); err != nil {
 		return &ctxError{ctx: err, inner: ErrCancelled}
@@ -299,7 +322,7 @@ func (c *Client) wait(ctx context.Context, opts []LockOption,
 			C.distlock_cancel_free(cancel)
 		}()
 	}
-	if rc := call(h, &co.o, &e); rc != C.DISTLOCK_OK {
+	if rc := call(h, co, &e); rc != C.DISTLOCK_OK {
 		return fromContext(ctx, cError(rc, &e))
 	}
 	return nil
@@ -313,17 +336,30 @@ func withName(name string, f func(cname *C.char) C.int) C.int {
 
 // Lock acquires name, waiting until it is free, the Wait option runs out (ErrTimeout) or ctx
 // ends (an error matching ctx.Err() and ErrCancelled; nothing is left queued on the server).
+// LockDelay, QueuePosition and Traceparent apply (lock_ext.go).
 func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lease, error) {
-	return c.acquire(ctx, opts, func(h *C.distlock_client, o *C.distlock_lock_options, out **C.distlock_lease, e *C.distlock_error) C.int {
-		return withName(name, func(n *C.char) C.int { return C.distlock_acquire(h, n, o, out, e) })
+	var out *C.distlock_lease
+	err := c.waitOptions(ctx, opts, func(h *C.distlock_client, co *cOptions, e *C.distlock_error) C.int {
+		return withName(name, func(n *C.char) C.int { return C.distlock_acquire_ext(h, n, &co.o, co.ext.ptr(), &out, e) })
 	})
+	if err != nil {
+		return nil, err
+	}
+	return newLease(out), nil
 }
 
-// TryLock makes one attempt: ErrBusy while somebody else holds name.
+// TryLock makes one attempt: ErrBusy while somebody else holds name. LockDelay and
+// Traceparent apply.
 func (c *Client) TryLock(ctx context.Context, name string, opts ...LockOption) (*Lease, error) {
-	return c.acquire(ctx, opts, func(h *C.distlock_client, o *C.distlock_lock_options, out **C.distlock_lease, e *C.distlock_error) C.int {
-		return withName(name, func(n *C.char) C.int { return C.distlock_try_acquire(h, n, o, out, e) })
+	var out *C.distlock_lease
+	err := c.waitOptions(ctx, opts, func(h *C.distlock_client, co *cOptions, e *C.distlock_error) C.int {
+		co.o.wait_ms = 0 // one attempt, as distlock_try_acquire
+		return withName(name, func(n *C.char) C.int { return C.distlock_acquire_ext(h, n, &co.o, co.ext.ptr(), &out, e) })
 	})
+	if err != nil {
+		return nil, err
+	}
+	return newLease(out), nil
 }
 
 // ---- lease -------------------------------------------------------------------------------

@@ -75,6 +75,22 @@ func reindexShards(ctx context.Context, client *distlock.Client) error {
 	return nil
 }
 
+func transfer(ctx context.Context, fromToken, toToken uint64, lost <-chan struct{}) error { return nil }
+
+// docs/go.md, "Several locks at once".
+func moveMoney(ctx context.Context, client *distlock.Client) error {
+	both, err := client.LockAll(ctx, []string{"accounts/7", "accounts/3"}, // any order: taken sorted
+		distlock.Wait(5*time.Second),      // bounds the whole call
+		distlock.LockDelay(2*time.Second)) // a lost holder keeps both back for 2 s
+	if err != nil {
+		return err
+	}
+	defer both.Unlock(context.Background())
+	from, _ := both.Token("accounts/7")
+	to, _ := both.Token("accounts/3")
+	return transfer(ctx, from, to, both.Lost()) // Lost() closes if either name is lost
+}
+
 func TestDocExamplesRun(t *testing.T) {
 	for _, b := range backends(t) {
 		if err := payOrder(b.url); err != nil {
@@ -101,6 +117,14 @@ func TestDocExamplesRun(t *testing.T) {
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: reindexShards: %v", b.kind, err)
+		}
+	}
+	for _, b := range backends(t) {
+		if b.kind != "redis" { // file:// cannot enforce a lock-delay
+			continue
+		}
+		if err := moveMoney(context.Background(), connect(t, b.url)); err != nil {
+			t.Fatalf("%s: moveMoney: %v", b.kind, err)
 		}
 	}
 	t.Setenv("DISTLOCK_URL", "file://"+t.TempDir())

@@ -20,6 +20,7 @@
  *   - distlock_lease: the queries (token, remaining, owns, lost_fd, loss) and
  *     distlock_lease_on_lost may be called from any thread at once; release and free
  *     from one thread, when no other call on that lease is running.
+ *   - distlock_multi_lease: as a lease (queries from any thread; release and free from one).
  *   - distlock_cancel: distlock_cancel_request may be called from any thread at any
  *     time (that is its purpose); free it after the wait that uses it has returned.
  *   - id generators: next() from any thread at once; free once, after the last call.
@@ -223,6 +224,102 @@ DISTLOCK_C_API int distlock_lease_on_lost(distlock_lease* l, void (*fn)(void* us
 DISTLOCK_C_API int distlock_lease_release(distlock_lease* l, distlock_error* err);
 /* Releases (if still held, errors ignored) and frees. NULL is fine. One thread. */
 DISTLOCK_C_API void distlock_lease_free(distlock_lease* l);
+
+/* ---- more lock options: lock-delay, queue position, traceparent ------------------------- */
+/* distlock_lock_options keeps its layout for ever (programs built against it allocate its
+ * size and call distlock_lock_options_init); settings added later go in
+ * distlock_lock_options_ext, which is versioned by its first field: `size` is the
+ * sizeof(distlock_lock_options_ext) the caller was compiled with (set by
+ * distlock_lock_options_ext_init). The library reads only the fields that lie within `size`
+ * and takes the rest as their defaults, so a program built against this header keeps working
+ * with a later library whose struct has grown at its end (fields are only ever appended).
+ * A `size` smaller than the struct's first version (up to and including traceparent) is
+ * DISTLOCK_E_INVALID_ARGUMENT. NULL means every default. */
+
+/* One waiter in a lock's queue (distlock::WaiterInfo). Pointers valid during the call only. */
+typedef struct distlock_waiter {
+  size_t position;               /* 1 for the waiter the lock goes to next; 0 for the holder */
+  const char* owner;             /* its owner id */
+  const char* holder_info;       /* its holder_info; NULL when it set none */
+  int64_t waiting_since_unix_ms; /* when it joined the queue (server's clock); -1 unknown */
+} distlock_waiter;
+
+/* Called while distlock_acquire_ext waits in the queue, each time this waiter's place
+ * changes: `position` 1 when it is next; `ahead` the one just ahead (the holder, position 0,
+ * when it is next). Runs on the client's event thread (the thread of the distlock_lease_on_lost
+ * callbacks), never on the thread that called distlock_acquire_ext, never while a lock of the
+ * library is held; it must not block long (it delays loss callbacks) and must not close the
+ * client. Only a single-name acquire on a backend that lists its waiters (redis,
+ * redis+sentinel, etcd, zk) reports; elsewhere it is never called. */
+typedef void (*distlock_queue_position_fn)(size_t position, const distlock_waiter* ahead, void* user_data);
+
+typedef struct distlock_lock_options_ext {
+  size_t size;           /* sizeof(distlock_lock_options_ext) as compiled; set by _init */
+  int64_t lock_delay_ms; /* after this holder is *lost* (killed, partitioned, expired, revoked;
+                            not a release), nobody is granted the name before the loss plus
+                            this delay (server-enforced; docs/design.md "Lock-delay").
+                            DISTLOCK_DEFAULT: 0 (off); 0 .. 60000; a negative value or more
+                            than 60 s is DISTLOCK_E_INVALID_ARGUMENT naming lock_delay; a
+                            backend that cannot enforce it: DISTLOCK_E_NOT_SUPPORTED */
+  distlock_queue_position_fn on_queue_position; /* NULL: none */
+  void* queue_position_user;                    /* passed to on_queue_position */
+  const char* traceparent;                      /* parent of the wait and hold spans (as
+                                                   distlock_acquire_traced); NULL or "": the
+                                                   client's */
+} distlock_lock_options_ext;
+
+/* Sets size = sizeof(distlock_lock_options_ext), lock_delay_ms = DISTLOCK_DEFAULT, the rest NULL. */
+DISTLOCK_C_API void distlock_lock_options_ext_init(distlock_lock_options_ext* ext);
+
+/* distlock_acquire with the settings of `ext` too (NULL: as distlock_acquire). The queue-position
+ * callback runs only during this call: before returning, the call waits for a report in
+ * progress and none comes after it, so `queue_position_user` may be freed once it returned
+ * (the callback must therefore not wait for this call to return). Any thread. */
+DISTLOCK_C_API int distlock_acquire_ext(distlock_client* c, const char* name,
+                                        const distlock_lock_options* opts,
+                                        const distlock_lock_options_ext* ext, distlock_lease** out,
+                                        distlock_error* err);
+
+/* ---- several locks as one: multi-leases (docs/multi_lock.md) ------------------------------ */
+/* distlock_acquire_all takes every one of `names` (count of them) or none: in sorted order
+ * (bytewise), duplicates dropped, so two callers whose sets overlap cannot deadlock.
+ * opts->wait_ms bounds the whole call; a call that cannot have every name by then releases
+ * those it took and fails with DISTLOCK_E_TIMEOUT (DISTLOCK_E_BUSY for a wait of 0). Each name
+ * keeps its own lease and fencing token; a loss of any one name is a loss of the whole (owns()
+ * 0, lost_fd readable). DISTLOCK_E_INVALID_ARGUMENT for count 0 ("the list of names is
+ * empty"), a NULL or empty name, a bad option. `ext` may be NULL (its queue-position callback
+ * is not called: only single-name acquires report). Blocks; any thread, any number at once. */
+typedef struct distlock_multi_lease distlock_multi_lease;
+DISTLOCK_C_API int distlock_acquire_all(distlock_client* c, const char* const* names, size_t count,
+                                        const distlock_lock_options* opts,
+                                        const distlock_lock_options_ext* ext, distlock_multi_lease** out,
+                                        distlock_error* err);
+/* The number of names held (duplicates dropped), and the i-th in the canonical (sorted)
+ * order: a string owned by the multi-lease, valid until it is freed; NULL for i out of range.
+ * Any thread. */
+DISTLOCK_C_API size_t distlock_multi_lease_count(const distlock_multi_lease* m);
+DISTLOCK_C_API const char* distlock_multi_lease_name(const distlock_multi_lease* m, size_t i);
+/* `name`'s fencing token: DISTLOCK_E_INVALID_ARGUMENT for a name not held here,
+ * DISTLOCK_E_NOT_SUPPORTED where the backend has none (Redlock). Any thread. */
+DISTLOCK_C_API int distlock_multi_lease_token(const distlock_multi_lease* m, const char* name, uint64_t* out,
+                                              distlock_error* err);
+/* 1 while every name is held and within its local deadline; 0 once one is lost or after
+ * release. Any thread. */
+DISTLOCK_C_API int distlock_multi_lease_owns(const distlock_multi_lease* m);
+/* The least time left until a name's local deadline, in ms (0 once one is lost). Any thread. */
+DISTLOCK_C_API int64_t distlock_multi_lease_remaining_ms(const distlock_multi_lease* m);
+/* An eventfd that becomes readable (and stays so) when any one name is lost; never by an
+ * orderly release. Owned by the multi-lease: do not close or read it. Any thread. */
+DISTLOCK_C_API int distlock_multi_lease_lost_fd(const distlock_multi_lease* m);
+/* When a name was lost: DISTLOCK_E_LOST with a sentence naming it and the reason
+ * ("\"b\" lost (revoked): ..."); DISTLOCK_OK while held. Any thread. */
+DISTLOCK_C_API int distlock_multi_lease_loss(const distlock_multi_lease* m, distlock_error* err);
+/* Releases every name (the reverse of the canonical order), even when one fails:
+ * DISTLOCK_E_LOST if a name had been lost, else DISTLOCK_E_BACKEND_UNAVAILABLE if a server
+ * could not be reached (that name expires by its TTL). One thread. */
+DISTLOCK_C_API int distlock_multi_lease_release(distlock_multi_lease* m, distlock_error* err);
+/* Releases (if still held, errors ignored) and frees. NULL is fine. One thread. */
+DISTLOCK_C_API void distlock_multi_lease_free(distlock_multi_lease* m);
 
 /* ---- tracing (docs/tracing.md, docs/c.md) ------------------------------------------------ */
 /* What a span measured (distlock::SpanKind). */

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import datetime
 import os
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
 
 from ._errors import (AuthFailed, Busy, Cancelled, ClockMovedBackwards, Error, Exhausted, Forked,
                       InvalidArgument, InvalidUrl, Lost, NotOwner, NotSupported, ProtocolError,
@@ -42,7 +43,7 @@ from . import _distlock
 __version__ = _distlock.version
 
 __all__ = [
-    "connect", "default_url", "Client", "Lease", "Semaphore", "RWLock", "Election", "Leader",
+    "connect", "default_url", "Client", "Lease", "MultiLease", "Semaphore", "RWLock", "Election", "Leader",
     "ShardGroup", "ShardAssignment", "OwnedShard",
     "Error", "Busy", "Timeout", "Lost", "NotOwner", "Unavailable", "AuthFailed", "InvalidArgument",
     "InvalidUrl", "QuorumUnavailable", "ProtocolError", "NotSupported", "Exhausted",
@@ -220,6 +221,113 @@ class Lease:
         return f"<distlock.Lease {self._name!r} {state}>"
 
 
+def _seconds(value: "Union[float, datetime.timedelta, None]") -> Optional[float]:
+    """A duration given as seconds or as a ``datetime.timedelta``, in seconds."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    return value
+
+
+class MultiLease:
+    """Several names held as one (:meth:`Client.lock_all`): taken all or none, each with its own
+    lease and fencing token; a loss of any one name is a loss of the whole.
+
+    ``names``: the names in the order they were taken (sorted, no duplicates). ``tokens``: a dict
+    name -> fencing token (empty where the backend has none). ``lost``: a ``threading.Event`` set
+    when any one name is lost (``lost_name``, ``loss_reason`` and ``loss_detail`` say which and
+    why). A context manager: leaving the ``with`` block releases every name; releasing after a
+    loss raises :class:`Lost` (unless the block already raised).
+    """
+
+    __slots__ = ("_impl", "_names", "_tokens", "_lost", "_released", "__weakref__")
+
+    def __init__(self, impl: Any) -> None:
+        self._impl = impl
+        self._names: List[str] = impl.names
+        self._tokens: Dict[str, int] = impl.tokens
+        self._lost: Optional[_LostEvent] = None
+        self._released = False
+
+    @property
+    def names(self) -> List[str]:
+        return list(self._names)
+
+    @property
+    def tokens(self) -> Dict[str, int]:
+        """name -> fencing token (strictly increasing per name across holders); still readable
+        after the release."""
+        return dict(self._tokens)
+
+    def token(self, name: str) -> int:
+        """``name``'s fencing token. Raises :class:`InvalidArgument` for a name not held here,
+        :class:`NotSupported` where the backend has none."""
+        if name in self._tokens:
+            return self._tokens[name]
+        return self._impl.token(name)
+
+    @property
+    def held(self) -> bool:
+        """True while every name is held and within its local deadline."""
+        return self._impl.owns
+
+    @property
+    def remaining(self) -> float:
+        """Seconds until the earliest local deadline of its names (0.0 once one is lost)."""
+        return self._impl.remaining
+
+    @property
+    def lost(self) -> threading.Event:
+        """A ``threading.Event`` set when any one of the names is lost (made on first use; a loss
+        that came before is reported at once)."""
+        if self._lost is None:
+            with _lost_lock:
+                if self._lost is None:
+                    event = _LostEvent(self._impl)
+                    try:
+                        self._impl.on_lost(event.set)
+                    except NotOwner:
+                        pass  # already released: no loss to come (a loss before is in loss_reason)
+                    self._lost = event
+        return self._lost
+
+    @property
+    def lost_name(self) -> Optional[str]:
+        """The name that was lost (the first in order, if several); None while held."""
+        return self._impl.lost_name
+
+    @property
+    def loss_reason(self) -> str:
+        """Why ``lost_name`` was lost ("revoked", "local_deadline", ...); "none" while held."""
+        return self._impl.loss_reason
+
+    @property
+    def loss_detail(self) -> str:
+        return self._impl.loss_detail
+
+    def release(self) -> None:
+        """Releases every name (the last taken first), even when one fails. Raises :class:`Lost`
+        if a name had been lost, :class:`Unavailable` if a server could not be reached (that name
+        then ends by its TTL). Releasing twice does nothing."""
+        if self._released:
+            return
+        self._released = True
+        self._impl.release()
+
+    def __enter__(self) -> "MultiLease":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.release()
+        except Error:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else ("lost" if self.loss_reason != "none" else "released")
+        return f"<distlock.MultiLease {self._names!r} {state}>"
+
+
 class _AsyncLock:
     """``async with client.alock(name, ...) as lease:`` (see :meth:`Client.alock`)."""
 
@@ -287,11 +395,15 @@ class Client:
                                       max_hold, holder_info, tracer, traceparent)
         self._pid = os.getpid()
         self._groups: "weakref.WeakSet[ShardGroup]" = weakref.WeakSet()
+        self._multi: "weakref.WeakSet[MultiLease]" = weakref.WeakSet()
         _live_clients.add(self)
 
     # -- plain locks ----------------------------------------------------------------------
     def lock(self, name: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
-             max_hold: Optional[float] = None, holder_info: Optional[str] = None) -> Lease:
+             max_hold: Optional[float] = None, holder_info: Optional[str] = None,
+             lock_delay: "Union[float, datetime.timedelta, None]" = None,
+             on_queue_position: Optional[Callable[[int, Dict[str, Any]], None]] = None,
+             traceparent: Optional[str] = None) -> Lease:
         """Acquires ``name``, waiting up to ``wait`` seconds (client default: for ever).
 
         Returns a :class:`Lease` (use it with ``with``). Raises :class:`Busy` when it is held and
@@ -299,8 +411,45 @@ class Client:
         the service cannot be reached, :class:`InvalidArgument` for a bad name or ttl. The GIL is
         released while waiting; on the main thread Ctrl-C ends the wait (KeyboardInterrupt)
         within 100 ms and leaves nothing queued.
+
+        ``lock_delay`` (seconds or a ``timedelta``): after this holder is *lost* (killed,
+        partitioned, expired, revoked; not after a release) nobody is granted ``name`` before the
+        loss plus the delay; the server enforces it (docs/design.md "Lock-delay"). At most 60 s;
+        a negative or larger value raises :class:`InvalidArgument`, a backend that cannot enforce
+        it :class:`NotSupported`.
+
+        ``on_queue_position(position, ahead)``: called while this call waits in the lock's queue,
+        each time its place changes; ``position`` is 1 when it is next, ``ahead`` the one just
+        ahead (a dict as ``status()``'s ``waiter_list`` entries; the holder, position 0, when it
+        is next). It runs on the client's event thread with the GIL taken, never after ``lock()``
+        returned; an exception from it goes to ``sys.unraisablehook`` and the wait goes on. Only
+        backends that list their waiters (redis, redis+sentinel, etcd, zk) call it.
+
+        ``traceparent``: the W3C parent of this lock's spans (a client with a ``tracer``).
         """
-        return self._track(self._impl.acquire(name, ttl, wait, max_hold, holder_info, None), name)
+        return self._track(self._impl.acquire(name, ttl, wait, max_hold, holder_info, None,
+                                              _seconds(lock_delay), on_queue_position, traceparent),
+                           name)
+
+    def lock_all(self, names: Iterable[str], *, ttl: Optional[float] = None,
+                 wait: Optional[float] = None, max_hold: Optional[float] = None,
+                 holder_info: Optional[str] = None,
+                 lock_delay: "Union[float, datetime.timedelta, None]" = None,
+                 traceparent: Optional[str] = None) -> MultiLease:
+        """Acquires every one of ``names`` or none, as a :class:`MultiLease` (use it with
+        ``with``). The names are taken in sorted order with duplicates dropped, whatever order they
+        are given in, so two callers whose sets overlap cannot deadlock (docs/multi_lock.md).
+        ``wait`` bounds the whole call: when it cannot have every name by then it releases those
+        it took and raises :class:`Timeout` (:class:`Busy` for ``wait=0``). An empty list or an
+        empty name raises :class:`InvalidArgument`. ``lock_delay`` and ``traceparent`` apply to
+        every name, as in :meth:`lock`. The GIL is released while waiting; Ctrl-C ends the wait on
+        the main thread.
+        """
+        impl = self._impl.acquire_all(list(names), ttl, wait, max_hold, holder_info,
+                                      _seconds(lock_delay), traceparent, None)
+        multi = MultiLease(impl)
+        self._multi.add(multi)
+        return multi
 
     def try_lock(self, name: str, *, ttl: Optional[float] = None, max_hold: Optional[float] = None,
                  holder_info: Optional[str] = None) -> Optional[Lease]:
@@ -309,14 +458,20 @@ class Client:
         return None if impl is None else self._track(impl, name)
 
     def alock(self, name: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
-              max_hold: Optional[float] = None, holder_info: Optional[str] = None) -> _AsyncLock:
+              max_hold: Optional[float] = None, holder_info: Optional[str] = None,
+              lock_delay: "Union[float, datetime.timedelta, None]" = None,
+              on_queue_position: Optional[Callable[[int, Dict[str, Any]], None]] = None,
+              traceparent: Optional[str] = None) -> _AsyncLock:
         """``async with client.alock(name, ...) as lease:`` — :meth:`lock` for asyncio.
 
         The wait runs on the loop's default executor, so the event loop is never blocked;
         cancelling the awaiting task ends the wait and leaves nothing queued on the server.
+        ``on_queue_position`` runs on the client's event thread, not in the event loop.
         """
         def acquire(canceller: Any) -> Lease:
-            return self._track(self._impl.acquire(name, ttl, wait, max_hold, holder_info, canceller),
+            return self._track(self._impl.acquire(name, ttl, wait, max_hold, holder_info, canceller,
+                                                  _seconds(lock_delay), on_queue_position,
+                                                  traceparent),
                                name)
         return _AsyncLock(acquire)
 
@@ -407,6 +562,11 @@ class Client:
             for group in list(self._groups):  # the shard groups joined through it
                 group.leave()
             self._impl.release_tracked()  # the leases it returned that are still held
+            for multi in list(self._multi):  # and its multi-leases
+                try:
+                    multi.release()
+                except Error:
+                    pass  # lost, or the server unreachable: the names end by their TTL
         self._impl.close()
 
     def __enter__(self) -> "Client":

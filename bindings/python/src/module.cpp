@@ -426,6 +426,82 @@ LeaseList::~LeaseList() {
   while (head != nullptr) remove(head);
 }
 
+// Several names held as one (Client::acquire_all). Calls that may touch the network run without
+// the GIL; the destructor releases every name without it (see PyLease::drop).
+class PyMultiLease {
+ public:
+  explicit PyMultiLease(distlock::MultiLease m) : m_(std::move(m)) {}
+  PyMultiLease(const PyMultiLease&) = delete;
+  PyMultiLease& operator=(const PyMultiLease&) = delete;
+  ~PyMultiLease() {
+    if (!m_) return;
+    if (!python_alive()) {
+      new distlock::MultiLease(std::move(*m_));  // at shutdown nothing is touched
+      return;
+    }
+    ReleaseIfHeld nogil;
+    m_.reset();
+  }
+  std::vector<std::string> names() const { return get().names(); }
+  // name -> fencing token; empty where the backend has none.
+  py::dict tokens() const {
+    py::dict d;
+    for (const distlock::Lease& l : get().leases()) {
+      if (l.has_token()) d[py::str(l.name())] = l.token();
+    }
+    return d;
+  }
+  std::uint64_t token(const std::string& name) const { return get().token(name); }
+  bool owns() const { return m_ && m_->owns(); }
+  double remaining() const { return m_ ? ms_to_seconds(m_->remaining()) : 0.0; }
+  // The first name lost (in the canonical order), its reason and detail; None while held.
+  const distlock::Lease* lost_one() const {
+    if (!m_) return nullptr;
+    for (const distlock::Lease& l : m_->leases()) {
+      if (l.loss_reason() != distlock::LossReason::none) return &l;
+    }
+    return nullptr;
+  }
+  py::object lost_name() const {
+    const auto* l = lost_one();
+    return l != nullptr ? py::object(py::str(l->name())) : py::none();
+  }
+  std::string loss_reason() const {
+    const auto* l = lost_one();
+    return distlock::to_string(l != nullptr ? l->loss_reason() : distlock::LossReason::none);
+  }
+  std::string loss_detail() const {
+    const auto* l = lost_one();
+    return l != nullptr ? l->loss_detail() : std::string();
+  }
+  // `cb` once when any one name is lost, on the client's event thread (each name's Lease::on_lost;
+  // the first loss calls it, the others find it spent).
+  void on_lost(py::object cb) {
+    auto fn = python_callback(std::move(cb));
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    distlock::MultiLease& m = get();
+    py::gil_scoped_release nogil;
+    for (const distlock::Lease& l : m.leases()) {
+      // on_lost is not const; the leases belong to this multi-lease (never const objects).
+      const_cast<distlock::Lease&>(l).on_lost([fn, once] {
+        if (!once->exchange(true)) fn();
+      });
+    }
+  }
+  void release() {
+    distlock::MultiLease& m = get();
+    py::gil_scoped_release nogil;
+    m.release();
+  }
+
+ private:
+  distlock::MultiLease& get() const {
+    if (!m_) distlock::throw_error(distlock::errc::not_owner, "empty multi-lease");
+    return *m_;
+  }
+  mutable std::optional<distlock::MultiLease> m_;
+};
+
 // ClientOptions::tracer for Python: each span is handed to `cb` as a dict, under the GIL, on the
 // thread the library ends it on (docs/tracing.md); an exception goes to sys.unraisablehook.
 class PyTracer final : public distlock::Tracer {
@@ -474,10 +550,52 @@ class PyTracer final : public distlock::Tracer {
   PyRef ref_;
 };
 
-// Lock options for one call: the client's defaults, with the caller's values over them.
+// Lock options for one call: the client's defaults, with the caller's values over them. The last
+// three only for lock() and lock_all() (None elsewhere).
 struct LockArgs {
   py::object ttl, wait, max_hold, holder_info;
+  py::object lock_delay = py::none(), on_queue_position = py::none(), traceparent = py::none();
 };
+
+// Closes an on_queue_position callback when its acquire returns: the library posts each report to
+// the client's event thread, where one could run after the wait ended. The flag is read with the
+// GIL held and cleared with it held, so no report reaches Python after lock() returned.
+struct QueueGate {
+  std::atomic<bool> open{true};
+};
+struct CloseGate {
+  std::shared_ptr<QueueGate> gate;
+  ~CloseGate() {
+    if (gate) gate->open = false;
+  }
+};
+
+// LockOptions::on_queue_position over a Python callable `cb(position, ahead)` (`ahead` a dict as
+// status()'s waiter_list entries), run under the GIL on the client's event thread; an exception
+// from it goes to sys.unraisablehook and the wait goes on.
+std::function<void(std::size_t, const distlock::WaiterInfo&)> queue_callback(
+    py::object cb, std::shared_ptr<QueueGate> gate) {
+  auto ref = std::make_shared<PyRef>(std::move(cb));
+  return [ref, gate](std::size_t position, const distlock::WaiterInfo& ahead) {
+    if (!gate->open || !python_alive()) return;
+    py::gil_scoped_acquire gil;
+    if (!gate->open) return;
+    try {
+      py::dict w;
+      w["position"] = ahead.position;
+      w["owner"] = ahead.owner;
+      w["holder_info"] = ahead.holder_info ? py::object(py::str(*ahead.holder_info)) : py::none();
+      w["waiting_since"] =
+          ahead.waiting_since
+              ? py::object(py::float_(
+                    std::chrono::duration<double>(ahead.waiting_since->time_since_epoch()).count()))
+              : py::none();
+      py::handle(ref->get())(position, w);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("distlock on_queue_position callback");
+    }
+  };
+}
 
 class PyClient {
  public:
@@ -535,6 +653,11 @@ class PyClient {
 
   std::unique_ptr<PyLease> acquire(const std::string& name, const LockArgs& a, Canceller* cancel) {
     distlock::LockOptions opts = options(a);
+    CloseGate closing;  // destroyed with the GIL held, after the wait: no report comes later
+    if (!a.on_queue_position.is_none()) {
+      closing.gate = std::make_shared<QueueGate>();
+      opts.on_queue_position = queue_callback(a.on_queue_position, closing.gate);
+    }
     distlock::Client c = get();
     if (opts.wait && *opts.wait <= Millis(0)) {
       py::gil_scoped_release nogil;
@@ -568,6 +691,21 @@ class PyClient {
     auto l = c.try_acquire(name, opts);
     if (!l) return nullptr;
     return std::make_unique<PyLease>(std::move(*l));
+  }
+
+  std::unique_ptr<PyMultiLease> acquire_all(const std::vector<std::string>& names, const LockArgs& a,
+                                            Canceller* cancel) {
+    distlock::LockOptions opts = options(a);
+    distlock::Client c = get();
+    if (opts.wait && *opts.wait <= Millis(0)) {
+      py::gil_scoped_release nogil;
+      return std::make_unique<PyMultiLease>(c.acquire_all(names, opts));
+    }
+    return cancellable(cancel, [c, names, opts](std::stop_token stop) mutable {
+      distlock::LockOptions o = opts;
+      o.cancel = stop;
+      return std::make_unique<PyMultiLease>(c.acquire_all(names, o));
+    });
   }
 
   int semaphore_check(const std::string& name, int permits, const LockArgs& a) {
@@ -754,6 +892,12 @@ class PyClient {
     }
     if (!a.max_hold.is_none()) o.max_hold = seconds_to_ms(a.max_hold.cast<double>(), "max_hold");
     if (!a.holder_info.is_none()) o.holder_info = a.holder_info.cast<std::string>();
+    if (!a.lock_delay.is_none()) {
+      const double d = a.lock_delay.cast<double>();
+      o.lock_delay = seconds_to_ms(d, "lock_delay");
+      if (d < 0 && o.lock_delay.count() == 0) o.lock_delay = Millis(-1);  // still negative: refused
+    }
+    if (!a.traceparent.is_none()) o.traceparent = a.traceparent.cast<std::string>();
     return o;
   }
   distlock::LockOptions options(const LockArgs& a) const { return apply(defaults_, a); }
@@ -764,7 +908,12 @@ class PyClient {
 };
 
 LockArgs lock_args(py::object ttl, py::object wait, py::object max_hold, py::object holder_info) {
-  return LockArgs{std::move(ttl), std::move(wait), std::move(max_hold), std::move(holder_info)};
+  LockArgs a;
+  a.ttl = std::move(ttl);
+  a.wait = std::move(wait);
+  a.max_hold = std::move(max_hold);
+  a.holder_info = std::move(holder_info);
+  return a;
 }
 
 // The optional Canceller argument of the waits, taken as a plain object: a `Canceller*` parameter
@@ -1109,6 +1258,18 @@ PYBIND11_MODULE(_distlock, m) {
       .def("on_lost", &PyLease::on_lost)
       .def("release", &PyLease::release);
 
+  py::class_<PyMultiLease>(m, "MultiLease", "Several names held as one (see distlock.MultiLease).")
+      .def_property_readonly("names", &PyMultiLease::names)
+      .def_property_readonly("tokens", &PyMultiLease::tokens)
+      .def("token", &PyMultiLease::token)
+      .def_property_readonly("owns", &PyMultiLease::owns)
+      .def_property_readonly("remaining", &PyMultiLease::remaining)
+      .def_property_readonly("lost_name", &PyMultiLease::lost_name)
+      .def_property_readonly("loss_reason", &PyMultiLease::loss_reason)
+      .def_property_readonly("loss_detail", &PyMultiLease::loss_detail)
+      .def("on_lost", &PyMultiLease::on_lost)
+      .def("release", &PyMultiLease::release);
+
   py::class_<PyClient>(m, "Client", "A connection to one lock service (see distlock.Client).")
       .def(py::init([](const std::string& url, py::object connect_timeout, py::object command_timeout,
                        py::object ttl, py::object wait, py::object max_hold, py::object holder_info,
@@ -1126,11 +1287,29 @@ PYBIND11_MODULE(_distlock, m) {
       .def(
           "acquire",
           [](PyClient& c, const std::string& name, py::object ttl, py::object wait, py::object max_hold,
-             py::object holder_info, const py::object& cancel) {
-            return c.track(c.acquire(name, lock_args(ttl, wait, max_hold, holder_info), canceller(cancel)));
+             py::object holder_info, const py::object& cancel, py::object lock_delay,
+             py::object on_queue_position, py::object traceparent) {
+            LockArgs a = lock_args(ttl, wait, max_hold, holder_info);
+            a.lock_delay = std::move(lock_delay);
+            a.on_queue_position = std::move(on_queue_position);
+            a.traceparent = std::move(traceparent);
+            return c.track(c.acquire(name, a, canceller(cancel)));
           },
           py::arg("name"), py::arg("ttl"), py::arg("wait"), py::arg("max_hold"), py::arg("holder_info"),
-          py::arg("cancel"))
+          py::arg("cancel"), py::arg("lock_delay") = py::none(), py::arg("on_queue_position") = py::none(),
+          py::arg("traceparent") = py::none())
+      .def(
+          "acquire_all",
+          [](PyClient& c, const std::vector<std::string>& names, py::object ttl, py::object wait,
+             py::object max_hold, py::object holder_info, py::object lock_delay, py::object traceparent,
+             const py::object& cancel) {
+            LockArgs a = lock_args(ttl, wait, max_hold, holder_info);
+            a.lock_delay = std::move(lock_delay);
+            a.traceparent = std::move(traceparent);
+            return c.acquire_all(names, a, canceller(cancel));
+          },
+          py::arg("names"), py::arg("ttl"), py::arg("wait"), py::arg("max_hold"), py::arg("holder_info"),
+          py::arg("lock_delay"), py::arg("traceparent"), py::arg("cancel"))
       .def(
           "try_acquire",
           [](PyClient& c, const std::string& name, py::object ttl, py::object max_hold,

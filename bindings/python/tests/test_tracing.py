@@ -101,3 +101,20 @@ def test_without_a_tracer_a_lease_has_no_traceparent(file_store):
             assert lease.traceparent is None
     finally:
         client.close()
+
+
+def test_a_locks_own_traceparent_is_the_parent_of_its_spans(tmp_path):
+    per_lock = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    rec = Recorder()
+    with distlock.connect("file://" + str(tmp_path), tracer=rec, traceparent=PARENT) as client:
+        with client.lock("py/own", traceparent=per_lock) as lease:
+            assert lease.traceparent.startswith("00-0af7651916cd43dd8448eb211c80319c-")
+        with client.lock("py/client") as lease:
+            assert lease.traceparent.startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+        wait_until(lambda: len([s for s in rec.of("hold") if s["lock_name"] == "py/own"]) == 1, 5.0,
+                   "the hold span of py/own")
+        own = [s for s in rec.spans if s["lock_name"] == "py/own"]
+        assert {s["kind"] for s in own} == {"wait", "hold"}
+        for s in own:
+            assert s["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+            assert s["parent_span_id"] == "b7ad6b7169203331"
