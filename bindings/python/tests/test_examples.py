@@ -17,8 +17,10 @@ def run_example(script, *args, **kw):
 
 def test_acquire_with_timeout_waits_gives_up_and_hands_over(redis_server):
     name = "examples/acquire"
+    # The hold must outlast the start of a second interpreter that then waits 0.3 s: a 1.5 s
+    # hold was too short on a loaded machine (load 16: the "busy" run acquired after it).
     holder = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "acquire_with_timeout.py"),
-                               "--url", redis_server.url, "--name", name, "--hold", "1.5"],
+                               "--url", redis_server.url, "--name", name, "--hold", "6"],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert read_line(holder, 10.0).startswith(f"acquired {name} token=")
@@ -27,10 +29,10 @@ def test_acquire_with_timeout_waits_gives_up_and_hands_over(redis_server):
         assert busy.returncode == 3, busy
         assert busy.stdout.startswith(f"busy {name}:"), busy.stdout
         waited = run_example("acquire_with_timeout.py", "--url", redis_server.url, "--name", name,
-                             "--wait", "10")
+                             "--wait", "30")
         assert waited.returncode == 0, waited
         assert waited.stdout.startswith(f"acquired {name} token="), waited.stdout
-        assert holder.wait(10) == 0
+        assert holder.wait(30) == 0
     finally:
         if holder.poll() is None:
             holder.kill()
