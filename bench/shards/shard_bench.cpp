@@ -1,43 +1,53 @@
-// distlock-shard-bench — how fast a shard group (include/distlock/shard_group.hpp) rebalances.
+// distlock-shard-bench — how fast a shard group (include/distlock/shard_group.hpp) rebalances,
+// and what it costs the server, over a grid of member counts W and shard counts M.
 //
-//   distlock-shard-bench [--backend file,redis,etcd,zk,postgres | --url URL] [--members W]
-//                        [--shards M] [--rounds R] [--ttl-ms T] [--period-ms P]
-//                        [--phase-timeout-ms D]
+//   distlock-shard-bench [--backend file,redis,etcd,zk,postgres | --url URL]
+//                        [--members W[,W...]] [--shards M[,M...]] [--quick] [--rounds R]
+//                        [--ttl-ms T] [--period-ms P] [--phase-timeout-ms D] [--budget-s S]
 //
-// Per backend: --backend starts its own server on a free loopback port in a temporary
-// directory (the test harnesses of tests/support/backend_targets: one redis-server, etcd as
-// one member, ZooKeeper standalone with a 200 ms tick, one PostgreSQL), stopped by pid at the
-// end; --url uses a server that runs already. Each round makes a fresh group of M shards with
-// W member processes (this program re-executed with --member; each one a Client of its own,
-// as separate machines would be), and measures:
-//   join_ms         from a new member holding its membership (after the W-1 others balanced)
-//                   to a balanced assignment among the W (every shard owned by a live member,
-//                   each member ⌊M/W⌋ or ⌈M/W⌉);
-//   leave_ms        from a member's leave() (on SIGTERM) to all its shards owned again by the
-//                   others, balanced;
+// Per backend and round: --backend starts a server of the round's own on a free loopback port
+// in a temporary directory (the test harnesses of tests/support/backend_targets: one
+// redis-server, etcd as one member, ZooKeeper standalone with a 200 ms tick, one PostgreSQL),
+// stopped by pid after the round; --url uses a server that runs already. Each round makes a
+// group of M shards with W member processes (this program re-executed with --member; each one
+// a Client of its own, as separate machines would be: processes, not threads, because a
+// member's death is a SIGKILL, which takes its connections and renewals with it as a machine's
+// death would, and a thread cannot be killed alone), and measures:
+//   join_ms         from the W-th member holding its membership (after the W-1 others
+//                   balanced) to a balanced assignment among the W (every shard owned by a
+//                   live member, each member floor(M/W) or ceil(M/W));
+//   leave_ms        (W >= 3) from a member's leave() (on SIGTERM) to all its shards owned
+//                   again by the others, balanced;
 //   kill_ms         from a SIGKILL of a member to all its shards owned again, balanced
-//                   (expected ≈ TTL + rebalance period; less on file://, whose kernel locks a
-//                   dead process loses at once);
-//   max_unowned_ms  the longest time any one shard had no live owner during the round's three
+//                   (expected about TTL + rebalance period; less on file://, whose kernel
+//                   locks a dead process loses at once);
+//   max_unowned_ms  the longest time any one shard had no live owner during the round's
 //                   phases (a shard held by the killed member's unexpired lease counts as
-//                   unowned: nobody works on it).
-// On redis (--backend redis), also what the server sees, from INFO commandstats and DBSIZE:
-//   steady_commands_per_s  every command of the W-1 balanced members, per second, over three
-//                          rebalance periods (their listings and renewals);
-//   join_commands          the commands from the joiner's start to balance, less the steady rate
-//                          over that time: what the join cost (the joiner's connection set-up,
-//                          its membership, the hand-overs, the moved shards' acquisitions);
-//   moved_shards, join_commands_per_moved_shard;
-//   server_keys            DBSIZE once the W members balanced, beside M + W.
+//                   unowned: nobody works on it);
+//   moved_shards_join / _kill   the shards the join moved to the joiner / the killed member had;
+//   final_owned_once, final_balanced   the end state as the members were told it.
+// On redis, etcd and zk, what the server sees (Probe: INFO commandstats and DBSIZE; etcd's
+// /metrics; ZooKeeper's mntr):
+//   steady_ops_per_s       the server's operations per second while the W-1 members are
+//                          balanced, over three rebalance periods (their listings, renewals,
+//                          keep-alives); steady_ops_per_member_period = that per member and period;
+//   join_ops               the operations from the joiner's start to balance, less the steady
+//                          rate over that time: what the join cost (the joiner's connection
+//                          set-up and membership, its listings, the hand-overs, the moved shards'
+//                          acquisitions); join_ops_per_moved_shard;
+//   server_keys            keys (redis, etcd) or znodes (zk) once the W members balanced, less
+//                          those of the round's server before the first member: beside M + W.
 // Ownership is what each member was told: a shard is owned from the on_change that listed it
 // until its stop token fired (or its member was killed). Every time is a steady_clock
 // (CLOCK_MONOTONIC) reading, taken in the member that saw the event or in this process before
 // kill(); all processes run on one host, so the readings are comparable.
 //
-// Output: one JSON line per backend with the median, min and max of each figure over the
-// rounds, and the figures of every round. Bounded: at most 20 rounds, 64 members, 4096 shards,
-// and each phase gives up after --phase-timeout-ms (the figure is then null and "timeouts"
-// counts it). Measurements only: nothing here asserts a time.
+// Output: one JSON line per backend and grid cell (W, M) with the median, min and max of each
+// figure over the rounds, and the figures of every round. --quick is the test's grid: W 2,3 x
+// M 4,16, one round, TTL 1 s, period 100 ms. Bounded: at most 20 rounds, 16 cells per backend,
+// 64 members, 4096 shards; each phase gives up after --phase-timeout-ms (the figure is then null
+// and "timeouts" counts it), and no cell starts after --budget-s (it is reported "skipped").
+// Measurements only: nothing here asserts a time.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -591,8 +601,8 @@ nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::str
                          const std::string& url, const std::string& job, Probe* probe) {
   Round r(self, url, job, m, c.ttl_ms, c.period_ms, std::chrono::milliseconds(c.phase_timeout_ms));
   nlohmann::json out;
-  // The server's keys before this group's first member (the keys of earlier rounds' groups:
-  // their token counters, which stay; their leases ran out during their kill phase).
+  // The server's keys before this group's first member (a server of this round's own: none on
+  // redis and etcd, ZooKeeper's own znodes on zk).
   const std::optional<long long> keys_before = probe != nullptr ? probe->keys() : std::nullopt;
   // W-1 members, balanced.
   for (int i = 0; i < w - 1; ++i) r.spawn();
@@ -693,37 +703,25 @@ nlohmann::json summary(const std::vector<nlohmann::json>& rounds, const std::str
 }
 
 int run(const Config& c, const std::string& self) {
-  struct Backend {
-    std::string label;
-    std::unique_ptr<distlock::testing::Target> target;
-    std::string url;
-  };
   std::vector<std::string> labels = c.backends;
   if (!c.url.empty()) labels = {""};
   const auto started = SteadyClock::now();
   const auto budget = std::chrono::seconds(c.budget_s);
   int failures = 0;
   for (const auto& label : labels) {
-    Backend b{label, nullptr, c.url};
-    try {
-      if (!label.empty()) {
-        const std::string kind = label == "etcd" ? "etcd1" : label == "zk" ? "zk1" : label;
-        for (auto& k : distlock::testing::kinds())
-          if (k.label == kind) b.target = k.make({});
-        if (!b.target) throw std::runtime_error("backend " + label + " is not in this build");
-        b.url = b.target->url();
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "distlock-shard-bench: cannot start %s: %s\n", label.c_str(), e.what());
-      ++failures;
-      continue;
-    }
-    std::unique_ptr<Probe> probe;
-    if (b.target) probe = make_probe(label, *b.target);
+    // Each round on a server of its own, started for it (and stopped by pid after it): what
+    // the server holds and counts is that round's group alone, and a round that overloaded
+    // its server leaves nothing behind for the next.
+    auto start_server = [&](std::unique_ptr<distlock::testing::Target>& target) {
+      const std::string kind = label == "etcd" ? "etcd1" : label == "zk" ? "zk1" : label;
+      for (auto& k : distlock::testing::kinds())
+        if (k.label == kind) target = k.make({});
+      if (!target) throw std::runtime_error("backend " + label + " is not in this build");
+    };
     for (const int w : c.members) {
       for (const std::uint32_t m : c.shards) {
         nlohmann::json line = {{"workload", "rebalance"},
-                               {"backend", label.empty() ? b.url.substr(0, b.url.find(':')) : label},
+                               {"backend", label.empty() ? c.url.substr(0, c.url.find(':')) : label},
                                {"members", w},
                                {"shards", m},
                                {"ttl_ms", c.ttl_ms},
@@ -741,7 +739,21 @@ int run(const Config& c, const std::string& self) {
         for (int i = 0; i < c.rounds; ++i) {
           const std::string job = "rebalance-bench-" + std::to_string(::getpid()) + "-w" + std::to_string(w) +
                                   "-m" + std::to_string(m) + "-" + std::to_string(i);
-          rounds.push_back(one_round(c, w, m, self, b.url, job, probe.get()));
+          std::unique_ptr<distlock::testing::Target> target;
+          std::unique_ptr<Probe> probe;
+          std::string url = c.url;
+          if (!label.empty()) {
+            try {
+              start_server(target);
+              url = target->url();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "distlock-shard-bench: cannot start %s: %s\n", label.c_str(), e.what());
+              rounds.push_back({{"error", "cannot start " + label + ": " + e.what()}});
+              continue;
+            }
+            probe = make_probe(label, *target);
+          }
+          rounds.push_back(one_round(c, w, m, self, url, job, probe.get()));
         }
         int timeouts = 0;
         std::vector<const char*> timed{"join_ms", "kill_ms", "max_unowned_ms"};
@@ -750,7 +762,7 @@ int run(const Config& c, const std::string& self) {
         int ignored = 0;
         for (const char* k : {"moved_shards_join", "moved_shards_kill"})
           line[k] = summary(rounds, k, ignored);
-        if (probe) {
+        if (label == "redis" || label == "etcd" || label == "zk") {
           for (const char* k : {"steady_ops_per_s", "steady_ops_per_member_period", "join_ops",
                                 "join_ops_per_moved_shard", "server_keys"})
             line[k] = summary(rounds, k, ignored);
