@@ -389,8 +389,8 @@ int ShardRunner::next_timeout() {
   return timeout;
 }
 
-/// The worker thread's work in join(): connect, make the directory of $DISTLOCK_SHARDS_FILE,
-/// join the group. Shared with the main thread through an atomic flag (done).
+/// What join()'s worker thread made: the client and the group, or the error. Handed to the main
+/// thread through an atomic flag (done).
 struct ShardJoin {
   std::optional<Client> client;
   std::optional<ShardGroup> group;
@@ -425,6 +425,9 @@ std::optional<int> ShardRunner::join(std::optional<Client>& client, std::optiona
       result->status = exit_code_for(e.code());
     } catch (const std::exception& e) {
       result->error = "cannot join shard group \"" + s_.name + "\": " + std::string(e.what());
+      result->status = exit_status::software;
+    } catch (...) {
+      result->error = "cannot join shard group \"" + s_.name + "\": unexpected error";
       result->status = exit_status::software;
     }
     done->store(true, std::memory_order_release);
