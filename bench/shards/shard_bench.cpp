@@ -1,46 +1,60 @@
-// distlock-shard-bench — how fast a shard group (include/distlock/shard_group.hpp) rebalances.
+// distlock-shard-bench — how fast a shard group (include/distlock/shard_group.hpp) rebalances,
+// and what it costs the server, over a grid of member counts W and shard counts M.
 //
-//   distlock-shard-bench [--backend file,redis,etcd,zk,postgres | --url URL] [--members W]
-//                        [--shards M] [--rounds R] [--ttl-ms T] [--period-ms P]
-//                        [--phase-timeout-ms D]
+//   distlock-shard-bench [--backend file,redis,etcd,zk,postgres | --url URL]
+//                        [--members W[,W...]] [--shards M[,M...]] [--quick] [--rounds R]
+//                        [--ttl-ms T] [--period-ms P] [--phase-timeout-ms D] [--budget-s S]
 //
-// Per backend: --backend starts its own server on a free loopback port in a temporary
-// directory (the test harnesses of tests/support/backend_targets: one redis-server, etcd as
-// one member, ZooKeeper standalone with a 200 ms tick, one PostgreSQL), stopped by pid at the
-// end; --url uses a server that runs already. Each round makes a fresh group of M shards with
-// W member processes (this program re-executed with --member; each one a Client of its own,
-// as separate machines would be), and measures:
-//   join_ms         from a new member holding its membership (after the W-1 others balanced)
-//                   to a balanced assignment among the W (every shard owned by a live member,
-//                   each member ⌊M/W⌋ or ⌈M/W⌉);
-//   leave_ms        from a member's leave() (on SIGTERM) to all its shards owned again by the
-//                   others, balanced;
+// Per backend and round: --backend starts a server of the round's own on a free loopback port
+// in a temporary directory (the test harnesses of tests/support/backend_targets: one
+// redis-server, etcd as one member, ZooKeeper standalone with a 200 ms tick, one PostgreSQL),
+// stopped by pid after the round; --url uses a server that runs already. Each round makes a
+// group of M shards with W member processes (this program re-executed with --member; each one
+// a Client of its own, as separate machines would be: processes, not threads, because a
+// member's death is a SIGKILL, which takes its connections and renewals with it as a machine's
+// death would, and a thread cannot be killed alone), and measures:
+//   join_ms         from the W-th member holding its membership (after the W-1 others
+//                   balanced) to a balanced assignment among the W (every shard owned by a
+//                   live member, each member floor(M/W) or ceil(M/W));
+//   leave_ms        (W >= 3) from a member's leave() (on SIGTERM) to all its shards owned
+//                   again by the others, balanced;
 //   kill_ms         from a SIGKILL of a member to all its shards owned again, balanced
-//                   (expected ≈ TTL + rebalance period; less on file://, whose kernel locks a
-//                   dead process loses at once);
-//   max_unowned_ms  the longest time any one shard had no live owner during the round's three
+//                   (expected about TTL + rebalance period; less on file://, whose kernel
+//                   locks a dead process loses at once);
+//   max_unowned_ms  the longest time any one shard had no live owner during the round's
 //                   phases (a shard held by the killed member's unexpired lease counts as
-//                   unowned: nobody works on it).
-// On redis (--backend redis), also what the server sees, from INFO commandstats and DBSIZE:
-//   steady_commands_per_s  every command of the W-1 balanced members, per second, over three
-//                          rebalance periods (their listings and renewals);
-//   join_commands          the commands from the joiner's start to balance, less the steady rate
-//                          over that time: what the join cost (the joiner's connection set-up,
-//                          its membership, the hand-overs, the moved shards' acquisitions);
-//   moved_shards, join_commands_per_moved_shard;
-//   server_keys            DBSIZE once the W members balanced, beside M + W.
+//                   unowned: nobody works on it);
+//   moved_shards_join / _kill   the shards the join moved to the joiner / the killed member had;
+//   final_owned_once, final_balanced   the end state as the members were told it.
+// On redis, etcd and zk, what the server sees (Probe: INFO commandstats and DBSIZE; etcd's
+// /metrics; ZooKeeper's mntr):
+//   steady_ops_per_s       the server's operations per second while the W-1 members are
+//                          balanced, over three rebalance periods (their listings, renewals,
+//                          keep-alives); steady_ops_per_member_period = that per member and period;
+//   join_ops               the operations from the joiner's start to balance, less the steady
+//                          rate over that time: what the join cost (the joiner's connection
+//                          set-up and membership, its listings, the hand-overs, the moved shards'
+//                          acquisitions); join_ops_per_moved_shard;
+//   server_keys            keys (redis, etcd) or znodes (zk) once the W members balanced, less
+//                          those of the round's server before the first member: beside M + W.
 // Ownership is what each member was told: a shard is owned from the on_change that listed it
 // until its stop token fired (or its member was killed). Every time is a steady_clock
 // (CLOCK_MONOTONIC) reading, taken in the member that saw the event or in this process before
 // kill(); all processes run on one host, so the readings are comparable.
 //
-// Output: one JSON line per backend with the median, min and max of each figure over the
-// rounds, and the figures of every round. Bounded: at most 20 rounds, 64 members, 4096 shards,
-// and each phase gives up after --phase-timeout-ms (the figure is then null and "timeouts"
-// counts it). Measurements only: nothing here asserts a time.
+// Output: one JSON line per backend and grid cell (W, M) with the median, min and max of each
+// figure over the rounds, and the figures of every round. --quick is the test's grid: W 2,3 x
+// M 4,16, one round, TTL 1 s, period 100 ms. Bounded: at most 20 rounds, 16 cells per backend,
+// 64 members, 4096 shards; each phase gives up after --phase-timeout-ms (the figure is then null
+// and "timeouts" counts it), and no cell starts after --budget-s (it is reported "skipped").
+// Measurements only: nothing here asserts a time.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -274,6 +288,14 @@ class Round {
   std::size_t owned_count(std::size_t i) const { return members_[i].owned.size(); }
   long period_ms() const { return period_ms_; }
 
+  /// Every shard owned by exactly one live member (as the members were told).
+  bool owned_once() const {
+    std::vector<int> owners(shards_, 0);
+    for (const auto& m : members_)
+      if (m.live)
+        for (auto s : m.owned) ++owners[s];
+    return std::all_of(owners.begin(), owners.end(), [](int o) { return o == 1; });
+  }
   /// Every shard owned by exactly one live member, each live member ⌊M/W⌋ or ⌈M/W⌉ of them.
   bool balanced() const {
     std::size_t live = 0;
@@ -407,34 +429,110 @@ class Round {
   std::int64_t last_event_ns_ = 0;
 };
 
-#ifdef DISTLOCK_SHARD_BENCH_REDIS_PROBE
-/// A plain connection to the benchmark's own redis-server (nothing else uses it): the server's
-/// total command count and its number of keys.
-class RedisProbe {
+/// What the benchmark's own server sees (nothing but this benchmark uses it): its count of
+/// operations so far (the backend's own counter) and its number of keys / znodes. Either may be
+/// unknown (nullopt).
+class Probe {
  public:
-  explicit RedisProbe(const std::string& url) {
-    // redis://host:port
-    const auto at = url.find("://");
-    const std::string hp = url.substr(at == std::string::npos ? 0 : at + 3);
-    const auto colon = hp.rfind(':');
-    if (colon == std::string::npos) return;
-    const std::string host = hp.substr(0, colon);
-    const int port = std::atoi(hp.substr(colon + 1).c_str());
-    ctx_ = redisConnect(host.c_str(), port);
+  virtual ~Probe() = default;
+  virtual std::optional<long long> ops() = 0;
+  virtual std::optional<long long> keys() = 0;
+};
+
+/// One request on a fresh loopback TCP connection, the whole answer read until the server
+/// closes it (bounded: 5 s, 16 MiB). Empty on failure.
+std::string tcp_exchange(std::uint16_t port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+    char buf[65536];
+    const auto end = SteadyClock::now() + 5s;
+    while (out.size() < (16u << 20) && SteadyClock::now() < end) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+/// The sum of the values of the lines of `text` that start with `prefix` (Prometheus text
+/// format "name{labels} value", or ZooKeeper's mntr "name<TAB>value"); nullopt if none.
+std::optional<long long> sum_lines(const std::string& text, const std::string& prefix) {
+  std::istringstream in(text);
+  long double total = 0;
+  bool any = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const auto sp = line.find_last_of(" \t");
+    if (sp == std::string::npos) continue;
+    total += std::strtold(line.c_str() + sp + 1, nullptr);
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return static_cast<long long>(total);
+}
+
+/// etcd: gRPC messages received by the server (grpc_server_msg_received_total over every
+/// method: unary requests, and each message on a stream — a lease keep-alive, a watch
+/// request) and its key count (etcd_debugging_mvcc_keys_total), from /metrics on the client port.
+class EtcdProbe final : public Probe {
+ public:
+  explicit EtcdProbe(std::uint16_t port) : port_(port) {}
+  std::optional<long long> ops() override { return sum_lines(metrics(), "grpc_server_msg_received_total{"); }
+  std::optional<long long> keys() override { return sum_lines(metrics(), "etcd_debugging_mvcc_keys_total"); }
+
+ private:
+  std::string metrics() { return tcp_exchange(port_, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"); }
+  std::uint16_t port_;
+};
+
+/// ZooKeeper: packets received (zk_packets_received: every request and every session ping)
+/// and znodes (zk_znode_count, the server's whole tree), from the mntr command.
+class ZkProbe final : public Probe {
+ public:
+  explicit ZkProbe(std::uint16_t port) : port_(port) {}
+  std::optional<long long> ops() override {
+    return sum_lines(tcp_exchange(port_, "mntr"), "zk_packets_received");
+  }
+  std::optional<long long> keys() override {
+    return sum_lines(tcp_exchange(port_, "mntr"), "zk_znode_count");
+  }
+
+ private:
+  std::uint16_t port_;
+};
+
+#ifdef DISTLOCK_SHARD_BENCH_REDIS_PROBE
+/// redis: the server's total command count (INFO commandstats, less the probe's own calls)
+/// and its number of keys (DBSIZE).
+class RedisProbe final : public Probe {
+ public:
+  explicit RedisProbe(std::uint16_t port) {
+    ctx_ = redisConnect("127.0.0.1", port);
     if (ctx_ != nullptr && ctx_->err) {
       redisFree(ctx_);
       ctx_ = nullptr;
     }
   }
-  ~RedisProbe() {
+  ~RedisProbe() override {
     if (ctx_ != nullptr) redisFree(ctx_);
   }
   RedisProbe(const RedisProbe&) = delete;
   RedisProbe& operator=(const RedisProbe&) = delete;
   bool ok() const { return ctx_ != nullptr; }
 
-  /// The sum of calls= over INFO commandstats, less the probe's own INFO calls.
-  std::optional<long long> commands() {
+  std::optional<long long> ops() override {
     auto* r = static_cast<redisReply*>(redisCommand(ctx_, "INFO commandstats"));
     if (r == nullptr) return std::nullopt;
     long long total = 0;
@@ -450,7 +548,7 @@ class RedisProbe {
     ++own_;
     return total - own_;
   }
-  std::optional<long long> keys() {
+  std::optional<long long> keys() override {
     auto* r = static_cast<redisReply*>(redisCommand(ctx_, "DBSIZE"));
     if (r == nullptr) return std::nullopt;
     const long long n = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
@@ -463,25 +561,32 @@ class RedisProbe {
   redisContext* ctx_ = nullptr;
   long long own_ = 0;
 };
-#else
-class RedisProbe {  // built without hiredis: no server figures
- public:
-  explicit RedisProbe(const std::string&) {}
-  bool ok() const { return false; }
-  std::optional<long long> commands() { return std::nullopt; }
-  std::optional<long long> keys() { return std::nullopt; }
-};
 #endif
+
+std::unique_ptr<Probe> make_probe(const std::string& label, distlock::testing::Target& target) {
+  const auto ports = target.ports();
+  if (ports.size() != 1) return nullptr;
+  if (label == "etcd") return std::make_unique<EtcdProbe>(ports[0]);
+  if (label == "zk") return std::make_unique<ZkProbe>(ports[0]);
+#ifdef DISTLOCK_SHARD_BENCH_REDIS_PROBE
+  if (label == "redis") {
+    auto p = std::make_unique<RedisProbe>(ports[0]);
+    if (p->ok()) return p;
+  }
+#endif
+  return nullptr;
+}
 
 struct Config {
   std::vector<std::string> backends;
   std::string url;
-  int members = 4;
-  std::uint32_t shards = 16;
+  std::vector<int> members{4};
+  std::vector<std::uint32_t> shards{16};
   int rounds = 3;
   long ttl_ms = 2000;
   long period_ms = 300;
   long phase_timeout_ms = 30000;
+  long budget_s = 3600;
 };
 
 nlohmann::json ms_or_null(std::optional<std::int64_t> from, std::optional<std::int64_t> to) {
@@ -489,11 +594,16 @@ nlohmann::json ms_or_null(std::optional<std::int64_t> from, std::optional<std::i
   return static_cast<double>(*to - *from) / 1e6;
 }
 
-nlohmann::json one_round(const Config& c, const std::string& self, const std::string& url,
-                         const std::string& job, RedisProbe* probe) {
-  Round r(self, url, job, c.shards, c.ttl_ms, c.period_ms, std::chrono::milliseconds(c.phase_timeout_ms));
-  const int w = c.members;
+/// One round of one grid cell: W-1 members balance; the W-th joins (join_ms); with W >= 3
+/// member 0 leaves (leave_ms); then one more member is SIGKILLed (kill_ms). With W = 2 there is
+/// no leave: the kill leaves the joiner alone with every shard.
+nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::string& self,
+                         const std::string& url, const std::string& job, Probe* probe) {
+  Round r(self, url, job, m, c.ttl_ms, c.period_ms, std::chrono::milliseconds(c.phase_timeout_ms));
   nlohmann::json out;
+  // The server's keys before this group's first member (a server of this round's own: none on
+  // redis and etcd, ZooKeeper's own znodes on zk).
+  const std::optional<long long> keys_before = probe != nullptr ? probe->keys() : std::nullopt;
   // W-1 members, balanced.
   for (int i = 0; i < w - 1; ++i) r.spawn();
   auto all_joined = [&](int n) {
@@ -505,17 +615,18 @@ nlohmann::json one_round(const Config& c, const std::string& self, const std::st
     out["error"] = "the first " + std::to_string(w - 1) + " members did not balance";
     return out;
   }
-  // The server's steady traffic of the balanced W-1, over three periods (redis only).
+  // The server's steady traffic of the balanced W-1, over three periods: their listings,
+  // renewals and (etcd, zk) keep-alives / pings.
   std::optional<double> steady_per_ns;
-  std::optional<long long> join_calls_from;
+  std::optional<long long> join_ops_from;
   if (probe != nullptr) {
-    const auto c0 = probe->commands();
+    const auto c0 = probe->ops();
     const std::int64_t t0 = now_ns();
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * c.period_ms));
-    const auto c1 = probe->commands();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * c.period_ms));  // the measuring window
+    const auto c1 = probe->ops();
     const std::int64_t t1 = now_ns();
     if (c0 && c1 && t1 > t0) steady_per_ns = static_cast<double>(*c1 - *c0) / static_cast<double>(t1 - t0);
-    join_calls_from = probe->commands();
+    join_ops_from = probe->ops();
   }
   // Join.
   const std::int64_t spawn_at = now_ns();
@@ -523,39 +634,49 @@ nlohmann::json one_round(const Config& c, const std::string& self, const std::st
   std::optional<std::int64_t> join_at, join_done, leave_at, leave_done, kill_at, kill_done;
   if (r.until([&] { return r.joined(joiner); })) join_at = r.joined_ns(joiner);
   if (join_at) join_done = r.until([&] { return r.balanced(); });
-  if (probe != nullptr && join_done && steady_per_ns && join_calls_from) {
-    const auto calls = probe->commands();
+  out["moved_shards_join"] = r.owned_count(joiner);
+  if (probe != nullptr && join_done) {
+    const auto ops = probe->ops();
     const auto keys = probe->keys();
     const std::size_t moved = r.owned_count(joiner);
-    out["steady_commands_per_s"] = std::round(*steady_per_ns * 1e9);
-    if (calls) {
-      const double extra = static_cast<double>(*calls - *join_calls_from) -
+    if (steady_per_ns) {
+      out["steady_ops_per_s"] = std::round(*steady_per_ns * 1e9);
+      // What one balanced member costs the server per rebalance period.
+      out["steady_ops_per_member_period"] =
+          std::round(*steady_per_ns * 1e6 * static_cast<double>(c.period_ms) / (w - 1) * 10) / 10;
+    }
+    if (ops && steady_per_ns && join_ops_from) {
+      const double extra = static_cast<double>(*ops - *join_ops_from) -
                            *steady_per_ns * static_cast<double>(*join_done - spawn_at);
-      out["join_commands"] = std::round(extra);
-      out["moved_shards"] = moved;
+      out["join_ops"] = std::round(extra);
       if (moved > 0)
-        out["join_commands_per_moved_shard"] = std::round(extra / static_cast<double>(moved) * 10) / 10;
+        out["join_ops_per_moved_shard"] = std::round(extra / static_cast<double>(moved) * 10) / 10;
     }
-    if (keys) {
-      out["server_keys"] = *keys;
-      out["shards_plus_members"] = c.shards + static_cast<std::uint32_t>(w);
-    }
+    if (keys && keys_before) out["server_keys"] = *keys - *keys_before;
+    out["shards_plus_members"] = m + static_cast<std::uint32_t>(w);
   }
   const std::int64_t from = join_at.value_or(0);
-  // Graceful leave of member 0.
-  r.terminate(0);
-  if (r.until([&] { return r.leave_ns(0).has_value(); })) leave_at = r.leave_ns(0);
-  if (leave_at) leave_done = r.until([&] { return r.balanced(); });
-  // SIGKILL of member 1.
-  kill_at = r.kill(1);
+  // Graceful leave of member 0 (W >= 3).
+  if (w >= 3) {
+    r.terminate(0);
+    if (r.until([&] { return r.leave_ns(0).has_value(); })) leave_at = r.leave_ns(0);
+    if (leave_at) leave_done = r.until([&] { return r.balanced(); });
+  }
+  // SIGKILL of member 1 (W >= 3) or 0 (W = 2).
+  const std::size_t victim = w >= 3 ? 1 : 0;
+  out["moved_shards_kill"] = r.owned_count(victim);
+  kill_at = r.kill(victim);
   kill_done = r.until([&] { return r.balanced(); });
   const std::int64_t to = now_ns();
   out["join_ms"] = ms_or_null(join_at, join_done);
-  out["leave_ms"] = ms_or_null(leave_at, leave_done);
+  if (w >= 3) out["leave_ms"] = ms_or_null(leave_at, leave_done);
   out["kill_ms"] = ms_or_null(kill_at, kill_done);
+  // The end state as the members were told it: every shard owned by exactly one live member.
+  out["final_owned_once"] = r.owned_once();
+  out["final_balanced"] = r.balanced();
   if (join_at) {
     out["max_unowned_ms"] = r.max_unowned_ms(from, to);
-    out["max_unowned_join_ms"] = r.max_unowned_ms(from, leave_at.value_or(to));
+    out["max_unowned_join_ms"] = r.max_unowned_ms(from, leave_at.value_or(kill_at.value_or(to)));
     if (leave_at) out["max_unowned_leave_ms"] = r.max_unowned_ms(*leave_at, *kill_at);
     out["max_unowned_kill_ms"] = r.max_unowned_ms(*kill_at, to);
   } else {
@@ -582,58 +703,86 @@ nlohmann::json summary(const std::vector<nlohmann::json>& rounds, const std::str
 }
 
 int run(const Config& c, const std::string& self) {
-  struct Backend {
-    std::string label;
-    std::unique_ptr<distlock::testing::Target> target;
-    std::string url;
-  };
   std::vector<std::string> labels = c.backends;
   if (!c.url.empty()) labels = {""};
+  const auto started = SteadyClock::now();
+  const auto budget = std::chrono::seconds(c.budget_s);
   int failures = 0;
   for (const auto& label : labels) {
-    Backend b{label, nullptr, c.url};
-    try {
-      if (!label.empty()) {
-        const std::string kind = label == "etcd" ? "etcd1" : label == "zk" ? "zk1" : label;
-        for (auto& k : distlock::testing::kinds())
-          if (k.label == kind) b.target = k.make({});
-        if (!b.target) throw std::runtime_error("backend " + label + " is not in this build");
-        b.url = b.target->url();
+    // Each round on a server of its own, started for it (and stopped by pid after it): what
+    // the server holds and counts is that round's group alone, and a round that overloaded
+    // its server leaves nothing behind for the next.
+    auto start_server = [&](std::unique_ptr<distlock::testing::Target>& target) {
+      const std::string kind = label == "etcd" ? "etcd1" : label == "zk" ? "zk1" : label;
+      for (auto& k : distlock::testing::kinds())
+        if (k.label == kind) target = k.make({});
+      if (!target) throw std::runtime_error("backend " + label + " is not in this build");
+    };
+    for (const int w : c.members) {
+      for (const std::uint32_t m : c.shards) {
+        nlohmann::json line = {{"workload", "rebalance"},
+                               {"backend", label.empty() ? c.url.substr(0, c.url.find(':')) : label},
+                               {"members", w},
+                               {"shards", m},
+                               {"ttl_ms", c.ttl_ms},
+                               {"period_ms", c.period_ms},
+                               {"rounds", c.rounds}};
+        if (SteadyClock::now() - started > budget) {
+          // Out of time: the cell is reported, not run.
+          line["skipped"] = "budget of " + std::to_string(c.budget_s) + " s spent";
+          std::printf("%s\n", line.dump().c_str());
+          std::fflush(stdout);
+          continue;
+        }
+        const auto cell_start = SteadyClock::now();
+        std::vector<nlohmann::json> rounds;
+        for (int i = 0; i < c.rounds; ++i) {
+          const std::string job = "rebalance-bench-" + std::to_string(::getpid()) + "-w" + std::to_string(w) +
+                                  "-m" + std::to_string(m) + "-" + std::to_string(i);
+          std::unique_ptr<distlock::testing::Target> target;
+          std::unique_ptr<Probe> probe;
+          std::string url = c.url;
+          if (!label.empty()) {
+            try {
+              start_server(target);
+              url = target->url();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "distlock-shard-bench: cannot start %s: %s\n", label.c_str(), e.what());
+              rounds.push_back({{"error", "cannot start " + label + ": " + e.what()}});
+              continue;
+            }
+            probe = make_probe(label, *target);
+          }
+          rounds.push_back(one_round(c, w, m, self, url, job, probe.get()));
+        }
+        int timeouts = 0;
+        std::vector<const char*> timed{"join_ms", "kill_ms", "max_unowned_ms"};
+        if (w >= 3) timed.push_back("leave_ms");
+        for (const char* k : timed) line[k] = summary(rounds, k, timeouts);
+        int ignored = 0;
+        for (const char* k : {"moved_shards_join", "moved_shards_kill"})
+          line[k] = summary(rounds, k, ignored);
+        if (label == "redis" || label == "etcd" || label == "zk") {
+          for (const char* k : {"steady_ops_per_s", "steady_ops_per_member_period", "join_ops",
+                                "join_ops_per_moved_shard", "server_keys"})
+            line[k] = summary(rounds, k, ignored);
+          line["shards_plus_members"] = m + static_cast<std::uint32_t>(w);
+          line["ops"] = label == "redis"  ? "redis commands (INFO commandstats)"
+                        : label == "etcd" ? "etcd gRPC messages received (grpc_server_msg_received_total)"
+                                          : "ZooKeeper packets received (mntr zk_packets_received)";
+        }
+        bool owned_once = true;
+        for (const auto& r : rounds) owned_once = owned_once && r.value("final_owned_once", false);
+        line["final_owned_once"] = owned_once;
+        line["timeouts"] = timeouts;
+        line["cell_s"] =
+            std::round(std::chrono::duration<double>(SteadyClock::now() - cell_start).count() * 10) / 10;
+        line["per_round"] = rounds;
+        std::printf("%s\n", line.dump().c_str());
+        std::fflush(stdout);
+        if (timeouts || !owned_once) ++failures;
       }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "distlock-shard-bench: cannot start %s: %s\n", label.c_str(), e.what());
-      ++failures;
-      continue;
     }
-    std::unique_ptr<RedisProbe> probe;
-    if (label == "redis") {
-      probe = std::make_unique<RedisProbe>(b.url);
-      if (!probe->ok()) probe.reset();
-    }
-    std::vector<nlohmann::json> rounds;
-    for (int i = 0; i < c.rounds; ++i) {
-      const std::string job = "rebalance-bench-" + std::to_string(::getpid()) + "-" + std::to_string(i);
-      rounds.push_back(one_round(c, self, b.url, job, probe.get()));
-    }
-    int timeouts = 0;
-    nlohmann::json line = {
-        {"workload", "rebalance"}, {"backend", label.empty() ? b.url.substr(0, b.url.find(':')) : label},
-        {"members", c.members},    {"shards", c.shards},
-        {"ttl_ms", c.ttl_ms},      {"period_ms", c.period_ms},
-        {"rounds", c.rounds}};
-    for (const char* k : {"join_ms", "leave_ms", "kill_ms", "max_unowned_ms"})
-      line[k] = summary(rounds, k, timeouts);
-    if (probe) {
-      int ignored = 0;
-      for (const char* k :
-           {"steady_commands_per_s", "join_commands", "join_commands_per_moved_shard", "server_keys"})
-        line[k] = summary(rounds, k, ignored);
-    }
-    line["timeouts"] = timeouts;
-    line["per_round"] = rounds;
-    std::printf("%s\n", line.dump().c_str());
-    std::fflush(stdout);
-    if (timeouts) ++failures;
   }
   return failures ? 1 : 0;
 }
@@ -641,22 +790,52 @@ int run(const Config& c, const std::string& self) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"distlock-shard-bench: shard group rebalance times, one JSON line per backend"};
+  CLI::App app{"distlock-shard-bench: shard group rebalance times, one JSON line per backend and grid cell"};
   Config c;
   std::string member, job, backends = "file,redis,etcd,zk,postgres";
+  std::vector<int> members;
+  std::vector<std::uint32_t> shards;
+  bool quick = false;
   app.add_option("--backend", backends, "backends to start and measure, comma-separated");
   app.add_option("--url", c.url, "measure on this running server instead");
-  app.add_option("--members", c.members, "W, members at the join (>= 3)")->check(CLI::Range(3, 64));
-  app.add_option("--shards", c.shards, "M, shards")->check(CLI::Range(1, 4096));
-  app.add_option("--rounds", c.rounds, "rounds per backend")->check(CLI::Range(1, 20));
+  app.add_option("--members", members, "W, members at the join (2..64), comma-separated for a grid")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
+  app.add_option("--shards", shards, "M, shards (1..4096), comma-separated for a grid")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  app.add_flag(
+      "--quick", quick,
+      "the test grid: W 2,3 x M 4,16, one round, TTL 1 s, period 100 ms (--members/--shards override)");
+  app.add_option("--rounds", c.rounds, "rounds per grid cell")->check(CLI::Range(1, 20));
   app.add_option("--ttl-ms", c.ttl_ms, "lease TTL")->check(CLI::Range(100L, 600000L));
   app.add_option("--period-ms", c.period_ms, "rebalance period")->check(CLI::Range(10L, 600000L));
   app.add_option("--phase-timeout-ms", c.phase_timeout_ms, "give a phase up after this")
       ->check(CLI::Range(100L, 600000L));
+  app.add_option("--budget-s", c.budget_s,
+                 "start no grid cell after this many seconds (the rest are reported skipped)")
+      ->check(CLI::Range(1L, 86400L));
   app.add_option("--member", member)->group("");  // internal: run as one member
   app.add_option("--job", job)->group("");
   CLI11_PARSE(app, argc, argv);
-  if (!member.empty()) return run_member(c.url, job, c.shards, c.ttl_ms, c.period_ms, member);
+  if (!member.empty()) {
+    const std::uint32_t m = shards.empty() ? 16 : shards.front();
+    return run_member(c.url, job, m, c.ttl_ms, c.period_ms, member);
+  }
+  if (quick) {
+    c.members = {2, 3};
+    c.shards = {4, 16};
+    if (app.count("--rounds") == 0) c.rounds = 1;
+    if (app.count("--ttl-ms") == 0) c.ttl_ms = 1000;
+    if (app.count("--period-ms") == 0) c.period_ms = 100;
+  }
+  if (!members.empty()) c.members = members;
+  if (!shards.empty()) c.shards = shards;
+  // Bounded: at most 16 grid cells per backend.
+  if (c.members.size() * c.shards.size() > 16) {
+    std::fprintf(stderr, "distlock-shard-bench: at most 16 grid cells (W x M) per backend\n");
+    return 2;
+  }
   std::stringstream in(backends);
   for (std::string b; std::getline(in, b, ',');)
     if (!b.empty()) c.backends.push_back(b);

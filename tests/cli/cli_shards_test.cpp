@@ -335,6 +335,48 @@ TEST_P(CliShards, AMemberWithoutAShardRunsNoCommandUntilItGetsOne) {
 INSTANTIATE_TEST_SUITE_P(Backends, CliShards, ::testing::ValuesIn(shard_kinds()),
                          [](const auto& p) { return p.param.label; });
 
+/// The signals `pid` has blocked (SigBlk of /proc/<pid>/status), or 0.
+std::uint64_t blocked_signals(pid_t pid) {
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("SigBlk:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  return 0;
+}
+
+// A runner whose server does not answer — a paused redis-server: the kernel accepts the TCP
+// connection, no reply comes, the URL's timeout is 30 s — answers SIGTERM while it connects and
+// joins: it ends with 128 + SIGTERM within kSignalBound of the signal (the plain `distlock run`'s
+// bound for leaving a queue, 3 s, plus 2 s for a loaded machine), measured on this process's
+// steady clock. The connect and the join run on a worker thread while the main thread reads
+// the signalfd.
+TEST(CliShardsSignals, SigtermWhileTheServerDoesNotAnswerEndsTheRunner) {
+  constexpr auto kSignalBound = 5000ms;
+  std::unique_ptr<Target> redis;
+  for (auto& k : kinds())
+    if (k.label == "redis") redis = k.make({});
+  if (!redis) GTEST_SKIP() << "redis:// is not in this build";
+  TempDir dir("distlock-cli-shards-signal");
+  redis->pause(0);
+  Cli c = Cli::start({"run", "--url", redis->url() + "?timeout=30s", "--ttl", "2s", "--shards", "4",
+                      "connecting", "--", "sleep", "60"},
+                     dir.path(), {"TMPDIR=" + dir.path().string()});
+  // The runner has blocked SIGTERM (to read it from its signalfd) before it connects: from
+  // then on a SIGTERM is its to handle (bounded: 10 s for the exec).
+  ASSERT_TRUE(eventually([&] { return (blocked_signals(c.pid()) >> (SIGTERM - 1)) & 1U; }, 10s)) << c.err();
+  // It is connecting now, or about to: the server answers nothing until resume().
+  const auto sent = std::chrono::steady_clock::now();
+  c.signal(SIGTERM);
+  const int code = c.wait(kSignalBound);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - sent);
+  redis->resume(0);
+  EXPECT_EQ(code, 128 + SIGTERM) << "after " << took.count() << " ms (-1: still running): " << c.err();
+  if (code == -1) {
+    c.signal(SIGKILL);
+    c.wait(10s);
+  }
+}
+
 TEST(CliShardsUsage, BadInputIsAUsageError) {
   TempDir dir("distlock-cli-shards-usage");
   const std::string url = "file://" + (dir.path() / "locks").string();

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,7 @@
 #include <map>
 #include <mutex>
 #include <stop_token>
+#include <thread>
 
 #include "cli/run/run.hpp"
 #include "cli/run/shard_decisions.hpp"
@@ -100,6 +102,10 @@ class ShardRunner {
   int run();
 
  private:
+  /// Connects and joins the group (worker thread; signals read meanwhile): nullopt when
+  /// joined, else the exit status (a terminating signal meanwhile: the runner dies of it).
+  std::optional<int> join(std::optional<Client>& client, std::optional<ShardGroup>& group);
+
   struct State {
     std::mutex mu;
     ShardAssignment latest;
@@ -383,36 +389,105 @@ int ShardRunner::next_timeout() {
   return timeout;
 }
 
+/// What join()'s worker thread made: the client and the group, or the error. Handed to the main
+/// thread through an atomic flag (done).
+struct ShardJoin {
+  std::optional<Client> client;
+  std::optional<ShardGroup> group;
+  std::string error;  // the line to print when it failed
+  int status = 0;     // and the exit status then
+};
+
+// Connect and join on a worker thread; the main thread keeps reading the signalfd meanwhile
+// (a connect to a server that does not answer lasts up to the URL's timeout, a join a few
+// round trips more): a terminating signal is answered within kJoinLimit even then. The worker
+// is given kJoinLimit to finish after the signal; a group it joined meanwhile is left at once
+// (its membership released: the peers do not wait one TTL for it); one still joining is
+// abandoned with the process (a membership it writes after that expires within one TTL).
+std::optional<int> ShardRunner::join(std::optional<Client>& client, std::optional<ShardGroup>& group) {
+  constexpr std::chrono::milliseconds kJoinLimit{3000};
+  auto result = std::make_shared<ShardJoin>();
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  const std::string dir = dir_;
+  std::thread worker([this, result, done, wake = wake_] {
+    try {
+      ClientOptions options = tool_client_options();
+      options.lock_defaults.ttl = s_.lock.ttl;
+      result->client = connect(s_.url, options);
+      ShardGroupOptions opts;
+      opts.lock = s_.lock;
+      opts.rebalance_period = s_.rebalance_period;
+      opts.info = "pid=" + std::to_string(::getpid());
+      opts.on_change = [this](const ShardAssignment& a) { on_change(a); };
+      result->group.emplace(result->client->shard_group(s_.name, s_.shards, opts));
+    } catch (const std::system_error& e) {
+      result->error = "cannot join shard group \"" + s_.name + "\": " + std::string(e.what());
+      result->status = exit_code_for(e.code());
+    } catch (const std::exception& e) {
+      result->error = "cannot join shard group \"" + s_.name + "\": " + std::string(e.what());
+      result->status = exit_status::software;
+    } catch (...) {
+      result->error = "cannot join shard group \"" + s_.name + "\": unexpected error";
+      result->status = exit_status::software;
+    }
+    done->store(true, std::memory_order_release);
+    wake->notify();
+  });
+  std::optional<int> signal;
+  std::optional<std::chrono::steady_clock::time_point> give_up_at;
+  while (!done->load(std::memory_order_acquire)) {
+    int timeout = -1;
+    if (give_up_at) {
+      if (std::chrono::steady_clock::now() >= *give_up_at) break;
+      timeout = poll_timeout_until(*give_up_at) + 1;
+    }
+    poll_for(signals_, *wake_, timeout);
+    wake_->drain();
+    for (const auto& d : signals_.drain()) {
+      if (is_catchable_stop(d.signal) && !signal) ::kill(::getpid(), SIGSTOP);  // Ctrl-Z while joining
+      if (is_terminating(d.signal) && !signal) {
+        signal = d.signal;
+        give_up_at = std::chrono::steady_clock::now() + kJoinLimit;
+      }
+    }
+  }
+  if (!done->load(std::memory_order_acquire)) {
+    worker.detach();  // still connecting or joining: it ends with the process
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+    die_of_signal(*signal);
+  }
+  worker.join();
+  if (signal) {
+    if (result->group) result->group->leave();  // no job was started: the loop has not run
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+    die_of_signal(*signal);
+  }
+  if (!result->group) {
+    print_error(result->error);
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+    return result->status;
+  }
+  client = std::move(result->client);
+  group = std::move(result->group);
+  member_ = group->member_id();
+  return std::nullopt;
+}
+
 int ShardRunner::run() {
   std::optional<Client> client;
   std::optional<ShardGroup> group;
-  try {
-    ClientOptions options = tool_client_options();
-    options.lock_defaults.ttl = s_.lock.ttl;
-    client = connect(s_.url, options);
-    url_ = child_url(s_.url);
-    if (!s_.per_shard) {
-      const char* base = std::getenv("TMPDIR");
-      std::string pattern = std::string(base && *base ? base : "/tmp") + "/distlock-shards-XXXXXX";
-      if (::mkdtemp(pattern.data()) == nullptr) {
-        print_error("cannot create a directory for $DISTLOCK_SHARDS_FILE under " +
-                    pattern.substr(0, pattern.rfind('/')) + ": " + std::generic_category().message(errno));
-        return exit_status::software;
-      }
-      dir_ = pattern;
+  url_ = child_url(s_.url);
+  if (!s_.per_shard) {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/distlock-shards-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      print_error("cannot create a directory for $DISTLOCK_SHARDS_FILE under " +
+                  pattern.substr(0, pattern.rfind('/')) + ": " + std::generic_category().message(errno));
+      return exit_status::software;
     }
-    ShardGroupOptions opts;
-    opts.lock = s_.lock;
-    opts.rebalance_period = s_.rebalance_period;
-    opts.info = "pid=" + std::to_string(::getpid());
-    opts.on_change = [this](const ShardAssignment& a) { on_change(a); };
-    group.emplace(client->shard_group(s_.name, s_.shards, opts));
-    member_ = group->member_id();
-  } catch (const std::system_error& e) {
-    print_error("cannot join shard group \"" + s_.name + "\": " + std::string(e.what()));
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-    return exit_code_for(e.code());
+    dir_ = pattern;
   }
+  if (std::optional<int> failed = join(client, group)) return *failed;
 
   int result = -1;
   std::optional<int> ending_signal;
