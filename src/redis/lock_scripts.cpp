@@ -76,10 +76,15 @@ local function entry_value(ttl)
   local life = math.min(tonumber(ttl), ENTRY_LIFE)
   return string.format('%.0f', now_ms() + life) .. ':' .. ttl
 end
-local function take(lock, fence, owner, entry, ttl)
+local function event(grant_prefix, kind, token, owner, lock)
+  redis.call('PUBLISH', string.sub(grant_prefix, 1, -7) .. 'events',
+             kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
+end
+local function take(lock, fence, owner, entry, ttl, grant_prefix)
   local token = next_token(fence)
   redis.call('HSET', lock, owner, entry, '@token', token)
   redis.call('PEXPIRE', lock, ttl)
+  event(grant_prefix, 'acquired', token, owner, lock)
   return token
 end
 local function grant_head(lock, q, x, fence, grant_prefix)
@@ -90,7 +95,7 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   local sp = string.find(head, ' ', 1, true)
   local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
   local window = math.min(tonumber(ttl), CLAIM)
-  local token = take(lock, fence, owner, entry, window)
+  local token = take(lock, fence, owner, entry, window, grant_prefix)
   redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'),
              entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
   return window
@@ -100,7 +105,8 @@ local function keep_queue(q, x, ttl)
   if redis.call('PTTL', q) < life then redis.call('PEXPIRE', q, life) end
   if redis.call('PTTL', x) < life then redis.call('PEXPIRE', x, life) end
 end
-local function release_onward(lock, q, x, fence, grant_prefix, channel)
+local function release_onward(lock, q, x, fence, grant_prefix, channel, owner, why)
+  event(grant_prefix, why, redis.call('HGET', lock, '@token') or '0', owner, lock)
   redis.call('DEL', lock)
   if not grant_head(lock, q, x, fence, grant_prefix) then
     redis.call('PUBLISH', channel, 'released')
@@ -129,7 +135,7 @@ end
 -- commands instead of 19. An entry of this wait already queued by a call whose
 -- reply was lost is either live (then it is the head: not nil) or pruned.
 if mode == '1' and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
-  return {1, take(lock, fence, owner, entry, ttl)}
+  return {1, take(lock, fence, owner, entry, ttl, grant_prefix)}
 end
 local me = entry .. ' ' .. owner
 if mode ~= '0' then
@@ -149,12 +155,12 @@ if redis.call('EXISTS', lock) == 1 then
 end
 local head = prune(q, x)
 if head == nil then
-  return {1, take(lock, fence, owner, '0', ttl)}
+  return {1, take(lock, fence, owner, '0', ttl, grant_prefix)}
 end
 if mode ~= '0' and head == me then
   redis.call('LPOP', q)
   redis.call('HDEL', x, me)
-  return {1, take(lock, fence, owner, entry, ttl)}
+  return {1, take(lock, fence, owner, entry, ttl, grant_prefix)}
 end
 return {0, tonumber(grant_head(lock, q, x, fence, grant_prefix))}
 )lua"));
@@ -168,7 +174,7 @@ local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
 end
-release_onward(lock, q, x, fence, grant_prefix, channel)
+release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'released')
 return 0
 )lua"));
   return s;
@@ -179,7 +185,7 @@ const Script& queue_cancel_script() {
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, entry, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', lock, owner) == entry then
-  release_onward(lock, q, x, fence, grant_prefix, channel)
+  release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'released')
   return 1
 end
 local me = entry .. ' ' .. owner
@@ -207,7 +213,7 @@ for i = 1, #members do
   end
 end
 if redis.call('HEXISTS', lock, owner) == 1 and redis.call('HGET', lock, '@token') == token then
-  release_onward(lock, q, x, fence, grant_prefix, channel)
+  release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'lost')
   return 1
 end
 return 0

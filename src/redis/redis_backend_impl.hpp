@@ -79,6 +79,10 @@ class RedisBackend final : public Backend {
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
                                     Error& ec) override;
 
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
+  /// PUBLISH `message` on `channel` (redis_watch.cpp: a prefix watch's sync marker).
+  bool publish(const std::string& channel, const std::string& message, Error& ec);
+
   std::string url() const override { return url_; }
 
   std::uint64_t notification_channel_drops() const noexcept override { return subscriber_.silent_drops(); }

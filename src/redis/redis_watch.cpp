@@ -1,0 +1,159 @@
+// Watching every lock under a name prefix on redis:// (Backend::watch_prefix).
+//
+// The lock scripts publish one message per change on the channel "<prefix>:events"
+// (lock_scripts.cpp, `event`): "<kind> <token> <owner length> <owner><lock key>" (the
+// owner may carry a holder description with spaces) with kind acquired,
+// released or lost (the engine's forget of a lost lease). A script runs atomically and
+// a server delivers a channel's messages in publish order, so per name the messages
+// come in token order. A key that expires publishes nothing: the API layer finds such
+// a loss by a later token or a status re-read (src/api/watch.cpp).
+//
+// Each watch has its own subscriber connection. A broken connection, and its
+// re-subscription, are reported to the sink as gaps; `sync` publishes a marker on the
+// same channel and waits for it to come back, so every message published before it
+// has been delivered.
+#include <condition_variable>
+
+#include "redis/redis_backend_impl.hpp"
+
+namespace distlock::detail::redis {
+
+namespace {
+
+class RedisPrefixWatch final : public PrefixWatch {
+ public:
+  RedisPrefixWatch(RedisBackend& backend, const ConnectionOptions& conn, std::string key_prefix,
+                   std::string name_prefix, LockEventSink& sink)
+      : backend_(backend),
+        timeout_(conn.connect_timeout + conn.command_timeout),
+        channel_(key_prefix + ":events"),
+        key_head_(key_prefix + ":{"),
+        name_prefix_(std::move(name_prefix)),
+        sink_(sink),
+        sub_(conn, [this](std::string_view) { on_break(); }) {
+    sub_.set_payload_handler(channel_,
+                             [this](std::string_view, std::string_view payload) { on_payload(payload); });
+  }
+  ~RedisPrefixWatch() override {
+    stopping_.store(true);
+    sub_.unwatch(channel_);
+  }
+
+  void start(Error& ec) { sub_.watch(channel_, ec); }
+
+  bool sync(Error& ec) override {
+    std::uint64_t n = 0;
+    {
+      std::lock_guard lk(mu_);
+      n = ++sync_sent_;
+    }
+    const std::string marker =
+        "sync " + std::to_string(n) + " " + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+    if (!backend_.publish(channel_, marker, ec)) return false;
+    std::unique_lock lk(mu_);
+    if (!cv_.wait_for(lk, timeout_, [&] { return sync_seen_ >= n; })) {
+      ec.fail(errc::backend_unavailable, "watch of \"" + name_prefix_ + "\": the events channel " + channel_ +
+                                             " did not deliver a marker within " +
+                                             std::to_string(timeout_.count()) + " ms");
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  void on_break() {
+    if (stopping_.load()) return;
+    sink_.on_gap("the Redis events channel " + channel_ + " broke or was subscribed again");
+  }
+
+  // "<kind> <token> <owner length> <owner><lock key>" or a watch's "sync <n> <id>".
+  void on_payload(std::string_view p) {
+    if (stopping_.load()) return;
+    auto field = [&p]() {
+      const auto sp = p.find(' ');
+      std::string_view f = p.substr(0, sp);
+      p = sp == std::string_view::npos ? std::string_view{} : p.substr(sp + 1);
+      return f;
+    };
+    const std::string_view kind = field();
+    if (kind == "sync") {
+      const std::string_view n = field();
+      if (p != std::to_string(reinterpret_cast<std::uintptr_t>(this))) return;  // another watcher's
+      std::uint64_t v = 0;
+      std::from_chars(n.data(), n.data() + n.size(), v);
+      {
+        std::lock_guard lk(mu_);
+        sync_seen_ = std::max(sync_seen_, v);
+      }
+      cv_.notify_all();
+      return;
+    }
+    LockEvent ev;
+    if (kind == "acquired") {
+      ev.kind = LockEvent::Kind::acquired;
+    } else if (kind == "released") {
+      ev.kind = LockEvent::Kind::released;
+    } else if (kind == "lost") {
+      ev.kind = LockEvent::Kind::lost;
+    } else if (kind == "revoked") {
+      ev.kind = LockEvent::Kind::revoked;
+    } else {
+      return;  // a kind of a newer version: not ours to guess
+    }
+    const std::string_view token = field();
+    std::from_chars(token.data(), token.data() + token.size(), ev.token);
+    const std::string_view len_text = field();
+    std::size_t len = 0;
+    if (std::from_chars(len_text.data(), len_text.data() + len_text.size(), len).ec != std::errc{} ||
+        len > p.size())
+      return;
+    ev.owner = std::string(p.substr(0, len));
+    p.remove_prefix(len);
+    // p is the lock key "<prefix>:{<name>}".
+    if (p.size() < key_head_.size() + 1 || p.substr(0, key_head_.size()) != key_head_ || p.back() != '}')
+      return;
+    const std::string_view name = p.substr(key_head_.size(), p.size() - key_head_.size() - 1);
+    if (name.substr(0, name_prefix_.size()) != name_prefix_) return;
+    ev.name = std::string(name);
+    sink_.on_event(std::move(ev));
+  }
+
+  RedisBackend& backend_;
+  const Millis timeout_;
+  const std::string channel_;
+  const std::string key_head_;
+  const std::string name_prefix_;
+  LockEventSink& sink_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t sync_sent_ = 0;
+  std::uint64_t sync_seen_ = 0;
+  Subscriber sub_;  // last: its thread stops first
+};
+
+}  // namespace
+
+bool RedisBackend::publish(const std::string& channel, const std::string& message, Error& ec) {
+  auto conn = checkout(ec);
+  if (ec) return false;
+  Reply r = conn->command({"PUBLISH", channel, message}, ec);
+  if (!ec && r && r->type == REDIS_REPLY_ERROR) {
+    ec.fail(errc::backend_unavailable,
+            conn_opts_.describe() + " refused PUBLISH " + channel + ": " + std::string(r->str, r->len));
+  }
+  return !ec;
+}
+
+std::unique_ptr<PrefixWatch> RedisBackend::watch_prefix(std::string_view prefix, LockEventSink& sink,
+                                                        Error& ec) {
+  auto w = std::make_unique<RedisPrefixWatch>(*this, conn_opts_, prefix_, std::string(prefix), sink);
+  w->start(ec);
+  if (ec) {
+    ec.set_detail("cannot watch \"" + std::string(prefix) + "\": " + ec.detail());
+    return nullptr;
+  }
+  return w;
+}
+
+}  // namespace distlock::detail::redis
