@@ -143,18 +143,30 @@ struct Watch::Impl final : detail::LockEventSink {
     if (queue_.empty()) return std::nullopt;  // stopped
     WatchEvent ev = std::move(queue_.front());
     queue_.pop_front();
+    if (overflowed_ && room()) work_cv_.notify_all();  // the watcher reports the gap and re-lists
     return ev;
   }
 
-  // Caller holds mu_.
+  // Caller holds mu_. After an overflow: whether the consumer has emptied the queue to
+  // half the bound, so the gap and the re-list can go in.
+  bool room() const { return queue_.size() <= opts_.max_queued / 2; }
+
+  // Caller holds mu_. Room for `n` more events of a change? If not, the change is
+  // dropped, and so is every change until the consumer made room: then a gap and a
+  // re-list (known_ keeps only what the consumer was told).
+  bool reserve(std::size_t n) {
+    if (overflowed_) return false;
+    if (queue_.size() + n > opts_.max_queued) {
+      overflowed_ = true;
+      return false;
+    }
+    return true;
+  }
+
+  // Caller holds mu_. A change calls reserve() first; a re-list's `state` events are
+  // queued whatever the bound (one per held lock).
   void push(WatchEvent ev) {
     ev.at = std::chrono::system_clock::now();
-    if (queue_.size() >= opts_.max_queued) {
-      // Dropped, and so is every change until the consumer made room: then a gap and
-      // a re-list (known_ keeps what the consumer was told).
-      overflowed_ = true;
-      return;
-    }
     last_event_at_ = ev.at;
     queue_.push_back(std::move(ev));
     cv_.notify_one();
@@ -196,10 +208,17 @@ struct Watch::Impl final : detail::LockEventSink {
   // Caller holds mu_.
   void apply(const detail::LockEvent& ev) {
     if (overflowed_) return;  // reported as a gap, then re-listed
-    Known& k = known_[ev.name];
-    const bool fresh = k.token == 0 && !k.held && k.changes == 0;
-    if (ev.kind == detail::LockEvent::Kind::acquired) {
-      if (!fresh && ev.token <= k.token) return;  // stale
+    auto found = known_.find(ev.name);
+    const Known none;
+    const Known& seen = found == known_.end() ? none : found->second;
+    const bool fresh = found == known_.end() || (seen.token == 0 && !seen.held && seen.changes == 0);
+    const bool acquire = ev.kind == detail::LockEvent::Kind::acquired;
+    const bool current = !acquire && seen.held && ev.token == seen.token;
+    if (!fresh && !current && ev.token <= seen.token) return;  // stale
+    // Room for the event, and for an inferred loss of the lease before it.
+    if (!reserve(seen.held && !current ? 2 : 1)) return;  // reported as a gap, then re-listed
+    Known& k = found == known_.end() ? known_[ev.name] : found->second;
+    if (acquire) {
       if (k.held) {
         WatchEvent lost = make(WatchEventKind::lost, ev.name, k.token, k);
         lost.inferred = true;
@@ -219,8 +238,6 @@ struct Watch::Impl final : detail::LockEventSink {
       return;
     }
     // An end: of the current lease, or of a later one never seen to start.
-    const bool current = k.held && ev.token == k.token;
-    if (!current && !(fresh || ev.token > k.token)) return;  // stale
     if (!current && k.held) {
       WatchEvent lost = make(WatchEventKind::lost, ev.name, k.token, k);
       lost.inferred = true;
@@ -338,6 +355,7 @@ struct Watch::Impl final : detail::LockEventSink {
       std::lock_guard lk(mu_);
       auto it = known_.find(d.name);
       if (it == known_.end() || it->second.changes != d.changes || !it->second.held) continue;
+      if (!reserve(1)) continue;
       Known& k = it->second;
       WatchEvent lost = make(WatchEventKind::lost, d.name, k.token, k);
       lost.inferred = true;
@@ -353,7 +371,7 @@ struct Watch::Impl final : detail::LockEventSink {
   void run() {
     std::unique_lock lk(mu_);
     while (!stopped_) {
-      if (overflowed_ && queue_.size() < opts_.max_queued / 2 + 1) {
+      if (overflowed_ && room()) {
         overflowed_ = false;
         push_gap("the consumer fell behind: events were dropped at the queue bound of " +
                      std::to_string(opts_.max_queued),
@@ -377,11 +395,8 @@ struct Watch::Impl final : detail::LockEventSink {
       auto wake = steady_now() + Millis(std::chrono::seconds(5));
       for (auto& [name, k] : known_)
         if (k.held && k.check_at < wake) wake = k.check_at;
-      work_cv_.wait_until(lk, wake, [&] { return stopped_ || (resync_ && !overflowed_); });
-      if (overflowed_) {
-        // The consumer makes room by calling next(); look again shortly.
-        work_cv_.wait_for(lk, Millis(50), [&] { return stopped_; });
-      }
+      work_cv_.wait_until(lk, wake,
+                          [&] { return stopped_ || (resync_ && !overflowed_) || (overflowed_ && room()); });
     }
   }
 

@@ -9,8 +9,9 @@
 // in that slot). Before, it was "<prefix>:fence:{<tag>}": the lock of name "<tag>"
 // under prefix "<prefix>:fence".
 //
-// Channels (a namespace of their own): "<prefix>:{<name>}:released" and
-// "<prefix>:grant:<client id>" (the id is hex: no ':' or '{').
+// Channels (a namespace of their own): "<prefix>:{<name>}:released",
+// "<prefix>:grant:<client id>" (the id is hex: no ':' or '{') and "<prefix>:events"
+// (every change, for Client::watch; lock_scripts.cpp derives it from the grant prefix).
 //
 // Thread-safety: pure functions.
 #pragma once

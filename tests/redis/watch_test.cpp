@@ -57,7 +57,7 @@ std::string describe(const WatchEvent& e) {
 // 1,000 hand-offs of one name between two clients: every `acquired` carries a token
 // above the last and is followed by the release of exactly that token before the next
 // `acquired`; nothing is missing, nothing is a gap.
-TEST(RedisWatch, ThousandHandOffsComeInTokenOrder) {
+TEST(RedisPrefixWatch, ThousandHandOffsComeInTokenOrder) {
   RedisServer server;
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("ho/");
@@ -112,7 +112,7 @@ TEST(RedisWatch, ThousandHandOffsComeInTokenOrder) {
 
 // The server stops and comes back (appendonly: the held lock survives): the watch
 // reports a gap, then the held lock as a `state` with its token, and live events after.
-TEST(RedisWatch, RestartIsAGapFollowedByTheHeldState) {
+TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
   RedisServer server({.appendonly = true});
   Client holder = distlock::connect(server.url());
   Client watcher = distlock::connect(server.url());
@@ -168,7 +168,7 @@ TEST(RedisWatch, RestartIsAGapFollowedByTheHeldState) {
 // A holder killed with SIGKILL: its lease expires on the server, which publishes
 // nothing; the watch reports it as an inferred `lost` within the TTL plus the re-check
 // bound (1 s after the acquire, then the remaining TTL, at most 5 s).
-TEST(RedisWatch, KilledHolderShowsAsLost) {
+TEST(RedisPrefixWatch, KilledHolderShowsAsLost) {
   RedisServer server;
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("kill/");
@@ -192,7 +192,7 @@ TEST(RedisWatch, KilledHolderShowsAsLost) {
 
 // A Watch taken before locks exist sees nothing of other prefixes, and the initial
 // state lists what was held before it started.
-TEST(RedisWatch, InitialStateAndPrefixFilter) {
+TEST(RedisPrefixWatch, InitialStateAndPrefixFilter) {
   RedisServer server;
   Client c = distlock::connect(server.url());
   Lease held = c.acquire("pre/held", opts_ttl(30s));
@@ -212,9 +212,48 @@ TEST(RedisWatch, InitialStateAndPrefixFilter) {
   EXPECT_EQ(e->name, "pre/held");
 }
 
+// A consumer that falls behind the queue bound gets a gap (not a silent hole), then the
+// state of every lock: the one held throughout and the one it last saw held, free now.
+TEST(RedisPrefixWatch, ConsumerBehindTheBoundGetsAGapThenTheState) {
+  RedisServer server;
+  Client c = distlock::connect(server.url());
+  distlock::WatchOptions wo;
+  wo.initial_state = false;
+  wo.max_queued = 8;
+  Watch w = c.watch("q/", wo);
+  constexpr int kCycles = 20;  // 40 events: 32 beyond the bound
+  for (int i = 0; i < kCycles; ++i) c.acquire("q/a", opts_ttl(30s)).release();
+  Lease h = c.acquire("q/h", opts_ttl(30s));  // after the overflow: not queued either
+  std::vector<WatchEvent> got;
+  for (int i = 0; i < 8; ++i) {
+    auto e = w.next(10s);
+    ASSERT_TRUE(e) << "only " << i << " of the 8 queued events";
+    EXPECT_EQ(e->name, "q/a");
+    got.push_back(*e);
+  }
+  auto gap = w.next(10s);
+  ASSERT_TRUE(gap);
+  ASSERT_EQ(gap->kind, WatchEventKind::gap) << describe(*gap);
+  EXPECT_NE(gap->detail.find("fell behind"), std::string::npos) << gap->detail;
+  std::map<std::string, WatchEvent> states;
+  while (states.size() < 1) {
+    auto e = w.next(10s);
+    ASSERT_TRUE(e) << "no state after the gap";
+    ASSERT_EQ(e->kind, WatchEventKind::state) << describe(*e);
+    states.emplace(e->name, *e);
+  }
+  ASSERT_TRUE(states.count("q/h")) << describe(states.begin()->second);
+  EXPECT_TRUE(states.at("q/h").held);
+  EXPECT_EQ(states.at("q/h").token, h.token());
+  // The last queued event was a release (8 events: 4 cycles), so q/a was seen free and
+  // needs no state line; nothing else is pending.
+  EXPECT_EQ(got.back().kind, WatchEventKind::released);
+  if (auto extra = w.next(0ms)) ADD_FAILURE() << "pending: " << describe(*extra);
+}
+
 // The header's example, as written there (thread-safety: stop() from another thread ends
 // a blocked next()).
-TEST(RedisWatch, StopFromAnotherThreadEndsNext) {
+TEST(RedisPrefixWatch, StopFromAnotherThreadEndsNext) {
   RedisServer server;
   Client client = distlock::connect(server.url());
   Watch w = client.watch("orders/");
