@@ -13,6 +13,7 @@
 // same channel and waits for it to come back, so every message published before it
 // has been delivered.
 #include <condition_variable>
+#include <random>
 
 #include "redis/redis_backend_impl.hpp"
 
@@ -47,8 +48,7 @@ class RedisPrefixWatch final : public PrefixWatch {
       std::lock_guard lk(mu_);
       n = ++sync_sent_;
     }
-    const std::string marker =
-        "sync " + std::to_string(n) + " " + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+    const std::string marker = "sync " + std::to_string(n) + " " + id_;
     if (!backend_.publish(channel_, marker, ec)) return false;
     std::unique_lock lk(mu_);
     if (!cv_.wait_for(lk, timeout_, [&] { return sync_seen_ >= n; })) {
@@ -78,7 +78,7 @@ class RedisPrefixWatch final : public PrefixWatch {
     const std::string_view kind = field();
     if (kind == "sync") {
       const std::string_view n = field();
-      if (p != std::to_string(reinterpret_cast<std::uintptr_t>(this))) return;  // another watcher's
+      if (p != id_) return;  // another watch's marker
       std::uint64_t v = 0;
       std::from_chars(n.data(), n.data() + n.size(), v);
       {
@@ -118,7 +118,16 @@ class RedisPrefixWatch final : public PrefixWatch {
     sink_.on_event(std::move(ev));
   }
 
+  // 64 random bits: tells this watch's sync markers from those of every other watch on
+  // the channel (other clients, other processes).
+  static std::string random_id() {
+    std::random_device rd;
+    const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    return std::to_string(v);
+  }
+
   RedisBackend& backend_;
+  const std::string id_ = random_id();
   const Millis timeout_;
   const std::string channel_;
   const std::string key_head_;
