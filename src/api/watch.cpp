@@ -4,9 +4,9 @@
 // Per name the Impl keeps what it last reported (token, held, holder) and a change
 // counter. It reports an event only if it moves that name forward: an `acquired` of a
 // token above the last one (after an inferred `lost` if the previous lease never ended
-// in the stream), an end of the current lease, or the end of a later lease it never saw
-// start. Anything older is stale and dropped. So per name tokens never go backwards and
-// every `acquired` is closed before the next one.
+// in the stream) or an end of the current lease. Anything older is stale and dropped; the
+// end of a lease whose start was not reported (it fell in a gap) is dropped too. So per
+// name tokens never go backwards and every `acquired` is closed before the next one.
 //
 // The watcher thread does the reads that need a round trip, outside the lock: the
 // re-list after a gap (retried on the fallback re-check rule until it succeeds) and the
@@ -237,20 +237,26 @@ struct Watch::Impl final : detail::LockEventSink {
       push(std::move(a));
       return;
     }
-    // An end: of the current lease, or of a later one never seen to start.
+    // An end: of the current lease, or of a later one whose start was not reported (it
+    // began in a gap and ended before the re-list read it): that end is not reported
+    // either, so every end follows its `acquired` or `state`; an older lease believed
+    // held ended unseen before it.
     if (!current && k.held) {
       WatchEvent lost = make(WatchEventKind::lost, ev.name, k.token, k);
       lost.inferred = true;
-      lost.detail = "a later lease (token " + std::to_string(ev.token) + ") ended: this one expired unseen";
+      lost.detail = "a later lease (token " + std::to_string(ev.token) +
+                    ") ended: this one ended unseen (expired, or while events were missed)";
       push(std::move(lost));
+    }
+    if (!current) {
+      k.token = ev.token;
+      k.held = false;
+      k.changes += 1;
+      return;
     }
     WatchEventKind kind = WatchEventKind::released;
     if (ev.kind == detail::LockEvent::Kind::lost) kind = WatchEventKind::lost;
     if (ev.kind == detail::LockEvent::Kind::revoked) kind = WatchEventKind::revoked;
-    if (!current) {
-      k.holder = ev.owner;
-      k.holder_info = ev.holder_info;
-    }
     WatchEvent e = make(kind, ev.name, ev.token, k);
     if (kind == WatchEventKind::lost) e.detail = "the holder's client declared the lease lost";
     k.token = ev.token;

@@ -14,6 +14,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -163,6 +164,97 @@ TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
   ASSERT_TRUE(rel);
   EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
   EXPECT_EQ(rel->name, "gap/b");
+}
+
+// Hand-offs between two clients while the watcher's connection is cut in the middle (a
+// fault proxy between the watcher and the server; the lockers go direct): the cut shows
+// as a gap and the re-list as a `state` of the lock, held by a locker that keeps it until
+// the state was seen; before and after, each lease is closed before the next opens with
+// a higher token. Bounded: 300 + 1,000 hand-offs, 60 s.
+TEST(RedisPrefixWatch, HandOffsWithTheWatcherCutOffShowAGapThenTheState) {
+  RedisServer server;
+  distlock::testing::FaultProxy proxy(server.port());
+  Client watcher = distlock::connect("redis://127.0.0.1:" + std::to_string(proxy.port()));
+  Watch w = watcher.watch("cut/");
+  std::atomic<bool> stop{false}, hold{false};
+  std::atomic<int> taken{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&server, &taken, &stop, &hold] {
+      Client client = distlock::connect(server.url());
+      while (!stop.load() && taken.load() < 100000) {
+        Lease l = client.acquire("cut/x", opts_ttl(30s));
+        taken.fetch_add(1);
+        // While the watcher is cut off, the holder keeps the lock (bounded by the test's
+        // 60 s and `stop`), so the re-list finds it held.
+        const auto until = Clock::now() + 60s;
+        while (hold.load() && !stop.load() && Clock::now() < until) std::this_thread::yield();
+      }
+    });
+  }
+  struct Join {  // the lockers stop however the test ends
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Join() {
+      stop.store(true);
+      for (auto& t : threads) t.join();
+    }
+  } join{stop, threads};
+  std::uint64_t last = 0;
+  bool held = false;
+  int before = 0, after = 0, gaps = 0, states = 0;
+  const auto end = Clock::now() + 60s;
+  while (after < 1000 && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    ASSERT_TRUE(e) << "no event; " << before << " acquisitions before the cut, " << after
+                   << " after the state; gaps " << gaps << ", states " << states << ", lockers took "
+                   << taken.load();
+    switch (e->kind) {
+      case WatchEventKind::acquired:
+        ASSERT_FALSE(held) << describe(*e);
+        ASSERT_GT(e->token, last) << describe(*e);
+        held = true;
+        last = e->token;
+        if (states > 0) {
+          ++after;
+        } else if (++before == 300) {
+          hold.store(true);
+          proxy.drop();  // cut: the subscriber sees its connection close
+        }
+        break;
+      case WatchEventKind::released:
+        ASSERT_TRUE(held) << describe(*e);
+        ASSERT_EQ(e->token, last) << describe(*e);
+        held = false;
+        break;
+      case WatchEventKind::gap:
+        ++gaps;
+        proxy.pass();  // the subscriber reconnects (with backoff) and the watch re-lists
+        break;
+      case WatchEventKind::state:
+        ASSERT_GT(gaps, 0) << describe(*e);
+        ASSERT_EQ(e->name, "cut/x");
+        ASSERT_TRUE(e->held) << describe(*e);
+        ASSERT_GE(e->token, last) << describe(*e);
+        held = true;
+        last = e->token;
+        ++states;
+        hold.store(false);  // hand-offs go on
+        break;
+      case WatchEventKind::lost:  // a lease that ended while the watcher was cut off
+        ASSERT_GT(gaps, 0) << describe(*e);
+        ASSERT_TRUE(e->inferred) << describe(*e);
+        ASSERT_TRUE(held) << describe(*e);
+        ASSERT_EQ(e->token, last) << describe(*e);
+        held = false;
+        break;
+      default: FAIL() << describe(*e);
+    }
+  }
+  EXPECT_GE(before, 300);
+  EXPECT_GE(gaps, 1);
+  EXPECT_GE(states, 1);
+  EXPECT_EQ(after, 1000) << "hand-offs seen after the re-list";
 }
 
 // A holder killed with SIGKILL: its lease expires on the server, which publishes
