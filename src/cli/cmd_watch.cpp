@@ -142,7 +142,7 @@ int watch_locks(const WatchFlags& flags) {
     std::optional<WatchEvent> e = w.next(left);
     if (!e) {
       if (signalled.load() || !has_deadline) break;  // stopped by a signal
-      continue;                                  // the deadline: checked above
+      continue;                                      // the deadline: checked above
     }
     const std::string line = flags.json ? json_line(*e) : text_line(*e);
     std::fwrite(line.data(), 1, line.size(), stdout);

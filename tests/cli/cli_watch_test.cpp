@@ -55,8 +55,7 @@ TEST(CliWatch, PrintsOneLinePerEventAndStopsAtCount) {
   ASSERT_EQ(out.size(), 3u) << w.out();
   EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
       << out[0];
-  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos)
-      << out[1];
+  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
   EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
       << out[2];
   EXPECT_EQ(w.err(), "");
