@@ -1,0 +1,79 @@
+// The watcher-presence key "<prefix>:watching" (src/redis/redis_watch.cpp) read by every
+// redis:// lock script, against a real redis-server with an ACL user whose key pattern
+// covers the keys of names only ("<prefix>:{*": every key of a name, its queue, fence
+// counter, lock-delay marker and revoke note; docs/redis.md). Such a user never watches;
+// the lock contract must hold for it as it did before the watch existed: acquire, hand-off,
+// release and revoke succeed and leave nothing behind. A watch by that user is refused with
+// an error naming the presence key, never the password.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <system_error>
+
+#include "distlock/distlock.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Client;
+using distlock::Lease;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::testing::RedisServer;
+
+constexpr const char* kUserPassword = "n4mesOnlyPw";
+
+// An ACL user limited to the keys of names under the default prefix, every channel.
+std::string names_only_url(RedisServer& server) {
+  auto r = server.command(
+      {"ACL", "SETUSER", "names", "on", std::string(">") + kUserPassword, "~distlock:{*", "&*", "+@all"});
+  EXPECT_EQ(distlock::testing::reply_str(r), "OK");
+  return "redis://names:" + std::string(kUserPassword) + "@127.0.0.1:" + std::to_string(server.port());
+}
+
+LockOptions opts(Millis ttl, Millis wait) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+TEST(RedisWatchPresenceKey, AUserLimitedToTheKeysOfNamesAcquiresHandsOnReleasesAndRevokes) {
+  RedisServer server;
+  const std::string url = names_only_url(server);
+  Client a = distlock::connect(url);
+  Client b = distlock::connect(url);
+
+  std::uint64_t first = 0;
+  {
+    Lease l = a.acquire("job", opts(10s, 0ms));
+    first = l.token();
+    EXPECT_GT(first, 0u);
+  }
+  // Released: the lock key is gone, the next acquire gets a greater token.
+  EXPECT_EQ(server.command({"EXISTS", "distlock:{job}"})->integer, 0);
+  Lease held = a.acquire("job", opts(10s, 0ms));
+  EXPECT_GT(held.token(), first);
+
+  // Revoke by another client of the same user: the holder's field leaves the lock.
+  distlock::RevokeResult rv = b.revoke("job", "maintenance");
+  EXPECT_TRUE(rv.revoked);
+  EXPECT_EQ(rv.token, held.token());
+}
+
+TEST(RedisWatchPresenceKey, AWatchByAUserDeniedThePresenceKeyIsRefusedNamingTheKey) {
+  RedisServer server;
+  Client c = distlock::connect(names_only_url(server));
+  try {
+    distlock::Watch w = c.watch("job");
+    ADD_FAILURE() << "a watch started without the watcher-presence key";
+  } catch (const std::system_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("distlock:watching"), std::string::npos) << what;
+    EXPECT_EQ(what.find(kUserPassword), std::string::npos) << what;
+  }
+}
+
+}  // namespace
