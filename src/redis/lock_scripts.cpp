@@ -42,7 +42,8 @@ namespace {
 // event: one message on "<prefix>:events" per change of a lock (Client::watch,
 // redis_watch.cpp): "<kind> <token> <owner length> <owner><lock key>", kind acquired,
 // released or lost (revoke_script publishes revoked). Only while the watcher-presence key
-// "<prefix>:watching" exists (a watch keeps it alive; redis_watch.cpp): with nobody
+// "<prefix>:watching" exists, or the server refuses its read (`watched`; a watch keeps it
+// alive; redis_watch.cpp): with nobody
 // watching a change costs one EXISTS per script, not a PUBLISH that every replica would
 // also receive (docs/benchmarks.md "Watch events"). The lookup is made once per script.
 //
@@ -100,10 +101,18 @@ local function mark_delay(lock, ttl, delay)
     redis.call('SET', lock .. ':delay', delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
   end
 end
+-- Whether a watch of "<prefix>:" is registered. A server that refuses the read (an ACL
+-- user whose key pattern covers the keys of names only, "<prefix>:{*") cannot tell:
+-- then the change is published (a watch of another user may run), never an error after
+-- the script's writes.
+local function watched(base)
+  local n = redis.pcall('EXISTS', base .. 'watching')
+  return type(n) ~= 'number' or n == 1
+end
 local WATCHED
 local function event(grant_prefix, kind, token, owner, lock)
   local base = string.sub(grant_prefix, 1, -7)
-  if WATCHED == nil then WATCHED = redis.call('EXISTS', base .. 'watching') == 1 end
+  if WATCHED == nil then WATCHED = watched(base) end
   if not WATCHED then return end
   redis.call('PUBLISH', base .. 'events', kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
 end
@@ -259,7 +268,11 @@ redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
 redis.call('HDEL', lock, owner)
 -- redis:// passes "<prefix>:" (ARGV[3]): a watch is told, as the lock scripts' event() does;
 -- redis+cluster:// passes nothing (it has no watch).
-if base and redis.call('EXISTS', base .. 'watching') == 1 then
+local function watched(b)
+  local n = redis.pcall('EXISTS', b .. 'watching')
+  return type(n) ~= 'number' or n == 1
+end
+if base and watched(base) then
   redis.call('PUBLISH', base .. 'events', 'revoked ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
 end
 return {1, token, owner}

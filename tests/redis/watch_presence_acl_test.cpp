@@ -2,7 +2,7 @@
 // redis:// lock script, against a real redis-server with an ACL user whose key pattern
 // covers the keys of names only ("<prefix>:{*": every key of a name, its queue, fence
 // counter, lock-delay marker and revoke note; docs/redis.md). Such a user never watches;
-// the lock contract must hold for it as it did before the watch existed: acquire, hand-off,
+// the lock contract must hold for it as it did before the watch existed: acquire,
 // release and revoke succeed and leave nothing behind. A watch by that user is refused with
 // an error naming the presence key, never the password.
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "support/redis_server.hpp"
@@ -40,7 +41,7 @@ LockOptions opts(Millis ttl, Millis wait) {
   return o;
 }
 
-TEST(RedisWatchPresenceKey, AUserLimitedToTheKeysOfNamesAcquiresHandsOnReleasesAndRevokes) {
+TEST(RedisWatchPresenceKey, AUserLimitedToTheKeysOfNamesAcquiresReleasesAndRevokes) {
   RedisServer server;
   const std::string url = names_only_url(server);
   Client a = distlock::connect(url);
@@ -74,6 +75,29 @@ TEST(RedisWatchPresenceKey, AWatchByAUserDeniedThePresenceKeyIsRefusedNamingTheK
     EXPECT_NE(what.find("distlock:watching"), std::string::npos) << what;
     EXPECT_EQ(what.find(kUserPassword), std::string::npos) << what;
   }
+}
+
+// A watch by a user with every key (the presence key exists) sees the changes made by the
+// user denied that key: its scripts cannot tell whether anyone watches, so they publish.
+TEST(RedisWatchPresenceKey, AWatchSeesTheChangesOfAUserDeniedThePresenceKey) {
+  RedisServer server;
+  Client watcher = distlock::connect(server.url());
+  distlock::Watch w = watcher.watch("job", distlock::WatchOptions{.initial_state = false});
+  Client c = distlock::connect(names_only_url(server));
+  std::uint64_t token = 0;
+  {
+    Lease l = c.acquire("job", opts(10s, 0ms));
+    token = l.token();
+  }
+  std::vector<std::string> seen;
+  for (int i = 0; i < 2; ++i) {
+    auto e = w.next(Millis(10000));  // bound: 10 s on the steady clock per event
+    ASSERT_TRUE(e) << "event " << i << " not delivered within 10 s";
+    seen.push_back(std::string(distlock::to_string(e->kind)) + " " + e->name + " " +
+                   std::to_string(e->token));
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"acquired job " + std::to_string(token),
+                                            "released job " + std::to_string(token)}));
 }
 
 }  // namespace
