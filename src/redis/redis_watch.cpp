@@ -101,6 +101,18 @@ class RedisPrefixWatch final : public PrefixWatch {
       std::lock_guard lk(mu_);
       n = ++sync_sent_;
     }
+    // The marker proves delivery only of what was published. A lapse of the presence key
+    // (nothing published while it was gone) is found by its generation: a gap, and no
+    // barrier, so the caller does not read the silence as "nothing happened".
+    {
+      Error gec;
+      auto gen = register_presence(gec);
+      if (gen && new_generation(std::move(*gen))) {
+        ec.fail(errc::backend_unavailable, "watch of \"" + name_prefix_ + "\": the watcher-presence key " +
+                                               presence_key_ + " lapsed: events may have been missed");
+        return false;
+      }
+    }
     const std::string marker = "sync " + std::to_string(n) + " " + id_;
     if (!backend_.publish(channel_, marker, ec)) return false;
     std::unique_lock lk(mu_);
@@ -127,6 +139,20 @@ class RedisPrefixWatch final : public PrefixWatch {
     return gen;
   }
 
+  // A generation of the presence key other than the last seen: the key lapsed in between
+  // and the scripts may have published nothing. Reports the gap; true then.
+  // The gap goes to the sink under gen_mu_: a sync that sees the new generation as known
+  // returns after the gap is queued.
+  bool new_generation(std::string gen) {
+    std::lock_guard lk(gen_mu_);
+    if (gen == generation_) return false;
+    generation_ = std::move(gen);
+    if (!stopping_.load())
+      sink_.on_gap("the watcher-presence key " + presence_key_ +
+                   " lapsed (the watch renewed it too late): the lock scripts published nothing meanwhile");
+    return true;
+  }
+
   // The renewer thread: keeps the presence key alive; a new generation is a gap.
   void renew_presence() {
     std::unique_lock lk(mu_);
@@ -136,13 +162,7 @@ class RedisPrefixWatch final : public PrefixWatch {
       lk.unlock();
       Error ec;
       auto gen = register_presence(ec);
-      if (gen && *gen != generation_) {
-        generation_ = std::move(*gen);
-        if (!stopping_.load())
-          sink_.on_gap(
-              "the watcher-presence key " + presence_key_ +
-              " lapsed (the watch renewed it too late): the lock scripts published nothing meanwhile");
-      }
+      if (gen) new_generation(std::move(*gen));
       // A failed renewal: the channel's own break (or the next renewal's generation) says
       // whether anything was missed.
       lk.lock();
@@ -214,7 +234,8 @@ class RedisPrefixWatch final : public PrefixWatch {
   const Millis timeout_;
   const std::string channel_;
   const std::string presence_key_;
-  std::string generation_;   // of the presence key, as last seen (start, then the renewer thread only)
+  std::mutex gen_mu_;
+  std::string generation_;   // of the presence key, as last seen; guarded by gen_mu_ once started
   bool renew_stop_ = false;  // guarded by mu_
   std::thread renewer_;
   const std::string key_head_;
