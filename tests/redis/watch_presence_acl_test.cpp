@@ -100,4 +100,33 @@ TEST(RedisWatchPresenceKey, AWatchSeesTheChangesOfAUserDeniedThePresenceKey) {
                                             "released job " + std::to_string(token)}));
 }
 
+// An ACL user allowed every key but only the channels the lock scripts used before the
+// watch ("<prefix>:grant:*" and "<prefix>:{*"), while another user's watch runs: the
+// PUBLISH on "<prefix>:events" is refused. The lock operation must still succeed and
+// leave nothing held, and the watch must hear of what it missed (a gap), not nothing.
+TEST(RedisWatchPresenceKey, AUserDeniedTheEventsChannelStillLocksAndTheWatchGetsAGap) {
+  RedisServer server;
+  Client watcher = distlock::connect(server.url());
+  distlock::Watch w = watcher.watch("job", distlock::WatchOptions{.initial_state = false});
+  auto r = server.command({"ACL", "SETUSER", "chan", "on", std::string(">") + kUserPassword, "~distlock:*",
+                           "&distlock:grant:*", "&distlock:{*", "+@all"});
+  ASSERT_EQ(distlock::testing::reply_str(r), "OK");
+  Client c = distlock::connect("redis://chan:" + std::string(kUserPassword) +
+                               "@127.0.0.1:" + std::to_string(server.port()));
+  {
+    Lease l = c.acquire("job", opts(10s, 0ms));
+    EXPECT_GT(l.token(), 0u);
+  }
+  EXPECT_EQ(server.command({"EXISTS", "distlock:{job}"})->integer, 0) << "the release left the lock held";
+  // Bound: the watch renews the presence key every 5 s; 15 s on the steady clock.
+  bool gap = false;
+  const auto end = std::chrono::steady_clock::now() + 15s;
+  while (!gap && std::chrono::steady_clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - std::chrono::steady_clock::now()));
+    if (!e) break;
+    gap = e->kind == distlock::WatchEventKind::gap;
+  }
+  EXPECT_TRUE(gap) << "the changes the events channel refused were never reported as a gap";
+}
+
 }  // namespace
