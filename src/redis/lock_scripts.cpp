@@ -109,12 +109,23 @@ local function watched(base)
   local n = redis.pcall('EXISTS', base .. 'watching')
   return type(n) ~= 'number' or n == 1
 end
+-- One message on "<prefix>:events". A server that refuses the PUBLISH (an ACL user
+-- without that channel) gets no error after the script's writes; the presence key is
+-- deleted instead, so every watch finds a new generation at its next renewal: a gap,
+-- never a silent loss (redis_watch.cpp).
+local function notify(base, message)
+  if type(redis.pcall('PUBLISH', base .. 'events', message)) ~= 'number' then
+    redis.pcall('DEL', base .. 'watching')
+    return false
+  end
+  return true
+end
 local WATCHED
 local function event(grant_prefix, kind, token, owner, lock)
   local base = string.sub(grant_prefix, 1, -7)
   if WATCHED == nil then WATCHED = watched(base) end
   if not WATCHED then return end
-  redis.call('PUBLISH', base .. 'events', kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
+  WATCHED = notify(base, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
 end
 local function take(lock, fence, owner, entry, ttl, delay, grant_prefix)
   local token = next_token(fence)
@@ -272,8 +283,9 @@ local function watched(b)
   local n = redis.pcall('EXISTS', b .. 'watching')
   return type(n) ~= 'number' or n == 1
 end
-if base and watched(base) then
-  redis.call('PUBLISH', base .. 'events', 'revoked ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
+if base and watched(base) and
+    type(redis.pcall('PUBLISH', base .. 'events', 'revoked ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)) ~= 'number' then
+  redis.pcall('DEL', base .. 'watching')  -- refused (ACL): a gap for every watch, as notify() does
 end
 return {1, token, owner}
 )lua");

@@ -4,7 +4,8 @@
 // counter, lock-delay marker and revoke note; docs/redis.md). Such a user never watches;
 // the lock contract must hold for it as it did before the watch existed: acquire,
 // release and revoke succeed and leave nothing behind. A watch by that user is refused with
-// an error naming the presence key, never the password.
+// an error naming the presence key, never the password. A user refused the events channel
+// locks as before too; the watches of others get a gap for what it could not publish.
 #include <gtest/gtest.h>
 
 #include <chrono>
