@@ -232,6 +232,10 @@ struct Watch::Impl final : detail::LockEventSink {
       k.holder_info = ev.holder_info;
       k.changes += 1;
       k.check_at = steady_now() + kFirstCheck;
+      if (k.check_at < sleep_until_) {  // the watcher thread sleeps past it: wake it
+        recheck_sooner_ = true;
+        work_cv_.notify_all();
+      }
       WatchEvent a = make(WatchEventKind::acquired, ev.name, ev.token, k);
       a.held = true;
       push(std::move(a));
@@ -401,8 +405,12 @@ struct Watch::Impl final : detail::LockEventSink {
       auto wake = steady_now() + Millis(std::chrono::seconds(5));
       for (auto& [name, k] : known_)
         if (k.held && k.check_at < wake) wake = k.check_at;
-      work_cv_.wait_until(lk, wake,
-                          [&] { return stopped_ || (resync_ && !overflowed_) || (overflowed_ && room()); });
+      sleep_until_ = wake;
+      recheck_sooner_ = false;
+      work_cv_.wait_until(lk, wake, [&] {
+        return stopped_ || recheck_sooner_ || (resync_ && !overflowed_) || (overflowed_ && room());
+      });
+      sleep_until_ = std::chrono::steady_clock::time_point::min();
     }
   }
 
@@ -420,6 +428,10 @@ struct Watch::Impl final : detail::LockEventSink {
   std::chrono::system_clock::time_point last_event_at_{};
   bool overflowed_ = false;
   bool resync_ = false;
+  // The watcher thread's sleep: until when (min while awake), and whether an `acquired`
+  // made a name due before that (apply(): the thread wakes and sleeps again shorter).
+  std::chrono::steady_clock::time_point sleep_until_ = std::chrono::steady_clock::time_point::min();
+  bool recheck_sooner_ = false;
   bool stopped_ = false;
   std::thread thread_;
 };
