@@ -177,19 +177,24 @@ TEST(RedisPrefixWatch, HandOffsWithTheWatcherCutOffShowAGapThenTheState) {
   distlock::testing::FaultProxy proxy(server.port());
   Client watcher = distlock::connect("redis://127.0.0.1:" + std::to_string(proxy.port()));
   Watch w = watcher.watch("cut/");
-  std::atomic<bool> stop{false}, hold{false};
+  std::atomic<bool> stop{false}, hold{false}, holding{false};
   std::atomic<int> taken{0};
   std::vector<std::thread> threads;
   for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&server, &taken, &stop, &hold] {
+    threads.emplace_back([&server, &taken, &stop, &hold, &holding] {
       Client client = distlock::connect(server.url());
       while (!stop.load() && taken.load() < 100000) {
         Lease l = client.acquire("cut/x", opts_ttl(30s));
         taken.fetch_add(1);
         // While the watcher is cut off, the holder keeps the lock (bounded by the test's
-        // 60 s and `stop`), so the re-list finds it held.
+        // 60 s and `stop`), so the re-list finds it held. `holding` tells the test that a
+        // holder is in this loop: before, the lock may be free for a moment between two
+        // hand-offs (a locker preempted between its release and its next acquire), and a
+        // re-list that read it then rightly reported it free.
         const auto until = Clock::now() + 60s;
+        if (hold.load()) holding.store(true);
         while (hold.load() && !stop.load() && Clock::now() < until) std::this_thread::yield();
+        holding.store(false);
       }
     });
   }
@@ -220,6 +225,10 @@ TEST(RedisPrefixWatch, HandOffsWithTheWatcherCutOffShowAGapThenTheState) {
           ++after;
         } else if (++before == 300) {
           hold.store(true);
+          // Cut only once a holder keeps the lock (the lockers run on; bounded: 10 s).
+          const auto until = Clock::now() + 10s;
+          while (!holding.load() && Clock::now() < until) std::this_thread::yield();
+          ASSERT_TRUE(holding.load()) << "no locker held the lock within 10 s of being asked to";
           proxy.drop();  // cut: the subscriber sees its connection close
         }
         break;
