@@ -237,6 +237,8 @@ class SharedMutex;
 class Election;
 class ShardGroup;
 struct ShardGroupOptions;
+class Watch;
+struct WatchOptions;
 
 /// A connection to one lock service. Copies share the same connections, renewer
 /// and owner identity (128 random bits from the OS, plus the calling thread).
@@ -292,6 +294,14 @@ class DISTLOCK_EXPORT Client {
   /// (distlock/shard_group.hpp; include it to use the result).
   ShardGroup shard_group(std::string_view job, std::uint32_t shards, const ShardGroupOptions& opts);
   ShardGroup shard_group(std::string_view job, std::uint32_t shards);
+
+  /// Watches every lock whose name starts with `prefix` (distlock/watch.hpp; include it
+  /// to use the result): acquired, released, lost and revoked events per name in token
+  /// order, gaps reported. Throws errc::not_supported where the backend publishes no
+  /// changes, errc::backend_unavailable when the subscription or the first state read
+  /// fails.
+  Watch watch(std::string_view prefix, const WatchOptions& opts);
+  Watch watch(std::string_view prefix);
 
   /// What the backend knows about `name` (held, token, ttl, holder, waiters; the queue: waiter_list).
   LockInfo status(std::string_view name);

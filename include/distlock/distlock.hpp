@@ -21,4 +21,5 @@
 #include "distlock/text.hpp"
 #include "distlock/tracing.hpp"
 #include "distlock/version.hpp"
+#include "distlock/watch.hpp"
 #include "distlock/with_lock.hpp"

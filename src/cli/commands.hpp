@@ -80,6 +80,9 @@ void add_revoke_command(CLI::App& app, int& exit_code);
 /// `distlock list [--url URL] [--prefix P] [--json] [--limit N]` (cmd_list.cpp).
 void add_list_command(CLI::App& app, int& exit_code);
 
+/// `distlock watch [--url URL] [--json] [--count N] [--timeout DUR] PREFIX` (cmd_watch.cpp).
+void add_watch_command(CLI::App& app, int& exit_code);
+
 /// `distlock id ...`: defined in cmd_id.cpp, compiled only with the ids component
 /// (DISTLOCK_HAS_IDS, distlock/config.hpp).
 void add_id_command(CLI::App& app, int& exit_code);

@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
   add_elect_command(app, exit_code, command_after_dashes);
   add_leader_command(app, exit_code);
   add_list_command(app, exit_code);
+  add_watch_command(app, exit_code);
   add_bench_command(app, exit_code);
   app.add_subcommand("urls",
                      "List the lock-service URL schemes this build supports, with every query key each "

@@ -121,6 +121,37 @@ class ChangeListener {
   virtual void on_validity_changed(Millis validity) noexcept = 0;
 };
 
+/// One change of a lock, as Backend::watch_prefix delivers it.
+struct LockEvent {
+  enum class Kind { acquired, released, lost, revoked };
+  Kind kind = Kind::acquired;
+  std::string name;
+  std::uint64_t token = 0;  ///< the lease's fencing token (0 where the backend gives none)
+  std::string owner;        ///< the holder's owner id
+  std::optional<std::string> holder_info;
+};
+
+/// Receives the events of one prefix watch, on the backend's notification thread, in
+/// the order the server committed them. Never called after the PrefixWatch is gone.
+class LockEventSink {
+ public:
+  virtual ~LockEventSink() = default;
+  virtual void on_event(LockEvent&& ev) noexcept = 0;
+  /// Events may have been missed (the channel broke, or was established again):
+  /// `why` says what happened. The caller re-reads the state.
+  virtual void on_gap(std::string why) noexcept = 0;
+};
+
+/// A live prefix watch (Backend::watch_prefix); its destructor stops the deliveries.
+class PrefixWatch {
+ public:
+  virtual ~PrefixWatch() = default;
+  /// Returns true once every event the server committed before this call has been
+  /// given to the sink (a barrier through the notification channel); false with `ec`
+  /// when it could not be confirmed in time.
+  virtual bool sync(Error& ec) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -226,6 +257,16 @@ class Backend {
   virtual std::optional<std::string> revoke_note(std::string_view /*name*/, Error& ec) {
     ec = make_error_code(errc::not_supported);
     return std::nullopt;
+  }
+
+  /// Starts delivering every acquire, release and loss of a lock whose name starts with
+  /// `prefix` to `sink`; returns once the deliveries are live (a change committed after
+  /// it returns is delivered or reported as a gap). errc::not_supported where the
+  /// backend publishes no such events (docs/design.md "Watching locks" says why).
+  virtual std::unique_ptr<PrefixWatch> watch_prefix(std::string_view /*prefix*/, LockEventSink& /*sink*/,
+                                                    Error& ec) {
+    ec = make_error_code(errc::not_supported);
+    return nullptr;
   }
 
   /// How many times this backend found its notification channel dead without being told

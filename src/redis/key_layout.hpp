@@ -7,13 +7,15 @@
 // its last byte: "" (lock, ends '}'), ":q", ":qx", ":record", ":fence", ":delay" (a lost
 // holder's lock-delay marker, redis/lock_scripts.hpp; the scripts derive it from the lock
 // key as delay_key() does), ":rv" (the note of the last revoke of the lock, Backend::revoke;
-// it expires). The fence
+// it expires), and "<prefix>:watching" (the watcher-presence key: the one key with no '{',
+// so it is no key of any name). The fence
 // counter of a hash slot is "<prefix>:{<tag>}:fence" (its tag is digits, so the key is
 // in that slot). Before, it was "<prefix>:fence:{<tag>}": the lock of name "<tag>"
 // under prefix "<prefix>:fence".
 //
-// Channels (a namespace of their own): "<prefix>:{<name>}:released" and
-// "<prefix>:grant:<client id>" (the id is hex: no ':' or '{').
+// Channels (a namespace of their own): "<prefix>:{<name>}:released",
+// "<prefix>:grant:<client id>" (the id is hex: no ':' or '{') and "<prefix>:events"
+// (every change, for Client::watch; lock_scripts.cpp derives it from the grant prefix).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -53,6 +55,13 @@ inline std::string record_key(std::string_view prefix, std::string_view key) {
 /// "<prefix>:{<name>}:rv": the note of the last revoke of lock `name`, in the lock's slot.
 inline std::string revoke_note_key(std::string_view prefix, std::string_view name) {
   return lock_key(prefix, name) + ":rv";
+}
+
+/// "<prefix>:watching": exists while a watch of the prefix is registered (redis_watch.cpp);
+/// the lock scripts publish their changes only then. Its value is the generation: the
+/// server's TIME in microseconds when it was last created.
+inline std::string watching_key(std::string_view prefix) {
+  return std::string(prefix) + ":watching";
 }
 
 }  // namespace distlock::detail::redis

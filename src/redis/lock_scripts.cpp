@@ -39,6 +39,14 @@ namespace {
 // nobody takes the free lock: hold_back() is its PTTL (> 0), grant_head hands nothing
 // on, and a waiter is told the PTTL as the holder's remaining time (its re-check).
 //
+// event: one message on "<prefix>:events" per change of a lock (Client::watch,
+// redis_watch.cpp): "<kind> <token> <owner length> <owner><lock key>", kind acquired,
+// released or lost (revoke_script publishes revoked). Only while the watcher-presence key
+// "<prefix>:watching" exists, or the server refuses its read (`watched`; a watch keeps it
+// alive; redis_watch.cpp): with nobody
+// watching a change costs one EXISTS per script, not a PUBLISH that every replica would
+// also receive (docs/benchmarks.md "Watch events"). The lookup is made once per script.
+//
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
 // token, and one message on that waiter's client channel. Nobody else is woken. The
 // grant lives CLAIM ms (the ttl if shorter) until the grantee claims it (its call
@@ -93,11 +101,38 @@ local function mark_delay(lock, ttl, delay)
     redis.call('SET', lock .. ':delay', delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
   end
 end
-local function take(lock, fence, owner, entry, ttl, delay)
+-- Whether a watch of "<prefix>:" is registered. A server that refuses the read (an ACL
+-- user whose key pattern covers the keys of names only, "<prefix>:{*") cannot tell:
+-- then the change is published (a watch of another user may run), never an error after
+-- the script's writes.
+local function watched(base)
+  local n = redis.pcall('EXISTS', base .. 'watching')
+  return type(n) ~= 'number' or n == 1
+end
+-- One message on "<prefix>:events". A server that refuses the PUBLISH (an ACL user
+-- without that channel) gets no error after the script's writes; the presence key is
+-- deleted instead, so every watch finds a new generation at its next renewal: a gap,
+-- never a silent loss (redis_watch.cpp).
+local function notify(base, message)
+  if type(redis.pcall('PUBLISH', base .. 'events', message)) ~= 'number' then
+    redis.pcall('DEL', base .. 'watching')
+    return false
+  end
+  return true
+end
+local WATCHED
+local function event(grant_prefix, kind, token, owner, lock)
+  local base = string.sub(grant_prefix, 1, -7)
+  if WATCHED == nil then WATCHED = watched(base) end
+  if not WATCHED then return end
+  WATCHED = notify(base, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
+end
+local function take(lock, fence, owner, entry, ttl, delay, grant_prefix)
   local token = next_token(fence)
   redis.call('HSET', lock, owner, entry, '@token', token)
   redis.call('PEXPIRE', lock, ttl)
   mark_delay(lock, ttl, delay)
+  event(grant_prefix, 'acquired', token, owner, lock)
   return token
 end
 local function grant_head(lock, q, x, fence, grant_prefix)
@@ -109,7 +144,7 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   local sp = string.find(head, ' ', 1, true)
   local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
   local window = math.min(tonumber(ttl), CLAIM)
-  local token = take(lock, fence, owner, entry, window, '0')
+  local token = take(lock, fence, owner, entry, window, '0', grant_prefix)
   redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'),
              entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
   return window
@@ -119,7 +154,8 @@ local function keep_queue(q, x, ttl)
   if redis.call('PTTL', q) < life then redis.call('PEXPIRE', q, life) end
   if redis.call('PTTL', x) < life then redis.call('PEXPIRE', x, life) end
 end
-local function release_onward(lock, q, x, fence, grant_prefix, channel)
+local function release_onward(lock, q, x, fence, grant_prefix, channel, owner, why)
+  event(grant_prefix, why, redis.call('HGET', lock, '@token') or '0', owner, lock)
   redis.call('DEL', lock)
   if not grant_head(lock, q, x, fence, grant_prefix) then
     redis.call('PUBLISH', channel, 'released')
@@ -152,7 +188,7 @@ local held_back = hold_back(lock)
 -- commands instead of 19. An entry of this wait already queued by a call whose
 -- reply was lost is either live (then it is the head: not nil) or pruned.
 if mode == '1' and held_back <= 0 and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
-  return {1, take(lock, fence, owner, entry, ttl, delay)}
+  return {1, take(lock, fence, owner, entry, ttl, delay, grant_prefix)}
 end
 local me = entry .. ' ' .. owner
 if mode ~= '0' then
@@ -175,12 +211,12 @@ if held_back > 0 then
 end
 local head = prune(q, x)
 if head == nil then
-  return {1, take(lock, fence, owner, '0', ttl, delay)}
+  return {1, take(lock, fence, owner, '0', ttl, delay, grant_prefix)}
 end
 if mode ~= '0' and head == me then
   redis.call('LPOP', q)
   redis.call('HDEL', x, me)
-  return {1, take(lock, fence, owner, entry, ttl, delay)}
+  return {1, take(lock, fence, owner, entry, ttl, delay, grant_prefix)}
 end
 return {0, tonumber(grant_head(lock, q, x, fence, grant_prefix))}
 )lua"));
@@ -196,7 +232,7 @@ if redis.call('HEXISTS', lock, owner) == 0 then
 end
 -- A normal release: the holder's lock-delay is off, the next waiter gets it at once.
 redis.call('DEL', lock .. ':delay')
-release_onward(lock, q, x, fence, grant_prefix, channel)
+release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'released')
 return 0
 )lua"));
   return s;
@@ -207,7 +243,7 @@ const Script& queue_cancel_script() {
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, entry, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', lock, owner) == entry then
-  release_onward(lock, q, x, fence, grant_prefix, channel)
+  release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'released')
   return 1
 end
 local me = entry .. ' ' .. owner
@@ -221,7 +257,7 @@ return 0
 
 const Script& revoke_script() {
   static const Script& s = *new Script(R"lua(
-local lock, note_key, note, life = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local lock, note_key, note, life, base = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
 local fields = redis.call('HGETALL', lock)
 local owner, token = nil, ''
 for i = 1, #fields, 2 do
@@ -241,6 +277,16 @@ redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
 -- or a waiter's retry (redis+cluster://) takes it. Handing on now would give the lock away
 -- while the holder still counts it held.
 redis.call('HDEL', lock, owner)
+-- redis:// passes "<prefix>:" (ARGV[3]): a watch is told, as the lock scripts' event() does;
+-- redis+cluster:// passes nothing (it has no watch).
+local function watched(b)
+  local n = redis.pcall('EXISTS', b .. 'watching')
+  return type(n) ~= 'number' or n == 1
+end
+if base and watched(base) and
+    type(redis.pcall('PUBLISH', base .. 'events', 'revoked ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)) ~= 'number' then
+  redis.pcall('DEL', base .. 'watching')  -- refused (ACL): a gap for every watch, as notify() does
+end
 return {1, token, owner}
 )lua");
   return s;
@@ -262,7 +308,7 @@ for i = 1, #members do
   end
 end
 if redis.call('HEXISTS', lock, owner) == 1 and redis.call('HGET', lock, '@token') == token then
-  release_onward(lock, q, x, fence, grant_prefix, channel)
+  release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'lost')
   return 1
 end
 return 0

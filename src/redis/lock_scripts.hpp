@@ -72,7 +72,9 @@ const Script& queue_cancel_script();
 /// releases it onward as the release script does. 1 released, 0 nothing held.
 const Script& queue_forget_script();
 
-/// KEYS lock, revoke note; ARGV note, note life ms. Backend::revoke of redis://,
+/// KEYS lock, revoke note; ARGV note, note life ms[, "<prefix>:" (redis:// and
+/// redis+sentinel://: a "revoked" message on the events channel while a watch is
+/// registered, as the lock scripts' changes; lock_scripts.cpp)]. Backend::revoke of redis://,
 /// redis+sentinel:// and redis+cluster://: whoever holds the lock loses it; the note
 /// "<token>\n<owner>\n<note>" is stored (PX note life) and the holder's field leaves the
 /// lock hash, which keeps its expiry (no owner: nobody renews it, nobody is granted it

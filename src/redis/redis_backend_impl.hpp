@@ -81,6 +81,13 @@ class RedisBackend final : public Backend {
   std::vector<ListedLock> list_held(std::string_view prefix, std::size_t limit, bool& truncated,
                                     Error& ec) override;
 
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
+  /// PUBLISH `message` on `channel` (redis_watch.cpp: a prefix watch's sync marker).
+  bool publish(const std::string& channel, const std::string& message, Error& ec);
+  /// Creates or lengthens the watcher-presence key to `life`; its generation
+  /// (redis_watch.cpp). nullopt with `ec` on failure.
+  std::optional<std::string> keep_watch_presence(Millis life, Error& ec);
+
   std::string url() const override { return url_; }
 
   std::uint64_t notification_channel_drops() const noexcept override { return subscriber_.silent_drops(); }

@@ -127,7 +127,7 @@ RedisBackend::Revoked RedisBackend::revoke(std::string_view name, std::string_vi
   if (ec) return {};
   const Keys k = keys_of(name);
   const std::string note_key = revoke_note_key(name), life = std::to_string(note_life.count());
-  Reply r = redis::revoke_script().run(*conn, {k.lock, note_key}, {note, life}, ec);
+  Reply r = redis::revoke_script().run(*conn, {k.lock, note_key}, {note, life, prefix_ + ":"}, ec);
   if (ec) {
     failed("revoke", ec);
     return {};

@@ -36,6 +36,7 @@ inline Config read_config() {
 }
 inline void write_config(std::uint64_t, const Config&) {}
 inline void verify(const Config&) {}
+inline void note_owner(const std::string&, const std::string&, std::uint64_t) {}
 inline int build_report(std::uint64_t, std::stop_token) {
   return 0;
 }

@@ -61,7 +61,8 @@ void add_all(std::map<std::string, Identity>& keys, std::map<std::string, Identi
 // to build the layout's own separators and suffixes, then 20,000 seeded random pairs
 // of bytes that matter (':', '{', '}', digits, the suffixes' letters).
 TEST(RedisKeyLayout, NoTwoPrefixNameKindTriplesShareAKey) {
-  const std::vector<std::string> prefix_pieces{"a", ":", "fence", "grant", "q", "record", "delay", "1", ":{"};
+  const std::vector<std::string> prefix_pieces{"a",     ":", "fence", "grant",    "q",     "record",
+                                               "delay", "1", ":{",    "watching", "events"};
   const std::vector<std::string> name_pieces{"a", ":",      "{",     "}", "fence", "q",
                                              "x", "record", "delay", "1", "}:"};
   auto words = [](const std::vector<std::string>& pieces, int max_len) {
@@ -106,8 +107,11 @@ TEST(RedisKeyLayout, NoTwoPrefixNameKindTriplesShareAKey) {
     ASSERT_TRUE(distlock::detail::redis_prefix_ok(p)) << p;
     add_all(keys, channels, p, n, collisions);
   }
-  // The grant channels: "<prefix>:grant:<hex client id>".
+  // The grant channels: "<prefix>:grant:<hex client id>"; the events channel and the
+  // watcher-presence key of each prefix (Client::watch).
   for (const auto& p : prefixes) {
+    add(channels, p + ":events", {p, "events", ""}, collisions);
+    add(keys, r::watching_key(p), {p, "watching", ""}, collisions);
     for (const std::string client : {"0a", "f", "0a1"}) {
       add(channels, p + ":grant:" + client, {p, "grant", client}, collisions);
     }

@@ -1,0 +1,98 @@
+// `distlock watch PREFIX` (src/cli/cmd_watch.cpp) against a real redis-server: one line
+// per event, stops by itself at --count and on SIGINT with exit 0, --json lines parse.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli_harness.hpp"
+#include "distlock/distlock.hpp"
+#include "support/eventually.hpp"
+#include "support/process.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::testing::Cli;
+using distlock::testing::eventually;
+using distlock::testing::RedisServer;
+using distlock::testing::TempDir;
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+distlock::LockOptions ttl30() {
+  distlock::LockOptions o;
+  o.ttl = 30s;
+  o.wait = 30s;
+  return o;
+}
+
+// The first line (the state of the lock held before) shows the subscription is live;
+// a release and an acquire then make three lines and --count 3 ends the tool with 0.
+TEST(CliWatch, PrintsOneLinePerEventAndStopsAtCount) {
+  RedisServer server;
+  TempDir dir("distlock-cli-watch");
+  distlock::Client c = distlock::connect(server.url());
+  distlock::Lease first = c.acquire("cli/x", ttl30());
+  const std::uint64_t first_token = first.token();
+  Cli w =
+      Cli::start({"watch", "--url", server.url(), "--count", "3", "--timeout", "60s", "cli/"}, dir.path());
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  first.release();
+  distlock::Lease second = c.acquire("cli/x", ttl30());
+  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
+  const auto out = lines(w.out());
+  ASSERT_EQ(out.size(), 3u) << w.out();
+  EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
+  EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
+      << out[2];
+  EXPECT_EQ(w.err(), "");
+}
+
+// --json: one object per line (the state line shows the subscription is live); SIGINT
+// ends the tool with exit 0.
+TEST(CliWatch, JsonLinesAndSigintExitsZero) {
+  RedisServer server;
+  TempDir dir("distlock-cli-watch");
+  distlock::Client c = distlock::connect(server.url());
+  distlock::Lease l = c.acquire("j/a", ttl30());
+  const std::uint64_t token = l.token();
+  Cli w = Cli::start({"watch", "--url", server.url(), "--json", "j/"}, dir.path());
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  l.release();
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 2; }, 20s)) << w.out() << w.err();
+  const auto out = lines(w.out());
+  const auto s0 = nlohmann::json::parse(out[0]);
+  EXPECT_EQ(s0.at("event"), "state") << out[0];
+  EXPECT_EQ(s0.at("name"), "j/a");
+  EXPECT_EQ(s0.at("held"), true);
+  EXPECT_EQ(s0.at("token").get<std::uint64_t>(), token);
+  EXPECT_EQ(s0.at("holder").get<std::string>().rfind(c.id(), 0), 0u) << "holder is this client: " << out[0];
+  const auto s1 = nlohmann::json::parse(out[1]);
+  EXPECT_EQ(s1.at("event"), "released") << out[1];
+  EXPECT_EQ(s1.at("token").get<std::uint64_t>(), token);
+  w.signal(SIGINT);
+  EXPECT_EQ(w.wait(20s), 0) << w.err();
+}
+
+// A backend that publishes no changes: a clear error, exit 70.
+TEST(CliWatch, FileBackendIsNotSupported) {
+  TempDir dir("distlock-cli-watch");
+  Cli w = Cli::run({"watch", "--url", "file://" + dir.path().string(), "--count", "1", "x/"}, dir.path());
+  EXPECT_EQ(w.code(), 70) << w.err();
+  EXPECT_NE(w.err().find("publishes no lock changes"), std::string::npos) << w.err();
+}
+
+}  // namespace
