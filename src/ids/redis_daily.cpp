@@ -92,7 +92,7 @@ struct RedisDailyGenerator::Impl {
   Impl(RedisDailyOptions o, redis::ConnectionOptions co) : opts(std::move(o)), conn(std::move(co)) {}
 
   // Takes `opts.reserve` counter values of `key` from Redis: [range_next, range_end).
-  std::error_code reserve(const std::string& key, std::int64_t day, std::string& why) {
+  distlock::detail::Error reserve(const std::string& key, std::int64_t day) {
     const std::string amount = std::to_string(opts.reserve);
     const std::string ekey = epoch_key(key);
     std::uint8_t rnd[8];
@@ -113,32 +113,32 @@ struct RedisDailyGenerator::Impl {
       if (ec != errc::backend_unavailable) break;
     }
     if (ec) {
-      why = reply ? fmt::format("{}: INCRBY {} failed: {}", conn.options().describe(), key,
-                                redis::reply_str(reply.get()))
-                  : ec.detail();
+      if (reply) {
+        ec.set_detail(fmt::format("{}: INCRBY {} failed: {}", conn.options().describe(), key,
+                                  redis::reply_str(reply.get())));
+      }
       return ec;
     }
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
         reply->element[0]->type != REDIS_REPLY_INTEGER ||
         epoch_created_ms(redis::reply_str(reply->element[1])) < 0) {
-      why = fmt::format("{}: INCRBY {} (with its epoch {}) answered something unexpected",
-                        conn.options().describe(), key, ekey);
-      return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::protocol_error),
+              fmt::format("{}: INCRBY {} (with its epoch {}) answered something unexpected",
+                          conn.options().describe(), key, ekey)};
     }
     const long long last = reply->element[0]->integer;
     const std::string_view epoch = redis::reply_str(reply->element[1]);
     const long long first = last - static_cast<long long>(opts.reserve) + 1;
     if (first < 1) {
-      why = fmt::format("{}: day counter {} holds {} after INCRBY {} (it was set below zero by someone)",
-                        conn.options().describe(), key, last, opts.reserve);
-      return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::protocol_error),
+              fmt::format("{}: day counter {} holds {} after INCRBY {} (it was set below zero by someone)",
+                          conn.options().describe(), key, last, opts.reserve)};
     }
     if (static_cast<std::uint64_t>(first) >= kCounterLimit) {
-      why = fmt::format(
-          "day counter {} reached {} (the 32-bit counter allows {} ids per day); "
-          "no more redis-daily ids under prefix \"{}\" until the next UTC day",
-          key, first, kCounterLimit - 1, opts.prefix);
-      return make_error_code(errc::exhausted);
+      return {make_error_code(errc::exhausted),
+              fmt::format("day counter {} reached {} (the 32-bit counter allows {} ids per day); "
+                          "no more redis-daily ids under prefix \"{}\" until the next UTC day",
+                          key, first, kCounterLimit - 1, opts.prefix)};
     }
     if (day == range_day && static_cast<std::uint64_t>(first) < range_next) {
       reset_at_second = last_seconds;
@@ -153,29 +153,29 @@ struct RedisDailyGenerator::Impl {
     return {};
   }
 
-  std::error_code next(std::uint64_t& id, std::string& why) {
+  distlock::detail::Error next(std::uint64_t& id) {
     if (detail::fork_generation() != fork_gen) {
-      why = fmt::format(
-          "this redis-daily generator was made in process {}; after fork() the child ({}) must make its own "
-          "generator, or it would hand out values of the parent's reserved range",
-          pid, ::getpid());
-      return make_error_code(errc::forked);
+      return {
+          make_error_code(errc::forked),
+          fmt::format("this redis-daily generator was made in process {}; after fork() the child ({}) must "
+                      "make its own generator, or it would hand out values of the parent's reserved range",
+                      pid, ::getpid())};
     }
     std::lock_guard lk(mu);
     for (int attempt = 0; attempt < 16; ++attempt) {
       bool again = false;
-      if (auto ec = next_locked(id, again, why)) return ec;
+      if (auto err = next_locked(id, again)) return err;
       if (!again) return {};
     }
-    why = fmt::format(
-        "{}: the day counter under prefix \"{}\" kept changing (lost or recreated) while reserving",
-        conn.options().describe(), opts.prefix);
-    return make_error_code(errc::protocol_error);
+    return {make_error_code(errc::protocol_error),
+            fmt::format(
+                "{}: the day counter under prefix \"{}\" kept changing (lost or recreated) while reserving",
+                conn.options().describe(), opts.prefix)};
   }
 
   // Confirms that the range's counter was not lost since it was reserved (its epoch key
   // still holds the same value). False: the range is dropped.
-  std::error_code validate(bool& valid, std::string& why) {
+  distlock::detail::Error validate(bool& valid) {
     const std::string ekey = epoch_key(range_key);
     distlock::detail::Error ec;
     redis::Reply reply;
@@ -188,9 +188,10 @@ struct RedisDailyGenerator::Impl {
       if (ec != errc::backend_unavailable) break;
     }
     if (ec) {
-      why = reply ? fmt::format("{}: GET {} failed: {}", conn.options().describe(), ekey,
-                                redis::reply_str(reply.get()))
-                  : ec.detail();
+      if (reply) {
+        ec.set_detail(fmt::format("{}: GET {} failed: {}", conn.options().describe(), ekey,
+                                  redis::reply_str(reply.get())));
+      }
       return ec;
     }
     valid = reply && reply->type == REDIS_REPLY_STRING && redis::reply_str(reply.get()) == range_epoch;
@@ -205,7 +206,7 @@ struct RedisDailyGenerator::Impl {
     return {};
   }
 
-  std::error_code next_locked(std::uint64_t& id, bool& again, std::string& why) {
+  distlock::detail::Error next_locked(std::uint64_t& id, bool& again) {
     // The timestamp never goes back within a generator (ids keep increasing). That is
     // safe for uniqueness: a counter value is unique within its day's key, and the
     // timestamp used always lies in the day whose key the value came from.
@@ -222,20 +223,20 @@ struct RedisDailyGenerator::Impl {
     const std::int64_t seconds = std::max({now, floor_seconds, have_range ? range_min_second : now});
     const std::int64_t field = seconds - opts.epoch_seconds;
     if (field < 0) {
-      why = fmt::format("the wall clock ({} s) is before the redis-daily epoch ({} s)", seconds,
-                        opts.epoch_seconds);
-      return make_error_code(errc::clock_moved_backwards);
+      return {make_error_code(errc::clock_moved_backwards),
+              fmt::format("the wall clock ({} s) is before the redis-daily epoch ({} s)", seconds,
+                          opts.epoch_seconds)};
     }
     if (field > kMaxSecondsField) {
-      why = fmt::format("the 31-bit seconds field is full ({} s after the epoch {} s)", field,
-                        opts.epoch_seconds);
-      return make_error_code(errc::exhausted);
+      return {make_error_code(errc::exhausted),
+              fmt::format("the 31-bit seconds field is full ({} s after the epoch {} s)", field,
+                          opts.epoch_seconds)};
     }
     const std::int64_t day = floor_div(seconds, kSecondsPerDay);
     if (day != range_day || !have_range) {
       // A new day discards what is left of the old day's range: its values belong to
       // the old day's key and would collide with the new day's counter.
-      if (auto ec = reserve(redis_daily_key(opts.prefix, seconds), day, why)) return ec;
+      if (auto err = reserve(redis_daily_key(opts.prefix, seconds), day)) return err;
       again = true;  // the second may change (a young epoch, a counter that went back)
       return {};
     }
@@ -257,7 +258,7 @@ struct RedisDailyGenerator::Impl {
                                          : floor_div(validated_ms, 1000) >= seconds;
     if (!confirmed) {
       bool valid = false;
-      if (auto ec = validate(valid, why)) return ec;
+      if (auto err = validate(valid)) return err;
       again = true;  // dropped, or confirmed at a new clock reading: decide again
       return {};
     }
@@ -300,7 +301,9 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
 }
 
 void validate(const RedisDailyOptions& o, std::int64_t now_seconds) {
-  const auto bad = [](const std::string& why) { throw_error(make_error_code(errc::invalid_argument), why); };
+  const auto bad = [](const std::string& what) {
+    throw_error(make_error_code(errc::invalid_argument), what);
+  };
   if (o.prefix.empty() || o.prefix.size() > 256) {
     bad(fmt::format("redis-daily prefix must be 1..256 bytes (got {})", o.prefix.size()));
   }
@@ -334,11 +337,11 @@ RedisDailyGenerator::RedisDailyGenerator(std::string_view redis_url, RedisDailyO
 RedisDailyGenerator::~RedisDailyGenerator() = default;
 
 std::uint64_t RedisDailyGenerator::next() {
-  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
+  return detail::next_or_throw([&](std::uint64_t& id) { return impl_->next(id); });
 }
 
 std::uint64_t RedisDailyGenerator::next(std::error_code& ec) noexcept {
-  return detail::next_or_code(ec, [&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
+  return detail::next_or_code(ec, [&](std::uint64_t& id) { return impl_->next(id); });
 }
 
 std::uint64_t RedisDailyGenerator::round_trips() const noexcept {

@@ -93,12 +93,11 @@ struct SnowflakeGenerator::Impl {
       return true;
     }
     detail::MarkRecord prior;
-    std::error_code ec;
-    std::string why;
+    distlock::detail::Error err;
     const std::int64_t want = reserve_pos(now);
-    const bool ok = marks->apply(detail::MarkOp::claim, worker_lock_name(opts.prefix, n), token, nonce, want,
-                                 prior, ec, why);
-    if (ec) throw_error(ec, why);
+    const bool ok =
+        marks->apply(detail::MarkOp::claim, worker_lock_name(opts.prefix, n), token, nonce, want, prior, err);
+    if (err) throw_error(err, err.detail());
     if (!ok) return false;
     mark_pos = prior.found ? std::max(prior.pos, want) : want;
     if (prior.found) {
@@ -165,10 +164,9 @@ struct SnowflakeGenerator::Impl {
     if (!marks || lost || forked() || !lease.owns()) return;
     try {
       detail::MarkRecord prior;
-      std::error_code ec;
-      std::string why;
+      distlock::detail::Error ignored;
       marks->apply(detail::MarkOp::settle, worker_lock_name(opts.prefix, worker), token, nonce,
-                   pos_of(last_ms, sequence), prior, ec, why);
+                   pos_of(last_ms, sequence), prior, ignored);
     } catch (...) {
     }
   }
@@ -176,23 +174,23 @@ struct SnowflakeGenerator::Impl {
   // Makes sure id (ts, seq) is covered by the worker mark; `now` is the clock reading
   // (ms since the epoch) and ts <= now. Extends the mark to now + ahead once it
   // is less than ahead / 2 in front of the clock.
-  std::error_code cover(std::int64_t ts, unsigned seq, std::int64_t now, std::string& why) {
+  distlock::detail::Error cover(std::int64_t ts, unsigned seq, std::int64_t now) {
     if (!marks) return {};
     const std::int64_t unix_now = now + opts.epoch_ms;
     const bool needed = pos_of(ts, seq) > mark_pos;
     const bool due = mark_pos < reserve_pos(unix_now - ahead() / 2 - 1);
     if (!needed && (!due || unix_now < retry_mark_at)) return {};
     detail::MarkRecord prior;
-    std::error_code ec;
+    distlock::detail::Error err;
     const std::string lock = worker_lock_name(opts.prefix, worker);
     const std::int64_t want = reserve_pos(unix_now);
-    const bool ok = marks->apply(detail::MarkOp::extend, lock, token, nonce, want, prior, ec, why);
-    if (ec) {
+    const bool ok = marks->apply(detail::MarkOp::extend, lock, token, nonce, want, prior, err);
+    if (err) {
       retry_mark_at = unix_now + 50;
       if (!needed) return {};  // still covered; try again later
-      why = fmt::format("snowflake worker id {} cannot reserve more time in its mark on {}: {}", worker,
-                        marks->describe(), why);
-      return ec;
+      err.set_detail(fmt::format("snowflake worker id {} cannot reserve more time in its mark on {}: {}",
+                                 worker, marks->describe(), err.detail()));
+      return err;
     }
     if (!ok) {
       lost = true;
@@ -200,8 +198,7 @@ struct SnowflakeGenerator::Impl {
           "snowflake worker id {} ({}) was taken over: its mark on {} names another holder{}; no ids until "
           "relet()",
           worker, lock, marks->describe(), prior.found ? "" : " (or is gone: the store lost it)");
-      why = lost_why;
-      return make_error_code(errc::lost);
+      return {make_error_code(errc::lost), lost_why};
     }
     mark_pos = std::max(prior.pos, want);
     return {};
@@ -211,37 +208,37 @@ struct SnowflakeGenerator::Impl {
   // taken for it or for the ids of its millisecond issued in the same call (one read
   // serves up to 4096 ids when n > 1). On error nothing more is filled; ids already
   // written were issued (their sequence numbers are never reused).
-  std::error_code fill(std::uint64_t* out, std::size_t n, std::string& why) {
+  distlock::detail::Error fill(std::uint64_t* out, std::size_t n) {
     if (forked()) {
-      why = fmt::format(
-          "this snowflake generator (worker id {}) was made in process {}; after fork() the child ({}) must "
-          "make its own generator with its own client, or it would issue the parent's ids",
-          worker, pid, ::getpid());
-      return make_error_code(errc::forked);
+      return {make_error_code(errc::forked),
+              fmt::format(
+                  "this snowflake generator (worker id {}) was made in process {}; after fork() the child "
+                  "({}) must make its own generator with its own client, or it would issue the parent's ids",
+                  worker, pid, ::getpid())};
     }
     std::unique_lock lk(mu);
     std::size_t filled = 0;
     while (filled < n) {
       if (lost || lease_stop.stop_requested()) {
         lost = true;
-        why = !lost_why.empty()
-                  ? lost_why
-                  : fmt::format("the lease on snowflake worker id {} ({}) was lost; no ids until relet()",
-                                worker, worker_lock_name(opts.prefix, worker));
-        return make_error_code(errc::lost);
+        return {make_error_code(errc::lost),
+                !lost_why.empty()
+                    ? lost_why
+                    : fmt::format("the lease on snowflake worker id {} ({}) was lost; no ids until relet()",
+                                  worker, worker_lock_name(opts.prefix, worker))};
       }
       const std::int64_t now = clock->now_ms() - opts.epoch_ms;
       if (now < 0) {
-        why = fmt::format("the wall clock ({} ms) is before the snowflake epoch ({} ms)", now + opts.epoch_ms,
-                          opts.epoch_ms);
-        return make_error_code(errc::clock_moved_backwards);
+        return {make_error_code(errc::clock_moved_backwards),
+                fmt::format("the wall clock ({} ms) is before the snowflake epoch ({} ms)",
+                            now + opts.epoch_ms, opts.epoch_ms)};
       }
       if (now < clock_seen) {
         const std::int64_t behind = clock_seen - now;
         if (behind > opts.max_backward.count()) {
-          why = fmt::format("the wall clock moved back by {} ms (tolerated: {} ms); no id issued", behind,
-                            opts.max_backward.count());
-          return make_error_code(errc::clock_moved_backwards);
+          return {make_error_code(errc::clock_moved_backwards),
+                  fmt::format("the wall clock moved back by {} ms (tolerated: {} ms); no id issued", behind,
+                              opts.max_backward.count())};
         }
         // Small step back (NTP slew, VM migration): wait until the clock is back at
         // the latest reading. The mutex is released so leases and other threads go on.
@@ -252,12 +249,12 @@ struct SnowflakeGenerator::Impl {
       }
       clock_seen = now;
       if (last_ms - now > floor_limit()) {
-        why = fmt::format(
-            "snowflake worker id {}: ids up to {} ms may have been issued under it, {} ms ahead of this "
-            "host's "
-            "clock (tolerated: {} ms); the clock was stepped back, or hosts disagree; no id issued",
-            worker, last_ms + opts.epoch_ms, last_ms - now, floor_limit());
-        return make_error_code(errc::clock_moved_backwards);
+        return {make_error_code(errc::clock_moved_backwards),
+                fmt::format(
+                    "snowflake worker id {}: ids up to {} ms may have been issued under it, {} ms ahead of "
+                    "this host's clock (tolerated: {} ms); the clock was stepped back, or hosts disagree; "
+                    "no id issued",
+                    worker, last_ms + opts.epoch_ms, last_ms - now, floor_limit())};
       }
       if (last_ms > now) {
         // A predecessor's mark is ahead of this host's clock (it reserved time ahead and
@@ -282,9 +279,9 @@ struct SnowflakeGenerator::Impl {
         continue;
       }
       if (ts > kMaxTimestamp) {
-        why = fmt::format("the 41-bit snowflake timestamp is full ({} ms after the epoch {} ms)", ts,
-                          opts.epoch_ms);
-        return make_error_code(errc::exhausted);
+        return {make_error_code(errc::exhausted),
+                fmt::format("the 41-bit snowflake timestamp is full ({} ms after the epoch {} ms)", ts,
+                            opts.epoch_ms)};
       }
       // Once per millisecond, check the lease's local deadline too: the stop token
       // only fires when the renewer runs, but a process resumed after a long pause
@@ -296,7 +293,7 @@ struct SnowflakeGenerator::Impl {
         }
         checked_ms = ts;
       }
-      if (auto ec = cover(ts, seq, now, why)) return ec;
+      if (auto err = cover(ts, seq, now)) return err;
       last_ms = ts;
       sequence = seq;
       // `sequence` is the first of this run; take as many more of this millisecond as wanted.
@@ -348,17 +345,15 @@ SnowflakeGenerator::~SnowflakeGenerator() {
 }
 
 std::uint64_t SnowflakeGenerator::next() {
-  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->fill(&id, 1, why); });
+  return detail::next_or_throw([&](std::uint64_t& id) { return impl_->fill(&id, 1); });
 }
 
 void SnowflakeGenerator::next_batch(std::span<std::uint64_t> out) {
-  std::string why;
-  if (const std::error_code ec = impl_->fill(out.data(), out.size(), why)) throw_error(ec, why);
+  if (const auto err = impl_->fill(out.data(), out.size())) throw_error(err, err.detail());
 }
 
 std::uint64_t SnowflakeGenerator::next(std::error_code& ec) noexcept {
-  return detail::next_or_code(ec,
-                              [&](std::uint64_t& id, std::string& why) { return impl_->fill(&id, 1, why); });
+  return detail::next_or_code(ec, [&](std::uint64_t& id) { return impl_->fill(&id, 1); });
 }
 
 void SnowflakeGenerator::relet() {
