@@ -5,11 +5,11 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/scheme.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
@@ -68,31 +68,35 @@ struct RedisDailyGenerator::Impl {
   RedisDailyOptions opts;
   std::shared_ptr<WallClock> clock;
 
-  std::mutex mu;
-  // Everything below is guarded by mu. One connection: ids are handed out under the
-  // mutex anyway, and a reservation makes round trips rare.
-  redis::Connection conn;
-  std::int64_t last_seconds = -1;  // timestamp of the last id (unix seconds)
-  std::int64_t range_day = -1;     // UTC day (days since 1970) the reserved range belongs to
-  std::uint64_t range_next = 0;    // next counter value to hand out
-  std::uint64_t range_end = 0;     // one past the last reserved value (<= 2^32)
+  std::uint64_t fork_gen = 0;  // detail::fork_generation() at creation
+  pid_t pid = 0;
+  std::atomic<std::uint64_t> round_trips{0};
+
+  distlock::detail::AnnotatedMutex mu;
+  // One connection: ids are handed out under the mutex anyway, and a reservation makes
+  // round trips rare.
+  redis::Connection conn DISTLOCK_GUARDED_BY(mu);
+  std::int64_t last_seconds DISTLOCK_GUARDED_BY(mu) = -1;  // timestamp of the last id (unix seconds)
+  // UTC day (days since 1970) the reserved range belongs to.
+  std::int64_t range_day DISTLOCK_GUARDED_BY(mu) = -1;
+  std::uint64_t range_next DISTLOCK_GUARDED_BY(mu) = 0;  // next counter value to hand out
+  std::uint64_t range_end DISTLOCK_GUARDED_BY(mu) = 0;   // one past the last reserved value (<= 2^32)
   // Set when the day counter went back (Redis lost data: a restart without persistence,
   // a failover): ids of this second may carry the values now handed out again, so the
   // next id uses a later second. -1 when not set.
-  std::int64_t reset_at_second = -1;
-  std::string range_key;              // the counter key the range came from
-  std::string range_epoch;            // its epoch key's value when the range was reserved
-  std::int64_t range_min_second = 0;  // values of that epoch are used from this second on
-  std::int64_t validated_ms = 0;      // wall clock read before Redis last confirmed range_epoch
-  std::uint64_t fork_gen = 0;         // detail::fork_generation() at creation
-  pid_t pid = 0;
-  detail::RandomPool pool;
-  std::atomic<std::uint64_t> round_trips{0};
+  std::int64_t reset_at_second DISTLOCK_GUARDED_BY(mu) = -1;
+  std::string range_key DISTLOCK_GUARDED_BY(mu);    // the counter key the range came from
+  std::string range_epoch DISTLOCK_GUARDED_BY(mu);  // its epoch key's value when the range was reserved
+  // Values of that epoch are used from this second on.
+  std::int64_t range_min_second DISTLOCK_GUARDED_BY(mu) = 0;
+  // Wall clock read before Redis last confirmed range_epoch.
+  std::int64_t validated_ms DISTLOCK_GUARDED_BY(mu) = 0;
+  detail::RandomPool pool DISTLOCK_GUARDED_BY(mu);
 
   Impl(RedisDailyOptions o, redis::ConnectionOptions co) : opts(std::move(o)), conn(std::move(co)) {}
 
   // Takes `opts.reserve` counter values of `key` from Redis: [range_next, range_end).
-  distlock::detail::Error reserve(const std::string& key, std::int64_t day) {
+  distlock::detail::Error reserve(const std::string& key, std::int64_t day) DISTLOCK_REQUIRES(mu) {
     const std::string amount = std::to_string(opts.reserve);
     const std::string ekey = epoch_key(key);
     std::uint8_t rnd[8];
@@ -153,7 +157,7 @@ struct RedisDailyGenerator::Impl {
     return {};
   }
 
-  distlock::detail::Error next(std::uint64_t& id) {
+  distlock::detail::Error next(std::uint64_t& id) DISTLOCK_EXCLUDES(mu) {
     if (detail::fork_generation() != fork_gen) {
       return {
           make_error_code(errc::forked),
@@ -161,7 +165,7 @@ struct RedisDailyGenerator::Impl {
                       "make its own generator, or it would hand out values of the parent's reserved range",
                       pid, ::getpid())};
     }
-    std::lock_guard lk(mu);
+    distlock::detail::LockGuard lk(mu);
     for (int attempt = 0; attempt < 16; ++attempt) {
       bool again = false;
       if (auto err = next_locked(id, again)) return err;
@@ -175,7 +179,7 @@ struct RedisDailyGenerator::Impl {
 
   // Confirms that the range's counter was not lost since it was reserved (its epoch key
   // still holds the same value). False: the range is dropped.
-  distlock::detail::Error validate(bool& valid) {
+  distlock::detail::Error validate(bool& valid) DISTLOCK_REQUIRES(mu) {
     const std::string ekey = epoch_key(range_key);
     distlock::detail::Error ec;
     redis::Reply reply;
@@ -206,7 +210,7 @@ struct RedisDailyGenerator::Impl {
     return {};
   }
 
-  distlock::detail::Error next_locked(std::uint64_t& id, bool& again) {
+  distlock::detail::Error next_locked(std::uint64_t& id, bool& again) DISTLOCK_REQUIRES(mu) {
     // The timestamp never goes back within a generator (ids keep increasing). That is
     // safe for uniqueness: a counter value is unique within its day's key, and the
     // timestamp used always lies in the day whose key the value came from.
@@ -330,7 +334,10 @@ RedisDailyGenerator::RedisDailyGenerator(std::string_view redis_url, RedisDailyO
   impl_->fork_gen = detail::fork_generation();
   impl_->pid = ::getpid();
   distlock::detail::Error ec;
-  impl_->conn.connect(ec);
+  {
+    distlock::detail::LockGuard lk(impl_->mu);
+    impl_->conn.connect(ec);
+  }
   if (ec) throw_error(ec, ec.detail());
 }
 

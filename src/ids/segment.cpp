@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -17,12 +16,17 @@
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/scheme.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/segment_source.hpp"
 
 namespace distlock::ids {
+
+using distlock::detail::AnnotatedMutex;
+using distlock::detail::LockGuard;
+using distlock::detail::UniqueLock;
 
 namespace {
 
@@ -100,20 +104,22 @@ struct SegmentGenerator::Impl {
   std::atomic<std::uint64_t> trips{0};
   std::atomic<std::int64_t> step{0};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  // Guarded by mu.
-  std::int64_t next_id = 1;  // the current range is [next_id, end_id]
-  std::int64_t end_id = 0;
-  std::int64_t range_size = 0;
-  std::int64_t last_issued = 0;
-  std::optional<Range> spare;  // the next range, taken in the background
-  bool fetching = false;       // a take is asked for or in flight
-  bool want = false;           // the fetcher should start one
-  bool stop = false;
-  distlock::detail::Error fetch_err;  // the last take's failure (cleared by a success)
-  SteadyClock::time_point retry_at{};
-  std::unique_ptr<std::thread> fetcher;
+  std::unique_ptr<std::thread> fetcher;  // started by the constructor, joined by the destructor
+
+  AnnotatedMutex mu;
+  std::condition_variable cv;  // waits on mu: a take asked for, a take done, stop
+  // The current range is [next_id, end_id].
+  std::int64_t next_id DISTLOCK_GUARDED_BY(mu) = 1;
+  std::int64_t end_id DISTLOCK_GUARDED_BY(mu) = 0;
+  std::int64_t range_size DISTLOCK_GUARDED_BY(mu) = 0;
+  std::int64_t last_issued DISTLOCK_GUARDED_BY(mu) = 0;
+  std::optional<Range> spare DISTLOCK_GUARDED_BY(mu);  // the next range, taken in the background
+  bool fetching DISTLOCK_GUARDED_BY(mu) = false;       // a take is asked for or in flight
+  bool want DISTLOCK_GUARDED_BY(mu) = false;           // the fetcher should start one
+  bool stop DISTLOCK_GUARDED_BY(mu) = false;
+  // The last take's failure (cleared by a success).
+  distlock::detail::Error fetch_err DISTLOCK_GUARDED_BY(mu);
+  SteadyClock::time_point retry_at DISTLOCK_GUARDED_BY(mu){};
 
   bool forked() const { return detail::fork_generation() != fork_gen; }
 
@@ -125,10 +131,10 @@ struct SegmentGenerator::Impl {
     return range_of(t, opts.tag, where, r);
   }
 
-  void fetch_loop() {
-    std::unique_lock lk(mu);
+  void fetch_loop() DISTLOCK_EXCLUDES(mu) {
+    UniqueLock lk(mu);
     for (;;) {
-      cv.wait(lk, [&] { return stop || want; });
+      while (!stop && !want) cv.wait(lk.native());
       if (stop) return;
       want = false;
       lk.unlock();
@@ -153,8 +159,8 @@ struct SegmentGenerator::Impl {
     }
   }
 
-  // Makes `r` the current range. Called with mu held.
-  distlock::detail::Error install(const Range& r) {
+  // Makes `r` the current range.
+  distlock::detail::Error install(const Range& r) DISTLOCK_REQUIRES(mu) {
     if (r.first <= last_issued || r.last < r.first) {
       return {
           make_error_code(errc::protocol_error),
@@ -168,13 +174,13 @@ struct SegmentGenerator::Impl {
     return {};
   }
 
-  void ask_locked() {
+  void ask_locked() DISTLOCK_REQUIRES(mu) {
     fetching = true;
     want = true;
     cv.notify_all();
   }
 
-  distlock::detail::Error next(std::uint64_t& id) {
+  distlock::detail::Error next(std::uint64_t& id) DISTLOCK_EXCLUDES(mu) {
     if (forked()) {
       return {
           make_error_code(errc::forked),
@@ -182,7 +188,7 @@ struct SegmentGenerator::Impl {
                       "its own generator, or it would hand out ids of the parent's range",
                       pid, ::getpid())};
     }
-    std::unique_lock lk(mu);
+    UniqueLock lk(mu);
     for (;;) {
       if (next_id <= end_id) {
         id = static_cast<std::uint64_t>(next_id);
@@ -215,7 +221,7 @@ struct SegmentGenerator::Impl {
         ask_locked();
       }
       // A take is bounded by the source's connect and statement timeouts.
-      cv.wait(lk, [&] { return !fetching; });
+      while (fetching) cv.wait(lk.native());
     }
   }
 };
@@ -251,7 +257,10 @@ SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opt
   m.where = m.source->describe();
   Range first;
   if ((err = m.take(first))) throw_error(err, err.detail());
-  if ((err = m.install(first))) throw_error(err, err.detail());
+  {
+    LockGuard lk(m.mu);  // the fetcher does not run yet; install() is written for callers holding mu
+    if ((err = m.install(first))) throw_error(err, err.detail());
+  }
   m.fetcher = std::make_unique<std::thread>([&m] { m.fetch_loop(); });
 }
 
@@ -268,7 +277,7 @@ SegmentGenerator::~SegmentGenerator() {
     return;
   }
   {
-    std::lock_guard lk(impl_->mu);
+    LockGuard lk(impl_->mu);
     impl_->stop = true;
   }
   impl_->cv.notify_all();
