@@ -30,8 +30,8 @@ std::string record_what(std::string_view name, std::string_view tag) {
 
 /// The record's key; throws errc::invalid_argument naming what is wrong with name or tag.
 std::string record_key(std::string_view name, std::string_view tag) {
-  const auto bad = [&](const std::string& why) {
-    throw_error(make_error_code(errc::invalid_argument), record_what(name, tag) + ": " + why);
+  const auto bad = [&](const std::string& problem) {
+    throw_error(make_error_code(errc::invalid_argument), record_what(name, tag) + ": " + problem);
   };
   if (tag.empty() || tag.size() > kMaxTag) bad("the tag must be 1 to 32 bytes long");
   for (char c : tag) {

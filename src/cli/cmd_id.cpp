@@ -45,8 +45,8 @@ constexpr int kExitIoError = 74;
 // takes min(n, this) per round trip, so nearly no counter values are left unused.
 constexpr long long kMaxReservation = 10'000;
 
-[[noreturn]] void usage_error(const std::string& why) {
-  throw_error(make_error_code(errc::invalid_argument), why);
+[[noreturn]] void usage_error(const std::string& message) {
+  throw_error(make_error_code(errc::invalid_argument), message);
 }
 
 // "2026-11-22T02:13:20.123Z"

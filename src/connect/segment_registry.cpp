@@ -41,9 +41,12 @@ ids::detail::SegmentSourceFactory find_segment_source(std::string_view scheme) n
   return nullptr;
 }
 
-std::error_code check_segment_url_query(const Url& url, std::string& why) {
+Error check_segment_url_query(const Url& url) {
   const Scheme* scheme = find_scheme(url.scheme);
-  return scheme ? check_query(*scheme, url, why) : std::error_code{};
+  if (!scheme) return {};
+  std::string why;
+  const std::error_code ec = check_query(*scheme, url, why);
+  return ec ? Error(ec, std::move(why)) : Error();
 }
 
 std::string segment_schemes() {

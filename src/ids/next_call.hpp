@@ -1,6 +1,7 @@
 // The two ways every id generator's next() reports a failure, written once: next() throws
 // the distlock error (std::system_error) with the generator's message, next(ec) returns its
-// code and never throws. `f(id, why)` makes one id and returns the error code (filling `why`).
+// code and never throws. `f(id)` makes one id and returns a detail::Error (the code and the
+// sentence naming the cause).
 #pragma once
 
 #include <cstdint>
@@ -9,14 +10,14 @@
 #include <system_error>
 
 #include "distlock/error.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::ids::detail {
 
 template <class F>
 std::uint64_t next_or_throw(F&& f) {
   std::uint64_t id = 0;
-  std::string why;
-  if (const std::error_code ec = f(id, why)) throw_error(ec, why);
+  if (const distlock::detail::Error err = f(id)) throw_error(err, err.detail());
   return id;
 }
 
@@ -25,9 +26,8 @@ std::uint64_t next_or_throw(F&& f) {
 template <class F>
 std::uint64_t next_or_code(std::error_code& ec, F&& f) noexcept {
   std::uint64_t id = 0;
-  std::string why;
   try {
-    ec = f(id, why);
+    ec = f(id);
   } catch (const std::system_error& e) {
     ec = e.code();
   } catch (...) {

@@ -5,11 +5,11 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/scheme.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
@@ -68,31 +68,35 @@ struct RedisDailyGenerator::Impl {
   RedisDailyOptions opts;
   std::shared_ptr<WallClock> clock;
 
-  std::mutex mu;
-  // Everything below is guarded by mu. One connection: ids are handed out under the
-  // mutex anyway, and a reservation makes round trips rare.
-  redis::Connection conn;
-  std::int64_t last_seconds = -1;  // timestamp of the last id (unix seconds)
-  std::int64_t range_day = -1;     // UTC day (days since 1970) the reserved range belongs to
-  std::uint64_t range_next = 0;    // next counter value to hand out
-  std::uint64_t range_end = 0;     // one past the last reserved value (<= 2^32)
+  std::uint64_t fork_gen = 0;  // detail::fork_generation() at creation
+  pid_t pid = 0;
+  std::atomic<std::uint64_t> round_trips{0};
+
+  distlock::detail::AnnotatedMutex mu;
+  // One connection: ids are handed out under the mutex anyway, and a reservation makes
+  // round trips rare.
+  redis::Connection conn DISTLOCK_GUARDED_BY(mu);
+  std::int64_t last_seconds DISTLOCK_GUARDED_BY(mu) = -1;  // timestamp of the last id (unix seconds)
+  // UTC day (days since 1970) the reserved range belongs to.
+  std::int64_t range_day DISTLOCK_GUARDED_BY(mu) = -1;
+  std::uint64_t range_next DISTLOCK_GUARDED_BY(mu) = 0;  // next counter value to hand out
+  std::uint64_t range_end DISTLOCK_GUARDED_BY(mu) = 0;   // one past the last reserved value (<= 2^32)
   // Set when the day counter went back (Redis lost data: a restart without persistence,
   // a failover): ids of this second may carry the values now handed out again, so the
   // next id uses a later second. -1 when not set.
-  std::int64_t reset_at_second = -1;
-  std::string range_key;              // the counter key the range came from
-  std::string range_epoch;            // its epoch key's value when the range was reserved
-  std::int64_t range_min_second = 0;  // values of that epoch are used from this second on
-  std::int64_t validated_ms = 0;      // wall clock read before Redis last confirmed range_epoch
-  std::uint64_t fork_gen = 0;         // detail::fork_generation() at creation
-  pid_t pid = 0;
-  detail::RandomPool pool;
-  std::atomic<std::uint64_t> round_trips{0};
+  std::int64_t reset_at_second DISTLOCK_GUARDED_BY(mu) = -1;
+  std::string range_key DISTLOCK_GUARDED_BY(mu);    // the counter key the range came from
+  std::string range_epoch DISTLOCK_GUARDED_BY(mu);  // its epoch key's value when the range was reserved
+  // Values of that epoch are used from this second on.
+  std::int64_t range_min_second DISTLOCK_GUARDED_BY(mu) = 0;
+  // Wall clock read before Redis last confirmed range_epoch.
+  std::int64_t validated_ms DISTLOCK_GUARDED_BY(mu) = 0;
+  detail::RandomPool pool DISTLOCK_GUARDED_BY(mu);
 
   Impl(RedisDailyOptions o, redis::ConnectionOptions co) : opts(std::move(o)), conn(std::move(co)) {}
 
   // Takes `opts.reserve` counter values of `key` from Redis: [range_next, range_end).
-  std::error_code reserve(const std::string& key, std::int64_t day, std::string& why) {
+  distlock::detail::Error reserve(const std::string& key, std::int64_t day) DISTLOCK_REQUIRES(mu) {
     const std::string amount = std::to_string(opts.reserve);
     const std::string ekey = epoch_key(key);
     std::uint8_t rnd[8];
@@ -113,32 +117,32 @@ struct RedisDailyGenerator::Impl {
       if (ec != errc::backend_unavailable) break;
     }
     if (ec) {
-      why = reply ? fmt::format("{}: INCRBY {} failed: {}", conn.options().describe(), key,
-                                redis::reply_str(reply.get()))
-                  : ec.detail();
+      if (reply) {
+        ec.set_detail(fmt::format("{}: INCRBY {} failed: {}", conn.options().describe(), key,
+                                  redis::reply_str(reply.get())));
+      }
       return ec;
     }
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
         reply->element[0]->type != REDIS_REPLY_INTEGER ||
         epoch_created_ms(redis::reply_str(reply->element[1])) < 0) {
-      why = fmt::format("{}: INCRBY {} (with its epoch {}) answered something unexpected",
-                        conn.options().describe(), key, ekey);
-      return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::protocol_error),
+              fmt::format("{}: INCRBY {} (with its epoch {}) answered something unexpected",
+                          conn.options().describe(), key, ekey)};
     }
     const long long last = reply->element[0]->integer;
     const std::string_view epoch = redis::reply_str(reply->element[1]);
     const long long first = last - static_cast<long long>(opts.reserve) + 1;
     if (first < 1) {
-      why = fmt::format("{}: day counter {} holds {} after INCRBY {} (it was set below zero by someone)",
-                        conn.options().describe(), key, last, opts.reserve);
-      return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::protocol_error),
+              fmt::format("{}: day counter {} holds {} after INCRBY {} (it was set below zero by someone)",
+                          conn.options().describe(), key, last, opts.reserve)};
     }
     if (static_cast<std::uint64_t>(first) >= kCounterLimit) {
-      why = fmt::format(
-          "day counter {} reached {} (the 32-bit counter allows {} ids per day); "
-          "no more redis-daily ids under prefix \"{}\" until the next UTC day",
-          key, first, kCounterLimit - 1, opts.prefix);
-      return make_error_code(errc::exhausted);
+      return {make_error_code(errc::exhausted),
+              fmt::format("day counter {} reached {} (the 32-bit counter allows {} ids per day); "
+                          "no more redis-daily ids under prefix \"{}\" until the next UTC day",
+                          key, first, kCounterLimit - 1, opts.prefix)};
     }
     if (day == range_day && static_cast<std::uint64_t>(first) < range_next) {
       reset_at_second = last_seconds;
@@ -153,29 +157,29 @@ struct RedisDailyGenerator::Impl {
     return {};
   }
 
-  std::error_code next(std::uint64_t& id, std::string& why) {
+  distlock::detail::Error next(std::uint64_t& id) DISTLOCK_EXCLUDES(mu) {
     if (detail::fork_generation() != fork_gen) {
-      why = fmt::format(
-          "this redis-daily generator was made in process {}; after fork() the child ({}) must make its own "
-          "generator, or it would hand out values of the parent's reserved range",
-          pid, ::getpid());
-      return make_error_code(errc::forked);
+      return {
+          make_error_code(errc::forked),
+          fmt::format("this redis-daily generator was made in process {}; after fork() the child ({}) must "
+                      "make its own generator, or it would hand out values of the parent's reserved range",
+                      pid, ::getpid())};
     }
-    std::lock_guard lk(mu);
+    distlock::detail::LockGuard lk(mu);
     for (int attempt = 0; attempt < 16; ++attempt) {
       bool again = false;
-      if (auto ec = next_locked(id, again, why)) return ec;
+      if (auto err = next_locked(id, again)) return err;
       if (!again) return {};
     }
-    why = fmt::format(
-        "{}: the day counter under prefix \"{}\" kept changing (lost or recreated) while reserving",
-        conn.options().describe(), opts.prefix);
-    return make_error_code(errc::protocol_error);
+    return {make_error_code(errc::protocol_error),
+            fmt::format(
+                "{}: the day counter under prefix \"{}\" kept changing (lost or recreated) while reserving",
+                conn.options().describe(), opts.prefix)};
   }
 
   // Confirms that the range's counter was not lost since it was reserved (its epoch key
   // still holds the same value). False: the range is dropped.
-  std::error_code validate(bool& valid, std::string& why) {
+  distlock::detail::Error validate(bool& valid) DISTLOCK_REQUIRES(mu) {
     const std::string ekey = epoch_key(range_key);
     distlock::detail::Error ec;
     redis::Reply reply;
@@ -188,9 +192,10 @@ struct RedisDailyGenerator::Impl {
       if (ec != errc::backend_unavailable) break;
     }
     if (ec) {
-      why = reply ? fmt::format("{}: GET {} failed: {}", conn.options().describe(), ekey,
-                                redis::reply_str(reply.get()))
-                  : ec.detail();
+      if (reply) {
+        ec.set_detail(fmt::format("{}: GET {} failed: {}", conn.options().describe(), ekey,
+                                  redis::reply_str(reply.get())));
+      }
       return ec;
     }
     valid = reply && reply->type == REDIS_REPLY_STRING && redis::reply_str(reply.get()) == range_epoch;
@@ -205,7 +210,7 @@ struct RedisDailyGenerator::Impl {
     return {};
   }
 
-  std::error_code next_locked(std::uint64_t& id, bool& again, std::string& why) {
+  distlock::detail::Error next_locked(std::uint64_t& id, bool& again) DISTLOCK_REQUIRES(mu) {
     // The timestamp never goes back within a generator (ids keep increasing). That is
     // safe for uniqueness: a counter value is unique within its day's key, and the
     // timestamp used always lies in the day whose key the value came from.
@@ -222,20 +227,20 @@ struct RedisDailyGenerator::Impl {
     const std::int64_t seconds = std::max({now, floor_seconds, have_range ? range_min_second : now});
     const std::int64_t field = seconds - opts.epoch_seconds;
     if (field < 0) {
-      why = fmt::format("the wall clock ({} s) is before the redis-daily epoch ({} s)", seconds,
-                        opts.epoch_seconds);
-      return make_error_code(errc::clock_moved_backwards);
+      return {make_error_code(errc::clock_moved_backwards),
+              fmt::format("the wall clock ({} s) is before the redis-daily epoch ({} s)", seconds,
+                          opts.epoch_seconds)};
     }
     if (field > kMaxSecondsField) {
-      why = fmt::format("the 31-bit seconds field is full ({} s after the epoch {} s)", field,
-                        opts.epoch_seconds);
-      return make_error_code(errc::exhausted);
+      return {make_error_code(errc::exhausted),
+              fmt::format("the 31-bit seconds field is full ({} s after the epoch {} s)", field,
+                          opts.epoch_seconds)};
     }
     const std::int64_t day = floor_div(seconds, kSecondsPerDay);
     if (day != range_day || !have_range) {
       // A new day discards what is left of the old day's range: its values belong to
       // the old day's key and would collide with the new day's counter.
-      if (auto ec = reserve(redis_daily_key(opts.prefix, seconds), day, why)) return ec;
+      if (auto err = reserve(redis_daily_key(opts.prefix, seconds), day)) return err;
       again = true;  // the second may change (a young epoch, a counter that went back)
       return {};
     }
@@ -257,7 +262,7 @@ struct RedisDailyGenerator::Impl {
                                          : floor_div(validated_ms, 1000) >= seconds;
     if (!confirmed) {
       bool valid = false;
-      if (auto ec = validate(valid, why)) return ec;
+      if (auto err = validate(valid)) return err;
       again = true;  // dropped, or confirmed at a new clock reading: decide again
       return {};
     }
@@ -300,7 +305,9 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
 }
 
 void validate(const RedisDailyOptions& o, std::int64_t now_seconds) {
-  const auto bad = [](const std::string& why) { throw_error(make_error_code(errc::invalid_argument), why); };
+  const auto bad = [](const std::string& what) {
+    throw_error(make_error_code(errc::invalid_argument), what);
+  };
   if (o.prefix.empty() || o.prefix.size() > 256) {
     bad(fmt::format("redis-daily prefix must be 1..256 bytes (got {})", o.prefix.size()));
   }
@@ -327,18 +334,21 @@ RedisDailyGenerator::RedisDailyGenerator(std::string_view redis_url, RedisDailyO
   impl_->fork_gen = detail::fork_generation();
   impl_->pid = ::getpid();
   distlock::detail::Error ec;
-  impl_->conn.connect(ec);
+  {
+    distlock::detail::LockGuard lk(impl_->mu);
+    impl_->conn.connect(ec);
+  }
   if (ec) throw_error(ec, ec.detail());
 }
 
 RedisDailyGenerator::~RedisDailyGenerator() = default;
 
 std::uint64_t RedisDailyGenerator::next() {
-  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
+  return detail::next_or_throw([&](std::uint64_t& id) { return impl_->next(id); });
 }
 
 std::uint64_t RedisDailyGenerator::next(std::error_code& ec) noexcept {
-  return detail::next_or_code(ec, [&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
+  return detail::next_or_code(ec, [&](std::uint64_t& id) { return impl_->next(id); });
 }
 
 std::uint64_t RedisDailyGenerator::round_trips() const noexcept {

@@ -9,19 +9,24 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/scheme.hpp"
+#include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/segment_source.hpp"
 
 namespace distlock::ids {
+
+using distlock::detail::AnnotatedMutex;
+using distlock::detail::LockGuard;
+using distlock::detail::UniqueLock;
 
 namespace {
 
@@ -68,18 +73,18 @@ struct Range {
 // one place its numbers are checked. A step below 1 (the row's, an administrator's mistake:
 // the take left max_id as it was) is errc::invalid_argument; a max_id below the step (the
 // range would reach 0 or below, or the subtraction overflow) is errc::protocol_error.
-std::error_code range_of(const detail::SegmentTake& t, const std::string& tag, const std::string& where,
-                         Range& out, std::string& why) {
+distlock::detail::Error range_of(const detail::SegmentTake& t, const std::string& tag,
+                                 const std::string& where, Range& out) {
   if (t.step <= 0) {
-    why = fmt::format("the row of segment \"{}\" on {} has step {}; set a positive step", tag, where, t.step);
-    return make_error_code(errc::invalid_argument);
+    return {
+        make_error_code(errc::invalid_argument),
+        fmt::format("the row of segment \"{}\" on {} has step {}; set a positive step", tag, where, t.step)};
   }
   if (t.max_id < t.step) {
-    why = fmt::format(
-        "segment \"{}\" on {}: max_id {} is below the step {} just added to it (was max_id "
-        "lowered?)",
-        tag, where, t.max_id, t.step);
-    return make_error_code(errc::protocol_error);
+    return {make_error_code(errc::protocol_error),
+            fmt::format("segment \"{}\" on {}: max_id {} is below the step {} just added to it (was max_id "
+                        "lowered?)",
+                        tag, where, t.max_id, t.step)};
   }
   out.first = t.max_id - t.step + 1;
   out.last = t.max_id;
@@ -99,70 +104,69 @@ struct SegmentGenerator::Impl {
   std::atomic<std::uint64_t> trips{0};
   std::atomic<std::int64_t> step{0};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  // Guarded by mu.
-  std::int64_t next_id = 1;  // the current range is [next_id, end_id]
-  std::int64_t end_id = 0;
-  std::int64_t range_size = 0;
-  std::int64_t last_issued = 0;
-  std::optional<Range> spare;  // the next range, taken in the background
-  bool fetching = false;       // a take is asked for or in flight
-  bool want = false;           // the fetcher should start one
-  bool stop = false;
-  std::error_code fetch_ec;  // the last take's failure (cleared by a success)
-  std::string fetch_why;
-  SteadyClock::time_point retry_at{};
-  std::unique_ptr<std::thread> fetcher;
+  std::unique_ptr<std::thread> fetcher;  // started by the constructor, joined by the destructor
+
+  AnnotatedMutex mu;
+  std::condition_variable cv;  // waits on mu: a take asked for, a take done, stop
+  // The current range is [next_id, end_id].
+  std::int64_t next_id DISTLOCK_GUARDED_BY(mu) = 1;
+  std::int64_t end_id DISTLOCK_GUARDED_BY(mu) = 0;
+  std::int64_t range_size DISTLOCK_GUARDED_BY(mu) = 0;
+  std::int64_t last_issued DISTLOCK_GUARDED_BY(mu) = 0;
+  std::optional<Range> spare DISTLOCK_GUARDED_BY(mu);  // the next range, taken in the background
+  bool fetching DISTLOCK_GUARDED_BY(mu) = false;       // a take is asked for or in flight
+  bool want DISTLOCK_GUARDED_BY(mu) = false;           // the fetcher should start one
+  bool stop DISTLOCK_GUARDED_BY(mu) = false;
+  // The last take's failure (cleared by a success).
+  distlock::detail::Error fetch_err DISTLOCK_GUARDED_BY(mu);
+  SteadyClock::time_point retry_at DISTLOCK_GUARDED_BY(mu){};
 
   bool forked() const { return detail::fork_generation() != fork_gen; }
 
-  std::error_code take(Range& r, std::string& why) {
+  distlock::detail::Error take(Range& r) {
     trips.fetch_add(1, std::memory_order_relaxed);
     const std::int64_t s = step.load(std::memory_order_relaxed);
     detail::SegmentTake t;
-    if (auto ec = source->take(opts.tag, s, s > 0 ? s : kDefaultSegmentStep, t, why)) return ec;
-    return range_of(t, opts.tag, where, r, why);
+    if (auto err = source->take(opts.tag, s, s > 0 ? s : kDefaultSegmentStep, t)) return err;
+    return range_of(t, opts.tag, where, r);
   }
 
-  void fetch_loop() {
-    std::unique_lock lk(mu);
+  void fetch_loop() DISTLOCK_EXCLUDES(mu) {
+    UniqueLock lk(mu);
     for (;;) {
-      cv.wait(lk, [&] { return stop || want; });
+      while (!stop && !want) cv.wait(lk.native());
       if (stop) return;
       want = false;
       lk.unlock();
       Range r;
-      std::string why;
-      std::error_code ec;
+      distlock::detail::Error err;
       try {
-        ec = take(r, why);
+        err = take(r);
       } catch (const std::exception& e) {
-        ec = make_error_code(errc::protocol_error);
-        why = e.what();
+        err.fail(errc::protocol_error, e.what());
       }
       lk.lock();
       fetching = false;
-      if (ec) {
-        fetch_ec = ec;
-        fetch_why = fmt::format("segment \"{}\": cannot take the next range: {}", opts.tag, why);
+      if (err) {
+        err.set_detail(fmt::format("segment \"{}\": cannot take the next range: {}", opts.tag, err.detail()));
+        fetch_err = std::move(err);
         retry_at = SteadyClock::now() + kRetryPause;
       } else {
-        fetch_ec.clear();
+        fetch_err.clear();
         spare = r;
       }
       cv.notify_all();
     }
   }
 
-  // Makes `r` the current range. Called with mu held.
-  std::error_code install(const Range& r, std::string& why) {
+  // Makes `r` the current range.
+  distlock::detail::Error install(const Range& r) DISTLOCK_REQUIRES(mu) {
     if (r.first <= last_issued || r.last < r.first) {
-      why = fmt::format(
-          "segment \"{}\" on {} went back: the range [{}, {}] does not start above id {} this generator "
-          "issued (was max_id lowered or the row deleted?)",
-          opts.tag, where, r.first, r.last, last_issued);
-      return make_error_code(errc::protocol_error);
+      return {
+          make_error_code(errc::protocol_error),
+          fmt::format("segment \"{}\" on {} went back: the range [{}, {}] does not start above id {} this "
+                      "generator issued (was max_id lowered or the row deleted?)",
+                      opts.tag, where, r.first, r.last, last_issued)};
     }
     next_id = r.first;
     end_id = r.last;
@@ -170,21 +174,21 @@ struct SegmentGenerator::Impl {
     return {};
   }
 
-  void ask_locked() {
+  void ask_locked() DISTLOCK_REQUIRES(mu) {
     fetching = true;
     want = true;
     cv.notify_all();
   }
 
-  std::error_code next(std::uint64_t& id, std::string& why) {
+  distlock::detail::Error next(std::uint64_t& id) DISTLOCK_EXCLUDES(mu) {
     if (forked()) {
-      why = fmt::format(
-          "this segment generator was made in process {}; after fork() the child ({}) must make its own "
-          "generator, or it would hand out ids of the parent's range",
-          pid, ::getpid());
-      return make_error_code(errc::forked);
+      return {
+          make_error_code(errc::forked),
+          fmt::format("this segment generator was made in process {}; after fork() the child ({}) must make "
+                      "its own generator, or it would hand out ids of the parent's range",
+                      pid, ::getpid())};
     }
-    std::unique_lock lk(mu);
+    UniqueLock lk(mu);
     for (;;) {
       if (next_id <= end_id) {
         id = static_cast<std::uint64_t>(next_id);
@@ -199,7 +203,7 @@ struct SegmentGenerator::Impl {
         }
         // 10 % left (or less): take the next range in the background.
         if (!spare && !fetching && (end_id - next_id + 1) * 10 <= range_size &&
-            (!fetch_ec || SteadyClock::now() >= retry_at)) {
+            (!fetch_err || SteadyClock::now() >= retry_at)) {
           ask_locked();
         }
         return {};
@@ -207,20 +211,17 @@ struct SegmentGenerator::Impl {
       if (spare) {
         const Range r = *spare;
         spare.reset();
-        if (auto ec = install(r, why)) return ec;
+        if (auto err = install(r)) return err;
         continue;
       }
       if (!fetching) {
-        if (fetch_ec) {  // reported once; the next call asks again
-          const std::error_code ec = fetch_ec;
-          why = std::move(fetch_why);
-          fetch_ec.clear();
-          return ec;
+        if (fetch_err) {  // reported once; the next call asks again
+          return std::exchange(fetch_err, {});
         }
         ask_locked();
       }
       // A take is bounded by the source's connect and statement timeouts.
-      cv.wait(lk, [&] { return !fetching; });
+      while (fetching) cv.wait(lk.native());
     }
   }
 };
@@ -238,9 +239,7 @@ SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opt
                             have.empty() ? "none in this build" : have, url.redacted(), url.scheme));
   }
   // The same query keys as a lock client's URL of that scheme, checked by the same table.
-  if (auto ec = distlock::detail::check_segment_url_query(url, why)) {
-    throw_error(ec, why);
-  }
+  if (auto err = distlock::detail::check_segment_url_query(url)) throw_error(err, err.detail());
   ClientOptions timeouts;
   timeouts.connect_timeout = opts.connect_timeout;
   timeouts.command_timeout = opts.command_timeout;
@@ -252,13 +251,16 @@ SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opt
   m.step.store(m.opts.step);
   m.fork_gen = detail::fork_generation();
   m.pid = ::getpid();
-  std::error_code ec;
-  m.source = factory(url, timeouts.connect_timeout, timeouts.command_timeout, ec, why);
-  if (!m.source) throw_error(ec ? ec : make_error_code(errc::backend_unavailable), why);
+  distlock::detail::Error err;
+  m.source = factory(url, timeouts.connect_timeout, timeouts.command_timeout, err);
+  if (!m.source) throw_error(err ? err : make_error_code(errc::backend_unavailable), err.detail());
   m.where = m.source->describe();
   Range first;
-  if ((ec = m.take(first, why))) throw_error(ec, why);
-  if ((ec = m.install(first, why))) throw_error(ec, why);
+  if ((err = m.take(first))) throw_error(err, err.detail());
+  {
+    LockGuard lk(m.mu);  // the fetcher does not run yet; install() is written for callers holding mu
+    if ((err = m.install(first))) throw_error(err, err.detail());
+  }
   m.fetcher = std::make_unique<std::thread>([&m] { m.fetch_loop(); });
 }
 
@@ -275,7 +277,7 @@ SegmentGenerator::~SegmentGenerator() {
     return;
   }
   {
-    std::lock_guard lk(impl_->mu);
+    LockGuard lk(impl_->mu);
     impl_->stop = true;
   }
   impl_->cv.notify_all();
@@ -283,11 +285,11 @@ SegmentGenerator::~SegmentGenerator() {
 }
 
 std::uint64_t SegmentGenerator::next() {
-  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
+  return detail::next_or_throw([&](std::uint64_t& id) { return impl_->next(id); });
 }
 
 std::uint64_t SegmentGenerator::next(std::error_code& ec) noexcept {
-  return detail::next_or_code(ec, [&](std::uint64_t& id, std::string& why) { return impl_->next(id, why); });
+  return detail::next_or_code(ec, [&](std::uint64_t& id) { return impl_->next(id); });
 }
 
 void SegmentGenerator::set_step(std::int64_t step) {

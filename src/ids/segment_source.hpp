@@ -25,6 +25,7 @@
 #include <system_error>
 
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::detail {
 struct Url;
@@ -48,12 +49,12 @@ class SegmentSource {
   /// `new_row_step` (> 0). One round trip (plus a reconnect after a lost connection).
   /// Errors: backend_unavailable (no server, timeout), auth_failed (refused: a user that
   /// may not write the table), exhausted (max_id would pass 2^63 - 1), protocol_error
-  /// (anything else, a malformed answer included); `why` names the problem and never the
-  /// password. An answer whose commit was not confirmed is never returned (its range is
+  /// (anything else, a malformed answer included); the error's detail names the problem
+  /// and never the password. An answer whose commit was not confirmed is never returned (its range is
   /// never taken again by anyone: it is lost). A row step <= 0 must leave max_id as it is
   /// (never lowered) and is returned as it is, for the caller to refuse.
-  virtual std::error_code take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
-                               SegmentTake& out, std::string& why) = 0;
+  virtual distlock::detail::Error take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
+                                       SegmentTake& out) = 0;
   /// Where the rows live, for messages: the URL with its password masked and the table.
   virtual std::string describe() const = 0;
   /// Called in a child after fork(): drop the connection without telling the server (it
@@ -62,12 +63,13 @@ class SegmentSource {
 };
 
 /// Opens a source for `url` (already checked against its scheme's query keys) and makes
-/// sure the table exists (creating it when missing and allowed). On failure returns null,
-/// `ec` (invalid_url, auth_failed, backend_unavailable, invalid_argument) and `why`.
+/// sure the table exists (creating it when missing and allowed). On failure returns null
+/// and fills `err` (invalid_url, auth_failed, backend_unavailable, invalid_argument, with
+/// the sentence naming the cause).
 using SegmentSourceFactory = std::unique_ptr<SegmentSource> (*)(const distlock::detail::Url& url,
                                                                 Millis connect_timeout,
-                                                                Millis command_timeout, std::error_code& ec,
-                                                                std::string& why);
+                                                                Millis command_timeout,
+                                                                distlock::detail::Error& err);
 
 }  // namespace distlock::ids::detail
 
@@ -79,5 +81,5 @@ std::string segment_schemes();
 
 /// The query keys of `url` checked against its scheme's entry, as a lock client's URL of that
 /// scheme is (connect/segment_registry.cpp).
-std::error_code check_segment_url_query(const Url& url, std::string& why);
+Error check_segment_url_query(const Url& url);
 }  // namespace distlock::detail

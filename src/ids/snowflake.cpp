@@ -3,17 +3,21 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 
 #include "api/client_access.hpp"
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
 #include "engine/engine.hpp"
+#include "engine/thread_annotations.hpp"
 #include "ids/next_call.hpp"
 #include "ids/random_pool.hpp"
 #include "ids/worker_mark.hpp"
 
 namespace distlock::ids {
+
+using distlock::detail::AnnotatedMutex;
+using distlock::detail::LockGuard;
+using distlock::detail::UniqueLock;
 
 namespace {
 
@@ -48,21 +52,24 @@ struct SnowflakeGenerator::Impl {
   std::uint64_t fork_gen = 0;                      // detail::fork_generation() at creation
   pid_t pid = 0;                                   // for messages
 
-  mutable std::mutex mu;
-  // Everything below is guarded by mu.
-  Lease lease;
-  std::stop_token lease_stop;  // the lease's, kept to avoid a copy per id
-  unsigned worker = 0;
-  bool lost = false;               // sticky until relet()
-  std::string lost_why;            // why, when a mark refused us
-  std::int64_t last_ms = -1;       // timestamp field of the last id (ms since the epoch), or the floor
-  unsigned sequence = 0;           // sequence field of the last id
-  std::int64_t clock_seen = -1;    // the latest clock reading (ms since the epoch)
-  std::int64_t checked_ms = -1;    // the millisecond in which the lease was last checked
-  std::uint64_t token = 0;         // the worker lease's fencing token (0 without fencing)
-  std::uint64_t nonce = 0;         // random, names this holder in the worker mark
-  std::int64_t mark_pos = 0;       // ids up to this position (unix ms * 4096 + seq) are reserved
-  std::int64_t retry_mark_at = 0;  // unix ms: after a failed extension, when to try again
+  mutable AnnotatedMutex mu;
+  Lease lease DISTLOCK_GUARDED_BY(mu);
+  std::stop_token lease_stop DISTLOCK_GUARDED_BY(mu);  // the lease's, kept to avoid a copy per id
+  unsigned worker DISTLOCK_GUARDED_BY(mu) = 0;
+  bool lost DISTLOCK_GUARDED_BY(mu) = false;     // sticky until relet()
+  std::string lost_why DISTLOCK_GUARDED_BY(mu);  // why, when a mark refused us
+  // Timestamp field of the last id (ms since the epoch), or the floor.
+  std::int64_t last_ms DISTLOCK_GUARDED_BY(mu) = -1;
+  unsigned sequence DISTLOCK_GUARDED_BY(mu) = 0;         // sequence field of the last id
+  std::int64_t clock_seen DISTLOCK_GUARDED_BY(mu) = -1;  // the latest clock reading (ms since the epoch)
+  std::int64_t checked_ms DISTLOCK_GUARDED_BY(mu) =
+      -1;                                           // the millisecond in which the lease was last checked
+  std::uint64_t token DISTLOCK_GUARDED_BY(mu) = 0;  // the worker lease's fencing token (0 without fencing)
+  std::uint64_t nonce DISTLOCK_GUARDED_BY(mu) = 0;  // random, names this holder in the worker mark
+  // Ids up to this position (unix ms * 4096 + seq) are reserved.
+  std::int64_t mark_pos DISTLOCK_GUARDED_BY(mu) = 0;
+  // Unix ms: after a failed extension, when to try again.
+  std::int64_t retry_mark_at DISTLOCK_GUARDED_BY(mu) = 0;
 
   Impl(Client c, SnowflakeOptions o) : client(std::move(c)), opts(std::move(o)) {}
 
@@ -81,9 +88,14 @@ struct SnowflakeGenerator::Impl {
 
   bool forked() const { return detail::fork_generation() != fork_gen; }
 
+  // The worker id, for the message of a forked child: mu is not taken there (a thread of the
+  // parent may have held it at fork() and does not exist in the child, which is left with
+  // the one thread that forked, so nothing else can be writing `worker`).
+  unsigned worker_in_child() const DISTLOCK_NO_THREAD_SAFETY_ANALYSIS { return worker; }
+
   // Claims worker n's mark for the lease just taken. Returns false when the mark names a
   // newer holder (a larger token): the worker id is not usable.
-  bool claim_mark(unsigned n) {
+  bool claim_mark(unsigned n) DISTLOCK_REQUIRES(mu) {
     const std::int64_t now = clock->now_ms();
     if (!marks) {
       // No mark on this backend: wait out the margin instead (start above the clock by
@@ -93,12 +105,11 @@ struct SnowflakeGenerator::Impl {
       return true;
     }
     detail::MarkRecord prior;
-    std::error_code ec;
-    std::string why;
+    distlock::detail::Error err;
     const std::int64_t want = reserve_pos(now);
-    const bool ok = marks->apply(detail::MarkOp::claim, worker_lock_name(opts.prefix, n), token, nonce, want,
-                                 prior, ec, why);
-    if (ec) throw_error(ec, why);
+    const bool ok =
+        marks->apply(detail::MarkOp::claim, worker_lock_name(opts.prefix, n), token, nonce, want, prior, err);
+    if (err) throw_error(err, err.detail());
     if (!ok) return false;
     mark_pos = prior.found ? std::max(prior.pos, want) : want;
     if (prior.found) {
@@ -113,7 +124,7 @@ struct SnowflakeGenerator::Impl {
   }
 
   // The next id must be above mark position `pos`.
-  void floor_at(std::int64_t pos) {
+  void floor_at(std::int64_t pos) DISTLOCK_REQUIRES(mu) {
     const std::int64_t ms = pos / kSnowflakeSequencePerMs - opts.epoch_ms;
     const auto seq = static_cast<unsigned>(pos % kSnowflakeSequencePerMs);
     if (ms > last_ms || (ms == last_ms && seq > sequence)) {
@@ -122,8 +133,8 @@ struct SnowflakeGenerator::Impl {
     }
   }
 
-  // Claims the first free worker id. Called with mu held (or before the object is shared).
-  void lease_worker() {
+  // Claims the first free worker id.
+  void lease_worker() DISTLOCK_REQUIRES(mu) {
     LockOptions lock_opts = opts.lease;
     lock_opts.wait = Millis(0);
     const auto& engine = distlock::detail::engine_of(client);
@@ -161,14 +172,13 @@ struct SnowflakeGenerator::Impl {
 
   // Lowers the worker mark to the last millisecond used, so the next holder starts right
   // above it. Before the lease is released; errors ignored (the mark then stays higher).
-  void settle_mark() noexcept {
+  void settle_mark() noexcept DISTLOCK_REQUIRES(mu) {
     if (!marks || lost || forked() || !lease.owns()) return;
     try {
       detail::MarkRecord prior;
-      std::error_code ec;
-      std::string why;
+      distlock::detail::Error ignored;
       marks->apply(detail::MarkOp::settle, worker_lock_name(opts.prefix, worker), token, nonce,
-                   pos_of(last_ms, sequence), prior, ec, why);
+                   pos_of(last_ms, sequence), prior, ignored);
     } catch (...) {
     }
   }
@@ -176,23 +186,23 @@ struct SnowflakeGenerator::Impl {
   // Makes sure id (ts, seq) is covered by the worker mark; `now` is the clock reading
   // (ms since the epoch) and ts <= now. Extends the mark to now + ahead once it
   // is less than ahead / 2 in front of the clock.
-  std::error_code cover(std::int64_t ts, unsigned seq, std::int64_t now, std::string& why) {
+  distlock::detail::Error cover(std::int64_t ts, unsigned seq, std::int64_t now) DISTLOCK_REQUIRES(mu) {
     if (!marks) return {};
     const std::int64_t unix_now = now + opts.epoch_ms;
     const bool needed = pos_of(ts, seq) > mark_pos;
     const bool due = mark_pos < reserve_pos(unix_now - ahead() / 2 - 1);
     if (!needed && (!due || unix_now < retry_mark_at)) return {};
     detail::MarkRecord prior;
-    std::error_code ec;
+    distlock::detail::Error err;
     const std::string lock = worker_lock_name(opts.prefix, worker);
     const std::int64_t want = reserve_pos(unix_now);
-    const bool ok = marks->apply(detail::MarkOp::extend, lock, token, nonce, want, prior, ec, why);
-    if (ec) {
+    const bool ok = marks->apply(detail::MarkOp::extend, lock, token, nonce, want, prior, err);
+    if (err) {
       retry_mark_at = unix_now + 50;
       if (!needed) return {};  // still covered; try again later
-      why = fmt::format("snowflake worker id {} cannot reserve more time in its mark on {}: {}", worker,
-                        marks->describe(), why);
-      return ec;
+      err.set_detail(fmt::format("snowflake worker id {} cannot reserve more time in its mark on {}: {}",
+                                 worker, marks->describe(), err.detail()));
+      return err;
     }
     if (!ok) {
       lost = true;
@@ -200,8 +210,7 @@ struct SnowflakeGenerator::Impl {
           "snowflake worker id {} ({}) was taken over: its mark on {} names another holder{}; no ids until "
           "relet()",
           worker, lock, marks->describe(), prior.found ? "" : " (or is gone: the store lost it)");
-      why = lost_why;
-      return make_error_code(errc::lost);
+      return {make_error_code(errc::lost), lost_why};
     }
     mark_pos = std::max(prior.pos, want);
     return {};
@@ -211,60 +220,62 @@ struct SnowflakeGenerator::Impl {
   // taken for it or for the ids of its millisecond issued in the same call (one read
   // serves up to 4096 ids when n > 1). On error nothing more is filled; ids already
   // written were issued (their sequence numbers are never reused).
-  std::error_code fill(std::uint64_t* out, std::size_t n, std::string& why) {
+  distlock::detail::Error fill(std::uint64_t* out, std::size_t n) DISTLOCK_EXCLUDES(mu) {
     if (forked()) {
-      why = fmt::format(
-          "this snowflake generator (worker id {}) was made in process {}; after fork() the child ({}) must "
-          "make its own generator with its own client, or it would issue the parent's ids",
-          worker, pid, ::getpid());
-      return make_error_code(errc::forked);
+      return {make_error_code(errc::forked),
+              fmt::format(
+                  "this snowflake generator (worker id {}) was made in process {}; after fork() the child "
+                  "({}) must make its own generator with its own client, or it would issue the parent's ids",
+                  worker_in_child(), pid, ::getpid())};
     }
-    std::unique_lock lk(mu);
+    UniqueLock lk(mu);
     std::size_t filled = 0;
     while (filled < n) {
       if (lost || lease_stop.stop_requested()) {
         lost = true;
-        why = !lost_why.empty()
-                  ? lost_why
-                  : fmt::format("the lease on snowflake worker id {} ({}) was lost; no ids until relet()",
-                                worker, worker_lock_name(opts.prefix, worker));
-        return make_error_code(errc::lost);
+        return {make_error_code(errc::lost),
+                !lost_why.empty()
+                    ? lost_why
+                    : fmt::format("the lease on snowflake worker id {} ({}) was lost; no ids until relet()",
+                                  worker, worker_lock_name(opts.prefix, worker))};
       }
       const std::int64_t now = clock->now_ms() - opts.epoch_ms;
       if (now < 0) {
-        why = fmt::format("the wall clock ({} ms) is before the snowflake epoch ({} ms)", now + opts.epoch_ms,
-                          opts.epoch_ms);
-        return make_error_code(errc::clock_moved_backwards);
+        return {make_error_code(errc::clock_moved_backwards),
+                fmt::format("the wall clock ({} ms) is before the snowflake epoch ({} ms)",
+                            now + opts.epoch_ms, opts.epoch_ms)};
       }
       if (now < clock_seen) {
         const std::int64_t behind = clock_seen - now;
         if (behind > opts.max_backward.count()) {
-          why = fmt::format("the wall clock moved back by {} ms (tolerated: {} ms); no id issued", behind,
-                            opts.max_backward.count());
-          return make_error_code(errc::clock_moved_backwards);
+          return {make_error_code(errc::clock_moved_backwards),
+                  fmt::format("the wall clock moved back by {} ms (tolerated: {} ms); no id issued", behind,
+                              opts.max_backward.count())};
         }
         // Small step back (NTP slew, VM migration): wait until the clock is back at
         // the latest reading. The mutex is released so leases and other threads go on.
+        const std::int64_t until_ms = clock_seen + opts.epoch_ms;  // read while mu is held
         lk.unlock();
-        clock->sleep_until_ms(clock_seen + opts.epoch_ms);
+        clock->sleep_until_ms(until_ms);
         lk.lock();
         continue;
       }
       clock_seen = now;
       if (last_ms - now > floor_limit()) {
-        why = fmt::format(
-            "snowflake worker id {}: ids up to {} ms may have been issued under it, {} ms ahead of this "
-            "host's "
-            "clock (tolerated: {} ms); the clock was stepped back, or hosts disagree; no id issued",
-            worker, last_ms + opts.epoch_ms, last_ms - now, floor_limit());
-        return make_error_code(errc::clock_moved_backwards);
+        return {make_error_code(errc::clock_moved_backwards),
+                fmt::format(
+                    "snowflake worker id {}: ids up to {} ms may have been issued under it, {} ms ahead of "
+                    "this host's clock (tolerated: {} ms); the clock was stepped back, or hosts disagree; "
+                    "no id issued",
+                    worker, last_ms + opts.epoch_ms, last_ms - now, floor_limit())};
       }
       if (last_ms > now) {
         // A predecessor's mark is ahead of this host's clock (it reserved time ahead and
         // stopped, or the store lost its record): ids carry the time they are made, so
         // wait for the clock (at most mark_ahead + max_backward).
+        const std::int64_t until_ms = last_ms + opts.epoch_ms;  // read while mu is held
         lk.unlock();
-        clock->sleep_until_ms(last_ms + opts.epoch_ms);
+        clock->sleep_until_ms(until_ms);
         lk.lock();
         continue;
       }
@@ -276,15 +287,16 @@ struct SnowflakeGenerator::Impl {
         ts = last_ms;
         seq = sequence + 1;
       } else {  // 4096 ids in this millisecond: wait for the next
+        const std::int64_t until_ms = last_ms + 1 + opts.epoch_ms;  // read while mu is held
         lk.unlock();
-        clock->sleep_until_ms(last_ms + 1 + opts.epoch_ms);
+        clock->sleep_until_ms(until_ms);
         lk.lock();
         continue;
       }
       if (ts > kMaxTimestamp) {
-        why = fmt::format("the 41-bit snowflake timestamp is full ({} ms after the epoch {} ms)", ts,
-                          opts.epoch_ms);
-        return make_error_code(errc::exhausted);
+        return {make_error_code(errc::exhausted),
+                fmt::format("the 41-bit snowflake timestamp is full ({} ms after the epoch {} ms)", ts,
+                            opts.epoch_ms)};
       }
       // Once per millisecond, check the lease's local deadline too: the stop token
       // only fires when the renewer runs, but a process resumed after a long pause
@@ -296,7 +308,7 @@ struct SnowflakeGenerator::Impl {
         }
         checked_ms = ts;
       }
-      if (auto ec = cover(ts, seq, now, why)) return ec;
+      if (auto err = cover(ts, seq, now)) return err;
       last_ms = ts;
       sequence = seq;
       // `sequence` is the first of this run; take as many more of this millisecond as wanted.
@@ -337,28 +349,26 @@ SnowflakeGenerator::SnowflakeGenerator(Client client, SnowflakeOptions opts)
   impl_->fork_gen = detail::fork_generation();
   impl_->pid = ::getpid();
   impl_->marks = detail::make_mark_store(impl_->client);
-  std::lock_guard lk(impl_->mu);
+  LockGuard lk(impl_->mu);
   impl_->lease_worker();
 }
 
 SnowflakeGenerator::~SnowflakeGenerator() {
   if (!impl_) return;
-  std::lock_guard lk(impl_->mu);
+  LockGuard lk(impl_->mu);
   impl_->settle_mark();
 }
 
 std::uint64_t SnowflakeGenerator::next() {
-  return detail::next_or_throw([&](std::uint64_t& id, std::string& why) { return impl_->fill(&id, 1, why); });
+  return detail::next_or_throw([&](std::uint64_t& id) { return impl_->fill(&id, 1); });
 }
 
 void SnowflakeGenerator::next_batch(std::span<std::uint64_t> out) {
-  std::string why;
-  if (const std::error_code ec = impl_->fill(out.data(), out.size(), why)) throw_error(ec, why);
+  if (const auto err = impl_->fill(out.data(), out.size())) throw_error(err, err.detail());
 }
 
 std::uint64_t SnowflakeGenerator::next(std::error_code& ec) noexcept {
-  return detail::next_or_code(ec,
-                              [&](std::uint64_t& id, std::string& why) { return impl_->fill(&id, 1, why); });
+  return detail::next_or_code(ec, [&](std::uint64_t& id) { return impl_->fill(&id, 1); });
 }
 
 void SnowflakeGenerator::relet() {
@@ -369,7 +379,7 @@ void SnowflakeGenerator::relet() {
                     "own client in the child",
                     impl_->pid));
   }
-  std::lock_guard lk(impl_->mu);
+  LockGuard lk(impl_->mu);
   impl_->settle_mark();
   std::error_code ignored;  // errc::lost is expected: the old lease is gone
   impl_->lease.release(ignored);
@@ -380,17 +390,17 @@ void SnowflakeGenerator::relet() {
 }
 
 unsigned SnowflakeGenerator::worker_id() const {
-  std::lock_guard lk(impl_->mu);
+  LockGuard lk(impl_->mu);
   return impl_->worker;
 }
 
 bool SnowflakeGenerator::leased() const {
-  std::lock_guard lk(impl_->mu);
+  LockGuard lk(impl_->mu);
   return !impl_->lost && impl_->lease.owns();
 }
 
 std::stop_token SnowflakeGenerator::stop_token() const {
-  std::lock_guard lk(impl_->mu);
+  LockGuard lk(impl_->mu);
   return impl_->lease.stop_token();
 }
 

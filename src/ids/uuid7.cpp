@@ -46,9 +46,9 @@ std::string Uuid::to_string() const {
 }
 
 Uuid Uuid::parse(std::string_view text) {
-  auto fail = [&](const std::string& why) -> Uuid {
+  auto fail = [&](const std::string& what) -> Uuid {
     throw_error(make_error_code(errc::invalid_argument),
-                "UUID \"" + std::string(text.substr(0, 64)) + "\" " + why);
+                "UUID \"" + std::string(text.substr(0, 64)) + "\" " + what);
   };
   if (text.size() != 36) {
     return fail("has " + std::to_string(text.size()) + " characters; the canonical form has 36");

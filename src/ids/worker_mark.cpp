@@ -46,7 +46,7 @@ class MemoryMarkStore final : public WorkerMarkStore {
   explicit MemoryMarkStore(std::string name) : name_(std::move(name)) {}
 
   bool apply(MarkOp op, const std::string& worker_lock, std::uint64_t token, std::uint64_t nonce,
-             std::int64_t pos, MarkRecord& prior, std::error_code& /*ec*/, std::string& /*why*/) override {
+             std::int64_t pos, MarkRecord& prior, distlock::detail::Error& /*err*/) override {
     static std::mutex mu;
     static std::map<std::string, MarkRecord> records;
     std::lock_guard lk(mu);
@@ -89,12 +89,11 @@ class FileMarkStore final : public WorkerMarkStore {
   explicit FileMarkStore(std::string dir) : dir_(std::move(dir)) {}
 
   bool apply(MarkOp op, const std::string& worker_lock, std::uint64_t token, std::uint64_t nonce,
-             std::int64_t pos, MarkRecord& prior, std::error_code& ec, std::string& why) override {
+             std::int64_t pos, MarkRecord& prior, distlock::detail::Error& err) override {
     const std::string path = dir_ + "/" + mark_file_name(worker_lock);
     const auto fail = [&](const char* what) {
-      why = fmt::format("snowflake worker mark {}: {} failed: {}", path, what,
-                        distlock::detail::errno_text(errno));
-      ec = make_error_code(errc::backend_unavailable);
+      err.fail(errc::backend_unavailable, fmt::format("snowflake worker mark {}: {} failed: {}", path, what,
+                                                      distlock::detail::errno_text(errno)));
       return false;
     };
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -106,9 +105,9 @@ class FileMarkStore final : public WorkerMarkStore {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return fail("fstat");
     if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-      why = fmt::format("snowflake worker mark {} belongs to uid {}, not to this user ({}); refusing it",
-                        path, st.st_uid, ::geteuid());
-      ec = make_error_code(errc::invalid_argument);
+      err.fail(errc::invalid_argument,
+               fmt::format("snowflake worker mark {} belongs to uid {}, not to this user ({}); refusing it",
+                           path, st.st_uid, ::geteuid()));
       return false;
     }
     if (::flock(fd, LOCK_EX) != 0) return fail("flock");  // released by close
@@ -120,8 +119,8 @@ class FileMarkStore final : public WorkerMarkStore {
       unsigned long long t = 0, nc = 0;
       long long ms = 0;
       if (std::sscanf(buf.data(), "%llu %llx %lld", &t, &nc, &ms) != 3 || ms < 0) {
-        why = fmt::format("snowflake worker mark {} is not \"<token> <nonce> <position>\"", path);
-        ec = make_error_code(errc::protocol_error);
+        err.fail(errc::protocol_error,
+                 fmt::format("snowflake worker mark {} is not \"<token> <nonce> <position>\"", path));
         return false;
       }
       prior = {true, t, nc, ms};
@@ -171,29 +170,29 @@ class RedisMarkStore final : public WorkerMarkStore {
       : conn_(std::move(co)), key_prefix_(std::move(key_prefix)) {}
 
   bool apply(MarkOp op, const std::string& worker_lock, std::uint64_t token, std::uint64_t nonce,
-             std::int64_t pos, MarkRecord& prior, std::error_code& ec, std::string& why) override {
+             std::int64_t pos, MarkRecord& prior, distlock::detail::Error& err) override {
     const std::string key = key_prefix_ + ":{" + worker_lock + "}:idmark";
     const char* op_name = op == MarkOp::claim ? "claim" : op == MarkOp::extend ? "extend" : "settle";
     const std::string t = std::to_string(token), n = fmt::format("{:x}", nonce), m = std::to_string(pos);
     std::lock_guard lk(mu_);
     redis::Reply reply;
-    distlock::detail::Error err;
     for (int attempt = 0; attempt < 2;
          ++attempt) {  // the first command after a restart meets the dead socket
+      err.clear();
       reply = kMarkScript.run(conn_, {key}, {op_name, t, n, m}, err);
       if (err != errc::backend_unavailable) break;
     }
-    ec = err;
-    if (ec) {
-      why = reply ? fmt::format("{}: snowflake worker mark {}: {}", conn_.options().describe(), key,
-                                redis::reply_str(reply.get()))
-                  : err.detail();
+    if (err) {
+      if (reply) {
+        err.set_detail(fmt::format("{}: snowflake worker mark {}: {}", conn_.options().describe(), key,
+                                   redis::reply_str(reply.get())));
+      }
       return false;
     }
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 4 ||
         reply->element[0]->type != REDIS_REPLY_INTEGER) {
-      why = fmt::format("{}: snowflake worker mark {}: unexpected reply", conn_.options().describe(), key);
-      ec = make_error_code(errc::protocol_error);
+      err.fail(errc::protocol_error, fmt::format("{}: snowflake worker mark {}: unexpected reply",
+                                                 conn_.options().describe(), key));
       return false;
     }
     prior = {};
@@ -206,9 +205,8 @@ class RedisMarkStore final : public WorkerMarkStore {
                       std::from_chars(pn.data(), pn.data() + pn.size(), prior.nonce, 16).ec == std::errc() &&
                       std::from_chars(pm.data(), pm.data() + pm.size(), prior.pos).ec == std::errc();
       if (!ok) {
-        why = fmt::format("{}: snowflake worker mark {} holds a malformed record", conn_.options().describe(),
-                          key);
-        ec = make_error_code(errc::protocol_error);
+        err.fail(errc::protocol_error, fmt::format("{}: snowflake worker mark {} holds a malformed record",
+                                                   conn_.options().describe(), key));
         return false;
       }
     }

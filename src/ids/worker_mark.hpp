@@ -22,6 +22,7 @@
 #include <system_error>
 
 #include "distlock/client.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::ids::detail {
 
@@ -49,9 +50,10 @@ class WorkerMarkStore {
   virtual ~WorkerMarkStore() = default;
   /// Applies `op` to the record of `worker_lock` atomically. Returns true when applied,
   /// false when refused (stale); `prior` receives the record as it was. On an I/O
-  /// error sets `ec` (errc::backend_unavailable, ...) and `why`.
+  /// error returns false and fills `err` (errc::backend_unavailable, ...: the code and the
+  /// sentence naming the record and the cause).
   virtual bool apply(MarkOp op, const std::string& worker_lock, std::uint64_t token, std::uint64_t nonce,
-                     std::int64_t pos, MarkRecord& prior, std::error_code& ec, std::string& why) = 0;
+                     std::int64_t pos, MarkRecord& prior, distlock::detail::Error& err) = 0;
   /// True when a missing record may mean the store lost it (Redis without persistence,
   /// a flush, an eviction) rather than a worker id that was never used.
   virtual bool may_lose_records() const noexcept = 0;

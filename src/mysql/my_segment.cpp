@@ -26,13 +26,10 @@ class MySegmentSource final : public ids::detail::SegmentSource {
   explicit MySegmentSource(Config cfg)
       : cfg_(std::move(cfg)), table_(quote_ident(cfg_.database) + ".`distlock_segments`") {}
 
-  std::error_code open(std::string& why) {
+  Error open() {
     Error err;
     conn_ = my::open(cfg_, err);
-    if (!conn_) {
-      why = err.detail();
-      return err;
-    }
+    if (!conn_) return err;
     Exec e = run(conn_.get(), "SELECT 1 FROM " + table_ + " LIMIT 0");
     if (!e.ok() && e.errnum == 1146 /* ER_NO_SUCH_TABLE */) {
       e = run(conn_.get(), "CREATE TABLE IF NOT EXISTS " + table_ +
@@ -40,15 +37,15 @@ class MySegmentSource final : public ids::detail::SegmentSource {
                                " step BIGINT NOT NULL, updated_at DATETIME(6) NULL) ENGINE=InnoDB");
     }
     if (!e.ok()) {
-      why = fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown, table_, e.error);
       conn_.reset();
-      return code_of(e);
+      return {code_of(e),
+              fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown, table_, e.error)};
     }
     return {};
   }
 
-  std::error_code take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
-                       ids::detail::SegmentTake& out, std::string& why) override {
+  Error take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
+             ids::detail::SegmentTake& out) override {
     // One batch, one round trip, one transaction: the INSERT ... ON DUPLICATE KEY UPDATE
     // locks the row and moves max_id; the SELECT (same transaction) reads what it wrote;
     // COMMIT makes it durable (with innodb_flush_log_at_trx_commit = 1, the server's
@@ -74,7 +71,7 @@ class MySegmentSource final : public ids::detail::SegmentSource {
     // tries again, at most 4 times in all.
     for (int attempt = 0, lost = 0; attempt < 4; ++attempt) {
       if (!conn_) {
-        if (auto ec = open(why)) return ec;
+        if (auto err = open()) return err;
       }
       e = run(conn_.get(), sql);
       if (e.io_failed) {
@@ -87,16 +84,15 @@ class MySegmentSource final : public ids::detail::SegmentSource {
     }
     if (!e.ok()) {
       if (!e.io_failed && conn_) run(conn_.get(), "ROLLBACK");  // the batch stopped inside its transaction
-      std::error_code ec =
+      const std::error_code ec =
           e.errnum == 1690 /* ER_DATA_OUT_OF_RANGE */ ? make_error_code(errc::exhausted) : code_of(e);
-      why = fmt::format("{}: cannot take a range of segment \"{}\" from {}: {}", cfg_.shown, tag, table_,
-                        e.error);
-      return ec;
+      return {ec, fmt::format("{}: cannot take a range of segment \"{}\" from {}: {}", cfg_.shown, tag,
+                              table_, e.error)};
     }
     if (e.rows.size() != 1 || e.rows[0].size() != 2 || !to_i64(e.rows[0][0], out.max_id) ||
         !to_i64(e.rows[0][1], out.step)) {
-      why = fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag);
-      return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::protocol_error),
+              fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag)};
     }
     return {};
   }
@@ -117,15 +113,14 @@ class MySegmentSource final : public ids::detail::SegmentSource {
 }  // namespace
 
 std::unique_ptr<ids::detail::SegmentSource> make_segment_source(const Url& url, Millis connect_timeout,
-                                                                Millis command_timeout, std::error_code& ec,
-                                                                std::string& why) {
+                                                                Millis command_timeout, Error& err) {
   ClientOptions opts;
   opts.connect_timeout = connect_timeout;
   opts.command_timeout = command_timeout;
   Config cfg;
-  if (!mysql_config(url, opts, cfg, ec, why)) return nullptr;
+  if ((err = mysql_config(url, opts, cfg))) return nullptr;
   auto source = std::make_unique<MySegmentSource>(std::move(cfg));
-  if ((ec = source->open(why))) return nullptr;
+  if ((err = source->open())) return nullptr;
   return source;
 }
 

@@ -6,7 +6,6 @@
 namespace distlock::detail::my {
 
 std::unique_ptr<ids::detail::SegmentSource> make_segment_source(const Url& url, Millis connect_timeout,
-                                                                Millis command_timeout, std::error_code& ec,
-                                                                std::string& why);
+                                                                Millis command_timeout, Error& err);
 
 }  // namespace distlock::detail::my

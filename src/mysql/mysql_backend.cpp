@@ -61,19 +61,15 @@ MysqlBackend::~MysqlBackend() {
 
 // Connects once (bad credentials, a down server or a missing database fail at
 // connect()), checks the server, creates the tables if needed and starts the watcher.
-std::error_code MysqlBackend::connect_now(std::string& why) {
-  std::error_code ec;
+Error MysqlBackend::connect_now() {
   UniqueLock aux_lock(aux_mu_);  // released before the watcher starts (it takes aux_mu_ too)
   Error err;
   aux_ = my::open(cfg_, err);
-  if (err) {
-    why = err.detail();
-    return err;
-  }
+  if (err) return err;
   Exec e = my::run(aux_.get(), "SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit");
   if (!e.ok() || e.rows.size() != 1 || e.rows[0].size() != 2) {
-    why = cfg_.shown + ": cannot read the server's version: " + e.error;
-    return e.ok() ? make_error_code(errc::protocol_error) : my::code_of(e);
+    return {e.ok() ? make_error_code(errc::protocol_error) : my::code_of(e),
+            cfg_.shown + ": cannot read the server's version: " + e.error};
   }
   const std::string version = e.rows[0][0].value_or("");
   const bool maria = version.find("MariaDB") != std::string::npos;
@@ -85,10 +81,11 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
     if (end && *end == '.') minor = static_cast<int>(std::strtol(end + 1, nullptr, 10));
   }
   if ((maria && (major < 10 || (major == 10 && minor < 6))) || (!maria && major < 8)) {
-    why = cfg_.shown + ": server version " + version +
-          " is too old; mysql:// needs MariaDB 10.6 or later or MySQL 8.0 or later (several named locks per "
-          "session, DATETIME(6))";
-    return make_error_code(errc::backend_unavailable);
+    return {make_error_code(errc::backend_unavailable),
+            cfg_.shown + ": server version " + version +
+                " is too old; mysql:// needs MariaDB 10.6 or later or MySQL 8.0 or later (several named "
+                "locks per "
+                "session, DATETIME(6))"};
   }
   if (e.rows[0][1].value_or("") != "1") {
     // Said once per client, as the Redis backend does for appendonly.
@@ -109,8 +106,8 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
                     " seen_at DATETIME(6) NULL, delay_ms BIGINT NULL) ENGINE=InnoDB");
   }
   if (!e.ok()) {
-    why = cfg_.shown + ": cannot create or read the table " + cfg_.locks_table + ": " + e.error;
-    return my::code_of(e);
+    return {my::code_of(e),
+            cfg_.shown + ": cannot create or read the table " + cfg_.locks_table + ": " + e.error};
   }
   // A table made before lock-delay gets its column (null: no delay); that needs ALTER on it.
   // An account that may not alter the table still connects and locks, without lock-delay
@@ -129,8 +126,8 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
   }
   has_delay_column_.store(with_delay);
   if (!e.ok()) {
-    why = cfg_.shown + ": cannot add the column delay_ms to the table " + cfg_.locks_table + ": " + e.error;
-    return my::code_of(e);
+    return {my::code_of(e), cfg_.shown + ": cannot add the column delay_ms to the table " + cfg_.locks_table +
+                                ": " + e.error};
   }
   // Records (mysql_records.cpp), checked on their own: the client that made the lock
   // table may have failed to make this one (a command timeout on a busy server), and a
@@ -150,8 +147,8 @@ std::error_code MysqlBackend::connect_now(std::string& why) {
   fast_release_ = e.ok();
   aux_lock.unlock();
   if (!watcher_.valid()) {
-    why = cfg_.shown + ": cannot make an eventfd for the watcher thread";
-    return std::error_code(watcher_.error(), std::system_category());
+    return {std::error_code(watcher_.error(), std::system_category()),
+            cfg_.shown + ": cannot make an eventfd for the watcher thread"};
   }
   watcher_.start([this] { watch_loop(); });
   return {};
@@ -524,16 +521,10 @@ LockInfo MysqlBackend::status(std::string_view name, Error& ec) {
 
 }  // namespace mysql
 
-bool mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg, std::error_code& ec,
-                  std::string& why) {
-  ec.clear();
+Error mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg) {
   cfg.shown = url.redacted();
   const std::string shown = "\"" + cfg.shown + "\"";
-  auto bad = [&](std::string msg) {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
-    return false;
-  };
+  auto bad = [](std::string msg) { return Error(make_error_code(errc::invalid_url), std::move(msg)); };
   if (url.hosts.empty() || url.hosts[0].host.empty()) {
     return bad("URL " + shown + " names no host (expected mysql://user:password@host:port/database)");
   }
@@ -564,15 +555,23 @@ bool mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg, st
   cfg.released_table = my::quote_ident(db) + ".`distlock_released`";
   cfg.connect_timeout = opts.connect_timeout;
   cfg.command_timeout = opts.command_timeout;
-  return true;
+  return {};
 }
 
 std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                             std::string& why) {
   mysql::Config cfg;
-  if (!mysql_config(url, opts, cfg, ec, why)) return nullptr;
+  if (Error err = mysql_config(url, opts, cfg)) {
+    ec = err;
+    why = err.take_detail();
+    return nullptr;
+  }
   auto backend = std::make_unique<mysql::MysqlBackend>(std::move(cfg), opts);
-  if ((ec = backend->connect_now(why))) return nullptr;
+  if (Error err = backend->connect_now()) {
+    ec = err;
+    why = err.take_detail();
+    return nullptr;
+  }
   return backend;
 }
 

@@ -22,6 +22,7 @@
 #include <system_error>
 
 #include "engine/backend.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::detail {
 
@@ -30,11 +31,10 @@ struct Config;
 }
 
 /// The connection settings of a mysql:// URL (host, port, user, database, the
-/// schema-qualified table names, timeouts from `opts`). Returns false with
-/// errc::invalid_url and `why` for a URL without a host or database, or with more than
+/// schema-qualified table names, timeouts from `opts`). Returns errc::invalid_url, with the
+/// sentence naming the problem, for a URL without a host or database, or with more than
 /// one host.
-bool mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg, std::error_code& ec,
-                  std::string& why);
+Error mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg);
 
 std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                             std::string& why);

@@ -55,7 +55,7 @@ class MysqlBackend final : public Backend {
   MysqlBackend(Config cfg, const ClientOptions& opts) : cfg_(std::move(cfg)), log_(opts.logger) {}
   ~MysqlBackend() override;
 
-  std::error_code connect_now(std::string& why);
+  Error connect_now();
 
   // Lock-delay only where the table has its column (connect_now; docs/mysql.md).
   Capabilities capabilities() const noexcept override { return {true, true, has_delay_column_.load()}; }
@@ -119,10 +119,10 @@ class MysqlBackend final : public Backend {
   void rearm(std::string_view name);
   void watch_loop();
 
-  std::string failure(const std::string& what, const std::string& why) {
-    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, why);
-    return why.find(cfg_.shown) != std::string::npos ? what + ": " + why
-                                                     : cfg_.shown + ": " + what + ": " + why;
+  std::string failure(const std::string& what, const std::string& cause) {
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, cause);
+    return cause.find(cfg_.shown) != std::string::npos ? what + ": " + cause
+                                                       : cfg_.shown + ": " + what + ": " + cause;
   }
   void ok() {
     if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", cfg_.shown);

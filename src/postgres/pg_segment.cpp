@@ -46,13 +46,10 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
  public:
   explicit PgSegmentSource(Config cfg) : cfg_(std::move(cfg)) {}
 
-  std::error_code open(std::string& why) {
+  Error open() {
     Error err;
     conn_ = pg::open(cfg_, Millis(0), "distlock-segment", err);
-    if (!conn_) {
-      why = err.detail();
-      return err;
-    }
+    if (!conn_) return err;
     Exec e = run(conn_.get(), "SELECT to_regclass('public.distlock_segments') IS NOT NULL", {},
                  cfg_.command_timeout);
     if (e.ok() && PQntuples(e.res.get()) == 1 && PQgetvalue(e.res.get(), 0, 0) == std::string_view("t")) {
@@ -68,41 +65,39 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
       }
     }
     if (!e.ok()) {
-      why = scrub_secrets(
-          fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown, kTable, e.error), cfg_.url);
       conn_.reset();
-      return code_of(e);
+      return {code_of(e), scrub_secrets(fmt::format("{}: cannot create or read the table {}: {}", cfg_.shown,
+                                                    kTable, e.error),
+                                        cfg_.url)};
     }
     return {};
   }
 
-  std::error_code take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
-                       ids::detail::SegmentTake& out, std::string& why) override {
+  Error take(const std::string& tag, std::int64_t step, std::int64_t new_row_step,
+             ids::detail::SegmentTake& out) override {
     const std::vector<std::string> params{tag, std::to_string(new_row_step), std::to_string(step)};
     Exec e;
     // One retry on a fresh connection after a lost one (a server restart): a range whose
     // commit was not confirmed is simply never used.
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (!conn_) {
-        if (auto ec = open(why)) return ec;
+        if (auto err = open()) return err;
       }
       e = run(conn_.get(), kTakeSql, params, cfg_.command_timeout);
       if (!e.io_failed) break;
       conn_.reset();
     }
     if (!e.ok()) {
-      std::error_code ec = code_of(e);
-      if (e.sqlstate == "22003") ec = make_error_code(errc::exhausted);
-      why = scrub_secrets(fmt::format("{}: cannot take a range of segment \"{}\" from {}: {}", cfg_.shown,
-                                      tag, kTable, e.error),
-                          cfg_.url);
-      return ec;
+      const std::error_code ec = e.sqlstate == "22003" ? make_error_code(errc::exhausted) : code_of(e);
+      return {ec, scrub_secrets(fmt::format("{}: cannot take a range of segment \"{}\" from {}: {}",
+                                            cfg_.shown, tag, kTable, e.error),
+                                cfg_.url)};
     }
     if (PQntuples(e.res.get()) != 1 || PQnfields(e.res.get()) != 2 ||
         !to_i64(PQgetvalue(e.res.get(), 0, 0), out.max_id) ||
         !to_i64(PQgetvalue(e.res.get(), 0, 1), out.step)) {
-      why = fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag);
-      return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::protocol_error),
+              fmt::format("{}: the range of segment \"{}\" came back malformed", cfg_.shown, tag)};
     }
     return {};
   }
@@ -122,15 +117,14 @@ class PgSegmentSource final : public ids::detail::SegmentSource {
 }  // namespace
 
 std::unique_ptr<ids::detail::SegmentSource> make_segment_source(const Url& url, Millis connect_timeout,
-                                                                Millis command_timeout, std::error_code& ec,
-                                                                std::string& why) {
+                                                                Millis command_timeout, Error& err) {
   ClientOptions opts;
   opts.connect_timeout = connect_timeout;
   opts.command_timeout = command_timeout;
   Config cfg;
-  if (!postgres_config(url, opts, cfg, ec, why)) return nullptr;
+  if ((err = postgres_config(url, opts, cfg))) return nullptr;
   auto source = std::make_unique<PgSegmentSource>(std::move(cfg));
-  if ((ec = source->open(why))) return nullptr;
+  if ((err = source->open())) return nullptr;
   return source;
 }
 

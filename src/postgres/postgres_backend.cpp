@@ -96,16 +96,12 @@ constexpr const char* kStatusSql =
 
 // Connects once (bad credentials, a down server or a missing database fail at
 // connect()), creates the table if needed and starts listening.
-std::error_code PostgresBackend::connect_now(std::string& why) {
-  std::error_code ec;
+Error PostgresBackend::connect_now() {
   {
     LockGuard lk(aux_mu_);
     Error err;
     aux_ = open(cfg_, Millis(0), "distlock", err);
-    if (err) {
-      why = err.detail();
-      return err;
-    }
+    if (err) return err;
     Exec e;
     Result r(PQexec(aux_.get(), kSetupSql));
     if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
@@ -113,9 +109,9 @@ std::error_code PostgresBackend::connect_now(std::string& why) {
       const char* st = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
       e.sqlstate = st ? st : "";
       e.io_failed = PQstatus(aux_.get()) != CONNECTION_OK;
-      why = cfg_.shown + ": cannot create the table public.distlock_locks: " + m;
+      std::string why = cfg_.shown + ": cannot create the table public.distlock_locks: " + m;
       while (!why.empty() && why.back() == '\n') why.pop_back();
-      return code_of(e);
+      return {code_of(e), std::move(why)};
     }
   }
   {
@@ -127,13 +123,13 @@ std::error_code PostgresBackend::connect_now(std::string& why) {
                     " AND attname = 'delay_ms' AND NOT attisdropped"));
     if (!r || PQresultStatus(r.get()) != PGRES_TUPLES_OK || PQntuples(r.get()) != 1) {
       const std::string m = r ? PQresultErrorMessage(r.get()) : pq_message(aux_.get());
-      why = cfg_.shown + ": cannot read the columns of public.distlock_locks: " + m;
+      std::string why = cfg_.shown + ": cannot read the columns of public.distlock_locks: " + m;
       while (!why.empty() && why.back() == '\n') why.pop_back();
-      return make_error_code(errc::backend_unavailable);
+      return {make_error_code(errc::backend_unavailable), std::move(why)};
     }
     has_delay_column_.store(std::string_view(PQgetvalue(r.get(), 0, 0)) == "1");
   }
-  if ((ec = listen_now(why))) return ec;
+  if (Error err = listen_now()) return err;
   listener_.start([this] { listen_loop(); });
   return {};
 }
@@ -222,17 +218,11 @@ pg::Runner PostgresBackend::runner() {
 
 }  // namespace postgres
 
-bool postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg, std::error_code& ec,
-                     std::string& why) {
-  ec.clear();
+Error postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg) {
   cfg.shown = url.redacted();
   cfg.url = url;
   const std::string shown = "\"" + cfg.shown + "\"";
-  auto bad = [&](std::string msg) {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
-    return false;
-  };
+  auto bad = [](std::string msg) { return Error(make_error_code(errc::invalid_url), std::move(msg)); };
   if (url.hosts.empty() || url.hosts[0].host.empty()) {
     return bad("URL " + shown + " names no host (expected postgres://user:password@host:port/database)");
   }
@@ -262,15 +252,23 @@ bool postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg,
   cfg.dbname = db;
   cfg.connect_timeout = opts.connect_timeout;
   cfg.command_timeout = opts.command_timeout;
-  return true;
+  return {};
 }
 
 std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                                std::string& why) {
   postgres::Config cfg;
-  if (!postgres_config(url, opts, cfg, ec, why)) return nullptr;
+  if (Error err = postgres_config(url, opts, cfg)) {
+    ec = err;
+    why = err.take_detail();
+    return nullptr;
+  }
   auto backend = std::make_unique<postgres::PostgresBackend>(std::move(cfg), opts);
-  if ((ec = backend->connect_now(why))) return nullptr;
+  if (Error err = backend->connect_now()) {
+    ec = err;
+    why = err.take_detail();
+    return nullptr;
+  }
   return backend;
 }
 

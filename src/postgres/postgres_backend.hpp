@@ -21,6 +21,7 @@
 #include <system_error>
 
 #include "engine/backend.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::detail {
 
@@ -29,10 +30,9 @@ struct Config;
 }
 
 /// The connection settings of a postgres:// URL (host, port, user, database, sslmode,
-/// timeouts from `opts`). Returns false with errc::invalid_url and `why` for a URL
-/// without a host or database, or with more than one host.
-bool postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg, std::error_code& ec,
-                     std::string& why);
+/// timeouts from `opts`). Returns errc::invalid_url, with the sentence naming the problem,
+/// for a URL without a host or database, or with more than one host.
+Error postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg);
 
 std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
                                                std::string& why);

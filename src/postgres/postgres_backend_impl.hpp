@@ -70,7 +70,7 @@ class PostgresBackend final : public Backend {
 
   ~PostgresBackend() override { listener_.stop(); }
 
-  std::error_code connect_now(std::string& why);
+  Error connect_now();
 
   // Lock-delay only where the table has its column (connect_now; docs/postgres.md).
   Capabilities capabilities() const noexcept override { return {true, true, has_delay_column_.load()}; }
@@ -118,16 +118,16 @@ class PostgresBackend final : public Backend {
       DISTLOCK_REQUIRES(s.mu);
   void drop(Session& s, Lost& lost) DISTLOCK_REQUIRES(s.mu);
   void report_lost(const Lost& lost);
-  std::error_code listen_now(std::string& why);
-  std::error_code listen_now_locked(std::string& why) DISTLOCK_REQUIRES(listen_mu_);
+  Error listen_now();
+  Error listen_now_locked() DISTLOCK_REQUIRES(listen_mu_);
   void listen_loop();
 
   // Logged once per outage. Returns the sentence naming the server and the cause, for
   // the error of the call that failed.
-  std::string failure(const std::string& what, const std::string& why) {
-    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, why);
-    return why.find(cfg_.shown) != std::string::npos ? what + ": " + why
-                                                     : cfg_.shown + ": " + what + ": " + why;
+  std::string failure(const std::string& what, const std::string& cause) {
+    if (!failing_.exchange(true)) log_.log(LogLevel::warning, "{}: {}: {}", cfg_.shown, what, cause);
+    return cause.find(cfg_.shown) != std::string::npos ? what + ": " + cause
+                                                       : cfg_.shown + ": " + what + ": " + cause;
   }
   void ok() {
     if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", cfg_.shown);

@@ -13,9 +13,8 @@ void PostgresBackend::watch(std::string_view name, Error& ec) {
   const std::int64_t key = postgres_lock_key(name);
   LockGuard lk(listen_mu_);
   if (!listen_conn_) {
-    std::string why;
-    if ((ec = listen_now_locked(why))) {
-      ec.set_detail("cannot wait for a release of \"" + printable(name) + "\": " + why);
+    if (Error err = listen_now_locked()) {
+      ec.fail(err, "cannot wait for a release of \"" + printable(name) + "\": " + err.detail());
       return;
     }
   }
@@ -35,24 +34,18 @@ void PostgresBackend::unwatch(std::string_view name) noexcept {
   }
 }
 
-std::error_code PostgresBackend::listen_now(std::string& why) {
+Error PostgresBackend::listen_now() {
   LockGuard lk(listen_mu_);
-  return listen_now_locked(why);
+  return listen_now_locked();
 }
 
 // With listen_mu_ held: a connection that LISTENs, live when this returns.
-std::error_code PostgresBackend::listen_now_locked(std::string& why) {
+Error PostgresBackend::listen_now_locked() {
   Error err;
   Conn c = open(cfg_, Millis(0), "distlock-listen", err);
-  if (err) {
-    why = err.detail();
-    return err;
-  }
+  if (err) return err;
   Exec e = run(c.get(), "LISTEN distlock_released", {}, cfg_.command_timeout);
-  if (!e.ok()) {
-    why = cfg_.shown + ": LISTEN: " + e.error;
-    return code_of(e);
-  }
+  if (!e.ok()) return {code_of(e), cfg_.shown + ": LISTEN: " + e.error};
   listen_conn_ = std::move(c);
   listener_.wake();  // the loop polls the new socket
   return {};
@@ -94,8 +87,7 @@ void PostgresBackend::listen_loop() {
         }
       }
       if (!listen_conn_ && !watched_.empty()) {
-        std::string why;
-        if (!listen_now_locked(why)) {
+        if (!listen_now_locked()) {  // listening again: a release may have been missed meanwhile
           for (auto& [k, names] : watched_) {
             for (auto& [n, c] : names) wake.push_back(n);
           }
