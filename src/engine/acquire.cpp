@@ -7,10 +7,6 @@
 
 namespace distlock::detail {
 
-namespace {
-constexpr Clock::time_point kNever = Clock::time_point::max();
-}  // namespace
-
 std::shared_ptr<HeldLock> Engine::acquire(std::string_view name, const LockOptions& opts,
                                           std::optional<Millis> wait, Error& ec, Reentry reentry) {
   const std::string_view names[1] = {name};

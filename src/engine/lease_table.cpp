@@ -4,10 +4,6 @@
 
 namespace distlock::detail {
 
-namespace {
-constexpr Clock::time_point kNever = Clock::time_point::max();
-}  // namespace
-
 std::string LeaseTable::key(std::string_view name, std::string_view thread_owner) {
   std::string key;
   key.reserve(name.size() + thread_owner.size() + 1);

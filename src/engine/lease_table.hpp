@@ -25,6 +25,9 @@
 
 namespace distlock::detail {
 
+/// A time that never comes: no deadline (a wait without a bound, a lease with no cap).
+inline constexpr Clock::time_point kNever = Clock::time_point::max();
+
 class LeaseTable {
  public:
   LeaseTable(std::shared_ptr<Clock> clock, bool needs_renewal, Renewer& renewer)
