@@ -36,7 +36,7 @@ constexpr Millis kFirstCheck{1000};
 // Names re-read per round of expiry checks, at most (the rest wait for the next round).
 constexpr std::size_t kChecksPerRound = 64;
 // Locks read by one re-list at most.
-constexpr std::size_t kListLimit = 100000;
+constexpr std::size_t kRelistLimit = 100000;
 
 std::chrono::steady_clock::time_point steady_now() {
   return std::chrono::steady_clock::now();
@@ -280,7 +280,7 @@ struct Watch::Impl final : detail::LockEventSink {
       resync_ = false;
     }
     bool truncated = false;
-    std::vector<detail::ListedLock> held = engine_->list_held(prefix_, kListLimit, truncated, ec);
+    std::vector<detail::ListedLock> held = engine_->list_held(prefix_, kRelistLimit, truncated, ec);
     if (ec) return false;
     std::lock_guard lk(mu_);
     if (overflowed_) return true;  // the consumer is behind: the re-list waits for room
