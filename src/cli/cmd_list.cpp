@@ -34,23 +34,6 @@ const char* kind_name(LockKind k) {
   return "lock";
 }
 
-/// A name for a terminal: bytes outside printable ASCII as \xNN.
-std::string printable(const std::string& s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out.push_back(ch);
-    } else {
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 0xf]);
-    }
-  }
-  return out;
-}
-
 struct Group {  // a semaphore or read-write lock: how many of its parts are held
   LockKind kind;
   std::size_t held = 0;

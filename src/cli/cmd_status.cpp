@@ -34,18 +34,6 @@ std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
-// "2026-11-29T14:03:07.123Z"
-std::string utc_text(std::chrono::system_clock::time_point t) {
-  const std::int64_t ms = unix_ms(t);
-  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
-  return buf;
-}
-
 // utc_text, or "unknown".
 std::string wall_text(const std::optional<std::chrono::system_clock::time_point>& t) {
   return t ? utc_text(*t) : std::string("unknown");

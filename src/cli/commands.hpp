@@ -17,6 +17,7 @@
 //   return exit_code;
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -105,6 +106,13 @@ Millis parse_duration_flag(std::string_view flag, std::string_view text);
 
 /// Formats a duration for people: "250ms", "10s", "1.5s", "2m".
 std::string format_duration(Millis d);
+
+/// A wall-clock time as UTC with milliseconds: "2026-11-29T14:03:07.123Z".
+std::string utc_text(std::chrono::system_clock::time_point t);
+
+/// A name or holder text for a terminal: bytes outside printable ASCII (and the backslash)
+/// as \xNN.
+std::string printable(const std::string& s);
 
 /// Where the tool takes the lock service's password from, besides the URL: the
 /// `--password-file FILE` option (wins) or the DISTLOCK_PASSWORD environment variable
