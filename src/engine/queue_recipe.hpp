@@ -89,6 +89,10 @@ struct QueuePosition {
     behind,  ///< another place is ahead
     again,   ///< the queue changed under the read (or the session did): look again
     busy,    ///< the lock is taken and no place was made (a try without keep_queued)
+    /// first, but a lost holder's lock-delay still runs (docs/design.md "Lock-delay"):
+    /// not granted; a waiter keeps its place and looks again after `holder_ttl`, a try
+    /// without keep_queued gives the place up (busy)
+    held_back,
     failed,  ///< ec says why; the place, if one was made, is given up
   };
   Kind kind = Kind::failed;

@@ -33,6 +33,8 @@ LockInfo EtcdBackend::status(std::string_view name, Error& ec) {
   info.waiters = info.waiter_list.size();
   if (resp.kvs_size() == 0) return info;
   const auto& kv = resp.kvs(0);
+  // A revoked holder's key waits out its lease first in the queue: held by nobody.
+  if (kv.value().starts_with(kRevokedValue)) return info;
   info.held = true;
   info.token = static_cast<std::uint64_t>(kv.create_revision());
   info.holder = kv.value();

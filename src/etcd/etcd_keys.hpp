@@ -3,6 +3,8 @@
 // Below the URL's prefix P ("distlock" by default):
 //   P/<encoded lock name>/<lease hex>-<seq>   one queued key per owner thread (attached to a lease)
 //   P/%records/<record key>                   one record (no lease: never expires)
+//   P/%revoked/<encoded lock name>            the last revoke's note (on a lease of its own)
+//   P/%delay/<encoded lock name>              the holder's lock-delay marker (docs/etcd.md)
 // Lock names are arbitrary bytes; '%' and '/' are percent-encoded ("%25", "%2F"), so an
 // encoded name never contains '/', never starts with "%r", and the code is prefix-free:
 // enc(a) is a prefix of enc(b) exactly when a is a prefix of b.
@@ -23,6 +25,13 @@ namespace distlock::detail::etcd {
 
 /// The marker of the records namespace below the prefix (never an encoded lock name).
 inline constexpr std::string_view kRecordsDir = "%records/";
+/// The revoke notes' namespace below the prefix (never an encoded lock name either).
+inline constexpr std::string_view kRevokedDir = "%revoked/";
+/// The lock-delay markers' namespace below the prefix.
+inline constexpr std::string_view kDelayDir = "%delay/";
+/// The value a revoke gives the holder's queue key ("@revoked\n<owner>"): held by nobody,
+/// it waits out the lease the revoke put it on. An owner never starts with '@'.
+inline constexpr std::string_view kRevokedValue = "@revoked\n";
 
 inline std::string encode_name(std::string_view name) {
   std::string out;

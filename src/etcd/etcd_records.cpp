@@ -200,6 +200,7 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
   out.reserve(queues.size());
   std::map<std::int64_t, std::int64_t> ttl_of_lease;  // seconds; -1: the lease is gone
   for (auto& [name, q] : queues) {
+    if (q.owner.starts_with(kRevokedValue)) continue;  // a revoked key waiting out its lease
     ListedLock l;
     l.name = name;
     l.info.held = true;
