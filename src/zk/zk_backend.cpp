@@ -27,16 +27,19 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
     }
     const auto queue = zk::queue_order(listed->children);
     if (queue.empty()) return info;
-    auto st = zk::submit_exists(s->zh.get(), dir + "/" + queue.front().node);
+    auto st = zk::submit_get(s->zh.get(), dir + "/" + queue.front().node);
     const int src = zk::await(st, *clock_, deadline);
     if (src == ZNONODE) continue;  // released meanwhile: look again
     if (src != ZOK) {
       ec = fail(src, "reading the holder's node", name);
       return {};
     }
-    info.held = true;
-    info.token = static_cast<std::uint64_t>(st->stat.czxid);
-    if (auto owner = zk::owner_of_guid(queue.front().guid)) info.holder = *owner;
+    // A revoked holder's node waits for its lease to run out first in the queue: held by nobody.
+    info.held = !st->value.starts_with(zk::kRevokedValue);
+    if (info.held) {
+      info.token = static_cast<std::uint64_t>(st->stat.czxid);
+      if (auto owner = zk::owner_of_guid(queue.front().guid)) info.holder = *owner;
+    }
     // The waiters in queue order (ascending sequence: the order the lock passes on
     // in), each with its node's creation time; one that left meanwhile is not listed.
     std::vector<zk::ReplyPtr> waiting;
