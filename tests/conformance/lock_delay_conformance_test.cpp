@@ -11,6 +11,7 @@
 // millisecond expiry resolution).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -41,12 +42,16 @@ namespace {
 
 // The backends whose servers enforce lock_delay (docs/design.md "Lock-delay"); every
 // other one must refuse it.
-const std::set<std::string> kEnforcing = {"redis", "sentinel", "postgres", "mysql"};
+const std::set<std::string> kEnforcing = {"redis", "sentinel", "postgres", "mysql",
+                                          "etcd1", "etcd3",    "zk1",      "zk3"};
 
 // A grant after a lost holder's delay ended: on redis:// the waiters' queue refresh (every
 // 500 ms, redis/wait_queue.cpp) finds the lock free and grants the head, which claims it
 // with one round trip; on postgres:// the waiter re-checks at the time left it was told
-// (+ at most 10 % jitter of it, here <= 250 ms); 1 s leaves room for a loaded 2-core machine.
+// (+ at most 10 % jitter of it, here <= 250 ms); on etcd:// the waiter that saw the holder's
+// key go waits the delay on its own clock and re-checks then (+ at most 10 % jitter, here
+// <= 150 ms), after etcd's lease expiry, checked every 500 ms by the leader; 1 s leaves room
+// for a loaded 2-core machine.
 constexpr Millis kLateBound = 1000ms;
 // A normal release grants the first waiter in the release's own script (one message on
 // its grant channel, one claim round trip).
@@ -54,6 +59,19 @@ constexpr Millis kHandOverBound = 500ms;
 // The servers expire keys on a millisecond clock: an expiry may read up to 1 ms early
 // against this process's nanosecond clock.
 constexpr Millis kSkew = 1ms;
+
+// The latest a dead holder's lease of `ttl` can end after its last renewal, by the server:
+//   - zk: the lease is the session, whose timeout the targets ask as 2 s
+//     (tests/support/backend_targets: ?session_timeout=2s) whatever the lock's TTL, and it
+//     expires at the first tick (tests/zk/zk_server: tickTime 200 ms) after that;
+//   - etcd: the lease's TTL in whole seconds, and the leader's lessor revokes expired
+//     leases in a loop that runs every 500 ms;
+//   - the others: the TTL (the servers expire keys and rows on their own millisecond clocks).
+Millis lease_end_bound(const std::string& label, Millis ttl) {
+  if (label == "zk1" || label == "zk3") return std::max(ttl, Millis(2000)) + Millis(200);
+  if (label == "etcd1" || label == "etcd3") return ttl + Millis(500);
+  return ttl;
+}
 
 Millis ms_between(Steady::time_point a, Steady::time_point b) {
   return std::chrono::duration_cast<Millis>(b - a);
@@ -147,13 +165,14 @@ TEST_P(LockDelay, ABackendThatCannotEnforceItRefusesIt) {
 
 // A holder with lock_delay D is SIGKILLed while a waiter waits. Its lease ended no
 // earlier than the kill (it had not reported a loss: its local deadline is before the
-// server's expiry) and no later than the kill plus the TTL (its last renewal was sent
-// before the kill). The waiter's grant must lie in [kill + D, kill + TTL + D + kLateBound].
-// With D longer than the TTL, a grant at the lease's end (no delay) falls before kill + D.
-// The first grant counts, to the waiter or to a prober that tries every 20 ms.
+// server's expiry) and no later than the kill plus L = lease_end_bound(TTL) (its last renewal
+// was sent before the kill). The waiter's grant must lie in [kill + D, kill + L + D + kLateBound].
+// With D = L + 500 ms, longer than the lease can last, a grant at the lease's end (no delay)
+// falls before kill + D. The first grant counts, to the waiter or to a prober that tries every
+// 20 ms.
 TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
   constexpr Millis kTtl = 1000ms;
-  constexpr Millis kDelay = 1500ms;
+  const Millis kDelay = lease_end_bound(GetParam().label, kTtl) + 500ms;
   TempDir dir("distlock-lockdelay-kill");
   const std::string out = (dir.path() / "holder").string();
   Process holder = distlock::testing::spawn_holder(target_->url(), "ld/killed", out, kTtl.count(), 0,
@@ -198,13 +217,15 @@ TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
               static_cast<long long>(kTtl.count()), static_cast<long long>(after_kill.count()),
               probed_at && *probed_at < granted_at ? "prober" : "waiter");
   EXPECT_GE(after_kill, kDelay - kSkew) << "granted before the dead holder's lock-delay could have ended";
-  EXPECT_LE(after_kill, kTtl + kDelay + kLateBound) << "granted too late after the lock-delay ended";
+  EXPECT_LE(after_kill, lease_end_bound(GetParam().label, kTtl) + kDelay + kLateBound)
+      << "granted too late after the lock-delay ended";
 }
 
 // A normal release with lock_delay set hands over at once: the waiter's grant comes within
-// kHandOverBound of the release call's return, far below the delay (5 s) and the TTL (10 s).
+// kHandOverBound of the release call's return, far below the delay (5 s) and the TTL (4 s:
+// zk:// refuses a TTL above twice its session timeout, 2 s here).
 TEST_P(LockDelayEnforced, NormalReleaseHandsOverAtOnce) {
-  constexpr Millis kTtl = 10000ms;
+  constexpr Millis kTtl = 4000ms;
   constexpr Millis kDelay = 5000ms;
   auto holder_client = client();
   auto waiter_client = client();
@@ -292,7 +313,8 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
       GetParam().label.c_str(), static_cast<long long>(kDelay.count()), static_cast<long long>(kTtl.count()),
       static_cast<long long>(after_revoke.count()));
   EXPECT_GE(after_revoke, kDelay - kSkew) << "a revoked holder's lock-delay did not hold the name back";
-  EXPECT_LE(ms_between(revoked, granted_at), kTtl + kDelay + kLateBound) << "granted too late";
+  EXPECT_LE(ms_between(revoked, granted_at), lease_end_bound(GetParam().label, kTtl) + kDelay + kLateBound)
+      << "granted too late";
   const auto told_by = Steady::now() + 10s;
   while (held->owns() && Steady::now() < told_by) std::this_thread::sleep_for(10ms);
   EXPECT_FALSE(held->owns());
