@@ -321,6 +321,75 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
   EXPECT_EQ(held->loss_reason(), distlock::LossReason::revoked) << held->loss_detail();
 }
 
+// While a lost holder's lock-delay runs nobody holds the lock, though a waiter may already be
+// first in the queue waiting the delay out: a revoke then is a no-op (revoked false: there is
+// no holder to tell), status shows the lock not held, and the waiter is granted after the
+// delay without an error. The holder (lock_delay D) is revoked; every revoke and status call
+// that returns before the first revoke's start plus D falls inside the delay (the lock cannot
+// be granted before then: ARevokedHolderHoldsTheLockBackForTheDelay). TTL 1 s, D 5 s: the
+// revoked holder's lease ends within lease_end_bound(1 s) <= 2.2 s, so for about 3 s the waiter
+// is first and held back while the probes run (one every 50 ms, at most 200 of them).
+TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
+  constexpr Millis kTtl = 1000ms;
+  constexpr Millis kDelay = 5000ms;
+  const std::string name = "ld/revoke-in-delay";
+  auto holder_client = client();
+  auto waiter_client = client();
+  auto revoker = client();
+  auto held = holder_client.try_acquire(name, opts(kTtl, kDelay));
+  ASSERT_TRUE(held.has_value());
+  std::error_code ec;
+  distlock::Lease lease;
+  std::atomic<bool> done{false};
+  Steady::time_point granted_at{};
+  std::thread waiter([&] {
+    lease = waiter_client.acquire(name, opts(kTtl, 0ms, 30s), ec);
+    granted_at = Steady::now();
+    done = true;
+  });
+  ASSERT_TRUE(waiter_queued(waiter_client, name)) << "the waiter never queued";
+  const Steady::time_point revoking = Steady::now();
+  std::error_code revoke_ec;
+  const distlock::RevokeResult first = revoker.revoke(name, "lock-delay test", revoke_ec);
+  if (revoke_ec == errc::not_supported) {  // session locks (postgres://, mysql://)
+    held->release();
+    waiter.join();
+    EXPECT_FALSE(ec) << ec.message();
+    return;
+  }
+  ASSERT_FALSE(revoke_ec) << revoke_ec.message();
+  ASSERT_TRUE(first.revoked);
+  int probes = 0;
+  int held_seen = 0;
+  std::vector<std::string> bogus;  // revokes inside the delay that reported a holder
+  for (int i = 0; i < 200 && !done.load(); ++i) {
+    std::error_code pec;
+    const distlock::LockInfo info = revoker.status(name);
+    const distlock::RevokeResult r = revoker.revoke(name, "revoke during the lock-delay", pec);
+    if (Steady::now() >= revoking + kDelay - 100ms) break;  // past here a grant may be legal
+    ASSERT_FALSE(pec) << "a revoke during the lock-delay failed: " << pec.message();
+    ++probes;
+    if (r.revoked) {
+      bogus.push_back("token " + std::to_string(r.token.value_or(0)) + " holder \"" + r.holder.value_or("") +
+                      "\" at " + std::to_string(ms_between(revoking, Steady::now()).count()) + " ms");
+    }
+    if (info.held) ++held_seen;
+    std::this_thread::sleep_for(50ms);
+  }
+  waiter.join();
+  std::printf(
+      "[ %s ] %d revokes and status reads inside the lock-delay: %zu revoked something, %d "
+      "showed it held\n",
+      GetParam().label.c_str(), probes, bogus.size(), held_seen);
+  EXPECT_GE(probes, 20) << "too few probes inside the delay to mean anything";
+  for (const std::string& b : bogus) ADD_FAILURE() << "a revoke inside the lock-delay revoked " << b;
+  EXPECT_EQ(held_seen, 0) << "status showed the lock held while nobody could hold it";
+  ASSERT_FALSE(ec) << "the waiter's acquire failed: " << ec.message();
+  ASSERT_TRUE(lease.owns());
+  EXPECT_GE(ms_between(revoking, granted_at), kDelay - kSkew);
+  EXPECT_EQ(lease.loss_reason(), distlock::LossReason::none);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, LockDelay, ::testing::ValuesIn(distlock::testing::kinds()),
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 // A build without an enforcing backend (no redis component) has no timing tests to run.
