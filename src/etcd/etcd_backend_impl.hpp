@@ -242,6 +242,13 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   // runs (pos.holder_ttl: the time left); again / failed.
   QueuePosition::Kind settle_delay(Entry& entry, const AcquireRequest& req, std::int64_t my_rev,
                                    const mvccpb::KeyValue* marker, QueuePosition& pos, Error& ec);
+  // Whether the first key of a queue holds the lock, given the lock-delay marker read at the
+  // same revision (nullptr: none). Not while a lost holder's delay runs (a lost marker, or an
+  // armed one naming another key): the first key is then a waiter waiting it out, not granted.
+  static bool first_holds(const mvccpb::KeyValue& first, const mvccpb::KeyValue* marker);
+  // The lowest key under `lock_prefix` and the lock-delay marker of `name`, at one revision.
+  grpc::Status read_first(std::string_view name, const std::string& lock_prefix, bool whole_queue,
+                          etcdserverpb::RangeResponse& queue, etcdserverpb::RangeResponse& marker);
   // A lease of `ttl_s` outside every session (nobody keeps it alive); 0 with ec on error.
   std::int64_t grant_free_lease(std::int64_t ttl_s, Error& ec);
   void revoke_lease(std::int64_t id) noexcept;

@@ -61,6 +61,40 @@ std::string EtcdBackend::delay_key(std::string_view name) const {
   return prefix_ + "/" + std::string(kDelayDir) + encode_name(name);
 }
 
+bool EtcdBackend::first_holds(const mvccpb::KeyValue& first, const mvccpb::KeyValue* marker) {
+  if (marker == nullptr) return true;
+  const std::optional<Marker> m = parse_marker(marker->value());
+  // A marker distlock did not write: the first key's acquisition fails on it, as before.
+  if (!m) return true;
+  // A holder writes its armed marker before its grant returns and takes a lost one over
+  // (or deletes it) before that: any other marker means the first key waits a delay out.
+  return m->armed && m->holder == first.create_revision();
+}
+
+grpc::Status EtcdBackend::read_first(std::string_view name, const std::string& lock_prefix, bool whole_queue,
+                                     etcdserverpb::RangeResponse& queue,
+                                     etcdserverpb::RangeResponse& marker) {
+  etcdserverpb::TxnRequest txn;  // no compare: both reads at one revision
+  RangeRequest* low = txn.add_success()->mutable_request_range();
+  low->set_key(lock_prefix);
+  low->set_range_end(prefix_end(lock_prefix));
+  if (!whole_queue) low->set_limit(1);
+  low->set_sort_target(RangeRequest::CREATE);
+  low->set_sort_order(RangeRequest::ASCEND);
+  txn.add_success()->mutable_request_range()->set_key(delay_key(name));
+  etcdserverpb::TxnResponse resp;
+  const grpc::Status st =
+      transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); });
+  if (!st.ok()) return st;
+  if (resp.responses_size() != 2) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "etcd answered a Txn of two reads with " +
+                                                        std::to_string(resp.responses_size()) + " results");
+  }
+  queue = resp.responses(0).response_range();
+  marker = resp.responses(1).response_range();
+  return st;
+}
+
 ReleaseStatus EtcdBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,
                                    Error& ec) {
   {

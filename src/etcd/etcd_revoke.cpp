@@ -71,22 +71,18 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
   ec.clear();
   const std::string lp = lock_prefix(name);
   for (int attempt = 1; attempt <= kRevokeAttempts; ++attempt) {
-    // The holder: the lowest key of the queue.
-    RangeRequest low;
-    low.set_key(lp);
-    low.set_range_end(prefix_end(lp));
-    low.set_limit(1);
-    low.set_sort_target(RangeRequest::CREATE);
-    low.set_sort_order(RangeRequest::ASCEND);
+    // The holder: the lowest key of the queue, unless a lost holder's lock-delay still runs
+    // (read at the same revision): the lowest key then is a waiter waiting it out.
     etcdserverpb::RangeResponse lresp;
-    grpc::Status st = transport_.call(
-        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, low, &lresp); });
+    etcdserverpb::RangeResponse mresp;
+    grpc::Status st = read_first(name, lp, false, lresp, mresp);
     if (!st.ok()) {
       set_error(st, ec, "revoke Range");
       return {};
     }
     // Nobody holds it, or the holder was revoked already (its key waits out its lease).
     if (lresp.kvs_size() == 0 || lresp.kvs(0).value().starts_with(kRevokedValue)) return {};
+    if (!first_holds(lresp.kvs(0), mresp.kvs_size() == 1 ? &mresp.kvs(0) : nullptr)) return {};
     const mvccpb::KeyValue holder = lresp.kvs(0);
 
     // The holder's lease: its granted TTL bounds how far its last keepalive moved it.

@@ -240,6 +240,12 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   // delay runs (pos.holder_ttl: the time left); again; failed.
   QueuePosition::Kind settle_delay(Entry& entry, const AcquireRequest& req, std::uint64_t my_czxid,
                                    zhandle_t* zh, SteadyTime deadline, QueuePosition& pos, Error& ec);
+  // Whether the queue's first node (czxid `first_czxid`) holds the lock, given the lock dir's
+  // children `children`: not while a lost holder's lock-delay runs (the marker is "lost", or
+  // armed naming another node): the first node is then a waiter waiting it out. rc: the
+  // marker read's error (ZOK, or a failure: the answer is then true, as without a marker).
+  bool first_holds(zhandle_t* zh, std::string_view name, const std::vector<std::string>& children,
+                   std::uint64_t first_czxid, SteadyTime deadline, int& rc);
   // delete_place found our node at another version: a revoke's mark. Deleted once our
   // lease would have run out (retry until then); gone when it is not ours.
   Deleted delete_revoked(const Entry& e, const std::shared_ptr<Session>& s, const std::string& path,

@@ -10,6 +10,7 @@
 // server's clock is D past it: a touch of the lock directory (setData) reads the leader's
 // clock now (its mtime); until then the acquirer is busy with the time left (a waiter keeps
 // its place), and then takes the marker over (compared on its version).
+#include <algorithm>
 #include <charconv>
 
 #include "zk/zk_backend_impl.hpp"
@@ -55,6 +56,25 @@ std::optional<Marker> parse_marker(std::string_view v) {
 
 std::string ZkBackend::delay_path(std::string_view name) const {
   return zk::lock_dir(name) + "/" + std::string(zk::kDelayNode);
+}
+
+bool ZkBackend::first_holds(zhandle_t* zh, std::string_view name, const std::vector<std::string>& children,
+                            std::uint64_t first_czxid, SteadyTime deadline, int& rc) {
+  rc = ZOK;
+  if (std::find(children.begin(), children.end(), std::string(zk::kDelayNode)) == children.end()) return true;
+  auto got = zk::submit_get(zh, delay_path(name));
+  rc = zk::await(got, *clock_, deadline);
+  if (rc == ZNONODE) {
+    rc = ZOK;
+    return true;
+  }
+  if (rc != ZOK) return true;
+  const std::optional<Marker> m = parse_marker(got->value);
+  // A marker distlock did not write: the first node's acquisition fails on it, as before.
+  if (!m) return true;
+  // A holder writes its armed marker before its grant returns and takes a lost one over
+  // (or deletes it) before that: any other marker means the first node waits a delay out.
+  return m->armed && m->holder == first_czxid;
 }
 
 ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,

@@ -49,6 +49,14 @@ Backend::Revoked ZkBackend::revoke(std::string_view name, std::string_view note,
     }
     // Revoked already: its node waits for its holder's lease to run out.
     if (got->value.starts_with(zk::kRevokedValue)) return {};
+    // A waiter first in the queue waiting out a lost holder's lock-delay: nobody holds it.
+    const bool holds = first_holds(s->zh.get(), name, listed->children,
+                                   static_cast<std::uint64_t>(got->stat.czxid), deadline, rc);
+    if (rc != ZOK) {
+      ec = fail(rc, "reading the lock-delay marker", name);
+      return {};
+    }
+    if (!holds) return {};
     const std::string owner = got->value;
     const std::uint64_t token = static_cast<std::uint64_t>(got->stat.czxid);
     auto made = zk::submit_create(s->zh.get(), revoke_note_path(name), {}, node_acl(), ZOO_PERSISTENT);
