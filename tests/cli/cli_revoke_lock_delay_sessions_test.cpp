@@ -4,7 +4,7 @@
 //   - a revoked `distlock run` has its command stopped and exits 76 naming the reason; the
 //     waiting `distlock run` gets the lock, and its command starts only after the revoked
 //     command is gone; `distlock status` shows the revoke;
-//   - a `distlock run --lock-delay D` SIGKILLed with its command: a `distlock run --wait`
+//   - a `distlock run --lock-delay D` (3 s) SIGKILLed with its command: a `distlock run --wait`
 //     started right after the kill runs its command no earlier than kill + D (measured on
 //     this process's steady clock from just before the kill to the waiter's command writing
 //     its file); a run with --lock-delay that ends normally hands over at once.
@@ -105,8 +105,9 @@ TEST_P(CliSessionBackends, RevokedRunIsStoppedBeforeTheWaitersCommandStarts) {
   EXPECT_EQ(slurp(b_saw), "gone\n") << "the next holder's command started while the revoked one still ran";
   EXPECT_EQ(b.wait(20s), 0) << b.err();
 
+  // Exit 3: free again (the waiter's command has ended); the revoke is shown all the same.
   Cli status = Cli::run({"status", "--json", "--url", url_, "revjob"}, dir_.path());
-  ASSERT_EQ(status.code(), 0) << status.err();
+  ASSERT_EQ(status.code(), 3) << status.err();
   const auto j = nlohmann::json::parse(status.out());
   ASSERT_TRUE(j["last_revoke"].is_object()) << status.out();
   EXPECT_EQ(j["last_revoke"]["reason"], "ticket 4711: stuck");
@@ -116,12 +117,16 @@ TEST_P(CliSessionBackends, RevokedRunIsStoppedBeforeTheWaitersCommandStarts) {
 }
 
 TEST_P(CliSessionBackends, KilledRunWithLockDelayHoldsTheNameBack) {
-  constexpr auto kDelay = 2000ms;
+  // Longer than a dead holder's lease can last after the kill (zk: the targets' 2-s session +
+  // a 200-ms tick; etcd: the 1-s TTL + the lessor's 500-ms loop): a grant at the lease's end,
+  // without the delay, would come before kill + D.
+  constexpr auto kDelay = 3000ms;
   const fs::path a_ready = path("a.ready"), b_ran = path("b.ran");
-  Cli a = Cli::start(run("ldjob", {"--ttl", "1s", "--lock-delay", "2s"}, spin_script(a_ready)), dir_.path());
+  Cli a = Cli::start(run("ldjob", {"--ttl", "1s", "--lock-delay", "3s"}, spin_script(a_ready)), dir_.path());
   ASSERT_TRUE(wait_for_file(a_ready, 20s)) << a.err();
   const pid_t a_child = std::stoi(slurp(a_ready));
-  Cli b = Cli::start(run("ldjob", {"--ttl", "1s", "--wait", "30s"}, "touch " + b_ran.string()), dir_.path());
+  Cli b =
+      Cli::start(run("ldjob", {"--ttl", "1s", "--wait", "30s"}, "echo ran > " + b_ran.string()), dir_.path());
   ASSERT_TRUE(waiter_counted("ldjob")) << b.err();
   const auto killed = std::chrono::steady_clock::now();
   a.signal(SIGKILL);
@@ -131,15 +136,15 @@ TEST_P(CliSessionBackends, KilledRunWithLockDelayHoldsTheNameBack) {
   EXPECT_EQ(b.wait(20s), 0) << b.err();
   const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(ran - killed);
   std::printf(
-      "[ %s ] waiter's command ran %lld ms after the SIGKILL of a run with --lock-delay 2s --ttl 1s\n",
+      "[ %s ] waiter's command ran %lld ms after the SIGKILL of a run with --lock-delay 3s --ttl 1s\n",
       GetParam().label.c_str(), static_cast<long long>(after.count()));
   EXPECT_GE(after, kDelay) << "the waiter ran before the killed holder's lock-delay could have ended";
 
   // A run with --lock-delay that ends normally hands over at once: a try (--wait 0) right
   // after it succeeds.
-  Cli first = Cli::run(run("ldjob", {"--ttl", "5s", "--lock-delay", "30s"}, "exit 0"), dir_.path());
+  Cli first = Cli::run(run("ldjob", {"--ttl", "4s", "--lock-delay", "30s"}, "exit 0"), dir_.path());
   EXPECT_EQ(first.code(), 0) << first.err();
-  Cli second = Cli::run(run("ldjob", {"--ttl", "5s", "--wait", "0"}, "exit 0"), dir_.path());
+  Cli second = Cli::run(run("ldjob", {"--ttl", "4s", "--wait", "0"}, "exit 0"), dir_.path());
   EXPECT_EQ(second.code(), 0) << second.err();
 }
 
