@@ -330,8 +330,8 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
 // While a lost holder's lock-delay runs nobody holds the lock, though a waiter may already be
 // first in the queue waiting the delay out: a revoke then is a no-op (revoked false: there is
 // no holder to tell), status shows the lock not held, and the waiter is granted after the
-// delay without an error. The holder (lock_delay D) is revoked; every revoke and status call
-// that returns before the first revoke's start plus D falls inside the delay (the lock cannot
+// delay without an error (and `list` does not show it). The holder (lock_delay D) is revoked; every revoke
+// and status call that returns before the first revoke's start plus D falls inside the delay (the lock cannot
 // be granted before then: ARevokedHolderHoldsTheLockBackForTheDelay). TTL 1 s, D 5 s: the
 // revoked holder's lease ends within lease_end_bound(1 s) <= 2.2 s, so for about 3 s the waiter
 // is first and held back while the probes run (one every 50 ms, at most 200 of them).
@@ -367,10 +367,12 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   ASSERT_TRUE(first.revoked);
   int probes = 0;
   int held_seen = 0;
+  int listed_seen = 0;             // `list` shows held locks only
   std::vector<std::string> bogus;  // revokes inside the delay that reported a holder
   for (int i = 0; i < 200 && !done.load(); ++i) {
     std::error_code pec;
     const distlock::LockInfo info = revoker.status(name);
+    const std::vector<distlock::ListedLock> listed = revoker.list(name);
     const distlock::RevokeResult r = revoker.revoke(name, "revoke during the lock-delay", pec);
     if (Steady::now() >= revoking + kDelay - 100ms) break;  // past here a grant may be legal
     ASSERT_FALSE(pec) << "a revoke during the lock-delay failed: " << pec.message();
@@ -380,6 +382,8 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
                       "\" at " + std::to_string(ms_between(revoking, Steady::now()).count()) + " ms");
     }
     if (info.held) ++held_seen;
+    for (const distlock::ListedLock& l : listed)
+      if (l.name == name) ++listed_seen;
     std::this_thread::sleep_for(50ms);
   }
   waiter.join();
@@ -390,6 +394,7 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   EXPECT_GE(probes, 20) << "too few probes inside the delay to mean anything";
   for (const std::string& b : bogus) ADD_FAILURE() << "a revoke inside the lock-delay revoked " << b;
   EXPECT_EQ(held_seen, 0) << "status showed the lock held while nobody could hold it";
+  EXPECT_EQ(listed_seen, 0) << "list showed the lock held while nobody could hold it";
   ASSERT_FALSE(ec) << "the waiter's acquire failed: " << ec.message();
   ASSERT_TRUE(lease.owns());
   EXPECT_GE(ms_between(revoking, granted_at), kDelay - kSkew);
