@@ -58,17 +58,14 @@ std::optional<Marker> parse_marker(std::string_view v) {
 }  // namespace
 
 std::string EtcdBackend::delay_key(std::string_view name) const {
-  return prefix_ + "/" + std::string(kDelayDir) + encode_name(name);
+  return (prefix_.empty() ? std::string() : prefix_ + "/") + std::string(kDelayDir) + encode_name(name);
 }
 
 bool EtcdBackend::first_holds(const mvccpb::KeyValue& first, const mvccpb::KeyValue* marker) {
   if (marker == nullptr) return true;
-  const std::optional<Marker> m = parse_marker(marker->value());
-  // A marker distlock did not write: the first key's acquisition fails on it, as before.
-  if (!m) return true;
   // A holder writes its armed marker before its grant returns and takes a lost one over
   // (or deletes it) before that: any other marker means the first key waits a delay out.
-  return m->armed && m->holder == first.create_revision();
+  return marker_lets_first_hold(marker->value(), first.create_revision());
 }
 
 grpc::Status EtcdBackend::read_first(std::string_view name, const std::string& lock_prefix, bool whole_queue,

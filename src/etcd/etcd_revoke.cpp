@@ -16,7 +16,7 @@ constexpr int kRevokeAttempts = 5;
 }  // namespace
 
 std::string EtcdBackend::revoke_note_key(std::string_view name) const {
-  return prefix_ + "/" + std::string(kRevokedDir) + encode_name(name);
+  return (prefix_.empty() ? std::string() : prefix_ + "/") + std::string(kRevokedDir) + encode_name(name);
 }
 
 std::int64_t EtcdBackend::grant_free_lease(std::int64_t ttl_s, Error& ec) {

@@ -69,12 +69,9 @@ bool ZkBackend::first_holds(zhandle_t* zh, std::string_view name, const std::vec
     return true;
   }
   if (rc != ZOK) return true;
-  const std::optional<Marker> m = parse_marker(got->value);
-  // A marker distlock did not write: the first node's acquisition fails on it, as before.
-  if (!m) return true;
   // A holder writes its armed marker before its grant returns and takes a lost one over
   // (or deletes it) before that: any other marker means the first node waits a delay out.
-  return m->armed && m->holder == first_czxid;
+  return zk::marker_lets_first_hold(got->value, first_czxid);
 }
 
 ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, std::uint64_t token,

@@ -34,6 +34,15 @@ inline constexpr std::string_view kRevokedNode = "revoked";
 inline constexpr std::string_view kRevokedValue = "@revoked\n";
 /// The lock-delay marker of a lock: a persistent child of its directory (not a lock node).
 inline constexpr std::string_view kDelayNode = "delay";
+/// Whether the first node of a queue (czxid `first_czxid`) holds the lock, given the value of
+/// its lock-delay marker (zk_delay.cpp): not while a lost holder's delay runs (a "lost"
+/// marker, or an armed one naming another node): the first node is then a waiter waiting it
+/// out. A marker distlock did not write says nothing (the acquisition fails on it).
+inline bool marker_lets_first_hold(std::string_view marker, std::uint64_t first_czxid) {
+  if (marker.starts_with("lost\n")) return false;
+  if (!marker.starts_with("armed\n")) return true;
+  return marker.substr(6).starts_with(std::to_string(first_czxid) + "\n");
+}
 
 /// Encodes arbitrary bytes as one valid ZooKeeper path component: [A-Za-z0-9_-] stay,
 /// every other byte becomes %XX (so '/', '.', control bytes and non-UTF-8 are safe and
