@@ -180,6 +180,11 @@ class QueueRecipe {
   void for_each_locked(F&& f) const DISTLOCK_REQUIRES(mu_) {
     for (const auto& [key, e] : entries_) f(*e);
   }
+  /// Under mutex(): the table's entry of (name, owner), null when there is none.
+  QueueEntry* find_locked(std::string_view name, std::string_view owner) const DISTLOCK_REQUIRES(mu_) {
+    auto it = entries_.find(name_owner_key(name, owner));
+    return it == entries_.end() ? nullptr : it->second.get();
+  }
   /// Under mutex(): removes and returns the entries `pred` accepts.
   template <class Pred>
   std::vector<QueueEntryPtr> take_locked(Pred&& pred) DISTLOCK_REQUIRES(mu_) {

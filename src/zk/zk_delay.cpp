@@ -78,10 +78,8 @@ ReleaseStatus ZkBackend::release(std::string_view name, std::string_view owner, 
                                  Error& ec) {
   {
     LockGuard lk(recipe_.mutex());
-    recipe_.for_each_locked([&](QueueEntry& e) {
-      if (e.name == name && e.owner == owner && e.token == token && e.held)
-        entry_of<Entry>(e).releasing = true;
-    });
+    QueueEntry* e = recipe_.find_locked(name, owner);
+    if (e != nullptr && e->token == token && e->held) entry_of<Entry>(*e).releasing = true;
   }
   return recipe_.release(name, owner, token, ec);
 }
