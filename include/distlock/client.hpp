@@ -321,8 +321,8 @@ class DISTLOCK_EXPORT Client {
   /// `reason`: 1 to 1024 bytes of text without control characters (no newline, escape or
   /// NUL: it is printed in logs and `distlock status`). A free lock is no error: {revoked = false}.
   /// Throws errc::invalid_argument (name, reason), errc::not_supported where the backend
-  /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks; etcd://
-  /// and zk:// not yet: docs/design.md "Revoke"), or the backend's error. Logged at warning level, counted in
+  /// cannot end another process's hold (file://, PostgreSQL and MySQL advisory locks:
+  /// docs/design.md "Revoke"), or the backend's error. Logged at warning level, counted in
   /// distlock_revokes_total.
   RevokeResult revoke(std::string_view name, std::string_view reason);
   RevokeResult revoke(std::string_view name, std::string_view reason, std::error_code& ec) noexcept;

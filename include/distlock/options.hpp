@@ -100,7 +100,7 @@ struct DISTLOCK_EXPORT LockOptions {
   /// revoked, anything but a normal release — nobody is granted the lock before the loss
   /// plus lock_delay, to protect resources that cannot check fencing tokens. A normal
   /// release (Lease::release, the guard's destructor) hands over at once. The server
-  /// enforces it (a dead client cannot), on the server's clock; the backends that cannot
+  /// enforces it (a dead client cannot; etcd://: timed by the next acquirer); those that cannot
   /// enforce it reject a non-zero value with errc::not_supported (docs/design.md
   /// "Lock-delay"). The holder's value counts, not the waiter's. Default 0 (off); at most
   /// max_lock_delay (60 s), more is errc::invalid_argument naming lock_delay.

@@ -219,6 +219,13 @@ AcquireResult QueueRecipe::try_acquire(const AcquireRequest& req, Error& ec) {
         }
         break;
       case QueuePosition::Kind::again: continue;
+      case QueuePosition::Kind::held_back:
+        busy.holder_ttl = pos.holder_ttl;
+        if (!req.keep_queued) {
+          forget(e);
+          give_up(e);
+        }
+        return busy;
       case QueuePosition::Kind::busy:
         busy.holder_ttl = pos.holder_ttl;
         forget(e);

@@ -89,6 +89,10 @@ struct QueuePosition {
     behind,  ///< another place is ahead
     again,   ///< the queue changed under the read (or the session did): look again
     busy,    ///< the lock is taken and no place was made (a try without keep_queued)
+    /// first, but a lost holder's lock-delay still runs (docs/design.md "Lock-delay"):
+    /// not granted; a waiter keeps its place and looks again after `holder_ttl`, a try
+    /// without keep_queued gives the place up (busy)
+    held_back,
     failed,  ///< ec says why; the place, if one was made, is given up
   };
   Kind kind = Kind::failed;
@@ -175,6 +179,11 @@ class QueueRecipe {
   template <class F>
   void for_each_locked(F&& f) const DISTLOCK_REQUIRES(mu_) {
     for (const auto& [key, e] : entries_) f(*e);
+  }
+  /// Under mutex(): the table's entry of (name, owner), null when there is none.
+  QueueEntry* find_locked(std::string_view name, std::string_view owner) const DISTLOCK_REQUIRES(mu_) {
+    auto it = entries_.find(name_owner_key(name, owner));
+    return it == entries_.end() ? nullptr : it->second.get();
   }
   /// Under mutex(): removes and returns the entries `pred` accepts.
   template <class Pred>

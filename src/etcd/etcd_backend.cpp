@@ -9,30 +9,31 @@ namespace etcd {
 LockInfo EtcdBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const std::string lp = lock_prefix(name);
-  RangeRequest req;
-  req.set_key(lp);
-  req.set_range_end(prefix_end(lp));
   // Every place, in creation order: the holder first, then the waiters in the order
-  // the lock passes on in (each watches the one created just before it).
-  req.set_sort_target(RangeRequest::CREATE);
-  req.set_sort_order(RangeRequest::ASCEND);
+  // the lock passes on in (each watches the one created just before it); and the
+  // lock-delay marker at the same revision.
   etcdserverpb::RangeResponse resp;
-  grpc::Status st = transport_.call(
-      [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, req, &resp); });
+  etcdserverpb::RangeResponse marker;
+  grpc::Status st = read_first(name, lp, true, resp, marker);
   if (!st.ok()) {
     set_error(st, ec, "status Range");
     return {};
   }
   LockInfo info;
   info.waiters_listed = true;  // waiting_since: a key records a revision, no time
-  for (int i = 1; i < resp.kvs_size(); ++i) {
+  // The first key is a waiter itself while it waits out a lost holder's lock-delay.
+  const bool first_waits = resp.kvs_size() > 0 && !resp.kvs(0).value().starts_with(kRevokedValue) &&
+                           !first_holds(resp.kvs(0), marker.kvs_size() == 1 ? &marker.kvs(0) : nullptr);
+  for (int i = first_waits ? 0 : 1; i < resp.kvs_size(); ++i) {
     WaiterInfo w;
     w.owner = resp.kvs(i).value();
     info.waiter_list.push_back(std::move(w));
   }
   info.waiters = info.waiter_list.size();
-  if (resp.kvs_size() == 0) return info;
+  if (resp.kvs_size() == 0 || first_waits) return info;
   const auto& kv = resp.kvs(0);
+  // A revoked holder's key waits out its lease first in the queue: held by nobody.
+  if (kv.value().starts_with(kRevokedValue)) return info;
   info.held = true;
   info.token = static_cast<std::uint64_t>(kv.create_revision());
   info.holder = kv.value();

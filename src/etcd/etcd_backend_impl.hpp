@@ -77,6 +77,14 @@ struct Entry final : QueueEntry {
   // Guarded by the recipe's mutex.
   std::int64_t watch_id = 0;  // live watch on the predecessor, 0 when none
   bool watch_fired = false;   // the predecessor was deleted (or the watch broke)
+  // Lock-delay (etcd_delay.cpp). The marker value this entry's hold wrote (empty: none).
+  std::string delay_marker;
+  // Set by release() (not by forget): its delete takes the marker with it.
+  bool releasing = false;
+  // A lost holder's delay this entry is waiting out: the marker's mod_revision it timed,
+  // and when (on clock_) the delay ends. Only the thread running enqueue touches them.
+  std::int64_t held_back_rev = 0;
+  SteadyTime held_back_until{};
 };
 
 // A Watch stream shared by every waiter of the client, read by one thread.
@@ -172,7 +180,13 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     keeper_ = std::jthread([this](std::stop_token st) { keeper_main(st); });
   }
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
+
+  // release marks the entry so its delete takes its lock-delay marker too; forget (a lost
+  // lease) deletes the key alone, so the marker holds the name back (etcd_delay.cpp).
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        Error& ec) override;
+  void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
   std::string url() const override { return url_; }
 
   // Watches are per queued key and set up by try_acquire (from the revision it
@@ -181,6 +195,10 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   void unwatch(std::string_view) noexcept override {}
 
   LockInfo status(std::string_view name, Error& ec) override;
+
+  // Revoke (etcd_revoke.cpp).
+  Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
+  std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
   etcd::Records& records() noexcept override { return records_; }
@@ -216,6 +234,26 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   std::shared_ptr<WatchStream> open_stream_locked() DISTLOCK_REQUIRES(watch_mu_);
   void reader_main(std::shared_ptr<WatchStream> stream);
   void keeper_main(std::stop_token st);
+  std::string revoke_note_key(std::string_view name) const;
+  std::string delay_key(std::string_view name) const;
+  // The entry is first in its queue (its key's create_revision my_rev); `marker` is the
+  // lock-delay marker read in the same Txn (nullptr: none). kind first: it may be granted
+  // (its own marker written when req.lock_delay > 0); held_back: a lost holder's delay
+  // runs (pos.holder_ttl: the time left); again / failed.
+  QueuePosition::Kind settle_delay(Entry& entry, const AcquireRequest& req, std::int64_t my_rev,
+                                   const mvccpb::KeyValue* marker, QueuePosition& pos, Error& ec);
+  // Whether the first key of a queue holds the lock, given the lock-delay marker read at the
+  // same revision (nullptr: none). Not while a lost holder's delay runs (a lost marker, or an
+  // armed one naming another key): the first key is then a waiter waiting it out, not granted.
+  static bool first_holds(const mvccpb::KeyValue& first, const mvccpb::KeyValue* marker);
+  // The lowest key under `lock_prefix` and the lock-delay marker of `name`, at one revision.
+  grpc::Status read_first(std::string_view name, const std::string& lock_prefix, bool whole_queue,
+                          etcdserverpb::RangeResponse& queue, etcdserverpb::RangeResponse& marker);
+  // A lease of `ttl_s` outside every session (nobody keeps it alive); 0 with ec on error.
+  std::int64_t grant_free_lease(std::int64_t ttl_s, Error& ec);
+  void revoke_lease(std::int64_t id) noexcept;
+  // One keepalive of a lease outside every session: whether etcd renewed it.
+  bool keep_alive_once(std::int64_t id) noexcept;
   void set_error(const grpc::Status& st, Error& ec, const char* what) {
     std::string why;
     ec = transport_.to_error(st, why);

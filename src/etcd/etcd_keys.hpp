@@ -3,6 +3,8 @@
 // Below the URL's prefix P ("distlock" by default):
 //   P/<encoded lock name>/<lease hex>-<seq>   one queued key per owner thread (attached to a lease)
 //   P/%records/<record key>                   one record (no lease: never expires)
+//   P/%revoked/<encoded lock name>            the last revoke's note (on a lease of its own)
+//   P/%delay/<encoded lock name>              the holder's lock-delay marker (docs/etcd.md)
 // Lock names are arbitrary bytes; '%' and '/' are percent-encoded ("%25", "%2F"), so an
 // encoded name never contains '/', never starts with "%r", and the code is prefix-free:
 // enc(a) is a prefix of enc(b) exactly when a is a prefix of b.
@@ -15,6 +17,7 @@
 //   prefix_end("a/")                == "a0"
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +26,23 @@ namespace distlock::detail::etcd {
 
 /// The marker of the records namespace below the prefix (never an encoded lock name).
 inline constexpr std::string_view kRecordsDir = "%records/";
+/// The revoke notes' namespace below the prefix (never an encoded lock name either).
+inline constexpr std::string_view kRevokedDir = "%revoked/";
+/// The lock-delay markers' namespace below the prefix.
+inline constexpr std::string_view kDelayDir = "%delay/";
+/// The value a revoke gives the holder's queue key ("@revoked\n<owner>"): held by nobody,
+/// it waits out the lease the revoke put it on. An owner never starts with '@'.
+inline constexpr std::string_view kRevokedValue = "@revoked\n";
+
+/// Whether the first key of a queue (create_revision `first_rev`) holds the lock, given the
+/// value of its lock-delay marker (etcd_delay.cpp): not while a lost holder's delay runs (a
+/// "lost" marker, or an armed one naming another key): the first key is then a waiter
+/// waiting it out. A marker distlock did not write says nothing (the acquisition fails on it).
+inline bool marker_lets_first_hold(std::string_view marker, std::int64_t first_rev) {
+  if (marker.starts_with("lost\n")) return false;
+  if (!marker.starts_with("armed\n")) return true;
+  return marker.substr(6).starts_with(std::to_string(first_rev) + "\n");
+}
 
 inline std::string encode_name(std::string_view name) {
   std::string out;

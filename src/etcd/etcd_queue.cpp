@@ -39,8 +39,8 @@ bool EtcdBackend::reusable(const QueueEntry& e, const AcquireRequest& req) const
   return entry.session->alive && entry.session->requested_s == ttl_seconds(req.ttl);
 }
 
-QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
-                                   Clock::time_point /*started*/, Error& ec) {
+QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& req, Clock::time_point /*started*/,
+                                   Error& ec) {
   Entry& entry = entry_of<Entry>(e);
   const auto& session = entry.session;
   QueuePosition pos;
@@ -90,6 +90,10 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
   lowest(txn.add_success());
   txn.add_failure()->mutable_request_range()->set_key(entry.key);
   lowest(txn.add_failure());
+  // The lock-delay marker, read at the same revision (etcd_delay.cpp).
+  const std::string marker_key = delay_key(entry.name);
+  txn.add_success()->mutable_request_range()->set_key(marker_key);
+  txn.add_failure()->mutable_request_range()->set_key(marker_key);
 
   const Clock::time_point sent = clock_->now();
   etcdserverpb::TxnResponse resp;
@@ -100,7 +104,7 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
     lose_session(session, "etcd refused a put: lease not found");
     return {QueuePosition::Kind::again};
   }
-  if (!st.ok() || resp.responses_size() != 2) {
+  if (!st.ok() || resp.responses_size() != 3) {
     // The Txn may have created our key (applied, its answer lost or late): the recipe
     // gives the key up (an orphan the keeper deletes within a second).
     if (!st.ok()) {
@@ -154,7 +158,9 @@ QueuePosition EtcdBackend::enqueue(QueueEntry& e, const AcquireRequest& /*req*/,
     pos.kind = QueuePosition::Kind::behind;
     return pos;
   }
-  pos.kind = QueuePosition::Kind::first;
+  const auto& markers = resp.responses(2).response_range();
+  pos.kind = settle_delay(entry, req, my_rev, markers.kvs_size() == 1 ? &markers.kvs(0) : nullptr, pos, ec);
+  if (pos.kind != QueuePosition::Kind::first) return pos;
   pos.sent = sent;
   pos.validity = remaining;
   return pos;
@@ -216,8 +222,26 @@ QueueStore::Deleted EtcdBackend::delete_place(QueueEntry& e, Error& ec) {
     cmp->set_target(Compare::CREATE);
     cmp->set_key(entry.key);
     cmp->set_create_revision(create_rev);
+    // Still on our session's lease: a revoke moved the key onto a lease of its own, and it
+    // must wait that out (Backend::revoke) rather than be handed on by our delete.
+    cmp = txn.add_compare();
+    cmp->set_result(Compare::EQUAL);
+    cmp->set_target(Compare::LEASE);
+    cmp->set_key(entry.key);
+    cmp->set_lease(entry.session->lease);
   }
   txn.add_success()->mutable_request_delete_range()->set_key(entry.key);
+  if (create_rev != 0 && entry.releasing && !entry.delay_marker.empty()) {
+    // A release (not a lost lease's delete) takes our lock-delay marker with it, if it is
+    // still ours: the name is handed on at once.
+    etcdserverpb::TxnRequest* mine = txn.add_success()->mutable_request_txn();
+    Compare* mc = mine->add_compare();
+    mc->set_result(Compare::EQUAL);
+    mc->set_target(Compare::VALUE);
+    mc->set_key(delay_key(entry.name));
+    mc->set_value(entry.delay_marker);
+    mine->add_success()->mutable_request_delete_range()->set_key(delay_key(entry.name));
+  }
   etcdserverpb::TxnResponse resp;
   etcd::CallInfo info;
   const grpc::Status st = transport_.call(
@@ -295,7 +319,8 @@ void EtcdBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewS
                         r.kvs(0).lease() == entry_of<Entry>(*entries[j]).session->lease;
       out[j] = ours ? RenewStatus::renewed : RenewStatus::not_owner;
       if (!ours) {
-        log_.log(LogLevel::warning, "etcd: the key of held lock \"{}\" was deleted from outside: lost",
+        log_.log(LogLevel::warning,
+                 "etcd: the key of held lock \"{}\" was deleted or revoked from outside: lost",
                  entries[j]->name);
       }
     }

@@ -196,10 +196,36 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
     queues.erase(std::prev(queues.end()));
   }
 
+  // The lock-delay markers of the names under the prefix: a first key waiting out a lost
+  // holder's delay holds nothing (etcd_delay.cpp).
+  std::map<std::string, std::string> markers;
+  if (!queues.empty()) {
+    const std::string mstart = base_ + std::string(kDelayDir) + encode_name(prefix);
+    RangeRequest req;
+    req.set_key(mstart);
+    req.set_range_end(prefix_end(mstart));
+    etcdserverpb::RangeResponse resp;
+    const grpc::Status st =
+        transport_.call([&](Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, req, &resp); });
+    if (!st.ok()) {
+      fail(st, ec, "etcd listing of lock-delay markers");
+      return {};
+    }
+    const std::size_t skip = base_.size() + kDelayDir.size();
+    for (const auto& kv : resp.kvs()) {
+      if (kv.key().size() <= skip) continue;
+      if (auto name = decode_name(std::string_view(kv.key()).substr(skip)))
+        markers.emplace(*name, kv.value());
+    }
+  }
+
   std::vector<ListedLock> out;
   out.reserve(queues.size());
   std::map<std::int64_t, std::int64_t> ttl_of_lease;  // seconds; -1: the lease is gone
   for (auto& [name, q] : queues) {
+    if (q.owner.starts_with(kRevokedValue)) continue;  // a revoked key waiting out its lease
+    if (auto m = markers.find(name); m != markers.end() && !marker_lets_first_hold(m->second, q.create_rev))
+      continue;  // a waiter first in the queue waiting out a lost holder's lock-delay
     ListedLock l;
     l.name = name;
     l.info.held = true;

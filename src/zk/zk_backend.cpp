@@ -27,24 +27,41 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
     }
     const auto queue = zk::queue_order(listed->children);
     if (queue.empty()) return info;
-    auto st = zk::submit_exists(s->zh.get(), dir + "/" + queue.front().node);
+    auto st = zk::submit_get(s->zh.get(), dir + "/" + queue.front().node);
     const int src = zk::await(st, *clock_, deadline);
     if (src == ZNONODE) continue;  // released meanwhile: look again
     if (src != ZOK) {
       ec = fail(src, "reading the holder's node", name);
       return {};
     }
-    info.held = true;
-    info.token = static_cast<std::uint64_t>(st->stat.czxid);
-    if (auto owner = zk::owner_of_guid(queue.front().guid)) info.holder = *owner;
+    // A revoked holder's node waits for its lease to run out first in the queue: held by nobody.
+    info.held = !st->value.starts_with(zk::kRevokedValue);
+    // So is a waiter's node first in the queue waiting out a lost holder's lock-delay: it is
+    // listed as the first waiter.
+    bool first_waits = false;
+    if (info.held) {
+      int mrc = ZOK;
+      first_waits = !first_holds(s->zh.get(), name, listed->children,
+                                 static_cast<std::uint64_t>(st->stat.czxid), deadline, mrc);
+      if (mrc != ZOK) {
+        ec = fail(mrc, "reading the lock-delay marker", name);
+        return {};
+      }
+      info.held = !first_waits;
+    }
+    if (info.held) {
+      info.token = static_cast<std::uint64_t>(st->stat.czxid);
+      if (auto owner = zk::owner_of_guid(queue.front().guid)) info.holder = *owner;
+    }
     // The waiters in queue order (ascending sequence: the order the lock passes on
     // in), each with its node's creation time; one that left meanwhile is not listed.
+    const std::size_t from = first_waits ? 0 : 1;
     std::vector<zk::ReplyPtr> waiting;
-    for (std::size_t i = 1; i < queue.size(); ++i) {
+    for (std::size_t i = from; i < queue.size(); ++i) {
       waiting.push_back(zk::submit_exists(s->zh.get(), dir + "/" + queue[i].node));
     }
-    for (std::size_t i = 1; i < queue.size(); ++i) {
-      const int wrc = zk::await(waiting[i - 1], *clock_, deadline);
+    for (std::size_t i = from; i < queue.size(); ++i) {
+      const int wrc = zk::await(waiting[i - from], *clock_, deadline);
       if (wrc == ZNONODE) continue;
       if (wrc != ZOK) {
         ec = fail(wrc, "reading a waiter's node", name);
@@ -53,7 +70,7 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
       WaiterInfo w;
       w.owner = zk::owner_of_guid(queue[i].guid).value_or(queue[i].guid);
       w.waiting_since =
-          std::chrono::system_clock::time_point(std::chrono::milliseconds(waiting[i - 1]->stat.ctime));
+          std::chrono::system_clock::time_point(std::chrono::milliseconds(waiting[i - from]->stat.ctime));
       info.waiter_list.push_back(std::move(w));
     }
     info.waiters_listed = true;

@@ -98,6 +98,10 @@ struct Entry final : QueueEntry {
   int version = 0;
   bool uncertain = false;    // a create whose answer was lost: find it by guid
   SteadyTime valid_until{};  // held: confirmed + session timeout
+  // Lock-delay (zk_delay.cpp): the version of the marker this hold wrote (-1: none), and
+  // whether release() (not forget) is deleting the node: the marker goes with it then.
+  int delay_version = -1;
+  bool releasing = false;
 };
 
 class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, private QueueStore {
@@ -170,7 +174,12 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
     keeper_ = std::thread([this] { keeper_main(); });
   }
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
+  // release marks the entry so its delete takes its lock-delay marker too; forget (a lost
+  // lease) deletes the node alone, so the marker holds the name back (zk_delay.cpp).
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        Error& ec) override;
+  void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
 
   // Waiting is driven by the predecessor watch each queued try_acquire leaves (set
   // atomically with the check, so nothing between the check and the wait is missed).
@@ -178,6 +187,9 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   void unwatch(std::string_view) noexcept override {}
   LockInfo status(std::string_view name, Error& ec) override;
   std::string url() const override { return cfg_.redacted_url; }
+  // Revoke (zk_revoke.cpp).
+  Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
+  std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): zk_records.cpp.
   zk::Records& records() noexcept override { return records_; }
@@ -221,6 +233,23 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
                Error& ec) override;
   void confirmed(QueueEntry& e, Clock::time_point sent) override DISTLOCK_REQUIRES(recipe_.mutex());
   void orphans_waiting() noexcept override;
+  std::string revoke_note_path(std::string_view name) const;
+  std::string delay_path(std::string_view name) const;
+  // The entry's node (czxid my_czxid) is first: settles the lock-delay marker. first: it may
+  // be granted (its own marker written when req.lock_delay > 0); held_back: a lost holder's
+  // delay runs (pos.holder_ttl: the time left); again; failed.
+  QueuePosition::Kind settle_delay(Entry& entry, const AcquireRequest& req, std::uint64_t my_czxid,
+                                   zhandle_t* zh, SteadyTime deadline, QueuePosition& pos, Error& ec);
+  // Whether the queue's first node (czxid `first_czxid`) holds the lock, given the lock dir's
+  // children `children`: not while a lost holder's lock-delay runs (the marker is "lost", or
+  // armed naming another node): the first node is then a waiter waiting it out. rc: the
+  // marker read's error (ZOK, or a failure: the answer is then true, as without a marker).
+  bool first_holds(zhandle_t* zh, std::string_view name, const std::vector<std::string>& children,
+                   std::uint64_t first_czxid, SteadyTime deadline, int& rc);
+  // delete_place found our node at another version: a revoke's mark. Deleted once our
+  // lease would have run out (retry until then); gone when it is not ours.
+  Deleted delete_revoked(const Entry& e, const std::shared_ptr<Session>& s, const std::string& path,
+                         SteadyTime deadline, Error& ec);
 
   zk::RecordsEnv records_env() {
     zk::RecordsEnv env;

@@ -105,7 +105,39 @@ void on_multi(int rc, const void* data) {
   if (undo) zoo_adelete(r->zh, r->value.c_str(), -1, &ignore_void, nullptr);
 }
 
+// A multi without a create: nothing to undo, no path.
+void on_multi_plain(int rc, const void* data) {
+  ReplyPtr r = take_back(data);
+  LockGuard lk(r->mu);
+  r->rc = rc;
+  r->done = true;
+  r->cv.notify_all();
+}
+
 }  // namespace
+
+ReplyPtr submit_set_both(zhandle_t* zh, const std::string& path1, std::string_view data1, int version1,
+                         const std::string& path2, std::string_view data2, int version2) {
+  auto r = std::make_shared<Reply>();
+  zoo_op_t ops[2];
+  zoo_set_op_init(&ops[0], path1.c_str(), data1.data(), static_cast<int>(data1.size()), version1, &r->stat);
+  zoo_set_op_init(&ops[1], path2.c_str(), data2.data(), static_cast<int>(data2.size()), version2,
+                  &r->parent_stat);
+  const void* d = hand_over(r);
+  const int rc = zoo_amulti(zh, 2, ops, r->results, &on_multi_plain, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_delete_both(zhandle_t* zh, const std::string& path1, int version1, const std::string& path2,
+                            int version2) {
+  auto r = std::make_shared<Reply>();
+  zoo_op_t ops[2];
+  zoo_delete_op_init(&ops[0], path1.c_str(), version1);
+  zoo_delete_op_init(&ops[1], path2.c_str(), version2);
+  const void* d = hand_over(r);
+  const int rc = zoo_amulti(zh, 2, ops, r->results, &on_multi_plain, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
 
 ReplyPtr submit_create_and_touch(zhandle_t* zh, const std::string& path, std::string_view data,
                                  const ACL_vector* acl, int mode, const std::string& parent) {

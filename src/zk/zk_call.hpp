@@ -71,6 +71,14 @@ ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view 
 ReplyPtr submit_create_and_touch(zhandle_t* zh, const std::string& path, std::string_view data,
                                  const ACL_vector* acl, int mode, const std::string& parent);
 ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version);
+/// One transaction of two setData (each at its version, -1: any): both or neither. On
+/// ZOK, `stat` is the first node's new Stat (its mtime: the leader's wall clock at the
+/// transaction).
+ReplyPtr submit_set_both(zhandle_t* zh, const std::string& path1, std::string_view data1, int version1,
+                         const std::string& path2, std::string_view data2, int version2);
+/// One transaction of two deletes (each at its version, -1: any): both or neither.
+ReplyPtr submit_delete_both(zhandle_t* zh, const std::string& path1, int version1, const std::string& path2,
+                            int version2);
 /// exists; with a non-null `watcher`, also leaves a one-shot watch on `path`.
 ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher = nullptr,
                        void* watcher_ctx = nullptr);

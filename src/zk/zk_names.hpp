@@ -4,6 +4,8 @@
 //   /distlock                                   persistent root
 //   /distlock/<encoded name>                    container node, one per lock name
 //   /distlock/<encoded name>/<guid>-lock-<seq>  ephemeral sequential, one per holder/waiter
+//   /distlock/<encoded name>/revoked            persistent: the last revoke's note
+//   /distlock/<encoded name>/delay              persistent: the lock-delay marker (zk_delay.cpp)
 // <guid> is "<encoded owner>.<attempt>": the owner id (client id and thread) plus a per-attempt
 // number, so a create whose answer was lost can be found again (and only that create).
 //
@@ -24,6 +26,23 @@ namespace distlock::detail::zk {
 
 inline constexpr std::string_view kRoot = "/distlock";
 inline constexpr std::string_view kLockMarker = "-lock-";
+/// The revoke note of a lock: a persistent child of its directory (not a lock node: no
+/// kLockMarker), "<token>\n<holder owner>\n<note>" of the last revoke.
+inline constexpr std::string_view kRevokedNode = "revoked";
+/// The data a revoke gives the holder's node ("@revoked\n<owner>"): held by nobody, the
+/// node waits for its holder's lease to run out. An owner never starts with '@'.
+inline constexpr std::string_view kRevokedValue = "@revoked\n";
+/// The lock-delay marker of a lock: a persistent child of its directory (not a lock node).
+inline constexpr std::string_view kDelayNode = "delay";
+/// Whether the first node of a queue (czxid `first_czxid`) holds the lock, given the value of
+/// its lock-delay marker (zk_delay.cpp): not while a lost holder's delay runs (a "lost"
+/// marker, or an armed one naming another node): the first node is then a waiter waiting it
+/// out. A marker distlock did not write says nothing (the acquisition fails on it).
+inline bool marker_lets_first_hold(std::string_view marker, std::uint64_t first_czxid) {
+  if (marker.starts_with("lost\n")) return false;
+  if (!marker.starts_with("armed\n")) return true;
+  return marker.substr(6).starts_with(std::to_string(first_czxid) + "\n");
+}
 
 /// Encodes arbitrary bytes as one valid ZooKeeper path component: [A-Za-z0-9_-] stay,
 /// every other byte becomes %XX (so '/', '.', control bytes and non-UTF-8 are safe and

@@ -219,6 +219,11 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     p.version = 0;                                              // a new node
     if (created->stat.numChildren == 1) {
       pos.sent = sent;
+      // Nothing else in the directory: no lock-delay marker either.
+      if (req.lock_delay > Millis(0)) {
+        const auto k = settle_delay(entry, req, p.czxid, zh, deadline, pos, ec);
+        if (k != QueuePosition::Kind::first) return done(k);
+      }
       return done(QueuePosition::Kind::first);
     }
   }
@@ -265,6 +270,13 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
   }
   if (me == queue.begin()) {
     pos.sent = sent;
+    // A marker is a child of the directory: without one listed, there is none to settle.
+    const bool marker = std::find(listed->children.begin(), listed->children.end(),
+                                  std::string(zk::kDelayNode)) != listed->children.end();
+    if (marker || req.lock_delay > Millis(0)) {
+      const auto k = settle_delay(entry, req, p.czxid, zh, deadline, pos, ec);
+      if (k != QueuePosition::Kind::first) return done(k);
+    }
     return done(QueuePosition::Kind::first);
   }
   p.predecessor = std::prev(me)->node;
@@ -326,11 +338,29 @@ QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
   if (!s || s->generation() != p.generation) return Deleted::gone;
   const std::string dir = zk::lock_dir(e.name);
   const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
+  int delay_version = -1;
+  {
+    LockGuard lk(recipe_.mutex());
+    if (e.releasing) delay_version = e.delay_version;
+  }
+  if (!p.node.empty() && delay_version >= 0) {
+    // A release takes our lock-delay marker with it (both or neither): handed over at once.
+    auto r =
+        zk::submit_delete_both(s->zh.get(), dir + "/" + p.node, p.version, delay_path(e.name), delay_version);
+    const int rc = zk::await(r, *clock_, deadline);
+    if (rc == ZOK) return Deleted::deleted;
+    if (zk::is_transient(rc)) {
+      ec = fail(rc, "deleting the lock node", e.name);
+      return Deleted::retry;
+    }
+    // The marker moved or went (or the node did): the node alone, below.
+  }
   if (!p.node.empty()) {
     auto r = zk::submit_delete(s->zh.get(), dir + "/" + p.node, p.version);
     const int rc = zk::await(r, *clock_, deadline);
     if (rc == ZOK) return Deleted::deleted;
-    if (rc == ZNONODE || rc == ZBADVERSION) return Deleted::gone;
+    if (rc == ZBADVERSION) return delete_revoked(e, s, dir + "/" + p.node, deadline, ec);
+    if (rc == ZNONODE) return Deleted::gone;
     ec = fail(rc, "deleting the lock node", e.name);
     return zk::is_transient(rc) ? Deleted::retry : Deleted::failed;
   }
@@ -358,6 +388,36 @@ QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
   return result;
 }
 
+QueueStore::Deleted ZkBackend::delete_revoked(const Entry& e, const std::shared_ptr<Session>& s,
+                                              const std::string& path, SteadyTime deadline, Error& ec) {
+  auto got = zk::submit_get(s->zh.get(), path);
+  const int rc = zk::await(got, *clock_, deadline);
+  if (rc == ZNONODE) return Deleted::gone;
+  if (rc != ZOK) {
+    ec = fail(rc, "reading the lock node", e.name);
+    return zk::is_transient(rc) ? Deleted::retry : Deleted::failed;
+  }
+  const clientid_t* id = zoo_client_id(s->zh.get());
+  if (id == nullptr || got->stat.ephemeralOwner != id->client_id ||
+      !got->value.starts_with(zk::kRevokedValue)) {
+    return Deleted::gone;  // not our node any more
+  }
+  // Revoked: the node holds the lock back until our own lease would have run out (the
+  // holder's local deadline), then goes. Until then the keeper retries (every 200 ms).
+  SteadyTime until;
+  {
+    LockGuard lk(recipe_.mutex());
+    until = e.valid_until;
+  }
+  if (clock_->now() < until) return Deleted::retry;
+  auto d = zk::submit_delete(s->zh.get(), path, got->stat.version);
+  const int drc = zk::await(d, *clock_, deadline);
+  if (drc == ZOK) return Deleted::deleted;
+  if (drc == ZNONODE || drc == ZBADVERSION) return Deleted::gone;
+  ec = fail(drc, "deleting the revoked lock node", e.name);
+  return zk::is_transient(drc) ? Deleted::retry : Deleted::failed;
+}
+
 void ZkBackend::orphans_waiting() noexcept {
   LockGuard lk(recipe_.mutex());
   cv_.notify_all();
@@ -368,6 +428,7 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
   auto s = current_session();
   std::vector<std::string> paths(entries.size());
   std::vector<std::uint64_t> tokens(entries.size());
+  std::vector<int> versions(entries.size());
   {
     LockGuard lk(recipe_.mutex());
     if (!s || !s->connected) {
@@ -378,6 +439,7 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
     for (std::size_t i = 0; i < entries.size(); ++i) {
       const Entry& e = entry_of<Entry>(*entries[i]);
       tokens[i] = e.token;
+      versions[i] = e.version;
       if (e.generation != s->generation()) {
         out[i] = RenewStatus::not_owner;  // its session ended: the node went with it
         continue;
@@ -412,11 +474,30 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
     int rc = zk::await(replies[i], *clock_, deadline);
     // Without a completed sync the answer may be a follower's stale view: unknown.
     if (sync_rc != ZOK) rc = zk::kTimedOut;
+    // A version moved by somebody else: a revoke marked the node (zk_revoke.cpp).
     if (rc == ZOK && replies[i]->stat.ephemeralOwner == session_id &&
-        static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i]) {
+        static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i] &&
+        replies[i]->stat.version == versions[i]) {
       out[i] = RenewStatus::renewed;
     } else if (rc == ZOK || rc == ZNONODE) {
       out[i] = RenewStatus::not_owner;
+      if (rc == ZOK && replies[i]->stat.ephemeralOwner == session_id &&
+          static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i]) {
+        // Our node, marked by a revoke: the recipe forgets the hold without deleting anything,
+        // and our session would keep the node first in the queue for as long as it lives. An
+        // orphan of it deletes it once our lease would have run out (delete_revoked).
+        auto left = std::make_shared<Entry>(entries[i]->name, entries[i]->owner);
+        {
+          LockGuard lk(recipe_.mutex());
+          const Entry& e = entry_of<Entry>(*entries[i]);
+          left->generation = e.generation;
+          left->node = e.node;
+          left->version = e.version;
+          left->token = e.token;
+          left->valid_until = e.valid_until;
+        }
+        recipe_.orphan(std::move(left));
+      }
     } else {
       out[i] = RenewStatus::failed;
     }

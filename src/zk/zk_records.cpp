@@ -209,6 +209,7 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
     const auto d = deadline();
     std::vector<std::vector<LockNode>> ordered(to - from);
     std::vector<ReplyPtr> holders(to - from);
+    std::vector<ReplyPtr> markers(to - from);  // the lock-delay marker, when listed
     for (std::size_t i = from; i < to; ++i) {
       rc = await(queues[i - from], d);
       if (rc == ZNONODE) continue;  // the directory went with its last node
@@ -218,15 +219,26 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
       }
       ordered[i - from] = queue_order(queues[i - from]->children);
       if (!ordered[i - from].empty()) {
-        holders[i - from] = submit_exists(zh, dirs[i].second + "/" + ordered[i - from].front().node);
+        holders[i - from] = submit_get(zh, dirs[i].second + "/" + ordered[i - from].front().node);
+        const auto& children = queues[i - from]->children;
+        if (std::find(children.begin(), children.end(), std::string(kDelayNode)) != children.end())
+          markers[i - from] = submit_get(zh, dirs[i].second + "/" + std::string(kDelayNode));
       }
     }
+    // Whether the first node holds: not a revoked node waiting out its holder's lease, nor a
+    // waiter waiting out a lost holder's lock-delay (marker: its read, or null).
+    auto first_holds = [&](const ReplyPtr& first, const ReplyPtr& marker) {
+      if (first->value.starts_with(kRevokedValue)) return false;
+      if (!marker || await(marker, deadline()) != ZOK) return true;
+      return marker_lets_first_hold(marker->value, static_cast<std::uint64_t>(first->stat.czxid));
+    };
     for (std::size_t i = from; i < to; ++i) {
       if (!holders[i - from]) continue;
       rc = await(holders[i - from], deadline());
       std::optional<ListedLock> found;
       if (rc == ZOK) {
-        found = describe_queue(dirs[i].first, ordered[i - from], holders[i - from]->stat);
+        if (first_holds(holders[i - from], markers[i - from]))
+          found = describe_queue(dirs[i].first, ordered[i - from], holders[i - from]->stat);
       } else if (rc == ZNONODE) {
         // The holder left between the two reads: read this one queue again.
         for (int again = 0; again < kRecheck && !found; ++again) {
@@ -236,9 +248,13 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
           if (rc != ZOK) break;
           const auto queue = queue_order(q->children);
           if (queue.empty()) break;
-          auto st = submit_exists(zh, dirs[i].second + "/" + queue.front().node);
+          auto st = submit_get(zh, dirs[i].second + "/" + queue.front().node);
           rc = await(st, deadline());
-          if (rc == ZOK) found = describe_queue(dirs[i].first, queue, st->stat);
+          ReplyPtr marker;
+          if (std::find(q->children.begin(), q->children.end(), std::string(kDelayNode)) != q->children.end())
+            marker = submit_get(zh, dirs[i].second + "/" + std::string(kDelayNode));
+          if (rc == ZOK && first_holds(st, marker)) found = describe_queue(dirs[i].first, queue, st->stat);
+          if (rc == ZOK && !found) break;  // nobody holds it
           if (rc != ZOK && rc != ZNONODE) break;
         }
         if (rc == ZNONODE) rc = ZOK;

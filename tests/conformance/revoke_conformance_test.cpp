@@ -44,8 +44,8 @@ constexpr Millis kNoticeSlack = 1000ms;
 
 // The schemes whose backend can revoke another process's hold.
 bool revocable(const std::string& scheme) {
-  static const std::set<std::string> yes = {"redis",         "rediss",  "redis+sentinel",
-                                            "redis+cluster", "redlock", "redlocks"};
+  static const std::set<std::string> yes = {"redis",   "rediss",   "redis+sentinel", "redis+cluster",
+                                            "redlock", "redlocks", "etcd",           "zk"};
   return yes.count(scheme) > 0;
 }
 

@@ -1,0 +1,187 @@
+// Revoke on etcd (Backend::revoke, docs/etcd.md "Revoke"): the holder's queue key moves
+// off the holder's session lease onto a lease of its own that nobody keeps alive, with
+// the value "@revoked\n<owner>", in one Txn compared on the key's create_revision and
+// lease, kept alive once after the Txn. The key keeps its create_revision, so it stays first in the queue
+// (nobody is granted) until that lease runs out; the holder's next renewal finds its key on another lease
+// (not ours: revoked), and its delete of the key (release, forget) is compared on its own lease, so it cannot
+// hand the lock on early either.
+#include "etcd/etcd_backend_impl.hpp"
+
+namespace distlock::detail::etcd {
+
+namespace {
+
+constexpr int kRevokeAttempts = 5;
+
+}  // namespace
+
+std::string EtcdBackend::revoke_note_key(std::string_view name) const {
+  return (prefix_.empty() ? std::string() : prefix_ + "/") + std::string(kRevokedDir) + encode_name(name);
+}
+
+std::int64_t EtcdBackend::grant_free_lease(std::int64_t ttl_s, Error& ec) {
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(ttl_s);
+  etcdserverpb::LeaseGrantResponse resp;
+  const grpc::Status st = transport_.call(
+      [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.lease->LeaseGrant(&ctx, req, &resp); });
+  if (!st.ok()) {
+    set_error(st, ec, "LeaseGrant");
+    return 0;
+  }
+  if (!resp.error().empty() || resp.ttl() <= 0) {
+    ec.fail(errc::protocol_error, "etcd LeaseGrant(" + std::to_string(ttl_s) + ") answered TTL " +
+                                      std::to_string(resp.ttl()) + " error \"" + resp.error() + "\"");
+    return 0;
+  }
+  return resp.id();
+}
+
+bool EtcdBackend::keep_alive_once(std::int64_t id) noexcept {
+  try {
+    bool renewed = false;
+    const grpc::Status st = transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) {
+      auto stream = s.lease->LeaseKeepAlive(&ctx);
+      etcdserverpb::LeaseKeepAliveRequest req;
+      req.set_id(id);
+      etcdserverpb::LeaseKeepAliveResponse resp;
+      if (stream->Write(req) && stream->Read(&resp)) renewed = resp.ttl() > 0;
+      stream->WritesDone();
+      return stream->Finish();
+    });
+    return st.ok() && renewed;
+  } catch (...) {
+    return false;
+  }
+}
+
+void EtcdBackend::revoke_lease(std::int64_t id) noexcept {
+  try {
+    etcdserverpb::LeaseRevokeRequest req;
+    req.set_id(id);
+    etcdserverpb::LeaseRevokeResponse resp;
+    (void)transport_.call(
+        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.lease->LeaseRevoke(&ctx, req, &resp); });
+  } catch (...) {  // the lease runs out by itself
+  }
+}
+
+Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
+                                     Error& ec) {
+  ec.clear();
+  const std::string lp = lock_prefix(name);
+  for (int attempt = 1; attempt <= kRevokeAttempts; ++attempt) {
+    // The holder: the lowest key of the queue, unless a lost holder's lock-delay still runs
+    // (read at the same revision): the lowest key then is a waiter waiting it out.
+    etcdserverpb::RangeResponse lresp;
+    etcdserverpb::RangeResponse mresp;
+    grpc::Status st = read_first(name, lp, false, lresp, mresp);
+    if (!st.ok()) {
+      set_error(st, ec, "revoke Range");
+      return {};
+    }
+    // Nobody holds it, or the holder was revoked already (its key waits out its lease).
+    if (lresp.kvs_size() == 0 || lresp.kvs(0).value().starts_with(kRevokedValue)) return {};
+    if (!first_holds(lresp.kvs(0), mresp.kvs_size() == 1 ? &mresp.kvs(0) : nullptr)) return {};
+    const mvccpb::KeyValue holder = lresp.kvs(0);
+
+    // The holder's lease: its granted TTL bounds how far its last keepalive moved it.
+    etcdserverpb::LeaseTimeToLiveRequest treq;
+    treq.set_id(holder.lease());
+    etcdserverpb::LeaseTimeToLiveResponse tresp;
+    st = transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) {
+      return s.lease->LeaseTimeToLive(&ctx, treq, &tresp);
+    });
+    if (!st.ok()) {
+      set_error(st, ec, "revoke LeaseTimeToLive");
+      return {};
+    }
+    if (tresp.ttl() < 0 || tresp.grantedttl() <= 0) continue;  // the lease ended: its key goes with it
+
+    // The revoked key's lease: the holder's granted TTL (its keepalives move its lease's
+    // end at most that far), kept alive once after the Txn (below).
+    const std::int64_t hold_s = tresp.grantedttl();
+    const std::int64_t hold_lease = grant_free_lease(hold_s, ec);
+    if (ec) return {};
+    const std::int64_t note_lease = grant_free_lease(ttl_seconds(note_life), ec);
+    if (ec) {
+      revoke_lease(hold_lease);
+      return {};
+    }
+
+    etcdserverpb::TxnRequest txn;
+    Compare* c = txn.add_compare();
+    c->set_result(Compare::EQUAL);
+    c->set_target(Compare::CREATE);
+    c->set_key(holder.key());
+    c->set_create_revision(holder.create_revision());
+    c = txn.add_compare();
+    c->set_result(Compare::EQUAL);
+    c->set_target(Compare::LEASE);
+    c->set_key(holder.key());
+    c->set_lease(holder.lease());
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(holder.key());
+    put->set_value(std::string(kRevokedValue) + holder.value());
+    put->set_lease(hold_lease);
+    auto* note_put = txn.add_success()->mutable_request_put();
+    note_put->set_key(revoke_note_key(name));
+    note_put->set_value(std::to_string(holder.create_revision()) + "\n" + holder.value() + "\n" +
+                        std::string(note));
+    note_put->set_lease(note_lease);
+    etcdserverpb::TxnResponse resp;
+    etcd::CallInfo info;
+    st = transport_.call(
+        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); }, &info);
+    if (!st.ok()) {
+      // Maybe applied: the lease then holds the key and must stay; it ends by itself.
+      set_error(st, ec, "revoke Txn");
+      if (!info.maybe_applied) {
+        revoke_lease(hold_lease);
+        revoke_lease(note_lease);
+      }
+      return {};
+    }
+    if (!resp.succeeded()) {
+      // The holder changed under us (released, or its lease ended): look again.
+      revoke_lease(hold_lease);
+      revoke_lease(note_lease);
+      continue;
+    }
+    // The holder's last keepalive may have been applied after our lease was granted (its
+    // lease then ends up to that gap later than ours): one keepalive of ours, sent after
+    // the Txn was applied, moves our lease's end to at least the Txn + the holder's TTL.
+    if (!keep_alive_once(hold_lease)) {
+      log_.log(LogLevel::warning,
+               "etcd revoke of lock \"{}\": the keepalive after the revoke had no answer; the key ends with "
+               "the lease granted before it",
+               name);
+    }
+    Revoked r;
+    r.revoked = true;
+    r.token = static_cast<std::uint64_t>(holder.create_revision());
+    r.holder = holder.value();
+    return r;
+  }
+  ec.fail(errc::backend_unavailable, "etcd revoke of lock \"" + std::string(name) +
+                                         "\": the holder changed " + std::to_string(kRevokeAttempts) +
+                                         " times under the revoke");
+  return {};
+}
+
+std::optional<std::string> EtcdBackend::revoke_note(std::string_view name, Error& ec) {
+  ec.clear();
+  RangeRequest req;
+  req.set_key(revoke_note_key(name));
+  etcdserverpb::RangeResponse resp;
+  const grpc::Status st = transport_.call(
+      [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, req, &resp); });
+  if (!st.ok()) {
+    set_error(st, ec, "revoke note Range");
+    return std::nullopt;
+  }
+  if (resp.kvs_size() == 0) return std::nullopt;
+  return resp.kvs(0).value();
+}
+
+}  // namespace distlock::detail::etcd
