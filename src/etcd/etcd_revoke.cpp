@@ -1,10 +1,12 @@
 // Revoke on etcd (Backend::revoke, docs/etcd.md "Revoke"): the holder's queue key moves
 // off the holder's session lease onto a lease of its own that nobody keeps alive, with
 // the value "@revoked\n<owner>", in one Txn compared on the key's create_revision and
-// lease, kept alive once after the Txn. The key keeps its create_revision, so it stays first in the queue
-// (nobody is granted) until that lease runs out; the holder's next renewal finds its key on another lease
-// (not ours: revoked), and its delete of the key (release, forget) is compared on its own lease, so it cannot
-// hand the lock on early either.
+// lease (the holder's TTL + 1 s), kept alive after the Txn. The key keeps its create_revision, so it stays
+// first in the queue (nobody is granted) until that lease runs out; the holder's next renewal finds its key
+// on another lease (not ours: revoked), and its delete of the key (release, forget) is compared on its own
+// lease, so it cannot hand the lock on early either.
+#include <chrono>
+
 #include "etcd/etcd_backend_impl.hpp"
 
 namespace distlock::detail::etcd {
@@ -12,6 +14,8 @@ namespace distlock::detail::etcd {
 namespace {
 
 constexpr int kRevokeAttempts = 5;
+// Keepalives of the revoked key's lease after the Txn, until one is answered.
+constexpr int kRevokeKeepAliveTries = 3;
 
 }  // namespace
 
@@ -99,8 +103,13 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     if (tresp.ttl() < 0 || tresp.grantedttl() <= 0) continue;  // the lease ended: its key goes with it
 
     // The revoked key's lease: the holder's granted TTL (its keepalives move its lease's
-    // end at most that far), kept alive once after the Txn (below).
-    const std::int64_t hold_s = tresp.grantedttl();
+    // end at most that far) plus one second, kept alive after the Txn (below). The holder
+    // may renew between this grant and the Txn; its local deadline is then up to that gap
+    // past grant + TTL. The keepalive after the Txn covers any gap; the extra second covers
+    // a gap below one second when no keepalive is answered (the gap is measured and a
+    // longer one logged as an error).
+    const auto granted_at = std::chrono::steady_clock::now();
+    const std::int64_t hold_s = tresp.grantedttl() + 1;
     const std::int64_t hold_lease = grant_free_lease(hold_s, ec);
     if (ec) return {};
     const std::int64_t note_lease = grant_free_lease(ttl_seconds(note_life), ec);
@@ -151,11 +160,18 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     // The holder's last keepalive may have been applied after our lease was granted (its
     // lease then ends up to that gap later than ours): one keepalive of ours, sent after
     // the Txn was applied, moves our lease's end to at least the Txn + the holder's TTL.
-    if (!keep_alive_once(hold_lease)) {
-      log_.log(LogLevel::warning,
-               "etcd revoke of lock \"{}\": the keepalive after the revoke had no answer; the key ends with "
-               "the lease granted before it",
-               name);
+    bool kept = false;
+    for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease);
+    if (!kept) {
+      const auto gap = std::chrono::steady_clock::now() - granted_at;
+      const bool covered = gap < std::chrono::seconds(1);
+      log_.log(
+          covered ? LogLevel::warning : LogLevel::error,
+          "etcd revoke of lock \"{}\": no keepalive after the revoke was answered ({} tries); the key ends "
+          "with the lease granted {} ms before, {}",
+          name, kRevokeKeepAliveTries, std::chrono::duration_cast<std::chrono::milliseconds>(gap).count(),
+          covered ? "within the extra second it was granted"
+                  : "more than its extra second: a renewal of the holder in between may outlast it");
     }
     Revoked r;
     r.revoked = true;
