@@ -354,7 +354,10 @@ TEST(CliShardsSignals, SigtermWhileTheServerDoesNotAnswerEndsTheRunner) {
   std::unique_ptr<Target> redis;
   for (auto& k : kinds())
     if (k.label == "redis") redis = k.make({});
-  if (!redis) GTEST_SKIP() << "redis:// is not in this build";
+  if (!redis) {  // a build without redis:// (a developer's): nothing to pause; CI builds it
+    ASSERT_FALSE(in_ci()) << "redis:// is not in this build";
+    return;
+  }
   TempDir dir("distlock-cli-shards-signal");
   redis->pause(0);
   Cli c = Cli::start({"run", "--url", redis->url() + "?timeout=30s", "--ttl", "2s", "--shards", "4",
