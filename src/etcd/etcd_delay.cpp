@@ -14,48 +14,13 @@
 // A marker that is gone (its lease ran out) holds nothing back. Nobody is granted before
 // the loss plus D: each grant follows a read, after the loss, of a marker whose delay was
 // measured from after that read, or the lost marker's lease of at least D granted after it.
-#include <charconv>
 
+#include "engine/delay_marker.hpp"
 #include "etcd/etcd_backend_impl.hpp"
 
 namespace distlock::detail::etcd {
 
-namespace {
-
-struct Marker {
-  bool armed = false;       // written by a holder (else: a lost holder's delay running)
-  std::int64_t holder = 0;  // armed: the holder key's create_revision
-  Millis delay{0};
-};
-
-template <class Int>
-bool parse_int(std::string_view s, Int& out) {
-  if (s.empty()) return false;
-  const auto [p, err] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return err == std::errc() && p == s.data() + s.size();
-}
-
-std::optional<Marker> parse_marker(std::string_view v) {
-  Marker m;
-  std::int64_t d = 0;
-  if (v.starts_with("armed\n")) {
-    v.remove_prefix(6);
-    const auto nl = v.find('\n');
-    if (nl == std::string_view::npos || !parse_int(v.substr(0, nl), m.holder) ||
-        !parse_int(v.substr(nl + 1), d))
-      return std::nullopt;
-    m.armed = true;
-  } else if (v.starts_with("lost\n")) {
-    if (!parse_int(v.substr(5), d)) return std::nullopt;
-  } else {
-    return std::nullopt;
-  }
-  if (d < 0) return std::nullopt;
-  m.delay = Millis(d);
-  return m;
-}
-
-}  // namespace
+using Marker = DelayMarker<std::int64_t>;
 
 std::string EtcdBackend::delay_key(std::string_view name) const {
   return (prefix_.empty() ? std::string() : prefix_ + "/") + std::string(kDelayDir) + encode_name(name);
@@ -113,9 +78,8 @@ void EtcdBackend::forget(std::string_view name, std::string_view owner, std::uin
 QueuePosition::Kind EtcdBackend::settle_delay(Entry& entry, const AcquireRequest& req, std::int64_t my_rev,
                                               const mvccpb::KeyValue* marker, QueuePosition& pos, Error& ec) {
   const std::string mkey = delay_key(entry.name);
-  const std::string mine = req.lock_delay > Millis(0) ? "armed\n" + std::to_string(my_rev) + "\n" +
-                                                            std::to_string(req.lock_delay.count())
-                                                      : std::string();
+  const std::string mine =
+      req.lock_delay > Millis(0) ? armed_delay_marker(my_rev, req.lock_delay) : std::string();
   // A Txn compared on the marker's mod_revision (0: absent) and on our key being ours:
   // puts our marker (or deletes the one there when we set no delay).
   auto take_marker = [&](std::int64_t marker_mod) -> QueuePosition::Kind {
@@ -157,7 +121,7 @@ QueuePosition::Kind EtcdBackend::settle_delay(Entry& entry, const AcquireRequest
   };
 
   if (marker == nullptr) return take_marker(0);
-  const std::optional<Marker> m = parse_marker(marker->value());
+  const std::optional<Marker> m = parse_delay_marker<std::int64_t>(marker->value());
   if (!m) {
     ec.fail(errc::protocol_error,
             "the lock-delay marker of lock \"" + entry.name + "\" is not one distlock wrote");
@@ -190,7 +154,7 @@ QueuePosition::Kind EtcdBackend::settle_delay(Entry& entry, const AcquireRequest
     c->set_mod_revision(marker->mod_revision());
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(mkey);
-    put->set_value("lost\n" + std::to_string(m->delay.count()));
+    put->set_value(lost_delay_marker(m->delay));
     put->set_lease(lease);
     etcdserverpb::TxnResponse resp;
     const grpc::Status st = transport_.call(

@@ -11,48 +11,13 @@
 // clock now (its mtime); until then the acquirer is busy with the time left (a waiter keeps
 // its place), and then takes the marker over (compared on its version).
 #include <algorithm>
-#include <charconv>
 
+#include "engine/delay_marker.hpp"
 #include "zk/zk_backend_impl.hpp"
 
 namespace distlock::detail::zk {
 
-namespace {
-
-struct Marker {
-  bool armed = false;
-  std::uint64_t holder = 0;  // armed: the holder node's czxid
-  Millis delay{0};
-};
-
-template <class Int>
-bool parse_int(std::string_view s, Int& out) {
-  if (s.empty()) return false;
-  const auto [p, err] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return err == std::errc() && p == s.data() + s.size();
-}
-
-std::optional<Marker> parse_marker(std::string_view v) {
-  Marker m;
-  std::int64_t d = 0;
-  if (v.starts_with("armed\n")) {
-    v.remove_prefix(6);
-    const auto nl = v.find('\n');
-    if (nl == std::string_view::npos || !parse_int(v.substr(0, nl), m.holder) ||
-        !parse_int(v.substr(nl + 1), d))
-      return std::nullopt;
-    m.armed = true;
-  } else if (v.starts_with("lost\n")) {
-    if (!parse_int(v.substr(5), d)) return std::nullopt;
-  } else {
-    return std::nullopt;
-  }
-  if (d < 0) return std::nullopt;
-  m.delay = Millis(d);
-  return m;
-}
-
-}  // namespace
+using Marker = DelayMarker<std::uint64_t>;
 
 std::string ZkBackend::delay_path(std::string_view name) const {
   return zk::lock_dir(name) + "/" + std::string(zk::kDelayNode);
@@ -97,9 +62,8 @@ QueuePosition::Kind ZkBackend::settle_delay(Entry& entry, const AcquireRequest& 
                                             Error& ec) {
   const std::string dir = zk::lock_dir(entry.name);
   const std::string mpath = delay_path(entry.name);
-  const std::string mine = req.lock_delay > Millis(0) ? "armed\n" + std::to_string(my_czxid) + "\n" +
-                                                            std::to_string(req.lock_delay.count())
-                                                      : std::string();
+  const std::string mine =
+      req.lock_delay > Millis(0) ? armed_delay_marker(my_czxid, req.lock_delay) : std::string();
   auto failed = [&](int rc, const char* what) {
     ec = fail(rc, what, entry.name);
     return QueuePosition::Kind::failed;
@@ -133,7 +97,7 @@ QueuePosition::Kind ZkBackend::settle_delay(Entry& entry, const AcquireRequest& 
     return QueuePosition::Kind::first;
   };
   if (rc == ZNONODE) return take(-1);
-  const std::optional<Marker> m = parse_marker(got->value);
+  const std::optional<Marker> m = parse_delay_marker<std::uint64_t>(got->value);
   if (!m) {
     ec.fail(errc::protocol_error,
             "the lock-delay marker of lock \"" + entry.name + "\" is not one distlock wrote: " + mpath);
@@ -149,7 +113,7 @@ QueuePosition::Kind ZkBackend::settle_delay(Entry& entry, const AcquireRequest& 
   int version = got->stat.version;
   if (m->armed) {
     // The holder it names is gone (we are first): lost. The write's mtime starts the delay.
-    auto set = zk::submit_set(zh, mpath, "lost\n" + std::to_string(m->delay.count()), version);
+    auto set = zk::submit_set(zh, mpath, lost_delay_marker(m->delay), version);
     rc = zk::await(set, *clock_, deadline);
     if (rc == ZBADVERSION || rc == ZNONODE) return QueuePosition::Kind::again;
     if (rc != ZOK) return failed(rc, "writing the lock-delay marker");
