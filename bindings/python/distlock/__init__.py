@@ -33,7 +33,7 @@ import datetime
 import os
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, TypeVar, Union
 
 from ._errors import (AuthFailed, Busy, Cancelled, ClockMovedBackwards, Error, Exhausted, Forked,
                       InvalidArgument, InvalidUrl, Lost, NotOwner, NotSupported, ProtocolError,
@@ -121,7 +121,30 @@ class _LostEvent(threading.Event):
         return super().wait(timeout) or self._check()
 
 
-class Lease:
+_T = TypeVar("_T")
+
+
+class _ReleasedOnExit:
+    """``with``: the object itself; leaving the block calls ``release()``. An error of the
+    release is raised only when the block itself raised nothing (its own exception wins)."""
+
+    __slots__ = ()
+
+    def release(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.release()
+        except Error:
+            if exc_type is None:
+                raise
+
+
+class Lease(_ReleasedOnExit):
     """A held lock (or semaphore permit, read-write hold, election leadership).
 
     ``token``: the fencing token (int), strictly increasing per lock name across holders; pass it
@@ -206,16 +229,6 @@ class Lease:
         ends by its TTL). Releasing twice does nothing."""
         self._impl.release()
 
-    def __enter__(self) -> "Lease":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            self.release()
-        except Error:
-            if exc_type is None:
-                raise
-
     def __repr__(self) -> str:
         state = "held" if self.held else ("lost" if self.loss_reason != "none" else "released")
         return f"<distlock.Lease {self._name!r} {state}>"
@@ -228,7 +241,7 @@ def _seconds(value: "Union[float, datetime.timedelta, None]") -> Optional[float]
     return value
 
 
-class MultiLease:
+class MultiLease(_ReleasedOnExit):
     """Several names held as one (:meth:`Client.lock_all`): taken all or none, each with its own
     lease and fencing token; a loss of any one name is a loss of the whole.
 
@@ -312,16 +325,6 @@ class MultiLease:
             return
         self._released = True
         self._impl.release()
-
-    def __enter__(self) -> "MultiLease":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            self.release()
-        except Error:
-            if exc_type is None:
-                raise
 
     def __repr__(self) -> str:
         state = "held" if self.held else ("lost" if self.loss_reason != "none" else "released")
