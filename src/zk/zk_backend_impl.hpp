@@ -190,6 +190,8 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   // Revoke (zk_revoke.cpp).
   Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
   std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
+  // Prefix watch (zk_watch.cpp): a session of its own, one-shot watches re-armed on each trigger.
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
 
   // Records and listing (RecordsBackend forwards them): zk_records.cpp.
   zk::Records& records() noexcept override { return records_; }

@@ -55,6 +55,16 @@ void on_strings(int rc, const String_vector* v, const void* data) {
   complete(*r, rc);
 }
 
+void on_strings_stat(int rc, const String_vector* v, const Stat* stat, const void* data) {
+  ReplyPtr r = take_back(data);
+  if (rc == ZOK && v != nullptr) {
+    r->children.reserve(static_cast<std::size_t>(v->count));
+    for (int i = 0; i < v->count; ++i) r->children.emplace_back(v->data[i]);
+  }
+  if (rc == ZOK && stat != nullptr) r->stat = *stat;
+  complete(*r, rc);
+}
+
 void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
   ReplyPtr r = take_back(data);
   if (rc == ZOK) {
@@ -185,6 +195,20 @@ ReplyPtr submit_children(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
   const void* d = hand_over(r);
   const int rc = zoo_aget_children(zh, path.c_str(), 0, &on_strings, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_children_stat(zhandle_t* zh, const std::string& path, bool watch) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_aget_children2(zh, path.c_str(), watch ? 1 : 0, &on_strings_stat, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
+ReplyPtr submit_get_watched(zhandle_t* zh, const std::string& path) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(r);
+  const int rc = zoo_aget(zh, path.c_str(), 1, &on_data, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 

@@ -83,6 +83,11 @@ ReplyPtr submit_delete_both(zhandle_t* zh, const std::string& path1, int version
 ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher = nullptr,
                        void* watcher_ctx = nullptr);
 ReplyPtr submit_children(zhandle_t* zh, const std::string& path);
+/// getChildren2: `children` and the parent's `stat` (cversion, pzxid). With `watch`, also
+/// leaves a one-shot child watch, delivered to the handle's default watcher.
+ReplyPtr submit_children_stat(zhandle_t* zh, const std::string& path, bool watch);
+/// get that also leaves a one-shot data watch (the handle's default watcher).
+ReplyPtr submit_get_watched(zhandle_t* zh, const std::string& path);
 /// get: on ZOK, `value` is the node's data (empty for none) and `stat` its Stat.
 ReplyPtr submit_get(zhandle_t* zh, const std::string& path);
 /// set (setData) at `version` (-1: any); on ZOK, `stat` is the node's new Stat.

@@ -57,6 +57,15 @@ std::optional<std::string> decode_component(std::string_view enc) {
   return out;
 }
 
+std::string session_presence_path(std::int64_t session_id) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(kSessionsDir);
+  out.push_back('/');
+  auto v = static_cast<std::uint64_t>(session_id);
+  for (int shift = 60; shift >= 0; shift -= 4) out.push_back(kHex[(v >> shift) & 0xF]);
+  return out;
+}
+
 std::string lock_dir(std::string_view name) {
   std::string out(kRoot);
   out.push_back('/');

@@ -6,6 +6,7 @@
 //   /distlock/<encoded name>/<guid>-lock-<seq>  ephemeral sequential, one per holder/waiter
 //   /distlock/<encoded name>/revoked            persistent: the last revoke's note
 //   /distlock/<encoded name>/delay              persistent: the lock-delay marker (zk_delay.cpp)
+//   /distlock/.sessions/<session id, 16 hex>    ephemeral, one per client session (zk_watch.cpp)
 // <guid> is "<encoded owner>.<attempt>": the owner id (client id and thread) plus a per-attempt
 // number, so a create whose answer was lost can be found again (and only that create).
 //
@@ -43,6 +44,13 @@ inline bool marker_lets_first_hold(std::string_view marker, std::uint64_t first_
   if (!marker.starts_with("armed\n")) return true;
   return marker.substr(6).starts_with(std::to_string(first_czxid) + "\n");
 }
+
+/// Where each session of the backend keeps an ephemeral node named after its session id
+/// (session_presence_path): a watch tells a holder's release (its session still there) from
+/// the end of its session (zk_watch.cpp). ".sessions" never decodes as a lock name.
+inline constexpr std::string_view kSessionsDir = "/distlock/.sessions";
+/// "/distlock/.sessions/<session id as 16 lower-case hex digits>".
+std::string session_presence_path(std::int64_t session_id);
 
 /// Encodes arbitrary bytes as one valid ZooKeeper path component: [A-Za-z0-9_-] stay,
 /// every other byte becomes %XX (so '/', '.', control bytes and non-UTF-8 are safe and

@@ -89,6 +89,24 @@ int ZkBackend::record_session_event(zhandle_t* zh, Session& s, int state, int& b
     }
     s.auth_sent = true;
   }
+  if (state == ZOO_CONNECTED_STATE && !s.ever_connected) {
+    // The session's presence node (zk_names.hpp, kSessionsDir): a watch reads it to tell a
+    // release (the holder's session still there) from the end of the holder's session.
+    // Fire and forget, pipelined behind the credentials: "already exists" is fine, a failure
+    // only makes a watch report this session's releases as they look without it.
+    try {
+      auto root = zk::submit_create(zh, std::string(zk::kRoot), {}, &acls().root_vec, ZOO_PERSISTENT);
+      root->undo_if_abandoned = false;
+      auto dir = zk::submit_create(zh, std::string(zk::kSessionsDir), {}, &acls().root_vec, ZOO_PERSISTENT);
+      dir->undo_if_abandoned = false;
+      if (const clientid_t* id = zoo_client_id(zh)) {
+        auto mine =
+            zk::submit_create(zh, zk::session_presence_path(id->client_id), {}, node_acl(), ZOO_EPHEMERAL);
+        mine->undo_if_abandoned = false;
+      }
+    } catch (...) {
+    }
+  }
   if (state == ZOO_CONNECTED_STATE) {
     if (s.ever_connected && !s.connected) s.reconnected = true;
     s.connected = true;

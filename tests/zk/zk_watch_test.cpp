@@ -1,0 +1,402 @@
+// Client::watch on zk:// (distlock/watch.hpp, src/zk/zk_watch.cpp): the event stream of a
+// prefix, inferred from one-shot ZooKeeper watches re-armed on each trigger, against real
+// servers each test process starts (standalone, and a 3-server ensemble): hand-offs in token
+// order, a killed holder as a loss, a revoke, the initial state and the prefix filter, a
+// hand-off chain the watch cannot see as a gap (never a silent skip), a server restart as a
+// gap then the state, and a stop from another thread.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <future>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/fault_proxy.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+#include "zk/zk_test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Client;
+using distlock::Lease;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::Watch;
+using distlock::WatchEvent;
+using distlock::WatchEventKind;
+using distlock::WatchOptions;
+using distlock::testing::shared_server;
+using distlock::testing::ZkEnsemble;
+using distlock::testing::ZkServer;
+using SteadyClock = std::chrono::steady_clock;
+
+// Sessions of 10 s: a lease of up to 20 s; the ttl below keeps renewals frequent.
+const std::string kQuery = "?session_timeout=10s";
+
+LockOptions opts_ttl(Millis ttl) {
+  LockOptions o;
+  o.ttl = ttl;
+  o.wait = Millis(30000);
+  return o;
+}
+
+Client connect(const std::string& url) {
+  return distlock::connect(url, distlock::testing::quiet());
+}
+
+std::string describe(const WatchEvent& e) {
+  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
+         (e.held ? " held" : "") + " " + e.detail;
+}
+
+// The next event that is not a `state`, waiting up to `limit` (measured on the steady clock).
+std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
+  const auto end = SteadyClock::now() + limit;
+  while (SteadyClock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - SteadyClock::now()));
+    if (!e) return std::nullopt;
+    if (e->kind != WatchEventKind::state) return e;
+  }
+  return std::nullopt;
+}
+
+// What a consumer checks on one name's stream: tokens go up, each lease ends before the
+// next one starts, and an acquisition the stream did not report is covered by a gap.
+struct Checker {
+  std::uint64_t last = 0;
+  bool held = false;
+  int acquired = 0, released = 0, lost = 0, revoked = 0, gaps = 0;
+  int reported_lost = 0;  // lost, not inferred by the API layer: the backend said so
+  std::string problem;
+
+  void add(const WatchEvent& e) {
+    if (!problem.empty()) return;
+    switch (e.kind) {
+      case WatchEventKind::acquired:
+        if (held) problem = "acquired before the end of token " + std::to_string(last) + ": " + describe(e);
+        if (e.token <= last) problem = "token went back: " + describe(e);
+        last = e.token;
+        held = true;
+        ++acquired;
+        break;
+      case WatchEventKind::released:
+      case WatchEventKind::lost:
+      case WatchEventKind::revoked:
+        if (!held || e.token != last) problem = "end of a lease not current: " + describe(e);
+        held = false;
+        if (e.kind == WatchEventKind::released) ++released;
+        if (e.kind == WatchEventKind::lost) ++lost;
+        if (e.kind == WatchEventKind::lost && !e.inferred) ++reported_lost;
+        if (e.kind == WatchEventKind::revoked) ++revoked;
+        break;
+      case WatchEventKind::gap: ++gaps; break;
+      case WatchEventKind::state:  // a re-list after a gap: the lock as read then
+        if (e.held && e.token < last) problem = "state went back: " + describe(e);
+        if (e.held) last = e.token;
+        held = e.held;
+        break;
+    }
+  }
+};
+
+// Two clients hand one lock back and forth, each holding it until the watch has reported
+// its `acquired` (so every lease is visible for at least one reading): every hand-off
+// comes as released(A) then acquired(B), in token order, with no gap. Then without the
+// pacing: tokens still go up, each lease ends before the next, and any acquisition the
+// stream lacks is covered by a gap.
+void hand_offs(const std::string& url_a, const std::string& url_b, const std::string& url_watch,
+               const std::string& name, Millis budget, int max_paced) {
+  Client watcher = connect(url_watch);
+  Watch w = watcher.watch(name);
+  std::atomic<std::uint64_t> seen{0};  // the last acquired token the consumer took
+  std::atomic<bool> paced{true};
+  std::atomic<bool> done{false};
+  std::atomic<int> taken{0}, paced_taken{0};
+  std::atomic<std::uint64_t> max_token{0};                 // of the holders' acquisitions
+  std::atomic<bool> settled{false};                        // the consumer saw the end of max_token's lease
+  Checker check;                                           // the consumer's until it is joined
+  int paced_acquired = 0, paced_gaps = 0, paced_lost = 0;  // events taken while the holders paced
+  std::thread consumer([&] {
+    while (!done.load()) {
+      auto e = w.next(100ms);
+      if (!e) continue;
+      const bool was_paced = paced.load();  // false only once every paced lease was reported
+      check.add(*e);
+      if (was_paced && e->kind == WatchEventKind::acquired) ++paced_acquired;
+      if (was_paced && e->kind == WatchEventKind::gap) ++paced_gaps;
+      if (was_paced && e->kind == WatchEventKind::lost) ++paced_lost;
+      if (e->kind == WatchEventKind::acquired) seen.store(e->token);
+      settled.store(!check.held && max_token.load() > 0 &&
+                    (check.last >= max_token.load() || check.gaps > 0));
+    }
+  });
+  const auto start = SteadyClock::now();
+  auto holder = [&](const std::string& url) {
+    Client c = connect(url);
+    while (SteadyClock::now() - start < budget) {
+      Lease l = c.acquire(name, opts_ttl(10s));
+      taken.fetch_add(1);
+      std::uint64_t m = max_token.load();
+      while (m < l.token() && !max_token.compare_exchange_weak(m, l.token())) {
+      }
+      if (paced.load()) {
+        paced_taken.fetch_add(1);
+        const auto until = SteadyClock::now() + 10s;
+        while (seen.load() != l.token() && SteadyClock::now() < until) std::this_thread::sleep_for(1ms);
+        if (paced_taken.load() >= max_paced) paced.store(false);
+      }
+    }
+  };
+  std::thread a(holder, url_a), b(holder, url_b);
+  a.join();
+  b.join();
+  const auto took = SteadyClock::now() - start;
+  // Let the stream drain: the last release is reported within a reading (bounded: 10 s).
+  EXPECT_TRUE(distlock::testing::eventually([&] { return settled.load(); }, 10s))
+      << "the end of the last lease was not reported";
+  done.store(true);
+  consumer.join();
+  std::printf(
+      "%s: %d acquisitions in %lld ms (%d paced); events: %d acquired (%d while paced), %d released, "
+      "%d lost (%d not inferred), %d gaps (%d while paced)\n",
+      name.c_str(), taken.load(), static_cast<long long>(std::chrono::duration_cast<Millis>(took).count()),
+      paced_taken.load(), check.acquired, paced_acquired, check.released, check.lost, check.reported_lost,
+      check.gaps, paced_gaps);
+  EXPECT_EQ(check.problem, "");
+  EXPECT_GE(paced_taken.load(), 20) << "too few paced hand-offs to mean anything";
+  EXPECT_GE(paced_acquired, paced_taken.load() - 1) << "a paced acquisition was not reported";
+  EXPECT_EQ(paced_gaps, 0) << "a gap while every lease was held until the watch reported it";
+  EXPECT_EQ(paced_lost, 0) << "a release reported as a loss";
+  EXPECT_EQ(check.reported_lost, 0) << "a release reported as a loss (every holder released)";
+  if (check.gaps == 0) {
+    EXPECT_EQ(check.acquired, taken.load()) << "an acquisition went unreported, and no gap said so";
+    EXPECT_EQ(check.released + check.lost, check.acquired) << "every reported lease ends";
+  }
+}
+
+TEST(ZkPrefixWatch, HandOffsComeInTokenOrder) {
+  ZkServer& zk = shared_server();
+  hand_offs(zk.url(kQuery), zk.url(kQuery), zk.url(kQuery), "ho/x", 8000ms, 300);
+}
+
+// The same on a 3-server ensemble: the holders on two members, the watch on the third.
+TEST(ZkPrefixWatch, HandOffsAcrossAnEnsemble) {
+  ZkEnsemble ensemble(3);
+  hand_offs(ensemble.server(0).url(kQuery), ensemble.server(1).url(kQuery), ensemble.server(2).url(kQuery),
+            "ens/x", 5000ms, 100);
+}
+
+// A holder process killed with SIGKILL: its session expires (2 s) and its node goes with it;
+// the watch reports `lost` for its token (not `released`: the holder's session presence
+// node went in the same transaction).
+TEST(ZkPrefixWatch, KilledHolderShowsAsLost) {
+  ZkServer& zk = shared_server();
+  Client watcher = connect(zk.url(kQuery));
+  Watch w = watcher.watch("kill/");
+  distlock::testing::TempDir dir("zk-watch-kill");
+  const std::string out = (dir.path() / "holder.out").string();
+  auto holder = distlock::testing::spawn_holder(zk.url("?session_timeout=2s"), "kill/x", out, 2000);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired ", 20s)) << distlock::testing::read_file(out);
+  auto a = next_change(w, 10s);
+  ASSERT_TRUE(a);
+  ASSERT_EQ(a->kind, WatchEventKind::acquired) << describe(*a);
+  const auto killed = SteadyClock::now();
+  holder.signal(SIGKILL);
+  auto e = next_change(w, 20s);
+  ASSERT_TRUE(e) << "no event within 20 s of the kill";
+  EXPECT_EQ(e->kind, WatchEventKind::lost) << describe(*e);
+  EXPECT_EQ(e->token, a->token);
+  EXPECT_FALSE(e->inferred) << describe(*e);
+  EXPECT_NE(e->detail.find("session ended"), std::string::npos) << e->detail;
+  std::printf(
+      "lost reported %lld ms after the kill (session timeout 2 s)\n",
+      static_cast<long long>(std::chrono::duration_cast<Millis>(SteadyClock::now() - killed).count()));
+}
+
+// A revoke: the holder's node is marked (its data) and stays first until its lease would
+// have run out; the watch reports `revoked` for its token, then the next holder's
+// `acquired`, and nothing for the marked node's later delete.
+TEST(ZkPrefixWatch, RevokeShowsAsRevoked) {
+  ZkServer& zk = shared_server();
+  Client watcher = connect(zk.url(kQuery));
+  // A's marked node goes once its lease would have run out: its session timeout, 2 s.
+  Client a = connect(zk.url("?session_timeout=2s"));
+  Client b = connect(zk.url(kQuery));
+  Watch w = watcher.watch("rv/");
+  Lease held = a.acquire("rv/x", opts_ttl(2000ms));
+  auto got = next_change(w, 10s);
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->kind, WatchEventKind::acquired) << describe(*got);
+  auto next = std::async(std::launch::async, [&] { return b.acquire("rv/x", opts_ttl(2000ms)); });
+  auto r = watcher.revoke("rv/x", "test");
+  ASSERT_TRUE(r.revoked);
+  auto e = next_change(w, 10s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind, WatchEventKind::revoked) << describe(*e);
+  EXPECT_EQ(e->token, held.token());
+  // Then B's acquire (its token, above A's), and nothing for A's marked node's delete.
+  Lease b_lease = next.get();
+  const std::uint64_t b_token = b_lease.token();
+  std::optional<WatchEvent> n;
+  const auto end = SteadyClock::now() + 20s;
+  while (!n && SteadyClock::now() < end) {
+    auto x = w.next(10s);
+    if (!x) break;
+    if (x->kind == WatchEventKind::gap) {
+      ADD_FAILURE() << "a gap: " << describe(*x);
+    } else if (x->kind == WatchEventKind::acquired || (x->kind == WatchEventKind::state && x->held)) {
+      n = x;
+    } else {
+      ASSERT_EQ(x->kind, WatchEventKind::state) << describe(*x);
+    }
+  }
+  ASSERT_TRUE(n) << "B's acquire was not reported";
+  EXPECT_EQ(n->token, b_token) << describe(*n);
+  EXPECT_GT(b_token, held.token());
+  auto after = w.next(300ms);
+  EXPECT_TRUE(!after || after->kind == WatchEventKind::state) << "an event after the next holder's acquire";
+}
+
+// initial_state: one `state` per lock held under the prefix before the watch, none for
+// another prefix; a later change under another prefix is not reported.
+TEST(ZkPrefixWatch, InitialStateAndPrefixFilter) {
+  ZkServer& zk = shared_server();
+  Client c = connect(zk.url(kQuery));
+  Lease in_a = c.acquire("in/a", opts_ttl(10s));
+  Lease out_b = c.acquire("out/b", opts_ttl(10s));
+  WatchOptions o;
+  o.initial_state = true;
+  Watch w = c.watch("in/", o);
+  auto s = w.next(10s);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->kind, WatchEventKind::state) << describe(*s);
+  EXPECT_EQ(s->name, "in/a");
+  EXPECT_TRUE(s->held);
+  EXPECT_EQ(s->token, in_a.token());
+  Lease out_c = c.acquire("out/c", opts_ttl(10s));
+  Lease in_d = c.acquire("in/d", opts_ttl(10s));
+  auto e = w.next(10s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
+  EXPECT_EQ(e->name, "in/d");
+  EXPECT_EQ(e->token, in_d.token());
+  in_a.release();
+  auto r = w.next(10s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->kind, WatchEventKind::released) << describe(*r);
+  EXPECT_EQ(r->name, "in/a");
+  out_b.release();
+  out_c.release();
+  EXPECT_FALSE(w.next(300ms)) << "a change under another prefix was reported";
+}
+
+// A hand-off chain faster than the watch can re-arm, forced: the watch's connection is
+// frozen (a fault proxy) while A hands to B, B releases and C takes the lock. B was seen
+// waiting and is gone: it may have held, so the watch reports a gap for the name, or B's
+// lease — never acquired(C) right after released(A) with nothing between.
+TEST(ZkPrefixWatch, ChainFasterThanTheRearmIsAGap) {
+  ZkServer& zk = shared_server();
+  distlock::testing::FaultProxy proxy(zk.port());
+  Client watcher = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + kQuery);
+  Client a = connect(zk.url(kQuery)), b = connect(zk.url(kQuery)), c = connect(zk.url(kQuery));
+  Lease la = a.acquire("chain/x", opts_ttl(10s));
+  std::promise<void> b_may_release;
+  auto b_token = std::async(std::launch::async, [&] {
+    Lease l = b.acquire("chain/x", opts_ttl(10s));
+    b_may_release.get_future().wait();
+    return l.token();
+  });
+  ASSERT_TRUE(distlock::testing::eventually([&] { return c.status("chain/x").waiters == 1; }, 10s));
+  auto c_lease = std::async(std::launch::async, [&] { return c.acquire("chain/x", opts_ttl(10s)); });
+  ASSERT_TRUE(distlock::testing::eventually([&] { return c.status("chain/x").waiters == 2; }, 10s));
+  Watch w = watcher.watch("chain/");  // reads [A, B, C]
+  proxy.freeze();
+  const std::uint64_t a_token = la.token();
+  la.release();
+  b_may_release.set_value();
+  const std::uint64_t bt = b_token.get();  // B held and released
+  Lease lc = c_lease.get();
+  proxy.pass();
+  std::vector<WatchEvent> events;
+  bool c_seen = false;
+  const auto end = SteadyClock::now() + 20s;
+  while (!c_seen && SteadyClock::now() < end) {
+    auto e = next_change(w, 10s);
+    if (!e) break;
+    events.push_back(*e);
+    c_seen = e->kind == WatchEventKind::acquired && e->token == lc.token();
+  }
+  ASSERT_TRUE(c_seen) << "C's acquire was not reported";
+  bool gap = false, b_seen = false;
+  std::string all;
+  for (const auto& e : events) {
+    all += describe(e) + "\n";
+    gap = gap || e.kind == WatchEventKind::gap;
+    b_seen = b_seen || (e.kind == WatchEventKind::acquired && e.token == bt);
+  }
+  EXPECT_TRUE(gap || b_seen) << "B's lease was skipped silently:\n" << all;
+  EXPECT_TRUE(gap) << "the frozen watch could not have seen B, so a gap is due:\n" << all;
+  EXPECT_EQ(events.front().kind, WatchEventKind::released) << all;
+  EXPECT_EQ(events.front().token, a_token) << all;
+}
+
+// The server is killed and started again (its data kept: the holder's session survives):
+// the watch reports a gap, then the lock as a `state` with the same token.
+TEST(ZkPrefixWatch, ServerRestartIsAGapThenTheState) {
+  ZkServer zk;
+  Client holder = connect(zk.url("?session_timeout=20s"));
+  Client watcher = connect(zk.url("?session_timeout=20s"));
+  Lease l = holder.acquire("rs/x", opts_ttl(10s));
+  WatchOptions o;
+  o.initial_state = true;
+  Watch w = watcher.watch("rs/", o);
+  auto s = w.next(10s);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->kind, WatchEventKind::state) << describe(*s);
+  zk.kill();
+  zk.start();
+  ASSERT_TRUE(zk.wait_serving(30s));
+  bool gap = false;
+  std::optional<WatchEvent> after;
+  const auto end = SteadyClock::now() + 30s;
+  while (SteadyClock::now() < end) {
+    auto e = w.next(5s);
+    if (!e) continue;
+    if (e->kind == WatchEventKind::gap) gap = true;
+    if (gap && e->kind == WatchEventKind::state) {
+      after = e;
+      break;
+    }
+    ASSERT_NE(e->kind, WatchEventKind::released) << describe(*e);
+  }
+  EXPECT_TRUE(gap) << "no gap within 30 s of the restart";
+  ASSERT_TRUE(after) << "no state after the gap";
+  EXPECT_EQ(after->name, "rs/x");
+  EXPECT_TRUE(after->held);
+  EXPECT_EQ(after->token, l.token());
+}
+
+// stop() from another thread ends a next() blocked without a timeout.
+TEST(ZkPrefixWatch, StopFromAnotherThread) {
+  ZkServer& zk = shared_server();
+  Client watcher = connect(zk.url(kQuery));
+  Watch w = watcher.watch("stop/");
+  auto blocked = std::async(std::launch::async, [&] { return w.next(std::nullopt); });
+  EXPECT_EQ(blocked.wait_for(200ms), std::future_status::timeout) << "next() returned with nothing to report";
+  const auto t0 = SteadyClock::now();
+  w.stop();
+  ASSERT_EQ(blocked.wait_for(5s), std::future_status::ready) << "next() still blocked 5 s after stop()";
+  EXPECT_FALSE(blocked.get());
+  std::printf("stop took %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<Millis>(SteadyClock::now() - t0).count()));
+}
+
+}  // namespace
