@@ -1,5 +1,6 @@
-// `distlock watch PREFIX` (src/cli/cmd_watch.cpp) against a real redis-server: one line
-// per event, stops by itself at --count and on SIGINT with exit 0, --json lines parse.
+// `distlock watch PREFIX` (src/cli/cmd_watch.cpp) against a real redis-server (and a
+// ZooKeeper server where the build has zk://): one line per event, stops by itself at
+// --count and on SIGINT with exit 0, --json lines parse.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -14,6 +15,9 @@
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#ifdef DISTLOCK_TEST_ZK
+#include "zk/zk_server.hpp"
+#endif
 
 namespace {
 
@@ -86,6 +90,34 @@ TEST(CliWatch, JsonLinesAndSigintExitsZero) {
   w.signal(SIGINT);
   EXPECT_EQ(w.wait(20s), 0) << w.err();
 }
+
+#ifdef DISTLOCK_TEST_ZK
+// The same on zk:// (src/zk/zk_watch.cpp: events inferred from one-shot watches): the
+// state of the lock held before, then its release (the holder's session lives on: released,
+// not lost) and the next acquire, each with its token (the lock node's czxid).
+TEST(CliWatch, ZooKeeperPrintsStateReleaseAndAcquire) {
+  distlock::testing::ZkServer zk;
+  TempDir dir("distlock-cli-watch");
+  const std::string url = zk.url("?session_timeout=30s");
+  distlock::Client c = distlock::connect(url);
+  distlock::Lease first = c.acquire("zcli/x", ttl30());
+  const std::uint64_t first_token = first.token();
+  Cli w = Cli::start({"watch", "--url", url, "--count", "3", "--timeout", "60s", "zcli/"}, dir.path());
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  first.release();
+  distlock::Lease second = c.acquire("zcli/x", ttl30());
+  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
+  const auto out = lines(w.out());
+  ASSERT_EQ(out.size(), 3u) << w.out();
+  EXPECT_NE(out[0].find(" state zcli/x held token=" + std::to_string(first_token)), std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find(" released zcli/x token=" + std::to_string(first_token)), std::string::npos)
+      << out[1];
+  EXPECT_NE(out[2].find(" acquired zcli/x token=" + std::to_string(second.token())), std::string::npos)
+      << out[2];
+  EXPECT_EQ(w.err(), "");
+}
+#endif
 
 // A backend that publishes no changes: a clear error, exit 70.
 TEST(CliWatch, FileBackendIsNotSupported) {

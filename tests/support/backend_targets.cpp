@@ -315,6 +315,8 @@ class ZkTarget final : public Target {
     RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
     std::vector<std::string> out;
     for (const auto& dir : raw.children("/distlock")) {
+      // A live client session's presence node (zk_names.hpp, kSessionsDir): no lock state.
+      if (dir == ".sessions") continue;
       for (const auto& node : raw.children("/distlock/" + dir))
         out.push_back("node /distlock/" + dir + "/" + node);
     }
