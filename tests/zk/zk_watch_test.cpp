@@ -6,6 +6,7 @@
 // gap then the state, and a stop from another thread.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -120,6 +121,7 @@ void hand_offs(const std::string& url_a, const std::string& url_b, const std::st
   std::atomic<bool> paced{true};
   std::atomic<bool> done{false};
   std::atomic<int> taken{0}, paced_taken{0};
+  std::atomic<long long> paced_ms{0};                      // how long the paced hand-offs took
   std::atomic<std::uint64_t> max_token{0};                 // of the holders' acquisitions
   std::atomic<bool> settled{false};                        // the consumer saw the end of max_token's lease
   Checker check;                                           // the consumer's until it is joined
@@ -151,7 +153,8 @@ void hand_offs(const std::string& url_a, const std::string& url_b, const std::st
         paced_taken.fetch_add(1);
         const auto until = SteadyClock::now() + 10s;
         while (seen.load() != l.token() && SteadyClock::now() < until) std::this_thread::sleep_for(1ms);
-        if (paced_taken.load() >= max_paced) paced.store(false);
+        if (paced_taken.load() >= max_paced && paced.exchange(false))
+          paced_ms.store(std::chrono::duration_cast<Millis>(SteadyClock::now() - start).count());
       }
     }
   };
@@ -166,10 +169,12 @@ void hand_offs(const std::string& url_a, const std::string& url_b, const std::st
   consumer.join();
   std::printf(
       "%s: %d acquisitions in %lld ms (%d paced); events: %d acquired (%d while paced), %d released, "
-      "%d lost (%d not inferred), %d gaps (%d while paced)\n",
+      "%d lost (%d not inferred), %d gaps (%d while paced); paced: %lld ms, %.2f ms per hand-off (acquire to "
+      "the watch's report)\n",
       name.c_str(), taken.load(), static_cast<long long>(std::chrono::duration_cast<Millis>(took).count()),
       paced_taken.load(), check.acquired, paced_acquired, check.released, check.lost, check.reported_lost,
-      check.gaps, paced_gaps);
+      check.gaps, paced_gaps, paced_ms.load(),
+      static_cast<double>(paced_ms.load()) / std::max(1, paced_taken.load()));
   EXPECT_EQ(check.problem, "");
   EXPECT_GE(paced_taken.load(), 20) << "too few paced hand-offs to mean anything";
   EXPECT_GE(paced_acquired, paced_taken.load() - 1) << "a paced acquisition was not reported";
