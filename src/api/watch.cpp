@@ -131,6 +131,15 @@ struct Watch::Impl final : detail::LockEventSink {
     }
   }
 
+  void on_names_gap(std::string why, std::vector<std::string> names) noexcept override {
+    try {
+      std::lock_guard lk(mu_);
+      if (stopped_) return;
+      push_gap(std::move(why), std::move(names));
+    } catch (...) {
+    }
+  }
+
   // ---- consumer side
   std::optional<WatchEvent> next(std::optional<Millis> timeout) {
     std::unique_lock lk(mu_);

@@ -142,6 +142,12 @@ class LockEventSink {
   /// Events may have been missed (the channel broke, or was established again):
   /// `why` says what happened. The caller re-reads the state.
   virtual void on_gap(std::string why) noexcept = 0;
+  /// Events of these names only may have been missed (zk://: a lease of one lock that may
+  /// have come and gone between two readings). The default reports a gap of every name.
+  virtual void on_names_gap(std::string why, std::vector<std::string> names) noexcept {
+    (void)names;
+    on_gap(std::move(why));
+  }
 };
 
 /// A live prefix watch (Backend::watch_prefix); its destructor stops the deliveries.

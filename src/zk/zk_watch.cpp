@@ -253,6 +253,11 @@ class ZkPrefixWatch final : public PrefixWatch {
     if (!baseline_) sink_.on_gap(why);
   }
 
+  // A gap of one lock only (`gap_names` = {name}); the API layer still re-lists the prefix.
+  void name_gap(const Dir& d, const std::string& why) {
+    if (!baseline_) sink_.on_names_gap("lock \"" + d.name + "\": " + why, {d.name});
+  }
+
   void report(LockEvent::Kind kind, const Dir& d, std::string detail = {}) {
     if (baseline_) return;
     LockEvent ev;
@@ -332,8 +337,8 @@ class ZkPrefixWatch final : public PrefixWatch {
         // The directory is gone (the server deletes an empty container), and with it every
         // node; its child watch is gone too: the root's watch shows it made again.
         if (d.held)
-          gap("lock \"" + d.name + "\": its directory went away before the end of the lease of token " +
-              std::to_string(d.token) + " was read");
+          name_gap(d, "its directory went away before the end of the lease of token " +
+                          std::to_string(d.token) + " was read");
         dirs_.erase(key);
         return ZOK;
       }
@@ -383,9 +388,8 @@ class ZkPrefixWatch final : public PrefixWatch {
              const std::vector<LockNode>& queue, const Stat& dir_stat, const ReplyPtr& first,
              const ReplyPtr& marker, int presence_rc, std::int64_t sessions_pzxid, bool revoked_unseen) {
     if (d.listed && !same_dir && d.held) {
-      gap("lock \"" + d.name +
-          "\": its directory was deleted and made again; the end of the lease of token " +
-          std::to_string(d.token) + " was not seen");
+      name_gap(d, "its directory was deleted and made again; the end of the lease of token " +
+                      std::to_string(d.token) + " was not seen");
       d.held = false;
     }
     const std::set<std::string> before = same_dir ? d.children : std::set<std::string>{};
@@ -456,7 +460,7 @@ class ZkPrefixWatch final : public PrefixWatch {
                 static_cast<std::int64_t>(vanished + (now.size() - (before.size() - vanished)))) {
           why = "the queue emptied after more changes than were seen: a node came and went unseen";
         }
-        if (!why.empty()) gap("lock \"" + d.name + "\": leases may have been missed: " + why);
+        if (!why.empty()) name_gap(d, "leases may have been missed: " + why);
       }
       d.head = head;
       d.head_seq = head_seq;
@@ -465,7 +469,7 @@ class ZkPrefixWatch final : public PrefixWatch {
       d.session = session;
       d.revoked = revoked_now;
       if (revoked_now && !baseline_)
-        gap("lock \"" + d.name + "\": token " + std::to_string(token) + " was held and revoked unseen");
+        name_gap(d, "token " + std::to_string(token) + " was held and revoked unseen");
       if (holds) {
         d.held = true;
         report(LockEvent::Kind::acquired, d);

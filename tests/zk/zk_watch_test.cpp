@@ -344,6 +344,10 @@ TEST(ZkPrefixWatch, ChainFasterThanTheRearmIsAGap) {
   std::string all;
   for (const auto& e : events) {
     all += describe(e) + "\n";
+    if (e.kind == WatchEventKind::gap && !gap) {
+      EXPECT_EQ(e.gap_names, std::vector<std::string>{"chain/x"})
+          << "the gap names its lock: " << describe(e);
+    }
     gap = gap || e.kind == WatchEventKind::gap;
     b_seen = b_seen || (e.kind == WatchEventKind::acquired && e.token == bt);
   }
