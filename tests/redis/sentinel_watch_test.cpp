@@ -1,0 +1,245 @@
+// Client::watch on redis+sentinel:// (src/redis/sentinel_watch.cpp): the redis:// watch
+// run on the current master of a real Sentinel group (1 master, 2 replicas, 3
+// sentinels, tests/support/redis_sentinel.hpp) and moved to each new master — hand-offs
+// in token order, a failover in the middle as a gap then the new master's state (a lock
+// whose write never reached the promoted replica shows free), live events from the new
+// master after it, a killed holder as a loss, a stop from another thread.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+#include "support/redis_sentinel.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Client;
+using distlock::Lease;
+using distlock::Millis;
+using distlock::Watch;
+using distlock::WatchEvent;
+using distlock::WatchEventKind;
+using distlock::testing::quiet;
+using distlock::testing::RedisSentinelGroup;
+using distlock::testing::ttl_of;
+using Clock = std::chrono::steady_clock;
+
+std::string describe(const WatchEvent& e) {
+  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
+         " held=" + (e.held ? "1" : "0") + " " + e.detail;
+}
+
+// The next event that is not a `state`, waiting up to `limit` (the steady clock).
+std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    if (!e) return std::nullopt;
+    if (e->kind != WatchEventKind::state) return e;
+  }
+  return std::nullopt;
+}
+
+// One group for the tests that do not fail it over (a group takes seconds to start).
+class SentinelPrefixWatch : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { group_ = std::make_unique<RedisSentinelGroup>(); }
+  static void TearDownTestSuite() { group_.reset(); }
+  static RedisSentinelGroup& group() { return *group_; }
+
+ private:
+  static inline std::unique_ptr<RedisSentinelGroup> group_;
+};
+
+// 300 hand-offs of one name between two clients: each `acquired` has a token above the
+// last and is followed by the release of exactly that token; no gap, nothing missing.
+TEST_F(SentinelPrefixWatch, HandOffsComeInTokenOrder) {
+  Client watcher = distlock::connect(group().url(), quiet());
+  Watch w = watcher.watch("ho/");
+  constexpr int kHandOffs = 300;
+  std::atomic<int> taken{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&taken] {
+      Client client = distlock::connect(group().url(), quiet());
+      while (taken.load() < kHandOffs) {
+        Lease l = client.acquire("ho/x", ttl_of(10s, 60000ms));
+        if (taken.fetch_add(1) >= kHandOffs) break;  // released as it leaves
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const int acquisitions = taken.load();
+
+  std::uint64_t last_token = 0;
+  bool held = false;
+  int acquired = 0, released = 0;
+  const auto end = Clock::now() + 30s;
+  while ((acquired < acquisitions || held) && Clock::now() < end) {
+    auto e = next_change(w, 10s);
+    ASSERT_TRUE(e) << "no event after " << acquired << " acquisitions and " << released << " releases";
+    ASSERT_EQ(e->name, "ho/x") << describe(*e);
+    if (e->kind == WatchEventKind::acquired) {
+      ASSERT_FALSE(held) << "acquired token " << e->token << " before the end of " << last_token;
+      ASSERT_GT(e->token, last_token);
+      last_token = e->token;
+      held = true;
+      ++acquired;
+    } else if (e->kind == WatchEventKind::released) {
+      ASSERT_TRUE(held) << describe(*e);
+      ASSERT_EQ(e->token, last_token);
+      held = false;
+      ++released;
+    } else {
+      FAIL() << "unexpected event: " << describe(*e);
+    }
+  }
+  EXPECT_EQ(acquired, acquisitions);
+  EXPECT_EQ(released, acquisitions);
+  EXPECT_FALSE(w.next(0ms)) << "an event after the last release";
+}
+
+// A holder process SIGKILLed: its lease expires unpublished, and the watcher's re-read
+// on the current master reports it lost (inferred) within TTL + 5 s (+ slack).
+TEST_F(SentinelPrefixWatch, KilledHolderShowsAsLost) {
+  Client watcher = distlock::connect(group().url(), quiet());
+  Watch w = watcher.watch("kill/");
+  distlock::testing::TempDir dir("distlock-sentinel-watch");
+  const std::string out = (dir.path() / "holder.out").string();
+  distlock::testing::Process holder = distlock::testing::spawn_holder(group().url(), "kill/x", out, 1000);
+  auto acq = next_change(w, 20s);
+  ASSERT_TRUE(acq) << distlock::testing::read_file(out);
+  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
+  const auto killed_at = Clock::now();
+  holder.signal(SIGKILL);
+  auto lost = next_change(w, 15s);
+  ASSERT_TRUE(lost) << "no loss reported";
+  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
+  EXPECT_EQ(lost->name, "kill/x");
+  EXPECT_EQ(lost->token, acq->token);
+  EXPECT_TRUE(lost->inferred);
+  // TTL 1 s + at most 5 s to the next re-read + slack for a loaded machine.
+  EXPECT_LT(Clock::now() - killed_at, 10s);
+}
+
+TEST_F(SentinelPrefixWatch, StopFromAnotherThreadEndsNext) {
+  Client client = distlock::connect(group().url(), quiet());
+  Watch w = client.watch("orders/");
+  std::thread stopper([&w] {
+    std::this_thread::yield();
+    w.stop();
+  });
+  const auto start = Clock::now();
+  while (auto ev = w.next(std::chrono::seconds(30))) {
+    ADD_FAILURE() << "unexpected event " << describe(*ev);
+  }
+  stopper.join();
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_FALSE(w.next(0ms));
+}
+
+// A failover in the middle of a watch. "fo/kept" is taken with wait=2 (on both
+// replicas before it returns); then replication is stalled and "fo/lost" is taken on
+// the master alone; the master is SIGKILLed. The watch shows: both `acquired`; a gap
+// naming the move to the promoted replica; the new master's state (fo/kept held with
+// its token, fo/lost free: the new master never had it); then live events from the new
+// master (fo/lost taken by another client, fo/kept released).
+TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
+  RedisSentinelGroup group;
+  Client watcher = distlock::connect(group.url(), quiet());
+  Client keeper = distlock::connect(group.url("?wait=2"), quiet());
+  Client loser = distlock::connect(group.url(), quiet());
+  Client other = distlock::connect(group.url(), quiet());
+  Watch w = watcher.watch("fo/");
+
+  Lease kept = keeper.acquire("fo/kept", ttl_of(30s));
+  group.stall_replication();
+  Lease lost = loser.acquire("fo/lost", ttl_of(30s));
+  std::map<std::string, std::uint64_t> acquired;
+  while (acquired.size() < 2) {
+    auto e = next_change(w, 10s);
+    ASSERT_TRUE(e) << "no acquired event before the failover";
+    ASSERT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
+    acquired[e->name] = e->token;
+  }
+  ASSERT_EQ(acquired["fo/kept"], kept.token());
+  ASSERT_EQ(acquired["fo/lost"], lost.token());
+
+  const auto old_port = group.kill_master();
+  const auto killed_at = Clock::now();
+  const auto new_port = group.wait_failover(old_port, 30s);
+  const std::string moved = "to 127.0.0.1:" + std::to_string(new_port);
+
+  // Until the gap of the move, only gaps (the old master's channel broke) may come.
+  bool saw_move = false;
+  const auto end = Clock::now() + 20s;
+  while (!saw_move && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    ASSERT_TRUE(e) << "no gap for the move to port " << new_port;
+    if (e->kind == WatchEventKind::gap) {
+      saw_move = e->detail.find(moved) != std::string::npos;
+      continue;
+    }
+    // A re-list after the break may read the new master already (a call switched it).
+    ASSERT_EQ(e->kind, WatchEventKind::state) << describe(*e);
+  }
+  ASSERT_TRUE(saw_move) << "no gap naming the move to port " << new_port;
+  const auto moved_ms = std::chrono::duration_cast<Millis>(Clock::now() - killed_at).count();
+
+  // The new master's state, as the re-list after the gap reads it.
+  std::optional<WatchEvent> kept_state, lost_state;
+  const auto end2 = Clock::now() + 20s;
+  while ((!kept_state || !lost_state) && Clock::now() < end2) {
+    auto e = w.next(std::chrono::ceil<Millis>(end2 - Clock::now()));
+    ASSERT_TRUE(e) << "no state after the gap";
+    // fo/lost is free on the new master: a `state` says so, or an inferred `lost` when the
+    // watcher's expiry re-read found it first (its change then wins over the listing).
+    const bool inferred_loss = e->kind == WatchEventKind::lost && e->inferred && e->name == "fo/lost";
+    ASSERT_TRUE(e->kind == WatchEventKind::state || inferred_loss) << describe(*e);
+    if (e->name == "fo/kept") kept_state = e;
+    if (e->name == "fo/lost") lost_state = e;
+  }
+  ASSERT_TRUE(kept_state && lost_state);
+  EXPECT_TRUE(kept_state->held);
+  EXPECT_EQ(kept_state->token, kept.token());
+  EXPECT_FALSE(lost_state->held) << "the new master never had fo/lost: " << describe(*lost_state);
+
+  // Live events from the new master.
+  Lease taken = other.acquire("fo/lost", ttl_of(30s, 30000ms));
+  kept.release();
+  std::optional<WatchEvent> taken_ev, released_ev;
+  const auto end3 = Clock::now() + 20s;
+  while ((!taken_ev || !released_ev) && Clock::now() < end3) {
+    auto e = next_change(w, std::chrono::ceil<Millis>(end3 - Clock::now()));
+    ASSERT_TRUE(e) << "no live event from the new master";
+    if (e->kind == WatchEventKind::acquired && e->name == "fo/lost") {
+      taken_ev = e;
+    } else if (e->kind == WatchEventKind::released && e->name == "fo/kept") {
+      released_ev = e;
+    } else if (e->kind != WatchEventKind::gap && e->kind != WatchEventKind::state) {
+      FAIL() << "unexpected event: " << describe(*e);
+    }
+  }
+  ASSERT_TRUE(taken_ev && released_ev);
+  EXPECT_EQ(taken_ev->token, taken.token());
+  EXPECT_EQ(released_ev->token, kept.token());
+  std::printf("failover: master %u -> %u; the watch's gap naming the move came %lld ms after the kill\n",
+              old_port, new_port, static_cast<long long>(moved_ms));
+  RecordProperty("move_gap_after_kill_ms", static_cast<int>(moved_ms));
+}
+
+}  // namespace
