@@ -169,6 +169,7 @@ TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
   Lease kept = keeper.acquire("fo/kept", ttl_of(30s));
   group.stall_replication();
   Lease lost = loser.acquire("fo/lost", ttl_of(30s));
+  const std::uint64_t kept_token = kept.token(), lost_token = lost.token();
   std::map<std::string, std::uint64_t> acquired;
   while (acquired.size() < 2) {
     auto e = next_change(w, 10s);
@@ -176,8 +177,8 @@ TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
     ASSERT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
     acquired[e->name] = e->token;
   }
-  ASSERT_EQ(acquired["fo/kept"], kept.token());
-  ASSERT_EQ(acquired["fo/lost"], lost.token());
+  ASSERT_EQ(acquired["fo/kept"], kept_token);
+  ASSERT_EQ(acquired["fo/lost"], lost_token);
 
   const auto old_port = group.kill_master();
   const auto killed_at = Clock::now();
@@ -215,11 +216,12 @@ TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
   }
   ASSERT_TRUE(kept_state && lost_state);
   EXPECT_TRUE(kept_state->held);
-  EXPECT_EQ(kept_state->token, kept.token());
+  EXPECT_EQ(kept_state->token, kept_token);
   EXPECT_FALSE(lost_state->held) << "the new master never had fo/lost: " << describe(*lost_state);
 
   // Live events from the new master.
   Lease taken = other.acquire("fo/lost", ttl_of(30s, 30000ms));
+  const std::uint64_t taken_token = taken.token();
   kept.release();
   std::optional<WatchEvent> taken_ev, released_ev;
   const auto end3 = Clock::now() + 20s;
@@ -235,11 +237,77 @@ TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
     }
   }
   ASSERT_TRUE(taken_ev && released_ev);
-  EXPECT_EQ(taken_ev->token, taken.token());
-  EXPECT_EQ(released_ev->token, kept.token());
+  EXPECT_EQ(taken_ev->token, taken_token);
+  EXPECT_GT(taken_token, lost_token);
+  EXPECT_EQ(released_ev->token, kept_token);
   std::printf("failover: master %u -> %u; the watch's gap naming the move came %lld ms after the kill\n",
               old_port, new_port, static_cast<long long>(moved_ms));
   RecordProperty("move_gap_after_kill_ms", static_cast<int>(moved_ms));
 }
 
 }  // namespace
+
+// A manual failover (SENTINEL FAILOVER): the old master stays up and turns replica, so
+// the watch's old subscription stays connected (a replica passes on the new master's
+// messages). The watch still moves: a gap naming the new master, the state read there
+// (the lease taken with wait=2 survives with its token), then each live change exactly
+// once (nothing from the old subscription is passed on twice).
+TEST(SentinelPrefixWatchFailover, ManualFailoverMovesTheWatchToTheNewMaster) {
+  RedisSentinelGroup group;
+  Client watcher = distlock::connect(group.url(), quiet());
+  Client keeper = distlock::connect(group.url("?wait=2"), quiet());
+  Client other = distlock::connect(group.url(), quiet());
+  Watch w = watcher.watch("mf/");
+  Lease kept = keeper.acquire("mf/a", ttl_of(30s));
+  const std::uint64_t kept_token = kept.token();
+  auto first = next_change(w, 10s);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
+  ASSERT_EQ(first->token, kept_token);
+
+  const auto old_port = group.master_port();
+  auto r = group.sentinel_command(0, {"SENTINEL", "FAILOVER", "mymaster"});
+  ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS) << (r ? std::string(r->str, r->len) : "no reply");
+  const auto new_port = group.wait_failover(old_port, 30s);
+  const std::string moved = "to 127.0.0.1:" + std::to_string(new_port);
+
+  bool saw_move = false;
+  std::optional<WatchEvent> state;
+  const auto end = Clock::now() + 20s;
+  while (!state && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    ASSERT_TRUE(e) << (saw_move ? "no state after the gap" : "no gap naming the move to the new master");
+    if (e->kind == WatchEventKind::gap) {
+      saw_move = saw_move || e->detail.find(moved) != std::string::npos;
+      continue;
+    }
+    ASSERT_EQ(e->kind, WatchEventKind::state) << describe(*e);
+    if (saw_move && e->name == "mf/a") state = e;
+  }
+  ASSERT_TRUE(saw_move);
+  ASSERT_TRUE(state);
+  EXPECT_TRUE(state->held);
+  EXPECT_EQ(state->token, kept_token);
+
+  kept.release();
+  Lease next = other.acquire("mf/a", ttl_of(30s, 30000ms));
+  const std::uint64_t next_token = next.token();
+  next.release();
+  std::vector<WatchEvent> changes;
+  const auto end2 = Clock::now() + 20s;
+  while (changes.size() < 3 && Clock::now() < end2) {
+    auto e = next_change(w, std::chrono::ceil<Millis>(end2 - Clock::now()));
+    ASSERT_TRUE(e) << "after " << changes.size() << " live events, no more";
+    if (e->kind == WatchEventKind::gap) continue;  // the old master's connection, if it broke late
+    changes.push_back(*e);
+  }
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0].kind, WatchEventKind::released) << describe(changes[0]);
+  EXPECT_EQ(changes[0].token, kept_token);
+  EXPECT_EQ(changes[1].kind, WatchEventKind::acquired) << describe(changes[1]);
+  EXPECT_EQ(changes[1].token, next_token);
+  EXPECT_EQ(changes[2].kind, WatchEventKind::released) << describe(changes[2]);
+  EXPECT_EQ(changes[2].token, next_token);
+  auto extra = next_change(w, 500ms);  // a duplicate would follow at once
+  EXPECT_FALSE(extra && extra->kind != WatchEventKind::gap) << describe(*extra);
+}
