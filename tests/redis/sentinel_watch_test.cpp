@@ -20,6 +20,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_sentinel.hpp"
@@ -54,7 +55,27 @@ std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
   return std::nullopt;
 }
 
-// One group for the tests that do not fail it over (a group takes seconds to start).
+// Whether every replica has the lock key of each name (polled up to 10 s): the locks
+// then survive a failover. Not wait=N: its renewals would fail (and lose the lease) while
+// replication is stalled or a failover re-points the replicas.
+bool on_every_replica(RedisSentinelGroup& g, const std::vector<std::string>& names) {
+  const auto master = g.master_port();
+  return distlock::testing::eventually(
+      [&] {
+        for (std::size_t i = 0; i < g.nodes(); ++i) {
+          if (g.node(i).port() == master) continue;
+          for (const auto& n : names) {
+            auto r = g.node(i).command({"EXISTS", "distlock:{" + n + "}"});
+            if (!r || r->type != REDIS_REPLY_INTEGER || r->integer != 1) return false;
+          }
+        }
+        return true;
+      },
+      10000ms);
+}
+
+// One group for the tests that do not fail it over, when the binary runs them together
+// (a group takes seconds to start; ctest runs each test in a process of its own).
 class SentinelPrefixWatch : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { group_ = std::make_unique<RedisSentinelGroup>(); }
@@ -152,8 +173,8 @@ TEST_F(SentinelPrefixWatch, StopFromAnotherThreadEndsNext) {
   EXPECT_FALSE(w.next(0ms));
 }
 
-// A failover in the middle of a watch. "fo/kept" and "fo/back" are taken with wait=2
-// (on both replicas before it returns); then replication is stalled, "fo/lost" is taken
+// A failover in the middle of a watch. "fo/kept" and "fo/back" are taken and reach both
+// replicas; then replication is stalled, "fo/lost" is taken
 // on the master alone, and "fo/back" is released and taken again by another client
 // (token T2 > T1) on the master alone; the master is SIGKILLed. The watch shows those
 // changes; a gap naming the move to the promoted replica; the new master's state:
@@ -164,7 +185,7 @@ TEST_F(SentinelPrefixWatch, StopFromAnotherThreadEndsNext) {
 TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
   RedisSentinelGroup group;
   Client watcher = distlock::connect(group.url(), quiet());
-  Client keeper = distlock::connect(group.url("?wait=2"), quiet());
+  Client keeper = distlock::connect(group.url(), quiet());
   Client loser = distlock::connect(group.url(), quiet());
   Client other = distlock::connect(group.url(), quiet());
   Watch w = watcher.watch("fo/");
@@ -172,6 +193,7 @@ TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
   Lease kept = keeper.acquire("fo/kept", ttl_of(30s));
   Lease back1 = keeper.acquire("fo/back", ttl_of(30s));
   const std::uint64_t kept_token = kept.token(), back1_token = back1.token();
+  ASSERT_TRUE(on_every_replica(group, {"fo/kept", "fo/back"}));
   group.stall_replication();
   Lease lost = loser.acquire("fo/lost", ttl_of(30s));
   back1.release();
@@ -267,16 +289,17 @@ TEST(SentinelPrefixWatchFailover, FailoverIsAGapThenTheNewMastersState) {
 // A manual failover (SENTINEL FAILOVER): the old master stays up and turns replica, so
 // the watch's old subscription stays connected (a replica passes on the new master's
 // messages). The watch still moves: a gap naming the new master, the state read there
-// (the lease taken with wait=2 survives with its token), then each live change exactly
+// (the lease, on both replicas before the failover, survives with its token), then each live change exactly
 // once (nothing from the old subscription is passed on twice).
 TEST(SentinelPrefixWatchFailover, ManualFailoverMovesTheWatchToTheNewMaster) {
   RedisSentinelGroup group;
   Client watcher = distlock::connect(group.url(), quiet());
-  Client keeper = distlock::connect(group.url("?wait=2"), quiet());
+  Client keeper = distlock::connect(group.url(), quiet());
   Client other = distlock::connect(group.url(), quiet());
   Watch w = watcher.watch("mf/");
   Lease kept = keeper.acquire("mf/a", ttl_of(30s));
   const std::uint64_t kept_token = kept.token();
+  ASSERT_TRUE(on_every_replica(group, {"mf/a"}));
   auto first = next_change(w, 10s);
   ASSERT_TRUE(first);
   ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
