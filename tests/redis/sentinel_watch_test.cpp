@@ -357,3 +357,72 @@ TEST(SentinelPrefixWatchFailover, ManualFailoverMovesTheWatchToTheNewMaster) {
   auto extra = next_change(w, 500ms);  // a duplicate would follow at once
   EXPECT_FALSE(extra && extra->kind != WatchEventKind::gap) << describe(*extra);
 }
+
+// A new master that refuses the watch at first: the replicas' default user may use only
+// the sentinels' channels (ACL), so the switch cannot subscribe there. The failover gap
+// says the new master cannot be watched yet; once the channel is allowed, the monitor's
+// retry (every second) starts the watch, reports another gap, the state is read again and
+// live events come from the new master.
+TEST(SentinelPrefixWatchFailover, ANewMasterThatRefusesTheWatchIsRetried) {
+  RedisSentinelGroup group;
+  Client watcher = distlock::connect(group.url(), quiet());
+  Client holder = distlock::connect(group.url(), quiet());
+  Watch w = watcher.watch("nw/");
+  Lease lease = holder.acquire("nw/a", ttl_of(30s));
+  const std::uint64_t token = lease.token();
+  auto first = next_change(w, 10s);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
+  ASSERT_TRUE(on_every_replica(group, {"nw/a"}));
+  const auto old_port = group.master_port();
+  for (std::size_t i = 0; i < group.nodes(); ++i) {
+    if (group.node(i).port() == old_port) continue;
+    auto r = group.node(i).command({"ACL", "SETUSER", "default", "resetchannels", "&__sentinel__:*"});
+    ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS) << (r ? std::string(r->str, r->len) : "no reply");
+  }
+  group.kill_master();
+  const auto new_port = group.wait_failover(old_port, 30s);
+
+  // The gap of the move, saying the new master cannot be watched yet.
+  bool refused = false;
+  const auto end = Clock::now() + 20s;
+  while (!refused && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    ASSERT_TRUE(e) << "no gap for the move to port " << new_port;
+    if (e->kind == WatchEventKind::gap)
+      refused = e->detail.find("cannot be watched yet") != std::string::npos &&
+                e->detail.find(std::to_string(new_port)) != std::string::npos;
+  }
+  ASSERT_TRUE(refused) << "no gap saying the new master cannot be watched";
+
+  auto r = group.node_at_port(new_port).command({"ACL", "SETUSER", "default", "allchannels"});
+  ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS) << (r ? std::string(r->str, r->len) : "no reply");
+  bool late = false;
+  std::optional<WatchEvent> state;
+  const auto end2 = Clock::now() + 20s;
+  while (!(late && state) && Clock::now() < end2) {
+    auto e = w.next(std::chrono::ceil<Millis>(end2 - Clock::now()));
+    ASSERT_TRUE(e) << (late ? "no state after the retry's gap" : "the watch never started on the new master");
+    if (e->kind == WatchEventKind::gap) {
+      late = late || e->detail.find("started late") != std::string::npos;
+    } else if (late && e->kind == WatchEventKind::state && e->name == "nw/a") {
+      state = e;
+    }
+  }
+  ASSERT_TRUE(late && state);
+  EXPECT_TRUE(state->held);
+  EXPECT_EQ(state->token, token);
+
+  lease.release();
+  std::optional<WatchEvent> released;
+  const auto end3 = Clock::now() + 10s;
+  while (!released && Clock::now() < end3) {
+    auto e = next_change(w, std::chrono::ceil<Millis>(end3 - Clock::now()));
+    ASSERT_TRUE(e) << "no release seen on the new master";
+    if (e->kind == WatchEventKind::gap) continue;
+    released = e;
+  }
+  ASSERT_TRUE(released);
+  EXPECT_EQ(released->kind, WatchEventKind::released) << describe(*released);
+  EXPECT_EQ(released->token, token);
+}
