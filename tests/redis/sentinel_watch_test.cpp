@@ -2,8 +2,10 @@
 // run on the current master of a real Sentinel group (1 master, 2 replicas, 3
 // sentinels, tests/support/redis_sentinel.hpp) and moved to each new master — hand-offs
 // in token order, a failover in the middle as a gap then the new master's state (a lock
-// whose write never reached the promoted replica shows free), live events from the new
-// master after it, a killed holder as a loss, a stop from another thread.
+// whose write never reached the promoted replica shows free, one whose release it lost
+// shows with its older token), live events from the new master after it, a manual
+// failover, a promoted replica that refuses the watch at first, a killed holder as a
+// loss, a stop from another thread.
 #include <gtest/gtest.h>
 
 #include <atomic>
