@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "distlock/client.hpp"
@@ -140,6 +141,12 @@ class LockEventSink {
   /// Events may have been missed (the channel broke, or was established again):
   /// `why` says what happened. The caller re-reads the state.
   virtual void on_gap(std::string why) noexcept = 0;
+  /// A gap after which the events come from another server (redis+sentinel://: the
+  /// master moved in a failover), whose state may lack changes already delivered
+  /// (asynchronous replication): the next read of a name may show an older token than
+  /// the last one delivered, and that state is the truth from now on. `why` says what
+  /// happened. The caller re-reads the state without dropping older tokens as stale.
+  virtual void on_source_replaced(std::string why) noexcept { on_gap(std::move(why)); }
 };
 
 /// A live prefix watch (Backend::watch_prefix); its destructor stops the deliveries.
