@@ -197,6 +197,45 @@ TEST(EtcdPrefixWatch, RevokeShowsAsRevoked) {
   EXPECT_FALSE(more) << describe(*more);
 }
 
+// Lock-delay: a revoked holder with lock_delay 3 s leaves its marker armed; the waiter that
+// becomes first when the revoked key's lease ends (TTL 1 s + 1 s) waits the delay out before
+// it takes the marker over. The watch reports its `acquired` at that takeover, not when its
+// key became first: no earlier than 1.5 s before its acquire() returned (half the delay, on
+// the test's steady clock), and after the `revoked` of the first holder.
+TEST(EtcdPrefixWatch, LockDelayHoldsTheAcquiredBackUntilTheMarkerIsTaken) {
+  EtcdCluster etcd(1);
+  Client holder = connect(etcd.url(), quiet());
+  Client waiter = connect(etcd.url(), quiet());
+  Client admin = connect(etcd.url(), quiet());
+  Watch w = admin.watch("ld/");
+  LockOptions o = hold_for(1s);
+  o.lock_delay = 3s;
+  Lease first = holder.acquire("ld/x", o);
+  auto acq = next_change(w, 10s);
+  ASSERT_TRUE(acq);
+  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
+  std::promise<std::pair<std::uint64_t, Steady::time_point>> got;
+  std::thread t([&] {
+    Lease l = waiter.acquire("ld/x", hold_for(10s));
+    got.set_value({l.token(), Steady::now()});
+  });
+  ASSERT_TRUE(admin.revoke("ld/x", "test").revoked);
+  auto rv = next_change(w, 10s);
+  ASSERT_TRUE(rv);
+  EXPECT_EQ(rv->kind, WatchEventKind::revoked) << describe(*rv);
+  auto second = next_change(w, 20s);
+  const auto seen_at = Steady::now();
+  t.join();
+  const auto [token, returned_at] = got.get_future().get();
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->kind, WatchEventKind::acquired) << describe(*second);
+  EXPECT_EQ(second->token, token);
+  EXPECT_GT(seen_at + 1500ms, returned_at)
+      << "acquired reported "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(returned_at - seen_at).count()
+      << " ms before the waiter was granted";
+}
+
 // The initial state lists what was held before the watch started (under the prefix only),
 // and a change of a name outside the prefix is never reported.
 TEST(EtcdPrefixWatch, InitialStateAndPrefixFilter) {
