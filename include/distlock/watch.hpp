@@ -23,11 +23,12 @@
 // "Watching locks").
 //
 // Delivery is by the backend's change notifications (redis://, and redis+sentinel:// on
-// its current master: the lock scripts publish every change on one channel); docs/design.md "Watching locks"
-// lists the backends and why the others throw errc::not_supported. Expiries are not published by any server:
-// the watcher re-reads the status of a held name on the engine's fallback re-check rule
-// (the holder's remaining TTL, between 5 ms and 5 s), so an expiry is reported at most
-// about that long after the lease's end.
+// its current master: the lock scripts publish every change on one channel; etcd://: an
+// etcd Watch of the lock keys); docs/design.md "Watching locks" lists the backends and why
+// the others throw errc::not_supported. Redis publishes no expiry (etcd does: a lease's end
+// deletes its key): the watcher re-reads the status of a held name on the engine's fallback
+// re-check rule (the holder's remaining TTL, between 5 ms and 5 s), so an expiry is
+// reported at most about that long after the lease's end.
 //
 // A pull API, as an etcd watch channel: events queue inside the Watch (at most
 // WatchOptions::max_queued; beyond that they are dropped and a `gap` is reported) and

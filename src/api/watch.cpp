@@ -282,7 +282,11 @@ struct Watch::Impl final : detail::LockEventSink {
     if (ev.kind == detail::LockEvent::Kind::lost) kind = WatchEventKind::lost;
     if (ev.kind == detail::LockEvent::Kind::revoked) kind = WatchEventKind::revoked;
     WatchEvent e = make(kind, ev.name, ev.token, k);
-    if (kind == WatchEventKind::lost) e.detail = "the holder's client declared the lease lost";
+    if (!ev.detail.empty()) {
+      e.detail = ev.detail;
+    } else if (kind == WatchEventKind::lost) {
+      e.detail = "the holder's client declared the lease lost";
+    }
     k.restarted = false;
     k.token = ev.token;
     k.held = false;

@@ -130,6 +130,8 @@ struct LockEvent {
   std::uint64_t token = 0;  ///< the lease's fencing token (0 where the backend gives none)
   std::string owner;        ///< the holder's owner id
   std::optional<std::string> holder_info;
+  /// Why a lease ended, where the backend knows more than its kind (empty: the API's own words).
+  std::string detail;
 };
 
 /// Receives the events of one prefix watch, on the backend's notification thread, in
