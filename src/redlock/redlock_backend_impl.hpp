@@ -95,7 +95,7 @@ class RedlockBackend final : public Backend {
 
   void connect(Millis timeout, Error& ec);
 
-  Capabilities capabilities() const noexcept override { return {false, true}; }
+  Capabilities capabilities() const noexcept override { return {false, true, true}; }
 
   void set_listener(ChangeListener* listener) override { listener_ = listener; }
 
