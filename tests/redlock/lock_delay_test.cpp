@@ -43,10 +43,10 @@ distlock::LockOptions opts(Millis ttl, Millis delay, std::optional<Millis> wait 
 }
 
 std::string lock_key(const std::string& name) {
-  return "distlock:lock:" + name;
+  return "distlock:redlock:lock:" + name;
 }
 std::string marker_key(const std::string& name) {
-  return "distlock:delay:" + name;
+  return "distlock:redlock:delay:" + name;
 }
 
 // PTTL of the lock key and of its marker on master i, read in one script (one instant).
