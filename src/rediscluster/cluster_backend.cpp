@@ -27,7 +27,7 @@ std::uint16_t key_slot(std::string_view key) noexcept {
 }
 
 // A name without braces keeps redis://'s layout: "<prefix>:{<name>}", ":fence",
-// ":released" (its hash tag is the name). A name holding '{' or '}' would end the
+// ":released", ":rv", ":delay" (its hash tag is the name). A name holding '{' or '}' would end the
 // tag early or leave it empty (then each key hashes whole, into different slots):
 // its tag is '#' and 16 hex digits of a hash of the name, and the name follows the
 // tag whole, after a kind letter, so two names never share a key even when their
@@ -176,7 +176,10 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) 
           if (asking) c.command({"ASKING"}, pe);
           if (!pe) {
             busy = c.command({"PTTL", k.lock}, pe);
-            if (!pe && busy && busy->type == REDIS_REPLY_INTEGER && busy->integer > 0) return busy.get();
+            if (!pe && busy && busy->type == REDIS_REPLY_INTEGER && busy->integer > 0) {
+              e.clear();  // the script's TRYAGAIN is answered
+              return busy.get();
+            }
           }
         }
         return r.get();
