@@ -205,7 +205,7 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) 
       return {};
     }
     res.validity = req.ttl;
-    if (req.lock_delay.count() > 0) note_delayed(req.name, req.owner, true);
+    note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
     return res;
   }
   const redisReply* pttl = d->element[1];
