@@ -30,7 +30,12 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   const std::string extra = std::to_string(lock_delay_extra(req.lock_delay).count());
   const bool with_delay = req.lock_delay.count() > 0;
   const std::array<std::string, 2> script_keys{key, marker};
-  const std::array<std::string, 3> script_args{owner, ttl_ms, extra};
+  // The attempt's nonce: the markers it writes name it, so undoing a failed attempt deletes
+  // those and never a marker of this owner's lost lease (scripts.hpp kReleaseScript).
+  thread_local std::mt19937_64 nonce_rng{std::random_device{}()};
+  const std::string nonce = fmt::format("{:016x}", nonce_rng());
+  const std::array<std::string, 4> script_args{owner, ttl_ms, extra, nonce};
+  const std::string my_marker = extra + "\n" + owner + "\n" + nonce;
   std::vector<Command> first;
   if (with_delay) {
     first.push_back(script_command(kAcquireScript, script_keys, script_args));
@@ -49,6 +54,7 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   AcquireTally tally;
   tally.nodes = replies.size();
   std::vector<bool> definitely_not_ours(replies.size(), false);
+  std::vector<bool> taken_in_delay(replies.size(), false);
   std::vector<std::string> bad_replies;
   std::size_t auth_failed = 0;
   // How many masters each other owner holds: a split vote is a busy verdict
@@ -90,9 +96,10 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
     const redisReply* pttl = r.replies[1].get();
     const redisReply* held_back = r.replies[2].get();
     if (set->type == REDIS_REPLY_NIL && held_back->type == REDIS_REPLY_INTEGER && held_back->integer > 0) {
-      // Taken while a lost holder's lock-delay runs here: busy; the not-acquired path (or,
-      // when a quorum took it elsewhere, the lease's release) takes the key back, never
+      // Taken while a lost holder's lock-delay runs here: busy; the key is taken back (by
+      // the not-acquired path below, or right after a grant by a quorum elsewhere), never
       // the marker.
+      taken_in_delay[i] = true;
       ++tally.busy;
       tally.max_busy_ttl = std::max(tally.max_busy_ttl.value_or(Millis(0)), Millis(held_back->integer));
       ++holders["\n(lock-delay)"];
@@ -124,6 +131,18 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   const std::string backoff_key = std::string(req.name) + '\0' + owner;
   if (d.verdict == AcquireVerdict::acquired) {
     forget_backoff(backoff_key);
+    // Granted by a quorum elsewhere: the keys taken where a lost holder's marker lives go
+    // back (the key only; rare: one more round trip to those masters).
+    std::vector<std::vector<Command>> undo(replies.size());
+    bool any_undo = false;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      if (!taken_in_delay[i]) continue;
+      undo[i].push_back(Command{{"EVAL", std::string(kReleaseScript.body), "3", key,
+                                 release_channel(cfg_, req.name), marker, owner, "0"},
+                                nullptr});
+      any_undo = true;
+    }
+    if (any_undo) lane->run(undo, timeout);
     return AcquireResult{true, 0, d.validity, std::nullopt};
   }
 
@@ -132,10 +151,11 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   // Sent on the same connections, so it runs after a late acquisition. It is
   // sent as EVAL with the body, not EVALSHA: on a master that answers late, a
   // NOSCRIPT reply would come too late to retry and the key would linger.
-  // The markers this attempt wrote (with a lock_delay) go with its keys; without one it
-  // wrote none, and a marker beside a key it took is a lost holder's: it stays.
+  // The markers this attempt wrote (with a lock_delay: exactly its own value) go with its
+  // keys; without one it wrote none, and a marker beside a key it took is a lost holder's:
+  // it stays.
   const Command release{{"EVAL", std::string(kReleaseScript.body), "3", key, release_channel(cfg_, req.name),
-                         marker, std::string(req.owner), with_delay ? "1" : "0"},
+                         marker, std::string(req.owner), with_delay ? "=" : "0", my_marker},
                         nullptr};
   std::vector<std::vector<Command>> per_node(replies.size());
   bool any = false;

@@ -1,6 +1,6 @@
 // The Lua scripts each Redis master runs for Redlock (one atomic step per
 // master and request). A lock key holds its owner id and expires by PX; a holder with
-// lock_delay D also keeps the marker "<prefix>delay:<name>" = "<extra>\n<owner>" (extra =
+// lock_delay D also keeps the marker "<prefix>delay:<name>" = "<extra>\n<owner>\n<nonce>" (extra =
 // D + 2 x clock_drift(D), quorum.hpp lock_delay_extra) living ttl + extra, moved with the key
 // by each renewal and deleted by a normal release only (docs/redlock.md "Lock-delay"); while
 // it lives no acquisition takes the key on that master. Nothing else is stored: independent
@@ -20,10 +20,11 @@
 namespace distlock::detail::redlock {
 
 /// KEYS[1] lock key, KEYS[2] lock-delay marker key; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3]
-/// the marker's extra life ms beyond the ttl ("0": this acquisition has no lock-delay).
+/// the marker's extra life ms beyond the ttl ("0": this acquisition has no lock-delay), ARGV[4]
+/// the attempt's nonce (hex, new per acquisition attempt).
 /// While a marker lives (a lost holder's lock-delay, docs/redlock.md "Lock-delay") nobody
 /// takes the key: {0, marker pttl}. Else takes the key if free (or already this owner's) for
-/// ttl, with the marker "<extra>\n<owner>" for ttl + extra when extra > 0: {1, 0}; else
+/// ttl, with the marker "<extra>\n<owner>\n<nonce>" for ttl + extra when extra > 0: {1, 0}; else
 /// {0, pttl}.
 inline constexpr Script kAcquireScript{
     R"lua(local m = redis.call('PTTL', KEYS[2])
@@ -35,28 +36,28 @@ if v == false or v == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   local extra = tonumber(ARGV[3])
   if extra and extra > 0 then
-    redis.call('SET', KEYS[2], ARGV[3] .. '\n' .. ARGV[1], 'PX', string.format('%.0f', tonumber(ARGV[2]) + extra))
+    redis.call('SET', KEYS[2], ARGV[3] .. '\n' .. ARGV[1] .. '\n' .. ARGV[4], 'PX', string.format('%.0f', tonumber(ARGV[2]) + extra))
   end
   return {1, 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 )lua",
-    "ce94ce25554b055c2651b08e3c9e93af60e7c1f4"};
+    "b0513a67c88e2cc9fac97ab256a569642f5f5ffb"};
 
 /// KEYS[1] lock key, KEYS[2] release channel, KEYS[3] lock-delay marker key; ARGV[1] owner,
 /// ARGV[2] "1": also delete this owner's marker (a normal release ends its lock-delay), "0":
 /// the key only (undoing an acquisition that wrote no marker: a marker there is somebody's
-/// lost lease's). Deletes the key only if this owner holds it: 1 (announced on the channel
-/// unless a lost holder's marker still holds the name back there: a waiter woken then would
-/// only find it busy, and its own undone attempt would wake the others in turn); else 0.
+/// lost lease's), "=": the marker only if it is exactly ARGV[3] (undoing an attempt with a
+/// lock-delay: the marker it wrote, never one of this owner's lost lease). Deletes the key only if this owner
+/// holds it: 1 (announced on the channel unless a lost holder's marker still holds the name back there: a
+/// waiter woken then would only find it busy, and its own undone attempt would wake the others in turn); else
+/// 0.
 inline constexpr Script kReleaseScript{
     R"lua(if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] == '1' then
-    local m = redis.call('GET', KEYS[3])
-    if m and string.match(m, '^%d+\n(.*)$') == ARGV[1] then
-      redis.call('DEL', KEYS[3])
-    end
+  local m = redis.call('GET', KEYS[3])
+  if m and ((ARGV[2] == '1' and string.match(m, '^%d+\n(.*)\n%x+$') == ARGV[1]) or (ARGV[2] == '=' and m == ARGV[3])) then
+    redis.call('DEL', KEYS[3])
   end
   if redis.call('PTTL', KEYS[3]) <= 0 then
     redis.call('PUBLISH', KEYS[2], 'released')
@@ -65,7 +66,7 @@ inline constexpr Script kReleaseScript{
 end
 return 0
 )lua",
-    "d697d4415f1d696174c79ce4c3548f1f21ff5828"};
+    "ad04253253bd82100b0de9005fc4755d26116cc9"};
 
 /// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused); ARGV[1]
 /// note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses
@@ -91,7 +92,7 @@ return {1, v}
 
 /// KEYS[i] (i <= n) lock keys, KEYS[n + i] their lock-delay marker keys; ARGV[2i-1] owner,
 /// ARGV[2i] ttl ms of key i. Extends each key this owner holds, and its marker when the marker
-/// is this owner's ("<extra>\n<owner>": it then lives ttl + extra from now, so it outlives the
+/// is this owner's ("<extra>\n<owner>\n<nonce>": it then lives ttl + extra from now, so it outlives the
 /// lease by its extra): an array of n 1 (extended) / 0 (not ours).
 inline constexpr Script kRenewScript{
     R"lua(local n = #KEYS / 2
@@ -101,7 +102,7 @@ for i = 1, n do
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
     local m = redis.call('GET', KEYS[n + i])
     if m then
-      local extra, who = string.match(m, '^(%d+)\n(.*)$')
+      local extra, who = string.match(m, '^(%d+)\n(.*)\n%x+$')
       if who == ARGV[2 * i - 1] then
         redis.call('PEXPIRE', KEYS[n + i], string.format('%.0f', tonumber(ARGV[2 * i]) + tonumber(extra)))
       end
@@ -113,7 +114,7 @@ for i = 1, n do
 end
 return out
 )lua",
-    "8a854ab0bf887ced6d21a25b340b3947db01319c"};
+    "15b2a8a840da18dcf7e82e7e3a5c024c52f23b69"};
 
 /// KEYS[1] lock key: {holder or nil, pttl}.
 inline constexpr Script kStatusScript{

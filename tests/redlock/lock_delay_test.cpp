@@ -7,7 +7,8 @@
 //     (no persistence) during the delay: the two others still refuse it, so nobody is
 //     granted it before the kill plus D, and it is granted soon after;
 //   - an acquisition without a lock_delay that takes the key on a master where a marker lives
-//     (the fast path) counts that master busy and takes its key back, leaving the marker.
+//     (the fast path) counts that master busy and takes its key back, leaving the marker,
+//     whether the attempt failed or a quorum elsewhere granted it.
 // Every instant is read on this process's steady clock; the masters run on this host.
 #include <gtest/gtest.h>
 
@@ -153,7 +154,7 @@ TEST(RedlockLockDelay, AFastPathAttemptOnAMarkedMasterIsBusyAndLeavesTheMarker) 
   Masters m(3);
   const std::string name = "ld/fast";
   for (std::size_t i = 0; i < 2; ++i) {
-    auto r = m[i].command({"SET", marker_key(name), "1534\nlost-owner", "PX", "3000"});
+    auto r = m[i].command({"SET", marker_key(name), "1534\nlost-owner\n00ff", "PX", "3000"});
     ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS);
   }
   auto c = distlock::connect(m.url(), quiet());
@@ -167,8 +168,28 @@ TEST(RedlockLockDelay, AFastPathAttemptOnAMarkedMasterIsBusyAndLeavesTheMarker) 
   for (std::size_t i = 0; i < 2; ++i) {
     const auto [l, mk] = pttls(m, i, name);
     EXPECT_GT(mk, 1000) << "master " << i << ": the marker was touched";
-    EXPECT_EQ(m.get(i, marker_key(name)), "1534\nlost-owner");
+    EXPECT_EQ(m.get(i, marker_key(name)), "1534\nlost-owner\n00ff");
   }
+}
+
+// The same with the marker on master 0 only: masters 1 and 2 grant the fast-path attempt; the
+// key it took on master 0 goes back right after the grant (the marker stays), so the lease's
+// key is on masters 1 and 2 only.
+TEST(RedlockLockDelay, AGrantedFastPathAttemptGivesBackTheKeyItTookBesideAMarker) {
+  Masters m(3);
+  const std::string name = "ld/fast-granted";
+  auto r = m[0].command({"SET", marker_key(name), "1534\nlost-owner\n00ff", "PX", "5000"});
+  ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS);
+  auto c = distlock::connect(m.url(), quiet());
+  auto got = c.try_acquire(name, opts(3000ms, 0ms));
+  ASSERT_TRUE(got.has_value()) << "masters 1 and 2 are free: a quorum";
+  EXPECT_EQ(pttls(m, 0, name).first, -2) << "the key taken beside the marker was not given back";
+  EXPECT_EQ(m.get(0, marker_key(name)), "1534\nlost-owner\n00ff");
+  EXPECT_GT(pttls(m, 1, name).first, 0);
+  EXPECT_GT(pttls(m, 2, name).first, 0);
+  got->release();
+  EXPECT_EQ(m.get(0, marker_key(name)), "1534\nlost-owner\n00ff")
+      << "a release deleted another owner's marker";
 }
 
 }  // namespace
