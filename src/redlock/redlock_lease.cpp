@@ -88,6 +88,21 @@ ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view ow
   return ReleaseStatus::released;
 }
 
+// The release script in its key-only mode on every master: the lost lease's keys go where
+// they are still this owner's (the next holder need not wait for their expiry), its markers
+// stay, and nothing is announced where a marker lives. Best effort: the keys' TTL is the bound.
+void RedlockBackend::forget(std::string_view name, std::string_view owner, std::uint64_t /*token*/) noexcept {
+  try {
+    const std::array<std::string, 3> keys{lock_key(cfg_, name), release_channel(cfg_, name),
+                                          delay_key(cfg_, name)};
+    const std::array<std::string, 2> args{std::string(owner), "0"};
+    const Command cmd = script_command(kReleaseScript, keys, args);
+    LaneLease lane(pool_);
+    (void)lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+  } catch (...) {  // out of memory: the keys expire after their ttl
+  }
+}
+
 // The revoke script on every master at once. A lock is held where a quorum of masters has
 // its key; the holder's lease ends once the masters that still may have its key (those that
 // did not answer) are fewer than a quorum: only then is it reported revoked, else

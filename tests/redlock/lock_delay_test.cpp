@@ -3,6 +3,8 @@
 //   - a holder with lock_delay D keeps a marker beside its key on every master, living
 //     D + 2 x clock_drift(D) past the key through its renewals; a normal release deletes
 //     them all and the name is taken again at once;
+//   - a holder cut off from every master and declared lost keeps the name back until a quorum
+//     of its markers ended (no earlier than the freeze plus D);
 //   - a SIGKILLed holder's markers hold the name back though one master restarts empty
 //     (no persistence) during the delay: the two others still refuse it, so nobody is
 //     granted it before the kill plus D, and it is granted soon after;
@@ -12,18 +14,22 @@
 // Every instant is read on this process's steady clock; the masters run on this host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "masters.hpp"
 #include "redlock/quorum.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -142,6 +148,67 @@ TEST(RedlockLockDelay, AKilledHolderHoldsTheNameBackThoughOneMasterRestartsEmpty
       static_cast<long long>(kTtl.count()), static_cast<long long>(after.count()));
   EXPECT_GE(after, kDelay - 1ms) << "granted before the dead holder's lock-delay could have ended";
   EXPECT_LE(after, kTtl + distlock::detail::redlock::lock_delay_extra(kDelay) + 1000ms)
+      << "granted too late after the lock-delay ended";
+}
+
+// A holder cut off from all 3 masters (frozen TCP proxies) with TTL 900 ms and D 1.2 s: its
+// client declares the lease lost (stop token), then the network comes back. Read at the freeze
+// on each master, every marker ends at least D after the key (the lease's server end), and a
+// quorum (2 of 3) is free only once the second-earliest marker ended: a prober trying every
+// 20 ms must be first granted no earlier than that (- 1 ms: the masters' millisecond expiry) nor
+// before freeze + D, and no later than the network's return + TTL + D + 2 x drift(D) + 1 s (a
+// renewal sent during the freeze may reach a master after it and move its key and marker once
+// more).
+TEST(RedlockLockDelay, AHolderCutOffAndDeclaredLostKeepsTheNameBackUntilAQuorumOfMarkersEnds) {
+  Masters m(3);
+  constexpr Millis kTtl = 900ms;
+  constexpr Millis kDelay = 1200ms;
+  const std::string name = "ld/partitioned";
+  std::vector<std::unique_ptr<distlock::testing::FaultProxy>> proxies;
+  std::string url = "redlock://";
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    proxies.push_back(std::make_unique<distlock::testing::FaultProxy>(m[i].port()));
+    url += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(proxies.back()->port());
+  }
+  auto holder_client = distlock::connect(url, quiet());
+  auto prober = distlock::connect(m.url(), quiet());
+  auto held = holder_client.acquire(name, opts(kTtl, kDelay));
+  std::this_thread::sleep_for(kTtl);  // a few renewals
+  for (auto& p : proxies) p->freeze();
+  const auto frozen = Steady::now();
+  std::vector<Steady::time_point> marker_end;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const auto [l, mk] = pttls(m, i, name);
+    ASSERT_GT(l, 0) << "master " << i;
+    EXPECT_GE(mk - l, kDelay.count()) << "master " << i;
+    marker_end.push_back(frozen + Millis(mk));
+  }
+  std::sort(marker_end.begin(), marker_end.end());
+  ASSERT_TRUE(eventually([&] { return held.stop_token().stop_requested(); }, kTtl + 2s))
+      << "the holder never learnt of its loss";
+  for (auto& p : proxies) p->pass();
+  const auto passed = Steady::now();
+  std::optional<Steady::time_point> granted;
+  for (int i = 0; i < 400 && !granted; ++i) {  // 400 x 20 ms = 8 s
+    if (auto got = prober.try_acquire(name, opts(kTtl, 0ms))) {
+      granted = Steady::now();
+      got->release();
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(granted.has_value()) << "the name was never granted again after the delay";
+  const auto ms = [&](Steady::time_point t) {
+    return static_cast<long long>(std::chrono::duration_cast<Millis>(t - frozen).count());
+  };
+  std::printf(
+      "[ redlock3 ] cut off: freeze +0; markers end +%lld/+%lld/+%lld; network back +%lld; granted +%lld "
+      "ms\n",
+      ms(marker_end[0]), ms(marker_end[1]), ms(marker_end[2]), ms(passed), ms(*granted));
+  EXPECT_GE(*granted, marker_end[1] - 1ms)
+      << "granted while a quorum of masters kept the lost holder's marker";
+  EXPECT_GE(*granted, frozen + kDelay - 1ms);
+  EXPECT_LE(*granted, passed + kTtl + distlock::detail::redlock::lock_delay_extra(kDelay) + 1000ms)
       << "granted too late after the lock-delay ended";
 }
 
