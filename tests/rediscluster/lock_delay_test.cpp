@@ -16,6 +16,7 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
@@ -122,6 +123,36 @@ TEST(RedisClusterLockDelay, AHeldLeaseKeepsItsMarkerThroughAMigrationAndARelease
   auto next = contender.try_acquire(name, opts(kTtl, 0ms));
   ASSERT_TRUE(next.has_value()) << "a normal release did not hand the name on at once";
   next->release();
+}
+
+// One client renews leases with and without a lock-delay on the same node in one batch (the
+// renewal splits them into a call with markers and one without): six names on node 0, D 1.5 s
+// on every other one, TTL 1 s, for three TTLs (about nine renewals). All are still held, each
+// marker is D (± 2 ms) past its lock, and the leases without D have none.
+TEST(RedisClusterLockDelay, LeasesWithAndWithoutADelayRenewTogether) {
+  RedisCluster cluster(3);
+  auto c = distlock::connect(cluster.url(), quiet());
+  constexpr Millis kTtl = 1000ms;
+  constexpr Millis kDelay = 1500ms;
+  std::vector<std::string> names;
+  std::vector<distlock::Lease> leases;
+  for (int i = 0; i < 6; ++i) {
+    names.push_back(cluster.name_on(0, "delay-mixed", i));
+    leases.push_back(c.acquire(names.back(), opts(kTtl, i % 2 == 0 ? kDelay : 0ms)));
+  }
+  std::this_thread::sleep_for(3 * kTtl);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(leases[i].owns()) << names[i] << " was lost";
+    const auto k = distlock::detail::rediscluster::keys_of("distlock", names[i]);
+    const auto [l, m] = pttls(cluster.node(0), k);
+    ASSERT_GT(l, 0) << names[i];
+    if (i % 2 == 0) {
+      EXPECT_NEAR(static_cast<double>(m - l), static_cast<double>(kDelay.count()), 2.0) << names[i];
+    } else {
+      EXPECT_EQ(m, -2) << names[i] << " has a marker without a lock_delay";
+    }
+  }
+  for (auto& l : leases) l.release();
 }
 
 // A holder (a child process) with TTL 1 s and D 4 s is SIGKILLed; once its lock key expired
