@@ -17,16 +17,20 @@
 //             after each gap, like an etcd watch's re-list after ErrCompacted
 // Per name the events come in token order: an `acquired` is followed by the end of that
 // lease (released, lost or revoked) before the next `acquired` of that name; a stale
-// message (an older token than one already reported) is dropped.
+// message (an older token than one already reported) is dropped. Except after a `gap`
+// for a failover (redis+sentinel://: the master moved): the new master may lack changes
+// already reported, and its state is reported even with an older token (docs/sentinel.md
+// "Watching locks").
 //
-// Delivery is by the backend's change notifications (redis://: the lock scripts publish
-// every change on one channel; zk://: one-shot watches re-armed on each trigger, the events
+// Delivery is by the backend's change notifications (redis://, and redis+sentinel:// on
+// its current master: the lock scripts publish every change on one channel; etcd://: an
+// etcd Watch of the lock keys; zk://: one-shot watches re-armed on each trigger, the events
 // inferred from successive readings of the queues, a gap wherever a lease may have come and
-// gone unseen); docs/design.md "Watching locks" lists the backends and
-// why the others throw errc::not_supported. Expiries are not published by any server:
-// the watcher re-reads the status of a held name on the engine's fallback re-check rule
-// (the holder's remaining TTL, between 5 ms and 5 s), so an expiry is reported at most
-// about that long after the lease's end.
+// gone unseen); docs/design.md "Watching locks" lists the backends and why the others throw
+// errc::not_supported. Redis publishes no expiry (etcd does: a lease's end deletes its key;
+// zk://: the end of the holder's session is read as `lost`): the watcher re-reads the status
+// of a held name on the engine's fallback re-check rule (the holder's remaining TTL, between
+// 5 ms and 5 s), so an expiry is reported at most about that long after the lease's end.
 //
 // A pull API, as an etcd watch channel: events queue inside the Watch (at most
 // WatchOptions::max_queued; beyond that they are dropped and a `gap` is reported) and

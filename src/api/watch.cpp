@@ -63,6 +63,9 @@ struct Watch::Impl final : detail::LockEventSink {
     std::string holder;
     std::optional<std::string> holder_info;
     std::uint64_t changes = 0;  // bumped on each reported change
+    // The source was replaced since this name's last change (on_source_replaced): its
+    // next event or listing is the new server's truth, whatever its token.
+    bool restarted = false;
     std::chrono::steady_clock::time_point check_at{};
   };
 
@@ -136,6 +139,18 @@ struct Watch::Impl final : detail::LockEventSink {
       std::lock_guard lk(mu_);
       if (stopped_) return;
       push_gap(std::move(why), std::move(names));
+    } catch (...) {
+    }
+  }
+
+  // The backend moved to another server (a failover) that may lack changes already
+  // reported: a gap, and every name's next change is taken even below its last token.
+  void on_source_replaced(std::string why) noexcept override {
+    try {
+      std::lock_guard lk(mu_);
+      if (stopped_) return;
+      for (auto& [name, k] : known_) k.restarted = true;
+      push_gap(std::move(why), {});
     } catch (...) {
     }
   }
@@ -223,7 +238,7 @@ struct Watch::Impl final : detail::LockEventSink {
     const bool fresh = found == known_.end() || (seen.token == 0 && !seen.held && seen.changes == 0);
     const bool acquire = ev.kind == detail::LockEvent::Kind::acquired;
     const bool current = !acquire && seen.held && ev.token == seen.token;
-    if (!fresh && !current && ev.token <= seen.token) return;  // stale
+    if (!fresh && !current && !seen.restarted && ev.token <= seen.token) return;  // stale
     // Room for the event, and for an inferred loss of the lease before it.
     if (!reserve(seen.held && !current ? 2 : 1)) return;  // reported as a gap, then re-listed
     Known& k = found == known_.end() ? known_[ev.name] : found->second;
@@ -231,10 +246,14 @@ struct Watch::Impl final : detail::LockEventSink {
       if (k.held) {
         WatchEvent lost = make(WatchEventKind::lost, ev.name, k.token, k);
         lost.inferred = true;
-        lost.detail = "token " + std::to_string(ev.token) +
-                      " was issued with no end of this lease published: it expired";
+        lost.detail = k.restarted ? "token " + std::to_string(ev.token) +
+                                        " was issued by the server that replaced the one this lease was "
+                                        "reported from: the lease ended there or never reached it"
+                                  : "token " + std::to_string(ev.token) +
+                                        " was issued with no end of this lease published: it expired";
         push(std::move(lost));
       }
+      k.restarted = false;
       k.token = ev.token;
       k.held = true;
       k.holder = ev.owner;
@@ -262,6 +281,7 @@ struct Watch::Impl final : detail::LockEventSink {
       push(std::move(lost));
     }
     if (!current) {
+      k.restarted = false;
       k.token = ev.token;
       k.held = false;
       k.changes += 1;
@@ -271,8 +291,12 @@ struct Watch::Impl final : detail::LockEventSink {
     if (ev.kind == detail::LockEvent::Kind::lost) kind = WatchEventKind::lost;
     if (ev.kind == detail::LockEvent::Kind::revoked) kind = WatchEventKind::revoked;
     WatchEvent e = make(kind, ev.name, ev.token, k);
-    if (kind == WatchEventKind::lost)
-      e.detail = ev.detail.empty() ? "the holder's client declared the lease lost" : ev.detail;
+    if (!ev.detail.empty()) {
+      e.detail = ev.detail;
+    } else if (kind == WatchEventKind::lost) {
+      e.detail = "the holder's client declared the lease lost";
+    }
+    k.restarted = false;
     k.token = ev.token;
     k.held = false;
     k.changes += 1;
@@ -306,7 +330,10 @@ struct Watch::Impl final : detail::LockEventSink {
       if (!unchanged(l.name)) continue;
       Known& k = known_[l.name];
       const std::uint64_t token = l.info.token.value_or(0);
-      if (k.changes > 0 && token != 0 && token < k.token) continue;
+      // An older token than the last reported is a stale snapshot, unless the source was
+      // replaced since: then it is the new server's state (it lacks the later writes).
+      if (k.changes > 0 && token != 0 && token < k.token && !k.restarted) continue;
+      k.restarted = false;
       k.token = token;
       k.held = true;
       k.holder = l.info.holder.value_or("");
@@ -320,6 +347,7 @@ struct Watch::Impl final : detail::LockEventSink {
     for (auto& [name, k] : known_) {
       if (!k.held || listed.count(name) || !unchanged(name) || truncated) continue;
       k.held = false;
+      k.restarted = false;
       k.changes += 1;
       WatchEvent s = make(WatchEventKind::state, name, k.token, k);
       s.held = false;

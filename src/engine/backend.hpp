@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "distlock/client.hpp"
@@ -129,7 +130,7 @@ struct LockEvent {
   std::uint64_t token = 0;  ///< the lease's fencing token (0 where the backend gives none)
   std::string owner;        ///< the holder's owner id
   std::optional<std::string> holder_info;
-  /// lost: how the backend knows (empty: the holder's client declared the lease lost).
+  /// Why a lease ended, where the backend knows more than its kind (empty: the API's own words).
   std::string detail;
 };
 
@@ -148,6 +149,12 @@ class LockEventSink {
     (void)names;
     on_gap(std::move(why));
   }
+  /// A gap after which the events come from another server (redis+sentinel://: the
+  /// master moved in a failover), whose state may lack changes already delivered
+  /// (asynchronous replication): the next read of a name may show an older token than
+  /// the last one delivered, and that state is the truth from now on. `why` says what
+  /// happened. The caller re-reads the state without dropping older tokens as stale.
+  virtual void on_source_replaced(std::string why) noexcept { on_gap(std::move(why)); }
 };
 
 /// A live prefix watch (Backend::watch_prefix); its destructor stops the deliveries.

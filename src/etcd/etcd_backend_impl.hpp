@@ -200,6 +200,9 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
   std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
 
+  // Client::watch (etcd_prefix_watch.cpp): one Watch stream of its own per call.
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
+
   // Records and listing (RecordsBackend forwards them): etcd_records.cpp.
   etcd::Records& records() noexcept override { return records_; }
   // The lock calls run the queue recipe (engine/queue_recipe.hpp) over this store
@@ -235,6 +238,11 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   void reader_main(std::shared_ptr<WatchStream> stream);
   void keeper_main(std::stop_token st);
   std::string revoke_note_key(std::string_view name) const;
+  // The release mark of a session (etcd_keys.hpp): the key its last release deleted.
+  std::string release_mark_key(std::int64_t lease) const {
+    return (prefix_.empty() ? std::string() : prefix_ + "/") + std::string(kReleasedDir) + hex(lease);
+  }
+  friend class EtcdPrefixWatch;
   std::string delay_key(std::string_view name) const;
   // The entry is first in its queue (its key's create_revision my_rev); `marker` is the
   // lock-delay marker read in the same Txn (nullptr: none). kind first: it may be granted

@@ -5,6 +5,9 @@
 //   P/%records/<record key>                   one record (no lease: never expires)
 //   P/%revoked/<encoded lock name>            the last revoke's note (on a lease of its own)
 //   P/%delay/<encoded lock name>              the holder's lock-delay marker (docs/etcd.md)
+//   P/%released/<lease hex>                   the queue key a session's last release deleted
+//                                             (on the session lease; etcd_prefix_watch.cpp)
+//   P/%sync/<lease hex>-<watch seq>           a prefix watch's sync marker (on a session lease)
 // Lock names are arbitrary bytes; '%' and '/' are percent-encoded ("%25", "%2F"), so an
 // encoded name never contains '/', never starts with "%r", and the code is prefix-free:
 // enc(a) is a prefix of enc(b) exactly when a is a prefix of b.
@@ -30,6 +33,11 @@ inline constexpr std::string_view kRecordsDir = "%records/";
 inline constexpr std::string_view kRevokedDir = "%revoked/";
 /// The lock-delay markers' namespace below the prefix.
 inline constexpr std::string_view kDelayDir = "%delay/";
+/// The release marks' namespace: a release's Txn puts "<its deleted key>" there, on the
+/// releasing session's lease, so a watcher tells a release from any other delete.
+inline constexpr std::string_view kReleasedDir = "%released/";
+/// The prefix watches' sync markers (etcd_prefix_watch.cpp).
+inline constexpr std::string_view kSyncDir = "%sync/";
 /// The value a revoke gives the holder's queue key ("@revoked\n<owner>"): held by nobody,
 /// it waits out the lease the revoke put it on. An owner never starts with '@'.
 inline constexpr std::string_view kRevokedValue = "@revoked\n";

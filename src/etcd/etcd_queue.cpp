@@ -242,6 +242,15 @@ QueueStore::Deleted EtcdBackend::delete_place(QueueEntry& e, Error& ec) {
     mc->set_value(entry.delay_marker);
     mine->add_success()->mutable_request_delete_range()->set_key(delay_key(entry.name));
   }
+  if (create_rev != 0 && entry.releasing) {
+    // The release mark (etcd_keys.hpp): in the delete's own revision, so a prefix watch
+    // tells this release from a lost lease's delete (forget, expiry, etcdctl del). On the
+    // session lease (the compare above proves it lives): one key per session, overwritten.
+    auto* mark = txn.add_success()->mutable_request_put();
+    mark->set_key(release_mark_key(entry.session->lease));
+    mark->set_value(entry.key);
+    mark->set_lease(entry.session->lease);
+  }
   etcdserverpb::TxnResponse resp;
   etcd::CallInfo info;
   const grpc::Status st = transport_.call(

@@ -10,7 +10,10 @@ namespace redis {
 
 // The Redis Cluster backend's acquire script (redis:// queues its waiters, see
 // redis/lock_scripts.hpp); the layout of the lock hash is the same.
-// KEYS[1] lock hash, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl (ms).
+// KEYS[1] lock hash, KEYS[2] fence counter, KEYS[3] lock-delay marker; ARGV[1] owner,
+// ARGV[2] ttl (ms), ARGV[3] lock_delay D (ms, "0" off). The lock-delay as redis://'s
+// (redis/lock_scripts.cpp hold_back, mark_delay): while the marker lives nobody takes the
+// free lock ({0, marker pttl}); a holder with D > 0 sets it, value D, PX ttl + D.
 // Returns {1, token} when acquired, {0, pttl} when the lock exists — whoever holds
 // it, this owner included: an owner already in the hash is a second acquisition
 // under the same id (a retried or duplicated request, a forked process), and
@@ -26,9 +29,13 @@ namespace redis {
 // the whole int64 range (Lua numbers are doubles).
 const Script& acquire_script() {
   static const Script& s = *new Script(R"lua(
-local lock, fence, owner, ttl = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local lock, fence, marker, owner, ttl, delay = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3]
 if redis.call('EXISTS', lock) == 1 then
   return {0, redis.call('PTTL', lock)}
+end
+local held_back = redis.call('PTTL', marker)
+if held_back > 0 then
+  return {0, held_back}
 end
 if redis.replicate_commands then redis.replicate_commands() end
 local counted = redis.call('INCR', fence)
@@ -41,6 +48,10 @@ end
 local token = redis.call('GET', fence)
 redis.call('HSET', lock, owner, 1, '@token', token)
 redis.call('PEXPIRE', lock, ttl)
+local d = tonumber(delay)
+if d and d > 0 then
+  redis.call('SET', marker, delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
+end
 return {1, token}
 )lua");
   return s;
@@ -48,25 +59,36 @@ return {1, token}
 
 // KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
 // Returns one status per key: 1 renewed, 0 not held by that owner any more.
-// `move_delay`: redis:// and redis+sentinel://, where a holder's lock-delay marker
-// "<lock>:delay" (value D, redis/lock_scripts.hpp; same hash slot) moves with the lease: it
-// lives ttl + D from now (while a lock is held only its holder's marker can exist: a marker
-// keeps everybody else out). Without it: the Redis Cluster backend's renewal, which reads
-// no key the script does not declare (a migrating slot refuses those) and has no marker.
+// A holder's lock-delay marker (value D, redis/lock_scripts.hpp; same hash slot) moves with
+// the lease: it lives ttl + D from now (while a lock is held only its holder's marker can
+// exist: a marker keeps everybody else out). Where it is found:
+//   - kUndeclared (redis://, redis+sentinel://): "<lock>:delay", read for every lock;
+//   - kDeclared (redis+cluster://, leases acquired with a lock_delay): KEYS[n + i] is lock
+//     i's marker, named by the script as Redis Cluster requires;
+//   - kNone (redis+cluster://, leases without one): no marker is read. A script reading a
+//     key the node may not have is refused while the slot migrates, and every renewal of
+//     that slot would fail until its keys had moved (docs/redis-cluster.md).
 namespace {
-std::string renew_script_text(bool move_delay) {
-  return std::string(R"lua(
-local out = {}
-for i = 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-)lua") +
-         (move_delay ? R"lua(    local d = tonumber(redis.call('GET', KEYS[i] .. ':delay'))
+enum class MarkerAt { kUndeclared, kDeclared, kNone };
+std::string renew_script_text(MarkerAt at) {
+  const char* move =
+      at == MarkerAt::kUndeclared ? R"lua(    local d = tonumber(redis.call('GET', KEYS[i] .. ':delay'))
     if d and d > 0 then
       redis.call('PEXPIRE', KEYS[i] .. ':delay', string.format('%.0f', tonumber(ARGV[2 * i]) + d))
     end
 )lua"
-                     : "") +
+      : at == MarkerAt::kDeclared ? R"lua(    local d = tonumber(redis.call('GET', KEYS[n + i]))
+    if d and d > 0 then
+      redis.call('PEXPIRE', KEYS[n + i], string.format('%.0f', tonumber(ARGV[2 * i]) + d))
+    end
+)lua"
+                                  : "";
+  return std::string(at == MarkerAt::kDeclared ? "local n = #KEYS / 2\n" : "local n = #KEYS\n") + R"lua(
+local out = {}
+for i = 1, n do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+)lua" + move +
          R"lua(    out[i] = 1
   else
     out[i] = 0
@@ -77,13 +99,17 @@ return out
 }
 
 const Script& plain_renew_script() {
-  static const Script& s = *new Script(renew_script_text(false));
+  static const Script& s = *new Script(renew_script_text(MarkerAt::kNone));
+  return s;
+}
+const Script& declared_renew_script() {
+  static const Script& s = *new Script(renew_script_text(MarkerAt::kDeclared));
   return s;
 }
 }  // namespace
 
 const Script& renew_script() {
-  static const Script& s = *new Script(renew_script_text(true));
+  static const Script& s = *new Script(renew_script_text(MarkerAt::kUndeclared));
   return s;
 }
 
@@ -226,7 +252,10 @@ const Script& lock_acquire_script() {
   return acquire_script();
 }
 const Script& lock_renew_script() {
-  return plain_renew_script();  // redis+cluster:// keeps no lock-delay marker (docs/design.md "Lock-delay")
+  return plain_renew_script();
+}
+const Script& lock_renew_delayed_script() {
+  return declared_renew_script();
 }
 }  // namespace redis
 

@@ -247,7 +247,8 @@ std::string SentinelBackend::why_not_master(const Address& a) {
 }
 
 // Makes a redis:// backend for `a`, subscribes the watched names on it, swaps it
-// in and wakes every waiter (a release may have happened while nobody listened on
+// in, moves every prefix watch to it (each reports a gap once it watches the new
+// master) and wakes every waiter (a release may have happened while nobody listened on
 // the new master). discover_mu_ held.
 bool SentinelBackend::switch_to(const Address& a, Error& ec) {
   ConnectionOptions o = master_tpl_;
@@ -263,6 +264,7 @@ bool SentinelBackend::switch_to(const Address& a, Error& ec) {
   std::vector<std::string> names;
   std::shared_ptr<Backend> old;
   Address was;
+  std::vector<std::shared_ptr<SentinelWatchLeg>> retired;
   {
     LockGuard wl(watch_mu_);
     for (const auto& [name, count] : watches_) {
@@ -273,19 +275,24 @@ bool SentinelBackend::switch_to(const Address& a, Error& ec) {
                  a.text());
       names.push_back(name);
     }
-    LockGuard lk(mu_);
-    old = std::move(current_);
-    current_ = fresh;
-    was = current_addr_;
-    current_addr_ = a;
-    ++generation_;
+    std::uint64_t generation = 0;
+    {
+      LockGuard lk(mu_);
+      old = std::move(current_);
+      current_ = fresh;
+      was = current_addr_;
+      current_addr_ = a;
+      generation = ++generation_;
+    }
+    move_prefix_watches(fresh, generation, was, a, retired);
   }
   if (old) {
     log_.log(LogLevel::warning,
              "{}: master of \"{}\" moved from {} to {}; leases the new master lacks are lost", settings_.url,
              master_name_, was.text(), a.text());
   }
-  old.reset();  // its subscriber stops (unless a call still uses it)
+  retired.clear();  // the prefix watches' old subscriptions stop
+  old.reset();      // its subscriber stops (unless a call still uses it)
   for (const auto& n : names) on_change(n);
   return true;
 }

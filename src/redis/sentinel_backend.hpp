@@ -16,7 +16,9 @@
 // the promoted replica never saw learns it at its next renewal (not_owner: the lease
 // is lost, its stop token fires). `wait=N` makes acquire and renew wait for N
 // replica acknowledgements (WAIT), see RedisSettings. The same credentials are sent
-// to the sentinels and the master (sentinels without a password get none).
+// to the sentinels and the master (sentinels without a password get none). A prefix
+// watch (Client::watch) is the redis:// watch on the current master, moved to each new
+// master with a gap (sentinel_watch.cpp).
 // See docs/sentinel.md for what survives a failover.
 //
 // Thread-safety: as every backend, called from many threads at once.

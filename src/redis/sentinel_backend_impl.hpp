@@ -1,6 +1,7 @@
 // The redis+sentinel:// backend's private declarations, shared by sentinel_backend.cpp
-// (finding the master, switching to it, factory) and sentinel_monitor.cpp (the
-// +switch-master monitor, watches). Not for use outside src/redis.
+// (finding the master, switching to it, factory), sentinel_monitor.cpp (the
+// +switch-master monitor, watches of names) and sentinel_watch.cpp (prefix watches that
+// follow the master). Not for use outside src/redis.
 #pragma once
 
 #include <poll.h>
@@ -38,6 +39,9 @@ constexpr Millis kRecheckEvery{1000};
 constexpr Millis kMinRediscover{100};
 // The monitor waits this long before subscribing again after losing a sentinel.
 constexpr Millis kResubscribeDelay{200};
+
+class SentinelWatchHub;
+class SentinelWatchLeg;
 
 struct Address {
   std::string host;
@@ -138,9 +142,16 @@ class SentinelBackend final : public Backend, private ChangeListener {
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
 
+  // A redis:// prefix watch on the current master, moved to each new master by a
+  // switch with a gap (sentinel_watch.cpp).
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
+
   std::string url() const override { return settings_.url; }
 
  private:
+  friend class SentinelPrefixWatch;
+  friend class SentinelWatchHub;
+
   // ChangeListener of the inner backends: forwarded to the engine.
   void on_change(std::string_view name) noexcept override {
     if (auto* l = listener_.load()) l->on_change(name);
@@ -199,7 +210,29 @@ class SentinelBackend final : public Backend, private ChangeListener {
   void monitor();
   void listen(redis::Socket& sock, redisReader& reader);
 
-  void recheck() { rediscover(current().second, true); }
+  // Asks the sentinels now, then gives a prefix watch that has no leg on the current
+  // master one (the monitor thread, every kRecheckEvery and on request).
+  void recheck() {
+    rediscover(current().second, true);
+    retry_prefix_watches();
+  }
+
+  // From a prefix watch whose channel broke (a failover is one reason): the monitor
+  // rechecks now rather than at its next kRecheckEvery.
+  void request_recheck() noexcept {
+    recheck_requested_.store(true);
+    monitor_.wake();
+  }
+
+  // sentinel_watch.cpp. A switch moves every prefix watch to `fresh` (generation
+  // `generation`) with a gap naming both masters; the legs replaced are destroyed by
+  // the caller outside every lock.
+  void move_prefix_watches(const std::shared_ptr<Backend>& fresh, std::uint64_t generation,
+                           const Address& was, const Address& now,
+                           std::vector<std::shared_ptr<SentinelWatchLeg>>& retired)
+      DISTLOCK_REQUIRES(watch_mu_);
+  void retry_prefix_watches();
+  void forget_prefix_watch(const SentinelWatchHub* hub);
 
   void wait_wake(Millis d) {
     pollfd p{monitor_.wake_fd(), POLLIN, 0};
@@ -222,6 +255,8 @@ class SentinelBackend final : public Backend, private ChangeListener {
 
   AnnotatedMutex watch_mu_;  // taken before mu_
   std::map<std::string, int, std::less<>> watches_ DISTLOCK_GUARDED_BY(watch_mu_);
+  std::vector<std::shared_ptr<SentinelWatchHub>> prefix_watches_ DISTLOCK_GUARDED_BY(watch_mu_);
+  std::atomic<bool> recheck_requested_{false};
 
   mutable AnnotatedMutex mu_;
   std::shared_ptr<Backend> current_ DISTLOCK_GUARDED_BY(mu_);

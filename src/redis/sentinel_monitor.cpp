@@ -85,6 +85,10 @@ void SentinelBackend::listen(redis::Socket& sock, redisReader& reader) {
     if (n < 0 && errno != EINTR) return;
     if (fds[0].revents & POLLIN) monitor_.clear_wake();
     if (monitor_.stopping()) return;
+    if (recheck_requested_.exchange(false)) {  // a prefix watch's channel broke
+      recheck();
+      next_check = Steady::now() + kRecheckEvery;
+    }
     if (n > 0 && fds[1].revents != 0) {
       char buf[4096];
       short want = 0;

@@ -27,7 +27,7 @@ std::uint16_t key_slot(std::string_view key) noexcept {
 }
 
 // A name without braces keeps redis://'s layout: "<prefix>:{<name>}", ":fence",
-// ":released" (its hash tag is the name). A name holding '{' or '}' would end the
+// ":released", ":rv", ":delay" (its hash tag is the name). A name holding '{' or '}' would end the
 // tag early or leave it empty (then each key hashes whole, into different slots):
 // its tag is '#' and 16 hex digits of a hash of the name, and the name follows the
 // tag whole, after a kind letter, so two names never share a key even when their
@@ -39,6 +39,7 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
     k.fence = k.lock + ":fence";
     k.channel = k.lock + ":released";
     k.revoke_note = k.lock + ":rv";
+    k.delay = k.lock + ":delay";  // as redis:// (redis/key_layout.hpp delay_key)
   } else {
     static constexpr char kHex[] = "0123456789abcdef";
     std::string tag = "#";
@@ -49,6 +50,7 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
     k.fence = head + "f:" + std::string(name);
     k.channel = head + "r:" + std::string(name);
     k.revoke_note = head + "v:" + std::string(name);
+    k.delay = head + "d:" + std::string(name);
   }
   k.slot = key_slot(k.lock);
   return k;
@@ -66,8 +68,11 @@ std::string record_key(std::string_view prefix, std::string_view key) {
 
 namespace {
 
-// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] release channel. As redis://'s release
-// script, published on the slot's shard channel (SPUBLISH).
+// KEYS[1] lock hash[, KEYS[2] its lock-delay marker]; ARGV[1] owner, ARGV[2] release
+// channel. As redis://'s release script, published on the slot's shard channel (SPUBLISH).
+// A normal release ends the holder's lock-delay: the marker goes, when named. It is named
+// only for a lease acquired with a lock_delay (ClusterBackend::delayed_): a script naming a
+// key the node does not have is refused while the slot migrates (TRYAGAIN).
 const Script& release_script() {
   static const Script& s = *new Script(R"lua(
 local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
@@ -79,6 +84,7 @@ if left > 0 then
   return left
 end
 redis.call('DEL', lock)
+if KEYS[2] then redis.call('DEL', KEYS[2]) end
 redis.call('SPUBLISH', channel, 'released')
 return 0
 )lua");
@@ -155,15 +161,36 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, req.name);
   const std::string ttl = std::to_string(req.ttl.count());
+  const std::string delay = std::to_string(req.lock_delay.count());
   Reply r;
+  Reply busy;  // a held lock's PTTL, read when the script was refused during a migration
   const redisReply* d = route(
       k.slot, "acquire",
-      [&](Connection& c, bool, Error& e) {
-        r = redis::lock_acquire_script().run(c, {k.lock, k.fence}, {req.owner, ttl}, e);
+      [&](Connection& c, bool asking, Error& e) {
+        r = redis::lock_acquire_script().run(c, {k.lock, k.fence, k.delay}, {req.owner, ttl, delay}, e);
+        // The script names the lock-delay marker, which a node migrating the slot may not
+        // have (TRYAGAIN). A contender of a lock that is held there is busy all the same:
+        // the lock's PTTL alone (one key: served, or ASK) says so, as before the marker.
+        if (r && r->type == REDIS_REPLY_ERROR && starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
+          Error pe;
+          if (asking) c.command({"ASKING"}, pe);
+          if (!pe) {
+            busy = c.command({"PTTL", k.lock}, pe);
+            if (!pe && busy && busy->type == REDIS_REPLY_INTEGER && busy->integer > 0) {
+              e.clear();  // the script's TRYAGAIN is answered
+              return busy.get();
+            }
+          }
+        }
         return r.get();
       },
       ec);
   if (d == nullptr || ec) return {};
+  if (d->type == REDIS_REPLY_INTEGER) {  // the PTTL above: held
+    AcquireResult res;
+    res.holder_ttl = Millis(d->integer);
+    return res;
+  }
   std::uint64_t flag = 0;
   if (d->type != REDIS_REPLY_ARRAY || d->elements != 2 || !to_u64(d->element[0], flag)) {
     ec = make_error_code(errc::protocol_error);
@@ -178,6 +205,7 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) 
       return {};
     }
     res.validity = req.ttl;
+    note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
     return res;
   }
   const redisReply* pttl = d->element[1];
@@ -189,14 +217,17 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
                                       Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
+  const bool delayed = is_delayed(name, owner);
   Reply r;
   const redisReply* d = route(
       k.slot, "release",
       [&](Connection& c, bool, Error& e) {
-        r = release_script().run(c, {k.lock}, {owner, k.channel}, e);
+        r = delayed ? release_script().run(c, {k.lock, k.delay}, {owner, k.channel}, e)
+                    : release_script().run(c, {k.lock}, {owner, k.channel}, e);
         return r.get();
       },
       ec);
+  if (!ec) note_delayed(name, owner, false);
   if (d == nullptr || ec) return ReleaseStatus::released;
   if (d->type != REDIS_REPLY_INTEGER) {
     ec = make_error_code(errc::protocol_error);
@@ -209,6 +240,8 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
 // another owner's, is never touched. Best effort: the lock's TTL stays the bound.
 void ClusterBackend::forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept {
   try {
+    // A lost lease keeps its lock-delay marker (the forget script does not touch it).
+    note_delayed(name, owner, false);
     Error ec;
     const NameKeys k = rediscluster::keys_of(prefix_, name);
     const std::string tok = std::to_string(token);

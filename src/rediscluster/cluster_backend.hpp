@@ -42,6 +42,7 @@ struct NameKeys {
   std::string fence;
   std::string channel;
   std::string revoke_note;  ///< the note of the last revoke (Backend::revoke), in the lock's slot
+  std::string delay;        ///< the lock-delay marker (value D ms, PX lease end + D), in the lock's slot
   std::uint16_t slot = 0;
 };
 NameKeys keys_of(std::string_view prefix, std::string_view name);

@@ -63,7 +63,8 @@ bool find_redirect(std::string_view text, std::string_view default_host, Redirec
 struct RenewJob {
   std::vector<std::string> keys;
   std::vector<std::string> args;        // owner, ttl per key
-  std::vector<std::size_t> call_sizes;  // keys per EVALSHA, in order
+  std::vector<std::size_t> call_sizes;  // locks per EVALSHA, in order
+  std::vector<bool> call_delayed;       // per EVALSHA: its locks' markers follow them in `keys`
   std::vector<Reply> replies;           // one per call
   Error ec;                             // the node could not be reached or the transport failed
   // Both guarded by the backend's work_mu_ (a lock of another object, which an annotation
@@ -105,7 +106,7 @@ class ClusterBackend final : public Backend {
 
   ~ClusterBackend() override;
 
-  Capabilities capabilities() const noexcept override { return {true, true}; }
+  Capabilities capabilities() const noexcept override { return {true, true, true}; }
   void set_listener(ChangeListener* listener) override { listener_.store(listener); }
 
   void connect_now(Error& ec);
@@ -199,6 +200,24 @@ class ClusterBackend final : public Backend {
     if (node.failing.exchange(false)) log_.log(LogLevel::info, "{} answers again", node.opts.describe());
   }
 
+  // The leases of this client acquired with a lock_delay (name '\0' owner): their renewal
+  // and release name the lock-delay marker, the others' do not (a script naming a key the
+  // node lacks is refused while the slot migrates; docs/redis-cluster.md "Lock-delay").
+  void note_delayed(std::string_view name, std::string_view owner, bool on) {
+    std::string key = std::string(name) + '\0' + std::string(owner);
+    LockGuard lk(delayed_mu_);
+    if (on) {
+      delayed_.insert(std::move(key));
+    } else {
+      delayed_.erase(key);
+    }
+  }
+  bool is_delayed(std::string_view name, std::string_view owner) const {
+    const std::string key = std::string(name) + '\0' + std::string(owner);
+    LockGuard lk(delayed_mu_);
+    return delayed_.contains(key);
+  }
+
   Millis renew_budget(std::span<const RenewItem> items) const;
   void run_renewal_worker(Node& node);
   static void run_renewal(Node& node, RenewJob& job);
@@ -226,6 +245,9 @@ class ClusterBackend final : public Backend {
   AnnotatedMutex work_mu_;           // renewal jobs of every node
   std::condition_variable done_cv_;  // a renewal job is done
   bool work_stop_ DISTLOCK_GUARDED_BY(work_mu_) = false;
+
+  mutable AnnotatedMutex delayed_mu_;
+  std::set<std::string, std::less<>> delayed_ DISTLOCK_GUARDED_BY(delayed_mu_);
 
   AnnotatedMutex move_mu_;
   std::condition_variable move_cv_;

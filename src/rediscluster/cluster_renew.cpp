@@ -20,11 +20,14 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
   const auto deadline = std::chrono::steady_clock::now() + renew_budget(items);
   std::vector<NameKeys> keys;
   std::vector<std::string> ttls;
+  std::vector<char> delayed;  // acquired with a lock_delay: its marker moves with it
   keys.reserve(items.size());
   ttls.reserve(items.size());
+  delayed.reserve(items.size());
   for (const auto& it : items) {
     keys.push_back(rediscluster::keys_of(prefix_, it.name));
     ttls.push_back(std::to_string(it.ttl.count()));
+    delayed.push_back(is_delayed(it.name, it.owner) ? 1 : 0);
   }
   std::map<Node*, std::vector<std::size_t>> by_node;
   std::vector<std::size_t> retry;  // unrouted, then redirected items
@@ -48,21 +51,30 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
   std::vector<Sent> sent;
   sent.reserve(by_node.size());
   for (auto& [node, idx] : by_node) {
-    std::stable_sort(idx.begin(), idx.end(),
-                     [&](std::size_t a, std::size_t b) { return keys[a].slot < keys[b].slot; });
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+      return std::pair(delayed[a], keys[a].slot) < std::pair(delayed[b], keys[b].slot);
+    });
     auto job = std::make_shared<RenewJob>();
     job->keys.reserve(idx.size());
     job->args.reserve(2 * idx.size());
-    for (std::size_t i : idx) {
-      job->keys.push_back(keys[i].lock);
-      job->args.emplace_back(items[i].owner);
-      job->args.push_back(ttls[i]);
-    }
     std::vector<std::size_t> call_at;
+    // One call per run of one slot and one kind (with or without markers), at most
+    // kRenewChunk locks: a call's keys are its locks, then (delayed) their markers.
     for (std::size_t at = 0; at < idx.size();) {
       std::size_t end = at + 1;
-      while (end < idx.size() && end - at < kRenewChunk && keys[idx[end]].slot == keys[idx[at]].slot) ++end;
+      while (end < idx.size() && end - at < kRenewChunk && keys[idx[end]].slot == keys[idx[at]].slot &&
+             delayed[idx[end]] == delayed[idx[at]])
+        ++end;
+      for (std::size_t j = at; j < end; ++j) {
+        job->keys.push_back(keys[idx[j]].lock);
+        job->args.emplace_back(items[idx[j]].owner);
+        job->args.push_back(ttls[idx[j]]);
+      }
+      if (delayed[idx[at]]) {
+        for (std::size_t j = at; j < end; ++j) job->keys.push_back(keys[idx[j]].delay);
+      }
       job->call_sizes.push_back(end - at);
+      job->call_delayed.push_back(delayed[idx[at]] != 0);
       call_at.push_back(at);
       at = end;
     }
@@ -143,12 +155,15 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
     if (std::chrono::steady_clock::now() >= deadline) break;
     Error rec;  // per-item failures are retried by the engine, not reported
     Reply r;
-    const std::string_view key = keys[i].lock;
+    const std::string_view key_pair[] = {keys[i].lock, keys[i].delay};
     const std::string_view args[] = {items[i].owner, ttls[i]};
+    const bool with_marker = delayed[i] != 0;
+    const redis::Script& script =
+        with_marker ? redis::lock_renew_delayed_script() : redis::lock_renew_script();
     const redisReply* d = route(
         keys[i].slot, "renew",
         [&](Connection& c, bool, Error& e) {
-          r = redis::lock_renew_script().run(c, std::span(&key, 1), std::span(args), e);
+          r = script.run(c, std::span(key_pair, with_marker ? 2 : 1), std::span(args), e);
           return r.get();
         },
         rec);
@@ -205,14 +220,25 @@ void ClusterBackend::run_renewal(Node& node, RenewJob& job) {
   if (job.ec) return;
   const std::vector<std::string_view> key_views(job.keys.begin(), job.keys.end());
   const std::vector<std::string_view> arg_views(job.args.begin(), job.args.end());
-  std::vector<Script::Call> calls;
-  calls.reserve(job.call_sizes.size());
-  std::size_t at = 0;
-  for (std::size_t n : job.call_sizes) {
-    calls.push_back({std::span(key_views).subspan(at, n), std::span(arg_views).subspan(2 * at, 2 * n)});
-    at += n;
+  // Consecutive calls of one kind go in one pipeline (a pipeline runs one script).
+  std::size_t key_at = 0, arg_at = 0;
+  for (std::size_t c = 0; c < job.call_sizes.size();) {
+    const bool with_marker = job.call_delayed[c];
+    std::vector<Script::Call> calls;
+    for (; c < job.call_sizes.size() && job.call_delayed[c] == with_marker; ++c) {
+      const std::size_t n = job.call_sizes[c];
+      const std::size_t nkeys = with_marker ? 2 * n : n;
+      calls.push_back(
+          {std::span(key_views).subspan(key_at, nkeys), std::span(arg_views).subspan(arg_at, 2 * n)});
+      key_at += nkeys;
+      arg_at += 2 * n;
+    }
+    const redis::Script& script =
+        with_marker ? redis::lock_renew_delayed_script() : redis::lock_renew_script();
+    std::vector<Reply> replies = script.run_pipelined(*conn, calls, job.ec);
+    if (job.ec) return;
+    for (auto& r : replies) job.replies.push_back(std::move(r));
   }
-  job.replies = redis::lock_renew_script().run_pipelined(*conn, calls, job.ec);
 }
 
 }  // namespace distlock::detail::rediscluster

@@ -8,6 +8,10 @@ Millis clock_drift(Millis ttl) noexcept {
   return Millis(ttl.count() / 100 + 2);
 }
 
+Millis lock_delay_extra(Millis delay) noexcept {
+  return delay.count() > 0 ? delay + 2 * clock_drift(delay) : Millis(0);
+}
+
 Millis default_node_timeout(Millis ttl) noexcept {
   return std::clamp(ttl / 10, Millis(1), Millis(50));
 }

@@ -28,6 +28,14 @@ constexpr std::size_t quorum_of(std::size_t nodes) noexcept {
 /// lease of `ttl`: 1 % of the TTL plus 2 ms (the figure from the Redlock description).
 Millis clock_drift(Millis ttl) noexcept;
 
+/// How much longer than the lease a holder's lock-delay marker lives on each master, for
+/// a lock_delay D (docs/redlock.md "Lock-delay"): D + 2 x clock_drift(D). A master's clock
+/// may run up to 1 % fast against the holder's (the drift model above), so a marker of
+/// ttl + extra on its clock lasts at least 0.99 (ttl + extra) of real time, which is no less
+/// than the lease's end as the holder counted it (ttl - clock_drift(ttl) from the send) plus
+/// D for every D <= 60 s. 0 for D = 0 (no marker).
+Millis lock_delay_extra(Millis delay) noexcept;
+
 /// Default time one master may take to answer one request: min(50 ms, ttl/10), at
 /// least 1 ms. Small against the TTL, so a dead or paused master costs little of
 /// the lease's validity.

@@ -14,25 +14,47 @@ namespace distlock::detail::redlock {
 AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   ec.clear();
   const std::string key = lock_key(cfg_, req.name);
+  const std::string marker = delay_key(cfg_, req.name);
   const std::string owner(req.owner);
   const std::string ttl_ms = std::to_string(req.ttl.count());
   const Millis timeout = node_timeout(req.ttl);
-  // Fast path in native commands (a fraction of a script's cost on the
-  // master): SET NX GET tells "taken now" (nil) from "held by X"; PTTL gives a
-  // busy holder's remaining lease.
-  const std::array<Command, 2> fast{Command{{"SET", key, owner, "NX", "GET", "PX", ttl_ms}, nullptr},
-                                    Command{{"PTTL", key}, nullptr}};
+  // With a lock_delay the key and its marker are written in one script per master (the
+  // script refuses the key while a lost holder's marker lives there). Without one, a
+  // fast path in native commands (a fraction of a script's cost on the master): SET NX
+  // GET tells "taken now" (nil) from "held by X"; PTTL gives a busy holder's remaining
+  // lease; the marker's PTTL, read after the SET, tells whether a lost holder's
+  // lock-delay still runs there. Only a holder of the key writes a marker, so a marker
+  // seen right after our SET took the key was there before it (or is our own lost
+  // lease's): that master votes busy and the key is taken back (docs/redlock.md
+  // "Lock-delay").
+  const std::string extra = std::to_string(lock_delay_extra(req.lock_delay).count());
+  const bool with_delay = req.lock_delay.count() > 0;
+  const std::array<std::string, 2> script_keys{key, marker};
+  // The attempt's nonce: the markers it writes name it, so undoing a failed attempt deletes
+  // those and never a marker of this owner's lost lease (scripts.hpp kReleaseScript).
+  thread_local std::mt19937_64 nonce_rng{std::random_device{}()};
+  const std::string nonce = fmt::format("{:016x}", nonce_rng());
+  const std::array<std::string, 4> script_args{owner, ttl_ms, extra, nonce};
+  const std::string my_marker = extra + "\n" + owner + "\n" + nonce;
+  std::vector<Command> first;
+  if (with_delay) {
+    first.push_back(script_command(kAcquireScript, script_keys, script_args));
+  } else {
+    first = {Command{{"SET", key, owner, "NX", "GET", "PX", ttl_ms}, nullptr},
+             Command{{"PTTL", key}, nullptr}, Command{{"PTTL", marker}, nullptr}};
+  }
 
   LaneLease lane(pool_);
   // The validity check (ttl - elapsed - drift) is a deadline: measured on the
   // client's clock, the one the engine takes the grant's send time on (tests
   // inject a manual one). Socket timeouts in the fan-out stay on real time.
   const Clock::time_point start = clock_->now();
-  std::vector<NodeReply> replies = lane->run_all(fast, timeout);
+  std::vector<NodeReply> replies = lane->run_all(first, timeout);
 
   AcquireTally tally;
   tally.nodes = replies.size();
   std::vector<bool> definitely_not_ours(replies.size(), false);
+  std::vector<bool> taken_in_delay(replies.size(), false);
   std::vector<std::string> bad_replies;
   std::size_t auth_failed = 0;
   // How many masters each other owner holds: a split vote is a busy verdict
@@ -43,6 +65,20 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
     definitely_not_ours[i] = true;
     if (pttl >= 0) tally.max_busy_ttl = std::max(tally.max_busy_ttl.value_or(Millis(0)), Millis(pttl));
   };
+  // The script's answer on master i: acquired, busy (its PTTL), or an error (no vote).
+  auto count_script = [&](std::size_t i, const redisReply* reply) {
+    long long flag = 0, pttl = 0;
+    if (!integer_at(reply, 0, flag) || !integer_at(reply, 1, pttl)) {
+      // An error reply (e.g. WRONGTYPE, OOM, READONLY): no vote, nothing set.
+      bad_replies.push_back(fmt::format("{} answered {}", masters_[i]->label(), reply_text(reply)));
+      definitely_not_ours[i] = true;
+    } else if (flag == 1) {
+      ++tally.acquired;
+    } else {
+      vote_busy(i, pttl);
+      ++holders["\n(unknown)"];  // the script does not say who holds it
+    }
+  };
   // The key already holds our owner id (a leftover of this owner's own earlier
   // lease), or the master does not know SET NX GET (Redis < 7): the acquire
   // script takes it with a fresh TTL. Rare; one more round trip to those only.
@@ -52,17 +88,28 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
     const NodeReply& r = replies[i];
     if (r.status == NodeStatus::auth_failed) ++auth_failed;
     if (r.status != NodeStatus::ok) continue;
+    if (with_delay) {
+      count_script(i, r.replies[0].get());
+      continue;
+    }
     const redisReply* set = r.replies[0].get();
     const redisReply* pttl = r.replies[1].get();
-    if (set->type == REDIS_REPLY_NIL) {
+    const redisReply* held_back = r.replies[2].get();
+    if (set->type == REDIS_REPLY_NIL && held_back->type == REDIS_REPLY_INTEGER && held_back->integer > 0) {
+      // Taken while a lost holder's lock-delay runs here: busy; the key is taken back (by
+      // the not-acquired path below, or right after a grant by a quorum elsewhere), never
+      // the marker.
+      taken_in_delay[i] = true;
+      ++tally.busy;
+      tally.max_busy_ttl = std::max(tally.max_busy_ttl.value_or(Millis(0)), Millis(held_back->integer));
+      ++holders["\n(lock-delay)"];
+    } else if (set->type == REDIS_REPLY_NIL) {
       ++tally.acquired;
     } else if (set->type == REDIS_REPLY_STRING && std::string_view(set->str, set->len) != owner) {
       vote_busy(i, pttl->type == REDIS_REPLY_INTEGER ? pttl->integer : -1);
       ++holders[std::string(set->str, set->len)];
     } else {
-      const std::array<std::string, 1> keys{key};
-      const std::array<std::string, 2> args{owner, ttl_ms};
-      slow[i].push_back(script_command(kAcquireScript, keys, args));
+      slow[i].push_back(script_command(kAcquireScript, script_keys, script_args));
       any_slow = true;
     }
   }
@@ -76,18 +123,7 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
         bad_replies.push_back(r.error);  // so a quorum failure names this master too
         continue;
       }
-      long long flag = 0, pttl = 0;
-      const redisReply* reply = r.replies[0].get();
-      if (!integer_at(reply, 0, flag) || !integer_at(reply, 1, pttl)) {
-        // An error reply (e.g. WRONGTYPE, OOM, READONLY): no vote, nothing set.
-        bad_replies.push_back(fmt::format("{} answered {}", masters_[i]->label(), reply_text(reply)));
-        definitely_not_ours[i] = true;
-      } else if (flag == 1) {
-        ++tally.acquired;
-      } else {
-        vote_busy(i, pttl);
-        ++holders["\n(unknown)"];  // the script does not say who holds it
-      }
+      count_script(i, r.replies[0].get());
     }
   }
   const auto elapsed = std::chrono::duration_cast<Millis>(clock_->now() - start);
@@ -95,6 +131,18 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   const std::string backoff_key = std::string(req.name) + '\0' + owner;
   if (d.verdict == AcquireVerdict::acquired) {
     forget_backoff(backoff_key);
+    // Granted by a quorum elsewhere: the keys taken where a lost holder's marker lives go
+    // back (the key only; rare: one more round trip to those masters).
+    std::vector<std::vector<Command>> undo(replies.size());
+    bool any_undo = false;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      if (!taken_in_delay[i]) continue;
+      undo[i].push_back(Command{{"EVAL", std::string(kReleaseScript.body), "3", key,
+                                 release_channel(cfg_, req.name), marker, owner, "0"},
+                                nullptr});
+      any_undo = true;
+    }
+    if (any_undo) lane->run(undo, timeout);
     return AcquireResult{true, 0, d.validity, std::nullopt};
   }
 
@@ -103,8 +151,11 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   // Sent on the same connections, so it runs after a late acquisition. It is
   // sent as EVAL with the body, not EVALSHA: on a master that answers late, a
   // NOSCRIPT reply would come too late to retry and the key would linger.
-  const Command release{{"EVAL", std::string(kReleaseScript.body), "2", key, release_channel(cfg_, req.name),
-                         std::string(req.owner)},
+  // The markers this attempt wrote (with a lock_delay: exactly its own value) go with its
+  // keys; without one it wrote none, and a marker beside a key it took is a lost holder's:
+  // it stays.
+  const Command release{{"EVAL", std::string(kReleaseScript.body), "3", key, release_channel(cfg_, req.name),
+                         marker, std::string(req.owner), with_delay ? "=" : "0", my_marker},
                         nullptr};
   std::vector<std::vector<Command>> per_node(replies.size());
   bool any = false;

@@ -88,6 +88,10 @@ std::string revoke_note_key(const Config& cfg, std::string_view name) {
   return cfg.prefix + "revoked:" + std::string(name);
 }
 
+std::string delay_key(const Config& cfg, std::string_view name) {
+  return cfg.prefix + "delay:" + std::string(name);
+}
+
 // Connects to every master at once; fails unless a quorum answers.
 void RedlockBackend::connect(Millis timeout, Error& ec) {
   ec.clear();

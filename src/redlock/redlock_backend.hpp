@@ -47,6 +47,8 @@ std::string release_channel(const Config& cfg, std::string_view name);
 std::string record_key(const Config& cfg, std::string_view key);
 /// "<prefix>revoked:<name>": the note of the last revoke of lock `name` (it expires).
 std::string revoke_note_key(const Config& cfg, std::string_view name);
+/// "<prefix>delay:<name>": the lock-delay marker of lock `name` on one master (scripts.hpp).
+std::string delay_key(const Config& cfg, std::string_view name);
 
 }  // namespace redlock
 

@@ -95,7 +95,7 @@ class RedlockBackend final : public Backend {
 
   void connect(Millis timeout, Error& ec);
 
-  Capabilities capabilities() const noexcept override { return {false, true}; }
+  Capabilities capabilities() const noexcept override { return {false, true, true}; }
 
   void set_listener(ChangeListener* listener) override { listener_ = listener; }
 
@@ -104,6 +104,9 @@ class RedlockBackend final : public Backend {
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         Error& ec) override;
+  // A lease the engine declared lost: its keys go (owner-checked), its lock-delay markers stay
+  // (a loss is not a release; docs/redlock.md "Lock-delay").
+  void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
   LockInfo status(std::string_view name, Error& ec) override;

@@ -15,7 +15,7 @@ void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
   for (std::size_t begin = 0; begin < items.size(); begin += kRenewChunk) {
     const std::size_t end = std::min(items.size(), begin + kRenewChunk);
     std::vector<std::string> keys, args;
-    keys.reserve(end - begin);
+    keys.reserve(2 * (end - begin));
     args.reserve(2 * (end - begin));
     for (std::size_t i = begin; i < end; ++i) {
       keys.push_back(lock_key(cfg_, items[i].name));
@@ -23,6 +23,8 @@ void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
       args.push_back(std::to_string(items[i].ttl.count()));
       min_ttl = std::min(min_ttl, items[i].ttl);
     }
+    // The lock-delay markers, moved with the keys where they are this owner's.
+    for (std::size_t i = begin; i < end; ++i) keys.push_back(delay_key(cfg_, items[i].name));
     cmds.push_back(script_command(kRenewScript, keys, args));
   }
   // A large batch may take a while on a master; the reply only has to come
@@ -61,8 +63,10 @@ void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
 ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                                       Error& ec) {
   ec.clear();
-  const std::array<std::string, 2> keys{lock_key(cfg_, name), release_channel(cfg_, name)};
-  const std::array<std::string, 1> args{std::string(owner)};
+  // A normal release: the holder's lock-delay marker goes with its key.
+  const std::array<std::string, 3> keys{lock_key(cfg_, name), release_channel(cfg_, name),
+                                        delay_key(cfg_, name)};
+  const std::array<std::string, 2> args{std::string(owner), "1"};
   const Command cmd = script_command(kReleaseScript, keys, args);
   LaneLease lane(pool_);
   std::vector<NodeReply> replies =
@@ -82,6 +86,21 @@ ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view ow
       return ReleaseStatus::released;
   }
   return ReleaseStatus::released;
+}
+
+// The release script in its key-only mode on every master: the lost lease's keys go where
+// they are still this owner's (the next holder need not wait for their expiry), its markers
+// stay, and nothing is announced where a marker lives. Best effort: the keys' TTL is the bound.
+void RedlockBackend::forget(std::string_view name, std::string_view owner, std::uint64_t /*token*/) noexcept {
+  try {
+    const std::array<std::string, 3> keys{lock_key(cfg_, name), release_channel(cfg_, name),
+                                          delay_key(cfg_, name)};
+    const std::array<std::string, 2> args{std::string(owner), "0"};
+    const Command cmd = script_command(kReleaseScript, keys, args);
+    LaneLease lane(pool_);
+    (void)lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+  } catch (...) {  // out of memory: the keys expire after their ttl
+  }
 }
 
 // The revoke script on every master at once. A lock is held where a quorum of masters has

@@ -1,6 +1,10 @@
 // The Lua scripts each Redis master runs for Redlock (one atomic step per
-// master and request). A lock key holds its owner id and expires by PX; nothing
-// else is stored: independent masters cannot agree on a fencing counter.
+// master and request). A lock key holds its owner id and expires by PX; a holder with
+// lock_delay D also keeps the marker "<prefix>delay:<name>" = "<extra>\n<owner>\n<nonce>" (extra =
+// D + 2 x clock_drift(D), quorum.hpp lock_delay_extra) living ttl + extra, moved with the key
+// by each renewal and deleted by a normal release only (docs/redlock.md "Lock-delay"); while
+// it lives no acquisition takes the key on that master. Nothing else is stored: independent
+// masters cannot agree on a fencing counter.
 //
 // The SHA-1 constants are the digests of the bodies (the test redlock_test checks
 // them against SCRIPT LOAD); if a body changes, update its digest.
@@ -15,29 +19,54 @@
 
 namespace distlock::detail::redlock {
 
-/// KEYS[1] lock key; ARGV[1] owner, ARGV[2] ttl ms.
-/// Takes the key if free (or already this owner's) for ttl: {1, 0}; else {0, pttl}.
+/// KEYS[1] lock key, KEYS[2] lock-delay marker key; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3]
+/// the marker's extra life ms beyond the ttl ("0": this acquisition has no lock-delay), ARGV[4]
+/// the attempt's nonce (hex, new per acquisition attempt).
+/// While a marker lives (a lost holder's lock-delay, docs/redlock.md "Lock-delay") nobody
+/// takes the key: {0, marker pttl}. Else takes the key if free (or already this owner's) for
+/// ttl, with the marker "<extra>\n<owner>\n<nonce>" for ttl + extra when extra > 0: {1, 0}; else
+/// {0, pttl}.
 inline constexpr Script kAcquireScript{
-    R"lua(local v = redis.call('GET', KEYS[1])
+    R"lua(local m = redis.call('PTTL', KEYS[2])
+if m > 0 then
+  return {0, m}
+end
+local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local extra = tonumber(ARGV[3])
+  if extra and extra > 0 then
+    redis.call('SET', KEYS[2], ARGV[3] .. '\n' .. ARGV[1] .. '\n' .. ARGV[4], 'PX', string.format('%.0f', tonumber(ARGV[2]) + extra))
+  end
   return {1, 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 )lua",
-    "181b4a8c7920e218a5a48cdb7f3c1008d6767a6e"};
+    "b0513a67c88e2cc9fac97ab256a569642f5f5ffb"};
 
-/// KEYS[1] lock key, KEYS[2] release channel; ARGV[1] owner.
-/// Deletes the key only if this owner holds it and announces it: 1; else 0.
+/// KEYS[1] lock key, KEYS[2] release channel, KEYS[3] lock-delay marker key; ARGV[1] owner,
+/// ARGV[2] "1": also delete this owner's marker (a normal release ends its lock-delay), "0":
+/// the key only (undoing an acquisition that wrote no marker: a marker there is somebody's
+/// lost lease's), "=": the marker only if it is exactly ARGV[3] (undoing an attempt with a
+/// lock-delay: the marker it wrote, never one of this owner's lost lease). Deletes the key only if this owner
+/// holds it: 1 (announced on the channel unless a lost holder's marker still holds the name back there: a
+/// waiter woken then would only find it busy, and its own undone attempt would wake the others in turn); else
+/// 0.
 inline constexpr Script kReleaseScript{
     R"lua(if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], 'released')
+  local m = redis.call('GET', KEYS[3])
+  if m and ((ARGV[2] == '1' and string.match(m, '^%d+\n(.*)\n%x+$') == ARGV[1]) or (ARGV[2] == '=' and m == ARGV[3])) then
+    redis.call('DEL', KEYS[3])
+  end
+  if redis.call('PTTL', KEYS[3]) <= 0 then
+    redis.call('PUBLISH', KEYS[2], 'released')
+  end
   return 1
 end
 return 0
 )lua",
-    "a126899f0944469d3fb2d078bfb4faaca5f5af2b"};
+    "ad04253253bd82100b0de9005fc4755d26116cc9"};
 
 /// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused); ARGV[1]
 /// note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses
@@ -61,13 +90,23 @@ return {1, v}
 )lua",
     "6a74df6f930f9f979848ea9294d76fe0feb61dd3"};
 
-/// KEYS[i] lock keys; ARGV[2i-1] owner, ARGV[2i] ttl ms of key i.
-/// Extends each key this owner holds: an array of 1 (extended) / 0 (not ours).
+/// KEYS[i] (i <= n) lock keys, KEYS[n + i] their lock-delay marker keys; ARGV[2i-1] owner,
+/// ARGV[2i] ttl ms of key i. Extends each key this owner holds, and its marker when the marker
+/// is this owner's ("<extra>\n<owner>\n<nonce>": it then lives ttl + extra from now, so it outlives the
+/// lease by its extra): an array of n 1 (extended) / 0 (not ours).
 inline constexpr Script kRenewScript{
-    R"lua(local out = {}
-for i = 1, #KEYS do
+    R"lua(local n = #KEYS / 2
+local out = {}
+for i = 1, n do
   if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    local m = redis.call('GET', KEYS[n + i])
+    if m then
+      local extra, who = string.match(m, '^(%d+)\n(.*)\n%x+$')
+      if who == ARGV[2 * i - 1] then
+        redis.call('PEXPIRE', KEYS[n + i], string.format('%.0f', tonumber(ARGV[2 * i]) + tonumber(extra)))
+      end
+    end
     out[i] = 1
   else
     out[i] = 0
@@ -75,7 +114,7 @@ for i = 1, #KEYS do
 end
 return out
 )lua",
-    "1625ed64232f65b81a1fe8a9410e286b5ca26f4f"};
+    "15b2a8a840da18dcf7e82e7e3a5c024c52f23b69"};
 
 /// KEYS[1] lock key: {holder or nil, pttl}.
 inline constexpr Script kStatusScript{

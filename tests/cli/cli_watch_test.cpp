@@ -1,6 +1,6 @@
-// `distlock watch PREFIX` (src/cli/cmd_watch.cpp) against a real redis-server (and a
-// ZooKeeper server where the build has zk://): one line per event, stops by itself at
-// --count and on SIGINT with exit 0, --json lines parse.
+// `distlock watch PREFIX` (src/cli/cmd_watch.cpp) against a real redis-server: one line
+// per event, stops by itself at --count and on SIGINT with exit 0, --json lines parse; and
+// the same lines end to end on etcd:// (a real etcd member) and zk:// (a ZooKeeper server).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -17,6 +17,9 @@
 #include "support/redis_server.hpp"
 #ifdef DISTLOCK_TEST_ZK
 #include "zk/zk_server.hpp"
+#endif
+#ifdef DISTLOCK_TEST_ETCD
+#include "etcd_cluster.hpp"
 #endif
 
 namespace {
@@ -90,6 +93,31 @@ TEST(CliWatch, JsonLinesAndSigintExitsZero) {
   w.signal(SIGINT);
   EXPECT_EQ(w.wait(20s), 0) << w.err();
 }
+
+#ifdef DISTLOCK_TEST_ETCD
+// On etcd://: the state of the lock held before, its release and the next acquire, with the
+// tokens the leases carry (the keys' create revisions); --count 3 ends the tool with 0.
+TEST(CliWatch, EtcdPrintsStateReleaseAndAcquire) {
+  distlock::testing::EtcdCluster etcd(1);
+  TempDir dir("distlock-cli-watch");
+  distlock::Client c = distlock::connect(etcd.url());
+  distlock::Lease first = c.acquire("cli/x", ttl30());
+  const std::uint64_t first_token = first.token();
+  Cli w = Cli::start({"watch", "--url", etcd.url(), "--count", "3", "--timeout", "60s", "cli/"}, dir.path());
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  first.release();
+  distlock::Lease second = c.acquire("cli/x", ttl30());
+  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
+  const auto out = lines(w.out());
+  ASSERT_EQ(out.size(), 3u) << w.out();
+  EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
+  EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
+      << out[2];
+  EXPECT_EQ(w.err(), "");
+}
+#endif
 
 #ifdef DISTLOCK_TEST_ZK
 // The same on zk:// (src/zk/zk_watch.cpp: events inferred from one-shot watches): the

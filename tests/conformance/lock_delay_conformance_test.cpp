@@ -42,12 +42,14 @@ namespace {
 
 // The backends whose servers enforce lock_delay (docs/design.md "Lock-delay"); every
 // other one must refuse it.
-const std::set<std::string> kEnforcing = {"redis", "sentinel", "postgres", "mysql",
-                                          "etcd1", "etcd3",    "zk1",      "zk3"};
+const std::set<std::string> kEnforcing = {"redis", "sentinel", "rediscluster3", "redlock3", "postgres",
+                                          "mysql", "etcd1",    "etcd3",         "zk1",      "zk3"};
 
 // A grant after a lost holder's delay ended: on redis:// the waiters' queue refresh (every
 // 500 ms, redis/wait_queue.cpp) finds the lock free and grants the head, which claims it
-// with one round trip; on postgres:// the waiter re-checks at the time left it was told
+// with one round trip; on redis+cluster:// and redlock:// the waiter re-checks at the
+// marker's PTTL it was told (redlock: the largest among the masters, at most one TTL); on postgres:// the
+// waiter re-checks at the time left it was told
 // (+ at most 10 % jitter of it, here <= 250 ms); on etcd:// the waiter that saw the holder's
 // key go waits the delay on its own clock and re-checks then (+ at most 10 % jitter, here
 // <= 150 ms), after etcd's lease expiry, checked every 500 ms by the leader; 1 s leaves room

@@ -15,10 +15,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stop_token>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -57,6 +60,30 @@ std::int64_t boot_ns() {
 long ms_between(std::int64_t from_ns, std::int64_t to_ns) {
   return static_cast<long>((to_ns - from_ns) / 1'000'000);
 }
+
+// Keeps a client's last log lines, to print when a scenario fails.
+class LogTail {
+ public:
+  distlock::ClientOptions options() {
+    distlock::ClientOptions o;
+    o.logger = [this](distlock::LogLevel, std::string_view line) {
+      std::lock_guard lk(mu_);
+      lines_.emplace_back(line);
+      if (lines_.size() > 40) lines_.pop_front();
+    };
+    return o;
+  }
+  std::string text() const {
+    std::lock_guard lk(mu_);
+    std::string out;
+    for (const auto& l : lines_) out += "  " + l + "\n";
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::deque<std::string> lines_;
+};
 
 bool eventually(const std::function<bool()>& cond, Millis limit) {
   const auto end = Steady::now() + limit;
@@ -311,7 +338,10 @@ class MemberPartition : public ::testing::TestWithParam<Kind> {
 TEST_P(MemberPartition, HolderOnACutOffMemberStopsBeforeTheMajoritySideAcquires) {
   {
     auto holder = distlock::connect(cluster_->url_of(member_), quiet());
-    auto competitor = distlock::connect(cluster_->url_without(member_, kMajorityTtl), quiet());
+    // The competitor's log lines are kept (the last 40) and printed if it cannot acquire.
+    LogTail competitor_log;
+    auto competitor =
+        distlock::connect(cluster_->url_without(member_, kMajorityTtl), competitor_log.options());
     auto lease = holder.acquire("cut", ttl_of(kTtl));
     ASSERT_TRUE(lease.owns());
 #ifdef DISTLOCK_TEST_FENCING
@@ -329,16 +359,26 @@ TEST_P(MemberPartition, HolderOnACutOffMemberStopsBeforeTheMajoritySideAcquires)
     distlock::Lease next;
     std::error_code next_ec;
     int unavailable = 0;
+    std::string last_what;  // the last refusal, with its detail (the exception's text)
     const auto give_up = Steady::now() + 60s;
     while (Steady::now() < give_up) {
       const auto left = std::chrono::duration_cast<Millis>(give_up - Steady::now());
-      next = competitor.acquire("cut", ttl_of(kMajorityTtl, left), next_ec);
+      try {
+        next = competitor.acquire("cut", ttl_of(kMajorityTtl, left));
+        next_ec.clear();
+      } catch (const std::system_error& e) {
+        next_ec = e.code();
+        last_what = e.what();
+      }
       if (next_ec != errc::backend_unavailable) break;
       ++unavailable;
       std::this_thread::sleep_for(50ms);
     }
     const std::int64_t next_at = boot_ns();
-    ASSERT_FALSE(next_ec) << "the majority side could not acquire within 60 s: " << next_ec.message();
+    ASSERT_FALSE(next_ec) << "the majority side could not acquire within 60 s (" << unavailable
+                          << " unavailable answers; leader now: member " << cluster_->leader()
+                          << ", cut member " << member_ << "): " << last_what << "\nthe competitor's log:\n"
+                          << competitor_log.text();
     ASSERT_TRUE(next.owns());
     std::atomic<std::int64_t> next_lost_at{0};
     std::stop_callback on_next_stop(next.stop_token(), [&] { next_lost_at = boot_ns(); });

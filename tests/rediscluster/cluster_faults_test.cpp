@@ -170,9 +170,9 @@ TEST(RedisClusterReview, AWaiterOnAKilledNodeGetsAnError) {
 // exist there; a script command on a key of that slot that does not exist there is
 // refused ("non local key": it may live on the target). The renewal must touch only
 // keys that exist (the lock), so the holder keeps its lease through the whole
-// window; no lock-delay marker is ever read on redis+cluster:// (lock-delay is not
-// supported there, docs/design.md "Lock-delay"). Bound: three TTLs of 1 s on this
-// process's steady clock, about nine renewals.
+// window; a lease without lock_delay never names a lock-delay marker (one with it names
+// its own, which exists: tests/rediscluster/lock_delay_test.cpp). Bound: three TTLs of 1 s
+// on this process's steady clock, about nine renewals.
 TEST(RedisClusterReview, AHolderKeepsRenewingWhileItsSlotIsMigratingWithTheKeyStillOnTheSource) {
   RedisCluster cluster(3);
   const std::string name = cluster.name_on(0, "renew-migrating");

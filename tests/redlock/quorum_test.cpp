@@ -25,6 +25,25 @@ TEST(RedlockQuorum, DriftIsOnePercentPlusTwoMilliseconds) {
   EXPECT_EQ(clock_drift(seconds(30)), milliseconds(302));
 }
 
+// The lock-delay marker's extra life (docs/redlock.md "Lock-delay"): D + 2 x drift(D), and
+// the inequality the guarantee rests on, checked in whole milliseconds over every D up to
+// 60 s (step 7 ms) and TTLs from 10 ms to 10 min: a marker of ttl + extra on a master whose
+// clock runs 1 % fast lasts 0.99 x (ttl + extra) of real time, no less than the holder's
+// lease end (ttl - drift(ttl) after the send) plus D.
+TEST(RedlockQuorum, LockDelayMarkerOutlivesTheLeaseEndPlusTheDelayUnderTheDriftModel) {
+  EXPECT_EQ(lock_delay_extra(milliseconds(0)), milliseconds(0));
+  EXPECT_EQ(lock_delay_extra(milliseconds(1500)), milliseconds(1534));
+  EXPECT_EQ(lock_delay_extra(seconds(60)), milliseconds(61204));
+  for (long long ttl : {10LL, 100LL, 1000LL, 30000LL, 600000LL}) {
+    for (long long d = 1; d <= 60000; d += 7) {
+      const long long extra = lock_delay_extra(milliseconds(d)).count();
+      const long long lease_end = ttl - clock_drift(milliseconds(ttl)).count();
+      // 0.99 x (ttl + extra) >= lease_end + d, in integers: 99 x (ttl + extra) >= 100 x (...)
+      ASSERT_GE(99 * (ttl + extra), 100 * (lease_end + d)) << "ttl " << ttl << " ms, D " << d << " ms";
+    }
+  }
+}
+
 TEST(RedlockQuorum, DefaultNodeTimeoutIsSmallAgainstTheTtl) {
   EXPECT_EQ(default_node_timeout(seconds(30)), milliseconds(50));
   EXPECT_EQ(default_node_timeout(milliseconds(200)), milliseconds(20));
