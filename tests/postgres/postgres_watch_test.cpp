@@ -3,6 +3,8 @@
 // the prefix filter, the watch's own connection terminated as a gap then the state, and a
 // stop from another thread.
 #include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <poll.h>
 #include <signal.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
@@ -211,6 +214,66 @@ TEST(PostgresPrefixWatch, WatchConnectionTerminatedIsAGapThenTheState) {
     }
   }
   EXPECT_TRUE(released);
+}
+
+// The payloads of distlock_events a plain LISTEN connection receives up to its own marker
+// `probe` (sent after every change it must cover: PostgreSQL delivers in commit order),
+// waiting at most 10 s (steady clock). Fails the test if the marker does not come.
+std::vector<std::string> events_until_probe(PGconn* c, const std::string& probe) {
+  std::vector<std::string> seen;
+  const std::string sql = "SELECT pg_notify('distlock_events', '" + probe + "')";
+  PGresult* r = PQexec(c, sql.c_str());
+  EXPECT_EQ(PQresultStatus(r), PGRES_TUPLES_OK) << PQerrorMessage(c);
+  PQclear(r);
+  const auto end = Clock::now() + 10s;
+  while (Clock::now() < end) {
+    while (PGnotify* n = PQnotifies(c)) {
+      const std::string payload = n->extra;
+      PQfreemem(n);
+      if (payload == probe) return seen;
+      seen.push_back(payload);
+    }
+    pollfd p{PQsocket(c), POLLIN, 0};
+    ::poll(&p, 1, 100);
+    if (!PQconsumeInput(c)) break;
+  }
+  ADD_FAILURE() << "the marker " << probe << " did not come back within 10 s";
+  return seen;
+}
+
+// The lock statements publish only while a watch holds the watcher key: a plain LISTEN
+// connection hears nothing of an acquire and a release before any watch exists, and both
+// while one does; after the watch stops, nothing again.
+TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
+  PostgresServer server;
+  PGconn* l = PQconnectdb(server.url().c_str());
+  ASSERT_EQ(PQstatus(l), CONNECTION_OK) << PQerrorMessage(l);
+  PGresult* r = PQexec(l, "LISTEN distlock_events");
+  ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(l);
+  PQclear(r);
+  Client c = distlock::connect(server.url(), quiet());
+  c.acquire("q/x", opts_ttl(30s)).release();
+  EXPECT_EQ(events_until_probe(l, "probe1").size(), 0u);
+  {
+    Watch w = c.watch("q/");
+    c.acquire("q/x", opts_ttl(30s)).release();
+    const auto seen = events_until_probe(l, "probe2");
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen[0].rfind("acquired 2 712f78 ", 0), 0u) << seen[0];  // "q/x" in hex
+    EXPECT_EQ(seen[1].rfind("released 2 712f78 ", 0), 0u) << seen[1];
+  }
+  // The watch's session ends after its connection closed: wait (at most 10 s) until the
+  // server dropped its hold of the watcher key (two-int advisory keys have objsubid 2).
+  ASSERT_TRUE(distlock::testing::eventually(
+      [&] {
+        return server.query(
+                   "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1684632419"
+                   " AND objid = 2 AND objsubid = 2")[0][0] == "0";
+      },
+      10s));
+  c.acquire("q/x", opts_ttl(30s)).release();
+  EXPECT_EQ(events_until_probe(l, "probe3").size(), 0u);
+  PQfinish(l);
 }
 
 // stop() from another thread ends a next() blocked with no timeout.
