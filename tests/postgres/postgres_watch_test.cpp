@@ -1,7 +1,8 @@
 // client.watch(prefix) on postgres:// (src/postgres/postgres_watch.cpp): hand-offs in
-// token order, a killed holder as an inferred loss within its bound, the initial state and
-// the prefix filter, the watch's own connection terminated as a gap then the state, and a
-// stop from another thread.
+// token order, a killed holder as an inferred loss within its bound, a lease given up as
+// lost as a published loss, events published only while a watch exists, a silent server, the initial state
+// and the prefix filter, the watch's own connection terminated as a gap then the state, and a stop from
+// another thread.
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <poll.h>
@@ -136,6 +137,32 @@ TEST(PostgresPrefixWatch, KilledHolderShowsAsLost) {
   std::cout << "killed holder reported lost after " << took.count() << " ms\n";
   // TTL 1 s + at most 5 s to the next check + slack for a loaded machine.
   EXPECT_LT(took, 10s);
+}
+
+// A lease the engine declares lost (its hold bound of 500 ms reached) is given up with a
+// statement (forget): the watch reports `lost` with its token as published, not inferred,
+// and the next holder's `acquired` after it.
+TEST(PostgresPrefixWatch, ALeaseGivenUpAsLostShowsAsLostNotInferred) {
+  PostgresServer server;
+  Client c = distlock::connect(server.url(), quiet());
+  Watch w = c.watch("bound/");
+  LockOptions bounded = opts_ttl(60s);
+  bounded.max_hold = 500ms;
+  Lease l = c.acquire("bound/x", bounded);
+  auto acq = next_change(w, 10s);
+  ASSERT_TRUE(acq);
+  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
+  ASSERT_EQ(acq->token, l.token());
+  auto lost = next_change(w, 10s);
+  ASSERT_TRUE(lost) << "no loss reported";
+  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
+  EXPECT_EQ(lost->token, l.token());
+  EXPECT_FALSE(lost->inferred) << describe(*lost);
+  Lease next = c.acquire("bound/x", opts_ttl(30s));
+  auto acq2 = next_change(w, 10s);
+  ASSERT_TRUE(acq2);
+  EXPECT_EQ(acq2->kind, WatchEventKind::acquired) << describe(*acq2);
+  EXPECT_EQ(acq2->token, next.token());
 }
 
 // The initial state lists what was held before the watch; locks of other prefixes are
@@ -274,6 +301,48 @@ TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
   c.acquire("q/x", opts_ttl(30s)).release();
   EXPECT_EQ(events_until_probe(l, "probe3").size(), 0u);
   PQfinish(l);
+}
+
+// A server that stops answering (every server process SIGSTOPped) without closing the
+// watch's connection: the watch's idle check (SELECT 1 every 5 s, statement timeout 1 s
+// here) reports a gap within 6 s; once the server answers again the re-connection is a
+// gap too and the held lock's `state` follows.
+TEST(PostgresPrefixWatch, ASilentServerIsAGapWithinTheIdleCheck) {
+  PostgresServer server;
+  distlock::ClientOptions o = quiet();
+  o.connect_timeout = 1s;
+  o.command_timeout = 1s;
+  Client c = distlock::connect(server.url(), o);
+  Lease held = c.acquire("silent/held", opts_ttl(60s));
+  Watch w = c.watch("silent/");
+  auto s = w.next(10s);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->kind, WatchEventKind::state);
+  const auto paused_at = Clock::now();
+  server.pause();
+  auto g = w.next(15s);
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - paused_at);
+  server.resume();
+  ASSERT_TRUE(g) << "no gap within 15 s of the pause";
+  EXPECT_EQ(g->kind, WatchEventKind::gap) << describe(*g);
+  std::cout << "silent server reported as a gap after " << took.count() << " ms\n";
+  EXPECT_LT(took, 10s);  // 5 s idle check + 1 s statement timeout + slack for a loaded machine
+  bool again = false, state = false;
+  const auto end = Clock::now() + 20s;
+  while (!(again && state) && Clock::now() < end) {
+    auto e = w.next(5s);
+    if (!e) continue;
+    if (e->kind == WatchEventKind::gap) {
+      again = true;
+      state = false;  // the state of interest is the one after the re-connection
+    } else if (e->kind == WatchEventKind::state && again) {
+      EXPECT_EQ(e->name, "silent/held");
+      EXPECT_TRUE(e->held);
+      state = true;
+    }
+  }
+  EXPECT_TRUE(again) << "no gap for the re-connection";
+  EXPECT_TRUE(state) << "no state after the re-connection";
 }
 
 // stop() from another thread ends a next() blocked with no timeout.
