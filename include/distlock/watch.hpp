@@ -20,7 +20,8 @@
 // message (an older token than one already reported) is dropped.
 //
 // Delivery is by the backend's change notifications (redis://: the lock scripts publish
-// every change on one channel); docs/design.md "Watching locks" lists the backends and
+// every change on one channel; postgres://: the lock statements NOTIFY one channel in
+// their transaction); docs/design.md "Watching locks" lists the backends and
 // why the others throw errc::not_supported. Expiries are not published by any server:
 // the watcher re-reads the status of a held name on the engine's fallback re-check rule
 // (the holder's remaining TTL, between 5 ms and 5 s), so an expiry is reported at most
