@@ -94,12 +94,15 @@ class PostgresPrefixWatch final : public PrefixWatch {
   bool sync(Error& ec) override {
     std::uint64_t n = 0;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       n = ++sync_sent_;
     }
     if (!backend_.notify_event_channel("sync " + std::to_string(n) + " " + id_, ec)) return false;
-    std::unique_lock lk(mu_);
-    if (!cv_.wait_for(lk, timeout_, [&] { return sync_seen_ >= n; })) {
+    const auto deadline = Clock::now() + timeout_;
+    UniqueLock lk(mu_);
+    while (sync_seen_ < n && cv_.wait_until(lk.native(), deadline) != std::cv_status::timeout) {
+    }
+    if (sync_seen_ < n) {
       ec.fail(errc::backend_unavailable, "watch of \"" + prefix_ + "\": the channel " + kEventsChannel +
                                              " of " + cfg_.shown + " did not deliver a marker within " +
                                              std::to_string(timeout_.count()) + " ms");
@@ -194,7 +197,7 @@ class PostgresPrefixWatch final : public PrefixWatch {
       std::uint64_t v = 0;
       std::from_chars(n.data(), n.data() + n.size(), v);
       {
-        std::lock_guard lk(mu_);
+        LockGuard lk(mu_);
         sync_seen_ = std::max(sync_seen_, v);
       }
       cv_.notify_all();
@@ -240,12 +243,12 @@ class PostgresPrefixWatch final : public PrefixWatch {
   const std::string prefix_;
   LockEventSink& sink_;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::uint64_t sync_sent_ = 0;  // guarded by mu_
-  std::uint64_t sync_seen_ = 0;  // guarded by mu_
-  Conn conn_;                    // set by start(), then the watch thread's alone
-  WorkerLoop loop_;              // last: its thread stops first
+  AnnotatedMutex mu_;
+  std::condition_variable cv_;  // sync_seen_ moved
+  std::uint64_t sync_sent_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  std::uint64_t sync_seen_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  Conn conn_;        // set by start(), then the watch thread's alone
+  WorkerLoop loop_;  // last: its thread stops first
 };
 
 }  // namespace

@@ -1,8 +1,8 @@
 // client.watch(prefix) on postgres:// (src/postgres/postgres_watch.cpp): hand-offs in
 // token order, a killed holder as an inferred loss within its bound, a lease given up as
-// lost as a published loss, events published only while a watch exists, a silent server, the initial state
-// and the prefix filter, the watch's own connection terminated as a gap then the state, and a stop from
-// another thread.
+// lost as a published loss, events published only while a watch exists, a silent server, an event too long
+// for NOTIFY, the initial state and the prefix filter, the watch's own connection terminated as a gap then
+// the state, and a stop from another thread.
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <poll.h>
@@ -343,6 +343,25 @@ TEST(PostgresPrefixWatch, ASilentServerIsAGapWithinTheIdleCheck) {
   }
   EXPECT_TRUE(again) << "no gap for the re-connection";
   EXPECT_TRUE(state) << "no state after the re-connection";
+}
+
+// A name too long for NOTIFY's 8,000-byte payload once in hex (4,000 bytes): the lock is
+// taken all the same, the watch reports a gap, and the re-list's state shows the lock held.
+TEST(PostgresPrefixWatch, AnEventTooLongForNotifyIsAGapThenTheState) {
+  PostgresServer server;
+  Client c = distlock::connect(server.url(), quiet());
+  Watch w = c.watch("ov/");
+  const std::string name = "ov/" + std::string(4000, 'a');
+  Lease l = c.acquire(name, opts_ttl(30s));
+  auto g = w.next(10s);
+  ASSERT_TRUE(g) << "no gap for the oversized event";
+  EXPECT_EQ(g->kind, WatchEventKind::gap) << describe(*g);
+  auto st = w.next(10s);
+  ASSERT_TRUE(st) << "no state after the gap";
+  EXPECT_EQ(st->kind, WatchEventKind::state) << describe(*st);
+  EXPECT_EQ(st->name, name);
+  EXPECT_TRUE(st->held);
+  EXPECT_EQ(st->token, l.token());
 }
 
 // stop() from another thread ends a next() blocked with no timeout.
