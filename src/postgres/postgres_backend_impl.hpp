@@ -39,7 +39,9 @@ using pg::to_hex;
 
 // The watcher key (two-int advisory key space, never met by the bigint keys of lock
 // names): every prefix watch holds it shared on its LISTEN connection, and a statement
-// that changes a lock NOTIFYs its event only when it cannot take it exclusively.
+// that changes a lock NOTIFYs its event only when it cannot take it exclusively. The SQL
+// of postgres_acquire.cpp and postgres_sessions.cpp spells it as the literal
+// (1684632419, 2); (1684632419, 1) guards the table setup, (1684632419, 3) pg_segment.cpp.
 constexpr std::int32_t kWatchKeyHigh = 1684632419;
 constexpr std::int32_t kWatchKeyLow = 2;
 // The channel of lock events (postgres_watch.cpp has the payload).
