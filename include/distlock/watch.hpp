@@ -26,11 +26,13 @@
 // its current master: the lock scripts publish every change on one channel; etcd://: an
 // etcd Watch of the lock keys; zk://: one-shot watches re-armed on each trigger, the events
 // inferred from successive readings of the queues, a gap wherever a lease may have come and
-// gone unseen); docs/design.md "Watching locks" lists the backends and why the others throw
-// errc::not_supported. Redis publishes no expiry (etcd does: a lease's end deletes its key;
-// zk://: the end of the holder's session is read as `lost`): the watcher re-reads the status
-// of a held name on the engine's fallback re-check rule (the holder's remaining TTL, between
-// 5 ms and 5 s), so an expiry is reported at most about that long after the lease's end.
+// gone unseen; postgres://: the lock statements NOTIFY one channel in their transaction);
+// docs/design.md "Watching locks" lists the backends and why the others throw
+// errc::not_supported. Redis and PostgreSQL publish no expiry (etcd does: a lease's end
+// deletes its key; zk://: the end of the holder's session is read as `lost`): the watcher
+// re-reads the status of a held name on the engine's fallback re-check rule (the holder's
+// remaining TTL, between 5 ms and 5 s), so an expiry is reported at most about that long
+// after the lease's end.
 //
 // A pull API, as an etcd watch channel: events queue inside the Watch (at most
 // WatchOptions::max_queued; beyond that they are dropped and a `gap` is reported) and

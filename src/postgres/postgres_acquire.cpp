@@ -23,7 +23,9 @@ namespace {
 // instead, by the server's clock (docs/design.md "Lock-delay"): a normal release
 // clears the owner (no delay), a lost lease leaves it. A digest
 // collision (same digest, another name) is busy too, never a shared row.
-// Columns: granted, token, holder TTL or time left (ms) when busy, (unlock result).
+// Columns: granted, token, holder TTL or time left (ms) when busy, (unlock result),
+// (the watch event: postgres_watch.cpp; NOTIFY distlock_events only while a watch
+// holds the watcher key, and only if the lock was granted).
 // The CTE o reads the row as it was before this statement.
 constexpr const char* kAcquireSql =
     "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock($2::bigint) AS got),"
@@ -40,7 +42,11 @@ constexpr const char* kAcquireSql =
     " (SELECT CASE WHEN o.owner IS NULL OR o.seen_at IS NULL THEN o.ttl_ms ELSE greatest(10, ceil(1000 *"
     " extract(epoch FROM o.seen_at + (o.ttl_ms + coalesce(o.delay_ms, 0)) * interval '1 millisecond'"
     " - clock_timestamp())))::bigint END FROM o),"
-    " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END FROM g";
+    " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END,"
+    " CASE WHEN (SELECT token FROM u) IS NULL THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
+    "NULL"
+    " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($3) < 7900 THEN"
+    " 'acquired ' || (SELECT token FROM u) || ' ' || $1 || ' ' || $3 ELSE 'overflow' END) END FROM g";
 
 // kAcquireSql for a table without delay_ms (made before lock-delay, and this role may
 // not add the column: connect_now): $1..$4 as above, no lock-delay.
@@ -58,7 +64,11 @@ constexpr const char* kAcquireWithoutDelaySql =
     " (SELECT CASE WHEN o.owner IS NULL OR o.seen_at IS NULL THEN o.ttl_ms ELSE greatest(10, ceil(1000 *"
     " extract(epoch FROM o.seen_at + o.ttl_ms * interval '1 millisecond' - clock_timestamp())))::bigint END"
     " FROM o),"
-    " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END FROM g";
+    " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END,"
+    " CASE WHEN (SELECT token FROM u) IS NULL THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
+    "NULL"
+    " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($3) < 7900 THEN"
+    " 'acquired ' || (SELECT token FROM u) || ' ' || $1 || ' ' || $3 ELSE 'overflow' END) END FROM g";
 
 }  // namespace
 
@@ -117,7 +127,7 @@ AcquireResult PostgresBackend::try_acquire(const AcquireRequest& req, Error& ec)
     } else if (!ec) {
       ok();
       PGresult* r = e.res.get();
-      if (PQntuples(r) != 1 || PQnfields(r) != 4) {
+      if (PQntuples(r) != 1 || PQnfields(r) != 5) {
         ec = make_error_code(errc::protocol_error);
       } else if (std::string_view(PQgetvalue(r, 0, 0)) == "t") {
         std::uint64_t token = 0;

@@ -1,7 +1,8 @@
 // The PostgreSQL backend's private declarations, shared by its files:
 // postgres_acquire.cpp (acquire), postgres_sessions.cpp (renew, release, the per-TTL
 // sessions), postgres_listen.cpp (LISTEN/NOTIFY for waiters) and postgres_backend.cpp
-// (connect, status, the shared connection, factory). Not for use outside src/postgres.
+// (connect, status, the shared connection, factory) and postgres_watch.cpp (prefix
+// watches). Not for use outside src/postgres.
 #pragma once
 
 #include <libpq-fe.h>
@@ -35,6 +36,16 @@ using pg::pq_message;
 using pg::Result;
 using pg::run;
 using pg::to_hex;
+
+// The watcher key (two-int advisory key space, never met by the bigint keys of lock
+// names): every prefix watch holds it shared on its LISTEN connection, and a statement
+// that changes a lock NOTIFYs its event only when it cannot take it exclusively. The SQL
+// of postgres_acquire.cpp and postgres_sessions.cpp spells it as the literal
+// (1684632419, 2); (1684632419, 1) guards the table setup, (1684632419, 3) pg_segment.cpp.
+constexpr std::int32_t kWatchKeyHigh = 1684632419;
+constexpr std::int32_t kWatchKeyLow = 2;
+// The channel of lock events (postgres_watch.cpp has the payload).
+constexpr const char* kEventsChannel = "distlock_events";
 
 inline std::string key_payload(std::int64_t key) {
   return to_hex(std::string_view(reinterpret_cast<const char*>(&key), sizeof key));
@@ -99,6 +110,11 @@ class PostgresBackend final : public Backend {
   }
 
   std::string url() const override { return cfg_.shown; }
+
+  // postgres_watch.cpp.
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
+  // NOTIFY distlock_events, `payload` on the shared connection (a watch's sync marker).
+  bool notify_event_channel(const std::string& payload, Error& ec);
 
  private:
   pg::Runner runner();

@@ -12,25 +12,51 @@ namespace {
 
 // $1 name (hex), $2 owner, $3 key, $4 notification payload. The row is cleared only
 // for this owner on this session; the advisory lock is this session's (the caller
-// checked it holds it); the notification is sent at commit. The commit need not
-// wait for the WAL flush: the token is not touched, and a cleared owner lost to a
-// crash makes the next acquirer wait out the released lease's TTL (spurious busy).
+// checked it holds it); the notifications are sent at commit: the waiters' wake-up, and
+// the watch event (postgres_watch.cpp: only if the row was ours and a watch holds the
+// watcher key). The commit need not wait for the WAL flush: the token is not touched,
+// and a cleared owner lost to a crash makes the next acquirer wait out the released
+// lease's TTL (spurious busy).
 constexpr const char* kReleaseSql =
     "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
     " WHERE digest = sha256(decode($1, 'hex')) AND name = decode($1, 'hex') AND owner = $2"
-    " AND pid = pg_backend_pid() RETURNING 1)"
+    " AND pid = pg_backend_pid() RETURNING token)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
-    " set_config('synchronous_commit', 'off', true)";
+    " set_config('synchronous_commit', 'off', true),"
+    " CASE WHEN NOT EXISTS (SELECT 1 FROM r) THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
+    "NULL"
+    " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($2) < 7900 THEN"
+    " 'released ' || (SELECT token FROM r) || ' ' || $1 || ' ' || $2 ELSE 'overflow' END) END";
 
 // As kReleaseSql, for a lease the engine declared lost (give_up): a row with a
 // lock-delay keeps naming its owner, so nobody takes it over before its seen_at + ttl
-// + delay (postgres_acquire.cpp); the advisory lock is given up all the same.
+// + delay (postgres_acquire.cpp); the advisory lock is given up all the same. The watch
+// event is `lost`, with the token of the row as it was (CTE m) if it named this owner on
+// this session, cleared or kept.
 constexpr const char* kGiveUpSql =
-    "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
+    "WITH m AS (SELECT token FROM public.distlock_locks WHERE digest = sha256(decode($1, 'hex'))"
+    " AND name = decode($1, 'hex') AND owner = $2 AND pid = pg_backend_pid()),"
+    " r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
     " WHERE digest = sha256(decode($1, 'hex')) AND name = decode($1, 'hex') AND owner = $2"
     " AND pid = pg_backend_pid() AND coalesce(delay_ms, 0) = 0 RETURNING 1)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
-    " set_config('synchronous_commit', 'off', true)";
+    " set_config('synchronous_commit', 'off', true),"
+    " CASE WHEN NOT EXISTS (SELECT 1 FROM m) THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
+    "NULL"
+    " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($2) < 7900 THEN"
+    " 'lost ' || (SELECT token FROM m) || ' ' || $1 || ' ' || $2 ELSE 'overflow' END) END";
+
+// kGiveUpSql for a table without delay_ms (connect_now): the row is cleared as by a release.
+constexpr const char* kGiveUpWithoutDelaySql =
+    "WITH r AS (UPDATE public.distlock_locks SET owner = NULL, pid = NULL"
+    " WHERE digest = sha256(decode($1, 'hex')) AND name = decode($1, 'hex') AND owner = $2"
+    " AND pid = pg_backend_pid() RETURNING token)"
+    " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
+    " set_config('synchronous_commit', 'off', true),"
+    " CASE WHEN NOT EXISTS (SELECT 1 FROM r) THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
+    "NULL"
+    " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($2) < 7900 THEN"
+    " 'lost ' || (SELECT token FROM r) || ' ' || $1 || ' ' || $2 ELSE 'overflow' END) END";
 
 // $1 text[] of hex names: the rows this session holds among them (and their owners),
 // stamped seen_at = now, committed (synchronous_commit = on) before the answer: a
@@ -264,7 +290,7 @@ void PostgresBackend::expire_stale(Session& s, Lost& lost) {
 void PostgresBackend::give_up(Session& s, std::map<std::int64_t, Session::Held>::iterator it, Lost& lost) {
   const std::int64_t key = it->first;
   const std::string name = it->second.name;
-  Exec e = run(s.conn.get(), has_delay_column_.load() ? kGiveUpSql : kReleaseSql,
+  Exec e = run(s.conn.get(), has_delay_column_.load() ? kGiveUpSql : kGiveUpWithoutDelaySql,
                {to_hex(name), it->second.owner, std::to_string(key), key_payload(key)}, cfg_.command_timeout);
   if (!e.ok() && !e.io_failed) {
     e = run(s.conn.get(), "SELECT pg_advisory_unlock($1::bigint), pg_notify('distlock_released', $2)",

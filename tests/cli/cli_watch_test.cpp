@@ -1,6 +1,7 @@
 // `distlock watch PREFIX` (src/cli/cmd_watch.cpp) against a real redis-server: one line
 // per event, stops by itself at --count and on SIGINT with exit 0, --json lines parse; and
-// the same lines end to end on etcd:// (a real etcd member) and zk:// (a ZooKeeper server).
+// the same lines end to end on etcd:// (a real etcd member), zk:// (a ZooKeeper server) and
+// postgres:// (a real PostgreSQL).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -11,9 +12,13 @@
 #include <vector>
 
 #include "cli/cli_harness.hpp"
+#include "distlock/config.hpp"
 #include "distlock/distlock.hpp"
 #include "support/eventually.hpp"
 #include "support/process.hpp"
+#if DISTLOCK_HAS_POSTGRES
+#include "support/postgres_server.hpp"
+#endif
 #include "support/redis_server.hpp"
 #ifdef DISTLOCK_TEST_ZK
 #include "zk/zk_server.hpp"
@@ -27,6 +32,9 @@ namespace {
 using namespace std::chrono_literals;
 using distlock::testing::Cli;
 using distlock::testing::eventually;
+#if DISTLOCK_HAS_POSTGRES
+using distlock::testing::PostgresServer;
+#endif
 using distlock::testing::RedisServer;
 using distlock::testing::TempDir;
 
@@ -67,6 +75,32 @@ TEST(CliWatch, PrintsOneLinePerEventAndStopsAtCount) {
       << out[2];
   EXPECT_EQ(w.err(), "");
 }
+
+#if DISTLOCK_HAS_POSTGRES
+// The same on postgres:// (LISTEN/NOTIFY: src/postgres/postgres_watch.cpp): the state of
+// the lock held before, its release and the next acquire, then exit 0 at --count 3.
+TEST(CliWatch, PostgresPrintsOneLinePerEventAndStopsAtCount) {
+  PostgresServer server;
+  TempDir dir("distlock-cli-watch-pg");
+  distlock::Client c = distlock::connect(server.url());
+  distlock::Lease first = c.acquire("cli/x", ttl30());
+  const std::uint64_t first_token = first.token();
+  Cli w =
+      Cli::start({"watch", "--url", server.url(), "--count", "3", "--timeout", "60s", "cli/"}, dir.path());
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  first.release();
+  distlock::Lease second = c.acquire("cli/x", ttl30());
+  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
+  const auto out = lines(w.out());
+  ASSERT_EQ(out.size(), 3u) << w.out();
+  EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
+  EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
+      << out[2];
+  EXPECT_EQ(w.err(), "");
+}
+#endif  // DISTLOCK_HAS_POSTGRES
 
 // --json: one object per line (the state line shows the subscription is live); SIGINT
 // ends the tool with exit 0.
