@@ -464,7 +464,7 @@ TEST(RedisCluster, ARenewalWithAHungMasterIsBoundedAndRenewsTheOtherNodes) {
   distlock::ClientOptions o = quiet();
   o.command_timeout = 10000ms;
   auto backend = distlock::detail::find_backend("redis+cluster")(url, o, ec);
-  ASSERT_TRUE(backend) << why;
+  ASSERT_TRUE(backend) << ec.detail();
   const Millis ttl = 8000ms;  // budget: 2 s
   using distlock::detail::RenewStatus;
   std::vector<std::string> names, owners;
