@@ -119,11 +119,10 @@ std::string describe_options_error(const LockOptions& o) {
 }
 
 [[noreturn]] void throw_acquire_error(const detail::Error& ec, std::string_view name, const LockOptions& o) {
-  std::string why;
   std::string what = "lock \"" + std::string(name.substr(0, 200)) + "\"";
   const std::string& detail = ec.detail();
   if (ec == errc::invalid_argument) {
-    if (Engine::check_name(name, why)) throw_error(ec, why);
+    if (const auto bad = Engine::check_name(name)) throw_error(ec, bad.detail());
     // A limit of the backend (etcd's largest lease TTL, a zk:// ttl above what its
     // session allows) explains itself.
     if (!detail.empty()) throw_error(ec, what + ": " + detail);
@@ -308,8 +307,7 @@ LockInfo Client::status(std::string_view name) {
   detail::Error ec;
   LockInfo info = status_into(*engine_, name, ec);
   if (ec) {
-    std::string why;
-    if (Engine::check_name(name, why)) throw_error(ec, why);
+    if (const detail::Error bad = Engine::check_name(name)) throw_error(ec, bad.detail());
     throw_error(ec, with_detail("status of lock \"" + std::string(name.substr(0, 200)) + "\"", ec));
   }
   return info;
@@ -372,9 +370,8 @@ std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit)
 std::vector<ListedLock> Client::list(std::string_view prefix, std::size_t limit, bool& truncated) {
   detail::Error ec;
   if (!prefix.empty()) {
-    std::string why;
-    if (Engine::check_name(prefix, why))
-      throw_error(make_error_code(errc::invalid_argument), "prefix: " + why);
+    if (const detail::Error bad = Engine::check_name(prefix))
+      throw_error(make_error_code(errc::invalid_argument), "prefix: " + bad.detail());
   }
   std::vector<detail::ListedLock> raw = engine_->list_held(prefix, limit, truncated, ec);
   if (ec) {
@@ -463,8 +460,7 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts, std::err
 Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   const std::string text = url_text.empty() ? default_url() : std::string(url_text);
   detail::Url url;
-  std::string why;
-  if (auto ec = detail::parse_url(text, url, why)) throw_error(ec, why);
+  if (const detail::Error err = detail::parse_url(text, url)) throw_error(err, err.detail());
   const detail::BackendFactory factory = detail::find_backend(url.scheme);
   if (!factory) {
     throw_error(make_error_code(errc::invalid_url), "unknown scheme \"" + url.scheme + "\" in URL \"" +
@@ -477,16 +473,17 @@ Client connect(std::string_view url_text, const ClientOptions& in_opts) {
   auto fail = [&](std::error_code e, const std::string& msg) {
     throw_error(e, detail::scrub_secrets(msg, url));
   };
-  if (auto ec = detail::check_url_query(url, why)) fail(ec, why);
+  if (const detail::Error err = detail::check_url_query(url)) fail(err, err.detail());
   ClientOptions opts = in_opts;
-  if (auto ec = detail::apply_common_query(url, opts, why)) fail(ec, why);
+  if (const detail::Error err = detail::apply_common_query(url, opts)) fail(err, err.detail());
+  std::string why;  // ClientOptions::validate is public: its sentence comes back as a string
   if (auto ec = opts.validate(why)) fail(ec, why);
   opts.lock_defaults.validate_and_fill();
-  std::error_code ec;
-  std::unique_ptr<detail::Backend> backend = factory(url, opts, ec, why);
-  if (ec || !backend) {
-    if (!ec) ec = make_error_code(errc::protocol_error);
-    fail(ec, why.empty() ? url.redacted() : why);
+  detail::Error err;
+  std::unique_ptr<detail::Backend> backend = factory(url, opts, err);
+  if (err || !backend) {
+    if (!err) err = make_error_code(errc::protocol_error);
+    fail(err, err.detail().empty() ? url.redacted() : err.detail());
   }
   auto engine = Engine::create(std::move(backend), std::move(opts));
   engine->set_source_url(text);

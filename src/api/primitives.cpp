@@ -10,8 +10,7 @@
 namespace distlock::detail {
 
 void check_primitive_name(std::string_view what, std::string_view name, std::size_t suffix_bytes) {
-  std::string why;
-  if (auto ec = Engine::check_name(name, why)) throw_error(ec, std::string(what) + ": " + why);
+  if (const Error err = Engine::check_name(name)) throw_error(err, std::string(what) + ": " + err.detail());
   if (name.find(names::kSep) != std::string_view::npos) {
     throw_error(make_error_code(errc::invalid_argument),
                 std::string(what) + " name contains the byte 0x1f, which marks the names of its locks");

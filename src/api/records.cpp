@@ -43,8 +43,7 @@ std::string record_key(std::string_view name, std::string_view tag) {
   }
   if (name.empty()) bad("the lock name is empty");
   std::string key = detail::names::derived(name, tag);
-  std::string why;
-  if (detail::Engine::check_name(key, why)) bad("the record's key: " + why);
+  if (const detail::Error err = detail::Engine::check_name(key)) bad("the record's key: " + err.detail());
   return key;
 }
 

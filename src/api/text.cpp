@@ -9,7 +9,9 @@
 namespace distlock {
 
 std::error_code validate_name(std::string_view name, std::string& why) {
-  return detail::Engine::check_name(name, why);
+  detail::Error err = detail::Engine::check_name(name);
+  if (err) why = err.take_detail();
+  return err;
 }
 
 void validate_name(std::string_view name) {
@@ -33,20 +35,22 @@ std::pair<std::size_t, std::size_t> url_secret_range(std::string_view url) {
 
 std::string url_scheme(std::string_view url) {
   detail::Url parsed;
-  std::string why;
-  if (auto ec = detail::parse_url(url, parsed, why)) throw std::system_error(ec, why);
+  if (const detail::Error err = detail::parse_url(url, parsed)) throw std::system_error(err, err.detail());
   return parsed.scheme;
 }
 
 std::string url_with_password(std::string_view url, std::string_view password) {
-  std::string out, why;
-  if (auto ec = detail::url_with_password(url, password, out, why)) throw std::system_error(ec, why);
+  std::string out;
+  if (const detail::Error err = detail::url_with_password(url, password, out)) {
+    throw std::system_error(err, err.detail());
+  }
   return out;
 }
 
 std::string url_without_password(std::string_view url) {
-  std::string out, why;
-  if (auto ec = detail::url_without_password(url, out, why)) throw std::system_error(ec, why);
+  std::string out;
+  if (const detail::Error err = detail::url_without_password(url, out))
+    throw std::system_error(err, err.detail());
   return out;
 }
 

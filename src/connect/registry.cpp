@@ -98,9 +98,9 @@ std::string known_schemes() {
   return out;
 }
 
-std::error_code check_url_query(const Url& url, std::string& why) {
+Error check_url_query(const Url& url) {
   const Scheme* s = find_scheme(url.scheme);
-  return s ? check_query(*s, url, why) : std::error_code{};
+  return s ? check_query(*s, url) : Error{};
 }
 
 std::string describe_schemes(bool with_keys) {

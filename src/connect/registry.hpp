@@ -29,7 +29,7 @@ BackendFactory find_backend(std::string_view scheme);
 std::string known_schemes();
 /// Checks the query of `url` against its scheme's keys (check_query); {} for a scheme
 /// this build does not have (connect() reports that itself).
-std::error_code check_url_query(const Url& url, std::string& why);
+Error check_url_query(const Url& url);
 /// Every scheme with its form and its keys (type, default, meaning), for `distlock urls`.
 std::string describe_schemes(bool with_keys = true);
 

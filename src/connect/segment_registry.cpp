@@ -44,9 +44,7 @@ ids::detail::SegmentSourceFactory find_segment_source(std::string_view scheme) n
 Error check_segment_url_query(const Url& url) {
   const Scheme* scheme = find_scheme(url.scheme);
   if (!scheme) return {};
-  std::string why;
-  const std::error_code ec = check_query(*scheme, url, why);
-  return ec ? Error(ec, std::move(why)) : Error();
+  return check_query(*scheme, url);
 }
 
 std::string segment_schemes() {

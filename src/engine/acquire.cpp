@@ -27,15 +27,17 @@ std::shared_ptr<HeldLock> Engine::acquire_any(std::span<const std::string> names
 
 bool Engine::validate(std::span<const std::string_view> names, std::string_view gate, LockOptions& opts,
                       std::optional<Millis>& wait, Error& ec) {
-  std::string why;
+  // The code only: throw_acquire_error (src/api/client.cpp) names the problem itself.
   for (const std::string_view n : names) {
-    if ((ec = check_name(n, why))) {
-      log_.log(LogLevel::debug, "acquire rejected: {}", why);
+    if (const Error bad = check_name(n)) {
+      ec = std::error_code(bad);
+      log_.log(LogLevel::debug, "acquire rejected: {}", bad.detail());
       return false;
     }
   }
-  if (!gate.empty() && (ec = check_name(gate, why))) {
-    log_.log(LogLevel::debug, "acquire rejected: {}", why);
+  if (const Error bad = gate.empty() ? Error() : check_name(gate)) {
+    ec = std::error_code(bad);
+    log_.log(LogLevel::debug, "acquire rejected: {}", bad.detail());
     return false;
   }
   if ((ec = opts.validate_and_fill())) return false;
@@ -168,8 +170,10 @@ bool Engine::wait_free(std::string_view name, std::optional<Millis> wait, Error&
     ec = make_error_code(errc::forked);
     return false;
   }
-  std::string why;
-  if ((ec = check_name(name, why))) return false;
+  if (const Error bad = check_name(name)) {
+    ec = std::error_code(bad);  // the code only, as status() gives it
+    return false;
+  }
   if (wait && wait->count() < 0) wait = Millis(0);
   if (wait && *wait >= LockOptions::max_wait) wait.reset();
   const Clock::time_point deadline = wait ? clock_->now() + *wait : kNever;

@@ -329,7 +329,8 @@ inline std::string name_owner_key(std::string_view name, std::string_view owner)
 
 /// Makes a backend for a parsed URL; each backend folder names its factory in its own
 /// scheme entries (engine/scheme.hpp), which src/connect/registry.cpp lists.
-using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts,
-                                                    std::error_code& ec, std::string& why);
+/// On failure it returns nullptr and fills `err`: the code and the sentence naming the
+/// problem (connect() scrubs it of the URL's secrets and throws it).
+using BackendFactory = std::unique_ptr<Backend> (*)(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

@@ -93,18 +93,14 @@ Engine::~Engine() {
   events_.stop_and_join();
 }
 
-std::error_code Engine::check_name(std::string_view name, std::string& why) {
-  if (name.empty()) {
-    why = "lock name is empty";
-    return make_error_code(errc::invalid_argument);
-  }
+Error Engine::check_name(std::string_view name) {
+  if (name.empty()) return {make_error_code(errc::invalid_argument), "lock name is empty"};
   if (name.size() > 4096) {
-    why = "lock name is " + std::to_string(name.size()) + " bytes long; the limit is 4096";
-    return make_error_code(errc::invalid_argument);
+    return {make_error_code(errc::invalid_argument),
+            "lock name is " + std::to_string(name.size()) + " bytes long; the limit is 4096"};
   }
   if (name.find('\0') != std::string_view::npos) {
-    why = "lock name contains a NUL byte";
-    return make_error_code(errc::invalid_argument);
+    return {make_error_code(errc::invalid_argument), "lock name contains a NUL byte"};
   }
   return {};
 }
@@ -158,8 +154,11 @@ LockInfo Engine::status(std::string_view name, Error& ec) {
     ec = make_error_code(errc::forked);
     return {};
   }
-  std::string why;
-  if ((ec = check_name(name, why))) return {};
+  // The code only: the API names the problem itself.
+  if (const Error bad = check_name(name)) {
+    ec = std::error_code(bad);
+    return {};
+  }
   LockInfo info = backend_->status(name, ec);
   if (info.holder) {
     auto [id, desc] = split_owner(*info.holder);

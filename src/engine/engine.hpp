@@ -185,8 +185,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// when ClientOptions::metrics is false.
   std::string metrics_text() const;
 
-  /// Validates a lock name; errc::invalid_argument naming the problem.
-  static std::error_code check_name(std::string_view name, std::string& why);
+  /// Validates a lock name; errc::invalid_argument with the detail naming the problem.
+  static Error check_name(std::string_view name);
 
   /// Waiting for a change of one name without acquiring it (a reader waiting for the
   /// writer-intent lock, an election observer waiting for the leader to change), through the per-name watch

@@ -77,11 +77,7 @@ RevokeResult Engine::revoke(std::string_view name, std::string_view reason, Erro
     ec = make_error_code(errc::forked);
     return {};
   }
-  std::string why;
-  if ((ec = check_name(name, why))) {
-    ec.set_detail(why);
-    return {};
-  }
+  if ((ec = check_name(name))) return {};
   // Printed raw in logs and in `distlock status`: no control character (a newline could
   // forge an audit line, an escape drive the reader's terminal). UTF-8 text passes.
   const auto control = std::find_if(reason.begin(), reason.end(), [](char c) {
@@ -144,11 +140,7 @@ std::optional<RevokeRecord> Engine::last_revoke(std::string_view name, Error& ec
     ec = make_error_code(errc::forked);
     return std::nullopt;
   }
-  std::string why;
-  if ((ec = check_name(name, why))) {
-    ec.set_detail(why);
-    return std::nullopt;
-  }
+  if ((ec = check_name(name))) return std::nullopt;
   std::optional<std::string> text = backend_->revoke_note(name, ec);
   if (ec) {
     if (ec == errc::not_supported && ec.detail().empty()) {

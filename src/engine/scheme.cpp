@@ -8,9 +8,8 @@ namespace distlock::detail {
 
 namespace {
 
-std::error_code invalid_query(std::string& why, std::string msg) {
-  why = std::move(msg);
-  return make_error_code(errc::invalid_url);
+Error invalid_query(std::string msg) {
+  return {make_error_code(errc::invalid_url), std::move(msg)};
 }
 
 std::string quoted_bounded(std::string_view s) {
@@ -113,19 +112,18 @@ const Scheme* scheme_named(std::span<const Scheme> schemes, std::string_view nam
   return nullptr;
 }
 
-std::error_code check_query(const Scheme& scheme, const Url& url, std::string& why) {
+Error check_query(const Scheme& scheme, const Url& url) {
   const std::string shown = "\"" + url.redacted() + "\"";
   for (const auto& [name, value] : url.query) {
     const QueryKey* key = find_key(scheme, name);
     if (key == nullptr) {
       const std::string known = known_keys(scheme);
-      return invalid_query(why, "unknown query parameter " + quoted_bounded(name) + " in URL " + shown +
-                                    " (" + std::string(scheme.name) + ":// knows " +
-                                    (known.empty() ? "none" : known) + ")");
+      return invalid_query("unknown query parameter " + quoted_bounded(name) + " in URL " + shown + " (" +
+                           std::string(scheme.name) + ":// knows " + (known.empty() ? "none" : known) + ")");
     }
     if (key->tls_only && !scheme.tls) {
-      return invalid_query(why, "query parameter " + quoted_bounded(name) + " in URL " + shown +
-                                    " is a TLS setting: write " + std::string(scheme.tls_scheme) + "://");
+      return invalid_query("query parameter " + quoted_bounded(name) + " in URL " + shown +
+                           " is a TLS setting: write " + std::string(scheme.tls_scheme) + "://");
     }
     const std::string head = std::string(key->name) + " " + quoted_bounded(value) + " in URL " + shown;
     switch (key->type) {
@@ -133,29 +131,29 @@ std::error_code check_query(const Scheme& scheme, const Url& url, std::string& w
       case QueryType::duration: {
         Millis d{};
         if (!parse_duration(value, d) || d.count() <= 0) {
-          return invalid_query(why, head + " is not a positive duration like 500ms or 2s");
+          return invalid_query(head + " is not a positive duration like 500ms or 2s");
         }
         if (d > key->max)
-          return invalid_query(why, head + " is above the maximum of " + describe_duration(key->max));
+          return invalid_query(head + " is above the maximum of " + describe_duration(key->max));
         break;
       }
       case QueryType::flag:
-        if (!parse_flag(value)) return invalid_query(why, head + " is not one of true, false, 1, 0, yes, no");
+        if (!parse_flag(value)) return invalid_query(head + " is not one of true, false, 1, 0, yes, no");
         break;
       case QueryType::count: {
         const auto n = parse_count(value);
         if (!n || *n > key->max_count) {
-          return invalid_query(why, head + " is not a whole number in 0-" + std::to_string(key->max_count));
+          return invalid_query(head + " is not a whole number in 0-" + std::to_string(key->max_count));
         }
         break;
       }
       case QueryType::choice:
         if (!is_choice(key->choices, value)) {
-          return invalid_query(why, head + " is not one of " + comma_list(key->choices));
+          return invalid_query(head + " is not one of " + comma_list(key->choices));
         }
         break;
       case QueryType::file:
-        if (value.empty()) return invalid_query(why, head + " is empty; it names a file");
+        if (value.empty()) return invalid_query(head + " is empty; it names a file");
         break;
     }
   }

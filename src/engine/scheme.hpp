@@ -76,9 +76,9 @@ const Scheme* scheme_named(std::span<const Scheme> schemes, std::string_view nam
 /// Checks every query key of `url` against the table of `scheme`: unknown keys (the
 /// message lists the known ones), tls_only keys on a plain scheme (it names the TLS
 /// scheme), values of the wrong type or out of range (it names the key, the value and
-/// what is expected). Returns errc::invalid_url with `why` set, or {}. Never quotes
-/// the password.
-std::error_code check_query(const Scheme& scheme, const Url& url, std::string& why);
+/// what is expected). Returns errc::invalid_url with the detail naming the problem, or {}.
+/// Never quotes the password.
+Error check_query(const Scheme& scheme, const Url& url);
 
 /// Typed reads of a URL that check_query accepted; nullopt when the key is absent.
 std::optional<Millis> query_duration(const Url& url, std::string_view key);

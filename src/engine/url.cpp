@@ -11,9 +11,8 @@ namespace distlock::detail {
 
 namespace {
 
-std::error_code bad(std::string& why, std::string msg) {
-  why = std::move(msg);
-  return make_error_code(errc::invalid_url);
+Error bad(std::string msg) {
+  return {make_error_code(errc::invalid_url), std::move(msg)};
 }
 
 int hexval(char c) {
@@ -173,10 +172,10 @@ struct UrlText {
 };
 
 /// The scheme (text before "://"), lower-cased into `out`.
-std::error_code parse_scheme(const UrlText& t, std::string_view scheme, std::string& out, std::string& why) {
+Error parse_scheme(const UrlText& t, std::string_view scheme, std::string& out) {
   for (char c : scheme) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') {
-      return bad(why, "scheme " + t.show(scheme) + " in URL " + t.whole + " is malformed");
+      return bad("scheme " + t.show(scheme) + " in URL " + t.whole + " is malformed");
     }
     out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   }
@@ -184,8 +183,7 @@ std::error_code parse_scheme(const UrlText& t, std::string_view scheme, std::str
 }
 
 /// The query (after '?'): key=value pairs split on '&', percent-decoded.
-std::error_code parse_query(const UrlText& t, std::string_view qs, std::map<std::string, std::string>& out,
-                            std::string& why) {
+Error parse_query(const UrlText& t, std::string_view qs, std::map<std::string, std::string>& out) {
   while (!qs.empty()) {
     const auto amp = qs.find('&');
     std::string_view kv = qs.substr(0, amp);
@@ -195,9 +193,9 @@ std::error_code parse_query(const UrlText& t, std::string_view qs, std::map<std:
     std::string k, v;
     if (!percent_decode(kv.substr(0, eq), k) ||
         (eq != std::string_view::npos && !percent_decode(kv.substr(eq + 1), v))) {
-      return bad(why, "query parameter " + t.show(kv) + " in URL " + t.whole + " has a bad %-escape");
+      return bad("query parameter " + t.show(kv) + " in URL " + t.whole + " has a bad %-escape");
     }
-    if (k.empty()) return bad(why, "query parameter " + t.show(kv) + " in URL " + t.whole + " has no name");
+    if (k.empty()) return bad("query parameter " + t.show(kv) + " in URL " + t.whole + " has no name");
     out[k] = v;
   }
   return {};
@@ -205,8 +203,7 @@ std::error_code parse_query(const UrlText& t, std::string_view qs, std::map<std:
 
 /// The user info `ui` (before the authority's last '@'), which starts at offset `begin`
 /// of the URL's text.
-std::error_code parse_userinfo(const UrlText& t, std::string_view ui, std::size_t begin, Url& out,
-                               std::string& why) {
+Error parse_userinfo(const UrlText& t, std::string_view ui, std::size_t begin, Url& out) {
   out.has_userinfo = true;
   out.userinfo_begin = begin;
   out.userinfo_end = begin + ui.size();
@@ -215,23 +212,23 @@ std::error_code parse_userinfo(const UrlText& t, std::string_view ui, std::size_
   if (!percent_decode(ui.substr(0, colon), out.user) ||
       (colon != std::string_view::npos && !percent_decode(ui.substr(colon + 1), out.password))) {
     out.password.clear();
-    return bad(why, "user info in URL " + t.whole + " has a bad %-escape");
+    return bad("user info in URL " + t.whole + " has a bad %-escape");
   }
   return {};
 }
 
 /// One entry `hp` of the host list: host, [IPv6] or either with ":port".
-std::error_code parse_host(const UrlText& t, std::string_view hp, Url::Host& h, std::string& why) {
+Error parse_host(const UrlText& t, std::string_view hp, Url::Host& h) {
   std::string_view host_text;
   std::string_view port_text;
   if (hp.front() == '[') {
     const auto close = hp.find(']');
     if (close == std::string_view::npos)
-      return bad(why, "IPv6 host " + t.show(hp) + " in URL " + t.whole + " lacks ']'");
+      return bad("IPv6 host " + t.show(hp) + " in URL " + t.whole + " lacks ']'");
     host_text = hp.substr(1, close - 1);
     std::string_view after = hp.substr(close + 1);
     if (!after.empty()) {
-      if (after.front() != ':') return bad(why, "garbage " + t.show(after) + " after host in URL " + t.whole);
+      if (after.front() != ':') return bad("garbage " + t.show(after) + " after host in URL " + t.whole);
       port_text = after.substr(1);
     }
   } else {
@@ -239,16 +236,16 @@ std::error_code parse_host(const UrlText& t, std::string_view hp, Url::Host& h, 
     host_text = hp.substr(0, colon);
     if (colon != std::string_view::npos) port_text = hp.substr(colon + 1);
     if (colon != std::string_view::npos && hp.substr(0, colon).find(':') != std::string_view::npos) {
-      return bad(
-          why, "host " + t.show(hp) + " in URL " + t.whole + " has several ':' (write IPv6 as [addr]:port)");
+      return bad("host " + t.show(hp) + " in URL " + t.whole +
+                 " has several ':' (write IPv6 as [addr]:port)");
     }
   }
-  if (host_text.empty()) return bad(why, "empty host name in " + t.show(hp) + " of URL " + t.whole);
+  if (host_text.empty()) return bad("empty host name in " + t.show(hp) + " of URL " + t.whole);
   for (std::size_t i = 0; i < host_text.size(); ++i) {
     const char c = host_text[i];
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
-      return bad(why, "host " + t.show(host_text) + " in URL " + t.whole + " contains " +
-                          t.show(host_text.substr(i, 1)));
+      return bad("host " + t.show(host_text) + " in URL " + t.whole + " contains " +
+                 t.show(host_text.substr(i, 1)));
     }
   }
   h.host = std::string(host_text);
@@ -256,10 +253,10 @@ std::error_code parse_host(const UrlText& t, std::string_view hp, Url::Host& h, 
     unsigned v = 0;
     auto [p, e] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
     if (port_text.empty() || e != std::errc{} || p != port_text.data() + port_text.size()) {
-      return bad(why, "port " + t.show(port_text) + " in URL " + t.whole + " is not a number");
+      return bad("port " + t.show(port_text) + " in URL " + t.whole + " is not a number");
     }
     if (v == 0 || v > 65535)
-      return bad(why, "port " + t.show(port_text) + " in URL " + t.whole + " is out of range 1-65535");
+      return bad("port " + t.show(port_text) + " in URL " + t.whole + " is out of range 1-65535");
     h.port = static_cast<std::uint16_t>(v);
   }
   return {};
@@ -267,23 +264,23 @@ std::error_code parse_host(const UrlText& t, std::string_view hp, Url::Host& h, 
 
 }  // namespace
 
-std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
+Error parse_url(std::string_view text, Url& out) {
   out = Url{};
   out.original = std::string(text);
   const Mask mask = secret_mask(text);
   const UrlText t{text, mask, quoted(masked(text, mask, text))};
   const auto sep = text.find("://");
   if (sep == std::string_view::npos || sep == 0) {
-    return bad(why, "URL " + t.whole + " has no scheme (expected scheme://..., e.g. redis://127.0.0.1:6379)");
+    return bad("URL " + t.whole + " has no scheme (expected scheme://..., e.g. redis://127.0.0.1:6379)");
   }
-  if (auto ec = parse_scheme(t, text.substr(0, sep), out.scheme, why)) return ec;
+  if (Error err = parse_scheme(t, text.substr(0, sep), out.scheme)) return err;
   std::string_view rest = text.substr(sep + 3);
 
   // Query.
   if (auto q = rest.find('?'); q != std::string_view::npos) {
     const std::string_view qs = rest.substr(q + 1);
     rest = rest.substr(0, q);
-    if (auto ec = parse_query(t, qs, out.query, why)) return ec;
+    if (Error err = parse_query(t, qs, out.query)) return err;
   }
 
   // Authority and path.
@@ -291,30 +288,29 @@ std::error_code parse_url(std::string_view text, Url& out, std::string& why) {
   if (auto slash = rest.find('/'); slash != std::string_view::npos) {
     authority = rest.substr(0, slash);
     if (!percent_decode(rest.substr(slash), out.path)) {
-      return bad(why, "path " + t.show(rest.substr(slash)) + " in URL " + t.whole + " has a bad %-escape");
+      return bad("path " + t.show(rest.substr(slash)) + " in URL " + t.whole + " has a bad %-escape");
     }
   }
   if (auto at = authority.rfind('@'); at != std::string_view::npos) {
     const std::string_view ui = authority.substr(0, at);
     authority = authority.substr(at + 1);
-    if (auto ec = parse_userinfo(t, ui, sep + 3, out, why)) return ec;
+    if (Error err = parse_userinfo(t, ui, sep + 3, out)) return err;
   }
   while (!authority.empty()) {
     const auto comma = authority.find(',');
     std::string_view hp = authority.substr(0, comma);
     authority = comma == std::string_view::npos ? std::string_view{} : authority.substr(comma + 1);
-    if (hp.empty()) return bad(why, "empty host in host list of URL " + t.whole);
+    if (hp.empty()) return bad("empty host in host list of URL " + t.whole);
     Url::Host h;
-    if (auto ec = parse_host(t, hp, h, why)) return ec;
+    if (Error err = parse_host(t, hp, h)) return err;
     out.hosts.push_back(std::move(h));
   }
   return {};
 }
 
-std::error_code url_with_password(std::string_view text, std::string_view password, std::string& out,
-                                  std::string& why) {
+Error url_with_password(std::string_view text, std::string_view password, std::string& out) {
   Url url;
-  if (auto ec = parse_url(text, url, why)) return ec;
+  if (Error err = parse_url(text, url)) return err;
   std::string encoded(1, ':');
   percent_encode(password, encoded);
   const std::string& o = url.original;
@@ -329,9 +325,9 @@ std::error_code url_with_password(std::string_view text, std::string_view passwo
   return {};
 }
 
-std::error_code url_without_password(std::string_view text, std::string& out, std::string& why) {
+Error url_without_password(std::string_view text, std::string& out) {
   Url url;
-  if (auto ec = parse_url(text, url, why)) return ec;
+  if (Error err = parse_url(text, url)) return err;
   const std::string& o = url.original;
   if (!url.has_userinfo || url.password_begin == std::string::npos) {
     out = o;
@@ -368,12 +364,12 @@ bool parse_duration(std::string_view text, Millis& out) {
   return true;
 }
 
-std::error_code apply_common_query(const Url& url, ClientOptions& opts, std::string& why) {
+Error apply_common_query(const Url& url, ClientOptions& opts) {
   if (auto it = url.query.find("timeout"); it != url.query.end()) {
     Millis d{};
     if (!parse_duration(it->second, d) || d.count() <= 0) {
-      return bad(why, "timeout " + quoted(it->second) + " in URL " + url.redacted() +
-                          " is not a positive duration like 500ms or 2s");
+      return bad("timeout " + quoted(it->second) + " in URL " + url.redacted() +
+                 " is not a positive duration like 500ms or 2s");
     }
     opts.connect_timeout = d;
     opts.command_timeout = d;

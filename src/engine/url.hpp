@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 
 namespace distlock::detail {
 
@@ -42,12 +43,12 @@ struct Url {
   std::string query_or(const std::string& key, std::string fallback) const;
 };
 
-/// Parses `text`. On failure returns errc::invalid_url and sets `why` to a message
-/// naming the offending part (e.g. "port \"99999\" in \"redis://h:99999\" is out of range").
-/// `why` never contains the password: the URL and every part of it it quotes are masked
+/// Parses `text`. On failure returns errc::invalid_url whose detail names the offending
+/// part (e.g. "port \"99999\" in \"redis://h:99999\" is out of range").
+/// The detail never contains the password: the URL and every part of it it quotes are masked
 /// from the first ':' after "://" (from "://" when an '@' comes before it) to the last '@'
 /// (a superset of any password the text could hold, even when it does not parse).
-std::error_code parse_url(std::string_view text, Url& out, std::string& why);
+Error parse_url(std::string_view text, Url& out);
 
 /// The text of a URL that may not parse, masked for a message as parse_url's errors are.
 std::string redact_url_text(std::string_view text);
@@ -57,13 +58,12 @@ std::string redact_url_text(std::string_view text);
 std::pair<std::size_t, std::size_t> url_secret_range(std::string_view text);
 
 /// `text` with its password set to `password` (percent-encoded; the user, if any, is
-/// kept). invalid_url (with a masked `why`) if `text` does not parse.
-std::error_code url_with_password(std::string_view text, std::string_view password, std::string& out,
-                                  std::string& why);
+/// kept). invalid_url (with a masked detail) if `text` does not parse.
+Error url_with_password(std::string_view text, std::string_view password, std::string& out);
 
 /// `text` without its password (and without an '@' left with no user). The rest of the
-/// text is unchanged. invalid_url (with a masked `why`) if `text` does not parse.
-std::error_code url_without_password(std::string_view text, std::string& out, std::string& why);
+/// text is unchanged. invalid_url (with a masked detail) if `text` does not parse.
+Error url_without_password(std::string_view text, std::string& out);
 
 /// `message` with every fragment of `url` that may be secret replaced by "***": the
 /// text redact_url_text() masks (raw and percent-decoded), each of its pieces between
@@ -78,6 +78,6 @@ std::string scrub_secrets(std::string_view message, const Url& url);
 bool parse_duration(std::string_view text, Millis& out);
 
 /// Applies `?timeout=` (if any) to the client options; returns invalid_url naming it if malformed.
-std::error_code apply_common_query(const Url& url, ClientOptions& opts, std::string& why);
+Error apply_common_query(const Url& url, ClientOptions& opts);
 
 }  // namespace distlock::detail

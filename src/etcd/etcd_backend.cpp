@@ -50,14 +50,13 @@ LockInfo EtcdBackend::status(std::string_view name, Error& ec) {
 
 // ---- factory ---------------------------------------------------------------
 
-std::unique_ptr<Backend> make_etcd_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                           std::string& why) {
+std::unique_ptr<Backend> make_etcd_backend(const Url& url, const ClientOptions& opts, Error& err) {
   etcd::UrlConfig parsed;
-  if ((ec = etcd::parse_url(url, opts, parsed, why))) return nullptr;
+  if ((err = etcd::parse_url(url, opts, parsed))) return nullptr;
   auto backend = std::make_unique<etcd::EtcdBackend>(std::move(parsed.transport), std::move(parsed.prefix),
                                                      url.redacted(), opts);
-  if ((ec = backend->probe(why))) {
-    why = "cannot use etcd at " + url.redacted() + ": " + why;
+  if ((err = backend->probe())) {
+    err.set_detail("cannot use etcd at " + url.redacted() + ": " + err.detail());
     return nullptr;
   }
   backend->start();

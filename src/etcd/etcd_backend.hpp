@@ -36,7 +36,6 @@ namespace distlock::detail {
 /// probes the cluster before returning. Errors: invalid_url (malformed URL or
 /// query), invalid_argument (a TLS file cannot be read: `why` names the file),
 /// backend_unavailable (no endpoint answered), auth_failed (wrong user/password).
-std::unique_ptr<Backend> make_etcd_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                           std::string& why);
+std::unique_ptr<Backend> make_etcd_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

@@ -149,12 +149,12 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     }
   }
 
-  std::error_code probe(std::string& why) {
-    if (auto ec = transport_.authenticate(why)) {
-      if (ec == errc::auth_failed) {
-        why = "etcd rejected user \"" + transport_.config().user + "\": " + why;
+  Error probe() {
+    if (Error err = transport_.authenticate()) {
+      if (err == errc::auth_failed) {
+        err.set_detail("etcd rejected user \"" + transport_.config().user + "\": " + err.detail());
       }
-      return ec;
+      return err;
     }
     // A serializable read answers even without a leader; it proves the endpoint
     // is etcd and that our credentials (or lack of them) are accepted.
@@ -167,11 +167,11 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     const grpc::Status st = transport_.call(
         [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, req, &resp); });
     if (!st.ok()) {
-      auto ec = transport_.to_error(st, why);
-      if (ec == errc::auth_failed && !transport_.has_auth()) {
-        why += "; the cluster requires authentication: put user:password in the URL";
+      Error err = transport_.to_error(st);
+      if (err == errc::auth_failed && !transport_.has_auth()) {
+        err.set_detail(err.detail() + "; the cluster requires authentication: put user:password in the URL");
       }
-      return ec;
+      return err;
     }
     return {};
   }
@@ -263,11 +263,10 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   // One keepalive of a lease outside every session: whether etcd renewed it.
   bool keep_alive_once(std::int64_t id) noexcept;
   void set_error(const grpc::Status& st, Error& ec, const char* what) {
-    std::string why;
-    ec = transport_.to_error(st, why);
-    log_.log(LogLevel::debug, "etcd {} failed: {}", what, why);
-    // The error the caller sees names the endpoint and gRPC's reason (why does).
-    ec.set_detail(std::string(what) + ": " + why);
+    const Error err = transport_.to_error(st);
+    log_.log(LogLevel::debug, "etcd {} failed: {}", what, err.detail());
+    // The error the caller sees names the endpoint and gRPC's reason (err's detail does).
+    ec.fail(err, std::string(what) + ": " + err.detail());
   }
 
   etcd::Transport transport_;

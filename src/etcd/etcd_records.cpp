@@ -40,9 +40,8 @@ std::string Records::record_key(std::string_view key) const {
 }
 
 void Records::fail(const grpc::Status& st, Error& ec, std::string_view what) const {
-  std::string why;
-  ec = transport_.to_error(st, why);
-  ec.set_detail(fmt::format("{}: {}", what, why));
+  const Error err = transport_.to_error(st);
+  ec.fail(err, fmt::format("{}: {}", what, err.detail()));
 }
 
 std::string Records::put(std::string_view key, std::string_view value, PutMode mode, Error& ec) {

@@ -81,7 +81,7 @@ bool Transport::lease_not_found(const grpc::Status& st) noexcept {
   return st.error_code() == grpc::StatusCode::NOT_FOUND && contains(st, "lease not found");
 }
 
-std::error_code Transport::authenticate(std::string& why) {
+Error Transport::authenticate() {
   if (!has_auth()) return {};
   etcdserverpb::AuthenticateRequest req;
   req.set_name(config_.user);
@@ -110,29 +110,29 @@ std::error_code Transport::authenticate(std::string& why) {
     token_.clear();
     return {};
   }
-  return to_error(st, why);
+  return to_error(st);
 }
 
-std::error_code Transport::to_error(const grpc::Status& st, std::string& why) const {
+Error Transport::to_error(const grpc::Status& st) const {
   const std::string where = stubs_[current() % stubs_.size()]->target;
-  why = "etcd at " + where + ": " + st.error_message() + " (gRPC code " +
-        std::to_string(static_cast<int>(st.error_code())) + ")";
+  std::string why = "etcd at " + where + ": " + st.error_message() + " (gRPC code " +
+                    std::to_string(static_cast<int>(st.error_code())) + ")";
   switch (st.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
     case grpc::StatusCode::CANCELLED:
-      why = "no etcd endpoint of " + std::to_string(stubs_.size()) + " answered; last: " + why;
-      return make_error_code(errc::backend_unavailable);
+      return {make_error_code(errc::backend_unavailable),
+              "no etcd endpoint of " + std::to_string(stubs_.size()) + " answered; last: " + why};
     case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED: return make_error_code(errc::auth_failed);
+    case grpc::StatusCode::PERMISSION_DENIED: return {make_error_code(errc::auth_failed), std::move(why)};
     case grpc::StatusCode::INVALID_ARGUMENT:
       if (contains(st, "authentication failed") || contains(st, "user name is empty") ||
           contains(st, "invalid user") || contains(st, "password")) {
-        return make_error_code(errc::auth_failed);
+        return {make_error_code(errc::auth_failed), std::move(why)};
       }
-      return make_error_code(errc::invalid_argument);
-    default: return make_error_code(errc::protocol_error);
+      return {make_error_code(errc::invalid_argument), std::move(why)};
+    default: return {make_error_code(errc::protocol_error), std::move(why)};
   }
 }
 

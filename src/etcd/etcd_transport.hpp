@@ -31,6 +31,7 @@
 
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
+#include "engine/backend_error.hpp"
 #include "engine/thread_annotations.hpp"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
@@ -76,11 +77,11 @@ class Transport {
   grpc::Status call(Attempt&& attempt, CallInfo* info = nullptr);
 
   /// Logs in with the configured user (no-op without one). Errors: auth_failed
-  /// (wrong user or password), backend_unavailable.
-  std::error_code authenticate(std::string& why);
+  /// (wrong user or password), backend_unavailable, with the detail naming the endpoint.
+  Error authenticate();
 
-  /// Maps a failed status to a distlock error with a message naming the endpoint.
-  std::error_code to_error(const grpc::Status& st, std::string& why) const;
+  /// Maps a failed status to a distlock error whose detail names the endpoint.
+  Error to_error(const grpc::Status& st) const;
 
   /// Sets the deadline and the auth token on a context.
   void prepare(grpc::ClientContext& ctx, Millis timeout) const;
@@ -131,8 +132,7 @@ grpc::Status Transport::call(Attempt&& attempt, CallInfo* info) {
     if (st.ok()) return st;
     if (invalid_token(st) && has_auth() && !reauthenticated) {
       reauthenticated = true;
-      std::string why;
-      if (!authenticate(why)) continue;
+      if (!authenticate()) continue;
       return st;
     }
     if (!retryable(st)) return st;

@@ -14,30 +14,27 @@ namespace distlock::detail::etcd {
 
 namespace {
 
-std::error_code read_file(const std::string& what, const std::string& path, std::string& out,
-                          std::string& why) {
+Error read_file(const std::string& what, const std::string& path, std::string& out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
-    why = "TLS " + what + " file \"" + path + "\" cannot be read: " + errno_text(err);
-    return make_error_code(errc::invalid_argument);
+    return {make_error_code(errc::invalid_argument),
+            "TLS " + what + " file \"" + path + "\" cannot be read: " + errno_text(err)};
   }
   std::ostringstream ss;
   ss << in.rdbuf();
   out = ss.str();
   if (out.empty()) {
-    why = "TLS " + what + " file \"" + path + "\" is empty";
-    return make_error_code(errc::invalid_argument);
+    return {make_error_code(errc::invalid_argument), "TLS " + what + " file \"" + path + "\" is empty"};
   }
   return {};
 }
 
 }  // namespace
 
-std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& out, std::string& why) {
-  auto bad_url = [&](std::string msg) -> std::error_code {
-    why = std::move(msg);
-    return make_error_code(errc::invalid_url);
+Error parse_url(const Url& url, const ClientOptions& opts, UrlConfig& out) {
+  auto bad_url = [](std::string msg) -> Error {
+    return {make_error_code(errc::invalid_url), std::move(msg)};
   };
   if (url.hosts.empty() || url.hosts.front().host.empty()) {
     return bad_url("etcd URL \"" + url.redacted() +
@@ -50,7 +47,7 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
   // The query is checked against this backend's own scheme entry (etcd_scheme.cpp) here as well as in
   // connect(), for callers that parse without connecting.
   if (const Scheme* scheme = scheme_named(etcd_schemes(), url.scheme)) {
-    if (auto ec = check_query(*scheme, url, why)) return ec;
+    if (Error err = check_query(*scheme, url)) return err;
   }
   TransportConfig& config = out.transport;
   for (const auto& h : url.hosts) {
@@ -71,17 +68,17 @@ std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& 
   const std::string key = url.query_or("key", "");
   if (!cacert.empty() || !cert.empty() || !key.empty()) config.tls = true;
   if (cert.empty() != key.empty()) {
-    why = "etcd URL \"" + url.redacted() + "\": a TLS client certificate needs both cert= and key=";
-    return make_error_code(errc::invalid_argument);
+    return {make_error_code(errc::invalid_argument),
+            "etcd URL \"" + url.redacted() + "\": a TLS client certificate needs both cert= and key="};
   }
   if (!cacert.empty()) {
-    if (auto ec = read_file("cacert", cacert, config.ca_pem, why)) return ec;
+    if (Error err = read_file("cacert", cacert, config.ca_pem)) return err;
   }
   if (!cert.empty()) {
-    if (auto ec = read_file("cert", cert, config.cert_pem, why)) return ec;
+    if (Error err = read_file("cert", cert, config.cert_pem)) return err;
   }
   if (!key.empty()) {
-    if (auto ec = read_file("key", key, config.key_pem, why)) return ec;
+    if (Error err = read_file("key", key, config.key_pem)) return err;
   }
   config.command_timeout = opts.command_timeout;
   config.connect_timeout = opts.connect_timeout;

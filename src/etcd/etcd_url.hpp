@@ -17,7 +17,7 @@ struct UrlConfig {
 };
 
 /// Fills `out` from `url`; on error returns invalid_url (or invalid_argument for
-/// unreadable TLS files) and says why in `why`.
-std::error_code parse_url(const Url& url, const ClientOptions& opts, UrlConfig& out, std::string& why);
+/// unreadable TLS files) with the detail naming the problem.
+Error parse_url(const Url& url, const ClientOptions& opts, UrlConfig& out);
 
 }  // namespace distlock::detail::etcd

@@ -124,8 +124,7 @@ void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
   }
   log_.log(LogLevel::info, "etcd watch stream ended ({}); waiters re-check", st.error_message());
   if (etcd::Transport::invalid_token(st) && transport_.has_auth()) {
-    std::string why;
-    (void)transport_.authenticate(why);
+    (void)transport_.authenticate();
   }
   // Do not spin if the stream breaks at once again.
   std::this_thread::sleep_for(Millis(50));

@@ -290,11 +290,9 @@ std::string MemoryStore::holder(const std::string& lock) const {
   return it == locks_.end() ? std::string() : it->second.owner;
 }
 
-std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                             std::string& why) {
+std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, Error& err) {
   if (!url.hosts.empty() && url.hosts.size() != 1) {
-    ec = make_error_code(errc::invalid_url);
-    why = "memory:// takes one store name, e.g. memory://test";
+    err.fail(errc::invalid_url, "memory:// takes one store name, e.g. memory://test");
     return nullptr;
   }
   const std::string name = url.hosts.empty() ? std::string("default") : url.hosts[0].host;

@@ -80,7 +80,6 @@ class MemoryStore {
   std::atomic<std::uint64_t> channel_drops_{0};
 };
 
-std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                             std::string& why);
+std::unique_ptr<Backend> make_memory_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

@@ -236,8 +236,7 @@ struct RedisFence::Impl {
 
 RedisFence::RedisFence(std::string_view url_text, const ClientOptions& in_opts) {
   detail::Url url;
-  std::string why;
-  if (auto ec = detail::parse_url(url_text, url, why)) throw_error(ec, why);
+  if (const auto err = detail::parse_url(url_text, url)) throw_error(err, err.detail());
   if (url.scheme != "redis" && url.scheme != "rediss") {
     throw_error(make_error_code(errc::invalid_url),
                 "RedisFence needs a redis:// URL (or rediss://), got scheme \"" + url.scheme + "\" in " +
@@ -247,11 +246,11 @@ RedisFence::RedisFence(std::string_view url_text, const ClientOptions& in_opts) 
     throw_error(make_error_code(errc::invalid_url), "RedisFence needs exactly one host in " + url.redacted());
   }
   // The same query keys as a lock client's redis:// URL, checked by the same table.
-  if (auto ec = detail::check_query(*detail::scheme_named(detail::redis_schemes(), url.scheme), url, why)) {
-    throw_error(ec, why);
+  if (const auto err = detail::check_query(*detail::scheme_named(detail::redis_schemes(), url.scheme), url)) {
+    throw_error(err, err.detail());
   }
   ClientOptions opts = in_opts;
-  if (auto ec = detail::apply_common_query(url, opts, why)) throw_error(ec, why);
+  if (const auto err = detail::apply_common_query(url, opts)) throw_error(err, err.detail());
   detail::Error ec;
   r::ConnectionOptions co = r::options_from_url(url, 0, opts, ec);
   if (ec) throw_error(ec, ec.detail());

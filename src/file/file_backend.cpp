@@ -125,12 +125,11 @@ std::string lock_file_name(std::string_view name, std::size_t name_max) {
   return sha256_hex(name) + ".hlock";
 }
 
-std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                           std::string& why) {
+// `error`, not `err`: errno values below are called err.
+std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& opts, Error& error) {
   const std::string shown = url.redacted();
   auto reject = [&](Error e) -> std::unique_ptr<Backend> {
-    ec = e;
-    why = e.take_detail();
+    error = std::move(e);
     return nullptr;
   };
   if (url.has_userinfo) {

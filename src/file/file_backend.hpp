@@ -39,7 +39,6 @@ std::string lock_file_name(std::string_view name, std::size_t name_max = 255);
 /// Makes a backend for `file:///absolute/dir[?recheck=1s&sync=false]`. Errors:
 /// invalid_url (host given, relative or missing path, unknown query key, path is not
 /// a directory), backend_unavailable (the directory cannot be created or written).
-std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                           std::string& why);
+std::unique_ptr<Backend> make_file_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

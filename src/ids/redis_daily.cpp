@@ -277,8 +277,7 @@ namespace {
 
 redis::ConnectionOptions connection_options(std::string_view redis_url, const RedisDailyOptions& o) {
   distlock::detail::Url url;
-  std::string why;
-  if (auto ec = distlock::detail::parse_url(redis_url, url, why)) throw_error(ec, why);
+  if (const auto err = distlock::detail::parse_url(redis_url, url)) throw_error(err, err.detail());
   if (url.scheme != "redis" && url.scheme != "rediss") {
     throw_error(make_error_code(errc::invalid_url),
                 fmt::format("redis-daily ids need a redis:// URL (or rediss://); \"{}\" has scheme \"{}\"",
@@ -293,11 +292,11 @@ redis::ConnectionOptions connection_options(std::string_view redis_url, const Re
   client.connect_timeout = o.connect_timeout;
   client.command_timeout = o.command_timeout;
   // The same query keys as a lock client's redis:// URL, checked by the same table.
-  if (auto ec = distlock::detail::check_query(
-          *distlock::detail::scheme_named(distlock::detail::redis_schemes(), url.scheme), url, why)) {
-    throw_error(ec, why);
+  if (const auto err = distlock::detail::check_query(
+          *distlock::detail::scheme_named(distlock::detail::redis_schemes(), url.scheme), url)) {
+    throw_error(err, err.detail());
   }
-  if (auto ec = distlock::detail::apply_common_query(url, client, why)) throw_error(ec, why);
+  if (const auto err = distlock::detail::apply_common_query(url, client)) throw_error(err, err.detail());
   distlock::detail::Error ec;
   redis::ConnectionOptions co = redis::options_from_url(url, 0, client, ec);
   if (ec) throw_error(ec, ec.detail());

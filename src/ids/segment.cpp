@@ -229,8 +229,7 @@ struct SegmentGenerator::Impl {
 SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opts) {
   check_options(opts);
   distlock::detail::Url url;
-  std::string why;
-  if (auto ec = distlock::detail::parse_url(url_text, url, why)) throw_error(ec, why);
+  if (const auto err = distlock::detail::parse_url(url_text, url)) throw_error(err, err.detail());
   const auto factory = distlock::detail::find_segment_source(url.scheme);
   if (!factory) {
     const std::string have = distlock::detail::segment_schemes();
@@ -243,7 +242,7 @@ SegmentGenerator::SegmentGenerator(std::string_view url_text, SegmentOptions opt
   ClientOptions timeouts;
   timeouts.connect_timeout = opts.connect_timeout;
   timeouts.command_timeout = opts.command_timeout;
-  if (auto ec = distlock::detail::apply_common_query(url, timeouts, why)) throw_error(ec, why);
+  if (const auto err = distlock::detail::apply_common_query(url, timeouts)) throw_error(err, err.detail());
 
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;

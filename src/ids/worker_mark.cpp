@@ -227,8 +227,7 @@ std::unique_ptr<WorkerMarkStore> make_mark_store(const Client& client) {
   const std::string& text = distlock::detail::engine_of(client)->source_url();
   if (text.empty()) return nullptr;
   distlock::detail::Url url;
-  std::string why;
-  if (auto ec = distlock::detail::parse_url(text, url, why)) throw_error(ec, why);
+  if (const auto err = distlock::detail::parse_url(text, url)) throw_error(err, err.detail());
   if (url.scheme == "memory") {
     return std::make_unique<MemoryMarkStore>(url.hosts.empty() ? std::string("default")
                                                                : url.hosts.front().host);

@@ -558,20 +558,11 @@ Error mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg) {
   return {};
 }
 
-std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                            std::string& why) {
+std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, Error& err) {
   mysql::Config cfg;
-  if (Error err = mysql_config(url, opts, cfg)) {
-    ec = err;
-    why = err.take_detail();
-    return nullptr;
-  }
+  if ((err = mysql_config(url, opts, cfg))) return nullptr;
   auto backend = std::make_unique<mysql::MysqlBackend>(std::move(cfg), opts);
-  if (Error err = backend->connect_now()) {
-    ec = err;
-    why = err.take_detail();
-    return nullptr;
-  }
+  if ((err = backend->connect_now())) return nullptr;
   return backend;
 }
 

@@ -36,7 +36,6 @@ struct Config;
 /// one host.
 Error mysql_config(const Url& url, const ClientOptions& opts, my::Config& cfg);
 
-std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                            std::string& why);
+std::unique_ptr<Backend> make_mysql_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

@@ -255,20 +255,11 @@ Error postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg
   return {};
 }
 
-std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                               std::string& why) {
+std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, Error& err) {
   postgres::Config cfg;
-  if (Error err = postgres_config(url, opts, cfg)) {
-    ec = err;
-    why = err.take_detail();
-    return nullptr;
-  }
+  if ((err = postgres_config(url, opts, cfg))) return nullptr;
   auto backend = std::make_unique<postgres::PostgresBackend>(std::move(cfg), opts);
-  if (Error err = backend->connect_now()) {
-    ec = err;
-    why = err.take_detail();
-    return nullptr;
-  }
+  if ((err = backend->connect_now())) return nullptr;
   return backend;
 }
 

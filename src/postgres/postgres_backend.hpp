@@ -34,8 +34,7 @@ struct Config;
 /// for a URL without a host or database, or with more than one host.
 Error postgres_config(const Url& url, const ClientOptions& opts, pg::Config& cfg);
 
-std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                               std::string& why);
+std::unique_ptr<Backend> make_postgres_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 /// The advisory-lock key of a lock name (FNV-1a 64 with a final mix), as PostgreSQL's bigint.
 std::int64_t postgres_lock_key(std::string_view name) noexcept;

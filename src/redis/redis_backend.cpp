@@ -209,13 +209,11 @@ std::unique_ptr<Backend> make_redis_backend_for(const redis::ConnectionOptions& 
   return backend;
 }
 
-std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                            std::string& why) {
-  ec.clear();
+std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, Error& err) {
+  err.clear();
   const std::string shown = "\"" + url.redacted() + "\"";
   auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
+    err.fail(errc::invalid_url, std::move(msg));
     return nullptr;
   };
   if (url.hosts.empty()) return bad("URL " + shown + " names no host (expected redis://host:port)");
@@ -230,18 +228,13 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
     return bad("prefix \"" + prefix + "\" in URL " + shown +
                " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
   }
-  Error err;
   redis::ConnectionOptions conn = redis::options_from_url(url, 0, opts, err);
   std::unique_ptr<redis::RedisBackend> backend;
   if (!err) {
     backend = std::make_unique<redis::RedisBackend>(conn, prefix, url.redacted(), opts);
     backend->connect_now(err);
   }
-  if (err) {
-    ec = err;
-    why = err.detail();
-    return nullptr;
-  }
+  if (err) return nullptr;
   return backend;
 }
 

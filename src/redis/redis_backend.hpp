@@ -28,8 +28,7 @@ namespace distlock::detail {
 /// Parses the URL, connects (fails fast with auth_failed / backend_unavailable) and
 /// returns the backend; on error returns nullptr with `ec` and a `why` naming the
 /// problem (the offending URL part, or the server and its answer).
-std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                            std::string& why);
+std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 /// What a redis:// backend is built from once its URL is parsed (used by layers that
 /// find the server themselves, such as redis+sentinel://).

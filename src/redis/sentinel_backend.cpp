@@ -299,13 +299,11 @@ bool SentinelBackend::switch_to(const Address& a, Error& ec) {
 
 }  // namespace redis
 
-std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                               std::string& why) {
-  ec.clear();
+std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptions& opts, Error& err) {
+  err.clear();
   const std::string shown = "\"" + url.redacted() + "\"";
   auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
+    err.fail(errc::invalid_url, std::move(msg));
     return nullptr;
   };
   if (url.hosts.empty()) {
@@ -365,11 +363,9 @@ std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptio
     sentinels.push_back(std::move(s));
   }
   auto backend = std::make_unique<redis::SentinelBackend>(std::move(sentinels), name, master, settings, opts);
-  Error err;
   backend->start(err);
   if (err) {
-    ec = err;
-    why = "URL " + shown + ": " + err.detail();
+    err.set_detail("URL " + shown + ": " + err.detail());
     return nullptr;
   }
   return backend;

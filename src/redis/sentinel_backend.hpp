@@ -37,7 +37,6 @@ namespace distlock::detail {
 /// wait_timeout, unknown parameter), invalid_argument (no sentinel knows the master
 /// name), backend_unavailable (no sentinel answered, or none named a reachable master),
 /// auth_failed. `why` names the problem and never the password.
-std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                               std::string& why);
+std::unique_ptr<Backend> make_sentinel_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

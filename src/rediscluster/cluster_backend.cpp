@@ -464,13 +464,11 @@ const redisReply* ClusterBackend::record_command(const char* cmd, const char* wh
 
 }  // namespace rediscluster
 
-std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const ClientOptions& opts,
-                                                    std::error_code& ec, std::string& why) {
-  ec.clear();
+std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const ClientOptions& opts, Error& err) {
+  err.clear();
   const std::string shown = "\"" + url.redacted() + "\"";
   auto bad = [&](std::string msg) -> std::unique_ptr<Backend> {
-    ec = make_error_code(errc::invalid_url);
-    why = std::move(msg);
+    err.fail(errc::invalid_url, std::move(msg));
     return nullptr;
   };
   if (url.hosts.empty()) {
@@ -487,10 +485,8 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
       rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
       const auto eq = pair.find('=');
       Url from, to;
-      std::string ignored;
-      if (eq == std::string_view::npos ||
-          parse_url("redis://" + std::string(pair.substr(0, eq)), from, ignored) ||
-          parse_url("redis://" + std::string(pair.substr(eq + 1)), to, ignored) || from.hosts.size() != 1 ||
+      if (eq == std::string_view::npos || parse_url("redis://" + std::string(pair.substr(0, eq)), from) ||
+          parse_url("redis://" + std::string(pair.substr(eq + 1)), to) || from.hosts.size() != 1 ||
           to.hosts.size() != 1 || from.hosts[0].port == 0 || to.hosts[0].port == 0) {
         return bad("nat entry \"" + std::string(pair) + "\" in URL " + shown +
                    " is not ANNOUNCED_HOST:PORT=REACHABLE_HOST:PORT");
@@ -508,24 +504,15 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
     return bad("prefix \"" + prefix + "\" in URL " + shown +
                " must be 1-256 bytes without '{' or '}' (they delimit the hash tag)");
   }
-  Error err;
   redis::ConnectionOptions base = redis::options_from_url(url, 0, opts, err);
-  if (err) {
-    ec = err;
-    why = err.detail();
-    return nullptr;
-  }
+  if (err) return nullptr;
   base.db = 0;
   std::vector<std::pair<std::string, std::uint16_t>> seeds;
   for (const auto& h : url.hosts) seeds.emplace_back(h.host, h.port != 0 ? h.port : 6379);
   auto backend = std::make_unique<rediscluster::ClusterBackend>(base, std::move(seeds), std::move(nat),
                                                                 prefix, url.redacted(), opts);
   backend->connect_now(err);
-  if (err) {
-    ec = err;
-    why = err.detail();
-    return nullptr;
-  }
+  if (err) return nullptr;
   return backend;
 }
 

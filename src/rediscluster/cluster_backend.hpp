@@ -29,8 +29,7 @@ namespace distlock::detail {
 
 /// Parses the URL, reads the slot map from the first seed that answers and returns
 /// the backend; on error nullptr with `ec` and a `why` naming the problem.
-std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const ClientOptions& opts,
-                                                    std::error_code& ec, std::string& why);
+std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 namespace rediscluster {
 /// The hash slot of a key (CRC16 of its hash tag, or of the whole key), 0..16383.

@@ -55,8 +55,7 @@ Error parse_config(const Url& url, Config& out) {
   // The query is checked against this backend's own scheme entry (redlock_scheme.cpp) here as well as in
   // connect(): tests parse Redlock URLs without connecting.
   if (const Scheme* scheme = scheme_named(redlock_schemes(), url.scheme)) {
-    std::string problem;
-    if (auto ec = check_query(*scheme, url, problem)) return {ec, std::move(problem)};
+    if (Error err = check_query(*scheme, url)) return err;
   }
   out.prefix = url.query_or("prefix", out.prefix);
   if (const auto d = query_duration(url, "timeout")) out.node_timeout = *d;
@@ -116,25 +115,18 @@ void RedlockBackend::connect(Millis timeout, Error& ec) {
 
 }  // namespace redlock
 
-std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                              std::string& why) {
+std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOptions& opts, Error& err) {
   redlock::Config cfg;
-  Error err = redlock::parse_config(url, cfg);
+  if ((err = redlock::parse_config(url, cfg))) return nullptr;
   std::vector<std::shared_ptr<redlock::Master>> masters;
-  auto failed = [&] {
-    ec = err;
-    why = err.detail();
-    return nullptr;
-  };
-  if (err) return failed();
   for (std::size_t i = 0; i < url.hosts.size(); ++i) {
     redis::ConnectionOptions o = redlock::master_options(url, i, opts, err);
-    if (err) return failed();
+    if (err) return nullptr;
     masters.push_back(std::make_shared<redlock::Master>(std::move(o)));
   }
   auto backend = std::make_unique<redlock::RedlockBackend>(cfg, std::move(masters), opts, url.redacted());
   backend->connect(opts.connect_timeout, err);
-  if (err) return failed();
+  if (err) return nullptr;
   return backend;
 }
 

@@ -52,7 +52,6 @@ std::string delay_key(const Config& cfg, std::string_view name);
 
 }  // namespace redlock
 
-std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                              std::string& why);
+std::unique_ptr<Backend> make_redlock_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 }  // namespace distlock::detail

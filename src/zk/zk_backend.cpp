@@ -88,20 +88,15 @@ std::optional<ZkStats> zk_stats(const Backend& backend) {
   return std::nullopt;
 }
 
-std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                         std::string& why) {
+std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& opts, Error& err) {
   zk::ZkBackend::Config cfg;
-  Error err = zk::parse_url(url, opts, cfg);
+  err = zk::parse_url(url, opts, cfg);
   std::unique_ptr<zk::ZkBackend> backend;
   if (!err) {
     backend = std::make_unique<zk::ZkBackend>(std::move(cfg), opts);
     backend->start(err);
   }
-  if (err) {
-    ec = err;
-    why = err.take_detail();
-    return nullptr;
-  }
+  if (err) return nullptr;
   return backend;
 }
 

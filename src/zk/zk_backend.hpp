@@ -41,8 +41,7 @@ namespace distlock::detail {
 /// Parses the URL, opens the session (waiting up to connect_timeout for a server),
 /// checks the chroot exists; on error returns nullptr with `ec` (invalid_url,
 /// invalid_argument, backend_unavailable, auth_failed) and a `why` naming the problem.
-std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& opts, std::error_code& ec,
-                                         std::string& why);
+std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& opts, Error& err);
 
 /// Counters of one zk:// backend, for tests and diagnostics.
 struct ZkStats {

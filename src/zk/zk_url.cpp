@@ -35,8 +35,7 @@ Error parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg) {
   // The query is checked against this backend's own scheme entry (zk_scheme.cpp) here as well as in
   // connect(), for callers that parse without connecting.
   if (const Scheme* scheme = scheme_named(zk_schemes(), url.scheme)) {
-    std::string problem;
-    if (auto ec = check_query(*scheme, url, problem)) return {ec, std::move(problem)};
+    if (Error err = check_query(*scheme, url)) return err;
   }
   if (const auto d = query_duration(url, "session_timeout")) {
     cfg.session_timeout = *d;

@@ -25,15 +25,16 @@ using distlock::detail::QueryType;
 
 std::string parse_and_check(const std::string& text, std::error_code& ec) {
   distlock::detail::Url url;
-  std::string why;
-  if ((ec = distlock::detail::parse_url(text, url, why))) return why;
+  distlock::detail::Error err;
+  if ((ec = err = distlock::detail::parse_url(text, url))) return err.detail();
   const distlock::detail::Scheme* scheme = distlock::detail::find_scheme(url.scheme);
   if (scheme == nullptr) {
     ec = make_error_code(errc::invalid_url);
     return "no scheme";
   }
-  ec = distlock::detail::check_query(*scheme, url, why);
-  return why;
+  err = distlock::detail::check_query(*scheme, url);
+  ec = err;
+  return err.detail();
 }
 
 // What connect() says about a URL it refuses (and the error it gives).

@@ -96,27 +96,27 @@ TEST(UrlSecrets, RedactedMasksTextAnUnencodedAtPushedPastTheAuthority) {
   };
   for (const auto& c : cases) {
     distlock::detail::Url u;
-    std::string why;
-    ASSERT_FALSE(distlock::detail::parse_url(c.url, u, why)) << c.url << ": " << why;
+    distlock::detail::Error err;
+    ASSERT_FALSE(err = distlock::detail::parse_url(c.url, u)) << c.url << ": " << err.detail();
     EXPECT_EQ(u.redacted(), c.shown) << c.url;
   }
 }
 
 TEST(UrlSecrets, ScrubSecretsMasksEveryPieceAndTheLoneUser) {
   distlock::detail::Url u;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url("postgres://u:P@ss/word%41SECRET@h/db", u, why)) << why;
+  distlock::detail::Error err;
+  ASSERT_FALSE(err = distlock::detail::parse_url("postgres://u:P@ss/word%41SECRET@h/db", u)) << err.detail();
   // A server quoting the database it was given (the parser's path) and the decoded piece.
   EXPECT_EQ(distlock::detail::scrub_secrets("database \"wordASECRET@h/db\" does not exist", u),
             "database \"***@h/db\" does not exist");
   EXPECT_EQ(distlock::detail::scrub_secrets("path /word%41SECRET", u), "path /***");
 
-  ASSERT_FALSE(distlock::detail::parse_url("postgres://MyS3cret%21@h/db", u, why)) << why;
+  ASSERT_FALSE(err = distlock::detail::parse_url("postgres://MyS3cret%21@h/db", u)) << err.detail();
   EXPECT_EQ(distlock::detail::scrub_secrets("role \"MyS3cret!\" does not exist", u),
             "role \"***\" does not exist");
 
   // A user written with ':' is a user, not a secret; short pieces are left alone.
-  ASSERT_FALSE(distlock::detail::parse_url("postgres://alice:pw@h/db", u, why)) << why;
+  ASSERT_FALSE(err = distlock::detail::parse_url("postgres://alice:pw@h/db", u)) << err.detail();
   EXPECT_EQ(distlock::detail::scrub_secrets("user \"alice\" at h", u), "user \"alice\" at h");
 }
 

@@ -16,8 +16,9 @@ namespace {
 
 TEST(Url, ParsesAllParts) {
   Url u;
-  std::string why;
-  ASSERT_FALSE(parse_url("redis://bob:p%40ss@127.0.0.1:6380/2?prefix=app&timeout=500ms", u, why)) << why;
+  distlock::detail::Error err;
+  ASSERT_FALSE(err = parse_url("redis://bob:p%40ss@127.0.0.1:6380/2?prefix=app&timeout=500ms", u))
+      << err.detail();
   EXPECT_EQ(u.scheme, "redis");
   EXPECT_EQ(u.user, "bob");
   EXPECT_EQ(u.password, "p@ss");
@@ -31,15 +32,15 @@ TEST(Url, ParsesAllParts) {
 
 TEST(Url, ParsesHostListsIpv6AndFilePaths) {
   Url u;
-  std::string why;
-  ASSERT_FALSE(parse_url("redlock://a:1,b:2,[::1]:3", u, why)) << why;
+  distlock::detail::Error err;
+  ASSERT_FALSE(err = parse_url("redlock://a:1,b:2,[::1]:3", u)) << err.detail();
   ASSERT_EQ(u.hosts.size(), 3u);
   EXPECT_EQ(u.hosts[2].host, "::1");
   EXPECT_EQ(u.hosts[2].port, 3);
-  ASSERT_FALSE(parse_url("file:///var/lib/locks", u, why)) << why;
+  ASSERT_FALSE(err = parse_url("file:///var/lib/locks", u)) << err.detail();
   EXPECT_TRUE(u.hosts.empty());
   EXPECT_EQ(u.path, "/var/lib/locks");
-  ASSERT_FALSE(parse_url("zk://h:2181/chroot/x", u, why)) << why;
+  ASSERT_FALSE(err = parse_url("zk://h:2181/chroot/x", u)) << err.detail();
   EXPECT_EQ(u.path, "/chroot/x");
 }
 
@@ -58,9 +59,9 @@ TEST(Url, MalformedUrlsNameTheOffendingPart) {
   };
   for (const auto& c : cases) {
     Url u;
-    std::string why;
-    EXPECT_EQ(parse_url(c.url, u, why), errc::invalid_url) << c.url;
-    EXPECT_NE(why.find(c.needle), std::string::npos) << c.url << " -> " << why;
+    distlock::detail::Error err;
+    EXPECT_EQ(err = parse_url(c.url, u), errc::invalid_url) << c.url;
+    EXPECT_NE(err.detail().find(c.needle), std::string::npos) << c.url << " -> " << err.detail();
   }
 }
 
@@ -101,11 +102,11 @@ TEST(Url, NoParseErrorMessageContainsThePassword) {
   };
   for (const char* text : cases) {
     Url u;
-    std::string why;
-    EXPECT_EQ(parse_url(text, u, why), errc::invalid_url) << text;
-    EXPECT_FALSE(why.empty()) << text;
-    EXPECT_EQ(why.find("hun"), std::string::npos) << text << " -> " << why;
-    EXPECT_EQ(why.find("er2"), std::string::npos) << text << " -> " << why;
+    distlock::detail::Error err;
+    EXPECT_EQ(err = parse_url(text, u), errc::invalid_url) << text;
+    EXPECT_FALSE(err.detail().empty()) << text;
+    EXPECT_EQ(err.detail().find("hun"), std::string::npos) << text << " -> " << err.detail();
+    EXPECT_EQ(err.detail().find("er2"), std::string::npos) << text << " -> " << err.detail();
   }
 }
 
@@ -130,41 +131,42 @@ TEST(Url, RedactedMasksWhatTheParserTookAsThePasswordAndAnyTextAnUnencodedAtPush
   };
   for (const auto& c : cases) {
     Url u;
-    std::string why;
-    ASSERT_FALSE(parse_url(c.url, u, why)) << c.url << ": " << why;
+    distlock::detail::Error err;
+    ASSERT_FALSE(err = parse_url(c.url, u)) << c.url << ": " << err.detail();
     EXPECT_EQ(u.password, c.password) << c.url;
     EXPECT_EQ(u.redacted(), c.shown) << c.url;
   }
   // User info without ':' is shown masked: some users write redis://PASSWORD@host.
   Url u;
-  std::string why;
-  ASSERT_FALSE(parse_url("redis://s3cret@h", u, why)) << why;
+  distlock::detail::Error err;
+  ASSERT_FALSE(err = parse_url("redis://s3cret@h", u)) << err.detail();
   EXPECT_EQ(u.redacted(), "redis://***@h");
 }
 
 TEST(Url, PasswordCanBeReplacedOrRemoved) {
   using distlock::detail::url_with_password;
   using distlock::detail::url_without_password;
-  std::string out, why;
-  ASSERT_FALSE(url_with_password("redis://h:1/0", "p@ss:/?#%w", out, why)) << why;
+  std::string out;
+  distlock::detail::Error err;
+  ASSERT_FALSE(err = url_with_password("redis://h:1/0", "p@ss:/?#%w", out)) << err.detail();
   Url u;
-  ASSERT_FALSE(parse_url(out, u, why)) << why;
+  ASSERT_FALSE(err = parse_url(out, u)) << err.detail();
   EXPECT_EQ(u.password, "p@ss:/?#%w");
   EXPECT_EQ(u.user, "");
   EXPECT_EQ(u.path, "/0");
-  ASSERT_FALSE(url_with_password("redis://bob:old@h:1", "new", out, why)) << why;
+  ASSERT_FALSE(err = url_with_password("redis://bob:old@h:1", "new", out)) << err.detail();
   EXPECT_EQ(out, "redis://bob:new@h:1");
-  ASSERT_FALSE(url_with_password("redis://bob@h:1", "new", out, why)) << why;
+  ASSERT_FALSE(err = url_with_password("redis://bob@h:1", "new", out)) << err.detail();
   EXPECT_EQ(out, "redis://bob:new@h:1");
   // A URL that does not parse is refused without quoting the password.
-  EXPECT_EQ(url_with_password("redis://u:hunter2@h:x", "new", out, why), errc::invalid_url);
-  EXPECT_EQ(why.find("hunter2"), std::string::npos) << why;
+  EXPECT_EQ(err = url_with_password("redis://u:hunter2@h:x", "new", out), errc::invalid_url);
+  EXPECT_EQ(err.detail().find("hunter2"), std::string::npos) << err.detail();
 
-  ASSERT_FALSE(url_without_password("redis://bob:p@ss@h:1/0?prefix=a@b", out, why)) << why;
+  ASSERT_FALSE(err = url_without_password("redis://bob:p@ss@h:1/0?prefix=a@b", out)) << err.detail();
   EXPECT_EQ(out, "redis://bob@h:1/0?prefix=a@b");
-  ASSERT_FALSE(url_without_password("redis://:p%40ss@h", out, why)) << why;
+  ASSERT_FALSE(err = url_without_password("redis://:p%40ss@h", out)) << err.detail();
   EXPECT_EQ(out, "redis://h");
-  ASSERT_FALSE(url_without_password("file:///tmp/x", out, why)) << why;
+  ASSERT_FALSE(err = url_without_password("file:///tmp/x", out)) << err.detail();
   EXPECT_EQ(out, "file:///tmp/x");
 }
 

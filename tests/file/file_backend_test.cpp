@@ -536,11 +536,10 @@ TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
 TEST_F(FileBackend, BackendChecksOwnerTokenAndInode) {
   // The adapter directly: renew and release are owner-, token- and inode-checked.
   distlock::detail::Url u;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url(url(), u, why)) << why;
   distlock::detail::Error ec;
-  auto backend = distlock::detail::make_file_backend(u, {}, ec, why);
-  ASSERT_TRUE(backend) << why;
+  ASSERT_FALSE(ec = distlock::detail::parse_url(url(), u)) << ec.detail();
+  auto backend = distlock::detail::make_file_backend(u, {}, ec);
+  ASSERT_TRUE(backend) << ec.detail();
   EXPECT_TRUE(backend->capabilities().fencing);
   EXPECT_FALSE(backend->capabilities().needs_renewal);
   const distlock::detail::AcquireRequest req{"b", "owner-1", Millis(1000)};

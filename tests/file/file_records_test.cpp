@@ -48,11 +48,10 @@ struct FileRecords : ::testing::Test {
 
   std::unique_ptr<Backend> backend() const {
     distlock::detail::Url u;
-    std::string why;
-    EXPECT_FALSE(distlock::detail::parse_url(url(), u, why)) << why;
     distlock::detail::Error ec;
-    auto b = distlock::detail::make_file_backend(u, {}, ec, why);
-    EXPECT_TRUE(b) << why;
+    EXPECT_FALSE(ec = distlock::detail::parse_url(url(), u)) << ec.detail();
+    auto b = distlock::detail::make_file_backend(u, {}, ec);
+    EXPECT_TRUE(b) << ec.detail();
     return b;
   }
 
@@ -214,10 +213,9 @@ TEST_F(FileRecords, IfAbsentRaceBetweenTwoProcessesAgrees) {
       if (pid == 0) {
         ::close(go[1]);
         distlock::detail::Url u;
-        std::string why;
         distlock::detail::Error ec;
-        if (distlock::detail::parse_url(url(), u, why)) ::_exit(2);
-        auto b = distlock::detail::make_file_backend(u, {}, ec, why);
+        if (distlock::detail::parse_url(url(), u)) ::_exit(2);
+        auto b = distlock::detail::make_file_backend(u, {}, ec);
         if (!b) ::_exit(3);
         char c;
         (void)!::read(go[0], &c, 1);  // EOF when the parent closes its end: both start together
@@ -262,10 +260,9 @@ TEST_F(FileRecords, RecordSurvivesWriterKilledMidWrite) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       distlock::detail::Url u;
-      std::string why;
       distlock::detail::Error ec;
-      if (distlock::detail::parse_url(url(), u, why)) ::_exit(2);
-      auto b = distlock::detail::make_file_backend(u, {}, ec, why);
+      if (distlock::detail::parse_url(url(), u)) ::_exit(2);
+      auto b = distlock::detail::make_file_backend(u, {}, ec);
       if (!b) ::_exit(3);
       for (long n = 0; n < 1'000'000; ++n) {
         b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);

@@ -49,11 +49,10 @@ using distlock::testing::quiet;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
   distlock::detail::Url u;
-  std::string why;
-  EXPECT_FALSE(distlock::detail::parse_url(url, u, why)) << why;
   distlock::detail::Error ec;
-  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec, why);
-  EXPECT_TRUE(b) << ec.message() << ": " << why;
+  EXPECT_FALSE(ec = distlock::detail::parse_url(url, u)) << ec.detail();
+  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
+  EXPECT_TRUE(b) << ec.message() << ": " << ec.detail();
   return b;
 }
 
@@ -236,10 +235,9 @@ TEST(PostgresRecords, RecordSurvivesItsWriterKilled) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       distlock::detail::Url u;
-      std::string why;
       distlock::detail::Error ec;
-      if (distlock::detail::parse_url(url, u, why)) ::_exit(2);
-      auto b = distlock::detail::make_postgres_backend(u, quiet(), ec, why);
+      if (distlock::detail::parse_url(url, u)) ::_exit(2);
+      auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
       if (!b) ::_exit(3);
       for (long n = 0; n < 1'000'000; ++n) {
         b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);

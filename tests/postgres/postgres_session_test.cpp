@@ -149,11 +149,10 @@ TEST(PostgresSession, DistlockRunWhoseReleaseGetsNoAnswerKeepsTheJobsStatus) {
 
 std::unique_ptr<Backend> backend(const std::string& url) {
   distlock::detail::Url u;
-  std::string why;
-  EXPECT_FALSE(distlock::detail::parse_url(url, u, why)) << why;
   distlock::detail::Error ec;
-  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec, why);
-  EXPECT_TRUE(b) << ec.message() << ": " << why;
+  EXPECT_FALSE(ec = distlock::detail::parse_url(url, u)) << ec.detail();
+  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
+  EXPECT_TRUE(b) << ec.message() << ": " << ec.detail();
   return b;
 }
 

@@ -33,9 +33,8 @@ namespace rec = distlock::detail;
 
 inline std::unique_ptr<rec::Backend> open_backend(const std::string& url, ClientOptions opts = {}) {
   rec::Url u;
-  std::string why;
-  if (auto ec = rec::parse_url(url, u, why)) {
-    ADD_FAILURE() << why;
+  if (const rec::Error err = rec::parse_url(url, u)) {
+    ADD_FAILURE() << err.detail();
     return nullptr;
   }
   distlock::detail::Error ec;
@@ -44,8 +43,8 @@ inline std::unique_ptr<rec::Backend> open_backend(const std::string& url, Client
     ADD_FAILURE() << "no backend for " << u.scheme;
     return nullptr;
   }
-  auto b = factory(u, opts, ec, why);
-  if (!b) ADD_FAILURE() << url << ": " << ec.message() << ": " << why;
+  auto b = factory(u, opts, ec);
+  if (!b) ADD_FAILURE() << url << ": " << ec.message() << ": " << ec.detail();
   return b;
 }
 

@@ -41,11 +41,10 @@ TEST(RedisClock, AGrantThatArrivedBeforeAPauseIsCountedOnTheInjectedClock) {
   opts.clock = clock;
   opts.logger = [](distlock::LogLevel, std::string_view) {};
   distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url(server.url(), url, why)) << why;
-  std::error_code make_ec;
-  auto waiter = distlock::detail::make_redis_backend(url, opts, make_ec, why);
-  ASSERT_TRUE(waiter) << why;
+  distlock::detail::Error make_ec;
+  ASSERT_FALSE(make_ec = distlock::detail::parse_url(server.url(), url)) << make_ec.detail();
+  auto waiter = distlock::detail::make_redis_backend(url, opts, make_ec);
+  ASSERT_TRUE(waiter) << make_ec.detail();
   NoListener listener;
   waiter->set_listener(&listener);
 

@@ -425,11 +425,10 @@ TEST(RedisCluster, RenewalIsBatchedPerNodeAndKeepsManyLocks) {
     for (auto& l : leases) EXPECT_TRUE(l.owns()) << l.name();
   }
   distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url(cluster.url(), url, why)) << why;
   distlock::detail::Error ec;
-  auto backend = distlock::detail::find_backend("redis+cluster")(url, quiet(), ec, why);
-  ASSERT_TRUE(backend) << why;
+  ASSERT_FALSE(ec = distlock::detail::parse_url(cluster.url(), url)) << ec.detail();
+  auto backend = distlock::detail::find_backend("redis+cluster")(url, quiet(), ec);
+  ASSERT_TRUE(backend) << ec.detail();
   std::vector<std::string> owners;
   for (std::size_t i = 0; i < names.size(); ++i)
     owners.push_back("0123456789abcdef0123456789abcdef:" + std::to_string(i));
@@ -459,13 +458,12 @@ TEST(RedisCluster, RenewalIsBatchedPerNodeAndKeepsManyLocks) {
 TEST(RedisCluster, ARenewalWithAHungMasterIsBoundedAndRenewsTheOtherNodes) {
   RedisCluster cluster(3);
   distlock::detail::Url url;
-  std::string why;
-  ASSERT_FALSE(distlock::detail::parse_url(cluster.url(), url, why)) << why;
   distlock::detail::Error ec;
+  ASSERT_FALSE(ec = distlock::detail::parse_url(cluster.url(), url)) << ec.detail();
   distlock::ClientOptions o = quiet();
   o.command_timeout = 10000ms;
-  auto backend = distlock::detail::find_backend("redis+cluster")(url, o, ec, why);
-  ASSERT_TRUE(backend) << why;
+  auto backend = distlock::detail::find_backend("redis+cluster")(url, o, ec);
+  ASSERT_TRUE(backend) << ec.detail();
   const Millis ttl = 8000ms;  // budget: 2 s
   using distlock::detail::RenewStatus;
   std::vector<std::string> names, owners;

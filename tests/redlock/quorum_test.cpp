@@ -115,8 +115,8 @@ TEST(RedlockRelease, VerdictFromDeletedAndRefusedCounts) {
 
 Config parse_ok(const std::string& text) {
   Url url;
-  std::string why;
-  EXPECT_FALSE(parse_url(text, url, why)) << why;
+  const distlock::detail::Error parsed = parse_url(text, url);
+  EXPECT_FALSE(parsed) << parsed.detail();
   Config cfg;
   const distlock::detail::Error err = parse_config(url, cfg);
   EXPECT_FALSE(err) << err.detail();
@@ -125,8 +125,7 @@ Config parse_ok(const std::string& text) {
 
 std::string parse_error(const std::string& text) {
   Url url;
-  std::string why;
-  if (auto ec = parse_url(text, url, why)) return "url: " + why;
+  if (const distlock::detail::Error parsed = parse_url(text, url)) return "url: " + parsed.detail();
   Config cfg;
   const distlock::detail::Error err = parse_config(url, cfg);
   EXPECT_EQ(err, errc::invalid_url) << text;

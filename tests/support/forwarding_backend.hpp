@@ -83,11 +83,12 @@ class ForwardingBackend : public detail::Backend {
 inline std::unique_ptr<detail::Backend> memory_backend(const std::string& store_name,
                                                        const ClientOptions& opts) {
   detail::Url url;
-  std::string why;
-  if (auto ec = detail::parse_url("memory://" + store_name, url, why)) throw std::system_error(ec, why);
-  std::error_code ec;
-  auto backend = detail::make_memory_backend(url, opts, ec, why);
-  if (ec) throw std::system_error(ec, why);
+  if (const detail::Error err = detail::parse_url("memory://" + store_name, url)) {
+    throw std::system_error(err, err.detail());
+  }
+  detail::Error ec;
+  auto backend = detail::make_memory_backend(url, opts, ec);
+  if (ec) throw std::system_error(ec, ec.detail());
   return backend;
 }
 
