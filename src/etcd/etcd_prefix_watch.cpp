@@ -504,8 +504,7 @@ class EtcdPrefixWatch final : public PrefixWatch {
               std::to_string(seen + 1);
         b_.transport_.advance(endpoint);
         if (etcd::Transport::invalid_token(st) && b_.transport_.has_auth()) {
-          std::string ignored;
-          (void)b_.transport_.authenticate(ignored);
+          (void)b_.transport_.authenticate();
         }
       }
       interrupted(why);
