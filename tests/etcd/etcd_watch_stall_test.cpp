@@ -1,0 +1,136 @@
+// Client::watch on etcd:// (src/etcd/etcd_prefix_watch.cpp) when the member serving the
+// watch stops delivering without closing the stream: the lock keeps changing through the
+// other members, and the watch must report a gap (then the state, then live events), never
+// stall silently (docs/design.md "Watching locks": nothing is skipped silently).
+//   - the member is cut off from its peers (EtcdCluster::isolate): it keeps the client's
+//     stream open but, without a leader, never commits another revision;
+//   - the client's connection to that member is frozen (FaultProxy::freeze): no RST, no
+//     data, the stream's Read blocks.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "etcd_cluster.hpp"
+#include "support/client_options.hpp"
+#include "support/fault_proxy.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Steady = std::chrono::steady_clock;
+
+std::string describe(const WatchEvent& e) {
+  return std::string(to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " + e.detail;
+}
+
+LockOptions quick(Millis wait) {
+  LockOptions o;
+  o.ttl = Millis(10000);
+  o.wait = wait;
+  return o;
+}
+
+// One acquire and release of `name`, retried (bounded by `limit` on the steady clock) while
+// the members elect a leader; the token, or 0.
+std::uint64_t hand_off(Client& c, const std::string& name, Millis limit) {
+  const auto end = Steady::now() + limit;
+  while (Steady::now() < end) {
+    try {
+      Lease l = c.acquire(name, quick(Millis(5000)));
+      return l.token();
+    } catch (const std::exception&) {
+    }
+  }
+  return 0;
+}
+
+// Waits for `name`'s release of `token` (true), or a gap (false, `gap` set); nullopt at
+// `limit` (steady clock). Every event read goes to `seen`.
+std::optional<bool> released_or_gap(Watch& w, const std::string& name, std::uint64_t token, Millis limit,
+                                    std::vector<std::string>& seen) {
+  const auto end = Steady::now() + limit;
+  while (Steady::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap) return false;
+    if (e->kind == WatchEventKind::released && e->name == name && e->token == token) return true;
+  }
+  return std::nullopt;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += "\n  " + x;
+  return s;
+}
+
+// The watch is live on member 0 (the watcher's first endpoint); member 0 is then cut off
+// from its peers. Five hand-offs through members 1 and 2 (which elect a leader among
+// themselves) must show, within 15 s of the last one (steady clock), as the events or as a
+// gap. etcd cancels a watch stream on a member without a leader for 3 election timeouts
+// (here 3 × 500 ms) only when the client asks for it (the "hasleader" metadata).
+TEST(EtcdWatchStall, MemberCutOffFromItsPeersIsAGapNotASilentStall) {
+  EtcdClusterOptions opts;
+  opts.peer_proxies = true;
+  EtcdCluster etcd(3, opts);
+  Client watcher = connect(etcd.url(), quiet());
+  Client locker = connect("etcd://" + etcd.endpoint(1) + "," + etcd.endpoint(2), quiet());
+  Watch w = watcher.watch("iso/");
+  std::vector<std::string> seen;
+  std::uint64_t t = hand_off(locker, "iso/x", 20000ms);
+  ASSERT_NE(t, 0u);
+  ASSERT_EQ(released_or_gap(w, "iso/x", t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+
+  etcd.isolate(0);
+  for (int i = 0; i < 5; ++i) {
+    t = hand_off(locker, "iso/x", 30000ms);
+    ASSERT_NE(t, 0u) << "members 1 and 2 took no lock";
+  }
+  const auto r = released_or_gap(w, "iso/x", t, 15000ms, seen);
+  EXPECT_TRUE(r.has_value()) << "5 hand-offs (last token " << t
+                             << ") while the watch's member was cut off: neither reported nor a gap within "
+                                "15 s; events:"
+                             << joined(seen);
+  etcd.heal();
+}
+
+// The watcher reaches member 0 through a proxy (members 1 and 2 directly); the watch is live
+// there; the proxy then freezes (the stream's connection stays open, nothing flows). Five
+// hand-offs through members 1 and 2 must show as the events or a gap within 30 s of the last
+// one (steady clock).
+TEST(EtcdWatchStall, FrozenConnectionIsAGapNotASilentStall) {
+  EtcdCluster etcd(3);
+  FaultProxy proxy(etcd.client_port(0));
+  Client watcher = connect(
+      "etcd://127.0.0.1:" + std::to_string(proxy.port()) + "," + etcd.endpoint(1) + "," + etcd.endpoint(2),
+      quiet());
+  Client locker = connect("etcd://" + etcd.endpoint(1) + "," + etcd.endpoint(2), quiet());
+  Watch w = watcher.watch("frz/");
+  std::vector<std::string> seen;
+  std::uint64_t t = hand_off(locker, "frz/x", 20000ms);
+  ASSERT_NE(t, 0u);
+  ASSERT_EQ(released_or_gap(w, "frz/x", t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+  ASSERT_GE(proxy.accepted(), 1) << "the watcher never used the proxy";
+
+  proxy.freeze();
+  for (int i = 0; i < 5; ++i) {
+    t = hand_off(locker, "frz/x", 20000ms);
+    ASSERT_NE(t, 0u);
+  }
+  const auto r = released_or_gap(w, "frz/x", t, 30000ms, seen);
+  EXPECT_TRUE(r.has_value())
+      << "5 hand-offs (last token " << t
+      << ") while the watch's connection was frozen: neither reported nor a gap within "
+         "30 s; events:"
+      << joined(seen);
+  proxy.pass();
+}
+
+}  // namespace
+}  // namespace distlock::testing
