@@ -290,6 +290,12 @@ class EtcdPrefixWatch final : public PrefixWatch {
     }
     ctx = std::make_shared<grpc::ClientContext>();
     b_.transport_.prepare(*ctx, std::chrono::hours(24 * 365));  // lives as long as the watch
+    // A member cut off from its peers keeps the stream open but commits nothing more: without
+    // this, etcd leaves the stream silent for as long as the partition lasts. With it, etcd
+    // refuses the stream on a member without a leader and cancels a live one once the member
+    // has had none for 3 election timeouts ("etcdserver: no leader"): a break, so a gap and a
+    // resume on the next endpoint.
+    ctx->AddMetadata("hasleader", "true");
     {
       LockGuard lk(mu_);
       if (stopping_) return false;

@@ -64,6 +64,19 @@ std::optional<bool> released_or_gap(Watch& w, const std::string& name, std::uint
   return std::nullopt;
 }
 
+// Waits for `name`'s release of `token`, reading past gaps and states; false at `limit`.
+bool released(Watch& w, const std::string& name, std::uint64_t token, Millis limit,
+              std::vector<std::string>& seen) {
+  const auto end = Steady::now() + limit;
+  while (Steady::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::released && e->name == name && e->token == token) return true;
+  }
+  return false;
+}
+
 std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += "\n  " + x;
@@ -97,6 +110,10 @@ TEST(EtcdWatchStall, MemberCutOffFromItsPeersIsAGapNotASilentStall) {
                              << ") while the watch's member was cut off: neither reported nor a gap within "
                                 "15 s; events:"
                              << joined(seen);
+  // And the watch goes on (from another member): the next hand-off is reported.
+  t = hand_off(locker, "iso/x", 30000ms);
+  ASSERT_NE(t, 0u);
+  EXPECT_TRUE(released(w, "iso/x", t, 15000ms, seen)) << "no live event after the gap:" << joined(seen);
   etcd.heal();
 }
 
@@ -129,6 +146,9 @@ TEST(EtcdWatchStall, FrozenConnectionIsAGapNotASilentStall) {
       << ") while the watch's connection was frozen: neither reported nor a gap within "
          "30 s; events:"
       << joined(seen);
+  t = hand_off(locker, "frz/x", 20000ms);
+  ASSERT_NE(t, 0u);
+  EXPECT_TRUE(released(w, "frz/x", t, 30000ms, seen)) << "no live event after the gap:" << joined(seen);
   proxy.pass();
 }
 
