@@ -5,12 +5,16 @@
 //   - the member is cut off from its peers (EtcdCluster::isolate): it keeps the client's
 //     stream open but, without a leader, never commits another revision;
 //   - the client's connection to that member is frozen (FaultProxy::freeze): no RST, no
-//     data, the stream's Read blocks.
+//     data, the stream's Read blocks;
+//   - the consumer falls behind the queue bound, or destroys the watch during delivery.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distlock/distlock.hpp"
@@ -150,6 +154,102 @@ TEST(EtcdWatchStall, FrozenConnectionIsAGapNotASilentStall) {
   ASSERT_NE(t, 0u);
   EXPECT_TRUE(released(w, "frz/x", t, 30000ms, seen)) << "no live event after the gap:" << joined(seen);
   proxy.pass();
+}
+
+// A consumer that falls behind: max_queued 8, 100 hand-offs made before it reads anything.
+// It gets a gap (nothing dropped silently) and, per name, never an older token than one
+// already seen nor an `acquired` while the last lease is open; once it has caught up, the
+// next hand-off is reported within 10 s (steady clock).
+TEST(EtcdWatchStall, ConsumerBehindTheQueueBoundGetsAGapThenGoesOn) {
+  EtcdCluster etcd(1);
+  Client watcher = connect(etcd.url(), quiet());
+  Client locker = connect(etcd.url(), quiet());
+  WatchOptions wo;
+  wo.max_queued = 8;
+  Watch w = watcher.watch("slow/", wo);
+  std::uint64_t t = 0;
+  for (int i = 0; i < 100; ++i) t = hand_off(locker, "slow/x", 10000ms);
+  ASSERT_NE(t, 0u);
+  std::vector<std::string> seen;
+  bool gap = false, held = false;
+  std::uint64_t last = 0;
+  auto take = [&](const WatchEvent& e) {
+    seen.push_back(describe(e));
+    switch (e.kind) {
+      case WatchEventKind::gap: gap = true; break;
+      case WatchEventKind::state:
+        if (e.held) {
+          ASSERT_GE(e.token, last) << joined(seen);
+          last = e.token;
+        }
+        held = e.held;
+        break;
+      case WatchEventKind::acquired:
+        ASSERT_FALSE(held) << joined(seen);
+        ASSERT_GT(e.token, last) << joined(seen);
+        last = e.token;
+        held = true;
+        break;
+      case WatchEventKind::released:
+        ASSERT_TRUE(held) << joined(seen);
+        ASSERT_EQ(e.token, last) << joined(seen);
+        held = false;
+        break;
+      default: FAIL() << "unexpected: " << joined(seen);
+    }
+  };
+  const auto end = Steady::now() + 15s;
+  while (Steady::now() < end) {  // until caught up: 1 s without an event after the gap
+    auto e = w.next(1000ms);
+    if (!e && gap) break;
+    if (e) {
+      ASSERT_NO_FATAL_FAILURE(take(*e));
+    }
+  }
+  ASSERT_TRUE(gap) << "100 hand-offs into a queue of 8 without a gap:" << joined(seen);
+  ASSERT_FALSE(held) << joined(seen);
+  const std::uint64_t t2 = hand_off(locker, "slow/x", 10000ms);
+  ASSERT_GT(t2, t);
+  bool done = false;
+  const auto end2 = Steady::now() + 10s;
+  while (!done && Steady::now() < end2) {
+    auto e = w.next(std::chrono::ceil<Millis>(end2 - Steady::now()));
+    if (!e) break;
+    ASSERT_NO_FATAL_FAILURE(take(*e));
+    done = e->kind == WatchEventKind::released && e->token == t2;
+  }
+  EXPECT_TRUE(done) << "the hand-off after catching up (token " << t2
+                    << ") was not reported:" << joined(seen);
+}
+
+// The watch destroyed from another thread while hand-offs stream in (50 events read, 150
+// more coming): the destructor returns within 5 s (steady clock) and locking goes on.
+TEST(EtcdWatchStall, DestroyedDuringDeliveryReturnsPromptly) {
+  EtcdCluster etcd(1);
+  Client watcher = connect(etcd.url(), quiet());
+  Client locker = connect(etcd.url(), quiet());
+  auto w = std::make_unique<Watch>(watcher.watch("dd/"));
+  std::atomic<int> made{0};
+  std::thread churn([&] {
+    for (int i = 0; i < 200; ++i)
+      if (hand_off(locker, "dd/x", 10000ms) != 0) made.fetch_add(1);
+  });
+  int read = 0;
+  const auto end = Steady::now() + 30s;
+  while (read < 50 && Steady::now() < end) {
+    if (auto e = w->next(5000ms)) ++read;
+  }
+  ASSERT_EQ(read, 50);
+  Steady::duration took{};
+  std::thread killer([&] {
+    const auto start = Steady::now();
+    w.reset();
+    took = Steady::now() - start;
+  });
+  killer.join();
+  churn.join();
+  EXPECT_LT(took, 5s) << std::chrono::duration_cast<Millis>(took).count() << " ms";
+  EXPECT_EQ(made.load(), 200) << "locking stalled";
 }
 
 }  // namespace
