@@ -156,6 +156,40 @@ TEST(EtcdWatchStall, FrozenConnectionIsAGapNotASilentStall) {
   proxy.pass();
 }
 
+// The watch's server is replaced by one whose revisions start again (a member wiped and
+// started afresh at the same address; here: the watcher's URL names two independent
+// single-member servers, the first killed after 100 hand-offs, so the watch resumes on the
+// second, whose revision is far below the last one the watch delivered). A watch from that
+// old revision on the new server waits, silently, for revisions the server reaches only much
+// later. Hand-offs of a name the watch never saw (so no older token of it can make the API
+// drop them as stale) must be reported: at least one of up to 10, each waited for 3 s
+// (steady clock), after the gap of the kill.
+TEST(EtcdWatchStall, ServerWhoseRevisionWentBackIsReadAgainNotWaitedFor) {
+  EtcdCluster a(1);
+  EtcdCluster b(1);
+  Client watcher = connect("etcd://" + a.endpoint(0) + "," + b.endpoint(0), quiet());
+  Watch w = watcher.watch("back/");
+  std::vector<std::string> seen;
+  {
+    Client on_a = connect(a.url(), quiet());
+    std::uint64_t t = 0;
+    for (int i = 0; i < 100; ++i) t = hand_off(on_a, "back/x", 10000ms);
+    ASSERT_NE(t, 0u);
+    ASSERT_EQ(released_or_gap(w, "back/x", t, 15000ms, seen), std::optional<bool>(true)) << joined(seen);
+  }
+  a.kill(0);
+  ASSERT_EQ(released_or_gap(w, "back/x", 0, 15000ms, seen), std::optional<bool>(false))
+      << "the kill was not a gap:" << joined(seen);
+  Client on_b = connect(b.url(), quiet());
+  bool reported = false;
+  for (int i = 0; i < 10 && !reported; ++i) {
+    const std::uint64_t t = hand_off(on_b, "back/y", 10000ms);
+    ASSERT_NE(t, 0u);
+    reported = released(w, "back/y", t, 3000ms, seen);
+  }
+  EXPECT_TRUE(reported) << "10 hand-offs on the new server, none reported:" << joined(seen);
+}
+
 // A consumer that falls behind: max_queued 8, 100 hand-offs made before it reads anything.
 // It gets a gap (nothing dropped silently) and, per name, never an older token than one
 // already seen nor an `acquired` while the last lease is open; once it has caught up, the
