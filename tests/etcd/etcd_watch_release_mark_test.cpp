@@ -4,7 +4,8 @@
 // status/list/try_acquire ignore the marks, nothing is left on the server once the clients
 // close — and the watch tells releases apart per key: several releases of one session in a row,
 // and many names sharing prefixes handed off at once, are each `released` (never `lost`), in
-// token order per name, and names outside the watched prefix are not reported.
+// token order per name, and names outside the watched prefix are not reported; a key deleted
+// from outside is `lost` and the holder's later release adds nothing.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -209,6 +210,64 @@ TEST(EtcdWatchReleaseMark, ManyNamesSharingPrefixesHandedOffAtOnce) {
     EXPECT_EQ(names[n].released, 2 * kEach) << n;
   }
   EXPECT_FALSE(w.next(200ms)) << "an event after the last release";
+}
+
+// A holder's key deleted from outside (etcdctl del) is `lost` from the server's delete; the
+// holder's release afterwards (its guarded Txn finds the key gone) writes no mark and reports
+// nothing; the same session's next lease is `acquired` and its release `released`: a
+// session's release mark never turns another end of that session into a release.
+TEST(EtcdWatchReleaseMark, DeleteFromOutsideThenReleaseIsLostOnceThenTheNextLeaseReleases) {
+  EtcdCluster etcd(1);
+  Client watcher = connect(etcd.url(), quiet());
+  Client holder = connect(etcd.url(), quiet());
+  Watch w = watcher.watch("race/");
+  std::vector<std::string> seen;
+  auto next_change = [&](Millis limit) -> std::optional<WatchEvent> {
+    const auto end = Steady::now() + limit;
+    while (Steady::now() < end) {
+      auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
+      if (!e) return std::nullopt;
+      seen.push_back(describe(*e));
+      if (e->kind != WatchEventKind::state) return e;
+    }
+    return std::nullopt;
+  };
+  std::string joined;
+  auto all = [&] {
+    joined.clear();
+    for (const auto& x : seen) joined += "\n  " + x;
+    return joined;
+  };
+  {
+    Lease l = holder.acquire("race/x", hold_for(10s));
+    auto acq = next_change(10s);
+    ASSERT_TRUE(acq && acq->kind == WatchEventKind::acquired && acq->token == l.token()) << all();
+    std::string key;
+    for (const auto& k : keys_under(etcd, "distlock/race%2Fx/")) key = k;
+    ASSERT_FALSE(key.empty()) << "the lock key was not found";
+    etcd.etcdctl_ok({"del", key});
+    auto lost = next_change(10s);
+    ASSERT_TRUE(lost) << all();
+    EXPECT_EQ(lost->kind, WatchEventKind::lost) << all();
+    EXPECT_EQ(lost->token, l.token());
+    EXPECT_FALSE(lost->inferred) << all();
+    std::error_code ec;
+    l.release(ec);  // the key is gone: nothing to release, no mark
+  }
+  {
+    Lease l2 = holder.acquire("race/x", hold_for(10s));
+    auto acq = next_change(10s);
+    ASSERT_TRUE(acq) << all();
+    EXPECT_EQ(acq->kind, WatchEventKind::acquired) << all();
+    EXPECT_EQ(acq->token, l2.token()) << all();
+    const std::uint64_t t2 = l2.token();
+    l2.release();
+    auto rel = next_change(10s);
+    ASSERT_TRUE(rel) << all();
+    EXPECT_EQ(rel->kind, WatchEventKind::released) << all();
+    EXPECT_EQ(rel->token, t2) << all();
+  }
+  EXPECT_FALSE(next_change(500ms)) << "an event after the release:" << all();
 }
 
 }  // namespace
