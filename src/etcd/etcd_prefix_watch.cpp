@@ -287,9 +287,17 @@ class EtcdPrefixWatch final : public PrefixWatch {
     if (from == 0) {
       rev = read_state(names, ec);
       if (rev == 0) return false;
+    } else if (!still_ahead(rev, ec)) {
+      return false;
     }
     ctx = std::make_shared<grpc::ClientContext>();
     b_.transport_.prepare(*ctx, std::chrono::hours(24 * 365));  // lives as long as the watch
+    // A member cut off from its peers keeps the stream open but commits nothing more: without
+    // this, etcd leaves the stream silent for as long as the partition lasts. With it, etcd
+    // refuses the stream on a member without a leader and cancels a live one once the member
+    // has had none for 3 election timeouts ("etcdserver: no leader"): a break, so a gap and a
+    // resume on the next endpoint.
+    ctx->AddMetadata("hasleader", "true");
     {
       LockGuard lk(mu_);
       if (stopping_) return false;
@@ -335,6 +343,28 @@ class EtcdPrefixWatch final : public PrefixWatch {
     if (from == 0) processed_rev_ = rev;
     live_ = true;
     return true;
+  }
+
+  // True when the cluster has reached revision `seen` (a linearizable read: a lagging member
+  // does not count). A cluster behind it was wiped or replaced (its revisions started again):
+  // a watch from `seen` + 1 would wait, silently, for revisions that are not the ones missed,
+  // so went_back_ is set and the state is read again, like after a compaction.
+  bool still_ahead(std::int64_t seen, Error& ec) {
+    RangeRequest req;
+    req.set_key(base_ + std::string(kSyncDir));  // one key: only the header's revision matters
+    req.set_count_only(true);
+    etcdserverpb::RangeResponse resp;
+    const grpc::Status st = b_.transport_.call(
+        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Range(&ctx, req, &resp); });
+    if (!st.ok()) {
+      b_.set_error(st, ec, "watch revision Range");
+      return false;
+    }
+    if (resp.header().revision() >= seen) return true;
+    went_back_ = resp.header().revision();
+    ec.fail(errc::backend_unavailable,
+            "etcd's revision went back from " + std::to_string(seen) + " to " + std::to_string(went_back_));
+    return false;
   }
 
   // Applies one revision's events (all of one revision) and reports the changes of holder.
@@ -516,6 +546,13 @@ class EtcdPrefixWatch final : public PrefixWatch {
         retry = std::min(retry * 2, kWatchRetryMax);
         Error ec;
         if (establish(reread ? 0 : seen + 1, ctx, stream, endpoint, ec)) break;
+        if (went_back_ != 0) {
+          reread = true;
+          sink_.on_gap("etcd's revision went back from " + std::to_string(seen) + " to " +
+                       std::to_string(std::exchange(went_back_, 0)) +
+                       " (a server wiped or replaced): events were missed; the state is read again");
+          continue;
+        }
         if (compacted_ != 0) {
           reread = true;
           sink_.on_gap("etcd compacted the revisions up to " + std::to_string(std::exchange(compacted_, 0)) +
@@ -550,6 +587,7 @@ class EtcdPrefixWatch final : public PrefixWatch {
   const std::uint64_t seq_ = next_prefix_watch_seq.fetch_add(1);
   std::atomic<std::uint64_t> sync_count_{0};
   std::int64_t compacted_ = 0;  // the reader thread's: establish found its resume revision compacted
+  std::int64_t went_back_ = 0;  // the reader thread's: establish found the cluster behind it (its revision)
   Names names_;                 // the reader thread's (start() waits for its first read)
 
   AnnotatedMutex mu_;

@@ -13,6 +13,10 @@ std::shared_ptr<grpc::ChannelCredentials> make_credentials(const TransportConfig
   return grpc::SslCredentials(ssl);
 }
 
+// HTTP/2 keepalive of every channel (Transport::Transport).
+constexpr Millis kKeepaliveTime{10000};
+constexpr Millis kKeepaliveTimeout{5000};
+
 bool contains(const grpc::Status& st, const char* text) {
   return st.error_message().find(text) != std::string::npos;
 }
@@ -33,6 +37,16 @@ Transport::Transport(TransportConfig config) : config_(std::move(config)) {
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // Each endpoint is its own channel so fail-over is ours to order.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // A connection that goes silent without a reset (a frozen member, a dropped route) is
+    // found by an HTTP/2 ping: sent after kKeepaliveTime without data while a call is open,
+    // the connection is closed when no answer comes within kKeepaliveTimeout. Streams have
+    // no deadline (a prefix watch, a waiter's predecessor watch): without it they would
+    // wait for TCP to give up (minutes). kKeepaliveTime stays above etcd's default
+    // --grpc-keepalive-min-time (5 s), below which etcd ends the connection itself.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(kKeepaliveTime.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(kKeepaliveTimeout.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // a stream may be idle for hours
     auto s = std::make_unique<Stubs>();
     s->target = target;
     s->channel = grpc::CreateCustomChannel(target, creds, args);
