@@ -1,0 +1,96 @@
+// redis+cluster://'s lock-delay while a slot migration has split a lease's keys between the two
+// nodes (docs/redis-cluster.md "Lock-delay"): MIGRATE moves keys in batches (redis-cli
+// --cluster moves 10 per call; a reshard that stops midway leaves the slot MIGRATING until
+// `--cluster fix`), so a lock and its marker can sit on different nodes for a while. A lease
+// with a lock_delay must keep renewing there as a lease without one does when its lock and its
+// fence counter are split (a script naming two keys the node does not both have is refused with
+// TRYAGAIN; the lease without D names its lock only).
+// Every instant is read on this process's steady clock; the nodes run on this host.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "rediscluster/cluster_backend.hpp"
+#include "support/client_options.hpp"
+#include "support/eventually.hpp"
+#include "support/redis_cluster.hpp"
+
+using namespace std::chrono_literals;
+using distlock::Millis;
+using distlock::testing::RedisCluster;
+using Steady = std::chrono::steady_clock;
+
+namespace {
+
+using distlock::testing::eventually;
+using distlock::testing::quiet;
+
+distlock::LockOptions opts(Millis ttl, Millis delay) {
+  distlock::LockOptions o = distlock::testing::ttl_of(ttl, std::nullopt);
+  o.lock_delay = delay;
+  return o;
+}
+
+// MIGRATE of one key from node `from` to node `to` (the slot already MIGRATING / IMPORTING).
+void migrate_one(RedisCluster& cluster, int from, int to, const std::string& key) {
+  auto r = cluster.node(from).command(
+      {"MIGRATE", "127.0.0.1", std::to_string(cluster.node(to).port()), "", "0", "5000", "KEYS", key});
+  ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS) << "MIGRATE " << key << ": " << (r ? r->str : "no reply");
+}
+
+constexpr Millis kTtl = 1000ms;
+constexpr Millis kDelay = 1500ms;
+
+// Two leases on node 0, TTL 1 s, in two slots, each slot MIGRATING to node 1 with one key moved
+// ahead: the lease without D has its fence counter moved (its lock stays on node 0), the lease
+// with D (1.5 s) has its marker moved (its lock and fence stay on node 0). For three TTLs
+// (about nine renewals) neither lease may be lost. Then every key moves, both slots go to
+// node 1, and both leases release normally.
+TEST(RedisClusterLockDelaySplitMigration, ALeaseWithADelayKeepsRenewingWhileItsMarkerMovedAheadOfItsLock) {
+  RedisCluster cluster(3);
+  const std::string plain_name = cluster.name_on(0, "split-plain");
+  const std::string delayed_name = cluster.name_on(0, "split-delayed");
+  const auto kp = distlock::detail::rediscluster::keys_of("distlock", plain_name);
+  const auto kd = distlock::detail::rediscluster::keys_of("distlock", delayed_name);
+  ASSERT_NE(kp.slot, kd.slot);
+  auto holder = distlock::connect(cluster.url(), quiet());
+  auto plain = holder.acquire(plain_name, opts(kTtl, 0ms));
+  auto delayed = holder.acquire(delayed_name, opts(kTtl, kDelay));
+  cluster.begin_move(kp.slot, 0, 1);
+  cluster.begin_move(kd.slot, 0, 1);
+  migrate_one(cluster, 0, 1, kp.fence);
+  migrate_one(cluster, 0, 1, kd.delay);
+  const auto split = Steady::now();
+  std::optional<Steady::time_point> plain_lost, delayed_lost;
+  (void)eventually(
+      [&] {
+        if (!plain_lost && plain.stop_token().stop_requested()) plain_lost = Steady::now();
+        if (!delayed_lost && delayed.stop_token().stop_requested()) delayed_lost = Steady::now();
+        return plain_lost && delayed_lost;
+      },
+      3 * kTtl);
+  const auto ms = [&](const std::optional<Steady::time_point>& t) {
+    return t ? static_cast<long long>(std::chrono::duration_cast<Millis>(*t - split).count()) : -1LL;
+  };
+  std::printf(
+      "[ rediscluster3 ] keys split by a migration for %lld ms: lease without D lost at %lld ms, "
+      "lease with D lost at %lld ms (-1: held)\n",
+      static_cast<long long>(3 * kTtl.count()), ms(plain_lost), ms(delayed_lost));
+  EXPECT_FALSE(plain_lost.has_value()) << "a lease without D was lost while its fence had moved ahead";
+  EXPECT_FALSE(delayed_lost.has_value())
+      << "a lease with D was lost while its marker had moved ahead of its lock";
+  cluster.migrate_keys(kp.slot, 0, 1);
+  cluster.migrate_keys(kd.slot, 0, 1);
+  cluster.finish_move(kp.slot, 0, 1);
+  cluster.finish_move(kd.slot, 0, 1);
+  std::error_code ec;
+  plain.release(ec);
+  delayed.release(ec);
+}
+
+}  // namespace
