@@ -49,7 +49,8 @@ constexpr Millis kDelay = 1500ms;
 // Two leases on node 0, TTL 1 s, in two slots, each slot MIGRATING to node 1 with one key moved
 // ahead: the lease without D has its fence counter moved (its lock stays on node 0), the lease
 // with D (1.5 s) has its marker moved (its lock and fence stay on node 0). For three TTLs
-// (about nine renewals) neither lease may be lost. Then every key moves, both slots go to
+// (about nine renewals) neither lease may be lost, and the marker must have moved with the lease
+// (it would have ended 2.5 s after the split otherwise). Then every key moves, both slots go to
 // node 1, and both leases release normally.
 TEST(RedisClusterLockDelaySplitMigration, ALeaseWithADelayKeepsRenewingWhileItsMarkerMovedAheadOfItsLock) {
   RedisCluster cluster(3);
@@ -84,6 +85,12 @@ TEST(RedisClusterLockDelaySplitMigration, ALeaseWithADelayKeepsRenewingWhileItsM
   EXPECT_FALSE(plain_lost.has_value()) << "a lease without D was lost while its fence had moved ahead";
   EXPECT_FALSE(delayed_lost.has_value())
       << "a lease with D was lost while its marker had moved ahead of its lock";
+  // The marker lives ttl + D = 2.5 s from a renewal that moved it: still there on node 1 after
+  // the 3 s split only if the renewals moved it too (SCAN skips expired keys; it is not
+  // redirected, as PTTL would be on an importing node).
+  auto scan = cluster.node(1).command({"SCAN", "0", "MATCH", kd.delay, "COUNT", "1000"});
+  ASSERT_TRUE(scan && scan->type == REDIS_REPLY_ARRAY && scan->elements == 2);
+  EXPECT_EQ(scan->element[1]->elements, 1u) << "the marker was not moved with the lease while split from it";
   cluster.migrate_keys(kp.slot, 0, 1);
   cluster.migrate_keys(kd.slot, 0, 1);
   cluster.finish_move(kp.slot, 0, 1);
