@@ -7,15 +7,19 @@
 //   - a revoke of a live holder is a loss: nobody is granted the name before the revoke
 //     plus D (the holder's lease ended no earlier than the revoke);
 //   - a normal release that reaches a bare quorum (one master cut off from the holder) hands
-//     the name over at once: the cut-off master's marker alone cannot refuse a quorum.
+//     the name over at once: the cut-off master's marker alone cannot refuse a quorum;
+//   - a waiter blocked behind a holder with D is woken by its normal release (the release's
+//     second step, which deletes the markers, announces it), not by its next re-check.
 // Every instant is read on this process's steady clock; the masters run on this host.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -23,6 +27,7 @@
 #include "masters.hpp"
 #include "redlock/quorum.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 
 using namespace std::chrono_literals;
@@ -32,6 +37,7 @@ using Steady = std::chrono::steady_clock;
 
 namespace {
 
+using distlock::testing::eventually;
 using distlock::testing::quiet;
 
 distlock::LockOptions opts(Millis ttl, Millis delay) {
@@ -174,6 +180,55 @@ TEST(RedlockLockDelayLossPaths, ANormalReleaseOnABareQuorumHandsOverAtOnce) {
   EXPECT_TRUE(got.has_value()) << "a normal release did not hand the name over at once";
   if (got) got->release();
   holder_net.proxies[2]->pass();
+}
+
+// A waiter (wait 10 s) blocks behind a holder with TTL 3 s and D 2 s: its first attempt is busy
+// with the key's PTTL (about 3 s), so without a release message it would re-check no sooner
+// than about 3 s later. The holder releases normally; the waiter must be granted within 1 s of
+// the release's return (the second step's message woke it).
+TEST(RedlockLockDelayLossPaths, AWaiterIsWokenByANormalReleaseOfAHolderWithADelay) {
+  Masters m(3);
+  const std::string name = "ld/waiter-woken";
+  auto holder = distlock::connect(m.url(), quiet());
+  auto waiter = distlock::connect(m.url(), quiet());
+  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  std::atomic<bool> granted{false};
+  std::atomic<long long> granted_ns{0};
+  std::thread t([&] {
+    std::error_code ec;
+    distlock::LockOptions o = distlock::testing::ttl_of(kTtl, Millis(10000));
+    auto got = waiter.acquire(name, o, ec);
+    if (got.owns()) {
+      granted_ns = Steady::now().time_since_epoch().count();
+      granted = true;
+      got.release(ec);
+    }
+  });
+  // The waiter found the name busy and listens for its release on every master (PUBSUB
+  // NUMSUB of the release channel), at most 5 s.
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (std::size_t i = 0; i < m.size(); ++i) {
+          auto r = m[i].command({"PUBSUB", "NUMSUB", "distlock:redlock:released:" + name});
+          if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[1]->integer < 1)
+            return false;
+        }
+        return true;
+      },
+      5000ms))
+      << "the waiter never subscribed to the release channel";
+  EXPECT_FALSE(granted.load()) << "granted while held";
+  lease.release();
+  const auto released_at = Steady::now();
+  const bool woken = eventually([&] { return granted.load(); }, 1000ms);
+  t.join();
+  ASSERT_TRUE(granted.load()) << "the waiter was never granted";
+  const auto after = std::chrono::duration_cast<Millis>(
+      Steady::time_point(Steady::duration(granted_ns.load())) - released_at);
+  std::printf("[ redlock3 ] waiter behind a holder with D: granted %lld ms after the normal release\n",
+              static_cast<long long>(after.count()));
+  EXPECT_TRUE(woken) << "the waiter was not woken by the release (granted " << after.count()
+                     << " ms after it)";
 }
 
 }  // namespace
