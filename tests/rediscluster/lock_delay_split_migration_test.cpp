@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "distlock/distlock.hpp"
@@ -98,6 +99,39 @@ TEST(RedisClusterLockDelaySplitMigration, ALeaseWithADelayKeepsRenewingWhileItsM
   std::error_code ec;
   plain.release(ec);
   delayed.release(ec);
+}
+
+// A lease with D (TTL 1 s, D 1.5 s) whose marker a migration moved ahead of its lock is released
+// normally while so split: the release must succeed (no error) and, once the keys are together
+// on node 1 and the slot is its, another client must take the name at once (no lock left, no
+// marker).
+TEST(RedisClusterLockDelaySplitMigration, AReleaseWhileTheMarkerMovedAheadHandsOverAtOnce) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(0, "split-release");
+  const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
+  auto holder = distlock::connect(cluster.url(), quiet());
+  auto contender = distlock::connect(cluster.url(), quiet());
+  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  cluster.begin_move(k.slot, 0, 1);
+  migrate_one(cluster, 0, 1, k.delay);
+  std::error_code ec;
+  lease.release(ec);
+  EXPECT_FALSE(ec) << "a normal release during a split migration failed: " << ec.message();
+  cluster.migrate_keys(k.slot, 0, 1);
+  cluster.finish_move(k.slot, 0, 1);
+  const auto finished = Steady::now();
+  std::optional<distlock::Lease> got;
+  try {
+    got = contender.try_acquire(name, opts(kTtl, 0ms));
+  } catch (const std::system_error& e) {
+    ADD_FAILURE() << "the contender got an error: " << e.what();
+  }
+  std::printf(
+      "[ rediscluster3 ] release during a split migration: the contender's first attempt %s %lld ms "
+      "after the slot moved\n",
+      got.has_value() ? "granted" : "busy",
+      static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - finished).count()));
+  EXPECT_TRUE(got.has_value()) << "the name was not handed over at once after a normal release";
 }
 
 }  // namespace
