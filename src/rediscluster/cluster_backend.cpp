@@ -91,6 +91,19 @@ return 0
   return s;
 }
 
+// KEYS[1] a released lease's lock-delay marker; ARGV[1] release channel. The second step of a
+// release that a migration split from its marker (ClusterBackend::release): deletes it and
+// announces the release (the first step, the lock alone, announced it while the marker still
+// held the name back).
+const Script& split_marker_release_script() {
+  static const Script& s = *new Script(R"lua(
+redis.call('DEL', KEYS[1])
+redis.call('SPUBLISH', ARGV[1], 'released')
+return 1
+)lua");
+  return s;
+}
+
 // KEYS[1] lock hash; ARGV[1] owner, ARGV[2] token, ARGV[3] release channel. A lease
 // the engine declared lost (Backend::forget): deleted only while `owner` holds it
 // under `token`, and the release published as release_script() does. 1 deleted, 0 not.
@@ -219,14 +232,44 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
   const NameKeys k = rediscluster::keys_of(prefix_, name);
   const bool delayed = is_delayed(name, owner);
   Reply r;
+  bool split = false;  // a migration put the lock and its marker on two nodes
   const redisReply* d = route(
       k.slot, "release",
       [&](Connection& c, bool, Error& e) {
         r = delayed ? release_script().run(c, {k.lock, k.delay}, {owner, k.channel}, e)
                     : release_script().run(c, {k.lock}, {owner, k.channel}, e);
+        if (delayed && r && r->type == REDIS_REPLY_ERROR &&
+            starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
+          // Both nodes refuse a script naming both keys: answered below, one key at a time
+          // (a PING's answer ends the routing here).
+          split = true;
+          r = c.command({"PING"}, e);
+        }
         return r.get();
       },
       ec);
+  if (split && !ec) {
+    // The lock alone (owner-checked, as always), then, once it is gone, its marker alone: while
+    // the marker lives nobody else can set one, so the marker deleted is this lease's.
+    d = route(
+        k.slot, "release (lock)",
+        [&](Connection& c, bool, Error& e) {
+          r = release_script().run(c, {k.lock}, {owner, k.channel}, e);
+          return r.get();
+        },
+        ec);
+    if (d != nullptr && !ec && d->type == REDIS_REPLY_INTEGER && d->integer == 0) {
+      Reply mr;
+      d = route(
+          k.slot, "release (marker)",
+          [&](Connection& c, bool, Error& e) {
+            mr = split_marker_release_script().run(c, {k.delay}, {k.channel}, e);
+            return mr.get();
+          },
+          ec);
+      if (d != nullptr && !ec) d = r.get();  // the lock's answer is the release's
+    }
+  }
   if (!ec) note_delayed(name, owner, false);
   if (d == nullptr || ec) return ReleaseStatus::released;
   if (d->type != REDIS_REPLY_INTEGER) {

@@ -4,6 +4,28 @@
 
 namespace distlock::detail::rediscluster {
 
+namespace {
+// KEYS[1] a lease's lock-delay marker (value D); ARGV[1] ttl (ms). Moves the marker to
+// ttl + D from now, never shorter than it is: 1; no marker: 0. Used where a migration has
+// split a lock from its marker (each node lacks one of them, a script naming both is refused
+// with TRYAGAIN): the marker moves first, alone, then the lock alone (docs/redis-cluster.md
+// "Lock-delay").
+const redis::Script& split_marker_renew_script() {
+  static const redis::Script& s = *new redis::Script(R"lua(
+local d = tonumber(redis.call('GET', KEYS[1]))
+if not d or d <= 0 then
+  return 0
+end
+local px = tonumber(ARGV[1]) + d
+if redis.call('PTTL', KEYS[1]) < px then
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', px))
+end
+return 1
+)lua");
+  return s;
+}
+}  // namespace
+
 // One pipeline per node (EVALSHA per slot: a script's keys must share a slot),
 // all nodes at once: each node's pipeline is sent and read by that node's renewal
 // worker, and the call waits for the answers at most renew_budget() (a quarter of
@@ -160,13 +182,44 @@ void ClusterBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
     const bool with_marker = delayed[i] != 0;
     const redis::Script& script =
         with_marker ? redis::lock_renew_delayed_script() : redis::lock_renew_script();
+    bool split = false;  // the lock and its marker are on two nodes (a migration under way)
     const redisReply* d = route(
         keys[i].slot, "renew",
         [&](Connection& c, bool, Error& e) {
           r = script.run(c, std::span(key_pair, with_marker ? 2 : 1), std::span(args), e);
+          if (with_marker && r && r->type == REDIS_REPLY_ERROR &&
+              starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
+            // Answered below, one key at a time; a PING's answer ends the routing here
+            // (an error reply would be retried, a null one would count the node failed).
+            split = true;
+            r = c.command({"PING"}, e);
+          }
           return r.get();
         },
         rec);
+    if (split) {
+      // The marker first (alone: ASK finds the node that has it), and only once it moved the
+      // lock (alone): a marker that did not move leaves the lease unrenewed, never a renewed
+      // lease whose marker would end before its end + D.
+      Error mec;
+      Reply mr;
+      const redisReply* md = route(
+          keys[i].slot, "renew (marker)",
+          [&](Connection& c, bool, Error& e) {
+            mr = split_marker_renew_script().run(c, std::span(&key_pair[1], 1), std::span(&args[1], 1), e);
+            return mr.get();
+          },
+          mec);
+      if (md == nullptr || mec || md->type != REDIS_REPLY_INTEGER) continue;
+      rec.clear();
+      d = route(
+          keys[i].slot, "renew (lock)",
+          [&](Connection& c, bool, Error& e) {
+            r = redis::lock_renew_script().run(c, std::span(key_pair, 1), std::span(args), e);
+            return r.get();
+          },
+          rec);
+    }
     if (d == nullptr || rec) continue;
     ++answered;
     if (d->type == REDIS_REPLY_ARRAY && d->elements == 1) {

@@ -63,21 +63,37 @@ void RedlockBackend::renew(std::span<const RenewItem> items, std::span<RenewStat
 ReleaseStatus RedlockBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                                       Error& ec) {
   ec.clear();
-  // A normal release: the holder's lock-delay marker goes with its key.
+  // In two steps: the keys first (answering 2 where this owner's lock-delay marker stays beside
+  // the key), then, only once a quorum confirmed a normal release, those markers. A release
+  // that finds the lease gone on a quorum (revoked, expired: a loss) or reaches no quorum keeps
+  // every marker, so the name stays held back for the lost lease's delay (docs/redlock.md
+  // "Lock-delay"). A lease without a lock-delay has no marker: one step, as before.
   const std::array<std::string, 3> keys{lock_key(cfg_, name), release_channel(cfg_, name),
                                         delay_key(cfg_, name)};
   const std::array<std::string, 2> args{std::string(owner), "1"};
   const Command cmd = script_command(kReleaseScript, keys, args);
+  const Millis timeout = cfg_.node_timeout.value_or(kDefaultNodeTimeout);
   LaneLease lane(pool_);
-  std::vector<NodeReply> replies =
-      lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
+  std::vector<NodeReply> replies = lane->run_all(std::span(&cmd, 1), timeout);
   std::size_t deleted = 0, refused = 0;
-  for (const NodeReply& r : replies) {
+  std::vector<std::vector<Command>> markers(replies.size());
+  bool any_marker = false;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    const NodeReply& r = replies[i];
     if (r.status != NodeStatus::ok || r.replies[0]->type != REDIS_REPLY_INTEGER) continue;
-    ++(r.replies[0]->integer == 1 ? deleted : refused);
+    const long long v = r.replies[0]->integer;
+    ++(v >= 1 ? deleted : refused);
+    if (v == 2) {
+      const std::array<std::string, 2> marker_args{std::string(owner), "m"};
+      markers[i].push_back(script_command(kReleaseScript, keys, marker_args));
+      any_marker = true;
+    }
   }
   switch (decide_release(replies.size(), deleted, refused)) {
-    case ReleaseVerdict::released: return ReleaseStatus::released;
+    case ReleaseVerdict::released:
+      // Best effort: a marker left (a master that does not answer now) ends by its TTL.
+      if (any_marker) lane->run(markers, timeout);
+      return ReleaseStatus::released;
     case ReleaseVerdict::not_owner: return ReleaseStatus::not_owner;
     case ReleaseVerdict::quorum_unavailable:
       ec = make_error_code(errc::quorum_unavailable);

@@ -45,28 +45,50 @@ return {0, redis.call('PTTL', KEYS[1])}
     "b0513a67c88e2cc9fac97ab256a569642f5f5ffb"};
 
 /// KEYS[1] lock key, KEYS[2] release channel, KEYS[3] lock-delay marker key; ARGV[1] owner,
-/// ARGV[2] "1": also delete this owner's marker (a normal release ends its lock-delay), "0":
-/// the key only (undoing an acquisition that wrote no marker: a marker there is somebody's
-/// lost lease's), "=": the marker only if it is exactly ARGV[3] (undoing an attempt with a
-/// lock-delay: the marker it wrote, never one of this owner's lost lease). Deletes the key only if this owner
-/// holds it: 1 (announced on the channel unless a lost holder's marker still holds the name back there: a
-/// waiter woken then would only find it busy, and its own undone attempt would wake the others in turn); else
-/// 0.
+/// ARGV[2] the mode:
+///   "1": a release's first step: the key only; answers 2 instead of 1 where this owner's marker
+///        stays beside it (the client deletes it in the second step, "m", only once a quorum
+///        confirmed the release: a release that finds the lease gone on a quorum is a loss and
+///        keeps every marker; docs/redlock.md "Lock-delay");
+///   "0": the key only (a lost lease's hand-back, or undoing an acquisition that wrote no
+///        marker: a marker there is somebody's lost lease's);
+///   "=": the key, and the marker only if it is exactly ARGV[3] (undoing an attempt with a
+///        lock-delay: the marker it wrote, never one of this owner's lost lease);
+///   "m": the release's second step: this owner's marker only (not the key): 1 if deleted,
+///        announced on the channel unless a key lives there; else 0.
+/// Other modes delete the key only if this owner holds it: 1 or 2 (announced on the channel
+/// unless a marker still holds the name back there: a waiter woken then would only find it busy,
+/// and its own undone attempt would wake the others in turn); else 0.
 inline constexpr Script kReleaseScript{
-    R"lua(if redis.call('GET', KEYS[1]) == ARGV[1] then
+    R"lua(if ARGV[2] == 'm' then
+  local m = redis.call('GET', KEYS[3])
+  if m and string.match(m, '^%d+\n(.*)\n%x+$') == ARGV[1] then
+    redis.call('DEL', KEYS[3])
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+      redis.call('PUBLISH', KEYS[2], 'released')
+    end
+    return 1
+  end
+  return 0
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   local m = redis.call('GET', KEYS[3])
-  if m and ((ARGV[2] == '1' and string.match(m, '^%d+\n(.*)\n%x+$') == ARGV[1]) or (ARGV[2] == '=' and m == ARGV[3])) then
+  if m and ARGV[2] == '=' and m == ARGV[3] then
     redis.call('DEL', KEYS[3])
   end
   if redis.call('PTTL', KEYS[3]) <= 0 then
     redis.call('PUBLISH', KEYS[2], 'released')
+    return 1
+  end
+  if ARGV[2] == '1' and m and string.match(m, '^%d+\n(.*)\n%x+$') == ARGV[1] then
+    return 2
   end
   return 1
 end
 return 0
 )lua",
-    "ad04253253bd82100b0de9005fc4755d26116cc9"};
+    "21ef3f5fdecc6f08e04911e95d83aa5a0c52965c"};
 
 /// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused); ARGV[1]
 /// note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses
