@@ -141,6 +141,7 @@ struct Watch::Impl final : detail::LockEventSink {
       std::lock_guard lk(mu_);
       if (stopped_) return;
       for (auto& [name, k] : known_) k.restarted = true;
+      replacements_ += 1;
       push_gap(std::move(why), {});
     } catch (...) {
     }
@@ -295,9 +296,11 @@ struct Watch::Impl final : detail::LockEventSink {
   // read failed.
   bool relist(detail::Error& ec) {
     std::map<std::string, std::uint64_t> before;
+    std::uint64_t replacements = 0;
     {
       std::lock_guard lk(mu_);
       for (auto& [name, k] : known_) before[name] = k.changes;
+      replacements = replacements_;
       resync_ = false;
     }
     bool truncated = false;
@@ -305,6 +308,11 @@ struct Watch::Impl final : detail::LockEventSink {
     if (ec) return false;
     std::lock_guard lk(mu_);
     if (overflowed_) return true;  // the consumer is behind: the re-list waits for room
+    // The source was replaced while this listing was read: it may come from the old server,
+    // whose state must neither show after the replacement's gap nor take the exception for
+    // older tokens meant for the new server's state. The replacement's gap asked for another
+    // re-list (resync_), which reads the new server.
+    if (replacements != replacements_) return true;
     auto unchanged = [&](const std::string& name) {
       auto b = before.find(name);
       auto k = known_.find(name);
@@ -453,6 +461,9 @@ struct Watch::Impl final : detail::LockEventSink {
   std::chrono::system_clock::time_point last_event_at_{};
   bool overflowed_ = false;
   bool resync_ = false;
+  // Bumped by each on_source_replaced: a re-list that saw it move while it read discards
+  // what it read.
+  std::uint64_t replacements_ = 0;
   // The watcher thread's sleep: until when (min while awake), and whether an `acquired`
   // made a name due before that (apply(): the thread wakes and sleeps again shorter).
   std::chrono::steady_clock::time_point sleep_until_ = std::chrono::steady_clock::time_point::min();
