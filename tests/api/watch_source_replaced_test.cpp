@@ -46,6 +46,11 @@ struct Script {
   bool hold_next = false;  // the next listing waits until `hold_next` is false again
   bool holding = false;    // a listing is waiting
   int listings = 0;
+  // What status() returns (none: it fails); the next status read may be held back as the
+  // listing is, returning what `status` said when it started.
+  std::optional<distlock::LockInfo> status;
+  bool hold_next_status = false;
+  bool status_holding = false;
 };
 
 class ScriptedWatch final : public distlock::detail::PrefixWatch {
@@ -90,11 +95,22 @@ class ScriptedWatchBackend final : public distlock::testing::ForwardingBackend {
     return snapshot;
   }
 
-  // The expiry re-read is kept out of this test: every status read fails (the watch then
-  // looks again later and reports nothing).
+  // Without a scripted status every read fails (the watch then looks again later and
+  // reports nothing).
   distlock::LockInfo status(std::string_view, distlock::detail::Error& ec) override {
-    ec = make_error_code(distlock::errc::backend_unavailable);
-    return {};
+    std::unique_lock lk(s_.mu);
+    auto snapshot = s_.status;
+    if (s_.hold_next_status) {
+      s_.status_holding = true;
+      s_.cv.notify_all();
+      s_.cv.wait_for(lk, 10s, [&] { return !s_.hold_next_status; });
+      s_.status_holding = false;
+    }
+    if (!snapshot) {
+      ec = make_error_code(distlock::errc::backend_unavailable);
+      return {};
+    }
+    return *snapshot;
   }
 
  private:
@@ -193,6 +209,80 @@ TEST(WatchSourceReplaced, AListingReadBeforeTheReplacementDoesNotHideTheNewServe
     std::lock_guard lk(script.mu);
     EXPECT_GE(script.listings, 3) << "initial listing, the break's and the replacement's";
   }
+}
+
+// The expiry re-read of a held name reads the old master (it shows "p/x" free: its
+// release there never reached the watcher) and is judged after the failover replaced the
+// source; the new master has "p/x" held with token 5. After the failover's gap the stream
+// must not report token 5 lost on the old master's word: the new master's state (held, 5)
+// is what it shows.
+TEST(WatchSourceReplaced, AnExpiryReadFromTheOldServerIsNotReportedAfterTheReplacement) {
+  Script script;
+  const auto opts = distlock::testing::quiet();
+  auto backend = std::make_unique<ScriptedWatchBackend>(
+      distlock::testing::memory_backend("watch-source-replaced-expiry", opts), script);
+  distlock::Client client =
+      distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  distlock::Watch w = client.watch("p/");
+
+  {
+    std::lock_guard lk(script.mu);
+    script.status = distlock::LockInfo{};  // the old master: p/x free
+    script.hold_next_status = true;
+    script.listing = {held("p/x", 5)};  // the new master: p/x held with token 5
+  }
+  distlock::detail::LockEvent acquired;
+  acquired.kind = distlock::detail::LockEvent::Kind::acquired;
+  acquired.name = "p/x";
+  acquired.token = 5;
+  acquired.owner = "holder-5";
+  {
+    std::lock_guard lk(script.mu);
+    ASSERT_NE(script.sink, nullptr);
+    script.sink->on_event(std::move(acquired));
+  }
+  auto first = w.next(5000ms);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
+
+  // The first expiry check comes about 1 s after the acquire (kFirstCheck); wait up to 5 s.
+  {
+    std::unique_lock lk(script.mu);
+    ASSERT_TRUE(script.cv.wait_for(lk, 5s, [&] { return script.status_holding; }))
+        << "the expiry re-read never started";
+    ASSERT_NE(script.sink, nullptr);
+    script.sink->on_source_replaced("the master moved to the new one");
+    script.status = held("p/x", 5).info;  // from now on reads see the new master
+    script.hold_next_status = false;
+  }
+  script.cv.notify_all();
+
+  // Read until the new master's state of p/x shows (5 s bound on this steady clock).
+  std::vector<std::string> seen;
+  bool replaced = false, state_seen = false;
+  std::vector<std::string> wrong;
+  const auto end = Clock::now() + 5s;
+  while (!state_seen && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap) {
+      replaced = true;
+      continue;
+    }
+    if (!replaced) continue;
+    if (e->kind == WatchEventKind::state && e->held && e->token == 5) {
+      state_seen = true;
+    } else {
+      wrong.push_back(describe(*e));
+    }
+  }
+  std::string all;
+  for (const auto& s : seen) all += "\n  " + s;
+  ASSERT_TRUE(replaced) << "no gap for the replacement; events:" << all;
+  EXPECT_TRUE(state_seen) << "the new master's state (p/x held with token 5) never came; events:" << all;
+  EXPECT_TRUE(wrong.empty())
+      << "after the replacement's gap, p/x was reported from the old master's read; events:" << all;
 }
 
 }  // namespace
