@@ -360,10 +360,12 @@ struct Watch::Impl final : detail::LockEventSink {
       std::uint64_t changes;
     };
     std::vector<Due> due;
+    std::uint64_t replacements = 0;
     {
       std::lock_guard lk(mu_);
       const auto now = steady_now();
       if (overflowed_) return;
+      replacements = replacements_;
       for (auto& [name, k] : known_) {
         if (!k.held || k.check_at > now) continue;
         due.push_back({name, k.token, k.changes});
@@ -398,6 +400,10 @@ struct Watch::Impl final : detail::LockEventSink {
       std::lock_guard lk(mu_);
       auto it = known_.find(d.name);
       if (it == known_.end() || it->second.changes != d.changes || !it->second.held) continue;
+      // The source was replaced since the read began: it may have read the old server, and
+      // the barrier passed on the new one proves nothing about it. The replacement's re-list
+      // reports the new server's state; the name is checked again after it.
+      if (replacements != replacements_) continue;
       if (!reserve(1)) continue;
       Known& k = it->second;
       WatchEvent lost = make(WatchEventKind::lost, d.name, k.token, k);
