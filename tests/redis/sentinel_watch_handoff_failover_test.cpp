@@ -9,9 +9,9 @@
 // the watcher received its last gap is in the stream (acquired or state) with its release.
 // The watch of "hf/a" sees only names under "hf/a".
 //
-// FAILS in this version (docs/sentinel.md "Watching locks"): leases taken and released on
-// the old master in the few ms after the watch moved (their clients had not switched yet)
-// are never reported, and no gap follows them. DISTLOCK_WATCH_DUMP=<file> writes the
+// Leases taken and released on the old master in the few ms after the watch moved (their
+// clients had not switched yet) are not events: the drain of the old master's subscription
+// reports them as a gap (docs/sentinel.md "Watching locks"). DISTLOCK_WATCH_DUMP=<file> writes the
 // stream (receipt time in us since the start, event) and each lease taken ("W name token
 // began-us") for diagnosis.
 #include <gtest/gtest.h>
