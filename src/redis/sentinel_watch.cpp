@@ -402,7 +402,7 @@ void SentinelBackend::drain_legs() {
         } else if (unproven.empty()) {
           continue;
         } else {
-          unproven = "its channel broke: " + unproven;
+          unproven = "its subscription reported: " + unproven;
         }
         if (auto leg = dl.hub->retire(dl.leg.get(), now, unproven)) done.push_back(std::move(leg));
         ++ended;
