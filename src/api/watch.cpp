@@ -150,6 +150,7 @@ struct Watch::Impl final : detail::LockEventSink {
       std::lock_guard lk(mu_);
       if (stopped_) return;
       for (auto& [name, k] : known_) k.restarted = true;
+      replacements_ += 1;
       push_gap(std::move(why), {});
     } catch (...) {
     }
@@ -308,9 +309,11 @@ struct Watch::Impl final : detail::LockEventSink {
   // read failed.
   bool relist(detail::Error& ec) {
     std::map<std::string, std::uint64_t> before;
+    std::uint64_t replacements = 0;
     {
       std::lock_guard lk(mu_);
       for (auto& [name, k] : known_) before[name] = k.changes;
+      replacements = replacements_;
       resync_ = false;
     }
     bool truncated = false;
@@ -318,6 +321,11 @@ struct Watch::Impl final : detail::LockEventSink {
     if (ec) return false;
     std::lock_guard lk(mu_);
     if (overflowed_) return true;  // the consumer is behind: the re-list waits for room
+    // The source was replaced while this listing was read: it may come from the old server,
+    // whose state must neither show after the replacement's gap nor take the exception for
+    // older tokens meant for the new server's state. The replacement's gap asked for another
+    // re-list (resync_), which reads the new server.
+    if (replacements != replacements_) return true;
     auto unchanged = [&](const std::string& name) {
       auto b = before.find(name);
       auto k = known_.find(name);
@@ -365,10 +373,12 @@ struct Watch::Impl final : detail::LockEventSink {
       std::uint64_t changes;
     };
     std::vector<Due> due;
+    std::uint64_t replacements = 0;
     {
       std::lock_guard lk(mu_);
       const auto now = steady_now();
       if (overflowed_) return;
+      replacements = replacements_;
       for (auto& [name, k] : known_) {
         if (!k.held || k.check_at > now) continue;
         due.push_back({name, k.token, k.changes});
@@ -403,6 +413,10 @@ struct Watch::Impl final : detail::LockEventSink {
       std::lock_guard lk(mu_);
       auto it = known_.find(d.name);
       if (it == known_.end() || it->second.changes != d.changes || !it->second.held) continue;
+      // The source was replaced since the read began: it may have read the old server, and
+      // the barrier passed on the new one proves nothing about it. The replacement's re-list
+      // reports the new server's state; the name is checked again after it.
+      if (replacements != replacements_) continue;
       if (!reserve(1)) continue;
       Known& k = it->second;
       WatchEvent lost = make(WatchEventKind::lost, d.name, k.token, k);
@@ -466,6 +480,9 @@ struct Watch::Impl final : detail::LockEventSink {
   std::chrono::system_clock::time_point last_event_at_{};
   bool overflowed_ = false;
   bool resync_ = false;
+  // Bumped by each on_source_replaced: a re-list that saw it move while it read discards
+  // what it read.
+  std::uint64_t replacements_ = 0;
   // The watcher thread's sleep: until when (min while awake), and whether an `acquired`
   // made a name due before that (apply(): the thread wakes and sleeps again shorter).
   std::chrono::steady_clock::time_point sleep_until_ = std::chrono::steady_clock::time_point::min();

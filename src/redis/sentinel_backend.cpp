@@ -38,6 +38,7 @@ void SentinelBackend::start(Error& ec) {
     current_epoch_ = epoch;
     last_discovery_ = Steady::now();
   }
+  drainer_.start([this] { drain_legs(); });
   monitor_.start([this] { monitor(); });
 }
 
@@ -264,7 +265,7 @@ bool SentinelBackend::switch_to(const Address& a, Error& ec) {
   std::vector<std::string> names;
   std::shared_ptr<Backend> old;
   Address was;
-  std::vector<std::shared_ptr<SentinelWatchLeg>> retired;
+  std::vector<DrainingLeg> draining;
   {
     LockGuard wl(watch_mu_);
     for (const auto& [name, count] : watches_) {
@@ -284,15 +285,17 @@ bool SentinelBackend::switch_to(const Address& a, Error& ec) {
       current_addr_ = a;
       generation = ++generation_;
     }
-    move_prefix_watches(fresh, generation, was, a, retired);
+    move_prefix_watches(fresh, generation, was, a, draining);
   }
   if (old) {
     log_.log(LogLevel::warning,
              "{}: master of \"{}\" moved from {} to {}; leases the new master lacks are lost", settings_.url,
              master_name_, was.text(), a.text());
   }
-  retired.clear();  // the prefix watches' old subscriptions stop
-  old.reset();      // its subscriber stops (unless a call still uses it)
+  // The prefix watches' old subscriptions run on until the old master is demoted
+  // (sentinel_watch.cpp): what they still carry is reported as a gap.
+  if (!draining.empty()) start_drain(was, std::move(draining));
+  old.reset();  // its subscriber stops (unless a call still uses it)
   for (const auto& n : names) on_change(n);
   return true;
 }

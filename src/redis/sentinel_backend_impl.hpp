@@ -39,6 +39,13 @@ constexpr Millis kRecheckEvery{1000};
 constexpr Millis kMinRediscover{100};
 // The monitor waits this long before subscribing again after losing a sentinel.
 constexpr Millis kResubscribeDelay{200};
+// A prefix watch keeps the replaced master's subscription after a switch ("draining",
+// sentinel_watch.cpp) until that master answers ROLE as a replica, its channel breaks,
+// or kDrainFor passes; it asks the old master every kDrainPoll, each ROLE bounded by
+// kDrainProbeTimeout (a frozen old master must not hold up the others).
+constexpr Millis kDrainFor{10000};
+constexpr Millis kDrainPoll{50};
+constexpr Millis kDrainProbeTimeout{250};
 
 class SentinelWatchHub;
 class SentinelWatchLeg;
@@ -63,10 +70,13 @@ class SentinelBackend final : public Backend, private ChangeListener {
     for (const auto& o : sentinel_opts_) sentinel_conns_.emplace_back(o);
     if (!monitor_.valid())
       throw std::system_error(monitor_.error(), std::generic_category(), "eventfd for the sentinel monitor");
+    if (!drainer_.valid())
+      throw std::system_error(drainer_.error(), std::generic_category(), "eventfd for the sentinel drainer");
   }
 
   ~SentinelBackend() override {
     monitor_.stop();
+    drainer_.stop();  // it destroys the legs it still held while every member is alive
     LockGuard lk(mu_);
     current_.reset();  // stops its subscriber while every member is alive
   }
@@ -227,11 +237,21 @@ class SentinelBackend final : public Backend, private ChangeListener {
   // sentinel_watch.cpp. A switch moves every prefix watch to `fresh` (generation
   // `generation`) with a gap naming both masters; the legs replaced are destroyed by
   // the caller outside every lock.
+  // The legs replaced keep running: they are handed to the drainer (drain_legs) with
+  // the old master's address, which the caller passes to start_drain.
+  struct DrainingLeg {
+    std::shared_ptr<SentinelWatchHub> hub;
+    std::shared_ptr<SentinelWatchLeg> leg;
+  };
   void move_prefix_watches(const std::shared_ptr<Backend>& fresh, std::uint64_t generation,
-                           const Address& was, const Address& now,
-                           std::vector<std::shared_ptr<SentinelWatchLeg>>& retired)
+                           const Address& was, const Address& now, std::vector<DrainingLeg>& draining)
       DISTLOCK_REQUIRES(watch_mu_);
   void retry_prefix_watches();
+  void start_drain(const Address& was, std::vector<DrainingLeg> legs);
+  void drain_legs();  // the drainer thread
+  // The role the server at `a` answers ROLE with ("" when it does not answer within
+  // kDrainProbeTimeout).
+  std::string role_of(const Address& a);
   void forget_prefix_watch(const SentinelWatchHub* hub);
 
   void wait_wake(Millis d) {
@@ -262,6 +282,16 @@ class SentinelBackend final : public Backend, private ChangeListener {
   std::shared_ptr<Backend> current_ DISTLOCK_GUARDED_BY(mu_);
   Address current_addr_ DISTLOCK_GUARDED_BY(mu_);
   std::uint64_t generation_ DISTLOCK_GUARDED_BY(mu_) = 0;
+
+  // Replaced masters whose prefix-watch legs still run (sentinel_watch.cpp).
+  struct Drain {
+    Address was;
+    Steady::time_point until;
+    std::vector<DrainingLeg> legs;
+  };
+  AnnotatedMutex drain_mu_;
+  std::vector<Drain> drains_ DISTLOCK_GUARDED_BY(drain_mu_);
+  WorkerLoop drainer_;  // stopped after monitor_, before everything it uses
 
   WorkerLoop monitor_;  // last: stopped first, while everything it uses is alive
 };

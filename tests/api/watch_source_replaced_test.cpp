@@ -1,0 +1,288 @@
+// Client::watch's token-order exception after a replaced source
+// (LockEventSink::on_source_replaced, src/api/watch.cpp; redis+sentinel:// reports one per
+// failover): the new server's state is reported even with an older token than the last
+// one delivered — and only the new server's. A listing that was read from the old server
+// (it started before the replacement and ended after it) is not the new server's state:
+// it must neither be reported after the gap nor use up the exception, or the new server's
+// older state is dropped as stale for good.
+//
+// The backend is a memory:// one whose prefix watch and listing the test drives: the
+// test calls the sink itself (as a notification thread would) and scripts what each
+// listing returns, holding one back until the source was replaced. Deterministic; about
+// 0.1 s when the stream is right, 5 s (its bound) when the new state never comes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/client_access.hpp"
+#include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/engine.hpp"
+#include "support/client_options.hpp"
+#include "support/forwarding_backend.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Millis;
+using distlock::WatchEvent;
+using distlock::WatchEventKind;
+using Clock = std::chrono::steady_clock;
+
+// What the test and the backend share: the sink of the live watch, the listing the next
+// list_held returns (copied when the call starts: the server's snapshot), and whether
+// that call waits for the test before it returns.
+struct Script {
+  std::mutex mu;
+  std::condition_variable cv;
+  distlock::detail::LockEventSink* sink = nullptr;
+  std::vector<distlock::detail::ListedLock> listing;
+  bool hold_next = false;  // the next listing waits until `hold_next` is false again
+  bool holding = false;    // a listing is waiting
+  int listings = 0;
+  // What status() returns (none: it fails); the next status read may be held back as the
+  // listing is, returning what `status` said when it started.
+  std::optional<distlock::LockInfo> status;
+  bool hold_next_status = false;
+  bool status_holding = false;
+};
+
+class ScriptedWatch final : public distlock::detail::PrefixWatch {
+ public:
+  explicit ScriptedWatch(Script& s) : s_(s) {}
+  ~ScriptedWatch() override {
+    std::lock_guard lk(s_.mu);
+    s_.sink = nullptr;
+  }
+  bool sync(distlock::detail::Error&) override { return true; }  // the test delivers synchronously
+
+ private:
+  Script& s_;
+};
+
+class ScriptedWatchBackend final : public distlock::testing::ForwardingBackend {
+ public:
+  ScriptedWatchBackend(std::unique_ptr<distlock::detail::Backend> inner, Script& s)
+      : ForwardingBackend(std::move(inner)), s_(s) {}
+
+  std::unique_ptr<distlock::detail::PrefixWatch> watch_prefix(std::string_view,
+                                                              distlock::detail::LockEventSink& sink,
+                                                              distlock::detail::Error&) override {
+    std::lock_guard lk(s_.mu);
+    s_.sink = &sink;
+    return std::make_unique<ScriptedWatch>(s_);
+  }
+
+  std::vector<distlock::detail::ListedLock> list_held(std::string_view, std::size_t, bool& truncated,
+                                                      distlock::detail::Error&) override {
+    truncated = false;
+    std::unique_lock lk(s_.mu);
+    ++s_.listings;
+    auto snapshot = s_.listing;
+    if (s_.hold_next) {
+      s_.holding = true;
+      s_.cv.notify_all();
+      s_.cv.wait_for(lk, 10s, [&] { return !s_.hold_next; });
+      s_.holding = false;
+    }
+    s_.cv.notify_all();
+    return snapshot;
+  }
+
+  // Without a scripted status every read fails (the watch then looks again later and
+  // reports nothing).
+  distlock::LockInfo status(std::string_view, distlock::detail::Error& ec) override {
+    std::unique_lock lk(s_.mu);
+    auto snapshot = s_.status;
+    if (s_.hold_next_status) {
+      s_.status_holding = true;
+      s_.cv.notify_all();
+      s_.cv.wait_for(lk, 10s, [&] { return !s_.hold_next_status; });
+      s_.status_holding = false;
+    }
+    if (!snapshot) {
+      ec = make_error_code(distlock::errc::backend_unavailable);
+      return {};
+    }
+    return *snapshot;
+  }
+
+ private:
+  Script& s_;
+};
+
+distlock::detail::ListedLock held(const std::string& name, std::uint64_t token) {
+  distlock::detail::ListedLock l;
+  l.name = name;
+  l.info.held = true;
+  l.info.token = token;
+  l.info.holder = "holder-" + std::to_string(token);
+  return l;
+}
+
+std::string describe(const WatchEvent& e) {
+  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
+         " held=" + (e.held ? "1" : "0") + " " + e.detail;
+}
+
+// The old master listed "p/x" with token 5 in a listing that was still being read when
+// the failover replaced the source; the new master has "p/x" with token 3 (it lacks the
+// release of 3 and the lease of 5). After the failover's gap the stream must show the
+// new master's state (token 3), and nothing read from the old master.
+TEST(WatchSourceReplaced, AListingReadBeforeTheReplacementDoesNotHideTheNewServersState) {
+  Script script;
+  const auto opts = distlock::testing::quiet();
+  auto backend = std::make_unique<ScriptedWatchBackend>(
+      distlock::testing::memory_backend("watch-source-replaced", opts), script);
+  distlock::Client client =
+      distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  distlock::Watch w = client.watch("p/");  // its first listing is empty
+
+  auto deliver = [&](auto&& call) {
+    std::lock_guard lk(script.mu);
+    ASSERT_NE(script.sink, nullptr);
+    call(*script.sink);
+  };
+  distlock::detail::LockEvent acquired;
+  acquired.kind = distlock::detail::LockEvent::Kind::acquired;
+  acquired.name = "p/x";
+  acquired.token = 5;
+  acquired.owner = "holder-5";
+  deliver([&](distlock::detail::LockEventSink& s) { s.on_event(std::move(acquired)); });
+  auto first = w.next(5000ms);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
+  ASSERT_EQ(first->token, 5u);
+
+  // The old master's channel breaks; the re-list it causes reads the old master (token 5)
+  // and is still under way when the failover replaces the source.
+  {
+    std::unique_lock lk(script.mu);
+    script.listing = {held("p/x", 5)};
+    script.hold_next = true;
+  }
+  deliver([](distlock::detail::LockEventSink& s) { s.on_gap("the old master's channel broke"); });
+  {
+    std::unique_lock lk(script.mu);
+    ASSERT_TRUE(script.cv.wait_for(lk, 5s, [&] { return script.holding; })) << "the re-list never started";
+    script.listing = {held("p/x", 3)};  // what the new master has
+  }
+  deliver(
+      [](distlock::detail::LockEventSink& s) { s.on_source_replaced("the master moved to the new one"); });
+  {
+    std::lock_guard lk(script.mu);
+    script.hold_next = false;
+  }
+  script.cv.notify_all();
+
+  // Read until the new master's state of p/x shows (5 s bound on this steady clock).
+  std::vector<std::string> seen;
+  bool replaced = false;
+  std::optional<WatchEvent> new_state;
+  std::vector<std::string> old_after_replaced;
+  const auto end = Clock::now() + 5s;
+  while (!new_state && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap && e->detail.find("moved") != std::string::npos) replaced = true;
+    if (!replaced || e->name != "p/x") continue;
+    if (e->kind == WatchEventKind::state && e->held && e->token == 3) {
+      new_state = e;
+    } else {
+      old_after_replaced.push_back(describe(*e));
+    }
+  }
+  std::string all;
+  for (const auto& s : seen) all += "\n  " + s;
+  ASSERT_TRUE(replaced) << "no gap for the replacement; events:" << all;
+  EXPECT_TRUE(new_state) << "the new master's state (p/x held with token 3) never came; events:" << all;
+  EXPECT_TRUE(old_after_replaced.empty())
+      << "after the replacement's gap, p/x was reported from the old master's listing; events:" << all;
+  {
+    std::lock_guard lk(script.mu);
+    EXPECT_GE(script.listings, 3) << "initial listing, the break's and the replacement's";
+  }
+}
+
+// The expiry re-read of a held name reads the old master (it shows "p/x" free: its
+// release there never reached the watcher) and is judged after the failover replaced the
+// source; the new master has "p/x" held with token 5. After the failover's gap the stream
+// must not report token 5 lost on the old master's word: the new master's state (held, 5)
+// is what it shows.
+TEST(WatchSourceReplaced, AnExpiryReadFromTheOldServerIsNotReportedAfterTheReplacement) {
+  Script script;
+  const auto opts = distlock::testing::quiet();
+  auto backend = std::make_unique<ScriptedWatchBackend>(
+      distlock::testing::memory_backend("watch-source-replaced-expiry", opts), script);
+  distlock::Client client =
+      distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  distlock::Watch w = client.watch("p/");
+
+  {
+    std::lock_guard lk(script.mu);
+    script.status = distlock::LockInfo{};  // the old master: p/x free
+    script.hold_next_status = true;
+    script.listing = {held("p/x", 5)};  // the new master: p/x held with token 5
+  }
+  distlock::detail::LockEvent acquired;
+  acquired.kind = distlock::detail::LockEvent::Kind::acquired;
+  acquired.name = "p/x";
+  acquired.token = 5;
+  acquired.owner = "holder-5";
+  {
+    std::lock_guard lk(script.mu);
+    ASSERT_NE(script.sink, nullptr);
+    script.sink->on_event(std::move(acquired));
+  }
+  auto first = w.next(5000ms);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
+
+  // The first expiry check comes about 1 s after the acquire (kFirstCheck); wait up to 5 s.
+  {
+    std::unique_lock lk(script.mu);
+    ASSERT_TRUE(script.cv.wait_for(lk, 5s, [&] { return script.status_holding; }))
+        << "the expiry re-read never started";
+    ASSERT_NE(script.sink, nullptr);
+    script.sink->on_source_replaced("the master moved to the new one");
+    script.status = held("p/x", 5).info;  // from now on reads see the new master
+    script.hold_next_status = false;
+  }
+  script.cv.notify_all();
+
+  // Read until the new master's state of p/x shows (5 s bound on this steady clock).
+  std::vector<std::string> seen;
+  bool replaced = false, state_seen = false;
+  std::vector<std::string> wrong;
+  const auto end = Clock::now() + 5s;
+  while (!state_seen && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap) {
+      replaced = true;
+      continue;
+    }
+    if (!replaced) continue;
+    if (e->kind == WatchEventKind::state && e->held && e->token == 5) {
+      state_seen = true;
+    } else {
+      wrong.push_back(describe(*e));
+    }
+  }
+  std::string all;
+  for (const auto& s : seen) all += "\n  " + s;
+  ASSERT_TRUE(replaced) << "no gap for the replacement; events:" << all;
+  EXPECT_TRUE(state_seen) << "the new master's state (p/x held with token 5) never came; events:" << all;
+  EXPECT_TRUE(wrong.empty())
+      << "after the replacement's gap, p/x was reported from the old master's read; events:" << all;
+}
+
+}  // namespace
