@@ -208,7 +208,10 @@ TEST(RedlockLockDelay, AHolderCutOffAndDeclaredLostKeepsTheNameBackUntilAQuorumO
   EXPECT_GE(*granted, marker_end[1] - 1ms)
       << "granted while a quorum of masters kept the lost holder's marker";
   EXPECT_GE(*granted, frozen + kDelay - 1ms);
-  EXPECT_LE(*granted, passed + kTtl + distlock::detail::redlock::lock_delay_extra(kDelay) + 1000ms)
+  // Liveness, not safety: 3 s of slack for a busy machine (a late renewal's arrival after the
+  // network comes back, then the prober's next 20 ms attempt and its round trips to 3 masters);
+  // the delay review saw this bound missed once with 1 s of slack at -j2 on a loaded machine.
+  EXPECT_LE(*granted, passed + kTtl + distlock::detail::redlock::lock_delay_extra(kDelay) + 3000ms)
       << "granted too late after the lock-delay ended";
 }
 
