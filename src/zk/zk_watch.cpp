@@ -14,10 +14,11 @@
 //     lost holder's lock-delay runs; it is reported once it holds). A's end is `released`
 //     while A's session still exists (its presence node, kSessionsDir, was read after A was
 //     gone), `lost` when A went in the same transaction as its session's presence node (the
-//     directory's pzxid equals that of kSessionsDir: the server closed or expired the session),
-//     and `released` otherwise (both gone in different transactions: a release followed by
-//     the end of the session; or the session's end followed by another change before the
-//     read — reported released, docs/zookeeper.md says so).
+//     directory's pzxid equals that of kSessionsDir and A's delete is the directory's only
+//     change since the last reading: the server closed or expired the session), and `released`
+//     otherwise (both gone in different transactions: a release followed by the end of the
+//     session; or the session's end with another change of the directory before the read —
+//     reported released, docs/zookeeper.md says so).
 //   - the first node's data became "@revoked\n<owner>": `revoked` (its lease ended).
 // A sequential node's number is the directory's cversion when it was made, and cversion counts
 // every child made or deleted. So a node that came and went between two readings is found:
@@ -59,6 +60,26 @@ std::string dir_path(const std::string& key) {
 std::string owner_of_value(const std::string& value) {
   if (value.starts_with(kRevokedValue)) return value.substr(kRevokedValue.size());
   return value;
+}
+
+// Whether a lock node may have come (and gone) unseen before a first node that is new since
+// the last reading. A sequential node's number is the directory's cversion at its create, so
+// `before` changes (creates and deletes of children) happened between the last reading and
+// its create, and `after` changes since. The changes seen are the children gone (`vanished`:
+// each deleted before or after the create, which no reading tells), the lock nodes new before
+// and after it, and other new children (marker, note: either side). Some change before the
+// create is unexplained, for some split of the either-side ones that fits in `after`: then a
+// node numbered before the first one may have held the lock in between.
+bool unseen_before_head(std::int64_t before, std::int64_t after, std::int64_t vanished,
+                        std::int64_t appeared_before, std::int64_t appeared_after,
+                        std::int64_t appeared_other) {
+  for (std::int64_t other_before = 0; other_before <= appeared_other; ++other_before) {
+    const std::int64_t room_after = after - appeared_after - (appeared_other - other_before);
+    if (room_after < 0) continue;  // this split does not fit the changes after the create
+    const std::int64_t vanished_after = std::min(vanished, room_after);
+    if (before - appeared_before - other_before - (vanished - vanished_after) > 0) return true;
+  }
+  return false;
 }
 
 class ZkPrefixWatch final : public PrefixWatch {
@@ -417,8 +438,13 @@ class ZkPrefixWatch final : public PrefixWatch {
     if (head != prev_head || !same_dir) {
       // The lease of the previous first node ended.
       if (d.held) {
-        const bool session_gone =
-            presence_rc == ZNONODE && sessions_pzxid >= 0 && sessions_pzxid == dir_stat.pzxid;
+        // The directory's last child change is the holder's delete only when it is the one
+        // change since the last reading; that change and the holder's presence node's delete
+        // are one transaction (the same pzxid) only when the server ended the holder's session.
+        // Another session's end (a waiter's) can be the last change of both directories.
+        const bool session_gone = presence_rc == ZNONODE && sessions_pzxid >= 0 &&
+                                  sessions_pzxid == dir_stat.pzxid &&
+                                  dir_stat.cversion - cversion_before == 1;
         if (revoked_unseen) {
           report(LockEvent::Kind::revoked, d);
         } else if (session_gone) {
@@ -432,13 +458,21 @@ class ZkPrefixWatch final : public PrefixWatch {
       }
       // Nodes that may have held the lock between the two readings.
       if (d.listed || !baseline_) {
-        std::size_t vanished = 0, appeared_before = 0;
+        // Children gone since the last reading (lock nodes, the marker, the note: each one
+        // change, before or after the first node's create), and children new since then:
+        // lock nodes before it, lock nodes after it, other nodes (either side).
+        std::int64_t vanished = 0, appeared_before = 0, appeared_after = 0, appeared_other = 0;
         for (const auto& c : before)
           if (!now.count(c)) ++vanished;
         for (const auto& c : now) {
           if (before.count(c)) continue;
           auto n = parse_lock_node(c);
-          if (!n || n->seq < head_seq) ++appeared_before;
+          if (!n)
+            ++appeared_other;
+          else if (n->seq < head_seq)
+            ++appeared_before;
+          else if (n->seq > head_seq)
+            ++appeared_after;
         }
         std::string why;
         for (const auto& c : before) {
@@ -450,14 +484,17 @@ class ZkPrefixWatch final : public PrefixWatch {
           }
         }
         if (why.empty() && !head.empty() && !before.count(head) &&
-            static_cast<std::int64_t>(head_seq) - cversion_before >
-                static_cast<std::int64_t>(vanished + appeared_before)) {
+            unseen_before_head(
+                static_cast<std::int64_t>(head_seq) - cversion_before,
+                static_cast<std::int64_t>(dir_stat.cversion) - static_cast<std::int64_t>(head_seq) - 1,
+                vanished, appeared_before, appeared_after, appeared_other)) {
           why = "node " + head + " is numbered " + std::to_string(head_seq) + " after " +
-                std::to_string(cversion_before) + ": a node before it came and went unseen";
+                std::to_string(cversion_before) + ": a node before it may have come and gone unseen";
         }
         if (why.empty() && head.empty() &&
             static_cast<std::int64_t>(dir_stat.cversion) - cversion_before >
-                static_cast<std::int64_t>(vanished + (now.size() - (before.size() - vanished)))) {
+                vanished + static_cast<std::int64_t>(now.size()) -
+                    (static_cast<std::int64_t>(before.size()) - vanished)) {
           why = "the queue emptied after more changes than were seen: a node came and went unseen";
         }
         if (!why.empty()) name_gap(d, "leases may have been missed: " + why);
