@@ -1,0 +1,103 @@
+// Every zk:// session makes an ephemeral presence node /distlock/.sessions/<session id> at
+// start (src/zk/zk_session.cpp; the watch reads it, src/zk/zk_watch.cpp). Locking must not
+// depend on it: the nodes go with their sessions (nothing left after the clients close), and
+// when the node cannot be made (here /distlock/.sessions is an ephemeral node, which takes no
+// children) clients still acquire, hand over and release, and a watch still reports the
+// hand-off.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "zk/zk_test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::Client;
+using distlock::Lease;
+using distlock::LockOptions;
+using distlock::Millis;
+using distlock::WatchEventKind;
+using distlock::testing::RawZk;
+using distlock::testing::ZkServer;
+using SteadyClock = std::chrono::steady_clock;
+
+const std::string kQuery = "?session_timeout=10s";
+
+Client connect(const std::string& url) {
+  return distlock::connect(url, distlock::testing::quiet());
+}
+
+LockOptions opts() {
+  LockOptions o;
+  o.ttl = Millis(10000);
+  o.wait = Millis(20000);
+  return o;
+}
+
+TEST(ZkSessionPresence, PresenceNodesGoWithTheirSessions) {
+  ZkServer zk;
+  RawZk raw(zk.hostport());
+  {
+    std::vector<Client> clients;
+    for (int i = 0; i < 3; ++i) {
+      clients.push_back(connect(zk.url(kQuery)));
+      Lease l = clients.back().acquire("presence/x", opts());  // a session (and its node) exists now
+    }
+    EXPECT_TRUE(
+        distlock::testing::eventually([&] { return raw.children("/distlock/.sessions").size() == 3; }, 10s))
+        << raw.children("/distlock/.sessions").size() << " presence nodes for 3 open clients";
+  }
+  const auto closed = SteadyClock::now();
+  EXPECT_TRUE(distlock::testing::eventually([&] { return raw.children("/distlock/.sessions").empty(); }, 10s))
+      << raw.children("/distlock/.sessions").size() << " presence nodes left after every client closed";
+  std::printf(
+      "presence nodes gone %lld ms after the clients closed\n",
+      static_cast<long long>(std::chrono::duration_cast<Millis>(SteadyClock::now() - closed).count()));
+}
+
+TEST(ZkSessionPresence, LockingWorksWithoutPresenceNodes) {
+  ZkServer zk;
+  {
+    RawZk setup(zk.hostport());
+    ASSERT_EQ(setup.create("/distlock"), ZOK);
+  }
+  RawZk raw(zk.hostport());  // keeps the ephemeral /distlock/.sessions for the whole test
+  ASSERT_EQ(raw.create("/distlock/.sessions", ZOO_EPHEMERAL), ZOK);
+  Client watcher = connect(zk.url(kQuery));
+  Client a = connect(zk.url(kQuery)), b = connect(zk.url(kQuery));
+  distlock::Watch w = watcher.watch("nopresence/");
+  Lease la = a.acquire("nopresence/x", opts());
+  auto lb = std::async(std::launch::async, [&] { return b.acquire("nopresence/x", opts()); });
+  ASSERT_TRUE(distlock::testing::eventually([&] { return a.status("nopresence/x").waiters == 1; }, 10s));
+  const std::uint64_t a_token = la.token();
+  const auto released = SteadyClock::now();
+  la.release();
+  Lease held = lb.get();
+  const auto handed = SteadyClock::now() - released;
+  EXPECT_GT(held.token(), a_token);
+  EXPECT_LT(handed, 2s) << "the hand-off took " << std::chrono::duration_cast<Millis>(handed).count()
+                        << " ms";
+  EXPECT_TRUE(raw.children("/distlock/.sessions").empty());
+  std::vector<std::string> kinds;
+  const auto end = SteadyClock::now() + 10s;
+  while (kinds.size() < 3 && SteadyClock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - SteadyClock::now()));
+    if (!e) break;
+    if (e->kind == WatchEventKind::state) continue;
+    kinds.push_back(std::string(distlock::to_string(e->kind)) + " " + std::to_string(e->token));
+  }
+  const std::vector<std::string> want{"acquired " + std::to_string(a_token),
+                                      "released " + std::to_string(a_token),
+                                      "acquired " + std::to_string(held.token())};
+  EXPECT_EQ(kinds, want);
+  std::printf("hand-off without presence nodes: %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<Millis>(handed).count()));
+}
+
+}  // namespace
