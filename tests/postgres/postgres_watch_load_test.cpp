@@ -279,10 +279,9 @@ TEST(PostgresWatchLoad, DestroyingAWatchOfASilentServerReturnsWithinItsTimeouts)
 }
 
 // The watcher's connections go through a fault proxy that freezes them for 2.5 s (less than
-// the 5 s idle check) while two clients hand a name to each other directly for 4 s: the
-// events held up in the frozen connection arrive after the thaw, every token in order, no
-// gap and nothing inferred (the expiry re-reads through the frozen proxy fail and are
-// retried; none decides a loss).
+// the 5 s idle check) while two clients hand a name to each other directly for 4 s (at most 5,000 times
+// each): the events held up in the frozen connection arrive after the thaw, every token in order, no gap and
+// nothing inferred (the expiry re-reads through the frozen proxy fail and are retried; none decides a loss).
 TEST(PostgresWatchLoad, AFrozenWatchConnectionDelaysButSkipsNothing) {
   PostgresServer server;
   FaultProxy proxy(server.port());
@@ -298,7 +297,7 @@ TEST(PostgresWatchLoad, AFrozenWatchConnectionDelaysButSkipsNothing) {
   for (int c = 0; c < 2; ++c) {
     threads.emplace_back([&] {
       Client client = distlock::connect(server.url(), quiet());
-      for (int i = 0; i < 400 && Clock::now() < stop_at; ++i) {
+      for (int i = 0; i < 5000 && Clock::now() < stop_at; ++i) {
         Lease l = client.acquire("frz/x", opts_ttl(10s));
         {
           std::lock_guard lk(mu);
