@@ -43,8 +43,10 @@ constexpr const char* kAcquireSql =
     " extract(epoch FROM o.seen_at + (o.ttl_ms + coalesce(o.delay_ms, 0)) * interval '1 millisecond'"
     " - clock_timestamp())))::bigint END FROM o),"
     " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END,"
-    " CASE WHEN (SELECT token FROM u) IS NULL THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
-    "NULL"
+    " CASE WHEN (SELECT token FROM u) IS NULL THEN NULL WHEN CASE WHEN NOT "
+    "pg_try_advisory_xact_lock_shared(1684632419, 4) THEN false"
+    " WHEN NOT pg_try_advisory_lock(1684632419, 2) THEN false ELSE pg_advisory_unlock(1684632419, 2) END"
+    " THEN NULL"
     " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($3) < 7900 THEN"
     " 'acquired ' || (SELECT token FROM u) || ' ' || $1 || ' ' || $3 ELSE 'overflow' END) END FROM g";
 
@@ -65,8 +67,10 @@ constexpr const char* kAcquireWithoutDelaySql =
     " extract(epoch FROM o.seen_at + o.ttl_ms * interval '1 millisecond' - clock_timestamp())))::bigint END"
     " FROM o),"
     " CASE WHEN g.got AND (SELECT token FROM u) IS NULL THEN pg_advisory_unlock($2::bigint) END,"
-    " CASE WHEN (SELECT token FROM u) IS NULL THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
-    "NULL"
+    " CASE WHEN (SELECT token FROM u) IS NULL THEN NULL WHEN CASE WHEN NOT "
+    "pg_try_advisory_xact_lock_shared(1684632419, 4) THEN false"
+    " WHEN NOT pg_try_advisory_lock(1684632419, 2) THEN false ELSE pg_advisory_unlock(1684632419, 2) END"
+    " THEN NULL"
     " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($3) < 7900 THEN"
     " 'acquired ' || (SELECT token FROM u) || ' ' || $1 || ' ' || $3 ELSE 'overflow' END) END FROM g";
 

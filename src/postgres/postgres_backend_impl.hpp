@@ -39,11 +39,15 @@ using pg::to_hex;
 
 // The watcher key (two-int advisory key space, never met by the bigint keys of lock
 // names): every prefix watch holds it shared on its LISTEN connection, and a statement
-// that changes a lock NOTIFYs its event only when it cannot take it exclusively. The SQL
-// of postgres_acquire.cpp and postgres_sessions.cpp spells it as the literal
-// (1684632419, 2); (1684632419, 1) guards the table setup, (1684632419, 3) pg_segment.cpp.
+// that changes a lock NOTIFYs its event when a probe of it (exclusive, given back at once)
+// fails. The in-flight key: each such statement holds it shared to its commit, and a
+// starting watch takes it exclusively once to wait for the statements that probed before it
+// (postgres_watch.cpp). The SQL of postgres_acquire.cpp and postgres_sessions.cpp spells
+// them as the literals (1684632419, 2) and (1684632419, 4); (1684632419, 1) guards the table
+// setup, (1684632419, 3) pg_segment.cpp.
 constexpr std::int32_t kWatchKeyHigh = 1684632419;
 constexpr std::int32_t kWatchKeyLow = 2;
+constexpr std::int32_t kInFlightKeyLow = 4;
 // The channel of lock events (postgres_watch.cpp has the payload).
 constexpr const char* kEventsChannel = "distlock_events";
 

@@ -23,8 +23,10 @@ constexpr const char* kReleaseSql =
     " AND pid = pg_backend_pid() RETURNING token)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true),"
-    " CASE WHEN NOT EXISTS (SELECT 1 FROM r) THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
-    "NULL"
+    " CASE WHEN NOT EXISTS (SELECT 1 FROM r) THEN NULL WHEN CASE WHEN NOT "
+    "pg_try_advisory_xact_lock_shared(1684632419, 4) THEN false"
+    " WHEN NOT pg_try_advisory_lock(1684632419, 2) THEN false ELSE pg_advisory_unlock(1684632419, 2) END"
+    " THEN NULL"
     " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($2) < 7900 THEN"
     " 'released ' || (SELECT token FROM r) || ' ' || $1 || ' ' || $2 ELSE 'overflow' END) END";
 
@@ -41,8 +43,10 @@ constexpr const char* kGiveUpSql =
     " AND pid = pg_backend_pid() AND coalesce(delay_ms, 0) = 0 RETURNING 1)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true),"
-    " CASE WHEN NOT EXISTS (SELECT 1 FROM m) THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
-    "NULL"
+    " CASE WHEN NOT EXISTS (SELECT 1 FROM m) THEN NULL WHEN CASE WHEN NOT "
+    "pg_try_advisory_xact_lock_shared(1684632419, 4) THEN false"
+    " WHEN NOT pg_try_advisory_lock(1684632419, 2) THEN false ELSE pg_advisory_unlock(1684632419, 2) END"
+    " THEN NULL"
     " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($2) < 7900 THEN"
     " 'lost ' || (SELECT token FROM m) || ' ' || $1 || ' ' || $2 ELSE 'overflow' END) END";
 
@@ -53,8 +57,10 @@ constexpr const char* kGiveUpWithoutDelaySql =
     " AND pid = pg_backend_pid() RETURNING token)"
     " SELECT (SELECT count(*) FROM r), pg_advisory_unlock($3::bigint), pg_notify('distlock_released', $4),"
     " set_config('synchronous_commit', 'off', true),"
-    " CASE WHEN NOT EXISTS (SELECT 1 FROM r) THEN NULL WHEN pg_try_advisory_xact_lock(1684632419, 2) THEN "
-    "NULL"
+    " CASE WHEN NOT EXISTS (SELECT 1 FROM r) THEN NULL WHEN CASE WHEN NOT "
+    "pg_try_advisory_xact_lock_shared(1684632419, 4) THEN false"
+    " WHEN NOT pg_try_advisory_lock(1684632419, 2) THEN false ELSE pg_advisory_unlock(1684632419, 2) END"
+    " THEN NULL"
     " ELSE pg_notify('distlock_events', CASE WHEN octet_length($1) + octet_length($2) < 7900 THEN"
     " 'lost ' || (SELECT token FROM r) || ' ' || $1 || ' ' || $2 ELSE 'overflow' END) END";
 

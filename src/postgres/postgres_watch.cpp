@@ -12,14 +12,20 @@
 // its status re-read (src/api/watch.cpp).
 //
 // The statements publish only while a watch exists: each watch holds the watcher key
-// (kWatchKeyHigh, kWatchKeyLow) shared on its LISTEN connection, and a statement NOTIFYs
-// only when pg_try_advisory_xact_lock on it fails (nobody watching costs one in-memory
-// lock-manager call per change, no NOTIFY; a statement racing another may publish an
-// event nobody listens to, which is harmless). The watch takes the key after its LISTEN
-// committed, and taking it waits for a statement holding it exclusively to commit: every
-// statement that commits after the key is granted publishes to a listening watch. The
-// key lives exactly as long as the watch's connection, so it cannot lapse without that
-// connection breaking, which the watch reports as a gap.
+// (kWatchKeyHigh, kWatchKeyLow) shared on its LISTEN connection. A statement that changes a
+// lock takes the in-flight key (kWatchKeyHigh, kInFlightKeyLow) shared to its commit
+// (pg_try_advisory_xact_lock_shared: statements never conflict on it), then probes the
+// watcher key exclusively and gives it back at once (pg_try_advisory_lock and
+// pg_advisory_unlock in one expression); it NOTIFYs if either try fails. Nobody watching
+// costs three in-memory lock-manager calls per change and no NOTIFY: two statements fail on
+// each other only if their probes meet within microseconds. (A NOTIFY takes PostgreSQL's
+// cluster-wide notify lock to its commit flush, so statements that published to nobody would
+// serialise every client's commits.) The watch takes the watcher key after its LISTEN
+// committed, then the in-flight key exclusively and back, which waits for every statement
+// that probed before the watcher key was granted to commit: those are in the listing, every
+// later statement finds the key held and publishes. The key lives exactly as long as the
+// watch's connection, so it cannot lapse without that connection breaking, which the watch
+// reports as a gap.
 //
 // Each watch has its own connection (application_name distlock-watch, no idle timeout).
 // Its break is a gap, and so is its re-connection (a re-list run in between may have
@@ -120,6 +126,14 @@ class PostgresPrefixWatch final : public PrefixWatch {
     if (e.ok())
       e = pg::run(c.get(), "SELECT pg_advisory_lock_shared($1::integer, $2::integer)",
                   {std::to_string(kWatchKeyHigh), std::to_string(kWatchKeyLow)}, cfg_.command_timeout);
+    // Waits for every lock statement that probed the watcher key before it was granted
+    // (each holds the in-flight key shared to its commit): what those committed is in the
+    // listing that follows, and every later statement finds the watcher key held.
+    if (e.ok())
+      e = pg::run(
+          c.get(),
+          "SELECT pg_advisory_lock($1::integer, $2::integer), pg_advisory_unlock($1::integer, $2::integer)",
+          {std::to_string(kWatchKeyHigh), std::to_string(kInFlightKeyLow)}, cfg_.command_timeout);
     if (!e.ok()) {
       ec = code_of(e);
       ec.set_detail(cfg_.shown + ": LISTEN distlock_events and the watcher key: " + e.error);
