@@ -161,7 +161,10 @@ class EtcdServer:
         return f"etcd://127.0.0.1:{self.port}"
 
     def keys(self) -> List[bytes]:
-        """Every key on the server (through etcd's v3 JSON gateway)."""
+        """Every lock key on the server (through etcd's v3 JSON gateway): the keys of locks,
+        queues, records and markers, but not a session's release mark (`%released/`, one per
+        session, put by its last release for the prefix watch and gone with the session) nor a
+        watch's sync marker (`%sync/`): those say nothing about what is held or queued."""
         import base64
         import json
         body = json.dumps({"key": base64.b64encode(b"\0").decode(),
@@ -170,7 +173,8 @@ class EtcdServer:
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as r:
             kvs = json.loads(r.read()).get("kvs", [])
-        return sorted(base64.b64decode(kv["key"]) for kv in kvs)
+        keys = (base64.b64decode(kv["key"]) for kv in kvs)
+        return sorted(k for k in keys if b"%released/" not in k and b"%sync/" not in k)
 
     def stop(self) -> None:
         stop_pid(self.proc)
