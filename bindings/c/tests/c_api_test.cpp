@@ -204,7 +204,11 @@ class CApiBackend : public ::testing::TestWithParam<std::string> {
         if (!k.ends_with(":fence")) out.push_back(k);  // the counter <prefix>:{<slot tag>}:fence
       }
     } else if (kind_ == "etcd") {
-      out = etcd_keys(prefix_);  // tokens are revisions: no counter keys (docs/etcd.md)
+      // Tokens are revisions: no counter keys (docs/etcd.md). A session's release mark
+      // (%released/, one per session, on its lease: the prefix watch's) is not lock state.
+      for (auto& k : etcd_keys(prefix_)) {
+        if (k.find("/%released/") == std::string::npos) out.push_back(k);
+      }
     }
     return out;
   }
