@@ -39,6 +39,7 @@
 #include <condition_variable>
 #include <random>
 
+#include "engine/watch_payload.hpp"
 #include "postgres/postgres_backend_impl.hpp"
 
 namespace distlock::detail::postgres {
@@ -198,12 +199,7 @@ class PostgresPrefixWatch final : public PrefixWatch {
   // "<kind> <token> <name hex> <owner>", "overflow", or a watch's "sync <n> <id>".
   void on_payload(std::string_view p) {
     if (stopping_.load()) return;
-    auto field = [&p]() {
-      const auto sp = p.find(' ');
-      std::string_view f = p.substr(0, sp);
-      p = sp == std::string_view::npos ? std::string_view{} : p.substr(sp + 1);
-      return f;
-    };
+    auto field = [&p] { return take_field(p); };
     const std::string_view kind = field();
     if (kind == "sync") {
       const std::string_view n = field();
@@ -224,14 +220,10 @@ class PostgresPrefixWatch final : public PrefixWatch {
       return;
     }
     LockEvent ev;
-    if (kind == "acquired") {
-      ev.kind = LockEvent::Kind::acquired;
-    } else if (kind == "released") {
-      ev.kind = LockEvent::Kind::released;
-    } else if (kind == "lost") {
-      ev.kind = LockEvent::Kind::lost;
+    if (const auto k = lock_event_kind(kind); k && *k != LockEvent::Kind::revoked) {
+      ev.kind = *k;
     } else {
-      return;  // a kind of a newer version: not ours to guess
+      return;  // a kind of a newer version (or one postgres:// never publishes): not ours to guess
     }
     const std::string_view token = field();
     if (std::from_chars(token.data(), token.data() + token.size(), ev.token).ec != std::errc{}) return;

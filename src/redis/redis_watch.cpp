@@ -28,6 +28,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/watch_payload.hpp"
 #include "redis/key_layout.hpp"
 #include "redis/redis_backend_impl.hpp"
 
@@ -172,12 +173,7 @@ class RedisPrefixWatch final : public PrefixWatch {
   // "<kind> <token> <owner length> <owner><lock key>" or a watch's "sync <n> <id>".
   void on_payload(std::string_view p) {
     if (stopping_.load()) return;
-    auto field = [&p]() {
-      const auto sp = p.find(' ');
-      std::string_view f = p.substr(0, sp);
-      p = sp == std::string_view::npos ? std::string_view{} : p.substr(sp + 1);
-      return f;
-    };
+    auto field = [&p] { return take_field(p); };
     const std::string_view kind = field();
     if (kind == "sync") {
       const std::string_view n = field();
@@ -192,14 +188,8 @@ class RedisPrefixWatch final : public PrefixWatch {
       return;
     }
     LockEvent ev;
-    if (kind == "acquired") {
-      ev.kind = LockEvent::Kind::acquired;
-    } else if (kind == "released") {
-      ev.kind = LockEvent::Kind::released;
-    } else if (kind == "lost") {
-      ev.kind = LockEvent::Kind::lost;
-    } else if (kind == "revoked") {
-      ev.kind = LockEvent::Kind::revoked;
+    if (const auto k = lock_event_kind(kind)) {
+      ev.kind = *k;
     } else {
       return;  // a kind of a newer version: not ours to guess
     }
