@@ -52,28 +52,37 @@ distlock::LockOptions ttl30() {
   return o;
 }
 
+// `distlock watch --count 3 <dir>/` on `url`: the state of the lock `<dir>/x` held before
+// (the first line shows the subscription is live), then its release and the next acquire,
+// each with its token; --count 3 ends the tool with exit 0. Every backend's case runs this.
+void expect_state_release_acquire(const std::string& url, const std::string& dir_prefix) {
+  TempDir dir("distlock-cli-watch");
+  const std::string name = dir_prefix + "/x";
+  distlock::Client c = distlock::connect(url);
+  distlock::Lease first = c.acquire(name, ttl30());
+  const std::uint64_t first_token = first.token();
+  Cli w =
+      Cli::start({"watch", "--url", url, "--count", "3", "--timeout", "60s", dir_prefix + "/"}, dir.path());
+  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  first.release();
+  distlock::Lease second = c.acquire(name, ttl30());
+  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
+  const auto out = lines(w.out());
+  ASSERT_EQ(out.size(), 3u) << w.out();
+  EXPECT_NE(out[0].find(" state " + name + " held token=" + std::to_string(first_token)), std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find(" released " + name + " token=" + std::to_string(first_token)), std::string::npos)
+      << out[1];
+  EXPECT_NE(out[2].find(" acquired " + name + " token=" + std::to_string(second.token())), std::string::npos)
+      << out[2];
+  EXPECT_EQ(w.err(), "");
+}
+
 // The first line (the state of the lock held before) shows the subscription is live;
 // a release and an acquire then make three lines and --count 3 ends the tool with 0.
 TEST(CliWatch, PrintsOneLinePerEventAndStopsAtCount) {
   RedisServer server;
-  TempDir dir("distlock-cli-watch");
-  distlock::Client c = distlock::connect(server.url());
-  distlock::Lease first = c.acquire("cli/x", ttl30());
-  const std::uint64_t first_token = first.token();
-  Cli w =
-      Cli::start({"watch", "--url", server.url(), "--count", "3", "--timeout", "60s", "cli/"}, dir.path());
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
-  first.release();
-  distlock::Lease second = c.acquire("cli/x", ttl30());
-  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
-  const auto out = lines(w.out());
-  ASSERT_EQ(out.size(), 3u) << w.out();
-  EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
-      << out[0];
-  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
-  EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
-      << out[2];
-  EXPECT_EQ(w.err(), "");
+  expect_state_release_acquire(server.url(), "cli");
 }
 
 #if DISTLOCK_HAS_POSTGRES
@@ -81,24 +90,7 @@ TEST(CliWatch, PrintsOneLinePerEventAndStopsAtCount) {
 // the lock held before, its release and the next acquire, then exit 0 at --count 3.
 TEST(CliWatch, PostgresPrintsOneLinePerEventAndStopsAtCount) {
   PostgresServer server;
-  TempDir dir("distlock-cli-watch-pg");
-  distlock::Client c = distlock::connect(server.url());
-  distlock::Lease first = c.acquire("cli/x", ttl30());
-  const std::uint64_t first_token = first.token();
-  Cli w =
-      Cli::start({"watch", "--url", server.url(), "--count", "3", "--timeout", "60s", "cli/"}, dir.path());
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
-  first.release();
-  distlock::Lease second = c.acquire("cli/x", ttl30());
-  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
-  const auto out = lines(w.out());
-  ASSERT_EQ(out.size(), 3u) << w.out();
-  EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
-      << out[0];
-  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
-  EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
-      << out[2];
-  EXPECT_EQ(w.err(), "");
+  expect_state_release_acquire(server.url(), "cli");
 }
 #endif  // DISTLOCK_HAS_POSTGRES
 
@@ -133,23 +125,7 @@ TEST(CliWatch, JsonLinesAndSigintExitsZero) {
 // tokens the leases carry (the keys' create revisions); --count 3 ends the tool with 0.
 TEST(CliWatch, EtcdPrintsStateReleaseAndAcquire) {
   distlock::testing::EtcdCluster etcd(1);
-  TempDir dir("distlock-cli-watch");
-  distlock::Client c = distlock::connect(etcd.url());
-  distlock::Lease first = c.acquire("cli/x", ttl30());
-  const std::uint64_t first_token = first.token();
-  Cli w = Cli::start({"watch", "--url", etcd.url(), "--count", "3", "--timeout", "60s", "cli/"}, dir.path());
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
-  first.release();
-  distlock::Lease second = c.acquire("cli/x", ttl30());
-  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
-  const auto out = lines(w.out());
-  ASSERT_EQ(out.size(), 3u) << w.out();
-  EXPECT_NE(out[0].find(" state cli/x held token=" + std::to_string(first_token)), std::string::npos)
-      << out[0];
-  EXPECT_NE(out[1].find(" released cli/x token=" + std::to_string(first_token)), std::string::npos) << out[1];
-  EXPECT_NE(out[2].find(" acquired cli/x token=" + std::to_string(second.token())), std::string::npos)
-      << out[2];
-  EXPECT_EQ(w.err(), "");
+  expect_state_release_acquire(etcd.url(), "cli");
 }
 #endif
 
@@ -159,25 +135,7 @@ TEST(CliWatch, EtcdPrintsStateReleaseAndAcquire) {
 // not lost) and the next acquire, each with its token (the lock node's czxid).
 TEST(CliWatch, ZooKeeperPrintsStateReleaseAndAcquire) {
   distlock::testing::ZkServer zk;
-  TempDir dir("distlock-cli-watch");
-  const std::string url = zk.url("?session_timeout=30s");
-  distlock::Client c = distlock::connect(url);
-  distlock::Lease first = c.acquire("zcli/x", ttl30());
-  const std::uint64_t first_token = first.token();
-  Cli w = Cli::start({"watch", "--url", url, "--count", "3", "--timeout", "60s", "zcli/"}, dir.path());
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
-  first.release();
-  distlock::Lease second = c.acquire("zcli/x", ttl30());
-  ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
-  const auto out = lines(w.out());
-  ASSERT_EQ(out.size(), 3u) << w.out();
-  EXPECT_NE(out[0].find(" state zcli/x held token=" + std::to_string(first_token)), std::string::npos)
-      << out[0];
-  EXPECT_NE(out[1].find(" released zcli/x token=" + std::to_string(first_token)), std::string::npos)
-      << out[1];
-  EXPECT_NE(out[2].find(" acquired zcli/x token=" + std::to_string(second.token())), std::string::npos)
-      << out[2];
-  EXPECT_EQ(w.err(), "");
+  expect_state_release_acquire(zk.url("?session_timeout=30s"), "zcli");
 }
 #endif
 
