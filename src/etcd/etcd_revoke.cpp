@@ -117,6 +117,7 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
       revoke_lease(hold_lease);
       return {};
     }
+    revoke_step(RevokeStep::kGranted);
 
     etcdserverpb::TxnRequest txn;
     Compare* c = txn.add_compare();
@@ -157,6 +158,7 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
       revoke_lease(note_lease);
       continue;
     }
+    revoke_step(RevokeStep::kApplied);
     // The holder's last keepalive may have been applied after our lease was granted (its
     // lease then ends up to that gap later than ours): one keepalive of ours, sent after
     // the Txn was applied, moves our lease's end to at least the Txn + the holder's TTL.
