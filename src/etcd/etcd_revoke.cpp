@@ -143,6 +143,10 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     etcd::CallInfo info;
     st = transport_.call(
         [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); }, &info);
+    // The window the extra second must cover: from L's grant to the Txn's answer (the
+    // holder's last confirmed renewal was sent before the Txn was applied), not the
+    // keepalive tries after it.
+    const auto txn_answered = std::chrono::steady_clock::now();
     if (!st.ok()) {
       // Maybe applied: the lease then holds the key and must stay; it ends by itself.
       set_error(st, ec, "revoke Txn");
@@ -165,12 +169,12 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     bool kept = false;
     for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease);
     if (!kept) {
-      const auto gap = std::chrono::steady_clock::now() - granted_at;
+      const auto gap = txn_answered - granted_at;
       const bool covered = gap < std::chrono::seconds(1);
       log_.log(
           covered ? LogLevel::warning : LogLevel::error,
           "etcd revoke of lock \"{}\": no keepalive after the revoke was answered ({} tries); the key ends "
-          "with the lease granted {} ms before, {}",
+          "with its lease, granted {} ms before the revoke's Txn was answered, {}",
           name, kRevokeKeepAliveTries, std::chrono::duration_cast<std::chrono::milliseconds>(gap).count(),
           covered ? "within the extra second it was granted"
                   : "more than its extra second: a renewal of the holder in between may outlast it");
