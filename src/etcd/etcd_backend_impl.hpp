@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -200,6 +201,18 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
   std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
 
+  // Test hook (tests/etcd/etcd_revoke_fault_test.cpp, tests/tools/etcd_revoke_tool.cpp): revoke()
+  // calls it with kGranted once the revoke's two leases are granted (before its Txn is sent)
+  // and with kApplied once its Txn was answered as applied (before the keepalive of the
+  // revoked key's lease), on the revoking thread, so a test can delay or cut the connection
+  // (or kill the process) at exactly that point. Unset (the default): nothing is called. Set
+  // it before the client revokes; not part of the public API.
+  enum class RevokeStep { kGranted, kApplied };
+  void set_revoke_hook_for_test(std::function<void(RevokeStep)> hook) {
+    LockGuard lk(revoke_hook_mu_);
+    revoke_hook_ = std::move(hook);
+  }
+
   // Client::watch (etcd_prefix_watch.cpp): one Watch stream of its own per call.
   std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
 
@@ -259,6 +272,14 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
                           etcdserverpb::RangeResponse& queue, etcdserverpb::RangeResponse& marker);
   // A lease of `ttl_s` outside every session (nobody keeps it alive); 0 with ec on error.
   std::int64_t grant_free_lease(std::int64_t ttl_s, Error& ec);
+  void revoke_step(RevokeStep step) {
+    std::function<void(RevokeStep)> hook;
+    {
+      LockGuard lk(revoke_hook_mu_);
+      hook = revoke_hook_;
+    }
+    if (hook) hook(step);
+  }
   void revoke_lease(std::int64_t id) noexcept;
   // One keepalive of a lease outside every session: whether etcd renewed it.
   bool keep_alive_once(std::int64_t id) noexcept;
@@ -287,6 +308,9 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   std::uint64_t keeper_generation_ DISTLOCK_GUARDED_BY(recipe_.mutex()) =
       0;  // bumped when a session is added
   std::jthread keeper_;
+
+  AnnotatedMutex revoke_hook_mu_;
+  std::function<void(RevokeStep)> revoke_hook_ DISTLOCK_GUARDED_BY(revoke_hook_mu_);
 
   // Lock order: mu_ before watch_mu_.
   AnnotatedMutex watch_mu_;

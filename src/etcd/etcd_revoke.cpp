@@ -117,6 +117,7 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
       revoke_lease(hold_lease);
       return {};
     }
+    revoke_step(RevokeStep::kGranted);
 
     etcdserverpb::TxnRequest txn;
     Compare* c = txn.add_compare();
@@ -142,6 +143,10 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     etcd::CallInfo info;
     st = transport_.call(
         [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); }, &info);
+    // The window the extra second must cover: from L's grant to the Txn's answer (the
+    // holder's last confirmed renewal was sent before the Txn was applied), not the
+    // keepalive tries after it.
+    const auto txn_answered = std::chrono::steady_clock::now();
     if (!st.ok()) {
       // Maybe applied: the lease then holds the key and must stay; it ends by itself.
       set_error(st, ec, "revoke Txn");
@@ -157,18 +162,19 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
       revoke_lease(note_lease);
       continue;
     }
+    revoke_step(RevokeStep::kApplied);
     // The holder's last keepalive may have been applied after our lease was granted (its
     // lease then ends up to that gap later than ours): one keepalive of ours, sent after
     // the Txn was applied, moves our lease's end to at least the Txn + the holder's TTL.
     bool kept = false;
     for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease);
     if (!kept) {
-      const auto gap = std::chrono::steady_clock::now() - granted_at;
+      const auto gap = txn_answered - granted_at;
       const bool covered = gap < std::chrono::seconds(1);
       log_.log(
           covered ? LogLevel::warning : LogLevel::error,
           "etcd revoke of lock \"{}\": no keepalive after the revoke was answered ({} tries); the key ends "
-          "with the lease granted {} ms before, {}",
+          "with its lease, granted {} ms before the revoke's Txn was answered, {}",
           name, kRevokeKeepAliveTries, std::chrono::duration_cast<std::chrono::milliseconds>(gap).count(),
           covered ? "within the extra second it was granted"
                   : "more than its extra second: a renewal of the holder in between may outlast it");

@@ -5,6 +5,8 @@
 // a revoke of a free lock does nothing. A backend that cannot revoke says so with
 // errc::not_supported (file://, postgres://, mysql://: docs/design.md "Revoke").
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
@@ -13,9 +15,11 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #ifdef DISTLOCK_TEST_FENCING
@@ -24,6 +28,8 @@
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -359,6 +365,85 @@ TEST_P(Revoke, EachRevokeReachesTheLeaseItRevokedAndNoOther) {
   EXPECT_EQ(second.revoke_reason().value_or("(none)"), "second");
   EXPECT_EQ(first.revoke_reason().value_or("(none)"), "first");
   EXPECT_EQ(ops.last_revoke(name).value_or(distlock::RevokeRecord{}).reason, "second");
+}
+
+// The exit code of `p` once it exits within `limit`; -1 on a hang, 128+N on signal N.
+int exit_code(distlock::testing::Process& p, Millis limit) {
+  const int status = p.wait_for(limit);
+  if (status == -1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The lock_tool's own lines in `out` (its stderr, with the library's log lines, shares the file).
+std::vector<std::string> tool_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(distlock::testing::read_file(out));
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("distlock ", 0) != 0 && l.rfind("lock_tool: ", 0) != 0) lines.push_back(l);
+  }
+  return lines;
+}
+
+// A holder frozen (SIGSTOP) while it is revoked: it cannot be told, so only the server's lease
+// stands between it and the next holder. The waiter is not granted before half a TTL after the
+// freeze (the holder's last renewal, due every TTL/3, was sent at most a renewal interval and a
+// round trip before it, so its lease and its local deadline run at least that long; the bound the
+// SIGKILLed holder of tests/conformance/conformance_test.cpp uses), and within TTL + 3 s; with a
+// larger token. Resumed, the holder's first word is the loss, it no longer owns, and its release
+// finds the lease lost without touching the new holder's lock.
+TEST_P(Revoke, FrozenHolderRevokedIsNotOverlappedAndSeesTheLossOnResume) {
+  distlock::testing::TempDir dir("distlock-revoke-frozen");
+  const std::string out = (dir.path() / "holder").string();
+  const std::string name = "revoke/frozen";
+  distlock::testing::Process holder =
+      distlock::testing::spawn_holder(target_->url(), name, out, kTtl.count());
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  const long long old_token = distlock::testing::acquired_token(out);
+  holder.signal(SIGSTOP);
+  const Steady::time_point stopped = Steady::now();
+  distlock::Client ops = client();
+  std::error_code ec;
+  const distlock::RevokeResult r = ops.revoke(name, "frozen holder", ec);
+  if (!revocable(ops.scheme())) {
+    EXPECT_EQ(ec, errc::not_supported) << ec.message();
+    holder.signal(SIGCONT);
+    holder.signal(SIGTERM);
+    EXPECT_EQ(exit_code(holder, 10s), 0) << distlock::testing::read_file(out);
+    return;
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(r.revoked);
+  if (old_token >= 0) {
+    EXPECT_EQ(static_cast<long long>(r.token.value_or(0)), old_token);
+  }
+  distlock::Client waiter_client = client();
+  distlock::Lease next = waiter_client.acquire(name, lock_opts(20000ms));
+  const auto took = std::chrono::duration_cast<Millis>(Steady::now() - stopped);
+  std::printf(
+      "%s: frozen holder revoked; the waiter granted %lld ms after the freeze (bounds %lld..%lld ms)\n",
+      GetParam().label.c_str(), static_cast<long long>(took.count()),
+      static_cast<long long>((kTtl / 2).count()), static_cast<long long>((kTtl + 3000ms).count()));
+  EXPECT_GE(took, kTtl / 2) << "the waiter was granted while the frozen holder's lease could still run";
+  EXPECT_LT(took, kTtl + 3000ms) << "the revoked, frozen holder's lease outlived its TTL";
+  if (old_token >= 0 && next.has_token()) {
+    EXPECT_GT(static_cast<long long>(next.token()), old_token);
+  }
+  holder.signal(SIGCONT);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "lost", 10s)) << distlock::testing::read_file(out);
+  holder.signal(SIGUSR1);
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
+  const std::vector<std::string> lines = tool_lines(out);
+  ASSERT_GE(lines.size(), 3u) << distlock::testing::read_file(out);
+  EXPECT_EQ(lines[0].rfind("acquired", 0), 0u);
+  EXPECT_EQ(lines[1], "lost") << "the resumed holder's first word must be the loss";
+  EXPECT_EQ(lines[2], "owns 0");
+  holder.signal(SIGTERM);
+  EXPECT_EQ(exit_code(holder, 10s), 76) << "its release must find the lease lost";
+  EXPECT_TRUE(next.owns()) << "the revoked holder's release touched the new holder's lock";
+  const distlock::LockInfo now = ops.status(name);
+  EXPECT_TRUE(now.held);
+  EXPECT_EQ(now.holder.value_or("").rfind(waiter_client.id(), 0), 0u) << now.holder.value_or("(none)");
+  next.release();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Revoke, ::testing::ValuesIn(distlock::testing::kinds()),
