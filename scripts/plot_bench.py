@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws the hand-off figures of scripts/bench_redis.sh as SVG: p50 and p99 against clients.
 
 Usage: scripts/plot_bench.py JSONL [OUT_DIR]   (OUT_DIR defaults to the JSONL's directory)
@@ -8,7 +8,8 @@ handoff-<server CPU>-<client CPU>.svg: on the left the hand-off p50 and p99 of d
 `contended` workload and of the raw direct hand-off (`raw-handoff`) against the number of
 clients, on the right the client and server CPU per acquire + release pair of both. Each
 point is the median over the rounds; the bars span the rounds' range. Needs Debian's
-python3-matplotlib (scripts/bootstrap.sh installs it).
+python3-matplotlib (scripts/bootstrap.sh installs it), hence /usr/bin/python3 (a python3
+earlier on PATH, a virtualenv or pyenv, may not see it).
 """
 import json
 import os
@@ -16,6 +17,7 @@ import statistics
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -89,8 +91,11 @@ def main():
         cpu.set_title("CPU per acquire + release pair")
         cpu.set_xlabel("clients on one lock")
         cpu.set_ylabel("microseconds of CPU")
+        counts = sorted({k[2] for k in rows if k[0] == pin})
         for ax in (lat, cpu):
             ax.set_xscale("log", base=2)
+            ax.set_xticks(counts, [str(n) for n in counts])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         fig.text(0.01, 0.01, "medians over interleaved rounds, bars = the rounds' range; "
