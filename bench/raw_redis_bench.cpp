@@ -16,7 +16,13 @@
 //   raw-many-keys (with --many-keys-threads N) N threads, each on its own connection,
 //             running the raw-lock pair on random keys of --keys K: the baseline of
 //             distlock-bench's many-keys workload with one client shared by N threads.
+// --workload raw-lock,raw-handoff,... runs only those (default: raw-lock and raw-ping,
+// then the two above when their options are given), so a caller can read the server's
+// counters around each one. Each line of a workload made of lock pairs also carries the
+// client's CPU per pair (getrusage user + sys of this process, every thread) and its
+// context switches per pair, as distlock-bench's lines do.
 #include <hiredis/hiredis.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 
 #include <CLI/CLI.hpp>
@@ -84,6 +90,36 @@ json line(const std::string& workload, const std::string& url, long ops, double 
               {"p999_us", pct(0.999)}};
 }
 
+double round2(double v) {
+  return static_cast<double>(static_cast<long long>(v * 100 + 0.5)) / 100;
+}
+
+// This process's CPU time and context switches (getrusage, every thread).
+struct Usage {
+  double user_us = 0, sys_us = 0;
+  long voluntary = 0, involuntary = 0;
+
+  static Usage now() {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    auto us = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_usec);
+    };
+    return Usage{us(r.ru_utime), us(r.ru_stime), r.ru_nvcsw, r.ru_nivcsw};
+  }
+};
+
+// The fields distlock-bench adds (tools/bench/bench_driver.cpp add_usage), over `pairs`.
+void add_usage(json& j, const Usage& a, const Usage& b, long pairs) {
+  const double n = static_cast<double>(std::max(1L, pairs));
+  j["pairs"] = pairs;
+  j["cpu_us_per_pair"] = round2((b.user_us - a.user_us + b.sys_us - a.sys_us) / n);
+  j["user_us_per_pair"] = round2((b.user_us - a.user_us) / n);
+  j["sys_us_per_pair"] = round2((b.sys_us - a.sys_us) / n);
+  j["vcsw_per_pair"] = round2(static_cast<double>(b.voluntary - a.voluntary) / n);
+  j["ivcsw_per_pair"] = round2(static_cast<double>(b.involuntary - a.involuntary) / n);
+}
+
 Context connect_to(const std::string& host, int port) {
   timeval tv{5, 0};
   Context c(redisConnectWithTimeout(host.c_str(), port, tv));
@@ -122,6 +158,7 @@ json raw_handoff(const std::string& host, int port, const std::string& url, int 
   std::mutex lat_mu;
   std::string error;
   std::vector<std::thread> threads;
+  const Usage u0 = Usage::now();
   const std::int64_t t0 = now_ns();
   for (int me = 0; me < n; ++me) {
     threads.emplace_back([&, me] {
@@ -168,6 +205,9 @@ json raw_handoff(const std::string& host, int port, const std::string& url, int 
   if (!error.empty()) throw std::runtime_error("raw-handoff: " + error);
   json j = line("raw-handoff", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat, n);
   j["handoffs"] = lat.size();
+  // Every acquire counted in `taken` (warm-up ones included) is released once. The window
+  // includes each thread's two connections (2n connects against thousands of pairs).
+  add_usage(j, u0, Usage::now(), taken.load());
   return j;
 }
 
@@ -178,6 +218,8 @@ json raw_many_keys(const std::string& host, int port, const std::string& url, in
   std::mutex lat_mu;
   std::string error;
   std::vector<std::thread> threads;
+  std::atomic<long> pairs{0};
+  const Usage u0 = Usage::now();
   const std::int64_t t0 = now_ns();
   for (int me = 0; me < n; ++me) {
     threads.emplace_back([&, me] {
@@ -198,6 +240,7 @@ json raw_many_keys(const std::string& host, int port, const std::string& url, in
           const Reply set = command(c.get(), {"SET", key, owner, "NX", "PX", "30000"});
           if (set->type != REDIS_REPLY_STATUS) continue;  // another thread holds that key now
           command(c.get(), {"EVALSHA", sha, "1", key, owner});
+          pairs.fetch_add(1, std::memory_order_relaxed);
           if (i >= warmup / n) lats.push_back(now_ns() - a);
         }
         std::lock_guard lk(lat_mu);
@@ -214,6 +257,9 @@ json raw_many_keys(const std::string& host, int port, const std::string& url, in
                 lat, 1);
   j["threads"] = n;
   j["keys"] = keys;
+  // Pairs that took the lock; a SET that found the key held (another thread's) is one
+  // round trip more, not counted.
+  add_usage(j, u0, Usage::now(), pairs.load());
   return j;
 }
 
@@ -237,7 +283,14 @@ int main(int argc, char** argv) {
                  "also measure raw-many-keys with this many threads (one connection each)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--keys", keys, "keys for raw-many-keys")->check(CLI::Range(1, 10000000));
+  std::vector<std::string> only;
+  app.add_option("--workload", only, "run only these: raw-lock, raw-ping, raw-many-keys, raw-handoff")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"raw-lock", "raw-ping", "raw-many-keys", "raw-handoff"}));
   CLI11_PARSE(app, argc, argv);
+  auto wanted = [&](const std::string& w) {
+    return only.empty() || std::ranges::find(only, w) != only.end();
+  };
   const std::string url = "redis://" + host + ":" + std::to_string(port);
 
   try {
@@ -262,33 +315,39 @@ int main(int argc, char** argv) {
       if (del->type != REDIS_REPLY_INTEGER || del->integer != 1)
         throw std::runtime_error("raw unlock failed");
     };
-    for (long i = 0; i < warmup; ++i) lock_op();
     std::vector<std::int64_t> lat;
     lat.reserve(static_cast<std::size_t>(ops));
-    std::int64_t t0 = now_ns();
-    for (long i = 0; i < ops; ++i) {
-      const std::int64_t a = now_ns();
-      lock_op();
-      lat.push_back(now_ns() - a);
+    if (wanted("raw-lock")) {
+      for (long i = 0; i < warmup; ++i) lock_op();
+      const Usage u0 = Usage::now();
+      const std::int64_t t0 = now_ns();
+      for (long i = 0; i < ops; ++i) {
+        const std::int64_t a = now_ns();
+        lock_op();
+        lat.push_back(now_ns() - a);
+      }
+      json j = line("raw-lock", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat);
+      add_usage(j, u0, Usage::now(), ops);
+      std::cout << j.dump() << std::endl;
     }
-    std::cout << line("raw-lock", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
-              << std::endl;
-
-    for (long i = 0; i < warmup; ++i) command(c.get(), {"PING"});
-    lat.clear();
-    t0 = now_ns();
-    for (long i = 0; i < ops; ++i) {
-      const std::int64_t a = now_ns();
-      command(c.get(), {"PING"});
-      lat.push_back(now_ns() - a);
+    if (wanted("raw-ping")) {
+      for (long i = 0; i < warmup; ++i) command(c.get(), {"PING"});
+      lat.clear();
+      const std::int64_t t0 = now_ns();
+      for (long i = 0; i < ops; ++i) {
+        const std::int64_t a = now_ns();
+        command(c.get(), {"PING"});
+        lat.push_back(now_ns() - a);
+      }
+      std::cout << line("raw-ping", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
+                << std::endl;
     }
-    std::cout << line("raw-ping", url, ops, static_cast<double>(now_ns() - t0) / 1e9, lat).dump()
-              << std::endl;
-    if (many_keys_threads > 0) {
+    if (many_keys_threads > 0 && wanted("raw-many-keys")) {
       std::cout << raw_many_keys(host, port, url, many_keys_threads, keys, ops, warmup, sha).dump()
                 << std::endl;
     }
     for (int n : handoff_clients) {
+      if (!wanted("raw-handoff")) break;
       std::cout << raw_handoff(host, port, url, n, std::max(1L, ops / 4), warmup).dump() << std::endl;
     }
     return 0;

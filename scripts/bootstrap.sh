@@ -14,7 +14,7 @@ PACKAGES=(
   libmariadb-dev mariadb-server
   lld clang-format clang-tidy util-linux procps iproute2 python3 python3-prometheus-client spin
   golang-go
-  python3-dev pybind11-dev python3-pybind11 python3-pytest python3-redis
+  python3-dev pybind11-dev python3-pybind11 python3-pytest python3-redis python3-matplotlib
 )
 
 missing=()

@@ -13,7 +13,10 @@
 // far, other threads' commands included). It then waits for its replies; if nobody
 // is reading, it reads for everybody, hands each completed call its replies (and
 // wakes that caller), and gives the reading role to the oldest waiting call when
-// its own call is complete. At most one thread writes and one reads at a time.
+// its own call is complete. At most one thread writes and one reads at a time. A
+// caller that has just written waits for the socket to be readable before its first
+// read (its reply cannot be there sooner than a round trip): a read that would find
+// nothing is not made.
 //
 // Connecting: one caller connects (outside the lock); callers arriving meanwhile
 // wait for that attempt and share its outcome.
@@ -87,7 +90,7 @@ class SharedConnection final : public Link {
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
-  void read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine)
+  void read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine, bool just_wrote)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void fail(const std::shared_ptr<Wire>& w, const Error& err) DISTLOCK_REQUIRES(mu_);
 

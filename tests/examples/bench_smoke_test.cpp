@@ -1,6 +1,7 @@
 // distlock-bench and the raw Redis baseline run end to end and print one well-formed
 // JSON line per workload. Figures are measured, never asserted (the machine is noisy);
-// what is checked is the shape, the counts, and that renewals are batched.
+// what is checked is the shape, the counts, that renewals are batched, and that the lock
+// workloads carry their CPU and context switches per pair.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -51,6 +52,23 @@ void expect_shape(const nlohmann::json& j, const std::string& workload, long ops
   EXPECT_LE(j.at("p99_us").get<double>(), j.at("p999_us").get<double>()) << j.dump();
 }
 
+// The client's cost per acquire + release pair (getrusage around the measured part):
+// `pairs` at least the measured ops, CPU per pair positive and the sum of user and sys,
+// context switches per pair present. Their sizes are measured, never asserted.
+void expect_usage(const nlohmann::json& j, long at_least_pairs) {
+  for (const char* k : {"pairs", "cpu_us_per_pair", "user_us_per_pair", "sys_us_per_pair", "vcsw_per_pair",
+                        "ivcsw_per_pair"}) {
+    ASSERT_TRUE(j.contains(k)) << k << " missing in " << j.dump();
+  }
+  EXPECT_GE(j.at("pairs").get<long>(), at_least_pairs) << j.dump();
+  EXPECT_GT(j.at("cpu_us_per_pair").get<double>(), 0) << j.dump();
+  EXPECT_NEAR(j.at("cpu_us_per_pair").get<double>(),
+              j.at("user_us_per_pair").get<double>() + j.at("sys_us_per_pair").get<double>(), 0.02)
+      << j.dump();
+  EXPECT_GE(j.at("vcsw_per_pair").get<double>(), 0) << j.dump();
+  EXPECT_GE(j.at("ivcsw_per_pair").get<double>(), 0) << j.dump();
+}
+
 TEST(Bench, AllWorkloadsOnTheMemoryBackend) {
   Output o = run({DISTLOCK_BENCH_PATH, "--url", "memory://bench", "--workload", "all", "--ops", "300",
                   "--clients", "3", "--keys", "50", "--warmup", "10"});
@@ -61,6 +79,10 @@ TEST(Bench, AllWorkloadsOnTheMemoryBackend) {
   EXPECT_EQ(o.lines[1].at("clients"), 3);
   EXPECT_EQ(o.lines[1].at("handoffs").get<long>() + o.lines[1].at("self_reacquired").get<long>(), 300);
   expect_shape(o.lines[2], "many-keys", 300);
+  expect_usage(o.lines[0], 300);
+  EXPECT_EQ(o.lines[0].at("pairs"), 300);  // uncontended: the measured loop only
+  expect_usage(o.lines[1], 300);           // contended: every acquisition, warm-up ones included
+  expect_usage(o.lines[2], 300);
   expect_shape(o.lines[3], "renew", 5);
   EXPECT_EQ(o.lines[3].at("leases"), 50);
   EXPECT_EQ(o.lines[3].at("renewed_per_call"), 50.0);
@@ -81,6 +103,19 @@ TEST(Bench, RedisWorkloadsAndRawBaseline) {
   expect_shape(raw.lines[3], "raw-handoff", 50);
   EXPECT_EQ(raw.lines[3].at("clients"), 4);
   EXPECT_EQ(redis.command({"EXISTS", "bench-raw:lock"})->integer, 0);  // the raw lock was released
+  expect_usage(raw.lines[0], 200);
+  EXPECT_EQ(raw.lines[0].at("pairs"), 200);
+  expect_usage(raw.lines[2], 50);
+  EXPECT_FALSE(raw.lines[1].contains("pairs")) << raw.lines[1].dump();  // PING is no pair
+
+  // --workload runs only the baselines named, one process per workload for bench_redis.sh.
+  Output one = run({DISTLOCK_BENCH_RAW_PATH, "--port", std::to_string(redis.port()), "--ops", "100",
+                    "--workload", "raw-many-keys", "--many-keys-threads", "4", "--keys", "1000"});
+  ASSERT_EQ(one.exit_code, 0) << one.text;
+  ASSERT_EQ(one.lines.size(), 1u) << one.text;
+  EXPECT_EQ(one.lines[0].at("workload"), "raw-many-keys");
+  EXPECT_EQ(one.lines[0].at("threads"), 4);
+  expect_usage(one.lines[0], 1);
 
   Output o =
       run({DISTLOCK_BENCH_PATH, "--url", redis.url(), "--workload", "uncontended,contended", "--workload",
@@ -89,6 +124,8 @@ TEST(Bench, RedisWorkloadsAndRawBaseline) {
   ASSERT_EQ(o.lines.size(), 3u) << o.text;
   expect_shape(o.lines[0], "uncontended", 200);
   expect_shape(o.lines[1], "contended", 200);
+  expect_usage(o.lines[0], 200);
+  expect_usage(o.lines[1], 200);
   expect_shape(o.lines[2], "renew", 2);
   EXPECT_EQ(o.lines[2].at("renewed_per_call"), 2000.0);
   // 2,000 leases renewed by the client's batch: one renewer round trip per tick.

@@ -1,6 +1,8 @@
 // The workloads of distlock-bench (see bench_driver.hpp).
 #include "bench_driver.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -60,6 +62,38 @@ class Samples {
 
 double round1(double v) {
   return static_cast<double>(static_cast<long long>(v * 10 + 0.5)) / 10;
+}
+
+double round2(double v) {
+  return static_cast<double>(static_cast<long long>(v * 100 + 0.5)) / 100;
+}
+
+/// This process's CPU time and context switches (getrusage, every thread), read around a
+/// workload's measured part: the client's cost per acquire + release pair.
+struct Usage {
+  double user_us = 0, sys_us = 0;
+  long voluntary = 0, involuntary = 0;
+
+  static Usage now() {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    auto us = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_usec);
+    };
+    return Usage{us(r.ru_utime), us(r.ru_stime), r.ru_nvcsw, r.ru_nivcsw};
+  }
+};
+
+/// Adds the client's CPU per pair (user + sys, and each) and its context switches per pair
+/// (voluntary, involuntary) between `a` and `b` over `pairs` acquire + release pairs.
+void add_usage(json& j, const Usage& a, const Usage& b, long pairs) {
+  const double n = static_cast<double>(std::max(1L, pairs));
+  j["pairs"] = pairs;
+  j["cpu_us_per_pair"] = round2((b.user_us - a.user_us + b.sys_us - a.sys_us) / n);
+  j["user_us_per_pair"] = round2((b.user_us - a.user_us) / n);
+  j["sys_us_per_pair"] = round2((b.sys_us - a.sys_us) / n);
+  j["vcsw_per_pair"] = round2(static_cast<double>(b.voluntary - a.voluntary) / n);
+  j["ivcsw_per_pair"] = round2(static_cast<double>(b.involuntary - a.involuntary) / n);
 }
 
 json line(const std::string& workload, const BenchConfig& cfg, const std::string& url, int clients, long ops,
@@ -126,6 +160,7 @@ json uncontended(const BenchConfig& cfg, const std::string& url) {
   for (long i = 0; i < cfg.warmup; ++i) client.acquire(key, opts).release();
   std::vector<std::int64_t> lat;
   lat.reserve(static_cast<std::size_t>(cfg.ops));
+  const Usage u0 = Usage::now();
   const std::int64_t t0 = now_ns();
   for (long i = 0; i < cfg.ops; ++i) {
     const std::int64_t a = now_ns();
@@ -135,9 +170,12 @@ json uncontended(const BenchConfig& cfg, const std::string& url) {
     lat.push_back(now_ns() - a);
   }
   const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  const Usage u1 = Usage::now();
   Samples s;
   s.add(std::move(lat));
-  return line("uncontended", cfg, client.url(), 1, cfg.ops, seconds, s);
+  json j = line("uncontended", cfg, client.url(), 1, cfg.ops, seconds, s);
+  add_usage(j, u0, u1, cfg.ops);
+  return j;
 }
 
 // Handoff: a holder stamps the time just before release(); the next holder (another
@@ -163,6 +201,7 @@ json contended(const BenchConfig& cfg, const std::string& url) {
   std::string error;
   std::mutex error_mu;
 
+  const Usage u0 = Usage::now();
   const std::int64_t t0 = now_ns();
   std::vector<std::thread> threads;
   for (int me = 0; me < n; ++me) {
@@ -209,9 +248,12 @@ json contended(const BenchConfig& cfg, const std::string& url) {
   for (auto& t : threads) t.join();
   if (failed) throw std::runtime_error(error);
   const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  const Usage u1 = Usage::now();
   json j = line("contended", cfg, clients[0].url(), n, cfg.ops, seconds, handoffs);
   j["handoffs"] = handoffs.size();
   j["self_reacquired"] = self_reacquired.load();
+  // Every acquire counted in `taken` (warm-up ones included) is released once.
+  add_usage(j, u0, u1, taken.load());
   return j;
 }
 
@@ -227,6 +269,8 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
   std::atomic<bool> failed{false};
   std::string error;
   std::mutex error_mu;
+  std::atomic<long> pairs{0};
+  const Usage u0 = Usage::now();
   const std::int64_t t0 = now_ns();
   std::vector<std::thread> threads;
   for (int me = 0; me < n; ++me) {
@@ -246,6 +290,7 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
           lease.release();
           if (i >= warm) lat.push_back(now_ns() - a);
         }
+        pairs.fetch_add(warm + mine, std::memory_order_relaxed);
       } catch (const std::exception& e) {
         failed = true;
         std::lock_guard lk(error_mu);
@@ -257,9 +302,11 @@ json many_keys(const BenchConfig& cfg, const std::string& url) {
   for (auto& t : threads) t.join();
   if (failed) throw std::runtime_error(error);
   const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  const Usage u1 = Usage::now();
   json j = line("many-keys", cfg, clients[0].url(), static_cast<int>(clients.size()), cfg.ops, seconds, s);
   j["threads"] = n;
   j["keys"] = keys;
+  add_usage(j, u0, u1, pairs.load());
   return j;
 }
 
