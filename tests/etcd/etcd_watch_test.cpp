@@ -70,15 +70,10 @@ TEST(EtcdPrefixWatch, KilledHolderShowsAsLost) {
   Client watcher = connect(etcd.url(), quiet());
   Watch w = watcher.watch("kill/");
   KilledHolder k;
-  ASSERT_NO_FATAL_FAILURE(kill_holder_under_watch(w, etcd.url(), "kill/x", 2000, k));
-  const auto& acq = k.acquired;
-  const auto& lost = k.end;
-  ASSERT_TRUE(lost) << "no loss reported";
-  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
-  EXPECT_EQ(lost->name, "kill/x");
-  EXPECT_EQ(lost->token, acq.token);
-  EXPECT_FALSE(lost->inferred) << "the server's delete was not reported: " << describe(*lost);
-  EXPECT_NE(lost->detail.find("without a release"), std::string::npos) << lost->detail;
+  ASSERT_NO_FATAL_FAILURE(expect_killed_holder_lost(w, etcd.url(), "kill/x", 2000, k));
+  const WatchEvent& lost = k.lost;
+  EXPECT_FALSE(lost.inferred) << "the server's delete was not reported: " << describe(lost);
+  EXPECT_NE(lost.detail.find("without a release"), std::string::npos) << lost.detail;
   EXPECT_LT(k.after_kill, 10s);
 }
 

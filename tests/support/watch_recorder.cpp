@@ -153,8 +153,8 @@ void expect_stop_from_another_thread_ends_next(Watch& w) {
   EXPECT_LT(Steady::now() - start, Millis(10000));
 }
 
-void kill_holder_under_watch(Watch& w, const std::string& url, const std::string& name, int ttl_ms,
-                             KilledHolder& out) {
+void expect_killed_holder_lost(Watch& w, const std::string& url, const std::string& name, int ttl_ms,
+                               KilledHolder& out) {
   TempDir dir("distlock-watch-kill");
   const std::string file = (dir.path() / "holder.out").string();
   Process holder = spawn_holder(url, name, file, ttl_ms);
@@ -164,8 +164,13 @@ void kill_holder_under_watch(Watch& w, const std::string& url, const std::string
   out.acquired = *acq;
   const auto killed_at = Steady::now();
   holder.signal(SIGKILL);
-  out.end = next_change(w, Millis(15000));
+  auto lost = next_change(w, Millis(15000));
   out.after_kill = std::chrono::duration_cast<Millis>(Steady::now() - killed_at);
+  ASSERT_TRUE(lost) << "no loss reported";
+  out.lost = *lost;
+  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
+  EXPECT_EQ(lost->name, name);
+  EXPECT_EQ(lost->token, acq->token);
 }
 
 void expect_revoke_reported(Watch& w, Client& admin, Lease& lease, const std::string& lease_name) {

@@ -15,8 +15,8 @@
 // ASSERT_NO_FATAL_FAILURE; the backend's own checks follow it in the test):
 //   expect_hand_offs_in_token_order(w, url, name, n, limit)   two clients, n hand-offs
 //   expect_stop_from_another_thread_ends_next(w)
-//   kill_holder_under_watch(w, url, name, ttl_ms, out)   a lock_tool holder's acquired, then
-//                                                         its SIGKILL and the next change
+//   expect_killed_holder_lost(w, url, name, ttl_ms, out)  a lock_tool holder's acquired, its
+//                                                         SIGKILL, then its `lost`
 //   expect_revoke_reported(w, admin, lease)               acquired, revoke, `revoked`, holder told
 //
 // Every wait is bounded by its `limit`, measured on the steady clock; none sleeps.
@@ -141,17 +141,19 @@ void expect_hand_offs_in_token_order(Watch& w, const std::string& url, const std
 /// `next(30 s)`: no event comes and `next` returns within 10 s (steady clock).
 void expect_stop_from_another_thread_ends_next(Watch& w);
 
-/// What `kill_holder_under_watch` saw.
+/// What `expect_killed_holder_lost` saw.
 struct KilledHolder {
-  WatchEvent acquired;            // the holder's `acquired`
-  std::optional<WatchEvent> end;  // the next change after the kill (nullopt: none in 15 s)
-  Millis after_kill{0};           // from the SIGKILL to `end` (or to giving up), steady clock
+  WatchEvent acquired;   // the holder's `acquired`
+  WatchEvent lost;       // the change after the kill: `lost`, of its name and token
+  Millis after_kill{0};  // from the SIGKILL to that change, steady clock
 };
 
-/// Starts a lock_tool holder of `name` on `url` with a TTL of `ttl_ms`, ASSERTs its
-/// `acquired` within 20 s, SIGKILLs it and waits up to 15 s for the next change into `out`.
-void kill_holder_under_watch(Watch& w, const std::string& url, const std::string& name, int ttl_ms,
-                             KilledHolder& out);
+/// Starts a lock_tool holder of `name` on `url` with a TTL of `ttl_ms` and ASSERTs its
+/// `acquired` within 20 s; SIGKILLs it and ASSERTs a next change within 15 s, EXPECTing it
+/// to be `lost` with the name and token of that `acquired`. Whether it was inferred, and how
+/// soon it came, the caller checks in `out`.
+void expect_killed_holder_lost(Watch& w, const std::string& url, const std::string& name, int ttl_ms,
+                               KilledHolder& out);
 
 /// `lease` (of `lease_name`, just taken, watched by `w`) is reported `acquired`; `admin`
 /// revokes it; the watch reports `revoked` with the lease's token, and the holder's on_lost
