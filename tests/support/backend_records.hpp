@@ -5,12 +5,17 @@
 //   get(b, key)                Backend::get_record (EXPECTs no error)
 //   names(b, prefix, limit, truncated)   the names Backend::list_held lists (EXPECTs no error)
 //   all_bytes()                every byte value, then NUL, CR, LF, NUL: a binary value
+//   get_ok(b, key, found), list_ok(b, prefix, limit, truncated), names(listed)
+//                              the same, in the form the etcd:// and zk:// records tests use
 //
 // And the bodies of cases every SQL backend's records test runs, on clients `make()` gives
 // (each a new client of one server); the backend's own checks follow them in its test:
 //   expect_put_get_erase_binary_and_bound(make)   leaves 5 records on the server
 //   expect_if_absent_race_agrees(make)
 //   expect_record_and_lock_coexist(b)
+// and on a client `c` with its backend `b`, the cases the etcd:// and zk:// records tests share:
+//   expect_listing_many_locks_pages_and_skips_records(c, b)
+//   expect_derived_names_list_by_prefix(c, b)
 //
 // Thread-safety: each call uses only its arguments; a Backend's own rules apply.
 #pragma once
@@ -18,8 +23,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -29,7 +36,9 @@
 #include <thread>
 #include <vector>
 
+#include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
+#include "support/client_options.hpp"
 
 namespace distlock::testing {
 
@@ -56,6 +65,28 @@ inline std::vector<std::string> names(detail::Backend& b, std::string_view prefi
   std::vector<std::string> out;
   for (const auto& l : listed) out.push_back(l.name);
   return out;
+}
+
+inline std::string get_ok(detail::Backend& b, std::string_view key, bool& found) {
+  detail::Error ec;
+  auto v = b.get_record(key, ec);
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
+  found = v.has_value();
+  return v.value_or("");
+}
+
+inline std::vector<detail::ListedLock> list_ok(detail::Backend& b, std::string_view prefix, std::size_t limit,
+                                               bool& truncated) {
+  detail::Error ec;
+  auto l = b.list_held(prefix, limit, truncated, ec);
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
+  return l;
+}
+
+inline std::vector<std::string> names(const std::vector<detail::ListedLock>& l) {
+  std::vector<std::string> n;
+  for (const auto& x : l) n.push_back(x.name);
+  return n;
 }
 
 inline std::string all_bytes() {
@@ -201,6 +232,84 @@ inline void expect_record_and_lock_coexist(detail::Backend& b) {
   ASSERT_TRUE(again.acquired);
   EXPECT_EQ(again.token, got.token + 1);
   b.release("shared-name", "owner-1", again.token, ec);
+}
+
+/// More locks than one page (etcd: 512) or one batch (zk: 64) holds, names on both sides of the
+/// records namespace, records in between: list_held lists every lock in byte order with its
+/// token and no record, truncates at a limit, and filters by prefix. Prints its timings.
+inline void expect_listing_many_locks_pages_and_skips_records(Client& c, detail::Backend& b) {
+  using namespace std::chrono_literals;
+  using detail::PutMode;
+  using Steady = std::chrono::steady_clock;
+  // More keys than one page (etcd: 512) or one batch (zk: 64) hold, names on both sides
+  // of the records namespace ('!' and '#' sort before '%', '~' after everything), and
+  // records in between.
+  constexpr int kLocks = 600;
+  constexpr int kRecords = 600;
+  distlock::detail::Error ec;
+  for (int i = 0; i < kRecords; ++i) {
+    b.put_record("rec/" + std::to_string(i), "x", PutMode::always, ec);
+    ASSERT_FALSE(ec) << ec.message();
+  }
+  std::vector<std::string> expected = {"!a", "#b"};
+  for (int i = 0; i < kLocks; ++i) {
+    char name[16];
+    std::snprintf(name, sizeof name, "n/%03d", i);
+    expected.emplace_back(name);
+  }
+  expected.emplace_back("~z");
+  std::vector<Lease> leases;
+  const auto start = Steady::now();
+  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_of(4s)));
+  std::printf("%zu acquisitions took %lld ms\n", expected.size(),
+              static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - start).count()));
+
+  bool truncated = true;
+  const auto t0 = Steady::now();
+  const auto all = list_ok(b, "", 10'000, truncated);
+  std::printf("listing %zu held locks took %lld ms\n", all.size(),
+              static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - t0).count()));
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(all), expected);
+  for (std::size_t i = 0; i < all.size() && i < leases.size(); ++i) {
+    EXPECT_EQ(all[i].info.token, leases[i].token()) << all[i].name;
+    EXPECT_EQ(all[i].info.waiters, 0u) << all[i].name;
+  }
+  const auto first = list_ok(b, "", 5, truncated);
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(names(first), std::vector<std::string>(expected.begin(), expected.begin() + 5));
+  const auto exact = list_ok(b, "", expected.size(), truncated);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(exact.size(), expected.size());
+  const auto tail = list_ok(b, "n/59", 100, truncated);
+  EXPECT_EQ(names(tail), std::vector<std::string>(expected.end() - 11, expected.end() - 1));
+}
+
+/// The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) list by their prefix, in
+/// byte order (0x1f before '/'), beside their records.
+inline void expect_derived_names_list_by_prefix(Client& c, detail::Backend& b) {
+  using namespace std::chrono_literals;
+  using detail::PutMode;
+  // The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) and their records.
+  const std::string sem = "pool\x1fsem\x1f";
+  Lease p0 = c.acquire(sem + "0", ttl_of(4s));
+  Lease p2 = c.acquire(sem + "2", ttl_of(4s));
+  Lease plain = c.acquire("pool", ttl_of(4s));
+  Lease other = c.acquire("pool/x", ttl_of(4s));
+  distlock::detail::Error ec;
+  EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
+  EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");
+  bool truncated = true;
+  const auto permits = list_ok(b, sem, 100, truncated);
+  EXPECT_EQ(names(permits), (std::vector<std::string>{sem + "0", sem + "2"}));
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(permits.size(), 2u);
+  EXPECT_EQ(permits[1].info.token, p2.token());
+  // Byte order: 0x1f sorts before '/'.
+  EXPECT_EQ(names(list_ok(b, "pool", 100, truncated)),
+            (std::vector<std::string>{"pool", sem + "0", sem + "2", "pool/x"}));
+  bool found = false;
+  EXPECT_EQ(get_ok(b, "pool\x1fsem", found), "3");
 }
 
 }  // namespace distlock::testing
