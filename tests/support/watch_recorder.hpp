@@ -9,6 +9,7 @@
 //   event_of(kind, name, token) a matcher for next_matching (empty name, token 0: any)
 //   joined(seen)                those lines, each on its own indented line, for a message
 //   HandOffOrder                the checks of a stream of acquired/released, per name
+//                               (check; take_state for a re-list's `state` after a gap)
 //   WatchRecorder               a thread that reads a watch into a vector, with receipt times
 //
 // And the bodies of cases every backend's watch test runs (each call inside
@@ -17,7 +18,7 @@
 //   expect_stop_from_another_thread_ends_next(w)
 //   expect_killed_holder_lost(w, url, name, ttl_ms, out)  a lock_tool holder's acquired, its
 //                                                         SIGKILL, then its `lost`
-//   expect_revoke_reported(w, admin, lease)               acquired, revoke, `revoked`, holder told
+//   expect_revoke_reported(w, admin, lease, name)         acquired, revoke, `revoked`, holder told
 //
 // Every wait is bounded by its `limit`, measured on the steady clock; none sleeps.
 //
