@@ -26,13 +26,12 @@
 #include "engine/engine.hpp"
 #include "support/client_options.hpp"
 #include "support/forwarding_backend.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
 using Clock = std::chrono::steady_clock;
 
 // What the test and the backend share: the sink of the live watch, the listing the next
@@ -124,11 +123,6 @@ distlock::detail::ListedLock held(const std::string& name, std::uint64_t token) 
   l.info.token = token;
   l.info.holder = "holder-" + std::to_string(token);
   return l;
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
-         " held=" + (e.held ? "1" : "0") + " " + e.detail;
 }
 
 // The old master listed "p/x" with token 5 in a listing that was still being read when
@@ -286,3 +280,4 @@ TEST(WatchSourceReplaced, AnExpiryReadFromTheOldServerIsNotReportedAfterTheRepla
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -13,6 +13,7 @@
 #include "engine/backend.hpp"
 #include "engine/engine.hpp"
 #include "etcd_cluster.hpp"
+#include "support/backend_records.hpp"
 #include "support/client_options.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -31,28 +32,6 @@ detail::Backend& backend_of(Client& c) {
 using distlock::testing::ttl_of;
 
 using distlock::testing::quiet;
-
-std::string get_ok(detail::Backend& b, std::string_view key, bool& found) {
-  distlock::detail::Error ec;
-  auto v = b.get_record(key, ec);
-  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
-  found = v.has_value();
-  return v.value_or("");
-}
-
-std::vector<detail::ListedLock> list_ok(detail::Backend& b, std::string_view prefix, std::size_t limit,
-                                        bool& truncated) {
-  distlock::detail::Error ec;
-  auto l = b.list_held(prefix, limit, truncated, ec);
-  EXPECT_FALSE(ec) << ec.message() << " " << ec.take_detail();
-  return l;
-}
-
-std::vector<std::string> names(const std::vector<detail::ListedLock>& l) {
-  std::vector<std::string> n;
-  for (const auto& x : l) n.push_back(x.name);
-  return n;
-}
 
 // Waits (bounded) until `pred` holds; false at the deadline.
 template <class Pred>
@@ -347,75 +326,13 @@ TEST(EtcdRecords, RecordsNeedNoPermissionBeyondThePrefixAndPrefixesAreApart) {
 TEST(EtcdRecords, ListingManyLocksPagesThroughThemAndSkipsRecords) {
   EtcdCluster etcd(1);
   Client c = connect(etcd.url(), quiet());
-  auto& b = backend_of(c);
-  // More keys than one page (etcd: 512) or one batch (zk: 64) hold, names on both sides
-  // of the records namespace ('!' and '#' sort before '%', '~' after everything), and
-  // records in between.
-  constexpr int kLocks = 600;
-  constexpr int kRecords = 600;
-  distlock::detail::Error ec;
-  for (int i = 0; i < kRecords; ++i) {
-    b.put_record("rec/" + std::to_string(i), "x", PutMode::always, ec);
-    ASSERT_FALSE(ec) << ec.message();
-  }
-  std::vector<std::string> expected = {"!a", "#b"};
-  for (int i = 0; i < kLocks; ++i) {
-    char name[16];
-    std::snprintf(name, sizeof name, "n/%03d", i);
-    expected.emplace_back(name);
-  }
-  expected.emplace_back("~z");
-  std::vector<Lease> leases;
-  const auto start = Steady::now();
-  for (const auto& n : expected) leases.push_back(c.acquire(n, ttl_of(4s)));
-  std::printf("%zu acquisitions took %lld ms\n", expected.size(),
-              static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - start).count()));
-
-  bool truncated = true;
-  const auto t0 = Steady::now();
-  const auto all = list_ok(b, "", 10'000, truncated);
-  std::printf("listing %zu held locks took %lld ms\n", all.size(),
-              static_cast<long long>(std::chrono::duration_cast<Millis>(Steady::now() - t0).count()));
-  EXPECT_FALSE(truncated);
-  EXPECT_EQ(names(all), expected);
-  for (std::size_t i = 0; i < all.size() && i < leases.size(); ++i) {
-    EXPECT_EQ(all[i].info.token, leases[i].token()) << all[i].name;
-    EXPECT_EQ(all[i].info.waiters, 0u) << all[i].name;
-  }
-  const auto first = list_ok(b, "", 5, truncated);
-  EXPECT_TRUE(truncated);
-  EXPECT_EQ(names(first), std::vector<std::string>(expected.begin(), expected.begin() + 5));
-  const auto exact = list_ok(b, "", expected.size(), truncated);
-  EXPECT_FALSE(truncated);
-  EXPECT_EQ(exact.size(), expected.size());
-  const auto tail = list_ok(b, "n/59", 100, truncated);
-  EXPECT_EQ(names(tail), std::vector<std::string>(expected.end() - 11, expected.end() - 1));
+  expect_listing_many_locks_pages_and_skips_records(c, backend_of(c));
 }
 
 TEST(EtcdRecords, DerivedNamesWithUnitSeparatorsListByTheirPrefix) {
   EtcdCluster etcd(1);
   Client c = connect(etcd.url(), quiet());
-  auto& b = backend_of(c);
-  // The primitives' derived names (`<name>\x1f<kind>\x1f<detail>`) and their records.
-  const std::string sem = "pool\x1fsem\x1f";
-  Lease p0 = c.acquire(sem + "0", ttl_of(4s));
-  Lease p2 = c.acquire(sem + "2", ttl_of(4s));
-  Lease plain = c.acquire("pool", ttl_of(4s));
-  Lease other = c.acquire("pool/x", ttl_of(4s));
-  distlock::detail::Error ec;
-  EXPECT_EQ(b.put_record("pool\x1fsem", "3", PutMode::if_absent, ec), "3");
-  EXPECT_EQ(b.put_record("pool\x1fsem", "5", PutMode::if_absent, ec), "3");
-  bool truncated = true;
-  const auto permits = list_ok(b, sem, 100, truncated);
-  EXPECT_EQ(names(permits), (std::vector<std::string>{sem + "0", sem + "2"}));
-  EXPECT_FALSE(truncated);
-  ASSERT_EQ(permits.size(), 2u);
-  EXPECT_EQ(permits[1].info.token, p2.token());
-  // Byte order: 0x1f sorts before '/'.
-  EXPECT_EQ(names(list_ok(b, "pool", 100, truncated)),
-            (std::vector<std::string>{"pool", sem + "0", sem + "2", "pool/x"}));
-  bool found = false;
-  EXPECT_EQ(get_ok(b, "pool\x1fsem", found), "3");
+  expect_derived_names_list_by_prefix(c, backend_of(c));
 }
 
 }  // namespace

@@ -23,49 +23,13 @@
 #include "engine/engine.hpp"
 #include "etcd_cluster.hpp"
 #include "support/client_options.hpp"
+#include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
 using Steady = std::chrono::steady_clock;
-
-LockOptions hold_for(Millis ttl, Millis wait = Millis(60000)) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " + e.detail;
-}
-
-// Per name: acquired/released alternate, tokens rise, each release closes the last acquire.
-struct PerName {
-  std::uint64_t last = 0;
-  bool held = false;
-  int acquired = 0, released = 0;
-};
-void check(std::map<std::string, PerName>& names, const WatchEvent& e) {
-  PerName& n = names[e.name];
-  switch (e.kind) {
-    case WatchEventKind::acquired:
-      ASSERT_FALSE(n.held) << "acquired before the end of token " << n.last << ": " << describe(e);
-      ASSERT_GT(e.token, n.last) << describe(e);
-      n.last = e.token;
-      n.held = true;
-      ++n.acquired;
-      break;
-    case WatchEventKind::released:
-      ASSERT_TRUE(n.held) << describe(e);
-      ASSERT_EQ(e.token, n.last) << describe(e);
-      n.held = false;
-      ++n.released;
-      break;
-    default: FAIL() << "unexpected event: " << describe(e);
-  }
-}
 
 // Every key under `prefix` on the server (etcdctl, keys only).
 std::vector<std::string> keys_under(const EtcdCluster& etcd, const std::string& prefix) {
@@ -101,7 +65,7 @@ TEST(EtcdWatchReleaseMark, MarksDoNotDisturbLockingAndAreGoneAfterClose) {
     auto pw = detail::engine_of(watcher)->backend().watch_prefix("m/", sink, ec);
     ASSERT_TRUE(pw) << ec.detail();
     for (const char* n : {"m/a", "m/b", "m/c"}) {
-      Lease l = locker.acquire(n, hold_for(10s));
+      Lease l = locker.acquire(n, ttl_of(10s, 60s));
     }
     ASSERT_TRUE(pw->sync(ec)) << ec.detail();
     EXPECT_FALSE(keys_under(etcd, "rmk/%released/").empty()) << "no release mark was written";
@@ -109,15 +73,15 @@ TEST(EtcdWatchReleaseMark, MarksDoNotDisturbLockingAndAreGoneAfterClose) {
     EXPECT_FALSE(locker.status("m/a").held);
     EXPECT_TRUE(locker.list("").empty());
     {
-      Lease held = locker.acquire("m/a", hold_for(10s));
+      Lease held = locker.acquire("m/a", ttl_of(10s, 60s));
       const auto listed = waiter.list("");
       ASSERT_EQ(listed.size(), 1u);
       EXPECT_EQ(listed[0].name, "m/a");
-      EXPECT_FALSE(waiter.try_acquire("m/a", hold_for(10s, 0ms)));
+      EXPECT_FALSE(waiter.try_acquire("m/a", ttl_of(10s, 0ms)));
       std::atomic<bool> got{false};
       Steady::time_point got_at{};
       std::thread t([&] {
-        Lease l = waiter.acquire("m/a", hold_for(10s));
+        Lease l = waiter.acquire("m/a", ttl_of(10s, 60s));
         got_at = Steady::now();
         got = true;
       });
@@ -134,7 +98,7 @@ TEST(EtcdWatchReleaseMark, MarksDoNotDisturbLockingAndAreGoneAfterClose) {
           << "the hand-off took " << std::chrono::duration_cast<Millis>(got_at - released_at).count()
           << " ms";
     }
-    EXPECT_TRUE(waiter.try_acquire("m/b", hold_for(10s, 0ms))) << "a free name is taken at once";
+    EXPECT_TRUE(waiter.try_acquire("m/b", ttl_of(10s, 0ms))) << "a free name is taken at once";
   }
   const auto left = keys_under(etcd, "rmk/");
   std::string s;
@@ -151,24 +115,24 @@ TEST(EtcdWatchReleaseMark, ReleasesInARowOfOneSessionAreEachReleased) {
   Watch w = watcher.watch("row/");
   for (int round = 0; round < 20; ++round) {
     std::vector<Lease> leases;
-    for (const char* n : {"row/a", "row/b", "row/c"}) leases.push_back(locker.acquire(n, hold_for(10s)));
+    for (const char* n : {"row/a", "row/b", "row/c"}) leases.push_back(locker.acquire(n, ttl_of(10s, 60s)));
     leases.clear();  // three release Txns back to back
-    Lease again = locker.acquire("row/a", hold_for(10s));
+    Lease again = locker.acquire("row/a", ttl_of(10s, 60s));
   }
-  std::map<std::string, PerName> names;
+  HandOffOrder names;
   int releases = 0;
   const auto end = Steady::now() + 30s;
   while (releases < 80 && Steady::now() < end) {
     auto e = w.next(10s);
     ASSERT_TRUE(e) << "after " << releases << " releases";
     if (e->kind == WatchEventKind::state) continue;
-    ASSERT_NO_FATAL_FAILURE(check(names, *e));
+    ASSERT_NO_FATAL_FAILURE(names.check(*e));
     if (e->kind == WatchEventKind::released) ++releases;
   }
   EXPECT_EQ(releases, 80);
-  EXPECT_EQ(names["row/a"].released, 40);
-  EXPECT_EQ(names["row/b"].released, 20);
-  EXPECT_EQ(names["row/c"].released, 20);
+  EXPECT_EQ(names.of("row/a").released, 40);
+  EXPECT_EQ(names.of("row/b").released, 20);
+  EXPECT_EQ(names.of("row/c").released, 20);
 }
 
 // Three names sharing prefixes (a, ab, abc) and one outside the watched prefix, each handed
@@ -187,12 +151,12 @@ TEST(EtcdWatchReleaseMark, ManyNamesSharingPrefixesHandedOffAtOnce) {
     for (const std::string& n :
          {std::string("mn/a"), std::string("mn/ab"), std::string("mn/abc"), std::string("mn/b")}) {
       threads.emplace_back([c, n] {
-        for (int i = 0; i < kEach; ++i) Lease l = c->acquire(n, hold_for(10s));
+        for (int i = 0; i < kEach; ++i) Lease l = c->acquire(n, ttl_of(10s, 60s));
       });
     }
   }
   for (auto& t : threads) t.join();
-  std::map<std::string, PerName> names;
+  HandOffOrder names;
   int releases = 0;
   const int expected = 3 * 2 * kEach;
   const auto end = Steady::now() + 60s;
@@ -201,13 +165,13 @@ TEST(EtcdWatchReleaseMark, ManyNamesSharingPrefixesHandedOffAtOnce) {
     ASSERT_TRUE(e) << "after " << releases << " releases";
     if (e->kind == WatchEventKind::state) continue;
     ASSERT_NE(e->name, "mn/b") << "a name outside the prefix: " << describe(*e);
-    ASSERT_NO_FATAL_FAILURE(check(names, *e));
+    ASSERT_NO_FATAL_FAILURE(names.check(*e));
     if (e->kind == WatchEventKind::released) ++releases;
   }
   EXPECT_EQ(releases, expected);
   for (const auto& n : watched) {
-    EXPECT_EQ(names[n].acquired, 2 * kEach) << n;
-    EXPECT_EQ(names[n].released, 2 * kEach) << n;
+    EXPECT_EQ(names.of(n).acquired, 2 * kEach) << n;
+    EXPECT_EQ(names.of(n).released, 2 * kEach) << n;
   }
   EXPECT_FALSE(w.next(200ms)) << "an event after the last release";
 }
@@ -222,52 +186,37 @@ TEST(EtcdWatchReleaseMark, DeleteFromOutsideThenReleaseIsLostOnceThenTheNextLeas
   Client holder = connect(etcd.url(), quiet());
   Watch w = watcher.watch("race/");
   std::vector<std::string> seen;
-  auto next_change = [&](Millis limit) -> std::optional<WatchEvent> {
-    const auto end = Steady::now() + limit;
-    while (Steady::now() < end) {
-      auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
-      if (!e) return std::nullopt;
-      seen.push_back(describe(*e));
-      if (e->kind != WatchEventKind::state) return e;
-    }
-    return std::nullopt;
-  };
-  std::string joined;
-  auto all = [&] {
-    joined.clear();
-    for (const auto& x : seen) joined += "\n  " + x;
-    return joined;
-  };
+  auto next_change = [&](Millis limit) { return next_matching(w, limit, is_change, &seen); };
   {
-    Lease l = holder.acquire("race/x", hold_for(10s));
+    Lease l = holder.acquire("race/x", ttl_of(10s, 60s));
     auto acq = next_change(10s);
-    ASSERT_TRUE(acq && acq->kind == WatchEventKind::acquired && acq->token == l.token()) << all();
+    ASSERT_TRUE(acq && acq->kind == WatchEventKind::acquired && acq->token == l.token()) << joined(seen);
     std::string key;
     for (const auto& k : keys_under(etcd, "distlock/race%2Fx/")) key = k;
     ASSERT_FALSE(key.empty()) << "the lock key was not found";
     etcd.etcdctl_ok({"del", key});
     auto lost = next_change(10s);
-    ASSERT_TRUE(lost) << all();
-    EXPECT_EQ(lost->kind, WatchEventKind::lost) << all();
+    ASSERT_TRUE(lost) << joined(seen);
+    EXPECT_EQ(lost->kind, WatchEventKind::lost) << joined(seen);
     EXPECT_EQ(lost->token, l.token());
-    EXPECT_FALSE(lost->inferred) << all();
+    EXPECT_FALSE(lost->inferred) << joined(seen);
     std::error_code ec;
     l.release(ec);  // the key is gone: nothing to release, no mark
   }
   {
-    Lease l2 = holder.acquire("race/x", hold_for(10s));
+    Lease l2 = holder.acquire("race/x", ttl_of(10s, 60s));
     auto acq = next_change(10s);
-    ASSERT_TRUE(acq) << all();
-    EXPECT_EQ(acq->kind, WatchEventKind::acquired) << all();
-    EXPECT_EQ(acq->token, l2.token()) << all();
+    ASSERT_TRUE(acq) << joined(seen);
+    EXPECT_EQ(acq->kind, WatchEventKind::acquired) << joined(seen);
+    EXPECT_EQ(acq->token, l2.token()) << joined(seen);
     const std::uint64_t t2 = l2.token();
     l2.release();
     auto rel = next_change(10s);
-    ASSERT_TRUE(rel) << all();
-    EXPECT_EQ(rel->kind, WatchEventKind::released) << all();
-    EXPECT_EQ(rel->token, t2) << all();
+    ASSERT_TRUE(rel) << joined(seen);
+    EXPECT_EQ(rel->kind, WatchEventKind::released) << joined(seen);
+    EXPECT_EQ(rel->token, t2) << joined(seen);
   }
-  EXPECT_FALSE(next_change(500ms)) << "an event after the release:" << all();
+  EXPECT_FALSE(next_change(500ms)) << "an event after the release:" << joined(seen);
 }
 
 }  // namespace

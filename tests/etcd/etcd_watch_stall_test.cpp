@@ -21,16 +21,13 @@
 #include "etcd_cluster.hpp"
 #include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
 using Steady = std::chrono::steady_clock;
-
-std::string describe(const WatchEvent& e) {
-  return std::string(to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " + e.detail;
-}
 
 LockOptions quick(Millis wait) {
   LockOptions o;
@@ -53,38 +50,21 @@ std::uint64_t hand_off(Client& c, const std::string& name, Millis limit) {
   return 0;
 }
 
-// Waits for `name`'s release of `token` (true), or a gap (false, `gap` set); nullopt at
-// `limit` (steady clock). Every event read goes to `seen`.
+// Waits for `name`'s release of `token` (true), or a gap (false); nullopt at `limit`
+// (steady clock). Every event read goes to `seen`.
 std::optional<bool> released_or_gap(Watch& w, const std::string& name, std::uint64_t token, Millis limit,
                                     std::vector<std::string>& seen) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
-    if (!e) break;
-    seen.push_back(describe(*e));
-    if (e->kind == WatchEventKind::gap) return false;
-    if (e->kind == WatchEventKind::released && e->name == name && e->token == token) return true;
-  }
-  return std::nullopt;
+  const auto release = event_of(WatchEventKind::released, name, token);
+  const auto e = next_matching(
+      w, limit, [&](const WatchEvent& x) { return x.kind == WatchEventKind::gap || release(x); }, &seen);
+  if (!e) return std::nullopt;
+  return e->kind != WatchEventKind::gap;
 }
 
 // Waits for `name`'s release of `token`, reading past gaps and states; false at `limit`.
 bool released(Watch& w, const std::string& name, std::uint64_t token, Millis limit,
               std::vector<std::string>& seen) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
-    if (!e) break;
-    seen.push_back(describe(*e));
-    if (e->kind == WatchEventKind::released && e->name == name && e->token == token) return true;
-  }
-  return false;
-}
-
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += "\n  " + x;
-  return s;
+  return next_matching(w, limit, event_of(WatchEventKind::released, name, token), &seen).has_value();
 }
 
 // The watch is live on member 0 (the watcher's first endpoint); member 0 is then cut off

@@ -25,34 +25,13 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
 using Steady = std::chrono::steady_clock;
-
-LockOptions hold_for(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = Millis(60000);
-  return o;
-}
-
-// The next event that is not a `state`, waiting up to `limit` (measured on the steady clock).
-std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Steady::now()));
-    if (!e) return std::nullopt;
-    if (e->kind != WatchEventKind::state) return e;
-  }
-  return std::nullopt;
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " + e.detail;
-}
 
 // Reads events until a gap whose detail holds `gap_text` (empty: any gap) and, after it, a
 // `state` of `name` with held == `held` (and `token`, when non-zero); every event before is
@@ -73,40 +52,6 @@ bool gap_then_state(Watch& w, const std::string& gap_text, const std::string& na
   return false;
 }
 
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += "\n  " + x;
-  return s;
-}
-
-// Checks a run of acquired/released events of one name: each `acquired` has a token above
-// the last and is closed by the release of exactly that token before the next one.
-struct HandOffChecker {
-  std::uint64_t last_token = 0;
-  bool held = false;
-  int acquired = 0, released = 0;
-  std::set<std::string> holders;
-  void check(const WatchEvent& e) {
-    switch (e.kind) {
-      case WatchEventKind::acquired:
-        ASSERT_FALSE(held) << "acquired token " << e.token << " before the end of " << last_token;
-        ASSERT_GT(e.token, last_token);
-        last_token = e.token;
-        held = true;
-        ++acquired;
-        holders.insert(e.holder.substr(0, e.holder.find(':')));
-        break;
-      case WatchEventKind::released:
-        ASSERT_TRUE(held) << describe(e);
-        ASSERT_EQ(e.token, last_token);
-        held = false;
-        ++released;
-        break;
-      default: FAIL() << "unexpected event: " << describe(e);
-    }
-  }
-};
-
 // 1,000 hand-offs of one name between two clients: every `acquired` carries a token above
 // the last and is followed by the release of exactly that token before the next `acquired`;
 // nothing is missing, nothing is a gap or a loss.
@@ -114,33 +59,7 @@ TEST(EtcdPrefixWatch, ThousandHandOffsComeInTokenOrder) {
   EtcdCluster etcd(1);
   Client watcher = connect(etcd.url(), quiet());
   Watch w = watcher.watch("ho/");
-  constexpr int kHandOffs = 1000;
-  std::atomic<int> taken{0};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&etcd, &taken] {
-      Client client = connect(etcd.url(), quiet());
-      while (taken.load() < kHandOffs) {
-        Lease l = client.acquire("ho/x", hold_for(10s));
-        if (taken.fetch_add(1) >= kHandOffs) break;  // released as it leaves
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  const int acquisitions = taken.load();  // kHandOffs, plus at most one per thread that stopped
-  HandOffChecker ho;
-  const auto end = Steady::now() + 60s;
-  while ((ho.acquired < acquisitions || ho.held) && Steady::now() < end) {
-    auto e = next_change(w, 10s);
-    ASSERT_TRUE(e) << "no event after " << ho.acquired << " acquisitions and " << ho.released << " releases";
-    ASSERT_EQ(e->name, "ho/x");
-    ASSERT_NO_FATAL_FAILURE(ho.check(*e));
-  }
-  EXPECT_EQ(ho.acquired, acquisitions);
-  EXPECT_EQ(ho.released, acquisitions);
-  EXPECT_GE(ho.acquired, kHandOffs);
-  EXPECT_EQ(ho.holders.size(), 2u) << "both clients took the lock";
-  EXPECT_FALSE(w.next(0ms)) << "an event after the last release";
+  ASSERT_NO_FATAL_FAILURE(expect_hand_offs_in_token_order(w, etcd.url(), "ho/x", 1000, 60s));
 }
 
 // A holder killed with SIGKILL: its session lease expires and etcd deletes its key with no
@@ -150,22 +69,12 @@ TEST(EtcdPrefixWatch, KilledHolderShowsAsLost) {
   EtcdCluster etcd(1);
   Client watcher = connect(etcd.url(), quiet());
   Watch w = watcher.watch("kill/");
-  TempDir dir("distlock-etcd-watch");
-  const std::string out = (dir.path() / "holder.out").string();
-  Process holder = spawn_holder(etcd.url(), "kill/x", out, 2000);
-  auto acq = next_change(w, 20s);
-  ASSERT_TRUE(acq) << read_file(out);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  const auto killed_at = Steady::now();
-  holder.signal(SIGKILL);
-  auto lost = next_change(w, 15s);
-  ASSERT_TRUE(lost) << "no loss reported";
-  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
-  EXPECT_EQ(lost->name, "kill/x");
-  EXPECT_EQ(lost->token, acq->token);
-  EXPECT_FALSE(lost->inferred) << "the server's delete was not reported: " << describe(*lost);
-  EXPECT_NE(lost->detail.find("without a release"), std::string::npos) << lost->detail;
-  EXPECT_LT(Steady::now() - killed_at, 10s);
+  KilledHolder k;
+  ASSERT_NO_FATAL_FAILURE(expect_killed_holder_lost(w, etcd.url(), "kill/x", 2000, k));
+  const WatchEvent& lost = k.lost;
+  EXPECT_FALSE(lost.inferred) << "the server's delete was not reported: " << describe(lost);
+  EXPECT_NE(lost.detail.find("without a release"), std::string::npos) << lost.detail;
+  EXPECT_LT(k.after_kill, 10s);
 }
 
 // A revoke moves the holder's key onto a lease of its own with the revoke value: the watch
@@ -176,21 +85,8 @@ TEST(EtcdPrefixWatch, RevokeShowsAsRevoked) {
   Client holder = connect(etcd.url(), quiet());
   Client admin = connect(etcd.url(), quiet());
   Watch w = admin.watch("rv/");
-  Lease l = holder.acquire("rv/x", hold_for(2s));
-  auto acq = next_change(w, 10s);
-  ASSERT_TRUE(acq);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  const auto r = admin.revoke("rv/x", "maintenance");
-  ASSERT_TRUE(r.revoked);
-  auto rv = next_change(w, 10s);
-  ASSERT_TRUE(rv);
-  EXPECT_EQ(rv->kind, WatchEventKind::revoked) << describe(*rv);
-  EXPECT_EQ(rv->token, l.token());
-  EXPECT_EQ(rv->token, acq->token);
-  auto told = std::make_shared<std::promise<void>>();
-  l.on_lost([told] { told->set_value(); });
-  EXPECT_EQ(told->get_future().wait_for(10s), std::future_status::ready)
-      << "the holder was not told within 10 s";
+  Lease l = holder.acquire("rv/x", ttl_of(2s, 60s));
+  ASSERT_NO_FATAL_FAILURE(expect_revoke_reported(w, admin, l, "rv/x"));
   EXPECT_FALSE(l.owns());
   // The revoked key waits out its lease (TTL 2 s + 1 s) and goes: no event of it.
   auto more = next_change(w, 4s);
@@ -208,7 +104,7 @@ TEST(EtcdPrefixWatch, LockDelayHoldsTheAcquiredBackUntilTheMarkerIsTaken) {
   Client waiter = connect(etcd.url(), quiet());
   Client admin = connect(etcd.url(), quiet());
   Watch w = admin.watch("ld/");
-  LockOptions o = hold_for(1s);
+  LockOptions o = ttl_of(1s, 60s);
   o.lock_delay = 3s;
   Lease first = holder.acquire("ld/x", o);
   auto acq = next_change(w, 10s);
@@ -216,7 +112,7 @@ TEST(EtcdPrefixWatch, LockDelayHoldsTheAcquiredBackUntilTheMarkerIsTaken) {
   ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
   std::promise<std::pair<std::uint64_t, Steady::time_point>> got;
   std::thread t([&] {
-    Lease l = waiter.acquire("ld/x", hold_for(10s));
+    Lease l = waiter.acquire("ld/x", ttl_of(10s, 60s));
     got.set_value({l.token(), Steady::now()});
   });
   ASSERT_TRUE(admin.revoke("ld/x", "test").revoked);
@@ -241,9 +137,9 @@ TEST(EtcdPrefixWatch, LockDelayHoldsTheAcquiredBackUntilTheMarkerIsTaken) {
 TEST(EtcdPrefixWatch, InitialStateAndPrefixFilter) {
   EtcdCluster etcd(1);
   Client c = connect(etcd.url(), quiet());
-  Lease held = c.acquire("pre/held", hold_for(30s));
-  Lease other = c.acquire("other/x", hold_for(30s));
-  Lease near = c.acquire("prf/x", hold_for(30s));  // shares "pr" only
+  Lease held = c.acquire("pre/held", ttl_of(30s, 60s));
+  Lease other = c.acquire("other/x", ttl_of(30s, 60s));
+  Lease near = c.acquire("prf/x", ttl_of(30s, 60s));  // shares "pr" only
   Watch w = c.watch("pre/");
   auto s = w.next(10s);
   ASSERT_TRUE(s);
@@ -253,7 +149,7 @@ TEST(EtcdPrefixWatch, InitialStateAndPrefixFilter) {
   EXPECT_EQ(s->token, held.token());
   other.release();
   near.release();
-  Lease again = c.acquire("other/x", hold_for(30s));
+  Lease again = c.acquire("other/x", ttl_of(30s, 60s));
   held.release();
   auto e = w.next(10s);
   ASSERT_TRUE(e);
@@ -271,7 +167,7 @@ TEST(EtcdPrefixWatch, ServerRestartIsAGapThenTheState) {
   Client holder = connect(etcd.url(), quiet());
   Client watcher = connect(etcd.url(), quiet());
   Watch w = watcher.watch("gap/");
-  Lease a = holder.acquire("gap/a", hold_for(60s));
+  Lease a = holder.acquire("gap/a", ttl_of(60s, 60s));
   auto first = next_change(w, 10s);
   ASSERT_TRUE(first);
   ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
@@ -284,7 +180,7 @@ TEST(EtcdPrefixWatch, ServerRestartIsAGapThenTheState) {
   // Live again: a new lock's events arrive, in order.
   std::uint64_t b_token = 0;
   {
-    Lease b = holder.acquire("gap/b", hold_for(60s));
+    Lease b = holder.acquire("gap/b", ttl_of(60s, 60s));
     b_token = b.token();
     std::optional<WatchEvent> e;
     do {
@@ -311,7 +207,7 @@ TEST(EtcdPrefixWatch, CompactedResumeRevisionIsAGapThenTheState) {
   Client watcher = connect("etcd://127.0.0.1:" + std::to_string(proxy.port()), quiet());
   Client locker = connect(etcd.url(), quiet());
   Watch w = watcher.watch("cp/");
-  std::optional<Lease> a = locker.acquire("cp/a", hold_for(60s));
+  std::optional<Lease> a = locker.acquire("cp/a", ttl_of(60s, 60s));
   const std::uint64_t a_token = a->token();
   auto acq = next_change(w, 10s);
   ASSERT_TRUE(acq);
@@ -321,8 +217,8 @@ TEST(EtcdPrefixWatch, CompactedResumeRevisionIsAGapThenTheState) {
   ASSERT_TRUE(broke) << "the cut was not reported";
   ASSERT_EQ(broke->kind, WatchEventKind::gap) << describe(*broke);
   a.reset();  // released while the watcher is cut off
-  Lease b = locker.acquire("cp/b", hold_for(60s));
-  for (int i = 0; i < 5; ++i) Lease c = locker.acquire("cp/c", hold_for(60s));
+  Lease b = locker.acquire("cp/b", ttl_of(60s, 60s));
+  for (int i = 0; i < 5; ++i) Lease c = locker.acquire("cp/c", ttl_of(60s, 60s));
   etcd.etcdctl_ok({"compaction", std::to_string(etcd.revision())});
   proxy.pass();
   std::vector<std::string> seen;
@@ -347,7 +243,7 @@ TEST(EtcdPrefixWatch, CompactedResumeRevisionIsAGapThenTheState) {
   EXPECT_TRUE(a_free) << joined(seen);
   for (const auto& s : seen)
     EXPECT_FALSE(s.starts_with("acquired cp/c")) << "an event from the compacted revisions";
-  Lease d = locker.acquire("cp/d", hold_for(60s));
+  Lease d = locker.acquire("cp/d", ttl_of(60s, 60s));
   std::optional<WatchEvent> e;
   do {
     e = next_change(w, 15s);
@@ -388,7 +284,7 @@ TEST(EtcdPrefixWatch, SyncDeliversEveryEarlierChange) {
   for (int i = 0; i < kRounds; ++i) {
     std::uint64_t token = 0;
     {
-      Lease l = locker.acquire("sy/x", hold_for(10s));
+      Lease l = locker.acquire("sy/x", ttl_of(10s, 60s));
       token = l.token();
     }
     ASSERT_TRUE(pw->sync(ec)) << ec.message() << " " << ec.detail();
@@ -411,18 +307,19 @@ TEST(EtcdPrefixWatch, ClusterMemberKilledUnderTheWatch) {
   Client watcher = connect(etcd.url(), quiet());
   Client locker = connect(etcd.url(), quiet());
   Watch w = watcher.watch("c3/");
-  HandOffChecker ho;
+  HandOffOrder order;
+  const auto& ho = order.of("c3/x");
   // n hand-offs of c3/x; returns the last token.
   auto hand_offs = [&](int n) {
     std::uint64_t last = 0;
-    for (int i = 0; i < n; ++i) last = locker.acquire("c3/x", hold_for(10s)).token();
+    for (int i = 0; i < n; ++i) last = locker.acquire("c3/x", ttl_of(10s, 60s)).token();
     return last;
   };
   std::uint64_t final_token = hand_offs(20);
-  while (ho.last_token != final_token || ho.held) {
+  while (ho.last != final_token || ho.held) {
     auto e = next_change(w, 10s);
     ASSERT_TRUE(e) << "after " << ho.acquired;
-    ASSERT_NO_FATAL_FAILURE(ho.check(*e));
+    ASSERT_NO_FATAL_FAILURE(order.check(*e));
   }
   EXPECT_EQ(ho.acquired, 20);
   etcd.kill(0);  // the first endpoint: where the watcher's stream is
@@ -433,21 +330,17 @@ TEST(EtcdPrefixWatch, ClusterMemberKilledUnderTheWatch) {
   // The re-list after the gap may run during these hand-offs: a `state` then stands for
   // the lease it shows (never older than the last one seen).
   const auto end = Steady::now() + 30s;
-  while ((ho.last_token != final_token || ho.held) && Steady::now() < end) {
+  while ((ho.last != final_token || ho.held) && Steady::now() < end) {
     auto e = w.next(15s);
-    ASSERT_TRUE(e) << "after token " << ho.last_token;
+    ASSERT_TRUE(e) << "after token " << ho.last;
     if (e->kind == WatchEventKind::gap) continue;
     if (e->kind == WatchEventKind::state) {
-      if (e->held) {
-        ASSERT_GE(e->token, ho.last_token) << describe(*e);
-        ho.last_token = e->token;
-      }
-      ho.held = e->held;
+      ASSERT_NO_FATAL_FAILURE(order.take_state(*e));
       continue;
     }
-    ASSERT_NO_FATAL_FAILURE(ho.check(*e));
+    ASSERT_NO_FATAL_FAILURE(order.check(*e));
   }
-  EXPECT_EQ(ho.last_token, final_token);
+  EXPECT_EQ(ho.last, final_token);
   EXPECT_FALSE(ho.held);
   EXPECT_GE(ho.acquired, 21) << "no live event after the member was killed";
 }
@@ -457,16 +350,7 @@ TEST(EtcdPrefixWatch, StopFromAnotherThreadEndsNext) {
   EtcdCluster etcd(1);
   Client client = connect(etcd.url(), quiet());
   Watch w = client.watch("orders/");
-  std::thread stopper([&w] {
-    std::this_thread::yield();
-    w.stop();
-  });
-  const auto start = Steady::now();
-  while (auto ev = w.next(30s)) {
-    ADD_FAILURE() << "unexpected event " << describe(*ev);
-  }
-  stopper.join();
-  EXPECT_LT(Steady::now() - start, 10s);
+  ASSERT_NO_FATAL_FAILURE(expect_stop_from_another_thread_ends_next(w));
 }
 
 }  // namespace

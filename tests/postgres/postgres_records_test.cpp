@@ -25,27 +25,23 @@
 #include "engine/backend.hpp"
 #include "engine/url.hpp"
 #include "postgres/postgres_backend.hpp"
+#include "support/backend_records.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
 using distlock::detail::AcquireRequest;
 using distlock::detail::Backend;
 using distlock::detail::kMaxRecordValue;
 using distlock::detail::PutMode;
 using distlock::detail::ReleaseStatus;
-using distlock::testing::PostgresServer;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::quiet;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
   distlock::detail::Url u;
@@ -56,94 +52,9 @@ std::unique_ptr<Backend> backend(const std::string& url) {
   return b;
 }
 
-std::string put(Backend& b, std::string_view key, std::string_view value, PutMode mode) {
-  distlock::detail::Error ec;
-  std::string stored = b.put_record(key, value, mode, ec);
-  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
-  return stored;
-}
-
-std::optional<std::string> get(Backend& b, std::string_view key) {
-  distlock::detail::Error ec;
-  auto v = b.get_record(key, ec);
-  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
-  return v;
-}
-
-std::vector<std::string> names(Backend& b, std::string_view prefix, std::size_t limit, bool& truncated) {
-  distlock::detail::Error ec;
-  auto listed = b.list_held(prefix, limit, truncated, ec);
-  EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
-  std::vector<std::string> out;
-  for (const auto& l : listed) out.push_back(l.name);
-  return out;
-}
-
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
-
-std::string all_bytes() {
-  std::string v;
-  for (int i = 0; i < 256; ++i) v.push_back(static_cast<char>(i));
-  v += std::string("\0\r\n\0", 4);
-  return v;
-}
-
 TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
   PostgresServer server;
-  auto b = backend(server.url());
-  EXPECT_EQ(get(*b, "cfg"), std::nullopt);
-  distlock::detail::Error ec;
-  EXPECT_FALSE(b->erase_record("cfg", ec));
-  EXPECT_FALSE(ec);
-
-  EXPECT_EQ(put(*b, "cfg", "one", PutMode::always), "one");
-  EXPECT_EQ(put(*b, "cfg", "two", PutMode::always), "two");  // always overwrites
-  EXPECT_EQ(get(*b, "cfg"), "two");
-  EXPECT_EQ(put(*b, "cfg", "three", PutMode::if_absent), "two");  // if_absent keeps and returns it
-  EXPECT_EQ(get(*b, "cfg"), "two");
-
-  const std::string bin = all_bytes();
-  const std::string bin_key = std::string("k\0\x1f\xff", 4);
-  EXPECT_EQ(put(*b, bin_key, bin, PutMode::if_absent), bin);
-  EXPECT_EQ(get(*b, bin_key), bin);
-  EXPECT_EQ(put(*b, "empty", "", PutMode::always), "");
-  EXPECT_EQ(get(*b, "empty"), std::string());
-
-  std::string big(kMaxRecordValue, '\0');
-  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 7);
-  EXPECT_EQ(put(*b, "big", big, PutMode::always), big);
-  EXPECT_EQ(get(*b, "big"), big);
-  for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
-    ec.clear();
-    b->put_record("big", big + "x", mode, ec);
-    EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
-    const std::string detail = ec.take_detail();
-    EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
-    EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
-  }
-  EXPECT_EQ(get(*b, "big"), big);
-
-  // A 4096-byte key: the row's key is its digest (a B-tree entry holds ~2.7 kB).
-  const std::string long_key(4096, 'q');
-  EXPECT_EQ(put(*b, long_key, "long", PutMode::if_absent), "long");
-  EXPECT_EQ(get(*b, long_key), "long");
-
-  EXPECT_TRUE(b->erase_record("cfg", ec));
-  EXPECT_FALSE(ec);
-  EXPECT_FALSE(b->erase_record("cfg", ec));
-  EXPECT_EQ(get(*b, "cfg"), std::nullopt);
-  EXPECT_EQ(put(*b, "cfg", "after", PutMode::if_absent), "after");
-
-  auto other = backend(server.url());  // another client sees the same records
-  EXPECT_EQ(get(*other, "cfg"), "after");
-  EXPECT_EQ(get(*other, bin_key), bin);
+  ASSERT_NO_FATAL_FAILURE(expect_put_get_erase_binary_and_bound([&] { return backend(server.url()); }));
   EXPECT_EQ(server.query("SELECT count(*) FROM distlock_records")[0][0], "5");
 }
 
@@ -151,73 +62,13 @@ TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
 // the same answer, one of the proposed values, which is what is stored.
 TEST(PostgresRecords, IfAbsentRaceBetweenClientsAgrees) {
   PostgresServer server;
-  constexpr int kClients = 4;
-  constexpr int kRounds = 60;
-  std::vector<std::unique_ptr<Backend>> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(backend(server.url()));
-
-  std::mutex mu;
-  std::condition_variable cv;
-  int round_started = -1;
-  std::vector<std::vector<std::string>> answers(kRounds, std::vector<std::string>(kClients));
-  std::atomic<int> errors{0};
-  std::vector<std::thread> threads;
-  std::atomic<int> ready{0};
-  for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([&, c] {
-      for (int round = 0; round < kRounds; ++round) {
-        {
-          std::unique_lock lk(mu);
-          ++ready;
-          cv.notify_all();
-          if (!cv.wait_for(lk, 60s, [&] { return round_started >= round; })) {
-            ++errors;
-            return;
-          }
-        }
-        distlock::detail::Error ec;
-        answers[round][c] = clients[c]->put_record("race-" + std::to_string(round),
-                                                   "client" + std::to_string(c), PutMode::if_absent, ec);
-        if (ec) ++errors;
-      }
-    });
-  }
-  for (int round = 0; round < kRounds; ++round) {
-    std::unique_lock lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, 60s, [&] { return ready.load() == kClients * (round + 1); }));
-    round_started = round;
-    cv.notify_all();
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(errors.load(), 0);
-  for (int round = 0; round < kRounds; ++round) {
-    const std::string& first = answers[round][0];
-    EXPECT_EQ(first.rfind("client", 0), 0u) << "round " << round << ": \"" << first << "\"";
-    for (int c = 1; c < kClients; ++c) EXPECT_EQ(answers[round][c], first) << "round " << round;
-    EXPECT_EQ(get(*clients[0], "race-" + std::to_string(round)), first);
-  }
+  expect_if_absent_race_agrees([&] { return backend(server.url()); });
 }
 
 TEST(PostgresRecords, RecordAndLockOfOneNameCoexist) {
   PostgresServer server;
   auto b = backend(server.url());
-  distlock::detail::Error ec;
-  const AcquireRequest req{"shared-name", "owner-1", Millis(5000)};
-  auto got = b->try_acquire(req, ec);
-  ASSERT_FALSE(ec);
-  ASSERT_TRUE(got.acquired);
-  EXPECT_EQ(put(*b, "shared-name", "value", PutMode::if_absent), "value");
-  auto st = b->status("shared-name", ec);
-  EXPECT_TRUE(st.held);
-  EXPECT_EQ(st.token, got.token);
-  EXPECT_EQ(st.holder, "owner-1");
-  EXPECT_EQ(b->release("shared-name", "owner-1", got.token, ec), ReleaseStatus::released);
-  EXPECT_EQ(get(*b, "shared-name"), "value");  // a record outlives any lock
-  EXPECT_TRUE(b->erase_record("shared-name", ec));
-  auto again = b->try_acquire(req, ec);  // the lock's token row is untouched by the record
-  ASSERT_TRUE(again.acquired);
-  EXPECT_EQ(again.token, got.token + 1);
-  b->release("shared-name", "owner-1", again.token, ec);
+  expect_record_and_lock_coexist(*b);
 }
 
 // A writer process SIGKILLed while it overwrites a record again and again leaves a
@@ -477,3 +328,4 @@ TEST(PostgresRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

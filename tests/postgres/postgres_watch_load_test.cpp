@@ -23,33 +23,13 @@
 #include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::FaultProxy;
-using distlock::testing::PostgresServer;
-using distlock::testing::quiet;
 using Clock = std::chrono::steady_clock;
-
-LockOptions opts_ttl(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = Millis(30000);
-  return o;
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " +
-         e.detail;
-}
 
 // The tokens each name was acquired under, as the lockers saw them.
 using Tokens = std::map<std::string, std::set<std::uint64_t>>;
@@ -144,7 +124,7 @@ TEST(PostgresWatchLoad, ConcurrentLockStatementsPublishNothingWhileNobodyWatches
       Client client = distlock::connect(server.url(), quiet());
       const std::string name = "nobody/" + std::to_string(c);
       for (int i = 0; i < 400 && Clock::now() < stop_at; ++i) {
-        Lease lease = client.acquire(name, opts_ttl(10s));
+        Lease lease = client.acquire(name, ttl_of(10s, 30s));
         lease.release();
         changes.fetch_add(2);
       }
@@ -190,7 +170,7 @@ TEST(PostgresWatchLoad, AWaiterForTheWatcherKeyNeitherBlocksNorBreaksLocking) {
       Client client = distlock::connect(server.url(), quiet());
       for (int i = 0; i < kEach; ++i) {
         const auto t0 = Clock::now();
-        Lease l = client.acquire("key/x", opts_ttl(10s));
+        Lease l = client.acquire("key/x", ttl_of(10s, 30s));
         if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
         {
           std::lock_guard lk(mu);
@@ -233,7 +213,7 @@ TEST(PostgresWatchLoad, NestedPrefixesManyNamesEveryTokenReported) {
       Client client = distlock::connect(server.url(), quiet());
       for (int i = 0; i < 400 && Clock::now() < stop_at; ++i) {
         const std::string& name = names[(i * 5 + c) % names.size()];
-        Lease l = client.acquire(name, opts_ttl(10s));
+        Lease l = client.acquire(name, ttl_of(10s, 30s));
         {
           std::lock_guard lk(mu);
           tokens[name].insert(l.token());
@@ -298,7 +278,7 @@ TEST(PostgresWatchLoad, AFrozenWatchConnectionDelaysButSkipsNothing) {
     threads.emplace_back([&] {
       Client client = distlock::connect(server.url(), quiet());
       for (int i = 0; i < 5000 && Clock::now() < stop_at; ++i) {
-        Lease l = client.acquire("frz/x", opts_ttl(10s));
+        Lease l = client.acquire("frz/x", ttl_of(10s, 30s));
         {
           std::lock_guard lk(mu);
           tokens["frz/x"].insert(l.token());
@@ -343,7 +323,7 @@ TEST(PostgresWatchLoad, ARestartIsAGapThenEventsAgain) {
   const auto end2 = Clock::now() + 20s;
   while (!released && Clock::now() < end2) {
     ++tries;
-    Lease l = c.acquire("rs/x", opts_ttl(10s));
+    Lease l = c.acquire("rs/x", ttl_of(10s, 30s));
     const std::uint64_t token = l.token();
     l.release();
     acquired = false;
@@ -360,3 +340,4 @@ TEST(PostgresWatchLoad, ARestartIsAGapThenEventsAgain) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -20,43 +20,13 @@
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::PostgresServer;
-using distlock::testing::quiet;
 using Clock = std::chrono::steady_clock;
-
-LockOptions opts_ttl(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = Millis(30000);
-  return o;
-}
-
-// The next event that is not a `state`, waiting up to `limit` (measured on the steady clock).
-std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
-    if (!e) return std::nullopt;
-    if (e->kind != WatchEventKind::state) return e;
-  }
-  return std::nullopt;
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " +
-         e.detail;
-}
 
 // Two clients hand one name to each other for 8 s (at most 5,000 times): every `acquired`
 // carries a token above the last and is followed by the release of exactly that token
@@ -73,7 +43,7 @@ TEST(PostgresPrefixWatch, HandOffsComeInTokenOrder) {
     threads.emplace_back([&server, &taken, stop_at] {
       Client client = distlock::connect(server.url(), quiet());
       while (Clock::now() < stop_at) {
-        Lease l = client.acquire("ho/x", opts_ttl(10s));
+        Lease l = client.acquire("ho/x", ttl_of(10s, 30s));
         if (taken.fetch_add(1) >= kMaxHandOffs) {
           taken.fetch_sub(1);
           break;  // not counted; released as it leaves
@@ -85,28 +55,15 @@ TEST(PostgresPrefixWatch, HandOffsComeInTokenOrder) {
   for (auto& t : threads) t.join();
   const int total = taken.load();
   ASSERT_GT(total, 50) << "too few hand-offs to say anything";
-  std::uint64_t last = 0;
-  bool held = false;
-  int acquired = 0, released = 0;
+  HandOffOrder order;
+  const auto& ho = order.of("ho/x");
   // The leases over the bound were released too: wait for `total` releases at least.
-  while (released < total) {
+  while (ho.released < total) {
     auto e = next_change(w, 20s);
-    ASSERT_TRUE(e) << "after " << acquired << " acquired and " << released << " released of " << total;
+    ASSERT_TRUE(e) << "after " << ho.acquired << " acquired and " << ho.released << " released of " << total;
     ASSERT_EQ(e->name, "ho/x") << describe(*e);
     ASSERT_FALSE(e->inferred) << describe(*e);
-    if (e->kind == WatchEventKind::acquired) {
-      ASSERT_FALSE(held) << describe(*e);
-      ASSERT_GT(e->token, last) << describe(*e);
-      last = e->token;
-      held = true;
-      ++acquired;
-    } else {
-      ASSERT_EQ(e->kind, WatchEventKind::released) << describe(*e);
-      ASSERT_TRUE(held) << describe(*e);
-      ASSERT_EQ(e->token, last) << describe(*e);
-      held = false;
-      ++released;
-    }
+    ASSERT_NO_FATAL_FAILURE(order.check(*e));
   }
   std::cout << "hand-offs watched: " << total << " in 8 s\n";
 }
@@ -119,21 +76,11 @@ TEST(PostgresPrefixWatch, KilledHolderShowsAsLost) {
   PostgresServer server;
   Client watcher = distlock::connect(server.url(), quiet());
   Watch w = watcher.watch("kill/");
-  distlock::testing::TempDir dir("distlock-pg-watch");
-  const std::string out = (dir.path() / "holder.out").string();
-  distlock::testing::Process holder = distlock::testing::spawn_holder(server.url(), "kill/x", out, 1000);
-  auto acq = next_change(w, 20s);
-  ASSERT_TRUE(acq) << distlock::testing::read_file(out);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  const auto killed_at = Clock::now();
-  holder.signal(SIGKILL);
-  auto lost = next_change(w, 15s);
-  ASSERT_TRUE(lost) << "no loss reported";
-  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
-  EXPECT_EQ(lost->name, "kill/x");
-  EXPECT_EQ(lost->token, acq->token);
-  EXPECT_TRUE(lost->inferred);
-  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - killed_at);
+  KilledHolder k;
+  ASSERT_NO_FATAL_FAILURE(expect_killed_holder_lost(w, server.url(), "kill/x", 1000, k));
+  const WatchEvent& lost = k.lost;
+  EXPECT_TRUE(lost.inferred);
+  const auto took = k.after_kill;
   std::cout << "killed holder reported lost after " << took.count() << " ms\n";
   // TTL 1 s + at most 5 s to the next check + slack for a loaded machine.
   EXPECT_LT(took, 10s);
@@ -146,7 +93,7 @@ TEST(PostgresPrefixWatch, ALeaseGivenUpAsLostShowsAsLostNotInferred) {
   PostgresServer server;
   Client c = distlock::connect(server.url(), quiet());
   Watch w = c.watch("bound/");
-  LockOptions bounded = opts_ttl(60s);
+  LockOptions bounded = ttl_of(60s, 30s);
   bounded.max_hold = 500ms;
   Lease l = c.acquire("bound/x", bounded);
   auto acq = next_change(w, 10s);
@@ -158,7 +105,7 @@ TEST(PostgresPrefixWatch, ALeaseGivenUpAsLostShowsAsLostNotInferred) {
   EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
   EXPECT_EQ(lost->token, l.token());
   EXPECT_FALSE(lost->inferred) << describe(*lost);
-  Lease next = c.acquire("bound/x", opts_ttl(30s));
+  Lease next = c.acquire("bound/x", ttl_of(30s, 30s));
   auto acq2 = next_change(w, 10s);
   ASSERT_TRUE(acq2);
   EXPECT_EQ(acq2->kind, WatchEventKind::acquired) << describe(*acq2);
@@ -170,7 +117,7 @@ TEST(PostgresPrefixWatch, ALeaseGivenUpAsLostShowsAsLostNotInferred) {
 TEST(PostgresPrefixWatch, InitialStateAndPrefixFilter) {
   PostgresServer server;
   Client c = distlock::connect(server.url(), quiet());
-  Lease held = c.acquire("pre/held", opts_ttl(30s));
+  Lease held = c.acquire("pre/held", ttl_of(30s, 30s));
   Watch w = c.watch("pre/");
   auto s = w.next(10s);
   ASSERT_TRUE(s);
@@ -179,10 +126,10 @@ TEST(PostgresPrefixWatch, InitialStateAndPrefixFilter) {
   EXPECT_TRUE(s->held);
   EXPECT_EQ(s->token, held.token());
   {
-    Lease other = c.acquire("other/x", opts_ttl(30s));
-    Lease near = c.acquire("prefix-not/x", opts_ttl(30s));
+    Lease other = c.acquire("other/x", ttl_of(30s, 30s));
+    Lease near = c.acquire("prefix-not/x", ttl_of(30s, 30s));
   }
-  Lease mine = c.acquire("pre/new", opts_ttl(30s));
+  Lease mine = c.acquire("pre/new", ttl_of(30s, 30s));
   auto e = next_change(w, 10s);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
@@ -195,7 +142,7 @@ TEST(PostgresPrefixWatch, InitialStateAndPrefixFilter) {
 TEST(PostgresPrefixWatch, WatchConnectionTerminatedIsAGapThenTheState) {
   PostgresServer server;
   Client c = distlock::connect(server.url(), quiet());
-  Lease held = c.acquire("term/held", opts_ttl(30s));
+  Lease held = c.acquire("term/held", ttl_of(30s, 30s));
   Watch w = c.watch("term/");
   auto s = w.next(10s);
   ASSERT_TRUE(s);
@@ -279,11 +226,11 @@ TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
   ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(l);
   PQclear(r);
   Client c = distlock::connect(server.url(), quiet());
-  c.acquire("q/x", opts_ttl(30s)).release();
+  c.acquire("q/x", ttl_of(30s, 30s)).release();
   EXPECT_EQ(events_until_probe(l, "probe1").size(), 0u);
   {
     Watch w = c.watch("q/");
-    c.acquire("q/x", opts_ttl(30s)).release();
+    c.acquire("q/x", ttl_of(30s, 30s)).release();
     const auto seen = events_until_probe(l, "probe2");
     ASSERT_EQ(seen.size(), 2u);
     EXPECT_EQ(seen[0].rfind("acquired 2 712f78 ", 0), 0u) << seen[0];  // "q/x" in hex
@@ -298,7 +245,7 @@ TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
                    " AND objid = 2 AND objsubid = 2")[0][0] == "0";
       },
       10s));
-  c.acquire("q/x", opts_ttl(30s)).release();
+  c.acquire("q/x", ttl_of(30s, 30s)).release();
   EXPECT_EQ(events_until_probe(l, "probe3").size(), 0u);
   PQfinish(l);
 }
@@ -313,7 +260,7 @@ TEST(PostgresPrefixWatch, ASilentServerIsAGapWithinTheIdleCheck) {
   o.connect_timeout = 1s;
   o.command_timeout = 1s;
   Client c = distlock::connect(server.url(), o);
-  Lease held = c.acquire("silent/held", opts_ttl(60s));
+  Lease held = c.acquire("silent/held", ttl_of(60s, 30s));
   Watch w = c.watch("silent/");
   auto s = w.next(10s);
   ASSERT_TRUE(s);
@@ -352,7 +299,7 @@ TEST(PostgresPrefixWatch, AnEventTooLongForNotifyIsAGapThenTheState) {
   Client c = distlock::connect(server.url(), quiet());
   Watch w = c.watch("ov/");
   const std::string name = "ov/" + std::string(4000, 'a');
-  Lease l = c.acquire(name, opts_ttl(30s));
+  Lease l = c.acquire(name, ttl_of(30s, 30s));
   auto g = w.next(10s);
   ASSERT_TRUE(g) << "no gap for the oversized event";
   EXPECT_EQ(g->kind, WatchEventKind::gap) << describe(*g);
@@ -384,3 +331,4 @@ TEST(PostgresPrefixWatch, StopFromAnotherThreadEndsABlockedNext) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

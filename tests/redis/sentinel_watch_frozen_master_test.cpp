@@ -15,24 +15,13 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::quiet;
-using distlock::testing::RedisSentinelGroup;
-using distlock::testing::ttl_of;
 using Clock = std::chrono::steady_clock;
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
-         " held=" + (e.held ? "1" : "0") + " " + e.detail;
-}
 
 long long ms_since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t).count();
@@ -107,3 +96,4 @@ TEST(SentinelWatchFrozenMaster, AFrozenMasterDoesNotStallTheWatchOrTheWatchingCl
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,62 +31,13 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::quiet;
-using distlock::testing::RedisSentinelGroup;
-using distlock::testing::ttl_of;
 using Clock = std::chrono::steady_clock;
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
-         " held=" + (e.held ? "1" : "0") + " " + e.detail;
-}
-
-struct Received {
-  WatchEvent ev;
-  Clock::time_point at;  // when the consumer received it
-};
-
-// Reads a watch into a vector until `stop` (and the queue is empty).
-class Recorder {
- public:
-  explicit Recorder(Watch& w) : w_(w), thread_([this] { run(); }) {}
-  ~Recorder() { finish(); }
-  void finish() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  std::vector<Received> events() const {
-    std::lock_guard lk(mu_);
-    return events_;
-  }
-
- private:
-  void run() {
-    for (;;) {
-      auto e = w_.next(100ms);
-      if (e) {
-        std::lock_guard lk(mu_);
-        events_.push_back({std::move(*e), Clock::now()});
-      } else if (stop_) {
-        return;
-      }
-    }
-  }
-  Watch& w_;
-  std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
-  std::vector<Received> events_;
-  std::thread thread_;
-};
 
 struct Taken {
   std::uint64_t token;
@@ -100,7 +50,7 @@ TEST(SentinelWatchHandOffFailover, HandOffsThroughAManualFailoverStayInOrderAndN
   Client watcher = distlock::connect(group.url(), quiet());
   Watch all = watcher.watch("hf/");
   Watch under_a = watcher.watch("hf/a");
-  Recorder rec_all(all), rec_a(under_a);
+  WatchRecorder rec_all(all), rec_a(under_a);
 
   std::atomic<bool> stop{false};
   std::vector<std::vector<Taken>> taken(names.size());
@@ -263,3 +213,4 @@ TEST(SentinelWatchHandOffFailover, HandOffsThroughAManualFailoverStayInOrderAndN
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -18,16 +18,10 @@
 #include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEventKind;
-using distlock::testing::quiet;
-using distlock::testing::RedisSentinelGroup;
-using distlock::testing::ttl_of;
 using Clock = std::chrono::steady_clock;
 
 TEST(SentinelWatchManyWatchesFailover, FortyWatchesAllMoveAndTheSwitchStaysShort) {
@@ -71,3 +65,4 @@ TEST(SentinelWatchManyWatchesFailover, FortyWatchesAllMoveAndTheSwitchStaysShort
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -26,36 +26,13 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::quiet;
-using distlock::testing::RedisSentinelGroup;
-using distlock::testing::ttl_of;
 using Clock = std::chrono::steady_clock;
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
-         " held=" + (e.held ? "1" : "0") + " " + e.detail;
-}
-
-// The next event that is not a `state`, waiting up to `limit` (the steady clock).
-std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
-    if (!e) return std::nullopt;
-    if (e->kind != WatchEventKind::state) return e;
-  }
-  return std::nullopt;
-}
 
 // Whether every replica has the lock key of each name (polled up to 10 s): the locks
 // then survive a failover. Not wait=N: its renewals would fail (and lose the lease) while
@@ -93,47 +70,7 @@ class SentinelPrefixWatch : public ::testing::Test {
 TEST_F(SentinelPrefixWatch, HandOffsComeInTokenOrder) {
   Client watcher = distlock::connect(group().url(), quiet());
   Watch w = watcher.watch("ho/");
-  constexpr int kHandOffs = 300;
-  std::atomic<int> taken{0};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&taken] {
-      Client client = distlock::connect(group().url(), quiet());
-      while (taken.load() < kHandOffs) {
-        Lease l = client.acquire("ho/x", ttl_of(10s, 60000ms));
-        if (taken.fetch_add(1) >= kHandOffs) break;  // released as it leaves
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  const int acquisitions = taken.load();
-
-  std::uint64_t last_token = 0;
-  bool held = false;
-  int acquired = 0, released = 0;
-  const auto end = Clock::now() + 30s;
-  while ((acquired < acquisitions || held) && Clock::now() < end) {
-    auto e = next_change(w, 10s);
-    ASSERT_TRUE(e) << "no event after " << acquired << " acquisitions and " << released << " releases";
-    ASSERT_EQ(e->name, "ho/x") << describe(*e);
-    if (e->kind == WatchEventKind::acquired) {
-      ASSERT_FALSE(held) << "acquired token " << e->token << " before the end of " << last_token;
-      ASSERT_GT(e->token, last_token);
-      last_token = e->token;
-      held = true;
-      ++acquired;
-    } else if (e->kind == WatchEventKind::released) {
-      ASSERT_TRUE(held) << describe(*e);
-      ASSERT_EQ(e->token, last_token);
-      held = false;
-      ++released;
-    } else {
-      FAIL() << "unexpected event: " << describe(*e);
-    }
-  }
-  EXPECT_EQ(acquired, acquisitions);
-  EXPECT_EQ(released, acquisitions);
-  EXPECT_FALSE(w.next(0ms)) << "an event after the last release";
+  ASSERT_NO_FATAL_FAILURE(expect_hand_offs_in_token_order(w, group().url(), "ho/x", 300, 30s));
 }
 
 // A holder process SIGKILLed: its lease expires unpublished, and the watcher's re-read
@@ -141,37 +78,18 @@ TEST_F(SentinelPrefixWatch, HandOffsComeInTokenOrder) {
 TEST_F(SentinelPrefixWatch, KilledHolderShowsAsLost) {
   Client watcher = distlock::connect(group().url(), quiet());
   Watch w = watcher.watch("kill/");
-  distlock::testing::TempDir dir("distlock-sentinel-watch");
-  const std::string out = (dir.path() / "holder.out").string();
-  distlock::testing::Process holder = distlock::testing::spawn_holder(group().url(), "kill/x", out, 1000);
-  auto acq = next_change(w, 20s);
-  ASSERT_TRUE(acq) << distlock::testing::read_file(out);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  const auto killed_at = Clock::now();
-  holder.signal(SIGKILL);
-  auto lost = next_change(w, 15s);
-  ASSERT_TRUE(lost) << "no loss reported";
-  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
-  EXPECT_EQ(lost->name, "kill/x");
-  EXPECT_EQ(lost->token, acq->token);
-  EXPECT_TRUE(lost->inferred);
+  KilledHolder k;
+  ASSERT_NO_FATAL_FAILURE(expect_killed_holder_lost(w, group().url(), "kill/x", 1000, k));
+  const WatchEvent& lost = k.lost;
+  EXPECT_TRUE(lost.inferred);
   // TTL 1 s + at most 5 s to the next re-read + slack for a loaded machine.
-  EXPECT_LT(Clock::now() - killed_at, 10s);
+  EXPECT_LT(k.after_kill, 10s);
 }
 
 TEST_F(SentinelPrefixWatch, StopFromAnotherThreadEndsNext) {
   Client client = distlock::connect(group().url(), quiet());
   Watch w = client.watch("orders/");
-  std::thread stopper([&w] {
-    std::this_thread::yield();
-    w.stop();
-  });
-  const auto start = Clock::now();
-  while (auto ev = w.next(std::chrono::seconds(30))) {
-    ADD_FAILURE() << "unexpected event " << describe(*ev);
-  }
-  stopper.join();
-  EXPECT_LT(Clock::now() - start, 10s);
+  ASSERT_NO_FATAL_FAILURE(expect_stop_from_another_thread_ends_next(w));
   EXPECT_FALSE(w.next(0ms));
 }
 
@@ -443,3 +361,5 @@ TEST(SentinelPrefixWatchFailover, ANewMasterThatRefusesTheWatchIsRetried) {
   EXPECT_EQ(released->kind, WatchEventKind::released) << describe(*released);
   EXPECT_EQ(released->token, token);
 }
+
+}  // namespace distlock::testing

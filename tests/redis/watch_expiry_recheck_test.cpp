@@ -8,17 +8,13 @@
 #include <string>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::WatchEventKind;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
 TEST(RedisWatchExpiryRecheck, AnAcquireWhileNothingWasHeldIsReReadAfterOneSecond) {
@@ -26,10 +22,7 @@ TEST(RedisWatchExpiryRecheck, AnAcquireWhileNothingWasHeldIsReReadAfterOneSecond
   Client watcher = distlock::connect(server.url());
   distlock::Watch w = watcher.watch("exp/");  // nothing held: the watch's thread sleeps
   Client c = distlock::connect(server.url());
-  LockOptions o;
-  o.ttl = 60s;
-  o.wait = 0ms;
-  Lease l = c.acquire("exp/a", o);
+  Lease l = c.acquire("exp/a", ttl_of(60s, 0ms));
   auto a = w.next(Millis(10000));  // bound: 10 s on the steady clock
   ASSERT_TRUE(a);
   ASSERT_EQ(a->kind, WatchEventKind::acquired);
@@ -47,3 +40,4 @@ TEST(RedisWatchExpiryRecheck, AnAcquireWhileNothingWasHeldIsReReadAfterOneSecond
 }
 
 }  // namespace
+}  // namespace distlock::testing

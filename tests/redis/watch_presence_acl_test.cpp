@@ -14,16 +14,13 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisServer;
 
 constexpr const char* kUserPassword = "n4mesOnlyPw";
 
@@ -35,13 +32,6 @@ std::string names_only_url(RedisServer& server) {
   return "redis://names:" + std::string(kUserPassword) + "@127.0.0.1:" + std::to_string(server.port());
 }
 
-LockOptions opts(Millis ttl, Millis wait) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = wait;
-  return o;
-}
-
 TEST(RedisWatchPresenceKey, AUserLimitedToTheKeysOfNamesAcquiresReleasesAndRevokes) {
   RedisServer server;
   const std::string url = names_only_url(server);
@@ -50,13 +40,13 @@ TEST(RedisWatchPresenceKey, AUserLimitedToTheKeysOfNamesAcquiresReleasesAndRevok
 
   std::uint64_t first = 0;
   {
-    Lease l = a.acquire("job", opts(10s, 0ms));
+    Lease l = a.acquire("job", ttl_of(10s, 0ms));
     first = l.token();
     EXPECT_GT(first, 0u);
   }
   // Released: the lock key is gone, the next acquire gets a greater token.
   EXPECT_EQ(server.command({"EXISTS", "distlock:{job}"})->integer, 0);
-  Lease held = a.acquire("job", opts(10s, 0ms));
+  Lease held = a.acquire("job", ttl_of(10s, 0ms));
   EXPECT_GT(held.token(), first);
 
   // Revoke by another client of the same user: the holder's field leaves the lock.
@@ -87,7 +77,7 @@ TEST(RedisWatchPresenceKey, AWatchSeesTheChangesOfAUserDeniedThePresenceKey) {
   Client c = distlock::connect(names_only_url(server));
   std::uint64_t token = 0;
   {
-    Lease l = c.acquire("job", opts(10s, 0ms));
+    Lease l = c.acquire("job", ttl_of(10s, 0ms));
     token = l.token();
   }
   std::vector<std::string> seen;
@@ -115,7 +105,7 @@ TEST(RedisWatchPresenceKey, AUserDeniedTheEventsChannelStillLocksAndTheWatchGets
   Client c = distlock::connect("redis://chan:" + std::string(kUserPassword) +
                                "@127.0.0.1:" + std::to_string(server.port()));
   {
-    Lease l = c.acquire("job", opts(10s, 0ms));
+    Lease l = c.acquire("job", ttl_of(10s, 0ms));
     EXPECT_GT(l.token(), 0u);
   }
   EXPECT_EQ(server.command({"EXISTS", "distlock:{job}"})->integer, 0) << "the release left the lock held";
@@ -131,3 +121,4 @@ TEST(RedisWatchPresenceKey, AUserDeniedTheEventsChannelStillLocksAndTheWatchGets
 }
 
 }  // namespace
+}  // namespace distlock::testing

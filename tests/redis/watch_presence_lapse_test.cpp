@@ -9,28 +9,21 @@
 #include <string>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::WatchEventKind;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
 TEST(RedisWatchPresenceLapse, AReleaseWhileTheKeyIsGoneIsAGapNotAnExpiry) {
   RedisServer server;
   Client c = distlock::connect(server.url());
-  LockOptions o;
-  o.ttl = 30s;
-  o.wait = 0ms;
   // Held before the watch starts: its `state` schedules the expiry check 1 s later, ahead
   // of the presence key's first renewal (5 s).
-  Lease l = c.acquire("lapse/a", o);
+  Lease l = c.acquire("lapse/a", ttl_of(30s, 0ms));
   Client watcher = distlock::connect(server.url());
   distlock::Watch w = watcher.watch("lapse/");
   auto first = w.next(Millis(10000));  // bound: 10 s on the steady clock
@@ -58,3 +51,4 @@ TEST(RedisWatchPresenceLapse, AReleaseWhileTheKeyIsGoneIsAGapNotAnExpiry) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -19,42 +19,13 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-LockOptions opts_ttl(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = Millis(60000);
-  return o;
-}
-
-// The next event that is not a `state`, waiting up to `limit` (measured on the steady clock).
-std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
-    if (!e) return std::nullopt;
-    if (e->kind != WatchEventKind::state) return e;
-  }
-  return std::nullopt;
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " +
-         e.detail;
-}
 
 // 1,000 hand-offs of one name between two clients: every `acquired` carries a token
 // above the last and is followed by the release of exactly that token before the next
@@ -63,53 +34,7 @@ TEST(RedisPrefixWatch, ThousandHandOffsComeInTokenOrder) {
   RedisServer server;
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("ho/");
-  constexpr int kHandOffs = 1000;
-  std::atomic<int> taken{0};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&server, &taken] {
-      Client client = distlock::connect(server.url());
-      while (taken.load() < kHandOffs) {
-        Lease l = client.acquire("ho/x", opts_ttl(10s));
-        if (taken.fetch_add(1) >= kHandOffs) break;  // released as it leaves
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  const int acquisitions = taken.load();  // kHandOffs, plus at most one per thread that stopped
-
-  std::uint64_t last_token = 0;
-  bool held = false;
-  int acquired = 0, released = 0;
-  std::set<std::string> holders;  // client ids
-  const auto end = Clock::now() + 60s;
-  while ((acquired < acquisitions || held) && Clock::now() < end) {
-    auto e = next_change(w, 10s);
-    ASSERT_TRUE(e) << "no event after " << acquired << " acquisitions and " << released << " releases";
-    ASSERT_EQ(e->name, "ho/x");
-    switch (e->kind) {
-      case WatchEventKind::acquired:
-        ASSERT_FALSE(held) << "acquired token " << e->token << " before the end of " << last_token;
-        ASSERT_GT(e->token, last_token);
-        last_token = e->token;
-        held = true;
-        ++acquired;
-        holders.insert(e->holder.substr(0, e->holder.find(':')));
-        break;
-      case WatchEventKind::released:
-        ASSERT_TRUE(held) << describe(*e);
-        ASSERT_EQ(e->token, last_token);
-        held = false;
-        ++released;
-        break;
-      default: FAIL() << "unexpected event: " << describe(*e);
-    }
-  }
-  EXPECT_EQ(acquired, acquisitions);
-  EXPECT_EQ(released, acquisitions);
-  EXPECT_GE(acquired, kHandOffs);
-  EXPECT_EQ(holders.size(), 2u) << "both clients took the lock";
-  EXPECT_FALSE(w.next(0ms)) << "an event after the last release";
+  ASSERT_NO_FATAL_FAILURE(expect_hand_offs_in_token_order(w, server.url(), "ho/x", 1000, 60s));
 }
 
 // The server stops and comes back (appendonly: the held lock survives): the watch
@@ -119,7 +44,7 @@ TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
   Client holder = distlock::connect(server.url());
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("gap/");
-  Lease a = holder.acquire("gap/a", opts_ttl(60s));
+  Lease a = holder.acquire("gap/a", ttl_of(60s, 60s));
   auto first = next_change(w, 10s);
   ASSERT_TRUE(first);
   ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
@@ -151,7 +76,7 @@ TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
 
   // Live again: a new lock's events arrive.
   {
-    Lease b = holder.acquire("gap/b", opts_ttl(60s));
+    Lease b = holder.acquire("gap/b", ttl_of(60s, 60s));
     std::optional<WatchEvent> e;
     do {
       e = next_change(w, 10s);
@@ -184,7 +109,7 @@ TEST(RedisPrefixWatch, HandOffsWithTheWatcherCutOffShowAGapThenTheState) {
     threads.emplace_back([&server, &taken, &stop, &hold, &holding] {
       Client client = distlock::connect(server.url());
       while (!stop.load() && taken.load() < 100000) {
-        Lease l = client.acquire("cut/x", opts_ttl(30s));
+        Lease l = client.acquire("cut/x", ttl_of(30s, 60s));
         taken.fetch_add(1);
         // While the watcher is cut off, the holder keeps the lock (bounded by the test's
         // 60 s and `stop`), so the re-list finds it held. `holding` tells the test that a
@@ -274,22 +199,12 @@ TEST(RedisPrefixWatch, KilledHolderShowsAsLost) {
   RedisServer server;
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("kill/");
-  distlock::testing::TempDir dir("distlock-watch");
-  const std::string out = (dir.path() / "holder.out").string();
-  distlock::testing::Process holder = distlock::testing::spawn_holder(server.url(), "kill/x", out, 1000);
-  auto acq = next_change(w, 20s);
-  ASSERT_TRUE(acq) << distlock::testing::read_file(out);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  const auto killed_at = Clock::now();
-  holder.signal(SIGKILL);
-  auto lost = next_change(w, 15s);
-  ASSERT_TRUE(lost) << "no loss reported";
-  EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
-  EXPECT_EQ(lost->name, "kill/x");
-  EXPECT_EQ(lost->token, acq->token);
-  EXPECT_TRUE(lost->inferred);
+  KilledHolder k;
+  ASSERT_NO_FATAL_FAILURE(expect_killed_holder_lost(w, server.url(), "kill/x", 1000, k));
+  const WatchEvent& lost = k.lost;
+  EXPECT_TRUE(lost.inferred);
   // TTL 1 s + at most 5 s to the next check + slack for a loaded machine.
-  EXPECT_LT(Clock::now() - killed_at, 10s);
+  EXPECT_LT(k.after_kill, 10s);
 }
 
 // A Watch taken before locks exist sees nothing of other prefixes, and the initial
@@ -297,8 +212,8 @@ TEST(RedisPrefixWatch, KilledHolderShowsAsLost) {
 TEST(RedisPrefixWatch, InitialStateAndPrefixFilter) {
   RedisServer server;
   Client c = distlock::connect(server.url());
-  Lease held = c.acquire("pre/held", opts_ttl(30s));
-  Lease other = c.acquire("other/x", opts_ttl(30s));
+  Lease held = c.acquire("pre/held", ttl_of(30s, 60s));
+  Lease other = c.acquire("other/x", ttl_of(30s, 60s));
   Watch w = c.watch("pre/");
   auto s = w.next(10s);
   ASSERT_TRUE(s);
@@ -325,8 +240,8 @@ TEST(RedisPrefixWatch, ConsumerBehindTheBoundGetsAGapThenTheState) {
   Watch w = c.watch("q/", wo);
   Watch barrier = c.watch("q/h");  // unbounded: tells when the server has published everything
   constexpr int kCycles = 20;      // 40 events on q/a, 32 beyond the bound
-  for (int i = 0; i < kCycles; ++i) c.acquire("q/a", opts_ttl(30s)).release();
-  Lease h = c.acquire("q/h", opts_ttl(30s));
+  for (int i = 0; i < kCycles; ++i) c.acquire("q/a", ttl_of(30s, 60s)).release();
+  Lease h = c.acquire("q/h", ttl_of(30s, 60s));
   auto seen = next_change(barrier, 10s);
   ASSERT_TRUE(seen && seen->kind == WatchEventKind::acquired);
   // Everything is published; `w` has the first events queued and dropped the rest. Read
@@ -384,7 +299,7 @@ TEST(RedisPrefixWatch, ScriptsPublishEventsOnlyWhileAWatchIsRegistered) {
   Client c = distlock::connect(server.url());
   constexpr int kCycles = 50;
   auto cycles = [&c] {
-    for (int i = 0; i < kCycles; ++i) c.acquire("pub/x", opts_ttl(30s)).release();
+    for (int i = 0; i < kCycles; ++i) c.acquire("pub/x", ttl_of(30s, 60s)).release();
   };
   const long long start = server.command_calls("publish");
   cycles();
@@ -424,7 +339,7 @@ TEST(RedisPrefixWatch, PresenceKeyLapseIsAGapThenTheState) {
   ASSERT_EQ(server.command({"EXISTS", "distlock:watching"})->integer, 1);
   server.command({"DEL", "distlock:watching"});
   const auto deleted_at = Clock::now();
-  Lease b = c.acquire("lapse/b", opts_ttl(60s));  // published to nobody
+  Lease b = c.acquire("lapse/b", ttl_of(60s, 60s));  // published to nobody
   bool gap = false;
   std::optional<WatchEvent> state;
   const auto end = Clock::now() + 15s;
@@ -463,23 +378,10 @@ TEST(RedisPrefixWatch, RevokeShowsAsRevoked) {
   Client holder = distlock::connect(server.url());
   Client admin = distlock::connect(server.url());
   Watch w = admin.watch("rv/");
-  Lease l = holder.acquire("rv/x", opts_ttl(2s));
-  auto acq = next_change(w, 10s);
-  ASSERT_TRUE(acq);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  const auto r = admin.revoke("rv/x", "maintenance");
-  ASSERT_TRUE(r.revoked);
-  auto rv = next_change(w, 10s);
-  ASSERT_TRUE(rv);
-  EXPECT_EQ(rv->kind, WatchEventKind::revoked) << describe(*rv);
-  EXPECT_EQ(rv->token, l.token());
-  EXPECT_EQ(rv->token, acq->token);
-  // The holder finds out at its next renewal (within the 2 s ttl); nothing more is reported
+  Lease l = holder.acquire("rv/x", ttl_of(2s, 60s));
+  ASSERT_NO_FATAL_FAILURE(expect_revoke_reported(w, admin, l, "rv/x"));
+  // The holder found out at its next renewal (within the 2 s ttl); nothing more is reported
   // of that lease.
-  auto told = std::make_shared<std::promise<void>>();
-  l.on_lost([told] { told->set_value(); });
-  EXPECT_EQ(told->get_future().wait_for(10s), std::future_status::ready)
-      << "the holder was not told within 10 s";
   EXPECT_FALSE(l.owns());
   auto more = next_change(w, 3s);
   EXPECT_FALSE(more) << describe(*more);
@@ -491,16 +393,8 @@ TEST(RedisPrefixWatch, StopFromAnotherThreadEndsNext) {
   RedisServer server;
   Client client = distlock::connect(server.url());
   Watch w = client.watch("orders/");
-  std::thread stopper([&w] {
-    std::this_thread::yield();
-    w.stop();
-  });
-  const auto start = Clock::now();
-  while (auto ev = w.next(std::chrono::seconds(30))) {
-    ADD_FAILURE() << "unexpected event " << describe(*ev);
-  }
-  stopper.join();
-  EXPECT_LT(Clock::now() - start, 10s);
+  ASSERT_NO_FATAL_FAILURE(expect_stop_from_another_thread_ends_next(w));
 }
 
 }  // namespace
+}  // namespace distlock::testing

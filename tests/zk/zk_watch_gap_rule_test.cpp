@@ -15,20 +15,13 @@
 
 #include "distlock/distlock.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/watch_recorder.hpp"
 #include "zk/zk_test_util.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::shared_server;
-using distlock::testing::ZkServer;
 using SteadyClock = std::chrono::steady_clock;
 
 // Sessions of 10 s: a freeze of well under a second stays far from a disconnection.
@@ -43,11 +36,6 @@ LockOptions opts() {
 
 Client connect(const std::string& url) {
   return distlock::connect(url, distlock::testing::quiet());
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " +
-         e.detail;
 }
 
 // Every non-state event until acquired(token) (or 20 s on the steady clock).
@@ -125,3 +113,4 @@ TEST(ZkWatchGapRule, ReleaseThenNewWaiterIsNoGap) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

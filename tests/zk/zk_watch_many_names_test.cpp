@@ -18,14 +18,10 @@
 #include "distlock/distlock.hpp"
 #include "zk/zk_test_util.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Millis;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::shared_server;
 using SteadyClock = std::chrono::steady_clock;
 
 TEST(ZkWatchManyNames, EveryAcquisitionReportedOrCoveredByAGap) {
@@ -141,3 +137,4 @@ TEST(ZkWatchManyNames, EveryAcquisitionReportedOrCoveredByAGap) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

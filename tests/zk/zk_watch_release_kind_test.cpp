@@ -16,29 +16,16 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/watch_recorder.hpp"
 #include "zk/zk_test_util.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::shared_server;
-using distlock::testing::ZkServer;
-using SteadyClock = std::chrono::steady_clock;
 
 Client connect(const std::string& url) {
   return distlock::connect(url, distlock::testing::quiet());
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) + " " +
-         e.detail;
 }
 
 TEST(ZkWatchReleaseKind, ReleaseBeforeAnotherSessionsExpiryIsNotLost) {
@@ -66,19 +53,13 @@ TEST(ZkWatchReleaseKind, ReleaseBeforeAnotherSessionsExpiryIsNotLost) {
   waiter.signal(SIGKILL);  // W's session expires: W's node and its presence node go together
   ASSERT_TRUE(distlock::testing::eventually([&] { return !observer.status(name).held; }, 20s));
   proxy.pass();
-  std::optional<WatchEvent> first;
-  std::string all;
-  const auto end = SteadyClock::now() + 20s;
-  while (!first && SteadyClock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - SteadyClock::now()));
-    if (!e) break;
-    all += describe(*e) + "\n";
-    if (e->kind != WatchEventKind::state) first = *e;
-  }
-  ASSERT_TRUE(first) << "no event after the freeze:\n" << all;
-  ASSERT_EQ(first->token, a_token) << all;
-  EXPECT_EQ(first->kind, WatchEventKind::released) << "A released; W's session end was reported as A's:\n"
-                                                   << all;
+  std::vector<std::string> seen;
+  const auto first = next_matching(w, 20s, is_change, &seen);
+  ASSERT_TRUE(first) << "no event after the freeze:" << joined(seen);
+  ASSERT_EQ(first->token, a_token) << joined(seen);
+  EXPECT_EQ(first->kind, WatchEventKind::released)
+      << "A released; W's session end was reported as A's:" << joined(seen);
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -12,13 +12,10 @@
 #include "distlock/distlock.hpp"
 #include "zk/zk_test_util.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Millis;
-using distlock::WatchEventKind;
-using distlock::testing::ZkServer;
 using SteadyClock = std::chrono::steady_clock;
 
 TEST(ZkWatchShutdown, StopWithTheServerDownReturnsPromptly) {
@@ -48,3 +45,4 @@ TEST(ZkWatchShutdown, StopWithTheServerDownReturnsPromptly) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -21,52 +21,20 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/watch_recorder.hpp"
 #include "zk/zk_test_util.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::Watch;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::WatchOptions;
-using distlock::testing::shared_server;
-using distlock::testing::ZkEnsemble;
-using distlock::testing::ZkServer;
 using SteadyClock = std::chrono::steady_clock;
 
 // Sessions of 10 s: a lease of up to 20 s; the ttl below keeps renewals frequent.
 const std::string kQuery = "?session_timeout=10s";
 
-LockOptions opts_ttl(Millis ttl) {
-  LockOptions o;
-  o.ttl = ttl;
-  o.wait = Millis(30000);
-  return o;
-}
-
 Client connect(const std::string& url) {
   return distlock::connect(url, distlock::testing::quiet());
-}
-
-std::string describe(const WatchEvent& e) {
-  return std::string(distlock::to_string(e.kind)) + " " + e.name + " token=" + std::to_string(e.token) +
-         (e.held ? " held" : "") + " " + e.detail;
-}
-
-// The next event that is not a `state`, waiting up to `limit` (measured on the steady clock).
-std::optional<WatchEvent> next_change(Watch& w, Millis limit) {
-  const auto end = SteadyClock::now() + limit;
-  while (SteadyClock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - SteadyClock::now()));
-    if (!e) return std::nullopt;
-    if (e->kind != WatchEventKind::state) return e;
-  }
-  return std::nullopt;
 }
 
 // What a consumer checks on one name's stream: tokens go up, each lease ends before the
@@ -144,7 +112,7 @@ void hand_offs(const std::string& url_a, const std::string& url_b, const std::st
   auto holder = [&](const std::string& url) {
     Client c = connect(url);
     while (SteadyClock::now() - start < budget) {
-      Lease l = c.acquire(name, opts_ttl(10s));
+      Lease l = c.acquire(name, ttl_of(10s, 30s));
       taken.fetch_add(1);
       std::uint64_t m = max_token.load();
       while (m < l.token() && !max_token.compare_exchange_weak(m, l.token())) {
@@ -236,11 +204,11 @@ TEST(ZkPrefixWatch, RevokeShowsAsRevoked) {
   Client a = connect(zk.url("?session_timeout=2s"));
   Client b = connect(zk.url(kQuery));
   Watch w = watcher.watch("rv/");
-  Lease held = a.acquire("rv/x", opts_ttl(2000ms));
+  Lease held = a.acquire("rv/x", ttl_of(2000ms, 30s));
   auto got = next_change(w, 10s);
   ASSERT_TRUE(got);
   ASSERT_EQ(got->kind, WatchEventKind::acquired) << describe(*got);
-  auto next = std::async(std::launch::async, [&] { return b.acquire("rv/x", opts_ttl(2000ms)); });
+  auto next = std::async(std::launch::async, [&] { return b.acquire("rv/x", ttl_of(2000ms, 30s)); });
   auto r = watcher.revoke("rv/x", "test");
   ASSERT_TRUE(r.revoked);
   auto e = next_change(w, 10s);
@@ -275,8 +243,8 @@ TEST(ZkPrefixWatch, RevokeShowsAsRevoked) {
 TEST(ZkPrefixWatch, InitialStateAndPrefixFilter) {
   ZkServer& zk = shared_server();
   Client c = connect(zk.url(kQuery));
-  Lease in_a = c.acquire("in/a", opts_ttl(10s));
-  Lease out_b = c.acquire("out/b", opts_ttl(10s));
+  Lease in_a = c.acquire("in/a", ttl_of(10s, 30s));
+  Lease out_b = c.acquire("out/b", ttl_of(10s, 30s));
   WatchOptions o;
   o.initial_state = true;
   Watch w = c.watch("in/", o);
@@ -286,8 +254,8 @@ TEST(ZkPrefixWatch, InitialStateAndPrefixFilter) {
   EXPECT_EQ(s->name, "in/a");
   EXPECT_TRUE(s->held);
   EXPECT_EQ(s->token, in_a.token());
-  Lease out_c = c.acquire("out/c", opts_ttl(10s));
-  Lease in_d = c.acquire("in/d", opts_ttl(10s));
+  Lease out_c = c.acquire("out/c", ttl_of(10s, 30s));
+  Lease in_d = c.acquire("in/d", ttl_of(10s, 30s));
   auto e = w.next(10s);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
@@ -312,15 +280,15 @@ TEST(ZkPrefixWatch, ChainFasterThanTheRearmIsAGap) {
   distlock::testing::FaultProxy proxy(zk.port());
   Client watcher = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + kQuery);
   Client a = connect(zk.url(kQuery)), b = connect(zk.url(kQuery)), c = connect(zk.url(kQuery));
-  Lease la = a.acquire("chain/x", opts_ttl(10s));
+  Lease la = a.acquire("chain/x", ttl_of(10s, 30s));
   std::promise<void> b_may_release;
   auto b_token = std::async(std::launch::async, [&] {
-    Lease l = b.acquire("chain/x", opts_ttl(10s));
+    Lease l = b.acquire("chain/x", ttl_of(10s, 30s));
     b_may_release.get_future().wait();
     return l.token();
   });
   ASSERT_TRUE(distlock::testing::eventually([&] { return c.status("chain/x").waiters == 1; }, 10s));
-  auto c_lease = std::async(std::launch::async, [&] { return c.acquire("chain/x", opts_ttl(10s)); });
+  auto c_lease = std::async(std::launch::async, [&] { return c.acquire("chain/x", ttl_of(10s, 30s)); });
   ASSERT_TRUE(distlock::testing::eventually([&] { return c.status("chain/x").waiters == 2; }, 10s));
   Watch w = watcher.watch("chain/");  // reads [A, B, C]
   proxy.freeze();
@@ -363,7 +331,7 @@ TEST(ZkPrefixWatch, ServerRestartIsAGapThenTheState) {
   ZkServer zk;
   Client holder = connect(zk.url("?session_timeout=20s"));
   Client watcher = connect(zk.url("?session_timeout=20s"));
-  Lease l = holder.acquire("rs/x", opts_ttl(10s));
+  Lease l = holder.acquire("rs/x", ttl_of(10s, 30s));
   WatchOptions o;
   o.initial_state = true;
   Watch w = watcher.watch("rs/", o);
@@ -409,3 +377,4 @@ TEST(ZkPrefixWatch, StopFromAnotherThread) {
 }
 
 }  // namespace
+}  // namespace distlock::testing
