@@ -139,12 +139,21 @@ TEST(CliWatch, ZooKeeperPrintsStateReleaseAndAcquire) {
 }
 #endif
 
-// A backend that publishes no changes: a clear error, exit 70.
-TEST(CliWatch, FileBackendIsNotSupported) {
+// The backends that publish no lock changes a watch could follow: a clear error, exit 70,
+// never an empty stream. file:// (kernel locks publish nothing) and redlock:// (its masters
+// publish only the waiters' wake-ups: docs/redlock.md "Watching locks"); the redlock URL names
+// three live masters, so the refusal is the watch's, not a failed connect.
+TEST(CliWatch, BackendsThatPublishNoChangesAreNotSupported) {
   TempDir dir("distlock-cli-watch");
-  Cli w = Cli::run({"watch", "--url", "file://" + dir.path().string(), "--count", "1", "x/"}, dir.path());
-  EXPECT_EQ(w.code(), 70) << w.err();
-  EXPECT_NE(w.err().find("publishes no lock changes"), std::string::npos) << w.err();
+  RedisServer m1, m2, m3;
+  const std::string redlock = "redlock://127.0.0.1:" + std::to_string(m1.port()) +
+                              ",127.0.0.1:" + std::to_string(m2.port()) +
+                              ",127.0.0.1:" + std::to_string(m3.port());
+  for (const std::string& url : {"file://" + dir.path().string(), redlock}) {
+    Cli w = Cli::run({"watch", "--url", url, "--count", "1", "x/"}, dir.path());
+    EXPECT_EQ(w.code(), 70) << url << ": " << w.err();
+    EXPECT_NE(w.err().find("publishes no lock changes"), std::string::npos) << url << ": " << w.err();
+  }
 }
 
 }  // namespace
