@@ -1,7 +1,6 @@
 // Client::get_record / put_record: the public face of the backends' records
 // (core/backend.hpp), under the key "<name>\x1f<tag>".
 #include <algorithm>
-#include <array>
 #include <string>
 
 #include "api/primitives.hpp"
@@ -14,9 +13,6 @@ namespace distlock {
 
 namespace {
 
-// The tags of the records the library keeps itself (semaphore and read-write lock sizes,
-// an election's value): a user's record under one of them would change those primitives.
-constexpr std::array<std::string_view, 3> kLibraryTags = {"sem", "rw", "elect"};
 constexpr std::size_t kMaxTag = 32;
 
 std::string record_what(std::string_view name, std::string_view tag) {
@@ -38,7 +34,7 @@ std::string record_key(std::string_view name, std::string_view tag) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
     if (!ok) bad("the tag may hold only a-z, 0-9, '_' and '-'");
   }
-  for (std::string_view own : kLibraryTags) {
+  for (std::string_view own : detail::names::kLibraryRecordTags) {
     if (tag == own) bad("the tag \"" + std::string(own) + "\" is the library's own");
   }
   if (name.empty()) bad("the lock name is empty");

@@ -12,8 +12,6 @@
 #include "distlock/client.hpp"
 #include "distlock/error.hpp"
 #include "distlock/text.hpp"
-#include "engine/errno_text.hpp"
-#include "engine/url.hpp"
 
 namespace distlock::cli {
 

@@ -16,7 +16,6 @@
 #include "distlock/error.hpp"
 #include "distlock/text.hpp"
 #include "distlock/version.hpp"
-#include "engine/url.hpp"
 
 namespace distlock::cli {
 

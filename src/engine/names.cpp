@@ -30,25 +30,25 @@ std::string derived(std::string_view name, std::string_view kind, std::string_vi
 }
 
 std::string semaphore_definition(std::string_view name) {
-  return derived(name, "sem");
+  return derived(name, kSemaphoreKind);
 }
 std::string semaphore_permit(std::string_view name, std::size_t index) {
-  return derived(name, "sem", std::to_string(index));
+  return derived(name, kSemaphoreKind, std::to_string(index));
 }
 std::string rw_definition(std::string_view name) {
-  return derived(name, "rw");
+  return derived(name, kReadWriteKind);
 }
 std::string rw_writer(std::string_view name) {
-  return derived(name, "rw", "w");
+  return derived(name, kReadWriteKind, "w");
 }
 std::string rw_reader(std::string_view name, std::size_t index) {
-  return derived(name, "rw", std::to_string(index));
+  return derived(name, kReadWriteKind, std::to_string(index));
 }
 std::string election(std::string_view name) {
-  return derived(name, "elect");
+  return derived(name, kElectionKind);
 }
 std::string election_bell(std::string_view name) {
-  return derived(name, "elect", "bell");
+  return derived(name, kElectionKind, "bell");
 }
 std::string once_mark(std::string_view name) {
   return derived(name, "once");
@@ -67,14 +67,14 @@ Decoded decode(std::string_view name) {
   const std::string_view kind = rest.substr(0, second);
   const bool has_detail = second != std::string_view::npos;
   const std::string_view detail = has_detail ? rest.substr(second + 1) : std::string_view();
-  if (kind == "elect" && !has_detail) {
+  if (kind == kElectionKind && !has_detail) {
     d.kind = LockKind::election;
-  } else if (kind == "sem" && has_detail && parse_u32(detail)) {
+  } else if (kind == kSemaphoreKind && has_detail && parse_u32(detail)) {
     d.kind = LockKind::semaphore_permit;
     d.index = parse_u32(detail);
-  } else if (kind == "rw" && has_detail && detail == "w") {
+  } else if (kind == kReadWriteKind && has_detail && detail == "w") {
     d.kind = LockKind::rw_writer;
-  } else if (kind == "rw" && has_detail && parse_u32(detail)) {
+  } else if (kind == kReadWriteKind && has_detail && parse_u32(detail)) {
     d.kind = LockKind::rw_reader;
     d.index = parse_u32(detail);
   } else {

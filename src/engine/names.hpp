@@ -17,6 +17,7 @@
 // primitive's name), Client::list and the CLI. Thread-safety: pure functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,6 +28,16 @@
 namespace distlock::detail::names {
 
 inline constexpr char kSep = '\x1f';
+
+/// The kinds of the primitives' derived names.
+inline constexpr std::string_view kSemaphoreKind = "sem";
+inline constexpr std::string_view kReadWriteKind = "rw";
+inline constexpr std::string_view kElectionKind = "elect";
+/// The record tags the library keeps itself (a semaphore's and a read-write lock's size, an
+/// election's value): Client::put_record refuses them, as a user's record under one would
+/// change those primitives.
+inline constexpr std::array<std::string_view, 3> kLibraryRecordTags = {kSemaphoreKind, kReadWriteKind,
+                                                                       kElectionKind};
 
 /// `<name>\x1f<kind>` or, with a detail, `<name>\x1f<kind>\x1f<detail>`.
 std::string derived(std::string_view name, std::string_view kind, std::string_view detail = {});

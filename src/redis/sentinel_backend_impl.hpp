@@ -271,7 +271,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   std::vector<Connection> sentinel_conns_ DISTLOCK_GUARDED_BY(discover_mu_);
   Steady::time_point last_discovery_ DISTLOCK_GUARDED_BY(discover_mu_){};
   bool no_master_ DISTLOCK_GUARDED_BY(discover_mu_) = false;
-  long long current_epoch_ = -1;  // the current master's config-epoch, guarded by discover_mu_
+  long long current_epoch_ DISTLOCK_GUARDED_BY(discover_mu_) = -1;  // the current master's config-epoch
 
   AnnotatedMutex watch_mu_;  // taken before mu_
   std::map<std::string, int, std::less<>> watches_ DISTLOCK_GUARDED_BY(watch_mu_);

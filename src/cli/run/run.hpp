@@ -8,6 +8,7 @@
 //   once_per.cpp   --once-per: the mark read before the command and written after it;
 //   run_locked.cpp the runner's life: block signals, acquire, start the watchdog and the job,
 //                  supervise it, report how it ended;
+//   telemetry.cpp  --metrics-port and --trace-file / $TRACEPARENT, set up before connecting;
 //   supervise.cpp  the wait in poll() on the signalfd and the loss eventfd: every wake-up
 //                  looks at the lease FIRST (a runner stopped past its TTL learns of the loss
 //                  before it forwards a signal or reaps and releases); no renewal with --grace
@@ -39,6 +40,10 @@
 namespace CLI {
 class Option;
 }  // namespace CLI
+
+namespace distlock::cli {
+class MetricsServer;
+}  // namespace distlock::cli
 
 namespace distlock::cli::run {
 
@@ -156,6 +161,15 @@ int record_once_per(const RunSettings& s, Client& client, Hold& lease, OnceMark 
 std::string loss_cause(const Hold& lease);
 /// The whole run: acquire, run the command under the lease, release; the exit status.
 int run_locked(const RunSettings& s);
+
+// telemetry.cpp
+/// --metrics-port: serves the client's metrics from before it connects (`on_connected` hands
+/// the client over). -1, or the exit status when the endpoint cannot be started.
+int start_metrics(const RunSettings& s, std::unique_ptr<MetricsServer>& metrics,
+                  std::function<void(const Client&)>& on_connected);
+/// --trace-file / $TRACEPARENT: sets s.tracer before connecting. -1, or the exit status when
+/// the trace file cannot be opened.
+int start_tracing(RunSettings& s);
 
 // shards.cpp
 /// `run --shards`: a member of the shard group NAME running the command for its shards; the
