@@ -14,7 +14,9 @@
 //   --once-per mark    record    NAME\x1fonce  (NAME\x1fexclusive for a read-write lock's)
 //
 // Used by the primitives (src/api), the engine's metrics (a part counts under its
-// primitive's name), Client::list and the CLI. Thread-safety: pure functions.
+// primitive's name), Client::list and the records API. The CLI calls only the public API,
+// so it spells the permit, once-per and exclusive suffixes itself (src/cli/run/
+// run_locked.cpp, job_guard.cpp, flags.cpp). Thread-safety: pure functions.
 #pragma once
 
 #include <array>
