@@ -45,13 +45,22 @@ Error parse_url(const Url& url, const ClientOptions& opts, UrlConfig& cfg) {
     return bad_url("chroot \"" + url.path + "\" in URL \"" + shown + "\" " + problem);
   }
   cfg.chroot = url.path == "/" ? std::string() : url.path;
-  std::string hosts;
+  std::string hosts, first;
   for (const auto& h : url.hosts) {
-    if (!hosts.empty()) hosts += ',';
     const bool v6 = h.host.find(':') != std::string::npos;
-    hosts += v6 ? "[" + h.host + "]" : h.host;
-    hosts += ':' + std::to_string(h.port != 0 ? h.port : kDefaultPort);
+    const std::string one =
+        (v6 ? "[" + h.host + "]" : h.host) + ':' + std::to_string(h.port != 0 ? h.port : kDefaultPort);
+    if (first.empty()) first = one;
+    if (!hosts.empty()) hosts += ',';
+    hosts += one;
   }
+  // ZooKeeper's C client (3.8) moves its host cursor two places per failed connection (its
+  // error handler and its next-server pick both advance it). Over an even number of entries
+  // that visits only every other one: with two hosts it redials the one it moved to, without
+  // a pause, and never goes back to the other, even while that one serves. An odd count makes
+  // the two-place steps reach every entry (and the client pauses between rounds again): the
+  // first host is listed twice.
+  if (url.hosts.size() % 2 == 0) hosts += ',' + first;
   cfg.connect_string = hosts + cfg.chroot;
   if (url.has_userinfo) cfg.credentials = url.user + ":" + url.password;
   cfg.connect_timeout = opts.connect_timeout;

@@ -12,7 +12,7 @@
 namespace distlock::detail::zk {
 
 struct UrlConfig {
-  std::string connect_string;  // "h1:p1,h2:p2/chroot"
+  std::string connect_string;  // "h1:p1,h2:p2,h1:p1/chroot": an odd number of entries (zk_url.cpp)
   std::string chroot;
   std::string credentials;  // "user:password" or empty
   std::string redacted_url;
