@@ -82,8 +82,9 @@ constexpr const char* kSetupSql =
 
 // $1 name (hex), $2 high 32 bits of the key, $3 low 32 bits (pg_locks shows a bigint
 // key as classid/objid with objsubid 1). Columns: token, owner, ttl ms, whether the
-// owner's session holds the advisory lock, ms left of an orphaned lease (> 0: its
-// session ended without a release and its holder may still believe it holds it).
+// owner's session holds the advisory lock, ms left of the lease since its last renewal
+// (lease_left; for an orphaned lease, > 0: its session ended without a release and its
+// holder may still believe it holds it).
 constexpr const char* kStatusSql =
     "SELECT d.token, d.owner, d.ttl_ms, EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
     " AND l.granted AND l.pid = d.pid AND l.objsubid = 1 AND l.classid = $2::bigint::oid"
@@ -170,9 +171,8 @@ LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
       info.held = !PQgetisnull(r, 0, 1) && (session_holds || orphan_left > 0);
       if (info.held) {
         info.holder = std::string(PQgetvalue(r, 0, 1));
-        // A session lease: the holder's TTL is the most it has left.
-        info.ttl_remaining =
-            session_holds ? Millis(std::strtoll(PQgetvalue(r, 0, 2), nullptr, 10)) : Millis(orphan_left);
+        info.ttl_remaining = lease_left(session_holds, Millis(std::strtoll(PQgetvalue(r, 0, 2), nullptr, 10)),
+                                        Millis(orphan_left));
       }
     }
     return info;

@@ -201,7 +201,7 @@ std::vector<ListedLock> list_held(const Runner& run, std::string_view prefix, st
     l.info.token = std::strtoull(PQgetvalue(r, i, 1), nullptr, 10);
     l.info.holder = std::string(PQgetvalue(r, i, 2));
     l.info.ttl_remaining =
-        session_holds ? Millis(std::strtoll(PQgetvalue(r, i, 3), nullptr, 10)) : Millis(left);
+        lease_left(session_holds, Millis(std::strtoll(PQgetvalue(r, i, 3), nullptr, 10)), Millis(left));
     out.push_back(std::move(l));
   }
   return out;

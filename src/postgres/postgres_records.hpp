@@ -16,6 +16,7 @@
 // Thread-safety: free functions; the runner serialises the connection.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -41,5 +42,17 @@ std::optional<std::string> get_record(const Runner& run, std::string_view key, E
 bool erase_record(const Runner& run, std::string_view key, Error& ec);
 std::vector<ListedLock> list_held(const Runner& run, std::string_view prefix, std::size_t limit,
                                   bool& truncated, Error& ec);
+
+/// A held lock's `ttl_remaining`, as status() and list_held() report it: the time left of the
+/// holder's lease since its last renewal (`since_seen`: seen_at + ttl - now), never more than
+/// its TTL and at least 10 ms while its session still holds the key (the server ends a silent
+/// session a TTL after it answered its last statement, a little after seen_at); for a session
+/// that ended without a release, `since_seen` itself. A holder frozen or cut off therefore
+/// shows its lease running out, as on the other backends, not a full TTL until the server
+/// ends its session.
+inline Millis lease_left(bool session_holds, Millis ttl, Millis since_seen) {
+  if (!session_holds) return since_seen;
+  return std::clamp(since_seen, std::min(Millis(10), ttl), ttl);
+}
 
 }  // namespace distlock::detail::pg

@@ -111,6 +111,42 @@ TEST(PostgresRecords, RecordSurvivesItsWriterKilled) {
   }
 }
 
+// A holder whose session still holds the key but has sent nothing since its last renewal
+// (frozen, cut off: the server ends the session only a TTL after that) shows its lease
+// running out in status() and list_held(), not a full TTL: a watch's expiry re-check (and a
+// shard group) reads the lock again when the lease can end, not a TTL later.
+TEST(PostgresRecords, AHolderSilentSinceItsLastRenewalShowsItsLeaseRunningOut) {
+  PostgresServer server;
+  auto a = backend(server.url());
+  auto b = backend(server.url());
+  distlock::detail::Error ec;
+  ASSERT_TRUE(a->try_acquire(AcquireRequest{"silent", "oa", Millis(30000)}, ec).acquired) << ec.message();
+  // Its last renewal 20 s ago, as the row says after 20 s of silence.
+  server.query(
+      "UPDATE distlock_locks SET seen_at = clock_timestamp() - interval '20 seconds' WHERE name = "
+      "'silent'::bytea");
+  const auto st = b->status("silent", ec);
+  ASSERT_FALSE(ec) << ec.detail();
+  ASSERT_TRUE(st.held);
+  EXPECT_LE(st.ttl_remaining, Millis(10000));
+  EXPECT_GT(st.ttl_remaining, Millis(8000));  // the statements took less than 2 s
+  bool truncated = true;
+  auto listed = b->list_held("silent", 10, truncated, ec);
+  ASSERT_FALSE(ec) << ec.detail();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_LE(listed[0].info.ttl_remaining, Millis(10000));
+  EXPECT_GT(listed[0].info.ttl_remaining, Millis(8000));
+  // Past its TTL since the last renewal, with the session still holding the key (the
+  // server has not ended it yet): still held, and a short time left, never zero.
+  server.query(
+      "UPDATE distlock_locks SET seen_at = clock_timestamp() - interval '31 seconds' WHERE name = "
+      "'silent'::bytea");
+  const auto late = b->status("silent", ec);
+  ASSERT_FALSE(ec) << ec.detail();
+  EXPECT_TRUE(late.held);
+  EXPECT_EQ(late.ttl_remaining, Millis(10));
+}
+
 TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
   PostgresServer server;
   auto a = backend(server.url());
@@ -151,6 +187,7 @@ TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
   EXPECT_EQ(names(*a, "", 0, truncated), std::vector<std::string>{});
   EXPECT_TRUE(truncated);
 
+  const auto listed_at = Clock::now();
   auto listed = b->list_held("", 100, truncated, ec);
   ASSERT_FALSE(ec);
   ASSERT_EQ(listed.size(), held.size());
@@ -160,7 +197,12 @@ TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
     EXPECT_EQ(st.held, l.info.held) << l.name;
     EXPECT_EQ(st.token, l.info.token) << l.name;
     EXPECT_EQ(st.holder, l.info.holder) << l.name;
-    EXPECT_EQ(st.ttl_remaining, l.info.ttl_remaining) << l.name;
+    // Both count the lease down from its last renewal: status, read later, shows no more
+    // than the listing, and less by at most the time since the listing (+1 ms rounding).
+    const auto since_listed = std::chrono::ceil<Millis>(Clock::now() - listed_at);
+    ASSERT_TRUE(st.ttl_remaining && l.info.ttl_remaining) << l.name;
+    EXPECT_LE(*st.ttl_remaining, *l.info.ttl_remaining + Millis(1)) << l.name;
+    EXPECT_GE(*st.ttl_remaining + since_listed + Millis(1), *l.info.ttl_remaining) << l.name;
   }
 
   // A row naming an owner whose session is alive but does not hold that name's key
