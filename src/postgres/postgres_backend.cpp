@@ -171,8 +171,8 @@ LockInfo PostgresBackend::status(std::string_view name, Error& ec) {
       info.held = !PQgetisnull(r, 0, 1) && (session_holds || orphan_left > 0);
       if (info.held) {
         info.holder = std::string(PQgetvalue(r, 0, 1));
-        info.ttl_remaining = lease_left(session_holds, Millis(std::strtoll(PQgetvalue(r, 0, 2), nullptr, 10)),
-                                        Millis(orphan_left));
+        info.ttl_remaining = pg::lease_left(
+            session_holds, Millis(std::strtoll(PQgetvalue(r, 0, 2), nullptr, 10)), Millis(orphan_left));
       }
     }
     return info;
