@@ -95,6 +95,8 @@ TEST(ShardGroupWatch, TheSteadyStateListsNothingPerPeriod) {
   ASSERT_TRUE(wait_until([&] { return balanced(all, kShards); }, kDeadline)) << "not balanced within 20 s";
   for (auto* m : all) EXPECT_TRUE(m->group.stats().watching) << m->group.member_id() << " polls";
   const std::vector<std::set<std::uint32_t>> before{owned_by(a), owned_by(b), owned_by(c)};
+  std::vector<std::uint64_t> rebalances0;
+  for (auto* m : all) rebalances0.push_back(m->group.stats().rebalances);
   const long long scans0 = server.command_calls("scan");
   const auto t0 = SteadyClock::now();
   // The window itself is what is measured: 20 periods with nothing changing.
@@ -109,6 +111,10 @@ TEST(ShardGroupWatch, TheSteadyStateListsNothingPerPeriod) {
   EXPECT_EQ(owned_by(b), before[1]);
   EXPECT_EQ(owned_by(c), before[2]);
   for (auto* m : all) EXPECT_EQ(m->group.stats().safety_relists, 0U) << m->group.member_id();
+  // No member's target changed either (a plan flapping between two answers would start and
+  // cancel waiters without moving a shard).
+  for (std::size_t k = 0; k < all.size(); ++k)
+    EXPECT_EQ(all[k]->group.stats().rebalances, rebalances0[k]) << all[k]->group.member_id();
   std::printf("steady group of 3 x %u shards: %lld SCANs in %lld ms\n", kShards, scans1 - scans0,
               static_cast<long long>(window));
 }
