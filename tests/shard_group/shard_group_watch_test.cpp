@@ -3,12 +3,13 @@
 // (src/api/shard_group.cpp, docs/sharding.md "How it works"):
 //   - the steady state lists nothing: INFO commandstats shows no SCAN (what Client::list is on
 //     redis) over 20 rebalance periods while nothing changes (polling, the same three members
-//     would have made 2 SCANs or more each per period: 120 or more);
+//     make 2 SCANs each per period: 118 seen with the group forced to poll);
 //   - a gap leads to a re-list and correct ownership: while the watcher-presence key is gone the
 //     lock scripts publish nothing, so a member that joins then is never an event; its peers'
 //     watches find the lapse at their next renewal (5 s), report a gap and re-list, and the
 //     group balances over the three (without the re-list the two others would own all shards
-//     until the safety re-list 30 s later).
+//     until the safety re-list 30 s later: with the gap's `state`s ignored, seen failing with
+//     a 4, b 4, c 0 after 20 s).
 // Times are measured on this process's steady clock; each bound is stated where it is asserted.
 #include <gtest/gtest.h>
 
@@ -105,7 +106,7 @@ TEST(ShardGroupWatch, TheSteadyStateListsNothingPerPeriod) {
   const std::int64_t window = ms_since(t0);
   ASSERT_GE(window, (kPeriod * 20).count());
   EXPECT_EQ(scans1 - scans0, 0) << "SCANs over " << window
-                                << " ms of a steady group of 3 (polling makes >= " << 3 * 2 * 20 << ")";
+                                << " ms of a steady group of 3 (polling makes about " << 3 * 2 * 20 << ")";
   // Nothing moved meanwhile, and no member needed a safety re-list (every 30 s at the least).
   EXPECT_EQ(owned_by(a), before[0]);
   EXPECT_EQ(owned_by(b), before[1]);
