@@ -187,6 +187,8 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
   std::map<std::string, std::optional<std::string>> view_members;
   std::map<std::uint32_t, std::string> view_owners;
   std::uint64_t view_events = 0;
+  // The background thread's last re-list while not a member (rebalance_from_view).
+  std::optional<SteadyClock::time_point> last_outside_relist;
   // The process that runs the group: in a forked child the group is the parent's, and its
   // mutex may have been held by another thread of the parent at the fork (ShardGroup::leave).
   const std::uint64_t fork_gen = detail::fork_generation();
@@ -281,15 +283,20 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     } catch (...) {
       return;  // no memory for the view: polls this period, tries again at the next
     }
-    for (auto& f : made)
-      f.reader = std::thread([this, w = f.watch] {
-        while (auto ev = w->next()) {
-          try {
-            on_watch_event(*ev);
-          } catch (...) {  // no memory for the view: the safety re-list rebuilds it
+    try {
+      for (auto& f : made)
+        f.reader = std::thread([this, w = f.watch] {
+          while (auto ev = w->next()) {
+            try {
+              on_watch_event(*ev);
+            } catch (...) {  // no memory for the view: the safety re-list rebuilds it
+            }
           }
-        }
-      });
+        });
+    } catch (...) {  // no thread: polls this period, tries again at the next
+      stop_feeds(made);
+      return;
+    }
     {
       std::lock_guard lk(mu);
       if (!stopping) {
@@ -589,7 +596,12 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       member = membership.has_value();
     }
     if (!member) {
-      relist_view();
+      // At most once a period, however many events wake the thread meanwhile.
+      const auto now = SteadyClock::now();
+      if (!last_outside_relist || now - *last_outside_relist >= opts.rebalance_period) {
+        last_outside_relist = now;
+        relist_view();
+      }
       return;
     }
     std::vector<std::string> live;
