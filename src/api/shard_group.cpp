@@ -554,7 +554,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       const std::string info = l.info.holder_info.value_or("");
       if (info.compare(0, kOwnerTag.size(), kOwnerTag) == 0) owners[*idx] = info.substr(kOwnerTag.size());
     }
-    plan_and_apply(std::move(live), std::move(owners));
+    plan_and_apply(std::move(live), std::move(owners), false);
   }
 
   // Watching: the safety re-list. Lists both prefixes and replaces the view with what they
@@ -615,21 +615,29 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       for (const auto& [i, owner] : view_owners)
         if (!owner.empty()) owners[i] = owner;
     }
-    plan_and_apply(std::move(live), std::move(owners));
+    plan_and_apply(std::move(live), std::move(owners), true);
   }
 
   // Computes this member's target from the live members and the owners, gives up what it
-  // must and starts a waiter per shard it must take.
-  void plan_and_apply(std::vector<std::string> live, std::vector<std::optional<std::string>> owners) {
+  // must and starts a waiter per shard it must take. `own_from_view`: the owners are the
+  // watches' view, which names this member where its peers' views do; a shard it lost
+  // without a published end (an expiry, an eviction) is still its own to them, so it stays
+  // its own in this plan too: the plans agree and it takes the shard again (else its plan
+  // could hand the shard to a peer whose plan leaves it to this member: nobody takes it
+  // until a re-list). Listed owners (polling) are fresher than what this member held a
+  // moment ago only where they name others.
+  void plan_and_apply(std::vector<std::string> live, std::vector<std::optional<std::string>> owners,
+                      bool own_from_view) {
     std::vector<Held> drop;
     std::vector<std::uint32_t> start;
     {
       std::lock_guard lk(mu);
       if (stopping || !membership) return;
       live.push_back(member_id);  // this member holds its membership (checked in settle)
-      // This member's own shards are what it holds, whatever the list said a moment ago.
-      for (auto& o : owners)
-        if (o == member_id) o.reset();
+      // Polling: this member's own shards are what it holds, whatever the list said a moment ago.
+      if (!own_from_view)
+        for (auto& o : owners)
+          if (o == member_id) o.reset();
       for (const auto& [i, h] : held) owners[i] = member_id;
       auto plan = detail::plan_shards(shards, live, owners);
       std::set<std::uint32_t> target(plan[member_id].begin(), plan[member_id].end());

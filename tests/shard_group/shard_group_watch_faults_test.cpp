@@ -4,10 +4,12 @@
 //     without a published end (the key is deleted behind the scripts' back, as an eviction or
 //     an expiry the server does not publish would end it). The owner finds the loss at its next
 //     renewal; its peers' shards watch re-reads no expiry, so their view still names it the
-//     owner. With 9 shards over b (5) and a (4), the loser's own plan (it holds 4 now) hands the
-//     free shard to a, while a's plan (b still holds 5) leaves it to b: nobody takes it until
-//     a's safety re-list (30 s). Seen failing before the fix: unowned 30.1 s after the end.
-//     Contract (docs/sharding.md 5): owned again within TTL + one period (+ round trips).
+//     owner. With 9 shards over b (5) and a (4), a loser that planned from what it holds (4)
+//     handed the free shard to a, while a's plan (b still holds 5) left it to b: nobody took it
+//     until a's safety re-list (seen failing so: unowned 29,990-29,997 ms after the end). A
+//     watching member now plans its own shards as its view (and so its peers') shows them: b
+//     takes the shard again (seen: 479-483 ms after the end). Contract (docs/sharding.md 5):
+//     owned again within TTL + one period (+ 1.5 s of round trips on a loaded machine).
 //   - GroupsWhoseNamesArePrefixesOfEachOtherStayApart: groups "p", "p/shard" and "p/members"
 //     on one server (every event of the two others falls under one of p's watched prefixes):
 //     each balances over its own members only, and a join in one moves nothing in the others.
