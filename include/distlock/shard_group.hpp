@@ -9,19 +9,23 @@
 //   - each shard i is an ordinary lock `<job>/shard/<i>` (holder info "member=<id>"), so a
 //     shard never has two owners with valid leases, and its fencing tokens strictly increase
 //     from one owner to the next: pass OwnedShard::token to every write the shard makes;
-//   - every `rebalance_period` each member lists `<job>/members/` and `<job>/shard/` and
-//     computes the same assignment from the sorted live member set and the current owners:
+//   - each member follows `<job>/members/` and `<job>/shard/` — by watching both prefixes
+//     (Client::watch) where the backend can, else by listing both every `rebalance_period` —
+//     and computes the same assignment from the sorted live member set and the current owners:
 //     balanced (each of W members owns floor(M/W) or ceil(M/W) shards) and sticky (a shard
 //     stays with its live owner unless balance requires a move);
 //   - a member that must give a shard up first fires the shard's stop token (its local users
 //     stop), then releases the lock; the member it moves to is already waiting on that lock
 //     and is woken by the release (FIFO hand-off) — cooperative, never two owners.
-// Membership is discovered by polling (one list of each prefix per period); the hand-off
-// itself is notification-driven.
+// Where the backend watches (redis, redis+sentinel, etcd, zk, postgres), a join, a leave or a
+// death is an event and the steady state makes no listing (one safety re-list every
+// max(100 periods, 30 s)); elsewhere (file, mysql, redis+cluster, redlock) it is polled, one
+// list of each prefix per period. The hand-off itself is notification-driven everywhere.
 //
 // Thread-safety: a ShardGroup is owned by one thread (move-only); assigned(), wait_change(),
 // stats() and member_id() may be called from any thread concurrently. The group runs one
-// background thread (plus one waiting thread per shard it is about to take); `on_change` runs
+// background thread (plus one waiting thread per shard it is about to take, and, watching,
+// one reader thread per watch, which never runs user code); `on_change` runs
 // on the background thread, one call at a time: keep it short (it delays the next rebalance).
 // In a child forked from the member's process the group is the parent's: it owns nothing there
 // (assigned() is empty, every OwnedShard::held() is false), and leave() or the destructor in
@@ -115,6 +119,13 @@ struct DISTLOCK_EXPORT ShardGroupStats {
   /// ids"). Attempts that failed otherwise (server unreachable) are not counted here; the
   /// rebalance's lists fail too (list_failures).
   std::uint64_t rejoin_failures = 0;
+  /// Whether this member follows the group by watching it (Client::watch: redis://,
+  /// redis+sentinel://, etcd://, zk://, postgres://) rather than by listing it every period.
+  bool watching = false;
+  /// Gaps its watches reported (each followed by the watch's re-list of the group).
+  std::uint64_t watch_gaps = 0;
+  /// Safety re-lists of a watching member applied to its view (docs/sharding.md).
+  std::uint64_t safety_relists = 0;
   /// From the last time this member's target changed until it owned exactly its target;
   /// nullopt until that happened once.
   std::optional<Millis> last_rebalance_time;
@@ -125,8 +136,11 @@ struct DISTLOCK_EXPORT ShardGroupOptions {
   /// Options of the membership and shard leases (ttl, renew_interval, safety_margin,
   /// max_hold). `wait`, `cancel` and `holder_info` are ignored: the group sets them.
   LockOptions lock{};
-  /// How often the member lists the group and rebalances. Default 1 s; must be in
-  /// [10 ms, 1 h]. A join or death is noticed within one period (a death after its TTL).
+  /// Polling (a backend that cannot watch): how often the member lists the group and
+  /// rebalances; a join or death is noticed within one period (a death after its TTL).
+  /// Watching: a join or death is an event, rebalanced at once; the member still re-plans
+  /// from its view once a period (no round trip: retries of a failed rejoin or acquisition)
+  /// and re-lists the group every max(100 periods, 30 s). Default 1 s; must be in [10 ms, 1 h].
   Millis rebalance_period{std::chrono::seconds(1)};
   /// This member's id: 1..64 bytes of [A-Za-z0-9_.-], unique in the group. Default:
   /// "<client id>-<n>" (n counts the groups this process made).

@@ -93,6 +93,13 @@ struct DISTLOCK_EXPORT WatchOptions {
   bool initial_state = true;
   /// Events kept for next() at most; more are dropped and reported as a gap.
   std::size_t max_queued = 65536;
+  /// Re-read each held name's status to find expiries the server does not publish (redis://,
+  /// redis+sentinel://, postgres://: an inferred `lost` about the remaining TTL after the
+  /// lease's end). False: no reads beyond the re-lists after gaps (and the first one); an
+  /// expiry the server does not publish is then reported only by the name's next `acquired`
+  /// (an inferred `lost` first). etcd:// and zk:// report expiries themselves either way.
+  /// The cost it saves: one status read per held name per remaining TTL (at most 5 s).
+  bool expiry_checks = true;
 };
 
 class DISTLOCK_EXPORT Watch {

@@ -1,11 +1,18 @@
 // Task sharding on the public API (include/distlock/shard_group.hpp, docs/sharding.md).
 //
-// One background thread per member runs the rebalance: every period it lists the members
-// and the shard locks, computes the assignment (shard_plan.hpp), gives up the shards it
-// must (stop token first, then release) and starts one waiting thread per shard it must
-// take (Client::acquire with no wait limit, cancelled through LockOptions::cancel when the
-// shard is no longer wanted). A waiter that gets its shard, and any loss of a lease, wake
-// the background thread at once to publish the new assignment.
+// One background thread per member runs the rebalance: it computes the assignment
+// (shard_plan.hpp) from the live members and the shard owners, gives up the shards it must
+// (stop token first, then release) and starts one waiting thread per shard it must take
+// (Client::acquire with no wait limit, cancelled through LockOptions::cancel when the shard
+// is no longer wanted). A waiter that gets its shard, and any loss of a lease, wake the
+// background thread at once to publish the new assignment.
+//
+// Where the backend can watch (Client::watch), the members and owners are a view kept from
+// two watches, of `<job>/members/` and `<job>/shard/`, each read by a thread of its own; an
+// event wakes the background thread, which rebalances from the view without a round trip.
+// After a gap the watch re-lists and reports a `state` per lock, which rebuilds the view. A
+// safety re-list (two Client::list calls) runs every max(100 periods, 30 s). Elsewhere
+// (errc::not_supported) the background thread lists both prefixes every period.
 #include "distlock/shard_group.hpp"
 
 #include <algorithm>
@@ -21,6 +28,7 @@
 
 #include "api/shard_plan.hpp"
 #include "distlock/error.hpp"
+#include "distlock/watch.hpp"
 #include "engine/owner_id.hpp"
 
 namespace distlock {
@@ -92,6 +100,10 @@ namespace {
 constexpr std::uint32_t kMaxShards = 65536;
 constexpr std::size_t kMaxMemberId = 64;
 constexpr std::size_t kListLimit = 100000;
+// A watching member's safety re-list: every this many periods, and no more often than
+// kMinSafetyRelist.
+constexpr int kSafetyRelistPeriods = 100;
+constexpr std::chrono::seconds kMinSafetyRelist{30};
 const std::string kOwnerTag = "member=";
 std::atomic<std::uint64_t> g_groups{0};
 
@@ -136,6 +148,11 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     std::jthread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
+  // One watch of the group and the thread that reads its events into the view.
+  struct Feed {
+    std::shared_ptr<Watch> watch;
+    std::thread reader;
+  };
 
   explicit Core(Client c) : client(std::move(c)) {}
 
@@ -160,13 +177,143 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
   ShardGroupStats counters;
   std::optional<SteadyClock::time_point> target_changed_at;
   std::thread loop;
+  // Watching (the backend watches): the group as its events tell it. view_members: live member
+  // id -> its record's holder info (nullopt when the event carried none); view_owners: shard
+  // index -> the owner's member id ("" when the holder info named none). view_events counts
+  // every event applied: a safety re-list is applied only if none came while it was read.
+  bool watching = false;
+  bool watch_unsupported = false;  // errc::not_supported: polls for good
+  std::vector<Feed> feeds;
+  std::map<std::string, std::optional<std::string>> view_members;
+  std::map<std::uint32_t, std::string> view_owners;
+  std::uint64_t view_events = 0;
+  // The background thread's last re-list while not a member (rebalance_from_view).
+  std::optional<SteadyClock::time_point> last_outside_relist;
   // The process that runs the group: in a forked child the group is the parent's, and its
   // mutex may have been held by another thread of the parent at the fork (ShardGroup::leave).
   const std::uint64_t fork_gen = detail::fork_generation();
   bool forked() const noexcept { return fork_gen != detail::fork_generation(); }
 
   void start() {
+    start_watches();
     loop = std::thread([self = shared_from_this()] { self->run(); });
+  }
+
+  // Caller holds mu. Whether a member record's holder info names this group's shard count
+  // (an event without holder info is taken as this count: the join checked it).
+  bool same_count(const std::optional<std::string>& info) const {
+    if (!info) return true;
+    const std::string tag = "shards=" + std::to_string(shards);
+    return info->compare(0, tag.size(), tag) == 0 &&
+           (info->size() == tag.size() || (*info)[tag.size()] == ' ');
+  }
+
+  // Caller holds mu. One lock's news into the view.
+  void apply_view(const std::string& name, bool held, const std::optional<std::string>& info) {
+    if (name.starts_with(members_prefix)) {
+      const std::string id = name.substr(members_prefix.size());
+      if (!valid_member_id(id)) return;
+      if (held) {
+        view_members[id] = info;
+        return;
+      }
+      view_members.erase(id);
+      // Its shards are nobody's in the plan from now on; forgetting them here also keeps a
+      // record from outliving an unpublished expiry when the same id joins again.
+      std::erase_if(view_owners, [&](const auto& p) { return p.second == id; });
+      return;
+    }
+    if (!name.starts_with(shard_prefix)) return;
+    const auto idx = parse_index(std::string_view(name).substr(shard_prefix.size()));
+    if (!idx || *idx >= shards) return;
+    if (!held) {
+      view_owners.erase(*idx);
+      return;
+    }
+    const std::string text = info.value_or("");
+    view_owners[*idx] =
+        text.compare(0, kOwnerTag.size(), kOwnerTag) == 0 ? text.substr(kOwnerTag.size()) : "";
+  }
+
+  void on_watch_event(const WatchEvent& ev) {
+    {
+      std::lock_guard lk(mu);
+      ++view_events;
+      switch (ev.kind) {
+        case WatchEventKind::gap:
+          // The watch re-lists now and reports one `state` per lock (and a free `state` per
+          // name it believed held): those rebuild the view.
+          ++counters.watch_gaps;
+          break;
+        case WatchEventKind::acquired: apply_view(ev.name, true, ev.holder_info); break;
+        case WatchEventKind::state: apply_view(ev.name, ev.held, ev.holder_info); break;
+        case WatchEventKind::released:
+        case WatchEventKind::lost:
+        case WatchEventKind::revoked: apply_view(ev.name, false, std::nullopt); break;
+      }
+      dirty = true;
+    }
+    cv.notify_all();
+  }
+
+  // Starts the two watches; on success the background thread rebalances from their view.
+  // The first events (the watches' initial `state`s, queued before watch() returns) are
+  // applied here, so the first plan already sees the whole group. errc::not_supported: the
+  // group polls for good; another failure: it polls and tries again at the next period.
+  void start_watches() noexcept {
+    std::vector<Feed> made;
+    try {
+      WatchOptions members_opts;  // expiry checks on: a dead member is seen within about its TTL
+      WatchOptions shards_opts;
+      // No status re-reads of M shards: a dead member's shards leave the plan with its
+      // membership, and a shard's next owner reports its acquisition (after an inferred loss).
+      shards_opts.expiry_checks = false;
+      made.push_back({std::make_shared<Watch>(client.watch(members_prefix, members_opts)), {}});
+      made.push_back({std::make_shared<Watch>(client.watch(shard_prefix, shards_opts)), {}});
+    } catch (const std::system_error& e) {
+      std::lock_guard lk(mu);
+      if (e.code() == errc::not_supported) watch_unsupported = true;
+      return;
+    } catch (...) {
+      return;
+    }
+    try {
+      for (auto& f : made)
+        while (auto ev = f.watch->next(Millis(0))) on_watch_event(*ev);
+    } catch (...) {
+      return;  // no memory for the view: polls this period, tries again at the next
+    }
+    try {
+      for (auto& f : made)
+        f.reader = std::thread([this, w = f.watch] {
+          while (auto ev = w->next()) {
+            try {
+              on_watch_event(*ev);
+            } catch (...) {  // no memory for the view: the safety re-list rebuilds it
+            }
+          }
+        });
+    } catch (...) {  // no thread: polls this period, tries again at the next
+      stop_feeds(made);
+      return;
+    }
+    {
+      std::lock_guard lk(mu);
+      if (!stopping) {
+        feeds = std::move(made);
+        watching = true;
+        counters.watching = true;
+        return;
+      }
+    }
+    stop_feeds(made);  // raced leave()
+  }
+
+  static void stop_feeds(std::vector<Feed>& fs) noexcept {
+    for (auto& f : fs) f.watch->stop();
+    for (auto& f : fs)
+      if (f.reader.joinable()) f.reader.join();
+    fs.clear();
   }
 
   void wake() {
@@ -220,22 +367,45 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     lease.release(ec);  // a rejoin that raced leave(): do not stay a member
   }
 
+  SteadyClock::duration safety_relist_period() const {
+    return std::max<SteadyClock::duration>(opts.rebalance_period * kSafetyRelistPeriods, kMinSafetyRelist);
+  }
+
+  // Polling: a full rebalance (two lists) every period, a settle on each wake-up between.
+  // Watching: a rebalance from the view on each wake-up (an event, a waiter, a loss) and at
+  // least once per period (retries: a failed rejoin, a waiter the backend failed), no round
+  // trip unless something moves; a safety re-list every safety_relist_period().
   void run() {
-    auto next_full = SteadyClock::now();
     std::unique_lock lk(mu);
     loop_id = std::this_thread::get_id();
+    auto next_full = SteadyClock::now() + (watching ? safety_relist_period() : SteadyClock::duration{0});
     while (!stopping) {
       const bool full = SteadyClock::now() >= next_full;
       dirty = false;
+      bool watch = watching;
+      const bool retry_watch = !watch && !watch_unsupported;
       lk.unlock();
-      if (full) {
+      if (full && retry_watch) {
+        start_watches();
+        lk.lock();
+        watch = watching;
+        lk.unlock();
+      }
+      if (watch) {
+        if (full) {
+          next_full = SteadyClock::now() + safety_relist_period();
+          if (!relist_view()) next_full = SteadyClock::now() + opts.rebalance_period;
+        }
+        rebalance_from_view();
+      } else if (full) {
         next_full = SteadyClock::now() + opts.rebalance_period;
         rebalance();
       } else {
         settle();
       }
       lk.lock();
-      cv.wait_until(lk, next_full, [&] { return stopping || dirty; });
+      const auto until = watch ? std::min(next_full, SteadyClock::now() + opts.rebalance_period) : next_full;
+      cv.wait_until(lk, until, [&] { return stopping || dirty; });
     }
     loop_ended = true;
     lk.unlock();
@@ -353,6 +523,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     }
   }
 
+  // Polling: lists the members and the shard owners, then plans.
   void rebalance() {
     settle();
     std::vector<ListedLock> members_listed, shards_listed;
@@ -383,15 +554,90 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       const std::string info = l.info.holder_info.value_or("");
       if (info.compare(0, kOwnerTag.size(), kOwnerTag) == 0) owners[*idx] = info.substr(kOwnerTag.size());
     }
+    plan_and_apply(std::move(live), std::move(owners), false);
+  }
+
+  // Watching: the safety re-list. Lists both prefixes and replaces the view with what they
+  // show, unless an event came while they were read (it may be newer than the listing): then
+  // false, and the re-list is tried again a period later.
+  bool relist_view() {
+    std::uint64_t before = 0;
+    {
+      std::lock_guard lk(mu);
+      before = view_events;
+    }
+    std::vector<ListedLock> members_listed, shards_listed;
+    try {
+      members_listed = client.list(members_prefix, kListLimit);
+      shards_listed = client.list(shard_prefix, kListLimit);
+    } catch (...) {
+      std::lock_guard lk(mu);
+      ++counters.list_failures;
+      return false;
+    }
+    std::lock_guard lk(mu);
+    if (view_events != before) return false;
+    view_members.clear();
+    view_owners.clear();
+    for (const auto& l : members_listed) apply_view(l.name, true, l.info.holder_info);
+    for (const auto& l : shards_listed) apply_view(l.name, true, l.info.holder_info);
+    ++counters.safety_relists;
+    return true;
+  }
+
+  // Watching: plans from the view (no round trip). A member that is not a member now (its
+  // membership was lost and the rejoin failed) re-lists instead, as a polling member would:
+  // an unreachable server shows as list_failures, and the view is fresh once it rejoins.
+  void rebalance_from_view() {
+    settle();
+    bool member = false;
+    {
+      std::lock_guard lk(mu);
+      member = membership.has_value();
+    }
+    if (!member) {
+      // At most once a period, however many events wake the thread meanwhile.
+      const auto now = SteadyClock::now();
+      if (!last_outside_relist || now - *last_outside_relist >= opts.rebalance_period) {
+        last_outside_relist = now;
+        relist_view();
+      }
+      return;
+    }
+    std::vector<std::string> live;
+    std::vector<std::optional<std::string>> owners(shards);
+    {
+      std::lock_guard lk(mu);
+      // A member of another shard count (a misconfigured peer) is left out of the plan; the
+      // shard locks still keep every shard to one owner.
+      for (const auto& [id, info] : view_members)
+        if (same_count(info)) live.push_back(id);
+      for (const auto& [i, owner] : view_owners)
+        if (!owner.empty()) owners[i] = owner;
+    }
+    plan_and_apply(std::move(live), std::move(owners), true);
+  }
+
+  // Computes this member's target from the live members and the owners, gives up what it
+  // must and starts a waiter per shard it must take. `own_from_view`: the owners are the
+  // watches' view, which names this member where its peers' views do; a shard it lost
+  // without a published end (an expiry, an eviction) is still its own to them, so it stays
+  // its own in this plan too: the plans agree and it takes the shard again (else its plan
+  // could hand the shard to a peer whose plan leaves it to this member: nobody takes it
+  // until a re-list). Listed owners (polling) are fresher than what this member held a
+  // moment ago only where they name others.
+  void plan_and_apply(std::vector<std::string> live, std::vector<std::optional<std::string>> owners,
+                      bool own_from_view) {
     std::vector<Held> drop;
     std::vector<std::uint32_t> start;
     {
       std::lock_guard lk(mu);
       if (stopping || !membership) return;
       live.push_back(member_id);  // this member holds its membership (checked in settle)
-      // This member's own shards are what it holds, whatever the list said a moment ago.
-      for (auto& o : owners)
-        if (o == member_id) o.reset();
+      // Polling: this member's own shards are what it holds, whatever the list said a moment ago.
+      if (!own_from_view)
+        for (auto& o : owners)
+          if (o == member_id) o.reset();
       for (const auto& [i, h] : held) owners[i] = member_id;
       auto plan = detail::plan_shards(shards, live, owners);
       std::set<std::uint32_t> target(plan[member_id].begin(), plan[member_id].end());
@@ -461,6 +707,7 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
     std::vector<Held> drop;
     std::map<std::uint32_t, Waiter> stop_waiters;
     std::optional<Lease> member;
+    std::vector<Feed> stop_feeds_later;
     {
       std::unique_lock lk(mu);
       if (stopping) {
@@ -484,8 +731,13 @@ struct ShardGroup::Core : std::enable_shared_from_this<ShardGroup::Core> {
       waiters.clear();
       member = std::move(membership);
       membership.reset();
+      stop_feeds_later = std::move(feeds);
+      feeds.clear();
+      watching = false;
+      counters.watching = false;
     }
     cv.notify_all();
+    stop_feeds(stop_feeds_later);  // their readers only update the view
     if (loop.joinable()) {
       if (loop.get_id() == std::this_thread::get_id())
         loop.detach();  // leave() from on_change: the loop ends after the callback

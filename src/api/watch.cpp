@@ -261,7 +261,7 @@ struct Watch::Impl final : detail::LockEventSink {
       k.holder_info = ev.holder_info;
       k.changes += 1;
       k.check_at = steady_now() + kFirstCheck;
-      if (k.check_at < sleep_until_) {  // the watcher thread sleeps past it: wake it
+      if (opts_.expiry_checks && k.check_at < sleep_until_) {  // the watcher thread sleeps past it: wake it
         recheck_sooner_ = true;
         work_cv_.notify_all();
       }
@@ -450,13 +450,16 @@ struct Watch::Impl final : detail::LockEventSink {
         }
         continue;
       }
-      lk.unlock();
-      check_expiries();
-      lk.lock();
+      if (opts_.expiry_checks) {
+        lk.unlock();
+        check_expiries();
+        lk.lock();
+      }
       // Sleep until the next due check, a gap, a stop, or room after an overflow.
       auto wake = steady_now() + Millis(std::chrono::seconds(5));
-      for (auto& [name, k] : known_)
-        if (k.held && k.check_at < wake) wake = k.check_at;
+      if (opts_.expiry_checks)
+        for (auto& [name, k] : known_)
+          if (k.held && k.check_at < wake) wake = k.check_at;
       sleep_until_ = wake;
       recheck_sooner_ = false;
       work_cv_.wait_until(lk, wake, [&] {
