@@ -144,7 +144,23 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
 void Subscriber::set_payload_handler(std::string channel, PayloadCallback handler) {
   LockGuard lk(mu_);
   payload_channel_ = std::move(channel);
+  payload_by_prefix_ = false;
   payload_handler_ = std::move(handler);
+}
+
+void Subscriber::set_payload_prefix_handler(std::string prefix, PayloadCallback handler) {
+  LockGuard lk(mu_);
+  payload_channel_ = std::move(prefix);
+  payload_by_prefix_ = true;
+  payload_handler_ = std::move(handler);
+}
+
+std::size_t Subscriber::pending() const {
+  LockGuard lk(mu_);
+  std::size_t n = 0;
+  for (const auto& [name, c] : channels_)
+    if (c.watchers > 0 && (!connected_ || !c.live() || c.refused)) ++n;
+  return n;
 }
 
 void Subscriber::dropped(const std::vector<std::string>& channels) {
@@ -296,7 +312,10 @@ void Subscriber::handle_reply(redisReply* r) {
     if (it == channels_.end()) return;
     auto& c = it->second;
     if (kind == "message") {
-      if (c.watchers > 0 && payload_handler_ && ch == payload_channel_) {
+      const bool with_handler =
+          payload_handler_ && (payload_by_prefix_ ? ch.substr(0, payload_channel_.size()) == payload_channel_
+                                                  : ch == payload_channel_);
+      if (c.watchers > 0 && with_handler) {
         with_payload = payload_handler_;
       } else if (c.watchers > 0) {
         to_notify.emplace_back(ch);
