@@ -335,12 +335,13 @@ class ClusterPrefixWatch final : public PrefixWatch {
         started_ = true;
         return true;
       }
-      for (auto& [node, ns] : subs_) ns.broken = false;
+      for (auto& [node, ns] : subs_) ns.broken = ns.conn_broke = false;
       why = replaced
-                ? "a master was replaced (failover): every slot's events channel is subscribed again on the "
-                  "node now serving it, whose state may lack changes already delivered"
-                : "every slot's events channel is subscribed again (after a broken connection or a moved "
-                  "slot): events may have been missed meanwhile";
+                ? "a master's connection broke or a master was replaced (a restart or a failover): every "
+                  "slot's events channel is subscribed again on the node now serving it, whose state may "
+                  "lack changes already delivered"
+                : "every slot's events channel is subscribed again (after a moved slot): events may have "
+                  "been missed meanwhile";
     }
     if (replaced) {
       sink_.on_source_replaced(why);

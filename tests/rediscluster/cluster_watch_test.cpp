@@ -177,21 +177,21 @@ TEST(RedisClusterPrefixWatch, RestartedMasterIsAReplacementGapThenTheState) {
   cluster.kill(2);
   cluster.restart(2);
   bool gap = false, replaced = false, state = false;
-  ASSERT_TRUE(read_until(w, 30s,
-                         [&](const WatchEvent& e) {
-                           if (e.kind == WatchEventKind::gap) {
-                             gap = true;
-                             replaced =
-                                 replaced || e.detail.find("restart or a failover") != std::string::npos;
-                           }
-                           if (e.kind == WatchEventKind::state && e.name == name && replaced) {
-                             EXPECT_TRUE(e.held);
-                             EXPECT_EQ(e.token, a.token());
-                             state = true;
-                           }
-                           return state;
-                         }))
-      << "gap=" << gap << " replaced=" << replaced;
+  std::string seen;  // every event read, for the failure message
+  auto until_state = [&](const WatchEvent& e) {
+    seen += describe(e) + "\n";
+    if (e.kind == WatchEventKind::gap) {
+      gap = true;
+      replaced = replaced || e.detail.find("restart or a failover") != std::string::npos;
+    }
+    if (e.kind == WatchEventKind::state && e.name == name && replaced) {
+      EXPECT_TRUE(e.held);
+      EXPECT_EQ(e.token, a.token());
+      state = true;
+    }
+    return state;
+  };
+  ASSERT_TRUE(read_until(w, 30s, until_state)) << "gap=" << gap << " replaced=" << replaced << "\n" << seen;
 
   const std::uint64_t token = a.token();
   a.release();
