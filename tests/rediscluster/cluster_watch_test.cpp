@@ -80,7 +80,13 @@ TEST(RedisClusterPrefixWatch, ThousandHandOffsAcrossSlotsComeInTokenOrderPerName
   ASSERT_GE(slots.size(), 10u);
 
   Client watcher = distlock::connect(cluster.url(), distlock::testing::quiet());
+  // watch() subscribes 16,384 channels (pipelined per master) and lists the prefix before it
+  // returns: measured 123-260 ms here on 2 loaded cores; 10 s is the bound that would matter.
+  const auto t0 = Clock::now();
   Watch w = watcher.watch("ho/");
+  const auto start_ms = std::chrono::duration_cast<Millis>(Clock::now() - t0).count();
+  RecordProperty("watch_start_ms", std::to_string(start_ms));
+  EXPECT_LT(start_ms, 10000);
   constexpr int kPairs = 1000;
   std::atomic<int> taken{0};
   std::vector<std::thread> threads;
@@ -229,6 +235,7 @@ TEST(RedisClusterPrefixWatch, FrozenSubscriberConnectionIsAGapNotSilence) {
       << "the frozen connection stayed silent";
   const auto gap_after = std::chrono::duration_cast<Millis>(Clock::now() - frozen_at);
   // PING after 1 s of silence, dropped after the 1 s command timeout: about 2 s.
+  RecordProperty("gap_after_freeze_ms", std::to_string(gap_after.count()));
   EXPECT_LT(gap_after, 10s) << gap_after.count() << " ms";
 
   Lease a = holder.acquire(name, opts_ttl(60s));
@@ -259,7 +266,9 @@ TEST(RedisClusterPrefixWatch, RevokeShowsAsRevoked) {
 
 // The backend's watch (Backend::watch_prefix) directly: after 300 acquisitions over names
 // of every master, committed before sync() is called, sync() returns true only once every
-// one of them is in the sink — a barrier across all masters' channels.
+// one of them is in the sink — a barrier across all masters' channels. The watch reaches
+// node 2 through a proxy that delays every byte by 300 ms, so that node's events are still
+// in flight when sync() is called: without the barrier they would be missing.
 TEST(RedisClusterPrefixWatch, SyncIsABarrierAcrossMasters) {
   RedisCluster cluster(3);
   struct Sink final : distlock::detail::LockEventSink {
@@ -275,12 +284,16 @@ TEST(RedisClusterPrefixWatch, SyncIsABarrierAcrossMasters) {
       ++gaps;
     }
   } sink;
-  Client watcher = distlock::connect(cluster.url(), distlock::testing::quiet());
+  distlock::testing::FaultProxy proxy(cluster.node(2).port());
+  const std::string nat = "?nat=127.0.0.1:" + std::to_string(cluster.node(2).port()) +
+                          "=127.0.0.1:" + std::to_string(proxy.port());
+  Client watcher = distlock::connect(cluster.url(nat), distlock::testing::quiet());
   auto& backend = distlock::detail::engine_of(watcher)->backend();
   distlock::detail::Error ec;
   auto watch = backend.watch_prefix("sy/", sink, ec);
   ASSERT_FALSE(ec) << ec.detail();
   ASSERT_TRUE(watch);
+  proxy.delay(300ms);
 
   Client holder = distlock::connect(cluster.url(), distlock::testing::quiet());
   std::vector<Lease> leases;
