@@ -132,7 +132,12 @@ class ClusterPrefixWatch final : public PrefixWatch {
       }
     }
     UniqueLock lk(mu_);
-    const bool seen = sync_cv_.wait_for(lk.native(), timeout_, [&] { return sync_seen_[n] >= reps.size(); });
+    // Bounded by timeout_ (connect + command timeout) on this process's steady clock.
+    const auto until = std::chrono::steady_clock::now() + timeout_;
+    while (sync_seen_[n] < reps.size() &&
+           sync_cv_.wait_until(lk.native(), until) != std::cv_status::timeout) {
+    }
+    const bool seen = sync_seen_[n] >= reps.size();
     sync_seen_.erase(n);
     if (!seen) {
       ec.fail(errc::backend_unavailable,
@@ -358,9 +363,11 @@ class ClusterPrefixWatch final : public PrefixWatch {
     UniqueLock lk(mu_);
     while (!stop_) {
       if (complete) {
-        cv_.wait(lk.native(), [&] { return stop_ || reconcile_wanted_; });
+        while (!stop_ && !reconcile_wanted_) cv_.wait(lk.native());
       } else {
-        cv_.wait_for(lk.native(), retry, [&] { return stop_; });
+        const auto until = std::chrono::steady_clock::now() + retry;
+        while (!stop_ && cv_.wait_until(lk.native(), until) != std::cv_status::timeout) {
+        }
       }
       if (stop_) return;
       reconcile_wanted_ = false;
