@@ -156,6 +156,9 @@ class ClusterPrefixWatch final : public PrefixWatch {
     // Its connection broke since the last recovery gap: the node may have restarted (without
     // persistence its state is older than what was delivered) or failed over.
     bool conn_broke = false;
+    // Channels the node dropped whose on_message (which the subscriber sends right after
+    // on_dropped) has not come yet: that on_message is the drop's, not a broken connection's.
+    std::set<std::string, std::less<>> drop_notices;
   };
 
   // ---- subscriber threads
@@ -206,7 +209,16 @@ class ClusterPrefixWatch final : public PrefixWatch {
         if (at_[s] == node) dropped_[s] = true;
       }
       auto it = subs_.find(node);
-      if (it != subs_.end() && !dropped) it->second.conn_broke = true;
+      if (it != subs_.end()) {
+        NodeSub& ns = it->second;
+        if (dropped) {
+          ns.drop_notices.emplace(channel);
+        } else if (auto d = ns.drop_notices.find(channel); d != ns.drop_notices.end()) {
+          ns.drop_notices.erase(d);
+        } else {
+          ns.conn_broke = true;
+        }
+      }
       if (it != subs_.end() && !it->second.broken) {
         it->second.broken = true;
         why = dropped ? node->opts.describe() + " dropped the events channel " + std::string(channel) +
