@@ -158,8 +158,11 @@ TEST(RedisClusterWatchEdges, DestroyedWhileHandOffsAreDeliveredReturnsPromptly) 
 // What a watch costs: 2,000 acquire/release pairs on names of all three masters, first with
 // no watch, then with one watch of the prefix in this process. Recorded: pairs per second
 // each way and this process's CPU time per pair each way (the difference is the watch's
-// delivery: 4,000 events). Asserted: every event arrives, in order (HandOffOrder), and the
-// watch does not cut the locking rate below a third of the rate without it.
+// delivery: 2 events per pair). Asserted: every event arrives, in order (HandOffOrder), and
+// the watch adds less than 100 us of this process's CPU per pair (getrusage). Each of the
+// watch's subscriber connections holds about 5,461 channels (16,384 over 3 masters): a
+// subscriber that walks all its channels for every message it reads costs 222-433 us per
+// pair here (3 runs), one that does not 20-40 us.
 TEST(RedisClusterWatchEdges, WatcherCostPerEventAndLockingRate) {
   RedisCluster cluster(3);
   std::vector<std::string> names;
@@ -201,8 +204,9 @@ TEST(RedisClusterWatchEdges, WatcherCostPerEventAndLockingRate) {
   RecordProperty("cpu_us_per_pair_without_watch", std::to_string(static_cast<int>(plain.cpu_us_per_pair)));
   RecordProperty("cpu_us_per_pair_with_watch", std::to_string(static_cast<int>(watched.cpu_us_per_pair)));
   EXPECT_EQ(released, kPairs);
-  EXPECT_GT(watched.pairs_per_s * 3, plain.pairs_per_s)
-      << "with a watch " << watched.pairs_per_s << " pairs/s, without " << plain.pairs_per_s;
+  EXPECT_LT(watched.cpu_us_per_pair - plain.cpu_us_per_pair, 100.0)
+      << "CPU per pair with a watch " << watched.cpu_us_per_pair << " us, without " << plain.cpu_us_per_pair
+      << " us (" << watched.pairs_per_s << " and " << plain.pairs_per_s << " pairs/s)";
 }
 
 }  // namespace
