@@ -158,6 +158,12 @@ class Subscriber {
   mutable AnnotatedMutex mu_;
   std::condition_variable cv_;  // watchers wait for live()
   std::map<std::string, Channel, std::less<>> channels_ DISTLOCK_GUARDED_BY(mu_);
+  // Channels with watchers > 0 (the thread connects while any), and whether a channel's
+  // watchers, its sent/refused state or a confirmation changed since flush_changes last
+  // scanned them: the thread's loop runs once per message read, and a sharded subscriber of
+  // redis+cluster:// Client::watch holds thousands of channels.
+  std::size_t watched_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  bool changed_ DISTLOCK_GUARDED_BY(mu_) = true;
   bool connected_ DISTLOCK_GUARDED_BY(mu_) = false;
   std::uint64_t failures_ DISTLOCK_GUARDED_BY(mu_) = 0;  // bumped per failed connect
   std::uint64_t connects_ DISTLOCK_GUARDED_BY(mu_) = 0;
