@@ -116,6 +116,44 @@ TEST(RedisClusterWatchEdges, WatchesOfPrefixesSharingABeginningEachGetTheirOwnNa
   EXPECT_EQ(ab, (std::map<std::string, int>{{"pf/ab", 1}, {"pf/abc", 1}}));
 }
 
+// Revoke of a lease with a lock_delay: the watch reports `revoked` (the revoke script's
+// message, token of the lease), then nothing for the name while the ownerless lock and its
+// marker hold it back (the revoked holder's refused renewal and its release publish nothing),
+// then the next holder's `acquired` with a higher token: no `lost`, no second end, no gap.
+TEST(RedisClusterWatchEdges, RevokeUnderLockDelayIsRevokedThenTheNextAcquired) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(2, "rvd/a");
+  Client holder = distlock::connect(cluster.url(), quiet());
+  Client admin = distlock::connect(cluster.url(), quiet());
+  Client next = distlock::connect(cluster.url(), quiet());
+  Watch w = admin.watch("rvd/");
+  LockOptions o = ttl_of(2s, 60s);
+  o.lock_delay = 1s;
+  Lease a = holder.acquire(name, o);
+  std::vector<std::string> seen;
+  ASSERT_TRUE(next_matching(w, 10s, event_of(WatchEventKind::acquired, name, a.token()), &seen))
+      << joined(seen);
+  ASSERT_TRUE(admin.revoke(name, "edge test").revoked);
+  Lease b = next.acquire(name, ttl_of(60s, 60s));  // after the 2 s ttl and the 1 s delay
+  a = Lease();                                     // the revoked holder lets go
+  std::vector<WatchEvent> changes;
+  while (changes.size() < 2) {
+    auto e = next_change(w, 10s);
+    ASSERT_TRUE(e) << "only " << changes.size() << " changes" << joined(seen);
+    seen.push_back(describe(*e));
+    if (e->name == name || e->kind == WatchEventKind::gap) changes.push_back(*e);
+  }
+  EXPECT_EQ(changes[0].kind, WatchEventKind::revoked) << joined(seen);
+  EXPECT_EQ(changes[1].kind, WatchEventKind::acquired) << joined(seen);
+  EXPECT_EQ(changes[1].token, b.token()) << joined(seen);
+  EXPECT_GT(b.token(), changes[0].token);
+  b.release();
+  auto last = next_change(w, 10s);
+  ASSERT_TRUE(last) << joined(seen);
+  EXPECT_EQ(last->kind, WatchEventKind::released) << describe(*last) << joined(seen);
+  EXPECT_FALSE(next_change(w, 1500ms)) << "a change after the last release" << joined(seen);
+}
+
 // A watch destroyed from another thread while two clients hand names to each other and its
 // events are being delivered: the destructor returns within 10 s (measured: its subscriber
 // threads and its re-subscription thread stop), and the locking goes on unharmed (every
