@@ -16,6 +16,7 @@
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/watch_recorder.hpp"
 
@@ -191,6 +192,28 @@ TEST(RedisClusterWatchEdges, DestroyedWhileHandOffsAreDeliveredReturnsPromptly) 
   done = true;
   for (auto& t : lockers) t.join();
   EXPECT_GE(taken.load(), before + 50) << "locking stalled after the watch was destroyed";
+}
+
+// A watch destroyed while one master is frozen behind a proxy (no FIN, no RST; timeout=1s)
+// and its thread keeps trying to subscribe that master's channels again: the destructor waits
+// for that attempt, which is bounded by the connect and command timeouts; measured here, it
+// returns within 10 s.
+TEST(RedisClusterWatchEdges, DestroyedWhileAMasterIsFrozenReturnsWithinTheTimeouts) {
+  RedisCluster cluster(3);
+  FaultProxy proxy(cluster.node(0).port());
+  const std::string nat = "?nat=127.0.0.1:" + std::to_string(cluster.node(0).port()) +
+                          "=127.0.0.1:" + std::to_string(proxy.port()) + "&timeout=1s";
+  Client watcher = distlock::connect(cluster.url(nat), quiet());
+  auto w = std::make_unique<Watch>(watcher.watch("fzd/"));
+  proxy.freeze();
+  std::vector<std::string> seen;
+  ASSERT_TRUE(next_matching(*w, 15s, event_of(WatchEventKind::gap), &seen)) << joined(seen);
+  const auto t0 = Clock::now();
+  w.reset();
+  const auto ms = std::chrono::duration_cast<Millis>(Clock::now() - t0).count();
+  RecordProperty("destroy_frozen_ms", std::to_string(ms));
+  EXPECT_LT(ms, 10000) << "the watch's destructor took " << ms << " ms with a frozen master";
+  proxy.pass();
 }
 
 // What a watch costs: 2,000 acquire/release pairs on names of all three masters, first with
