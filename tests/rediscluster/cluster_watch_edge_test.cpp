@@ -216,6 +216,45 @@ TEST(RedisClusterWatchEdges, DestroyedWhileAMasterIsFrozenReturnsWithinTheTimeou
   proxy.pass();
 }
 
+// A consumer that falls behind: a watch with max_queued 32 is not read while 300 hand-offs run
+// over names of the three masters and one lease stays held. The overflow is a `gap` (never a
+// silent loss), and the re-list after it shows the held lease as `state` with its token; every
+// change read keeps per-name token order (HandOffOrder, states after the gap).
+TEST(RedisClusterWatchEdges, AConsumerThatFallsBehindGetsAGapThenTheHeldLease) {
+  RedisCluster cluster(3);
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "slow/n"));
+  Client watcher = distlock::connect(cluster.url(), quiet());
+  Client holder = distlock::connect(cluster.url(), quiet());
+  WatchOptions wo;
+  wo.max_queued = 32;
+  Watch w = watcher.watch("slow/", wo);
+  for (int i = 0; i < 300; ++i)
+    holder.acquire(names[static_cast<std::size_t>(i) % names.size()], ttl_of(10s, 10s));
+  Lease kept = holder.acquire(names[1], ttl_of(60s, 60s));
+  HandOffOrder order;
+  bool gap = false, kept_seen = false;
+  std::vector<std::string> seen;
+  const auto until = Clock::now() + 30s;
+  while (!kept_seen && Clock::now() < until) {
+    auto e = w.next(5s);
+    ASSERT_TRUE(e) << "the watch went quiet" << joined(seen);
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap) {
+      gap = true;
+      continue;
+    }
+    if (e->kind == WatchEventKind::state) {
+      ASSERT_NO_FATAL_FAILURE(order.take_state(*e)) << joined(seen);
+    } else {
+      ASSERT_NO_FATAL_FAILURE(order.check(*e)) << joined(seen);
+    }
+    kept_seen = gap && e->name == names[1] && e->held && e->token == kept.token();
+  }
+  EXPECT_TRUE(gap) << "600 changes into a queue of 32 and no gap" << joined(seen);
+  EXPECT_TRUE(kept_seen) << "the held lease was not shown after the gap" << joined(seen);
+}
+
 // What a watch costs: 2,000 acquire/release pairs on names of all three masters, first with
 // no watch, then with one watch of the prefix in this process. Recorded: pairs per second
 // each way and this process's CPU time per pair each way (the difference is the watch's
