@@ -92,6 +92,81 @@ TEST(RedisClusterWatchEdges, SlotMovedAwayAndBackKeepsDeliveringLive) {
   }
 }
 
+// Hand-offs run on one name while its slot migrates 0 -> 1 (keys moved, scripts through ASK on
+// the importing node, then the move finished), 3 rounds. Every event read keeps the contract:
+// an `acquired` only while the name is free and with a token above its last, an end only of
+// the token held; a `state` after a gap resets the name. At the end, the lease still held
+// shows (as `acquired` or `state`) with its token: nothing of the chain is lost for good.
+TEST(RedisClusterWatchEdges, HandOffsDuringSlotMigrationsKeepTheContract) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(0, "mh/a");
+  const std::uint16_t slot = slot_of(name);
+  Client watcher = distlock::connect(cluster.url(), quiet());
+  Watch w = watcher.watch("mh/");
+  std::atomic<bool> done{false};
+  std::atomic<int> taken{0};
+  std::vector<std::thread> lockers;
+  for (int c = 0; c < 2; ++c) {
+    lockers.emplace_back([&] {
+      Client client = distlock::connect(cluster.url(), quiet());
+      while (!done.load() && taken.load() < 5000)
+        if (client.acquire(name, ttl_of(10s, 60s))) ++taken;
+    });
+  }
+  int from = 0, to = 1;
+  for (int round = 0; round < 3; ++round) {
+    const int before = taken.load();
+    const auto until = Clock::now() + 10s;
+    while (taken.load() < before + 20 && Clock::now() < until) std::this_thread::yield();
+    cluster.begin_move(slot, from, to);
+    cluster.migrate_keys(slot, from, to);
+    cluster.finish_move(slot, from, to);
+    std::swap(from, to);
+  }
+  done = true;
+  for (auto& t : lockers) t.join();
+  Client holder = distlock::connect(cluster.url(), quiet());
+  Lease kept = holder.acquire(name, ttl_of(60s, 60s));
+
+  bool held = false;
+  std::uint64_t last = 0;
+  int gaps = 0;
+  std::vector<std::string> seen;
+  const auto until = Clock::now() + 40s;
+  bool kept_seen = false;
+  while (!kept_seen && Clock::now() < until) {
+    auto e = w.next(10s);
+    ASSERT_TRUE(e) << "the watch went quiet before the kept lease showed" << joined(seen);
+    seen.push_back(describe(*e));
+    if (seen.size() > 60) seen.erase(seen.begin());  // the last events, for the message
+    if (e->kind == WatchEventKind::gap) {
+      ++gaps;
+      continue;
+    }
+    if (e->name != name) continue;
+    switch (e->kind) {
+      case WatchEventKind::state:
+        held = e->held;
+        if (e->held) last = e->token;
+        break;
+      case WatchEventKind::acquired:
+        ASSERT_FALSE(held) << "acquired before the previous lease's end" << joined(seen);
+        ASSERT_GT(e->token, last) << "acquired out of token order" << joined(seen);
+        held = true;
+        last = e->token;
+        break;
+      default:  // released, lost, revoked
+        ASSERT_TRUE(held && e->token == last) << "an end of a lease not held" << joined(seen);
+        held = false;
+    }
+    kept_seen = held && last == kept.token();
+  }
+  RecordProperty("hand_offs", std::to_string(taken.load()));
+  RecordProperty("gaps", std::to_string(gaps));
+  EXPECT_TRUE(kept_seen) << "the lease held at the end never showed" << joined(seen);
+  EXPECT_GE(gaps, 3) << "3 migrations and fewer gaps";
+}
+
 // Two watches on one client, of "pf/a" and "pf/ab": each reports exactly the names that start
 // with its prefix ("pf/b" and "pf/" are in neither; "pf/a" only in the first; "pf/ab" and
 // "pf/abc" in both), though every watch hears every slot's channel.
