@@ -18,12 +18,13 @@
 // Per name the events come in token order: an `acquired` is followed by the end of that
 // lease (released, lost or revoked) before the next `acquired` of that name; a stale
 // message (an older token than one already reported) is dropped. Except after a `gap`
-// for a failover (redis+sentinel://: the master moved): the new master may lack changes
-// already reported, and its state is reported even with an older token (docs/sentinel.md
-// "Watching locks").
+// for a failover (redis+sentinel://: the master moved; redis+cluster://: a master's
+// connection broke or a master was replaced): the new master may lack changes already reported, and its state
+// is reported even with an older token (docs/sentinel.md "Watching locks").
 //
 // Delivery is by the backend's change notifications (redis://, and redis+sentinel:// on
-// its current master: the lock scripts publish every change on one channel; etcd://: an
+// its current master: the lock scripts publish every change on one channel; redis+cluster://:
+// on one sharded channel per slot, a migrated slot being a gap; etcd://: an
 // etcd Watch of the lock keys; zk://: one-shot watches re-armed on each trigger, the events
 // inferred from successive readings of the queues, a gap wherever a lease may have come and
 // gone unseen; postgres://: the lock statements NOTIFY one channel in their transaction);

@@ -6,6 +6,49 @@ namespace distlock::detail::redis {
 
 namespace {
 
+// publish_change(base, shard, kind, token, owner, lock): the one change message of a
+// lock for Client::watch, "<kind> <token> <owner length> <owner><lock key>", sent one
+// of two ways:
+//   - shard (redis+cluster://, a non-empty sharded channel "<prefix>:events:{<slot tag>}"
+//     in the lock's slot): SPUBLISH on it, always (no presence check: a presence key of
+//     another slot may not be read; docs/redis-cluster.md "Watching locks"). A refused
+//     SPUBLISH (an ACL user without the channel) is no error after the script's writes.
+//   - base (redis://, redis+sentinel://, "<prefix>:"): PUBLISH on "<prefix>:events" only
+//     while the watcher-presence key "<prefix>:watching" exists, or the server refuses
+//     its read (`watched`: an ACL user whose key pattern covers the keys of names only,
+//     "<prefix>:{*", cannot tell; then the change is published, a watch of another user
+//     may run). With nobody watching a change costs one EXISTS per script, not a PUBLISH
+//     that every replica would also receive (docs/benchmarks.md "Watch events"); the
+//     lookup is made once per script. A refused PUBLISH deletes the presence key, so
+//     every watch finds a new generation at its next renewal: a gap, never a silent loss
+//     (redis_watch.cpp).
+// Neither: nothing is published.
+constexpr const char* kChangeEvent = R"lua(
+local function watched(base)
+  local n = redis.pcall('EXISTS', base .. 'watching')
+  return type(n) ~= 'number' or n == 1
+end
+local function notify(base, message)
+  if type(redis.pcall('PUBLISH', base .. 'events', message)) ~= 'number' then
+    redis.pcall('DEL', base .. 'watching')
+    return false
+  end
+  return true
+end
+local WATCHED
+local function publish_change(base, shard, kind, token, owner, lock)
+  local message = kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock
+  if shard and shard ~= '' then
+    redis.pcall('SPUBLISH', shard, message)
+    return
+  end
+  if not base or base == '' then return end
+  if WATCHED == nil then WATCHED = watched(base) end
+  if not WATCHED then return end
+  WATCHED = notify(base, message)
+end
+)lua";
+
 // Functions every script of the queue needs. Time is the server's (TIME, read at
 // most once per script, when first needed: it does not move during a script
 // anyway), so queue entries expire on the same clock as the lock itself.
@@ -40,12 +83,8 @@ namespace {
 // on, and a waiter is told the PTTL as the holder's remaining time (its re-check).
 //
 // event: one message on "<prefix>:events" per change of a lock (Client::watch,
-// redis_watch.cpp): "<kind> <token> <owner length> <owner><lock key>", kind acquired,
-// released or lost (revoke_script publishes revoked). Only while the watcher-presence key
-// "<prefix>:watching" exists, or the server refuses its read (`watched`; a watch keeps it
-// alive; redis_watch.cpp): with nobody
-// watching a change costs one EXISTS per script, not a PUBLISH that every replica would
-// also receive (docs/benchmarks.md "Watch events"). The lookup is made once per script.
+// redis_watch.cpp), kind acquired, released or lost (revoke_script publishes revoked),
+// sent by publish_change (kChangeEvent above) while a watch is registered.
 //
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
 // token, and one message on that waiter's client channel. Nobody else is woken. The
@@ -101,31 +140,8 @@ local function mark_delay(lock, ttl, delay)
     redis.call('SET', lock .. ':delay', delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
   end
 end
--- Whether a watch of "<prefix>:" is registered. A server that refuses the read (an ACL
--- user whose key pattern covers the keys of names only, "<prefix>:{*") cannot tell:
--- then the change is published (a watch of another user may run), never an error after
--- the script's writes.
-local function watched(base)
-  local n = redis.pcall('EXISTS', base .. 'watching')
-  return type(n) ~= 'number' or n == 1
-end
--- One message on "<prefix>:events". A server that refuses the PUBLISH (an ACL user
--- without that channel) gets no error after the script's writes; the presence key is
--- deleted instead, so every watch finds a new generation at its next renewal: a gap,
--- never a silent loss (redis_watch.cpp).
-local function notify(base, message)
-  if type(redis.pcall('PUBLISH', base .. 'events', message)) ~= 'number' then
-    redis.pcall('DEL', base .. 'watching')
-    return false
-  end
-  return true
-end
-local WATCHED
 local function event(grant_prefix, kind, token, owner, lock)
-  local base = string.sub(grant_prefix, 1, -7)
-  if WATCHED == nil then WATCHED = watched(base) end
-  if not WATCHED then return end
-  WATCHED = notify(base, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
+  publish_change(string.sub(grant_prefix, 1, -7), nil, kind, token, owner, lock)
 end
 local function take(lock, fence, owner, entry, ttl, delay, grant_prefix)
   local token = next_token(fence)
@@ -165,10 +181,15 @@ end
 
 std::string with_prelude(const char* body) {
   return "local ENTRY_LIFE = " + std::to_string(kEntryLife.count()) +
-         "\nlocal CLAIM = " + std::to_string(kClaimWindow.count()) + "\n" + kPreludeHead + body;
+         "\nlocal CLAIM = " + std::to_string(kClaimWindow.count()) + "\n" + std::string(change_event_lua()) +
+         kPreludeHead + body;
 }
 
 }  // namespace
+
+std::string_view change_event_lua() {
+  return kChangeEvent;
+}
 
 const Script& queue_acquire_script() {
   static const Script& s = *new Script(with_prelude(R"lua(
@@ -256,8 +277,8 @@ return 0
 }
 
 const Script& revoke_script() {
-  static const Script& s = *new Script(R"lua(
-local lock, note_key, note, life, base = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+  static const Script& s = *new Script(std::string(change_event_lua()) + R"lua(
+local lock, note_key, note, life, base, shard = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fields = redis.call('HGETALL', lock)
 local owner, token = nil, ''
 for i = 1, #fields, 2 do
@@ -277,16 +298,9 @@ redis.call('SET', note_key, token .. '\n' .. owner .. '\n' .. note, 'PX', life)
 -- or a waiter's retry (redis+cluster://) takes it. Handing on now would give the lock away
 -- while the holder still counts it held.
 redis.call('HDEL', lock, owner)
--- redis:// passes "<prefix>:" (ARGV[3]): a watch is told, as the lock scripts' event() does;
--- redis+cluster:// passes nothing (it has no watch).
-local function watched(b)
-  local n = redis.pcall('EXISTS', b .. 'watching')
-  return type(n) ~= 'number' or n == 1
-end
-if base and watched(base) and
-    type(redis.pcall('PUBLISH', base .. 'events', 'revoked ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)) ~= 'number' then
-  redis.pcall('DEL', base .. 'watching')  -- refused (ACL): a gap for every watch, as notify() does
-end
+-- A watch is told, as by the lock scripts' event(): redis:// passes "<prefix>:" (ARGV[3]),
+-- redis+cluster:// "" and the slot's sharded events channel (ARGV[4]).
+publish_change(base, shard, 'revoked', token, owner, lock)
 return {1, token, owner}
 )lua");
   return s;

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <string_view>
 
 #include "redis/connection.hpp"
 
@@ -74,13 +75,22 @@ const Script& queue_forget_script();
 
 /// KEYS lock, revoke note; ARGV note, note life ms[, "<prefix>:" (redis:// and
 /// redis+sentinel://: a "revoked" message on the events channel while a watch is
-/// registered, as the lock scripts' changes; lock_scripts.cpp)]. Backend::revoke of redis://,
+/// registered), the slot's sharded events channel (redis+cluster://: always SPUBLISHed)];
+/// both sent by publish_change (change_event_lua). Backend::revoke of redis://,
 /// redis+sentinel:// and redis+cluster://: whoever holds the lock loses it; the note
 /// "<token>\n<owner>\n<note>" is stored (PX note life) and the holder's field leaves the
 /// lock hash, which keeps its expiry (no owner: nobody renews it, nobody is granted it
 /// until it expires; then the queue's refresh hands it on as after an expired holder).
 /// {1, token, owner} revoked; {0} nobody held it (nothing written).
 const Script& revoke_script();
+
+/// The Lua functions that publish a lock's change for Client::watch, shared by every lock
+/// script of redis://, redis+sentinel:// and redis+cluster://:
+/// `publish_change(base, shard, kind, token, owner, lock)` sends
+/// "<kind> <token> <owner length> <owner><lock key>" by SPUBLISH on `shard` when it is a
+/// non-empty string (always), else by PUBLISH on "<base>events" while the watcher-presence
+/// key "<base>watching" exists (nothing when `base` is empty too). lock_scripts.cpp says why.
+std::string_view change_event_lua();
 
 /// KEYS 4 per entry: lock, queue, expiries, fence; ARGV grant prefix, then 3 per
 /// entry: owner, entry, ttl ms. One status per entry: 0 refreshed (still queued,

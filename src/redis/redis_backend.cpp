@@ -11,7 +11,9 @@ namespace redis {
 // The Redis Cluster backend's acquire script (redis:// queues its waiters, see
 // redis/lock_scripts.hpp); the layout of the lock hash is the same.
 // KEYS[1] lock hash, KEYS[2] fence counter, KEYS[3] lock-delay marker; ARGV[1] owner,
-// ARGV[2] ttl (ms), ARGV[3] lock_delay D (ms, "0" off). The lock-delay as redis://'s
+// ARGV[2] ttl (ms), ARGV[3] lock_delay D (ms, "0" off)[, ARGV[4] the slot's sharded events
+// channel: the acquisition is SPUBLISHed on it for Client::watch by publish_change,
+// redis/lock_scripts.hpp change_event_lua]. The lock-delay as redis://'s
 // (redis/lock_scripts.cpp hold_back, mark_delay): while the marker lives nobody takes the
 // free lock ({0, marker pttl}); a holder with D > 0 sets it, value D, PX ttl + D.
 // Returns {1, token} when acquired, {0, pttl} when the lock exists — whoever holds
@@ -28,7 +30,7 @@ namespace redis {
 // written. Tokens leave the script as the counter's decimal string, exact over
 // the whole int64 range (Lua numbers are doubles).
 const Script& acquire_script() {
-  static const Script& s = *new Script(R"lua(
+  static const Script& s = *new Script(std::string(change_event_lua()) + R"lua(
 local lock, fence, marker, owner, ttl, delay = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3]
 if redis.call('EXISTS', lock) == 1 then
   return {0, redis.call('PTTL', lock)}
@@ -52,6 +54,7 @@ local d = tonumber(delay)
 if d and d > 0 then
   redis.call('SET', marker, delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
 end
+publish_change(nil, ARGV[4], 'acquired', token, owner, lock)
 return {1, token}
 )lua");
   return s;

@@ -73,7 +73,8 @@ Subscriber::WatchStart Subscriber::begin_watch(std::string_view channel) {
   }
   auto it = channels_.find(channel);
   if (it == channels_.end()) it = channels_.emplace(std::string(channel), Channel{}).first;
-  ++it->second.watchers;
+  if (++it->second.watchers == 1) ++watched_;
+  changed_ = true;
   WatchStart started{it->second.refusals, failures_, std::chrono::steady_clock::now()};
   if (it->second.live()) return started;
   it->second.refused = false;  // ask the server again
@@ -127,7 +128,11 @@ bool Subscriber::await_watch(std::string_view channel, const WatchStart& started
   // Undo this watch: nothing of a failed watch stays counted, so the thread neither
   // keeps the channel subscribed nor keeps reconnecting for it.
   last_failure_.set_detail(ec.detail());
-  if (--it->second.watchers == 0) wake();  // the thread unsubscribes or forgets it
+  if (--it->second.watchers == 0) {
+    --watched_;
+    changed_ = true;
+    wake();  // the thread unsubscribes or forgets it
+  }
   return false;
 }
 
@@ -137,6 +142,8 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
     auto it = channels_.find(channel);
     if (it == channels_.end() || it->second.watchers == 0) return;
     if (--it->second.watchers > 0) return;
+    --watched_;
+    changed_ = true;
   }
   wake();  // the thread sends UNSUBSCRIBE
 }
@@ -144,7 +151,23 @@ void Subscriber::unwatch(std::string_view channel) noexcept {
 void Subscriber::set_payload_handler(std::string channel, PayloadCallback handler) {
   LockGuard lk(mu_);
   payload_channel_ = std::move(channel);
+  payload_by_prefix_ = false;
   payload_handler_ = std::move(handler);
+}
+
+void Subscriber::set_payload_prefix_handler(std::string prefix, PayloadCallback handler) {
+  LockGuard lk(mu_);
+  payload_channel_ = std::move(prefix);
+  payload_by_prefix_ = true;
+  payload_handler_ = std::move(handler);
+}
+
+std::size_t Subscriber::pending() const {
+  LockGuard lk(mu_);
+  std::size_t n = 0;
+  for (const auto& [name, c] : channels_)
+    if (c.watchers > 0 && (!connected_ || !c.live() || c.refused)) ++n;
+  return n;
 }
 
 void Subscriber::dropped(const std::vector<std::string>& channels) {
@@ -186,6 +209,7 @@ bool Subscriber::connect_once() {
   connected_ = true;
   const bool reconnect = ++connects_ > 1;
   inflight_.clear();
+  changed_ = true;
   for (auto& [name, c] : channels_) {
     c.sent = false;
     c.sent_seq = c.confirmed_seq = 0;
@@ -204,6 +228,7 @@ void Subscriber::disconnect(const std::string& cause) {
   {
     LockGuard lk(mu_);
     connected_ = false;
+    changed_ = true;
     last_failure_.fail(errc::backend_unavailable, "subscriber: " + cause);
     for (auto it = channels_.begin(); it != channels_.end();) {
       auto& c = it->second;
@@ -226,6 +251,10 @@ bool Subscriber::flush_changes() {
   std::vector<std::pair<bool, std::string>> ops;  // {subscribe?, channel}
   {
     LockGuard lk(mu_);
+    // Nothing changed since the last scan: nothing to send (the scan is over every channel, and
+    // a sharded subscriber holds thousands; a message changes none of them).
+    if (!changed_) return true;
+    changed_ = false;
     for (auto it = channels_.begin(); it != channels_.end();) {
       auto& c = it->second;
       if (c.watchers > 0 && !c.sent && !c.refused) {
@@ -243,6 +272,8 @@ bool Subscriber::flush_changes() {
       }
       ++it;
     }
+    // What was sent now is forgotten (erased) by a later scan once answered.
+    changed_ = !ops.empty();
   }
   if (ops.empty()) return true;
   const bool sharded = static_cast<bool>(on_dropped_);
@@ -283,6 +314,7 @@ void Subscriber::handle_reply(redisReply* r) {
       auto& c = it->second;
       c.sent = false;
       c.refused = true;  // not sent to this node again until a new watch or a reconnect
+      changed_ = true;
       c.refusal.set_detail(opts_.describe() + " dropped the subscription to " + std::string(ch) +
                            " (its slot moved to another node)");
       if (c.watchers > 0) to_notify.emplace_back(ch);
@@ -296,13 +328,17 @@ void Subscriber::handle_reply(redisReply* r) {
     if (it == channels_.end()) return;
     auto& c = it->second;
     if (kind == "message") {
-      if (c.watchers > 0 && payload_handler_ && ch == payload_channel_) {
+      const bool with_handler =
+          payload_handler_ && (payload_by_prefix_ ? ch.substr(0, payload_channel_.size()) == payload_channel_
+                                                  : ch == payload_channel_);
+      if (c.watchers > 0 && with_handler) {
         with_payload = payload_handler_;
       } else if (c.watchers > 0) {
         to_notify.emplace_back(ch);
       }
     } else if (kind == "subscribe") {
       if (c.confirmed_seq < c.sent_seq) ++c.confirmed_seq;
+      changed_ = true;  // an unwatched channel may be forgotten now
       if (c.live()) {
         cv_.notify_all();
         if (c.resubscribed || c.report_when_live) {
@@ -345,6 +381,7 @@ void Subscriber::handle_error(redisReply* r) {
     if (c.confirmed_seq < c.sent_seq) ++c.confirmed_seq;  // answered
     c.sent = false;
     c.refused = true;
+    changed_ = true;
     ++c.refusals;
     const std::error_code mapped = error_code_of(r);
     c.refusal.fail(mapped == errc::auth_failed ? mapped : make_error_code(errc::backend_unavailable),
@@ -424,7 +461,7 @@ void Subscriber::run() {
     {
       LockGuard lk(mu_);
       if (stop_) break;
-      for (const auto& [name, c] : channels_) wanted = wanted || c.watchers > 0;
+      wanted = watched_ > 0;
       retry_now = std::exchange(retry_now_, false);
     }
     if (!sock_ && wanted && (retry_now || std::chrono::steady_clock::now() >= next_attempt)) {

@@ -96,6 +96,13 @@ class Subscriber {
   /// on_message; on_message(channel) still reports a broken or renewed subscription
   /// (messages may have been missed). Call before the first watch of `channel`.
   void set_payload_handler(std::string channel, PayloadCallback handler);
+  /// As set_payload_handler, for every channel whose name starts with `prefix` (a
+  /// redis+cluster:// prefix watch: one channel per slot). Replaces set_payload_handler's.
+  void set_payload_prefix_handler(std::string prefix, PayloadCallback handler);
+
+  /// Watched channels whose subscription is not live on the current connection (not
+  /// sent, not confirmed, refused, dropped by the server, or no connection).
+  std::size_t pending() const;
 
   /// Why the subscriber connection (or a watch) last failed: no error if it never did;
   /// the detail names the server.
@@ -145,11 +152,18 @@ class Subscriber {
   const Callback on_message_;
   const Callback on_dropped_;  // set: sharded mode
   std::string payload_channel_ DISTLOCK_GUARDED_BY(mu_);
+  bool payload_by_prefix_ DISTLOCK_GUARDED_BY(mu_) = false;   // payload_channel_ is a prefix
   PayloadCallback payload_handler_ DISTLOCK_GUARDED_BY(mu_);  // (set once, before its channel is watched)
 
   mutable AnnotatedMutex mu_;
   std::condition_variable cv_;  // watchers wait for live()
   std::map<std::string, Channel, std::less<>> channels_ DISTLOCK_GUARDED_BY(mu_);
+  // Channels with watchers > 0 (the thread connects while any), and whether a channel's
+  // watchers, its sent/refused state or a confirmation changed since flush_changes last
+  // scanned them: the thread's loop runs once per message read, and a sharded subscriber of
+  // redis+cluster:// Client::watch holds thousands of channels.
+  std::size_t watched_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  bool changed_ DISTLOCK_GUARDED_BY(mu_) = true;
   bool connected_ DISTLOCK_GUARDED_BY(mu_) = false;
   std::uint64_t failures_ DISTLOCK_GUARDED_BY(mu_) = 0;  // bumped per failed connect
   std::uint64_t connects_ DISTLOCK_GUARDED_BY(mu_) = 0;

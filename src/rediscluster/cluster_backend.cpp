@@ -66,15 +66,41 @@ std::string record_key(std::string_view prefix, std::string_view key) {
   return out;
 }
 
+// "<prefix>:events:{<tag>}" with the tag of `slot` (redis::slot_tag): the channel lies in
+// `slot`, so a lock script of that slot may SPUBLISH on it.
+std::string events_channel(std::string_view prefix, std::uint16_t slot) {
+  return std::string(prefix) + ":events:{" + redis::slot_tag(slot) + "}";
+}
+
+// The inverse of keys_of(prefix, name).lock for both layouts; false for any other key.
+bool name_of_lock_key(std::string_view prefix, std::string_view key, std::string& name) {
+  if (key.size() <= prefix.size() + 2 || key.substr(0, prefix.size()) != prefix ||
+      key.substr(prefix.size(), 2) != ":{")
+    return false;
+  const std::string_view rest = key.substr(prefix.size() + 2);
+  std::string_view n;
+  if (!rest.empty() && rest.back() == '}' && rest.find_first_of("{}") == rest.size() - 1) {
+    n = rest.substr(0, rest.size() - 1);  // "<prefix>:{<name>}"
+  } else if (rest.size() > 21 && rest[0] == '#' && rest.substr(17, 4) == "}:l:") {
+    n = rest.substr(21);  // "<prefix>:{#<16 hex>}:l:<name>"
+  } else {
+    return false;
+  }
+  if (n.empty() || keys_of(prefix, n).lock != key) return false;
+  name = std::string(n);
+  return true;
+}
+
 namespace {
 
 // KEYS[1] lock hash[, KEYS[2] its lock-delay marker]; ARGV[1] owner, ARGV[2] release
-// channel. As redis://'s release script, published on the slot's shard channel (SPUBLISH).
+// channel, ARGV[3] the slot's events channel. As redis://'s release script, published on the
+// name's shard channel (SPUBLISH) for waiters and on the events channel for Client::watch.
 // A normal release ends the holder's lock-delay: the marker goes, when named. It is named
 // only for a lease acquired with a lock_delay (ClusterBackend::delayed_): a script naming a
 // key the node does not have is refused while the slot migrates (TRYAGAIN).
 const Script& release_script() {
-  static const Script& s = *new Script(R"lua(
+  static const Script& s = *new Script(std::string(redis::change_event_lua()) + R"lua(
 local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
@@ -83,6 +109,7 @@ local left = redis.call('HINCRBY', lock, owner, -1)
 if left > 0 then
   return left
 end
+publish_change(nil, ARGV[3], 'released', redis.call('HGET', lock, '@token') or '0', owner, lock)
 redis.call('DEL', lock)
 if KEYS[2] then redis.call('DEL', KEYS[2]) end
 redis.call('SPUBLISH', channel, 'released')
@@ -104,15 +131,17 @@ return 1
   return s;
 }
 
-// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] token, ARGV[3] release channel. A lease
+// KEYS[1] lock hash; ARGV[1] owner, ARGV[2] token, ARGV[3] release channel, ARGV[4] the
+// slot's events channel (a 'lost' change for Client::watch). A lease
 // the engine declared lost (Backend::forget): deleted only while `owner` holds it
 // under `token`, and the release published as release_script() does. 1 deleted, 0 not.
 const Script& forget_script() {
-  static const Script& s = *new Script(R"lua(
+  static const Script& s = *new Script(std::string(redis::change_event_lua()) + R"lua(
 local lock, owner, token, channel = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 or redis.call('HGET', lock, '@token') ~= token then
   return 0
 end
+publish_change(nil, ARGV[4], 'lost', token, owner, lock)
 redis.call('DEL', lock)
 redis.call('SPUBLISH', channel, 'released')
 return 1
@@ -175,12 +204,14 @@ AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   const NameKeys k = rediscluster::keys_of(prefix_, req.name);
   const std::string ttl = std::to_string(req.ttl.count());
   const std::string delay = std::to_string(req.lock_delay.count());
+  const std::string events = events_channel(prefix_, k.slot);
   Reply r;
   Reply busy;  // a held lock's PTTL, read when the script was refused during a migration
   const redisReply* d = route(
       k.slot, "acquire",
       [&](Connection& c, bool asking, Error& e) {
-        r = redis::lock_acquire_script().run(c, {k.lock, k.fence, k.delay}, {req.owner, ttl, delay}, e);
+        r = redis::lock_acquire_script().run(c, {k.lock, k.fence, k.delay}, {req.owner, ttl, delay, events},
+                                             e);
         // The script names the lock-delay marker, which a node migrating the slot may not
         // have (TRYAGAIN). A contender of a lock that is held there is busy all the same:
         // the lock's PTTL alone (one key: served, or ASK) says so, as before the marker.
@@ -231,13 +262,14 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
   const bool delayed = is_delayed(name, owner);
+  const std::string events = events_channel(prefix_, k.slot);
   Reply r;
   bool split = false;  // a migration put the lock and its marker on two nodes
   const redisReply* d = route(
       k.slot, "release",
       [&](Connection& c, bool, Error& e) {
-        r = delayed ? release_script().run(c, {k.lock, k.delay}, {owner, k.channel}, e)
-                    : release_script().run(c, {k.lock}, {owner, k.channel}, e);
+        r = delayed ? release_script().run(c, {k.lock, k.delay}, {owner, k.channel, events}, e)
+                    : release_script().run(c, {k.lock}, {owner, k.channel, events}, e);
         if (delayed && r && r->type == REDIS_REPLY_ERROR &&
             starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
           // Both nodes refuse a script naming both keys: answered below, one key at a time
@@ -254,7 +286,7 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
     d = route(
         k.slot, "release (lock)",
         [&](Connection& c, bool, Error& e) {
-          r = release_script().run(c, {k.lock}, {owner, k.channel}, e);
+          r = release_script().run(c, {k.lock}, {owner, k.channel, events}, e);
           return r.get();
         },
         ec);
@@ -292,7 +324,7 @@ void ClusterBackend::forget(std::string_view name, std::string_view owner, std::
     route(
         k.slot, "forget",
         [&](Connection& c, bool, Error& e) {
-          r = forget_script().run(c, {k.lock}, {owner, tok, k.channel}, e);
+          r = forget_script().run(c, {k.lock}, {owner, tok, k.channel, events_channel(prefix_, k.slot)}, e);
           return r.get();
         },
         ec);
@@ -307,11 +339,12 @@ ClusterBackend::Revoked ClusterBackend::revoke(std::string_view name, std::strin
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
   const std::string life = std::to_string(note_life.count());
+  const std::string events = events_channel(prefix_, k.slot);
   Reply r;
   const redisReply* d = route(
       k.slot, "revoke",
       [&](Connection& c, bool, Error& e) {
-        r = redis::revoke_script().run(c, {k.lock, k.revoke_note}, {note, life}, e);
+        r = redis::revoke_script().run(c, {k.lock, k.revoke_note}, {note, life, "", events}, e);
         return r.get();
       },
       ec);

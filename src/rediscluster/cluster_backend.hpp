@@ -45,6 +45,11 @@ struct NameKeys {
   std::uint16_t slot = 0;
 };
 NameKeys keys_of(std::string_view prefix, std::string_view name);
+/// The sharded channel on which the lock scripts of `slot` publish every change for
+/// Client::watch: "<prefix>:events:{<tag>}", its tag chosen to hash to `slot`.
+std::string events_channel(std::string_view prefix, std::uint16_t slot);
+/// The name whose lock key (keys_of(prefix, name).lock) is `key`; false for any other key.
+bool name_of_lock_key(std::string_view prefix, std::string_view key, std::string& name);
 /// The key of a record (never a key of a lock, see keys_of); its slot is key_slot() of it.
 std::string record_key(std::string_view prefix, std::string_view key);
 }  // namespace rediscluster

@@ -1,8 +1,8 @@
 // The redis+cluster:// backend's private declarations, shared by its files:
 // cluster_routing.cpp (the slot map, routing and redirections), cluster_renew.cpp
 // (renewal pipelines per node), cluster_watch.cpp (watches, the mover thread, the
-// masters' configuration check) and cluster_backend.cpp (key layout, acquire,
-// release, status, records, listing, factory). Not for use outside src/rediscluster.
+// masters' configuration check), cluster_prefix_watch.cpp (Client::watch) and cluster_backend.cpp (key
+// layout, acquire, release, status, records, listing, factory). Not for use outside src/rediscluster.
 #pragma once
 
 #include <algorithm>
@@ -89,6 +89,8 @@ struct Node {
   std::atomic<bool> renewal_stuck{false};
 };
 
+class ClusterPrefixWatch;
+
 class ClusterBackend final : public Backend {
  public:
   ClusterBackend(const ConnectionOptions& base, std::vector<std::pair<std::string, std::uint16_t>> seeds,
@@ -119,6 +121,7 @@ class ClusterBackend final : public Backend {
   std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
   void watch(std::string_view name, Error& ec) override;
   void unwatch(std::string_view name) noexcept override;
+  std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
   LockInfo status(std::string_view name, Error& ec) override;
   std::string put_record(std::string_view key, std::string_view value, PutMode mode, Error& ec) override;
   std::optional<std::string> get_record(std::string_view key, Error& ec) override;
@@ -129,6 +132,8 @@ class ClusterBackend final : public Backend {
   std::string url() const override { return url_; }
 
  private:
+  friend class ClusterPrefixWatch;  // cluster_prefix_watch.cpp: the slot map, nodes and settings
+
   const redisReply* record_command(const char* cmd, const char* what, std::string_view key, Reply& r,
                                    Error& ec);
 

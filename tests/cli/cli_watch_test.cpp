@@ -19,6 +19,7 @@
 #if DISTLOCK_HAS_POSTGRES
 #include "support/postgres_server.hpp"
 #endif
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #ifdef DISTLOCK_TEST_ZK
 #include "zk/zk_server.hpp"
@@ -83,6 +84,13 @@ void expect_state_release_acquire(const std::string& url, const std::string& dir
 TEST(CliWatch, PrintsOneLinePerEventAndStopsAtCount) {
   RedisServer server;
   expect_state_release_acquire(server.url(), "cli");
+}
+
+// The same on redis+cluster:// (sharded events channels per slot:
+// src/rediscluster/cluster_prefix_watch.cpp), a 3-master cluster the test starts.
+TEST(CliWatch, RedisClusterPrintsOneLinePerEventAndStopsAtCount) {
+  distlock::testing::RedisCluster cluster(3);
+  expect_state_release_acquire(cluster.url(), "cli");
 }
 
 #if DISTLOCK_HAS_POSTGRES
