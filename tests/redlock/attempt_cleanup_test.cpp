@@ -19,6 +19,7 @@
 #include "engine/url.hpp"
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
+#include "redlock/scripts.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 
@@ -116,6 +117,41 @@ TEST_P(RedlockAttemptCleanup, AFailedAttemptsLateCleanUpLeavesTheNextAttemptsKey
 
   EXPECT_EQ(client->release("job", kOwner, 0, ec), distlock::detail::ReleaseStatus::released)
       << ec.message() << " " << ec.detail();
+}
+
+// The acquire script (the slow path's, and every attempt's with a lock_delay) on one master:
+// a key of this owner is taken over from an earlier attempt's nonce, or an older version's
+// value without one, never from a later attempt's: an earlier attempt that arrives late (its
+// script pending on an old connection) must not overwrite the later attempt's key, which its
+// clean-up would then delete.
+TEST(RedlockAttemptNonce, TheAcquireScriptNeverTakesOverALaterAttemptsKey) {
+  distlock::testing::RedisServer master;
+  const std::string key = "distlock:redlock:lock:n", marker = "distlock:redlock:delay:n";
+  const std::string owner(kOwner);
+  auto acquire = [&](const std::string& nonce) {
+    auto r = master.command({"EVAL", std::string(distlock::detail::redlock::kAcquireScript.body), "2", key,
+                             marker, owner, "10000", "0", nonce});
+    EXPECT_EQ(r->type, REDIS_REPLY_ARRAY);
+    return r->type == REDIS_REPLY_ARRAY && r->elements == 2 ? r->element[0]->integer : -1;
+  };
+  auto value = [&] {
+    auto r = master.command({"GET", key});
+    return r->type == REDIS_REPLY_STRING ? std::string(r->str, r->len) : std::string("(nil)");
+  };
+  ASSERT_EQ(master.command({"SET", key, owner + "\n0000000000000005", "PX", "60000"})->type,
+            REDIS_REPLY_STATUS);
+  EXPECT_EQ(acquire("0000000000000004"), 0) << "an earlier attempt took over a later one's key";
+  EXPECT_EQ(value(), owner + "\n0000000000000005");
+  EXPECT_EQ(acquire("0000000000000007"), 1);
+  EXPECT_EQ(value(), owner + "\n0000000000000007");
+  EXPECT_EQ(acquire("0000000000000007"), 1);  // its own key again (a retried round)
+  ASSERT_EQ(master.command({"SET", key, owner, "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  EXPECT_EQ(acquire("0000000000000001"), 1) << "an older version's value of this owner";
+  EXPECT_EQ(value(), owner + "\n0000000000000001");
+  ASSERT_EQ(
+      master.command({"SET", key, std::string(kThirdOwner) + "\n0000000000000000", "PX", "60000"})->type,
+      REDIS_REPLY_STATUS);
+  EXPECT_EQ(acquire("00000000000000ff"), 0) << "another owner's key";
 }
 
 std::string lock_delay_name(const ::testing::TestParamInfo<std::chrono::milliseconds>& param) {
