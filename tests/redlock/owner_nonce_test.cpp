@@ -5,6 +5,10 @@
 //   - a late clean-up of an earlier attempt of the same owner leaves the later attempt's key,
 //     which the lease's renewal then extends and its release deletes, on every master;
 //   - with a lock_delay, the marker carries the same nonce as the key it stands beside;
+//   - a failed attempt's request, held back on a master's old connection and run there once that
+//     master is free again, after the same call's next attempt was granted without it: its
+//     clean-up runs right behind it, so no key of the earlier attempt stays there for the
+//     lease's renewal to extend and count, and a third client stays refused;
 //   - two backends in one process, acquiring from two threads, never reuse a nonce, and each
 //     one's nonces increase from attempt to attempt (the acquire script's take-over order).
 #include <gtest/gtest.h>
@@ -22,6 +26,8 @@
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
+#include "support/eventually.hpp"
+#include "support/fault_proxy.hpp"
 
 namespace {
 
@@ -164,6 +170,72 @@ TEST(RedlockOwnerNonce, TheLockDelayMarkerCarriesTheKeysNonce) {
     EXPECT_EQ(m[i].command({"EXISTS", key, marker})->integer, 0) << "master " << i;
   }
 }
+
+class RedlockHeldAttempt : public ::testing::TestWithParam<std::chrono::milliseconds> {};
+
+TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewalCounts) {
+  const std::chrono::milliseconds lock_delay = GetParam();
+  distlock::testing::Masters m(3);
+  distlock::testing::FaultProxy p0(m[0].port()), p1(m[1].port()), p2(m[2].port());
+  const std::string url = "redlock://127.0.0.1:" + std::to_string(p0.port()) +
+                          ",127.0.0.1:" + std::to_string(p1.port()) +
+                          ",127.0.0.1:" + std::to_string(p2.port()) + "?timeout=500ms";
+  auto client = make_backend(url);
+  auto third = make_backend(m.url("timeout=500ms"));
+  ASSERT_TRUE(client && third);
+  const std::string key = key_of("job");
+  const AcquireRequest req{"job", kOwner, 10s, false, lock_delay};
+  Error ec;
+  const AcquireRequest warm{"warm-up", kOwner, 10s, false, lock_delay};
+  ASSERT_TRUE(client->try_acquire(warm, ec).acquired) << ec.message() << " " << ec.detail();
+  ASSERT_EQ(client->release("warm-up", kOwner, 0, ec), ReleaseStatus::released);
+
+  // Attempt A: busy on 1 and 2, no answer from 0 (its old connection held back).
+  ASSERT_EQ(m[1].command({"SET", key, "other-holder-x", "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_EQ(m[2].command({"SET", key, "other-holder-y", "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_TRUE(p0.hold_open());
+  ASSERT_FALSE(client->try_acquire(req, ec).acquired);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+
+  // Attempt B: master 0 busy with another holder, 1 and 2 free: granted by 1 and 2 only.
+  ASSERT_EQ(m[0].command({"SET", key, "other-holder-z", "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_EQ(m[1].command({"DEL", key})->integer, 1);
+  ASSERT_EQ(m[2].command({"DEL", key})->integer, 1);
+  const auto b_sent = std::chrono::steady_clock::now();
+  const auto b = client->try_acquire(req, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_TRUE(b.acquired);
+
+  // Master 0 frees, then runs A's held request (it finds the key free) and its clean-up.
+  ASSERT_EQ(m[0].command({"DEL", key})->integer, 1);
+  const long long evals = m[0].command_calls("eval");
+  p0.release_held();
+  ASSERT_TRUE(distlock::testing::eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
+      << "master 0 never ran attempt A's held clean-up";
+  EXPECT_EQ(m[0].command({"EXISTS", key})->integer, 0)
+      << "attempt A's key stayed on master 0: " << m.get(0, key);
+
+  // B renews on 1 and 2 (nothing of it on 0), and a third client is still refused.
+  const RenewItem item{"job", kOwner, 0, 10s};
+  RenewStatus out = RenewStatus::failed;
+  client->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::renewed) << ec.message() << " " << ec.detail();
+  EXPECT_EQ(m[0].command({"EXISTS", key})->integer, 0) << "the renewal made a key on master 0";
+  const auto c = third->try_acquire(
+      AcquireRequest{"job", "fedcba9876543210fedcba9876543210:1.1", 10s, false, lock_delay}, ec);
+  const auto b_age =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - b_sent);
+  ASSERT_LT(b_age, b.validity) << "B's lease ran out before the check; the check proves nothing";
+  EXPECT_FALSE(c.acquired) << "a third client was granted the lock while B's lease was valid";
+  EXPECT_EQ(client->release("job", kOwner, 0, ec), ReleaseStatus::released)
+      << ec.message() << " " << ec.detail();
+}
+
+std::string lock_delay_name(const ::testing::TestParamInfo<std::chrono::milliseconds>& param) {
+  return param.param.count() ? "WithLockDelay" : "NoLockDelay";
+}
+
+INSTANTIATE_TEST_SUITE_P(LockDelay, RedlockHeldAttempt, ::testing::Values(0ms, 2000ms), lock_delay_name);
 
 TEST(RedlockOwnerNonce, TwoBackendsOnTwoThreadsNeverReuseANonceAndEachOnesIncrease) {
   distlock::testing::Masters m(3);
