@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <random>
 #include <thread>
 
@@ -30,17 +32,23 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   const std::string extra = std::to_string(lock_delay_extra(req.lock_delay).count());
   const bool with_delay = req.lock_delay.count() > 0;
   const std::array<std::string, 2> script_keys{key, marker};
-  // The attempt's nonce: the markers it writes name it, so undoing a failed attempt deletes
-  // those and never a marker of this owner's lost lease (scripts.hpp kReleaseScript).
-  thread_local std::mt19937_64 nonce_rng{std::random_device{}()};
-  const std::string nonce = fmt::format("{:016x}", nonce_rng());
+  // The attempt's nonce, in the key's value "<owner>\n<nonce>" and in the markers it writes:
+  // undoing a failed attempt deletes only that value and those markers, never the key a later
+  // attempt of the same owner (the engine sends every attempt of one acquire() call with one
+  // owner id) took, nor a marker of this owner's lost lease (scripts.hpp kReleaseScript). It
+  // increases from attempt to attempt in this process (one counter, from a random start below
+  // 2^30: no wrap), so an earlier attempt's late script never takes over a later one's key
+  // (kAcquireScript).
+  static std::atomic<std::uint64_t> next_nonce{std::random_device{}() & ((std::uint64_t{1} << 30) - 1)};
+  const std::string nonce = fmt::format("{:016x}", next_nonce.fetch_add(1, std::memory_order_relaxed));
+  const std::string my_value = owner + "\n" + nonce;
   const std::array<std::string, 4> script_args{owner, ttl_ms, extra, nonce};
   const std::string my_marker = extra + "\n" + owner + "\n" + nonce;
   std::vector<Command> first;
   if (with_delay) {
     first.push_back(script_command(kAcquireScript, script_keys, script_args));
   } else {
-    first = {Command{{"SET", key, owner, "NX", "GET", "PX", ttl_ms}, nullptr},
+    first = {Command{{"SET", key, my_value, "NX", "GET", "PX", ttl_ms}, nullptr},
              Command{{"PTTL", key}, nullptr}, Command{{"PTTL", marker}, nullptr}};
   }
 
@@ -80,8 +88,9 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
     }
   };
   // The key already holds our owner id (a leftover of this owner's own earlier
-  // lease), or the master does not know SET NX GET (Redis < 7): the acquire
-  // script takes it with a fresh TTL. Rare; one more round trip to those only.
+  // attempt or lease), or the master does not know SET NX GET (Redis < 7): the acquire
+  // script takes it with a fresh TTL unless a later attempt's nonce is there. Rare; one
+  // more round trip to those only.
   std::vector<std::vector<Command>> slow(replies.size());
   bool any_slow = false;
   for (std::size_t i = 0; i < replies.size(); ++i) {
@@ -105,9 +114,9 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
       ++holders["\n(lock-delay)"];
     } else if (set->type == REDIS_REPLY_NIL) {
       ++tally.acquired;
-    } else if (set->type == REDIS_REPLY_STRING && std::string_view(set->str, set->len) != owner) {
+    } else if (set->type == REDIS_REPLY_STRING && owner_of(std::string_view(set->str, set->len)) != owner) {
       vote_busy(i, pttl->type == REDIS_REPLY_INTEGER ? pttl->integer : -1);
-      ++holders[std::string(set->str, set->len)];
+      ++holders[std::string(owner_of(std::string_view(set->str, set->len)))];
     } else {
       slow[i].push_back(script_command(kAcquireScript, script_keys, script_args));
       any_slow = true;
@@ -138,7 +147,7 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
     for (std::size_t i = 0; i < replies.size(); ++i) {
       if (!taken_in_delay[i]) continue;
       undo[i].push_back(Command{{"EVAL", std::string(kReleaseScript.body), "3", key,
-                                 release_channel(cfg_, req.name), marker, owner, "0"},
+                                 release_channel(cfg_, req.name), marker, owner, "0", "", my_value},
                                 nullptr});
       any_undo = true;
     }
@@ -153,9 +162,11 @@ AcquireResult RedlockBackend::try_acquire(const AcquireRequest& req, Error& ec) 
   // NOSCRIPT reply would come too late to retry and the key would linger.
   // The markers this attempt wrote (with a lock_delay: exactly its own value) go with its
   // keys; without one it wrote none, and a marker beside a key it took is a lost holder's:
-  // it stays.
+  // it stays. The key goes only where it holds exactly this attempt's value: queued behind a
+  // pending request, this release may run after a later attempt of the same owner took the
+  // key on another connection (docs/redlock.md "Connections"); that key stays.
   const Command release{{"EVAL", std::string(kReleaseScript.body), "3", key, release_channel(cfg_, req.name),
-                         marker, std::string(req.owner), with_delay ? "=" : "0", my_marker},
+                         marker, std::string(req.owner), with_delay ? "=" : "0", my_marker, my_value},
                         nullptr};
   std::vector<std::vector<Command>> per_node(replies.size());
   bool any = false;

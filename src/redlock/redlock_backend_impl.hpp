@@ -51,6 +51,18 @@ class LaneLease {
   std::unique_ptr<Lane> lane_;
 };
 
+/// The owner part of a lock key's value "<owner>\n<nonce>" (scripts.hpp): everything before a
+/// last "\n" followed by hex digits only; a value without such a tail is all owner.
+inline std::string_view owner_of(std::string_view value) {
+  const auto nl = value.rfind('\n');
+  if (nl == std::string_view::npos || nl + 1 == value.size()) return value;
+  for (const char c : value.substr(nl + 1)) {
+    const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    if (!hex) return value;
+  }
+  return value.substr(0, nl);
+}
+
 inline bool integer_at(const redisReply* r, std::size_t i, long long& out) {
   if (!r || r->type != REDIS_REPLY_ARRAY || i >= r->elements || r->element[i]->type != REDIS_REPLY_INTEGER) {
     return false;

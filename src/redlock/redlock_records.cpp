@@ -209,7 +209,8 @@ LockInfo RedlockBackend::status_from(const std::vector<NodeReply>& replies, std:
     if (holder->type != REDIS_REPLY_STRING) continue;
     // "@revoked": a revoked lease's key waiting out its life (kRevokeScript), held by nobody.
     if (holder->len > 0 && holder->str[0] == '@') continue;
-    Seen& s = owners[std::string(holder->str, holder->len)];
+    // The owner part: two attempts of one owner hold for that owner.
+    Seen& s = owners[std::string(owner_of(std::string_view(holder->str, holder->len)))];
     ++s.count;
     if (pttl >= 0) s.min_pttl = s.min_pttl < 0 ? pttl : std::min(s.min_pttl, pttl);
   }

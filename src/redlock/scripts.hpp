@@ -1,5 +1,10 @@
 // The Lua scripts each Redis master runs for Redlock (one atomic step per
-// master and request). A lock key holds its owner id and expires by PX; a holder with
+// master and request). A lock key holds "<owner>\n<nonce>" (the nonce: 16 hex digits, new per
+// acquisition attempt and increasing within a process, redlock_acquire.cpp) and expires by PX.
+// Release, renewal, status and revoke go by the owner part (everything before the last "\n<hex>";
+// a value without that tail, written by an older version, is all owner); undoing a failed
+// attempt compares the whole value, so it can only ever delete that attempt's own key, never
+// the key a later attempt of the same owner took (docs/redlock.md "Connections"). A holder with
 // lock_delay D also keeps the marker "<prefix>delay:<name>" = "<extra>\n<owner>\n<nonce>" (extra =
 // D + 2 x clock_drift(D), quorum.hpp lock_delay_extra) living ttl + extra, moved with the key
 // by each renewal and deleted by a normal release only (docs/redlock.md "Lock-delay"); while
@@ -21,19 +26,30 @@ namespace distlock::detail::redlock {
 
 /// KEYS[1] lock key, KEYS[2] lock-delay marker key; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3]
 /// the marker's extra life ms beyond the ttl ("0": this acquisition has no lock-delay), ARGV[4]
-/// the attempt's nonce (hex, new per acquisition attempt).
+/// the attempt's nonce (16 hex digits, new per acquisition attempt, increasing in a process).
 /// While a marker lives (a lost holder's lock-delay, docs/redlock.md "Lock-delay") nobody
-/// takes the key: {0, marker pttl}. Else takes the key if free (or already this owner's) for
-/// ttl, with the marker "<extra>\n<owner>\n<nonce>" for ttl + extra when extra > 0: {1, 0}; else
-/// {0, pttl}.
+/// takes the key: {0, marker pttl}. Else takes the key ("<owner>\n<nonce>") for ttl if free, or
+/// held by this owner with an earlier attempt's nonce (or none: an older version's value), with
+/// the marker "<extra>\n<owner>\n<nonce>" for ttl + extra when extra > 0: {1, 0}; else {0, pttl}
+/// (a later attempt's key of this owner included: an earlier attempt that arrives late must
+/// not take it over, its clean-up would then delete it).
 inline constexpr Script kAcquireScript{
     R"lua(local m = redis.call('PTTL', KEYS[2])
 if m > 0 then
   return {0, m}
 end
 local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local take = v == false
+if not take then
+  local who, n = string.match(v, '^(.*)\n(%x+)$')
+  if who == nil then
+    take = v == ARGV[1]
+  else
+    take = who == ARGV[1] and #n == #ARGV[4] and n <= ARGV[4]
+  end
+end
+if take then
+  redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. ARGV[4], 'PX', ARGV[2])
   local extra = tonumber(ARGV[3])
   if extra and extra > 0 then
     redis.call('SET', KEYS[2], ARGV[3] .. '\n' .. ARGV[1] .. '\n' .. ARGV[4], 'PX', string.format('%.0f', tonumber(ARGV[2]) + extra))
@@ -42,10 +58,12 @@ if v == false or v == ARGV[1] then
 end
 return {0, redis.call('PTTL', KEYS[1])}
 )lua",
-    "b0513a67c88e2cc9fac97ab256a569642f5f5ffb"};
+    "9a6280641ecab44078ae9ba26ea2ec469f68e685"};
 
 /// KEYS[1] lock key, KEYS[2] release channel, KEYS[3] lock-delay marker key; ARGV[1] owner,
-/// ARGV[2] the mode:
+/// ARGV[4] (optional, with modes "0" and "="): the exact key value "<owner>\n<nonce>" of the
+/// attempt being undone: the key goes only if it holds exactly that (else it must be held by
+/// ARGV[1], the owner part compared); ARGV[2] the mode:
 ///   "1": a release's first step: the key only; answers 2 instead of 1 where this owner's marker
 ///        stays beside it (the client deletes it in the second step, "m", only once a quorum
 ///        confirmed the release: a release that finds the lease gone on a quorum is a loss and
@@ -71,7 +89,14 @@ inline constexpr Script kReleaseScript{
   end
   return 0
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+local mine
+if ARGV[4] and ARGV[4] ~= '' then
+  mine = v == ARGV[4]
+else
+  mine = v and (string.match(v, '^(.*)\n%x+$') or v) == ARGV[1]
+end
+if mine then
   redis.call('DEL', KEYS[1])
   local m = redis.call('GET', KEYS[3])
   if m and ARGV[2] == '=' and m == ARGV[3] then
@@ -88,19 +113,21 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 )lua",
-    "21ef3f5fdecc6f08e04911e95d83aa5a0c52965c"};
+    "c327b15fd025fa47d1c97c6c9664964f419bd50c"};
 
 /// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused); ARGV[1]
 /// note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses
 /// it (its value becomes "@revoked", which no owner renews, for the key's remaining life:
 /// nobody is granted the lock before the revoked holder's lease runs out, docs/design.md
 /// "Revoke"), and the note "0\n<owner>\n<note>" is stored (no token: Redlock has none):
-/// {1, owner}; {0} when the key was not held (nothing written).
+/// {1, owner} (the owner part of the key's value, without the attempt's nonce); {0} when the key was not held
+/// (nothing written).
 inline constexpr Script kRevokeScript{
     R"lua(local v = redis.call('GET', KEYS[1])
 if v == false or string.sub(v, 1, 1) == '@' then
   return {0}
 end
+v = string.match(v, '^(.*)\n%x+$') or v
 redis.call('SET', KEYS[2], '0\n' .. v .. '\n' .. ARGV[1], 'PX', ARGV[2])
 local left = redis.call('PTTL', KEYS[1])
 if left > 0 then
@@ -110,17 +137,19 @@ else
 end
 return {1, v}
 )lua",
-    "6a74df6f930f9f979848ea9294d76fe0feb61dd3"};
+    "8717f578540a72009c9fbf4e6735350dcbfc848c"};
 
 /// KEYS[i] (i <= n) lock keys, KEYS[n + i] their lock-delay marker keys; ARGV[2i-1] owner,
-/// ARGV[2i] ttl ms of key i. Extends each key this owner holds, and its marker when the marker
+/// ARGV[2i] ttl ms of key i. Extends each key this owner holds (the owner part of its value),
+/// and its marker when the marker
 /// is this owner's ("<extra>\n<owner>\n<nonce>": it then lives ttl + extra from now, so it outlives the
 /// lease by its extra): an array of n 1 (extended) / 0 (not ours).
 inline constexpr Script kRenewScript{
     R"lua(local n = #KEYS / 2
 local out = {}
 for i = 1, n do
-  if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
+  local v = redis.call('GET', KEYS[i])
+  if v and (string.match(v, '^(.*)\n%x+$') or v) == ARGV[2 * i - 1] then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
     local m = redis.call('GET', KEYS[n + i])
     if m then
@@ -136,9 +165,9 @@ for i = 1, n do
 end
 return out
 )lua",
-    "15b2a8a840da18dcf7e82e7e3a5c024c52f23b69"};
+    "899de471829811927a534aac6a4d34e4de8ac794"};
 
-/// KEYS[1] lock key: {holder or nil, pttl}.
+/// KEYS[1] lock key: {value or nil, pttl} (the value "<owner>\n<nonce>": owner_of() takes the owner).
 inline constexpr Script kStatusScript{
     R"lua(return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 )lua",

@@ -48,6 +48,7 @@ struct Pair {
   Direction to_upstream, to_client;
   bool dead = false;
   int cls = 0;
+  int seq = 0;  // the order it was accepted in (0 first): hold_open() holds the ones before
   Clock::time_point connect_until{};  // while upstream < 0: keep trying to connect until then
   FaultProxy::HeadRewriter rewrite;   // set while the dialer's first bytes are held back
   std::string head;
@@ -98,6 +99,8 @@ struct FaultProxy::Impl {
   HeadRewriter rewriter;
   std::chrono::milliseconds upstream_retry{0};
   std::atomic<int> unclassified{0};
+  int hold_below = 0;                   // connections with seq < hold_below are frozen (hold_open)
+  std::atomic<std::uint64_t> loops{0};  // iterations of run() begun
 
   std::vector<Pair> pairs;  // owned by the forwarding thread
   std::minstd_rand rng{12345};
@@ -173,7 +176,7 @@ struct FaultProxy::Impl {
   void accept_one(Mode m) {
     const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) return;
-    accepted.fetch_add(1);
+    const int seq = accepted.fetch_add(1);
     Classifier classify;
     HeadRewriter rewrite;
     std::chrono::milliseconds retry{0};
@@ -209,17 +212,21 @@ struct FaultProxy::Impl {
     p.upstream = u;
     p.connect_until = Clock::now() + retry;
     p.cls = cls;
+    p.seq = seq;
     p.rewrite = std::move(rewrite);
     pairs.push_back(std::move(p));
   }
 
   void run() {
     while (!stop.load()) {
+      loops.fetch_add(1);
       Mode m;
       std::chrono::milliseconds lat, jit;
       std::map<int, Mode> overrides;
+      int held_below = 0;
       {
         std::lock_guard lk(mu);
+        held_below = hold_below;
         m = mode;
         lat = latency;
         jit = jitter;
@@ -231,8 +238,13 @@ struct FaultProxy::Impl {
         const auto it = overrides.find(cls);
         return it == overrides.end() ? m : it->second;
       };
+      // A connection held by hold_open() is frozen unless the whole proxy drops.
+      auto pair_mode = [&](const Pair& p) {
+        if (m != Mode::drop && p.seq < held_below) return Mode::freeze;
+        return mode_of(p.cls);
+      };
       for (auto& p : pairs) {
-        if (mode_of(p.cls) == Mode::drop) close_pair(p);
+        if (pair_mode(p) == Mode::drop) close_pair(p);
       }
       pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Pair& p) { return p.dead; }),
                   pairs.end());
@@ -246,7 +258,7 @@ struct FaultProxy::Impl {
         connecting = connecting || (!p.dead && p.upstream < 0);
       }
       for (auto& p : pairs) {
-        if (p.dead || p.upstream < 0 || mode_of(p.cls) == Mode::freeze) continue;
+        if (p.dead || p.upstream < 0 || pair_mode(p) == Mode::freeze) continue;
         if (!write_side(p.upstream, p.to_upstream, now) || !write_side(p.client, p.to_client, now))
           close_pair(p);
       }
@@ -257,7 +269,7 @@ struct FaultProxy::Impl {
       Clock::time_point next_due = now + std::chrono::milliseconds(connecting ? 20 : 100);
       for (auto& p : pairs) {
         short cin = 0, uin = 0;
-        if (!p.dead && p.upstream >= 0 && mode_of(p.cls) != Mode::freeze) {
+        if (!p.dead && p.upstream >= 0 && pair_mode(p) != Mode::freeze) {
           if (p.to_upstream.queued_bytes < kMaxQueued) cin = POLLIN;
           if (p.to_client.queued_bytes < kMaxQueued) uin = POLLIN;
           for (Direction* d : {&p.to_upstream, &p.to_client}) {
@@ -283,7 +295,7 @@ struct FaultProxy::Impl {
       for (std::size_t i = 0; i < polled; ++i) {
         Pair& p = pairs[i];
         if (p.dead || p.upstream < 0) continue;
-        const Mode pm = mode_of(p.cls);
+        const Mode pm = pair_mode(p);
         if (pm == Mode::freeze || pm == Mode::drop) continue;
         const pollfd& cf = fds[2 + 2 * i];
         const pollfd& uf = fds[3 + 2 * i];
@@ -393,6 +405,30 @@ void FaultProxy::pass_all_classes() {
 }
 int FaultProxy::unclassified() const {
   return impl_->unclassified.load();
+}
+bool FaultProxy::hold_open() {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->hold_below = impl_->accepted.load();
+  }
+  // Effective once an iteration of the forwarding loop began after the change (the
+  // one running may have read the old setting): two more begun iterations. Bounded.
+  const std::uint64_t start = impl_->loops.load();
+  impl_->wake();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (impl_->loops.load() < start + 2) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    impl_->wake();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+void FaultProxy::release_held() {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->hold_below = 0;
+  }
+  impl_->wake();
 }
 
 namespace {

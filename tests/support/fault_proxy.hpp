@@ -71,6 +71,17 @@ class FaultProxy {
   /// Connections the classifier returned kUnclassified for, so far.
   int unclassified() const;
 
+  /// Holds back both directions of every connection accepted so far (as freeze, but for
+  /// those only: connections accepted later pass, or follow the proxy's mode), until
+  /// release_held(). Bytes a dialer sends on a held connection, and its close, wait in
+  /// the proxy's socket and are forwarded in order once released. Returns once the
+  /// forwarding thread applies it (true), or false if it did not within 5 s.
+  /// Models a master that, frozen or slow, wakes with an old connection's requests
+  /// still to read while newer connections were served.
+  bool hold_open();
+  /// Forwards the held connections again (their queued bytes first, then a close).
+  void release_held();
+
   /// Given the bytes a new connection's dialer sent so far, returns false to wait for
   /// more, or true once `head` (possibly edited) may be forwarded. Applies to
   /// connections accepted from now on.

@@ -1,0 +1,271 @@
+// The per-attempt nonce in a Redlock key's value ("<owner>\n<nonce>", src/redlock/scripts.hpp)
+// never leaks out of the backend and never lets one attempt act on another's key:
+//   - status, list and revoke name the holder (owner id and holder_info) without the nonce, and the
+//     revoke note stores the owner part; a revoked lease is not renewed back;
+//   - a late clean-up of an earlier attempt of the same owner leaves the later attempt's key,
+//     which the lease's renewal then extends and its release deletes, on every master;
+//   - with a lock_delay, the marker carries the same nonce as the key it stands beside;
+//   - a failed attempt's request, held back on a master's old connection and run there once that
+//     master is free again, after the same call's next attempt was granted without it: its
+//     clean-up runs right behind it, so no key of the earlier attempt stays there for the
+//     lease's renewal to extend and count, and a third client stays refused;
+//   - two backends in one process, acquiring from two threads, never reuse a nonce, and each
+//     one's nonces increase from attempt to attempt (the acquire script's take-over order).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
+#include "masters.hpp"
+#include "redlock/redlock_backend.hpp"
+#include "redlock/scripts.hpp"
+#include "support/eventually.hpp"
+#include "support/fault_proxy.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using distlock::detail::AcquireRequest;
+using distlock::detail::Error;
+using distlock::detail::ReleaseStatus;
+using distlock::detail::RenewItem;
+using distlock::detail::RenewStatus;
+
+// An engine-shaped owner id with a holder_info whose tail is hex: the nonce must not be read
+// into it, nor part of it taken for a nonce.
+constexpr std::string_view kOwner = "0123456789abcdef0123456789abcdef:1.7|cafe";
+
+std::unique_ptr<distlock::detail::Backend> make_backend(const std::string& url_text) {
+  distlock::ClientOptions opts;
+  opts.logger = [](distlock::LogLevel, std::string_view) {};
+  distlock::detail::Url url;
+  Error ec;
+  if ((ec = distlock::detail::parse_url(url_text, url))) {
+    ADD_FAILURE() << ec.detail();
+    return nullptr;
+  }
+  auto b = distlock::detail::make_redlock_backend(url, opts, ec);
+  if (!b) ADD_FAILURE() << ec.message() << " " << ec.detail();
+  return b;
+}
+
+std::string key_of(std::string_view name) {
+  return distlock::detail::redlock::lock_key(distlock::detail::redlock::Config{}, name);
+}
+
+// The nonce of a stored key value "<owner>\n<nonce>" ("" when the value has none).
+std::string nonce_of(const std::string& value) {
+  const auto nl = value.rfind('\n');
+  return nl == std::string::npos ? std::string() : value.substr(nl + 1);
+}
+
+TEST(RedlockOwnerNonce, StatusListAndRevokeNameTheHolderWithoutTheAttemptsNonce) {
+  distlock::testing::Masters m(3);
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  Error ec;
+  const AcquireRequest req{"report", kOwner, 30s, false, 0ms};
+  ASSERT_TRUE(b->try_acquire(req, ec).acquired) << ec.message() << " " << ec.detail();
+  const std::string stored = m.get(0, key_of("report"));
+  ASSERT_EQ(stored.substr(0, kOwner.size() + 1), std::string(kOwner) + "\n") << "the key holds " << stored;
+  ASSERT_EQ(nonce_of(stored).size(), 16U) << "the key holds " << stored;
+
+  const auto info = b->status("report", ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(info.held);
+  // The whole owner id (the engine splits off the holder_info), the nonce not in it.
+  EXPECT_EQ(info.holder.value_or("(none)"), kOwner);
+
+  bool truncated = true;
+  const auto listed = b->list_held("", 10, truncated, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_EQ(listed.size(), 1U);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(listed[0].name, "report");
+  EXPECT_EQ(listed[0].info.holder, info.holder);
+
+  const auto revoked = b->revoke("report", "rotating", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(revoked.revoked);
+  EXPECT_EQ(revoked.holder, kOwner);
+  const auto note = b->revoke_note("report", ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_EQ(note.value_or("(none)"), "0\n" + std::string(kOwner) + "\nrotating");
+
+  // The revoked lease is not renewed back to life, though its owner part was in the value.
+  const RenewItem item{"report", kOwner, 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  b->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner);
+  EXPECT_FALSE(b->status("report", ec).holder.has_value());
+}
+
+TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAndReleases) {
+  distlock::testing::Masters m(3);
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  Error ec;
+  const AcquireRequest req{"job", kOwner, 30s, false, 0ms};
+  ASSERT_TRUE(b->try_acquire(req, ec).acquired) << ec.message() << " " << ec.detail();
+  const std::string key = key_of("job");
+  const std::string held = m.get(1, key);
+  ASSERT_EQ(nonce_of(held).size(), 16U) << held;
+
+  // An earlier attempt's clean-up (exactly its own value, one nonce below) reaching every
+  // master late: nothing deleted.
+  const std::string earlier = std::string(kOwner) + "\n" + std::string(15, '0') + "0";
+  ASSERT_NE(earlier, held);
+  const std::string marker = distlock::detail::redlock::delay_key(distlock::detail::redlock::Config{}, "job");
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto r = m[i].command({"EVAL", std::string(distlock::detail::redlock::kReleaseScript.body), "3", key,
+                           "distlock:redlock:chan:job", marker, std::string(kOwner), "0", "", earlier});
+    ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
+    EXPECT_EQ(r->integer, 0) << "master " << i << ": an earlier attempt's clean-up deleted the lease's key";
+    EXPECT_EQ(m.get(i, key), held);
+  }
+
+  const RenewItem item{"job", kOwner, 0, 30s};
+  RenewStatus out = RenewStatus::failed;
+  b->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::renewed) << ec.message() << " " << ec.detail();
+  // Another owner whose id is this one's prefix renews and releases nothing.
+  const std::string prefix(kOwner.substr(0, kOwner.size() - 1));
+  const RenewItem other{"job", prefix, 0, 30s};
+  b->renew(std::span(&other, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner);
+  EXPECT_EQ(b->release("job", prefix, 0, ec), ReleaseStatus::not_owner);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(m.get(i, key), held) << "master " << i;
+
+  EXPECT_EQ(b->release("job", kOwner, 0, ec), ReleaseStatus::released) << ec.message() << " " << ec.detail();
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i].command({"EXISTS", key})->integer, 0) << "master " << i << " kept the released key";
+  }
+}
+
+TEST(RedlockOwnerNonce, TheLockDelayMarkerCarriesTheKeysNonce) {
+  distlock::testing::Masters m(3);
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  Error ec;
+  const AcquireRequest req{"batch", kOwner, 30s, false, 2000ms};
+  ASSERT_TRUE(b->try_acquire(req, ec).acquired) << ec.message() << " " << ec.detail();
+  const std::string key = key_of("batch");
+  const std::string marker =
+      distlock::detail::redlock::delay_key(distlock::detail::redlock::Config{}, "batch");
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::string v = m.get(i, key), mk = m.get(i, marker);
+    EXPECT_EQ(nonce_of(mk), nonce_of(v)) << "master " << i << ": key " << v << ", marker " << mk;
+    EXPECT_NE(mk.find("\n" + std::string(kOwner) + "\n"), std::string::npos) << mk;
+  }
+  EXPECT_EQ(b->release("batch", kOwner, 0, ec), ReleaseStatus::released)
+      << ec.message() << " " << ec.detail();
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i].command({"EXISTS", key, marker})->integer, 0) << "master " << i;
+  }
+}
+
+class RedlockHeldAttempt : public ::testing::TestWithParam<std::chrono::milliseconds> {};
+
+TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewalCounts) {
+  const std::chrono::milliseconds lock_delay = GetParam();
+  distlock::testing::Masters m(3);
+  distlock::testing::FaultProxy p0(m[0].port()), p1(m[1].port()), p2(m[2].port());
+  const std::string url = "redlock://127.0.0.1:" + std::to_string(p0.port()) +
+                          ",127.0.0.1:" + std::to_string(p1.port()) +
+                          ",127.0.0.1:" + std::to_string(p2.port()) + "?timeout=500ms";
+  auto client = make_backend(url);
+  auto third = make_backend(m.url("timeout=500ms"));
+  ASSERT_TRUE(client && third);
+  const std::string key = key_of("job");
+  const AcquireRequest req{"job", kOwner, 10s, false, lock_delay};
+  Error ec;
+  const AcquireRequest warm{"warm-up", kOwner, 10s, false, lock_delay};
+  ASSERT_TRUE(client->try_acquire(warm, ec).acquired) << ec.message() << " " << ec.detail();
+  ASSERT_EQ(client->release("warm-up", kOwner, 0, ec), ReleaseStatus::released);
+
+  // Attempt A: busy on 1 and 2, no answer from 0 (its old connection held back).
+  ASSERT_EQ(m[1].command({"SET", key, "other-holder-x", "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_EQ(m[2].command({"SET", key, "other-holder-y", "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_TRUE(p0.hold_open());
+  ASSERT_FALSE(client->try_acquire(req, ec).acquired);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+
+  // Attempt B: master 0 busy with another holder, 1 and 2 free: granted by 1 and 2 only.
+  ASSERT_EQ(m[0].command({"SET", key, "other-holder-z", "PX", "60000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_EQ(m[1].command({"DEL", key})->integer, 1);
+  ASSERT_EQ(m[2].command({"DEL", key})->integer, 1);
+  const auto b_sent = std::chrono::steady_clock::now();
+  const auto b = client->try_acquire(req, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_TRUE(b.acquired);
+
+  // Master 0 frees, then runs A's held request (it finds the key free) and its clean-up.
+  ASSERT_EQ(m[0].command({"DEL", key})->integer, 1);
+  const long long evals = m[0].command_calls("eval");
+  p0.release_held();
+  ASSERT_TRUE(distlock::testing::eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
+      << "master 0 never ran attempt A's held clean-up";
+  EXPECT_EQ(m[0].command({"EXISTS", key})->integer, 0)
+      << "attempt A's key stayed on master 0: " << m.get(0, key);
+
+  // B renews on 1 and 2 (nothing of it on 0), and a third client is still refused.
+  const RenewItem item{"job", kOwner, 0, 10s};
+  RenewStatus out = RenewStatus::failed;
+  client->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::renewed) << ec.message() << " " << ec.detail();
+  EXPECT_EQ(m[0].command({"EXISTS", key})->integer, 0) << "the renewal made a key on master 0";
+  const auto c = third->try_acquire(
+      AcquireRequest{"job", "fedcba9876543210fedcba9876543210:1.1", 10s, false, lock_delay}, ec);
+  const auto b_age =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - b_sent);
+  ASSERT_LT(b_age, b.validity) << "B's lease ran out before the check; the check proves nothing";
+  EXPECT_FALSE(c.acquired) << "a third client was granted the lock while B's lease was valid";
+  EXPECT_EQ(client->release("job", kOwner, 0, ec), ReleaseStatus::released)
+      << ec.message() << " " << ec.detail();
+}
+
+std::string lock_delay_name(const ::testing::TestParamInfo<std::chrono::milliseconds>& param) {
+  return param.param.count() ? "WithLockDelay" : "NoLockDelay";
+}
+
+INSTANTIATE_TEST_SUITE_P(LockDelay, RedlockHeldAttempt, ::testing::Values(0ms, 2000ms), lock_delay_name);
+
+TEST(RedlockOwnerNonce, TwoBackendsOnTwoThreadsNeverReuseANonceAndEachOnesIncrease) {
+  distlock::testing::Masters m(3);
+  auto b1 = make_backend(m.url("timeout=2s"));
+  auto b2 = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b1 && b2);
+  constexpr int kRounds = 20;  // bounded: 20 acquire/release pairs per thread
+  std::vector<std::string> seen1, seen2;
+  auto run = [&m](distlock::detail::Backend& b, const std::string& name, std::vector<std::string>& seen) {
+    const std::string owner = std::string(kOwner) + name;
+    for (int i = 0; i < kRounds; ++i) {
+      Error ec;
+      if (!b.try_acquire(AcquireRequest{name, owner, 30s, false, 0ms}, ec).acquired) return;
+      seen.push_back(nonce_of(m.get(0, key_of(name))));
+      if (b.release(name, owner, 0, ec) != ReleaseStatus::released) return;
+    }
+  };
+  std::thread t1([&] { run(*b1, "n1", seen1); });
+  std::thread t2([&] { run(*b2, "n2", seen2); });
+  t1.join();
+  t2.join();
+  ASSERT_EQ(seen1.size(), static_cast<std::size_t>(kRounds));
+  ASSERT_EQ(seen2.size(), static_cast<std::size_t>(kRounds));
+  std::set<std::string> all(seen1.begin(), seen1.end());
+  all.insert(seen2.begin(), seen2.end());
+  EXPECT_EQ(all.size(), static_cast<std::size_t>(2 * kRounds)) << "a nonce was used twice";
+  for (int i = 1; i < kRounds; ++i) {
+    EXPECT_LT(seen1[i - 1], seen1[i]) << "round " << i;
+    EXPECT_LT(seen2[i - 1], seen2[i]) << "round " << i;
+  }
+}
+
+}  // namespace
