@@ -144,6 +144,12 @@ int Process::wait_for(std::chrono::milliseconds timeout) {
   }
 }
 
+int Process::exit_code(std::chrono::milliseconds limit) {
+  const int status = wait_for(limit);
+  if (status == -1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 void Process::stop(std::chrono::milliseconds grace) {
   if (pid_ <= 0 || reaped_) return;
   ::kill(pid_, SIGCONT);

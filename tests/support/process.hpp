@@ -41,6 +41,8 @@ class Process {
   void signal(int sig) const;
   /// Waits for exit up to `timeout`; returns the raw wait status or -1 on timeout.
   int wait_for(std::chrono::milliseconds timeout);
+  /// Waits for exit up to `limit`; the exit code, 128 + N after signal N, or -1 on timeout.
+  int exit_code(std::chrono::milliseconds limit);
   /// SIGTERM, then SIGKILL after `grace`; reaps.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
 
