@@ -7,14 +7,11 @@
 // down.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -23,7 +20,6 @@
 
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
-#include "engine/url.hpp"
 #include "postgres/postgres_backend.hpp"
 #include "support/backend_records.hpp"
 #include "support/client_options.hpp"
@@ -31,6 +27,7 @@
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_records_cases.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -44,12 +41,7 @@ using distlock::detail::ReleaseStatus;
 using Clock = std::chrono::steady_clock;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
-  distlock::detail::Url u;
-  distlock::detail::Error ec;
-  EXPECT_FALSE(ec = distlock::detail::parse_url(url, u)) << ec.detail();
-  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
-  EXPECT_TRUE(b) << ec.message() << ": " << ec.detail();
-  return b;
+  return backend_of(url, &distlock::detail::make_postgres_backend);
 }
 
 TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
@@ -75,40 +67,8 @@ TEST(PostgresRecords, RecordAndLockOfOneNameCoexist) {
 // whole value (one statement, committed or not).
 TEST(PostgresRecords, RecordSurvivesItsWriterKilled) {
   PostgresServer server;
-  const std::string va(kMaxRecordValue, 'a');
-  const std::string vb(40000, 'b');
-  TempDir tmp("distlock-pgrec");
-  const std::string marker = (tmp.path() / "started").string();
-  const std::string url = server.url();
-  for (int round = 0; round < 4; ++round) {
-    std::filesystem::remove(marker);
-    const pid_t pid = ::fork();  // no thread of ours runs yet: backends are made after
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      distlock::detail::Url u;
-      distlock::detail::Error ec;
-      if (distlock::detail::parse_url(url, u)) ::_exit(2);
-      auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
-      if (!b) ::_exit(3);
-      for (long n = 0; n < 1'000'000; ++n) {
-        b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);
-        if (ec) ::_exit(4);
-        if (n == 3) std::ofstream(marker) << "x";
-      }
-      ::_exit(0);
-    }
-    ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); }, 60s)) << "the writer never wrote";
-    std::this_thread::sleep_for(std::chrono::milliseconds(round * 7));  // a different moment each round
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended by itself: " << status;
-    auto b = backend(url);
-    auto v = get(*b, "survivor");
-    ASSERT_TRUE(v.has_value());
-    EXPECT_TRUE(*v == va || *v == vb) << "a value of " << v->size() << " bytes";
-    EXPECT_EQ(put(*b, "survivor", "next", PutMode::if_absent), *v);
-  }
+  expect_record_survives_its_writer_killed(server.url(), &distlock::detail::make_postgres_backend,
+                                           "distlock-pgrec", [] {});
 }
 
 TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
