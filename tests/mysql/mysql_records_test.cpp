@@ -79,81 +79,30 @@ TEST(MysqlRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
   MariadbServer server;
   auto a = backend(server.url());
   auto b = backend(server.url());
-  distlock::detail::Error ec;
-  struct H {
-    Backend* b;
-    std::string name, owner;
-    Millis ttl;
-    std::uint64_t token = 0;
-  };
-  std::vector<H> held = {
-      {a.get(), "job/c", "oa", Millis(5000)}, {b.get(), "job/a", "ob", Millis(7000)},
-      {a.get(), "other", "oa", Millis(5000)}, {a.get(), "job/b", "oa2", Millis(9000)},
-      {b.get(), "jobs", "ob", Millis(5000)},  {a.get(), std::string("job/\x01"), "oa", Millis(5000)}};
-  for (auto& h : held) {
-    auto r = h.b->try_acquire(AcquireRequest{h.name, h.owner, h.ttl}, ec);
-    ASSERT_TRUE(r.acquired) << h.name << " " << ec.message();
-    h.token = r.token;
-  }
-  // Released locks and records are never listed.
-  auto gone = a->try_acquire(AcquireRequest{"job/released", "o", Millis(5000)}, ec);
-  ASSERT_TRUE(gone.acquired);
-  ASSERT_EQ(a->release("job/released", "o", gone.token, ec), ReleaseStatus::released);
-  put(*a, "job/record-only", "v", PutMode::always);
-
-  bool truncated = true;
-  EXPECT_EQ(names(*a, "job/", 100, truncated),
-            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c"}));
-  EXPECT_FALSE(truncated);
-  EXPECT_EQ(names(*a, "job/", 2, truncated), (std::vector<std::string>{std::string("job/\x01"), "job/a"}));
-  EXPECT_TRUE(truncated);
-  EXPECT_EQ(names(*a, "job/", 4, truncated).size(), 4u);
-  EXPECT_FALSE(truncated);
-  EXPECT_EQ(names(*b, "", 100, truncated),
-            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c", "jobs", "other"}));
-  EXPECT_EQ(names(*a, "zzz", 100, truncated), std::vector<std::string>{});
-  EXPECT_EQ(names(*a, "", 0, truncated), std::vector<std::string>{});
-  EXPECT_TRUE(truncated);
-
-  auto listed = b->list_held("", 100, truncated, ec);
-  ASSERT_FALSE(ec);
-  ASSERT_EQ(listed.size(), held.size());
-  for (const auto& l : listed) {
-    const auto st = a->status(l.name, ec);
-    EXPECT_TRUE(l.info.held) << l.name;
-    EXPECT_EQ(st.held, l.info.held) << l.name;
-    EXPECT_EQ(st.token, l.info.token) << l.name;
-    EXPECT_EQ(st.holder, l.info.holder) << l.name;
-    // Both count the time left from the row's seen_at, read a moment apart (status
-    // after the listing): never more, and not much less.
-    ASSERT_TRUE(st.ttl_remaining && l.info.ttl_remaining) << l.name;
-    EXPECT_LE(*st.ttl_remaining, *l.info.ttl_remaining) << l.name;
-    EXPECT_GT(*st.ttl_remaining, *l.info.ttl_remaining - Millis(500)) << l.name;
-  }
-
-  // A row naming an owner whose session is alive but does not hold that name's named
-  // lock (its connection id reused after a restart, say) and whose lease is over:
-  // status() says free, so is it listed.
-  const std::string lease_conn =
-      server.query("SELECT conn_id FROM distlock_test.distlock_locks WHERE name = 'job/c'")[0][0];
-  server.query("UPDATE distlock_test.distlock_locks SET owner = 'ghost', conn_id = " + lease_conn +
-               ", seen_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE name = 'job/released'");
-  // (and not released: its release record forgotten, as after a server restart)
-  server.query("DELETE FROM distlock_test.distlock_released WHERE digest = UNHEX(SHA2('job/released', 256))");
-  EXPECT_FALSE(a->status("job/released", ec).held);
-  EXPECT_EQ(names(*a, "job/r", 100, truncated), std::vector<std::string>{});
-  // The same row with time left on its lease is held for status(), and listed.
-  server.query(
-      "UPDATE distlock_test.distlock_locks SET seen_at = UTC_TIMESTAMP(6) WHERE name = 'job/released'");
-  EXPECT_TRUE(a->status("job/released", ec).held);
-  EXPECT_EQ(names(*a, "job/r", 100, truncated), std::vector<std::string>{"job/released"});
-  server.query(
-      "UPDATE distlock_test.distlock_locks SET owner = NULL, conn_id = NULL WHERE name = 'job/released'");
-
-  for (auto& h : held)
-    EXPECT_EQ(h.b->release(h.name, h.owner, h.token, ec), ReleaseStatus::released) << h.name;
-  EXPECT_EQ(names(*a, "", 100, truncated), std::vector<std::string>{});
-  EXPECT_FALSE(truncated);
+  expect_list_held_prefix_limit_truncated_and_status(
+      *a, *b, /*ttl_read_apart=*/true,
+      [&] {
+        // A row naming an owner whose session is alive but does not hold that name's named
+        // lock (its connection id reused after a restart, say) and whose lease is over:
+        // status() says free, so is it listed.
+        const std::string lease_conn =
+            server.query("SELECT conn_id FROM distlock_test.distlock_locks WHERE name = 'job/c'")[0][0];
+        server.query("UPDATE distlock_test.distlock_locks SET owner = 'ghost', conn_id = " + lease_conn +
+                     ", seen_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE name = 'job/released'");
+        // (and not released: its release record forgotten, as after a server restart)
+        server.query(
+            "DELETE FROM distlock_test.distlock_released WHERE digest = UNHEX(SHA2('job/released', 256))");
+      },
+      [&] {
+        // The same row with time left on its lease is held for status(), and listed.
+        server.query(
+            "UPDATE distlock_test.distlock_locks SET seen_at = UTC_TIMESTAMP(6) WHERE name = 'job/released'");
+      },
+      [&] {
+        server.query(
+            "UPDATE distlock_test.distlock_locks SET owner = NULL, conn_id = NULL WHERE name = "
+            "'job/released'");
+      });
 }
 
 // A holder process SIGKILLed: its session ends at once, and its lease is listed exactly

@@ -5,6 +5,8 @@
 //
 //   backend_of(url, factory)   a quiet backend for `url` (EXPECTs the URL parses and it is made)
 //   expect_record_survives_its_writer_killed(url, factory, tmp_name, settled)
+//   expect_list_held_prefix_limit_truncated_and_status(a, b, ttl_read_apart, ghost_past_lease,
+//                                                      ghost_within_lease, ghost_gone)
 //
 // Thread-safety: each call uses only its arguments; the second forks, so it runs before the
 // test starts any thread of its own.
@@ -22,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
@@ -92,4 +95,86 @@ inline void expect_record_survives_its_writer_killed(const std::string& url, Bac
     EXPECT_EQ(put(*b, "survivor", "next", PutMode::if_absent), *v);
   }
 }
+/// Locks held by two clients `a` and `b` of one server (a binary name among them), one
+/// released and a record: list_held with a prefix, a limit and truncation lists exactly the
+/// held ones in name order, each as status() says (the time left equal, or with
+/// `ttl_read_apart` as read a moment apart: never more, at most 500 ms less). Then the
+/// released lock's row is made a ghost's: an owner whose session is alive but does not hold
+/// the name, its lease over (`ghost_past_lease()`: status says free, not listed), then with
+/// time left (`ghost_within_lease()`: held and listed), then `ghost_gone()`. Last, every
+/// lock released: nothing listed.
+inline void expect_list_held_prefix_limit_truncated_and_status(
+    detail::Backend& a, detail::Backend& b, bool ttl_read_apart,
+    const std::function<void()>& ghost_past_lease, const std::function<void()>& ghost_within_lease,
+    const std::function<void()>& ghost_gone) {
+  detail::Error ec;
+  struct H {
+    detail::Backend* b;
+    std::string name, owner;
+    Millis ttl;
+    std::uint64_t token = 0;
+  };
+  std::vector<H> held = {
+      {&a, "job/c", "oa", Millis(5000)}, {&b, "job/a", "ob", Millis(7000)},
+      {&a, "other", "oa", Millis(5000)}, {&a, "job/b", "oa2", Millis(9000)},
+      {&b, "jobs", "ob", Millis(5000)},  {&a, std::string("job/\x01"), "oa", Millis(5000)}};
+  for (auto& h : held) {
+    auto r = h.b->try_acquire(detail::AcquireRequest{h.name, h.owner, h.ttl}, ec);
+    ASSERT_TRUE(r.acquired) << h.name << " " << ec.message();
+    h.token = r.token;
+  }
+  // Released locks and records are never listed.
+  auto gone = a.try_acquire(detail::AcquireRequest{"job/released", "o", Millis(5000)}, ec);
+  ASSERT_TRUE(gone.acquired);
+  ASSERT_EQ(a.release("job/released", "o", gone.token, ec), detail::ReleaseStatus::released);
+  put(a, "job/record-only", "v", detail::PutMode::always);
+
+  bool truncated = true;
+  EXPECT_EQ(names(a, "job/", 100, truncated),
+            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c"}));
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(a, "job/", 2, truncated), (std::vector<std::string>{std::string("job/\x01"), "job/a"}));
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(names(a, "job/", 4, truncated).size(), 4u);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(b, "", 100, truncated),
+            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c", "jobs", "other"}));
+  EXPECT_EQ(names(a, "zzz", 100, truncated), std::vector<std::string>{});
+  EXPECT_EQ(names(a, "", 0, truncated), std::vector<std::string>{});
+  EXPECT_TRUE(truncated);
+
+  auto listed = b.list_held("", 100, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), held.size());
+  for (const auto& l : listed) {
+    const auto st = a.status(l.name, ec);
+    EXPECT_TRUE(l.info.held) << l.name;
+    EXPECT_EQ(st.held, l.info.held) << l.name;
+    EXPECT_EQ(st.token, l.info.token) << l.name;
+    EXPECT_EQ(st.holder, l.info.holder) << l.name;
+    if (ttl_read_apart) {
+      // Both count the time left from the row's seen_at, read a moment apart (status
+      // after the listing): never more, and not much less.
+      ASSERT_TRUE(st.ttl_remaining && l.info.ttl_remaining) << l.name;
+      EXPECT_LE(*st.ttl_remaining, *l.info.ttl_remaining) << l.name;
+      EXPECT_GT(*st.ttl_remaining, *l.info.ttl_remaining - Millis(500)) << l.name;
+    } else {
+      EXPECT_EQ(st.ttl_remaining, l.info.ttl_remaining) << l.name;
+    }
+  }
+
+  ghost_past_lease();
+  EXPECT_FALSE(a.status("job/released", ec).held);
+  EXPECT_EQ(names(a, "job/r", 100, truncated), std::vector<std::string>{});
+  ghost_within_lease();
+  EXPECT_TRUE(a.status("job/released", ec).held);
+  EXPECT_EQ(names(a, "job/r", 100, truncated), std::vector<std::string>{"job/released"});
+  ghost_gone();
+
+  for (auto& h : held)
+    EXPECT_EQ(h.b->release(h.name, h.owner, h.token, ec), detail::ReleaseStatus::released) << h.name;
+  EXPECT_EQ(names(a, "", 100, truncated), std::vector<std::string>{});
+  EXPECT_FALSE(truncated);
+}
+
 }  // namespace distlock::testing
