@@ -77,7 +77,8 @@ std::string postgres_bin_dir() {
   return {};
 }
 
-PostgresServer::PostgresServer() {
+PostgresServer::PostgresServer()
+    : DatabaseServer("postgres", "postgres", "distlock-pg", SIGINT, std::chrono::seconds(30)) {
   bin_ = postgres_bin_dir();
   if (bin_.empty()) {
     const std::string msg =
@@ -264,40 +265,6 @@ void PostgresServer::resume() {
   ::kill(pid_, SIGCONT);
 }
 
-void PostgresServer::stop() {
-  resume();
-  if (pid_ <= 0) return;
-  process_.signal(SIGINT);  // fast shutdown: disconnects clients, checkpoints
-  if (process_.wait_for(std::chrono::seconds(10)) != -1) {
-    pid_ = -1;
-    return;
-  }
-  kill();
-}
-
-void PostgresServer::wipe_and_restart() {
-  kill();
-  const std::string d = dir_.path().string();
-  std::filesystem::remove_all(d + "/data");
-  if (const std::string error = run_to_end({"cp", "-a", template_, d + "/data"}, d + "/cp.log");
-      !error.empty()) {
-    throw std::runtime_error("cannot give postgres an empty data directory: " + error);
-  }
-  restart();
-}
-
-void PostgresServer::restart() {
-  stop();
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    start();
-    if (wait_ready(std::chrono::seconds(30))) return;
-    failures += log() + "\n";
-    kill();
-  }
-  throw std::runtime_error("postgres did not restart on port " + std::to_string(port_) + ":\n" + failures);
-}
-
 std::vector<std::vector<std::string>> PostgresServer::query(const std::string& sql) const {
   const std::string port = std::to_string(port_);
   const char* keys[] = {"host", "port", "user", "password", "dbname", "connect_timeout", nullptr};
@@ -326,13 +293,6 @@ std::vector<std::vector<std::string>> PostgresServer::query(const std::string& s
   PQclear(r);
   PQfinish(c);
   return rows;
-}
-
-std::string PostgresServer::log() const {
-  std::ifstream in(dir_.path() / "server.log");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace distlock::testing
