@@ -24,7 +24,6 @@
 #include "support/backend_records.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
-#include "support/lock_tool.hpp"
 #include "support/mariadb_server.hpp"
 #include "support/process.hpp"
 #include "support/sql_records_cases.hpp"
@@ -38,7 +37,6 @@ using distlock::detail::Backend;
 using distlock::detail::kMaxRecordValue;
 using distlock::detail::PutMode;
 using distlock::detail::ReleaseStatus;
-using Clock = std::chrono::steady_clock;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
   return backend_of(url, &distlock::detail::make_mysql_backend);
@@ -111,39 +109,15 @@ TEST(MysqlRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
 TEST(MysqlRecords, ListHeldDropsAKilledHolderWhenStatusDoes) {
   MariadbServer server;
   auto b = backend(server.url());
-  TempDir tmp("distlock-myrec");
-  const std::string out = (tmp.path() / "holder.out").string();
-  Process p = distlock::testing::spawn_holder(server.url(), "svc/worker", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 60s)) << distlock::testing::read_file(out);
-  bool truncated = false;
-  distlock::detail::Error ec;
-  auto listed = b->list_held("svc/", 10, truncated, ec);
-  ASSERT_FALSE(ec);
-  ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].name, "svc/worker");
-  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), distlock::testing::acquired_token(out));
-  p.signal(SIGKILL);
-  ASSERT_NE(p.wait_for(30s), -1);
-  // Its session is gone (the server noticed the closed socket), its lease not yet:
-  // while the server says > 300 ms are left, status() and the listing say held.
-  ASSERT_TRUE(eventually(
-      [&] { return server.query("SELECT IS_USED_LOCK('svc/worker') IS NULL")[0][0] == "1"; }, 20s));
-  const long long left_ms =
-      std::stoll(server.query("SELECT CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), seen_at + INTERVAL "
-                              "ttl_ms * 1000 MICROSECOND) / "
-                              "1000) FROM distlock_test.distlock_locks WHERE name = 'svc/worker'")[0][0]);
-  const auto measured = Clock::now();
-  if (left_ms > 300) {
-    const bool held = b->status("svc/worker", ec).held;
-    const auto now_listed = names(*b, "svc/", 10, truncated);
-    if (Clock::now() - measured < Millis(left_ms - 100)) {
-      EXPECT_TRUE(held);
-      EXPECT_EQ(now_listed, std::vector<std::string>{"svc/worker"});
-    }
-  }
-  EXPECT_TRUE(eventually([&] { return names(*b, "svc/", 10, truncated).empty(); }, 20s))
-      << "still listed after its TTL";
-  EXPECT_FALSE(b->status("svc/worker", ec).held);
+  expect_listing_drops_a_killed_holder_when_status_does(
+      server.url(), *b, 2000, "distlock-myrec",
+      [&] { return server.query("SELECT IS_USED_LOCK('svc/worker') IS NULL")[0][0] == "1"; },
+      [&] {
+        return std::stoll(
+            server.query("SELECT CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), seen_at + INTERVAL "
+                         "ttl_ms * 1000 MICROSECOND) / "
+                         "1000) FROM distlock_test.distlock_locks WHERE name = 'svc/worker'")[0][0]);
+      });
 }
 
 TEST(MysqlRecords, ServerDownIsBackendUnavailableNamingTheServer) {

@@ -7,6 +7,8 @@
 //   expect_record_survives_its_writer_killed(url, factory, tmp_name, settled)
 //   expect_list_held_prefix_limit_truncated_and_status(a, b, ttl_read_apart, ghost_past_lease,
 //                                                      ghost_within_lease, ghost_gone)
+//   expect_listing_drops_a_killed_holder_when_status_does(url, b, holder_ttl_ms, tmp_name,
+//                                                         session_gone, left_ms_now)
 //
 // Thread-safety: each call uses only its arguments; the second forks, so it runs before the
 // test starts any thread of its own.
@@ -32,6 +34,7 @@
 #include "support/backend_records.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -175,6 +178,45 @@ inline void expect_list_held_prefix_limit_truncated_and_status(
     EXPECT_EQ(h.b->release(h.name, h.owner, h.token, ec), detail::ReleaseStatus::released) << h.name;
   EXPECT_EQ(names(a, "", 100, truncated), std::vector<std::string>{});
   EXPECT_FALSE(truncated);
+}
+
+/// A lock_tool holder (TTL `holder_ttl_ms`) of "svc/worker" is listed with its token; once
+/// SIGKILLed and `session_gone()` (bounded, 20 s), while `left_ms()` (the server's count of its
+/// lease's time left) says more than 300 ms are left, status() and the listing say held; within
+/// 20 s after, it is neither listed nor held.
+inline void expect_listing_drops_a_killed_holder_when_status_does(
+    const std::string& url, detail::Backend& b, long holder_ttl_ms, const std::string& tmp_name,
+    const std::function<bool()>& session_gone, const std::function<long long()>& left_ms_now) {
+  using namespace std::chrono_literals;
+  TempDir tmp(tmp_name);
+  const std::string out = (tmp.path() / "holder.out").string();
+  Process p = spawn_holder(url, "svc/worker", out, holder_ttl_ms);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 60s)) << read_file(out);
+  bool truncated = false;
+  detail::Error ec;
+  auto listed = b.list_held("svc/", 10, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].name, "svc/worker");
+  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), acquired_token(out));
+  p.signal(SIGKILL);
+  ASSERT_NE(p.wait_for(30s), -1);
+  // Its session is gone (the server noticed the closed socket), its lease not yet:
+  // while the server says > 300 ms are left, status() and the listing say held.
+  ASSERT_TRUE(eventually(session_gone, 20s));
+  const long long left_ms = left_ms_now();
+  const auto measured = std::chrono::steady_clock::now();
+  if (left_ms > 300) {
+    const bool held = b.status("svc/worker", ec).held;
+    const auto now_listed = names(b, "svc/", 10, truncated);
+    if (std::chrono::steady_clock::now() - measured < Millis(left_ms - 100)) {
+      EXPECT_TRUE(held);
+      EXPECT_EQ(now_listed, std::vector<std::string>{"svc/worker"});
+    }
+  }
+  EXPECT_TRUE(eventually([&] { return names(b, "svc/", 10, truncated).empty(); }, 20s))
+      << "still listed after its TTL";
+  EXPECT_FALSE(b.status("svc/worker", ec).held);
 }
 
 }  // namespace distlock::testing
