@@ -42,16 +42,8 @@ Process stream_worker(const std::string& url, const std::string& out, long strea
 
 // True once /proc says `pid` is stopped (state T).
 bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return false;
+  return distlock::testing::eventually([&] { return distlock::testing::process_state(pid) == 'T'; }, timeout,
+                                       1ms);
 }
 
 std::int64_t wall_ms() {

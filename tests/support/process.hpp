@@ -52,6 +52,12 @@ class Process {
   int status_ = 0;
 };
 
+/// The scheduler state letter of process `pid` ('R', 'S', 'T', 'Z', … from /proc/<pid>/stat),
+/// or 0 when it is gone.
+char process_state(pid_t pid);
+/// The processes whose parent is `parent` (every /proc/<pid>/stat's ppid field).
+std::vector<pid_t> child_pids(pid_t parent);
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 std::uint16_t free_port();
 /// True once 127.0.0.1:port accepts connections (polls until `timeout`).
