@@ -17,6 +17,7 @@
 #include "fake/memory_backend.hpp"
 #include "manual_wall_clock.hpp"
 #include "support/manual_clock.hpp"
+#include "support/thrown.hpp"
 
 namespace {
 
@@ -25,7 +26,9 @@ using distlock::ids::SnowflakeGenerator;
 using distlock::ids::SnowflakeOptions;
 using distlock::ids::Uuid;
 using distlock::ids::Uuid7Generator;
+using distlock::testing::code_of;
 using distlock::testing::ManualWallClock;
+using distlock::testing::message_of;
 
 constexpr std::int64_t kT = 1'700'000'000'123;  // 2023-11-14T22:13:20.123Z
 
@@ -33,26 +36,6 @@ constexpr std::int64_t kT = 1'700'000'000'123;  // 2023-11-14T22:13:20.123Z
 std::string memory_url() {
   static int n = 0;
   return "memory://ids-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-}
-
-template <class F>
-std::error_code code_of(F&& f) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    return e.code();
-  }
-  return {};
-}
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    return e.what();
-  }
-  return {};
 }
 
 SnowflakeOptions sf_opts(std::shared_ptr<ManualWallClock> clock, std::string prefix = "t") {

@@ -11,6 +11,7 @@
 #include "distlock/ids.hpp"
 #include "manual_wall_clock.hpp"
 #include "support/redis_server.hpp"
+#include "support/thrown.hpp"
 
 namespace {
 
@@ -18,31 +19,13 @@ using distlock::errc;
 using distlock::ids::decode_redis_daily;
 using distlock::ids::RedisDailyGenerator;
 using distlock::ids::RedisDailyOptions;
+using distlock::testing::code_of;
 using distlock::testing::ManualWallClock;
+using distlock::testing::message_of;
 using distlock::testing::RedisServer;
 
 constexpr std::int64_t kT = 1'700'000'000'000;  // 2023-11-14T22:13:20Z
 constexpr const char* kKeyAtT = "icr:order:2023:11:14";
-
-template <class F>
-std::error_code code_of(F&& f) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    return e.code();
-  }
-  return {};
-}
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    return e.what();
-  }
-  return {};
-}
 
 std::int64_t unix_seconds_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -20,9 +20,11 @@
 
 #include "distlock/error.hpp"
 #include "distlock/ids.hpp"
+#include "support/ids_worker_output.hpp"
 #include "support/mariadb_server.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/thrown.hpp"
 #include "support/workload_size.hpp"
 
 namespace {
@@ -30,10 +32,14 @@ namespace {
 using namespace std::chrono_literals;
 using distlock::ids::SegmentGenerator;
 using distlock::ids::SegmentOptions;
+using distlock::testing::code_of;
+using distlock::testing::first_line;
 using distlock::testing::MariadbServer;
 using distlock::testing::PostgresServer;
 using distlock::testing::Process;
+using distlock::testing::read_ids;
 using distlock::testing::TempDir;
+using distlock::testing::wait_for_file;
 using Steady = std::chrono::steady_clock;
 
 // One database server of either kind, started by the test.
@@ -115,30 +121,6 @@ constexpr int kThreads = 4;
 // 100,000 ids a thread; a quarter in a sanitized build (support/workload_size.hpp).
 constexpr int kPerThread = distlock::testing::workload_size(100'000);
 
-std::vector<std::uint64_t> read_ids(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<char> bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  std::vector<std::uint64_t> v(bytes.size() / 8);
-  std::memcpy(v.data(), bytes.data(), v.size() * 8);
-  return v;
-}
-
-std::string first_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
-
-bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
-  const auto end = Steady::now() + timeout;
-  while (!std::filesystem::exists(path)) {
-    if (Steady::now() > end) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
-
 TEST_P(Segment, UniqueAcrossFourProcessesOfFourThreads) {
   TempDir dir("distlock-segment-uniq");
   const std::string go = (dir.path() / "go").string();
@@ -156,7 +138,7 @@ TEST_P(Segment, UniqueAcrossFourProcessesOfFourThreads) {
         out + ".log"));
   }
   for (const auto& out : outs) {
-    ASSERT_TRUE(wait_for_file(out + ".ready", 30s)) << first_line(out + ".log");
+    ASSERT_TRUE(wait_for_file(out + ".ready", 30s, 2ms)) << first_line(out + ".log");
   }
   std::ofstream(go) << "go\n";
   std::vector<std::uint64_t> all;
@@ -192,7 +174,7 @@ TEST_P(Segment, GeneratorKilledMidRangeLosesTheRestNeverReissuesIt) {
       {DISTLOCK_IDS_WORKER_PATH, "--scheme", "segment", "--url", db_.url(), "--prefix", "crash", "--reserve",
        "100000", "--stream-ms", "60000", "--pause-us", "1000", "--out", out},
       out + ".log");
-  ASSERT_TRUE(wait_for_file(out + ".issuing", 30s)) << first_line(out + ".log");
+  ASSERT_TRUE(wait_for_file(out + ".issuing", 30s, 2ms)) << first_line(out + ".log");
   // At least 50 ids on disk (each written as it is issued).
   const auto until = Steady::now() + 20s;
   while (std::filesystem::file_size(out + ".t0.bin") < 50 * 8 && Steady::now() < until) {
@@ -346,17 +328,6 @@ TEST_P(Segment, MaxIdLoweredBelowTheStepIsRefusedAsAProtocolError) {
 }
 
 // ---- errors ---------------------------------------------------------------------------
-
-template <class F>
-std::error_code code_of(F&& f, std::string* what = nullptr) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    if (what) *what = e.what();
-    return e.code();
-  }
-  return {};
-}
 
 TEST_P(Segment, BadInputGetsAClearDistinctError) {
   using distlock::errc;

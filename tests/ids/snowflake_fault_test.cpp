@@ -16,15 +16,19 @@
 
 #include "distlock/distlock.hpp"
 #include "distlock/ids.hpp"
+#include "support/ids_worker_output.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
 using distlock::ids::decode_snowflake;
+using distlock::testing::first_line;
 using distlock::testing::Process;
+using distlock::testing::read_ids;
 using distlock::testing::RedisServer;
 using distlock::testing::TempDir;
+using distlock::testing::wait_for_file;
 using namespace std::chrono_literals;
 
 constexpr long kTtlMs = 1000;
@@ -36,42 +40,10 @@ Process stream_worker(const std::string& url, const std::string& out, long strea
       out + ".log");
 }
 
-std::vector<std::uint64_t> read_ids(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<char> bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  std::vector<std::uint64_t> ids(bytes.size() / 8);
-  std::memcpy(ids.data(), bytes.data(), ids.size() * 8);
-  return ids;
-}
-
-std::string first_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
-
-bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!std::filesystem::exists(path)) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 // True once /proc says `pid` is stopped (state T).
 bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return false;
+  return distlock::testing::eventually([&] { return distlock::testing::process_state(pid) == 'T'; }, timeout,
+                                       1ms);
 }
 
 std::int64_t wall_ms() {

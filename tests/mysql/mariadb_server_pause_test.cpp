@@ -15,6 +15,7 @@
 #include <string>
 
 #include "support/mariadb_server.hpp"
+#include "support/process.hpp"
 
 namespace {
 
@@ -32,26 +33,6 @@ bool readable_within(MYSQL* c, std::chrono::milliseconds timeout) {
   return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
 }
 
-// The number of processes whose parent is `parent` (/proc/<pid>/stat's ppid field).
-int children_of(pid_t parent) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string line;
-    std::getline(in, line);
-    const auto paren = line.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream rest(line.substr(paren + 1));
-    char state = 0;
-    pid_t ppid = 0;
-    if (rest >> state >> ppid && ppid == parent) ++n;
-  }
-  return n;
-}
-
 TEST(MariadbServerPause, FreezesAnExistingSession) {
   MariadbServer server;
   Conn conn(mysql_init(nullptr));
@@ -61,7 +42,7 @@ TEST(MariadbServerPause, FreezesAnExistingSession) {
             nullptr)
       << mysql_error(conn.get());
   // Sessions are threads of the one server process: no child process to stop besides it.
-  EXPECT_EQ(children_of(server.pid()), 0);
+  EXPECT_EQ(distlock::testing::child_pids(server.pid()).size(), 0u);
 
   server.pause();
   // Bound: 1 s on poll's clock, against an answer that takes milliseconds.

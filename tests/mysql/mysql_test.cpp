@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <mysql.h>
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
@@ -23,6 +22,7 @@
 #include "support/lock_tool.hpp"
 #include "support/mariadb_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_lock_cases.hpp"
 
 namespace {
 
@@ -39,28 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 using distlock::testing::ttl_of;
 
+using distlock::testing::connect_error;
 using distlock::testing::quiet;
-
-Millis since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t);
-}
-
-int exit_code(Process& p, Millis limit) {
-  const int status = p.wait_for(limit);
-  if (status == -1) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// The error a connect() to `url` throws (success is a failure of the test).
-std::system_error connect_error(const std::string& url) {
-  try {
-    auto c = distlock::connect(url, quiet());
-    ADD_FAILURE() << "connect succeeded";
-  } catch (const std::system_error& e) {
-    return e;
-  }
-  return std::system_error(make_error_code(errc::protocol_error));
-}
+using distlock::testing::since;
 
 std::string via(std::uint16_t port) {
   return std::string("mysql://") + MariadbServer::kUser + ":" + MariadbServer::kPassword +
@@ -335,7 +316,7 @@ TEST(Mysql, KilledHolderProcessFreesTheLockWithinItsTtl) {
   const long long old_token = distlock::testing::acquired_token(out);
   holder.signal(SIGKILL);
   const auto killed = Clock::now();
-  EXPECT_EQ(exit_code(holder, 10s), 128 + SIGKILL);
+  EXPECT_EQ(holder.exit_code(10s), 128 + SIGKILL);
   auto c = distlock::connect(server.url(), quiet());
   auto l = c.acquire("killed", ttl_of(5000ms, 20000ms));
   const Millis took = since(killed);
@@ -353,35 +334,9 @@ TEST(Mysql, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) {
       "CREATE TABLE distlock_test.jobs (id BIGINT PRIMARY KEY, value TEXT, fence BIGINT UNSIGNED NOT NULL "
       "DEFAULT 0) "
       "ENGINE=InnoDB; INSERT INTO distlock_test.jobs VALUES (1, 'initial', 0)");
-  TempDir dir;
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(server.url(), "fenced", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long old_token = distlock::testing::acquired_token(out);
-  ASSERT_GT(old_token, 0);
-  My my(server);
-  EXPECT_EQ(my.fenced_update(1, "old holder", static_cast<std::uint64_t>(old_token)), 1);
-  holder.signal(SIGSTOP);
-  const auto stopped = Clock::now();
-  auto c = distlock::connect(server.url(), quiet());
-  auto lease = c.acquire("fenced", ttl_of(10000ms, 30000ms));
-  const Millis took = since(stopped);
-  RecordProperty("freed_after_stop_ms", static_cast<int>(took.count()));
   // Never later than one TTL after the last renewal (which came before the stop) + slack.
-  EXPECT_LT(took, 2000ms + 1000ms);
-  EXPECT_GT(lease.token(), static_cast<std::uint64_t>(old_token));
-  EXPECT_EQ(my.fenced_update(1, "new holder", lease.token()), 1);
-  EXPECT_EQ(my.fenced_update(1, "stale", static_cast<std::uint64_t>(old_token)), 0)
-      << "a stale write went through";
-  EXPECT_EQ(server.query("SELECT value FROM distlock_test.jobs WHERE id = 1")[0][0], "new holder");
-  holder.signal(SIGCONT);
-  holder.signal(SIGUSR1);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
-  EXPECT_EQ(distlock::testing::read_file(out).find("owns 1"), std::string::npos);
-  holder.signal(SIGTERM);
-  EXPECT_EQ(exit_code(holder, 10s), 76);
-  EXPECT_TRUE(lease.owns());
-  EXPECT_TRUE(c.status("fenced").held);
+  distlock::testing::expect_stopped_holder_is_fenced_out<My>(
+      server, 2000, "SELECT value FROM distlock_test.jobs WHERE id = 1", 2000ms + 1000ms);
 }
 
 // The holder's connection frozen (a partition the server does not see as a close):
@@ -414,26 +369,7 @@ TEST(Mysql, FrozenHolderConnectionStopsTheHolderBeforeTheServerFreesTheLock) {
 // (the InnoDB row is durable).
 TEST(Mysql, ServerRestartSignalsTheLossAndTokensStillIncrease) {
   MariadbServer server;
-  auto a = distlock::connect(server.url(), quiet());
-  auto one = a.acquire("crash1", ttl_of(2000ms));
-  auto two = a.acquire("crash2", ttl_of(2000ms));
-  const std::uint64_t t1 = one.token(), t2 = two.token();
-  server.kill();
-  const auto killed = Clock::now();
-  ASSERT_TRUE(eventually(
-      [&] { return one.stop_token().stop_requested() && two.stop_token().stop_requested(); }, 10000ms));
-  RecordProperty("loss_signalled_after_ms", static_cast<int>(since(killed).count()));
-  EXPECT_LT(since(killed), 2000ms + 500ms);
-  EXPECT_FALSE(one.owns());
-  server.restart();
-  auto again1 = a.acquire("crash1", ttl_of(2000ms, 10000ms));
-  auto again2 = a.acquire("crash2", ttl_of(2000ms, 10000ms));
-  EXPECT_GT(again1.token(), t1);
-  EXPECT_GT(again2.token(), t2);
-  std::error_code ec;
-  one.release(ec);
-  EXPECT_EQ(ec, errc::lost);
-  EXPECT_TRUE(again1.owns()) << "the old lease's release touched the new one";
+  distlock::testing::expect_server_kill_signals_loss_and_tokens_increase(server, 2000ms, 2000ms + 500ms);
 }
 
 // A lease the engine declares lost on its own (renewals failing with an SQL error
@@ -547,7 +483,7 @@ TEST(Mysql, AWaiterForADeadHoldersLeaseDoesNotSpinUntilItsTimeHasPassed) {
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
   holder.signal(SIGKILL);
   const auto killed = Clock::now();
-  EXPECT_EQ(exit_code(holder, 10s), 128 + SIGKILL);
+  EXPECT_EQ(holder.exit_code(10s), 128 + SIGKILL);
   auto c = distlock::connect(server.url(), quiet());
   const long long before = questions(server);
   auto l = c.acquire("dead", ttl_of(5000ms, 20000ms));

@@ -7,14 +7,11 @@
 // down.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -23,14 +20,13 @@
 
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
-#include "engine/url.hpp"
 #include "postgres/postgres_backend.hpp"
 #include "support/backend_records.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
-#include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_records_cases.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -41,15 +37,9 @@ using distlock::detail::Backend;
 using distlock::detail::kMaxRecordValue;
 using distlock::detail::PutMode;
 using distlock::detail::ReleaseStatus;
-using Clock = std::chrono::steady_clock;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
-  distlock::detail::Url u;
-  distlock::detail::Error ec;
-  EXPECT_FALSE(ec = distlock::detail::parse_url(url, u)) << ec.detail();
-  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
-  EXPECT_TRUE(b) << ec.message() << ": " << ec.detail();
-  return b;
+  return backend_of(url, &distlock::detail::make_postgres_backend);
 }
 
 TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
@@ -75,40 +65,8 @@ TEST(PostgresRecords, RecordAndLockOfOneNameCoexist) {
 // whole value (one statement, committed or not).
 TEST(PostgresRecords, RecordSurvivesItsWriterKilled) {
   PostgresServer server;
-  const std::string va(kMaxRecordValue, 'a');
-  const std::string vb(40000, 'b');
-  TempDir tmp("distlock-pgrec");
-  const std::string marker = (tmp.path() / "started").string();
-  const std::string url = server.url();
-  for (int round = 0; round < 4; ++round) {
-    std::filesystem::remove(marker);
-    const pid_t pid = ::fork();  // no thread of ours runs yet: backends are made after
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      distlock::detail::Url u;
-      distlock::detail::Error ec;
-      if (distlock::detail::parse_url(url, u)) ::_exit(2);
-      auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
-      if (!b) ::_exit(3);
-      for (long n = 0; n < 1'000'000; ++n) {
-        b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);
-        if (ec) ::_exit(4);
-        if (n == 3) std::ofstream(marker) << "x";
-      }
-      ::_exit(0);
-    }
-    ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); }, 60s)) << "the writer never wrote";
-    std::this_thread::sleep_for(std::chrono::milliseconds(round * 7));  // a different moment each round
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended by itself: " << status;
-    auto b = backend(url);
-    auto v = get(*b, "survivor");
-    ASSERT_TRUE(v.has_value());
-    EXPECT_TRUE(*v == va || *v == vb) << "a value of " << v->size() << " bytes";
-    EXPECT_EQ(put(*b, "survivor", "next", PutMode::if_absent), *v);
-  }
+  expect_record_survives_its_writer_killed(server.url(), &distlock::detail::make_postgres_backend,
+                                           "distlock-pgrec", [] {});
 }
 
 // A holder whose session still holds the key but has sent nothing since its last renewal
@@ -151,78 +109,23 @@ TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
   PostgresServer server;
   auto a = backend(server.url());
   auto b = backend(server.url());
-  distlock::detail::Error ec;
-  struct H {
-    Backend* b;
-    std::string name, owner;
-    Millis ttl;
-    std::uint64_t token = 0;
-  };
-  std::vector<H> held = {
-      {a.get(), "job/c", "oa", Millis(5000)}, {b.get(), "job/a", "ob", Millis(7000)},
-      {a.get(), "other", "oa", Millis(5000)}, {a.get(), "job/b", "oa2", Millis(9000)},
-      {b.get(), "jobs", "ob", Millis(5000)},  {a.get(), std::string("job/\x01"), "oa", Millis(5000)}};
-  for (auto& h : held) {
-    auto r = h.b->try_acquire(AcquireRequest{h.name, h.owner, h.ttl}, ec);
-    ASSERT_TRUE(r.acquired) << h.name << " " << ec.message();
-    h.token = r.token;
-  }
-  // Released locks and records are never listed.
-  auto gone = a->try_acquire(AcquireRequest{"job/released", "o", Millis(5000)}, ec);
-  ASSERT_TRUE(gone.acquired);
-  ASSERT_EQ(a->release("job/released", "o", gone.token, ec), ReleaseStatus::released);
-  put(*a, "job/record-only", "v", PutMode::always);
-
-  bool truncated = true;
-  EXPECT_EQ(names(*a, "job/", 100, truncated),
-            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c"}));
-  EXPECT_FALSE(truncated);
-  EXPECT_EQ(names(*a, "job/", 2, truncated), (std::vector<std::string>{std::string("job/\x01"), "job/a"}));
-  EXPECT_TRUE(truncated);
-  EXPECT_EQ(names(*a, "job/", 4, truncated).size(), 4u);
-  EXPECT_FALSE(truncated);
-  EXPECT_EQ(names(*b, "", 100, truncated),
-            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c", "jobs", "other"}));
-  EXPECT_EQ(names(*a, "zzz", 100, truncated), std::vector<std::string>{});
-  EXPECT_EQ(names(*a, "", 0, truncated), std::vector<std::string>{});
-  EXPECT_TRUE(truncated);
-
-  const auto listed_at = Clock::now();
-  auto listed = b->list_held("", 100, truncated, ec);
-  ASSERT_FALSE(ec);
-  ASSERT_EQ(listed.size(), held.size());
-  for (const auto& l : listed) {
-    const auto st = a->status(l.name, ec);
-    EXPECT_TRUE(l.info.held) << l.name;
-    EXPECT_EQ(st.held, l.info.held) << l.name;
-    EXPECT_EQ(st.token, l.info.token) << l.name;
-    EXPECT_EQ(st.holder, l.info.holder) << l.name;
-    // Both count the lease down from its last renewal: status, read later, shows no more
-    // than the listing, and less by at most the time since the listing (+1 ms rounding).
-    const auto since_listed = std::chrono::ceil<Millis>(Clock::now() - listed_at);
-    ASSERT_TRUE(st.ttl_remaining && l.info.ttl_remaining) << l.name;
-    EXPECT_LE(*st.ttl_remaining, *l.info.ttl_remaining + Millis(1)) << l.name;
-    EXPECT_GE(*st.ttl_remaining + since_listed + Millis(1), *l.info.ttl_remaining) << l.name;
-  }
-
-  // A row naming an owner whose session is alive but does not hold that name's key
-  // (its pid reused, say) and whose lease is over: status() says free, so is it listed.
-  const std::string lease_pid =
-      server.query("SELECT pid FROM distlock_locks WHERE name = 'job/c'::bytea")[0][0];
-  server.query("UPDATE distlock_locks SET owner = 'ghost', pid = " + lease_pid +
-               ", seen_at = now() - interval '1 hour' WHERE name = 'job/released'::bytea");
-  EXPECT_FALSE(a->status("job/released", ec).held);
-  EXPECT_EQ(names(*a, "job/r", 100, truncated), std::vector<std::string>{});
-  // The same row with time left on its lease is held for status(), and listed.
-  server.query("UPDATE distlock_locks SET seen_at = now() WHERE name = 'job/released'::bytea");
-  EXPECT_TRUE(a->status("job/released", ec).held);
-  EXPECT_EQ(names(*a, "job/r", 100, truncated), std::vector<std::string>{"job/released"});
-  server.query("UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE name = 'job/released'::bytea");
-
-  for (auto& h : held)
-    EXPECT_EQ(h.b->release(h.name, h.owner, h.token, ec), ReleaseStatus::released) << h.name;
-  EXPECT_EQ(names(*a, "", 100, truncated), std::vector<std::string>{});
-  EXPECT_FALSE(truncated);
+  expect_list_held_prefix_limit_truncated_and_status(
+      *a, *b, /*ttl_read_apart=*/true,
+      [&] {
+        // A row naming an owner whose session is alive but does not hold that name's key
+        // (its pid reused, say) and whose lease is over: status() says free, so is it listed.
+        const std::string lease_pid =
+            server.query("SELECT pid FROM distlock_locks WHERE name = 'job/c'::bytea")[0][0];
+        server.query("UPDATE distlock_locks SET owner = 'ghost', pid = " + lease_pid +
+                     ", seen_at = now() - interval '1 hour' WHERE name = 'job/released'::bytea");
+      },
+      [&] {
+        // The same row with time left on its lease is held for status(), and listed.
+        server.query("UPDATE distlock_locks SET seen_at = now() WHERE name = 'job/released'::bytea");
+      },
+      [&] {
+        server.query("UPDATE distlock_locks SET owner = NULL, pid = NULL WHERE name = 'job/released'::bytea");
+      });
 }
 
 // A holder process SIGKILLed: its session ends at once, and its lease is listed exactly
@@ -231,40 +134,15 @@ TEST(PostgresRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
 TEST(PostgresRecords, ListHeldDropsAKilledHolderWhenStatusDoes) {
   PostgresServer server;
   auto b = backend(server.url());
-  TempDir tmp("distlock-pgrec");
-  const std::string out = (tmp.path() / "holder.out").string();
-  Process p = distlock::testing::spawn_holder(server.url(), "svc/worker", out, 1500);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 60s)) << distlock::testing::read_file(out);
-  bool truncated = false;
-  distlock::detail::Error ec;
-  auto listed = b->list_held("svc/", 10, truncated, ec);
-  ASSERT_FALSE(ec);
-  ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].name, "svc/worker");
-  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), distlock::testing::acquired_token(out));
-  p.signal(SIGKILL);
-  ASSERT_NE(p.wait_for(30s), -1);
-  // Its session is gone (the server noticed the closed socket), its lease not yet:
-  // while the server says > 300 ms are left, status() and the listing say held.
-  ASSERT_TRUE(eventually(
+  expect_listing_drops_a_killed_holder_when_status_does(
+      server.url(), *b, 1500, "distlock-pgrec",
       [&] { return server.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0] == "0"; },
-      20s));
-  const long long left_ms =
-      std::stoll(server.query("SELECT ceil(1000 * extract(epoch FROM seen_at + ttl_ms * interval '1 "
-                              "millisecond' - clock_timestamp()))"
-                              " FROM distlock_locks WHERE name = 'svc/worker'::bytea")[0][0]);
-  const auto measured = Clock::now();
-  if (left_ms > 300) {
-    const bool held = b->status("svc/worker", ec).held;
-    const auto now_listed = names(*b, "svc/", 10, truncated);
-    if (Clock::now() - measured < Millis(left_ms - 100)) {
-      EXPECT_TRUE(held);
-      EXPECT_EQ(now_listed, std::vector<std::string>{"svc/worker"});
-    }
-  }
-  EXPECT_TRUE(eventually([&] { return names(*b, "svc/", 10, truncated).empty(); }, 20s))
-      << "still listed after its TTL";
-  EXPECT_FALSE(b->status("svc/worker", ec).held);
+      [&] {
+        return std::stoll(
+            server.query("SELECT ceil(1000 * extract(epoch FROM seen_at + ttl_ms * interval '1 "
+                         "millisecond' - clock_timestamp()))"
+                         " FROM distlock_locks WHERE name = 'svc/worker'::bytea")[0][0]);
+      });
 }
 
 TEST(PostgresRecords, ServerDownIsBackendUnavailableNamingTheServer) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "support/postgres_server.hpp"
+#include "support/process.hpp"
 
 namespace {
 
@@ -32,15 +33,6 @@ Conn connect(const PostgresServer& server) {
   const char* vals[] = {
       "127.0.0.1", port.c_str(), PostgresServer::kUser, PostgresServer::kPassword, "postgres", "5", nullptr};
   return Conn(PQconnectdbParams(keys, vals, 0));
-}
-
-// The scheduler state letter of a process (/proc/<pid>/stat), or '?' when it is gone.
-char state_of(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return '?';
-  return stat[paren + 2];
 }
 
 // Waits (poll on the session's socket, bounded by `timeout`) for the answer to the query
@@ -67,8 +59,9 @@ TEST(PostgresServerPause, FreezesTheBackendOfAnExistingSession) {
 
   server.pause();
   // pause() returns once the server is stopped: the session's backend process included.
-  EXPECT_EQ(state_of(backend), 'T') << "the backend of an existing session was left running";
-  EXPECT_EQ(state_of(server.pid()), 'T') << "the postmaster was left running";
+  EXPECT_EQ(distlock::testing::process_state(backend), 'T')
+      << "the backend of an existing session was left running";
+  EXPECT_EQ(distlock::testing::process_state(server.pid()), 'T') << "the postmaster was left running";
 
   // A query on the existing session gets no answer while the server is paused. Bound:
   // 1 s on this process's steady clock, against an answer that takes milliseconds.
@@ -85,7 +78,7 @@ TEST(PostgresServerPause, FreezesTheBackendOfAnExistingSession) {
   EXPECT_STREQ(PQgetvalue(r, 0, 0), "1");
   PQclear(r);
   while ((r = PQgetResult(conn.get())) != nullptr) PQclear(r);
-  EXPECT_NE(state_of(backend), 'T');
+  EXPECT_NE(distlock::testing::process_state(backend), 'T');
   EXPECT_EQ(server.query("SELECT 2"), (std::vector<std::vector<std::string>>{{"2"}}));
 }
 
@@ -99,7 +92,8 @@ TEST(PostgresServerPause, SessionsOpenedAfterResumeArePausedToo) {
   ASSERT_EQ(PQstatus(conn.get()), CONNECTION_OK) << PQerrorMessage(conn.get());
   const int backend = PQbackendPID(conn.get());
   server.pause();
-  EXPECT_EQ(state_of(backend), 'T') << "the backend of a session opened after a resume was left running";
+  EXPECT_EQ(distlock::testing::process_state(backend), 'T')
+      << "the backend of a session opened after a resume was left running";
   server.resume();
   EXPECT_EQ(server.query("SELECT 3"), (std::vector<std::vector<std::string>>{{"3"}}));
 }

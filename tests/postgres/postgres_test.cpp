@@ -4,21 +4,19 @@
 // is in tests/conformance.
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
-#include <signal.h>
-#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <string>
 #include <thread>
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
-#include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_lock_cases.hpp"
 
 namespace {
 
@@ -28,43 +26,14 @@ using distlock::LockOptions;
 using distlock::Millis;
 using distlock::testing::FaultProxy;
 using distlock::testing::PostgresServer;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
 using distlock::testing::ttl_of;
 
+using distlock::testing::connect_error;
+using distlock::testing::eventually;
 using distlock::testing::quiet;
-
-Millis since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t);
-}
-
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
-
-int exit_code(Process& p, Millis limit) {
-  const int status = p.wait_for(limit);
-  if (status == -1) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// The error a connect() to `url` throws (success is a failure of the test).
-std::system_error connect_error(const std::string& url) {
-  try {
-    auto c = distlock::connect(url, quiet());
-    ADD_FAILURE() << "connect succeeded";
-  } catch (const std::system_error& e) {
-    return e;
-  }
-  return std::system_error(make_error_code(errc::protocol_error));
-}
+using distlock::testing::since;
 
 // ---- the SQL fenced write (docs/postgres.md, "Fenced writes") --------------------
 // UPDATE … SET …, fence = $token WHERE id = … AND fence < $token, in the caller's own
@@ -223,35 +192,8 @@ TEST(Postgres, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) 
   PostgresServer server;
   server.query("CREATE TABLE jobs (id bigint PRIMARY KEY, value text, fence bigint NOT NULL DEFAULT 0)");
   server.query("INSERT INTO jobs VALUES (1, 'initial', 0)");
-  TempDir dir;
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(server.url(), "fenced", out, 1000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long old_token = distlock::testing::acquired_token(out);
-  ASSERT_GT(old_token, 0);
-  Pg pg(server);
-  EXPECT_EQ(pg.fenced_update(1, "old holder", static_cast<std::uint64_t>(old_token)), 1);
-  holder.signal(SIGSTOP);
-  const auto stopped = Clock::now();
-  auto c = distlock::connect(server.url(), quiet());
-  // The new holder's own TTL is long: it must still hold after the checks below, up
-  // to 20 s on a busy machine, and the test is about the stopped holder's TTL.
-  auto lease = c.acquire("fenced", ttl_of(10000ms, 30000ms));
-  // The server frees it no earlier than the TTL after the holder's last statement.
-  RecordProperty("freed_after_stop_ms", static_cast<int>(since(stopped).count()));
-  EXPECT_GT(lease.token(), static_cast<std::uint64_t>(old_token));
-  EXPECT_EQ(pg.fenced_update(1, "new holder", lease.token()), 1);
-  EXPECT_EQ(pg.fenced_update(1, "stale", static_cast<std::uint64_t>(old_token)), 0)
-      << "a stale write went through";
-  EXPECT_EQ(server.query("SELECT value FROM jobs WHERE id = 1")[0][0], "new holder");
-  holder.signal(SIGCONT);
-  holder.signal(SIGUSR1);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
-  EXPECT_EQ(distlock::testing::read_file(out).find("owns 1"), std::string::npos);
-  holder.signal(SIGTERM);
-  EXPECT_EQ(exit_code(holder, 10s), 76);
-  EXPECT_TRUE(lease.owns());
-  EXPECT_TRUE(c.status("fenced").held);
+  distlock::testing::expect_stopped_holder_is_fenced_out<Pg>(
+      server, 1000, "SELECT value FROM jobs WHERE id = 1", std::nullopt);
 }
 
 // The server killed while locks are held: every lease on the dead session is
@@ -259,26 +201,7 @@ TEST(Postgres, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) 
 // above every token issued before (the row is durable).
 TEST(Postgres, ServerKilledWhileHeldSignalsTheLossAndTokensStillIncreaseAfterRestart) {
   PostgresServer server;
-  auto a = distlock::connect(server.url(), quiet());
-  auto one = a.acquire("crash1", ttl_of(1500ms));
-  auto two = a.acquire("crash2", ttl_of(1500ms));
-  const std::uint64_t t1 = one.token(), t2 = two.token();
-  server.kill();
-  const auto killed = Clock::now();
-  ASSERT_TRUE(eventually(
-      [&] { return one.stop_token().stop_requested() && two.stop_token().stop_requested(); }, 10000ms));
-  RecordProperty("loss_signalled_after_ms", static_cast<int>(since(killed).count()));
-  EXPECT_FALSE(one.owns());
-  EXPECT_FALSE(two.owns());
-  server.restart();
-  auto again1 = a.acquire("crash1", ttl_of(1500ms, 10000ms));
-  auto again2 = a.acquire("crash2", ttl_of(1500ms, 10000ms));
-  EXPECT_GT(again1.token(), t1);
-  EXPECT_GT(again2.token(), t2);
-  std::error_code ec;
-  one.release(ec);
-  EXPECT_EQ(ec, errc::lost);
-  EXPECT_TRUE(again1.owns()) << "the old lease's release touched the new one";
+  distlock::testing::expect_server_kill_signals_loss_and_tokens_increase(server, 1500ms, std::nullopt);
 }
 
 // A lease the engine declared lost on its own (renewals failing with an SQL error

@@ -20,7 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string read_file(const std::filesystem::path& p) {
+std::string file_text(const std::filesystem::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -115,7 +115,7 @@ std::string mariadbd_path() {
   return {};
 }
 
-MariadbServer::MariadbServer() {
+MariadbServer::MariadbServer() : DatabaseServer("mariadbd", "MariaDB", "distlock-my", SIGTERM, 60s) {
   if (mariadbd_path().empty() || !have_program("mariadb-install-db")) {
     fail(
         "MariaDB (mariadbd, mariadb-install-db) is not installed; it is required for the mysql:// tests: run "
@@ -160,7 +160,7 @@ MariadbServer::MariadbServer() {
         }
         if (!m) {
           error = "mariadbd did not start from the fresh template (" + why + "):\n" +
-                  read_file(td + "/first.log");
+                  file_text(td + "/first.log");
         } else {
           try {
             run_sql(m, std::string("CREATE USER '") + kUser + "'@'127.0.0.1' IDENTIFIED BY '" + kPassword +
@@ -175,7 +175,7 @@ MariadbServer::MariadbServer() {
         if (p.wait_for(60s) == -1) {
           p.stop();
           if (error.empty())
-            error = "mariadbd did not shut down within 60 s:\n" + read_file(td + "/first.log");
+            error = "mariadbd did not shut down within 60 s:\n" + file_text(td + "/first.log");
         }
       }
       if (error.empty()) {
@@ -243,56 +243,6 @@ std::string MariadbServer::url_with_password(const std::string& password) const 
          kDatabase;
 }
 
-void MariadbServer::kill() {
-  if (pid_ <= 0) return;
-  process_.signal(SIGKILL);
-  process_.signal(SIGCONT);
-  process_.wait_for(std::chrono::seconds(10));
-  pid_ = -1;
-}
-
-void MariadbServer::pause() {
-  if (pid_ > 0) process_.signal(SIGSTOP);
-}
-
-void MariadbServer::resume() {
-  if (pid_ > 0) process_.signal(SIGCONT);
-}
-
-void MariadbServer::stop() {
-  resume();
-  if (pid_ <= 0) return;
-  process_.signal(SIGTERM);  // normal shutdown: ends every session
-  if (process_.wait_for(std::chrono::seconds(10)) != -1) {
-    pid_ = -1;
-    return;
-  }
-  kill();
-}
-
-void MariadbServer::wipe_and_restart() {
-  kill();
-  const std::string d = dir_.path().string();
-  std::filesystem::remove_all(d + "/data");
-  if (const std::string error = run_to_end({"cp", "-a", template_, d + "/data"}, d + "/cp.log");
-      !error.empty()) {
-    throw std::runtime_error("cannot give MariaDB an empty data directory: " + error);
-  }
-  restart();
-}
-
-void MariadbServer::restart() {
-  stop();
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    start();
-    if (wait_ready(60s)) return;
-    failures += log() + "\n";
-    kill();
-  }
-  throw std::runtime_error("mariadbd did not restart on port " + std::to_string(port_) + ":\n" + failures);
-}
-
 std::vector<std::vector<std::string>> MariadbServer::query(const std::string& sql) const {
   std::string why;
   MYSQL* m = connect_root(socket(), why);
@@ -305,10 +255,6 @@ std::vector<std::vector<std::string>> MariadbServer::query(const std::string& sq
     mysql_close(m);
     throw;
   }
-}
-
-std::string MariadbServer::log() const {
-  return read_file(dir_.path() / "server.log");
 }
 
 }  // namespace distlock::testing

@@ -25,18 +25,19 @@
 #include <string>
 #include <vector>
 
+#include "support/database_server.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
 
-class MariadbServer {
+class MariadbServer : public DatabaseServer {
  public:
   static constexpr const char* kUser = "distlock";
   static constexpr const char* kPassword = "s3cret-my";
   static constexpr const char* kDatabase = "distlock_test";
 
   MariadbServer();
-  ~MariadbServer();
+  ~MariadbServer() override;
   MariadbServer(const MariadbServer&) = delete;
   MariadbServer& operator=(const MariadbServer&) = delete;
 
@@ -44,35 +45,17 @@ class MariadbServer {
   std::string url(const std::string& suffix = {}) const;
   /// The same with another password.
   std::string url_with_password(const std::string& password) const;
-  std::uint16_t port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  /// SIGKILL (a crash), reaped.
-  void kill();
-  /// SIGSTOP / SIGCONT: the server hangs with its sockets open.
-  void pause();
-  void resume();
-  /// Normal shutdown (SIGTERM), SIGKILL after 10 s.
-  void stop();
-  /// Starts again on the same port and data directory; waits until it accepts.
-  void restart();
-  /// Kills it, replaces its data directory with a fresh copy of the template (every
-  /// table, lock and counter gone) and starts it again on the same port; waits until it
-  /// accepts.
-  void wipe_and_restart();
+  // port(), pid(), kill() (SIGKILL), pause(), resume(), stop() (SIGTERM, SIGKILL after 10 s),
+  // restart(), wipe_and_restart() (a fresh copy of the template) and log(): DatabaseServer.
+
   /// Statements (';'-separated allowed) as root over the Unix socket; the rows of the
   /// last result as text (NULL as "<null>"). Throws std::runtime_error on any failure.
   std::vector<std::vector<std::string>> query(const std::string& sql) const;
-  std::string log() const;
 
  private:
-  void start();
-  bool wait_ready(std::chrono::milliseconds timeout);
+  void start() override;
+  bool wait_ready(std::chrono::milliseconds timeout) override;
   std::string socket() const;
-  std::string template_;  // the installed data directory every server copies
-  TempDir dir_{"distlock-my"};
-  std::uint16_t port_ = 0;
-  Process process_;
-  pid_t pid_ = -1;
 };
 
 /// The path of mariadbd, or empty.

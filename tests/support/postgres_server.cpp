@@ -22,43 +22,13 @@ namespace distlock::testing {
 
 namespace {
 
-// The scheduler state letter of a process (/proc/<pid>/stat), or 0 when it is gone.
-char state_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // pid (comm) state ppid ...: comm may hold spaces and parentheses, so parse after the last ')'.
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return 0;
-  return stat[paren + 2];
-}
-
-// The processes whose parent is `parent` (every /proc/<pid>/stat's ppid field).
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string line;
-    std::getline(in, line);
-    const auto paren = line.rfind(')');
-    if (paren == std::string::npos) continue;  // gone meanwhile
-    std::istringstream rest(line.substr(paren + 1));
-    char state = 0;
-    pid_t ppid = 0;
-    if (rest >> state >> ppid && ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
-  }
-  return out;
-}
-
 // Waits (bounded, 5 s on the steady clock) until every process of `pids` is stopped,
 // dead or gone: a SIGSTOP is only queued when kill() returns.
 void wait_stopped(const std::vector<pid_t>& pids) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (const pid_t p : pids) {
     for (;;) {
-      const char st = state_of(p);
+      const char st = process_state(p);
       if (st == 0 || st == 'T' || st == 't' || st == 'Z' || st == 'X') break;
       if (std::chrono::steady_clock::now() >= end) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -77,7 +47,8 @@ std::string postgres_bin_dir() {
   return {};
 }
 
-PostgresServer::PostgresServer() {
+PostgresServer::PostgresServer()
+    : DatabaseServer("postgres", "postgres", "distlock-pg", SIGINT, std::chrono::seconds(30)) {
   bin_ = postgres_bin_dir();
   if (bin_.empty()) {
     const std::string msg =
@@ -225,7 +196,7 @@ void PostgresServer::kill() {
   // whole server, with no backend left attached to the shared memory a restart needs.
   process_.signal(SIGSTOP);
   // Only while the postmaster is ours and unreaped: a reaped pid may name another process.
-  const std::vector<pid_t> children = process_.running() ? children_of(pid_) : std::vector<pid_t>{};
+  const std::vector<pid_t> children = process_.running() ? child_pids(pid_) : std::vector<pid_t>{};
   for (const pid_t c : children) ::kill(c, SIGKILL);
   process_.signal(SIGKILL);
   ::kill(pid_, SIGCONT);
@@ -234,7 +205,7 @@ void PostgresServer::kill() {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (const pid_t c : children) {
     for (;;) {
-      const char st = state_of(c);
+      const char st = process_state(c);
       if (st == 0 || st == 'Z' || st == 'X' || std::chrono::steady_clock::now() >= end) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -249,7 +220,7 @@ void PostgresServer::pause() {
   // Returns once all of them are stopped (bounded, 5 s in all on the steady clock).
   process_.signal(SIGSTOP);
   // Only while the postmaster is ours and unreaped: a reaped pid may name another process.
-  const std::vector<pid_t> children = process_.running() ? children_of(pid_) : std::vector<pid_t>{};
+  const std::vector<pid_t> children = process_.running() ? child_pids(pid_) : std::vector<pid_t>{};
   for (const pid_t c : children) ::kill(c, SIGSTOP);
   wait_stopped(children);
 }
@@ -259,43 +230,9 @@ void PostgresServer::resume() {
   // In the reverse order: the children (still the postmaster's, which is stopped and
   // reaps none), then the postmaster.
   if (process_.running()) {
-    for (const pid_t c : children_of(pid_)) ::kill(c, SIGCONT);
+    for (const pid_t c : child_pids(pid_)) ::kill(c, SIGCONT);
   }
   ::kill(pid_, SIGCONT);
-}
-
-void PostgresServer::stop() {
-  resume();
-  if (pid_ <= 0) return;
-  process_.signal(SIGINT);  // fast shutdown: disconnects clients, checkpoints
-  if (process_.wait_for(std::chrono::seconds(10)) != -1) {
-    pid_ = -1;
-    return;
-  }
-  kill();
-}
-
-void PostgresServer::wipe_and_restart() {
-  kill();
-  const std::string d = dir_.path().string();
-  std::filesystem::remove_all(d + "/data");
-  if (const std::string error = run_to_end({"cp", "-a", template_, d + "/data"}, d + "/cp.log");
-      !error.empty()) {
-    throw std::runtime_error("cannot give postgres an empty data directory: " + error);
-  }
-  restart();
-}
-
-void PostgresServer::restart() {
-  stop();
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    start();
-    if (wait_ready(std::chrono::seconds(30))) return;
-    failures += log() + "\n";
-    kill();
-  }
-  throw std::runtime_error("postgres did not restart on port " + std::to_string(port_) + ":\n" + failures);
 }
 
 std::vector<std::vector<std::string>> PostgresServer::query(const std::string& sql) const {
@@ -326,13 +263,6 @@ std::vector<std::vector<std::string>> PostgresServer::query(const std::string& s
   PQclear(r);
   PQfinish(c);
   return rows;
-}
-
-std::string PostgresServer::log() const {
-  std::ifstream in(dir_.path() / "server.log");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace distlock::testing

@@ -24,17 +24,18 @@
 #include <string>
 #include <vector>
 
+#include "support/database_server.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
 
-class PostgresServer {
+class PostgresServer : public DatabaseServer {
  public:
   static constexpr const char* kUser = "distlock";
   static constexpr const char* kPassword = "s3cret-pg";
 
   PostgresServer();
-  ~PostgresServer();
+  ~PostgresServer() override;
   PostgresServer(const PostgresServer&) = delete;
   PostgresServer& operator=(const PostgresServer&) = delete;
 
@@ -42,37 +43,25 @@ class PostgresServer {
   std::string url(const std::string& suffix = {}) const;
   /// The same with another password.
   std::string url_with_password(const std::string& password) const;
-  std::uint16_t port() const { return port_; }
-  pid_t pid() const { return pid_; }
   /// SIGKILL to the postmaster and every backend (a crash), reaped.
-  void kill();
+  void kill() override;
   /// SIGSTOP / SIGCONT to the postmaster and every backend (each leads a process group of its
   /// own, so these signal them one by one: the postmaster stopped first and continued last).
   /// pause() returns once all are stopped: the server hangs with its sockets open, existing
   /// sessions included.
-  void pause();
-  void resume();
-  /// Fast shutdown (SIGINT), SIGKILL after 10 s.
-  void stop();
-  /// Starts again on the same port and data directory; waits until it accepts.
-  void restart();
-  /// Kills it, replaces its data directory with a freshly initialised one (every table,
-  /// lock and counter gone) and starts it again on the same port; waits until it accepts.
-  void wipe_and_restart();
+  void pause() override;
+  void resume() override;
+  // port(), pid(), stop() (SIGINT: fast shutdown, SIGKILL after 10 s), restart(),
+  // wipe_and_restart() (a freshly initialised data directory) and log(): DatabaseServer.
+
   /// One statement on a fresh superuser connection; rows of text values (NULL as "<null>").
   /// Throws std::runtime_error on any failure.
   std::vector<std::vector<std::string>> query(const std::string& sql) const;
-  std::string log() const;
 
  private:
-  void start();
-  bool wait_ready(std::chrono::milliseconds timeout);
+  void start() override;
+  bool wait_ready(std::chrono::milliseconds timeout) override;
   std::string bin_;
-  std::string template_;  // an initdb'd data directory every server copies
-  TempDir dir_{"distlock-pg"};
-  std::uint16_t port_ = 0;
-  Process process_;
-  pid_t pid_ = -1;
   bool as_postgres_ = false;
 };
 

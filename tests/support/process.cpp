@@ -16,9 +16,11 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 extern char** environ;
 
@@ -144,6 +146,12 @@ int Process::wait_for(std::chrono::milliseconds timeout) {
   }
 }
 
+int Process::exit_code(std::chrono::milliseconds limit) {
+  const int status = wait_for(limit);
+  if (status == -1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 void Process::stop(std::chrono::milliseconds grace) {
   if (pid_ <= 0 || reaped_) return;
   ::kill(pid_, SIGCONT);
@@ -153,6 +161,34 @@ void Process::stop(std::chrono::milliseconds grace) {
     ::waitpid(pid_, &status_, 0);
     reaped_ = true;
   }
+}
+
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // pid (comm) state ppid ...: comm may hold spaces and parentheses, so parse after the last ')'.
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return 0;
+  return stat[paren + 2];
+}
+
+std::vector<pid_t> child_pids(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string line;
+    std::getline(in, line);
+    const auto paren = line.rfind(')');
+    if (paren == std::string::npos) continue;  // gone meanwhile
+    std::istringstream rest(line.substr(paren + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
 }
 
 std::uint16_t free_port() {

@@ -41,6 +41,8 @@ class Process {
   void signal(int sig) const;
   /// Waits for exit up to `timeout`; returns the raw wait status or -1 on timeout.
   int wait_for(std::chrono::milliseconds timeout);
+  /// Waits for exit up to `limit`; the exit code, 128 + N after signal N, or -1 on timeout.
+  int exit_code(std::chrono::milliseconds limit);
   /// SIGTERM, then SIGKILL after `grace`; reaps.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
 
@@ -49,6 +51,12 @@ class Process {
   bool reaped_ = false;
   int status_ = 0;
 };
+
+/// The scheduler state letter of process `pid` ('R', 'S', 'T', 'Z', … from /proc/<pid>/stat),
+/// or 0 when it is gone.
+char process_state(pid_t pid);
+/// The processes whose parent is `parent` (every /proc/<pid>/stat's ppid field).
+std::vector<pid_t> child_pids(pid_t parent);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 std::uint16_t free_port();

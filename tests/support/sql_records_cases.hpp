@@ -1,0 +1,222 @@
+// The records case the mysql:// and postgres:// records tests (tests/mysql/mysql_records_test.cpp,
+// tests/postgres/postgres_records_test.cpp) share beyond support/backend_records.hpp, through
+// the internal Backend made by the backend's own factory (detail::make_mysql_backend,
+// detail::make_postgres_backend):
+//
+//   backend_of(url, factory)   a quiet backend for `url` (EXPECTs the URL parses and it is made)
+//   expect_record_survives_its_writer_killed(url, factory, tmp_name, settled)
+//   expect_list_held_prefix_limit_truncated_and_status(a, b, ttl_read_apart, ghost_past_lease,
+//                                                      ghost_within_lease, ghost_gone)
+//   expect_listing_drops_a_killed_holder_when_status_does(url, b, holder_ttl_ms, tmp_name,
+//                                                         session_gone, left_ms_now)
+//
+// Thread-safety: each call uses only its arguments; the second forks, so it runs before the
+// test starts any thread of its own.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distlock/distlock.hpp"
+#include "engine/backend.hpp"
+#include "engine/url.hpp"
+#include "support/backend_records.hpp"
+#include "support/client_options.hpp"
+#include "support/eventually.hpp"
+#include "support/lock_tool.hpp"
+#include "support/process.hpp"
+
+namespace distlock::testing {
+
+/// A backend's factory: detail::make_mysql_backend, detail::make_postgres_backend.
+using BackendFactory = std::unique_ptr<detail::Backend> (*)(const detail::Url&, const ClientOptions&,
+                                                            detail::Error&);
+
+/// `factory`'s backend for `url`, quiet (EXPECTs the URL parses and the backend is made).
+inline std::unique_ptr<detail::Backend> backend_of(const std::string& url, BackendFactory factory) {
+  detail::Url u;
+  detail::Error ec;
+  EXPECT_FALSE(ec = detail::parse_url(url, u)) << ec.detail();
+  auto b = factory(u, quiet(), ec);
+  EXPECT_TRUE(b) << ec.message() << ": " << ec.detail();
+  return b;
+}
+
+/// A writer process SIGKILLed while it overwrites a record again and again (values of
+/// kMaxRecordValue and 40,000 bytes), four rounds each at a different moment, leaves a whole
+/// value, which an if_absent put then returns. `settled()` runs after each kill, before the
+/// record is read: where the server may still run the dead writer's last batch, it waits for
+/// that session to end. Forks: call it before the test starts any thread of its own.
+inline void expect_record_survives_its_writer_killed(const std::string& url, BackendFactory factory,
+                                                     const std::string& tmp_name,
+                                                     const std::function<void()>& settled) {
+  using namespace std::chrono_literals;
+  using detail::PutMode;
+  const std::string va(detail::kMaxRecordValue, 'a');
+  const std::string vb(40000, 'b');
+  TempDir tmp(tmp_name);
+  const std::string marker = (tmp.path() / "started").string();
+  for (int round = 0; round < 4; ++round) {
+    std::filesystem::remove(marker);
+    const pid_t pid = ::fork();  // no thread of ours runs yet: backends are made after
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      detail::Url u;
+      detail::Error ec;
+      if (detail::parse_url(url, u)) ::_exit(2);
+      auto b = factory(u, quiet(), ec);
+      if (!b) ::_exit(3);
+      for (long n = 0; n < 1'000'000; ++n) {
+        b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);
+        if (ec) ::_exit(4);
+        if (n == 3) std::ofstream(marker) << "x";
+      }
+      ::_exit(0);
+    }
+    ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); }, 60s)) << "the writer never wrote";
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 7));  // a different moment each round
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended by itself: " << status;
+    ASSERT_NO_FATAL_FAILURE(settled());
+    auto b = backend_of(url, factory);
+    auto v = get(*b, "survivor");
+    ASSERT_TRUE(v.has_value());
+    EXPECT_TRUE(*v == va || *v == vb) << "a value of " << v->size() << " bytes";
+    EXPECT_EQ(put(*b, "survivor", "next", PutMode::if_absent), *v);
+  }
+}
+/// Locks held by two clients `a` and `b` of one server (a binary name among them), one
+/// released and a record: list_held with a prefix, a limit and truncation lists exactly the
+/// held ones in name order, each as status() says (the time left equal, or with
+/// `ttl_read_apart` as read a moment apart: never more, at most 500 ms less). Then the
+/// released lock's row is made a ghost's: an owner whose session is alive but does not hold
+/// the name, its lease over (`ghost_past_lease()`: status says free, not listed), then with
+/// time left (`ghost_within_lease()`: held and listed), then `ghost_gone()`. Last, every
+/// lock released: nothing listed.
+inline void expect_list_held_prefix_limit_truncated_and_status(
+    detail::Backend& a, detail::Backend& b, bool ttl_read_apart,
+    const std::function<void()>& ghost_past_lease, const std::function<void()>& ghost_within_lease,
+    const std::function<void()>& ghost_gone) {
+  detail::Error ec;
+  struct H {
+    detail::Backend* b;
+    std::string name, owner;
+    Millis ttl;
+    std::uint64_t token = 0;
+  };
+  std::vector<H> held = {
+      {&a, "job/c", "oa", Millis(5000)}, {&b, "job/a", "ob", Millis(7000)},
+      {&a, "other", "oa", Millis(5000)}, {&a, "job/b", "oa2", Millis(9000)},
+      {&b, "jobs", "ob", Millis(5000)},  {&a, std::string("job/\x01"), "oa", Millis(5000)}};
+  for (auto& h : held) {
+    auto r = h.b->try_acquire(detail::AcquireRequest{h.name, h.owner, h.ttl}, ec);
+    ASSERT_TRUE(r.acquired) << h.name << " " << ec.message();
+    h.token = r.token;
+  }
+  // Released locks and records are never listed.
+  auto gone = a.try_acquire(detail::AcquireRequest{"job/released", "o", Millis(5000)}, ec);
+  ASSERT_TRUE(gone.acquired);
+  ASSERT_EQ(a.release("job/released", "o", gone.token, ec), detail::ReleaseStatus::released);
+  put(a, "job/record-only", "v", detail::PutMode::always);
+
+  bool truncated = true;
+  EXPECT_EQ(names(a, "job/", 100, truncated),
+            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c"}));
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(a, "job/", 2, truncated), (std::vector<std::string>{std::string("job/\x01"), "job/a"}));
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(names(a, "job/", 4, truncated).size(), 4u);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(names(b, "", 100, truncated),
+            (std::vector<std::string>{std::string("job/\x01"), "job/a", "job/b", "job/c", "jobs", "other"}));
+  EXPECT_EQ(names(a, "zzz", 100, truncated), std::vector<std::string>{});
+  EXPECT_EQ(names(a, "", 0, truncated), std::vector<std::string>{});
+  EXPECT_TRUE(truncated);
+
+  auto listed = b.list_held("", 100, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), held.size());
+  for (const auto& l : listed) {
+    const auto st = a.status(l.name, ec);
+    EXPECT_TRUE(l.info.held) << l.name;
+    EXPECT_EQ(st.held, l.info.held) << l.name;
+    EXPECT_EQ(st.token, l.info.token) << l.name;
+    EXPECT_EQ(st.holder, l.info.holder) << l.name;
+    if (ttl_read_apart) {
+      // Both count the time left from the row's seen_at, read a moment apart (status
+      // after the listing): never more, and not much less.
+      ASSERT_TRUE(st.ttl_remaining && l.info.ttl_remaining) << l.name;
+      EXPECT_LE(*st.ttl_remaining, *l.info.ttl_remaining) << l.name;
+      EXPECT_GT(*st.ttl_remaining, *l.info.ttl_remaining - Millis(500)) << l.name;
+    } else {
+      EXPECT_EQ(st.ttl_remaining, l.info.ttl_remaining) << l.name;
+    }
+  }
+
+  ghost_past_lease();
+  EXPECT_FALSE(a.status("job/released", ec).held);
+  EXPECT_EQ(names(a, "job/r", 100, truncated), std::vector<std::string>{});
+  ghost_within_lease();
+  EXPECT_TRUE(a.status("job/released", ec).held);
+  EXPECT_EQ(names(a, "job/r", 100, truncated), std::vector<std::string>{"job/released"});
+  ghost_gone();
+
+  for (auto& h : held)
+    EXPECT_EQ(h.b->release(h.name, h.owner, h.token, ec), detail::ReleaseStatus::released) << h.name;
+  EXPECT_EQ(names(a, "", 100, truncated), std::vector<std::string>{});
+  EXPECT_FALSE(truncated);
+}
+
+/// A lock_tool holder (TTL `holder_ttl_ms`) of "svc/worker" is listed with its token; once
+/// SIGKILLed and `session_gone()` (bounded, 20 s), while `left_ms()` (the server's count of its
+/// lease's time left) says more than 300 ms are left, status() and the listing say held; within
+/// 20 s after, it is neither listed nor held.
+inline void expect_listing_drops_a_killed_holder_when_status_does(
+    const std::string& url, detail::Backend& b, long holder_ttl_ms, const std::string& tmp_name,
+    const std::function<bool()>& session_gone, const std::function<long long()>& left_ms_now) {
+  using namespace std::chrono_literals;
+  TempDir tmp(tmp_name);
+  const std::string out = (tmp.path() / "holder.out").string();
+  Process p = spawn_holder(url, "svc/worker", out, holder_ttl_ms);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 60s)) << read_file(out);
+  bool truncated = false;
+  detail::Error ec;
+  auto listed = b.list_held("svc/", 10, truncated, ec);
+  ASSERT_FALSE(ec);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].name, "svc/worker");
+  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), acquired_token(out));
+  p.signal(SIGKILL);
+  ASSERT_NE(p.wait_for(30s), -1);
+  // Its session is gone (the server noticed the closed socket), its lease not yet:
+  // while the server says > 300 ms are left, status() and the listing say held.
+  ASSERT_TRUE(eventually(session_gone, 20s));
+  const long long left_ms = left_ms_now();
+  const auto measured = std::chrono::steady_clock::now();
+  if (left_ms > 300) {
+    const bool held = b.status("svc/worker", ec).held;
+    const auto now_listed = names(b, "svc/", 10, truncated);
+    if (std::chrono::steady_clock::now() - measured < Millis(left_ms - 100)) {
+      EXPECT_TRUE(held);
+      EXPECT_EQ(now_listed, std::vector<std::string>{"svc/worker"});
+    }
+  }
+  EXPECT_TRUE(eventually([&] { return names(b, "svc/", 10, truncated).empty(); }, 20s))
+      << "still listed after its TTL";
+  EXPECT_FALSE(b.status("svc/worker", ec).held);
+}
+
+}  // namespace distlock::testing
