@@ -956,6 +956,14 @@ std::string ShardGroup::metrics() const {
          "Attempts to rejoin after a lost membership refused because the member id is held (rising past one "
          "TTL: another process uses this member id).",
          std::to_string(st.rejoin_failures));
+  family("distlock_shard_watching", "gauge",
+         "1 if this member follows the group by watching it, 0 if it lists the group every period.",
+         st.watching ? "1" : "0");
+  family("distlock_shard_watch_gaps_total", "counter",
+         "Gaps this member's watches reported (each followed by a re-list of the group).",
+         std::to_string(st.watch_gaps));
+  family("distlock_shard_safety_relists_total", "counter",
+         "Safety re-lists of a watching member applied to its view.", std::to_string(st.safety_relists));
   if (st.last_rebalance_time) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(st.last_rebalance_time->count()) / 1000.0);

@@ -34,6 +34,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "distlock/distlock.hpp"
@@ -287,6 +288,29 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
             std::string::npos)
       << text;
   EXPECT_NE(text.find("# TYPE distlock_shard_last_rebalance_seconds gauge\n"), std::string::npos) << text;
+  // file:// and mysql:// cannot watch (Client::watch: errc::not_supported), so they poll; the
+  // others follow the group by watching it.
+  const bool polls = GetParam().label == "file" || GetParam().label == "mysql";
+  EXPECT_EQ(st.watching, !polls);
+  EXPECT_NE(text.find(std::string("distlock_shard_watching{job=\"reindex\"} ") + (polls ? "0" : "1") + "\n"),
+            std::string::npos)
+      << text;
+  // `text` was read after `st` and before `st2`: each counter in it lies between the two.
+  const auto st2 = a->stats();
+  if (polls) {
+    EXPECT_EQ(st2.watch_gaps, 0u);
+    EXPECT_EQ(st2.safety_relists, 0u);
+  }
+  for (const auto& [family, before, after] :
+       {std::tuple{"distlock_shard_watch_gaps_total", st.watch_gaps, st2.watch_gaps},
+        std::tuple{"distlock_shard_safety_relists_total", st.safety_relists, st2.safety_relists}}) {
+    const std::string prefix = std::string(family) + "{job=\"reindex\"} ";
+    const auto at = text.find(prefix);
+    ASSERT_NE(at, std::string::npos) << family << " missing:\n" << text;
+    const auto value = std::stoull(text.substr(at + prefix.size()));
+    EXPECT_GE(value, before) << family;
+    EXPECT_LE(value, after) << family;
+  }
 
   b->leave();
   a->leave();

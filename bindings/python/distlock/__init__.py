@@ -500,8 +500,13 @@ class Client:
         (use it with ``with``; leaving the block leaves the group). See :class:`ShardGroup`.
 
         ``ttl`` / ``max_hold``: of the membership and shard leases (client defaults);
-        ``rebalance_period``: seconds between two listings of the group (default 1.0, 0.01 ..
-        3600); ``member_id``: 1..64 bytes of ``[A-Za-z0-9_.-]`` unique in the group (default
+        ``rebalance_period``: seconds (default 1.0, 0.01 .. 3600). A member that watches its
+        group (redis, redis+sentinel, etcd, zk, postgres) re-plans at the watches' events; the
+        period is its fallback and retry interval: once a period it re-plans from its view (no
+        round trip) to retry what failed (a rejoin, an acquisition), and it re-lists the group
+        every max(100 periods, 30 s). Elsewhere (file, mysql, redis+cluster, redlock), or while
+        a watch could not be started, the member lists the group once a period.
+        ``member_id``: 1..64 bytes of ``[A-Za-z0-9_.-]`` unique in the group (default
         ``<client id>-<n>``); ``info``: shown by status/list. ``on_change(assignment)`` runs on
         the group's thread at each change (keep it short; an exception goes to
         ``sys.unraisablehook``). Joining runs without the GIL. Raises :class:`InvalidArgument`
@@ -835,8 +840,13 @@ class ShardGroup:
     def stats(self) -> Dict[str, Any]:
         """Counters: shards_owned, rebalances, shards_taken, shards_given_up, shards_lost,
         membership_lost, list_failures, rejoin_failures (rejoins refused because the member id
-        is held; rising past one TTL means another process uses this member id),
-        last_rebalance_time (seconds or None). The same figures as metrics()."""
+        is held; rising past one TTL means another process uses this member id), watching
+        (True if the member follows the group by watching it: redis, redis+sentinel, etcd, zk,
+        postgres; False if it lists the group every period), watch_gaps (gaps its watches
+        reported, each followed by a re-list), safety_relists (a watching member's re-lists
+        applied to its view: every max(100 periods, 30 s), and each period while it has lost
+        its membership), last_rebalance_time (seconds or None). The same figures as
+        metrics()."""
         return self._impl.stats()
 
     def metrics(self) -> str:

@@ -1069,6 +1069,9 @@ class PyShardGroup {
     d["membership_lost"] = st.membership_lost;
     d["list_failures"] = st.list_failures;
     d["rejoin_failures"] = st.rejoin_failures;
+    d["watching"] = st.watching;
+    d["watch_gaps"] = st.watch_gaps;
+    d["safety_relists"] = st.safety_relists;
     d["last_rebalance_time"] = st.last_rebalance_time
                                    ? py::object(py::float_(ms_to_seconds(*st.last_rebalance_time)))
                                    : py::object(py::none());

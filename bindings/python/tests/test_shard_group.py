@@ -162,9 +162,10 @@ def test_owns_is_false_from_the_shards_deadline_on_when_the_server_freezes(redis
             assert not s0.owns()
 
 
-def test_stats_has_every_counter_that_metrics_exports(file_store):
+def test_stats_has_every_counter_that_metrics_exports(backend):
     # Each distlock_shard_* family of metrics() is a key of stats() with the same value (a
-    # counter added to one and not the other fails here).
+    # counter added to one and not the other fails here). file:// polls its group; redis://
+    # and etcd:// watch it.
     names = {
         "distlock_shard_owned": "shards_owned",
         "distlock_shard_rebalances_total": "rebalances",
@@ -174,10 +175,15 @@ def test_stats_has_every_counter_that_metrics_exports(file_store):
         "distlock_shard_membership_lost_total": "membership_lost",
         "distlock_shard_list_failures_total": "list_failures",
         "distlock_shard_rejoin_failures_total": "rejoin_failures",
+        "distlock_shard_watching": "watching",
+        "distlock_shard_watch_gaps_total": "watch_gaps",
+        "distlock_shard_safety_relists_total": "safety_relists",
         "distlock_shard_last_rebalance_seconds": "last_rebalance_time",
     }
-    with distlock.connect(file_store.url) as client, \
-            client.shard_group("stats-job", 4, ttl=TTL, rebalance_period=PERIOD) as g:
+    watches = not backend.url.startswith("file:")
+    job = f"stats-job-{os.getpid()}-{time.monotonic_ns()}"
+    with distlock.connect(backend.url) as client, \
+            client.shard_group(job, 4, ttl=TTL, rebalance_period=PERIOD) as g:
         now = wait_for(g, lambda a: len(a) == 4, BOUND + TTL)
         assert len(now) == 4
         deadline = time.monotonic() + BOUND + TTL
@@ -195,6 +201,10 @@ def test_stats_has_every_counter_that_metrics_exports(file_store):
             assert stats[key] == pytest.approx(exported[family], abs=0.001), key
         assert stats["shards_owned"] == 4 and stats["shards_taken"] >= 4
         assert stats["rejoin_failures"] == 0
+        assert stats["watching"] is watches
+        assert exported["distlock_shard_watching"] == (1.0 if watches else 0.0)
+        if not watches:
+            assert stats["watch_gaps"] == 0 and stats["safety_relists"] == 0
 
 
 def test_bad_input_gets_clear_errors(file_store):
