@@ -22,6 +22,11 @@
 //     without persistence) or a slot's old master serves no slot any more (a failover),
 //     that gap is on_source_replaced: the node now serving may lack changes already
 //     delivered.
+//   - every kMapCheckEvery (1 s) while all is live, the watch thread reads the slot map
+//     (one CLUSTER SLOTS per watch): a slot whose master in the map is not the node its
+//     channel is subscribed on is treated as dropped there (a gap, then as above). This
+//     finds a failover or move the old master did not signal by dropping the channel (it
+//     was cut off from the other nodes but not from this process).
 // A change committed on a slot's importing node during a migration (a script sent there
 // after ASK) goes to that node's subscribers only: this watch hears of it by the gap when
 // the slot's migration ends (the old node drops the channel then), not sooner.
@@ -42,6 +47,10 @@ namespace {
 
 constexpr Millis kRetryFirst{50};
 constexpr Millis kRetryMost{1000};
+// The slot map is read this often while every channel is live: a master change the old master
+// did not signal (it kept the channel: cut off from the other nodes, not from us) is a gap
+// within this + one CLUSTER SLOTS.
+constexpr Millis kMapCheckEvery{1000};
 
 std::string random_id() {
   std::random_device rd;
@@ -368,20 +377,72 @@ class ClusterPrefixWatch final : public PrefixWatch {
     return true;
   }
 
-  // The watch thread: subscribes again after a break or a move, retrying until all is live.
+  // The periodic slot-map check: one CLUSTER SLOTS (the backend's refresh_map, from the first
+  // node that answers) and, for each slot whose channel is live on a node the map no longer
+  // names as its master, the same as a dropped channel: that slot is marked dropped and a gap
+  // reported (once per node until its recovery gap). True when a slot was marked.
+  bool check_map() {
+    Error ec;
+    if (!backend_.refresh_map(backend_.map_version(), ec)) {
+      // No node answered: the subscriber connections' own checks (PING) find a dead node.
+      backend_.log_.log(LogLevel::debug, "watch of \"{}\": slot map check: {}", name_prefix_, ec.detail());
+      return false;
+    }
+    std::vector<Node*> owners;
+    {
+      LockGuard lk(backend_.map_mu_);
+      owners = backend_.slots_;
+    }
+    std::string why;
+    std::size_t moved = 0;
+    {
+      LockGuard lk(mu_);
+      for (std::size_t s = 0; s < kSlots; ++s) {
+        Node* old = at_[s];
+        // A slot served by nobody in the map (its master died) is left to the connection's checks.
+        if (old == nullptr || owners[s] == nullptr || owners[s] == old || dropped_[s]) continue;
+        dropped_[s] = true;
+        ++moved;
+        auto it = subs_.find(old);
+        if (it != subs_.end() && !it->second.broken) {
+          it->second.broken = true;
+          if (why.empty())
+            why = "the slot map names " + owners[s]->opts.describe() + " as the master of slot " +
+                  std::to_string(s) + ", whose events channel is subscribed on " + old->opts.describe() +
+                  " (a failover or move that node did not signal)";
+        }
+      }
+      if (moved != 0) reconcile_wanted_ = true;
+    }
+    if (!why.empty()) sink_.on_gap(why + ": events of its slots may have been missed");
+    return moved != 0;
+  }
+
+  // The watch thread: subscribes again after a break or a move, retrying until all is live,
+  // and checks the slot map every kMapCheckEvery.
   void run() {
     Millis retry = kRetryFirst;
     bool complete = true;
+    auto next_check = std::chrono::steady_clock::now() + kMapCheckEvery;
     UniqueLock lk(mu_);
     while (!stop_) {
       if (complete) {
-        while (!stop_ && !reconcile_wanted_) cv_.wait(lk.native());
+        while (!stop_ && !reconcile_wanted_ &&
+               cv_.wait_until(lk.native(), next_check) != std::cv_status::timeout) {
+        }
       } else {
         const auto until = std::chrono::steady_clock::now() + retry;
         while (!stop_ && cv_.wait_until(lk.native(), until) != std::cv_status::timeout) {
         }
       }
       if (stop_) return;
+      if (complete && !reconcile_wanted_ && std::chrono::steady_clock::now() >= next_check) {
+        lk.unlock();
+        const bool moved = check_map();
+        lk.lock();
+        next_check = std::chrono::steady_clock::now() + kMapCheckEvery;
+        if (!moved) continue;
+      }
       reconcile_wanted_ = false;
       lk.unlock();
       Error ec;

@@ -92,6 +92,71 @@ TEST(RedisClusterWatchEdges, SlotMovedAwayAndBackKeepsDeliveringLive) {
   }
 }
 
+// A master change the old master does not signal: node 2 forgets node 1 (it ignores node 1's
+// claims while node 1 is banned from its table, 60 s), node 1 takes the highest config epoch and
+// slot s (no keys) is given to node 1 on nodes 1 and 0 only. Node 2 still believes it serves s
+// and keeps the watch's channel of s subscribed: nothing is dropped and no connection breaks.
+// The watch's periodic slot-map check must report a gap naming the map within its bound
+// (1 s + one CLUSTER SLOTS; the test allows 10 s on its steady clock for a loaded machine),
+// subscribe s on node 1 and report the recovery gap; then a hand-off on s (made by a client
+// that routes to node 1) comes live.
+TEST(RedisClusterWatchEdges, MasterChangeTheOldMasterDidNotSignalIsAGapThenLive) {
+  RedisCluster cluster(3);
+  const std::string name = cluster.name_on(2, "unsig/a");
+  const std::uint16_t slot = slot_of(name);
+  ASSERT_EQ(cluster.owner_of(slot), 2);
+  Client watcher = distlock::connect(cluster.url(), quiet());
+  Watch w = watcher.watch("unsig/");
+  std::vector<std::string> seen;
+  {
+    Lease a = watcher.acquire(name, ttl_of(60s, 60s));
+    const std::uint64_t t = a.token();
+    a.release();
+    ASSERT_TRUE(acquired_then_released(w, name, t, 10s, seen)) << "before the change" << joined(seen);
+  }
+  auto ok = [](const RedisReplyPtr& r) { return r && r->type == REDIS_REPLY_STATUS; };
+  ASSERT_TRUE(ok(cluster.node(2).command({"CLUSTER", "FORGET", cluster.node_id(1)})));
+  ASSERT_TRUE(ok(cluster.node(1).command({"CLUSTER", "BUMPEPOCH"})));
+  const auto changed = Clock::now();
+  for (int i : {1, 0})
+    ASSERT_TRUE(
+        ok(cluster.node(i).command({"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", cluster.node_id(1)})))
+        << "SETSLOT NODE on node " << i;
+  ASSERT_EQ(cluster.owner_of(slot), 1);
+  const std::string channel = detail::rediscluster::events_channel("distlock", slot);
+  auto subscribers_on_2 = [&] {
+    auto r = cluster.node(2).command({"PUBSUB", "SHARDNUMSUB", channel});
+    return r && r->elements == 2 ? r->element[1]->integer : -1;
+  };
+  // The scenario: node 2 kept the channel (the watch's subscription is still there).
+  ASSERT_EQ(subscribers_on_2(), 1) << "node 2 dropped " << channel;
+
+  auto first = next_matching(
+      w, 10s, [](const WatchEvent& e) { return e.kind == WatchEventKind::gap; }, &seen);
+  ASSERT_TRUE(first) << "no gap after slot " << slot << " moved to node 1 unsignalled" << joined(seen);
+  const auto gap_ms = std::chrono::duration_cast<Millis>(Clock::now() - changed).count();
+  RecordProperty("unsignalled_change_to_gap_ms", std::to_string(gap_ms));
+  EXPECT_NE(first->detail.find("slot map"), std::string::npos) << describe(*first);
+  ASSERT_TRUE(next_matching(
+      w, 20s,
+      [](const WatchEvent& e) {
+        return e.kind == WatchEventKind::gap && e.detail.find("subscribed again") != std::string::npos;
+      },
+      &seen))
+      << "no recovery gap after the unsignalled change" << joined(seen);
+  // The holder reads its map from node 0 (node 2 still claims s: a client that asked it first
+  // would lock on node 2, where no one listens any more).
+  Client holder = distlock::connect(cluster.url_of(0), quiet());
+  Lease b = holder.acquire(name, ttl_of(60s, 60s));
+  const std::uint64_t t = b.token();
+  b.release();
+  ASSERT_TRUE(acquired_then_released(w, name, t, 10s, seen))
+      << "the hand-off on the new master was not delivered" << joined(seen);
+  EXPECT_EQ(cluster.owner_of(slot), 1) << "the map changed back during the test";
+  // The watch left node 2's channel itself (node 2 never dropped it: it still claims the slot).
+  EXPECT_EQ(subscribers_on_2(), 0) << "the watch is still subscribed to " << channel << " on node 2";
+}
+
 // Hand-offs run on one name while its slot migrates 0 -> 1 (keys moved, scripts through ASK on
 // the importing node, then the move finished), 3 rounds. Every event read keeps the contract:
 // an `acquired` only while the name is free and with a token above its last, an end only of
