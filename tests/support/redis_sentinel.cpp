@@ -201,6 +201,20 @@ std::uint16_t RedisSentinelGroup::wait_failover(std::uint16_t old_port, std::chr
   throw std::runtime_error(msg);
 }
 
+bool RedisSentinelGroup::wait_demoted(std::uint16_t old_port, std::chrono::milliseconds timeout) {
+  RedisServer& old_master = node_at_port(old_port);
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    auto role = old_master.command({"ROLE"});
+    if (role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
+        std::string_view(role->element[0]->str, role->element[0]->len) != "master") {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 void RedisSentinelGroup::stall_replication() {
   RedisServer& m = master();
   m.command({"ACL", "SETUSER", "repl", "off"});

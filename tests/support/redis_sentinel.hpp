@@ -79,6 +79,12 @@ class RedisSentinelGroup {
   /// Waits until every sentinel names a master other than `old_port` and that node
   /// answers ROLE with "master"; returns its port. Throws on timeout (with the logs).
   std::uint16_t wait_failover(std::uint16_t old_port, std::chrono::milliseconds timeout);
+  /// After a manual failover (SENTINEL FAILOVER) the old master stays writable until the
+  /// sentinels reconfigure it: a client that has not heard of the switch yet writes there,
+  /// and that write is lost. Waits until the node at `old_port` answers ROLE as a replica
+  /// (from then on it refuses writes, READONLY, and such a client is sent to the new
+  /// master); false on timeout.
+  bool wait_demoted(std::uint16_t old_port, std::chrono::milliseconds timeout);
 
   /// One command to sentinel i on a fresh connection; throws when unreachable.
   RedisReplyPtr sentinel_command(std::size_t i, const std::vector<std::string>& argv) const;
