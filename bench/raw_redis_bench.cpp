@@ -22,8 +22,6 @@
 // client's CPU per pair (getrusage user + sys of this process, every thread) and its
 // context switches per pair, as distlock-bench's lines do.
 #include <hiredis/hiredis.h>
-#include <sys/resource.h>
-#include <sys/time.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -39,9 +37,13 @@
 #include <thread>
 #include <vector>
 
+#include "process_usage.hpp"
+
 namespace {
 
 using json = nlohmann::ordered_json;
+using distlock::bench::add_usage;
+using distlock::bench::Usage;
 
 struct ContextDeleter {
   void operator()(redisContext* c) const noexcept { redisFree(c); }
@@ -88,36 +90,6 @@ json line(const std::string& workload, const std::string& url, long ops, double 
               {"p50_us", pct(0.50)},
               {"p99_us", pct(0.99)},
               {"p999_us", pct(0.999)}};
-}
-
-double round2(double v) {
-  return static_cast<double>(static_cast<long long>(v * 100 + 0.5)) / 100;
-}
-
-// This process's CPU time and context switches (getrusage, every thread).
-struct Usage {
-  double user_us = 0, sys_us = 0;
-  long voluntary = 0, involuntary = 0;
-
-  static Usage now() {
-    rusage r{};
-    getrusage(RUSAGE_SELF, &r);
-    auto us = [](const timeval& t) {
-      return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_usec);
-    };
-    return Usage{us(r.ru_utime), us(r.ru_stime), r.ru_nvcsw, r.ru_nivcsw};
-  }
-};
-
-// The fields distlock-bench adds (tools/bench/bench_driver.cpp add_usage), over `pairs`.
-void add_usage(json& j, const Usage& a, const Usage& b, long pairs) {
-  const double n = static_cast<double>(std::max(1L, pairs));
-  j["pairs"] = pairs;
-  j["cpu_us_per_pair"] = round2((b.user_us - a.user_us + b.sys_us - a.sys_us) / n);
-  j["user_us_per_pair"] = round2((b.user_us - a.user_us) / n);
-  j["sys_us_per_pair"] = round2((b.sys_us - a.sys_us) / n);
-  j["vcsw_per_pair"] = round2(static_cast<double>(b.voluntary - a.voluntary) / n);
-  j["ivcsw_per_pair"] = round2(static_cast<double>(b.involuntary - a.involuntary) / n);
 }
 
 Context connect_to(const std::string& host, int port) {

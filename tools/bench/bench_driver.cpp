@@ -1,7 +1,6 @@
 // The workloads of distlock-bench (see bench_driver.hpp).
 #include "bench_driver.hpp"
 
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "distlock/distlock.hpp"
+#include "process_usage.hpp"
 
 namespace distlock::bench {
 
@@ -62,38 +62,6 @@ class Samples {
 
 double round1(double v) {
   return static_cast<double>(static_cast<long long>(v * 10 + 0.5)) / 10;
-}
-
-double round2(double v) {
-  return static_cast<double>(static_cast<long long>(v * 100 + 0.5)) / 100;
-}
-
-/// This process's CPU time and context switches (getrusage, every thread), read around a
-/// workload's measured part: the client's cost per acquire + release pair.
-struct Usage {
-  double user_us = 0, sys_us = 0;
-  long voluntary = 0, involuntary = 0;
-
-  static Usage now() {
-    rusage r{};
-    getrusage(RUSAGE_SELF, &r);
-    auto us = [](const timeval& t) {
-      return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_usec);
-    };
-    return Usage{us(r.ru_utime), us(r.ru_stime), r.ru_nvcsw, r.ru_nivcsw};
-  }
-};
-
-/// Adds the client's CPU per pair (user + sys, and each) and its context switches per pair
-/// (voluntary, involuntary) between `a` and `b` over `pairs` acquire + release pairs.
-void add_usage(json& j, const Usage& a, const Usage& b, long pairs) {
-  const double n = static_cast<double>(std::max(1L, pairs));
-  j["pairs"] = pairs;
-  j["cpu_us_per_pair"] = round2((b.user_us - a.user_us + b.sys_us - a.sys_us) / n);
-  j["user_us_per_pair"] = round2((b.user_us - a.user_us) / n);
-  j["sys_us_per_pair"] = round2((b.sys_us - a.sys_us) / n);
-  j["vcsw_per_pair"] = round2(static_cast<double>(b.voluntary - a.voluntary) / n);
-  j["ivcsw_per_pair"] = round2(static_cast<double>(b.involuntary - a.involuntary) / n);
 }
 
 json line(const std::string& workload, const BenchConfig& cfg, const std::string& url, int clients, long ops,
