@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "shard_group/watching_members.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
@@ -42,60 +43,7 @@ using namespace std::chrono_literals;
 using distlock::Millis;
 using distlock::testing::RedisServer;
 using SteadyClock = std::chrono::steady_clock;
-
-constexpr Millis kTtl = 2000ms;
-constexpr Millis kPeriod = 100ms;
-constexpr Millis kSlack = 1500ms;  // round trips of a release and an acquisition on a loaded 2-core machine
-constexpr Millis kDeadline = 20s;  // outer bound of a wait that has no tighter one
-
-bool wait_until(const std::function<bool()>& cond, Millis limit) {
-  const auto end = SteadyClock::now() + limit;
-  while (SteadyClock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
-
-std::int64_t ms_since(SteadyClock::time_point t) {
-  return std::chrono::duration_cast<Millis>(SteadyClock::now() - t).count();
-}
-
-struct Member {
-  distlock::Client client;
-  distlock::ShardGroup group;
-};
-
-Member join(const RedisServer& server, const std::string& job, std::uint32_t shards, const std::string& id) {
-  distlock::Client c = distlock::connect(server.url());
-  distlock::ShardGroupOptions o;
-  o.lock.ttl = kTtl;
-  o.rebalance_period = kPeriod;
-  o.member_id = id;
-  distlock::ShardGroup g = c.shard_group(job, shards, o);
-  return Member{std::move(c), std::move(g)};
-}
-
-std::set<std::uint32_t> owned_by(const Member& m) {
-  std::set<std::uint32_t> out;
-  for (const auto& s : m.group.assigned().shards) out.insert(s.index);
-  return out;
-}
-
-// Every shard owned by exactly one of `members`, each owning floor(M/W) or ceil(M/W).
-bool balanced(const std::vector<Member*>& members, std::uint32_t shards) {
-  std::multiset<std::uint32_t> owned;
-  const auto w = static_cast<std::uint32_t>(members.size());
-  for (auto* m : members) {
-    const auto a = m->group.assigned();
-    if (a.shards.size() < shards / w || a.shards.size() > (shards + w - 1) / w) return false;
-    for (const auto& s : a.shards) owned.insert(s.index);
-  }
-  if (owned.size() != shards) return false;
-  for (std::uint32_t i = 0; i < shards; ++i)
-    if (owned.count(i) != 1) return false;
-  return true;
-}
+using namespace distlock::testing::shard_watch;
 
 TEST(ShardGroupWatchFaults, AShardWhoseEndIsNotPublishedIsOwnedAgainWithinTheBound) {
   RedisServer server;
