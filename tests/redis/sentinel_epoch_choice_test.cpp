@@ -19,7 +19,6 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +29,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/redis_server.hpp"
 #include "support/scripted_resp_server.hpp"
 
@@ -45,14 +45,7 @@ using distlock::testing::ttl_of;
 
 using distlock::testing::quiet;
 
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
-}
+using distlock::testing::eventually;
 
 bool key_exists(RedisServer& node, const std::string& key) {
   auto r = node.command({"EXISTS", key});
