@@ -22,6 +22,7 @@
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
@@ -43,9 +44,7 @@ distlock::detail::RedisStats stats_of(const Client& c) {
   return st.value_or(distlock::detail::RedisStats{});
 }
 
-std::uint64_t waiters_of(Client& c, const std::string& name) {
-  return c.status(name).waiters.value_or(~0ull);
-}
+using distlock::testing::waiters_of;
 
 TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
   RedisServer server;

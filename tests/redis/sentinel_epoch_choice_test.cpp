@@ -30,6 +30,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 #include "support/scripted_resp_server.hpp"
 
@@ -47,10 +48,7 @@ using distlock::testing::quiet;
 
 using distlock::testing::eventually;
 
-bool key_exists(RedisServer& node, const std::string& key) {
-  auto r = node.command({"EXISTS", key});
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
+using distlock::testing::key_exists;
 
 // A scripted sentinel for master "mymaster": config-epoch `epoch`, address
 // 127.0.0.1:`port`. SUBSCRIBE is confirmed and never followed by a message. The

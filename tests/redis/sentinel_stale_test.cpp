@@ -25,6 +25,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/scripted_resp_server.hpp"
 
@@ -42,10 +43,7 @@ using distlock::testing::quiet;
 
 using distlock::testing::eventually;
 
-bool key_exists(distlock::testing::RedisServer& node, const std::string& key) {
-  auto r = node.command({"EXISTS", key});
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
+using distlock::testing::key_exists;
 
 // A sentinel that has not learnt of a failover: it keeps answering
 // `SENTINEL get-master-addr-by-name` with the old master, as a real sentinel does

@@ -21,6 +21,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_sentinel.hpp"
 
 namespace {
@@ -39,10 +40,7 @@ using distlock::testing::quiet;
 
 using distlock::testing::eventually;
 
-bool key_exists(distlock::testing::RedisServer& node, const std::string& key) {
-  auto r = node.command({"EXISTS", key});
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
+using distlock::testing::key_exists;
 
 TEST(Sentinel, FindsTheMasterLocksAndUnlocksThere) {
   RedisSentinelGroup group;

@@ -22,6 +22,7 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_probes.hpp"
 
 using namespace std::chrono_literals;
 using distlock::Millis;
@@ -36,10 +37,7 @@ using distlock::testing::ttl_of;
 
 using distlock::testing::eventually;
 
-long long shard_subscribers(distlock::testing::RedisServer& node, const std::string& channel) {
-  auto r = node.command({"PUBSUB", "SHARDNUMSUB", channel});
-  return r && r->elements == 2 ? r->element[1]->integer : -1;
-}
+using distlock::testing::shard_subscribers;
 
 // docs/redis-cluster.md: "A master that dies. Its locks are lost [...]; locks on
 // other masters are unaffected". A master that hangs (SIGSTOP: a stalled VM, a

@@ -24,6 +24,7 @@
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_probes.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -46,10 +47,7 @@ long long integer(const distlock::testing::RedisReplyPtr& r) {
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -999;
 }
 
-long long shard_subscribers(distlock::testing::RedisServer& node, const std::string& channel) {
-  auto r = node.command({"PUBSUB", "SHARDNUMSUB", channel});
-  return r && r->elements == 2 ? r->element[1]->integer : -1;
-}
+using distlock::testing::shard_subscribers;
 
 // PTTL of `key` on a node importing its slot (ASKING first, on one connection).
 long long pttl_asking(const distlock::testing::RedisServer& node, const std::string& key) {
