@@ -123,6 +123,36 @@ TEST(SentinelReview, AStaleFirstSentinelDoesNotKeepTheClientOnAHungMaster) {
                         << " ms (2 of 3 sentinels name it; " << probe << " acquisitions tried)";
 }
 
+// Tries for `limit` to have `c1` granted "job" (released at once) while `held`, client 2's
+// lease on the master at `new_port`, is held; "" when it never was, else what happened (and
+// whether the old master at `old_port` has the key).
+std::string second_holder(distlock::Client& c1, const distlock::Lease& held,
+                          distlock::testing::RedisServer& old_master, std::uint16_t old_port,
+                          std::uint16_t new_port, Millis limit) {
+  std::string both;
+  eventually(
+      [&] {
+        std::optional<distlock::Lease> l;
+        try {
+          l = c1.try_acquire("job", ttl_of(30s));
+        } catch (const std::system_error&) {
+          return false;
+        }
+        if (!l || !l->owns()) return false;
+        if (held.owns()) {
+          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
+                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
+                 std::to_string(held.token()) + "); key on the old master at port " +
+                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
+        }
+        std::error_code ec;
+        l->release(ec);
+        return true;
+      },
+      limit);
+  return both;
+}
+
 // The old master hangs (SIGSTOP), the sentinels fail over to a replica, and a
 // client started then finds the new master (the stale first sentinel names the hung
 // old one, which does not answer ROLE). Then the old master resumes: until the
@@ -153,28 +183,7 @@ std::string pulled_back(const std::string& extra) {
   EXPECT_TRUE(key_exists(new_master, "distlock:{job}"));
   old_master.resume();
   // Client 1 keeps trying for 5 s (the sentinels demote the old master only later).
-  std::string both;
-  eventually(
-      [&] {
-        std::optional<distlock::Lease> l;
-        try {
-          l = c1.try_acquire("job", ttl_of(30s));
-        } catch (const std::system_error&) {
-          return false;
-        }
-        if (!l || !l->owns()) return false;
-        if (held.owns()) {
-          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
-                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
-                 std::to_string(held.token()) + "); key on the old master at port " +
-                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
-        }
-        std::error_code ec;
-        l->release(ec);
-        return true;
-      },
-      5s);
-  return both;
+  return second_holder(c1, held, old_master, old_port, new_port, 5s);
 }
 
 TEST(SentinelReview, AStaleSentinelDoesNotPullAClientBackToTheOldMaster) {
@@ -234,27 +243,7 @@ TEST(SentinelReview, APausedSentinelResumingStaleDoesNotGiveTwoHolders) {
   ASSERT_TRUE(key_exists(new_master, "distlock:{job}"));
   ::kill(group.sentinel_pid(0), SIGCONT);
   old_master.resume();
-  std::string both;
-  eventually(
-      [&] {
-        std::optional<distlock::Lease> l;
-        try {
-          l = c1.try_acquire("job", ttl_of(30s));
-        } catch (const std::system_error&) {
-          return false;
-        }
-        if (!l || !l->owns()) return false;
-        if (held.owns()) {
-          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
-                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
-                 std::to_string(held.token()) + "); key on the old master at port " +
-                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
-        }
-        std::error_code ec;
-        l->release(ec);
-        return true;
-      },
-      6s);
+  const std::string both = second_holder(c1, held, old_master, old_port, new_port, 6s);
   EXPECT_TRUE(both.empty()) << both;
 }
 
