@@ -91,4 +91,21 @@ inline std::vector<std::string> with_layout(std::vector<std::string> args, Layou
   return args;
 }
 
+/// Runs the sale with `base` and each broken mode (--no-lock, --lock-per-buyer) `runs` times
+/// in each layout of `ls`: every run must be caught (expect_caught), not now and then.
+inline void expect_every_broken_run_caught(const std::vector<std::string>& base,
+                                           const std::vector<Layout>& ls, int runs) {
+  for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
+    for (const Layout& l : ls) {
+      for (int run = 0; run < runs; ++run) {
+        SCOPED_TRACE("--" + mode + " --processes " + std::to_string(l.processes) + " --threads " +
+                     std::to_string(l.threads) + ", run " + std::to_string(run + 1));
+        std::vector<std::string> args = base;
+        args.push_back("--" + mode);
+        expect_caught(run_seckill(with_layout(args, l)), mode);
+      }
+    }
+  }
+}
+
 }  // namespace distlock::testing
