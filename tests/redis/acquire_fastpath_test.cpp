@@ -29,20 +29,11 @@
 #include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::server_holder;
 
 // The acquire script as it was before 787fba2 (prelude with TIME read at the start,
 // then the body that queues the entry first), for a differential comparison; with
@@ -645,3 +636,4 @@ TEST(RedisFastPathReview, WaitsThatTimeOutLeaveTheirLocksToOthers) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -29,27 +29,16 @@
 #include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::waiters_of;
 
 long long server_pttl(RedisServer& s, const std::string& name) {
   auto r = s.command({"PTTL", "distlock:{" + name + "}"});
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
 }
-
-using distlock::testing::server_holder;
 
 // ---------------------------------------------------------------------------
 // 1. The refresher sleeps for the period it computed before a new, shorter-TTL
@@ -685,3 +674,4 @@ TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

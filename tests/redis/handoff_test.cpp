@@ -25,26 +25,17 @@
 #include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
 
 distlock::detail::RedisStats stats_of(const Client& c) {
   auto st = distlock::detail::redis_stats(distlock::detail::engine_of(c)->backend());
   EXPECT_TRUE(st.has_value());
   return st.value_or(distlock::detail::RedisStats{});
 }
-
-using distlock::testing::waiters_of;
 
 TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
   RedisServer server;
@@ -464,3 +455,4 @@ TEST(RedisForget, ALostLeaseIsHandedToTheNextWaiterAndOnlyThatLease) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -34,21 +34,11 @@
 #include "support/redis_server.hpp"
 #include "support/scripted_resp_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisServer;
 using Steady = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-using distlock::testing::eventually;
-
-using distlock::testing::key_exists;
 
 // A scripted sentinel for master "mymaster": config-epoch `epoch`, address
 // 127.0.0.1:`port`. SUBSCRIBE is confirmed and never followed by a message. The
@@ -146,3 +136,4 @@ TEST(SentinelReview2, AMajorityNamingAnOlderEpochDoesNotMoveTheClientBackToTheOl
 }
 
 }  // namespace
+}  // namespace distlock::testing

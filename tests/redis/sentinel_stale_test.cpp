@@ -29,21 +29,11 @@
 #include "support/redis_sentinel.hpp"
 #include "support/scripted_resp_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisSentinelGroup;
 using Steady = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-using distlock::testing::eventually;
-
-using distlock::testing::key_exists;
 
 // A sentinel that has not learnt of a failover: it keeps answering
 // `SENTINEL get-master-addr-by-name` with the old master, as a real sentinel does
@@ -248,3 +238,4 @@ TEST(SentinelReview, APausedSentinelResumingStaleDoesNotGiveTwoHolders) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

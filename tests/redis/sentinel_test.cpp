@@ -24,23 +24,11 @@
 #include "support/redis_probes.hpp"
 #include "support/redis_sentinel.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisSentinelGroup;
-using distlock::testing::RedisSentinelOptions;
 using Steady = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-using distlock::testing::eventually;
-
-using distlock::testing::key_exists;
 
 TEST(Sentinel, FindsTheMasterLocksAndUnlocksThere) {
   RedisSentinelGroup group;
@@ -488,3 +476,4 @@ INSTANTIATE_TEST_SUITE_P(Wait, SentinelMeasured, ::testing::Values(0, 1),
                          });
 
 }  // namespace
+}  // namespace distlock::testing

@@ -25,19 +25,10 @@
 #include "support/redis_probes.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::quiet;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::eventually;
-
-using distlock::testing::shard_subscribers;
 
 // docs/redis-cluster.md: "A master that dies. Its locks are lost [...]; locks on
 // other masters are unaffected". A master that hangs (SIGSTOP: a stalled VM, a
@@ -211,3 +202,4 @@ TEST(RedisClusterReview, AHolderKeepsRenewingWhileItsSlotIsMigratingWithTheKeySt
 }
 
 }  // namespace
+}  // namespace distlock::testing

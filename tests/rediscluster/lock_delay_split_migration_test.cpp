@@ -23,16 +23,10 @@
 #include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-using distlock::testing::delay_opts;
 
 // MIGRATE of one key from node `from` to node `to` (the slot already MIGRATING / IMPORTING).
 void migrate_one(RedisCluster& cluster, int from, int to, const std::string& key) {
@@ -132,3 +126,4 @@ TEST(RedisClusterLockDelaySplitMigration, AReleaseWhileTheMarkerMovedAheadHandsO
 }
 
 }  // namespace
+}  // namespace distlock::testing

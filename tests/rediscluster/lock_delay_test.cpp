@@ -28,16 +28,10 @@
 #include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-using distlock::testing::delay_opts;
 
 // One try_acquire: {granted, error text ("" when none)}; a lease granted is released.
 std::pair<bool, std::string> try_once(distlock::Client& c, const std::string& name, Millis ttl) {
@@ -195,3 +189,4 @@ TEST(RedisClusterLockDelay, AKilledHoldersMarkerMovesWithItsSlotAndHoldsTheNameB
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -32,16 +32,10 @@
 #include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::Masters;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-using distlock::testing::delay_opts;
 
 std::string marker_key(const std::string& name) {
   return "distlock:redlock:delay:" + name;
@@ -63,8 +57,6 @@ struct Proxied {
     }
   }
 };
-
-using distlock::testing::first_grant;
 
 long long ms_between(Steady::time_point a, Steady::time_point b) {
   return static_cast<long long>(std::chrono::duration_cast<Millis>(b - a).count());
@@ -216,3 +208,4 @@ TEST(RedlockLockDelayLossPaths, AWaiterIsWokenByANormalReleaseOfAHolderWithADela
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -35,16 +35,10 @@
 #include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::Masters;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-using distlock::testing::delay_opts;
 
 std::string lock_key(const std::string& name) {
   return "distlock:redlock:lock:" + name;
@@ -241,3 +235,4 @@ TEST(RedlockLockDelay, AGrantedFastPathAttemptGivesBackTheKeyItTookBesideAMarker
 }
 
 }  // namespace
+}  // namespace distlock::testing
