@@ -26,6 +26,7 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/redis_probes.hpp"
+#include "support/redis_second_holder.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/scripted_resp_server.hpp"
 
@@ -119,28 +120,12 @@ TEST(SentinelReview, AStaleFirstSentinelDoesNotKeepTheClientOnAHungMaster) {
 std::string second_holder(distlock::Client& c1, const distlock::Lease& held,
                           distlock::testing::RedisServer& old_master, std::uint16_t old_port,
                           std::uint16_t new_port, Millis limit) {
-  std::string both;
-  eventually(
-      [&] {
-        std::optional<distlock::Lease> l;
-        try {
-          l = c1.try_acquire("job", ttl_of(30s));
-        } catch (const std::system_error&) {
-          return false;
-        }
-        if (!l || !l->owns()) return false;
-        if (held.owns()) {
-          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
-                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
-                 std::to_string(held.token()) + "); key on the old master at port " +
-                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
-        }
-        std::error_code ec;
-        l->release(ec);
-        return true;
-      },
-      limit);
-  return both;
+  return granted_while_held(c1, "job", held, limit, [&](const distlock::Lease& l) {
+    return "client 1 acquired \"job\" (token " + std::to_string(l.token()) +
+           ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
+           std::to_string(held.token()) + "); key on the old master at port " + std::to_string(old_port) +
+           ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
+  });
 }
 
 // The old master hangs (SIGSTOP), the sentinels fail over to a replica, and a
