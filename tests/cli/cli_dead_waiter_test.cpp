@@ -20,6 +20,7 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/process.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
 namespace distlock::testing {
@@ -29,10 +30,6 @@ using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
 using distlock::testing::ttl_of;
-
-std::uint64_t waiters_of(Client& c, const std::string& name) {
-  return c.status(name).waiters.value_or(~0ull);
-}
 
 long long ms_between(SteadyClock::time_point from, SteadyClock::time_point to) {
   return std::chrono::duration_cast<Millis>(to - from).count();

@@ -18,6 +18,7 @@
 
 #include "cli/cli_fixture.hpp"
 #include "cli/cli_harness.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -27,25 +28,8 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
 void touch(const fs::path& p) {
   std::ofstream(p) << "x";
-}
-
-// Polls `cond` until true or `limit` (real time) passes.
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
 }
 
 class CliElect : public distlock::testing::FileOrRedisCliTest {

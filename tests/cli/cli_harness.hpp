@@ -36,6 +36,14 @@ inline std::string slurp(const std::filesystem::path& path) {
   return ss.str();
 }
 
+/// The lines of `text`, without their newlines (a last line without one counts too).
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
 /// Polls until `path` exists (true) or `timeout` passes (false).
 inline bool wait_for_file(const std::filesystem::path& path, std::chrono::milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;

@@ -25,13 +25,6 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using SteadyClock = std::chrono::steady_clock;
 
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
 std::int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -58,7 +51,7 @@ TEST_P(CliJobs, MaxHoldKillsAHungCommandAndExits76) {
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(runner.ended_at() - t0);
   EXPECT_GE(took, 2000ms);
   EXPECT_LT(took, 20000ms);  // generous: the limit is 2 s, the rest is a busy machine
-  const auto err = lines(runner.err());
+  const auto err = lines_of(runner.err());
   ASSERT_EQ(err.size(), 1u) << runner.err();
   EXPECT_NE(err[0].find("--max-hold"), std::string::npos) << err[0];
   EXPECT_NE(err[0].find("SIGKILL"), std::string::npos) << err[0];
@@ -74,7 +67,7 @@ TEST_P(CliJobs, MaxHoldSendsSigtermGraceBeforeTheLimit) {
                dir_.path(), 30s);
   ASSERT_EQ(runner.code(), 76) << runner.err();
   EXPECT_GE(runner.elapsed(), 1500ms);
-  const auto err = lines(runner.err());
+  const auto err = lines_of(runner.err());
   ASSERT_EQ(err.size(), 1u) << runner.err();
   EXPECT_NE(err[0].find("reached --max-hold 2s"), std::string::npos) << err[0];
   EXPECT_NE(err[0].find("SIGTERM"), std::string::npos) << err[0];
@@ -158,13 +151,13 @@ TEST_P(CliJobs, OncePerRunsOncePerSlotAcrossNodes) {
     ASSERT_EQ(n.wait(30s), 0) << n.err();
     if (n.err().find("already ran in this --once-per") != std::string::npos) ++skipped;
   }
-  EXPECT_EQ(lines(slurp(runs)).size(), 1u) << slurp(runs);
+  EXPECT_EQ(lines_of(slurp(runs)).size(), 1u) << slurp(runs);
   EXPECT_EQ(skipped, 3);
   // Later in the same slot: still skipped.
   Cli late =
       Cli::run(run_sh("cron", "echo late >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
   EXPECT_EQ(late.code(), 0) << late.err();
-  EXPECT_EQ(lines(slurp(runs)).size(), 1u);
+  EXPECT_EQ(lines_of(slurp(runs)).size(), 1u);
 }
 
 // A failed run does not use up the slot; the next firing runs, and then the slot is done.
@@ -181,7 +174,7 @@ TEST_P(CliJobs, OncePerFailedRunDoesNotRecordTheSlot) {
       Cli::run(run_sh("flaky", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
   EXPECT_EQ(again.code(), 0);
   EXPECT_NE(again.err().find("already ran"), std::string::npos) << again.err();
-  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"fail", "ok"}));
+  EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"fail", "ok"}));
 }
 
 // A new period slot (by the wall clock) runs again.
@@ -201,7 +194,7 @@ TEST_P(CliJobs, OncePerNextSlotRunsAgain) {
   for (int i = 0; i < 500 && unix_ms() / period <= after; ++i) std::this_thread::sleep_for(10ms);
   Cli c = Cli::run(run_sh("tick", "echo c >> " + runs.string(), {"--once-per", "2s"}), dir_.path());
   ASSERT_EQ(c.code(), 0) << c.err();
-  const auto r = lines(slurp(runs));
+  const auto r = lines_of(slurp(runs));
   if (same_slot) {
     EXPECT_EQ(r, (std::vector<std::string>{"a", "c"}));
   } else {
@@ -251,7 +244,7 @@ TEST_P(CliJobs, OncePerSlotIsTakenWhenFiredNotWhenTheLockIsGranted) {
   Cli next = Cli::run(
       run_sh("tick", "echo next $DISTLOCK_ONCE_SLOT >> " + runs.string(), {"--once-per", "2s"}), dir_.path());
   ASSERT_EQ(next.code(), 0) << next.err();
-  const auto r = lines(slurp(runs));
+  const auto r = lines_of(slurp(runs));
   ASSERT_EQ(r.size(), 2u) << slurp(runs) << late.err() << next.err();
   std::istringstream late_line(r[0]), next_line(r[1]);
   std::string late_word, next_word;
@@ -279,7 +272,7 @@ TEST_P(CliJobs, OncePerChangedPeriodJudgesTheLastRunByItsFiringTime) {
       Cli::run(run_sh("cron", "echo short >> " + runs.string(), {"--once-per", "120000h"}), dir_.path());
   ASSERT_EQ(shorter.code(), 0) << shorter.err();
   EXPECT_NE(shorter.err().find("already ran"), std::string::npos) << shorter.err();
-  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"long"}));
+  EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"long"}));
   // A mark written under a 1 ms period (slot numbers ~10^12) does not block the 240000 h
   // period's slot forever: that slot already ran here (the first run), so it is skipped as done
   // in this slot, and the message names the mark's firing, not a "later period".
@@ -289,7 +282,7 @@ TEST_P(CliJobs, OncePerChangedPeriodJudgesTheLastRunByItsFiringTime) {
       Cli::run(run_sh("cron", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
   ASSERT_EQ(again.code(), 0) << again.err();
   EXPECT_NE(again.err().find("already ran in this --once-per"), std::string::npos) << again.err();
-  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"long", "tiny"}));
+  EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"long", "tiny"}));
 }
 
 // --exclusive runners keep their own mark: the read-write lock NAME and the lock NAME do not
@@ -308,7 +301,7 @@ TEST_P(CliJobs, OncePerExclusiveHasItsOwnMark) {
                dir_.path());
   ASSERT_EQ(rw2.code(), 0) << rw2.err();
   EXPECT_NE(rw2.err().find("already ran"), std::string::npos) << rw2.err();
-  EXPECT_EQ(lines(slurp(runs)), (std::vector<std::string>{"plain", "exclusive"}));
+  EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"plain", "exclusive"}));
 }
 
 // A command that exits 0 after the runner forwarded a stop (Ctrl-Z: SIGTSTP becomes SIGTERM
@@ -373,7 +366,7 @@ TEST_P(CliJobs, StatusAndListShowTheHolderDescription) {
 
   Cli prefixed = Cli::run({"list", "--url", url_, "--prefix", "jobs/"}, dir_.path());
   ASSERT_EQ(prefixed.code(), 0) << prefixed.err();
-  const auto rows = lines(prefixed.out());
+  const auto rows = lines_of(prefixed.out());
   ASSERT_EQ(rows.size(), 2u) << prefixed.out();  // header + one lock
   EXPECT_TRUE(rows[0].starts_with("NAME")) << rows[0];
   EXPECT_TRUE(rows[1].starts_with("jobs/report")) << rows[1];
@@ -405,7 +398,7 @@ TEST_P(CliJobs, PermitsRunUpToNJobsAtOnceAndListShowsTheSemaphore) {
       dir_.path());
   ASSERT_TRUE(wait_for_file(a, 20s)) << first.err();
   ASSERT_TRUE(wait_for_file(b, 20s)) << second.err();
-  const auto pa = lines(slurp(a)), pb = lines(slurp(b));
+  const auto pa = lines_of(slurp(a)), pb = lines_of(slurp(b));
   ASSERT_EQ(pa.size(), 1u);
   ASSERT_EQ(pb.size(), 1u);
   EXPECT_NE(pa[0], pb[0]);  // two different permits

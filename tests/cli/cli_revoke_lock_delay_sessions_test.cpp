@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -23,6 +22,7 @@
 
 #include "cli/cli_harness.hpp"
 #include "support/backend_targets.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -30,15 +30,6 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
 
 // The queue backends of this build that revoke and enforce lock-delay.
 std::vector<Kind> session_kinds() {

@@ -8,13 +8,13 @@
 
 #include <chrono>
 #include <cstdio>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli/cli_harness.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -23,15 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
 
 // A `distlock run` whose command writes its pid to `ready` (atomically) and then spins.
 std::vector<std::string> spinning_run(const std::string& url, const std::string& name, const fs::path& ready,

@@ -20,7 +20,6 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -32,6 +31,7 @@
 
 #include "cli/cli_harness.hpp"
 #include "support/backend_targets.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -71,15 +71,6 @@ std::vector<Kind> shard_kinds() {
         k.label == "postgres")
       out.push_back(k);
   return out;
-}
-
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
 }
 
 std::vector<std::uint64_t> split_numbers(const std::string& text) {

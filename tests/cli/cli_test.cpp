@@ -32,14 +32,6 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-/// Lines of `text` (without the trailing newline of each).
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
 /// The runner's stderr is exactly one line starting "distlock: " that contains `needle`.
 ::testing::AssertionResult one_error_line(const std::string& err, const std::string& needle) {
   const auto lines = lines_of(err);

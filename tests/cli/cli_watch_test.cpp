@@ -33,18 +33,12 @@ namespace {
 using namespace std::chrono_literals;
 using distlock::testing::Cli;
 using distlock::testing::eventually;
+using distlock::testing::lines_of;
 #if DISTLOCK_HAS_POSTGRES
 using distlock::testing::PostgresServer;
 #endif
 using distlock::testing::RedisServer;
 using distlock::testing::TempDir;
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
 
 distlock::LockOptions ttl30() {
   distlock::LockOptions o;
@@ -64,11 +58,11 @@ void expect_state_release_acquire(const std::string& url, const std::string& dir
   const std::uint64_t first_token = first.token();
   Cli w =
       Cli::start({"watch", "--url", url, "--count", "3", "--timeout", "60s", dir_prefix + "/"}, dir.path());
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  ASSERT_TRUE(eventually([&] { return lines_of(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
   first.release();
   distlock::Lease second = c.acquire(name, ttl30());
   ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
-  const auto out = lines(w.out());
+  const auto out = lines_of(w.out());
   ASSERT_EQ(out.size(), 3u) << w.out();
   EXPECT_NE(out[0].find(" state " + name + " held token=" + std::to_string(first_token)), std::string::npos)
       << out[0];
@@ -111,10 +105,10 @@ TEST(CliWatch, JsonLinesAndSigintExitsZero) {
   distlock::Lease l = c.acquire("j/a", ttl30());
   const std::uint64_t token = l.token();
   Cli w = Cli::start({"watch", "--url", server.url(), "--json", "j/"}, dir.path());
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
+  ASSERT_TRUE(eventually([&] { return lines_of(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
   l.release();
-  ASSERT_TRUE(eventually([&] { return lines(w.out()).size() == 2; }, 20s)) << w.out() << w.err();
-  const auto out = lines(w.out());
+  ASSERT_TRUE(eventually([&] { return lines_of(w.out()).size() == 2; }, 20s)) << w.out() << w.err();
+  const auto out = lines_of(w.out());
   const auto s0 = nlohmann::json::parse(out[0]);
   EXPECT_EQ(s0.at("event"), "state") << out[0];
   EXPECT_EQ(s0.at("name"), "j/a");

@@ -10,38 +10,19 @@
 #include <string>
 #include <vector>
 
-#include "support/lock_tool.hpp"
-#include "support/process.hpp"
+#include "examples/example_run.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
-using distlock::testing::Process;
+using distlock::testing::ExampleRun;
 using distlock::testing::TempDir;
-
-struct ExampleRun {
-  int exit_code = -1;
-  std::string output;
-  nlohmann::json summary;  // the last line, parsed
-};
 
 ExampleRun run(const std::string& program, const std::vector<std::string>& args,
                const std::vector<std::string>& env = {}) {
-  TempDir dir("distlock-example-out");
-  const std::string out = (dir.path() / "out").string();
   std::vector<std::string> argv{program};
   argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::spawn(argv, out, env);
-  const int status = p.wait_for(std::chrono::seconds(180));
-  ExampleRun r;
-  r.output = distlock::testing::read_file(out);
-  EXPECT_NE(status, -1) << program << " did not finish in time:\n" << r.output;
-  if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  std::string text = r.output;
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  const auto nl = text.rfind('\n');
-  r.summary = nlohmann::json::parse(text.substr(nl == std::string::npos ? 0 : nl + 1), nullptr, false);
-  return r;
+  return distlock::testing::run_example(argv, env);
 }
 
 void expect_pool_ok(const ExampleRun& r, const std::string& url, int permits, int jobs) {

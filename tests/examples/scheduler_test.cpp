@@ -11,32 +11,18 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "examples/example_run.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string output;
-  nlohmann::json summary;
-};
+using distlock::testing::ExampleRun;
 
-Result run_scheduler(const std::string& url, const std::string& dir, const std::string& args) {
-  Result r;
+ExampleRun run_scheduler(const std::string& url, const std::string& dir, const std::string& args) {
   const std::string cmd = std::string(DISTLOCK_SCHEDULER_PATH) + " --url '" + url + "' " + args +
                           " --distlock " + DISTLOCK_CLI_PATH + " --dir '" + dir + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  const auto end = r.output.find_last_not_of('\n');
-  const auto start = r.output.rfind('\n', end);
-  const std::string last = r.output.substr(start == std::string::npos ? 0 : start + 1, end - start);
-  r.summary = nlohmann::json::parse(last, nullptr, false);
-  return r;
+  return distlock::testing::run_shell(cmd);
 }
 
 // Slots of 1.4 s: a node fires at the start of a slot and its `distlock run --once-per` must
@@ -49,8 +35,8 @@ constexpr const char* kLeaderless = "--no-elect --nodes 4 --ticks 4 --period 140
 // ~6 s of slack for a busy machine and at least two slots for the new leader.
 constexpr const char* kElectedWithKill = "--nodes 3 --ticks 10 --period 1400 --ttl 2s --kill-leader-at 2";
 
-void expect_once_per_slot(const Result& r) {
-  ASSERT_EQ(r.status, 0) << r.output;
+void expect_once_per_slot(const ExampleRun& r) {
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(r.summary.is_object()) << r.output;
   EXPECT_EQ(r.summary.at("ok"), true) << r.output;
   EXPECT_EQ(r.summary.at("mode"), "leaderless");
@@ -62,8 +48,8 @@ void expect_once_per_slot(const Result& r) {
   EXPECT_NE(r.output.find("4 nodes fired 4 slots"), std::string::npos) << r.output;
 }
 
-void expect_failover(const Result& r) {
-  ASSERT_EQ(r.status, 0) << r.output;
+void expect_failover(const ExampleRun& r) {
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(r.summary.is_object()) << r.output;
   const auto& j = r.summary;
   EXPECT_EQ(j.at("ok"), true) << r.output;
@@ -91,22 +77,22 @@ void expect_failover(const Result& r) {
 
 TEST(Scheduler, ElectedLeaderFailoverOnTheFileBackend) {
   distlock::testing::TempDir dir("distlock-scheduler");
-  Result r = run_scheduler("file://" + (dir.path() / "locks").string(), (dir.path() / "work").string(),
-                           kElectedWithKill);
+  ExampleRun r = run_scheduler("file://" + (dir.path() / "locks").string(), (dir.path() / "work").string(),
+                               kElectedWithKill);
   expect_failover(r);
 }
 
 TEST(Scheduler, ElectedLeaderFailoverOnRedis) {
   distlock::testing::RedisServer redis;
   distlock::testing::TempDir dir("distlock-scheduler");
-  Result r = run_scheduler(redis.url(), (dir.path() / "work").string(), kElectedWithKill);
+  ExampleRun r = run_scheduler(redis.url(), (dir.path() / "work").string(), kElectedWithKill);
   expect_failover(r);
 }
 
 TEST(Scheduler, LeaderlessOncePerSlotOnRedis) {
   distlock::testing::RedisServer redis;
   distlock::testing::TempDir dir("distlock-scheduler");
-  Result r = run_scheduler(redis.url(), (dir.path() / "work").string(), kLeaderless);
+  ExampleRun r = run_scheduler(redis.url(), (dir.path() / "work").string(), kLeaderless);
   expect_once_per_slot(r);
 }
 

@@ -24,7 +24,7 @@
 namespace {
 
 using distlock::testing::expect_balanced_sale;
-using distlock::testing::expect_caught;
+using distlock::testing::expect_every_broken_run_caught;
 using distlock::testing::Layout;
 using distlock::testing::run_seckill;
 using distlock::testing::SaleRun;
@@ -38,17 +38,7 @@ void check_backend(const std::string& url, const std::string& think_us) {
   TempDir data;
   const std::vector<std::string> base{"--url",  url,       "--data-dir", data.path().string(), "--think-us",
                                       think_us, "--stock", "16",         "--requests",         "32"};
-  for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
-    for (const Layout& l : kLayouts) {
-      for (int run = 0; run < kRuns; ++run) {
-        SCOPED_TRACE("--" + mode + " --processes " + std::to_string(l.processes) + " --threads " +
-                     std::to_string(l.threads) + ", run " + std::to_string(run + 1));
-        std::vector<std::string> args = base;
-        args.push_back("--" + mode);
-        expect_caught(run_seckill(with_layout(args, l)), mode);
-      }
-    }
-  }
+  expect_every_broken_run_caught(base, kLayouts, kRuns);
   for (const Layout& l : kLayouts) {
     SCOPED_TRACE("lock --processes " + std::to_string(l.processes) + " --threads " +
                  std::to_string(l.threads));

@@ -10,33 +10,17 @@
 #include <string>
 #include <vector>
 
-#include "support/lock_tool.hpp"
-#include "support/process.hpp"
+#include "examples/example_run.hpp"
 
 namespace distlock::testing {
 
-struct SaleRun {
-  int exit_code = -1;
-  std::string output;
-  nlohmann::json summary;  // the last line, parsed (discarded if it is not JSON)
-};
+using SaleRun = ExampleRun;
 
+/// Runs the seckill program with `args` (and `env` added to its environment).
 inline SaleRun run_seckill(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-  TempDir dir("distlock-seckill-out");
-  const std::string out = (dir.path() / "out").string();
   std::vector<std::string> argv{DISTLOCK_SECKILL_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::spawn(argv, out, env);
-  const int status = p.wait_for(std::chrono::seconds(180));
-  SaleRun r;
-  r.output = read_file(out);
-  EXPECT_NE(status, -1) << "seckill did not finish in time:\n" << r.output;
-  if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  std::string text = r.output;
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  const std::string last = text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
-  r.summary = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-  return r;
+  return run_example(argv, env);
 }
 
 /// A correct sale: exit 0, the books balance, `sold` sold and `left` left.
@@ -89,6 +73,23 @@ inline std::vector<std::string> with_layout(std::vector<std::string> args, Layou
   args.insert(args.end(),
               {"--processes", std::to_string(l.processes), "--threads", std::to_string(l.threads)});
   return args;
+}
+
+/// Runs the sale with `base` and each broken mode (--no-lock, --lock-per-buyer) `runs` times
+/// in each layout of `ls`: every run must be caught (expect_caught), not now and then.
+inline void expect_every_broken_run_caught(const std::vector<std::string>& base,
+                                           const std::vector<Layout>& ls, int runs) {
+  for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
+    for (const Layout& l : ls) {
+      for (int run = 0; run < runs; ++run) {
+        SCOPED_TRACE("--" + mode + " --processes " + std::to_string(l.processes) + " --threads " +
+                     std::to_string(l.threads) + ", run " + std::to_string(run + 1));
+        std::vector<std::string> args = base;
+        args.push_back("--" + mode);
+        expect_caught(run_seckill(with_layout(args, l)), mode);
+      }
+    }
+  }
 }
 
 }  // namespace distlock::testing

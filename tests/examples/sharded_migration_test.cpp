@@ -11,39 +11,25 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "examples/example_run.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string output;
-  nlohmann::json summary;
-};
+using distlock::testing::ExampleRun;
 
-Result run_migration(const std::string& url, const std::string& dir) {
-  Result r;
+ExampleRun run_migration(const std::string& url, const std::string& dir) {
   const std::string cmd = std::string(DISTLOCK_SHARDED_MIGRATION_PATH) + " drive --url '" + url +
                           "' --dir '" + dir + "/table' --rows 2000 --limit-s 60 --distlock " +
                           DISTLOCK_CLI_PATH + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  const auto end = r.output.find_last_not_of('\n');
-  const auto start = r.output.rfind('\n', end);
-  r.summary =
-      nlohmann::json::parse(r.output.substr(start == std::string::npos ? 0 : start + 1), nullptr, false);
-  return r;
+  return distlock::testing::run_shell(cmd);
 }
 
-void expect_exactly_once(const Result& r, const char* backend) {
+void expect_exactly_once(const ExampleRun& r, const char* backend) {
   ASSERT_TRUE(r.summary.is_object()) << r.output;
   std::printf("[ %s ] %s\n", backend, r.summary.dump().c_str());
-  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.summary.at("processed"), 2000) << r.output;
   EXPECT_EQ(r.summary.at("duplicates"), 0) << r.output;
   EXPECT_EQ(r.summary.at("missing"), 0) << r.output;

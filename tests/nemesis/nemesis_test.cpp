@@ -734,14 +734,18 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(WipedServer);
 // The checker must be able to fail: hand-made histories with each violation.
 class HistoryChecker : public ::testing::Test {
  protected:
-  std::vector<distlock::nemesis::Violation> check(const std::string& text, bool fencing = true) {
-    TempDir d("distlock-history");
-    const std::string path = (d.path() / "h").string();
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text.c_str(), f);
-    std::fclose(f);
-    return distlock::nemesis::check_history(distlock::nemesis::parse_history(path), fencing);
+  // Writes `text` as the file `name` of this test's directory (replacing it); its path.
+  std::string write(const std::string& text, const std::string& name = "h") {
+    const std::string path = (dir_.path() / name).string();
+    std::ofstream(path, std::ios::trunc) << text;
+    return path;
   }
+  std::vector<distlock::nemesis::Violation> check(const std::string& text, bool fencing = true) {
+    return distlock::nemesis::check_history(distlock::nemesis::parse_history(write(text)), fencing);
+  }
+
+ private:
+  TempDir dir_{"distlock-history"};
 };
 
 TEST_F(HistoryChecker, ACleanHistoryPasses) {
@@ -771,17 +775,8 @@ TEST_F(HistoryChecker, RepeatedAndBackwardTokensAreCaught) {
 }
 
 TEST_F(HistoryChecker, StaleWritesAndSilentLossesAreCaught) {
-  TempDir d("distlock-register");
-  const std::string reg = (d.path() / "register").string();
-  auto write_register = [&](const char* text) {
-    FILE* f = std::fopen(reg.c_str(), "w");
-    std::fputs(text, f);
-    std::fclose(f);
-  };
-  write_register("5\n5\n6\n7\n");
-  EXPECT_TRUE(distlock::nemesis::check_register(reg).empty());
-  write_register("5\n6\n5\n7\n6\n");
-  auto v = distlock::nemesis::check_register(reg);
+  EXPECT_TRUE(distlock::nemesis::check_register(write("5\n5\n6\n7\n", "register")).empty());
+  auto v = distlock::nemesis::check_register(write("5\n6\n5\n7\n6\n", "register"));
   ASSERT_EQ(v.size(), 2u);
   EXPECT_EQ(v[0].kind, "stale-write");
   v = check("A 1 1 1 5 1000000000000\nE 1 1 1 1000000000100 lost 0\n");
@@ -790,14 +785,9 @@ TEST_F(HistoryChecker, StaleWritesAndSilentLossesAreCaught) {
 }
 
 TEST_F(HistoryChecker, ASliceKeepsLinesWithLongTokens) {
-  TempDir d("distlock-history");
-  const std::string path = (d.path() / "h").string();
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(
+  const std::string path = write(
       "A 1 1 1 1795910433679600 16573524465509\nO 1 1 1 16573524483443\nX 5 16573524500000\n"
-      "O 1 1 1 19000000000000\n",
-      f);
-  std::fclose(f);
+      "O 1 1 1 19000000000000\n");
   const auto text =
       distlock::nemesis::slice(distlock::nemesis::parse_history(path), 16573524465509, 1'000'000);
   EXPECT_NE(text.find("A 1 1 1 1795910433679600"), std::string::npos) << text;
@@ -806,13 +796,8 @@ TEST_F(HistoryChecker, ASliceKeepsLinesWithLongTokens) {
 }
 
 TEST_F(HistoryChecker, TooManyPermitsAreCaught) {
-  TempDir d("distlock-history");
-  const std::string path = (d.path() / "h").string();
   auto judge = [&](const char* text) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text, f);
-    std::fclose(f);
-    return distlock::nemesis::check_semaphore(distlock::nemesis::parse_history(path), 2);
+    return distlock::nemesis::check_semaphore(distlock::nemesis::parse_history(write(text)), 2);
   };
   // Two at once, and a third that starts when one ended: fine.
   EXPECT_TRUE(
@@ -823,13 +808,8 @@ TEST_F(HistoryChecker, TooManyPermitsAreCaught) {
 }
 
 TEST_F(HistoryChecker, AWriterWithAnyoneIsCaught) {
-  TempDir d("distlock-history");
-  const std::string path = (d.path() / "h").string();
   auto judge = [&](const char* text) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text, f);
-    std::fclose(f);
-    return distlock::nemesis::check_rw(distlock::nemesis::parse_history(path));
+    return distlock::nemesis::check_rw(distlock::nemesis::parse_history(write(text)));
   };
   // Readers together, then a writer alone.
   EXPECT_TRUE(
@@ -862,12 +842,7 @@ TEST_F(HistoryChecker, ShardViolationsAreCaught) {
   v = check("A 10 1 1 7 100\nO 10 1 1 110\nE 10 1 1 120 lost 0\nA 20 2 1 8 200\nO 20 2 1 210\n");
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, "silent-loss");
-  TempDir d("distlock-register");
-  const std::string reg = (d.path() / "shardfenced0.register").string();
-  FILE* f = std::fopen(reg.c_str(), "w");
-  std::fputs("7\n7\n8\n7\n", f);
-  std::fclose(f);
-  v = distlock::nemesis::check_register(reg);
+  v = distlock::nemesis::check_register(write("7\n7\n8\n7\n", "shardfenced0.register"));
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, "stale-write");
 }
@@ -876,11 +851,9 @@ TEST_F(HistoryChecker, ShardViolationsAreCaught) {
 // as a fault lasts and one TTL plus a period plus a margin after it; not longer.
 TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
   namespace nm = distlock::nemesis;
-  TempDir d("distlock-history");
-  const std::string path = (d.path() / "shard0.history").string();
   auto judge = [&](const std::string& text, const std::vector<nm::FaultWindow>& faults,
                    std::int64_t horizon) {
-    std::ofstream(path) << text;
+    const std::string path = write(text, "shard0.history");
     // Times in ms below; the bound: 700 ms after a hand-over, 2200 ms after a fault's end.
     return nm::check_unowned(nm::parse_history(path), faults, horizon * 1'000'000,
                              nm::UnownedBound{700'000'000, 2'200'000'000});
@@ -914,8 +887,7 @@ TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
   // Faults at single workers. Member pid 10 is worker 0, pid 20 worker 1, pid 30 worker 2.
   const std::map<long, int> workers{{10, 0}, {20, 1}, {30, 2}};
   auto judge_at = [&](const std::string& text, const std::vector<nm::FaultWindow>& faults) {
-    std::ofstream(path) << text;
-    return nm::check_unowned(nm::parse_history(path), faults, 9'000'000'000,
+    return nm::check_unowned(nm::parse_history(write(text, "shard0.history")), faults, 9'000'000'000,
                              nm::UnownedBound{700'000'000, 2'200'000'000}, workers);
   };
   // The owner (worker 0) killed at 900 ms: its lease lives on, the others take over by
@@ -978,11 +950,8 @@ TEST_F(HistoryChecker, AShardUnownedPastTheBoundIsCaught) {
 // bound, and leave() must have fired its stop token.
 TEST_F(HistoryChecker, ASlowHandOverAfterALeaveIsCaught) {
   namespace nm = distlock::nemesis;
-  TempDir d("distlock-history");
-  const std::string path = (d.path() / "shard0.history").string();
   auto judge = [&](const std::string& text) {
-    std::ofstream(path) << text;
-    return nm::check_unowned(nm::parse_history(path), {}, 5'000'000'000,
+    return nm::check_unowned(nm::parse_history(write(text, "shard0.history")), {}, 5'000'000'000,
                              nm::UnownedBound{700'000'000, 2'200'000'000});
   };
   auto ms = [](long v) { return std::to_string(v * 1'000'000L); };
@@ -1007,11 +976,8 @@ TEST_F(HistoryChecker, ASlowHandOverAfterALeaveIsCaught) {
 }
 
 TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
-  TempDir d("distlock-history");
-  const std::string path = (d.path() / "shards.history").string();
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs("X 4 100\nS 10 3 2 9 1\nV 20 1000 1300 2\nS 20 1 0 4 0\nV 20 2000 2100 0\n", f);
-  std::fclose(f);
+  const std::string path =
+      write("X 4 100\nS 10 3 2 9 1\nV 20 1000 1300 2\nS 20 1 0 4 0\nV 20 2000 2100 0\n", "shards.history");
   const int unsupported = static_cast<int>(distlock::errc::not_supported);
   auto g = distlock::nemesis::parse_shard_group_log(path, unsupported);
   EXPECT_EQ(g.join_errors, 1);
@@ -1021,9 +987,7 @@ TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
   EXPECT_EQ(g.membership_lost, 1);
   EXPECT_EQ(g.leaves, 2);
   EXPECT_EQ(g.longest_leave_call_ns, 300);
-  f = std::fopen(path.c_str(), "a");
-  std::fprintf(f, "X %d 200\n", unsupported);
-  std::fclose(f);
+  std::ofstream(path, std::ios::app) << "X " << unsupported << " 200\n";
   EXPECT_TRUE(distlock::nemesis::parse_shard_group_log(path, unsupported).unsupported);
 }
 

@@ -26,30 +26,14 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-std::string server_holder(RedisServer& s, const std::string& name) {
-  auto r = s.command({"HKEYS", "distlock:{" + name + "}"});
-  if (!r || r->type != REDIS_REPLY_ARRAY) return {};
-  for (std::size_t i = 0; i < r->elements; ++i) {
-    std::string f(r->element[i]->str, r->element[i]->len);
-    if (f != "@token") return f;
-  }
-  return {};
-}
 
 // The acquire script as it was before 787fba2 (prelude with TIME read at the start,
 // then the body that queues the entry first), for a differential comparison; with
@@ -652,3 +636,4 @@ TEST(RedisFastPathReview, WaitsThatTimeOutLeaveTheirLocksToOthers) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -18,18 +18,11 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::reply_str;
 
 // The fence counter of a name: its hash slot's ("distlock:{<tag>}:fence").
 std::string fence_of(const std::string& name) {
@@ -464,3 +457,4 @@ TEST_F(RedisWithPassword, WrongOrMissingPasswordIsAuthFailed) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -20,18 +20,11 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::Process;
-using distlock::testing::RedisServer;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
 
 Millis since(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t);
@@ -148,3 +141,4 @@ TEST(RedisFaults, ServerPausedPastTheTtlHolderGivesUpBeforeTheServerExpiresIt) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

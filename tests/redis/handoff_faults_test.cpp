@@ -26,38 +26,18 @@
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-std::uint64_t waiters_of(Client& c, const std::string& name) {
-  return c.status(name).waiters.value_or(~0ull);
-}
 
 long long server_pttl(RedisServer& s, const std::string& name) {
   auto r = s.command({"PTTL", "distlock:{" + name + "}"});
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
-}
-
-std::string server_holder(RedisServer& s, const std::string& name) {
-  auto r = s.command({"HKEYS", "distlock:{" + name + "}"});
-  if (!r || r->type != REDIS_REPLY_ARRAY) return {};
-  for (std::size_t i = 0; i < r->elements; ++i) {
-    std::string f(r->element[i]->str, r->element[i]->len);
-    if (f != "@token") return f;
-  }
-  return {};
 }
 
 // ---------------------------------------------------------------------------
@@ -694,3 +674,4 @@ TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -22,29 +22,19 @@
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
 
 distlock::detail::RedisStats stats_of(const Client& c) {
   auto st = distlock::detail::redis_stats(distlock::detail::engine_of(c)->backend());
   EXPECT_TRUE(st.has_value());
   return st.value_or(distlock::detail::RedisStats{});
-}
-
-std::uint64_t waiters_of(Client& c, const std::string& name) {
-  return c.status(name).waiters.value_or(~0ull);
 }
 
 TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
@@ -465,3 +455,4 @@ TEST(RedisForget, ALostLeaseIsHandedToTheNextWaiterAndOnlyThatLease) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -23,6 +23,7 @@
 #include "redis/key_layout.hpp"
 #include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/redis_lock_delay.hpp"
 #include "support/redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -34,18 +35,11 @@ namespace {
 
 namespace r = distlock::detail::redis;
 
-distlock::LockOptions opts(Millis ttl, Millis delay, std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o = distlock::testing::ttl_of(ttl, wait);
-  o.lock_delay = delay;
-  return o;
-}
+using distlock::testing::delay_opts;
 
 // PTTL of the lock and of its marker, read in one script (one server instant).
 std::pair<long long, long long> pttls(const RedisServer& server, const std::string& lock) {
-  auto rep = server.command({"EVAL", "return {redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])}", "2",
-                             lock, r::delay_key(lock)});
-  if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) return {-999, -999};
-  return {rep->element[0]->integer, rep->element[1]->integer};
+  return distlock::testing::lock_and_marker_pttl(server, lock, r::delay_key(lock));
 }
 
 // Samples the lock and marker TTLs every 20 ms until `renewals` renewals were seen (the
@@ -91,7 +85,7 @@ TEST(RedisLockDelayMarker, OutlivesTheLeaseByTheDelayThroughRenewalsAndAQueuedHa
   constexpr Millis kDelay = 1000ms;
   auto holder_client = distlock::connect(server.url(), distlock::testing::quiet());
   auto waiter_client = distlock::connect(server.url(), distlock::testing::quiet());
-  auto held = holder_client.acquire(name, opts(kTtl, kDelay));
+  auto held = holder_client.acquire(name, delay_opts(kTtl, kDelay));
   // Three renewals (one every ttl/3 = 200 ms).
   EXPECT_EQ(check_marker_follows_lease(server, lock, kDelay, 3), 3);
 
@@ -101,7 +95,7 @@ TEST(RedisLockDelayMarker, OutlivesTheLeaseByTheDelayThroughRenewalsAndAQueuedHa
   distlock::Lease lease;
   std::atomic<bool> done{false};
   std::thread waiter([&] {
-    lease = waiter_client.acquire(name, opts(kTtl, kWaiterDelay, 10s), ec);
+    lease = waiter_client.acquire(name, delay_opts(kTtl, kWaiterDelay, 10s), ec);
     done = true;
   });
   bool queued = false;
@@ -139,7 +133,7 @@ TEST(RedisLockDelayMarker, AHolderCutOffAndDeclaredLostKeepsTheNameBackUntilTheM
   auto holder_client =
       distlock::connect("redis://127.0.0.1:" + std::to_string(proxy.port()), distlock::testing::quiet());
   auto prober = distlock::connect(server.url(), distlock::testing::quiet());
-  auto held = holder_client.acquire(name, opts(kTtl, kDelay));
+  auto held = holder_client.acquire(name, delay_opts(kTtl, kDelay));
   ASSERT_EQ(check_marker_follows_lease(server, lock, kDelay, 2), 2);
 
   proxy.freeze();
@@ -160,15 +154,7 @@ TEST(RedisLockDelayMarker, AHolderCutOffAndDeclaredLostKeepsTheNameBackUntilTheM
   held.release(rec);  // the lost lease: handed back (forget), the caller told it was lost
   const auto handed_back = Steady::now();
 
-  std::optional<Steady::time_point> granted_at;
-  for (int i = 0; i < 400 && !granted_at; ++i) {  // 400 x 20 ms = 8 s
-    if (auto got = prober.try_acquire(name, opts(kTtl, 0ms))) {
-      granted_at = Steady::now();
-      got->release();
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  const auto granted_at = distlock::testing::first_grant(prober, name, kTtl, 400);  // 400 x 20 ms = 8 s
   ASSERT_TRUE(granted_at.has_value()) << "the name was never granted again after the delay";
   const auto ms = [&](Steady::time_point t) {
     return std::chrono::duration_cast<Millis>(t - frozen).count();

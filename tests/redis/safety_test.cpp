@@ -22,16 +22,11 @@
 #include "support/client_options.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
 
 // One acquisition, released at once: its token.
 std::uint64_t issue(distlock::Client& c, const std::string& name) {
@@ -303,3 +298,4 @@ TEST(RedisWatch, AFailedWatchLeavesNothingBehindAndSaysWhy) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

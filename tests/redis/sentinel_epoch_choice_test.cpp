@@ -19,7 +19,6 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,34 +29,17 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
+#include "support/redis_probes.hpp"
+#include "support/redis_second_holder.hpp"
 #include "support/redis_server.hpp"
 #include "support/scripted_resp_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisServer;
 using Steady = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
-}
-
-bool key_exists(RedisServer& node, const std::string& key) {
-  auto r = node.command({"EXISTS", key});
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
 
 // A scripted sentinel for master "mymaster": config-epoch `epoch`, address
 // 127.0.0.1:`port`. SUBSCRIBE is confirmed and never followed by a message. The
@@ -126,32 +108,18 @@ TEST(SentinelReview2, AMajorityNamingAnOlderEpochDoesNotMoveTheClientBackToTheOl
 
   // Client 1 re-discovers at least once a second. For 4 s, it must not be granted
   // "job" while client 2 holds it.
-  std::string both;
   const auto since = Steady::now();
-  eventually(
-      [&] {
-        std::optional<distlock::Lease> l;
-        try {
-          l = c1.try_acquire("job", ttl_of(30s));
-        } catch (const std::system_error&) {
-          return false;
-        }
-        if (!l || !l->owns()) return false;
-        if (held.owns()) {
-          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) + ") " +
-                 std::to_string(std::chrono::duration_cast<Millis>(Steady::now() - since).count()) +
-                 " ms after the epoch-5 leader stopped answering, while client 2 holds it on the epoch-5 " +
-                 "master at port " + std::to_string(fresh_master.port()) + " (token " +
-                 std::to_string(held.token()) + "); key on the epoch-4 master at port " +
-                 std::to_string(old_master.port()) + ": " +
-                 (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
-        }
-        std::error_code ec;
-        l->release(ec);
-        return true;
-      },
-      4s);
+  const std::string both = granted_while_held(c1, "job", held, 4s, [&](const distlock::Lease& l) {
+    return "client 1 acquired \"job\" (token " + std::to_string(l.token()) + ") " +
+           std::to_string(std::chrono::duration_cast<Millis>(Steady::now() - since).count()) +
+           " ms after the epoch-5 leader stopped answering, while client 2 holds it on the epoch-5 " +
+           "master at port " + std::to_string(fresh_master.port()) + " (token " +
+           std::to_string(held.token()) + "); key on the epoch-4 master at port " +
+           std::to_string(old_master.port()) + ": " +
+           (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
+  });
   EXPECT_TRUE(both.empty()) << both;
 }
 
 }  // namespace
+}  // namespace distlock::testing

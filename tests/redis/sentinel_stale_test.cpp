@@ -25,27 +25,16 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_probes.hpp"
+#include "support/redis_second_holder.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/scripted_resp_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisSentinelGroup;
 using Steady = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-using distlock::testing::eventually;
-
-bool key_exists(distlock::testing::RedisServer& node, const std::string& key) {
-  auto r = node.command({"EXISTS", key});
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
 
 // A sentinel that has not learnt of a failover: it keeps answering
 // `SENTINEL get-master-addr-by-name` with the old master, as a real sentinel does
@@ -125,6 +114,20 @@ TEST(SentinelReview, AStaleFirstSentinelDoesNotKeepTheClientOnAHungMaster) {
                         << " ms (2 of 3 sentinels name it; " << probe << " acquisitions tried)";
 }
 
+// Tries for `limit` to have `c1` granted "job" (released at once) while `held`, client 2's
+// lease on the master at `new_port`, is held; "" when it never was, else what happened (and
+// whether the old master at `old_port` has the key).
+std::string second_holder(distlock::Client& c1, const distlock::Lease& held,
+                          distlock::testing::RedisServer& old_master, std::uint16_t old_port,
+                          std::uint16_t new_port, Millis limit) {
+  return granted_while_held(c1, "job", held, limit, [&](const distlock::Lease& l) {
+    return "client 1 acquired \"job\" (token " + std::to_string(l.token()) +
+           ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
+           std::to_string(held.token()) + "); key on the old master at port " + std::to_string(old_port) +
+           ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
+  });
+}
+
 // The old master hangs (SIGSTOP), the sentinels fail over to a replica, and a
 // client started then finds the new master (the stale first sentinel names the hung
 // old one, which does not answer ROLE). Then the old master resumes: until the
@@ -155,28 +158,7 @@ std::string pulled_back(const std::string& extra) {
   EXPECT_TRUE(key_exists(new_master, "distlock:{job}"));
   old_master.resume();
   // Client 1 keeps trying for 5 s (the sentinels demote the old master only later).
-  std::string both;
-  eventually(
-      [&] {
-        std::optional<distlock::Lease> l;
-        try {
-          l = c1.try_acquire("job", ttl_of(30s));
-        } catch (const std::system_error&) {
-          return false;
-        }
-        if (!l || !l->owns()) return false;
-        if (held.owns()) {
-          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
-                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
-                 std::to_string(held.token()) + "); key on the old master at port " +
-                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
-        }
-        std::error_code ec;
-        l->release(ec);
-        return true;
-      },
-      5s);
-  return both;
+  return second_holder(c1, held, old_master, old_port, new_port, 5s);
 }
 
 TEST(SentinelReview, AStaleSentinelDoesNotPullAClientBackToTheOldMaster) {
@@ -236,28 +218,9 @@ TEST(SentinelReview, APausedSentinelResumingStaleDoesNotGiveTwoHolders) {
   ASSERT_TRUE(key_exists(new_master, "distlock:{job}"));
   ::kill(group.sentinel_pid(0), SIGCONT);
   old_master.resume();
-  std::string both;
-  eventually(
-      [&] {
-        std::optional<distlock::Lease> l;
-        try {
-          l = c1.try_acquire("job", ttl_of(30s));
-        } catch (const std::system_error&) {
-          return false;
-        }
-        if (!l || !l->owns()) return false;
-        if (held.owns()) {
-          both = "client 1 acquired \"job\" (token " + std::to_string(l->token()) +
-                 ") while client 2 holds it on the master at port " + std::to_string(new_port) + " (token " +
-                 std::to_string(held.token()) + "); key on the old master at port " +
-                 std::to_string(old_port) + ": " + (key_exists(old_master, "distlock:{job}") ? "yes" : "no");
-        }
-        std::error_code ec;
-        l->release(ec);
-        return true;
-      },
-      6s);
+  const std::string both = second_holder(c1, held, old_master, old_port, new_port, 6s);
   EXPECT_TRUE(both.empty()) << both;
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -21,28 +21,14 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_sentinel.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::RedisSentinelGroup;
-using distlock::testing::RedisSentinelOptions;
 using Steady = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-using distlock::testing::eventually;
-
-bool key_exists(distlock::testing::RedisServer& node, const std::string& key) {
-  auto r = node.command({"EXISTS", key});
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
 
 TEST(Sentinel, FindsTheMasterLocksAndUnlocksThere) {
   RedisSentinelGroup group;
@@ -490,3 +476,4 @@ INSTANTIATE_TEST_SUITE_P(Wait, SentinelMeasured, ::testing::Values(0, 1),
                          });
 
 }  // namespace
+}  // namespace distlock::testing

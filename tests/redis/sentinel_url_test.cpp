@@ -6,26 +6,17 @@
 
 #include "distlock/distlock.hpp"
 #include "support/process.hpp"
+#include "support/redis_probes.hpp"
 
 namespace {
 
 using distlock::errc;
 
-// The code and message connect() throws for `url`.
-std::pair<std::error_code, std::string> connect_error(const std::string& url) {
-  distlock::ClientOptions o;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  try {
-    distlock::connect(url, o);
-  } catch (const std::system_error& e) {
-    return {e.code(), e.what()};
-  }
-  return {{}, "connect succeeded"};
-}
+using distlock::testing::connect_outcome;
 
 void expect_error(const std::string& url, errc code, const std::string& says) {
   SCOPED_TRACE(url);
-  auto [ec, what] = connect_error(url);
+  auto [ec, what] = connect_outcome(url);
   EXPECT_EQ(ec, code) << what;
   EXPECT_NE(what.find(says), std::string::npos) << what;
   EXPECT_EQ(what.find("s3cr3t"), std::string::npos) << "the password is in the message: " << what;
@@ -59,7 +50,7 @@ TEST(SentinelUrl, NoSentinelAnsweringIsUnavailableAndNamesThemAll) {
   const auto b = distlock::testing::free_port();
   const std::string url = "redis+sentinel://bob:s3cr3t@127.0.0.1:" + std::to_string(a) +
                           ",127.0.0.1:" + std::to_string(b) + "/mymaster?timeout=500ms";
-  auto [ec, what] = connect_error(url);
+  auto [ec, what] = connect_outcome(url);
   EXPECT_EQ(ec, errc::backend_unavailable) << what;
   EXPECT_NE(what.find("sentinel"), std::string::npos) << what;
   EXPECT_NE(what.find(std::to_string(a)), std::string::npos) << what;

@@ -29,6 +29,7 @@
 #include "distlock/distlock.hpp"
 #include "redis/shared_connection.hpp"
 #include "redis/wait_queue.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -49,14 +50,10 @@ ConnectionOptions opts_for(const RedisServer& server, Millis command_timeout,
   return o;
 }
 
+// Polled every millisecond: the in-flight counts waited for below last a few milliseconds.
 template <class Pred>
 bool eventually(Pred pred, Millis limit = Millis(10000)) {
-  const auto until = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
+  return distlock::testing::eventually(pred, limit, Millis(1));
 }
 
 long long ms_since(Clock::time_point t0) {

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -30,15 +31,10 @@ ConnectionOptions shared_opts(const RedisServer& server, Millis command_timeout 
   return o;
 }
 
-// Polls `pred` until it holds or 10 s pass (the machine may be busy).
+// Polls `pred` every 2 ms until it holds or 10 s pass (the machine may be busy).
 template <class Pred>
 bool eventually(Pred pred) {
-  const auto until = steady_clock::now() + std::chrono::seconds(10);
-  while (!pred()) {
-    if (steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
+  return distlock::testing::eventually(pred, std::chrono::seconds(10), std::chrono::milliseconds(2));
 }
 
 TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {

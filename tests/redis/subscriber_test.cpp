@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "support/fault_proxy.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 
 namespace distlock::detail::redis {
@@ -19,6 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using distlock::testing::RedisServer;
+using distlock::testing::subscribers;
 using Clock = std::chrono::steady_clock;
 
 struct Seen {
@@ -50,11 +52,6 @@ ConnectionOptions subscriber_opts(const RedisServer& s) {
   return o;
 }
 
-long long numsub(const RedisServer& s, const std::string& ch) {
-  auto r = s.command({"PUBSUB", "NUMSUB", ch});
-  return r->element[1]->integer;
-}
-
 TEST(RedisSubscriber, WatchIsLiveWhenItReturnsAndCounted) {
   RedisServer server;
   Seen seen;
@@ -69,11 +66,11 @@ TEST(RedisSubscriber, WatchIsLiveWhenItReturnsAndCounted) {
   sub.watch("ch1", ec);  // a second watch of the same channel
   ASSERT_FALSE(ec);
   sub.unwatch("ch1");
-  EXPECT_EQ(numsub(server, "ch1"), 1);  // still one watch left
+  EXPECT_EQ(subscribers(server, "ch1"), 1);  // still one watch left
   sub.unwatch("ch1");
   const auto end = Clock::now() + 5s;
-  while (numsub(server, "ch1") != 0 && Clock::now() < end) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(numsub(server, "ch1"), 0);
+  while (subscribers(server, "ch1") != 0 && Clock::now() < end) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(subscribers(server, "ch1"), 0);
   EXPECT_EQ(server.command({"PUBLISH", "ch1", "x"})->integer, 0);
 
   // Watch, unwatch, watch in quick succession ends subscribed.
@@ -109,7 +106,7 @@ TEST(RedisSubscriber, ReconnectsAfterARestartAndWakesEveryWatcher) {
   // Resubscribed by itself; each watcher is woken once more after the resubscription.
   EXPECT_TRUE(seen.wait_for("a", 2, 10s));
   EXPECT_TRUE(seen.wait_for("b", 2, 10s));
-  EXPECT_EQ(numsub(server, "a"), 1);
+  EXPECT_EQ(subscribers(server, "a"), 1);
   EXPECT_EQ(server.command({"PUBLISH", "b", "x"})->integer, 1);
   EXPECT_TRUE(seen.wait_for("b", 3, 5s));
   EXPECT_GE(sub.connects(), 2u);
@@ -165,7 +162,7 @@ TEST(RedisSubscriber, ARefusedSubscribeFailsAtOnceWithTheServersReasonAndIsNotRe
   const long long sent = subscribes();
   std::this_thread::sleep_for(1500ms);
   EXPECT_EQ(subscribes(), sent);
-  EXPECT_EQ(numsub(server, "denied"), 0);
+  EXPECT_EQ(subscribers(server, "denied"), 0);
   // A later watch asks again (and is refused again).
   sub.watch("denied", ec);
   EXPECT_EQ(ec, errc::auth_failed);

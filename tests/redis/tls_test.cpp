@@ -16,6 +16,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/process.hpp"
+#include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 #include "support/tls_certs.hpp"
 
@@ -36,15 +37,7 @@ std::string tls_url(const RedisServer& s, const Certs& c, const std::string& ext
 
 using distlock::testing::ttl_of;
 
-// The error of connect(url): its code and message.
-std::pair<std::error_code, std::string> connect_error(const std::string& url) {
-  try {
-    auto client = distlock::connect(url);
-    return {{}, "connected"};
-  } catch (const std::system_error& e) {
-    return {e.code(), e.what()};
-  }
-}
+using distlock::testing::connect_outcome;
 
 TEST(RedisTls, LocksWaitsAndHandOffsOverTls) {
   Certs certs;
@@ -126,7 +119,7 @@ TEST(RedisTls, AnUntrustedServerCertificateIsRefusedNamingTheCause) {
   RedisServer server(tls_options(certs));
   const std::string url =
       "rediss://127.0.0.1:" + std::to_string(server.tls_port()) + "/?cacert=" + certs.path("other-ca.pem");
-  const auto [ec, what] = connect_error(url);
+  const auto [ec, what] = connect_outcome(url);
   EXPECT_EQ(ec, errc::backend_unavailable) << what;
   EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.tls_port())), std::string::npos) << what;
@@ -139,7 +132,7 @@ TEST(RedisTls, TheServerNameIsChecked) {
   RedisServer server(tls_options(certs));
   const std::string url =
       "rediss://localhost:" + std::to_string(server.tls_port()) + "/?cacert=" + certs.path("ca.pem");
-  const auto [ec, what] = connect_error(url);
+  const auto [ec, what] = connect_outcome(url);
   EXPECT_EQ(ec, errc::backend_unavailable) << what;
   EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
 }
@@ -147,12 +140,12 @@ TEST(RedisTls, TheServerNameIsChecked) {
 TEST(RedisTls, TlsAgainstAPlainPortAndPlainAgainstATlsPortFailClearly) {
   Certs certs;
   RedisServer server(tls_options(certs));
-  auto [ec, what] = connect_error("rediss://127.0.0.1:" + std::to_string(server.port()) +
-                                  "/?cacert=" + certs.path("ca.pem") + "&timeout=1s");
+  auto [ec, what] = connect_outcome("rediss://127.0.0.1:" + std::to_string(server.port()) +
+                                    "/?cacert=" + certs.path("ca.pem") + "&timeout=1s");
   EXPECT_EQ(ec, errc::backend_unavailable) << what;
   EXPECT_NE(what.find("TLS handshake"), std::string::npos) << what;
   std::tie(ec, what) =
-      connect_error("redis://127.0.0.1:" + std::to_string(server.tls_port()) + "/?timeout=1s");
+      connect_outcome("redis://127.0.0.1:" + std::to_string(server.tls_port()) + "/?timeout=1s");
   EXPECT_EQ(ec, errc::backend_unavailable) << what;
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.tls_port())), std::string::npos) << what;
 }
@@ -160,7 +153,7 @@ TEST(RedisTls, TlsAgainstAPlainPortAndPlainAgainstATlsPortFailClearly) {
 TEST(RedisTls, MutualTlsNeedsTheClientCertificate) {
   Certs certs;
   RedisServer server(tls_options(certs, /*auth_clients=*/true));
-  const auto [ec, what] = connect_error(tls_url(server, certs));
+  const auto [ec, what] = connect_outcome(tls_url(server, certs));
   EXPECT_EQ(ec, errc::backend_unavailable) << what;
   auto client = distlock::connect(
       tls_url(server, certs, "&cert=" + certs.path("client.pem") + "&key=" + certs.path("client.key")));
@@ -169,18 +162,18 @@ TEST(RedisTls, MutualTlsNeedsTheClientCertificate) {
 }
 
 TEST(RedisTls, BadTlsParametersAreInvalidUrlNamingThem) {
-  auto [ec, what] = connect_error("rediss://127.0.0.1:1/?cacert=/nonexistent/ca.pem");
+  auto [ec, what] = connect_outcome("rediss://127.0.0.1:1/?cacert=/nonexistent/ca.pem");
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("/nonexistent/ca.pem"), std::string::npos) << what;
-  std::tie(ec, what) = connect_error("redis://127.0.0.1:1/?cacert=/etc/hostname");
+  std::tie(ec, what) = connect_outcome("redis://127.0.0.1:1/?cacert=/etc/hostname");
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("rediss://"), std::string::npos) << what;
-  std::tie(ec, what) = connect_error("rediss://127.0.0.1:1/?key=/etc/hostname");
+  std::tie(ec, what) = connect_outcome("rediss://127.0.0.1:1/?key=/etc/hostname");
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("cert="), std::string::npos) << what;
   Certs certs;
-  std::tie(ec, what) = connect_error("rediss://127.0.0.1:1/?cacert=" + certs.path("ca.pem") + "&cert=" +
-                                     certs.path("client.pem") + "&key=" + certs.path("server.key"));
+  std::tie(ec, what) = connect_outcome("rediss://127.0.0.1:1/?cacert=" + certs.path("ca.pem") + "&cert=" +
+                                       certs.path("client.pem") + "&key=" + certs.path("server.key"));
   EXPECT_EQ(ec, errc::invalid_url) << what;  // the key does not belong to the certificate
   EXPECT_NE(what.find("client.pem"), std::string::npos) << what;
 }

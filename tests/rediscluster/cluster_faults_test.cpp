@@ -22,24 +22,13 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_probes.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::quiet;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::eventually;
-
-long long shard_subscribers(distlock::testing::RedisServer& node, const std::string& channel) {
-  auto r = node.command({"PUBSUB", "SHARDNUMSUB", channel});
-  return r && r->elements == 2 ? r->element[1]->integer : -1;
-}
 
 // docs/redis-cluster.md: "A master that dies. Its locks are lost [...]; locks on
 // other masters are unaffected". A master that hangs (SIGSTOP: a stalled VM, a
@@ -213,3 +202,4 @@ TEST(RedisClusterReview, AHolderKeepsRenewingWhileItsSlotIsMigratingWithTheKeySt
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -24,31 +24,18 @@
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_probes.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
 using distlock::detail::rediscluster::key_slot;
 using distlock::detail::rediscluster::keys_of;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::quiet;
-
-using distlock::testing::ttl_of;
-
-// Polls `cond` until it holds or `limit` passes on this process's steady clock.
-using distlock::testing::eventually;
 
 long long integer(const distlock::testing::RedisReplyPtr& r) {
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -999;
-}
-
-long long shard_subscribers(distlock::testing::RedisServer& node, const std::string& channel) {
-  auto r = node.command({"PUBSUB", "SHARDNUMSUB", channel});
-  return r && r->elements == 2 ? r->element[1]->integer : -1;
 }
 
 // PTTL of `key` on a node importing its slot (ASKING first, on one connection).
@@ -563,3 +550,4 @@ TEST(RedisCluster, EveryMasterGetsTheServerConfigurationCheck) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

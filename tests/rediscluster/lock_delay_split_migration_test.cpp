@@ -20,22 +20,13 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-distlock::LockOptions opts(Millis ttl, Millis delay) {
-  distlock::LockOptions o = distlock::testing::ttl_of(ttl, std::nullopt);
-  o.lock_delay = delay;
-  return o;
-}
 
 // MIGRATE of one key from node `from` to node `to` (the slot already MIGRATING / IMPORTING).
 void migrate_one(RedisCluster& cluster, int from, int to, const std::string& key) {
@@ -61,8 +52,8 @@ TEST(RedisClusterLockDelaySplitMigration, ALeaseWithADelayKeepsRenewingWhileItsM
   const auto kd = distlock::detail::rediscluster::keys_of("distlock", delayed_name);
   ASSERT_NE(kp.slot, kd.slot);
   auto holder = distlock::connect(cluster.url(), quiet());
-  auto plain = holder.acquire(plain_name, opts(kTtl, 0ms));
-  auto delayed = holder.acquire(delayed_name, opts(kTtl, kDelay));
+  auto plain = holder.acquire(plain_name, delay_opts(kTtl, 0ms));
+  auto delayed = holder.acquire(delayed_name, delay_opts(kTtl, kDelay));
   cluster.begin_move(kp.slot, 0, 1);
   cluster.begin_move(kd.slot, 0, 1);
   migrate_one(cluster, 0, 1, kp.fence);
@@ -111,7 +102,7 @@ TEST(RedisClusterLockDelaySplitMigration, AReleaseWhileTheMarkerMovedAheadHandsO
   const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
   auto holder = distlock::connect(cluster.url(), quiet());
   auto contender = distlock::connect(cluster.url(), quiet());
-  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
   cluster.begin_move(k.slot, 0, 1);
   migrate_one(cluster, 0, 1, k.delay);
   std::error_code ec;
@@ -122,7 +113,7 @@ TEST(RedisClusterLockDelaySplitMigration, AReleaseWhileTheMarkerMovedAheadHandsO
   const auto finished = Steady::now();
   std::optional<distlock::Lease> got;
   try {
-    got = contender.try_acquire(name, opts(kTtl, 0ms));
+    got = contender.try_acquire(name, delay_opts(kTtl, 0ms));
   } catch (const std::system_error& e) {
     ADD_FAILURE() << "the contender got an error: " << e.what();
   }
@@ -135,3 +126,4 @@ TEST(RedisClusterLockDelaySplitMigration, AReleaseWhileTheMarkerMovedAheadHandsO
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -25,27 +25,18 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::RedisCluster;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-distlock::LockOptions opts(Millis ttl, Millis delay, std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o = distlock::testing::ttl_of(ttl, wait);
-  o.lock_delay = delay;
-  return o;
-}
 
 // One try_acquire: {granted, error text ("" when none)}; a lease granted is released.
 std::pair<bool, std::string> try_once(distlock::Client& c, const std::string& name, Millis ttl) {
   try {
-    auto got = c.try_acquire(name, opts(ttl, 0ms));
+    auto got = c.try_acquire(name, delay_opts(ttl, 0ms));
     if (!got) return {false, ""};
     got->release();
     return {true, ""};
@@ -58,10 +49,7 @@ std::pair<bool, std::string> try_once(distlock::Client& c, const std::string& na
 // ASKING first: the slot may be importing there.
 std::pair<long long, long long> pttls(distlock::testing::RedisServer& node,
                                       const distlock::detail::rediscluster::NameKeys& k) {
-  auto rep = node.command(
-      {"EVAL", "return {redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])}", "2", k.lock, k.delay});
-  if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) return {-999, -999};
-  return {rep->element[0]->integer, rep->element[1]->integer};
+  return distlock::testing::lock_and_marker_pttl(node, k.lock, k.delay);
 }
 
 // The slot migrates from node 0 to node 1 under a held lease with TTL 1 s and D 1.5 s: three
@@ -78,7 +66,7 @@ TEST(RedisClusterLockDelay, AHeldLeaseKeepsItsMarkerThroughAMigrationAndARelease
   auto contender = distlock::connect(cluster.url(), quiet());
   constexpr Millis kTtl = 1000ms;
   constexpr Millis kDelay = 1500ms;
-  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
   {
     const auto [l, m] = pttls(cluster.node(0), k);
     ASSERT_GT(l, 0);
@@ -120,7 +108,7 @@ TEST(RedisClusterLockDelay, AHeldLeaseKeepsItsMarkerThroughAMigrationAndARelease
   ASSERT_TRUE(lease.owns());
   lease.release();
   EXPECT_EQ(pttls(cluster.node(1), k).second, -2) << "a normal release left the lock-delay marker";
-  auto next = contender.try_acquire(name, opts(kTtl, 0ms));
+  auto next = contender.try_acquire(name, delay_opts(kTtl, 0ms));
   ASSERT_TRUE(next.has_value()) << "a normal release did not hand the name on at once";
   next->release();
 }
@@ -138,7 +126,7 @@ TEST(RedisClusterLockDelay, LeasesWithAndWithoutADelayRenewTogether) {
   std::vector<distlock::Lease> leases;
   for (int i = 0; i < 6; ++i) {
     names.push_back(cluster.name_on(0, "delay-mixed", i));
-    leases.push_back(c.acquire(names.back(), opts(kTtl, i % 2 == 0 ? kDelay : 0ms)));
+    leases.push_back(c.acquire(names.back(), delay_opts(kTtl, i % 2 == 0 ? kDelay : 0ms)));
   }
   std::this_thread::sleep_for(3 * kTtl);
   for (int i = 0; i < 6; ++i) {
@@ -186,17 +174,9 @@ TEST(RedisClusterLockDelay, AKilledHoldersMarkerMovesWithItsSlotAndHoldsTheNameB
   EXPECT_EQ(lock_left, -2);
   ASSERT_GT(marker_left, 0) << "the marker did not move with its slot";
   auto prober = distlock::connect(cluster.url(), quiet());
-  std::optional<Steady::time_point> granted;
-  for (int i = 0; i < 500 && !granted; ++i) {  // 500 x 20 ms: past kill + TTL + D + 1 s
-    std::error_code ec;
-    auto got = prober.acquire(name, opts(kTtl, 0ms, 0ms), ec);
-    if (got.owns()) {
-      granted = Steady::now();
-      got.release();
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  // 500 x 20 ms: past kill + TTL + D + 1 s
+  const auto granted =
+      distlock::testing::first_grant(prober, name, kTtl, 500, distlock::testing::ProbeErrors::retried);
   ASSERT_TRUE(granted.has_value()) << "the name was never granted after the lock-delay";
   const auto after = std::chrono::duration_cast<Millis>(*granted - killed);
   std::printf(
@@ -209,3 +189,4 @@ TEST(RedisClusterLockDelay, AKilledHoldersMarkerMovesWithItsSlotAndHoldsTheNameB
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -15,36 +15,24 @@
 #include <memory>
 #include <string>
 
+#include "direct_backend.hpp"
 #include "engine/backend.hpp"
 #include "engine/url.hpp"
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
 #include "support/eventually.hpp"
-#include "support/fault_proxy.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using distlock::detail::AcquireRequest;
 using distlock::detail::Error;
+using distlock::testing::lock_delay_name;
+using distlock::testing::make_backend;
 
 constexpr std::string_view kOwner = "0123456789abcdef0123456789abcdef:1";
 constexpr std::string_view kThirdOwner = "fedcba9876543210fedcba9876543210:1";
-
-std::unique_ptr<distlock::detail::Backend> make_backend(const std::string& url_text) {
-  distlock::ClientOptions opts;
-  opts.logger = [](distlock::LogLevel, std::string_view) {};
-  distlock::detail::Url url;
-  Error ec;
-  if ((ec = distlock::detail::parse_url(url_text, url))) {
-    ADD_FAILURE() << ec.detail();
-    return nullptr;
-  }
-  auto b = distlock::detail::make_redlock_backend(url, opts, ec);
-  if (!b) ADD_FAILURE() << ec.message() << " " << ec.detail();
-  return b;
-}
 
 // The owner a lock key's value names: the part before the attempt's nonce, if any.
 std::string owner_part(const std::string& value) {
@@ -56,29 +44,19 @@ class RedlockAttemptCleanup : public ::testing::TestWithParam<std::chrono::milli
 
 TEST_P(RedlockAttemptCleanup, AFailedAttemptsLateCleanUpLeavesTheNextAttemptsKey) {
   const std::chrono::milliseconds lock_delay = GetParam();
-  distlock::testing::Masters m(3);
-  distlock::testing::FaultProxy p0(m[0].port()), p1(m[1].port()), p2(m[2].port());
-  // A per-master timeout far above a loaded host's round trip: only master 0 stays silent.
-  const std::string url = "redlock://127.0.0.1:" + std::to_string(p0.port()) +
-                          ",127.0.0.1:" + std::to_string(p1.port()) +
-                          ",127.0.0.1:" + std::to_string(p2.port()) + "?timeout=500ms";
-  auto client = make_backend(url);
-  auto third = make_backend(m.url("timeout=500ms"));
-  ASSERT_TRUE(client && third);
   const std::string key = distlock::detail::redlock::lock_key(distlock::detail::redlock::Config{}, "job");
   const AcquireRequest req{"job", kOwner, 10s, false, lock_delay};
 
-  // The client's connection to every master is open (a first lease, released).
-  Error ec;
-  const AcquireRequest warm{"warm-up", kOwner, 10s, false, lock_delay};
-  ASSERT_TRUE(client->try_acquire(warm, ec).acquired) << ec.message() << " " << ec.detail();
-  ASSERT_EQ(client->release("warm-up", kOwner, 0, ec), distlock::detail::ReleaseStatus::released);
+  // The client's connection to every master is open (a first lease, released); others hold
+  // masters 1 and 2; master 0's open connection is held back.
+  distlock::testing::HeldMaster0 s;
+  ASSERT_NO_FATAL_FAILURE(s.set_up(kOwner, key, lock_delay));
+  auto& m = s.m;
+  auto& p0 = s.p0;
+  auto& client = s.client;
+  auto& third = s.third;
   const int accepted_before = p0.accepted();
-
-  // Others hold masters 1 and 2; master 0's open connection is held back.
-  ASSERT_EQ(m[1].command({"SET", key, "other-holder-x", "PX", "60000"})->type, REDIS_REPLY_STATUS);
-  ASSERT_EQ(m[2].command({"SET", key, "other-holder-y", "PX", "60000"})->type, REDIS_REPLY_STATUS);
-  ASSERT_TRUE(p0.hold_open());
+  Error ec;
 
   // Attempt A: busy on 1 and 2, no answer from 0: not granted; its clean-up for master 0 is
   // queued behind its request there.
@@ -152,10 +130,6 @@ TEST(RedlockAttemptNonce, TheAcquireScriptNeverTakesOverALaterAttemptsKey) {
       master.command({"SET", key, std::string(kThirdOwner) + "\n0000000000000000", "PX", "60000"})->type,
       REDIS_REPLY_STATUS);
   EXPECT_EQ(acquire("00000000000000ff"), 0) << "another owner's key";
-}
-
-std::string lock_delay_name(const ::testing::TestParamInfo<std::chrono::milliseconds>& param) {
-  return param.param.count() ? "WithLockDelay" : "NoLockDelay";
 }
 
 INSTANTIATE_TEST_SUITE_P(LockDelay, RedlockAttemptCleanup, ::testing::Values(0ms, 2000ms), lock_delay_name);

@@ -29,22 +29,13 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::Masters;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-distlock::LockOptions opts(Millis ttl, Millis delay) {
-  distlock::LockOptions o = distlock::testing::ttl_of(ttl, std::nullopt);
-  o.lock_delay = delay;
-  return o;
-}
 
 std::string marker_key(const std::string& name) {
   return "distlock:redlock:delay:" + name;
@@ -66,21 +57,6 @@ struct Proxied {
     }
   }
 };
-
-// The first instant `prober` is granted `name` (trying every 20 ms, at most `tries` times), or
-// nullopt. Each grant is released at once.
-std::optional<Steady::time_point> first_grant(distlock::Client& prober, const std::string& name, Millis ttl,
-                                              int tries) {
-  for (int i = 0; i < tries; ++i) {
-    if (auto got = prober.try_acquire(name, opts(ttl, 0ms))) {
-      const auto at = Steady::now();
-      got->release();
-      return at;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  return std::nullopt;
-}
 
 long long ms_between(Steady::time_point a, Steady::time_point b) {
   return static_cast<long long>(std::chrono::duration_cast<Millis>(b - a).count());
@@ -104,7 +80,7 @@ TEST(RedlockLockDelayLossPaths, AReleaseThatFindsTheLeaseRevokedKeepsItsMarkers)
   auto holder = distlock::connect(m.url(), quiet());
   auto revoker = distlock::connect(revoker_net.url, quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
   m[0].restart();
   ASSERT_EQ(marker_pttl(m, 0, name), -2) << "master 0 kept its data over the restart";
   ASSERT_GT(marker_pttl(m, 1, name), kDelay.count());
@@ -143,7 +119,7 @@ TEST(RedlockLockDelayLossPaths, ARevokedHolderHoldsTheNameBackForItsDelay) {
   auto holder = distlock::connect(m.url(), quiet());
   auto revoker = distlock::connect(m.url(), quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
   const auto revoked_at = Steady::now();
   ASSERT_TRUE(revoker.revoke(name, "lock-delay loss-path test").revoked);
   const auto granted = first_grant(prober, name, kTtl, 500);
@@ -167,14 +143,14 @@ TEST(RedlockLockDelayLossPaths, ANormalReleaseOnABareQuorumHandsOverAtOnce) {
   const std::string name = "ld/bare-quorum-release";
   auto holder = distlock::connect(holder_net.url, quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
   holder_net.proxies[2]->freeze();
   std::error_code ec;
   lease.release(ec);
   EXPECT_FALSE(ec) << ec.message();
   const auto released_at = Steady::now();
   EXPECT_GT(marker_pttl(m, 2, name), 0) << "the cut-off master lost its marker";
-  auto got = prober.try_acquire(name, opts(kTtl, 0ms));
+  auto got = prober.try_acquire(name, delay_opts(kTtl, 0ms));
   std::printf("[ redlock3 ] normal release on a bare quorum: first attempt %s %lld ms after it\n",
               got ? "granted" : "busy", ms_between(released_at, Steady::now()));
   EXPECT_TRUE(got.has_value()) << "a normal release did not hand the name over at once";
@@ -191,7 +167,7 @@ TEST(RedlockLockDelayLossPaths, AWaiterIsWokenByANormalReleaseOfAHolderWithADela
   const std::string name = "ld/waiter-woken";
   auto holder = distlock::connect(m.url(), quiet());
   auto waiter = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, opts(kTtl, kDelay));
+  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
   std::atomic<bool> granted{false};
   std::atomic<long long> granted_ns{0};
   std::thread t([&] {
@@ -232,3 +208,4 @@ TEST(RedlockLockDelayLossPaths, AWaiterIsWokenByANormalReleaseOfAHolderWithADela
 }
 
 }  // namespace
+}  // namespace distlock::testing

@@ -32,22 +32,13 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/redis_lock_delay.hpp"
 
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::Masters;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-
-distlock::LockOptions opts(Millis ttl, Millis delay, std::optional<Millis> wait = std::nullopt) {
-  distlock::LockOptions o = distlock::testing::ttl_of(ttl, wait);
-  o.lock_delay = delay;
-  return o;
-}
 
 std::string lock_key(const std::string& name) {
   return "distlock:redlock:lock:" + name;
@@ -58,10 +49,7 @@ std::string marker_key(const std::string& name) {
 
 // PTTL of the lock key and of its marker on master i, read in one script (one instant).
 std::pair<long long, long long> pttls(Masters& m, std::size_t i, const std::string& name) {
-  auto rep = m[i].command({"EVAL", "return {redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])}", "2",
-                           lock_key(name), marker_key(name)});
-  if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) return {-999, -999};
-  return {rep->element[0]->integer, rep->element[1]->integer};
+  return distlock::testing::lock_and_marker_pttl(m[i], lock_key(name), marker_key(name));
 }
 
 // TTL 1 s, D 1.5 s: the marker outlives the key by D + 2 x (D / 100 + 2 ms) = 1,534 ms (± 2 ms:
@@ -75,7 +63,7 @@ TEST(RedlockLockDelay, MarkersOutliveTheKeysByTheDelayPlusDriftUntilANormalRelea
   const long long extra = distlock::detail::redlock::lock_delay_extra(kDelay).count();
   ASSERT_EQ(extra, 1534);
   const std::string name = "ld/markers";
-  auto lease = c.acquire(name, opts(kTtl, kDelay));
+  auto lease = c.acquire(name, delay_opts(kTtl, kDelay));
   int renewals = 0;
   long long last = -1;
   const auto until = Steady::now() + 5s;
@@ -98,7 +86,7 @@ TEST(RedlockLockDelay, MarkersOutliveTheKeysByTheDelayPlusDriftUntilANormalRelea
     EXPECT_EQ(pttls(m, i, name), std::make_pair(-2LL, -2LL)) << "master " << i;
   }
   auto other = distlock::connect(m.url(), quiet());
-  auto next = other.try_acquire(name, opts(kTtl, 0ms));
+  auto next = other.try_acquire(name, delay_opts(kTtl, 0ms));
   ASSERT_TRUE(next.has_value()) << "a normal release did not hand the name on at once";
   next->release();
 }
@@ -128,17 +116,9 @@ TEST(RedlockLockDelay, AKilledHolderHoldsTheNameBackThoughOneMasterRestartsEmpty
   EXPECT_EQ(pttls(m, 0, name), std::make_pair(-2LL, -2LL)) << "master 0 kept its data over the restart";
   (void)child.wait_for(10s);
   auto prober = distlock::connect(m.url(), quiet());
-  std::optional<Steady::time_point> granted;
-  for (int i = 0; i < 500 && !granted; ++i) {  // 500 x 20 ms: past kill + TTL + D + 1 s
-    std::error_code ec;
-    auto got = prober.acquire(name, opts(kTtl, 0ms, 0ms), ec);
-    if (got.owns()) {
-      granted = Steady::now();
-      got.release();
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  // 500 x 20 ms: past kill + TTL + D + 1 s
+  const auto granted =
+      distlock::testing::first_grant(prober, name, kTtl, 500, distlock::testing::ProbeErrors::retried);
   ASSERT_TRUE(granted.has_value()) << "the name was never granted after the lock-delay";
   const auto after = std::chrono::duration_cast<Millis>(*granted - killed);
   std::printf(
@@ -172,7 +152,7 @@ TEST(RedlockLockDelay, AHolderCutOffAndDeclaredLostKeepsTheNameBackUntilAQuorumO
   }
   auto holder_client = distlock::connect(url, quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto held = holder_client.acquire(name, opts(kTtl, kDelay));
+  auto held = holder_client.acquire(name, delay_opts(kTtl, kDelay));
   std::this_thread::sleep_for(kTtl);  // a few renewals
   for (auto& p : proxies) p->freeze();
   const auto frozen = Steady::now();
@@ -188,15 +168,7 @@ TEST(RedlockLockDelay, AHolderCutOffAndDeclaredLostKeepsTheNameBackUntilAQuorumO
       << "the holder never learnt of its loss";
   for (auto& p : proxies) p->pass();
   const auto passed = Steady::now();
-  std::optional<Steady::time_point> granted;
-  for (int i = 0; i < 400 && !granted; ++i) {  // 400 x 20 ms = 8 s
-    if (auto got = prober.try_acquire(name, opts(kTtl, 0ms))) {
-      granted = Steady::now();
-      got->release();
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  const auto granted = distlock::testing::first_grant(prober, name, kTtl, 400);  // 400 x 20 ms = 8 s
   ASSERT_TRUE(granted.has_value()) << "the name was never granted again after the delay";
   const auto ms = [&](Steady::time_point t) {
     return static_cast<long long>(std::chrono::duration_cast<Millis>(t - frozen).count());
@@ -229,7 +201,7 @@ TEST(RedlockLockDelay, AFastPathAttemptOnAMarkedMasterIsBusyAndLeavesTheMarker) 
   }
   auto c = distlock::connect(m.url(), quiet());
   std::error_code ec;
-  auto got = c.acquire(name, opts(1000ms, 0ms, 0ms), ec);
+  auto got = c.acquire(name, delay_opts(1000ms, 0ms, 0ms), ec);
   EXPECT_FALSE(got.owns()) << "granted while a quorum of masters holds a lost holder's marker";
   for (std::size_t i = 0; i < m.size(); ++i) {
     EXPECT_TRUE(eventually([&] { return pttls(m, i, name).first == -2; }, 2000ms))
@@ -251,7 +223,7 @@ TEST(RedlockLockDelay, AGrantedFastPathAttemptGivesBackTheKeyItTookBesideAMarker
   auto r = m[0].command({"SET", marker_key(name), "1534\nlost-owner\n00ff", "PX", "5000"});
   ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS);
   auto c = distlock::connect(m.url(), quiet());
-  auto got = c.try_acquire(name, opts(3000ms, 0ms));
+  auto got = c.try_acquire(name, delay_opts(3000ms, 0ms));
   ASSERT_TRUE(got.has_value()) << "masters 1 and 2 are free: a quorum";
   EXPECT_EQ(pttls(m, 0, name).first, -2) << "the key taken beside the marker was not given back";
   EXPECT_EQ(m.get(0, marker_key(name)), "1534\nlost-owner\n00ff");
@@ -263,3 +235,4 @@ TEST(RedlockLockDelay, AGrantedFastPathAttemptGivesBackTheKeyItTookBesideAMarker
 }
 
 }  // namespace
+}  // namespace distlock::testing

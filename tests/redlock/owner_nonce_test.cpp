@@ -21,13 +21,13 @@
 #include <thread>
 #include <vector>
 
+#include "direct_backend.hpp"
 #include "engine/backend.hpp"
 #include "engine/url.hpp"
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
 #include "support/eventually.hpp"
-#include "support/fault_proxy.hpp"
 
 namespace {
 
@@ -37,24 +37,12 @@ using distlock::detail::Error;
 using distlock::detail::ReleaseStatus;
 using distlock::detail::RenewItem;
 using distlock::detail::RenewStatus;
+using distlock::testing::lock_delay_name;
+using distlock::testing::make_backend;
 
 // An engine-shaped owner id with a holder_info whose tail is hex: the nonce must not be read
 // into it, nor part of it taken for a nonce.
 constexpr std::string_view kOwner = "0123456789abcdef0123456789abcdef:1.7|cafe";
-
-std::unique_ptr<distlock::detail::Backend> make_backend(const std::string& url_text) {
-  distlock::ClientOptions opts;
-  opts.logger = [](distlock::LogLevel, std::string_view) {};
-  distlock::detail::Url url;
-  Error ec;
-  if ((ec = distlock::detail::parse_url(url_text, url))) {
-    ADD_FAILURE() << ec.detail();
-    return nullptr;
-  }
-  auto b = distlock::detail::make_redlock_backend(url, opts, ec);
-  if (!b) ADD_FAILURE() << ec.message() << " " << ec.detail();
-  return b;
-}
 
 std::string key_of(std::string_view name) {
   return distlock::detail::redlock::lock_key(distlock::detail::redlock::Config{}, name);
@@ -175,25 +163,16 @@ class RedlockHeldAttempt : public ::testing::TestWithParam<std::chrono::millisec
 
 TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewalCounts) {
   const std::chrono::milliseconds lock_delay = GetParam();
-  distlock::testing::Masters m(3);
-  distlock::testing::FaultProxy p0(m[0].port()), p1(m[1].port()), p2(m[2].port());
-  const std::string url = "redlock://127.0.0.1:" + std::to_string(p0.port()) +
-                          ",127.0.0.1:" + std::to_string(p1.port()) +
-                          ",127.0.0.1:" + std::to_string(p2.port()) + "?timeout=500ms";
-  auto client = make_backend(url);
-  auto third = make_backend(m.url("timeout=500ms"));
-  ASSERT_TRUE(client && third);
   const std::string key = key_of("job");
   const AcquireRequest req{"job", kOwner, 10s, false, lock_delay};
+  distlock::testing::HeldMaster0 s;
+  ASSERT_NO_FATAL_FAILURE(s.set_up(kOwner, key, lock_delay));
+  auto& m = s.m;
+  auto& client = s.client;
+  auto& third = s.third;
   Error ec;
-  const AcquireRequest warm{"warm-up", kOwner, 10s, false, lock_delay};
-  ASSERT_TRUE(client->try_acquire(warm, ec).acquired) << ec.message() << " " << ec.detail();
-  ASSERT_EQ(client->release("warm-up", kOwner, 0, ec), ReleaseStatus::released);
 
   // Attempt A: busy on 1 and 2, no answer from 0 (its old connection held back).
-  ASSERT_EQ(m[1].command({"SET", key, "other-holder-x", "PX", "60000"})->type, REDIS_REPLY_STATUS);
-  ASSERT_EQ(m[2].command({"SET", key, "other-holder-y", "PX", "60000"})->type, REDIS_REPLY_STATUS);
-  ASSERT_TRUE(p0.hold_open());
   ASSERT_FALSE(client->try_acquire(req, ec).acquired);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
 
@@ -209,7 +188,7 @@ TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewal
   // Master 0 frees, then runs A's held request (it finds the key free) and its clean-up.
   ASSERT_EQ(m[0].command({"DEL", key})->integer, 1);
   const long long evals = m[0].command_calls("eval");
-  p0.release_held();
+  s.p0.release_held();
   ASSERT_TRUE(distlock::testing::eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
       << "master 0 never ran attempt A's held clean-up";
   EXPECT_EQ(m[0].command({"EXISTS", key})->integer, 0)
@@ -229,10 +208,6 @@ TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewal
   EXPECT_FALSE(c.acquired) << "a third client was granted the lock while B's lease was valid";
   EXPECT_EQ(client->release("job", kOwner, 0, ec), ReleaseStatus::released)
       << ec.message() << " " << ec.detail();
-}
-
-std::string lock_delay_name(const ::testing::TestParamInfo<std::chrono::milliseconds>& param) {
-  return param.param.count() ? "WithLockDelay" : "NoLockDelay";
 }
 
 INSTANTIATE_TEST_SUITE_P(LockDelay, RedlockHeldAttempt, ::testing::Values(0ms, 2000ms), lock_delay_name);

@@ -12,6 +12,7 @@
 
 #include "distlock/distlock.hpp"
 #include "masters.hpp"
+#include "support/redis_probes.hpp"
 #include "support/tls_certs.hpp"
 
 namespace distlock {
@@ -19,24 +20,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Certs;
+using testing::connect_outcome;
 using testing::Masters;
+using testing::subscribers;
 using testing::tls_options;
 using Clock = std::chrono::steady_clock;
-
-std::pair<std::error_code, std::string> connect_error(const std::string& url) {
-  try {
-    auto client = connect(url);
-    return {{}, "connected"};
-  } catch (const std::system_error& e) {
-    return {e.code(), e.what()};
-  }
-}
-
-long long numsub(Masters& m, std::size_t i, const std::string& channel) {
-  auto r = m[i].command({"PUBSUB", "NUMSUB", channel});
-  if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return -1;
-  return r->element[1]->integer;
-}
 
 TEST(RedlockTls, LocksAndReleaseNotificationsGoOverTls) {
   Certs certs;
@@ -61,7 +49,7 @@ TEST(RedlockTls, LocksAndReleaseNotificationsGoOverTls) {
   const auto until = Clock::now() + 10s;
   auto subscribed = [&] {
     for (std::size_t i = 0; i < m.size(); ++i) {
-      if (numsub(m, i, channel) != 1) return false;
+      if (subscribers(m[i], channel) != 1) return false;
     }
     return true;
   };
@@ -80,12 +68,12 @@ TEST(RedlockTls, MutualTlsWithAPasswordNeedsTheClientCertificate) {
   const std::string base = "cacert=" + certs.path("ca.pem");
   // TLS 1.3 finishes the client's side of the handshake first; the server's refusal
   // ("certificate required" alert, or a reset) comes with the first read or write.
-  auto [ec, what] = connect_error(m.tls_url(base + "&timeout=1s", ":s3cret"));
+  auto [ec, what] = connect_outcome(m.tls_url(base + "&timeout=1s", ":s3cret"));
   EXPECT_EQ(ec, errc::quorum_unavailable) << what;
   EXPECT_NE(what.find("TLS"), std::string::npos) << what;
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(m[0].tls_port())), std::string::npos) << what;
   const std::string mtls = base + "&cert=" + certs.path("client.pem") + "&key=" + certs.path("client.key");
-  std::tie(ec, what) = connect_error(m.tls_url(mtls, ":wrong"));
+  std::tie(ec, what) = connect_outcome(m.tls_url(mtls, ":wrong"));
   EXPECT_EQ(ec, errc::auth_failed) << what;
   auto client = connect(m.tls_url(mtls, ":s3cret"));
   auto lease = client.acquire("mtls");
@@ -95,7 +83,7 @@ TEST(RedlockTls, MutualTlsWithAPasswordNeedsTheClientCertificate) {
 TEST(RedlockTls, AnUntrustedCertificateOrAPlainPortFailsNamingTheCause) {
   Certs certs;
   Masters m(3, tls_options(certs));
-  auto [ec, what] = connect_error(m.tls_url("cacert=" + certs.path("other-ca.pem")));
+  auto [ec, what] = connect_outcome(m.tls_url("cacert=" + certs.path("other-ca.pem")));
   EXPECT_EQ(ec, errc::quorum_unavailable) << what;
   EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(m[0].tls_port())), std::string::npos) << what;
@@ -103,7 +91,7 @@ TEST(RedlockTls, AnUntrustedCertificateOrAPlainPortFailsNamingTheCause) {
   std::string plain = "redlocks://";
   for (std::size_t i = 0; i < m.size(); ++i)
     plain += (i ? "," : "") + ("127.0.0.1:" + std::to_string(m[i].port()));
-  std::tie(ec, what) = connect_error(plain + "?timeout=1s&cacert=" + certs.path("ca.pem"));
+  std::tie(ec, what) = connect_outcome(plain + "?timeout=1s&cacert=" + certs.path("ca.pem"));
   EXPECT_EQ(ec, errc::quorum_unavailable) << what;
   EXPECT_NE(what.find("TLS handshake"), std::string::npos) << what;
 }
@@ -111,18 +99,18 @@ TEST(RedlockTls, AnUntrustedCertificateOrAPlainPortFailsNamingTheCause) {
 TEST(RedlockTls, TlsSettingsAreCheckedBeforeConnecting) {
   Certs certs;
   const std::string hosts = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
-  auto [ec, what] = connect_error("redlock://" + hosts + "?cacert=" + certs.path("ca.pem"));
+  auto [ec, what] = connect_outcome("redlock://" + hosts + "?cacert=" + certs.path("ca.pem"));
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("redlocks://"), std::string::npos) << what;
-  std::tie(ec, what) = connect_error("redlocks://" + hosts + "?cacert=/nonexistent/ca.pem");
+  std::tie(ec, what) = connect_outcome("redlocks://" + hosts + "?cacert=/nonexistent/ca.pem");
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("/nonexistent/ca.pem"), std::string::npos) << what;
-  std::tie(ec, what) = connect_error("redlocks://" + hosts + "?key=" + certs.path("client.key"));
+  std::tie(ec, what) = connect_outcome("redlocks://" + hosts + "?key=" + certs.path("client.key"));
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("cert="), std::string::npos) << what;
   // A key that does not belong to the certificate: found before any connection.
-  std::tie(ec, what) = connect_error("redlocks://" + hosts + "?cacert=" + certs.path("ca.pem") + "&cert=" +
-                                     certs.path("client.pem") + "&key=" + certs.path("server.key"));
+  std::tie(ec, what) = connect_outcome("redlocks://" + hosts + "?cacert=" + certs.path("ca.pem") + "&cert=" +
+                                       certs.path("client.pem") + "&key=" + certs.path("server.key"));
   EXPECT_EQ(ec, errc::invalid_url) << what;
   EXPECT_NE(what.find("client.pem"), std::string::npos) << what;
 }
