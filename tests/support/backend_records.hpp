@@ -16,6 +16,8 @@
 // and on a client `c` with its backend `b`, the cases the etcd:// and zk:// records tests share:
 //   expect_listing_many_locks_pages_and_skips_records(c, b)
 //   expect_derived_names_list_by_prefix(c, b)
+// and, on any backend whose server is down:
+//   expect_record_calls_unavailable(b, where, secret)
 //
 // Thread-safety: each call uses only its arguments; a Backend's own rules apply.
 #pragma once
@@ -310,6 +312,36 @@ inline void expect_derived_names_list_by_prefix(Client& c, detail::Backend& b) {
             (std::vector<std::string>{"pool", sem + "0", sem + "2", "pool/x"}));
   bool found = false;
   EXPECT_EQ(get_ok(b, "pool\x1fsem", found), "3");
+}
+
+/// Every record call of `b` (put in both modes, get, erase, list_held), its server down, fails
+/// with backend_unavailable, the detail naming `where` (host:port) and never `secret` (when
+/// given). How long the five calls took is printed.
+inline void expect_record_calls_unavailable(detail::Backend& b, const std::string& where,
+                                            const std::string& secret = {}) {
+  using detail::PutMode;
+  detail::Error ec;
+  auto check = [&](const char* what) {
+    EXPECT_EQ(ec, make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
+    const std::string detail = ec.take_detail();
+    EXPECT_NE(detail.find(where), std::string::npos) << what << ": " << detail;
+    if (!secret.empty()) EXPECT_EQ(detail.find(secret), std::string::npos) << detail;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  b.put_record("k", "w", PutMode::always, ec);
+  check("put always");
+  b.put_record("k", "w", PutMode::if_absent, ec);
+  check("put if_absent");
+  b.get_record("k", ec);
+  check("get");
+  b.erase_record("k", ec);
+  check("erase");
+  bool truncated = false;
+  b.list_held("", 10, truncated, ec);
+  check("list_held");
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  std::printf("five record calls against a server that is down took %lld ms\n",
+              static_cast<long long>(took.count()));
 }
 
 }  // namespace distlock::testing

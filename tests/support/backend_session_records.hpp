@@ -288,36 +288,16 @@ inline void expect_expired_locks_not_listed(Client& c, const std::string& tool_u
                   std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - killed).count()));
 }
 
-/// With a record written, `kill_server()` stops the only server: put (both modes), get, erase
-/// and list_held each fail with backend_unavailable, the detail naming `where` (host:port).
-/// How long the five calls took is printed.
+/// With a record written, `kill_server()` stops the only server: every record call fails
+/// naming `where` (host:port), as expect_record_calls_unavailable (backend_records.hpp) checks.
 inline void expect_records_calls_unavailable_naming(detail::Backend& b,
                                                     const std::function<void()>& kill_server,
                                                     const std::string& where) {
-  using detail::PutMode;
   detail::Error ec;
-  b.put_record("k", "v", PutMode::always, ec);
+  b.put_record("k", "v", detail::PutMode::always, ec);
   ASSERT_FALSE(ec);
   kill_server();
-  auto expect_down = [&](const char* what) {
-    EXPECT_EQ(ec, errc::backend_unavailable) << what << ": " << ec.message();
-    const std::string why = ec.take_detail();
-    EXPECT_NE(why.find(where), std::string::npos) << what << ": " << why;
-  };
-  const auto start = std::chrono::steady_clock::now();
-  b.put_record("k", "v", PutMode::always, ec);
-  expect_down("put always");
-  b.put_record("k", "v", PutMode::if_absent, ec);
-  expect_down("put if_absent");
-  b.get_record("k", ec);
-  expect_down("get");
-  b.erase_record("k", ec);
-  expect_down("erase");
-  bool truncated = false;
-  b.list_held("", 10, truncated, ec);
-  expect_down("list_held");
-  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
-  std::printf("five calls against a dead server took %lld ms\n", static_cast<long long>(took.count()));
+  expect_record_calls_unavailable(b, where);
 }
 
 }  // namespace distlock::testing

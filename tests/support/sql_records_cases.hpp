@@ -225,33 +225,14 @@ inline void expect_listing_drops_a_killed_holder_when_status_does(
 }
 
 /// With a record "k" = "v" written by `b`, `server` (a MariadbServer, a PostgresServer) is
-/// stopped: put (both modes), get, erase and list_held each fail with backend_unavailable, the
-/// detail naming 127.0.0.1:port and never the server's password. Restarted, `b` reads "v" again
-/// (its shared connection reopened).
+/// stopped: every record call fails naming 127.0.0.1:port and never the server's password
+/// (expect_record_calls_unavailable, backend_records.hpp). Restarted, `b` reads "v" again (its
+/// shared connection reopened).
 template <class Server>
 void expect_record_calls_unavailable_naming_the_server(Server& server, detail::Backend& b) {
-  using detail::PutMode;
-  put(b, "k", "v", PutMode::always);
+  put(b, "k", "v", detail::PutMode::always);
   server.stop();
-  const std::string port = std::to_string(server.port());
-  detail::Error ec;
-  auto check = [&](const char* what) {
-    EXPECT_EQ(ec, make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
-    const std::string detail = ec.take_detail();
-    EXPECT_NE(detail.find("127.0.0.1:" + port), std::string::npos) << what << ": " << detail;
-    EXPECT_EQ(detail.find(Server::kPassword), std::string::npos) << detail;
-  };
-  b.put_record("k", "w", PutMode::always, ec);
-  check("put always");
-  b.put_record("k", "w", PutMode::if_absent, ec);
-  check("put if_absent");
-  b.get_record("k", ec);
-  check("get");
-  b.erase_record("k", ec);
-  check("erase");
-  bool truncated = false;
-  b.list_held("", 10, truncated, ec);
-  check("list_held");
+  expect_record_calls_unavailable(b, "127.0.0.1:" + std::to_string(server.port()), Server::kPassword);
   server.restart();
   EXPECT_EQ(get(b, "k"), "v");  // the shared connection is reopened
 }
