@@ -14,6 +14,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/postgres_server.hpp"
+#include "support/sql_lock_cases.hpp"
 
 namespace {
 
@@ -28,9 +29,7 @@ using distlock::testing::ttl_of;
 
 using distlock::testing::quiet;
 
-Millis since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t);
-}
+using distlock::testing::since;
 
 // All bounds below are measured on this process's steady clock. The statement timeout
 // is 500 ms; the scheduling margin on a loaded machine is 600 ms (statement and connect

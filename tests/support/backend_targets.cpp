@@ -361,18 +361,40 @@ class ZkTarget final : public Target {
 };
 #endif
 
+#if defined(DISTLOCK_TEST_POSTGRES) || defined(DISTLOCK_TEST_MYSQL)
+// One database server (a PostgresServer, a MariadbServer) as a target of one member: its URL,
+// its port, and the member's faults, which are the server's own.
+template <class Server>
+class DatabaseTarget : public Target {
+ public:
+  std::string url() override { return server_.url(); }
+  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
+  std::string url_via(const std::string& hosts) override { return Server::url_at(hosts); }
+  int members() override { return 1; }
+  void pause(int) override { server_.pause(); }
+  void resume(int) override { server_.resume(); }
+  void kill_and_restart(int) override {
+    server_.kill();
+    server_.restart();
+  }
+  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
+    server_.kill();
+    std::this_thread::sleep_for(down_for);
+    server_.wipe_and_restart();
+    return true;
+  }
+
+ protected:
+  Server server_;
+};
+#endif
+
 #ifdef DISTLOCK_TEST_POSTGRES
 // One PostgreSQL server. Left on it after every client is gone: advisory locks, lock
 // rows still naming an owner, and sessions of distlock clients (lease sessions and
 // LISTEN connections). The token rows stay by design: tokens never go back.
-class PostgresTarget final : public Target {
+class PostgresTarget final : public DatabaseTarget<PostgresServer> {
  public:
-  std::string url() override { return server_.url(); }
-  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
-  std::string url_via(const std::string& hosts) override {
-    return std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword + "@" +
-           hosts + "/postgres";
-  }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     for (const auto& r :
@@ -391,22 +413,6 @@ class PostgresTarget final : public Target {
     }
     return out;
   }
-  int members() override { return 1; }
-  void pause(int) override { server_.pause(); }
-  void resume(int) override { server_.resume(); }
-  void kill_and_restart(int) override {
-    server_.kill();
-    server_.restart();
-  }
-  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
-    server_.kill();
-    std::this_thread::sleep_for(down_for);
-    server_.wipe_and_restart();
-    return true;
-  }
-
- private:
-  PostgresServer server_;
 };
 #endif
 
@@ -415,14 +421,8 @@ class PostgresTarget final : public Target {
 // rows, lock rows still naming an owner, and sessions of the distlock account (lease
 // sessions, waits, the shared connection). The token rows stay by design: tokens never
 // go back.
-class MysqlTarget final : public Target {
+class MysqlTarget final : public DatabaseTarget<MariadbServer> {
  public:
-  std::string url() override { return server_.url(); }
-  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
-  std::string url_via(const std::string& hosts) override {
-    return std::string("mysql://") + MariadbServer::kUser + ":" + MariadbServer::kPassword + "@" + hosts +
-           "/" + MariadbServer::kDatabase;
-  }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     const std::string db = MariadbServer::kDatabase;
@@ -449,22 +449,6 @@ class MysqlTarget final : public Target {
     }
     return out;
   }
-  int members() override { return 1; }
-  void pause(int) override { server_.pause(); }
-  void resume(int) override { server_.resume(); }
-  void kill_and_restart(int) override {
-    server_.kill();
-    server_.restart();
-  }
-  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
-    server_.kill();
-    std::this_thread::sleep_for(down_for);
-    server_.wipe_and_restart();
-    return true;
-  }
-
- private:
-  MariadbServer server_;
 };
 #endif
 
