@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_mono_clock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/cs_log.hpp"
 #include "support/process.hpp"
@@ -46,16 +47,12 @@ using distlock::testing::TempDir;
 
 namespace {
 
+using distlock::testing::mono_ns;
+
 constexpr Millis kTtl = 2000ms;
 constexpr int kCampaigners = 4;
 constexpr int kObservers = 3;
 constexpr std::size_t kLeaders = 7;  // leaderships to see before stopping
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p);
