@@ -18,6 +18,7 @@
 #include "fake/memory_backend.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
+#include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -100,12 +101,10 @@ TEST_F(Election, OneLeaderAtATimeTermsStrictlyIncreaseAndLeaderShowsTheValue) {
   distlock::Lease lb = eb.campaign("host-b", ec);
   EXPECT_EQ(ec, errc::busy) << "a second campaigner must not lead while the first does";
   EXPECT_FALSE(lb.owns());
-  try {
-    eb.campaign("host-b");
-    ADD_FAILURE() << "expected errc::busy";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::busy);
-    const std::string what = e.what();
+  {
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of([&] { eb.campaign("host-b"); }, &what), errc::busy)
+        << "expected errc::busy";
     EXPECT_NE(what.find("election \"svc\""), std::string::npos) << what;
     EXPECT_EQ(what.find('\x1f'), std::string::npos) << "the separator is written \\x1f in messages: " << what;
   }
@@ -144,12 +143,8 @@ TEST_F(Election, ProclaimByANonLeaderOrWithALostLeaseIsRefusedAndWritesNothing) 
   const std::uint64_t t1 = la.token();
 
   auto expect_not_owner = [](const std::function<void()>& f) {
-    try {
-      f();
-      ADD_FAILURE() << "expected errc::not_owner";
-    } catch (const std::system_error& e) {
-      EXPECT_EQ(e.code(), errc::not_owner) << e.what();
-    }
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of(f, &what), errc::not_owner) << "expected errc::not_owner: " << what;
   };
   // Another lock's lease, an empty lease: not this election's leadership.
   distlock::Lease other = b.acquire("p", ttl(3s));
@@ -340,11 +335,11 @@ TEST_F(Election, CancelEndsAnObserversWaitWithErrcCancelled) {
   EXPECT_TRUE(in_time) << "observe() kept waiting after its cancel token was stopped";
   EXPECT_EQ(code, errc::cancelled);
   // Already stopped: refused at once, as acquire() is.
-  try {
-    (void)eo.observe(std::nullopt, 0ms);
-    ADD_FAILURE() << "observe() with a stopped cancel token did not fail";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::cancelled);
+  {
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of([&] { (void)eo.observe(std::nullopt, 0ms); }, &what),
+              errc::cancelled)
+        << "observe() with a stopped cancel token did not fail";
   }
 }
 
@@ -364,11 +359,10 @@ TEST_F(Election, WithoutFencingTokensCampaignWorksButTermsAndObserveAreNotSuppor
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->term, 0u);
   EXPECT_FALSE(l->value_known);
-  try {
-    eb.observe(std::nullopt, 0ms);
-    ADD_FAILURE() << "observe without terms must be refused";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::not_supported) << e.what();
+  {
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of([&] { eb.observe(std::nullopt, 0ms); }, &what), errc::not_supported)
+        << "observe without terms must be refused: " << what;
   }
 }
 
@@ -429,11 +423,14 @@ TEST_F(WithLock, LossWhileFnRunsIsThrownAsLostAfterFnReturns) {
   EXPECT_EQ(store->holder("job"), "other") << "nothing released on the other holder's behalf";
 
   // The local deadline passing (no renewal) counts as a loss too.
-  try {
-    distlock::with_lock(c, "job2", ttl(3s), [&](std::stop_token) { clock->advance(3s); });
-    ADD_FAILURE() << "a lease past its deadline must be reported";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::lost) << e.what();
+  {
+    std::string what;
+    EXPECT_EQ(
+        distlock::testing::code_of(
+            [&] { distlock::with_lock(c, "job2", ttl(3s), [&](std::stop_token) { clock->advance(3s); }); },
+            &what),
+        errc::lost)
+        << "a lease past its deadline must be reported: " << what;
   }
 }
 

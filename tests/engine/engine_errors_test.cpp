@@ -86,9 +86,8 @@ std::string message_of(Fn&& fn, std::error_code& code) {
 
 TEST_F(EngineErrors, EachPublicCallNamesTheCauseItsBackendCallFailedWith) {
   auto opts = options();
-  auto backend = std::make_unique<FailsOnce>(distlock::testing::memory_backend(store_name, opts));
-  FailsOnce* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  FailsOnce* raw = nullptr;
+  auto c = distlock::testing::client_through<FailsOnce>(store_name, opts, &raw);
   std::error_code code;
 
   raw->on_acquire = {{errc::backend_unavailable, "acquire Txn failed at etcd://a:1: deadline exceeded"}};
@@ -122,9 +121,8 @@ TEST_F(EngineErrors, EachPublicCallNamesTheCauseItsBackendCallFailedWith) {
 // fails with a code alone says nothing more, whichever public call it is.
 TEST_F(EngineErrors, ASentenceIsNeverShownWithALaterCallsError) {
   auto opts = options();
-  auto backend = std::make_unique<FailsOnce>(distlock::testing::memory_backend(store_name, opts));
-  FailsOnce* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  FailsOnce* raw = nullptr;
+  auto c = distlock::testing::client_through<FailsOnce>(store_name, opts, &raw);
   std::error_code code;
 
   raw->on_status = {{errc::backend_unavailable, "first cause"}};
