@@ -325,7 +325,9 @@ inline void expect_record_calls_unavailable(detail::Backend& b, const std::strin
     EXPECT_EQ(ec, make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
     const std::string detail = ec.take_detail();
     EXPECT_NE(detail.find(where), std::string::npos) << what << ": " << detail;
-    if (!secret.empty()) EXPECT_EQ(detail.find(secret), std::string::npos) << detail;
+    if (!secret.empty()) {
+      EXPECT_EQ(detail.find(secret), std::string::npos) << detail;
+    }
   };
   const auto start = std::chrono::steady_clock::now();
   b.put_record("k", "w", PutMode::always, ec);
