@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_leftovers.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 #include "support/cs_log.hpp"
@@ -51,16 +52,7 @@ class Conformance : public ::testing::TestWithParam<Kind> {
   distlock::Client client() { return distlock::connect(target_->url(), quiet()); }
   // Every client is gone when this is called; sessions and subscriptions close with them.
   void expect_nothing_left() {
-    std::vector<std::string> left;
-    const bool clean = eventually(
-        [&] {
-          left = target_->leftovers();
-          return left.empty();
-        },
-        5000ms);
-    std::string all;
-    for (auto& l : left) all += "\n  " + l;
-    EXPECT_TRUE(clean) << "left on the server:" << all;
+    expect_no_leftovers([&] { return target_->leftovers(); }, 5000ms);
   }
   // The lock records and queue entries on the server now (leftovers() without the
   // subscriptions and session leases, which come and go with clients, not with locks).

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_leftovers.hpp"
+#include "support/eventually.hpp"
 #ifdef DISTLOCK_TEST_FENCING
 #include "distlock/fencing.hpp"
 #endif
@@ -85,13 +87,9 @@ class LogTail {
   std::deque<std::string> lines_;
 };
 
+// support/eventually.hpp, every 20 ms: some conditions run etcdctl or ask ZooKeeper's mode.
 bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
+  return distlock::testing::eventually(cond, limit, 20ms);
 }
 
 // A 3-member cluster whose members can be cut off from each other.
@@ -311,16 +309,7 @@ class MemberPartition : public ::testing::TestWithParam<Kind> {
   }
 
   void expect_nothing_left() {
-    std::vector<std::string> left;
-    const bool clean = eventually(
-        [&] {
-          left = cluster_->leftovers();
-          return left.empty();
-        },
-        10s);
-    std::string all;
-    for (auto& l : left) all += "\n  " + l;
-    EXPECT_TRUE(clean) << "left on the servers:" << all;
+    distlock::testing::expect_no_leftovers([&] { return cluster_->leftovers(); }, 10s, "servers");
   }
 
   // Lock records and queue entries on the servers (etcd keys, ZooKeeper nodes).

@@ -30,6 +30,7 @@
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "support/backend_leftovers.hpp"
 #include "support/backend_mono_clock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
@@ -151,16 +152,7 @@ class Primitives : public ::testing::TestWithParam<Kind> {
     EXPECT_FALSE(ec) << ec.message();
   }
   void expect_nothing_left() {
-    std::vector<std::string> left;
-    const bool clean = eventually(
-        [&] {
-          left = target_->leftovers();
-          return left.empty();
-        },
-        10000ms);
-    std::string all;
-    for (auto& l : left) all += "\n  " + l;
-    EXPECT_TRUE(clean) << "left on the server:" << all;
+    expect_no_leftovers([&] { return target_->leftovers(); }, 10000ms);
   }
   std::unique_ptr<Target> target_;
 };
