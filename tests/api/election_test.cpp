@@ -16,6 +16,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/eventually.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/thrown.hpp"
@@ -27,6 +28,8 @@ using distlock::detail::MemoryStore;
 using distlock::testing::ManualClock;
 
 namespace {
+
+using distlock::testing::eventually;
 
 int g_store_seq = 0;
 
@@ -74,16 +77,6 @@ struct Election : ::testing::Test {
     return o;
   }
 };
-
-// Real-time bound on a condition another thread makes true (the manual clock does not move).
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return cond();
-}
 
 TEST_F(Election, OneLeaderAtATimeTermsStrictlyIncreaseAndLeaderShowsTheValue) {
   auto a = client();
@@ -232,7 +225,7 @@ TEST_F(Election, ObserversSeeEachLeaderOnceInTermOrderWokenByNotification) {
   };
 
   distlock::Lease la = ea.campaign("a");
-  ASSERT_TRUE(eventually([&] { return seen_count() == 1; }));
+  ASSERT_TRUE(eventually([&] { return seen_count() == 1; }, 10s));
 
   // While the leader holds, the observer makes no call, though the clock moves (4 s
   // in 40 steps, under the 5 s re-check cap; the leader renews on time). One read is
@@ -251,10 +244,10 @@ TEST_F(Election, ObserversSeeEachLeaderOnceInTermOrderWokenByNotification) {
   // release (then a vacancy) and the next leader's bell.
   ea.resign(la);
   distlock::Lease lb = eb.campaign("b");
-  ASSERT_TRUE(eventually([&] { return seen_count() == 2; })) << "woken by the release and the bell";
+  ASSERT_TRUE(eventually([&] { return seen_count() == 2; }, 10s)) << "woken by the release and the bell";
   eb.resign(lb);
   la = ea.campaign("a2");
-  ASSERT_TRUE(eventually([&] { return seen_count() == 3; }));
+  ASSERT_TRUE(eventually([&] { return seen_count() == 3; }, 10s));
   const int reads_for_two_changes = counter->status_calls.load() - reads_before;
   EXPECT_LE(reads_for_two_changes, 12) << "a few reads per change, not a polling loop";
 
@@ -323,7 +316,7 @@ TEST_F(Election, CancelEndsAnObserversWaitWithErrcCancelled) {
     cv.notify_all();
   });
   // The observer has read the election (vacant) and waits; bounded at 10 s.
-  EXPECT_TRUE(eventually([&] { return counter->status_calls.load() > 0; }));
+  EXPECT_TRUE(eventually([&] { return counter->status_calls.load() > 0; }, 10s));
   stop.request_stop();
   bool in_time = false;
   {

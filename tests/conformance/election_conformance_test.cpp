@@ -36,6 +36,7 @@
 #include "support/backend_mono_clock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/cs_log.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -47,6 +48,7 @@ using distlock::testing::TempDir;
 
 namespace {
 
+using distlock::testing::eventually;
 using distlock::testing::mono_ns;
 
 constexpr Millis kTtl = 2000ms;
@@ -66,15 +68,6 @@ std::vector<std::string> lines_of(const std::string& text) {
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
-}
-
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
 }
 
 struct Leadership {
