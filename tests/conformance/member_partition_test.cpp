@@ -150,19 +150,7 @@ class EtcdCluster3 final : public Cluster {
     }
     return true;
   }
-  std::vector<std::string> leftovers() override {
-    std::vector<std::string> out;
-    const std::string keys = etcd_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
-    for (std::size_t pos = 0; pos < keys.size();) {
-      std::size_t nl = keys.find('\n', pos);
-      if (nl == std::string::npos) nl = keys.size();
-      if (nl > pos) out.push_back("key " + keys.substr(pos, nl - pos));
-      pos = nl + 1;
-    }
-    const std::string leases = etcd_.etcdctl_ok({"lease", "list"});
-    if (leases.find("found 0 leases") == std::string::npos) out.push_back("leases: " + leases);
-    return out;
-  }
+  std::vector<std::string> leftovers() override { return distlock::testing::etcd_leftovers(etcd_); }
   void check_harness() override {
     EXPECT_EQ(etcd_.unclassified_peer_connections(), 0)
         << "a peer connection's dialer was not identified: the partition policy decided it";
@@ -217,14 +205,7 @@ class ZkEnsemble3 final : public Cluster {
   }
   std::vector<std::string> leftovers() override {
     distlock::testing::RawZk raw(zk_.hostports());
-    std::vector<std::string> out;
-    for (const auto& dir : raw.children("/distlock")) {
-      // A live client session's presence node (zk_names.hpp, kSessionsDir): no lock state.
-      if (dir == ".sessions") continue;
-      for (const auto& node : raw.children("/distlock/" + dir))
-        out.push_back("node /distlock/" + dir + "/" + node);
-    }
-    return out;
+    return distlock::testing::zk_leftovers(raw);
   }
 
  private:

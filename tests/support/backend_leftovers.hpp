@@ -6,7 +6,15 @@
 //                                                  fails the test listing what is left
 //
 // `leftovers` is a Target's (support/backend_targets.hpp) or a cluster's own listing: one line
-// a thing left (a key, a node, a row, a session).
+// a thing left (a key, a node, a row, a session). Two of those listings are written here, for
+// the targets and the partition test's clusters alike (templates, so that only a test that
+// starts etcd or ZooKeeper includes their harnesses):
+//
+//   etcd_leftovers(cluster)   every key under "distlock" ("key <k>") of an EtcdCluster
+//                             (tests/etcd/etcd_cluster.hpp) and, if any lease is left,
+//                             "leases: <etcdctl lease list>"
+//   zk_leftovers(raw)         every node below /distlock/<dir> ("node <path>") but a live
+//                             session's presence node, read through a RawZk (tests/zk/zk_server.hpp)
 //
 // Thread-safety: uses only its arguments.
 #pragma once
@@ -14,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,6 +43,33 @@ inline void expect_no_leftovers(const std::function<std::vector<std::string>()>&
   std::string all;
   for (auto& l : left) all += "\n  " + l;
   EXPECT_TRUE(clean) << "left on the " << where << ":" << all;
+}
+
+template <class EtcdCluster>
+std::vector<std::string> etcd_leftovers(const EtcdCluster& etcd) {
+  std::vector<std::string> out;
+  const std::string keys = etcd.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
+  for (std::size_t pos = 0; pos < keys.size();) {
+    std::size_t nl = keys.find('\n', pos);
+    if (nl == std::string::npos) nl = keys.size();
+    if (nl > pos) out.push_back("key " + keys.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  const std::string leases = etcd.etcdctl_ok({"lease", "list"});
+  if (leases.find("found 0 leases") == std::string::npos) out.push_back("leases: " + leases);
+  return out;
+}
+
+template <class RawZk>
+std::vector<std::string> zk_leftovers(RawZk& raw) {
+  std::vector<std::string> out;
+  for (const auto& dir : raw.children("/distlock")) {
+    // A live client session's presence node (zk_names.hpp, kSessionsDir): no lock state.
+    if (dir == ".sessions") continue;
+    for (const auto& node : raw.children("/distlock/" + dir))
+      out.push_back("node /distlock/" + dir + "/" + node);
+  }
+  return out;
 }
 
 }  // namespace distlock::testing

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "support/backend_leftovers.hpp"
 #include "support/process.hpp"
 #ifdef DISTLOCK_TEST_REDIS
 #include "support/redis_sentinel.hpp"
@@ -245,19 +246,7 @@ class EtcdTarget final : public Target {
   std::int64_t dead_waiter_bound_ms(std::int64_t waiter_ttl_ms) const override {
     return waiter_ttl_ms + 1000;
   }
-  std::vector<std::string> leftovers() override {
-    std::vector<std::string> out;
-    const std::string keys = cluster_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
-    for (std::size_t pos = 0; pos < keys.size();) {
-      std::size_t nl = keys.find('\n', pos);
-      if (nl == std::string::npos) nl = keys.size();
-      if (nl > pos) out.push_back("key " + keys.substr(pos, nl - pos));
-      pos = nl + 1;
-    }
-    const std::string leases = cluster_.etcdctl_ok({"lease", "list"});
-    if (leases.find("found 0 leases") == std::string::npos) out.push_back("leases: " + leases);
-    return out;
-  }
+  std::vector<std::string> leftovers() override { return etcd_leftovers(cluster_); }
   int members() override { return cluster_.size(); }
   void pause(int m) override { cluster_.pause(m); }
   void resume(int m) override { cluster_.resume(m); }
@@ -313,14 +302,7 @@ class ZkTarget final : public Target {
   std::int64_t max_ttl_ms() const override { return 4000; }
   std::vector<std::string> leftovers() override {
     RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
-    std::vector<std::string> out;
-    for (const auto& dir : raw.children("/distlock")) {
-      // A live client session's presence node (zk_names.hpp, kSessionsDir): no lock state.
-      if (dir == ".sessions") continue;
-      for (const auto& node : raw.children("/distlock/" + dir))
-        out.push_back("node /distlock/" + dir + "/" + node);
-    }
-    return out;
+    return zk_leftovers(raw);
   }
   int members() override { return single_ ? 1 : ensemble_->size(); }
   void pause(int m) override { server(m).pause(); }
