@@ -24,24 +24,11 @@
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::FaultProxy;
-using distlock::testing::MariadbServer;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::connect_error;
-using distlock::testing::quiet;
-using distlock::testing::since;
 
 // Sessions of the distlock account blocked in GET_LOCK (waits inside the server).
 int waits_in_server(const MariadbServer& s) {
@@ -508,3 +495,5 @@ TEST(Mysql, AWaitGivenUpAfterAServerRestartIsCancelledOnTheServer) {
   EXPECT_TRUE(held.owns());
   held.release();
 }
+
+}  // namespace distlock::testing

@@ -25,21 +25,11 @@
 #include "support/postgres_server.hpp"
 #include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::FaultProxy;
-using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-using distlock::testing::since;
 
 // Polls try_acquire (one attempt each, bounded in count and time) until it gets the
 // lock; returns it, or nullopt when `limit` passed.
@@ -312,3 +302,5 @@ TEST(PostgresReview, AnUnrelatedBackendCrashLetsNobodyElseInWhileTheHolderStillO
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -26,21 +26,13 @@
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
 using distlock::detail::AcquireRequest;
 using distlock::detail::Backend;
-using distlock::testing::FaultProxy;
-using distlock::testing::PostgresServer;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
 
 // Quiet, with both timeouts at `timeout`.
 distlock::ClientOptions quiet(Millis timeout = 5000ms) {
@@ -49,8 +41,6 @@ distlock::ClientOptions quiet(Millis timeout = 5000ms) {
   o.command_timeout = timeout;
   return o;
 }
-
-using distlock::testing::since;
 
 std::string advisory_locks(const PostgresServer& s) {
   return s.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0];
@@ -341,3 +331,5 @@ TEST(PostgresSession, TheSessionCheckNamesEverySettingThatDidNotTakeEffect) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing
