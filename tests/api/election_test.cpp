@@ -22,14 +22,10 @@
 #include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
 using distlock::detail::MemoryStore;
-using distlock::testing::ManualClock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
 
 int g_store_seq = 0;
 
@@ -458,3 +454,5 @@ TEST_F(WithLock, TokenFormWithoutFencingIsNotSupportedAndFnNeverRuns) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -20,16 +20,9 @@
 #include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::ManualMemoryTest;
-using distlock::testing::ttl;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
-
-using distlock::testing::code_of;
 
 using SemaphoreTest = ManualMemoryTest;
 using SharedMutexTest = ManualMemoryTest;
@@ -437,3 +430,5 @@ TEST_F(SharedMutexTest, ReadWriteLeasesAreHoldsUsableFromAnyThread) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

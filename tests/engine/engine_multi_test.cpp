@@ -20,14 +20,9 @@
 #include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::ManualMemoryTest;
-using distlock::testing::ttl;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::eventually;
 
 using EngineMulti = ManualMemoryTest;
 
@@ -269,3 +264,5 @@ TEST_F(EngineMulti, ALossReportedForAnotherNameDoesNotMarkTheWonLeaseLost) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

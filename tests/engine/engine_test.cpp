@@ -17,14 +17,10 @@
 #include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
 using distlock::detail::MemoryStore;
-using distlock::testing::ManualClock;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::ttl;
 
 using Fixture = distlock::testing::ManualMemoryTest;
 
@@ -364,3 +360,5 @@ TEST_F(RealTime, ManyThreadsNeverOverlap) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing
