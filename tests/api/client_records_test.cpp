@@ -15,12 +15,14 @@
 #include "support/forwarding_backend.hpp"
 #include "support/memory_fixture.hpp"
 #include "support/process.hpp"
+#include "support/thrown.hpp"
 
 using distlock::errc;
 using distlock::testing::ManualMemoryTest;
 
 namespace {
 
+// What a call threw (support/thrown.hpp), code and what() together.
 struct Failure {
   std::error_code code;
   std::string what;
@@ -28,12 +30,9 @@ struct Failure {
 
 template <class Fn>
 Failure failure_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::system_error& e) {
-    return {e.code(), e.what()};
-  }
-  return {};
+  Failure f;
+  f.code = distlock::testing::code_of(fn, &f.what);
+  return f;
 }
 
 // A backend that keeps no records (the Backend defaults), or whose records fail.
@@ -64,6 +63,17 @@ class UnreachableRecordsBackend final : public distlock::testing::ForwardingBack
 };
 
 using ClientRecords = ManualMemoryTest;
+
+// What reading (`write` false) or writing the record "once" of "job" through `c` threw.
+Failure record_call_failure(distlock::Client& c, bool write) {
+  return failure_of([&] {
+    if (write) {
+      c.put_record("job", "once", "v");
+    } else {
+      (void)c.get_record("job", "once");
+    }
+  });
+}
 
 TEST_F(ClientRecords, RoundTripAbsentWrittenOverwritten) {
   auto c = client();
@@ -172,17 +182,9 @@ TEST_F(ClientRecords, CannotChangeASemaphoresStoredSize) {
 }
 
 TEST_F(ClientRecords, BackendWithoutRecordsIsNamed) {
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(
-      std::make_unique<NoRecordsBackend>(distlock::testing::memory_backend(store_name, options())),
-      options()));
+  auto c = distlock::testing::client_through<NoRecordsBackend>(store_name, options(), nullptr);
   for (bool write : {false, true}) {
-    const Failure f = failure_of([&] {
-      if (write) {
-        c.put_record("job", "once", "v");
-      } else {
-        (void)c.get_record("job", "once");
-      }
-    });
+    const Failure f = record_call_failure(c, write);
     EXPECT_EQ(f.code, errc::not_supported) << f.what;
     EXPECT_EQ(f.what.rfind("record \"once\" of \"job\": backend memory://", 0), 0u) << f.what;
     EXPECT_NE(f.what.find(" keeps no records"), std::string::npos) << f.what;
@@ -190,17 +192,9 @@ TEST_F(ClientRecords, BackendWithoutRecordsIsNamed) {
 }
 
 TEST_F(ClientRecords, BackendFailureCarriesItsSentence) {
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(
-      std::make_unique<UnreachableRecordsBackend>(distlock::testing::memory_backend(store_name, options())),
-      options()));
+  auto c = distlock::testing::client_through<UnreachableRecordsBackend>(store_name, options(), nullptr);
   for (bool write : {false, true}) {
-    const Failure f = failure_of([&] {
-      if (write) {
-        c.put_record("job", "once", "v");
-      } else {
-        (void)c.get_record("job", "once");
-      }
-    });
+    const Failure f = record_call_failure(c, write);
     EXPECT_EQ(f.code, errc::backend_unavailable) << f.what;
     EXPECT_EQ(
         f.what.rfind("record \"once\" of \"job\": reading the reply from memory://x failed: connection reset",

@@ -16,15 +16,15 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/eventually.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
+#include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
 using distlock::detail::MemoryStore;
-using distlock::testing::ManualClock;
 
+namespace distlock::testing {
 namespace {
 
 int g_store_seq = 0;
@@ -74,16 +74,6 @@ struct Election : ::testing::Test {
   }
 };
 
-// Real-time bound on a condition another thread makes true (the manual clock does not move).
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return cond();
-}
-
 TEST_F(Election, OneLeaderAtATimeTermsStrictlyIncreaseAndLeaderShowsTheValue) {
   auto a = client();
   auto b = client();
@@ -100,12 +90,10 @@ TEST_F(Election, OneLeaderAtATimeTermsStrictlyIncreaseAndLeaderShowsTheValue) {
   distlock::Lease lb = eb.campaign("host-b", ec);
   EXPECT_EQ(ec, errc::busy) << "a second campaigner must not lead while the first does";
   EXPECT_FALSE(lb.owns());
-  try {
-    eb.campaign("host-b");
-    ADD_FAILURE() << "expected errc::busy";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::busy);
-    const std::string what = e.what();
+  {
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of([&] { eb.campaign("host-b"); }, &what), errc::busy)
+        << "expected errc::busy";
     EXPECT_NE(what.find("election \"svc\""), std::string::npos) << what;
     EXPECT_EQ(what.find('\x1f'), std::string::npos) << "the separator is written \\x1f in messages: " << what;
   }
@@ -144,12 +132,8 @@ TEST_F(Election, ProclaimByANonLeaderOrWithALostLeaseIsRefusedAndWritesNothing) 
   const std::uint64_t t1 = la.token();
 
   auto expect_not_owner = [](const std::function<void()>& f) {
-    try {
-      f();
-      ADD_FAILURE() << "expected errc::not_owner";
-    } catch (const std::system_error& e) {
-      EXPECT_EQ(e.code(), errc::not_owner) << e.what();
-    }
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of(f, &what), errc::not_owner) << "expected errc::not_owner: " << what;
   };
   // Another lock's lease, an empty lease: not this election's leadership.
   distlock::Lease other = b.acquire("p", ttl(3s));
@@ -237,7 +221,7 @@ TEST_F(Election, ObserversSeeEachLeaderOnceInTermOrderWokenByNotification) {
   };
 
   distlock::Lease la = ea.campaign("a");
-  ASSERT_TRUE(eventually([&] { return seen_count() == 1; }));
+  ASSERT_TRUE(eventually([&] { return seen_count() == 1; }, 10s));
 
   // While the leader holds, the observer makes no call, though the clock moves (4 s
   // in 40 steps, under the 5 s re-check cap; the leader renews on time). One read is
@@ -256,10 +240,10 @@ TEST_F(Election, ObserversSeeEachLeaderOnceInTermOrderWokenByNotification) {
   // release (then a vacancy) and the next leader's bell.
   ea.resign(la);
   distlock::Lease lb = eb.campaign("b");
-  ASSERT_TRUE(eventually([&] { return seen_count() == 2; })) << "woken by the release and the bell";
+  ASSERT_TRUE(eventually([&] { return seen_count() == 2; }, 10s)) << "woken by the release and the bell";
   eb.resign(lb);
   la = ea.campaign("a2");
-  ASSERT_TRUE(eventually([&] { return seen_count() == 3; }));
+  ASSERT_TRUE(eventually([&] { return seen_count() == 3; }, 10s));
   const int reads_for_two_changes = counter->status_calls.load() - reads_before;
   EXPECT_LE(reads_for_two_changes, 12) << "a few reads per change, not a polling loop";
 
@@ -328,7 +312,7 @@ TEST_F(Election, CancelEndsAnObserversWaitWithErrcCancelled) {
     cv.notify_all();
   });
   // The observer has read the election (vacant) and waits; bounded at 10 s.
-  EXPECT_TRUE(eventually([&] { return counter->status_calls.load() > 0; }));
+  EXPECT_TRUE(eventually([&] { return counter->status_calls.load() > 0; }, 10s));
   stop.request_stop();
   bool in_time = false;
   {
@@ -340,11 +324,11 @@ TEST_F(Election, CancelEndsAnObserversWaitWithErrcCancelled) {
   EXPECT_TRUE(in_time) << "observe() kept waiting after its cancel token was stopped";
   EXPECT_EQ(code, errc::cancelled);
   // Already stopped: refused at once, as acquire() is.
-  try {
-    (void)eo.observe(std::nullopt, 0ms);
-    ADD_FAILURE() << "observe() with a stopped cancel token did not fail";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::cancelled);
+  {
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of([&] { (void)eo.observe(std::nullopt, 0ms); }, &what),
+              errc::cancelled)
+        << "observe() with a stopped cancel token did not fail";
   }
 }
 
@@ -364,11 +348,10 @@ TEST_F(Election, WithoutFencingTokensCampaignWorksButTermsAndObserveAreNotSuppor
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->term, 0u);
   EXPECT_FALSE(l->value_known);
-  try {
-    eb.observe(std::nullopt, 0ms);
-    ADD_FAILURE() << "observe without terms must be refused";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::not_supported) << e.what();
+  {
+    std::string what;
+    EXPECT_EQ(distlock::testing::code_of([&] { eb.observe(std::nullopt, 0ms); }, &what), errc::not_supported)
+        << "observe without terms must be refused: " << what;
   }
 }
 
@@ -429,11 +412,14 @@ TEST_F(WithLock, LossWhileFnRunsIsThrownAsLostAfterFnReturns) {
   EXPECT_EQ(store->holder("job"), "other") << "nothing released on the other holder's behalf";
 
   // The local deadline passing (no renewal) counts as a loss too.
-  try {
-    distlock::with_lock(c, "job2", ttl(3s), [&](std::stop_token) { clock->advance(3s); });
-    ADD_FAILURE() << "a lease past its deadline must be reported";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::lost) << e.what();
+  {
+    std::string what;
+    EXPECT_EQ(
+        distlock::testing::code_of(
+            [&] { distlock::with_lock(c, "job2", ttl(3s), [&](std::stop_token) { clock->advance(3s); }); },
+            &what),
+        errc::lost)
+        << "a lease past its deadline must be reported: " << what;
   }
 }
 
@@ -468,3 +454,5 @@ TEST_F(WithLock, TokenFormWithoutFencingIsNotSupportedAndFnNeverRuns) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

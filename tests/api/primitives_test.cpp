@@ -15,36 +15,14 @@
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "support/eventually.hpp"
 #include "support/memory_fixture.hpp"
+#include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::ManualMemoryTest;
-using distlock::testing::ttl;
 
+namespace distlock::testing {
 namespace {
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return pred();
-}
-
-template <class Fn>
-std::error_code code_of(Fn fn, std::string* what = nullptr) {
-  try {
-    fn();
-  } catch (const std::system_error& e) {
-    if (what) *what = e.what();
-    return e.code();
-  }
-  return {};
-}
 
 using SemaphoreTest = ManualMemoryTest;
 using SharedMutexTest = ManualMemoryTest;
@@ -90,7 +68,7 @@ TEST_F(SemaphoreTest, WaiterIsWokenByAReleaseWithoutPolling) {
   std::optional<distlock::Lease> got;
   std::thread waiter([&] { got.emplace(sem_b.acquire()); });
   // One round over both permits, the subscriptions, one more round; then sleep.
-  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 4; }));
+  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 4; }, 10s));
   std::this_thread::sleep_for(300ms);  // the clock stands still: only polling would try again
   EXPECT_EQ(store->try_acquire_calls() - base, 4) << "the waiter polls";
   const std::string freed = p1.name();
@@ -247,8 +225,8 @@ TEST_F(SharedMutexTest, AQueuedWriterBlocksNewReadersAndIsNotStarved) {
     rw_w.unlock();
   });
   // The writer holds the intent lock while it waits for the reader's slot.
-  ASSERT_TRUE(
-      eventually([&] { return store->held(distlock::SharedMutex::intent_lock_name("q"), clock->now()); }));
+  ASSERT_TRUE(eventually(
+      [&] { return store->held(distlock::SharedMutex::intent_lock_name("q"), clock->now()); }, 10s));
   EXPECT_FALSE(rw_late.try_lock_shared()) << "a new reader overtook a queued writer";
   std::atomic<bool> late_in{false};
   std::thread late_reader([&] {
@@ -452,3 +430,5 @@ TEST_F(SharedMutexTest, ReadWriteLeasesAreHoldsUsableFromAnyThread) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -132,10 +132,8 @@ distlock::detail::ListedLock held(const std::string& name, std::uint64_t token) 
 TEST(WatchSourceReplaced, AListingReadBeforeTheReplacementDoesNotHideTheNewServersState) {
   Script script;
   const auto opts = distlock::testing::quiet();
-  auto backend = std::make_unique<ScriptedWatchBackend>(
-      distlock::testing::memory_backend("watch-source-replaced", opts), script);
   distlock::Client client =
-      distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+      distlock::testing::client_through<ScriptedWatchBackend>("watch-source-replaced", opts, nullptr, script);
   distlock::Watch w = client.watch("p/");  // its first listing is empty
 
   auto deliver = [&](auto&& call) {
@@ -213,10 +211,8 @@ TEST(WatchSourceReplaced, AListingReadBeforeTheReplacementDoesNotHideTheNewServe
 TEST(WatchSourceReplaced, AnExpiryReadFromTheOldServerIsNotReportedAfterTheReplacement) {
   Script script;
   const auto opts = distlock::testing::quiet();
-  auto backend = std::make_unique<ScriptedWatchBackend>(
-      distlock::testing::memory_backend("watch-source-replaced-expiry", opts), script);
-  distlock::Client client =
-      distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  distlock::Client client = distlock::testing::client_through<ScriptedWatchBackend>(
+      "watch-source-replaced-expiry", opts, nullptr, script);
   distlock::Watch w = client.watch("p/");
 
   {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_leftovers.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 #include "support/cs_log.hpp"
@@ -34,14 +35,9 @@
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Process;
-using distlock::testing::Target;
-using distlock::testing::TempDir;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
 
 constexpr Millis kTtl = 2000ms;
@@ -50,44 +46,13 @@ distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
   return distlock::testing::ttl_of(kTtl, wait);
 }
 
-using distlock::testing::quiet;
-
-// The exit code of `p` once it exits within `limit`; -1 on a hang, 128+N on signal N.
-int exit_code(Process& p, Millis limit) {
-  const int status = p.wait_for(limit);
-  if (status == -1) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// The lock_tool's own lines in `out` (its stderr, with the library's log lines, shares the file).
-std::vector<std::string> tool_lines(const std::string& out) {
-  std::vector<std::string> lines;
-  std::istringstream in(distlock::testing::read_file(out));
-  for (std::string l; std::getline(in, l);) {
-    if (l.rfind("distlock ", 0) != 0 && l.rfind("lock_tool: ", 0) != 0) lines.push_back(l);
-  }
-  return lines;
-}
-
-// Polls `cond` until it holds or `limit` passes on this process's steady clock.
-using distlock::testing::eventually;
-
 class Conformance : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override { target_ = GetParam().make({}); }
   distlock::Client client() { return distlock::connect(target_->url(), quiet()); }
   // Every client is gone when this is called; sessions and subscriptions close with them.
   void expect_nothing_left() {
-    std::vector<std::string> left;
-    const bool clean = eventually(
-        [&] {
-          left = target_->leftovers();
-          return left.empty();
-        },
-        5000ms);
-    std::string all;
-    for (auto& l : left) all += "\n  " + l;
-    EXPECT_TRUE(clean) << "left on the server:" << all;
+    expect_no_leftovers([&] { return target_->leftovers(); }, 5000ms);
   }
   // The lock records and queue entries on the server now (leftovers() without the
   // subscriptions and session leases, which come and go with clients, not with locks).
@@ -119,7 +84,7 @@ TEST_P(Conformance, ManyLockersOnOneNameExcludeAndTokensFollowAcquisitionOrder) 
          std::to_string(kTtl.count()), "--hold-us", "100", "--counter", counter},
         (dir.path() / ("out" + std::to_string(p))).string()));
   }
-  for (auto& h : hammers) EXPECT_EQ(exit_code(h, 240s), 0) << "a hammer process failed or hung";
+  for (auto& h : hammers) EXPECT_EQ(h.exit_code(240s), 0) << "a hammer process failed or hung";
   const auto sections = distlock::testing::read_sections(log);
   ASSERT_EQ(sections.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
   EXPECT_TRUE(distlock::testing::no_overlap(sections));
@@ -486,7 +451,7 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     const auto killed = Steady::now();
     holder.signal(SIGKILL);
     waiter.join();
-    exit_code(holder, 10s);
+    holder.exit_code(10s);
     ASSERT_FALSE(ec) << ec.message();
     const auto took = std::chrono::duration_cast<Millis>(acquired_at - killed);
     RecordProperty("freed_after_kill_ms", static_cast<int>(took.count()));
@@ -535,7 +500,7 @@ TEST_P(Conformance, AReleaseFreesTheLockWithin3sWhenTheOnlyWaiterIsDead) {
   EXPECT_TRUE(eventually([&] { return holder.status("orphan").waiters.value_or(1) >= 1; }, 10000ms))
       << distlock::testing::read_file(out);
   waiter.signal(SIGKILL);
-  ASSERT_EQ(exit_code(waiter, 10s), 128 + SIGKILL) << distlock::testing::read_file(out);
+  ASSERT_EQ(waiter.exit_code(10s), 128 + SIGKILL) << distlock::testing::read_file(out);
   const auto released_at = Steady::now();
   lease.release();
   auto other = client();
@@ -583,7 +548,7 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       holder.signal(SIGUSR1);
       EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
       holder.signal(SIGTERM);
-      EXPECT_EQ(exit_code(holder, 10s), 0);
+      EXPECT_EQ(holder.exit_code(10s), 0);
       EXPECT_TRUE(distlock::testing::wait_for_text(out, "released", 10s))
           << distlock::testing::read_file(out);
       EXPECT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos);
@@ -613,7 +578,7 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       EXPECT_EQ(lines[2], "owns 0");
       EXPECT_TRUE(lease.owns());
       holder.signal(SIGTERM);
-      EXPECT_EQ(exit_code(holder, 10s), 76) << "its release must find the lease lost";
+      EXPECT_EQ(holder.exit_code(10s), 76) << "its release must find the lease lost";
       EXPECT_TRUE(lease.owns()) << "the old holder's release touched the new holder's lock";
       const auto after = c.status("paused");
       EXPECT_TRUE(after.held);
@@ -750,3 +715,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(distlock::te
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 }  // namespace
+}  // namespace distlock::testing

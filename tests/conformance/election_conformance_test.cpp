@@ -33,8 +33,10 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_mono_clock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/cs_log.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -46,16 +48,13 @@ using distlock::testing::TempDir;
 
 namespace {
 
+using distlock::testing::eventually;
+using distlock::testing::mono_ns;
+
 constexpr Millis kTtl = 2000ms;
 constexpr int kCampaigners = 4;
 constexpr int kObservers = 3;
 constexpr std::size_t kLeaders = 7;  // leaderships to see before stopping
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -69,15 +68,6 @@ std::vector<std::string> lines_of(const std::string& text) {
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
-}
-
-bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
 }
 
 struct Leadership {

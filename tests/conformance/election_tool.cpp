@@ -30,16 +30,13 @@
 #include <thread>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_mono_clock.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
+using distlock::testing::mono_ns;
 
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
+using namespace std::chrono_literals;
 
 void append(const std::string& path, const std::string& line) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

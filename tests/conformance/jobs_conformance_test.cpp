@@ -23,14 +23,9 @@
 #include "support/client_options.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Target;
 
+namespace distlock::testing {
 namespace {
-
-using distlock::testing::quiet;
 
 class JobsConformance : public ::testing::TestWithParam<Kind> {
  protected:
@@ -172,3 +167,5 @@ INSTANTIATE_TEST_SUITE_P(Backends, JobsConformance, ::testing::ValuesIn(distlock
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -30,14 +30,9 @@
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Process;
-using distlock::testing::Target;
-using distlock::testing::TempDir;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
 
 // The backends whose servers enforce lock_delay (docs/design.md "Lock-delay"); every
@@ -124,6 +119,30 @@ class LockDelay : public ::testing::TestWithParam<Kind> {
   std::unique_ptr<Target> target_;
 };
 
+// A waiter in a thread of its own: `c.acquire(name, options)`, started at construction. Once
+// joined: its lease, its error and when it was granted (this process's steady clock); `done`
+// is set as soon as the acquire returned. Joined by the destructor if not before.
+struct Waiter {
+  Waiter(distlock::Client& c, const std::string& name, const distlock::LockOptions& o)
+      : thread([this, &c, name, o] {
+          lease = c.acquire(name, o, ec);
+          granted_at = Steady::now();
+          done = true;
+        }) {}
+  Waiter(const Waiter&) = delete;
+  Waiter& operator=(const Waiter&) = delete;
+  ~Waiter() {
+    if (thread.joinable()) thread.join();
+  }
+  void join() { thread.join(); }
+
+  std::error_code ec;
+  distlock::Lease lease;
+  std::atomic<bool> done{false};
+  Steady::time_point granted_at{};
+  std::thread thread;  // last: started once the members it writes are made
+};
+
 // The timing tests: only where the servers enforce it (the others refuse it, above).
 class LockDelayEnforced : public LockDelay {};
 
@@ -187,24 +206,16 @@ TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
                                                    {"--lock-delay", std::to_string(kDelay.count())});
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
   auto c = client();
-  std::error_code ec;
-  distlock::Lease lease;
-  std::atomic<bool> done{false};
-  Steady::time_point granted_at{};
-  std::thread waiter([&] {
-    lease = c.acquire("ld/killed", opts(kTtl, 0ms, 30s), ec);
-    granted_at = Steady::now();
-    done = true;
-  });
+  Waiter waiter(c, "ld/killed", opts(kTtl, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(c, "ld/killed")) << "the waiter never queued";
-  ASSERT_FALSE(done.load()) << "the waiter got the lock while its holder was alive";
+  ASSERT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
   const Steady::time_point killed = Steady::now();
   holder.signal(SIGKILL);
   // A prober, besides the waiter, tries every 20 ms with one attempt (a waiter's re-check
   // schedule alone could happen to fall after the delay): the first grant to either counts.
   auto prober = client();
   std::optional<Steady::time_point> probed_at;
-  for (int i = 0; i < 1000 && !done.load(); ++i) {  // 1000 x 20 ms: the waiter's 30-s wait
+  for (int i = 0; i < 1000 && !waiter.done.load(); ++i) {  // 1000 x 20 ms: the waiter's 30-s wait
     if (auto got = prober.try_acquire("ld/killed", opts(kTtl, 0ms))) {
       probed_at = Steady::now();
       got->release();  // a normal release: the waiter gets it at once
@@ -214,16 +225,17 @@ TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
   }
   waiter.join();
   (void)holder.wait_for(10s);
-  ASSERT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(lease.owns());
+  ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+  ASSERT_TRUE(waiter.lease.owns());
   ASSERT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos)
       << "the holder lost its lease before the kill: the lower bound does not hold";
-  const Millis after_kill = ms_between(killed, probed_at ? std::min(*probed_at, granted_at) : granted_at);
+  const Millis after_kill =
+      ms_between(killed, probed_at ? std::min(*probed_at, waiter.granted_at) : waiter.granted_at);
   RecordProperty("granted_after_kill_ms", static_cast<int>(after_kill.count()));
   std::printf("[ %s ] lock_delay %lld ms, ttl %lld ms: first granted %lld ms after SIGKILL (to the %s)\n",
               GetParam().label.c_str(), static_cast<long long>(kDelay.count()),
               static_cast<long long>(kTtl.count()), static_cast<long long>(after_kill.count()),
-              probed_at && *probed_at < granted_at ? "prober" : "waiter");
+              probed_at && *probed_at < waiter.granted_at ? "prober" : "waiter");
   EXPECT_GE(after_kill, kDelay - kSkew) << "granted before the dead holder's lock-delay could have ended";
   EXPECT_LE(after_kill, lease_end_bound(GetParam().label, kTtl) + kDelay + kLateBound)
       << "granted too late after the lock-delay ended";
@@ -239,29 +251,21 @@ TEST_P(LockDelayEnforced, NormalReleaseHandsOverAtOnce) {
   auto waiter_client = client();
   auto held = holder_client.try_acquire("ld/released", opts(kTtl, kDelay));
   ASSERT_TRUE(held.has_value());
-  std::error_code ec;
-  distlock::Lease lease;
-  std::atomic<bool> done{false};
-  Steady::time_point granted_at{};
-  std::thread waiter([&] {
-    lease = waiter_client.acquire("ld/released", opts(kTtl, kDelay, 30s), ec);
-    granted_at = Steady::now();
-    done = true;
-  });
+  Waiter waiter(waiter_client, "ld/released", opts(kTtl, kDelay, 30s));
   ASSERT_TRUE(waiter_queued(waiter_client, "ld/released")) << "the waiter never queued";
-  ASSERT_FALSE(done.load());
+  ASSERT_FALSE(waiter.done.load());
   held->release();
   const Steady::time_point released = Steady::now();
   waiter.join();
-  ASSERT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(lease.owns());
-  const Millis took = ms_between(released, granted_at);
+  ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+  ASSERT_TRUE(waiter.lease.owns());
+  const Millis took = ms_between(released, waiter.granted_at);
   RecordProperty("handed_over_ms", static_cast<int>(took.count()));
   std::printf("[ %s ] normal release with lock_delay %lld ms: handed over in %lld ms\n",
               GetParam().label.c_str(), static_cast<long long>(kDelay.count()),
               static_cast<long long>(took.count()));
   EXPECT_LT(took, kHandOverBound);
-  lease.release();
+  waiter.lease.release();
   // Released normally again: another client gets it within 1 s, far below the 5-s delay
   // (not by one try: mysql://'s waiter may still hold the name in its watcher session for
   // a moment after it was granted).
@@ -291,17 +295,9 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
   auto revoker = client();
   auto held = holder_client.try_acquire("ld/revoked", opts(kTtl, kDelay));
   ASSERT_TRUE(held.has_value());
-  std::error_code ec;
-  distlock::Lease lease;
-  std::atomic<bool> done{false};
-  Steady::time_point granted_at{};
-  std::thread waiter([&] {
-    lease = waiter_client.acquire("ld/revoked", opts(kTtl, 0ms, 30s), ec);
-    granted_at = Steady::now();
-    done = true;
-  });
+  Waiter waiter(waiter_client, "ld/revoked", opts(kTtl, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(waiter_client, "ld/revoked")) << "the waiter never queued";
-  ASSERT_FALSE(done.load());
+  ASSERT_FALSE(waiter.done.load());
   const Steady::time_point revoking = Steady::now();
   std::error_code revoke_ec;
   const distlock::RevokeResult r = revoker.revoke("ld/revoked", "lock-delay test", revoke_ec);
@@ -312,22 +308,22 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
     EXPECT_TRUE(held->owns()) << "a refused revoke touched the holder";
     held->release();
     waiter.join();
-    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_FALSE(waiter.ec) << waiter.ec.message();
     return;
   }
   ASSERT_FALSE(revoke_ec) << revoke_ec.message();
   EXPECT_TRUE(r.revoked);
   waiter.join();
-  ASSERT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(lease.owns());
-  const Millis after_revoke = ms_between(revoking, granted_at);
+  ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+  ASSERT_TRUE(waiter.lease.owns());
+  const Millis after_revoke = ms_between(revoking, waiter.granted_at);
   std::printf(
       "[ %s ] revoked holder with lock_delay %lld ms, ttl %lld ms: next granted %lld ms after the "
       "revoke began\n",
       GetParam().label.c_str(), static_cast<long long>(kDelay.count()), static_cast<long long>(kTtl.count()),
       static_cast<long long>(after_revoke.count()));
   EXPECT_GE(after_revoke, kDelay - kSkew) << "a revoked holder's lock-delay did not hold the name back";
-  EXPECT_LE(ms_between(revoked, granted_at),
+  EXPECT_LE(ms_between(revoked, waiter.granted_at),
             lease_end_bound(GetParam().label, kTtl) + revoke_extra(GetParam().label) + kDelay + kLateBound)
       << "granted too late";
   const auto told_by = Steady::now() + 10s;
@@ -353,15 +349,7 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   auto revoker = client();
   auto held = holder_client.try_acquire(name, opts(kTtl, kDelay));
   ASSERT_TRUE(held.has_value());
-  std::error_code ec;
-  distlock::Lease lease;
-  std::atomic<bool> done{false};
-  Steady::time_point granted_at{};
-  std::thread waiter([&] {
-    lease = waiter_client.acquire(name, opts(kTtl, 0ms, 30s), ec);
-    granted_at = Steady::now();
-    done = true;
-  });
+  Waiter waiter(waiter_client, name, opts(kTtl, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(waiter_client, name)) << "the waiter never queued";
   const Steady::time_point revoking = Steady::now();
   std::error_code revoke_ec;
@@ -369,7 +357,7 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   if (revoke_ec == errc::not_supported) {  // session locks (postgres://, mysql://)
     held->release();
     waiter.join();
-    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_FALSE(waiter.ec) << waiter.ec.message();
     return;
   }
   ASSERT_FALSE(revoke_ec) << revoke_ec.message();
@@ -378,7 +366,7 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   int held_seen = 0;
   int listed_seen = 0;             // `list` shows held locks only
   std::vector<std::string> bogus;  // revokes inside the delay that reported a holder
-  for (int i = 0; i < 200 && !done.load(); ++i) {
+  for (int i = 0; i < 200 && !waiter.done.load(); ++i) {
     std::error_code pec;
     const distlock::LockInfo info = revoker.status(name);
     const std::vector<distlock::ListedLock> listed = revoker.list(name);
@@ -404,10 +392,10 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   for (const std::string& b : bogus) ADD_FAILURE() << "a revoke inside the lock-delay revoked " << b;
   EXPECT_EQ(held_seen, 0) << "status showed the lock held while nobody could hold it";
   EXPECT_EQ(listed_seen, 0) << "list showed the lock held while nobody could hold it";
-  ASSERT_FALSE(ec) << "the waiter's acquire failed: " << ec.message();
-  ASSERT_TRUE(lease.owns());
-  EXPECT_GE(ms_between(revoking, granted_at), kDelay - kSkew);
-  EXPECT_EQ(lease.loss_reason(), distlock::LossReason::none);
+  ASSERT_FALSE(waiter.ec) << "the waiter's acquire failed: " << waiter.ec.message();
+  ASSERT_TRUE(waiter.lease.owns());
+  EXPECT_GE(ms_between(revoking, waiter.granted_at), kDelay - kSkew);
+  EXPECT_EQ(waiter.lease.loss_reason(), distlock::LossReason::none);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LockDelay, ::testing::ValuesIn(distlock::testing::kinds()),
@@ -418,3 +406,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, LockDelayEnforced, ::testing::ValuesIn(enforc
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 }  // namespace
+}  // namespace distlock::testing

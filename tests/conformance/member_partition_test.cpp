@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_leftovers.hpp"
+#include "support/eventually.hpp"
 #ifdef DISTLOCK_TEST_FENCING
 #include "distlock/fencing.hpp"
 #endif
@@ -85,13 +87,9 @@ class LogTail {
   std::deque<std::string> lines_;
 };
 
+// support/eventually.hpp, every 20 ms: some conditions run etcdctl or ask ZooKeeper's mode.
 bool eventually(const std::function<bool()>& cond, Millis limit) {
-  const auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
+  return distlock::testing::eventually(cond, limit, 20ms);
 }
 
 // A 3-member cluster whose members can be cut off from each other.
@@ -152,19 +150,7 @@ class EtcdCluster3 final : public Cluster {
     }
     return true;
   }
-  std::vector<std::string> leftovers() override {
-    std::vector<std::string> out;
-    const std::string keys = etcd_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
-    for (std::size_t pos = 0; pos < keys.size();) {
-      std::size_t nl = keys.find('\n', pos);
-      if (nl == std::string::npos) nl = keys.size();
-      if (nl > pos) out.push_back("key " + keys.substr(pos, nl - pos));
-      pos = nl + 1;
-    }
-    const std::string leases = etcd_.etcdctl_ok({"lease", "list"});
-    if (leases.find("found 0 leases") == std::string::npos) out.push_back("leases: " + leases);
-    return out;
-  }
+  std::vector<std::string> leftovers() override { return distlock::testing::etcd_leftovers(etcd_); }
   void check_harness() override {
     EXPECT_EQ(etcd_.unclassified_peer_connections(), 0)
         << "a peer connection's dialer was not identified: the partition policy decided it";
@@ -219,14 +205,7 @@ class ZkEnsemble3 final : public Cluster {
   }
   std::vector<std::string> leftovers() override {
     distlock::testing::RawZk raw(zk_.hostports());
-    std::vector<std::string> out;
-    for (const auto& dir : raw.children("/distlock")) {
-      // A live client session's presence node (zk_names.hpp, kSessionsDir): no lock state.
-      if (dir == ".sessions") continue;
-      for (const auto& node : raw.children("/distlock/" + dir))
-        out.push_back("node /distlock/" + dir + "/" + node);
-    }
-    return out;
+    return distlock::testing::zk_leftovers(raw);
   }
 
  private:
@@ -311,16 +290,7 @@ class MemberPartition : public ::testing::TestWithParam<Kind> {
   }
 
   void expect_nothing_left() {
-    std::vector<std::string> left;
-    const bool clean = eventually(
-        [&] {
-          left = cluster_->leftovers();
-          return left.empty();
-        },
-        10s);
-    std::string all;
-    for (auto& l : left) all += "\n  " + l;
-    EXPECT_TRUE(clean) << "left on the servers:" << all;
+    distlock::testing::expect_no_leftovers([&] { return cluster_->leftovers(); }, 10s, "servers");
   }
 
   // Lock records and queue entries on the servers (etcd keys, ZooKeeper nodes).

@@ -29,25 +29,15 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_mono_clock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Target;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-using distlock::testing::quiet;
 
 int rounds_per_client() {
   if (const char* v = std::getenv("DISTLOCK_MULTI_LOCK_ROUNDS")) {
@@ -325,3 +315,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, MultiLock, ::testing::ValuesIn(distlock::test
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 }  // namespace
+}  // namespace distlock::testing

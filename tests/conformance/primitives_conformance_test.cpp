@@ -30,6 +30,8 @@
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "support/backend_leftovers.hpp"
+#include "support/backend_mono_clock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
@@ -37,14 +39,9 @@
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Process;
-using distlock::testing::Target;
-using distlock::testing::TempDir;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
 
 constexpr Millis kTtl = 2000ms;
@@ -53,25 +50,9 @@ distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
   return distlock::testing::ttl_of(kTtl, wait);
 }
 
-using distlock::testing::quiet;
-
 std::string tool() {
   return DISTLOCK_PRIMITIVES_TOOL_PATH;
 }
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-int exit_code(Process& p, Millis limit) {
-  const int status = p.wait_for(limit);
-  if (status == -1) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-using distlock::testing::eventually;
 
 // One critical section: `slot` is the permit (semaphore) or 'w'/'r' (read-write lock).
 struct Section {
@@ -171,16 +152,7 @@ class Primitives : public ::testing::TestWithParam<Kind> {
     EXPECT_FALSE(ec) << ec.message();
   }
   void expect_nothing_left() {
-    std::vector<std::string> left;
-    const bool clean = eventually(
-        [&] {
-          left = target_->leftovers();
-          return left.empty();
-        },
-        10000ms);
-    std::string all;
-    for (auto& l : left) all += "\n  " + l;
-    EXPECT_TRUE(clean) << "left on the server:" << all;
+    expect_no_leftovers([&] { return target_->leftovers(); }, 10000ms);
   }
   std::unique_ptr<Target> target_;
 };
@@ -228,7 +200,7 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
   killed.signal(SIGKILL);
   stopped_s.end = mono_ns();  // a stopped process acts on nothing
   stopped.signal(SIGSTOP);
-  exit_code(killed, 10s);
+  killed.exit_code(10s);
   std::int64_t resumed_ns = 0;
   if (target_->expires()) {
     std::this_thread::sleep_for(kTtl + 500ms);  // its lease runs out while it is stopped
@@ -237,14 +209,14 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
     EXPECT_TRUE(distlock::testing::wait_for_text(stopped_out, "lost", 20s))
         << "the resumed holder did not see its loss: " << distlock::testing::read_file(stopped_out);
   }
-  for (auto& h : hammers) EXPECT_EQ(exit_code(h, 240s), 0) << "a hammer process failed or hung";
+  for (auto& h : hammers) EXPECT_EQ(h.exit_code(240s), 0) << "a hammer process failed or hung";
   if (!target_->expires()) {
     // Host-local locks: the stopped holder kept its permit the whole time.
     stopped_s.end = mono_ns();
     stopped.signal(SIGCONT);
   }
   stopped.signal(SIGTERM);
-  EXPECT_EQ(exit_code(stopped, 20s), 0);
+  EXPECT_EQ(stopped.exit_code(20s), 0);
 
   std::vector<Section> all = read_sections(log);
   ASSERT_EQ(all.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
@@ -377,7 +349,7 @@ TEST_P(Primitives, ReadersShareAWriterIsExclusive) {
                         std::to_string(kTtl.count()), "--hold-us", "3000", "--write-every", "4"},
                        (dir.path() / ("out" + std::to_string(p))).string()));
   }
-  for (auto& h : hammers) EXPECT_EQ(exit_code(h, 240s), 0) << "a hammer process failed or hung";
+  for (auto& h : hammers) EXPECT_EQ(h.exit_code(240s), 0) << "a hammer process failed or hung";
   const std::vector<Section> all = read_sections(log);
   ASSERT_EQ(all.size(), static_cast<std::size_t>(kProcesses * kThreads * kIters));
   const std::vector<Section> valid = owned_only(all);
@@ -422,3 +394,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, Primitives, ::testing::ValuesIn(distlock::tes
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 }  // namespace
+}  // namespace distlock::testing

@@ -35,19 +35,16 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_mono_clock.hpp"
 
 namespace {
+
+using distlock::testing::mono_ns;
 
 std::atomic<bool> g_stop{false};
 
 void on_signal(int) {
   g_stop = true;
-}
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 void say(const std::string& line) {

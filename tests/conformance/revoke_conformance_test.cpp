@@ -32,12 +32,9 @@
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Target;
 using Steady = std::chrono::steady_clock;
 
+namespace distlock::testing {
 namespace {
 
 constexpr Millis kTtl = 3000ms;
@@ -367,23 +364,6 @@ TEST_P(Revoke, EachRevokeReachesTheLeaseItRevokedAndNoOther) {
   EXPECT_EQ(ops.last_revoke(name).value_or(distlock::RevokeRecord{}).reason, "second");
 }
 
-// The exit code of `p` once it exits within `limit`; -1 on a hang, 128+N on signal N.
-int exit_code(distlock::testing::Process& p, Millis limit) {
-  const int status = p.wait_for(limit);
-  if (status == -1) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// The lock_tool's own lines in `out` (its stderr, with the library's log lines, shares the file).
-std::vector<std::string> tool_lines(const std::string& out) {
-  std::vector<std::string> lines;
-  std::istringstream in(distlock::testing::read_file(out));
-  for (std::string l; std::getline(in, l);) {
-    if (l.rfind("distlock ", 0) != 0 && l.rfind("lock_tool: ", 0) != 0) lines.push_back(l);
-  }
-  return lines;
-}
-
 // A holder frozen (SIGSTOP) while it is revoked: it cannot be told, so only the server's lease
 // stands between it and the next holder. The waiter is not granted before half a TTL after the
 // freeze (the holder's last renewal, due every TTL/3, was sent at most a renewal interval and a
@@ -408,7 +388,7 @@ TEST_P(Revoke, FrozenHolderRevokedIsNotOverlappedAndSeesTheLossOnResume) {
     EXPECT_EQ(ec, errc::not_supported) << ec.message();
     holder.signal(SIGCONT);
     holder.signal(SIGTERM);
-    EXPECT_EQ(exit_code(holder, 10s), 0) << distlock::testing::read_file(out);
+    EXPECT_EQ(holder.exit_code(10s), 0) << distlock::testing::read_file(out);
     return;
   }
   ASSERT_FALSE(ec) << ec.message();
@@ -438,7 +418,7 @@ TEST_P(Revoke, FrozenHolderRevokedIsNotOverlappedAndSeesTheLossOnResume) {
   EXPECT_EQ(lines[1], "lost") << "the resumed holder's first word must be the loss";
   EXPECT_EQ(lines[2], "owns 0");
   holder.signal(SIGTERM);
-  EXPECT_EQ(exit_code(holder, 10s), 76) << "its release must find the lease lost";
+  EXPECT_EQ(holder.exit_code(10s), 76) << "its release must find the lease lost";
   EXPECT_TRUE(next.owns()) << "the revoked holder's release touched the new holder's lock";
   const distlock::LockInfo now = ops.status(name);
   EXPECT_TRUE(now.held);
@@ -450,3 +430,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, Revoke, ::testing::ValuesIn(distlock::testing
                          [](const ::testing::TestParamInfo<Kind>& p) { return p.param.label; });
 
 }  // namespace
+}  // namespace distlock::testing

@@ -16,6 +16,7 @@
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
+#include "support/thrown.hpp"
 
 using namespace std::chrono_literals;
 using distlock::errc;
@@ -71,49 +72,40 @@ class FailsOnce final : public distlock::testing::ForwardingBackend {
   }
 };
 
-// The message of the exception `fn` throws ("" when it throws none), and its code.
-template <class Fn>
-std::string message_of(Fn&& fn, std::error_code& code) {
-  try {
-    fn();
-  } catch (const std::system_error& e) {
-    code = e.code();
-    return e.what();
-  }
-  code.clear();
-  return {};
-}
-
 TEST_F(EngineErrors, EachPublicCallNamesTheCauseItsBackendCallFailedWith) {
   auto opts = options();
-  auto backend = std::make_unique<FailsOnce>(distlock::testing::memory_backend(store_name, opts));
-  FailsOnce* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  FailsOnce* raw = nullptr;
+  auto c = distlock::testing::client_through<FailsOnce>(store_name, opts, &raw);
   std::error_code code;
 
   raw->on_acquire = {{errc::backend_unavailable, "acquire Txn failed at etcd://a:1: deadline exceeded"}};
-  std::string msg = message_of([&] { (void)c.try_acquire("job"); }, code);
+  std::string msg;
+  code = distlock::testing::code_of([&] { (void)c.try_acquire("job"); }, &msg);
   EXPECT_EQ(code, errc::backend_unavailable);
   EXPECT_NE(msg.find("acquire Txn failed at etcd://a:1: deadline exceeded"), std::string::npos) << msg;
 
   raw->on_status = {{errc::backend_unavailable, "status Range at etcd://a:1: unreachable"}};
-  msg = message_of([&] { (void)c.status("job"); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { (void)c.status("job"); }, &msg);
   EXPECT_EQ(code, errc::backend_unavailable);
   EXPECT_NE(msg.find("status Range at etcd://a:1: unreachable"), std::string::npos) << msg;
 
   raw->on_list = {{errc::protocol_error, "SCAN at redis://b:2: ERR unknown command"}};
-  msg = message_of([&] { (void)c.list(""); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { (void)c.list(""); }, &msg);
   EXPECT_EQ(code, errc::protocol_error);
   EXPECT_NE(msg.find("SCAN at redis://b:2: ERR unknown command"), std::string::npos) << msg;
 
   raw->on_put = {{errc::backend_unavailable, "record write at zk://c:3: connection loss"}};
-  msg = message_of([&] { (void)c.semaphore("pool", 2); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { (void)c.semaphore("pool", 2); }, &msg);
   EXPECT_EQ(code, errc::backend_unavailable);
   EXPECT_NE(msg.find("record write at zk://c:3: connection loss"), std::string::npos) << msg;
 
   auto lease = c.acquire("job");
   raw->on_release = {{errc::backend_unavailable, "DEL at redis://b:2: connection reset"}};
-  msg = message_of([&] { lease.release(); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { lease.release(); }, &msg);
   EXPECT_EQ(code, errc::backend_unavailable);
   EXPECT_NE(msg.find("DEL at redis://b:2: connection reset"), std::string::npos) << msg;
 }
@@ -122,25 +114,28 @@ TEST_F(EngineErrors, EachPublicCallNamesTheCauseItsBackendCallFailedWith) {
 // fails with a code alone says nothing more, whichever public call it is.
 TEST_F(EngineErrors, ASentenceIsNeverShownWithALaterCallsError) {
   auto opts = options();
-  auto backend = std::make_unique<FailsOnce>(distlock::testing::memory_backend(store_name, opts));
-  FailsOnce* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  FailsOnce* raw = nullptr;
+  auto c = distlock::testing::client_through<FailsOnce>(store_name, opts, &raw);
   std::error_code code;
 
   raw->on_status = {{errc::backend_unavailable, "first cause"}};
-  std::string msg = message_of([&] { (void)c.status("job"); }, code);
+  std::string msg;
+  code = distlock::testing::code_of([&] { (void)c.status("job"); }, &msg);
   ASSERT_NE(msg.find("first cause"), std::string::npos) << msg;
 
   raw->on_acquire = {{errc::backend_unavailable, ""}};
-  msg = message_of([&] { (void)c.try_acquire("job"); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { (void)c.try_acquire("job"); }, &msg);
   EXPECT_EQ(code, errc::backend_unavailable);
   EXPECT_EQ(msg.find("first cause"), std::string::npos) << msg;
 
   raw->on_put = {{errc::backend_unavailable, "second cause"}};
-  msg = message_of([&] { (void)c.semaphore("pool", 2); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { (void)c.semaphore("pool", 2); }, &msg);
   ASSERT_NE(msg.find("second cause"), std::string::npos) << msg;
   raw->on_list = {{errc::protocol_error, ""}};
-  msg = message_of([&] { (void)c.list(""); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { (void)c.list(""); }, &msg);
   EXPECT_EQ(code, errc::protocol_error);
   EXPECT_EQ(msg.find("second cause"), std::string::npos) << msg;
 
@@ -151,7 +146,8 @@ TEST_F(EngineErrors, ASentenceIsNeverShownWithALaterCallsError) {
   EXPECT_EQ(ec, errc::backend_unavailable);
   raw->on_release = {{errc::backend_unavailable, ""}};
   auto lease = c.acquire("job");
-  msg = message_of([&] { lease.release(); }, code);
+  msg.clear();
+  code = distlock::testing::code_of([&] { lease.release(); }, &msg);
   EXPECT_EQ(code, errc::backend_unavailable);
   EXPECT_EQ(msg.find("third cause"), std::string::npos) << msg;
 }

@@ -152,10 +152,8 @@ class SessionLossOnGrant final : public distlock::testing::ForwardingBackend {
 
 TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
   auto opts = options();
-  auto backend =
-      std::make_unique<SessionLossOnGrant>(distlock::testing::memory_backend(store_name, opts), store);
-  SessionLossOnGrant* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  SessionLossOnGrant* raw = nullptr;
+  auto c = distlock::testing::client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
   auto other = client();
 
   raw->lose_next_grant = true;
@@ -172,10 +170,8 @@ TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
 // grant and the engine recording it.
 TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
   auto opts = options();
-  auto backend =
-      std::make_unique<SessionLossOnGrant>(distlock::testing::memory_backend(store_name, opts), store);
-  SessionLossOnGrant* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  SessionLossOnGrant* raw = nullptr;
+  auto c = distlock::testing::client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
   auto other = client();
 
   auto kept = c.acquire("kept", ttl(3s));  // another lease of the client is not touched

@@ -15,29 +15,16 @@
 #include "engine/engine.hpp"
 #include "engine/url.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/eventually.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::ManualMemoryTest;
-using distlock::testing::ttl;
 
+namespace distlock::testing {
 namespace {
 
 using EngineMulti = ManualMemoryTest;
-
-// Polls `pred` (real time, bounded) until it holds.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return pred();
-}
 
 const std::vector<std::string> kNames{"m/0", "m/1", "m/2"};
 
@@ -87,8 +74,8 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
     got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, {}, &index);
   });
   // One round (3 tries), the subscriptions, then one more round before sleeping.
-  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 6; }));
-  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
+  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 6; }, 10s));
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
   // The clock stands still: a waiter that polled would keep calling try_acquire.
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(store->try_acquire_calls() - base, 6) << "the waiter polls";
@@ -115,7 +102,7 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
     got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(30s), 2s, ec);
     done = true;
   });
-  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
   for (int i = 0; i < 5000 && !done; ++i) {
     clock->advance(10ms);
     std::this_thread::sleep_for(1ms);
@@ -143,7 +130,7 @@ TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
     got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(30s), 60s, ec, {}, &index);
     done = true;
   });
-  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }));
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
   store->drop("m/2");  // gone without a notification (a lost message)
   Millis advanced{0};
   for (int i = 0; i < 5000 && !done; ++i) {
@@ -182,7 +169,7 @@ TEST_F(EngineMulti, GateHeldMeansNoNameIsTriedUntilItIsFree) {
   std::shared_ptr<distlock::detail::HeldLock> got;
   std::thread waiter(
       [&] { got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, "g"); });
-  ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }));
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }, 10s));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(store->try_acquire_calls(), base) << "a name was tried while the gate was held";
   EXPECT_FALSE(store->held("m/0", clock->now()));
@@ -214,7 +201,7 @@ TEST_F(EngineMulti, WaitFreeReturnsOnReleaseWithoutPolling) {
   std::atomic<int> result{-1};
   std::thread waiter(
       [&] { result = distlock::detail::engine_of(b)->wait_free("x", std::nullopt, ec) ? 1 : 0; });
-  ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }));
+  ASSERT_TRUE(eventually([&] { return store->live_watches() == 1; }, 10s));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(result.load(), -1);
   EXPECT_EQ(store->try_acquire_calls(), 1) << "waiting for a name to be free never acquires it";
@@ -236,7 +223,7 @@ TEST_F(EngineMulti, SingleNameAcquireStillWaitsByNotification) {
   const int base = store->try_acquire_calls();
   std::optional<distlock::Lease> got;
   std::thread waiter([&] { got.emplace(b.acquire("x", ttl(3s))); });
-  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 2; }));
+  ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 2; }, 10s));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(store->try_acquire_calls() - base, 2);
   x.release();
@@ -277,3 +264,5 @@ TEST_F(EngineMulti, ALossReportedForAnotherNameDoesNotMarkTheWonLeaseLost) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

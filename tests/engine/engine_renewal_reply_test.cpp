@@ -82,9 +82,7 @@ TEST(RenewalReply, AReplyAppliedAfterTheDeadlineOwnsAnsweredFalseForIsALoss) {
   std::shared_ptr<distlock::detail::HeldLock> held;
   bool owns_seen_false = false;
   std::function<void()> on_renewed;
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(
-      std::make_unique<ArmsOnRenew>(distlock::testing::memory_backend(store_name, o), [&] { on_renewed(); }),
-      o));
+  auto c = distlock::testing::client_through<ArmsOnRenew>(store_name, o, nullptr, [&] { on_renewed(); });
   const auto engine = distlock::detail::engine_of(c);
   auto lease = c.acquire("p", distlock::testing::ttl(3s));
   held = engine->held_by_this_thread("p");

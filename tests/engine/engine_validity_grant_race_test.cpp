@@ -54,10 +54,8 @@ class ValidityChangesOnGrant final : public distlock::testing::ForwardingBackend
 // only the latest cap (9 s) and the lease keeps the 9 s its answer counted.
 TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
   auto opts = options();
-  auto backend =
-      std::make_unique<ValidityChangesOnGrant>(distlock::testing::memory_backend(store_name, opts));
-  ValidityChangesOnGrant* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  ValidityChangesOnGrant* raw = nullptr;
+  auto c = distlock::testing::client_through<ValidityChangesOnGrant>(store_name, opts, &raw);
 
   raw->on_next_grant = {3s, 9s};
   auto lease = c.acquire("v", ttl(9s));  // answered with 9 s (the ttl); margin 900 ms
@@ -69,10 +67,8 @@ TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
 // The same order without a raise: the lowered cap is applied at insertion (holds up).
 TEST_F(EngineValidityReview, ALowerDuringAGrantCapsThatGrant) {
   auto opts = options();
-  auto backend =
-      std::make_unique<ValidityChangesOnGrant>(distlock::testing::memory_backend(store_name, opts));
-  ValidityChangesOnGrant* raw = backend.get();
-  auto c = distlock::connect_with_engine(distlock::detail::Engine::create(std::move(backend), opts));
+  ValidityChangesOnGrant* raw = nullptr;
+  auto c = distlock::testing::client_through<ValidityChangesOnGrant>(store_name, opts, &raw);
 
   raw->on_next_grant = {3s};
   auto lease = c.acquire("v", ttl(9s));

@@ -14,22 +14,13 @@
 #include "distlock/distlock.hpp"
 #include "etcd_cluster.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/manual_clock.hpp"
 
 namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
 
 using distlock::testing::quiet;
 

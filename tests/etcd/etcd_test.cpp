@@ -14,6 +14,7 @@
 #include "etcd_cluster.hpp"
 #include "support/client_options.hpp"
 #include "support/cs_log.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -273,17 +274,6 @@ TEST(EtcdBackend, WaiterWhoseKeyVanishedQueuesAgainInsteadOfBelievingItOwns) {
   ASSERT_EQ(keys.size(), 1u);
   EXPECT_NE(keys[0].lease, waiter_lease);
   EXPECT_EQ(static_cast<std::uint64_t>(keys[0].create_rev), got.load());
-}
-
-// Waits (bounded) until `pred` holds; returns whether it did.
-template <class Pred>
-bool eventually(Pred&& pred, std::chrono::milliseconds limit) {
-  const auto end = Steady::now() + limit;
-  while (!pred()) {
-    if (Steady::now() >= end) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
 }
 
 // A release that times out (etcd stopped) leaves the key behind for the client to

@@ -22,6 +22,7 @@
 #include "engine/backend.hpp"
 #include "engine/url.hpp"
 #include "file/file_backend.hpp"
+#include "support/backend_records.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -34,7 +35,12 @@ using distlock::detail::kMaxRecordValue;
 using distlock::detail::lock_file_name;
 using distlock::detail::PutMode;
 using distlock::detail::record_file_name;
+using distlock::testing::all_bytes;
+using distlock::testing::expect_value_bound_is_64kib;
+using distlock::testing::get;
+using distlock::testing::names;
 using distlock::testing::Process;
+using distlock::testing::put;
 using distlock::testing::TempDir;
 namespace fs = std::filesystem;
 
@@ -54,36 +60,7 @@ struct FileRecords : ::testing::Test {
     EXPECT_TRUE(b) << ec.detail();
     return b;
   }
-
-  static std::string put(Backend& b, std::string_view key, std::string_view value, PutMode mode) {
-    distlock::detail::Error ec;
-    std::string stored = b.put_record(key, value, mode, ec);
-    EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
-    return stored;
-  }
-  static std::optional<std::string> get(Backend& b, std::string_view key) {
-    distlock::detail::Error ec;
-    auto v = b.get_record(key, ec);
-    EXPECT_FALSE(ec) << ec.message() << ": " << ec.take_detail();
-    return v;
-  }
-  static std::vector<std::string> names(Backend& b, std::string_view prefix, std::size_t limit,
-                                        bool& truncated) {
-    distlock::detail::Error ec;
-    auto listed = b.list_held(prefix, limit, truncated, ec);
-    EXPECT_FALSE(ec) << ec.message();
-    std::vector<std::string> out;
-    for (const auto& l : listed) out.push_back(l.name);
-    return out;
-  }
 };
-
-std::string all_bytes() {
-  std::string v;
-  for (int i = 0; i < 256; ++i) v.push_back(static_cast<char>(i));
-  v += std::string("\0\r\n\0", 4);
-  return v;
-}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -131,21 +108,7 @@ TEST_F(FileRecords, PutGetEraseAndBinaryValues) {
 
 TEST_F(FileRecords, ValueSizeBoundIs64KiB) {
   auto b = backend();
-  std::string big(kMaxRecordValue, '\0');
-  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 7);
-  EXPECT_EQ(put(*b, "big", big, PutMode::always), big);
-  EXPECT_EQ(get(*b, "big"), big);
-
-  for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
-    distlock::detail::Error ec;
-    ec.clear();
-    b->put_record("big", big + "x", mode, ec);
-    EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
-    const std::string detail = ec.take_detail();
-    EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
-    EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
-  }
-  EXPECT_EQ(get(*b, "big"), big);  // untouched
+  expect_value_bound_is_64kib(*b);
 }
 
 TEST_F(FileRecords, RecordAndLockOfOneNameCoexist) {

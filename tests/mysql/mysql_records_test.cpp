@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -123,29 +124,7 @@ TEST(MysqlRecords, ListHeldDropsAKilledHolderWhenStatusDoes) {
 TEST(MysqlRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   MariadbServer server;
   auto b = backend(server.url());
-  put(*b, "k", "v", PutMode::always);
-  server.stop();
-  const std::string port = std::to_string(server.port());
-  distlock::detail::Error ec;
-  auto check = [&](const char* what) {
-    EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
-    const std::string detail = ec.take_detail();
-    EXPECT_NE(detail.find("127.0.0.1:" + port), std::string::npos) << what << ": " << detail;
-    EXPECT_EQ(detail.find(MariadbServer::kPassword), std::string::npos) << detail;
-  };
-  b->put_record("k", "w", PutMode::always, ec);
-  check("put always");
-  b->put_record("k", "w", PutMode::if_absent, ec);
-  check("put if_absent");
-  b->get_record("k", ec);
-  check("get");
-  b->erase_record("k", ec);
-  check("erase");
-  bool truncated = false;
-  b->list_held("", 10, truncated, ec);
-  check("list_held");
-  server.restart();
-  EXPECT_EQ(get(*b, "k"), "v");  // the shared connection is reopened
+  expect_record_calls_unavailable_naming_the_server(server, *b);
 }
 
 }  // namespace
@@ -191,20 +170,12 @@ TEST(MysqlRecords, AUserThatMayNotCreateTablesStillLocks) {
       "mysql://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/distlock_test";
   auto b = backend(url);
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
-  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  EXPECT_TRUE(got.acquired);
-  ec.clear();
-  b->put_record("x", "v", PutMode::always, ec);
-  EXPECT_TRUE(ec);
-  const std::string detail = ec.take_detail();
-  EXPECT_NE(detail.find("distlock_records"), std::string::npos) << detail;
-  EXPECT_EQ(
-      server.query("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' AND "
-                   "TABLE_NAME = 'distlock_records'")[0][0],
-      "0");
-  b->release("x", "o", got.token, ec);
+  expect_locks_but_record_calls_name_the_missing_table(*b, [&] {
+    EXPECT_EQ(
+        server.query("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'distlock_test' "
+                     "AND TABLE_NAME = 'distlock_records'")[0][0],
+        "0");
+  });
 }
 
 }  // namespace
@@ -264,31 +235,18 @@ TEST(MysqlRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
       "distlock_test.distlock_records TO 'limited'@'127.0.0.1'");
   const std::string url =
       "mysql://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/distlock_test";
-  auto b = backend(url);
-  ASSERT_TRUE(b) << "an account that cannot ALTER the older table can no longer connect";
-  distlock::detail::Error ec;
-  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(got.acquired);
-  EXPECT_FALSE(b->capabilities().lock_delay);
-  b->forget("x", "o", got.token);  // the lost-lease path of a table without the column
-  auto again = b->try_acquire(AcquireRequest{"x", "o1", Millis(5000)}, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(again.acquired) << "a forgotten lease without lock-delay did not free the name";
-  b->release("x", "o1", again.token, ec);
-  EXPECT_FALSE(ec) << ec.message();
-
-  backend(server.url()).reset();  // an account that may alter the table: the column is added
-  auto after = backend(url);
-  ASSERT_TRUE(after);
-  EXPECT_TRUE(after->capabilities().lock_delay);
-  AcquireRequest req{"x", "o2", Millis(5000)};
-  req.lock_delay = Millis(1500);
-  got = after->try_acquire(req, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(got.acquired);
-  EXPECT_EQ(server.query("SELECT delay_ms FROM distlock_test.distlock_locks")[0][0], "1500");
-  after->release("x", "o2", got.token, ec);
+  expect_older_lock_table_locks_without_lock_delay_until_altered(
+      [&] { return backend(server.url()); }, [&] { return backend(url); }, "an account",
+      [](Backend& b, std::uint64_t token) {
+        b.forget("x", "o", token);  // the lost-lease path of a table without the column
+        distlock::detail::Error ec;
+        auto again = b.try_acquire(AcquireRequest{"x", "o1", Millis(5000)}, ec);
+        EXPECT_FALSE(ec) << ec.message();
+        ASSERT_TRUE(again.acquired) << "a forgotten lease without lock-delay did not free the name";
+        b.release("x", "o1", again.token, ec);
+        EXPECT_FALSE(ec) << ec.message();
+      },
+      [&] { return server.query("SELECT delay_ms FROM distlock_test.distlock_locks")[0][0]; });
 }
 
 }  // namespace

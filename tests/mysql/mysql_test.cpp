@@ -24,29 +24,11 @@
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::eventually;
-using distlock::testing::FaultProxy;
-using distlock::testing::MariadbServer;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::connect_error;
-using distlock::testing::quiet;
-using distlock::testing::since;
-
-std::string via(std::uint16_t port) {
-  return std::string("mysql://") + MariadbServer::kUser + ":" + MariadbServer::kPassword +
-         "@127.0.0.1:" + std::to_string(port) + "/" + MariadbServer::kDatabase;
-}
 
 // Sessions of the distlock account blocked in GET_LOCK (waits inside the server).
 int waits_in_server(const MariadbServer& s) {
@@ -198,7 +180,7 @@ TEST(Mysql, WrongPasswordIsAuthFailedAndTheMessageHidesThePassword) {
 TEST(Mysql, ServerDownIsBackendUnavailableNamingTheServer) {
   const std::uint16_t port = distlock::testing::free_port();
   const auto t0 = Clock::now();
-  const auto e = connect_error(via(port) + "?timeout=1s");
+  const auto e = connect_error(MariadbServer::url_through(port) + "?timeout=1s");
   EXPECT_EQ(e.code(), errc::backend_unavailable) << e.what();
   EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
   EXPECT_EQ(std::string(e.what()).find(MariadbServer::kPassword), std::string::npos) << e.what();
@@ -346,7 +328,7 @@ TEST(Mysql, StoppedHolderLosesTheLockOnTheServerAndItsFencedWriteIsRejected) {
 TEST(Mysql, FrozenHolderConnectionStopsTheHolderBeforeTheServerFreesTheLock) {
   MariadbServer server;
   FaultProxy proxy(server.port());
-  auto a = distlock::connect(via(proxy.port()), quiet());
+  auto a = distlock::connect(MariadbServer::url_through(proxy.port()), quiet());
   auto b = distlock::connect(server.url(), quiet());
   const Millis ttl = 3000ms;
   auto held = a.acquire("frozen", ttl_of(ttl));
@@ -513,3 +495,5 @@ TEST(Mysql, AWaitGivenUpAfterAServerRestartIsCancelledOnTheServer) {
   EXPECT_TRUE(held.owns());
   held.release();
 }
+
+}  // namespace distlock::testing

@@ -18,16 +18,10 @@
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::testing::acquired_token;
-using distlock::testing::PostgresServer;
-using distlock::testing::Process;
-using distlock::testing::read_file;
-using distlock::testing::spawn_holder;
-using distlock::testing::TempDir;
-using distlock::testing::wait_for_text;
 using Clock = std::chrono::steady_clock;
 
 // Lease sessions on the server of processes waiting or holding (each lock_tool opens
@@ -91,3 +85,5 @@ TEST(PostgresDeadWaiter, AKilledStoppedOrTerminatedWaiterDelaysTheNextLiveWaiter
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -14,23 +14,13 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/postgres_server.hpp"
+#include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-Millis since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t);
-}
 
 // All bounds below are measured on this process's steady clock. The statement timeout
 // is 500 ms; the scheduling margin on a loaded machine is 600 ms (statement and connect
@@ -133,3 +123,5 @@ TEST(PostgresPausedServer, ANewClientsWaiterReturnsWithinItsWaitPlusOneConnectTi
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

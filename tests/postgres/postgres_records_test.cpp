@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -148,29 +149,7 @@ TEST(PostgresRecords, ListHeldDropsAKilledHolderWhenStatusDoes) {
 TEST(PostgresRecords, ServerDownIsBackendUnavailableNamingTheServer) {
   PostgresServer server;
   auto b = backend(server.url());
-  put(*b, "k", "v", PutMode::always);
-  server.stop();
-  const std::string port = std::to_string(server.port());
-  distlock::detail::Error ec;
-  auto check = [&](const char* what) {
-    EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
-    const std::string detail = ec.take_detail();
-    EXPECT_NE(detail.find("127.0.0.1:" + port), std::string::npos) << what << ": " << detail;
-    EXPECT_EQ(detail.find(PostgresServer::kPassword), std::string::npos) << detail;
-  };
-  b->put_record("k", "w", PutMode::always, ec);
-  check("put always");
-  b->put_record("k", "w", PutMode::if_absent, ec);
-  check("put if_absent");
-  b->get_record("k", ec);
-  check("get");
-  b->erase_record("k", ec);
-  check("erase");
-  bool truncated = false;
-  b->list_held("", 10, truncated, ec);
-  check("list_held");
-  server.restart();
-  EXPECT_EQ(get(*b, "k"), "v");  // the shared connection is reopened
+  expect_record_calls_unavailable_naming_the_server(server, *b);
 }
 
 }  // namespace
@@ -190,17 +169,8 @@ TEST(PostgresRecords, AUserThatMayNotCreateTablesStillLocks) {
       "postgres://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/postgres";
   auto b = backend(url);
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
-  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  EXPECT_TRUE(got.acquired);
-  ec.clear();
-  b->put_record("x", "v", PutMode::always, ec);
-  EXPECT_TRUE(ec);
-  const std::string detail = ec.take_detail();
-  EXPECT_NE(detail.find("distlock_records"), std::string::npos) << detail;
-  EXPECT_EQ(server.query("SELECT to_regclass('distlock_records') IS NULL")[0][0], "t");
-  b->release("x", "o", got.token, ec);
+  expect_locks_but_record_calls_name_the_missing_table(
+      *b, [&] { EXPECT_EQ(server.query("SELECT to_regclass('distlock_records') IS NULL")[0][0], "t"); });
 }
 
 }  // namespace
@@ -223,28 +193,16 @@ TEST(PostgresRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
   server.query("GRANT SELECT, INSERT, UPDATE ON distlock_locks TO limited");
   const std::string url =
       "postgres://limited:limited-pw@127.0.0.1:" + std::to_string(server.port()) + "/postgres";
-  auto b = backend(url);
-  ASSERT_TRUE(b) << "a role that cannot ALTER the older table can no longer connect";
-  distlock::detail::Error ec;
-  auto got = b->try_acquire(AcquireRequest{"x", "o", Millis(5000)}, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  EXPECT_TRUE(got.acquired);
-  EXPECT_FALSE(b->capabilities().lock_delay);
-  b->release("x", "o", got.token, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  EXPECT_EQ(server.query("SELECT owner IS NULL FROM distlock_locks")[0][0], "t");
-
-  backend(server.url()).reset();  // the owner (the superuser) connects: the column is added
-  auto after = backend(url);
-  ASSERT_TRUE(after);
-  EXPECT_TRUE(after->capabilities().lock_delay);
-  AcquireRequest req{"x", "o2", Millis(5000)};
-  req.lock_delay = Millis(1500);
-  got = after->try_acquire(req, ec);
-  EXPECT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(got.acquired);
-  EXPECT_EQ(server.query("SELECT delay_ms FROM distlock_locks")[0][0], "1500");
-  after->release("x", "o2", got.token, ec);
+  expect_older_lock_table_locks_without_lock_delay_until_altered(
+      [&] { return backend(server.url()); },  // the owner (the superuser)
+      [&] { return backend(url); }, "a role",
+      [&](Backend& b, std::uint64_t token) {
+        distlock::detail::Error ec;
+        b.release("x", "o", token, ec);
+        EXPECT_FALSE(ec) << ec.message();
+        EXPECT_EQ(server.query("SELECT owner IS NULL FROM distlock_locks")[0][0], "t");
+      },
+      [&] { return server.query("SELECT delay_ms FROM distlock_locks")[0][0]; });
 }
 
 }  // namespace

@@ -15,17 +15,11 @@
 #include "support/client_options.hpp"
 #include "support/postgres_server.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
 
 std::string url_as(const PostgresServer& s, const std::string& role) {
   return "postgres://" + role + ":" + role + "-pw@127.0.0.1:" + std::to_string(s.port()) + "/postgres";
@@ -153,3 +147,5 @@ TEST(PostgresSchema, ClientsConnectingAtOnceCreateTheTablesOnce) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -23,29 +23,13 @@
 #include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
+#include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::FaultProxy;
-using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::quiet;
-
-Millis since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t);
-}
-
-std::string url_via(const FaultProxy& proxy) {
-  return std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword +
-         "@127.0.0.1:" + std::to_string(proxy.port()) + "/postgres";
-}
 
 // Polls try_acquire (one attempt each, bounded in count and time) until it gets the
 // lock; returns it, or nullopt when `limit` passed.
@@ -70,7 +54,7 @@ std::optional<distlock::Lease> poll_acquire(distlock::Client& c, const std::stri
 TEST(PostgresReview, AConnectionCutUnderALiveHolderLetsNobodyElseInWhileItStillOwns) {
   PostgresServer server;
   FaultProxy proxy(server.port());
-  auto a = distlock::connect(url_via(proxy), quiet());
+  auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
   auto b = distlock::connect(server.url(), quiet());
   const Millis ttl = 60000ms;  // first renewal 20 s after the acquire
   const auto acquired_at = Clock::now();
@@ -125,7 +109,7 @@ TEST(PostgresReview, AServerRestartLetsNobodyElseInWhileTheHolderStillOwns) {
 TEST(PostgresReview, ReleaseAfterTheSessionEndedReportsLost) {
   PostgresServer server;
   FaultProxy proxy(server.port());
-  auto a = distlock::connect(url_via(proxy), quiet());
+  auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
   auto held = a.acquire("cut-release", ttl_of(60000ms));
   proxy.drop();
   // The server has ended the session: the advisory lock is gone.
@@ -318,3 +302,5 @@ TEST(PostgresReview, AnUnrelatedBackendCrashLetsNobodyElseInWhileTheHolderStillO
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -24,22 +24,15 @@
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
 using distlock::detail::AcquireRequest;
 using distlock::detail::Backend;
-using distlock::testing::FaultProxy;
-using distlock::testing::PostgresServer;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
 
 // Quiet, with both timeouts at `timeout`.
 distlock::ClientOptions quiet(Millis timeout = 5000ms) {
@@ -47,15 +40,6 @@ distlock::ClientOptions quiet(Millis timeout = 5000ms) {
   o.connect_timeout = timeout;
   o.command_timeout = timeout;
   return o;
-}
-
-Millis since(Clock::time_point t) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - t);
-}
-
-std::string url_via(const FaultProxy& proxy, const std::string& query = {}) {
-  return std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword +
-         "@127.0.0.1:" + std::to_string(proxy.port()) + "/postgres" + query;
 }
 
 std::string advisory_locks(const PostgresServer& s) {
@@ -72,7 +56,7 @@ std::string advisory_locks(const PostgresServer& s) {
 TEST(PostgresSession, AReleaseWithoutAnAnswerIsATransientErrorNotALoss) {
   PostgresServer server;
   FaultProxy proxy(server.port());
-  auto a = distlock::connect(url_via(proxy), quiet(1000ms));
+  auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet(1000ms));
   auto b = distlock::connect(server.url(), quiet());
   const Millis ttl = 6000ms;
   const auto acquired_at = Clock::now();
@@ -106,7 +90,7 @@ TEST(PostgresSession, AReleaseWithoutAnAnswerIsATransientErrorNotALoss) {
 TEST(PostgresSession, AReleaseOnACutConnectionIsStillALoss) {
   PostgresServer server;
   FaultProxy proxy(server.port());
-  auto a = distlock::connect(url_via(proxy), quiet(1000ms));
+  auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet(1000ms));
   auto held = a.acquire("cut-release", ttl_of(60000ms));
   proxy.drop();
   const auto end = Clock::now() + 10s;
@@ -127,9 +111,10 @@ TEST(PostgresSession, DistlockRunWhoseReleaseGetsNoAnswerKeepsTheJobsStatus) {
   TempDir dir("distlock-pg-run-release");
   const std::string started = (dir.path() / "started").string();
   const std::string out = (dir.path() / "out").string();
-  Process run = Process::spawn({DISTLOCK_CLI_PATH, "run", "--url", url_via(proxy, "?timeout=1s"), "--ttl",
-                                "6s", "frozen-run", "--", "sh", "-c", "touch " + started + "; sleep 1"},
-                               out);
+  Process run = Process::spawn(
+      {DISTLOCK_CLI_PATH, "run", "--url", PostgresServer::url_through(proxy.port(), "?timeout=1s"), "--ttl",
+       "6s", "frozen-run", "--", "sh", "-c", "touch " + started + "; sleep 1"},
+      out);
   const auto end = Clock::now() + 20s;
   while (Clock::now() < end && !std::filesystem::exists(started)) std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(std::filesystem::exists(started)) << "the job never started";
@@ -303,7 +288,7 @@ TEST(PostgresSession, ASessionWhoseStartupOptionsWereDroppedIsRefusedAtConnect) 
   FaultProxy proxy(server.port());
   proxy.set_head_rewriter(&strip_options);
   try {
-    auto c = distlock::connect(url_via(proxy, "?sslmode=disable"), quiet());
+    auto c = distlock::connect(PostgresServer::url_through(proxy.port(), "?sslmode=disable"), quiet());
     // connect() opens the shared and listening connections (idle timeout 0 asked and
     // got: the default); the lease session is opened by the first acquisition.
     std::error_code ec;
@@ -346,3 +331,5 @@ TEST(PostgresSession, TheSessionCheckNamesEverySettingThatDidNotTakeEffect) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -18,22 +18,11 @@
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
 
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::testing::FaultProxy;
-using distlock::testing::PostgresServer;
 using Clock = std::chrono::steady_clock;
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::connect_error;
-using distlock::testing::eventually;
-using distlock::testing::quiet;
-using distlock::testing::since;
 
 // ---- the SQL fenced write (docs/postgres.md, "Fenced writes") --------------------
 // UPDATE … SET …, fence = $token WHERE id = … AND fence < $token, in the caller's own
@@ -339,3 +328,5 @@ TEST(Postgres, ATableOfTheOlderLayoutIsMigratedAndItsTokensKept) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -21,6 +21,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/db_postgres_events.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/postgres_server.hpp"
 #include "support/watch_recorder.hpp"
@@ -78,31 +79,6 @@ void expect_every_token(Watch& w, const std::string& prefix, const Tokens& expec
   }
 }
 
-// The payloads of distlock_events a plain LISTEN connection (holding no key) has received
-// up to its own marker, sent after every change it must cover (PostgreSQL delivers in
-// commit order); waits at most 10 s (steady clock) and fails the test without the marker.
-std::size_t events_heard_until_marker(PGconn* c) {
-  const std::string marker = "marker-of-the-load-test";
-  PGresult* r = PQexec(c, ("SELECT pg_notify('distlock_events', '" + marker + "')").c_str());
-  EXPECT_EQ(PQresultStatus(r), PGRES_TUPLES_OK) << PQerrorMessage(c);
-  PQclear(r);
-  std::size_t heard = 0;
-  const auto end = Clock::now() + 10s;
-  while (Clock::now() < end) {
-    while (PGnotify* n = PQnotifies(c)) {
-      const bool mine = marker == n->extra;
-      PQfreemem(n);
-      if (mine) return heard;
-      ++heard;
-    }
-    pollfd p{PQsocket(c), POLLIN, 0};
-    ::poll(&p, 1, 100);
-    if (!PQconsumeInput(c)) break;
-  }
-  ADD_FAILURE() << "the marker did not come back within 10 s";
-  return heard;
-}
-
 // With nobody watching, four clients acquire and release names of their own concurrently
 // for 3 s (at most 400 each): fewer than 5% of the changes NOTIFY. A NOTIFY in a transaction
 // takes PostgreSQL's cluster-wide notify lock until its commit is flushed, so statements
@@ -111,11 +87,8 @@ std::size_t events_heard_until_marker(PGconn* c) {
 // each other (one holding it exclusively to its commit) publishes most changes.
 TEST(PostgresWatchLoad, ConcurrentLockStatementsPublishNothingWhileNobodyWatches) {
   PostgresServer server;
-  PGconn* l = PQconnectdb(server.url().c_str());
-  ASSERT_EQ(PQstatus(l), CONNECTION_OK) << PQerrorMessage(l);
-  PGresult* r = PQexec(l, "LISTEN distlock_events");
-  ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(l);
-  PQclear(r);
+  EventListener l(server.url());
+  ASSERT_TRUE(l.ok()) << l.error();
   std::atomic<std::size_t> changes{0};
   const auto stop_at = Clock::now() + 3s;
   std::vector<std::thread> threads;
@@ -131,8 +104,7 @@ TEST(PostgresWatchLoad, ConcurrentLockStatementsPublishNothingWhileNobodyWatches
     });
   }
   for (auto& t : threads) t.join();
-  const std::size_t heard = events_heard_until_marker(l);
-  PQfinish(l);
+  const std::size_t heard = l.events_until("marker-of-the-load-test").size();
   std::cout << "changes with nobody watching: " << changes.load() << ", published: " << heard << "\n";
   ASSERT_GT(changes.load(), 100u) << "too few changes to say anything";
   EXPECT_LT(heard * 20, changes.load()) << heard << " of " << changes.load() << " changes published a NOTIFY";

@@ -16,6 +16,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
+#include "support/db_postgres_events.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
@@ -190,48 +191,20 @@ TEST(PostgresPrefixWatch, WatchConnectionTerminatedIsAGapThenTheState) {
   EXPECT_TRUE(released);
 }
 
-// The payloads of distlock_events a plain LISTEN connection receives up to its own marker
-// `probe` (sent after every change it must cover: PostgreSQL delivers in commit order),
-// waiting at most 10 s (steady clock). Fails the test if the marker does not come.
-std::vector<std::string> events_until_probe(PGconn* c, const std::string& probe) {
-  std::vector<std::string> seen;
-  const std::string sql = "SELECT pg_notify('distlock_events', '" + probe + "')";
-  PGresult* r = PQexec(c, sql.c_str());
-  EXPECT_EQ(PQresultStatus(r), PGRES_TUPLES_OK) << PQerrorMessage(c);
-  PQclear(r);
-  const auto end = Clock::now() + 10s;
-  while (Clock::now() < end) {
-    while (PGnotify* n = PQnotifies(c)) {
-      const std::string payload = n->extra;
-      PQfreemem(n);
-      if (payload == probe) return seen;
-      seen.push_back(payload);
-    }
-    pollfd p{PQsocket(c), POLLIN, 0};
-    ::poll(&p, 1, 100);
-    if (!PQconsumeInput(c)) break;
-  }
-  ADD_FAILURE() << "the marker " << probe << " did not come back within 10 s";
-  return seen;
-}
-
 // The lock statements publish only while a watch holds the watcher key: a plain LISTEN
 // connection hears nothing of an acquire and a release before any watch exists, and both
 // while one does; after the watch stops, nothing again.
 TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
   PostgresServer server;
-  PGconn* l = PQconnectdb(server.url().c_str());
-  ASSERT_EQ(PQstatus(l), CONNECTION_OK) << PQerrorMessage(l);
-  PGresult* r = PQexec(l, "LISTEN distlock_events");
-  ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(l);
-  PQclear(r);
+  EventListener l(server.url());
+  ASSERT_TRUE(l.ok()) << l.error();
   Client c = distlock::connect(server.url(), quiet());
   c.acquire("q/x", ttl_of(30s, 30s)).release();
-  EXPECT_EQ(events_until_probe(l, "probe1").size(), 0u);
+  EXPECT_EQ(l.events_until("probe1").size(), 0u);
   {
     Watch w = c.watch("q/");
     c.acquire("q/x", ttl_of(30s, 30s)).release();
-    const auto seen = events_until_probe(l, "probe2");
+    const auto seen = l.events_until("probe2");
     ASSERT_EQ(seen.size(), 2u);
     EXPECT_EQ(seen[0].rfind("acquired 2 712f78 ", 0), 0u) << seen[0];  // "q/x" in hex
     EXPECT_EQ(seen[1].rfind("released 2 712f78 ", 0), 0u) << seen[1];
@@ -246,8 +219,7 @@ TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
       },
       10s));
   c.acquire("q/x", ttl_of(30s, 30s)).release();
-  EXPECT_EQ(events_until_probe(l, "probe3").size(), 0u);
-  PQfinish(l);
+  EXPECT_EQ(l.events_until("probe3").size(), 0u);
 }
 
 // A server that stops answering (every server process SIGSTOPped) without closing the

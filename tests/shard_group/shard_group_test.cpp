@@ -39,6 +39,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/backend_targets.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 
@@ -57,12 +58,7 @@ constexpr Millis kSlack = 1500ms;
 constexpr Millis kDeadline = 20s;  // outer bound of any wait that has no tighter one
 
 bool wait_until(const std::function<bool()>& cond, Millis limit) {
-  const auto end = SteadyClock::now() + limit;
-  while (SteadyClock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
+  return distlock::testing::eventually(cond, limit, 10ms);
 }
 
 std::int64_t ms_since(SteadyClock::time_point t) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -235,6 +236,35 @@ void period(Model& md, std::vector<std::string> order, std::mt19937& rng, bool s
   }
 }
 
+// A model of `m` shards among the members m0..m<w-1>, after up to six periods from fresh
+// listings: balanced, unless the rule is wrong (the caller asserts it).
+Model settled_model(std::uint32_t m, int w, std::mt19937& rng) {
+  Model md{m, ids(w), Owners(m), {}, {}};
+  for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+  return md;
+}
+
+// `joiner` joins: it is live and makes its first rebalance at once.
+void join(Model& md, const std::string& joiner) {
+  md.live.push_back(joiner);
+  md.act(joiner, md.live, md.owner);
+}
+
+// Periods of every live member in a random order (listings `stale` or fresh), `after_each`
+// run after each, until the group is balanced or `limit` periods passed: how many ran.
+int periods_until_balanced(
+    Model& md, std::mt19937& rng, bool stale, int limit, const std::function<void()>& after_each = [] {}) {
+  int periods = 0;
+  while (!md.balanced() && periods < limit) {
+    auto order = md.live;
+    std::shuffle(order.begin(), order.end(), rng);
+    period(md, order, rng, stale);
+    after_each();
+    ++periods;
+  }
+  return periods;
+}
+
 }  // namespace
 
 TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
@@ -243,21 +273,13 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
   for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 1 + static_cast<int>(rng() % 9);
-    Model md{m, ids(w), Owners(m), {}, {}};
-    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    Model md = settled_model(m, w, rng);
     ASSERT_TRUE(md.balanced()) << "round " << round << " never balanced before the join";
     // a joiner: its first rebalance at once, then one period of everyone in random order.
     const std::string j = "m" + std::to_string(rng() % 2 ? w : 100 + w);  // id sorts anywhere
     const std::string joiner = rng() % 3 ? j : std::string("a-joiner");
-    md.live.push_back(joiner);
-    md.act(joiner, md.live, md.owner);
-    int periods = 0;
-    while (!md.balanced() && periods < 10) {
-      auto order = md.live;
-      std::shuffle(order.begin(), order.end(), rng);
-      period(md, order, rng, false);
-      ++periods;
-    }
+    join(md, joiner);
+    const int periods = periods_until_balanced(md, rng, /*stale=*/false, 10);
     worst = std::max(worst, periods);
     ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "+1 members, joiner "
                           << joiner << ": balanced only after " << periods << " periods";
@@ -271,19 +293,11 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
   for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 1 + static_cast<int>(rng() % 9);
-    Model md{m, ids(w), Owners(m), {}, {}};
-    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    Model md = settled_model(m, w, rng);
     ASSERT_TRUE(md.balanced());
     const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
-    md.live.push_back(joiner);
-    md.act(joiner, md.live, md.owner);
-    int periods = 0;
-    while (!md.balanced() && periods < 20) {
-      auto order = md.live;
-      std::shuffle(order.begin(), order.end(), rng);
-      period(md, order, rng, true);
-      ++periods;
-    }
+    join(md, joiner);
+    const int periods = periods_until_balanced(md, rng, /*stale=*/true, 20);
     ++hist[periods];
     // Every listing in that period is a half-done state of the one plan made after the join.
     ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w
@@ -297,20 +311,13 @@ TEST(ShardPlanReview, ALeaveOrDeathIsBalancedAfterOnePeriod) {
   for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 2 + static_cast<int>(rng() % 9);
-    Model md{m, ids(w), Owners(m), {}, {}};
-    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    Model md = settled_model(m, w, rng);
     ASSERT_TRUE(md.balanced());
     const auto gone = md.live[rng() % w];
     std::erase(md.live, gone);
     for (auto& o : md.owner)
       if (o == gone) o.reset();
-    int periods = 0;
-    while (!md.balanced() && periods < 10) {
-      auto order = md.live;
-      std::shuffle(order.begin(), order.end(), rng);
-      period(md, order, rng, false);
-      ++periods;
-    }
+    const int periods = periods_until_balanced(md, rng, /*stale=*/false, 10);
     ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w << "-1 members, " << gone
                           << " left: balanced after " << periods << " periods";
   }
@@ -364,13 +371,7 @@ TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
           md.act(me, md.live, md.owner);
       }
     }
-    int periods = 0;
-    while (!md.balanced() && periods < 20) {
-      auto order = md.live;
-      std::shuffle(order.begin(), order.end(), rng);
-      period(md, order, rng, false);  // fresh listings from here on
-      ++periods;
-    }
+    const int periods = periods_until_balanced(md, rng, /*stale=*/false, 20);  // fresh listings from here on
     ++hist[periods];
     ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << md.live.size()
                           << " members: balanced after " << periods << " periods";
@@ -392,23 +393,16 @@ TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
   for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
     const int w = 1 + static_cast<int>(rng() % 9);
-    Model md{m, ids(w), Owners(m), {}, {}};
-    for (int k = 0; k < 6 && !md.balanced(); ++k) period(md, md.live, rng, false);
+    Model md = settled_model(m, w, rng);
     ASSERT_TRUE(md.balanced());
     md.slow = &rng;
     const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
-    md.live.push_back(joiner);
-    md.act(joiner, md.live, md.owner);
-    int periods = 0;
-    while (!md.balanced() && periods < 10) {
-      auto order = md.live;
-      std::shuffle(order.begin(), order.end(), rng);
-      period(md, order, rng, true);
-      md.slow = nullptr;
+    join(md, joiner);
+    const int periods = periods_until_balanced(md, rng, /*stale=*/true, 10, [&] {
+      md.slow = nullptr;  // every pending take completes by the period's end
       md.hand_out();
       md.slow = &rng;
-      ++periods;
-    }
+    });
     ASSERT_LE(periods, 1) << "round " << round << ": " << m << " shards, " << w
                           << "+1 members: balanced after " << periods << " periods";
   }

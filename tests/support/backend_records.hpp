@@ -5,6 +5,7 @@
 //   get(b, key)                Backend::get_record (EXPECTs no error)
 //   names(b, prefix, limit, truncated)   the names Backend::list_held lists (EXPECTs no error)
 //   all_bytes()                every byte value, then NUL, CR, LF, NUL: a binary value
+//   expect_value_bound_is_64kib(b)   kMaxRecordValue bytes stored, one more refused in both modes
 //   get_ok(b, key, found), list_ok(b, prefix, limit, truncated), names(listed)
 //                              the same, in the form the etcd:// and zk:// records tests use
 //
@@ -16,6 +17,8 @@
 // and on a client `c` with its backend `b`, the cases the etcd:// and zk:// records tests share:
 //   expect_listing_many_locks_pages_and_skips_records(c, b)
 //   expect_derived_names_list_by_prefix(c, b)
+// and, on any backend whose server is down:
+//   expect_record_calls_unavailable(b, where, secret)
 //
 // Thread-safety: each call uses only its arguments; a Backend's own rules apply.
 #pragma once
@@ -96,6 +99,26 @@ inline std::string all_bytes() {
   return v;
 }
 
+/// A value of exactly kMaxRecordValue bytes under "big" is stored and read back whole; one byte
+/// more is refused in both modes with invalid_argument naming both sizes, and the stored value
+/// is left untouched.
+inline void expect_value_bound_is_64kib(detail::Backend& b) {
+  using detail::PutMode;
+  std::string big(detail::kMaxRecordValue, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 7);
+  EXPECT_EQ(put(b, "big", big, PutMode::always), big);
+  EXPECT_EQ(get(b, "big"), big);
+  for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
+    detail::Error ec;
+    b.put_record("big", big + "x", mode, ec);
+    EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+    const std::string detail = ec.take_detail();
+    EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
+  }
+  EXPECT_EQ(get(b, "big"), big);  // untouched
+}
+
 /// A new client of the server under test.
 using MakeBackend = std::function<std::unique_ptr<detail::Backend>()>;
 
@@ -126,19 +149,7 @@ inline void expect_put_get_erase_binary_and_bound(const MakeBackend& make) {
   EXPECT_EQ(put(*b, "empty", "", PutMode::always), "");
   EXPECT_EQ(get(*b, "empty"), std::string());
 
-  std::string big(kMaxRecordValue, '\0');
-  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 7);
-  EXPECT_EQ(put(*b, "big", big, PutMode::always), big);
-  EXPECT_EQ(get(*b, "big"), big);
-  for (PutMode mode : {PutMode::always, PutMode::if_absent}) {
-    ec.clear();
-    b->put_record("big", big + "x", mode, ec);
-    EXPECT_EQ(ec, distlock::make_error_code(errc::invalid_argument));
-    const std::string detail = ec.take_detail();
-    EXPECT_NE(detail.find("65537 bytes"), std::string::npos) << detail;
-    EXPECT_NE(detail.find("65536"), std::string::npos) << detail;
-  }
-  EXPECT_EQ(get(*b, "big"), big);
+  expect_value_bound_is_64kib(*b);
 
   // A 4096-byte key: the row's key is its digest (too long for an index entry).
   const std::string long_key(4096, 'q');
@@ -310,6 +321,38 @@ inline void expect_derived_names_list_by_prefix(Client& c, detail::Backend& b) {
             (std::vector<std::string>{"pool", sem + "0", sem + "2", "pool/x"}));
   bool found = false;
   EXPECT_EQ(get_ok(b, "pool\x1fsem", found), "3");
+}
+
+/// Every record call of `b` (put in both modes, get, erase, list_held), its server down, fails
+/// with backend_unavailable, the detail naming `where` (host:port) and never `secret` (when
+/// given). How long the five calls took is printed.
+inline void expect_record_calls_unavailable(detail::Backend& b, const std::string& where,
+                                            const std::string& secret = {}) {
+  using detail::PutMode;
+  detail::Error ec;
+  auto check = [&](const char* what) {
+    EXPECT_EQ(ec, make_error_code(errc::backend_unavailable)) << what << ": " << ec.message();
+    const std::string detail = ec.take_detail();
+    EXPECT_NE(detail.find(where), std::string::npos) << what << ": " << detail;
+    if (!secret.empty()) {
+      EXPECT_EQ(detail.find(secret), std::string::npos) << detail;
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  b.put_record("k", "w", PutMode::always, ec);
+  check("put always");
+  b.put_record("k", "w", PutMode::if_absent, ec);
+  check("put if_absent");
+  b.get_record("k", ec);
+  check("get");
+  b.erase_record("k", ec);
+  check("erase");
+  bool truncated = false;
+  b.list_held("", 10, truncated, ec);
+  check("list_held");
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  std::printf("five record calls against a server that is down took %lld ms\n",
+              static_cast<long long>(took.count()));
 }
 
 }  // namespace distlock::testing

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "support/backend_leftovers.hpp"
 #include "support/process.hpp"
 #ifdef DISTLOCK_TEST_REDIS
 #include "support/redis_sentinel.hpp"
@@ -245,19 +246,7 @@ class EtcdTarget final : public Target {
   std::int64_t dead_waiter_bound_ms(std::int64_t waiter_ttl_ms) const override {
     return waiter_ttl_ms + 1000;
   }
-  std::vector<std::string> leftovers() override {
-    std::vector<std::string> out;
-    const std::string keys = cluster_.etcdctl_ok({"get", "--prefix", "distlock", "--keys-only"});
-    for (std::size_t pos = 0; pos < keys.size();) {
-      std::size_t nl = keys.find('\n', pos);
-      if (nl == std::string::npos) nl = keys.size();
-      if (nl > pos) out.push_back("key " + keys.substr(pos, nl - pos));
-      pos = nl + 1;
-    }
-    const std::string leases = cluster_.etcdctl_ok({"lease", "list"});
-    if (leases.find("found 0 leases") == std::string::npos) out.push_back("leases: " + leases);
-    return out;
-  }
+  std::vector<std::string> leftovers() override { return etcd_leftovers(cluster_); }
   int members() override { return cluster_.size(); }
   void pause(int m) override { cluster_.pause(m); }
   void resume(int m) override { cluster_.resume(m); }
@@ -313,14 +302,7 @@ class ZkTarget final : public Target {
   std::int64_t max_ttl_ms() const override { return 4000; }
   std::vector<std::string> leftovers() override {
     RawZk raw(single_ ? single_->hostport() : ensemble_->hostports());
-    std::vector<std::string> out;
-    for (const auto& dir : raw.children("/distlock")) {
-      // A live client session's presence node (zk_names.hpp, kSessionsDir): no lock state.
-      if (dir == ".sessions") continue;
-      for (const auto& node : raw.children("/distlock/" + dir))
-        out.push_back("node /distlock/" + dir + "/" + node);
-    }
-    return out;
+    return zk_leftovers(raw);
   }
   int members() override { return single_ ? 1 : ensemble_->size(); }
   void pause(int m) override { server(m).pause(); }
@@ -361,18 +343,40 @@ class ZkTarget final : public Target {
 };
 #endif
 
+#if defined(DISTLOCK_TEST_POSTGRES) || defined(DISTLOCK_TEST_MYSQL)
+// One database server (a PostgresServer, a MariadbServer) as a target of one member: its URL,
+// its port, and the member's faults, which are the server's own.
+template <class Server>
+class DatabaseTarget : public Target {
+ public:
+  std::string url() override { return server_.url(); }
+  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
+  std::string url_via(const std::string& hosts) override { return Server::url_at(hosts); }
+  int members() override { return 1; }
+  void pause(int) override { server_.pause(); }
+  void resume(int) override { server_.resume(); }
+  void kill_and_restart(int) override {
+    server_.kill();
+    server_.restart();
+  }
+  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
+    server_.kill();
+    std::this_thread::sleep_for(down_for);
+    server_.wipe_and_restart();
+    return true;
+  }
+
+ protected:
+  Server server_;
+};
+#endif
+
 #ifdef DISTLOCK_TEST_POSTGRES
 // One PostgreSQL server. Left on it after every client is gone: advisory locks, lock
 // rows still naming an owner, and sessions of distlock clients (lease sessions and
 // LISTEN connections). The token rows stay by design: tokens never go back.
-class PostgresTarget final : public Target {
+class PostgresTarget final : public DatabaseTarget<PostgresServer> {
  public:
-  std::string url() override { return server_.url(); }
-  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
-  std::string url_via(const std::string& hosts) override {
-    return std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword + "@" +
-           hosts + "/postgres";
-  }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     for (const auto& r :
@@ -391,22 +395,6 @@ class PostgresTarget final : public Target {
     }
     return out;
   }
-  int members() override { return 1; }
-  void pause(int) override { server_.pause(); }
-  void resume(int) override { server_.resume(); }
-  void kill_and_restart(int) override {
-    server_.kill();
-    server_.restart();
-  }
-  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
-    server_.kill();
-    std::this_thread::sleep_for(down_for);
-    server_.wipe_and_restart();
-    return true;
-  }
-
- private:
-  PostgresServer server_;
 };
 #endif
 
@@ -415,14 +403,8 @@ class PostgresTarget final : public Target {
 // rows, lock rows still naming an owner, and sessions of the distlock account (lease
 // sessions, waits, the shared connection). The token rows stay by design: tokens never
 // go back.
-class MysqlTarget final : public Target {
+class MysqlTarget final : public DatabaseTarget<MariadbServer> {
  public:
-  std::string url() override { return server_.url(); }
-  std::vector<std::uint16_t> ports() override { return {server_.port()}; }
-  std::string url_via(const std::string& hosts) override {
-    return std::string("mysql://") + MariadbServer::kUser + ":" + MariadbServer::kPassword + "@" + hosts +
-           "/" + MariadbServer::kDatabase;
-  }
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
     const std::string db = MariadbServer::kDatabase;
@@ -449,22 +431,6 @@ class MysqlTarget final : public Target {
     }
     return out;
   }
-  int members() override { return 1; }
-  void pause(int) override { server_.pause(); }
-  void resume(int) override { server_.resume(); }
-  void kill_and_restart(int) override {
-    server_.kill();
-    server_.restart();
-  }
-  bool wipe_and_restart(int, std::chrono::milliseconds down_for) override {
-    server_.kill();
-    std::this_thread::sleep_for(down_for);
-    server_.wipe_and_restart();
-    return true;
-  }
-
- private:
-  MariadbServer server_;
 };
 #endif
 

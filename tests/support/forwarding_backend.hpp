@@ -15,15 +15,19 @@
 //       return res;
 //     }
 //   };
-//   auto c = distlock::detail::connect_with_engine(distlock::detail::Engine::create(
-//       std::make_unique<LosesNextGrant>(distlock::testing::memory_backend(store_name, opts)), opts));
+//   LosesNextGrant* raw = nullptr;  // owned by the client's engine
+//   auto c = distlock::testing::client_through<LosesNextGrant>(store_name, opts, &raw);
 #pragma once
 
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include "api/client_access.hpp"
+#include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
+#include "engine/engine.hpp"
 #include "engine/url.hpp"
 #include "fake/memory_backend.hpp"
 
@@ -90,6 +94,17 @@ inline std::unique_ptr<detail::Backend> memory_backend(const std::string& store_
   auto backend = detail::make_memory_backend(url, opts, ec);
   if (ec) throw std::system_error(ec, ec.detail());
   return backend;
+}
+
+/// A client of the memory:// store `store_name` whose backend is a `Wrapper` (a ForwardingBackend)
+/// around that store's backend, made as Wrapper(inner, args...), with `options`. `wrapper`, when
+/// not null, is set to the wrapper, which the client's engine owns (it lives as long as the client).
+template <class Wrapper, class... Args>
+Client client_through(const std::string& store_name, const ClientOptions& options, Wrapper** wrapper,
+                      Args&&... args) {
+  auto backend = std::make_unique<Wrapper>(memory_backend(store_name, options), std::forward<Args>(args)...);
+  if (wrapper) *wrapper = backend.get();
+  return connect_with_engine(detail::Engine::create(std::move(backend), options));
 }
 
 }  // namespace distlock::testing

@@ -59,4 +59,15 @@ inline long long acquired_token(const std::string& path) {
   }
 }
 
+/// The lock_tool's own lines in `out` (its stderr, with the library's log lines, shares the
+/// file): every line not starting "distlock " or "lock_tool: ".
+inline std::vector<std::string> tool_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(read_file(out));
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("distlock ", 0) != 0 && l.rfind("lock_tool: ", 0) != 0) lines.push_back(l);
+  }
+  return lines;
+}
+
 }  // namespace distlock::testing

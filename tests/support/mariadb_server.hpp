@@ -45,6 +45,15 @@ class MariadbServer : public DatabaseServer {
   std::string url(const std::string& suffix = {}) const;
   /// The same with another password.
   std::string url_with_password(const std::string& password) const;
+  /// mysql://distlock:<password>@<hosts>/distlock_test[suffix]: this account through other
+  /// hosts (a FaultProxy in front of the server, a list of them).
+  static std::string url_at(const std::string& hosts, const std::string& suffix = {}) {
+    return std::string("mysql://") + kUser + ":" + kPassword + "@" + hosts + "/" + kDatabase + suffix;
+  }
+  /// The same through 127.0.0.1:`port`.
+  static std::string url_through(std::uint16_t port, const std::string& suffix = {}) {
+    return url_at("127.0.0.1:" + std::to_string(port), suffix);
+  }
   // port(), pid(), kill() (SIGKILL), pause(), resume(), stop() (SIGTERM, SIGKILL after 10 s),
   // restart(), wipe_and_restart() (a fresh copy of the template) and log(): DatabaseServer.
 

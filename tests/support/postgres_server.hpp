@@ -43,6 +43,15 @@ class PostgresServer : public DatabaseServer {
   std::string url(const std::string& suffix = {}) const;
   /// The same with another password.
   std::string url_with_password(const std::string& password) const;
+  /// postgres://distlock:<password>@<hosts>/postgres[suffix]: this account through other
+  /// hosts (a FaultProxy in front of the server, a list of them).
+  static std::string url_at(const std::string& hosts, const std::string& suffix = {}) {
+    return std::string("postgres://") + kUser + ":" + kPassword + "@" + hosts + "/postgres" + suffix;
+  }
+  /// The same through 127.0.0.1:`port`.
+  static std::string url_through(std::uint16_t port, const std::string& suffix = {}) {
+    return url_at("127.0.0.1:" + std::to_string(port), suffix);
+  }
   /// SIGKILL to the postmaster and every backend (a crash), reaped.
   void kill() override;
   /// SIGSTOP / SIGCONT to the postmaster and every backend (each leads a process group of its

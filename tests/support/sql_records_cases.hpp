@@ -9,6 +9,10 @@
 //                                                      ghost_within_lease, ghost_gone)
 //   expect_listing_drops_a_killed_holder_when_status_does(url, b, holder_ttl_ms, tmp_name,
 //                                                         session_gone, left_ms_now)
+//   expect_record_calls_unavailable_naming_the_server(server, b)
+//   expect_locks_but_record_calls_name_the_missing_table(b, records_table_absent)
+//   expect_older_lock_table_locks_without_lock_delay_until_altered(owner, limited, account,
+//                                                                  without_column, stored_delay_ms)
 //
 // Thread-safety: each call uses only its arguments; the second forks, so it runs before the
 // test starts any thread of its own.
@@ -20,6 +24,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -217,6 +222,70 @@ inline void expect_listing_drops_a_killed_holder_when_status_does(
   EXPECT_TRUE(eventually([&] { return names(b, "svc/", 10, truncated).empty(); }, 20s))
       << "still listed after its TTL";
   EXPECT_FALSE(b.status("svc/worker", ec).held);
+}
+
+/// With a record "k" = "v" written by `b`, `server` (a MariadbServer, a PostgresServer) is
+/// stopped: every record call fails naming 127.0.0.1:port and never the server's password
+/// (expect_record_calls_unavailable, backend_records.hpp). Restarted, `b` reads "v" again (its
+/// shared connection reopened).
+template <class Server>
+void expect_record_calls_unavailable_naming_the_server(Server& server, detail::Backend& b) {
+  put(b, "k", "v", detail::PutMode::always);
+  server.stop();
+  expect_record_calls_unavailable(b, "127.0.0.1:" + std::to_string(server.port()), Server::kPassword);
+  server.restart();
+  EXPECT_EQ(get(b, "k"), "v");  // the shared connection is reopened
+}
+
+/// `b`, a client of an account that may use the lock table but not create the missing records
+/// table, takes and releases a lock; its put fails naming distlock_records, and
+/// `records_table_absent()` then checks on the server that no records table was made.
+inline void expect_locks_but_record_calls_name_the_missing_table(
+    detail::Backend& b, const std::function<void()>& records_table_absent) {
+  detail::Error ec;
+  auto got = b.try_acquire(detail::AcquireRequest{"x", "o", Millis(5000)}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(got.acquired);
+  ec.clear();
+  b.put_record("x", "v", detail::PutMode::always, ec);
+  EXPECT_TRUE(ec);
+  const std::string detail = ec.take_detail();
+  EXPECT_NE(detail.find("distlock_records"), std::string::npos) << detail;
+  ASSERT_NO_FATAL_FAILURE(records_table_absent());
+  b.release("x", "o", got.token, ec);
+}
+
+/// An upgrade from before lock-delay: the lock table has no delay_ms column and `limited()`
+/// makes a client of `account` ("an account", "a role") that may read and write it but not alter it. That
+/// client connects and locks, without lock-delay (Capabilities::lock_delay false); `without_column(b, token)`
+/// then ends its lease of "x" (owner "o") the backend's way. Once `owner()`, a client that may alter the
+/// table, has connected (the column added), a new limited client has lock-delay, and a lease taken with 1,500
+/// ms of it stores that
+/// (`stored_delay_ms()`, read on the server).
+inline void expect_older_lock_table_locks_without_lock_delay_until_altered(
+    const MakeBackend& owner, const MakeBackend& limited, const std::string& account,
+    const std::function<void(detail::Backend&, std::uint64_t)>& without_column,
+    const std::function<std::string()>& stored_delay_ms) {
+  auto b = limited();
+  ASSERT_TRUE(b) << account << " that cannot ALTER the older table can no longer connect";
+  detail::Error ec;
+  auto got = b->try_acquire(detail::AcquireRequest{"x", "o", Millis(5000)}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got.acquired);
+  EXPECT_FALSE(b->capabilities().lock_delay);
+  ASSERT_NO_FATAL_FAILURE(without_column(*b, got.token));
+
+  owner().reset();  // an account that may alter the table: the column is added
+  auto after = limited();
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->capabilities().lock_delay);
+  detail::AcquireRequest req{"x", "o2", Millis(5000)};
+  req.lock_delay = Millis(1500);
+  got = after->try_acquire(req, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(got.acquired);
+  EXPECT_EQ(stored_delay_ms(), "1500");
+  after->release("x", "o2", got.token, ec);
 }
 
 }  // namespace distlock::testing

@@ -13,6 +13,7 @@
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "support/backend_mono_clock.hpp"
 #include "support/cs_log.hpp"
 #include "support/lock_tool.hpp"
 #include "zk/zk_backend.hpp"
@@ -24,12 +25,6 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 std::vector<Process> start_hammers(const std::string& url, const std::string& name, const TempDir& dir,
                                    int processes, int threads, int iters, long hold_us) {
