@@ -378,7 +378,7 @@ TEST(EtcdRevokeFault, SlowTxnAndNoKeepaliveIsLoggedAsAnError) {
   ASSERT_TRUE(logs.level_of(kNoKeepalive)) << logs.all();
   EXPECT_EQ(*logs.level_of(kNoKeepalive), LogLevel::error) << logs.all();
   EXPECT_TRUE(logs.level_of("more than its extra second")) << logs.all();
-  w.check_hand_over("slow txn, keepalive cut", called, /*deadline_covered=*/false);
+  w.check_hand_over("slow txn, keepalive cut", called);
 }
 
 // (c) The revoker process is SIGKILLed right after its Txn's answer, before any keepalive of L
