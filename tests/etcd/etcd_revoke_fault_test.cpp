@@ -124,12 +124,15 @@ detail::etcd::EtcdBackend& etcd_backend(Client& c) {
 // of its own, observed on the engine's clock.
 class RevokeWindow {
  public:
-  RevokeWindow(EtcdCluster& etcd, std::string name)
+  // `holder_delay`: the holder's lock_delay (0: none).
+  RevokeWindow(EtcdCluster& etcd, std::string name, Millis holder_delay = 0ms)
       : name_(std::move(name)),
         holder_client_(connect(etcd.url(), quiet())),
         waiter_client_(connect(etcd.url(), quiet())) {
     const TimePoint asked = now();
-    held_ = holder_client_.acquire(name_, lock_opts(5000ms));
+    LockOptions ho = lock_opts(5000ms);
+    ho.lock_delay = holder_delay;
+    held_ = holder_client_.acquire(name_, ho);
     hold_ = detail::engine_of(holder_client_)->held_by_this_thread(name_);
     if (!hold_) throw std::runtime_error("the holder's lease is not in its engine's table");
     // The lease's validity (etcd: what was left of the session lease at the grant, at most the
@@ -170,6 +173,12 @@ class RevokeWindow {
   }
 
   const std::string& name() const { return name_; }
+  // When the waiter was granted (joins it first).
+  TimePoint granted_at() {
+    if (waiter_.joinable()) waiter_.join();
+    std::lock_guard lk(mu_);
+    return granted_at_.value_or(TimePoint{});
+  }
   std::uint64_t holder_token() const { return held_.token(); }
 
   // The holder's local deadline without its safety margin: the send time of its last confirmed
@@ -429,6 +438,43 @@ TEST(EtcdRevokeFault, RevokerKilledRightAfterTheTxnStillOutlastsTheHoldersDeadli
   w.check_hand_over("revoker killed", called);
   // The waiter, granted, took the marker over (it set no lock-delay: deleted it).
   EXPECT_EQ(delay_marker(etcd, w.name()), "");
+}
+
+// A holder with a lock-delay D longer than its TTL (docs/etcd.md "Revoke", W = max(TTL, D)):
+// revoked with no fault, the keepalive is answered and the holder's armed marker is put back as
+// it was (the next holder waits D after the revoked key's lease, as for any loss); revoked with the
+// keepalive cut, the revoke's marker waits D, not the TTL. In both the waiter is granted no earlier
+// than the revoke's call + D (a revoke is a loss) and after the holder's local deadline.
+TEST(EtcdRevokeFault, AHoldersLongerLockDelayIsKeptByTheRevokesMarker) {
+  constexpr Millis kDelay = 5000ms;
+  EtcdCluster etcd(1);
+  {
+    RevokeWindow w(etcd, "fault/delay-confirmed", kDelay);
+    const std::string armed = delay_marker(etcd, w.name());
+    EXPECT_EQ(armed, "armed\n" + std::to_string(w.holder_token()) + "\n5000");
+    Client revoker = connect(etcd.url(), quiet());
+    const TimePoint called = now();
+    ASSERT_TRUE(revoker.revoke(w.name(), "delay, confirmed").revoked);
+    EXPECT_EQ(delay_marker(etcd, w.name()), armed) << "the holder's marker was not put back";
+    w.check_hand_over("lock-delay 5 s, confirmed", called);
+    EXPECT_GE(w.granted_at() - called, kDelay);
+  }
+  {
+    RevokeWindow w(etcd, "fault/delay-keepalive-cut", kDelay);
+    FaultProxy proxy(etcd.client_port(0));
+    ClientOptions ro = quiet();
+    ro.command_timeout = 500ms;
+    ro.connect_timeout = 500ms;
+    Client revoker = connect(via(proxy), ro);
+    etcd_backend(revoker).set_revoke_hook_for_test([&](Step step) {
+      if (step == Step::kApplied) proxy.freeze();
+    });
+    const TimePoint called = now();
+    ASSERT_TRUE(revoker.revoke(w.name(), "delay, keepalive cut").revoked);
+    EXPECT_EQ(delay_marker(etcd, w.name()), "lost\n5000");
+    w.check_hand_over("lock-delay 5 s, keepalive cut", called);
+    EXPECT_GE(w.granted_at() - called, kDelay);
+  }
 }
 
 }  // namespace
