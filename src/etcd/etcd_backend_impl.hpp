@@ -283,6 +283,11 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   void revoke_lease(std::int64_t id) noexcept;
   // One keepalive of a lease outside every session: whether etcd renewed it.
   bool keep_alive_once(std::int64_t id) noexcept;
+  // After a confirmed revoke: puts the lock-delay marker of `name` back to `prior` (nullopt:
+  // deletes it) if it is still the one the revoke's Txn (revision `revoke_rev`) wrote.
+  // False when etcd gave no answer (the revoke's marker may still be there).
+  bool restore_marker(std::string_view name, const std::optional<mvccpb::KeyValue>& prior,
+                      std::int64_t revoke_rev) noexcept;
   void set_error(const grpc::Status& st, Error& ec, const char* what) {
     const Error err = transport_.to_error(st);
     log_.log(LogLevel::debug, "etcd {} failed: {}", what, err.detail());

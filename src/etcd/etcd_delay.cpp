@@ -14,6 +14,8 @@
 // A marker that is gone (its lease ran out) holds nothing back. Nobody is granted before
 // the loss plus D: each grant follows a read, after the loss, of a marker whose delay was
 // measured from after that read, or the lost marker's lease of at least D granted after it.
+// A revoke (etcd_revoke.cpp) writes a lost marker of its own in its Txn and puts the one it
+// replaced back once the revoke is confirmed; the next holder times it like any lost marker.
 
 #include "engine/delay_marker.hpp"
 #include "etcd/etcd_backend_impl.hpp"

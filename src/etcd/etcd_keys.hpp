@@ -4,7 +4,8 @@
 //   P/<encoded lock name>/<lease hex>-<seq>   one queued key per owner thread (attached to a lease)
 //   P/%records/<record key>                   one record (no lease: never expires)
 //   P/%revoked/<encoded lock name>            the last revoke's note (on a lease of its own)
-//   P/%delay/<encoded lock name>              the holder's lock-delay marker (docs/etcd.md)
+//   P/%delay/<encoded lock name>              the holder's lock-delay marker, or a revoke's
+//                                             until it is confirmed (docs/etcd.md)
 //   P/%released/<lease hex>                   the queue key a session's last release deleted
 //                                             (on the session lease; etcd_prefix_watch.cpp)
 //   P/%sync/<lease hex>-<watch seq>           a prefix watch's sync marker (on a session lease)

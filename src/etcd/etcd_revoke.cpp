@@ -5,8 +5,18 @@
 // first in the queue (nobody is granted) until that lease runs out; the holder's next renewal finds its key
 // on another lease (not ours: revoked), and its delete of the key (release, forget) is compared on its own
 // lease, so it cannot hand the lock on early either.
+//
+// The same Txn puts the lock-delay marker "lost\n<W ms>" (etcd_delay.cpp; W: the holder's
+// granted TTL, or its own lock-delay if longer) on a third lease M that outlives the key's by
+// W + 1 s: whoever is first once the key is gone waits W on its own clock from a read that
+// saw the marker, so after the Txn's apply, and the holder's local deadline (its last
+// renewal, sent before that apply, + its TTL) has passed. Only once a keepalive of the key's
+// lease is answered (that lease then outlasts the holder's deadline itself) is the marker
+// put back as it was before the Txn: a confirmed revoke hands over as fast as without it.
+#include <algorithm>
 #include <chrono>
 
+#include "engine/delay_marker.hpp"
 #include "etcd/etcd_backend_impl.hpp"
 
 namespace distlock::detail::etcd {
@@ -70,6 +80,42 @@ void EtcdBackend::revoke_lease(std::int64_t id) noexcept {
   }
 }
 
+bool EtcdBackend::restore_marker(std::string_view name, const std::optional<mvccpb::KeyValue>& prior,
+                                 std::int64_t revoke_rev) noexcept {
+  try {
+    const std::string mkey = delay_key(name);
+    etcdserverpb::TxnRequest txn;
+    Compare* c = txn.add_compare();
+    c->set_result(Compare::EQUAL);
+    c->set_target(Compare::MOD);
+    c->set_key(mkey);
+    c->set_mod_revision(revoke_rev);
+    if (prior) {
+      auto* put = txn.add_success()->mutable_request_put();
+      put->set_key(mkey);
+      put->set_value(prior->value());
+      put->set_lease(prior->lease());
+    } else {
+      txn.add_success()->mutable_request_delete_range()->set_key(mkey);
+    }
+    etcdserverpb::TxnResponse resp;
+    const grpc::Status st = transport_.call(
+        [&](etcd::Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); });
+    if (!st.ok()) {
+      log_.log(LogLevel::warning,
+               "etcd revoke of lock \"{}\": its lock-delay marker could not be put back ({}): the next "
+               "holder waits it out",
+               name, transport_.to_error(st).detail());
+      return false;
+    }
+    // Not succeeded: taken over by the next holder after its wait, or changed by a later
+    // revoke; either way it is no longer ours to put back.
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                      Error& ec) {
   ec.clear();
@@ -102,19 +148,37 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     }
     if (tresp.ttl() < 0 || tresp.grantedttl() <= 0) continue;  // the lease ended: its key goes with it
 
-    // The revoked key's lease: the holder's granted TTL (its keepalives move its lease's
+    // The revoked key's lease L: the holder's granted TTL (its keepalives move its lease's
     // end at most that far) plus one second, kept alive after the Txn (below). The holder
     // may renew between this grant and the Txn; its local deadline is then up to that gap
-    // past grant + TTL. The keepalive after the Txn covers any gap; the extra second covers
-    // a gap below one second when no keepalive is answered (the gap is measured and a
-    // longer one logged as an error).
+    // past grant + TTL. The keepalive after the Txn covers any gap; when none is answered,
+    // the lock-delay marker the Txn writes does.
     const auto granted_at = std::chrono::steady_clock::now();
     const std::int64_t hold_s = tresp.grantedttl() + 1;
     const std::int64_t hold_lease = grant_free_lease(hold_s, ec);
     if (ec) return {};
+    // The marker's wait W: the holder's granted TTL bounds its local deadline past the Txn's
+    // apply (its last confirmed renewal was sent before it); a lock-delay of its own that is
+    // longer is kept (a revoke is a loss). Its lease M, granted after L, ends at least W + 1 s
+    // after L's unrenewed end, so whoever is first once the revoked key is gone reads it.
+    const mvccpb::KeyValue* const marker = mresp.kvs_size() == 1 ? &mresp.kvs(0) : nullptr;
+    std::optional<mvccpb::KeyValue> prior_marker;
+    if (marker != nullptr) prior_marker = *marker;
+    Millis wait = std::chrono::seconds(tresp.grantedttl());
+    if (marker != nullptr) {
+      const auto m = parse_delay_marker<std::int64_t>(marker->value());
+      if (m && m->armed && m->holder == holder.create_revision()) wait = std::max(wait, m->delay);
+    }
+    const std::int64_t wait_s = (wait.count() + 999) / 1000;
+    const std::int64_t marker_lease = grant_free_lease(hold_s + wait_s + 1, ec);
+    if (ec) {
+      revoke_lease(hold_lease);
+      return {};
+    }
     const std::int64_t note_lease = grant_free_lease(ttl_seconds(note_life), ec);
     if (ec) {
       revoke_lease(hold_lease);
+      revoke_lease(marker_lease);
       return {};
     }
     revoke_step(RevokeStep::kGranted);
@@ -130,6 +194,12 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     c->set_target(Compare::LEASE);
     c->set_key(holder.key());
     c->set_lease(holder.lease());
+    // The marker is still the one read with the holder (0: none).
+    c = txn.add_compare();
+    c->set_result(Compare::EQUAL);
+    c->set_target(Compare::MOD);
+    c->set_key(delay_key(name));
+    c->set_mod_revision(marker != nullptr ? marker->mod_revision() : 0);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(holder.key());
     put->set_value(std::string(kRevokedValue) + holder.value());
@@ -139,6 +209,10 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     note_put->set_value(std::to_string(holder.create_revision()) + "\n" + holder.value() + "\n" +
                         std::string(note));
     note_put->set_lease(note_lease);
+    auto* marker_put = txn.add_success()->mutable_request_put();
+    marker_put->set_key(delay_key(name));
+    marker_put->set_value(lost_delay_marker(wait));
+    marker_put->set_lease(marker_lease);
     etcdserverpb::TxnResponse resp;
     etcd::CallInfo info;
     st = transport_.call(
@@ -152,32 +226,37 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
       set_error(st, ec, "revoke Txn");
       if (!info.maybe_applied) {
         revoke_lease(hold_lease);
+        revoke_lease(marker_lease);
         revoke_lease(note_lease);
       }
       return {};
     }
     if (!resp.succeeded()) {
-      // The holder changed under us (released, or its lease ended): look again.
+      // The holder changed under us (released, or its lease ended) or its marker did: look again.
       revoke_lease(hold_lease);
+      revoke_lease(marker_lease);
       revoke_lease(note_lease);
       continue;
     }
     revoke_step(RevokeStep::kApplied);
-    // The holder's last keepalive may have been applied after our lease was granted (its
-    // lease then ends up to that gap later than ours): one keepalive of ours, sent after
-    // the Txn was applied, moves our lease's end to at least the Txn + the holder's TTL.
+    // The holder's last keepalive may have been applied after L was granted (its lease then
+    // ends up to that gap later than L): one keepalive of L, sent after the Txn was applied,
+    // moves L's end to at least the Txn + the holder's TTL. Then, and only then, the marker
+    // may go back to what it was.
     bool kept = false;
     for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease);
+    const long long gap_ms = std::chrono::duration_cast<Millis>(txn_answered - granted_at).count();
     if (!kept) {
-      const auto gap = txn_answered - granted_at;
-      const bool covered = gap < std::chrono::seconds(1);
       log_.log(
-          covered ? LogLevel::warning : LogLevel::error,
-          "etcd revoke of lock \"{}\": no keepalive after the revoke was answered ({} tries); the key ends "
-          "with its lease, granted {} ms before the revoke's Txn was answered, {}",
-          name, kRevokeKeepAliveTries, std::chrono::duration_cast<std::chrono::milliseconds>(gap).count(),
-          covered ? "within the extra second it was granted"
-                  : "more than its extra second: a renewal of the holder in between may outlast it");
+          LogLevel::warning,
+          "etcd revoke of lock \"{}\": no keepalive after the revoke was answered ({} tries; its lease was "
+          "granted {} ms before the revoke's Txn was answered); the revoke's lock-delay marker stays: "
+          "the next holder waits {} ms after the revoked key ends",
+          name, kRevokeKeepAliveTries, gap_ms, wait.count());
+    } else if (!restore_marker(name, prior_marker, resp.header().revision())) {
+      // The marker stays (a waiter waits W more) unless someone changed it since; keep M
+      // alive once so it still outlives L, which the keepalive just moved.
+      (void)keep_alive_once(marker_lease);
     }
     Revoked r;
     r.revoked = true;
