@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -475,6 +476,47 @@ TEST(EtcdRevokeFault, AHoldersLongerLockDelayIsKeptByTheRevokesMarker) {
     w.check_hand_over("lock-delay 5 s, keepalive cut", called);
     EXPECT_GE(w.granted_at() - called, kDelay);
   }
+}
+
+// Two revokes of one name at once (two clients, released together): exactly one revokes (the
+// other finds the key moved, reads again and finds it revoked: a no-op that writes nothing), the
+// holder's armed marker (lock-delay D, 1 s) is back when both have returned, and the waiter is
+// granted after the holder's local deadline and at least D after the calls, with a larger token.
+TEST(EtcdRevokeFault, TwoRevokesAtOnceRevokeOnceAndKeepTheHoldersLockDelay) {
+  constexpr Millis kDelay = 1000ms;
+  EtcdCluster etcd(1);
+  RevokeWindow w(etcd, "fault/two-revokes", kDelay);
+  const std::string armed = delay_marker(etcd, w.name());
+  ASSERT_EQ(armed, "armed\n" + std::to_string(w.holder_token()) + "\n1000");
+  Client a = connect(etcd.url(), quiet());
+  Client b = connect(etcd.url(), quiet());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  RevokeResult ra, rb;
+  auto run = [&](Client& c, RevokeResult& out) {
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return go; });
+    }
+    out = c.revoke(w.name(), "two at once");
+  };
+  std::jthread ta([&] { run(a, ra); });
+  std::jthread tb([&] { run(b, rb); });
+  const TimePoint called = now();
+  {
+    std::lock_guard lk(mu);
+    go = true;
+  }
+  cv.notify_all();
+  ta.join();
+  tb.join();
+  std::printf("two revokes: both returned %lld ms after the call; revoked: %d and %d\n", ms(now() - called),
+              ra.revoked ? 1 : 0, rb.revoked ? 1 : 0);
+  EXPECT_NE(ra.revoked, rb.revoked) << "exactly one of two revokes at once must revoke";
+  EXPECT_EQ(delay_marker(etcd, w.name()), armed) << "the holder's lock-delay marker was not put back";
+  w.check_hand_over("two revokes", called);
+  EXPECT_GE(w.granted_at() - called, kDelay);
 }
 
 }  // namespace
