@@ -4,6 +4,7 @@
 //   distlock-shard-bench [--backend file,redis,etcd,zk,postgres | --url URL]
 //                        [--members W[,W...]] [--shards M[,M...]] [--quick] [--rounds R]
 //                        [--ttl-ms T] [--period-ms P] [--phase-timeout-ms D] [--budget-s S]
+//                        [--settle-ms S]
 //
 // Per backend and round: --backend starts a server of the round's own on a free loopback port
 // in a temporary directory (the test harnesses of tests/support/backend_targets: one
@@ -30,11 +31,17 @@
 // /metrics; ZooKeeper's mntr):
 //   steady_ops_per_s       the server's operations per second while the W-1 members are
 //                          balanced, over three rebalance periods (their listings, renewals,
-//                          keep-alives); steady_ops_per_member_period = that per member and period;
-//   join_ops               the operations from the joiner's start to balance, less the steady
-//                          rate over that time: what the join cost (the joiner's connection
-//                          set-up and membership, its listings, the hand-overs, the moved shards'
-//                          acquisitions); join_ops_per_moved_shard;
+//                          keep-alives); steady_ops_per_member_period = that per member and period.
+//                          With --settle-ms S the window starts S ms after the balance: the
+//                          members' watches may still be reading what the balancing changed
+//                          (zk: seconds at M = 1,024), which a window right after the balance
+//                          counts as steady;
+//   join_ops               the operations from the joiner's start to balance (with --settle-ms,
+//                          to S ms after it: the other members' watches read the join's changes
+//                          after the balance too), less the steady rate over that time: what the
+//                          join cost (the joiner's connection set-up and membership, its
+//                          listings, the hand-overs, the moved shards' acquisitions, the watches'
+//                          reads); join_ops_per_moved_shard;
 //   server_keys            keys (redis, etcd) or znodes (zk) once the W members balanced, less
 //                          those of the round's server before the first member: beside M + W.
 // Ownership is what each member was told: a shard is owned from the on_change that listed it
@@ -587,6 +594,7 @@ struct Config {
   long period_ms = 300;
   long phase_timeout_ms = 30000;
   long budget_s = 3600;
+  long settle_ms = 0;  // wait after each balance before counting on (0: count at once)
 };
 
 nlohmann::json ms_or_null(std::optional<std::int64_t> from, std::optional<std::int64_t> to) {
@@ -620,6 +628,7 @@ nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::str
   std::optional<double> steady_per_ns;
   std::optional<long long> join_ops_from;
   if (probe != nullptr) {
+    if (c.settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c.settle_ms));
     const auto c0 = probe->ops();
     const std::int64_t t0 = now_ns();
     std::this_thread::sleep_for(std::chrono::milliseconds(3 * c.period_ms));  // the measuring window
@@ -635,6 +644,9 @@ nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::str
   if (r.until([&] { return r.joined(joiner); })) join_at = r.joined_ns(joiner);
   if (join_at) join_done = r.until([&] { return r.balanced(); });
   out["moved_shards_join"] = r.owned_count(joiner);
+  if (probe != nullptr && join_done && c.settle_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(c.settle_ms));
+  const std::int64_t join_counted_to = c.settle_ms > 0 ? now_ns() : join_done.value_or(0);
   if (probe != nullptr && join_done) {
     const auto ops = probe->ops();
     const auto keys = probe->keys();
@@ -647,7 +659,7 @@ nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::str
     }
     if (ops && steady_per_ns && join_ops_from) {
       const double extra = static_cast<double>(*ops - *join_ops_from) -
-                           *steady_per_ns * static_cast<double>(*join_done - spawn_at);
+                           *steady_per_ns * static_cast<double>(join_counted_to - spawn_at);
       out["join_ops"] = std::round(extra);
       if (moved > 0)
         out["join_ops_per_moved_shard"] = std::round(extra / static_cast<double>(moved) * 10) / 10;
@@ -725,6 +737,7 @@ int run(const Config& c, const std::string& self) {
                                {"members", w},
                                {"shards", m},
                                {"ttl_ms", c.ttl_ms},
+                               {"settle_ms", c.settle_ms},
                                {"period_ms", c.period_ms},
                                {"rounds", c.rounds}};
         if (SteadyClock::now() - started > budget) {
@@ -812,6 +825,10 @@ int main(int argc, char** argv) {
   app.add_option("--period-ms", c.period_ms, "rebalance period")->check(CLI::Range(10L, 600000L));
   app.add_option("--phase-timeout-ms", c.phase_timeout_ms, "give a phase up after this")
       ->check(CLI::Range(100L, 600000L));
+  app.add_option("--settle-ms", c.settle_ms,
+                 "wait this long after each balance before the steady window and before the join's count "
+                 "ends (0: at once)")
+      ->check(CLI::Range(0L, 600000L));
   app.add_option("--budget-s", c.budget_s,
                  "start no grid cell after this many seconds (the rest are reported skipped)")
       ->check(CLI::Range(1L, 86400L));

@@ -87,6 +87,8 @@ struct Watch::Impl final : detail::LockEventSink {
     {
       std::lock_guard lk(mu_);
       last_event_at_ = std::chrono::system_clock::now();
+      // A backend that publishes every expiry (zk://) needs no re-reads to find them.
+      if (source_->publishes_expiries()) expiry_checks_ = false;
     }
     if (opts_.initial_state) {
       // The subscription is live: a change from now on is delivered, and the listing
@@ -261,7 +263,7 @@ struct Watch::Impl final : detail::LockEventSink {
       k.holder_info = ev.holder_info;
       k.changes += 1;
       k.check_at = steady_now() + kFirstCheck;
-      if (opts_.expiry_checks && k.check_at < sleep_until_) {  // the watcher thread sleeps past it: wake it
+      if (expiry_checks_ && k.check_at < sleep_until_) {  // the watcher thread sleeps past it: wake it
         recheck_sooner_ = true;
         work_cv_.notify_all();
       }
@@ -450,14 +452,14 @@ struct Watch::Impl final : detail::LockEventSink {
         }
         continue;
       }
-      if (opts_.expiry_checks) {
+      if (expiry_checks_) {
         lk.unlock();
         check_expiries();
         lk.lock();
       }
       // Sleep until the next due check, a gap, a stop, or room after an overflow.
       auto wake = steady_now() + Millis(std::chrono::seconds(5));
-      if (opts_.expiry_checks)
+      if (expiry_checks_)
         for (auto& [name, k] : known_)
           if (k.held && k.check_at < wake) wake = k.check_at;
       sleep_until_ = wake;
@@ -472,6 +474,8 @@ struct Watch::Impl final : detail::LockEventSink {
   const std::shared_ptr<detail::Engine> engine_;
   const std::string prefix_;
   const WatchOptions opts_;
+  // opts_.expiry_checks, off where the backend publishes expiries itself (start()). Under mu_.
+  bool expiry_checks_ = opts_.expiry_checks;
   std::unique_ptr<detail::PrefixWatch> source_;  // set before the thread starts; reset after it ended
 
   std::mutex shutdown_mu_;

@@ -165,6 +165,10 @@ class PrefixWatch {
   /// given to the sink (a barrier through the notification channel); false with `ec`
   /// when it could not be confirmed in time.
   virtual bool sync(Error& ec) = 0;
+  /// True where the server itself publishes the end of every lease, an expiry included (zk://:
+  /// a holder's node goes with its session, and the watch reports it `lost`): the API layer then
+  /// makes no expiry re-reads (WatchOptions::expiry_checks), which would only repeat it.
+  virtual bool publishes_expiries() const noexcept { return false; }
 };
 
 class Backend {

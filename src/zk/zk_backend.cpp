@@ -7,6 +7,7 @@ namespace zk {
 
 LockInfo ZkBackend::status(std::string_view name, Error& ec) {
   ec.clear();
+  status_reads_.fetch_add(1);
   auto s = usable_session(clock_->now() + cfg_.connect_timeout);
   if (!s) {
     ec = fail(zk::kTimedOut, "waiting for a ZooKeeper connection", name);

@@ -45,10 +45,14 @@ std::unique_ptr<Backend> make_zk_backend(const Url& url, const ClientOptions& op
 
 /// Counters of one zk:// backend, for tests and diagnostics.
 struct ZkStats {
-  std::uint64_t watch_events = 0;       ///< predecessor-gone notifications received (herd check)
-  std::uint64_t sessions = 0;           ///< sessions opened (1 + one per expiry)
-  std::uint64_t orphans_removed = 0;    ///< nodes of abandoned attempts deleted after the fact
-  std::uint64_t renew_syncs = 0;        ///< syncs with the leader sent by renewals (one per batch)
+  std::uint64_t watch_events = 0;     ///< predecessor-gone notifications received (herd check)
+  std::uint64_t sessions = 0;         ///< sessions opened (1 + one per expiry)
+  std::uint64_t orphans_removed = 0;  ///< nodes of abandoned attempts deleted after the fact
+  std::uint64_t renew_syncs = 0;      ///< syncs with the leader sent by renewals (one per batch)
+  /// `exists` reads sent by renewals: one per lease when its data watch is armed, then one
+  /// more only after a notification of its node or a reconnect (ZkBackend::confirm).
+  std::uint64_t renew_reads = 0;
+  std::uint64_t status_reads = 0;       ///< status() calls (a watch's expiry re-reads would be some)
   std::int64_t session_id = 0;          ///< the current session's id
   std::int64_t session_timeout_ms = 0;  ///< negotiated with the server
   /// The current session's password (16 bytes): lets a test attach to the session and

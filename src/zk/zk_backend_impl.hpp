@@ -77,6 +77,11 @@ struct Session {
   // to that connection. So the session may expire after the smallest of them, never
   // later: it is the validity of its leases, and it never goes up.
   int floor_ms = 0;
+  // Held nodes with a data watch of this session armed by a renewal's `exists`, by path: the
+  // node's czxid and version when it was armed. A notification of the node (changed: a revoke's
+  // mark; deleted) or a reconnect removes it, so the next renewal reads the node again; until
+  // then a renewal's `sync` alone confirms it (zk_queue.cpp, ZkBackend::confirm).
+  std::map<std::string, std::pair<std::uint64_t, int>> armed;
   zk::Handle zh;
 
   std::uint64_t generation() const noexcept { return gen; }
@@ -85,6 +90,8 @@ struct Session {
 // The C client's watcher callbacks (zk_session.cpp).
 void session_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
 void node_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
+// A held node's data watch (ctx: the Session): disarms it (Session::armed).
+void held_watcher(zhandle_t* zh, int type, int state, const char* path, void* ctx);
 
 // One acquisition's node in one lock's queue (the recipe's entry; token is the node's
 // czxid, confirmed the send time of the last grant or renewal). Its fields are guarded
@@ -205,6 +212,8 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
     st.sessions = sessions_.load();
     st.orphans_removed = orphans_removed_.load();
     st.renew_syncs = renew_syncs_.load();
+    st.renew_reads = renew_reads_.load();
+    st.status_reads = status_reads_.load();
     st.session_timeout_ms = negotiated_ms_.load();
     LockGuard lk(recipe_.mutex());
     if (session_ && session_->zh) {
@@ -219,6 +228,7 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   // Called by the C client's completion thread.
   void on_session_event(zhandle_t* zh, Session& s, int state) noexcept;
   void on_node_event(int type, const char* path) noexcept;
+  void on_held_node_event(Session& s, const char* path) noexcept;
 
  private:
   // QueueStore (zk_queue.cpp).
@@ -320,7 +330,8 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   std::atomic<std::uint64_t> attempts_{0};
   std::atomic<std::uint64_t> next_generation_{1};
   std::atomic<int> negotiated_ms_{0};
-  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0};
+  std::atomic<std::uint64_t> watch_events_{0}, sessions_{0}, orphans_removed_{0}, renew_syncs_{0},
+      renew_reads_{0}, status_reads_{0};
 
   std::condition_variable cv_;  // session state changes and keeper work
   std::shared_ptr<Session> session_ DISTLOCK_GUARDED_BY(recipe_.mutex());

@@ -429,6 +429,8 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
   std::vector<std::string> paths(entries.size());
   std::vector<std::uint64_t> tokens(entries.size());
   std::vector<int> versions(entries.size());
+  // Whether the node is read (its data watch armed by the read) or confirmed by the sync alone.
+  std::vector<bool> read(entries.size(), false);
   {
     LockGuard lk(recipe_.mutex());
     if (!s || !s->connected) {
@@ -445,22 +447,33 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
         continue;
       }
       paths[i] = zk::lock_dir(e.name) + "/" + e.node;
+      auto armed = s->armed.find(paths[i]);
+      read[i] = armed == s->armed.end() || armed->second != std::make_pair(e.token, e.version);
+      // Armed before the read is sent: a notification that comes after it disarms it again.
+      if (read[i]) s->armed[paths[i]] = {e.token, e.version};
     }
   }
-  // One round trip: a sync, then an exists per lease, all in flight at once. The sync
-  // makes the server we are connected to catch up with the leader before it answers the
-  // reads behind it (per-session FIFO), so a lagging or partitioned follower cannot
-  // confirm a node the leader has already deleted: it either answers with the leader's
-  // state or not at all (failed: the local deadline decides). The path of a sync only
-  // names the server's tree; "/" (the chroot) always exists.
+  // One round trip: a sync, then an exists (which arms the node's data watch) per lease not
+  // armed yet, all in flight at once. The sync makes the server we are connected to catch up
+  // with the leader before it answers the reads queued behind it (per-session FIFO), so a
+  // lagging or partitioned follower cannot confirm a node the leader has already deleted: it
+  // either answers with the leader's state or not at all (failed: the local deadline decides).
+  // The server sends a watch's notification before the answer to any later request of the
+  // session, and the C client delivers both in that order: once the sync is answered, an armed
+  // node that is still armed has not changed (not revoked, not deleted) up to the leader's state
+  // at the sync. The path of a sync only names the server's tree; "/" (the chroot) always exists.
   zk::ReplyPtr synced;
   std::vector<zk::ReplyPtr> replies(entries.size());
   if (std::any_of(paths.begin(), paths.end(), [](const std::string& p) { return !p.empty(); })) {
     synced = zk::submit_sync(s->zh.get(), "/");
     renew_syncs_.fetch_add(1);
   }
+  const auto submit_read = [&](std::size_t i) {
+    replies[i] = zk::submit_exists(s->zh.get(), paths[i], &held_watcher, s.get());
+    renew_reads_.fetch_add(1);
+  };
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    if (!paths[i].empty()) replies[i] = zk::submit_exists(s->zh.get(), paths[i]);
+    if (!paths[i].empty() && read[i]) submit_read(i);
   }
   const SteadyTime deadline = sent + cfg_.command_timeout;
   const clientid_t* id = zoo_client_id(s->zh.get());
@@ -468,9 +481,32 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
   const int sync_rc = synced ? zk::await(synced, *clock_, deadline) : ZOK;
   if (sync_rc != ZOK) {
     log_.log(LogLevel::debug, "zk: renewal sync with the leader failed: {}", zk::describe(sync_rc));
+  } else {
+    // Confirmed by the sync: still armed with the token and version it was armed at. A node
+    // disarmed meanwhile (a notification, a reconnect) is read now, in a second round.
+    std::vector<std::size_t> again;
+    {
+      LockGuard lk(recipe_.mutex());
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        if (paths[i].empty() || read[i]) continue;
+        auto armed = s->armed.find(paths[i]);
+        if (armed != s->armed.end() && armed->second == std::make_pair(tokens[i], versions[i])) {
+          out[i] = RenewStatus::renewed;
+          continue;
+        }
+        read[i] = true;
+        s->armed[paths[i]] = {tokens[i], versions[i]};
+        again.push_back(i);
+      }
+    }
+    for (const std::size_t i : again) submit_read(i);
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    if (!replies[i]) continue;
+    if (paths[i].empty()) continue;
+    if (!read[i]) {
+      if (sync_rc != ZOK) out[i] = RenewStatus::failed;  // not confirmed: the local deadline decides
+      continue;
+    }
     int rc = zk::await(replies[i], *clock_, deadline);
     // Without a completed sync the answer may be a follower's stale view: unknown.
     if (sync_rc != ZOK) rc = zk::kTimedOut;
@@ -479,27 +515,34 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
         static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i] &&
         replies[i]->stat.version == versions[i]) {
       out[i] = RenewStatus::renewed;
-    } else if (rc == ZOK || rc == ZNONODE) {
-      out[i] = RenewStatus::not_owner;
-      if (rc == ZOK && replies[i]->stat.ephemeralOwner == session_id &&
-          static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i]) {
-        // Our node, marked by a revoke: the recipe forgets the hold without deleting anything,
-        // and our session would keep the node first in the queue for as long as it lives. An
-        // orphan of it deletes it once our lease would have run out (delete_revoked).
-        auto left = std::make_shared<Entry>(entries[i]->name, entries[i]->owner);
-        {
-          LockGuard lk(recipe_.mutex());
-          const Entry& e = entry_of<Entry>(*entries[i]);
-          left->generation = e.generation;
-          left->node = e.node;
-          left->version = e.version;
-          left->token = e.token;
-          left->valid_until = e.valid_until;
-        }
-        recipe_.orphan(std::move(left));
-      }
     } else {
-      out[i] = RenewStatus::failed;
+      {
+        // Not confirmed: read again next time (a node that is not ours keeps no armed entry).
+        LockGuard lk(recipe_.mutex());
+        s->armed.erase(paths[i]);
+      }
+      if (rc == ZOK || rc == ZNONODE) {
+        out[i] = RenewStatus::not_owner;
+        if (rc == ZOK && replies[i]->stat.ephemeralOwner == session_id &&
+            static_cast<std::uint64_t>(replies[i]->stat.czxid) == tokens[i]) {
+          // Our node, marked by a revoke: the recipe forgets the hold without deleting anything,
+          // and our session would keep the node first in the queue for as long as it lives. An
+          // orphan of it deletes it once our lease would have run out (delete_revoked).
+          auto left = std::make_shared<Entry>(entries[i]->name, entries[i]->owner);
+          {
+            LockGuard lk(recipe_.mutex());
+            const Entry& e = entry_of<Entry>(*entries[i]);
+            left->generation = e.generation;
+            left->node = e.node;
+            left->version = e.version;
+            left->token = e.token;
+            left->valid_until = e.valid_until;
+          }
+          recipe_.orphan(std::move(left));
+        }
+      } else {
+        out[i] = RenewStatus::failed;
+      }
     }
   }
 }

@@ -36,6 +36,17 @@ void node_watcher(zhandle_t*, int type, int, const char* path, void* ctx) {
   static_cast<ZkBackend*>(ctx)->on_node_event(type, path);
 }
 
+void held_watcher(zhandle_t*, int type, int, const char* path, void* ctx) {
+  if (ctx == nullptr || path == nullptr || type == ZOO_SESSION_EVENT) return;
+  auto* s = static_cast<Session*>(ctx);
+  s->backend->on_held_node_event(*s, path);
+}
+
+void ZkBackend::on_held_node_event(Session& s, const char* path) noexcept {
+  LockGuard lk(recipe_.mutex());
+  s.armed.erase(path);
+}
+
 std::shared_ptr<Session> ZkBackend::open_session(Error& ec) {
   auto s = std::make_shared<Session>();
   s->backend = this;
@@ -109,6 +120,9 @@ int ZkBackend::record_session_event(zhandle_t* zh, Session& s, int state, int& b
   }
   if (state == ZOO_CONNECTED_STATE) {
     if (s.ever_connected && !s.connected) s.reconnected = true;
+    // The C client sets the session's watches again on a new connection, but the renewals do
+    // not count on it: each held node is read (and its watch armed) once more.
+    if (s.reconnected) s.armed.clear();
     s.connected = true;
     s.ever_connected = true;
     // The server negotiates the session timeout on every connection, not only when the
@@ -137,6 +151,7 @@ int ZkBackend::record_session_event(zhandle_t* zh, Session& s, int state, int& b
     // CONNECTING / ASSOCIATING / NOTCONNECTED: ownership is uncertain until we hear from
     // the ensemble again; the engine's local deadline takes care of owns().
     s.connected = false;
+    s.armed.clear();
   }
   cv_.notify_all();
   return changed_to;

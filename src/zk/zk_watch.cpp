@@ -128,6 +128,10 @@ class ZkPrefixWatch final : public PrefixWatch {
     return true;
   }
 
+  // A lease's node goes with its session (an expiry included), and the reading of its directory
+  // reports that end: no status re-reads are needed to find expiries.
+  bool publishes_expiries() const noexcept override { return true; }
+
  private:
   // What the watch knows of one lock directory (only the watch's thread touches these,
   // and start() before the thread exists).
