@@ -44,6 +44,24 @@
 //                          reads); join_ops_per_moved_shard;
 //   server_keys            keys (redis, etcd) or znodes (zk) once the W members balanced, less
 //                          those of the round's server before the first member: beside M + W.
+// On every backend whose client counts its round trips (Client::stats().round_trips: redis, etcd,
+// zk; a member prints its count when it joins and on each SIGUSR1 from this process):
+//   steady_round_trips_per_member_period   an old member's client round trips per rebalance
+//                          period while balanced (its renewals; the backend's background calls),
+//                          read over max(3 periods, TTL) starting max(TTL, 2 s) after the balance;
+//   join_round_trips_members       the W-1 old members' round trips from the window's end to
+//                          max(TTL, 2 s) after the join's balance, each less its own steady rate
+//                          over that time: what the join cost them (their releases of the moved
+//                          shards, their watches' work, also what it set off later);
+//   join_round_trips_joiner_setup  the joiner's round trips until it is a member (shard_group()
+//                          returned): connect, the shard-count check, its membership, its two
+//                          watches' first listings (a SCAN page or a directory read each): O(M + W),
+//                          once per member's life;
+//   join_round_trips_joiner_rest   the joiner's round trips after that, to the same reading, less
+//                          the old members' mean steady rate: its acquisitions of the moved shards;
+//   join_round_trips_per_moved_shard   (members + joiner_rest) / moved_shards_join: the issue's
+//                          "round trips per moved shard" (the joiner's set-up is left out: it is
+//                          reported apart, and does not depend on what moved).
 // Ownership is what each member was told: a shard is owned from the on_change that listed it
 // until its stop token fired (or its member was killed). Every time is a steady_clock
 // (CLOCK_MONOTONIC) reading, taken in the member that saw the event or in this process before
@@ -117,12 +135,15 @@ void emit(const std::string& line) {
 }
 
 // Prints "G <ns> <shard>" when told of a shard, "S <ns> <shard>" when its stop token fires,
-// "J <ns>" once a member, "L <ns>" before leave() (on SIGTERM), "E <ns>" after it.
+// "J <ns> <round trips>" once a member, "R <ns> <round trips>" on each SIGUSR1, "L <ns>" before
+// leave() (on SIGTERM), "E <ns>" after it. <round trips> is its client's count so far
+// (Client::stats().round_trips).
 int run_member(const std::string& url, const std::string& job, std::uint32_t shards, long ttl_ms,
                long period_ms, const std::string& id) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   try {
     distlock::ClientOptions co;
@@ -151,9 +172,10 @@ int run_member(const std::string& url, const std::string& job, std::uint32_t sha
       }
     };
     distlock::ShardGroup group = client.shard_group(job, shards, o);
-    emit("J " + std::to_string(now_ns()));
+    auto trips = [&] { return std::to_string(now_ns()) + " " + std::to_string(client.stats().round_trips); };
+    emit("J " + trips());
     int sig = 0;
-    sigwait(&set, &sig);
+    while (sigwait(&set, &sig) == 0 && sig == SIGUSR1) emit("R " + trips());
     emit("L " + std::to_string(now_ns()));
     group.leave();
     emit("E " + std::to_string(now_ns()));
@@ -168,6 +190,12 @@ int run_member(const std::string& url, const std::string& job, std::uint32_t sha
 
 // ---- coordinator ------------------------------------------------------------------------
 
+// A member's client round trips (Client::stats().round_trips) at a moment of its steady clock.
+struct Trips {
+  std::int64_t ns = 0;
+  std::uint64_t count = 0;
+};
+
 struct Member {
   std::string id;
   pid_t pid = -1;
@@ -177,6 +205,8 @@ struct Member {
   bool gone = false;  // left or killed
   std::optional<std::int64_t> joined_ns, leave_ns;
   std::set<std::uint32_t> owned;
+  std::uint64_t joined_trips = 0;  // its client's round trips when it became a member
+  std::optional<Trips> trips;      // the last "R" line's reading
 };
 
 struct Interval {
@@ -324,6 +354,25 @@ class Round {
   std::int64_t joined_ns(std::size_t i) const { return *members_[i].joined_ns; }
   std::optional<std::int64_t> leave_ns(std::size_t i) const { return members_[i].leave_ns; }
 
+  std::uint64_t joined_trips(std::size_t i) const { return members_[i].joined_trips; }
+
+  /// Each of the members `who` (joined, running) reads its client's round trips (SIGUSR1, an
+  /// "R" line); one reading per member, or nullopt when one did not answer in time.
+  std::optional<std::vector<Trips>> read_trips(const std::vector<std::size_t>& who) {
+    for (std::size_t i : who) {
+      members_[i].trips.reset();
+      ::kill(members_[i].pid, SIGUSR1);
+    }
+    const bool all = until([&] {
+                       return std::all_of(who.begin(), who.end(),
+                                          [&](std::size_t i) { return members_[i].trips.has_value(); });
+                     }).has_value();
+    if (!all) return std::nullopt;
+    std::vector<Trips> out;
+    for (std::size_t i : who) out.push_back(*members_[i].trips);
+    return out;
+  }
+
   void terminate(std::size_t i) { ::kill(members_[i].pid, SIGTERM); }
   /// SIGKILL: its shards have no live owner from this moment.
   std::int64_t kill(std::size_t i) {
@@ -404,7 +453,13 @@ class Round {
       case 'J':
         m.joined_ns = t;
         m.live = !m.gone;
+        in >> m.joined_trips;
         break;
+      case 'R': {
+        Trips r{t, 0};
+        if (in >> r.count) m.trips = r;
+        break;
+      }
       case 'G':
         if (in >> s && s < shards_ && !m.gone) {
           m.owned.insert(s);
@@ -623,19 +678,38 @@ nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::str
     out["error"] = "the first " + std::to_string(w - 1) + " members did not balance";
     return out;
   }
-  // The server's steady traffic of the balanced W-1, over three periods: their listings,
-  // renewals and (etcd, zk) keep-alives / pings.
+  // The server's steady traffic of the balanced W-1, over max(three periods, one TTL): their
+  // renewals, keep-alives / pings and (polling) listings; and each one's client round trips
+  // over the same window (its own steady rate). It starts one settle time (max(TTL, 2 s)) after
+  // the balance, so what the members do once after balancing (cancelled waits, a watch's
+  // re-read of the expiries 1 s after an acquisition) is not taken for their steady rate.
+  const auto settle = std::chrono::milliseconds(std::max(c.ttl_ms, 2000L));
+  std::this_thread::sleep_for(settle);
   std::optional<double> steady_per_ns;
   std::optional<long long> join_ops_from;
-  if (probe != nullptr) {
-    if (c.settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c.settle_ms));
-    const auto c0 = probe->ops();
+  // --settle-ms: longer still, for a backend whose watches read for seconds after a balance.
+  if (c.settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c.settle_ms));
+  std::vector<std::size_t> old_members;
+  for (int i = 0; i < w - 1; ++i) old_members.push_back(static_cast<std::size_t>(i));
+  const auto trips0 = r.read_trips(old_members);
+  {
+    const auto c0 = probe != nullptr ? probe->ops() : std::nullopt;
     const std::int64_t t0 = now_ns();
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * c.period_ms));  // the measuring window
-    const auto c1 = probe->ops();
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::max(3 * c.period_ms, c.ttl_ms)));  // the window
+    const auto c1 = probe != nullptr ? probe->ops() : std::nullopt;
     const std::int64_t t1 = now_ns();
     if (c0 && c1 && t1 > t0) steady_per_ns = static_cast<double>(*c1 - *c0) / static_cast<double>(t1 - t0);
-    join_ops_from = probe->ops();
+    if (probe != nullptr) join_ops_from = probe->ops();
+  }
+  const auto trips1 = r.read_trips(old_members);
+  // Each old member's steady round trips per ns (its renewals, the backend's background calls).
+  std::vector<double> trip_rate;
+  if (trips0 && trips1) {
+    for (std::size_t k = 0; k < old_members.size(); ++k) {
+      const auto dt = (*trips1)[k].ns - (*trips0)[k].ns;
+      trip_rate.push_back(dt > 0 ? static_cast<double>((*trips1)[k].count - (*trips0)[k].count) / dt : 0.0);
+    }
   }
   // Join.
   const std::int64_t spawn_at = now_ns();
@@ -666,6 +740,35 @@ nlohmann::json one_round(const Config& c, int w, std::uint32_t m, const std::str
     }
     if (keys && keys_before) out["server_keys"] = *keys - *keys_before;
     out["shards_plus_members"] = m + static_cast<std::uint32_t>(w);
+  }
+  // Client round trips of the join: each old member's beyond its steady rate, and the joiner's,
+  // split into its set-up (until it is a member: the shard-count check, its membership, its
+  // watches' first listings) and the rest, less the old members' mean steady rate since then.
+  // Read one settle time after the balance: what the join set off later (a watch's re-read of the
+  // expiries 1 s after the acquisitions) is counted; the steady rate over that time is not.
+  if (join_done && !trip_rate.empty() && r.joined_trips(joiner) > 0) {  // 0: the backend counts none
+    std::this_thread::sleep_for(settle);
+    std::vector<std::size_t> all = old_members;
+    all.push_back(joiner);
+    if (const auto after = r.read_trips(all)) {
+      double members = 0, mean_rate = 0;
+      for (std::size_t k = 0; k < old_members.size(); ++k) {
+        members += static_cast<double>((*after)[k].count - (*trips1)[k].count) -
+                   trip_rate[k] * static_cast<double>((*after)[k].ns - (*trips1)[k].ns);
+        mean_rate += trip_rate[k] / static_cast<double>(old_members.size());
+      }
+      const Trips& j = after->back();
+      const double setup = static_cast<double>(r.joined_trips(joiner));
+      const double rest =
+          static_cast<double>(j.count) - setup - mean_rate * static_cast<double>(j.ns - r.joined_ns(joiner));
+      auto r1 = [](double x) { return std::round(x * 10) / 10; };
+      out["steady_round_trips_per_member_period"] = r1(mean_rate * 1e6 * static_cast<double>(c.period_ms));
+      out["join_round_trips_members"] = r1(members);
+      out["join_round_trips_joiner_setup"] = setup;
+      out["join_round_trips_joiner_rest"] = r1(rest);
+      if (const std::size_t moved = r.owned_count(joiner); moved > 0)
+        out["join_round_trips_per_moved_shard"] = r1((members + rest) / static_cast<double>(moved));
+    }
   }
   const std::int64_t from = join_at.value_or(0);
   // Graceful leave of member 0 (W >= 3).
@@ -773,7 +876,10 @@ int run(const Config& c, const std::string& self) {
         if (w >= 3) timed.push_back("leave_ms");
         for (const char* k : timed) line[k] = summary(rounds, k, timeouts);
         int ignored = 0;
-        for (const char* k : {"moved_shards_join", "moved_shards_kill"})
+        for (const char* k :
+             {"moved_shards_join", "moved_shards_kill", "steady_round_trips_per_member_period",
+              "join_round_trips_members", "join_round_trips_joiner_setup", "join_round_trips_joiner_rest",
+              "join_round_trips_per_moved_shard"})
           line[k] = summary(rounds, k, ignored);
         if (label == "redis" || label == "etcd" || label == "zk") {
           for (const char* k : {"steady_ops_per_s", "steady_ops_per_member_period", "join_ops",

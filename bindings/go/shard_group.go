@@ -41,8 +41,13 @@ func ShardTTL(d time.Duration) ShardGroupOption { return func(c *shardConfig) { 
 // ShardMaxHold bounds one hold of a shard (default: none).
 func ShardMaxHold(d time.Duration) ShardGroupOption { return func(c *shardConfig) { c.maxHold = &d } }
 
-// RebalancePeriod is how often the member lists the group and rebalances (default 1 s;
-// 10 ms .. 1 h). A join or a death is noticed within one period (a death after its TTL).
+// RebalancePeriod is the member's re-plan and retry period (default 1 s; 10 ms .. 1 h).
+// A member that watches its group (redis, redis+sentinel, etcd, zk, postgres) rebalances
+// at the watches' events; once a period it re-plans from its view (no round trip) to retry
+// a failed rejoin or acquisition, and it re-lists the group every max(100 periods, 30 s).
+// Elsewhere (file, mysql, redis+cluster, redlock), or while a watch could not be started,
+// it lists the group once a period: a join or a death is then noticed within one period
+// (a death after its TTL). See docs/sharding.md.
 func RebalancePeriod(d time.Duration) ShardGroupOption { return func(c *shardConfig) { c.period = &d } }
 
 // MemberID is this member's id: 1..64 bytes of [A-Za-z0-9_.-], unique in the group (default

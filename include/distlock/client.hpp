@@ -219,12 +219,22 @@ struct DISTLOCK_EXPORT ListedLock {
   std::string display;
 };
 
-/// Relaxed counters (for metrics; each read is a snapshot).
+/// Relaxed counters (for metrics; each read is a snapshot). Client::stats() may be called
+/// from any thread at any time; each field is one relaxed atomic load, so two fields of one
+/// snapshot may be read a moment apart (a call in flight may show in one and not yet in the
+/// other). Every count is monotonic for the life of the client.
 struct DISTLOCK_EXPORT ClientStats {
   std::uint64_t acquired = 0;
   std::uint64_t released = 0;
   std::uint64_t release_failures = 0;
-  std::uint64_t renew_round_trips = 0;
+  std::uint64_t renew_round_trips = 0;  ///< renewal batches sent (each one round trip or more)
+  /// Every request/response exchange this client's backend made with its servers: a
+  /// command or script call, a pipelined batch (one), a listing's SCAN page (one each),
+  /// a gRPC call attempt, a ZooKeeper request (a multi is one), a watch's (un)subscribe;
+  /// renewals and background work (queue refreshes, pub/sub pings) included. Counted on
+  /// redis://, rediss://, redis+sentinel://, redis+cluster://, etcd:// and zk://; always 0
+  /// on redlock://, file://, postgres:// and mysql:// (not counted in this version).
+  std::uint64_t round_trips = 0;
   std::uint64_t renewed_leases = 0;
   std::uint64_t lost = 0;
   std::uint64_t brain_splits = 0;  ///< a renewal found another owner while we thought we held it

@@ -461,8 +461,13 @@ typedef struct distlock_shard_group_options {
   int64_t ttl_ms;              /* lease length of the membership and of each shard; DISTLOCK_DEFAULT:
                                   the client's */
   int64_t max_hold_ms;         /* upper bound on one hold of a shard; DISTLOCK_DEFAULT: none */
-  int64_t rebalance_period_ms; /* how often the member lists the group and rebalances, 10 ms .. 1 h;
-                                  DISTLOCK_DEFAULT: 1 s */
+  int64_t rebalance_period_ms; /* 10 ms .. 1 h; DISTLOCK_DEFAULT: 1 s. A member that watches its
+                                  group (redis, redis+sentinel, etcd, zk, postgres) rebalances at
+                                  the watches' events; once a period it re-plans from its view (no
+                                  round trip) to retry a failed rejoin or acquisition, and re-lists
+                                  the group every max(100 periods, 30 s). Elsewhere (file, mysql,
+                                  redis+cluster, redlock), or while a watch could not be started,
+                                  it lists the group once a period (docs/sharding.md) */
   const char* member_id;       /* 1..64 bytes of [A-Za-z0-9_.-], unique in the group; NULL: "<client
                                   id>-<n>" */
   const char* info;            /* shown by status/list in the membership lock (printable ASCII, no

@@ -294,6 +294,12 @@ class Backend {
   /// distlock_notification_channel_drops_total. 0 where the backend has no such check.
   virtual std::uint64_t notification_channel_drops() const noexcept { return 0; }
 
+  /// Request/response exchanges this backend has made with its servers since it was made
+  /// (engine/round_trips.hpp says what counts as one), counted in its transport. Exported
+  /// as ClientStats::round_trips. 0 where the backend does
+  /// not count them (redlock://, file://, postgres://, mysql://: not in this version).
+  virtual std::uint64_t round_trips() const noexcept { return 0; }
+
   /// URL with the password masked, for messages.
   virtual std::string url() const = 0;
 };

@@ -214,6 +214,7 @@ ClientStats Engine::stats() const noexcept {
   s.released = n_released_.load(std::memory_order_relaxed);
   s.release_failures = n_release_failures_.load(std::memory_order_relaxed);
   s.renew_round_trips = n_renew_round_trips_.load(std::memory_order_relaxed);
+  s.round_trips = backend_->round_trips();
   s.renewed_leases = n_renewed_.load(std::memory_order_relaxed);
   s.lost = n_lost_.load(std::memory_order_relaxed);
   s.brain_splits = n_brain_splits_.load(std::memory_order_relaxed);

@@ -189,6 +189,7 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
                         Error& ec) override;
   void forget(std::string_view name, std::string_view owner, std::uint64_t token) noexcept override;
   std::string url() const override { return url_; }
+  std::uint64_t round_trips() const noexcept override { return transport_.round_trips(); }
 
   // Watches are per queued key and set up by try_acquire (from the revision it
   // read, so nothing between the read and the watch is missed).

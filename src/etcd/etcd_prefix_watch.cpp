@@ -311,6 +311,7 @@ class EtcdPrefixWatch final : public PrefixWatch {
     create->set_range_end(prefix_end(base_));
     create->set_start_revision(rev + 1);
     etcdserverpb::WatchResponse resp;
+    b_.transport_.count_exchange();
     if (!stream->Write(req) || !stream->Read(&resp)) {
       const grpc::Status st = stream->Finish();
       stream.reset();

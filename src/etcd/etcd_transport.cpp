@@ -108,6 +108,7 @@ Error Transport::authenticate() {
     const std::size_t index = current();
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + config_.command_timeout);
+    round_trips_.add();
     st = stubs(index).auth->Authenticate(&ctx, req, &resp);
     if (st.ok() || !retryable(st) || std::chrono::steady_clock::now() >= give_up) break;
     advance(index);

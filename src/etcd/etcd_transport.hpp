@@ -32,6 +32,7 @@
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
 #include "engine/backend_error.hpp"
+#include "engine/round_trips.hpp"
 #include "engine/thread_annotations.hpp"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
@@ -102,6 +103,11 @@ class Transport {
   /// (fail over instead), up to `left` with one.
   void ensure_connected(std::size_t index, Millis left);
 
+  /// Request/response exchanges made through this transport (engine/round_trips.hpp): each
+  /// attempt of call() and each authentication counts one; a caller that writes a request
+  /// on a stream it keeps open (a watch's create or cancel) adds it with count_exchange().
+  std::uint64_t round_trips() const noexcept { return round_trips_.count(); }
+  void count_exchange() noexcept { round_trips_.add(); }
   static bool retryable(const grpc::Status& st) noexcept;
   static bool invalid_token(const grpc::Status& st) noexcept;
   static bool lease_not_found(const grpc::Status& st) noexcept;
@@ -110,6 +116,7 @@ class Transport {
   TransportConfig config_;
   std::vector<std::unique_ptr<Stubs>> stubs_;
   std::atomic<std::size_t> current_{0};
+  RoundTrips round_trips_;
   mutable AnnotatedMutex token_mu_;
   std::string token_ DISTLOCK_GUARDED_BY(token_mu_);
 };
@@ -127,6 +134,7 @@ grpc::Status Transport::call(Attempt&& attempt, CallInfo* info) {
     ensure_connected(index, left);
     grpc::ClientContext ctx;
     prepare(ctx, std::clamp(left, Millis(50), config_.command_timeout));
+    round_trips_.add();
     grpc::Status st = attempt(stubs(index), ctx);
     if (info) info->attempts = n;
     if (st.ok()) return st;

@@ -50,6 +50,7 @@ void EtcdBackend::add_watch(Entry& entry, const std::string& key, std::int64_t s
   create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
   create->set_watch_id(id);
   std::lock_guard wl(stream->write_mu);
+  transport_.count_exchange();  // the create, answered on the stream
   if (!stream->rw->Write(req)) {
     // The reader sees the break and wakes every waiter, this one included.
     log_.log(LogLevel::debug, "etcd watch stream write failed");
@@ -68,6 +69,7 @@ void EtcdBackend::cancel_watch(std::int64_t watch_id) noexcept {
     etcdserverpb::WatchRequest req;
     req.mutable_cancel_request()->set_watch_id(watch_id);
     std::lock_guard wl(stream->write_mu);
+    transport_.count_exchange();  // the cancel, answered on the stream
     stream->rw->Write(req);
   } catch (...) {
   }

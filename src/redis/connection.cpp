@@ -177,6 +177,7 @@ Reply Connection::command(std::span<const std::string_view> argv, Error& ec) {
     return nullptr;
   }
   ++round_trips_;
+  if (opts_.round_trips) opts_.round_trips->add();
   const auto deadline = Socket::Clock::now() + opts_.command_timeout;
   Error io;
   if (!sock_->write_all(cmd, deadline, io)) {
@@ -214,6 +215,7 @@ void Connection::append(std::span<const std::string_view> argv) {
 bool Connection::send_buffered(Error& ec) {
   if (obuf_.empty()) return true;
   ++round_trips_;  // the replies of this batch are read without another flush
+  if (opts_.round_trips) opts_.round_trips->add();
   Error io;
   const bool sent = sock_->write_all(obuf_, Socket::Clock::now() + opts_.command_timeout, io);
   obuf_.clear();

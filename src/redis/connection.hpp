@@ -65,6 +65,7 @@
 #include "distlock/error.hpp"
 #include "distlock/options.hpp"
 #include "engine/backend_error.hpp"
+#include "engine/round_trips.hpp"
 #include "engine/thread_annotations.hpp"
 #include "engine/url.hpp"
 #include "redis/socket.hpp"
@@ -94,6 +95,10 @@ struct ConnectionOptions {
     std::string key_file;   ///< PEM private key of cert_file (?key=; default: cert_file)
   };
   Tls tls;
+  /// Where every connection made with these options adds its round trips (a command, a
+  /// flushed pipeline, a subscriber's write): the owning client's count
+  /// (engine/round_trips.hpp). Null: not counted.
+  std::shared_ptr<RoundTrips> round_trips;
 
   /// "redis 127.0.0.1:6379" — the prefix of every message about this server.
   std::string describe() const;
@@ -105,6 +110,18 @@ struct ConnectionOptions {
 /// the URL path "/N" (see parse_db_path); a bad path sets invalid_url naming it.
 ConnectionOptions options_from_url(const Url& url, std::size_t host_index, const ClientOptions& client,
                                    Error& err);
+
+/// `opts` with its round trips added to `counter` (ConnectionOptions::round_trips).
+inline ConnectionOptions counted(ConnectionOptions opts, std::shared_ptr<RoundTrips> counter) {
+  opts.round_trips = std::move(counter);
+  return opts;
+}
+
+/// `opts` counting into its own counter when it has none yet.
+inline ConnectionOptions counted(ConnectionOptions opts) {
+  if (!opts.round_trips) opts.round_trips = std::make_shared<RoundTrips>();
+  return opts;
+}
 
 /// Parses the "/N" database path of a redis URL ("" or "/" → 0). invalid_url naming
 /// the path when it is not a number in 0..9999.

@@ -40,20 +40,21 @@ class RedisBackend final : public Backend {
  public:
   RedisBackend(const ConnectionOptions& conn, std::string prefix, std::string url, const ClientOptions& opts,
                int wait_replicas = 0, Millis wait_timeout = Millis(0))
-      : conn_opts_(conn),
+      : round_trips_(conn.round_trips ? conn.round_trips : std::make_shared<RoundTrips>()),
+        conn_opts_(counted(conn, round_trips_)),
         prefix_(std::move(prefix)),
         url_(std::move(url)),
         wait_replicas_(wait_replicas),
         wait_timeout_(wait_timeout),
         log_(opts.logger),
-        pool_(conn, 8),
-        shared_(wait_replicas == 0 ? std::make_unique<redis::SharedConnection>(conn) : nullptr),
+        pool_(conn_opts_, 8),
+        shared_(wait_replicas == 0 ? std::make_unique<redis::SharedConnection>(conn_opts_) : nullptr),
         waits_(
             opts.clock ? opts.clock : system_steady_clock(),
             [this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
             [this](std::string_view name) { wake(name); },
             [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); }),
-        subscriber_(conn, [this](std::string_view channel) { on_channel(channel); }) {}
+        subscriber_(conn_opts_, [this](std::string_view channel) { on_channel(channel); }) {}
 
   // The subscriber (declared last) stops its thread first, then the wait queue's
   // refresher; both call into this object.
@@ -91,6 +92,7 @@ class RedisBackend final : public Backend {
   std::string url() const override { return url_; }
 
   std::uint64_t notification_channel_drops() const noexcept override { return subscriber_.silent_drops(); }
+  std::uint64_t round_trips() const noexcept override { return round_trips_->count(); }
   RedisStats stats() const {
     RedisStats st;
     st.grants_received = waits_.grants_received();
@@ -223,6 +225,10 @@ class RedisBackend final : public Backend {
     if (failing_.exchange(false)) log_.log(LogLevel::info, "{} answers again", conn_opts_.describe());
   }
 
+  // Every connection below adds to it (ConnectionOptions::round_trips): the one `conn`
+  // carries (a redis+sentinel:// backend's, shared by its masters over failovers), else
+  // its own. Before conn_opts_.
+  const std::shared_ptr<RoundTrips> round_trips_;
   const ConnectionOptions conn_opts_;
   const std::string prefix_;
   const std::string url_;

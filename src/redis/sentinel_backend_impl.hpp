@@ -63,11 +63,14 @@ class SentinelBackend final : public Backend, private ChangeListener {
                   RedisSettings settings, const ClientOptions& opts)
       : sentinel_opts_(std::move(sentinels)),
         master_name_(std::move(master_name)),
-        master_tpl_(std::move(master)),
+        master_tpl_(counted(std::move(master))),
         settings_(std::move(settings)),
         client_opts_(opts),
         log_(opts.logger) {
-    for (const auto& o : sentinel_opts_) sentinel_conns_.emplace_back(o);
+    for (auto& o : sentinel_opts_) {
+      o.round_trips = master_tpl_.round_trips;  // the sentinels' calls count with the masters'
+      sentinel_conns_.emplace_back(o);
+    }
     if (!monitor_.valid())
       throw std::system_error(monitor_.error(), std::generic_category(), "eventfd for the sentinel monitor");
     if (!drainer_.valid())
@@ -177,6 +180,7 @@ class SentinelBackend final : public Backend, private ChangeListener {
   }
 
   /// The current master's backend's count (a failover starts it again from 0).
+  std::uint64_t round_trips() const noexcept override { return master_tpl_.round_trips->count(); }
   std::uint64_t notification_channel_drops() const noexcept override {
     const auto b = current().first;
     return b ? b->notification_channel_drops() : 0;

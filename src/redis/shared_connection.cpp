@@ -223,6 +223,7 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, Error
     }
   }
   calls_.fetch_add(1, std::memory_order_relaxed);
+  if (opts_.round_trips) opts_.round_trips->add();
   Pending mine;
   mine.expected = batch.size();
   mine.replies.reserve(batch.size());

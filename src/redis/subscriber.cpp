@@ -288,6 +288,7 @@ bool Subscriber::flush_changes() {
     }
     inflight_.emplace_back(subscribe, std::move(ch));
   }
+  if (opts_.round_trips) opts_.round_trips->add();  // the (un)subscribes written together
   return sock_->write_all(out, Socket::Clock::now() + opts_.command_timeout, io_error_);
 }
 
@@ -444,6 +445,7 @@ bool Subscriber::check_alive() {
   }
   if (now < last_heard_ + kPingAfter) return true;
   static constexpr std::string_view kPing = "*1\r\n$4\r\nPING\r\n";
+  if (opts_.round_trips) opts_.round_trips->add();
   if (!sock_->write_all(kPing, now + opts_.command_timeout, io_error_)) {
     disconnect(opts_.describe() + ": sending PING failed: " + io_error_.detail());
     return false;

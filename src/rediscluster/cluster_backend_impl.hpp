@@ -96,7 +96,7 @@ class ClusterBackend final : public Backend {
   ClusterBackend(const ConnectionOptions& base, std::vector<std::pair<std::string, std::uint16_t>> seeds,
                  std::map<std::string, std::pair<std::string, std::uint16_t>> nat, std::string prefix,
                  std::string url, const ClientOptions& opts)
-      : base_(base),
+      : base_(redis::counted(base)),
         nat_(std::move(nat)),
         prefix_(std::move(prefix)),
         url_(std::move(url)),
@@ -130,6 +130,7 @@ class ClusterBackend final : public Backend {
                                     Error& ec) override;
 
   std::string url() const override { return url_; }
+  std::uint64_t round_trips() const noexcept override { return base_.round_trips->count(); }
 
  private:
   friend class ClusterPrefixWatch;  // cluster_prefix_watch.cpp: the slot map, nodes and settings
@@ -227,7 +228,7 @@ class ClusterBackend final : public Backend {
   void run_renewal_worker(Node& node);
   static void run_renewal(Node& node, RenewJob& job);
 
-  const ConnectionOptions base_;
+  const ConnectionOptions base_;  // its round_trips: every node's connections count there
   const std::map<std::string, std::pair<std::string, std::uint16_t>> nat_;  // "host:port" announced → reached
   const std::string prefix_;
   const std::string url_;

@@ -62,7 +62,8 @@ class ZkBackend;
 // One ZooKeeper session; it is the session watcher's context. The handle is the last
 // member, so it is destroyed first: closing the session joins the C client's threads
 // before the fields its watcher writes go away.
-struct Session {
+// Its SessionContext base (zk_call.hpp) counts the requests into the backend's round trips.
+struct Session : SessionContext {
   ZkBackend* backend = nullptr;
   std::uint64_t gen = 0;
   // Guarded by ZkBackend::mu_.
@@ -194,6 +195,7 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   void unwatch(std::string_view) noexcept override {}
   LockInfo status(std::string_view name, Error& ec) override;
   std::string url() const override { return cfg_.redacted_url; }
+  std::uint64_t round_trips() const noexcept override { return round_trips_->count(); }
   // Revoke (zk_revoke.cpp).
   Revoked revoke(std::string_view name, std::string_view note, Millis note_life, Error& ec) override;
   std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
@@ -322,6 +324,9 @@ class ZkBackend final : public QueueBackend<RecordsBackend<zk::Records>>, privat
   void replace_expired_session();
 
   Config cfg_;
+  // Every session's requests, its prefix watches' included (engine/round_trips.hpp);
+  // shared with those watches, which own their sessions apart from the backend's.
+  const std::shared_ptr<RoundTrips> round_trips_ = std::make_shared<RoundTrips>();
   Logger log_;
   const std::shared_ptr<Clock> clock_;
   // The entries (one per acquisition node) and the orphans (nodes of abandoned

@@ -8,7 +8,11 @@ namespace {
 
 // The C client carries `const void* data` to the completion: a heap copy of the
 // shared_ptr, released by the completion (or at once when submission fails).
-const void* hand_over(const ReplyPtr& r) {
+// Every submit_* passes here once: the request is counted (SessionContext).
+const void* hand_over(zhandle_t* zh, const ReplyPtr& r) {
+  if (const auto* c = static_cast<const SessionContext*>(zoo_get_context(zh)); c && c->round_trips) {
+    c->round_trips->add();
+  }
   return new ReplyPtr(r);
 }
 
@@ -133,7 +137,7 @@ ReplyPtr submit_set_both(zhandle_t* zh, const std::string& path1, std::string_vi
   zoo_set_op_init(&ops[0], path1.c_str(), data1.data(), static_cast<int>(data1.size()), version1, &r->stat);
   zoo_set_op_init(&ops[1], path2.c_str(), data2.data(), static_cast<int>(data2.size()), version2,
                   &r->parent_stat);
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_amulti(zh, 2, ops, r->results, &on_multi_plain, d);
   return rc == ZOK ? r : refused(d, rc);
 }
@@ -144,7 +148,7 @@ ReplyPtr submit_delete_both(zhandle_t* zh, const std::string& path1, int version
   zoo_op_t ops[2];
   zoo_delete_op_init(&ops[0], path1.c_str(), version1);
   zoo_delete_op_init(&ops[1], path2.c_str(), version2);
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_amulti(zh, 2, ops, r->results, &on_multi_plain, d);
   return rc == ZOK ? r : refused(d, rc);
 }
@@ -160,7 +164,7 @@ ReplyPtr submit_create_and_touch(zhandle_t* zh, const std::string& path, std::st
   zoo_create_op_init(&ops[0], path.c_str(), data.data(), static_cast<int>(data.size()), acl, mode,
                      r->path_buffer.data(), static_cast<int>(r->path_buffer.size()));
   zoo_set_op_init(&ops[1], parent.c_str(), nullptr, -1, -1, &r->parent_stat);
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_amulti(zh, 2, ops, r->results, &on_multi, d);
   return rc == ZOK ? r : refused(d, rc);
 }
@@ -170,7 +174,7 @@ ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view 
   auto r = std::make_shared<Reply>();
   r->zh = zh;
   r->undo_if_abandoned = true;
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, mode,
                               &on_string_stat, d);
   return rc == ZOK ? r : refused(d, rc);
@@ -178,14 +182,14 @@ ReplyPtr submit_create(zhandle_t* zh, const std::string& path, std::string_view 
 
 ReplyPtr submit_delete(zhandle_t* zh, const std::string& path, int version) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_adelete(zh, path.c_str(), version, &on_void, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watcher, void* watcher_ctx) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = watcher != nullptr ? zoo_awexists(zh, path.c_str(), watcher, watcher_ctx, &on_stat, d)
                                     : zoo_aexists(zh, path.c_str(), 0, &on_stat, d);
   return rc == ZOK ? r : refused(d, rc);
@@ -193,49 +197,49 @@ ReplyPtr submit_exists(zhandle_t* zh, const std::string& path, watcher_fn watche
 
 ReplyPtr submit_children(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_aget_children(zh, path.c_str(), 0, &on_strings, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_children_stat(zhandle_t* zh, const std::string& path, bool watch) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_aget_children2(zh, path.c_str(), watch ? 1 : 0, &on_strings_stat, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_get_watched(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_aget(zh, path.c_str(), 1, &on_data, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_get(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_aget(zh, path.c_str(), 0, &on_data, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_set(zhandle_t* zh, const std::string& path, std::string_view data, int version) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), version, &on_stat, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_sync(zhandle_t* zh, const std::string& path) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc = zoo_async(zh, path.c_str(), &on_string, d);
   return rc == ZOK ? r : refused(d, rc);
 }
 
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials) {
   auto r = std::make_shared<Reply>();
-  const void* d = hand_over(r);
+  const void* d = hand_over(zh, r);
   const int rc =
       zoo_add_auth(zh, "digest", credentials.data(), static_cast<int>(credentials.size()), &on_void, d);
   return rc == ZOK ? r : refused(d, rc);

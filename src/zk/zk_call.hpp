@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "distlock/clock.hpp"
+#include "engine/round_trips.hpp"
 #include "engine/thread_annotations.hpp"
 
 namespace distlock::detail::zk {
@@ -39,6 +40,14 @@ struct HandleCloser {
   }
 };
 using Handle = std::unique_ptr<zhandle_t, HandleCloser>;
+
+/// What the context of every session these calls are made on (zookeeper_init2's
+/// `context`, passed as a SessionContext*) starts with: where its requests are counted
+/// (engine/round_trips.hpp), one per submit_* call (a multi is one request). A session
+/// whose context is null counts nothing.
+struct SessionContext {
+  RoundTrips* round_trips = nullptr;  ///< outlives the session
+};
 
 /// "No answer before the deadline": not a ZooKeeper code (those are > -200).
 inline constexpr int kTimedOut = -10000;

@@ -27,7 +27,7 @@ const Acls& acls() {
 
 void session_watcher(zhandle_t* zh, int type, int state, const char*, void* ctx) {
   if (type != ZOO_SESSION_EVENT || ctx == nullptr) return;
-  auto* s = static_cast<Session*>(ctx);
+  auto* s = static_cast<Session*>(static_cast<SessionContext*>(ctx));
   s->backend->on_session_event(zh, *s, state);
 }
 
@@ -50,11 +50,12 @@ void ZkBackend::on_held_node_event(Session& s, const char* path) noexcept {
 std::shared_ptr<Session> ZkBackend::open_session(Error& ec) {
   auto s = std::make_shared<Session>();
   s->backend = this;
+  s->round_trips = round_trips_.get();
   s->gen = next_generation_.fetch_add(1);
   errno = 0;
   s->zh.reset(zookeeper_init2(cfg_.connect_string.c_str(), &session_watcher,
-                              static_cast<int>(cfg_.session_timeout.count()), nullptr, s.get(), 0,
-                              &zk_log_line));
+                              static_cast<int>(cfg_.session_timeout.count()), nullptr,
+                              static_cast<SessionContext*>(s.get()), 0, &zk_log_line));
   if (!s->zh) {
     const int err = errno;
     ec.fail(errc::backend_unavailable,

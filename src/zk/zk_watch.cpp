@@ -64,8 +64,13 @@ std::string owner_of_value(const std::string& value) {
 
 class ZkPrefixWatch final : public PrefixWatch {
  public:
-  ZkPrefixWatch(const UrlConfig& cfg, std::shared_ptr<Clock> clock, std::string prefix, LockEventSink& sink)
-      : cfg_(cfg), clock_(std::move(clock)), prefix_(std::move(prefix)), sink_(sink) {}
+  ZkPrefixWatch(const UrlConfig& cfg, std::shared_ptr<Clock> clock, std::shared_ptr<RoundTrips> round_trips,
+                std::string prefix, LockEventSink& sink)
+      : cfg_(cfg),
+        clock_(std::move(clock)),
+        round_trips_(std::move(round_trips)),
+        prefix_(std::move(prefix)),
+        sink_(sink) {}
 
   ~ZkPrefixWatch() override {
     {
@@ -152,13 +157,14 @@ class ZkPrefixWatch final : public PrefixWatch {
   };
 
   // The watcher's context of one session: events of an older session are ignored.
-  struct SessionCtx {
-    ZkPrefixWatch* watch;
-    std::uint64_t gen;
+  // Its SessionContext base (zk_call.hpp) counts the session's requests.
+  struct SessionCtx : SessionContext {
+    ZkPrefixWatch* watch = nullptr;
+    std::uint64_t gen = 0;
   };
 
   static void on_zk_event(zhandle_t* zh, int type, int state, const char* path, void* ctx) {
-    auto* c = static_cast<SessionCtx*>(ctx);
+    auto* c = static_cast<SessionCtx*>(static_cast<SessionContext*>(ctx));
     if (c != nullptr) c->watch->on_event(zh, c->gen, type, state, path);
   }
 
@@ -215,15 +221,16 @@ class ZkPrefixWatch final : public PrefixWatch {
   bool open_session(Error& ec) {
     auto ctx = std::make_unique<SessionCtx>();
     ctx->watch = this;
+    ctx->round_trips = round_trips_.get();
     {
       LockGuard lk(mu_);
       ctx->gen = ++gen_;
       connected_ = ever_connected_ = expired_ = false;
     }
     errno = 0;
-    zhandle_t* raw =
-        zookeeper_init2(cfg_.connect_string.c_str(), &on_zk_event,
-                        static_cast<int>(cfg_.session_timeout.count()), nullptr, ctx.get(), 0, &zk_log_line);
+    zhandle_t* raw = zookeeper_init2(cfg_.connect_string.c_str(), &on_zk_event,
+                                     static_cast<int>(cfg_.session_timeout.count()), nullptr,
+                                     static_cast<SessionContext*>(ctx.get()), 0, &zk_log_line);
     if (raw == nullptr) {
       ec.fail(errc::backend_unavailable,
               "watch of \"" + prefix_ + "\": cannot start a ZooKeeper session for " + cfg_.redacted_url);
@@ -622,6 +629,7 @@ class ZkPrefixWatch final : public PrefixWatch {
 
   const UrlConfig cfg_;
   const std::shared_ptr<Clock> clock_;
+  const std::shared_ptr<RoundTrips> round_trips_;  // the client's (ZkBackend::round_trips())
   const std::string prefix_;
   LockEventSink& sink_;
 
@@ -652,7 +660,7 @@ class ZkPrefixWatch final : public PrefixWatch {
 std::unique_ptr<PrefixWatch> ZkBackend::watch_prefix(std::string_view prefix, LockEventSink& sink,
                                                      Error& ec) {
   ec.clear();
-  auto w = std::make_unique<ZkPrefixWatch>(cfg_, clock_, std::string(prefix), sink);
+  auto w = std::make_unique<ZkPrefixWatch>(cfg_, clock_, round_trips_, std::string(prefix), sink);
   w->start(ec);
   if (ec) {
     ec.set_detail("cannot watch \"" + std::string(prefix) + "\": " + ec.detail());

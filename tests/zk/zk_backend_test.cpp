@@ -73,6 +73,28 @@ TEST(ZkBackend, AcquireReleaseTokenIsTheNodesCzxid) {
   EXPECT_FALSE(client.status("orders/42").held);
 }
 
+// Client::stats().round_trips on zk://: every request counts one (src/zk/zk_call.cpp). After a
+// first acquisition (the session's presence node, the lock directory's parents), an attempt on a
+// free name is two: one multi (create our node and touch the directory: docs/zookeeper.md
+// "Acquire") and, once it is first, the read of the name's lock-delay marker (zk_delay.cpp); its
+// release is one delete.
+TEST(ZkBackend, RoundTripsCountOneRequestEach) {
+  Client client = connect_zk();
+  {
+    Lease warm = client.acquire("rt/warm", ttl(4s));
+    ASSERT_TRUE(warm.owns());
+  }
+  const std::uint64_t start = client.stats().round_trips;
+  EXPECT_GT(start, 0u);
+  // TTL 8 s (twice the session timeout, the most allowed): its first renewal, a sync and an
+  // exists, comes 2.7 s later, after the counted calls.
+  auto lease = client.try_acquire("rt/warm", ttl(8s));
+  ASSERT_TRUE(lease);
+  EXPECT_EQ(client.stats().round_trips - start, 2u);
+  lease->release();
+  EXPECT_EQ(client.stats().round_trips - start, 3u);
+}
+
 TEST(ZkBackend, NegotiatedSessionTimeoutIsTheValidity) {
   Client client = connect_zk("?session_timeout=3s");
   EXPECT_EQ(stats_of(client).session_timeout_ms, 3000);

@@ -179,7 +179,10 @@ void add_shard_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
                   "again with the new set")
       ->option_text("hup|restart");
   run->add_option("--rebalance-period", flags->rebalance_period,
-                  "With --shards: how often the member lists the group and rebalances (default 1s)")
+                  "With --shards: the re-plan and retry period (default 1s). Where the group is "
+                  "watched (redis, redis+sentinel, etcd, zk, postgres) joins and deaths are events "
+                  "and this is the period of retries and of re-planning from the view; elsewhere "
+                  "(file, mysql, redis+cluster, redlock) the member lists the group once a period")
       ->option_text("DUR");
 }
 
