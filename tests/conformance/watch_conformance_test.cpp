@@ -447,7 +447,9 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
     EXPECT_EQ(std::vector<std::uint64_t>(from, list.end()), n.since_last_gap)
         << name << ": an acquisition after the last gap was skipped:" << all;
   }
-  if (gaps == 0) EXPECT_EQ(holders.size(), static_cast<std::size_t>(kClients)) << "every client took a name";
+  if (gaps == 0) {
+    EXPECT_EQ(holders.size(), static_cast<std::size_t>(kClients)) << "every client took a name";
+  }
 }
 
 // A lock_tool holder (its own process) SIGKILLed: its lease is reported `lost` (never
@@ -480,7 +482,9 @@ TEST_P(WatchConformance, KilledHolderIsLostNeverReleasedThenTheNextHolderHasALar
               GetParam().label.c_str(), static_cast<long long>(ttl_.count()),
               static_cast<long long>(after_kill.count()), describe(end).c_str());
   // Inferred where the server publishes no expiry; a free state after a gap carries no such mark.
-  if (lost == Ended::as_expected) EXPECT_EQ(end.inferred, traits_.infers_expiry) << describe(end);
+  if (lost == Ended::as_expected) {
+    EXPECT_EQ(end.inferred, traits_.infers_expiry) << describe(end);
+  }
   // docs/design.md "Watching locks": an end the server does not publish is found by re-reading
   // the name at its remaining TTL, at most 5 s apart; the servers that publish one (etcd's lease,
   // zk's session) end it within the TTL. 1 s more for the round trips on 2 shared cores.
