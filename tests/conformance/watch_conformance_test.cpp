@@ -10,12 +10,23 @@
 //
 // What differs by design between the backends is stated once, in `traits_of`. A connection cut
 // (fault proxy) is each backend's own watch test (docs/testing.md, the row of this file).
+//
+// On a loaded machine (CI runs this file at -j2 beside CPU hogs) a watch's connection or zk
+// session can be lost: that is a `gap`, the contract's report of missed events, and the re-list's
+// `state`s follow it. Each case then checks what the contract still promises (the next holder
+// shown by its `acquired` or by a `state` held with its token; an end by its event or by a free
+// `state` after the gap; order between gaps; nothing skipped after the last gap) and still fails
+// on a wrong kind, a wrong or older token, a `state` with no gap before it, or silence; each
+// prints how many gaps it took. Leases that only need to exist while the test waits hold a long
+// TTL, so that a late renewal (rightly a loss on a 3 s TTL) does not end them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +41,7 @@
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_tool.hpp"
 #include "support/watch_recorder.hpp"
 
 using namespace std::chrono_literals;
@@ -101,18 +113,125 @@ class WatchConformance : public ::testing::TestWithParam<Kind> {
     traits_ = traits_of(GetParam().label);
     // TTL 3 s, or the longest the target allows (zk://: twice its 2 s session timeout).
     ttl_ = Millis(std::min<std::int64_t>(3000, target_->max_ttl_ms()));
+    // Leases that only need to exist while the test waits (for a watch to start, for the
+    // watch to report them) hold 60 s, or the longest the target allows: a renewal that comes
+    // late on a loaded machine must not end them (a late renewal of a 3 s lease is rightly a
+    // loss). zk://'s leases are its session's and end with it, whatever the TTL.
+    long_ttl_ = Millis(std::min<std::int64_t>(60000, target_->max_ttl_ms()));
   }
   distlock::Client client() { return distlock::connect(target_->url(), distlock::testing::quiet()); }
-  distlock::LockOptions lock_opts(Millis wait) const {
-    distlock::LockOptions o = distlock::testing::ttl_of(ttl_, wait);
-    o.renew_interval = ttl_ / 3;
-    return o;
-  }
+  distlock::LockOptions lock_opts(Millis wait) const { return opts_of(ttl_, wait); }
+  distlock::LockOptions long_lock_opts(Millis wait) const { return opts_of(long_ttl_, wait); }
 
   std::unique_ptr<Target> target_;
   WatchTraits traits_;
   Millis ttl_{3000};
+  Millis long_ttl_{60000};
+
+ private:
+  static distlock::LockOptions opts_of(Millis ttl, Millis wait) {
+    distlock::LockOptions o = distlock::testing::ttl_of(ttl, wait);
+    o.renew_interval = ttl / 3;
+    return o;
+  }
 };
+
+// How often a case took a path the watch contract allows but a quiet machine rarely shows (a
+// `gap` from a lost connection or session, then the re-list's `state`s): printed by each case,
+// so a run shows that the tolerant path was taken and checked.
+void print_gaps(const std::string& label, const char* what, int gaps) {
+  std::printf("%s: %s: %d gap(s)%s\n", label.c_str(), what, gaps,
+              gaps > 0 ? " (connection or session lost; the re-list's states checked instead)" : "");
+}
+
+// How the next holder of `name`, whose lease has `token`, showed on the watch.
+enum class Shown { acquired, state_after_gap, not_shown };
+
+// Reads `w` for up to `limit` (steady clock) until the next holder of `name` is shown (into
+// `*out` when given): by its `acquired` with `token` (0: any token), or, after a gap (the watch's contract
+// for missed events), by the re-list's `state` held with `token`. Also allowed on the way: gaps (counted into
+// `*gaps`; a gap naming a name outside `prefix` fails), `state`s after a gap that show `name` free (the
+// re-list ran before the next holder took it). Anything else fails the test: a wrong kind, a
+// wrong or older token, a `state` without a gap before it, another name, or silence.
+Shown next_holder_shown(distlock::Watch& w, const std::string& prefix, const std::string& name,
+                        std::uint64_t token, Millis limit, std::vector<std::string>& seen, int* gaps,
+                        WatchEvent* out = nullptr) {
+  const Steady::time_point until = Steady::now() + limit;
+  bool after_gap = *gaps > 0;
+  while (Steady::now() < until) {
+    const auto e = w.next(std::chrono::ceil<Millis>(until - Steady::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap) {
+      for (const auto& n : e->gap_names) {
+        EXPECT_EQ(n.rfind(prefix, 0), 0u) << "a gap named " << n << ", outside \"" << prefix << "\"";
+      }
+      after_gap = true;
+      ++*gaps;
+      continue;
+    }
+    EXPECT_EQ(e->name, name) << joined(seen);
+    if (e->kind == WatchEventKind::state) {
+      EXPECT_TRUE(after_gap) << "a state with no gap before it:" << joined(seen);
+      if (!e->held) continue;
+      if (out != nullptr) *out = *e;
+      if (token == 0) return Shown::state_after_gap;
+      EXPECT_EQ(e->token, token) << "the re-list showed a holder other than the next one:" << joined(seen);
+      return e->token == token ? Shown::state_after_gap : Shown::not_shown;
+    }
+    if (out != nullptr) *out = *e;
+    EXPECT_EQ(e->kind, WatchEventKind::acquired) << "expected the next holder's acquired:" << joined(seen);
+    if (token == 0) return e->kind == WatchEventKind::acquired ? Shown::acquired : Shown::not_shown;
+    EXPECT_EQ(e->token, token) << joined(seen);
+    return e->kind == WatchEventKind::acquired && e->token == token ? Shown::acquired : Shown::not_shown;
+  }
+  ADD_FAILURE() << "the next holder (token " << token << ") was not shown within " << limit.count()
+                << " ms:" << joined(seen);
+  return Shown::not_shown;
+}
+
+// How the end of `name`'s lease with `token` showed on the watch.
+enum class Ended { as_expected, state_after_gap, not_shown };
+
+// Reads `w` for up to `limit` (steady clock) until the end of `name`'s lease with `token` is
+// shown: by an event of `kind` with `token`, or, after a gap, by the re-list's `state` showing
+// `name` free (the end fell inside the gap). Also allowed on the way: gaps (counted into
+// `*gaps`), `state`s after a gap that show the same lease still held. Anything else fails the
+// test: a wrong kind or token, a `state` without a gap before it, another name, or silence.
+Ended end_shown(distlock::Watch& w, const std::string& prefix, const std::string& name, std::uint64_t token,
+                WatchEventKind kind, Millis limit, std::vector<std::string>& seen, int* gaps,
+                WatchEvent* out = nullptr) {
+  const Steady::time_point until = Steady::now() + limit;
+  bool after_gap = *gaps > 0;
+  while (Steady::now() < until) {
+    const auto e = w.next(std::chrono::ceil<Millis>(until - Steady::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap) {
+      for (const auto& n : e->gap_names) {
+        EXPECT_EQ(n.rfind(prefix, 0), 0u) << "a gap named " << n << ", outside \"" << prefix << "\"";
+      }
+      after_gap = true;
+      ++*gaps;
+      continue;
+    }
+    EXPECT_EQ(e->name, name) << joined(seen);
+    if (out != nullptr) *out = *e;
+    if (e->kind == WatchEventKind::state) {
+      EXPECT_TRUE(after_gap) << "a state with no gap before it:" << joined(seen);
+      if (!e->held) return after_gap ? Ended::state_after_gap : Ended::not_shown;
+      EXPECT_EQ(e->token, token) << "the re-list showed another holder:" << joined(seen);
+      if (e->token != token) return Ended::not_shown;
+      continue;
+    }
+    EXPECT_EQ(e->kind, kind) << "expected `" << to_string(kind) << "`:" << joined(seen);
+    EXPECT_EQ(e->token, token) << joined(seen);
+    return e->kind == kind && e->token == token ? Ended::as_expected : Ended::not_shown;
+  }
+  ADD_FAILURE() << "the end (`" << to_string(kind) << "`) of token " << token << " was not shown within "
+                << limit.count() << " ms:" << joined(seen);
+  return Ended::not_shown;
+}
 
 // The acquisitions the clients made, as they saw them.
 struct Taken {
@@ -141,19 +260,34 @@ std::vector<std::string> described(const std::vector<distlock::testing::Received
 // Three clients take and release two names under the watched prefix, 60 acquisitions in all
 // (bounded by 60 s on this process's steady clock). Every lease began after watch() returned,
 // so the stream must hold, per name, exactly the clients' acquisitions in token order, each
-// `acquired` after the previous lease's `released`, every lease's `released`, and nothing else
-// (no gap, no state, no loss: every holder released).
+// `acquired` after the previous lease's `released`, every lease's `released`, and nothing else.
+// A gap (the watch's connection or zk session lost on a loaded machine) is the contract's report
+// of missed events: the run is then checked against what still holds — order between gaps, the
+// re-list's `state`s never older than what was reported, a lease's end without its release
+// (`lost`, inferred) only for a lease begun before a gap, and after the last gap nothing
+// skipped: every acquisition after the first holder the stream shows there is reported, and
+// every name ends free. The runs that took a gap are counted and printed.
 TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsRelease) {
   constexpr int kClients = 3;
   constexpr int kAcquisitions = 60;
+  const std::string prefix = "cw/ho/";
   const std::vector<std::string> names = {"cw/ho/a", "cw/ho/b"};
   distlock::Client watcher = client();
-  distlock::Watch w = watcher.watch("cw/ho/");
+  distlock::Watch w = watcher.watch(prefix);
   distlock::testing::WatchRecorder rec(w);
+
+  // Shown: the lease's `acquired`, or after a gap the re-list's `state` held with its token.
+  const auto shown = [](const std::vector<distlock::testing::Received>& events, const std::string& name,
+                        std::uint64_t token) {
+    return std::any_of(events.begin(), events.end(), [&](const distlock::testing::Received& r) {
+      return r.ev.name == name && r.ev.token == token &&
+             (r.ev.kind == WatchEventKind::acquired || (r.ev.kind == WatchEventKind::state && r.ev.held));
+    });
+  };
 
   Taken taken;
   std::atomic<int> count{0};
-  std::atomic<int> unseen{0};  // paced leases whose `acquired` did not come within 10 s
+  std::atomic<int> unseen{0};  // paced leases not shown within 10 s
   const Steady::time_point start = Steady::now();
   const Steady::time_point deadline = start + 60s;
   std::vector<std::thread> clients;
@@ -166,12 +300,11 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
           const int n = count.fetch_add(1);
           if (n >= kAcquisitions || Steady::now() > deadline) break;
           const std::string& name = names[static_cast<std::size_t>(i) % names.size()];
-          distlock::Lease l = cl.acquire(name, lock_opts(20000ms));
+          // Held up to 10 s where the backend reports from readings: the long TTL.
+          distlock::Lease l = cl.acquire(name, long_lock_opts(20000ms));
           taken.add(name, l.token());
           if (traits_.reports_from_readings &&
-              !distlock::testing::eventually(
-                  [&] { return has_event(rec.events(), WatchEventKind::acquired, name, l.token()); },
-                  10000ms))
+              !distlock::testing::eventually([&] { return shown(rec.events(), name, l.token()); }, 10000ms))
             unseen.fetch_add(1);
         }
       } catch (...) {
@@ -183,53 +316,141 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
   for (const auto& e : errors) ASSERT_FALSE(e) << "a client's acquire failed";
   const auto took = std::chrono::duration_cast<Millis>(Steady::now() - start);
 
-  // The end of each name's last lease is reported (bounded: 10 s after the last release).
+  // The end of each name's last lease is reported (bounded: 10 s after the last release): its
+  // `released`; or, once a gap came, the stream leaves every name free (its last event a
+  // `released`, a `lost` or a free `state`: the last lease may have begun and ended inside the
+  // gap, and then it is not reported, docs/design.md "Watching locks") and nothing more came for
+  // 1 s (this process's steady clock).
   std::map<std::string, std::vector<std::uint64_t>> tokens;
   {
     std::lock_guard lk(taken.mu);
     tokens = taken.tokens;
   }
-  const bool settled = distlock::testing::eventually(
-      [&] {
-        const auto events = rec.events();
-        for (const auto& [name, list] : tokens) {
-          if (!has_event(events, WatchEventKind::released, name, list.back())) return false;
-        }
-        return true;
-      },
-      10000ms);
+  const auto settled_in = [&](const std::vector<distlock::testing::Received>& events) {
+    if (std::all_of(tokens.begin(), tokens.end(), [&](const auto& nl) {
+          return has_event(events, WatchEventKind::released, nl.first, nl.second.back());
+        }))
+      return true;
+    const bool gap = std::any_of(events.begin(), events.end(), [](const distlock::testing::Received& r) {
+      return r.ev.kind == WatchEventKind::gap;
+    });
+    if (!gap || Steady::now() - events.back().at < 1s) return false;
+    std::map<std::string, bool> held;
+    for (const auto& r : events) {
+      if (r.ev.kind != WatchEventKind::gap) held[r.ev.name] = r.ev.held;
+    }
+    return std::none_of(held.begin(), held.end(), [](const auto& nh) { return nh.second; });
+  };
+  const bool settled = distlock::testing::eventually([&] { return settled_in(rec.events()); }, 10000ms);
   rec.finish();
   const auto events = rec.events();
   ASSERT_TRUE(settled) << "the end of a name's last lease was not reported:" << joined(described(events));
 
   int total = 0;
   for (const auto& [name, list] : tokens) total += static_cast<int>(list.size());
-  std::printf("%s: %d acquisitions of %zu names by %d clients in %lld ms%s; %zu events\n",
-              GetParam().label.c_str(), total, tokens.size(), kClients, static_cast<long long>(took.count()),
-              traits_.reports_from_readings ? " (each held until the watch reported it)" : "", events.size());
   EXPECT_EQ(total, kAcquisitions) << "the clients stopped at the 60 s bound";
   EXPECT_EQ(unseen.load(), 0) << "a lease held until the watch reported it was not reported within 10 s";
 
-  distlock::testing::HandOffOrder order;
+  // The stream, per name, in order.
+  struct Seen {
+    std::uint64_t last = 0;  // the token of the last `acquired` or held `state`
+    bool held = false;
+    bool gap_since_acquired = false;  // a gap came after the lease `last` began
+    int acquired = 0, released = 0;
+    std::vector<std::uint64_t> since_last_gap;  // tokens shown after the last gap, in order
+  };
+  std::map<std::string, Seen> by_name;
+  std::set<std::string> holders;
+  int gaps = 0;
+  int inferred_lost = 0;
+  const std::string all = joined(described(events));
   for (const auto& r : events) {
-    ASSERT_EQ(r.ev.name.rfind("cw/ho/", 0), 0u) << describe(r.ev);
-    ASSERT_NO_FATAL_FAILURE(order.check(r.ev)) << joined(described(events));
+    const WatchEvent& e = r.ev;
+    if (e.kind == WatchEventKind::gap) {
+      for (const auto& n : e.gap_names) ASSERT_EQ(n.rfind(prefix, 0), 0u) << "a gap named " << n << all;
+      ++gaps;
+      for (const auto& n : names) {
+        by_name[n].gap_since_acquired = true;
+        by_name[n].since_last_gap.clear();
+      }
+      continue;
+    }
+    ASSERT_EQ(e.name.rfind(prefix, 0), 0u) << describe(e);
+    Seen& n = by_name[e.name];
+    switch (e.kind) {
+      case WatchEventKind::state:
+        ASSERT_GT(gaps, 0) << "a state with no gap before it: " << describe(e) << all;
+        if (e.held) {
+          ASSERT_GE(e.token, n.last) << "a re-list older than what was reported: " << describe(e) << all;
+          n.last = e.token;
+          n.since_last_gap.push_back(e.token);
+          holders.insert(e.holder.substr(0, e.holder.find(':')));
+        }
+        n.held = e.held;
+        break;
+      case WatchEventKind::acquired:
+        ASSERT_FALSE(n.held) << "acquired before the end of token " << n.last << ": " << describe(e) << all;
+        ASSERT_GT(e.token, n.last) << describe(e) << all;
+        n.last = e.token;
+        n.held = true;
+        n.gap_since_acquired = false;
+        ++n.acquired;
+        n.since_last_gap.push_back(e.token);
+        holders.insert(e.holder.substr(0, e.holder.find(':')));
+        break;
+      case WatchEventKind::released:
+        ASSERT_TRUE(n.held) << describe(e) << all;
+        ASSERT_EQ(e.token, n.last) << describe(e) << all;
+        n.held = false;
+        ++n.released;
+        break;
+      case WatchEventKind::lost:
+        // Every holder released: a `lost` is only the contract's inferred end of a lease
+        // whose release fell inside a gap.
+        ASSERT_TRUE(e.inferred && n.held && e.token == n.last && n.gap_since_acquired)
+            << "a loss of a lease every holder released, not after a gap: " << describe(e) << all;
+        n.held = false;
+        ++inferred_lost;
+        break;
+      default: FAIL() << "unexpected event: " << describe(e) << all;
+    }
   }
+  std::printf(
+      "%s: %d acquisitions of %zu names by %d clients in %lld ms%s; %zu events, %d gap(s), "
+      "%d inferred loss(es) after a gap\n",
+      GetParam().label.c_str(), total, tokens.size(), kClients, static_cast<long long>(took.count()),
+      traits_.reports_from_readings ? " (each held until the watch reported it)" : "", events.size(), gaps,
+      inferred_lost);
+
   for (const auto& [name, list] : tokens) {
     // The clients' own order of a name's acquisitions is its token order.
     EXPECT_TRUE(std::is_sorted(list.begin(), list.end()) &&
                 std::adjacent_find(list.begin(), list.end()) == list.end())
         << name;
-    for (const std::uint64_t t : list) {
-      EXPECT_TRUE(has_event(events, WatchEventKind::acquired, name, t))
-          << name << " token " << t << " not reported";
-      EXPECT_TRUE(has_event(events, WatchEventKind::released, name, t))
-          << name << " token " << t << " never released";
+    const Seen& n = by_name[name];
+    EXPECT_FALSE(n.held) << name << " ends held in the stream:" << all;
+    if (gaps == 0) {
+      for (const std::uint64_t t : list) {
+        EXPECT_TRUE(has_event(events, WatchEventKind::acquired, name, t))
+            << name << " token " << t << " not reported";
+        EXPECT_TRUE(has_event(events, WatchEventKind::released, name, t))
+            << name << " token " << t << " never released";
+      }
+      EXPECT_EQ(n.acquired, static_cast<int>(list.size())) << name;
+      EXPECT_EQ(n.released, static_cast<int>(list.size())) << name;
+      continue;
     }
-    EXPECT_EQ(order.of(name).acquired, static_cast<int>(list.size())) << name;
-    EXPECT_EQ(order.of(name).released, static_cast<int>(list.size())) << name;
+    // After the last gap nothing is skipped: from the first lease shown there, every later
+    // acquisition of the clients is shown, in their order (and each ended, as checked above).
+    if (n.since_last_gap.empty()) continue;  // the gap came after the name's last lease began
+    const auto from = std::find(list.begin(), list.end(), n.since_last_gap.front());
+    ASSERT_NE(from, list.end()) << name << " showed a token no client took:" << all;
+    EXPECT_EQ(std::vector<std::uint64_t>(from, list.end()), n.since_last_gap)
+        << name << ": an acquisition after the last gap was skipped:" << all;
   }
-  EXPECT_EQ(order.holders().size(), static_cast<std::size_t>(kClients)) << "every client took a name";
+  if (gaps == 0) {
+    EXPECT_EQ(holders.size(), static_cast<std::size_t>(kClients)) << "every client took a name";
+  }
 }
 
 // A lock_tool holder (its own process) SIGKILLed: its lease is reported `lost` (never
@@ -240,34 +461,50 @@ TEST_P(WatchConformance, KilledHolderIsLostNeverReleasedThenTheNextHolderHasALar
   const std::string name = "cw/kill/x";
   distlock::Client watcher = client();
   distlock::Watch w = watcher.watch("cw/kill/");
-  distlock::testing::KilledHolder k;
-  ASSERT_NO_FATAL_FAILURE(distlock::testing::expect_killed_holder_lost(w, target_->url(), name,
-                                                                       static_cast<int>(ttl_.count()), k));
-  std::printf("%s: the killed holder (TTL %lld ms) reported %s%s %lld ms after the SIGKILL\n",
+  std::vector<std::string> seen;
+  int gaps = 0;
+  distlock::testing::TempDir dir("distlock-watch-kill");
+  const std::string file = (dir.path() / "holder.out").string();
+  distlock::testing::Process holder_process =
+      distlock::testing::spawn_holder(target_->url(), name, file, static_cast<long>(ttl_.count()));
+  // The holder's `acquired`, or after a gap the re-list's `state` held.
+  WatchEvent acquired;
+  ASSERT_NE(next_holder_shown(w, "cw/kill/", name, 0, 20000ms, seen, &gaps, &acquired), Shown::not_shown)
+      << distlock::testing::read_file(file);
+  const Steady::time_point killed_at = Steady::now();
+  holder_process.signal(SIGKILL);
+  // Its end: `lost` (never `released`), or, after a gap it fell into, the re-list's free state.
+  WatchEvent end;
+  const Ended lost =
+      end_shown(w, "cw/kill/", name, acquired.token, WatchEventKind::lost, 15000ms, seen, &gaps, &end);
+  const auto after_kill = std::chrono::duration_cast<Millis>(Steady::now() - killed_at);
+  ASSERT_NE(lost, Ended::not_shown) << "no loss reported";
+  std::printf("%s: the killed holder (TTL %lld ms) shown ended %lld ms after the SIGKILL: %s\n",
               GetParam().label.c_str(), static_cast<long long>(ttl_.count()),
-              std::string(to_string(k.lost.kind)).c_str(), k.lost.inferred ? " (inferred)" : "",
-              static_cast<long long>(k.after_kill.count()));
-  EXPECT_EQ(k.lost.inferred, traits_.infers_expiry) << describe(k.lost);
+              static_cast<long long>(after_kill.count()), describe(end).c_str());
+  // Inferred where the server publishes no expiry; a free state after a gap carries no such mark.
+  if (lost == Ended::as_expected) {
+    EXPECT_EQ(end.inferred, traits_.infers_expiry) << describe(end);
+  }
   // docs/design.md "Watching locks": an end the server does not publish is found by re-reading
   // the name at its remaining TTL, at most 5 s apart; the servers that publish one (etcd's lease,
   // zk's session) end it within the TTL. 1 s more for the round trips on 2 shared cores.
-  EXPECT_LE(k.after_kill, ttl_ + 6000ms) << "the killed holder's loss came later than its TTL + 5 s + 1 s";
+  EXPECT_LE(after_kill, ttl_ + 6000ms) << "the killed holder's loss came later than its TTL + 5 s + 1 s";
 
+  // The next holder: its `acquired`, or after a gap the re-list's `state` held with its token;
+  // then its `released`, or after a (further) gap the re-list's `state` showing the name free.
   distlock::Client next_client = client();
-  distlock::Lease next = next_client.acquire(name, lock_opts(20000ms));
-  const auto acq = distlock::testing::next_change(w, 10000ms);
-  ASSERT_TRUE(acq) << "the next holder's acquisition was not reported";
-  EXPECT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  EXPECT_EQ(acq->name, name);
-  EXPECT_EQ(acq->token, next.token());
-  EXPECT_GT(acq->token, k.acquired.token)
+  distlock::Lease next = next_client.acquire(name, long_lock_opts(20000ms));  // only waits to be shown
+  EXPECT_GT(next.token(), acquired.token)
       << "the next holder's token must be larger than the killed holder's";
+  const Shown shown = next_holder_shown(w, "cw/kill/", name, next.token(), 10000ms, seen, &gaps);
+  ASSERT_NE(shown, Shown::not_shown) << joined(seen);
   const std::uint64_t token = next.token();
   next.release();
-  const auto rel = distlock::testing::next_change(w, 10000ms);
-  ASSERT_TRUE(rel) << "the next holder's release was not reported";
-  EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
-  EXPECT_EQ(rel->token, token);
+  EXPECT_NE(end_shown(w, "cw/kill/", name, token, WatchEventKind::released, 10000ms, seen, &gaps),
+            Ended::not_shown)
+      << "the next holder's release was not shown";
+  print_gaps(GetParam().label, "after the kill", gaps);
 }
 
 // A revoke is `revoked` with the revoked lease's token, the holder is told, the reason is the
@@ -281,23 +518,38 @@ TEST_P(WatchConformance, RevokeIsRevokedWithItsReasonKeptThenTheNextHolder) {
   distlock::Client holder_client = client();
   distlock::Client admin = client();
   distlock::Watch w = watcher.watch("cw/rv/");
-  distlock::Lease held = holder_client.acquire(name, lock_opts(10000ms));
+  // The revoked lease keeps the 3 s TTL: its holder finds the revoke at its next renewal, within
+  // the 10 s the case allows. Where the revoke is refused, the lease only waits: the long TTL.
+  distlock::Lease held =
+      holder_client.acquire(name, traits_.revokes ? lock_opts(10000ms) : long_lock_opts(10000ms));
+  std::vector<std::string> seen;
+  int gaps = 0;
+  // The holder's `acquired`, or after a gap the re-list's `state` held with its token.
+  ASSERT_NE(next_holder_shown(w, "cw/rv/", name, held.token(), 10000ms, seen, &gaps), Shown::not_shown);
   if (!traits_.revokes) {
-    const auto acq = distlock::testing::next_change(w, 10000ms);
-    ASSERT_TRUE(acq);
-    EXPECT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
     std::error_code ec;
     admin.revoke(name, "maintenance", ec);
     EXPECT_EQ(ec, errc::not_supported) << ec.message();
     EXPECT_TRUE(held.owns());
+    const std::uint64_t token = held.token();
     held.release();
-    const auto rel = distlock::testing::next_change(w, 10000ms);
-    ASSERT_TRUE(rel);
-    EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
+    EXPECT_NE(end_shown(w, "cw/rv/", name, token, WatchEventKind::released, 10000ms, seen, &gaps),
+              Ended::not_shown);
+    print_gaps(GetParam().label, "refused revoke", gaps);
     return;
   }
   const std::uint64_t revoked_token = held.token();
-  ASSERT_NO_FATAL_FAILURE(distlock::testing::expect_revoke_reported(w, admin, held, name));
+  // The revoke: `revoked` with the lease's token (or, after a gap it fell into, the re-list's
+  // `state` showing the name free); the holder finds out at its next renewal (within its TTL).
+  auto told = std::make_shared<std::promise<void>>();
+  held.on_lost([told] { told->set_value(); });
+  const auto r = admin.revoke(name, "maintenance");
+  ASSERT_TRUE(r.revoked);
+  const Ended revoked =
+      end_shown(w, "cw/rv/", name, revoked_token, WatchEventKind::revoked, 10000ms, seen, &gaps);
+  EXPECT_NE(revoked, Ended::not_shown) << "the revoke was not shown";
+  EXPECT_EQ(told->get_future().wait_for(10s), std::future_status::ready)
+      << "the holder was not told within 10 s";
   EXPECT_EQ(held.loss_reason(), distlock::LossReason::revoked) << held.loss_detail();
   EXPECT_EQ(held.revoke_reason().value_or("(none)"), "maintenance");
   const auto rec = admin.last_revoke(name);
@@ -308,15 +560,18 @@ TEST_P(WatchConformance, RevokeIsRevokedWithItsReasonKeptThenTheNextHolder) {
   held.release(rel_ec);
   EXPECT_EQ(rel_ec, errc::lost) << rel_ec.message();
 
+  // The next holder: its `acquired`, or, after a gap (a lost connection or zk session: the
+  // contract's report of missed events), the re-list's `state` held with its token.
   distlock::Client next_client = client();
-  distlock::Lease next = next_client.acquire(name, lock_opts(20000ms));
-  std::vector<std::string> seen;
-  const auto acq = distlock::testing::next_matching(w, 10000ms, distlock::testing::is_change, &seen);
-  ASSERT_TRUE(acq) << "the next holder's acquisition was not reported";
-  EXPECT_EQ(acq->kind, WatchEventKind::acquired)
-      << "the revoked lease's end is `revoked`, nothing after it:" << joined(seen);
-  EXPECT_EQ(acq->token, next.token());
-  EXPECT_GT(acq->token, revoked_token);
+  distlock::Lease next = next_client.acquire(name, long_lock_opts(20000ms));  // only waits to be shown
+  EXPECT_GT(next.token(), revoked_token);
+  const Shown shown = next_holder_shown(w, "cw/rv/", name, next.token(), 10000ms, seen, &gaps);
+  EXPECT_NE(shown, Shown::not_shown) << "the revoked lease's end is `revoked`, then the next holder:"
+                                     << joined(seen);
+  print_gaps(
+      GetParam().label,
+      revoked == Ended::as_expected ? "revoke shown as `revoked`" : "revoke shown by a state after a gap",
+      gaps);
   next.release();
 }
 
@@ -333,17 +588,28 @@ TEST_P(WatchConformance, NamesOutsideThePrefixAreNeverReported) {
   const std::vector<std::string> inside = {"pf/ab/x", "pf/ab/y/z"};
   distlock::Client holder = client();
   distlock::Client other = client();
+  // Held across the watch's start and the wait for its initial state (a redis+cluster://
+  // watch subscribes 16,384 channels): the long TTL, so that no late renewal ends them.
   std::vector<distlock::Lease> before;
-  for (const auto& n : outside) before.push_back(other.acquire(n, lock_opts(10000ms)));
-  before.push_back(holder.acquire(inside[0], lock_opts(10000ms)));
+  for (const auto& n : outside) before.push_back(other.acquire(n, long_lock_opts(10000ms)));
+  before.push_back(holder.acquire(inside[0], long_lock_opts(10000ms)));
   const std::uint64_t held_token = before.back().token();
 
   distlock::Client watcher = client();
   distlock::Watch w = watcher.watch(prefix);
   std::vector<std::string> seen;
+  int gaps = 0;
+  // The initial state; a gap before it (the watch's connection lost while it started) is
+  // followed by the re-list, which states the same.
   const auto st = distlock::testing::next_matching(
-      w, 10000ms, [](const WatchEvent&) { return true; }, &seen);
-  ASSERT_TRUE(st) << "no initial state";
+      w, 10000ms,
+      [&](const WatchEvent& e) {
+        if (e.kind != WatchEventKind::gap) return true;
+        ++gaps;
+        return false;
+      },
+      &seen);
+  ASSERT_TRUE(st) << "no initial state:" << joined(seen);
   EXPECT_EQ(st->kind, WatchEventKind::state) << describe(*st);
   EXPECT_EQ(st->name, inside[0]);
   EXPECT_TRUE(st->held);
@@ -356,26 +622,48 @@ TEST_P(WatchConformance, NamesOutsideThePrefixAreNeverReported) {
   const auto done = [&] {
     return std::all_of(last.begin(), last.end(), [&](const auto& nt) { return ended.count(nt) > 0; });
   };
+  // After a gap, the re-list's `state` of a name stands for the events it may have missed: held
+  // with its last token, the lease is shown (as its `acquired` would); free after its last
+  // token was released (it was read after that), the lease's end is shown (as its `released`
+  // would).
+  std::map<std::string, std::chrono::system_clock::time_point> released_at;  // its last lease's
+  bool after_gap = gaps > 0;
+  std::set<std::pair<std::string, std::uint64_t>> shown_held;  // `state` held read after a gap
   const auto take = [&](const WatchEvent& e) {
     seen.push_back(describe(e));
     if (e.kind == WatchEventKind::gap) {
       for (const auto& n : e.gap_names)
         EXPECT_EQ(n.rfind(prefix, 0), 0u)
             << "a gap named " << n << ", outside \"" << prefix << "\":" << joined(seen);
+      after_gap = true;
+      ++gaps;
       return;
     }
     EXPECT_EQ(e.name.rfind(prefix, 0), 0u)
         << "a name outside \"" << prefix << "\" was reported:" << joined(seen);
     if (e.kind == WatchEventKind::released) ended.emplace(e.name, e.token);
+    if (e.kind == WatchEventKind::state) {
+      EXPECT_TRUE(after_gap) << "a state with no gap before it:" << joined(seen);
+      const auto it = last.find(e.name);
+      if (e.held) shown_held.emplace(e.name, e.token);
+      const auto rel = released_at.find(e.name);
+      if (!e.held && it != last.end() && rel != released_at.end() && e.at >= rel->second) ended.insert(*it);
+    }
   };
   // Three rounds: every outside name taken and released, then every inside name (held, where
   // the backend reports from readings, until the watch reported it).
   for (int round = 0; round < 3; ++round) {
     for (const auto& n : outside) other.acquire(n, lock_opts(10000ms)).release();
     for (const auto& n : inside) {
-      distlock::Lease l = holder.acquire(n, lock_opts(10000ms));
+      // Held up to 10 s until the watch reports it: the long TTL.
+      distlock::Lease l = holder.acquire(n, long_lock_opts(10000ms));
       last[n] = l.token();
-      if (!traits_.reports_from_readings) continue;
+      released_at.erase(n);
+      if (!traits_.reports_from_readings) {
+        l.release();
+        released_at[n] = std::chrono::system_clock::now();
+        continue;
+      }
       const auto match = distlock::testing::event_of(WatchEventKind::acquired, n, l.token());
       const Steady::time_point until = Steady::now() + 10s;
       bool reported = false;
@@ -383,10 +671,12 @@ TEST_P(WatchConformance, NamesOutsideThePrefixAreNeverReported) {
         const auto e = w.next(std::chrono::ceil<Millis>(until - Steady::now()));
         if (!e) break;
         take(*e);
-        reported = match(*e);
+        reported = match(*e) || shown_held.count({n, l.token()}) > 0;
       }
       ASSERT_TRUE(reported) << n << " token " << l.token()
                             << " was not reported within 10 s:" << joined(seen);
+      l.release();
+      released_at[n] = std::chrono::system_clock::now();
     }
   }
   const Steady::time_point until = Steady::now() + 15s;
@@ -396,10 +686,17 @@ TEST_P(WatchConformance, NamesOutsideThePrefixAreNeverReported) {
     take(*e);
   }
   ASSERT_TRUE(done()) << "the inside names' last releases were not all reported:" << joined(seen);
-  if (const auto e = w.next(1000ms)) {
-    seen.push_back(describe(*e));
-    ADD_FAILURE() << "an event after the inside names' last release:" << joined(seen);
+  // 1 s of silence; only a gap (naming no outside name) and its re-list's free states of
+  // inside names may come there (nothing is held).
+  const Steady::time_point quiet_until = Steady::now() + 1s;
+  while (Steady::now() < quiet_until) {
+    const auto e = w.next(std::chrono::ceil<Millis>(quiet_until - Steady::now()));
+    if (!e) break;
+    take(*e);
+    EXPECT_TRUE(e->kind == WatchEventKind::gap || (e->kind == WatchEventKind::state && !e->held))
+        << "an event after the inside names' last release:" << joined(seen);
   }
+  print_gaps(GetParam().label, "prefix filter", gaps);
 }
 
 // The backends that publish no lock changes: client.watch() throws errc::not_supported, naming
