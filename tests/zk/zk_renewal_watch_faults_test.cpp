@@ -242,3 +242,63 @@ TEST(ZkRenewalWatchFaults, NodeDeletedWhileFrozenIsNotConfirmedByTheLateSync) {
 
 }  // namespace
 }  // namespace distlock::testing
+
+namespace distlock::testing {
+namespace {
+
+// Long names (4,000 bytes, the limit is 4,096) make each held node's path about 4 KB. `n` leases
+// acquired through a proxy; `armed`: renewed twice (each node's data watch set), else never
+// renewed (no watch). Then the proxy drops the connection and passes again: the C client
+// reconnects and sends, first on the new connection, one SetWatches request naming every watched
+// path. Returns the leases renewed by the first renew_now() that renews any after the drop
+// (polled for up to `within`), 0 if none did.
+std::size_t renewed_after_reconnect(int n, bool armed, std::chrono::milliseconds within, int& connections) {
+  ZkServer& zk = shared_server();
+  FaultProxy proxy(zk.port());
+  Client c =
+      connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + "?session_timeout=10s&timeout=3s", manual());
+  std::vector<Lease> held;
+  const std::string tail(4000, 'x');
+  const std::string prefix = armed ? "rwf/big-armed/" : "rwf/big-plain/";
+  for (int i = 0; i < n; ++i)
+    held.push_back(c.acquire(prefix + std::to_string(i) + "/" + tail, long_ttl(10s)));
+  if (armed) {
+    EXPECT_EQ(c.renew_now(), static_cast<std::size_t>(n));
+    EXPECT_EQ(c.renew_now(), static_cast<std::size_t>(n));
+  }
+  proxy.drop();
+  // The client sees the connection gone: a renewal fails (bound 10 s).
+  EXPECT_TRUE(eventually([&] { return c.renew_now() == 0; }, 10s));
+  proxy.pass();
+  std::size_t renewed = 0;
+  const auto end = std::chrono::steady_clock::now() + within;
+  while (renewed == 0 && std::chrono::steady_clock::now() < end) {
+    renewed = c.renew_now();
+    if (renewed == 0) std::this_thread::sleep_for(100ms);
+  }
+  connections = proxy.accepted();
+  return renewed;
+}
+
+// Control: 300 held leases whose nodes carry no watch reconnect at once.
+TEST(ZkRenewalWatchFaults, ManyLongNamedLeasesWithoutWatchesReconnect) {
+  int connections = 0;
+  const std::size_t renewed = renewed_after_reconnect(300, false, 15s, connections);
+  std::printf("300 unwatched long-named leases: %zu renewed after the reconnect, %d connections\n", renewed,
+              connections);
+  EXPECT_EQ(renewed, 300U);
+}
+
+// 300 armed leases: their 300 data watches (about 1.2 MB of paths) go into the reconnect's one
+// SetWatches request, over the server's 1 MB jute.maxbuffer.
+TEST(ZkRenewalWatchFaults, ManyLongNamedArmedLeasesReconnect) {
+  int connections = 0;
+  const std::size_t renewed = renewed_after_reconnect(300, true, 15s, connections);
+  std::printf("300 armed long-named leases: %zu renewed after the reconnect, %d connections\n", renewed,
+              connections);
+  EXPECT_EQ(renewed, 300U) << "the client could not work again after a reconnect (" << connections
+                           << " connections accepted)";
+}
+
+}  // namespace
+}  // namespace distlock::testing
