@@ -49,8 +49,9 @@ struct ZkStats {
   std::uint64_t sessions = 0;         ///< sessions opened (1 + one per expiry)
   std::uint64_t orphans_removed = 0;  ///< nodes of abandoned attempts deleted after the fact
   std::uint64_t renew_syncs = 0;      ///< syncs with the leader sent by renewals (one per batch)
-  /// `exists` reads sent by renewals: one per lease when its data watch is armed, then one
-  /// more only after a notification of its node or a reconnect (ZkBackend::confirm).
+  /// Node reads (get) sent by renewals: one per lease when its data watch is armed, then one
+  /// more only after a notification of its node or a reconnect (ZkBackend::confirm); every
+  /// renewal for a lease past the session's watch budget (Session::kWatchedPathBytes).
   std::uint64_t renew_reads = 0;
   std::uint64_t status_reads = 0;       ///< status() calls (a watch's expiry re-reads would be some)
   std::int64_t session_id = 0;          ///< the current session's id

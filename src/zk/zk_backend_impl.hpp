@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,14 +79,38 @@ struct Session : SessionContext {
   // to that connection. So the session may expire after the smallest of them, never
   // later: it is the validity of its leases, and it never goes up.
   int floor_ms = 0;
-  // Held nodes with a data watch of this session armed by a renewal's `exists`, by path: the
+  // Held nodes with a data watch of this session armed by a renewal's read, by path: the
   // node's czxid and version when it was armed. A notification of the node (changed: a revoke's
   // mark; deleted) or a reconnect removes it, so the next renewal reads the node again; until
   // then a renewal's `sync` alone confirms it (zk_queue.cpp, ZkBackend::confirm).
   std::map<std::string, std::pair<std::uint64_t, int>> armed;
+  // Paths the C client keeps a data watch of `held_watcher` on (asked for, not fired yet), and
+  // their bytes. It keeps them across reconnects and sets them all again on a new connection in
+  // one request, which the server refuses above its jute.maxbuffer (1 MB by default) by closing
+  // that connection, every time. So a renewal asks for a watch only while these stay within
+  // kWatchedPathBytes; a node past that is read (unwatched) at every renewal, as before watches.
+  std::set<std::string> watched;
+  std::size_t watched_bytes = 0;
   zk::Handle zh;
 
+  // Half of the server's default jute.maxbuffer: room for the session's other watches (waiters'
+  // predecessors) and the request's own framing.
+  static constexpr std::size_t kWatchedPathBytes = 512 * 1024;
+
   std::uint64_t generation() const noexcept { return gen; }
+  // True (and counted) if a watch on `path` may be asked for: asked for already, or within budget.
+  bool may_watch(const std::string& path) {
+    if (watched.contains(path)) return true;
+    if (watched_bytes + path.size() > kWatchedPathBytes) return false;
+    watched.insert(path);
+    watched_bytes += path.size();
+    return true;
+  }
+  // The C client holds no watch on `path` any more (it fired, or the read that asked for it found
+  // no node, which leaves none).
+  void unwatched(const std::string& path) {
+    if (watched.erase(path) > 0) watched_bytes -= path.size();
+  }
 };
 
 // The C client's watcher callbacks (zk_session.cpp).

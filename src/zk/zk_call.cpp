@@ -223,6 +223,13 @@ ReplyPtr submit_get(zhandle_t* zh, const std::string& path) {
   return rc == ZOK ? r : refused(d, rc);
 }
 
+ReplyPtr submit_get(zhandle_t* zh, const std::string& path, watcher_fn watcher, void* watcher_ctx) {
+  auto r = std::make_shared<Reply>();
+  const void* d = hand_over(zh, r);
+  const int rc = zoo_awget(zh, path.c_str(), watcher, watcher_ctx, &on_data, d);
+  return rc == ZOK ? r : refused(d, rc);
+}
+
 ReplyPtr submit_set(zhandle_t* zh, const std::string& path, std::string_view data, int version) {
   auto r = std::make_shared<Reply>();
   const void* d = hand_over(zh, r);

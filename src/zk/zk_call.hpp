@@ -99,6 +99,9 @@ ReplyPtr submit_children_stat(zhandle_t* zh, const std::string& path, bool watch
 ReplyPtr submit_get_watched(zhandle_t* zh, const std::string& path);
 /// get: on ZOK, `value` is the node's data (empty for none) and `stat` its Stat.
 ReplyPtr submit_get(zhandle_t* zh, const std::string& path);
+/// get that also leaves a one-shot data watch delivered to `watcher` (only when the node exists:
+/// unlike exists, a get of a missing node leaves no watch behind).
+ReplyPtr submit_get(zhandle_t* zh, const std::string& path, watcher_fn watcher, void* watcher_ctx);
 /// set (setData) at `version` (-1: any); on ZOK, `stat` is the node's new Stat.
 ReplyPtr submit_set(zhandle_t* zh, const std::string& path, std::string_view data, int version);
 /// sync: the server this session is connected to catches up with the leader (a

@@ -431,6 +431,8 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
   std::vector<int> versions(entries.size());
   // Whether the node is read (its data watch armed by the read) or confirmed by the sync alone.
   std::vector<bool> read(entries.size(), false);
+  // Whether that read asks for the node's data watch (Session::may_watch): only then is it armed.
+  std::vector<bool> watch(entries.size(), false);
   {
     LockGuard lk(recipe_.mutex());
     if (!s || !s->connected) {
@@ -450,14 +452,18 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
       auto armed = s->armed.find(paths[i]);
       read[i] = armed == s->armed.end() || armed->second != std::make_pair(e.token, e.version);
       // Armed before the read is sent: a notification that comes after it disarms it again.
-      if (read[i]) s->armed[paths[i]] = {e.token, e.version};
+      if (read[i]) {
+        s->armed.erase(paths[i]);
+        watch[i] = s->may_watch(paths[i]);
+        if (watch[i]) s->armed[paths[i]] = {e.token, e.version};
+      }
     }
   }
-  // One round trip: a sync, then an exists (which arms the node's data watch) per lease not
-  // armed yet, all in flight at once. The sync makes the server we are connected to catch up
-  // with the leader before it answers the reads queued behind it (per-session FIFO), so a
-  // lagging or partitioned follower cannot confirm a node the leader has already deleted: it
-  // either answers with the leader's state or not at all (failed: the local deadline decides).
+  // One round trip: a sync, then a get (which arms the node's data watch, within the session's
+  // watch budget: Session::may_watch) per lease not armed yet, all in flight at once. The sync makes the
+  // server we are connected to catch up with the leader before it answers the reads queued behind it
+  // (per-session FIFO), so a lagging or partitioned follower cannot confirm a node the leader has already
+  // deleted: it either answers with the leader's state or not at all (failed: the local deadline decides).
   // The server sends a watch's notification before the answer to any later request of the
   // session, and the C client delivers both in that order: once the sync is answered, an armed
   // node that is still armed has not changed (not revoked, not deleted) up to the leader's state
@@ -469,7 +475,9 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
     renew_syncs_.fetch_add(1);
   }
   const auto submit_read = [&](std::size_t i) {
-    replies[i] = zk::submit_exists(s->zh.get(), paths[i], &held_watcher, s.get());
+    // A get, not an exists: an exists of a missing node would leave a watch behind for good.
+    replies[i] = watch[i] ? zk::submit_get(s->zh.get(), paths[i], &held_watcher, s.get())
+                          : zk::submit_get(s->zh.get(), paths[i]);
     renew_reads_.fetch_add(1);
   };
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -495,7 +503,9 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
           continue;
         }
         read[i] = true;
-        s->armed[paths[i]] = {tokens[i], versions[i]};
+        s->armed.erase(paths[i]);
+        watch[i] = s->may_watch(paths[i]);
+        if (watch[i]) s->armed[paths[i]] = {tokens[i], versions[i]};
         again.push_back(i);
       }
     }
@@ -520,6 +530,7 @@ void ZkBackend::confirm(std::span<QueueEntry* const> entries, std::span<RenewSta
         // Not confirmed: read again next time (a node that is not ours keeps no armed entry).
         LockGuard lk(recipe_.mutex());
         s->armed.erase(paths[i]);
+        if (watch[i] && rc == ZNONODE) s->unwatched(paths[i]);  // a get of no node leaves no watch
       }
       if (rc == ZOK || rc == ZNONODE) {
         out[i] = RenewStatus::not_owner;

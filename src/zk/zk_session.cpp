@@ -45,6 +45,7 @@ void held_watcher(zhandle_t*, int type, int, const char* path, void* ctx) {
 void ZkBackend::on_held_node_event(Session& s, const char* path) noexcept {
   LockGuard lk(recipe_.mutex());
   s.armed.erase(path);
+  s.unwatched(path);  // a notification ends the watch in the C client too
 }
 
 std::shared_ptr<Session> ZkBackend::open_session(Error& ec) {
