@@ -41,8 +41,10 @@ enum class LossReason {
   local_deadline,   ///< the local deadline passed without a successful renewal
   renewal_late,     ///< a renewal succeeded, but its reply came after the local deadline
   renewal_refused,  ///< the server said another owner (or nobody) holds it
-  session_lost,     ///< the client's session ended (etcd lease revoked, ZooKeeper session expired)
-  lease_ended,      ///< the server ended this one lease (deleted from outside, its node gone)
+  session_lost,     ///< the backend reported the client's whole session gone at once (no built-in
+                    ///< backend does today: etcd and ZooKeeper report each lease, as lease_ended)
+  lease_ended,      ///< the server ended this one lease (deleted from outside, its node gone, its
+                    ///< ZooKeeper session expired, its etcd session lease lost)
   gone_at_release,  ///< the server no longer had it when the holder released it
   max_hold,         ///< LockOptions::max_hold passed since the grant
   forked,           ///< used in a forked child: the lease is the parent's
