@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -147,6 +148,26 @@ void print_gaps(const std::string& label, const char* what, int gaps) {
 // How the next holder of `name`, whose lease has `token`, showed on the watch.
 enum class Shown { acquired, state_after_gap, not_shown };
 
+// The next event of `w` that is not a gap, read until `until` (steady clock), with every event
+// read noted in `seen`; each gap on the way is counted into `*gaps`, sets `after_gap`, and must
+// name nothing outside `prefix`. Nothing: `until` passed.
+std::optional<WatchEvent> next_past_gaps(distlock::Watch& w, const std::string& prefix,
+                                         Steady::time_point until, std::vector<std::string>& seen, int* gaps,
+                                         bool& after_gap) {
+  while (Steady::now() < until) {
+    auto e = w.next(std::chrono::ceil<Millis>(until - Steady::now()));
+    if (!e) return std::nullopt;
+    seen.push_back(describe(*e));
+    if (e->kind != WatchEventKind::gap) return e;
+    for (const auto& n : e->gap_names) {
+      EXPECT_EQ(n.rfind(prefix, 0), 0u) << "a gap named " << n << ", outside \"" << prefix << "\"";
+    }
+    after_gap = true;
+    ++*gaps;
+  }
+  return std::nullopt;
+}
+
 // Reads `w` for up to `limit` (steady clock) until the next holder of `name` is shown (into
 // `*out` when given): by its `acquired` with `token` (0: any token), or, after a gap (the watch's contract
 // for missed events), by the re-list's `state` held with `token`. Also allowed on the way: gaps (counted into
@@ -158,18 +179,7 @@ Shown next_holder_shown(distlock::Watch& w, const std::string& prefix, const std
                         WatchEvent* out = nullptr) {
   const Steady::time_point until = Steady::now() + limit;
   bool after_gap = *gaps > 0;
-  while (Steady::now() < until) {
-    const auto e = w.next(std::chrono::ceil<Millis>(until - Steady::now()));
-    if (!e) break;
-    seen.push_back(describe(*e));
-    if (e->kind == WatchEventKind::gap) {
-      for (const auto& n : e->gap_names) {
-        EXPECT_EQ(n.rfind(prefix, 0), 0u) << "a gap named " << n << ", outside \"" << prefix << "\"";
-      }
-      after_gap = true;
-      ++*gaps;
-      continue;
-    }
+  while (const auto e = next_past_gaps(w, prefix, until, seen, gaps, after_gap)) {
     EXPECT_EQ(e->name, name) << joined(seen);
     if (e->kind == WatchEventKind::state) {
       EXPECT_TRUE(after_gap) << "a state with no gap before it:" << joined(seen);
@@ -203,18 +213,7 @@ Ended end_shown(distlock::Watch& w, const std::string& prefix, const std::string
                 WatchEvent* out = nullptr) {
   const Steady::time_point until = Steady::now() + limit;
   bool after_gap = *gaps > 0;
-  while (Steady::now() < until) {
-    const auto e = w.next(std::chrono::ceil<Millis>(until - Steady::now()));
-    if (!e) break;
-    seen.push_back(describe(*e));
-    if (e->kind == WatchEventKind::gap) {
-      for (const auto& n : e->gap_names) {
-        EXPECT_EQ(n.rfind(prefix, 0), 0u) << "a gap named " << n << ", outside \"" << prefix << "\"";
-      }
-      after_gap = true;
-      ++*gaps;
-      continue;
-    }
+  while (const auto e = next_past_gaps(w, prefix, until, seen, gaps, after_gap)) {
     EXPECT_EQ(e->name, name) << joined(seen);
     if (out != nullptr) *out = *e;
     if (e->kind == WatchEventKind::state) {
