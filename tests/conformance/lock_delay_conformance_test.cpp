@@ -2,6 +2,10 @@
 //   - a holder with lock_delay D, SIGKILLed (a child process), holds the lock back: the
 //     waiter's grant comes no earlier than the earliest moment the dead holder's lease could
 //     have ended plus D, and no later than the latest such moment plus D plus kLateBound;
+//   - a holder with lock_delay D, SIGSTOPped (a child process: from the server's view it is
+//     partitioned, it cannot renew) and left stopped past its TTL, holds the lock back the same
+//     way; resumed, it reports the loss, never answers owns() true after the waiter's grant, and
+//     the waiter's token is larger;
 //   - a normal release with lock_delay set hands over at once (within kHandOverBound);
 //   - lock_delay above 60 s is an invalid_argument naming lock_delay; 60 s is accepted;
 //   - a backend that cannot enforce it refuses any lock_delay > 0 with errc::not_supported,
@@ -18,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -143,6 +148,42 @@ struct Waiter {
   std::thread thread;  // last: started once the members it writes are made
 };
 
+// The first grant of `name` after a holder was lost, to `waiter` or to a prober besides it that
+// tries every 20 ms with one attempt (a waiter's re-check schedule alone could happen to fall
+// after the delay); a prober's grant is released normally, so the waiter gets it at once. Joins
+// the waiter. At most 1000 tries (20 s), within the waiter's 30-s wait.
+struct FirstGrant {
+  Steady::time_point at;
+  bool to_prober = false;
+};
+FirstGrant first_grant_beside(distlock::Client& prober, const std::string& name,
+                              const distlock::LockOptions& o, Waiter& waiter) {
+  std::optional<Steady::time_point> probed_at;
+  for (int i = 0; i < 1000 && !waiter.done.load(); ++i) {
+    if (auto got = prober.try_acquire(name, o)) {
+      probed_at = Steady::now();
+      got->release();
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  waiter.join();
+  if (probed_at && *probed_at < waiter.granted_at) return {*probed_at, true};
+  return {waiter.granted_at, false};
+}
+
+// The instants of the "work <ns>" lines in `text`, a holder's output (tests/tools/lock_tool.cpp
+// --work-ms): each one is at or before an owns() that answered true. CLOCK_MONOTONIC, which is
+// this process's steady clock.
+std::vector<Steady::time_point> work_instants(const std::string& text) {
+  std::vector<Steady::time_point> at;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("work ", 0) == 0) at.emplace_back(std::chrono::nanoseconds(std::stoll(l.substr(5))));
+  }
+  return at;
+}
+
 // The timing tests: only where the servers enforce it (the others refuse it, above).
 class LockDelayEnforced : public LockDelay {};
 
@@ -211,34 +252,96 @@ TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
   ASSERT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
   const Steady::time_point killed = Steady::now();
   holder.signal(SIGKILL);
-  // A prober, besides the waiter, tries every 20 ms with one attempt (a waiter's re-check
-  // schedule alone could happen to fall after the delay): the first grant to either counts.
   auto prober = client();
-  std::optional<Steady::time_point> probed_at;
-  for (int i = 0; i < 1000 && !waiter.done.load(); ++i) {  // 1000 x 20 ms: the waiter's 30-s wait
-    if (auto got = prober.try_acquire("ld/killed", opts(kTtl, 0ms))) {
-      probed_at = Steady::now();
-      got->release();  // a normal release: the waiter gets it at once
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  waiter.join();
+  const FirstGrant first = first_grant_beside(prober, "ld/killed", opts(kTtl, 0ms), waiter);
   (void)holder.wait_for(10s);
   ASSERT_FALSE(waiter.ec) << waiter.ec.message();
   ASSERT_TRUE(waiter.lease.owns());
   ASSERT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos)
       << "the holder lost its lease before the kill: the lower bound does not hold";
-  const Millis after_kill =
-      ms_between(killed, probed_at ? std::min(*probed_at, waiter.granted_at) : waiter.granted_at);
+  const Millis after_kill = ms_between(killed, first.at);
   RecordProperty("granted_after_kill_ms", static_cast<int>(after_kill.count()));
   std::printf("[ %s ] lock_delay %lld ms, ttl %lld ms: first granted %lld ms after SIGKILL (to the %s)\n",
               GetParam().label.c_str(), static_cast<long long>(kDelay.count()),
               static_cast<long long>(kTtl.count()), static_cast<long long>(after_kill.count()),
-              probed_at && *probed_at < waiter.granted_at ? "prober" : "waiter");
+              first.to_prober ? "prober" : "waiter");
   EXPECT_GE(after_kill, kDelay - kSkew) << "granted before the dead holder's lock-delay could have ended";
   EXPECT_LE(after_kill, lease_end_bound(GetParam().label, kTtl) + kDelay + kLateBound)
       << "granted too late after the lock-delay ended";
+}
+
+// A holder with lock_delay D is SIGSTOPped while a waiter waits: it cannot renew, so from the
+// server's view it is partitioned (its connections stay open: postgres:// and mysql:// end its
+// session by their idle timeout, a TTL after its last statement). It stays stopped until the
+// lock was granted again, D > TTL after the stop. Its lease cannot end on the server before its
+// last renewal + TTL; its last renewal is at or before the stop; and it had not reported a loss
+// before the stop. What this process can know: grant − stop ≥ D (asserted, less the 1-ms expiry
+// resolution), and grant ≥ the last "work" instant + D (the holder's owns() answered true at or
+// after that instant, so its lease had not ended on the server; certain). grant − stop is printed
+// against TTL + D; the upper bound is the kill test's. Resumed (SIGCONT), the holder reports
+// "lost" within 10 s, its owns() never answered true at or after the grant (no "work" line from
+// then: lock_tool --work-ms checks owns() every 20 ms), it exits 76 (lost) on SIGTERM, and with
+// fencing the waiter's token is larger than the stopped holder's.
+TEST_P(LockDelayEnforced, StoppedHolderHoldsTheLockBackForTheDelay) {
+  constexpr Millis kTtl = 1000ms;
+  const Millis kDelay = lease_end_bound(GetParam().label, kTtl) + 500ms;
+  const std::string name = "ld/stopped";
+  TempDir dir("distlock-lockdelay-stop");
+  const std::string out = (dir.path() / "holder").string();
+  Process holder =
+      distlock::testing::spawn_holder(target_->url(), name, out, kTtl.count(), 0,
+                                      {"--lock-delay", std::to_string(kDelay.count()), "--work-ms", "20"});
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  const long long holder_token = distlock::testing::acquired_token(out);
+  auto c = client();
+  // The waiter's own lease lasts 4 s (zk:// refuses more than twice its 2-s session): it is
+  // checked after the SIGCONT, and a 1-s lease's renewal can come late on a loaded machine
+  // (seen once on postgres at ctest -j2). It does not enter the bounds: the holder's D does.
+  Waiter waiter(c, name, opts(4000ms, 0ms, 30s));
+  ASSERT_TRUE(waiter_queued(c, name)) << "the waiter never queued";
+  ASSERT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
+  ASSERT_TRUE(distlock::testing::wait_for_text(out, "\nwork ", 10s)) << "the holder never worked";
+  const Steady::time_point stopped = Steady::now();
+  holder.signal(SIGSTOP);
+  auto prober = client();
+  const FirstGrant first = first_grant_beside(prober, name, opts(kTtl, 0ms), waiter);
+  const std::string while_stopped = distlock::testing::read_file(out);
+  const char state = distlock::testing::process_state(holder.pid());
+  holder.signal(SIGCONT);
+  ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+  ASSERT_TRUE(waiter.lease.owns()) << "the waiter's lease ended: " << waiter.lease.loss_detail();
+  EXPECT_EQ(state, 'T') << "the holder was not stopped when the lock was granted";
+  ASSERT_EQ(while_stopped.find("lost"), std::string::npos)
+      << "the holder lost its lease before the stop: the lower bound does not hold";
+  const std::vector<Steady::time_point> worked = work_instants(while_stopped);
+  ASSERT_FALSE(worked.empty());
+  const Millis after_stop = ms_between(stopped, first.at);
+  RecordProperty("granted_after_stop_ms", static_cast<int>(after_stop.count()));
+  std::printf(
+      "[ %s ] lock_delay %lld ms, ttl %lld ms: first granted %lld ms after SIGSTOP (to the %s); "
+      "ttl + lock_delay = %lld ms; last owns() true %lld ms before the stop\n",
+      GetParam().label.c_str(), static_cast<long long>(kDelay.count()), static_cast<long long>(kTtl.count()),
+      static_cast<long long>(after_stop.count()), first.to_prober ? "prober" : "waiter",
+      static_cast<long long>((kTtl + kDelay).count()),
+      static_cast<long long>(ms_between(worked.back(), stopped).count()));
+  EXPECT_GE(after_stop, kDelay - kSkew) << "granted before the stopped holder's lock-delay could have ended";
+  EXPECT_GE(ms_between(worked.back(), first.at), kDelay - kSkew)
+      << "granted less than the delay after the holder last owned the lock";
+  EXPECT_LE(after_stop, lease_end_bound(GetParam().label, kTtl) + kDelay + kLateBound)
+      << "granted too late after the lock-delay ended";
+  // Resumed: the holder reports the loss and never owned the lock after the grant.
+  EXPECT_TRUE(distlock::testing::wait_for_text(out, "lost", 10s))
+      << "the resumed holder did not report its loss: " << distlock::testing::read_file(out);
+  holder.signal(SIGTERM);
+  EXPECT_EQ(holder.exit_code(10s), 76) << distlock::testing::read_file(out);
+  int after_grant = 0;
+  for (const Steady::time_point t : work_instants(distlock::testing::read_file(out)))
+    if (t >= first.at) ++after_grant;
+  EXPECT_EQ(after_grant, 0) << "the resumed holder's owns() answered true after the lock was granted again";
+  if (waiter.lease.has_token()) {
+    ASSERT_GE(holder_token, 0) << distlock::testing::read_file(out);
+    EXPECT_GT(waiter.lease.token(), static_cast<std::uint64_t>(holder_token));
+  }
 }
 
 // A normal release with lock_delay set hands over at once: the waiter's grant comes within

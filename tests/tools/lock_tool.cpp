@@ -1,7 +1,7 @@
 // lock_tool — a small process the fault and load tests start against any backend.
 //
 //   lock_tool hold   --url URL --name NAME [--ttl MS] [--wait MS] [--hold-ms MS] [--lock-delay MS]
-//                    [--exit-on-lost]
+//                    [--exit-on-lost] [--work-ms MS]
 //   lock_tool hammer --url URL --name NAME --log FILE [--threads T] [--iters N] [--ttl MS]
 //                    [--hold-us US] [--counter FILE]
 //
@@ -10,6 +10,10 @@
 // "lost" (and exits 76 with --exit-on-lost). SIGUSR1 prints "owns 1" or "owns 0".
 // On SIGTERM/SIGINT, or when the hold time is over, it releases, prints "released" and
 // exits 0 (76 if the release found the lease lost). Not acquired: 75; unavailable: 69.
+// With --work-ms, every MS while holding it does a unit of "work" guarded by the lease: it reads
+// CLOCK_MONOTONIC (t), then checks `owns()`, and only if that is true prints "work <t ns>"; so a
+// line "work t" means owns() answered true at an instant no earlier than t (comparable with
+// std::chrono::steady_clock of another process on this host).
 //
 // hammer: T threads each take NAME N times. Every critical section appends one record
 // "pid tid token start_ns end_ns" (CLOCK_MONOTONIC, comparable across processes of one
@@ -58,7 +62,7 @@ void say(const std::string& line) {
 
 struct Args {
   std::string mode, url, name, log, counter;
-  long ttl_ms = 2000, wait_ms = -1, hold_ms = 0, hold_us = 0, lock_delay_ms = 0;
+  long ttl_ms = 2000, wait_ms = -1, hold_ms = 0, hold_us = 0, lock_delay_ms = 0, work_ms = 0;
   int threads = 4, iters = 50;
   bool exit_on_lost = false;
 };
@@ -94,6 +98,8 @@ Args parse(int argc, char** argv) {
       a.lock_delay_ms = std::stol(val());
     else if (k == "--hold-ms")
       a.hold_ms = std::stol(val());
+    else if (k == "--work-ms")
+      a.work_ms = std::stol(val());
     else if (k == "--hold-us")
       a.hold_us = std::stol(val());
     else if (k == "--threads")
@@ -140,8 +146,14 @@ int hold(const Args& a) {
     if (a.exit_on_lost) std::_Exit(76);
   });
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(a.hold_ms);
+  auto next_work = std::chrono::steady_clock::now();
   while (!g_stop && (a.hold_ms == 0 || std::chrono::steady_clock::now() < end)) {
     if (g_report.exchange(false)) say(std::string("owns ") + (lease.owns() ? "1" : "0"));
+    if (a.work_ms > 0 && std::chrono::steady_clock::now() >= next_work) {
+      next_work += std::chrono::milliseconds(a.work_ms);
+      const std::int64_t t = mono_ns();  // before the check: owns() answered at or after t
+      if (lease.owns()) say("work " + std::to_string(t));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   lease.release(ec);
