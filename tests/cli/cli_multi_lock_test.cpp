@@ -202,7 +202,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, CliMultiLock, ::testing::Values("file", "redi
                          [](const auto& param_info) { return param_info.param; });
 
 // Flags about one NAME only are refused beside --lock (exit 64, naming both flags), as are a
-// --lock name with "," (the separator of $DISTLOCK_TOKENS) and a run with no name at all.
+// --lock name with "," (the separator of $DISTLOCK_TOKENS), an empty name and a run with no name.
 TEST(CliMultiLockFlags, ConflictsAreRefused) {
   TempDir dir("distlock-cli-multi");
   const std::string url = "file://" + (dir.path() / "locks").string();
@@ -221,6 +221,11 @@ TEST(CliMultiLockFlags, ConflictsAreRefused) {
   Cli comma = Cli::run({"run", "--url", url, "--lock", "a,b", "--", "true"}, dir.path());
   EXPECT_EQ(comma.code(), 64) << comma.err();
   EXPECT_NE(comma.err().find("cannot contain \",\""), std::string::npos) << comma.err();
+
+  // An empty NAME written out is an empty name, beside --lock too.
+  Cli empty = Cli::run({"run", "--url", url, "--lock", "a", "", "--", "true"}, dir.path());
+  EXPECT_EQ(empty.code(), 64) << empty.err();
+  EXPECT_NE(empty.err().find("lock name is empty"), std::string::npos) << empty.err();
 
   Cli none = Cli::run({"run", "--url", url, "--", "true"}, dir.path());
   EXPECT_EQ(none.code(), 64) << none.err();

@@ -189,7 +189,7 @@ void check_shards(const RunFlags& flags, RunSettings& s) {
 void check_locks(const RunFlags& flags, RunSettings& s) {
   if (flags.locks.empty()) return;
   std::vector<std::string> names = flags.locks;
-  if (!flags.name.empty()) names.push_back(flags.name);
+  if (!flags.name.empty() || given(false, flags.name_option)) names.push_back(flags.name);
   for (const auto& n : names) {
     std::string why;
     if (validate_name(n, why)) usage_error("--lock: " + why);
@@ -228,7 +228,8 @@ std::string lock_label(const RunSettings& s) {
 
 RunSettings validate(const RunFlags& flags, const std::vector<std::string>& after_dashes) {
   RunSettings s;
-  if (flags.name.empty() && flags.locks.empty()) {
+  // An empty NAME written out is refused as an empty name (validate_name), not as a missing one.
+  if (flags.locks.empty() && flags.name.empty() && flags.name_option && flags.name_option->count() == 0) {
     usage_error(
         "no lock name given: write distlock run [OPTIONS] NAME -- COMMAND, or --lock NAME (repeatable)");
   }

@@ -218,9 +218,10 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
   add_lease_options(run, flags);
   add_job_options(run, flags);
   add_shard_options(run, flags);
-  run->add_option("NAME", flags->name,
-                  "Lock name (any bytes but NUL, at most 4096); may be left out when --lock is given")
-      ->type_name("");
+  flags->name_option =
+      run->add_option("NAME", flags->name,
+                      "Lock name (any bytes but NUL, at most 4096); may be left out when --lock is given")
+          ->type_name("");
   run->add_option(
          "--lock", flags->locks,
          "Take the lock NAME too (repeatable): every --lock name and NAME, if given, are acquired "

@@ -60,8 +60,9 @@ struct RunFlags {
   CLI::Option* grace_option = nullptr;
   bool leader_only = false;
   std::string name;
-  std::vector<std::string> locks;    // --lock NAME, each time given
-  std::vector<std::string> command;  // when given without "--"
+  CLI::Option* name_option = nullptr;  // the positional NAME (given, maybe empty, or not)
+  std::vector<std::string> locks;      // --lock NAME, each time given
+  std::vector<std::string> command;    // when given without "--"
   CLI::Option* wait_option = nullptr;
   int metrics_port = -1;
   std::string metrics_addr = "127.0.0.1";
