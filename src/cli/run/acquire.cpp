@@ -12,6 +12,7 @@
 #include <stop_token>
 #include <thread>
 
+#include "cli/run/multi_hold.hpp"
 #include "cli/run/run.hpp"
 #include "distlock/semaphore.hpp"
 #include "distlock/shared_mutex.hpp"
@@ -25,6 +26,8 @@ constexpr std::chrono::milliseconds kLeaveQueueLimit{3000};
 
 /// The hold the settings ask for, taken through `client`.
 std::unique_ptr<Hold> take_hold(Client& client, const RunSettings& s, const LockOptions& lock) {
+  // --lock: every name or none, in the canonical order, within --wait (multi_lease.hpp).
+  if (!s.names.empty()) return std::make_unique<MultiHold>(client.acquire_all(s.names, lock));
   if (s.rw == RwMode::shared) {
     return std::make_unique<ReadWriteLease>(client.shared_mutex(s.name, lock).acquire_shared());
   }
@@ -57,7 +60,7 @@ void connect_and_take(Acquisition& result, const RunSettings& s, const LockOptio
     result.what = e.what();
   } catch (...) {
     result.ec = make_error_code(errc::protocol_error);
-    result.what = "unexpected error while acquiring lock \"" + s.name + "\"";
+    result.what = "unexpected error while acquiring " + lock_label(s);
   }
 }
 
@@ -129,9 +132,14 @@ std::string not_acquired_message(const RunSettings& s, const std::error_code& ec
                                    : std::string("by readers or a writer")) +
            attempt;
   }
-  if (ec == errc::busy) return "lock \"" + s.name + "\" is held by another owner (one attempt, not waiting)";
+  if (s.names.size() > 1 && not_now) {
+    // All or nothing: none of the set is held now (acquire_all gave back what it took).
+    return lock_label(s) + " were not all acquired" + attempt +
+           ": another owner holds one of them; none is held";
+  }
+  if (ec == errc::busy) return lock_label(s) + " is held by another owner (one attempt, not waiting)";
   if (ec == errc::timeout) {
-    return "lock \"" + s.name + "\" was not acquired within --wait " + format_duration(*s.lock.wait) +
+    return lock_label(s) + " was not acquired within --wait " + format_duration(*s.lock.wait) +
            ": another owner holds it";
   }
   return what;

@@ -45,7 +45,7 @@ void check_command_and_lease(const RunFlags& flags, const std::vector<std::strin
   }
   if (s.command.front().empty()) usage_error("the command name is empty");
   std::string why;
-  if (validate_name(s.name, why)) usage_error(why);
+  if (flags.locks.empty() && validate_name(s.name, why)) usage_error(why);
 
   s.lock.ttl = parse_duration_flag("--ttl", flags.ttl);
   if (s.lock.ttl < LockOptions::min_ttl) {
@@ -184,11 +184,57 @@ void check_shards(const RunFlags& flags, RunSettings& s) {
     usage_error("shard group: " + why);
 }
 
+/// --lock NAME (repeatable): every name, with the positional NAME if given, taken together by
+/// Client::acquire_all. Refuses what holds one name's lock in another way, or needs one name.
+void check_locks(const RunFlags& flags, RunSettings& s) {
+  if (flags.locks.empty()) return;
+  std::vector<std::string> names = flags.locks;
+  if (!flags.name.empty() || given(false, flags.name_option)) names.push_back(flags.name);
+  for (const auto& n : names) {
+    std::string why;
+    if (validate_name(n, why)) usage_error("--lock: " + why);
+    if (n.find(',') != std::string::npos) {
+      usage_error("--lock \"" + n +
+                  "\": a name taken with --lock cannot contain \",\" (it separates the names in "
+                  "$DISTLOCK_TOKENS)");
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  const char* other = flags.shards              ? "--shards"
+                      : flags.permits           ? "--permits"
+                      : flags.shared            ? "--shared"
+                      : flags.exclusive         ? "--exclusive"
+                      : !flags.once_per.empty() ? "--once-per"
+                                                : nullptr;
+  if (other) {
+    usage_error(std::string("--lock and ") + other +
+                " exclude each other: --lock takes several plain locks as one set, " + other +
+                " applies to one NAME");
+  }
+  s.names = std::move(names);
+  s.name.clear();
+  for (const auto& n : s.names) s.name += (s.name.empty() ? "" : ",") + n;
+}
+
 }  // namespace
+
+std::string lock_label(const RunSettings& s) {
+  if (s.names.empty()) return "lock \"" + s.name + "\"";
+  std::string out = s.names.size() == 1 ? "lock " : "locks ";
+  for (std::size_t i = 0; i < s.names.size(); ++i) out += (i ? ", \"" : "\"") + s.names[i] + "\"";
+  return out;
+}
 
 RunSettings validate(const RunFlags& flags, const std::vector<std::string>& after_dashes) {
   RunSettings s;
+  // An empty NAME written out is refused as an empty name (validate_name), not as a missing one.
+  if (flags.locks.empty() && flags.name.empty() && flags.name_option && flags.name_option->count() == 0) {
+    usage_error(
+        "no lock name given: write distlock run [OPTIONS] NAME -- COMMAND, or --lock NAME (repeatable)");
+  }
   check_command_and_lease(flags, after_dashes, s);
+  check_locks(flags, s);
   check_kind(flags, s);
   check_grace(flags, s);
   check_shards(flags, s);

@@ -27,7 +27,11 @@ constexpr const char* kRunDescription =
     "\n"
     "With --shared/--exclusive NAME is a read-write lock (readers and a writer, like flock -s/-x): a\n"
     "--shared job gets no DISTLOCK_TOKEN, an --exclusive job the writer's token; a --shared hold that is\n"
-    "lost (a reader slot past its TTL) ends its job the same way (exit 76).";
+    "lost (a reader slot past its TTL) ends its job the same way (exit 76).\n"
+    "\n"
+    "With --lock A --lock B (and NAME, if given) the runner takes every name or none, in sorted order\n"
+    "(overlapping sets never deadlock), within --wait; the job gets DISTLOCK_TOKENS=A=token,B=token and\n"
+    "is stopped as above when any one name is lost.";
 
 constexpr const char* kRunFooter =
     "EXIT STATUS\n"
@@ -62,6 +66,7 @@ constexpr const char* kRunFooter =
     "EXAMPLES\n"
     "  distlock run nightly-report -- /usr/local/bin/report --all\n"
     "  distlock run --shared config -- ./read-config;  distlock run --exclusive config -- ./write-config\n"
+    "  distlock run --wait 5s --lock accounts/7 --lock accounts/3 -- ./transfer\n"
     "  distlock run --url redis://10.0.0.5:6379 --no-wait --ttl 30s backup -- /usr/local/bin/backup\n"
     "  */5 * * * *  distlock run --no-wait --url redis://lock:6379 sync -- /opt/sync/run.sh\n"
     "  distlock run --url redis://lock:6379 --shards 16 reindex -- ./reindex.sh   (on every host; see "
@@ -213,9 +218,18 @@ void add_run_command(CLI::App& app, int& exit_code, const std::vector<std::strin
   add_lease_options(run, flags);
   add_job_options(run, flags);
   add_shard_options(run, flags);
-  run->add_option("NAME", flags->name, "Lock name (any bytes but NUL, at most 4096)")
-      ->required()
-      ->type_name("");
+  flags->name_option =
+      run->add_option("NAME", flags->name,
+                      "Lock name (any bytes but NUL, at most 4096); may be left out when --lock is given")
+          ->type_name("");
+  run->add_option(
+         "--lock", flags->locks,
+         "Take the lock NAME too (repeatable): every --lock name and NAME, if given, are acquired "
+         "together (all or none, in sorted order so overlapping sets never deadlock, within "
+         "--wait); the job gets $DISTLOCK_TOKENS=name=token,... and is killed if any one is lost. "
+         "Not with --shards, --permits, --shared, --exclusive, --once-per. Write COMMAND after \"--\"")
+      ->option_text("NAME")
+      ->allow_extra_args(false);
   run->add_option("COMMAND", flags->command, "Program and arguments, after \"--\"")->type_name("");
   run->callback([flags, &exit_code, &command_after_dashes] {
     const RunSettings settings = run::validate(*flags, command_after_dashes);

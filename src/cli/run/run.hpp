@@ -14,8 +14,9 @@
 //                  before it forwards a signal or reaps and releases); no renewal with --grace
 //                  left: SIGTERM to the whole job; deadline passed or loss signalled: SIGKILL.
 //
-// The hold is a distlock::Hold (a Lease of a lock, semaphore permit or election, or a
-// read-write lock's ReadWriteLease).
+// The hold is a distlock::Hold (a Lease of a lock, semaphore permit or election, a
+// read-write lock's ReadWriteLease, or with --lock the MultiHold of several locks taken by
+// Client::acquire_all: multi_hold.hpp).
 //
 // Thread-safety: the main thread of the `distlock` process, except the acquiring worker
 // (acquire.cpp), which shares only its Acquisition result, handed over through an atomic flag.
@@ -59,7 +60,9 @@ struct RunFlags {
   CLI::Option* grace_option = nullptr;
   bool leader_only = false;
   std::string name;
-  std::vector<std::string> command;  // when given without "--"
+  CLI::Option* name_option = nullptr;  // the positional NAME (given, maybe empty, or not)
+  std::vector<std::string> locks;      // --lock NAME, each time given
+  std::vector<std::string> command;    // when given without "--"
   CLI::Option* wait_option = nullptr;
   int metrics_port = -1;
   std::string metrics_addr = "127.0.0.1";
@@ -81,8 +84,9 @@ enum class RwMode { none, shared, exclusive };
 
 /// What the runner does, checked.
 struct RunSettings {
-  std::string url;  // as given, or the default the library resolves
-  std::string name;
+  std::string url;                 // as given, or the default the library resolves
+  std::string name;                // the positional NAME, or with --lock the names joined by ","
+  std::vector<std::string> names;  // --lock: every name (and NAME), sorted, no duplicates; empty: one lock
   LockOptions lock;
   Millis grace{};
   bool leader_only = false;
@@ -111,6 +115,8 @@ struct RunSettings {
 };
 
 // flags.cpp
+/// `lock "NAME"`, or with --lock `locks "A", "B"`: what the runner's messages name.
+std::string lock_label(const RunSettings& s);
 /// Checks every flag; throws std::system_error(errc::invalid_argument) naming the problem.
 RunSettings validate(const RunFlags& flags, const std::vector<std::string>& after_dashes);
 

@@ -17,6 +17,7 @@
 #include <stop_token>
 
 #include "cli/metrics_http.hpp"
+#include "cli/run/multi_hold.hpp"
 #include "cli/run/run.hpp"
 #include "distlock/text.hpp"
 
@@ -38,7 +39,7 @@ std::vector<std::string> child_environment(const RunSettings& s, const Hold& lea
     if (kv.starts_with("DISTLOCK_NAME=") || kv.starts_with("DISTLOCK_TOKEN=") ||
         kv.starts_with("DISTLOCK_URL=") || kv.starts_with("DISTLOCK_PASSWORD=") ||
         kv.starts_with("DISTLOCK_METRICS_ADDR=") || kv.starts_with("DISTLOCK_PERMIT=") ||
-        kv.starts_with("DISTLOCK_ONCE_SLOT=")) {
+        kv.starts_with("DISTLOCK_ONCE_SLOT=") || kv.starts_with("DISTLOCK_TOKENS=")) {
       continue;
     }
     // The job's parent span is the hold (when the hold has a trace context: a Lease).
@@ -46,7 +47,10 @@ std::vector<std::string> child_environment(const RunSettings& s, const Hold& lea
     env.emplace_back(kv);
   }
   if (trace) env.push_back("TRACEPARENT=" + trace->traceparent());
-  env.push_back("DISTLOCK_NAME=" + s.name);
+  // --lock: $DISTLOCK_TOKENS (name=token per name); NAME and TOKEN only for a set of one.
+  const auto* multi = dynamic_cast<const MultiHold*>(&lease);
+  if (multi) env.push_back(multi->tokens_env());
+  if (!multi || s.names.size() == 1) env.push_back("DISTLOCK_NAME=" + s.name);
   if (s.permits > 0) {  // the permit's lock is "<name>\x1fsem\x1f<i>"
     const std::string& held = lease.name();
     env.push_back("DISTLOCK_PERMIT=" + held.substr(held.rfind('\x1f') + 1));
@@ -85,7 +89,7 @@ std::vector<int> blocked_signals() {
 int report_ended_job(const RunSettings& s, const JobEnd& end, const Child& child, Hold& lease) {
   const std::string group = " (group " + std::to_string(child.group()) + ")";
   if (end.lost) {
-    print_error("lock \"" + s.name + "\" lost while the command ran: " + end.cause +
+    print_error(lock_label(s) + " lost while the command ran: " + end.cause +
                 "; sent SIGKILL to the command's processes" + group);
     return exit_status::lost;
   }
@@ -93,11 +97,11 @@ int report_ended_job(const RunSettings& s, const JobEnd& end, const Child& child
   std::error_code ignored;
   if (lease.owns()) lease.release(ignored);
   if (end.at_max_hold) {
-    print_error("lock \"" + s.name + "\" reached --max-hold " + format_duration(*s.lock.max_hold) +
+    print_error(lock_label(s) + " reached --max-hold " + format_duration(*s.lock.max_hold) +
                 ": sent SIGTERM to the command's processes" + group + " --grace " + format_duration(s.grace) +
                 " before it; they ended before it");
   } else {
-    print_error("lock \"" + s.name + "\" was about to be lost: no renewal succeeded and only --grace " +
+    print_error(lock_label(s) + " was about to be lost: no renewal succeeded and only --grace " +
                 format_duration(s.grace) + " was left before its local deadline; sent SIGTERM to the " +
                 "command's processes" + group + ", which ended before it");
   }
@@ -112,22 +116,22 @@ int release_after(const RunSettings& s, const JobEnd& end, Hold& lease, int stat
     print_error(
         (end.stop_forwarded
              ? "the runner was sent " + signal_name(end.stopped_by) +
-                   ", forwarded to the command (a stopped command would hold lock \"" + s.name +
-                   "\" for ever); sent it SIGTERM"
+                   ", forwarded to the command (a stopped command would hold " + lock_label(s) +
+                   " for ever); sent it SIGTERM"
              : "the command was stopped by " + signal_name(end.stopped_by) +
-                   " (it waited for the terminal while holding lock \"" + s.name + "\"); sent it SIGTERM") +
+                   " (it waited for the terminal while holding " + lock_label(s) + "); sent it SIGTERM") +
         (end.stop_killed ? " and SIGKILL after the " + format_duration(s.grace) + " grace" : std::string()) +
         "; lock released");
     return status;
   }
   if (ec == errc::lost) {
-    print_error("lock \"" + s.name + "\" was found lost when the command ended (status " +
-                std::to_string(status) + "): the server no longer held it for this runner");
+    print_error(lock_label(s) + " was found lost when the command ended (status " + std::to_string(status) +
+                "): the server no longer held it for this runner");
     return exit_status::lost;
   }
   if (ec) {
     // The command ran protected; only the early release failed. Its status wins.
-    print_error("warning: release of lock \"" + s.name + "\" failed (" + ec.message() +
+    print_error("warning: release of " + lock_label(s) + " failed (" + ec.message() +
                 "); it will expire by its TTL");
   }
   return status;
@@ -238,7 +242,7 @@ int run_locked(const RunSettings& settings) {
 
   // Nothing is done on the command's behalf with a lease that is already gone.
   if (!lease->owns()) {
-    print_error("lock \"" + s.name + "\" was lost before the command started: " + loss_cause(*lease));
+    print_error(lock_label(s) + " was lost before the command started: " + loss_cause(*lease));
     return exit_status::lost;
   }
   if (s.once_per) {

@@ -1,0 +1,241 @@
+// Black-box tests of `distlock run --lock A --lock B` (src/cli/run/multi_hold.cpp, the runner
+// taking several locks through Client::acquire_all), on file:// and on a redis-server the test
+// starts: two sets exclude each other; overlapping sets given in opposite orders never deadlock;
+// the job sees one token per name ($DISTLOCK_TOKENS); the loss of one name stops the job; the
+// flags that apply to one name only are refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/cli_fixture.hpp"
+#include "cli/cli_harness.hpp"
+#include "support/eventually.hpp"
+#include "support/process.hpp"
+
+namespace distlock::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using SteadyClock = std::chrono::steady_clock;
+
+class CliMultiLock : public FileOrRedisCliTest {
+ protected:
+  CliMultiLock() : FileOrRedisCliTest("distlock-cli-multi") {}
+
+  /// `distlock run --url URL <flags...> --lock N... -- sh -c SCRIPT`
+  std::vector<std::string> run_locks(const std::vector<std::string>& names, const std::string& script,
+                                     std::vector<std::string> flags = {}) const {
+    std::vector<std::string> args{"run", "--url", url_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    for (const auto& n : names) args.insert(args.end(), {"--lock", n});
+    args.insert(args.end(), {"--", "sh", "-c", script});
+    return args;
+  }
+
+  /// A job that writes its pid to `ready` (atomically), ignores SIGTERM and spins.
+  std::string spinning(const fs::path& ready) const {
+    return "trap '' TERM; echo $$ > " + ready.string() + ".tmp && mv " + ready.string() + ".tmp " +
+           ready.string() + "; while :; do sleep 0.05; done";
+  }
+};
+
+// The job gets DISTLOCK_TOKENS=name=token,... in sorted order whatever order the flags were in,
+// and no DISTLOCK_TOKEN or DISTLOCK_NAME with several names (no single token means anything);
+// with one --lock name it gets both, and they agree with DISTLOCK_TOKENS. The positional NAME
+// joins the set.
+TEST_P(CliMultiLock, JobSeesOneTokenPerName) {
+  const std::string show =
+      "echo \"$DISTLOCK_TOKENS\"; echo \"T=${DISTLOCK_TOKEN-unset}\"; "
+      "echo \"N=${DISTLOCK_NAME-unset}\"";
+  std::vector<std::string> args = run_locks({"tok/b", "tok/c"}, show);
+  args.insert(args.end() - 4, "tok/a");  // the positional NAME, before "--"
+  Cli both = Cli::run(args, dir_.path());
+  ASSERT_EQ(both.code(), 0) << both.err();
+  const auto lines = lines_of(both.out());
+  ASSERT_EQ(lines.size(), 3u) << both.out();
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex("tok/a=[0-9]+,tok/b=[0-9]+,tok/c=[0-9]+"))) << lines[0];
+  EXPECT_EQ(lines[1], "T=unset");
+  EXPECT_EQ(lines[2], "N=unset");
+
+  Cli one = Cli::run(run_locks({"tok/a"}, show), dir_.path());
+  ASSERT_EQ(one.code(), 0) << one.err();
+  const auto one_lines = lines_of(one.out());
+  ASSERT_EQ(one_lines.size(), 3u) << one.out();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(one_lines[0], m, std::regex("tok/a=([0-9]+)"))) << one_lines[0];
+  EXPECT_EQ(one_lines[1], "T=" + m[1].str());
+  EXPECT_EQ(one_lines[2], "N=tok/a");
+}
+
+// A set held by one runner: another runner asking for the same set, or for one name of it, is
+// refused at once with --no-wait (exit 75, naming the set, nothing held); a runner with --wait
+// for an overlapping set runs once the first one's job has ended, not before.
+TEST_P(CliMultiLock, TwoSetsExcludeEachOther) {
+  const fs::path ready = path("ready"), go = path("go"), ended = path("a-ended");
+  Cli a =
+      Cli::start(run_locks({"ex/a", "ex/b"}, "echo x > " + ready.string() + "; while [ ! -e " + go.string() +
+                                                 " ]; do sleep 0.02; done; echo x > " + ended.string()),
+                 dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
+
+  Cli same = Cli::run(run_locks({"ex/b", "ex/a"}, "echo ran", {"--no-wait"}), dir_.path());
+  EXPECT_EQ(same.code(), 75) << same.err();
+  EXPECT_EQ(same.out(), "");
+  EXPECT_NE(same.err().find("locks \"ex/a\", \"ex/b\" were not all acquired"), std::string::npos)
+      << same.err();
+  EXPECT_NE(same.err().find("none is held"), std::string::npos) << same.err();
+
+  Cli part = Cli::run(run_locks({"ex/b", "ex/z"}, "echo ran", {"--no-wait"}), dir_.path());
+  EXPECT_EQ(part.code(), 75) << part.err();
+  EXPECT_EQ(part.out(), "");
+  // All or nothing: the refused set left "ex/z" free.
+  Cli z = Cli::run(run_sh("ex/z", "echo ran", {"--no-wait"}), dir_.path());
+  EXPECT_EQ(z.code(), 0) << z.err();
+
+  // Its job fails (99) unless the first job has ended: it must not run beside it.
+  Cli waiter = Cli::start(
+      run_locks({"ex/b", "ex/c"}, "[ -e " + ended.string() + " ] || exit 99; echo ran", {"--wait", "30s"}),
+      dir_.path());
+  std::FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_EQ(a.wait(20s), 0) << a.err();
+  EXPECT_EQ(waiter.wait(30s), 0) << waiter.err();
+  EXPECT_EQ(waiter.out(), "ran\n");
+}
+
+// Overlapping sets in opposite orders ({a,b} and {b,a}, and {b,c} beside them), 20 rounds per
+// runner loop, three loops at once: every run gets its set (exit 0, none times out after its
+// 30 s --wait, which a deadlock would need) and no two jobs holding a common name overlap (each
+// job makes the directory of each of its names; mkdir fails, exit 99, if another job has it).
+// Bound: all 60 runs within 90 s on this process's steady clock (measured: see the printed
+// figure; each run is a process start, connect and acquire).
+TEST_P(CliMultiLock, OppositeOrdersNeverDeadlock) {
+  constexpr int kRounds = 20;
+  const auto crit = [&](const std::vector<std::string>& names) {
+    std::string enter, leave;
+    for (const auto& n : names) {
+      const std::string d = path("in-" + n).string();
+      enter += "mkdir " + d + " || exit 99; ";
+      leave += "rmdir " + d + "; ";
+    }
+    return enter + "sleep 0.01; " + leave;
+  };
+  const std::vector<std::vector<std::string>> sets{{"a", "b"}, {"b", "a"}, {"c", "b"}};
+  std::atomic<int> failures{0};
+  std::vector<std::string> first_failure(sets.size());
+  const auto t0 = SteadyClock::now();
+  std::vector<std::thread> loops;
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    loops.emplace_back([&, i] {
+      std::vector<std::string> names;
+      for (const auto& n : sets[i]) names.push_back("dl/" + n);
+      std::vector<std::string> dirs = sets[i];
+      for (int r = 0; r < kRounds; ++r) {
+        Cli c = Cli::run(run_locks(names, crit(dirs), {"--wait", "30s"}), dir_.path(), 60s);
+        if (c.code() != 0) {
+          failures.fetch_add(1);
+          first_failure[i] =
+              "round " + std::to_string(r) + ": exit " + std::to_string(c.code()) + ": " + c.err();
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : loops) t.join();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - t0);
+  EXPECT_EQ(failures.load(), 0) << first_failure[0] << first_failure[1] << first_failure[2];
+  EXPECT_LE(took, 90s);
+  std::printf("%s: %d runs of overlapping sets in opposite orders in %lld ms (bound 90000 ms)\n",
+              GetParam().c_str(), kRounds * static_cast<int>(sets.size()),
+              static_cast<long long>(took.count()));
+}
+
+// The loss of one name of the set stops the whole job: on file:// its lock file removed from
+// outside (a loss known at once: SIGKILL without the 10 s grace), on redis:// `distlock revoke`
+// of that one name (told at the next renewal, <= 1 s at --ttl 3s). The runner exits 76 naming
+// the lost name; the job, which ignores SIGTERM, is dead; afterwards the whole set is free.
+TEST_P(CliMultiLock, LossOfOneNameStopsTheJob) {
+  const fs::path ready = path("ready");
+  const std::vector<std::string> flags = redis() ? std::vector<std::string>{"--ttl", "3s", "--grace", "200ms"}
+                                                 : std::vector<std::string>{"--ttl", "60s", "--grace", "10s"};
+  Cli a = Cli::start(run_locks({"loss/b", "loss/a"}, spinning(ready), flags), dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
+  const pid_t job = std::stoi(slurp(ready));
+
+  SteadyClock::time_point lost_at;
+  if (redis()) {
+    Cli revoke = Cli::run({"revoke", "--url", url_, "--reason", "multi test", "loss/b"}, dir_.path());
+    ASSERT_EQ(revoke.code(), 0) << revoke.err();
+    lost_at = revoke.ended_at();
+  } else {
+    ASSERT_TRUE(fs::remove(path("locks") / "loss%2Fb.lock") || fs::remove(path("locks") / "loss/b.lock"))
+        << "the lock file of loss/b";
+    lost_at = SteadyClock::now();
+  }
+  ASSERT_EQ(a.wait(20s), 76) << a.err();
+  // Bound on this process's clock: redis 1 s renewal + 200 ms grace + slack; file at once + slack.
+  const auto stopped_after = std::chrono::duration_cast<std::chrono::milliseconds>(a.ended_at() - lost_at);
+  EXPECT_LE(stopped_after, 4000ms);
+  std::printf("%s: run of {loss/a, loss/b} exited 76 %lld ms after loss/b was taken away (bound 4000 ms)\n",
+              GetParam().c_str(), static_cast<long long>(stopped_after.count()));
+  EXPECT_NE(a.err().find("locks \"loss/a\", \"loss/b\" lost while the command ran"), std::string::npos)
+      << a.err();
+  EXPECT_NE(a.err().find("lock \"loss/b\" of the set"), std::string::npos) << a.err();
+  EXPECT_NE(a.err().find("SIGKILL"), std::string::npos) << a.err();
+  EXPECT_TRUE(eventually([&] { return !process_alive(job); }, 5s)) << "the job still runs";
+
+  Cli next = Cli::run(run_locks({"loss/a", "loss/b"}, "true", {"--wait", "10s"}), dir_.path());
+  EXPECT_EQ(next.code(), 0) << next.err();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CliMultiLock, ::testing::Values("file", "redis"),
+                         [](const auto& param_info) { return param_info.param; });
+
+// Flags about one NAME only are refused beside --lock (exit 64, naming both flags), as are a
+// --lock name with "," (the separator of $DISTLOCK_TOKENS), an empty name and a run with no name.
+TEST(CliMultiLockFlags, ConflictsAreRefused) {
+  TempDir dir("distlock-cli-multi");
+  const std::string url = "file://" + (dir.path() / "locks").string();
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--shards", "4"},
+                                                                                    {"--permits", "2"},
+                                                                                    {"--shared", ""},
+                                                                                    {"--exclusive", ""},
+                                                                                    {"--once-per", "1m"}}) {
+    std::vector<std::string> args{"run", "--url", url, "--lock", "a", "--lock", "b", flag};
+    if (!value.empty()) args.push_back(value);
+    args.insert(args.end(), {"--", "true"});
+    Cli c = Cli::run(args, dir.path());
+    EXPECT_EQ(c.code(), 64) << flag << ": " << c.err();
+    EXPECT_NE(c.err().find("--lock and " + flag + " exclude each other"), std::string::npos) << c.err();
+  }
+  Cli comma = Cli::run({"run", "--url", url, "--lock", "a,b", "--", "true"}, dir.path());
+  EXPECT_EQ(comma.code(), 64) << comma.err();
+  EXPECT_NE(comma.err().find("cannot contain \",\""), std::string::npos) << comma.err();
+
+  // An empty NAME written out is an empty name, beside --lock too.
+  Cli empty = Cli::run({"run", "--url", url, "--lock", "a", "", "--", "true"}, dir.path());
+  EXPECT_EQ(empty.code(), 64) << empty.err();
+  EXPECT_NE(empty.err().find("lock name is empty"), std::string::npos) << empty.err();
+
+  Cli none = Cli::run({"run", "--url", url, "--", "true"}, dir.path());
+  EXPECT_EQ(none.code(), 64) << none.err();
+  EXPECT_NE(none.err().find("no lock name given"), std::string::npos) << none.err();
+
+  // Without "--" the first word is the positional NAME, and then there is no command.
+  Cli no_dashes = Cli::run({"run", "--url", url, "--lock", "a", "true"}, dir.path());
+  EXPECT_EQ(no_dashes.code(), 64) << no_dashes.err();
+  EXPECT_NE(no_dashes.err().find("no command given"), std::string::npos) << no_dashes.err();
+}
+
+}  // namespace
+}  // namespace distlock::testing
