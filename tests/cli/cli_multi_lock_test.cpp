@@ -7,8 +7,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -196,6 +198,111 @@ TEST_P(CliMultiLock, LossOfOneNameStopsTheJob) {
 
   Cli next = Cli::run(run_locks({"loss/a", "loss/b"}, "true", {"--wait", "10s"}), dir_.path());
   EXPECT_EQ(next.code(), 0) << next.err();
+}
+
+// A runner waiting for the second name of its set, already holding the first, that is sent
+// SIGTERM or SIGINT dies of the signal (143 / 130) without running the job, and leaves the first
+// name free AT ONCE: a --no-wait run of it succeeds right after, not after the 60 s --ttl (on
+// redis:// a name left behind would stay held until then).
+TEST_P(CliMultiLock, SignalWhileWaitingForTheSecondNameLeavesNoneHeld) {
+  const fs::path ready = path("holder-ready"), go = path("holder-go");
+  Cli holder = Cli::start(
+      run_sh("sig/b",
+             "echo x > " + ready.string() + "; while [ ! -e " + go.string() + " ]; do sleep 0.02; done",
+             {"--ttl", "60s"}),
+      dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
+  for (const int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    Cli r =
+        Cli::start(run_locks({"sig/b", "sig/a"}, "echo ran", {"--ttl", "60s", "--wait", "60s"}), dir_.path());
+    // The runner holds sig/a (taken first, in sorted order) and waits for sig/b.
+    ASSERT_TRUE(eventually(
+        [&] { return Cli::run(run_sh("sig/a", "true", {"--no-wait"}), dir_.path()).code() == 75; }, 20s))
+        << r.err();
+    ASSERT_TRUE(r.running()) << r.err();
+    r.signal(sig);
+    ASSERT_EQ(r.wait(10s), 128 + sig) << r.err();
+    EXPECT_EQ(r.out(), "");
+    Cli after = Cli::run(run_sh("sig/a", "true", {"--no-wait"}), dir_.path());
+    EXPECT_EQ(after.code(), 0) << "sig/a left held after the runner died: " << after.err();
+  }
+  std::FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_EQ(holder.wait(20s), 0) << holder.err();
+}
+
+// The same name written twice (--lock a --lock a), and the positional NAME equal to a --lock, is
+// taken once: no stall on the runner's own lock (bounded by --wait 5s: exit 0, not 75), one
+// entry in $DISTLOCK_TOKENS, and a set that is one name in the end gets DISTLOCK_NAME and
+// DISTLOCK_TOKEN agreeing with it.
+TEST_P(CliMultiLock, DuplicateNamesAreTakenOnce) {
+  const std::string show =
+      "echo \"$DISTLOCK_TOKENS\"; echo \"N=${DISTLOCK_NAME-unset}\"; echo \"T=${DISTLOCK_TOKEN-unset}\"";
+  std::vector<std::string> args = run_locks({"dup/a", "dup/a"}, show, {"--wait", "5s"});
+  args.insert(args.end() - 4, "dup/a");  // the positional NAME, before "--"
+  Cli one = Cli::run(args, dir_.path(), 20s);
+  ASSERT_EQ(one.code(), 0) << one.err();
+  const auto lines = lines_of(one.out());
+  ASSERT_EQ(lines.size(), 3u) << one.out();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(lines[0], m, std::regex("dup/a=([0-9]+)"))) << lines[0];
+  EXPECT_EQ(lines[1], "N=dup/a");
+  EXPECT_EQ(lines[2], "T=" + m[1].str());
+
+  Cli two = Cli::run(run_locks({"dup/b", "dup/a", "dup/b"}, show, {"--wait", "5s"}), dir_.path(), 20s);
+  ASSERT_EQ(two.code(), 0) << two.err();
+  const auto two_lines = lines_of(two.out());
+  ASSERT_EQ(two_lines.size(), 3u) << two.out();
+  EXPECT_TRUE(std::regex_match(two_lines[0], std::regex("dup/a=[0-9]+,dup/b=[0-9]+"))) << two_lines[0];
+  EXPECT_EQ(two_lines[1], "N=unset");
+  EXPECT_EQ(two_lines[2], "T=unset");
+}
+
+// Each token in $DISTLOCK_TOKENS is the one of its own name: tokens of one name grow from one
+// grant to the next, so a single run of each name before and after the set's run brackets the
+// set's token for that name. tk/b is taken three times first, so its counter differs from tk/a's
+// and a swap of the two would put a token outside its bracket.
+TEST_P(CliMultiLock, EachTokenBelongsToItsName) {
+  const auto single = [&](const std::string& name) {
+    Cli c = Cli::run(run_sh(name, "echo $DISTLOCK_TOKEN"), dir_.path());
+    EXPECT_EQ(c.code(), 0) << c.err();
+    return std::stoull(c.out());
+  };
+  (void)single("tk/b");
+  (void)single("tk/b");
+  const std::uint64_t a0 = single("tk/a"), b0 = single("tk/b");
+  Cli set = Cli::run(run_locks({"tk/b", "tk/a"}, "echo \"$DISTLOCK_TOKENS\""), dir_.path());
+  ASSERT_EQ(set.code(), 0) << set.err();
+  std::smatch m;
+  const std::string line = lines_of(set.out()).at(0);
+  ASSERT_TRUE(std::regex_match(line, m, std::regex("tk/a=([0-9]+),tk/b=([0-9]+)"))) << line;
+  const std::uint64_t a = std::stoull(m[1].str()), b = std::stoull(m[2].str());
+  const std::uint64_t a1 = single("tk/a"), b1 = single("tk/b");
+  EXPECT_LT(a0, a) << line;
+  EXPECT_LT(a, a1) << line;
+  EXPECT_LT(b0, b) << line;
+  EXPECT_LT(b, b1) << line;
+}
+
+// Many names (40) in one set: taken and released as one, within a bound (20 s on this process's
+// steady clock; the printed figure is the measured time), and afterwards every name is free (a
+// --no-wait run of the whole set succeeds).
+TEST_P(CliMultiLock, ManyNamesAreTakenAndFreed) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) names.push_back("many/" + std::to_string(i));
+  const auto t0 = SteadyClock::now();
+  Cli c = Cli::run(run_locks(names, "echo \"$DISTLOCK_TOKENS\"", {"--wait", "10s"}), dir_.path(), 30s);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - t0);
+  ASSERT_EQ(c.code(), 0) << c.err();
+  const std::string out = c.out();
+  EXPECT_EQ(std::count(out.begin(), out.end(), '='), 40) << out;
+  EXPECT_LE(took, 20s);
+  std::printf("%s: run of 40 names took %lld ms (bound 20000 ms)\n", GetParam().c_str(),
+              static_cast<long long>(took.count()));
+  Cli again = Cli::run(run_locks(names, "true", {"--no-wait"}), dir_.path(), 30s);
+  EXPECT_EQ(again.code(), 0) << again.err();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CliMultiLock, ::testing::Values("file", "redis"),
