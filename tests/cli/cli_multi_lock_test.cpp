@@ -354,6 +354,42 @@ TEST_P(CliMultiLock, LossInThePartialStateNeverOverlapsTheNextHolder) {
   std::printf("%s: the runner that lost part/a in its partial state exited %d\n", GetParam().c_str(), r_code);
 }
 
+// --max-hold counts from each name's own grant: a set whose first name was granted 1.5 s before
+// the second (another runner held it) has its job stopped by the first name's --max-hold 3s,
+// not 3 s after the second grant. The runner exits 76 naming --max-hold, at most 3 s (+ 700 ms
+// slack, this process's steady clock) after the first name was seen held.
+TEST_P(CliMultiLock, MaxHoldCountsFromTheFirstGrant) {
+  const fs::path ready = path("holder-ready"), go = path("holder-go");
+  Cli holder = Cli::start(
+      run_sh("mh/b",
+             "echo x > " + ready.string() + "; while [ ! -e " + go.string() + " ]; do sleep 0.02; done",
+             {"--ttl", "10s"}),
+      dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
+  const auto started = SteadyClock::now();
+  Cli r = Cli::start(run_locks({"mh/a", "mh/b"}, "while :; do sleep 0.05; done",
+                               {"--ttl", "10s", "--max-hold", "3s", "--grace", "500ms", "--wait", "20s"}),
+                     dir_.path());
+  ASSERT_TRUE(eventually(
+      [&] { return Cli::run(run_sh("mh/a", "true", {"--no-wait"}), dir_.path()).code() == 75; }, 20s))
+      << r.err();
+  const auto a_seen = SteadyClock::now();
+  // Hold mh/b 1.5 s more, then let the runner have it.
+  ASSERT_FALSE(eventually([&] { return !r.running(); }, 1500ms)) << r.err();
+  std::FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_EQ(holder.wait(20s), 0) << holder.err();
+  ASSERT_EQ(r.wait(20s), 76) << r.err();
+  const auto after_a = std::chrono::duration_cast<std::chrono::milliseconds>(r.ended_at() - a_seen);
+  const auto after_start = std::chrono::duration_cast<std::chrono::milliseconds>(r.ended_at() - started);
+  EXPECT_LE(after_start, 3700ms + (a_seen - started)) << r.err();
+  EXPECT_NE(r.err().find("--max-hold"), std::string::npos) << r.err();
+  std::printf(
+      "%s: runner ended %lld ms after its first name was seen held (max-hold 3000 ms, bound 3700 ms)\n",
+      GetParam().c_str(), static_cast<long long>(after_a.count()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CliMultiLock, ::testing::Values("file", "redis"),
                          [](const auto& param_info) { return param_info.param; });
 
