@@ -390,6 +390,32 @@ TEST_P(CliMultiLock, MaxHoldCountsFromTheFirstGrant) {
       GetParam().c_str(), static_cast<long long>(after_a.count()));
 }
 
+// --max-hold reached by a job that ignores SIGTERM: the job is SIGKILLed at the first name's
+// --max-hold and a runner waiting for that name (--wait 20s) runs its job only once the first
+// job is dead (its job checks /proc for the other job's pid: exit 99 if it still runs, a zombie
+// not counted). The first runner exits 76.
+TEST_P(CliMultiLock, MaxHoldKillsTheJobBeforeTheNextHolderRuns) {
+  const fs::path rpid = path("r.pid");
+  Cli r = Cli::start(run_locks({"mh2/b", "mh2/a"},
+                               "trap '' TERM; echo $$ > " + rpid.string() + ".tmp && mv " + rpid.string() +
+                                   ".tmp " + rpid.string() + "; while :; do sleep 0.05; done",
+                               {"--ttl", "3s", "--max-hold", "2s", "--grace", "500ms"}),
+                     dir_.path());
+  ASSERT_TRUE(wait_for_file(rpid, 20s)) << r.err();
+  const std::string check =
+      "p=$(cat " + rpid.string() +
+      "); st=$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null); if [ -n \"$st\" ] && [ \"$st\" != Z ]; "
+      "then echo overlap; exit 99; fi; echo ok";
+  Cli c = Cli::start(run_sh("mh2/a", check, {"--wait", "20s"}), dir_.path());
+  EXPECT_EQ(r.wait(20s), 76) << r.err();
+  EXPECT_EQ(c.wait(30s), 0) << c.out() << c.err();
+  EXPECT_EQ(c.out(), "ok\n");
+  EXPECT_NE(r.err().find("max-hold"), std::string::npos) << r.err();
+  const auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(c.ended_at() - r.ended_at());
+  std::printf("%s: the next holder's run ended %lld ms after the max-hold runner exited\n",
+              GetParam().c_str(), static_cast<long long>(gap.count()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CliMultiLock, ::testing::Values("file", "redis"),
                          [](const auto& param_info) { return param_info.param; });
 
