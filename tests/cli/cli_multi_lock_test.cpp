@@ -288,7 +288,8 @@ TEST_P(CliMultiLock, EachTokenBelongsToItsName) {
 
 // Many names (40) in one set: taken and released as one, within a bound (20 s on this process's
 // steady clock; the printed figure is the measured time), and afterwards every name is free (a
-// --no-wait run of the whole set succeeds).
+// --no-wait run of the whole set succeeds); refused with --no-wait for its last name, it leaves
+// the 39 others free.
 TEST_P(CliMultiLock, ManyNamesAreTakenAndFreed) {
   std::vector<std::string> names;
   for (int i = 0; i < 40; ++i) names.push_back("many/" + std::to_string(i));
@@ -303,6 +304,25 @@ TEST_P(CliMultiLock, ManyNamesAreTakenAndFreed) {
               static_cast<long long>(took.count()));
   Cli again = Cli::run(run_locks(names, "true", {"--no-wait"}), dir_.path(), 30s);
   EXPECT_EQ(again.code(), 0) << again.err();
+
+  // The last name in sorted order ("many/9") held by another runner: --no-wait takes the 39
+  // before it, is refused (75) and gives them all back: each of them is free at once.
+  const fs::path ready = path("holder-ready"), go = path("holder-go");
+  Cli holder = Cli::start(run_sh("many/9", "echo x > " + ready.string() + "; while [ ! -e " + go.string() +
+                                               " ]; do sleep 0.02; done"),
+                          dir_.path());
+  ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
+  Cli refused = Cli::run(run_locks(names, "echo ran", {"--no-wait"}), dir_.path(), 30s);
+  EXPECT_EQ(refused.code(), 75) << refused.err();
+  EXPECT_EQ(refused.out(), "");
+  std::vector<std::string> others(names);
+  others.erase(std::find(others.begin(), others.end(), "many/9"));
+  Cli rest = Cli::run(run_locks(others, "true", {"--no-wait"}), dir_.path(), 30s);
+  EXPECT_EQ(rest.code(), 0) << "a name of the refused set left held: " << rest.err();
+  std::FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_EQ(holder.wait(20s), 0) << holder.err();
 }
 
 // A name lost while the runner still waits for a later one (the partial state of acquire_all):
