@@ -1,7 +1,6 @@
 // The workloads of distlock-bench (see bench_driver.hpp).
 #include "bench_driver.hpp"
 
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
