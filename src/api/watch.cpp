@@ -66,6 +66,9 @@ struct Watch::Impl final : detail::LockEventSink {
     // The source was replaced since this name's last change (on_source_replaced): its
     // next event or listing is the new server's truth, whatever its token.
     bool restarted = false;
+    // A gap came since this name's last reported change: its lease may have ended among the
+    // missed events, so an end inferred before the re-list says so (not "it expired").
+    bool gap_since_report = false;
     std::chrono::steady_clock::time_point check_at{};
   };
 
@@ -209,6 +212,8 @@ struct Watch::Impl final : detail::LockEventSink {
     g.at = std::chrono::system_clock::now();
     // A gap is always queued (it may pass the bound by the few gaps in a row).
     queue_.push_back(std::move(g));
+    for (auto& [name, k] : known_)
+      if (k.held) k.gap_since_report = true;
     cv_.notify_one();
     resync_ = true;
     work_cv_.notify_all();
@@ -249,14 +254,21 @@ struct Watch::Impl final : detail::LockEventSink {
       if (k.held) {
         WatchEvent lost = make(WatchEventKind::lost, ev.name, k.token, k);
         lost.inferred = true;
-        lost.detail = k.restarted ? "token " + std::to_string(ev.token) +
-                                        " was issued by the server that replaced the one this lease was "
-                                        "reported from: the lease ended there or never reached it"
-                                  : "token " + std::to_string(ev.token) +
-                                        " was issued with no end of this lease published: it expired";
+        const std::string by = "token " + std::to_string(ev.token);
+        if (k.restarted)
+          lost.detail = by +
+                        " was issued by the server that replaced the one this lease was reported from: "
+                        "the lease ended there or never reached it";
+        else if (k.gap_since_report)
+          lost.detail = by +
+                        " was issued after a gap: this lease ended while events were missed "
+                        "(released, lost or expired)";
+        else
+          lost.detail = by + " was issued with no end of this lease published: it expired";
         push(std::move(lost));
       }
       k.restarted = false;
+      k.gap_since_report = false;
       k.token = ev.token;
       k.held = true;
       k.holder = ev.owner;
@@ -279,12 +291,14 @@ struct Watch::Impl final : detail::LockEventSink {
     if (!current && k.held) {
       WatchEvent lost = make(WatchEventKind::lost, ev.name, k.token, k);
       lost.inferred = true;
-      lost.detail = "a later lease (token " + std::to_string(ev.token) +
-                    ") ended: this one ended unseen (expired, or while events were missed)";
+      lost.detail = "a later lease (token " + std::to_string(ev.token) + ") ended: this one ended unseen" +
+                    (k.gap_since_report ? std::string(" while events were missed (released, lost or expired)")
+                                        : std::string(" (it expired)"));
       push(std::move(lost));
     }
     if (!current) {
       k.restarted = false;
+      k.gap_since_report = false;
       k.token = ev.token;
       k.held = false;
       k.changes += 1;
@@ -300,6 +314,7 @@ struct Watch::Impl final : detail::LockEventSink {
       e.detail = "the holder's client declared the lease lost";
     }
     k.restarted = false;
+    k.gap_since_report = false;
     k.token = ev.token;
     k.held = false;
     k.changes += 1;
@@ -344,6 +359,7 @@ struct Watch::Impl final : detail::LockEventSink {
       // replaced since: then it is the new server's state (it lacks the later writes).
       if (k.changes > 0 && token != 0 && token < k.token && !k.restarted) continue;
       k.restarted = false;
+      k.gap_since_report = false;
       k.token = token;
       k.held = true;
       k.holder = l.info.holder.value_or("");
@@ -358,6 +374,7 @@ struct Watch::Impl final : detail::LockEventSink {
       if (!k.held || listed.count(name) || !unchanged(name) || truncated) continue;
       k.held = false;
       k.restarted = false;
+      k.gap_since_report = false;
       k.changes += 1;
       WatchEvent s = make(WatchEventKind::state, name, k.token, k);
       s.held = false;

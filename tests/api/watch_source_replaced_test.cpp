@@ -10,6 +10,10 @@
 // test calls the sink itself (as a notification thread would) and scripts what each
 // listing returns, holding one back until the source was replaced. Deterministic; about
 // 0.1 s when the stream is right, 5 s (its bound) when the new state never comes.
+//
+// The same scripted backend checks the wording of an end inferred after a plain gap
+// (WatchAfterAGap): a lease reported held before the gap whose end was among the missed
+// events is not reported as an expiry.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -273,6 +277,69 @@ TEST(WatchSourceReplaced, AnExpiryReadFromTheOldServerIsNotReportedAfterTheRepla
   EXPECT_TRUE(state_seen) << "the new master's state (p/x held with token 5) never came; events:" << all;
   EXPECT_TRUE(wrong.empty())
       << "after the replacement's gap, p/x was reported from the old master's read; events:" << all;
+}
+
+// A plain gap (the channel broke) while "p/x" was reported held with token 5: its release
+// was among the missed events. The gap's re-list is still being read when the next lease's
+// `acquired` (token 7) arrives, so the watcher infers the end of token 5 — and must say it
+// ended while events were missed, not that it expired with no end published (the landing
+// run of 699f183 saw "no end of this lease published: it expired" for a released lease).
+TEST(WatchAfterAGap, AnEndInferredBeforeTheReListSaysEventsWereMissedNotThatItExpired) {
+  Script script;
+  const auto opts = distlock::testing::quiet();
+  distlock::Client client =
+      distlock::testing::client_through<ScriptedWatchBackend>("watch-after-a-gap", opts, nullptr, script);
+  WatchOptions wo;
+  wo.expiry_checks = false;  // no status read races the scripted events
+  distlock::Watch w = client.watch("p/", wo);
+  auto deliver = [&](distlock::detail::LockEvent::Kind kind, std::uint64_t token) {
+    distlock::detail::LockEvent ev;
+    ev.kind = kind;
+    ev.name = "p/x";
+    ev.token = token;
+    ev.owner = "holder-" + std::to_string(token);
+    std::lock_guard lk(script.mu);
+    ASSERT_NE(script.sink, nullptr);
+    script.sink->on_event(std::move(ev));
+  };
+  deliver(distlock::detail::LockEvent::Kind::acquired, 5);
+  auto first = w.next(5000ms);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
+
+  {
+    std::lock_guard lk(script.mu);
+    script.listing = {held("p/x", 7)};
+    script.hold_next = true;
+    script.sink->on_gap("the channel broke");
+  }
+  {
+    std::unique_lock lk(script.mu);
+    ASSERT_TRUE(script.cv.wait_for(lk, 5s, [&] { return script.holding; })) << "the re-list never started";
+  }
+  deliver(distlock::detail::LockEvent::Kind::acquired, 7);  // arrives while the re-list is read
+  {
+    std::lock_guard lk(script.mu);
+    script.hold_next = false;
+  }
+  script.cv.notify_all();
+
+  std::vector<std::string> seen;
+  std::optional<WatchEvent> inferred_end, next_acquired;
+  const auto end = Clock::now() + 5s;
+  while (!next_acquired && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::lost) inferred_end = e;
+    if (e->kind == WatchEventKind::acquired && e->token == 7) next_acquired = e;
+  }
+  ASSERT_TRUE(next_acquired) << "token 7 was never reported" << joined(seen);
+  ASSERT_TRUE(inferred_end) << "the end of token 5 was not reported before token 7" << joined(seen);
+  EXPECT_TRUE(inferred_end->inferred) << describe(*inferred_end);
+  EXPECT_EQ(inferred_end->token, 5u) << describe(*inferred_end);
+  EXPECT_NE(inferred_end->detail.find("events were missed"), std::string::npos) << describe(*inferred_end);
+  EXPECT_EQ(inferred_end->detail.find("it expired"), std::string::npos) << describe(*inferred_end);
 }
 
 }  // namespace

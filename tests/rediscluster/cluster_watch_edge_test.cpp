@@ -360,7 +360,9 @@ TEST(RedisClusterWatchEdges, DestroyedWhileAMasterIsFrozenReturnsWithinTheTimeou
 // A consumer that falls behind: a watch with max_queued 32 is not read while 300 hand-offs run
 // over names of the three masters and one lease stays held. The overflow is a `gap` (never a
 // silent loss), and the re-list after it shows the held lease as `state` with its token; every
-// change read keeps per-name token order (HandOffOrder, states after the gap).
+// change read keeps per-name token order (HandOffOrder, states after the gap). A change that
+// arrives between the gap and the re-list may end a lease the consumer last saw held: that
+// is an inferred `lost` saying events were missed (the landing run of 699f183 met it).
 TEST(RedisClusterWatchEdges, AConsumerThatFallsBehindGetsAGapThenTheHeldLease) {
   RedisCluster cluster(3);
   std::vector<std::string> names;
@@ -383,6 +385,7 @@ TEST(RedisClusterWatchEdges, AConsumerThatFallsBehindGetsAGapThenTheHeldLease) {
     seen.push_back(describe(*e));
     if (e->kind == WatchEventKind::gap) {
       gap = true;
+      order.take_gap();
       continue;
     }
     if (e->kind == WatchEventKind::state) {

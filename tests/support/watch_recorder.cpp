@@ -59,6 +59,7 @@ void HandOffOrder::check(const WatchEvent& e) {
       ASSERT_GT(e.token, n.last) << describe(e);
       n.last = e.token;
       n.held = true;
+      n.gap_since_acquired = false;
       ++n.acquired;
       holders_.insert(e.holder.substr(0, e.holder.find(':')));
       break;
@@ -68,8 +69,19 @@ void HandOffOrder::check(const WatchEvent& e) {
       n.held = false;
       ++n.released;
       break;
+    case WatchEventKind::lost:
+      ASSERT_TRUE(e.inferred && n.held && n.gap_since_acquired && e.token == n.last)
+          << "a loss that is not the inferred end of a lease held across a gap: " << describe(e);
+      EXPECT_NE(e.detail.find("events were missed"), std::string::npos) << describe(e);
+      n.held = false;
+      break;
     default: FAIL() << "unexpected event: " << describe(e);
   }
+}
+
+void HandOffOrder::take_gap() {
+  for (auto& [name, n] : names_)
+    if (n.held) n.gap_since_acquired = true;
 }
 
 void HandOffOrder::take_state(const WatchEvent& e) {
@@ -79,6 +91,7 @@ void HandOffOrder::take_state(const WatchEvent& e) {
     n.last = e.token;
   }
   n.held = e.held;
+  n.gap_since_acquired = false;
 }
 
 WatchRecorder::WatchRecorder(Watch& w) : w_(w), thread_([this] { run(); }) {}

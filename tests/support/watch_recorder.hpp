@@ -83,10 +83,16 @@ class HandOffOrder {
   struct Name {
     std::uint64_t last = 0;  // the token of the last `acquired`
     bool held = false;
+    bool gap_since_acquired = false;  // a gap came while this lease was believed held
     int acquired = 0, released = 0;
   };
 
+  /// An `acquired` or `released` in token order, each lease closed before the next (ASSERTs);
+  /// a `lost` only as the contract's inferred end of a lease believed held across a gap
+  /// (docs/design.md "Watching locks": it ended while events were missed).
   void check(const WatchEvent& e);
+  /// A `gap`: every lease believed held may have ended among the missed events.
+  void take_gap();
   /// A re-list's `state` of a name (after a gap): the lease as read then. A held state never
   /// has a token below the name's last (ASSERTs); the name's last token and held follow it.
   void take_state(const WatchEvent& e);
