@@ -10,9 +10,12 @@ namespace {
 // lock for Client::watch, "<kind> <token> <owner length> <owner><lock key>", sent one
 // of two ways:
 //   - shard (redis+cluster://, a non-empty sharded channel "<prefix>:events:{<slot tag>}"
-//     in the lock's slot): SPUBLISH on it, always (no presence check: a presence key of
-//     another slot may not be read; docs/redis-cluster.md "Watching locks"). A refused
-//     SPUBLISH (an ACL user without the channel) is no error after the script's writes.
+//     in the lock's slot): SPUBLISH on it while this node has a subscriber of that channel
+//     (`PUBSUB SHARDNUMSUB`, read once per script; a watch subscribes on the slot's master
+//     and watch() returns only once every subscription is confirmed, so every change after
+//     that finds the count above zero: docs/redis-cluster.md "Watching locks"). A refused
+//     count (an ACL user without PUBSUB) publishes as if watched; a refused SPUBLISH (an
+//     ACL user without the channel) is no error after the script's writes.
 //   - base (redis://, redis+sentinel://, "<prefix>:"): PUBLISH on "<prefix>:events" only
 //     while the watcher-presence key "<prefix>:watching" exists, or the server refuses
 //     its read (`watched`: an ACL user whose key pattern covers the keys of names only,
@@ -35,17 +38,21 @@ local function notify(base, message)
   end
   return true
 end
+local function shard_watched(shard)
+  local n = redis.pcall('PUBSUB', 'SHARDNUMSUB', shard)
+  return type(n) ~= 'table' or n[2] ~= 0
+end
 local WATCHED
 local function publish_change(base, shard, kind, token, owner, lock)
-  local message = kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock
   if shard and shard ~= '' then
-    redis.pcall('SPUBLISH', shard, message)
+    if WATCHED == nil then WATCHED = shard_watched(shard) end
+    if WATCHED then redis.pcall('SPUBLISH', shard, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock) end
     return
   end
   if not base or base == '' then return end
   if WATCHED == nil then WATCHED = watched(base) end
   if not WATCHED then return end
-  WATCHED = notify(base, message)
+  WATCHED = notify(base, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
 end
 )lua";
 

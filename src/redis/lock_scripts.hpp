@@ -88,7 +88,8 @@ const Script& revoke_script();
 /// script of redis://, redis+sentinel:// and redis+cluster://:
 /// `publish_change(base, shard, kind, token, owner, lock)` sends
 /// "<kind> <token> <owner length> <owner><lock key>" by SPUBLISH on `shard` when it is a
-/// non-empty string (always), else by PUBLISH on "<base>events" while the watcher-presence
+/// non-empty string (while the node counts a subscriber of it: PUBSUB SHARDNUMSUB), else by
+/// PUBLISH on "<base>events" while the watcher-presence
 /// key "<base>watching" exists (nothing when `base` is empty too). lock_scripts.cpp says why.
 std::string_view change_event_lua();
 

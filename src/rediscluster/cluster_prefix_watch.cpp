@@ -1,9 +1,10 @@
 // Watching every lock under a name prefix on redis+cluster:// (Backend::watch_prefix).
 //
 // The lock scripts of slot s SPUBLISH every change on the sharded channel
-// "<prefix>:events:{<tag of s>}" (events_channel; redis/lock_scripts.hpp change_event_lua),
-// always: no watcher-presence key (docs/redis-cluster.md "Watching locks" gives the
-// measured cost). The message is redis://'s: "<kind> <token> <owner length> <owner><lock
+// "<prefix>:events:{<tag of s>}" (events_channel; redis/lock_scripts.hpp change_event_lua)
+// while the node has a subscriber of that channel (PUBSUB SHARDNUMSUB in the script; this
+// watch's confirmed subscriptions are what it counts: docs/redis-cluster.md "Watching
+// locks"). The message is redis://'s: "<kind> <token> <owner length> <owner><lock
 // key>". A name lives in one slot, a script runs atomically and a node delivers one
 // connection's messages in the order it ran them, so per name the messages come in token
 // order.

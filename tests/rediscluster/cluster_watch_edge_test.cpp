@@ -17,6 +17,7 @@
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/watch_recorder.hpp"
@@ -397,6 +398,60 @@ TEST(RedisClusterWatchEdges, AConsumerThatFallsBehindGetsAGapThenTheHeldLease) {
   }
   EXPECT_TRUE(gap) << "600 changes into a queue of 32 and no gap" << joined(seen);
   EXPECT_TRUE(kept_seen) << "the held lease was not shown after the gap" << joined(seen);
+}
+
+// Nobody watching: the lock scripts publish no events (PUBSUB SHARDNUMSUB finds no subscriber
+// of the slot's events channel on the master); one SPUBLISH per release stays: the waiters'
+// wake-up on the name's channel. A watch turns the events on for every change after watch()
+// returned (two more per pair: acquired + released), and they stop once the watch is gone.
+// Counted on the servers (INFO commandstats counts a script's calls too); 50 pairs on names
+// of all three masters each way.
+TEST(RedisClusterWatchEdges, ScriptsPublishEventsOnlyWhileAWatchIsSubscribed) {
+  RedisCluster cluster(3);
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "pubq/n"));
+  Client c = distlock::connect(cluster.url(), quiet());
+  constexpr int kPairs = 50;
+  auto spublished = [&] {
+    long long n = 0;
+    for (int i = 0; i < 3; ++i) n += cluster.node(i).command_calls("spublish");
+    return n;
+  };
+  auto pairs = [&] {
+    for (int i = 0; i < kPairs; ++i)
+      c.acquire(names[static_cast<std::size_t>(i) % 3], ttl_of(30s, 60s)).release();
+  };
+  const long long start = spublished();
+  pairs();
+  EXPECT_EQ(spublished() - start, kPairs) << "nobody watches: one wake-up per release and no events";
+  {
+    Watch w = c.watch("pubq/");
+    const long long before = spublished();
+    pairs();
+    int seen = 0;
+    std::vector<std::string> lines;
+    while (seen < 2 * kPairs) {
+      auto e = next_change(w, 10s);
+      ASSERT_TRUE(e) << "after " << seen << " events" << joined(lines);
+      lines.push_back(describe(*e));
+      ++seen;
+    }
+    EXPECT_EQ(spublished() - before, 3 * kPairs) << "watched: acquired + released + wake-up per pair";
+  }
+  // The watch's subscriber connections are closed with it: no node has a shard channel left.
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (int i = 0; i < 3; ++i) {
+          auto r = cluster.node(i).command({"PUBSUB", "SHARDCHANNELS"});
+          if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 0) return false;
+        }
+        return true;
+      },
+      10s))
+      << "a shard channel is still subscribed 10 s after the watch ended";
+  const long long after = spublished();
+  pairs();
+  EXPECT_EQ(spublished() - after, kPairs) << "the watch is gone: wake-ups only";
 }
 
 // What a watch costs: 2,000 acquire/release pairs on names of all three masters, first with
