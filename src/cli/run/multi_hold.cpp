@@ -62,13 +62,6 @@ void SetSpan::end_not_acquired(const std::error_code& ec, const std::string& wha
 MultiHold::MultiHold(MultiLease multi, std::optional<SetSpan> span)
     : multi_(std::move(multi)), span_(std::move(span)) {
   for (const Lease& lease : multi_.leases()) label_ += (label_.empty() ? "" : ",") + lease.name();
-  if (span_) {
-    // The loss instant, read on the thread that fires the stop token (no tracer call there:
-    // the span is given on release, on the runner's thread).
-    on_loss_time_.emplace(multi_.stop_token(), [this] {
-      lost_at_.store(span_->clock->now().time_since_epoch().count(), std::memory_order_release);
-    });
-  }
 }
 
 MultiHold::~MultiHold() {
@@ -99,11 +92,8 @@ void MultiHold::end_span(const std::error_code& ec, const LossSeen& seen) noexce
   try {
     Span span;
     span.kind = SpanKind::hold;
-    Clock::time_point end = span_->clock->now();
-    const Clock::duration::rep lost_at = lost_at_.load(std::memory_order_acquire);
-    if (ec == errc::lost || lost_at != 0 || seen.reason != LossReason::none) {
+    if (ec == errc::lost || seen.reason != LossReason::none) {
       span.outcome = SpanOutcome::lost;
-      if (lost_at != 0) end = Clock::time_point(Clock::duration(lost_at));
       span.loss_reason = seen.reason;
       span.detail = seen.detail;
     } else if (ec) {
@@ -113,7 +103,7 @@ void MultiHold::end_span(const std::error_code& ec, const LossSeen& seen) noexce
     } else {
       span.outcome = SpanOutcome::released;
     }
-    span_->deliver(span, end);
+    span_->deliver(span, span_->clock->now());  // after every name's release: after each child
   } catch (...) {  // a span's strings could not be allocated: the release still happened
   }
 }

@@ -18,20 +18,20 @@
 //   release()           releases every name (MultiLease::release).
 //
 // Tracing (docs/tracing.md "distlock run"): with a tracer, the set has a span of its own,
-// `distlock.lock_set` (SetSpan), from the acquire_all call to the end of the release of every
-// name (or to the moment the first name's loss fired the set's stop token). It is the parent of
-// every name's wait and hold spans (acquire_all is given its context as traceparent, so they
-// share one trace even without a $TRACEPARENT), its own parent is the runner's $TRACEPARENT
-// (none: a root), and trace_context() gives it to the job as TRACEPARENT, as a Lease's hold
-// span is for one lock.
+// `distlock.lock_set` (SetSpan), from just before the acquire_all call to the end of the release
+// of every name (so after its children's ends). It is the parent of every name's wait
+// and hold spans (acquire_all is given its context as traceparent, so they share one trace even
+// without a $TRACEPARENT), its own parent is the runner's $TRACEPARENT (none: a root), and
+// trace_context() gives it to the job as TRACEPARENT, as a Lease's hold span is for one lock.
+// A set lost while held ends `lost` (the first lost name's reason and detail) at its release:
+// the lost name's own hold span, a child, ends at the loss.
 //
 // Thread-safety: as Hold: the const members from any thread at the same time; on_lost(),
-// release() and moving belong to one thread at a time. The set span's loss instant is written
-// by a stop callback on the thread that detects the loss (an atomic) and read on release.
+// release() and moving belong to one thread at a time. The set span is given to the tracer on
+// the thread that calls acquire_all (not taken) or release() / the destructor.
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -115,9 +115,6 @@ class MultiHold final : public Hold {
   std::list<std::stop_callback<std::function<void()>>> on_lost_;
   std::optional<SetSpan> span_;
   bool span_ended_ = false;
-  // The clock reading (its time_since_epoch) when the set's stop token fired; 0: not lost.
-  std::atomic<Clock::duration::rep> lost_at_{0};
-  std::optional<std::stop_callback<std::function<void()>>> on_loss_time_;
 };
 
 }  // namespace distlock::cli::run
