@@ -328,7 +328,7 @@ TEST_P(CliTracingLocks, ASetRefusedWithNoWaitHasABusySetSpanOverItsNamesSpans) {
 // the set span `lost`, with the lost name's reason and a detail naming it; that name's hold span
 // ends lost at the loss, the other name's is released once the job is dead, and the set span ends
 // after both (at the end of the release of every name).
-TEST_P(CliTracingLocks, TheLossOfOneNameEndsTheSetSpanLostAtTheLoss) {
+TEST_P(CliTracingLocks, TheLossOfOneNameMakesTheSetSpanLostNamingIt) {
   const auto ready = path("ready");
   std::vector<std::string> args{"run", "--url", url_, "--trace-file", path("spans.jsonl").string()};
   const std::vector<std::string> flags = redis() ? std::vector<std::string>{"--ttl", "3s", "--grace", "200ms"}
