@@ -24,10 +24,25 @@ namespace {
 
 constexpr std::chrono::milliseconds kLeaveQueueLimit{3000};
 
+/// --lock: the set of names. With a tracer, the set's span (multi_hold.hpp) begins before
+/// acquire_all and is the parent of every name's spans; it ends here when the set is not taken.
+std::unique_ptr<Hold> take_multi_hold(Client& client, const RunSettings& s, const LockOptions& lock) {
+  if (!s.tracer) return std::make_unique<MultiHold>(client.acquire_all(s.names, lock));
+  SetSpan span = SetSpan::begin(s.tracer, s.traceparent, s.name, url_scheme(client.url()));
+  LockOptions traced = lock;
+  traced.traceparent = span.context.traceparent();
+  try {
+    return std::make_unique<MultiHold>(client.acquire_all(s.names, traced), std::move(span));
+  } catch (const std::system_error& e) {
+    span.end_not_acquired(e.code(), e.what());
+    throw;
+  }
+}
+
 /// The hold the settings ask for, taken through `client`.
 std::unique_ptr<Hold> take_hold(Client& client, const RunSettings& s, const LockOptions& lock) {
   // --lock: every name or none, in the canonical order, within --wait (multi_lease.hpp).
-  if (!s.names.empty()) return std::make_unique<MultiHold>(client.acquire_all(s.names, lock));
+  if (!s.names.empty()) return take_multi_hold(client, s, lock);
   if (s.rw == RwMode::shared) {
     return std::make_unique<ReadWriteLease>(client.shared_mutex(s.name, lock).acquire_shared());
   }

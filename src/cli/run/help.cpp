@@ -61,7 +61,8 @@ constexpr const char* kRunFooter =
     "  DISTLOCK_LOG  debug|info|warning|error: show the library's diagnostics on standard error\n"
     "  TRACEPARENT   a W3C trace context: the parent of the runner's wait and hold spans; the job gets\n"
     "                the hold span's context in its own TRACEPARENT (a malformed one is ignored, with a\n"
-    "                warning). See docs/tracing.md\n"
+    "                warning). With --lock, the parent of the set's span (distlock.lock_set), itself\n"
+    "                the parent of every name's spans and of the job's TRACEPARENT. See docs/tracing.md\n"
     "\n"
     "EXAMPLES\n"
     "  distlock run nightly-report -- /usr/local/bin/report --all\n"
@@ -120,8 +121,8 @@ void add_job_options(CLI::App* run, const std::shared_ptr<RunFlags>& flags) {
   run->add_option(
          "--trace-file", flags->trace_file,
          "Append the spans of the wait, the hold, each renewal and a loss to PATH as OTLP/JSON lines "
-         "(one ExportTraceServiceRequest per line). Their parent is $TRACEPARENT when set. See "
-         "docs/tracing.md")
+         "(one ExportTraceServiceRequest per line). Their parent is $TRACEPARENT when set; with --lock, "
+         "a span of the set (distlock.lock_set) is their parent and the job's. See docs/tracing.md")
       ->option_text("PATH");
   run->add_option("--metrics-port", flags->metrics_port,
                   "Serve this runner's metrics in the Prometheus text format at http://ADDR:PORT/metrics "

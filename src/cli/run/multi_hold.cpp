@@ -7,11 +7,106 @@
 
 namespace distlock::cli::run {
 
-MultiHold::MultiHold(MultiLease multi) : multi_(std::move(multi)) {
+SetSpan SetSpan::begin(std::shared_ptr<Tracer> tracer, const std::string& traceparent, std::string names,
+                       std::string backend) {
+  SetSpan span;
+  span.tracer = std::move(tracer);
+  span.clock = system_steady_clock();
+  if (const auto given = TraceContext::parse(traceparent)) {
+    span.context = given->child();
+    span.parent = given->span_id;
+  } else {
+    span.context = TraceContext::random();
+  }
+  span.names = std::move(names);
+  span.backend = std::move(backend);
+  span.start = span.clock->now();
+  span.start_wall = std::chrono::system_clock::now();
+  return span;
+}
+
+void SetSpan::deliver(Span& span, Clock::time_point end) const noexcept {
+  span.name = "distlock.lock_set";
+  span.context = context;
+  span.parent_span_id = parent;
+  span.start = start;
+  span.end = std::max(end, start);
+  span.start_wall = start_wall;
+  span.end_wall =
+      start_wall + std::chrono::duration_cast<std::chrono::system_clock::duration>(span.end - start);
+  span.lock_name = names;
+  span.backend = backend;
+  tracer->on_span(span);
+}
+
+void SetSpan::end_not_acquired(const std::error_code& ec, const std::string& what) const noexcept {
+  try {
+    Span span;
+    span.kind = SpanKind::wait;
+    if (ec == errc::busy) {
+      span.outcome = SpanOutcome::busy;
+    } else if (ec == errc::timeout) {
+      span.outcome = SpanOutcome::timed_out;
+    } else if (ec == errc::cancelled) {
+      span.outcome = SpanOutcome::cancelled;
+    } else {
+      span.outcome = SpanOutcome::error;
+      span.error = ec;
+    }
+    span.detail = what;
+    deliver(span, clock->now());
+  } catch (...) {  // a span's strings could not be allocated: the run goes on without it
+  }
+}
+
+MultiHold::MultiHold(MultiLease multi, std::optional<SetSpan> span)
+    : multi_(std::move(multi)), span_(std::move(span)) {
   for (const Lease& lease : multi_.leases()) label_ += (label_.empty() ? "" : ",") + lease.name();
 }
 
-MultiHold::~MultiHold() = default;
+MultiHold::~MultiHold() {
+  if (!span_ || span_ended_) return;
+  std::error_code ec;  // released here rather than by ~MultiLease, so the span ends after it
+  release(ec);
+}
+
+std::optional<TraceContext> MultiHold::trace_context() const {
+  if (!span_) return std::nullopt;
+  return span_->context;
+}
+
+MultiHold::LossSeen MultiHold::loss_before_release() const noexcept {
+  LossSeen seen;
+  if (!span_ || span_ended_) return seen;
+  try {
+    seen.reason = loss_reason();
+    if (seen.reason != LossReason::none) seen.detail = loss_detail();
+  } catch (...) {  // no detail: the span still says lost
+  }
+  return seen;
+}
+
+void MultiHold::end_span(const std::error_code& ec, const LossSeen& seen) noexcept {
+  if (!span_ || span_ended_) return;
+  span_ended_ = true;
+  try {
+    Span span;
+    span.kind = SpanKind::hold;
+    if (ec == errc::lost || seen.reason != LossReason::none) {
+      span.outcome = SpanOutcome::lost;
+      span.loss_reason = seen.reason;
+      span.detail = seen.detail;
+    } else if (ec) {
+      span.outcome = SpanOutcome::error;
+      span.error = ec;
+      span.detail = ec.message();
+    } else {
+      span.outcome = SpanOutcome::released;
+    }
+    span_->deliver(span, span_->clock->now());  // after every name's release: after each child
+  } catch (...) {  // a span's strings could not be allocated: the release still happened
+  }
+}
 
 bool MultiHold::owns() const noexcept {
   return multi_.owns();
@@ -75,12 +170,21 @@ std::string MultiHold::loss_detail() const {
 
 void MultiHold::release() {
   on_lost_.clear();
-  multi_.release();
+  const LossSeen seen = loss_before_release();  // the leases are gone after the release
+  try {
+    multi_.release();
+  } catch (const std::system_error& e) {
+    end_span(e.code(), seen);
+    throw;
+  }
+  end_span({}, seen);
 }
 
 void MultiHold::release(std::error_code& ec) noexcept {
   on_lost_.clear();
+  const LossSeen seen = loss_before_release();
   multi_.release(ec);
+  end_span(ec, seen);
 }
 
 std::string MultiHold::tokens_env() const {

@@ -27,11 +27,18 @@ namespace distlock::cli::run {
 
 namespace {
 
+/// The job's parent span: the hold span of a Lease, the set span of --lock (multi_hold.hpp);
+/// nullopt without a tracer, and for a read-write hold (several locks, no span of its own).
+std::optional<TraceContext> job_parent_span(const Hold& hold) {
+  if (const auto* lease = dynamic_cast<const Lease*>(&hold)) return lease->trace_context();
+  if (const auto* multi = dynamic_cast<const MultiHold*>(&hold)) return multi->trace_context();
+  return std::nullopt;
+}
+
 std::vector<std::string> child_environment(const RunSettings& s, const Hold& lease,
                                            const std::string& metrics_addr) {
   std::vector<std::string> env;
-  const auto* as_lease = dynamic_cast<const Lease*>(&lease);
-  const std::optional<TraceContext> trace = as_lease ? as_lease->trace_context() : std::nullopt;
+  const std::optional<TraceContext> trace = job_parent_span(lease);
   for (char** e = environ; e && *e; ++e) {
     const std::string_view kv(*e);
     // An outer runner's variables must not leak into this lock's command, nor the
@@ -42,7 +49,7 @@ std::vector<std::string> child_environment(const RunSettings& s, const Hold& lea
         kv.starts_with("DISTLOCK_ONCE_SLOT=") || kv.starts_with("DISTLOCK_TOKENS=")) {
       continue;
     }
-    // The job's parent span is the hold (when the hold has a trace context: a Lease).
+    // The job's parent span is the hold's (a Lease's hold span, the --lock set's span).
     if (kv.starts_with("TRACEPARENT=") && trace) continue;
     env.emplace_back(kv);
   }
