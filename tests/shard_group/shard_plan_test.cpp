@@ -250,6 +250,26 @@ void join(Model& md, const std::string& joiner) {
   md.act(joiner, md.live, md.owner);
 }
 
+// One round of the join cases: a group of 1-9 members over 1-64 shards (drawn from `rng`),
+// settled, then joined by one more member, named to sort after the others or before them.
+// `slow`: acquisitions lag behind releases (Model::slow) from the join on.
+struct JoinRound {
+  std::uint32_t m;
+  int w;
+  bool settled;  // balanced before the join
+  Model md;
+};
+JoinRound settled_group_joined(std::mt19937& rng, bool slow) {
+  const std::uint32_t m = 1 + rng() % 64;
+  const int w = 1 + static_cast<int>(rng() % 9);
+  Model md = settled_model(m, w, rng);
+  const bool settled = md.balanced();
+  if (slow) md.slow = &rng;
+  const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
+  join(md, joiner);
+  return {m, w, settled, std::move(md)};
+}
+
 // Periods of every live member in a random order (listings `stale` or fresh), `after_each`
 // run after each, until the group is balanced or `limit` periods passed: how many ran.
 int periods_until_balanced(
@@ -291,12 +311,8 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
   std::mt19937 rng(8);
   std::map<int, int> hist;
   for (int round = 0; round < kRandomRounds; ++round) {
-    const std::uint32_t m = 1 + rng() % 64;
-    const int w = 1 + static_cast<int>(rng() % 9);
-    Model md = settled_model(m, w, rng);
-    ASSERT_TRUE(md.balanced());
-    const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
-    join(md, joiner);
+    auto [m, w, settled, md] = settled_group_joined(rng, /*slow=*/false);
+    ASSERT_TRUE(settled);
     const int periods = periods_until_balanced(md, rng, /*stale=*/true, 20);
     ++hist[periods];
     // Every listing in that period is a half-done state of the one plan made after the join.
@@ -391,13 +407,8 @@ TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
 TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
   std::mt19937 rng(12);
   for (int round = 0; round < kRandomRounds; ++round) {
-    const std::uint32_t m = 1 + rng() % 64;
-    const int w = 1 + static_cast<int>(rng() % 9);
-    Model md = settled_model(m, w, rng);
-    ASSERT_TRUE(md.balanced());
-    md.slow = &rng;
-    const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
-    join(md, joiner);
+    auto [m, w, settled, md] = settled_group_joined(rng, /*slow=*/true);
+    ASSERT_TRUE(settled);
     const int periods = periods_until_balanced(md, rng, /*stale=*/true, 10, [&] {
       md.slow = nullptr;  // every pending take completes by the period's end
       md.hand_out();
