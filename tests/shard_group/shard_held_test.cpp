@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -246,6 +247,19 @@ ForkOutcomes fork_children(int forks, unsigned child_bound, Child child) {
   return out;
 }
 
+// A thread that calls `busy()` over and over, holding whatever mutex it takes, while children are
+// forked: it stops when `busy()` returns false, at `stop`, or at its bounds (10^9 calls, 4 x kWait
+// on the steady clock).
+std::thread spin_while(std::atomic<bool>& stop, std::function<bool()> busy) {
+  return std::thread([&stop, busy = std::move(busy)] {
+    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
+    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      if (!busy()) break;
+      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
+    }
+  });
+}
+
 // A child forked while another thread is inside held() (holding the check's mutex) never owns
 // the shard (a child never owns its parent's leases) and must say so without waiting for that
 // mutex, which no thread of the child will ever unlock. Each child answers under alarm(kChildBound):
@@ -258,13 +272,7 @@ TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads)
   const distlock::OwnedShard s = first_shard(g);
   ASSERT_TRUE(s.held());
   std::atomic<bool> stop{false};
-  std::thread spinner([&] {
-    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
-    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
-      if (!s.held()) break;
-      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
-    }
-  });
+  std::thread spinner = spin_while(stop, [&] { return s.held(); });
   const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int) { return s.held() ? 1 : 0; });
   const int hung = o.hung, said_held = o.exited_1, other = o.other;
   stop = true;
@@ -290,13 +298,7 @@ TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) 
   const distlock::OwnedShard s = first_shard(g);
   ASSERT_TRUE(s.held());
   std::atomic<bool> stop{false};
-  std::thread reader([&] {
-    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
-    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
-      if (g.assigned().shards.size() != 1) break;
-      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
-    }
-  });
+  std::thread reader = spin_while(stop, [&] { return g.assigned().shards.size() == 1; });
   const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int k) {
     if (k % 2 == 0) {
       g.leave();
