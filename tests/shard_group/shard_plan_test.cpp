@@ -66,20 +66,33 @@ TEST(ShardPlan, TheExtraShardsStayWithTheMembersThatHoldThem) {
   EXPECT_EQ(owners_of(7, p), o);
 }
 
+// A random state of a group: 1-70 shards over 1-12 live members (ids(w)), each shard unowned,
+// owned by a member, or owned by a dead member ("dead").
+struct RandomState {
+  std::uint32_t m;
+  int w;
+  std::vector<std::string> members;
+  Owners owners;
+};
+RandomState random_state(std::mt19937& rng) {
+  const std::uint32_t m = 1 + rng() % 70;
+  const int w = 1 + static_cast<int>(rng() % 12);
+  auto members = ids(w);
+  Owners owners(m);
+  for (auto& o : owners) {
+    const auto r = rng() % (w + 3);  // some unowned, some owned by a dead member
+    if (r < static_cast<unsigned>(w))
+      o = members[r];
+    else if (r == static_cast<unsigned>(w))
+      o = std::string("dead");
+  }
+  return {m, w, std::move(members), std::move(owners)};
+}
+
 TEST(ShardPlan, RandomStatesAreBalancedStickyAndOrderFree) {
   std::mt19937 rng(20261128);
   for (int round = 0; round < 2000; ++round) {  // bounded: 2000 random states
-    const std::uint32_t m = 1 + rng() % 70;
-    const int w = 1 + static_cast<int>(rng() % 12);
-    const auto members = ids(w);
-    Owners owners(m);
-    for (auto& o : owners) {
-      const auto r = rng() % (w + 3);  // some unowned, some owned by a dead member
-      if (r < static_cast<unsigned>(w))
-        o = members[r];
-      else if (r == static_cast<unsigned>(w))
-        o = std::string("dead");
-    }
+    const auto [m, w, members, owners] = random_state(rng);
     auto shuffled = members;
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
     const auto p = plan_shards(m, shuffled, owners);
@@ -127,17 +140,7 @@ TEST(ShardPlan, ThePlanStaysTheSameWhileMembersCarryItOutOneByOne) {
 TEST(ShardPlan, RandomHalfDoneStatesPlanTheSame) {
   std::mt19937 rng(20261129);
   for (int round = 0; round < 2000; ++round) {  // bounded: 2000 random states
-    const std::uint32_t m = 1 + rng() % 70;
-    const int w = 1 + static_cast<int>(rng() % 12);
-    const auto members = ids(w);
-    Owners owners(m);
-    for (auto& o : owners) {
-      const auto r = rng() % (w + 3);
-      if (r < static_cast<unsigned>(w))
-        o = members[r];
-      else if (r == static_cast<unsigned>(w))
-        o = std::string("dead");
-    }
+    const auto [m, w, members, owners] = random_state(rng);
     const auto p = plan_shards(m, members, owners);
     // A random subset of the members carries its part out: each releases what the plan takes
     // from it, then takes what the plan gives it that nobody live outside the subset holds.
