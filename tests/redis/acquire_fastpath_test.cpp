@@ -417,27 +417,24 @@ TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
     ASSERT_TRUE(hr.acquired) << ec.message();
     std::mutex mu;
     std::vector<std::pair<int, std::uint64_t>> order;
-    std::thread t1([&] {
-      distlock::detail::Error e;
-      Lease l = c1.acquire(name, ttl_of(2s, 10s), e);
-      EXPECT_FALSE(e) << e.message();
-      if (e) return;
-      {
-        std::lock_guard lk(mu);
-        order.emplace_back(1, l.token());
-      }
-      std::this_thread::sleep_for(20ms);
-    });
+    // Waiter `who` through `client`: once granted, notes (who, token) in `order` and holds for `hold`.
+    const auto waiter = [&](int who, Client& client, Millis hold) {
+      return std::thread([&, who, hold] {
+        distlock::detail::Error e;
+        Lease l = client.acquire(name, ttl_of(2s, 10s), e);
+        EXPECT_FALSE(e) << e.message();
+        if (e) return;
+        {
+          std::lock_guard lk(mu);
+          order.emplace_back(who, l.token());
+        }
+        std::this_thread::sleep_for(hold);
+      });
+    };
+    std::thread t1 = waiter(1, c1, 20ms);
     ASSERT_TRUE(eventually([&] { return c1.status(name).waiters.value_or(0) == 1u; }, 5s));
     std::this_thread::sleep_until(h_at + 250ms + Millis(i * 5 - 40));
-    std::thread t2([&] {
-      distlock::detail::Error e;
-      Lease l = c2.acquire(name, ttl_of(2s, 10s), e);
-      EXPECT_FALSE(e) << e.message();
-      if (e) return;
-      std::lock_guard lk(mu);
-      order.emplace_back(2, l.token());
-    });
+    std::thread t2 = waiter(2, c2, 0ms);
     t1.join();
     t2.join();
     ASSERT_EQ(order.size(), 2u);
