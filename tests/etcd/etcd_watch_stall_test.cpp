@@ -67,6 +67,14 @@ bool released(Watch& w, const std::string& name, std::uint64_t token, Millis lim
   return next_matching(w, limit, event_of(WatchEventKind::released, name, token), &seen).has_value();
 }
 
+// Before the stall: one hand-off of `name` through the other members, reported live (its release
+// within 10 s).
+void expect_live_hand_off(Client& locker, Watch& w, const std::string& name, std::vector<std::string>& seen) {
+  const std::uint64_t t = hand_off(locker, name, 20000ms);
+  ASSERT_NE(t, 0u);
+  ASSERT_EQ(released_or_gap(w, name, t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+}
+
 // With the watch's member or connection stalled (`stall` says how, for the messages): five
 // hand-offs of `name` through the other members (each retried up to `hand_off_limit`) must show,
 // within `report_limit` of the last one (steady clock), as the events or as a gap; and the watch
@@ -101,9 +109,7 @@ TEST(EtcdWatchStall, MemberCutOffFromItsPeersIsAGapNotASilentStall) {
   Client locker = connect("etcd://" + etcd.endpoint(1) + "," + etcd.endpoint(2), quiet());
   Watch w = watcher.watch("iso/");
   std::vector<std::string> seen;
-  std::uint64_t t = hand_off(locker, "iso/x", 20000ms);
-  ASSERT_NE(t, 0u);
-  ASSERT_EQ(released_or_gap(w, "iso/x", t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+  ASSERT_NO_FATAL_FAILURE(expect_live_hand_off(locker, w, "iso/x", seen));
 
   etcd.isolate(0);
   // The watch goes on from another member.
@@ -125,9 +131,7 @@ TEST(EtcdWatchStall, FrozenConnectionIsAGapNotASilentStall) {
   Client locker = connect("etcd://" + etcd.endpoint(1) + "," + etcd.endpoint(2), quiet());
   Watch w = watcher.watch("frz/");
   std::vector<std::string> seen;
-  std::uint64_t t = hand_off(locker, "frz/x", 20000ms);
-  ASSERT_NE(t, 0u);
-  ASSERT_EQ(released_or_gap(w, "frz/x", t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+  ASSERT_NO_FATAL_FAILURE(expect_live_hand_off(locker, w, "frz/x", seen));
   ASSERT_GE(proxy.accepted(), 1) << "the watcher never used the proxy";
 
   proxy.freeze();
