@@ -40,11 +40,8 @@
 
 namespace {
 
-using distlock::testing::add_hammer_flags;
-using distlock::testing::add_target_flags;
 using distlock::testing::mono_ns;
 using distlock::testing::say;
-using distlock::testing::ToolFlags;
 
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_report{false};
@@ -70,9 +67,9 @@ struct Args : distlock::testing::ToolTarget, distlock::testing::ToolHammer {
 
 Args parse(int argc, char** argv) {
   Args a;
-  ToolFlags f("lock_tool");
-  add_target_flags(f, a);
-  add_hammer_flags(f, a);
+  distlock::testing::ToolFlags f("lock_tool");
+  distlock::testing::add_target_flags(f, a);
+  distlock::testing::add_hammer_flags(f, a);
   f.text("--counter", a.counter)
       .number("--wait", a.wait_ms)
       .number("--lock-delay", a.lock_delay_ms)
