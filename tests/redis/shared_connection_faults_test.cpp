@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,23 @@ bool eventually(Pred pred, Millis limit = Millis(10000)) {
 
 long long ms_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+// Runs `call(t)` on `threads` threads released together (a latch): the ms each call took.
+std::vector<long long> timed_together(int threads, const std::function<void(int)>& call) {
+  std::vector<long long> took(threads, 0);
+  std::latch go(threads);
+  std::vector<std::thread> v;
+  for (int t = 0; t < threads; ++t) {
+    v.emplace_back([&, t] {
+      go.arrive_and_wait();
+      const auto t0 = Clock::now();
+      call(t);
+      took[t] = ms_since(t0);
+    });
+  }
+  for (auto& th : v) th.join();
+  return took;
 }
 
 // Counters of an echo hammer: every call sends unique payloads and checks that the
@@ -183,19 +201,9 @@ TEST(SharedConnectionReview, ConnectsToAStuckServerAreNotSerialisedBehindEachOth
   SharedConnection shared(opts_for(server, timeout, timeout));
   server.pause();
   constexpr int kThreads = 8;
-  std::vector<long long> took(kThreads, 0);
   std::vector<Error> codes(kThreads);
-  std::latch go(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      go.arrive_and_wait();
-      const auto t0 = Clock::now();
-      shared.command({"PING"}, codes[t]);
-      took[t] = ms_since(t0);
-    });
-  }
-  for (auto& th : threads) th.join();
+  const std::vector<long long> took =
+      timed_together(kThreads, [&](int t) { shared.command({"PING"}, codes[t]); });
   server.resume();
   const long long worst = *std::max_element(took.begin(), took.end());
   std::string all;
@@ -223,24 +231,19 @@ TEST(SharedConnectionReview, TryAcquireOnAStuckServerReturnsWithinTheTimeoutsFor
   }
   server.pause();
   constexpr int kThreads = 8;
-  auto round = [&](std::vector<long long>& took, std::vector<std::error_code>& codes) {
-    std::latch go(kThreads);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        go.arrive_and_wait();
-        const auto t0 = Clock::now();
-        Lease l = client.acquire("n" + std::to_string(t), lo, codes[t]);
-        took[t] = ms_since(t0);
-        EXPECT_FALSE(l.owns());
-      });
-    }
-    for (auto& th : threads) th.join();
+  // One try_acquire per thread, all at once: how long each took, its code in `codes`.
+  auto round = [&](std::vector<std::error_code>& codes) {
+    std::vector<char> owned(kThreads, 0);  // not vector<bool>: each thread writes its own element
+    const auto took = timed_together(kThreads, [&](int t) {
+      Lease l = client.acquire("n" + std::to_string(t), lo, codes[t]);
+      owned[t] = l.owns() ? 1 : 0;
+    });
+    for (int t = 0; t < kThreads; ++t) EXPECT_FALSE(owned[t]) << t;
+    return took;
   };
-  std::vector<long long> took1(kThreads), took2(kThreads);
   std::vector<std::error_code> c1(kThreads), c2(kThreads);
-  round(took1, c1);  // fails the established connection
-  round(took2, c2);  // every thread needs a new one
+  const std::vector<long long> took1 = round(c1);  // fails the established connection
+  const std::vector<long long> took2 = round(c2);  // every thread needs a new one
   server.resume();
   std::string all;
   for (int t = 0; t < kThreads; ++t) all += " " + std::to_string(took1[t]) + "/" + std::to_string(took2[t]);
