@@ -37,6 +37,7 @@
 #include "support/backend_targets.hpp"
 #include "support/cs_log.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -50,18 +51,12 @@ namespace {
 
 using distlock::testing::eventually;
 using distlock::testing::mono_ns;
+using distlock::testing::read_file;
 
 constexpr Millis kTtl = 2000ms;
 constexpr int kCampaigners = 4;
 constexpr int kObservers = 3;
 constexpr std::size_t kLeaders = 7;  // leaderships to see before stopping
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -80,7 +75,7 @@ struct Leadership {
 // The campaigners' log: one Leadership per S line, completed by its E line.
 std::vector<Leadership> read_log(const std::filesystem::path& log) {
   std::vector<Leadership> out;
-  for (const auto& line : lines_of(slurp(log))) {
+  for (const auto& line : lines_of(read_file(log))) {
     std::istringstream ls(line);
     std::string kind, term;
     long pid = 0;
@@ -107,7 +102,7 @@ std::vector<Leadership> read_log(const std::filesystem::path& log) {
 // Terms reported by an observer, in order.
 std::vector<std::string> observed_terms(const std::filesystem::path& file) {
   std::vector<std::string> out;
-  for (const auto& line : lines_of(slurp(file))) {
+  for (const auto& line : lines_of(read_file(file))) {
     std::istringstream ls(line);
     std::string t, term;
     if (ls >> t >> term && t == "T") out.push_back(term);
@@ -176,9 +171,9 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
   };
   std::string diag;
   auto describe = [&] {
-    diag = "log:\n" + slurp(log);
+    diag = "log:\n" + read_file(log);
     for (int i = 0; i < observers; ++i)
-      diag += "obs-" + std::to_string(i) + ":\n" + slurp(dir.path() / ("obs-" + std::to_string(i)));
+      diag += "obs-" + std::to_string(i) + ":\n" + read_file(dir.path() / ("obs-" + std::to_string(i)));
     return diag;
   };
 
@@ -263,7 +258,7 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
     for (int i = 0; i < observers; ++i) {
       const auto file = dir.path() / ("obs-" + std::to_string(i));
       EXPECT_EQ(observed_terms(file), expected) << "observer " << i << "\n" << describe();
-      for (const auto& line : lines_of(slurp(file))) {
+      for (const auto& line : lines_of(read_file(file))) {
         std::istringstream ls(line);
         std::string t, term, value;
         ls >> t >> term >> value;

@@ -31,6 +31,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/backend_mono_clock.hpp"
+#include "support/dups_c_tool_args.hpp"
 
 namespace {
 
@@ -57,46 +58,26 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-struct Args {
-  std::string mode, url, name, log, stop, obs_dir, out;
-  long ttl_ms = 2000, hold_ms = 200;
+struct Args : distlock::testing::ToolTarget {
+  std::string mode, stop, obs_dir, out;
+  long hold_ms = 200;
   int observers = 0;
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "election_tool: %s\n", why.c_str());
-  std::exit(64);
+  distlock::testing::tool_usage("election_tool", why);
 }
 
 Args parse(int argc, char** argv) {
-  if (argc < 2) usage("missing mode (campaign|observe)");
   Args a;
-  a.mode = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    const std::string v = argv[++i];
-    if (k == "--url")
-      a.url = v;
-    else if (k == "--name")
-      a.name = v;
-    else if (k == "--log")
-      a.log = v;
-    else if (k == "--stop")
-      a.stop = v;
-    else if (k == "--obs-dir")
-      a.obs_dir = v;
-    else if (k == "--out")
-      a.out = v;
-    else if (k == "--ttl")
-      a.ttl_ms = std::stol(v);
-    else if (k == "--hold-ms")
-      a.hold_ms = std::stol(v);
-    else if (k == "--observers")
-      a.observers = std::stoi(v);
-    else
-      usage("unknown flag " + k);
-  }
+  distlock::testing::ToolFlags f("election_tool");
+  add_target_flags(f, a);
+  f.text("--stop", a.stop)
+      .text("--obs-dir", a.obs_dir)
+      .text("--out", a.out)
+      .number("--hold-ms", a.hold_ms)
+      .number("--observers", a.observers);
+  a.mode = f.parse(argc, argv, "campaign|observe");
   return a;
 }
 

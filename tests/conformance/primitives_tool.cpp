@@ -36,10 +36,12 @@
 
 #include "distlock/distlock.hpp"
 #include "support/backend_mono_clock.hpp"
+#include "support/dups_c_tool_args.hpp"
 
 namespace {
 
 using distlock::testing::mono_ns;
+using distlock::testing::say;
 
 std::atomic<bool> g_stop{false};
 
@@ -47,54 +49,23 @@ void on_signal(int) {
   g_stop = true;
 }
 
-void say(const std::string& line) {
-  std::string l = line + "\n";
-  (void)!::write(1, l.data(), l.size());
-}
-
-struct Args {
-  std::string mode, url, name, log;
-  long ttl_ms = 2000, hold_us = 0;
-  int threads = 4, iters = 10, permits = 0, write_every = 4;
+struct Args : distlock::testing::ToolTarget, distlock::testing::ToolHammer {
+  std::string mode;
+  int permits = 0, write_every = 4;
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "primitives_tool: %s\n", why.c_str());
-  std::exit(64);
+  distlock::testing::tool_usage("primitives_tool", why);
 }
 
 Args parse(int argc, char** argv) {
-  if (argc < 2) usage("missing mode (sem-hammer|sem-hold|rw-hammer)");
   Args a;
-  a.mode = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value for " + k);
-      return argv[++i];
-    };
-    if (k == "--url")
-      a.url = val();
-    else if (k == "--name")
-      a.name = val();
-    else if (k == "--log")
-      a.log = val();
-    else if (k == "--ttl")
-      a.ttl_ms = std::stol(val());
-    else if (k == "--hold-us")
-      a.hold_us = std::stol(val());
-    else if (k == "--threads")
-      a.threads = std::stoi(val());
-    else if (k == "--iters")
-      a.iters = std::stoi(val());
-    else if (k == "--permits")
-      a.permits = std::stoi(val());
-    else if (k == "--write-every")
-      a.write_every = std::stoi(val());
-    else
-      usage("unknown flag " + k);
-  }
-  if (a.name.empty()) usage("--name is required");
+  distlock::testing::ToolFlags f("primitives_tool");
+  add_target_flags(f, a);
+  add_hammer_flags(f, a);
+  f.number("--permits", a.permits).number("--write-every", a.write_every);
+  a.mode = f.parse(argc, argv, "sem-hammer|sem-hold|rw-hammer");
+  if (a.name.empty()) f.usage("--name is required");
   return a;
 }
 
@@ -131,30 +102,19 @@ void hold_for(long us) {
   if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
-int sem_hammer(const Args& a) {
+// Runs --threads threads that each call `section(t, i)` --iters times (t: the thread, i: the
+// iteration) and append the line it returns to --log with one O_APPEND write. An exception ends
+// its thread (printed on stderr). 0, or 69 when a thread failed.
+template <class Section>
+int hammer(const Args& a, Section section) {
   const int fd = ::open(a.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) usage("cannot open --log");
-  distlock::Client client = distlock::connect(a.url, errors_only());
-  distlock::Semaphore sem = client.semaphore(a.name, a.permits, lock_opts(a));
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < a.threads; ++t) {
-    threads.emplace_back([&] {
+    threads.emplace_back([&, t] {
       try {
-        for (int i = 0; i < a.iters; ++i) {
-          distlock::Lease permit = sem.acquire();
-          const std::int64_t start = mono_ns();
-          hold_for(a.hold_us);
-          const bool owned = permit.owns();
-          const std::int64_t end = mono_ns();
-          append(fd, std::to_string(::getpid()) + " " + std::to_string(tid()) + " " +
-                         std::to_string(permit_of(permit)) + " " +
-                         (permit.has_token() ? std::to_string(permit.token()) : std::string("-")) + " " +
-                         std::to_string(start) + " " + std::to_string(end) + " " + (owned ? "1" : "0") +
-                         "\n");
-          std::error_code ec;
-          permit.release(ec);  // a lost permit was signalled; nothing to undo
-        }
+        for (int i = 0; i < a.iters; ++i) append(fd, section(t, i));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "primitives_tool: %s\n", e.what());
         ++failed;
@@ -164,6 +124,31 @@ int sem_hammer(const Args& a) {
   for (auto& th : threads) th.join();
   ::close(fd);
   return failed ? 69 : 0;
+}
+
+// One critical section's line: "pid tid <what> <token> start_ns end_ns <owned 0|1>".
+std::string section_line(const std::string& what, const std::string& token, std::int64_t start,
+                         std::int64_t end, bool owned) {
+  return std::to_string(::getpid()) + " " + std::to_string(tid()) + " " + what + " " + token + " " +
+         std::to_string(start) + " " + std::to_string(end) + " " + (owned ? "1" : "0") + "\n";
+}
+
+int sem_hammer(const Args& a) {
+  distlock::Client client = distlock::connect(a.url, errors_only());
+  distlock::Semaphore sem = client.semaphore(a.name, a.permits, lock_opts(a));
+  return hammer(a, [&](int, int) {
+    distlock::Lease permit = sem.acquire();
+    const std::int64_t start = mono_ns();
+    hold_for(a.hold_us);
+    const bool owned = permit.owns();
+    const std::int64_t end = mono_ns();
+    std::string line = section_line(std::to_string(permit_of(permit)),
+                                    permit.has_token() ? std::to_string(permit.token()) : std::string("-"),
+                                    start, end, owned);
+    std::error_code ec;
+    permit.release(ec);  // a lost permit was signalled; nothing to undo
+    return line;
+  });
 }
 
 int sem_hold(const Args& a) {
@@ -182,57 +167,36 @@ int sem_hold(const Args& a) {
 }
 
 int rw_hammer(const Args& a) {
-  const int fd = ::open(a.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  if (fd < 0) usage("cannot open --log");
   distlock::Client client = distlock::connect(a.url, errors_only());
   distlock::SharedMutex rw = client.shared_mutex(a.name, lock_opts(a));
-  std::atomic<int> failed{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < a.threads; ++t) {
-    threads.emplace_back([&, t] {
-      try {
-        for (int i = 0; i < a.iters; ++i) {
-          const bool write = (i + t) % a.write_every == 0;
-          std::string token = "-";
-          std::int64_t start = 0, end = 0;
-          bool owned = false;
-          if (write) {
-            std::unique_lock lk(rw);
-            start = mono_ns();
-            if (rw.owns() && client.has_fencing()) token = std::to_string(rw.token());
-            hold_for(a.hold_us);
-            owned = rw.owns();
-            end = mono_ns();
-          } else {
-            std::shared_lock lk(rw);
-            start = mono_ns();
-            hold_for(a.hold_us);
-            owned = rw.owns();
-            end = mono_ns();
-          }
-          append(fd, std::to_string(::getpid()) + " " + std::to_string(tid()) + " " + (write ? "w " : "r ") +
-                         token + " " + std::to_string(start) + " " + std::to_string(end) + " " +
-                         (owned ? "1" : "0") + "\n");
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "primitives_tool: %s\n", e.what());
-        ++failed;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  ::close(fd);
-  return failed ? 69 : 0;
+  return hammer(a, [&](int t, int i) {
+    const bool write = (i + t) % a.write_every == 0;
+    std::string token = "-";
+    std::int64_t start = 0, end = 0;
+    bool owned = false;
+    if (write) {
+      std::unique_lock lk(rw);
+      start = mono_ns();
+      if (rw.owns() && client.has_fencing()) token = std::to_string(rw.token());
+      hold_for(a.hold_us);
+      owned = rw.owns();
+      end = mono_ns();
+    } else {
+      std::shared_lock lk(rw);
+      start = mono_ns();
+      hold_for(a.hold_us);
+      owned = rw.owns();
+      end = mono_ns();
+    }
+    return section_line(write ? "w" : "r", token, start, end, owned);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  distlock::testing::on_signals(on_signal, {SIGTERM, SIGINT});
   try {
     if (a.mode == "sem-hammer") return sem_hammer(a);
     if (a.mode == "sem-hold") return sem_hold(a);

@@ -4,6 +4,7 @@
 // goes to a memory:// store.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,42 +73,37 @@ class FailsOnce final : public distlock::testing::ForwardingBackend {
   }
 };
 
+// Arms `slot` to fail once with `code` and `detail`, then runs `call`: the code it threw, with its
+// message in `msg`.
+std::error_code fail_once(std::optional<FailsOnce::Failure>& slot, errc code, std::string detail,
+                          const std::function<void()>& call, std::string& msg) {
+  slot = FailsOnce::Failure{code, std::move(detail)};
+  msg.clear();
+  return distlock::testing::code_of(call, &msg);
+}
+
 TEST_F(EngineErrors, EachPublicCallNamesTheCauseItsBackendCallFailedWith) {
   auto opts = options();
   FailsOnce* raw = nullptr;
   auto c = distlock::testing::client_through<FailsOnce>(store_name, opts, &raw);
-  std::error_code code;
-
-  raw->on_acquire = {{errc::backend_unavailable, "acquire Txn failed at etcd://a:1: deadline exceeded"}};
   std::string msg;
-  code = distlock::testing::code_of([&] { (void)c.try_acquire("job"); }, &msg);
-  EXPECT_EQ(code, errc::backend_unavailable);
-  EXPECT_NE(msg.find("acquire Txn failed at etcd://a:1: deadline exceeded"), std::string::npos) << msg;
-
-  raw->on_status = {{errc::backend_unavailable, "status Range at etcd://a:1: unreachable"}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { (void)c.status("job"); }, &msg);
-  EXPECT_EQ(code, errc::backend_unavailable);
-  EXPECT_NE(msg.find("status Range at etcd://a:1: unreachable"), std::string::npos) << msg;
-
-  raw->on_list = {{errc::protocol_error, "SCAN at redis://b:2: ERR unknown command"}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { (void)c.list(""); }, &msg);
-  EXPECT_EQ(code, errc::protocol_error);
-  EXPECT_NE(msg.find("SCAN at redis://b:2: ERR unknown command"), std::string::npos) << msg;
-
-  raw->on_put = {{errc::backend_unavailable, "record write at zk://c:3: connection loss"}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { (void)c.semaphore("pool", 2); }, &msg);
-  EXPECT_EQ(code, errc::backend_unavailable);
-  EXPECT_NE(msg.find("record write at zk://c:3: connection loss"), std::string::npos) << msg;
-
+  // The call fails with the code its backend call failed with, its message naming the cause.
+  const auto expect_named = [&](std::optional<FailsOnce::Failure>& slot, errc code, const std::string& cause,
+                                const std::function<void()>& call) {
+    EXPECT_EQ(fail_once(slot, code, cause, call, msg), code) << cause;
+    EXPECT_NE(msg.find(cause), std::string::npos) << msg;
+  };
+  expect_named(raw->on_acquire, errc::backend_unavailable,
+               "acquire Txn failed at etcd://a:1: deadline exceeded", [&] { (void)c.try_acquire("job"); });
+  expect_named(raw->on_status, errc::backend_unavailable, "status Range at etcd://a:1: unreachable",
+               [&] { (void)c.status("job"); });
+  expect_named(raw->on_list, errc::protocol_error, "SCAN at redis://b:2: ERR unknown command",
+               [&] { (void)c.list(""); });
+  expect_named(raw->on_put, errc::backend_unavailable, "record write at zk://c:3: connection loss",
+               [&] { (void)c.semaphore("pool", 2); });
   auto lease = c.acquire("job");
-  raw->on_release = {{errc::backend_unavailable, "DEL at redis://b:2: connection reset"}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { lease.release(); }, &msg);
-  EXPECT_EQ(code, errc::backend_unavailable);
-  EXPECT_NE(msg.find("DEL at redis://b:2: connection reset"), std::string::npos) << msg;
+  expect_named(raw->on_release, errc::backend_unavailable, "DEL at redis://b:2: connection reset",
+               [&] { lease.release(); });
 }
 
 // A sentence belongs to the call that failed: a later call on the same thread that
@@ -116,27 +112,22 @@ TEST_F(EngineErrors, ASentenceIsNeverShownWithALaterCallsError) {
   auto opts = options();
   FailsOnce* raw = nullptr;
   auto c = distlock::testing::client_through<FailsOnce>(store_name, opts, &raw);
-  std::error_code code;
-
-  raw->on_status = {{errc::backend_unavailable, "first cause"}};
   std::string msg;
-  code = distlock::testing::code_of([&] { (void)c.status("job"); }, &msg);
-  ASSERT_NE(msg.find("first cause"), std::string::npos) << msg;
 
-  raw->on_acquire = {{errc::backend_unavailable, ""}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { (void)c.try_acquire("job"); }, &msg);
-  EXPECT_EQ(code, errc::backend_unavailable);
+  fail_once(
+      raw->on_status, errc::backend_unavailable, "first cause", [&] { (void)c.status("job"); }, msg);
+  ASSERT_NE(msg.find("first cause"), std::string::npos) << msg;
+  EXPECT_EQ(fail_once(
+                raw->on_acquire, errc::backend_unavailable, "", [&] { (void)c.try_acquire("job"); }, msg),
+            errc::backend_unavailable);
   EXPECT_EQ(msg.find("first cause"), std::string::npos) << msg;
 
-  raw->on_put = {{errc::backend_unavailable, "second cause"}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { (void)c.semaphore("pool", 2); }, &msg);
+  fail_once(
+      raw->on_put, errc::backend_unavailable, "second cause", [&] { (void)c.semaphore("pool", 2); }, msg);
   ASSERT_NE(msg.find("second cause"), std::string::npos) << msg;
-  raw->on_list = {{errc::protocol_error, ""}};
-  msg.clear();
-  code = distlock::testing::code_of([&] { (void)c.list(""); }, &msg);
-  EXPECT_EQ(code, errc::protocol_error);
+  EXPECT_EQ(fail_once(
+                raw->on_list, errc::protocol_error, "", [&] { (void)c.list(""); }, msg),
+            errc::protocol_error);
   EXPECT_EQ(msg.find("second cause"), std::string::npos) << msg;
 
   // The error_code overloads give the code; a following throwing call is clean.
@@ -144,11 +135,10 @@ TEST_F(EngineErrors, ASentenceIsNeverShownWithALaterCallsError) {
   std::error_code ec;
   (void)c.status("job", ec);
   EXPECT_EQ(ec, errc::backend_unavailable);
-  raw->on_release = {{errc::backend_unavailable, ""}};
   auto lease = c.acquire("job");
-  msg.clear();
-  code = distlock::testing::code_of([&] { lease.release(); }, &msg);
-  EXPECT_EQ(code, errc::backend_unavailable);
+  EXPECT_EQ(fail_once(
+                raw->on_release, errc::backend_unavailable, "", [&] { lease.release(); }, msg),
+            errc::backend_unavailable);
   EXPECT_EQ(msg.find("third cause"), std::string::npos) << msg;
 }
 

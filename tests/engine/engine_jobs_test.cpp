@@ -36,6 +36,26 @@ struct Jobs : distlock::testing::ManualMemoryTest {
     o.max_hold = max_hold;
     return o;
   }
+
+  // Two clients of the store; the first holds "job" (TTL 3 s) through its engine; `once` is
+  // one try (wait 0) of the same options.
+  struct JobHeld {
+    distlock::Client c, other;
+    distlock::detail::Engine& engine;
+    std::shared_ptr<distlock::detail::HeldLock> held;
+    distlock::LockOptions once;
+  };
+  JobHeld job_held() {
+    auto c = client();
+    auto other = client();
+    auto& engine = *distlock::detail::engine_of(c);
+    distlock::detail::Error ec;
+    auto held = engine.acquire("job", opts(3s), Millis(0), ec);
+    EXPECT_TRUE(held && !ec) << ec.message();
+    distlock::LockOptions once = opts(3s);
+    once.wait = 0ms;
+    return {std::move(c), std::move(other), engine, std::move(held), once};
+  }
 };
 
 TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed) {
@@ -156,14 +176,9 @@ TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
 // signal itself runs everything the engine queued for its event thread so far, then
 // tries the name from another client: it must still be busy.
 TEST_F(Jobs, ALostLeaseIsHandedBackOnlyAfterItsInternalLossSignals) {
-  auto c = client();
-  auto other = client();
-  auto& engine = *distlock::detail::engine_of(c);
+  auto [c, other, engine, held, once] = job_held();
+  ASSERT_TRUE(held);
   distlock::detail::Error ec;
-  auto held = engine.acquire("job", opts(3s), Millis(0), ec);
-  ASSERT_TRUE(held && !ec);
-  distlock::LockOptions once = opts(3s);
-  once.wait = 0ms;
   bool signalled = false;
   std::error_code taken_in_signal;
   engine.add_loss_signal(held, [&] {
@@ -192,14 +207,8 @@ TEST_F(Jobs, ALostLeaseIsHandedBackOnlyAfterItsInternalLossSignals) {
 // those signals itself before it frees the name, so no other client can hold the name
 // while a read-write lease's combined token is still unfired.
 TEST_F(Jobs, AReleaseThatHandsBackALostLeaseGivesItsInternalLossSignalsFirst) {
-  auto c = client();
-  auto other = client();
-  auto& engine = *distlock::detail::engine_of(c);
-  distlock::detail::Error ec;
-  auto held = engine.acquire("job", opts(3s), Millis(0), ec);
-  ASSERT_TRUE(held && !ec);
-  distlock::LockOptions once = opts(3s);
-  once.wait = 0ms;
+  auto [c, other, engine, held, once] = job_held();
+  ASSERT_TRUE(held);
   std::atomic<bool> signalled{false};
   engine.add_loss_signal(held, [&] { signalled = true; });
   bool released = false, signalled_at_release = false, free_at_release = false;

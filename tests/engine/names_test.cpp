@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 namespace names = distlock::detail::names;
@@ -30,37 +31,34 @@ TEST(DerivedNames, EncodersWriteTheStoredNames) {
 }
 
 TEST(DerivedNames, DecodeReadsBackEveryKind) {
-  // decode() returns views into its argument, so each encoded name is kept alive.
-  const std::string permit_name = names::semaphore_permit("jobs", 7);
-  const auto permit = names::decode(permit_name);
-  EXPECT_EQ(permit.kind, LockKind::semaphore_permit);
-  EXPECT_EQ(permit.base, "jobs");
-  EXPECT_EQ(permit.index, 7u);
-  EXPECT_EQ(names::definition_of(permit), names::semaphore_definition("jobs"));
-  EXPECT_EQ(names::display(permit, 10u), "semaphore permit 7 of 10");
-  EXPECT_EQ(names::display(permit), "semaphore permit 7");
-
-  const std::string reader_name = names::rw_reader("cfg", 2);
-  const auto reader = names::decode(reader_name);
-  EXPECT_EQ(reader.kind, LockKind::rw_reader);
-  EXPECT_EQ(reader.base, "cfg");
-  EXPECT_EQ(reader.index, 2u);
-  EXPECT_EQ(names::definition_of(reader), names::rw_definition("cfg"));
-  EXPECT_EQ(names::display(reader, 4u), "rw reader slot 2 of 4");
-
-  const std::string writer_name = names::rw_writer("cfg");
-  const auto writer = names::decode(writer_name);
-  EXPECT_EQ(writer.kind, LockKind::rw_writer);
-  EXPECT_EQ(writer.base, "cfg");
-  EXPECT_FALSE(writer.index);
-  EXPECT_EQ(names::definition_of(writer), "");
-  EXPECT_EQ(names::display(writer, 4u), "rw writer");
-
-  const std::string elect_name = names::election("lead");
-  const auto elect = names::decode(elect_name);
-  EXPECT_EQ(elect.kind, LockKind::election);
-  EXPECT_EQ(elect.base, "lead");
-  EXPECT_EQ(names::display(elect), "election");
+  struct Case {
+    std::string encoded;  // kept alive: decode() returns views into its argument
+    LockKind kind;
+    std::string base;
+    std::optional<std::uint32_t> index;
+    std::string definition;
+    std::optional<std::uint32_t> of;  // the primitive's size given to display()
+    std::string display_of;           // display(d, of)
+    std::string display;              // display(d)
+  };
+  const Case cases[] = {
+      {names::semaphore_permit("jobs", 7), LockKind::semaphore_permit, "jobs", 7u,
+       names::semaphore_definition("jobs"), 10u, "semaphore permit 7 of 10", "semaphore permit 7"},
+      {names::rw_reader("cfg", 2), LockKind::rw_reader, "cfg", 2u, names::rw_definition("cfg"), 4u,
+       "rw reader slot 2 of 4", "rw reader slot 2"},
+      {names::rw_writer("cfg"), LockKind::rw_writer, "cfg", std::nullopt, "", 4u, "rw writer", "rw writer"},
+      {names::election("lead"), LockKind::election, "lead", std::nullopt, "", std::nullopt, "election",
+       "election"},
+  };
+  for (const Case& c : cases) {
+    const auto d = names::decode(c.encoded);
+    EXPECT_EQ(d.kind, c.kind) << c.display;
+    EXPECT_EQ(d.base, c.base) << c.display;
+    EXPECT_EQ(d.index, c.index) << c.display;
+    EXPECT_EQ(names::definition_of(d), c.definition) << c.display;
+    EXPECT_EQ(names::display(d, c.of), c.display_of);
+    EXPECT_EQ(names::display(d), c.display);
+  }
 }
 
 TEST(DerivedNames, NamesThisLibraryDoesNotDeriveArePlainLocks) {

@@ -67,6 +67,35 @@ bool released(Watch& w, const std::string& name, std::uint64_t token, Millis lim
   return next_matching(w, limit, event_of(WatchEventKind::released, name, token), &seen).has_value();
 }
 
+// Before the stall: one hand-off of `name` through the other members, reported live (its release
+// within 10 s).
+void expect_live_hand_off(Client& locker, Watch& w, const std::string& name, std::vector<std::string>& seen) {
+  const std::uint64_t t = hand_off(locker, name, 20000ms);
+  ASSERT_NE(t, 0u);
+  ASSERT_EQ(released_or_gap(w, name, t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+}
+
+// With the watch's member or connection stalled (`stall` says how, for the messages): five
+// hand-offs of `name` through the other members (each retried up to `hand_off_limit`) must show,
+// within `report_limit` of the last one (steady clock), as the events or as a gap; and the watch
+// goes on: the next hand-off is reported within `report_limit`.
+void expect_hand_offs_reported_across_a_stall(Client& locker, Watch& w, const std::string& name,
+                                              Millis hand_off_limit, Millis report_limit,
+                                              const std::string& stall, std::vector<std::string>& seen) {
+  std::uint64_t t = 0;
+  for (int i = 0; i < 5; ++i) {
+    t = hand_off(locker, name, hand_off_limit);
+    ASSERT_NE(t, 0u) << "the other members took no lock";
+  }
+  const auto r = released_or_gap(w, name, t, report_limit, seen);
+  EXPECT_TRUE(r.has_value()) << "5 hand-offs (last token " << t << ") while " << stall
+                             << ": neither reported nor a gap within " << report_limit.count() / 1000
+                             << " s; events:" << joined(seen);
+  t = hand_off(locker, name, hand_off_limit);
+  ASSERT_NE(t, 0u);
+  EXPECT_TRUE(released(w, name, t, report_limit, seen)) << "no live event after the gap:" << joined(seen);
+}
+
 // The watch is live on member 0 (the watcher's first endpoint); member 0 is then cut off
 // from its peers. Five hand-offs through members 1 and 2 (which elect a leader among
 // themselves) must show, within 15 s of the last one (steady clock), as the events or as a
@@ -80,24 +109,12 @@ TEST(EtcdWatchStall, MemberCutOffFromItsPeersIsAGapNotASilentStall) {
   Client locker = connect("etcd://" + etcd.endpoint(1) + "," + etcd.endpoint(2), quiet());
   Watch w = watcher.watch("iso/");
   std::vector<std::string> seen;
-  std::uint64_t t = hand_off(locker, "iso/x", 20000ms);
-  ASSERT_NE(t, 0u);
-  ASSERT_EQ(released_or_gap(w, "iso/x", t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+  ASSERT_NO_FATAL_FAILURE(expect_live_hand_off(locker, w, "iso/x", seen));
 
   etcd.isolate(0);
-  for (int i = 0; i < 5; ++i) {
-    t = hand_off(locker, "iso/x", 30000ms);
-    ASSERT_NE(t, 0u) << "members 1 and 2 took no lock";
-  }
-  const auto r = released_or_gap(w, "iso/x", t, 15000ms, seen);
-  EXPECT_TRUE(r.has_value()) << "5 hand-offs (last token " << t
-                             << ") while the watch's member was cut off: neither reported nor a gap within "
-                                "15 s; events:"
-                             << joined(seen);
-  // And the watch goes on (from another member): the next hand-off is reported.
-  t = hand_off(locker, "iso/x", 30000ms);
-  ASSERT_NE(t, 0u);
-  EXPECT_TRUE(released(w, "iso/x", t, 15000ms, seen)) << "no live event after the gap:" << joined(seen);
+  // The watch goes on from another member.
+  ASSERT_NO_FATAL_FAILURE(expect_hand_offs_reported_across_a_stall(locker, w, "iso/x", 30000ms, 15000ms,
+                                                                   "the watch's member was cut off", seen));
   etcd.heal();
 }
 
@@ -114,25 +131,12 @@ TEST(EtcdWatchStall, FrozenConnectionIsAGapNotASilentStall) {
   Client locker = connect("etcd://" + etcd.endpoint(1) + "," + etcd.endpoint(2), quiet());
   Watch w = watcher.watch("frz/");
   std::vector<std::string> seen;
-  std::uint64_t t = hand_off(locker, "frz/x", 20000ms);
-  ASSERT_NE(t, 0u);
-  ASSERT_EQ(released_or_gap(w, "frz/x", t, 10000ms, seen), std::optional<bool>(true)) << joined(seen);
+  ASSERT_NO_FATAL_FAILURE(expect_live_hand_off(locker, w, "frz/x", seen));
   ASSERT_GE(proxy.accepted(), 1) << "the watcher never used the proxy";
 
   proxy.freeze();
-  for (int i = 0; i < 5; ++i) {
-    t = hand_off(locker, "frz/x", 20000ms);
-    ASSERT_NE(t, 0u);
-  }
-  const auto r = released_or_gap(w, "frz/x", t, 30000ms, seen);
-  EXPECT_TRUE(r.has_value())
-      << "5 hand-offs (last token " << t
-      << ") while the watch's connection was frozen: neither reported nor a gap within "
-         "30 s; events:"
-      << joined(seen);
-  t = hand_off(locker, "frz/x", 20000ms);
-  ASSERT_NE(t, 0u);
-  EXPECT_TRUE(released(w, "frz/x", t, 30000ms, seen)) << "no live event after the gap:" << joined(seen);
+  ASSERT_NO_FATAL_FAILURE(expect_hand_offs_reported_across_a_stall(
+      locker, w, "frz/x", 20000ms, 30000ms, "the watch's connection was frozen", seen));
   proxy.pass();
 }
 

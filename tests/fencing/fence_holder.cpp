@@ -17,8 +17,11 @@
 
 #include "distlock/distlock.hpp"
 #include "distlock/fencing.hpp"
+#include "support/dups_c_tool_args.hpp"
 
 namespace {
+
+using distlock::testing::say;
 
 std::atomic<bool> g_write{false};
 std::atomic<bool> g_stop{false};
@@ -29,11 +32,6 @@ void on_signal(int sig) {
   } else {
     g_stop = true;
   }
-}
-
-void say(const std::string& line) {
-  const std::string l = line + "\n";
-  (void)!::write(1, l.data(), l.size());
 }
 
 }  // namespace
@@ -49,12 +47,7 @@ int main(int argc, char** argv) {
   app.add_option("--ttl", ttl_ms, "lease TTL in milliseconds");
   CLI11_PARSE(app, argc, argv);
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGUSR1, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
+  distlock::testing::on_signals(on_signal, {SIGUSR1, SIGTERM, SIGINT});
 
   try {
     distlock::Client client = distlock::connect(url);

@@ -35,18 +35,12 @@ using distlock::errc;
 using distlock::Millis;
 using distlock::detail::lock_file_name;
 using distlock::testing::Process;
+using distlock::testing::read_file;
 using distlock::testing::TempDir;
 namespace fs = std::filesystem;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::uint64_t le64(const std::string& s, std::size_t at) {
   std::uint64_t v = 0;
@@ -139,7 +133,7 @@ TEST_F(FileBackend, AcquireReleaseStatusAndFileLayout) {
     EXPECT_FALSE(info.ttl_remaining.has_value());
 
     // The record inside the file: magic, token, pid, owner id, the full name.
-    const std::string bytes = slurp(file_of("orders/42"));
+    const std::string bytes = read_file(file_of("orders/42"));
     ASSERT_GE(bytes.size(), 40u);
     EXPECT_EQ(bytes.substr(0, 8), std::string("DLOCKF1\n"));
     EXPECT_EQ(le64(bytes, 8), 1u);
@@ -399,13 +393,13 @@ TEST_F(FileBackend, LockFileNotOwnedByCallerOrRootIsRefused) {
 TEST_F(FileBackend, TokenAtItsMaximumIsRefusedNeverWrapped) {
   auto c = client();
   c.acquire("forged").release();
-  std::string rec = slurp(file_of("forged"));
+  std::string rec = read_file(file_of("forged"));
   ASSERT_GE(rec.size(), 16u);
   for (int i = 0; i < 8; ++i) rec[8 + i] = '\xff';  // token 2^64-1
   std::ofstream(file_of("forged"), std::ios::binary | std::ios::trunc) << rec;
   expect_error([&] { c.acquire("forged", wait_for(0ms)); }, errc::exhausted, "forged");
   EXPECT_TRUE(logged(file_of("forged").string())) << "the log names the file";
-  EXPECT_EQ(le64(slurp(file_of("forged")), 8), ~std::uint64_t{0});
+  EXPECT_EQ(le64(read_file(file_of("forged")), 8), ~std::uint64_t{0});
   EXPECT_FALSE(c.status("forged").held);
   // One below the maximum is still issued.
   rec[8] = '\xfe';
@@ -448,7 +442,7 @@ TEST_F(FileBackend, OddNamesWork) {
   EXPECT_EQ(files, names.size());
   // Long names are hashed; the full name stays inside the file for status and checks.
   EXPECT_EQ(lock_file_name(std::string(4096, 'n')).size(), 64u + 6u);
-  EXPECT_NE(slurp(file_of(std::string(4096, 'n'))).find(std::string(4096, 'n')), std::string::npos);
+  EXPECT_NE(read_file(file_of(std::string(4096, 'n'))).find(std::string(4096, 'n')), std::string::npos);
   EXPECT_EQ(lock_file_name("a b/c"), "a%20b%2Fc.lock");
   EXPECT_EQ(lock_file_name(".."), "%2E..lock");
 }
@@ -457,7 +451,7 @@ TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
   const std::string out = out_file("holder");
   Process p = distlock::testing::spawn_holder(url(), "theirs", out, 2000);
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
-  const std::string before = slurp(file_of("theirs"));
+  const std::string before = read_file(file_of("theirs"));
   {
     auto c = client();
     EXPECT_FALSE(c.try_acquire("theirs").has_value());
@@ -468,7 +462,7 @@ TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
     EXPECT_EQ(ec, errc::timeout);
     EXPECT_TRUE(c.status("theirs").held);
   }  // our client goes away too: nothing of theirs is released
-  EXPECT_EQ(slurp(file_of("theirs")), before);
+  EXPECT_EQ(read_file(file_of("theirs")), before);
   p.signal(SIGUSR1);
   EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
   auto c = client();
@@ -518,11 +512,11 @@ TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
   auto c = client();
   (void)c.status("x");  // the directory exists now
   std::ofstream(file_of("damaged"), std::ios::binary) << "somebody else's data";
-  const std::string before = slurp(file_of("damaged"));
+  const std::string before = read_file(file_of("damaged"));
   expect_error([&] { c.acquire("damaged"); }, errc::protocol_error, "damaged");
   EXPECT_TRUE(logged(lock_file_name("damaged"))) << "the log should name the file";
   EXPECT_TRUE(logged("not a distlock lock file"));
-  EXPECT_EQ(slurp(file_of("damaged")), before);
+  EXPECT_EQ(read_file(file_of("damaged")), before);
   distlock::detail::Error ec;
   (void)c.status("damaged", ec);
   EXPECT_EQ(ec, errc::protocol_error);

@@ -41,6 +41,7 @@ using distlock::testing::get;
 using distlock::testing::names;
 using distlock::testing::Process;
 using distlock::testing::put;
+using distlock::testing::read_file;
 using distlock::testing::TempDir;
 namespace fs = std::filesystem;
 
@@ -61,13 +62,6 @@ struct FileRecords : ::testing::Test {
     return b;
   }
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 TEST_F(FileRecords, PutGetEraseAndBinaryValues) {
   auto b = backend();
@@ -118,10 +112,10 @@ TEST_F(FileRecords, RecordAndLockOfOneNameCoexist) {
   auto got = b->try_acquire(req, ec);
   ASSERT_FALSE(ec);
   ASSERT_TRUE(got.acquired);
-  const std::string lock_bytes = slurp(dir / lock_file_name("shared-name"));
+  const std::string lock_bytes = read_file(dir / lock_file_name("shared-name"));
 
   EXPECT_EQ(put(*b, "shared-name", "value", PutMode::if_absent), "value");
-  EXPECT_EQ(slurp(dir / lock_file_name("shared-name")), lock_bytes);  // the lock file is untouched
+  EXPECT_EQ(read_file(dir / lock_file_name("shared-name")), lock_bytes);  // the lock file is untouched
   auto st = b->status("shared-name", ec);
   EXPECT_TRUE(st.held);
   EXPECT_EQ(st.token, got.token);
@@ -197,8 +191,8 @@ TEST_F(FileRecords, IfAbsentRaceBetweenTwoProcessesAgrees) {
       ASSERT_EQ(::waitpid(pid, &status, 0), pid);
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
     }
-    const std::string a = slurp(outdir / (std::to_string(round) + "-0"));
-    const std::string c = slurp(outdir / (std::to_string(round) + "-1"));
+    const std::string a = read_file(outdir / (std::to_string(round) + "-0"));
+    const std::string c = read_file(outdir / (std::to_string(round) + "-1"));
     EXPECT_EQ(a, c) << "round " << round;
     EXPECT_TRUE(a == "proc0-round" + std::to_string(round) || a == "proc1-round" + std::to_string(round))
         << a;
@@ -342,7 +336,7 @@ TEST_F(FileRecords, DamagedOrForeignRecordFilesAreProtocolErrors) {
   b->get_record("junk", ec);
   EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
   EXPECT_NE(ec.take_detail().find("DLRECF1"), std::string::npos);
-  EXPECT_EQ(slurp(dir / "records" / record_file_name("junk")), "not a record");  // kept as it was
+  EXPECT_EQ(read_file(dir / "records" / record_file_name("junk")), "not a record");  // kept as it was
 }
 
 TEST_F(FileRecords, RecordDirectoryOthersCanWriteIsRefused) {

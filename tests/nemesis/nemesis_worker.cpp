@@ -66,16 +66,12 @@
 
 #include "distlock/distlock.hpp"
 #include "distlock/fencing.hpp"
+#include "support/backend_mono_clock.hpp"
 
 namespace {
 
+using distlock::testing::mono_ns;
 using Steady = std::chrono::steady_clock;
-
-std::int64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 int open_append(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

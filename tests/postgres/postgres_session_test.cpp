@@ -34,14 +34,6 @@ using distlock::detail::AcquireRequest;
 using distlock::detail::Backend;
 using Clock = std::chrono::steady_clock;
 
-// Quiet, with both timeouts at `timeout`.
-distlock::ClientOptions quiet(Millis timeout = 5000ms) {
-  distlock::ClientOptions o = distlock::testing::quiet();
-  o.connect_timeout = timeout;
-  o.command_timeout = timeout;
-  return o;
-}
-
 std::string advisory_locks(const PostgresServer& s) {
   return s.query("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0];
 }
@@ -57,7 +49,7 @@ TEST(PostgresSession, AReleaseWithoutAnAnswerIsATransientErrorNotALoss) {
   PostgresServer server;
   FaultProxy proxy(server.port());
   auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet(1000ms));
-  auto b = distlock::connect(server.url(), quiet());
+  auto b = distlock::connect(server.url(), quiet(5000ms));
   const Millis ttl = 6000ms;
   const auto acquired_at = Clock::now();
   auto held = a.acquire("frozen-release", ttl_of(ttl));
@@ -136,7 +128,7 @@ std::unique_ptr<Backend> backend(const std::string& url) {
   distlock::detail::Url u;
   distlock::detail::Error ec;
   EXPECT_FALSE(ec = distlock::detail::parse_url(url, u)) << ec.detail();
-  auto b = distlock::detail::make_postgres_backend(u, quiet(), ec);
+  auto b = distlock::detail::make_postgres_backend(u, quiet(5000ms), ec);
   EXPECT_TRUE(b) << ec.message() << ": " << ec.detail();
   return b;
 }
@@ -195,8 +187,8 @@ TEST(PostgresSession, ForgetFreesTheLostLeaseAtOnceForThisClientAndAnother) {
 // take the name again within 1 s of the loss, long before the session's idle timeout.
 TEST(PostgresSession, ALeaseLostToItsHoldBoundIsFreeAtOnceForThisClientAndAnother) {
   PostgresServer server;
-  auto a = distlock::connect(server.url(), quiet());
-  auto b = distlock::connect(server.url(), quiet());
+  auto a = distlock::connect(server.url(), quiet(5000ms));
+  auto b = distlock::connect(server.url(), quiet(5000ms));
   LockOptions bounded = ttl_of(60000ms);
   bounded.max_hold = 500ms;
   auto lost = a.acquire("bounded", bounded);
@@ -288,7 +280,7 @@ TEST(PostgresSession, ASessionWhoseStartupOptionsWereDroppedIsRefusedAtConnect) 
   FaultProxy proxy(server.port());
   proxy.set_head_rewriter(&strip_options);
   try {
-    auto c = distlock::connect(PostgresServer::url_through(proxy.port(), "?sslmode=disable"), quiet());
+    auto c = distlock::connect(PostgresServer::url_through(proxy.port(), "?sslmode=disable"), quiet(5000ms));
     // connect() opens the shared and listening connections (idle timeout 0 asked and
     // got: the default); the lease session is opened by the first acquisition.
     std::error_code ec;

@@ -242,10 +242,7 @@ namespace {
 TEST(Postgres, AWaiterGetsALockWhoseSessionWasCutOnlyAfterTheHoldersDeadlineAndInTime) {
   PostgresServer server;
   FaultProxy proxy(server.port());
-  auto a =
-      distlock::connect(std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword +
-                            "@127.0.0.1:" + std::to_string(proxy.port()) + "/postgres",
-                        quiet());
+  auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
   auto b = distlock::connect(server.url(), quiet());
   const Millis ttl = 6000ms;  // above the engine's 5 s re-check cap
   auto held = a.acquire("cut-wait", ttl_of(ttl));

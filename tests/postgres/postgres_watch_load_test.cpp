@@ -208,19 +208,10 @@ TEST(PostgresWatchLoad, NestedPrefixesManyNamesEveryTokenReported) {
 // statement timeouts (1 s each here) plus slack, not blocked on the silent server.
 TEST(PostgresWatchLoad, DestroyingAWatchOfASilentServerReturnsWithinItsTimeouts) {
   PostgresServer server;
-  distlock::ClientOptions o = quiet();
-  o.connect_timeout = 1s;
-  o.command_timeout = 1s;
-  Client c = distlock::connect(server.url(), o);
+  Client c = distlock::connect(server.url(), quiet(1s));
   auto w = std::make_unique<Watch>(c.watch("silent/"));
   server.pause();
-  bool gap = false;
-  const auto end = Clock::now() + 15s;
-  while (!gap && Clock::now() < end) {
-    auto e = w->next(1s);
-    gap = e && e->kind == WatchEventKind::gap;
-  }
-  ASSERT_TRUE(gap) << "no gap within 15 s of the pause";
+  ASSERT_TRUE(next_matching(*w, 15s, event_of(WatchEventKind::gap))) << "no gap within 15 s of the pause";
   std::this_thread::sleep_for(300ms);  // into a re-connection attempt; the bound below holds either way
   const auto t0 = Clock::now();
   w.reset();
@@ -237,10 +228,7 @@ TEST(PostgresWatchLoad, DestroyingAWatchOfASilentServerReturnsWithinItsTimeouts)
 TEST(PostgresWatchLoad, AFrozenWatchConnectionDelaysButSkipsNothing) {
   PostgresServer server;
   FaultProxy proxy(server.port());
-  Client watcher =
-      distlock::connect(std::string("postgres://") + PostgresServer::kUser + ":" + PostgresServer::kPassword +
-                            "@127.0.0.1:" + std::to_string(proxy.port()) + "/postgres",
-                        quiet());
+  Client watcher = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
   Watch w = watcher.watch("frz/");
   std::mutex mu;
   Tokens tokens;
@@ -274,19 +262,10 @@ TEST(PostgresWatchLoad, AFrozenWatchConnectionDelaysButSkipsNothing) {
 // hand-offs are repeated, as one made before the re-connection is covered by its gap).
 TEST(PostgresWatchLoad, ARestartIsAGapThenEventsAgain) {
   PostgresServer server;
-  distlock::ClientOptions o = quiet();
-  o.connect_timeout = 1s;
-  o.command_timeout = 1s;
-  Client watcher = distlock::connect(server.url(), o);
+  Client watcher = distlock::connect(server.url(), quiet(1s));
   Watch w = watcher.watch("rs/");
   server.restart();
-  bool gap = false;
-  const auto end = Clock::now() + 15s;
-  while (!gap && Clock::now() < end) {
-    auto e = w.next(1s);
-    gap = e && e->kind == WatchEventKind::gap;
-  }
-  ASSERT_TRUE(gap) << "no gap within 15 s of the restart";
+  ASSERT_TRUE(next_matching(w, 15s, event_of(WatchEventKind::gap))) << "no gap within 15 s of the restart";
   // Hand-offs until one is reported (one made before the re-connection is covered by its
   // gap, not reported), at most 20 s on the steady clock.
   Client c = distlock::connect(server.url(), quiet());

@@ -228,10 +228,7 @@ TEST(PostgresPrefixWatch, EventsArePublishedOnlyWhileAWatchExists) {
 // gap too and the held lock's `state` follows.
 TEST(PostgresPrefixWatch, ASilentServerIsAGapWithinTheIdleCheck) {
   PostgresServer server;
-  distlock::ClientOptions o = quiet();
-  o.connect_timeout = 1s;
-  o.command_timeout = 1s;
-  Client c = distlock::connect(server.url(), o);
+  Client c = distlock::connect(server.url(), quiet(1s));
   Lease held = c.acquire("silent/held", ttl_of(60s, 30s));
   Watch w = c.watch("silent/");
   auto s = w.next(10s);

@@ -24,6 +24,7 @@
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/dups_c_hammer.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/redis_probes.hpp"
@@ -416,27 +417,24 @@ TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
     ASSERT_TRUE(hr.acquired) << ec.message();
     std::mutex mu;
     std::vector<std::pair<int, std::uint64_t>> order;
-    std::thread t1([&] {
-      distlock::detail::Error e;
-      Lease l = c1.acquire(name, ttl_of(2s, 10s), e);
-      EXPECT_FALSE(e) << e.message();
-      if (e) return;
-      {
-        std::lock_guard lk(mu);
-        order.emplace_back(1, l.token());
-      }
-      std::this_thread::sleep_for(20ms);
-    });
+    // Waiter `who` through `client`: once granted, notes (who, token) in `order` and holds for `hold`.
+    const auto waiter = [&](int who, Client& client, Millis hold) {
+      return std::thread([&, who, hold] {
+        distlock::detail::Error e;
+        Lease l = client.acquire(name, ttl_of(2s, 10s), e);
+        EXPECT_FALSE(e) << e.message();
+        if (e) return;
+        {
+          std::lock_guard lk(mu);
+          order.emplace_back(who, l.token());
+        }
+        std::this_thread::sleep_for(hold);
+      });
+    };
+    std::thread t1 = waiter(1, c1, 20ms);
     ASSERT_TRUE(eventually([&] { return c1.status(name).waiters.value_or(0) == 1u; }, 5s));
     std::this_thread::sleep_until(h_at + 250ms + Millis(i * 5 - 40));
-    std::thread t2([&] {
-      distlock::detail::Error e;
-      Lease l = c2.acquire(name, ttl_of(2s, 10s), e);
-      EXPECT_FALSE(e) << e.message();
-      if (e) return;
-      std::lock_guard lk(mu);
-      order.emplace_back(2, l.token());
-    });
+    std::thread t2 = waiter(2, c2, 0ms);
     t1.join();
     t2.join();
     ASSERT_EQ(order.size(), 2u);
@@ -459,19 +457,12 @@ TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
 TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
   RedisServer server;
   constexpr int kClients = 3, kThreadsPer = 4, kNames = 6;
-  std::vector<Client> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(distlock::connect(server.url()));
-  std::mutex mu;
-  std::vector<std::vector<const Lease*>> inside(kNames);
-  std::vector<std::uint64_t> last_token(kNames, 0);
-  int overlaps = 0, regressions = 0;
+  std::vector<Client> clients = connect_clients(server.url(), kClients);
+  NameSections sections(kNames);
   std::atomic<int> acquired{0}, failures{0}, silent{0}, checked{0};
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    for (int t = 0; t < kThreadsPer; ++t) {
-      threads.emplace_back([&, c, t] {
-        std::minstd_rand rng(static_cast<unsigned>(c * 977 + t));
+  std::vector<std::thread> threads =
+      start_hammer_threads(kClients, kThreadsPer, 977, [&](int c, std::minstd_rand& rng) {
         Raw raw(server.port());
         for (int n = 0; n < 20000 && !stop.load(); ++n) {
           const int k = static_cast<int>(rng() % kNames);
@@ -497,23 +488,13 @@ TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
             l.emplace(std::move(got));
           }
           ++acquired;
-          {
-            std::lock_guard lk(mu);
-            for (const Lease* o : inside[k]) {
-              if (o->owns() && l->owns()) ++overlaps;
-            }
-            // Token order is checked among leases that still own() when they are recorded: a
-            // lease whose thread was descheduled past its 100-300 ms TTL between the grant and
-            // this line is no longer a holder (its loss was signalled, and since the lost-lease
-            // hand-back the server may already have granted the name again with a larger token
-            // that was recorded first). Among valid holders the record order is the grant order:
-            // one that owns() here is still held on the server, so no later grant can precede it.
-            if (l->owns()) {
-              if (l->token() <= last_token[k]) ++regressions;
-              last_token[k] = std::max(last_token[k], l->token());
-            }
-            inside[k].push_back(&*l);
-          }
+          // Overlaps and token order are checked among leases that still own() when they are
+          // recorded: a lease whose thread was descheduled past its 100-300 ms TTL between the
+          // grant and this line is no longer a holder (its loss was signalled, and since the
+          // lost-lease hand-back the server may already have granted the name again with a larger
+          // token that was recorded first). Among valid holders the record order is the grant
+          // order: one that owns() here is still held on the server, so no later grant can precede it.
+          sections.enter(k, *l, /*only_while_owned=*/true);
           if (rng() % 2) {
             const auto before = Clock::now();
             if (l->owns() && l->remaining() >= 60ms) {
@@ -526,18 +507,12 @@ TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
             }
           }
           if (rng() % 2) std::this_thread::sleep_for(Millis(rng() % 4));
-          {
-            std::lock_guard lk(mu);
-            auto& v = inside[k];
-            v.erase(std::remove(v.begin(), v.end(), &*l), v.end());
-          }
+          sections.leave(k, *l);
           distlock::detail::Error rec;
           l->release(rec);
         }
       });
-    }
-  }
-  std::thread pauser([&] {
+  threads.emplace_back([&] {
     std::minstd_rand rng(7);
     for (int i = 0; i < 20 && !stop.load(); ++i) {
       std::this_thread::sleep_for(Millis(300 + rng() % 200));
@@ -546,13 +521,10 @@ TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
       server.resume();
     }
   });
-  std::this_thread::sleep_for(8s);  // the test's duration, not a synchronisation
-  stop = true;
-  pauser.join();
-  for (auto& t : threads) t.join();
+  run_hammer_for(8s, stop, threads);
   std::printf("acquired %d failures %d checked %d\n", acquired.load(), failures.load(), checked.load());
-  EXPECT_EQ(overlaps, 0);
-  EXPECT_EQ(regressions, 0);
+  EXPECT_EQ(sections.overlaps(), 0);
+  EXPECT_EQ(sections.regressions(), 0);
   EXPECT_EQ(silent.load(), 0) << "a lease owns() with time left while the server holds another token";
   EXPECT_GT(acquired.load(), 100);
   for (int k = 0; k < kNames; ++k) {

@@ -23,6 +23,7 @@
 #include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/dups_c_hammer.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -74,22 +75,20 @@ TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientK
       << "A's entry was never refreshed";
   std::mutex mu;
   std::vector<std::string> order;
+  // A wait for "short" through `client` with `ttl` that notes `who` in `order` once granted.
+  const auto waiter = [&](Client& client, Millis ttl, std::string who) {
+    return std::thread([&client, ttl, who, &mu, &order] {
+      distlock::detail::Error ec;
+      Lease l = client.acquire("short", ttl_of(ttl, 30s), ec);
+      EXPECT_FALSE(ec) << ec.message();
+      std::lock_guard lk(mu);
+      order.push_back(who);
+    });
+  };
   // Wait B on the same client, ttl 300 ms: its entry must be refreshed every 100 ms.
-  std::thread tb([&] {
-    distlock::detail::Error ec;
-    Lease l = c.acquire("short", ttl_of(300ms, 30s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    std::lock_guard lk(mu);
-    order.push_back("B");
-  });
+  std::thread tb = waiter(c, 300ms, "B");
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "short") == 1u; }, 10s));
-  std::thread td([&] {
-    distlock::detail::Error ec;
-    Lease l = d.acquire("short", ttl_of(10s, 30s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    std::lock_guard lk(mu);
-    order.push_back("D");
-  });
+  std::thread td = waiter(d, 10s, "D");
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "short") == 2u; }, 10s));
   // Watch the live entries for 1.5 s (five of B's TTLs): B is alive and waiting,
   // so both entries must stay live.
@@ -343,18 +342,14 @@ TEST(RedisHandOffReview, ServerRestartWithAofWhileWaitersQueued) {
 TEST(RedisHandOffReview, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
   RedisServer server;
   constexpr int kClients = 4, kThreadsPer = 3;
-  std::vector<Client> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(distlock::connect(server.url()));
+  std::vector<Client> clients = connect_clients(server.url(), kClients);
   std::atomic<int> inside{0}, overlaps{0}, acquired{0}, timeouts{0}, errors{0}, lost_inside{0};
   std::mutex mu;
   std::uint64_t last_token = 0;
   int token_regressions = 0;
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    for (int t = 0; t < kThreadsPer; ++t) {
-      threads.emplace_back([&, c, t] {
-        std::minstd_rand rng(static_cast<unsigned>(c * 31 + t));
+  std::vector<std::thread> threads =
+      start_hammer_threads(kClients, kThreadsPer, 31, [&](int c, std::minstd_rand& rng) {
         for (int n = 0; n < 2000 && !stop.load(); ++n) {
           const int kind = static_cast<int>(rng() % 10);
           std::optional<Lease> l;
@@ -391,11 +386,7 @@ TEST(RedisHandOffReview, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
           if (rec) ++errors;
         }
       });
-    }
-  }
-  std::this_thread::sleep_for(8s);  // the test's duration, not a synchronisation
-  stop = true;
-  for (auto& t : threads) t.join();
+  run_hammer_for(8s, stop, threads);
   std::printf("acquired %d timeouts %d errors %d\n", acquired.load(), timeouts.load(), errors.load());
   EXPECT_EQ(overlaps.load(), 0);
   EXPECT_EQ(token_regressions, 0);
@@ -553,16 +544,12 @@ TEST(RedisHandOffReview, WaiterPausedWithAGrantInFlightResumesWhileAnotherHolds)
 TEST(RedisHandOffReview, SemaphoreHammerNeverExceedsItsPermits) {
   RedisServer server;
   constexpr int kClients = 3, kThreadsPer = 2, kPermits = 2;
-  std::vector<Client> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(distlock::connect(server.url()));
+  std::vector<Client> clients = connect_clients(server.url(), kClients);
   std::atomic<int> inside{0}, over{0}, acquired{0}, errors{0};
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    for (int t = 0; t < kThreadsPer; ++t) {
-      threads.emplace_back([&, c, t] {
+  std::vector<std::thread> threads =
+      start_hammer_threads(kClients, kThreadsPer, 7, [&](int c, std::minstd_rand& rng) {
         auto sem = clients[c].semaphore("sem", kPermits, ttl_of(500ms));
-        std::minstd_rand rng(static_cast<unsigned>(c * 7 + t));
         for (int n = 0; n < 2000 && !stop.load(); ++n) {
           std::optional<Lease> l;
           try {
@@ -582,11 +569,7 @@ TEST(RedisHandOffReview, SemaphoreHammerNeverExceedsItsPermits) {
           if (ec) ++errors;
         }
       });
-    }
-  }
-  std::this_thread::sleep_for(6s);  // the test's duration, not a synchronisation
-  stop = true;
-  for (auto& t : threads) t.join();
+  run_hammer_for(6s, stop, threads);
   std::printf("semaphore: acquired %d errors %d\n", acquired.load(), errors.load());
   EXPECT_EQ(over.load(), 0);
   EXPECT_EQ(errors.load(), 0);
@@ -604,19 +587,12 @@ TEST(RedisHandOffReview, SemaphoreHammerNeverExceedsItsPermits) {
 TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
   RedisServer server;
   constexpr int kClients = 3, kThreadsPer = 6, kNames = 3;
-  std::vector<Client> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(distlock::connect(server.url()));
-  std::mutex mu;
-  std::vector<std::vector<const Lease*>> inside(kNames);
-  std::vector<std::uint64_t> last_token(kNames, 0);
-  int overlaps = 0, regressions = 0;
+  std::vector<Client> clients = connect_clients(server.url(), kClients);
+  NameSections sections(kNames);
   std::atomic<int> acquired{0}, failures{0};
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    for (int t = 0; t < kThreadsPer; ++t) {
-      threads.emplace_back([&, c, t] {
-        std::minstd_rand rng(static_cast<unsigned>(c * 131 + t));
+  std::vector<std::thread> threads =
+      start_hammer_threads(kClients, kThreadsPer, 131, [&](int c, std::minstd_rand& rng) {
         for (int n = 0; n < 5000 && !stop.load(); ++n) {
           const int k = static_cast<int>(rng() % kNames);
           const std::string name = "kill-" + std::to_string(k);
@@ -628,28 +604,14 @@ TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
             continue;
           }
           ++acquired;
-          {
-            std::lock_guard lk(mu);
-            for (const Lease* o : inside[k]) {
-              if (o->owns()) ++overlaps;
-            }
-            if (l.token() <= last_token[k]) ++regressions;
-            last_token[k] = std::max(last_token[k], l.token());
-            inside[k].push_back(&l);
-          }
+          sections.enter(k, l);
           if (rng() % 2) std::this_thread::sleep_for(Millis(rng() % 5));
-          {
-            std::lock_guard lk(mu);
-            auto& v = inside[k];
-            v.erase(std::remove(v.begin(), v.end(), &l), v.end());
-          }
+          sections.leave(k, l);
           distlock::detail::Error rec;
           l.release(rec);
         }
       });
-    }
-  }
-  std::thread killer([&] {
+  threads.emplace_back([&] {  // kills the clients' connections
     for (int i = 0; i < 60 && !stop.load(); ++i) {
       std::this_thread::sleep_for(150ms);
       try {
@@ -658,13 +620,10 @@ TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
       }
     }
   });
-  std::this_thread::sleep_for(9s);  // the test's duration, not a synchronisation
-  stop = true;
-  killer.join();
-  for (auto& t : threads) t.join();
+  run_hammer_for(9s, stop, threads);
   std::printf("acquired %d failures %d\n", acquired.load(), failures.load());
-  EXPECT_EQ(overlaps, 0);
-  EXPECT_EQ(regressions, 0);
+  EXPECT_EQ(sections.overlaps(), 0);
+  EXPECT_EQ(sections.regressions(), 0);
   EXPECT_GT(acquired.load(), 50);
   // Nothing stranded for long: every name is free again within a TTL or two.
   for (int k = 0; k < kNames; ++k) {

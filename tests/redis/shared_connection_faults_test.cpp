@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include "distlock/distlock.hpp"
 #include "redis/shared_connection.hpp"
 #include "redis/wait_queue.hpp"
+#include "support/dups_c_hammer.hpp"
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -37,7 +39,9 @@ namespace distlock::detail::redis {
 namespace {
 
 using namespace std::chrono_literals;
+using distlock::testing::connect_clients;
 using distlock::testing::RedisServer;
+using distlock::testing::start_hammer_threads;
 using Clock = std::chrono::steady_clock;
 
 ConnectionOptions opts_for(const RedisServer& server, Millis command_timeout,
@@ -58,6 +62,23 @@ bool eventually(Pred pred, Millis limit = Millis(10000)) {
 
 long long ms_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+// Runs `call(t)` on `threads` threads released together (a latch): the ms each call took.
+std::vector<long long> timed_together(int threads, const std::function<void(int)>& call) {
+  std::vector<long long> took(threads, 0);
+  std::latch go(threads);
+  std::vector<std::thread> v;
+  for (int t = 0; t < threads; ++t) {
+    v.emplace_back([&, t] {
+      go.arrive_and_wait();
+      const auto t0 = Clock::now();
+      call(t);
+      took[t] = ms_since(t0);
+    });
+  }
+  for (auto& th : v) th.join();
+  return took;
 }
 
 // Counters of an echo hammer: every call sends unique payloads and checks that the
@@ -156,6 +177,17 @@ std::vector<std::thread> start_hammer(SharedConnection& shared, int threads, lon
   return v;
 }
 
+// Ends an echo hammer: sets `stop`, joins its threads, prints "<what> <count> ok .. failed ..
+// connects .." and checks that no call got a reply meant for another.
+void stop_hammer_and_check(std::atomic<bool>& stop, std::vector<std::thread>& threads,
+                           SharedConnection& shared, const EchoTally& tally, const char* what, int count) {
+  stop = true;
+  for (auto& th : threads) th.join();
+  std::printf("%s %d ok %ld failed %ld connects %llu\n", what, count, tally.ok.load(), tally.failed.load(),
+              static_cast<unsigned long long>(shared.stats().connects));
+  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
+}
+
 // ---------------------------------------------------------------------------
 // 1. Liveness: a stuck server (SIGSTOP: the kernel still accepts connections, the
 //    handshake's PING is never answered). wire_for_call() connects while holding
@@ -169,19 +201,9 @@ TEST(SharedConnectionReview, ConnectsToAStuckServerAreNotSerialisedBehindEachOth
   SharedConnection shared(opts_for(server, timeout, timeout));
   server.pause();
   constexpr int kThreads = 8;
-  std::vector<long long> took(kThreads, 0);
   std::vector<Error> codes(kThreads);
-  std::latch go(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      go.arrive_and_wait();
-      const auto t0 = Clock::now();
-      shared.command({"PING"}, codes[t]);
-      took[t] = ms_since(t0);
-    });
-  }
-  for (auto& th : threads) th.join();
+  const std::vector<long long> took =
+      timed_together(kThreads, [&](int t) { shared.command({"PING"}, codes[t]); });
   server.resume();
   const long long worst = *std::max_element(took.begin(), took.end());
   std::string all;
@@ -209,24 +231,19 @@ TEST(SharedConnectionReview, TryAcquireOnAStuckServerReturnsWithinTheTimeoutsFor
   }
   server.pause();
   constexpr int kThreads = 8;
-  auto round = [&](std::vector<long long>& took, std::vector<std::error_code>& codes) {
-    std::latch go(kThreads);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        go.arrive_and_wait();
-        const auto t0 = Clock::now();
-        Lease l = client.acquire("n" + std::to_string(t), lo, codes[t]);
-        took[t] = ms_since(t0);
-        EXPECT_FALSE(l.owns());
-      });
-    }
-    for (auto& th : threads) th.join();
+  // One try_acquire per thread, all at once: how long each took, its code in `codes`.
+  auto round = [&](std::vector<std::error_code>& codes) {
+    std::vector<char> owned(kThreads, 0);  // not vector<bool>: each thread writes its own element
+    const auto took = timed_together(kThreads, [&](int t) {
+      Lease l = client.acquire("n" + std::to_string(t), lo, codes[t]);
+      owned[t] = l.owns() ? 1 : 0;
+    });
+    for (int t = 0; t < kThreads; ++t) EXPECT_FALSE(owned[t]) << t;
+    return took;
   };
-  std::vector<long long> took1(kThreads), took2(kThreads);
   std::vector<std::error_code> c1(kThreads), c2(kThreads);
-  round(took1, c1);  // fails the established connection
-  round(took2, c2);  // every thread needs a new one
+  const std::vector<long long> took1 = round(c1);  // fails the established connection
+  const std::vector<long long> took2 = round(c2);  // every thread needs a new one
   server.resume();
   std::string all;
   for (int t = 0; t < kThreads; ++t) all += " " + std::to_string(took1[t]) + "/" + std::to_string(took2[t]);
@@ -286,11 +303,7 @@ TEST(SharedConnectionReview, ClientKillMidFlightNeverHandsAReplyToTheWrongCall) 
     const long before = tally.ok.load();
     eventually([&] { return tally.ok.load() > before + 20; }, Millis(2000));
   }
-  stop = true;
-  for (auto& th : threads) th.join();
-  std::printf("kills %d ok %ld failed %ld connects %llu\n", kills, tally.ok.load(), tally.failed.load(),
-              static_cast<unsigned long long>(shared.stats().connects));
-  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
+  stop_hammer_and_check(stop, threads, shared, tally, "kills", kills);
   EXPECT_GT(kills, 10);
   EXPECT_GT(tally.ok.load(), 1000);
 }
@@ -329,12 +342,8 @@ TEST(SharedConnectionReview, LateRepliesAfterAPauseLongerThanTheTimeoutReachNobo
                 ms_since(t_resume), tally.failed.load());
     recoveries += recovered;
   }
-  stop = true;
-  for (auto& th : threads) th.join();
+  stop_hammer_and_check(stop, threads, shared, tally, "pauses", pauses);
   EXPECT_EQ(recoveries, pauses) << "calls did not succeed again within 5 s of the resume";
-  std::printf("pauses %d ok %ld failed %ld connects %llu\n", pauses, tally.ok.load(), tally.failed.load(),
-              static_cast<unsigned long long>(shared.stats().connects));
-  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
   EXPECT_GE(pauses, 5);
   EXPECT_GT(tally.failed.load(), 0);
 }
@@ -356,11 +365,7 @@ TEST(SharedConnectionReview, RestartMidFlightNeverHandsAReplyToTheWrongCall) {
     const long ok_before = tally.ok.load();
     eventually([&] { return tally.ok.load() > ok_before + 200; }, Millis(5000));
   }
-  stop = true;
-  for (auto& th : threads) th.join();
-  std::printf("restarts %d ok %ld failed %ld connects %llu\n", restarts, tally.ok.load(), tally.failed.load(),
-              static_cast<unsigned long long>(shared.stats().connects));
-  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
+  stop_hammer_and_check(stop, threads, shared, tally, "restarts", restarts);
   EXPECT_EQ(restarts, 4);
 }
 
@@ -540,19 +545,15 @@ TEST(SharedConnectionReview, LockHammerUnderKillsFlushesAndPausesKeepsExclusionA
   co.connect_timeout = Millis(300);
   co.command_timeout = Millis(300);
   constexpr int kClients = 3, kThreadsPer = 4, kNames = 3;
-  std::vector<Client> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(distlock::connect(server.url(), co));
+  std::vector<Client> clients = connect_clients(server.url(), kClients, co);
   std::atomic<int> inside[kNames] = {0, 0, 0};
   std::atomic<int> overlaps{0}, acquired{0}, errors{0}, lost_inside{0};
   std::mutex mu;
   std::uint64_t last_token[kNames] = {0, 0, 0};
   int regressions = 0;
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    for (int t = 0; t < kThreadsPer; ++t) {
-      threads.emplace_back([&, c, t] {
-        std::minstd_rand rng(static_cast<unsigned>(c * 131 + t));
+  std::vector<std::thread> threads =
+      start_hammer_threads(kClients, kThreadsPer, 131, [&](int c, std::minstd_rand& rng) {
         for (int n = 0; n < 20000 && !stop.load(); ++n) {
           const int k = static_cast<int>(rng() % kNames);
           LockOptions lo;
@@ -582,8 +583,6 @@ TEST(SharedConnectionReview, LockHammerUnderKillsFlushesAndPausesKeepsExclusionA
           l.release(rec);
         }
       });
-    }
-  }
   int kills = 0, flushes = 0, pauses = 0;
   const auto end = Clock::now() + 9s;
   for (int i = 0; i < 200 && Clock::now() < end; ++i) {

@@ -54,13 +54,22 @@ std::string nonce_of(const std::string& value) {
   return nl == std::string::npos ? std::string() : value.substr(nl + 1);
 }
 
-TEST(RedlockOwnerNonce, StatusListAndRevokeNameTheHolderWithoutTheAttemptsNonce) {
-  distlock::testing::Masters m(3);
-  auto b = make_backend(m.url("timeout=2s"));
+// Connects `b` to the three masters of `m` (timeout 2 s) and takes `name` with it for kOwner
+// (TTL 30 s, `lock_delay`).
+void hold(distlock::testing::Masters& m, const std::string& name, std::chrono::milliseconds lock_delay,
+          std::unique_ptr<distlock::detail::Backend>& b) {
+  b = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(b);
   Error ec;
-  const AcquireRequest req{"report", kOwner, 30s, false, 0ms};
-  ASSERT_TRUE(b->try_acquire(req, ec).acquired) << ec.message() << " " << ec.detail();
+  ASSERT_TRUE(b->try_acquire(AcquireRequest{name, kOwner, 30s, false, lock_delay}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+}
+
+TEST(RedlockOwnerNonce, StatusListAndRevokeNameTheHolderWithoutTheAttemptsNonce) {
+  distlock::testing::Masters m(3);
+  std::unique_ptr<distlock::detail::Backend> b;
+  ASSERT_NO_FATAL_FAILURE(hold(m, "report", 0ms, b));
+  Error ec;
   const std::string stored = m.get(0, key_of("report"));
   ASSERT_EQ(stored.substr(0, kOwner.size() + 1), std::string(kOwner) + "\n") << "the key holds " << stored;
   ASSERT_EQ(nonce_of(stored).size(), 16U) << "the key holds " << stored;
@@ -97,11 +106,9 @@ TEST(RedlockOwnerNonce, StatusListAndRevokeNameTheHolderWithoutTheAttemptsNonce)
 
 TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAndReleases) {
   distlock::testing::Masters m(3);
-  auto b = make_backend(m.url("timeout=2s"));
-  ASSERT_TRUE(b);
+  std::unique_ptr<distlock::detail::Backend> b;
+  ASSERT_NO_FATAL_FAILURE(hold(m, "job", 0ms, b));
   Error ec;
-  const AcquireRequest req{"job", kOwner, 30s, false, 0ms};
-  ASSERT_TRUE(b->try_acquire(req, ec).acquired) << ec.message() << " " << ec.detail();
   const std::string key = key_of("job");
   const std::string held = m.get(1, key);
   ASSERT_EQ(nonce_of(held).size(), 16U) << held;
@@ -139,11 +146,9 @@ TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAn
 
 TEST(RedlockOwnerNonce, TheLockDelayMarkerCarriesTheKeysNonce) {
   distlock::testing::Masters m(3);
-  auto b = make_backend(m.url("timeout=2s"));
-  ASSERT_TRUE(b);
+  std::unique_ptr<distlock::detail::Backend> b;
+  ASSERT_NO_FATAL_FAILURE(hold(m, "batch", 2000ms, b));
   Error ec;
-  const AcquireRequest req{"batch", kOwner, 30s, false, 2000ms};
-  ASSERT_TRUE(b->try_acquire(req, ec).acquired) << ec.message() << " " << ec.detail();
   const std::string key = key_of("batch");
   const std::string marker =
       distlock::detail::redlock::delay_key(distlock::detail::redlock::Config{}, "batch");

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -51,12 +52,22 @@ struct ShardHeldTest : distlock::testing::ManualMemoryTest {
     EXPECT_EQ(a.shards.size(), 1U) << "no assignment within " << kWait.count() << " ms";
     return a.shards.empty() ? distlock::OwnedShard{} : a.shards.front();
   }
+  // A client, its group of one shard for `job`, and that shard once assigned.
+  struct OneShard {
+    distlock::Client c;
+    distlock::ShardGroup g;
+    distlock::OwnedShard s;
+  };
+  OneShard one_shard(const std::string& job) {
+    distlock::Client c = client();
+    distlock::ShardGroup g = c.shard_group(job, 1, group_options());
+    const distlock::OwnedShard s = first_shard(g);
+    return {std::move(c), std::move(g), s};
+  }
 };
 
 TEST_F(ShardHeldTest, FalseOnceTheLocalDeadlinePassedThoughTheStopTokenHasNotFired) {
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-job", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-job");
   ASSERT_TRUE(s.held());
   // 1 ms before the local deadline: still held.
   clock->advance(kTtl - kMargin - 1ms);
@@ -74,9 +85,7 @@ TEST_F(ShardHeldTest, FalseOnceTheLocalDeadlinePassedThoughTheStopTokenHasNotFir
 }
 
 TEST_F(ShardHeldTest, FollowsTheDeadlineARenewalExtended) {
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-renew", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-renew");
   ASSERT_TRUE(s.held());
   // Half a TTL on, a renewal (sent now) moves the deadline to now + ttl - margin.
   clock->advance(kTtl / 2);
@@ -93,9 +102,7 @@ TEST_F(ShardHeldTest, FollowsTheDeadlineARenewalExtended) {
 }
 
 TEST_F(ShardHeldTest, FalseOnceGivenUpAndForAnEmptyShard) {
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-leave", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-leave");
   const distlock::OwnedShard copy = s;  // copies share the check
   ASSERT_TRUE(copy.held());
   g.leave();
@@ -127,9 +134,7 @@ TEST_F(ShardHeldTest, CopiesOutlivingTheGroupAndTheClientSayNotHeld) {
 // remaining() follows held(): the time to the local deadline, zero from the deadline on,
 // before the watchdog has fired the stop token.
 TEST_F(ShardHeldTest, RemainingIsTheTimeToTheDeadlineAndZeroPastIt) {
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-remaining", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-remaining");
   EXPECT_EQ(s.remaining(), kTtl - kMargin);
   clock->advance(kTtl - kMargin - 1ms);
   EXPECT_EQ(s.remaining(), 1ms);
@@ -145,9 +150,7 @@ TEST_F(ShardHeldTest, RemainingIsTheTimeToTheDeadlineAndZeroPastIt) {
 TEST_F(ShardHeldTest, DoesNotWaitForARenewalsRoundTrip) {
   constexpr Millis kHang = 1500ms;
   constexpr Millis kCallBound = 500ms;
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-stall", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-stall");
   ASSERT_TRUE(s.held());
   store->set_renew_delay(kHang);
   clock->advance(kTtl / 2);  // a renewal is due
@@ -182,9 +185,7 @@ TEST_F(ShardHeldTest, DoesNotWaitForARenewalsRoundTrip) {
 // has returned, and none blocks (each reader's loop is bounded in count and time). Run under
 // -DDISTLOCK_SANITIZE=thread for the data races.
 TEST_F(ShardHeldTest, LeaveRacingHeldOnOtherThreadsEndsFalse) {
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-race", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-race");
   ASSERT_TRUE(s.held());
   std::atomic<bool> left{false};
   std::atomic<int> saw_true{0}, false_after_leave{0}, true_after_leave{0};
@@ -246,6 +247,19 @@ ForkOutcomes fork_children(int forks, unsigned child_bound, Child child) {
   return out;
 }
 
+// A thread that calls `busy()` over and over, holding whatever mutex it takes, while children are
+// forked: it stops when `busy()` returns false, at `stop`, or at its bounds (10^9 calls, 4 x kWait
+// on the steady clock).
+std::thread spin_while(std::atomic<bool>& stop, std::function<bool()> busy) {
+  return std::thread([&stop, busy = std::move(busy)] {
+    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
+    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      if (!busy()) break;
+      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
+    }
+  });
+}
+
 // A child forked while another thread is inside held() (holding the check's mutex) never owns
 // the shard (a child never owns its parent's leases) and must say so without waiting for that
 // mutex, which no thread of the child will ever unlock. Each child answers under alarm(kChildBound):
@@ -253,18 +267,10 @@ ForkOutcomes fork_children(int forks, unsigned child_bound, Child child) {
 TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads) {
   constexpr int kForks = 200;
   constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("held-fork", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("held-fork");
   ASSERT_TRUE(s.held());
   std::atomic<bool> stop{false};
-  std::thread spinner([&] {
-    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
-    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
-      if (!s.held()) break;
-      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
-    }
-  });
+  std::thread spinner = spin_while(stop, [&] { return s.held(); });
   const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int) { return s.held() ? 1 : 0; });
   const int hung = o.hung, said_held = o.exited_1, other = o.other;
   stop = true;
@@ -285,18 +291,10 @@ TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads)
 TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) {
   constexpr int kForks = 200;
   constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
-  distlock::Client c = client();
-  distlock::ShardGroup g = c.shard_group("leave-fork", 1, group_options());
-  const distlock::OwnedShard s = first_shard(g);
+  auto [c, g, s] = one_shard("leave-fork");
   ASSERT_TRUE(s.held());
   std::atomic<bool> stop{false};
-  std::thread reader([&] {
-    const auto end = std::chrono::steady_clock::now() + 4 * kWait;
-    for (long i = 0; i < 1'000'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
-      if (g.assigned().shards.size() != 1) break;
-      if ((i & 1023) == 0 && std::chrono::steady_clock::now() > end) break;
-    }
-  });
+  std::thread reader = spin_while(stop, [&] { return g.assigned().shards.size() == 1; });
   const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int k) {
     if (k % 2 == 0) {
       g.leave();

@@ -66,20 +66,33 @@ TEST(ShardPlan, TheExtraShardsStayWithTheMembersThatHoldThem) {
   EXPECT_EQ(owners_of(7, p), o);
 }
 
+// A random state of a group: 1-70 shards over 1-12 live members (ids(w)), each shard unowned,
+// owned by a member, or owned by a dead member ("dead").
+struct RandomState {
+  std::uint32_t m;
+  int w;
+  std::vector<std::string> members;
+  Owners owners;
+};
+RandomState random_state(std::mt19937& rng) {
+  const std::uint32_t m = 1 + rng() % 70;
+  const int w = 1 + static_cast<int>(rng() % 12);
+  auto members = ids(w);
+  Owners owners(m);
+  for (auto& o : owners) {
+    const auto r = rng() % (w + 3);  // some unowned, some owned by a dead member
+    if (r < static_cast<unsigned>(w))
+      o = members[r];
+    else if (r == static_cast<unsigned>(w))
+      o = std::string("dead");
+  }
+  return {m, w, std::move(members), std::move(owners)};
+}
+
 TEST(ShardPlan, RandomStatesAreBalancedStickyAndOrderFree) {
   std::mt19937 rng(20261128);
   for (int round = 0; round < 2000; ++round) {  // bounded: 2000 random states
-    const std::uint32_t m = 1 + rng() % 70;
-    const int w = 1 + static_cast<int>(rng() % 12);
-    const auto members = ids(w);
-    Owners owners(m);
-    for (auto& o : owners) {
-      const auto r = rng() % (w + 3);  // some unowned, some owned by a dead member
-      if (r < static_cast<unsigned>(w))
-        o = members[r];
-      else if (r == static_cast<unsigned>(w))
-        o = std::string("dead");
-    }
+    const auto [m, w, members, owners] = random_state(rng);
     auto shuffled = members;
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
     const auto p = plan_shards(m, shuffled, owners);
@@ -127,17 +140,7 @@ TEST(ShardPlan, ThePlanStaysTheSameWhileMembersCarryItOutOneByOne) {
 TEST(ShardPlan, RandomHalfDoneStatesPlanTheSame) {
   std::mt19937 rng(20261129);
   for (int round = 0; round < 2000; ++round) {  // bounded: 2000 random states
-    const std::uint32_t m = 1 + rng() % 70;
-    const int w = 1 + static_cast<int>(rng() % 12);
-    const auto members = ids(w);
-    Owners owners(m);
-    for (auto& o : owners) {
-      const auto r = rng() % (w + 3);
-      if (r < static_cast<unsigned>(w))
-        o = members[r];
-      else if (r == static_cast<unsigned>(w))
-        o = std::string("dead");
-    }
+    const auto [m, w, members, owners] = random_state(rng);
     const auto p = plan_shards(m, members, owners);
     // A random subset of the members carries its part out: each releases what the plan takes
     // from it, then takes what the plan gives it that nobody live outside the subset holds.
@@ -250,6 +253,26 @@ void join(Model& md, const std::string& joiner) {
   md.act(joiner, md.live, md.owner);
 }
 
+// One round of the join cases: a group of 1-9 members over 1-64 shards (drawn from `rng`),
+// settled, then joined by one more member, named to sort after the others or before them.
+// `slow`: acquisitions lag behind releases (Model::slow) from the join on.
+struct JoinRound {
+  std::uint32_t m;
+  int w;
+  bool settled;  // balanced before the join
+  Model md;
+};
+JoinRound settled_group_joined(std::mt19937& rng, bool slow) {
+  const std::uint32_t m = 1 + rng() % 64;
+  const int w = 1 + static_cast<int>(rng() % 9);
+  Model md = settled_model(m, w, rng);
+  const bool settled = md.balanced();
+  if (slow) md.slow = &rng;
+  const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
+  join(md, joiner);
+  return {m, w, settled, std::move(md)};
+}
+
 // Periods of every live member in a random order (listings `stale` or fresh), `after_each`
 // run after each, until the group is balanced or `limit` periods passed: how many ran.
 int periods_until_balanced(
@@ -291,12 +314,8 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
   std::mt19937 rng(8);
   std::map<int, int> hist;
   for (int round = 0; round < kRandomRounds; ++round) {
-    const std::uint32_t m = 1 + rng() % 64;
-    const int w = 1 + static_cast<int>(rng() % 9);
-    Model md = settled_model(m, w, rng);
-    ASSERT_TRUE(md.balanced());
-    const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
-    join(md, joiner);
+    auto [m, w, settled, md] = settled_group_joined(rng, /*slow=*/false);
+    ASSERT_TRUE(settled);
     const int periods = periods_until_balanced(md, rng, /*stale=*/true, 20);
     ++hist[periods];
     // Every listing in that period is a half-done state of the one plan made after the join.
@@ -391,13 +410,8 @@ TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
 TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
   std::mt19937 rng(12);
   for (int round = 0; round < kRandomRounds; ++round) {
-    const std::uint32_t m = 1 + rng() % 64;
-    const int w = 1 + static_cast<int>(rng() % 9);
-    Model md = settled_model(m, w, rng);
-    ASSERT_TRUE(md.balanced());
-    md.slow = &rng;
-    const std::string joiner = rng() % 2 ? "m" + std::to_string(w) : std::string("a-joiner");
-    join(md, joiner);
+    auto [m, w, settled, md] = settled_group_joined(rng, /*slow=*/true);
+    ASSERT_TRUE(settled);
     const int periods = periods_until_balanced(md, rng, /*stale=*/true, 10, [&] {
       md.slow = nullptr;  // every pending take completes by the period's end
       md.hand_out();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -70,6 +71,24 @@ inline bool balanced(const std::vector<Member*>& members, std::uint32_t shards) 
   for (std::uint32_t i = 0; i < shards; ++i)
     if (owned.count(i) != 1) return false;
   return true;
+}
+
+// The ms from `t0` until `members` are balanced over `shards` (checked every 10 ms, up to
+// kDeadline from now), or nullopt when they are not by then.
+inline std::optional<std::int64_t> ms_until_balanced(const std::vector<Member*>& members,
+                                                     std::uint32_t shards, SteadyClock::time_point t0) {
+  if (!wait_until([&] { return balanced(members, shards); }, kDeadline)) return std::nullopt;
+  return ms_since(t0);
+}
+
+// How many shards each of `members` owns, for a message: "a 3, b 2".
+inline std::string owned_counts(const std::vector<Member*>& members) {
+  std::string out;
+  for (const Member* m : members) {
+    if (!out.empty()) out += ", ";
+    out += m->group.member_id() + " " + std::to_string(owned_by(*m).size());
+  }
+  return out;
 }
 
 }  // namespace distlock::testing::shard_watch

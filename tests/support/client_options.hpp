@@ -16,6 +16,14 @@ inline ClientOptions quiet() {
   return o;
 }
 
+/// quiet(), with the connect and command timeouts both `timeout`.
+inline ClientOptions quiet(Millis timeout) {
+  ClientOptions o = quiet();
+  o.connect_timeout = timeout;
+  o.command_timeout = timeout;
+  return o;
+}
+
 /// Lock options with `ttl`, `wait` (none: LockOptions' default) and `margin` as the safety margin.
 inline LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt, Millis margin = Millis(0)) {
   LockOptions o;

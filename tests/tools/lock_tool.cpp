@@ -35,8 +35,13 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/backend_mono_clock.hpp"
+#include "support/dups_c_tool_args.hpp"
 
 namespace {
+
+using distlock::testing::mono_ns;
+using distlock::testing::say;
 
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_report{false};
@@ -49,69 +54,30 @@ void on_signal(int sig) {
   }
 }
 
-std::int64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-void say(const std::string& line) {
-  std::string l = line + "\n";
-  (void)!::write(1, l.data(), l.size());
-}
-
-struct Args {
-  std::string mode, url, name, log, counter;
-  long ttl_ms = 2000, wait_ms = -1, hold_ms = 0, hold_us = 0, lock_delay_ms = 0, work_ms = 0;
-  int threads = 4, iters = 50;
+struct Args : distlock::testing::ToolTarget, distlock::testing::ToolHammer {
+  Args() { iters = 50; }
+  std::string mode, counter;
+  long wait_ms = -1, hold_ms = 0, lock_delay_ms = 0, work_ms = 0;
   bool exit_on_lost = false;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "lock_tool: %s\n", why);
-  std::exit(64);
+[[noreturn]] void usage(const std::string& why) {
+  distlock::testing::tool_usage("lock_tool", why);
 }
 
 Args parse(int argc, char** argv) {
-  if (argc < 2) usage("missing mode (hold|hammer)");
   Args a;
-  a.mode = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + k).c_str());
-      return argv[++i];
-    };
-    if (k == "--url")
-      a.url = val();
-    else if (k == "--name")
-      a.name = val();
-    else if (k == "--log")
-      a.log = val();
-    else if (k == "--counter")
-      a.counter = val();
-    else if (k == "--ttl")
-      a.ttl_ms = std::stol(val());
-    else if (k == "--wait")
-      a.wait_ms = std::stol(val());
-    else if (k == "--lock-delay")
-      a.lock_delay_ms = std::stol(val());
-    else if (k == "--hold-ms")
-      a.hold_ms = std::stol(val());
-    else if (k == "--work-ms")
-      a.work_ms = std::stol(val());
-    else if (k == "--hold-us")
-      a.hold_us = std::stol(val());
-    else if (k == "--threads")
-      a.threads = std::stoi(val());
-    else if (k == "--iters")
-      a.iters = std::stoi(val());
-    else if (k == "--exit-on-lost")
-      a.exit_on_lost = true;
-    else
-      usage(("unknown flag " + k).c_str());
-  }
-  if (a.name.empty()) usage("--name is required");
+  distlock::testing::ToolFlags f("lock_tool");
+  distlock::testing::add_target_flags(f, a);
+  distlock::testing::add_hammer_flags(f, a);
+  f.text("--counter", a.counter)
+      .number("--wait", a.wait_ms)
+      .number("--lock-delay", a.lock_delay_ms)
+      .number("--hold-ms", a.hold_ms)
+      .number("--work-ms", a.work_ms)
+      .on_off("--exit-on-lost", a.exit_on_lost);
+  a.mode = f.parse(argc, argv, "hold|hammer");
+  if (a.name.empty()) f.usage("--name is required");
   return a;
 }
 
@@ -225,11 +191,7 @@ int hammer(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
+  distlock::testing::on_signals(on_signal, {SIGTERM, SIGINT, SIGUSR1});
   const Args a = parse(argc, argv);
   try {
     if (a.mode == "hold") return hold(a);
