@@ -31,7 +31,7 @@
 
 #include "distlock/distlock.hpp"
 #include "support/backend_mono_clock.hpp"
-#include "support/dups_c_tool_args.hpp"
+#include "support/tool_flags.hpp"
 
 namespace {
 

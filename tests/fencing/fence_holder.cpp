@@ -17,7 +17,7 @@
 
 #include "distlock/distlock.hpp"
 #include "distlock/fencing.hpp"
-#include "support/dups_c_tool_args.hpp"
+#include "support/tool_flags.hpp"
 
 namespace {
 

@@ -23,7 +23,7 @@
 #include "engine/engine.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
-#include "support/dups_c_hammer.hpp"
+#include "support/lock_hammer.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"

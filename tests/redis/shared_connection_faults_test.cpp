@@ -30,7 +30,7 @@
 #include "distlock/distlock.hpp"
 #include "redis/shared_connection.hpp"
 #include "redis/wait_queue.hpp"
-#include "support/dups_c_hammer.hpp"
+#include "support/lock_hammer.hpp"
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
