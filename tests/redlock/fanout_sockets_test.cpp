@@ -360,11 +360,14 @@ TEST(RedlockReview, IdleConnectionsClosedByTheMastersDoNotFailTheNextCall) {
 }
 
 // Many names: one waiter per name subscribes while a master is paused; then the
-// holder releases them all; every waiter gets its lock quickly.
+// holder releases them all; every waiter gets its lock quickly. The per-node timeout is
+// 500 ms, not the default 50 ms: the 1 s pause still outlasts it, and on a loaded machine
+// (load average 20) 3 of 20 runs with 50 ms failed before the pause, no master having
+// answered a plain acquire within 50 ms.
 TEST(RedlockReview, ManyWaitersWokenAfterAPausedMasterReturns) {
   Masters m(3);
-  auto holder = connect(m.url());
-  auto waiter = connect(m.url());
+  auto holder = connect(m.url("timeout=500ms"));
+  auto waiter = connect(m.url("timeout=500ms"));
   LockOptions opts;
   opts.ttl = 30s;
   constexpr int kNames = 40;
