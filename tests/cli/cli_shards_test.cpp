@@ -12,6 +12,8 @@
 //     the new owner's starts (no write of the old token after one of the new), and the new
 //     owner's command gets a larger token;
 //   - usage errors exit 64 with a line naming the flag.
+//   - the tests' shared command (shared_reporter) ends on the newest set when a SIGHUP comes while
+//     it reads the previous file (CliShardsReporter).
 // Every wait is on a file the commands write, bounded by a stated deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -95,6 +98,27 @@ std::optional<Report> read_report(const fs::path& p) {
   return Report{split_numbers(text.substr(0, bar)), split_numbers(text.substr(bar + 1))};
 }
 
+/// A shared command (sh -c) that writes "$DISTLOCK_SHARDS|$DISTLOCK_TOKENS" to `out` at start
+/// and, after each SIGHUP, what $DISTLOCK_SHARDS_FILE says; runs until `stop` exists.
+///
+/// The trap only sets a flag; the main loop reads the file. A trap that read the file itself
+/// would report a stale set: sh runs the trap of a SIGHUP that arrives while the trap is still
+/// running inside it, before the next command of the file the outer trap is reading, so the
+/// inner trap reads and reports the newest file, and then the outer one goes on with the
+/// older file's lines and reports those last. The runner sends one SIGHUP per change, to the
+/// job's whole process group (which also ends the loop's `sleep` at once), so a shard group
+/// that gives up or gains several shards one after another sends them that close together.
+/// Here a SIGHUP while the file is read sets the flag again, and the loop reads it once more.
+std::string shared_reporter(const fs::path& out, const fs::path& stop) {
+  const std::string o = out.string();
+  return "report() { echo \"$DISTLOCK_SHARDS|$DISTLOCK_TOKENS\" > " + o + ".tmp && mv " + o + ".tmp " + o +
+         "; }; hup=0; trap 'hup=1' HUP; "
+         "[ \"$DISTLOCK_SHARD_COUNT\" = 8 ] || exit 9; report; "
+         "while [ ! -e " +
+         stop.string() +
+         " ]; do if [ \"$hup\" = 1 ]; then hup=0; . \"$DISTLOCK_SHARDS_FILE\"; report; fi; sleep 0.02; done";
+}
+
 class CliShards : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
@@ -120,16 +144,7 @@ class CliShards : public ::testing::TestWithParam<Kind> {
     return args;
   }
 
-  /// A shared command that writes "$DISTLOCK_SHARDS|$DISTLOCK_TOKENS" to `out` at start and,
-  /// after each SIGHUP, what $DISTLOCK_SHARDS_FILE says; runs until `stop` exists.
-  std::string reporter(const fs::path& out) const {
-    const std::string o = out.string();
-    return "report() { echo \"$DISTLOCK_SHARDS|$DISTLOCK_TOKENS\" > " + o + ".tmp && mv " + o + ".tmp " + o +
-           "; }; trap '. \"$DISTLOCK_SHARDS_FILE\"; report' HUP; "
-           "[ \"$DISTLOCK_SHARD_COUNT\" = 8 ] || exit 9; report; "
-           "while [ ! -e " +
-           path("stop").string() + " ]; do sleep 0.02; done";
-  }
+  std::string reporter(const fs::path& out) const { return shared_reporter(out, path("stop")); }
 
   TempDir dir_{"distlock-cli-shards"};
   std::unique_ptr<Target> target_;
@@ -325,6 +340,52 @@ TEST_P(CliShards, AMemberWithoutAShardRunsNoCommandUntilItGetsOne) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, CliShards, ::testing::ValuesIn(shard_kinds()),
                          [](const auto& p) { return p.param.label; });
+
+/// Writes `text` to `file` as the runner does (a temporary file renamed over it).
+void replace_file(const fs::path& file, const std::string& text) {
+  const fs::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+  }
+  fs::rename(tmp, file);
+}
+
+// The shared command the tests above use (shared_reporter) reports the newest set after a burst
+// of SIGHUPs: a SIGHUP that comes while it is still reading the previous file is not lost to
+// that older file. Deterministic: the first file read blocks (its first line waits for `go`)
+// until the second file is in place and its SIGHUP sent, to the job's process group and to the
+// job, as the runner's signal_job() does. Each file marks the end of its reading; once both
+// were read the job is stopped and its last report checked. Every wait is bounded (10 s, on
+// conditions).
+TEST(CliShardsReporter, AHupWhileTheFileIsReadLeavesTheNewestSetReported) {
+  TempDir dir("distlock-cli-shards-reporter");
+  const fs::path out = dir.path() / "report", stop = dir.path() / "stop", file = dir.path() / "shards";
+  const fs::path reading = dir.path() / "reading", go = dir.path() / "go";
+  const fs::path first_read = dir.path() / "first-read", second_read = dir.path() / "second-read";
+  Process job = Process::spawn({"sh", "-c", shared_reporter(out, stop)}, (dir.path() / "log").string(),
+                               {"DISTLOCK_SHARDS=0", "DISTLOCK_TOKENS=10", "DISTLOCK_SHARD_COUNT=8",
+                                "DISTLOCK_SHARDS_FILE=" + file.string()});
+  ASSERT_TRUE(eventually([&] { return slurp(out) == "0|10\n"; }, 10s)) << slurp(out);
+  auto hup = [&] {
+    ::kill(-job.pid(), SIGHUP);  // Process::spawn makes the job a process group of its own
+    ::kill(job.pid(), SIGHUP);
+  };
+  replace_file(file, ": > " + reading.string() + "; while [ ! -e " + go.string() +
+                         " ]; do sleep 0.01; done\nDISTLOCK_SHARDS=0,1\nDISTLOCK_TOKENS=10,11\n: > " +
+                         first_read.string() + "\n");
+  hup();
+  ASSERT_TRUE(eventually([&] { return fs::exists(reading); }, 10s)) << "the job never read the first file";
+  replace_file(file, "DISTLOCK_SHARDS=1\nDISTLOCK_TOKENS=11\n: > " + second_read.string() + "\n");
+  hup();
+  { std::ofstream(go.string()); }
+  ASSERT_TRUE(eventually([&] { return fs::exists(first_read) && fs::exists(second_read); }, 10s))
+      << "the job did not read both files; last report: " << slurp(out);
+  { std::ofstream(stop.string()); }
+  EXPECT_EQ(job.exit_code(10s), 0) << slurp(dir.path() / "log");
+  EXPECT_EQ(slurp(out), "1|11\n") << "a stale set: the job went on with the first file after the SIGHUP of "
+                                     "the second";
+}
 
 /// The signals `pid` has blocked (SigBlk of /proc/<pid>/status), or 0.
 std::uint64_t blocked_signals(pid_t pid) {
