@@ -65,11 +65,23 @@ double quantile_ms(const std::vector<std::int64_t>& sorted_ns, double q) {
   return static_cast<double>(sorted_ns[std::min(rank, sorted_ns.size() - 1)]) / 1e6;
 }
 
+// The client's count of notification channels found dead and connected anew (a waiter
+// re-checks meanwhile), from its metrics text: said with a failed call.
+std::string drops_line(const std::string& metrics) {
+  std::size_t at = 0;
+  while ((at = metrics.find("distlock_notification_channel_drops_total", at)) != std::string::npos) {
+    if (at == 0 || metrics[at - 1] == '\n') return metrics.substr(at, metrics.find('\n', at) - at);
+    ++at;
+  }
+  return "no notification channel drops line";
+}
+
 struct Interval {
   std::uint64_t token = 0;
   bool has_token = false;
   std::int64_t begin = 0;  // after acquire_all returned
   std::int64_t end = 0;    // before release
+  int client = 0;          // group * 8 + index in the group
 };
 
 class MultiLock : public ::testing::TestWithParam<Kind> {
@@ -116,7 +128,7 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
   std::vector<std::thread> threads;
   for (int g = 0; g < kGroups; ++g) {
     for (int c = 0; c < kPerGroup; ++c) {
-      threads.emplace_back([&, g] {
+      threads.emplace_back([&, g, c] {
         distlock::Client cl = client();
         std::map<std::string, std::vector<Interval>> mine;
         std::vector<std::int64_t> my_took;
@@ -138,8 +150,10 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
           if (ec) {
             {
               std::lock_guard lk(mu);
-              if (failures++ == 0)
-                first_failure = ec.message() + " after " + std::to_string(took / 1'000'000) + " ms";
+              if (failures++ == 0) {
+                first_failure = ec.message() + " after " + std::to_string(took / 1'000'000) + " ms; " +
+                                drops_line(cl.metrics());
+              }
             }
             merge();
             return;
@@ -162,6 +176,7 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
             if (iv.has_token) iv.token = l.token();
             iv.begin = begin;
             iv.end = end;
+            iv.client = g * kPerGroup + c;
             mine[l.name()].push_back(iv);
           }
           ++done;
@@ -189,11 +204,24 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
       {"m/1", calls[0].load()}, {"m/2", made}, {"m/3", made}, {"m/4", calls[1].load()}};
   const bool fencing = target_->fencing();
   std::int64_t violations = 0;
+  // Fairness, reported only: the longest run of consecutive holds of one name by one client,
+  // and the time from its first hold's begin to its last hold's end.
+  std::size_t longest_run = 0;
+  std::int64_t longest_run_ns = 0;
+  std::string longest_run_name;
   for (const auto& [name, count] : expected) {
     auto& v = history[name];
     EXPECT_EQ(static_cast<std::int64_t>(v.size()), count) << name << ": holds logged vs calls that named it";
     std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
     bool described = false;
+    for (std::size_t i = 0, first = 0; i < v.size(); ++i) {
+      if (i > 0 && v[i].client != v[i - 1].client) first = i;
+      if (i + 1 - first > longest_run) {
+        longest_run = i + 1 - first;
+        longest_run_ns = v[i].end - v[first].begin;
+        longest_run_name = name;
+      }
+    }
     for (std::size_t i = 1; i < v.size(); ++i) {
       std::string what;
       if (v[i].begin < v[i - 1].end) {
@@ -225,7 +253,9 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
             << 3.0 * static_cast<double>(made) / secs << " names/s); call p50 " << quantile_ms(took_ns, 0.50)
             << " ms, p99 " << quantile_ms(took_ns, 0.99) << " ms, max " << static_cast<double>(slowest) / 1e6
             << " ms (wait " << kWait.count() << " ms); calls over the wait " << over_wait << "; failed calls "
-            << failures.load() << "; violations " << violations << "\n";
+            << failures.load() << "; violations " << violations
+            << "; longest run of one client's holds: " << longest_run << " of " << longest_run_name
+            << " over " << static_cast<double>(longest_run_ns) / 1e6 << " ms\n";
   EXPECT_EQ(failures.load(), 0) << "first failure: " << first_failure;
   EXPECT_EQ(over_wait, 0) << "slowest call " << slowest / 1'000'000 << " ms";
   EXPECT_EQ(violations, 0);
