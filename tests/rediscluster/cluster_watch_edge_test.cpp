@@ -475,13 +475,22 @@ bool no_shard_channel_left(RedisCluster& cluster) {
 // its `acquired`, then its `released`, per name in token order, with no gap (nothing fails
 // here). Five watches in a row, each started on a cluster with no shard channel subscribed
 // (the count zero) while a locker thread runs pairs on names of all three masters, and
-// destroyed after 30 such pairs were read.
+// destroyed after 30 such pairs were read. Checked to fail when watch() returns without
+// waiting for the confirmations.
 TEST(RedisClusterWatchEdges, AWatchSubscribingWhileScriptsRunGetsEveryChangeAfterItReturned) {
   RedisCluster cluster(3);
   std::vector<std::string> names;
   for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "subrace/n"));
   Client locker = distlock::connect(cluster.url(), quiet());
-  Client watcher = distlock::connect(cluster.url(), quiet());
+  // The watcher reaches node 2 through a proxy that delays every byte by 200 ms: its SSUBSCRIBEs
+  // there are confirmed at least 400 ms after they were sent, a window in which the locker's
+  // scripts on node 2 still read a count of zero. A watch() that returned before every
+  // confirmation would leave the pairs of that window unpublished.
+  FaultProxy proxy(cluster.node(2).port());
+  Client watcher = distlock::connect(cluster.url("?nat=127.0.0.1:" + std::to_string(cluster.node(2).port()) +
+                                                 "=127.0.0.1:" + std::to_string(proxy.port())),
+                                     quiet());
+  proxy.delay(200ms);
   struct Pair {
     std::string name;
     std::uint64_t token;
@@ -537,7 +546,9 @@ TEST(RedisClusterWatchEdges, AWatchSubscribingWhileScriptsRunGetsEveryChangeAfte
       std::lock_guard lk(mu);
       after.clear();
     }
-    Watch w = watcher.watch("subrace/");
+    // No first listing: it would read node 2 through the proxy after the SSUBSCRIBEs went out,
+    // and so wait for them by accident.
+    Watch w = watcher.watch("subrace/", WatchOptions{.initial_state = false});
     returned.store(true);
     std::vector<Pair> want;
     ASSERT_TRUE(eventually(
