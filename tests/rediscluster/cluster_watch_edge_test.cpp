@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -452,6 +453,216 @@ TEST(RedisClusterWatchEdges, ScriptsPublishEventsOnlyWhileAWatchIsSubscribed) {
   const long long after = spublished();
   pairs();
   EXPECT_EQ(spublished() - after, kPairs) << "the watch is gone: wake-ups only";
+}
+
+// No shard channel on any node (a watch's subscriber connections are closed with it): the
+// lock scripts' PUBSUB SHARDNUMSUB reads zero again. Bounded: 10 s on the steady clock.
+bool no_shard_channel_left(RedisCluster& cluster) {
+  return eventually(
+      [&] {
+        for (int i = 0; i < cluster.size(); ++i) {
+          auto r = cluster.node(i).command({"PUBSUB", "SHARDCHANNELS"});
+          if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 0) return false;
+        }
+        return true;
+      },
+      10s);
+}
+
+// A watch that subscribes while the lock scripts run: scripts on every master read PUBSUB
+// SHARDNUMSUB while the watch's 16,384 SSUBSCRIBEs are being confirmed, so the count goes from
+// zero to one under them. Every pair whose acquire was sent after watch() returned must come as
+// its `acquired`, then its `released`, per name in token order, with no gap (nothing fails
+// here). Five watches in a row, each started on a cluster with no shard channel subscribed
+// (the count zero) while a locker thread runs pairs on names of all three masters, and
+// destroyed after 30 such pairs were read. Checked to fail when watch() returns without
+// waiting for the confirmations.
+TEST(RedisClusterWatchEdges, AWatchSubscribingWhileScriptsRunGetsEveryChangeAfterItReturned) {
+  RedisCluster cluster(3);
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "subrace/n"));
+  Client locker = distlock::connect(cluster.url(), quiet());
+  // The watcher reaches node 2 through a proxy that delays every byte by 200 ms: its SSUBSCRIBEs
+  // there are confirmed at least 400 ms after they were sent, a window in which the locker's
+  // scripts on node 2 still read a count of zero. A watch() that returned before every
+  // confirmation would leave the pairs of that window unpublished.
+  FaultProxy proxy(cluster.node(2).port());
+  Client watcher = distlock::connect(cluster.url("?nat=127.0.0.1:" + std::to_string(cluster.node(2).port()) +
+                                                 "=127.0.0.1:" + std::to_string(proxy.port())),
+                                     quiet());
+  proxy.delay(200ms);
+  struct Pair {
+    std::string name;
+    std::uint64_t token;
+  };
+  std::mutex mu;
+  std::vector<Pair> after;   // (mu) pairs whose acquire was sent after watch() returned
+  std::string locker_error;  // (mu)
+  auto error_of_locker = [&] {
+    std::lock_guard lk(mu);
+    return locker_error;
+  };
+  std::atomic<bool> returned{false}, stop{false};
+  std::atomic<long> pairs_run{0};
+  // Bounded: at most 200,000 pairs and 120 s (steady clock), whatever the main thread does.
+  std::thread t([&] {
+    const auto until = Clock::now() + 120s;
+    try {
+      for (long i = 0; i < 200000 && !stop.load() && Clock::now() < until; ++i) {
+        const std::string& name = names[static_cast<std::size_t>(i) % 3];
+        const bool counted = returned.load();
+        Lease l = locker.acquire(name, ttl_of(30s, 60s));
+        const std::uint64_t token = l.token();
+        l.release();
+        ++pairs_run;
+        if (counted) {
+          std::lock_guard lk(mu);
+          after.push_back({name, token});
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard lk(mu);
+      locker_error = e.what();
+    }
+  });
+  // The locker stops and is joined however the test ends (an ASSERT returns early).
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joiner() {
+      stop.store(true);
+      if (t.joinable()) t.join();
+    }
+  } joiner{stop, t};
+  constexpr std::size_t kPerRound = 30;
+  for (int round = 0; round < 5 && !HasFatalFailure(); ++round) {
+    ASSERT_TRUE(no_shard_channel_left(cluster))
+        << "round " << round << ": a shard channel is still subscribed";
+    // The locker is running when the watch starts subscribing.
+    const long ran = pairs_run.load();
+    ASSERT_TRUE(eventually([&] { return pairs_run.load() >= ran + 3; }, 10s))
+        << "the locker stalled: " << error_of_locker();
+    {
+      std::lock_guard lk(mu);
+      after.clear();
+    }
+    // No first listing: it would read node 2 through the proxy after the SSUBSCRIBEs went out,
+    // and so wait for them by accident.
+    Watch w = watcher.watch("subrace/", WatchOptions{.initial_state = false});
+    returned.store(true);
+    std::vector<Pair> want;
+    ASSERT_TRUE(eventually(
+        [&] {
+          std::lock_guard lk(mu);
+          if (after.size() < kPerRound) return false;
+          want.assign(after.begin(), after.begin() + kPerRound);
+          return true;
+        },
+        20s))
+        << "round " << round << ": the locker ran no " << kPerRound
+        << " pairs in 20 s: " << error_of_locker();
+    // Per (name, token): 1 once its acquired came, 2 once its released came after it.
+    std::map<std::pair<std::string, std::uint64_t>, int> seen_of;
+    std::map<std::string, std::uint64_t> last_acquired;
+    for (const Pair& p : want) seen_of[{p.name, p.token}] = 0;
+    std::size_t done = 0;
+    std::vector<std::string> lines;
+    const auto until = Clock::now() + 20s;
+    while (done < want.size()) {
+      const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+      ASSERT_GT(left.count(), 0) << "round " << round << ": " << done << " of " << want.size()
+                                 << " pairs seen whole within 20 s" << joined(lines);
+      auto e = w.next(left);
+      ASSERT_TRUE(e) << "round " << round << ": " << done << " of " << want.size() << " pairs seen whole"
+                     << joined(lines);
+      lines.push_back(describe(*e));
+      ASSERT_NE(e->kind, WatchEventKind::gap) << "round " << round << joined(lines);
+      if (e->kind == WatchEventKind::state) continue;
+      if (e->kind == WatchEventKind::acquired) {
+        std::uint64_t& last = last_acquired[e->name];
+        ASSERT_GT(e->token, last) << "round " << round << ": acquired out of token order" << joined(lines);
+        last = e->token;
+      }
+      auto it = seen_of.find({e->name, e->token});
+      if (it == seen_of.end()) continue;  // a pair begun before watch() returned, or a later one
+      if (e->kind == WatchEventKind::acquired) {
+        ASSERT_EQ(it->second, 0) << "round " << round << joined(lines);
+        it->second = 1;
+      } else {
+        ASSERT_EQ(e->kind, WatchEventKind::released) << "round " << round << joined(lines);
+        ASSERT_EQ(it->second, 1) << "round " << round << ": released before its acquired" << joined(lines);
+        it->second = 2;
+        ++done;
+      }
+    }
+    returned.store(false);
+  }
+  stop.store(true);
+  t.join();
+  EXPECT_EQ(error_of_locker(), "");
+}
+
+// A user that takes locks but is refused PUBSUB (ACL "-pubsub"): its scripts cannot count the
+// events channel's subscribers (redis.pcall gives an error table), so they publish as if
+// watched, never as if unwatched. Nobody watching: 3 SPUBLISH per acquire + release pair (the
+// user's own default is 1, ScriptsPublishEventsOnlyWhileAWatchIsSubscribed). A watch by
+// the default user gets every change of that user's pairs, in token order.
+TEST(RedisClusterWatchEdges, AUserRefusedPubsubPublishesAsIfWatched) {
+  RedisCluster cluster(3);
+  const std::string password = "n0PubsubPw";
+  for (int i = 0; i < 3; ++i) {
+    auto r = cluster.node(i).command(
+        {"ACL", "SETUSER", "locker", "on", ">" + password, "~*", "&*", "+@all", "-pubsub"});
+    ASSERT_EQ(reply_str(r), "OK") << "node " << i;
+  }
+  std::string url = cluster.url();
+  url.insert(std::string_view("redis+cluster://").size(), "locker:" + password + "@");
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "nopubsub/n"));
+  Client c = distlock::connect(url, quiet());
+  {
+    auto r = cluster.node(0).command({"ACL", "DRYRUN", "locker", "PUBSUB", "SHARDNUMSUB", "x"});
+    ASSERT_NE(reply_str(r), "OK") << "the ACL user may run PUBSUB: this test proves nothing";
+  }
+  constexpr int kPairs = 30;
+  auto spublished = [&] {
+    long long n = 0;
+    for (int i = 0; i < 3; ++i) n += cluster.node(i).command_calls("spublish");
+    return n;
+  };
+  std::vector<std::pair<std::string, std::uint64_t>> tokens;
+  auto pairs = [&] {
+    for (int i = 0; i < kPairs; ++i) {
+      const std::string& name = names[static_cast<std::size_t>(i) % 3];
+      Lease l = c.acquire(name, ttl_of(30s, 60s));
+      tokens.emplace_back(name, l.token());
+      l.release();
+    }
+  };
+  const long long start = spublished();
+  pairs();
+  EXPECT_EQ(spublished() - start, 3 * kPairs) << "refused PUBSUB, nobody watching: published as if watched";
+  Client watcher = distlock::connect(cluster.url(), quiet());
+  Watch w = watcher.watch("nopubsub/");
+  tokens.clear();
+  pairs();
+  // Per name, in token order (the masters' streams interleave in any order).
+  std::map<std::string, std::vector<std::string>> want, got;
+  std::size_t wanted = 0, received = 0;
+  for (const auto& [name, token] : tokens) {
+    want[name].push_back("acquired " + std::to_string(token));
+    want[name].push_back("released " + std::to_string(token));
+    wanted += 2;
+  }
+  std::vector<std::string> lines;
+  while (received < wanted) {
+    auto e = next_change(w, 10s);
+    ASSERT_TRUE(e) << received << " of " << wanted << " changes within 10 s each" << joined(lines);
+    lines.push_back(describe(*e));
+    got[e->name].push_back(std::string(to_string(e->kind)) + " " + std::to_string(e->token));
+    ++received;
+  }
+  EXPECT_EQ(got, want);
 }
 
 // What a watch costs: 2,000 acquire/release pairs on names of all three masters, first with
