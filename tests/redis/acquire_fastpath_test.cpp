@@ -24,9 +24,9 @@
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
-#include "support/lock_hammer.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/lock_hammer.hpp"
 #include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
 

@@ -30,8 +30,8 @@
 #include "distlock/distlock.hpp"
 #include "redis/shared_connection.hpp"
 #include "redis/wait_queue.hpp"
-#include "support/lock_hammer.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_hammer.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
