@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +121,25 @@ TEST(RedisClusterWatchEdges, MasterChangeTheOldMasterDidNotSignalIsAGapThenLive)
   auto ok = [](const RedisReplyPtr& r) { return r && r->type == REDIS_REPLY_STATUS; };
   ASSERT_TRUE(ok(cluster.node(2).command({"CLUSTER", "FORGET", cluster.node_id(1)})));
   ASSERT_TRUE(ok(cluster.node(1).command({"CLUSTER", "BUMPEPOCH"})));
+  // Node 0 must know node 1's new config epoch before the slot moves: otherwise node 2's own
+  // claim of the slot (it still serves it, with an epoch above the one node 0 knows for node 1)
+  // can win on node 0 in the gossip, and the map the watch reads from node 0 names node 2 again.
+  auto epoch_of_1_seen_by = [&](int viewer) -> std::string {
+    auto r = cluster.node(viewer).command({"CLUSTER", "NODES"});
+    if (!r || r->type != REDIS_REPLY_STRING) return {};
+    std::istringstream lines(std::string(r->str, r->len));
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream fields(line);
+      std::vector<std::string> f;
+      for (std::string x; fields >> x;) f.push_back(x);
+      if (f.size() > 6 && f[0] == cluster.node_id(1)) return f[6];
+    }
+    return {};
+  };
+  const std::string bumped = epoch_of_1_seen_by(1);
+  ASSERT_FALSE(bumped.empty());
+  ASSERT_TRUE(eventually([&] { return epoch_of_1_seen_by(0) == bumped; }, 10s))
+      << "node 0 did not learn node 1's config epoch " << bumped << " within 10 s";
   const auto changed = Clock::now();
   for (int i : {1, 0})
     ASSERT_TRUE(
