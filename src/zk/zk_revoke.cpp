@@ -28,9 +28,23 @@ Backend::Revoked ZkBackend::revoke(std::string_view name, std::string_view note,
     return {};
   }
   const std::string dir = zk::lock_dir(name);
+  // A sync first: the server this session talks to catches up with the leader before it answers
+  // the listing queued behind it (a session's requests are answered in order). Without it a
+  // lagging follower can list the queue without a holder whose acquire already returned, and
+  // the revoke of a held lock is a no-op (seen on a 3-server ensemble under load: the holder
+  // was never told).
+  zk::ReplyPtr synced = zk::submit_sync(s->zh.get(), "/");
   for (int attempt = 0; attempt < kRevokeAttempts; ++attempt) {
     const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
     auto listed = zk::submit_children(s->zh.get(), dir);
+    if (synced) {
+      const int sync_rc = zk::await(synced, *clock_, deadline);
+      synced.reset();
+      if (sync_rc != ZOK) {
+        ec = fail(sync_rc, "syncing with the leader before the revoke", name);
+        return {};
+      }
+    }
     int rc = zk::await(listed, *clock_, deadline);
     if (rc == ZNONODE) return {};
     if (rc != ZOK) {

@@ -330,12 +330,15 @@ TEST_P(Revoke, EachRevokeReachesTheLeaseItRevokedAndNoOther) {
   const std::string name = "revoke/again";
   distlock::Lease first = a.acquire(name, lock_opts());
   std::error_code ec;
-  ops.revoke(name, "first", ec);
+  const distlock::RevokeResult revoked = ops.revoke(name, "first", ec);
   if (!revocable(ops.scheme())) {
     EXPECT_EQ(ec, errc::not_supported) << ec.message();
     return;
   }
   ASSERT_FALSE(ec) << ec.message();
+  // The lease was taken before the revoke was called (by another client, possibly through
+  // another server of an ensemble): the revoke must find it held.
+  ASSERT_TRUE(revoked.revoked) << "the revoke of a held lock was a no-op";
   ASSERT_TRUE(distlock::testing::eventually([&] { return first.stop_token().stop_requested(); },
                                             kRenewInterval + kNoticeSlack + 5000ms));
   EXPECT_EQ(first.revoke_reason().value_or("(none)"), "first");
