@@ -6,22 +6,46 @@ namespace distlock::detail::zk {
 
 namespace {
 
+SessionContext* context_of(zhandle_t* zh) {
+  // zookeeper_init2 was given a mutable SessionContext*; the C client hands it back as const.
+  return static_cast<SessionContext*>(const_cast<void*>(zoo_get_context(zh)));
+}
+
 // The C client carries `const void* data` to the completion: a heap copy of the
 // shared_ptr, released by the completion (or at once when submission fails).
-// Every submit_* passes here once: the request is counted (SessionContext).
+// Every submit_* passes here once: the request is counted and in flight (SessionContext).
 const void* hand_over(zhandle_t* zh, const ReplyPtr& r) {
-  if (const auto* c = static_cast<const SessionContext*>(zoo_get_context(zh)); c && c->round_trips) {
-    c->round_trips->add();
+  if (SessionContext* c = context_of(zh)) {
+    if (c->round_trips != nullptr) c->round_trips->add();
+    c->in_flight.started();
+    r->session = c;
   }
   return new ReplyPtr(r);
 }
 
-ReplyPtr take_back(const void* data) {
-  auto* holder = static_cast<const ReplyPtr*>(data);
-  ReplyPtr r = *holder;
-  delete holder;
-  return r;
-}
+// A completion's hold on its reply, taken back from `data`. When it goes (the completion
+// returns, after any request the completion itself submitted), the request is no longer
+// in flight: the session may be closed from then on.
+class Taken {
+ public:
+  explicit Taken(const void* data) {
+    auto* holder = static_cast<const ReplyPtr*>(data);
+    reply_ = *holder;
+    delete holder;
+  }
+  ~Taken() {
+    if (reply_->session != nullptr) reply_->session->in_flight.finished();
+  }
+  Taken(const Taken&) = delete;
+  Taken& operator=(const Taken&) = delete;
+
+  Reply* operator->() const noexcept { return reply_.get(); }
+  Reply& operator*() const noexcept { return *reply_; }
+  const ReplyPtr& reply() const noexcept { return reply_; }
+
+ private:
+  ReplyPtr reply_;
+};
 
 void complete(Reply& r, int rc) {
   LockGuard lk(r.mu);
@@ -32,26 +56,24 @@ void complete(Reply& r, int rc) {
 
 // Submission refused by the client (bad state, bad arguments): no completion will run.
 ReplyPtr refused(const void* data, int rc) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   complete(*r, rc);
-  return r;
+  return r.reply();
 }
 
-void ignore_void(int, const void*) {}
-
 void on_void(int rc, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   complete(*r, rc);
 }
 
 void on_stat(int rc, const Stat* stat, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   if (rc == ZOK && stat != nullptr) r->stat = *stat;
   complete(*r, rc);
 }
 
 void on_strings(int rc, const String_vector* v, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   if (rc == ZOK && v != nullptr) {
     r->children.reserve(static_cast<std::size_t>(v->count));
     for (int i = 0; i < v->count; ++i) r->children.emplace_back(v->data[i]);
@@ -60,7 +82,7 @@ void on_strings(int rc, const String_vector* v, const void* data) {
 }
 
 void on_strings_stat(int rc, const String_vector* v, const Stat* stat, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   if (rc == ZOK && v != nullptr) {
     r->children.reserve(static_cast<std::size_t>(v->count));
     for (int i = 0; i < v->count; ++i) r->children.emplace_back(v->data[i]);
@@ -70,7 +92,7 @@ void on_strings_stat(int rc, const String_vector* v, const Stat* stat, const voi
 }
 
 void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   if (rc == ZOK) {
     if (value != nullptr && len > 0) r->value.assign(value, static_cast<std::size_t>(len));
     if (stat != nullptr) r->stat = *stat;
@@ -79,12 +101,12 @@ void on_data(int rc, const char* value, int len, const Stat* stat, const void* d
 }
 
 void on_string(int rc, const char*, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   complete(*r, rc);
 }
 
 void on_string_stat(int rc, const char* value, const Stat* stat, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   if (rc == ZOK) {
     if (value != nullptr) r->value = value;
     if (stat != nullptr) r->stat = *stat;
@@ -99,11 +121,11 @@ void on_string_stat(int rc, const char* value, const Stat* stat, const void* dat
   }
   // Nobody waits for this node any more: it would sit in the queue (or hold the lock)
   // until the session ends. Delete it; an async call is allowed on this thread.
-  if (undo) zoo_adelete(r->zh, r->value.c_str(), -1, &ignore_void, nullptr);
+  if (undo) submit_delete(r->zh, r->value, -1);
 }
 
 void on_multi(int rc, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   if (rc == ZOK) {
     r->value = r->path_buffer.data();
     r->stat = r->parent_stat;
@@ -116,12 +138,12 @@ void on_multi(int rc, const void* data) {
     undo = rc == ZOK && r->abandoned && r->undo_if_abandoned && !r->value.empty();
     r->cv.notify_all();
   }
-  if (undo) zoo_adelete(r->zh, r->value.c_str(), -1, &ignore_void, nullptr);
+  if (undo) submit_delete(r->zh, r->value, -1);
 }
 
 // A multi without a create: nothing to undo, no path.
 void on_multi_plain(int rc, const void* data) {
-  ReplyPtr r = take_back(data);
+  Taken r(data);
   LockGuard lk(r->mu);
   r->rc = rc;
   r->done = true;
@@ -262,6 +284,12 @@ int await(const ReplyPtr& reply, Clock& clock, Clock::time_point deadline) {
     return kTimedOut;
   }
   return reply->rc;
+}
+
+void close_session(zhandle_t* zh) noexcept {
+  if (zh == nullptr) return;
+  if (SessionContext* c = context_of(zh)) c->in_flight.drain(kCloseDrain);
+  zookeeper_close(zh);
 }
 
 bool is_transient(int rc) noexcept {

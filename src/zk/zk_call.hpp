@@ -33,20 +33,58 @@
 
 namespace distlock::detail::zk {
 
-/// Closes a session (its ephemeral nodes go at once) and joins the client's threads.
+/// Closes a session: first waits, at most kCloseDrain, until every request submitted on it
+/// has run its completion (SessionContext::in_flight), then zookeeper_close (its ephemeral
+/// nodes go at once; the client's threads are joined). The C client drops a request still in
+/// flight when it closes without running its completion, and with it the request's memory
+/// and the Reply it carries: fire-and-forget requests (a session's presence node, the undo of
+/// an abandoned create) are often still in flight when a short-lived client closes. A request
+/// unanswered after the bound (a frozen server) is left to that. Never call it on the C
+/// client's completion thread (it would wait out the bound: that thread runs the completions).
+void close_session(zhandle_t* zh) noexcept;
+
+/// How long close_session waits for the answers in flight: a live server answers within a
+/// round trip, and a dead one's requests fail at once (connection loss).
+inline constexpr std::chrono::milliseconds kCloseDrain{500};
+
 struct HandleCloser {
-  void operator()(zhandle_t* zh) const noexcept {
-    if (zh != nullptr) zookeeper_close(zh);
-  }
+  void operator()(zhandle_t* zh) const noexcept { close_session(zh); }
 };
 using Handle = std::unique_ptr<zhandle_t, HandleCloser>;
 
+/// The requests of one session handed to the C client whose completion has not run yet.
+class InFlight {
+ public:
+  void started() {
+    LockGuard lk(mu_);
+    ++count_;
+  }
+  void finished() {
+    LockGuard lk(mu_);
+    if (--count_ == 0) cv_.notify_all();
+  }
+  /// Waits until none is in flight or `bound` (real time) has passed; true if none is.
+  bool drain(std::chrono::milliseconds bound) {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    UniqueLock lk(mu_);
+    while (count_ > 0 && std::chrono::steady_clock::now() < deadline) cv_.wait_until(lk.native(), deadline);
+    return count_ == 0;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  std::condition_variable cv_;
+  int count_ DISTLOCK_GUARDED_BY(mu_) = 0;
+};
+
 /// What the context of every session these calls are made on (zookeeper_init2's
 /// `context`, passed as a SessionContext*) starts with: where its requests are counted
-/// (engine/round_trips.hpp), one per submit_* call (a multi is one request). A session
-/// whose context is null counts nothing.
+/// (engine/round_trips.hpp), one per submit_* call (a multi is one request), and which of
+/// them are still in flight (close_session waits for them). A session whose context is
+/// null counts nothing and is closed without waiting.
 struct SessionContext {
   RoundTrips* round_trips = nullptr;  ///< outlives the session
+  InFlight in_flight;
 };
 
 /// "No answer before the deadline": not a ZooKeeper code (those are > -200).
@@ -63,6 +101,7 @@ struct Reply {
   std::string value;                  // create: the created path; get: the data
   std::vector<std::string> children;  // get_children
   zhandle_t* zh = nullptr;            // create: to undo a create nobody waits for any more
+  SessionContext* session = nullptr;  // the session's context (null: none), for its in_flight
   bool undo_if_abandoned = false;
   // create_and_touch: buffers the C client fills when the answer arrives.
   std::vector<char> path_buffer;

@@ -236,7 +236,7 @@ class ZkPrefixWatch final : public PrefixWatch {
               "watch of \"" + prefix_ + "\": cannot start a ZooKeeper session for " + cfg_.redacted_url);
       return false;
     }
-    std::shared_ptr<zhandle_t> h(raw, [](zhandle_t* z) { zookeeper_close(z); });
+    std::shared_ptr<zhandle_t> h(raw, HandleCloser{});
     std::shared_ptr<zhandle_t> old;
     std::unique_ptr<SessionCtx> old_ctx;
     {
