@@ -77,7 +77,7 @@ class RedisPrefixWatch final : public PrefixWatch {
   ~RedisPrefixWatch() override {
     stopping_.store(true);
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       renew_stop_ = true;
     }
     cv_.notify_all();
@@ -90,7 +90,10 @@ class RedisPrefixWatch final : public PrefixWatch {
   void start(Error& ec) {
     auto gen = register_presence(ec);
     if (ec) return;
-    generation_ = std::move(*gen);
+    {
+      LockGuard lk(gen_mu_);
+      generation_ = std::move(*gen);
+    }
     sub_.watch(channel_, ec);
     if (ec) return;
     renewer_ = std::thread([this] { renew_presence(); });
@@ -99,7 +102,7 @@ class RedisPrefixWatch final : public PrefixWatch {
   bool sync(Error& ec) override {
     std::uint64_t n = 0;
     {
-      std::lock_guard lk(mu_);
+      LockGuard lk(mu_);
       n = ++sync_sent_;
     }
     // The marker proves delivery only of what was published. A lapse of the presence key
@@ -116,8 +119,8 @@ class RedisPrefixWatch final : public PrefixWatch {
     }
     const std::string marker = "sync " + std::to_string(n) + " " + id_;
     if (!backend_.publish(channel_, marker, ec)) return false;
-    std::unique_lock lk(mu_);
-    if (!cv_.wait_for(lk, timeout_, [&] { return sync_seen_ >= n; })) {
+    UniqueLock lk(mu_);
+    if (!cv_.wait_for(lk.native(), timeout_, [&]() DISTLOCK_REQUIRES(mu_) { return sync_seen_ >= n; })) {
       ec.fail(errc::backend_unavailable, "watch of \"" + name_prefix_ + "\": the events channel " + channel_ +
                                              " did not deliver a marker within " +
                                              std::to_string(timeout_.count()) + " ms");
@@ -145,7 +148,7 @@ class RedisPrefixWatch final : public PrefixWatch {
   // The gap goes to the sink under gen_mu_: a sync that sees the new generation as known
   // returns after the gap is queued.
   bool new_generation(std::string gen) {
-    std::lock_guard lk(gen_mu_);
+    LockGuard lk(gen_mu_);
     if (gen == generation_) return false;
     generation_ = std::move(gen);
     if (!stopping_.load())
@@ -156,9 +159,9 @@ class RedisPrefixWatch final : public PrefixWatch {
 
   // The renewer thread: keeps the presence key alive; a new generation is a gap.
   void renew_presence() {
-    std::unique_lock lk(mu_);
+    UniqueLock lk(mu_);
     while (!renew_stop_) {
-      cv_.wait_for(lk, kPresenceRenew, [&] { return renew_stop_; });
+      cv_.wait_for(lk.native(), kPresenceRenew, [&]() DISTLOCK_REQUIRES(mu_) { return renew_stop_; });
       if (renew_stop_) return;
       lk.unlock();
       Error ec;
@@ -181,7 +184,7 @@ class RedisPrefixWatch final : public PrefixWatch {
       std::uint64_t v = 0;
       std::from_chars(n.data(), n.data() + n.size(), v);
       {
-        std::lock_guard lk(mu_);
+        LockGuard lk(mu_);
         sync_seen_ = std::max(sync_seen_, v);
       }
       cv_.notify_all();
@@ -224,18 +227,18 @@ class RedisPrefixWatch final : public PrefixWatch {
   const Millis timeout_;
   const std::string channel_;
   const std::string presence_key_;
-  std::mutex gen_mu_;
-  std::string generation_;   // of the presence key, as last seen; guarded by gen_mu_ once started
-  bool renew_stop_ = false;  // guarded by mu_
+  AnnotatedMutex gen_mu_;
+  std::string generation_ DISTLOCK_GUARDED_BY(gen_mu_);  // of the presence key, as last seen
+  bool renew_stop_ DISTLOCK_GUARDED_BY(mu_) = false;
   std::thread renewer_;
   const std::string key_head_;
   const std::string name_prefix_;
   LockEventSink& sink_;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
+  AnnotatedMutex mu_;
   std::condition_variable cv_;
-  std::uint64_t sync_sent_ = 0;
-  std::uint64_t sync_seen_ = 0;
+  std::uint64_t sync_sent_ DISTLOCK_GUARDED_BY(mu_) = 0;
+  std::uint64_t sync_seen_ DISTLOCK_GUARDED_BY(mu_) = 0;
   Subscriber sub_;  // last: its thread stops first
 };
 
