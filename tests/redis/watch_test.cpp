@@ -215,12 +215,7 @@ TEST(RedisPrefixWatch, InitialStateAndPrefixFilter) {
   Lease held = c.acquire("pre/held", ttl_of(30s, 60s));
   Lease other = c.acquire("other/x", ttl_of(30s, 60s));
   Watch w = c.watch("pre/");
-  auto s = w.next(10s);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->kind, WatchEventKind::state);
-  EXPECT_EQ(s->name, "pre/held");
-  EXPECT_TRUE(s->held);
-  EXPECT_EQ(s->token, held.token());
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, "pre/held", held.token()));
   other.release();
   held.release();
   auto e = w.next(10s);

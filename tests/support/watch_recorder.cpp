@@ -153,6 +153,15 @@ void expect_hand_offs_in_token_order(Watch& w, const std::string& url, const std
   EXPECT_FALSE(w.next(Millis(0))) << "an event after the last release";
 }
 
+void expect_held_state(Watch& w, const std::string& name, std::uint64_t token) {
+  auto s = w.next(Millis(10000));
+  ASSERT_TRUE(s) << "no state of " << name << " within 10 s";
+  EXPECT_EQ(s->kind, WatchEventKind::state) << describe(*s);
+  EXPECT_EQ(s->name, name);
+  EXPECT_TRUE(s->held);
+  EXPECT_EQ(s->token, token);
+}
+
 void expect_stop_from_another_thread_ends_next(Watch& w) {
   std::thread stopper([&w] {
     std::this_thread::yield();

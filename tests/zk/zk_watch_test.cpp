@@ -242,12 +242,7 @@ TEST(ZkPrefixWatch, InitialStateAndPrefixFilter) {
   WatchOptions o;
   o.initial_state = true;
   Watch w = c.watch("in/", o);
-  auto s = w.next(10s);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->kind, WatchEventKind::state) << describe(*s);
-  EXPECT_EQ(s->name, "in/a");
-  EXPECT_TRUE(s->held);
-  EXPECT_EQ(s->token, in_a.token());
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, "in/a", in_a.token()));
   Lease out_c = c.acquire("out/c", ttl_of(10s, 30s));
   Lease in_d = c.acquire("in/d", ttl_of(10s, 30s));
   auto e = w.next(10s);
