@@ -111,7 +111,8 @@ TEST(SnowflakeHandover, ClockSteppedBackBetweenHoldersIssuesNothingBelow) {
     EXPECT_EQ(ec, errc::clock_moved_backwards) << ec.message();
   } else {
     EXPECT_GT(id, last_a) << "worker 0's new holder issued at " << ids::decode_snowflake(id).unix_ms
-                          << " ms, below its predecessor's " << ids::decode_snowflake(last_a).unix_ms << " ms";
+                          << " ms, below its predecessor's " << ids::decode_snowflake(last_a).unix_ms
+                          << " ms";
   }
   // A small step back (within max_backward) between holders is waited out, not refused.
   std::uint64_t last_c = 0;
