@@ -93,12 +93,7 @@ TEST_F(SemaphoreTest, TimeoutsAndSingleAttempts) {
     got = sem_b.try_acquire_for(2s);
     done = true;
   });
-  Millis advanced{0};
-  for (int i = 0; i < 5000 && !done; ++i) {
-    clock->advance(10ms);
-    advanced += 10ms;
-    std::this_thread::sleep_for(1ms);
-  }
+  const Millis advanced = advance_until(*clock, done);
   waiter.join();
   EXPECT_FALSE(got.has_value());
   EXPECT_GE(advanced, 2s);

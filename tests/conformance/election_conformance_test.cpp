@@ -40,18 +40,11 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Process;
-using distlock::testing::Section;
-using distlock::testing::TempDir;
 
 namespace {
-
-using distlock::testing::eventually;
-using distlock::testing::mono_ns;
-using distlock::testing::read_file;
 
 constexpr Millis kTtl = 2000ms;
 constexpr int kCampaigners = 4;
@@ -113,7 +106,7 @@ std::vector<std::string> observed_terms(const std::filesystem::path& file) {
 class ElectionConformance : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override { target_ = GetParam().make({}); }
-  std::unique_ptr<distlock::testing::Target> target_;
+  std::unique_ptr<Target> target_;
 };
 
 TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) {
@@ -241,9 +234,9 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
   std::sort(sections.begin(), sections.end(),
             [](const Section& a, const Section& b) { return a.start_ns < b.start_ns; });
   EXPECT_GE(sections.size(), kLeaders);
-  EXPECT_TRUE(distlock::testing::no_overlap(sections)) << describe();
+  EXPECT_TRUE(no_overlap(sections)) << describe();
   if (target_->fencing()) {
-    EXPECT_TRUE(distlock::testing::tokens_increase(sections)) << describe();
+    EXPECT_TRUE(tokens_increase(sections)) << describe();
   }
   if (stopped_pid != 0) {
     bool stopped_saw_loss = false;
@@ -272,7 +265,9 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ElectionConformance, ::testing::ValuesIn(distlock::testing::kinds()),
+INSTANTIATE_TEST_SUITE_P(Backends, ElectionConformance, ::testing::ValuesIn(kinds()),
                          [](const auto& param_info) { return param_info.param.label; });
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -45,15 +45,9 @@
 #include "support/lock_tool.hpp"
 #include "support/watch_recorder.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::WatchEvent;
-using distlock::WatchEventKind;
-using distlock::testing::describe;
-using distlock::testing::joined;
-using distlock::testing::Kind;
-using distlock::testing::Target;
 using Steady = std::chrono::steady_clock;
 
 namespace {
@@ -97,7 +91,7 @@ WatchTraits traits_of(const std::string& label) {
 
 std::vector<Kind> kinds_where(bool watches) {
   std::vector<Kind> out;
-  for (auto& k : distlock::testing::kinds()) {
+  for (auto& k : kinds()) {
     if (traits_of(k.label).watches == watches) out.push_back(std::move(k));
   }
   return out;
@@ -120,7 +114,7 @@ class WatchConformance : public ::testing::TestWithParam<Kind> {
     // loss). zk://'s leases are its session's and end with it, whatever the TTL.
     long_ttl_ = Millis(std::min<std::int64_t>(60000, target_->max_ttl_ms()));
   }
-  distlock::Client client() { return distlock::connect(target_->url(), distlock::testing::quiet()); }
+  distlock::Client client() { return distlock::connect(target_->url(), quiet()); }
   distlock::LockOptions lock_opts(Millis wait) const { return opts_of(ttl_, wait); }
   distlock::LockOptions long_lock_opts(Millis wait) const { return opts_of(long_ttl_, wait); }
 
@@ -131,7 +125,7 @@ class WatchConformance : public ::testing::TestWithParam<Kind> {
 
  private:
   static distlock::LockOptions opts_of(Millis ttl, Millis wait) {
-    distlock::LockOptions o = distlock::testing::ttl_of(ttl, wait);
+    distlock::LockOptions o = ttl_of(ttl, wait);
     o.renew_interval = ttl / 3;
     return o;
   }
@@ -243,14 +237,14 @@ struct Taken {
 };
 
 // Whether `events` hold a `kind` of `name` with `token`.
-bool has_event(const std::vector<distlock::testing::Received>& events, WatchEventKind kind,
-               const std::string& name, std::uint64_t token) {
-  return std::any_of(events.begin(), events.end(), [&](const distlock::testing::Received& r) {
+bool has_event(const std::vector<Received>& events, WatchEventKind kind, const std::string& name,
+               std::uint64_t token) {
+  return std::any_of(events.begin(), events.end(), [&](const Received& r) {
     return r.ev.kind == kind && r.ev.name == name && r.ev.token == token;
   });
 }
 
-std::vector<std::string> described(const std::vector<distlock::testing::Received>& events) {
+std::vector<std::string> described(const std::vector<Received>& events) {
   std::vector<std::string> out;
   for (const auto& r : events) out.push_back(describe(r.ev));
   return out;
@@ -273,12 +267,11 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
   const std::vector<std::string> names = {"cw/ho/a", "cw/ho/b"};
   distlock::Client watcher = client();
   distlock::Watch w = watcher.watch(prefix);
-  distlock::testing::WatchRecorder rec(w);
+  WatchRecorder rec(w);
 
   // Shown: the lease's `acquired`, or after a gap the re-list's `state` held with its token.
-  const auto shown = [](const std::vector<distlock::testing::Received>& events, const std::string& name,
-                        std::uint64_t token) {
-    return std::any_of(events.begin(), events.end(), [&](const distlock::testing::Received& r) {
+  const auto shown = [](const std::vector<Received>& events, const std::string& name, std::uint64_t token) {
+    return std::any_of(events.begin(), events.end(), [&](const Received& r) {
       return r.ev.name == name && r.ev.token == token &&
              (r.ev.kind == WatchEventKind::acquired || (r.ev.kind == WatchEventKind::state && r.ev.held));
     });
@@ -303,7 +296,7 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
           distlock::Lease l = cl.acquire(name, long_lock_opts(20000ms));
           taken.add(name, l.token());
           if (traits_.reports_from_readings &&
-              !distlock::testing::eventually([&] { return shown(rec.events(), name, l.token()); }, 10000ms))
+              !eventually([&] { return shown(rec.events(), name, l.token()); }, 10000ms))
             unseen.fetch_add(1);
         }
       } catch (...) {
@@ -325,14 +318,13 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
     std::lock_guard lk(taken.mu);
     tokens = taken.tokens;
   }
-  const auto settled_in = [&](const std::vector<distlock::testing::Received>& events) {
+  const auto settled_in = [&](const std::vector<Received>& events) {
     if (std::all_of(tokens.begin(), tokens.end(), [&](const auto& nl) {
           return has_event(events, WatchEventKind::released, nl.first, nl.second.back());
         }))
       return true;
-    const bool gap = std::any_of(events.begin(), events.end(), [](const distlock::testing::Received& r) {
-      return r.ev.kind == WatchEventKind::gap;
-    });
+    const bool gap = std::any_of(events.begin(), events.end(),
+                                 [](const Received& r) { return r.ev.kind == WatchEventKind::gap; });
     if (!gap || Steady::now() - events.back().at < 1s) return false;
     std::map<std::string, bool> held;
     for (const auto& r : events) {
@@ -340,7 +332,7 @@ TEST_P(WatchConformance, HandOffsOfSeveralNamesComeInTokenOrderEachLeaseWithItsR
     }
     return std::none_of(held.begin(), held.end(), [](const auto& nh) { return nh.second; });
   };
-  const bool settled = distlock::testing::eventually([&] { return settled_in(rec.events()); }, 10000ms);
+  const bool settled = eventually([&] { return settled_in(rec.events()); }, 10000ms);
   rec.finish();
   const auto events = rec.events();
   ASSERT_TRUE(settled) << "the end of a name's last lease was not reported:" << joined(described(events));
@@ -462,14 +454,13 @@ TEST_P(WatchConformance, KilledHolderIsLostNeverReleasedThenTheNextHolderHasALar
   distlock::Watch w = watcher.watch("cw/kill/");
   std::vector<std::string> seen;
   int gaps = 0;
-  distlock::testing::TempDir dir("distlock-watch-kill");
+  TempDir dir("distlock-watch-kill");
   const std::string file = (dir.path() / "holder.out").string();
-  distlock::testing::Process holder_process =
-      distlock::testing::spawn_holder(target_->url(), name, file, static_cast<long>(ttl_.count()));
+  Process holder_process = spawn_holder(target_->url(), name, file, static_cast<long>(ttl_.count()));
   // The holder's `acquired`, or after a gap the re-list's `state` held.
   WatchEvent acquired;
   ASSERT_NE(next_holder_shown(w, "cw/kill/", name, 0, 20000ms, seen, &gaps, &acquired), Shown::not_shown)
-      << distlock::testing::read_file(file);
+      << read_file(file);
   const Steady::time_point killed_at = Steady::now();
   holder_process.signal(SIGKILL);
   // Its end: `lost` (never `released`), or, after a gap it fell into, the re-list's free state.
@@ -600,7 +591,7 @@ TEST_P(WatchConformance, NamesOutsideThePrefixAreNeverReported) {
   int gaps = 0;
   // The initial state; a gap before it (the watch's connection lost while it started) is
   // followed by the re-list, which states the same.
-  const auto st = distlock::testing::next_matching(
+  const auto st = next_matching(
       w, 10000ms,
       [&](const WatchEvent& e) {
         if (e.kind != WatchEventKind::gap) return true;
@@ -663,7 +654,7 @@ TEST_P(WatchConformance, NamesOutsideThePrefixAreNeverReported) {
         released_at[n] = std::chrono::system_clock::now();
         continue;
       }
-      const auto match = distlock::testing::event_of(WatchEventKind::acquired, n, l.token());
+      const auto match = event_of(WatchEventKind::acquired, n, l.token());
       const Steady::time_point until = Steady::now() + 10s;
       bool reported = false;
       while (!reported && Steady::now() < until) {
@@ -704,7 +695,7 @@ class WatchRefused : public ::testing::TestWithParam<Kind> {};
 
 TEST_P(WatchRefused, WatchIsNotSupportedNamingTheWatch) {
   std::unique_ptr<Target> target = GetParam().make({});
-  distlock::Client c = distlock::connect(target->url(), distlock::testing::quiet());
+  distlock::Client c = distlock::connect(target->url(), quiet());
   try {
     distlock::Watch w = c.watch("cw/");
     ADD_FAILURE() << GetParam().label << ": a watch was started on a backend that publishes no lock changes";
@@ -715,7 +706,7 @@ TEST_P(WatchRefused, WatchIsNotSupportedNamingTheWatch) {
     EXPECT_NE(what.find("publishes no lock changes"), std::string::npos) << what;
   }
   // Locking on the same client is unharmed by the refusal.
-  distlock::Lease l = c.acquire("cw/after", distlock::testing::ttl_of(3000ms, 10000ms));
+  distlock::Lease l = c.acquire("cw/after", ttl_of(3000ms, 10000ms));
   EXPECT_TRUE(l.owns());
 }
 
@@ -724,3 +715,5 @@ INSTANTIATE_TEST_SUITE_P(Backends, WatchRefused, ::testing::ValuesIn(kinds_where
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(WatchConformance);
 
 }  // namespace
+
+}  // namespace distlock::testing

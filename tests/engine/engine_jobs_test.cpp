@@ -15,21 +15,20 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/backend_names.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
 #include "support/thrown.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::LossReason;
-using distlock::Millis;
-using distlock::detail::MemoryStore;
-using distlock::testing::ManualClock;
+using detail::MemoryStore;
 
 namespace {
 
-struct Jobs : distlock::testing::ManualMemoryTest {
+struct Jobs : ManualMemoryTest {
   static distlock::LockOptions opts(Millis ttl, std::optional<Millis> max_hold = std::nullopt) {
     distlock::LockOptions o;
     o.ttl = ttl;
@@ -41,15 +40,15 @@ struct Jobs : distlock::testing::ManualMemoryTest {
   // one try (wait 0) of the same options.
   struct JobHeld {
     distlock::Client c, other;
-    distlock::detail::Engine& engine;
-    std::shared_ptr<distlock::detail::HeldLock> held;
+    detail::Engine& engine;
+    std::shared_ptr<detail::HeldLock> held;
     distlock::LockOptions once;
   };
   JobHeld job_held() {
     auto c = client();
     auto other = client();
-    auto& engine = *distlock::detail::engine_of(c);
-    distlock::detail::Error ec;
+    auto& engine = *detail::engine_of(c);
+    Error ec;
     auto held = engine.acquire("job", opts(3s), Millis(0), ec);
     EXPECT_TRUE(held && !ec) << ec.message();
     distlock::LockOptions once = opts(3s);
@@ -71,7 +70,7 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   // Walk in 100 ms steps, ticking the renewer each time: every renewal succeeds.
   while (clock->now() - granted < 4500ms - 100ms) {
     clock->advance(100ms);
-    distlock::detail::engine_of(c)->tick();
+    detail::engine_of(c)->tick();
     ASSERT_TRUE(lease.owns()) << "lost early at +"
                               << std::chrono::duration_cast<Millis>(clock->now() - granted).count() << "ms";
     ASSERT_EQ(lease.loss_reason(), LossReason::none);
@@ -79,12 +78,12 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   EXPECT_GE(c.stats().renewed_leases - renewals_before, 3u);  // renewed at ~1 s, 2 s, 3 s
   EXPECT_EQ(lease.remaining(), 100ms);                        // the deadline is the hold limit
   clock->advance(99ms);
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_TRUE(lease.owns());
   clock->advance(1ms);  // grant + 4500 ms
   EXPECT_FALSE(lease.owns());
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);  // before the watchdog runs, too
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_TRUE(lease.stop_token().stop_requested());
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
   EXPECT_NE(lease.loss_detail().find("max_hold 4500ms"), std::string::npos) << lease.loss_detail();
@@ -92,7 +91,7 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   // The lost lease is handed back to the backend (Backend::forget, on the event thread)
   // without waiting for the server's record to end by its TTL (+6 s here): once the
   // event thread has run, the store no longer has it, and another client takes it now.
-  distlock::detail::engine_of(c)->drain_events();
+  detail::engine_of(c)->drain_events();
   EXPECT_FALSE(store->held("job", clock->now()));
   EXPECT_EQ(store->release_calls(), releases_before + 1);
   auto other = client();
@@ -100,7 +99,7 @@ TEST_F(Jobs, MaxHoldEndsTheLeaseAtExactlyGrantPlusMaxHoldAlthoughRenewalsSucceed
   ASSERT_TRUE(taken.has_value());
   EXPECT_GT(taken->token(), lease.token());
   // The holder's own release then says lost and touches nothing: no second server call.
-  distlock::detail::Error ec;
+  Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(store->release_calls(), releases_before + 1);
@@ -118,15 +117,15 @@ TEST_F(Jobs, ALostLeaseReleasedAtOnceCanBeTakenAgainByItsOwnThread) {
   const std::uint64_t token = lease.token();
   clock->advance(1s);
   EXPECT_FALSE(lease.owns());
-  distlock::detail::engine_of(c)->tick();  // the watchdog's round declares the loss
-  distlock::detail::Error ec;
+  detail::engine_of(c)->tick();  // the watchdog's round declares the loss
+  Error ec;
   lease.release(ec);  // the hand-back is done (here or on the event thread) when this returns
   EXPECT_EQ(ec, errc::lost);
   EXPECT_FALSE(store->held("job", clock->now()));
   auto again = c.try_acquire("job", opts(3s));
   ASSERT_TRUE(again.has_value());
   EXPECT_GT(again->token(), token);
-  distlock::detail::engine_of(c)->drain_events();
+  detail::engine_of(c)->drain_events();
   EXPECT_EQ(store->release_calls(), 1);  // handed back once, whoever came first
 }
 
@@ -135,10 +134,10 @@ TEST_F(Jobs, ALeaseGoneAtReleaseIsNotHandedBack) {
   auto c = client();
   distlock::Lease lease = c.acquire("job", opts(3s));
   store->steal("job", "someone-else");
-  distlock::detail::Error ec;
+  Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
-  distlock::detail::engine_of(c)->drain_events();
+  detail::engine_of(c)->drain_events();
   EXPECT_EQ(store->release_calls(), 1);  // the release itself, and no forget after it
   EXPECT_EQ(store->holder("job"), "someone-else");
 }
@@ -152,7 +151,7 @@ TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
   once.wait = 0ms;
   {
     std::string what;
-    EXPECT_EQ(distlock::testing::code_of([&] { (void)c.acquire("job", once); }, &what), errc::busy)
+    EXPECT_EQ(code_of([&] { (void)c.acquire("job", once); }, &what), errc::busy)
         << "a Lease re-entered a Mutex's hold";
     EXPECT_NE(what.find("held by this thread through a Mutex or another Lease"), std::string::npos) << what;
     EXPECT_NE(what.find("only Mutex re-enters"), std::string::npos) << what;
@@ -163,8 +162,7 @@ TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
   auto lease = holder.acquire("job", opts(3s));
   {
     std::string what;
-    EXPECT_EQ(distlock::testing::code_of([&] { (void)c.acquire("job", once); }, &what), errc::busy)
-        << "busy lock acquired";
+    EXPECT_EQ(code_of([&] { (void)c.acquire("job", once); }, &what), errc::busy) << "busy lock acquired";
     EXPECT_EQ(what.find("this thread"), std::string::npos) << what;
   }
 }
@@ -178,7 +176,7 @@ TEST_F(Jobs, ALeaseRefusedBecauseThisThreadsMutexHoldsTheNameSaysSo) {
 TEST_F(Jobs, ALostLeaseIsHandedBackOnlyAfterItsInternalLossSignals) {
   auto [c, other, engine, held, once] = job_held();
   ASSERT_TRUE(held);
-  distlock::detail::Error ec;
+  Error ec;
   bool signalled = false;
   std::error_code taken_in_signal;
   engine.add_loss_signal(held, [&] {
@@ -212,7 +210,7 @@ TEST_F(Jobs, AReleaseThatHandsBackALostLeaseGivesItsInternalLossSignalsFirst) {
   std::atomic<bool> signalled{false};
   engine.add_loss_signal(held, [&] { signalled = true; });
   bool released = false, signalled_at_release = false, free_at_release = false;
-  distlock::detail::Error release_ec;
+  Error release_ec;
   // Runs on the detecting thread (tick below), before the internal signals: meanwhile
   // another thread releases the lease.
   std::stop_callback in_detection(held->stop.get_token(), [&] {
@@ -241,7 +239,7 @@ TEST_F(Jobs, AReleaseThatHandsBackALostLeaseGivesItsInternalLossSignalsFirst) {
 // Here release() blocks (at most 10 s, real time) until the test lets it go; the lease's
 // callback must run meanwhile (checked for 5 s).
 namespace {
-class HungRelease final : public distlock::testing::ForwardingBackend {
+class HungRelease final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   void hang() {
@@ -253,8 +251,8 @@ class HungRelease final : public distlock::testing::ForwardingBackend {
     hung_ = false;
     cv_.notify_all();
   }
-  distlock::detail::ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
-                                          distlock::detail::Error& ec) override {
+  ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t token,
+                        Error& ec) override {
     {
       std::unique_lock lk(m_);
       cv_.wait_for(lk, 10s, [&] { return !hung_; });
@@ -275,7 +273,7 @@ TEST_F(Jobs, ALossCallbackIsNotHeldBackByAHandBackTheServerDoesNotAnswer) {
   o.background_renewal = false;
   o.logger = [](distlock::LogLevel, std::string_view) {};
   HungRelease* hung = nullptr;
-  auto c = distlock::testing::client_through<HungRelease>(store_name, o, &hung);
+  auto c = client_through<HungRelease>(store_name, o, &hung);
   distlock::Lease lease = c.acquire("job", opts(3s));
   std::mutex m;
   std::condition_variable cv;
@@ -287,7 +285,7 @@ TEST_F(Jobs, ALossCallbackIsNotHeldBackByAHandBackTheServerDoesNotAnswer) {
   });
   hung->hang();
   clock->advance(2800ms);  // past the local deadline (grant + 3 s - 300 ms margin)
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_TRUE(lease.stop_token().stop_requested());
   bool in_time = false;
   {
@@ -296,7 +294,7 @@ TEST_F(Jobs, ALossCallbackIsNotHeldBackByAHandBackTheServerDoesNotAnswer) {
   }
   hung->answer();
   EXPECT_TRUE(in_time) << "the loss callback waited for the hand-back's unanswered release";
-  distlock::detail::engine_of(c)->drain_events();
+  detail::engine_of(c)->drain_events();
   EXPECT_FALSE(store->held("job", clock->now()));  // handed back once the server answered
 }
 
@@ -345,7 +343,7 @@ TEST_F(Jobs, CancelEndsAWaitFromAnotherThreadAndLeavesNothingQueued) {
 // 10 s, real time) until the test lets it go; the second waiter's cancel must end its
 // acquire meanwhile (checked for 5 s).
 namespace {
-class HungWatch final : public distlock::testing::ForwardingBackend {
+class HungWatch final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   std::atomic<int> watch_calls{0};
@@ -354,7 +352,7 @@ class HungWatch final : public distlock::testing::ForwardingBackend {
     hung_ = false;
     cv_.notify_all();
   }
-  void watch(std::string_view name, distlock::detail::Error& ec) override {
+  void watch(std::string_view name, Error& ec) override {
     ++watch_calls;
     {
       std::unique_lock lk(m_);
@@ -378,7 +376,7 @@ TEST_F(Jobs, CancelEndsAWaitForAnotherWaitersSubscription) {
   o.background_renewal = false;
   o.logger = [](distlock::LogLevel, std::string_view) {};
   HungWatch* hung = nullptr;
-  auto c = distlock::testing::client_through<HungWatch>(store_name, o, &hung);
+  auto c = client_through<HungWatch>(store_name, o, &hung);
   std::stop_source stop_first, stop_second;
   distlock::LockOptions first = opts(3s), second = opts(3s);
   first.cancel = stop_first.get_token();  // no wait bound: only a cancel ends these waits
@@ -429,13 +427,13 @@ TEST_F(Jobs, MaxHoldStopsRenewalsOnceTheDeadlineReachesTheLimit) {
   const int before = store->renew_calls();
   for (int i = 0; i < 19; ++i) {
     clock->advance(100ms);
-    distlock::detail::engine_of(c)->tick();
+    detail::engine_of(c)->tick();
   }
   EXPECT_EQ(store->renew_calls(), before);
   EXPECT_EQ(c.renew_now(), 0u);  // renew_all skips it as well
   EXPECT_TRUE(lease.owns());
   clock->advance(100ms);
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_EQ(lease.loss_reason(), LossReason::max_hold);
 }
 
@@ -465,11 +463,11 @@ TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
   // Every renewal succeeds; walk to just before locked + 1 s: still held.
   while (clock->now() - locked < 900ms) {
     clock->advance(100ms);
-    distlock::detail::engine_of(c)->tick();
+    detail::engine_of(c)->tick();
     ASSERT_TRUE(capped.owns());
   }
   clock->advance(100ms);  // locked + 1 s
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_FALSE(capped.owns()) << "held for "
                               << std::chrono::duration_cast<Millis>(clock->now() - locked).count()
                               << " ms under a max_hold of 1000 ms";
@@ -484,7 +482,7 @@ TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
   short_cap.lock();
   long_cap.lock();
   clock->advance(1s);
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_FALSE(long_cap.owns());
   EXPECT_EQ(long_cap.loss_reason(), LossReason::max_hold);
   long_cap.unlock();
@@ -493,13 +491,12 @@ TEST_F(Jobs, MaxHoldOfAReentrantMutexLockBoundsTheSharedHold) {
 
 TEST_F(Jobs, MaxHoldMustBePositive) {
   auto c = client();
-  distlock::detail::Error ec;
+  Error ec;
   c.acquire("job", opts(3s, 0ms), ec);
   EXPECT_EQ(ec, errc::invalid_argument);
   {
     std::string what;
-    EXPECT_EQ(distlock::testing::code_of([&] { c.acquire("job", opts(3s, -5ms)); }, &what),
-              errc::invalid_argument)
+    EXPECT_EQ(code_of([&] { c.acquire("job", opts(3s, -5ms)); }, &what), errc::invalid_argument)
         << "accepted a negative max_hold";
     EXPECT_NE(what.find("max_hold"), std::string::npos) << what;
   }
@@ -517,7 +514,7 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     store->fail_next(1000);
     for (int i = 0; i < 30; ++i) {
       clock->advance(100ms);
-      distlock::detail::engine_of(c)->tick();
+      detail::engine_of(c)->tick();
     }
     store->fail_next(0);
     EXPECT_EQ(lease.loss_reason(), LossReason::local_deadline);
@@ -528,16 +525,16 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     distlock::Lease lease = c.acquire("b", opts(3s));
     store->steal("b", "intruder");
     clock->advance(1s);
-    distlock::detail::engine_of(c)->tick();
+    detail::engine_of(c)->tick();
     EXPECT_EQ(lease.loss_reason(), LossReason::renewal_refused);
   }
   {  // lease ended / session lost: reported by the backend
     distlock::Lease l1 = c.acquire("c", opts(3s));
     distlock::Lease l2 = c.acquire("d", opts(3s));
-    distlock::detail::engine_of(c)->on_lease_lost("c", *c.status("c").holder);
+    detail::engine_of(c)->on_lease_lost("c", *c.status("c").holder);
     EXPECT_EQ(l1.loss_reason(), LossReason::lease_ended);
     EXPECT_EQ(l2.loss_reason(), LossReason::none);
-    distlock::detail::engine_of(c)->on_session_lost();
+    detail::engine_of(c)->on_session_lost();
     EXPECT_EQ(l2.loss_reason(), LossReason::session_lost);
     EXPECT_EQ(l1.loss_reason(), LossReason::lease_ended);  // the first reason stays
   }
@@ -546,10 +543,10 @@ TEST_F(Jobs, LossReasonForEachKindOfLoss) {
     store->drop("e");
     std::atomic<bool> fired{false};
     lease.on_lost([&] { fired = true; });
-    distlock::detail::Error ec;
+    Error ec;
     lease.release(ec);
     EXPECT_EQ(ec, errc::lost);
-    distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
+    detail::engine_of(c)->drain_events();  // callbacks run on the event thread
     EXPECT_TRUE(fired);
     EXPECT_EQ(lease.loss_reason(), LossReason::none);  // released: an empty Lease
     // (gone_at_release itself is checked through a Mutex's hold below)
@@ -563,9 +560,9 @@ TEST_F(Jobs, LossReasonLeaseEndedAndGoneAtReleaseThroughAMutex) {
   distlock::Mutex m = c.mutex("m", opts(3s));
   m.lock();
   EXPECT_EQ(m.loss_reason(), LossReason::none);
-  auto held = distlock::detail::engine_of(c)->held_by_this_thread("m");
+  auto held = detail::engine_of(c)->held_by_this_thread("m");
   ASSERT_NE(held, nullptr);
-  distlock::detail::engine_of(c)->on_lease_lost("m", held->owner);
+  detail::engine_of(c)->on_lease_lost("m", held->owner);
   EXPECT_EQ(m.loss_reason(), LossReason::lease_ended);
   EXPECT_NE(m.loss_detail().find("ended its lease"), std::string::npos) << m.loss_detail();
   m.unlock();
@@ -573,10 +570,10 @@ TEST_F(Jobs, LossReasonLeaseEndedAndGoneAtReleaseThroughAMutex) {
 
   store->drop("m");  // the notification above was made up: the server still had it
   ASSERT_TRUE(m.try_lock());
-  held = distlock::detail::engine_of(c)->held_by_this_thread("m");
+  held = detail::engine_of(c)->held_by_this_thread("m");
   store->drop("m");
-  distlock::detail::Error ec;
-  distlock::detail::engine_of(c)->release(held, ec);  // what unlock() does, keeping the handle to look at
+  Error ec;
+  detail::engine_of(c)->release(held, ec);  // what unlock() does, keeping the handle to look at
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(held->public_reason(), LossReason::gone_at_release);
 }
@@ -595,7 +592,7 @@ TEST_F(Jobs, HolderInfoRoundTripsThroughStatusAndList) {
   // The server stores the whole owner; renewals and the release use it as is.
   EXPECT_EQ(store->holder("backup"), *info.holder + "|" + o.holder_info);
   clock->advance(1s);
-  EXPECT_EQ(distlock::detail::engine_of(c)->tick(), 1u);
+  EXPECT_EQ(detail::engine_of(c)->tick(), 1u);
   EXPECT_TRUE(lease.owns());
   auto listed = c.list("");
   ASSERT_EQ(listed.size(), 1u);
@@ -620,7 +617,7 @@ TEST_F(Jobs, HolderInfoIsCutAt160BytesAndMustBePrintableWithoutBar) {
     b.holder_info = bad;
     {
       std::string what;
-      EXPECT_EQ(distlock::testing::code_of([&] { c.acquire("bad", b); }, &what), errc::invalid_argument)
+      EXPECT_EQ(code_of([&] { c.acquire("bad", b); }, &what), errc::invalid_argument)
           << "accepted holder_info " << bad;
       EXPECT_NE(what.find("holder_info"), std::string::npos) << what;
     }
@@ -628,7 +625,7 @@ TEST_F(Jobs, HolderInfoIsCutAt160BytesAndMustBePrintableWithoutBar) {
 }
 
 TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
-  using distlock::detail::thread_owner_of;
+  using detail::thread_owner_of;
   EXPECT_EQ(thread_owner_of("abc:7.12"), "abc:7");
   // A '.' in the description must not be taken for the acquisition separator.
   EXPECT_EQ(thread_owner_of("abc:7.12|host=a.b.c cmd=x.sh"), "abc:7");
@@ -642,9 +639,9 @@ TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
   m.lock();
   EXPECT_EQ(m.hold_count(), 2);
   EXPECT_TRUE(m.owns());
-  auto held = distlock::detail::engine_of(c)->held_by_this_thread("r");
+  auto held = detail::engine_of(c)->held_by_this_thread("r");
   ASSERT_NE(held, nullptr);
-  distlock::detail::engine_of(c)->on_lease_lost("r", held->owner);  // found by thread owner despite the '.'s
+  detail::engine_of(c)->on_lease_lost("r", held->owner);  // found by thread owner despite the '.'s
   EXPECT_EQ(m.loss_reason(), LossReason::lease_ended);
   m.unlock();
   m.unlock();
@@ -653,9 +650,8 @@ TEST_F(Jobs, ThreadOwnerOfIgnoresTheDescription) {
 
 TEST_F(Jobs, ListDecodesDerivedNames) {
   auto c = client();
-  distlock::detail::Error ec;
-  distlock::detail::engine_of(c)->backend().put_record("pool\x1fsem", "5", distlock::detail::PutMode::always,
-                                                       ec);
+  Error ec;
+  detail::engine_of(c)->backend().put_record("pool\x1fsem", "5", PutMode::always, ec);
   ASSERT_FALSE(ec);
   distlock::Lease a = c.acquire(
       "pool\x1fsem\x1f"
@@ -719,3 +715,5 @@ TEST_F(Jobs, ListDecodesDerivedNames) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -18,20 +18,19 @@
 #include "engine/engine.hpp"
 #include "engine/url.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/backend_names.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::detail::MemoryStore;
-using distlock::testing::ManualClock;
-using distlock::testing::ttl;
+using detail::MemoryStore;
 
 namespace {
 
-struct EngineReview : distlock::testing::ManualMemoryTest {};
+struct EngineReview : ManualMemoryTest {};
 
 // A thread that holds a Mutex whose lease was lost and locks it again (a nested
 // lock_guard) gets a new acquisition; unwinding both guards must not throw (a throw
@@ -42,7 +41,7 @@ TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
   m.lock();
   std::stop_token outer = m.stop_token();
   clock->advance(3100ms);  // past the local deadline and the server's expiry
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   ASSERT_TRUE(outer.stop_requested());
   m.lock();  // the outer hold is lost: this is a new acquisition
   EXPECT_TRUE(m.owns());
@@ -52,7 +51,7 @@ TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
   m.unlock(ec);  // outer: the lost hold
   EXPECT_NE(ec, make_error_code(errc::not_owner)) << "the outer unlock found no hold: " << ec.message();
   EXPECT_EQ(m.hold_count(), 0);
-  EXPECT_EQ(distlock::detail::engine_of(c)->held_count(), 0u);
+  EXPECT_EQ(detail::engine_of(c)->held_count(), 0u);
 }
 
 // The same thread re-acquires a name whose hold has passed its local deadline before
@@ -63,13 +62,13 @@ TEST_F(EngineReview, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled)
   m.lock();
   std::stop_token outer = m.stop_token();
   std::atomic<int> callbacks{0};
-  distlock::detail::engine_of(c)->add_loss_callback(
-      distlock::detail::engine_of(c)->held_by_this_thread("replaced"), [&] { ++callbacks; });
+  detail::engine_of(c)->add_loss_callback(detail::engine_of(c)->held_by_this_thread("replaced"),
+                                          [&] { ++callbacks; });
   clock->advance(3100ms);  // no tick: the loss has not been declared yet
   m.lock();                // new acquisition (the server record has expired)
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_TRUE(outer.stop_requested()) << "the replaced hold's loss was never signalled";
-  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
+  detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_EQ(callbacks.load(), 1);
   m.unlock();
   std::error_code ec;
@@ -125,15 +124,14 @@ TEST(EngineReviewRealTime, LeaseTakenWhileTheWatchdogIsBusyIsStillWatched) {
 // A backend whose session ends while it is granting an acquisition (the grant is
 // answered, then the session's keep-alive reports the lease gone): the server has
 // forgotten the lock, so the lease the engine hands out must be signalled lost.
-class SessionLossOnGrant final : public distlock::testing::ForwardingBackend {
+class SessionLossOnGrant final : public ForwardingBackend {
  public:
   SessionLossOnGrant(std::unique_ptr<Backend> inner, std::shared_ptr<MemoryStore> store)
       : ForwardingBackend(std::move(inner)), store_(std::move(store)) {}
   std::atomic<bool> lose_next_grant{false};
   std::atomic<bool> lose_lease_of_next_grant{false};
 
-  distlock::detail::AcquireResult try_acquire(const distlock::detail::AcquireRequest& req,
-                                              distlock::detail::Error& ec) override {
+  detail::AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override {
     auto r = ForwardingBackend::try_acquire(req, ec);
     if (r.acquired && lose_next_grant.exchange(false)) {
       store_->drop(std::string(req.name));  // the session's keys go with it
@@ -153,7 +151,7 @@ class SessionLossOnGrant final : public distlock::testing::ForwardingBackend {
 TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
   auto opts = options();
   SessionLossOnGrant* raw = nullptr;
-  auto c = distlock::testing::client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
+  auto c = client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
   auto other = client();
 
   raw->lose_next_grant = true;
@@ -171,7 +169,7 @@ TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
 TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
   auto opts = options();
   SessionLossOnGrant* raw = nullptr;
-  auto c = distlock::testing::client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
+  auto c = client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
   auto other = client();
 
   auto kept = c.acquire("kept", ttl(3s));  // another lease of the client is not touched
@@ -228,7 +226,7 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
 // free the engine under the running thread.
 [[noreturn]] void last_client_copy_in_a_loss_callback() {
   auto store = MemoryStore::named("review-rt-last-ref");
-  std::weak_ptr<distlock::detail::Engine> weak;
+  std::weak_ptr<detail::Engine> weak;
   std::mutex mu;
   std::condition_variable cv;
   bool in_callback = false, dropped = false;
@@ -236,7 +234,7 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
     distlock::ClientOptions o;
     o.logger = [](distlock::LogLevel, std::string_view) {};
     auto c = distlock::connect("memory://review-rt-last-ref", o);
-    weak = distlock::detail::engine_of(c);
+    weak = detail::engine_of(c);
     auto lease = c.acquire("cb", ttl(300ms));
     lease.on_lost([c, &mu, &cv, &in_callback, &dropped] {  // on the event thread
       std::unique_lock lk(mu);
@@ -264,3 +262,5 @@ TEST(EngineReviewRealTime, LossCallbackHoldingTheLastClientCopyDoesNotCrash) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -132,12 +132,7 @@ TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
   });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
   store->drop("m/2");  // gone without a notification (a lost message)
-  Millis advanced{0};
-  for (int i = 0; i < 5000 && !done; ++i) {
-    clock->advance(10ms);
-    advanced += 10ms;
-    std::this_thread::sleep_for(1ms);
-  }
+  const Millis advanced = advance_until(*clock, done);
   waiter.join();
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(got);

@@ -21,17 +21,15 @@
 #include "support/memory_fixture.hpp"
 #include "support/thrown.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::detail::MemoryStore;
-using distlock::testing::ManualClock;
-using distlock::testing::ttl;
+using detail::MemoryStore;
 
 namespace {
 
-struct EngineSafety : distlock::testing::ManualMemoryTest {};
-struct RealTimeSafety : distlock::testing::RealTimeMemoryTest {};
+struct EngineSafety : ManualMemoryTest {};
+struct RealTimeSafety : RealTimeMemoryTest {};
 
 // ---- owner identity ----------------------------------------------------------------
 
@@ -45,13 +43,13 @@ TEST_F(EngineSafety, EveryAcquisitionIsANewOwnerOnTheServer) {
   auto lease = c.acquire("u", ttl(3s));
   const std::string second = store->holder("u");
   EXPECT_NE(first, second) << "a later acquisition by the same thread must be another owner";
-  EXPECT_EQ(distlock::detail::thread_owner_of(first), distlock::detail::thread_owner_of(second));
+  EXPECT_EQ(detail::thread_owner_of(first), detail::thread_owner_of(second));
   EXPECT_EQ(first.rfind(c.id() + ":", 0), 0u) << first;
 }
 
 // A backend whose hand-back of a lost lease (Backend::forget) never reaches the server
 // (the usual cause of a loss): the old record then stays until the server's expiry.
-class NoHandBack final : public distlock::testing::ForwardingBackend {
+class NoHandBack final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   void forget(std::string_view, std::string_view, std::uint64_t) noexcept override {}
@@ -61,11 +59,11 @@ TEST_F(EngineSafety, ReacquireAfterALocalLossWaitsForTheOldRecordAndGetsANewToke
   // The engine hands a lost lease back at once (on a thread of its own), which would
   // free the old record before the check below could see it: here the hand-back does
   // not reach the server.
-  auto c = distlock::testing::client_through<NoHandBack>(store_name, options(), nullptr);
+  auto c = client_through<NoHandBack>(store_name, options(), nullptr);
   auto lease = c.acquire("r", ttl(3s));  // local deadline 2.7 s, server expiry 3 s
   const std::uint64_t old_token = lease.token();
   clock->advance(2800ms);
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   ASSERT_FALSE(lease.owns());
   ASSERT_TRUE(store->held("r", clock->now())) << "the server record outlives the local deadline";
   // The old record is not ours any more: re-entering it would hand one token to two
@@ -88,7 +86,7 @@ TEST_F(EngineSafety, ALossFoundAtReleaseIsSignalledNotOnlyReturned) {
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_TRUE(st.stop_requested()) << "the stop token must fire for every loss";
-  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
+  detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_TRUE(called);
 }
 
@@ -137,7 +135,7 @@ TEST_F(EngineSafety, ALeaseGrantedLessThanItsTtlIsRenewedOnTheGrantsSchedule) {
   auto lease = c.acquire("short", ttl(3s));  // renew_interval 1 s by default: too late
   for (int i = 0; i < 20; ++i) {             // 2 s in 100 ms steps, the renewer ticking each step
     clock->advance(100ms);
-    distlock::detail::engine_of(c)->tick();
+    detail::engine_of(c)->tick();
     ASSERT_TRUE(lease.owns()) << "lost after " << (i + 1) * 100 << " ms: renewed after the grant's deadline";
   }
   EXPECT_TRUE(store->held("short", clock->now()));
@@ -167,9 +165,9 @@ TEST_F(EngineSafety, ALeaseReplacedByTheSameThreadsNextAcquisitionIsStillSignall
   ASSERT_FALSE(first.owns());
   auto second = c.try_acquire("again", ttl(3s));  // the server record expired: a new owner
   ASSERT_TRUE(second.has_value());
-  distlock::detail::engine_of(c)->tick();
+  detail::engine_of(c)->tick();
   EXPECT_TRUE(st.stop_requested()) << "the first lease's loss must be signalled, not forgotten";
-  distlock::detail::engine_of(c)->drain_events();  // callbacks run on the event thread
+  detail::engine_of(c)->drain_events();  // callbacks run on the event thread
   EXPECT_TRUE(called);
   EXPECT_TRUE(second->owns());
 }
@@ -182,7 +180,7 @@ TEST_F(EngineSafety, DurationsOutOfRangeAreRefusedBeforeAnyServerCall) {
        {Millis(std::chrono::hours(24 * 365 * 1000)), Millis::max(), Millis(std::chrono::hours(24 * 367))}) {
     {
       std::string what;
-      EXPECT_EQ(distlock::testing::code_of([&] { c.acquire("d", ttl(t)); }, &what), errc::invalid_argument)
+      EXPECT_EQ(code_of([&] { c.acquire("d", ttl(t)); }, &what), errc::invalid_argument)
           << "accepted ttl " << t.count() << " ms";
       EXPECT_NE(what.find("maximum"), std::string::npos) << what;
     }
@@ -255,7 +253,7 @@ TEST_F(RealTimeSafety, WaiterThatCannotWatchStillWaitsAndLeavesNothingSubscribed
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_TRUE(got) << "a failed watch degrades to bounded re-checks, it does not fail the wait";
   EXPECT_EQ(store->live_watches(), 0);
-  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 0u);
+  EXPECT_EQ(detail::engine_of(b)->idle_watches(), 0u);
   store->fail_next_watches(0);
 }
 
@@ -268,13 +266,12 @@ TEST_F(EngineSafety, ExceptionFromTheBackendWhileWaitingLeavesNoWaiterOrQueuedPl
   o.wait = 5s;
   {
     std::string what;
-    EXPECT_EQ(distlock::testing::code_of([&] { b.acquire("ex", o); }, &what), errc::protocol_error)
+    EXPECT_EQ(code_of([&] { b.acquire("ex", o); }, &what), errc::protocol_error)
         << "acquired a held lock: " << what;
   }
   EXPECT_EQ(store->cancel_calls(), 1) << "the queued place is given up";
-  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 1u)
-      << "the waiter left its slot (kept subscribed, idle)";
-  distlock::detail::engine_of(b)->sweep_idle_watches(true);
+  EXPECT_EQ(detail::engine_of(b)->idle_watches(), 1u) << "the waiter left its slot (kept subscribed, idle)";
+  detail::engine_of(b)->sweep_idle_watches(true);
   EXPECT_EQ(store->live_watches(), 0);
 }
 
@@ -340,3 +337,5 @@ TEST_F(RealTimeSafety, ForkedChildIsRefusedAndNeverTouchesItsParentsLeases) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

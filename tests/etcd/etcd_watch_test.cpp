@@ -141,12 +141,8 @@ TEST(EtcdPrefixWatch, InitialStateAndPrefixFilter) {
   Lease other = c.acquire("other/x", ttl_of(30s, 60s));
   Lease near = c.acquire("prf/x", ttl_of(30s, 60s));  // shares "pr" only
   Watch w = c.watch("pre/");
-  auto s = w.next(10s);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->kind, WatchEventKind::state) << describe(*s);
-  EXPECT_EQ(s->name, "pre/held");
-  EXPECT_TRUE(s->held);
-  EXPECT_EQ(s->token, held.token());
+  const std::uint64_t held_token = held.token();
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, "pre/held", held_token));
   other.release();
   near.release();
   Lease again = c.acquire("other/x", ttl_of(30s, 60s));
@@ -155,7 +151,7 @@ TEST(EtcdPrefixWatch, InitialStateAndPrefixFilter) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind, WatchEventKind::released) << describe(*e);
   EXPECT_EQ(e->name, "pre/held");
-  EXPECT_EQ(e->token, s->token);
+  EXPECT_EQ(e->token, held_token);
   auto more = w.next(1s);
   EXPECT_FALSE(more) << describe(*more);
 }
@@ -178,23 +174,7 @@ TEST(EtcdPrefixWatch, ServerRestartIsAGapThenTheState) {
   ASSERT_TRUE(gap_then_state(w, "", "gap/a", true, a.token(), 30s, seen)) << joined(seen);
   for (const auto& s : seen) EXPECT_EQ(s.find("acquired"), std::string::npos) << joined(seen);
   // Live again: a new lock's events arrive, in order.
-  std::uint64_t b_token = 0;
-  {
-    Lease b = holder.acquire("gap/b", ttl_of(60s, 60s));
-    b_token = b.token();
-    std::optional<WatchEvent> e;
-    do {
-      e = next_change(w, 15s);
-    } while (e && e->kind == WatchEventKind::gap);
-    ASSERT_TRUE(e);
-    EXPECT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
-    EXPECT_EQ(e->name, "gap/b");
-    EXPECT_EQ(e->token, b_token);
-  }
-  auto rel = next_change(w, 10s);
-  ASSERT_TRUE(rel);
-  EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
-  EXPECT_EQ(rel->token, b_token);
+  ASSERT_NO_FATAL_FAILURE(expect_live_again(w, holder, "gap/b", 15s));
 }
 
 // The watcher's connection is cut (a fault proxy drops it) while locks change and the

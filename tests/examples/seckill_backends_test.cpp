@@ -21,15 +21,9 @@
 #include "zk/zk_server.hpp"
 #endif
 
-namespace {
+namespace distlock::testing {
 
-using distlock::testing::expect_balanced_sale;
-using distlock::testing::expect_every_broken_run_caught;
-using distlock::testing::Layout;
-using distlock::testing::run_seckill;
-using distlock::testing::SaleRun;
-using distlock::testing::TempDir;
-using distlock::testing::with_layout;
+namespace {
 
 constexpr int kRuns = 2;
 const std::vector<Layout> kLayouts{{2, 1}, {1, 4}, {2, 2}};
@@ -48,7 +42,7 @@ void check_backend(const std::string& url, const std::string& think_us) {
 
 #ifdef DISTLOCK_SECKILL_WITH_REDLOCK
 TEST(SeckillBackends, Redlock) {
-  distlock::testing::Masters masters(3);
+  Masters masters(3);
   // A per-master timeout of 250 ms, not the default 50 ms (docs/redlock.md: "raise it on hosts so
   // loaded that a master can be starved for longer"): beside three other tests on two cores, a
   // release once heard from only one master within 50 ms and the sale counted a failed purchase.
@@ -58,16 +52,18 @@ TEST(SeckillBackends, Redlock) {
 
 #ifdef DISTLOCK_SECKILL_WITH_ETCD
 TEST(SeckillBackends, Etcd) {
-  distlock::testing::EtcdCluster etcd(1);
+  EtcdCluster etcd(1);
   check_backend(etcd.url(), "20000");
 }
 #endif
 
 #ifdef DISTLOCK_SECKILL_WITH_ZK
 TEST(SeckillBackends, ZooKeeper) {
-  distlock::testing::ZkServer zk;
+  ZkServer zk;
   check_backend(zk.url(), "20000");
 }
 #endif
 
 }  // namespace
+
+}  // namespace distlock::testing

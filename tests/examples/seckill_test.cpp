@@ -10,17 +10,11 @@
 #include "examples/seckill_run.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::testing::expect_balanced_sale;
-using distlock::testing::expect_caught;
-using distlock::testing::Layout;
-using distlock::testing::layouts;
-using distlock::testing::run_seckill;
-using distlock::testing::SaleRun;
-using distlock::testing::TempDir;
-using distlock::testing::with_layout;
 
 void expect_clean_sale(const SaleRun& r, const std::string& url, long sold, long left) {
   expect_balanced_sale(r, url, sold, left);
@@ -43,14 +37,13 @@ TEST(Seckill, DefaultsOnTheFileBackend) {
   SaleRun r = run_seckill({"--url", url});
   expect_clean_sale(r, url, 300, 0);
   // The books on disk agree: 300 buyer lines, stock file says 0.
-  const std::string buyers =
-      distlock::testing::read_file((dir.path() / "seckill-data" / "seckill.buyers").string());
+  const std::string buyers = read_file((dir.path() / "seckill-data" / "seckill.buyers").string());
   EXPECT_EQ(std::count(buyers.begin(), buyers.end(), '\n'), 300);
-  EXPECT_EQ(distlock::testing::read_file((dir.path() / "seckill-data" / "seckill.stock").string()), "0\n");
+  EXPECT_EQ(read_file((dir.path() / "seckill-data" / "seckill.stock").string()), "0\n");
 }
 
 TEST(Seckill, DefaultsOnRedis) {
-  distlock::testing::RedisServer redis;
+  RedisServer redis;
   SaleRun r = run_seckill({"--url", redis.url()});
   expect_clean_sale(r, redis.url(), 300, 0);
   auto stock = redis.command({"GET", "{seckill}:stock"});
@@ -98,7 +91,7 @@ TEST(Seckill, BadArgumentsAreRejected) {
 }
 
 TEST(Seckill, RedisDownIsAFailureNotASale) {
-  const auto port = distlock::testing::free_port();
+  const auto port = free_port();
   SaleRun r = run_seckill({"--url", "redis://127.0.0.1:" + std::to_string(port) + "?timeout=300ms",
                            "--processes", "1", "--requests", "5"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -117,7 +110,7 @@ constexpr int kRuns = 2;
 // The broken modes with 40 items and 80 requests, kRuns times in each layout of `ls`.
 void expect_every_broken_run_caught(std::vector<std::string> base, const std::vector<Layout>& ls) {
   base.insert(base.end(), {"--stock", "40", "--requests", "80"});
-  distlock::testing::expect_every_broken_run_caught(base, ls, kRuns);
+  expect_every_broken_run_caught(base, ls, kRuns);
 }
 
 void expect_every_locked_run_balanced(const std::vector<std::string>& base, const std::string& url,
@@ -149,7 +142,7 @@ TEST(Seckill, BrokenLockIsCaughtEveryRunOnTheFileBackend) {
 }
 
 TEST(Seckill, BrokenLockIsCaughtEveryRunOnRedis) {
-  distlock::testing::RedisServer redis;
+  RedisServer redis;
   expect_every_broken_run_caught({"--url", redis.url()}, layouts());
   for (const std::string mode : {"no-lock", "lock-per-buyer"}) {
     expect_caught(run_seckill({"--url", redis.url(), "--" + mode}), mode);
@@ -167,7 +160,7 @@ TEST(Seckill, TheLockAloneKeepsTheBooksWithTheSameLayoutsOnTheFileBackend) {
 }
 
 TEST(Seckill, TheLockAloneKeepsTheBooksWithTheSameLayoutsOnRedis) {
-  distlock::testing::RedisServer redis;
+  RedisServer redis;
   expect_every_locked_run_balanced({"--url", redis.url()}, redis.url(), layouts());
   // Unfenced writes leave no fence behind; fenced ones do (checked in DefaultsOnRedis).
   EXPECT_EQ(redis.command({"EXISTS", "{seckill}:stock:distlock-fence"})->integer, 0);
@@ -190,3 +183,5 @@ TEST(Seckill, BrokenModesNeedTwoBuyers) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -27,16 +27,14 @@
 
 #include "distlock/distlock.hpp"
 #include "engine/url.hpp"
+#include "support/backend_names.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::detail::lock_file_name;
-using distlock::testing::Process;
-using distlock::testing::read_file;
-using distlock::testing::TempDir;
+using detail::lock_file_name;
 namespace fs = std::filesystem;
 using SteadyClock = std::chrono::steady_clock;
 
@@ -221,7 +219,7 @@ TEST_F(FileBackend, WaitersDoNotWakeEachOther) {
   std::atomic<int> timeouts{0};
   for (auto& w : waiters) {
     threads.emplace_back([&] {
-      distlock::detail::Error ec;
+      Error ec;
       distlock::Lease l = w.acquire("herd", wait_for(2s), ec);
       if (ec == errc::timeout) ++timeouts;
     });
@@ -235,8 +233,8 @@ TEST_F(FileBackend, WaitersDoNotWakeEachOther) {
 
 TEST_F(FileBackend, WaiterWakesWhenHolderProcessReleases) {
   const std::string out = out_file("holder");
-  Process p = distlock::testing::spawn_holder(url(), "x", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
+  Process p = spawn_holder(url(), "x", out, 2000);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 20s)) << read_file(out);
   auto c = client();
   std::promise<std::uint64_t> token;
   std::thread t([&] { token.set_value(c.acquire("x", wait_for(30s)).token()); });
@@ -247,9 +245,9 @@ TEST_F(FileBackend, WaiterWakesWhenHolderProcessReleases) {
   p.signal(SIGTERM);  // lock_tool releases and exits
   ASSERT_EQ(fut.wait_for(20s), std::future_status::ready);
   EXPECT_LT(ms_since(asked), 2000);
-  EXPECT_GT(fut.get(), static_cast<std::uint64_t>(distlock::testing::acquired_token(out)));
+  EXPECT_GT(fut.get(), static_cast<std::uint64_t>(acquired_token(out)));
   t.join();
-  EXPECT_TRUE(distlock::testing::wait_for_text(out, "released", 10s));
+  EXPECT_TRUE(wait_for_text(out, "released", 10s));
 }
 
 TEST_F(FileBackend, MalformedUrlsNameTheirPart) {
@@ -373,7 +371,7 @@ TEST_F(FileBackend, LockFileNotOwnedByCallerOrRootIsRefused) {
     expect_error([&] { c.acquire("planted", wait_for(0ms)); }, errc::backend_unavailable, "planted");
     EXPECT_TRUE(logged(file_of("planted").string() + " is owned by uid 65534"))
         << "the log names file and owner";
-    distlock::detail::Error ec;
+    Error ec;
     (void)c.status("planted", ec);
     EXPECT_EQ(ec, errc::backend_unavailable);
     ASSERT_EQ(::chown(file_of("planted").c_str(), 0, 0), 0);
@@ -449,13 +447,13 @@ TEST_F(FileBackend, OddNamesWork) {
 
 TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
   const std::string out = out_file("holder");
-  Process p = distlock::testing::spawn_holder(url(), "theirs", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 20s)) << distlock::testing::read_file(out);
+  Process p = spawn_holder(url(), "theirs", out, 2000);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 20s)) << read_file(out);
   const std::string before = read_file(file_of("theirs"));
   {
     auto c = client();
     EXPECT_FALSE(c.try_acquire("theirs").has_value());
-    distlock::detail::Error ec;
+    Error ec;
     c.mutex("theirs").unlock(ec);
     EXPECT_EQ(ec, errc::not_owner);
     distlock::Lease none = c.acquire("theirs", wait_for(200ms), ec);
@@ -464,7 +462,7 @@ TEST_F(FileBackend, AnotherOwnersLockIsNeverTouched) {
   }  // our client goes away too: nothing of theirs is released
   EXPECT_EQ(read_file(file_of("theirs")), before);
   p.signal(SIGUSR1);
-  EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
+  EXPECT_TRUE(wait_for_text(out, "owns 1", 10s)) << read_file(out);
   auto c = client();
   EXPECT_TRUE(c.status("theirs").held);
 }
@@ -489,7 +487,7 @@ TEST_F(FileBackend, RemovedLockFileIsALoss) {
   // Somebody else can now take a fresh file (its counter restarts: see the docs).
   auto other = client();
   EXPECT_TRUE(other.try_acquire("gone").has_value());
-  distlock::detail::Error ec;
+  Error ec;
   lease.release(ec);
   EXPECT_EQ(ec, errc::lost);
   EXPECT_EQ(c.stats().lost, 1u);
@@ -517,7 +515,7 @@ TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
   EXPECT_TRUE(logged(lock_file_name("damaged"))) << "the log should name the file";
   EXPECT_TRUE(logged("not a distlock lock file"));
   EXPECT_EQ(read_file(file_of("damaged")), before);
-  distlock::detail::Error ec;
+  Error ec;
   (void)c.status("damaged", ec);
   EXPECT_EQ(ec, errc::protocol_error);
   // A record of another name (as a hash collision would leave) is refused too.
@@ -529,42 +527,42 @@ TEST_F(FileBackend, DamagedLockFileIsRefusedAndKept) {
 
 TEST_F(FileBackend, BackendChecksOwnerTokenAndInode) {
   // The adapter directly: renew and release are owner-, token- and inode-checked.
-  distlock::detail::Url u;
-  distlock::detail::Error ec;
-  ASSERT_FALSE(ec = distlock::detail::parse_url(url(), u)) << ec.detail();
-  auto backend = distlock::detail::make_file_backend(u, {}, ec);
+  detail::Url u;
+  Error ec;
+  ASSERT_FALSE(ec = detail::parse_url(url(), u)) << ec.detail();
+  auto backend = detail::make_file_backend(u, {}, ec);
   ASSERT_TRUE(backend) << ec.detail();
   EXPECT_TRUE(backend->capabilities().fencing);
   EXPECT_FALSE(backend->capabilities().needs_renewal);
-  const distlock::detail::AcquireRequest req{"b", "owner-1", Millis(1000)};
+  const AcquireRequest req{"b", "owner-1", Millis(1000)};
   auto got = backend->try_acquire(req, ec);
   ASSERT_FALSE(ec);
   ASSERT_TRUE(got.acquired);
-  const distlock::detail::AcquireRequest other{"b", "owner-2", Millis(1000)};
+  const AcquireRequest other{"b", "owner-2", Millis(1000)};
   auto busy = backend->try_acquire(other, ec);
   EXPECT_FALSE(ec);
   EXPECT_FALSE(busy.acquired);
   EXPECT_TRUE(busy.holder_ttl.has_value());  // the re-check hint
 
-  const std::vector<distlock::detail::RenewItem> items = {{"b", "owner-1", got.token, Millis(1000)},
-                                                          {"b", "owner-2", got.token, Millis(1000)},
-                                                          {"b", "owner-1", got.token + 1, Millis(1000)}};
-  std::vector<distlock::detail::RenewStatus> out(items.size(), distlock::detail::RenewStatus::failed);
+  const std::vector<RenewItem> items = {{"b", "owner-1", got.token, Millis(1000)},
+                                        {"b", "owner-2", got.token, Millis(1000)},
+                                        {"b", "owner-1", got.token + 1, Millis(1000)}};
+  std::vector<RenewStatus> out(items.size(), RenewStatus::failed);
   backend->renew(items, out, ec);
-  EXPECT_EQ(out[0], distlock::detail::RenewStatus::renewed);
-  EXPECT_EQ(out[1], distlock::detail::RenewStatus::not_owner);
-  EXPECT_EQ(out[2], distlock::detail::RenewStatus::not_owner);
+  EXPECT_EQ(out[0], RenewStatus::renewed);
+  EXPECT_EQ(out[1], RenewStatus::not_owner);
+  EXPECT_EQ(out[2], RenewStatus::not_owner);
 
-  EXPECT_EQ(backend->release("b", "owner-2", got.token, ec), distlock::detail::ReleaseStatus::not_owner);
-  EXPECT_EQ(backend->release("b", "owner-1", got.token + 1, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_EQ(backend->release("b", "owner-2", got.token, ec), ReleaseStatus::not_owner);
+  EXPECT_EQ(backend->release("b", "owner-1", got.token + 1, ec), ReleaseStatus::not_owner);
   EXPECT_TRUE(backend->status("b", ec).held);  // neither touched the lock
 
   fs::remove(file_of("b"));
   backend->renew(std::span(items).first(1), std::span(out).first(1), ec);
-  EXPECT_EQ(out[0], distlock::detail::RenewStatus::not_owner);  // the file is gone: lost
-  EXPECT_EQ(backend->release("b", "owner-1", got.token, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_EQ(out[0], RenewStatus::not_owner);  // the file is gone: lost
+  EXPECT_EQ(backend->release("b", "owner-1", got.token, ec), ReleaseStatus::not_owner);
   EXPECT_FALSE(ec);
-  EXPECT_EQ(backend->release("b", "owner-1", got.token, ec), distlock::detail::ReleaseStatus::not_owner);
+  EXPECT_EQ(backend->release("b", "owner-1", got.token, ec), ReleaseStatus::not_owner);
 }
 
 TEST_F(FileBackend, DefaultUrlUsesTheRuntimeDirectory) {
@@ -580,3 +578,5 @@ TEST_F(FileBackend, DefaultUrlUsesTheRuntimeDirectory) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -22,30 +22,18 @@
 #include "engine/backend.hpp"
 #include "engine/url.hpp"
 #include "file/file_backend.hpp"
+#include "support/backend_names.hpp"
 #include "support/backend_records.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
-using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::detail::AcquireRequest;
-using distlock::detail::Backend;
-using distlock::detail::kMaxRecordValue;
-using distlock::detail::lock_file_name;
-using distlock::detail::PutMode;
-using distlock::detail::record_file_name;
-using distlock::testing::all_bytes;
-using distlock::testing::expect_value_bound_is_64kib;
-using distlock::testing::get;
-using distlock::testing::names;
-using distlock::testing::Process;
-using distlock::testing::put;
-using distlock::testing::read_file;
-using distlock::testing::TempDir;
-namespace fs = std::filesystem;
-
+namespace distlock::testing {
 namespace {
+
+using namespace std::chrono_literals;
+using detail::lock_file_name;
+using detail::record_file_name;
+namespace fs = std::filesystem;
 
 struct FileRecords : ::testing::Test {
   TempDir tmp{"distlock-records"};
@@ -54,10 +42,10 @@ struct FileRecords : ::testing::Test {
   std::string url() const { return "file://" + dir.string() + "?recheck=5s"; }
 
   std::unique_ptr<Backend> backend() const {
-    distlock::detail::Url u;
-    distlock::detail::Error ec;
-    EXPECT_FALSE(ec = distlock::detail::parse_url(url(), u)) << ec.detail();
-    auto b = distlock::detail::make_file_backend(u, {}, ec);
+    detail::Url u;
+    Error ec;
+    EXPECT_FALSE(ec = detail::parse_url(url(), u)) << ec.detail();
+    auto b = detail::make_file_backend(u, {}, ec);
     EXPECT_TRUE(b) << ec.detail();
     return b;
   }
@@ -66,7 +54,7 @@ struct FileRecords : ::testing::Test {
 TEST_F(FileRecords, PutGetEraseAndBinaryValues) {
   auto b = backend();
   EXPECT_EQ(get(*b, "cfg"), std::nullopt);  // no record directory yet: none, no error
-  distlock::detail::Error ec;
+  Error ec;
   EXPECT_FALSE(b->erase_record("cfg", ec));
   EXPECT_FALSE(ec);
 
@@ -107,7 +95,7 @@ TEST_F(FileRecords, ValueSizeBoundIs64KiB) {
 
 TEST_F(FileRecords, RecordAndLockOfOneNameCoexist) {
   auto b = backend();
-  distlock::detail::Error ec;
+  Error ec;
   const AcquireRequest req{"shared-name", "owner-1", Millis(1000)};
   auto got = b->try_acquire(req, ec);
   ASSERT_FALSE(ec);
@@ -120,7 +108,7 @@ TEST_F(FileRecords, RecordAndLockOfOneNameCoexist) {
   EXPECT_TRUE(st.held);
   EXPECT_EQ(st.token, got.token);
 
-  EXPECT_EQ(b->release("shared-name", "owner-1", got.token, ec), distlock::detail::ReleaseStatus::released);
+  EXPECT_EQ(b->release("shared-name", "owner-1", got.token, ec), ReleaseStatus::released);
   EXPECT_EQ(get(*b, "shared-name"), "value");  // a record outlives any lock: it never expires
   EXPECT_TRUE(b->erase_record("shared-name", ec));
   auto again = b->try_acquire(req, ec);  // erasing the record left the lock's token counter alone
@@ -169,10 +157,10 @@ TEST_F(FileRecords, IfAbsentRaceBetweenTwoProcessesAgrees) {
       ASSERT_GE(pid, 0);
       if (pid == 0) {
         ::close(go[1]);
-        distlock::detail::Url u;
-        distlock::detail::Error ec;
-        if (distlock::detail::parse_url(url(), u)) ::_exit(2);
-        auto b = distlock::detail::make_file_backend(u, {}, ec);
+        detail::Url u;
+        Error ec;
+        if (detail::parse_url(url(), u)) ::_exit(2);
+        auto b = detail::make_file_backend(u, {}, ec);
         if (!b) ::_exit(3);
         char c;
         (void)!::read(go[0], &c, 1);  // EOF when the parent closes its end: both start together
@@ -216,10 +204,10 @@ TEST_F(FileRecords, RecordSurvivesWriterKilledMidWrite) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      distlock::detail::Url u;
-      distlock::detail::Error ec;
-      if (distlock::detail::parse_url(url(), u)) ::_exit(2);
-      auto b = distlock::detail::make_file_backend(u, {}, ec);
+      detail::Url u;
+      Error ec;
+      if (detail::parse_url(url(), u)) ::_exit(2);
+      auto b = detail::make_file_backend(u, {}, ec);
       if (!b) ::_exit(3);
       for (long n = 0; n < 1'000'000; ++n) {
         b->put_record("survivor", n % 2 ? vb : va, PutMode::always, ec);
@@ -247,7 +235,7 @@ TEST_F(FileRecords, RecordSurvivesWriterKilledMidWrite) {
 
 TEST_F(FileRecords, ListHeldPrefixLimitTruncated) {
   auto b = backend();
-  distlock::detail::Error ec;
+  Error ec;
   const std::string long_name = "job/" + std::string(300, 'z');  // a hashed lock file name
   std::vector<std::pair<std::string, std::uint64_t>> held;
   for (const std::string n : {"job/c", "job/a", "other", "job/b", long_name.c_str(), "jobs", "job/\r\n"}) {
@@ -291,8 +279,7 @@ TEST_F(FileRecords, ListHeldPrefixLimitTruncated) {
     EXPECT_NE(l.info.holder->find("(pid " + std::to_string(::getpid()) + ")"), std::string::npos);
   }
   for (const auto& [n, token] : held)
-    EXPECT_TRUE(b->release(n, "owner-" + n.substr(0, 8), token, ec) ==
-                distlock::detail::ReleaseStatus::released);
+    EXPECT_TRUE(b->release(n, "owner-" + n.substr(0, 8), token, ec) == ReleaseStatus::released);
   EXPECT_EQ(names(*b, "", 100, truncated), std::vector<std::string>{});
   EXPECT_FALSE(truncated);
 }
@@ -300,10 +287,10 @@ TEST_F(FileRecords, ListHeldPrefixLimitTruncated) {
 TEST_F(FileRecords, ListHeldShowsAnotherProcessAndDropsItWhenKilled) {
   auto b = backend();
   const std::string out = (tmp.path() / "holder.out").string();
-  Process p = distlock::testing::spawn_holder(url(), "svc/worker", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
+  Process p = spawn_holder(url(), "svc/worker", out, 2000);
+  ASSERT_TRUE(wait_for_text(out, "acquired", 30s)) << read_file(out);
   bool truncated = false;
-  distlock::detail::Error ec;
+  Error ec;
   auto listed = b->list_held("svc/", 10, truncated, ec);
   ASSERT_FALSE(ec);
   ASSERT_EQ(listed.size(), 1u);
@@ -311,7 +298,7 @@ TEST_F(FileRecords, ListHeldShowsAnotherProcessAndDropsItWhenKilled) {
   ASSERT_TRUE(listed[0].info.holder.has_value());
   EXPECT_NE(listed[0].info.holder->find("(pid " + std::to_string(p.pid()) + ")"), std::string::npos)
       << *listed[0].info.holder;
-  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), distlock::testing::acquired_token(out));
+  EXPECT_EQ(static_cast<long long>(listed[0].info.token.value_or(0)), acquired_token(out));
   // Listing took nothing from the holder: it still holds, and a try by us is refused.
   auto busy = b->try_acquire(AcquireRequest{"svc/worker", "me", Millis(1000)}, ec);
   EXPECT_FALSE(busy.acquired);
@@ -325,16 +312,16 @@ TEST_F(FileRecords, DamagedOrForeignRecordFilesAreProtocolErrors) {
   auto b = backend();
   put(*b, "right", "value", PutMode::always);
   fs::copy_file(dir / "records" / record_file_name("right"), dir / "records" / record_file_name("wrong"));
-  distlock::detail::Error ec;
+  Error ec;
   b->get_record("wrong", ec);
-  EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+  EXPECT_EQ(ec, make_error_code(errc::protocol_error));
   EXPECT_NE(ec.take_detail().find("belongs to another key \"right\""), std::string::npos);
   b->put_record("wrong", "x", PutMode::if_absent, ec);  // if_absent reads the existing one: refused too
-  EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+  EXPECT_EQ(ec, make_error_code(errc::protocol_error));
 
   std::ofstream(dir / "records" / record_file_name("junk"), std::ios::binary) << "not a record";
   b->get_record("junk", ec);
-  EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+  EXPECT_EQ(ec, make_error_code(errc::protocol_error));
   EXPECT_NE(ec.take_detail().find("DLRECF1"), std::string::npos);
   EXPECT_EQ(read_file(dir / "records" / record_file_name("junk")), "not a record");  // kept as it was
 }
@@ -343,16 +330,16 @@ TEST_F(FileRecords, RecordDirectoryOthersCanWriteIsRefused) {
   auto b = backend();
   put(*b, "k", "v", PutMode::always);
   fs::permissions(dir / "records", fs::perms::group_write, fs::perm_options::add);
-  distlock::detail::Error ec;
+  Error ec;
   b->get_record("k", ec);
-  EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable));
+  EXPECT_EQ(ec, make_error_code(errc::backend_unavailable));
   EXPECT_NE(ec.take_detail().find("writable by its group"), std::string::npos);
   b->put_record("k", "w", PutMode::always, ec);
-  EXPECT_EQ(ec, distlock::make_error_code(errc::backend_unavailable));
+  EXPECT_EQ(ec, make_error_code(errc::backend_unavailable));
 }
 
 TEST(FileRecordNames, LockFileNamesDecode) {
-  using distlock::detail::lock_name_of_file;
+  using detail::lock_name_of_file;
   for (const std::string n : {"a", "orders/42", "..", ".x", "line\r\n", "caf\xc3\xa9", "%41", "x.lock"}) {
     EXPECT_EQ(lock_name_of_file(lock_file_name(n)), n) << n;
   }
@@ -366,3 +353,4 @@ TEST(FileRecordNames, LockFileNamesDecode) {
 }
 
 }  // namespace
+}  // namespace distlock::testing

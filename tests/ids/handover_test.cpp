@@ -21,16 +21,14 @@
 #include "manual_wall_clock.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
-using distlock::errc;
-using distlock::ids::decode_snowflake;
-using distlock::ids::RedisDailyGenerator;
-using distlock::ids::RedisDailyOptions;
-using distlock::ids::SnowflakeGenerator;
-using distlock::ids::SnowflakeOptions;
-using distlock::testing::ManualWallClock;
-using distlock::testing::RedisServer;
+using ids::RedisDailyGenerator;
+using ids::RedisDailyOptions;
+using ids::SnowflakeGenerator;
+using ids::SnowflakeOptions;
 using namespace std::chrono_literals;
 
 constexpr std::int64_t kT = 1'700'000'000'123;  // 2023-11-14T22:13:20.123Z
@@ -112,8 +110,9 @@ TEST(SnowflakeHandover, ClockSteppedBackBetweenHoldersIssuesNothingBelow) {
   if (ec) {
     EXPECT_EQ(ec, errc::clock_moved_backwards) << ec.message();
   } else {
-    EXPECT_GT(id, last_a) << "worker 0's new holder issued at " << decode_snowflake(id).unix_ms
-                          << " ms, below its predecessor's " << decode_snowflake(last_a).unix_ms << " ms";
+    EXPECT_GT(id, last_a) << "worker 0's new holder issued at " << ids::decode_snowflake(id).unix_ms
+                          << " ms, below its predecessor's " << ids::decode_snowflake(last_a).unix_ms
+                          << " ms";
   }
   // A small step back (within max_backward) between holders is waited out, not refused.
   std::uint64_t last_c = 0;
@@ -136,7 +135,7 @@ TEST(SnowflakeHandover, VanishedWorkerLockOnMemoryGivesNoDuplicates) {
   SnowflakeOptions o;
   o.prefix = "gone";
   o.clock = clock;
-  auto store = distlock::detail::MemoryStore::named(url.substr(std::string("memory://").size()));
+  auto store = detail::MemoryStore::named(url.substr(std::string("memory://").size()));
   SnowflakeGenerator a(distlock::connect(url), o);
   std::vector<std::uint64_t> ids;
   ids.push_back(a.next());
@@ -288,3 +287,5 @@ TEST(SnowflakeHandover, RedisRestartWithoutPersistenceGivesNoDuplicates) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

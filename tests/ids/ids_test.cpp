@@ -19,16 +19,14 @@
 #include "support/manual_clock.hpp"
 #include "support/thrown.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
-using distlock::errc;
-using distlock::ids::SnowflakeGenerator;
-using distlock::ids::SnowflakeOptions;
-using distlock::ids::Uuid;
-using distlock::ids::Uuid7Generator;
-using distlock::testing::code_of;
-using distlock::testing::ManualWallClock;
-using distlock::testing::message_of;
+using ids::SnowflakeGenerator;
+using ids::SnowflakeOptions;
+using ids::Uuid;
+using ids::Uuid7Generator;
 
 constexpr std::int64_t kT = 1'700'000'000'123;  // 2023-11-14T22:13:20.123Z
 
@@ -126,7 +124,7 @@ TEST(Snowflake, StolenLeaseStopsIssuingUntilRelet) {
   const std::uint64_t before = gen.next();
   ASSERT_TRUE(gen.leased());
 
-  distlock::detail::MemoryStore::named(url.substr(9))->steal("idgen:t:worker:0", "intruder:1");
+  detail::MemoryStore::named(url.substr(9))->steal("idgen:t:worker:0", "intruder:1");
   client.renew_now();  // the renewer learns the lease is gone: the stop token fires
   EXPECT_TRUE(gen.stop_token().stop_requested());
   EXPECT_FALSE(gen.leased());
@@ -151,7 +149,7 @@ TEST(Snowflake, LeasePastItsLocalDeadlineStopsIssuingWithoutTheRenewer) {
   // has not fired, but the generator must not issue under a worker id someone else
   // may hold by now.
   auto wall = std::make_shared<ManualWallClock>(kT);
-  auto steady = std::make_shared<distlock::testing::ManualClock>();
+  auto steady = std::make_shared<ManualClock>();
   distlock::ClientOptions co;
   co.clock = steady;
   co.background_renewal = false;
@@ -202,7 +200,7 @@ TEST(Snowflake, BatchIsTheSameAsRepeatedNext) {
             batch.end());
   EXPECT_EQ(distlock::ids::decode_snowflake(gen.next()), (distlock::ids::SnowflakeParts{kT + 2, 0, 1809}));
 
-  distlock::detail::MemoryStore::named(client.url().substr(9))->steal("idgen:t:worker:0", "intruder:1");
+  detail::MemoryStore::named(client.url().substr(9))->steal("idgen:t:worker:0", "intruder:1");
   client.renew_now();
   EXPECT_EQ(code_of([&] { gen.next_batch(batch); }), errc::lost);
 }
@@ -421,3 +419,5 @@ TEST(RedisDailyCodec, EncodeDecodeRoundTripAndLayout) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -13,16 +13,13 @@
 #include "support/redis_server.hpp"
 #include "support/thrown.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
-using distlock::errc;
-using distlock::ids::decode_redis_daily;
-using distlock::ids::RedisDailyGenerator;
-using distlock::ids::RedisDailyOptions;
-using distlock::testing::code_of;
-using distlock::testing::ManualWallClock;
-using distlock::testing::message_of;
-using distlock::testing::RedisServer;
+using ids::decode_redis_daily;
+using ids::RedisDailyGenerator;
+using ids::RedisDailyOptions;
 
 constexpr std::int64_t kT = 1'700'000'000'000;  // 2023-11-14T22:13:20Z
 constexpr const char* kKeyAtT = "icr:order:2023:11:14";
@@ -281,3 +278,5 @@ TEST(RedisDailyAuth, WrongPasswordIsAuthFailed) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -27,19 +27,13 @@
 #include "support/thrown.hpp"
 #include "support/workload_size.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::ids::SegmentGenerator;
-using distlock::ids::SegmentOptions;
-using distlock::testing::code_of;
-using distlock::testing::first_line;
-using distlock::testing::MariadbServer;
-using distlock::testing::PostgresServer;
-using distlock::testing::Process;
-using distlock::testing::read_ids;
-using distlock::testing::TempDir;
-using distlock::testing::wait_for_file;
+using ids::SegmentGenerator;
+using ids::SegmentOptions;
 using Steady = std::chrono::steady_clock;
 
 // One database server of either kind, started by the test.
@@ -119,7 +113,7 @@ TEST_P(Segment, HeaderExampleHandsOutPlainIdsOneRoundTripPerStep) {
 constexpr int kProcesses = 4;
 constexpr int kThreads = 4;
 // 100,000 ids a thread; a quarter in a sanitized build (support/workload_size.hpp).
-constexpr int kPerThread = distlock::testing::workload_size(100'000);
+constexpr int kPerThread = workload_size(100'000);
 
 TEST_P(Segment, UniqueAcrossFourProcessesOfFourThreads) {
   TempDir dir("distlock-segment-uniq");
@@ -354,9 +348,8 @@ TEST_P(Segment, BadInputGetsAClearDistinctError) {
   EXPECT_EQ(what.find("wrong-pw-xyz"), std::string::npos) << what;
   // Nothing listening.
   const std::string scheme = GetParam() == "postgres" ? "postgres" : "mysql";
-  const std::string down = scheme +
-                           "://u:pw-down@127.0.0.1:" + std::to_string(distlock::testing::free_port()) +
-                           "/db?timeout=500ms";
+  const std::string down =
+      scheme + "://u:pw-down@127.0.0.1:" + std::to_string(free_port()) + "/db?timeout=500ms";
   EXPECT_EQ(code_of([&] { SegmentGenerator g(down, {.tag = "t"}); }, &what), errc::backend_unavailable);
   EXPECT_EQ(what.find("pw-down"), std::string::npos) << what;
 
@@ -398,3 +391,5 @@ INSTANTIATE_TEST_SUITE_P(Databases, Segment, ::testing::Values("postgres", "mysq
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -20,15 +20,11 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
-using distlock::ids::decode_snowflake;
-using distlock::testing::first_line;
-using distlock::testing::Process;
-using distlock::testing::read_ids;
-using distlock::testing::RedisServer;
-using distlock::testing::TempDir;
-using distlock::testing::wait_for_file;
+using ids::decode_snowflake;
 using namespace std::chrono_literals;
 
 constexpr long kTtlMs = 1000;
@@ -42,8 +38,7 @@ Process stream_worker(const std::string& url, const std::string& out, long strea
 
 // True once /proc says `pid` is stopped (state T).
 bool wait_stopped(pid_t pid, std::chrono::milliseconds timeout) {
-  return distlock::testing::eventually([&] { return distlock::testing::process_state(pid) == 'T'; }, timeout,
-                                       1ms);
+  return eventually([&] { return process_state(pid) == 'T'; }, timeout, 1ms);
 }
 
 std::int64_t wall_ms() {
@@ -118,3 +113,5 @@ TEST(SnowflakeFault, KilledGeneratorsWorkerIdIsFreeWithinTtlPlusOneSecond) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -10,13 +10,13 @@
 #include "distlock/ids.hpp"
 #include "support/redis_server.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
-using distlock::errc;
-using distlock::ids::decode_snowflake;
-using distlock::ids::SnowflakeGenerator;
-using distlock::ids::SnowflakeOptions;
-using distlock::testing::RedisServer;
+using ids::decode_snowflake;
+using ids::SnowflakeGenerator;
+using ids::SnowflakeOptions;
 using namespace std::chrono_literals;
 
 SnowflakeOptions short_lease() {
@@ -71,7 +71,7 @@ TEST(SnowflakeRedis, DeletedWorkerLockStopsIssuingUntilRelet) {
 }
 
 TEST(SnowflakeRedis, ServerDownAtStartIsBackendUnavailable) {
-  const std::string url = "redis://127.0.0.1:" + std::to_string(distlock::testing::free_port());
+  const std::string url = "redis://127.0.0.1:" + std::to_string(free_port());
   try {
     SnowflakeGenerator gen(distlock::connect(url), short_lease());
     FAIL() << "a generator was made without a server";
@@ -81,3 +81,5 @@ TEST(SnowflakeRedis, ServerDownAtStartIsBackendUnavailable) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

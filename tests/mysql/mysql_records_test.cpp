@@ -22,6 +22,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
 #include "mysql/mysql_backend.hpp"
+#include "support/backend_names.hpp"
 #include "support/backend_records.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
@@ -33,14 +34,9 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::detail::AcquireRequest;
-using distlock::detail::Backend;
-using distlock::detail::kMaxRecordValue;
-using distlock::detail::PutMode;
-using distlock::detail::ReleaseStatus;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
-  return backend_of(url, &distlock::detail::make_mysql_backend);
+  return backend_of(url, &detail::make_mysql_backend);
 }
 
 TEST(MysqlRecords, PutGetEraseBinaryValuesAndTheBound) {
@@ -69,9 +65,9 @@ TEST(MysqlRecords, RecordSurvivesItsWriterKilled) {
   // The server may still run the batch the writer sent before it died: read once its
   // session is gone (its last transaction then committed or rolled back).
   const std::string sessions = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'distlock'";
-  expect_record_survives_its_writer_killed(
-      server.url(), &distlock::detail::make_mysql_backend, "distlock-myrec",
-      [&] { ASSERT_TRUE(eventually([&] { return server.query(sessions)[0][0] == "0"; }, 20s)); });
+  expect_record_survives_its_writer_killed(server.url(), &detail::make_mysql_backend, "distlock-myrec", [&] {
+    ASSERT_TRUE(eventually([&] { return server.query(sessions)[0][0] == "0"; }, 20s));
+  });
 }
 
 TEST(MysqlRecords, ListHeldPrefixLimitTruncatedAndWhatStatusSays) {
@@ -144,7 +140,7 @@ TEST(MysqlRecords, AMissingRecordsTableIsCreatedThoughTheLockTableExists) {
   server.query("DROP TABLE distlock_test.distlock_records");
   auto b = backend(server.url());  // a later client: the lock table is there
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
+  Error ec;
   b->put_record("k", "v", PutMode::always, ec);
   EXPECT_FALSE(ec) << ec.take_detail();
   EXPECT_EQ(get(*b, "k"), "v");
@@ -189,7 +185,7 @@ TEST(MysqlRecords, ForgetGivesUpTheLeaseAtOnceAndOnlyThatOne) {
   MariadbServer server;
   auto a = backend(server.url());
   auto b = backend(server.url());
-  distlock::detail::Error ec;
+  Error ec;
   auto got = a->try_acquire(AcquireRequest{"forgotten", "oa", Millis(30000)}, ec);
   ASSERT_TRUE(got.acquired) << ec.message();
   auto other = a->try_acquire(AcquireRequest{"kept", "oa", Millis(30000)}, ec);
@@ -205,12 +201,12 @@ TEST(MysqlRecords, ForgetGivesUpTheLeaseAtOnceAndOnlyThatOne) {
   EXPECT_TRUE(next.acquired) << "the forgotten lease still blocks the name";
   EXPECT_GT(next.token, got.token);
   // The forgotten lease cannot be renewed or released any more; the other lease can.
-  const distlock::detail::RenewItem items[] = {{"forgotten", "oa", got.token, Millis(30000)},
-                                               {"kept", "oa", other.token, Millis(30000)}};
-  distlock::detail::RenewStatus out[2];
+  const RenewItem items[] = {{"forgotten", "oa", got.token, Millis(30000)},
+                             {"kept", "oa", other.token, Millis(30000)}};
+  RenewStatus out[2];
   a->renew(items, out, ec);
-  EXPECT_EQ(out[0], distlock::detail::RenewStatus::not_owner);
-  EXPECT_EQ(out[1], distlock::detail::RenewStatus::renewed);
+  EXPECT_EQ(out[0], RenewStatus::not_owner);
+  EXPECT_EQ(out[1], RenewStatus::renewed);
   EXPECT_EQ(a->release("forgotten", "oa", got.token, ec), ReleaseStatus::not_owner);
   EXPECT_EQ(b->release("forgotten", "ob", next.token, ec), ReleaseStatus::released);
   EXPECT_EQ(a->release("kept", "oa", other.token, ec), ReleaseStatus::released);
@@ -239,7 +235,7 @@ TEST(MysqlRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
       [&] { return backend(server.url()); }, [&] { return backend(url); }, "an account",
       [](Backend& b, std::uint64_t token) {
         b.forget("x", "o", token);  // the lost-lease path of a table without the column
-        distlock::detail::Error ec;
+        Error ec;
         auto again = b.try_acquire(AcquireRequest{"x", "o1", Millis(5000)}, ec);
         EXPECT_FALSE(ec) << ec.message();
         ASSERT_TRUE(again.acquired) << "a forgotten lease without lock-delay did not free the name";

@@ -56,11 +56,9 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::testing::FaultProxyGroup;
-using distlock::testing::Kind;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using Steady = std::chrono::steady_clock;
 
 namespace {
@@ -95,7 +93,7 @@ int env_int(const char* name, int fallback) {
 
 std::vector<Kind> nemesis_kinds() {
   std::vector<Kind> out;
-  for (auto& k : distlock::testing::kinds()) {
+  for (auto& k : kinds()) {
     if (k.in_nemesis) out.push_back(std::move(k));
   }
   return out;
@@ -225,7 +223,7 @@ class ServerWitness {
 };
 
 std::string read_text(const std::filesystem::path& p) {
-  return distlock::testing::read_file(p.string());
+  return read_file(p.string());
 }
 
 class Nemesis : public ::testing::TestWithParam<Kind> {};
@@ -244,7 +242,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   auto servers = GetParam().make({.durable = true, .redlock_query = "", .peer_proxies = true});
   TempDir dir("distlock-nemesis");
   const auto file = [&](const std::string& name) { return (dir.path() / name).string(); };
-  const std::string worker_bin = (distlock::testing::self_dir() / "nemesis_worker").string();
+  const std::string worker_bin = (self_dir() / "nemesis_worker").string();
 
   std::vector<std::unique_ptr<FaultProxyGroup>> nets;
   std::vector<Process> workers;
@@ -670,7 +668,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Nemesis, ::testing::ValuesIn(nemesis_kinds())
 // back). Bounded: at most 5 attempts and 15 s per backend.
 std::vector<Kind> single_server_kinds() {
   std::vector<Kind> out;
-  for (auto& k : distlock::testing::kinds()) {
+  for (auto& k : kinds()) {
     if (k.label == "redis" || k.label == "postgres" || k.label == "mysql") out.push_back(std::move(k));
   }
   return out;
@@ -992,3 +990,5 @@ TEST_F(HistoryChecker, TheShardGroupLogIsRead) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

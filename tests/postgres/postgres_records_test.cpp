@@ -22,6 +22,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
 #include "postgres/postgres_backend.hpp"
+#include "support/backend_names.hpp"
 #include "support/backend_records.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
@@ -33,14 +34,9 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::detail::AcquireRequest;
-using distlock::detail::Backend;
-using distlock::detail::kMaxRecordValue;
-using distlock::detail::PutMode;
-using distlock::detail::ReleaseStatus;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
-  return backend_of(url, &distlock::detail::make_postgres_backend);
+  return backend_of(url, &detail::make_postgres_backend);
 }
 
 TEST(PostgresRecords, PutGetEraseBinaryValuesAndTheBound) {
@@ -66,8 +62,8 @@ TEST(PostgresRecords, RecordAndLockOfOneNameCoexist) {
 // whole value (one statement, committed or not).
 TEST(PostgresRecords, RecordSurvivesItsWriterKilled) {
   PostgresServer server;
-  expect_record_survives_its_writer_killed(server.url(), &distlock::detail::make_postgres_backend,
-                                           "distlock-pgrec", [] {});
+  expect_record_survives_its_writer_killed(server.url(), &detail::make_postgres_backend, "distlock-pgrec",
+                                           [] {});
 }
 
 // A holder whose session still holds the key but has sent nothing since its last renewal
@@ -78,7 +74,7 @@ TEST(PostgresRecords, AHolderSilentSinceItsLastRenewalShowsItsLeaseRunningOut) {
   PostgresServer server;
   auto a = backend(server.url());
   auto b = backend(server.url());
-  distlock::detail::Error ec;
+  Error ec;
   ASSERT_TRUE(a->try_acquire(AcquireRequest{"silent", "oa", Millis(30000)}, ec).acquired) << ec.message();
   // Its last renewal 20 s ago, as the row says after 20 s of silence.
   server.query(
@@ -197,7 +193,7 @@ TEST(PostgresRecords, AUserThatMayNotAlterAnOlderLockTableStillLocks) {
       [&] { return backend(server.url()); },  // the owner (the superuser)
       [&] { return backend(url); }, "a role",
       [&](Backend& b, std::uint64_t token) {
-        distlock::detail::Error ec;
+        Error ec;
         b.release("x", "o", token, ec);
         EXPECT_FALSE(ec) << ec.message();
         EXPECT_EQ(server.query("SELECT owner IS NULL FROM distlock_locks")[0][0], "t");

@@ -120,12 +120,7 @@ TEST(PostgresPrefixWatch, InitialStateAndPrefixFilter) {
   Client c = distlock::connect(server.url(), quiet());
   Lease held = c.acquire("pre/held", ttl_of(30s, 30s));
   Watch w = c.watch("pre/");
-  auto s = w.next(10s);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->kind, WatchEventKind::state);
-  EXPECT_EQ(s->name, "pre/held");
-  EXPECT_TRUE(s->held);
-  EXPECT_EQ(s->token, held.token());
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, "pre/held", held.token()));
   {
     Lease other = c.acquire("other/x", ttl_of(30s, 30s));
     Lease near = c.acquire("prefix-not/x", ttl_of(30s, 30s));
@@ -272,12 +267,7 @@ TEST(PostgresPrefixWatch, AnEventTooLongForNotifyIsAGapThenTheState) {
   auto g = w.next(10s);
   ASSERT_TRUE(g) << "no gap for the oversized event";
   EXPECT_EQ(g->kind, WatchEventKind::gap) << describe(*g);
-  auto st = w.next(10s);
-  ASSERT_TRUE(st) << "no state after the gap";
-  EXPECT_EQ(st->kind, WatchEventKind::state) << describe(*st);
-  EXPECT_EQ(st->name, name);
-  EXPECT_TRUE(st->held);
-  EXPECT_EQ(st->token, l.token());
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, name, l.token()));  // the re-list after the gap
 }
 
 // stop() from another thread ends a next() blocked with no timeout.

@@ -8,18 +8,15 @@
 
 #include "distlock/distlock.hpp"
 #include "redis/record_checks.hpp"
+#include "support/backend_names.hpp"
 #include "support/redis_server.hpp"
+
+namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::open_backend;
-using distlock::testing::RedisServer;
 namespace d = distlock::detail;
-
-using distlock::testing::reply_str;
 
 class RedisRecords : public ::testing::Test {
  protected:
@@ -29,23 +26,23 @@ class RedisRecords : public ::testing::Test {
 
 TEST_F(RedisRecords, PutGetEraseAndIfAbsent) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_put_get_erase(*backend_);
+  check_put_get_erase(*backend_);
 }
 
 TEST_F(RedisRecords, IfAbsentRaceBetweenTwoClientsGivesBothTheSameAnswer) {
   auto other = open_backend(server_.url());
   ASSERT_TRUE(backend_ && other);
-  distlock::testing::check_if_absent_race(*backend_, *other, 200);
+  check_if_absent_race(*backend_, *other, 200);
 }
 
 TEST_F(RedisRecords, BinaryValuesUpTo64KiB) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_values(*backend_);
+  check_values(*backend_);
 }
 
 TEST_F(RedisRecords, ARecordAndALockOfTheSameNameCoexist) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_record_and_lock_coexist(*backend_);
+  check_record_and_lock_coexist(*backend_);
 }
 
 // A record is a string `<prefix>:{<key>}:record` with no expiry, beside the lock
@@ -53,7 +50,7 @@ TEST_F(RedisRecords, ARecordAndALockOfTheSameNameCoexist) {
 TEST_F(RedisRecords, KeyLayoutNeverExpires) {
   auto app = open_backend(server_.url("?prefix=app"));
   ASSERT_TRUE(app);
-  distlock::detail::Error ec;
+  Error ec;
   app->put_record("k", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(reply_str(server_.command({"GET", "app:{k}:record"})), "v");
@@ -64,7 +61,7 @@ TEST_F(RedisRecords, KeyLayoutNeverExpires) {
 
 TEST_F(RedisRecords, ListHeldWithPrefixLimitAndGlobCharacters) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_listing(*backend_);
+  check_listing(*backend_);
 }
 
 TEST_F(RedisRecords, ListHeldShowsWaiters) {
@@ -75,11 +72,11 @@ TEST_F(RedisRecords, ListHeldShowsWaiters) {
   distlock::LockOptions o;
   o.wait = Millis(20000);
   auto waiting = std::async(std::launch::async, [&] {
-    distlock::detail::Error ec;
+    Error ec;
     waiter.acquire("w/held", o, ec);
     return ec;
   });
-  distlock::detail::Error ec;
+  Error ec;
   bool truncated = false;
   std::vector<d::ListedLock> listed;
   const auto end = std::chrono::steady_clock::now() + 10s;
@@ -98,12 +95,12 @@ TEST_F(RedisRecords, ListHeldShowsWaiters) {
 
 TEST_F(RedisRecords, ExpiredLocksAreNotListed) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_expired_not_listed(*backend_);
+  check_expired_not_listed(*backend_);
 }
 
 TEST_F(RedisRecords, ListHeldOverManyLocks) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_many(*backend_);
+  check_many(*backend_);
 }
 
 TEST(RedisRecordsDown, EveryCallFailsWithBackendUnavailableNamingTheServer) {
@@ -112,7 +109,7 @@ TEST(RedisRecordsDown, EveryCallFailsWithBackendUnavailableNamingTheServer) {
   ASSERT_TRUE(b);
   const std::string where = "127.0.0.1:" + std::to_string(server.port());
   server.kill();
-  distlock::testing::check_all_fail(*b, make_error_code(errc::backend_unavailable), where);
+  check_all_fail(*b, make_error_code(errc::backend_unavailable), where);
 }
 
 // Records are stored like the fence counters: kept across a restart with
@@ -121,7 +118,7 @@ TEST(RedisRecordsRestart, KeptAcrossARestartWithAppendonly) {
   RedisServer server({.appendonly = true});
   auto b = open_backend(server.url("?timeout=500ms"));
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
+  Error ec;
   b->put_record("kept", "value", d::PutMode::if_absent, ec);
   ASSERT_FALSE(ec) << ec.message();
   server.restart();
@@ -138,7 +135,7 @@ TEST(RedisRecordsRestart, LostAcrossARestartWithoutPersistence) {
   RedisServer server;  // save "" and no AOF
   auto b = open_backend(server.url("?timeout=500ms"));
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
+  Error ec;
   b->put_record("gone", "value", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   server.restart();
@@ -152,3 +149,5 @@ TEST(RedisRecordsRestart, LostAcrossARestartWithoutPersistence) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

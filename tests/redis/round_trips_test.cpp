@@ -13,17 +13,17 @@
 #include "distlock/distlock.hpp"
 #include "redis/connection.hpp"
 #include "redis/shared_connection.hpp"
+#include "support/backend_names.hpp"
 #include "support/client_options.hpp"
 #include "support/redis_server.hpp"
+
+namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::detail::Error;
-using distlock::detail::RoundTrips;
-using distlock::testing::RedisServer;
-using distlock::testing::ttl_of;
-namespace redis = distlock::detail::redis;
+using detail::RoundTrips;
+namespace redis = detail::redis;
 
 redis::ConnectionOptions counted_options(const RedisServer& server, std::shared_ptr<RoundTrips> counter) {
   redis::ConnectionOptions o;
@@ -117,3 +117,5 @@ TEST(RedisRoundTrips, ClientCallsAddAKnownCount) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -10,25 +10,20 @@
 #include <thread>
 
 #include "redis/record_checks.hpp"
+#include "support/backend_names.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/redis_sentinel.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::Millis;
-using distlock::testing::open_backend;
-using distlock::testing::RedisSentinelGroup;
 using Steady = std::chrono::steady_clock;
 namespace d = distlock::detail;
 
-using distlock::testing::quiet;
-
-using distlock::testing::eventually;
-
-std::string get_on(distlock::testing::RedisServer& node, const std::string& key) {
+std::string get_on(RedisServer& node, const std::string& key) {
   auto r = node.command({"GET", key});
   return r && r->type == REDIS_REPLY_STRING ? std::string(r->str, r->len) : "(nil)";
 }
@@ -38,13 +33,13 @@ TEST(SentinelRecords, RecordsAndListingOnTheMaster) {
   auto b = open_backend(group.url(), quiet());
   auto other = open_backend(group.url(), quiet());
   ASSERT_TRUE(b && other);
-  distlock::testing::check_put_get_erase(*b);
-  distlock::testing::check_values(*b);
-  distlock::testing::check_record_and_lock_coexist(*b);
-  distlock::testing::check_if_absent_race(*b, *other, 100);
-  distlock::testing::check_listing(*b);
-  distlock::testing::check_expired_not_listed(*b);
-  distlock::detail::Error ec;
+  check_put_get_erase(*b);
+  check_values(*b);
+  check_record_and_lock_coexist(*b);
+  check_if_absent_race(*b, *other, 100);
+  check_listing(*b);
+  check_expired_not_listed(*b);
+  Error ec;
   b->put_record("where", "master", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(get_on(group.master(), "distlock:{where}:record"), "master");
@@ -56,7 +51,7 @@ TEST(SentinelRecords, RecordsFollowAFailover) {
   RedisSentinelGroup group;
   auto b = open_backend(group.url("?wait=2"), quiet());
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
+  Error ec;
   ASSERT_EQ(b->put_record("kept", "before", d::PutMode::if_absent, ec), "before");
   ASSERT_FALSE(ec) << ec.message() << " " << ec.take_detail();
   const auto old_port = group.master_port();
@@ -66,7 +61,7 @@ TEST(SentinelRecords, RecordsFollowAFailover) {
   // The backend moves at its next failing call or its monitor's check.
   ASSERT_TRUE(eventually(
       [&] {
-        distlock::detail::Error e;
+        Error e;
         b->put_record("after", "failover", d::PutMode::always, e);
         return !e && get_on(group.node_at_port(new_port), "distlock:{after}:record") == "failover";
       },
@@ -74,12 +69,11 @@ TEST(SentinelRecords, RecordsFollowAFailover) {
       << "records did not move to the new master " << new_port;
   EXPECT_EQ(b->get_record("kept", ec), "before");
   EXPECT_EQ(b->put_record("kept", "other", d::PutMode::if_absent, ec), "before");
-  ASSERT_TRUE(b->try_acquire({"moved/lock", distlock::testing::test_owner(1), 30000ms}, ec).acquired)
-      << ec.message();
+  ASSERT_TRUE(b->try_acquire({"moved/lock", test_owner(1), 30000ms}, ec).acquired) << ec.message();
   bool truncated = true;
   auto listed = b->list_held("moved/", 10, truncated, ec);
   ASSERT_FALSE(ec) << ec.message();
-  EXPECT_EQ(distlock::testing::names_of(listed), std::vector<std::string>{"moved/lock"});
+  EXPECT_EQ(names_of(listed), std::vector<std::string>{"moved/lock"});
 }
 
 // wait=1 with replication stalled: the write is on the master but no replica has
@@ -88,7 +82,7 @@ TEST(SentinelRecords, WaitRefusesARecordWriteNoReplicaAcknowledged) {
   RedisSentinelGroup group;
   auto b = open_backend(group.url("?wait=1&wait_timeout=300ms"), quiet());
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
+  Error ec;
   b->put_record("acked", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   group.stall_replication();
@@ -107,3 +101,5 @@ TEST(SentinelRecords, WaitRefusesARecordWriteNoReplicaAcknowledged) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -20,24 +20,15 @@
 #include "support/redis_server.hpp"
 #include "support/tls_certs.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::testing::RedisServer;
-using distlock::testing::RedisServerOptions;
-using distlock::testing::TempDir;
-
-using distlock::testing::Certs;
-using distlock::testing::tls_options;
 
 std::string tls_url(const RedisServer& s, const Certs& c, const std::string& extra = {}) {
   return "rediss://127.0.0.1:" + std::to_string(s.tls_port()) + "/?cacert=" + c.path("ca.pem") + extra;
 }
-
-using distlock::testing::ttl_of;
-
-using distlock::testing::connect_outcome;
 
 TEST(RedisTls, LocksWaitsAndHandOffsOverTls) {
   Certs certs;
@@ -179,3 +170,5 @@ TEST(RedisTls, BadTlsParametersAreInvalidUrlNamingThem) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -75,21 +75,7 @@ TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
   ASSERT_TRUE(state) << "no state of gap/a after the gap";
 
   // Live again: a new lock's events arrive.
-  {
-    Lease b = holder.acquire("gap/b", ttl_of(60s, 60s));
-    std::optional<WatchEvent> e;
-    do {
-      e = next_change(w, 10s);
-    } while (e && e->kind == WatchEventKind::gap);
-    ASSERT_TRUE(e);
-    EXPECT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
-    EXPECT_EQ(e->name, "gap/b");
-    EXPECT_EQ(e->token, b.token());
-  }
-  auto rel = next_change(w, 10s);
-  ASSERT_TRUE(rel);
-  EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
-  EXPECT_EQ(rel->name, "gap/b");
+  ASSERT_NO_FATAL_FAILURE(expect_live_again(w, holder, "gap/b", 10s));
 }
 
 // Hand-offs between two clients while the watcher's connection is cut in the middle (a
@@ -215,12 +201,7 @@ TEST(RedisPrefixWatch, InitialStateAndPrefixFilter) {
   Lease held = c.acquire("pre/held", ttl_of(30s, 60s));
   Lease other = c.acquire("other/x", ttl_of(30s, 60s));
   Watch w = c.watch("pre/");
-  auto s = w.next(10s);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->kind, WatchEventKind::state);
-  EXPECT_EQ(s->name, "pre/held");
-  EXPECT_TRUE(s->held);
-  EXPECT_EQ(s->token, held.token());
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, "pre/held", held.token()));
   other.release();
   held.release();
   auto e = w.next(10s);

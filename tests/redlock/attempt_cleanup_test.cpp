@@ -21,15 +21,14 @@
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
+#include "support/backend_names.hpp"
 #include "support/eventually.hpp"
+
+namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::detail::AcquireRequest;
-using distlock::detail::Error;
-using distlock::testing::lock_delay_name;
-using distlock::testing::make_backend;
 
 constexpr std::string_view kOwner = "0123456789abcdef0123456789abcdef:1";
 constexpr std::string_view kThirdOwner = "fedcba9876543210fedcba9876543210:1";
@@ -44,12 +43,12 @@ class RedlockAttemptCleanup : public ::testing::TestWithParam<std::chrono::milli
 
 TEST_P(RedlockAttemptCleanup, AFailedAttemptsLateCleanUpLeavesTheNextAttemptsKey) {
   const std::chrono::milliseconds lock_delay = GetParam();
-  const std::string key = distlock::detail::redlock::lock_key(distlock::detail::redlock::Config{}, "job");
+  const std::string key = detail::redlock::lock_key(detail::redlock::Config{}, "job");
   const AcquireRequest req{"job", kOwner, 10s, false, lock_delay};
 
   // The client's connection to every master is open (a first lease, released); others hold
   // masters 1 and 2; master 0's open connection is held back.
-  distlock::testing::HeldMaster0 s;
+  HeldMaster0 s;
   ASSERT_NO_FATAL_FAILURE(s.set_up(kOwner, key, lock_delay));
   auto& m = s.m;
   auto& p0 = s.p0;
@@ -78,7 +77,7 @@ TEST_P(RedlockAttemptCleanup, AFailedAttemptsLateCleanUpLeavesTheNextAttemptsKey
   // Master 0 now reads A's held request and its clean-up (an EVAL: wait until it ran).
   const long long evals = m[0].command_calls("eval");
   p0.release_held();
-  ASSERT_TRUE(distlock::testing::eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
+  ASSERT_TRUE(eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
       << "master 0 never ran attempt A's held clean-up";
 
   // B's key is still on master 0 ...
@@ -93,7 +92,7 @@ TEST_P(RedlockAttemptCleanup, AFailedAttemptsLateCleanUpLeavesTheNextAttemptsKey
   EXPECT_FALSE(c.acquired) << "a third client was granted the lock while attempt B's lease ("
                            << b.validity.count() << " ms from " << b_age.count() << " ms ago) was valid";
 
-  EXPECT_EQ(client->release("job", kOwner, 0, ec), distlock::detail::ReleaseStatus::released)
+  EXPECT_EQ(client->release("job", kOwner, 0, ec), ReleaseStatus::released)
       << ec.message() << " " << ec.detail();
 }
 
@@ -103,12 +102,12 @@ TEST_P(RedlockAttemptCleanup, AFailedAttemptsLateCleanUpLeavesTheNextAttemptsKey
 // script pending on an old connection) must not overwrite the later attempt's key, which its
 // clean-up would then delete.
 TEST(RedlockAttemptNonce, TheAcquireScriptNeverTakesOverALaterAttemptsKey) {
-  distlock::testing::RedisServer master;
+  RedisServer master;
   const std::string key = "distlock:redlock:lock:n", marker = "distlock:redlock:delay:n";
   const std::string owner(kOwner);
   auto acquire = [&](const std::string& nonce) {
-    auto r = master.command({"EVAL", std::string(distlock::detail::redlock::kAcquireScript.body), "2", key,
-                             marker, owner, "10000", "0", nonce});
+    auto r = master.command({"EVAL", std::string(detail::redlock::kAcquireScript.body), "2", key, marker,
+                             owner, "10000", "0", nonce});
     EXPECT_EQ(r->type, REDIS_REPLY_ARRAY);
     return r->type == REDIS_REPLY_ARRAY && r->elements == 2 ? r->element[0]->integer : -1;
   };
@@ -135,3 +134,5 @@ TEST(RedlockAttemptNonce, TheAcquireScriptNeverTakesOverALaterAttemptsKey) {
 INSTANTIATE_TEST_SUITE_P(LockDelay, RedlockAttemptCleanup, ::testing::Values(0ms, 2000ms), lock_delay_name);
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -24,13 +24,10 @@
 #include "support/fault_proxy.hpp"
 #include "support/tls_certs.hpp"
 
-namespace distlock {
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Certs;
-using testing::Masters;
-using testing::tls_options;
 using Clock = std::chrono::steady_clock;
 namespace rl = detail::redlock;
 
@@ -460,4 +457,4 @@ TEST(RedlockReview, TlsHammerWithAPausingMasterNeverOverlaps) {
 }
 
 }  // namespace
-}  // namespace distlock
+}  // namespace distlock::testing

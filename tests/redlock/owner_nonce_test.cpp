@@ -27,25 +27,21 @@
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
+#include "support/backend_names.hpp"
 #include "support/eventually.hpp"
+
+namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::detail::AcquireRequest;
-using distlock::detail::Error;
-using distlock::detail::ReleaseStatus;
-using distlock::detail::RenewItem;
-using distlock::detail::RenewStatus;
-using distlock::testing::lock_delay_name;
-using distlock::testing::make_backend;
 
 // An engine-shaped owner id with a holder_info whose tail is hex: the nonce must not be read
 // into it, nor part of it taken for a nonce.
 constexpr std::string_view kOwner = "0123456789abcdef0123456789abcdef:1.7|cafe";
 
 std::string key_of(std::string_view name) {
-  return distlock::detail::redlock::lock_key(distlock::detail::redlock::Config{}, name);
+  return detail::redlock::lock_key(detail::redlock::Config{}, name);
 }
 
 // The nonce of a stored key value "<owner>\n<nonce>" ("" when the value has none).
@@ -56,8 +52,8 @@ std::string nonce_of(const std::string& value) {
 
 // Connects `b` to the three masters of `m` (timeout 2 s) and takes `name` with it for kOwner
 // (TTL 30 s, `lock_delay`).
-void hold(distlock::testing::Masters& m, const std::string& name, std::chrono::milliseconds lock_delay,
-          std::unique_ptr<distlock::detail::Backend>& b) {
+void hold(Masters& m, const std::string& name, std::chrono::milliseconds lock_delay,
+          std::unique_ptr<Backend>& b) {
   b = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(b);
   Error ec;
@@ -66,8 +62,8 @@ void hold(distlock::testing::Masters& m, const std::string& name, std::chrono::m
 }
 
 TEST(RedlockOwnerNonce, StatusListAndRevokeNameTheHolderWithoutTheAttemptsNonce) {
-  distlock::testing::Masters m(3);
-  std::unique_ptr<distlock::detail::Backend> b;
+  Masters m(3);
+  std::unique_ptr<Backend> b;
   ASSERT_NO_FATAL_FAILURE(hold(m, "report", 0ms, b));
   Error ec;
   const std::string stored = m.get(0, key_of("report"));
@@ -105,8 +101,8 @@ TEST(RedlockOwnerNonce, StatusListAndRevokeNameTheHolderWithoutTheAttemptsNonce)
 }
 
 TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAndReleases) {
-  distlock::testing::Masters m(3);
-  std::unique_ptr<distlock::detail::Backend> b;
+  Masters m(3);
+  std::unique_ptr<Backend> b;
   ASSERT_NO_FATAL_FAILURE(hold(m, "job", 0ms, b));
   Error ec;
   const std::string key = key_of("job");
@@ -117,9 +113,9 @@ TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAn
   // master late: nothing deleted.
   const std::string earlier = std::string(kOwner) + "\n" + std::string(15, '0') + "0";
   ASSERT_NE(earlier, held);
-  const std::string marker = distlock::detail::redlock::delay_key(distlock::detail::redlock::Config{}, "job");
+  const std::string marker = detail::redlock::delay_key(detail::redlock::Config{}, "job");
   for (std::size_t i = 0; i < 3; ++i) {
-    auto r = m[i].command({"EVAL", std::string(distlock::detail::redlock::kReleaseScript.body), "3", key,
+    auto r = m[i].command({"EVAL", std::string(detail::redlock::kReleaseScript.body), "3", key,
                            "distlock:redlock:chan:job", marker, std::string(kOwner), "0", "", earlier});
     ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
     EXPECT_EQ(r->integer, 0) << "master " << i << ": an earlier attempt's clean-up deleted the lease's key";
@@ -145,13 +141,12 @@ TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAn
 }
 
 TEST(RedlockOwnerNonce, TheLockDelayMarkerCarriesTheKeysNonce) {
-  distlock::testing::Masters m(3);
-  std::unique_ptr<distlock::detail::Backend> b;
+  Masters m(3);
+  std::unique_ptr<Backend> b;
   ASSERT_NO_FATAL_FAILURE(hold(m, "batch", 2000ms, b));
   Error ec;
   const std::string key = key_of("batch");
-  const std::string marker =
-      distlock::detail::redlock::delay_key(distlock::detail::redlock::Config{}, "batch");
+  const std::string marker = detail::redlock::delay_key(detail::redlock::Config{}, "batch");
   for (std::size_t i = 0; i < 3; ++i) {
     const std::string v = m.get(i, key), mk = m.get(i, marker);
     EXPECT_EQ(nonce_of(mk), nonce_of(v)) << "master " << i << ": key " << v << ", marker " << mk;
@@ -170,7 +165,7 @@ TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewal
   const std::chrono::milliseconds lock_delay = GetParam();
   const std::string key = key_of("job");
   const AcquireRequest req{"job", kOwner, 10s, false, lock_delay};
-  distlock::testing::HeldMaster0 s;
+  HeldMaster0 s;
   ASSERT_NO_FATAL_FAILURE(s.set_up(kOwner, key, lock_delay));
   auto& m = s.m;
   auto& client = s.client;
@@ -194,7 +189,7 @@ TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewal
   ASSERT_EQ(m[0].command({"DEL", key})->integer, 1);
   const long long evals = m[0].command_calls("eval");
   s.p0.release_held();
-  ASSERT_TRUE(distlock::testing::eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
+  ASSERT_TRUE(eventually([&] { return m[0].command_calls("eval") > evals; }, 10s))
       << "master 0 never ran attempt A's held clean-up";
   EXPECT_EQ(m[0].command({"EXISTS", key})->integer, 0)
       << "attempt A's key stayed on master 0: " << m.get(0, key);
@@ -218,13 +213,13 @@ TEST_P(RedlockHeldAttempt, AHeldAttemptRunLateOnAFreeMasterLeavesNoKeyTheRenewal
 INSTANTIATE_TEST_SUITE_P(LockDelay, RedlockHeldAttempt, ::testing::Values(0ms, 2000ms), lock_delay_name);
 
 TEST(RedlockOwnerNonce, TwoBackendsOnTwoThreadsNeverReuseANonceAndEachOnesIncrease) {
-  distlock::testing::Masters m(3);
+  Masters m(3);
   auto b1 = make_backend(m.url("timeout=2s"));
   auto b2 = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(b1 && b2);
   constexpr int kRounds = 20;  // bounded: 20 acquire/release pairs per thread
   std::vector<std::string> seen1, seen2;
-  auto run = [&m](distlock::detail::Backend& b, const std::string& name, std::vector<std::string>& seen) {
+  auto run = [&m](Backend& b, const std::string& name, std::vector<std::string>& seen) {
     const std::string owner = std::string(kOwner) + name;
     for (int i = 0; i < kRounds; ++i) {
       Error ec;
@@ -249,3 +244,5 @@ TEST(RedlockOwnerNonce, TwoBackendsOnTwoThreadsNeverReuseANonceAndEachOnesIncrea
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

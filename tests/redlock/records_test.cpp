@@ -5,19 +5,17 @@
 
 #include "redis/record_checks.hpp"
 #include "redlock/masters.hpp"
+#include "support/backend_names.hpp"
 #include "support/client_options.hpp"
+
+namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::errc;
-using distlock::testing::Masters;
-using distlock::testing::open_backend;
 namespace d = distlock::detail;
 
 const std::string kRecord = "distlock:redlock:record:";
-
-using distlock::testing::quiet;
 
 class RedlockRecords : public ::testing::Test {
  protected:
@@ -27,21 +25,21 @@ class RedlockRecords : public ::testing::Test {
 
 TEST_F(RedlockRecords, PutGetEraseIfAbsentValuesAndLocks) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_put_get_erase(*backend_);
-  distlock::testing::check_values(*backend_);
-  distlock::testing::check_record_and_lock_coexist(*backend_);
+  check_put_get_erase(*backend_);
+  check_values(*backend_);
+  check_record_and_lock_coexist(*backend_);
 }
 
 TEST_F(RedlockRecords, IfAbsentRaceBetweenTwoClientsGivesBothTheSameAnswer) {
   auto other = open_backend(m_.url("timeout=1s"), quiet());
   ASSERT_TRUE(backend_ && other);
-  distlock::testing::check_if_absent_race(*backend_, *other, 200);
+  check_if_absent_race(*backend_, *other, 200);
 }
 
 // The record is a plain key without expiry on every master.
 TEST_F(RedlockRecords, KeyLayoutOnEveryMaster) {
   ASSERT_TRUE(backend_);
-  distlock::detail::Error ec;
+  Error ec;
   backend_->put_record("k", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   for (std::size_t i = 0; i < 3; ++i) {
@@ -52,9 +50,9 @@ TEST_F(RedlockRecords, KeyLayoutOnEveryMaster) {
 
 TEST_F(RedlockRecords, ListHeldExpiredAndMany) {
   ASSERT_TRUE(backend_);
-  distlock::testing::check_listing(*backend_);
-  distlock::testing::check_expired_not_listed(*backend_);
-  distlock::testing::check_many(*backend_, 600);
+  check_listing(*backend_);
+  check_expired_not_listed(*backend_);
+  check_many(*backend_, 600);
 }
 
 // A lock held on one master only (a leftover of a failed acquisition) is not listed.
@@ -62,12 +60,12 @@ TEST_F(RedlockRecords, ALockOnAMinorityIsNotListed) {
   ASSERT_TRUE(backend_);
   m_[0].command(
       {"SET", "distlock:redlock:lock:min/one", "0123456789abcdef0123456789abcdef:9", "PX", "60000"});
-  distlock::detail::Error ec;
-  ASSERT_TRUE(backend_->try_acquire({"min/two", distlock::testing::test_owner(1), 60000ms}, ec).acquired);
+  Error ec;
+  ASSERT_TRUE(backend_->try_acquire({"min/two", test_owner(1), 60000ms}, ec).acquired);
   bool truncated = true;
   auto listed = backend_->list_held("min/", 1, truncated, ec);
   ASSERT_FALSE(ec) << ec.message();
-  EXPECT_EQ(distlock::testing::names_of(listed), std::vector<std::string>{"min/two"});
+  EXPECT_EQ(names_of(listed), std::vector<std::string>{"min/two"});
   EXPECT_FALSE(truncated);
 }
 
@@ -78,7 +76,7 @@ TEST_F(RedlockRecords, TheMajorityValueWins) {
   m_[0].command({"SET", kRecord + "maj", "old"});
   m_[1].command({"SET", kRecord + "maj", "new"});
   m_[2].command({"SET", kRecord + "maj", "new"});
-  distlock::detail::Error ec;
+  Error ec;
   EXPECT_EQ(backend_->get_record("maj", ec), "new");
   EXPECT_EQ(backend_->put_record("maj", "mine", d::PutMode::if_absent, ec), "new");
   ASSERT_FALSE(ec) << ec.message();
@@ -94,7 +92,7 @@ TEST_F(RedlockRecords, NoValueOnAQuorumIsQuorumUnavailableNamingTheDisagreement)
   ASSERT_TRUE(backend_);
   m_[0].command({"SET", kRecord + "split", "a"});
   m_[1].command({"SET", kRecord + "split", "bb"});
-  distlock::detail::Error ec;
+  Error ec;
   ec.clear();
   backend_->get_record("split", ec);
   EXPECT_EQ(ec, errc::quorum_unavailable);
@@ -119,9 +117,9 @@ TEST(RedlockRecordsDown, OneMasterDownStillWorks) {
   auto b = open_backend(m.url("timeout=1s"), quiet());
   ASSERT_TRUE(b);
   m[2].kill();
-  distlock::testing::check_put_get_erase(*b);
-  distlock::testing::check_listing(*b);
-  distlock::detail::Error ec;
+  check_put_get_erase(*b);
+  check_listing(*b);
+  Error ec;
   EXPECT_EQ(b->put_record("one-down", "v", d::PutMode::if_absent, ec), "v");
   EXPECT_EQ(b->get_record("one-down", ec), "v");
   EXPECT_FALSE(ec) << ec.message();
@@ -131,7 +129,7 @@ TEST(RedlockRecordsDown, AMajorityDownIsQuorumUnavailableNamingTheMasters) {
   Masters m(3);
   auto b = open_backend(m.url("timeout=1s"), quiet());
   ASSERT_TRUE(b);
-  distlock::detail::Error ec;
+  Error ec;
   b->put_record("down", "v", d::PutMode::always, ec);
   ASSERT_FALSE(ec);
   m[1].kill();
@@ -141,10 +139,10 @@ TEST(RedlockRecordsDown, AMajorityDownIsQuorumUnavailableNamingTheMasters) {
   EXPECT_EQ(ec, errc::quorum_unavailable);
   std::cout << "[ detail   ] " << ec.take_detail() << "\n";
   // Each failed master is named (the detail lists them all); check the first one.
-  distlock::testing::check_all_fail(*b, make_error_code(errc::quorum_unavailable),
-                                    "127.0.0.1:" + std::to_string(m[1].port()));
-  distlock::testing::check_all_fail(*b, make_error_code(errc::quorum_unavailable),
-                                    "127.0.0.1:" + std::to_string(m[2].port()));
+  check_all_fail(*b, make_error_code(errc::quorum_unavailable), "127.0.0.1:" + std::to_string(m[1].port()));
+  check_all_fail(*b, make_error_code(errc::quorum_unavailable), "127.0.0.1:" + std::to_string(m[2].port()));
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

@@ -15,15 +15,10 @@
 #include "support/redis_probes.hpp"
 #include "support/tls_certs.hpp"
 
-namespace distlock {
+namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Certs;
-using testing::connect_outcome;
-using testing::Masters;
-using testing::subscribers;
-using testing::tls_options;
 using Clock = std::chrono::steady_clock;
 
 TEST(RedlockTls, LocksAndReleaseNotificationsGoOverTls) {
@@ -62,7 +57,7 @@ TEST(RedlockTls, LocksAndReleaseNotificationsGoOverTls) {
 
 TEST(RedlockTls, MutualTlsWithAPasswordNeedsTheClientCertificate) {
   Certs certs;
-  testing::RedisServerOptions o = tls_options(certs, /*auth_clients=*/true);
+  RedisServerOptions o = tls_options(certs, /*auth_clients=*/true);
   o.password = "s3cret";
   Masters m(3, o);
   const std::string base = "cacert=" + certs.path("ca.pem");
@@ -138,4 +133,4 @@ TEST(RedlockTls, MastersStalledInTheHandshakeCostOneTimeoutNotOneEach) {
 }
 
 }  // namespace
-}  // namespace distlock
+}  // namespace distlock::testing

@@ -43,11 +43,9 @@
 #include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 
+namespace distlock::testing {
+
 using namespace std::chrono_literals;
-using distlock::Millis;
-using distlock::testing::Kind;
-using distlock::testing::Process;
-using distlock::testing::TempDir;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
@@ -58,7 +56,7 @@ constexpr Millis kSlack = 1500ms;
 constexpr Millis kDeadline = 20s;  // outer bound of any wait that has no tighter one
 
 bool wait_until(const std::function<bool()>& cond, Millis limit) {
-  return distlock::testing::eventually(cond, limit, 10ms);
+  return eventually(cond, limit, 10ms);
 }
 
 std::int64_t ms_since(SteadyClock::time_point t) {
@@ -179,7 +177,7 @@ bool is_subset(const std::set<std::uint32_t>& a, const std::set<std::uint32_t>& 
 
 std::vector<Kind> sharding_kinds() {
   std::vector<Kind> out;
-  for (auto& k : distlock::testing::kinds())
+  for (auto& k : kinds())
     if (k.label == "file" || k.label == "redis" || k.label == "etcd1" || k.label == "zk1" ||
         k.label == "postgres" || k.label == "mysql")
       out.push_back(k);
@@ -199,7 +197,7 @@ class ShardGroupBackends : public ::testing::TestWithParam<Kind> {
     return o;
   }
 
-  std::unique_ptr<distlock::testing::Target> target_;
+  std::unique_ptr<Target> target_;
 };
 
 TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave) {
@@ -453,7 +451,7 @@ using ShardGroupNetwork = ShardGroupBackends;
 
 TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterwards) {
   constexpr std::uint32_t kShards = 6;
-  distlock::testing::FaultProxyGroup net(target_->ports());
+  FaultProxyGroup net(target_->ports());
   History history;
   auto ca = distlock::connect(target_->url());
   auto cc = distlock::connect(target_->url_via(net.hosts()));
@@ -498,7 +496,7 @@ TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterw
 // leaves, and then rejoins.
 TEST_P(ShardGroupNetwork, AMemberWhoseIdWasTakenWhileItWasCutOffCountsItsFailedRejoins) {
   constexpr std::uint32_t kShards = 4;
-  distlock::testing::FaultProxyGroup net(target_->ports());
+  FaultProxyGroup net(target_->ports());
   auto ca = distlock::connect(target_->url_via(net.hosts()));
   auto cb = distlock::connect(target_->url());
   distlock::ShardGroupOptions o;
@@ -546,7 +544,7 @@ TEST_P(ShardGroupNetwork, AMemberWhoseIdWasTakenWhileItWasCutOffCountsItsFailedR
 // nothing answers, not because its id is held (that shows as list_failures).
 TEST_P(ShardGroupNetwork, AMemberCutOffForLongWithNoTwinDoesNotReportItsIdTaken) {
   constexpr std::uint32_t kShards = 2;
-  distlock::testing::FaultProxyGroup net(target_->ports());
+  FaultProxyGroup net(target_->ports());
   auto ca = distlock::connect(target_->url_via(net.hosts()));
   distlock::ShardGroupOptions o;
   o.lock.ttl = kTtl;
@@ -718,3 +716,5 @@ INSTANTIATE_TEST_SUITE_P(File, ShardGroupLifetime, ::testing::ValuesIn([] {
                          [](const auto& param_info) { return param_info.param.label; });
 
 }  // namespace
+
+}  // namespace distlock::testing

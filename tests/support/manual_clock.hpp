@@ -1,4 +1,6 @@
-// A Clock that moves only when a test advances it.
+// A Clock that moves only when a test advances it, and advance_until(clock, done), which moves
+// it on while a waiter on another thread runs against it.
+// Thread-safety: a ManualClock may be read and advanced from any thread.
 #pragma once
 
 #include <atomic>
@@ -23,5 +25,18 @@ class ManualClock final : public Clock {
  private:
   std::atomic<duration::rep> ticks_{std::chrono::duration_cast<duration>(std::chrono::hours(1000)).count()};
 };
+
+/// Moves `clock` on by 10 ms every real millisecond until `done` is set or 5,000 steps (50 s of
+/// the clock's time, about 5 s real) have passed: for a waiter on another thread whose deadline
+/// is on `clock`. Returns how far the clock moved.
+inline std::chrono::milliseconds advance_until(ManualClock& clock, const std::atomic<bool>& done) {
+  std::chrono::milliseconds advanced{0};
+  for (int i = 0; i < 5000 && !done; ++i) {
+    clock.advance(std::chrono::milliseconds(10));
+    advanced += std::chrono::milliseconds(10);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return advanced;
+}
 
 }  // namespace distlock::testing

@@ -153,6 +153,36 @@ void expect_hand_offs_in_token_order(Watch& w, const std::string& url, const std
   EXPECT_FALSE(w.next(Millis(0))) << "an event after the last release";
 }
 
+void expect_live_again(Watch& w, Client& holder, const std::string& name, Millis limit) {
+  std::uint64_t token = 0;
+  {
+    Lease l = holder.acquire(name, ttl_of(Millis(60000), Millis(60000)));
+    token = l.token();
+    std::optional<WatchEvent> e;
+    do {
+      e = next_change(w, limit);
+    } while (e && e->kind == WatchEventKind::gap);
+    ASSERT_TRUE(e) << "no live event of " << name;
+    EXPECT_EQ(e->kind, WatchEventKind::acquired) << describe(*e);
+    EXPECT_EQ(e->name, name);
+    EXPECT_EQ(e->token, token);
+  }
+  auto rel = next_change(w, Millis(10000));
+  ASSERT_TRUE(rel) << "no release of " << name;
+  EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
+  EXPECT_EQ(rel->name, name);
+  EXPECT_EQ(rel->token, token);
+}
+
+void expect_held_state(Watch& w, const std::string& name, std::uint64_t token) {
+  auto s = w.next(Millis(10000));
+  ASSERT_TRUE(s) << "no state of " << name << " within 10 s";
+  EXPECT_EQ(s->kind, WatchEventKind::state) << describe(*s);
+  EXPECT_EQ(s->name, name);
+  EXPECT_TRUE(s->held);
+  EXPECT_EQ(s->token, token);
+}
+
 void expect_stop_from_another_thread_ends_next(Watch& w) {
   std::thread stopper([&w] {
     std::this_thread::yield();

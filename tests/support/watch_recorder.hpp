@@ -19,6 +19,10 @@
 //   expect_killed_holder_lost(w, url, name, ttl_ms, out)  a lock_tool holder's acquired, its
 //                                                         SIGKILL, then its `lost`
 //   expect_revoke_reported(w, admin, lease, name)         acquired, revoke, `revoked`, holder told
+//   expect_live_again(w, holder, name, limit)             after a gap: `name` taken and released,
+//                                                         its acquired (gaps skipped), released
+//   expect_held_state(w, name, token)                     the next event (10 s) is `name`'s `state`,
+//                                                         held with `token`
 //
 // Every wait is bounded by its `limit`, measured on the steady clock; none sleeps.
 //
@@ -166,5 +170,14 @@ void expect_killed_holder_lost(Watch& w, const std::string& url, const std::stri
 /// revokes it; the watch reports `revoked` with the lease's token, and the holder's on_lost
 /// runs within 10 s (the caller's TTL must be below that).
 void expect_revoke_reported(Watch& w, Client& admin, Lease& lease, const std::string& lease_name);
+
+/// After a gap: `holder` takes `name` (TTL 60 s) and releases it; the next change of `w` that
+/// is not a gap (each waited for up to `limit`) is its `acquired` with its token, then its
+/// `released` (10 s).
+void expect_live_again(Watch& w, Client& holder, const std::string& name, Millis limit);
+
+/// The next event of `w`, within 10 s (steady clock), is the `state` of `name`, held with
+/// `token`: a watch's initial listing, or its re-list after a gap. No event is a fatal failure.
+void expect_held_state(Watch& w, const std::string& name, std::uint64_t token);
 
 }  // namespace distlock::testing

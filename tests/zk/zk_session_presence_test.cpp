@@ -15,29 +15,15 @@
 #include "distlock/distlock.hpp"
 #include "zk/zk_test_util.hpp"
 
+namespace distlock::testing {
+
 namespace {
 
 using namespace std::chrono_literals;
-using distlock::Client;
-using distlock::Lease;
-using distlock::LockOptions;
-using distlock::Millis;
-using distlock::WatchEventKind;
-using distlock::testing::RawZk;
-using distlock::testing::ZkServer;
 using SteadyClock = std::chrono::steady_clock;
 
-const std::string kQuery = "?session_timeout=10s";
-
-Client connect(const std::string& url) {
-  return distlock::connect(url, distlock::testing::quiet());
-}
-
 LockOptions opts() {
-  LockOptions o;
-  o.ttl = Millis(10000);
-  o.wait = Millis(20000);
-  return o;
+  return ten_second_ttl(Millis(20000));
 }
 
 TEST(ZkSessionPresence, PresenceNodesGoWithTheirSessions) {
@@ -46,15 +32,14 @@ TEST(ZkSessionPresence, PresenceNodesGoWithTheirSessions) {
   {
     std::vector<Client> clients;
     for (int i = 0; i < 3; ++i) {
-      clients.push_back(connect(zk.url(kQuery)));
+      clients.push_back(quiet_client(zk.url(kTenSecondSessions)));
       Lease l = clients.back().acquire("presence/x", opts());  // a session (and its node) exists now
     }
-    EXPECT_TRUE(
-        distlock::testing::eventually([&] { return raw.children("/distlock/.sessions").size() == 3; }, 10s))
+    EXPECT_TRUE(eventually([&] { return raw.children("/distlock/.sessions").size() == 3; }, 10s))
         << raw.children("/distlock/.sessions").size() << " presence nodes for 3 open clients";
   }
   const auto closed = SteadyClock::now();
-  EXPECT_TRUE(distlock::testing::eventually([&] { return raw.children("/distlock/.sessions").empty(); }, 10s))
+  EXPECT_TRUE(eventually([&] { return raw.children("/distlock/.sessions").empty(); }, 10s))
       << raw.children("/distlock/.sessions").size() << " presence nodes left after every client closed";
   std::printf(
       "presence nodes gone %lld ms after the clients closed\n",
@@ -69,12 +54,12 @@ TEST(ZkSessionPresence, LockingWorksWithoutPresenceNodes) {
   }
   RawZk raw(zk.hostport());  // keeps the ephemeral /distlock/.sessions for the whole test
   ASSERT_EQ(raw.create("/distlock/.sessions", ZOO_EPHEMERAL), ZOK);
-  Client watcher = connect(zk.url(kQuery));
-  Client a = connect(zk.url(kQuery)), b = connect(zk.url(kQuery));
+  Client watcher = quiet_client(zk.url(kTenSecondSessions));
+  Client a = quiet_client(zk.url(kTenSecondSessions)), b = quiet_client(zk.url(kTenSecondSessions));
   distlock::Watch w = watcher.watch("nopresence/");
   Lease la = a.acquire("nopresence/x", opts());
   auto lb = std::async(std::launch::async, [&] { return b.acquire("nopresence/x", opts()); });
-  ASSERT_TRUE(distlock::testing::eventually([&] { return a.status("nopresence/x").waiters == 1; }, 10s));
+  ASSERT_TRUE(eventually([&] { return a.status("nopresence/x").waiters == 1; }, 10s));
   const std::uint64_t a_token = la.token();
   const auto released = SteadyClock::now();
   la.release();
@@ -101,3 +86,5 @@ TEST(ZkSessionPresence, LockingWorksWithoutPresenceNodes) {
 }
 
 }  // namespace
+
+}  // namespace distlock::testing

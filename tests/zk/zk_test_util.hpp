@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "distlock/distlock.hpp"
@@ -16,6 +17,23 @@ namespace distlock::testing {
 inline ZkServer& shared_server() {
   static ZkServer server;
   return server;
+}
+
+/// The query of the watch tests' zk:// URLs: sessions of 10 s, so that a freeze of well under a
+/// second stays far from a disconnection.
+inline const std::string kTenSecondSessions = "?session_timeout=10s";
+
+/// A client of `url` without log output.
+inline Client quiet_client(const std::string& url) {
+  return distlock::connect(url, quiet());
+}
+
+/// Lock options of a 10 s TTL (the sessions' timeout above) that wait up to `wait`.
+inline LockOptions ten_second_ttl(Millis wait) {
+  LockOptions o;
+  o.ttl = Millis(10000);
+  o.wait = wait;
+  return o;
 }
 
 /// Polls `pred` every 10 ms until it holds (true) or `timeout` passes on this

@@ -24,18 +24,8 @@ namespace {
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
-// Sessions of 10 s: a freeze of well under a second stays far from a disconnection.
-const std::string kQuery = "?session_timeout=10s";
-
 LockOptions opts() {
-  LockOptions o;
-  o.ttl = Millis(10000);
-  o.wait = Millis(30000);
-  return o;
-}
-
-Client connect(const std::string& url) {
-  return distlock::connect(url, distlock::testing::quiet());
+  return ten_second_ttl(Millis(30000));
 }
 
 // Every non-state event until acquired(token) (or 20 s on the steady clock).
@@ -56,8 +46,9 @@ std::vector<WatchEvent> events_until_acquired(Watch& w, std::uint64_t token, boo
 TEST(ZkWatchGapRule, WaitersQueuedAndGoneUnseenAreAGap) {
   ZkServer& zk = shared_server();
   distlock::testing::FaultProxy proxy(zk.port());
-  Client watcher = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + kQuery);
-  Client a = connect(zk.url(kQuery)), b = connect(zk.url(kQuery)), c = connect(zk.url(kQuery));
+  Client watcher = quiet_client("zk://127.0.0.1:" + std::to_string(proxy.port()) + kTenSecondSessions);
+  Client a = quiet_client(zk.url(kTenSecondSessions)), b = quiet_client(zk.url(kTenSecondSessions)),
+         c = quiet_client(zk.url(kTenSecondSessions));
   const std::string name = "unseen/x";
   Lease la = a.acquire(name, opts());
   Watch w = watcher.watch("unseen/");  // reads [A]
@@ -94,8 +85,8 @@ TEST(ZkWatchGapRule, WaitersQueuedAndGoneUnseenAreAGap) {
 TEST(ZkWatchGapRule, ReleaseThenNewWaiterIsNoGap) {
   ZkServer& zk = shared_server();
   distlock::testing::FaultProxy proxy(zk.port());
-  Client watcher = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + kQuery);
-  Client a = connect(zk.url(kQuery)), c = connect(zk.url(kQuery));
+  Client watcher = quiet_client("zk://127.0.0.1:" + std::to_string(proxy.port()) + kTenSecondSessions);
+  Client a = quiet_client(zk.url(kTenSecondSessions)), c = quiet_client(zk.url(kTenSecondSessions));
   const std::string name = "plain/x";
   Lease la = a.acquire(name, opts());
   Watch w = watcher.watch("plain/");

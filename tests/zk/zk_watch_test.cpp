@@ -30,13 +30,6 @@ namespace {
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
-// Sessions of 10 s: a lease of up to 20 s; the ttl below keeps renewals frequent.
-const std::string kQuery = "?session_timeout=10s";
-
-Client connect(const std::string& url) {
-  return distlock::connect(url, distlock::testing::quiet());
-}
-
 // What a consumer checks on one name's stream: tokens go up, each lease ends before the
 // next one starts, and an acquisition the stream did not report is covered by a gap.
 struct Checker {
@@ -83,7 +76,7 @@ struct Checker {
 // stream lacks is covered by a gap.
 void hand_offs(const std::string& url_a, const std::string& url_b, const std::string& url_watch,
                const std::string& name, Millis budget, int max_paced) {
-  Client watcher = connect(url_watch);
+  Client watcher = quiet_client(url_watch);
   Watch w = watcher.watch(name);
   std::atomic<std::uint64_t> seen{0};  // the last acquired token the consumer took
   std::atomic<bool> paced{true};
@@ -110,7 +103,7 @@ void hand_offs(const std::string& url_a, const std::string& url_b, const std::st
   });
   const auto start = SteadyClock::now();
   auto holder = [&](const std::string& url) {
-    Client c = connect(url);
+    Client c = quiet_client(url);
     while (SteadyClock::now() - start < budget) {
       Lease l = c.acquire(name, ttl_of(10s, 30s));
       taken.fetch_add(1);
@@ -157,14 +150,15 @@ void hand_offs(const std::string& url_a, const std::string& url_b, const std::st
 
 TEST(ZkPrefixWatch, HandOffsComeInTokenOrder) {
   ZkServer& zk = shared_server();
-  hand_offs(zk.url(kQuery), zk.url(kQuery), zk.url(kQuery), "ho/x", 8000ms, 300);
+  hand_offs(zk.url(kTenSecondSessions), zk.url(kTenSecondSessions), zk.url(kTenSecondSessions), "ho/x",
+            8000ms, 300);
 }
 
 // The same on a 3-server ensemble: the holders on two members, the watch on the third.
 TEST(ZkPrefixWatch, HandOffsAcrossAnEnsemble) {
   ZkEnsemble ensemble(3);
-  hand_offs(ensemble.server(0).url(kQuery), ensemble.server(1).url(kQuery), ensemble.server(2).url(kQuery),
-            "ens/x", 5000ms, 100);
+  hand_offs(ensemble.server(0).url(kTenSecondSessions), ensemble.server(1).url(kTenSecondSessions),
+            ensemble.server(2).url(kTenSecondSessions), "ens/x", 5000ms, 100);
 }
 
 // A holder process killed with SIGKILL: its session expires (2 s) and its node goes with it;
@@ -172,7 +166,7 @@ TEST(ZkPrefixWatch, HandOffsAcrossAnEnsemble) {
 // node went in the same transaction).
 TEST(ZkPrefixWatch, KilledHolderShowsAsLost) {
   ZkServer& zk = shared_server();
-  Client watcher = connect(zk.url(kQuery));
+  Client watcher = quiet_client(zk.url(kTenSecondSessions));
   Watch w = watcher.watch("kill/");
   distlock::testing::TempDir dir("zk-watch-kill");
   const std::string out = (dir.path() / "holder.out").string();
@@ -199,10 +193,10 @@ TEST(ZkPrefixWatch, KilledHolderShowsAsLost) {
 // `acquired`, and nothing for the marked node's later delete.
 TEST(ZkPrefixWatch, RevokeShowsAsRevoked) {
   ZkServer& zk = shared_server();
-  Client watcher = connect(zk.url(kQuery));
+  Client watcher = quiet_client(zk.url(kTenSecondSessions));
   // A's marked node goes once its lease would have run out: its session timeout, 2 s.
-  Client a = connect(zk.url("?session_timeout=2s"));
-  Client b = connect(zk.url(kQuery));
+  Client a = quiet_client(zk.url("?session_timeout=2s"));
+  Client b = quiet_client(zk.url(kTenSecondSessions));
   Watch w = watcher.watch("rv/");
   Lease held = a.acquire("rv/x", ttl_of(2000ms, 30s));
   auto got = next_change(w, 10s);
@@ -242,18 +236,13 @@ TEST(ZkPrefixWatch, RevokeShowsAsRevoked) {
 // another prefix; a later change under another prefix is not reported.
 TEST(ZkPrefixWatch, InitialStateAndPrefixFilter) {
   ZkServer& zk = shared_server();
-  Client c = connect(zk.url(kQuery));
+  Client c = quiet_client(zk.url(kTenSecondSessions));
   Lease in_a = c.acquire("in/a", ttl_of(10s, 30s));
   Lease out_b = c.acquire("out/b", ttl_of(10s, 30s));
   WatchOptions o;
   o.initial_state = true;
   Watch w = c.watch("in/", o);
-  auto s = w.next(10s);
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->kind, WatchEventKind::state) << describe(*s);
-  EXPECT_EQ(s->name, "in/a");
-  EXPECT_TRUE(s->held);
-  EXPECT_EQ(s->token, in_a.token());
+  ASSERT_NO_FATAL_FAILURE(expect_held_state(w, "in/a", in_a.token()));
   Lease out_c = c.acquire("out/c", ttl_of(10s, 30s));
   Lease in_d = c.acquire("in/d", ttl_of(10s, 30s));
   auto e = w.next(10s);
@@ -278,8 +267,9 @@ TEST(ZkPrefixWatch, InitialStateAndPrefixFilter) {
 TEST(ZkPrefixWatch, ChainFasterThanTheRearmIsAGap) {
   ZkServer& zk = shared_server();
   distlock::testing::FaultProxy proxy(zk.port());
-  Client watcher = connect("zk://127.0.0.1:" + std::to_string(proxy.port()) + kQuery);
-  Client a = connect(zk.url(kQuery)), b = connect(zk.url(kQuery)), c = connect(zk.url(kQuery));
+  Client watcher = quiet_client("zk://127.0.0.1:" + std::to_string(proxy.port()) + kTenSecondSessions);
+  Client a = quiet_client(zk.url(kTenSecondSessions)), b = quiet_client(zk.url(kTenSecondSessions)),
+         c = quiet_client(zk.url(kTenSecondSessions));
   Lease la = a.acquire("chain/x", ttl_of(10s, 30s));
   std::promise<void> b_may_release;
   auto b_token = std::async(std::launch::async, [&] {
@@ -329,8 +319,8 @@ TEST(ZkPrefixWatch, ChainFasterThanTheRearmIsAGap) {
 // the watch reports a gap, then the lock as a `state` with the same token.
 TEST(ZkPrefixWatch, ServerRestartIsAGapThenTheState) {
   ZkServer zk;
-  Client holder = connect(zk.url("?session_timeout=20s"));
-  Client watcher = connect(zk.url("?session_timeout=20s"));
+  Client holder = quiet_client(zk.url("?session_timeout=20s"));
+  Client watcher = quiet_client(zk.url("?session_timeout=20s"));
   Lease l = holder.acquire("rs/x", ttl_of(10s, 30s));
   WatchOptions o;
   o.initial_state = true;
@@ -364,7 +354,7 @@ TEST(ZkPrefixWatch, ServerRestartIsAGapThenTheState) {
 // stop() from another thread ends a next() blocked without a timeout.
 TEST(ZkPrefixWatch, StopFromAnotherThread) {
   ZkServer& zk = shared_server();
-  Client watcher = connect(zk.url(kQuery));
+  Client watcher = quiet_client(zk.url(kTenSecondSessions));
   Watch w = watcher.watch("stop/");
   auto blocked = std::async(std::launch::async, [&] { return w.next(std::nullopt); });
   EXPECT_EQ(blocked.wait_for(200ms), std::future_status::timeout) << "next() returned with nothing to report";
