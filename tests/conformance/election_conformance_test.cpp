@@ -6,8 +6,8 @@
 //   - exactly one leader at any time: the leaders' sections [start, last moment
 //     lease.owns() said true] never overlap (CLOCK_MONOTONIC, one host), and terms
 //     strictly increase from section to section (backends with tokens);
-//   - every observer sees the same sequence of leaders: exactly the leaders' terms, in
-//     order, each once, with the value that leader proclaimed.
+//   - every observer sees the same sequence of leaders: exactly the terms of the leaders
+//     that acted (see "Reckoning"), in order, each once, with the value that leader proclaimed.
 // Pacing: a leader resigns only once every observer has reported its term (the
 // campaigner reads the observers' files) and it led for at least 300 ms, and not while
 // the test's file `hold` exists (the test creates it, then picks the leader of the
@@ -15,6 +15,29 @@
 // leader only after every observer has reported it, so no observer can miss a leader; what the test proves is
 // that they see them once, in order, all the same. A SIGKILLed leader's section ends when the test sent
 // SIGKILL (it cannot act after it is dead; the window between kill() and its death is microseconds).
+// Reckoning. The leader the test kills or stops is the NEWEST leadership without its E line
+// (highest term; latest start where there are no terms), and a leadership whose first owns()
+// check already said false has no section (its E line says -1; observers may or may not have
+// reported its term, as its value may never have been readable). The old reckoning took the
+// FIRST leadership without its E line, and gave every leadership [start, start] before any
+// check; on a loaded machine each reported overlaps with no second leader:
+//   - a leader starved (or stopped) for longer than its session after its last true check has
+//     no E line yet when its session expires and the next leader is elected: the log then
+//     holds two leaderships without E lines and the first is not the current one. Step 1
+//     waits for the second S line, so it then killed that first one and ended its section at
+//     the kill, a few ms after the next leader's start, though it had stopped leading at its
+//     last true check, before its lease lapsed. Shown by SIGSTOPping the first leader from
+//     outside for 3.5 s right after its S line (a stand-in for starvation): "sections overlap"
+//     by 2.0 and 5.3 ms in 2 of 3 runs on zk3; after the change 0 of 3, and in each the
+//     stopped leader was left alone and wrote its own E line when continued.
+//   - a campaigner whose lease lapsed between its grant and its first check (its process
+//     starved past its session within campaign() or right after it) logs a start after the
+//     next leader's and finds its lease lapsed: [start, start] with its older term lay after
+//     the next leader's start (inside that leader's section if it still led: an overlap), and
+//     failed "token N does not exceed the previous section's" and the observers' sequence
+//     (they never saw that term). Seen in 1 of 20 runs on zk3 beside two `yes` CPU hogs (load
+//     average 20): term ...337 logged its start 481 ms after term ...347's, its first check
+//     false.
 // redlock:// has no terms: there, exclusivity only (observe() is errc::not_supported, checked too); file://
 // locks do not expire, so the SIGSTOP step is skipped there.
 #include <gtest/gtest.h>
@@ -22,11 +45,13 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -63,6 +88,7 @@ struct Leadership {
   std::string term;
   std::int64_t start = 0, end = 0;
   bool ended = false, owned = true;
+  bool acted = true;  // some owns() check said true (E line's last_owned_ns >= 0)
 };
 
 // The campaigners' log: one Leadership per S line, completed by its E line.
@@ -75,7 +101,7 @@ std::vector<Leadership> read_log(const std::filesystem::path& log) {
     std::int64_t start = 0;
     if (!(ls >> kind >> pid >> term >> start)) continue;
     if (kind == "S") {
-      out.push_back({pid, term, start, 0, false, true});
+      out.push_back({pid, term, start, 0, false, true, true});
     } else if (kind == "E") {
       std::int64_t end = 0;
       int owned = 1;
@@ -85,11 +111,18 @@ std::vector<Leadership> read_log(const std::filesystem::path& log) {
           l.end = end;
           l.ended = true;
           l.owned = owned != 0;
+          l.acted = end >= 0;
         }
       }
     }
   }
   return out;
+}
+
+// `a` was granted after `b`: a higher term, or a later start where there are no terms.
+bool newer(const Leadership& a, const Leadership& b) {
+  if (a.term != "-" && b.term != "-") return std::stoull(a.term) > std::stoull(b.term);
+  return a.start > b.start;
 }
 
 // Terms reported by an observer, in order.
@@ -151,16 +184,20 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
     }
     return true;
   };
-  // The current leader (an S line without its E) once every observer reported it.
+  // The current leader once every observer reported it: of the leaderships without their E
+  // line (but the killed one), the newest. An older one is a leader whose lease lapsed while
+  // its process could not yet write its E line (see the file comment).
   long killed_pid = 0;  // its leadership stays open in the log
   auto current_reported = [&](Leadership& out) {
-    for (const auto& l : read_log(log)) {
-      if (!l.ended && l.pid != killed_pid && observed_by_all(l.term)) {
-        out = l;
-        return true;
-      }
+    const std::vector<Leadership> all = read_log(log);
+    const Leadership* newest = nullptr;
+    for (const auto& l : all) {
+      if (l.ended || l.pid == killed_pid) continue;
+      if (newest == nullptr || newer(l, *newest)) newest = &l;
     }
-    return false;
+    if (newest == nullptr || !observed_by_all(newest->term)) return false;
+    out = *newest;
+    return true;
   };
   std::string diag;
   auto describe = [&] {
@@ -222,6 +259,7 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
       ASSERT_EQ(l.term, killed_term);
       l.end = killed_at;
     }
+    if (!l.acted) continue;  // no check said it held: it never acted as leader
     Section s;
     s.pid = l.pid;
     s.has_token = l.term != "-";
@@ -233,7 +271,6 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
   }
   std::sort(sections.begin(), sections.end(),
             [](const Section& a, const Section& b) { return a.start_ns < b.start_ns; });
-  EXPECT_GE(sections.size(), kLeaders);
   EXPECT_TRUE(no_overlap(sections)) << describe();
   if (target_->fencing()) {
     EXPECT_TRUE(tokens_increase(sections)) << describe();
@@ -246,11 +283,32 @@ TEST_P(ElectionConformance, OneLeaderAtATimeAndEveryObserverSeesTheSameLeaders) 
 
   // Every observer saw exactly the leaders, in order, once each, with their values.
   if (observers > 0) {
+    // Every leadership that acted, in term order; one that never acted may be seen or not.
+    std::vector<std::uint64_t> terms;
+    std::set<std::string> never_acted;
+    for (const auto& l : leaders) {
+      if (l.acted) {
+        terms.push_back(std::stoull(l.term));
+      } else {
+        never_acted.insert(l.term);
+      }
+    }
+    std::sort(terms.begin(), terms.end());
     std::vector<std::string> expected;
-    for (const auto& s : sections) expected.push_back(std::to_string(s.token));
+    for (const auto t : terms) expected.push_back(std::to_string(t));
     for (int i = 0; i < observers; ++i) {
       const auto file = dir.path() / ("obs-" + std::to_string(i));
-      EXPECT_EQ(observed_terms(file), expected) << "observer " << i << "\n" << describe();
+      const std::vector<std::string> seen = observed_terms(file);
+      std::vector<std::string> seen_acted;
+      for (std::size_t k = 0; k < seen.size(); ++k) {
+        if (k > 0) {
+          EXPECT_GT(std::stoull(seen[k]), std::stoull(seen[k - 1]))
+              << "observer " << i << " reported terms out of order\n"
+              << describe();
+        }
+        if (!never_acted.count(seen[k])) seen_acted.push_back(seen[k]);
+      }
+      EXPECT_EQ(seen_acted, expected) << "observer " << i << "\n" << describe();
       for (const auto& line : lines_of(read_file(file))) {
         std::istringstream ls(line);
         std::string t, term, value;

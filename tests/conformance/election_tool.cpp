@@ -12,7 +12,9 @@
 // the leader of the moment), or the lease is lost; then appends
 // "E <pid> <term|-> <start_ns> <last_owned_ns> <owned 0|1>" and resigns. last_owned_ns
 // is a CLOCK_MONOTONIC reading taken just BEFORE a check of lease.owns() that said
-// true: the leader acted as leader only up to then. Each line is one O_APPEND write.
+// true: the leader acted as leader only up to then; -1 when no check said true (the
+// lease had lapsed before the first one, e.g. the process was starved or stopped right
+// after campaign() returned: it never acted as leader). Each line is one O_APPEND write.
 //
 // observe: until FILE --stop exists, observe(after, 500 ms) and append
 // "T <term> <value> <holder>" for each leader, after = its term.
@@ -117,7 +119,7 @@ int campaign(const Args& a) {
     const std::int64_t start = mono_ns();
     const std::string term = lease.has_token() ? std::to_string(lease.token()) : std::string("-");
     append(a.log, "S " + pid + " " + term + " " + std::to_string(start) + "\n");
-    std::int64_t last_owned = start;
+    std::int64_t last_owned = -1;  // no check has said true yet
     const auto give_up = std::chrono::steady_clock::now() + 60s;
     const auto hold_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(a.hold_ms);
     while (std::chrono::steady_clock::now() < give_up) {
