@@ -51,10 +51,11 @@ std::int64_t EtcdBackend::grant_free_lease(std::int64_t ttl_s, Error& ec) {
   return resp.id();
 }
 
-bool EtcdBackend::keep_alive_once(std::int64_t id) noexcept {
+bool EtcdBackend::keep_alive_once(std::int64_t id, bool step) noexcept {
   try {
     bool renewed = false;
     const grpc::Status st = transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) {
+      if (step) revoke_step(RevokeStep::kKeepAlive);
       auto stream = s.lease->LeaseKeepAlive(&ctx);
       etcdserverpb::LeaseKeepAliveRequest req;
       req.set_id(id);
@@ -244,7 +245,7 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     // moves L's end to at least the Txn + the holder's TTL. Then, and only then, the marker
     // may go back to what it was.
     bool kept = false;
-    for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease);
+    for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease, true);
     const long long gap_ms = std::chrono::duration_cast<Millis>(txn_answered - granted_at).count();
     if (!kept) {
       log_.log(

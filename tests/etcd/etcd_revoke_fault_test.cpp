@@ -10,7 +10,10 @@
 //   - the time from L's grant to the Txn's answer exceeds one second (the holder renews in
 //     between, the Txn and the keepalive are delayed), the keepalive answered;
 //   - the revoker process SIGKILLed right after the Txn's answer (tests/tools/etcd_revoke_tool.cpp);
-//   - the first two at once (before the marker, the waiter was granted before the holder's deadline).
+//   - the first two at once (before the marker, the waiter was granted before the holder's deadline);
+//   - every keepalive of L delivered and applied but its answer lost (the proxy's lose_answers: the
+//     connection cut a second after etcd answered), for the revoke's three tries of two command
+//     timeouts each: L moves up to its TTL past each, and the marker's lease M must move with it.
 // In each the test measures, on the engine's steady clock (system_steady_clock(), the clock the
 // holder's deadline is kept on), when the revoked holder's stop token fired and when the waiter
 // was granted, and checks that the waiter is never granted before the revoked holder's local
@@ -19,6 +22,7 @@
 // etcdctl once revoke() returned, that the marker stayed exactly when no keepalive was answered
 // (answered: it is gone, so the hand-over is not delayed). Each case prints its figures
 // (docs/etcd.md "Revoke" has a run's).
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -56,9 +60,10 @@ using Step = detail::etcd::EtcdBackend::RevokeStep;
 constexpr Millis kTtl = 3000ms;
 constexpr Millis kRenewInterval = 1000ms;
 constexpr Millis kMargin = 300ms;
-// The waiter's wait: the revoke lease (TTL + 1 s), etcd's lessor check (every 500 ms) and the
-// revoker's keepalive tries, with room for a loaded machine.
-constexpr Millis kWaiterWait = 30000ms;
+// The waiter's wait: the revoker's keepalive tries (up to 3 x 2 command timeouts of 2 s), the revoke
+// lease (TTL + 1 s) renewed by the last of them, etcd's lessor check (every 500 ms), the marker's
+// wait (up to 5 s), with room for a loaded machine.
+constexpr Millis kWaiterWait = 45000ms;
 
 // The clock the engine keeps every lease deadline on (CLOCK_BOOTTIME): all figures are read on it.
 TimePoint now() {
@@ -293,7 +298,14 @@ class ProxiedRevoker {
                  std::function<void(Step)> on_step)
       : proxy(etcd.client_port(0)), client_(connect(via(proxy), options(command_timeout, connect_timeout))) {
     etcd_backend(client_).set_revoke_hook_for_test([this, on_step = std::move(on_step)](Step step) {
-      (step == Step::kGranted ? granted : applied) = now();
+      const TimePoint at = now();
+      if (step == Step::kGranted) {
+        granted = at;
+      } else if (step == Step::kApplied) {
+        applied = at;
+      } else {
+        keepalive_attempts.push_back(at);
+      }
       on_step(step);
     });
   }
@@ -310,6 +322,8 @@ class ProxiedRevoker {
   FaultProxy proxy;
   LogLines logs;
   std::optional<TimePoint> granted, applied;
+  // Each transport attempt of a keepalive of L after the Txn (before its request is written).
+  std::vector<TimePoint> keepalive_attempts;
   TimePoint called{}, returned{};
 
  private:
@@ -321,6 +335,42 @@ class ProxiedRevoker {
   }
   Client client_;
 };
+
+// When etcd deleted the revoked key (its lease L ended), bracketed on the engine's clock by Ranges
+// of the whole prefix every 20 ms on a connection of the test's own: `alive_sent` is the send time
+// of the last Range that found a key whose value is "@revoked\n..." (L ended after it), `gone_at`
+// the answer time of the first that found none (L ended before it).
+struct KeyEnd {
+  TimePoint alive_sent{};
+  TimePoint gone_at{};
+};
+std::optional<KeyEnd> revoked_key_end(const EtcdCluster& etcd, Millis limit) {
+  const auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(etcd.client_port(0)),
+                                           grpc::InsecureChannelCredentials());
+  const auto kv = etcdserverpb::KV::NewStub(channel);
+  etcdserverpb::RangeRequest req;
+  req.set_key("distlock/");
+  req.set_range_end("distlock0");  // the prefix "distlock/"
+  const TimePoint end = now() + limit;
+  std::optional<TimePoint> alive;
+  while (now() < end) {
+    const TimePoint sent = now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+    etcdserverpb::RangeResponse resp;
+    if (kv->Range(&ctx, req, &resp).ok()) {
+      bool found = false;
+      for (const auto& k : resp.kvs()) found = found || k.value().starts_with("@revoked\n");
+      if (!found) {
+        if (!alive) return std::nullopt;  // gone before the first look: no bracket
+        return KeyEnd{*alive, now()};
+      }
+      alive = sent;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return std::nullopt;
+}
 
 // Checks that the revoker logged, at warning level, that no keepalive was answered after its Txn.
 void expect_no_keepalive_warning(LogLines& logs) {
@@ -465,6 +515,67 @@ TEST(EtcdRevokeFault, RevokerKilledRightAfterTheTxnStillOutlastsTheHoldersDeadli
   w.check_hand_over("revoker killed", called);
   // The waiter, granted, took the marker over (it set no lock-delay: deleted it).
   EXPECT_EQ(delay_marker(etcd, w.name()), "");
+}
+
+// (e) Keepalives of L delivered, their answers lost (docs/etcd.md "Revoke"): in every transport
+// attempt of every keepalive of L after the Txn, the revoker's connection (open then) forwards the
+// request to etcd, which applies it and answers; the proxy drops the answer and cuts the connection
+// a second later (FaultProxy::lose_answers). The revoke's three tries of up to two command timeouts
+// (2 s) each send about ten, over about 12 s: each moves L's end to its apply + TTL + 1 s, past
+// the end of the marker's lease M as granted (L's grant + TTL + 1 s + W + 1 s). No keepalive is
+// answered, so the revoke is unconfirmed and the marker must stay until L ends: the waiter,
+// first once L ends, must wait W (the holder's TTL) after it. Checked: the waiter is granted no
+// earlier than max(the holder's local deadline, L's real end) + W, on the engine's clock, with L's
+// end bracketed by a poll of the key (revoked_key_end).
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHolderPastLsEnd) {
+  constexpr Millis kCutAfter = 1000ms;
+  EtcdCluster etcd(1);
+  RevokeWindow w(etcd, "fault/answers-lost");
+  int not_armed = 0;
+  ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
+    if (step == Step::kKeepAlive && !revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
+  });
+  const RevokeResult r = revoker.revoke(w.name(), "answers lost");
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied);
+  EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
+  const std::string marker_at_return = delay_marker(etcd, w.name());
+  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
+  ASSERT_TRUE(l_end)
+      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
+  w.check_hand_over("answers lost", revoker.called);
+  const TimePoint granted = w.granted_at();
+
+  const TimePoint txn = *revoker.applied;
+  const auto& ka = revoker.keepalive_attempts;
+  ASSERT_FALSE(ka.empty());
+  std::printf(
+      "answers lost: %zu keepalive attempts of L, %lld ms to %lld ms after the Txn's answer; %d connections "
+      "cut after %llu answer bytes dropped; revoke() returned %lld ms after the Txn\n",
+      ka.size(), ms(ka.front() - txn), ms(ka.back() - txn), revoker.proxy.answers_lost(),
+      static_cast<unsigned long long>(revoker.proxy.answer_bytes_dropped()), ms(revoker.returned - txn));
+  std::printf(
+      "answers lost: M as granted ends at most %lld ms after the Txn; L ended between %lld and %lld ms after "
+      "it; the holder's deadline %lld ms after it; the waiter granted %lld ms after it: %lld ms after L's "
+      "end (its lower bound), W = %lld ms\n",
+      ms(*revoker.granted + kTtl + 1s + kTtl + 1s - txn), ms(l_end->alive_sent - txn),
+      ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
+      ms(granted - l_end->alive_sent), static_cast<long long>(kTtl.count()));
+
+  // Several attempts, delivered with their answers lost on several connections (an attempt that
+  // timed out before its connection's cut leaves the next attempt the same connection).
+  EXPECT_GE(ka.size(), 4u);
+  EXPECT_GE(revoker.proxy.answers_lost(), 3);
+  // Unconfirmed: the revoke says so, and its marker is there when it returns.
+  ASSERT_NO_FATAL_FAILURE(expect_no_keepalive_warning(revoker.logs));
+  EXPECT_EQ(marker_at_return, kRevokeMarker) << "the marker's lease ended while the revoked key's lives";
+  // The keepalives were applied: L, unrenewed, ends by its grant (before `granted`) + TTL + 1 s
+  // (+ 500 ms of etcd's lessor); it was seen alive well after that.
+  EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  // The guarantee: no grant before max(the holder's local deadline, L's end) + W.
+  const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
+  EXPECT_GE(granted, from + kTtl) << "the waiter was granted " << ms(from + kTtl - granted)
+                                  << " ms before max(the holder's deadline, L's end) + W";
 }
 
 // A holder with a lock-delay D longer than its TTL (docs/etcd.md "Revoke", W = max(TTL, D)):
