@@ -284,9 +284,9 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     if (hook) hook(step);
   }
   void revoke_lease(std::int64_t id) noexcept;
-  // One keepalive of a lease outside every session: whether etcd renewed it. `step`: call
-  // the revoke hook with kKeepAlive in each transport attempt.
-  bool keep_alive_once(std::int64_t id, bool step = false) noexcept;
+  // One keepalive of `first`, then one of `id`, on one stream (in each transport attempt,
+  // after the revoke hook's kKeepAlive): whether etcd renewed `id` (both answers read).
+  bool keep_alive_behind(std::int64_t first, std::int64_t id) noexcept;
   // After a confirmed revoke: puts the lock-delay marker of `name` back to `prior` (nullopt:
   // deletes it) if it is still the one the revoke's Txn (revision `revoke_rev`) wrote.
   // False when etcd gave no answer (the revoke's marker may still be there).
