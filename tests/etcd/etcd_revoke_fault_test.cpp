@@ -521,21 +521,24 @@ TEST(EtcdRevokeFault, RevokerKilledRightAfterTheTxnStillOutlastsTheHoldersDeadli
 // attempt of every keepalive of L after the Txn, the revoker's connection (open then) forwards the
 // request to etcd, which applies it and answers; the proxy drops the answer and cuts the connection
 // a second later (FaultProxy::lose_answers). The revoke's three tries of up to two command timeouts
-// (2 s) each send about ten, over about 12 s: each moves L's end to its apply + TTL + 1 s, past
+// (2 s) each send about fourteen, over about 12 s: each moves L's end to its apply + TTL + 1 s, past
 // the end of the marker's lease M as granted (L's grant + TTL + 1 s + W + 1 s). No keepalive is
 // answered, so the revoke is unconfirmed and the marker must stay until L ends: the waiter,
-// first once L ends, must wait W (the holder's TTL) after it. Checked: the waiter is granted no
-// earlier than max(the holder's local deadline, L's real end) + W, on the engine's clock, with L's
-// end bracketed by a poll of the key (revoked_key_end).
-TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHolderPastLsEnd) {
+// first once L ends, must wait W (the holder's TTL, or its own lock-delay D if longer) after it.
+// Checked: the waiter is granted no earlier than max(the holder's local deadline, L's real end) + W,
+// on the engine's clock, with L's end bracketed by a poll of the key (revoked_key_end). Before M
+// was kept alive with L, the marker was gone when revoke() returned and the waiter was granted at
+// L's end (9 ms after it; 2,990 ms short of the bound).
+void expect_answers_lost_still_delay(const char* what, const std::string& name, Millis holder_delay) {
   constexpr Millis kCutAfter = 1000ms;
+  const Millis wait = std::max(kTtl, holder_delay);  // W
   EtcdCluster etcd(1);
-  RevokeWindow w(etcd, "fault/answers-lost");
+  RevokeWindow w(etcd, name, holder_delay);
   int not_armed = 0;
   ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
     if (step == Step::kKeepAlive && !revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
   });
-  const RevokeResult r = revoker.revoke(w.name(), "answers lost");
+  const RevokeResult r = revoker.revoke(w.name(), what);
   ASSERT_TRUE(r.revoked);
   ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
@@ -543,24 +546,24 @@ TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHo
   const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
   ASSERT_TRUE(l_end)
       << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
-  w.check_hand_over("answers lost", revoker.called);
+  w.check_hand_over(what, revoker.called);
   const TimePoint granted = w.granted_at();
 
   const TimePoint txn = *revoker.applied;
   const auto& ka = revoker.keepalive_attempts;
   ASSERT_FALSE(ka.empty());
   std::printf(
-      "answers lost: %zu keepalive attempts of L, %lld ms to %lld ms after the Txn's answer; %d connections "
-      "cut after %llu answer bytes dropped; revoke() returned %lld ms after the Txn\n",
-      ka.size(), ms(ka.front() - txn), ms(ka.back() - txn), revoker.proxy.answers_lost(),
+      "%s: %zu keepalive attempts of L, %lld ms to %lld ms after the Txn's answer; %d connections cut after "
+      "%llu answer bytes dropped; revoke() returned %lld ms after the Txn\n",
+      what, ka.size(), ms(ka.front() - txn), ms(ka.back() - txn), revoker.proxy.answers_lost(),
       static_cast<unsigned long long>(revoker.proxy.answer_bytes_dropped()), ms(revoker.returned - txn));
   std::printf(
-      "answers lost: M as granted ends at most %lld ms after the Txn; L ended between %lld and %lld ms after "
-      "it; the holder's deadline %lld ms after it; the waiter granted %lld ms after it: %lld ms after L's "
-      "end (its lower bound), W = %lld ms\n",
-      ms(*revoker.granted + kTtl + 1s + kTtl + 1s - txn), ms(l_end->alive_sent - txn),
+      "%s: M unrenewed would end at most %lld ms after the Txn; L ended between %lld and %lld ms after it; "
+      "the holder's deadline %lld ms after it; the waiter granted %lld ms after it: %lld ms after L's end "
+      "(its lower bound), W = %lld ms\n",
+      what, ms(*revoker.granted + kTtl + 1s + wait + 1s - txn), ms(l_end->alive_sent - txn),
       ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
-      ms(granted - l_end->alive_sent), static_cast<long long>(kTtl.count()));
+      ms(granted - l_end->alive_sent), static_cast<long long>(wait.count()));
 
   // Several attempts, delivered with their answers lost on several connections (an attempt that
   // timed out before its connection's cut leaves the next attempt the same connection).
@@ -568,14 +571,24 @@ TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHo
   EXPECT_GE(revoker.proxy.answers_lost(), 3);
   // Unconfirmed: the revoke says so, and its marker is there when it returns.
   ASSERT_NO_FATAL_FAILURE(expect_no_keepalive_warning(revoker.logs));
-  EXPECT_EQ(marker_at_return, kRevokeMarker) << "the marker's lease ended while the revoked key's lives";
+  EXPECT_EQ(marker_at_return, "lost\n" + std::to_string(wait.count()))
+      << "the marker's lease ended while the revoked key's lives";
   // The keepalives were applied: L, unrenewed, ends by its grant (before `granted`) + TTL + 1 s
   // (+ 500 ms of etcd's lessor); it was seen alive well after that.
   EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
   // The guarantee: no grant before max(the holder's local deadline, L's end) + W.
   const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
-  EXPECT_GE(granted, from + kTtl) << "the waiter was granted " << ms(from + kTtl - granted)
+  EXPECT_GE(granted, from + wait) << "the waiter was granted " << ms(from + wait - granted)
                                   << " ms before max(the holder's deadline, L's end) + W";
+}
+
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHolderPastLsEnd) {
+  expect_answers_lost_still_delay("answers lost", "fault/answers-lost", 0ms);
+}
+
+// The same with a holder's lock-delay D of 5 s, longer than its TTL: W = D.
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayByTheHoldersLongerLockDelay) {
+  expect_answers_lost_still_delay("answers lost, lock-delay 5 s", "fault/answers-lost-delay", 5000ms);
 }
 
 // A holder with a lock-delay D longer than its TTL (docs/etcd.md "Revoke", W = max(TTL, D)):
