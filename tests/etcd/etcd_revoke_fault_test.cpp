@@ -535,8 +535,14 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
   EtcdCluster etcd(1);
   RevokeWindow w(etcd, name, holder_delay);
   int not_armed = 0;
+  int no_connection = 0;
   ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
-    if (step == Step::kKeepAlive && !revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
+    if (step != Step::kKeepAlive) return;
+    // The attempt's stream goes on the channel's connection, which may still be coming up after
+    // the last cut: wait (at most 2 s) until the proxy has it, so that it is the one armed (one
+    // accepted after the arm would pass the answer).
+    if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms)) ++no_connection;
+    if (!revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
   });
   const RevokeResult r = revoker.revoke(w.name(), what);
   ASSERT_TRUE(r.revoked);
@@ -557,6 +563,11 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       "%llu answer bytes dropped; revoke() returned %lld ms after the Txn\n",
       what, ka.size(), ms(ka.front() - txn), ms(ka.back() - txn), revoker.proxy.answers_lost(),
       static_cast<unsigned long long>(revoker.proxy.answer_bytes_dropped()), ms(revoker.returned - txn));
+  std::printf(
+      "%s: %d attempts found no connection open at the proxy within 2 s; the marker when revoke() returned: "
+      "\"%s\"; the unanswered keepalive logged: %s\n",
+      what, no_connection, marker_at_return.c_str(),
+      revoker.logs.level_of("no keepalive after the revoke was answered") ? "yes" : "no");
   std::printf(
       "%s: M unrenewed would end at most %lld ms after the Txn; L ended between %lld and %lld ms after it; "
       "the holder's deadline %lld ms after it; the waiter granted %lld ms after it: %lld ms after L's end "

@@ -108,6 +108,7 @@ struct FaultProxy::Impl {
   int lose_below = 0;  // connections with seq < lose_below lose answers (lose_answers)
   std::chrono::milliseconds lose_cut_after{0};
   std::atomic<int> answers_lost{0};
+  std::atomic<int> open{0};  // pairs not dead, as of the last iteration
   std::atomic<std::uint64_t> answer_bytes_dropped{0};
   std::atomic<std::uint64_t> loops{0};  // iterations of run() begun
 
@@ -300,6 +301,7 @@ struct FaultProxy::Impl {
       }
       pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Pair& p) { return p.dead; }),
                   pairs.end());
+      open.store(static_cast<int>(pairs.size()));
 
       const auto now = Clock::now();
       bool connecting = false;
@@ -435,6 +437,9 @@ void FaultProxy::drop() {
 }
 int FaultProxy::accepted() const {
   return impl_->accepted.load();
+}
+int FaultProxy::open_connections() const {
+  return impl_->open.load();
 }
 void FaultProxy::set_classifier(Classifier classify) {
   std::lock_guard lk(impl_->mu);

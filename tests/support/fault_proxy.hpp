@@ -58,6 +58,8 @@ class FaultProxy {
 
   /// Connections accepted so far (for assertions that a client did reconnect).
   int accepted() const;
+  /// Proxied connections open (neither side closed) as of the forwarding thread's last look.
+  int open_connections() const;
 
   /// Names the class of each connection accepted from now on, called once on the
   /// proxy's thread with the accepted socket (not yet read from). kUnclassified
