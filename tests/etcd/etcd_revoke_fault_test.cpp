@@ -294,9 +294,11 @@ std::string via(const FaultProxy& proxy) {
 // at each step, after its instant is taken, on the revoking thread.
 class ProxiedRevoker {
  public:
+  // `member`: the etcd member the proxy forwards to.
   ProxiedRevoker(EtcdCluster& etcd, Millis command_timeout, std::optional<Millis> connect_timeout,
-                 std::function<void(Step)> on_step)
-      : proxy(etcd.client_port(0)), client_(connect(via(proxy), options(command_timeout, connect_timeout))) {
+                 std::function<void(Step)> on_step, int member = 0)
+      : proxy(etcd.client_port(member)),
+        client_(connect(via(proxy), options(command_timeout, connect_timeout))) {
     etcd_backend(client_).set_revoke_hook_for_test([this, on_step = std::move(on_step)](Step step) {
       const TimePoint at = now();
       if (step == Step::kGranted) {
@@ -529,21 +531,30 @@ TEST(EtcdRevokeFault, RevokerKilledRightAfterTheTxnStillOutlastsTheHoldersDeadli
 // on the engine's clock, with L's end bracketed by a poll of the key (revoked_key_end). Before M
 // was kept alive with L, the marker was gone when revoke() returned and the waiter was granted at
 // L's end (9 ms after it; 2,990 ms short of the bound).
-void expect_answers_lost_still_delay(const char* what, const std::string& name, Millis holder_delay) {
+// `members`: the cluster's size; with more than one the revoker reaches a follower (each renewal
+// of M and of L forwarded to the leader in turn: the gap δ between them is the follower's).
+void expect_answers_lost_still_delay(const char* what, const std::string& name, Millis holder_delay,
+                                     int members = 1) {
   constexpr Millis kCutAfter = 1000ms;
   const Millis wait = std::max(kTtl, holder_delay);  // W
-  EtcdCluster etcd(1);
+  EtcdCluster etcd(members);
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 0) << "no etcd leader";
+  const int member = members == 1 ? 0 : (leader + 1) % members;
   RevokeWindow w(etcd, name, holder_delay);
   int not_armed = 0;
   int no_connection = 0;
-  ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
-    if (step != Step::kKeepAlive) return;
-    // The attempt's stream goes on the channel's connection, which may still be coming up after
-    // the last cut: wait (at most 2 s) until the proxy has it, so that it is the one armed (one
-    // accepted after the arm would pass the answer).
-    if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms)) ++no_connection;
-    if (!revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
-  });
+  ProxiedRevoker revoker(
+      etcd, 2000ms, std::nullopt,
+      [&](Step step) {
+        if (step != Step::kKeepAlive) return;
+        // The attempt's stream goes on the channel's connection, which may still be coming up after
+        // the last cut: wait (at most 2 s) until the proxy has it, so that it is the one armed (one
+        // accepted after the arm would pass the answer).
+        if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms)) ++no_connection;
+        if (!revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
+      },
+      member);
   const RevokeResult r = revoker.revoke(w.name(), what);
   ASSERT_TRUE(r.revoked);
   ASSERT_TRUE(revoker.granted && revoker.applied);
@@ -576,6 +587,12 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
       ms(granted - l_end->alive_sent), static_cast<long long>(wait.count()));
 
+  if (members > 1) {
+    const int leader_after = etcd.leader();
+    std::printf("%s: the revoker on member %d, the leader member %d before and %d after\n", what, member,
+                leader, leader_after);
+    EXPECT_EQ(leader_after, leader) << "the leader changed: the revoker's member may have been the leader";
+  }
   // Several attempts, delivered with their answers lost on several connections (an attempt that
   // timed out before its connection's cut leaves the next attempt the same connection).
   EXPECT_GE(ka.size(), 4u);
@@ -600,6 +617,68 @@ TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHo
 // The same with a holder's lock-delay D of 5 s, longer than its TTL: W = D.
 TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayByTheHoldersLongerLockDelay) {
   expect_answers_lost_still_delay("answers lost, lock-delay 5 s", "fault/answers-lost-delay", 5000ms);
+}
+
+// The same on a 3-member cluster, the revoker's connection to a follower: each keepalive of M and
+// of L is forwarded to the leader in turn (docs/etcd.md "Revoke", the assumption on δ).
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostThroughAFollowerStillDelayTheNextHolder) {
+  expect_answers_lost_still_delay("answers lost, via a follower", "fault/answers-lost-follower", 0ms, 3);
+}
+
+// Some keepalives of L delivered with their answers lost, then one answered (docs/etcd.md
+// "Revoke"): the revoke is confirmed, so its second Txn puts the holder's armed marker (lock-delay
+// D = 5 s, longer than the TTL) back; L, moved by every applied keepalive, ends later than
+// unrenewed. The holder's D must still run after L's real end: the waiter is granted no earlier
+// than max(the holder's local deadline, L's end) + D, L's end bracketed by the poll of the key.
+TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeepsItsDelayPastLsEnd) {
+  constexpr Millis kCutAfter = 1000ms;
+  constexpr Millis kDelay = 5000ms;
+  constexpr int kLost = 2;  // transport attempts armed to lose their answers
+  const char* const what = "answers lost, then one answered";
+  EtcdCluster etcd(1);
+  RevokeWindow w(etcd, "fault/answers-lost-then-answered", kDelay);
+  ASSERT_EQ(delay_marker(etcd, w.name()), w.armed_marker());
+  int armed = 0;
+  int not_armed = 0;
+  ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
+    if (step != Step::kKeepAlive || armed >= kLost) return;
+    ++armed;
+    if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms) ||
+        !revoker.proxy.lose_answers(kCutAfter))
+      ++not_armed;
+  });
+  const RevokeResult r = revoker.revoke(w.name(), what);
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied);
+  EXPECT_EQ(not_armed, 0) << "an attempt's connection was not armed to lose its answer";
+  const std::string marker_at_return = delay_marker(etcd, w.name());
+  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
+  ASSERT_TRUE(l_end)
+      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
+  w.check_hand_over(what, revoker.called);
+  const TimePoint granted = w.granted_at();
+  const TimePoint txn = *revoker.applied;
+  const auto& ka = revoker.keepalive_attempts;
+  std::printf(
+      "%s: %zu keepalive attempts of L (%d armed), %d connections cut; the marker when revoke() returned: "
+      "\"%s\"; "
+      "L ended between %lld and %lld ms after the Txn; the holder's deadline %lld ms after it; the waiter "
+      "granted "
+      "%lld ms after it: %lld ms after L's end, D = %lld ms\n",
+      what, ka.size(), armed, revoker.proxy.answers_lost(), marker_at_return.c_str(),
+      ms(l_end->alive_sent - txn), ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
+      ms(granted - l_end->alive_sent), static_cast<long long>(kDelay.count()));
+  EXPECT_GE(revoker.proxy.answers_lost(), 1);
+  EXPECT_GT(ka.size(), static_cast<std::size_t>(kLost)) << "no attempt after the lost ones";
+  // Confirmed: no warning, and the holder's armed marker is back.
+  EXPECT_FALSE(revoker.logs.level_of("no keepalive after the revoke was answered"))
+      << "the answered keepalive was not seen: " << revoker.logs.all();
+  EXPECT_EQ(marker_at_return, w.armed_marker()) << "the holder's marker was not put back";
+  // L was moved by the applied keepalives past its unrenewed end.
+  EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
+  EXPECT_GE(granted, from + kDelay) << "the waiter was granted " << ms(from + kDelay - granted)
+                                    << " ms before max(the holder's deadline, L's end) + D";
 }
 
 // A holder with a lock-delay D longer than its TTL (docs/etcd.md "Revoke", W = max(TTL, D)):
