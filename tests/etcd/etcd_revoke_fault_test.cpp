@@ -13,7 +13,9 @@
 //   - the first two at once (before the marker, the waiter was granted before the holder's deadline);
 //   - every keepalive of L delivered and applied but its answer lost (the proxy's lose_answers: the
 //     connection cut a second after etcd answered), for the revoke's three tries of two command
-//     timeouts each: L moves up to its TTL past each, and the marker's lease M must move with it.
+//     timeouts each: L moves up to its TTL past each, and the marker's lease M must move with it;
+//     the same through a follower of a 3-member cluster; some answers lost, then one answered
+//     (the holder's armed marker put back, its lock-delay still run after L's real end).
 // In each the test measures, on the engine's steady clock (system_steady_clock(), the clock the
 // holder's deadline is kept on), when the revoked holder's stop token fired and when the waiter
 // was granted, and checks that the waiter is never granted before the revoked holder's local
@@ -604,6 +606,9 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
   // The keepalives were applied: L, unrenewed, ends by its grant (before `granted`) + TTL + 1 s
   // (+ 500 ms of etcd's lessor); it was seen alive well after that.
   EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  // The bracket of L's end is narrow (the checks below use its lower end): a slow poll would
+  // weaken them without failing.
+  EXPECT_LT(l_end->gone_at - l_end->alive_sent, 1s) << "L's end bracketed only within a second or more";
   // The guarantee: no grant before max(the holder's local deadline, L's end) + W.
   const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
   EXPECT_GE(granted, from + wait) << "the waiter was granted " << ms(from + wait - granted)
@@ -676,6 +681,7 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
   EXPECT_EQ(marker_at_return, w.armed_marker()) << "the holder's marker was not put back";
   // L was moved by the applied keepalives past its unrenewed end.
   EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  EXPECT_LT(l_end->gone_at - l_end->alive_sent, 1s) << "L's end bracketed only within a second or more";
   const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
   EXPECT_GE(granted, from + kDelay) << "the waiter was granted " << ms(from + kDelay - granted)
                                     << " ms before max(the holder's deadline, L's end) + D";
