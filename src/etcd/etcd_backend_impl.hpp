@@ -203,12 +203,14 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
   std::optional<std::string> revoke_note(std::string_view name, Error& ec) override;
 
   // Test hook (tests/etcd/etcd_revoke_fault_test.cpp, tests/tools/etcd_revoke_tool.cpp): revoke()
-  // calls it with kGranted once the revoke's two leases are granted (before its Txn is sent)
-  // and with kApplied once its Txn was answered as applied (before the keepalive of the
-  // revoked key's lease), on the revoking thread, so a test can delay or cut the connection
-  // (or kill the process) at exactly that point. Unset (the default): nothing is called. Set
-  // it before the client revokes; not part of the public API.
-  enum class RevokeStep { kGranted, kApplied };
+  // calls it with kGranted once the revoke's leases are granted (before its Txn is sent),
+  // with kApplied once its Txn was answered as applied (before the keepalive of the revoked
+  // key's lease), and with kKeepAlive in each transport attempt of a keepalive of that lease
+  // (the channel connected, before the request is written), on the revoking thread, so a
+  // test can delay or cut the connection (or kill the process) at exactly that point. Unset
+  // (the default): nothing is called. Set it before the client revokes; not part of the
+  // public API.
+  enum class RevokeStep { kGranted, kApplied, kKeepAlive };
   void set_revoke_hook_for_test(std::function<void(RevokeStep)> hook) {
     LockGuard lk(revoke_hook_mu_);
     revoke_hook_ = std::move(hook);
@@ -282,8 +284,9 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     if (hook) hook(step);
   }
   void revoke_lease(std::int64_t id) noexcept;
-  // One keepalive of a lease outside every session: whether etcd renewed it.
-  bool keep_alive_once(std::int64_t id) noexcept;
+  // One keepalive of `first`, then one of `id`, on one stream (in each transport attempt,
+  // after the revoke hook's kKeepAlive): whether etcd renewed `id` (both answers read).
+  bool keep_alive_behind(std::int64_t first, std::int64_t id) noexcept;
   // After a confirmed revoke: puts the lock-delay marker of `name` back to `prior` (nullopt:
   // deletes it) if it is still the one the revoke's Txn (revision `revoke_rev`) wrote.
   // False when etcd gave no answer (the revoke's marker may still be there).

@@ -13,6 +13,8 @@
 // renewal, sent before that apply, + its TTL) has passed. Only once a keepalive of the key's
 // lease is answered (that lease then outlasts the holder's deadline itself) is the marker
 // put back as it was before the Txn: a confirmed revoke hands over as fast as without it.
+// Every keepalive of the key's lease rides one stream behind a keepalive of M, so one that
+// etcd applies but whose answer is lost moves M as well: M still ends W + 1 s after it.
 #include <algorithm>
 #include <chrono>
 
@@ -51,15 +53,23 @@ std::int64_t EtcdBackend::grant_free_lease(std::int64_t ttl_s, Error& ec) {
   return resp.id();
 }
 
-bool EtcdBackend::keep_alive_once(std::int64_t id) noexcept {
+bool EtcdBackend::keep_alive_behind(std::int64_t first, std::int64_t id) noexcept {
   try {
     bool renewed = false;
     const grpc::Status st = transport_.call([&](etcd::Stubs& s, grpc::ClientContext& ctx) {
+      revoke_step(RevokeStep::kKeepAlive);
       auto stream = s.lease->LeaseKeepAlive(&ctx);
+      // Both requests are written before either answer is read: etcd's server loop reads a
+      // stream's requests one at a time and renews each before it reads the next, so `id` is
+      // renewed only after `first` was, a moment before (whether or not an answer gets back).
+      etcdserverpb::LeaseKeepAliveRequest req_first;
+      req_first.set_id(first);
       etcdserverpb::LeaseKeepAliveRequest req;
       req.set_id(id);
+      etcdserverpb::LeaseKeepAliveResponse resp_first;
       etcdserverpb::LeaseKeepAliveResponse resp;
-      if (stream->Write(req) && stream->Read(&resp)) renewed = resp.ttl() > 0;
+      if (stream->Write(req_first) && stream->Write(req) && stream->Read(&resp_first) && stream->Read(&resp))
+        renewed = resp_first.id() == first && resp.id() == id && resp.ttl() > 0;
       stream->WritesDone();
       return stream->Finish();
     });
@@ -242,9 +252,12 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
     // The holder's last keepalive may have been applied after L was granted (its lease then
     // ends up to that gap later than L): one keepalive of L, sent after the Txn was applied,
     // moves L's end to at least the Txn + the holder's TTL. Then, and only then, the marker
-    // may go back to what it was.
+    // may go back to what it was. Each keepalive of L (each transport attempt of each try)
+    // follows one of M on its stream: one that etcd applies and whose answer is lost moves
+    // L's end up to its TTL past it, and M's end, moved just before, stays W + 1 s past that.
     bool kept = false;
-    for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i) kept = keep_alive_once(hold_lease);
+    for (int i = 0; i < kRevokeKeepAliveTries && !kept; ++i)
+      kept = keep_alive_behind(marker_lease, hold_lease);
     const long long gap_ms = std::chrono::duration_cast<Millis>(txn_answered - granted_at).count();
     if (!kept) {
       log_.log(
@@ -253,10 +266,10 @@ Backend::Revoked EtcdBackend::revoke(std::string_view name, std::string_view not
           "granted {} ms before the revoke's Txn was answered); the revoke's lock-delay marker stays: "
           "the next holder waits {} ms after the revoked key ends",
           name, kRevokeKeepAliveTries, gap_ms, wait.count());
-    } else if (!restore_marker(name, prior_marker, resp.header().revision())) {
-      // The marker stays (a waiter waits W more) unless someone changed it since; keep M
-      // alive once so it still outlives L, which the keepalive just moved.
-      (void)keep_alive_once(marker_lease);
+    } else {
+      // Not put back (no answer): the marker stays (a waiter waits W more) unless someone
+      // changed it since. M, kept alive just before L on the answered stream, outlives L.
+      (void)restore_marker(name, prior_marker, resp.header().revision());
     }
     Revoked r;
     r.revoked = true;

@@ -10,7 +10,12 @@
 //   - the time from L's grant to the Txn's answer exceeds one second (the holder renews in
 //     between, the Txn and the keepalive are delayed), the keepalive answered;
 //   - the revoker process SIGKILLed right after the Txn's answer (tests/tools/etcd_revoke_tool.cpp);
-//   - the first two at once (before the marker, the waiter was granted before the holder's deadline).
+//   - the first two at once (before the marker, the waiter was granted before the holder's deadline);
+//   - every keepalive of L delivered and applied but its answer lost (the proxy's lose_answers: the
+//     connection cut a second after etcd answered), for the revoke's three tries of two command
+//     timeouts each: L moves up to its TTL past each, and the marker's lease M must move with it;
+//     the same through a follower of a 3-member cluster; some answers lost, then one answered
+//     (the holder's armed marker put back, its lock-delay still run after L's real end).
 // In each the test measures, on the engine's steady clock (system_steady_clock(), the clock the
 // holder's deadline is kept on), when the revoked holder's stop token fired and when the waiter
 // was granted, and checks that the waiter is never granted before the revoked holder's local
@@ -19,6 +24,7 @@
 // etcdctl once revoke() returned, that the marker stayed exactly when no keepalive was answered
 // (answered: it is gone, so the hand-over is not delayed). Each case prints its figures
 // (docs/etcd.md "Revoke" has a run's).
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -56,9 +62,10 @@ using Step = detail::etcd::EtcdBackend::RevokeStep;
 constexpr Millis kTtl = 3000ms;
 constexpr Millis kRenewInterval = 1000ms;
 constexpr Millis kMargin = 300ms;
-// The waiter's wait: the revoke lease (TTL + 1 s), etcd's lessor check (every 500 ms) and the
-// revoker's keepalive tries, with room for a loaded machine.
-constexpr Millis kWaiterWait = 30000ms;
+// The waiter's wait: the revoker's keepalive tries (up to 3 x 2 command timeouts of 2 s), the revoke
+// lease (TTL + 1 s) renewed by the last of them, etcd's lessor check (every 500 ms), the marker's
+// wait (up to 5 s), with room for a loaded machine.
+constexpr Millis kWaiterWait = 45000ms;
 
 // The clock the engine keeps every lease deadline on (CLOCK_BOOTTIME): all figures are read on it.
 TimePoint now() {
@@ -289,11 +296,20 @@ std::string via(const FaultProxy& proxy) {
 // at each step, after its instant is taken, on the revoking thread.
 class ProxiedRevoker {
  public:
+  // `member`: the etcd member the proxy forwards to.
   ProxiedRevoker(EtcdCluster& etcd, Millis command_timeout, std::optional<Millis> connect_timeout,
-                 std::function<void(Step)> on_step)
-      : proxy(etcd.client_port(0)), client_(connect(via(proxy), options(command_timeout, connect_timeout))) {
+                 std::function<void(Step)> on_step, int member = 0)
+      : proxy(etcd.client_port(member)),
+        client_(connect(via(proxy), options(command_timeout, connect_timeout))) {
     etcd_backend(client_).set_revoke_hook_for_test([this, on_step = std::move(on_step)](Step step) {
-      (step == Step::kGranted ? granted : applied) = now();
+      const TimePoint at = now();
+      if (step == Step::kGranted) {
+        granted = at;
+      } else if (step == Step::kApplied) {
+        applied = at;
+      } else {
+        keepalive_attempts.push_back(at);
+      }
       on_step(step);
     });
   }
@@ -310,6 +326,8 @@ class ProxiedRevoker {
   FaultProxy proxy;
   LogLines logs;
   std::optional<TimePoint> granted, applied;
+  // Each transport attempt of a keepalive of L after the Txn (before its request is written).
+  std::vector<TimePoint> keepalive_attempts;
   TimePoint called{}, returned{};
 
  private:
@@ -321,6 +339,42 @@ class ProxiedRevoker {
   }
   Client client_;
 };
+
+// When etcd deleted the revoked key (its lease L ended), bracketed on the engine's clock by Ranges
+// of the whole prefix every 20 ms on a connection of the test's own: `alive_sent` is the send time
+// of the last Range that found a key whose value is "@revoked\n..." (L ended after it), `gone_at`
+// the answer time of the first that found none (L ended before it).
+struct KeyEnd {
+  TimePoint alive_sent{};
+  TimePoint gone_at{};
+};
+std::optional<KeyEnd> revoked_key_end(const EtcdCluster& etcd, Millis limit) {
+  const auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(etcd.client_port(0)),
+                                           grpc::InsecureChannelCredentials());
+  const auto kv = etcdserverpb::KV::NewStub(channel);
+  etcdserverpb::RangeRequest req;
+  req.set_key("distlock/");
+  req.set_range_end("distlock0");  // the prefix "distlock/"
+  const TimePoint end = now() + limit;
+  std::optional<TimePoint> alive;
+  while (now() < end) {
+    const TimePoint sent = now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+    etcdserverpb::RangeResponse resp;
+    if (kv->Range(&ctx, req, &resp).ok()) {
+      bool found = false;
+      for (const auto& k : resp.kvs()) found = found || k.value().starts_with("@revoked\n");
+      if (!found) {
+        if (!alive) return std::nullopt;  // gone before the first look: no bracket
+        return KeyEnd{*alive, now()};
+      }
+      alive = sent;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return std::nullopt;
+}
 
 // Checks that the revoker logged, at warning level, that no keepalive was answered after its Txn.
 void expect_no_keepalive_warning(LogLines& logs) {
@@ -465,6 +519,172 @@ TEST(EtcdRevokeFault, RevokerKilledRightAfterTheTxnStillOutlastsTheHoldersDeadli
   w.check_hand_over("revoker killed", called);
   // The waiter, granted, took the marker over (it set no lock-delay: deleted it).
   EXPECT_EQ(delay_marker(etcd, w.name()), "");
+}
+
+// (e) Keepalives of L delivered, their answers lost (docs/etcd.md "Revoke"): in every transport
+// attempt of every keepalive of L after the Txn, the revoker's connection (open then) forwards the
+// request to etcd, which applies it and answers; the proxy drops the answer and cuts the connection
+// a second later (FaultProxy::lose_answers). The revoke's three tries of up to two command timeouts
+// (2 s) each send about fourteen, over about 12 s: each moves L's end to its apply + TTL + 1 s, past
+// the end of the marker's lease M as granted (L's grant + TTL + 1 s + W + 1 s). No keepalive is
+// answered, so the revoke is unconfirmed and the marker must stay until L ends: the waiter,
+// first once L ends, must wait W (the holder's TTL, or its own lock-delay D if longer) after it.
+// Checked: the waiter is granted no earlier than max(the holder's local deadline, L's real end) + W,
+// on the engine's clock, with L's end bracketed by a poll of the key (revoked_key_end). Before M
+// was kept alive with L, the marker was gone when revoke() returned and the waiter was granted at
+// L's end (9 ms after it; 2,990 ms short of the bound).
+// `members`: the cluster's size; with more than one the revoker reaches a follower (each renewal
+// of M and of L forwarded to the leader in turn: the gap δ between them is the follower's).
+void expect_answers_lost_still_delay(const char* what, const std::string& name, Millis holder_delay,
+                                     int members = 1) {
+  constexpr Millis kCutAfter = 1000ms;
+  const Millis wait = std::max(kTtl, holder_delay);  // W
+  EtcdCluster etcd(members);
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 0) << "no etcd leader";
+  const int member = members == 1 ? 0 : (leader + 1) % members;
+  RevokeWindow w(etcd, name, holder_delay);
+  int not_armed = 0;
+  int no_connection = 0;
+  ProxiedRevoker revoker(
+      etcd, 2000ms, std::nullopt,
+      [&](Step step) {
+        if (step != Step::kKeepAlive) return;
+        // The attempt's stream goes on the channel's connection, which may still be coming up after
+        // the last cut: wait (at most 2 s) until the proxy has it, so that it is the one armed (one
+        // accepted after the arm would pass the answer).
+        if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms)) ++no_connection;
+        if (!revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
+      },
+      member);
+  const RevokeResult r = revoker.revoke(w.name(), what);
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied);
+  EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
+  const std::string marker_at_return = delay_marker(etcd, w.name());
+  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
+  ASSERT_TRUE(l_end)
+      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
+  w.check_hand_over(what, revoker.called);
+  const TimePoint granted = w.granted_at();
+
+  const TimePoint txn = *revoker.applied;
+  const auto& ka = revoker.keepalive_attempts;
+  ASSERT_FALSE(ka.empty());
+  std::printf(
+      "%s: %zu keepalive attempts of L, %lld ms to %lld ms after the Txn's answer; %d connections cut after "
+      "%llu answer bytes dropped; revoke() returned %lld ms after the Txn\n",
+      what, ka.size(), ms(ka.front() - txn), ms(ka.back() - txn), revoker.proxy.answers_lost(),
+      static_cast<unsigned long long>(revoker.proxy.answer_bytes_dropped()), ms(revoker.returned - txn));
+  std::printf(
+      "%s: %d attempts found no connection open at the proxy within 2 s; the marker when revoke() returned: "
+      "\"%s\"; the unanswered keepalive logged: %s\n",
+      what, no_connection, marker_at_return.c_str(),
+      revoker.logs.level_of("no keepalive after the revoke was answered") ? "yes" : "no");
+  std::printf(
+      "%s: M unrenewed would end at most %lld ms after the Txn; L ended between %lld and %lld ms after it; "
+      "the holder's deadline %lld ms after it; the waiter granted %lld ms after it: %lld ms after L's end "
+      "(its lower bound), W = %lld ms\n",
+      what, ms(*revoker.granted + kTtl + 1s + wait + 1s - txn), ms(l_end->alive_sent - txn),
+      ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
+      ms(granted - l_end->alive_sent), static_cast<long long>(wait.count()));
+
+  if (members > 1) {
+    const int leader_after = etcd.leader();
+    std::printf("%s: the revoker on member %d, the leader member %d before and %d after\n", what, member,
+                leader, leader_after);
+    EXPECT_EQ(leader_after, leader) << "the leader changed: the revoker's member may have been the leader";
+  }
+  // Several attempts, delivered with their answers lost on several connections (an attempt that
+  // timed out before its connection's cut leaves the next attempt the same connection).
+  EXPECT_GE(ka.size(), 4u);
+  EXPECT_GE(revoker.proxy.answers_lost(), 3);
+  // Unconfirmed: the revoke says so, and its marker is there when it returns.
+  ASSERT_NO_FATAL_FAILURE(expect_no_keepalive_warning(revoker.logs));
+  EXPECT_EQ(marker_at_return, "lost\n" + std::to_string(wait.count()))
+      << "the marker's lease ended while the revoked key's lives";
+  // The keepalives were applied: L, unrenewed, ends by its grant (before `granted`) + TTL + 1 s
+  // (+ 500 ms of etcd's lessor); it was seen alive well after that.
+  EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  // The bracket of L's end is narrow (the checks below use its lower end): a slow poll would
+  // weaken them without failing.
+  EXPECT_LT(l_end->gone_at - l_end->alive_sent, 1s) << "L's end bracketed only within a second or more";
+  // The guarantee: no grant before max(the holder's local deadline, L's end) + W.
+  const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
+  EXPECT_GE(granted, from + wait) << "the waiter was granted " << ms(from + wait - granted)
+                                  << " ms before max(the holder's deadline, L's end) + W";
+}
+
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHolderPastLsEnd) {
+  expect_answers_lost_still_delay("answers lost", "fault/answers-lost", 0ms);
+}
+
+// The same with a holder's lock-delay D of 5 s, longer than its TTL: W = D.
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayByTheHoldersLongerLockDelay) {
+  expect_answers_lost_still_delay("answers lost, lock-delay 5 s", "fault/answers-lost-delay", 5000ms);
+}
+
+// The same on a 3-member cluster, the revoker's connection to a follower: each keepalive of M and
+// of L is forwarded to the leader in turn (docs/etcd.md "Revoke", the assumption on δ).
+TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostThroughAFollowerStillDelayTheNextHolder) {
+  expect_answers_lost_still_delay("answers lost, via a follower", "fault/answers-lost-follower", 0ms, 3);
+}
+
+// Some keepalives of L delivered with their answers lost, then one answered (docs/etcd.md
+// "Revoke"): the revoke is confirmed, so its second Txn puts the holder's armed marker (lock-delay
+// D = 5 s, longer than the TTL) back; L, moved by every applied keepalive, ends later than
+// unrenewed. The holder's D must still run after L's real end: the waiter is granted no earlier
+// than max(the holder's local deadline, L's end) + D, L's end bracketed by the poll of the key.
+TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeepsItsDelayPastLsEnd) {
+  constexpr Millis kCutAfter = 1000ms;
+  constexpr Millis kDelay = 5000ms;
+  constexpr int kLost = 2;  // transport attempts armed to lose their answers
+  const char* const what = "answers lost, then one answered";
+  EtcdCluster etcd(1);
+  RevokeWindow w(etcd, "fault/answers-lost-then-answered", kDelay);
+  ASSERT_EQ(delay_marker(etcd, w.name()), w.armed_marker());
+  int armed = 0;
+  int not_armed = 0;
+  ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
+    if (step != Step::kKeepAlive || armed >= kLost) return;
+    ++armed;
+    if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms) ||
+        !revoker.proxy.lose_answers(kCutAfter))
+      ++not_armed;
+  });
+  const RevokeResult r = revoker.revoke(w.name(), what);
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied);
+  EXPECT_EQ(not_armed, 0) << "an attempt's connection was not armed to lose its answer";
+  const std::string marker_at_return = delay_marker(etcd, w.name());
+  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
+  ASSERT_TRUE(l_end)
+      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
+  w.check_hand_over(what, revoker.called);
+  const TimePoint granted = w.granted_at();
+  const TimePoint txn = *revoker.applied;
+  const auto& ka = revoker.keepalive_attempts;
+  std::printf(
+      "%s: %zu keepalive attempts of L (%d armed), %d connections cut; the marker when revoke() returned: "
+      "\"%s\"; "
+      "L ended between %lld and %lld ms after the Txn; the holder's deadline %lld ms after it; the waiter "
+      "granted "
+      "%lld ms after it: %lld ms after L's end, D = %lld ms\n",
+      what, ka.size(), armed, revoker.proxy.answers_lost(), marker_at_return.c_str(),
+      ms(l_end->alive_sent - txn), ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
+      ms(granted - l_end->alive_sent), static_cast<long long>(kDelay.count()));
+  EXPECT_GE(revoker.proxy.answers_lost(), 1);
+  EXPECT_GT(ka.size(), static_cast<std::size_t>(kLost)) << "no attempt after the lost ones";
+  // Confirmed: no warning, and the holder's armed marker is back.
+  EXPECT_FALSE(revoker.logs.level_of("no keepalive after the revoke was answered"))
+      << "the answered keepalive was not seen: " << revoker.logs.all();
+  EXPECT_EQ(marker_at_return, w.armed_marker()) << "the holder's marker was not put back";
+  // L was moved by the applied keepalives past its unrenewed end.
+  EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  EXPECT_LT(l_end->gone_at - l_end->alive_sent, 1s) << "L's end bracketed only within a second or more";
+  const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
+  EXPECT_GE(granted, from + kDelay) << "the waiter was granted " << ms(from + kDelay - granted)
+                                    << " ms before max(the holder's deadline, L's end) + D";
 }
 
 // A holder with a lock-delay D longer than its TTL (docs/etcd.md "Revoke", W = max(TTL, D)):

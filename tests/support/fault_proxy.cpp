@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -52,6 +53,10 @@ struct Pair {
   Clock::time_point connect_until{};  // while upstream < 0: keep trying to connect until then
   FaultProxy::HeadRewriter rewrite;   // set while the dialer's first bytes are held back
   std::string head;
+  // lose_answers: the server's bytes are dropped; once some were, the pair is cut at cut_at.
+  bool losing = false;
+  std::chrono::milliseconds cut_after{0};
+  std::optional<Clock::time_point> cut_at;
 };
 
 constexpr std::size_t kMaxHead = 64 * 1024;  // a head this long is forwarded unedited
@@ -99,7 +104,12 @@ struct FaultProxy::Impl {
   HeadRewriter rewriter;
   std::chrono::milliseconds upstream_retry{0};
   std::atomic<int> unclassified{0};
-  int hold_below = 0;                   // connections with seq < hold_below are frozen (hold_open)
+  int hold_below = 0;  // connections with seq < hold_below are frozen (hold_open)
+  int lose_below = 0;  // connections with seq < lose_below lose answers (lose_answers)
+  std::chrono::milliseconds lose_cut_after{0};
+  std::atomic<int> answers_lost{0};
+  std::atomic<int> open{0};  // pairs not dead, as of the last iteration
+  std::atomic<std::uint64_t> answer_bytes_dropped{0};
   std::atomic<std::uint64_t> loops{0};  // iterations of run() begun
 
   std::vector<Pair> pairs;  // owned by the forwarding thread
@@ -156,6 +166,31 @@ struct FaultProxy::Impl {
     c.bytes = std::move(bytes);
     dir.queued_bytes += c.bytes.size();
     dir.queue.push_back(std::move(c));
+    return true;
+  }
+
+  // Reads and drops what the server sent on a pair that loses answers; false when it closed.
+  bool drop_side(Pair& p) {
+    char buf[65536];
+    const ssize_t n = ::read(p.upstream, buf, sizeof buf);
+    if (n == 0) return false;
+    if (n < 0) return errno == EAGAIN || errno == EINTR;
+    answer_bytes_dropped.fetch_add(static_cast<std::uint64_t>(n));
+    if (!p.cut_at) p.cut_at = Clock::now() + p.cut_after;
+    return true;
+  }
+
+  // Waits until an iteration of the forwarding loop begun after a settings change has ended
+  // (the one running may have read the old settings): two more begun iterations. Bounded: 5 s.
+  bool applied() {
+    const std::uint64_t start = loops.load();
+    wake();
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    while (loops.load() < start + 2) {
+      if (Clock::now() >= until) return false;
+      wake();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     return true;
   }
 
@@ -224,9 +259,13 @@ struct FaultProxy::Impl {
       std::chrono::milliseconds lat, jit;
       std::map<int, Mode> overrides;
       int held_below = 0;
+      int losing_below = 0;
+      std::chrono::milliseconds cut_after{0};
       {
         std::lock_guard lk(mu);
         held_below = hold_below;
+        losing_below = lose_below;
+        cut_after = lose_cut_after;
         m = mode;
         lat = latency;
         jit = jitter;
@@ -246,8 +285,23 @@ struct FaultProxy::Impl {
       for (auto& p : pairs) {
         if (pair_mode(p) == Mode::drop) close_pair(p);
       }
+      const auto started = Clock::now();
+      for (auto& p : pairs) {
+        if (p.dead) continue;
+        if (!p.losing && p.seq < losing_below) {
+          p.losing = true;
+          p.cut_after = cut_after;
+          p.to_client.queue.clear();  // not forwarded yet: dropped as well
+          p.to_client.queued_bytes = 0;
+        }
+        if (p.losing && p.cut_at && started >= *p.cut_at) {
+          answers_lost.fetch_add(1);
+          close_pair(p);
+        }
+      }
       pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Pair& p) { return p.dead; }),
                   pairs.end());
+      open.store(static_cast<int>(pairs.size()));
 
       const auto now = Clock::now();
       bool connecting = false;
@@ -258,7 +312,12 @@ struct FaultProxy::Impl {
         connecting = connecting || (!p.dead && p.upstream < 0);
       }
       for (auto& p : pairs) {
-        if (p.dead || p.upstream < 0 || pair_mode(p) == Mode::freeze) continue;
+        if (p.dead || p.upstream < 0) continue;
+        if (p.losing) {
+          if (!write_side(p.upstream, p.to_upstream, now)) close_pair(p);
+          continue;
+        }
+        if (pair_mode(p) == Mode::freeze) continue;
         if (!write_side(p.upstream, p.to_upstream, now) || !write_side(p.client, p.to_client, now))
           close_pair(p);
       }
@@ -269,7 +328,12 @@ struct FaultProxy::Impl {
       Clock::time_point next_due = now + std::chrono::milliseconds(connecting ? 20 : 100);
       for (auto& p : pairs) {
         short cin = 0, uin = 0;
-        if (!p.dead && p.upstream >= 0 && pair_mode(p) != Mode::freeze) {
+        if (!p.dead && p.upstream >= 0 && p.losing) {
+          if (p.to_upstream.queued_bytes < kMaxQueued) cin = POLLIN;
+          uin = POLLIN;  // read and dropped
+          if (!p.to_upstream.queue.empty()) uin |= POLLOUT;
+          if (p.cut_at) next_due = std::min(next_due, *p.cut_at);
+        } else if (!p.dead && p.upstream >= 0 && pair_mode(p) != Mode::freeze) {
           if (p.to_upstream.queued_bytes < kMaxQueued) cin = POLLIN;
           if (p.to_client.queued_bytes < kMaxQueued) uin = POLLIN;
           for (Direction* d : {&p.to_upstream, &p.to_client}) {
@@ -295,10 +359,21 @@ struct FaultProxy::Impl {
       for (std::size_t i = 0; i < polled; ++i) {
         Pair& p = pairs[i];
         if (p.dead || p.upstream < 0) continue;
-        const Mode pm = pair_mode(p);
-        if (pm == Mode::freeze || pm == Mode::drop) continue;
         const pollfd& cf = fds[2 + 2 * i];
         const pollfd& uf = fds[3 + 2 * i];
+        if (p.losing) {
+          bool ok = true;
+          if (cf.revents & (POLLIN | POLLHUP | POLLERR))
+            ok = read_side(p.client, p.to_upstream, Mode::pass, {}, {}) && ok;
+          if (uf.revents & (POLLIN | POLLHUP | POLLERR)) ok = drop_side(p) && ok;
+          if (!ok) {
+            write_side(p.upstream, p.to_upstream, Clock::now());
+            close_pair(p);
+          }
+          continue;
+        }
+        const Mode pm = pair_mode(p);
+        if (pm == Mode::freeze || pm == Mode::drop) continue;
         bool ok = true;
         if (cf.revents & (POLLIN | POLLHUP | POLLERR))
           ok = read_side(p.client, p.to_upstream, pm, lat, jit, &p) && ok;
@@ -363,6 +438,9 @@ void FaultProxy::drop() {
 int FaultProxy::accepted() const {
   return impl_->accepted.load();
 }
+int FaultProxy::open_connections() const {
+  return impl_->open.load();
+}
 void FaultProxy::set_classifier(Classifier classify) {
   std::lock_guard lk(impl_->mu);
   impl_->classifier = std::move(classify);
@@ -411,17 +489,21 @@ bool FaultProxy::hold_open() {
     std::lock_guard lk(impl_->mu);
     impl_->hold_below = impl_->accepted.load();
   }
-  // Effective once an iteration of the forwarding loop began after the change (the
-  // one running may have read the old setting): two more begun iterations. Bounded.
-  const std::uint64_t start = impl_->loops.load();
-  impl_->wake();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (impl_->loops.load() < start + 2) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    impl_->wake();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return impl_->applied();
+}
+bool FaultProxy::lose_answers(std::chrono::milliseconds cut_after) {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->lose_below = impl_->accepted.load();
+    impl_->lose_cut_after = cut_after;
   }
-  return true;
+  return impl_->applied();
+}
+int FaultProxy::answers_lost() const {
+  return impl_->answers_lost.load();
+}
+std::uint64_t FaultProxy::answer_bytes_dropped() const {
+  return impl_->answer_bytes_dropped.load();
 }
 void FaultProxy::release_held() {
   {

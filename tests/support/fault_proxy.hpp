@@ -6,6 +6,9 @@
 //              see: requests hang until a timeout)
 //   delay      forward each chunk `latency` (+ up to `jitter`) after it arrived
 //   drop       close every proxied connection and refuse new ones (reset at once)
+//   lose_answers  (the connections open when it is called) forward the client's bytes to
+//              the server, never forward the server's bytes back, and cut the connection a
+//              moment after the server's first bytes: a request delivered, its answer lost
 //
 // A partition of a set of clients from a set of servers is one proxy per (client
 // group, server) pair, each frozen or dropped; see FaultProxyGroup.
@@ -55,6 +58,8 @@ class FaultProxy {
 
   /// Connections accepted so far (for assertions that a client did reconnect).
   int accepted() const;
+  /// Proxied connections open (neither side closed) as of the forwarding thread's last look.
+  int open_connections() const;
 
   /// Names the class of each connection accepted from now on, called once on the
   /// proxy's thread with the accepted socket (not yet read from). kUnclassified
@@ -81,6 +86,20 @@ class FaultProxy {
   bool hold_open();
   /// Forwards the held connections again (their queued bytes first, then a close).
   void release_held();
+
+  /// "Delivered, answer lost", for every connection accepted so far (connections accepted
+  /// later pass, or follow the proxy's mode): the dialer's bytes go on to the server as in
+  /// pass, the server's bytes are read and dropped (never forwarded, nor any not yet
+  /// forwarded), and `cut_after` after the first server bytes dropped both sockets are
+  /// closed (the dialer sees its connection end without an answer). The wait lets the
+  /// server finish what the dropped bytes answered. Overrides freeze, delay, hold_open and
+  /// class modes for those connections; drop still closes them at once. Returns once the
+  /// forwarding thread applies it (true), or false if it did not within 5 s.
+  bool lose_answers(std::chrono::milliseconds cut_after);
+  /// Connections cut by lose_answers after dropping at least one byte of the server's, and
+  /// the server bytes dropped on them, so far.
+  int answers_lost() const;
+  std::uint64_t answer_bytes_dropped() const;
 
   /// Given the bytes a new connection's dialer sent so far, returns false to wait for
   /// more, or true once `head` (possibly edited) may be forwarded. Applies to
