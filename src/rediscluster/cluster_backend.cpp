@@ -342,6 +342,10 @@ std::optional<std::string> ClusterBackend::revoke_note(std::string_view name, Er
   return std::string(redis::reply_str(d));
 }
 
+// One pipeline of single-key commands on the slot's master (each follows ASK on its own,
+// so status works while the slot migrates): the lock hash, its PTTL, the fence counter,
+// the queue, its entries' expiries and the node's TIME. The waiters are the queue's live
+// entries in hand-off order (expiry after the node's clock), as on redis://.
 LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
@@ -350,17 +354,18 @@ LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
       k.slot, "status",
       [&](Connection& c, bool asking, Error& e) -> const redisReply* {
         // ASKING holds for one command: repeat it before each (route sent the first).
-        c.append({"HGETALL", k.lock});
-        if (asking) c.append({"ASKING"});
-        c.append({"PTTL", k.lock});
-        if (asking) c.append({"ASKING"});
-        c.append({"GET", k.fence});
-        c.append({"PUBSUB", "SHARDNUMSUB", k.channel});
-        std::vector<Reply> all = c.read_replies(asking ? 6 : 4, e);
+        const std::vector<std::vector<std::string_view>> cmds{
+            {"HGETALL", k.lock},     {"PTTL", k.lock}, {"GET", k.fence}, {"LRANGE", k.queue, "0", "-1"},
+            {"HGETALL", k.expiries}, {"TIME"}};
+        for (std::size_t i = 0; i < cmds.size(); ++i) {
+          if (asking && i > 0) c.append({"ASKING"});
+          c.append(cmds[i]);
+        }
+        std::vector<Reply> all = c.read_replies(asking ? 2 * cmds.size() - 1 : cmds.size(), e);
         if (e) return nullptr;
         r.clear();
         for (std::size_t i = 0; i < all.size(); ++i) {
-          if (asking && (i == 1 || i == 3)) continue;
+          if (asking && i % 2 == 1) continue;  // the ASKINGs' OKs
           r.push_back(std::move(all[i]));
         }
         for (auto& one : r) {
@@ -386,11 +391,37 @@ LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
   }
   std::uint64_t token = 0;
   if (to_u64(r[2].get(), token)) info.token = token;
-  const redisReply* numsub = r[3].get();
-  if (numsub->type == REDIS_REPLY_ARRAY && numsub->elements == 2 &&
-      numsub->element[1]->type == REDIS_REPLY_INTEGER) {
-    info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, numsub->element[1]->integer));
+  // The node's clock in ms (TIME: seconds, microseconds), which the queue's expiries use.
+  const redisReply* time = r[5].get();
+  std::uint64_t sec = 0, usec = 0;
+  if (time->type != REDIS_REPLY_ARRAY || time->elements != 2 || !to_u64(time->element[0], sec) ||
+      !to_u64(time->element[1], usec)) {
+    unexpected("status (TIME)", ec);
+    return {};
   }
+  const std::uint64_t now_ms = sec * 1000 + usec / 1000;
+  std::map<std::string_view, std::uint64_t> expiry;  // "<entry> <owner>" -> expiry ms
+  const redisReply* x = r[4].get();
+  for (std::size_t i = 0; x->type == REDIS_REPLY_ARRAY && i + 1 < x->elements; i += 2) {
+    const std::string_view v = redis::reply_str(x->element[i + 1]);
+    std::uint64_t at = 0;
+    const auto colon = v.find(':');
+    auto [p, e] = std::from_chars(v.data(), v.data() + (colon == std::string_view::npos ? 0 : colon), at);
+    if (colon != std::string_view::npos && e == std::errc{} && p == v.data() + colon)
+      expiry[redis::reply_str(x->element[i])] = at;
+  }
+  const redisReply* q = r[3].get();
+  for (std::size_t i = 0; q->type == REDIS_REPLY_ARRAY && i < q->elements; ++i) {
+    const std::string_view member = redis::reply_str(q->element[i]);
+    auto it = expiry.find(member);
+    const auto sp = member.find(' ');
+    if (it == expiry.end() || it->second <= now_ms || sp == std::string_view::npos) continue;
+    WaiterInfo w;
+    w.owner = std::string(member.substr(sp + 1));
+    info.waiter_list.push_back(std::move(w));
+  }
+  info.waiters_listed = true;  // waiting_since: a queue entry records no join time
+  info.waiters = info.waiter_list.size();
   return info;
 }
 
