@@ -82,12 +82,13 @@ end
 // take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
 // Lock-delay (docs/design.md "Lock-delay"): a holder with lock_delay D > 0 keeps the
-// marker (value D; "<lock>:delay" on redis://, declared KEYS on redis+cluster://: marker_of below) living PX
-// ttl + D, set when it takes or claims the lock and moved by each renewal with the lease (renew_script),
-// deleted by a normal release only. A lost holder (killed, cut off, expired, forgotten) leaves it behind: the
-// lock's key goes at the lease's end, the marker D later, on the server's clock. While it lives nobody takes
-// the free lock: hold_back() is its PTTL (> 0), grant_head hands nothing on, and a waiter is told the PTTL as
-// the holder's remaining time (its re-check).
+// marker (value D; "<lock>:delay" on redis://, a declared key on redis+cluster://: marker_of
+// below) living PX ttl + D, set when it takes or claims the lock and moved by each renewal
+// with the lease (renew_script), deleted by a normal release only. A lost holder (killed,
+// cut off, expired, forgotten) leaves it behind: the lock's key goes at the lease's end, the
+// marker D later, on the server's clock. While it lives nobody takes the free lock:
+// hold_back() is its PTTL (> 0), grant_head hands nothing on, and a waiter is told the PTTL
+// as the holder's remaining time (its re-check).
 //
 // event: one message on "<prefix>:events" per change of a lock (Client::watch,
 // redis_watch.cpp), kind acquired, released or lost (revoke_script publishes revoked),
@@ -436,7 +437,9 @@ for i = 1, #KEYS / KPER do
     keep_queue(q, x, ttl)
     -- A free lock with live waiters (a grant to a dead waiter lapsed, or a holder
     -- expired): the head gets it now, not at some waiter's re-check.
-    if redis.call('EXISTS', lock) == 0 then grant_head(lock, q, x, fence, marker_of(at + 1, lock), grant_prefix) end
+    if redis.call('EXISTS', lock) == 0 then
+      grant_head(lock, q, x, fence, marker_of(at + 1, lock), grant_prefix)
+    end
   end
   if redis.call('HEXISTS', x, me) == 1 then
     out[i] = 0

@@ -1,7 +1,7 @@
 // The Redis Cluster backend:
 //   redis+cluster://[user:password@]h1:p1[,h2:p2...][?prefix=P&timeout=DUR&nat=A:P=B:Q,...]
 //
-// The same lock layout and Lua scripts as redis:// (src/redis/redis_backend.cpp),
+// The same lock layout and Lua scripts as redis:// (src/redis/lock_scripts.cpp: its queue),
 // routed per name to the master serving the name's hash slot: the lock hash, its
 // fence counter and its release channel share one hash tag, so they live in one
 // slot (names containing '{' or '}' get a tag derived from a hash of the name).
