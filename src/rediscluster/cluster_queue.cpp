@@ -88,7 +88,10 @@ AcquireResult ClusterBackend::acquire_queued(const AcquireRequest& req, Error& e
     LockGuard lk(client_mu_);
     if (client_id_.empty()) client_id_ = std::string(req.owner.substr(0, req.owner.find(':')));
   }
-  waits_->flush_abandoned();  // entries left behind by an outage go first
+  // This name's entries left behind by an outage go first. Those of other names are left to
+  // the refresher: their master may hang, and this call must not wait out its command timeout
+  // for them (RedisClusterQueueReview.AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOne).
+  waits_->flush_abandoned(req.name);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const redis::WaitQueue::Wait w = waits_->begin(req.name, req.owner, req.ttl);
     const Answer a = run_acquire(req, w.entry, w.queued ? "2" : "1", ec);
