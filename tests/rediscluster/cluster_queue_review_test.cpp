@@ -34,8 +34,8 @@ long long queue_length(RedisServer& node, const std::string& queue) {
 // period (1.5 s; tests assert 3 s) on the delay a dead waiter B causes the next live waiter C
 // after a release. C's refresher takes the lapsed grant over, but it refreshes its entries one
 // script call at a time in name order (ClusterBackend::refresh_waits). Here C also waits for
-// three names on master 2, which hangs (SIGSTOP, shorter than the cluster's node timeout would
-// matter: the other masters keep serving their slots): each of those refreshes waits out the
+// three names on master 2, which hangs (SIGSTOP; the other masters keep serving their slots: the
+// test cluster runs without full coverage): each of those refreshes waits out the
 // command timeout (2 s) before C's entry on master 0 is refreshed. The stall after the release
 // is measured on this process's steady clock.
 TEST(RedisClusterQueueReview, ADeadWaiterDelaysTheNextLiveOneByAtMost3sWhileAnotherMasterItWaitsOnHangs) {
