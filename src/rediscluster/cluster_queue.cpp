@@ -2,6 +2,9 @@
 // (redis/lock_scripts.hpp, cluster_* variants) on the master serving the name's slot, grants
 // on the name's sharded release channel, refreshes and give-ups by the shared
 // redis::WaitQueue (docs/redis-cluster.md "How waiting works").
+#include <algorithm>
+#include <set>
+
 #include "redis/lock_scripts.hpp"
 #include "rediscluster/cluster_backend_impl.hpp"
 
@@ -145,7 +148,28 @@ std::vector<redis::WaitQueue::Answer> ClusterBackend::refresh_waits(
     const std::vector<redis::WaitQueue::Wait>& waits) {
   using A = redis::WaitQueue::Answer;
   std::vector<A> out(waits.size());
+  // One script call per entry, in turn; a master that hangs costs each of its entries the
+  // command timeout. So a master that failed a refresh is tried once per round (its other
+  // entries wait for the next round, "failed": they are kept), and in the next round after
+  // every other master: a hung master no longer holds up the refreshes of the others, whose
+  // lapsed grants they take over within the claim window.
+  std::vector<Node*> node_of(waits.size(), nullptr);
+  std::vector<std::size_t> order(waits.size());
   for (std::size_t i = 0; i < waits.size(); ++i) {
+    Error ignored;
+    node_of[i] = node_for(rediscluster::keys_of(prefix_, waits[i].name).slot, ignored);
+    order[i] = i;
+  }
+  std::set<const Node*> failed_before;
+  {
+    LockGuard lk(refresh_mu_);
+    failed_before = refresh_failed_;
+  }
+  std::stable_partition(order.begin(), order.end(),
+                        [&](std::size_t i) { return !failed_before.contains(node_of[i]); });
+  std::set<const Node*> failed_now;
+  for (const std::size_t i : order) {
+    if (node_of[i] != nullptr && failed_now.contains(node_of[i])) continue;
     const auto& w = waits[i];
     const NameKeys k = rediscluster::keys_of(prefix_, w.name);
     const std::string events = events_channel(prefix_, k.slot);
@@ -160,13 +184,21 @@ std::vector<redis::WaitQueue::Answer> ClusterBackend::refresh_waits(
           return r.get();
         },
         ec);
-    if (d == nullptr || ec || d->type != REDIS_REPLY_ARRAY || d->elements != 1) continue;
+    if (d == nullptr || ec) {
+      if (node_of[i] != nullptr) failed_now.insert(node_of[i]);
+      continue;
+    }
+    if (d->type != REDIS_REPLY_ARRAY || d->elements != 1) continue;
     const redisReply* e = d->element[0];
     if (e->type == REDIS_REPLY_INTEGER) {
       out[i].kind = e->integer == 0 ? A::queued : e->integer == 2 ? A::gone : A::failed;
     } else if (to_u64(e, out[i].token)) {
       out[i].kind = A::granted;
     }
+  }
+  {
+    LockGuard lk(refresh_mu_);
+    refresh_failed_ = std::move(failed_now);
   }
   return out;
 }
