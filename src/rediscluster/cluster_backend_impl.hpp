@@ -287,8 +287,8 @@ class ClusterBackend final : public Backend {
   // queued wait: a grant on a name's channel is for this client when its owner has it.
   // The masters that failed a refresh of a queued wait in the last round (refresh_waits):
   // compared, never dereferenced.
-  AnnotatedMutex refresh_mu_;
-  std::set<const Node*> refresh_failed_ DISTLOCK_GUARDED_BY(refresh_mu_);
+  AnnotatedMutex wait_refresh_mu_;
+  std::set<const Node*> refresh_failed_ DISTLOCK_GUARDED_BY(wait_refresh_mu_);
   mutable AnnotatedMutex client_mu_;
   std::string client_id_ DISTLOCK_GUARDED_BY(client_mu_);
 

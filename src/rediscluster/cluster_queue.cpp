@@ -162,7 +162,7 @@ std::vector<redis::WaitQueue::Answer> ClusterBackend::refresh_waits(
   }
   std::set<const Node*> failed_before;
   {
-    LockGuard lk(refresh_mu_);
+    LockGuard lk(wait_refresh_mu_);
     failed_before = refresh_failed_;
   }
   std::stable_partition(order.begin(), order.end(),
@@ -197,7 +197,7 @@ std::vector<redis::WaitQueue::Answer> ClusterBackend::refresh_waits(
     }
   }
   {
-    LockGuard lk(refresh_mu_);
+    LockGuard lk(wait_refresh_mu_);
     refresh_failed_ = std::move(failed_now);
   }
   return out;
