@@ -82,12 +82,13 @@ end
 // take: the lock, which does not exist (callers check or delete it), goes to owner.
 //
 // Lock-delay (docs/design.md "Lock-delay"): a holder with lock_delay D > 0 keeps the
-// marker "<lock>:delay" (value D) living PX ttl + D, set when it takes or claims the lock
-// and moved by each renewal with the lease (renew_script), deleted by a normal release
-// only. A lost holder (killed, cut off, expired, forgotten) leaves it behind: the lock's
-// key goes at the lease's end, the marker D later, on the server's clock. While it lives
-// nobody takes the free lock: hold_back() is its PTTL (> 0), grant_head hands nothing
-// on, and a waiter is told the PTTL as the holder's remaining time (its re-check).
+// marker (value D; "<lock>:delay" on redis://, a declared key on redis+cluster://: marker_of
+// below) living PX ttl + D, set when it takes or claims the lock and moved by each renewal
+// with the lease (renew_script), deleted by a normal release only. A lost holder (killed,
+// cut off, expired, forgotten) leaves it behind: the lock's key goes at the lease's end, the
+// marker D later, on the server's clock. While it lives nobody takes the free lock:
+// hold_back() is its PTTL (> 0), grant_head hands nothing on, and a waiter is told the PTTL
+// as the holder's remaining time (its re-check).
 //
 // event: one message on "<prefix>:events" per change of a lock (Client::watch,
 // redis_watch.cpp), kind acquired, released or lost (revoke_script publishes revoked),
@@ -138,28 +139,26 @@ local function entry_value(ttl)
   local life = math.min(tonumber(ttl), ENTRY_LIFE)
   return string.format('%.0f', now_ms() + life) .. ':' .. ttl
 end
-local function hold_back(lock)
-  return redis.call('PTTL', lock .. ':delay')
+local function hold_back(marker)
+  if not marker then return -2 end
+  return redis.call('PTTL', marker)
 end
-local function mark_delay(lock, ttl, delay)
+local function mark_delay(marker, ttl, delay)
   local d = tonumber(delay)
   if d and d > 0 then
-    redis.call('SET', lock .. ':delay', delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
+    redis.call('SET', marker, delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
   end
 end
-local function event(grant_prefix, kind, token, owner, lock)
-  publish_change(string.sub(grant_prefix, 1, -7), nil, kind, token, owner, lock)
-end
-local function take(lock, fence, owner, entry, ttl, delay, grant_prefix)
+local function take(lock, fence, marker, owner, entry, ttl, delay, grant_prefix)
   local token = next_token(fence)
   redis.call('HSET', lock, owner, entry, '@token', token)
   redis.call('PEXPIRE', lock, ttl)
-  mark_delay(lock, ttl, delay)
+  mark_delay(marker, ttl, delay)
   event(grant_prefix, 'acquired', token, owner, lock)
   return token
 end
-local function grant_head(lock, q, x, fence, grant_prefix)
-  if hold_back(lock) > 0 then return nil end
+local function grant_head(lock, q, x, fence, marker, grant_prefix)
+  if hold_back(marker) > 0 then return nil end
   local head, ttl = prune(q, x)
   if not head then return nil end
   redis.call('LPOP', q)
@@ -167,9 +166,8 @@ local function grant_head(lock, q, x, fence, grant_prefix)
   local sp = string.find(head, ' ', 1, true)
   local entry, owner = string.sub(head, 1, sp - 1), string.sub(head, sp + 1)
   local window = math.min(tonumber(ttl), CLAIM)
-  local token = take(lock, fence, owner, entry, window, '0', grant_prefix)
-  redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'),
-             entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
+  local token = take(lock, fence, marker, owner, entry, window, '0', grant_prefix)
+  send_grant(grant_prefix, lock, owner, entry .. ' ' .. token .. ' ' .. #lock .. ' ' .. lock .. owner)
   return window
 end
 local function keep_queue(q, x, ttl)
@@ -177,19 +175,69 @@ local function keep_queue(q, x, ttl)
   if redis.call('PTTL', q) < life then redis.call('PEXPIRE', q, life) end
   if redis.call('PTTL', x) < life then redis.call('PEXPIRE', x, life) end
 end
-local function release_onward(lock, q, x, fence, grant_prefix, channel, owner, why)
+local function release_onward(lock, q, x, fence, marker, grant_prefix, channel, owner, why)
   event(grant_prefix, why, redis.call('HGET', lock, '@token') or '0', owner, lock)
   redis.call('DEL', lock)
-  if not grant_head(lock, q, x, fence, grant_prefix) then
-    redis.call('PUBLISH', channel, 'released')
+  if not grant_head(lock, q, x, fence, marker, grant_prefix) then
+    send_released(channel)
   end
 end
 )lua";
 
-std::string with_prelude(const char* body) {
+// How the queue scripts find a name's lock-delay marker and send their messages: the only
+// part that differs between redis:// (and redis+sentinel://) and redis+cluster://.
+//   KPER: keys per name in a batch (the refresh script).
+//   marker_of(i, lock): the marker of the name whose keys start at KEYS[i] (nil: not named).
+//   send_grant(grant_prefix, lock, owner, message): the grant to one waiter.
+//   send_released(channel): a release that left the lock free.
+//   event(grant_prefix, kind, token, owner, lock): a change for Client::watch.
+//
+// redis://: four keys per name (lock, queue, expiries, fence); the marker is
+// "<lock>:delay" (redis/key_layout.hpp delay_key); the grant goes on the grantee
+// client's channel "<grant prefix><client id>", the release on the name's channel, both
+// PUBLISH; `grant_prefix` is "<prefix>:grant:", so the events base is "<prefix>:".
+constexpr const char* kRedisTransport = R"lua(
+local KPER = 4
+local function marker_of(i, lock) return lock .. ':delay' end
+local function send_grant(grant_prefix, lock, owner, message)
+  redis.call('PUBLISH', grant_prefix .. string.match(owner, '^[^:]*'), message)
+end
+local function send_released(channel) redis.call('PUBLISH', channel, 'released') end
+local function event(grant_prefix, kind, token, owner, lock)
+  publish_change(string.sub(grant_prefix, 1, -7), nil, kind, token, owner, lock)
+end
+)lua";
+
+// redis+cluster:// (src/rediscluster, docs/redis-cluster.md "How waiting works"): five keys
+// per name, all in the name's slot (lock, queue, expiries, fence, marker; the marker may be
+// left out, then nil: a release of a lease without lock-delay, whose lock no marker can hold
+// back); a script may SPUBLISH only on a channel of its slot, so the grant goes on the name's
+// sharded release channel, which every waiting client of the name subscribes to, and names
+// the entry and the owner: only the grantee's client wakes a thread for it. The channel is
+// derived from the lock key as rediscluster::keys_of() does ("<lock>:released", or
+// "<prefix>:{#H}:r:<name>" for "<prefix>:{#H}:l:<name>": a prefix has no '}', so the first
+// "}:l:" ends the hash tag). `grant_prefix` is the slot's sharded events channel.
+constexpr const char* kClusterTransport = R"lua(
+local KPER = 5
+local function marker_of(i, lock) return KEYS[i + 4] end
+local function name_channel(lock)
+  local s, e = string.find(lock, '}:l:', 1, true)
+  if s then return string.sub(lock, 1, s) .. ':r:' .. string.sub(lock, e + 1) end
+  return lock .. ':released'
+end
+local function send_grant(grant_prefix, lock, owner, message)
+  redis.call('SPUBLISH', name_channel(lock), message)
+end
+local function send_released(channel) redis.call('SPUBLISH', channel, 'released') end
+local function event(grant_prefix, kind, token, owner, lock)
+  publish_change(nil, grant_prefix, kind, token, owner, lock)
+end
+)lua";
+
+std::string with_prelude(const char* body, const char* transport = kRedisTransport) {
   return "local ENTRY_LIFE = " + std::to_string(kEntryLife.count()) +
          "\nlocal CLAIM = " + std::to_string(kClaimWindow.count()) + "\n" + std::string(change_event_lua()) +
-         kPreludeHead + body;
+         transport + kPreludeHead + body;
 }
 
 }  // namespace
@@ -198,25 +246,26 @@ std::string_view change_event_lua() {
   return kChangeEvent;
 }
 
-const Script& queue_acquire_script() {
-  static const Script& s = *new Script(with_prelude(R"lua(
+namespace {
+constexpr const char* kQueueAcquireBody = R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local delay = ARGV[6] or '0'
+local marker = marker_of(1, lock)
 if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
   redis.call('PEXPIRE', lock, ttl)
-  mark_delay(lock, ttl, delay)
+  mark_delay(marker, ttl, delay)
   return {1, redis.call('HGET', lock, '@token')}
 end
 -- A lost holder's lock-delay still running: nobody takes the lock before it ends.
-local held_back = hold_back(lock)
+local held_back = hold_back(marker)
 -- A new wait (mode 1) for a free lock with no live waiter: queueing it would make
 -- it the head and grant it at once. It takes the lock without writing the queue:
 -- the same outcome (the script is atomic, nobody sees the difference), in 8
 -- commands instead of 19. An entry of this wait already queued by a call whose
 -- reply was lost is either live (then it is the head: not nil) or pruned.
 if mode == '1' and held_back <= 0 and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
-  return {1, take(lock, fence, owner, entry, ttl, delay, grant_prefix)}
+  return {1, take(lock, fence, marker, owner, entry, ttl, delay, grant_prefix)}
 end
 local me = entry .. ' ' .. owner
 if mode ~= '0' then
@@ -239,39 +288,58 @@ if held_back > 0 then
 end
 local head = prune(q, x)
 if head == nil then
-  return {1, take(lock, fence, owner, '0', ttl, delay, grant_prefix)}
+  return {1, take(lock, fence, marker, owner, '0', ttl, delay, grant_prefix)}
 end
 if mode ~= '0' and head == me then
   redis.call('LPOP', q)
   redis.call('HDEL', x, me)
-  return {1, take(lock, fence, owner, entry, ttl, delay, grant_prefix)}
+  return {1, take(lock, fence, marker, owner, entry, ttl, delay, grant_prefix)}
 end
-return {0, tonumber(grant_head(lock, q, x, fence, grant_prefix))}
-)lua"));
+return {0, tonumber(grant_head(lock, q, x, fence, marker, grant_prefix))}
+)lua";
+}  // namespace
+
+const Script& queue_acquire_script() {
+  static const Script& s = *new Script(with_prelude(kQueueAcquireBody));
   return s;
 }
 
-const Script& queue_release_script() {
-  static const Script& s = *new Script(with_prelude(R"lua(
+const Script& cluster_queue_acquire_script() {
+  static const Script& s = *new Script(with_prelude(kQueueAcquireBody, kClusterTransport));
+  return s;
+}
+
+namespace {
+constexpr const char* kQueueReleaseBody = R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
 end
 -- A normal release: the holder's lock-delay is off, the next waiter gets it at once.
-redis.call('DEL', lock .. ':delay')
-release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'released')
+local marker = marker_of(1, lock)
+if marker then redis.call('DEL', marker) end
+release_onward(lock, q, x, fence, marker, grant_prefix, channel, owner, 'released')
 return 0
-)lua"));
+)lua";
+}  // namespace
+
+const Script& queue_release_script() {
+  static const Script& s = *new Script(with_prelude(kQueueReleaseBody));
   return s;
 }
 
-const Script& queue_cancel_script() {
-  static const Script& s = *new Script(with_prelude(R"lua(
+const Script& cluster_queue_release_script() {
+  static const Script& s = *new Script(with_prelude(kQueueReleaseBody, kClusterTransport));
+  return s;
+}
+
+namespace {
+constexpr const char* kQueueCancelBody = R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, entry, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', lock, owner) == entry then
-  release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'released')
+  release_onward(lock, q, x, fence, marker_of(1, lock), grant_prefix, channel, owner, 'released')
   return 1
 end
 local me = entry .. ' ' .. owner
@@ -279,7 +347,16 @@ if redis.call('HDEL', x, me) == 1 then
   redis.call('LREM', q, 1, me)
 end
 return 0
-)lua"));
+)lua";
+}  // namespace
+
+const Script& queue_cancel_script() {
+  static const Script& s = *new Script(with_prelude(kQueueCancelBody));
+  return s;
+}
+
+const Script& cluster_queue_cancel_script() {
+  static const Script& s = *new Script(with_prelude(kQueueCancelBody, kClusterTransport));
   return s;
 }
 
@@ -313,8 +390,8 @@ return {1, token, owner}
   return s;
 }
 
-const Script& queue_forget_script() {
-  static const Script& s = *new Script(with_prelude(R"lua(
+namespace {
+constexpr const char* kQueueForgetBody = R"lua(
 local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, token, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- Every queue entry of the owner ("<entry digits> <owner>") goes first: the lock
@@ -329,20 +406,30 @@ for i = 1, #members do
   end
 end
 if redis.call('HEXISTS', lock, owner) == 1 and redis.call('HGET', lock, '@token') == token then
-  release_onward(lock, q, x, fence, grant_prefix, channel, owner, 'lost')
+  release_onward(lock, q, x, fence, marker_of(1, lock), grant_prefix, channel, owner, 'lost')
   return 1
 end
 return 0
-)lua"));
+)lua";
+}  // namespace
+
+const Script& queue_forget_script() {
+  static const Script& s = *new Script(with_prelude(kQueueForgetBody));
   return s;
 }
 
-const Script& queue_refresh_script() {
-  static const Script& s = *new Script(with_prelude(R"lua(
+const Script& cluster_queue_forget_script() {
+  static const Script& s = *new Script(with_prelude(kQueueForgetBody, kClusterTransport));
+  return s;
+}
+
+namespace {
+constexpr const char* kQueueRefreshBody = R"lua(
 local grant_prefix = ARGV[1]
 local out = {}
-for i = 1, #KEYS / 4 do
-  local lock, q, x, fence = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+for i = 1, #KEYS / KPER do
+  local at = KPER * (i - 1)
+  local lock, q, x, fence = KEYS[at + 1], KEYS[at + 2], KEYS[at + 3], KEYS[at + 4]
   local owner, entry, ttl = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
   local me = entry .. ' ' .. owner
   if redis.call('HEXISTS', x, me) == 1 then
@@ -350,7 +437,9 @@ for i = 1, #KEYS / 4 do
     keep_queue(q, x, ttl)
     -- A free lock with live waiters (a grant to a dead waiter lapsed, or a holder
     -- expired): the head gets it now, not at some waiter's re-check.
-    if redis.call('EXISTS', lock) == 0 then grant_head(lock, q, x, fence, grant_prefix) end
+    if redis.call('EXISTS', lock) == 0 then
+      grant_head(lock, q, x, fence, marker_of(at + 1, lock), grant_prefix)
+    end
   end
   if redis.call('HEXISTS', x, me) == 1 then
     out[i] = 0
@@ -367,7 +456,16 @@ for i = 1, #KEYS / 4 do
   end
 end
 return out
-)lua"));
+)lua";
+}  // namespace
+
+const Script& queue_refresh_script() {
+  static const Script& s = *new Script(with_prelude(kQueueRefreshBody));
+  return s;
+}
+
+const Script& cluster_queue_refresh_script() {
+  static const Script& s = *new Script(with_prelude(kQueueRefreshBody, kClusterTransport));
   return s;
 }
 

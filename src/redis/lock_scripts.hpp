@@ -102,6 +102,22 @@ std::string_view change_event_lua();
 /// grant channel).
 const Script& queue_refresh_script();
 
+/// The same five scripts for redis+cluster:// (docs/redis-cluster.md "How waiting works"),
+/// with five keys per name, all in the name's slot: lock, queue, expiries, fence, lock-delay
+/// marker (the release may leave the marker out for a lease acquired without lock_delay: a
+/// lock held by such a lease has no marker). In place of the grant prefix they take the
+/// slot's sharded events channel (Client::watch). A grant is SPUBLISHed on the name's
+/// release channel (a channel of the lock's slot, derived from the lock key as
+/// rediscluster::keys_of() does) as "<entry> <token> <length of the lock key> <lock
+/// key><owner>": every waiting client of the name receives it, and only the client of
+/// `owner` wakes its waiter. A release that leaves the lock free SPUBLISHes "released"
+/// on the same channel. Arguments and answers otherwise as above.
+const Script& cluster_queue_acquire_script();
+const Script& cluster_queue_release_script();
+const Script& cluster_queue_cancel_script();
+const Script& cluster_queue_forget_script();
+const Script& cluster_queue_refresh_script();
+
 /// KEYS lock, expiries → {HGETALL lock (empty for a key of another type: not a lock),
 /// PTTL lock, live waiters}.
 const Script& queue_status_script();

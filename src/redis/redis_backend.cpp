@@ -1,4 +1,4 @@
-// The redis:// backend's single-lock Lua scripts (shared with the Redis Cluster
+// The redis:// backend's renew scripts (shared with the Redis Cluster
 // backend), its check of the server's configuration at connect, and its factories.
 #include "redis/redis_backend.hpp"
 
@@ -7,58 +7,6 @@
 namespace distlock::detail {
 
 namespace redis {
-
-// The Redis Cluster backend's acquire script (redis:// queues its waiters, see
-// redis/lock_scripts.hpp); the layout of the lock hash is the same.
-// KEYS[1] lock hash, KEYS[2] fence counter, KEYS[3] lock-delay marker; ARGV[1] owner,
-// ARGV[2] ttl (ms), ARGV[3] lock_delay D (ms, "0" off)[, ARGV[4] the slot's sharded events
-// channel: the acquisition is SPUBLISHed on it for Client::watch by publish_change,
-// redis/lock_scripts.hpp change_event_lua]. The lock-delay as redis://'s
-// (redis/lock_scripts.cpp hold_back, mark_delay): while the marker lives nobody takes the
-// free lock ({0, marker pttl}); a holder with D > 0 sets it, value D, PX ttl + D.
-// Returns {1, token} when acquired, {0, pttl} when the lock exists — whoever holds
-// it, this owner included: an owner already in the hash is a second acquisition
-// under the same id (a retried or duplicated request, a forked process), and
-// handing it the held token would give two acquisitions one token. It waits like
-// any other contender.
-//
-// The token is max(counter + 1, server TIME in microseconds), written back to the
-// counter. A counter lost to a restart without AOF, an eviction or a DEL restarts
-// from the clock, above every token issued before as long as the server's clock
-// reads later than it did when the highest of them was issued (docs/redis.md).
-// INCR comes first: a non-integer or overflowing counter fails before anything is
-// written. Tokens leave the script as the counter's decimal string, exact over
-// the whole int64 range (Lua numbers are doubles).
-const Script& acquire_script() {
-  static const Script& s = *new Script(std::string(change_event_lua()) + R"lua(
-local lock, fence, marker, owner, ttl, delay = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3]
-if redis.call('EXISTS', lock) == 1 then
-  return {0, redis.call('PTTL', lock)}
-end
-local held_back = redis.call('PTTL', marker)
-if held_back > 0 then
-  return {0, held_back}
-end
-if redis.replicate_commands then redis.replicate_commands() end
-local counted = redis.call('INCR', fence)
-local t = redis.call('TIME')
-local usec = t[2]
-local now = t[1] .. string.rep('0', 6 - #usec) .. usec
-if counted < tonumber(now) then
-  redis.call('SET', fence, now)
-end
-local token = redis.call('GET', fence)
-redis.call('HSET', lock, owner, 1, '@token', token)
-redis.call('PEXPIRE', lock, ttl)
-local d = tonumber(delay)
-if d and d > 0 then
-  redis.call('SET', marker, delay, 'PX', string.format('%.0f', tonumber(ttl) + d))
-end
-publish_change(nil, ARGV[4], 'acquired', token, owner, lock)
-return {1, token}
-)lua");
-  return s;
-}
 
 // KEYS[i] lock hashes; ARGV[2i-1] owner, ARGV[2i] ttl (ms) of KEYS[i].
 // Returns one status per key: 1 renewed, 0 not held by that owner any more.
@@ -244,9 +192,6 @@ std::unique_ptr<Backend> make_redis_backend(const Url& url, const ClientOptions&
 // The scripts above, for the Redis Cluster backend (src/rediscluster): the same
 // layout and the same rules per name, routed to the node serving the name's slot.
 namespace redis {
-const Script& lock_acquire_script() {
-  return acquire_script();
-}
 const Script& lock_renew_script() {
   return plain_renew_script();
 }

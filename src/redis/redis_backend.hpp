@@ -64,14 +64,12 @@ std::optional<RedisStats> redis_stats(const Backend& backend);
 
 namespace redis {
 class Script;
-/// The acquire script (KEYS lock, fence, lock-delay marker; ARGV owner, ttl, lock_delay ms →
-/// {1, token} | {0, pttl}: a lost holder's live marker is busy with its PTTL) and the batched
-/// renew scripts (KEYS locks; ARGV owner, ttl per key → 1 | 0 per key), for the Redis Cluster
-/// backend. lock_renew_script touches only the lock keys it names (a slot being migrated
+/// The batched renew scripts (KEYS locks; ARGV owner, ttl per key → 1 | 0 per key), for the
+/// Redis Cluster backend (its acquire, release and queue use the cluster_queue_* scripts of
+/// redis/lock_scripts.hpp). lock_renew_script touches only the lock keys it names (a slot being migrated
 /// refuses a script command on a key that the node does not have); lock_renew_delayed_script
 /// takes the locks' markers after them (KEYS locks..., markers...) and moves each with its
 /// lease, for leases acquired with a lock_delay (docs/design.md "Lock-delay").
-const Script& lock_acquire_script();
 const Script& lock_renew_script();
 const Script& lock_renew_delayed_script();
 }  // namespace redis

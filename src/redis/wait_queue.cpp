@@ -107,7 +107,7 @@ void WaitQueue::hand_on(Wait wait, Millis retry_for) {
   cv_.notify_all();
 }
 
-void WaitQueue::flush_abandoned() {
+void WaitQueue::flush_abandoned(std::optional<std::string_view> name) {
   std::vector<Wait> todo;
   {
     LockGuard lk(mu_);
@@ -116,7 +116,7 @@ void WaitQueue::flush_abandoned() {
       if (it->second.second <= now) {
         it = abandoned_.erase(it);
       } else {
-        todo.push_back(it->second.first);
+        if (!name || it->second.first.name == *name) todo.push_back(it->second.first);
         ++it;
       }
     }

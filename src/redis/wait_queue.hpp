@@ -83,8 +83,11 @@ class WaitQueue {
   /// As abandon(), for a grant to an entry this client does not know, retried for
   /// `retry_for`, starting at once.
   void hand_on(Wait wait, Millis retry_for);
-  /// Retries the pending cancels now (before queuing anew after an outage).
-  void flush_abandoned();
+  /// Retries the pending cancels now (before queuing anew after an outage); with `name`,
+  /// only those of that name (redis+cluster://: the names of other slots may be on a master
+  /// that hangs, and a wait here must not wait out its command timeout; the refresher
+  /// retries them).
+  void flush_abandoned(std::optional<std::string_view> name = std::nullopt);
   /// A grant message arrived on this client's channel (lock_scripts.hpp). Wakes the
   /// wait's name. A grant of an entry this client does not wait with is returned
   /// (entry, lock key, owner) for the caller to judge: it may be an entry given up

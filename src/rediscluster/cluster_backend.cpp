@@ -27,11 +27,10 @@ std::uint16_t key_slot(std::string_view key) noexcept {
 }
 
 // A name without braces keeps redis://'s layout: "<prefix>:{<name>}", ":fence",
-// ":released", ":rv", ":delay" (its hash tag is the name). A name holding '{' or '}' would end the
-// tag early or leave it empty (then each key hashes whole, into different slots):
-// its tag is '#' and 16 hex digits of a hash of the name, and the name follows the
-// tag whole, after a kind letter, so two names never share a key even when their
-// hashes collide (they then only share a slot).
+// ":released", ":rv", ":delay", ":q", ":qx" (its hash tag is the name). A name holding '{' or '}' would end
+// the tag early or leave it empty (then each key hashes whole, into different slots): its tag is '#' and 16
+// hex digits of a hash of the name, and the name follows the tag whole, after a kind letter, so two names
+// never share a key even when their hashes collide (they then only share a slot).
 NameKeys keys_of(std::string_view prefix, std::string_view name) {
   NameKeys k;
   if (name.find_first_of("{}") == std::string_view::npos) {
@@ -40,6 +39,8 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
     k.channel = k.lock + ":released";
     k.revoke_note = k.lock + ":rv";
     k.delay = k.lock + ":delay";  // as redis:// (redis/key_layout.hpp delay_key)
+    k.queue = k.lock + ":q";
+    k.expiries = k.lock + ":qx";
   } else {
     static constexpr char kHex[] = "0123456789abcdef";
     std::string tag = "#";
@@ -51,6 +52,8 @@ NameKeys keys_of(std::string_view prefix, std::string_view name) {
     k.channel = head + "r:" + std::string(name);
     k.revoke_note = head + "v:" + std::string(name);
     k.delay = head + "d:" + std::string(name);
+    k.queue = head + "q:" + std::string(name);
+    k.expiries = head + "x:" + std::string(name);
   }
   k.slot = key_slot(k.lock);
   return k;
@@ -94,20 +97,18 @@ bool name_of_lock_key(std::string_view prefix, std::string_view key, std::string
 namespace {
 
 // KEYS[1] lock hash[, KEYS[2] its lock-delay marker]; ARGV[1] owner, ARGV[2] release
-// channel, ARGV[3] the slot's events channel. As redis://'s release script, published on the
-// name's shard channel (SPUBLISH) for waiters and on the events channel for Client::watch.
-// A normal release ends the holder's lock-delay: the marker goes, when named. It is named
-// only for a lease acquired with a lock_delay (ClusterBackend::delayed_): a script naming a
-// key the node does not have is refused while the slot migrates (TRYAGAIN).
+// channel, ARGV[3] the slot's events channel. The release of a lock alone, without its queue,
+// for a release the queue's script could not make because a migration split the name's keys
+// over two nodes (TRYAGAIN, ClusterBackend::release): the lock is deleted and "released"
+// published on the name's channel, so its waiters re-check (their entries stay queued; the
+// queue hands the free lock on at the next refresh once the slot has one node again).
+// A normal release ends the holder's lock-delay: the marker goes, when named. The field
+// holds the owner's queue entry, not a count: one owner holds a name once.
 const Script& release_script() {
   static const Script& s = *new Script(std::string(redis::change_event_lua()) + R"lua(
 local lock, owner, channel = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
-end
-local left = redis.call('HINCRBY', lock, owner, -1)
-if left > 0 then
-  return left
 end
 publish_change(nil, ARGV[3], 'released', redis.call('HGET', lock, '@token') or '0', owner, lock)
 redis.call('DEL', lock)
@@ -132,7 +133,8 @@ return 1
 }
 
 // KEYS[1] lock hash; ARGV[1] owner, ARGV[2] token, ARGV[3] release channel, ARGV[4] the
-// slot's events channel (a 'lost' change for Client::watch). A lease
+// slot's events channel (a 'lost' change for Client::watch). The fallback of the queue's
+// forget script when a migration splits the name's keys (TRYAGAIN). A lease
 // the engine declared lost (Backend::forget): deleted only while `owner` holds it
 // under `token`, and the release published as release_script() does. 1 deleted, 0 not.
 const Script& forget_script() {
@@ -149,6 +151,9 @@ return 1
   return s;
 }
 
+}  // namespace
+
+// A token or count: an integer reply, or a decimal string (tokens leave the scripts as strings).
 bool to_u64(const redisReply* r, std::uint64_t& out) {
   if (r == nullptr) return false;
   if (r->type == REDIS_REPLY_INTEGER) {
@@ -161,8 +166,6 @@ bool to_u64(const redisReply* r, std::uint64_t& out) {
   auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), out);
   return e == std::errc{} && p == s.data() + s.size();
 }
-
-}  // namespace
 
 ClusterBackend::~ClusterBackend() {
   {
@@ -182,6 +185,9 @@ ClusterBackend::~ClusterBackend() {
     }
   }
   subs.clear();
+  // The wait queue's refresher routes calls through the nodes; the subscribers (gone now)
+  // handed it grants.
+  waits_.reset();
   // Renewal workers: one still reading a hung node returns within the command timeout.
   {
     LockGuard lk(work_mu_);
@@ -199,64 +205,6 @@ void ClusterBackend::connect_now(Error& ec) {
   if (!ec) ec = make_error_code(errc::backend_unavailable);  // keeps the detail
 }
 
-AcquireResult ClusterBackend::try_acquire(const AcquireRequest& req, Error& ec) {
-  ec.clear();
-  const NameKeys k = rediscluster::keys_of(prefix_, req.name);
-  const std::string ttl = std::to_string(req.ttl.count());
-  const std::string delay = std::to_string(req.lock_delay.count());
-  const std::string events = events_channel(prefix_, k.slot);
-  Reply r;
-  Reply busy;  // a held lock's PTTL, read when the script was refused during a migration
-  const redisReply* d = route(
-      k.slot, "acquire",
-      [&](Connection& c, bool asking, Error& e) {
-        r = redis::lock_acquire_script().run(c, {k.lock, k.fence, k.delay}, {req.owner, ttl, delay, events},
-                                             e);
-        // The script names the lock-delay marker, which a node migrating the slot may not
-        // have (TRYAGAIN). A contender of a lock that is held there is busy all the same:
-        // the lock's PTTL alone (one key: served, or ASK) says so, as before the marker.
-        if (r && r->type == REDIS_REPLY_ERROR && starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
-          Error pe;
-          if (asking) c.command({"ASKING"}, pe);
-          if (!pe) {
-            busy = c.command({"PTTL", k.lock}, pe);
-            if (!pe && busy && busy->type == REDIS_REPLY_INTEGER && busy->integer > 0) {
-              e.clear();  // the script's TRYAGAIN is answered
-              return busy.get();
-            }
-          }
-        }
-        return r.get();
-      },
-      ec);
-  if (d == nullptr || ec) return {};
-  if (d->type == REDIS_REPLY_INTEGER) {  // the PTTL above: held
-    AcquireResult res;
-    res.holder_ttl = Millis(d->integer);
-    return res;
-  }
-  std::uint64_t flag = 0;
-  if (d->type != REDIS_REPLY_ARRAY || d->elements != 2 || !to_u64(d->element[0], flag)) {
-    ec = make_error_code(errc::protocol_error);
-    ec.set_detail("unexpected reply to the acquire script");
-    return {};
-  }
-  AcquireResult res;
-  if (flag == 1) {
-    res.acquired = true;
-    if (!to_u64(d->element[1], res.token)) {
-      ec = make_error_code(errc::protocol_error);
-      return {};
-    }
-    res.validity = req.ttl;
-    note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
-    return res;
-  }
-  const redisReply* pttl = d->element[1];
-  if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) res.holder_ttl = Millis(pttl->integer);
-  return res;
-}
-
 ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                                       Error& ec) {
   ec.clear();
@@ -268,12 +216,16 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
   const redisReply* d = route(
       k.slot, "release",
       [&](Connection& c, bool, Error& e) {
-        r = delayed ? release_script().run(c, {k.lock, k.delay}, {owner, k.channel, events}, e)
-                    : release_script().run(c, {k.lock}, {owner, k.channel, events}, e);
-        if (delayed && r && r->type == REDIS_REPLY_ERROR &&
-            starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
-          // Both nodes refuse a script naming both keys: answered below, one key at a time
-          // (a PING's answer ends the routing here).
+        // The queue's release: the lock goes to the first live waiter (docs/redis-cluster.md
+        // "How waiting works"). The marker is named only for a lease with a lock_delay.
+        r = delayed ? redis::cluster_queue_release_script().run(
+                          c, {k.lock, k.queue, k.expiries, k.fence, k.delay}, {owner, k.channel, events}, e)
+                    : redis::cluster_queue_release_script().run(c, {k.lock, k.queue, k.expiries, k.fence},
+                                                                {owner, k.channel, events}, e);
+        if (r && r->type == REDIS_REPLY_ERROR && starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
+          // A migration split the name's keys (the lock here, its queue or marker not): both
+          // nodes refuse a script naming them all. Answered below, one key at a time (a
+          // PING's answer ends the routing here).
           split = true;
           r = c.command({"PING"}, e);
         }
@@ -282,7 +234,9 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
       ec);
   if (split && !ec) {
     // The lock alone (owner-checked, as always), then, once it is gone, its marker alone: while
-    // the marker lives nobody else can set one, so the marker deleted is this lease's.
+    // the marker lives nobody else can set one, so the marker deleted is this lease's. The
+    // queue is not named: its waiters are told "released" and re-check, and the first live
+    // one is granted the free lock by a refresh once the slot's keys are on one node.
     d = route(
         k.slot, "release (lock)",
         [&](Connection& c, bool, Error& e) {
@@ -290,7 +244,7 @@ ReleaseStatus ClusterBackend::release(std::string_view name, std::string_view ow
           return r.get();
         },
         ec);
-    if (d != nullptr && !ec && d->type == REDIS_REPLY_INTEGER && d->integer == 0) {
+    if (delayed && d != nullptr && !ec && d->type == REDIS_REPLY_INTEGER && d->integer == 0) {
       Reply mr;
       d = route(
           k.slot, "release (marker)",
@@ -320,11 +274,19 @@ void ClusterBackend::forget(std::string_view name, std::string_view owner, std::
     Error ec;
     const NameKeys k = rediscluster::keys_of(prefix_, name);
     const std::string tok = std::to_string(token);
+    const std::string events = events_channel(prefix_, k.slot);
     Reply r;
     route(
         k.slot, "forget",
         [&](Connection& c, bool, Error& e) {
-          r = forget_script().run(c, {k.lock}, {owner, tok, k.channel, events_channel(prefix_, k.slot)}, e);
+          // The queue's forget: the owner's entries go, the lock is handed on. The marker is
+          // named: a lost lease's lock-delay holds the name back from the queue too.
+          r = redis::cluster_queue_forget_script().run(c, {k.lock, k.queue, k.expiries, k.fence, k.delay},
+                                                       {owner, tok, k.channel, events}, e);
+          if (r && r->type == REDIS_REPLY_ERROR && starts_with(redis::reply_str(r.get()), "TRYAGAIN")) {
+            // A migration split the name's keys: the lock alone, its waiters told to re-check.
+            r = forget_script().run(c, {k.lock}, {owner, tok, k.channel, events}, e);
+          }
           return r.get();
         },
         ec);
@@ -380,6 +342,10 @@ std::optional<std::string> ClusterBackend::revoke_note(std::string_view name, Er
   return std::string(redis::reply_str(d));
 }
 
+// One pipeline of single-key commands on the slot's master (each follows ASK on its own,
+// so status works while the slot migrates): the lock hash, its PTTL, the fence counter,
+// the queue, its entries' expiries and the node's TIME. The waiters are the queue's live
+// entries in hand-off order (expiry after the node's clock), as on redis://.
 LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
   ec.clear();
   const NameKeys k = rediscluster::keys_of(prefix_, name);
@@ -388,17 +354,18 @@ LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
       k.slot, "status",
       [&](Connection& c, bool asking, Error& e) -> const redisReply* {
         // ASKING holds for one command: repeat it before each (route sent the first).
-        c.append({"HGETALL", k.lock});
-        if (asking) c.append({"ASKING"});
-        c.append({"PTTL", k.lock});
-        if (asking) c.append({"ASKING"});
-        c.append({"GET", k.fence});
-        c.append({"PUBSUB", "SHARDNUMSUB", k.channel});
-        std::vector<Reply> all = c.read_replies(asking ? 6 : 4, e);
+        const std::vector<std::vector<std::string_view>> cmds{
+            {"HGETALL", k.lock},     {"PTTL", k.lock}, {"GET", k.fence}, {"LRANGE", k.queue, "0", "-1"},
+            {"HGETALL", k.expiries}, {"TIME"}};
+        for (std::size_t i = 0; i < cmds.size(); ++i) {
+          if (asking && i > 0) c.append({"ASKING"});
+          c.append(cmds[i]);
+        }
+        std::vector<Reply> all = c.read_replies(asking ? 2 * cmds.size() - 1 : cmds.size(), e);
         if (e) return nullptr;
         r.clear();
         for (std::size_t i = 0; i < all.size(); ++i) {
-          if (asking && (i == 1 || i == 3)) continue;
+          if (asking && i % 2 == 1) continue;  // the ASKINGs' OKs
           r.push_back(std::move(all[i]));
         }
         for (auto& one : r) {
@@ -424,11 +391,37 @@ LockInfo ClusterBackend::status(std::string_view name, Error& ec) {
   }
   std::uint64_t token = 0;
   if (to_u64(r[2].get(), token)) info.token = token;
-  const redisReply* numsub = r[3].get();
-  if (numsub->type == REDIS_REPLY_ARRAY && numsub->elements == 2 &&
-      numsub->element[1]->type == REDIS_REPLY_INTEGER) {
-    info.waiters = static_cast<std::uint64_t>(std::max<long long>(0, numsub->element[1]->integer));
+  // The node's clock in ms (TIME: seconds, microseconds), which the queue's expiries use.
+  const redisReply* time = r[5].get();
+  std::uint64_t sec = 0, usec = 0;
+  if (time->type != REDIS_REPLY_ARRAY || time->elements != 2 || !to_u64(time->element[0], sec) ||
+      !to_u64(time->element[1], usec)) {
+    unexpected("status (TIME)", ec);
+    return {};
   }
+  const std::uint64_t now_ms = sec * 1000 + usec / 1000;
+  std::map<std::string_view, std::uint64_t> expiry;  // "<entry> <owner>" -> expiry ms
+  const redisReply* x = r[4].get();
+  for (std::size_t i = 0; x->type == REDIS_REPLY_ARRAY && i + 1 < x->elements; i += 2) {
+    const std::string_view v = redis::reply_str(x->element[i + 1]);
+    std::uint64_t at = 0;
+    const auto colon = v.find(':');
+    auto [p, e] = std::from_chars(v.data(), v.data() + (colon == std::string_view::npos ? 0 : colon), at);
+    if (colon != std::string_view::npos && e == std::errc{} && p == v.data() + colon)
+      expiry[redis::reply_str(x->element[i])] = at;
+  }
+  const redisReply* q = r[3].get();
+  for (std::size_t i = 0; q->type == REDIS_REPLY_ARRAY && i < q->elements; ++i) {
+    const std::string_view member = redis::reply_str(q->element[i]);
+    auto it = expiry.find(member);
+    const auto sp = member.find(' ');
+    if (it == expiry.end() || it->second <= now_ms || sp == std::string_view::npos) continue;
+    WaiterInfo w;
+    w.owner = std::string(member.substr(sp + 1));
+    info.waiter_list.push_back(std::move(w));
+  }
+  info.waiters_listed = true;  // waiting_since: a queue entry records no join time
+  info.waiters = info.waiter_list.size();
   return info;
 }
 

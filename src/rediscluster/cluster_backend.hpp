@@ -1,7 +1,7 @@
 // The Redis Cluster backend:
 //   redis+cluster://[user:password@]h1:p1[,h2:p2...][?prefix=P&timeout=DUR&nat=A:P=B:Q,...]
 //
-// The same lock layout and Lua scripts as redis:// (src/redis/redis_backend.cpp),
+// The same lock layout and Lua scripts as redis:// (src/redis/lock_scripts.cpp: its queue),
 // routed per name to the master serving the name's hash slot: the lock hash, its
 // fence counter and its release channel share one hash tag, so they live in one
 // slot (names containing '{' or '}' get a tag derived from a hash of the name).
@@ -34,14 +34,16 @@ std::unique_ptr<Backend> make_redis_cluster_backend(const Url& url, const Client
 namespace rediscluster {
 /// The hash slot of a key (CRC16 of its hash tag, or of the whole key), 0..16383.
 std::uint16_t key_slot(std::string_view key) noexcept;
-/// The key layout of one name: lock hash, fence counter, release channel; all three
-/// in one slot for every name (also names holding '{' or '}').
+/// The key layout of one name: lock hash, fence counter, release channel (also its
+/// grant channel), queue keys; all in one slot for every name (also names holding '{' or '}').
 struct NameKeys {
   std::string lock;
   std::string fence;
   std::string channel;
   std::string revoke_note;  ///< the note of the last revoke (Backend::revoke), in the lock's slot
   std::string delay;        ///< the lock-delay marker (value D ms, PX lease end + D), in the lock's slot
+  std::string queue;        ///< the wait queue: a list of "<entry> <owner>", oldest first
+  std::string expiries;     ///< each queued entry's expiry, "<expiry ms>:<ttl ms>" (server time)
   std::uint16_t slot = 0;
 };
 NameKeys keys_of(std::string_view prefix, std::string_view name);

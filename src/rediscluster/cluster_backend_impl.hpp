@@ -1,6 +1,7 @@
 // The redis+cluster:// backend's private declarations, shared by its files:
 // cluster_routing.cpp (the slot map, routing and redirections), cluster_renew.cpp
-// (renewal pipelines per node), cluster_watch.cpp (watches, the mover thread, the
+// (renewal pipelines per node), cluster_queue.cpp (acquire and the wait queue),
+// cluster_watch.cpp (watches, the mover thread, the
 // masters' configuration check), cluster_prefix_watch.cpp (Client::watch) and cluster_backend.cpp (key
 // layout, acquire, release, status, records, listing, factory). Not for use outside src/rediscluster.
 #pragma once
@@ -26,6 +27,7 @@
 #include "redis/redis_backend.hpp"
 #include "redis/slots.hpp"
 #include "redis/subscriber.hpp"
+#include "redis/wait_queue.hpp"
 #include "rediscluster/cluster_backend.hpp"
 
 namespace distlock::detail::rediscluster {
@@ -55,6 +57,9 @@ struct Redirect {
 };
 bool parse_redirect(std::string_view text, std::string_view default_host, Redirect& out);
 bool find_redirect(std::string_view text, std::string_view default_host, Redirect& out, bool& ask);
+
+// cluster_backend.cpp
+bool to_u64(const redisReply* r, std::uint64_t& out);
 
 // One node's renewal pipeline, run by the node's renewal worker. It owns copies of
 // its keys and arguments: the caller may stop waiting and return before it ran.
@@ -103,6 +108,11 @@ class ClusterBackend final : public Backend {
         log_(opts.logger),
         slots_(kSlots) {
     for (auto& [host, port] : seeds) seeds_.push_back(node_at(host, port));
+    waits_ = std::make_unique<redis::WaitQueue>(
+        opts.clock ? opts.clock : system_steady_clock(),
+        [this](const std::vector<redis::WaitQueue::Wait>& w) { return refresh_waits(w); },
+        [this](std::string_view name) { wake(name); },
+        [this](const redis::WaitQueue::Wait& w) { return cancel_wait(w); });
     mover_ = std::thread([this] { run_mover(); });
   }
 
@@ -113,6 +123,7 @@ class ClusterBackend final : public Backend {
 
   void connect_now(Error& ec);
   AcquireResult try_acquire(const AcquireRequest& req, Error& ec) override;
+  void cancel_acquire(std::string_view name, std::string_view owner) noexcept override;
   void renew(std::span<const RenewItem> items, std::span<RenewStatus> out, Error& ec) override;
   ReleaseStatus release(std::string_view name, std::string_view owner, std::uint64_t /*token*/,
                         Error& ec) override;
@@ -144,6 +155,23 @@ class ClusterBackend final : public Backend {
   }
 
   std::vector<Node*> all_masters(Error& ec);
+
+  // cluster_queue.cpp: the wait queue of a name (docs/redis-cluster.md "How waiting works").
+  struct Answer {
+    AcquireResult result;
+    bool gone = false;  // the re-checked entry is no longer queued
+  };
+  // One run of the queue's acquire script: `entry` and `mode` as redis/lock_scripts.hpp says.
+  Answer run_acquire(const AcquireRequest& req, const std::string& entry, const char* mode, Error& ec);
+  AcquireResult acquire_queued(const AcquireRequest& req, Error& ec);
+  std::vector<redis::WaitQueue::Answer> refresh_waits(const std::vector<redis::WaitQueue::Wait>& waits);
+  bool cancel_wait(const redis::WaitQueue::Wait& w);
+  // A message on a name's release channel: "released", or a grant to one waiter.
+  void on_name_message(std::string_view channel, std::string_view payload);
+  void wake(std::string_view name) {
+    ChangeListener* l = listener_.load();
+    if (l) l->on_change(name);
+  }
 
   struct Watch {
     Node* node = nullptr;
@@ -255,6 +283,15 @@ class ClusterBackend final : public Backend {
   mutable AnnotatedMutex delayed_mu_;
   std::set<std::string, std::less<>> delayed_ DISTLOCK_GUARDED_BY(delayed_mu_);
 
+  // The client id of this client's owners ("<client id>:<thread>"), learnt from its first
+  // queued wait: a grant on a name's channel is for this client when its owner has it.
+  // The masters that failed a refresh of a queued wait in the last round (refresh_waits):
+  // compared, never dereferenced.
+  AnnotatedMutex wait_refresh_mu_;
+  std::set<const Node*> refresh_failed_ DISTLOCK_GUARDED_BY(wait_refresh_mu_);
+  mutable AnnotatedMutex client_mu_;
+  std::string client_id_ DISTLOCK_GUARDED_BY(client_mu_);
+
   AnnotatedMutex move_mu_;
   std::condition_variable move_cv_;
   std::deque<std::pair<Node*, std::string>> moves_ DISTLOCK_GUARDED_BY(move_mu_);
@@ -262,6 +299,9 @@ class ClusterBackend final : public Backend {
   bool check_wanted_ DISTLOCK_GUARDED_BY(move_mu_) = false;    // check new nodes' config
   bool stop_ DISTLOCK_GUARDED_BY(move_mu_) = false;
   std::thread mover_;
+  // This client's places in the names' queues; its refresher calls refresh_waits(). Reset
+  // first in the destructor: its thread routes calls through everything above.
+  std::unique_ptr<redis::WaitQueue> waits_;
 };
 
 }  // namespace distlock::detail::rediscluster

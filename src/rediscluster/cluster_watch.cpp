@@ -135,6 +135,11 @@ redis::Subscriber& ClusterBackend::subscriber_of(Node& node) {
     node.sub = std::make_unique<redis::Subscriber>(
         node.opts, [this](std::string_view channel) { on_channel(channel); },
         [this, n](std::string_view channel) { on_dropped(n, channel); });
+    // Every name's release channel starts so (keys_of): its messages come with their payload,
+    // the grants of the wait queue among them (cluster_queue.cpp).
+    node.sub->set_payload_prefix_handler(
+        prefix_ + ":{",
+        [this](std::string_view channel, std::string_view payload) { on_name_message(channel, payload); });
   }
   return *node.sub;
 }

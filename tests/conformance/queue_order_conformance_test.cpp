@@ -1,12 +1,12 @@
 // The queue, visible (LockInfo::waiter_list, LockOptions::on_queue_position), over every
 // backend this build has:
-//   - on a backend that queues its waiters (redis, sentinel, etcd, zk): 16 waiters queued
+//   - on a backend that queues its waiters (redis, sentinel, rediscluster, etcd, zk): 16 waiters queued
 //     one after another behind a holder are listed by status() at positions 1..16 with
 //     their holder descriptions, each waiter's progress callback first reports that same
 //     position with the one ahead of it, positions reported later only go down, and once
 //     the holder releases they acquire in exactly that order;
 //   - on a backend that keeps no queue (file, postgres, mysql: waiters race on a
-//     notification; Redis Cluster; Redlock) status() says the list is not kept
+//     notification; Redlock) status() says the list is not kept
 //     (waiters_listed false, an empty list) rather than inventing an order.
 // Every wait is bounded: enqueueing is observed through status() within 20 s per waiter,
 // the whole hand-off within 120 s.
@@ -39,7 +39,8 @@ using distlock::testing::quiet;
 // The backends whose status() lists the queue in hand-off order (docs/design.md
 // "Seeing the queue").
 bool lists_waiters(const std::string& label) {
-  return label == "redis" || label == "sentinel" || label.rfind("etcd", 0) == 0 || label.rfind("zk", 0) == 0;
+  return label == "redis" || label == "sentinel" || label.rfind("rediscluster", 0) == 0 ||
+         label.rfind("etcd", 0) == 0 || label.rfind("zk", 0) == 0;
 }
 
 struct Report {
