@@ -17,6 +17,7 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
+#include "support/redis_probes.hpp"
 
 using namespace std::chrono_literals;
 using distlock::detail::rediscluster::keys_of;
@@ -24,11 +25,6 @@ using Steady = std::chrono::steady_clock;
 
 namespace distlock::testing {
 namespace {
-
-long long queue_length(RedisServer& node, const std::string& queue) {
-  auto r = node.command({"LLEN", queue});
-  return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-}
 
 // docs/design.md "A dead waiter" promises redis+cluster:// a bound of claim window + refresh
 // period (1.5 s; tests assert 3 s) on the delay a dead waiter B causes the next live waiter C
@@ -58,7 +54,7 @@ TEST(RedisClusterQueueReview,
   for (const auto& n : hung_names) hung_held.push_back(h.acquire(n, ttl_of(30000ms)));
   const std::string b_out = (dir.path() / "b.out").string();
   auto b = spawn_holder(cluster.url(), name, b_out, 30000, 100, {"--wait", "60000"});
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(0), queue) == 1; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(0), queue) == 1; }, 10000ms));
 
   Client c = distlock::connect(cluster.url(), quiet());
   std::vector<std::thread> hung_waiters;
@@ -68,7 +64,7 @@ TEST(RedisClusterQueueReview,
       Lease l = c.acquire(hung_names[i], ttl_of(30000ms, 15000ms), ec);  // any outcome
     });
     const auto hk = keys_of("distlock", hung_names[i]);
-    ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(2), hk.lock + ":q") == 1; }, 10000ms));
+    ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), hk.lock + ":q") == 1; }, 10000ms));
   }
   std::atomic<bool> got{false};
   Steady::time_point got_at{};
@@ -79,7 +75,7 @@ TEST(RedisClusterQueueReview,
     got_at = Steady::now();
     got = !ec;
   });
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(0), queue) == 2; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(0), queue) == 2; }, 10000ms));
   b.signal(SIGKILL);
   ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
   cluster.node(2).pause();
@@ -117,7 +113,7 @@ TEST(RedisClusterQueueReview, AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOn
     Lease l = c.acquire(hung_name, ttl_of(10000ms, 1500ms), ec);
     EXPECT_TRUE(ec) << "acquired a name held by another client";
   });
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(2), hk.lock + ":q") == 1; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), hk.lock + ":q") == 1; }, 10000ms));
   cluster.node(2).pause();
   gives_up.join();  // its give-up could not reach master 2: the entry is kept for a retry
   const auto start = Steady::now();

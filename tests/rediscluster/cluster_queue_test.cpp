@@ -29,11 +29,6 @@ using Steady = std::chrono::steady_clock;
 namespace distlock::testing {
 namespace {
 
-long long queue_length(RedisServer& node, const std::string& queue) {
-  auto r = node.command({"LLEN", queue});
-  return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-}
-
 // Six clients queue one after another on a name held by R; then R releases and asks
 // again at once, in a loop. FIFO: the six are granted in the order they queued, each
 // before R's second release (R re-queues behind them), with tokens increasing in that
@@ -123,7 +118,7 @@ TEST_P(RedisClusterDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease)
   Lease a = a_client.acquire(name, ttl_of(5000ms));
   const std::string b_out = (dir.path() / "b.out").string();
   auto b = spawn_holder(cluster.url(), name, b_out, 30000, 100, {"--wait", "60000"});
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(2), queue) == 1; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), queue) == 1; }, 10000ms));
   Client c_client = distlock::connect(cluster.url(), quiet());
   std::atomic<bool> got{false};
   Steady::time_point got_at{};
@@ -134,7 +129,7 @@ TEST_P(RedisClusterDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease)
     got_at = Steady::now();
     got = true;
   });
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(2), queue) == 2; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), queue) == 2; }, 10000ms));
   b.signal(sig);
   if (sig == SIGKILL) {
     ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
@@ -149,7 +144,7 @@ TEST_P(RedisClusterDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease)
   }
   // B's entry is still queued (its entry lives 2 s after its last refresh): the release
   // grants the lock to it.
-  EXPECT_EQ(queue_length(cluster.node(2), queue), 2);
+  EXPECT_EQ(list_length(cluster.node(2), queue), 2);
   const auto released_at = Steady::now();
   a.release();
   ct.join();
@@ -189,15 +184,15 @@ TEST(RedisClusterQueue, GivingUpLeavesTheQueue) {
     auto l = quitter.acquire(name, ttl_of(10000ms, 1000ms), qec);
     EXPECT_EQ(qec, distlock::errc::timeout);
   });
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(0), queue) == 1; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(0), queue) == 1; }, 10000ms));
   q.join();
-  EXPECT_EQ(queue_length(cluster.node(0), queue), 0) << "the entry of a wait given up is still queued";
+  EXPECT_EQ(list_length(cluster.node(0), queue), 0) << "the entry of a wait given up is still queued";
   std::atomic<bool> got{false};
   std::thread w([&] {
     auto l = waiter.acquire(name, ttl_of(10000ms, 20000ms));
     got = true;
   });
-  ASSERT_TRUE(eventually([&] { return queue_length(cluster.node(0), queue) == 1; }, 10000ms));
+  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(0), queue) == 1; }, 10000ms));
   const auto released_at = Steady::now();
   lease.release();
   w.join();

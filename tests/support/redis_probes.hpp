@@ -29,6 +29,12 @@ inline bool key_exists(const RedisServer& node, const std::string& key) {
   return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
+/// The length of the list `key` on `node` (a wait queue's entries: LLEN), -1 without an integer reply.
+inline long long list_length(const RedisServer& node, const std::string& key) {
+  auto r = node.command({"LLEN", key});
+  return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+}
+
 /// The holder field of redis://'s lock hash `distlock:{name}` (every field but `@token`), or ""
 /// when the name is free or the server gives no array reply.
 inline std::string server_holder(const RedisServer& node, const std::string& name) {
