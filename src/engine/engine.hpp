@@ -274,9 +274,12 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   /// Tracing: a renewal span per traced lease of a batch, on the event thread.
   void trace_renewals(const std::vector<std::shared_ptr<HeldLock>>& due, const std::vector<RenewStatus>& out,
                       Clock::time_point sent, Clock::time_point replied, const std::error_code& ec) noexcept;
-  /// Tracing: the end of `held`'s hold span on the calling thread (once).
+  /// Tracing: the end of `held`'s hold span on the calling thread (once); after a loss that
+  /// ended it, the loss's spans if the event thread has not given them yet.
   void trace_hold_end(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
                       const std::error_code& ec = {}) noexcept;
+  /// Gives a loss's spans to the tracer unless they were given already.
+  void deliver_loss_spans(LossSpans& loss) noexcept;
 
  public:
   /// Drops subscriptions nobody has waited on for kIdleWatchKeep (all of them if `all`).

@@ -13,25 +13,42 @@ void Engine::trace_loss(const HeldLock& held, LossReason reason, const std::stri
                         Clock::time_point at) noexcept {
   try {
     const distlock::LossReason pub = public_loss_reason(reason);
-    auto spans = std::make_shared<std::vector<Span>>();
-    spans->push_back(tracing_->loss_span(held, pub, why, at));
-    if (auto hold = tracing_->end_hold(held, SpanOutcome::lost, at, {}, pub, why))
-      spans->push_back(std::move(*hold));
-    events_.post([this, spans] {
-      for (const Span& s : *spans) tracing_->deliver(s);
-    });
+    auto loss = std::make_shared<LossSpans>();
+    loss->spans.push_back(tracing_->loss_span(held, pub, why, at));
+    {
+      LockGuard lk(held.trace->loss_mu);
+      if (auto hold = tracing_->end_hold(held, SpanOutcome::lost, at, {}, pub, why))
+        loss->spans.push_back(std::move(*hold));
+      held.trace->loss = loss;
+    }
+    events_.post([this, loss] { deliver_loss_spans(*loss); });
   } catch (...) {  // no memory for the spans: the loss itself is signalled
   }
+}
+
+void Engine::deliver_loss_spans(LossSpans& loss) noexcept {
+  if (loss.delivered.exchange(true, std::memory_order_acq_rel)) return;
+  for (const Span& s : loss.spans) tracing_->deliver(s);
 }
 
 void Engine::trace_hold_end(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
                             const std::error_code& ec) noexcept {
   try {
     const bool lost = outcome == SpanOutcome::lost;
-    std::optional<Span> s =
-        tracing_->end_hold(held, outcome, end, ec, lost ? held.public_reason() : distlock::LossReason::none,
-                           lost ? held.public_detail() : std::string());
+    const distlock::LossReason reason = lost ? held.public_reason() : distlock::LossReason::none;
+    std::string detail = lost ? held.public_detail() : std::string();
+    std::optional<Span> s;
+    std::shared_ptr<LossSpans> loss;
+    {
+      LockGuard lk(held.trace->loss_mu);
+      s = tracing_->end_hold(held, outcome, end, ec, reason, std::move(detail));
+      loss = held.trace->loss;
+    }
     if (s) tracing_->deliver(*s);
+    // A loss ended the hold span first: its spans are given here if the event thread has not
+    // given them yet, so a runner that exits right after releasing the lost lease (its event
+    // thread starved) does not lose them.
+    if (loss) deliver_loss_spans(*loss);
   } catch (...) {  // no memory for the span
   }
 }

@@ -17,15 +17,18 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "distlock/clock.hpp"
 #include "distlock/options.hpp"
 #include "distlock/tracing.hpp"
 #include "engine/log.hpp"
+#include "engine/thread_annotations.hpp"
 
 namespace distlock::detail {
 
 struct HeldLock;
+struct LossSpans;
 
 /// The trace of one acquisition's wait, begun when the acquire call began.
 struct WaitTrace {
@@ -42,6 +45,18 @@ struct HoldTrace {
   Clock::time_point start{};
   std::chrono::system_clock::time_point start_wall{};
   std::atomic<bool> ended{false};  // the hold span is given once (release or loss)
+  // A loss claims the hold span and publishes its spans under loss_mu, together: a release of
+  // the lost lease that finds the hold span claimed finds the loss's spans too.
+  AnnotatedMutex loss_mu;
+  std::shared_ptr<LossSpans> loss DISTLOCK_GUARDED_BY(loss_mu);
+};
+
+/// The spans of a loss (its loss span, and the hold span when the loss ended it), given to the
+/// tracer once: by the event thread, or by the release of the lost lease if that comes first
+/// (Engine::trace_hold_end), so they are with the tracer when that release returns.
+struct LossSpans {
+  std::atomic<bool> delivered{false};
+  std::vector<Span> spans;
 };
 
 class TraceSpans {
