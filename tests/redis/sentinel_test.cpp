@@ -184,7 +184,16 @@ TEST(SentinelFailover, WaitersQueuedBeforeAFailoverAreNotStrandedBehindTheirOldE
   std::array<distlock::Client, 2> waiters{distlock::connect(group.url(), quiet()),
                                           distlock::connect(group.url(), quiet())};
   std::array<std::atomic<std::int64_t>, 2> got_at{};
-  std::vector<std::thread> threads;
+  std::vector<std::jthread> threads;
+  // On a failed ASSERT (or an exception) the lock is released first, so the waiters get
+  // it and their threads end; the jthreads then join instead of terminating the run.
+  struct ReleaseFirst {
+    Lease& lease;
+    ~ReleaseFirst() {
+      std::error_code ignored;
+      lease.release(ignored);
+    }
+  } release_first{lease};
   for (int w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {
       for (int i = 0; i < 100 && got_at[w].load() == 0; ++i) {
@@ -231,7 +240,11 @@ TEST(SentinelFailover, WaitersQueuedBeforeAFailoverAreNotStrandedBehindTheirOldE
   // the lock when the lease expired on the new master, 28.9 s later, in one CI run).
   ASSERT_TRUE(group.wait_demoted(old_port, 30s)) << "the old master " << old_port << " was not demoted";
   const auto released_at = Steady::now().time_since_epoch().count();
-  lease.release();
+  try {
+    lease.release();
+  } catch (const std::system_error& e) {
+    ADD_FAILURE() << "the release after the failover failed: " << e.what();
+  }
   for (auto& t : threads) t.join();
   ASSERT_NE(got_at[0].load(), 0);
   ASSERT_NE(got_at[1].load(), 0);
