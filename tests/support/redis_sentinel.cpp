@@ -205,10 +205,15 @@ bool RedisSentinelGroup::wait_demoted(std::uint16_t old_port, std::chrono::milli
   RedisServer& old_master = node_at_port(old_port);
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {
-    auto role = old_master.command({"ROLE"});
-    if (role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
-        std::string_view(role->element[0]->str, role->element[0]->len) != "master") {
-      return true;
+    try {
+      auto role = old_master.command({"ROLE"});
+      if (role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
+          std::string_view(role->element[0]->str, role->element[0]->len) != "master") {
+        return true;
+      }
+    } catch (const std::runtime_error&) {
+      // The demotion itself kills the node's clients (Sentinel sends CLIENT KILL TYPE
+      // normal with REPLICAOF), this ROLE probe's connection among them: ask again.
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
