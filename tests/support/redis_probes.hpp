@@ -15,6 +15,7 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
@@ -33,6 +34,16 @@ inline bool key_exists(const RedisServer& node, const std::string& key) {
 inline long long list_length(const RedisServer& node, const std::string& key) {
   auto r = node.command({"LLEN", key});
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+}
+
+/// The elements of the list `key` on `node` (a wait queue's entries: LRANGE 0 -1), empty without
+/// an array reply.
+inline std::vector<std::string> list_entries(const RedisServer& node, const std::string& key) {
+  std::vector<std::string> out;
+  auto r = node.command({"LRANGE", key, "0", "-1"});
+  if (!r || r->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t i = 0; i < r->elements; ++i) out.emplace_back(r->element[i]->str, r->element[i]->len);
+  return out;
 }
 
 /// The holder field of redis://'s lock hash `distlock:{name}` (every field but `@token`), or ""
