@@ -93,7 +93,7 @@ AcquireResult ClusterBackend::acquire_queued(const AcquireRequest& req, Error& e
   }
   // This name's entries left behind by an outage go first. Those of other names are left to
   // the refresher: their master may hang, and this call must not wait out its command timeout
-  // for them (RedisClusterQueueReview.AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOne).
+  // for them (RedisClusterQueueHungMaster.AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOne).
   waits_->flush_abandoned(req.name);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const redis::WaitQueue::Wait w = waits_->begin(req.name, req.owner, req.ttl);

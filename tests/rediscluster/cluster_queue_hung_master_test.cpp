@@ -1,4 +1,4 @@
-// Adversarial review of the redis+cluster:// wait queue (docs/redis-cluster.md "How waiting
+// The redis+cluster:// wait queue while one master hangs (docs/redis-cluster.md "How waiting
 // works"), against a 3-master Redis Cluster started by each test (tests/support/redis_cluster.hpp).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -38,7 +38,7 @@ namespace {
 // command timeout more than the bound at most (2 s + 1.5 s; asserted 4.5 s). The holder's TTL
 // is 10 s, so the old behaviour shows as about 6.5 s or more. The stall after the release is
 // measured on this process's steady clock.
-TEST(RedisClusterQueueReview,
+TEST(RedisClusterQueueHungMaster,
      ADeadWaiterDelaysTheNextLiveOneByOneCommandTimeoutMoreAtMostWhileAnotherMasterItWaitsOnHangs) {
   TempDir dir("distlock-cluster-hungrefresh");
   RedisCluster cluster(3);
@@ -100,7 +100,7 @@ TEST(RedisClusterQueueReview,
 // queued acquisition of the client first retried the give-ups (flush_abandoned) on its own
 // thread, and waited out the hung master's command timeout (2 s) before even asking for a free
 // lock on another master. The call's duration is measured on this process's steady clock.
-TEST(RedisClusterQueueReview, AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOne) {
+TEST(RedisClusterQueueHungMaster, AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOne) {
   RedisCluster cluster(3);
   const std::string hung_name = cluster.name_on(2, "hung");
   const std::string free_name = cluster.name_on(0, "free");
