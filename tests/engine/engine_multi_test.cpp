@@ -103,10 +103,7 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
     done = true;
   });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
-  for (int i = 0; i < 5000 && !done; ++i) {
-    clock->advance(10ms);
-    std::this_thread::sleep_for(1ms);
-  }
+  advance_until(*clock, done);
   waiter.join();
   EXPECT_EQ(ec, errc::timeout);
   EXPECT_FALSE(got);
