@@ -19,6 +19,7 @@
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/dead_waiter.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -342,57 +343,11 @@ TEST(RedisHandOff, ARefreshThatFindsItsGrantLeavesItAClaimWindowUntilTheWaiterCl
 class RedisDeadWaiter : public ::testing::TestWithParam<int> {};
 
 TEST_P(RedisDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease) {
-  using distlock::testing::spawn_holder;
-  const int sig = GetParam();
-  distlock::testing::TempDir dir("distlock-deadwaiter");
   RedisServer server;
-  Client a_client = distlock::connect(server.url());
-  Lease a = a_client.acquire("line", ttl_of(5s));
-  const std::string b_out = (dir.path() / "b.out").string();
-  auto b = spawn_holder(server.url(), "line", b_out, 30000, 100, {"--wait", "60000"});
-  ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 1u; }, 10s));
-  Client c_client = distlock::connect(server.url());
-  std::atomic<bool> got{false};
-  Clock::time_point got_at{};
-  std::thread ct([&] {
-    distlock::detail::Error ec;
-    Lease l = c_client.acquire("line", ttl_of(30s, 60s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Clock::now();
-    got = true;
-  });
-  ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 2u; }, 10s));
-  b.signal(sig);
-  if (sig == SIGKILL) {
-    ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
-  } else {
-    // Stopped: its state in /proc reads 'T'.
-    ASSERT_TRUE(eventually(
-        [&] {
-          const std::string stat = distlock::testing::read_file("/proc/" + std::to_string(b.pid()) + "/stat");
-          const auto close = stat.rfind(')');
-          return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
-        },
-        10s));
-  }
-  // B's entry is still live (its TTL is 30 s): the release grants the lock to it.
-  EXPECT_EQ(waiters_of(a_client, "line"), 2u);
-  const auto released_at = Clock::now();
-  a.release();
-  ct.join();
-  ASSERT_TRUE(got.load());
-  const auto stall = std::chrono::duration_cast<Millis>(got_at - released_at);
-  std::printf("dead waiter (signal %d): the next live waiter got the lock %lld ms after the release\n", sig,
-              static_cast<long long>(stall.count()));
-  EXPECT_LE(stall, 3000ms) << "the live waiter waited for a dead one's grant to run out";
-  EXPECT_EQ(distlock::testing::read_file(b_out).find("acquired"), std::string::npos);
-  if (sig == SIGSTOP) {
-    // On resume B finds its entry gone or its grant lapsed: it queues anew and gets
-    // the lock after C (C's lease ended with its thread).
-    b.signal(SIGCONT);
-    EXPECT_TRUE(distlock::testing::wait_for_text(b_out, "released", 30s))
-        << distlock::testing::read_file(b_out);
-  }
+  Client probe = distlock::connect(server.url(), quiet());
+  expect_dead_waiter_delay_at_most_3s(
+      server.url(), "line", GetParam(), [&] { return static_cast<long long>(waiters_of(probe, "line")); },
+      "distlock-deadwaiter");
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, RedisDeadWaiter, ::testing::Values(SIGKILL, SIGSTOP),
