@@ -25,6 +25,7 @@
 #include "support/process.hpp"
 #include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
+#include "support/timed_acquire.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -140,22 +141,16 @@ TEST(RedisHandOff, GivingUpLeavesTheQueueAndARacingGrantIsHandedOn) {
   distlock::detail::Error ec;
   ASSERT_FALSE(backend.try_acquire(req, ec).acquired);
   ASSERT_FALSE(ec) << ec.message();
-  std::atomic<bool> y_got{false};
-  std::thread yt([&] {
-    distlock::detail::Error yec;
-    Lease l = y.acquire("race", ttl_of(10s, 30s), yec);
-    EXPECT_FALSE(yec) << yec.message();
-    y_got = true;
-  });
+  TimedAcquire yt(y, "race", ttl_of(10s, 30s));
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "race") == 2u; }, 10s));
   holder.release();
   ASSERT_TRUE(eventually([&] { return holder_client.status("race").holder.value_or("") == owner; }, 10s))
       << "the lock was not granted to the first waiter";
-  EXPECT_FALSE(y_got.load());
+  EXPECT_FALSE(yt.got());
   backend.cancel_acquire("race", owner);
   const auto given_up = Clock::now();
   yt.join();
-  EXPECT_TRUE(y_got.load());
+  EXPECT_TRUE(yt.got());
   // Handed on by the give-up itself, not after X's 10 s grant ran out.
   EXPECT_LT(std::chrono::duration_cast<Millis>(Clock::now() - given_up), 5000ms);
 }
@@ -177,15 +172,7 @@ TEST(RedisHandOff, KilledAndPausedWaitersAreSkipped) {
   auto paused = spawn_holder(server.url(), "skip", paused_out, 1000, 100, {"--wait", "60000"});
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 2u; }, 10s));
   Client live = distlock::connect(server.url());
-  std::atomic<bool> got{false};
-  Clock::time_point got_at{};
-  std::thread lt([&] {
-    distlock::detail::Error ec;
-    Lease l = live.acquire("skip", ttl_of(10s, 60s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Clock::now();
-    got = true;
-  });
+  TimedAcquire lt(live, "skip", ttl_of(10s, 60s));
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 3u; }, 10s));
   killed.signal(SIGKILL);
   paused.signal(SIGSTOP);
@@ -195,8 +182,8 @@ TEST(RedisHandOff, KilledAndPausedWaitersAreSkipped) {
   const auto released_at = Clock::now();
   holder.release();
   lt.join();
-  ASSERT_TRUE(got.load());
-  EXPECT_LT(std::chrono::duration_cast<Millis>(got_at - released_at), 2000ms)
+  ASSERT_TRUE(lt.got());
+  EXPECT_LT(std::chrono::duration_cast<Millis>(lt.got_at() - released_at), 2000ms)
       << "the live waiter waited for a dead one's grant to run out";
   // The paused waiter resumes, finds its entry gone, queues anew and gets the lock.
   paused.signal(SIGCONT);
@@ -373,26 +360,18 @@ TEST(RedisForget, ALostLeaseIsHandedToTheNextWaiterAndOnlyThatLease) {
   const auto held = backend.try_acquire({"lost", owner, Millis(30000)}, ec);
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(held.acquired);
-  std::atomic<bool> y_got{false};
-  Clock::time_point y_at{};
-  std::thread yt([&] {
-    distlock::detail::Error yec;
-    Lease l = y.acquire("lost", ttl_of(10s, 30s), yec);
-    EXPECT_FALSE(yec) << yec.message();
-    y_at = Clock::now();
-    y_got = true;
-  });
+  TimedAcquire yt(y, "lost", ttl_of(10s, 30s));
   ASSERT_TRUE(eventually([&] { return waiters_of(x, "lost") == 1u; }, 10s));
   backend.forget("lost", owner, held.token + 1);                             // another lease of the owner
   backend.forget("lost", "fedcba9876543210fedcba9876543210:1", held.token);  // another owner
   EXPECT_EQ(x.status("lost").holder.value_or(""), owner) << "forget freed a lease it was not given";
-  EXPECT_FALSE(y_got.load());
+  EXPECT_FALSE(yt.got());
   const auto forgotten = Clock::now();
   backend.forget("lost", owner, held.token);
   yt.join();
-  ASSERT_TRUE(y_got.load());
+  ASSERT_TRUE(yt.got());
   // One grant and its claim: two round trips on loopback; 2 s is the slack for a loaded host.
-  EXPECT_LT(std::chrono::duration_cast<Millis>(y_at - forgotten), 2000ms)
+  EXPECT_LT(std::chrono::duration_cast<Millis>(yt.got_at() - forgotten), 2000ms)
       << "the next waiter was not granted the forgotten lock";
   EXPECT_EQ(backend.release("lost", owner, held.token, ec), distlock::detail::ReleaseStatus::not_owner);
 

@@ -16,19 +16,18 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <functional>
 #include <string>
-#include <thread>
 
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/timed_acquire.hpp"
 
 namespace distlock::testing {
 
@@ -44,15 +43,7 @@ inline void expect_dead_waiter_delay_at_most_3s(const std::string& url, const st
   auto b = spawn_holder(url, name, b_out, 30000, 100, {"--wait", "60000"});
   ASSERT_TRUE(eventually([&] { return queued() == 1; }, 10s));
   Client c_client = connect(url, quiet());
-  std::atomic<bool> got{false};
-  Steady::time_point got_at{};
-  std::thread ct([&] {
-    std::error_code ec;
-    Lease l = c_client.acquire(name, ttl_of(30s, 60s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Steady::now();
-    got = true;
-  });
+  TimedAcquire c(c_client, name, ttl_of(30s, 60s));
   ASSERT_TRUE(eventually([&] { return queued() == 2; }, 10s));
   b.signal(sig);
   if (sig == SIGKILL) {
@@ -64,9 +55,9 @@ inline void expect_dead_waiter_delay_at_most_3s(const std::string& url, const st
   EXPECT_EQ(queued(), 2);
   const auto released_at = Steady::now();
   a.release();
-  ct.join();
-  ASSERT_TRUE(got.load());
-  const auto stall = std::chrono::duration_cast<Millis>(got_at - released_at);
+  c.join();
+  ASSERT_TRUE(c.got());
+  const auto stall = std::chrono::duration_cast<Millis>(c.got_at() - released_at);
   std::printf("dead waiter (signal %d): the next live waiter got the lock %lld ms after the release\n", sig,
               static_cast<long long>(stall.count()));
   EXPECT_LE(stall, 3000ms) << "the live waiter waited for a dead one's grant to run out";
