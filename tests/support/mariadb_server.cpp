@@ -14,18 +14,13 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-
-std::string file_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The server's options, shared by the template's first start and every test server.
 std::vector<std::string> server_argv(const std::string& datadir, const std::string& sock, std::uint16_t port,
@@ -102,8 +97,7 @@ std::vector<std::vector<std::string>> run_sql(MYSQL* m, const std::string& sql) 
 }
 
 [[noreturn]] void fail(const std::string& msg) {
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 }  // namespace
