@@ -21,6 +21,7 @@
 #include "support/client_options.hpp"
 #include "support/dead_waiter.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_hammer.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_probes.hpp"
@@ -44,8 +45,7 @@ TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
   constexpr int kWaiters = 6;
   Client holder_client = distlock::connect(server.url());
   Lease holder = holder_client.acquire("fifo", ttl_of(10s));
-  std::vector<Client> clients;
-  for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
+  std::vector<Client> clients = connect_clients(server.url(), kWaiters);
   std::mutex mu;
   std::vector<int> order;
   std::vector<std::thread> threads;
@@ -78,8 +78,7 @@ TEST(RedisHandOff, OneReleaseWakesExactlyOneClient) {
   constexpr int kWaiters = 16;
   Client holder_client = distlock::connect(server.url());
   Lease holder = holder_client.acquire("herd", ttl_of(10s));
-  std::vector<Client> clients;
-  for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
+  std::vector<Client> clients = connect_clients(server.url(), kWaiters);
   std::atomic<int> acquired{0};
   std::atomic<bool> let_go{false};
   std::vector<std::thread> threads;
