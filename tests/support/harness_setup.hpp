@@ -1,6 +1,8 @@
 // What the server harnesses (redis_server, redis_sentinel, database_server and its PostgreSQL
 // and MariaDB servers, tests/zk/zk_server) share when they set a server up: failing the test
-// with a message that names the problem, and reading a server's log for that message.
+// with a message that names the problem (a program that is not installed), reading a server's
+// log for that message, and installing a fresh data directory as the template later servers
+// copy.
 // Thread-safety: each call uses only its arguments.
 #pragma once
 
@@ -11,6 +13,9 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+
+#include "support/process.hpp"
 
 namespace distlock::testing {
 
@@ -27,6 +32,27 @@ inline std::string file_text(const std::filesystem::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+/// fail_setup unless `program` is installed: "<program> is not installed (it is required for the
+/// <tests>): run scripts/bootstrap.sh or apt-get install <package>".
+inline void require_program(const std::string& program, const std::string& tests,
+                            const std::string& package) {
+  if (!have_program(program)) {
+    fail_setup(program + " is not installed (it is required for the " + tests +
+               "): run scripts/bootstrap.sh or apt-get install " + package);
+  }
+}
+
+/// Moves the freshly initialised data directory `fresh` to `tmpl`/data, replacing what was
+/// there: "" or the error, naming `what` and `tmpl`.
+inline std::string install_template(const std::string& fresh, const std::string& tmpl,
+                                    const std::string& what) {
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+  std::filesystem::create_directory(tmpl, ec);
+  std::filesystem::rename(fresh, tmpl + "/data", ec);
+  return ec ? "cannot move the " + what + " to " + tmpl + ": " + ec.message() : std::string();
 }
 
 }  // namespace distlock::testing

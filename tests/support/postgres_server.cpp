@@ -108,21 +108,12 @@ PostgresServer::PostgresServer()
         argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
       }
       if (error.empty()) error = run_to_end(argv, td + "/initdb.log");
-      if (error.empty()) {
-        std::error_code ec;
-        std::filesystem::remove_all(tmpl, ec);
-        std::filesystem::create_directory(tmpl, ec);
-        std::filesystem::rename(td + "/data", tmpl + "/data", ec);
-        if (ec) error = "cannot move the initdb template to " + tmpl + ": " + ec.message();
-      }
+      if (error.empty()) error = install_template(td + "/data", tmpl, "initdb template");
     }
     template_ = tmpl + "/data";
     if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
     if (lock_fd >= 0) ::close(lock_fd);
-    if (!error.empty()) {
-      ADD_FAILURE() << error;
-      throw std::runtime_error(error);
-    }
+    if (!error.empty()) fail_setup(error);
   }
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {

@@ -27,12 +27,7 @@ std::string field(const redisReply* entry, std::string_view name) {
 }  // namespace
 
 RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::move(opts)) {
-  if (!have_program("redis-sentinel")) {
-    const std::string msg =
-        "redis-sentinel is not installed (it is required for the Sentinel tests): run scripts/bootstrap.sh "
-        "or apt-get install redis-sentinel";
-    fail_setup(msg);
-  }
+  require_program("redis-sentinel", "Sentinel tests", "redis-sentinel");
   // Replicas log in as "repl" (every node has it: any of them may become master).
   RedisServerOptions base;
   base.password = opts_.password;

@@ -28,12 +28,7 @@ RedisReplyPtr run_argv(redisContext* c, const std::vector<std::string_view>& arg
 }  // namespace
 
 RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
-  if (!have_program("redis-server")) {
-    const std::string msg =
-        "redis-server is not installed (it is required for the Redis tests): run scripts/bootstrap.sh "
-        "or apt-get install redis-server";
-    fail_setup(msg);
-  }
+  require_program("redis-server", "Redis tests", "redis-server");
   // A port that was free a moment ago can be taken by a parallel test: try a few.
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {
