@@ -13,6 +13,7 @@
 
 #include "distlock/clock.hpp"
 #include "distlock/error.hpp"
+#include "engine/backend_error.hpp"
 #include "engine/engine.hpp"  // Engine::options(): the client's lock_defaults
 
 namespace distlock {
@@ -52,20 +53,23 @@ struct MultiLease::State {
     for (auto& l : leases)
       watches.push_back(std::make_unique<std::stop_callback<FireWhole>>(l.stop_token(), FireWhole{&source}));
   }
-  /// Releases every lease, the last taken first; the first "lost" wins, else the first other error.
-  void release_all(std::error_code& ec, std::string& which) noexcept {
+  /// Releases every lease, the last taken first. The first "lost" wins, else the first other
+  /// error; the detail says which name's release it was.
+  detail::Error release_all() noexcept {
     watches.clear();
-    ec.clear();
+    detail::Error err;
     for (auto it = leases.rbegin(); it != leases.rend(); ++it) {
       std::error_code one;
       const std::string name = it->name();
       it->release(one);
-      if (one && (!ec || (one == errc::lost && ec != errc::lost))) {
-        ec = one;
-        which = name;
+      if (one && (!err || (one == errc::lost && err != errc::lost))) {
+        err.fail(one, one == errc::lost
+                          ? quoted(name) + " had been lost"
+                          : "the release of " + quoted(name) + " failed (it expires by its TTL)");
       }
     }
     leases.clear();
+    return err;
   }
 };
 
@@ -75,9 +79,7 @@ MultiLease::MultiLease(MultiLease&&) noexcept = default;
 MultiLease& MultiLease::operator=(MultiLease&& other) noexcept {
   if (this != &other) {
     if (state_) {
-      std::error_code ec;
-      std::string which;
-      state_->release_all(ec, which);
+      state_->release_all();
     }
     state_ = std::move(other.state_);
   }
@@ -86,9 +88,7 @@ MultiLease& MultiLease::operator=(MultiLease&& other) noexcept {
 MultiLease::~MultiLease() {
   // Each Lease::release logs and counts its own failure; nothing is thrown here.
   if (state_) {
-    std::error_code ec;
-    std::string which;
-    state_->release_all(ec, which);
+    state_->release_all();
   }
 }
 
@@ -148,19 +148,13 @@ Millis MultiLease::remaining() const noexcept {
 void MultiLease::release(std::error_code& ec) noexcept {
   ec.clear();
   if (!state_) return;
-  std::string which;
-  state_->release_all(ec, which);
+  ec = state_->release_all();
 }
 
 void MultiLease::release() {
   if (!state_) return;
-  std::error_code ec;
-  std::string which;
-  state_->release_all(ec, which);
-  if (ec == errc::lost) throw_error(ec, "released every name; " + quoted(which) + " had been lost");
-  if (ec)
-    throw_error(ec,
-                "released every name; the release of " + quoted(which) + " failed (it expires by its TTL)");
+  const detail::Error err = state_->release_all();
+  if (err) throw_error(err, "released every name; " + err.detail());
 }
 
 MultiLease Client::acquire_all(const std::vector<std::string>& names, const LockOptions& opts) {
@@ -185,9 +179,7 @@ MultiLease Client::acquire_all(const std::vector<std::string>& names, const Lock
         state->leases.push_back(acquire(order[i], each));
       } catch (const std::system_error& e) {
         const std::size_t taken = state->leases.size();
-        std::error_code ignored;
-        std::string which;
-        state->release_all(ignored, which);  // the partial set goes before the error is thrown
+        state->release_all();  // the partial set goes before the error is thrown
         std::error_code code = e.code();
         if (out_of_time && code == errc::busy) code = make_error_code(errc::timeout);
         throw_error(code, "acquire_all: " + quoted(order[i]) + " (" + std::to_string(i + 1) + " of " +
@@ -200,9 +192,7 @@ MultiLease Client::acquire_all(const std::vector<std::string>& names, const Lock
     // A name taken early was lost while a later one was awaited: give back the whole set and
     // start again in order (taking the lost name again while holding later ones would break
     // the order that rules out deadlock), as long as the wait allows.
-    std::error_code ignored;
-    std::string which;
-    state->release_all(ignored, which);
+    state->release_all();
     if (one_attempt || (deadline && clock->now() >= *deadline)) {
       throw_error(make_error_code(one_attempt ? errc::busy : errc::timeout),
                   "acquire_all: a name was lost while the later ones were taken, and the wait ran out");
@@ -237,24 +227,18 @@ std::optional<MultiLease> Client::try_acquire_all(const std::vector<std::string>
     try {
       one = try_acquire(name, opts);
     } catch (...) {
-      std::error_code ignored;
-      std::string which;
-      state->release_all(ignored, which);
+      state->release_all();
       throw;
     }
     if (!one) {
-      std::error_code ignored;
-      std::string which;
-      state->release_all(ignored, which);
+      state->release_all();
       return std::nullopt;
     }
     state->leases.push_back(std::move(*one));
   }
   state->watch();
   if (state->source.stop_requested()) {
-    std::error_code ignored;
-    std::string which;
-    state->release_all(ignored, which);
+    state->release_all();
     return std::nullopt;
   }
   return MultiLease(std::move(state));

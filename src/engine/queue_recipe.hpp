@@ -64,7 +64,8 @@ struct QueueEntry : std::enable_shared_from_this<QueueEntry> {
 
   const std::string name;
   const std::string owner;
-  // Guarded by QueueRecipe::mutex().
+  // Guarded by QueueRecipe::mutex() (not annotated: an entry holds no path to its recipe,
+  // so the analysis cannot name that mutex from here).
   std::uint64_t token = 0;        ///< the place's creation revision / czxid; 0 while unknown
   bool held = false;              ///< granted to the engine and not released or lost since
   Clock::time_point confirmed{};  ///< held: when the hold was last confirmed (store's choice)

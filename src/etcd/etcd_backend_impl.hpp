@@ -61,7 +61,8 @@ struct Session {
   std::int64_t lease = 0;
   std::int64_t requested_s = 0;  // the TTL asked for (map key)
   Millis ttl{};                  // the TTL etcd granted
-  // Guarded by EtcdBackend::mu_.
+  // Guarded by the backend's recipe_.mutex() (not annotated: a Session holds no path to its
+  // backend, so the analysis cannot name that mutex from here).
   bool alive = true;
   SteadyTime last_sent{};  // send time of the last successful grant/keepalive
   SteadyTime next_keepalive{};
@@ -75,7 +76,8 @@ struct Entry final : QueueEntry {
   std::string key;
   std::shared_ptr<Session> session;
   SteadyTime made{};  // before its first Txn was sent
-  // Guarded by the recipe's mutex.
+  // Guarded by the recipe's mutex (not annotated: the entry holds no path to its recipe, so
+  // the analysis cannot name QueueRecipe::mutex() from here).
   std::int64_t watch_id = 0;  // live watch on the predecessor, 0 when none
   bool watch_fired = false;   // the predecessor was deleted (or the watch broke)
   // Lock-delay (etcd_delay.cpp). The marker value this entry's hold wrote (empty: none).

@@ -304,9 +304,9 @@ AcquireResult MysqlBackend::try_acquire(const AcquireRequest& req, Error& ec) {
         l->owner = std::string(req.owner);
         l->token = token;
         l->validity = validity;
-        l->valid_until = sent + validity;
         {
           LockGuard lease_lock(l->mu);  // not shared yet: satisfies the annotation
+          l->valid_until = sent + validity;
           l->conn = std::move(c);
         }
         {

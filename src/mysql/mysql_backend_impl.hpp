@@ -34,10 +34,10 @@ struct Lease {
   std::string name, owner;
   std::uint64_t token = 0;
   Millis validity{};  // the session's wait_timeout
-  // Send time of the acquire or last renewal + validity: the holder's local deadline
-  // lies before it. Guarded by mu.
-  Clock::time_point valid_until{};
   AnnotatedMutex mu;
+  // Send time of the acquire or last renewal + validity: the holder's local deadline
+  // lies before it.
+  Clock::time_point valid_until DISTLOCK_GUARDED_BY(mu){};
   Conn conn DISTLOCK_GUARDED_BY(mu);  // null once the lease is over
 };
 

@@ -67,7 +67,8 @@ class ZkBackend;
 struct Session : SessionContext {
   ZkBackend* backend = nullptr;
   std::uint64_t gen = 0;
-  // Guarded by ZkBackend::mu_.
+  // Guarded by the backend's recipe_.mutex() (not annotated: ZkBackend is incomplete here and
+  // recipe_ private, so `backend->recipe_.mutex()` cannot name it).
   bool connected = false;
   bool ever_connected = false;
   bool reconnected = false;  // connected again after a disconnection: nudge waiters

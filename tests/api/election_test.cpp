@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <stop_token>
@@ -16,6 +15,7 @@
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
+#include "support/call_in_thread.hpp"
 #include "support/eventually.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
@@ -295,34 +295,18 @@ TEST_F(Election, CancelEndsAnObserversWaitWithErrcCancelled) {
   distlock::LockOptions opts = ttl(30s);
   opts.cancel = stop.get_token();
   auto eo = o.election("w", opts);
-  std::mutex m;
-  std::condition_variable cv;
-  bool returned = false;
-  std::error_code code;
-  std::thread observer([&] {
-    std::error_code c;
-    try {
-      (void)eo.observe(std::nullopt, 1h);  // vacant: waits for a leader
-    } catch (const std::system_error& e) {
-      c = e.code();
-    }
-    std::lock_guard lk(m);
-    code = c;
-    returned = true;
-    cv.notify_all();
+  CallInThread observer([&] {
+    return distlock::testing::code_of(
+        [&] { (void)eo.observe(std::nullopt, 1h); });  // vacant: waits for a leader
   });
   // The observer has read the election (vacant) and waits; bounded at 10 s.
   EXPECT_TRUE(eventually([&] { return counter->status_calls.load() > 0; }, 10s));
   stop.request_stop();
-  bool in_time = false;
-  {
-    std::unique_lock lk(m);
-    in_time = cv.wait_for(lk, 10s, [&] { return returned; });
-  }
+  const bool in_time = observer.returned_within(10s);
   if (!in_time) clock->advance(2h);  // ends the wait by its own bound
   observer.join();
   EXPECT_TRUE(in_time) << "observe() kept waiting after its cancel token was stopped";
-  EXPECT_EQ(code, errc::cancelled);
+  EXPECT_EQ(observer.code(), errc::cancelled);
   // Already stopped: refused at once, as acquire() is.
   {
     std::string what;

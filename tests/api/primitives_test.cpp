@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -321,34 +322,25 @@ TEST_F(SharedMutexTest, TimedWaitsRunOut) {
   auto b = client();
   auto rw_a = a.shared_mutex("tw", ttl(30s));
   auto rw_b = b.shared_mutex("tw", ttl(30s));
+  // b's timed try on a thread of its own while the manual clock runs on: 1 if it got the lock.
+  auto timed_try = [&](const std::function<bool()>& try_for) {
+    std::atomic<bool> done{false};
+    std::atomic<int> got{-1};
+    std::thread t([&] {
+      got = try_for() ? 1 : 0;
+      done = true;
+    });
+    advance_until(*clock, done);
+    t.join();
+    return got.load();
+  };
   rw_a.lock_shared();
-  std::atomic<bool> done{false};
-  std::atomic<int> got{-1};
-  std::thread writer([&] {
-    got = rw_b.try_lock_for(1s) ? 1 : 0;
-    done = true;
-  });
-  for (int i = 0; i < 5000 && !done; ++i) {
-    clock->advance(10ms);
-    std::this_thread::sleep_for(1ms);
-  }
-  writer.join();
-  EXPECT_EQ(got.load(), 0);
+  EXPECT_EQ(timed_try([&] { return rw_b.try_lock_for(1s); }), 0);
   EXPECT_FALSE(store->held(distlock::SharedMutex::intent_lock_name("tw"), clock->now()))
       << "a writer that gave up keeps nothing";
   rw_a.unlock_shared();
   rw_a.lock();
-  done = false;
-  std::thread reader([&] {
-    got = rw_b.try_lock_shared_for(1s) ? 1 : 0;
-    done = true;
-  });
-  for (int i = 0; i < 5000 && !done; ++i) {
-    clock->advance(10ms);
-    std::this_thread::sleep_for(1ms);
-  }
-  reader.join();
-  EXPECT_EQ(got.load(), 0);
+  EXPECT_EQ(timed_try([&] { return rw_b.try_lock_shared_for(1s); }), 0);
   rw_a.unlock();
 }
 

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -129,6 +130,39 @@ distlock::detail::ListedLock held(const std::string& name, std::uint64_t token) 
   return l;
 }
 
+// Reads `w` until the new master's state of p/x (held with `token`) shows, 5 s at most on this
+// steady clock: it must come after the replacement's gap (a gap `is_replacement` accepts), and
+// nothing of p/x may come between that gap and it (the old master's `what`: listing or read).
+void expect_only_the_new_state(Watch& w, std::uint64_t token,
+                               const std::function<bool(const WatchEvent&)>& is_replacement,
+                               const char* what) {
+  std::vector<std::string> seen;
+  bool replaced = false, state_seen = false;
+  std::vector<std::string> wrong;
+  const auto end = Clock::now() + 5s;
+  while (!state_seen && Clock::now() < end) {
+    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
+    if (!e) break;
+    seen.push_back(describe(*e));
+    if (e->kind == WatchEventKind::gap && is_replacement(*e)) {
+      replaced = true;
+      continue;
+    }
+    if (!replaced || e->name != "p/x") continue;
+    if (e->kind == WatchEventKind::state && e->held && e->token == token) {
+      state_seen = true;
+    } else {
+      wrong.push_back(describe(*e));
+    }
+  }
+  const std::string all = joined(seen);
+  ASSERT_TRUE(replaced) << "no gap for the replacement; events:" << all;
+  EXPECT_TRUE(state_seen) << "the new master's state (p/x held with token " << token
+                          << ") never came; events:" << all;
+  EXPECT_TRUE(wrong.empty()) << "after the replacement's gap, p/x was reported from the old master's " << what
+                             << "; events:" << all;
+}
+
 // The old master listed "p/x" with token 5 in a listing that was still being read when
 // the failover replaced the source; the new master has "p/x" with token 3 (it lacks the
 // release of 3 and the lease of 5). After the failover's gap the stream must show the
@@ -177,30 +211,8 @@ TEST(WatchSourceReplaced, AListingReadBeforeTheReplacementDoesNotHideTheNewServe
   }
   script.cv.notify_all();
 
-  // Read until the new master's state of p/x shows (5 s bound on this steady clock).
-  std::vector<std::string> seen;
-  bool replaced = false;
-  std::optional<WatchEvent> new_state;
-  std::vector<std::string> old_after_replaced;
-  const auto end = Clock::now() + 5s;
-  while (!new_state && Clock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
-    if (!e) break;
-    seen.push_back(describe(*e));
-    if (e->kind == WatchEventKind::gap && e->detail.find("moved") != std::string::npos) replaced = true;
-    if (!replaced || e->name != "p/x") continue;
-    if (e->kind == WatchEventKind::state && e->held && e->token == 3) {
-      new_state = e;
-    } else {
-      old_after_replaced.push_back(describe(*e));
-    }
-  }
-  std::string all;
-  for (const auto& s : seen) all += "\n  " + s;
-  ASSERT_TRUE(replaced) << "no gap for the replacement; events:" << all;
-  EXPECT_TRUE(new_state) << "the new master's state (p/x held with token 3) never came; events:" << all;
-  EXPECT_TRUE(old_after_replaced.empty())
-      << "after the replacement's gap, p/x was reported from the old master's listing; events:" << all;
+  ASSERT_NO_FATAL_FAILURE(expect_only_the_new_state(
+      w, 3, [](const WatchEvent& e) { return e.detail.find("moved") != std::string::npos; }, "listing"));
   {
     std::lock_guard lk(script.mu);
     EXPECT_GE(script.listings, 3) << "initial listing, the break's and the replacement's";
@@ -251,32 +263,8 @@ TEST(WatchSourceReplaced, AnExpiryReadFromTheOldServerIsNotReportedAfterTheRepla
   }
   script.cv.notify_all();
 
-  // Read until the new master's state of p/x shows (5 s bound on this steady clock).
-  std::vector<std::string> seen;
-  bool replaced = false, state_seen = false;
-  std::vector<std::string> wrong;
-  const auto end = Clock::now() + 5s;
-  while (!state_seen && Clock::now() < end) {
-    auto e = w.next(std::chrono::ceil<Millis>(end - Clock::now()));
-    if (!e) break;
-    seen.push_back(describe(*e));
-    if (e->kind == WatchEventKind::gap) {
-      replaced = true;
-      continue;
-    }
-    if (!replaced) continue;
-    if (e->kind == WatchEventKind::state && e->held && e->token == 5) {
-      state_seen = true;
-    } else {
-      wrong.push_back(describe(*e));
-    }
-  }
-  std::string all;
-  for (const auto& s : seen) all += "\n  " + s;
-  ASSERT_TRUE(replaced) << "no gap for the replacement; events:" << all;
-  EXPECT_TRUE(state_seen) << "the new master's state (p/x held with token 5) never came; events:" << all;
-  EXPECT_TRUE(wrong.empty())
-      << "after the replacement's gap, p/x was reported from the old master's read; events:" << all;
+  ASSERT_NO_FATAL_FAILURE(expect_only_the_new_state(
+      w, 5, [](const WatchEvent&) { return true; }, "read"));
 }
 
 // A plain gap (the channel broke) while "p/x" was reported held with token 5: its release

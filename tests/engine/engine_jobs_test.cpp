@@ -16,6 +16,7 @@
 #include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/backend_names.hpp"
+#include "support/call_in_thread.hpp"
 #include "support/forwarding_backend.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
@@ -268,12 +269,8 @@ class HungRelease final : public ForwardingBackend {
 }  // namespace
 
 TEST_F(Jobs, ALossCallbackIsNotHeldBackByAHandBackTheServerDoesNotAnswer) {
-  distlock::ClientOptions o;
-  o.clock = clock;
-  o.background_renewal = false;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
   HungRelease* hung = nullptr;
-  auto c = client_through<HungRelease>(store_name, o, &hung);
+  auto c = client_through<HungRelease>(store_name, options(), &hung);
   distlock::Lease lease = c.acquire("job", opts(3s));
   std::mutex m;
   std::condition_variable cv;
@@ -371,12 +368,8 @@ class HungWatch final : public ForwardingBackend {
 TEST_F(Jobs, CancelEndsAWaitForAnotherWaitersSubscription) {
   auto holder = client();
   auto lease = holder.acquire("job", opts(3s));
-  distlock::ClientOptions o;
-  o.clock = clock;
-  o.background_renewal = false;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
   HungWatch* hung = nullptr;
-  auto c = client_through<HungWatch>(store_name, o, &hung);
+  auto c = client_through<HungWatch>(store_name, options(), &hung);
   std::stop_source stop_first, stop_second;
   distlock::LockOptions first = opts(3s), second = opts(3s);
   first.cancel = stop_first.get_token();  // no wait bound: only a cancel ends these waits
@@ -387,33 +380,22 @@ TEST_F(Jobs, CancelEndsAWaitForAnotherWaitersSubscription) {
   for (int i = 0; i < 10000 && hung->watch_calls.load() == 0; ++i) std::this_thread::sleep_for(1ms);
   ASSERT_EQ(hung->watch_calls.load(), 1);
   const int tries_before = store->try_acquire_calls();
-  std::mutex m;
-  std::condition_variable cv;
-  bool returned = false;
-  std::error_code ec_second;
-  std::thread w2([&] {
+  CallInThread w2([&] {
     std::error_code e;
     (void)c.acquire("job", second, e);
-    std::lock_guard lk(m);
-    ec_second = e;
-    returned = true;
-    cv.notify_all();
+    return e;
   });
   // The second waiter has made its attempt (busy); bounded at 10 s.
   for (int i = 0; i < 10000 && store->try_acquire_calls() == tries_before; ++i)
     std::this_thread::sleep_for(1ms);
   stop_second.request_stop();
-  bool in_time = false;
-  {
-    std::unique_lock lk(m);
-    in_time = cv.wait_for(lk, 5s, [&] { return returned; });
-  }
+  const bool in_time = w2.returned_within(5s);
   hung->answer();
   stop_first.request_stop();
   w2.join();
   w1.join();
   EXPECT_TRUE(in_time) << "the cancelled waiter waited for another waiter's unanswered watch";
-  EXPECT_EQ(ec_second, errc::cancelled);
+  EXPECT_EQ(w2.code(), errc::cancelled);
   EXPECT_EQ(ec_first, errc::cancelled);
   EXPECT_EQ(hung->watch_calls.load(), 1);  // the second waiter never subscribed itself
   EXPECT_TRUE(lease.owns());

@@ -148,41 +148,41 @@ class SessionLossOnGrant final : public ForwardingBackend {
   std::shared_ptr<MemoryStore> store_;
 };
 
+/// `lease` was reported lost between its grant and the engine recording it: the server no
+/// longer has it, so `other` takes `name` right now (and gives it back), never while `lease`
+/// still claims it, and the loss was signalled.
+void expect_lost_at_grant(Client& other, const Lease& lease, const std::string& name) {
+  auto rival = other.try_acquire(name, ttl(3s));
+  ASSERT_TRUE(rival.has_value());
+  EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
+  EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+}
+
 TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
-  auto opts = options();
   SessionLossOnGrant* raw = nullptr;
-  auto c = client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
+  auto c = client_through<SessionLossOnGrant>(store_name, options(), &raw, store);
   auto other = client();
 
   raw->lose_next_grant = true;
   auto lease = c.acquire("s", ttl(3s));
-  // The server no longer has it: another client can take it right now.
-  auto rival = other.try_acquire("s", ttl(3s));
-  ASSERT_TRUE(rival.has_value());
-  EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
-  EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+  ASSERT_NO_FATAL_FAILURE(expect_lost_at_grant(other, lease, "s"));
 }
 
 // The same for one lease: the backend reports the lease of this very acquisition
 // lost (etcd: its session's lease ended; ZooKeeper: its node is gone) between the
 // grant and the engine recording it.
 TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
-  auto opts = options();
   SessionLossOnGrant* raw = nullptr;
-  auto c = client_through<SessionLossOnGrant>(store_name, opts, &raw, store);
+  auto c = client_through<SessionLossOnGrant>(store_name, options(), &raw, store);
   auto other = client();
 
   auto kept = c.acquire("kept", ttl(3s));  // another lease of the client is not touched
   raw->lose_lease_of_next_grant = true;
   auto lease = c.acquire("l", ttl(3s));
-  auto rival = other.try_acquire("l", ttl(3s));
-  ASSERT_TRUE(rival.has_value());
-  EXPECT_FALSE(lease.owns() && rival->owns()) << "two holders at once";
-  EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
+  ASSERT_NO_FATAL_FAILURE(expect_lost_at_grant(other, lease, "l"));
   EXPECT_TRUE(kept.owns());
   EXPECT_FALSE(kept.stop_token().stop_requested());
   // A later acquisition is not affected.
-  rival.reset();
   lease = c.acquire("l", ttl(3s));
   EXPECT_TRUE(lease.owns());
   EXPECT_FALSE(lease.stop_token().stop_requested());

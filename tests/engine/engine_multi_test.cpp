@@ -28,6 +28,13 @@ using EngineMulti = ManualMemoryTest;
 
 const std::vector<std::string> kNames{"m/0", "m/1", "m/2"};
 
+/// A lease of every name of kNames, taken by `c` with TTL `t`.
+std::vector<distlock::Lease> hold_all(distlock::Client& c, Millis t) {
+  std::vector<distlock::Lease> held;
+  for (const auto& n : kNames) held.push_back(c.acquire(n, ttl(t)));
+  return held;
+}
+
 TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
   auto a = client();
   auto b = client();
@@ -48,8 +55,7 @@ TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
 TEST_F(EngineMulti, AllBusyWithoutWaitIsBusyAndLeavesNothingBehind) {
   auto a = client();
   auto b = client();
-  std::vector<distlock::Lease> held;
-  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
+  std::vector<distlock::Lease> held = hold_all(a, 3s);
   const int tries = store->try_acquire_calls();
   distlock::detail::Error ec;
   auto got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), 0ms, ec);
@@ -64,8 +70,7 @@ TEST_F(EngineMulti, AllBusyWithoutWaitIsBusyAndLeavesNothingBehind) {
 TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
   auto a = client();
   auto b = client();
-  std::vector<distlock::Lease> held;
-  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(3s)));
+  std::vector<distlock::Lease> held = hold_all(a, 3s);
   const int base = store->try_acquire_calls();
   std::shared_ptr<distlock::detail::HeldLock> got;
   distlock::detail::Error ec;
@@ -93,8 +98,7 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
 TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
   auto a = client();
   auto b = client();
-  std::vector<distlock::Lease> held;
-  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(30s)));
+  std::vector<distlock::Lease> held = hold_all(a, 30s);
   distlock::detail::Error ec;
   std::atomic<bool> done{false};
   std::shared_ptr<distlock::detail::HeldLock> got;
@@ -103,10 +107,7 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
     done = true;
   });
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
-  for (int i = 0; i < 5000 && !done; ++i) {
-    clock->advance(10ms);
-    std::this_thread::sleep_for(1ms);
-  }
+  advance_until(*clock, done);
   waiter.join();
   EXPECT_EQ(ec, errc::timeout);
   EXPECT_FALSE(got);
@@ -120,8 +121,7 @@ TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
 TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
   auto a = client();
   auto b = client();
-  std::vector<distlock::Lease> held;
-  for (const auto& n : kNames) held.push_back(a.acquire(n, ttl(1s)));
+  std::vector<distlock::Lease> held = hold_all(a, 1s);
   distlock::detail::Error ec;
   std::atomic<bool> done{false};
   std::shared_ptr<distlock::detail::HeldLock> got;

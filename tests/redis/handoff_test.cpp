@@ -19,11 +19,14 @@
 #include "redis/lock_scripts.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/dead_waiter.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_hammer.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_probes.hpp"
 #include "support/redis_server.hpp"
+#include "support/timed_acquire.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -42,8 +45,7 @@ TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
   constexpr int kWaiters = 6;
   Client holder_client = distlock::connect(server.url());
   Lease holder = holder_client.acquire("fifo", ttl_of(10s));
-  std::vector<Client> clients;
-  for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
+  std::vector<Client> clients = connect_clients(server.url(), kWaiters);
   std::mutex mu;
   std::vector<int> order;
   std::vector<std::thread> threads;
@@ -76,8 +78,7 @@ TEST(RedisHandOff, OneReleaseWakesExactlyOneClient) {
   constexpr int kWaiters = 16;
   Client holder_client = distlock::connect(server.url());
   Lease holder = holder_client.acquire("herd", ttl_of(10s));
-  std::vector<Client> clients;
-  for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
+  std::vector<Client> clients = connect_clients(server.url(), kWaiters);
   std::atomic<int> acquired{0};
   std::atomic<bool> let_go{false};
   std::vector<std::thread> threads;
@@ -139,22 +140,16 @@ TEST(RedisHandOff, GivingUpLeavesTheQueueAndARacingGrantIsHandedOn) {
   distlock::detail::Error ec;
   ASSERT_FALSE(backend.try_acquire(req, ec).acquired);
   ASSERT_FALSE(ec) << ec.message();
-  std::atomic<bool> y_got{false};
-  std::thread yt([&] {
-    distlock::detail::Error yec;
-    Lease l = y.acquire("race", ttl_of(10s, 30s), yec);
-    EXPECT_FALSE(yec) << yec.message();
-    y_got = true;
-  });
+  TimedAcquire yt(y, "race", ttl_of(10s, 30s));
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "race") == 2u; }, 10s));
   holder.release();
   ASSERT_TRUE(eventually([&] { return holder_client.status("race").holder.value_or("") == owner; }, 10s))
       << "the lock was not granted to the first waiter";
-  EXPECT_FALSE(y_got.load());
+  EXPECT_FALSE(yt.got());
   backend.cancel_acquire("race", owner);
   const auto given_up = Clock::now();
   yt.join();
-  EXPECT_TRUE(y_got.load());
+  EXPECT_TRUE(yt.got());
   // Handed on by the give-up itself, not after X's 10 s grant ran out.
   EXPECT_LT(std::chrono::duration_cast<Millis>(Clock::now() - given_up), 5000ms);
 }
@@ -176,15 +171,7 @@ TEST(RedisHandOff, KilledAndPausedWaitersAreSkipped) {
   auto paused = spawn_holder(server.url(), "skip", paused_out, 1000, 100, {"--wait", "60000"});
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 2u; }, 10s));
   Client live = distlock::connect(server.url());
-  std::atomic<bool> got{false};
-  Clock::time_point got_at{};
-  std::thread lt([&] {
-    distlock::detail::Error ec;
-    Lease l = live.acquire("skip", ttl_of(10s, 60s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Clock::now();
-    got = true;
-  });
+  TimedAcquire lt(live, "skip", ttl_of(10s, 60s));
   ASSERT_TRUE(eventually([&] { return waiters_of(holder_client, "skip") == 3u; }, 10s));
   killed.signal(SIGKILL);
   paused.signal(SIGSTOP);
@@ -194,8 +181,8 @@ TEST(RedisHandOff, KilledAndPausedWaitersAreSkipped) {
   const auto released_at = Clock::now();
   holder.release();
   lt.join();
-  ASSERT_TRUE(got.load());
-  EXPECT_LT(std::chrono::duration_cast<Millis>(got_at - released_at), 2000ms)
+  ASSERT_TRUE(lt.got());
+  EXPECT_LT(std::chrono::duration_cast<Millis>(lt.got_at() - released_at), 2000ms)
       << "the live waiter waited for a dead one's grant to run out";
   // The paused waiter resumes, finds its entry gone, queues anew and gets the lock.
   paused.signal(SIGCONT);
@@ -342,57 +329,11 @@ TEST(RedisHandOff, ARefreshThatFindsItsGrantLeavesItAClaimWindowUntilTheWaiterCl
 class RedisDeadWaiter : public ::testing::TestWithParam<int> {};
 
 TEST_P(RedisDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease) {
-  using distlock::testing::spawn_holder;
-  const int sig = GetParam();
-  distlock::testing::TempDir dir("distlock-deadwaiter");
   RedisServer server;
-  Client a_client = distlock::connect(server.url());
-  Lease a = a_client.acquire("line", ttl_of(5s));
-  const std::string b_out = (dir.path() / "b.out").string();
-  auto b = spawn_holder(server.url(), "line", b_out, 30000, 100, {"--wait", "60000"});
-  ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 1u; }, 10s));
-  Client c_client = distlock::connect(server.url());
-  std::atomic<bool> got{false};
-  Clock::time_point got_at{};
-  std::thread ct([&] {
-    distlock::detail::Error ec;
-    Lease l = c_client.acquire("line", ttl_of(30s, 60s), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Clock::now();
-    got = true;
-  });
-  ASSERT_TRUE(eventually([&] { return waiters_of(a_client, "line") == 2u; }, 10s));
-  b.signal(sig);
-  if (sig == SIGKILL) {
-    ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
-  } else {
-    // Stopped: its state in /proc reads 'T'.
-    ASSERT_TRUE(eventually(
-        [&] {
-          const std::string stat = distlock::testing::read_file("/proc/" + std::to_string(b.pid()) + "/stat");
-          const auto close = stat.rfind(')');
-          return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
-        },
-        10s));
-  }
-  // B's entry is still live (its TTL is 30 s): the release grants the lock to it.
-  EXPECT_EQ(waiters_of(a_client, "line"), 2u);
-  const auto released_at = Clock::now();
-  a.release();
-  ct.join();
-  ASSERT_TRUE(got.load());
-  const auto stall = std::chrono::duration_cast<Millis>(got_at - released_at);
-  std::printf("dead waiter (signal %d): the next live waiter got the lock %lld ms after the release\n", sig,
-              static_cast<long long>(stall.count()));
-  EXPECT_LE(stall, 3000ms) << "the live waiter waited for a dead one's grant to run out";
-  EXPECT_EQ(distlock::testing::read_file(b_out).find("acquired"), std::string::npos);
-  if (sig == SIGSTOP) {
-    // On resume B finds its entry gone or its grant lapsed: it queues anew and gets
-    // the lock after C (C's lease ended with its thread).
-    b.signal(SIGCONT);
-    EXPECT_TRUE(distlock::testing::wait_for_text(b_out, "released", 30s))
-        << distlock::testing::read_file(b_out);
-  }
+  Client probe = distlock::connect(server.url(), quiet());
+  expect_dead_waiter_delay_at_most_3s(
+      server.url(), "line", GetParam(), [&] { return static_cast<long long>(waiters_of(probe, "line")); },
+      "distlock-deadwaiter");
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, RedisDeadWaiter, ::testing::Values(SIGKILL, SIGSTOP),
@@ -418,26 +359,18 @@ TEST(RedisForget, ALostLeaseIsHandedToTheNextWaiterAndOnlyThatLease) {
   const auto held = backend.try_acquire({"lost", owner, Millis(30000)}, ec);
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(held.acquired);
-  std::atomic<bool> y_got{false};
-  Clock::time_point y_at{};
-  std::thread yt([&] {
-    distlock::detail::Error yec;
-    Lease l = y.acquire("lost", ttl_of(10s, 30s), yec);
-    EXPECT_FALSE(yec) << yec.message();
-    y_at = Clock::now();
-    y_got = true;
-  });
+  TimedAcquire yt(y, "lost", ttl_of(10s, 30s));
   ASSERT_TRUE(eventually([&] { return waiters_of(x, "lost") == 1u; }, 10s));
   backend.forget("lost", owner, held.token + 1);                             // another lease of the owner
   backend.forget("lost", "fedcba9876543210fedcba9876543210:1", held.token);  // another owner
   EXPECT_EQ(x.status("lost").holder.value_or(""), owner) << "forget freed a lease it was not given";
-  EXPECT_FALSE(y_got.load());
+  EXPECT_FALSE(yt.got());
   const auto forgotten = Clock::now();
   backend.forget("lost", owner, held.token);
   yt.join();
-  ASSERT_TRUE(y_got.load());
+  ASSERT_TRUE(yt.got());
   // One grant and its claim: two round trips on loopback; 2 s is the slack for a loaded host.
-  EXPECT_LT(std::chrono::duration_cast<Millis>(y_at - forgotten), 2000ms)
+  EXPECT_LT(std::chrono::duration_cast<Millis>(yt.got_at() - forgotten), 2000ms)
       << "the next waiter was not granted the forgotten lock";
   EXPECT_EQ(backend.release("lost", owner, held.token, ec), distlock::detail::ReleaseStatus::not_owner);
 

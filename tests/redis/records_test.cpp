@@ -112,6 +112,17 @@ TEST(RedisRecordsDown, EveryCallFailsWithBackendUnavailableNamingTheServer) {
   check_all_fail(*b, make_error_code(errc::backend_unavailable), where);
 }
 
+/// get_record of `name` after a restart of the server: retried every 20 ms for up to 10 s (steady
+/// clock) while it fails, as the first call after the restart may meet the old socket.
+std::optional<std::string> get_after_restart(Backend& b, const std::string& name, Error& ec) {
+  std::optional<std::string> got;
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  do {
+    got = b.get_record(name, ec);
+  } while (ec && std::chrono::steady_clock::now() < end && (std::this_thread::sleep_for(20ms), true));
+  return got;
+}
+
 // Records are stored like the fence counters: kept across a restart with
 // appendonly (docs/redis.md), lost without persistence.
 TEST(RedisRecordsRestart, KeptAcrossARestartWithAppendonly) {
@@ -122,11 +133,7 @@ TEST(RedisRecordsRestart, KeptAcrossARestartWithAppendonly) {
   b->put_record("kept", "value", d::PutMode::if_absent, ec);
   ASSERT_FALSE(ec) << ec.message();
   server.restart();
-  std::optional<std::string> got;
-  const auto end = std::chrono::steady_clock::now() + 10s;
-  do {
-    got = b->get_record("kept", ec);  // the first call after the restart may meet the old socket
-  } while (ec && std::chrono::steady_clock::now() < end && (std::this_thread::sleep_for(20ms), true));
+  const std::optional<std::string> got = get_after_restart(*b, "kept", ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(got, "value");
 }
@@ -139,11 +146,7 @@ TEST(RedisRecordsRestart, LostAcrossARestartWithoutPersistence) {
   b->put_record("gone", "value", d::PutMode::always, ec);
   ASSERT_FALSE(ec) << ec.message();
   server.restart();
-  std::optional<std::string> got;
-  const auto end = std::chrono::steady_clock::now() + 10s;
-  do {
-    got = b->get_record("gone", ec);
-  } while (ec && std::chrono::steady_clock::now() < end && (std::this_thread::sleep_for(20ms), true));
+  const std::optional<std::string> got = get_after_restart(*b, "gone", ec);
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(got, std::nullopt);
 }

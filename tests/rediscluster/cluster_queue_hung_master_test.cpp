@@ -18,6 +18,7 @@
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_probes.hpp"
+#include "support/timed_acquire.hpp"
 
 using namespace std::chrono_literals;
 using distlock::detail::rediscluster::keys_of;
@@ -66,15 +67,7 @@ TEST(RedisClusterQueueHungMaster,
     const auto hk = keys_of("distlock", hung_names[i]);
     ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), hk.lock + ":q") == 1; }, 10000ms));
   }
-  std::atomic<bool> got{false};
-  Steady::time_point got_at{};
-  std::thread ct([&] {
-    distlock::detail::Error ec;
-    Lease l = c.acquire(name, ttl_of(30000ms, 20000ms), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Steady::now();
-    got = !ec;
-  });
+  TimedAcquire ct(c, name, ttl_of(30000ms, 20000ms));
   ASSERT_TRUE(eventually([&] { return list_length(cluster.node(0), queue) == 2; }, 10000ms));
   b.signal(SIGKILL);
   ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
@@ -84,8 +77,8 @@ TEST(RedisClusterQueueHungMaster,
   ct.join();
   cluster.node(2).resume();
   for (auto& t : hung_waiters) t.join();
-  ASSERT_TRUE(got.load());
-  const auto stall = std::chrono::duration_cast<Millis>(got_at - released_at);
+  ASSERT_TRUE(ct.got());
+  const auto stall = std::chrono::duration_cast<Millis>(ct.got_at() - released_at);
   std::printf(
       "dead waiter, another master hung: the next live waiter got the lock %lld ms after the release\n",
       static_cast<long long>(stall.count()));

@@ -16,6 +16,7 @@
 #include "distlock/distlock.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
+#include "support/dead_waiter.hpp"
 #include "support/eventually.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
@@ -108,58 +109,12 @@ TEST(RedisClusterQueue, WaitersAreGrantedInQueueOrderAgainstAHolderThatAsksAgain
 class RedisClusterDeadWaiter : public ::testing::TestWithParam<int> {};
 
 TEST_P(RedisClusterDeadWaiter, DelaysTheNextLiveWaiterByAtMost3sAfterTheRelease) {
-  const int sig = GetParam();
-  TempDir dir("distlock-cluster-deadwaiter");
   RedisCluster cluster(3);
   const std::string name = cluster.name_on(2, "line");
-  const auto k = keys_of("distlock", name);
-  const std::string queue = k.lock + ":q";  // the layout of a name without braces
-  Client a_client = distlock::connect(cluster.url(), quiet());
-  Lease a = a_client.acquire(name, ttl_of(5000ms));
-  const std::string b_out = (dir.path() / "b.out").string();
-  auto b = spawn_holder(cluster.url(), name, b_out, 30000, 100, {"--wait", "60000"});
-  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), queue) == 1; }, 10000ms));
-  Client c_client = distlock::connect(cluster.url(), quiet());
-  std::atomic<bool> got{false};
-  Steady::time_point got_at{};
-  std::thread ct([&] {
-    distlock::detail::Error ec;
-    Lease l = c_client.acquire(name, ttl_of(30000ms, 60000ms), ec);
-    EXPECT_FALSE(ec) << ec.message();
-    got_at = Steady::now();
-    got = true;
-  });
-  ASSERT_TRUE(eventually([&] { return list_length(cluster.node(2), queue) == 2; }, 10000ms));
-  b.signal(sig);
-  if (sig == SIGKILL) {
-    ASSERT_NE(b.wait_for(10s), -1) << "the waiter did not die";
-  } else {
-    ASSERT_TRUE(eventually(
-        [&] {
-          const std::string stat = read_file("/proc/" + std::to_string(b.pid()) + "/stat");
-          const auto close = stat.rfind(')');
-          return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
-        },
-        10000ms));
-  }
-  // B's entry is still queued (its entry lives 2 s after its last refresh): the release
-  // grants the lock to it.
-  EXPECT_EQ(list_length(cluster.node(2), queue), 2);
-  const auto released_at = Steady::now();
-  a.release();
-  ct.join();
-  ASSERT_TRUE(got.load());
-  const auto stall = std::chrono::duration_cast<Millis>(got_at - released_at);
-  std::printf("dead waiter (signal %d): the next live waiter got the lock %lld ms after the release\n", sig,
-              static_cast<long long>(stall.count()));
-  EXPECT_LE(stall, 3000ms) << "the live waiter waited for a dead one's grant to run out";
-  EXPECT_EQ(read_file(b_out).find("acquired"), std::string::npos);
-  if (sig == SIGSTOP) {
-    // On resume B finds its entry gone or its grant lapsed: it queues anew and gets the
-    // lock after C (C's lease ended with its thread).
-    b.signal(SIGCONT);
-    EXPECT_TRUE(wait_for_text(b_out, "released", 30s)) << read_file(b_out);
-  }
+  const std::string queue = keys_of("distlock", name).lock + ":q";  // the layout of a name without braces
+  expect_dead_waiter_delay_at_most_3s(
+      cluster.url(), name, GetParam(), [&] { return list_length(cluster.node(2), queue); },
+      "distlock-cluster-deadwaiter");
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, RedisClusterDeadWaiter, ::testing::Values(SIGKILL, SIGSTOP),

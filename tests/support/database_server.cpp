@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
 
 DatabaseServer::DatabaseServer(std::string program, std::string product, const std::string& tmp_prefix,
@@ -69,10 +71,7 @@ void DatabaseServer::restart() {
 }
 
 std::string DatabaseServer::log() const {
-  std::ifstream in(dir_.path() / "server.log");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return file_text(dir_.path() / "server.log");
 }
 
 }  // namespace distlock::testing

@@ -68,17 +68,8 @@ void set_nonblocking(int fd) {
 }
 
 int connect_loopback(std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  set_nonblocking(fd);
+  const int fd = dial_loopback(port);
+  if (fd >= 0) set_nonblocking(fd);
   return fd;
 }
 
@@ -572,6 +563,20 @@ pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return -1;
+}
+
+int dial_loopback(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 bool dialer_closed(int accepted_fd) {

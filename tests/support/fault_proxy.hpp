@@ -127,6 +127,9 @@ pid_t dialer_pid(int accepted_fd, const std::vector<pid_t>& candidates);
 /// not an established TCP connection): no process holds that end any more.
 bool dialer_closed(int accepted_fd);
 
+/// A blocking TCP socket connected to 127.0.0.1:`port`, or -1 when it cannot be made.
+int dial_loopback(std::uint16_t port);
+
 /// One proxy per server, for partitioning one group of clients from some servers.
 class FaultProxyGroup {
  public:

@@ -92,15 +92,8 @@ class EchoServer {
 };
 
 int dial(std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot connect to 127.0.0.1:" + std::to_string(port));
-  }
+  const int fd = dial_loopback(port);
+  if (fd < 0) throw std::runtime_error("cannot connect to 127.0.0.1:" + std::to_string(port));
   return fd;
 }
 

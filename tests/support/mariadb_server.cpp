@@ -14,18 +14,13 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
 
 namespace {
 
 using namespace std::chrono_literals;
-
-std::string file_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The server's options, shared by the template's first start and every test server.
 std::vector<std::string> server_argv(const std::string& datadir, const std::string& sock, std::uint16_t port,
@@ -101,11 +96,6 @@ std::vector<std::vector<std::string>> run_sql(MYSQL* m, const std::string& sql) 
   return rows;
 }
 
-[[noreturn]] void fail(const std::string& msg) {
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
-}
-
 }  // namespace
 
 std::string mariadbd_path() {
@@ -117,7 +107,7 @@ std::string mariadbd_path() {
 
 MariadbServer::MariadbServer() : DatabaseServer("mariadbd", "MariaDB", "distlock-my", SIGTERM, 60s) {
   if (mariadbd_path().empty() || !have_program("mariadb-install-db")) {
-    fail(
+    fail_setup(
         "MariaDB (mariadbd, mariadb-install-db) is not installed; it is required for the mysql:// tests: run "
         "scripts/bootstrap.sh or apt-get install mariadb-server");
   }
@@ -180,17 +170,13 @@ MariadbServer::MariadbServer() : DatabaseServer("mariadbd", "MariaDB", "distlock
       }
       if (error.empty()) {
         std::ofstream(td + "/data/ready") << "ok\n";
-        std::error_code ec;
-        std::filesystem::remove_all(tmpl, ec);
-        std::filesystem::create_directory(tmpl, ec);
-        std::filesystem::rename(td + "/data", tmpl + "/data", ec);
-        if (ec) error = "cannot move the MariaDB template to " + tmpl + ": " + ec.message();
+        error = install_template(td + "/data", tmpl, "MariaDB template");
       }
     }
     template_ = tmpl + "/data";
     if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
     if (lock_fd >= 0) ::close(lock_fd);
-    if (!error.empty()) fail(error);
+    if (!error.empty()) fail_setup(error);
   }
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -200,7 +186,7 @@ MariadbServer::MariadbServer() : DatabaseServer("mariadbd", "MariaDB", "distlock
     failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
     kill();
   }
-  fail("mariadbd did not start; its log:\n" + failures);
+  fail_setup("mariadbd did not start; its log:\n" + failures);
 }
 
 MariadbServer::~MariadbServer() {

@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
 
 namespace {
@@ -54,8 +56,7 @@ PostgresServer::PostgresServer()
     const std::string msg =
         "PostgreSQL (initdb, postgres >= 14 under /usr/lib/postgresql/<version>/bin) is not installed; it is "
         "required for the postgres:// tests: run scripts/bootstrap.sh or apt-get install postgresql";
-    ADD_FAILURE() << msg;
-    throw std::runtime_error(msg);
+    fail_setup(msg);
   }
   as_postgres_ = ::geteuid() == 0;
   const std::string d = dir_.path().string();
@@ -63,8 +64,7 @@ PostgresServer::PostgresServer()
     const passwd* pw = ::getpwnam("postgres");
     if (pw == nullptr) {
       const std::string msg = "running as root, but there is no \"postgres\" user to run the server as";
-      ADD_FAILURE() << msg;
-      throw std::runtime_error(msg);
+      fail_setup(msg);
     }
     if (::chown(d.c_str(), pw->pw_uid, pw->pw_gid) != 0) throw std::runtime_error("chown " + d + " failed");
   }
@@ -108,21 +108,12 @@ PostgresServer::PostgresServer()
         argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
       }
       if (error.empty()) error = run_to_end(argv, td + "/initdb.log");
-      if (error.empty()) {
-        std::error_code ec;
-        std::filesystem::remove_all(tmpl, ec);
-        std::filesystem::create_directory(tmpl, ec);
-        std::filesystem::rename(td + "/data", tmpl + "/data", ec);
-        if (ec) error = "cannot move the initdb template to " + tmpl + ": " + ec.message();
-      }
+      if (error.empty()) error = install_template(td + "/data", tmpl, "initdb template");
     }
     template_ = tmpl + "/data";
     if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
     if (lock_fd >= 0) ::close(lock_fd);
-    if (!error.empty()) {
-      ADD_FAILURE() << error;
-      throw std::runtime_error(error);
-    }
+    if (!error.empty()) fail_setup(error);
   }
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -133,8 +124,7 @@ PostgresServer::PostgresServer()
     kill();
   }
   const std::string msg = "postgres did not start; its log:\n" + failures;
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 PostgresServer::~PostgresServer() {

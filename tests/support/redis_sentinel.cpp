@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
 
 namespace {
@@ -25,13 +27,7 @@ std::string field(const redisReply* entry, std::string_view name) {
 }  // namespace
 
 RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::move(opts)) {
-  if (!have_program("redis-sentinel")) {
-    const std::string msg =
-        "redis-sentinel is not installed (it is required for the Sentinel tests): run scripts/bootstrap.sh "
-        "or apt-get install redis-sentinel";
-    ADD_FAILURE() << msg;
-    throw std::runtime_error(msg);
-  }
+  require_program("redis-sentinel", "Sentinel tests", "redis-sentinel");
   // Replicas log in as "repl" (every node has it: any of them may become master).
   RedisServerOptions base;
   base.password = opts_.password;
@@ -66,8 +62,7 @@ RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::m
       const std::string msg =
           "redis-sentinel did not start on port " + std::to_string(s.port) + "; log:\n" + sentinel_logs();
       sentinels_.push_back(std::move(s));
-      ADD_FAILURE() << msg;
-      throw std::runtime_error(msg);
+      fail_setup(msg);
     }
     sentinels_.push_back(std::move(s));
   }
@@ -80,8 +75,7 @@ RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::m
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const std::string msg = "the sentinel group did not come up: " + why + "\n" + sentinel_logs();
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 RedisSentinelGroup::~RedisSentinelGroup() {
@@ -197,8 +191,7 @@ std::uint16_t RedisSentinelGroup::wait_failover(std::uint16_t old_port, std::chr
   }
   const std::string msg =
       "no failover within " + std::to_string(timeout.count()) + " ms: " + why + "\n" + sentinel_logs();
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 bool RedisSentinelGroup::wait_demoted(std::uint16_t old_port, std::chrono::milliseconds timeout) {
@@ -239,8 +232,7 @@ void RedisSentinelGroup::resume_replication() {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const std::string msg = "replication did not resume within 30 s:\n" + info;
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 RedisReplyPtr RedisSentinelGroup::sentinel_command(std::size_t i,
@@ -266,10 +258,7 @@ RedisReplyPtr RedisSentinelGroup::sentinel_command(std::size_t i,
 std::string RedisSentinelGroup::sentinel_logs() const {
   std::string out;
   for (const auto& s : sentinels_) {
-    std::ifstream in(s.dir->path() / "sentinel.log");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out += "--- sentinel " + std::to_string(s.port) + "\n" + ss.str();
+    out += "--- sentinel " + std::to_string(s.port) + "\n" + file_text(s.dir->path() / "sentinel.log");
   }
   return out;
 }

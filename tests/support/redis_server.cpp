@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
 
 namespace {
@@ -26,13 +28,7 @@ RedisReplyPtr run_argv(redisContext* c, const std::vector<std::string_view>& arg
 }  // namespace
 
 RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
-  if (!have_program("redis-server")) {
-    const std::string msg =
-        "redis-server is not installed (it is required for the Redis tests): run scripts/bootstrap.sh "
-        "or apt-get install redis-server";
-    ADD_FAILURE() << msg;
-    throw std::runtime_error(msg);
-  }
+  require_program("redis-server", "Redis tests", "redis-server");
   // A port that was free a moment ago can be taken by a parallel test: try a few.
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -48,8 +44,7 @@ RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
     process_.stop(std::chrono::milliseconds(500));
   }
   const std::string msg = "redis-server did not start; its log:\n" + failures;
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 RedisServer::~RedisServer() {
@@ -143,8 +138,7 @@ void RedisServer::restart() {
   }
   const std::string msg =
       "redis-server did not restart on port " + std::to_string(port_) + "; log:\n" + log();
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
+  fail_setup(msg);
 }
 
 RedisReplyPtr RedisServer::command(std::initializer_list<std::string_view> argv) const {
@@ -189,10 +183,7 @@ long long RedisServer::command_calls(std::string_view command_name) const {
 }
 
 std::string RedisServer::log() const {
-  std::ifstream in(dir_.path() / "redis.log");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return file_text(dir_.path() / "redis.log");
 }
 
 }  // namespace distlock::testing

@@ -13,23 +13,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/harness_setup.hpp"
+
 namespace distlock::testing {
-
-namespace {
-
-[[noreturn]] void fail_setup(const std::string& msg) {
-  ADD_FAILURE() << msg;
-  throw std::runtime_error(msg);
-}
-
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 ZkInstall find_zookeeper() {
   ZkInstall z;
@@ -93,7 +79,7 @@ ZkServer::ZkServer(ZkServerOptions opts) : opts_(opts), client_port_(free_port()
     if (!exited || attempt == 3) {
       fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
                  (exited ? " exited before serving, 3 times on new ports" : " did not start within 30 s") +
-                 "; its log:\n" + read_text(dir_.path() / "server.log"));
+                 "; its log:\n" + file_text(dir_.path() / "server.log"));
     }
     client_port_ = free_port();
   }
@@ -150,7 +136,7 @@ void ZkServer::start() {
   spawn();
   if (id_ == 0 && !wait_serving(std::chrono::seconds(30))) {
     fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
-               " did not start within 30 s; its log:\n" + read_text(dir_.path() / "server.log"));
+               " did not start within 30 s; its log:\n" + file_text(dir_.path() / "server.log"));
   }
 }
 
@@ -296,7 +282,7 @@ std::string ZkEnsemble::start_members(int servers, const ZkServerOptions& opts) 
   for (auto& s : servers_) s->start();
   for (auto& s : servers_) {
     if (s->wait_serving(std::chrono::seconds(60))) continue;
-    const std::string log = read_text(s->dir_.path() / "server.log");
+    const std::string log = file_text(s->dir_.path() / "server.log");
     if (!s->process_.running()) {
       return "member on port " + std::to_string(s->port()) + " exited (status " +
              std::to_string(s->process_.wait_for(std::chrono::milliseconds(0))) + "); its log:\n" + log;
