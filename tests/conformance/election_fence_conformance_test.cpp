@@ -263,7 +263,7 @@ TEST_P(ElectionFence, FencedPutKeepsTheNewestTerm) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ElectionFence, ::testing::ValuesIn(kinds()),
-                         [](const auto& info) { return info.param.label; });
+                         [](const auto& param_info) { return param_info.param.label; });
 
 }  // namespace
 
