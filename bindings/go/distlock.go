@@ -559,7 +559,8 @@ type Election struct {
 func (c *Client) Election(name string) *Election { return &Election{c: c, name: name} }
 
 // Campaign waits (like Client.Lock) until the caller leads, proclaims value for its term and
-// returns the leadership lease (Token() is the term).
+// returns the leadership lease (Token() is the term). ErrLost, the lease given up, when a newer
+// term's value was written before this one's (the lease was lost right after it was won).
 func (el *Election) Campaign(ctx context.Context, value string, opts ...LockOption) (*Lease, error) {
 	cvalue := C.CString(value)
 	defer C.free(unsafe.Pointer(cvalue))
@@ -613,7 +614,8 @@ func (el *Election) Leader(ctx context.Context) (*Leader, error) {
 }
 
 // Proclaim replaces the leader's value for its term. ErrNotOwner, and nothing written, when
-// leadership is no longer held; ErrInvalidArgument when it is not this election's.
+// leadership is no longer held, or when the server finds a newer term's value already written
+// (the lease was lost after the local check); ErrInvalidArgument when it is not this election's.
 func (el *Election) Proclaim(ctx context.Context, leadership *Lease, value string) error {
 	_ = ctx
 	h, err := el.c.enter()

@@ -7,6 +7,12 @@
 // "<term>\n<value>", written right after winning and by every proclaim(). Because the
 // record names its term, a reader never attributes a value to the wrong leader: a
 // value is reported only when the record's term equals the current holder's token.
+// Every write of the record is fenced on the server: it lands only when the record's
+// term is not newer than the writer's (one atomic step, or a compare-and-set loop), so
+// the record's value is written only by a client whose term is the newest the record
+// has seen — a deposed leader's late campaign or proclaim write is refused, never
+// hides the newer leader's value. This assumes terms are the lock's fencing tokens
+// (strictly increasing per name) and that nothing but the election writes the record.
 //
 // Campaigning is acquiring: campaign() waits like Client::acquire (by change
 // notification, up to LockOptions::wait, forever if unset) and returns the lease;
@@ -79,8 +85,8 @@ struct DISTLOCK_EXPORT Leader {
   /// The owner id of the leader's lease (what `distlock status` shows as holder).
   std::string holder;
   /// False when the value cannot be attributed to this leader: it has won but not yet
-  /// written its value (a moment after winning), a deposed leader's delayed proclaim
-  /// overwrote it (see Election::proclaim), or the backend has no terms. leader()
+  /// written its value (a moment after winning), or the backend has no terms. (A
+  /// deposed leader's delayed write cannot overwrite it: writes are fenced by term.) leader()
   /// reports such a leader as is; observe() waits for the value (by notification) up
   /// to twice the client's command timeout, then reports it with value_known false.
   bool value_known = false;
@@ -100,16 +106,18 @@ class DISTLOCK_EXPORT Election {
   /// Throws like Client::acquire (errc::timeout, errc::busy for a wait of 0, ...);
   /// errc::invalid_argument for a value over 64 KiB - 32 bytes. If the value cannot
   /// be written, the lease is released and that error is thrown (errc::not_supported
-  /// on a backend that keeps no records).
+  /// on a backend that keeps no records); errc::lost, the lease released, when the
+  /// record already holds a newer term (this lease was lost to a newer leader before
+  /// its value landed).
   Lease campaign(std::string_view value);
   Lease campaign(std::string_view value, std::error_code& ec) noexcept;
 
   /// Replaces the leader's value. Throws errc::not_owner, and writes nothing, when
   /// `leadership` is not this election's lease or is no longer held (lost, released,
-  /// past its local deadline). The check is local and the write follows it: a write
-  /// delayed in the network until after the lease ended can still land after a newer
-  /// leader's; readers then see the newer leader with value_known == false — never
-  /// the older value under the newer term (the record carries its term).
+  /// past its local deadline), and also when the server finds a newer term in the
+  /// record at the write (the lease was lost after the local check: a newer leader
+  /// has written); that error names the newer term. The lease itself is left as it is
+  /// (it is lost, or about to be).
   void proclaim(const Lease& leadership, std::string_view value);
 
   /// Gives up leadership: releases the lease (Lease::release: errc::lost if it had
@@ -137,6 +145,10 @@ class DISTLOCK_EXPORT Election {
 
  private:
   DISTLOCK_NO_EXPORT std::optional<Leader> read(detail::Error& ec);
+  /// Writes "<term>\n<value>" unless the record holds a newer term (a fenced put);
+  /// refused: `refused` with a detail naming the newer term.
+  DISTLOCK_NO_EXPORT void write_value(std::uint64_t term, std::string_view value, errc refused,
+                                      detail::Error& ec);
   void ring() noexcept;
   Client client_;
   std::string name_, lock_name_, bell_name_;

@@ -78,8 +78,7 @@ Lease Election::campaign(std::string_view value, std::error_code& ec) noexcept {
     if (ec) return {};
     const std::uint64_t term = lease.has_token() ? lease.token() : 0;
     detail::Error err;
-    detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
-                                                     detail::PutMode::always, err);
+    write_value(term, value, errc::lost, err);
     ec = err;
     if (ec) {
       std::error_code ignored;
@@ -111,8 +110,7 @@ Lease Election::campaign(std::string_view value) {
   }
   const std::uint64_t term = lease.has_token() ? lease.token() : 0;
   detail::Error ec;
-  detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
-                                                   detail::PutMode::always, ec);
+  write_value(term, value, errc::lost, ec);
   if (ec) {
     std::error_code ignored;
     lease.release(ignored);
@@ -139,10 +137,20 @@ void Election::proclaim(const Lease& leadership, std::string_view value) {
   }
   const std::uint64_t term = leadership.has_token() ? leadership.token() : 0;
   detail::Error ec;
-  detail::engine_of(client_)->backend().put_record(lock_name_, encode_record(term, value),
-                                                   detail::PutMode::always, ec);
+  write_value(term, value, errc::not_owner, ec);
   if (ec) fail(ec, "election \"" + printable(name_) + "\": proclaim");
   ring();
+}
+
+void Election::write_value(std::uint64_t term, std::string_view value, errc refused, detail::Error& ec) {
+  const std::string record = encode_record(term, value);
+  const std::string stored =
+      detail::engine_of(client_)->backend().put_record(lock_name_, record, detail::PutMode::fenced, ec);
+  if (ec || stored == record) return;
+  const auto newer = detail::record_term(stored);
+  ec.fail(refused, "the value of term " + std::to_string(term) +
+                       " was not written: the election's record is of term " +
+                       (newer ? std::to_string(*newer) : std::string("?")) + ", a newer leader's");
 }
 
 void Election::resign(Lease& leadership) {

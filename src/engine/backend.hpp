@@ -77,7 +77,54 @@ enum class RenewStatus {
 enum class PutMode {
   always,     ///< overwrite
   if_absent,  ///< keep an existing record (the returned value is then the existing one)
+  /// `value` begins with its writer's term ("<term>\n...", see record_term): stored unless
+  /// the existing record's term is newer (greater); an existing record without a term is
+  /// replaced. The returned value is then the existing one, so the caller tells a refusal
+  /// by the answer differing from `value`. One atomic step on the server, like if_absent
+  /// (the election's value: an older leader's late write never replaces a newer one's).
+  fenced,
 };
+
+/// The term a record names for PutMode::fenced: the decimal number (1 to 20 digits, at
+/// most 2^64 - 1) before the record's first '\n'; nullopt when the record has no such
+/// prefix. The one parser every backend that checks terms in C++ uses.
+std::optional<std::uint64_t> record_term(std::string_view record) noexcept;
+
+/// Whether a PutMode::fenced put of `value` may replace the record `existing`: its term
+/// is not newer than `value`'s (a record without a term is always replaced).
+bool fenced_put_allowed(std::string_view existing, std::string_view value) noexcept;
+
+/// PutMode::fenced on a backend with a compare-and-set: read, decide, then create if
+/// absent or replace only if the record is still what was read; a race lost is read again
+/// (at most 16 rounds, then errc::backend_unavailable naming the key).
+///   get(Error&) -> std::optional<std::string>   the record now
+///   create(Error&) -> std::string                PutMode::if_absent of `value`: what is stored after it
+///   replace(std::string_view expected, Error&) -> bool   stored `value` if the record was `expected`
+/// Returns the record stored after the call: `value`, or the newer record that refused it.
+template <class Get, class Create, class Replace>
+std::string fenced_put_by_cas(std::string_view key, std::string_view value, Get&& get, Create&& create,
+                              Replace&& replace, Error& ec) {
+  for (int round = 0; round < 16; ++round) {
+    std::optional<std::string> now = get(ec);
+    if (ec) return {};
+    if (!now) {
+      std::string stored = create(ec);
+      if (ec) return {};
+      if (stored == value || !fenced_put_allowed(stored, value)) return stored;
+      continue;  // created meanwhile with an older term: decide again
+    }
+    if (*now == value || !fenced_put_allowed(*now, value)) return std::move(*now);
+    const bool replaced = replace(std::string_view(*now), ec);
+    if (ec) return {};
+    if (replaced) return std::string(value);
+  }
+  std::string shown;
+  for (char c : key.substr(0, 200)) shown += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  ec.fail(errc::backend_unavailable,
+          "record \"" + shown +
+              "\" kept changing during 16 rounds of a fenced put; nothing is known to be stored");
+  return {};
+}
 
 /// Records: small values kept beside the locks, for the primitives built on them
 /// (a semaphore's permit count, an election's proclaimed value, a job's last

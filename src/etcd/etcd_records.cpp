@@ -48,6 +48,28 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string k = record_key(key);
+  if (mode == PutMode::fenced) {
+    // A compare-and-set loop: the Txn replaces the record only while it holds the value read.
+    const auto replace = [&](std::string_view expected, Error& e) {
+      etcdserverpb::TxnRequest txn;
+      Compare* cmp = txn.add_compare();
+      cmp->set_result(Compare::EQUAL);
+      cmp->set_target(Compare::VALUE);
+      cmp->set_key(k);
+      cmp->set_value(std::string(expected));
+      auto* put = txn.add_success()->mutable_request_put();
+      put->set_key(k);
+      put->set_value(std::string(value));
+      etcdserverpb::TxnResponse resp;
+      const grpc::Status st =
+          transport_.call([&](Stubs& s, grpc::ClientContext& ctx) { return s.kv->Txn(&ctx, txn, &resp); });
+      if (!st.ok()) fail(st, e, "etcd record fenced-put Txn");
+      return st.ok() && resp.succeeded();
+    };
+    return fenced_put_by_cas(
+        key, value, [&](Error& e) { return get(key, e); },
+        [&](Error& e) { return put(key, value, PutMode::if_absent, e); }, replace, ec);
+  }
   if (mode == PutMode::always) {
     etcdserverpb::PutRequest req;
     req.set_key(k);

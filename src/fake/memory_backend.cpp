@@ -148,7 +148,10 @@ class MemoryBackend final : public Backend {
     std::lock_guard lk(store_->mu_);
     if (store_->take_failure(ec)) return {};
     auto [it, inserted] = store_->records_.try_emplace(std::string(key), value);
-    if (!inserted && mode == PutMode::always) it->second = std::string(value);
+    if (!inserted &&
+        (mode == PutMode::always || (mode == PutMode::fenced && fenced_put_allowed(it->second, value)))) {
+      it->second = std::string(value);
+    }
     return it->second;
   }
   std::optional<std::string> get_record(std::string_view key, Error& ec) override {

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -256,7 +257,22 @@ std::string FileRecords::put(std::string_view key, std::string_view value, PutMo
     }
   }
   std::string stored(value);
-  if (mode == PutMode::always) {
+  if (mode == PutMode::fenced) {
+    // Fenced puts of every process take the records directory's flock for their
+    // read-compare-rename (a read and a rename: held briefly), so no two interleave.
+    if (::flock(rdir.get(), LOCK_EX) != 0) {
+      const int err = errno;
+      fail(ec, errc::backend_unavailable, "cannot lock record directory " + path_of(""), err);
+      return {};
+    }
+    auto existing = read_record_file(rdir.get(), fname, key, ec);
+    if (ec) return {};
+    if (existing && !fenced_put_allowed(*existing, value)) {
+      tmp.remove();
+      return std::move(*existing);  // a newer term is there: refused
+    }
+  }
+  if (mode != PutMode::if_absent) {
     if (::renameat(rdir.get(), tmp.name.c_str(), rdir.get(), fname.c_str()) != 0) {
       const int err = errno;
       fail(ec, errc::backend_unavailable, "cannot rename a temporary file to " + path_of(fname), err);

@@ -5,7 +5,9 @@
 // record and a lock of the same name never collide. A write goes to a temporary
 // file that is fsynced, then renamed over the record (PutMode::always) or linked to
 // its name (PutMode::if_absent: link() fails with EEXIST when the record exists,
-// atomically across processes); the directory is fsynced after. A reader therefore
+// atomically across processes); PutMode::fenced reads the record and renames over it
+// under an exclusive flock() of the records directory, which every fenced put takes, so
+// an older term never replaces a newer one; the directory is fsynced after. A reader therefore
 // sees a whole old or a whole new value, also after the writer was killed.
 //
 // The listing scans the lock directory and asks the kernel (F_OFD_GETLK, which

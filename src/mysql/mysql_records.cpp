@@ -6,7 +6,9 @@
 // them. Each call is one batch on the client's shared connection: PutMode::always is an
 // upsert and PutMode::if_absent an INSERT IGNORE, each followed in the same transaction
 // by a read of the row it wrote or found (the row is locked by then, so the answer is
-// what is stored after the call). A digest collision (same digest, another key) is an
+// what is stored after the call). PutMode::fenced is a compare-and-set loop
+// (engine/backend.hpp fenced_put_by_cas): a read, then that insert or an
+// UPDATE ... WHERE value = <the value read>. A digest collision (same digest, another key) is an
 // error naming it, never a shared row.
 //
 // The listing reads the lock table and says of each name what status() says (held =
@@ -47,6 +49,18 @@ std::string MysqlBackend::put_record(std::string_view key, std::string_view valu
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string D = digest_sql(key), K = hex_literal(key), V = hex_literal(value), R = cfg_.records_table;
+  if (mode == PutMode::fenced) {
+    // A compare-and-set loop: the UPDATE replaces the row only while it holds the value read.
+    const auto replace = [&](std::string_view expected, Error& e) {
+      Exec x = shared("UPDATE " + R + " SET value = " + V + " WHERE digest = " + D + " AND k = " + K +
+                          " AND value = " + hex_literal(expected),
+                      "put record", e);
+      return !e && x.affected == 1;
+    };
+    return fenced_put_by_cas(
+        key, value, [&](Error& e) { return get_record(key, e); },
+        [&](Error& e) { return put_record(key, value, PutMode::if_absent, e); }, replace, ec);
+  }
   const std::string write =
       mode == PutMode::always
           ? "INSERT INTO " + R + " (digest, k, value) VALUES (" + D + ", " + K + ", " + V +

@@ -35,6 +35,14 @@ constexpr const char* kPutIfAbsentSql =
     " UNION ALL SELECT r.key = decode($1, 'hex'), encode(r.value, 'hex') FROM public.distlock_records r"
     " WHERE r.digest = sha256(decode($1, 'hex')) AND NOT EXISTS (SELECT 1 FROM i)";
 
+// $1 key (hex), $2 value (hex), $3 the value expected (hex): the compare-and-set of
+// PutMode::fenced. One row when replaced (a concurrent update is waited for, and the
+// condition checked again on the row it left, under READ COMMITTED).
+constexpr const char* kReplaceSql =
+    "UPDATE public.distlock_records SET value = decode($2, 'hex')"
+    " WHERE digest = sha256(decode($1, 'hex')) AND key = decode($1, 'hex') AND value = decode($3, 'hex')"
+    " RETURNING 1";
+
 constexpr const char* kGetSql =
     "SELECT r.key = decode($1, 'hex'), encode(r.value, 'hex') FROM public.distlock_records r"
     " WHERE r.digest = sha256(decode($1, 'hex'))";
@@ -116,6 +124,15 @@ std::string put_record(const Runner& run, std::string_view key, std::string_view
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::vector<std::string> params{to_hex(key), to_hex(value)};
+  if (mode == PutMode::fenced) {
+    const auto replace = [&](std::string_view expected, Error& e) {
+      Exec x = run(kReplaceSql, {params[0], params[1], to_hex(expected)}, "put record", e);
+      return !e && PQntuples(x.res.get()) == 1;
+    };
+    return fenced_put_by_cas(
+        key, value, [&](Error& e) { return get_record(run, key, e); },
+        [&](Error& e) { return put_record(run, key, value, PutMode::if_absent, e); }, replace, ec);
+  }
   if (mode == PutMode::always) {
     Exec e = run(kPutAlwaysSql, params, "put record", ec);
     if (ec) return {};

@@ -7,7 +7,9 @@
 // "distlock" connection (synchronous_commit on): PutMode::always is an upsert,
 // PutMode::if_absent an INSERT ... ON CONFLICT DO NOTHING that returns the row it
 // inserted or, in the same statement, the one that was there (a row committed by a
-// concurrent writer after the statement's snapshot is read by the next attempt).
+// concurrent writer after the statement's snapshot is read by the next attempt);
+// PutMode::fenced is a compare-and-set loop (engine/backend.hpp fenced_put_by_cas): a
+// read, then that insert or an UPDATE ... WHERE value = <the value read>.
 //
 // The listing reads distlock_locks and pg_locks in one statement and says of each
 // name what status() says (held = the row names an owner and the row's session holds

@@ -14,6 +14,27 @@ return ARGV[1]
   return s;
 }
 
+const Script& fenced_put_script() {
+  static const Script& s = *new Script(kFencedPutLua);
+  return s;
+}
+
+std::vector<std::string> fenced_put_args(std::string_view value) {
+  const auto t = record_term(value);
+  return {std::string(value), std::to_string(t.value_or(0))};
+}
+
+Reply put_record_command(Link& conn, const std::string& record_key, std::string_view value, PutMode mode,
+                         Error& ec) {
+  switch (mode) {
+    case PutMode::always: return conn.command({"SET", record_key, value}, ec);
+    case PutMode::if_absent: return put_if_absent_script().run(conn, {record_key}, {value}, ec);
+    case PutMode::fenced: break;
+  }
+  const std::vector<std::string> args = fenced_put_args(value);
+  return fenced_put_script().run(conn, {record_key}, {args[0], args[1]}, ec);
+}
+
 void scan_keys(Connection& conn, std::string_view pattern,
                const std::function<void(std::string_view)>& on_key, Error& ec) {
   ec.clear();

@@ -6,6 +6,7 @@
 //   * `glob_escape`         a byte string made literal for SCAN MATCH;
 //   * `held_in_order`       the sorted, limited listing over candidate names;
 //   * `put_if_absent_script` the one-step "store unless present, answer what is stored" script;
+//   * `fenced_put_script`   the one-step "store unless a newer term is there" script (PutMode::fenced);
 //   * `scan_keys`           SCAN MATCH ... COUNT kScanCount over one server, until the cursor is 0;
 // The first two are header-only (redlock:// uses them without the redis component's
 // connections); the rest run over a redis::Connection.
@@ -84,6 +85,39 @@ std::vector<ListedLock> held_in_order(const std::set<std::string>& names, std::s
 /// KEYS[1] record; ARGV[1] value. Stores the value unless the key exists, and
 /// returns the value stored after the call (the existing one, or ARGV[1]).
 const Script& put_if_absent_script();
+
+/// KEYS[1] record; ARGV[1] value "<term>\n...", ARGV[2] its term in decimal
+/// (record_term of ARGV[1]). PutMode::fenced in one step: stores the value unless the
+/// record's term (its leading 1-20 digits before '\n', at most 2^64 - 1, compared
+/// as decimal strings, so exactly) is greater than ARGV[2]; returns the value stored
+/// after the call. redlock:// runs the same text on each master (kFencedPutScript).
+const Script& fenced_put_script();
+inline constexpr const char* kFencedPutLua = R"lua(
+local function term(s)
+  local t = string.match(s, '^(%d+)\n')
+  if not t or #t > 20 then return nil end
+  t = string.match(t, '^0*(.-)$')
+  if #t == 20 and t > '18446744073709551615' then return nil end
+  return t
+end
+local v = redis.call('GET', KEYS[1])
+if v then
+  local have = term(v)
+  local mine = string.match(ARGV[2], '^0*(.-)$')
+  if have and (#have > #mine or (#have == #mine and have > mine)) then return v end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+)lua";
+
+/// The arguments of fenced_put_script for `value`: {value, its term}; the term is "0"
+/// for a value without one (which then replaces only records without a term or of term 0).
+std::vector<std::string> fenced_put_args(std::string_view value);
+
+/// The record command for `mode` on `conn`: SET (always), put_if_absent_script or
+/// fenced_put_script; the reply is "OK" for SET, else the value stored after the call.
+Reply put_record_command(Link& conn, const std::string& record_key, std::string_view value, PutMode mode,
+                         Error& ec);
 
 /// SCAN with `MATCH pattern COUNT kScanCount` on `conn` from cursor 0 until the
 /// server returns cursor 0 (bounded: at most 2^24 calls); `on_key` sees every key

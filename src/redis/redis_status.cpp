@@ -39,8 +39,7 @@ std::string RedisBackend::put_record(std::string_view key, std::string_view valu
   auto conn = checkout(ec);
   if (ec) return {};
   const std::string k = record_key(key);
-  Reply r = mode == PutMode::always ? conn->command({"SET", k, value}, ec)
-                                    : redis::put_if_absent_script().run(*conn, {k}, {value}, ec);
+  Reply r = redis::put_record_command(*conn, k, value, mode, ec);
   if (!answered(r, "put record", ec)) return {};
   if (!replicated_record(*conn, key, ec)) return {};
   if (mode == PutMode::always) return std::string(value);

@@ -434,8 +434,7 @@ std::string ClusterBackend::put_record(std::string_view key, std::string_view va
   const redisReply* d = route(
       rediscluster::key_slot(k), "put record",
       [&](Connection& c, bool, Error& e) {
-        r = mode == PutMode::always ? c.command({"SET", k, value}, e)
-                                    : redis::put_if_absent_script().run(c, {k}, {value}, e);
+        r = redis::put_record_command(c, k, value, mode, e);
         return r.get();
       },
       ec);

@@ -61,9 +61,11 @@ std::string RedlockBackend::put_record(std::string_view key, std::string_view va
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::array<std::string, 1> keys{record_key(cfg_, key)};
-  const std::array<std::string, 1> args{std::string(value)};
+  const std::vector<std::string> args = redis::fenced_put_args(value);
   const Command cmd = mode == PutMode::always ? Command{{"SET", keys[0], args[0]}, nullptr}
-                                              : script_command(kPutIfAbsentScript, keys, args);
+                      : mode == PutMode::if_absent
+                          ? script_command(kPutIfAbsentScript, keys, std::span(args).first(1))
+                          : script_command(kFencedPutScript, keys, args);
   const Votes v = record_votes(cmd);
   if (mode == PutMode::always) {
     if (v.ok >= quorum_) return std::string(value);

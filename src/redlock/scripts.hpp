@@ -20,6 +20,7 @@
 //   Command c = script_command(kAcquireScript, keys, args);  // EVALSHA, EVAL on NOSCRIPT
 #pragma once
 
+#include "redis/records.hpp"
 #include "redlock/fanout.hpp"
 
 namespace distlock::detail::redlock {
@@ -182,5 +183,9 @@ redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 )lua",
     "9213b607991a5cc94e88a4d9f373c1abd1c16c08"};
+
+/// PutMode::fenced on one master: redis::kFencedPutLua (redis/records.hpp), the script
+/// the other Redis-family backends run. KEYS[1] record key; ARGV[1] value, ARGV[2] its term.
+inline constexpr Script kFencedPutScript{redis::kFencedPutLua, "b556529c0c3cf0b2a57b7dc2d2b1fefdd9dec464"};
 
 }  // namespace distlock::detail::redlock

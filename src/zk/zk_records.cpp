@@ -67,6 +67,32 @@ std::string Records::put(std::string_view key, std::string_view value, PutMode m
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
   const std::string path = record_path(key);
+  if (mode == PutMode::fenced) {
+    // A compare-and-set loop: setData at the version whose data was the value read.
+    const auto replace = [&](std::string_view expected, Error& e) {
+      std::shared_ptr<void> hold;
+      zhandle_t* zh = env_.session(env_.clock->now() + env_.connect_timeout + env_.command_timeout, hold);
+      if (zh == nullptr) {
+        fail(kTimedOut, "waiting for a connection to store a record", e);
+        return false;
+      }
+      const Clock::time_point deadline = env_.clock->now() + env_.command_timeout;
+      auto got = submit_get(zh, path);
+      int rc = await(got, deadline);
+      if (rc == ZOK) {
+        if (got->value != expected) return false;  // changed since: decide again
+        rc = await(submit_set(zh, path, value, got->stat.version), deadline);
+        if (rc == ZOK) return true;
+        if (rc == ZBADVERSION) return false;
+      }
+      if (rc == ZNONODE || retry_after(rc)) return false;  // read again (a set applied reads back as ours)
+      fail(rc, "replacing record " + path, e);
+      return false;
+    };
+    return fenced_put_by_cas(
+        key, value, [&](Error& e) { return get(key, e); },
+        [&](Error& e) { return put(key, value, PutMode::if_absent, e); }, replace, ec);
+  }
   const Clock::time_point budget = env_.clock->now() + env_.connect_timeout + env_.command_timeout;
   std::shared_ptr<void> keep;
   for (int round = 0; round < kRounds; ++round) {

@@ -26,9 +26,10 @@ const std::string kKeyPrefix = "distlock:redlock:lock:";
 
 TEST(Redlock, ScriptDigestsMatchWhatTheServerComputes) {
   Masters m(1, {});
-  for (const auto* s : {&detail::redlock::kAcquireScript, &detail::redlock::kReleaseScript,
-                        &detail::redlock::kRenewScript, &detail::redlock::kStatusScript,
-                        &detail::redlock::kPutIfAbsentScript, &detail::redlock::kRevokeScript}) {
+  for (const auto* s :
+       {&detail::redlock::kAcquireScript, &detail::redlock::kReleaseScript, &detail::redlock::kRenewScript,
+        &detail::redlock::kStatusScript, &detail::redlock::kPutIfAbsentScript,
+        &detail::redlock::kRevokeScript, &detail::redlock::kFencedPutScript}) {
     auto r = m[0].command({"SCRIPT", "LOAD", std::string(s->body)});
     ASSERT_EQ(r->type, REDIS_REPLY_STRING) << r->str;
     EXPECT_EQ(std::string(r->str, r->len), s->sha1);
