@@ -3,6 +3,7 @@
 // watchdog or a backend's thread: their spans are delivered on the event thread, so a
 // slow tracer never delays a renewal or a loss signal.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/engine.hpp"
@@ -14,12 +15,14 @@ void Engine::trace_loss(const HeldLock& held, LossReason reason, const std::stri
   try {
     const distlock::LossReason pub = public_loss_reason(reason);
     auto loss = std::make_shared<LossSpans>();
+    loss->spans.reserve(2);
     loss->spans.push_back(tracing_->loss_span(held, pub, why, at));
+    HoldTrace& t = *held.trace;
     {
-      LockGuard lk(held.trace->loss_mu);
-      if (auto hold = tracing_->end_hold(held, SpanOutcome::lost, at, {}, pub, why))
-        loss->spans.push_back(std::move(*hold));
-      held.trace->loss = loss;
+      LockGuard lk(t.loss_mu);
+      if (!t.ended) loss->spans.push_back(tracing_->hold_span(held, SpanOutcome::lost, at, {}, pub, why));
+      t.ended = true;
+      t.loss = loss;
     }
     events_.post([this, loss] { deliver_loss_spans(*loss); });
   } catch (...) {  // no memory for the spans: the loss itself is signalled
@@ -39,10 +42,12 @@ void Engine::trace_hold_end(const HeldLock& held, SpanOutcome outcome, Clock::ti
     std::string detail = lost ? held.public_detail() : std::string();
     std::optional<Span> s;
     std::shared_ptr<LossSpans> loss;
+    HoldTrace& t = *held.trace;
     {
-      LockGuard lk(held.trace->loss_mu);
-      s = tracing_->end_hold(held, outcome, end, ec, reason, std::move(detail));
-      loss = held.trace->loss;
+      LockGuard lk(t.loss_mu);
+      if (!t.ended) s = tracing_->hold_span(held, outcome, end, ec, reason, std::move(detail));
+      t.ended = true;
+      loss = t.loss;
     }
     if (s) tracing_->deliver(*s);
     // A loss ended the hold span first: its spans are given here if the event thread has not
