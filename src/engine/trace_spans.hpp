@@ -44,12 +44,14 @@ struct HoldTrace {
   std::array<std::uint8_t, 8> parent{};
   Clock::time_point start{};
   std::chrono::system_clock::time_point start_wall{};
-  // The hold span is given once (release or loss), decided under loss_mu (Engine::trace_loss,
-  // Engine::trace_hold_end). A loss claims the hold span and publishes its spans under loss_mu,
-  // together: a release of the lost lease that finds the hold span claimed finds the loss's spans
-  // too. A leaf lock: nothing else is locked under it.
+  // Who gives which span is decided under loss_mu (Engine::trace_loss, Engine::trace_hold_end):
+  // the hold span once (by the release, or by the loss that ended it), the loss span once (by
+  // the thread that declared the loss, or by the release of the lost lease when that comes
+  // first). A loss publishes its spans here together with the claims, so a release that finds
+  // the loss traced finds its spans too. A leaf lock: nothing else is locked under it.
   AnnotatedMutex loss_mu;
-  bool ended DISTLOCK_GUARDED_BY(loss_mu) = false;  // the hold span was built
+  bool ended DISTLOCK_GUARDED_BY(loss_mu) = false;        // the hold span was built
+  bool loss_traced DISTLOCK_GUARDED_BY(loss_mu) = false;  // the loss span was built
   std::shared_ptr<LossSpans> loss DISTLOCK_GUARDED_BY(loss_mu);
 };
 
