@@ -247,9 +247,10 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     forget_now(*held);
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
-    // The thread that declared the loss gives the hold span (trace_loss); this one only
-    // when it comes first.
-    if (held->trace) trace_hold_end(*held, SpanOutcome::lost, now);
+    // The thread that declared the loss gives the hold and loss spans (trace_loss); this one
+    // when it comes first (at a reading taken after the loss was declared), and in any case
+    // sees them with the tracer before it returns (docs/tracing.md).
+    if (held->trace) trace_hold_end(*held, SpanOutcome::lost, clock_->now());
     return;
   }
   const bool expired = caps_.needs_renewal && now >= held->deadline();
@@ -274,6 +275,8 @@ void Engine::release(const std::shared_ptr<HeldLock>& held, Error& ec) noexcept 
     declare_lost(held, LossReason::gone_at_release, "the server no longer had it at release");
     if (held->metrics) metrics_->release(held->metrics, ReleaseOutcome::lost);
     ec = make_error_code(errc::lost);
+    // The loss's spans were posted to the event thread: given here if it has not given them yet.
+    if (held->trace) trace_hold_end(*held, SpanOutcome::lost, clock_->now());
     return;
   }
   n_released_.fetch_add(1, std::memory_order_relaxed);

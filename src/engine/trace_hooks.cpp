@@ -14,12 +14,17 @@ void Engine::trace_loss(const HeldLock& held, LossReason reason, const std::stri
   try {
     const distlock::LossReason pub = public_loss_reason(reason);
     auto loss = std::make_shared<LossSpans>();
+    loss->spans.reserve(2);
     loss->spans.push_back(tracing_->loss_span(held, pub, why, at));
+    HoldTrace& t = *held.trace;
     {
-      LockGuard lk(held.trace->loss_mu);
-      if (auto hold = tracing_->end_hold(held, SpanOutcome::lost, at, {}, pub, why))
-        loss->spans.push_back(std::move(*hold));
-      held.trace->loss = loss;
+      LockGuard lk(t.loss_mu);
+      // The release of the lost lease came first and gave the loss span (and the hold span) itself.
+      if (t.loss_traced) return;
+      if (!t.ended) loss->spans.push_back(tracing_->hold_span(held, SpanOutcome::lost, at, {}, pub, why));
+      t.ended = true;
+      t.loss_traced = true;
+      t.loss = loss;
     }
     events_.post([this, loss] { deliver_loss_spans(*loss); });
   } catch (...) {  // no memory for the spans: the loss itself is signalled
@@ -37,17 +42,26 @@ void Engine::trace_hold_end(const HeldLock& held, SpanOutcome outcome, Clock::ti
     const bool lost = outcome == SpanOutcome::lost;
     const distlock::LossReason reason = lost ? held.public_reason() : distlock::LossReason::none;
     std::string detail = lost ? held.public_detail() : std::string();
-    std::optional<Span> s;
+    std::vector<Span> mine;  // the spans this call gives
+    mine.reserve(2);
     std::shared_ptr<LossSpans> loss;
+    HoldTrace& t = *held.trace;
     {
-      LockGuard lk(held.trace->loss_mu);
-      s = tracing_->end_hold(held, outcome, end, ec, reason, std::move(detail));
-      loss = held.trace->loss;
+      LockGuard lk(t.loss_mu);
+      // A loss declared (HeldLock::lost) but not traced yet: its thread may still be in the stop
+      // token's callbacks. This release gives the loss span, so it is with the tracer when the
+      // release returns; the loss gives none when it gets there (trace_loss).
+      const bool give_loss = lost && !t.loss_traced;
+      if (give_loss) mine.push_back(tracing_->loss_span(held, reason, detail, end));
+      if (!t.ended) mine.push_back(tracing_->hold_span(held, outcome, end, ec, reason, std::move(detail)));
+      t.ended = true;
+      t.loss_traced = t.loss_traced || give_loss;
+      loss = t.loss;
     }
-    if (s) tracing_->deliver(*s);
-    // A loss ended the hold span first: its spans are given here if the event thread has not
-    // given them yet, so a runner that exits right after releasing the lost lease (its event
-    // thread starved) does not lose them.
+    for (const Span& s : mine) tracing_->deliver(s);
+    // A loss traced first: its spans are given here if the event thread has not given them yet,
+    // so a runner that exits right after releasing the lost lease (its event thread starved)
+    // does not lose them.
     if (loss) deliver_loss_spans(*loss);
   } catch (...) {  // no memory for the span
   }

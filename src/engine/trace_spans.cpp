@@ -99,11 +99,9 @@ void TraceSpans::fill_lease(Span& s, const HeldLock& held) const {
   fill_owner(s, held.owner);
 }
 
-std::optional<Span> TraceSpans::end_hold(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
-                                         const std::error_code& ec, distlock::LossReason reason,
-                                         std::string detail) const {
-  HoldTrace& t = *held.trace;
-  if (t.ended.exchange(true, std::memory_order_acq_rel)) return std::nullopt;
+Span TraceSpans::hold_span(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
+                           const std::error_code& ec, distlock::LossReason reason, std::string detail) const {
+  const HoldTrace& t = *held.trace;
   Span s;
   s.kind = SpanKind::hold;
   s.name = "distlock.hold";

@@ -44,10 +44,14 @@ struct HoldTrace {
   std::array<std::uint8_t, 8> parent{};
   Clock::time_point start{};
   std::chrono::system_clock::time_point start_wall{};
-  std::atomic<bool> ended{false};  // the hold span is given once (release or loss)
-  // A loss claims the hold span and publishes its spans under loss_mu, together: a release of
-  // the lost lease that finds the hold span claimed finds the loss's spans too.
+  // Who gives which span is decided under loss_mu (Engine::trace_loss, Engine::trace_hold_end):
+  // the hold span once (by the release, or by the loss that ended it), the loss span once (by
+  // the thread that declared the loss, or by the release of the lost lease when that comes
+  // first). A loss publishes its spans here together with the claims, so a release that finds
+  // the loss traced finds its spans too. A leaf lock: nothing else is locked under it.
   AnnotatedMutex loss_mu;
+  bool ended DISTLOCK_GUARDED_BY(loss_mu) = false;        // the hold span was built
+  bool loss_traced DISTLOCK_GUARDED_BY(loss_mu) = false;  // the loss span was built
   std::shared_ptr<LossSpans> loss DISTLOCK_GUARDED_BY(loss_mu);
 };
 
@@ -74,11 +78,10 @@ class TraceSpans {
                  const std::error_code& ec, Clock::time_point end) const;
   /// The hold that begins at `granted` (a sibling of the wait span, in its trace).
   std::unique_ptr<HoldTrace> begin_hold(const WaitTrace& w, Clock::time_point granted) const;
-  /// The hold span of `held` ended at `end`, or nullopt when it was already given.
-  std::optional<Span> end_hold(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
-                               const std::error_code& ec = {},
-                               distlock::LossReason reason = distlock::LossReason::none,
-                               std::string detail = {}) const;
+  /// The hold span of `held` ended at `end` (the caller gives it once: HoldTrace::ended).
+  Span hold_span(const HeldLock& held, SpanOutcome outcome, Clock::time_point end,
+                 const std::error_code& ec = {}, distlock::LossReason reason = distlock::LossReason::none,
+                 std::string detail = {}) const;
   /// A renewal span of `held` (sent at `sent`, answered at `replied`) in a batch of `batch`.
   Span renewal_span(const HeldLock& held, SpanOutcome outcome, Clock::time_point sent,
                     Clock::time_point replied, std::uint32_t batch, const std::error_code& ec) const;

@@ -114,6 +114,22 @@ std::error_code error_code_of(const redisReply* r) noexcept {
   return make_error_code(errc::protocol_error);
 }
 
+bool to_u64(const redisReply* r, std::uint64_t& out) noexcept {
+  if (r == nullptr) return false;
+  if (r->type == REDIS_REPLY_INTEGER) {
+    if (r->integer < 0) return false;
+    out = static_cast<std::uint64_t>(r->integer);
+    return true;
+  }
+  const std::string_view s = reply_str(r);
+  if (r->type != REDIS_REPLY_STRING || s.empty()) return false;
+  std::uint64_t v = 0;
+  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (e != std::errc{} || p != s.data() + s.size()) return false;
+  out = v;
+  return true;
+}
+
 // ---- Connection ----------------------------------------------------------------
 
 bool format_command(std::string& out, std::span<const std::string_view> argv) {

@@ -163,6 +163,9 @@ std::string_view reply_str(const redisReply* r) noexcept;
 bool is_error(const redisReply* r, std::string_view prefix = {}) noexcept;
 /// Maps an error reply to a distlock code (see the banner). Non-error → {}.
 std::error_code error_code_of(const redisReply* r) noexcept;
+/// A non-negative integer reply, or a string reply of decimal digits only, into `out`;
+/// false (and `out` unchanged) for anything else: null, a negative integer, another type.
+bool to_u64(const redisReply* r, std::uint64_t& out) noexcept;
 
 /// A way to send commands to one server and read their replies in order: an
 /// exclusive `Connection`, or a `SharedConnection` (redis/shared_connection.hpp)

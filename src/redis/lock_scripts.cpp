@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "distlock/error.hpp"
+
 namespace distlock::detail::redis {
 
 namespace {
@@ -491,6 +493,60 @@ end
 return {held, redis.call('PTTL', lock), #waiting, waiting}
 )lua"));
   return s;
+}
+
+namespace {
+Error malformed_acquire_reply(std::string what) {
+  return {make_error_code(errc::protocol_error),
+          "unexpected reply to the acquire script: " + std::move(what)};
+}
+}  // namespace
+
+AcquireReply read_acquire_reply(const redisReply* r, Error& ec) {
+  AcquireReply out;
+  if (r == nullptr) {
+    ec = malformed_acquire_reply("no reply");
+    return out;
+  }
+  if (r->type == REDIS_REPLY_ERROR) {
+    ec = Error(error_code_of(r), "acquire script: " + std::string(reply_str(r)));
+    return out;
+  }
+  if (r->type != REDIS_REPLY_ARRAY) {
+    ec = malformed_acquire_reply("not an array (reply type " + std::to_string(r->type) + ")");
+    return out;
+  }
+  std::uint64_t flag = 0;
+  if (r->elements < 1 || !to_u64(r->element[0], flag) || flag > 2) {
+    ec = malformed_acquire_reply("its first element is not 0, 1 or 2");
+    return out;
+  }
+  const std::size_t want = flag == 2 ? 1 : 2;
+  if (r->elements != want) {
+    ec = malformed_acquire_reply(std::to_string(r->elements) + " elements for flag " + std::to_string(flag) +
+                                 ", not " + std::to_string(want));
+    return out;
+  }
+  if (flag == 2) {
+    out.kind = AcquireReply::Kind::gone;
+    return out;
+  }
+  if (flag == 1) {
+    if (!to_u64(r->element[1], out.token)) {
+      ec = malformed_acquire_reply("the token is not a non-negative integer");
+      out.token = 0;
+      return out;
+    }
+    out.kind = AcquireReply::Kind::acquired;
+    return out;
+  }
+  const redisReply* pttl = r->element[1];
+  if (pttl == nullptr || pttl->type != REDIS_REPLY_INTEGER || pttl->integer < -2) {
+    ec = malformed_acquire_reply("the holder's pttl is not an integer of at least -2");
+    return out;
+  }
+  if (pttl->integer > 0) out.holder_ttl = std::chrono::milliseconds(pttl->integer);
+  return out;
 }
 
 }  // namespace distlock::detail::redis

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string_view>
 
 #include "redis/connection.hpp"
@@ -53,6 +54,29 @@ inline constexpr std::chrono::milliseconds kClaimWindow{1000};
 /// the claim, its TTL restarts now); {0, pttl} busy (pttl of the holder, -1/-2 when unknown);
 /// {2} gone.
 const Script& queue_acquire_script();
+
+/// The reply of queue_acquire_script() or cluster_queue_acquire_script(), read by
+/// read_acquire_reply().
+struct AcquireReply {
+  enum class Kind {
+    acquired,  ///< {1, token}: the lock is this call's (taken now, or a grant claimed)
+    busy,      ///< {0, pttl}: someone holds it (or a lock-delay holds it back)
+    gone,      ///< {2}: the re-checked entry is no longer queued
+  };
+  Kind kind = Kind::busy;
+  std::uint64_t token = 0;                  ///< acquired: the lease's fencing token
+  std::chrono::milliseconds holder_ttl{0};  ///< busy: the holder's remaining time, 0 when unknown
+};
+
+/// Reads the acquire script's reply, {1, token} | {0, pttl} | {2}, for every backend that
+/// runs it (redis://, redis+sentinel://, redis+cluster://). A pttl of -1 or -2 (the lock has
+/// no expiry, or has just gone) and 0 are "unknown": holder_ttl 0. An error reply sets `ec`
+/// to error_code_of()'s code with the server's text as its detail; any other shape (not an
+/// array, a flag other than 0, 1 or 2, the wrong number of elements for its flag, a token
+/// that is not a non-negative integer, a pttl that is not an integer of at least -2) sets
+/// errc::protocol_error with a detail naming what was wrong. On an error the returned value
+/// is {busy, 0, 0} and must not be used.
+AcquireReply read_acquire_reply(const redisReply* r, Error& ec);
 
 /// KEYS lock, queue, expiries, fence; ARGV owner, released channel, grant prefix.
 /// A normal release: deletes the holder's lock-delay marker. -1 when `owner` holds

@@ -64,19 +64,6 @@ const Script& renew_script() {
   return s;
 }
 
-bool to_u64(const redisReply* r, std::uint64_t& out) {
-  if (r == nullptr) return false;
-  if (r->type == REDIS_REPLY_INTEGER) {
-    if (r->integer < 0) return false;
-    out = static_cast<std::uint64_t>(r->integer);
-    return true;
-  }
-  const std::string_view s = redis::reply_str(r);
-  if (r->type != REDIS_REPLY_STRING || s.empty()) return false;
-  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return e == std::errc{} && p == s.data() + s.size();
-}
-
 bool prefix_ok(std::string_view prefix) {
   return redis_prefix_ok(prefix);
 }

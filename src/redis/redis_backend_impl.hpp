@@ -32,7 +32,6 @@ constexpr std::size_t kRenewChunk = 1000;
 
 // redis_backend.cpp
 const Script& renew_script();
-bool to_u64(const redisReply* r, std::uint64_t& out);
 bool prefix_ok(std::string_view prefix);
 
 class RedisBackend final : public Backend {

@@ -61,7 +61,7 @@ void RedisBackend::cancel_acquire(std::string_view name, std::string_view owner)
   }
 }
 
-// The acquire script's reply: {1, token} | {0, pttl} | {2}.
+// The acquire script's reply (redis::read_acquire_reply), with the replica wait of `wait=N`.
 RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const AcquireRequest& req,
                                                   const Reply& r, Error& ec) {
   Answer a;
@@ -69,36 +69,23 @@ RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const Acqui
     failed("acquire", ec);
     return a;
   }
-  std::uint64_t flag = 0;
-  if (r->type == REDIS_REPLY_ERROR) {
-    ec = redis::error_code_of(r.get());
-    log_.log(LogLevel::warning, "{}: acquire script: {}", conn_opts_.describe(), redis::reply_str(r.get()));
-    ec.set_detail(conn_opts_.describe() + ": acquire: " + std::string(redis::reply_str(r.get())));
-    return a;
-  }
-  if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !to_u64(r->element[0], flag) || flag > 2 ||
-      (flag != 2 && r->elements != 2)) {
-    ec = make_error_code(errc::protocol_error);
-    log_.log(LogLevel::warning, "{}: unexpected reply to the acquire script", conn_opts_.describe());
+  const redis::AcquireReply reply = redis::read_acquire_reply(r.get(), ec);
+  if (ec) {
+    log_.log(LogLevel::warning, "{}: {}", conn_opts_.describe(), ec.detail());
+    ec.set_detail(conn_opts_.describe() + ": " + ec.detail());
     return a;
   }
   ok();
-  if (flag == 2) {
-    a.gone = true;
-    return a;
-  }
-  if (flag == 1) {
-    if (!to_u64(r->element[1], a.result.token)) {
-      ec = make_error_code(errc::protocol_error);
+  switch (reply.kind) {
+    case redis::AcquireReply::Kind::gone: a.gone = true; return a;
+    case redis::AcquireReply::Kind::acquired:
+      a.result.acquired = true;
+      a.result.token = reply.token;
+      a.result.validity = req.ttl;
+      if (wait_replicas_ > 0 && !replicated_acquire(conn, req, ec)) a.result = {};
       return a;
-    }
-    a.result.acquired = true;
-    a.result.validity = req.ttl;
-    if (wait_replicas_ > 0 && !replicated_acquire(conn, req, ec)) a.result = {};
-    return a;
+    case redis::AcquireReply::Kind::busy: a.result.holder_ttl = reply.holder_ttl; return a;
   }
-  const redisReply* pttl = r->element[1];
-  if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) a.result.holder_ttl = Millis(pttl->integer);
   return a;
 }
 

@@ -154,19 +154,6 @@ return 1
 }  // namespace
 
 // A token or count: an integer reply, or a decimal string (tokens leave the scripts as strings).
-bool to_u64(const redisReply* r, std::uint64_t& out) {
-  if (r == nullptr) return false;
-  if (r->type == REDIS_REPLY_INTEGER) {
-    if (r->integer < 0) return false;
-    out = static_cast<std::uint64_t>(r->integer);
-    return true;
-  }
-  const std::string_view s = redis::reply_str(r);
-  if (r->type != REDIS_REPLY_STRING || s.empty()) return false;
-  auto [p, e] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return e == std::errc{} && p == s.data() + s.size();
-}
-
 ClusterBackend::~ClusterBackend() {
   {
     LockGuard lk(move_mu_);

@@ -58,8 +58,7 @@ struct Redirect {
 bool parse_redirect(std::string_view text, std::string_view default_host, Redirect& out);
 bool find_redirect(std::string_view text, std::string_view default_host, Redirect& out, bool& ask);
 
-// cluster_backend.cpp
-bool to_u64(const redisReply* r, std::uint64_t& out);
+using redis::to_u64;  // redis/connection.hpp
 
 // One node's renewal pipeline, run by the node's renewal worker. It owns copies of
 // its keys and arguments: the caller may stop waiting and return before it ran.

@@ -54,31 +54,18 @@ ClusterBackend::Answer ClusterBackend::run_acquire(const AcquireRequest& req, co
     a.result.holder_ttl = Millis(d->integer);
     return a;
   }
-  // {1, token} | {0, pttl} | {2}
-  std::uint64_t flag = 0;
-  if (d->type != REDIS_REPLY_ARRAY || d->elements < 1 || !to_u64(d->element[0], flag) || flag > 2 ||
-      (flag != 2 && d->elements != 2)) {
-    ec = make_error_code(errc::protocol_error);
-    ec.set_detail("unexpected reply to the acquire script");
-    return a;
-  }
-  if (flag == 2) {
-    a.gone = true;
-    return a;
-  }
-  if (flag == 1) {
-    if (!to_u64(d->element[1], a.result.token)) {
-      ec = make_error_code(errc::protocol_error);
-      ec.set_detail("unexpected token in the reply to the acquire script");
+  const redis::AcquireReply reply = redis::read_acquire_reply(d, ec);
+  if (ec) return a;
+  switch (reply.kind) {
+    case redis::AcquireReply::Kind::gone: a.gone = true; return a;
+    case redis::AcquireReply::Kind::acquired:
+      a.result.acquired = true;
+      a.result.token = reply.token;
+      a.result.validity = req.ttl;
+      note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
       return a;
-    }
-    a.result.acquired = true;
-    a.result.validity = req.ttl;
-    note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
-    return a;
+    case redis::AcquireReply::Kind::busy: a.result.holder_ttl = reply.holder_ttl; return a;
   }
-  const redisReply* pttl = d->element[1];
-  if (pttl->type == REDIS_REPLY_INTEGER && pttl->integer > 0) a.result.holder_ttl = Millis(pttl->integer);
   return a;
 }
 

@@ -284,6 +284,113 @@ TEST_F(Tracing, ALossGivesALossSpanWithItsReasonAndEndsTheHoldSpan) {
   EXPECT_EQ(tracer->of(SpanKind::hold).size(), 1u);
 }
 
+/// A one-shot gate between two threads, every wait bounded (10 s on the steady clock).
+class Gate {
+ public:
+  void open() {
+    std::lock_guard lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  /// False when it was not opened within 10 s.
+  bool wait() {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, 10s, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// The release of a lost lease that runs after the loss was declared but before the declaring
+// thread traced it (that thread is still in the lease's std::stop_callback) ends the hold span
+// AND gives the loss span: both are with the tracer when the release returns, and the loss
+// gives neither a second time. (Before: the release gave the hold span alone and the loss span
+// went by the event thread after it, so a process exiting at once could lose it.)
+TEST_F(Tracing, AReleaseBetweenTheLossAndItsTracingGivesTheLossSpanBeforeItReturns) {
+  auto c = traced();
+  Lease lease = c.acquire("jobs/race", ttl(1s));
+  Gate declared, released;
+  std::atomic<bool> callback_timed_out{false};
+  const std::stop_callback hold_the_declaring_thread(lease.stop_token(), [&] {
+    declared.open();
+    if (!released.wait()) callback_timed_out = true;
+  });
+  clock->advance(1500ms);
+  const auto lost_at = clock->now();
+  // The watchdog's round declares the loss on this thread and stops in the callback above.
+  std::thread declaring([&] { detail::engine_of(c)->tick(); });
+  const bool was_declared = declared.wait();
+  std::error_code release_ec;
+  try {
+    lease.release();
+  } catch (const std::system_error& e) {
+    release_ec = e.code();
+  }
+  // Read before the declaring thread goes on: what the release alone gave.
+  const auto losses = tracer->of(SpanKind::loss);
+  const auto holds = tracer->of(SpanKind::hold);
+  released.open();
+  declaring.join();
+  ASSERT_TRUE(was_declared) << "the loss was not declared within 10 s";
+  EXPECT_FALSE(callback_timed_out.load());
+  EXPECT_EQ(release_ec, errc::lost);
+  ASSERT_EQ(losses.size(), 1u) << "the loss span was not with the tracer when the release returned";
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(losses[0].loss_reason, LossReason::local_deadline);
+  EXPECT_FALSE(losses[0].detail.empty());
+  EXPECT_EQ(losses[0].start, lost_at);
+  EXPECT_EQ(losses[0].parent_span_id, holds[0].context.span_id);
+  EXPECT_EQ(holds[0].outcome, SpanOutcome::lost);
+  EXPECT_EQ(holds[0].loss_reason, LossReason::local_deadline);
+  EXPECT_EQ(holds[0].end, lost_at);
+  // The declaring thread, done now, gave nothing more.
+  detail::engine_of(c)->drain_events();
+  EXPECT_EQ(tracer->of(SpanKind::loss).size(), 1u);
+  EXPECT_EQ(tracer->of(SpanKind::hold).size(), 1u);
+}
+
+// A release that finds the lease gone from the server declares the loss itself; its spans go
+// to the event thread, and the release gives them when that thread has not: here it is held
+// in another lease's on_lost callback, and the loss span is with the tracer all the same when
+// the release returns, once.
+TEST_F(Tracing, AReleaseThatFindsTheLeaseGoneGivesItsLossSpanBeforeItReturns) {
+  auto c = traced();
+  Lease gone = c.acquire("jobs/gone", ttl(10s));
+  Lease blocker = c.acquire("jobs/blocker", ttl(1s));
+  Gate in_callback, go_on;
+  std::atomic<bool> callback_timed_out{false};
+  blocker.on_lost([&] {
+    in_callback.open();
+    if (!go_on.wait()) callback_timed_out = true;
+  });
+  clock->advance(1500ms);
+  detail::engine_of(c)->tick();  // `blocker` is lost: its callback holds the event thread
+  const bool event_thread_held = in_callback.wait();
+  store->steal("jobs/gone", "someone-else");
+  std::error_code release_ec;
+  try {
+    gone.release();
+  } catch (const std::system_error& e) {
+    release_ec = e.code();
+  }
+  std::vector<Span> losses;
+  for (const Span& s : tracer->of(SpanKind::loss))
+    if (s.lock_name == "jobs/gone") losses.push_back(s);
+  go_on.open();
+  detail::engine_of(c)->drain_events();
+  ASSERT_TRUE(event_thread_held) << "the on_lost callback did not run within 10 s";
+  EXPECT_FALSE(callback_timed_out.load());
+  EXPECT_EQ(release_ec, errc::lost);
+  ASSERT_EQ(losses.size(), 1u) << "the loss span was not with the tracer when the release returned";
+  EXPECT_EQ(losses[0].loss_reason, LossReason::gone_at_release);
+  std::size_t given = 0;
+  for (const Span& s : tracer->of(SpanKind::loss)) given += s.lock_name == "jobs/gone" ? 1 : 0;
+  EXPECT_EQ(given, 1u) << "the event thread gave the loss span a second time";
+}
+
 TEST_F(Tracing, ARenewalRefusedGivesARefusedRenewalSpanThenTheLoss) {
   auto c = traced();
   Lease lease = c.acquire("jobs/5", ttl(3s));

@@ -122,11 +122,25 @@ bool server_lists_session(const ZkServer& zk, std::int64_t sid) {
 // 1.2 s). Manual clock: no renewal runs unless the test moves the clock. Now the
 // session's validity never goes above the 12 s it started with (a raise is not trusted,
 // see the test above), and an entry is cut only below its own validity.
-// (The timeouts were 6/12/9 s; a CI run under ASan beside other tests failed it once at a
-// reconnect. The server restores the session with the 6 s it was created with and
-// expires it unless the client is back within that time of the server's start: 12 s
-// gives a loaded machine twice the room. On failure the server's connection list is printed.)
-TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
+//
+// The scenario needs the client's session to survive two server restarts. The server
+// restores it with the 12 s it was created with and expires it unless the client is back
+// within that time of the server's start; how long the client takes depends on the machine
+// (the JVM's start, the client library's reconnect pace: it waits a third of the session
+// timeout between rounds of attempts), not on distlock: 10 runs beside two busy loops at load
+// 10-14 measured the server serving 0.5-2.0 s after its kill and the client back 0-358 ms
+// later in 17 of 20 restarts, 6.9-7.1 s later in 3 (a missed round); one more missed round
+// is past the 12 s. (The timeouts were 6/12/9 s; a CI
+// run under ASan failed once at a reconnect; at 12/24/18 s a run at load 10-17 on 2 cores
+// failed once the same way.) So each restart's reconnect is timed on the test's steady
+// clock, and a run whose session did not survive a restart (the server no longer lists it
+// within 20 s) did not reach the scenario: it proves nothing either way and the scenario is
+// run again on a new server, at most kRuns times. The test fails when the keeper cuts the
+// lease in a run that reached the scenario, or when no run reached it (the reconnect times
+// are printed). A run that reached it is one where the property was checked in full.
+enum class RaiseLower { held, cut, not_reached };
+
+RaiseLower raise_then_lower_once(int run) {
   ZkServerOptions first;
   first.min_session_ms = 400;
   first.max_session_ms = 12'000;
@@ -135,37 +149,48 @@ TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
   ClientOptions co = quiet();
   co.clock = clock;
   Client holder = connect(zk.url("?session_timeout=30s"), co);
-  ASSERT_EQ(stats_of(holder).session_timeout_ms, 12'000);
+  EXPECT_EQ(stats_of(holder).session_timeout_ms, 12'000);
 
   LockOptions o;
   o.ttl = 12s;  // margin 1.2 s: engine deadline grant + 10.8 s
   o.wait = 0s;
   Lease held = holder.acquire("cut", o);
-  ASSERT_TRUE(held.owns());
-  ASSERT_EQ(held.remaining(), 10800ms);
+  EXPECT_TRUE(held.owns());
+  EXPECT_EQ(held.remaining(), 10800ms);
+  const std::int64_t sid = stats_of(holder).session_id;
+
+  // Restarts the server with `cfg`; true once the client is back on its session. Prints
+  // how long the restart and the reconnect took (steady clock of this process).
+  const auto restart = [&](const ZkServerOptions& cfg, const char* what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    zk.kill();
+    zk.reconfigure(cfg);
+    zk.start();
+    const auto serving = std::chrono::steady_clock::now();
+    const bool back = eventually([&] { return server_lists_session(zk, sid); }, 20s);
+    const auto ms = [](auto d) {
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+    };
+    std::printf(
+        "run %d, %s: the server served %lld ms after the kill; the client %s %lld ms after that "
+        "(its session: 12,000 ms from the server's start)\n",
+        run, what, ms(serving - t0), back ? "was back on its session" : "was NOT back on its session",
+        ms(std::chrono::steady_clock::now() - serving));
+    if (!back) std::printf("the server lists:\n%s\n", four_letter(zk.port(), "cons").c_str());
+    return back;
+  };
 
   ZkServerOptions raised = first;  // the client asks for its last 12 s: min raises it
   raised.min_session_ms = 24'000;
   raised.max_session_ms = 40'000;
-  const std::int64_t sid = stats_of(holder).session_id;
-  zk.kill();
-  zk.reconfigure(raised);
-  zk.start();
-  ASSERT_TRUE(eventually([&] { return server_lists_session(zk, sid); }, 20s))
-      << "the client did not reconnect to its session; the server lists:\n"
-      << four_letter(zk.port(), "cons");
+  if (!restart(raised, "raise")) return RaiseLower::not_reached;
   EXPECT_EQ(stats_of(holder).session_timeout_ms, 12'000) << "a raise on reconnect must not be trusted";
 
   ZkServerOptions lowered = first;  // the client asks for 24 s: max 18 s
   lowered.max_session_ms = 18'000;
-  zk.kill();
-  zk.reconfigure(lowered);
-  zk.start();
-  ASSERT_TRUE(eventually([&] { return server_lists_session(zk, sid); }, 20s))
-      << "the client did not reconnect to its session; the server lists:\n"
-      << four_letter(zk.port(), "cons");
+  if (!restart(lowered, "lower")) return RaiseLower::not_reached;
   EXPECT_EQ(stats_of(holder).session_timeout_ms, 12'000);
-  ASSERT_EQ(held.remaining(), 10800ms) << "the engine leaves the 12 s lease alone (18 s > 12 s)";
+  EXPECT_EQ(held.remaining(), 10800ms) << "the engine leaves the 12 s lease alone (18 s > 12 s)";
 
   // 7 s after the grant (manual clock): the lease is 3.8 s from its engine deadline.
   clock->advance(7000ms);
@@ -175,12 +200,27 @@ TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
   const bool freed = eventually(
       [&] { return held.stop_token().stop_requested() || raw.children(detail::zk::lock_dir("cut")).empty(); },
       3s);
-  EXPECT_FALSE(freed) << "the keeper freed a lease 3.8 s before its deadline: its entry was cut by "
-                         "24 s - 18 s although it was counted with 12 s";
-  EXPECT_TRUE(held.owns());
-  if (held.stop_token().stop_requested()) {
-    std::printf("loss reason: %d\n", static_cast<int>(held.loss_reason()));
+  if (freed) {
+    std::printf("run %d: freed; loss reason %d, session %s\n", run, static_cast<int>(held.loss_reason()),
+                server_lists_session(zk, sid) ? "still listed" : "no longer listed");
   }
+  EXPECT_TRUE(held.owns());
+  return freed ? RaiseLower::cut : RaiseLower::held;
+}
+
+TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
+  constexpr int kRuns = 3;
+  int reached = 0;
+  for (int run = 1; run <= kRuns && reached == 0; ++run) {
+    const RaiseLower r = raise_then_lower_once(run);
+    if (r == RaiseLower::not_reached) continue;
+    ++reached;
+    EXPECT_EQ(r, RaiseLower::held)
+        << "the keeper freed a lease 3.8 s before its deadline: its entry was cut by "
+           "24 s - 18 s although it was counted with 12 s";
+  }
+  EXPECT_EQ(reached, 1) << "in " << kRuns << " runs the client's session never survived both restarts "
+                        << "(reconnect times above): the scenario was not reached";
 }
 
 }  // namespace
