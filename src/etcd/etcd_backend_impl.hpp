@@ -218,6 +218,16 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     revoke_hook_ = std::move(hook);
   }
 
+  // Test hook (tests/etcd/etcd_waiter_watch_compaction_test.cpp): a waiter calls it once it
+  // has read its predecessor, with the revision of that read, before it asks for the watch
+  // from the next revision, on the waiting thread, so a test can compact that revision away
+  // first. Unset (the default): nothing is called. Set it before the client waits; not part
+  // of the public API.
+  void set_predecessor_watch_hook_for_test(std::function<void(std::int64_t read_revision)> hook) {
+    LockGuard lk(revoke_hook_mu_);
+    predecessor_watch_hook_ = std::move(hook);
+  }
+
   // Client::watch (etcd_prefix_watch.cpp): one Watch stream of its own per call.
   std::unique_ptr<PrefixWatch> watch_prefix(std::string_view prefix, LockEventSink& sink, Error& ec) override;
 
@@ -285,6 +295,14 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
     }
     if (hook) hook(step);
   }
+  void predecessor_watch_step(std::int64_t read_revision) {
+    std::function<void(std::int64_t)> hook;
+    {
+      LockGuard lk(revoke_hook_mu_);
+      hook = predecessor_watch_hook_;
+    }
+    if (hook) hook(read_revision);
+  }
   void revoke_lease(std::int64_t id) noexcept;
   // One keepalive of `first`, then one of `id`, on one stream (in each transport attempt,
   // after the revoke hook's kKeepAlive): whether etcd renewed `id` (both answers read).
@@ -320,8 +338,9 @@ class EtcdBackend final : public QueueBackend<RecordsBackend<etcd::Records>>, pr
       0;  // bumped when a session is added
   std::jthread keeper_;
 
-  AnnotatedMutex revoke_hook_mu_;
+  AnnotatedMutex revoke_hook_mu_;  // guards both test hooks
   std::function<void(RevokeStep)> revoke_hook_ DISTLOCK_GUARDED_BY(revoke_hook_mu_);
+  std::function<void(std::int64_t)> predecessor_watch_hook_ DISTLOCK_GUARDED_BY(revoke_hook_mu_);
 
   // Lock order: mu_ before watch_mu_.
   AnnotatedMutex watch_mu_;

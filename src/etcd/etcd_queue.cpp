@@ -200,6 +200,7 @@ QueueStore::Watch EtcdBackend::watch_predecessor(QueueEntry& e, Clock::time_poin
     return Watch::failed;
   }
   if (presp.kvs_size() == 0) return Watch::gone;  // it went away meanwhile: look again
+  predecessor_watch_step(presp.header().revision());
   add_watch(entry, presp.kvs(0).key(), presp.header().revision() + 1);
   return Watch::watching;
 }

@@ -98,7 +98,15 @@ void EtcdBackend::reader_main(std::shared_ptr<WatchStream> stream) {
   };
   while (stream->rw->Read(&resp)) {
     if (resp.canceled()) {
-      fire(resp.watch_id());  // compacted, or cancelled by the server: re-check
+      // Compacted (the revision it was to start from is gone: ErrCompacted), or cancelled by
+      // the server: the waiter reads its predecessor again and watches from that read.
+      if (resp.compact_revision() > 0) {
+        log_.log(LogLevel::info,
+                 "etcd cancelled a waiter's watch: its start revision was compacted (up to {}); it "
+                 "looks again",
+                 resp.compact_revision());
+      }
+      fire(resp.watch_id());
       continue;
     }
     for (const auto& ev : resp.events()) {

@@ -118,7 +118,7 @@ class Cluster {
 #ifdef DISTLOCK_TEST_ETCD
 class EtcdCluster3 final : public Cluster {
  public:
-  EtcdCluster3() : etcd_(3, distlock::testing::EtcdClusterOptions{false, true}) {}
+  EtcdCluster3() : etcd_(3, distlock::testing::EtcdClusterOptions{.peer_proxies = true}) {}
   int size() const override { return etcd_.size(); }
   int leader() override { return etcd_.leader(); }
   std::string url_of(int m, Millis) override { return "etcd://" + etcd_.endpoint(m); }

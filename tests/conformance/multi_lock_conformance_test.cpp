@@ -123,6 +123,9 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
   std::atomic<int> failures{0};
   std::string first_failure;
   std::atomic<std::int64_t> calls[kGroups] = {0, 0};  // successful calls per group
+  // Every client's exchanges with its servers (Client::stats().round_trips; 0 where the
+  // backend does not count them), reported per call.
+  std::atomic<std::uint64_t> round_trips{0};
   const auto started = Steady::now();
   const auto stop_at = started + std::chrono::seconds(budget_s);
   std::vector<std::thread> threads;
@@ -140,6 +143,7 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
           for (auto& [name, v] : mine) history[name].insert(history[name].end(), v.begin(), v.end());
           took_ns.insert(took_ns.end(), my_took.begin(), my_took.end());
           calls[g] += done;
+          round_trips += cl.stats().round_trips;
         };
         for (int r = 0; r < rounds; ++r) {
           if (budget_s > 0 && Steady::now() >= stop_at) break;
@@ -255,7 +259,9 @@ TEST_P(MultiLock, OverlappingSetsInOppositeOrdersNeitherDeadlockNorOverlap) {
             << " ms (wait " << kWait.count() << " ms); calls over the wait " << over_wait << "; failed calls "
             << failures.load() << "; violations " << violations
             << "; longest run of one client's holds: " << longest_run << " of " << longest_run_name
-            << " over " << static_cast<double>(longest_run_ns) / 1e6 << " ms\n";
+            << " over " << static_cast<double>(longest_run_ns) / 1e6 << " ms; round trips per call "
+            << (made > 0 ? static_cast<double>(round_trips.load()) / static_cast<double>(made) : 0.0)
+            << " (releases, renewals and the clients' start included)\n";
   EXPECT_EQ(failures.load(), 0) << "first failure: " << first_failure;
   EXPECT_EQ(over_wait, 0) << "slowest call " << slowest / 1'000'000 << " ms";
   EXPECT_EQ(violations, 0);

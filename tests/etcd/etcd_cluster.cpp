@@ -67,9 +67,10 @@ std::string slurp(const std::filesystem::path& p) {
 }
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members, bool tls) : EtcdCluster(members, EtcdClusterOptions{tls, false}) {}
+EtcdCluster::EtcdCluster(int members, bool tls) : EtcdCluster(members, EtcdClusterOptions{.tls = tls}) {}
 
-EtcdCluster::EtcdCluster(int members, EtcdClusterOptions opts) : dir_("distlock-etcd"), tls_(opts.tls) {
+EtcdCluster::EtcdCluster(int members, EtcdClusterOptions opts)
+    : dir_("distlock-etcd"), tls_(opts.tls), compaction_retention_(opts.auto_compaction_retention) {
   for (const char* program : {"etcd", "etcdctl"}) {
     if (!have_program(program)) {
       ADD_FAILURE() << program << " not found in PATH: install etcd-server and etcd-client "
@@ -142,7 +143,9 @@ void EtcdCluster::start(int member, bool initial) {
       advertised_peer, "--initial-cluster", initial_cluster_, "--initial-cluster-token", "distlock-test",
       "--initial-cluster-state", initial ? "new" : "existing",
       // Fast elections keep leader-change tests short.
-      "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"};
+      "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-level", "warn",
+      // Compaction as a production server has it (EtcdClusterOptions::auto_compaction_retention).
+      "--auto-compaction-mode", "periodic", "--auto-compaction-retention", compaction_retention_};
   if (tls_) {
     for (const std::string& a : {"--cert-file=" + (dir_.path() / "server.pem").string(),
                                  "--key-file=" + (dir_.path() / "server.key").string(),

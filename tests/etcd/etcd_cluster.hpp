@@ -39,6 +39,11 @@ struct EtcdClusterOptions {
   /// Members reach each other's peer port only through fault proxies (one per member,
   /// at the member's advertised peer URL), so that isolate() can cut one member off.
   bool peer_proxies = false;
+  /// etcd's --auto-compaction-retention in periodic mode (etcd 3.4: every period, the
+  /// history older than one period is compacted): on by default, as a production server
+  /// runs, so that a long test does not slow down on the history its locks leave
+  /// (docs/etcd.md "Compaction"). "0" turns it off.
+  std::string auto_compaction_retention = "1m";
 };
 
 class EtcdCluster {
@@ -115,6 +120,7 @@ class EtcdCluster {
   void make_certificates();
   TempDir dir_;
   bool tls_ = false;
+  std::string compaction_retention_;
   std::vector<Member> members_;
   std::string initial_cluster_;
   mutable std::mutex pids_mu_;  // the proxies' threads read the member pids
