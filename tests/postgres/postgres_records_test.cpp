@@ -33,7 +33,6 @@
 namespace distlock::testing {
 namespace {
 
-using namespace std::chrono_literals;
 
 std::unique_ptr<Backend> backend(const std::string& url) {
   return backend_of(url, &detail::make_postgres_backend);
