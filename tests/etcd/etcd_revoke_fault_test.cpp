@@ -383,9 +383,12 @@ struct AfterRevoke {
   KeyEnd l_end;
   TimePoint granted{};
 };
-// Fails (fatally) when L's end was not seen.
+// Fails (fatally) when the revoke `r` was not done, its steps' instants not taken or L's end
+// not seen.
 void read_after_revoke(const EtcdCluster& etcd, RevokeWindow& w, const ProxiedRevoker& revoker,
-                       const char* what, AfterRevoke& out) {
+                       const RevokeResult& r, const char* what, AfterRevoke& out) {
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied);
   out.marker_at_return = delay_marker(etcd, w.name());
   const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
   ASSERT_TRUE(l_end)
@@ -592,11 +595,9 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       },
       member);
   const RevokeResult r = revoker.revoke(w.name(), what);
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
   AfterRevoke after;
-  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, what, after));
+  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
   const auto& [marker_at_return, l_end, granted] = after;
 
   const TimePoint txn = *revoker.applied;
@@ -675,11 +676,9 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
       ++not_armed;
   });
   const RevokeResult r = revoker.revoke(w.name(), what);
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_EQ(not_armed, 0) << "an attempt's connection was not armed to lose its answer";
   AfterRevoke after;
-  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, what, after));
+  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
   const auto& [marker_at_return, l_end, granted] = after;
   const TimePoint txn = *revoker.applied;
   const auto& ka = revoker.keepalive_attempts;
