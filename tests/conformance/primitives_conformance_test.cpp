@@ -39,7 +39,6 @@
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
-using Steady = std::chrono::steady_clock;
 
 namespace distlock::testing {
 namespace {

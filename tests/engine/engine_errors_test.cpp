@@ -19,7 +19,6 @@
 #include "support/memory_fixture.hpp"
 #include "support/thrown.hpp"
 
-using namespace std::chrono_literals;
 using distlock::errc;
 using distlock::detail::Error;
 

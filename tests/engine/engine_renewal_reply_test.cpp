@@ -15,6 +15,7 @@
 #include "engine/engine.hpp"
 #include "fake/memory_backend.hpp"
 #include "support/forwarding_backend.hpp"
+#include "support/manual_clock.hpp"
 #include "support/memory_fixture.hpp"
 
 using namespace std::chrono_literals;
@@ -24,7 +25,7 @@ namespace {
 
 // A manual clock that, once armed, moves forward by `step` right after the next
 // reading (that reading still answers the time before the step), then calls `after`.
-class SteppingClock final : public distlock::Clock {
+class SteppingClock final : public distlock::testing::TickClock {
  public:
   time_point now() const override {
     const auto t = time_point(duration(ticks_.load()));
@@ -33,11 +34,6 @@ class SteppingClock final : public distlock::Clock {
       if (after_) after_();
     }
     return t;
-  }
-  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                  time_point deadline) override {
-    if (now() >= deadline) return;
-    cv.wait_for(lock, std::chrono::milliseconds(1));
   }
   void advance(duration d) { ticks_.fetch_add(d.count()); }
   // Not thread-safe with now(): the test arms it from the only thread that reads it.
@@ -48,8 +44,6 @@ class SteppingClock final : public distlock::Clock {
   }
 
  private:
-  mutable std::atomic<duration::rep> ticks_{
-      std::chrono::duration_cast<duration>(std::chrono::hours(1000)).count()};
   mutable std::atomic<bool> armed_{false};
   duration step_{};
   std::function<void()> after_;

@@ -376,6 +376,43 @@ std::optional<KeyEnd> revoked_key_end(const EtcdCluster& etcd, Millis limit) {
   return std::nullopt;
 }
 
+// What a revoke through the proxy left, read as it returned: the delay marker then, the revoked
+// key's end (bracketed by the poll) and, its hand-over checked, when the waiter was granted.
+struct AfterRevoke {
+  std::string marker_at_return;
+  KeyEnd l_end;
+  TimePoint granted{};
+};
+// Fails (fatally) when the revoke `r` was not done, its steps' instants not taken or L's end
+// not seen.
+void read_after_revoke(const EtcdCluster& etcd, RevokeWindow& w, const ProxiedRevoker& revoker,
+                       const RevokeResult& r, const char* what, AfterRevoke& out) {
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied);
+  out.marker_at_return = delay_marker(etcd, w.name());
+  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
+  ASSERT_TRUE(l_end)
+      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
+  out.l_end = *l_end;
+  w.check_hand_over(what, revoker.called);
+  out.granted = w.granted_at();
+}
+
+// The keepalives were applied: L, unrenewed, ends by its grant (before `granted`) + TTL + 1 s
+// (+ 500 ms of etcd's lessor); it was seen alive well after that. The bracket of L's end is
+// narrow (the last check uses its lower end): a slow poll would weaken it without failing. The
+// guarantee: no grant before max(the holder's local deadline, L's end) + `wait` (called
+// `wait_name` in the message).
+void expect_granted_past_l_end(const AfterRevoke& after, RevokeWindow& w, const ProxiedRevoker& revoker,
+                               Millis wait, const char* wait_name) {
+  const KeyEnd& l_end = after.l_end;
+  EXPECT_GT(l_end.alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
+  EXPECT_LT(l_end.gone_at - l_end.alive_sent, 1s) << "L's end bracketed only within a second or more";
+  const TimePoint from = std::max(w.holder_deadline(), l_end.alive_sent);
+  EXPECT_GE(after.granted, from + wait) << "the waiter was granted " << ms(from + wait - after.granted)
+                                        << " ms before max(the holder's deadline, L's end) + " << wait_name;
+}
+
 // Checks that the revoker logged, at warning level, that no keepalive was answered after its Txn.
 void expect_no_keepalive_warning(LogLines& logs) {
   const std::string kNoKeepalive = "no keepalive after the revoke was answered";
@@ -558,15 +595,10 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       },
       member);
   const RevokeResult r = revoker.revoke(w.name(), what);
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
-  const std::string marker_at_return = delay_marker(etcd, w.name());
-  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
-  ASSERT_TRUE(l_end)
-      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
-  w.check_hand_over(what, revoker.called);
-  const TimePoint granted = w.granted_at();
+  AfterRevoke after;
+  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
+  const auto& [marker_at_return, l_end, granted] = after;
 
   const TimePoint txn = *revoker.applied;
   const auto& ka = revoker.keepalive_attempts;
@@ -585,9 +617,9 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       "%s: M unrenewed would end at most %lld ms after the Txn; L ended between %lld and %lld ms after it; "
       "the holder's deadline %lld ms after it; the waiter granted %lld ms after it: %lld ms after L's end "
       "(its lower bound), W = %lld ms\n",
-      what, ms(*revoker.granted + kTtl + 1s + wait + 1s - txn), ms(l_end->alive_sent - txn),
-      ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
-      ms(granted - l_end->alive_sent), static_cast<long long>(wait.count()));
+      what, ms(*revoker.granted + kTtl + 1s + wait + 1s - txn), ms(l_end.alive_sent - txn),
+      ms(l_end.gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
+      ms(granted - l_end.alive_sent), static_cast<long long>(wait.count()));
 
   if (members > 1) {
     const int leader_after = etcd.leader();
@@ -603,16 +635,7 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
   ASSERT_NO_FATAL_FAILURE(expect_no_keepalive_warning(revoker.logs));
   EXPECT_EQ(marker_at_return, "lost\n" + std::to_string(wait.count()))
       << "the marker's lease ended while the revoked key's lives";
-  // The keepalives were applied: L, unrenewed, ends by its grant (before `granted`) + TTL + 1 s
-  // (+ 500 ms of etcd's lessor); it was seen alive well after that.
-  EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
-  // The bracket of L's end is narrow (the checks below use its lower end): a slow poll would
-  // weaken them without failing.
-  EXPECT_LT(l_end->gone_at - l_end->alive_sent, 1s) << "L's end bracketed only within a second or more";
-  // The guarantee: no grant before max(the holder's local deadline, L's end) + W.
-  const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
-  EXPECT_GE(granted, from + wait) << "the waiter was granted " << ms(from + wait - granted)
-                                  << " ms before max(the holder's deadline, L's end) + W";
+  ASSERT_NO_FATAL_FAILURE(expect_granted_past_l_end(after, w, revoker, wait, "W"));
 }
 
 TEST(EtcdRevokeFault, KeepalivesDeliveredWithTheirAnswersLostStillDelayTheNextHolderPastLsEnd) {
@@ -653,15 +676,10 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
       ++not_armed;
   });
   const RevokeResult r = revoker.revoke(w.name(), what);
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_EQ(not_armed, 0) << "an attempt's connection was not armed to lose its answer";
-  const std::string marker_at_return = delay_marker(etcd, w.name());
-  const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
-  ASSERT_TRUE(l_end)
-      << "the revoked key's end was not seen (gone before the first look, or alive after 45 s)";
-  w.check_hand_over(what, revoker.called);
-  const TimePoint granted = w.granted_at();
+  AfterRevoke after;
+  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
+  const auto& [marker_at_return, l_end, granted] = after;
   const TimePoint txn = *revoker.applied;
   const auto& ka = revoker.keepalive_attempts;
   std::printf(
@@ -671,8 +689,8 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
       "granted "
       "%lld ms after it: %lld ms after L's end, D = %lld ms\n",
       what, ka.size(), armed, revoker.proxy.answers_lost(), marker_at_return.c_str(),
-      ms(l_end->alive_sent - txn), ms(l_end->gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
-      ms(granted - l_end->alive_sent), static_cast<long long>(kDelay.count()));
+      ms(l_end.alive_sent - txn), ms(l_end.gone_at - txn), ms(w.holder_deadline() - txn), ms(granted - txn),
+      ms(granted - l_end.alive_sent), static_cast<long long>(kDelay.count()));
   EXPECT_GE(revoker.proxy.answers_lost(), 1);
   EXPECT_GT(ka.size(), static_cast<std::size_t>(kLost)) << "no attempt after the lost ones";
   // Confirmed: no warning, and the holder's armed marker is back.
@@ -680,11 +698,7 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
       << "the answered keepalive was not seen: " << revoker.logs.all();
   EXPECT_EQ(marker_at_return, w.armed_marker()) << "the holder's marker was not put back";
   // L was moved by the applied keepalives past its unrenewed end.
-  EXPECT_GT(l_end->alive_sent, *revoker.granted + kTtl + 2s) << "no keepalive of L was applied";
-  EXPECT_LT(l_end->gone_at - l_end->alive_sent, 1s) << "L's end bracketed only within a second or more";
-  const TimePoint from = std::max(w.holder_deadline(), l_end->alive_sent);
-  EXPECT_GE(granted, from + kDelay) << "the waiter was granted " << ms(from + kDelay - granted)
-                                    << " ms before max(the holder's deadline, L's end) + D";
+  ASSERT_NO_FATAL_FAILURE(expect_granted_past_l_end(after, w, revoker, kDelay, "D"));
 }
 
 // A holder with a lock-delay D longer than its TTL (docs/etcd.md "Revoke", W = max(TTL, D)):

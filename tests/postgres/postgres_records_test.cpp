@@ -33,8 +33,6 @@
 namespace distlock::testing {
 namespace {
 
-using namespace std::chrono_literals;
-
 std::unique_ptr<Backend> backend(const std::string& url) {
   return backend_of(url, &detail::make_postgres_backend);
 }
@@ -76,10 +74,12 @@ TEST(PostgresRecords, AHolderSilentSinceItsLastRenewalShowsItsLeaseRunningOut) {
   auto b = backend(server.url());
   Error ec;
   ASSERT_TRUE(a->try_acquire(AcquireRequest{"silent", "oa", Millis(30000)}, ec).acquired) << ec.message();
-  // Its last renewal 20 s ago, as the row says after 20 s of silence.
-  server.query(
-      "UPDATE distlock_locks SET seen_at = clock_timestamp() - interval '20 seconds' WHERE name = "
-      "'silent'::bytea");
+  // The row's last renewal `seconds` ago, as it says after that long a silence.
+  auto silent_for = [&](int seconds) {
+    server.query("UPDATE distlock_locks SET seen_at = clock_timestamp() - interval '" +
+                 std::to_string(seconds) + " seconds' WHERE name = 'silent'::bytea");
+  };
+  silent_for(20);
   const auto st = b->status("silent", ec);
   ASSERT_FALSE(ec) << ec.detail();
   ASSERT_TRUE(st.held);
@@ -93,9 +93,7 @@ TEST(PostgresRecords, AHolderSilentSinceItsLastRenewalShowsItsLeaseRunningOut) {
   EXPECT_GT(listed[0].info.ttl_remaining, Millis(8000));
   // Past its TTL since the last renewal, with the session still holding the key (the
   // server has not ended it yet): still held, and a short time left, never zero.
-  server.query(
-      "UPDATE distlock_locks SET seen_at = clock_timestamp() - interval '31 seconds' WHERE name = "
-      "'silent'::bytea");
+  silent_for(31);
   const auto late = b->status("silent", ec);
   ASSERT_FALSE(ec) << ec.detail();
   EXPECT_TRUE(late.held);

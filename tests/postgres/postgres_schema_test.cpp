@@ -19,7 +19,6 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 std::string url_as(const PostgresServer& s, const std::string& role) {
   return "postgres://" + role + ":" + role + "-pw@127.0.0.1:" + std::to_string(s.port()) + "/postgres";

@@ -20,7 +20,6 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Steady = std::chrono::steady_clock;
 namespace d = distlock::detail;
 
 std::string get_on(RedisServer& node, const std::string& key) {

@@ -21,7 +21,6 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 TEST(SentinelWatchRevoke, ARevokeIsReportedAsRevokedThenTheNextAcquire) {
   RedisSentinelGroup group;

@@ -30,10 +30,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::uint16_t slot_of(const std::string& name) {
-  return detail::rediscluster::keys_of("distlock", name).slot;
-}
-
 // CPU time (user + system) of this process, in microseconds.
 std::int64_t process_cpu_us() {
   rusage u{};
@@ -42,11 +38,14 @@ std::int64_t process_cpu_us() {
          u.ru_stime.tv_usec;
 }
 
-// Reads `w` until a `released` of `name` with `token` came after its `acquired`; false at
-// `limit`. Gaps and states on the way are allowed (a move is a gap); any other change of
-// `name` fails the test.
-bool acquired_then_released(Watch& w, const std::string& name, std::uint64_t token, Millis limit,
-                            std::vector<std::string>& seen) {
+// A hand-off of `name`: `holder` acquires it (TTL 60 s) and releases it at once; then reads `w`
+// until that lease's `released` came after its `acquired`; false at `limit`. Gaps and states on
+// the way are allowed (a move is a gap); any other change of `name` fails the test.
+bool hand_off_delivered(Client& holder, Watch& w, const std::string& name, Millis limit,
+                        std::vector<std::string>& seen) {
+  Lease lease = holder.acquire(name, ttl_of(60s, 60s));
+  const std::uint64_t token = lease.token();
+  lease.release();
   bool acquired = false;
   auto match = [&](const WatchEvent& e) {
     if (e.name != name || e.kind == WatchEventKind::state || e.kind == WatchEventKind::gap) return false;
@@ -72,12 +71,7 @@ TEST(RedisClusterWatchEdges, SlotMovedAwayAndBackKeepsDeliveringLive) {
   Client watcher = distlock::connect(cluster.url(), quiet());
   Watch w = watcher.watch("back/");
   std::vector<std::string> seen;
-  {
-    Lease a = holder.acquire(name, ttl_of(60s, 60s));
-    const std::uint64_t t = a.token();
-    a.release();
-    ASSERT_TRUE(acquired_then_released(w, name, t, 10s, seen)) << "before any move" << joined(seen);
-  }
+  ASSERT_TRUE(hand_off_delivered(holder, w, name, 10s, seen)) << "before any move" << joined(seen);
   for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
     cluster.move_slot(slot, from, to);
     // The move is a gap, then the re-subscription's gap once every channel is live again.
@@ -88,10 +82,7 @@ TEST(RedisClusterWatchEdges, SlotMovedAwayAndBackKeepsDeliveringLive) {
         },
         &seen))
         << "no recovery after the move " << from << " -> " << to << joined(seen);
-    Lease b = holder.acquire(name, ttl_of(60s, 60s));
-    const std::uint64_t t = b.token();
-    b.release();
-    ASSERT_TRUE(acquired_then_released(w, name, t, 10s, seen))
+    ASSERT_TRUE(hand_off_delivered(holder, w, name, 10s, seen))
         << "the hand-off after the move " << from << " -> " << to << " was not delivered" << joined(seen);
   }
 }
@@ -112,12 +103,7 @@ TEST(RedisClusterWatchEdges, MasterChangeTheOldMasterDidNotSignalIsAGapThenLive)
   Client watcher = distlock::connect(cluster.url(), quiet());
   Watch w = watcher.watch("unsig/");
   std::vector<std::string> seen;
-  {
-    Lease a = watcher.acquire(name, ttl_of(60s, 60s));
-    const std::uint64_t t = a.token();
-    a.release();
-    ASSERT_TRUE(acquired_then_released(w, name, t, 10s, seen)) << "before the change" << joined(seen);
-  }
+  ASSERT_TRUE(hand_off_delivered(watcher, w, name, 10s, seen)) << "before the change" << joined(seen);
   auto ok = [](const RedisReplyPtr& r) { return r && r->type == REDIS_REPLY_STATUS; };
   ASSERT_TRUE(ok(cluster.node(2).command({"CLUSTER", "FORGET", cluster.node_id(1)})));
   ASSERT_TRUE(ok(cluster.node(1).command({"CLUSTER", "BUMPEPOCH"})));
@@ -170,10 +156,7 @@ TEST(RedisClusterWatchEdges, MasterChangeTheOldMasterDidNotSignalIsAGapThenLive)
   // The holder reads its map from node 0 (node 2 still claims s: a client that asked it first
   // would lock on node 2, where no one listens any more).
   Client holder = distlock::connect(cluster.url_of(0), quiet());
-  Lease b = holder.acquire(name, ttl_of(60s, 60s));
-  const std::uint64_t t = b.token();
-  b.release();
-  ASSERT_TRUE(acquired_then_released(w, name, t, 10s, seen))
+  ASSERT_TRUE(hand_off_delivered(holder, w, name, 10s, seen))
       << "the hand-off on the new master was not delivered" << joined(seen);
   EXPECT_EQ(cluster.owner_of(slot), 1) << "the map changed back during the test";
   // The watch left node 2's channel itself (node 2 never dropped it: it still claims the slot).
@@ -364,8 +347,7 @@ TEST(RedisClusterWatchEdges, DestroyedWhileHandOffsAreDeliveredReturnsPromptly) 
 TEST(RedisClusterWatchEdges, DestroyedWhileAMasterIsFrozenReturnsWithinTheTimeouts) {
   RedisCluster cluster(3);
   FaultProxy proxy(cluster.node(0).port());
-  const std::string nat = "?nat=127.0.0.1:" + std::to_string(cluster.node(0).port()) +
-                          "=127.0.0.1:" + std::to_string(proxy.port()) + "&timeout=1s";
+  const std::string nat = cluster.nat_through(0, proxy.port()) + "&timeout=1s";
   Client watcher = distlock::connect(cluster.url(nat), quiet());
   auto w = std::make_unique<Watch>(watcher.watch("fzd/"));
   proxy.freeze();
@@ -507,9 +489,7 @@ TEST(RedisClusterWatchEdges, AWatchSubscribingWhileScriptsRunGetsEveryChangeAfte
   // scripts on node 2 still read a count of zero. A watch() that returned before every
   // confirmation would leave the pairs of that window unpublished.
   FaultProxy proxy(cluster.node(2).port());
-  Client watcher = distlock::connect(cluster.url("?nat=127.0.0.1:" + std::to_string(cluster.node(2).port()) +
-                                                 "=127.0.0.1:" + std::to_string(proxy.port())),
-                                     quiet());
+  Client watcher = distlock::connect(cluster.url(cluster.nat_through(2, proxy.port())), quiet());
   proxy.delay(200ms);
   struct Pair {
     std::string name;

@@ -31,10 +31,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::uint16_t slot_of(const std::string& name) {
-  return detail::rediscluster::keys_of("distlock", name).slot;
-}
-
 // 1,000 acquire/release pairs by two clients over 12 names spread over the three masters
 // (at least 10 slots, names with braces too): per name every `acquired` carries a token above
 // the last and is closed by the release of exactly that token before the next `acquired`
@@ -174,8 +170,7 @@ TEST(RedisClusterPrefixWatch, RestartedMasterIsAReplacementGapThenTheState) {
 TEST(RedisClusterPrefixWatch, FrozenSubscriberConnectionIsAGapNotSilence) {
   RedisCluster cluster(3);
   FaultProxy proxy(cluster.node(0).port());
-  const std::string nat = "?nat=127.0.0.1:" + std::to_string(cluster.node(0).port()) +
-                          "=127.0.0.1:" + std::to_string(proxy.port()) + "&timeout=1s";
+  const std::string nat = cluster.nat_through(0, proxy.port()) + "&timeout=1s";
   Client watcher = distlock::connect(cluster.url(nat), quiet());
   Client holder = distlock::connect(cluster.url(), quiet());
   Watch w = watcher.watch("fz/");
@@ -246,8 +241,7 @@ TEST(RedisClusterPrefixWatch, SyncIsABarrierAcrossMasters) {
     }
   } sink;
   FaultProxy proxy(cluster.node(2).port());
-  const std::string nat = "?nat=127.0.0.1:" + std::to_string(cluster.node(2).port()) +
-                          "=127.0.0.1:" + std::to_string(proxy.port());
+  const std::string nat = cluster.nat_through(2, proxy.port());
   Client watcher = distlock::connect(cluster.url(nat), quiet());
   auto& backend = detail::engine_of(watcher)->backend();
   detail::Error ec;

@@ -14,6 +14,7 @@
 #include "distlock/distlock.hpp"
 #include "masters.hpp"
 #include "redlock/scripts.hpp"
+#include "support/manual_clock.hpp"
 
 namespace distlock {
 namespace {
@@ -290,21 +291,14 @@ TEST(Redlock, PasswordAndAclUserAreUsedAndAWrongOneIsAuthFailed) {
 
 // A clock that, once given a step, reads `step` later at every read: an acquisition
 // round across the masters then takes longer than the TTL by this clock alone.
-class SteppingClock final : public distlock::Clock {
+class SteppingClock final : public testing::TickClock {
  public:
   time_point now() const override {
     return time_point(duration(ticks_.fetch_add(step_.load()) + step_.load()));
   }
   void set_step(duration d) { step_.store(d.count()); }
-  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                  time_point deadline) override {
-    if (now() >= deadline) return;
-    cv.wait_for(lock, std::chrono::milliseconds(1));
-  }
 
  private:
-  mutable std::atomic<duration::rep> ticks_{
-      std::chrono::duration_cast<duration>(std::chrono::hours(1000)).count()};
   std::atomic<duration::rep> step_{0};
 };
 

@@ -1,6 +1,9 @@
 #include "support/database_server.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -68,6 +71,30 @@ void DatabaseServer::restart() {
     kill();
   }
   throw std::runtime_error(program_ + " did not restart on port " + std::to_string(port_) + ":\n" + failures);
+}
+
+void DatabaseServer::start_from_template(const std::string& tmpl, const std::string& built_marker,
+                                         const std::function<std::string()>& build) {
+  {
+    const int lock_fd = ::open((tmpl + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd >= 0) ::flock(lock_fd, LOCK_EX);
+    std::string error;
+    if (!std::filesystem::exists(tmpl + "/data/" + built_marker)) error = build();
+    template_ = tmpl + "/data";
+    const std::string d = dir_.path().string();
+    if (error.empty()) error = run_to_end({"cp", "-a", template_, d + "/data"}, d + "/cp.log");
+    if (lock_fd >= 0) ::close(lock_fd);
+    if (!error.empty()) fail_setup(error);
+  }
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    port_ = free_port();
+    start();
+    if (wait_ready(ready_within_)) return;
+    failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
+    kill();
+  }
+  fail_setup(program_ + " did not start; its log:\n" + failures);
 }
 
 std::string DatabaseServer::log() const {

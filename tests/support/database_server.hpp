@@ -12,9 +12,9 @@
 //                        template (every table, lock and counter gone), restarts it
 //   log()                the server's log (server.log in its directory)
 //
-// A harness derives from DatabaseServer, gives start() and wait_ready(), fills template_ and
-// port_ in its constructor, and calls stop() in its own destructor (no virtual call reaches it
-// from this one).
+// A harness derives from DatabaseServer, gives start() and wait_ready(), calls
+// start_from_template() at the end of its constructor, and calls stop() in its own destructor
+// (no virtual call reaches it from this one).
 //
 // Thread-safety: one server per test, driven from one thread.
 #pragma once
@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "support/process.hpp"
@@ -56,6 +57,12 @@ class DatabaseServer {
   DatabaseServer(std::string program, std::string product, const std::string& tmp_prefix, int shutdown_signal,
                  std::chrono::milliseconds ready_within);
   virtual ~DatabaseServer() = default;
+  /// Builds the template once per user: under an flock on `tmpl`.lock, `build` runs (and
+  /// returns an error, "" on success) unless `tmpl`/data/`built_marker` exists. Copies
+  /// `tmpl`/data to dir_/data, then starts the server on a free port: three attempts, each
+  /// awaited for ready_within. Fails the setup (fail_setup) with the error or the logs.
+  void start_from_template(const std::string& tmpl, const std::string& built_marker,
+                           const std::function<std::string()>& build);
   /// Spawns the server on port_ with its data in dir_/data; sets process_ and pid_.
   virtual void start() = 0;
   /// True once it accepts (false if its process ended or `timeout` passed).

@@ -384,20 +384,8 @@ struct FaultProxy::Impl {
 
 FaultProxy::FaultProxy(std::uint16_t upstream_port) : impl_(std::make_unique<Impl>()) {
   impl_->upstream_port = upstream_port;
-  impl_->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(impl_->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = 0;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(impl_->listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(impl_->listen_fd, 128) != 0) {
-    throw std::runtime_error("fault proxy: cannot listen on 127.0.0.1");
-  }
-  socklen_t len = sizeof a;
-  ::getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
-  impl_->port = ntohs(a.sin_port);
+  impl_->listen_fd = listen_loopback(128, impl_->port);
+  if (impl_->listen_fd < 0) throw std::runtime_error("fault proxy: cannot listen on 127.0.0.1");
   set_nonblocking(impl_->listen_fd);
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   impl_->thread = std::thread([this] { impl_->run(); });
@@ -576,6 +564,25 @@ int dial_loopback(std::uint16_t port) {
     ::close(fd);
     return -1;
   }
+  return fd;
+}
+
+int listen_loopback(int backlog, std::uint16_t& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  port = ntohs(a.sin_port);
   return fd;
 }
 

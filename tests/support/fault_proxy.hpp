@@ -130,6 +130,10 @@ bool dialer_closed(int accepted_fd);
 /// A blocking TCP socket connected to 127.0.0.1:`port`, or -1 when it cannot be made.
 int dial_loopback(std::uint16_t port);
 
+/// A blocking TCP socket listening on 127.0.0.1 on a port the kernel chose (SO_REUSEADDR,
+/// `backlog` pending connections), that port in `port`; -1 when it cannot be made.
+int listen_loopback(int backlog, std::uint16_t& port);
+
 /// One proxy per server, for partitioning one group of clients from some servers.
 class FaultProxyGroup {
  public:

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/eventually.hpp"
+
 namespace distlock::testing {
 namespace {
 
@@ -34,15 +36,8 @@ using SteadyClock = std::chrono::steady_clock;
 class EchoServer {
  public:
   EchoServer() {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 16) != 0)
-      throw std::runtime_error("echo server: cannot listen on 127.0.0.1");
-    socklen_t len = sizeof a;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    listen_fd_ = listen_loopback(16, port_);
+    if (listen_fd_ < 0) throw std::runtime_error("echo server: cannot listen on 127.0.0.1");
     thread_ = std::thread([this] { run(); });
   }
   ~EchoServer() {
@@ -128,17 +123,6 @@ ReadResult read_up_to(int fd, std::size_t bytes, std::chrono::milliseconds limit
 
 void send_all(int fd, const std::string& s) {
   ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
-}
-
-// Polls `pred` every 5 ms until it holds or `limit` passed.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit) {
-  const auto end = SteadyClock::now() + limit;
-  while (!pred()) {
-    if (SteadyClock::now() >= end) return pred();
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
 }
 
 TEST(FaultProxyLoseAnswers, TheRequestIsDeliveredItsAnswerDroppedAndTheConnectionCut) {

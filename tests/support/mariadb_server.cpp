@@ -118,75 +118,56 @@ MariadbServer::MariadbServer() : DatabaseServer("mariadbd", "MariaDB", "distlock
   const std::string tmpl =
       (std::filesystem::temp_directory_path() / ("distlock-mariadb-template-" + std::to_string(::geteuid())))
           .string();
-  const std::string d = dir_.path().string();
-  {
-    const int lock_fd = ::open((tmpl + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd >= 0) ::flock(lock_fd, LOCK_EX);
+  start_from_template(tmpl, "ready", [&]() -> std::string {
     std::string error;
-    if (!std::filesystem::exists(tmpl + "/data/ready")) {
-      TempDir t("distlock-my-install");
-      const std::string td = t.path().string();
-      std::vector<std::string> argv{"mariadb-install-db",
-                                    "--no-defaults",
-                                    "--datadir=" + td + "/data",
-                                    "--auth-root-authentication-method=normal",
-                                    "--skip-test-db",
-                                    "--skip-name-resolve",
-                                    "--innodb-buffer-pool-size=8M",
-                                    "--innodb-log-file-size=4M",
-                                    "--innodb-data-file-path=ibdata1:4M:autoextend"};
-      if (::geteuid() == 0) argv.push_back("--user=root");
-      error = run_to_end(argv, td + "/install.log");
-      if (error.empty()) {
-        // One start without networking to create the account and the database.
-        const std::string sock = td + "/s";
-        Process p = Process::spawn(server_argv(td + "/data", sock, 0, td + "/first.log"), td + "/first.out");
-        MYSQL* m = nullptr;
-        const auto end = std::chrono::steady_clock::now() + 60s;
-        std::string why;
-        while (!m && std::chrono::steady_clock::now() < end && p.running()) {
-          m = connect_root(sock, why, 2);
-          if (!m) std::this_thread::sleep_for(50ms);
-        }
-        if (!m) {
-          error = "mariadbd did not start from the fresh template (" + why + "):\n" +
-                  file_text(td + "/first.log");
-        } else {
-          try {
-            run_sql(m, std::string("CREATE USER '") + kUser + "'@'127.0.0.1' IDENTIFIED BY '" + kPassword +
-                           "'; GRANT ALL ON *.* TO '" + kUser + "'@'127.0.0.1'; CREATE DATABASE " +
-                           kDatabase);
-          } catch (const std::exception& e) {
-            error = e.what();
-          }
-          mysql_close(m);
-        }
-        p.signal(SIGTERM);
-        if (p.wait_for(60s) == -1) {
-          p.stop();
-          if (error.empty())
-            error = "mariadbd did not shut down within 60 s:\n" + file_text(td + "/first.log");
-        }
+    TempDir t("distlock-my-install");
+    const std::string td = t.path().string();
+    std::vector<std::string> argv{"mariadb-install-db",
+                                  "--no-defaults",
+                                  "--datadir=" + td + "/data",
+                                  "--auth-root-authentication-method=normal",
+                                  "--skip-test-db",
+                                  "--skip-name-resolve",
+                                  "--innodb-buffer-pool-size=8M",
+                                  "--innodb-log-file-size=4M",
+                                  "--innodb-data-file-path=ibdata1:4M:autoextend"};
+    if (::geteuid() == 0) argv.push_back("--user=root");
+    error = run_to_end(argv, td + "/install.log");
+    if (error.empty()) {
+      // One start without networking to create the account and the database.
+      const std::string sock = td + "/s";
+      Process p = Process::spawn(server_argv(td + "/data", sock, 0, td + "/first.log"), td + "/first.out");
+      MYSQL* m = nullptr;
+      const auto end = std::chrono::steady_clock::now() + 60s;
+      std::string why;
+      while (!m && std::chrono::steady_clock::now() < end && p.running()) {
+        m = connect_root(sock, why, 2);
+        if (!m) std::this_thread::sleep_for(50ms);
       }
-      if (error.empty()) {
-        std::ofstream(td + "/data/ready") << "ok\n";
-        error = install_template(td + "/data", tmpl, "MariaDB template");
+      if (!m) {
+        error =
+            "mariadbd did not start from the fresh template (" + why + "):\n" + file_text(td + "/first.log");
+      } else {
+        try {
+          run_sql(m, std::string("CREATE USER '") + kUser + "'@'127.0.0.1' IDENTIFIED BY '" + kPassword +
+                         "'; GRANT ALL ON *.* TO '" + kUser + "'@'127.0.0.1'; CREATE DATABASE " + kDatabase);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        mysql_close(m);
+      }
+      p.signal(SIGTERM);
+      if (p.wait_for(60s) == -1) {
+        p.stop();
+        if (error.empty()) error = "mariadbd did not shut down within 60 s:\n" + file_text(td + "/first.log");
       }
     }
-    template_ = tmpl + "/data";
-    if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
-    if (lock_fd >= 0) ::close(lock_fd);
-    if (!error.empty()) fail_setup(error);
-  }
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    port_ = free_port();
-    start();
-    if (wait_ready(60s)) return;
-    failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
-    kill();
-  }
-  fail_setup("mariadbd did not start; its log:\n" + failures);
+    if (error.empty()) {
+      std::ofstream(td + "/data/ready") << "ok\n";
+      error = install_template(td + "/data", tmpl, "MariaDB template");
+    }
+    return error;
+  });
 }
 
 MariadbServer::~MariadbServer() {

@@ -75,56 +75,39 @@ PostgresServer::PostgresServer()
                             ("distlock-pg-template-" + std::to_string(::geteuid()) + "-" +
                              std::filesystem::path(bin_).parent_path().filename().string()))
                                .string();
-  {
-    const int lock_fd = ::open((tmpl + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd >= 0) ::flock(lock_fd, LOCK_EX);
+  start_from_template(tmpl, "PG_VERSION", [&]() -> std::string {
     std::string error;
-    if (!std::filesystem::exists(tmpl + "/data/PG_VERSION")) {
-      TempDir t("distlock-pg-initdb");
-      const std::string td = t.path().string();
-      {
-        std::ofstream pwfile(td + "/pw");
-        pwfile << kPassword << "\n";
-      }
-      if (as_postgres_) {
-        const passwd* pw = ::getpwnam("postgres");
-        if (::chown(td.c_str(), pw->pw_uid, pw->pw_gid) != 0 ||
-            ::chown((td + "/pw").c_str(), pw->pw_uid, pw->pw_gid) != 0) {
-          error = "chown " + td + " failed";
-        }
-      }
-      std::vector<std::string> argv{bin_ + "/initdb",
-                                    "-D",
-                                    td + "/data",
-                                    "-U",
-                                    kUser,
-                                    "--auth=scram-sha-256",
-                                    "--pwfile=" + td + "/pw",
-                                    "-E",
-                                    "UTF8",
-                                    "--no-sync",
-                                    "--no-instructions"};
-      if (as_postgres_) {
-        argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
-      }
-      if (error.empty()) error = run_to_end(argv, td + "/initdb.log");
-      if (error.empty()) error = install_template(td + "/data", tmpl, "initdb template");
+    TempDir t("distlock-pg-initdb");
+    const std::string td = t.path().string();
+    {
+      std::ofstream pwfile(td + "/pw");
+      pwfile << kPassword << "\n";
     }
-    template_ = tmpl + "/data";
-    if (error.empty()) error = run_to_end({"cp", "-a", tmpl + "/data", d + "/data"}, d + "/cp.log");
-    if (lock_fd >= 0) ::close(lock_fd);
-    if (!error.empty()) fail_setup(error);
-  }
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    port_ = free_port();
-    start();
-    if (wait_ready(std::chrono::seconds(30))) return;
-    failures += "port " + std::to_string(port_) + ":\n" + log() + "\n";
-    kill();
-  }
-  const std::string msg = "postgres did not start; its log:\n" + failures;
-  fail_setup(msg);
+    if (as_postgres_) {
+      const passwd* pw = ::getpwnam("postgres");
+      if (::chown(td.c_str(), pw->pw_uid, pw->pw_gid) != 0 ||
+          ::chown((td + "/pw").c_str(), pw->pw_uid, pw->pw_gid) != 0) {
+        error = "chown " + td + " failed";
+      }
+    }
+    std::vector<std::string> argv{bin_ + "/initdb",
+                                  "-D",
+                                  td + "/data",
+                                  "-U",
+                                  kUser,
+                                  "--auth=scram-sha-256",
+                                  "--pwfile=" + td + "/pw",
+                                  "-E",
+                                  "UTF8",
+                                  "--no-sync",
+                                  "--no-instructions"};
+    if (as_postgres_) {
+      argv.insert(argv.begin(), {"setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"});
+    }
+    if (error.empty()) error = run_to_end(argv, td + "/initdb.log");
+    if (error.empty()) error = install_template(td + "/data", tmpl, "initdb template");
+    return error;
+  });
 }
 
 PostgresServer::~PostgresServer() {

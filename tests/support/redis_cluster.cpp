@@ -126,10 +126,14 @@ std::string RedisCluster::name_on(int i, const std::string& stem, int seq) const
   int found = 0;
   for (int n = 0; n < 100000; ++n) {
     const std::string name = stem + "-" + std::to_string(n);
-    const auto slot = distlock::detail::rediscluster::keys_of("distlock", name).slot;
-    if (owner_of(slot) == i && found++ == seq) return name;
+    if (owner_of(slot_of(name)) == i && found++ == seq) return name;
   }
   throw std::runtime_error("no name found for node " + std::to_string(i));
+}
+
+std::string RedisCluster::nat_through(int i, std::uint16_t proxy_port) const {
+  return "?nat=127.0.0.1:" + std::to_string(nodes_.at(i)->port()) +
+         "=127.0.0.1:" + std::to_string(proxy_port);
 }
 
 void RedisCluster::begin_move(std::uint16_t slot, int from, int to) {
@@ -200,6 +204,10 @@ std::vector<std::string> RedisCluster::leftovers(bool skip_fences) const {
     }
   }
   return out;
+}
+
+std::uint16_t slot_of(const std::string& name) {
+  return distlock::detail::rediscluster::keys_of("distlock", name).slot;
 }
 
 }  // namespace distlock::testing

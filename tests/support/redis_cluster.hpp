@@ -49,6 +49,10 @@ class RedisCluster {
   int owner_of(std::uint16_t slot) const;
   /// A name without braces whose slot node `i` serves, distinct per `seq`.
   std::string name_on(int i, const std::string& stem, int seq = 0) const;
+  /// "?nat=127.0.0.1:<node i's port>=127.0.0.1:<proxy_port>": the query of a url() whose
+  /// client reaches node `i` through a proxy listening on `proxy_port` (further keys follow
+  /// with '&').
+  std::string nat_through(int i, std::uint16_t proxy_port) const;
 
   /// Resharding one slot, in steps (a test can act between them) or at once.
   void begin_move(std::uint16_t slot, int from, int to);
@@ -73,5 +77,8 @@ class RedisCluster {
   std::vector<std::uint16_t> bus_ports_;
   std::vector<bool> dead_;
 };
+
+/// The slot of lock `name` (under the prefix "distlock").
+std::uint16_t slot_of(const std::string& name);
 
 }  // namespace distlock::testing

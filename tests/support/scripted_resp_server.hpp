@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/fault_proxy.hpp"
+
 namespace distlock::testing {
 
 class ScriptedRespServer {
@@ -31,18 +33,8 @@ class ScriptedRespServer {
 
   /// `what` names the server in the error thrown when it cannot listen.
   ScriptedRespServer(const std::string& what, Answer answer) : answer_(std::move(answer)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0) {
-      if (fd_ >= 0) ::close(fd_);
-      throw std::runtime_error(what + ": cannot listen on loopback");
-    }
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    fd_ = listen_loopback(16, port_);
+    if (fd_ < 0) throw std::runtime_error(what + ": cannot listen on loopback");
     accepter_ = std::thread([this] { accept_loop(); });
   }
   ScriptedRespServer(const ScriptedRespServer&) = delete;
