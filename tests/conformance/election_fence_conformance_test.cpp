@@ -336,6 +336,20 @@ TEST(FencedPutByCas, ARaceLostToTheSameTermEndsTheCall) {
   EXPECT_EQ(detail::fenced_put_by_cas("k", "7\nmine", get, create, replace, ec), "8\nnewer1");
   EXPECT_FALSE(ec) << ec.detail();
 
+  // A compare-and-set that fails without a change (ZooKeeper's lost connection): read
+  // again and write; the unchanged record of the same term is not another writer's put.
+  record = "7\nfirst";
+  int flaky = 1;
+  const auto replace_flaky = [&](std::string_view expected, detail::Error&) {
+    if (flaky-- > 0 || record != expected) return false;
+    record = "7\nmine";
+    return true;
+  };
+  ec.clear();
+  EXPECT_EQ(detail::fenced_put_by_cas("k", "7\nmine", get, create, replace_flaky, ec), "7\nmine");
+  EXPECT_FALSE(ec) << ec.detail();
+  EXPECT_EQ(record, "7\nmine") << "reported stored, not written";
+
   record = "5\nolder";  // beaten by older terms every time: still bounded, 16 rounds
   beaten_by = "6\nolder";
   n = gets = replaces = 0;
