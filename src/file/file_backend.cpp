@@ -28,7 +28,7 @@ FileBackend::FileBackend(Settings settings, Fd dir_fd, std::size_t name_max, mod
       file_mode_(file_mode),
       url_(std::move(url)),
       log_(opts.logger),
-      records_(dir_fd_.get(), settings_.dir, name_max_, log_) {
+      records_(dir_fd_.get(), settings_.dir, name_max_, log_, opts.command_timeout) {
   inotify_fd_ = Fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   int err = errno;
   if (!notifier_.valid()) err = notifier_.error();

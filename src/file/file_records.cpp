@@ -230,6 +230,33 @@ std::optional<std::string> FileRecords::read_record_file(int rdir, const std::st
   return buf.substr(kRecHeader + key_len);
 }
 
+// The records directory's flock for a fenced put, waited for at most lock_wait_ (the
+// client's command timeout) on this process's steady clock: its holder keeps it for a
+// read and a rename, unless that process is stopped (SIGSTOP, a debugger, swapped out),
+// and flock() itself cannot wait with a deadline. Polled at 1 ms, doubling up to 16 ms.
+bool FileRecords::lock_records_dir(int rdir, Error& ec) {
+  const auto deadline = std::chrono::steady_clock::now() + lock_wait_;
+  Millis pause{1};
+  for (;;) {
+    if (::flock(rdir, LOCK_EX | LOCK_NB) == 0) return true;
+    const int err = errno;
+    if (err != EWOULDBLOCK && err != EINTR) {
+      fail(ec, errc::backend_unavailable, "cannot lock record directory " + path_of(""), err);
+      return false;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, Millis(16));
+  }
+  fail(ec, errc::backend_unavailable,
+       "record directory " + path_of("") + " stayed locked by another fenced put for the command timeout (" +
+           std::to_string(lock_wait_.count()) +
+           " ms); a process stopped while it writes a record holds that lock until it resumes or exits",
+       0);
+  return false;
+}
+
 std::string FileRecords::put(std::string_view key, std::string_view value, PutMode mode, Error& ec) {
   ec.clear();
   if (!record_value_fits(key, value, ec)) return {};
@@ -260,11 +287,7 @@ std::string FileRecords::put(std::string_view key, std::string_view value, PutMo
   if (mode == PutMode::fenced) {
     // Fenced puts of every process take the records directory's flock for their
     // read-compare-rename (a read and a rename: held briefly), so no two interleave.
-    if (::flock(rdir.get(), LOCK_EX) != 0) {
-      const int err = errno;
-      fail(ec, errc::backend_unavailable, "cannot lock record directory " + path_of(""), err);
-      return {};
-    }
+    if (!lock_records_dir(rdir.get(), ec)) return {};
     auto existing = read_record_file(rdir.get(), fname, key, ec);
     if (ec) return {};
     if (existing && !fenced_put_allowed(*existing, value)) {

@@ -7,8 +7,10 @@
 // its name (PutMode::if_absent: link() fails with EEXIST when the record exists,
 // atomically across processes); PutMode::fenced reads the record and renames over it
 // under an exclusive flock() of the records directory, which every fenced put takes, so
-// an older term never replaces a newer one; the directory is fsynced after. A reader therefore
-// sees a whole old or a whole new value, also after the writer was killed.
+// an older term never replaces a newer one; the directory is fsynced after. A fenced put
+// waits for that flock at most the client's command timeout (a process stopped while
+// holding it would otherwise stall every other fenced put), then fails unavailable. A
+// reader therefore sees a whole old or a whole new value, also after the writer was killed.
 //
 // The listing scans the lock directory and asks the kernel (F_OFD_GETLK, which
 // neither takes nor disturbs any lock) whether each lock file is held now.
@@ -41,8 +43,13 @@ std::optional<std::string> lock_name_of_file(std::string_view fname, std::size_t
 class FileRecords {
  public:
   /// `dir_fd` (the lock directory) is borrowed and must outlive this object.
-  FileRecords(int dir_fd, std::string dir, std::size_t name_max, Logger log)
-      : dir_fd_(dir_fd), dir_(std::move(dir)), name_max_(name_max), log_(std::move(log)) {}
+  /// `lock_wait` bounds a fenced put's wait for the records directory's flock.
+  FileRecords(int dir_fd, std::string dir, std::size_t name_max, Logger log, Millis lock_wait)
+      : dir_fd_(dir_fd),
+        dir_(std::move(dir)),
+        name_max_(name_max),
+        log_(std::move(log)),
+        lock_wait_(lock_wait) {}
 
   std::string put(std::string_view key, std::string_view value, PutMode mode, Error& ec);
   std::optional<std::string> get(std::string_view key, Error& ec);
@@ -51,6 +58,7 @@ class FileRecords {
 
  private:
   int open_records_dir(bool create, Error& ec);
+  bool lock_records_dir(int rdir, Error& ec);
   std::optional<std::string> read_record_file(int rdir, const std::string& fname, std::string_view key,
                                               Error& ec);
   std::string path_of(const std::string& fname) const;
@@ -60,6 +68,7 @@ class FileRecords {
   const std::string dir_;
   const std::size_t name_max_;
   Logger log_;
+  const Millis lock_wait_;
 };
 
 }  // namespace distlock::detail

@@ -20,11 +20,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <future>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "api/client_access.hpp"
 #include "connect/registry.hpp"
@@ -260,6 +264,99 @@ TEST_P(ElectionFence, FencedPutKeepsTheNewestTerm) {
   EXPECT_EQ(put("0001\nleading zeros"), "0001\nleading zeros");  // term 1 again
   EXPECT_EQ(put("0\nzero"), "0001\nleading zeros");
   EXPECT_TRUE(be->erase_record(key, ec)) << ec.detail();
+}
+
+// One leader proclaiming from 8 threads at once (Election may be used from any thread): every
+// proclaim lands or is overtaken by a concurrent one of the same term; none fails. Before,
+// the compare-and-set loop counted a race lost to the same leader's own write as a round
+// used, and on zk1 31 of the 200 proclaims failed with "kept changing during 16 rounds".
+TEST_P(ElectionFence, ConcurrentProclaimsOfOneLeaderAllLand) {
+  const std::string name = "fence-contention";
+  Client c = distlock::connect(url_);
+  Lease lead = c.election(name, opts_).campaign("v0");
+  constexpr int kThreads = 8, kEach = 25;
+  std::atomic<int> failed{0};
+  std::mutex mu;
+  std::string first_error;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        try {
+          c.election(name, opts_).proclaim(lead, "t" + std::to_string(t) + "-" + std::to_string(i));
+        } catch (const std::system_error& e) {
+          ++failed;
+          std::lock_guard lk(mu);
+          if (first_error.empty()) first_error = e.what();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failed.load(), 0) << "of " << kThreads * kEach << " proclaims; the first: " << first_error;
+  if (target_->fencing()) {
+    const auto l = c.election(name, opts_).leader();
+    ASSERT_TRUE(l.has_value());
+    EXPECT_EQ(l->term, lead.token());
+    EXPECT_TRUE(l->value_known);
+    EXPECT_EQ(l->value.substr(l->value.size() - 3), "-24") << l->value;  // some thread's last
+  }
+  c.election(name, opts_).resign(lead);
+}
+
+// fenced_put_by_cas without a server: every replace is beaten by another put of the same term
+// (a record that changes between each read and each compare-and-set). The call ends at the
+// first race, counting itself as the earlier write; before, it failed after 16 rounds.
+// A race lost to a newer term is a refusal answering that record; to an older one, a retry.
+TEST(FencedPutByCas, ARaceLostToTheSameTermEndsTheCall) {
+  std::string record = "7\nfirst";
+  int gets = 0, replaces = 0, n = 0;
+  const auto get = [&](detail::Error&) {
+    ++gets;
+    return std::optional<std::string>(record);
+  };
+  const auto create = [&](detail::Error&) { return record; };
+  std::string beaten_by = "7\nsame term";
+  const auto replace = [&](std::string_view expected, detail::Error&) {
+    ++replaces;
+    if (record != expected) return false;
+    record = beaten_by + std::to_string(++n);  // the other put lands first
+    return false;
+  };
+  detail::Error ec;
+  EXPECT_EQ(detail::fenced_put_by_cas("k", "7\nmine", get, create, replace, ec), "7\nmine");
+  EXPECT_FALSE(ec) << ec.detail();
+  EXPECT_EQ(gets, 2);
+  EXPECT_EQ(replaces, 1);
+
+  record = "7\nfirst";
+  beaten_by = "8\nnewer";
+  n = gets = replaces = 0;
+  ec.clear();
+  EXPECT_EQ(detail::fenced_put_by_cas("k", "7\nmine", get, create, replace, ec), "8\nnewer1");
+  EXPECT_FALSE(ec) << ec.detail();
+
+  // A compare-and-set that fails without a change (ZooKeeper's lost connection): read
+  // again and write; the unchanged record of the same term is not another writer's put.
+  record = "7\nfirst";
+  int flaky = 1;
+  const auto replace_flaky = [&](std::string_view expected, detail::Error&) {
+    if (flaky-- > 0 || record != expected) return false;
+    record = "7\nmine";
+    return true;
+  };
+  ec.clear();
+  EXPECT_EQ(detail::fenced_put_by_cas("k", "7\nmine", get, create, replace_flaky, ec), "7\nmine");
+  EXPECT_FALSE(ec) << ec.detail();
+  EXPECT_EQ(record, "7\nmine") << "reported stored, not written";
+
+  record = "5\nolder";  // beaten by older terms every time: still bounded, 16 rounds
+  beaten_by = "6\nolder";
+  n = gets = replaces = 0;
+  ec.clear();
+  EXPECT_EQ(detail::fenced_put_by_cas("k", "7\nmine", get, create, replace, ec), "");
+  EXPECT_EQ(ec, distlock::errc::backend_unavailable);
+  EXPECT_EQ(replaces, 16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ElectionFence, ::testing::ValuesIn(kinds()),

@@ -1,19 +1,23 @@
 // Records and the listing of held locks on the host-local backend (file:///dir),
 // through the backend adapter: put (always / if_absent, raced by two processes),
 // get, erase, binary values and the 64 KiB bound, a record and a lock of one name
-// side by side, records surviving a writer killed mid-write, and list_held with its
-// prefix, limit and truncation, leaving out released locks and killed holders.
+// side by side, records surviving a writer killed mid-write, a fenced put that gives up
+// (after the command timeout) on the records directory's flock held by a stopped process,
+// and list_held with its prefix, limit and truncation, leaving out released locks and
+// killed holders.
 #include "file/file_records.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -42,11 +46,11 @@ struct FileRecords : ::testing::Test {
 
   std::string url() const { return "file://" + dir.string() + "?recheck=5s"; }
 
-  std::unique_ptr<Backend> backend() const {
+  std::unique_ptr<Backend> backend(const ClientOptions& opts = {}) const {
     detail::Url u;
     Error ec;
     EXPECT_FALSE(ec = detail::parse_url(url(), u)) << ec.detail();
-    auto b = detail::make_file_backend(u, {}, ec);
+    auto b = detail::make_file_backend(u, opts, ec);
     EXPECT_TRUE(b) << ec.detail();
     return b;
   }
@@ -293,6 +297,66 @@ TEST_F(FileRecords, DamagedOrForeignRecordFilesAreProtocolErrors) {
   EXPECT_EQ(ec, make_error_code(errc::protocol_error));
   EXPECT_NE(ec.take_detail().find("DLRECF1"), std::string::npos);
   EXPECT_EQ(read_file(dir / "records" / record_file_name("junk")), "not a record");  // kept as it was
+}
+
+// A fenced put takes the records directory's flock for its read-compare-rename. A process
+// stopped while it holds that flock (SIGSTOP here; a paused or swapped-out writer alike)
+// must not hang every other fenced put: the put waits at most the client's command timeout
+// (300 ms here), then fails with backend_unavailable naming the directory, and writes
+// nothing. Once the holder is gone the same put lands.
+TEST_F(FileRecords, FencedPutGivesUpOnADirectoryLockHeldByAStoppedProcess) {
+  put(*backend(), "elect", "1\none", PutMode::fenced);  // creates records/; no thread left at fork
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    const int fd = ::open((dir / "records").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(2);
+    (void)!::write(ready[1], "x", 1);
+    ::raise(SIGSTOP);
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  const ssize_t n = ::read(ready[0], &c, 1);  // EOF if the child exits without the flock
+  ::close(ready[0]);
+  auto reap = [pid] {
+    ::kill(pid, SIGKILL);  // its flock goes with it
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  };
+  if (n != 1) reap();
+  ASSERT_EQ(n, 1) << "the child could not flock the records directory";
+
+  ClientOptions opts;
+  opts.command_timeout = 300ms;
+  auto b = backend(opts);
+  // Bound of the wait for the put, on this process's steady clock: far above its 300 ms.
+  constexpr auto kBound = 10s;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stalled = std::async(std::launch::async, [&] {
+    Error ec;
+    std::string got = b->put_record("elect", "2\ntwo", PutMode::fenced, ec);
+    return std::pair{std::move(got), std::move(ec)};
+  });
+  const bool returned = stalled.wait_for(kBound) == std::future_status::ready;
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  reap();  // a put still blocked in flock() returns now
+  auto [got, ec] = stalled.get();
+  ASSERT_TRUE(returned) << "the fenced put was still blocked after 10 s on the flock of a stopped process "
+                           "(its command timeout is 300 ms)";
+  EXPECT_EQ(ec, make_error_code(errc::backend_unavailable));
+  const std::string detail = ec.take_detail();
+  EXPECT_NE(detail.find((dir / "records").string()), std::string::npos) << detail;
+  EXPECT_NE(detail.find("300 ms"), std::string::npos) << detail;
+  EXPECT_GE(waited, 300ms);
+  EXPECT_EQ(get(*b, "elect"), "1\none");  // nothing written
+  EXPECT_EQ(put(*b, "elect", "2\ntwo", PutMode::fenced), "2\ntwo");
+  for (const auto& e : fs::directory_iterator(dir / "records")) {
+    EXPECT_NE(e.path().filename().string()[0], '.') << "temporary file left: " << e.path();
+  }
 }
 
 TEST_F(FileRecords, RecordDirectoryOthersCanWriteIsRefused) {
