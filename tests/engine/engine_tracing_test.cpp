@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -141,45 +142,65 @@ TEST_F(Tracing, WaitAndHoldSpansLastExactlyTheWaitAndTheHold) {
 }
 
 // On the real clock: the spans' lengths equal the wait and the hold measured around the
-// calls on the same clock (the client's, CLOCK_BOOTTIME), within 1 ms.
+// calls on the same clock (the client's, CLOCK_BOOTTIME), within 1 ms. A span taken at the
+// wrong instant (before a round trip, after a callback) is off in every attempt; the
+// scheduler of a loaded machine can put a thread off by more than 1 ms between a reading
+// and the call beside it (3.3 ms once in 20 runs at load 17), so the scenario runs up to
+// five times and the 1 ms bounds must hold together in one of them. The order checks
+// (each span inside its measured interval) hold in every attempt.
 TEST(TracingRealClock, WaitAndHoldSpansMatchTheMeasuredTimesWithinOneMillisecond) {
   const std::string store = fresh_store_name("tracing-real");
   auto keep = detail::MemoryStore::named(store);
-  auto tracer = std::make_shared<RecordingTracer>();
-  ClientOptions o = quiet();
-  o.tracer = tracer;
   Client holder = connect("memory://" + store, quiet());
-  Client waiter = connect("memory://" + store, o);
   const auto clk = system_steady_clock();
-  Lease first = holder.acquire("jobs/2", ttl(10s));
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(60ms);  // the waiter waits for this release, however long it takes
-    first.release();
-  });
-  const auto t0 = clk->now();
-  Lease lease = waiter.acquire("jobs/2", ttl(10s));
-  const auto t1 = clk->now();
-  releaser.join();
-  std::this_thread::sleep_for(40ms);
-  const auto t2 = clk->now();
-  lease.release();
-  const auto t3 = clk->now();
-  const auto waits = tracer->of(SpanKind::wait);
-  const auto holds = tracer->of(SpanKind::hold);
-  ASSERT_EQ(waits.size(), 1u);
-  ASSERT_EQ(holds.size(), 1u);
-  const auto& w = waits[0];
-  const auto& h = holds[0];
-  EXPECT_GE(w.start, t0);
-  EXPECT_LE(w.end, t1);
-  EXPECT_LT((t1 - t0) - (w.end - w.start), Clock::duration(1ms));
-  EXPECT_GE(w.end - w.start, Clock::duration(50ms));  // it did wait for the release
-  // The hold: from the grant (inside acquire) to the release's return.
-  EXPECT_GE(h.start, t0);
-  EXPECT_LE(h.end, t3);
-  EXPECT_GE(h.end, t2);
-  EXPECT_LT((t3 - t1) - (h.end - h.start), Clock::duration(1ms));
-  EXPECT_LT((h.end - h.start) - (t2 - t1), Clock::duration(1ms) + (t3 - t2));
+  std::vector<std::string> attempts;
+  bool within = false;
+  for (int attempt = 0; attempt < 5 && !within; ++attempt) {
+    auto tracer = std::make_shared<RecordingTracer>();
+    ClientOptions o = quiet();
+    o.tracer = tracer;
+    Client waiter = connect("memory://" + store, o);
+    Lease first = holder.acquire("jobs/2", ttl(10s));
+    std::thread releaser([&] {
+      std::this_thread::sleep_for(60ms);  // the waiter waits for this release, however long it takes
+      first.release();
+    });
+    const auto t0 = clk->now();
+    Lease lease = waiter.acquire("jobs/2", ttl(10s));
+    const auto t1 = clk->now();
+    releaser.join();
+    std::this_thread::sleep_for(40ms);
+    const auto t2 = clk->now();
+    lease.release();
+    const auto t3 = clk->now();
+    const auto waits = tracer->of(SpanKind::wait);
+    const auto holds = tracer->of(SpanKind::hold);
+    ASSERT_EQ(waits.size(), 1u);
+    ASSERT_EQ(holds.size(), 1u);
+    const auto& w = waits[0];
+    const auto& h = holds[0];
+    EXPECT_GE(w.start, t0);
+    EXPECT_LE(w.end, t1);
+    EXPECT_GE(w.end - w.start, Clock::duration(50ms));  // it did wait for the release
+    // The hold: from the grant (inside acquire) to the release's return.
+    EXPECT_GE(h.start, t0);
+    EXPECT_LE(h.end, t3);
+    EXPECT_GE(h.end, t2);
+    const auto wait_off = (t1 - t0) - (w.end - w.start);
+    const auto hold_off = (t3 - t1) - (h.end - h.start);
+    const auto hold_over = (h.end - h.start) - (t2 - t1) - (t3 - t2);
+    within = wait_off < Clock::duration(1ms) && hold_off < Clock::duration(1ms) &&
+             hold_over < Clock::duration(1ms);
+    const auto us = [](Clock::duration d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+    };
+    attempts.push_back("wait off by " + us(wait_off) + " us, hold short by " + us(hold_off) +
+                       " us, hold over by " + us(hold_over) + " us");
+  }
+  for (std::size_t i = 0; i < attempts.size(); ++i)
+    std::printf("attempt %zu: %s\n", i + 1, attempts[i].c_str());
+  EXPECT_TRUE(within) << "no attempt of " << attempts.size()
+                      << " had both spans within 1 ms of the measured times";
 }
 
 // A tracer that blocks in the wait span of a grant (on the acquiring thread) must not hold
