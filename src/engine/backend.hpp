@@ -21,6 +21,7 @@
 #include "distlock/client.hpp"
 #include "distlock/options.hpp"
 #include "engine/backend_error.hpp"
+#include "engine/names.hpp"
 #include "engine/url.hpp"
 
 namespace distlock::detail {
@@ -139,10 +140,8 @@ std::string fenced_put_by_cas(std::string_view key, std::string_view value, Get&
     lost_absent = false;
     lost_at = std::move(*now);
   }
-  std::string shown;
-  for (char c : key.substr(0, 200)) shown += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
   ec.fail(errc::backend_unavailable,
-          "record \"" + shown +
+          "record \"" + names::printable(key) +
               "\" kept changing during 16 rounds of a fenced put; nothing is known to be stored");
   return {};
 }
