@@ -549,4 +549,18 @@ AcquireReply read_acquire_reply(const redisReply* r, Error& ec) {
   return out;
 }
 
+QueueAnswer answer_of(const AcquireReply& reply, std::chrono::milliseconds ttl) {
+  QueueAnswer a;
+  switch (reply.kind) {
+    case AcquireReply::Kind::gone: a.gone = true; break;
+    case AcquireReply::Kind::acquired:
+      a.result.acquired = true;
+      a.result.token = reply.token;
+      a.result.validity = ttl;
+      break;
+    case AcquireReply::Kind::busy: a.result.holder_ttl = reply.holder_ttl; break;
+  }
+  return a;
+}
+
 }  // namespace distlock::detail::redis

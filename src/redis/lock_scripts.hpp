@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "engine/backend.hpp"
 #include "redis/connection.hpp"
 
 namespace distlock::detail::redis {
@@ -77,6 +78,17 @@ struct AcquireReply {
 /// errc::protocol_error with a detail naming what was wrong. On an error the returned value
 /// is {busy, 0, 0} and must not be used.
 AcquireReply read_acquire_reply(const redisReply* r, Error& ec);
+
+/// What one call of a queue's acquire script tells the backend that made it (redis:// and
+/// redis+cluster://): the engine's result, and whether a re-checked entry was gone.
+struct QueueAnswer {
+  AcquireResult result;
+  bool gone = false;  ///< the re-checked entry is no longer queued
+};
+
+/// The answer `reply` gives a request of `ttl`: acquired (its token, validity `ttl` counted
+/// from the send), busy (the holder's remaining time when known) or gone.
+QueueAnswer answer_of(const AcquireReply& reply, std::chrono::milliseconds ttl);
 
 /// KEYS lock, queue, expiries, fence; ARGV owner, released channel, grant prefix.
 /// A normal release: deletes the holder's lock-delay marker. -1 when `owner` holds

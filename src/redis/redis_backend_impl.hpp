@@ -114,10 +114,7 @@ class RedisBackend final : public Backend {
     return k;
   }
 
-  struct Answer {
-    AcquireResult result;
-    bool gone = false;  // the re-checked entry is no longer queued
-  };
+  using Answer = redis::QueueAnswer;
 
   Answer acquire_answer(redis::Link& conn, const AcquireRequest& req, const Reply& r, Error& ec);
   void subscribe_grants(std::string_view owner);

@@ -76,16 +76,8 @@ RedisBackend::Answer RedisBackend::acquire_answer(redis::Link& conn, const Acqui
     return a;
   }
   ok();
-  switch (reply.kind) {
-    case redis::AcquireReply::Kind::gone: a.gone = true; return a;
-    case redis::AcquireReply::Kind::acquired:
-      a.result.acquired = true;
-      a.result.token = reply.token;
-      a.result.validity = req.ttl;
-      if (wait_replicas_ > 0 && !replicated_acquire(conn, req, ec)) a.result = {};
-      return a;
-    case redis::AcquireReply::Kind::busy: a.result.holder_ttl = reply.holder_ttl; return a;
-  }
+  a = redis::answer_of(reply, req.ttl);
+  if (a.result.acquired && wait_replicas_ > 0 && !replicated_acquire(conn, req, ec)) a.result = {};
   return a;
 }
 

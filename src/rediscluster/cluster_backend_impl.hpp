@@ -23,6 +23,7 @@
 #include "engine/log.hpp"
 #include "engine/thread_annotations.hpp"
 #include "redis/connection.hpp"
+#include "redis/lock_scripts.hpp"
 #include "redis/records.hpp"
 #include "redis/redis_backend.hpp"
 #include "redis/slots.hpp"
@@ -156,10 +157,7 @@ class ClusterBackend final : public Backend {
   std::vector<Node*> all_masters(Error& ec);
 
   // cluster_queue.cpp: the wait queue of a name (docs/redis-cluster.md "How waiting works").
-  struct Answer {
-    AcquireResult result;
-    bool gone = false;  // the re-checked entry is no longer queued
-  };
+  using Answer = redis::QueueAnswer;
   // One run of the queue's acquire script: `entry` and `mode` as redis/lock_scripts.hpp says.
   Answer run_acquire(const AcquireRequest& req, const std::string& entry, const char* mode, Error& ec);
   AcquireResult acquire_queued(const AcquireRequest& req, Error& ec);

@@ -56,16 +56,8 @@ ClusterBackend::Answer ClusterBackend::run_acquire(const AcquireRequest& req, co
   }
   const redis::AcquireReply reply = redis::read_acquire_reply(d, ec);
   if (ec) return a;
-  switch (reply.kind) {
-    case redis::AcquireReply::Kind::gone: a.gone = true; return a;
-    case redis::AcquireReply::Kind::acquired:
-      a.result.acquired = true;
-      a.result.token = reply.token;
-      a.result.validity = req.ttl;
-      note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
-      return a;
-    case redis::AcquireReply::Kind::busy: a.result.holder_ttl = reply.holder_ttl; return a;
-  }
+  a = redis::answer_of(reply, req.ttl);
+  if (a.result.acquired) note_delayed(req.name, req.owner, req.lock_delay.count() > 0);
   return a;
 }
 

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "distlock/error.hpp"
@@ -116,6 +118,24 @@ TEST(RedisAcquireReply, MalformedRepliesAreProtocolErrorsNamingWhatWasWrong) {
   Error ec;
   r::read_acquire_reply(nullptr, ec);
   EXPECT_EQ(ec, distlock::make_error_code(errc::protocol_error));
+}
+
+// redis::answer_of, what both queue backends make of a reply: acquired with its token and the
+// request's ttl as validity, busy with the holder's time, gone with nothing acquired.
+TEST(RedisAcquireReply, AnswerOfEachKindIsWhatTheQueueBackendsReturn) {
+  using namespace std::chrono_literals;
+  const r::QueueAnswer acquired = r::answer_of({Kind::acquired, 42, 0ms}, 30000ms);
+  EXPECT_TRUE(acquired.result.acquired);
+  EXPECT_EQ(acquired.result.token, 42u);
+  EXPECT_EQ(acquired.result.validity, 30000ms);
+  EXPECT_FALSE(acquired.gone);
+  const r::QueueAnswer busy = r::answer_of({Kind::busy, 0, 2500ms}, 30000ms);
+  EXPECT_FALSE(busy.result.acquired);
+  EXPECT_EQ(busy.result.holder_ttl, std::optional(2500ms));
+  EXPECT_FALSE(busy.gone);
+  const r::QueueAnswer gone = r::answer_of({Kind::gone, 0, 0ms}, 30000ms);
+  EXPECT_FALSE(gone.result.acquired);
+  EXPECT_TRUE(gone.gone);
 }
 
 }  // namespace
