@@ -125,9 +125,9 @@ struct DISTLOCK_EXPORT LockOptions {
   /// and checks every relation (max_hold > 0, holder_info printable without '|'). Returns an
   /// `errc::invalid_argument` error naming the offending field, or {}.
   std::error_code validate_and_fill() noexcept;
-  /// The same, with `why` set to a sentence naming the field, its value and the rule
+  /// The same, with `message` set to a sentence naming the field, its value and the rule
   /// ("safety_margin 4000ms must be below ttl/3 (3333ms)") when it fails.
-  std::error_code validate_and_fill(std::string& why);
+  std::error_code validate_and_fill(std::string& message);
 };
 
 /// Log severity for `ClientOptions::logger`.
@@ -168,9 +168,9 @@ struct DISTLOCK_EXPORT ClientOptions {
   std::string traceparent{};
 
   /// Checks the timeouts' ranges and `lock_defaults` (as LockOptions::validate_and_fill
-  /// does); `errc::invalid_argument` with `why` naming the field, or {}. connect()
+  /// does); `errc::invalid_argument` with `message` naming the field, or {}. connect()
   /// calls it after applying the URL's `timeout=`.
-  std::error_code validate(std::string& why) const;
+  std::error_code validate(std::string& message) const;
 };
 
 }  // namespace distlock

@@ -5,8 +5,8 @@
 // Thread-safety: plain functions of their arguments.
 //
 // Example:
-//   std::string why;
-//   if (distlock::validate_name(name, why)) { std::cerr << why << "\n"; return 64; }
+//   std::string message;
+//   if (distlock::validate_name(name, message)) { std::cerr << message << "\n"; return 64; }
 //   const auto ttl = distlock::parse_duration("30s");  // std::optional<Millis>{30000}
 //   log << "connecting to " << distlock::redact_url(url);  // the password masked
 #pragma once
@@ -25,8 +25,8 @@ namespace distlock {
 
 /// Whether `name` is a lock name (not empty, at most 4096 bytes, no NUL byte; any other bytes,
 /// '/', spaces and UTF-8 included, are fine on every backend): an empty error_code, or
-/// errc::invalid_argument with `why` naming the problem.
-DISTLOCK_EXPORT std::error_code validate_name(std::string_view name, std::string& why);
+/// errc::invalid_argument with `message` naming the problem.
+DISTLOCK_EXPORT std::error_code validate_name(std::string_view name, std::string& message);
 /// The same; throws std::system_error(errc::invalid_argument) naming the problem.
 DISTLOCK_EXPORT void validate_name(std::string_view name);
 

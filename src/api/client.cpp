@@ -21,9 +21,9 @@ using detail::HeldLock;
 
 // The rules live here once: validate_and_fill() and every message about a bad
 // option come from this function.
-std::error_code LockOptions::validate_and_fill(std::string& why) {
+std::error_code LockOptions::validate_and_fill(std::string& message) {
   auto bad = [&](std::string msg) {
-    why = std::move(msg);
+    message = std::move(msg);
     return make_error_code(errc::invalid_argument);
   };
   const auto ms = [](Millis d) { return std::to_string(d.count()) + "ms"; };
@@ -69,17 +69,17 @@ std::error_code LockOptions::validate_and_fill() noexcept {
   }
 }
 
-std::error_code ClientOptions::validate(std::string& why) const {
+std::error_code ClientOptions::validate(std::string& message) const {
   for (auto [field, value] :
        {std::pair{"connect_timeout", connect_timeout}, std::pair{"command_timeout", command_timeout}}) {
     if (value.count() <= 0 || value > std::chrono::hours(1)) {
-      why = std::string(field) + " " + std::to_string(value.count()) + "ms is out of range (0, 1 h]";
+      message = std::string(field) + " " + std::to_string(value.count()) + "ms is out of range (0, 1 h]";
       return make_error_code(errc::invalid_argument);
     }
   }
   LockOptions defaults = lock_defaults;
-  if (auto ec = defaults.validate_and_fill(why)) {
-    why = "lock_defaults: " + why;
+  if (auto ec = defaults.validate_and_fill(message)) {
+    message = "lock_defaults: " + message;
     return ec;
   }
   return {};

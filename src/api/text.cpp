@@ -8,9 +8,9 @@
 
 namespace distlock {
 
-std::error_code validate_name(std::string_view name, std::string& why) {
+std::error_code validate_name(std::string_view name, std::string& message) {
   detail::Error err = detail::Engine::check_name(name);
-  if (err) why = err.take_detail();
+  if (err) message = err.take_detail();
   return err;
 }
 

@@ -269,7 +269,7 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
   void record_grant(const std::shared_ptr<HeldLock>& held, const std::string& key, const std::string& owner,
                     Clock::time_point called, std::uint64_t epoch_at_send, const WaitTrace* trace);
   /// Tracing: the loss span of `held` and the end of its hold span, on the event thread.
-  void trace_loss(const HeldLock& held, LossReason reason, const std::string& why,
+  void trace_loss(const HeldLock& held, LossReason reason, const std::string& detail_text,
                   Clock::time_point at) noexcept;
   /// Tracing: a renewal span per traced lease of a batch, on the event thread.
   void trace_renewals(const std::vector<std::shared_ptr<HeldLock>>& due, const std::vector<RenewStatus>& out,

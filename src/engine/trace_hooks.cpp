@@ -9,19 +9,20 @@
 
 namespace distlock::detail {
 
-void Engine::trace_loss(const HeldLock& held, LossReason reason, const std::string& why,
+void Engine::trace_loss(const HeldLock& held, LossReason reason, const std::string& detail_text,
                         Clock::time_point at) noexcept {
   try {
     const distlock::LossReason pub = public_loss_reason(reason);
     auto loss = std::make_shared<LossSpans>();
     loss->spans.reserve(2);
-    loss->spans.push_back(tracing_->loss_span(held, pub, why, at));
+    loss->spans.push_back(tracing_->loss_span(held, pub, detail_text, at));
     HoldTrace& t = *held.trace;
     {
       LockGuard lk(t.loss_mu);
       // The release of the lost lease came first and gave the loss span (and the hold span) itself.
       if (t.loss_traced) return;
-      if (!t.ended) loss->spans.push_back(tracing_->hold_span(held, SpanOutcome::lost, at, {}, pub, why));
+      if (!t.ended)
+        loss->spans.push_back(tracing_->hold_span(held, SpanOutcome::lost, at, {}, pub, detail_text));
       t.ended = true;
       t.loss_traced = true;
       t.loss = loss;

@@ -467,7 +467,7 @@ class EtcdPrefixWatch final : public PrefixWatch {
   }
 
   // Marks the watch broken (a sync in flight fails) and reports the gap.
-  void interrupted(const std::string& why) {
+  void interrupted(const std::string& reason) {
     {
       LockGuard lk(mu_);
       live_ = false;
@@ -476,8 +476,8 @@ class EtcdPrefixWatch final : public PrefixWatch {
       if (stopping_) return;
     }
     cv_.notify_all();
-    b_.log_.log(LogLevel::info, "etcd watch of \"{}\": {}", name_prefix_, why);
-    sink_.on_gap(why);
+    b_.log_.log(LogLevel::info, "etcd watch of \"{}\": {}", name_prefix_, reason);
+    sink_.on_gap(reason);
   }
 
   // Waits `d` unless stopped; false when stopped.

@@ -143,11 +143,11 @@ class PostgresPrefixWatch final : public PrefixWatch {
     return c;
   }
 
-  void broke(const std::string& why) {
+  void broke(const std::string& reason) {
     conn_.reset();
     if (stopping_.load()) return;
-    log_.log(LogLevel::warning, "{}: the watch connection of \"{}\" broke: {}", cfg_.shown, prefix_, why);
-    sink_.on_gap("the PostgreSQL LISTEN connection to " + cfg_.shown + " broke: " + why);
+    log_.log(LogLevel::warning, "{}: the watch connection of \"{}\" broke: {}", cfg_.shown, prefix_, reason);
+    sink_.on_gap("the PostgreSQL LISTEN connection to " + cfg_.shown + " broke: " + reason);
   }
 
   // The watch thread: delivers notifications, checks an idle connection, reconnects.
