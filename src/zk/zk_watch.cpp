@@ -24,8 +24,10 @@
 // move cversion, not the numbers). So a node that came and went between two readings is
 // found: a node first in the queue now that was not there before, with numbers between the
 // highest seen at the last reading and its own that are on no node now, had an unseen node
-// before it; a queue emptied with more cversion changes than seen, likewise; and a node seen
-// waiting between A and B that is gone now may have held the lock. Each is a gap naming the lock (never a
+// before it; a queue emptied, or empty at both readings, with more cversion changes than seen,
+// likewise; a directory found gone after a child notification that no reading saw (counted
+// per directory), likewise; and a node seen waiting between A and B that is gone now may have
+// held the lock. Each is a gap naming the lock (never a
 // silent skip); the API layer then re-lists. A disconnection, a reconnection and a new session (after an
 // expiry) are gaps too, and after each every directory is read again.
 //
