@@ -24,8 +24,10 @@
 // move cversion, not the numbers). So a node that came and went between two readings is
 // found: a node first in the queue now that was not there before, with numbers between the
 // highest seen at the last reading and its own that are on no node now, had an unseen node
-// before it; a queue emptied with more cversion changes than seen, likewise; and a node seen
-// waiting between A and B that is gone now may have held the lock. Each is a gap naming the lock (never a
+// before it; a queue emptied, or empty at both readings, with more cversion changes than seen,
+// likewise; a directory found gone after a child notification that no reading saw (counted
+// per directory), likewise; and a node seen waiting between A and B that is gone now may have
+// held the lock. Each is a gap naming the lock (never a
 // silent skip); the API layer then re-lists. A disconnection, a reconnection and a new session (after an
 // expiry) are gaps too, and after each every directory is read again.
 //
@@ -154,6 +156,10 @@ class ZkPrefixWatch final : public PrefixWatch {
     std::uint64_t token = 0;
     std::string owner;
     std::int64_t session = 0;  // the first node's ephemeralOwner
+    // Child notifications of the directory counted before the last reading was sent
+    // (child_events_): one counted since then is a change no reading saw.
+    std::uint64_t child_events_read = 0;
+    bool from_root = false;  // found by a reading of /distlock after the start, not read yet
   };
 
   // The watcher's context of one session: events of an older session are ignored.
@@ -204,7 +210,10 @@ class ZkPrefixWatch final : public PrefixWatch {
         root_dirty_ = true;
       } else if (p.starts_with(root + "/")) {
         std::string_view rest = p.substr(root.size() + 1);
-        dirty_.insert(std::string(rest.substr(0, rest.find('/'))));
+        const auto slash = rest.find('/');
+        std::string key(rest.substr(0, slash));
+        if (type == ZOO_CHILD_EVENT && slash == std::string_view::npos) ++child_events_[key];
+        dirty_.insert(std::move(key));
       }
     } catch (...) {  // no memory: read everything again
       full_asked_ += 1;
@@ -215,6 +224,12 @@ class ZkPrefixWatch final : public PrefixWatch {
   std::shared_ptr<zhandle_t> handle() {
     LockGuard lk(mu_);
     return handle_;
+  }
+
+  std::uint64_t child_events_of(const std::string& key) {
+    LockGuard lk(mu_);
+    auto it = child_events_.find(key);
+    return it == child_events_.end() ? 0 : it->second;
   }
 
   // A new session (the first, or after an expiry); waits until it is connected.
@@ -313,6 +328,7 @@ class ZkPrefixWatch final : public PrefixWatch {
       auto [it, made] = dirs_.try_emplace(child);
       if (made) {
         it->second.name = std::move(*name);
+        it->second.from_root = !baseline_;
         to_read.insert(child);
       }
     }
@@ -336,6 +352,9 @@ class ZkPrefixWatch final : public PrefixWatch {
     const std::string path = dir_path(key);
     for (int attempt = 0; attempt < kReadAttempts; ++attempt) {
       const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
+      // Counted before the reading is sent: a notification that arrives while it is on the way
+      // counts as unseen (a gap where none was needed at worst, never a skip).
+      const std::uint64_t child_events = child_events_of(key);
       auto listed = zk::submit_children_stat(h.get(), path, true);
       // While a lease is known held, the same round reads its session's presence node and
       // kSessionsDir's Stat: if the lease ended, they tell how (a read one round later would
@@ -349,10 +368,25 @@ class ZkPrefixWatch final : public PrefixWatch {
       if (rc == ZNONODE) {
         // The directory is gone (the server deletes an empty container), and with it every
         // node; its child watch is gone too: the root's watch shows it made again.
+        // Not held at the last reading (its queue empty, or its first node not holding): a
+        // child notified since then, a node made after that reading, may have held the lock
+        // and gone with the directory; so may a node of a directory never read.
         if (d.held)
           name_gap(d, "its directory went away before the end of the lease of token " +
                           std::to_string(d.token) + " was read");
+        else if (d.listed && child_events_of(key) > d.child_events_read)
+          name_gap(d,
+                   "its queue changed after the last reading and its directory went away before the next: "
+                   "a lease may have come and gone unseen");
+        else if (!d.listed && d.from_root)
+          name_gap(d,
+                   "its directory was made and went away before it was read: a lease may have come and gone "
+                   "unseen");
         dirs_.erase(key);
+        {
+          LockGuard lk(mu_);
+          child_events_.erase(key);
+        }
         return ZOK;
       }
       if (rc != ZOK) return rc;
@@ -392,6 +426,8 @@ class ZkPrefixWatch final : public PrefixWatch {
         return zk::is_transient(presence_rc) ? presence_rc : sessions_rc;
       apply(d, same_dir, listed->children, queue, dir_stat, first, marker, presence_rc,
             sessions_rc == ZOK ? sessions->stat.pzxid : -1, revoked_unseen);
+      d.child_events_read = child_events;
+      d.from_root = false;
       return ZOK;
     }
     return ZNOTEMPTY;
@@ -516,6 +552,19 @@ class ZkPrefixWatch final : public PrefixWatch {
         d.session = session;
         report(LockEvent::Kind::acquired, d);
       }
+    } else {
+      // An empty queue at both readings (a directory the server has not deleted yet): a node
+      // made and deleted between them was first, so it may have held the lock. The directory's
+      // cversion counts it; the children seen made or gone do not.
+      std::int64_t seen = 0;
+      for (const auto& c : before)
+        if (!now.count(c)) ++seen;
+      for (const auto& c : now)
+        if (!before.count(c)) ++seen;
+      if (static_cast<std::int64_t>(dir_stat.cversion) - cversion_before > seen)
+        name_gap(d, "leases may have been missed: the queue was empty at two readings and changed " +
+                        std::to_string(dir_stat.cversion - cversion_before) + " times between them, " +
+                        std::to_string(seen) + " of them seen: a node came and went unseen");
     }
     d.listed = true;
     d.czxid = dir_stat.czxid;
@@ -647,6 +696,8 @@ class ZkPrefixWatch final : public PrefixWatch {
   bool reconnected_ DISTLOCK_GUARDED_BY(mu_) = false;   // a gap to report after the reading
   bool root_dirty_ DISTLOCK_GUARDED_BY(mu_) = false;
   std::set<std::string> dirty_ DISTLOCK_GUARDED_BY(mu_);
+  // Child notifications received per lock directory (by encoded name) until it is found gone.
+  std::map<std::string, std::uint64_t> child_events_ DISTLOCK_GUARDED_BY(mu_);
   std::uint64_t full_asked_ DISTLOCK_GUARDED_BY(mu_) = 0;
   std::uint64_t full_done_ DISTLOCK_GUARDED_BY(mu_) = 0;
   bool stopping_ DISTLOCK_GUARDED_BY(mu_) = false;

@@ -145,10 +145,19 @@ void ZkServer::spawn() {
   if (!z.problem.empty()) fail_setup("cannot start ZooKeeper: " + z.problem);
   const std::string main_class = id_ > 0 ? "org.apache.zookeeper.server.quorum.QuorumPeerMain"
                                          : "org.apache.zookeeper.server.ZooKeeperServerMain";
-  process_ = Process::spawn({z.java, "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                             "-Djava.net.preferIPv4Stack=true", "-Dzookeeper.admin.enableServer=false", "-cp",
-                             z.classpath, main_class, (dir_.path() / "zoo.cfg").string()},
-                            (dir_.path() / "server.log").string());
+  std::vector<std::string> argv = {z.java,
+                                   "-Xms32m",
+                                   "-Xmx256m",
+                                   "-XX:+UseSerialGC",
+                                   "-XX:TieredStopAtLevel=1",
+                                   "-Djava.net.preferIPv4Stack=true",
+                                   "-Dzookeeper.admin.enableServer=false"};
+  if (opts_.container_check_ms > 0)
+    argv.push_back("-Dznode.container.checkIntervalMs=" + std::to_string(opts_.container_check_ms));
+  for (const std::string& a :
+       {std::string("-cp"), z.classpath, main_class, (dir_.path() / "zoo.cfg").string()})
+    argv.push_back(a);
+  process_ = Process::spawn(argv, (dir_.path() / "server.log").string());
 }
 
 bool ZkServer::wait_serving(std::chrono::milliseconds timeout) {

@@ -41,6 +41,10 @@ struct ZkServerOptions {
   /// Ensemble only: servers reach each other's quorum and election ports only through
   /// fault proxies, one per ordered pair (i -> j), so that isolate() can cut a server off.
   bool peer_proxies = false;
+  /// How often the server deletes empty container nodes (lock directories), in ms; 0: the
+  /// server's default, a minute. A JVM system property (-Dznode.container.checkIntervalMs):
+  /// ZooKeeper reads it from no config file.
+  int container_check_ms = 0;
 };
 
 /// One ZooKeeper server process (standalone, or member `id` of an ensemble).
