@@ -277,13 +277,13 @@ class ZkPrefixWatch final : public PrefixWatch {
     return false;
   }
 
-  void gap(const std::string& why) {
-    if (!baseline_) sink_.on_gap(why);
+  void gap(const std::string& reason) {
+    if (!baseline_) sink_.on_gap(reason);
   }
 
   // A gap of one lock only (`gap_names` = {name}); the API layer still re-lists the prefix.
-  void name_gap(const Dir& d, const std::string& why) {
-    if (!baseline_) sink_.on_names_gap("lock \"" + d.name + "\": " + why, {d.name});
+  void name_gap(const Dir& d, const std::string& reason) {
+    if (!baseline_) sink_.on_names_gap("lock \"" + d.name + "\": " + reason, {d.name});
   }
 
   void report(LockEvent::Kind kind, const Dir& d, std::string detail = {}) {
