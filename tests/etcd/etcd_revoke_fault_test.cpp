@@ -322,6 +322,12 @@ class ProxiedRevoker {
   }
   // From L's grant to the Txn's answer (both steps happened).
   Clock::duration grant_to_txn() const { return *applied - *granted; }
+  // Whether the proxy has a connection open within 2 s: an attempt's stream goes on the channel's
+  // connection, which may still be coming up after the last cut (one accepted after an arm of the
+  // proxy would pass the answer).
+  bool connection_open_within_2s() {
+    return wait_until([&] { return proxy.open_connections() > 0; }, 2000ms);
+  }
 
   FaultProxy proxy;
   LogLines logs;
@@ -383,10 +389,15 @@ struct AfterRevoke {
   KeyEnd l_end;
   TimePoint granted{};
 };
-// Fails (fatally) when the revoke `r` was not done, its steps' instants not taken or L's end
-// not seen.
-void read_after_revoke(const EtcdCluster& etcd, RevokeWindow& w, const ProxiedRevoker& revoker,
-                       const RevokeResult& r, const char* what, AfterRevoke& out) {
+// Revokes w's key through the proxy (`what` its reason) and reads what followed into `out`.
+// `not_armed`, counted by the revoker's step hook during the revoke, must be 0. Fails (fatally)
+// when the revoke was not done, its steps' instants not taken or L's end not seen.
+void revoke_and_read_after(const EtcdCluster& etcd, RevokeWindow& w, ProxiedRevoker& revoker,
+                           const char* what, const int& not_armed, AfterRevoke& out) {
+  const RevokeResult r = revoker.revoke(w.name(), what);
+  EXPECT_EQ(not_armed, 0)
+      << "an attempt's connection was not armed to lose its answer (none open within 2 s, "
+         "or lose_answers not applied within 5 s)";
   ASSERT_TRUE(r.revoked);
   ASSERT_TRUE(revoker.granted && revoker.applied);
   out.marker_at_return = delay_marker(etcd, w.name());
@@ -587,17 +598,12 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       etcd, 2000ms, std::nullopt,
       [&](Step step) {
         if (step != Step::kKeepAlive) return;
-        // The attempt's stream goes on the channel's connection, which may still be coming up after
-        // the last cut: wait (at most 2 s) until the proxy has it, so that it is the one armed (one
-        // accepted after the arm would pass the answer).
-        if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms)) ++no_connection;
+        if (!revoker.connection_open_within_2s()) ++no_connection;
         if (!revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
       },
       member);
-  const RevokeResult r = revoker.revoke(w.name(), what);
-  EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
   AfterRevoke after;
-  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
+  ASSERT_NO_FATAL_FAILURE(revoke_and_read_after(etcd, w, revoker, what, not_armed, after));
   const auto& [marker_at_return, l_end, granted] = after;
 
   const TimePoint txn = *revoker.applied;
@@ -671,14 +677,10 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
   ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
     if (step != Step::kKeepAlive || armed >= kLost) return;
     ++armed;
-    if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms) ||
-        !revoker.proxy.lose_answers(kCutAfter))
-      ++not_armed;
+    if (!revoker.connection_open_within_2s() || !revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
   });
-  const RevokeResult r = revoker.revoke(w.name(), what);
-  EXPECT_EQ(not_armed, 0) << "an attempt's connection was not armed to lose its answer";
   AfterRevoke after;
-  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
+  ASSERT_NO_FATAL_FAILURE(revoke_and_read_after(etcd, w, revoker, what, not_armed, after));
   const auto& [marker_at_return, l_end, granted] = after;
   const TimePoint txn = *revoker.applied;
   const auto& ka = revoker.keepalive_attempts;
@@ -710,10 +712,11 @@ TEST(EtcdRevokeFault, AHoldersLongerLockDelayIsKeptByTheRevokesMarker) {
   constexpr Millis kDelay = 5000ms;
   EtcdCluster etcd(1);
   {
+    // The revoker's client first: the revoke then follows the window's start at once.
+    Client revoker = connect(etcd.url(), quiet());
     RevokeWindow w(etcd, "fault/delay-confirmed", kDelay);
     const std::string armed = delay_marker(etcd, w.name());
     EXPECT_EQ(armed, w.armed_marker());
-    Client revoker = connect(etcd.url(), quiet());
     const TimePoint called = now();
     ASSERT_TRUE(revoker.revoke(w.name(), "delay, confirmed").revoked);
     EXPECT_EQ(delay_marker(etcd, w.name()), armed) << "the holder's marker was not put back";
