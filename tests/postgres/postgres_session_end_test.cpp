@@ -22,6 +22,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/incompressible_name.hpp"
 #include "support/postgres_server.hpp"
 #include "support/sql_lock_cases.hpp"
 
@@ -166,14 +167,7 @@ TEST(PostgresReview, ALongIncompressibleNameWithinTheEngineLimitCanBeLocked) {
     *log += std::string(m.substr(m.size() > 300 ? m.size() - 300 : 0)) + "\n";
   };
   auto a = distlock::connect(server.url(), co);
-  std::string name;
-  std::uint64_t x = 0x9e3779b97f4a7c15ULL;
-  for (int i = 0; i < 4096; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    name.push_back(static_cast<char>('!' + x % 90));
-  }
+  const std::string name = incompressible_name(4096, 0x9e3779b97f4a7c15ULL);
   std::error_code ec;
   std::string what;
   try {

@@ -14,6 +14,7 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/incompressible_name.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
@@ -308,14 +309,7 @@ TEST(Postgres, ATableOfTheOlderLayoutIsMigratedAndItsTokensKept) {
     EXPECT_EQ(l.token(), 43u);
   }
   // 4000 bytes that do not compress: past a B-tree entry's limit had it been the key.
-  std::string long_name;
-  std::uint64_t x = 0x2545f4914f6cdd1dULL;
-  for (int i = 0; i < 4000; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    long_name.push_back(static_cast<char>('!' + x % 90));
-  }
+  const std::string long_name = incompressible_name(4000, 0x2545f4914f6cdd1dULL);
   auto l = b.acquire(long_name, ttl_of(2000ms, 0ms));
   EXPECT_EQ(l.token(), 1u);
   EXPECT_EQ(server.query("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
