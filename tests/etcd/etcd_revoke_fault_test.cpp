@@ -322,6 +322,11 @@ class ProxiedRevoker {
   }
   // From L's grant to the Txn's answer (both steps happened).
   Clock::duration grant_to_txn() const { return *applied - *granted; }
+  // "L granted -> Txn answered N ms; revoke() returned after M ms", for a test's printout.
+  std::string steps() const {
+    return "L granted -> Txn answered " + std::to_string(ms(grant_to_txn())) +
+           " ms; revoke() returned after " + std::to_string(ms(returned - called)) + " ms";
+  }
   // Whether the proxy has a connection open within 2 s: an attempt's stream goes on the channel's
   // connection, which may still be coming up after the last cut (one accepted after an arm of the
   // proxy would pass the answer).
@@ -345,6 +350,13 @@ class ProxiedRevoker {
   }
   Client client_;
 };
+
+// Fails (fatally) unless the revoke `r` through `revoker` was done and its hook saw both of its
+// steps (L granted, the Txn answered as applied).
+void expect_revoked_with_steps(const RevokeResult& r, const ProxiedRevoker& revoker) {
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied) << "the revoke's hook did not see L's grant and the Txn";
+}
 
 // When etcd deleted the revoked key (its lease L ended), bracketed on the engine's clock by Ranges
 // of the whole prefix every 20 ms on a connection of the test's own: `alive_sent` is the send time
@@ -398,8 +410,7 @@ void revoke_and_read_after(const EtcdCluster& etcd, RevokeWindow& w, ProxiedRevo
   EXPECT_EQ(not_armed, 0)
       << "an attempt's connection was not armed to lose its answer (none open within 2 s, "
          "or lose_answers not applied within 5 s)";
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   out.marker_at_return = delay_marker(etcd, w.name());
   const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
   ASSERT_TRUE(l_end)
@@ -453,17 +464,12 @@ TEST(EtcdRevokeFault, KeepaliveAfterTheTxnNeverAnsweredStillOutlastsTheHoldersDe
   });
   w.just_before_next_renewal(100ms);
   const RevokeResult r = revoker.revoke(w.name(), "keepalive cut");
-  ASSERT_TRUE(r.revoked);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   EXPECT_EQ(r.token.value_or(0), w.holder_token());
-  ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_TRUE(renewed_in_gap) << "the holder did not renew between L's grant and the Txn";
-  const long long gap = ms(revoker.grant_to_txn());
-  std::printf(
-      "keepalive cut: L granted -> Txn answered %lld ms (the holder's renewal in between confirmed "
-      "after %lld ms: %s); revoke() returned after %lld ms\n",
-      gap, ms(*renewed_hook - *revoker.granted), renewed_in_gap ? "yes" : "no",
-      ms(revoker.returned - revoker.called));
-  EXPECT_LT(gap, 1000) << "the case needs a grant->Txn time below the extra second";
+  std::printf("keepalive cut: %s (the holder's renewal in between confirmed after %lld ms: %s)\n",
+              revoker.steps().c_str(), ms(*renewed_hook - *revoker.granted), renewed_in_gap ? "yes" : "no");
+  EXPECT_LT(revoker.grant_to_txn(), 1000ms) << "the case needs a grant->Txn time below the extra second";
   // The revoke reports the unanswered keepalive and the marker it leaves (a warning).
   ASSERT_NO_FATAL_FAILURE(expect_no_keepalive_warning(revoker.logs));
   EXPECT_TRUE(revoker.logs.level_of("marker stays")) << revoker.logs.all();
@@ -489,14 +495,11 @@ TEST(EtcdRevokeFault, GrantToTxnOverOneSecondIsCoveredByTheKeepalive) {
   });
   const RevokeResult r = revoker.revoke(w.name(), "slow txn");
   revoker.proxy.pass();
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   EXPECT_TRUE(renewed_late) << "no renewal of the holder moved its deadline past L's grant + TTL + 1.1 s";
   const long long gap = ms(revoker.grant_to_txn());
-  std::printf(
-      "slow txn: L granted -> Txn answered %lld ms; the holder's deadline %lld ms after L's grant; "
-      "revoke() returned after %lld ms\n",
-      gap, ms(w.holder_deadline() - *revoker.granted), ms(revoker.returned - revoker.called));
+  std::printf("slow txn: %s; the holder's deadline %lld ms after L's grant\n", revoker.steps().c_str(),
+              ms(w.holder_deadline() - *revoker.granted));
   EXPECT_GT(gap, 1000) << "the case needs a grant->Txn time above the extra second";
   // Without the keepalive L would end at its grant + TTL + 1 s, before this deadline.
   EXPECT_GT(w.holder_deadline(), *revoker.granted + kTtl + 1s);
@@ -526,8 +529,7 @@ TEST(EtcdRevokeFault, SlowTxnAndNoKeepaliveStillOutlastsTheHoldersDeadline) {
     }
   });
   const RevokeResult r = revoker.revoke(w.name(), "slow txn, keepalive cut");
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   EXPECT_TRUE(renewed_late) << "no renewal of the holder moved its deadline past L's grant + TTL + 1.5 s";
   std::printf(
       "slow txn, keepalive cut: L granted -> Txn answered %lld ms; the holder's deadline %lld ms after "
