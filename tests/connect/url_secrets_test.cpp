@@ -13,19 +13,12 @@
 
 #include "distlock/distlock.hpp"
 #include "engine/url.hpp"
+#include "support/client_options.hpp"
 #include "support/process.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-
-distlock::ClientOptions quick() {
-  distlock::ClientOptions o;
-  o.connect_timeout = 500ms;
-  o.command_timeout = 500ms;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
 
 // Every secret below contains "SECRET"; hosts, paths and users of the tests do not.
 struct Form {
@@ -54,7 +47,7 @@ std::vector<Form> forms() {
 
 std::string error_of(const std::string& url) {
   try {
-    auto c = distlock::connect(url, quick());
+    auto c = distlock::connect(url, distlock::testing::quiet(500ms));
     return "";  // nothing listens: a connect that succeeds is a failure of the test
   } catch (const std::system_error& e) {
     return e.what();

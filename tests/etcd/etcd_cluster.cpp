@@ -65,6 +65,23 @@ std::string slurp(const std::filesystem::path& p) {
   ss << in.rdbuf();
   return ss.str();
 }
+
+// etcdctl's arguments before its command: the endpoints, the two timeouts ("1s"), the user if
+// any and, on a TLS cluster, the test CA and client certificate of `c`.
+std::vector<std::string> etcdctl_argv(const EtcdCluster& c, bool tls, const std::string& endpoints,
+                                      const char* dial_timeout, const char* command_timeout,
+                                      const std::string& user = {}) {
+  std::vector<std::string> argv{"etcdctl", "--endpoints=" + endpoints,
+                                std::string("--dial-timeout=") + dial_timeout,
+                                std::string("--command-timeout=") + command_timeout};
+  if (!user.empty()) argv.push_back("--user=" + user);
+  if (tls) {
+    argv.push_back("--cacert=" + c.ca_file());
+    argv.push_back("--cert=" + c.client_cert_file());
+    argv.push_back("--key=" + c.client_key_file());
+  }
+  return argv;
+}
 }  // namespace
 
 EtcdCluster::EtcdCluster(int members, bool tls) : EtcdCluster(members, EtcdClusterOptions{.tls = tls}) {}
@@ -241,14 +258,7 @@ CommandResult EtcdCluster::etcdctl(const std::vector<std::string>& args, const s
     if (!live.empty()) live += ",";
     live += endpoint(i);
   }
-  std::vector<std::string> argv{"etcdctl", "--endpoints=" + live, "--dial-timeout=2s",
-                                "--command-timeout=5s"};
-  if (!user.empty()) argv.push_back("--user=" + user);
-  if (tls_) {
-    argv.push_back("--cacert=" + ca_file());
-    argv.push_back("--cert=" + client_cert_file());
-    argv.push_back("--key=" + client_key_file());
-  }
+  std::vector<std::string> argv = etcdctl_argv(*this, tls_, live, "2s", "5s", user);
   argv.insert(argv.end(), args.begin(), args.end());
   return run_command(argv, 15s);
 }
@@ -266,13 +276,7 @@ std::string EtcdCluster::etcdctl_ok(const std::vector<std::string>& args, const 
 int EtcdCluster::leader() const {
   for (int i = 0; i < size(); ++i) {
     if (!members_[static_cast<std::size_t>(i)].up) continue;
-    std::vector<std::string> argv{"etcdctl", "--endpoints=" + endpoint(i), "--dial-timeout=1s",
-                                  "--command-timeout=2s"};
-    if (tls_) {
-      argv.push_back("--cacert=" + ca_file());
-      argv.push_back("--cert=" + client_cert_file());
-      argv.push_back("--key=" + client_key_file());
-    }
+    std::vector<std::string> argv = etcdctl_argv(*this, tls_, endpoint(i), "1s", "2s");
     for (const char* a : {"endpoint", "status", "-w", "json"}) argv.emplace_back(a);
     auto r = run_command(argv, 5s);
     if (r.exit_code != 0) continue;
@@ -385,13 +389,7 @@ bool EtcdCluster::try_wipe_and_rejoin(int member, std::chrono::seconds serve_wit
   start(member, false);
   // It serves once it has the leader's state: a linearizable read through it alone.
   until = std::chrono::steady_clock::now() + serve_within;
-  std::vector<std::string> argv{"etcdctl", "--endpoints=" + endpoint(member), "--dial-timeout=1s",
-                                "--command-timeout=2s"};
-  if (tls_) {
-    argv.push_back("--cacert=" + ca_file());
-    argv.push_back("--cert=" + client_cert_file());
-    argv.push_back("--key=" + client_key_file());
-  }
+  std::vector<std::string> argv = etcdctl_argv(*this, tls_, endpoint(member), "1s", "2s");
   for (const char* a : {"get", "distlock-test-rejoin-probe"}) argv.emplace_back(a);
   for (;;) {
     auto r = run_command(argv, 5s);

@@ -322,6 +322,17 @@ class ProxiedRevoker {
   }
   // From L's grant to the Txn's answer (both steps happened).
   Clock::duration grant_to_txn() const { return *applied - *granted; }
+  // "L granted -> Txn answered N ms; revoke() returned after M ms", for a test's printout.
+  std::string steps() const {
+    return "L granted -> Txn answered " + std::to_string(ms(grant_to_txn())) +
+           " ms; revoke() returned after " + std::to_string(ms(returned - called)) + " ms";
+  }
+  // Whether the proxy has a connection open within 2 s: an attempt's stream goes on the channel's
+  // connection, which may still be coming up after the last cut (one accepted after an arm of the
+  // proxy would pass the answer).
+  bool connection_open_within_2s() {
+    return wait_until([&] { return proxy.open_connections() > 0; }, 2000ms);
+  }
 
   FaultProxy proxy;
   LogLines logs;
@@ -339,6 +350,13 @@ class ProxiedRevoker {
   }
   Client client_;
 };
+
+// Fails (fatally) unless the revoke `r` through `revoker` was done and its hook saw both of its
+// steps (L granted, the Txn answered as applied).
+void expect_revoked_with_steps(const RevokeResult& r, const ProxiedRevoker& revoker) {
+  ASSERT_TRUE(r.revoked);
+  ASSERT_TRUE(revoker.granted && revoker.applied) << "the revoke's hook did not see L's grant and the Txn";
+}
 
 // When etcd deleted the revoked key (its lease L ended), bracketed on the engine's clock by Ranges
 // of the whole prefix every 20 ms on a connection of the test's own: `alive_sent` is the send time
@@ -383,12 +401,16 @@ struct AfterRevoke {
   KeyEnd l_end;
   TimePoint granted{};
 };
-// Fails (fatally) when the revoke `r` was not done, its steps' instants not taken or L's end
-// not seen.
-void read_after_revoke(const EtcdCluster& etcd, RevokeWindow& w, const ProxiedRevoker& revoker,
-                       const RevokeResult& r, const char* what, AfterRevoke& out) {
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
+// Revokes w's key through the proxy (`what` its reason) and reads what followed into `out`.
+// `not_armed`, counted by the revoker's step hook during the revoke, must be 0. Fails (fatally)
+// when the revoke was not done, its steps' instants not taken or L's end not seen.
+void revoke_and_read_after(const EtcdCluster& etcd, RevokeWindow& w, ProxiedRevoker& revoker,
+                           const char* what, const int& not_armed, AfterRevoke& out) {
+  const RevokeResult r = revoker.revoke(w.name(), what);
+  EXPECT_EQ(not_armed, 0)
+      << "an attempt's connection was not armed to lose its answer (none open within 2 s, "
+         "or lose_answers not applied within 5 s)";
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   out.marker_at_return = delay_marker(etcd, w.name());
   const std::optional<KeyEnd> l_end = revoked_key_end(etcd, kWaiterWait);
   ASSERT_TRUE(l_end)
@@ -442,17 +464,12 @@ TEST(EtcdRevokeFault, KeepaliveAfterTheTxnNeverAnsweredStillOutlastsTheHoldersDe
   });
   w.just_before_next_renewal(100ms);
   const RevokeResult r = revoker.revoke(w.name(), "keepalive cut");
-  ASSERT_TRUE(r.revoked);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   EXPECT_EQ(r.token.value_or(0), w.holder_token());
-  ASSERT_TRUE(revoker.granted && revoker.applied);
   EXPECT_TRUE(renewed_in_gap) << "the holder did not renew between L's grant and the Txn";
-  const long long gap = ms(revoker.grant_to_txn());
-  std::printf(
-      "keepalive cut: L granted -> Txn answered %lld ms (the holder's renewal in between confirmed "
-      "after %lld ms: %s); revoke() returned after %lld ms\n",
-      gap, ms(*renewed_hook - *revoker.granted), renewed_in_gap ? "yes" : "no",
-      ms(revoker.returned - revoker.called));
-  EXPECT_LT(gap, 1000) << "the case needs a grant->Txn time below the extra second";
+  std::printf("keepalive cut: %s (the holder's renewal in between confirmed after %lld ms: %s)\n",
+              revoker.steps().c_str(), ms(*renewed_hook - *revoker.granted), renewed_in_gap ? "yes" : "no");
+  EXPECT_LT(revoker.grant_to_txn(), 1000ms) << "the case needs a grant->Txn time below the extra second";
   // The revoke reports the unanswered keepalive and the marker it leaves (a warning).
   ASSERT_NO_FATAL_FAILURE(expect_no_keepalive_warning(revoker.logs));
   EXPECT_TRUE(revoker.logs.level_of("marker stays")) << revoker.logs.all();
@@ -478,14 +495,11 @@ TEST(EtcdRevokeFault, GrantToTxnOverOneSecondIsCoveredByTheKeepalive) {
   });
   const RevokeResult r = revoker.revoke(w.name(), "slow txn");
   revoker.proxy.pass();
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   EXPECT_TRUE(renewed_late) << "no renewal of the holder moved its deadline past L's grant + TTL + 1.1 s";
   const long long gap = ms(revoker.grant_to_txn());
-  std::printf(
-      "slow txn: L granted -> Txn answered %lld ms; the holder's deadline %lld ms after L's grant; "
-      "revoke() returned after %lld ms\n",
-      gap, ms(w.holder_deadline() - *revoker.granted), ms(revoker.returned - revoker.called));
+  std::printf("slow txn: %s; the holder's deadline %lld ms after L's grant\n", revoker.steps().c_str(),
+              ms(w.holder_deadline() - *revoker.granted));
   EXPECT_GT(gap, 1000) << "the case needs a grant->Txn time above the extra second";
   // Without the keepalive L would end at its grant + TTL + 1 s, before this deadline.
   EXPECT_GT(w.holder_deadline(), *revoker.granted + kTtl + 1s);
@@ -515,8 +529,7 @@ TEST(EtcdRevokeFault, SlowTxnAndNoKeepaliveStillOutlastsTheHoldersDeadline) {
     }
   });
   const RevokeResult r = revoker.revoke(w.name(), "slow txn, keepalive cut");
-  ASSERT_TRUE(r.revoked);
-  ASSERT_TRUE(revoker.granted && revoker.applied);
+  ASSERT_NO_FATAL_FAILURE(expect_revoked_with_steps(r, revoker));
   EXPECT_TRUE(renewed_late) << "no renewal of the holder moved its deadline past L's grant + TTL + 1.5 s";
   std::printf(
       "slow txn, keepalive cut: L granted -> Txn answered %lld ms; the holder's deadline %lld ms after "
@@ -587,17 +600,12 @@ void expect_answers_lost_still_delay(const char* what, const std::string& name, 
       etcd, 2000ms, std::nullopt,
       [&](Step step) {
         if (step != Step::kKeepAlive) return;
-        // The attempt's stream goes on the channel's connection, which may still be coming up after
-        // the last cut: wait (at most 2 s) until the proxy has it, so that it is the one armed (one
-        // accepted after the arm would pass the answer).
-        if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms)) ++no_connection;
+        if (!revoker.connection_open_within_2s()) ++no_connection;
         if (!revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
       },
       member);
-  const RevokeResult r = revoker.revoke(w.name(), what);
-  EXPECT_EQ(not_armed, 0) << "the proxy did not apply lose_answers within 5 s";
   AfterRevoke after;
-  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
+  ASSERT_NO_FATAL_FAILURE(revoke_and_read_after(etcd, w, revoker, what, not_armed, after));
   const auto& [marker_at_return, l_end, granted] = after;
 
   const TimePoint txn = *revoker.applied;
@@ -671,14 +679,10 @@ TEST(EtcdRevokeFault, AnswersLostThenOneAnsweredPutsTheHoldersMarkerBackAndKeeps
   ProxiedRevoker revoker(etcd, 2000ms, std::nullopt, [&](Step step) {
     if (step != Step::kKeepAlive || armed >= kLost) return;
     ++armed;
-    if (!wait_until([&] { return revoker.proxy.open_connections() > 0; }, 2000ms) ||
-        !revoker.proxy.lose_answers(kCutAfter))
-      ++not_armed;
+    if (!revoker.connection_open_within_2s() || !revoker.proxy.lose_answers(kCutAfter)) ++not_armed;
   });
-  const RevokeResult r = revoker.revoke(w.name(), what);
-  EXPECT_EQ(not_armed, 0) << "an attempt's connection was not armed to lose its answer";
   AfterRevoke after;
-  ASSERT_NO_FATAL_FAILURE(read_after_revoke(etcd, w, revoker, r, what, after));
+  ASSERT_NO_FATAL_FAILURE(revoke_and_read_after(etcd, w, revoker, what, not_armed, after));
   const auto& [marker_at_return, l_end, granted] = after;
   const TimePoint txn = *revoker.applied;
   const auto& ka = revoker.keepalive_attempts;
@@ -710,10 +714,11 @@ TEST(EtcdRevokeFault, AHoldersLongerLockDelayIsKeptByTheRevokesMarker) {
   constexpr Millis kDelay = 5000ms;
   EtcdCluster etcd(1);
   {
+    // The revoker's client first: the revoke then follows the window's start at once.
+    Client revoker = connect(etcd.url(), quiet());
     RevokeWindow w(etcd, "fault/delay-confirmed", kDelay);
     const std::string armed = delay_marker(etcd, w.name());
     EXPECT_EQ(armed, w.armed_marker());
-    Client revoker = connect(etcd.url(), quiet());
     const TimePoint called = now();
     ASSERT_TRUE(revoker.revoke(w.name(), "delay, confirmed").revoked);
     EXPECT_EQ(delay_marker(etcd, w.name()), armed) << "the holder's marker was not put back";

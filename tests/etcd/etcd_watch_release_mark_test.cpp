@@ -23,6 +23,7 @@
 #include "engine/engine.hpp"
 #include "etcd_cluster.hpp"
 #include "support/client_options.hpp"
+#include "support/timed_acquire.hpp"
 #include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
@@ -78,13 +79,7 @@ TEST(EtcdWatchReleaseMark, MarksDoNotDisturbLockingAndAreGoneAfterClose) {
       ASSERT_EQ(listed.size(), 1u);
       EXPECT_EQ(listed[0].name, "m/a");
       EXPECT_FALSE(waiter.try_acquire("m/a", ttl_of(10s, 0ms)));
-      std::atomic<bool> got{false};
-      Steady::time_point got_at{};
-      std::thread t([&] {
-        Lease l = waiter.acquire("m/a", ttl_of(10s, 60s));
-        got_at = Steady::now();
-        got = true;
-      });
+      TimedAcquire next(waiter, "m/a", ttl_of(10s, 60s));
       // The waiter is queued behind the holder before the release.
       const auto until = Steady::now() + 10s;
       while (locker.status("m/a").waiters.value_or(0) < 1 && Steady::now() < until)
@@ -92,10 +87,10 @@ TEST(EtcdWatchReleaseMark, MarksDoNotDisturbLockingAndAreGoneAfterClose) {
       ASSERT_EQ(locker.status("m/a").waiters.value_or(0), 1u);
       const auto released_at = Steady::now();
       held.release();
-      t.join();
-      ASSERT_TRUE(got.load());
-      EXPECT_LT(got_at - released_at, 1s)
-          << "the hand-off took " << std::chrono::duration_cast<Millis>(got_at - released_at).count()
+      next.join();
+      ASSERT_TRUE(next.got());
+      EXPECT_LT(next.got_at() - released_at, 1s)
+          << "the hand-off took " << std::chrono::duration_cast<Millis>(next.got_at() - released_at).count()
           << " ms";
     }
     EXPECT_TRUE(waiter.try_acquire("m/b", ttl_of(10s, 0ms))) << "a free name is taken at once";

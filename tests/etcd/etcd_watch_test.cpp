@@ -25,6 +25,7 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
+#include "support/watch_next_acquired.hpp"
 #include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
@@ -107,9 +108,7 @@ TEST(EtcdPrefixWatch, LockDelayHoldsTheAcquiredBackUntilTheMarkerIsTaken) {
   LockOptions o = ttl_of(1s, 60s);
   o.lock_delay = 3s;
   Lease first = holder.acquire("ld/x", o);
-  auto acq = next_change(w, 10s);
-  ASSERT_TRUE(acq);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
+  ASSERT_NO_FATAL_FAILURE(expect_next_acquired(w, first));
   std::promise<std::pair<std::uint64_t, Steady::time_point>> got;
   std::thread t([&] {
     Lease l = waiter.acquire("ld/x", ttl_of(10s, 60s));
@@ -164,10 +163,7 @@ TEST(EtcdPrefixWatch, ServerRestartIsAGapThenTheState) {
   Client watcher = connect(etcd.url(), quiet());
   Watch w = watcher.watch("gap/");
   Lease a = holder.acquire("gap/a", ttl_of(60s, 60s));
-  auto first = next_change(w, 10s);
-  ASSERT_TRUE(first);
-  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
-  EXPECT_EQ(first->token, a.token());
+  ASSERT_NO_FATAL_FAILURE(expect_next_acquired(w, a));
   etcd.kill(0);
   etcd.restart(0);
   std::vector<std::string> seen;

@@ -23,6 +23,7 @@
 #include "support/mariadb_server.hpp"
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
+#include "support/sql_wrong_password.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -80,6 +81,23 @@ struct My {
   }
   MYSQL* c;
 };
+
+// A holder process (lock_tool) that said "acquired" (within 30 s), then was SIGKILLed and reaped.
+struct KilledHolder {
+  long long token = 0;          // its lease's token
+  Clock::time_point killed_at;  // when the signal was sent
+};
+void kill_holder_after_acquire(const MariadbServer& server, const std::string& name, int ttl_ms,
+                               KilledHolder& out) {
+  TempDir dir;
+  const std::string file = (dir.path() / "holder").string();
+  Process holder = distlock::testing::spawn_holder(server.url(), name, file, ttl_ms);
+  ASSERT_TRUE(distlock::testing::wait_for_text(file, "acquired", 30s)) << distlock::testing::read_file(file);
+  out.token = distlock::testing::acquired_token(file);
+  holder.signal(SIGKILL);
+  out.killed_at = Clock::now();
+  EXPECT_EQ(holder.exit_code(10s), 128 + SIGKILL);
+}
 
 }  // namespace
 
@@ -168,13 +186,7 @@ TEST(Mysql, UrlFormsAndMalformedUrlsNameTheProblem) {
 
 TEST(Mysql, WrongPasswordIsAuthFailedAndTheMessageHidesThePassword) {
   MariadbServer server;
-  const std::string wrong = "wr0ng-pa55word";
-  const auto e = connect_error(server.url_with_password(wrong));
-  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
-  const std::string what = e.what();
-  EXPECT_NE(what.find("distlock"), std::string::npos) << what;  // names the user
-  EXPECT_EQ(what.find(wrong), std::string::npos) << what;
-  EXPECT_EQ(what.find(MariadbServer::kPassword), std::string::npos) << what;
+  expect_wrong_password_refused(server, "wr0ng-pa55word");
 }
 
 TEST(Mysql, ServerDownIsBackendUnavailableNamingTheServer) {
@@ -291,20 +303,14 @@ TEST(Mysql, AWaitIsCancelledOnTheServerWhenTheWaiterGivesUpAndCloses) {
 // renewal has passed, so the next holder starts no later than that (+ slack).
 TEST(Mysql, KilledHolderProcessFreesTheLockWithinItsTtl) {
   MariadbServer server;
-  TempDir dir;
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(server.url(), "killed", out, 2000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long old_token = distlock::testing::acquired_token(out);
-  holder.signal(SIGKILL);
-  const auto killed = Clock::now();
-  EXPECT_EQ(holder.exit_code(10s), 128 + SIGKILL);
+  KilledHolder old;
+  ASSERT_NO_FATAL_FAILURE(kill_holder_after_acquire(server, "killed", 2000, old));
   auto c = distlock::connect(server.url(), quiet());
   auto l = c.acquire("killed", ttl_of(5000ms, 20000ms));
-  const Millis took = since(killed);
+  const Millis took = since(old.killed_at);
   RecordProperty("acquired_after_kill_ms", static_cast<int>(took.count()));
   EXPECT_LT(took, 2000ms + 1000ms);
-  EXPECT_GT(l.token(), static_cast<std::uint64_t>(old_token));
+  EXPECT_GT(l.token(), static_cast<std::uint64_t>(old.token));
 }
 
 // A holder stopped (its TCP connection open) past its TTL: the server ends its session
@@ -459,19 +465,14 @@ long long questions(const MariadbServer& s) {
 // answered (the named lock is free) and retried over and over until then.
 TEST(Mysql, AWaiterForADeadHoldersLeaseDoesNotSpinUntilItsTimeHasPassed) {
   MariadbServer server;
-  TempDir dir;
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(server.url(), "dead", out, 3000);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  holder.signal(SIGKILL);
-  const auto killed = Clock::now();
-  EXPECT_EQ(holder.exit_code(10s), 128 + SIGKILL);
+  KilledHolder dead;
+  ASSERT_NO_FATAL_FAILURE(kill_holder_after_acquire(server, "dead", 3000, dead));
   auto c = distlock::connect(server.url(), quiet());
   const long long before = questions(server);
   auto l = c.acquire("dead", ttl_of(5000ms, 20000ms));
   const long long asked = questions(server) - before;
   RecordProperty("statements_while_waiting", static_cast<int>(asked));
-  EXPECT_LT(since(killed), 3000ms + 1000ms);
+  EXPECT_LT(since(dead.killed_at), 3000ms + 1000ms);
   // Seconds of waiting: a few acquire batches and waits (each batch is about ten
   // statements), not one round per millisecond.
   EXPECT_LT(asked, 200) << "statements run while waiting out a dead holder's lease of 3s";

@@ -27,6 +27,17 @@ using Clock = std::chrono::steady_clock;
 // timeouts are poll() deadlines, precise to a few ms when the thread runs).
 constexpr Millis kMargin = 600ms;
 
+// A waiter (wait 1 s) on a paused server, started at `t0`, that ended with `ec`: it must have
+// failed, within its wait + one 500 ms timeout + the margin. `who` names it in the messages.
+void expect_paused_waiter_failed_in_time(Clock::time_point t0, const std::error_code& ec, const char* who) {
+  const Millis took = since(t0);
+  EXPECT_TRUE(ec) << who << " acquired on a paused server";
+  std::printf("%s returned after %lld ms: %s\n", who, static_cast<long long>(took.count()),
+              ec.message().c_str());
+  EXPECT_LE(took, 1000ms + 500ms + kMargin)
+      << who << " on a paused server ran past its bound: " << ec.message();
+}
+
 TEST(PostgresPausedServer, AHolderLosesItsLeaseWithinItsTtlAndTheLockIsFreeSoonAfterResume) {
   PostgresServer server;
   auto a = distlock::connect(server.url("?timeout=500ms"), quiet());
@@ -89,12 +100,7 @@ TEST(PostgresPausedServer, AWaiterWithASessionReturnsWithinItsWaitPlusOneStateme
   const auto t0 = Clock::now();
   std::error_code ec;
   auto l = b.acquire("paused-waiter", ttl_of(3000ms, 1000ms), ec);
-  const Millis took = since(t0);
-  EXPECT_TRUE(ec) << "acquired on a paused server";
-  std::printf("waiter with a session returned after %lld ms: %s\n", static_cast<long long>(took.count()),
-              ec.message().c_str());
-  EXPECT_LE(took, 1000ms + 500ms + kMargin)
-      << "a waiter on a paused server ran past its bound: " << ec.message();
+  expect_paused_waiter_failed_in_time(t0, ec, "a waiter with a session");
   server.resume();
 }
 
@@ -113,12 +119,7 @@ TEST(PostgresPausedServer, ANewClientsWaiterReturnsWithinItsWaitPlusOneConnectTi
   } else {
     auto l = b.acquire("paused-new-waiter", ttl_of(3000ms, 1000ms), ec);
   }
-  const Millis took = since(t0);
-  EXPECT_TRUE(ec) << "acquired on a paused server";
-  std::printf("new client returned after %lld ms: %s\n", static_cast<long long>(took.count()),
-              ec.message().c_str());
-  EXPECT_LE(took, 1000ms + 500ms + kMargin)
-      << "a new client's waiter on a paused server ran past its bound: " << ec.message();
+  expect_paused_waiter_failed_in_time(t0, ec, "a new client's waiter");
   server.resume();
 }
 

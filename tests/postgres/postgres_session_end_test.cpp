@@ -22,6 +22,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/incompressible_name.hpp"
 #include "support/postgres_server.hpp"
 #include "support/sql_lock_cases.hpp"
 
@@ -45,6 +46,31 @@ std::optional<distlock::Lease> poll_acquire(distlock::Client& c, const std::stri
   return std::nullopt;
 }
 
+// Client `a` takes `name` (TTL 60 s: its first renewal 20 s after the acquire), then
+// `end_session` ends its session on the server under it while it lives, then client `b` polls for
+// the lock for `poll_for`. If `b` gets it, tokens must have increased and the first holder must
+// no longer own it: two holders otherwise (`how` says how its session ended, for the message).
+void expect_nobody_else_in_while_it_owns(distlock::Client& a, distlock::Client& b, const std::string& name,
+                                         const std::function<void()>& end_session, Millis poll_for,
+                                         const std::string& how) {
+  const Millis ttl = 60000ms;
+  const auto acquired_at = Clock::now();
+  auto held = a.acquire(name, ttl_of(ttl));
+  ASSERT_TRUE(held.owns());
+  end_session();
+  auto other = poll_acquire(b, name, ttl, poll_for);
+  const bool first_still_owns = held.owns();
+  const Millis when = since(acquired_at);
+  ::testing::Test::RecordProperty("second_acquired_after_ms", static_cast<int>(when.count()));
+  if (other) {
+    EXPECT_GT(other->token(), held.token());
+    EXPECT_FALSE(first_still_owns)
+        << "two holders of \"" << name << "\": another client acquired it (token " << other->token() << ") "
+        << when.count() << " ms after the first holder's acquire, while the first holder (TTL 60 s, " << how
+        << ") still owns it (token " << held.token() << ")";
+  }
+}
+
 // The holder's connection is cut (the proxy closes both sides, as a dying router or
 // a reset would) while the holder lives. The server ends the session at once and
 // frees the advisory lock; the holder learns nothing until its next renewal (a third
@@ -56,23 +82,9 @@ TEST(PostgresReview, AConnectionCutUnderALiveHolderLetsNobodyElseInWhileItStillO
   FaultProxy proxy(server.port());
   auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
   auto b = distlock::connect(server.url(), quiet());
-  const Millis ttl = 60000ms;  // first renewal 20 s after the acquire
-  const auto acquired_at = Clock::now();
-  auto held = a.acquire("cut", ttl_of(ttl));
-  ASSERT_TRUE(held.owns());
-  proxy.drop();
-  // Well inside the holder's first renewal interval (20 s) and its TTL (60 s).
-  auto other = poll_acquire(b, "cut", ttl, 8000ms);
-  const bool first_still_owns = held.owns();
-  const Millis when = since(acquired_at);
-  RecordProperty("second_acquired_after_ms", static_cast<int>(when.count()));
-  if (other) {
-    EXPECT_FALSE(first_still_owns) << "two holders of \"cut\": another client acquired it (token "
-                                   << other->token() << ") " << when.count()
-                                   << " ms after the first holder's acquire, while the first holder "
-                                      "(its connection cut, its TTL 60 s) still owns it (token "
-                                   << held.token() << ")";
-  }
+  // Polled well inside the holder's first renewal interval (20 s) and its TTL (60 s).
+  expect_nobody_else_in_while_it_owns(
+      a, b, "cut", [&] { proxy.drop(); }, 8000ms, "its connection cut");
 }
 
 // The server restarted (fast shutdown, started again) while a lock is held: the
@@ -83,24 +95,13 @@ TEST(PostgresReview, AServerRestartLetsNobodyElseInWhileTheHolderStillOwns) {
   PostgresServer server;
   auto a = distlock::connect(server.url(), quiet());
   auto b = distlock::connect(server.url(), quiet());
-  const Millis ttl = 60000ms;  // first renewal 20 s after the acquire
-  const auto acquired_at = Clock::now();
-  auto held = a.acquire("restarted", ttl_of(ttl));
-  ASSERT_TRUE(held.owns());
-  server.stop();
-  server.restart();
-  auto other = poll_acquire(b, "restarted", ttl, 10000ms);
-  const bool first_still_owns = held.owns();
-  const Millis when = since(acquired_at);
-  RecordProperty("second_acquired_after_ms", static_cast<int>(when.count()));
-  if (other) {
-    EXPECT_GT(other->token(), held.token());
-    EXPECT_FALSE(first_still_owns) << "two holders of \"restarted\": another client acquired it (token "
-                                   << other->token() << ") " << when.count()
-                                   << " ms after the first holder's acquire, while the first holder "
-                                      "(TTL 60 s, its session ended by the restart) still owns it (token "
-                                   << held.token() << ")";
-  }
+  expect_nobody_else_in_while_it_owns(
+      a, b, "restarted",
+      [&] {
+        server.stop();
+        server.restart();
+      },
+      10000ms, "its session ended by the restart");
 }
 
 // The release of a lease whose session the server has already ended (connection
@@ -166,14 +167,7 @@ TEST(PostgresReview, ALongIncompressibleNameWithinTheEngineLimitCanBeLocked) {
     *log += std::string(m.substr(m.size() > 300 ? m.size() - 300 : 0)) + "\n";
   };
   auto a = distlock::connect(server.url(), co);
-  std::string name;
-  std::uint64_t x = 0x9e3779b97f4a7c15ULL;
-  for (int i = 0; i < 4096; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    name.push_back(static_cast<char>('!' + x % 90));
-  }
+  const std::string name = incompressible_name(4096, 0x9e3779b97f4a7c15ULL);
   std::error_code ec;
   std::string what;
   try {

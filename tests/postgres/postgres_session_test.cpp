@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "distlock/distlock.hpp"
 #include "engine/backend.hpp"
@@ -133,6 +134,11 @@ std::unique_ptr<Backend> backend(const std::string& url) {
   return b;
 }
 
+// Two backends of one server: the first holds the leases under test, the second is another client.
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<Backend>> two_backends(const PostgresServer& server) {
+  return {backend(server.url()), backend(server.url())};
+}
+
 distlock::detail::AcquireResult take(Backend& b, std::string_view name, std::string_view owner, Millis ttl) {
   distlock::detail::Error ec;
   auto r = b.try_acquire(AcquireRequest{name, owner, ttl}, ec);
@@ -145,8 +151,7 @@ distlock::detail::AcquireResult take(Backend& b, std::string_view name, std::str
 // and another one take the name again without waiting for the server to expire it.
 TEST(PostgresSession, ForgetFreesTheLostLeaseAtOnceForThisClientAndAnother) {
   PostgresServer server;
-  auto a = backend(server.url());
-  auto b = backend(server.url());
+  auto [a, b] = two_backends(server);
   ASSERT_TRUE(a && b);
   const Millis ttl = 60000ms;
   auto first = take(*a, "job", "owner-1", ttl);
@@ -216,8 +221,7 @@ TEST(PostgresSession, ALeaseLostToItsHoldBoundIsFreeAtOnceForThisClientAndAnothe
 // for a session that ended without a release: nobody gets in early.
 TEST(PostgresSession, ForgetWhenTheTableFailsFreesTheLockButTheRowGuardsTheTtl) {
   PostgresServer server;
-  auto a = backend(server.url());
-  auto b = backend(server.url());
+  auto [a, b] = two_backends(server);
   ASSERT_TRUE(a && b);
   const Millis ttl = 3000ms;
   const auto t0 = Clock::now();

@@ -14,9 +14,11 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/incompressible_name.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
 #include "support/sql_lock_cases.hpp"
+#include "support/sql_wrong_password.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -78,13 +80,7 @@ TEST(Postgres, AcquireReleaseTokensAndStatus) {
 
 TEST(Postgres, WrongPasswordIsAuthFailedAndTheMessageHidesThePassword) {
   PostgresServer server;
-  const std::string pw = "not-the-Password-42";
-  const auto e = connect_error(server.url_with_password(pw));
-  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
-  const std::string what = e.what();
-  EXPECT_EQ(what.find(pw), std::string::npos) << what;
-  EXPECT_EQ(what.find(PostgresServer::kPassword), std::string::npos) << what;
-  EXPECT_NE(what.find("distlock"), std::string::npos) << "the message names the user: " << what;
+  const std::string what = expect_wrong_password_refused(server, "not-the-Password-42");
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << what;
 }
 
@@ -308,14 +304,7 @@ TEST(Postgres, ATableOfTheOlderLayoutIsMigratedAndItsTokensKept) {
     EXPECT_EQ(l.token(), 43u);
   }
   // 4000 bytes that do not compress: past a B-tree entry's limit had it been the key.
-  std::string long_name;
-  std::uint64_t x = 0x2545f4914f6cdd1dULL;
-  for (int i = 0; i < 4000; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    long_name.push_back(static_cast<char>('!' + x % 90));
-  }
+  const std::string long_name = incompressible_name(4000, 0x2545f4914f6cdd1dULL);
   auto l = b.acquire(long_name, ttl_of(2000ms, 0ms));
   EXPECT_EQ(l.token(), 1u);
   EXPECT_EQ(server.query("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"

@@ -21,6 +21,7 @@
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/watch_next_acquired.hpp"
 #include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
@@ -97,20 +98,14 @@ TEST(PostgresPrefixWatch, ALeaseGivenUpAsLostShowsAsLostNotInferred) {
   LockOptions bounded = ttl_of(60s, 30s);
   bounded.max_hold = 500ms;
   Lease l = c.acquire("bound/x", bounded);
-  auto acq = next_change(w, 10s);
-  ASSERT_TRUE(acq);
-  ASSERT_EQ(acq->kind, WatchEventKind::acquired) << describe(*acq);
-  ASSERT_EQ(acq->token, l.token());
+  ASSERT_NO_FATAL_FAILURE(expect_next_acquired(w, l));
   auto lost = next_change(w, 10s);
   ASSERT_TRUE(lost) << "no loss reported";
   EXPECT_EQ(lost->kind, WatchEventKind::lost) << describe(*lost);
   EXPECT_EQ(lost->token, l.token());
   EXPECT_FALSE(lost->inferred) << describe(*lost);
   Lease next = c.acquire("bound/x", ttl_of(30s, 30s));
-  auto acq2 = next_change(w, 10s);
-  ASSERT_TRUE(acq2);
-  EXPECT_EQ(acq2->kind, WatchEventKind::acquired) << describe(*acq2);
-  EXPECT_EQ(acq2->token, next.token());
+  ASSERT_NO_FATAL_FAILURE(expect_next_acquired(w, next));
 }
 
 // The initial state lists what was held before the watch; locks of other prefixes are

@@ -63,6 +63,29 @@ std::int64_t ms_since(SteadyClock::time_point t) {
   return std::chrono::duration_cast<Millis>(SteadyClock::now() - t).count();
 }
 
+// A member's options in these tests: kTtl, kPeriod and its id.
+distlock::ShardGroupOptions member_options(const std::string& member_id) {
+  distlock::ShardGroupOptions o;
+  o.lock.ttl = kTtl;
+  o.rebalance_period = kPeriod;
+  o.member_id = member_id;
+  return o;
+}
+
+// Fails unless `c`'s join of shard group `group` (`shards`, `o`) is refused with a system_error
+// of `code` whose text contains `says`; `who` names the member in the message of a join.
+void expect_join_refused(distlock::Client& c, const std::string& group, std::uint32_t shards,
+                         const distlock::ShardGroupOptions& o, std::error_code code, const std::string& says,
+                         const std::string& who) {
+  try {
+    auto g = c.shard_group(group, shards, o);
+    FAIL() << who << " joined";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
 // Every section of ownership the in-process members saw, per shard.
 class History {
  public:
@@ -171,6 +194,25 @@ bool balanced(const std::vector<const distlock::ShardGroup*>& groups, const std:
   return total == shards && all.size() == shards;
 }
 
+// Waits (kDeadline at the most) until `groups` own `share[k]` of `shards` shards each, all
+// distinct (balanced); fails fatally otherwise, naming what each member owns.
+void wait_balanced(const std::vector<const distlock::ShardGroup*>& groups,
+                   const std::vector<std::size_t>& share, std::uint32_t shards) {
+  if (wait_until([&] { return balanced(groups, share, shards); }, kDeadline)) return;
+  std::string owners;
+  for (const auto* g : groups) owners += " " + g->member_id() + " " + show(owned(*g));
+  FAIL() << "not balanced within " << kDeadline.count() << " ms:" << owners;
+}
+
+// wait_balanced, and that within `bound` of `t0`; `what` names the move in the message.
+void expect_balanced_within(const std::vector<const distlock::ShardGroup*>& groups,
+                            const std::vector<std::size_t>& share, std::uint32_t shards,
+                            SteadyClock::time_point t0, Millis bound, const std::string& what) {
+  ASSERT_NO_FATAL_FAILURE(wait_balanced(groups, share, shards));
+  const auto took = ms_since(t0);
+  EXPECT_LE(took, bound.count()) << what << " after " << took << " ms";
+}
+
 bool is_subset(const std::set<std::uint32_t>& a, const std::set<std::uint32_t>& b) {
   return std::includes(b.begin(), b.end(), a.begin(), a.end());
 }
@@ -189,10 +231,7 @@ class ShardGroupBackends : public ::testing::TestWithParam<Kind> {
   void SetUp() override { target_ = GetParam().make({}); }
 
   distlock::ShardGroupOptions options(History& h, const std::string& member) {
-    distlock::ShardGroupOptions o;
-    o.lock.ttl = kTtl;
-    o.rebalance_period = kPeriod;
-    o.member_id = member;
+    distlock::ShardGroupOptions o = member_options(member);
     o.on_change = h.recorder(member);
     return o;
   }
@@ -217,14 +256,8 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   // b joins: 6 + 6 within one period (+ slack); a keeps 6 of its own, b takes the other 6.
   auto t0 = SteadyClock::now();
   auto b = std::make_unique<distlock::ShardGroup>(cb->shard_group("reindex", kShards, options(history, "b")));
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return balanced({a.get(), b.get()}, {6, 6}, kShards);
-      },
-      kDeadline))
-      << "a " << show(owned(*a)) << " b " << show(owned(*b));
-  const auto join_ms = ms_since(t0);
-  EXPECT_LE(join_ms, (kPeriod + kSlack).count()) << "b got its share after " << join_ms << " ms";
+  ASSERT_NO_FATAL_FAILURE(
+      expect_balanced_within({a.get(), b.get()}, {6, 6}, kShards, t0, kPeriod + kSlack, "b got its share"));
   const auto a2 = owned(*a), b2 = owned(*b);
   EXPECT_TRUE(is_subset(a2, a1));
 
@@ -242,14 +275,8 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   // c joins: 4 + 4 + 4, two shards from each of a and b, nothing else moves.
   t0 = SteadyClock::now();
   auto c = std::make_unique<distlock::ShardGroup>(cc->shard_group("reindex", kShards, options(history, "c")));
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return balanced({a.get(), b.get(), c.get()}, {4, 4, 4}, kShards);
-      },
-      kDeadline))
-      << "a " << show(owned(*a)) << " b " << show(owned(*b)) << " c " << show(owned(*c));
-  const auto join3_ms = ms_since(t0);
-  EXPECT_LE(join3_ms, (kPeriod + kSlack).count()) << "c got its share after " << join3_ms << " ms";
+  ASSERT_NO_FATAL_FAILURE(expect_balanced_within({a.get(), b.get(), c.get()}, {4, 4, 4}, kShards, t0,
+                                                 kPeriod + kSlack, "c got its share"));
   const auto a3 = owned(*a), b3 = owned(*b), c3 = owned(*c);
   EXPECT_TRUE(is_subset(a3, a2)) << show(a3) << " " << show(a2);
   EXPECT_TRUE(is_subset(b3, b2)) << show(b3) << " " << show(b2);
@@ -259,14 +286,8 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   t0 = SteadyClock::now();
   c->leave();
   EXPECT_TRUE(owned(*c).empty());
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return balanced({a.get(), b.get()}, {6, 6}, kShards);
-      },
-      kDeadline))
-      << "a " << show(owned(*a)) << " b " << show(owned(*b));
-  const auto leave_ms = ms_since(t0);
-  EXPECT_LE(leave_ms, (kPeriod + kSlack).count()) << "c's shards owned again after " << leave_ms << " ms";
+  ASSERT_NO_FATAL_FAILURE(expect_balanced_within({a.get(), b.get()}, {6, 6}, kShards, t0, kPeriod + kSlack,
+                                                 "c's shards owned again"));
   EXPECT_TRUE(is_subset(a3, owned(*a)));
   EXPECT_TRUE(is_subset(b3, owned(*b)));
 
@@ -342,7 +363,7 @@ TEST_P(ShardGroupBackends, AKilledMembersShardsAreOwnedAgainWithinTtlPlusOnePeri
   auto ca = distlock::connect(url), cb = distlock::connect(url);
   auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("job", kShards, options(history, "a")));
   auto b = std::make_unique<distlock::ShardGroup>(cb.shard_group("job", kShards, options(history, "b")));
-  ASSERT_TRUE(wait_until([&] { return balanced({a.get(), b.get()}, {3, 3}, kShards); }, kDeadline));
+  ASSERT_NO_FATAL_FAILURE(wait_balanced({a.get(), b.get()}, {3, 3}, kShards));
 
   const auto out = dir.path() / "k.owned";
   Process k =
@@ -364,12 +385,7 @@ TEST_P(ShardGroupBackends, AKilledMembersShardsAreOwnedAgainWithinTtlPlusOnePeri
 
   const auto t0 = SteadyClock::now();
   k.signal(SIGKILL);
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return balanced({a.get(), b.get()}, {3, 3}, kShards);
-      },
-      kDeadline))
-      << "a " << show(owned(*a)) << " b " << show(owned(*b));
+  ASSERT_NO_FATAL_FAILURE(wait_balanced({a.get(), b.get()}, {3, 3}, kShards));
   const auto took = ms_since(t0);
   EXPECT_LE(took, (kTtl + kPeriod + kSlack).count())
       << "the killed member's shards were owned again after " << took << " ms";
@@ -457,12 +473,7 @@ TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterw
   auto cc = distlock::connect(target_->url_via(net.hosts()));
   auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("cut", kShards, options(history, "a")));
   auto cut = std::make_unique<distlock::ShardGroup>(cc.shard_group("cut", kShards, options(history, "z")));
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return balanced({a.get(), cut.get()}, {3, 3}, kShards);
-      },
-      kDeadline))
-      << "a " << show(owned(*a)) << " z " << show(owned(*cut));
+  ASSERT_NO_FATAL_FAILURE(wait_balanced({a.get(), cut.get()}, {3, 3}, kShards));
   const auto cut_had = cut->assigned();
 
   const auto t0 = SteadyClock::now();
@@ -474,12 +485,7 @@ TEST_P(ShardGroupNetwork, ACutOffMemberIsToldBeforeItsShardsMoveAndRejoinsAfterw
     EXPECT_TRUE(s.stop.stop_requested()) << "z was not told it lost shard " << s.index;
 
   net.pass_all();  // z notices its membership is gone, gives up what is left and rejoins
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return balanced({a.get(), cut.get()}, {3, 3}, kShards);
-      },
-      kDeadline))
-      << "a " << show(owned(*a)) << " z " << show(owned(*cut));
+  ASSERT_NO_FATAL_FAILURE(wait_balanced({a.get(), cut.get()}, {3, 3}, kShards));
   EXPECT_GE(cut->stats().membership_lost + cut->stats().shards_lost, 1u);
   cut->leave();
   a->leave();
@@ -499,10 +505,7 @@ TEST_P(ShardGroupNetwork, AMemberWhoseIdWasTakenWhileItWasCutOffCountsItsFailedR
   FaultProxyGroup net(target_->ports());
   auto ca = distlock::connect(target_->url_via(net.hosts()));
   auto cb = distlock::connect(target_->url());
-  distlock::ShardGroupOptions o;
-  o.lock.ttl = kTtl;
-  o.rebalance_period = kPeriod;
-  o.member_id = "twin";
+  distlock::ShardGroupOptions o = member_options("twin");
   auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("twins", kShards, o));
   ASSERT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << show(owned(*a));
   net.freeze_all();  // every request of a hangs: its leases run out (locally first)
@@ -546,10 +549,7 @@ TEST_P(ShardGroupNetwork, AMemberCutOffForLongWithNoTwinDoesNotReportItsIdTaken)
   constexpr std::uint32_t kShards = 2;
   FaultProxyGroup net(target_->ports());
   auto ca = distlock::connect(target_->url_via(net.hosts()));
-  distlock::ShardGroupOptions o;
-  o.lock.ttl = kTtl;
-  o.rebalance_period = kPeriod;
-  o.member_id = "alone";
+  distlock::ShardGroupOptions o = member_options("alone");
   auto a = std::make_unique<distlock::ShardGroup>(ca.shard_group("longcut", kShards, o));
   ASSERT_TRUE(wait_until([&] { return owned(*a).size() == kShards; }, kDeadline)) << show(owned(*a));
   net.drop_all();  // every connection of a is cut: its requests fail
@@ -573,32 +573,15 @@ TEST_P(ShardGroupNetwork, AMemberCutOffForLongWithNoTwinDoesNotReportItsIdTaken)
 
 TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
   auto c1 = distlock::connect(target_->url()), c2 = distlock::connect(target_->url());
-  distlock::ShardGroupOptions o;
-  o.lock.ttl = kTtl;
-  o.rebalance_period = kPeriod;
-  o.member_id = "same";
+  distlock::ShardGroupOptions o = member_options("same");
   auto g = c1.shard_group("dup", 2, o);
-  try {
-    auto g2 = c2.shard_group("dup", 2, o);
-    FAIL() << "a second member 'same' joined";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
-    // Says what is wrong: this member id is taken in this group (not just "lock is busy").
-    EXPECT_NE(std::string(e.what()).find("member id \"same\" of shard group \"dup\" is in use"),
-              std::string::npos)
-        << e.what();
-  }
+  // Says what is wrong: this member id is taken in this group (not just "lock is busy").
+  const std::string in_use = "member id \"same\" of shard group \"dup\" is in use";
+  expect_join_refused(c2, "dup", 2, o, distlock::errc::busy, in_use, "a second member 'same'");
   // The same from one client and one thread (the engine would otherwise speak of a Mutex or
   // another Lease held by this thread).
-  try {
-    auto g3 = c1.shard_group("dup", 2, o);
-    FAIL() << "a second member 'same' joined through the same client";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), distlock::errc::busy) << e.what();
-    EXPECT_NE(std::string(e.what()).find("member id \"same\" of shard group \"dup\" is in use"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_join_refused(c1, "dup", 2, o, distlock::errc::busy, in_use,
+                      "a second member 'same' through the same client");
   o.member_id = "bad/id";
   EXPECT_THROW(c2.shard_group("dup", 2, o), std::system_error);
 }
@@ -610,22 +593,13 @@ TEST_P(ShardGroupBackends, ASecondMemberWithTheSameIdIsRefused) {
 // as both ran (each left the other out of its plan and waited on the shards it held).
 TEST_P(ShardGroupBackends, AMemberWithAnotherShardCountIsRefusedAtJoin) {
   auto c1 = distlock::connect(target_->url()), c2 = distlock::connect(target_->url());
-  distlock::ShardGroupOptions o;
-  o.lock.ttl = kTtl;
-  o.rebalance_period = kPeriod;
-  o.member_id = "eight";
+  distlock::ShardGroupOptions o = member_options("eight");
   auto g = c1.shard_group("counts", 8, o);
   o.member_id = "sixteen";
-  try {
-    auto g2 = c2.shard_group("counts", 16, o);
-    FAIL() << "a member with 16 shards joined a group whose live member runs 8";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), distlock::errc::invalid_argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find("shard group \"counts\": live member \"eight\" runs it with 8 "
-                                         "shards, this member asked for 16"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_join_refused(
+      c2, "counts", 16, o, distlock::errc::invalid_argument,
+      "shard group \"counts\": live member \"eight\" runs it with 8 shards, this member asked for 16",
+      "a member with 16 shards (the live member runs 8)");
   const auto members = c1.list("counts/members/");
   ASSERT_EQ(members.size(), 1u) << "the refused member left its membership record";
   EXPECT_EQ(members[0].name, "counts/members/eight");
@@ -661,10 +635,7 @@ TEST_P(ShardGroupLifetime, DestructorWaitsForAnOnChangeThatCalledLeave) {
   };
   auto sh = std::make_shared<Shared>();
   auto client = distlock::connect(target_->url());
-  distlock::ShardGroupOptions o;
-  o.lock.ttl = kTtl;
-  o.rebalance_period = kPeriod;
-  o.member_id = "self-leaver";
+  distlock::ShardGroupOptions o = member_options("self-leaver");
   o.on_change = [sh](const distlock::ShardAssignment&) {
     std::unique_lock lk(sh->mu);
     if (sh->fired) return;

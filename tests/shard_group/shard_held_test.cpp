@@ -260,21 +260,32 @@ std::thread spin_while(std::atomic<bool>& stop, std::function<bool()> busy) {
   });
 }
 
+constexpr int kForks = 200;
+constexpr unsigned kChildBound = 2;  // seconds, each child's own alarm
+
+// kForks children forked one after another (fork_children, each under alarm(kChildBound)) while
+// another thread keeps calling `busy` (spin_while), so that a child is likely forked while that
+// thread holds a mutex of the library; that thread is stopped and joined before this returns.
+template <class Child>
+ForkOutcomes fork_children_while_busy(std::function<bool()> busy, Child child) {
+  std::atomic<bool> stop{false};
+  std::thread spinner = spin_while(stop, std::move(busy));
+  const ForkOutcomes o = fork_children(kForks, kChildBound, child);
+  stop = true;
+  spinner.join();
+  return o;
+}
+
 // A child forked while another thread is inside held() (holding the check's mutex) never owns
 // the shard (a child never owns its parent's leases) and must say so without waiting for that
 // mutex, which no thread of the child will ever unlock. Each child answers under alarm(kChildBound):
 // one killed by SIGALRM waited on the mutex. Bounded: kForks forks, each child within its alarm.
 TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads) {
-  constexpr int kForks = 200;
-  constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
   auto [c, g, s] = one_shard("held-fork");
   ASSERT_TRUE(s.held());
-  std::atomic<bool> stop{false};
-  std::thread spinner = spin_while(stop, [&] { return s.held(); });
-  const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int) { return s.held() ? 1 : 0; });
+  const ForkOutcomes o =
+      fork_children_while_busy([&] { return s.held(); }, [&](int) { return s.held() ? 1 : 0; });
   const int hung = o.hung, said_held = o.exited_1, other = o.other;
-  stop = true;
-  spinner.join();
   EXPECT_TRUE(s.held()) << "the parent lost the shard: the spinner stopped early";
   EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in held() for " << kChildBound << " s";
   EXPECT_EQ(said_held, 0) << "a forked child said it holds its parent's shard";
@@ -289,23 +300,19 @@ TEST_F(ShardHeldTest, AForkedChildSaysNotHeldWithoutWaitingForTheParentsThreads)
 // mutex, which no thread of the child will ever unlock, hung. Each child answers under
 // alarm(kChildBound); a child killed by SIGALRM hung.
 TEST_F(ShardHeldTest, AForkedChildsLeaveReturnsAtOnceAndLeavesTheParentsShards) {
-  constexpr int kForks = 200;
-  constexpr unsigned kChildBound = 2;  // seconds, the child's own alarm
   auto [c, g, s] = one_shard("leave-fork");
   ASSERT_TRUE(s.held());
-  std::atomic<bool> stop{false};
-  std::thread reader = spin_while(stop, [&] { return g.assigned().shards.size() == 1; });
-  const ForkOutcomes o = fork_children(kForks, kChildBound, [&](int k) {
-    if (k % 2 == 0) {
-      g.leave();
-    } else {
-      distlock::ShardGroup moved = std::move(g);  // the destructor leaves
-    }
-    return g.assigned().shards.empty() && !s.held() ? 0 : 1;
-  });
+  const ForkOutcomes o = fork_children_while_busy([&] { return g.assigned().shards.size() == 1; },
+                                                  [&](int k) {
+                                                    if (k % 2 == 0) {
+                                                      g.leave();
+                                                    } else {
+                                                      distlock::ShardGroup moved =
+                                                          std::move(g);  // the destructor leaves
+                                                    }
+                                                    return g.assigned().shards.empty() && !s.held() ? 0 : 1;
+                                                  });
   const int hung = o.hung, owned_after = o.exited_1, other = o.other;
-  stop = true;
-  reader.join();
   EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children hung in leave() for " << kChildBound << " s";
   EXPECT_EQ(owned_after, 0) << "a child's group still listed a shard after its leave()";
   EXPECT_EQ(other, 0);

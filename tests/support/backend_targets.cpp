@@ -1,6 +1,7 @@
 #include "support/backend_targets.hpp"
 
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "support/backend_leftovers.hpp"
@@ -367,6 +368,13 @@ class DatabaseTarget : public Target {
   }
 
  protected:
+  using Row = std::vector<std::string>;  // one row of a query's answer, as text
+  // Appends to `out` one line per row of `sql` on the server, made by `line`.
+  void append_rows(std::vector<std::string>& out, const std::string& sql,
+                   const std::function<std::string(const Row&)>& line) const {
+    for (const auto& r : server_.query(sql)) out.push_back(line(r));
+  }
+
   Server server_;
 };
 #endif
@@ -379,20 +387,17 @@ class PostgresTarget final : public DatabaseTarget<PostgresServer> {
  public:
   std::vector<std::string> leftovers() override {
     std::vector<std::string> out;
-    for (const auto& r :
-         server_.query("SELECT pid, classid, objid FROM pg_locks WHERE locktype = 'advisory'")) {
-      out.push_back("advisory lock " + r[1] + "/" + r[2] + " of backend " + r[0]);
-    }
+    append_rows(out, "SELECT pid, classid, objid FROM pg_locks WHERE locktype = 'advisory'",
+                [](const Row& r) { return "advisory lock " + r[1] + "/" + r[2] + " of backend " + r[0]; });
     if (server_.query("SELECT to_regclass('distlock_locks') IS NOT NULL")[0][0] == "t") {
-      for (const auto& r : server_.query("SELECT encode(substr(name, 1, 40), 'escape'), owner FROM "
-                                         "distlock_locks WHERE owner IS NOT NULL")) {
-        out.push_back("row " + r[0] + " owned by " + r[1]);
-      }
+      append_rows(
+          out,
+          "SELECT encode(substr(name, 1, 40), 'escape'), owner FROM distlock_locks WHERE owner IS NOT NULL",
+          [](const Row& r) { return "row " + r[0] + " owned by " + r[1]; });
     }
-    for (const auto& r : server_.query(
-             "SELECT application_name, pid FROM pg_stat_activity WHERE application_name LIKE 'distlock%'")) {
-      out.push_back("session " + r[0] + " (backend " + r[1] + ")");
-    }
+    append_rows(out,
+                "SELECT application_name, pid FROM pg_stat_activity WHERE application_name LIKE 'distlock%'",
+                [](const Row& r) { return "session " + r[0] + " (backend " + r[1] + ")"; });
     return out;
   }
 };
@@ -406,29 +411,28 @@ class PostgresTarget final : public DatabaseTarget<PostgresServer> {
 class MysqlTarget final : public DatabaseTarget<MariadbServer> {
  public:
   std::vector<std::string> leftovers() override {
-    std::vector<std::string> out;
     const std::string db = MariadbServer::kDatabase;
+    std::vector<std::string> out;
     if (server_.query("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '" + db +
                       "' AND TABLE_NAME = 'distlock_locks'")[0][0] == "1") {
-      for (const auto& r : server_.query("SELECT lock_name, IS_USED_LOCK(lock_name) FROM " + db +
-                                         ".distlock_locks WHERE IS_USED_LOCK(lock_name) IS NOT NULL")) {
-        out.push_back("named lock " + r[0] + " of session " + r[1]);
-      }
+      append_rows(out,
+                  "SELECT lock_name, IS_USED_LOCK(lock_name) FROM " + db +
+                      ".distlock_locks WHERE IS_USED_LOCK(lock_name) IS NOT NULL",
+                  [](const Row& r) { return "named lock " + r[0] + " of session " + r[1]; });
       // A released row keeps its owner; its token is then in distlock_released.
-      for (const auto& r :
-           server_.query("SELECT LEFT(name, 40), owner FROM " + db +
-                         ".distlock_locks l WHERE owner IS NOT NULL AND NOT token <=> (SELECT "
-                         "r.token FROM " +
-                         db + ".distlock_released r WHERE r.digest = l.digest)")) {
-        out.push_back("row " + r[0] + " owned by " + r[1]);
-      }
+      append_rows(out,
+                  "SELECT LEFT(name, 40), owner FROM " + db +
+                      ".distlock_locks l WHERE owner IS NOT NULL AND NOT token <=> (SELECT r.token FROM " +
+                      db + ".distlock_released r WHERE r.digest = l.digest)",
+                  [](const Row& r) { return "row " + r[0] + " owned by " + r[1]; });
     }
-    for (const auto& r :
-         server_.query("SELECT ID, COMMAND, IFNULL(INFO, '') FROM information_schema.PROCESSLIST "
-                       "WHERE USER = '" +
-                       std::string(MariadbServer::kUser) + "'")) {
-      out.push_back("session " + r[0] + " (" + r[1] + (r[2].empty() ? "" : ": " + r[2].substr(0, 60)) + ")");
-    }
+    append_rows(out,
+                "SELECT ID, COMMAND, IFNULL(INFO, '') FROM information_schema.PROCESSLIST WHERE USER = '" +
+                    std::string(MariadbServer::kUser) + "'",
+                [](const Row& r) {
+                  return "session " + r[0] + " (" + r[1] + (r[2].empty() ? "" : ": " + r[2].substr(0, 60)) +
+                         ")";
+                });
     return out;
   }
 };

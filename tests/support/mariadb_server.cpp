@@ -105,7 +105,7 @@ std::string mariadbd_path() {
   return {};
 }
 
-MariadbServer::MariadbServer() : DatabaseServer("mariadbd", "MariaDB", "distlock-my", SIGTERM, 60s) {
+MariadbServer::MariadbServer() : SqlAccountServer("mariadbd", "MariaDB", "distlock-my", SIGTERM, 60s) {
   if (mariadbd_path().empty() || !have_program("mariadb-install-db")) {
     fail_setup(
         "MariaDB (mariadbd, mariadb-install-db) is not installed; it is required for the mysql:// tests: run "
@@ -199,15 +199,6 @@ bool MariadbServer::wait_ready(std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(50ms);
   }
   return false;
-}
-
-std::string MariadbServer::url(const std::string& suffix) const {
-  return url_with_password(kPassword) + suffix;
-}
-
-std::string MariadbServer::url_with_password(const std::string& password) const {
-  return std::string("mysql://") + kUser + ":" + password + "@127.0.0.1:" + std::to_string(port_) + "/" +
-         kDatabase;
 }
 
 std::vector<std::vector<std::string>> MariadbServer::query(const std::string& sql) const {

@@ -25,35 +25,20 @@
 #include <string>
 #include <vector>
 
-#include "support/database_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_account_server.hpp"
 
 namespace distlock::testing {
 
-class MariadbServer : public DatabaseServer {
- public:
-  static constexpr const char* kUser = "distlock";
-  static constexpr const char* kPassword = "s3cret-my";
-  static constexpr const char* kDatabase = "distlock_test";
+/// The account the tests log in with: "distlock", with a password (root logs in over the socket).
+inline constexpr SqlAccount kMariadbAccount{"mysql", "distlock", "s3cret-my", "distlock_test"};
 
+class MariadbServer : public SqlAccountServer<kMariadbAccount> {
+ public:
   MariadbServer();
   ~MariadbServer() override;
-  MariadbServer(const MariadbServer&) = delete;
-  MariadbServer& operator=(const MariadbServer&) = delete;
-
-  /// mysql://distlock:<password>@127.0.0.1:<port>/distlock_test[suffix]
-  std::string url(const std::string& suffix = {}) const;
-  /// The same with another password.
-  std::string url_with_password(const std::string& password) const;
-  /// mysql://distlock:<password>@<hosts>/distlock_test[suffix]: this account through other
-  /// hosts (a FaultProxy in front of the server, a list of them).
-  static std::string url_at(const std::string& hosts, const std::string& suffix = {}) {
-    return std::string("mysql://") + kUser + ":" + kPassword + "@" + hosts + "/" + kDatabase + suffix;
-  }
-  /// The same through 127.0.0.1:`port`.
-  static std::string url_through(std::uint16_t port, const std::string& suffix = {}) {
-    return url_at("127.0.0.1:" + std::to_string(port), suffix);
-  }
+  // kUser, kPassword, kDatabase, url(), url_with_password(), url_at() and url_through():
+  // SqlAccountServer.
   // port(), pid(), kill() (SIGKILL), pause(), resume(), stop() (SIGTERM, SIGKILL after 10 s),
   // restart(), wipe_and_restart() (a fresh copy of the template) and log(): DatabaseServer.
 

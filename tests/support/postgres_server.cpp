@@ -50,7 +50,7 @@ std::string postgres_bin_dir() {
 }
 
 PostgresServer::PostgresServer()
-    : DatabaseServer("postgres", "postgres", "distlock-pg", SIGINT, std::chrono::seconds(30)) {
+    : SqlAccountServer("postgres", "postgres", "distlock-pg", SIGINT, std::chrono::seconds(30)) {
   bin_ = postgres_bin_dir();
   if (bin_.empty()) {
     const std::string msg =
@@ -150,15 +150,6 @@ bool PostgresServer::wait_ready(std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
-}
-
-std::string PostgresServer::url(const std::string& suffix) const {
-  return url_with_password(kPassword) + suffix;
-}
-
-std::string PostgresServer::url_with_password(const std::string& password) const {
-  return std::string("postgres://") + kUser + ":" + password + "@127.0.0.1:" + std::to_string(port_) +
-         "/postgres";
 }
 
 void PostgresServer::kill() {

@@ -24,34 +24,20 @@
 #include <string>
 #include <vector>
 
-#include "support/database_server.hpp"
 #include "support/process.hpp"
+#include "support/sql_account_server.hpp"
 
 namespace distlock::testing {
 
-class PostgresServer : public DatabaseServer {
- public:
-  static constexpr const char* kUser = "distlock";
-  static constexpr const char* kPassword = "s3cret-pg";
+/// The account the tests log in with: the superuser "distlock", with a password (SCRAM).
+inline constexpr SqlAccount kPostgresAccount{"postgres", "distlock", "s3cret-pg", "postgres"};
 
+class PostgresServer : public SqlAccountServer<kPostgresAccount> {
+ public:
   PostgresServer();
   ~PostgresServer() override;
-  PostgresServer(const PostgresServer&) = delete;
-  PostgresServer& operator=(const PostgresServer&) = delete;
-
-  /// postgres://distlock:<password>@127.0.0.1:<port>/postgres[suffix]
-  std::string url(const std::string& suffix = {}) const;
-  /// The same with another password.
-  std::string url_with_password(const std::string& password) const;
-  /// postgres://distlock:<password>@<hosts>/postgres[suffix]: this account through other
-  /// hosts (a FaultProxy in front of the server, a list of them).
-  static std::string url_at(const std::string& hosts, const std::string& suffix = {}) {
-    return std::string("postgres://") + kUser + ":" + kPassword + "@" + hosts + "/postgres" + suffix;
-  }
-  /// The same through 127.0.0.1:`port`.
-  static std::string url_through(std::uint16_t port, const std::string& suffix = {}) {
-    return url_at("127.0.0.1:" + std::to_string(port), suffix);
-  }
+  // kUser, kPassword, kDatabase, url(), url_with_password(), url_at() and url_through():
+  // SqlAccountServer.
   /// SIGKILL to the postmaster and every backend (a crash), reaped.
   void kill() override;
   /// SIGSTOP / SIGCONT to the postmaster and every backend (each leads a process group of its

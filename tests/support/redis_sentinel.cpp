@@ -43,13 +43,12 @@ RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::m
   }
   const int quorum = opts_.sentinels / 2 + 1;
   for (int i = 0; i < opts_.sentinels; ++i) {
-    Sentinel s;
-    s.dir = std::make_unique<TempDir>("distlock-sentinel");
-    s.port = free_port();
-    const auto conf = s.dir->path() / "sentinel.conf";
+    auto s = std::make_unique<LocalServerProcess>("distlock-sentinel");
+    s->pick_free_port();
+    const auto conf = s->dir() / "sentinel.conf";
     {
       std::ofstream out(conf);
-      out << "port " << s.port << "\nbind 127.0.0.1\ndaemonize no\ndir " << s.dir->path().string()
+      out << "port " << s->port() << "\nbind 127.0.0.1\ndaemonize no\ndir " << s->dir().string()
           << "\nsentinel monitor " << opts_.master_name << " 127.0.0.1 " << master << " " << quorum
           << "\nsentinel down-after-milliseconds " << opts_.master_name << " " << opts_.down_after_ms
           << "\nsentinel failover-timeout " << opts_.master_name << " " << opts_.failover_timeout_ms
@@ -57,10 +56,10 @@ RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::m
       if (!opts_.password.empty())
         out << "sentinel auth-pass " << opts_.master_name << " " << opts_.password << "\n";
     }
-    s.process = Process::spawn({"redis-sentinel", conf.string()}, (s.dir->path() / "sentinel.log").string());
-    if (!wait_port_open(s.port, std::chrono::seconds(10))) {
+    s->launch({"redis-sentinel", conf.string()}, "sentinel.log");
+    if (!wait_port_open(s->port(), std::chrono::seconds(10))) {
       const std::string msg =
-          "redis-sentinel did not start on port " + std::to_string(s.port) + "; log:\n" + sentinel_logs();
+          "redis-sentinel did not start on port " + std::to_string(s->port()) + "; log:\n" + sentinel_logs();
       sentinels_.push_back(std::move(s));
       fail_setup(msg);
     }
@@ -76,10 +75,6 @@ RedisSentinelGroup::RedisSentinelGroup(RedisSentinelOptions opts) : opts_(std::m
   }
   const std::string msg = "the sentinel group did not come up: " + why + "\n" + sentinel_logs();
   fail_setup(msg);
-}
-
-RedisSentinelGroup::~RedisSentinelGroup() {
-  for (auto& s : sentinels_) s.process.stop(std::chrono::milliseconds(2000));
 }
 
 bool RedisSentinelGroup::ready(std::string& why) const {
@@ -115,7 +110,7 @@ std::string RedisSentinelGroup::url(std::string_view suffix) const {
   if (!opts_.password.empty()) u += ":" + opts_.password + "@";
   for (std::size_t i = 0; i < sentinels_.size(); ++i) {
     if (i) u += ",";
-    u += "127.0.0.1:" + std::to_string(sentinels_[i].port);
+    u += "127.0.0.1:" + std::to_string(sentinels_[i]->port());
   }
   u += "/" + opts_.master_name;
   u += suffix;
@@ -124,7 +119,7 @@ std::string RedisSentinelGroup::url(std::string_view suffix) const {
 
 std::vector<std::uint16_t> RedisSentinelGroup::sentinel_ports() const {
   std::vector<std::uint16_t> out;
-  for (const auto& s : sentinels_) out.push_back(s.port);
+  for (const auto& s : sentinels_) out.push_back(s->port());
   return out;
 }
 
@@ -237,7 +232,7 @@ void RedisSentinelGroup::resume_replication() {
 
 RedisReplyPtr RedisSentinelGroup::sentinel_command(std::size_t i,
                                                    const std::vector<std::string>& argv) const {
-  const std::uint16_t port = sentinels_.at(i).port;
+  const std::uint16_t port = sentinels_.at(i)->port();
   timeval tv{5, 0};
   std::unique_ptr<redisContext, RedisContextDeleter> c(redisConnectWithTimeout("127.0.0.1", port, tv));
   if (!c || c->err)
@@ -258,7 +253,7 @@ RedisReplyPtr RedisSentinelGroup::sentinel_command(std::size_t i,
 std::string RedisSentinelGroup::sentinel_logs() const {
   std::string out;
   for (const auto& s : sentinels_) {
-    out += "--- sentinel " + std::to_string(s.port) + "\n" + file_text(s.dir->path() / "sentinel.log");
+    out += "--- sentinel " + std::to_string(s->port()) + "\n" + file_text(s->dir() / "sentinel.log");
   }
   return out;
 }

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "support/local_server_process.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 
@@ -47,16 +48,14 @@ class RedisSentinelGroup {
   /// Starts everything and waits (up to 60 s) until every sentinel sees the master,
   /// its replicas in sync and the other sentinels. Throws std::runtime_error (after
   /// ADD_FAILURE) when a binary is missing or the group does not come up.
+  /// Each sentinel is stopped by pid when the group goes, before the data nodes.
   explicit RedisSentinelGroup(RedisSentinelOptions opts = {});
-  ~RedisSentinelGroup();
-  RedisSentinelGroup(const RedisSentinelGroup&) = delete;
-  RedisSentinelGroup& operator=(const RedisSentinelGroup&) = delete;
 
   /// redis+sentinel://[:password@]127.0.0.1:s1,127.0.0.1:s2,.../<master>[suffix]
   std::string url(std::string_view suffix = {}) const;
   std::vector<std::uint16_t> sentinel_ports() const;
   /// The pid of sentinel i (for SIGSTOP/SIGCONT by a test).
-  pid_t sentinel_pid(std::size_t i) const { return sentinels_.at(i).process.pid(); }
+  pid_t sentinel_pid(std::size_t i) const { return sentinels_.at(i)->pid(); }
 
   /// The data nodes: index 0 started as master, then the replicas.
   std::size_t nodes() const { return nodes_.size(); }
@@ -96,12 +95,8 @@ class RedisSentinelGroup {
 
   RedisSentinelOptions opts_;
   std::vector<std::unique_ptr<RedisServer>> nodes_;
-  struct Sentinel {
-    std::unique_ptr<TempDir> dir;
-    std::uint16_t port = 0;
-    Process process;
-  };
-  std::vector<Sentinel> sentinels_;
+  // Declared after nodes_ so that the sentinels stop first.
+  std::vector<std::unique_ptr<LocalServerProcess>> sentinels_;
 };
 
 }  // namespace distlock::testing

@@ -1,7 +1,6 @@
 #include "support/redis_server.hpp"
 
 #include <gtest/gtest.h>
-#include <signal.h>
 
 #include <fstream>
 #include <sstream>
@@ -27,12 +26,13 @@ RedisReplyPtr run_argv(redisContext* c, const std::vector<std::string_view>& arg
 
 }  // namespace
 
-RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
+RedisServer::RedisServer(RedisServerOptions opts)
+    : LocalServerProcess("distlock-redis"), opts_(std::move(opts)) {
   require_program("redis-server", "Redis tests", "redis-server");
   // A port that was free a moment ago can be taken by a parallel test: try a few.
   std::string failures;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    port_ = free_port();
+    pick_free_port();
     if (!opts_.tls_cert.empty()) {
       do {
         tls_port_ = free_port();
@@ -45,10 +45,6 @@ RedisServer::RedisServer(RedisServerOptions opts) : opts_(std::move(opts)) {
   }
   const std::string msg = "redis-server did not start; its log:\n" + failures;
   fail_setup(msg);
-}
-
-RedisServer::~RedisServer() {
-  process_.stop(std::chrono::milliseconds(2000));
 }
 
 void RedisServer::start() {
@@ -82,7 +78,7 @@ void RedisServer::start() {
                              "--tls-auth-clients", opts_.tls_auth_clients ? "yes" : "no"});
   }
   argv.insert(argv.end(), opts_.extra_args.begin(), opts_.extra_args.end());
-  process_ = Process::spawn(argv, (dir_.path() / "redis.log").string());
+  launch(argv, "redis.log");
 }
 
 bool RedisServer::wait_ready(std::chrono::milliseconds timeout) {
@@ -107,24 +103,8 @@ std::string RedisServer::url(std::string_view suffix) const {
   return u;
 }
 
-bool RedisServer::running() {
-  return process_.running();
-}
-
 void RedisServer::stop() {
   process_.stop(std::chrono::milliseconds(5000));
-}
-
-void RedisServer::kill() {
-  process_.signal(SIGKILL);
-  process_.wait_for(std::chrono::seconds(5));
-}
-
-void RedisServer::pause() {
-  process_.signal(SIGSTOP);
-}
-void RedisServer::resume() {
-  process_.signal(SIGCONT);
 }
 
 void RedisServer::restart() {

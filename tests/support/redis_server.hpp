@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "support/local_server_process.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -64,32 +65,22 @@ inline std::string reply_str(const RedisReplyPtr& r) {
   return r && r->str ? std::string(r->str, r->len) : std::string();
 }
 
-class RedisServer {
+class RedisServer : public LocalServerProcess {
  public:
   /// Starts redis-server (save "" so nothing is written unless appendonly) and waits
   /// until it answers PING. Throws std::runtime_error (after ADD_FAILURE) when the
   /// binary is missing or the server does not come up; the message includes its log.
   explicit RedisServer(RedisServerOptions opts = {});
-  ~RedisServer();
-  RedisServer(const RedisServer&) = delete;
-  RedisServer& operator=(const RedisServer&) = delete;
 
   /// redis://[:password@]127.0.0.1:<port>[suffix], e.g. url("/2?prefix=t").
   std::string url(std::string_view suffix = {}) const;
-  std::uint16_t port() const { return port_; }
   /// The TLS port (0 without RedisServerOptions::tls_cert).
   std::uint16_t tls_port() const { return tls_port_; }
-  pid_t pid() const { return process_.pid(); }
-  const std::filesystem::path& dir() const { return dir_.path(); }
-  bool running();
+  // port(), pid(), dir(), running(), kill() (SIGKILL), pause(), resume() (SIGSTOP / SIGCONT)
+  // and the stop by pid when it goes: LocalServerProcess.
 
   /// SIGTERM and wait (the server flushes its AOF); SIGKILL after 5 s.
   void stop();
-  /// SIGKILL and reap: a crash.
-  void kill();
-  /// SIGSTOP / SIGCONT: the server hangs without closing its sockets.
-  void pause();
-  void resume();
   /// Stops it if running, then starts it again on the same port and directory and
   /// waits for PING (data survives when appendonly is on).
   void restart();
@@ -108,10 +99,7 @@ class RedisServer {
   bool wait_ready(std::chrono::milliseconds timeout);
 
   RedisServerOptions opts_;
-  TempDir dir_{"distlock-redis"};
-  std::uint16_t port_ = 0;
   std::uint16_t tls_port_ = 0;
-  Process process_;
 };
 
 }  // namespace distlock::testing

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <stop_token>
 #include <thread>
@@ -44,6 +45,27 @@ LockOptions ttl(Millis t) {
 
 std::string queue_dir(const std::string& name) {
   return detail::zk::lock_dir(name);
+}
+
+// Starts one thread per client of `clients` into `threads`, each acquiring `name` with `ttl_ms`
+// and `wait`, then calling `granted(i)` while it holds the lease; the next thread starts only
+// once this one is in the queue (the waiter count `holder_client` sees, within 10 s).
+void start_queued_waiters(Client& holder_client, const std::string& name, std::vector<Client>& clients,
+                          Millis ttl_ms, Millis wait, std::function<void(int)> granted,
+                          std::vector<std::thread>& threads) {
+  for (int i = 0; i < static_cast<int>(clients.size()); ++i) {
+    threads.emplace_back([&clients, name, ttl_ms, wait, granted, i] {
+      LockOptions o = ttl(ttl_ms);
+      o.wait = wait;
+      std::error_code ec;
+      Lease l = clients[static_cast<std::size_t>(i)].acquire(name, o, ec);
+      ASSERT_FALSE(ec) << ec.message();
+      granted(i);
+    });
+    ASSERT_TRUE(
+        eventually([&] { return holder_client.status(name).waiters == static_cast<unsigned>(i + 1); }, 10s))
+        << "waiter " << i << " of \"" << name << "\" was not queued within 10 s";
+  }
 }
 
 TEST(ZkBackend, AcquireReleaseTokenIsTheNodesCzxid) {
@@ -154,20 +176,13 @@ TEST(ZkBackend, FifoOrderOfWaiters) {
   std::mutex mu;
   std::vector<int> order;
   std::vector<std::thread> threads;
-  for (int i = 0; i < kWaiters; ++i) {
-    threads.emplace_back([&, i] {
-      LockOptions o = ttl(4s);
-      o.wait = 30s;
-      std::error_code ec;
-      Lease l = clients[i].acquire("fifo", o, ec);
-      ASSERT_FALSE(ec) << ec.message();
-      std::lock_guard lk(mu);
-      order.push_back(i);
-    });
-    // The next waiter starts only once this one is in the queue.
-    ASSERT_TRUE(eventually(
-        [&] { return holder_client.status("fifo").waiters == static_cast<unsigned>(i + 1); }, 10s));
-  }
+  ASSERT_NO_FATAL_FAILURE(start_queued_waiters(
+      holder_client, "fifo", clients, 4s, 30s,
+      [&](int i) {
+        std::lock_guard lk(mu);
+        order.push_back(i);
+      },
+      threads));
   holder.release();
   for (auto& t : threads) t.join();
   std::vector<int> expected(kWaiters);
@@ -184,19 +199,13 @@ TEST(ZkBackend, OneReleaseWakesExactlyOneWaiter) {
   std::atomic<int> acquired{0};
   std::atomic<bool> let_go{false};
   std::vector<std::thread> threads;
-  for (int i = 0; i < kWaiters; ++i) {
-    threads.emplace_back([&, i] {
-      LockOptions o = ttl(10s);
-      o.wait = 60s;
-      std::error_code ec;
-      Lease l = clients[i].acquire("herd", o, ec);
-      ASSERT_FALSE(ec) << ec.message();
-      ++acquired;
-      while (!let_go) std::this_thread::sleep_for(5ms);
-    });
-    ASSERT_TRUE(eventually(
-        [&] { return holder_client.status("herd").waiters == static_cast<unsigned>(i + 1); }, 10s));
-  }
+  ASSERT_NO_FATAL_FAILURE(start_queued_waiters(
+      holder_client, "herd", clients, 10s, 60s,
+      [&](int) {
+        ++acquired;
+        while (!let_go) std::this_thread::sleep_for(5ms);
+      },
+      threads));
   auto total_events = [&] {
     std::uint64_t n = 0;
     for (auto& c : clients) n += stats_of(c).watch_events;

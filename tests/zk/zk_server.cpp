@@ -68,7 +68,8 @@ std::string four_letter(std::uint16_t port, const std::string& cmd) {
   return out;
 }
 
-ZkServer::ZkServer(ZkServerOptions opts) : opts_(opts), client_port_(free_port()), dir_("distlock-zk") {
+ZkServer::ZkServer(ZkServerOptions opts) : LocalServerProcess("distlock-zk"), opts_(opts) {
+  pick_free_port();
   // A server that exits before serving lost its port to another test's server (free_port()'s
   // race, see ZkEnsemble): it starts again on a new port, at most three times.
   for (int attempt = 1;; ++attempt) {
@@ -77,31 +78,24 @@ ZkServer::ZkServer(ZkServerOptions opts) : opts_(opts), client_port_(free_port()
     if (wait_serving(std::chrono::seconds(30))) return;
     const bool exited = !process_.running();
     if (!exited || attempt == 3) {
-      fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
+      fail_setup("ZooKeeper on port " + std::to_string(port_) +
                  (exited ? " exited before serving, 3 times on new ports" : " did not start within 30 s") +
                  "; its log:\n" + file_text(dir_.path() / "server.log"));
     }
-    client_port_ = free_port();
+    pick_free_port();
   }
 }
 
 ZkServer::ZkServer(ZkServerOptions opts, int id, std::vector<std::uint16_t> quorum_ports,
                    std::vector<std::uint16_t> election_ports, std::vector<std::uint16_t> client_ports)
-    : opts_(opts),
+    : LocalServerProcess("distlock-zk" + std::to_string(id)),
+      opts_(opts),
       id_(id),
       quorum_ports_(std::move(quorum_ports)),
       election_ports_(std::move(election_ports)),
-      client_ports_(std::move(client_ports)),
-      client_port_(client_ports_.at(static_cast<std::size_t>(id - 1))),
-      dir_("distlock-zk" + std::to_string(id)) {
+      client_ports_(std::move(client_ports)) {
+  port_ = client_ports_.at(static_cast<std::size_t>(id - 1));
   write_config();
-}
-
-ZkServer::~ZkServer() {
-  if (process_.pid() > 0) {
-    process_.signal(SIGCONT);  // a paused JVM cannot handle SIGTERM
-    process_.stop(std::chrono::milliseconds(2000));
-  }
 }
 
 void ZkServer::write_config() {
@@ -109,7 +103,7 @@ void ZkServer::write_config() {
   std::ofstream cfg(dir_.path() / "zoo.cfg");
   cfg << "tickTime=" << opts_.tick_ms << "\n"
       << "dataDir=" << (dir_.path() / "data").string() << "\n"
-      << "clientPort=" << client_port_ << "\n"
+      << "clientPort=" << port_ << "\n"
       << "clientPortAddress=127.0.0.1\n"
       << "minSessionTimeout=" << opts_.min_session_ms << "\n"
       << "maxSessionTimeout=" << opts_.max_session_ms << "\n"
@@ -135,8 +129,8 @@ void ZkServer::reconfigure(const ZkServerOptions& opts) {
 void ZkServer::start() {
   spawn();
   if (id_ == 0 && !wait_serving(std::chrono::seconds(30))) {
-    fail_setup("ZooKeeper on port " + std::to_string(client_port_) +
-               " did not start within 30 s; its log:\n" + file_text(dir_.path() / "server.log"));
+    fail_setup("ZooKeeper on port " + std::to_string(port_) + " did not start within 30 s; its log:\n" +
+               file_text(dir_.path() / "server.log"));
   }
 }
 
@@ -157,7 +151,7 @@ void ZkServer::spawn() {
   for (const std::string& a :
        {std::string("-cp"), z.classpath, main_class, (dir_.path() / "zoo.cfg").string()})
     argv.push_back(a);
-  process_ = Process::spawn(argv, (dir_.path() / "server.log").string());
+  launch(argv, "server.log");
 }
 
 bool ZkServer::wait_serving(std::chrono::milliseconds timeout) {
@@ -171,21 +165,10 @@ bool ZkServer::wait_serving(std::chrono::milliseconds timeout) {
 }
 
 std::string ZkServer::mode() const {
-  const std::string s = four_letter(client_port_, "srvr");
+  const std::string s = four_letter(port_, "srvr");
   const auto p = s.find("Mode: ");
   if (p == std::string::npos) return {};
   return s.substr(p + 6, s.find('\n', p) - (p + 6));
-}
-
-void ZkServer::kill() {
-  process_.signal(SIGKILL);
-  process_.wait_for(std::chrono::seconds(10));
-}
-void ZkServer::pause() {
-  process_.signal(SIGSTOP);
-}
-void ZkServer::resume() {
-  process_.signal(SIGCONT);
 }
 
 namespace {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "support/fault_proxy.hpp"
+#include "support/local_server_process.hpp"
 #include "support/process.hpp"
 
 namespace distlock::testing {
@@ -48,24 +49,18 @@ struct ZkServerOptions {
 };
 
 /// One ZooKeeper server process (standalone, or member `id` of an ensemble).
-class ZkServer {
+class ZkServer : public LocalServerProcess {
  public:
   /// A standalone server; waits until it serves clients.
   explicit ZkServer(ZkServerOptions opts = {});
-  ~ZkServer();
-  ZkServer(const ZkServer&) = delete;
-  ZkServer& operator=(const ZkServer&) = delete;
 
-  std::uint16_t port() const { return client_port_; }
-  std::string hostport() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  std::string hostport() const { return "127.0.0.1:" + std::to_string(port_); }
   /// "zk://127.0.0.1:<port><suffix>", e.g. suffix "/chroot?session_timeout=2s".
   std::string url(const std::string& suffix = {}) const { return "zk://" + hostport() + suffix; }
-  pid_t pid() const { return process_.pid(); }
+  // port() (the client port), pid(), kill() (SIGKILL and reap), pause(), resume() (SIGSTOP /
+  // SIGCONT) and the stop by pid when it goes: LocalServerProcess.
 
-  void kill();    ///< SIGKILL and reap
-  void pause();   ///< SIGSTOP
-  void resume();  ///< SIGCONT
-  void start();   ///< (re)starts the process with the same port and data directory
+  void start();  ///< (re)starts the process with the same port and data directory
   /// Rewrites the configuration (session bounds, tick) for the next start(); the
   /// running process is not affected. Models an operator changing zoo.cfg before a
   /// restart.
@@ -87,9 +82,6 @@ class ZkServer {
   ZkServerOptions opts_;
   int id_ = 0;  // 0: standalone
   std::vector<std::uint16_t> quorum_ports_, election_ports_, client_ports_;
-  std::uint16_t client_port_ = 0;
-  TempDir dir_;
-  Process process_;
 };
 
 /// N servers forming one ensemble.

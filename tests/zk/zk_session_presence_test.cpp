@@ -22,10 +22,6 @@ namespace {
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
-LockOptions opts() {
-  return ten_second_ttl(Millis(20000));
-}
-
 TEST(ZkSessionPresence, PresenceNodesGoWithTheirSessions) {
   ZkServer zk;
   RawZk raw(zk.hostport());
@@ -33,7 +29,8 @@ TEST(ZkSessionPresence, PresenceNodesGoWithTheirSessions) {
     std::vector<Client> clients;
     for (int i = 0; i < 3; ++i) {
       clients.push_back(quiet_client(zk.url(kTenSecondSessions)));
-      Lease l = clients.back().acquire("presence/x", opts());  // a session (and its node) exists now
+      Lease l =
+          clients.back().acquire("presence/x", ten_second_ttl(20s));  // a session (and its node) exists now
     }
     EXPECT_TRUE(eventually([&] { return raw.children("/distlock/.sessions").size() == 3; }, 10s))
         << raw.children("/distlock/.sessions").size() << " presence nodes for 3 open clients";
@@ -57,8 +54,8 @@ TEST(ZkSessionPresence, LockingWorksWithoutPresenceNodes) {
   Client watcher = quiet_client(zk.url(kTenSecondSessions));
   Client a = quiet_client(zk.url(kTenSecondSessions)), b = quiet_client(zk.url(kTenSecondSessions));
   distlock::Watch w = watcher.watch("nopresence/");
-  Lease la = a.acquire("nopresence/x", opts());
-  auto lb = std::async(std::launch::async, [&] { return b.acquire("nopresence/x", opts()); });
+  Lease la = a.acquire("nopresence/x", ten_second_ttl(20s));
+  auto lb = std::async(std::launch::async, [&] { return b.acquire("nopresence/x", ten_second_ttl(20s)); });
   ASSERT_TRUE(eventually([&] { return a.status("nopresence/x").waiters == 1; }, 10s));
   const std::uint64_t a_token = la.token();
   const auto released = SteadyClock::now();

@@ -28,6 +28,15 @@ LockOptions opts() {
   return ten_second_ttl(Millis(30000));
 }
 
+// Clients of the shared server with ten-second sessions: the watcher, through `proxy` (which the
+// tests freeze), and the lockers, straight to it.
+Client watcher_through(const FaultProxy& proxy) {
+  return quiet_client("zk://127.0.0.1:" + std::to_string(proxy.port()) + kTenSecondSessions);
+}
+Client locker_of(const ZkServer& zk) {
+  return quiet_client(zk.url(kTenSecondSessions));
+}
+
 // Every non-state event until acquired(token) (or 20 s on the steady clock).
 std::vector<WatchEvent> events_until_acquired(Watch& w, std::uint64_t token, bool& found) {
   std::vector<WatchEvent> events;
@@ -46,9 +55,8 @@ std::vector<WatchEvent> events_until_acquired(Watch& w, std::uint64_t token, boo
 TEST(ZkWatchGapRule, WaitersQueuedAndGoneUnseenAreAGap) {
   ZkServer& zk = shared_server();
   distlock::testing::FaultProxy proxy(zk.port());
-  Client watcher = quiet_client("zk://127.0.0.1:" + std::to_string(proxy.port()) + kTenSecondSessions);
-  Client a = quiet_client(zk.url(kTenSecondSessions)), b = quiet_client(zk.url(kTenSecondSessions)),
-         c = quiet_client(zk.url(kTenSecondSessions));
+  Client watcher = watcher_through(proxy);
+  Client a = locker_of(zk), b = locker_of(zk), c = locker_of(zk);
   const std::string name = "unseen/x";
   Lease la = a.acquire(name, opts());
   Watch w = watcher.watch("unseen/");  // reads [A]
@@ -85,8 +93,8 @@ TEST(ZkWatchGapRule, WaitersQueuedAndGoneUnseenAreAGap) {
 TEST(ZkWatchGapRule, ReleaseThenNewWaiterIsNoGap) {
   ZkServer& zk = shared_server();
   distlock::testing::FaultProxy proxy(zk.port());
-  Client watcher = quiet_client("zk://127.0.0.1:" + std::to_string(proxy.port()) + kTenSecondSessions);
-  Client a = quiet_client(zk.url(kTenSecondSessions)), c = quiet_client(zk.url(kTenSecondSessions));
+  Client watcher = watcher_through(proxy);
+  Client a = locker_of(zk), c = locker_of(zk);
   const std::string name = "plain/x";
   Lease la = a.acquire(name, opts());
   Watch w = watcher.watch("plain/");
