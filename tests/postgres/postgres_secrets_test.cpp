@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
 
@@ -22,15 +23,8 @@ namespace {
 using namespace std::chrono_literals;
 using distlock::testing::PostgresServer;
 using distlock::testing::Process;
+using distlock::testing::quiet;
 using distlock::testing::TempDir;
-
-distlock::ClientOptions quick() {
-  distlock::ClientOptions o;
-  o.connect_timeout = 3000ms;
-  o.command_timeout = 3000ms;
-  o.logger = [](distlock::LogLevel, std::string_view) {};
-  return o;
-}
 
 // Every secret contains "SECRET"; the server's user, host and database do not.
 std::vector<std::string> urls_of(const PostgresServer& s) {
@@ -60,7 +54,7 @@ void expect_no_secret_from_connect(const PostgresServer& server, bool must_fail)
   for (const auto& url : urls_of(server)) {
     std::string what;
     try {
-      auto c = distlock::connect(url, quick());
+      auto c = distlock::connect(url, quiet(3000ms));
     } catch (const std::system_error& e) {
       what = e.what();
     }
@@ -121,7 +115,7 @@ TEST(PostgresSecrets, NoErrorQuotesTheSecretWhenTheServerNamesTheRoleAndTheDatab
   bool trusted = false;
   for (int i = 0; i < 200 && !trusted; ++i) {
     try {
-      auto c = distlock::connect(bare, quick());
+      auto c = distlock::connect(bare, quiet(3000ms));
       trusted = true;
     } catch (const std::system_error&) {
       std::this_thread::sleep_for(25ms);
