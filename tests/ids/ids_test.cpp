@@ -16,6 +16,7 @@
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "manual_wall_clock.hpp"
+#include "support/distinct_ids.hpp"
 #include "support/manual_clock.hpp"
 #include "support/thrown.hpp"
 
@@ -382,13 +383,7 @@ TEST(Uuid7, SharedByThreadsUnique) {
     });
   }
   for (auto& th : threads) th.join();
-  std::vector<Uuid> all;
-  for (auto& v : got) {
-    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  expect_runs_sorted_and_distinct(got);
 }
 
 // ---- redis-daily codec --------------------------------------------------------------------

@@ -10,6 +10,7 @@
 
 #include "distlock/ids.hpp"
 #include "manual_wall_clock.hpp"
+#include "support/distinct_ids.hpp"
 #include "support/redis_server.hpp"
 #include "support/thrown.hpp"
 
@@ -191,13 +192,7 @@ TEST_F(RedisDaily, SharedByThreadsUniqueAndIncreasingPerThread) {
     });
   }
   for (auto& th : threads) th.join();
-  std::vector<std::uint64_t> all;
-  for (auto& v : got) {
-    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  expect_runs_sorted_and_distinct(got);
 }
 
 TEST_F(RedisDaily, ReconnectsAfterServerRestart) {
