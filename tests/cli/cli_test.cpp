@@ -22,6 +22,7 @@
 #include "cli/cli_harness.hpp"
 #include "distlock/client.hpp"
 #include "support/cs_log.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -50,7 +51,27 @@ namespace fs = std::filesystem;
 class CliTest : public distlock::testing::FileOrRedisCliTest {
  protected:
   CliTest() : FileOrRedisCliTest("distlock-cli") {}
+
+  /// Starts `distlock run --ttl 2s NAME -- sh -c SCRIPT`, where SCRIPT writes a pid to
+  /// `pid_file`; once that process is seen alive, SIGKILLs the runner, which must die of it.
+  /// Sets `pid` to that process and `killed_at` to when the runner ended (this process's
+  /// steady clock).
+  void start_and_kill_runner(const std::string& name, const std::string& script, const fs::path& pid_file,
+                             pid_t& pid, std::chrono::steady_clock::time_point& killed_at) {
+    Cli r = Cli::start(run_sh(name, script, {"--ttl", "2s"}), dir_.path());
+    ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
+    pid = std::stoi(slurp(pid_file));
+    ASSERT_TRUE(process_alive(pid));
+    r.signal(SIGKILL);
+    ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
+    killed_at = r.ended_at();
+  }
 };
+
+/// Whether process `pid` is gone within 5 s (this process's steady clock).
+bool gone_within_5s(pid_t pid) {
+  return eventually([&] { return !process_alive(pid); }, 5s);
+}
 
 // 8 runners on one name; each command records its critical section (start, end,
 // $DISTLOCK_TOKEN) as one line in the cs_log format: pid tid token start_ns end_ns owned.
@@ -173,18 +194,11 @@ TEST_P(CliTest, SignalsAreForwardedToTheCommand) {
 
 TEST_P(CliTest, RunnerKilledTakesItsCommandAlongAndFreesTheLock) {
   const fs::path pid_file = path("victim.pid");
-  Cli r = Cli::start(run_sh("victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", {"--ttl", "2s"}),
-                     dir_.path());
-  ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
-  const pid_t child = std::stoi(slurp(pid_file));
-  ASSERT_TRUE(process_alive(child));
-  r.signal(SIGKILL);
-  ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
-  const auto killed_at = r.ended_at();
-  const auto child_deadline = std::chrono::steady_clock::now() + 5s;
-  while (process_alive(child) && std::chrono::steady_clock::now() < child_deadline)
-    std::this_thread::sleep_for(5ms);
-  EXPECT_FALSE(process_alive(child)) << "the command outlived its runner";
+  pid_t child = 0;
+  std::chrono::steady_clock::time_point killed_at;
+  ASSERT_NO_FATAL_FAILURE(start_and_kill_runner(
+      "victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", pid_file, child, killed_at));
+  EXPECT_TRUE(gone_within_5s(child)) << "the command outlived its runner";
 
   if (redis()) {
     // Free once the 2 s TTL runs out: within ttl + 1 s of the kill. Watched from
@@ -238,17 +252,11 @@ TEST_P(CliTest, LeaderOnlyReleasesWhenTheFirstProcessExits) {
 // one (a parent-death signal reaches only that one).
 TEST_P(CliTest, RunnerKilledTakesTheWholeJobAlong) {
   const fs::path pid_file = path("tree.pid");
-  Cli r = Cli::start(run_sh("tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", {"--ttl", "2s"}),
-                     dir_.path());
-  ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
-  const pid_t worker = std::stoi(slurp(pid_file));
-  ASSERT_TRUE(process_alive(worker));
-  r.signal(SIGKILL);
-  ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (process_alive(worker) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(5ms);
-  const bool survived = process_alive(worker);
+  pid_t worker = 0;
+  std::chrono::steady_clock::time_point killed_at;
+  ASSERT_NO_FATAL_FAILURE(start_and_kill_runner(
+      "tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", pid_file, worker, killed_at));
+  const bool survived = !gone_within_5s(worker);
   if (survived) ::kill(worker, SIGKILL);
   EXPECT_FALSE(survived) << "the job's backgrounded process outlived its SIGKILLed runner";
 }
