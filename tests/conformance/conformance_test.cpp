@@ -46,6 +46,30 @@ distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
   return distlock::testing::ttl_of(kTtl, wait);
 }
 
+// `c.acquire(name, o, ec)` on a thread of its own: the lease, the error, and `done` with
+// `done_at` (this process's steady clock) once the call returned. Joined at the latest by
+// the destructor.
+struct TimedAcquire {
+  distlock::Lease lease;
+  std::error_code ec;
+  std::atomic<bool> done{false};
+  Steady::time_point done_at;
+  std::thread thread;  // last: it starts once the fields above exist
+
+  TimedAcquire(distlock::Client& c, std::string name, distlock::LockOptions o)
+      : thread([this, &c, name = std::move(name), o = std::move(o)] {
+          lease = c.acquire(name, o, ec);
+          done_at = Steady::now();
+          done = true;
+        }) {}
+  TimedAcquire(const TimedAcquire&) = delete;
+  TimedAcquire& operator=(const TimedAcquire&) = delete;
+  ~TimedAcquire() {
+    if (thread.joinable()) thread.join();
+  }
+  void join() { thread.join(); }
+};
+
 class Conformance : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override { target_ = GetParam().make({}); }
@@ -228,39 +252,32 @@ TEST_P(Conformance, ALeaseLostWhileItsClientLivesIsFreedAtOnceForOthersAndItself
     auto b = client();
     // Another client waits, and gets the name soon after the loss.
     distlock::Lease first = a.acquire("handback", bounded);
-    distlock::Lease next;
-    std::error_code ec;
-    std::atomic<bool> got{false};
-    Steady::time_point got_at;
-    std::thread waiter([&] {
-      next = b.acquire("handback", opts(20000ms), ec);
-      got_at = Steady::now();
-      got = true;
-    });
+    TimedAcquire next(b, "handback", opts(20000ms));
     ASSERT_TRUE(wait_for_stop(first)) << "max_hold 500 ms never fired";
     const auto lost_at = Steady::now();
     EXPECT_EQ(first.loss_reason(), distlock::LossReason::max_hold);
-    waiter.join();
-    ASSERT_FALSE(ec) << ec.message();
-    const auto took = std::chrono::duration_cast<Millis>(got_at - lost_at);
+    next.join();
+    ASSERT_FALSE(next.ec) << next.ec.message();
+    const auto took = std::chrono::duration_cast<Millis>(next.done_at - lost_at);
     RecordProperty("other_client_after_loss_ms", static_cast<int>(took.count()));
     EXPECT_LT(took, 2000ms) << "another client waited " << took.count() << " ms after the loss";
     if (target_->fencing()) {
-      EXPECT_GT(next.token(), first.token());
+      EXPECT_GT(next.lease.token(), first.token());
     }
     // The old holder's release says lost and leaves the new holder's lock alone.
     std::error_code rel;
     first.release(rel);
     EXPECT_EQ(rel, errc::lost);
-    EXPECT_TRUE(next.owns());
+    EXPECT_TRUE(next.lease.owns());
     EXPECT_TRUE(b.status("handback").held);
-    next.release();
+    next.lease.release();
 
     // The same client, another thread, while the lost lease is not yet released.
     distlock::Lease mine = a.acquire("handback", bounded);
     ASSERT_TRUE(wait_for_stop(mine));
     const auto lost_again = Steady::now();
     distlock::Lease again;
+    std::error_code ec;
     std::thread same_client([&] { again = a.acquire("handback", opts(20000ms), ec); });
     same_client.join();
     ASSERT_FALSE(ec) << ec.message();
@@ -435,25 +452,17 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     auto c = client();
     ASSERT_FALSE(c.try_acquire("killed", opts()).has_value());
     EXPECT_TRUE(c.status("killed").held);
-    distlock::Lease lease;
-    std::error_code ec;
-    std::atomic<bool> done{false};
-    Steady::time_point acquired_at;
-    std::thread waiter([&] {
-      lease = c.acquire("killed", opts(30000ms), ec);
-      acquired_at = Steady::now();
-      done = true;
-    });
+    TimedAcquire waiter(c, "killed", opts(30000ms));
     // Let it queue: where the backend counts waiters, until it counts this one.
     std::this_thread::sleep_for(300ms);
     eventually([&] { return c.status("killed").waiters.value_or(1) >= 1; }, 10000ms);
-    EXPECT_FALSE(done.load()) << "the waiter got the lock while its holder was alive";
+    EXPECT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
     const auto killed = Steady::now();
     holder.signal(SIGKILL);
     waiter.join();
     holder.exit_code(10s);
-    ASSERT_FALSE(ec) << ec.message();
-    const auto took = std::chrono::duration_cast<Millis>(acquired_at - killed);
+    ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+    const auto took = std::chrono::duration_cast<Millis>(waiter.done_at - killed);
     RecordProperty("freed_after_kill_ms", static_cast<int>(took.count()));
     if (target_->expires()) {
       // The dead holder's last renewal (or its session's last heartbeat) was at most
@@ -467,12 +476,12 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
       // Host-local kernel locks: dropped when the dead holder's descriptors close.
       EXPECT_LT(took, 1000ms) << "the waiter took " << took.count() << " ms after SIGKILL";
     }
-    EXPECT_TRUE(lease.owns());
+    EXPECT_TRUE(waiter.lease.owns());
     if (target_->fencing()) {
-      EXPECT_GT(static_cast<long long>(lease.token()), holder_token);
+      EXPECT_GT(static_cast<long long>(waiter.lease.token()), holder_token);
     }
     if (target_->dense_tokens()) {
-      EXPECT_EQ(static_cast<long long>(lease.token()), holder_token + 1);
+      EXPECT_EQ(static_cast<long long>(waiter.lease.token()), holder_token + 1);
     }
   }
   expect_nothing_left();
