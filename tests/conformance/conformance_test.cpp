@@ -31,6 +31,7 @@
 #include "support/cs_log.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/lease_waiter.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -45,30 +46,6 @@ constexpr Millis kTtl = 2000ms;
 distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
   return distlock::testing::ttl_of(kTtl, wait);
 }
-
-// `c.acquire(name, o, ec)` on a thread of its own: the lease, the error, and `done` with
-// `done_at` (this process's steady clock) once the call returned. Joined at the latest by
-// the destructor.
-struct TimedAcquire {
-  distlock::Lease lease;
-  std::error_code ec;
-  std::atomic<bool> done{false};
-  Steady::time_point done_at;
-  std::thread thread;  // last: it starts once the fields above exist
-
-  TimedAcquire(distlock::Client& c, std::string name, distlock::LockOptions o)
-      : thread([this, &c, name = std::move(name), o = std::move(o)] {
-          lease = c.acquire(name, o, ec);
-          done_at = Steady::now();
-          done = true;
-        }) {}
-  TimedAcquire(const TimedAcquire&) = delete;
-  TimedAcquire& operator=(const TimedAcquire&) = delete;
-  ~TimedAcquire() {
-    if (thread.joinable()) thread.join();
-  }
-  void join() { thread.join(); }
-};
 
 class Conformance : public ::testing::TestWithParam<Kind> {
  protected:
@@ -252,13 +229,13 @@ TEST_P(Conformance, ALeaseLostWhileItsClientLivesIsFreedAtOnceForOthersAndItself
     auto b = client();
     // Another client waits, and gets the name soon after the loss.
     distlock::Lease first = a.acquire("handback", bounded);
-    TimedAcquire next(b, "handback", opts(20000ms));
+    LeaseWaiter next(b, "handback", opts(20000ms));
     ASSERT_TRUE(wait_for_stop(first)) << "max_hold 500 ms never fired";
     const auto lost_at = Steady::now();
     EXPECT_EQ(first.loss_reason(), distlock::LossReason::max_hold);
     next.join();
     ASSERT_FALSE(next.ec) << next.ec.message();
-    const auto took = std::chrono::duration_cast<Millis>(next.done_at - lost_at);
+    const auto took = std::chrono::duration_cast<Millis>(next.granted_at - lost_at);
     RecordProperty("other_client_after_loss_ms", static_cast<int>(took.count()));
     EXPECT_LT(took, 2000ms) << "another client waited " << took.count() << " ms after the loss";
     if (target_->fencing()) {
@@ -452,7 +429,7 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     auto c = client();
     ASSERT_FALSE(c.try_acquire("killed", opts()).has_value());
     EXPECT_TRUE(c.status("killed").held);
-    TimedAcquire waiter(c, "killed", opts(30000ms));
+    LeaseWaiter waiter(c, "killed", opts(30000ms));
     // Let it queue: where the backend counts waiters, until it counts this one.
     std::this_thread::sleep_for(300ms);
     eventually([&] { return c.status("killed").waiters.value_or(1) >= 1; }, 10000ms);
@@ -462,7 +439,7 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     waiter.join();
     holder.exit_code(10s);
     ASSERT_FALSE(waiter.ec) << waiter.ec.message();
-    const auto took = std::chrono::duration_cast<Millis>(waiter.done_at - killed);
+    const auto took = std::chrono::duration_cast<Millis>(waiter.granted_at - killed);
     RecordProperty("freed_after_kill_ms", static_cast<int>(took.count()));
     if (target_->expires()) {
       // The dead holder's last renewal (or its session's last heartbeat) was at most
