@@ -55,6 +55,17 @@ struct AnyWaiter {
   std::thread thread;  // last: started once the members it writes are made
 };
 
+/// Client `a` holds every name of kNames (TTL `held_ttl`); client `b` waits for any of them
+/// (an AnyWaiter with TTL 30 s and `wait`).
+struct HeldAndAwaited {
+  HeldAndAwaited(EngineMulti& t, Millis held_ttl, std::optional<Millis> wait)
+      : a(t.client()), b(t.client()), held(hold_all(a, held_ttl)), waiter(b, 30s, wait) {}
+
+  distlock::Client a, b;
+  std::vector<distlock::Lease> held;
+  AnyWaiter waiter;
+};
+
 TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
   auto a = client();
   auto b = client();
@@ -111,37 +122,31 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
 }
 
 TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
-  auto a = client();
-  auto b = client();
-  std::vector<distlock::Lease> held = hold_all(a, 30s);
-  AnyWaiter waiter(b, 30s, 2s);
+  HeldAndAwaited setup(*this, 30s, 2s);
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
-  advance_until(*clock, waiter.done);
-  waiter.join();
-  EXPECT_EQ(waiter.ec, errc::timeout);
-  EXPECT_FALSE(waiter.got);
+  advance_until(*clock, setup.waiter.done);
+  setup.waiter.join();
+  EXPECT_EQ(setup.waiter.ec, errc::timeout);
+  EXPECT_FALSE(setup.waiter.got);
   EXPECT_EQ(store->cancel_calls(), 3) << "every queued place is given up";
   // The subscriptions stay (idle, bounded) for the next waiter; no waiter is left.
-  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 3u);
-  distlock::detail::engine_of(b)->sweep_idle_watches(true);
+  EXPECT_EQ(distlock::detail::engine_of(setup.b)->idle_watches(), 3u);
+  distlock::detail::engine_of(setup.b)->sweep_idle_watches(true);
   EXPECT_EQ(store->live_watches(), 0);
 }
 
 TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
-  auto a = client();
-  auto b = client();
-  std::vector<distlock::Lease> held = hold_all(a, 1s);
-  AnyWaiter waiter(b, 30s, 60s);
+  HeldAndAwaited setup(*this, 1s, 60s);
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
   store->drop("m/2");  // gone without a notification (a lost message)
-  const Millis advanced = advance_until(*clock, waiter.done);
-  waiter.join();
-  ASSERT_FALSE(waiter.ec) << waiter.ec.message();
-  ASSERT_TRUE(waiter.got);
+  const Millis advanced = advance_until(*clock, setup.waiter.done);
+  setup.waiter.join();
+  ASSERT_FALSE(setup.waiter.ec) << setup.waiter.ec.message();
+  ASSERT_TRUE(setup.waiter.got);
   // The holders reported ~1 s left: the re-check comes within that plus jitter
   // (10 %), far before the 5 s cap of a lease whose TTL is unknown.
   EXPECT_LE(advanced, 2s);
-  distlock::detail::engine_of(b)->release(waiter.got, waiter.ec);
+  distlock::detail::engine_of(setup.b)->release(setup.waiter.got, setup.waiter.ec);
 }
 
 TEST_F(EngineMulti, ErrorMidRoundGivesUpEveryQueuedPlace) {
