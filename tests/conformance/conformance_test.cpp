@@ -47,6 +47,19 @@ distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
   return distlock::testing::ttl_of(kTtl, wait);
 }
 
+// A lock_tool process holding `name` on the target (TTL kTtl), its output in a file in a
+// directory of its own.
+struct ToolHolder {
+  ToolHolder(const std::string& url, const std::string& name)
+      : out((dir.path() / "holder").string()), process(spawn_holder(url, name, out, kTtl.count())) {}
+  /// Waits (30 s) for its "acquired": its token, or -1 when it never came.
+  long long acquired() const { return wait_for_text(out, "acquired", 30s) ? acquired_token(out) : -1; }
+
+  TempDir dir{"distlock-conf-holder"};
+  std::string out;
+  Process process;
+};
+
 class Conformance : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override { target_ = GetParam().make({}); }
@@ -420,11 +433,9 @@ TEST_P(Conformance, ReleaseByANonOwnerAndBadNamesOrTtlsAreRefusedAndChangeNothin
 // A waiter queued before the holder is SIGKILLed gets the lock once the dead holder's
 // lease is gone: within TTL + 1 s, and not before the lease could have run out.
 TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
-  TempDir dir("distlock-conf-kill");
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(target_->url(), "killed", out, kTtl.count());
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long holder_token = distlock::testing::acquired_token(out);
+  ToolHolder holder(target_->url(), "killed");
+  const long long holder_token = holder.acquired();
+  ASSERT_GE(holder_token, 0) << "no \"acquired\" within 30 s: " << read_file(holder.out);
   {
     auto c = client();
     ASSERT_FALSE(c.try_acquire("killed", opts()).has_value());
@@ -435,9 +446,9 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     eventually([&] { return c.status("killed").waiters.value_or(1) >= 1; }, 10000ms);
     EXPECT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
     const auto killed = Steady::now();
-    holder.signal(SIGKILL);
+    holder.process.signal(SIGKILL);
     waiter.join();
-    holder.exit_code(10s);
+    holder.process.exit_code(10s);
     ASSERT_FALSE(waiter.ec) << waiter.ec.message();
     const auto took = std::chrono::duration_cast<Millis>(waiter.granted_at - killed);
     RecordProperty("freed_after_kill_ms", static_cast<int>(took.count()));
@@ -512,12 +523,10 @@ TEST_P(Conformance, AReleaseFreesTheLockWithin3sWhenTheOnlyWaiterIsDead) {
 // is false, and its release finds the lease lost without touching the new holder's
 // lock or records. Host-local locks have no TTL: the stopped holder keeps its lock.
 TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
-  TempDir dir("distlock-conf-pause");
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(target_->url(), "paused", out, kTtl.count());
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long old_token = distlock::testing::acquired_token(out);
-  holder.signal(SIGSTOP);
+  ToolHolder holder(target_->url(), "paused");
+  const long long old_token = holder.acquired();
+  ASSERT_GE(old_token, 0) << "no \"acquired\" within 30 s: " << read_file(holder.out);
+  holder.process.signal(SIGSTOP);
   const auto stopped = Steady::now();
   {
     auto c = client();
@@ -528,16 +537,17 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       const auto info = c.status("paused");
       EXPECT_TRUE(info.held);
       ASSERT_TRUE(info.holder.has_value());
-      EXPECT_NE(info.holder->find("(pid " + std::to_string(holder.pid()) + ")"), std::string::npos)
+      EXPECT_NE(info.holder->find("(pid " + std::to_string(holder.process.pid()) + ")"), std::string::npos)
           << *info.holder;
-      holder.signal(SIGCONT);
-      holder.signal(SIGUSR1);
-      EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
-      holder.signal(SIGTERM);
-      EXPECT_EQ(holder.exit_code(10s), 0);
-      EXPECT_TRUE(distlock::testing::wait_for_text(out, "released", 10s))
-          << distlock::testing::read_file(out);
-      EXPECT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos);
+      holder.process.signal(SIGCONT);
+      holder.process.signal(SIGUSR1);
+      EXPECT_TRUE(distlock::testing::wait_for_text(holder.out, "owns 1", 10s))
+          << distlock::testing::read_file(holder.out);
+      holder.process.signal(SIGTERM);
+      EXPECT_EQ(holder.process.exit_code(10s), 0);
+      EXPECT_TRUE(distlock::testing::wait_for_text(holder.out, "released", 10s))
+          << distlock::testing::read_file(holder.out);
+      EXPECT_EQ(distlock::testing::read_file(holder.out).find("lost"), std::string::npos);
       auto next = c.acquire("paused", opts(10000ms));
       if (target_->dense_tokens()) {
         EXPECT_EQ(static_cast<long long>(next.token()), old_token + 1);
@@ -551,20 +561,22 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       }
       const auto mine = c.status("paused");
       const auto new_records = records();
-      holder.signal(SIGCONT);
-      ASSERT_TRUE(distlock::testing::wait_for_text(out, "lost", 10s)) << distlock::testing::read_file(out);
+      holder.process.signal(SIGCONT);
+      ASSERT_TRUE(distlock::testing::wait_for_text(holder.out, "lost", 10s))
+          << distlock::testing::read_file(holder.out);
       // owns() reads the local deadline, which passed while it was stopped.
-      holder.signal(SIGUSR1);
-      ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
+      holder.process.signal(SIGUSR1);
+      ASSERT_TRUE(distlock::testing::wait_for_text(holder.out, "owns 0", 10s))
+          << distlock::testing::read_file(holder.out);
       // Its first word after resuming was the loss; it never claimed to own the lock.
-      const auto lines = tool_lines(out);
-      ASSERT_GE(lines.size(), 3u) << distlock::testing::read_file(out);
+      const auto lines = tool_lines(holder.out);
+      ASSERT_GE(lines.size(), 3u) << distlock::testing::read_file(holder.out);
       EXPECT_EQ(lines[0].rfind("acquired", 0), 0u);
       EXPECT_EQ(lines[1], "lost");
       EXPECT_EQ(lines[2], "owns 0");
       EXPECT_TRUE(lease.owns());
-      holder.signal(SIGTERM);
-      EXPECT_EQ(holder.exit_code(10s), 76) << "its release must find the lease lost";
+      holder.process.signal(SIGTERM);
+      EXPECT_EQ(holder.process.exit_code(10s), 76) << "its release must find the lease lost";
       EXPECT_TRUE(lease.owns()) << "the old holder's release touched the new holder's lock";
       const auto after = c.status("paused");
       EXPECT_TRUE(after.held);
