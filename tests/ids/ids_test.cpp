@@ -374,16 +374,7 @@ TEST(Uuid7, ParentAndForkedChildDoNotRepeatRandomBits) {
 
 TEST(Uuid7, SharedByThreadsUnique) {
   Uuid7Generator gen;
-  constexpr int kThreads = 4, kEach = 100'000;
-  std::vector<std::vector<Uuid>> got(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i) got[t].push_back(gen.next());
-    });
-  }
-  for (auto& th : threads) th.join();
-  expect_runs_sorted_and_distinct(got);
+  expect_runs_sorted_and_distinct(ids_from_threads(gen, 4, 100'000));
 }
 
 // ---- redis-daily codec --------------------------------------------------------------------
