@@ -52,19 +52,24 @@ class CliTest : public distlock::testing::FileOrRedisCliTest {
  protected:
   CliTest() : FileOrRedisCliTest("distlock-cli") {}
 
+  /// A runner SIGKILLed by start_and_kill_runner: the process of its job it was killed
+  /// under, and when the runner ended (this process's steady clock).
+  struct KilledRunner {
+    pid_t pid = 0;
+    std::chrono::steady_clock::time_point ended_at;
+  };
+
   /// Starts `distlock run --ttl 2s NAME -- sh -c SCRIPT`, where SCRIPT writes a pid to
   /// `pid_file`; once that process is seen alive, SIGKILLs the runner, which must die of it.
-  /// Sets `pid` to that process and `killed_at` to when the runner ended (this process's
-  /// steady clock).
   void start_and_kill_runner(const std::string& name, const std::string& script, const fs::path& pid_file,
-                             pid_t& pid, std::chrono::steady_clock::time_point& killed_at) {
+                             KilledRunner& killed) {
     Cli r = Cli::start(run_sh(name, script, {"--ttl", "2s"}), dir_.path());
     ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
-    pid = std::stoi(slurp(pid_file));
-    ASSERT_TRUE(process_alive(pid));
+    killed.pid = std::stoi(slurp(pid_file));
+    ASSERT_TRUE(process_alive(killed.pid));
     r.signal(SIGKILL);
     ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
-    killed_at = r.ended_at();
+    killed.ended_at = r.ended_at();
   }
 };
 
@@ -194,11 +199,11 @@ TEST_P(CliTest, SignalsAreForwardedToTheCommand) {
 
 TEST_P(CliTest, RunnerKilledTakesItsCommandAlongAndFreesTheLock) {
   const fs::path pid_file = path("victim.pid");
-  pid_t child = 0;
-  std::chrono::steady_clock::time_point killed_at;
+  KilledRunner runner;
   ASSERT_NO_FATAL_FAILURE(start_and_kill_runner(
-      "victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", pid_file, child, killed_at));
-  EXPECT_TRUE(gone_within_5s(child)) << "the command outlived its runner";
+      "victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", pid_file, runner));
+  const auto killed_at = runner.ended_at;
+  EXPECT_TRUE(gone_within_5s(runner.pid)) << "the command outlived its runner";
 
   if (redis()) {
     // Free once the 2 s TTL runs out: within ttl + 1 s of the kill. Watched from
@@ -252,10 +257,10 @@ TEST_P(CliTest, LeaderOnlyReleasesWhenTheFirstProcessExits) {
 // one (a parent-death signal reaches only that one).
 TEST_P(CliTest, RunnerKilledTakesTheWholeJobAlong) {
   const fs::path pid_file = path("tree.pid");
-  pid_t worker = 0;
-  std::chrono::steady_clock::time_point killed_at;
+  KilledRunner runner;
   ASSERT_NO_FATAL_FAILURE(start_and_kill_runner(
-      "tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", pid_file, worker, killed_at));
+      "tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", pid_file, runner));
+  const pid_t worker = runner.pid;
   const bool survived = !gone_within_5s(worker);
   if (survived) ::kill(worker, SIGKILL);
   EXPECT_FALSE(survived) << "the job's backgrounded process outlived its SIGKILLed runner";
