@@ -55,6 +55,16 @@ struct Script {
   std::optional<distlock::LockInfo> status;
   bool hold_next_status = false;
   bool status_holding = false;
+
+  // Called by a backend call holding `lk` on `mu`: while `hold` is set, sets `holding` and
+  // waits (at most 10 s) for the test to clear `hold`.
+  void hold_back(std::unique_lock<std::mutex>& lk, const bool& hold, bool& holding) {
+    if (!hold) return;
+    holding = true;
+    cv.notify_all();
+    cv.wait_for(lk, 10s, [&] { return !hold; });
+    holding = false;
+  }
 };
 
 class ScriptedWatch final : public distlock::detail::PrefixWatch {
@@ -89,12 +99,7 @@ class ScriptedWatchBackend final : public distlock::testing::ForwardingBackend {
     std::unique_lock lk(s_.mu);
     ++s_.listings;
     auto snapshot = s_.listing;
-    if (s_.hold_next) {
-      s_.holding = true;
-      s_.cv.notify_all();
-      s_.cv.wait_for(lk, 10s, [&] { return !s_.hold_next; });
-      s_.holding = false;
-    }
+    s_.hold_back(lk, s_.hold_next, s_.holding);
     s_.cv.notify_all();
     return snapshot;
   }
@@ -104,12 +109,7 @@ class ScriptedWatchBackend final : public distlock::testing::ForwardingBackend {
   distlock::LockInfo status(std::string_view, distlock::detail::Error& ec) override {
     std::unique_lock lk(s_.mu);
     auto snapshot = s_.status;
-    if (s_.hold_next_status) {
-      s_.status_holding = true;
-      s_.cv.notify_all();
-      s_.cv.wait_for(lk, 10s, [&] { return !s_.hold_next_status; });
-      s_.status_holding = false;
-    }
+    s_.hold_back(lk, s_.hold_next_status, s_.status_holding);
     if (!snapshot) {
       ec = make_error_code(distlock::errc::backend_unavailable);
       return {};

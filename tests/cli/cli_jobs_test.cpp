@@ -34,6 +34,13 @@ std::int64_t unix_ms() {
 class CliJobs : public distlock::testing::FileOrRedisCliTest {
  protected:
   CliJobs() : FileOrRedisCliTest("distlock-cli-jobs") {}
+
+  /// `distlock run FLAGS NAME -- sh -c 'echo WORD >> runs'`, run to its end: a run whose job
+  /// ran adds the line WORD to the file path("runs").
+  Cli run_appending(const std::string& name, const std::string& word, std::vector<std::string> flags) {
+    return Cli::run(run_sh(name, "echo " + word + " >> " + path("runs").string(), std::move(flags)),
+                    dir_.path());
+  }
 };
 
 // A command that ignores SIGTERM and never ends (hung but alive): the lease is renewed
@@ -154,8 +161,7 @@ TEST_P(CliJobs, OncePerRunsOncePerSlotAcrossNodes) {
   EXPECT_EQ(lines_of(slurp(runs)).size(), 1u) << slurp(runs);
   EXPECT_EQ(skipped, 3);
   // Later in the same slot: still skipped.
-  Cli late =
-      Cli::run(run_sh("cron", "echo late >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli late = run_appending("cron", "late", {"--once-per", "240000h"});
   EXPECT_EQ(late.code(), 0) << late.err();
   EXPECT_EQ(lines_of(slurp(runs)).size(), 1u);
 }
@@ -166,12 +172,10 @@ TEST_P(CliJobs, OncePerFailedRunDoesNotRecordTheSlot) {
   Cli failed = Cli::run(
       run_sh("flaky", "echo fail >> " + runs.string() + "; exit 3", {"--once-per", "240000h"}), dir_.path());
   EXPECT_EQ(failed.code(), 3) << failed.err();
-  Cli retry =
-      Cli::run(run_sh("flaky", "echo ok >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli retry = run_appending("flaky", "ok", {"--once-per", "240000h"});
   EXPECT_EQ(retry.code(), 0) << retry.err();
   EXPECT_EQ(retry.err(), "");
-  Cli again =
-      Cli::run(run_sh("flaky", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli again = run_appending("flaky", "again", {"--once-per", "240000h"});
   EXPECT_EQ(again.code(), 0);
   EXPECT_NE(again.err().find("already ran"), std::string::npos) << again.err();
   EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"fail", "ok"}));
@@ -184,15 +188,15 @@ TEST_P(CliJobs, OncePerNextSlotRunsAgain) {
   // Start early in a slot, so both runs below fit into it on a busy machine.
   for (int i = 0; i < 400 && unix_ms() % period > 300; ++i) std::this_thread::sleep_for(10ms);
   const std::int64_t slot = unix_ms() / period;
-  Cli a = Cli::run(run_sh("tick", "echo a >> " + runs.string(), {"--once-per", "2s"}), dir_.path());
-  Cli b = Cli::run(run_sh("tick", "echo b >> " + runs.string(), {"--once-per", "2s"}), dir_.path());
+  Cli a = run_appending("tick", "a", {"--once-per", "2s"});
+  Cli b = run_appending("tick", "b", {"--once-per", "2s"});
   ASSERT_EQ(a.code(), 0) << a.err();
   ASSERT_EQ(b.code(), 0) << b.err();
   const std::int64_t after = unix_ms() / period;
   const bool same_slot = after == slot;
   // Bounded wait for the next slot (at most one period, 2 s).
   for (int i = 0; i < 500 && unix_ms() / period <= after; ++i) std::this_thread::sleep_for(10ms);
-  Cli c = Cli::run(run_sh("tick", "echo c >> " + runs.string(), {"--once-per", "2s"}), dir_.path());
+  Cli c = run_appending("tick", "c", {"--once-per", "2s"});
   ASSERT_EQ(c.code(), 0) << c.err();
   const auto r = lines_of(slurp(runs));
   if (same_slot) {
@@ -264,22 +268,19 @@ TEST_P(CliJobs, OncePerSlotIsTakenWhenFiredNotWhenTheLockIsGranted) {
 // change while the test runs.
 TEST_P(CliJobs, OncePerChangedPeriodJudgesTheLastRunByItsFiringTime) {
   const fs::path runs = path("runs");
-  Cli longer =
-      Cli::run(run_sh("cron", "echo long >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli longer = run_appending("cron", "long", {"--once-per", "240000h"});
   ASSERT_EQ(longer.code(), 0) << longer.err();
   // Fired within the current 120000 h slot too: that slot has had its run.
-  Cli shorter =
-      Cli::run(run_sh("cron", "echo short >> " + runs.string(), {"--once-per", "120000h"}), dir_.path());
+  Cli shorter = run_appending("cron", "short", {"--once-per", "120000h"});
   ASSERT_EQ(shorter.code(), 0) << shorter.err();
   EXPECT_NE(shorter.err().find("already ran"), std::string::npos) << shorter.err();
   EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"long"}));
   // A mark written under a 1 ms period (slot numbers ~10^12) does not block the 240000 h
   // period's slot forever: that slot already ran here (the first run), so it is skipped as done
   // in this slot, and the message names the mark's firing, not a "later period".
-  Cli tiny = Cli::run(run_sh("cron", "echo tiny >> " + runs.string(), {"--once-per", "1ms"}), dir_.path());
+  Cli tiny = run_appending("cron", "tiny", {"--once-per", "1ms"});
   ASSERT_EQ(tiny.code(), 0) << tiny.err();
-  Cli again =
-      Cli::run(run_sh("cron", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli again = run_appending("cron", "again", {"--once-per", "240000h"});
   ASSERT_EQ(again.code(), 0) << again.err();
   EXPECT_NE(again.err().find("already ran in this --once-per"), std::string::npos) << again.err();
   EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"long", "tiny"}));
@@ -289,16 +290,11 @@ TEST_P(CliJobs, OncePerChangedPeriodJudgesTheLastRunByItsFiringTime) {
 // exclude each other, so sharing one mark would let both run in one slot while looking guarded.
 TEST_P(CliJobs, OncePerExclusiveHasItsOwnMark) {
   const fs::path runs = path("runs");
-  Cli plain =
-      Cli::run(run_sh("job", "echo plain >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli plain = run_appending("job", "plain", {"--once-per", "240000h"});
   ASSERT_EQ(plain.code(), 0) << plain.err();
-  Cli rw =
-      Cli::run(run_sh("job", "echo exclusive >> " + runs.string(), {"--once-per", "240000h", "--exclusive"}),
-               dir_.path());
+  Cli rw = run_appending("job", "exclusive", {"--once-per", "240000h", "--exclusive"});
   ASSERT_EQ(rw.code(), 0) << rw.err();
-  Cli rw2 =
-      Cli::run(run_sh("job", "echo exclusive2 >> " + runs.string(), {"--once-per", "240000h", "--exclusive"}),
-               dir_.path());
+  Cli rw2 = run_appending("job", "exclusive2", {"--once-per", "240000h", "--exclusive"});
   ASSERT_EQ(rw2.code(), 0) << rw2.err();
   EXPECT_NE(rw2.err().find("already ran"), std::string::npos) << rw2.err();
   EXPECT_EQ(lines_of(slurp(runs)), (std::vector<std::string>{"plain", "exclusive"}));
@@ -315,8 +311,7 @@ TEST_P(CliJobs, OncePerRecordsACommandThatExitedZeroAfterAForwardedStop) {
   ASSERT_TRUE(fs::exists(started)) << r.err();
   r.signal(SIGTSTP);
   ASSERT_EQ(r.wait(30s), 0) << r.err();
-  Cli again =
-      Cli::run(run_sh("job", "echo again >> " + runs.string(), {"--once-per", "240000h"}), dir_.path());
+  Cli again = run_appending("job", "again", {"--once-per", "240000h"});
   ASSERT_EQ(again.code(), 0) << again.err();
   EXPECT_NE(again.err().find("already ran"), std::string::npos) << again.err();
   EXPECT_FALSE(fs::exists(runs)) << slurp(runs);

@@ -43,6 +43,19 @@ class CliMultiLock : public FileOrRedisCliTest {
     return args;
   }
 
+  /// A job that writes `ready`, then waits (polling every 20 ms) until `go` exists.
+  static std::string until_go(const fs::path& ready, const fs::path& go) {
+    return "echo x > " + ready.string() + "; while [ ! -e " + go.string() + " ]; do sleep 0.02; done";
+  }
+
+  /// Creates the file `go`: the job of until_go() ends. False when it could not be created.
+  static bool let_go(const fs::path& go) {
+    std::FILE* f = std::fopen(go.c_str(), "w");
+    if (f == nullptr) return false;
+    std::fclose(f);
+    return true;
+  }
+
   /// A job that writes its pid to `ready` (atomically), ignores SIGTERM and spins.
   std::string spinning(const fs::path& ready) const {
     return "trap '' TERM; echo $$ > " + ready.string() + ".tmp && mv " + ready.string() + ".tmp " +
@@ -83,10 +96,8 @@ TEST_P(CliMultiLock, JobSeesOneTokenPerName) {
 // for an overlapping set runs once the first one's job has ended, not before.
 TEST_P(CliMultiLock, TwoSetsExcludeEachOther) {
   const fs::path ready = path("ready"), go = path("go"), ended = path("a-ended");
-  Cli a =
-      Cli::start(run_locks({"ex/a", "ex/b"}, "echo x > " + ready.string() + "; while [ ! -e " + go.string() +
-                                                 " ]; do sleep 0.02; done; echo x > " + ended.string()),
-                 dir_.path());
+  Cli a = Cli::start(run_locks({"ex/a", "ex/b"}, until_go(ready, go) + "; echo x > " + ended.string()),
+                     dir_.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << a.err();
 
   Cli same = Cli::run(run_locks({"ex/b", "ex/a"}, "echo ran", {"--no-wait"}), dir_.path());
@@ -107,9 +118,7 @@ TEST_P(CliMultiLock, TwoSetsExcludeEachOther) {
   Cli waiter = Cli::start(
       run_locks({"ex/b", "ex/c"}, "[ -e " + ended.string() + " ] || exit 99; echo ran", {"--wait", "30s"}),
       dir_.path());
-  std::FILE* f = std::fopen(go.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  ASSERT_TRUE(let_go(go));
   EXPECT_EQ(a.wait(20s), 0) << a.err();
   EXPECT_EQ(waiter.wait(30s), 0) << waiter.err();
   EXPECT_EQ(waiter.out(), "ran\n");
@@ -206,11 +215,7 @@ TEST_P(CliMultiLock, LossOfOneNameStopsTheJob) {
 // redis:// a name left behind would stay held until then).
 TEST_P(CliMultiLock, SignalWhileWaitingForTheSecondNameLeavesNoneHeld) {
   const fs::path ready = path("holder-ready"), go = path("holder-go");
-  Cli holder = Cli::start(
-      run_sh("sig/b",
-             "echo x > " + ready.string() + "; while [ ! -e " + go.string() + " ]; do sleep 0.02; done",
-             {"--ttl", "60s"}),
-      dir_.path());
+  Cli holder = Cli::start(run_sh("sig/b", until_go(ready, go), {"--ttl", "60s"}), dir_.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
   for (const int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -227,9 +232,7 @@ TEST_P(CliMultiLock, SignalWhileWaitingForTheSecondNameLeavesNoneHeld) {
     Cli after = Cli::run(run_sh("sig/a", "true", {"--no-wait"}), dir_.path());
     EXPECT_EQ(after.code(), 0) << "sig/a left held after the runner died: " << after.err();
   }
-  std::FILE* f = std::fopen(go.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  ASSERT_TRUE(let_go(go));
   EXPECT_EQ(holder.wait(20s), 0) << holder.err();
 }
 
@@ -308,9 +311,7 @@ TEST_P(CliMultiLock, ManyNamesAreTakenAndFreed) {
   // The last name in sorted order ("many/9") held by another runner: --no-wait takes the 39
   // before it, is refused (75) and gives them all back: each of them is free at once.
   const fs::path ready = path("holder-ready"), go = path("holder-go");
-  Cli holder = Cli::start(run_sh("many/9", "echo x > " + ready.string() + "; while [ ! -e " + go.string() +
-                                               " ]; do sleep 0.02; done"),
-                          dir_.path());
+  Cli holder = Cli::start(run_sh("many/9", until_go(ready, go)), dir_.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
   Cli refused = Cli::run(run_locks(names, "echo ran", {"--no-wait"}), dir_.path(), 30s);
   EXPECT_EQ(refused.code(), 75) << refused.err();
@@ -319,9 +320,7 @@ TEST_P(CliMultiLock, ManyNamesAreTakenAndFreed) {
   others.erase(std::find(others.begin(), others.end(), "many/9"));
   Cli rest = Cli::run(run_locks(others, "true", {"--no-wait"}), dir_.path(), 30s);
   EXPECT_EQ(rest.code(), 0) << "a name of the refused set left held: " << rest.err();
-  std::FILE* f = std::fopen(go.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  ASSERT_TRUE(let_go(go));
   EXPECT_EQ(holder.wait(20s), 0) << holder.err();
 }
 
@@ -334,11 +333,8 @@ TEST_P(CliMultiLock, ManyNamesAreTakenAndFreed) {
 // (C's job checks the other job's pid: exit 99 on an overlap).
 TEST_P(CliMultiLock, LossInThePartialStateNeverOverlapsTheNextHolder) {
   const fs::path ready = path("holder-ready"), go = path("holder-go"), rpid = path("r.pid");
-  Cli holder = Cli::start(
-      run_sh("part/b",
-             "echo x > " + ready.string() + "; while [ ! -e " + go.string() + " ]; do sleep 0.02; done",
-             {"--ttl", "3s", "--grace", "200ms"}),
-      dir_.path());
+  Cli holder =
+      Cli::start(run_sh("part/b", until_go(ready, go), {"--ttl", "3s", "--grace", "200ms"}), dir_.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
   Cli r = Cli::start(
       run_locks({"part/a", "part/b"},
@@ -356,9 +352,7 @@ TEST_P(CliMultiLock, LossInThePartialStateNeverOverlapsTheNextHolder) {
     ASSERT_TRUE(fs::remove(path("locks") / "part%2Fa.lock") || fs::remove(path("locks") / "part/a.lock"))
         << "the lock file of part/a";
   }
-  std::FILE* f = std::fopen(go.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  ASSERT_TRUE(let_go(go));
   Cli c = Cli::start(
       run_sh("part/a",
              "p=$(cat " + rpid.string() +
@@ -380,11 +374,7 @@ TEST_P(CliMultiLock, LossInThePartialStateNeverOverlapsTheNextHolder) {
 // slack, this process's steady clock) after the first name was seen held.
 TEST_P(CliMultiLock, MaxHoldCountsFromTheFirstGrant) {
   const fs::path ready = path("holder-ready"), go = path("holder-go");
-  Cli holder = Cli::start(
-      run_sh("mh/b",
-             "echo x > " + ready.string() + "; while [ ! -e " + go.string() + " ]; do sleep 0.02; done",
-             {"--ttl", "10s"}),
-      dir_.path());
+  Cli holder = Cli::start(run_sh("mh/b", until_go(ready, go), {"--ttl", "10s"}), dir_.path());
   ASSERT_TRUE(wait_for_file(ready, 20s)) << holder.err();
   const auto started = SteadyClock::now();
   Cli r = Cli::start(run_locks({"mh/a", "mh/b"}, "while :; do sleep 0.05; done",
@@ -396,9 +386,7 @@ TEST_P(CliMultiLock, MaxHoldCountsFromTheFirstGrant) {
   const auto a_seen = SteadyClock::now();
   // Hold mh/b 1.5 s more, then let the runner have it.
   ASSERT_FALSE(eventually([&] { return !r.running(); }, 1500ms)) << r.err();
-  std::FILE* f = std::fopen(go.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  ASSERT_TRUE(let_go(go));
   EXPECT_EQ(holder.wait(20s), 0) << holder.err();
   ASSERT_EQ(r.wait(20s), 76) << r.err();
   const auto after_a = std::chrono::duration_cast<std::chrono::milliseconds>(r.ended_at() - a_seen);

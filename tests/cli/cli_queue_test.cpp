@@ -26,6 +26,17 @@ class CliQueueTest : public FileOrRedisCliTest {
   CliQueueTest() : FileOrRedisCliTest("distlock-cli-queue") {}
 };
 
+/// Whether the --verbose runner `waiter` reports, within 20 s, the line `place` naming the
+/// runner ahead of it (`ahead`: its "pid=N ").
+bool reports_place(const Cli& waiter, const std::string& place, const std::string& ahead) {
+  return eventually(
+      [&] {
+        const std::string e = waiter.err();
+        return e.find(place) != std::string::npos && e.find(ahead) != std::string::npos;
+      },
+      20s);
+}
+
 TEST_P(CliQueueTest, StatusListsWaitersInOrderAndRunVerboseTellsItsPlace) {
   const std::filesystem::path ready = path("queue.ready");
   Cli holder = Cli::start(run_sh("queue", "echo > " + ready.string() + "; exec sleep 60"), dir_.path());
@@ -78,21 +89,9 @@ TEST_P(CliQueueTest, StatusListsWaitersInOrderAndRunVerboseTellsItsPlace) {
   EXPECT_LT(out.find(first_pid, one), two) << out;
 
   // Each runner's first report: its place and who is ahead of it.
-  EXPECT_TRUE(eventually(
-      [&] {
-        const std::string e = waiters[0].err();
-        return e.find("distlock: waiting: 1st in line behind the holder host=") != std::string::npos &&
-               e.find(holder_pid) != std::string::npos;
-      },
-      20s))
+  EXPECT_TRUE(reports_place(waiters[0], "distlock: waiting: 1st in line behind the holder host=", holder_pid))
       << waiters[0].err();
-  EXPECT_TRUE(eventually(
-      [&] {
-        const std::string e = waiters[1].err();
-        return e.find("distlock: waiting: 2nd in line behind host=") != std::string::npos &&
-               e.find(first_pid) != std::string::npos;
-      },
-      20s))
+  EXPECT_TRUE(reports_place(waiters[1], "distlock: waiting: 2nd in line behind host=", first_pid))
       << waiters[1].err();
 
   holder.signal(SIGTERM);

@@ -35,26 +35,39 @@ std::vector<std::string> spinning_run(const std::string& url, const std::string&
   return args;
 }
 
-TEST(CliRevokeRedis, RevokedRunHasItsCommandStoppedAndTheWaiterRuns) {
-  TempDir dir("distlock-cli-revoke");
+// A redis-server and a scratch directory for the runs.
+struct CliRevokeRedis : ::testing::Test {
+  TempDir dir{"distlock-cli-revoke"};
   RedisServer redis;
-  // TTL 3 s: renewals every 1 s, the bound the holder is told within.
+
+  // The holder: a spinning_run of `name` with TTL 3 s (renewals every 1 s, the bound the
+  // holder is told within) and a 200 ms grace for its command.
+  Cli start_holder(const std::string& name, const fs::path& ready) {
+    return Cli::start(spinning_run(redis.url(), name, ready, {"--ttl", "3s", "--grace", "200ms"}),
+                      dir.path());
+  }
+
+  // Whether `distlock status --json` counts a waiter on `name` within 20 s.
+  bool waiter_counted(const std::string& name) {
+    return eventually(
+        [&] {
+          Cli s = Cli::run({"status", "--json", "--url", redis.url(), name}, dir.path());
+          const auto j = nlohmann::json::parse(s.out(), nullptr, false);
+          return !j.is_discarded() && j["waiters"].is_number() && j["waiters"].get<int>() >= 1;
+        },
+        20s);
+  }
+};
+
+TEST_F(CliRevokeRedis, RevokedRunHasItsCommandStoppedAndTheWaiterRuns) {
   const fs::path a_ready = dir.path() / "a.ready", b_ready = dir.path() / "b.ready";
-  Cli a = Cli::start(spinning_run(redis.url(), "revjob", a_ready, {"--ttl", "3s", "--grace", "200ms"}),
-                     dir.path());
+  Cli a = start_holder("revjob", a_ready);
   ASSERT_TRUE(wait_for_file(a_ready, 20s)) << a.err();
   const pid_t a_child = std::stoi(slurp(a_ready));
   Cli b =
       Cli::start(spinning_run(redis.url(), "revjob", b_ready, {"--ttl", "3s", "--wait", "60s"}), dir.path());
   // b waits behind a (the server counts it) before the revoke.
-  ASSERT_TRUE(eventually(
-      [&] {
-        Cli s = Cli::run({"status", "--json", "--url", redis.url(), "revjob"}, dir.path());
-        const auto j = nlohmann::json::parse(s.out(), nullptr, false);
-        return !j.is_discarded() && j["waiters"].is_number() && j["waiters"].get<int>() >= 1;
-      },
-      20s))
-      << b.err();
+  ASSERT_TRUE(waiter_counted("revjob")) << b.err();
 
   Cli revoke =
       Cli::run({"revoke", "--url", redis.url(), "--reason", "ticket 4711: stuck", "revjob"}, dir.path());
@@ -104,12 +117,9 @@ TEST(CliRevokeRedis, RevokedRunHasItsCommandStoppedAndTheWaiterRuns) {
 // `distlock run` treats a revoke as a loss: the revoked run's command is gone before the
 // next holder's command starts. The waiter's command checks, as its first act, whether the
 // revoked command's process still exists (kill -0) and writes what it saw.
-TEST(CliRevokeRedis, RevokedRunsCommandIsGoneBeforeTheWaitersCommandStarts) {
-  TempDir dir("distlock-cli-revoke");
-  RedisServer redis;
+TEST_F(CliRevokeRedis, RevokedRunsCommandIsGoneBeforeTheWaitersCommandStarts) {
   const fs::path a_ready = dir.path() / "a.ready", b_saw = dir.path() / "b.saw";
-  Cli a = Cli::start(spinning_run(redis.url(), "revorder", a_ready, {"--ttl", "3s", "--grace", "200ms"}),
-                     dir.path());
+  Cli a = start_holder("revorder", a_ready);
   ASSERT_TRUE(wait_for_file(a_ready, 20s)) << a.err();
   const std::string a_child = std::to_string(std::stoi(slurp(a_ready)));
   Cli b =
@@ -117,14 +127,7 @@ TEST(CliRevokeRedis, RevokedRunsCommandIsGoneBeforeTheWaitersCommandStarts) {
                   "if kill -0 " + a_child + " 2>/dev/null; then s=running; else s=gone; fi; echo $s > " +
                       b_saw.string() + ".tmp && mv " + b_saw.string() + ".tmp " + b_saw.string()},
                  dir.path());
-  ASSERT_TRUE(eventually(
-      [&] {
-        Cli s = Cli::run({"status", "--json", "--url", redis.url(), "revorder"}, dir.path());
-        const auto j = nlohmann::json::parse(s.out(), nullptr, false);
-        return !j.is_discarded() && j["waiters"].is_number() && j["waiters"].get<int>() >= 1;
-      },
-      20s))
-      << b.err();
+  ASSERT_TRUE(waiter_counted("revorder")) << b.err();
   Cli revoke = Cli::run({"revoke", "--url", redis.url(), "--reason", "order check", "revorder"}, dir.path());
   ASSERT_EQ(revoke.code(), 0) << revoke.err();
   ASSERT_TRUE(wait_for_file(b_saw, 30s)) << b.err();

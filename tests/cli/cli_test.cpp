@@ -22,6 +22,7 @@
 #include "cli/cli_harness.hpp"
 #include "distlock/client.hpp"
 #include "support/cs_log.hpp"
+#include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -50,7 +51,32 @@ namespace fs = std::filesystem;
 class CliTest : public distlock::testing::FileOrRedisCliTest {
  protected:
   CliTest() : FileOrRedisCliTest("distlock-cli") {}
+
+  /// A runner SIGKILLed by start_and_kill_runner: the process of its job it was killed
+  /// under, and when the runner ended (this process's steady clock).
+  struct KilledRunner {
+    pid_t pid = 0;
+    std::chrono::steady_clock::time_point ended_at;
+  };
+
+  /// Starts `distlock run --ttl 2s NAME -- sh -c SCRIPT`, where SCRIPT writes a pid to
+  /// `pid_file`; once that process is seen alive, SIGKILLs the runner, which must die of it.
+  void start_and_kill_runner(const std::string& name, const std::string& script, const fs::path& pid_file,
+                             KilledRunner& killed) {
+    Cli r = Cli::start(run_sh(name, script, {"--ttl", "2s"}), dir_.path());
+    ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
+    killed.pid = std::stoi(slurp(pid_file));
+    ASSERT_TRUE(process_alive(killed.pid));
+    r.signal(SIGKILL);
+    ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
+    killed.ended_at = r.ended_at();
+  }
 };
+
+/// Whether process `pid` is gone within 5 s (this process's steady clock).
+bool gone_within_5s(pid_t pid) {
+  return eventually([&] { return !process_alive(pid); }, 5s);
+}
 
 // 8 runners on one name; each command records its critical section (start, end,
 // $DISTLOCK_TOKEN) as one line in the cs_log format: pid tid token start_ns end_ns owned.
@@ -173,29 +199,22 @@ TEST_P(CliTest, SignalsAreForwardedToTheCommand) {
 
 TEST_P(CliTest, RunnerKilledTakesItsCommandAlongAndFreesTheLock) {
   const fs::path pid_file = path("victim.pid");
-  Cli r = Cli::start(run_sh("victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", {"--ttl", "2s"}),
-                     dir_.path());
-  ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
-  const pid_t child = std::stoi(slurp(pid_file));
-  ASSERT_TRUE(process_alive(child));
-  r.signal(SIGKILL);
-  ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
-  const auto killed_at = r.ended_at();
-  const auto child_deadline = std::chrono::steady_clock::now() + 5s;
-  while (process_alive(child) && std::chrono::steady_clock::now() < child_deadline)
-    std::this_thread::sleep_for(5ms);
-  EXPECT_FALSE(process_alive(child)) << "the command outlived its runner";
+  KilledRunner runner;
+  ASSERT_NO_FATAL_FAILURE(start_and_kill_runner(
+      "victim", "echo $$ > " + pid_file.string() + "; exec sleep 60", pid_file, runner));
+  EXPECT_TRUE(gone_within_5s(runner.pid)) << "the command outlived its runner";
 
   if (redis()) {
     // Free once the 2 s TTL runs out: within ttl + 1 s of the kill. Watched from
     // this process, so a slow start of another runner does not blur the figure.
     auto client = distlock::connect(url_);
     std::error_code ec;
-    while (client.status("victim", ec).held && !ec && std::chrono::steady_clock::now() - killed_at < 10s) {
+    while (client.status("victim", ec).held && !ec &&
+           std::chrono::steady_clock::now() - runner.ended_at < 10s) {
       std::this_thread::sleep_for(20ms);
     }
     ASSERT_FALSE(ec) << ec.message();
-    EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 3s);
+    EXPECT_LT(std::chrono::steady_clock::now() - runner.ended_at, 3s);
   }
   // Free (on file:// at once: the kernel dropped the lock with the runner's descriptors).
   Cli next = Cli::run({"run", "--url", url_, "--no-wait", "victim", "--", "true"}, dir_.path());
@@ -238,18 +257,11 @@ TEST_P(CliTest, LeaderOnlyReleasesWhenTheFirstProcessExits) {
 // one (a parent-death signal reaches only that one).
 TEST_P(CliTest, RunnerKilledTakesTheWholeJobAlong) {
   const fs::path pid_file = path("tree.pid");
-  Cli r = Cli::start(run_sh("tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", {"--ttl", "2s"}),
-                     dir_.path());
-  ASSERT_TRUE(wait_for_file(pid_file, 20s)) << r.err();
-  const pid_t worker = std::stoi(slurp(pid_file));
-  ASSERT_TRUE(process_alive(worker));
-  r.signal(SIGKILL);
-  ASSERT_EQ(r.wait(10s), 128 + SIGKILL);
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (process_alive(worker) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(5ms);
-  const bool survived = process_alive(worker);
-  if (survived) ::kill(worker, SIGKILL);
+  KilledRunner runner;
+  ASSERT_NO_FATAL_FAILURE(start_and_kill_runner(
+      "tree", "sleep 60 & echo $! > " + pid_file.string() + "; wait", pid_file, runner));
+  const bool survived = !gone_within_5s(runner.pid);
+  if (survived) ::kill(runner.pid, SIGKILL);
   EXPECT_FALSE(survived) << "the job's backgrounded process outlived its SIGKILLed runner";
 }
 

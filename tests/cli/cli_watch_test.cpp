@@ -14,6 +14,7 @@
 #include "cli/cli_harness.hpp"
 #include "distlock/config.hpp"
 #include "distlock/distlock.hpp"
+#include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/process.hpp"
 #if DISTLOCK_HAS_POSTGRES
@@ -39,13 +40,7 @@ using distlock::testing::PostgresServer;
 #endif
 using distlock::testing::RedisServer;
 using distlock::testing::TempDir;
-
-distlock::LockOptions ttl30() {
-  distlock::LockOptions o;
-  o.ttl = 30s;
-  o.wait = 30s;
-  return o;
-}
+using distlock::testing::ttl_of;
 
 // `distlock watch --count 3 <dir>/` on `url`: the state of the lock `<dir>/x` held before
 // (the first line shows the subscription is live), then its release and the next acquire,
@@ -54,13 +49,13 @@ void expect_state_release_acquire(const std::string& url, const std::string& dir
   TempDir dir("distlock-cli-watch");
   const std::string name = dir_prefix + "/x";
   distlock::Client c = distlock::connect(url);
-  distlock::Lease first = c.acquire(name, ttl30());
+  distlock::Lease first = c.acquire(name, ttl_of(30s, 30s));
   const std::uint64_t first_token = first.token();
   Cli w =
       Cli::start({"watch", "--url", url, "--count", "3", "--timeout", "60s", dir_prefix + "/"}, dir.path());
   ASSERT_TRUE(eventually([&] { return lines_of(w.out()).size() == 1; }, 20s)) << w.out() << w.err();
   first.release();
-  distlock::Lease second = c.acquire(name, ttl30());
+  distlock::Lease second = c.acquire(name, ttl_of(30s, 30s));
   ASSERT_EQ(w.wait(20s), 0) << w.out() << w.err();
   const auto out = lines_of(w.out());
   ASSERT_EQ(out.size(), 3u) << w.out();
@@ -102,7 +97,7 @@ TEST(CliWatch, JsonLinesAndSigintExitsZero) {
   RedisServer server;
   TempDir dir("distlock-cli-watch");
   distlock::Client c = distlock::connect(server.url());
-  distlock::Lease l = c.acquire("j/a", ttl30());
+  distlock::Lease l = c.acquire("j/a", ttl_of(30s, 30s));
   const std::uint64_t token = l.token();
   Cli w = Cli::start({"watch", "--url", server.url(), "--json", "j/"}, dir.path());
   ASSERT_TRUE(eventually([&] { return lines_of(w.out()).size() == 1; }, 20s)) << w.out() << w.err();

@@ -31,6 +31,7 @@
 #include "support/cs_log.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/lease_waiter.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -45,6 +46,21 @@ constexpr Millis kTtl = 2000ms;
 distlock::LockOptions opts(std::optional<Millis> wait = std::nullopt) {
   return distlock::testing::ttl_of(kTtl, wait);
 }
+
+// A lock_tool process holding `name` on the target (TTL kTtl), its output in a file in a
+// directory of its own.
+struct ToolHolder {
+  ToolHolder(const std::string& url, const std::string& name)
+      : out((dir.path() / "holder").string()), process(spawn_holder(url, name, out, kTtl.count())) {}
+  /// Whether it said "acquired" within 30 s.
+  bool acquired() const { return wait_for_text(out, "acquired", 30s); }
+  /// The token it printed with "acquired" (-1: none, a backend without fencing tokens).
+  long long token() const { return acquired_token(out); }
+
+  TempDir dir{"distlock-conf-holder"};
+  std::string out;
+  Process process;
+};
 
 class Conformance : public ::testing::TestWithParam<Kind> {
  protected:
@@ -228,39 +244,32 @@ TEST_P(Conformance, ALeaseLostWhileItsClientLivesIsFreedAtOnceForOthersAndItself
     auto b = client();
     // Another client waits, and gets the name soon after the loss.
     distlock::Lease first = a.acquire("handback", bounded);
-    distlock::Lease next;
-    std::error_code ec;
-    std::atomic<bool> got{false};
-    Steady::time_point got_at;
-    std::thread waiter([&] {
-      next = b.acquire("handback", opts(20000ms), ec);
-      got_at = Steady::now();
-      got = true;
-    });
+    LeaseWaiter next(b, "handback", opts(20000ms));
     ASSERT_TRUE(wait_for_stop(first)) << "max_hold 500 ms never fired";
     const auto lost_at = Steady::now();
     EXPECT_EQ(first.loss_reason(), distlock::LossReason::max_hold);
-    waiter.join();
-    ASSERT_FALSE(ec) << ec.message();
-    const auto took = std::chrono::duration_cast<Millis>(got_at - lost_at);
+    next.join();
+    ASSERT_FALSE(next.ec) << next.ec.message();
+    const auto took = std::chrono::duration_cast<Millis>(next.granted_at - lost_at);
     RecordProperty("other_client_after_loss_ms", static_cast<int>(took.count()));
     EXPECT_LT(took, 2000ms) << "another client waited " << took.count() << " ms after the loss";
     if (target_->fencing()) {
-      EXPECT_GT(next.token(), first.token());
+      EXPECT_GT(next.lease.token(), first.token());
     }
     // The old holder's release says lost and leaves the new holder's lock alone.
     std::error_code rel;
     first.release(rel);
     EXPECT_EQ(rel, errc::lost);
-    EXPECT_TRUE(next.owns());
+    EXPECT_TRUE(next.lease.owns());
     EXPECT_TRUE(b.status("handback").held);
-    next.release();
+    next.lease.release();
 
     // The same client, another thread, while the lost lease is not yet released.
     distlock::Lease mine = a.acquire("handback", bounded);
     ASSERT_TRUE(wait_for_stop(mine));
     const auto lost_again = Steady::now();
     distlock::Lease again;
+    std::error_code ec;
     std::thread same_client([&] { again = a.acquire("handback", opts(20000ms), ec); });
     same_client.join();
     ASSERT_FALSE(ec) << ec.message();
@@ -426,34 +435,24 @@ TEST_P(Conformance, ReleaseByANonOwnerAndBadNamesOrTtlsAreRefusedAndChangeNothin
 // A waiter queued before the holder is SIGKILLed gets the lock once the dead holder's
 // lease is gone: within TTL + 1 s, and not before the lease could have run out.
 TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
-  TempDir dir("distlock-conf-kill");
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(target_->url(), "killed", out, kTtl.count());
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long holder_token = distlock::testing::acquired_token(out);
+  ToolHolder holder(target_->url(), "killed");
+  ASSERT_TRUE(holder.acquired()) << read_file(holder.out);
+  const long long holder_token = holder.token();
   {
     auto c = client();
     ASSERT_FALSE(c.try_acquire("killed", opts()).has_value());
     EXPECT_TRUE(c.status("killed").held);
-    distlock::Lease lease;
-    std::error_code ec;
-    std::atomic<bool> done{false};
-    Steady::time_point acquired_at;
-    std::thread waiter([&] {
-      lease = c.acquire("killed", opts(30000ms), ec);
-      acquired_at = Steady::now();
-      done = true;
-    });
+    LeaseWaiter waiter(c, "killed", opts(30000ms));
     // Let it queue: where the backend counts waiters, until it counts this one.
     std::this_thread::sleep_for(300ms);
     eventually([&] { return c.status("killed").waiters.value_or(1) >= 1; }, 10000ms);
-    EXPECT_FALSE(done.load()) << "the waiter got the lock while its holder was alive";
+    EXPECT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
     const auto killed = Steady::now();
-    holder.signal(SIGKILL);
+    holder.process.signal(SIGKILL);
     waiter.join();
-    holder.exit_code(10s);
-    ASSERT_FALSE(ec) << ec.message();
-    const auto took = std::chrono::duration_cast<Millis>(acquired_at - killed);
+    holder.process.exit_code(10s);
+    ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+    const auto took = std::chrono::duration_cast<Millis>(waiter.granted_at - killed);
     RecordProperty("freed_after_kill_ms", static_cast<int>(took.count()));
     if (target_->expires()) {
       // The dead holder's last renewal (or its session's last heartbeat) was at most
@@ -467,12 +466,12 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
       // Host-local kernel locks: dropped when the dead holder's descriptors close.
       EXPECT_LT(took, 1000ms) << "the waiter took " << took.count() << " ms after SIGKILL";
     }
-    EXPECT_TRUE(lease.owns());
+    EXPECT_TRUE(waiter.lease.owns());
     if (target_->fencing()) {
-      EXPECT_GT(static_cast<long long>(lease.token()), holder_token);
+      EXPECT_GT(static_cast<long long>(waiter.lease.token()), holder_token);
     }
     if (target_->dense_tokens()) {
-      EXPECT_EQ(static_cast<long long>(lease.token()), holder_token + 1);
+      EXPECT_EQ(static_cast<long long>(waiter.lease.token()), holder_token + 1);
     }
   }
   expect_nothing_left();
@@ -526,12 +525,10 @@ TEST_P(Conformance, AReleaseFreesTheLockWithin3sWhenTheOnlyWaiterIsDead) {
 // is false, and its release finds the lease lost without touching the new holder's
 // lock or records. Host-local locks have no TTL: the stopped holder keeps its lock.
 TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
-  TempDir dir("distlock-conf-pause");
-  const std::string out = (dir.path() / "holder").string();
-  Process holder = distlock::testing::spawn_holder(target_->url(), "paused", out, kTtl.count());
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
-  const long long old_token = distlock::testing::acquired_token(out);
-  holder.signal(SIGSTOP);
+  ToolHolder holder(target_->url(), "paused");
+  ASSERT_TRUE(holder.acquired()) << read_file(holder.out);
+  const long long old_token = holder.token();
+  holder.process.signal(SIGSTOP);
   const auto stopped = Steady::now();
   {
     auto c = client();
@@ -542,16 +539,17 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       const auto info = c.status("paused");
       EXPECT_TRUE(info.held);
       ASSERT_TRUE(info.holder.has_value());
-      EXPECT_NE(info.holder->find("(pid " + std::to_string(holder.pid()) + ")"), std::string::npos)
+      EXPECT_NE(info.holder->find("(pid " + std::to_string(holder.process.pid()) + ")"), std::string::npos)
           << *info.holder;
-      holder.signal(SIGCONT);
-      holder.signal(SIGUSR1);
-      EXPECT_TRUE(distlock::testing::wait_for_text(out, "owns 1", 10s)) << distlock::testing::read_file(out);
-      holder.signal(SIGTERM);
-      EXPECT_EQ(holder.exit_code(10s), 0);
-      EXPECT_TRUE(distlock::testing::wait_for_text(out, "released", 10s))
-          << distlock::testing::read_file(out);
-      EXPECT_EQ(distlock::testing::read_file(out).find("lost"), std::string::npos);
+      holder.process.signal(SIGCONT);
+      holder.process.signal(SIGUSR1);
+      EXPECT_TRUE(distlock::testing::wait_for_text(holder.out, "owns 1", 10s))
+          << distlock::testing::read_file(holder.out);
+      holder.process.signal(SIGTERM);
+      EXPECT_EQ(holder.process.exit_code(10s), 0);
+      EXPECT_TRUE(distlock::testing::wait_for_text(holder.out, "released", 10s))
+          << distlock::testing::read_file(holder.out);
+      EXPECT_EQ(distlock::testing::read_file(holder.out).find("lost"), std::string::npos);
       auto next = c.acquire("paused", opts(10000ms));
       if (target_->dense_tokens()) {
         EXPECT_EQ(static_cast<long long>(next.token()), old_token + 1);
@@ -565,20 +563,22 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       }
       const auto mine = c.status("paused");
       const auto new_records = records();
-      holder.signal(SIGCONT);
-      ASSERT_TRUE(distlock::testing::wait_for_text(out, "lost", 10s)) << distlock::testing::read_file(out);
+      holder.process.signal(SIGCONT);
+      ASSERT_TRUE(distlock::testing::wait_for_text(holder.out, "lost", 10s))
+          << distlock::testing::read_file(holder.out);
       // owns() reads the local deadline, which passed while it was stopped.
-      holder.signal(SIGUSR1);
-      ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
+      holder.process.signal(SIGUSR1);
+      ASSERT_TRUE(distlock::testing::wait_for_text(holder.out, "owns 0", 10s))
+          << distlock::testing::read_file(holder.out);
       // Its first word after resuming was the loss; it never claimed to own the lock.
-      const auto lines = tool_lines(out);
-      ASSERT_GE(lines.size(), 3u) << distlock::testing::read_file(out);
+      const auto lines = tool_lines(holder.out);
+      ASSERT_GE(lines.size(), 3u) << distlock::testing::read_file(holder.out);
       EXPECT_EQ(lines[0].rfind("acquired", 0), 0u);
       EXPECT_EQ(lines[1], "lost");
       EXPECT_EQ(lines[2], "owns 0");
       EXPECT_TRUE(lease.owns());
-      holder.signal(SIGTERM);
-      EXPECT_EQ(holder.exit_code(10s), 76) << "its release must find the lease lost";
+      holder.process.signal(SIGTERM);
+      EXPECT_EQ(holder.process.exit_code(10s), 76) << "its release must find the lease lost";
       EXPECT_TRUE(lease.owns()) << "the old holder's release touched the new holder's lock";
       const auto after = c.status("paused");
       EXPECT_TRUE(after.held);

@@ -31,6 +31,7 @@
 #include "distlock/distlock.hpp"
 #include "support/backend_targets.hpp"
 #include "support/client_options.hpp"
+#include "support/lease_waiter.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 
@@ -124,29 +125,12 @@ class LockDelay : public ::testing::TestWithParam<Kind> {
   std::unique_ptr<Target> target_;
 };
 
-// A waiter in a thread of its own: `c.acquire(name, options)`, started at construction. Once
-// joined: its lease, its error and when it was granted (this process's steady clock); `done`
-// is set as soon as the acquire returned. Joined by the destructor if not before.
-struct Waiter {
-  Waiter(distlock::Client& c, const std::string& name, const distlock::LockOptions& o)
-      : thread([this, &c, name, o] {
-          lease = c.acquire(name, o, ec);
-          granted_at = Steady::now();
-          done = true;
-        }) {}
-  Waiter(const Waiter&) = delete;
-  Waiter& operator=(const Waiter&) = delete;
-  ~Waiter() {
-    if (thread.joinable()) thread.join();
-  }
-  void join() { thread.join(); }
-
-  std::error_code ec;
-  distlock::Lease lease;
-  std::atomic<bool> done{false};
-  Steady::time_point granted_at{};
-  std::thread thread;  // last: started once the members it writes are made
-};
+// The holder releases and `waiter`, queued behind it, gets the name without an error (joined).
+void release_to(distlock::Lease& held, LeaseWaiter& waiter) {
+  held.release();
+  waiter.join();
+  EXPECT_FALSE(waiter.ec) << waiter.ec.message();
+}
 
 // The first grant of `name` after a holder was lost, to `waiter` or to a prober besides it that
 // tries every 20 ms with one attempt (a waiter's re-check schedule alone could happen to fall
@@ -157,7 +141,7 @@ struct FirstGrant {
   bool to_prober = false;
 };
 FirstGrant first_grant_beside(distlock::Client& prober, const std::string& name,
-                              const distlock::LockOptions& o, Waiter& waiter) {
+                              const distlock::LockOptions& o, LeaseWaiter& waiter) {
   std::optional<Steady::time_point> probed_at;
   for (int i = 0; i < 1000 && !waiter.done.load(); ++i) {
     if (auto got = prober.try_acquire(name, o)) {
@@ -247,7 +231,7 @@ TEST_P(LockDelayEnforced, KilledHolderHoldsTheLockBackForTheDelay) {
                                                    {"--lock-delay", std::to_string(kDelay.count())});
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "acquired", 30s)) << distlock::testing::read_file(out);
   auto c = client();
-  Waiter waiter(c, "ld/killed", opts(kTtl, 0ms, 30s));
+  LeaseWaiter waiter(c, "ld/killed", opts(kTtl, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(c, "ld/killed")) << "the waiter never queued";
   ASSERT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
   const Steady::time_point killed = Steady::now();
@@ -297,7 +281,7 @@ TEST_P(LockDelayEnforced, StoppedHolderHoldsTheLockBackForTheDelay) {
   // The waiter's own lease lasts 4 s (zk:// refuses more than twice its 2-s session): it is
   // checked after the SIGCONT, and a 1-s lease's renewal can come late on a loaded machine
   // (seen once on postgres at ctest -j2). It does not enter the bounds: the holder's D does.
-  Waiter waiter(c, name, opts(4000ms, 0ms, 30s));
+  LeaseWaiter waiter(c, name, opts(4000ms, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(c, name)) << "the waiter never queued";
   ASSERT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "\nwork ", 10s)) << "the holder never worked";
@@ -354,7 +338,7 @@ TEST_P(LockDelayEnforced, NormalReleaseHandsOverAtOnce) {
   auto waiter_client = client();
   auto held = holder_client.try_acquire("ld/released", opts(kTtl, kDelay));
   ASSERT_TRUE(held.has_value());
-  Waiter waiter(waiter_client, "ld/released", opts(kTtl, kDelay, 30s));
+  LeaseWaiter waiter(waiter_client, "ld/released", opts(kTtl, kDelay, 30s));
   ASSERT_TRUE(waiter_queued(waiter_client, "ld/released")) << "the waiter never queued";
   ASSERT_FALSE(waiter.done.load());
   held->release();
@@ -398,7 +382,7 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
   auto revoker = client();
   auto held = holder_client.try_acquire("ld/revoked", opts(kTtl, kDelay));
   ASSERT_TRUE(held.has_value());
-  Waiter waiter(waiter_client, "ld/revoked", opts(kTtl, 0ms, 30s));
+  LeaseWaiter waiter(waiter_client, "ld/revoked", opts(kTtl, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(waiter_client, "ld/revoked")) << "the waiter never queued";
   ASSERT_FALSE(waiter.done.load());
   const Steady::time_point revoking = Steady::now();
@@ -409,9 +393,7 @@ TEST_P(LockDelayEnforced, ARevokedHolderHoldsTheLockBackForTheDelay) {
     EXPECT_TRUE(GetParam().label == "postgres" || GetParam().label == "mysql")
         << GetParam().label << " cannot revoke: " << revoke_ec.message();
     EXPECT_TRUE(held->owns()) << "a refused revoke touched the holder";
-    held->release();
-    waiter.join();
-    EXPECT_FALSE(waiter.ec) << waiter.ec.message();
+    release_to(*held, waiter);
     return;
   }
   ASSERT_FALSE(revoke_ec) << revoke_ec.message();
@@ -452,15 +434,13 @@ TEST_P(LockDelayEnforced, ARevokeWhileALostHoldersDelayRunsIsANoOp) {
   auto revoker = client();
   auto held = holder_client.try_acquire(name, opts(kTtl, kDelay));
   ASSERT_TRUE(held.has_value());
-  Waiter waiter(waiter_client, name, opts(kTtl, 0ms, 30s));
+  LeaseWaiter waiter(waiter_client, name, opts(kTtl, 0ms, 30s));
   ASSERT_TRUE(waiter_queued(waiter_client, name)) << "the waiter never queued";
   const Steady::time_point revoking = Steady::now();
   std::error_code revoke_ec;
   const distlock::RevokeResult first = revoker.revoke(name, "lock-delay test", revoke_ec);
   if (revoke_ec == errc::not_supported) {  // session locks (postgres://, mysql://)
-    held->release();
-    waiter.join();
-    EXPECT_FALSE(waiter.ec) << waiter.ec.message();
+    release_to(*held, waiter);
     return;
   }
   ASSERT_FALSE(revoke_ec) << revoke_ec.message();

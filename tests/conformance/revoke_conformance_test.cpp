@@ -71,6 +71,17 @@ class Revoke : public ::testing::TestWithParam<Kind> {
 };
 
 // The value of `family` for prefix "revoke" (every name here starts "revoke/") and `label`.
+// Whether a waiter on `name` is waiting within 5 s: the server counts one, or it does not
+// count waiters at all.
+bool waiter_counted(distlock::Client& c, const std::string& name) {
+  return eventually(
+      [&] {
+        const distlock::LockInfo i = c.status(name);
+        return !i.waiters || *i.waiters >= 1;
+      },
+      5000ms);
+}
+
 double metric(const std::string& text, const std::string& family, const std::string& label) {
   std::size_t at = 0;
   while ((at = text.find(family + "{", at)) != std::string::npos) {
@@ -162,12 +173,7 @@ TEST_P(Revoke, HolderIsToldWithinOneRenewalIntervalAndTheNextWaiterGetsALargerTo
     waiter_done = true;
   });
   // The waiter is waiting (the server counts it, where it can) before the revoke.
-  EXPECT_TRUE(distlock::testing::eventually(
-      [&] {
-        const distlock::LockInfo i = operator_client.status(name);
-        return !i.waiters || *i.waiters >= 1;
-      },
-      5000ms));
+  EXPECT_TRUE(waiter_counted(operator_client, name));
 
   std::error_code ec;
   const distlock::RevokeResult r = operator_client.revoke(name, reason, ec);
@@ -292,12 +298,7 @@ TEST_P(Revoke, NextHolderIsGrantedOnlyAfterTheRevokedHolderWasTold) {
       waiter_error = std::current_exception();
     }
   });
-  EXPECT_TRUE(distlock::testing::eventually(
-      [&] {
-        const distlock::LockInfo i = ops.status(name);
-        return !i.waiters || *i.waiters >= 1;
-      },
-      5000ms));
+  EXPECT_TRUE(waiter_counted(ops, name));
   std::error_code ec;
   const distlock::RevokeResult r = ops.revoke(name, "overlap check", ec);
   if (!revocable(ops.scheme())) {

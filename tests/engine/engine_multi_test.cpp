@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +36,35 @@ std::vector<distlock::Lease> hold_all(distlock::Client& c, Millis t) {
   for (const auto& n : kNames) held.push_back(c.acquire(n, ttl(t)));
   return held;
 }
+
+/// `acquire_any(kNames, ttl(t), wait)` by `c`'s engine on a thread of its own: the lock it got
+/// (or none), the error, the index of the name, and `done` once the call returned. The test
+/// joins it (a std::thread left joinable ends the process, as a stuck waiter should).
+struct AnyWaiter {
+  AnyWaiter(distlock::Client& c, Millis t, std::optional<Millis> wait)
+      : thread([this, &c, t, wait] {
+          got = distlock::detail::engine_of(c)->acquire_any(kNames, ttl(t), wait, ec, {}, &index);
+          done = true;
+        }) {}
+  void join() { thread.join(); }
+
+  distlock::detail::Error ec;
+  std::shared_ptr<distlock::detail::HeldLock> got;
+  std::size_t index = 99;
+  std::atomic<bool> done{false};
+  std::thread thread;  // last: started once the members it writes are made
+};
+
+/// Client `a` holds every name of kNames (TTL `held_ttl`); client `b` waits for any of them
+/// (an AnyWaiter with TTL 30 s and `wait`).
+struct HeldAndAwaited {
+  HeldAndAwaited(EngineMulti& t, Millis held_ttl, std::optional<Millis> wait)
+      : a(t.client()), b(t.client()), held(hold_all(a, held_ttl)), waiter(b, 30s, wait) {}
+
+  distlock::Client a, b;
+  std::vector<distlock::Lease> held;
+  AnyWaiter waiter;
+};
 
 TEST_F(EngineMulti, TakesTheFirstFreeNameInOrder) {
   auto a = client();
@@ -72,12 +103,7 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
   auto b = client();
   std::vector<distlock::Lease> held = hold_all(a, 3s);
   const int base = store->try_acquire_calls();
-  std::shared_ptr<distlock::detail::HeldLock> got;
-  distlock::detail::Error ec;
-  std::size_t index = 99;
-  std::thread waiter([&] {
-    got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(3s), std::nullopt, ec, {}, &index);
-  });
+  AnyWaiter waiter(b, 3s, std::nullopt);
   // One round (3 tries), the subscriptions, then one more round before sleeping.
   ASSERT_TRUE(eventually([&] { return store->try_acquire_calls() - base >= 6; }, 10s));
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
@@ -86,60 +112,41 @@ TEST_F(EngineMulti, WaiterIsWokenByTheReleaseOfAnyNameWithoutPolling) {
   EXPECT_EQ(store->try_acquire_calls() - base, 6) << "the waiter polls";
   held[1].release();  // notifies
   waiter.join();
-  ASSERT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(got);
-  EXPECT_EQ(index, 1u);
-  EXPECT_EQ(got->name, "m/1");
+  ASSERT_FALSE(waiter.ec) << waiter.ec.message();
+  ASSERT_TRUE(waiter.got);
+  EXPECT_EQ(waiter.index, 1u);
+  EXPECT_EQ(waiter.got->name, "m/1");
   EXPECT_EQ(store->try_acquire_calls() - base, 7) << "only the name that changed is tried again";
   EXPECT_EQ(store->cancel_calls(), 2) << "the queued places on the other names are given up";
-  distlock::detail::engine_of(b)->release(got, ec);
+  distlock::detail::engine_of(b)->release(waiter.got, waiter.ec);
 }
 
 TEST_F(EngineMulti, WaitRunsOutWithTimeoutAndCleansUp) {
-  auto a = client();
-  auto b = client();
-  std::vector<distlock::Lease> held = hold_all(a, 30s);
-  distlock::detail::Error ec;
-  std::atomic<bool> done{false};
-  std::shared_ptr<distlock::detail::HeldLock> got;
-  std::thread waiter([&] {
-    got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(30s), 2s, ec);
-    done = true;
-  });
+  HeldAndAwaited setup(*this, 30s, 2s);
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
-  advance_until(*clock, done);
-  waiter.join();
-  EXPECT_EQ(ec, errc::timeout);
-  EXPECT_FALSE(got);
+  advance_until(*clock, setup.waiter.done);
+  setup.waiter.join();
+  EXPECT_EQ(setup.waiter.ec, errc::timeout);
+  EXPECT_FALSE(setup.waiter.got);
   EXPECT_EQ(store->cancel_calls(), 3) << "every queued place is given up";
   // The subscriptions stay (idle, bounded) for the next waiter; no waiter is left.
-  EXPECT_EQ(distlock::detail::engine_of(b)->idle_watches(), 3u);
-  distlock::detail::engine_of(b)->sweep_idle_watches(true);
+  EXPECT_EQ(distlock::detail::engine_of(setup.b)->idle_watches(), 3u);
+  distlock::detail::engine_of(setup.b)->sweep_idle_watches(true);
   EXPECT_EQ(store->live_watches(), 0);
 }
 
 TEST_F(EngineMulti, ReCheckIsCappedByTheHoldersRemainingTtl) {
-  auto a = client();
-  auto b = client();
-  std::vector<distlock::Lease> held = hold_all(a, 1s);
-  distlock::detail::Error ec;
-  std::atomic<bool> done{false};
-  std::shared_ptr<distlock::detail::HeldLock> got;
-  std::size_t index = 99;
-  std::thread waiter([&] {
-    got = distlock::detail::engine_of(b)->acquire_any(kNames, ttl(30s), 60s, ec, {}, &index);
-    done = true;
-  });
+  HeldAndAwaited setup(*this, 1s, 60s);
   ASSERT_TRUE(eventually([&] { return store->live_watches() == 3; }, 10s));
   store->drop("m/2");  // gone without a notification (a lost message)
-  const Millis advanced = advance_until(*clock, done);
-  waiter.join();
-  ASSERT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(got);
+  const Millis advanced = advance_until(*clock, setup.waiter.done);
+  setup.waiter.join();
+  ASSERT_FALSE(setup.waiter.ec) << setup.waiter.ec.message();
+  ASSERT_TRUE(setup.waiter.got);
   // The holders reported ~1 s left: the re-check comes within that plus jitter
   // (10 %), far before the 5 s cap of a lease whose TTL is unknown.
   EXPECT_LE(advanced, 2s);
-  distlock::detail::engine_of(b)->release(got, ec);
+  distlock::detail::engine_of(setup.b)->release(setup.waiter.got, setup.waiter.ec);
 }
 
 TEST_F(EngineMulti, ErrorMidRoundGivesUpEveryQueuedPlace) {

@@ -77,6 +77,20 @@ struct Gate {
   }
 };
 
+// `o` with a logger that blocks on `gate` the first time it gets a warning containing every
+// one of `needles`.
+distlock::ClientOptions with_logger_blocking_once(distlock::ClientOptions o, std::shared_ptr<Gate> gate,
+                                                  std::vector<std::string> needles) {
+  auto armed = std::make_shared<std::atomic<bool>>(true);
+  o.logger = [gate, armed, needles = std::move(needles)](distlock::LogLevel level, std::string_view msg) {
+    if (level != distlock::LogLevel::warning) return;
+    for (const std::string& n : needles)
+      if (msg.find(n) == std::string_view::npos) return;
+    if (armed->exchange(false)) gate->enter_and_wait();
+  };
+  return o;
+}
+
 // Destroying the last Client handle (from a user thread) while one callback blocks
 // and another is queued: the destructor waits for the running one, runs the queued
 // one, and only then returns. (Regression guard.)
@@ -330,14 +344,8 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
 // event thread was introduced to remove for on_lost.
 TEST_F(EngineEventsReview, ABlockingLoggerDelaysAnotherLeasesStopToken) {
   auto gate = std::make_shared<Gate>();
-  std::atomic<bool> block_once{true};
-  auto o = options();
-  o.logger = [gate, &block_once](distlock::LogLevel level, std::string_view msg) {
-    if (level == distlock::LogLevel::warning && msg.find("a-logged") != std::string_view::npos &&
-        block_once.exchange(false))
-      gate->enter_and_wait();
-  };
-  auto c = distlock::connect("memory://" + store_name, o);
+  auto c =
+      distlock::connect("memory://" + store_name, with_logger_blocking_once(options(), gate, {"a-logged"}));
   auto a = c.acquire("a-logged", ttl(10s));  // sorted first: declared lost first
   auto b = c.acquire("b-signalled", ttl(10s));
   std::thread reporter([&] { distlock::detail::engine_of(c)->on_session_lost(); });
@@ -380,14 +388,8 @@ TEST_F(EngineEventsReview, ALeaseAsTheLastHandleDroppedInsideItsOwnCallback) {
 // the part's stop token and fire_loss's signals: the combined token waits for it.
 TEST_F(EngineEventsReview, ABlockingLoggerDelaysAReadWriteLeasesCombinedToken) {
   auto gate = std::make_shared<Gate>();
-  std::atomic<bool> block_once{true};
-  auto o = options();
-  o.logger = [gate, &block_once](distlock::LogLevel level, std::string_view msg) {
-    if (level == distlock::LogLevel::warning && msg.find("rw-logged") != std::string_view::npos &&
-        msg.find("lost") != std::string_view::npos && block_once.exchange(false))
-      gate->enter_and_wait();
-  };
-  auto c = distlock::connect("memory://" + store_name, o);
+  auto c = distlock::connect("memory://" + store_name,
+                             with_logger_blocking_once(options(), gate, {"rw-logged", "lost"}));
   auto rw = c.shared_mutex("rw-logged", ttl(10s));
   distlock::ReadWriteLease w = rw.acquire_exclusive();
   std::thread reporter([&] { distlock::detail::engine_of(c)->on_session_lost(); });

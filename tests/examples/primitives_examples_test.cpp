@@ -46,6 +46,20 @@ void expect_store_ok(const ExampleRun& r, const std::string& url) {
   EXPECT_EQ(r.summary.at("final_version"), r.summary.at("expected_version")) << r.output;
 }
 
+// `program --url file://<a new temp dir> args...`, run to its end.
+ExampleRun run_on_a_new_file_url(const std::string& program, std::vector<std::string> args) {
+  TempDir dir("distlock-example");
+  args.insert(args.begin(), {"--url", "file://" + dir.path().string()});
+  return run(program, args);
+}
+
+// An example run in its unsafe mode: it exits 1 and its summary says the check failed.
+void expect_caught(const ExampleRun& r) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  ASSERT_TRUE(r.summary.is_object()) << r.output;
+  EXPECT_EQ(r.summary.at("ok"), false) << r.output;
+}
+
 TEST(WorkerPoolExample, NeverMoreJobsAtOnceThanPermitsOnFile) {
   TempDir dir("distlock-pool");
   const std::string url = "file://" + dir.path().string();
@@ -61,13 +75,9 @@ TEST(WorkerPoolExample, NeverMoreJobsAtOnceThanPermitsOnRedis) {
 }
 
 TEST(WorkerPoolExample, APoolWithoutTheSemaphoreIsCaught) {
-  TempDir dir("distlock-pool");
-  const std::string url = "file://" + dir.path().string();
   // 12 threads, 3 permits, each job 20 ms: without the semaphore more than 3 run at once.
-  const ExampleRun r = run(DISTLOCK_WORKER_POOL_PATH, {"--url", url, "--no-limit", "--work-us", "20000"});
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  ASSERT_TRUE(r.summary.is_object()) << r.output;
-  EXPECT_EQ(r.summary.at("ok"), false) << r.output;
+  const ExampleRun r = run_on_a_new_file_url(DISTLOCK_WORKER_POOL_PATH, {"--no-limit", "--work-us", "20000"});
+  ASSERT_NO_FATAL_FAILURE(expect_caught(r));
   EXPECT_GT(r.summary.at("max_concurrent").get<int>(), 3) << r.output;
 }
 
@@ -94,12 +104,8 @@ TEST(ConfigStoreExample, NoReaderSeesATornWriteOnRedis) {
 }
 
 TEST(ConfigStoreExample, ReadersWithoutTheLockAreCaught) {
-  TempDir dir("distlock-config");
-  const std::string url = "file://" + dir.path().string();
-  const ExampleRun r = run(DISTLOCK_CONFIG_STORE_PATH, {"--url", url, "--no-lock", "--think-us", "2000"});
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  ASSERT_TRUE(r.summary.is_object()) << r.output;
-  EXPECT_EQ(r.summary.at("ok"), false) << r.output;
+  const ExampleRun r = run_on_a_new_file_url(DISTLOCK_CONFIG_STORE_PATH, {"--no-lock", "--think-us", "2000"});
+  ASSERT_NO_FATAL_FAILURE(expect_caught(r));
   EXPECT_GT(r.summary.at("torn_reads").get<int>() + r.summary.at("writes_overlapped").get<int>(), 0)
       << r.output;
 }

@@ -18,21 +18,13 @@
 #include "distlock/distlock.hpp"
 #include "distlock/fencing.hpp"
 #include "support/tool_flags.hpp"
+#include "support/tool_signals.hpp"
 
 namespace {
 
+using distlock::testing::g_stop_signal;
+using distlock::testing::g_usr1_signal;
 using distlock::testing::say;
-
-std::atomic<bool> g_write{false};
-std::atomic<bool> g_stop{false};
-
-void on_signal(int sig) {
-  if (sig == SIGUSR1) {
-    g_write = true;
-  } else {
-    g_stop = true;
-  }
-}
 
 }  // namespace
 
@@ -47,7 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--ttl", ttl_ms, "lease TTL in milliseconds");
   CLI11_PARSE(app, argc, argv);
 
-  distlock::testing::on_signals(on_signal, {SIGUSR1, SIGTERM, SIGINT});
+  distlock::testing::obey_tool_signals();
 
   try {
     distlock::Client client = distlock::connect(url);
@@ -61,12 +53,12 @@ int main(int argc, char** argv) {
 
     bool reported_lost = false;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!g_stop && std::chrono::steady_clock::now() < end) {
+    while (!g_stop_signal && std::chrono::steady_clock::now() < end) {
       if (!reported_lost && lease.stop_token().stop_requested()) {
         reported_lost = true;
         say("lost");
       }
-      if (g_write.exchange(false)) {
+      if (g_usr1_signal.exchange(false)) {  // SIGUSR1: one fenced write
         std::error_code ec;
         const distlock::FenceResult r = store.set(key, "holder-" + std::to_string(::getpid()), token, ec);
         if (ec) {

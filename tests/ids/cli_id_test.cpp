@@ -16,6 +16,7 @@
 #include "cli/cli_harness.hpp"
 #include "distlock/distlock.hpp"
 #include "distlock/ids.hpp"
+#include "support/distinct_ids.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/workload_size.hpp"
@@ -23,6 +24,7 @@
 namespace {
 
 using distlock::testing::Cli;
+using distlock::testing::expect_no_id_twice;
 using distlock::testing::RedisServer;
 using distlock::testing::TempDir;
 using namespace std::chrono_literals;
@@ -74,8 +76,7 @@ TEST(CliId, ConcurrentSnowflakeRunsNeverCollide) {
     expect_strictly_increasing(ids);
     all.insert(all.end(), ids.begin(), ids.end());
   }
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  expect_no_id_twice(std::move(all));
 }
 
 TEST(CliId, RedisDailyTakesOneReservationAndDecodesToItsKey) {

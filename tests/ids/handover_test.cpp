@@ -201,6 +201,17 @@ int in_child(F&& child_fn) {
   return WEXITSTATUS(status);
 }
 
+// What `gen.next(ec)` gives in a forked child of this process: 0 when it is refused with
+// errc::forked, 1 when it hands out an id, 2 for another error (-1: the child did not exit).
+template <class Generator>
+int next_in_forked_child(Generator& gen) {
+  return in_child([&] {
+    std::error_code ec;
+    gen.next(ec);
+    return ec == errc::forked ? 0 : (ec ? 2 : 1);
+  });
+}
+
 // After fork() the child has the parent's worker id, sequence and (redis-daily) reserved
 // range: it must not issue from them. It gets errc::forked (exit 0 below), not an id.
 TEST(IdsFork, SnowflakeInForkedChildIsRefused) {
@@ -210,12 +221,8 @@ TEST(IdsFork, SnowflakeInForkedChildIsRefused) {
   o.clock = clock;
   SnowflakeGenerator gen(distlock::connect(memory_url()), o);
   gen.next();
-  const int status = in_child([&] {
-    std::error_code ec;
-    gen.next(ec);
-    return ec == errc::forked ? 0 : (ec ? 2 : 1);
-  });
-  EXPECT_EQ(status, 0) << "1: the child issued an id from the parent's worker lease; 2: another error";
+  EXPECT_EQ(next_in_forked_child(gen), 0)
+      << "1: the child issued an id from the parent's worker lease; 2: another error";
   EXPECT_NO_THROW(gen.next());  // the parent goes on
 }
 
@@ -226,12 +233,8 @@ TEST(IdsFork, RedisDailyInForkedChildIsRefused) {
   o.reserve = 1000;
   RedisDailyGenerator gen(redis.url(), o);
   gen.next();
-  const int status = in_child([&] {
-    std::error_code ec;
-    gen.next(ec);
-    return ec == errc::forked ? 0 : (ec ? 2 : 1);
-  });
-  EXPECT_EQ(status, 0) << "1: the child handed out a value of the parent's reservation; 2: another error";
+  EXPECT_EQ(next_in_forked_child(gen), 0)
+      << "1: the child handed out a value of the parent's reservation; 2: another error";
   EXPECT_NO_THROW(gen.next());
 }
 

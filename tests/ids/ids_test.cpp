@@ -16,6 +16,7 @@
 #include "distlock/distlock.hpp"
 #include "fake/memory_backend.hpp"
 #include "manual_wall_clock.hpp"
+#include "support/distinct_ids.hpp"
 #include "support/manual_clock.hpp"
 #include "support/thrown.hpp"
 
@@ -259,24 +260,14 @@ TEST(Snowflake, SharedByThreadsUniqueAndIncreasingPerThread) {
   auto client = distlock::connect(memory_url());
   SnowflakeGenerator gen(client, SnowflakeOptions{.prefix = "threads"});  // real wall clock
   constexpr int kThreads = 8, kEach = 50'000;
-  std::vector<std::vector<std::uint64_t>> got(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      got[t].reserve(kEach);
-      for (int i = 0; i < kEach; ++i) got[t].push_back(gen.next());
-    });
-  }
-  for (auto& th : threads) th.join();
-  std::vector<std::uint64_t> all;
-  for (auto& v : got) {
-    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
+  const auto got = ids_from_threads(gen, kThreads, kEach);
+  expect_runs_sorted_and_distinct(got);
+  std::size_t total = 0;
+  for (const auto& v : got) {
     EXPECT_EQ(std::adjacent_find(v.begin(), v.end()), v.end());
-    all.insert(all.end(), v.begin(), v.end());
+    total += v.size();
   }
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
-  EXPECT_EQ(all.size(), std::size_t{kThreads} * kEach);
+  EXPECT_EQ(total, std::size_t{kThreads} * kEach);
 }
 
 // ---- uuid7 --------------------------------------------------------------------------------
@@ -373,22 +364,7 @@ TEST(Uuid7, ParentAndForkedChildDoNotRepeatRandomBits) {
 
 TEST(Uuid7, SharedByThreadsUnique) {
   Uuid7Generator gen;
-  constexpr int kThreads = 4, kEach = 100'000;
-  std::vector<std::vector<Uuid>> got(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i) got[t].push_back(gen.next());
-    });
-  }
-  for (auto& th : threads) th.join();
-  std::vector<Uuid> all;
-  for (auto& v : got) {
-    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  expect_runs_sorted_and_distinct(ids_from_threads(gen, 4, 100'000));
 }
 
 // ---- redis-daily codec --------------------------------------------------------------------

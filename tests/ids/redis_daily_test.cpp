@@ -10,6 +10,7 @@
 
 #include "distlock/ids.hpp"
 #include "manual_wall_clock.hpp"
+#include "support/distinct_ids.hpp"
 #include "support/redis_server.hpp"
 #include "support/thrown.hpp"
 
@@ -182,22 +183,7 @@ TEST_F(RedisDaily, ClockGoingBackNeverMakesIdsDecrease) {
 
 TEST_F(RedisDaily, SharedByThreadsUniqueAndIncreasingPerThread) {
   RedisDailyGenerator gen(redis.url(), {.prefix = "threads", .reserve = 64});
-  constexpr int kThreads = 4, kEach = 5000;
-  std::vector<std::vector<std::uint64_t>> got(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i) got[t].push_back(gen.next());
-    });
-  }
-  for (auto& th : threads) th.join();
-  std::vector<std::uint64_t> all;
-  for (auto& v : got) {
-    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  expect_runs_sorted_and_distinct(ids_from_threads(gen, 4, 5000));
 }
 
 TEST_F(RedisDaily, ReconnectsAfterServerRestart) {

@@ -37,22 +37,14 @@
 #include "distlock/distlock.hpp"
 #include "support/backend_mono_clock.hpp"
 #include "support/tool_flags.hpp"
+#include "support/tool_signals.hpp"
 
 namespace {
 
+using distlock::testing::g_stop_signal;
+using distlock::testing::g_usr1_signal;
 using distlock::testing::mono_ns;
 using distlock::testing::say;
-
-std::atomic<bool> g_stop{false};
-std::atomic<bool> g_report{false};
-
-void on_signal(int sig) {
-  if (sig == SIGUSR1) {
-    g_report = true;
-  } else {
-    g_stop = true;
-  }
-}
 
 struct Args : distlock::testing::ToolTarget, distlock::testing::ToolHammer {
   Args() { iters = 50; }
@@ -113,8 +105,9 @@ int hold(const Args& a) {
   });
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(a.hold_ms);
   auto next_work = std::chrono::steady_clock::now();
-  while (!g_stop && (a.hold_ms == 0 || std::chrono::steady_clock::now() < end)) {
-    if (g_report.exchange(false)) say(std::string("owns ") + (lease.owns() ? "1" : "0"));
+  while (!g_stop_signal && (a.hold_ms == 0 || std::chrono::steady_clock::now() < end)) {
+    // SIGUSR1: report whether the lease is still held.
+    if (g_usr1_signal.exchange(false)) say(std::string("owns ") + (lease.owns() ? "1" : "0"));
     if (a.work_ms > 0 && std::chrono::steady_clock::now() >= next_work) {
       next_work += std::chrono::milliseconds(a.work_ms);
       const std::int64_t t = mono_ns();  // before the check: owns() answered at or after t
@@ -144,7 +137,7 @@ int hammer(const Args& a) {
   for (int t = 0; t < a.threads; ++t) {
     threads.emplace_back([&] {
       const long tid = ::syscall(SYS_gettid);
-      for (int i = 0; i < a.iters && !g_stop; ++i) {
+      for (int i = 0; i < a.iters && !g_stop_signal; ++i) {
         std::error_code ec;
         distlock::Lease lease = client.acquire(a.name, opts, ec);
         if (ec) {
@@ -191,7 +184,7 @@ int hammer(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  distlock::testing::on_signals(on_signal, {SIGTERM, SIGINT, SIGUSR1});
+  distlock::testing::obey_tool_signals();
   const Args a = parse(argc, argv);
   try {
     if (a.mode == "hold") return hold(a);
