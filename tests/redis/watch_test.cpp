@@ -20,6 +20,7 @@
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
 #include "support/watch_lease_ends.hpp"
+#include "support/watch_next_acquired.hpp"
 #include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
@@ -46,10 +47,7 @@ TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("gap/");
   Lease a = holder.acquire("gap/a", ttl_of(60s, 60s));
-  auto first = next_change(w, 10s);
-  ASSERT_TRUE(first);
-  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
-  EXPECT_EQ(first->token, a.token());
+  ASSERT_NO_FATAL_FAILURE(expect_next_acquired(w, a));
 
   server.stop();  // SIGTERM: the AOF is flushed
   server.restart();
