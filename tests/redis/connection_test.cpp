@@ -7,6 +7,7 @@
 
 #include "distlock/client.hpp"
 #include "support/process.hpp"
+#include "support/redis_link_checks.hpp"
 #include "support/redis_server.hpp"
 
 namespace distlock::detail::redis {
@@ -23,6 +24,15 @@ ConnectionOptions opts_for(const RedisServer& server, std::string password = {})
   o.connect_timeout = Millis(1000);
   o.command_timeout = Millis(1000);
   return o;
+}
+
+// A connection with `o` fails to connect with `code`, and its message names `named`.
+void expect_connect_fails(const ConnectionOptions& o, errc code, const std::string& named) {
+  Connection conn(o);
+  Error ec;
+  conn.connect(ec);
+  EXPECT_EQ(ec, code) << ec.detail();
+  EXPECT_NE(ec.detail().find(named), std::string::npos) << ec.detail();
 }
 
 TEST(RedisConnection, BinarySafeArgumentsRoundTrip) {
@@ -42,15 +52,7 @@ TEST(RedisConnection, BinarySafeArgumentsRoundTrip) {
 TEST(RedisConnection, ErrorReplySetsProtocolErrorButKeepsTheConnection) {
   RedisServer server;
   Connection conn(opts_for(server));
-  Error ec;
-  Reply r = conn.command({"NOSUCHCOMMAND", "x"}, ec);
-  EXPECT_EQ(ec, errc::protocol_error);
-  ASSERT_TRUE(r);
-  EXPECT_TRUE(is_error(r.get(), "ERR"));
-  EXPECT_NE(ec.detail().find("redis 127.0.0.1:"), std::string::npos) << ec.detail();
-  EXPECT_TRUE(conn.connected());
-  r = conn.command({"PING"}, ec);
-  EXPECT_FALSE(ec);
+  ASSERT_NO_FATAL_FAILURE(distlock::testing::expect_error_reply_keeps_link(conn, server.port()));
 }
 
 TEST(RedisConnection, WrongPasswordIsAuthFailedNamingTheServer) {
@@ -63,10 +65,7 @@ TEST(RedisConnection, WrongPasswordIsAuthFailedNamingTheServer) {
       << ec.detail();
   EXPECT_FALSE(conn.connected());
 
-  Connection none(opts_for(server));
-  none.connect(ec);
-  EXPECT_EQ(ec, errc::auth_failed);
-  EXPECT_NE(ec.detail().find("requires a password"), std::string::npos) << ec.detail();
+  expect_connect_fails(opts_for(server), errc::auth_failed, "requires a password");
 
   Connection good(opts_for(server, "right"));
   good.connect(ec);
@@ -101,10 +100,7 @@ TEST(RedisConnection, AclUserAndPassword) {
   EXPECT_EQ(reply_str(r.get()), "alice");
 
   o.password = "bad";
-  Connection bad(o);
-  bad.connect(ec);
-  EXPECT_EQ(ec, errc::auth_failed);
-  EXPECT_NE(ec.detail().find("alice"), std::string::npos) << ec.detail();
+  expect_connect_fails(o, errc::auth_failed, "alice");
 }
 
 TEST(RedisConnection, RefusedIsBackendUnavailableNamingHostPort) {
@@ -130,10 +126,7 @@ TEST(RedisConnection, SelectsTheDatabase) {
   EXPECT_EQ(server.command({"SELECT", "3"})->type, REDIS_REPLY_STATUS);
 
   o.db = 999;
-  Connection bad(o);
-  bad.connect(ec);
-  EXPECT_EQ(ec, errc::invalid_url);
-  EXPECT_NE(ec.detail().find("999"), std::string::npos) << ec.detail();
+  expect_connect_fails(o, errc::invalid_url, "999");
 }
 
 TEST(RedisConnection, PipelineIsOneRoundTripAndKeepsOrder) {

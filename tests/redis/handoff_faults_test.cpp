@@ -16,11 +16,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "api/client_access.hpp"
 #include "distlock/distlock.hpp"
 #include "engine/engine.hpp"
+#include "engine/thread_annotations.hpp"
 #include "redis/redis_backend.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
@@ -40,6 +42,38 @@ long long server_pttl(RedisServer& s, const std::string& name) {
   auto r = s.command({"PTTL", "distlock:{" + name + "}"});
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
 }
+
+// The turns waiters take at one name, one at a time: take() holds a lease inside the critical
+// section for a while, counts an overlap when another turn is inside, checks the lease still
+// owns() at its end, and keeps its token in the order of entry.
+class Turns {
+ public:
+  explicit Turns(std::vector<std::uint64_t> tokens = {}) : tokens_(std::move(tokens)) {}
+
+  void take(const Lease& l, Millis hold) {
+    if (inside_.fetch_add(1) != 0) ++overlaps_;
+    {
+      distlock::detail::LockGuard lk(mu_);
+      tokens_.push_back(l.token());
+    }
+    std::this_thread::sleep_for(hold);
+    EXPECT_TRUE(l.owns());
+    inside_.fetch_sub(1);
+  }
+
+  int overlaps() const { return overlaps_.load(); }
+
+  // The tokens, in the order their turns began (after those given to the constructor).
+  std::vector<std::uint64_t> tokens() {
+    distlock::detail::LockGuard lk(mu_);
+    return tokens_;
+  }
+
+ private:
+  std::atomic<int> inside_{0}, overlaps_{0};
+  distlock::detail::AnnotatedMutex mu_;
+  std::vector<std::uint64_t> tokens_ DISTLOCK_GUARDED_BY(mu_);
+};
 
 // ---------------------------------------------------------------------------
 // 1. The refresher sleeps for the period it computed before a new, shorter-TTL
@@ -271,9 +305,8 @@ void restart_with_waiters(bool aof) {
   for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
   Lease holder = h.acquire("restart", ttl_of(2s));
   const std::uint64_t first = holder.token();
-  std::mutex mu;
-  std::vector<std::uint64_t> tokens{first};
-  std::atomic<int> inside{0}, overlaps{0}, done{0};
+  Turns turns({first});
+  std::atomic<int> done{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
@@ -292,14 +325,7 @@ void restart_with_waiters(bool aof) {
         ++done;
         return;
       }
-      if (inside.fetch_add(1) != 0) ++overlaps;
-      {
-        std::lock_guard lk(mu);
-        tokens.push_back(l.token());
-      }
-      std::this_thread::sleep_for(20ms);
-      EXPECT_TRUE(l.owns());
-      inside.fetch_sub(1);
+      turns.take(l, 20ms);
       distlock::detail::Error rec;
       l.release(rec);
       ++done;
@@ -320,7 +346,8 @@ void restart_with_waiters(bool aof) {
   holder.release(rec);
   ASSERT_TRUE(eventually([&] { return done.load() == kWaiters; }, 60s)) << done.load();
   for (auto& t : threads) t.join();
-  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(turns.overlaps(), 0);
+  const std::vector<std::uint64_t> tokens = turns.tokens();
   for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_GT(tokens[i], tokens[i - 1]) << "grant " << i;
   server.kill();
 }
@@ -447,25 +474,15 @@ TEST(RedisHandOffReview, ManyWaitersAndTheHolderKilled) {
   constexpr int kWaiters = 8;
   std::vector<Client> clients;
   for (int i = 0; i < kWaiters; ++i) clients.push_back(distlock::connect(server.url()));
-  std::mutex mu;
-  std::vector<std::uint64_t> tokens;
-  std::atomic<int> inside{0}, overlaps{0}, done{0};
+  Turns turns;
+  std::atomic<int> done{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
       distlock::detail::Error ec;
       Lease l = clients[i].acquire("killed", ttl_of(1s, 60s), ec);
       EXPECT_FALSE(ec) << ec.message();
-      if (!ec) {
-        if (inside.fetch_add(1) != 0) ++overlaps;
-        {
-          std::lock_guard lk(mu);
-          tokens.push_back(l.token());
-        }
-        std::this_thread::sleep_for(10ms);
-        EXPECT_TRUE(l.owns());
-        inside.fetch_sub(1);
-      }
+      if (!ec) turns.take(l, 10ms);
       ++done;
     });
     ASSERT_TRUE(eventually([&] { return waiters_of(probe, "killed") == static_cast<unsigned>(i + 1); }, 10s));
@@ -475,7 +492,8 @@ TEST(RedisHandOffReview, ManyWaitersAndTheHolderKilled) {
   ASSERT_TRUE(eventually([&] { return done.load() == kWaiters; }, 60s)) << done.load();
   for (auto& t : threads) t.join();
   EXPECT_LT(std::chrono::duration_cast<Millis>(Clock::now() - killed_at), 10s);
-  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(turns.overlaps(), 0);
+  const std::vector<std::uint64_t> tokens = turns.tokens();
   ASSERT_EQ(tokens.size(), static_cast<std::size_t>(kWaiters));
   EXPECT_GT(tokens[0], child_token);
   for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_GT(tokens[i], tokens[i - 1]);

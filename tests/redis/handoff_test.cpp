@@ -9,7 +9,9 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "api/client_access.hpp"
@@ -40,80 +42,93 @@ distlock::detail::RedisStats stats_of(const Client& c) {
   return st.value_or(distlock::detail::RedisStats{});
 }
 
-TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
+// A redis-server, a client holding `name` (TTL 10 s) and `n` more clients, which
+// queue_in_order() sets waiting for `name` behind it, one thread each.
+struct WaitersBehindAHolder {
   RedisServer server;
-  constexpr int kWaiters = 6;
+  std::string name;
   Client holder_client = distlock::connect(server.url());
-  Lease holder = holder_client.acquire("fifo", ttl_of(10s));
-  std::vector<Client> clients = connect_clients(server.url(), kWaiters);
+  Lease holder;
+  std::vector<Client> clients;
+  std::vector<std::thread> threads;
+
+  WaitersBehindAHolder(std::string held, int n)
+      : name(std::move(held)),
+        holder(holder_client.acquire(name, ttl_of(10s))),
+        clients(connect_clients(server.url(), n)) {}
+
+  // Starts client i's wait (TTL 10 s, up to 60 s) in its own thread, each once the one before
+  // is queued on the server; a waiter runs `granted(i)` holding the name, then releases it.
+  template <class Granted>
+  void queue_in_order(Granted granted) {
+    for (int i = 0; i < static_cast<int>(clients.size()); ++i) {
+      threads.emplace_back([this, i, granted] {
+        distlock::detail::Error ec;
+        Lease l = clients[i].acquire(name, ttl_of(10s, 60s), ec);
+        ASSERT_FALSE(ec) << ec.message();
+        granted(i);
+      });
+      ASSERT_TRUE(
+          eventually([&] { return waiters_of(holder_client, name) == static_cast<unsigned>(i + 1); }, 10s))
+          << "waiters: " << waiters_of(holder_client, name);
+    }
+  }
+
+  void join() {
+    for (auto& t : threads) t.join();
+  }
+};
+
+TEST(RedisHandOff, WaitersAreGrantedInArrivalOrder) {
+  constexpr int kWaiters = 6;
+  WaitersBehindAHolder q("fifo", kWaiters);
   std::mutex mu;
   std::vector<int> order;
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kWaiters; ++i) {
-    threads.emplace_back([&, i] {
-      distlock::detail::Error ec;
-      Lease l = clients[i].acquire("fifo", ttl_of(10s, 60s), ec);
-      ASSERT_FALSE(ec) << ec.message();
-      std::lock_guard lk(mu);
-      order.push_back(i);
-    });
-    // The next waiter starts only once this one is in the queue.
-    ASSERT_TRUE(
-        eventually([&] { return waiters_of(holder_client, "fifo") == static_cast<unsigned>(i + 1); }, 10s))
-        << "waiters: " << waiters_of(holder_client, "fifo");
-  }
-  holder.release();
-  for (auto& t : threads) t.join();
+  ASSERT_NO_FATAL_FAILURE(q.queue_in_order([&](int i) {
+    std::lock_guard lk(mu);
+    order.push_back(i);
+  }));
+  q.holder.release();
+  q.join();
   std::vector<int> expected(kWaiters);
   for (int i = 0; i < kWaiters; ++i) expected[i] = i;
   EXPECT_EQ(order, expected);
-  EXPECT_EQ(waiters_of(holder_client, "fifo"), 0u);
+  EXPECT_EQ(waiters_of(q.holder_client, "fifo"), 0u);
 }
 
 // The herd check. Before the hand-off every release published on the name's
 // channel and woke every waiting client, each of which retried. Now a release with
 // waiters publishes one grant, to the first waiter's client, and nothing else.
 TEST(RedisHandOff, OneReleaseWakesExactlyOneClient) {
-  RedisServer server;
   constexpr int kWaiters = 16;
-  Client holder_client = distlock::connect(server.url());
-  Lease holder = holder_client.acquire("herd", ttl_of(10s));
-  std::vector<Client> clients = connect_clients(server.url(), kWaiters);
+  WaitersBehindAHolder q("herd", kWaiters);
   std::atomic<int> acquired{0};
   std::atomic<bool> let_go{false};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kWaiters; ++i) {
-    threads.emplace_back([&, i] {
-      distlock::detail::Error ec;
-      Lease l = clients[i].acquire("herd", ttl_of(10s, 60s), ec);
-      ASSERT_FALSE(ec) << ec.message();
-      // Each holder hands on at once, except the last, which holds until the counts
-      // are checked (its release finds nobody queued and publishes "released").
-      if (++acquired == kWaiters) {
-        while (!let_go) std::this_thread::sleep_for(5ms);
-      }
-    });
-    ASSERT_TRUE(
-        eventually([&] { return waiters_of(holder_client, "herd") == static_cast<unsigned>(i + 1); }, 10s));
-  }
+  // Each holder hands on at once, except the last, which holds until the counts are checked
+  // (its release finds nobody queued and publishes "released").
+  ASSERT_NO_FATAL_FAILURE(q.queue_in_order([&](int) {
+    if (++acquired == kWaiters) {
+      while (!let_go) std::this_thread::sleep_for(5ms);
+    }
+  }));
   auto total = [&](auto field) {
     std::uint64_t n = 0;
-    for (auto& c : clients) n += stats_of(c).*field;
+    for (auto& c : q.clients) n += stats_of(c).*field;
     return n;
   };
   using S = distlock::detail::RedisStats;
   ASSERT_EQ(total(&S::grants_received), 0u);
-  holder.release();
+  q.holder.release();
   ASSERT_TRUE(eventually([&] { return acquired.load() == kWaiters; }, 60s)) << acquired.load();
   // 16 releases (the first holder's and 15 waiters'), each with someone queued:
   // exactly one grant each, one per client, and no release message to anyone.
   EXPECT_EQ(total(&S::grants_received), static_cast<std::uint64_t>(kWaiters));
-  for (int i = 0; i < kWaiters; ++i) EXPECT_EQ(stats_of(clients[i]).grants_received, 1u) << "client " << i;
+  for (int i = 0; i < kWaiters; ++i) EXPECT_EQ(stats_of(q.clients[i]).grants_received, 1u) << "client " << i;
   EXPECT_EQ(total(&S::release_messages), 0u) << "a release with waiters must not wake the others";
-  EXPECT_EQ(waiters_of(holder_client, "herd"), 0u);
+  EXPECT_EQ(waiters_of(q.holder_client, "herd"), 0u);
   let_go = true;
-  for (auto& t : threads) t.join();
-  for (auto& c : clients) EXPECT_EQ(stats_of(c).queued_waits, 0u);
+  q.join();
+  for (auto& c : q.clients) EXPECT_EQ(stats_of(c).queued_waits, 0u);
 }
 
 // A waiter that gives up leaves the queue at once (status counts live entries,

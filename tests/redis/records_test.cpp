@@ -123,31 +123,33 @@ std::optional<std::string> get_after_restart(Backend& b, const std::string& name
   return got;
 }
 
+// Puts a record of `name` with `mode` on `server`, restarts the server and reads the record
+// back into `got`.
+void put_restart_get(RedisServer& server, const std::string& name, d::PutMode mode,
+                     std::optional<std::string>& got) {
+  auto b = open_backend(server.url("?timeout=500ms"));
+  ASSERT_TRUE(b);
+  Error ec;
+  b->put_record(name, "value", mode, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  server.restart();
+  got = get_after_restart(*b, name, ec);
+  ASSERT_FALSE(ec) << ec.message();
+}
+
 // Records are stored like the fence counters: kept across a restart with
 // appendonly (docs/redis.md), lost without persistence.
 TEST(RedisRecordsRestart, KeptAcrossARestartWithAppendonly) {
   RedisServer server({.appendonly = true});
-  auto b = open_backend(server.url("?timeout=500ms"));
-  ASSERT_TRUE(b);
-  Error ec;
-  b->put_record("kept", "value", d::PutMode::if_absent, ec);
-  ASSERT_FALSE(ec) << ec.message();
-  server.restart();
-  const std::optional<std::string> got = get_after_restart(*b, "kept", ec);
-  ASSERT_FALSE(ec) << ec.message();
+  std::optional<std::string> got;
+  ASSERT_NO_FATAL_FAILURE(put_restart_get(server, "kept", d::PutMode::if_absent, got));
   EXPECT_EQ(got, "value");
 }
 
 TEST(RedisRecordsRestart, LostAcrossARestartWithoutPersistence) {
   RedisServer server;  // save "" and no AOF
-  auto b = open_backend(server.url("?timeout=500ms"));
-  ASSERT_TRUE(b);
-  Error ec;
-  b->put_record("gone", "value", d::PutMode::always, ec);
-  ASSERT_FALSE(ec) << ec.message();
-  server.restart();
-  const std::optional<std::string> got = get_after_restart(*b, "gone", ec);
-  ASSERT_FALSE(ec) << ec.message();
+  std::optional<std::string> got = "not read";
+  ASSERT_NO_FATAL_FAILURE(put_restart_get(server, "gone", d::PutMode::always, got));
   EXPECT_EQ(got, std::nullopt);
 }
 

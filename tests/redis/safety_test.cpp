@@ -7,11 +7,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "api/client_access.hpp"
@@ -158,32 +161,30 @@ struct Captured {
   }
 };
 
-TEST(RedisConfigCheck, AppendonlyNoIsWarnedOncePerClient) {
-  RedisServer server;  // appendonly no, maxmemory 0
+// A client of a server started with `o` takes a name `calls` times (the check runs once, at
+// its first lock); then each {part, n} of `warnings` is met by n warning lines containing part.
+void expect_config_warnings(RedisServerOptions o, int calls,
+                            std::initializer_list<std::pair<std::string_view, int>> warnings) {
+  RedisServer server(std::move(o));
   Captured log;
   auto client = distlock::connect(server.url(), log.options());
-  for (int i = 0; i < 3; ++i) issue(client, "warned");
-  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly no"), 1);
-  EXPECT_EQ(log.count(distlock::LogLevel::warning, "maxmemory-policy"), 0);
+  for (int i = 0; i < calls; ++i) issue(client, "checked");
+  for (const auto& [part, n] : warnings) EXPECT_EQ(log.count(distlock::LogLevel::warning, part), n) << part;
+}
+
+TEST(RedisConfigCheck, AppendonlyNoIsWarnedOncePerClient) {
+  // appendonly no, maxmemory 0
+  expect_config_warnings({}, 3, {{"appendonly no", 1}, {"maxmemory-policy", 0}});
 }
 
 TEST(RedisConfigCheck, AnEvictingPolicyIsWarnedOncePerClient) {
-  RedisServer server(
-      {.appendonly = true, .extra_args = {"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}});
-  Captured log;
-  auto client = distlock::connect(server.url(), log.options());
-  issue(client, "warned");
-  EXPECT_EQ(log.count(distlock::LogLevel::warning, "maxmemory-policy allkeys-lru"), 1);
-  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly"), 0);
+  expect_config_warnings(
+      {.appendonly = true, .extra_args = {"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}}, 1,
+      {{"maxmemory-policy allkeys-lru", 1}, {"appendonly", 0}});
 }
 
 TEST(RedisConfigCheck, ADurableNonEvictingServerIsNotWarned) {
-  RedisServer server({.appendonly = true});
-  Captured log;
-  auto client = distlock::connect(server.url(), log.options());
-  issue(client, "quiet");
-  EXPECT_EQ(log.count(distlock::LogLevel::warning, "appendonly"), 0);
-  EXPECT_EQ(log.count(distlock::LogLevel::warning, "maxmemory"), 0);
+  expect_config_warnings({.appendonly = true}, 1, {{"appendonly", 0}, {"maxmemory", 0}});
 }
 
 TEST(RedisConfigCheck, ConfigDeniedIsADebugLineNotAFailure) {

@@ -23,6 +23,7 @@
 #include "support/eventually.hpp"
 #include "support/redis_probes.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/thrown.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -58,14 +59,9 @@ TEST(Sentinel, AnUnknownMasterNameIsItsOwnError) {
   RedisSentinelGroup group({.replicas = 1, .sentinels = 1});
   const std::string url =
       "redis+sentinel://127.0.0.1:" + std::to_string(group.sentinel_ports()[0]) + "/nosuch";
-  try {
-    distlock::connect(url, quiet());
-    ADD_FAILURE() << "connected to a master no sentinel monitors";
-  } catch (const std::system_error& e) {
-    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find("does not monitor a master named \"nosuch\""), std::string::npos)
-        << e.what();
-  }
+  std::string what = "connected to a master no sentinel monitors";
+  EXPECT_EQ(code_of([&] { distlock::connect(url, quiet()); }, &what), errc::invalid_argument) << what;
+  EXPECT_NE(what.find("does not monitor a master named \"nosuch\""), std::string::npos) << what;
 }
 
 // The data nodes require a password; the sentinels have none. The same user info

@@ -15,6 +15,7 @@
 #include "distlock/distlock.hpp"
 #include "support/client_options.hpp"
 #include "support/redis_sentinel.hpp"
+#include "support/watch_lease_ends.hpp"
 #include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
@@ -37,12 +38,7 @@ TEST(SentinelWatchRevoke, ARevokeIsReportedAsRevokedThenTheNextAcquire) {
   EXPECT_EQ(nx->kind, WatchEventKind::acquired) << describe(*nx);
   EXPECT_EQ(nx->token, n.token());
   EXPECT_GT(nx->token, revoked_token);
-  const std::uint64_t next_token = n.token();
-  n.release();
-  auto rel = next_change(w, 10s);
-  ASSERT_TRUE(rel);
-  EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
-  EXPECT_EQ(rel->token, next_token);
+  ASSERT_NO_FATAL_FAILURE(expect_release_reported(w, n));
 }
 
 }  // namespace

@@ -164,29 +164,44 @@ void one_echo_call(SharedConnection& shared, int t, long seq, std::minstd_rand& 
   tally.note_ok_ms(ms_since(t0));
 }
 
-// Runs `threads` echo hammers until `stop` or `max_calls` each.
-std::vector<std::thread> start_hammer(SharedConnection& shared, int threads, long max_calls,
-                                      std::atomic<bool>& stop, EchoTally& tally) {
-  std::vector<std::thread> v;
-  for (int t = 0; t < threads; ++t) {
-    v.emplace_back([&shared, &stop, &tally, t, max_calls] {
-      std::minstd_rand rng(static_cast<unsigned>(t * 7919 + 1));
-      for (long i = 0; i < max_calls && !stop.load(); ++i) one_echo_call(shared, t, i, rng, tally);
-    });
+// Echo hammers on one shared connection: `threads` threads from construction, each making up to
+// `max_calls` calls (one_echo_call) until stopped; `tally` counts their outcomes. The destructor
+// stops and joins them.
+class EchoHammer {
+ public:
+  EchoHammer(SharedConnection& shared, int threads, long max_calls) : shared_(shared) {
+    for (int t = 0; t < threads; ++t) {
+      threads_.emplace_back([this, t, max_calls] {
+        std::minstd_rand rng(static_cast<unsigned>(t * 7919 + 1));
+        for (long i = 0; i < max_calls && !stop_.load(); ++i) one_echo_call(shared_, t, i, rng, tally);
+      });
+    }
   }
-  return v;
-}
+  ~EchoHammer() { stop_and_join(); }
 
-// Ends an echo hammer: sets `stop`, joins its threads, prints "<what> <count> ok .. failed ..
-// connects .." and checks that no call got a reply meant for another.
-void stop_hammer_and_check(std::atomic<bool>& stop, std::vector<std::thread>& threads,
-                           SharedConnection& shared, const EchoTally& tally, const char* what, int count) {
-  stop = true;
-  for (auto& th : threads) th.join();
-  std::printf("%s %d ok %ld failed %ld connects %llu\n", what, count, tally.ok.load(), tally.failed.load(),
-              static_cast<unsigned long long>(shared.stats().connects));
-  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
-}
+  void stop_and_join() {
+    stop_ = true;
+    for (auto& th : threads_) {
+      if (th.joinable()) th.join();
+    }
+  }
+
+  // Stops the hammer, prints "<what> <count> ok .. failed .. connects .." and checks that no
+  // call got a reply meant for another.
+  void stop_and_check(const char* what, int count) {
+    stop_and_join();
+    std::printf("%s %d ok %ld failed %ld connects %llu\n", what, count, tally.ok.load(), tally.failed.load(),
+                static_cast<unsigned long long>(shared_.stats().connects));
+    EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
+  }
+
+  EchoTally tally;
+
+ private:
+  SharedConnection& shared_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
 
 // ---------------------------------------------------------------------------
 // 1. Liveness: a stuck server (SIGSTOP: the kernel still accepts connections, the
@@ -269,19 +284,16 @@ TEST(SharedConnectionReview, NoCallIsHeldFarBeyondTheCommandTimeoutUnderSteadyLo
   RedisServer server;
   const Millis timeout(1000);
   SharedConnection shared(opts_for(server, timeout));
-  EchoTally tally;
-  std::atomic<bool> stop{false};
-  auto threads = start_hammer(shared, 16, 200000, stop, tally);
+  EchoHammer hammer(shared, 16, 200000);
   std::this_thread::sleep_for(5s);  // the test's duration, not a synchronisation
-  stop = true;
-  for (auto& th : threads) th.join();
-  std::printf("ok %ld failed %ld wrong %ld slowest ok call %lld ms writes %llu calls %llu\n", tally.ok.load(),
-              tally.failed.load(), tally.wrong.load(), tally.max_ok_ms.load(),
-              static_cast<unsigned long long>(shared.stats().writes),
+  hammer.stop_and_join();
+  std::printf("ok %ld failed %ld wrong %ld slowest ok call %lld ms writes %llu calls %llu\n",
+              hammer.tally.ok.load(), hammer.tally.failed.load(), hammer.tally.wrong.load(),
+              hammer.tally.max_ok_ms.load(), static_cast<unsigned long long>(shared.stats().writes),
               static_cast<unsigned long long>(shared.stats().calls));
-  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
-  EXPECT_EQ(tally.failed.load(), 0) << tally.first_failure;
-  EXPECT_LE(tally.max_ok_ms.load(), timeout.count() + 500);
+  EXPECT_EQ(hammer.tally.wrong.load(), 0) << hammer.tally.first_wrong;
+  EXPECT_EQ(hammer.tally.failed.load(), 0) << hammer.tally.first_failure;
+  EXPECT_LE(hammer.tally.max_ok_ms.load(), timeout.count() + 500);
 }
 
 // ---------------------------------------------------------------------------
@@ -291,21 +303,19 @@ TEST(SharedConnectionReview, NoCallIsHeldFarBeyondTheCommandTimeoutUnderSteadyLo
 TEST(SharedConnectionReview, ClientKillMidFlightNeverHandsAReplyToTheWrongCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(2000)));
-  EchoTally tally;
-  std::atomic<bool> stop{false};
-  auto threads = start_hammer(shared, 12, 100000, stop, tally);
+  EchoHammer hammer(shared, 12, 100000);
   int kills = 0;
   const auto end = Clock::now() + 6s;
   for (int i = 0; i < 60 && Clock::now() < end; ++i) {
     if (!eventually([&] { return shared.stats().in_flight >= 3; }, Millis(2000))) continue;
     server.command({"CLIENT", "KILL", "TYPE", "normal"});
     ++kills;
-    const long before = tally.ok.load();
-    eventually([&] { return tally.ok.load() > before + 20; }, Millis(2000));
+    const long before = hammer.tally.ok.load();
+    eventually([&] { return hammer.tally.ok.load() > before + 20; }, Millis(2000));
   }
-  stop_hammer_and_check(stop, threads, shared, tally, "kills", kills);
+  hammer.stop_and_check("kills", kills);
   EXPECT_GT(kills, 10);
-  EXPECT_GT(tally.ok.load(), 1000);
+  EXPECT_GT(hammer.tally.ok.load(), 1000);
 }
 
 // ---------------------------------------------------------------------------
@@ -317,35 +327,34 @@ TEST(SharedConnectionReview, LateRepliesAfterAPauseLongerThanTheTimeoutReachNobo
   RedisServer server;
   const Millis timeout(250);
   SharedConnection shared(opts_for(server, timeout, Millis(250)));
-  EchoTally tally;
-  std::atomic<bool> stop{false};
-  auto threads = start_hammer(shared, 10, 100000, stop, tally);
+  EchoHammer hammer(shared, 10, 100000);
   int pauses = 0, recoveries = 0;
   for (int i = 0; i < 8; ++i) {
     if (!eventually([&] { return shared.stats().in_flight >= 4; }, Millis(3000))) continue;
-    const long failed_before = tally.failed.load();
+    const long failed_before = hammer.tally.failed.load();
     server.pause();
     const auto t_pause = Clock::now();
     ++pauses;
     // Longer than the timeout: some calls in flight have failed...
-    eventually([&] { return tally.failed.load() > failed_before + 4; }, Millis(5000));
+    eventually([&] { return hammer.tally.failed.load() > failed_before + 4; }, Millis(5000));
     // ...and new calls queued again (on new sockets whose PING waits in the kernel).
-    eventually([&] { return shared.stats().in_flight >= 2 || tally.failed.load() > failed_before + 12; },
-               Millis(3000));
+    eventually(
+        [&] { return shared.stats().in_flight >= 2 || hammer.tally.failed.load() > failed_before + 12; },
+        Millis(3000));
     const auto paused_for = ms_since(t_pause);
     server.resume();
     const auto t_resume = Clock::now();
-    const long ok_before = tally.ok.load();
-    const bool recovered = eventually([&] { return tally.ok.load() > ok_before + 200; }, Millis(5000));
+    const long ok_before = hammer.tally.ok.load();
+    const bool recovered = eventually([&] { return hammer.tally.ok.load() > ok_before + 200; }, Millis(5000));
     std::printf("round %d: paused %lld ms, %s after %lld ms (failed %ld)\n", i,
                 static_cast<long long>(paused_for), recovered ? "recovered" : "NOT recovered",
-                ms_since(t_resume), tally.failed.load());
+                ms_since(t_resume), hammer.tally.failed.load());
     recoveries += recovered;
   }
-  stop_hammer_and_check(stop, threads, shared, tally, "pauses", pauses);
+  hammer.stop_and_check("pauses", pauses);
   EXPECT_EQ(recoveries, pauses) << "calls did not succeed again within 5 s of the resume";
   EXPECT_GE(pauses, 5);
-  EXPECT_GT(tally.failed.load(), 0);
+  EXPECT_GT(hammer.tally.failed.load(), 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -354,18 +363,16 @@ TEST(SharedConnectionReview, LateRepliesAfterAPauseLongerThanTheTimeoutReachNobo
 TEST(SharedConnectionReview, RestartMidFlightNeverHandsAReplyToTheWrongCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(1000), Millis(500)));
-  EchoTally tally;
-  std::atomic<bool> stop{false};
-  auto threads = start_hammer(shared, 10, 100000, stop, tally);
+  EchoHammer hammer(shared, 10, 100000);
   int restarts = 0;
   for (int i = 0; i < 4; ++i) {
     if (!eventually([&] { return shared.stats().in_flight >= 3; }, Millis(3000))) continue;
     server.restart();
     ++restarts;
-    const long ok_before = tally.ok.load();
-    eventually([&] { return tally.ok.load() > ok_before + 200; }, Millis(5000));
+    const long ok_before = hammer.tally.ok.load();
+    eventually([&] { return hammer.tally.ok.load() > ok_before + 200; }, Millis(5000));
   }
-  stop_hammer_and_check(stop, threads, shared, tally, "restarts", restarts);
+  hammer.stop_and_check("restarts", restarts);
   EXPECT_EQ(restarts, 4);
 }
 
@@ -458,12 +465,10 @@ TEST(SharedConnectionReview, ScriptFlushStormNeverHandsAScriptResultToTheWrongCa
 TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(5000)));
-  EchoTally tally;
-  std::atomic<bool> stop{false};
-  auto threads = start_hammer(shared, 8, 1000000, stop, tally);
-  ASSERT_TRUE(eventually([&] { return tally.ok.load() > 200; }));  // the small calls are running
+  EchoHammer hammer(shared, 8, 1000000);
+  ASSERT_TRUE(eventually([&] { return hammer.tally.ok.load() > 200; }));  // the small calls are running
   std::atomic<long> big_ok{0}, big_wrong{0}, big_failed{0};
-  const long small_before = tally.ok.load();
+  const long small_before = hammer.tally.ok.load();
   std::vector<std::thread> bigs;
   for (int b = 0; b < 2; ++b) {
     bigs.emplace_back([&, b] {
@@ -481,7 +486,7 @@ TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsC
         auto r = shared.exchange(batch, ec);
         if (ec) {
           ++big_failed;
-          tally.remember_failure(ec.detail());
+          hammer.tally.remember_failure(ec.detail());
           continue;
         }
         bool good = r.size() == texts.size();
@@ -492,15 +497,14 @@ TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsC
     });
   }
   for (auto& th : bigs) th.join();
-  stop = true;
-  for (auto& th : threads) th.join();
+  hammer.stop_and_join();
   std::printf("big ok %ld failed %ld; small ok %ld failed %ld\n", big_ok.load(), big_failed.load(),
-              tally.ok.load(), tally.failed.load());
-  EXPECT_GT(tally.ok.load(), small_before) << "no small call ran beside the big ones";
+              hammer.tally.ok.load(), hammer.tally.failed.load());
+  EXPECT_GT(hammer.tally.ok.load(), small_before) << "no small call ran beside the big ones";
   EXPECT_EQ(big_wrong.load(), 0);
-  EXPECT_EQ(tally.wrong.load(), 0) << tally.first_wrong;
-  EXPECT_EQ(big_failed.load(), 0) << tally.first_failure;
-  EXPECT_EQ(tally.failed.load(), 0) << tally.first_failure;
+  EXPECT_EQ(hammer.tally.wrong.load(), 0) << hammer.tally.first_wrong;
+  EXPECT_EQ(big_failed.load(), 0) << hammer.tally.first_failure;
+  EXPECT_EQ(hammer.tally.failed.load(), 0) << hammer.tally.first_failure;
 }
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 
 #include "support/eventually.hpp"
 #include "support/process.hpp"
+#include "support/redis_link_checks.hpp"
 #include "support/redis_server.hpp"
 
 namespace distlock::detail::redis {
@@ -35,6 +36,21 @@ ConnectionOptions shared_opts(const RedisServer& server, Millis command_timeout 
 template <class Pred>
 bool eventually(Pred pred) {
   return distlock::testing::eventually(pred, std::chrono::seconds(10), std::chrono::milliseconds(2));
+}
+
+// The call after a lost connection was answered `text`, over the second connect.
+void expect_answered_after_reconnect(SharedConnection& shared, const Reply& r, const Error& ec,
+                                     const std::string& text) {
+  EXPECT_FALSE(ec) << ec.detail();
+  EXPECT_EQ(reply_str(r.get()), text);
+  EXPECT_EQ(shared.stats().connects, 2u);
+}
+
+// The first call (PING) on `shared` succeeds: it is connected.
+void ping_connects(SharedConnection& shared) {
+  Error ec;
+  shared.command({"PING"}, ec);
+  ASSERT_FALSE(ec) << ec.detail();
 }
 
 TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
@@ -89,9 +105,7 @@ TEST(SharedRedisConnection, ManyThreadsEachGetTheirOwnRepliesOnOneSocket) {
 TEST(SharedRedisConnection, CallsFromManyThreadsOverlapOnTheWire) {
   RedisServer server;
   SharedConnection shared(shared_opts(server, Millis(30000)));
-  Error ec;
-  shared.command({"PING"}, ec);
-  ASSERT_FALSE(ec) << ec.detail();
+  ASSERT_NO_FATAL_FAILURE(ping_connects(shared));
   constexpr int kThreads = 8;
   server.pause();
   std::vector<std::string> got(kThreads);
@@ -115,8 +129,7 @@ TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReco
   RedisServer server;
   SharedConnection shared(shared_opts(server, Millis(300)));
   Error ec;
-  shared.command({"PING"}, ec);
-  ASSERT_FALSE(ec) << ec.detail();
+  ASSERT_NO_FATAL_FAILURE(ping_connects(shared));
   server.pause();
   constexpr int kThreads = 4;
   std::vector<Error> codes(kThreads);
@@ -138,35 +151,23 @@ TEST(SharedRedisConnection, AStuckServerFailsEveryCallInFlightAndTheNextCallReco
   }
   EXPECT_FALSE(shared.connected());
   Reply r = shared.command({"PING"}, ec);
-  EXPECT_FALSE(ec) << ec.detail();
-  EXPECT_EQ(reply_str(r.get()), "PONG");
-  EXPECT_EQ(shared.stats().connects, 2u);
+  expect_answered_after_reconnect(shared, r, ec, "PONG");
 }
 
 TEST(SharedRedisConnection, ARestartedServerIsNoticedBeforeTheNextCall) {
   RedisServer server;
   SharedConnection shared(shared_opts(server));
   Error ec;
-  shared.command({"PING"}, ec);
-  ASSERT_FALSE(ec) << ec.detail();
+  ASSERT_NO_FATAL_FAILURE(ping_connects(shared));
   server.restart();
   Reply r = shared.command({"ECHO", "after"}, ec);  // not lost to the closed socket
-  EXPECT_FALSE(ec) << ec.detail();
-  EXPECT_EQ(reply_str(r.get()), "after");
-  EXPECT_EQ(shared.stats().connects, 2u);
+  expect_answered_after_reconnect(shared, r, ec, "after");
 }
 
 TEST(SharedRedisConnection, AnErrorReplyKeepsTheConnection) {
   RedisServer server;
   SharedConnection shared(shared_opts(server));
-  Error ec;
-  Reply r = shared.command({"NOSUCHCOMMAND", "x"}, ec);
-  EXPECT_EQ(ec, errc::protocol_error);
-  EXPECT_TRUE(is_error(r.get(), "ERR"));
-  EXPECT_NE(ec.detail().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << ec.detail();
-  r = shared.command({"PING"}, ec);
-  EXPECT_FALSE(ec);
-  EXPECT_TRUE(shared.connected());
+  ASSERT_NO_FATAL_FAILURE(distlock::testing::expect_error_reply_keeps_link(shared, server.port()));
   EXPECT_EQ(shared.stats().connects, 1u);
 }
 

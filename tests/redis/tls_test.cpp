@@ -105,14 +105,21 @@ TEST(RedisTls, FencedWritesOverTls) {
 }
 #endif
 
+// Connecting to `server`'s TLS port as `host`, trusting the CA of `certs`' file `ca_file`, fails
+// verifying the server's certificate; returns the error's message.
+std::string certificate_refused(const RedisServer& server, const Certs& certs, const std::string& host,
+                                const char* ca_file) {
+  const auto [ec, what] = connect_outcome("rediss://" + host + ":" + std::to_string(server.tls_port()) +
+                                          "/?cacert=" + certs.path(ca_file));
+  EXPECT_EQ(ec, errc::backend_unavailable) << what;
+  EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
+  return what;
+}
+
 TEST(RedisTls, AnUntrustedServerCertificateIsRefusedNamingTheCause) {
   Certs certs;
   RedisServer server(tls_options(certs));
-  const std::string url =
-      "rediss://127.0.0.1:" + std::to_string(server.tls_port()) + "/?cacert=" + certs.path("other-ca.pem");
-  const auto [ec, what] = connect_outcome(url);
-  EXPECT_EQ(ec, errc::backend_unavailable) << what;
-  EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
+  const std::string what = certificate_refused(server, certs, "127.0.0.1", "other-ca.pem");
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(server.tls_port())), std::string::npos) << what;
 }
 
@@ -121,11 +128,7 @@ TEST(RedisTls, AnUntrustedServerCertificateIsRefusedNamingTheCause) {
 TEST(RedisTls, TheServerNameIsChecked) {
   Certs certs;
   RedisServer server(tls_options(certs));
-  const std::string url =
-      "rediss://localhost:" + std::to_string(server.tls_port()) + "/?cacert=" + certs.path("ca.pem");
-  const auto [ec, what] = connect_outcome(url);
-  EXPECT_EQ(ec, errc::backend_unavailable) << what;
-  EXPECT_NE(what.find("certificate verif"), std::string::npos) << what;
+  certificate_refused(server, certs, "localhost", "ca.pem");
 }
 
 TEST(RedisTls, TlsAgainstAPlainPortAndPlainAgainstATlsPortFailClearly) {

@@ -19,6 +19,8 @@
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
+#include "support/watch_lease_ends.hpp"
+#include "support/watch_next_acquired.hpp"
 #include "support/watch_recorder.hpp"
 
 namespace distlock::testing {
@@ -45,10 +47,7 @@ TEST(RedisPrefixWatch, RestartIsAGapFollowedByTheHeldState) {
   Client watcher = distlock::connect(server.url());
   Watch w = watcher.watch("gap/");
   Lease a = holder.acquire("gap/a", ttl_of(60s, 60s));
-  auto first = next_change(w, 10s);
-  ASSERT_TRUE(first);
-  ASSERT_EQ(first->kind, WatchEventKind::acquired) << describe(*first);
-  EXPECT_EQ(first->token, a.token());
+  ASSERT_NO_FATAL_FAILURE(expect_next_acquired(w, a));
 
   server.stop();  // SIGTERM: the AOF is flushed
   server.restart();
@@ -344,12 +343,7 @@ TEST(RedisPrefixWatch, PresenceKeyLapseIsAGapThenTheState) {
   EXPECT_EQ(state->token, b.token());
   EXPECT_EQ(server.command({"EXISTS", "distlock:watching"})->integer, 1) << "the watch registered again";
   // Live again.
-  const std::uint64_t token = b.token();
-  b.release();
-  auto rel = next_change(w, 10s);
-  ASSERT_TRUE(rel);
-  EXPECT_EQ(rel->kind, WatchEventKind::released) << describe(*rel);
-  EXPECT_EQ(rel->token, token);
+  ASSERT_NO_FATAL_FAILURE(expect_release_reported(w, b));
 }
 
 // A revoke ends the holder's lease on the server: the watch reports `revoked` with the
@@ -359,13 +353,9 @@ TEST(RedisPrefixWatch, RevokeShowsAsRevoked) {
   Client holder = distlock::connect(server.url());
   Client admin = distlock::connect(server.url());
   Watch w = admin.watch("rv/");
-  Lease l = holder.acquire("rv/x", ttl_of(2s, 60s));
-  ASSERT_NO_FATAL_FAILURE(expect_revoke_reported(w, admin, l, "rv/x"));
-  // The holder found out at its next renewal (within the 2 s ttl); nothing more is reported
+  // The holder finds out at its next renewal (within the 2 s ttl); nothing more is reported
   // of that lease.
-  EXPECT_FALSE(l.owns());
-  auto more = next_change(w, 3s);
-  EXPECT_FALSE(more) << describe(*more);
+  ASSERT_NO_FATAL_FAILURE(expect_revoke_then_nothing(w, holder, admin, "rv/x", 3s));
 }
 
 // The header's example, as written there (thread-safety: stop() from another thread ends

@@ -10,14 +10,17 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <stop_token>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "distlock/distlock.hpp"
+#include "engine/thread_annotations.hpp"
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
@@ -60,56 +63,98 @@ TEST(RedisClusterReview, AHungMasterDoesNotCostTheLocksOnOtherMasters) {
   EXPECT_TRUE(leases[2].owns());
 }
 
+// A client of `url` that waits for `name` (TTL 20 s, up to 60 s) in its own thread from its
+// construction: it records whether it got the lock and when (on this process's steady clock;
+// it releases it at once), or the error it was given, and then that its wait ended.
+// Thread-safety: the atomics and error() may be read from any thread; join() from one.
+class WaiterThread {
+ public:
+  WaiterThread(const std::string& url, const std::string& name)
+      : client_(distlock::connect(url, quiet())), thread_([this, name] { wait_for(name); }) {}
+  ~WaiterThread() { join(); }
+
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string error() {
+    distlock::detail::LockGuard lk(mu_);
+    return error_;
+  }
+
+  std::atomic<bool> got{false};
+  std::atomic<std::int64_t> got_at{0};
+  std::atomic<bool> ended{false};
+
+ private:
+  void wait_for(const std::string& name) {
+    try {
+      auto l = client_.acquire(name, ttl_of(20000ms, 60000ms));
+      got_at = Steady::now().time_since_epoch().count();
+      got = l.owns();
+      std::error_code ec;
+      l.release(ec);
+    } catch (const std::system_error& e) {
+      distlock::detail::LockGuard lk(mu_);
+      error_ = e.what();
+    }
+    ended = true;
+  }
+
+  Client client_;
+  distlock::detail::AnnotatedMutex mu_;
+  std::string error_ DISTLOCK_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// A client of `cluster` holding `name` (a name on node 0; TTL 20 s) and a WaiterThread for it;
+// `k` are the name's keys.
+struct HeldWithAWaiter {
+  HeldWithAWaiter(RedisCluster& c, const std::string& name)
+      : cluster(c),
+        k(distlock::detail::rediscluster::keys_of("distlock", name)),
+        holder_client(distlock::connect(c.url(), quiet())),
+        lease(holder_client.acquire(name, ttl_of(20000ms))),
+        waiter(c.url(), name) {}
+
+  // Whether the waiter listens for the release on node 0 within 10 s.
+  bool waiter_subscribed() {
+    return eventually([&] { return shard_subscribers(cluster.node(0), k.channel) == 1; }, 10000ms);
+  }
+
+  RedisCluster& cluster;
+  const distlock::detail::rediscluster::NameKeys k;
+  Client holder_client;
+  Lease lease;
+  WaiterThread waiter;
+};
+
 // A holder releases while its slot is being migrated (keys already on the
 // importing node, the slot still the source's: the release runs there through
 // ASK). The waiter (subscribed on the source) must neither be handed an error nor
 // be left waiting: once the move is finished at the latest it gets the lock.
 TEST(RedisClusterReview, AWaiterGetsALockReleasedWhileItsSlotMigrates) {
   RedisCluster cluster(3);
-  const std::string name = cluster.name_on(0, "migrating");
-  const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
-  auto holder_client = distlock::connect(cluster.url(), quiet());
-  auto waiter_client = distlock::connect(cluster.url(), quiet());
-  auto lease = holder_client.acquire(name, ttl_of(20000ms));
-  std::atomic<bool> got{false};
-  std::atomic<std::int64_t> got_at{0};
-  std::mutex mu;
-  std::string error;
-  std::thread t([&] {
-    try {
-      auto l = waiter_client.acquire(name, ttl_of(20000ms, 60000ms));
-      got_at = Steady::now().time_since_epoch().count();
-      got = l.owns();
-      std::error_code ec;
-      l.release(ec);
-    } catch (const std::system_error& e) {
-      std::lock_guard lk(mu);
-      error = e.what();
-    }
-  });
-  ASSERT_TRUE(eventually([&] { return shard_subscribers(cluster.node(0), k.channel) == 1; }, 10000ms));
-  cluster.begin_move(k.slot, 0, 1);
-  cluster.migrate_keys(k.slot, 0, 1);
+  HeldWithAWaiter held(cluster, cluster.name_on(0, "migrating"));
+  ASSERT_TRUE(held.waiter_subscribed());
+  cluster.begin_move(held.k.slot, 0, 1);
+  cluster.migrate_keys(held.k.slot, 0, 1);
   std::error_code rec;
-  lease.release(rec);
+  held.lease.release(rec);
   EXPECT_FALSE(rec) << "release during the migration: " << rec.message();
   // The move takes a while (a large slot, a slow operator): 3 s here.
   std::this_thread::sleep_for(3000ms);
   const auto finished_at = Steady::now();
-  cluster.finish_move(k.slot, 0, 1);
-  const bool done = eventually(
-      [&] {
-        std::lock_guard lk(mu);
-        return got.load() || !error.empty();
-      },
-      10000ms);
-  t.join();
+  cluster.finish_move(held.k.slot, 0, 1);
+  const bool done =
+      eventually([&] { return held.waiter.got.load() || !held.waiter.error().empty(); }, 10000ms);
+  held.waiter.join();
   EXPECT_TRUE(done);
-  EXPECT_TRUE(error.empty())
-      << "the waiter got an error although the lock was released and every node is up: " << error;
-  if (got.load()) {
-    const auto waited =
-        std::chrono::duration_cast<Millis>(Steady::time_point(Steady::duration(got_at.load())) - finished_at);
+  EXPECT_TRUE(held.waiter.error().empty())
+      << "the waiter got an error although the lock was released and every node is up: "
+      << held.waiter.error();
+  if (held.waiter.got.load()) {
+    const auto waited = std::chrono::duration_cast<Millis>(
+        Steady::time_point(Steady::duration(held.waiter.got_at.load())) - finished_at);
     EXPECT_LT(waited, 1500ms) << "the waiter got the lock " << waited.count()
                               << " ms after the move finished";
   } else {
@@ -121,36 +166,17 @@ TEST(RedisClusterReview, AWaiterGetsALockReleasedWhileItsSlotMigrates) {
 // an endless wait. The waiter waits (60 s) for a lock on node 0; node 0 is killed.
 TEST(RedisClusterReview, AWaiterOnAKilledNodeGetsAnError) {
   RedisCluster cluster(3);
-  const std::string name = cluster.name_on(0, "killed-wait");
-  const auto k = distlock::detail::rediscluster::keys_of("distlock", name);
-  auto holder_client = distlock::connect(cluster.url(), quiet());
-  auto waiter_client = distlock::connect(cluster.url(), quiet());
-  auto lease = holder_client.acquire(name, ttl_of(20000ms));
-  std::atomic<bool> ended{false};
-  std::atomic<bool> got{false};
-  std::mutex mu;
-  std::string error;
-  std::thread t([&] {
-    try {
-      auto l = waiter_client.acquire(name, ttl_of(20000ms, 60000ms));
-      got = l.owns();
-    } catch (const std::system_error& e) {
-      std::lock_guard lk(mu);
-      error = e.what();
-    }
-    ended = true;
-  });
-  ASSERT_TRUE(eventually([&] { return shard_subscribers(cluster.node(0), k.channel) == 1; }, 10000ms));
+  HeldWithAWaiter held(cluster, cluster.name_on(0, "killed-wait"));
+  ASSERT_TRUE(held.waiter_subscribed());
   const auto killed_at = Steady::now();
   cluster.node(0).kill();
-  const bool done = eventually([&] { return ended.load(); }, 15000ms);
+  const bool done = eventually([&] { return held.waiter.ended.load(); }, 15000ms);
   const auto after = std::chrono::duration_cast<Millis>(Steady::now() - killed_at);
   cluster.node(0).restart();
-  t.join();
+  held.waiter.join();
   EXPECT_TRUE(done) << "the waiter was still waiting " << after.count() << " ms after its node died";
-  EXPECT_FALSE(got.load()) << "the waiter was given the lock of a dead node";
-  std::lock_guard lk(mu);
-  EXPECT_FALSE(error.empty());
+  EXPECT_FALSE(held.waiter.got.load()) << "the waiter was given the lock of a dead node";
+  EXPECT_FALSE(held.waiter.error().empty());
   RecordProperty("ended_after_ms", static_cast<int>(after.count()));
 }
 

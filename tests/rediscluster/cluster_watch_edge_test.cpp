@@ -30,6 +30,13 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// One name beginning with `prefix` on each of the cluster's three masters, in the masters' order.
+std::vector<std::string> names_on_every_master(const RedisCluster& cluster, const std::string& prefix) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, prefix));
+  return names;
+}
+
 // CPU time (user + system) of this process, in microseconds.
 std::int64_t process_cpu_us() {
   rusage u{};
@@ -307,8 +314,7 @@ TEST(RedisClusterWatchEdges, RevokeUnderLockDelayIsRevokedThenTheNextAcquired) {
 // acquisition after the destruction still succeeds).
 TEST(RedisClusterWatchEdges, DestroyedWhileHandOffsAreDeliveredReturnsPromptly) {
   RedisCluster cluster(3);
-  std::vector<std::string> names;
-  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "dd/n"));
+  const std::vector<std::string> names = names_on_every_master(cluster, "dd/n");
   std::atomic<bool> done{false};
   std::atomic<int> taken{0};
   std::vector<std::thread> lockers;
@@ -369,8 +375,7 @@ TEST(RedisClusterWatchEdges, DestroyedWhileAMasterIsFrozenReturnsWithinTheTimeou
 // is an inferred `lost` saying events were missed (the landing run of 699f183 met it).
 TEST(RedisClusterWatchEdges, AConsumerThatFallsBehindGetsAGapThenTheHeldLease) {
   RedisCluster cluster(3);
-  std::vector<std::string> names;
-  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "slow/n"));
+  const std::vector<std::string> names = names_on_every_master(cluster, "slow/n");
   Client watcher = distlock::connect(cluster.url(), quiet());
   Client holder = distlock::connect(cluster.url(), quiet());
   WatchOptions wo;
@@ -411,8 +416,7 @@ TEST(RedisClusterWatchEdges, AConsumerThatFallsBehindGetsAGapThenTheHeldLease) {
 // of all three masters each way.
 TEST(RedisClusterWatchEdges, ScriptsPublishEventsOnlyWhileAWatchIsSubscribed) {
   RedisCluster cluster(3);
-  std::vector<std::string> names;
-  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "pubq/n"));
+  const std::vector<std::string> names = names_on_every_master(cluster, "pubq/n");
   Client c = distlock::connect(cluster.url(), quiet());
   constexpr int kPairs = 50;
   auto spublished = [&] {
@@ -481,8 +485,7 @@ bool no_shard_channel_left(RedisCluster& cluster) {
 // waiting for the confirmations.
 TEST(RedisClusterWatchEdges, AWatchSubscribingWhileScriptsRunGetsEveryChangeAfterItReturned) {
   RedisCluster cluster(3);
-  std::vector<std::string> names;
-  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "subrace/n"));
+  const std::vector<std::string> names = names_on_every_master(cluster, "subrace/n");
   Client locker = distlock::connect(cluster.url(), quiet());
   // The watcher reaches node 2 through a proxy that delays every byte by 200 ms: its SSUBSCRIBEs
   // there are confirmed at least 400 ms after they were sent, a window in which the locker's
@@ -617,8 +620,7 @@ TEST(RedisClusterWatchEdges, AUserRefusedPubsubPublishesAsIfWatched) {
   }
   std::string url = cluster.url();
   url.insert(std::string_view("redis+cluster://").size(), "locker:" + password + "@");
-  std::vector<std::string> names;
-  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "nopubsub/n"));
+  const std::vector<std::string> names = names_on_every_master(cluster, "nopubsub/n");
   Client c = distlock::connect(url, quiet());
   {
     auto r = cluster.node(0).command({"ACL", "DRYRUN", "locker", "PUBSUB", "SHARDNUMSUB", "x"});
@@ -677,8 +679,7 @@ TEST(RedisClusterWatchEdges, AUserRefusedPubsubPublishesAsIfWatched) {
 // pair here (3 runs), one that does not 20-40 us.
 TEST(RedisClusterWatchEdges, WatcherCostPerEventAndLockingRate) {
   RedisCluster cluster(3);
-  std::vector<std::string> names;
-  for (int i = 0; i < 3; ++i) names.push_back(cluster.name_on(i, "cost/n"));
+  const std::vector<std::string> names = names_on_every_master(cluster, "cost/n");
   Client client = distlock::connect(cluster.url(), quiet());
   constexpr int kPairs = 2000;
   struct Run {

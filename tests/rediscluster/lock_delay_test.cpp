@@ -22,6 +22,7 @@
 #include "rediscluster/cluster_backend.hpp"
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
+#include "support/lock_delay_grant.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_cluster.hpp"
@@ -173,18 +174,9 @@ TEST(RedisClusterLockDelay, AKilledHoldersMarkerMovesWithItsSlotAndHoldsTheNameB
   const auto [lock_left, marker_left] = pttls(cluster.node(1), k);
   EXPECT_EQ(lock_left, -2);
   ASSERT_GT(marker_left, 0) << "the marker did not move with its slot";
-  auto prober = distlock::connect(cluster.url(), quiet());
-  // 500 x 20 ms: past kill + TTL + D + 1 s
-  const auto granted =
-      distlock::testing::first_grant(prober, name, kTtl, 500, distlock::testing::ProbeErrors::retried);
-  ASSERT_TRUE(granted.has_value()) << "the name was never granted after the lock-delay";
-  const auto after = std::chrono::duration_cast<Millis>(*granted - killed);
-  std::printf(
-      "[ rediscluster ] killed holder, lock_delay %lld ms, ttl %lld ms, slot moved: granted %lld ms "
-      "after SIGKILL\n",
-      static_cast<long long>(kDelay.count()), static_cast<long long>(kTtl.count()),
-      static_cast<long long>(after.count()));
-  EXPECT_GE(after, kDelay - 1ms) << "granted before the dead holder's lock-delay could have ended";
+  Millis after{};  // 500 probes x 20 ms: past kill + TTL + D + 1 s
+  ASSERT_NO_FATAL_FAILURE(expect_granted_after_the_delay(
+      cluster.url(), name, kTtl, kDelay, killed, "[ rediscluster ] killed holder, slot moved", after));
   EXPECT_LE(after, kTtl + kDelay + 1000ms) << "granted too late after the lock-delay ended";
 }
 

@@ -21,6 +21,7 @@
 #include "masters.hpp"
 #include "redlock/fanout.hpp"
 #include "redlock/scripts.hpp"
+#include "support/client_options.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/tls_certs.hpp"
 
@@ -211,16 +212,10 @@ TEST(RedlockReview, WaiterWokenAfterSubscribingWithOneMasterPausedThenAnotherRes
   Masters m(3);
   auto holder = connect(m.url());
   auto waiter = connect(m.url());
-  LockOptions opts;
-  opts.ttl = 30s;
-  auto lease = holder.acquire("w1", opts);
+  auto lease = holder.acquire("w1", ttl_of(30s));
   ASSERT_TRUE(lease.owns());
   m[0].pause();
-  auto got = std::async(std::launch::async, [&] {
-    LockOptions w = opts;
-    w.wait = 25s;
-    return waiter.acquire("w1", w).owns();
-  });
+  auto got = std::async(std::launch::async, [&] { return waiter.acquire("w1", ttl_of(30s, 25s)).owns(); });
   std::this_thread::sleep_for(500ms);
   m[0].resume();
   std::this_thread::sleep_for(300ms);

@@ -15,6 +15,7 @@
 #include "distlock/distlock.hpp"
 #include "masters.hpp"
 #include "redlock/fanout.hpp"
+#include "support/client_options.hpp"
 #include "support/cs_log.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/lock_tool.hpp"
@@ -26,6 +27,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Masters;
+using testing::ttl_of;
 using Clock = std::chrono::steady_clock;
 
 Millis since(Clock::time_point t) {
@@ -401,9 +403,7 @@ TEST(RedlockFault, TimedOutConnectionIsDiscardedNotReused) {
 TEST(RedlockFault, RenewalWithoutAQuorumEndsInLossAtTheLocalDeadline) {
   Masters m(3);
   auto client = connect(m.url());
-  LockOptions opts;
-  opts.ttl = 600ms;
-  auto lease = client.acquire("fragile", opts);
+  auto lease = client.acquire("fragile", ttl_of(600ms));
   m[0].kill();
   m[1].kill();
   const auto t0 = Clock::now();
@@ -417,14 +417,8 @@ TEST(RedlockFault, WaiterNotifiedAfterItsSubscriptionMasterRestarted) {
   Masters m(3);
   auto holder = connect(m.url());
   auto waiter = connect(m.url());
-  LockOptions opts;
-  opts.ttl = 30s;
-  auto lease = holder.acquire("sub", opts);
-  auto got = std::async(std::launch::async, [&] {
-    LockOptions w = opts;
-    w.wait = 20s;
-    return waiter.acquire("sub", w).owns();
-  });
+  auto lease = holder.acquire("sub", ttl_of(30s));
+  auto got = std::async(std::launch::async, [&] { return waiter.acquire("sub", ttl_of(30s, 20s)).owns(); });
   std::this_thread::sleep_for(300ms);
   m[0].restart();  // its subscription connection breaks and is re-established
   std::this_thread::sleep_for(500ms);

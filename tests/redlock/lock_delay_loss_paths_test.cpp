@@ -30,6 +30,7 @@
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/redis_lock_delay.hpp"
+#include "support/redlock_keys.hpp"
 
 using namespace std::chrono_literals;
 using Steady = std::chrono::steady_clock;
@@ -37,12 +38,8 @@ using Steady = std::chrono::steady_clock;
 namespace distlock::testing {
 namespace {
 
-std::string marker_key(const std::string& name) {
-  return "distlock:redlock:delay:" + name;
-}
-
 long long marker_pttl(Masters& m, std::size_t i, const std::string& name) {
-  auto rep = m[i].command({"PTTL", marker_key(name)});
+  auto rep = m[i].command({"PTTL", redlock_marker_key(name)});
   return rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer : -999;
 }
 

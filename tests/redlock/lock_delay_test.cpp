@@ -30,9 +30,11 @@
 #include "support/client_options.hpp"
 #include "support/eventually.hpp"
 #include "support/fault_proxy.hpp"
+#include "support/lock_delay_grant.hpp"
 #include "support/lock_tool.hpp"
 #include "support/process.hpp"
 #include "support/redis_lock_delay.hpp"
+#include "support/redlock_keys.hpp"
 
 using namespace std::chrono_literals;
 using Steady = std::chrono::steady_clock;
@@ -40,16 +42,9 @@ using Steady = std::chrono::steady_clock;
 namespace distlock::testing {
 namespace {
 
-std::string lock_key(const std::string& name) {
-  return "distlock:redlock:lock:" + name;
-}
-std::string marker_key(const std::string& name) {
-  return "distlock:redlock:delay:" + name;
-}
-
 // PTTL of the lock key and of its marker on master i, read in one script (one instant).
 std::pair<long long, long long> pttls(Masters& m, std::size_t i, const std::string& name) {
-  return distlock::testing::lock_and_marker_pttl(m[i], lock_key(name), marker_key(name));
+  return distlock::testing::lock_and_marker_pttl(m[i], redlock_lock_key(name), redlock_marker_key(name));
 }
 
 // TTL 1 s, D 1.5 s: the marker outlives the key by D + 2 x (D / 100 + 2 ms) = 1,534 ms (± 2 ms:
@@ -80,7 +75,7 @@ TEST(RedlockLockDelay, MarkersOutliveTheKeysByTheDelayPlusDriftUntilANormalRelea
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_GE(renewals, 3) << "too few renewals seen";
-  EXPECT_EQ(m.get(0, marker_key(name)).substr(0, 5), "1534\n");
+  EXPECT_EQ(m.get(0, redlock_marker_key(name)).substr(0, 5), "1534\n");
   lease.release();
   for (std::size_t i = 0; i < m.size(); ++i) {
     EXPECT_EQ(pttls(m, i, name), std::make_pair(-2LL, -2LL)) << "master " << i;
@@ -115,18 +110,10 @@ TEST(RedlockLockDelay, AKilledHolderHoldsTheNameBackThoughOneMasterRestartsEmpty
   const Millis restart_took = std::chrono::duration_cast<Millis>(Steady::now() - killed);
   EXPECT_EQ(pttls(m, 0, name), std::make_pair(-2LL, -2LL)) << "master 0 kept its data over the restart";
   (void)child.wait_for(10s);
-  auto prober = distlock::connect(m.url(), quiet());
-  // 500 x 20 ms: past kill + TTL + D + 1 s
-  const auto granted =
-      distlock::testing::first_grant(prober, name, kTtl, 500, distlock::testing::ProbeErrors::retried);
-  ASSERT_TRUE(granted.has_value()) << "the name was never granted after the lock-delay";
-  const auto after = std::chrono::duration_cast<Millis>(*granted - killed);
-  std::printf(
-      "[ redlock3 ] killed holder, master 0 restarted empty (%lld ms), lock_delay %lld ms, ttl %lld "
-      "ms: granted %lld ms after SIGKILL\n",
-      static_cast<long long>(restart_took.count()), static_cast<long long>(kDelay.count()),
-      static_cast<long long>(kTtl.count()), static_cast<long long>(after.count()));
-  EXPECT_GE(after, kDelay - 1ms) << "granted before the dead holder's lock-delay could have ended";
+  Millis after{};  // 500 probes x 20 ms: past kill + TTL + D + 1 s
+  const std::string what = "[ redlock3 ] killed holder, master 0 restarted empty (" +
+                           std::to_string(restart_took.count()) + " ms)";
+  ASSERT_NO_FATAL_FAILURE(expect_granted_after_the_delay(m.url(), name, kTtl, kDelay, killed, what, after));
   EXPECT_LE(after, kTtl + distlock::detail::redlock::lock_delay_extra(kDelay) + 1000ms)
       << "granted too late after the lock-delay ended";
 }
@@ -196,7 +183,7 @@ TEST(RedlockLockDelay, AFastPathAttemptOnAMarkedMasterIsBusyAndLeavesTheMarker) 
   Masters m(3);
   const std::string name = "ld/fast";
   for (std::size_t i = 0; i < 2; ++i) {
-    auto r = m[i].command({"SET", marker_key(name), "1534\nlost-owner\n00ff", "PX", "3000"});
+    auto r = m[i].command({"SET", redlock_marker_key(name), "1534\nlost-owner\n00ff", "PX", "3000"});
     ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS);
   }
   auto c = distlock::connect(m.url(), quiet());
@@ -210,7 +197,7 @@ TEST(RedlockLockDelay, AFastPathAttemptOnAMarkedMasterIsBusyAndLeavesTheMarker) 
   for (std::size_t i = 0; i < 2; ++i) {
     const auto [l, mk] = pttls(m, i, name);
     EXPECT_GT(mk, 1000) << "master " << i << ": the marker was touched";
-    EXPECT_EQ(m.get(i, marker_key(name)), "1534\nlost-owner\n00ff");
+    EXPECT_EQ(m.get(i, redlock_marker_key(name)), "1534\nlost-owner\n00ff");
   }
 }
 
@@ -220,17 +207,17 @@ TEST(RedlockLockDelay, AFastPathAttemptOnAMarkedMasterIsBusyAndLeavesTheMarker) 
 TEST(RedlockLockDelay, AGrantedFastPathAttemptGivesBackTheKeyItTookBesideAMarker) {
   Masters m(3);
   const std::string name = "ld/fast-granted";
-  auto r = m[0].command({"SET", marker_key(name), "1534\nlost-owner\n00ff", "PX", "5000"});
+  auto r = m[0].command({"SET", redlock_marker_key(name), "1534\nlost-owner\n00ff", "PX", "5000"});
   ASSERT_TRUE(r && r->type == REDIS_REPLY_STATUS);
   auto c = distlock::connect(m.url(), quiet());
   auto got = c.try_acquire(name, delay_opts(3000ms, 0ms));
   ASSERT_TRUE(got.has_value()) << "masters 1 and 2 are free: a quorum";
   EXPECT_EQ(pttls(m, 0, name).first, -2) << "the key taken beside the marker was not given back";
-  EXPECT_EQ(m.get(0, marker_key(name)), "1534\nlost-owner\n00ff");
+  EXPECT_EQ(m.get(0, redlock_marker_key(name)), "1534\nlost-owner\n00ff");
   EXPECT_GT(pttls(m, 1, name).first, 0);
   EXPECT_GT(pttls(m, 2, name).first, 0);
   got->release();
-  EXPECT_EQ(m.get(0, marker_key(name)), "1534\nlost-owner\n00ff")
+  EXPECT_EQ(m.get(0, redlock_marker_key(name)), "1534\nlost-owner\n00ff")
       << "a release deleted another owner's marker";
 }
 

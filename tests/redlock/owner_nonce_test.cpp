@@ -104,7 +104,6 @@ TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAn
   Masters m(3);
   std::unique_ptr<Backend> b;
   ASSERT_NO_FATAL_FAILURE(hold(m, "job", 0ms, b));
-  Error ec;
   const std::string key = key_of("job");
   const std::string held = m.get(1, key);
   ASSERT_EQ(nonce_of(held).size(), 16U) << held;
@@ -124,6 +123,7 @@ TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAn
 
   const RenewItem item{"job", kOwner, 0, 30s};
   RenewStatus out = RenewStatus::failed;
+  Error ec;
   b->renew(std::span(&item, 1), std::span(&out, 1), ec);
   EXPECT_EQ(out, RenewStatus::renewed) << ec.message() << " " << ec.detail();
   // Another owner whose id is this one's prefix renews and releases nothing.
@@ -144,7 +144,6 @@ TEST(RedlockOwnerNonce, TheLockDelayMarkerCarriesTheKeysNonce) {
   Masters m(3);
   std::unique_ptr<Backend> b;
   ASSERT_NO_FATAL_FAILURE(hold(m, "batch", 2000ms, b));
-  Error ec;
   const std::string key = key_of("batch");
   const std::string marker = detail::redlock::delay_key(detail::redlock::Config{}, "batch");
   for (std::size_t i = 0; i < 3; ++i) {
@@ -152,6 +151,7 @@ TEST(RedlockOwnerNonce, TheLockDelayMarkerCarriesTheKeysNonce) {
     EXPECT_EQ(nonce_of(mk), nonce_of(v)) << "master " << i << ": key " << v << ", marker " << mk;
     EXPECT_NE(mk.find("\n" + std::string(kOwner) + "\n"), std::string::npos) << mk;
   }
+  Error ec;
   EXPECT_EQ(b->release("batch", kOwner, 0, ec), ReleaseStatus::released)
       << ec.message() << " " << ec.detail();
   for (std::size_t i = 0; i < 3; ++i) {

@@ -14,6 +14,7 @@
 #include "distlock/distlock.hpp"
 #include "masters.hpp"
 #include "redlock/scripts.hpp"
+#include "support/client_options.hpp"
 #include "support/manual_clock.hpp"
 
 namespace distlock {
@@ -168,9 +169,7 @@ TEST(Redlock, ExpiredLeaseReleaseReportsLostAndLeavesTheNewOwnersKeys) {
 TEST(Redlock, RenewalThatFindsAnotherOwnerOnAQuorumSignalsLoss) {
   Masters m(3);
   auto client = connect(m.url());
-  LockOptions opts;
-  opts.ttl = 2s;
-  auto lease = client.acquire("stolen", opts);
+  auto lease = client.acquire("stolen", testing::ttl_of(2s));
   for (std::size_t i = 0; i < 2; ++i) m[i].command({"SET", kKeyPrefix + "stolen", "intruder", "PX", "60000"});
   client.renew_now();
   EXPECT_TRUE(lease.stop_token().stop_requested());
