@@ -204,13 +204,15 @@ void wait_balanced(const std::vector<const distlock::ShardGroup*>& groups,
   FAIL() << "not balanced within " << kDeadline.count() << " ms:" << owners;
 }
 
-// wait_balanced, and that within `bound` of `t0`; `what` names the move in the message.
+// wait_balanced, and that within `bound` of `t0` (`took_ms`: how long it took); `what` names
+// the move in the message.
 void expect_balanced_within(const std::vector<const distlock::ShardGroup*>& groups,
                             const std::vector<std::size_t>& share, std::uint32_t shards,
-                            SteadyClock::time_point t0, Millis bound, const std::string& what) {
+                            SteadyClock::time_point t0, Millis bound, const std::string& what,
+                            long long& took_ms) {
   ASSERT_NO_FATAL_FAILURE(wait_balanced(groups, share, shards));
-  const auto took = ms_since(t0);
-  EXPECT_LE(took, bound.count()) << what << " after " << took << " ms";
+  took_ms = ms_since(t0);
+  EXPECT_LE(took_ms, bound.count()) << what << " after " << took_ms << " ms";
 }
 
 bool is_subset(const std::set<std::uint32_t>& a, const std::set<std::uint32_t>& b) {
@@ -256,8 +258,9 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   // b joins: 6 + 6 within one period (+ slack); a keeps 6 of its own, b takes the other 6.
   auto t0 = SteadyClock::now();
   auto b = std::make_unique<distlock::ShardGroup>(cb->shard_group("reindex", kShards, options(history, "b")));
-  ASSERT_NO_FATAL_FAILURE(
-      expect_balanced_within({a.get(), b.get()}, {6, 6}, kShards, t0, kPeriod + kSlack, "b got its share"));
+  long long join_ms = 0, join3_ms = 0, leave_ms = 0;
+  ASSERT_NO_FATAL_FAILURE(expect_balanced_within({a.get(), b.get()}, {6, 6}, kShards, t0, kPeriod + kSlack,
+                                                 "b got its share", join_ms));
   const auto a2 = owned(*a), b2 = owned(*b);
   EXPECT_TRUE(is_subset(a2, a1));
 
@@ -276,7 +279,7 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   t0 = SteadyClock::now();
   auto c = std::make_unique<distlock::ShardGroup>(cc->shard_group("reindex", kShards, options(history, "c")));
   ASSERT_NO_FATAL_FAILURE(expect_balanced_within({a.get(), b.get(), c.get()}, {4, 4, 4}, kShards, t0,
-                                                 kPeriod + kSlack, "c got its share"));
+                                                 kPeriod + kSlack, "c got its share", join3_ms));
   const auto a3 = owned(*a), b3 = owned(*b), c3 = owned(*c);
   EXPECT_TRUE(is_subset(a3, a2)) << show(a3) << " " << show(a2);
   EXPECT_TRUE(is_subset(b3, b2)) << show(b3) << " " << show(b2);
@@ -287,7 +290,7 @@ TEST_P(ShardGroupBackends, BalancedStickyAndOneOwnerAtATimeThroughJoinsAndALeave
   c->leave();
   EXPECT_TRUE(owned(*c).empty());
   ASSERT_NO_FATAL_FAILURE(expect_balanced_within({a.get(), b.get()}, {6, 6}, kShards, t0, kPeriod + kSlack,
-                                                 "c's shards owned again"));
+                                                 "c's shards owned again", leave_ms));
   EXPECT_TRUE(is_subset(a3, owned(*a)));
   EXPECT_TRUE(is_subset(b3, owned(*b)));
 
