@@ -204,7 +204,7 @@ void WaitQueue::run() {
     // A kick asks to retry the give-ups now; with none left (a waiting thread's
     // flush_abandoned() took them first) there is nothing to do. Left set, it would
     // make every wait below return at once: a spin holding mu_ that hung all lock
-    // calls of the client (SharedConnectionReview.WaitQueueRefresherKeepsItsLockFree...).
+    // calls of the client (SharedConnectionFaults.WaitQueueRefresherKeepsItsLockFree...).
     if (abandoned_.empty()) kick_ = false;
     // The shortest period among the queued entries and pending cancels; none: sleep
     // until there is one.

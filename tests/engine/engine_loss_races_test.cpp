@@ -30,12 +30,12 @@ using detail::MemoryStore;
 
 namespace {
 
-struct EngineReview : ManualMemoryTest {};
+struct EngineLossRaces : ManualMemoryTest {};
 
 // A thread that holds a Mutex whose lease was lost and locks it again (a nested
 // lock_guard) gets a new acquisition; unwinding both guards must not throw (a throw
 // from a lock_guard's destructor terminates the process).
-TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
+TEST_F(EngineLossRaces, NestedRelockAfterALossUnwindsWithoutThrowing) {
   auto c = client();
   distlock::Mutex m = c.mutex("nested", ttl(3s));
   m.lock();
@@ -56,7 +56,7 @@ TEST_F(EngineReview, NestedRelockAfterALossUnwindsWithoutThrowing) {
 
 // The same thread re-acquires a name whose hold has passed its local deadline before
 // the watchdog declared it: the old hold must still be signalled as lost.
-TEST_F(EngineReview, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled) {
+TEST_F(EngineLossRaces, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled) {
   auto c = client();
   distlock::Mutex m = c.mutex("replaced", ttl(3s));
   m.lock();
@@ -81,7 +81,7 @@ TEST_F(EngineReview, AHoldReplacedByARelockBeforeTheWatchdogRanIsStillSignalled)
 // the loss callback of another lease, with the renewer stuck on a hung server) must
 // still get its stop signal at its own local deadline, not after the watchdog's 1 s
 // fallback period.
-TEST(EngineReviewRealTime, LeaseTakenWhileTheWatchdogIsBusyIsStillWatched) {
+TEST(EngineLossRacesRealTime, LeaseTakenWhileTheWatchdogIsBusyIsStillWatched) {
   auto store = MemoryStore::named("review-rt-watchdog");
   distlock::ClientOptions o;
   o.logger = [](distlock::LogLevel, std::string_view) {};
@@ -158,7 +158,7 @@ void expect_lost_at_grant(Client& other, const Lease& lease, const std::string& 
   EXPECT_TRUE(lease.stop_token().stop_requested()) << "a loss the engine was told of was not signalled";
 }
 
-TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
+TEST_F(EngineLossRaces, SessionLostWhileGrantingSignalsTheNewLease) {
   SessionLossOnGrant* raw = nullptr;
   auto c = client_through<SessionLossOnGrant>(store_name, options(), &raw, store);
   auto other = client();
@@ -171,7 +171,7 @@ TEST_F(EngineReview, SessionLostWhileGrantingSignalsTheNewLease) {
 // The same for one lease: the backend reports the lease of this very acquisition
 // lost (etcd: its session's lease ended; ZooKeeper: its node is gone) between the
 // grant and the engine recording it.
-TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
+TEST_F(EngineLossRaces, LeaseLostWhileGrantingSignalsTheNewLease) {
   SessionLossOnGrant* raw = nullptr;
   auto c = client_through<SessionLossOnGrant>(store_name, options(), &raw, store);
   auto other = client();
@@ -192,7 +192,7 @@ TEST_F(EngineReview, LeaseLostWhileGrantingSignalsTheNewLease) {
 // acquiring thread has handed its lease to a worker, an acquire of the same name by
 // the acquiring thread must wait for the worker, not re-enter the worker's hold (two
 // threads would then run the critical section at once).
-TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
+TEST_F(EngineLossRaces, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
   auto c = client();
   distlock::Lease lease = c.acquire("moved", ttl(3s));
   std::mutex mu;
@@ -256,7 +256,7 @@ TEST_F(EngineReview, LeaseMovedToAnotherThreadIsNotReenteredByTheFirstThread) {
   std::_Exit(weak.expired() ? 0 : 3);
 }
 
-TEST(EngineReviewRealTime, LossCallbackHoldingTheLastClientCopyDoesNotCrash) {
+TEST(EngineLossRacesRealTime, LossCallbackHoldingTheLastClientCopyDoesNotCrash) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(last_client_copy_in_a_loss_callback(), ::testing::ExitedWithCode(0), "");
 }

@@ -1,5 +1,5 @@
 // The validity cap against a grant that races a lowered or raised validity.
-// Written by the review of 5285af8 (commit 915885b, first named engine_validity_review_test.cpp).
+// Written by the review of 5285af8 (commit 915885b, first named engine_validity_grant_race_test.cpp).
 //
 // Review of 5285af8 (Engine::on_validity_changed / cap_validity), memory backend,
 // manual clock. A wrapper backend calls the engine's listener from inside try_acquire,
@@ -27,7 +27,7 @@ using distlock::testing::ttl;
 
 namespace {
 
-struct EngineValidityReview : distlock::testing::ManualMemoryTest {};
+struct EngineValidityGrantRace : distlock::testing::ManualMemoryTest {};
 
 // Forwards to the memory backend; after a grant, reports the validities queued in
 // `on_next_grant` to the engine (in order), as a backend's event thread would.
@@ -52,7 +52,7 @@ class ValidityChangesOnGrant final : public distlock::testing::ForwardingBackend
 // The validity is raised back to 9 s before the engine records the lease: the raise
 // says nothing about a lease confirmed before the lowering, yet the insertion applies
 // only the latest cap (9 s) and the lease keeps the 9 s its answer counted.
-TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
+TEST_F(EngineValidityGrantRace, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
   auto opts = options();
   ValidityChangesOnGrant* raw = nullptr;
   auto c = distlock::testing::client_through<ValidityChangesOnGrant>(store_name, opts, &raw);
@@ -65,7 +65,7 @@ TEST_F(EngineValidityReview, ALowerThenRaiseDuringAGrantStillCapsThatGrant) {
 }
 
 // The same order without a raise: the lowered cap is applied at insertion (holds up).
-TEST_F(EngineValidityReview, ALowerDuringAGrantCapsThatGrant) {
+TEST_F(EngineValidityGrantRace, ALowerDuringAGrantCapsThatGrant) {
   auto opts = options();
   ValidityChangesOnGrant* raw = nullptr;
   auto c = distlock::testing::client_through<ValidityChangesOnGrant>(store_name, opts, &raw);
@@ -77,7 +77,7 @@ TEST_F(EngineValidityReview, ALowerDuringAGrantCapsThatGrant) {
 
 // A renewal in flight when the validity is lowered and raised again: the reply is
 // counted with the lowered validity (h->validity is never raised) — holds up.
-TEST_F(EngineValidityReview, ARenewalAfterALowerThenRaiseCountsTheLowerValidity) {
+TEST_F(EngineValidityGrantRace, ARenewalAfterALowerThenRaiseCountsTheLowerValidity) {
   auto c = client();
   auto lease = c.acquire("v", ttl(9s));
   auto engine = distlock::detail::engine_of(c);

@@ -1,6 +1,6 @@
 // The event thread's lifetime: destruction, the last handle dropped in a callback, fork(), blocking loggers.
 // Written by the adversarial review of the event thread (issue 13; commit 51daf6b, first named
-// engine_events_review_test.cpp).
+// engine_event_thread_lifetime_test.cpp).
 //
 // Adversarial review of the event thread (issue 13): destruction while callbacks are
 // queued or running, the last Client copy inside a callback, session loss with a
@@ -11,13 +11,14 @@
 // Failed at ee38150 (each 10/10, deterministic), pass since the fixes in engine.cpp
 // (forked() check in add_loss_callback, the loss log line on the event thread, the engine
 // kept alive and destroyed off the detecting thread by declare_lost):
-//   EngineEventsReview.OnLostInAForkedChildIsNeitherRunNorRefused          (regression of ee38150's series)
-//   EngineEventsReview.OnLostInAForkedChildDoesNotHangOnTheParentsEventQueueLock (regression; 8/8 runs,
+//   EngineEventThreadLifetime.OnLostInAForkedChildIsNeitherRunNorRefused          (regression of ee38150's
+//   series) EngineEventThreadLifetime.OnLostInAForkedChildDoesNotHangOnTheParentsEventQueueLock (regression;
+//   8/8 runs,
 //       2-3 of 60 forks hang per run)
-//   EngineEventsReview.ABlockingLoggerDelaysAnotherLeasesStopToken          (pre-existing; contradicts the
-//   new docs) EngineEventsReview.ABlockingLoggerDelaysAReadWriteLeasesCombinedToken   (pre-existing;
-//   contradicts engine.hpp) EngineEventsReviewFile.AStopCallbackDroppingTheLastHandleOnTheNotifierThread
-//   (pre-existing crash)
+//   EngineEventThreadLifetime.ABlockingLoggerDelaysAnotherLeasesStopToken          (pre-existing; contradicts
+//   the new docs) EngineEventThreadLifetime.ABlockingLoggerDelaysAReadWriteLeasesCombinedToken (pre-existing;
+//   contradicts engine.hpp)
+//   EngineEventThreadLifetimeFile.AStopCallbackDroppingTheLastHandleOnTheNotifierThread (pre-existing crash)
 // Every other test here passed from the start (release and TSan); all are kept as guards.
 #include <execinfo.h>
 #include <gtest/gtest.h>
@@ -50,7 +51,7 @@ namespace {
 using namespace std::chrono_literals;
 using distlock::testing::ttl;
 
-struct EngineEventsReview : distlock::testing::ManualMemoryTest {};
+struct EngineEventThreadLifetime : distlock::testing::ManualMemoryTest {};
 
 constexpr auto kBound = 5s;  // only spent when a test fails
 
@@ -94,7 +95,7 @@ distlock::ClientOptions with_logger_blocking_once(distlock::ClientOptions o, std
 // Destroying the last Client handle (from a user thread) while one callback blocks
 // and another is queued: the destructor waits for the running one, runs the queued
 // one, and only then returns. (Regression guard.)
-TEST_F(EngineEventsReview, DestroyingTheClientWhileACallbackBlocksRunsTheQueuedOnesFirst) {
+TEST_F(EngineEventThreadLifetime, DestroyingTheClientWhileACallbackBlocksRunsTheQueuedOnesFirst) {
   auto gate = std::make_shared<Gate>();
   auto second_ran = std::make_shared<std::atomic<bool>>(false);
   std::optional<distlock::Client> c = client();
@@ -119,7 +120,7 @@ TEST_F(EngineEventsReview, DestroyingTheClientWhileACallbackBlocksRunsTheQueuedO
 // The callback holds the last Client copy and drops it inside the callback body
 // while further callbacks are queued: the engine must be destroyed on a thread of its
 // own, every queued callback still runs, nothing runs on freed memory (ASan/TSan).
-TEST_F(EngineEventsReview, TheLastClientCopyDroppedInsideACallbackWithMoreQueued) {
+TEST_F(EngineEventThreadLifetime, TheLastClientCopyDroppedInsideACallbackWithMoreQueued) {
   auto gate = std::make_shared<Gate>();
   auto ran = std::make_shared<std::atomic<int>>(0);
   auto done = std::make_shared<std::promise<void>>();
@@ -154,7 +155,7 @@ TEST_F(EngineEventsReview, TheLastClientCopyDroppedInsideACallbackWithMoreQueued
 // A session loss over many leases while the first callback blocks: every stop token
 // has fired when on_session_lost returns, callbacks run once each, in loss order,
 // each after its own lease's stop token.
-TEST_F(EngineEventsReview, SessionLossOfManyLeasesWithABlockingFirstCallback) {
+TEST_F(EngineEventThreadLifetime, SessionLossOfManyLeasesWithABlockingFirstCallback) {
   constexpr int kLeases = 40;
   auto c = client();
   auto gate = std::make_shared<Gate>();
@@ -194,7 +195,7 @@ TEST_F(EngineEventsReview, SessionLossOfManyLeasesWithABlockingFirstCallback) {
 
 // on_lost registered from several threads while another thread declares the loss:
 // each callback runs exactly once, on the event thread, after the stop token.
-TEST_F(EngineEventsReview, OnLostRacingTheLossRunsEachCallbackOnceAfterTheStopToken) {
+TEST_F(EngineEventThreadLifetime, OnLostRacingTheLossRunsEachCallbackOnceAfterTheStopToken) {
   constexpr int kRounds = 150;
   constexpr int kPerThread = 20;
   auto c = client();
@@ -233,7 +234,7 @@ TEST_F(EngineEventsReview, OnLostRacingTheLossRunsEachCallbackOnceAfterTheStopTo
 
 // The watchdog gives a lease's stop signal at its deadline although the event thread
 // is blocked in another lease's callback (background renewal, renewals failing).
-TEST_F(EngineEventsReview, TheWatchdogSignalsWhileTheEventThreadIsBlocked) {
+TEST_F(EngineEventThreadLifetime, TheWatchdogSignalsWhileTheEventThreadIsBlocked) {
   auto c = client(/*background=*/true);
   auto gate = std::make_shared<Gate>();
   auto a = c.acquire("a-blocks", ttl(1s));
@@ -257,7 +258,7 @@ TEST_F(EngineEventsReview, TheWatchdogSignalsWhileTheEventThreadIsBlocked) {
 
 // A read-write lease loses every part at once (session loss): its on_lost runs once,
 // on the event thread, after its combined stop token.
-TEST_F(EngineEventsReview, AReadWriteLeaseLosingAllPartsRunsOnLostOnce) {
+TEST_F(EngineEventThreadLifetime, AReadWriteLeaseLosingAllPartsRunsOnLostOnce) {
   auto c = client();
   auto rw = c.shared_mutex("rw-all", ttl(5s));
   distlock::ReadWriteLease w = rw.acquire_exclusive();
@@ -282,7 +283,7 @@ TEST_F(EngineEventsReview, AReadWriteLeaseLosingAllPartsRunsOnLostOnce) {
 
 // A std::stop_callback (run on the detecting thread) may register on_lost and
 // release another lease of the same client without deadlock.
-TEST_F(EngineEventsReview, AStopCallbackMayRegisterOnLostAndRelease) {
+TEST_F(EngineEventThreadLifetime, AStopCallbackMayRegisterOnLostAndRelease) {
   auto c = client();
   auto a = c.acquire("stopcb-a", ttl(1s));
   auto other = std::make_shared<distlock::Lease>(c.acquire("stopcb-other", ttl(10s)));
@@ -303,7 +304,7 @@ TEST_F(EngineEventsReview, AStopCallbackMayRegisterOnLostAndRelease) {
 // callback registered on a lease the parent had already lost must either run or be
 // refused (errc::forked) -- not be silently queued for a thread the child does not
 // have; and nothing in the child may hang.
-TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
+TEST_F(EngineEventThreadLifetime, OnLostInAForkedChildIsNeitherRunNorRefused) {
   auto gate = std::make_shared<Gate>();
   auto c = client();
   auto a = c.acquire("fork-a", ttl(1s));
@@ -342,7 +343,7 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildIsNeitherRunNorRefused) {
 // blocks (a full pipe, a lock held elsewhere) on one lease's loss message holds every
 // other lease's stop token of a session loss / watchdog batch -- the very delay the
 // event thread was introduced to remove for on_lost.
-TEST_F(EngineEventsReview, ABlockingLoggerDelaysAnotherLeasesStopToken) {
+TEST_F(EngineEventThreadLifetime, ABlockingLoggerDelaysAnotherLeasesStopToken) {
   auto gate = std::make_shared<Gate>();
   auto c =
       distlock::connect("memory://" + store_name, with_logger_blocking_once(options(), gate, {"a-logged"}));
@@ -365,7 +366,7 @@ TEST_F(EngineEventsReview, ABlockingLoggerDelaysAnotherLeasesStopToken) {
 }
 
 // A callback holding the last engine handle as a Lease (its own, lost) drops it.
-TEST_F(EngineEventsReview, ALeaseAsTheLastHandleDroppedInsideItsOwnCallback) {
+TEST_F(EngineEventThreadLifetime, ALeaseAsTheLastHandleDroppedInsideItsOwnCallback) {
   auto done = std::make_shared<std::promise<void>>();
   auto lease = std::make_shared<std::optional<distlock::Lease>>();
   {
@@ -386,7 +387,7 @@ TEST_F(EngineEventsReview, ALeaseAsTheLastHandleDroppedInsideItsOwnCallback) {
 // Same, for one read-write lease: engine.hpp says add_loss_signal's signals run "right
 // after `stop`, never behind user code", but declare_lost runs the logger sink between
 // the part's stop token and fire_loss's signals: the combined token waits for it.
-TEST_F(EngineEventsReview, ABlockingLoggerDelaysAReadWriteLeasesCombinedToken) {
+TEST_F(EngineEventThreadLifetime, ABlockingLoggerDelaysAReadWriteLeasesCombinedToken) {
   auto gate = std::make_shared<Gate>();
   auto c = distlock::connect("memory://" + store_name,
                              with_logger_blocking_once(options(), gate, {"rw-logged", "lost"}));
@@ -407,7 +408,7 @@ TEST_F(EngineEventsReview, ABlockingLoggerDelaysAReadWriteLeasesCombinedToken) {
 // touches). add_loss_callback does not check forked() and takes the engine-wide
 // events_mu_, which the parent's event thread or poster may have held at the fork:
 // the child then blocks forever (caught here by alarm()).
-TEST_F(EngineEventsReview, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueueLock) {
+TEST_F(EngineEventThreadLifetime, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueueLock) {
   constexpr int kForks = 60;
   auto c = client();
   auto x = c.acquire("fork-x", ttl(1s));
@@ -461,7 +462,7 @@ TEST_F(EngineEventsReview, OnLostInAForkedChildDoesNotHangOnTheParentsEventQueue
 // A std::stop_callback runs on the detecting thread; with file:// that is the
 // backend's notifier thread. If it drops the last handles (Lease and Client) there,
 // the engine is destroyed on the notifier thread, which then joins itself.
-TEST(EngineEventsReviewFile, AStopCallbackDroppingTheLastHandleOnTheNotifierThread) {
+TEST(EngineEventThreadLifetimeFile, AStopCallbackDroppingTheLastHandleOnTheNotifierThread) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {

@@ -1,5 +1,6 @@
 // postgres:// when the session ends early: no second holder, release after it, the TTL range.
-// Written by the adversarial review of postgres:// (commit 1ac950a, first named postgres_review_test.cpp).
+// Written by the adversarial review of postgres:// (commit 1ac950a, first named
+// postgres_session_end_test.cpp).
 //
 // postgres:// under adversarial review: a lease is a session-level advisory lock,
 // and the server frees it the moment the session ends. These tests end the session
@@ -77,7 +78,7 @@ void expect_nobody_else_in_while_it_owns(distlock::Client& a, distlock::Client& 
 // of its TTL later) and owns() stays true until then. Another client that gets the
 // lock meanwhile is a second holder. Contract 1 requires that nobody else gets the
 // lock before the first holder's local deadline (or that the holder stops first).
-TEST(PostgresReview, AConnectionCutUnderALiveHolderLetsNobodyElseInWhileItStillOwns) {
+TEST(PostgresSessionEnd, AConnectionCutUnderALiveHolderLetsNobodyElseInWhileItStillOwns) {
   PostgresServer server;
   FaultProxy proxy(server.port());
   auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
@@ -91,7 +92,7 @@ TEST(PostgresReview, AConnectionCutUnderALiveHolderLetsNobodyElseInWhileItStillO
 // restart ended the holder's session, so the lock is free at once on the restarted
 // server, while the holder (whose next renewal is a third of its TTL away) still
 // owns it. Tokens do increase; exclusion does not hold.
-TEST(PostgresReview, AServerRestartLetsNobodyElseInWhileTheHolderStillOwns) {
+TEST(PostgresSessionEnd, AServerRestartLetsNobodyElseInWhileTheHolderStillOwns) {
   PostgresServer server;
   auto a = distlock::connect(server.url(), quiet());
   auto b = distlock::connect(server.url(), quiet());
@@ -107,7 +108,7 @@ TEST(PostgresReview, AServerRestartLetsNobodyElseInWhileTheHolderStillOwns) {
 // The release of a lease whose session the server has already ended (connection
 // cut): the lock is lost (another client may hold it by now), so the release must
 // say lost (contract 2), not a transient error that says "it will expire by its TTL".
-TEST(PostgresReview, ReleaseAfterTheSessionEndedReportsLost) {
+TEST(PostgresSessionEnd, ReleaseAfterTheSessionEndedReportsLost) {
   PostgresServer server;
   FaultProxy proxy(server.port());
   auto a = distlock::connect(PostgresServer::url_through(proxy.port()), quiet());
@@ -130,7 +131,7 @@ TEST(PostgresReview, ReleaseAfterTheSessionEndedReportsLost) {
 // A TTL the engine accepts (<= 366 days) but that idle_session_timeout cannot hold
 // (its limit is INT_MAX ms, about 24.8 days): the error must be invalid_argument and
 // name the limit, not backend_unavailable "cannot connect" (the server is fine).
-TEST(PostgresReview, ATtlBeyondTheSessionTimeoutRangeIsInvalidArgumentNamingTheLimit) {
+TEST(PostgresSessionEnd, ATtlBeyondTheSessionTimeoutRangeIsInvalidArgumentNamingTheLimit) {
   PostgresServer server;
   auto a = distlock::connect(server.url(), quiet());
   std::error_code ec;
@@ -157,7 +158,7 @@ namespace {
 // A 4096-byte name (the engine's limit) that does not compress: every backend takes
 // it as a lock name, and postgres:// must too (or refuse it as invalid_argument at
 // once); the name's row must not be beyond what the table's index can hold.
-TEST(PostgresReview, ALongIncompressibleNameWithinTheEngineLimitCanBeLocked) {
+TEST(PostgresSessionEnd, ALongIncompressibleNameWithinTheEngineLimitCanBeLocked) {
   PostgresServer server;
   auto log = std::make_shared<std::string>();
   auto log_mu = std::make_shared<std::mutex>();
@@ -203,7 +204,7 @@ namespace {
 // NEW owner's entry and runs pg_advisory_unlock on the session: the new lease's lock
 // is gone on the server while it owns() it. Contract 4 (never delete another
 // owner's lock) and 1 (another client gets it: two holders).
-TEST(PostgresReview, ARenewalInFlightAcrossAReleaseAndReacquireNeverUnlocksTheNewLease) {
+TEST(PostgresSessionEnd, ARenewalInFlightAcrossAReleaseAndReacquireNeverUnlocksTheNewLease) {
   PostgresServer server;
   // renew() walks a client's sessions in the map order of their addresses: the race
   // shows only when the "race" session comes after a stopped one. Each attempt is a
@@ -266,7 +267,7 @@ namespace {
 // the OOM killer would) makes the postmaster end every session and reinitialise:
 // every advisory lock of every client is free a moment later, while their holders
 // (next renewal a third of the TTL away) still own them.
-TEST(PostgresReview, AnUnrelatedBackendCrashLetsNobodyElseInWhileTheHolderStillOwns) {
+TEST(PostgresSessionEnd, AnUnrelatedBackendCrashLetsNobodyElseInWhileTheHolderStillOwns) {
   PostgresServer server;
   auto a = distlock::connect(server.url(), quiet());
   auto b = distlock::connect(server.url(), quiet());

@@ -174,7 +174,7 @@ std::string str(const redisReply* r) {
 //    queue and expiries must agree (tokens: both issued or neither; expiry values
 //    within a tolerance, both live or both dead).
 // ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, NewAcquireScriptMatchesTheQueueingScriptOnEveryState) {
+TEST(RedisAcquireFastPath, NewAcquireScriptMatchesTheQueueingScriptOnEveryState) {
   RedisServer server;
   Raw raw(server.port());
   const std::string new_src = distlock::detail::redis::queue_acquire_script().source();
@@ -340,7 +340,7 @@ distlock::detail::AcquireResult raw_acquire(Client& c, const std::string& name, 
 //    queued waiter is granted. Also behind a dead head, and with only dead
 //    entries (then the new wait takes it and leaves no queue behind).
 // ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
+TEST(RedisAcquireFastPath, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
   RedisServer server;
   Client hc = distlock::connect(server.url());
   Client w1c = distlock::connect(server.url());
@@ -403,7 +403,7 @@ TEST(RedisFastPathReview, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
 //    ends: W1 queued first (engine wait), W2 starts its wait at -40..+40 ms of the
 //    holder's expiry. W1 must get the lock before W2 every time.
 // ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
+TEST(RedisAcquireFastPath, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
   RedisServer server;
   Client hc = distlock::connect(server.url());
   Client c1 = distlock::connect(server.url());
@@ -454,7 +454,7 @@ TEST(RedisFastPathReview, WaiterQueuedBeforeAHolderExpiryGoesBeforeANewWait) {
 //    increase in the order of entry; a lease that owns() with >= 60 ms left finds
 //    its own token on the server (no silent loss).
 // ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, FastPathHammerWithServerPausesKeepsExclusion) {
+TEST(RedisAcquireFastPath, FastPathHammerWithServerPausesKeepsExclusion) {
   RedisServer server;
   constexpr int kClients = 3, kThreadsPer = 4, kNames = 6;
   std::vector<Client> clients = connect_clients(server.url(), kClients);
@@ -559,11 +559,11 @@ void tokens_across_restarts(bool aof) {
   }
 }
 
-TEST(RedisFastPathReview, FastPathTokensIncreaseAcrossRestartsWithAof) {
+TEST(RedisAcquireFastPath, FastPathTokensIncreaseAcrossRestartsWithAof) {
   tokens_across_restarts(true);
 }
 
-TEST(RedisFastPathReview, FastPathTokensIncreaseAcrossRestartsWithoutAof) {
+TEST(RedisAcquireFastPath, FastPathTokensIncreaseAcrossRestartsWithoutAof) {
   tokens_across_restarts(false);
 }
 
@@ -576,7 +576,7 @@ TEST(RedisFastPathReview, FastPathTokensIncreaseAcrossRestartsWithoutAof) {
 //    this does not cover a fast path that ran with its reply lost; the
 //    differential test above covers that state at the script level.)
 // ---------------------------------------------------------------------------
-TEST(RedisFastPathReview, WaitsThatTimeOutLeaveTheirLocksToOthers) {
+TEST(RedisAcquireFastPath, WaitsThatTimeOutLeaveTheirLocksToOthers) {
   RedisServer server;
   distlock::testing::FaultProxy proxy(server.port());
   Client slow = distlock::connect("redis://127.0.0.1:" + std::to_string(proxy.port()) + "?timeout=100ms");

@@ -80,7 +80,7 @@ class Turns {
 //    wait was queued (wait_for with a predicate that ignores the new wait), so a
 //    live waiter's entry expires: it loses its FIFO place and a release skips it.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientKeepsItsPlace) {
+TEST(RedisHandOffFaults, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientKeepsItsPlace) {
   RedisServer server;
   Client other = distlock::connect(server.url());
   Client holder_client = distlock::connect(server.url());
@@ -147,7 +147,7 @@ TEST(RedisHandOffReview, ShortTtlWaiterQueuedAfterALongTtlWaiterOnTheSameClientK
 //    acquire returns (safety margin 1 ms, so the check is tight). PTTL is read
 //    first, then remaining(): remaining <= pttl (+1 ms rounding).
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, HandOffGranteeLocalDeadlineIsNotAfterTheServerExpiry) {
+TEST(RedisHandOffFaults, HandOffGranteeLocalDeadlineIsNotAfterTheServerExpiry) {
   RedisServer server;
   Client holder_client = distlock::connect(server.url());
   Client w = distlock::connect(server.url());
@@ -188,7 +188,7 @@ TEST(RedisHandOffReview, HandOffGranteeLocalDeadlineIsNotAfterTheServerExpiry) {
 //    must get the lock promptly (not after the given-up waiter's 10 s TTL), and
 //    the given-up waiter's owner must not stay the server's holder.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, GiveUpRacingTheGrantNeverStrandsTheLock) {
+TEST(RedisHandOffFaults, GiveUpRacingTheGrantNeverStrandsTheLock) {
   RedisServer server;
   Client h = distlock::connect(server.url());
   Client x = distlock::connect(server.url());
@@ -251,7 +251,7 @@ TEST(RedisHandOffReview, GiveUpRacingTheGrantNeverStrandsTheLock) {
 // 4. try_acquire never queues and never jumps the queue, even when the lock is
 //    free because its holder's lease ran out with a live waiter queued.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, TryAcquireNeitherQueuesNorJumpsTheQueue) {
+TEST(RedisHandOffFaults, TryAcquireNeitherQueuesNorJumpsTheQueue) {
   RedisServer server;
   Client h = distlock::connect(server.url());
   Client w = distlock::connect(server.url());
@@ -352,11 +352,11 @@ void restart_with_waiters(bool aof) {
   server.kill();
 }
 
-TEST(RedisHandOffReview, ServerRestartWithoutPersistenceWhileWaitersQueued) {
+TEST(RedisHandOffFaults, ServerRestartWithoutPersistenceWhileWaitersQueued) {
   restart_with_waiters(false);
 }
 
-TEST(RedisHandOffReview, ServerRestartWithAofWhileWaitersQueued) {
+TEST(RedisHandOffFaults, ServerRestartWithAofWhileWaitersQueued) {
   restart_with_waiters(true);
 }
 
@@ -366,7 +366,7 @@ TEST(RedisHandOffReview, ServerRestartWithAofWhileWaitersQueued) {
 //    checked with owns() at both ends of the critical section; tokens strictly
 //    increase in the order of entry.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
+TEST(RedisHandOffFaults, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
   RedisServer server;
   constexpr int kClients = 4, kThreadsPer = 3;
   std::vector<Client> clients = connect_clients(server.url(), kClients);
@@ -430,7 +430,7 @@ TEST(RedisHandOffReview, HammerWithGiveUpsKeepsExclusionAndTokenOrder) {
 // 7. A grant published while the grantee's subscriber connection is being
 //    reconnected (CLIENT KILL TYPE pubsub right before the release).
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, GrantWhileTheGranteesSubscriberReconnects) {
+TEST(RedisHandOffFaults, GrantWhileTheGranteesSubscriberReconnects) {
   RedisServer server;
   Client h = distlock::connect(server.url());
   Client w = distlock::connect(server.url());
@@ -463,7 +463,7 @@ TEST(RedisHandOffReview, GrantWhileTheGranteesSubscriberReconnects) {
 // 8. Many waiters and kill -9 of the holder (a child process): each waiter gets
 //    the lock in turn, one at a time, tokens increasing, within a bounded time.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, ManyWaitersAndTheHolderKilled) {
+TEST(RedisHandOffFaults, ManyWaitersAndTheHolderKilled) {
   distlock::testing::TempDir dir("distlock-handoff-review");
   RedisServer server;
   Client probe = distlock::connect(server.url());
@@ -506,7 +506,7 @@ TEST(RedisHandOffReview, ManyWaitersAndTheHolderKilled) {
 //    It must not believe it holds while W does; it queues again and gets the lock
 //    after W, with a larger token.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, WaiterPausedWithAGrantInFlightResumesWhileAnotherHolds) {
+TEST(RedisHandOffFaults, WaiterPausedWithAGrantInFlightResumesWhileAnotherHolds) {
   distlock::testing::TempDir dir("distlock-handoff-review");
   RedisServer server;
   Client h = distlock::connect(server.url());
@@ -559,7 +559,7 @@ TEST(RedisHandOffReview, WaiterPausedWithAGrantInFlightResumesWhileAnotherHolds)
 // 10. A semaphore (several names, queued in each) under contention with
 //     give-ups: never more holders than permits, nothing left behind.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, SemaphoreHammerNeverExceedsItsPermits) {
+TEST(RedisHandOffFaults, SemaphoreHammerNeverExceedsItsPermits) {
   RedisServer server;
   constexpr int kClients = 3, kThreadsPer = 2, kPermits = 2;
   std::vector<Client> clients = connect_clients(server.url(), kClients);
@@ -602,7 +602,7 @@ TEST(RedisHandOffReview, SemaphoreHammerNeverExceedsItsPermits) {
 //     enters a name's critical section checks that no other lease of that name
 //     still owns(); tokens per name increase in order of entry.
 // ---------------------------------------------------------------------------
-TEST(RedisHandOffReview, ConnectionKillsDuringHandOffsKeepExclusion) {
+TEST(RedisHandOffFaults, ConnectionKillsDuringHandOffsKeepExclusion) {
   RedisServer server;
   constexpr int kClients = 3, kThreadsPer = 6, kNames = 3;
   std::vector<Client> clients = connect_clients(server.url(), kClients);

@@ -82,7 +82,7 @@ class ScriptedSentinel {
 // the highest epoch", `fresh` is and stays the master; but two of three sentinels now
 // name `old`, a majority, and the client moves there although it was chosen under a
 // newer epoch — and is granted a lock that client 2 holds on `fresh`.
-TEST(SentinelReview2, AMajorityNamingAnOlderEpochDoesNotMoveTheClientBackToTheOldMaster) {
+TEST(SentinelEpochChoice, AMajorityNamingAnOlderEpochDoesNotMoveTheClientBackToTheOldMaster) {
   RedisServer old_master, fresh_master;
   ScriptedSentinel leader(5, fresh_master.port());
   ScriptedSentinel lagging1(4, old_master.port());

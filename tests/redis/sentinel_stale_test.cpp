@@ -95,7 +95,7 @@ bool lands_on(distlock::Client& c, distlock::testing::RedisServer& node, int& pr
 // (cut off from the other sentinels, or not yet reached by their hello messages);
 // the other two name the new one. The client must follow the failover: it is told
 // to re-discover on every failed call and every second.
-TEST(SentinelReview, AStaleFirstSentinelDoesNotKeepTheClientOnAHungMaster) {
+TEST(SentinelStale, AStaleFirstSentinelDoesNotKeepTheClientOnAHungMaster) {
   RedisSentinelGroup group;
   const std::uint16_t old_port = group.master_port();
   StaleSentinel stale(old_port);
@@ -161,14 +161,14 @@ std::string pulled_back(const std::string& extra) {
   return second_holder(c1, held, old_master, old_port, new_port, 5s);
 }
 
-TEST(SentinelReview, AStaleSentinelDoesNotPullAClientBackToTheOldMaster) {
+TEST(SentinelStale, AStaleSentinelDoesNotPullAClientBackToTheOldMaster) {
   const std::string both = pulled_back("");
   EXPECT_TRUE(both.empty()) << both;
 }
 
 // The same with wait=1: the old master has no replica any more, so WAIT refuses
 // every acquisition there (this mitigation holds).
-TEST(SentinelReview, WithWaitAStaleSentinelCannotGrantALockOnTheOldMaster) {
+TEST(SentinelStale, WithWaitAStaleSentinelCannotGrantALockOnTheOldMaster) {
   const std::string both = pulled_back("&wait=1&wait_timeout=200ms");
   EXPECT_TRUE(both.empty()) << both;
 }
@@ -178,7 +178,7 @@ TEST(SentinelReview, WithWaitAStaleSentinelCannotGrantALockOnTheOldMaster) {
 // Sentinel 0 names the old master until the others' hello messages reach it (about
 // 2 s); the old master answers ROLE "master" until it is demoted (longer). A client
 // that lists sentinel 0 first must not be granted a lock held on the new master.
-TEST(SentinelReview, APausedSentinelResumingStaleDoesNotGiveTwoHolders) {
+TEST(SentinelStale, APausedSentinelResumingStaleDoesNotGiveTwoHolders) {
   RedisSentinelGroup group;
   const std::uint16_t old_port = group.master_port();
   auto& old_master = group.node_at_port(old_port);

@@ -210,7 +210,7 @@ class EchoHammer {
 //    the last one returns after N x command timeout, not "about the command timeout
 //    plus the connect timeout".
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, ConnectsToAStuckServerAreNotSerialisedBehindEachOther) {
+TEST(SharedConnectionFaults, ConnectsToAStuckServerAreNotSerialisedBehindEachOther) {
   RedisServer server;
   const Millis timeout(300);
   SharedConnection shared(opts_for(server, timeout, timeout));
@@ -230,7 +230,7 @@ TEST(SharedConnectionReview, ConnectsToAStuckServerAreNotSerialisedBehindEachOth
 
 // The same through the public API: threads of one client calling try_acquire while
 // the server is stopped (after its connection failed once).
-TEST(SharedConnectionReview, TryAcquireOnAStuckServerReturnsWithinTheTimeoutsForEveryThread) {
+TEST(SharedConnectionFaults, TryAcquireOnAStuckServerReturnsWithinTheTimeoutsForEveryThread) {
   RedisServer server;
   ClientOptions co;
   co.connect_timeout = Millis(300);
@@ -280,7 +280,7 @@ TEST(SharedConnectionReview, TryAcquireOnAStuckServerReturnsWithinTheTimeoutsFor
 //    after the command timeout breaks "every call returns within about the
 //    command timeout".
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, NoCallIsHeldFarBeyondTheCommandTimeoutUnderSteadyLoad) {
+TEST(SharedConnectionFaults, NoCallIsHeldFarBeyondTheCommandTimeoutUnderSteadyLoad) {
   RedisServer server;
   const Millis timeout(1000);
   SharedConnection shared(opts_for(server, timeout));
@@ -300,7 +300,7 @@ TEST(SharedConnectionReview, NoCallIsHeldFarBeyondTheCommandTimeoutUnderSteadyLo
 // 3. Misattribution: CLIENT KILL of the shared socket while calls (single, pipelined,
 //    large) are in flight; each kill is made while the wire has calls queued.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, ClientKillMidFlightNeverHandsAReplyToTheWrongCall) {
+TEST(SharedConnectionFaults, ClientKillMidFlightNeverHandsAReplyToTheWrongCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(2000)));
   EchoHammer hammer(shared, 12, 100000);
@@ -323,7 +323,7 @@ TEST(SharedConnectionReview, ClientKillMidFlightNeverHandsAReplyToTheWrongCall) 
 //    come: the calls in flight fail; when it runs again it answers them on the old
 //    socket, and none of those late answers may reach a later call.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, LateRepliesAfterAPauseLongerThanTheTimeoutReachNobody) {
+TEST(SharedConnectionFaults, LateRepliesAfterAPauseLongerThanTheTimeoutReachNobody) {
   RedisServer server;
   const Millis timeout(250);
   SharedConnection shared(opts_for(server, timeout, Millis(250)));
@@ -360,7 +360,7 @@ TEST(SharedConnectionReview, LateRepliesAfterAPauseLongerThanTheTimeoutReachNobo
 // ---------------------------------------------------------------------------
 // 5. A server restarted (SIGTERM + start on the same port) with calls in flight.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, RestartMidFlightNeverHandsAReplyToTheWrongCall) {
+TEST(SharedConnectionFaults, RestartMidFlightNeverHandsAReplyToTheWrongCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(1000), Millis(500)));
   EchoHammer hammer(shared, 10, 100000);
@@ -381,7 +381,7 @@ TEST(SharedConnectionReview, RestartMidFlightNeverHandsAReplyToTheWrongCall) {
 //    (single and pipelined) gets its own answer; a failure is an error, never
 //    somebody else's result.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, ScriptFlushStormNeverHandsAScriptResultToTheWrongCall) {
+TEST(SharedConnectionFaults, ScriptFlushStormNeverHandsAScriptResultToTheWrongCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(2000)));
   static const Script kEcho("return ARGV[1]");
@@ -462,7 +462,7 @@ TEST(SharedConnectionReview, ScriptFlushStormNeverHandsAScriptResultToTheWrongCa
 // 7. A 10,000-command pipeline (large request and large reply: a renew batch of
 //    10,000 leases is 10 such EVALSHAs, here 10,000 ECHOs) while small calls run.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsCall) {
+TEST(SharedConnectionFaults, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsCall) {
   RedisServer server;
   SharedConnection shared(opts_for(server, Millis(5000)));
   EchoHammer hammer(shared, 8, 1000000);
@@ -511,7 +511,7 @@ TEST(SharedConnectionReview, HugePipelinesBesideSmallCallsKeepEveryReplyWithItsC
 // 8. Destroying the connection right after every call returned (failed on a stuck
 //    server) is clean; repeated many times.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, DestroyRightAfterCallsFailedOnAStuckServerIsClean) {
+TEST(SharedConnectionFaults, DestroyRightAfterCallsFailedOnAStuckServerIsClean) {
   RedisServer server;
   for (int round = 0; round < 10; ++round) {
     auto shared = std::make_unique<SharedConnection>(opts_for(server, Millis(100), Millis(100)));
@@ -543,7 +543,7 @@ TEST(SharedConnectionReview, DestroyRightAfterCallsFailedOnAStuckServerIsClean) 
 //    timeout. Exclusion is checked with owns() at both ends; tokens per name
 //    strictly increase in the order of entry.
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, LockHammerUnderKillsFlushesAndPausesKeepsExclusionAndTokens) {
+TEST(SharedConnectionFaults, LockHammerUnderKillsFlushesAndPausesKeepsExclusionAndTokens) {
   RedisServer server;
   ClientOptions co;
   co.connect_timeout = Millis(300);
@@ -647,7 +647,7 @@ TEST(SharedConnectionReview, LockHammerUnderKillsFlushesAndPausesKeepsExclusionA
 //     forget(), flush_abandoned(), on_grant() of that client blocks for good.
 //     Driven deterministically through the refresh callback (which runs unlocked).
 // ---------------------------------------------------------------------------
-TEST(SharedConnectionReview, WaitQueueRefresherKeepsItsLockFreeWhenAKickOutlivesTheCancelItAskedFor) {
+TEST(SharedConnectionFaults, WaitQueueRefresherKeepsItsLockFreeWhenAKickOutlivesTheCancelItAskedFor) {
   struct Sync {
     std::mutex m;
     std::condition_variable cv;

@@ -37,7 +37,7 @@ namespace {
 // other masters are unaffected". A master that hangs (SIGSTOP: a stalled VM, a
 // long fork, a frozen disk) instead of dying must not cost the locks held on the
 // healthy masters either: their renewals do not depend on the hung node.
-TEST(RedisClusterReview, AHungMasterDoesNotCostTheLocksOnOtherMasters) {
+TEST(RedisClusterFaults, AHungMasterDoesNotCostTheLocksOnOtherMasters) {
   RedisCluster cluster(3);
   auto c = distlock::connect(cluster.url(), quiet());
   const Millis ttl = 1500ms;
@@ -132,7 +132,7 @@ struct HeldWithAWaiter {
 // importing node, the slot still the source's: the release runs there through
 // ASK). The waiter (subscribed on the source) must neither be handed an error nor
 // be left waiting: once the move is finished at the latest it gets the lock.
-TEST(RedisClusterReview, AWaiterGetsALockReleasedWhileItsSlotMigrates) {
+TEST(RedisClusterFaults, AWaiterGetsALockReleasedWhileItsSlotMigrates) {
   RedisCluster cluster(3);
   HeldWithAWaiter held(cluster, cluster.name_on(0, "migrating"));
   ASSERT_TRUE(held.waiter_subscribed());
@@ -164,7 +164,7 @@ TEST(RedisClusterReview, AWaiterGetsALockReleasedWhileItsSlotMigrates) {
 
 // Contract 5: a waiter whose connection dies gets an error, not the lock and not
 // an endless wait. The waiter waits (60 s) for a lock on node 0; node 0 is killed.
-TEST(RedisClusterReview, AWaiterOnAKilledNodeGetsAnError) {
+TEST(RedisClusterFaults, AWaiterOnAKilledNodeGetsAnError) {
   RedisCluster cluster(3);
   HeldWithAWaiter held(cluster, cluster.name_on(0, "killed-wait"));
   ASSERT_TRUE(held.waiter_subscribed());
@@ -188,7 +188,7 @@ TEST(RedisClusterReview, AWaiterOnAKilledNodeGetsAnError) {
 // window; a lease without lock_delay never names a lock-delay marker (one with it names
 // its own, which exists: tests/rediscluster/lock_delay_test.cpp). Bound: three TTLs of 1 s
 // on this process's steady clock, about nine renewals.
-TEST(RedisClusterReview, AHolderKeepsRenewingWhileItsSlotIsMigratingWithTheKeyStillOnTheSource) {
+TEST(RedisClusterFaults, AHolderKeepsRenewingWhileItsSlotIsMigratingWithTheKeyStillOnTheSource) {
   RedisCluster cluster(3);
   const std::string name = cluster.name_on(0, "renew-migrating");
   const auto k = distlock::detail::rediscluster::keys_of("distlock", name);

@@ -80,7 +80,7 @@ void noscript_while_writing(bool tls) {
   }
 }
 
-TEST(RedlockReview, NoscriptRetryWhileAWriteIsPendingOverTcp) {
+TEST(RedlockFanoutSockets, NoscriptRetryWhileAWriteIsPendingOverTcp) {
   noscript_while_writing(false);
 }
 
@@ -88,7 +88,7 @@ TEST(RedlockReview, NoscriptRetryWhileAWriteIsPendingOverTcp) {
 // buffer unless SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER is set; the NOSCRIPT retry
 // appends to OutBuffer's std::string, which moves it, and the next SSL_write failed
 // with "bad write retry": the master was reported unreachable.
-TEST(RedlockReview, NoscriptRetryWhileAWriteIsPendingOverTls) {
+TEST(RedlockFanoutSockets, NoscriptRetryWhileAWriteIsPendingOverTls) {
   noscript_while_writing(true);
 }
 
@@ -137,11 +137,11 @@ void failed_acquisition_leaves_nothing(bool tls) {
   }
 }
 
-TEST(RedlockReview, FailedAcquisitionOnPausedMastersLeavesNoKeyTcp) {
+TEST(RedlockFanoutSockets, FailedAcquisitionOnPausedMastersLeavesNoKeyTcp) {
   failed_acquisition_leaves_nothing(false);
 }
 
-TEST(RedlockReview, FailedAcquisitionOnPausedMastersLeavesNoKeyTls) {
+TEST(RedlockFanoutSockets, FailedAcquisitionOnPausedMastersLeavesNoKeyTls) {
   failed_acquisition_leaves_nothing(true);
 }
 
@@ -197,18 +197,18 @@ void late_replies_reach_nobody(bool tls) {
   std::printf("ok %d timeouts %d wrong %d\n", ok.load(), timeouts.load(), wrong.load());
 }
 
-TEST(RedlockReview, LateRepliesReachNobodyTcp) {
+TEST(RedlockFanoutSockets, LateRepliesReachNobodyTcp) {
   late_replies_reach_nobody(false);
 }
 
-TEST(RedlockReview, LateRepliesReachNobodyTls) {
+TEST(RedlockFanoutSockets, LateRepliesReachNobodyTls) {
   late_replies_reach_nobody(true);
 }
 
 // A waiter subscribes while one master is paused (its SUBSCRIBE unconfirmed); the
 // paused one comes back, another is restarted (its subscription breaks); the holder
 // releases: the waiter is woken promptly (well before its 5 s re-check cap).
-TEST(RedlockReview, WaiterWokenAfterSubscribingWithOneMasterPausedThenAnotherRestarted) {
+TEST(RedlockFanoutSockets, WaiterWokenAfterSubscribingWithOneMasterPausedThenAnotherRestarted) {
   Masters m(3);
   auto holder = connect(m.url());
   auto waiter = connect(m.url());
@@ -231,7 +231,7 @@ TEST(RedlockReview, WaiterWokenAfterSubscribingWithOneMasterPausedThenAnotherRes
 // Release published while every master's subscriber connection was just killed
 // (CLIENT KILL TYPE pubsub on all masters, then release at once): the waiter is
 // woken (the broken subscription notifies, the re-subscription notifies again).
-TEST(RedlockReview, WaiterWokenWhenReleaseRacesSubscriberReconnects) {
+TEST(RedlockFanoutSockets, WaiterWokenWhenReleaseRacesSubscriberReconnects) {
   Masters m(3);
   auto holder = connect(m.url());
   auto waiter = connect(m.url());
@@ -259,7 +259,7 @@ TEST(RedlockReview, WaiterWokenWhenReleaseRacesSubscriberReconnects) {
 
 // Lane connections killed under load (CLIENT KILL TYPE normal on every master,
 // repeatedly) while two clients contend: no overlap, and progress.
-TEST(RedlockReview, ClientKillUnderContentionNeverOverlaps) {
+TEST(RedlockFanoutSockets, ClientKillUnderContentionNeverOverlaps) {
   Masters m(3);
   auto a = connect(m.url("timeout=200ms"));
   auto b = connect(m.url("timeout=200ms"));
@@ -329,7 +329,7 @@ bool lanes_closed_by_masters(Masters& m) {
   }
 }
 
-TEST(RedlockReview, IdleConnectionsClosedByTheMastersDoNotFailTheNextCall) {
+TEST(RedlockFanoutSockets, IdleConnectionsClosedByTheMastersDoNotFailTheNextCall) {
   Masters m(3);
   for (std::size_t i = 0; i < m.size(); ++i) m[i].command({"CONFIG", "SET", "timeout", "1"});
   auto client = connect(m.url());
@@ -356,7 +356,7 @@ TEST(RedlockReview, IdleConnectionsClosedByTheMastersDoNotFailTheNextCall) {
 // 500 ms, not the default 50 ms: the 1 s pause still outlasts it, and on a loaded machine
 // (load average 20) 3 of 20 runs with 50 ms failed before the pause, no master having
 // answered a plain acquire within 50 ms.
-TEST(RedlockReview, ManyWaitersWokenAfterAPausedMasterReturns) {
+TEST(RedlockFanoutSockets, ManyWaitersWokenAfterAPausedMasterReturns) {
   Masters m(3);
   auto holder = connect(m.url("timeout=500ms"));
   auto waiter = connect(m.url("timeout=500ms"));
@@ -390,7 +390,7 @@ TEST(RedlockReview, ManyWaitersWokenAfterAPausedMasterReturns) {
 // Hammer over TLS with one master paused and resumed at random and a short per-node
 // timeout: two clients x 4 threads; the intervals in which a holder believes it
 // owns the lock (acquire returned .. last owns() true) never overlap.
-TEST(RedlockReview, TlsHammerWithAPausingMasterNeverOverlaps) {
+TEST(RedlockFanoutSockets, TlsHammerWithAPausingMasterNeverOverlaps) {
   Certs certs;
   Masters m(3, tls_options(certs));
   const std::string url = m.tls_url("timeout=40ms&cacert=" + certs.path("ca.pem"));

@@ -290,7 +290,7 @@ int periods_until_balanced(
 
 }  // namespace
 
-TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
+TEST(ShardPlanConvergence, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
   std::mt19937 rng(7);
   int worst = 0;
   for (int round = 0; round < kRandomRounds; ++round) {
@@ -310,7 +310,7 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromFreshListings) {
   std::printf("worst: %d periods\n", worst);
 }
 
-TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
+TEST(ShardPlanConvergence, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
   std::mt19937 rng(8);
   std::map<int, int> hist;
   for (int round = 0; round < kRandomRounds; ++round) {
@@ -325,7 +325,7 @@ TEST(ShardPlanReview, AJoinIsBalancedAfterOnePeriodFromStaleListings) {
   for (auto [p, n] : hist) std::printf("%d periods: %d\n", p, n);
 }
 
-TEST(ShardPlanReview, ALeaveOrDeathIsBalancedAfterOnePeriod) {
+TEST(ShardPlanConvergence, ALeaveOrDeathIsBalancedAfterOnePeriod) {
   std::mt19937 rng(9);
   for (int round = 0; round < kRandomRounds; ++round) {
     const std::uint32_t m = 1 + rng() % 64;
@@ -345,7 +345,7 @@ TEST(ShardPlanReview, ALeaveOrDeathIsBalancedAfterOnePeriod) {
 // Random histories: joins, deaths and leaves while a rebalance is half done, listings stale
 // (members and shards listed at different moments), stale waiters queued first. Once membership
 // stops changing the group must converge, and then stay put.
-TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
+TEST(ShardPlanConvergence, RandomHistoriesConvergeAndStayPut) {
   std::mt19937 rng(11);
   std::map<int, int> hist;
   for (int round = 0; round < kRandomRounds; ++round) {
@@ -407,7 +407,7 @@ TEST(ShardPlanReview, RandomHistoriesConvergeAndStayPut) {
 
 // The same with acquisitions that lag behind the releases (another member lists while a
 // released shard has no owner yet): at the end of each period every pending take completes.
-TEST(ShardPlanReview, SlowTakesStillBalanceAJoinInOnePeriod) {
+TEST(ShardPlanConvergence, SlowTakesStillBalanceAJoinInOnePeriod) {
   std::mt19937 rng(12);
   for (int round = 0; round < kRandomRounds; ++round) {
     auto [m, w, settled, md] = settled_group_joined(rng, /*slow=*/true);

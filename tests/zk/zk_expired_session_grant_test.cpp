@@ -114,7 +114,7 @@ class StallClock final : public Clock {
 // false, lost at its local deadline). Counted with 30 s, acquire() returns a lease that
 // owns() while the other client holds the lock with a newer token, until the first
 // renewal is refused (the engine counts that as a brain split).
-TEST(ZkValidityReview2, AGrantOfAnExpiredSessionDoesNotGetTheNewSessionsTimeout) {
+TEST(ZkExpiredSessionGrant, AGrantOfAnExpiredSessionDoesNotGetTheNewSessionsTimeout) {
   ZkServerOptions low;
   low.max_session_ms = 4'000;
   ZkServer zk(low);

@@ -1,5 +1,5 @@
 // zk:// a raised or lowered session timeout and what the server restores after a restart.
-// Written by the review of 5285af8 (commit 7087ef2, first named zk_validity_review_test.cpp).
+// Written by the review of 5285af8 (commit 7087ef2, first named zk_timeout_after_restart_test.cpp).
 //
 // Review of 5285af8 (the session timeout read on every CONNECTED event). Real
 // ZooKeeper servers restarted with a new zoo.cfg (ZkServer::reconfigure).
@@ -44,7 +44,7 @@ detail::ZkStats stats_of(Client& c) {
 // it restores the session with the 4 s it was created with and expires it ~4 s after coming up, then grants
 // the lock to another client. The holder still owns it (its deadline is the grant + 30 s - 800 ms). Before
 // 5285af8 the client kept the 4 s read at start: passes.
-TEST(ZkValidityReview, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
+TEST(ZkTimeoutAfterRestart, ARaisedTimeoutIsNotWhatTheServerRestoresAfterARestart) {
   ZkServerOptions low;
   low.min_session_ms = 400;
   low.max_session_ms = 4'000;
@@ -208,7 +208,7 @@ RaiseLower raise_then_lower_once(int run) {
   return freed ? RaiseLower::cut : RaiseLower::held;
 }
 
-TEST(ZkValidityReview, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
+TEST(ZkTimeoutAfterRestart, ARaiseThenALowerStillAboveTheLeaseDoesNotCutIt) {
   constexpr int kRuns = 3;
   int reached = 0;
   for (int run = 1; run <= kRuns && reached == 0; ++run) {
