@@ -51,6 +51,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
@@ -136,7 +137,9 @@ using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 /// A list of binary-safe arguments; views must outlive the call.
 using Argv = std::vector<std::string_view>;
 
-/// Appends one command in RESP to `out` (hiredis formats it). False when out of memory.
+/// Appends one command in RESP to `out` (the bytes hiredis's redisFormatCommandArgv
+/// writes), allocating nothing when `out` has room. False when out of memory (`out` is
+/// then as it was).
 bool format_command(std::string& out, std::span<const std::string_view> argv);
 
 /// The (argc, argv, argvlen) form hiredis takes, pointing into `argv` (which must
@@ -358,6 +361,9 @@ class Script {
   Argv evalsha_argv(const std::string& sha, std::span<const std::string_view> keys,
                     std::span<const std::string_view> args, std::string& numkeys) const;
   std::string ensure_sha(Link& conn, Error& ec) const;
+  using Sha = std::array<char, 40>;
+  /// The SHA1 into `out` once loaded; false before.
+  bool copy_sha(Sha& out) const;
 
   const std::string source_;
   mutable AnnotatedMutex mu_;
