@@ -246,7 +246,8 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, Error
 
 // Queues `n` formatted commands as one call and waits for their n replies (the caller's
 // `cmds` are copied into the wire's buffer before anything waits). On a failure `ec` is
-// set and the n replies are null.
+// set and the n replies are null. `cmds` is the thread's format_buffer(): nothing before
+// the copy formats on this thread (connecting writes AUTH and SELECT through socket.hpp).
 std::vector<Reply> SharedConnection::send(const std::string& cmds, std::size_t n, Error& ec) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   if (opts_.round_trips) opts_.round_trips->add();
