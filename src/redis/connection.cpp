@@ -135,31 +135,14 @@ bool to_u64(const redisReply* r, std::uint64_t& out) noexcept {
 
 // ---- Connection ----------------------------------------------------------------
 
-// RESP: "*<argc>\r\n", then "$<length>\r\n<bytes>\r\n" per argument (what hiredis's
-// redisFormatCommandArgv writes), straight into `out`: no buffer of its own, so a caller
-// that reuses `out` formats without allocating.
 bool format_command(std::string& out, std::span<const std::string_view> argv) {
-  const std::size_t was = out.size();
-  try {
-    std::size_t need = 16;
-    for (auto a : argv) need += a.size() + 25;
-    out.reserve(was + need);
-    char num[24];
-    auto header = [&](char kind, std::size_t n) {
-      out.push_back(kind);
-      const auto r = std::to_chars(num, num + sizeof num, n);
-      out.append(num, r.ptr).append("\r\n");
-    };
-    header('*', argv.size());
-    for (auto a : argv) {
-      header('$', a.size());
-      out.append(a).append("\r\n");
-    }
-    return true;
-  } catch (const std::bad_alloc&) {
-    out.resize(was);
-    return false;
-  }
+  ArgvArrays args(argv);
+  char* cmd = nullptr;
+  const int n = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs.data(), args.lens.data());
+  if (n < 0 || cmd == nullptr) return false;
+  out.append(cmd, static_cast<std::size_t>(n));
+  redisFreeCommand(cmd);
+  return true;
 }
 
 Connection::Connection(ConnectionOptions opts) : opts_(std::move(opts)) {}

@@ -137,9 +137,7 @@ using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 /// A list of binary-safe arguments; views must outlive the call.
 using Argv = std::vector<std::string_view>;
 
-/// Appends one command in RESP to `out` (the bytes hiredis's redisFormatCommandArgv
-/// writes), allocating nothing when `out` has room. False when out of memory (`out` is
-/// then as it was).
+/// Appends one command in RESP to `out` (hiredis formats it). False when out of memory.
 bool format_command(std::string& out, std::span<const std::string_view> argv);
 
 /// The (argc, argv, argvlen) form hiredis takes, pointing into `argv` (which must
