@@ -3,9 +3,12 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <new>
 
 #include "engine/errno_text.hpp"
 
@@ -399,6 +402,13 @@ std::string Script::ensure_sha(Link& conn, Error& ec) const {
   return ec ? std::string() : sha();
 }
 
+bool Script::copy_sha(Sha& out) const {
+  LockGuard lk(mu_);
+  if (sha_.size() != out.size()) return false;
+  std::memcpy(out.data(), sha_.data(), out.size());
+  return true;
+}
+
 Argv Script::evalsha_argv(const std::string& sha, std::span<const std::string_view> keys,
                           std::span<const std::string_view> args, std::string& numkeys) const {
   numkeys = std::to_string(keys.size());
@@ -412,18 +422,50 @@ Argv Script::evalsha_argv(const std::string& sha, std::span<const std::string_vi
   return argv;
 }
 
+// The call's arguments in an array on the stack when they fit (every lock call), so a
+// call allocates nothing here; the SHA1 is copied into a fixed buffer, not a string.
 Reply Script::run(Link& conn, std::span<const std::string_view> keys, std::span<const std::string_view> args,
                   Error& ec) const {
-  std::string sha = ensure_sha(conn, ec);
-  if (ec) return nullptr;
-  std::string numkeys;
-  Reply r = conn.command(evalsha_argv(sha, keys, args, numkeys), ec);
+  ec.clear();
+  Sha sha;
+  if (!copy_sha(sha)) {
+    load(conn, ec);
+    if (ec) return nullptr;
+    if (!copy_sha(sha)) {
+      ec.fail(errc::protocol_error, "SCRIPT LOAD answered something other than a SHA1");
+      return nullptr;
+    }
+  }
+  char numkeys[24];
+  const std::string_view n(
+      numkeys,
+      static_cast<std::size_t>(std::to_chars(numkeys, numkeys + sizeof numkeys, keys.size()).ptr - numkeys));
+  constexpr std::size_t kOnStack = 24;
+  std::array<std::string_view, kOnStack> small;
+  Argv large;
+  const std::size_t argc = 3 + keys.size() + args.size();
+  std::span<std::string_view> argv;
+  if (argc <= kOnStack) {
+    argv = std::span(small.data(), argc);
+  } else {
+    large.resize(argc);
+    argv = std::span(large);
+  }
+  argv[0] = "EVALSHA";
+  argv[1] = std::string_view(sha.data(), sha.size());
+  argv[2] = n;
+  std::copy(keys.begin(), keys.end(), argv.begin() + 3);
+  std::copy(args.begin(), args.end(), argv.begin() + 3 + static_cast<std::ptrdiff_t>(keys.size()));
+  Reply r = conn.command(argv, ec);
   if (!is_error(r.get(), "NOSCRIPT")) return r;
   // The server lost its script cache (restart, SCRIPT FLUSH): load and retry once.
   load(conn, ec);
   if (ec) return nullptr;
-  sha = this->sha();
-  return conn.command(evalsha_argv(sha, keys, args, numkeys), ec);
+  if (!copy_sha(sha)) {
+    ec.fail(errc::protocol_error, "SCRIPT LOAD answered something other than a SHA1");
+    return nullptr;
+  }
+  return conn.command(argv, ec);
 }
 
 std::vector<Reply> Script::run_pipelined(Link& conn, std::span<const Call> calls, Error& ec) const {

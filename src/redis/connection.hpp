@@ -51,6 +51,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
@@ -358,6 +359,9 @@ class Script {
   Argv evalsha_argv(const std::string& sha, std::span<const std::string_view> keys,
                     std::span<const std::string_view> args, std::string& numkeys) const;
   std::string ensure_sha(Link& conn, Error& ec) const;
+  using Sha = std::array<char, 40>;
+  /// The SHA1 into `out` once loaded; false before.
+  bool copy_sha(Sha& out) const;
 
   const std::string source_;
   mutable AnnotatedMutex mu_;

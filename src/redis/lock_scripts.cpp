@@ -27,7 +27,8 @@ namespace {
 //     lookup is made once per script. A refused PUBLISH deletes the presence key, so
 //     every watch finds a new generation at its next renewal: a gap, never a silent loss
 //     (redis_watch.cpp).
-// Neither: nothing is published.
+// Neither: nothing is published. `token` is a string, or a function returning it, called
+// only when the change is published (a release reads the lock's token only then).
 constexpr const char* kChangeEvent = R"lua(
 local function watched(base)
   local n = redis.pcall('EXISTS', base .. 'watching')
@@ -48,12 +49,15 @@ local WATCHED
 local function publish_change(base, shard, kind, token, owner, lock)
   if shard and shard ~= '' then
     if WATCHED == nil then WATCHED = shard_watched(shard) end
-    if WATCHED then redis.pcall('SPUBLISH', shard, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock) end
+    if not WATCHED then return end
+    if type(token) == 'function' then token = token() end
+    redis.pcall('SPUBLISH', shard, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
     return
   end
   if not base or base == '' then return end
   if WATCHED == nil then WATCHED = watched(base) end
   if not WATCHED then return end
+  if type(token) == 'function' then token = token() end
   WATCHED = notify(base, kind .. ' ' .. token .. ' ' .. #owner .. ' ' .. owner .. lock)
 end
 )lua";
@@ -95,6 +99,11 @@ end
 // event: one message on "<prefix>:events" per change of a lock (Client::watch,
 // redis_watch.cpp), kind acquired, released or lost (revoke_script publishes revoked),
 // sent by publish_change (kChangeEvent above) while a watch is registered.
+//
+// release_onward: the lock goes (event, DEL), then to the first live waiter (grant_head),
+// or a 'released' message says it is free. drop_marker (a normal release): the lock-delay
+// marker goes in the same DEL, so nothing holds the lock back and grant_head does not
+// read the marker's PTTL (it would be -2).
 //
 // grant_head: the lock (free) goes to the first live waiter: new owner, entry and
 // token, and one message on that waiter's client channel. Nobody else is woken. The
@@ -177,9 +186,14 @@ local function keep_queue(q, x, ttl)
   if redis.call('PTTL', q) < life then redis.call('PEXPIRE', q, life) end
   if redis.call('PTTL', x) < life then redis.call('PEXPIRE', x, life) end
 end
-local function release_onward(lock, q, x, fence, marker, grant_prefix, channel, owner, why)
-  event(grant_prefix, why, redis.call('HGET', lock, '@token') or '0', owner, lock)
-  redis.call('DEL', lock)
+local function release_onward(lock, q, x, fence, marker, grant_prefix, channel, owner, why, drop_marker)
+  event(grant_prefix, why, function() return redis.call('HGET', lock, '@token') or '0' end, owner, lock)
+  if drop_marker and marker then
+    redis.call('DEL', lock, marker)
+    marker = nil
+  else
+    redis.call('DEL', lock)
+  end
   if not grant_head(lock, q, x, fence, marker, grant_prefix) then
     send_released(channel)
   end
@@ -254,6 +268,14 @@ local lock, q, x, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, entry, mode, grant_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local delay = ARGV[6] or '0'
 local marker = marker_of(1, lock)
+-- Nobody holds the lock, waits for it or holds it back (none of the lock, its queue
+-- and its lock-delay marker exists): a try (mode 0) or a new wait (mode 1) takes it
+-- at once, after one EXISTS instead of the HGET, PTTL, EXISTS and LINDEX below, which
+-- would find the same (no entry in a lock that does not exist, no marker: PTTL -2, no
+-- queue: LINDEX nil) and then take it the same way.
+if mode ~= '2' and redis.call('EXISTS', lock, q, marker or lock) == 0 then
+  return {1, take(lock, fence, marker, owner, mode == '0' and '0' or entry, ttl, delay, grant_prefix)}
+end
 if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
   redis.call('PEXPIRE', lock, ttl)
   mark_delay(marker, ttl, delay)
@@ -261,11 +283,11 @@ if mode ~= '0' and redis.call('HGET', lock, owner) == entry then
 end
 -- A lost holder's lock-delay still running: nobody takes the lock before it ends.
 local held_back = hold_back(marker)
--- A new wait (mode 1) for a free lock with no live waiter: queueing it would make
--- it the head and grant it at once. It takes the lock without writing the queue:
--- the same outcome (the script is atomic, nobody sees the difference), in 8
--- commands instead of 19. An entry of this wait already queued by a call whose
--- reply was lost is either live (then it is the head: not nil) or pruned.
+-- A new wait (mode 1) for a free lock with no live waiter (a queue of dead entries
+-- only, when the check above found one): queueing it would make it the head and grant
+-- it at once. It takes the lock without writing the queue: the same outcome (the
+-- script is atomic, nobody sees the difference). An entry of this wait already queued
+-- by a call whose reply was lost is either live (then it is the head: not nil) or pruned.
 if mode == '1' and held_back <= 0 and redis.call('EXISTS', lock) == 0 and prune(q, x) == nil then
   return {1, take(lock, fence, marker, owner, entry, ttl, delay, grant_prefix)}
 end
@@ -318,10 +340,9 @@ local owner, channel, grant_prefix = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', lock, owner) == 0 then
   return -1
 end
--- A normal release: the holder's lock-delay is off, the next waiter gets it at once.
-local marker = marker_of(1, lock)
-if marker then redis.call('DEL', marker) end
-release_onward(lock, q, x, fence, marker, grant_prefix, channel, owner, 'released')
+-- A normal release: the holder's lock-delay is off (its marker goes with the lock, in
+-- one DEL), the next waiter gets it at once.
+release_onward(lock, q, x, fence, marker_of(1, lock), grant_prefix, channel, owner, 'released', true)
 return 0
 )lua";
 }  // namespace

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <charconv>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -101,16 +102,45 @@ class RedisBackend final : public Backend {
   }
 
  private:
+  // The hash slot of lock_key(name) (`len` long), without building it on the heap when short.
+  std::uint16_t lock_slot(std::string_view name, std::size_t len) const {
+    char small[256];
+    if (len > sizeof small) return redis::key_slot(lock_key(name));
+    char* at = std::copy(prefix_.begin(), prefix_.end(), small);
+    *at++ = ':';
+    *at++ = '{';
+    at = std::copy(name.begin(), name.end(), at);
+    *at++ = '}';
+    return redis::key_slot(std::string_view(small, len));
+  }
+  // The keys and the release channel of one name, in one allocation (the views point
+  // into `buf`, which a move keeps in place): a lock call builds them each time.
   struct Keys {
-    std::string lock, queue, expiries, fence, released;
+    std::unique_ptr<char[]> buf;
+    std::string_view lock, queue, expiries, fence, released;
   };
   Keys keys_of(std::string_view name) const {
+    // "<prefix>:{<name>}", then ":q", ":qx", ":released" after a copy of it each, and
+    // "<prefix>:{<tag>}:fence" (redis/key_layout.hpp).
+    const std::size_t lock_len = prefix_.size() + name.size() + 3;
+    const std::string& tag = redis::slot_tag(lock_slot(name, lock_len));
+    const std::size_t fence_len = prefix_.size() + tag.size() + 9;
     Keys k;
-    k.lock = lock_key(name);
-    k.queue = k.lock + ":q";
-    k.expiries = k.lock + ":qx";
-    k.fence = fence_key(k.lock);
-    k.released = k.lock + ":released";
+    k.buf = std::make_unique_for_overwrite<char[]>(4 * lock_len + 2 + 3 + 9 + fence_len);
+    char* at = k.buf.get();
+    auto put = [&at](std::string_view part) { at = std::copy(part.begin(), part.end(), at); };
+    auto key = [&](std::string_view tail) {
+      char* const begin = at;
+      put(prefix_), put(":{"), put(name), put("}"), put(tail);
+      return std::string_view(begin, static_cast<std::size_t>(at - begin));
+    };
+    k.lock = key("");
+    k.queue = key(":q");
+    k.expiries = key(":qx");
+    k.released = key(":released");
+    char* const fence = at;
+    put(prefix_), put(":{"), put(tag), put("}:fence");
+    k.fence = std::string_view(fence, static_cast<std::size_t>(at - fence));
     return k;
   }
 

@@ -114,11 +114,11 @@ std::vector<redis::WaitQueue::Answer> RedisBackend::refresh_waits(
   keys.reserve(4 * waits.size());
   ttls.reserve(waits.size());
   for (const auto& w : waits) {
-    Keys k = keys_of(w.name);
-    keys.push_back(std::move(k.lock));
-    keys.push_back(std::move(k.queue));
-    keys.push_back(std::move(k.expiries));
-    keys.push_back(std::move(k.fence));
+    const Keys k = keys_of(w.name);
+    keys.emplace_back(k.lock);
+    keys.emplace_back(k.queue);
+    keys.emplace_back(k.expiries);
+    keys.emplace_back(k.fence);
     ttls.push_back(std::to_string(w.ttl.count()));
   }
   std::vector<std::string_view> key_views(keys.begin(), keys.end());

@@ -13,6 +13,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Buffers kept for the next call keep at most this much capacity: a large pipeline (a
+// renewal batch) does not pin its memory for the connection's life.
+constexpr std::size_t kKeptCapacity = 64 * 1024;
+
+// The calling thread's buffer for formatting its commands, empty, its capacity kept from
+// the thread's last call: formatting a call allocates nothing once it has grown.
+std::string& format_buffer() {
+  thread_local std::string buf;
+  if (buf.capacity() > kKeptCapacity) std::string().swap(buf);
+  buf.clear();
+  return buf;
+}
+
 }  // namespace
 
 // One call (a command or a pipeline) waiting for its replies. Lives on the
@@ -34,6 +47,8 @@ struct SharedConnection::Wire {
   std::unique_ptr<Socket> sock;
   ReaderPtr reader = make_reader();
   std::string out;                // formatted commands not yet written
+  std::string spare;              // the last written buffer, emptied: the next `out` (its capacity reused)
+  std::vector<Reply> got;         // the reader's replies of one read (only the reading role touches it)
   std::deque<Pending*> inflight;  // calls whose replies are due, in the order they were queued
   bool writing = false;
   bool reading = false;
@@ -122,12 +137,16 @@ void SharedConnection::write_out(UniqueLock& lk, const std::shared_ptr<Wire>& w)
   while (!w->out.empty() && !w->broken) {
     std::string buf;
     buf.swap(w->out);
+    w->out.swap(w->spare);  // empty, with the capacity of the buffer written before
     const Clock::time_point deadline = Clock::now() + opts_.command_timeout;
     lk.unlock();
     Error io;
     if (!w->sock->write_all(buf, deadline, io)) io.set_detail(opts_.describe() + ": " + io.detail());
     writes_.fetch_add(1, std::memory_order_relaxed);
+    buf.clear();
+    if (buf.capacity() > kKeptCapacity) std::string().swap(buf);
     lk.lock();
+    if (w->spare.capacity() < buf.capacity()) w->spare.swap(buf);
     if (io) fail(w, io);
   }
   w->writing = false;
@@ -149,7 +168,7 @@ void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, 
                                 bool just_wrote) {
   w->reading = true;
   char buf[16 * 1024];
-  std::vector<Reply> got;
+  std::vector<Reply>& got = w->got;  // the reading role's: its capacity kept between reads
   bool wait_first = just_wrote;
   while (!mine.done && !w->broken) {
     const Clock::time_point deadline = w->inflight.front()->deadline;
@@ -207,29 +226,37 @@ void SharedConnection::read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, 
     }
     if (io) fail(w, io);
   }
+  got.clear();
   w->reading = false;
   if (!w->inflight.empty()) w->inflight.front()->cv.notify_one();
 }
 
 std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, Error& ec) {
   ec.clear();
-  std::vector<Reply> out(batch.size());
-  if (batch.empty()) return out;
-  std::string cmds;
+  if (batch.empty()) return {};
+  std::string& cmds = format_buffer();
   for (const Argv& argv : batch) {
     if (!format_command(cmds, argv)) {
       ec.fail(errc::backend_unavailable, opts_.describe() + ": cannot format a command (out of memory)");
-      return out;
+      return std::vector<Reply>(batch.size());
     }
   }
+  return send(cmds, batch.size(), ec);
+}
+
+// Queues `n` formatted commands as one call and waits for their n replies (the caller's
+// `cmds` are copied into the wire's buffer before anything waits). On a failure `ec` is
+// set and the n replies are null. `cmds` is the thread's format_buffer(): nothing before
+// the copy formats on this thread (connecting writes AUTH and SELECT through socket.hpp).
+std::vector<Reply> SharedConnection::send(const std::string& cmds, std::size_t n, Error& ec) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   if (opts_.round_trips) opts_.round_trips->add();
   Pending mine;
-  mine.expected = batch.size();
-  mine.replies.reserve(batch.size());
+  mine.expected = n;
+  mine.replies.reserve(n);
   UniqueLock lk(mu_);
   const std::shared_ptr<Wire> w = wire_for_call(lk, ec);
-  if (ec) return out;
+  if (ec) return std::vector<Reply>(n);
   mine.deadline = Clock::now() + opts_.command_timeout;
   w->out += cmds;
   w->inflight.push_back(&mine);
@@ -249,14 +276,19 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, Error
   lk.unlock();
   if (mine.ec) {
     ec = std::move(mine.ec);
-    return out;
+    return std::vector<Reply>(n);
   }
   return std::move(mine.replies);
 }
 
 Reply SharedConnection::command(std::span<const std::string_view> argv, Error& ec) {
-  const Argv one(argv.begin(), argv.end());
-  std::vector<Reply> r = exchange(std::span(&one, 1), ec);
+  ec.clear();
+  std::string& cmds = format_buffer();
+  if (!format_command(cmds, argv)) {
+    ec.fail(errc::backend_unavailable, opts_.describe() + ": cannot format a command (out of memory)");
+    return nullptr;
+  }
+  std::vector<Reply> r = send(cmds, 1, ec);
   if (ec) return nullptr;
   if (r.front()->type == REDIS_REPLY_ERROR) {
     ec.fail(error_code_of(r.front().get()),

@@ -93,6 +93,7 @@ class SharedConnection final : public Link {
   void read_for(UniqueLock& lk, const std::shared_ptr<Wire>& w, Pending& mine, bool just_wrote)
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void fail(const std::shared_ptr<Wire>& w, const Error& err) DISTLOCK_REQUIRES(mu_);
+  std::vector<Reply> send(const std::string& cmds, std::size_t n, Error& ec) DISTLOCK_EXCLUDES(mu_);
 
   const ConnectionOptions opts_;
   mutable AnnotatedMutex mu_;
