@@ -28,6 +28,7 @@
 #include "support/fault_proxy.hpp"
 #include "support/lock_hammer.hpp"
 #include "support/redis_probes.hpp"
+#include "support/redis_script_states.hpp"
 #include "support/redis_server.hpp"
 
 namespace distlock::testing {
@@ -134,38 +135,6 @@ end
 return {0, tonumber(grant_head(lock, q, x, fence, now, grant_prefix))}
 )lua";
 
-// A plain hiredis connection of the test's own (many commands, one socket).
-struct Raw {
-  redisContext* c = nullptr;
-  explicit Raw(std::uint16_t port) {
-    c = redisConnect("127.0.0.1", port);
-    if (c == nullptr || c->err) throw std::runtime_error("cannot connect");
-  }
-  ~Raw() { redisFree(c); }
-  distlock::testing::RedisReplyPtr cmd(const std::vector<std::string>& argv) {
-    std::vector<const char*> p;
-    std::vector<size_t> l;
-    for (const auto& a : argv) {
-      p.push_back(a.data());
-      l.push_back(a.size());
-    }
-    return distlock::testing::RedisReplyPtr(
-        static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), p.data(), l.data())));
-  }
-};
-
-std::string str(const redisReply* r) {
-  if (r == nullptr) return "<null>";
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-    case REDIS_REPLY_ERROR: return std::string(r->str, r->len);
-    case REDIS_REPLY_INTEGER: return std::to_string(r->integer);
-    case REDIS_REPLY_NIL: return "nil";
-    default: return "?";
-  }
-}
-
 // ---------------------------------------------------------------------------
 // 1. Differential: the new acquire script and the one before 787fba2, run on the
 //    same (consistent) random states of lock, queue and expiries, modes 0/1/2,
@@ -176,14 +145,15 @@ std::string str(const redisReply* r) {
 // ---------------------------------------------------------------------------
 TEST(RedisAcquireFastPath, NewAcquireScriptMatchesTheQueueingScriptOnEveryState) {
   RedisServer server;
-  Raw raw(server.port());
+  RawRedisConnection raw(server.port());
   const std::string new_src = distlock::detail::redis::queue_acquire_script().source();
   std::mt19937 rng(12345);
   const std::string me_owner = "aaaa:1", me_entry = "7";
   int compared = 0, fast = 0, mismatches = 0, diverging = 0;
   for (int n = 0; n < 1500 && mismatches < 5; ++n) {
     auto t = raw.cmd({"TIME"});
-    const long long now_ms = std::stoll(str(t->element[0])) * 1000 + std::stoll(str(t->element[1])) / 1000;
+    const long long now_ms =
+        std::stoll(reply_text(t->element[0])) * 1000 + std::stoll(reply_text(t->element[1])) / 1000;
     const int lock_state = static_cast<int>(rng() % 5);
     const int qlen = static_cast<int>(rng() % 4);
     const std::string mode = std::to_string(rng() % 3);
@@ -234,9 +204,9 @@ TEST(RedisAcquireFastPath, NewAcquireScriptMatchesTheQueueingScriptOnEveryState)
                         mode, v + ":grant:"});
       std::string rep;
       if (r->type == REDIS_REPLY_ARRAY) {
-        rep = str(r->element[0]);
+        rep = reply_text(r->element[0]);
         if (r->elements > 1) {
-          const std::string second = str(r->element[1]);
+          const std::string second = reply_text(r->element[1]);
           if (rep == "1") {
             rep += second.empty() ? " <none>" : " <token>";
           } else if (r->element[1]->type == REDIS_REPLY_INTEGER && r->element[1]->integer > 300 &&
@@ -248,15 +218,15 @@ TEST(RedisAcquireFastPath, NewAcquireScriptMatchesTheQueueingScriptOnEveryState)
         }
         rep += " n=" + std::to_string(r->elements);
       } else {
-        rep = "non-array " + str(r.get());
+        rep = "non-array " + reply_text(r.get());
       }
       reply_of[v] = rep;
       auto& d = state_of[v];
       auto h = raw.cmd({"HGETALL", lock});
       std::vector<std::string> fields;
       for (std::size_t i = 0; i + 1 < h->elements; i += 2) {
-        const std::string f = str(h->element[i]);
-        fields.push_back(f + "=" + (f == "@token" ? "<token>" : str(h->element[i + 1])));
+        const std::string f = reply_text(h->element[i]);
+        fields.push_back(f + "=" + (f == "@token" ? "<token>" : reply_text(h->element[i + 1])));
       }
       std::sort(fields.begin(), fields.end());
       for (auto& f : fields) d.push_back("lock " + f);
@@ -265,14 +235,14 @@ TEST(RedisAcquireFastPath, NewAcquireScriptMatchesTheQueueingScriptOnEveryState)
                                                : pttl > 6000 ? ">6s"
                                                              : "<=6s"));
       auto l = raw.cmd({"LRANGE", qk, "0", "-1"});
-      for (std::size_t i = 0; i < l->elements; ++i) d.push_back("q " + str(l->element[i]));
+      for (std::size_t i = 0; i < l->elements; ++i) d.push_back("q " + reply_text(l->element[i]));
       auto xs = raw.cmd({"HGETALL", xk});
       std::vector<std::string> xf;
       for (std::size_t i = 0; i + 1 < xs->elements; i += 2) {
-        const std::string val = str(xs->element[i + 1]);
+        const std::string val = reply_text(xs->element[i + 1]);
         const auto colon = val.find(':');
         const long long exp = std::stoll(val.substr(0, colon));
-        xf.push_back("x " + str(xs->element[i]) + (exp > now_ms ? " live " : " dead ") +
+        xf.push_back("x " + reply_text(xs->element[i]) + (exp > now_ms ? " live " : " dead ") +
                      (exp > now_ms + 30000 ? "far" : "near") + " ttl " + val.substr(colon + 1));
       }
       std::sort(xf.begin(), xf.end());
@@ -362,7 +332,8 @@ TEST(RedisAcquireFastPath, NewWaitDoesNotTakeAFreeLockFromALiveQueuedWaiter) {
     if (variant >= 1) {
       // A dead entry in front (a paused or killed waiter whose entry expired).
       auto t = server.command({"TIME"});
-      const long long now_ms = std::stoll(str(t->element[0])) * 1000 + std::stoll(str(t->element[1])) / 1000;
+      const long long now_ms =
+          std::stoll(reply_text(t->element[0])) * 1000 + std::stoll(reply_text(t->element[1])) / 1000;
       server.command({"LPUSH", key + ":q", "999 " + owner_of('d', 1)});
       server.command({"HSET", key + ":qx", "999 " + owner_of('d', 1), std::to_string(now_ms - 1) + ":300"});
     }
@@ -463,7 +434,7 @@ TEST(RedisAcquireFastPath, FastPathHammerWithServerPausesKeepsExclusion) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads =
       start_hammer_threads(kClients, kThreadsPer, 977, [&](int c, std::minstd_rand& rng) {
-        Raw raw(server.port());
+        RawRedisConnection raw(server.port());
         for (int n = 0; n < 20000 && !stop.load(); ++n) {
           const int k = static_cast<int>(rng() % kNames);
           const std::string name = "fp-" + std::to_string(k);
@@ -502,7 +473,7 @@ TEST(RedisAcquireFastPath, FastPathHammerWithServerPausesKeepsExclusion) {
               const bool quick = Clock::now() - before < 40ms;
               if (quick && r && l->owns()) {
                 ++checked;
-                if (str(r.get()) != std::to_string(l->token())) ++silent;
+                if (reply_text(r.get()) != std::to_string(l->token())) ++silent;
               }
             }
           }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "redis/lock_scripts.hpp"
-#include "support/redis_server.hpp"
+#include "support/redis_script_states.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -36,71 +36,6 @@ std::string without_shortcut(const std::string& src) {
   return out;
 }
 
-// A plain hiredis connection of the test's own.
-struct Raw {
-  redisContext* c = nullptr;
-  explicit Raw(std::uint16_t port) {
-    c = redisConnect("127.0.0.1", port);
-    if (c == nullptr || c->err) throw std::runtime_error("cannot connect to the test's redis-server");
-  }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-  ~Raw() { redisFree(c); }
-  void send(const std::vector<std::string>& argv) {
-    std::vector<const char*> p;
-    std::vector<size_t> l;
-    for (const auto& a : argv) {
-      p.push_back(a.data());
-      l.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), p.data(), l.data()) != REDIS_OK) {
-      throw std::runtime_error("cannot send a command");
-    }
-  }
-  RedisReplyPtr read() {
-    void* r = nullptr;
-    if (redisGetReply(c, &r) != REDIS_OK || r == nullptr) throw std::runtime_error("no reply");
-    return RedisReplyPtr(static_cast<redisReply*>(r));
-  }
-  RedisReplyPtr cmd(const std::vector<std::string>& argv) {
-    send(argv);
-    return read();
-  }
-};
-
-std::string str(const redisReply* r) {
-  if (r == nullptr) return "<null>";
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-    case REDIS_REPLY_ERROR: return std::string(r->str, r->len);
-    case REDIS_REPLY_INTEGER: return std::to_string(r->integer);
-    case REDIS_REPLY_NIL: return "nil";
-    case REDIS_REPLY_ARRAY: {
-      std::string s = "[";
-      for (std::size_t i = 0; i < r->elements; ++i) s += (i ? " " : "") + str(r->element[i]);
-      return s + "]";
-    }
-    default: return "?";
-  }
-}
-
-// Key and channel names start with "a:" or "b:" (the variant); tokens (the server's TIME in
-// microseconds) and expiries (milliseconds) are made comparable; a holder's remaining time in a
-// reply is bucketed.
-std::string normalized(std::string s, const std::string& v) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s.compare(i, v.size(), v) == 0) {
-      out += "v:";
-      i += v.size() - 1;
-    } else {
-      out += s[i];
-    }
-  }
-  return std::regex_replace(out, std::regex("[0-9]{10,}"), "<n>");
-}
-
 std::string bucket(long long pttl) {
   if (pttl < 0) return std::to_string(pttl);
   if (pttl <= 1500) return "<=1.5s";
@@ -119,8 +54,8 @@ std::string bucket(long long pttl) {
 // agree.
 TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState) {
   RedisServer server;
-  Raw raw(server.port());
-  Raw sub(server.port());
+  RawRedisConnection raw(server.port());
+  RawRedisConnection sub(server.port());
   sub.cmd({"PSUBSCRIBE", "a:*", "b:*"});
   sub.read();  // the second pattern's confirmation
   const std::string new_src = distlock::detail::redis::queue_acquire_script().source();
@@ -131,7 +66,8 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
   int compared = 0, shortcut_states = 0, acquired = 0, busy = 0, gone = 0, watched = 0, mismatches = 0;
   for (int n = 0; n < 1500 && mismatches < 5; ++n) {
     auto t = raw.cmd({"TIME"});
-    const long long now_ms = std::stoll(str(t->element[0])) * 1000 + std::stoll(str(t->element[1])) / 1000;
+    const long long now_ms =
+        std::stoll(reply_text(t->element[0])) * 1000 + std::stoll(reply_text(t->element[1])) / 1000;
     // Half the states are empty but for what the shortcut does not look at (expiries, watch).
     const bool empty = rng() % 2 == 0;
     const int holder = empty ? 0 : static_cast<int>(rng() % 4);
@@ -180,26 +116,28 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
                             v + "grant:", delay});
       if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
           reply->element[1]->type == REDIS_REPLY_INTEGER) {
-        d.push_back("reply [" + str(reply->element[0]) + " " + bucket(reply->element[1]->integer) + "]");
+        d.push_back("reply [" + reply_text(reply->element[0]) + " " + bucket(reply->element[1]->integer) +
+                    "]");
       } else {
-        d.push_back("reply " + normalized(str(reply.get()), v));
+        d.push_back("reply " + variant_normalized(reply_text(reply.get()), v, "<n>"));
       }
       auto h = raw.cmd({"HGETALL", lock});
       std::vector<std::string> fields;
       for (std::size_t i = 0; i + 1 < h->elements; i += 2)
-        fields.push_back(str(h->element[i]) + "=" + str(h->element[i + 1]));
+        fields.push_back(reply_text(h->element[i]) + "=" + reply_text(h->element[i + 1]));
       std::sort(fields.begin(), fields.end());
-      for (auto& f : fields) d.push_back("lock " + normalized(f, v));
+      for (auto& f : fields) d.push_back("lock " + variant_normalized(f, v, "<n>"));
       for (const auto& [what, key] :
            {std::pair{"lock", lock}, std::pair{"marker", marker}, std::pair{"q", qk}, std::pair{"x", xk}}) {
         d.push_back(std::string(what) + " pttl " + bucket(raw.cmd({"PTTL", key})->integer));
       }
       auto l = raw.cmd({"LRANGE", qk, "0", "-1"});
-      for (std::size_t i = 0; i < l->elements; ++i) d.push_back("q " + str(l->element[i]));
+      for (std::size_t i = 0; i < l->elements; ++i) d.push_back("q " + reply_text(l->element[i]));
       auto xs = raw.cmd({"HGETALL", xk});
       std::vector<std::string> xf;
       for (std::size_t i = 0; i + 1 < xs->elements; i += 2)
-        xf.push_back(str(xs->element[i]) + "=" + normalized(str(xs->element[i + 1]), v));
+        xf.push_back(reply_text(xs->element[i]) + "=" +
+                     variant_normalized(reply_text(xs->element[i + 1]), v, "<n>"));
       std::sort(xf.begin(), xf.end());
       for (auto& f : xf) d.push_back("x " + f);
       d.push_back("fence " + std::to_string(raw.cmd({"EXISTS", fence})->integer));
@@ -207,10 +145,10 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
       sub.send({"PING"});
       for (int k = 0; k < 20; ++k) {
         auto m = sub.read();
-        if (m->type == REDIS_REPLY_ARRAY && m->elements >= 1 && str(m->element[0]) == "pong") break;
+        if (m->type == REDIS_REPLY_ARRAY && m->elements >= 1 && reply_text(m->element[0]) == "pong") break;
         if (m->type == REDIS_REPLY_ARRAY && m->elements == 4) {
-          d.push_back("message " + normalized(str(m->element[2]), v) + " " +
-                      normalized(str(m->element[3]), v));
+          d.push_back("message " + variant_normalized(reply_text(m->element[2]), v, "<n>") + " " +
+                      variant_normalized(reply_text(m->element[3]), v, "<n>"));
         }
       }
     }

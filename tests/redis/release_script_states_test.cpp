@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "redis/lock_scripts.hpp"
-#include "support/redis_server.hpp"
+#include "support/redis_script_states.hpp"
 
 namespace distlock::testing {
 namespace {
@@ -159,65 +159,6 @@ release_onward(lock, q, x, fence, marker, grant_prefix, channel, owner, 'release
 return 0
 )lua";
 
-// A plain hiredis connection of the test's own.
-struct Raw {
-  redisContext* c = nullptr;
-  explicit Raw(std::uint16_t port) {
-    c = redisConnect("127.0.0.1", port);
-    if (c == nullptr || c->err) throw std::runtime_error("cannot connect to the test's redis-server");
-  }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-  ~Raw() { redisFree(c); }
-  void send(const std::vector<std::string>& argv) {
-    std::vector<const char*> p;
-    std::vector<size_t> l;
-    for (const auto& a : argv) {
-      p.push_back(a.data());
-      l.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), p.data(), l.data()) != REDIS_OK) {
-      throw std::runtime_error("cannot send a command");
-    }
-  }
-  RedisReplyPtr read() {
-    void* r = nullptr;
-    if (redisGetReply(c, &r) != REDIS_OK || r == nullptr) throw std::runtime_error("no reply");
-    return RedisReplyPtr(static_cast<redisReply*>(r));
-  }
-  RedisReplyPtr cmd(const std::vector<std::string>& argv) {
-    send(argv);
-    return read();
-  }
-};
-
-std::string str(const redisReply* r) {
-  if (r == nullptr) return "<null>";
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-    case REDIS_REPLY_ERROR: return std::string(r->str, r->len);
-    case REDIS_REPLY_INTEGER: return std::to_string(r->integer);
-    case REDIS_REPLY_NIL: return "nil";
-    default: return "?";
-  }
-}
-
-// A variant's key and channel names start with "a:" or "b:" (no owner holds either); tokens are the server's
-// TIME in microseconds (16 digits) or the fence counter: both made comparable.
-std::string normalized(std::string s, const std::string& v) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s.compare(i, v.size(), v) == 0) {
-      out += "v:";
-      i += v.size() - 1;
-    } else {
-      out += s[i];
-    }
-  }
-  return std::regex_replace(out, std::regex("[0-9]{10,}"), "<token>");
-}
-
 // Every state of one name that a release can meet, run through the old and the new script
 // (each on its own copy, under prefixes "a:" and "b:"): the holder (none, this owner with or
 // without its lock-delay marker, another owner), a lost holder's marker, queues of live and
@@ -226,8 +167,8 @@ std::string normalized(std::string s, const std::string& v) {
 // watch events, read on a PSUBSCRIBE connection up to a PING) must agree.
 TEST(RedisReleaseScriptStates, TheNewReleaseScriptMatchesTheOldOneOnEveryState) {
   RedisServer server;
-  Raw raw(server.port());
-  Raw sub(server.port());
+  RawRedisConnection raw(server.port());
+  RawRedisConnection sub(server.port());
   sub.cmd({"PSUBSCRIBE", "a:*", "b:*"});
   sub.read();  // the second pattern's confirmation
   const std::string new_src = distlock::detail::redis::queue_release_script().source();
@@ -237,7 +178,8 @@ TEST(RedisReleaseScriptStates, TheNewReleaseScriptMatchesTheOldOneOnEveryState) 
   int compared = 0, released_free = 0, handed_on = 0, watched = 0, mismatches = 0;
   for (int n = 0; n < 600 && mismatches < 5; ++n) {
     auto t = raw.cmd({"TIME"});
-    const long long now_ms = std::stoll(str(t->element[0])) * 1000 + std::stoll(str(t->element[1])) / 1000;
+    const long long now_ms =
+        std::stoll(reply_text(t->element[0])) * 1000 + std::stoll(reply_text(t->element[1])) / 1000;
     const int holder = static_cast<int>(rng() % 4);  // 0 none, 1 me, 2 me with a marker, 3 another owner
     const bool lost_marker = holder != 2 && rng() % 4 == 0;  // a lost holder's lock-delay still running
     const bool watch = rng() % 3 == 0;
@@ -266,15 +208,16 @@ TEST(RedisReleaseScriptStates, TheNewReleaseScriptMatchesTheOldOneOnEveryState) 
       }
       const std::string& src = v == "a:" ? std::string(kOldRelease) : new_src;
       auto& d = seen[v];
-      d.push_back("reply " +
-                  str(raw.cmd({"EVAL", src, "4", lock, qk, xk, fence, me, released, v + "grant:"}).get()));
+      d.push_back(
+          "reply " +
+          reply_text(raw.cmd({"EVAL", src, "4", lock, qk, xk, fence, me, released, v + "grant:"}).get()));
       auto h = raw.cmd({"HGETALL", lock});
       std::vector<std::string> fields;
       for (std::size_t i = 0; i + 1 < h->elements; i += 2) {
-        fields.push_back(str(h->element[i]) + "=" + str(h->element[i + 1]));
+        fields.push_back(reply_text(h->element[i]) + "=" + reply_text(h->element[i + 1]));
       }
       std::sort(fields.begin(), fields.end());
-      for (auto& f : fields) d.push_back("lock " + normalized(f, v));
+      for (auto& f : fields) d.push_back("lock " + variant_normalized(f, v, "<token>"));
       for (const auto& [what, key] : {std::pair{"lock", lock}, std::pair{"marker", marker}}) {
         const long long pttl = raw.cmd({"PTTL", key})->integer;
         d.push_back(std::string(what) + " pttl " +
@@ -283,18 +226,18 @@ TEST(RedisReleaseScriptStates, TheNewReleaseScriptMatchesTheOldOneOnEveryState) 
                                    : "<=1.5s"));
       }
       auto l = raw.cmd({"LRANGE", qk, "0", "-1"});
-      for (std::size_t i = 0; i < l->elements; ++i) d.push_back("q " + str(l->element[i]));
+      for (std::size_t i = 0; i < l->elements; ++i) d.push_back("q " + reply_text(l->element[i]));
       auto xs = raw.cmd({"HKEYS", xk});
-      for (std::size_t i = 0; i < xs->elements; ++i) d.push_back("x " + str(xs->element[i]));
+      for (std::size_t i = 0; i < xs->elements; ++i) d.push_back("x " + reply_text(xs->element[i]));
       d.push_back("fence " + std::to_string(raw.cmd({"EXISTS", fence})->integer));
       // Messages: everything published before the PING's answer arrives before it.
       sub.send({"PING"});
       for (int k = 0; k < 20; ++k) {
         auto m = sub.read();
-        if (m->type == REDIS_REPLY_ARRAY && m->elements >= 1 && str(m->element[0]) == "pong") break;
+        if (m->type == REDIS_REPLY_ARRAY && m->elements >= 1 && reply_text(m->element[0]) == "pong") break;
         if (m->type == REDIS_REPLY_ARRAY && m->elements == 4) {
-          d.push_back("message " + normalized(str(m->element[2]), v) + " " +
-                      normalized(str(m->element[3]), v));
+          d.push_back("message " + variant_normalized(reply_text(m->element[2]), v, "<token>") + " " +
+                      variant_normalized(reply_text(m->element[3]), v, "<token>"));
         }
       }
     }
