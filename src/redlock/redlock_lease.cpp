@@ -122,8 +122,9 @@ void RedlockBackend::forget(std::string_view name, std::string_view owner, std::
 // The revoke script on every master at once. A lock is held where a quorum of masters has
 // its key; the holder's lease ends once the masters that still may have its key (those that
 // did not answer) are fewer than a quorum: only then is it reported revoked, else
-// quorum_unavailable. Fewer than a quorum answering with no key found is quorum_unavailable
-// too: "nothing held" is not known then.
+// quorum_unavailable. An owner whose key was found on fewer masters than a quorum, even
+// with every master that did not answer counted for it, held nothing: not revoked. Fewer than a quorum
+// answering with no key found is quorum_unavailable too: "nothing held" is not known then.
 RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                                Error& ec) {
   ec.clear();
@@ -164,7 +165,6 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
     return {};
   }
   Revoked out;
-  out.revoked = true;
   std::size_t best = 0;
   for (const auto& [owner, count] : holders) {
     if (count > best) {
@@ -172,6 +172,11 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
       out.holder = owner;
     }
   }
+  // A key on fewer masters than a quorum, counting those that did not answer as having it,
+  // is an attempt in flight or one being cleaned up, never a holder: nobody was revoked
+  // (its key there is "@revoked" now, so that attempt cannot win that master).
+  if (best + (replies.size() - answered) < quorum_) return {};
+  out.revoked = true;
   return out;
 }
 
