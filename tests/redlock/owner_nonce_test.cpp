@@ -1,7 +1,8 @@
 // The per-attempt nonce in a Redlock key's value ("<owner>\n<nonce>", src/redlock/scripts.hpp)
 // never leaks out of the backend and never lets one attempt act on another's key:
 //   - status, list and revoke name the holder (owner id and holder_info) without the nonce, and the
-//     revoke note stores the owner part; a revoked lease is not renewed back;
+//     revoke note stores the owner part; a revoked lease is not renewed back; a key on fewer
+//     masters than a quorum is an attempt, and a revoke that finds only it revoked nobody;
 //   - a late clean-up of an earlier attempt of the same owner leaves the later attempt's key,
 //     which the lease's renewal then extends and its release deletes, on every master;
 //   - with a lock_delay, the marker carries the same nonce as the key it stands beside;
