@@ -136,6 +136,7 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
   std::vector<NodeReply> replies =
       lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
   std::size_t answered = 0;
+  std::size_t already_revoked = 0;  // masters where another revoke came first ({2})
   std::map<std::string, std::size_t> holders;
   for (const NodeReply& r : replies) {
     if (r.status != NodeStatus::ok) continue;
@@ -143,6 +144,7 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
     long long flag = 0;
     if (!integer_at(x, 0, flag)) continue;
     ++answered;
+    if (flag == 2) ++already_revoked;
     if (flag == 1 && x->elements == 2 && x->element[1]->type == REDIS_REPLY_STRING) {
       ++holders[std::string(x->element[1]->str, x->element[1]->len)];
     }
@@ -172,10 +174,12 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
       out.holder = owner;
     }
   }
-  // A key on fewer masters than a quorum, counting those that did not answer as having it,
-  // is an attempt in flight or one being cleaned up, never a holder: nobody was revoked
-  // (its key there is "@revoked" now, so that attempt cannot win that master).
-  if (best + (replies.size() - answered) < quorum_) return {};
+  // A key on fewer masters than a quorum, counting for it those that did not answer and
+  // those another revoke reached first (overlapping revokes of one holder each find part of
+  // its keys: every one of them ended it), is an attempt in flight or one being cleaned up,
+  // never a holder: nobody was revoked (its key there is "@revoked" now, so that attempt
+  // cannot win that master).
+  if (best + already_revoked + (replies.size() - answered) < quorum_) return {};
   out.revoked = true;
   return out;
 }

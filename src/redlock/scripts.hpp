@@ -122,11 +122,15 @@ return 0
 /// nobody is granted the lock before the revoked holder's lease runs out, docs/design.md
 /// "Revoke"), and the note "0\n<owner>\n<note>" is stored (no token: Redlock has none):
 /// {1, owner} (the owner part of the key's value, without the attempt's nonce); {0} when the key was not held
-/// (nothing written).
+/// (nothing written); {2} when the key is already "@revoked" (another revoke reached this master first;
+/// nothing written).
 inline constexpr Script kRevokeScript{
     R"lua(local v = redis.call('GET', KEYS[1])
-if v == false or string.sub(v, 1, 1) == '@' then
+if v == false then
   return {0}
+end
+if string.sub(v, 1, 1) == '@' then
+  return {2}
 end
 v = string.match(v, '^(.*)\n%x+$') or v
 redis.call('SET', KEYS[2], '0\n' .. v .. '\n' .. ARGV[1], 'PX', ARGV[2])
@@ -138,7 +142,7 @@ else
 end
 return {1, v}
 )lua",
-    "8717f578540a72009c9fbf4e6735350dcbfc848c"};
+    "14c906e56997a633ce160500b203c5d017daa78d"};
 
 /// KEYS[i] (i <= n) lock keys, KEYS[n + i] their lock-delay marker keys; ARGV[2i-1] owner,
 /// ARGV[2i] ttl ms of key i. Extends each key this owner holds (the owner part of its value),

@@ -127,6 +127,46 @@ TEST(RedlockOwnerNonce, ARevokeThatFindsAKeyOnFewerThanAQuorumRevokedNobody) {
   EXPECT_EQ(two.holder, kOwner);
 }
 
+// The revoke script run on master `i` alone, as another revoke's would: the owner it found
+// there ("" when none).
+std::string revoke_on(Masters& m, std::size_t i, const std::string& name, const std::string& note) {
+  const detail::redlock::Config cfg;
+  auto r = m[i].command({"EVAL", std::string(detail::redlock::kRevokeScript.body), "3",
+                         detail::redlock::lock_key(cfg, name), detail::redlock::revoke_note_key(cfg, name),
+                         detail::redlock::release_channel(cfg, name), note, "60000"});
+  if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return "";
+  return std::string(r->element[1]->str, r->element[1]->len);
+}
+
+// Overlapping revokes of one holder each find part of its keys (another revoke reached the
+// rest first): every one of them ended the lease, and says so. A holder on exactly a quorum
+// (master 2 restarted empty): revoke A reaches master 0 first, revoke B then finds it on
+// master 1 only; a holder on all three, two other revokes first: the third finds it on one.
+TEST(RedlockOwnerNonce, OverlappingRevokesOfOneHolderEachReportItRevoked) {
+  Masters m(3);
+  std::unique_ptr<Backend> b;
+  ASSERT_NO_FATAL_FAILURE(hold(m, "split", 0ms, b));
+  m[2].command({"DEL", key_of("split")});
+  EXPECT_EQ(revoke_on(m, 0, "split", "1\nrevoker-a\nconcurrent"), kOwner);
+  Error ec;
+  const auto second = b->revoke("split", "rotating", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(second.revoked);
+  EXPECT_EQ(second.holder, kOwner);
+  const RenewItem item{"split", kOwner, 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  b->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner);
+
+  ASSERT_NO_FATAL_FAILURE(hold(m, "three", 0ms, b));
+  EXPECT_EQ(revoke_on(m, 0, "three", "1\nrevoker-a\nconcurrent"), kOwner);
+  EXPECT_EQ(revoke_on(m, 1, "three", "2\nrevoker-b\nconcurrent"), kOwner);
+  const auto third = b->revoke("three", "rotating", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(third.revoked);
+  EXPECT_EQ(third.holder, kOwner);
+}
+
 TEST(RedlockOwnerNonce, AnEarlierAttemptsLateCleanUpLeavesTheKeyTheLeaseRenewsAndReleases) {
   Masters m(3);
   std::unique_ptr<Backend> b;
