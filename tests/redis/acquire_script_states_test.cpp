@@ -12,6 +12,7 @@
 #include <regex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "redis/lock_scripts.hpp"
@@ -141,16 +142,7 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
       std::sort(xf.begin(), xf.end());
       for (auto& f : xf) d.push_back("x " + f);
       d.push_back("fence " + std::to_string(raw.cmd({"EXISTS", fence})->integer));
-      // Messages: everything published before the PING's answer arrives before it.
-      sub.send({"PING"});
-      for (int k = 0; k < 20; ++k) {
-        auto m = sub.read();
-        if (m->type == REDIS_REPLY_ARRAY && m->elements >= 1 && reply_text(m->element[0]) == "pong") break;
-        if (m->type == REDIS_REPLY_ARRAY && m->elements == 4) {
-          d.push_back("message " + variant_normalized(reply_text(m->element[2]), v, "<n>") + " " +
-                      variant_normalized(reply_text(m->element[3]), v, "<n>"));
-        }
-      }
+      for (auto& m : messages_until_ping(sub, v, "<n>")) d.push_back(std::move(m));
     }
     ++compared;
     const auto& b = seen["b:"];

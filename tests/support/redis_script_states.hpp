@@ -91,4 +91,22 @@ inline std::string variant_normalized(const std::string& s, const std::string& v
   return std::regex_replace(out, std::regex("[0-9]{10,}"), number_as);
 }
 
+/// What `sub` (a PSUBSCRIBE connection) received before the answer to a PING it sends now
+/// (everything published before the PING arrives before it): "message <channel> <payload>"
+/// each, both variant_normalized. At most 20 replies are read.
+inline std::vector<std::string> messages_until_ping(RawRedisConnection& sub, const std::string& v,
+                                                    const std::string& number_as) {
+  std::vector<std::string> out;
+  sub.send({"PING"});
+  for (int k = 0; k < 20; ++k) {
+    auto m = sub.read();
+    if (m->type == REDIS_REPLY_ARRAY && m->elements >= 1 && reply_text(m->element[0]) == "pong") break;
+    if (m->type == REDIS_REPLY_ARRAY && m->elements == 4) {
+      out.push_back("message " + variant_normalized(reply_text(m->element[2]), v, number_as) + " " +
+                    variant_normalized(reply_text(m->element[3]), v, number_as));
+    }
+  }
+  return out;
+}
+
 }  // namespace distlock::testing
