@@ -109,9 +109,7 @@ void ZkServer::write_config() {
       << "maxSessionTimeout=" << opts_.max_session_ms << "\n"
       << "admin.enableServer=false\n"
       << "4lw.commands.whitelist=*\n"
-      << "maxClientCnxns=0\n"
-      // Lock directories are container nodes; check for empty ones often in tests.
-      << "znode.container.checkIntervalMs=1000\n";
+      << "maxClientCnxns=0\n";
   if (id_ > 0) {
     cfg << "initLimit=50\nsyncLimit=10\n";
     for (std::size_t i = 0; i < client_ports_.size(); ++i) {
