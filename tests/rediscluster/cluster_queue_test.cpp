@@ -78,8 +78,11 @@ TEST(RedisClusterQueue, WaitersAreGrantedInQueueOrderAgainstAHolderThatAsksAgain
   const auto until = Steady::now() + 20000ms;
   int cycles = 0;
   for (; granted.load() < kWaiters && cycles < 100000 && Steady::now() < until; ++cycles) {
-    lease.release();
+    // Counted before the release: the release's grant can reach a waiter, which reads the
+    // count, before this thread runs again. A waiter granted after R's second release
+    // began (R passed it over) still reads 2.
     r_releases.fetch_add(1);
+    lease.release();
     distlock::detail::Error ec;
     lease = r_client.acquire(name, ttl_of(20000ms, 20000ms), ec);
     if (ec) break;

@@ -1,9 +1,13 @@
 // Options the tests build again and again: a client that drops the library's log lines,
-// and the LockOptions of a TTL with an optional wait and safety margin.
+// the LockOptions of a TTL with an optional wait and safety margin, and a connect tried again
+// while a short timeout makes it fail.
 #pragma once
 
+#include <chrono>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <system_error>
 
 #include "distlock/distlock.hpp"
 
@@ -31,6 +35,21 @@ inline LockOptions ttl_of(Millis ttl, std::optional<Millis> wait = std::nullopt,
   o.wait = wait;
   o.safety_margin = margin;
   return o;
+}
+
+/// connect(url, options), tried again while it fails with `retry_on`: 20 tries within 20 s at
+/// most, then the last error is thrown. For a test whose URL sets a timeout so short (tens of
+/// milliseconds, to make a later fault quick) that a busy machine can miss the connect's first
+/// exchange; what the test checks comes after the connect.
+inline Client connect_within_tries(const std::string& url, const ClientOptions& options, errc retry_on) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return connect(url, options);
+    } catch (const std::system_error& e) {
+      if (e.code() != retry_on || attempt >= 20 || std::chrono::steady_clock::now() >= until) throw;
+    }
+  }
 }
 
 }  // namespace distlock::testing
