@@ -122,14 +122,19 @@ void RedlockBackend::forget(std::string_view name, std::string_view owner, std::
 // The revoke script on every master at once. A lock is held where a quorum of masters has
 // its key; the holder's lease ends once the masters that still may have its key (those that
 // did not answer) are fewer than a quorum: only then is it reported revoked, else
-// quorum_unavailable. An owner whose key was found on fewer masters than a quorum, even
-// with every master that did not answer counted for it, held nothing: not revoked. Fewer than a quorum
-// answering with no key found is quorum_unavailable too: "nothing held" is not known then.
+// quorum_unavailable. A master where the key stands beside another acquisition's live
+// lock-delay marker answers "not held" (a fast-path attempt inside a lost holder's delay, which
+// votes busy there and takes its key back; no grant counts such a key). An owner whose key was
+// found on fewer masters than a quorum, even with every master that did not answer counted for
+// it, held nothing: not revoked. Fewer than a quorum answering with no key found is
+// quorum_unavailable too: "nothing held" is not known then.
 RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                                Error& ec) {
   ec.clear();
-  const std::array<std::string, 3> keys{lock_key(cfg_, name), revoke_note_key(cfg_, name),
-                                        release_channel(cfg_, name)};
+  // The marker key too: a key beside another acquisition's live lock-delay marker is an
+  // attempt that counts busy there (scripts.hpp kRevokeScript): not held.
+  const std::array<std::string, 4> keys{lock_key(cfg_, name), revoke_note_key(cfg_, name),
+                                        release_channel(cfg_, name), delay_key(cfg_, name)};
   const std::array<std::string, 2> args{std::string(note), std::to_string(note_life.count())};
   const Command cmd = script_command(kRevokeScript, keys, args);
   LaneLease lane(pool_);
@@ -184,21 +189,25 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
   return out;
 }
 
-// The note a quorum of masters agrees on; none otherwise (never an error: the holder then
-// reports its loss as renewal_refused).
+// The note a quorum of all the masters holds; none when no note is on a quorum (a revoke
+// that reached fewer masters than a quorum with its note, or overlapping revokes that split
+// them), and quorum_unavailable when fewer than a quorum answered. Never the most common
+// note short of a quorum: with masters down that may be a minority's, such as the note of a
+// revoke that found only an attempt's key on one master and revoked nobody; a holder that
+// took it for its own would report its loss as that revoke's (docs/redlock.md "Revoke").
+// The engine reads a missing note, or an error, as an ordinary refusal (renewal_refused).
 std::optional<std::string> RedlockBackend::revoke_note(std::string_view name, Error& ec) {
   ec.clear();
   const Votes v = record_votes(Command{{"GET", revoke_note_key(cfg_, name)}, nullptr});
-  if (auto agreed = v.majority(quorum_)) return *agreed;
-  std::size_t best = 0;
-  std::optional<std::string> out;
-  for (const auto& [value, count] : v.values) {
-    if (value && count > best) {
-      best = count;
-      out = value;
-    }
+  if (v.answered() < quorum_) {
+    ec.fail(errc::quorum_unavailable,
+            fmt::format("redlock: revoke note of \"{}\": only {} of {} masters answered (a quorum is {}): {}",
+                        name.substr(0, 200), v.answered(), v.replies.size(), quorum_,
+                        failures(v.replies, v.bad)));
+    return std::nullopt;
   }
-  return out;
+  if (auto agreed = v.majority(quorum_)) return *agreed;
+  return std::nullopt;
 }
 
 void RedlockBackend::watch(std::string_view name, Error& ec) {

@@ -116,14 +116,17 @@ return 0
 )lua",
     "c327b15fd025fa47d1c97c6c9664964f419bd50c"};
 
-/// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused); ARGV[1]
-/// note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the key loses
-/// it (its value becomes "@revoked", which no owner renews, for the key's remaining life:
+/// KEYS[1] lock key, KEYS[2] revoke note key, KEYS[3] release channel (unused), KEYS[4] lock-delay
+/// marker key; ARGV[1] note, ARGV[2] note life ms. Backend::revoke on one master: whoever holds the
+/// key loses it (its value becomes "@revoked", which no owner renews, for the key's remaining life:
 /// nobody is granted the lock before the revoked holder's lease runs out, docs/design.md
 /// "Revoke"), and the note "0\n<owner>\n<note>" is stored (no token: Redlock has none):
-/// {1, owner} (the owner part of the key's value, without the attempt's nonce); {0} when the key was not held
-/// (nothing written); {2} when the key is already "@revoked" (another revoke reached this master first;
-/// nothing written).
+/// {1, owner} (the owner part of the key's value, without the attempt's nonce); {0} when the key
+/// is not held there (nothing written): no key, or a key beside a live marker that another
+/// acquisition wrote (its "<owner>\n<nonce>" is not the key's value): a fast-path attempt that
+/// took the key inside a lost holder's lock-delay, which counts busy there and takes the key back
+/// itself (redlock_acquire.cpp; docs/redlock.md "Lock-delay"); {2} when the key is already
+/// "@revoked" (another revoke reached this master first; nothing written).
 inline constexpr Script kRevokeScript{
     R"lua(local v = redis.call('GET', KEYS[1])
 if v == false then
@@ -131,6 +134,10 @@ if v == false then
 end
 if string.sub(v, 1, 1) == '@' then
   return {2}
+end
+local m = redis.call('GET', KEYS[4])
+if m and string.match(m, '^%d+\n(.*)$') ~= v then
+  return {0}
 end
 v = string.match(v, '^(.*)\n%x+$') or v
 redis.call('SET', KEYS[2], '0\n' .. v .. '\n' .. ARGV[1], 'PX', ARGV[2])
@@ -142,7 +149,7 @@ else
 end
 return {1, v}
 )lua",
-    "14c906e56997a633ce160500b203c5d017daa78d"};
+    "8efc358359f6c8d272ff7f316649ff63a9ed1e48"};
 
 /// KEYS[i] (i <= n) lock keys, KEYS[n + i] their lock-delay marker keys; ARGV[2i-1] owner,
 /// ARGV[2i] ttl ms of key i. Extends each key this owner holds (the owner part of its value),

@@ -131,9 +131,10 @@ TEST(RedlockOwnerNonce, ARevokeThatFindsAKeyOnFewerThanAQuorumRevokedNobody) {
 // there ("" when none).
 std::string revoke_on(Masters& m, std::size_t i, const std::string& name, const std::string& note) {
   const detail::redlock::Config cfg;
-  auto r = m[i].command({"EVAL", std::string(detail::redlock::kRevokeScript.body), "3",
+  auto r = m[i].command({"EVAL", std::string(detail::redlock::kRevokeScript.body), "4",
                          detail::redlock::lock_key(cfg, name), detail::redlock::revoke_note_key(cfg, name),
-                         detail::redlock::release_channel(cfg, name), note, "60000"});
+                         detail::redlock::release_channel(cfg, name), detail::redlock::delay_key(cfg, name),
+                         note, "60000"});
   if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return "";
   return std::string(r->element[1]->str, r->element[1]->len);
 }

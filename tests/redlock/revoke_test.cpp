@@ -1,0 +1,193 @@
+// What a Redlock revoke reports (src/redlock/redlock_lease.cpp RedlockBackend::revoke and
+// revoke_note, the revoke script in src/redlock/scripts.hpp), driven below the engine on three
+// real masters:
+//   - a waiter's fast-path attempt in flight, its key on every master beside a lost holder's live
+//     lock-delay marker (the round trip before it takes those keys back), is no holder: the
+//     revoke reports nobody revoked, writes no note and leaves the attempt's keys for its own
+//     clean-up; a holder granted by a quorum of masters without a marker is still revoked, with
+//     its key beside the marker on the third master or not, and so is a holder with its own
+//     lock-delay (its key beside its own marker);
+//   - the revoke note is reported only where a quorum of all the masters holds it: a minority
+//     note (a revoke that found an attempt's key on one master) is not reported with a master
+//     down, a note a revoke wrote on a quorum is, and with fewer than a quorum answering the read
+//     is quorum_unavailable.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "direct_backend.hpp"
+#include "engine/backend.hpp"
+#include "masters.hpp"
+#include "redlock/redlock_backend.hpp"
+#include "redlock/scripts.hpp"
+#include "support/backend_names.hpp"
+
+namespace distlock::testing {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// Engine-shaped owner ids: the lost holder, the waiter, the revoker's note text.
+constexpr std::string_view kLost = "0123456789abcdef0123456789abcdef:1.1|lost";
+constexpr std::string_view kWaiter = "fedcba9876543210fedcba9876543210:2.1|waiter";
+
+const detail::redlock::Config kCfg{};
+
+std::string key_of(std::string_view name) {
+  return detail::redlock::lock_key(kCfg, name);
+}
+std::string marker_of(std::string_view name) {
+  return detail::redlock::delay_key(kCfg, name);
+}
+std::string note_of(std::string_view name) {
+  return detail::redlock::revoke_note_key(kCfg, name);
+}
+
+// `owner` takes `name` with lock-delay `delay` (TTL 30 s) on every master through its own
+// backend, then its lease is lost: the hand-back of a lost lease (Backend::forget) deletes its
+// keys and leaves its markers, which hold the name back for the delay.
+void lose_with_delay(Masters& m, const std::string& name, std::string_view owner,
+                     std::chrono::milliseconds delay) {
+  auto lost = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(lost);
+  Error ec;
+  ASSERT_TRUE(lost->try_acquire(AcquireRequest{name, owner, 30s, false, delay}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  lost->forget(name, owner, 0);
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    ASSERT_EQ(m[i].command({"EXISTS", key_of(name)})->integer, 0) << "master " << i;
+    ASSERT_GT(m[i].command({"PTTL", marker_of(name)})->integer, 0) << "master " << i << " lost the marker";
+  }
+}
+
+// Master i runs what a waiter without a lock-delay sends first (redlock_acquire.cpp, the fast
+// path): SET NX GET of its value, PTTL of the key, PTTL of the marker. True when the SET took
+// the key and the marker lives there: the attempt votes busy on master i and takes its key back
+// one round trip later.
+bool fast_path_beside_marker(Masters& m, std::size_t i, const std::string& name, const std::string& value) {
+  auto set = m[i].command({"SET", key_of(name), value, "NX", "GET", "PX", "30000"});
+  auto marker = m[i].command({"PTTL", marker_of(name)});
+  return set && set->type == REDIS_REPLY_NIL && marker && marker->type == REDIS_REPLY_INTEGER &&
+         marker->integer > 0;
+}
+
+// The clean-up of a failed fast-path attempt on master i (redlock_acquire.cpp): the release
+// script in its key-only mode, deleting only the attempt's exact value. Its integer answer.
+long long undo_attempt(Masters& m, std::size_t i, const std::string& name, const std::string& value) {
+  auto r = m[i].command({"EVAL", std::string(detail::redlock::kReleaseScript.body), "3", key_of(name),
+                         detail::redlock::release_channel(kCfg, name), marker_of(name), std::string(kWaiter),
+                         "0", "", value});
+  return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+}
+
+TEST(RedlockRevoke, AWaitersAttemptBesideALostHoldersMarkerIsNotReportedRevoked) {
+  Masters m(3);
+  ASSERT_NO_FATAL_FAILURE(lose_with_delay(m, "job", kLost, 5000ms));
+  // The waiter's attempt took the key on every master, beside the marker on each: it would
+  // fail (busy on all three); the revoke lands before its clean-up.
+  const std::string attempt = std::string(kWaiter) + "\n00000000000000b1";
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(fast_path_beside_marker(m, i, "job", attempt)) << "master " << i;
+
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  Error ec;
+  const auto r = b->revoke("job", "0\nrevoker\nduring the delay", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_FALSE(r.revoked)
+      << "a waiter's attempt inside a lost holder's lock-delay was reported as the revoked "
+         "holder \""
+      << r.holder << "\"";
+  EXPECT_EQ(r.holder, "");
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i].command({"EXISTS", note_of("job")})->integer, 0) << "master " << i << " got a revoke note";
+    // The attempt's own clean-up still finds its key, and the lost holder's marker stays.
+    EXPECT_EQ(undo_attempt(m, i, "job", attempt), 1)
+        << "master " << i << " holds " << m.get(i, key_of("job"));
+    EXPECT_GT(m[i].command({"PTTL", marker_of("job")})->integer, 0) << "master " << i;
+  }
+}
+
+// The cure must not hide a real holder: a key stands beside another attempt's live marker only
+// on masters that did not count toward its grant.
+TEST(RedlockRevoke, AHolderBesideALostHoldersMarkerOnAMinorityIsStillRevoked) {
+  Masters m(3);
+  ASSERT_NO_FATAL_FAILURE(lose_with_delay(m, "job", kLost, 5000ms));
+  // Masters 1 and 2 lost the marker (restarted empty, say); master 0 keeps it.
+  ASSERT_EQ(m[1].command({"DEL", marker_of("job")})->integer, 1);
+  ASSERT_EQ(m[2].command({"DEL", marker_of("job")})->integer, 1);
+  auto waiter = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(waiter);
+  Error ec;
+  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"job", kWaiter, 30s, false, 0ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  // Granted by masters 1 and 2; its key on master 0 went back. Put it there again, as in the
+  // round trip before the take-back: a revoke then finds it on all three.
+  ASSERT_EQ(m[0].command({"EXISTS", key_of("job")})->integer, 0) << m.get(0, key_of("job"));
+  const std::string held = m.get(1, key_of("job"));
+  ASSERT_EQ(m[0].command({"SET", key_of("job"), held, "PX", "30000"})->type, REDIS_REPLY_STATUS);
+  const auto r = waiter->revoke("job", "0\nrevoker\nstuck", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(r.revoked);
+  EXPECT_EQ(r.holder, kWaiter);
+  const RenewItem item{"job", kWaiter, 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  waiter->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner) << "the revoked holder renewed on a quorum";
+
+  // A holder with its own lock-delay (its key beside its own marker, one nonce) is revoked.
+  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"own", kWaiter, 30s, false, 2000ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  const auto own = waiter->revoke("own", "0\nrevoker\nstuck", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(own.revoked);
+  EXPECT_EQ(own.holder, kWaiter);
+}
+
+// A revoke that found an attempt's key on one master (it revoked nobody) leaves its note there.
+// With another master down, that one note against one master without any is no quorum: it
+// must not be reported (a holder reading it would report its loss as that revoke's).
+TEST(RedlockRevoke, ANoteOnFewerThanAQuorumIsNotReportedWithAMasterDown) {
+  Masters m(3);
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  const std::string attempt = std::string(kWaiter) + "\n00000000000000c1";
+  ASSERT_EQ(m[1].command({"SET", key_of("minority"), attempt, "PX", "30000"})->type, REDIS_REPLY_STATUS);
+  Error ec;
+  const auto r = b->revoke("minority", "0\nrevoker\nminority", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_FALSE(r.revoked);
+  ASSERT_EQ(m[1].command({"EXISTS", note_of("minority")})->integer, 1);
+
+  // A holder on every master, revoked while master 2 is down: its note is on masters 0 and 1.
+  ASSERT_TRUE(b->try_acquire(AcquireRequest{"quorum", kWaiter, 30s, false, 0ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  m[2].kill();
+  const auto q = b->revoke("quorum", "0\nrevoker\nquorum", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_TRUE(q.revoked);
+
+  // Masters 0 and 1 answer (a quorum): the minority note is not reported, the quorum's is.
+  const auto minority = b->revoke_note("minority", ec);
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_FALSE(minority.has_value()) << "a note held by 1 of 3 masters was reported: "
+                                     << minority.value_or("");
+  const auto quorum = b->revoke_note("quorum", ec);
+  EXPECT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_EQ(quorum.value_or("(none)"), "0\n" + std::string(kWaiter) + "\n0\nrevoker\nquorum");
+
+  // Master 1 alone answers: no note is known, and the read says why.
+  m[0].kill();
+  const auto alone = b->revoke_note("minority", ec);
+  EXPECT_EQ(ec, errc::quorum_unavailable) << ec.message() << " " << ec.detail();
+  EXPECT_FALSE(alone.has_value()) << "a note read on 1 of 3 masters was reported: " << alone.value_or("");
+}
+
+}  // namespace
+
+}  // namespace distlock::testing
