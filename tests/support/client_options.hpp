@@ -1,6 +1,6 @@
 // Options the tests build again and again: a client that drops the library's log lines,
-// the LockOptions of a TTL with an optional wait and safety margin, and a connect tried again
-// while a short timeout makes it fail.
+// the LockOptions of a TTL with an optional wait and safety margin, and a connect or a set-up
+// acquisition tried again while a short timeout makes it fail.
 #pragma once
 
 #include <chrono>
@@ -48,6 +48,22 @@ inline Client connect_within_tries(const std::string& url, const ClientOptions& 
       return connect(url, options);
     } catch (const std::system_error& e) {
       if (e.code() != retry_on || attempt >= 20 || std::chrono::steady_clock::now() >= until) throw;
+    }
+  }
+}
+
+/// client.acquire(name, options), tried again while it fails with `retry_on`: 10 s at most, then
+/// the last error is thrown. For a test's set-up acquisition through a per-node timeout short
+/// enough (tens of milliseconds) that a busy machine can miss it; what the test checks comes after.
+inline Lease acquire_within_tries(Client& client, std::string_view name, const LockOptions& options,
+                                  errc retry_on) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    std::error_code ec;
+    Lease lease = client.acquire(name, options, ec);
+    if (ec != retry_on || std::chrono::steady_clock::now() >= until) {
+      if (ec) throw std::system_error(ec);
+      return lease;
     }
   }
 }
