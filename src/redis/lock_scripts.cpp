@@ -64,7 +64,7 @@ end
 // calls, and the acquire and release scripts define the queue's part after their uncontended
 // path has returned: Redis runs a script's whole chunk on every call, so every `local
 // function` makes a closure on every call, used or not (0.07–0.12 µs of server CPU each;
-// an uncontended acquire + release pair made about 40 and makes 17, 1.6–2.7 µs less, in
+// an uncontended acquire + release pair made about 40 and makes 17, 1.6–3.3 µs less, in
 // docs/benchmarks.md "The lock scripts' per-call prelude"). A definition has no effect of
 // its own: where it stands changes nothing a script does, only what it costs.
 //
