@@ -37,6 +37,24 @@ std::string without_shortcut(const std::string& src) {
   return out;
 }
 
+// The queue's functions (src/redis/lock_scripts.cpp kQueuePart, `prune` to `keep_queue`),
+// which the script defines after its uncontended path, moved to before its body as every
+// lock script had them until the prelude was split: where a `local function` stands
+// changes what a call costs, not what it does.
+std::string hoisted(const std::string& src) {
+  const std::size_t from = src.find("\nlocal function prune(");
+  const std::size_t last = src.find("\nlocal function keep_queue(");
+  const std::size_t to = last == std::string::npos ? last : src.find("\nend\n", last);
+  const std::size_t body = src.find("\nlocal lock, q, x, fence = KEYS[1]");
+  if (from == std::string::npos || to == std::string::npos || body == std::string::npos || body > from)
+    return src;
+  const std::string part = src.substr(from, to + 5 - from);
+  std::string out = src;
+  out.erase(from, part.size());
+  out.insert(body, part);
+  return out;
+}
+
 std::string bucket(long long pttl) {
   if (pttl < 0) return std::to_string(pttl);
   if (pttl <= 1500) return "<=1.5s";
@@ -52,16 +70,20 @@ std::string bucket(long long pttl) {
 // an expiries hash entry of this wait with no queue, mode 0, 1 or 2, lock-delay 0 or 3 s,
 // a registered watch or none. The replies, the keys left (lock fields and expiry, marker
 // expiry, queue, expiries, fence) and the messages published (grants, watch events) must
-// agree.
+// agree. A third copy (prefix "z:") runs the script with the queue's functions defined before
+// its body (hoisted), as before the prelude was split; it must agree too.
 TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState) {
   RedisServer server;
   RawRedisConnection raw(server.port());
   RawRedisConnection sub(server.port());
-  sub.cmd({"PSUBSCRIBE", "a:*", "b:*"});
+  sub.cmd({"PSUBSCRIBE", "a:*", "b:*", "z:*"});
   sub.read();  // the second pattern's confirmation
+  sub.read();  // the third's
   const std::string new_src = distlock::detail::redis::queue_acquire_script().source();
   const std::string old_src = without_shortcut(new_src);
   ASSERT_TRUE(new_src != old_src) << "the shortcut was not found in the acquire script";
+  const std::string hoisted_src = hoisted(new_src);
+  ASSERT_TRUE(new_src != hoisted_src) << "the queue's functions were not found after the uncontended path";
   const std::string me = "eeee:1", me_entry = "7";
   std::mt19937 rng(20261130);
   int compared = 0, shortcut_states = 0, acquired = 0, busy = 0, gone = 0, watched = 0, mismatches = 0;
@@ -88,7 +110,7 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
                {me_entry + " " + me, me_live});
     if (holder == 0 && marker_state == 0 && q.empty()) ++shortcut_states;
     std::map<std::string, std::vector<std::string>> seen;
-    for (const std::string v : {"a:", "b:"}) {
+    for (const std::string v : {"a:", "b:", "z:"}) {
       const std::string name = v + "{n" + std::to_string(n) + "}";
       const std::string lock = name, qk = name + ":q", xk = name + ":qx", marker = name + ":delay",
                         fence = v + "{f" + std::to_string(n) + "}:fence";
@@ -111,7 +133,7 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
         if (!q.empty()) raw.cmd({"PEXPIRE", qk, "60000"});
         raw.cmd({"PEXPIRE", xk, "60000"});
       }
-      const std::string& src = v == "a:" ? old_src : new_src;
+      const std::string& src = v == "a:" ? old_src : v == "b:" ? new_src : hoisted_src;
       auto& d = seen[v];
       auto reply = raw.cmd({"EVAL", src, "4", lock, qk, xk, fence, me, "5000", me_entry, std::to_string(mode),
                             v + "grant:", delay});
@@ -153,6 +175,17 @@ TEST(RedisAcquireScriptStates, TheShortcutMatchesTheScriptWithoutItOnEveryState)
     if (has("reply [0 ")) ++busy;
     if (has("reply [2]")) ++gone;
     if (has("message v:events")) ++watched;
+    if (seen["z:"] != b) {
+      ++mismatches;
+      std::string sc, sb;
+      for (auto& s : seen["z:"]) sc += "  " + s + "\n";
+      for (auto& s : b) sb += "  " + s + "\n";
+      ADD_FAILURE() << "case " << n << " holder " << holder << " marker " << marker_state << " queue "
+                    << q.size() << " mode " << mode << " delay " << delay << " watch " << watch
+                    << "\nthe queue's functions hoisted:\n"
+                    << sc << "as the script has them:\n"
+                    << sb;
+    }
     if (seen["a:"] != b) {
       ++mismatches;
       std::string sa, sb;
