@@ -179,12 +179,18 @@ MultiLease Client::acquire_all(const std::vector<std::string>& names, const Lock
         state->leases.push_back(acquire(order[i], each));
       } catch (const std::system_error& e) {
         const std::size_t taken = state->leases.size();
-        state->release_all();  // the partial set goes before the error is thrown
+        // The partial set goes before the error is thrown. A release the server did not confirm
+        // is told in the error (its code stays the call's own: cancelled, timeout, ...): that
+        // name may still be held until the client's retry or the lease's TTL frees it.
+        const detail::Error unreleased = state->release_all();
         std::error_code code = e.code();
         if (out_of_time && code == errc::busy) code = make_error_code(errc::timeout);
         throw_error(code, "acquire_all: " + quoted(order[i]) + " (" + std::to_string(i + 1) + " of " +
                               std::to_string(order.size()) + " in sorted order): " + e.what() + "; the " +
-                              std::to_string(taken) + " name(s) taken before it were released");
+                              std::to_string(taken) + " name(s) taken before it " +
+                              (!unreleased                ? std::string("were released")
+                               : unreleased == errc::lost ? "were released (" + unreleased.detail() + ")"
+                                                          : "were given back, but " + unreleased.detail()));
       }
     }
     state->watch();

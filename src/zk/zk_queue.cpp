@@ -172,8 +172,24 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
   const SteadyTime sent = clock_->now();
   zk::ReplyPtr created, listed;
   if (p.node.empty() && !p.uncertain && !req.keep_queued) {
-    // One attempt only: a non-empty queue means busy, no need to write anything.
+    // One attempt only: a non-empty queue means busy, no need to write anything. A sync first,
+    // pipelined with the listing (one round trip): the server this session talks to catches up
+    // with the leader before it answers the listing queued behind it (a session's requests are
+    // answered in order). Without it a lagging follower of an ensemble listed a node whose
+    // delete the leader had already confirmed to its owner, and a name released (or left by a
+    // cancelled acquire_all) before this call began was reported busy (seen once in CI on zk3:
+    // MultiLock.ACancelledCallReleasesWhatItTook; tests/zk/zk_follower_lag_test.cpp). A follower
+    // cut off from the leader does not answer the sync: the attempt fails (unavailable), it
+    // never answers busy from its old view.
+    auto synced = zk::submit_sync(zh, "/");
     listed = zk::submit_children(zh, dir);
+    const int sync_rc = zk::await(synced, *clock_, deadline);
+    if (sync_rc != ZOK) {
+      if (zk::is_transient(sync_rc))
+        return recover(sync_rc, "syncing with the leader before listing the queue");
+      ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
+      return done(QueuePosition::Kind::failed);
+    }
     const int rc = zk::await(listed, *clock_, deadline);
     if (rc == ZOK && !zk::queue_order(listed->children).empty()) return done(QueuePosition::Kind::busy);
     if (rc != ZOK && rc != ZNONODE) {
@@ -228,7 +244,23 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     }
   }
 
+  zk::ReplyPtr synced;
+  if (p.uncertain) {
+    // Looking for a create whose answer was lost: it may have been applied by the leader and
+    // not yet by the server this session now talks to (a reconnect may land on a lagging
+    // follower). The sync makes the listing behind it see it, so it is adopted, not made twice.
+    synced = zk::submit_sync(zh, "/");
+  }
   if (!listed || p.uncertain) listed = zk::submit_children(zh, dir);
+  if (synced) {
+    const int sync_rc = zk::await(synced, *clock_, deadline);
+    if (sync_rc != ZOK) {
+      if (zk::is_transient(sync_rc))
+        return recover(sync_rc, "syncing with the leader before listing the queue");
+      ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
+      return done(QueuePosition::Kind::failed);
+    }
+  }
   int rc = zk::await(listed, *clock_, deadline);
   if (rc == ZNONODE) rc = ZOK;  // directory gone: our node is not there either
   if (rc != ZOK) {
@@ -365,9 +397,17 @@ QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
     return zk::is_transient(rc) ? Deleted::retry : Deleted::failed;
   }
   if (!p.uncertain || p.guid.empty()) return Deleted::gone;  // nothing was created
-  // A create whose answer was lost: its node, if it was made, carries our guid.
+  // A create whose answer was lost: its node, if it was made, carries our guid. A sync first
+  // (pipelined): a lagging server would list no node of a create the leader applied, and the
+  // node would stay, first in line, until the session ends.
+  auto synced = zk::submit_sync(s->zh.get(), "/");
   auto listed = zk::submit_children(s->zh.get(), dir);
-  int rc = zk::await(listed, *clock_, deadline);
+  int rc = zk::await(synced, *clock_, deadline);
+  if (rc != ZOK) {
+    ec = fail(rc, "syncing with the leader before listing the queue", e.name);
+    return Deleted::retry;
+  }
+  rc = zk::await(listed, *clock_, deadline);
   if (rc == ZNONODE) return Deleted::gone;
   if (rc != ZOK) {
     ec = fail(rc, "listing the queue", e.name);
