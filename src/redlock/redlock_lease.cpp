@@ -184,12 +184,15 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
   // (an earlier holder's, waiting out its life) counts for nobody; nor does one whose note is
   // gone (a note life shorter than the key's).
   Revoked out;
+  const std::size_t silent = replies.size() - answered;
   std::size_t best = 0;
+  std::size_t candidates = 0;  // owners that reach a quorum with the silent masters counted
   for (const auto& [owner, count] : holders) {
     const std::string prefix = "0\n" + owner + "\n";
     const auto same =
         static_cast<std::size_t>(std::count_if(revoked_notes.begin(), revoked_notes.end(),
                                                [&](const std::string& n) { return n.starts_with(prefix); }));
+    if (count + same + silent >= quorum_) ++candidates;
     if (count + same > best) {
       best = count + same;
       out.holder = owner;
@@ -199,8 +202,15 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
   // those another revoke of the same owner reached first, is an attempt in flight or one
   // being cleaned up, never a holder: nobody was revoked (its key there is "@revoked" now, so
   // that attempt cannot win that master).
-  if (best + (replies.size() - answered) < quorum_) return {};
+  if (best + silent < quorum_) return {};
   out.revoked = true;
+  // Two owners each reach a quorum only with the silent masters counted for them (a holder
+  // and a failing attempt, on either side of the silent masters): whichever held the lock,
+  // its keys here are "@revoked" now and the silent masters are fewer than a quorum, so its
+  // lease is ended; but which one held it is not known, and naming the other would report an
+  // owner that never held a quorum as the revoked holder. No holder is named (the engine
+  // reports it unknown).
+  if (candidates > 1) out.holder.clear();
   return out;
 }
 

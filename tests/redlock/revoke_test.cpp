@@ -294,6 +294,63 @@ TEST(RedlockRevoke, AnEarlierRevokeOfAnotherHolderDoesNotMakeAnAttemptARevokedHo
   EXPECT_EQ(second.holder, "");
 }
 
+// Five masters: holder H granted by masters 0, 1 and 2 (3 and 4 busy then), a waiter's failing
+// attempt X on masters 3 and 4 (busy on 0-2). A revoker that cannot reach masters 1 and 2 finds
+// H on one master and X on two: counting the two silent masters, either could have held a
+// quorum. It must end H's lease and report it ended, but must not name X, an owner that never
+// held a quorum, as the revoked holder: no holder is named (RevokeResult::holder empty).
+void hold_beside_an_attempt(Masters& m, const std::string& name, std::string_view holder_owner,
+                            std::unique_ptr<Backend>& holder) {
+  for (std::size_t i = 3; i < 5; ++i)
+    ASSERT_EQ(m[i].command({"SET", key_of(name), "someone\n00000000000000e1", "PX", "30000"})->type,
+              REDIS_REPLY_STATUS);
+  holder = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(holder);
+  Error ec;
+  ASSERT_TRUE(holder->try_acquire(AcquireRequest{name, holder_owner, 30s, false, 0ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  const std::string attempt = std::string(kWaiter) + "\n00000000000000e2";
+  for (std::size_t i = 3; i < 5; ++i)
+    ASSERT_EQ(m[i].command({"SET", key_of(name), attempt, "PX", "30000"})->type, REDIS_REPLY_STATUS);
+}
+
+TEST(RedlockRevoke, ARevokeWithMastersSilentDoesNotNameAnAttemptAsTheHolder) {
+  Masters m(5);
+  constexpr std::string_view kHolder = "00112233445566778899aabbccddeeff:4.1|holder";
+  FaultProxy p1(m[1].port()), p2(m[2].port());
+  p1.drop();
+  p2.drop();
+  const std::string url =
+      "redlock://127.0.0.1:" + std::to_string(m[0].port()) + ",127.0.0.1:" + std::to_string(p1.port()) +
+      ",127.0.0.1:" + std::to_string(p2.port()) + ",127.0.0.1:" + std::to_string(m[3].port()) +
+      ",127.0.0.1:" + std::to_string(m[4].port()) + "?timeout=2s";
+
+  std::unique_ptr<Backend> holder;
+  ASSERT_NO_FATAL_FAILURE(hold_beside_an_attempt(m, "job", kHolder, holder));
+  auto revoker = make_backend(url);
+  ASSERT_TRUE(revoker);
+  Error ec;
+  const auto r = revoker->revoke("job", "0\nrevoker\ntwo silent", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(r.revoked);
+  EXPECT_EQ(r.holder, "")
+      << "a waiter's attempt on 2 of 5 masters (or the holder on 1 answering of its 3) was "
+         "named the revoked holder; either could have held a quorum";
+  const RenewItem item{"job", std::string(kHolder), 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner) << "renewal status " << static_cast<int>(out);
+
+  // Through the client: revoked, holder unknown.
+  std::unique_ptr<Backend> second;
+  ASSERT_NO_FATAL_FAILURE(hold_beside_an_attempt(m, "client", kHolder, second));
+  auto client = distlock::connect(url, quiet());
+  const RevokeResult cr = client.revoke("client", "two silent");
+  EXPECT_TRUE(cr.revoked);
+  EXPECT_FALSE(cr.holder.has_value()) << "named " << cr.holder.value_or("");
+  EXPECT_FALSE(cr.holder_info.has_value());
+}
+
 }  // namespace
 
 }  // namespace distlock::testing
