@@ -179,8 +179,10 @@ struct DISTLOCK_EXPORT LockInfo {
 struct DISTLOCK_EXPORT RevokeResult {
   /// A holder's lease was ended; false: the lock was free (nothing was done).
   bool revoked = false;
-  std::optional<std::uint64_t> token;      ///< the revoked lease's fencing token, where there is one
-  std::optional<std::string> holder;       ///< the revoked holder's owner id
+  std::optional<std::uint64_t> token;  ///< the revoked lease's fencing token, where there is one
+  std::optional<std::string>
+      holder;  ///< the revoked holder's owner id; none when the backend cannot tell whose lease it ended
+               ///< (redlock:// with masters silent, docs/redlock.md)
   std::optional<std::string> holder_info;  ///< its description (LockOptions::holder_info), if it set one
 };
 

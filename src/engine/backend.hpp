@@ -331,7 +331,7 @@ class Backend {
   struct Revoked {
     bool revoked = false;
     std::uint64_t token = 0;  ///< the token of the lease revoked (0 without fencing)
-    std::string holder;       ///< the stored owner of the lease revoked
+    std::string holder;       ///< the stored owner of the lease revoked; empty when not known (redlock://)
   };
   virtual Revoked revoke(std::string_view /*name*/, std::string_view /*note*/, Millis /*note_life*/,
                          Error& ec) {

@@ -125,12 +125,16 @@ RevokeResult Engine::revoke(std::string_view name, std::string_view reason, Erro
     return out;
   }
   if (caps_.fencing) out.token = r.token;
-  auto [id, desc] = split_owner(r.holder);
-  out.holder = std::string(id);
-  if (desc) out.holder_info = std::string(*desc);
+  // An empty holder: the backend ended a lease but cannot tell whose (redlock:// with masters
+  // silent, two owners each possible): RevokeResult::holder stays empty.
+  if (!r.holder.empty()) {
+    auto [id, desc] = split_owner(r.holder);
+    out.holder = std::string(id);
+    if (desc) out.holder_info = std::string(*desc);
+  }
   log_.log(LogLevel::warning, "lock \"{}\" revoked: token {}, holder {}, by {}: {}", name,
-           caps_.fencing ? std::to_string(r.token) : std::string("none"), shown_owner(r.holder),
-           shown_owner(by), reason);
+           caps_.fencing ? std::to_string(r.token) : std::string("none"),
+           r.holder.empty() ? std::string("unknown") : shown_owner(r.holder), shown_owner(by), reason);
   return out;
 }
 

@@ -1,6 +1,10 @@
 // Redlock leases after acquisition: batched renewal, release, and watching the
 // release channels.
+#include <algorithm>
 #include <array>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "redlock/redlock_backend_impl.hpp"
 #include "redlock/scripts.hpp"
@@ -124,10 +128,11 @@ void RedlockBackend::forget(std::string_view name, std::string_view owner, std::
 // did not answer) are fewer than a quorum: only then is it reported revoked, else
 // quorum_unavailable. A master where the key stands beside another acquisition's live
 // lock-delay marker answers "not held" (a fast-path attempt inside a lost holder's delay, which
-// votes busy there and takes its key back; no grant counts such a key). An owner whose key was
-// found on fewer masters than a quorum, even with every master that did not answer counted for
-// it, held nothing: not revoked. Fewer than a quorum answering with no key found is
-// quorum_unavailable too: "nothing held" is not known then.
+// votes busy there and takes its key back; no grant and no renewal counts such a key, so it
+// cannot keep a lease the revoke reports ended). An owner whose key was found on fewer masters
+// than a quorum, even with every master that did not answer and every master another revoke
+// took that same owner's key from counted for it, held nothing: not revoked. Fewer than a quorum answering
+// with no key found is quorum_unavailable too: "nothing held" is not known then.
 RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::string_view note, Millis note_life,
                                                Error& ec) {
   ec.clear();
@@ -141,7 +146,9 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
   std::vector<NodeReply> replies =
       lane->run_all(std::span(&cmd, 1), cfg_.node_timeout.value_or(kDefaultNodeTimeout));
   std::size_t answered = 0;
-  std::size_t already_revoked = 0;  // masters where another revoke came first ({2})
+  // The notes beside the "@revoked" keys of masters another revoke reached first ({2, note}):
+  // "0\n<owner>\n..." names the owner that revoke took the key from.
+  std::vector<std::string> revoked_notes;
   std::map<std::string, std::size_t> holders;
   for (const NodeReply& r : replies) {
     if (r.status != NodeStatus::ok) continue;
@@ -149,10 +156,10 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
     long long flag = 0;
     if (!integer_at(x, 0, flag)) continue;
     ++answered;
-    if (flag == 2) ++already_revoked;
-    if (flag == 1 && x->elements == 2 && x->element[1]->type == REDIS_REPLY_STRING) {
-      ++holders[std::string(x->element[1]->str, x->element[1]->len)];
-    }
+    if (x->elements != 2 || x->element[1]->type != REDIS_REPLY_STRING) continue;
+    std::string text(x->element[1]->str, x->element[1]->len);
+    if (flag == 1) ++holders[std::move(text)];
+    if (flag == 2) revoked_notes.push_back(std::move(text));
   }
   if (answered < quorum_ && holders.empty()) {
     ec.fail(errc::quorum_unavailable,
@@ -171,21 +178,39 @@ RedlockBackend::Revoked RedlockBackend::revoke(std::string_view name, std::strin
                     name.substr(0, 200), answered, replies.size(), failures(replies, {})));
     return {};
   }
+  // Each owner's masters: those where this revoke took its key, and those where another
+  // revoke took that same owner's key first (overlapping revokes of one holder each find part
+  // of its keys: every one of them ended it). An "@revoked" left by a revoke of another owner
+  // (an earlier holder's, waiting out its life) counts for nobody; nor does one whose note is
+  // gone (a note life shorter than the key's).
   Revoked out;
+  const std::size_t silent = replies.size() - answered;
   std::size_t best = 0;
+  std::size_t candidates = 0;  // owners that reach a quorum with the silent masters counted
   for (const auto& [owner, count] : holders) {
-    if (count > best) {
-      best = count;
+    const std::string prefix = "0\n" + owner + "\n";
+    const auto same =
+        static_cast<std::size_t>(std::count_if(revoked_notes.begin(), revoked_notes.end(),
+                                               [&](const std::string& n) { return n.starts_with(prefix); }));
+    if (count + same + silent >= quorum_) ++candidates;
+    if (count + same > best) {
+      best = count + same;
       out.holder = owner;
     }
   }
   // A key on fewer masters than a quorum, counting for it those that did not answer and
-  // those another revoke reached first (overlapping revokes of one holder each find part of
-  // its keys: every one of them ended it), is an attempt in flight or one being cleaned up,
-  // never a holder: nobody was revoked (its key there is "@revoked" now, so that attempt
-  // cannot win that master).
-  if (best + already_revoked + (replies.size() - answered) < quorum_) return {};
+  // those another revoke of the same owner reached first, is an attempt in flight or one
+  // being cleaned up, never a holder: nobody was revoked (its key there is "@revoked" now, so
+  // that attempt cannot win that master).
+  if (best + silent < quorum_) return {};
   out.revoked = true;
+  // Two owners each reach a quorum only with the silent masters counted for them (a holder
+  // and a failing attempt, on either side of the silent masters): whichever held the lock,
+  // its keys here are "@revoked" now and the silent masters are fewer than a quorum, so its
+  // lease is ended; but which one held it is not known, and naming the other would report an
+  // owner that never held a quorum as the revoked holder. No holder is named (the engine
+  // reports it unknown).
+  if (candidates > 1) out.holder.clear();
   return out;
 }
 

@@ -122,21 +122,23 @@ return 0
 /// nobody is granted the lock before the revoked holder's lease runs out, docs/design.md
 /// "Revoke"), and the note "0\n<owner>\n<note>" is stored (no token: Redlock has none):
 /// {1, owner} (the owner part of the key's value, without the attempt's nonce); {0} when the key
-/// is not held there (nothing written): no key, or a key beside a live marker that another
-/// acquisition wrote (its "<owner>\n<nonce>" is not the key's value): a fast-path attempt that
-/// took the key inside a lost holder's lock-delay, which counts busy there and takes the key back
-/// itself (redlock_acquire.cpp; docs/redlock.md "Lock-delay"); {2} when the key is already
-/// "@revoked" (another revoke reached this master first; nothing written).
+/// is not held there (nothing written): no key, or a key beside a live marker (PTTL > 0, as the
+/// acquisition reads it) that another acquisition wrote (its "<owner>\n<nonce>" is not the key's
+/// value): a fast-path attempt that took the key inside a lost holder's lock-delay, which counts
+/// busy there and takes the key back itself (redlock_acquire.cpp; docs/redlock.md "Lock-delay"),
+/// and which no renewal counts either (kRenewScript); {2, note or nil} when the key is already
+/// "@revoked" (another revoke reached this master first; nothing written): the note that revoke
+/// wrote with it, "0\n<owner>\n...", names whose key it took.
 inline constexpr Script kRevokeScript{
     R"lua(local v = redis.call('GET', KEYS[1])
 if v == false then
   return {0}
 end
 if string.sub(v, 1, 1) == '@' then
-  return {2}
+  return {2, redis.call('GET', KEYS[2])}
 end
 local m = redis.call('GET', KEYS[4])
-if m and string.match(m, '^%d+\n(.*)$') ~= v then
+if m and redis.call('PTTL', KEYS[4]) > 0 and string.match(m, '^%d+\n(.*)$') ~= v then
   return {0}
 end
 v = string.match(v, '^(.*)\n%x+$') or v
@@ -149,21 +151,29 @@ else
 end
 return {1, v}
 )lua",
-    "8efc358359f6c8d272ff7f316649ff63a9ed1e48"};
+    "6bde17a38b14bdb94b0f1a46fe4dbab98ba030f0"};
 
 /// KEYS[i] (i <= n) lock keys, KEYS[n + i] their lock-delay marker keys; ARGV[2i-1] owner,
 /// ARGV[2i] ttl ms of key i. Extends each key this owner holds (the owner part of its value),
 /// and its marker when the marker
 /// is this owner's ("<extra>\n<owner>\n<nonce>": it then lives ttl + extra from now, so it outlives the
-/// lease by its extra): an array of n 1 (extended) / 0 (not ours).
+/// lease by its extra): an array of n 1 (extended) / 0 (not ours). A key beside a live marker
+/// (PTTL > 0) that another acquisition wrote (its "<owner>\n<nonce>" is not the key's value) is
+/// not held there: 0, nothing extended. It is an attempt's key taken inside a lost holder's
+/// lock-delay whose take-back did not arrive; no grant counted it and the revoke answers "not
+/// held" for it (kRevokeScript), so no renewal may count it either.
 inline constexpr Script kRenewScript{
     R"lua(local n = #KEYS / 2
 local out = {}
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
-  if v and (string.match(v, '^(.*)\n%x+$') or v) == ARGV[2 * i - 1] then
+  local mine = v and (string.match(v, '^(.*)\n%x+$') or v) == ARGV[2 * i - 1]
+  local m = mine and redis.call('GET', KEYS[n + i])
+  if m and redis.call('PTTL', KEYS[n + i]) > 0 and string.match(m, '^%d+\n(.*)$') ~= v then
+    mine = false
+  end
+  if mine then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    local m = redis.call('GET', KEYS[n + i])
     if m then
       local extra, who = string.match(m, '^(%d+)\n(.*)\n%x+$')
       if who == ARGV[2 * i - 1] then
@@ -177,7 +187,7 @@ for i = 1, n do
 end
 return out
 )lua",
-    "899de471829811927a534aac6a4d34e4de8ac794"};
+    "013e0fb694bfb115cea60b15bbd8c5d9cf732986"};
 
 /// KEYS[1] lock key: {value or nil, pttl} (the value "<owner>\n<nonce>": owner_of() takes the owner).
 inline constexpr Script kStatusScript{

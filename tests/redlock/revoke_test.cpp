@@ -25,6 +25,7 @@
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
 #include "support/backend_names.hpp"
+#include "support/fault_proxy.hpp"
 
 namespace distlock::testing {
 
@@ -186,6 +187,168 @@ TEST(RedlockRevoke, ANoteOnFewerThanAQuorumIsNotReportedWithAMasterDown) {
   const auto alone = b->revoke_note("minority", ec);
   EXPECT_EQ(ec, errc::quorum_unavailable) << ec.message() << " " << ec.detail();
   EXPECT_FALSE(alone.has_value()) << "a note read on 1 of 3 masters was reported: " << alone.value_or("");
+}
+
+// A holder granted by masters 0 and 1 whose attempt also took the key on master 2, beside a lost
+// holder's live marker, and whose take-back never reached master 2 (the grant's clean-up is one
+// best-effort round trip: a master that times out keeps the key). The grant did not count
+// master 2, so renewal must not count it either: a revoke partitioned from master 0 answers
+// "not held" on master 2 (the marker) and revokes master 1; it reports the holder revoked,
+// counting master 0 for it. The holder must then fail to renew: masters 0 and 2 alone are a
+// quorum that still has its key.
+TEST(RedlockRevoke, AHolderRevokedWithAMasterUnreachableDoesNotRenewOnItsKeyBesideAForeignMarker) {
+  Masters m(3);
+  ASSERT_NO_FATAL_FAILURE(lose_with_delay(m, "job", kLost, 10000ms));
+  ASSERT_EQ(m[0].command({"DEL", marker_of("job")})->integer, 1);
+  ASSERT_EQ(m[1].command({"DEL", marker_of("job")})->integer, 1);
+  auto holder = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(holder);
+  Error ec;
+  ASSERT_TRUE(holder->try_acquire(AcquireRequest{"job", kWaiter, 30s, false, 0ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  // The take-back on master 2 lost: the attempt's key stays there beside the lost marker.
+  const std::string held = m.get(1, key_of("job"));
+  ASSERT_EQ(m[2].command({"SET", key_of("job"), held, "PX", "30000"})->type, REDIS_REPLY_STATUS);
+
+  // The revoker reaches master 0 through a proxy that refuses it now.
+  FaultProxy p0(m[0].port());
+  p0.drop();
+  auto revoker = make_backend("redlock://127.0.0.1:" + std::to_string(p0.port()) +
+                              ",127.0.0.1:" + std::to_string(m[1].port()) +
+                              ",127.0.0.1:" + std::to_string(m[2].port()) + "?timeout=2s");
+  ASSERT_TRUE(revoker);
+  const auto r = revoker->revoke("job", "0\nrevoker\npartitioned", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_TRUE(r.revoked) << "master 0 did not answer and holds the key: the holder must be counted revoked";
+  EXPECT_EQ(r.holder, kWaiter);
+
+  const RenewItem item{"job", kWaiter, 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner)
+      << "renewal status " << static_cast<int>(out)
+      << ": the holder the revoke reported revoked renewed on masters 0 and 2 (master 2: its key beside a "
+         "lost holder's marker, which no grant and no revoke counts): master 0 "
+      << m.get(0, key_of("job")) << ", master 1 " << m.get(1, key_of("job")) << ", master 2 "
+      << m.get(2, key_of("job"));
+}
+
+// A marker that does not expire (PTTL -1; this version always writes one with a TTL, but an
+// operator's PERSIST or a restore without TTLs leaves one) holds nothing back for an acquisition
+// (kAcquireScript and the fast path count a marker only while its PTTL is above 0). The revoke
+// must read it the same way: a holder granted beside it on every master is revoked, not "nothing
+// held" while it goes on renewing.
+TEST(RedlockRevoke, AHolderBesideAMarkerWithoutExpiryIsRevoked) {
+  Masters m(3);
+  const std::string lost_marker = "5000\n" + std::string(kLost) + "\n00000000000000a1";
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(m[i].command({"SET", marker_of("job"), lost_marker})->type, REDIS_REPLY_STATUS);
+    ASSERT_EQ(m[i].command({"PTTL", marker_of("job")})->integer, -1);
+  }
+  auto holder = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(holder);
+  Error ec;
+  ASSERT_TRUE(holder->try_acquire(AcquireRequest{"job", kWaiter, 30s, false, 0ms}, ec).acquired)
+      << "a marker without expiry held the acquisition back: " << ec.message() << " " << ec.detail();
+  const auto r = holder->revoke("job", "0\nrevoker\npersisted marker", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(r.revoked) << "a holder granted on every master beside a marker without expiry was reported "
+                            "'nothing held'";
+  EXPECT_EQ(r.holder, kWaiter);
+  const RenewItem item{"job", kWaiter, 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner) << "the holder still renews after the revoke";
+}
+
+// "Already revoked" ({2}) counts toward a holder only where the revoke that wrote that
+// "@revoked" took the key from that same holder. A revoke of holder P (granted by masters 0 and 1;
+// master 2 free) leaves "@revoked" there for P's remaining life; a second revoke that lands while
+// another owner's attempt holds master 2 alone (its attempt is failing: busy on 0 and 1) must not
+// count P's "@revoked" keys for that owner and report it revoked: it never held a quorum.
+TEST(RedlockRevoke, AnEarlierRevokeOfAnotherHolderDoesNotMakeAnAttemptARevokedHolder) {
+  Masters m(3);
+  constexpr std::string_view kFirst = "00112233445566778899aabbccddeeff:3.1|first";
+  // Master 2 busy for P's acquisition (a leftover key), freed right after it.
+  ASSERT_EQ(m[2].command({"SET", key_of("job"), "someone\n00000000000000d1", "PX", "30000"})->type,
+            REDIS_REPLY_STATUS);
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  Error ec;
+  ASSERT_TRUE(b->try_acquire(AcquireRequest{"job", kFirst, 30s, false, 0ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  ASSERT_EQ(m[2].command({"DEL", key_of("job")})->integer, 1);
+  const auto first = b->revoke("job", "0\nrevoker\nfirst", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  ASSERT_TRUE(first.revoked);
+  ASSERT_EQ(first.holder, kFirst);
+
+  // A waiter's attempt took master 2 (its SET on 0 and 1 finds "@revoked": busy there).
+  const std::string attempt = std::string(kWaiter) + "\n00000000000000d2";
+  ASSERT_EQ(m[2].command({"SET", key_of("job"), attempt, "NX", "PX", "30000"})->type, REDIS_REPLY_STATUS);
+  const auto second = b->revoke("job", "0\nrevoker\nsecond", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_FALSE(second.revoked) << "an attempt holding 1 of 3 masters was reported as the revoked holder \""
+                               << second.holder << "\", counting the 2 masters an earlier revoke of "
+                               << kFirst << " made @revoked";
+  EXPECT_EQ(second.holder, "");
+}
+
+// Five masters: holder H granted by masters 0, 1 and 2 (3 and 4 busy then), a waiter's failing
+// attempt X on masters 3 and 4 (busy on 0-2). A revoker that cannot reach masters 1 and 2 finds
+// H on one master and X on two: counting the two silent masters, either could have held a
+// quorum. It must end H's lease and report it ended, but must not name X, an owner that never
+// held a quorum, as the revoked holder: no holder is named (RevokeResult::holder empty).
+void hold_beside_an_attempt(Masters& m, const std::string& name, std::string_view holder_owner,
+                            std::unique_ptr<Backend>& holder) {
+  for (std::size_t i = 3; i < 5; ++i)
+    ASSERT_EQ(m[i].command({"SET", key_of(name), "someone\n00000000000000e1", "PX", "30000"})->type,
+              REDIS_REPLY_STATUS);
+  holder = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(holder);
+  Error ec;
+  ASSERT_TRUE(holder->try_acquire(AcquireRequest{name, holder_owner, 30s, false, 0ms}, ec).acquired)
+      << ec.message() << " " << ec.detail();
+  const std::string attempt = std::string(kWaiter) + "\n00000000000000e2";
+  for (std::size_t i = 3; i < 5; ++i)
+    ASSERT_EQ(m[i].command({"SET", key_of(name), attempt, "PX", "30000"})->type, REDIS_REPLY_STATUS);
+}
+
+TEST(RedlockRevoke, ARevokeWithMastersSilentDoesNotNameAnAttemptAsTheHolder) {
+  Masters m(5);
+  constexpr std::string_view kHolder = "00112233445566778899aabbccddeeff:4.1|holder";
+  FaultProxy p1(m[1].port()), p2(m[2].port());
+  p1.drop();
+  p2.drop();
+  const std::string url =
+      "redlock://127.0.0.1:" + std::to_string(m[0].port()) + ",127.0.0.1:" + std::to_string(p1.port()) +
+      ",127.0.0.1:" + std::to_string(p2.port()) + ",127.0.0.1:" + std::to_string(m[3].port()) +
+      ",127.0.0.1:" + std::to_string(m[4].port()) + "?timeout=2s";
+
+  std::unique_ptr<Backend> holder;
+  ASSERT_NO_FATAL_FAILURE(hold_beside_an_attempt(m, "job", kHolder, holder));
+  auto revoker = make_backend(url);
+  ASSERT_TRUE(revoker);
+  Error ec;
+  const auto r = revoker->revoke("job", "0\nrevoker\ntwo silent", 60s, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(r.revoked);
+  EXPECT_EQ(r.holder, "")
+      << "a waiter's attempt on 2 of 5 masters (or the holder on 1 answering of its 3) was "
+         "named the revoked holder; either could have held a quorum";
+  const RenewItem item{"job", std::string(kHolder), 0, 30s};
+  RenewStatus out = RenewStatus::renewed;
+  holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
+  EXPECT_EQ(out, RenewStatus::not_owner) << "renewal status " << static_cast<int>(out);
+
+  // Through the client: revoked, holder unknown.
+  std::unique_ptr<Backend> second;
+  ASSERT_NO_FATAL_FAILURE(hold_beside_an_attempt(m, "client", kHolder, second));
+  auto client = distlock::connect(url, quiet());
+  const RevokeResult cr = client.revoke("client", "two silent");
+  EXPECT_TRUE(cr.revoked);
+  EXPECT_FALSE(cr.holder.has_value()) << "named " << cr.holder.value_or("");
+  EXPECT_FALSE(cr.holder_info.has_value());
 }
 
 }  // namespace
