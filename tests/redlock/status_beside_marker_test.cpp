@@ -7,7 +7,8 @@
 //     (revoke_test.cpp); the attempt's keys are left for its own clean-up;
 //   - the rule hides no real holder: a holder granted by a quorum of masters without a marker is
 //     still held and listed with its key beside the marker on the third master, and so is a
-//     holder with its own lock-delay (its key beside its own marker).
+//     holder with its own lock-delay (its key beside its own marker), and a holder granted beside
+//     a marker without expiry (the acquisition reads a marker by PTTL > 0; so does status).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -65,6 +66,11 @@ bool attempt_beside_marker(Masters& m, std::size_t i, const std::string& name, c
   auto marker = m[i].command({"PTTL", delay_key_of(name)});
   return set && set->type == REDIS_REPLY_NIL && marker && marker->type == REDIS_REPLY_INTEGER &&
          marker->integer > 0;
+}
+
+// The owner part of a key's value "<owner>\n<nonce>".
+std::string owner_of_value(const std::string& value) {
+  return value.substr(0, value.rfind('\n'));
 }
 
 // The entry of `name` in a listing of every lock (empty prefix); nullptr when it is not listed.
@@ -140,6 +146,35 @@ TEST(RedlockStatusBesideMarker, AHolderWithAKeyBesideAMarkerOnAMinorityIsHeld) {
     ASSERT_NE(l, nullptr) << name << ": a holder granted by a quorum was not listed";
     EXPECT_EQ(l->info.holder.value_or(""), kWaiting) << name;
   }
+}
+
+// A marker without expiry (PTTL -1: none the scripts write, which always set PX) holds nothing
+// back: the acquisition reads a marker by its PTTL > 0, so a holder is granted beside it on every
+// master. Status and list read it the same way and show that holder.
+TEST(RedlockStatusBesideMarker, AHolderBesideAMarkerWithoutExpiryIsHeld) {
+  Masters m(3);
+  const std::string stale = "5000\n" + std::string(kLostHolder) + "\n00000000000000e1";
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_EQ(m[i].command({"SET", delay_key_of("job"), stale})->type, REDIS_REPLY_STATUS) << "master " << i;
+  auto b = make_backend(m.url("timeout=2s"));
+  ASSERT_TRUE(b);
+  Error ec;
+  ASSERT_TRUE(b->try_acquire(AcquireRequest{"job", kWaiting, 30s, false, 0ms}, ec).acquired)
+      << "a marker without expiry held the name back: " << ec.message() << " " << ec.detail();
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(m[i].command({"PTTL", delay_key_of("job")})->integer, -1) << "master " << i;
+    ASSERT_EQ(owner_of_value(m.get(i, lock_key_of("job"))), kWaiting) << "master " << i;
+  }
+  const LockInfo info = b->status("job", ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  EXPECT_TRUE(info.held) << "a holder granted on every master beside a marker without expiry was shown free";
+  EXPECT_EQ(info.holder.value_or(""), kWaiting);
+  bool truncated = true;
+  const std::vector<detail::ListedLock> all = b->list_held("", 100, truncated, ec);
+  ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
+  const detail::ListedLock* l = listed_entry(all, "job");
+  ASSERT_NE(l, nullptr) << "a holder granted on every master beside a marker without expiry was not listed";
+  EXPECT_EQ(l->info.holder.value_or(""), kWaiting);
 }
 
 }  // namespace
