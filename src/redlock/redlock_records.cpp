@@ -37,7 +37,9 @@ std::string describe_value(std::string_view v) {
 
 LockInfo RedlockBackend::status(std::string_view name, Error& ec) {
   ec.clear();
-  const std::array<std::string, 1> keys{lock_key(cfg_, name)};
+  // The marker key too: a key beside another acquisition's live lock-delay marker is an
+  // attempt that counts busy there, not a holder (scripts.hpp kStatusScript).
+  const std::array<std::string, 2> keys{lock_key(cfg_, name), delay_key(cfg_, name)};
   const Command cmd = script_command(kStatusScript, keys, {});
   LaneLease lane(pool_);
   std::vector<NodeReply> replies =
@@ -172,7 +174,7 @@ std::vector<ListedLock> RedlockBackend::list_held(std::string_view prefix, std::
   auto status_of = [&](std::span<const std::string> chunk, std::vector<LockInfo>& infos, Error& e) {
     std::vector<Command> cmds;
     for (const auto& name : chunk) {
-      const std::array<std::string, 1> keys{lock_key(cfg_, name)};
+      const std::array<std::string, 2> keys{lock_key(cfg_, name), delay_key(cfg_, name)};
       cmds.push_back(script_command(kStatusScript, keys, {}));
     }
     std::vector<NodeReply> replies = lane->run_all(cmds, timeout);
@@ -192,7 +194,9 @@ std::vector<ListedLock> RedlockBackend::list_held(std::string_view prefix, std::
 }
 
 // The holder a quorum agrees on in reply `j` of each master (kStatusScript), as
-// status() reports it; `answered` counts the masters that gave that reply.
+// status() reports it; `answered` counts the masters that gave that reply. A master where the
+// key stands beside another acquisition's live lock-delay marker answers no key (an attempt in
+// flight inside a lost holder's delay: no grant counts it), so such a key never makes a holder.
 LockInfo RedlockBackend::status_from(const std::vector<NodeReply>& replies, std::size_t j,
                                      std::size_t& answered) const {
   struct Seen {

@@ -189,11 +189,24 @@ return out
 )lua",
     "013e0fb694bfb115cea60b15bbd8c5d9cf732986"};
 
-/// KEYS[1] lock key: {value or nil, pttl} (the value "<owner>\n<nonce>": owner_of() takes the owner).
+/// KEYS[1] lock key, KEYS[2] lock-delay marker key: {value or nil, pttl} (the value
+/// "<owner>\n<nonce>": owner_of() takes the owner). {nil, -2}, as for no key, where the key
+/// stands beside a live marker (PTTL > 0, as the acquisition reads it) that another acquisition
+/// wrote (its "<owner>\n<nonce>" is not the key's value): a fast-path attempt that took the key
+/// inside a lost holder's lock-delay, which counts busy there and takes the key back itself; no
+/// grant counts such a key, so status and list do not either (the rule kRevokeScript applies;
+/// docs/redlock.md "Lock-delay").
 inline constexpr Script kStatusScript{
-    R"lua(return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+    R"lua(local v = redis.call('GET', KEYS[1])
+if v then
+  local m = redis.call('GET', KEYS[2])
+  if m and redis.call('PTTL', KEYS[2]) > 0 and string.match(m, '^%d+\n(.*)$') ~= v then
+    return {false, -2}
+  end
+end
+return {v, redis.call('PTTL', KEYS[1])}
 )lua",
-    "2170fc65895d14f2eac3a77defa9568bea1a34a5"};
+    "7df4cb4c3389ce00859c416800b8421bf2815d34"};
 
 /// KEYS[1] record key; ARGV[1] value. Stores the value unless the key exists and
 /// returns the value the master holds after the call (the existing one, or ARGV[1]).

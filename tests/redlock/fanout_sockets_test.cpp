@@ -65,7 +65,7 @@ void noscript_while_writing(bool tls) {
   const std::string big(4 << 20, 'x');
   std::vector<rl::Command> cmds;
   for (int i = 0; i < 8; ++i) {
-    const std::array<std::string, 1> keys{"k" + std::to_string(i)};
+    const std::array<std::string, 2> keys{"k" + std::to_string(i), "d" + std::to_string(i)};
     const std::array<std::string, 1> args{i == 0 ? std::string("small") : big};
     cmds.push_back(rl::script_command(rl::kStatusScript, keys, args));
   }
