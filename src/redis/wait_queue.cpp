@@ -65,7 +65,8 @@ WaitQueue::Begun WaitQueue::begin(std::string_view name, std::string_view owner,
     }
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
-  return Begun{it->second.entry, it->second.queued};
+  const Wait& w = it->second;
+  return Begun{w.entry, w.queued, w.granted, w.token};
 }
 
 std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::string_view owner) const {

@@ -66,10 +66,13 @@ class WaitQueue {
   WaitQueue(const WaitQueue&) = delete;
   WaitQueue& operator=(const WaitQueue&) = delete;
 
-  /// What an attempt sends for its wait: the entry id, and whether it is queued already.
+  /// The wait's state an attempt reads (Wait without its name and owner, which the
+  /// caller has): the entry id to send, whether it is queued already, a grant to claim.
   struct Begun {
     std::string entry;
     bool queued = false;
+    bool granted = false;
+    std::uint64_t token = 0;
   };
   /// The wait of (name, owner); a new one with a fresh entry id if there is none.
   Begun begin(std::string_view name, std::string_view owner, Millis ttl);
