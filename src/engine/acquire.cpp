@@ -80,8 +80,8 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   // owner_for_this_thread), then, for a new acquisition, ".<acquisition seq>" and
   // "|<holder info>".
   std::string owner;
-  owner.reserve(client_id_.size() + 2 + 2 * std::numeric_limits<std::uint64_t>::digits10 + 2 +
-                opts.holder_info.size());
+  constexpr std::size_t kMaxDigits = std::numeric_limits<std::uint64_t>::digits10 + 1;
+  owner.reserve(client_id_.size() + 3 + 2 * kMaxDigits + opts.holder_info.size());
   owner.append(client_id_);
   owner.push_back(':');
   append_decimal(owner, this_thread_seq());
