@@ -231,9 +231,10 @@ std::optional<TraceContext> Lease::trace_context() const {
 
 void Lease::release() {
   detail::Error ec;
-  const std::string name = held_ ? held_->name : std::string();
+  // The lease's name for the error (a reference, not a copy of the name per call).
+  const std::shared_ptr<detail::HeldLock> held = held_;
   release_hold(engine_, held_, ec);
-  if (ec) throw_error(ec, with_detail("release of lock \"" + name + "\"", ec));
+  if (ec) throw_error(ec, with_detail("release of lock \"" + (held ? held->name : std::string()) + "\"", ec));
 }
 
 void Lease::release(std::error_code& ec) noexcept {

@@ -1,5 +1,7 @@
 // Engine: acquire (validate → lease table → wait loop → lease table), wait_free, release.
 #include <algorithm>
+#include <charconv>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -74,20 +76,32 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
       tracing_->deliver(tracing_->wait_span(*trace, name, {}, SpanOutcome::error, ec, clock_->now()));
     return nullptr;
   }
-  const std::string thread_owner = owner_for_this_thread(client_id_);
+  // The owner, built in one string: the thread owner "<client id>:<thread seq>" (see
+  // owner_for_this_thread), then, for a new acquisition, ".<acquisition seq>" and
+  // "|<holder info>".
+  std::string owner;
+  constexpr std::size_t kMaxDigits = std::numeric_limits<std::uint64_t>::digits10 + 1;
+  owner.reserve(client_id_.size() + 3 + 2 * kMaxDigits + opts.holder_info.size());
+  owner.append(client_id_);
+  owner.push_back(':');
+  append_decimal(owner, this_thread_seq());
+  const std::size_t thread_owner_len = owner.size();
+  auto thread_owner = [&owner, thread_owner_len] {
+    return std::string_view(owner).substr(0, thread_owner_len);
+  };
   std::shared_ptr<HeldLock> expired;
   if (names.size() == 1) {  // Reentry by the same thread: no round trip.
     if (opts.max_hold && reentry == Reentry::by_thread) ensure_watchdog();
-    const std::string key = LeaseTable::key(name, thread_owner);
-    if (auto h = leases_.reenter(key, reentry == Reentry::by_thread, opts.max_hold, expired)) return h;
+    if (auto h = leases_.reenter(LeaseTable::key(name, thread_owner()), reentry == Reentry::by_thread,
+                                 opts.max_hold, expired))
+      return h;
   }
   if (expired)
     declare_lost(expired, expired->expiry_reason(), "local deadline passed without a successful renewal");
 
   // Every acquisition is a new owner on the server: see HeldLock::owner.
-  std::string owner = thread_owner;
   owner.push_back('.');
-  owner.append(std::to_string(next_acquisition_.fetch_add(1, std::memory_order_relaxed)));
+  append_decimal(owner, next_acquisition_.fetch_add(1, std::memory_order_relaxed));
   if (!opts.holder_info.empty()) {  // validated: printable, no '|', cut to max_holder_info
     owner.push_back('|');
     owner.append(opts.holder_info);
@@ -111,7 +125,7 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
     // Busy because this very thread holds the name (a Mutex, or another Lease): say so,
     // since the holder named by the server would be this process.
     const bool ask = (ec == errc::busy || ec == errc::timeout) && names.size() == 1 && ec.detail().empty();
-    const std::string key = ask ? LeaseTable::key(name, thread_owner) : std::string();
+    const LeaseTable::Key key = LeaseTable::key(name, thread_owner());
     if (leases_.abandon(owner, ask ? &key : nullptr)) {
       ec.set_detail(
           "held by this thread through a Mutex or another Lease; a Lease is not re-entrant, only "
@@ -128,14 +142,17 @@ std::shared_ptr<HeldLock> Engine::acquire_impl(std::span<const std::string_view>
   }
   if (index) *index = got;
   held->reentrant = reentry == Reentry::by_thread;
-  record_grant(held, LeaseTable::key(held->name, thread_owner), owner, called, epoch_at_send,
-               trace ? &*trace : nullptr);
+  try {
+    record_grant(held, owner, called, epoch_at_send, trace ? &*trace : nullptr);
+  } catch (...) {
+    leases_.abandon(owner, nullptr);  // the table keeps no view of `owner` past this call
+    throw;
+  }
   return held;
 }
 
-void Engine::record_grant(const std::shared_ptr<HeldLock>& held, const std::string& key,
-                          const std::string& owner, Clock::time_point called, std::uint64_t epoch_at_send,
-                          const WaitTrace* trace) {
+void Engine::record_grant(const std::shared_ptr<HeldLock>& held, const std::string& owner,
+                          Clock::time_point called, std::uint64_t epoch_at_send, const WaitTrace* trace) {
   n_acquired_.fetch_add(1, std::memory_order_relaxed);
   if (metrics_ || trace) held->granted_at = clock_->now();  // the wait ends, the hold begins
   if (metrics_) {  // before the lease is published: a loss from now on finds its series
@@ -151,7 +168,7 @@ void Engine::record_grant(const std::shared_ptr<HeldLock>& held, const std::stri
     if (held->has_token) wait->token = held->token;
     held->trace = tracing_->begin_hold(*trace, held->granted_at);
   }
-  const LeaseTable::Recorded rec = leases_.record(held, key, owner, epoch_at_send);
+  const LeaseTable::Recorded rec = leases_.record(held, owner, epoch_at_send);
   if (rec.replaced) {
     declare_lost(rec.replaced, rec.replaced->expiry_reason(),
                  "local deadline passed without a successful renewal");

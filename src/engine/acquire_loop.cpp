@@ -237,7 +237,10 @@ void Engine::AcquireLoop::report_position() {
 
 std::shared_ptr<HeldLock> Engine::AcquireLoop::make_held() {
   auto held = std::make_shared<HeldLock>();
-  held->name = cands_[*acquired_].w.name;
+  // A name whose slot was never joined is not read again (the destructor leaves only
+  // joined slots, and cancels only the names not acquired): moved, not copied.
+  Candidate& c = cands_[*acquired_];
+  held->name = c.w.slot ? c.w.name : std::move(c.w.name);
   held->owner = owner_;
   held->fork_gen = e_.fork_gen_;
   held->token = res_.token;

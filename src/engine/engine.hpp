@@ -266,8 +266,8 @@ class Engine final : public ChangeListener, public std::enable_shared_from_this<
                                       const std::string& owner, Clock::time_point start,
                                       std::uint64_t& epoch_at_send, std::size_t& index, Error& ec);
   /// Counts and records a granted lease, then declares what raced the grant lost.
-  void record_grant(const std::shared_ptr<HeldLock>& held, const std::string& key, const std::string& owner,
-                    Clock::time_point called, std::uint64_t epoch_at_send, const WaitTrace* trace);
+  void record_grant(const std::shared_ptr<HeldLock>& held, const std::string& owner, Clock::time_point called,
+                    std::uint64_t epoch_at_send, const WaitTrace* trace);
   /// Tracing: the loss span of `held` and the end of its hold span, on the event thread.
   void trace_loss(const HeldLock& held, LossReason reason, const std::string& detail_text,
                   Clock::time_point at) noexcept;

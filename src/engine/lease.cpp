@@ -59,10 +59,19 @@ std::string HeldLock::public_detail() const {
   return {};
 }
 
-std::string owner_for_this_thread(const std::string& client_id) {
+std::uint64_t this_thread_seq() noexcept {
   static std::atomic<std::uint64_t> next_thread_seq{1};
   thread_local const std::uint64_t seq = next_thread_seq.fetch_add(1, std::memory_order_relaxed);
-  return client_id + ":" + std::to_string(seq);
+  return seq;
+}
+
+std::string owner_for_this_thread(const std::string& client_id) {
+  std::string out;
+  out.reserve(client_id.size() + 21);
+  out.append(client_id);
+  out.push_back(':');
+  append_decimal(out, this_thread_seq());
+  return out;
 }
 
 std::pair<std::string_view, std::optional<std::string_view>> split_owner(std::string_view owner) noexcept {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <charconv>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -119,6 +120,14 @@ struct HeldLock {
 /// The owner id of the calling thread within a client: "<client id>:<thread seq>".
 /// Reentrancy is counted per thread owner; the server sees `<thread owner>.<n>`.
 std::string owner_for_this_thread(const std::string& client_id);
+/// The calling thread's sequence number in this process (the <thread seq> above).
+std::uint64_t this_thread_seq() noexcept;
+/// Appends `n` in decimal to `out`.
+inline void append_decimal(std::string& out, std::uint64_t n) {
+  char buf[20];
+  const auto end = std::to_chars(buf, buf + sizeof buf, n).ptr;
+  out.append(buf, static_cast<std::size_t>(end - buf));
+}
 /// The thread part of an acquisition owner: the holder description (after the first
 /// '|') dropped, then everything before the last '.'.
 std::string_view thread_owner_of(std::string_view owner) noexcept;

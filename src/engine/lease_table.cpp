@@ -4,17 +4,16 @@
 
 namespace distlock::detail {
 
-std::string LeaseTable::key(std::string_view name, std::string_view thread_owner) {
-  std::string key;
-  key.reserve(name.size() + thread_owner.size() + 1);
-  key.append(name);
-  key.push_back('\0');
-  key.append(thread_owner);
-  return key;
+void LeaseTable::set(Held::iterator it, std::shared_ptr<HeldLock> h) {
+  // The node keeps its place (the new key compares equal: same name, same thread owner);
+  // only the strings its key views change.
+  auto node = held_.extract(it);
+  node.key() = key(h->name, thread_owner_of(h->owner));
+  node.mapped() = std::move(h);
+  held_.insert(std::move(node));
 }
 
-std::shared_ptr<HeldLock> LeaseTable::reenter(const std::string& key, bool by_thread,
-                                              std::optional<Millis> max_hold,
+std::shared_ptr<HeldLock> LeaseTable::reenter(Key key, bool by_thread, std::optional<Millis> max_hold,
                                               std::shared_ptr<HeldLock>& expired) {
   PartLock lk(mu_, lease_table_state);
   auto it = held_.find(key);
@@ -47,7 +46,7 @@ void LeaseTable::begin(const std::string& owner) {
   inflight_.emplace(owner, InflightLosses{});
 }
 
-bool LeaseTable::abandon(const std::string& owner, const std::string* key) {
+bool LeaseTable::abandon(const std::string& owner, const Key* key) {
   PartLock lk(mu_, lease_table_state);
   inflight_.erase(owner);
   if (!key) return false;
@@ -73,34 +72,43 @@ void LeaseTable::schedule(HeldLock& h, Clock::time_point sent, Millis validity) 
   }
 }
 
-LeaseTable::Recorded LeaseTable::record(const std::shared_ptr<HeldLock>& held, const std::string& key,
-                                        const std::string& owner, std::uint64_t epoch_at_send) {
+LeaseTable::Recorded LeaseTable::record(const std::shared_ptr<HeldLock>& held, const std::string& owner,
+                                        std::uint64_t epoch_at_send) {
   Recorded r;
   PartLock lk(mu_, lease_table_state);
-  auto& entry = held_[key];
-  // This thread's earlier hold of the name, if still listed and not yet declared
-  // lost, is past its local deadline (re-entry refused it). Once replaced here the
-  // watchdog would never see it: the caller declares its loss.
-  if (entry && entry != held && !entry->released && !entry->lost.load()) r.replaced = entry;
-  // A lost hold of this thread not yet unlocked (nested re-lock after a loss):
-  // kept so that the outer unlock finds it again once this one is released.
-  if (entry && !entry->released) held->displaced = entry;
-  entry = held;
-  // A validity lowered while this grant was under way (its answer may have counted
-  // the old one), even if raised again since.
-  cap(*held, validity_cap_);
-  auto f = inflight_.find(owner);
-  if (f != inflight_.end()) cap(*held, f->second.min_cap);
-  // session_lost() bumps the epoch and collects held_ under mu_: a session lost
-  // after this grant was sent but before this insertion missed this lease.
-  r.session_gone = session_epoch() != epoch_at_send;
-  // Likewise a loss of this very lease reported before it was recorded.
-  if (f != inflight_.end()) {
+  // The acquisition's entry first: its key views the caller's owner, and nothing below
+  // that may throw runs before it is gone.
+  Millis min_cap{0};
+  if (auto f = inflight_.find(owner); f != inflight_.end()) {
+    min_cap = f->second.min_cap;
+    // A loss of this very lease reported before it was recorded.
     const auto& lost = f->second;
     r.lease_gone =
         lost.all || std::find(lost.names.begin(), lost.names.end(), held->name) != lost.names.end();
     inflight_.erase(f);
   }
+  const Key k = key(held->name, thread_owner_of(held->owner));
+  auto it = held_.find(k);
+  if (it != held_.end()) {
+    const std::shared_ptr<HeldLock>& entry = it->second;
+    // This thread's earlier hold of the name, if still listed and not yet declared
+    // lost, is past its local deadline (re-entry refused it). Once replaced here the
+    // watchdog would never see it: the caller declares its loss.
+    if (entry != held && !entry->released && !entry->lost.load()) r.replaced = entry;
+    // A lost hold of this thread not yet unlocked (nested re-lock after a loss):
+    // kept so that the outer unlock finds it again once this one is released.
+    if (!entry->released) held->displaced = entry;
+    set(it, held);
+  } else {
+    held_.emplace(k, held);
+  }
+  // A validity lowered while this grant was under way (its answer may have counted
+  // the old one), even if raised again since.
+  cap(*held, validity_cap_);
+  cap(*held, min_cap);
+  // session_lost() bumps the epoch and collects held_ under mu_: a session lost
+  // after this grant was sent but before this insertion missed this lease.
+  r.session_gone = session_epoch() != epoch_at_send;
   // Wake the renewer only if this lease needs it earlier than it planned to wake:
   // an uncontended acquire should not cost a context switch.
   if (needs_renewal_) renewer_.renew_earlier(held->next_renew - held->renew_interval / 4);
@@ -110,13 +118,13 @@ LeaseTable::Recorded LeaseTable::record(const std::shared_ptr<HeldLock>& held, c
   return r;
 }
 
-std::shared_ptr<HeldLock> LeaseTable::find(const std::string& key) const {
+std::shared_ptr<HeldLock> LeaseTable::find(Key key) const {
   LockGuard lk(mu_);
   auto it = held_.find(key);
   return it == held_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<HeldLock> LeaseTable::find_reentrant(const std::string& key) const {
+std::shared_ptr<HeldLock> LeaseTable::find_reentrant(Key key) const {
   PartLock lk(mu_, lease_table_state);
   auto it = held_.find(key);
   if (it == held_.end()) return nullptr;
@@ -134,7 +142,7 @@ LeaseTable::Drop LeaseTable::drop(const std::shared_ptr<HeldLock>& held) {
   auto it = held_.find(key(held->name, thread_owner_of(held->owner)));
   if (it != held_.end() && it->second == held) {
     if (held->displaced && !held->displaced->released) {
-      it->second = held->displaced;  // the outer, lost hold this one replaced
+      set(it, held->displaced);  // the outer, lost hold this one replaced
     } else {
       held_.erase(it);
     }

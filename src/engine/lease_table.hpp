@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "distlock/clock.hpp"
@@ -33,21 +34,26 @@ class LeaseTable {
   LeaseTable(std::shared_ptr<Clock> clock, bool needs_renewal, Renewer& renewer)
       : clock_(std::move(clock)), needs_renewal_(needs_renewal), renewer_(renewer) {}
 
-  /// The table's key of a lease: name + '\0' + thread owner.
-  static std::string key(std::string_view name, std::string_view thread_owner);
+  /// The table's key of a lease: (name, thread owner), views into the lease's own strings
+  /// when stored, into the caller's when looking one up (no string is built).
+  using Key = std::pair<std::string_view, std::string_view>;
+  static Key key(std::string_view name, std::string_view thread_owner) noexcept {
+    return {name, thread_owner};
+  }
 
   // Acquisition: reenter, or begin → schedule → record (or abandon).
   /// The calling thread's hold under `key` re-entered (hold count + 1; a nearer
   /// `max_hold` brings its hold limit nearer) when it is a Mutex hold that still owns
   /// and `by_thread`; else nullptr, with `expired` set to that hold when it is past its
   /// local deadline but not yet declared lost (the caller declares it).
-  std::shared_ptr<HeldLock> reenter(const std::string& key, bool by_thread, std::optional<Millis> max_hold,
+  std::shared_ptr<HeldLock> reenter(Key key, bool by_thread, std::optional<Millis> max_hold,
                                     std::shared_ptr<HeldLock>& expired) DISTLOCK_EXCLUDES(mu_);
-  /// An acquisition by `owner` is under way: losses reported for it are kept.
+  /// An acquisition by `owner` is under way: losses reported for it are kept. The table
+  /// keeps a view of `owner`, which must stay in place until record() or abandon().
   void begin(const std::string& owner) DISTLOCK_EXCLUDES(mu_);
   /// It failed. True when `key` (if given) names a hold still listed, not released
   /// and not lost (the calling thread holds the name itself).
-  bool abandon(const std::string& owner, const std::string* key) DISTLOCK_EXCLUDES(mu_);
+  bool abandon(const std::string& owner, const Key* key) DISTLOCK_EXCLUDES(mu_);
   /// A new lease's schedule, from the send time of its granted request and the
   /// validity granted (before it is recorded).
   void schedule(HeldLock& h, Clock::time_point sent, Millis validity) DISTLOCK_EXCLUDES(mu_);
@@ -56,17 +62,18 @@ class LeaseTable {
     bool session_gone = false;           // a session loss raced the grant
     bool lease_gone = false;             // a loss of this lease was reported before it was recorded
   };
-  /// Records the lease granted to `owner` under `key` (the caller declares the losses).
-  Recorded record(const std::shared_ptr<HeldLock>& held, const std::string& key, const std::string& owner,
+  /// Records the lease granted to `owner` (held->owner) under key(held->name, its
+  /// thread owner) (the caller declares the losses).
+  Recorded record(const std::shared_ptr<HeldLock>& held, const std::string& owner,
                   std::uint64_t epoch_at_send) DISTLOCK_EXCLUDES(mu_);
   /// Bumped by every session loss: a grant answered across a bump may belong to the
   /// session that ended.
   std::uint64_t session_epoch() const noexcept { return session_epoch_.load(std::memory_order_acquire); }
 
-  std::shared_ptr<HeldLock> find(const std::string& key) const DISTLOCK_EXCLUDES(mu_);
+  std::shared_ptr<HeldLock> find(Key key) const DISTLOCK_EXCLUDES(mu_);
   /// The hold under `key`, or the first one it displaced (in turn), that was taken by
   /// a Mutex (reentrant) and is not released; nullptr if none.
-  std::shared_ptr<HeldLock> find_reentrant(const std::string& key) const DISTLOCK_EXCLUDES(mu_);
+  std::shared_ptr<HeldLock> find_reentrant(Key key) const DISTLOCK_EXCLUDES(mu_);
   enum class Drop { not_held, still_held, dropped };
   /// Drops one hold of `held`; at zero it is released and leaves the table (the
   /// outer, lost hold it displaced is put back).
@@ -113,15 +120,20 @@ class LeaseTable {
   };
   /// Shortens `h` to `cap` (validity, deadline, renewal interval).
   void cap(HeldLock& h, Millis cap) DISTLOCK_REQUIRES(mu_, lease_table_state);
+  using Held = std::map<Key, std::shared_ptr<HeldLock>>;
+  /// Puts `h` under `it`, its key then viewing h's own name and owner (the lease it
+  /// replaces there, whose strings the key viewed, may go away).
+  void set(Held::iterator it, std::shared_ptr<HeldLock> h) DISTLOCK_REQUIRES(mu_);
 
   const std::shared_ptr<Clock> clock_;
   const bool needs_renewal_;
   Renewer& renewer_;
   mutable AnnotatedMutex mu_;
-  // Key: key(name, thread owner).
-  std::map<std::string, std::shared_ptr<HeldLock>> held_ DISTLOCK_GUARDED_BY(mu_);
+  // Key: key(name, thread owner), viewing the name and owner of the lease it maps to.
+  Held held_ DISTLOCK_GUARDED_BY(mu_);
   // Owners of acquisitions under way (not yet in held_) → what was reported meanwhile.
-  std::map<std::string, InflightLosses, std::less<>> inflight_ DISTLOCK_GUARDED_BY(mu_);
+  // Views of the acquiring call's owner string (begin() to record() or abandon()).
+  std::map<std::string_view, InflightLosses> inflight_ DISTLOCK_GUARDED_BY(mu_);
   // The longest validity a lease may have from now on (on_validity_changed), 0 for
   // no limit beyond the backend's answers. Applied to every held lease and to each
   // lease as it is recorded, so a change racing a grant is never missed.

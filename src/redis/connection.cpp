@@ -138,7 +138,7 @@ bool to_u64(const redisReply* r, std::uint64_t& out) noexcept {
 bool format_command(std::string& out, std::span<const std::string_view> argv) {
   ArgvArrays args(argv);
   char* cmd = nullptr;
-  const int n = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs.data(), args.lens.data());
+  const int n = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs(), args.lens());
   if (n < 0 || cmd == nullptr) return false;
   out.append(cmd, static_cast<std::size_t>(n));
   redisFreeCommand(cmd);

@@ -143,17 +143,32 @@ bool format_command(std::string& out, std::span<const std::string_view> argv);
 /// The (argc, argv, argvlen) form hiredis takes, pointing into `argv` (which must
 /// outlive it).
 struct ArgvArrays {
-  explicit ArgvArrays(std::span<const std::string_view> argv) {
-    ptrs.reserve(argv.size());
-    lens.reserve(argv.size());
-    for (auto a : argv) {
-      ptrs.push_back(a.data());
-      lens.push_back(a.size());
+  explicit ArgvArrays(std::span<const std::string_view> argv) : argc_(argv.size()) {
+    // A lock call has a dozen arguments: its arrays live here, not on the heap.
+    if (argv.size() > kInline) {
+      more_ptrs_.resize(argv.size());
+      more_lens_.resize(argv.size());
+    }
+    const char** p = ptrs();
+    std::size_t* l = lens();
+    for (std::size_t i = 0; i < argv.size(); ++i) {
+      p[i] = argv[i].data();
+      l[i] = argv[i].size();
     }
   }
-  int argc() const noexcept { return static_cast<int>(ptrs.size()); }
-  std::vector<const char*> ptrs;
-  std::vector<std::size_t> lens;
+  ArgvArrays(const ArgvArrays&) = delete;
+  ArgvArrays& operator=(const ArgvArrays&) = delete;
+  int argc() const noexcept { return static_cast<int>(argc_); }
+  const char** ptrs() noexcept { return argc_ > kInline ? more_ptrs_.data() : inline_ptrs_; }
+  std::size_t* lens() noexcept { return argc_ > kInline ? more_lens_.data() : inline_lens_; }
+
+ private:
+  static constexpr std::size_t kInline = 16;
+  std::size_t argc_;
+  const char* inline_ptrs_[kInline];
+  std::size_t inline_lens_[kInline];
+  std::vector<const char*> more_ptrs_;
+  std::vector<std::size_t> more_lens_;
 };
 
 // ---- reply helpers ----------------------------------------------------------

@@ -144,6 +144,25 @@ class RedisBackend final : public Backend {
     return k;
   }
 
+  // The keys of `name` for a lock call (acquire, release), kept per thread for the last
+  // name it used with this backend: a client that locks one name over and over builds
+  // them (and hashes the name for its slot) once, not on every call. Valid until the
+  // calling thread's next keys_for_call(); the lock calls use them only within the call.
+  const Keys& keys_for_call(std::string_view name) const {
+    thread_local struct {
+      std::uint64_t backend = 0;  // serial_ of the backend they belong to; 0: none
+      std::string name;
+      Keys keys;
+    } cache;
+    if (cache.backend != serial_ || cache.name != name) {
+      cache.backend = 0;  // left invalid if what follows throws
+      cache.keys = keys_of(name);
+      cache.name.assign(name);
+      cache.backend = serial_;
+    }
+    return cache.keys;
+  }
+
   using Answer = redis::QueueAnswer;
 
   Answer acquire_answer(redis::Link& conn, const AcquireRequest& req, const Reply& r, Error& ec);
@@ -154,14 +173,17 @@ class RedisBackend final : public Backend {
 
   void hold_entry(std::string_view name, std::string_view owner, const std::string& entry) {
     LockGuard lk(held_mu_);
-    held_entries_[{std::string(name), std::string(owner)}] = entry;
+    auto it = held_entries_.find(std::pair(name, owner));
+    if (it != held_entries_.end()) {
+      it->second = entry;
+    } else {
+      held_entries_.emplace(std::pair(std::string(name), std::string(owner)), entry);
+    }
   }
   void unhold_entry(std::string_view name, std::string_view owner) noexcept {
-    try {
-      LockGuard lk(held_mu_);
-      held_entries_.erase({std::string(name), std::string(owner)});
-    } catch (...) {  // out of memory building the key: the entry stays listed, harmless
-    }
+    LockGuard lk(held_mu_);
+    auto it = held_entries_.find(std::pair(name, owner));
+    if (it != held_entries_.end()) held_entries_.erase(it);
   }
 
   void wake(std::string_view name) {
@@ -271,9 +293,26 @@ class RedisBackend final : public Backend {
   AnnotatedMutex grants_mu_;
   bool grants_subscribed_ DISTLOCK_GUARDED_BY(grants_mu_) = false;
   std::string grant_channel_ DISTLOCK_GUARDED_BY(grants_mu_);
+  // Unique in the process (never 0): the per-thread cache of keys_for_call() tells
+  // backends apart by it, not by address (a backend made after another was destroyed may
+  // get its address).
+  const std::uint64_t serial_ = [] {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }();
   AnnotatedMutex held_mu_;
-  // Locks this client took from a queue: (name, owner) -> entry, until released.
-  std::map<std::pair<std::string, std::string>, std::string> held_entries_ DISTLOCK_GUARDED_BY(held_mu_);
+  // Locks this client took from a queue: (name, owner) -> entry, until released; found
+  // by views (a lookup builds no key strings).
+  struct HeldLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const noexcept {
+      return std::pair<std::string_view, std::string_view>(a.first, a.second) <
+             std::pair<std::string_view, std::string_view>(b.first, b.second);
+    }
+  };
+  std::map<std::pair<std::string, std::string>, std::string, HeldLess> held_entries_
+      DISTLOCK_GUARDED_BY(held_mu_);
   redis::WaitQueue waits_;        // its refresher calls refresh_waits() and wake()
   redis::Subscriber subscriber_;  // last: destroyed first, its thread calls on_channel
 };

@@ -79,7 +79,7 @@ ReleaseStatus RedisBackend::release(std::string_view name, std::string_view owne
   } unhold{this, name, owner};
   auto conn = lock_link(ec);
   if (ec) return ReleaseStatus::released;
-  const Keys k = keys_of(name);
+  const Keys& k = keys_for_call(name);
   Reply r = redis::queue_release_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
                                               {owner, k.released, grant_prefix_}, ec);
   if (ec) {

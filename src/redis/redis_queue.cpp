@@ -9,7 +9,7 @@ AcquireResult RedisBackend::try_acquire(const AcquireRequest& req, Error& ec) {
   if (req.keep_queued) return acquire_queued(req, ec);
   auto conn = lock_link(ec);
   if (ec) return {};
-  const Keys k = keys_of(req.name);
+  const Keys& k = keys_for_call(req.name);
   const std::string ttl = std::to_string(req.ttl.count());
   const std::string delay = std::to_string(req.lock_delay.count());
   Reply r = redis::queue_acquire_script().run(*conn, {k.lock, k.queue, k.expiries, k.fence},
@@ -27,10 +27,10 @@ AcquireResult RedisBackend::acquire_queued(const AcquireRequest& req, Error& ec)
   const std::string ttl = std::to_string(req.ttl.count());
   const std::string delay = std::to_string(req.lock_delay.count());
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const redis::WaitQueue::Wait w = waits_.begin(req.name, req.owner, req.ttl);
+    const redis::WaitQueue::Begun w = waits_.begin(req.name, req.owner, req.ttl);
     auto conn = lock_link(ec);
     if (ec) return {};
-    const Keys k = keys_of(req.name);
+    const Keys& k = keys_for_call(req.name);
     Reply r = redis::queue_acquire_script().run(
         *conn, {k.lock, k.queue, k.expiries, k.fence},
         {req.owner, ttl, w.entry, w.queued ? "2" : "1", grant_prefix_, delay}, ec);

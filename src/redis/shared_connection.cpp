@@ -249,14 +249,28 @@ std::vector<Reply> SharedConnection::exchange(std::span<const Argv> batch, Error
 // set and the n replies are null. `cmds` is the thread's format_buffer(): nothing before
 // the copy formats on this thread (connecting writes AUTH and SELECT through socket.hpp).
 std::vector<Reply> SharedConnection::send(const std::string& cmds, std::size_t n, Error& ec) {
+  std::vector<Reply> out;
+  send_into(cmds, n, out, ec);
+  return out;
+}
+
+void SharedConnection::send_into(const std::string& cmds, std::size_t n, std::vector<Reply>& into,
+                                 Error& ec) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   if (opts_.round_trips) opts_.round_trips->add();
   Pending mine;
   mine.expected = n;
+  into.clear();
+  mine.replies.swap(into);
   mine.replies.reserve(n);
   UniqueLock lk(mu_);
   const std::shared_ptr<Wire> w = wire_for_call(lk, ec);
-  if (ec) return std::vector<Reply>(n);
+  if (ec) {
+    lk.unlock();
+    into.swap(mine.replies);
+    into.resize(n);
+    return;
+  }
   mine.deadline = Clock::now() + opts_.command_timeout;
   w->out += cmds;
   w->inflight.push_back(&mine);
@@ -274,11 +288,12 @@ std::vector<Reply> SharedConnection::send(const std::string& cmds, std::size_t n
     }
   }
   lk.unlock();
+  into.swap(mine.replies);
   if (mine.ec) {
     ec = std::move(mine.ec);
-    return std::vector<Reply>(n);
+    into.clear();
+    into.resize(n);
   }
-  return std::move(mine.replies);
 }
 
 Reply SharedConnection::command(std::span<const std::string_view> argv, Error& ec) {
@@ -288,13 +303,16 @@ Reply SharedConnection::command(std::span<const std::string_view> argv, Error& e
     ec.fail(errc::backend_unavailable, opts_.describe() + ": cannot format a command (out of memory)");
     return nullptr;
   }
-  std::vector<Reply> r = send(cmds, 1, ec);
+  // The calling thread's reply vector: its capacity is kept from one call to the next.
+  thread_local std::vector<Reply> replies;
+  send_into(cmds, 1, replies, ec);
+  Reply r = std::move(replies.front());
+  replies.clear();
   if (ec) return nullptr;
-  if (r.front()->type == REDIS_REPLY_ERROR) {
-    ec.fail(error_code_of(r.front().get()),
-            opts_.describe() + " answered: " + std::string(reply_str(r.front().get())));
+  if (r->type == REDIS_REPLY_ERROR) {
+    ec.fail(error_code_of(r.get()), opts_.describe() + " answered: " + std::string(reply_str(r.get())));
   }
-  return std::move(r.front());
+  return r;
 }
 
 }  // namespace distlock::detail::redis

@@ -94,6 +94,9 @@ class SharedConnection final : public Link {
       DISTLOCK_REQUIRES(mu_) DISTLOCK_NO_THREAD_SAFETY_ANALYSIS;
   void fail(const std::shared_ptr<Wire>& w, const Error& err) DISTLOCK_REQUIRES(mu_);
   std::vector<Reply> send(const std::string& cmds, std::size_t n, Error& ec) DISTLOCK_EXCLUDES(mu_);
+  /// As send(), the replies put in `into` (its earlier contents dropped, its capacity kept).
+  void send_into(const std::string& cmds, std::size_t n, std::vector<Reply>& into, Error& ec)
+      DISTLOCK_EXCLUDES(mu_);
 
   const ConnectionOptions opts_;
   mutable AnnotatedMutex mu_;

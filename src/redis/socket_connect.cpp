@@ -292,7 +292,7 @@ std::unique_ptr<Socket> open_socket(const ConnectionOptions& opts, Error& err) {
     std::vector<std::string_view> v(argv);
     ArgvArrays args(v);
     char* cmd = nullptr;
-    const int len = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs.data(), args.lens.data());
+    const int len = redisFormatCommandArgv(&cmd, args.argc(), args.ptrs(), args.lens());
     if (len < 0) {
       fail(errc::backend_unavailable, "out of memory");
       return nullptr;

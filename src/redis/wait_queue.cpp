@@ -41,26 +41,37 @@ WaitQueue::~WaitQueue() {
   if (thread_.joinable()) thread_.join();
 }
 
-WaitQueue::Wait WaitQueue::begin(std::string_view name, std::string_view owner, Millis ttl) {
+WaitQueue::Begun WaitQueue::begin(std::string_view name, std::string_view owner, Millis ttl) {
   LockGuard lk(mu_);
-  auto key = std::make_pair(std::string(name), std::string(owner));
-  auto it = waits_.find(key);
+  auto it = waits_.find(NameOwner(name, owner));
   if (it == waits_.end()) {
     Wait w;
-    w.name = key.first;
-    w.owner = key.second;
+    w.name = std::string(name);
+    w.owner = std::string(owner);
     w.entry = new_entry_id();
     w.ttl = ttl;
-    by_entry_.emplace(w.entry, key);
-    it = waits_.emplace(std::move(key), std::move(w)).first;
+    // Inserted under the caller's views, then re-keyed by views of the wait's own
+    // strings: the node (and the strings in it) stays where it is, and its key compares
+    // equal, so its place in the order does not change.
+    it = waits_.emplace(NameOwner(name, owner), std::move(w)).first;
+    auto node = waits_.extract(it);
+    node.key() = NameOwner(node.mapped().name, node.mapped().owner);
+    it = waits_.insert(std::move(node)).position;
+    try {
+      by_entry_.emplace(it->second.entry, it);
+    } catch (...) {
+      waits_.erase(it);
+      throw;
+    }
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
-  return it->second;
+  const Wait& w = it->second;
+  return Begun{w.entry, w.queued, w.granted, w.token};
 }
 
 std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::string_view owner) const {
   LockGuard lk(mu_);
-  auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
+  auto it = waits_.find(NameOwner(name, owner));
   if (it == waits_.end()) return std::nullopt;
   return it->second;
 }
@@ -68,7 +79,7 @@ std::optional<WaitQueue::Wait> WaitQueue::find(std::string_view name, std::strin
 void WaitQueue::queued(std::string_view name, std::string_view owner, std::string_view entry) {
   {
     LockGuard lk(mu_);
-    auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
+    auto it = waits_.find(NameOwner(name, owner));
     if (it == waits_.end() || it->second.entry != entry) return;
     Wait& w = it->second;
     if (!w.queued) {
@@ -81,7 +92,7 @@ void WaitQueue::queued(std::string_view name, std::string_view owner, std::strin
 
 void WaitQueue::forget(std::string_view name, std::string_view owner, std::string_view entry) {
   LockGuard lk(mu_);
-  auto it = waits_.find(std::make_pair(std::string(name), std::string(owner)));
+  auto it = waits_.find(NameOwner(name, owner));
   if (it == waits_.end() || it->second.entry != entry) return;
   by_entry_.erase(it->second.entry);
   waits_.erase(it);
@@ -161,7 +172,7 @@ std::optional<WaitQueue::Unknown> WaitQueue::on_grant(std::string_view message) 
       return Unknown{std::string(entry), std::string(message.substr(0, length)),
                      std::string(message.substr(length))};
     }
-    Wait& w = waits_.at(b->second);
+    Wait& w = b->second->second;
     if (w.granted) return std::nullopt;
     w.granted = true;  // the waiter claims it from the server
     w.token = token;
@@ -246,7 +257,7 @@ void WaitQueue::run() {
     std::vector<std::string> woken;
     lk.lock();
     for (std::size_t i = 0; i < batch.size() && i < answers.size(); ++i) {
-      auto it = waits_.find(std::make_pair(batch[i].name, batch[i].owner));
+      auto it = waits_.find(NameOwner(batch[i].name, batch[i].owner));
       if (it == waits_.end() || it->second.entry != batch[i].entry) continue;  // ended meanwhile
       Wait& w = it->second;
       switch (answers[i].kind) {

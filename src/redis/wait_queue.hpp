@@ -66,8 +66,16 @@ class WaitQueue {
   WaitQueue(const WaitQueue&) = delete;
   WaitQueue& operator=(const WaitQueue&) = delete;
 
+  /// The wait's state an attempt reads (Wait without its name and owner, which the
+  /// caller has): the entry id to send, whether it is queued already, a grant to claim.
+  struct Begun {
+    std::string entry;
+    bool queued = false;
+    bool granted = false;
+    std::uint64_t token = 0;
+  };
   /// The wait of (name, owner); a new one with a fresh entry id if there is none.
-  Wait begin(std::string_view name, std::string_view owner, Millis ttl);
+  Begun begin(std::string_view name, std::string_view owner, Millis ttl);
   /// The wait of (name, owner), if any.
   std::optional<Wait> find(std::string_view name, std::string_view owner) const;
   /// The server answered: the entry is queued.
@@ -111,11 +119,22 @@ class WaitQueue {
   const Refresh refresh_;
   const Wake wake_;
   const Cancel cancel_;
+  // (name, owner), ordered as std::pair<std::string, std::string> would be. Looked up by
+  // views: a lookup builds no key strings.
+  using NameOwner = std::pair<std::string_view, std::string_view>;
+  struct NameOwnerLess {
+    using is_transparent = void;
+    bool operator()(const NameOwner& a, const NameOwner& b) const noexcept { return a < b; }
+  };
+  using Waits = std::map<NameOwner, Wait, NameOwnerLess>;
+
   mutable AnnotatedMutex mu_;
   std::condition_variable cv_;
-  // (name, owner) -> wait; entry id -> (name, owner)
-  std::map<std::pair<std::string, std::string>, Wait, std::less<>> waits_ DISTLOCK_GUARDED_BY(mu_);
-  std::map<std::string, std::pair<std::string, std::string>, std::less<>> by_entry_ DISTLOCK_GUARDED_BY(mu_);
+  // (name, owner) -> wait. Each key views the name and owner of its own wait, which
+  // stay in place in the map's node (begin() sets them): no second copy of either.
+  Waits waits_ DISTLOCK_GUARDED_BY(mu_);
+  // entry id -> its wait in waits_ (erased together with it).
+  std::map<std::string, Waits::iterator, std::less<>> by_entry_ DISTLOCK_GUARDED_BY(mu_);
   // entry id -> (wait, give up retrying after)
   std::map<std::string, std::pair<Wait, TimePoint>, std::less<>> abandoned_ DISTLOCK_GUARDED_BY(mu_);
   bool kick_ DISTLOCK_GUARDED_BY(mu_) = false;     // retry the cancels now

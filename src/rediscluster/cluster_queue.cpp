@@ -75,7 +75,7 @@ AcquireResult ClusterBackend::acquire_queued(const AcquireRequest& req, Error& e
   // for them (RedisClusterQueueHungMaster.AGiveUpOnAHungMasterDoesNotHoldUpAWaitOnAHealthyOne).
   waits_->flush_abandoned(req.name);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const redis::WaitQueue::Wait w = waits_->begin(req.name, req.owner, req.ttl);
+    const redis::WaitQueue::Begun w = waits_->begin(req.name, req.owner, req.ttl);
     const Answer a = run_acquire(req, w.entry, w.queued ? "2" : "1", ec);
     if (ec) return {};
     if (a.gone) {

@@ -97,20 +97,20 @@ TEST(RedisClock, AGrantMessageMarksTheWaitForItsClaim) {
   WaitQueue q(
       clock, [](const std::vector<WaitQueue::Wait>& ws) { return std::vector<WaitQueue::Answer>(ws.size()); },
       [](std::string_view) {}, [](const WaitQueue::Wait&) { return true; });
-  const WaitQueue::Wait w = q.begin("n", "o", Millis(9000));
+  const WaitQueue::Begun w = q.begin("n", "o", Millis(9000));
   const std::string key = "distlock:{n}";
   EXPECT_FALSE(q.on_grant(w.entry + " 7 " + std::to_string(key.size()) + " " + key + "o").has_value());
-  const WaitQueue::Wait granted = q.begin("n", "o", Millis(9000));
+  const WaitQueue::Begun granted = q.begin("n", "o", Millis(9000));
   ASSERT_TRUE(granted.granted);
   EXPECT_EQ(granted.token, 7u);
   EXPECT_FALSE(q.on_grant(w.entry + " 9 " + std::to_string(key.size()) + " " + key + "o").has_value());
   EXPECT_EQ(q.begin("n", "o", Millis(9000)).token, 7u);
 
-  const WaitQueue::Wait w2 = q.begin("m", "o", Millis(9000));
+  const WaitQueue::Begun w2 = q.begin("m", "o", Millis(9000));
   q.queued("m", "o", w2.entry);
   const std::string key2 = "distlock:{m}";
   q.on_grant(w2.entry + " 8 " + std::to_string(key2.size()) + " " + key2 + "o");
-  const WaitQueue::Wait g2 = q.begin("m", "o", Millis(9000));
+  const WaitQueue::Begun g2 = q.begin("m", "o", Millis(9000));
   ASSERT_TRUE(g2.granted);
   EXPECT_EQ(g2.token, 8u);
 

@@ -665,7 +665,7 @@ TEST(SharedConnectionFaults, WaitQueueRefresherKeepsItsLockFreeWhenAKickOutlives
       },
       [](std::string_view) {}, [](const WaitQueue::Wait&) { return true; });
   // A queued entry: the refresher calls refresh() within ttl/3 and blocks there.
-  const WaitQueue::Wait w = q->begin("n", "o", Millis(30));
+  const WaitQueue::Begun w = q->begin("n", "o", Millis(30));
   q->queued("n", "o", w.entry);
   {
     std::unique_lock lk(sync->m);
