@@ -77,7 +77,7 @@ TEST(RedlockLockDelayLossPaths, AReleaseThatFindsTheLeaseRevokedKeepsItsMarkers)
   auto holder = distlock::connect(m.url(), quiet());
   auto revoker = distlock::connect(revoker_net.url, quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
+  auto lease = acquire_within_tries(holder, name, delay_opts(kTtl, kDelay), errc::quorum_unavailable);
   m[0].restart();
   ASSERT_EQ(marker_pttl(m, 0, name), -2) << "master 0 kept its data over the restart";
   ASSERT_GT(marker_pttl(m, 1, name), kDelay.count());
@@ -116,7 +116,7 @@ TEST(RedlockLockDelayLossPaths, ARevokedHolderHoldsTheNameBackForItsDelay) {
   auto holder = distlock::connect(m.url(), quiet());
   auto revoker = distlock::connect(m.url(), quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
+  auto lease = acquire_within_tries(holder, name, delay_opts(kTtl, kDelay), errc::quorum_unavailable);
   const auto revoked_at = Steady::now();
   ASSERT_TRUE(revoker.revoke(name, "lock-delay loss-path test").revoked);
   const auto granted = first_grant(prober, name, kTtl, 500);
@@ -140,7 +140,7 @@ TEST(RedlockLockDelayLossPaths, ANormalReleaseOnABareQuorumHandsOverAtOnce) {
   const std::string name = "ld/bare-quorum-release";
   auto holder = distlock::connect(holder_net.url, quiet());
   auto prober = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
+  auto lease = acquire_within_tries(holder, name, delay_opts(kTtl, kDelay), errc::quorum_unavailable);
   holder_net.proxies[2]->freeze();
   std::error_code ec;
   lease.release(ec);
@@ -164,7 +164,7 @@ TEST(RedlockLockDelayLossPaths, AWaiterIsWokenByANormalReleaseOfAHolderWithADela
   const std::string name = "ld/waiter-woken";
   auto holder = distlock::connect(m.url(), quiet());
   auto waiter = distlock::connect(m.url(), quiet());
-  auto lease = holder.acquire(name, delay_opts(kTtl, kDelay));
+  auto lease = acquire_within_tries(holder, name, delay_opts(kTtl, kDelay), errc::quorum_unavailable);
   std::atomic<bool> granted{false};
   std::atomic<long long> granted_ns{0};
   std::thread t([&] {
