@@ -169,6 +169,16 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
 
   zhandle_t* zh = s->zh.get();
   const SteadyTime deadline = std::min(budget_end, clock_->now() + cfg_.command_timeout);
+  // The answer to a sync sent ahead of a listing: nothing when it was applied, else how this
+  // attempt ends (a transient failure recovers; any other fails the call).
+  auto sync_failed = [&](const zk::ReplyPtr& synced) -> std::optional<QueuePosition> {
+    const int sync_rc = zk::await(synced, *clock_, deadline);
+    if (sync_rc == ZOK) return std::nullopt;
+    if (zk::is_transient(sync_rc))
+      return recover(sync_rc, "syncing with the leader before listing the queue");
+    ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
+    return done(QueuePosition::Kind::failed);
+  };
   const SteadyTime sent = clock_->now();
   zk::ReplyPtr created, listed;
   if (p.node.empty() && !p.uncertain && !req.keep_queued) {
@@ -183,13 +193,7 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
     // never answers busy from its old view.
     auto synced = zk::submit_sync(zh, "/");
     listed = zk::submit_children(zh, dir);
-    const int sync_rc = zk::await(synced, *clock_, deadline);
-    if (sync_rc != ZOK) {
-      if (zk::is_transient(sync_rc))
-        return recover(sync_rc, "syncing with the leader before listing the queue");
-      ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
-      return done(QueuePosition::Kind::failed);
-    }
+    if (auto failed = sync_failed(synced)) return *failed;
     const int rc = zk::await(listed, *clock_, deadline);
     if (rc == ZOK && !zk::queue_order(listed->children).empty()) return done(QueuePosition::Kind::busy);
     if (rc != ZOK && rc != ZNONODE) {
@@ -253,13 +257,7 @@ QueuePosition ZkBackend::enqueue(QueueEntry& qe, const AcquireRequest& req, Cloc
   }
   if (!listed || p.uncertain) listed = zk::submit_children(zh, dir);
   if (synced) {
-    const int sync_rc = zk::await(synced, *clock_, deadline);
-    if (sync_rc != ZOK) {
-      if (zk::is_transient(sync_rc))
-        return recover(sync_rc, "syncing with the leader before listing the queue");
-      ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
-      return done(QueuePosition::Kind::failed);
-    }
+    if (auto failed = sync_failed(synced)) return *failed;
   }
   int rc = zk::await(listed, *clock_, deadline);
   if (rc == ZNONODE) rc = ZOK;  // directory gone: our node is not there either

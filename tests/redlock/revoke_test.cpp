@@ -21,6 +21,7 @@
 
 #include "direct_backend.hpp"
 #include "engine/backend.hpp"
+#include "lost_holder_marker.hpp"
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "redlock/scripts.hpp"
@@ -32,10 +33,6 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Engine-shaped owner ids: the lost holder, the waiter, the revoker's note text.
-constexpr std::string_view kLost = "0123456789abcdef0123456789abcdef:1.1|lost";
-constexpr std::string_view kWaiter = "fedcba9876543210fedcba9876543210:2.1|waiter";
 
 const detail::redlock::Config kCfg{};
 
@@ -49,49 +46,21 @@ std::string note_of(std::string_view name) {
   return detail::redlock::revoke_note_key(kCfg, name);
 }
 
-// `owner` takes `name` with lock-delay `delay` (TTL 30 s) on every master through its own
-// backend, then its lease is lost: the hand-back of a lost lease (Backend::forget) deletes its
-// keys and leaves its markers, which hold the name back for the delay.
-void lose_with_delay(Masters& m, const std::string& name, std::string_view owner,
-                     std::chrono::milliseconds delay) {
-  auto lost = make_backend(m.url("timeout=2s"));
-  ASSERT_TRUE(lost);
-  Error ec;
-  ASSERT_TRUE(lost->try_acquire(AcquireRequest{name, owner, 30s, false, delay}, ec).acquired)
-      << ec.message() << " " << ec.detail();
-  lost->forget(name, owner, 0);
-  for (std::size_t i = 0; i < m.size(); ++i) {
-    ASSERT_EQ(m[i].command({"EXISTS", key_of(name)})->integer, 0) << "master " << i;
-    ASSERT_GT(m[i].command({"PTTL", marker_of(name)})->integer, 0) << "master " << i << " lost the marker";
-  }
-}
-
-// Master i runs what a waiter without a lock-delay sends first (redlock_acquire.cpp, the fast
-// path): SET NX GET of its value, PTTL of the key, PTTL of the marker. True when the SET took
-// the key and the marker lives there: the attempt votes busy on master i and takes its key back
-// one round trip later.
-bool fast_path_beside_marker(Masters& m, std::size_t i, const std::string& name, const std::string& value) {
-  auto set = m[i].command({"SET", key_of(name), value, "NX", "GET", "PX", "30000"});
-  auto marker = m[i].command({"PTTL", marker_of(name)});
-  return set && set->type == REDIS_REPLY_NIL && marker && marker->type == REDIS_REPLY_INTEGER &&
-         marker->integer > 0;
-}
-
 // The clean-up of a failed fast-path attempt on master i (redlock_acquire.cpp): the release
 // script in its key-only mode, deleting only the attempt's exact value. Its integer answer.
 long long undo_attempt(Masters& m, std::size_t i, const std::string& name, const std::string& value) {
   auto r = m[i].command({"EVAL", std::string(detail::redlock::kReleaseScript.body), "3", key_of(name),
-                         detail::redlock::release_channel(kCfg, name), marker_of(name), std::string(kWaiter),
-                         "0", "", value});
+                         detail::redlock::release_channel(kCfg, name), marker_of(name),
+                         std::string(kWaiterId), "0", "", value});
   return r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
 }
 
 TEST(RedlockRevoke, AWaitersAttemptBesideALostHoldersMarkerIsNotReportedRevoked) {
   Masters m(3);
-  ASSERT_NO_FATAL_FAILURE(lose_with_delay(m, "job", kLost, 5000ms));
+  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolderId, 5000ms));
   // The waiter's attempt took the key on every master, beside the marker on each: it would
   // fail (busy on all three); the revoke lands before its clean-up.
-  const std::string attempt = std::string(kWaiter) + "\n00000000000000b1";
+  const std::string attempt = std::string(kWaiterId) + "\n00000000000000b1";
   for (std::size_t i = 0; i < 3; ++i)
     ASSERT_TRUE(fast_path_beside_marker(m, i, "job", attempt)) << "master " << i;
 
@@ -118,14 +87,14 @@ TEST(RedlockRevoke, AWaitersAttemptBesideALostHoldersMarkerIsNotReportedRevoked)
 // on masters that did not count toward its grant.
 TEST(RedlockRevoke, AHolderBesideALostHoldersMarkerOnAMinorityIsStillRevoked) {
   Masters m(3);
-  ASSERT_NO_FATAL_FAILURE(lose_with_delay(m, "job", kLost, 5000ms));
+  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolderId, 5000ms));
   // Masters 1 and 2 lost the marker (restarted empty, say); master 0 keeps it.
   ASSERT_EQ(m[1].command({"DEL", marker_of("job")})->integer, 1);
   ASSERT_EQ(m[2].command({"DEL", marker_of("job")})->integer, 1);
   auto waiter = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(waiter);
   Error ec;
-  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"job", kWaiter, 30s, false, 0ms}, ec).acquired)
+  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"job", kWaiterId, 30s, false, 0ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
   // Granted by masters 1 and 2; its key on master 0 went back. Put it there again, as in the
   // round trip before the take-back: a revoke then finds it on all three.
@@ -135,19 +104,19 @@ TEST(RedlockRevoke, AHolderBesideALostHoldersMarkerOnAMinorityIsStillRevoked) {
   const auto r = waiter->revoke("job", "0\nrevoker\nstuck", 60s, ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
   EXPECT_TRUE(r.revoked);
-  EXPECT_EQ(r.holder, kWaiter);
-  const RenewItem item{"job", kWaiter, 0, 30s};
+  EXPECT_EQ(r.holder, kWaiterId);
+  const RenewItem item{"job", kWaiterId, 0, 30s};
   RenewStatus out = RenewStatus::renewed;
   waiter->renew(std::span(&item, 1), std::span(&out, 1), ec);
   EXPECT_EQ(out, RenewStatus::not_owner) << "the revoked holder renewed on a quorum";
 
   // A holder with its own lock-delay (its key beside its own marker, one nonce) is revoked.
-  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"own", kWaiter, 30s, false, 2000ms}, ec).acquired)
+  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"own", kWaiterId, 30s, false, 2000ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
   const auto own = waiter->revoke("own", "0\nrevoker\nstuck", 60s, ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
   EXPECT_TRUE(own.revoked);
-  EXPECT_EQ(own.holder, kWaiter);
+  EXPECT_EQ(own.holder, kWaiterId);
 }
 
 // A revoke that found an attempt's key on one master (it revoked nobody) leaves its note there.
@@ -157,7 +126,7 @@ TEST(RedlockRevoke, ANoteOnFewerThanAQuorumIsNotReportedWithAMasterDown) {
   Masters m(3);
   auto b = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(b);
-  const std::string attempt = std::string(kWaiter) + "\n00000000000000c1";
+  const std::string attempt = std::string(kWaiterId) + "\n00000000000000c1";
   ASSERT_EQ(m[1].command({"SET", key_of("minority"), attempt, "PX", "30000"})->type, REDIS_REPLY_STATUS);
   Error ec;
   const auto r = b->revoke("minority", "0\nrevoker\nminority", 60s, ec);
@@ -166,7 +135,7 @@ TEST(RedlockRevoke, ANoteOnFewerThanAQuorumIsNotReportedWithAMasterDown) {
   ASSERT_EQ(m[1].command({"EXISTS", note_of("minority")})->integer, 1);
 
   // A holder on every master, revoked while master 2 is down: its note is on masters 0 and 1.
-  ASSERT_TRUE(b->try_acquire(AcquireRequest{"quorum", kWaiter, 30s, false, 0ms}, ec).acquired)
+  ASSERT_TRUE(b->try_acquire(AcquireRequest{"quorum", kWaiterId, 30s, false, 0ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
   m[2].kill();
   const auto q = b->revoke("quorum", "0\nrevoker\nquorum", 60s, ec);
@@ -180,7 +149,7 @@ TEST(RedlockRevoke, ANoteOnFewerThanAQuorumIsNotReportedWithAMasterDown) {
                                      << minority.value_or("");
   const auto quorum = b->revoke_note("quorum", ec);
   EXPECT_FALSE(ec) << ec.message() << " " << ec.detail();
-  EXPECT_EQ(quorum.value_or("(none)"), "0\n" + std::string(kWaiter) + "\n0\nrevoker\nquorum");
+  EXPECT_EQ(quorum.value_or("(none)"), "0\n" + std::string(kWaiterId) + "\n0\nrevoker\nquorum");
 
   // Master 1 alone answers: no note is known, and the read says why.
   m[0].kill();
@@ -198,13 +167,13 @@ TEST(RedlockRevoke, ANoteOnFewerThanAQuorumIsNotReportedWithAMasterDown) {
 // quorum that still has its key.
 TEST(RedlockRevoke, AHolderRevokedWithAMasterUnreachableDoesNotRenewOnItsKeyBesideAForeignMarker) {
   Masters m(3);
-  ASSERT_NO_FATAL_FAILURE(lose_with_delay(m, "job", kLost, 10000ms));
+  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolderId, 10000ms));
   ASSERT_EQ(m[0].command({"DEL", marker_of("job")})->integer, 1);
   ASSERT_EQ(m[1].command({"DEL", marker_of("job")})->integer, 1);
   auto holder = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(holder);
   Error ec;
-  ASSERT_TRUE(holder->try_acquire(AcquireRequest{"job", kWaiter, 30s, false, 0ms}, ec).acquired)
+  ASSERT_TRUE(holder->try_acquire(AcquireRequest{"job", kWaiterId, 30s, false, 0ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
   // The take-back on master 2 lost: the attempt's key stays there beside the lost marker.
   const std::string held = m.get(1, key_of("job"));
@@ -220,9 +189,9 @@ TEST(RedlockRevoke, AHolderRevokedWithAMasterUnreachableDoesNotRenewOnItsKeyBesi
   const auto r = revoker->revoke("job", "0\nrevoker\npartitioned", 60s, ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
   ASSERT_TRUE(r.revoked) << "master 0 did not answer and holds the key: the holder must be counted revoked";
-  EXPECT_EQ(r.holder, kWaiter);
+  EXPECT_EQ(r.holder, kWaiterId);
 
-  const RenewItem item{"job", kWaiter, 0, 30s};
+  const RenewItem item{"job", kWaiterId, 0, 30s};
   RenewStatus out = RenewStatus::renewed;
   holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
   EXPECT_EQ(out, RenewStatus::not_owner)
@@ -240,7 +209,7 @@ TEST(RedlockRevoke, AHolderRevokedWithAMasterUnreachableDoesNotRenewOnItsKeyBesi
 // held" while it goes on renewing.
 TEST(RedlockRevoke, AHolderBesideAMarkerWithoutExpiryIsRevoked) {
   Masters m(3);
-  const std::string lost_marker = "5000\n" + std::string(kLost) + "\n00000000000000a1";
+  const std::string lost_marker = "5000\n" + std::string(kLostHolderId) + "\n00000000000000a1";
   for (std::size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(m[i].command({"SET", marker_of("job"), lost_marker})->type, REDIS_REPLY_STATUS);
     ASSERT_EQ(m[i].command({"PTTL", marker_of("job")})->integer, -1);
@@ -248,14 +217,14 @@ TEST(RedlockRevoke, AHolderBesideAMarkerWithoutExpiryIsRevoked) {
   auto holder = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(holder);
   Error ec;
-  ASSERT_TRUE(holder->try_acquire(AcquireRequest{"job", kWaiter, 30s, false, 0ms}, ec).acquired)
+  ASSERT_TRUE(holder->try_acquire(AcquireRequest{"job", kWaiterId, 30s, false, 0ms}, ec).acquired)
       << "a marker without expiry held the acquisition back: " << ec.message() << " " << ec.detail();
   const auto r = holder->revoke("job", "0\nrevoker\npersisted marker", 60s, ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
   EXPECT_TRUE(r.revoked) << "a holder granted on every master beside a marker without expiry was reported "
                             "'nothing held'";
-  EXPECT_EQ(r.holder, kWaiter);
-  const RenewItem item{"job", kWaiter, 0, 30s};
+  EXPECT_EQ(r.holder, kWaiterId);
+  const RenewItem item{"job", kWaiterId, 0, 30s};
   RenewStatus out = RenewStatus::renewed;
   holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
   EXPECT_EQ(out, RenewStatus::not_owner) << "the holder still renews after the revoke";
@@ -284,7 +253,7 @@ TEST(RedlockRevoke, AnEarlierRevokeOfAnotherHolderDoesNotMakeAnAttemptARevokedHo
   ASSERT_EQ(first.holder, kFirst);
 
   // A waiter's attempt took master 2 (its SET on 0 and 1 finds "@revoked": busy there).
-  const std::string attempt = std::string(kWaiter) + "\n00000000000000d2";
+  const std::string attempt = std::string(kWaiterId) + "\n00000000000000d2";
   ASSERT_EQ(m[2].command({"SET", key_of("job"), attempt, "NX", "PX", "30000"})->type, REDIS_REPLY_STATUS);
   const auto second = b->revoke("job", "0\nrevoker\nsecond", 60s, ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
@@ -309,7 +278,7 @@ void hold_beside_an_attempt(Masters& m, const std::string& name, std::string_vie
   Error ec;
   ASSERT_TRUE(holder->try_acquire(AcquireRequest{name, holder_owner, 30s, false, 0ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
-  const std::string attempt = std::string(kWaiter) + "\n00000000000000e2";
+  const std::string attempt = std::string(kWaiterId) + "\n00000000000000e2";
   for (std::size_t i = 3; i < 5; ++i)
     ASSERT_EQ(m[i].command({"SET", key_of(name), attempt, "PX", "30000"})->type, REDIS_REPLY_STATUS);
 }

@@ -19,6 +19,7 @@
 
 #include "direct_backend.hpp"
 #include "engine/backend.hpp"
+#include "lost_holder_marker.hpp"
 #include "masters.hpp"
 #include "redlock/redlock_backend.hpp"
 #include "support/backend_names.hpp"
@@ -28,45 +29,6 @@ namespace distlock::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Engine-shaped owner ids: the lost holder and the waiter.
-constexpr std::string_view kLostHolder = "0123456789abcdef0123456789abcdef:1.1|lost";
-constexpr std::string_view kWaiting = "fedcba9876543210fedcba9876543210:2.1|waiter";
-
-const detail::redlock::Config kConfig{};
-
-std::string lock_key_of(std::string_view name) {
-  return detail::redlock::lock_key(kConfig, name);
-}
-std::string delay_key_of(std::string_view name) {
-  return detail::redlock::delay_key(kConfig, name);
-}
-
-// `owner` takes `name` with lock-delay `delay` (TTL 30 s) on every master, then its lease is
-// lost: the hand-back of a lost lease (Backend::forget) deletes its keys and leaves its markers.
-void lose_holder_with_delay(Masters& m, const std::string& name, std::string_view owner,
-                            std::chrono::milliseconds delay) {
-  auto lost = make_backend(m.url("timeout=2s"));
-  ASSERT_TRUE(lost);
-  Error ec;
-  ASSERT_TRUE(lost->try_acquire(AcquireRequest{name, owner, 30s, false, delay}, ec).acquired)
-      << ec.message() << " " << ec.detail();
-  lost->forget(name, owner, 0);
-  for (std::size_t i = 0; i < m.size(); ++i) {
-    ASSERT_EQ(m[i].command({"EXISTS", lock_key_of(name)})->integer, 0) << "master " << i;
-    ASSERT_GT(m[i].command({"PTTL", delay_key_of(name)})->integer, 0) << "master " << i << " lost the marker";
-  }
-}
-
-// Master i takes the key as a waiter without a lock-delay does first (redlock_acquire.cpp, the
-// fast path: SET NX GET, then the marker's PTTL). True when the SET took the key and the marker
-// lives there: that attempt votes busy on master i and takes its key back a round trip later.
-bool attempt_beside_marker(Masters& m, std::size_t i, const std::string& name, const std::string& value) {
-  auto set = m[i].command({"SET", lock_key_of(name), value, "NX", "GET", "PX", "30000"});
-  auto marker = m[i].command({"PTTL", delay_key_of(name)});
-  return set && set->type == REDIS_REPLY_NIL && marker && marker->type == REDIS_REPLY_INTEGER &&
-         marker->integer > 0;
-}
 
 // The owner part of a key's value "<owner>\n<nonce>".
 std::string owner_of_value(const std::string& value) {
@@ -82,12 +44,12 @@ const detail::ListedLock* listed_entry(const std::vector<detail::ListedLock>& al
 
 TEST(RedlockStatusBesideMarker, AnAttemptBesideALostHoldersMarkerIsNotHeld) {
   Masters m(3);
-  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolder, 5000ms));
+  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolderId, 5000ms));
   // The waiter's attempt took the key on every master, beside the marker on each: it fails
   // (busy on all three) and takes the keys back; status and list run before that clean-up.
-  const std::string attempt = std::string(kWaiting) + "\n00000000000000d1";
+  const std::string attempt = std::string(kWaiterId) + "\n00000000000000d1";
   for (std::size_t i = 0; i < 3; ++i)
-    ASSERT_TRUE(attempt_beside_marker(m, i, "job", attempt)) << "master " << i;
+    ASSERT_TRUE(fast_path_beside_marker(m, i, "job", attempt)) << "master " << i;
 
   auto b = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(b);
@@ -106,8 +68,8 @@ TEST(RedlockStatusBesideMarker, AnAttemptBesideALostHoldersMarkerIsNotHeld) {
                         << (l ? l->info.holder.value_or("") : "") << "\"";
   // Status and list wrote nothing: the attempt's keys and the lost holder's markers stand.
   for (std::size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(m.get(i, lock_key_of("job")), attempt) << "master " << i;
-    EXPECT_GT(m[i].command({"PTTL", delay_key_of("job")})->integer, 0) << "master " << i;
+    EXPECT_EQ(m.get(i, redlock_lock_key("job")), attempt) << "master " << i;
+    EXPECT_GT(m[i].command({"PTTL", redlock_marker_key("job")})->integer, 0) << "master " << i;
   }
 }
 
@@ -115,22 +77,23 @@ TEST(RedlockStatusBesideMarker, AnAttemptBesideALostHoldersMarkerIsNotHeld) {
 // only on masters that did not count toward its grant.
 TEST(RedlockStatusBesideMarker, AHolderWithAKeyBesideAMarkerOnAMinorityIsHeld) {
   Masters m(3);
-  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolder, 5000ms));
+  ASSERT_NO_FATAL_FAILURE(lose_holder_with_delay(m, "job", kLostHolderId, 5000ms));
   // Masters 1 and 2 lost the marker (restarted empty, say); master 0 keeps it.
-  ASSERT_EQ(m[1].command({"DEL", delay_key_of("job")})->integer, 1);
-  ASSERT_EQ(m[2].command({"DEL", delay_key_of("job")})->integer, 1);
+  ASSERT_EQ(m[1].command({"DEL", redlock_marker_key("job")})->integer, 1);
+  ASSERT_EQ(m[2].command({"DEL", redlock_marker_key("job")})->integer, 1);
   auto waiter = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(waiter);
   Error ec;
-  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"job", kWaiting, 30s, false, 0ms}, ec).acquired)
+  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"job", kWaiterId, 30s, false, 0ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
   // Granted by masters 1 and 2; its key on master 0 went back. Put it there again, as in the
   // round trip before the take-back: status then finds it on all three, beside the marker on 0.
-  ASSERT_EQ(m[0].command({"EXISTS", lock_key_of("job")})->integer, 0) << m.get(0, lock_key_of("job"));
-  const std::string held = m.get(1, lock_key_of("job"));
-  ASSERT_EQ(m[0].command({"SET", lock_key_of("job"), held, "PX", "30000"})->type, REDIS_REPLY_STATUS);
+  ASSERT_EQ(m[0].command({"EXISTS", redlock_lock_key("job")})->integer, 0)
+      << m.get(0, redlock_lock_key("job"));
+  const std::string held = m.get(1, redlock_lock_key("job"));
+  ASSERT_EQ(m[0].command({"SET", redlock_lock_key("job"), held, "PX", "30000"})->type, REDIS_REPLY_STATUS);
   // A holder with its own lock-delay: its key beside its own marker (one nonce) on every master.
-  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"own", kWaiting, 30s, false, 2000ms}, ec).acquired)
+  ASSERT_TRUE(waiter->try_acquire(AcquireRequest{"own", kWaiterId, 30s, false, 2000ms}, ec).acquired)
       << ec.message() << " " << ec.detail();
 
   bool truncated = true;
@@ -140,11 +103,11 @@ TEST(RedlockStatusBesideMarker, AHolderWithAKeyBesideAMarkerOnAMinorityIsHeld) {
     const LockInfo info = waiter->status(name, ec);
     ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
     EXPECT_TRUE(info.held) << name << ": a holder granted by a quorum was shown free";
-    EXPECT_EQ(info.holder.value_or(""), kWaiting) << name;
+    EXPECT_EQ(info.holder.value_or(""), kWaiterId) << name;
     EXPECT_GT(info.ttl_remaining.value_or(0ms), 0ms) << name;
     const detail::ListedLock* l = listed_entry(all, name);
     ASSERT_NE(l, nullptr) << name << ": a holder granted by a quorum was not listed";
-    EXPECT_EQ(l->info.holder.value_or(""), kWaiting) << name;
+    EXPECT_EQ(l->info.holder.value_or(""), kWaiterId) << name;
   }
 }
 
@@ -153,28 +116,29 @@ TEST(RedlockStatusBesideMarker, AHolderWithAKeyBesideAMarkerOnAMinorityIsHeld) {
 // master. Status and list read it the same way and show that holder.
 TEST(RedlockStatusBesideMarker, AHolderBesideAMarkerWithoutExpiryIsHeld) {
   Masters m(3);
-  const std::string stale = "5000\n" + std::string(kLostHolder) + "\n00000000000000e1";
+  const std::string stale = "5000\n" + std::string(kLostHolderId) + "\n00000000000000e1";
   for (std::size_t i = 0; i < 3; ++i)
-    ASSERT_EQ(m[i].command({"SET", delay_key_of("job"), stale})->type, REDIS_REPLY_STATUS) << "master " << i;
+    ASSERT_EQ(m[i].command({"SET", redlock_marker_key("job"), stale})->type, REDIS_REPLY_STATUS)
+        << "master " << i;
   auto b = make_backend(m.url("timeout=2s"));
   ASSERT_TRUE(b);
   Error ec;
-  ASSERT_TRUE(b->try_acquire(AcquireRequest{"job", kWaiting, 30s, false, 0ms}, ec).acquired)
+  ASSERT_TRUE(b->try_acquire(AcquireRequest{"job", kWaiterId, 30s, false, 0ms}, ec).acquired)
       << "a marker without expiry held the name back: " << ec.message() << " " << ec.detail();
   for (std::size_t i = 0; i < 3; ++i) {
-    ASSERT_EQ(m[i].command({"PTTL", delay_key_of("job")})->integer, -1) << "master " << i;
-    ASSERT_EQ(owner_of_value(m.get(i, lock_key_of("job"))), kWaiting) << "master " << i;
+    ASSERT_EQ(m[i].command({"PTTL", redlock_marker_key("job")})->integer, -1) << "master " << i;
+    ASSERT_EQ(owner_of_value(m.get(i, redlock_lock_key("job"))), kWaiterId) << "master " << i;
   }
   const LockInfo info = b->status("job", ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
   EXPECT_TRUE(info.held) << "a holder granted on every master beside a marker without expiry was shown free";
-  EXPECT_EQ(info.holder.value_or(""), kWaiting);
+  EXPECT_EQ(info.holder.value_or(""), kWaiterId);
   bool truncated = true;
   const std::vector<detail::ListedLock> all = b->list_held("", 100, truncated, ec);
   ASSERT_FALSE(ec) << ec.message() << " " << ec.detail();
   const detail::ListedLock* l = listed_entry(all, "job");
   ASSERT_NE(l, nullptr) << "a holder granted on every master beside a marker without expiry was not listed";
-  EXPECT_EQ(l->info.holder.value_or(""), kWaiting);
+  EXPECT_EQ(l->info.holder.value_or(""), kWaiterId);
 }
 
 }  // namespace
