@@ -305,7 +305,7 @@ TEST(RedlockRevoke, ARevokeWithMastersSilentDoesNotNameAnAttemptAsTheHolder) {
   EXPECT_EQ(r.holder, "")
       << "a waiter's attempt on 2 of 5 masters (or the holder on 1 answering of its 3) was "
          "named the revoked holder; either could have held a quorum";
-  const RenewItem item{"job", std::string(kHolder), 0, 30s};
+  const RenewItem item{"job", kHolder, 0, 30s};  // views: kHolder outlives the call
   RenewStatus out = RenewStatus::renewed;
   holder->renew(std::span(&item, 1), std::span(&out, 1), ec);
   EXPECT_EQ(out, RenewStatus::not_owner) << "renewal status " << static_cast<int>(out);
