@@ -16,7 +16,17 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
   const std::string dir = zk::lock_dir(name);
   for (int round = 0; round < 4; ++round) {
     const SteadyTime deadline = clock_->now() + cfg_.command_timeout;
+    // A sync ahead of the listing, in the same round trip: a follower serves reads from what it
+    // has applied, so without it a status through a lagging follower could report a name granted
+    // (or released) through the leader before this call began as free (or held). A follower cut
+    // off from the leader does not answer the sync: the call fails unavailable, never answers from
+    // an old view.
+    auto synced = zk::submit_sync(s->zh.get(), "/");
     auto listed = zk::submit_children(s->zh.get(), dir);
+    if (const int sync_rc = zk::await(synced, *clock_, deadline); sync_rc != ZOK) {
+      ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
+      return {};
+    }
     const int rc = zk::await(listed, *clock_, deadline);
     LockInfo info;
     info.waiters = 0;
