@@ -445,7 +445,8 @@ TEST_P(Conformance, KilledHolderFreesTheLockWithinTtlPlusOneSecond) {
     LeaseWaiter waiter(c, "killed", opts(30000ms));
     // Let it queue: where the backend counts waiters, until it counts this one.
     std::this_thread::sleep_for(300ms);
-    eventually([&] { return c.status("killed").waiters.value_or(1) >= 1; }, 10000ms);
+    EXPECT_TRUE(eventually([&] { return c.status("killed").waiters.value_or(1) >= 1; }, 10000ms))
+        << "the waiter was not counted within 10 s";
     EXPECT_FALSE(waiter.done.load()) << "the waiter got the lock while its holder was alive";
     const auto killed = Steady::now();
     holder.process.signal(SIGKILL);

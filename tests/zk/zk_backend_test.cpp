@@ -99,7 +99,8 @@ TEST(ZkBackend, AcquireReleaseTokenIsTheNodesCzxid) {
 // first acquisition (the session's presence node, the lock directory's parents), one attempt
 // (try_acquire) on a free name is three: a sync and the listing of the queue, sent together (the
 // sync makes a lagging follower catch up first: docs/zookeeper.md "Acquire"), then one multi
-// (create our node and touch the directory); its release is one delete.
+// (create our node and touch the directory); its release is one delete; a status of a free name
+// is two (a sync and the listing).
 TEST(ZkBackend, RoundTripsCountOneRequestEach) {
   Client client = connect_zk();
   {
@@ -115,6 +116,10 @@ TEST(ZkBackend, RoundTripsCountOneRequestEach) {
   EXPECT_EQ(client.stats().round_trips - start, 3u);
   lease->release();
   EXPECT_EQ(client.stats().round_trips - start, 4u);
+  // A status of a name nobody ever took: a sync and the listing, sent together (a lagging
+  // follower catches up first: docs/design.md "ZooKeeper").
+  EXPECT_FALSE(client.status("rt/never").held);
+  EXPECT_EQ(client.stats().round_trips - start, 6u);
 }
 
 TEST(ZkBackend, NegotiatedSessionTimeoutIsTheValidity) {
