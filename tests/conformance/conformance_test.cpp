@@ -565,7 +565,7 @@ TEST_P(Conformance, PausedHolderSeesItsLossOnResumeAndItsTokenIsStale) {
       const auto mine = c.status("paused");
       const auto new_records = records();
       holder.process.signal(SIGCONT);
-      ASSERT_TRUE(distlock::testing::wait_for_text(holder.out, "lost", 10s))
+      ASSERT_TRUE(distlock::testing::wait_for_line(holder.out, "lost", 10s))
           << distlock::testing::read_file(holder.out);
       // owns() reads the local deadline, which passed while it was stopped.
       holder.process.signal(SIGUSR1);

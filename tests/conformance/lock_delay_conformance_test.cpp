@@ -314,7 +314,7 @@ TEST_P(LockDelayEnforced, StoppedHolderHoldsTheLockBackForTheDelay) {
   EXPECT_LE(after_stop, lease_end_bound(GetParam().label, kTtl) + kDelay + kLateBound)
       << "granted too late after the lock-delay ended";
   // Resumed: the holder reports the loss and never owned the lock after the grant.
-  EXPECT_TRUE(distlock::testing::wait_for_text(out, "lost", 10s))
+  EXPECT_TRUE(distlock::testing::wait_for_line(out, "lost", 10s))
       << "the resumed holder did not report its loss: " << distlock::testing::read_file(out);
   holder.signal(SIGTERM);
   EXPECT_EQ(holder.exit_code(10s), 76) << distlock::testing::read_file(out);

@@ -205,7 +205,7 @@ TEST_P(Primitives, SemaphoreNeverExceedsItsPermitsUnderKillAndPause) {
     std::this_thread::sleep_for(kTtl + 500ms);  // its lease runs out while it is stopped
     resumed_ns = mono_ns();
     stopped.signal(SIGCONT);
-    EXPECT_TRUE(distlock::testing::wait_for_text(stopped_out, "lost", 20s))
+    EXPECT_TRUE(distlock::testing::wait_for_line(stopped_out, "lost", 20s))
         << "the resumed holder did not see its loss: " << distlock::testing::read_file(stopped_out);
   }
   for (auto& h : hammers) EXPECT_EQ(h.exit_code(240s), 0) << "a hammer process failed or hung";

@@ -413,7 +413,7 @@ TEST_P(Revoke, FrozenHolderRevokedIsNotOverlappedAndSeesTheLossOnResume) {
     EXPECT_GT(static_cast<long long>(next.token()), old_token);
   }
   holder.signal(SIGCONT);
-  ASSERT_TRUE(distlock::testing::wait_for_text(out, "lost", 10s)) << distlock::testing::read_file(out);
+  ASSERT_TRUE(distlock::testing::wait_for_line(out, "lost", 10s)) << distlock::testing::read_file(out);
   holder.signal(SIGUSR1);
   ASSERT_TRUE(distlock::testing::wait_for_text(out, "owns 0", 10s)) << distlock::testing::read_file(out);
   const std::vector<std::string> lines = tool_lines(out);

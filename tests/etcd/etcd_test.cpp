@@ -209,7 +209,7 @@ TEST(EtcdBackend, PausedHolderLosesAndItsGuardedWriteIsRejected) {
   Lease lease = client.acquire("paused", ttl_of(2s, 15s));
   EXPECT_GT(lease.token(), stale_token);
   holder.signal(SIGCONT);
-  EXPECT_TRUE(wait_for_text(out, "lost", 5s)) << read_file(out);
+  EXPECT_TRUE(wait_for_line(out, "lost", 5s)) << read_file(out);
   // The stale holder's write is fenced off; the new holder's goes through.
   EXPECT_FALSE(guarded_write(etcd, stale_key, stale_token, "resource", "stale"));
   const auto now_keys = keys_under(etcd, "distlock/paused/");

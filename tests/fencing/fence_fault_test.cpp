@@ -20,6 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 using distlock::testing::Process;
 using distlock::testing::read_file;
+using distlock::testing::wait_for_line;
 using distlock::testing::wait_for_text;
 
 TEST(FenceFault, HolderPausedPastItsTtlHasItsWriteRejected) {
@@ -59,7 +60,7 @@ TEST(FenceFault, HolderPausedPastItsTtlHasItsWriteRejected) {
   holder.signal(SIGCONT);
   ASSERT_TRUE(wait_for_text(out, "write stale " + std::to_string(lease.token()), 5s)) << read_file(out);
   // And its stop signal fires (its renewal is refused or its local deadline passed).
-  ASSERT_TRUE(wait_for_text(out, "lost", 5s)) << read_file(out);
+  ASSERT_TRUE(wait_for_line(out, "lost", 5s)) << read_file(out);
   // A write after noticing the loss is rejected too.
   holder.signal(SIGUSR1);
   std::this_thread::sleep_for(300ms);

@@ -1,6 +1,7 @@
 // Where the lock_tool test program is, and helpers to run it (see tests/tools/lock_tool.cpp).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -68,6 +69,25 @@ inline std::vector<std::string> tool_lines(const std::string& out) {
     if (l.rfind("distlock ", 0) != 0 && l.rfind("lock_tool: ", 0) != 0) lines.push_back(l);
   }
   return lines;
+}
+
+/// Whether the lock_tool printed `line` as a line of its own (tool_lines) within `timeout`.
+/// Not wait_for_text: the library's log line of a loss ('distlock ... lock "x" lost: ...', on
+/// the stderr that shares the file) comes before the tool's on_lost callback prints "lost", so a
+/// search for the text "lost" can return before the tool has said it (a conformance test then
+/// asked for "owns" and read "owns 0" before "lost", once beside two CPU hogs).
+inline bool wait_for_line(const std::string& out, const std::string& line,
+                          std::chrono::milliseconds timeout) {
+  const auto has = [&] {
+    const std::vector<std::string> lines = tool_lines(out);
+    return std::find(lines.begin(), lines.end(), line) != lines.end();
+  };
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (has()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return has();
 }
 
 }  // namespace distlock::testing
