@@ -77,7 +77,13 @@ constexpr long kShardPeriodMs = 200;  // its rebalance period
 // 1300 ms: first 500, which a CI run broke with a quiet 919-ms hand-over after a leave on etcd3
 // (seed 1515620023, while two other tests ran beside it: step 1 of scripts/test.sh runs three at
 // a time); the longest quiet gap of 31 runs one backend at a time had been 417 ms.
-constexpr long kHandoverMarginMs = 1300;
+// 2000 ms: then 1300, which a run beside two CPU hogs and another test broke on etcd3 (seed
+// 1238935381): two shards given up in one rebalance at the same moment, released 580 ms later by
+// their giver (its polling of assigned() starved) and taken 1.1 s after that, 1682 and 1692 ms
+// without an owner; the same seed then passed 3 of 3 runs beside two hogs with 841-1019 ms of
+// slack. A liveness margin on a starved machine, not a safety bound: every safety check of the
+// run is unchanged, and the JSON line still reports the longest quiet gap.
+constexpr long kHandoverMarginMs = 2000;
 constexpr long kFaultMarginMs = 1000;
 
 std::int64_t mono_now() {
@@ -601,8 +607,16 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       std::ofstream(std::filesystem::path(keep) / name) << text;
     }
   }
+  // The fault windows on the histories' clock (CLOCK_MONOTONIC ns), in order, the servers' outages
+  // the witness saw among them: a violation's times can be read against them.
+  std::vector<nm::FaultWindow> by_start = windows;
+  std::sort(by_start.begin(), by_start.end(),
+            [](const nm::FaultWindow& x, const nm::FaultWindow& y) { return x.start < y.start; });
   std::string sched;
-  for (const auto& f : faults) sched += "  " + f + "\n";
+  for (const auto& f : by_start) {
+    sched += "  " + std::to_string(f.start) + " .. " + std::to_string(f.end) + " (" +
+             std::to_string((f.end - f.start) / 1'000'000) + " ms): " + f.what + "\n";
+  }
   if (std::getenv("DISTLOCK_NEMESIS_VERBOSE") != nullptr) std::printf("faults:\n%s", sched.c_str());
 
   const std::string replay = " (replay: DISTLOCK_NEMESIS_SEED=" + std::to_string(seed) +
