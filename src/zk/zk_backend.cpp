@@ -21,9 +21,9 @@ LockInfo ZkBackend::status(std::string_view name, Error& ec) {
     // (or released) through the leader before this call began as free (or held). A follower cut
     // off from the leader does not answer the sync: the call fails unavailable, never answers from
     // an old view.
-    auto synced = zk::submit_sync(s->zh.get(), "/");
-    auto listed = zk::submit_children(s->zh.get(), dir);
-    if (const int sync_rc = zk::await(synced, *clock_, deadline); sync_rc != ZOK) {
+    zk::ReplyPtr listed;
+    if (const int sync_rc = zk::list_after_sync(s->zh.get(), dir, *clock_, deadline, listed);
+        sync_rc != ZOK) {
       ec = fail(sync_rc, "syncing with the leader before listing the queue", name);
       return {};
     }

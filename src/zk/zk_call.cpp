@@ -266,6 +266,13 @@ ReplyPtr submit_sync(zhandle_t* zh, const std::string& path) {
   return rc == ZOK ? r : refused(d, rc);
 }
 
+int list_after_sync(zhandle_t* zh, const std::string& path, Clock& clock, Clock::time_point deadline,
+                    ReplyPtr& listed) {
+  const ReplyPtr synced = submit_sync(zh, "/");  // "/" (the chroot) always exists
+  listed = submit_children(zh, path);
+  return await(synced, clock, deadline);
+}
+
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials) {
   auto r = std::make_shared<Reply>();
   const void* d = hand_over(zh, r);

@@ -149,6 +149,12 @@ ReplyPtr submit_set(zhandle_t* zh, const std::string& path, std::string_view dat
 /// completes (per-session FIFO), so an `exists` pipelined behind a sync reads state at
 /// least as new as the leader's at the time of the sync.
 ReplyPtr submit_sync(zhandle_t* zh, const std::string& path);
+/// A sync and, pipelined behind it (one round trip), the children of `path` in `listed`: the
+/// listing reads state at least as new as the leader's when the sync was answered (a lagging
+/// follower catches up first; one cut off from the leader does not answer the sync). Returns
+/// the sync's rc, awaited until `deadline` on `clock`; the caller awaits `listed` after ZOK.
+int list_after_sync(zhandle_t* zh, const std::string& path, Clock& clock, Clock::time_point deadline,
+                    ReplyPtr& listed);
 /// Adds digest credentials "user:password" to the session (re-sent on reconnect).
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials);
 

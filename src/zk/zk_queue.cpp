@@ -398,9 +398,8 @@ QueueStore::Deleted ZkBackend::delete_place(QueueEntry& qe, Error& ec) {
   // A create whose answer was lost: its node, if it was made, carries our guid. A sync first
   // (pipelined): a lagging server would list no node of a create the leader applied, and the
   // node would stay, first in line, until the session ends.
-  auto synced = zk::submit_sync(s->zh.get(), "/");
-  auto listed = zk::submit_children(s->zh.get(), dir);
-  int rc = zk::await(synced, *clock_, deadline);
+  zk::ReplyPtr listed;
+  int rc = zk::list_after_sync(s->zh.get(), dir, *clock_, deadline, listed);
   if (rc != ZOK) {
     ec = fail(rc, "syncing with the leader before listing the queue", e.name);
     return Deleted::retry;

@@ -203,9 +203,8 @@ std::vector<ListedLock> Records::list_held(std::string_view prefix, std::size_t 
   auto deadline = [&] { return env_.clock->now() + env_.command_timeout; };
   // A sync ahead of the listing, in the same round trip, as status() does: a lagging follower
   // lists what the leader has committed before the call, or does not answer.
-  auto synced = submit_sync(zh, "/");
-  auto listed = submit_children(zh, std::string(kRoot));
-  int rc = await(synced, deadline());
+  ReplyPtr listed;
+  int rc = list_after_sync(zh, std::string(kRoot), *env_.clock, deadline(), listed);
   if (rc != ZOK) {
     fail(rc, "syncing with the leader before listing held locks", ec);
     return {};
