@@ -266,11 +266,26 @@ ReplyPtr submit_sync(zhandle_t* zh, const std::string& path) {
   return rc == ZOK ? r : refused(d, rc);
 }
 
+namespace {
+// A sync, `read` pipelined behind it (its reply in `out`), the sync awaited.
+template <typename Read>
+int read_after_sync(zhandle_t* zh, Clock& clock, Clock::time_point deadline, Read read, ReplyPtr& out) {
+  const ReplyPtr synced = submit_sync(zh, "/");  // "/" (the chroot) always exists
+  out = read();
+  return await(synced, clock, deadline);
+}
+}  // namespace
+
 int list_after_sync(zhandle_t* zh, const std::string& path, Clock& clock, Clock::time_point deadline,
                     ReplyPtr& listed) {
-  const ReplyPtr synced = submit_sync(zh, "/");  // "/" (the chroot) always exists
-  listed = submit_children(zh, path);
-  return await(synced, clock, deadline);
+  return read_after_sync(
+      zh, clock, deadline, [&] { return submit_children(zh, path); }, listed);
+}
+
+int get_after_sync(zhandle_t* zh, const std::string& path, Clock& clock, Clock::time_point deadline,
+                   ReplyPtr& got) {
+  return read_after_sync(
+      zh, clock, deadline, [&] { return submit_get(zh, path); }, got);
 }
 
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials) {

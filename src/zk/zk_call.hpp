@@ -155,6 +155,9 @@ ReplyPtr submit_sync(zhandle_t* zh, const std::string& path);
 /// the sync's rc, awaited until `deadline` on `clock`; the caller awaits `listed` after ZOK.
 int list_after_sync(zhandle_t* zh, const std::string& path, Clock& clock, Clock::time_point deadline,
                     ReplyPtr& listed);
+/// The same for the data of `path` (a `get`, in `got`): a record read after a sync.
+int get_after_sync(zhandle_t* zh, const std::string& path, Clock& clock, Clock::time_point deadline,
+                   ReplyPtr& got);
 /// Adds digest credentials "user:password" to the session (re-sent on reconnect).
 ReplyPtr submit_auth(zhandle_t* zh, const std::string& credentials);
 

@@ -157,8 +157,11 @@ std::optional<std::string> Records::get(std::string_view key, Error& ec) {
       rc = kTimedOut;
       break;
     }
-    auto got = submit_get(zh, path);
-    rc = await(got, env_.clock->now() + env_.command_timeout);
+    // Read behind a sync: a lagging follower answers with the leader's record, or not at all.
+    const Clock::time_point deadline = env_.clock->now() + env_.command_timeout;
+    ReplyPtr got;
+    rc = get_after_sync(zh, path, *env_.clock, deadline, got);
+    if (rc == ZOK) rc = await(got, deadline);
     if (rc == ZOK) return std::move(got->value);
     if (rc == ZNONODE) return std::nullopt;
     if (!retry_after(rc)) break;

@@ -8,7 +8,8 @@
 // how MultiLock.ACancelledCallReleasesWhatItTook/zk3 failed once in CI ("the cancelled call left
 // cancel/1 held", its check run on another server than the cancelled call's release).
 // Once the follower is joined again, the try takes the name. status() and list() likewise answer
-// with the leader's state (a grant made while the follower is cut off is never reported free).
+// with the leader's state (a grant made while the follower is cut off is never reported free),
+// and get_record() with the leader's record.
 //
 // Each test: one 3-server ensemble with peer proxies, shared by the binary's tests (~3 s to
 // start), one isolate/heal cycle (~2 s isolated, then the follower rejoins within seconds).
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <system_error>
@@ -235,6 +237,46 @@ TEST_F(ZkFollowerLag, AStatusIsNotAnsweredFromALaggingFollowersOldView) {
       },
       30s))
       << "the follower did not report the holder within 30 s of the heal";
+}
+
+// get_record() on a lagging follower: a record written through the leader while the follower is
+// cut off is never read back with its old value. Before the read synced first, it answered from
+// the follower's old view (a config store reading its settings outside a lock read the old ones).
+TEST_F(ZkFollowerLag, ARecordIsNotReadFromALaggingFollowersOldView) {
+  Client on_leader = client_on(leader_);
+  Client on_follower = client_on(lagging_);
+  on_leader.put_record("lagrecord", "setting", "old");
+  // The follower has applied "old" (its own session reads it) before the cut.
+  ASSERT_TRUE(eventually([&] { return on_follower.get_record("lagrecord", "setting") == "old"; }, 10s));
+  ensemble_->isolate(lagging_);
+  on_leader.put_record("lagrecord", "setting", "new");
+
+  const auto t0 = Steady::now();
+  try {
+    const std::optional<std::string> seen = on_follower.get_record("lagrecord", "setting");
+    const auto took = std::chrono::duration_cast<Millis>(Steady::now() - t0);
+    std::printf("[ follower lag ] record after a write: \"%s\" in %lld ms\n", seen.value_or("(none)").c_str(),
+                static_cast<long long>(took.count()));
+    EXPECT_EQ(seen, std::optional<std::string>("new"))
+        << "a lagging follower answered with a record overwritten before the call began";
+  } catch (const std::system_error& e) {
+    std::printf("[ follower lag ] record after a write: error (%s)\n", e.what());
+    EXPECT_EQ(e.code(), errc::backend_unavailable) << e.what();
+  }
+
+  ensemble_->heal();
+  // Once joined again, the follower reads the new value (bounded: 30 s on this process's steady
+  // clock while the follower rejoins and the client reconnects).
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          return on_follower.get_record("lagrecord", "setting") == "new";
+        } catch (const std::system_error&) {
+          return false;
+        }
+      },
+      30s))
+      << "the follower did not read the new record within 30 s of the heal";
 }
 
 }  // namespace
