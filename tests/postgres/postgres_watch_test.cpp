@@ -18,6 +18,7 @@
 #include "support/client_options.hpp"
 #include "support/db_postgres_events.hpp"
 #include "support/eventually.hpp"
+#include "support/load_thread.hpp"
 #include "support/lock_tool.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
@@ -40,10 +41,11 @@ TEST(PostgresPrefixWatch, HandOffsComeInTokenOrder) {
   constexpr int kMaxHandOffs = 5000;
   const auto stop_at = Clock::now() + 8s;
   std::atomic<int> taken{0};
+  std::vector<Client> clients = connect_clients(server.url(), 2);
   std::vector<std::thread> threads;
   for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&server, &taken, stop_at] {
-      Client client = distlock::connect(server.url(), quiet());
+    threads.push_back(load_thread([&clients, &taken, stop_at, c] {
+      Client& client = clients[c];
       while (Clock::now() < stop_at) {
         Lease l = client.acquire("ho/x", ttl_of(10s, 30s));
         if (taken.fetch_add(1) >= kMaxHandOffs) {
@@ -52,7 +54,7 @@ TEST(PostgresPrefixWatch, HandOffsComeInTokenOrder) {
         }
         l.release();
       }
-    });
+    }));
   }
   for (auto& t : threads) t.join();
   const int total = taken.load();

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "support/client_options.hpp"
+#include "support/load_thread.hpp"
 #include "support/lock_tool.hpp"
 
 namespace distlock::testing {
@@ -125,15 +126,15 @@ void WatchRecorder::run() {
 void expect_hand_offs_in_token_order(Watch& w, const std::string& url, const std::string& name, int hand_offs,
                                      Millis limit) {
   std::atomic<int> taken{0};
+  std::vector<Client> clients = connect_clients(url, 2);
   std::vector<std::thread> threads;
   for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&] {
-      Client client = connect(url, quiet());
+    threads.push_back(load_thread([&, c] {
       while (taken.load() < hand_offs) {
-        Lease l = client.acquire(name, ttl_of(Millis(10000), Millis(60000)));
+        Lease l = clients[c].acquire(name, ttl_of(Millis(10000), Millis(60000)));
         if (taken.fetch_add(1) >= hand_offs) break;  // released as it leaves
       }
-    });
+    }));
   }
   for (auto& t : threads) t.join();
   const int acquisitions = taken.load();  // hand_offs, plus at most one per thread that stopped
