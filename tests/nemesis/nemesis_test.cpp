@@ -334,6 +334,15 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   // restart): one fault at a time, so no holder can be struck meanwhile. On a busy machine an
   // etcd member's rejoin can take 20 s of a 40 s run; the bite is asked of the rest.
   auto server_wait = std::chrono::milliseconds(0);
+  // Runs a server operation that returns once the server serves again; adds its time to
+  // server_wait and returns it.
+  auto until_serving = [&](auto&& operation) {
+    const auto t0 = Steady::now();
+    operation();
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t0);
+    server_wait += took;
+    return took;
+  };
   // The largest step of the machine's wall clock against the monotonic one seen between faults
   // (a CI machine's time sync once stepped it 49 s forward in a run, and a Redis lock expired at
   // once: two holders, outside the documented assumption). Named in every failure.
@@ -416,10 +425,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       // keeps it (zk3), or the member stays down until its locks have expired (redlock3).
       const int m = member_pick % members;
       const auto down = servers->wipe_down_for(std::chrono::milliseconds(kTtlMs));
-      const auto wipe_start = Steady::now();
-      servers->wipe_and_restart(m, down);
-      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - wipe_start);
-      server_wait += took;
+      const auto took = until_serving([&] { servers->wipe_and_restart(m, down); });
       what = "kill server " + std::to_string(m) + ", delete its data, restart it after " +
              std::to_string(down.count()) + " ms (serving again " + std::to_string(took.count()) +
              " ms after the kill)";
@@ -427,10 +433,7 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
     } else if (roll < 86 && members > 0) {
       const int m = member_pick % members;
       timed = false;
-      const auto restart_start = Steady::now();
-      servers->kill_and_restart(m);
-      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - restart_start);
-      server_wait += took;
+      const auto took = until_serving([&] { servers->kill_and_restart(m); });
       what = "kill and restart server " + std::to_string(m) + " (with its data; serving again " +
              std::to_string(took.count()) + " ms after the kill)";
     } else if (roll < 93 && net) {
@@ -619,8 +622,8 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
       "\"writes_rejected\":%ld,\"write_errors\":%ld,\"losses_signalled\":%ld,\"mutex_losses\":%ld,"
       "\"unfenced_stale_applied\":%zu,\"sem_sections\":%zu,\"sem_losses\":%ld,\"rw_sections\":%zu,"
       "\"rw_losses\":%ld,\"elect_sections\":%zu,\"elect_losses\":%ld,\"min_losses\":%ld,"
-      "\"min_rejected\":%ld,\"server_wait_ms\":%ld,\"shard_sections\":%ld,\"shard_believed\":%ld,\"shard_"
-      "stops\":%ld,"
+      "\"min_rejected\":%ld,\"server_wait_ms\":%ld,"
+      "\"shard_sections\":%ld,\"shard_believed\":%ld,\"shard_stops\":%ld,"
       "\"shard_leases_lost\":%ld,\"shard_join_errors\":%ld,\"shard_writes_applied\":%ld,"
       "\"shard_writes_rejected\":%ld,\"shard_unfenced_stale_applied\":%zu,%s\"violations\":%zu}\n",
       GetParam().label.c_str(), seed, seconds, kTtlMs, faults.size(), holder_faults, sections, believed,
@@ -690,16 +693,14 @@ TEST_P(Nemesis, HistoryHasNoViolations) {
   }
   for (const auto& v : hung) ADD_FAILURE() << "incomplete: " << v << replay;
   // A run that never bit proves nothing; nor does one whose servers took most of it to come back.
+  const std::string with_faults = replay + "\nfaults:\n" + sched;
   EXPECT_GE(strike_ms, seconds * 1000L / 4)
       << "the schedule waited " << server_wait.count()
-      << " ms for killed servers to serve again: too little of the run was left to strike holders" << replay
-      << "\nfaults:\n"
-      << sched;
-  EXPECT_GE(losses, min_losses) << "too few signalled losses: the faults did not strike held leases" << replay
-                                << "\nfaults:\n"
-                                << sched;
-  EXPECT_GE(rejected, min_rejected) << "too few stale writes rejected by the fence" << replay << "\nfaults:\n"
-                                    << sched;
+      << " ms for killed servers to serve again: too little of the run was left to strike holders"
+      << with_faults;
+  EXPECT_GE(losses, min_losses) << "too few signalled losses: the faults did not strike held leases"
+                                << with_faults;
+  EXPECT_GE(rejected, min_rejected) << "too few stale writes rejected by the fence" << with_faults;
   if (fencing && expires) {
     EXPECT_FALSE(control.empty())
         << "the unfenced control register holds no stale write: the same writes without a fence "
