@@ -18,10 +18,12 @@
 // `--once-per` guards the failover window: a new leader that fires a slot its predecessor
 // already completed finds the slot's mark under the lock and does not run it again. With
 // --kill-leader-at K the parent SIGKILLs the leader's `distlock elect` process a quarter of a
-// period into slot K (found through the pid file the leader loop writes); `elect` takes the leader
-// loop with it (its job dies with the runner), and a waiting node takes over once the
-// leadership lease is free (at once on file://, after --ttl on a TTL backend). The slots in
-// between are not fired by anybody.
+// period into slot K (found through the pid file the leader loop writes), or later, once the
+// leader's run of slot K has ended (ended.log): `elect` takes the leader loop and its runs with
+// it (its job dies with the runner), and a run killed after its command but before it stored
+// the mark leaves the slot to run again -- the window `--once-per` documents, not the failover
+// shown here. A waiting node takes over once the leadership lease is free (at once on file://,
+// after --ttl on a TTL backend). The slots in between are not fired by anybody.
 //
 // With --no-elect (leader-less): every node fires every slot (plus a random 0-100 ms of clock
 // skew between hosts) and `--once-per` alone makes exactly one of them run.
@@ -155,6 +157,7 @@ int run_leader_loop(const Config& cfg) {
   }
   fs::rename(tmp, leader);
   const std::string fires = (fs::path(cfg.dir) / "fires.log").string();
+  const std::string ended = (fs::path(cfg.dir) / "ended.log").string();
   int failures = 0;
   for (int t = 0; t < cfg.ticks; ++t) {
     const std::int64_t slot = cfg.first_slot + t;
@@ -165,6 +168,7 @@ int run_leader_loop(const Config& cfg) {
     while (unix_ms() < slot * cfg.period_ms) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     append_line(fires, std::to_string(slot) + " " + std::to_string(cfg.node) + " " + term);
     const int rc = fire(cfg, term);
+    append_line(ended, std::to_string(slot) + " " + std::to_string(cfg.node) + " " + term);
     if (rc != 0) {
       std::fprintf(stderr, "scheduler: leader node %d (term %s): distlock run exited %d in slot %lld\n",
                    cfg.node, term.c_str(), rc, static_cast<long long>(slot));
@@ -178,16 +182,33 @@ struct Killed {
   int node = -1;
   std::uint64_t term = 0;
   std::int64_t slot = 0;
+  long waited_ms = 0;      // from the quarter-period point to the kill
+  bool run_ended = false;  // the leader's run of the slot had ended (else the wait ran out)
 };
 
-// A quarter of a period into slot first_slot + K: SIGKILL the `distlock elect` of the node named
-// in the pid file. Returns what was killed, or nothing (no leader, or not one of ours).
+// Whether ended.log has the line of `node`'s run of `slot` in term `term`.
+bool run_has_ended(const Config& cfg, std::int64_t slot, int node, std::uint64_t term) {
+  std::ifstream in(fs::path(cfg.dir) / "ended.log");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::int64_t s = 0;
+    int n = -1;
+    std::uint64_t t = 0;
+    if (ls >> s >> n >> t && s == slot && n == node && t == term) return true;
+  }
+  return false;
+}
+
+// A quarter of a period into slot first_slot + K, and not before the leader's run of that slot
+// has ended (for at most three periods more): SIGKILL the `distlock elect` of the node named in
+// the pid file. Killed in the middle of that run, the runner could die between its command and
+// the --once-per mark, and the slot would rightly run again under the next leader (a busy CI
+// machine saw it). Returns what was killed, or nothing (no leader, or not one of ours).
 std::optional<Killed> kill_leader(const Config& cfg, std::int64_t first_slot,
                                   const std::vector<pid_t>& pids) {
   const std::int64_t slot = first_slot + cfg.kill_leader_at;
-  while (unix_ms() < slot * cfg.period_ms + cfg.period_ms / 4) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  const std::int64_t quarter = slot * cfg.period_ms + cfg.period_ms / 4;
+  while (unix_ms() < quarter) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::ifstream in(fs::path(cfg.dir) / "leader");
   Killed k;
   k.slot = slot;
@@ -197,12 +218,20 @@ std::optional<Killed> kill_leader(const Config& cfg, std::int64_t first_slot,
     std::fprintf(stderr, "scheduler: no leader to kill in slot %lld\n", static_cast<long long>(slot));
     return std::nullopt;
   }
+  const std::int64_t give_up = quarter + 3 * cfg.period_ms;
+  while (!(k.run_ended = run_has_ended(cfg, slot, k.node, k.term)) && unix_ms() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  k.waited_ms = static_cast<long>(unix_ms() - quarter);
   if (::kill(static_cast<pid_t>(elect_pid), SIGKILL) != 0) {
     std::perror("scheduler: kill");
     return std::nullopt;
   }
-  std::fprintf(stderr, "scheduler: killed the leader, node %d (term %llu), in slot %lld\n", k.node,
-               static_cast<unsigned long long>(k.term), static_cast<long long>(slot));
+  std::fprintf(
+      stderr,
+      "scheduler: killed the leader, node %d (term %llu), in slot %lld (%ld ms after the quarter, %s)\n",
+      k.node, static_cast<unsigned long long>(k.term), static_cast<long long>(slot), k.waited_ms,
+      k.run_ended ? "its run of the slot had ended" : "its run of the slot had not ended");
   return k;
 }
 
@@ -262,6 +291,7 @@ int main(int argc, char** argv) {
   const std::string fires_log = (fs::path(cfg.dir) / "fires.log").string();
   fs::remove(log);
   fs::remove(fires_log);
+  fs::remove(fs::path(cfg.dir) / "ended.log");
   fs::remove(fs::path(cfg.dir) / "leader");
   // Start at the slot after next, so every node is up (and a leader elected) before the first one begins.
   const std::int64_t first_slot = unix_ms() / cfg.period_ms + 2;
@@ -430,8 +460,11 @@ int main(int argc, char** argv) {
     j["term_order_violations"] = term_order;
     j["fires_guarded"] = guarded;
     if (killed) {
-      j["killed_leader"] = {
-          {"node", killed->node}, {"term", killed->term}, {"slot", killed->slot - first_slot}};
+      j["killed_leader"] = {{"node", killed->node},
+                            {"term", killed->term},
+                            {"slot", killed->slot - first_slot},
+                            {"waited_ms", killed->waited_ms},
+                            {"run_ended", killed->run_ended}};
     } else {
       j["killed_leader"] = nullptr;
     }
