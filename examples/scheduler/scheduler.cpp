@@ -166,9 +166,10 @@ int run_leader_loop(const Config& cfg) {
     // next slot.
     if (unix_ms() >= slot * cfg.period_ms + cfg.period_ms / 2) continue;
     while (unix_ms() < slot * cfg.period_ms) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    append_line(fires, std::to_string(slot) + " " + std::to_string(cfg.node) + " " + term);
+    const std::string entry = std::to_string(slot) + " " + std::to_string(cfg.node) + " " + term;
+    append_line(fires, entry);
     const int rc = fire(cfg, term);
-    append_line(ended, std::to_string(slot) + " " + std::to_string(cfg.node) + " " + term);
+    append_line(ended, entry);
     if (rc != 0) {
       std::fprintf(stderr, "scheduler: leader node %d (term %s): distlock run exited %d in slot %lld\n",
                    cfg.node, term.c_str(), rc, static_cast<long long>(slot));
